@@ -1,0 +1,234 @@
+/*
+ * backend.h — the device interface.
+ *
+ * A gp_device is an interface table (gp_device_iface, function pointers) plus
+ * a backend context pointer, a name ("cpu:0", "cuda:1") and an allocator
+ * that accounts for every byte.  Layers call only the gp_dev_* wrappers below
+ * and never test which backend they run on.
+ *
+ * Execution model.  Each device has one in-order compute stream and a copy
+ * stream.  On the CPU "a stream" is the device's worker thread: operations
+ * run synchronously on the calling thread with the device's own thread count
+ * (gp_device_bind_thread sets it), and an event is a completion flag.  On
+ * CUDA the same calls are asynchronous on the device's stream and events are
+ * cudaEvents.  Code that hands data between devices therefore records an
+ * event after the producer and waits on it before the consumer — on the CPU
+ * that is cheap and keeps the same program order as on GPUs.
+ *
+ * Memory conventions for the math:
+ *   - all pointers are device memory of this device, float32, dense
+ *     row-major; 4-D tensors are NCHW;
+ *   - "_bwd_data" functions overwrite their output (dx =);
+ *   - "_bwd_weights" functions ACCUMULATE into dw/db (dw +=), so gradients
+ *     of several micro-batches add up without extra buffers.
+ *
+ * Optional slots: any iface slot marked "optional" may be NULL; the wrapper
+ * then supplies a fallback (stated on the slot).  The table carries a version
+ * number (GP_DEVICE_IFACE_VERSION) so that a backend built against another
+ * layout is refused at registration.
+ *
+ * Thread safety: a device is driven by one thread at a time (its worker);
+ * the allocator alone may be read from any thread.
+ */
+#ifndef GP_BACKEND_H
+#define GP_BACKEND_H
+
+#include "core/core.h"
+
+#define GP_DEVICE_IFACE_VERSION 1
+
+typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
+
+/* Descriptor of a 2-D convolution (also used for pooling windows). */
+typedef struct gp_conv_desc {
+    int64_t n, c, h, w;      /* input (N, C, H, W) */
+    int64_t k;               /* output channels */
+    int64_t kh, kw;          /* kernel */
+    int64_t sh, sw;          /* stride */
+    int64_t ph, pw;          /* zero padding, both sides */
+    int64_t oh, ow;          /* output spatial size (computed by caller) */
+    int has_bias;
+} gp_conv_desc;
+
+typedef enum { GP_POOL_MAX = 0, GP_POOL_AVG = 1 } gp_pool_kind;
+
+typedef struct gp_pool_desc {
+    int64_t n, c, h, w;      /* input */
+    int64_t kh, kw, sh, sw, ph, pw;
+    int64_t oh, ow;
+    gp_pool_kind kind;       /* AVG excludes padding from the divisor */
+} gp_pool_desc;
+
+/* Batch normalisation over channel c of (N, C, S) where S = H*W (S = 1 for
+ * the 1-D case over features). */
+typedef struct gp_bn_desc {
+    int64_t n, c, s;
+    float eps;
+} gp_bn_desc;
+
+typedef struct gp_device gp_device;
+typedef struct gp_event gp_event;
+
+typedef struct gp_device_iface {
+    int version; /* GP_DEVICE_IFACE_VERSION */
+    const char *backend_name; /* "cpu", "cuda" */
+
+    /* --- lifetime & memory (required) --- */
+    void (*destroy)(gp_device *dev);
+    /* Raw allocation; accounting is done by the wrapper. */
+    gp_status (*alloc)(gp_device *dev, size_t bytes, void **out);
+    void (*free)(gp_device *dev, void *ptr, size_t bytes);
+    /* Bind the calling thread (thread counts, current GPU). optional: no-op */
+    void (*bind_thread)(gp_device *dev);
+
+    /* --- transfers, on the device's copy stream --- */
+    gp_status (*copy_h2d)(gp_device *dev, void *dst, const void *src, size_t bytes);
+    gp_status (*copy_d2h)(gp_device *dev, void *dst, const void *src, size_t bytes);
+    /* Device-to-device on this device (dst and src both ours). */
+    gp_status (*copy_d2d)(gp_device *dev, void *dst, const void *src, size_t bytes);
+    /* Cross-device: dst on `dev`, src on `src_dev`.  optional: staged through
+     * the host with copy_d2h + copy_h2d. */
+    gp_status (*copy_peer)(gp_device *dev, void *dst, gp_device *src_dev,
+                           const void *src, size_t bytes);
+
+    /* --- streams & events --- */
+    /* Wait until all work issued to this device has finished. */
+    gp_status (*synchronize)(gp_device *dev);
+    /* optional (NULL on synchronous backends): events are then host flags. */
+    gp_status (*event_create)(gp_device *dev, void **out);
+    void (*event_destroy)(gp_device *dev, void *ev);
+    gp_status (*event_record)(gp_device *dev, void *ev);
+    gp_status (*event_wait)(gp_device *dev, void *ev); /* device waits */
+    gp_status (*event_sync)(gp_device *dev, void *ev); /* host waits */
+
+    /* --- elementwise (required) --- */
+    gp_status (*fill)(gp_device *dev, float *x, float v, int64_t n);
+    gp_status (*scale)(gp_device *dev, float *x, float a, int64_t n);      /* x *= a */
+    gp_status (*axpy)(gp_device *dev, float a, const float *x, float *y, int64_t n); /* y += a x */
+    gp_status (*add)(gp_device *dev, const float *a, const float *b, float *y, int64_t n); /* y = a + b */
+    /* Sum of squares into *out (host float, double accumulation). */
+    gp_status (*sumsq)(gp_device *dev, const float *x, int64_t n, double *out);
+    /* Non-zero *out if any element is NaN or Inf. */
+    gp_status (*nonfinite)(gp_device *dev, const float *x, int64_t n, int *out);
+    /* SGD with momentum, in place, all vectors of length n:
+     *   g' = g + wd * w;  v = mu * v + g';
+     *   w -= lr * (nesterov ? g' + mu * v : v)                  (PyTorch) */
+    gp_status (*sgd_update)(gp_device *dev, float *w, const float *g, float *v,
+                            int64_t n, float lr, float mu, float wd, int nesterov);
+
+    /* --- dense math --- */
+    /* Row-major C(M,N) = alpha * op(A) * op(B) + beta * C. */
+    gp_status (*gemm)(gp_device *dev, int trans_a, int trans_b, int64_t m,
+                      int64_t n, int64_t k, float alpha, const float *a,
+                      int64_t lda, const float *b, int64_t ldb, float beta,
+                      float *c, int64_t ldc);
+    /* y(N,F) += bias(F) broadcast over rows (rows = N, cols = F). */
+    gp_status (*add_bias_rows)(gp_device *dev, float *y, const float *bias,
+                               int64_t rows, int64_t cols);
+    /* db(F) += column sums of dy(N,F). */
+    gp_status (*sum_rows)(gp_device *dev, const float *dy, float *db,
+                          int64_t rows, int64_t cols);
+
+    /* --- convolution --- y = conv(x, w) + b;  w is (K, C, KH, KW) */
+    gp_status (*conv_fwd)(gp_device *dev, const gp_conv_desc *d, const float *x,
+                          const float *w, const float *b, float *y);
+    gp_status (*conv_bwd_data)(gp_device *dev, const gp_conv_desc *d,
+                               const float *w, const float *dy, float *dx);
+    /* dw += ..., db += ... (db may be NULL when !has_bias) */
+    gp_status (*conv_bwd_weights)(gp_device *dev, const gp_conv_desc *d,
+                                  const float *x, const float *dy, float *dw,
+                                  float *db);
+
+    /* --- pooling --- ws: backend workspace for max pooling, at least
+     * pool_ws_bytes(d) bytes (may be 0); written by fwd, read by bwd. */
+    size_t (*pool_ws_bytes)(gp_device *dev, const gp_pool_desc *d);
+    gp_status (*pool_fwd)(gp_device *dev, const gp_pool_desc *d, const float *x,
+                          float *y, void *ws);
+    gp_status (*pool_bwd)(gp_device *dev, const gp_pool_desc *d, const float *x,
+                          const float *y, const float *dy, float *dx, const void *ws);
+
+    /* --- batch normalisation ---
+     * fwd_train: batch statistics; writes y, mean(C) and var(C) (biased, for
+     * normalisation), all outputs overwritten.
+     * fwd_infer: normalises with given mean/var.
+     * bwd: dx =; dgamma +=, dbeta += (accumulate). mean/var are those of fwd. */
+    gp_status (*bn_fwd_train)(gp_device *dev, const gp_bn_desc *d, const float *x,
+                              const float *gamma, const float *beta, float *y,
+                              float *mean, float *var);
+    gp_status (*bn_fwd_infer)(gp_device *dev, const gp_bn_desc *d, const float *x,
+                              const float *gamma, const float *beta,
+                              const float *mean, const float *var, float *y);
+    gp_status (*bn_bwd)(gp_device *dev, const gp_bn_desc *d, const float *x,
+                        const float *gamma, const float *mean, const float *var,
+                        const float *dy, float *dx, float *dgamma, float *dbeta);
+
+    /* --- activations --- */
+    gp_status (*relu_fwd)(gp_device *dev, const float *x, float *y, int64_t n);
+    /* dx = dy * (y > 0); y is relu's output */
+    gp_status (*relu_bwd)(gp_device *dev, const float *y, const float *dy,
+                          float *dx, int64_t n);
+    /* Row-wise log-softmax of x(rows, cols). */
+    gp_status (*log_softmax)(gp_device *dev, const float *x, float *y,
+                             int64_t rows, int64_t cols);
+    /* Cross-entropy over rows of logits(rows, cols) against labels(rows)
+     * (float class ids): *loss_sum = sum -log softmax[label] (double),
+     * *correct = rows whose first argmax is the label; if dlogits is not NULL
+     * it is set to (softmax - onehot) * scale.  A label outside [0, cols)
+     * sets *bad_row to its row (else -1) and returns GP_OK without output. */
+    gp_status (*xent)(gp_device *dev, const float *logits, const float *labels,
+                      int64_t rows, int64_t cols, float scale, float *dlogits,
+                      double *loss_sum, int64_t *correct, int64_t *bad_row);
+    /* Dropout mask: mask[i] = (u >= p) ? 1 / (1 - p) : 0 with
+     * u = gp_rng_uniform(seed, stream, first + i), so the mask of any
+     * sub-range equals the same range of the whole (micro-batch splits and
+     * recomputation draw identical masks).  The per-element formula lives in
+     * backend/elementwise.h, shared with the CUDA kernels. */
+    gp_status (*dropout_mask)(gp_device *dev, float *mask, int64_t n, float p,
+                              uint64_t seed, uint64_t stream, uint64_t first);
+    /* y = a * b elementwise (dropout applies its scaled mask with it) */
+    gp_status (*mul)(gp_device *dev, const float *a, const float *b, float *y,
+                     int64_t n);
+} gp_device_iface;
+
+struct gp_device {
+    const gp_device_iface *iface;
+    void *ctx;            /* backend context */
+    gp_device_kind kind;
+    int index;            /* N of cpu:N / cuda:N */
+    char name[32];        /* "cpu:0" */
+    int threads;          /* math threads (CPU) */
+    gp_allocator alloc;   /* accounting for every byte on the device */
+};
+
+/* Options for opening a device. */
+typedef struct gp_device_opts {
+    int threads;          /* CPU math threads; 0 = all cores */
+    size_t capacity;      /* bytes; 0 = unlimited */
+} gp_device_opts;
+
+/* Parse "cpu:0", "cpu", "cuda:1" into kind and index. */
+gp_status gp_device_parse(const char *spec, gp_device_kind *kind, int *index);
+/* Open a device by name ("cpu:0").  CUDA names fail with a clear message in
+ * a build or on a machine without CUDA. */
+gp_status gp_device_open(const char *spec, const gp_device_opts *opts,
+                         gp_device **out);
+void gp_device_close(gp_device *dev);
+
+/* The CPU backend's constructor (backend/cpu). */
+gp_status gp_cpu_device_create(int index, const gp_device_opts *opts,
+                               gp_device **out);
+
+/* --- wrappers: what layers call --------------------------------------- */
+
+void gp_device_bind_thread(gp_device *dev);
+/* Allocate device memory with accounting (fails with GP_ERR_OOM over
+ * capacity). */
+gp_status gp_dev_alloc(gp_device *dev, size_t bytes, gp_mem_category cat,
+                       void **out);
+void gp_dev_free(gp_device *dev, void *ptr, size_t bytes, gp_mem_category cat);
+gp_status gp_dev_upload(gp_device *dev, float *dst, const float *src, int64_t n);
+gp_status gp_dev_download(gp_device *dev, float *dst, const float *src, int64_t n);
+/* Copy between tensors on any devices (same numel). */
+gp_status gp_tensor_copy(gp_tensor *dst, const gp_tensor *src);
+
+#endif /* GP_BACKEND_H */

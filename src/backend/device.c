@@ -1,0 +1,110 @@
+/*
+ * device.c — device names, opening devices, and the wrappers layers call
+ * (accounting, fallbacks for optional interface slots).
+ */
+#include "backend/backend.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+gp_status gp_device_parse(const char *spec, gp_device_kind *kind, int *index)
+{
+    const char *rest;
+    if (!strncmp(spec, "cpu", 3)) {
+        *kind = GP_DEV_CPU;
+        rest = spec + 3;
+    } else if (!strncmp(spec, "cuda", 4)) {
+        *kind = GP_DEV_CUDA;
+        rest = spec + 4;
+    } else {
+        return gp_error_set(GP_ERR_INVALID,
+                            "unknown device '%s': devices are named cpu:N or cuda:N", spec);
+    }
+    if (*rest == '\0') {
+        *index = 0;
+        return GP_OK;
+    }
+    if (*rest != ':' || rest[1] == '\0')
+        return gp_error_set(GP_ERR_INVALID, "malformed device '%s': expected %s:N",
+                            spec, *kind == GP_DEV_CPU ? "cpu" : "cuda");
+    char *end;
+    long v = strtol(rest + 1, &end, 10);
+    if (*end != '\0' || v < 0 || v > 4095)
+        return gp_error_set(GP_ERR_INVALID,
+                            "malformed device '%s': the index after ':' must be 0..4095", spec);
+    *index = (int)v;
+    return GP_OK;
+}
+
+gp_status gp_device_open(const char *spec, const gp_device_opts *opts, gp_device **out)
+{
+    gp_device_kind kind;
+    int index;
+    GP_TRY(gp_device_parse(spec, &kind, &index));
+    gp_device_opts def = {0};
+    if (!opts) opts = &def;
+    if (kind == GP_DEV_CPU) return gp_cpu_device_create(index, opts, out);
+    return gp_error_set(GP_ERR_UNSUPPORTED,
+                        "device '%s': this gpipe was built without the CUDA backend; "
+                        "use cpu:N devices or rebuild with -DGPIPE_CUDA=ON on a machine "
+                        "with the CUDA toolkit", spec);
+}
+
+void gp_device_close(gp_device *dev)
+{
+    if (!dev) return;
+    dev->iface->destroy(dev);
+}
+
+void gp_device_bind_thread(gp_device *dev)
+{
+    if (dev->iface->bind_thread) dev->iface->bind_thread(dev);
+}
+
+gp_status gp_dev_alloc(gp_device *dev, size_t bytes, gp_mem_category cat, void **out)
+{
+    *out = NULL;
+    GP_TRY(gp_allocator_reserve(&dev->alloc, bytes, cat));
+    gp_status s = dev->iface->alloc(dev, bytes, out);
+    if (s != GP_OK) {
+        gp_allocator_release(&dev->alloc, bytes, cat);
+        return s;
+    }
+    return GP_OK;
+}
+
+void gp_dev_free(gp_device *dev, void *ptr, size_t bytes, gp_mem_category cat)
+{
+    if (!ptr) return;
+    dev->iface->free(dev, ptr, bytes);
+    gp_allocator_release(&dev->alloc, bytes, cat);
+}
+
+gp_status gp_dev_upload(gp_device *dev, float *dst, const float *src, int64_t n)
+{
+    return dev->iface->copy_h2d(dev, dst, src, (size_t)n * sizeof(float));
+}
+
+gp_status gp_dev_download(gp_device *dev, float *dst, const float *src, int64_t n)
+{
+    return dev->iface->copy_d2h(dev, dst, src, (size_t)n * sizeof(float));
+}
+
+gp_status gp_tensor_copy(gp_tensor *dst, const gp_tensor *src)
+{
+    GP_ASSERT(gp_tensor_numel(dst) == gp_tensor_numel(src));
+    size_t bytes = gp_tensor_bytes(src);
+    if (bytes == 0) return GP_OK;
+    gp_device *dd = dst->dev, *sd = src->dev;
+    if (dd == sd) return dd->iface->copy_d2d(dd, dst->data, src->data, bytes);
+    if (dd->iface->copy_peer) return dd->iface->copy_peer(dd, dst->data, sd, src->data, bytes);
+    /* Fallback: stage through host memory. */
+    void *host = malloc(bytes);
+    if (!host) return gp_error_set(GP_ERR_OOM, "out of host memory staging %zu bytes", bytes);
+    gp_status s = sd->iface->copy_d2h(sd, host, src->data, bytes);
+    if (s == GP_OK) s = sd->iface->synchronize(sd);
+    if (s == GP_OK) s = dd->iface->copy_h2d(dd, dst->data, host, bytes);
+    if (s == GP_OK) s = dd->iface->synchronize(dd);
+    free(host);
+    return s;
+}

@@ -1,0 +1,132 @@
+/*
+ * config.h — a run description: YAML in, plain structs out.
+ *
+ * gp_config_load() parses one YAML file with libyaml, applies `--set`
+ * overrides (each "a.b.c=value", the value parsed as YAML), fills defaults
+ * and validates ranges.  No libyaml type leaves this module.
+ *
+ * Errors carry "file:line:column: message" plus a hint (unknown key with a
+ * "did you mean", wrong type, out-of-range value, unknown layer type).  An
+ * error inside an override names the override ("--set train.lr=abc: ...").
+ * Unknown keys are errors, never silently ignored.
+ *
+ * Memory: gp_config is a plain value; gp_config_free releases its arrays.
+ * Thread safety: none needed (pure functions over their arguments).
+ */
+#ifndef GP_CONFIG_H
+#define GP_CONFIG_H
+
+#include "layers/layers.h"
+
+#define GP_MAX_DEVICES 64
+#define GP_MAX_CHANNELS 4
+
+typedef enum { GP_CKPT_ALWAYS = 0, GP_CKPT_EXCEPT_LAST, GP_CKPT_NEVER } gp_checkpoint_mode;
+typedef enum { GP_DATASET_SYNTHETIC = 0, GP_DATASET_MNIST, GP_DATASET_FASHION_MNIST,
+               GP_DATASET_CIFAR10 } gp_dataset_kind;
+typedef enum { GP_SCHED_CONSTANT = 0, GP_SCHED_STEP, GP_SCHED_COSINE } gp_sched_kind;
+typedef enum { GP_LR_SCALING_NONE = 0, GP_LR_SCALING_LINEAR } gp_lr_scaling;
+
+typedef struct gp_device_spec {
+    char name[32];        /* "cpu:0" */
+    size_t memory;        /* capacity in bytes; 0 = unlimited */
+    int threads;          /* math threads; 0 = default split */
+} gp_device_spec;
+
+typedef struct gp_model_config {
+    int64_t input[3];     /* (C, H, W) of one sample; for flat inputs (F,1,1) */
+    gp_layer_spec *layers;/* n_layers entries, owned */
+    int n_layers;
+    char loss[32];        /* "cross_entropy" */
+    char init_from[512];  /* safetensors file; "" = fresh init */
+} gp_model_config;
+
+typedef struct gp_pipeline_config {
+    gp_device_spec devices[GP_MAX_DEVICES];
+    int n_devices;        /* default 1: [cpu:0] */
+    int balance[GP_MAX_DEVICES]; /* layers per stage */
+    int n_balance;        /* 0 = balance: auto */
+    int chunks;           /* micro-batches per mini-batch; default 1 */
+    gp_checkpoint_mode checkpoint; /* default except_last */
+    bool lockstep;        /* default true */
+    int threads;          /* per CPU device; 0 = cores / devices */
+    size_t memory;        /* default capacity per device; 0 = unlimited */
+    int replicas;         /* default 1 */
+} gp_pipeline_config;
+
+typedef struct gp_data_config {
+    gp_dataset_kind dataset;  /* default fashion-mnist */
+    char path[512];           /* directory; default per dataset */
+    bool shuffle;             /* default true */
+    bool normalize;           /* default true */
+    float mean[GP_MAX_CHANNELS]; /* per channel; default dataset statistics */
+    float std[GP_MAX_CHANNELS];
+    int n_mean;               /* 0 = dataset default */
+    int crop_padding;         /* random crop with this zero padding; 0 = off */
+    bool hflip;               /* random horizontal flip */
+    int prefetch;             /* batches queued ahead; default 2 */
+    int64_t train_limit;      /* use the first N training samples; 0 = all */
+    int64_t test_limit;       /* likewise for the test split */
+    int64_t synthetic_train;  /* synthetic dataset sizes; default 1024/256 */
+    int64_t synthetic_test;
+    int synthetic_classes;    /* default 10 */
+} gp_data_config;
+
+typedef struct gp_optim_config {
+    char type[16];            /* "sgd" */
+    float lr;                 /* default 0.01 */
+    float momentum;           /* default 0.9 */
+    bool nesterov;            /* default false */
+    float weight_decay;       /* default 0 */
+    bool decay_bias_and_norm; /* apply weight decay to biases/norm params;
+                                 default false (they are exempt) */
+} gp_optim_config;
+
+typedef struct gp_sched_config {
+    gp_sched_kind kind;       /* default constant */
+    int64_t warmup_steps;     /* linear warm-up from warmup_start * lr */
+    float warmup_start;       /* default 0 */
+    int64_t step_size;        /* step: decay every step_size steps */
+    float gamma;              /* step: factor; default 0.1 */
+    float min_lr;             /* cosine: floor; default 0 */
+} gp_sched_config;
+
+typedef struct gp_train_config {
+    int64_t epochs;           /* default 1; ignored if steps > 0 */
+    int64_t steps;            /* total optimizer steps; 0 = use epochs */
+    int64_t batch_size;       /* default 64 */
+    uint64_t seed;            /* default 0 */
+    gp_optim_config optim;
+    gp_sched_config sched;
+    gp_lr_scaling lr_scaling; /* default none */
+    int64_t base_batch;       /* for linear scaling; default batch_size */
+    int64_t log_every;        /* log line every N steps; default 50 */
+    bool eval_each_epoch;     /* default true */
+    int64_t eval_batch_size;  /* default 1000 */
+} gp_train_config;
+
+typedef struct gp_config {
+    char path[512];           /* file it came from */
+    gp_model_config model;
+    gp_pipeline_config pipeline;
+    gp_data_config data;
+    gp_train_config train;
+    /* Human-readable list of the defaults that were applied, one per line,
+     * for --dry-run / -v (owned). */
+    char *defaults_applied;
+} gp_config;
+
+/* Load and validate.  overrides[i] is "a.b.c=value". */
+gp_status gp_config_load(const char *path, const char *const *overrides,
+                         int n_overrides, gp_config *out);
+/* Parse from a string (tests, and the library API); `name` is used in
+ * messages in place of a file name. */
+gp_status gp_config_parse(const char *name, const char *text, size_t len,
+                          const char *const *overrides, int n_overrides,
+                          gp_config *out);
+void gp_config_free(gp_config *c);
+
+const char *gp_checkpoint_mode_name(gp_checkpoint_mode m);
+const char *gp_dataset_name(gp_dataset_kind k);
+
+#endif /* GP_CONFIG_H */

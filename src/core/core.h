@@ -1,0 +1,197 @@
+/*
+ * core.h — the bottom of gpipe: status codes and error messages, logging,
+ * tensors, the counter-based RNG, per-device memory accounting, and small
+ * thread helpers.  Knows nothing of layers or the pipeline.
+ *
+ * Errors: a function a user can make fail returns gp_status and, before it
+ * does, records a message with gp_error_set().  The message lives in a
+ * per-thread buffer (like errno) so that every call site does not have to
+ * thread an error object through; a worker thread that fails copies its
+ * message out with gp_error_message() before handing the status to the
+ * caller.  Bugs (broken invariants) use GP_ASSERT, which aborts.
+ *
+ * Memory: every byte a device holds goes through gp_alloc_* with a category,
+ * so current/peak/capacity are always the truth (see gp_allocator).
+ *
+ * Thread safety: gp_allocator functions are thread-safe (one mutex each);
+ * a gp_tensor is owned by one thread at a time; the RNG is a pure function.
+ */
+#ifndef GP_CORE_H
+#define GP_CORE_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <pthread.h>
+
+#include "gpipe.h"
+
+/* ------------------------------------------------------------------------ */
+/* errors                                                                    */
+
+/* Record `code` with a printf-style message for this thread; returns code so
+ * callers can write `return gp_error_set(GP_ERR_INVALID, "...")`. */
+gp_status gp_error_set(gp_status code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Prefix the current message with more context ("layer 3 (conv2d): ..."). */
+gp_status gp_error_wrap(gp_status code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+const char *gp_error_message(void); /* this thread's last message, never NULL */
+void gp_error_clear(void);
+
+#define GP_ASSERT(cond)                                                       \
+    do {                                                                      \
+        if (!(cond)) gp_assert_fail(#cond, __FILE__, __LINE__, __func__);     \
+    } while (0)
+_Noreturn void gp_assert_fail(const char *expr, const char *file, int line,
+                              const char *func);
+
+/* Propagate a non-OK status. */
+#define GP_TRY(expr)                                                          \
+    do {                                                                      \
+        gp_status gp_try_s_ = (expr);                                         \
+        if (gp_try_s_ != GP_OK) return gp_try_s_;                             \
+    } while (0)
+
+/* ------------------------------------------------------------------------ */
+/* logging                                                                   */
+
+typedef enum {
+    GP_LOG_DEBUG = 0,
+    GP_LOG_INFO = 1,
+    GP_LOG_WARN = 2,
+    GP_LOG_ERROR = 3,
+    GP_LOG_QUIET = 4
+} gp_log_level;
+
+/* The level is read from the environment variable GPIPE_LOG once
+ * (debug|info|warn|error|quiet) unless set with gp_log_set_level. */
+void gp_log_set_level(gp_log_level level);
+void gp_log(gp_log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+#define GP_DEBUG(...) gp_log(GP_LOG_DEBUG, __VA_ARGS__)
+#define GP_INFO(...) gp_log(GP_LOG_INFO, __VA_ARGS__)
+#define GP_WARN(...) gp_log(GP_LOG_WARN, __VA_ARGS__)
+
+/* Monotonic clock in seconds. */
+double gp_now(void);
+
+/* ------------------------------------------------------------------------ */
+/* counter-based RNG: Philox4x32-10                                          */
+
+/* Four 32-bit random words that depend only on (key, counter). */
+typedef struct {
+    uint32_t v[4];
+} gp_philox_out;
+gp_philox_out gp_philox4x32(uint64_t key, uint64_t ctr_hi, uint64_t ctr_lo);
+
+/* Uniform float in [0, 1) for element `index` of stream (seed, stream).
+ * Same (seed, stream, index) -> same value on any thread, any order. */
+float gp_rng_uniform(uint64_t seed, uint64_t stream, uint64_t index);
+/* Fill out[0..n) with uniforms for indices first..first+n. */
+void gp_rng_uniform_fill(uint64_t seed, uint64_t stream, uint64_t first,
+                         float *out, int64_t n);
+/* Mix several 64-bit words into one stream id (splitmix64-based). */
+uint64_t gp_rng_stream(uint64_t a, uint64_t b, uint64_t c);
+
+/* ------------------------------------------------------------------------ */
+/* memory accounting                                                         */
+
+typedef enum {
+    GP_MEM_PARAMS = 0,
+    GP_MEM_GRADS,
+    GP_MEM_OPTIMIZER,
+    GP_MEM_ACTIVATIONS, /* activations and stashed stage inputs */
+    GP_MEM_COPIES,      /* buffers received from another device */
+    GP_MEM_WORKSPACE,   /* scratch of backends and layers */
+    GP_MEM_COUNT
+} gp_mem_category;
+
+const char *gp_mem_category_name(gp_mem_category c);
+
+/* Accounting only: the backend does the allocation and reports the sizes.
+ * Guarded by `lock`; safe to call from any thread. */
+typedef struct gp_allocator {
+    char device[32];     /* "cpu:0", for messages */
+    size_t capacity;     /* 0 = unlimited */
+    size_t current;      /* bytes in use now */
+    size_t peak;         /* high-water mark of current since last reset */
+    size_t cur_by[GP_MEM_COUNT];
+    size_t peak_by[GP_MEM_COUNT];
+    int64_t live_blocks; /* outstanding allocations (leak check) */
+    pthread_mutex_t lock;
+} gp_allocator;
+
+void gp_allocator_init(gp_allocator *a, const char *device, size_t capacity);
+void gp_allocator_destroy(gp_allocator *a);
+/* Reserve `bytes` in category `cat`; fails with GP_ERR_OOM and a message
+ * naming the device, the request, the bytes in use and the capacity. */
+gp_status gp_allocator_reserve(gp_allocator *a, size_t bytes,
+                               gp_mem_category cat);
+void gp_allocator_release(gp_allocator *a, size_t bytes, gp_mem_category cat);
+/* Peaks start again from the current values (e.g. at the start of a step). */
+void gp_allocator_reset_peak(gp_allocator *a);
+/* A consistent copy of the counters. */
+void gp_allocator_snapshot(gp_allocator *a, gp_allocator *out);
+
+/* Parse "512MiB", "1.5GB", "4096" (bytes); K/M/G with or without iB.
+ * Returns false if malformed. */
+bool gp_parse_bytes(const char *s, size_t *out);
+/* "12.3 MiB" into buf. */
+const char *gp_format_bytes(size_t bytes, char *buf, size_t len);
+
+/* ------------------------------------------------------------------------ */
+/* tensors                                                                   */
+
+struct gp_device;
+
+#define GP_MAX_DIMS 4
+
+/* A dense float32 tensor, row-major, logical layout NCHW for 4-D, (N, F) for
+ * 2-D.  `data` is device memory of `dev`.  A tensor either owns its memory
+ * (owned == true: allocated through the device's allocator, freed by
+ * gp_tensor_free) or is a view into another tensor's memory. */
+typedef struct gp_tensor {
+    float *data;
+    int ndim;
+    int64_t dims[GP_MAX_DIMS];
+    struct gp_device *dev;
+    gp_mem_category cat; /* accounting category when owned */
+    bool owned;
+} gp_tensor;
+
+/* Shapes without storage, for shape inference. */
+typedef struct gp_shape {
+    int ndim;
+    int64_t dims[GP_MAX_DIMS];
+} gp_shape;
+
+gp_shape gp_shape_make(int ndim, const int64_t *dims);
+gp_shape gp_shape_2d(int64_t n, int64_t f);
+gp_shape gp_shape_4d(int64_t n, int64_t c, int64_t h, int64_t w);
+int64_t gp_shape_numel(const gp_shape *s);
+bool gp_shape_equal(const gp_shape *a, const gp_shape *b);
+/* Same shape with dims[0] (the batch) replaced. */
+gp_shape gp_shape_with_batch(const gp_shape *s, int64_t n);
+/* "(128, 64, 28, 28)" into buf. */
+const char *gp_shape_str(const gp_shape *s, char *buf, size_t len);
+
+/* Allocate an uninitialised tensor on `dev`. */
+gp_status gp_tensor_alloc(gp_tensor *t, struct gp_device *dev,
+                          const gp_shape *shape, gp_mem_category cat);
+/* Allocate and zero. */
+gp_status gp_tensor_zeros(gp_tensor *t, struct gp_device *dev,
+                          const gp_shape *shape, gp_mem_category cat);
+/* Free if owned; always leaves t empty.  NULL and empty tensors are fine. */
+void gp_tensor_free(gp_tensor *t);
+gp_shape gp_tensor_shape(const gp_tensor *t);
+int64_t gp_tensor_numel(const gp_tensor *t);
+size_t gp_tensor_bytes(const gp_tensor *t);
+/* A non-owning view of rows [first, first+count) along dims[0]. */
+gp_tensor gp_tensor_slice(const gp_tensor *t, int64_t first, int64_t count);
+/* A non-owning view with another shape of the same element count. */
+gp_tensor gp_tensor_reshape(const gp_tensor *t, const gp_shape *shape);
+
+#endif /* GP_CORE_H */

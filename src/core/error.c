@@ -1,0 +1,114 @@
+/*
+ * error.c — per-thread error messages, status names, assertion failures,
+ * logging and the monotonic clock.
+ *
+ * The message buffer is thread-local (like errno): each worker thread has its
+ * own, and the executor copies a failing worker's message to the caller.
+ */
+#include "core/core.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <stdatomic.h>
+#include <time.h>
+
+#define GP_ERRMSG_LEN 2048
+
+static _Thread_local char tls_msg[GP_ERRMSG_LEN];
+
+gp_status gp_error_set(gp_status code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(tls_msg, sizeof tls_msg, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+gp_status gp_error_wrap(gp_status code, const char *fmt, ...)
+{
+    char prefix[GP_ERRMSG_LEN];
+    char old[GP_ERRMSG_LEN];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    memcpy(old, tls_msg, sizeof old);
+    snprintf(tls_msg, sizeof tls_msg, "%s: %s", prefix, old);
+    return code;
+}
+
+const char *gp_error_message(void) { return tls_msg; }
+const char *gp_last_error(void) { return tls_msg; }
+void gp_error_clear(void) { tls_msg[0] = '\0'; }
+
+const char *gp_status_name(gp_status s)
+{
+    switch (s) {
+    case GP_OK: return "ok";
+    case GP_ERR_INVALID: return "invalid";
+    case GP_ERR_IO: return "io";
+    case GP_ERR_DATA: return "data";
+    case GP_ERR_OOM: return "out-of-memory";
+    case GP_ERR_NUMERIC: return "numeric";
+    case GP_ERR_UNSUPPORTED: return "unsupported";
+    case GP_ERR_RUNTIME: return "runtime";
+    case GP_ERR_CANCELLED: return "cancelled";
+    }
+    return "unknown";
+}
+
+const char *gp_version(void) { return "0.1.0"; }
+
+_Noreturn void gp_assert_fail(const char *expr, const char *file, int line,
+                              const char *func)
+{
+    fprintf(stderr, "gpipe: internal error: assertion `%s` failed at %s:%d in %s()\n"
+                    "       this is a bug in gpipe; please report it with the config used\n",
+            expr, file, line, func);
+    fflush(stderr);
+    abort();
+}
+
+/* ---- logging ----------------------------------------------------------- */
+
+/* Process-wide verbosity, read by every thread: atomic so it is race-free. */
+static _Atomic int log_level = -1;
+
+void gp_log_set_level(gp_log_level level) { log_level = (int)level; }
+
+static int current_level(void)
+{
+    if (log_level < 0) {
+        const char *e = getenv("GPIPE_LOG");
+        int lv = GP_LOG_INFO;
+        if (e) {
+            if (!strcmp(e, "debug")) lv = GP_LOG_DEBUG;
+            else if (!strcmp(e, "warn")) lv = GP_LOG_WARN;
+            else if (!strcmp(e, "error")) lv = GP_LOG_ERROR;
+            else if (!strcmp(e, "quiet")) lv = GP_LOG_QUIET;
+        }
+        log_level = lv;
+    }
+    return log_level;
+}
+
+void gp_log(gp_log_level level, const char *fmt, ...)
+{
+    if ((int)level < current_level()) return;
+    static const char *tag[] = {"debug", "info", "warning", "error"};
+    char line[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    /* One fprintf per line so lines from several threads do not interleave. */
+    fprintf(stderr, "gpipe: %s: %s\n", tag[level], line);
+}
+
+double gp_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}

@@ -1,0 +1,142 @@
+/*
+ * tensor.c — shapes and tensors.  Allocation goes through the device
+ * wrappers in backend/ so every byte is accounted.
+ */
+#include "core/core.h"
+#include "backend/backend.h"
+
+#include <string.h>
+
+gp_shape gp_shape_make(int ndim, const int64_t *dims)
+{
+    GP_ASSERT(ndim >= 1 && ndim <= GP_MAX_DIMS);
+    gp_shape s = {0};
+    s.ndim = ndim;
+    for (int i = 0; i < ndim; i++) s.dims[i] = dims[i];
+    return s;
+}
+
+gp_shape gp_shape_2d(int64_t n, int64_t f)
+{
+    gp_shape s = {2, {n, f, 0, 0}};
+    return s;
+}
+
+gp_shape gp_shape_4d(int64_t n, int64_t c, int64_t h, int64_t w)
+{
+    gp_shape s = {4, {n, c, h, w}};
+    return s;
+}
+
+int64_t gp_shape_numel(const gp_shape *s)
+{
+    int64_t n = 1;
+    for (int i = 0; i < s->ndim; i++) n *= s->dims[i];
+    return n;
+}
+
+bool gp_shape_equal(const gp_shape *a, const gp_shape *b)
+{
+    if (a->ndim != b->ndim) return false;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->dims[i] != b->dims[i]) return false;
+    return true;
+}
+
+gp_shape gp_shape_with_batch(const gp_shape *s, int64_t n)
+{
+    gp_shape r = *s;
+    r.dims[0] = n;
+    return r;
+}
+
+const char *gp_shape_str(const gp_shape *s, char *buf, size_t len)
+{
+    size_t off = 0;
+    off += (size_t)snprintf(buf + off, len - off, "(");
+    for (int i = 0; i < s->ndim && off < len; i++)
+        off += (size_t)snprintf(buf + off, len - off, i ? ", %lld" : "%lld",
+                                (long long)s->dims[i]);
+    if (off < len) snprintf(buf + off, len - off, ")");
+    return buf;
+}
+
+gp_status gp_tensor_alloc(gp_tensor *t, gp_device *dev, const gp_shape *shape,
+                          gp_mem_category cat)
+{
+    memset(t, 0, sizeof *t);
+    int64_t n = gp_shape_numel(shape);
+    GP_ASSERT(n >= 0);
+    void *p = NULL;
+    if (n > 0) GP_TRY(gp_dev_alloc(dev, (size_t)n * sizeof(float), cat, &p));
+    t->data = p;
+    t->ndim = shape->ndim;
+    memcpy(t->dims, shape->dims, sizeof t->dims);
+    t->dev = dev;
+    t->cat = cat;
+    t->owned = true;
+    return GP_OK;
+}
+
+gp_status gp_tensor_zeros(gp_tensor *t, gp_device *dev, const gp_shape *shape,
+                          gp_mem_category cat)
+{
+    GP_TRY(gp_tensor_alloc(t, dev, shape, cat));
+    int64_t n = gp_tensor_numel(t);
+    if (n > 0) {
+        gp_status s = dev->iface->fill(dev, t->data, 0.0f, n);
+        if (s != GP_OK) {
+            gp_tensor_free(t);
+            return s;
+        }
+    }
+    return GP_OK;
+}
+
+void gp_tensor_free(gp_tensor *t)
+{
+    if (!t) return;
+    if (t->owned && t->data)
+        gp_dev_free(t->dev, t->data, gp_tensor_bytes(t), t->cat);
+    memset(t, 0, sizeof *t);
+}
+
+gp_shape gp_tensor_shape(const gp_tensor *t)
+{
+    gp_shape s = {0};
+    s.ndim = t->ndim;
+    memcpy(s.dims, t->dims, sizeof s.dims);
+    return s;
+}
+
+int64_t gp_tensor_numel(const gp_tensor *t)
+{
+    if (t->ndim == 0) return 0;
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= t->dims[i];
+    return n;
+}
+
+size_t gp_tensor_bytes(const gp_tensor *t) { return (size_t)gp_tensor_numel(t) * sizeof(float); }
+
+gp_tensor gp_tensor_slice(const gp_tensor *t, int64_t first, int64_t count)
+{
+    GP_ASSERT(t->ndim >= 1 && first >= 0 && count >= 0 && first + count <= t->dims[0]);
+    gp_tensor v = *t;
+    int64_t row = 1;
+    for (int i = 1; i < t->ndim; i++) row *= t->dims[i];
+    v.data = t->data ? t->data + first * row : NULL;
+    v.dims[0] = count;
+    v.owned = false;
+    return v;
+}
+
+gp_tensor gp_tensor_reshape(const gp_tensor *t, const gp_shape *shape)
+{
+    GP_ASSERT(gp_shape_numel(shape) == gp_tensor_numel(t));
+    gp_tensor v = *t;
+    v.ndim = shape->ndim;
+    memcpy(v.dims, shape->dims, sizeof v.dims);
+    v.owned = false;
+    return v;
+}

@@ -1,0 +1,204 @@
+/*
+ * layers.h — the layer interface and the layer catalogue.
+ *
+ * A layer is a vtable (gp_layer_ops) plus its spec, shapes, parameters and a
+ * private state.  Layers know their device only as the gp_device they were
+ * placed on; they never know which stage, worker or micro-batch they serve.
+ *
+ * Per-invocation memory.  forward() does not keep activations inside the
+ * layer: whatever backward needs beyond the layer's input x and output y goes
+ * into a caller-provided gp_saved, one per (layer, micro-batch).  The caller
+ * keeps x, y and the gp_saved alive until backward is done and then calls
+ * gp_saved_free().  This is what lets a pipeline hold many micro-batches in
+ * flight, and lets checkpointing drop everything but a stage's input and
+ * recompute it (forward with ctx->recompute set).
+ *
+ * Backward protocol, per (layer, micro-batch):
+ *   backward_data  (dx =)   — only when the previous layer needs dx;
+ *   backward_weights (dW +=) — always, after backward_data if that ran.
+ * A layer whose natural kernel produces both at once (batch norm, the
+ * residual block) may do its weight work in backward_data and note it in
+ * gp_saved.flags, so backward_weights then only finishes what is left.
+ *
+ * Determinism: forward is a pure function of (parameters, x, ctx).  Dropout
+ * draws its mask from the counter-based RNG keyed by (seed, step, layer
+ * index) and indexed by the sample's position in the whole mini-batch
+ * (ctx->sample_offset), so any split into micro-batches, and any
+ * recomputation, draws the very same mask.
+ *
+ * Batch-norm running statistics are not touched in forward: training forward
+ * (recompute excluded) merges the micro-batch's (count, mean, M2) into a
+ * per-step accumulator, and commit() folds the whole mini-batch into the
+ * running statistics once per step.
+ *
+ * Thread safety: a layer is used by its device's worker thread only.
+ */
+#ifndef GP_LAYERS_H
+#define GP_LAYERS_H
+
+#include "backend/backend.h"
+
+typedef enum gp_layer_type {
+    GP_LAYER_LINEAR = 0,
+    GP_LAYER_CONV2D,
+    GP_LAYER_BATCHNORM,
+    GP_LAYER_RELU,
+    GP_LAYER_MAXPOOL2D,
+    GP_LAYER_AVGPOOL2D,
+    GP_LAYER_GLOBAL_AVGPOOL,
+    GP_LAYER_FLATTEN,
+    GP_LAYER_DROPOUT,
+    GP_LAYER_RESIDUAL,
+    GP_LAYER_TYPE_COUNT
+} gp_layer_type;
+
+/* "linear", "conv2d", ... (the names used in YAML). */
+const char *gp_layer_type_name(gp_layer_type t);
+/* Returns false if `name` is not a layer type. */
+bool gp_layer_type_parse(const char *name, gp_layer_type *out);
+
+/* What a config says about one layer.  Fields a type does not use are
+ * ignored; 0 / -1 mean "not given" where stated. */
+typedef struct gp_layer_spec {
+    gp_layer_type type;
+    char name[64];        /* optional user label; "" if none */
+    int line, column;     /* where the config defined it (0 if not from YAML) */
+    int64_t in;           /* linear in_features / conv in_channels; 0 = infer */
+    int64_t out;          /* linear out_features / conv out_channels /
+                             residual out_channels; 0 = not given (error) */
+    int64_t kernel;       /* conv, pools */
+    int64_t stride;       /* conv, pools, residual; default 1 (pools: kernel) */
+    int64_t padding;      /* conv, pools; default 0 */
+    bool bias;            /* linear, conv; default true */
+    float momentum;       /* batchnorm; default 0.1 (PyTorch convention) */
+    float eps;            /* batchnorm; default 1e-5 */
+    bool sync;            /* batchnorm: synchronise across replicas */
+    float p;              /* dropout probability; default 0.5 */
+} gp_layer_spec;
+
+/* A spec of `type` with every default filled in. */
+gp_layer_spec gp_layer_spec_default(gp_layer_type type);
+
+/* A trainable parameter or a buffer (running statistics). */
+typedef struct gp_param {
+    char name[48];        /* PyTorch-style local name: "weight", "bn1.bias",
+                             "running_mean", "downsample.0.weight" */
+    gp_tensor value;      /* on the layer's device, category PARAMS */
+    gp_tensor grad;       /* same shape, category GRADS; empty for buffers */
+    bool no_decay;        /* biases and norm parameters */
+    bool is_buffer;       /* not trained (running_mean, running_var) */
+} gp_param;
+
+/* Everything forward and backward may depend on besides the data. */
+typedef struct gp_fwd_ctx {
+    bool training;
+    bool recompute;        /* re-running forward for checkpointing */
+    uint64_t seed;         /* run seed */
+    uint64_t step;         /* optimizer step (0-based) */
+    int64_t sample_offset; /* first sample of this micro-batch in the batch */
+    int64_t batch_total;   /* samples in the whole mini-batch */
+} gp_fwd_ctx;
+
+#define GP_SAVED_MAX 24
+/* What one forward keeps for its backward.  Tensors are owned (allocated on
+ * the layer's device, category ACTIVATIONS unless stated) and freed by
+ * gp_saved_free. */
+typedef struct gp_saved {
+    gp_tensor t[GP_SAVED_MAX];
+    void *ws;             /* raw workspace (pooling indices) */
+    size_t ws_bytes;
+    gp_device *ws_dev;
+    unsigned flags;       /* layer-private */
+} gp_saved;
+void gp_saved_free(gp_saved *s);
+/* Bytes held by a gp_saved. */
+size_t gp_saved_bytes(const gp_saved *s);
+
+#define GP_LAYER_MAX_PARAMS 20
+
+typedef struct gp_layer gp_layer;
+
+typedef struct gp_layer_ops {
+    gp_layer_type type;
+    /* Output shape for an input shape (any batch size).  Validates the spec
+     * against the input (a message names the layer and what to change). */
+    gp_status (*infer)(const gp_layer *l, const gp_shape *in, gp_shape *out);
+    /* Allocate parameters on l->dev and initialise them like PyTorch's
+     * defaults (Kaiming-uniform), from the counter-based RNG keyed by
+     * (seed, layer index), so the values do not depend on placement.
+     * Gradients are allocated and zeroed too. */
+    gp_status (*init)(gp_layer *l, uint64_t seed);
+    gp_status (*forward)(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                         gp_tensor *y, gp_saved *s);
+    gp_status (*backward_data)(gp_layer *l, const gp_fwd_ctx *ctx,
+                               const gp_tensor *x, const gp_tensor *y,
+                               const gp_tensor *dy, gp_tensor *dx, gp_saved *s);
+    /* optional: NULL for layers without parameters */
+    gp_status (*backward_weights)(gp_layer *l, const gp_fwd_ctx *ctx,
+                                  const gp_tensor *x, const gp_tensor *y,
+                                  const gp_tensor *dy, gp_saved *s);
+    /* optional: fold this step's batch statistics into running statistics
+     * (batch norm; the residual block forwards to its norms). */
+    gp_status (*commit)(gp_layer *l);
+    /* Forward FLOPs for a batch of n (multiply-add = 2). */
+    double (*flops)(const gp_layer *l, int64_t n);
+    /* optional: bytes of gp_saved a forward of batch n keeps (beyond x, y).
+     * NULL = 0. */
+    size_t (*saved_bytes)(const gp_layer *l, int64_t n);
+    /* optional: free parameters and state. NULL = only params freed. */
+    void (*destroy)(gp_layer *l);
+} gp_layer_ops;
+
+struct gp_layer {
+    const gp_layer_ops *ops;
+    gp_layer_spec spec;
+    int index;              /* position in the model, 0-based */
+    gp_device *dev;         /* where parameters live and math runs */
+    gp_shape in_shape;      /* for batch 1 */
+    gp_shape out_shape;     /* for batch 1 */
+    gp_param params[GP_LAYER_MAX_PARAMS];
+    int n_params;
+    void *state;            /* layer-private, owned by the layer */
+};
+
+/* Make a layer of spec->type with `index`, infer shapes from `in` (batch
+ * dim ignored), place it on `dev` and initialise parameters.  On failure
+ * the message names the layer ("layer 3 (conv2d) at model.yaml:12:7: ..."). */
+gp_status gp_layer_create(const gp_layer_spec *spec, int index,
+                          const gp_shape *in, gp_device *dev, uint64_t seed,
+                          gp_layer *out);
+void gp_layer_destroy(gp_layer *l);
+
+/* Convenience wrappers over the ops (allocate y / dx with the right shape). */
+gp_status gp_layer_forward(gp_layer *l, const gp_fwd_ctx *ctx,
+                           const gp_tensor *x, gp_tensor *y, gp_saved *s);
+gp_status gp_layer_backward(gp_layer *l, const gp_fwd_ctx *ctx,
+                            const gp_tensor *x, const gp_tensor *y,
+                            const gp_tensor *dy, gp_tensor *dx /* NULL: skip */,
+                            gp_saved *s);
+gp_status gp_layer_zero_grad(gp_layer *l);
+int64_t gp_layer_param_count(const gp_layer *l); /* trainable elements */
+/* "layer 3 (conv2d 'c1') at f.yaml:12:7" for messages. */
+const char *gp_layer_describe(const gp_layer *l, char *buf, size_t len);
+
+/* The ops table of each type (layers/<type>.c). */
+const gp_layer_ops *gp_layer_ops_for(gp_layer_type t);
+
+/* ---- the loss --------------------------------------------------------- */
+
+typedef struct gp_loss_out {
+    double loss_sum;   /* sum over the rows of -log p(label) */
+    int64_t correct;   /* rows whose argmax equals the label */
+    int64_t count;     /* rows */
+} gp_loss_out;
+
+/* Cross-entropy (log-softmax + NLL) of logits (N, K) against labels (N)
+ * (float class indices on the device).  If dlogits is non-NULL it is set to
+ * (softmax - onehot) * grad_scale (use 1 / batch_total so that micro-batch
+ * gradients add up to the mean over the whole mini-batch).  Labels outside
+ * [0, K) are an error naming the row. */
+gp_status gp_cross_entropy(gp_device *dev, const gp_tensor *logits,
+                           const gp_tensor *labels, float grad_scale,
+                           gp_tensor *dlogits, gp_loss_out *out);
+
+#endif /* GP_LAYERS_H */

@@ -1,0 +1,86 @@
+/*
+ * test.h — a tiny assertion harness for gpipe's test programs.
+ *
+ * Every CHECK counts as one check; a failed one prints file:line and the
+ * expression (with values for the numeric forms) and the program exits
+ * non-zero at the end.  The last line a test program prints is
+ * "<name>: N passed, N failed", which CTest output keeps.
+ * Include in exactly one .c file per test program (the counters are static).
+ */
+#ifndef GP_TEST_H
+#define GP_TEST_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int gpt_passed, gpt_failed;
+
+#define CHECK(cond)                                                             \
+    do {                                                                        \
+        if (cond) gpt_passed++;                                                 \
+        else {                                                                  \
+            gpt_failed++;                                                       \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+        }                                                                       \
+    } while (0)
+
+#define CHECK_MSG(cond, ...)                                                    \
+    do {                                                                        \
+        if (cond) gpt_passed++;                                                 \
+        else {                                                                  \
+            gpt_failed++;                                                       \
+            fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                       \
+            fputc('\n', stderr);                                                \
+        }                                                                       \
+    } while (0)
+
+/* |a - b| <= atol + rtol * |b| */
+#define CHECK_NEAR(a, b, atol, rtol)                                            \
+    do {                                                                        \
+        double gpt_a = (double)(a), gpt_b = (double)(b);                        \
+        double gpt_tol = (double)(atol) + (double)(rtol) * fabs(gpt_b);         \
+        if (fabs(gpt_a - gpt_b) <= gpt_tol) gpt_passed++;                       \
+        else {                                                                  \
+            gpt_failed++;                                                       \
+            fprintf(stderr, "%s:%d: CHECK_NEAR failed: %s = %.9g vs %s = %.9g (tol %.3g)\n", \
+                    __FILE__, __LINE__, #a, gpt_a, #b, gpt_b, gpt_tol);         \
+        }                                                                       \
+    } while (0)
+
+#define CHECK_OK(expr)                                                          \
+    do {                                                                        \
+        gp_status gpt_s = (expr);                                               \
+        if (gpt_s == GP_OK) gpt_passed++;                                       \
+        else {                                                                  \
+            gpt_failed++;                                                       \
+            fprintf(stderr, "%s:%d: %s returned %s: %s\n", __FILE__, __LINE__,  \
+                    #expr, gp_status_name(gpt_s), gp_last_error());             \
+        }                                                                       \
+    } while (0)
+
+/* The call fails with `code` and its message contains `needle`. */
+#define CHECK_ERR(expr, code, needle)                                           \
+    do {                                                                        \
+        gp_status gpt_s = (expr);                                               \
+        const char *gpt_m = gp_last_error();                                    \
+        if (gpt_s == (code) && strstr(gpt_m, (needle))) gpt_passed++;           \
+        else {                                                                  \
+            gpt_failed++;                                                       \
+            fprintf(stderr, "%s:%d: %s: expected %s containing \"%s\", got %s: \"%s\"\n", \
+                    __FILE__, __LINE__, #expr, gp_status_name(code), (needle),  \
+                    gp_status_name(gpt_s), gpt_m);                              \
+        }                                                                       \
+    } while (0)
+
+/* Print the summary line and return the exit code. */
+static inline int gpt_finish(const char *name)
+{
+    printf("%s: %d passed, %d failed\n", name, gpt_passed, gpt_failed);
+    fflush(stdout);
+    return gpt_failed ? 1 : (gpt_passed ? 0 : 1);
+}
+
+#endif
