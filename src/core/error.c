@@ -34,7 +34,15 @@ gp_status gp_error_wrap(gp_status code, const char *fmt, ...)
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     memcpy(old, tls_msg, sizeof old);
-    snprintf(tls_msg, sizeof tls_msg, "%s: %s", prefix, old);
+    /* prefix + ": " + old, truncated to the buffer */
+    size_t n = strlen(prefix);
+    if (n > sizeof tls_msg - 3) n = sizeof tls_msg - 3;
+    memcpy(tls_msg, prefix, n);
+    memcpy(tls_msg + n, ": ", 2);
+    size_t m = strnlen(old, sizeof old - 1);
+    if (m > sizeof tls_msg - n - 3) m = sizeof tls_msg - n - 3;
+    memcpy(tls_msg + n + 2, old, m);
+    tls_msg[n + 2 + m] = '\0';
     return code;
 }
 

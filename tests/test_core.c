@@ -1,0 +1,115 @@
+/*
+ * test_core.c — core: Philox known answers and RNG properties, memory
+ * accounting and its out-of-memory message, byte-size parsing, shapes,
+ * error messages.
+ */
+#include "core/core.h"
+#include "test.h"
+
+static void test_philox(void)
+{
+    /* Known-answer vectors of Philox4x32-10 (Random123's kat_vectors). */
+    gp_philox_out o = gp_philox4x32(0, 0, 0);
+    CHECK(o.v[0] == 0x6627e8d5u && o.v[1] == 0xe169c58du && o.v[2] == 0xbc57ac4cu &&
+          o.v[3] == 0x9b00dbd8u);
+    o = gp_philox4x32(0xffffffffffffffffull, 0xffffffffffffffffull, 0xffffffffffffffffull);
+    CHECK(o.v[0] == 0x408f276du && o.v[1] == 0x41c83b0eu && o.v[2] == 0xa20bc7c6u &&
+          o.v[3] == 0x6d5451fdu);
+    o = gp_philox4x32(0x299f31d0a4093822ull, 0x0370734413198a2eull, 0x85a308d3243f6a88ull);
+    CHECK(o.v[0] == 0xd16cfe09u && o.v[1] == 0x94fdccebu && o.v[2] == 0x5001e420u &&
+          o.v[3] == 0x24126ea1u);
+}
+
+static void test_uniform(void)
+{
+    /* fill of any sub-range equals the element-wise values */
+    float all[1001], part[300];
+    gp_rng_uniform_fill(7, 11, 0, all, 1001);
+    gp_rng_uniform_fill(7, 11, 333, part, 300);
+    int same = 1;
+    for (int i = 0; i < 300; i++) same &= part[i] == all[333 + i];
+    CHECK(same);
+    CHECK(all[5] == gp_rng_uniform(7, 11, 5));
+    double mean = 0;
+    int in_range = 1;
+    for (int i = 0; i < 1001; i++) {
+        mean += all[i];
+        in_range &= all[i] >= 0.0f && all[i] < 1.0f;
+    }
+    CHECK(in_range);
+    CHECK_NEAR(mean / 1001, 0.5, 0.03, 0);
+    CHECK(gp_rng_uniform(7, 12, 5) != gp_rng_uniform(7, 11, 5));
+    CHECK(gp_rng_uniform(8, 11, 5) != gp_rng_uniform(7, 11, 5));
+    CHECK(gp_rng_stream(1, 2, 3) != gp_rng_stream(1, 3, 2));
+}
+
+static void test_allocator(void)
+{
+    gp_allocator a;
+    gp_allocator_init(&a, "cpu:3", 1000);
+    CHECK_OK(gp_allocator_reserve(&a, 600, GP_MEM_PARAMS));
+    CHECK_OK(gp_allocator_reserve(&a, 300, GP_MEM_ACTIVATIONS));
+    CHECK(a.current == 900 && a.peak == 900 && a.cur_by[GP_MEM_PARAMS] == 600);
+    CHECK_ERR(gp_allocator_reserve(&a, 200, GP_MEM_ACTIVATIONS), GP_ERR_OOM, "device cpu:3");
+    CHECK(strstr(gp_last_error(), "requested 200 B") != NULL);
+    CHECK(strstr(gp_last_error(), "900 B in use") != NULL);
+    CHECK(strstr(gp_last_error(), "capacity of 1000 B") != NULL);
+    CHECK(a.current == 900); /* a refused request changes nothing */
+    gp_allocator_release(&a, 300, GP_MEM_ACTIVATIONS);
+    CHECK(a.current == 600 && a.peak == 900 && a.peak_by[GP_MEM_ACTIVATIONS] == 300);
+    gp_allocator_reset_peak(&a);
+    CHECK(a.peak == 600 && a.peak_by[GP_MEM_ACTIVATIONS] == 0);
+    gp_allocator_release(&a, 600, GP_MEM_PARAMS);
+    CHECK(a.current == 0 && a.live_blocks == 0);
+    gp_allocator_destroy(&a);
+
+    gp_allocator u;
+    gp_allocator_init(&u, "cpu:0", 0); /* unlimited */
+    CHECK_OK(gp_allocator_reserve(&u, (size_t)1 << 40, GP_MEM_WORKSPACE));
+    gp_allocator_release(&u, (size_t)1 << 40, GP_MEM_WORKSPACE);
+    gp_allocator_destroy(&u);
+}
+
+static void test_bytes(void)
+{
+    size_t b = 0;
+    CHECK(gp_parse_bytes("512MiB", &b) && b == 512u * 1024 * 1024);
+    CHECK(gp_parse_bytes("1.5GB", &b) && b == (size_t)(1.5 * 1073741824.0));
+    CHECK(gp_parse_bytes("4096", &b) && b == 4096);
+    CHECK(gp_parse_bytes("64 k", &b) && b == 65536);
+    CHECK(!gp_parse_bytes("lots", &b));
+    CHECK(!gp_parse_bytes("12MiBs", &b));
+    CHECK(!gp_parse_bytes("-5", &b));
+    char buf[32];
+    CHECK(!strcmp(gp_format_bytes(1536, buf, sizeof buf), "1.5 KiB"));
+    CHECK(!strcmp(gp_format_bytes(12, buf, sizeof buf), "12 B"));
+}
+
+static void test_shapes_and_errors(void)
+{
+    gp_shape s = gp_shape_4d(8, 3, 5, 7);
+    CHECK(gp_shape_numel(&s) == 8 * 3 * 5 * 7);
+    gp_shape t = gp_shape_with_batch(&s, 2);
+    CHECK(t.dims[0] == 2 && t.dims[3] == 7 && !gp_shape_equal(&s, &t));
+    char buf[64];
+    CHECK(!strcmp(gp_shape_str(&s, buf, sizeof buf), "(8, 3, 5, 7)"));
+    gp_tensor x = {.data = (float *)0x1000, .ndim = 4, .dims = {8, 3, 5, 7}};
+    gp_tensor v = gp_tensor_slice(&x, 2, 3);
+    CHECK(v.dims[0] == 3 && v.data == (float *)0x1000 + 2 * 105 && !v.owned);
+
+    CHECK(gp_error_set(GP_ERR_DATA, "bad %d", 42) == GP_ERR_DATA);
+    CHECK(!strcmp(gp_last_error(), "bad 42"));
+    gp_error_wrap(GP_ERR_DATA, "layer %d", 3);
+    CHECK(!strcmp(gp_last_error(), "layer 3: bad 42"));
+    CHECK(!strcmp(gp_status_name(GP_ERR_OOM), "out-of-memory"));
+}
+
+int main(void)
+{
+    test_philox();
+    test_uniform();
+    test_allocator();
+    test_bytes();
+    test_shapes_and_errors();
+    return gpt_finish("test_core");
+}
