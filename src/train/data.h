@@ -89,4 +89,15 @@ gp_status gp_loader_next(gp_loader *ld, gp_batch *out);
 int64_t gp_loader_batches_per_epoch(const gp_loader *ld);
 void gp_loader_destroy(gp_loader *ld);
 
+
+/* ---- batch assembly shared by the loader and evaluation (batch.c) ------ */
+
+/* The per-channel mean/std to use: the config's if given, else the
+ * dataset's defaults (channels beyond those given repeat the last). */
+void gp_data_norm(const gp_data_config *cfg, int64_t channels, float *mean, float *std);
+/* Samples first..first+n of ds in file order into x (n, c, h, w) as
+ * (p / 255 - mean[c]) / std[c] (or p / 255 when !normalize) and y (n). */
+void gp_data_assemble(const gp_dataset *ds, int64_t first, int64_t n, bool normalize,
+                      const float *mean, const float *std, float *x, float *y);
+
 #endif /* GP_DATA_H */

@@ -1,0 +1,31 @@
+# A thin wrapper over CMake; every target installs missing packages first.
+#   make train      build Release and train configs/default.yaml
+#   make test       build and run the whole test suite (ctest)
+#   make build      just build (build/)
+#   make bench      build and run the benchmarks (bench/README.md)
+BUILD ?= build
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+CONFIG ?= configs/default.yaml
+
+.PHONY: all deps build train test bench clean
+all: build
+
+deps:
+	@scripts/install-deps.sh
+
+build: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+train: build
+	$(BUILD)/gpipe-train $(CONFIG)
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j 1
+
+bench: build
+	$(BUILD)/bench_step
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,101 @@
+/*
+ * train.h — from a run spec to a trained model: the sequential model, the
+ * optimizer and learning-rate schedule, one training step over micro-batches,
+ * evaluation, and the training loop with progress and metrics.
+ *
+ * Memory: a gp_model owns its layers (parameters on their devices) and the
+ * optimizer state; gp_model_free releases everything.  A step allocates its
+ * activations on the device and frees them before it returns, so between
+ * steps only parameters, gradients and optimizer state are resident.
+ *
+ * Thread safety: a gp_model is driven by one thread at a time.
+ */
+#ifndef GP_TRAIN_H
+#define GP_TRAIN_H
+
+#include "config/config.h"
+#include "train/data.h"
+
+/* ---- learning-rate schedule ---------------------------------------------
+ * lr(step) for 0-based step of total_steps:
+ *   base = optim.lr * (lr_scaling == linear ? batch / base_batch : 1)
+ *   warm-up (step < warmup_steps): linear from warmup_start * base to base,
+ *     reaching base at step == warmup_steps;
+ *   then constant: base;  step: base * gamma^floor((step - warmup) / step_size);
+ *   cosine: min_lr + (base - min_lr) * (1 + cos(pi * t)) / 2 with
+ *     t = (step - warmup) / (total_steps - warmup), clamped to [0, 1]. */
+double gp_lr_at(const gp_train_config *t, int64_t step, int64_t total_steps);
+
+/* ---- the model ----------------------------------------------------------- */
+
+typedef struct gp_model {
+    gp_layer *layers;      /* n_layers, owned */
+    int n_layers;
+    gp_shape input;        /* (1, C, H, W) of one sample */
+    gp_shape output;       /* (1, classes) */
+    gp_device *dev;        /* single-device placement (the pipeline will
+                              place stages on several) */
+    gp_tensor *momentum;   /* one per trainable param, in layer order, owned */
+    int n_momentum;
+    int64_t step;          /* optimizer steps taken */
+} gp_model;
+
+/* Build every layer on `dev` from the config (shapes inferred in order;
+ * errors name the layer and its config position). */
+gp_status gp_model_build(const gp_config *cfg, gp_device *dev, gp_model *out);
+void gp_model_free(gp_model *m);
+int64_t gp_model_param_count(const gp_model *m);
+
+/* Per-step statistics. */
+typedef struct gp_step_stats {
+    double loss;           /* mean over the batch */
+    double accuracy;       /* fraction correct */
+    int64_t samples;
+    double seconds;
+    double lr;
+} gp_step_stats;
+
+/* One optimizer step on a host batch (x: (n, C, H, W), y: (n) class ids):
+ * the batch is split into `chunks` micro-batches (see gp_microbatch_split),
+ * forward and backward run per micro-batch with gradients accumulating,
+ * batch-norm running statistics commit once, then the SGD update with `lr`.
+ * A non-finite loss is GP_ERR_NUMERIC naming the step and micro-batch. */
+gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
+                              const float *y, int64_t n, int chunks, double lr,
+                              gp_step_stats *st);
+
+/* Loss and accuracy of the model in evaluation mode over a whole dataset. */
+gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg,
+                            const gp_dataset *ds, double *loss, double *accuracy);
+
+/* Sizes of m micro-batches of a batch of n: the first n % m get one more
+ * sample than the rest (n = 10, m = 4 -> 3, 3, 2, 2), like torch.chunk's
+ * even spreading; m > n is an error. */
+gp_status gp_microbatch_split(int64_t n, int m, int64_t *sizes);
+
+/* ---- the training loop --------------------------------------------------- */
+
+typedef struct gp_train_opts {
+    const char *metrics_path;  /* JSON Lines; NULL = none */
+    int progress;              /* 1 = terminal progress bar, 0 = log lines,
+                                  -1 = decide by isatty(stderr) */
+    bool quiet;
+} gp_train_opts;
+
+typedef struct gp_train_result {
+    int64_t steps;
+    double final_loss;         /* last step's training loss */
+    double test_loss;          /* last evaluation (NaN if none) */
+    double test_accuracy;
+    double seconds;
+    size_t peak_bytes;         /* device peak */
+} gp_train_result;
+
+/* Load data, build the model, train and evaluate as the config says. */
+gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts,
+                       gp_train_result *res);
+
+/* Print the model summary (--dry-run) to `f`. */
+gp_status gp_model_summary(const gp_config *cfg, FILE *f);
+
+#endif /* GP_TRAIN_H */

@@ -1,0 +1,258 @@
+/*
+ * trainer.c — the training loop: data, model, steps, evaluation, progress
+ * on a terminal or log lines otherwise, JSON Lines metrics, and the model
+ * summary printed by --dry-run.
+ */
+#include "train/train.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void json_devices(FILE *f, gp_device *dev)
+{
+    gp_allocator a;
+    gp_allocator_snapshot(&dev->alloc, &a);
+    fprintf(f, "\"devices\":[{\"name\":\"%s\",\"peak_bytes\":%zu,\"current_bytes\":%zu",
+            dev->name, a.peak, a.current);
+    for (int c = 0; c < GP_MEM_COUNT; c++)
+        fprintf(f, ",\"peak_%s\":%zu", gp_mem_category_name((gp_mem_category)c), a.peak_by[c]);
+    fprintf(f, "}]");
+}
+
+static void fmt_duration(double s, char *buf, size_t len)
+{
+    if (!isfinite(s) || s < 0) s = 0;
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(buf, len, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
+    else snprintf(buf, len, "%ld:%02ld", t / 60, t % 60);
+}
+
+static gp_status open_device(const gp_config *cfg, gp_device **dev)
+{
+    const gp_device_spec *ds = &cfg->pipeline.devices[0];
+    if (cfg->pipeline.n_devices > 1)
+        GP_WARN("%d devices configured; this build trains on %s only (the pipeline "
+                "over several devices is not implemented yet)",
+                cfg->pipeline.n_devices, ds->name);
+    gp_device_opts o = {.threads = ds->threads ? ds->threads : cfg->pipeline.threads,
+                        .capacity = ds->memory ? ds->memory : cfg->pipeline.memory};
+    GP_TRY(gp_device_open(ds->name, &o, dev));
+    gp_device_bind_thread(*dev);
+    return GP_OK;
+}
+
+gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train_result *res)
+{
+    gp_train_opts defo = {.progress = -1};
+    if (!opts) opts = &defo;
+    memset(res, 0, sizeof *res);
+    res->test_loss = NAN;
+    res->test_accuracy = NAN;
+    const gp_train_config *tc = &cfg->train;
+
+    gp_dataset train = {0}, test = {0};
+    gp_device *dev = NULL;
+    gp_model model = {0};
+    gp_loader *loader = NULL;
+    FILE *mf = NULL;
+    gp_status s = GP_OK;
+
+    if (opts->metrics_path) {
+        mf = fopen(opts->metrics_path, "w");
+        if (!mf)
+            return gp_error_set(GP_ERR_IO, "cannot write metrics file '%s'; check the directory "
+                                           "exists and is writable", opts->metrics_path);
+    }
+    s = gp_dataset_load(&cfg->data, true, tc->seed, &train);
+    if (s == GP_OK) s = gp_dataset_load(&cfg->data, false, tc->seed, &test);
+    if (s == GP_OK && (train.c != cfg->model.input[0] || train.h != cfg->model.input[1] ||
+                       train.w != cfg->model.input[2]))
+        s = gp_error_set(GP_ERR_INVALID,
+                         "%s: model.input is [%lld, %lld, %lld] but %s has samples of "
+                         "[%lld, %lld, %lld]; set model.input to match the data",
+                         cfg->path, (long long)cfg->model.input[0], (long long)cfg->model.input[1],
+                         (long long)cfg->model.input[2], train.source, (long long)train.c,
+                         (long long)train.h, (long long)train.w);
+    if (s == GP_OK) s = open_device(cfg, &dev);
+    if (s == GP_OK) s = gp_model_build(cfg, dev, &model);
+    if (s == GP_OK && model.output.dims[1] < train.classes)
+        s = gp_error_set(GP_ERR_INVALID,
+                         "%s: the model has %lld outputs but the data has %d classes; make "
+                         "the last linear layer's out %d",
+                         cfg->path, (long long)model.output.dims[1], train.classes, train.classes);
+    gp_loader_opts lo = {.batch_size = tc->batch_size, .shuffle = cfg->data.shuffle,
+                         .augment = true, .drop_last = false,
+                         .prefetch = cfg->data.prefetch > 0 ? cfg->data.prefetch : 2,
+                         .seed = tc->seed};
+    if (s == GP_OK && tc->batch_size > train.n)
+        s = gp_error_set(GP_ERR_INVALID, "%s: train.batch_size = %lld exceeds the %lld training "
+                         "samples", cfg->path, (long long)tc->batch_size, (long long)train.n);
+    if (s == GP_OK) s = gp_loader_create(&train, &cfg->data, &lo, &loader);
+    if (s != GP_OK) goto done;
+
+    int64_t per_epoch = gp_loader_batches_per_epoch(loader);
+    int64_t total = tc->steps > 0 ? tc->steps : tc->epochs * per_epoch;
+    int progress = opts->progress;
+    if (progress < 0) progress = isatty(STDERR_FILENO) ? 1 : 0;
+    if (opts->quiet) progress = 0;
+    int chunks = cfg->pipeline.chunks > 0 ? cfg->pipeline.chunks : 1;
+    if (!opts->quiet)
+        GP_INFO("training %lld parameters on %s: %lld steps (%lld per epoch), batch %lld, "
+                "%d micro-batch%s", (long long)gp_model_param_count(&model), dev->name,
+                (long long)total, (long long)per_epoch, (long long)tc->batch_size, chunks,
+                chunks == 1 ? "" : "es");
+
+    double t_start = gp_now(), window_t = t_start;
+    int64_t window_samples = 0;
+    double sps = 0;
+    int64_t last_epoch = -1;
+    for (int64_t step = 0; step < total; step++) {
+        gp_batch b;
+        s = gp_loader_next(loader, &b);
+        if (s != GP_OK) goto done;
+        if (b.epoch != last_epoch && last_epoch >= 0 && tc->eval_each_epoch) {
+            /* An epoch ended: evaluate before starting the next. */
+            s = gp_model_evaluate(&model, cfg, &test, &res->test_loss, &res->test_accuracy);
+            if (s != GP_OK) goto done;
+            if (progress) fputc('\n', stderr);
+            if (!opts->quiet)
+                GP_INFO("epoch %lld: test loss %.4f, test accuracy %.2f%%",
+                        (long long)last_epoch + 1, res->test_loss, 100 * res->test_accuracy);
+            if (mf) {
+                fprintf(mf, "{\"eval\":true,\"step\":%lld,\"epoch\":%lld,\"test_loss\":%.17g,"
+                            "\"test_accuracy\":%.17g}\n",
+                        (long long)step, (long long)last_epoch + 1, res->test_loss,
+                        res->test_accuracy);
+                fflush(mf);
+            }
+        }
+        last_epoch = b.epoch;
+        double lr = gp_lr_at(tc, step, total);
+        gp_step_stats st;
+        s = gp_model_train_step(&model, cfg, b.x, b.y, b.n, chunks, lr, &st);
+        if (s != GP_OK) {
+            gp_error_wrap(s, "step %lld (epoch %lld)", (long long)step, (long long)b.epoch + 1);
+            goto done;
+        }
+        res->final_loss = st.loss;
+        window_samples += b.n;
+        double now = gp_now();
+        if (now - window_t > 0.5 || step == total - 1) {
+            sps = (double)window_samples / (now - window_t);
+            window_t = now;
+            window_samples = 0;
+        }
+        if (mf) {
+            fprintf(mf, "{\"step\":%lld,\"epoch\":%lld,\"loss\":%.17g,\"accuracy\":%.17g,"
+                        "\"lr\":%.17g,\"samples_per_s\":%.1f,\"step_seconds\":%.6f,",
+                    (long long)step + 1, (long long)b.epoch + 1, st.loss, st.accuracy, lr, sps,
+                    st.seconds);
+            json_devices(mf, dev);
+            fputs("}\n", mf);
+        }
+        double elapsed = now - t_start;
+        double eta = elapsed / (double)(step + 1) * (double)(total - step - 1);
+        char e1[32], e2[32];
+        if (progress) {
+            fmt_duration(elapsed, e1, sizeof e1);
+            fmt_duration(eta, e2, sizeof e2);
+            fprintf(stderr, "\r\033[Kepoch %lld step %lld/%lld  loss %.4f  acc %5.1f%%  "
+                            "lr %.4g  %.0f samples/s  %s elapsed, ETA %s",
+                    (long long)b.epoch + 1, (long long)step + 1, (long long)total, st.loss,
+                    100 * st.accuracy, lr, sps, e1, e2);
+            fflush(stderr);
+        } else if (!opts->quiet && tc->log_every > 0 &&
+                   ((step + 1) % tc->log_every == 0 || step == total - 1)) {
+            fmt_duration(eta, e2, sizeof e2);
+            GP_INFO("epoch %lld step %lld/%lld loss %.4f acc %.1f%% lr %.4g %.0f samples/s ETA %s",
+                    (long long)b.epoch + 1, (long long)step + 1, (long long)total, st.loss,
+                    100 * st.accuracy, lr, sps, e2);
+        }
+        res->steps = step + 1;
+    }
+    if (progress) fputc('\n', stderr);
+    /* Final evaluation (the last epoch, or a steps-limited run). */
+    s = gp_model_evaluate(&model, cfg, &test, &res->test_loss, &res->test_accuracy);
+    if (s != GP_OK) goto done;
+    if (!opts->quiet)
+        GP_INFO("final: test loss %.4f, test accuracy %.2f%% after %lld steps",
+                res->test_loss, 100 * res->test_accuracy, (long long)res->steps);
+    if (mf)
+        fprintf(mf, "{\"eval\":true,\"step\":%lld,\"epoch\":%lld,\"test_loss\":%.17g,"
+                    "\"test_accuracy\":%.17g,\"final\":true}\n",
+                (long long)res->steps, (long long)last_epoch + 1, res->test_loss,
+                res->test_accuracy);
+    res->seconds = gp_now() - t_start;
+    {
+        gp_allocator a;
+        gp_allocator_snapshot(&dev->alloc, &a);
+        res->peak_bytes = a.peak;
+        if (!opts->quiet) {
+            char b1[32], b2[32], b3[32], b4[32];
+            GP_INFO("%s peak memory %s (parameters %s, gradients %s, optimizer %s, "
+                    "activations %s)", dev->name, gp_format_bytes(a.peak, b1, sizeof b1),
+                    gp_format_bytes(a.peak_by[GP_MEM_PARAMS], b2, sizeof b2),
+                    gp_format_bytes(a.peak_by[GP_MEM_GRADS], b3, sizeof b3),
+                    gp_format_bytes(a.peak_by[GP_MEM_OPTIMIZER], b4, sizeof b4),
+                    gp_format_bytes(a.peak_by[GP_MEM_ACTIVATIONS], b1, sizeof b1));
+        }
+    }
+done:
+    if (mf && fclose(mf) != 0 && s == GP_OK)
+        s = gp_error_set(GP_ERR_IO, "writing metrics file '%s' failed", opts->metrics_path);
+    gp_loader_destroy(loader);
+    gp_model_free(&model);
+    gp_device_close(dev);
+    gp_dataset_free(&train);
+    gp_dataset_free(&test);
+    return s;
+}
+
+gp_status gp_model_summary(const gp_config *cfg, FILE *f)
+{
+    gp_device *dev = NULL;
+    gp_model m = {0};
+    GP_TRY(open_device(cfg, &dev));
+    gp_status s = gp_model_build(cfg, dev, &m);
+    if (s != GP_OK) {
+        gp_device_close(dev);
+        return s;
+    }
+    int64_t b = cfg->train.batch_size;
+    fprintf(f, "model: %d layers, input %lld x %lld x %lld, batch %lld, on %s\n", m.n_layers,
+            (long long)cfg->model.input[0], (long long)cfg->model.input[1],
+            (long long)cfg->model.input[2], (long long)b, dev->name);
+    fprintf(f, "%4s  %-16s %-20s %12s %14s %14s\n", "#", "layer", "output (per sample)",
+            "params", "fwd MFLOP/b", "act. bytes/b");
+    int64_t tp = 0;
+    double tf = 0, ta = 0;
+    for (int k = 0; k < m.n_layers; k++) {
+        gp_layer *l = &m.layers[k];
+        char sh[64], nm[80], ab[32];
+        gp_shape os = l->out_shape;
+        gp_shape_str(&os, sh, sizeof sh);
+        snprintf(nm, sizeof nm, "%s%s%s", gp_layer_type_name(l->spec.type),
+                 l->spec.name[0] ? " " : "", l->spec.name);
+        int64_t np = gp_layer_param_count(l);
+        double fl = l->ops->flops(l, b);
+        double act = (double)gp_shape_numel(&os) * (double)b * 4.0 +
+                     (l->ops->saved_bytes ? (double)l->ops->saved_bytes(l, b) : 0.0);
+        tp += np;
+        tf += fl;
+        ta += act;
+        fprintf(f, "%4d  %-16s %-20s %12lld %14.1f %14s\n", k, nm, sh, (long long)np, fl / 1e6,
+                gp_format_bytes((size_t)act, ab, sizeof ab));
+    }
+    char ab[32], pb[32];
+    fprintf(f, "total: %lld parameters (%s), %.1f MFLOP forward per batch (%.1f per step "
+               "with backward), %s of activations per batch\n",
+            (long long)tp, gp_format_bytes((size_t)tp * 4, pb, sizeof pb), tf / 1e6, 3 * tf / 1e6,
+            gp_format_bytes((size_t)ta, ab, sizeof ab));
+    fprintf(f, "pipeline: %d device(s), chunks %d, checkpoint %s\n", cfg->pipeline.n_devices,
+            cfg->pipeline.chunks, gp_checkpoint_mode_name(cfg->pipeline.checkpoint));
+    gp_model_free(&m);
+    gp_device_close(dev);
+    return GP_OK;
+}

@@ -1,0 +1,132 @@
+/*
+ * gpipe-train — train the model a YAML run description describes.
+ * A thin layer over the library: parse arguments, load the config, then
+ * either print the model summary (--dry-run) or train.
+ */
+#include "train/train.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum {
+    EXIT_OK = 0,
+    EXIT_USAGE = 2,   /* bad command line or bad config */
+    EXIT_DATA = 3,    /* dataset or file missing / corrupt */
+    EXIT_RUNTIME = 4  /* failure while training: out of memory, NaN, backend error */
+};
+
+static void usage(FILE *f)
+{
+    fputs("usage: gpipe-train CONFIG.yaml [options]\n"
+          "\n"
+          "Train the sequential model described by CONFIG.yaml (model, pipeline, data,\n"
+          "train sections; see docs/config.md) and evaluate it on the test split.\n"
+          "\n"
+          "options:\n"
+          "  --set KEY=VALUE    override a config value; VALUE is parsed as YAML, e.g.\n"
+          "                     --set train.epochs=1 --set pipeline.devices=[cpu:0,cpu:1]\n"
+          "                     (repeatable; list items by index: model.layers.0.out=32)\n"
+          "  --dry-run          print the model summary (per layer: output shape,\n"
+          "                     parameters, FLOPs, activation bytes; totals) and exit\n"
+          "  --metrics FILE     write JSON Lines: one object per step (step, epoch, loss,\n"
+          "                     accuracy, lr, samples_per_s, devices[].peak_bytes) and one\n"
+          "                     per evaluation (test_loss, test_accuracy)\n"
+          "  --progress         force the one-line progress bar (default on a terminal)\n"
+          "  --no-progress      plain log lines every train.log_every steps\n"
+          "  --quiet            only errors\n"
+          "  --version          print the version and exit\n"
+          "  -h, --help         this text\n"
+          "\n"
+          "environment: GPIPE_LOG=debug|info|warn|error|quiet sets log verbosity.\n"
+          "\n"
+          "exit status: 0 success; 2 bad command line or config; 3 data or file\n"
+          "error; 4 failure during training (out of memory, NaN loss, backend error).\n",
+          f);
+}
+
+static int exit_code_for(gp_status s)
+{
+    switch (s) {
+    case GP_OK: return EXIT_OK;
+    case GP_ERR_INVALID:
+    case GP_ERR_UNSUPPORTED: return EXIT_USAGE;
+    case GP_ERR_IO:
+    case GP_ERR_DATA: return EXIT_DATA;
+    default: return EXIT_RUNTIME;
+    }
+}
+
+int main(int argc, char **argv)
+{
+    const char *config = NULL, *metrics = NULL;
+    const char **sets = calloc((size_t)argc, sizeof *sets);
+    int n_sets = 0, dry = 0, progress = -1, quiet = 0;
+    if (!sets) return EXIT_RUNTIME;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            free(sets);
+            return EXIT_OK;
+        } else if (!strcmp(a, "--version")) {
+            printf("gpipe-train %s\n", gp_version());
+            free(sets);
+            return EXIT_OK;
+        } else if (!strcmp(a, "--set") || !strcmp(a, "--metrics")) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "gpipe-train: %s needs a value; see --help\n", a);
+                free(sets);
+                return EXIT_USAGE;
+            }
+            if (!strcmp(a, "--set")) sets[n_sets++] = argv[++i];
+            else metrics = argv[++i];
+        } else if (!strncmp(a, "--set=", 6)) {
+            sets[n_sets++] = a + 6;
+        } else if (!strncmp(a, "--metrics=", 10)) {
+            metrics = a + 10;
+        } else if (!strcmp(a, "--dry-run")) {
+            dry = 1;
+        } else if (!strcmp(a, "--progress")) {
+            progress = 1;
+        } else if (!strcmp(a, "--no-progress")) {
+            progress = 0;
+        } else if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) {
+            quiet = 1;
+        } else if (a[0] == '-') {
+            fprintf(stderr, "gpipe-train: unknown option '%s'; see --help\n", a);
+            free(sets);
+            return EXIT_USAGE;
+        } else if (!config) {
+            config = a;
+        } else {
+            fprintf(stderr, "gpipe-train: more than one config given ('%s' and '%s')\n", config, a);
+            free(sets);
+            return EXIT_USAGE;
+        }
+    }
+    if (!config) {
+        fputs("gpipe-train: no config given\n\n", stderr);
+        usage(stderr);
+        free(sets);
+        return EXIT_USAGE;
+    }
+    if (quiet) gp_log_set_level(GP_LOG_ERROR);
+
+    gp_config cfg;
+    gp_status s = gp_config_load(config, sets, n_sets, &cfg);
+    free(sets);
+    if (s != GP_OK) {
+        fprintf(stderr, "gpipe-train: %s\n", gp_last_error());
+        return exit_code_for(s);
+    }
+    if (dry) {
+        s = gp_model_summary(&cfg, stdout);
+    } else {
+        gp_train_opts o = {.metrics_path = metrics, .progress = progress, .quiet = quiet};
+        gp_train_result r;
+        s = gp_train_run(&cfg, &o, &r);
+    }
+    if (s != GP_OK) fprintf(stderr, "gpipe-train: %s\n", gp_last_error());
+    gp_config_free(&cfg);
+    return exit_code_for(s);
+}
