@@ -1,0 +1,236 @@
+/*
+ * bench_step — the foundation's performance bars, measured in one run:
+ *
+ *   1. the machine's ceiling: FLOP/s of a 4096 x 4096 x 4096 sgemm through
+ *      the CPU device (oneDNN) with the same threads;
+ *   2. per layer of each benchmark model: forward, backward-data and
+ *      backward-weights times (median) and GFLOP/s;
+ *   3. the whole training step (forward + backward + SGD update) on a real
+ *      batch: samples/s and 3 x forward FLOPs / step time as a fraction of
+ *      the ceiling;
+ *   4. peak device memory of a step against the sum of the tensors it must
+ *      hold (parameters, gradients, momentum, activations kept for backward).
+ *
+ * usage: bench_step [--threads N] [--steps N] [CONFIG.yaml ...]
+ * (defaults: 2 threads, 10 timed steps, bench/mlp.yaml bench/convnet.yaml).
+ * Benchmarks print; they never fail a build.
+ */
+#include "train/train.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void fill_random(gp_device *dev, gp_tensor *t, uint64_t stream)
+{
+    int64_t n = gp_tensor_numel(t);
+    float *h = malloc((size_t)n * sizeof *h);
+    gp_rng_uniform_fill(1, stream, 0, h, n);
+    for (int64_t i = 0; i < n; i++) h[i] = h[i] * 2 - 1;
+    gp_dev_upload(dev, t->data, h, n);
+    free(h);
+}
+
+static double sgemm_ceiling(gp_device *dev)
+{
+    const int64_t n = 4096;
+    gp_tensor a, b, c;
+    gp_shape s = gp_shape_2d(n, n);
+    if (gp_tensor_alloc(&a, dev, &s, GP_MEM_WORKSPACE) || gp_tensor_alloc(&b, dev, &s, GP_MEM_WORKSPACE) ||
+        gp_tensor_alloc(&c, dev, &s, GP_MEM_WORKSPACE)) {
+        fprintf(stderr, "bench_step: %s\n", gp_last_error());
+        exit(1);
+    }
+    fill_random(dev, &a, 1);
+    fill_random(dev, &b, 2);
+    double best = 1e30;
+    for (int r = 0; r < 4; r++) {
+        double t0 = gp_now();
+        dev->iface->gemm(dev, 0, 0, n, n, n, 1.0f, a.data, n, b.data, n, 0.0f, c.data, n);
+        double t = gp_now() - t0;
+        if (r > 0 && t < best) best = t; /* first run warms up */
+    }
+    gp_tensor_free(&a);
+    gp_tensor_free(&b);
+    gp_tensor_free(&c);
+    return 2.0 * (double)n * n * n / best;
+}
+
+#define REPS 7
+
+static void bench_layers(gp_model *m, const gp_config *cfg, int64_t batch)
+{
+    gp_device *dev = m->dev;
+    int L = m->n_layers;
+    gp_tensor *acts = calloc((size_t)L + 1, sizeof *acts);
+    gp_shape in = gp_shape_with_batch(&m->input, batch);
+    gp_tensor_alloc(&acts[0], dev, &in, GP_MEM_ACTIVATIONS);
+    fill_random(dev, &acts[0], 3);
+    gp_fwd_ctx ctx = {.training = true, .seed = 1, .step = 0, .sample_offset = 0, .batch_total = batch};
+    printf("  %3s %-16s %-20s %9s %9s %9s %9s %9s %9s\n", "#", "layer", "output", "fwd ms",
+           "GF/s", "bwd-d ms", "GF/s", "bwd-w ms", "GF/s");
+    for (int k = 0; k < L; k++) {
+        gp_layer *l = &m->layers[k];
+        double tf[REPS], td[REPS], tw[REPS];
+        gp_saved sv = {0};
+        for (int r = 0; r < REPS; r++) {
+            gp_tensor y = {0};
+            gp_saved s = {0};
+            double t0 = gp_now();
+            gp_layer_forward(l, &ctx, &acts[k], &y, &s);
+            dev->iface->synchronize(dev);
+            tf[r] = gp_now() - t0;
+            if (r == REPS - 1) {
+                acts[k + 1] = y;
+                sv = s;
+            } else {
+                gp_tensor_free(&y);
+                gp_saved_free(&s);
+            }
+        }
+        gp_tensor dy;
+        gp_shape os = gp_tensor_shape(&acts[k + 1]);
+        gp_tensor_alloc(&dy, dev, &os, GP_MEM_ACTIVATIONS);
+        fill_random(dev, &dy, 4 + (uint64_t)k);
+        for (int r = 0; r < REPS; r++) {
+            gp_tensor dx = {0};
+            gp_shape is = gp_tensor_shape(&acts[k]);
+            gp_tensor_alloc(&dx, dev, &is, GP_MEM_ACTIVATIONS);
+            double t0 = gp_now();
+            if (k > 0) l->ops->backward_data(l, &ctx, &acts[k], &acts[k + 1], &dy, &dx, &sv);
+            dev->iface->synchronize(dev);
+            td[r] = gp_now() - t0;
+            sv.flags = 0; /* let backward_weights do its full work each time */
+            t0 = gp_now();
+            if (l->ops->backward_weights)
+                l->ops->backward_weights(l, &ctx, &acts[k], &acts[k + 1], &dy, &sv);
+            dev->iface->synchronize(dev);
+            tw[r] = gp_now() - t0;
+            gp_tensor_free(&dx);
+        }
+        gp_tensor_free(&dy);
+        gp_saved_free(&sv);
+        double f = l->ops->flops(l, batch);
+        double mf = median(tf, REPS), md = median(td, REPS), mw = median(tw, REPS);
+        char sh[64], nm[40];
+        gp_shape_str(&l->out_shape, sh, sizeof sh);
+        snprintf(nm, sizeof nm, "%s", gp_layer_type_name(l->spec.type));
+        bool heavy = l->spec.type == GP_LAYER_CONV2D || l->spec.type == GP_LAYER_LINEAR;
+        printf("  %3d %-16s %-20s %9.3f %9.1f %9.3f %9.1f %9.3f %9.1f\n", k, nm, sh, mf * 1e3,
+               f / mf / 1e9, md * 1e3, (heavy && k > 0) ? f / md / 1e9 : 0.0, mw * 1e3,
+               heavy ? f / mw / 1e9 : 0.0);
+    }
+    for (int k = 0; k <= L; k++) gp_tensor_free(&acts[k]);
+    free(acts);
+    (void)cfg;
+}
+
+static void bench_model(const char *path, int threads, int steps, double ceiling, gp_device *dev)
+{
+    gp_config cfg;
+    if (gp_config_load(path, NULL, 0, &cfg) != GP_OK) {
+        fprintf(stderr, "bench_step: %s\n", gp_last_error());
+        return;
+    }
+    gp_model m;
+    if (gp_model_build(&cfg, dev, &m) != GP_OK) {
+        fprintf(stderr, "bench_step: %s\n", gp_last_error());
+        gp_config_free(&cfg);
+        return;
+    }
+    int64_t batch = cfg.train.batch_size;
+    double fwd = 0;
+    for (int k = 0; k < m.n_layers; k++) fwd += m.layers[k].ops->flops(&m.layers[k], batch);
+    printf("\n%s: %d layers, %lld parameters, batch %lld, %.2f GFLOP forward per batch\n", path,
+           m.n_layers, (long long)gp_model_param_count(&m), (long long)batch, fwd / 1e9);
+    bench_layers(&m, &cfg, batch);
+
+    /* Whole steps on a random batch (the data loader is measured elsewhere). */
+    int64_t per = gp_shape_numel(&m.input);
+    float *x = malloc((size_t)(batch * per) * sizeof *x), *y = malloc((size_t)batch * sizeof *y);
+    gp_rng_uniform_fill(5, 6, 0, x, batch * per);
+    for (int64_t i = 0; i < batch; i++) y[i] = (float)(i % 10);
+    gp_step_stats st;
+    for (int w = 0; w < 2; w++) gp_model_train_step(&m, &cfg, x, y, batch, 1, 0.01, &st);
+    gp_allocator_reset_peak(&dev->alloc);
+    double *ts = malloc((size_t)steps * sizeof *ts);
+    for (int s = 0; s < steps; s++) {
+        double t0 = gp_now();
+        if (gp_model_train_step(&m, &cfg, x, y, batch, 1, 0.01, &st) != GP_OK) {
+            fprintf(stderr, "bench_step: %s\n", gp_last_error());
+            break;
+        }
+        ts[s] = gp_now() - t0;
+    }
+    double t = median(ts, steps);
+    gp_allocator a;
+    gp_allocator_snapshot(&dev->alloc, &a);
+    /* What a step must hold: params, grads, momentum, and every activation
+     * kept for backward (layer outputs, the input, and saved extras). */
+    double need = (double)(a.peak_by[GP_MEM_PARAMS] + a.peak_by[GP_MEM_GRADS] +
+                           a.peak_by[GP_MEM_OPTIMIZER]);
+    double acts = (double)batch * (double)per * 4.0;
+    for (int k = 0; k < m.n_layers; k++) {
+        gp_layer *l = &m.layers[k];
+        acts += (double)gp_shape_numel(&l->out_shape) * (double)batch * 4.0;
+        if (l->ops->saved_bytes) acts += (double)l->ops->saved_bytes(l, batch);
+    }
+    need += acts;
+    double frac = 3.0 * fwd / t / ceiling;
+    char b1[32], b2[32];
+    printf("  step: %.1f ms median of %d, %.0f samples/s, %.1f GFLOP/s = %.1f%% of the sgemm "
+           "ceiling (%d threads)\n",
+           t * 1e3, steps, (double)batch / t, 3.0 * fwd / t / 1e9, 100 * frac, threads);
+    printf("  memory: peak %s vs %s of params+grads+momentum+activations: ratio %.2f "
+           "(workspace peak %s)\n",
+           gp_format_bytes(a.peak, b1, sizeof b1), gp_format_bytes((size_t)need, b2, sizeof b2),
+           (double)a.peak / need, gp_format_bytes(a.peak_by[GP_MEM_WORKSPACE], b1, sizeof b1));
+    free(ts);
+    free(x);
+    free(y);
+    gp_model_free(&m);
+    gp_config_free(&cfg);
+}
+
+int main(int argc, char **argv)
+{
+    int threads = 2, steps = 10;
+    const char *configs[16];
+    int nc = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            puts("usage: bench_step [--threads N] [--steps N] [CONFIG.yaml ...]");
+            return 0;
+        } else if (nc < 16) configs[nc++] = argv[i];
+    }
+    if (steps < 1) steps = 1;
+    if (nc == 0) {
+        configs[nc++] = GPIPE_SOURCE_DIR "/bench/mlp.yaml";
+        configs[nc++] = GPIPE_SOURCE_DIR "/bench/convnet.yaml";
+    }
+    gp_device_opts o = {.threads = threads};
+    gp_device *dev;
+    if (gp_device_open("cpu:0", &o, &dev) != GP_OK) {
+        fprintf(stderr, "bench_step: %s\n", gp_last_error());
+        return 1;
+    }
+    gp_device_bind_thread(dev);
+    double ceiling = sgemm_ceiling(dev);
+    printf("ceiling: sgemm 4096^3 on cpu:0 with %d threads: %.1f GFLOP/s\n", threads, ceiling / 1e9);
+    for (int i = 0; i < nc; i++) bench_model(configs[i], threads, steps, ceiling, dev);
+    gp_device_close(dev);
+    return 0;
+}
