@@ -17,11 +17,11 @@
 #define GP_CONFIG_H
 
 #include "layers/layers.h"
+#include "pipeline/schedule.h"
 
 #define GP_MAX_DEVICES 64
 #define GP_MAX_CHANNELS 4
 
-typedef enum { GP_CKPT_ALWAYS = 0, GP_CKPT_EXCEPT_LAST, GP_CKPT_NEVER } gp_checkpoint_mode;
 typedef enum { GP_DATASET_SYNTHETIC = 0, GP_DATASET_MNIST, GP_DATASET_FASHION_MNIST,
                GP_DATASET_CIFAR10 } gp_dataset_kind;
 typedef enum { GP_SCHED_CONSTANT = 0, GP_SCHED_STEP, GP_SCHED_COSINE } gp_sched_kind;

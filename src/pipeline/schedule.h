@@ -34,7 +34,9 @@
 #ifndef GP_SCHEDULE_H
 #define GP_SCHEDULE_H
 
-#include "config/config.h"
+#include "core/core.h"
+
+typedef enum { GP_CKPT_ALWAYS = 0, GP_CKPT_EXCEPT_LAST, GP_CKPT_NEVER } gp_checkpoint_mode;
 
 typedef enum gp_instr_kind {
     GP_INSTR_RECV_ACT = 0, /* copy activation of (i, j-1) onto this device */

@@ -1,0 +1,92 @@
+/*
+ * pipeline.h — a sequential model split into stages on several devices,
+ * driven by one worker thread per device on a schedule.
+ *
+ * Placement: stage j holds layers [first_j, first_j + count_j) on device
+ * dev_j.  Where the device changes, data crosses by copy instructions (the
+ * copy layers of the design): the receiving device copies the activation
+ * into its own allocator's memory in forward (category COPIES), and the
+ * gradient back in backward.  No layer knows its stage.
+ *
+ * Executor: workers are created once in gp_pipeline_create and reused every
+ * step.  A step hands each worker its instruction list (schedule.h); a
+ * worker runs it in order, waiting only in copy instructions: in lockstep
+ * mode (default) until every computation of the previous clock has finished
+ * (as torchgpipe), otherwise until the copy's source is ready.  Each worker
+ * touches only its own device's memory; cross-thread state is the table of
+ * completion flags below, guarded by one mutex.
+ *
+ * Failure: the first error in any worker cancels the step on all workers;
+ * every worker frees what the step allocated on its device; the caller gets
+ * that one error, naming device, stage, micro-batch and layer.
+ *
+ * Thread safety: one caller thread drives a gp_pipeline.
+ */
+#ifndef GP_PIPELINE_H
+#define GP_PIPELINE_H
+
+#include "layers/layers.h"
+#include "pipeline/schedule.h"
+
+typedef struct gp_pipeline gp_pipeline;
+
+/* One executed instruction, for timelines. */
+typedef struct gp_event_rec {
+    gp_instr_kind kind;
+    int i, j, k;
+    int layer_first, layer_count;
+    size_t bytes;           /* copies: bytes moved */
+    double t0, t1;          /* gp_now() seconds */
+} gp_event_rec;
+
+typedef struct gp_pipeline_opts {
+    int chunks;                 /* micro-batches per step (m) */
+    gp_checkpoint_mode checkpoint;
+    bool lockstep;
+    /* Test hook: fail the instruction of `fault_kind` at (fault_i, fault_j)
+     * with GP_ERR_RUNTIME "injected fault".  fault_j < 0 = off. */
+    int fault_i, fault_j;
+    gp_instr_kind fault_kind;
+} gp_pipeline_opts;
+
+/* Called by worker j once its stage's gradients for the step are complete
+ * and batch-norm statistics committed (the optimizer update of stage j runs
+ * here, on j's thread and device, while other stages still run backward). */
+typedef gp_status (*gp_stage_hook)(void *arg, int j, int first, int count);
+
+typedef struct gp_pipeline_out {
+    double loss_sum;            /* over all samples of the batch */
+    int64_t correct;
+    double seconds;             /* wall time of the step */
+} gp_pipeline_out;
+
+/* Stage j runs layers[first_j .. first_j + balance[j]) on devs[j]; the layers
+ * must already live on their stage's device.  `input` is the per-sample
+ * input shape (1, C, H, W).  Starts n worker threads. */
+gp_status gp_pipeline_create(gp_layer *layers, int n_layers, const gp_shape *input,
+                             int n, gp_device *const *devs, const int *balance,
+                             const gp_pipeline_opts *opts, gp_pipeline **out);
+/* Stops and joins the workers. */
+void gp_pipeline_destroy(gp_pipeline *p);
+
+/* One step's forward and backward on a host batch x (n, C, H, W), y (n):
+ * zero gradients, run the schedule over chunks micro-batches, commit
+ * batch-norm statistics, then call hook(arg, j, ...) on every worker.
+ * Gradients and running statistics equal those of the single-device run
+ * that accumulates the same micro-batches. */
+gp_status gp_pipeline_step(gp_pipeline *p, const float *x, const float *y, int64_t n,
+                           uint64_t seed, uint64_t step, gp_stage_hook hook, void *arg,
+                           gp_pipeline_out *out);
+
+/* Events of the last step for device j (valid until the next step). */
+const gp_event_rec *gp_pipeline_events(const gp_pipeline *p, int j, int *count);
+/* Busy seconds of worker j in the last step (sum of its instructions). */
+double gp_pipeline_busy(const gp_pipeline *p, int j);
+int gp_pipeline_stages(const gp_pipeline *p);
+
+/* Exact min-max contiguous partition of costs[0..L) into n stages of at least
+ * one layer each: minimises the largest stage sum (ties: smaller second
+ * largest).  Writes balance[0..n). */
+gp_status gp_partition_minmax(const double *costs, int L, int n, int *balance);
+
+#endif /* GP_PIPELINE_H */
