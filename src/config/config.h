@@ -19,7 +19,6 @@
 #include "layers/layers.h"
 #include "pipeline/schedule.h"
 
-#define GP_MAX_DEVICES 64
 #define GP_MAX_CHANNELS 4
 
 typedef enum { GP_DATASET_SYNTHETIC = 0, GP_DATASET_MNIST, GP_DATASET_FASHION_MNIST,

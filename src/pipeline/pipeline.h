@@ -36,6 +36,8 @@ typedef struct gp_event_rec {
     int i, j, k;
     int layer_first, layer_count;
     size_t bytes;           /* copies: bytes moved */
+    bool is_wait;           /* time a copy spent waiting for its source or
+                               the lockstep barrier (precedes the copy) */
     double t0, t1;          /* gp_now() seconds */
 } gp_event_rec;
 

@@ -78,3 +78,16 @@ void gp_schedule_free(gp_schedule *s)
     s->list = NULL;
     s->count = NULL;
 }
+
+gp_status gp_microbatch_split(int64_t n, int m, int64_t *sizes)
+{
+    if (m < 1)
+        return gp_error_set(GP_ERR_INVALID, "pipeline.chunks must be >= 1, got %d", m);
+    if (m > n)
+        return gp_error_set(GP_ERR_INVALID,
+                            "pipeline.chunks = %d is larger than the batch of %lld samples; "
+                            "use chunks <= batch size",
+                            m, (long long)n);
+    for (int i = 0; i < m; i++) sizes[i] = n / m + (i < n % m ? 1 : 0);
+    return GP_OK;
+}

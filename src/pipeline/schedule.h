@@ -36,6 +36,8 @@
 
 #include "core/core.h"
 
+#define GP_MAX_DEVICES 64 /* stages (devices) in one pipeline */
+
 typedef enum { GP_CKPT_ALWAYS = 0, GP_CKPT_EXCEPT_LAST, GP_CKPT_NEVER } gp_checkpoint_mode;
 
 typedef enum gp_instr_kind {
@@ -71,5 +73,10 @@ void gp_schedule_free(gp_schedule *s);
 
 /* Whether (i, j) is checkpointed under `ckpt` with m micro-batches. */
 bool gp_schedule_checkpointed(gp_checkpoint_mode ckpt, int i, int m);
+
+/* Sizes of m micro-batches of a batch of n: the first n % m get one more
+ * sample than the rest (n = 10, m = 4 -> 3, 3, 2, 2), so stages see nearly
+ * equal work; m > n is an error. */
+gp_status gp_microbatch_split(int64_t n, int m, int64_t *sizes);
 
 #endif /* GP_SCHEDULE_H */

@@ -1,6 +1,5 @@
 /*
- * optim.c — the learning-rate schedule and micro-batch sizes: small pure
- * functions the trainer (and the pipeline) share.
+ * optim.c — the learning-rate schedule: a small pure function.
  */
 #include "train/train.h"
 
@@ -30,17 +29,4 @@ double gp_lr_at(const gp_train_config *t, int64_t step, int64_t total_steps)
     }
     }
     return base;
-}
-
-gp_status gp_microbatch_split(int64_t n, int m, int64_t *sizes)
-{
-    if (m < 1)
-        return gp_error_set(GP_ERR_INVALID, "pipeline.chunks must be >= 1, got %d", m);
-    if (m > n)
-        return gp_error_set(GP_ERR_INVALID,
-                            "pipeline.chunks = %d is larger than the batch of %lld samples; "
-                            "use chunks <= batch size",
-                            m, (long long)n);
-    for (int i = 0; i < m; i++) sizes[i] = n / m + (i < n % m ? 1 : 0);
-    return GP_OK;
 }

@@ -15,6 +15,7 @@
 
 #include "config/config.h"
 #include "train/data.h"
+#include "pipeline/schedule.h"
 
 /* ---- learning-rate schedule ---------------------------------------------
  * lr(step) for 0-based step of total_steps:
@@ -67,11 +68,6 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
 /* Loss and accuracy of the model in evaluation mode over a whole dataset. */
 gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg,
                             const gp_dataset *ds, double *loss, double *accuracy);
-
-/* Sizes of m micro-batches of a batch of n: the first n % m get one more
- * sample than the rest (n = 10, m = 4 -> 3, 3, 2, 2), like torch.chunk's
- * even spreading; m > n is an error. */
-gp_status gp_microbatch_split(int64_t n, int m, int64_t *sizes);
 
 /* ---- the training loop --------------------------------------------------- */
 

@@ -1,0 +1,716 @@
+/*
+ * pipeline.c — the executor: one worker thread per device running its
+ * instruction list (schedule.h), copies between devices, checkpointing with
+ * recomputation, and clean cancellation.
+ *
+ * Ownership.  mb[i][j] (micro-batch i on stage j) is written only by worker
+ * j.  Other workers read two of its tensors: worker j+1 copies `out` (the
+ * stage output) and worker j-1 copies `grad_in` (the gradient of the stage
+ * input).  A reader may touch them only after the producer published them
+ * (fwd_done / bwd_done set under the lock), and the producer frees them only
+ * after the reader said it has copied them (act_copied / grad_copied under
+ * the lock).  That lock is the only shared mutable state of a step.
+ *
+ * Per micro-batch memory on stage j: `in` (the stage input, category
+ * ACTIVATIONS on stage 0, COPIES elsewhere) lives from its arrival to the
+ * end of backward; a checkpointed forward keeps nothing else (its output is
+ * freed as soon as stage j+1 has copied it); a non-checkpointed forward, or
+ * a recompute, keeps every layer output and gp_saved until backward.
+ */
+#include "pipeline/pipeline.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GP_MAX_CHUNKS 1024
+
+typedef struct mb_state {
+    gp_tensor in;        /* (b, ...) stage input on this device, owned */
+    gp_tensor *acts;     /* [count + 1]; acts[0] is a view of `in` */
+    gp_saved *saved;     /* [count] */
+    gp_tensor out;       /* stage output; owned only when checkpointed */
+    gp_tensor grad_out;  /* dL/d out, owned */
+    gp_tensor grad_in;   /* dL/d in (stages > 0), owned until copied */
+    gp_tensor labels;    /* last stage: (b) class ids */
+    bool acts_live;      /* acts/saved hold a forward for backward */
+    double loss_sum;
+    int64_t correct;
+} mb_state;
+
+typedef struct worker {
+    gp_pipeline *p;
+    int j;
+    pthread_t thread;
+    gp_event_rec *events; /* this step's, capacity = schedule count */
+    int n_events;
+    int cap_events;
+    double busy;
+} worker;
+
+struct gp_pipeline {
+    int n, L;
+    gp_layer *layers;
+    gp_shape input;            /* (1, C, H, W) */
+    gp_device *devs[GP_MAX_DEVICES];
+    int first[GP_MAX_DEVICES], count[GP_MAX_DEVICES];
+    gp_pipeline_opts opts;
+    worker workers[GP_MAX_DEVICES];
+
+    /* --- guarded by lock --- */
+    pthread_mutex_t lock;
+    pthread_cond_t cond;       /* any flag below changed */
+    uint64_t generation;       /* bumped to start a step */
+    bool shutdown;
+    int finished;              /* workers done with this step */
+    int drained;               /* workers done freeing this step */
+    bool cancelled;
+    gp_status status;          /* first error */
+    char message[2048];
+    bool *fwd_done, *bwd_done, *act_copied, *grad_copied; /* [i * n + j] */
+    int *clock_done, *clock_expected;                       /* [k] */
+
+    /* --- the step's inputs: written by the caller before the generation
+     * bump, read-only for workers during the step --- */
+    gp_schedule sched;
+    int m;
+    int64_t sizes[GP_MAX_CHUNKS], offsets[GP_MAX_CHUNKS];
+    int64_t batch;
+    const float *x, *y;
+    uint64_t seed, step;
+    gp_stage_hook hook;
+    void *hook_arg;
+    mb_state *mb;              /* [i * n + j] */
+};
+
+#define MB(p, i, j) (&(p)->mb[(size_t)(i) * (size_t)(p)->n + (size_t)(j)])
+#define FLAG(p, arr, i, j) ((p)->arr[(size_t)(i) * (size_t)(p)->n + (size_t)(j)])
+
+/* ---- errors and waiting ------------------------------------------------ */
+
+/* Record the first failure with its place and cancel the step everywhere. */
+static gp_status fail(gp_pipeline *p, gp_status s, int j, int i, int layer)
+{
+    if (s == GP_ERR_CANCELLED) return s;
+    char ctx[256];
+    int off = snprintf(ctx, sizeof ctx, "device %s, stage %d", p->devs[j]->name, j);
+    if (i >= 0) off += snprintf(ctx + off, sizeof ctx - (size_t)off, ", micro-batch %d", i);
+    if (layer >= 0) {
+        char d[160];
+        snprintf(ctx + off, sizeof ctx - (size_t)off, ", %s",
+                 gp_layer_describe(&p->layers[layer], d, sizeof d));
+    }
+    pthread_mutex_lock(&p->lock);
+    if (!p->cancelled) {
+        p->cancelled = true;
+        p->status = s;
+        snprintf(p->message, sizeof p->message, "%s: %s", ctx, gp_error_message());
+    }
+    pthread_cond_broadcast(&p->cond);
+    pthread_mutex_unlock(&p->lock);
+    return s;
+}
+
+/* Wait until pred(p, a, b) holds or the step is cancelled. Lock not held. */
+typedef bool (*pred_fn)(gp_pipeline *p, int a, int b);
+
+static gp_status wait_for(gp_pipeline *p, pred_fn pred, int a, int b)
+{
+    pthread_mutex_lock(&p->lock);
+    while (!p->cancelled && !pred(p, a, b)) pthread_cond_wait(&p->cond, &p->lock);
+    bool c = p->cancelled;
+    pthread_mutex_unlock(&p->lock);
+    return c ? gp_error_set(GP_ERR_CANCELLED, "cancelled") : GP_OK;
+}
+
+static bool pred_clock(gp_pipeline *p, int k, int unused)
+{
+    (void)unused;
+    return k < 0 || p->clock_done[k] == p->clock_expected[k];
+}
+static bool pred_fwd(gp_pipeline *p, int i, int j) { return FLAG(p, fwd_done, i, j); }
+static bool pred_bwd(gp_pipeline *p, int i, int j) { return FLAG(p, bwd_done, i, j); }
+static bool pred_act_copied(gp_pipeline *p, int i, int j) { return FLAG(p, act_copied, i, j); }
+static bool pred_grad_copied(gp_pipeline *p, int i, int j) { return FLAG(p, grad_copied, i, j); }
+
+static void publish(gp_pipeline *p, bool *flag, int clock)
+{
+    pthread_mutex_lock(&p->lock);
+    if (flag) *flag = true;
+    if (clock >= 0) p->clock_done[clock]++;
+    pthread_cond_broadcast(&p->cond);
+    pthread_mutex_unlock(&p->lock);
+}
+
+/* ---- the work of one instruction --------------------------------------- */
+
+static void free_acts(mb_state *s, int count)
+{
+    if (s->acts)
+        for (int c = 1; c <= count; c++) gp_tensor_free(&s->acts[c]);
+    if (s->saved)
+        for (int c = 0; c < count; c++) gp_saved_free(&s->saved[c]);
+    s->acts_live = false;
+}
+
+/* Forward of stage j on micro-batch i.  keep: keep every activation for
+ * backward (not checkpointed, or recompute). */
+static gp_status stage_forward(gp_pipeline *p, int i, int j, bool keep, bool recompute,
+                               int *bad_layer)
+{
+    mb_state *s = MB(p, i, j);
+    int first = p->first[j], count = p->count[j];
+    gp_fwd_ctx ctx = {.training = true, .recompute = recompute, .seed = p->seed,
+                      .step = p->step, .sample_offset = p->offsets[i], .batch_total = p->batch};
+    s->acts[0] = s->in;
+    s->acts[0].owned = false;
+    gp_tensor cur = s->acts[0];
+    for (int c = 0; c < count; c++) {
+        gp_tensor y = {0};
+        gp_saved sv = {0};
+        gp_status st = gp_layer_forward(&p->layers[first + c], &ctx, &cur, &y, &sv);
+        if (st != GP_OK) {
+            *bad_layer = first + c;
+            gp_saved_free(&sv);
+            if (!keep && c > 0) gp_tensor_free(&cur);
+            return st;
+        }
+        if (keep) {
+            s->acts[c + 1] = y;
+            s->saved[c] = sv;
+        } else {
+            gp_saved_free(&sv);
+            if (c > 0) gp_tensor_free(&cur); /* never the stage input */
+        }
+        cur = y;
+    }
+    if (keep) {
+        s->acts_live = true;
+        if (!recompute) {
+            s->out = cur;
+            s->out.owned = false; /* acts[count] owns it */
+        }
+    } else {
+        s->out = cur; /* owned: freed once the next stage copied it */
+    }
+    return GP_OK;
+}
+
+static gp_status do_forward(gp_pipeline *p, int i, int j, bool ckpt, int *bad_layer)
+{
+    mb_state *s = MB(p, i, j);
+    gp_device *dev = p->devs[j];
+    int64_t b = p->sizes[i];
+    if (j == 0) {
+        gp_shape xs = gp_shape_with_batch(&p->input, b);
+        int64_t per = gp_shape_numel(&p->input);
+        GP_TRY(gp_tensor_alloc(&s->in, dev, &xs, GP_MEM_ACTIVATIONS));
+        GP_TRY(gp_dev_upload(dev, s->in.data, p->x + p->offsets[i] * per, b * per));
+    }
+    GP_TRY(stage_forward(p, i, j, !ckpt, false, bad_layer));
+    if (j == p->n - 1) {
+        /* The loss: dlogits become this stage's incoming gradient. */
+        gp_shape ls = {1, {b, 0, 0, 0}};
+        GP_TRY(gp_tensor_alloc(&s->labels, dev, &ls, GP_MEM_ACTIVATIONS));
+        GP_TRY(gp_dev_upload(dev, s->labels.data, p->y + p->offsets[i], b));
+        gp_shape os = gp_tensor_shape(&s->out);
+        GP_TRY(gp_tensor_alloc(&s->grad_out, dev, &os, GP_MEM_ACTIVATIONS));
+        gp_loss_out lo = {0};
+        GP_TRY(gp_cross_entropy(dev, &s->out, &s->labels, (float)(1.0 / (double)p->batch),
+                                &s->grad_out, &lo));
+        gp_tensor_free(&s->labels);
+        if (!isfinite(lo.loss_sum))
+            return gp_error_set(GP_ERR_NUMERIC,
+                                "the loss is %g; lower train.optimizer.lr, add warm-up, or "
+                                "check the data normalisation", lo.loss_sum);
+        s->loss_sum = lo.loss_sum;
+        s->correct = lo.correct;
+        if (ckpt) gp_tensor_free(&s->out); /* logits are not needed again */
+    }
+    return GP_OK;
+}
+
+static gp_status do_backward(gp_pipeline *p, int i, int j, int *bad_layer)
+{
+    mb_state *s = MB(p, i, j);
+    int first = p->first[j], count = p->count[j];
+    gp_fwd_ctx ctx = {.training = true, .seed = p->seed, .step = p->step,
+                      .sample_offset = p->offsets[i], .batch_total = p->batch};
+    GP_ASSERT(s->acts_live);
+    gp_tensor dy = s->grad_out;
+    s->grad_out = (gp_tensor){0};
+    gp_status st = GP_OK;
+    for (int c = count - 1; c >= 0; c--) {
+        bool need_dx = c > 0 || j > 0;
+        gp_tensor dx = {0};
+        st = gp_layer_backward(&p->layers[first + c], &ctx, &s->acts[c], &s->acts[c + 1], &dy,
+                               need_dx ? &dx : NULL, &s->saved[c]);
+        gp_tensor_free(&dy);
+        gp_tensor_free(&s->acts[c + 1]);
+        gp_saved_free(&s->saved[c]);
+        if (st != GP_OK) {
+            gp_tensor_free(&dx);
+            *bad_layer = first + c;
+            break;
+        }
+        dy = dx;
+    }
+    if (st == GP_OK && j > 0) s->grad_in = dy;
+    else gp_tensor_free(&dy);
+    free_acts(s, count);
+    s->out = (gp_tensor){0}; /* was a view of acts[count], or freed already */
+    gp_tensor_free(&s->in);
+    return st;
+}
+
+/* Copy src (another worker's tensor, published) into a new tensor on dev. */
+static gp_status recv_copy(gp_device *dev, const gp_tensor *src, gp_tensor *dst, size_t *bytes)
+{
+    gp_shape sh = gp_tensor_shape(src);
+    GP_TRY(gp_tensor_alloc(dst, dev, &sh, GP_MEM_COPIES));
+    *bytes = gp_tensor_bytes(src);
+    return gp_tensor_copy(dst, src);
+}
+
+/* Free outputs / input gradients that the neighbours have copied. */
+static void sweep(gp_pipeline *p, int j)
+{
+    int m = p->m, n = p->n;
+    for (int i = 0; i < m; i++) {
+        mb_state *s = MB(p, i, j);
+        bool free_out = false, free_gin = false;
+        pthread_mutex_lock(&p->lock);
+        if (s->out.owned && j + 1 < n && FLAG(p, act_copied, i, j + 1)) free_out = true;
+        if (s->grad_in.owned && j > 0 && FLAG(p, grad_copied, i, j - 1)) free_gin = true;
+        pthread_mutex_unlock(&p->lock);
+        if (free_out) gp_tensor_free(&s->out);
+        if (free_gin) gp_tensor_free(&s->grad_in);
+    }
+}
+
+static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int *bad_layer)
+{
+    gp_pipeline *p = w->p;
+    int i = in->i, j = in->j;
+    mb_state *s = MB(p, i, j);
+    gp_status st = GP_OK;
+    if (p->opts.fault_j == j && p->opts.fault_i == i && p->opts.fault_kind == in->kind) {
+        *bad_layer = p->first[j];
+        return gp_error_set(GP_ERR_RUNTIME, "injected fault in %s", gp_instr_kind_name(in->kind));
+    }
+    switch (in->kind) {
+    case GP_INSTR_RECV_ACT:
+        st = p->opts.lockstep ? wait_for(p, pred_clock, in->k - 1, 0)
+                              : wait_for(p, pred_fwd, i, j - 1);
+        ev->t1 = gp_now(); /* end of the wait; the copy follows */
+        if (st == GP_OK) st = recv_copy(p->devs[j], &MB(p, i, j - 1)->out, &s->in, &ev->bytes);
+        if (st == GP_OK) publish(p, &FLAG(p, act_copied, i, j), -1);
+        break;
+    case GP_INSTR_RECV_GRAD:
+        st = p->opts.lockstep ? wait_for(p, pred_clock, in->k - 1, 0)
+                              : wait_for(p, pred_bwd, i, j + 1);
+        ev->t1 = gp_now();
+        if (st == GP_OK)
+            st = recv_copy(p->devs[j], &MB(p, i, j + 1)->grad_in, &s->grad_out, &ev->bytes);
+        if (st == GP_OK) publish(p, &FLAG(p, grad_copied, i, j), -1);
+        break;
+    case GP_INSTR_FORWARD:
+        st = do_forward(p, i, j, in->checkpointed, bad_layer);
+        if (st == GP_OK) publish(p, &FLAG(p, fwd_done, i, j), in->k);
+        break;
+    case GP_INSTR_RECOMPUTE:
+        st = stage_forward(p, i, j, true, true, bad_layer);
+        break;
+    case GP_INSTR_BACKWARD:
+        st = do_backward(p, i, j, bad_layer);
+        if (st == GP_OK) publish(p, &FLAG(p, bwd_done, i, j), in->k);
+        break;
+    default:
+        GP_ASSERT(!"unknown instruction");
+    }
+    return st;
+}
+
+/* Free everything this worker allocated for the step. */
+static void drain(gp_pipeline *p, int j)
+{
+    for (int i = 0; i < p->m; i++) {
+        mb_state *s = MB(p, i, j);
+        free_acts(s, p->count[j]);
+        if (s->out.owned) gp_tensor_free(&s->out);
+        s->out = (gp_tensor){0};
+        gp_tensor_free(&s->in);
+        gp_tensor_free(&s->grad_out);
+        gp_tensor_free(&s->grad_in);
+        gp_tensor_free(&s->labels);
+    }
+}
+
+static gp_status run_step(worker *w)
+{
+    gp_pipeline *p = w->p;
+    int j = w->j, first = p->first[j], count = p->count[j];
+    for (int c = 0; c < count; c++) {
+        gp_status st = gp_layer_zero_grad(&p->layers[first + c]);
+        if (st != GP_OK) return fail(p, st, j, -1, first + c);
+    }
+    const gp_instr *list = p->sched.list[j];
+    w->n_events = 0;
+    w->busy = 0;
+    for (int c = 0; c < p->sched.count[j]; c++) {
+        const gp_instr *in = &list[c];
+        pthread_mutex_lock(&p->lock);
+        bool cancelled = p->cancelled;
+        pthread_mutex_unlock(&p->lock);
+        if (cancelled) return gp_error_set(GP_ERR_CANCELLED, "cancelled");
+        gp_event_rec *ev = &w->events[w->n_events++];
+        memset(ev, 0, sizeof *ev);
+        ev->kind = in->kind;
+        ev->i = in->i;
+        ev->j = j;
+        ev->k = in->k;
+        ev->layer_first = first;
+        ev->layer_count = count;
+        ev->t0 = gp_now();
+        ev->t1 = ev->t0;
+        int bad_layer = -1;
+        gp_status st = run_instr(w, in, ev, &bad_layer);
+        /* For copies t1 marked the end of the wait; keep it as a separate
+         * point: busy time counts from there. */
+        double tw = ev->t1;
+        ev->t1 = gp_now();
+        w->busy += ev->t1 - (in->kind == GP_INSTR_RECV_ACT || in->kind == GP_INSTR_RECV_GRAD
+                                 ? tw : ev->t0);
+        if (in->kind == GP_INSTR_RECV_ACT || in->kind == GP_INSTR_RECV_GRAD) {
+            /* Split the record: the wait, then the copy. */
+            if (w->n_events < w->cap_events) {
+                gp_event_rec *cp = &w->events[w->n_events++];
+                *cp = *ev;
+                cp->t0 = tw;
+                ev->t1 = tw;
+                ev->bytes = 0;
+                ev->is_wait = true;
+            }
+        }
+        if (st != GP_OK) return fail(p, st, j, in->i, bad_layer);
+        sweep(p, j);
+    }
+    /* Outgoing data must be copied before it is freed. */
+    for (int i = 0; i < p->m; i++) {
+        if (j > 0) GP_TRY(wait_for(p, pred_grad_copied, i, j - 1));
+        if (j + 1 < p->n) GP_TRY(wait_for(p, pred_act_copied, i, j + 1));
+    }
+    drain(p, j);
+    for (int c = 0; c < count; c++)
+        if (p->layers[first + c].ops->commit) {
+            gp_status st = p->layers[first + c].ops->commit(&p->layers[first + c]);
+            if (st != GP_OK) return fail(p, st, j, -1, first + c);
+        }
+    if (p->hook) {
+        gp_status st = p->hook(p->hook_arg, j, first, count);
+        if (st != GP_OK) return fail(p, st, j, -1, -1);
+    }
+    gp_status st = p->devs[j]->iface->synchronize(p->devs[j]);
+    if (st != GP_OK) return fail(p, st, j, -1, -1);
+    return GP_OK;
+}
+
+static void *worker_main(void *arg)
+{
+    worker *w = arg;
+    gp_pipeline *p = w->p;
+    gp_device_bind_thread(p->devs[w->j]);
+    uint64_t seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&p->lock);
+        while (!p->shutdown && p->generation == seen) pthread_cond_wait(&p->cond, &p->lock);
+        if (p->shutdown) {
+            pthread_mutex_unlock(&p->lock);
+            return NULL;
+        }
+        seen = p->generation;
+        pthread_mutex_unlock(&p->lock);
+
+        gp_status st = run_step(w);
+        pthread_mutex_lock(&p->lock);
+        p->finished++;
+        pthread_cond_broadcast(&p->cond);
+        if (st != GP_OK) {
+            /* Nobody may be reading our buffers when we free them: wait
+             * until every worker has stopped. */
+            while (p->finished < p->n) pthread_cond_wait(&p->cond, &p->lock);
+            pthread_mutex_unlock(&p->lock);
+            drain(p, w->j);
+            pthread_mutex_lock(&p->lock);
+        }
+        p->drained++;
+        pthread_cond_broadcast(&p->cond);
+        pthread_mutex_unlock(&p->lock);
+    }
+}
+
+/* ---- public ------------------------------------------------------------- */
+
+gp_status gp_pipeline_create(gp_layer *layers, int n_layers, const gp_shape *input, int n,
+                             gp_device *const *devs, const int *balance,
+                             const gp_pipeline_opts *opts, gp_pipeline **out)
+{
+    *out = NULL;
+    if (n < 1 || n > GP_MAX_DEVICES)
+        return gp_error_set(GP_ERR_INVALID, "a pipeline needs 1..%d devices, got %d",
+                            GP_MAX_DEVICES, n);
+    int sum = 0;
+    for (int j = 0; j < n; j++) {
+        if (balance[j] < 1)
+            return gp_error_set(GP_ERR_INVALID,
+                                "pipeline.balance[%d] = %d: every stage needs at least one layer",
+                                j, balance[j]);
+        sum += balance[j];
+    }
+    if (sum != n_layers)
+        return gp_error_set(GP_ERR_INVALID,
+                            "pipeline.balance sums to %d layers but the model has %d; make the "
+                            "entries add up to %d (or use balance: auto)", sum, n_layers, n_layers);
+    for (int a = 0; a < n; a++)
+        for (int b = a + 1; b < n; b++)
+            if (devs[a] == devs[b])
+                return gp_error_set(GP_ERR_INVALID, "device %s is listed twice in "
+                                    "pipeline.devices; each stage needs its own device",
+                                    devs[a]->name);
+    gp_pipeline *p = calloc(1, sizeof *p);
+    if (!p) return gp_error_set(GP_ERR_OOM, "out of host memory");
+    p->n = n;
+    p->L = n_layers;
+    p->layers = layers;
+    p->input = *input;
+    p->opts = *opts;
+    if (p->opts.chunks < 1) p->opts.chunks = 1;
+    int f = 0;
+    for (int j = 0; j < n; j++) {
+        p->devs[j] = devs[j];
+        p->first[j] = f;
+        p->count[j] = balance[j];
+        f += balance[j];
+    }
+    pthread_mutex_init(&p->lock, NULL);
+    pthread_cond_init(&p->cond, NULL);
+    for (int j = 0; j < n; j++) {
+        p->workers[j].p = p;
+        p->workers[j].j = j;
+        if (pthread_create(&p->workers[j].thread, NULL, worker_main, &p->workers[j]) != 0) {
+            pthread_mutex_lock(&p->lock);
+            p->shutdown = true;
+            pthread_cond_broadcast(&p->cond);
+            pthread_mutex_unlock(&p->lock);
+            for (int q = 0; q < j; q++) pthread_join(p->workers[q].thread, NULL);
+            pthread_mutex_destroy(&p->lock);
+            pthread_cond_destroy(&p->cond);
+            free(p);
+            return gp_error_set(GP_ERR_RUNTIME, "could not start worker thread %d", j);
+        }
+    }
+    *out = p;
+    return GP_OK;
+}
+
+static void free_step_tables(gp_pipeline *p)
+{
+    gp_schedule_free(&p->sched);
+    free(p->fwd_done);
+    free(p->bwd_done);
+    free(p->act_copied);
+    free(p->grad_copied);
+    free(p->clock_done);
+    free(p->clock_expected);
+    if (p->mb)
+        for (size_t q = 0; q < (size_t)p->m * (size_t)p->n; q++) {
+            free(p->mb[q].acts);
+            free(p->mb[q].saved);
+        }
+    free(p->mb);
+    for (int j = 0; j < p->n; j++) {
+        free(p->workers[j].events);
+        p->workers[j].events = NULL;
+        p->workers[j].cap_events = 0;
+    }
+    p->fwd_done = p->bwd_done = p->act_copied = p->grad_copied = NULL;
+    p->clock_done = p->clock_expected = NULL;
+    p->mb = NULL;
+    p->m = 0;
+}
+
+/* (Re)build the per-step tables when the chunk count changes. */
+static gp_status prepare(gp_pipeline *p, int m)
+{
+    if (p->m == m && p->mb) {
+        size_t cells = (size_t)m * (size_t)p->n;
+        memset(p->fwd_done, 0, cells);
+        memset(p->bwd_done, 0, cells);
+        memset(p->act_copied, 0, cells);
+        memset(p->grad_copied, 0, cells);
+        memset(p->clock_done, 0, (size_t)p->sched.clocks * sizeof *p->clock_done);
+        return GP_OK;
+    }
+    free_step_tables(p);
+    GP_TRY(gp_schedule_gpipe(p->n, m, p->opts.checkpoint, &p->sched));
+    p->m = m;
+    size_t cells = (size_t)m * (size_t)p->n;
+    p->fwd_done = calloc(cells, 1);
+    p->bwd_done = calloc(cells, 1);
+    p->act_copied = calloc(cells, 1);
+    p->grad_copied = calloc(cells, 1);
+    p->clock_done = calloc((size_t)p->sched.clocks, sizeof *p->clock_done);
+    p->clock_expected = calloc((size_t)p->sched.clocks, sizeof *p->clock_expected);
+    p->mb = calloc(cells, sizeof *p->mb);
+    bool ok = p->fwd_done && p->bwd_done && p->act_copied && p->grad_copied && p->clock_done &&
+              p->clock_expected && p->mb;
+    for (size_t q = 0; ok && q < cells; q++) {
+        int j = (int)(q % (size_t)p->n);
+        p->mb[q].acts = calloc((size_t)p->count[j] + 1, sizeof(gp_tensor));
+        p->mb[q].saved = calloc((size_t)p->count[j], sizeof(gp_saved));
+        ok = p->mb[q].acts && p->mb[q].saved;
+    }
+    for (int j = 0; ok && j < p->n; j++) {
+        /* a copy records two events (wait, copy) */
+        p->workers[j].cap_events = 2 * p->sched.count[j];
+        p->workers[j].events = calloc((size_t)p->workers[j].cap_events, sizeof(gp_event_rec));
+        ok = p->workers[j].events != NULL;
+        for (int c = 0; ok && c < p->sched.count[j]; c++) {
+            gp_instr_kind kd = p->sched.list[j][c].kind;
+            if (kd == GP_INSTR_FORWARD || kd == GP_INSTR_BACKWARD)
+                p->clock_expected[p->sched.list[j][c].k]++;
+        }
+    }
+    if (!ok) {
+        free_step_tables(p);
+        return gp_error_set(GP_ERR_OOM, "out of host memory for the step tables");
+    }
+    return GP_OK;
+}
+
+gp_status gp_pipeline_step(gp_pipeline *p, const float *x, const float *y, int64_t n,
+                           uint64_t seed, uint64_t step, gp_stage_hook hook, void *arg,
+                           gp_pipeline_out *out)
+{
+    double t0 = gp_now();
+    int m = p->opts.chunks;
+    if (m > GP_MAX_CHUNKS)
+        return gp_error_set(GP_ERR_INVALID, "pipeline.chunks = %d exceeds %d", m, GP_MAX_CHUNKS);
+    GP_TRY(gp_microbatch_split(n, m, p->sizes));
+    GP_TRY(prepare(p, m));
+    int64_t off = 0;
+    for (int i = 0; i < m; i++) {
+        p->offsets[i] = off;
+        off += p->sizes[i];
+    }
+    p->batch = n;
+    p->x = x;
+    p->y = y;
+    p->seed = seed;
+    p->step = step;
+    p->hook = hook;
+    p->hook_arg = arg;
+    for (size_t q = 0; q < (size_t)m * (size_t)p->n; q++) {
+        p->mb[q].loss_sum = 0;
+        p->mb[q].correct = 0;
+    }
+
+    pthread_mutex_lock(&p->lock);
+    p->finished = 0;
+    p->drained = 0;
+    p->cancelled = false;
+    p->status = GP_OK;
+    p->message[0] = '\0';
+    p->generation++;
+    pthread_cond_broadcast(&p->cond);
+    while (p->drained < p->n) pthread_cond_wait(&p->cond, &p->lock);
+    gp_status st = p->status;
+    pthread_mutex_unlock(&p->lock);
+    if (st != GP_OK) return gp_error_set(st, "%s", p->message);
+
+    double loss = 0;
+    int64_t correct = 0;
+    for (int i = 0; i < m; i++) {
+        loss += MB(p, i, p->n - 1)->loss_sum;
+        correct += MB(p, i, p->n - 1)->correct;
+    }
+    if (out) {
+        out->loss_sum = loss;
+        out->correct = correct;
+        out->seconds = gp_now() - t0;
+    }
+    return GP_OK;
+}
+
+void gp_pipeline_destroy(gp_pipeline *p)
+{
+    if (!p) return;
+    pthread_mutex_lock(&p->lock);
+    p->shutdown = true;
+    pthread_cond_broadcast(&p->cond);
+    pthread_mutex_unlock(&p->lock);
+    for (int j = 0; j < p->n; j++) pthread_join(p->workers[j].thread, NULL);
+    free_step_tables(p);
+    pthread_mutex_destroy(&p->lock);
+    pthread_cond_destroy(&p->cond);
+    free(p);
+}
+
+const gp_event_rec *gp_pipeline_events(const gp_pipeline *p, int j, int *count)
+{
+    *count = p->workers[j].n_events;
+    return p->workers[j].events;
+}
+
+double gp_pipeline_busy(const gp_pipeline *p, int j) { return p->workers[j].busy; }
+int gp_pipeline_stages(const gp_pipeline *p) { return p->n; }
+
+/* ---- partitioning ------------------------------------------------------- */
+
+gp_status gp_partition_minmax(const double *costs, int L, int n, int *balance)
+{
+    if (n < 1 || L < n)
+        return gp_error_set(GP_ERR_INVALID,
+                            "cannot split %d layers into %d stages: every stage needs at least "
+                            "one layer; use at most %d devices", L, n, L);
+    /* best[s][l]: (max, second max) of splitting layers [0, l) into s stages,
+     * minimised lexicographically.  O(n L^2), fine for hundreds of layers. */
+    size_t cells = (size_t)(n + 1) * (size_t)(L + 1);
+    double *mx = malloc(cells * sizeof *mx), *mx2 = malloc(cells * sizeof *mx2);
+    int *cut = malloc(cells * sizeof *cut);
+    double *pre = malloc((size_t)(L + 1) * sizeof *pre);
+    if (!mx || !mx2 || !cut || !pre) {
+        free(mx); free(mx2); free(cut); free(pre);
+        return gp_error_set(GP_ERR_OOM, "out of host memory partitioning");
+    }
+    pre[0] = 0;
+    for (int l = 0; l < L; l++) pre[l + 1] = pre[l] + costs[l];
+#define AT(a, s, l) a[(size_t)(s) * (size_t)(L + 1) + (size_t)(l)]
+    for (size_t q = 0; q < cells; q++) { mx[q] = INFINITY; mx2[q] = INFINITY; cut[q] = -1; }
+    AT(mx, 0, 0) = 0;
+    AT(mx2, 0, 0) = 0;
+    for (int s = 1; s <= n; s++)
+        for (int l = s; l <= L - (n - s); l++)
+            for (int c = s - 1; c < l; c++) {
+                if (!isfinite(AT(mx, s - 1, c))) continue;
+                double last = pre[l] - pre[c];
+                double a = AT(mx, s - 1, c), b = AT(mx2, s - 1, c);
+                double m1 = last > a ? last : a;
+                double m2 = last > a ? a : (last > b ? last : b);
+                if (m1 < AT(mx, s, l) || (m1 == AT(mx, s, l) && m2 < AT(mx2, s, l))) {
+                    AT(mx, s, l) = m1;
+                    AT(mx2, s, l) = m2;
+                    AT(cut, s, l) = c;
+                }
+            }
+    int l = L;
+    for (int s = n; s >= 1; s--) {
+        int c = AT(cut, s, l);
+        GP_ASSERT(c >= 0);
+        balance[s - 1] = l - c;
+        l = c;
+    }
+#undef AT
+    free(mx); free(mx2); free(cut); free(pre);
+    return GP_OK;
+}
