@@ -8,6 +8,7 @@
  * once per step.
  */
 #include "train/train.h"
+#include "pipeline/pipeline.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -15,23 +16,46 @@
 
 gp_status gp_model_build(const gp_config *cfg, gp_device *dev, gp_model *out)
 {
+    int balance = cfg->model.n_layers;
+    return gp_model_build_placed(cfg, &dev, 1, &balance, out);
+}
+
+gp_status gp_model_build_placed(const gp_config *cfg, gp_device *const *devs, int n,
+                                const int *balance, gp_model *out)
+{
     memset(out, 0, sizeof *out);
     const gp_model_config *mc = &cfg->model;
     if (mc->n_layers < 1)
         return gp_error_set(GP_ERR_INVALID, "%s: model.layers is empty; list at least one layer",
                             cfg->path);
+    GP_ASSERT(n >= 1 && n <= GP_MAX_DEVICES);
     out->layers = calloc((size_t)mc->n_layers, sizeof *out->layers);
-    if (!out->layers) return gp_error_set(GP_ERR_OOM, "out of host memory building the model");
-    out->dev = dev;
+    out->mom_first = calloc((size_t)mc->n_layers, sizeof *out->mom_first);
+    if (!out->layers || !out->mom_first) {
+        gp_model_free(out);
+        return gp_error_set(GP_ERR_OOM, "out of host memory building the model");
+    }
+    out->dev = devs[0];
+    out->n_stages = n;
+    for (int j = 0; j < n; j++) {
+        out->devs[j] = devs[j];
+        out->balance[j] = balance[j];
+    }
     out->input = gp_shape_4d(1, mc->input[0], mc->input[1], mc->input[2]);
     gp_shape cur = out->input;
+    int stage = 0, in_stage = 0;
     for (int k = 0; k < mc->n_layers; k++) {
-        gp_status s = gp_layer_create(&mc->layers[k], k, &cur, dev, cfg->train.seed,
+        while (stage < n - 1 && in_stage >= balance[stage]) {
+            stage++;
+            in_stage = 0;
+        }
+        gp_status s = gp_layer_create(&mc->layers[k], k, &cur, devs[stage], cfg->train.seed,
                                       &out->layers[k]);
         if (s != GP_OK) {
             gp_model_free(out);
             return s;
         }
+        in_stage++;
         out->n_layers = k + 1;
         cur = out->layers[k].out_shape;
     }
@@ -44,7 +68,8 @@ gp_status gp_model_build(const gp_config *cfg, gp_device *dev, gp_model *out)
                             "(N, classes); end the model with flatten and linear",
                             cfg->path, gp_shape_str(&cur, b, sizeof b));
     }
-    /* Optimizer state: one momentum buffer per trainable parameter. */
+    /* Optimizer state: one momentum buffer per trainable parameter, on the
+     * parameter's device. */
     int n_mom = 0;
     for (int k = 0; k < out->n_layers; k++)
         for (int p = 0; p < out->layers[k].n_params; p++)
@@ -55,7 +80,8 @@ gp_status gp_model_build(const gp_config *cfg, gp_device *dev, gp_model *out)
         return gp_error_set(GP_ERR_OOM, "out of host memory building the model");
     }
     int j = 0;
-    for (int k = 0; k < out->n_layers; k++)
+    for (int k = 0; k < out->n_layers; k++) {
+        out->mom_first[k] = j;
         for (int p = 0; p < out->layers[k].n_params; p++) {
             gp_param *pr = &out->layers[k].params[p];
             if (pr->is_buffer) continue;
@@ -67,12 +93,64 @@ gp_status gp_model_build(const gp_config *cfg, gp_device *dev, gp_model *out)
             }
             out->n_momentum = ++j;
         }
+    }
     return GP_OK;
+}
+
+gp_status gp_model_costs(const gp_config *cfg, int64_t batch, double *costs)
+{
+    gp_shape cur = gp_shape_4d(1, cfg->model.input[0], cfg->model.input[1], cfg->model.input[2]);
+    for (int k = 0; k < cfg->model.n_layers; k++) {
+        gp_layer l;
+        memset(&l, 0, sizeof l);
+        l.spec = cfg->model.layers[k];
+        l.ops = gp_layer_ops_for(l.spec.type);
+        l.index = k;
+        l.in_shape = cur;
+        gp_shape o;
+        GP_TRY(l.ops->infer(&l, &cur, &o));
+        l.out_shape = o;
+        /* Layers without FLOPs (relu, flatten) still take time: count their
+         * output elements too so they are not all piled on one stage. */
+        costs[k] = l.ops->flops(&l, batch) + (double)gp_shape_numel(&o) * (double)batch;
+        cur = o;
+    }
+    return GP_OK;
+}
+
+gp_status gp_model_balance(const gp_config *cfg, int n, int *balance)
+{
+    const gp_pipeline_config *pc = &cfg->pipeline;
+    int L = cfg->model.n_layers;
+    if (pc->n_balance > 0) {
+        if (pc->n_balance != n)
+            return gp_error_set(GP_ERR_INVALID,
+                                "%s: pipeline.balance has %d entries for %d devices; give one "
+                                "layer count per device", cfg->path, pc->n_balance, n);
+        int sum = 0;
+        for (int j = 0; j < n; j++) sum += pc->balance[j];
+        if (sum != L)
+            return gp_error_set(GP_ERR_INVALID,
+                                "%s: pipeline.balance sums to %d layers but the model has %d; "
+                                "make the entries add up to %d, or use balance: auto",
+                                cfg->path, sum, L, L);
+        memcpy(balance, pc->balance, (size_t)n * sizeof *balance);
+        return GP_OK;
+    }
+    double *costs = malloc((size_t)L * sizeof *costs);
+    if (!costs) return gp_error_set(GP_ERR_OOM, "out of host memory");
+    int64_t mb = cfg->train.batch_size / (pc->chunks > 0 ? pc->chunks : 1);
+    gp_status s = gp_model_costs(cfg, mb > 0 ? mb : 1, costs);
+    if (s == GP_OK) s = gp_partition_minmax(costs, L, n, balance);
+    free(costs);
+    return s;
 }
 
 void gp_model_free(gp_model *m)
 {
     if (!m) return;
+    gp_pipeline_destroy(m->pipe);
+    free(m->mom_first);
     for (int j = 0; j < m->n_momentum; j++) gp_tensor_free(&m->momentum[j]);
     free(m->momentum);
     for (int k = 0; k < m->n_layers; k++) gp_layer_destroy(&m->layers[k]);
@@ -93,11 +171,12 @@ static gp_status zero_grads(gp_model *m)
     return GP_OK;
 }
 
-static gp_status sgd_update(gp_model *m, const gp_optim_config *o, double lr)
+/* SGD on layers [first, first + count), on their devices. */
+static gp_status sgd_range(gp_model *m, const gp_optim_config *o, double lr, int first, int count)
 {
-    int j = 0;
-    for (int k = 0; k < m->n_layers; k++) {
+    for (int k = first; k < first + count; k++) {
         gp_layer *l = &m->layers[k];
+        int j = m->mom_first[k];
         for (int p = 0; p < l->n_params; p++) {
             gp_param *pr = &l->params[p];
             if (pr->is_buffer) continue;
@@ -108,6 +187,51 @@ static gp_status sgd_update(gp_model *m, const gp_optim_config *o, double lr)
                                           (float)lr, o->momentum, wd, o->nesterov));
             j++;
         }
+    }
+    return GP_OK;
+}
+
+static gp_status sgd_update(gp_model *m, const gp_optim_config *o, double lr)
+{
+    return sgd_range(m, o, lr, 0, m->n_layers);
+}
+
+typedef struct {
+    gp_model *m;
+    const gp_optim_config *o;
+    double lr;
+} sgd_hook_arg;
+
+/* Runs on worker j once stage j's gradients are complete. */
+static gp_status sgd_hook(void *arg, int j, int first, int count)
+{
+    (void)j;
+    sgd_hook_arg *a = arg;
+    return sgd_range(a->m, a->o, a->lr, first, count);
+}
+
+gp_status gp_model_pipeline_step(gp_model *m, const gp_config *cfg, const float *x,
+                                 const float *y, int64_t n, double lr, gp_step_stats *st)
+{
+    if (!m->pipe) {
+        gp_pipeline_opts po = {.chunks = cfg->pipeline.chunks > 0 ? cfg->pipeline.chunks : 1,
+                               .checkpoint = cfg->pipeline.checkpoint,
+                               .lockstep = cfg->pipeline.lockstep,
+                               .fault_j = -1};
+        GP_TRY(gp_pipeline_create(m->layers, m->n_layers, &m->input, m->n_stages, m->devs,
+                                  m->balance, &po, &m->pipe));
+    }
+    sgd_hook_arg a = {m, &cfg->train.optim, lr};
+    gp_pipeline_out po;
+    GP_TRY(gp_pipeline_step(m->pipe, x, y, n, cfg->train.seed, (uint64_t)m->step, sgd_hook, &a,
+                            &po));
+    m->step++;
+    if (st) {
+        st->loss = po.loss_sum / (double)n;
+        st->accuracy = (double)po.correct / (double)n;
+        st->samples = n;
+        st->lr = lr;
+        st->seconds = po.seconds;
     }
     return GP_OK;
 }
@@ -255,13 +379,31 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset 
         for (int k = 0; k < L && s == GP_OK; k++) {
             gp_tensor next = {0};
             gp_saved sv = {0};
+            if (cur.dev != m->layers[k].dev) {
+                /* a stage boundary: move the activation to the next device */
+                gp_shape cs = gp_tensor_shape(&cur);
+                s = gp_tensor_alloc(&next, m->layers[k].dev, &cs, GP_MEM_COPIES);
+                if (s == GP_OK) s = gp_tensor_copy(&next, &cur);
+                gp_tensor_free(&cur);
+                cur = next;
+                next = (gp_tensor){0};
+                if (s != GP_OK) break;
+            }
             s = gp_layer_forward(&m->layers[k], &ctx, &cur, &next, &sv);
             gp_saved_free(&sv);
             gp_tensor_free(&cur);
             cur = next;
         }
         gp_loss_out lo = {0};
-        if (s == GP_OK) s = gp_cross_entropy(m->dev, &cur, &labels, 1.0f, NULL, &lo);
+        if (s == GP_OK && labels.dev != cur.dev) {
+            gp_tensor l2;
+            gp_shape lsh = gp_tensor_shape(&labels);
+            s = gp_tensor_alloc(&l2, cur.dev, &lsh, GP_MEM_COPIES);
+            if (s == GP_OK) s = gp_tensor_copy(&l2, &labels);
+            gp_tensor_free(&labels);
+            labels = l2;
+        }
+        if (s == GP_OK) s = gp_cross_entropy(cur.dev, &cur, &labels, 1.0f, NULL, &lo);
         loss_sum += lo.loss_sum;
         correct += lo.correct;
         gp_tensor_free(&cur);

@@ -29,23 +29,40 @@ double gp_lr_at(const gp_train_config *t, int64_t step, int64_t total_steps);
 
 /* ---- the model ----------------------------------------------------------- */
 
+typedef struct gp_pipeline gp_pipeline;
+
 typedef struct gp_model {
-    gp_layer *layers;      /* n_layers, owned */
+    gp_layer *layers;      /* n_layers, owned; layer k lives on its stage's device */
     int n_layers;
     gp_shape input;        /* (1, C, H, W) of one sample */
     gp_shape output;       /* (1, classes) */
-    gp_device *dev;        /* single-device placement (the pipeline will
-                              place stages on several) */
+    gp_device *dev;        /* stage 0's device (the only one when n_stages = 1) */
+    gp_device *devs[GP_MAX_DEVICES]; /* stage j's device, not owned */
+    int balance[GP_MAX_DEVICES];     /* layers per stage */
+    int n_stages;
     gp_tensor *momentum;   /* one per trainable param, in layer order, owned */
+    int *mom_first;        /* [n_layers]: index of layer k's first momentum */
     int n_momentum;
     int64_t step;          /* optimizer steps taken */
+    gp_pipeline *pipe;     /* created on the first pipelined step, owned */
 } gp_model;
 
-/* Build every layer on `dev` from the config (shapes inferred in order;
- * errors name the layer and its config position). */
+/* Build every layer from the config on one device (shapes inferred in
+ * order; errors name the layer and its config position). */
 gp_status gp_model_build(const gp_config *cfg, gp_device *dev, gp_model *out);
+/* Build with stage j's balance[j] layers on devs[j]. */
+gp_status gp_model_build_placed(const gp_config *cfg, gp_device *const *devs, int n,
+                                const int *balance, gp_model *out);
 void gp_model_free(gp_model *m);
 int64_t gp_model_param_count(const gp_model *m);
+
+/* Per-layer forward FLOPs of the config's model at batch `batch`, from shape
+ * inference alone (no parameters allocated): the costs `balance: auto` splits
+ * until profiling lands. */
+gp_status gp_model_costs(const gp_config *cfg, int64_t batch, double *costs);
+/* The balance the config asks for: its list, or for `auto` the exact
+ * min-max partition of gp_model_costs over n stages. */
+gp_status gp_model_balance(const gp_config *cfg, int n, int *balance);
 
 /* Per-step statistics. */
 typedef struct gp_step_stats {
@@ -64,6 +81,12 @@ typedef struct gp_step_stats {
 gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
                               const float *y, int64_t n, int chunks, double lr,
                               gp_step_stats *st);
+
+/* The same step pipelined over the model's stages, with one worker thread
+ * per device, cfg->pipeline's chunks, checkpointing and lockstep.  Equal to
+ * gp_model_train_step with the same chunks (see tests/test_pipeline.c). */
+gp_status gp_model_pipeline_step(gp_model *m, const gp_config *cfg, const float *x,
+                                 const float *y, int64_t n, double lr, gp_step_stats *st);
 
 /* Loss and accuracy of the model in evaluation mode over a whole dataset. */
 gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg,

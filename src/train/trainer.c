@@ -10,15 +10,19 @@
 #include <string.h>
 #include <unistd.h>
 
-static void json_devices(FILE *f, gp_device *dev)
+static void json_devices(FILE *f, gp_device **devs, int n)
 {
-    gp_allocator a;
-    gp_allocator_snapshot(&dev->alloc, &a);
-    fprintf(f, "\"devices\":[{\"name\":\"%s\",\"peak_bytes\":%zu,\"current_bytes\":%zu",
-            dev->name, a.peak, a.current);
-    for (int c = 0; c < GP_MEM_COUNT; c++)
-        fprintf(f, ",\"peak_%s\":%zu", gp_mem_category_name((gp_mem_category)c), a.peak_by[c]);
-    fprintf(f, "}]");
+    fputs("\"devices\":[", f);
+    for (int j = 0; j < n; j++) {
+        gp_allocator a;
+        gp_allocator_snapshot(&devs[j]->alloc, &a);
+        fprintf(f, "%s{\"name\":\"%s\",\"peak_bytes\":%zu,\"current_bytes\":%zu", j ? "," : "",
+                devs[j]->name, a.peak, a.current);
+        for (int c = 0; c < GP_MEM_COUNT; c++)
+            fprintf(f, ",\"peak_%s\":%zu", gp_mem_category_name((gp_mem_category)c), a.peak_by[c]);
+        fputc('}', f);
+    }
+    fputc(']', f);
 }
 
 static void fmt_duration(double s, char *buf, size_t len)
@@ -29,17 +33,59 @@ static void fmt_duration(double s, char *buf, size_t len)
     else snprintf(buf, len, "%ld:%02ld", t / 60, t % 60);
 }
 
-static gp_status open_device(const gp_config *cfg, gp_device **dev)
+/* Open the config's devices.  CPU devices share the machine's cores: by
+ * default each gets cores / devices threads (at least 1). */
+static gp_status open_devices(const gp_config *cfg, gp_device **devs)
 {
-    const gp_device_spec *ds = &cfg->pipeline.devices[0];
-    if (cfg->pipeline.n_devices > 1)
-        GP_WARN("%d devices configured; this build trains on %s only (the pipeline "
-                "over several devices is not implemented yet)",
-                cfg->pipeline.n_devices, ds->name);
-    gp_device_opts o = {.threads = ds->threads ? ds->threads : cfg->pipeline.threads,
-                        .capacity = ds->memory ? ds->memory : cfg->pipeline.memory};
-    GP_TRY(gp_device_open(ds->name, &o, dev));
-    gp_device_bind_thread(*dev);
+    const gp_pipeline_config *pc = &cfg->pipeline;
+    int n = pc->n_devices, n_cpu = 0;
+    for (int j = 0; j < n; j++) n_cpu += !strncmp(pc->devices[j].name, "cpu", 3);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores < 1) cores = 1;
+    if (n_cpu > cores)
+        GP_WARN("%d CPU devices on %ld cores: devices will share cores and run slower than "
+                "they would with their own", n_cpu, cores);
+    for (int j = 0; j < n; j++) {
+        const gp_device_spec *ds = &pc->devices[j];
+        int threads = ds->threads ? ds->threads : pc->threads;
+        if (!threads) threads = n_cpu > 0 ? (int)(cores / n_cpu) : 1;
+        if (threads < 1) threads = 1;
+        gp_device_opts o = {.threads = threads, .capacity = ds->memory ? ds->memory : pc->memory};
+        gp_status s = gp_device_open(ds->name, &o, &devs[j]);
+        if (s != GP_OK) {
+            for (int q = 0; q < j; q++) gp_device_close(devs[q]);
+            return s;
+        }
+    }
+    gp_device_bind_thread(devs[0]);
+    return GP_OK;
+}
+
+static void close_devices(gp_device **devs, int n)
+{
+    for (int j = 0; j < n; j++) gp_device_close(devs[j]);
+}
+
+/* Open devices, choose the balance, build the placed model. */
+static gp_status build(const gp_config *cfg, gp_device **devs, gp_model *model, bool quiet)
+{
+    int n = cfg->pipeline.n_devices;
+    int balance[GP_MAX_DEVICES];
+    GP_TRY(gp_model_balance(cfg, n, balance));
+    GP_TRY(open_devices(cfg, devs));
+    gp_status s = gp_model_build_placed(cfg, devs, n, balance, model);
+    if (s != GP_OK) {
+        close_devices(devs, n);
+        return s;
+    }
+    if (!quiet && n > 1) {
+        char line[512];
+        int off = 0;
+        for (int j = 0; j < n && off < (int)sizeof line - 32; j++)
+            off += snprintf(line + off, sizeof line - (size_t)off, "%s%d", j ? ", " : "", balance[j]);
+        GP_INFO("balance%s: [%s] over %d devices", cfg->pipeline.n_balance ? "" : " (auto, by "
+                "estimated FLOPs)", line, n);
+    }
     return GP_OK;
 }
 
@@ -53,7 +99,8 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     const gp_train_config *tc = &cfg->train;
 
     gp_dataset train = {0}, test = {0};
-    gp_device *dev = NULL;
+    gp_device *devs[GP_MAX_DEVICES] = {0};
+    int n_dev = 0;
     gp_model model = {0};
     gp_loader *loader = NULL;
     FILE *mf = NULL;
@@ -75,8 +122,8 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                          cfg->path, (long long)cfg->model.input[0], (long long)cfg->model.input[1],
                          (long long)cfg->model.input[2], train.source, (long long)train.c,
                          (long long)train.h, (long long)train.w);
-    if (s == GP_OK) s = open_device(cfg, &dev);
-    if (s == GP_OK) s = gp_model_build(cfg, dev, &model);
+    if (s == GP_OK) s = build(cfg, devs, &model, opts->quiet);
+    if (s == GP_OK) n_dev = cfg->pipeline.n_devices;
     if (s == GP_OK && model.output.dims[1] < train.classes)
         s = gp_error_set(GP_ERR_INVALID,
                          "%s: the model has %lld outputs but the data has %d classes; make "
@@ -99,8 +146,9 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     if (opts->quiet) progress = 0;
     int chunks = cfg->pipeline.chunks > 0 ? cfg->pipeline.chunks : 1;
     if (!opts->quiet)
-        GP_INFO("training %lld parameters on %s: %lld steps (%lld per epoch), batch %lld, "
-                "%d micro-batch%s", (long long)gp_model_param_count(&model), dev->name,
+        GP_INFO("training %lld parameters on %s%s: %lld steps (%lld per epoch), batch %lld, "
+                "%d micro-batch%s", (long long)gp_model_param_count(&model), devs[0]->name,
+                n_dev > 1 ? " and more (pipelined)" : "",
                 (long long)total, (long long)per_epoch, (long long)tc->batch_size, chunks,
                 chunks == 1 ? "" : "es");
 
@@ -131,7 +179,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         last_epoch = b.epoch;
         double lr = gp_lr_at(tc, step, total);
         gp_step_stats st;
-        s = gp_model_train_step(&model, cfg, b.x, b.y, b.n, chunks, lr, &st);
+        s = gp_model_pipeline_step(&model, cfg, b.x, b.y, b.n, lr, &st);
         if (s != GP_OK) {
             gp_error_wrap(s, "step %lld (epoch %lld)", (long long)step, (long long)b.epoch + 1);
             goto done;
@@ -149,7 +197,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                         "\"lr\":%.17g,\"samples_per_s\":%.1f,\"step_seconds\":%.6f,",
                     (long long)step + 1, (long long)b.epoch + 1, st.loss, st.accuracy, lr, sps,
                     st.seconds);
-            json_devices(mf, dev);
+            json_devices(mf, devs, n_dev);
             fputs("}\n", mf);
         }
         double elapsed = now - t_start;
@@ -185,18 +233,20 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                 (long long)res->steps, (long long)last_epoch + 1, res->test_loss,
                 res->test_accuracy);
     res->seconds = gp_now() - t_start;
-    {
+    for (int j = 0; j < n_dev; j++) {
         gp_allocator a;
-        gp_allocator_snapshot(&dev->alloc, &a);
-        res->peak_bytes = a.peak;
+        gp_allocator_snapshot(&devs[j]->alloc, &a);
+        if (a.peak > res->peak_bytes) res->peak_bytes = a.peak;
         if (!opts->quiet) {
-            char b1[32], b2[32], b3[32], b4[32];
-            GP_INFO("%s peak memory %s (parameters %s, gradients %s, optimizer %s, "
-                    "activations %s)", dev->name, gp_format_bytes(a.peak, b1, sizeof b1),
+            char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32];
+            GP_INFO("%s peak memory %s: parameters %s, gradients %s, optimizer %s, "
+                    "activations %s, copies %s", devs[j]->name,
+                    gp_format_bytes(a.peak, b1, sizeof b1),
                     gp_format_bytes(a.peak_by[GP_MEM_PARAMS], b2, sizeof b2),
                     gp_format_bytes(a.peak_by[GP_MEM_GRADS], b3, sizeof b3),
                     gp_format_bytes(a.peak_by[GP_MEM_OPTIMIZER], b4, sizeof b4),
-                    gp_format_bytes(a.peak_by[GP_MEM_ACTIVATIONS], b1, sizeof b1));
+                    gp_format_bytes(a.peak_by[GP_MEM_ACTIVATIONS], b5, sizeof b5),
+                    gp_format_bytes(a.peak_by[GP_MEM_COPIES], b6, sizeof b6));
         }
     }
 done:
@@ -204,7 +254,7 @@ done:
         s = gp_error_set(GP_ERR_IO, "writing metrics file '%s' failed", opts->metrics_path);
     gp_loader_destroy(loader);
     gp_model_free(&model);
-    gp_device_close(dev);
+    close_devices(devs, n_dev);
     gp_dataset_free(&train);
     gp_dataset_free(&test);
     return s;
@@ -212,22 +262,19 @@ done:
 
 gp_status gp_model_summary(const gp_config *cfg, FILE *f)
 {
-    gp_device *dev = NULL;
+    gp_device *devs[GP_MAX_DEVICES] = {0};
     gp_model m = {0};
-    GP_TRY(open_device(cfg, &dev));
-    gp_status s = gp_model_build(cfg, dev, &m);
-    if (s != GP_OK) {
-        gp_device_close(dev);
-        return s;
-    }
+    int n = cfg->pipeline.n_devices;
+    GP_TRY(build(cfg, devs, &m, true));
     int64_t b = cfg->train.batch_size;
-    fprintf(f, "model: %d layers, input %lld x %lld x %lld, batch %lld, on %s\n", m.n_layers,
-            (long long)cfg->model.input[0], (long long)cfg->model.input[1],
-            (long long)cfg->model.input[2], (long long)b, dev->name);
-    fprintf(f, "%4s  %-16s %-20s %12s %14s %14s\n", "#", "layer", "output (per sample)",
-            "params", "fwd MFLOP/b", "act. bytes/b");
-    int64_t tp = 0;
-    double tf = 0, ta = 0;
+    fprintf(f, "model: %d layers, input %lld x %lld x %lld, batch %lld, on %d device%s\n",
+            m.n_layers, (long long)cfg->model.input[0], (long long)cfg->model.input[1],
+            (long long)cfg->model.input[2], (long long)b, n, n == 1 ? "" : "s");
+    fprintf(f, "%4s  %-7s %-16s %-20s %12s %14s %14s\n", "#", "device", "layer",
+            "output (per sample)", "params", "fwd MFLOP/b", "act. bytes/b");
+    int64_t tp = 0, sp = 0;
+    double tf = 0, ta = 0, sf = 0, sa = 0;
+    int stage = 0, first = 0;
     for (int k = 0; k < m.n_layers; k++) {
         gp_layer *l = &m.layers[k];
         char sh[64], nm[80], ab[32];
@@ -239,20 +286,33 @@ gp_status gp_model_summary(const gp_config *cfg, FILE *f)
         double fl = l->ops->flops(l, b);
         double act = (double)gp_shape_numel(&os) * (double)b * 4.0 +
                      (l->ops->saved_bytes ? (double)l->ops->saved_bytes(l, b) : 0.0);
-        tp += np;
-        tf += fl;
-        ta += act;
-        fprintf(f, "%4d  %-16s %-20s %12lld %14.1f %14s\n", k, nm, sh, (long long)np, fl / 1e6,
-                gp_format_bytes((size_t)act, ab, sizeof ab));
+        tp += np; tf += fl; ta += act;
+        sp += np; sf += fl; sa += act;
+        fprintf(f, "%4d  %-7s %-16s %-20s %12lld %14.1f %14s\n", k, l->dev->name, nm, sh,
+                (long long)np, fl / 1e6, gp_format_bytes((size_t)act, ab, sizeof ab));
+        if (n > 1 && k - first + 1 == m.balance[stage]) {
+            char pb[32], mb[32];
+            /* parameters, gradients and momentum: 3 x 4 bytes each */
+            fprintf(f, "      stage %d on %s: layers %d-%d, %lld parameters (%s), %.1f MFLOP, "
+                       "~%s weights+grads+momentum, %s activations per batch\n",
+                    stage, l->dev->name, first, k, (long long)sp,
+                    gp_format_bytes((size_t)sp * 4, pb, sizeof pb), sf / 1e6,
+                    gp_format_bytes((size_t)sp * 12, mb, sizeof mb),
+                    gp_format_bytes((size_t)sa, ab, sizeof ab));
+            stage++;
+            first = k + 1;
+            sp = 0; sf = 0; sa = 0;
+        }
     }
     char ab[32], pb[32];
     fprintf(f, "total: %lld parameters (%s), %.1f MFLOP forward per batch (%.1f per step "
                "with backward), %s of activations per batch\n",
             (long long)tp, gp_format_bytes((size_t)tp * 4, pb, sizeof pb), tf / 1e6, 3 * tf / 1e6,
             gp_format_bytes((size_t)ta, ab, sizeof ab));
-    fprintf(f, "pipeline: %d device(s), chunks %d, checkpoint %s\n", cfg->pipeline.n_devices,
-            cfg->pipeline.chunks, gp_checkpoint_mode_name(cfg->pipeline.checkpoint));
+    fprintf(f, "pipeline: %d device(s), chunks %d, checkpoint %s, %s\n", n,
+            cfg->pipeline.chunks, gp_checkpoint_mode_name(cfg->pipeline.checkpoint),
+            cfg->pipeline.lockstep ? "lockstep" : "free-running");
     gp_model_free(&m);
-    gp_device_close(dev);
+    close_devices(devs, n);
     return GP_OK;
 }
