@@ -63,6 +63,7 @@ struct gp_pipeline {
     uint64_t generation;       /* bumped to start a step */
     bool shutdown;
     int finished;              /* workers done with this step */
+    int lists_ok;              /* workers through their lists without error */
     int drained;               /* workers done freeing this step */
     bool cancelled;
     gp_status status;          /* first error */
@@ -401,6 +402,15 @@ static gp_status run_step(worker *w)
         if (j + 1 < p->n) GP_TRY(wait_for(p, pred_act_copied, i, j + 1));
     }
     drain(p, j);
+    /* Nothing of the model changes unless every stage got through its
+     * backward: a failed step leaves parameters and statistics as before. */
+    pthread_mutex_lock(&p->lock);
+    p->lists_ok++;
+    pthread_cond_broadcast(&p->cond);
+    while (!p->cancelled && p->lists_ok < p->n) pthread_cond_wait(&p->cond, &p->lock);
+    bool cancelled = p->cancelled;
+    pthread_mutex_unlock(&p->lock);
+    if (cancelled) return gp_error_set(GP_ERR_CANCELLED, "cancelled");
     for (int c = 0; c < count; c++)
         if (p->layers[first + c].ops->commit) {
             gp_status st = p->layers[first + c].ops->commit(&p->layers[first + c]);
@@ -617,6 +627,7 @@ gp_status gp_pipeline_step(gp_pipeline *p, const float *x, const float *y, int64
 
     pthread_mutex_lock(&p->lock);
     p->finished = 0;
+    p->lists_ok = 0;
     p->drained = 0;
     p->cancelled = false;
     p->status = GP_OK;
@@ -660,6 +671,13 @@ const gp_event_rec *gp_pipeline_events(const gp_pipeline *p, int j, int *count)
 {
     *count = p->workers[j].n_events;
     return p->workers[j].events;
+}
+
+void gp_pipeline_set_fault(gp_pipeline *p, int i, int j, gp_instr_kind kind)
+{
+    p->opts.fault_i = i;
+    p->opts.fault_j = j;
+    p->opts.fault_kind = kind;
 }
 
 double gp_pipeline_busy(const gp_pipeline *p, int j) { return p->workers[j].busy; }

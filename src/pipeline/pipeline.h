@@ -51,9 +51,9 @@ typedef struct gp_pipeline_opts {
     gp_instr_kind fault_kind;
 } gp_pipeline_opts;
 
-/* Called by worker j once its stage's gradients for the step are complete
- * and batch-norm statistics committed (the optimizer update of stage j runs
- * here, on j's thread and device, while other stages still run backward). */
+/* Called by worker j once every stage's backward has succeeded and stage j's
+ * batch-norm statistics are committed: the optimizer update of stage j runs
+ * here, on j's thread and device, in parallel with the other stages'. */
 typedef gp_status (*gp_stage_hook)(void *arg, int j, int first, int count);
 
 typedef struct gp_pipeline_out {
@@ -79,6 +79,10 @@ void gp_pipeline_destroy(gp_pipeline *p);
 gp_status gp_pipeline_step(gp_pipeline *p, const float *x, const float *y, int64_t n,
                            uint64_t seed, uint64_t step, gp_stage_hook hook, void *arg,
                            gp_pipeline_out *out);
+
+/* Test hook: make the instruction `kind` of (i, j) fail from the next step
+ * on (j < 0 turns it off). */
+void gp_pipeline_set_fault(gp_pipeline *p, int i, int j, gp_instr_kind kind);
 
 /* Events of the last step for device j (valid until the next step). */
 const gp_event_rec *gp_pipeline_events(const gp_pipeline *p, int j, int *count);

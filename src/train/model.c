@@ -255,42 +255,62 @@ static gp_status upload_chunk(gp_model *m, const float *x, const float *y, int64
     return s;
 }
 
-/* Forward and backward of one micro-batch; gradients accumulate. */
-static gp_status run_microbatch(gp_model *m, const gp_fwd_ctx *ctx, gp_tensor *acts,
-                                gp_saved *saved, const gp_tensor *labels,
-                                gp_loss_out *lo, int chunk)
+/* The single-device reference step.  It runs GPipe's order on one device
+ * without threads: every micro-batch's forward (keeping its activations),
+ * then the backwards from the last micro-batch to the first.  Gradients
+ * therefore accumulate in the same order as on every pipeline stage, which
+ * makes pipelined runs comparable bit for bit. */
+typedef struct {
+    gp_tensor *acts;  /* [L + 1]: input, then every layer's output */
+    gp_saved *saved;  /* [L] */
+    gp_tensor labels;
+    gp_tensor dy;     /* dlogits */
+} ref_mb;
+
+static void ref_mb_free(ref_mb *r, int L)
+{
+    if (r->acts)
+        for (int k = 0; k <= L; k++) gp_tensor_free(&r->acts[k]);
+    if (r->saved)
+        for (int k = 0; k < L; k++) gp_saved_free(&r->saved[k]);
+    free(r->acts);
+    free(r->saved);
+    gp_tensor_free(&r->labels);
+    gp_tensor_free(&r->dy);
+}
+
+static gp_status ref_forward(gp_model *m, const gp_fwd_ctx *ctx, ref_mb *r, gp_loss_out *lo,
+                             int chunk)
 {
     int L = m->n_layers;
+    for (int k = 0; k < L; k++)
+        GP_TRY(gp_layer_forward(&m->layers[k], ctx, &r->acts[k], &r->acts[k + 1], &r->saved[k]));
+    gp_shape ls = gp_tensor_shape(&r->acts[L]);
+    GP_TRY(gp_tensor_alloc(&r->dy, m->dev, &ls, GP_MEM_ACTIVATIONS));
+    GP_TRY(gp_cross_entropy(m->dev, &r->acts[L], &r->labels,
+                            (float)(1.0 / (double)ctx->batch_total), &r->dy, lo));
+    if (!isfinite(lo->loss_sum))
+        return gp_error_set(GP_ERR_NUMERIC,
+                            "loss is %g at step %llu, micro-batch %d; lower train.optimizer.lr, "
+                            "add warm-up, or check the data normalisation",
+                            lo->loss_sum, (unsigned long long)ctx->step, chunk);
+    return GP_OK;
+}
+
+static gp_status ref_backward(gp_model *m, const gp_fwd_ctx *ctx, ref_mb *r)
+{
+    int L = m->n_layers;
+    gp_tensor dy = r->dy;
+    r->dy = (gp_tensor){0};
     gp_status s = GP_OK;
-    int done = 0; /* layers whose forward ran */
-    for (int k = 0; k < L && s == GP_OK; k++) {
-        s = gp_layer_forward(&m->layers[k], ctx, &acts[k], &acts[k + 1], &saved[k]);
-        if (s == GP_OK) done = k + 1;
-    }
-    gp_tensor dy = {0};
-    if (s == GP_OK) {
-        gp_shape ls = gp_tensor_shape(&acts[L]);
-        s = gp_tensor_alloc(&dy, m->dev, &ls, GP_MEM_ACTIVATIONS);
-    }
-    if (s == GP_OK)
-        s = gp_cross_entropy(m->dev, &acts[L], labels, (float)(1.0 / (double)ctx->batch_total),
-                             &dy, lo);
-    if (s == GP_OK && !isfinite(lo->loss_sum))
-        s = gp_error_set(GP_ERR_NUMERIC,
-                         "loss is %g at step %llu, micro-batch %d; lower train.optimizer.lr, "
-                         "add warm-up, or check the data normalisation",
-                         lo->loss_sum, (unsigned long long)ctx->step, chunk);
-    for (int k = L - 1; k >= 0; k--) {
+    for (int k = L - 1; k >= 0 && s == GP_OK; k--) {
         gp_tensor dx = {0};
-        if (s == GP_OK)
-            s = gp_layer_backward(&m->layers[k], ctx, &acts[k], &acts[k + 1], &dy,
-                                  k > 0 ? &dx : NULL, &saved[k]);
+        s = gp_layer_backward(&m->layers[k], ctx, &r->acts[k], &r->acts[k + 1], &dy,
+                              k > 0 ? &dx : NULL, &r->saved[k]);
         gp_tensor_free(&dy);
+        gp_tensor_free(&r->acts[k + 1]);
+        gp_saved_free(&r->saved[k]);
         dy = dx;
-        if (k < done) {
-            gp_tensor_free(&acts[k + 1]);
-            gp_saved_free(&saved[k]);
-        }
     }
     gp_tensor_free(&dy);
     return s;
@@ -301,39 +321,42 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
                               gp_step_stats *st)
 {
     double t0 = gp_now();
-    int64_t sizes[1024];
+    int64_t sizes[1024], offs[1024];
     if (chunks > 1024)
         return gp_error_set(GP_ERR_INVALID, "pipeline.chunks = %d exceeds 1024", chunks);
     GP_TRY(gp_microbatch_split(n, chunks, sizes));
     GP_TRY(zero_grads(m));
     int L = m->n_layers;
-    gp_tensor *acts = calloc((size_t)L + 1, sizeof *acts);
-    gp_saved *saved = calloc((size_t)L, sizeof *saved);
-    if (!acts || !saved) {
-        free(acts);
-        free(saved);
-        return gp_error_set(GP_ERR_OOM, "out of host memory");
-    }
+    ref_mb *mbs = calloc((size_t)chunks, sizeof *mbs);
+    if (!mbs) return gp_error_set(GP_ERR_OOM, "out of host memory");
     gp_status s = GP_OK;
     double loss_sum = 0;
     int64_t correct = 0, first = 0;
     for (int i = 0; i < chunks && s == GP_OK; i++) {
-        gp_tensor labels = {0};
-        s = upload_chunk(m, x, y, first, sizes[i], &acts[0], &labels);
-        if (s != GP_OK) break;
-        gp_fwd_ctx ctx = {.training = true, .recompute = false, .seed = cfg->train.seed,
-                          .step = (uint64_t)m->step, .sample_offset = first,
-                          .batch_total = n};
+        ref_mb *r = &mbs[i];
+        offs[i] = first;
+        r->acts = calloc((size_t)L + 1, sizeof *r->acts);
+        r->saved = calloc((size_t)L, sizeof *r->saved);
+        if (!r->acts || !r->saved) {
+            s = gp_error_set(GP_ERR_OOM, "out of host memory");
+            break;
+        }
+        s = upload_chunk(m, x, y, first, sizes[i], &r->acts[0], &r->labels);
+        gp_fwd_ctx ctx = {.training = true, .seed = cfg->train.seed, .step = (uint64_t)m->step,
+                          .sample_offset = first, .batch_total = n};
         gp_loss_out lo = {0};
-        s = run_microbatch(m, &ctx, acts, saved, &labels, &lo, i);
-        gp_tensor_free(&acts[0]);
-        gp_tensor_free(&labels);
+        if (s == GP_OK) s = ref_forward(m, &ctx, r, &lo, i);
         loss_sum += lo.loss_sum;
         correct += lo.correct;
         first += sizes[i];
     }
-    free(acts);
-    free(saved);
+    for (int i = chunks - 1; i >= 0 && s == GP_OK; i--) {
+        gp_fwd_ctx ctx = {.training = true, .seed = cfg->train.seed, .step = (uint64_t)m->step,
+                          .sample_offset = offs[i], .batch_total = n};
+        s = ref_backward(m, &ctx, &mbs[i]);
+    }
+    for (int i = 0; i < chunks; i++) ref_mb_free(&mbs[i], L);
+    free(mbs);
     if (s == GP_OK)
         for (int k = 0; k < L && s == GP_OK; k++)
             if (m->layers[k].ops->commit) s = m->layers[k].ops->commit(&m->layers[k]);

@@ -73,10 +73,13 @@ typedef struct gp_step_stats {
     double lr;
 } gp_step_stats;
 
-/* One optimizer step on a host batch (x: (n, C, H, W), y: (n) class ids):
- * the batch is split into `chunks` micro-batches (see gp_microbatch_split),
- * forward and backward run per micro-batch with gradients accumulating,
- * batch-norm running statistics commit once, then the SGD update with `lr`.
+/* One optimizer step on a host batch (x: (n, C, H, W), y: (n) class ids)
+ * on a single device, without threads: the reference every pipelined run is
+ * checked against.  The batch is split into `chunks` micro-batches
+ * (gp_microbatch_split); all forwards run first, then the backwards from
+ * the last micro-batch to the first (GPipe's order on one device, so the
+ * gradient sums add up in the same order as on a pipeline stage);
+ * batch-norm running statistics commit once; then the SGD update with `lr`.
  * A non-finite loss is GP_ERR_NUMERIC naming the step and micro-batch. */
 gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
                               const float *y, int64_t n, int chunks, double lr,

@@ -1,0 +1,308 @@
+/*
+ * test_pipeline.c — the pipeline against the single-device reference.
+ *
+ *   - transparency: n in {1,2,3,4} devices x m in {1,2,3,4,7} x every
+ *     checkpoint mode x lockstep on/off, on an MLP with dropout and on a
+ *     convnet with batch norm: one step gives the same loss and the same
+ *     gradient for every parameter as gp_model_train_step with the same
+ *     micro-batches, bit for bit (every device runs 1 math thread, so the
+ *     kernels' reduction order is the same, and gradients accumulate in the
+ *     same micro-batch order); after 5 steps the parameters are identical;
+ *   - deferred batch norm: running statistics after one step equal those of
+ *     full-batch BN within 1e-5, for even and uneven splits;
+ *   - checkpointing: peak activation memory per device always < except_last
+ *     < never, measured from the allocators;
+ *   - failures: a fault injected in each stage position and instruction kind
+ *     stops the step on every worker, names device, stage and micro-batch,
+ *     returns promptly, frees the step's memory, and the next step works;
+ *     out of memory on a capped device names the device.
+ * Runs under ThreadSanitizer in CI (label "threads").
+ */
+#include "pipeline/pipeline.h"
+#include "train/train.h"
+#include "test.h"
+
+enum { BATCH = 14 };
+
+static gp_layer_spec specs[16];
+
+static gp_config make_cfg(bool convnet)
+{
+    gp_config c;
+    memset(&c, 0, sizeof c);
+    snprintf(c.path, sizeof c.path, "test");
+    int n = 0;
+    if (convnet) {
+        specs[n] = gp_layer_spec_default(GP_LAYER_CONV2D);
+        specs[n].out = 4; specs[n].kernel = 3; specs[n].padding = 1; n++;
+        specs[n++] = gp_layer_spec_default(GP_LAYER_BATCHNORM);
+        specs[n++] = gp_layer_spec_default(GP_LAYER_RELU);
+        specs[n] = gp_layer_spec_default(GP_LAYER_MAXPOOL2D);
+        specs[n].kernel = 2; specs[n].stride = 2; n++;
+        specs[n] = gp_layer_spec_default(GP_LAYER_CONV2D);
+        specs[n].out = 6; specs[n].kernel = 3; specs[n].padding = 1; n++;
+        specs[n++] = gp_layer_spec_default(GP_LAYER_BATCHNORM);
+        specs[n++] = gp_layer_spec_default(GP_LAYER_RELU);
+        specs[n++] = gp_layer_spec_default(GP_LAYER_FLATTEN);
+        specs[n] = gp_layer_spec_default(GP_LAYER_LINEAR); specs[n].out = 5; n++;
+        c.model.input[0] = 2; c.model.input[1] = 6; c.model.input[2] = 6;
+    } else {
+        specs[n++] = gp_layer_spec_default(GP_LAYER_FLATTEN);
+        specs[n] = gp_layer_spec_default(GP_LAYER_LINEAR); specs[n].out = 12; n++;
+        specs[n++] = gp_layer_spec_default(GP_LAYER_RELU);
+        specs[n] = gp_layer_spec_default(GP_LAYER_DROPOUT); specs[n].p = 0.3f; n++;
+        specs[n] = gp_layer_spec_default(GP_LAYER_LINEAR); specs[n].out = 10; n++;
+        specs[n++] = gp_layer_spec_default(GP_LAYER_RELU);
+        specs[n] = gp_layer_spec_default(GP_LAYER_LINEAR); specs[n].out = 5; n++;
+        c.model.input[0] = 1; c.model.input[1] = 4; c.model.input[2] = 4;
+    }
+    c.model.layers = specs;
+    c.model.n_layers = n;
+    c.train.seed = 3;
+    c.train.batch_size = BATCH;
+    c.train.optim.lr = 0.05f;
+    c.train.optim.momentum = 0.9f;
+    c.train.optim.weight_decay = 1e-3f;
+    c.pipeline.chunks = 1;
+    c.pipeline.lockstep = true;
+    return c;
+}
+
+static gp_device *devs[4];
+
+static void open_devs(void)
+{
+    gp_device_opts o = {.threads = 1};
+    char name[16];
+    for (int j = 0; j < 4; j++) {
+        snprintf(name, sizeof name, "cpu:%d", j);
+        CHECK_OK(gp_device_open(name, &o, &devs[j]));
+    }
+    gp_device_bind_thread(devs[0]);
+}
+
+static void make_batch(const gp_config *c, int step, float *x, float *y)
+{
+    int64_t per = c->model.input[0] * c->model.input[1] * c->model.input[2];
+    gp_rng_uniform_fill(11, (uint64_t)step, 0, x, BATCH * per);
+    for (int64_t q = 0; q < BATCH * per; q++) x[q] = x[q] * 2 - 1;
+    for (int i = 0; i < BATCH; i++) y[i] = (float)((i * 7 + step) % 5);
+}
+
+/* All parameters (values or grads) of a model, flattened to the host. */
+static float *gather(gp_model *m, bool grads, int64_t *count)
+{
+    int64_t n = 0;
+    for (int k = 0; k < m->n_layers; k++)
+        for (int p = 0; p < m->layers[k].n_params; p++) n += gp_tensor_numel(&m->layers[k].params[p].value);
+    float *h = calloc((size_t)n, sizeof *h);
+    int64_t off = 0;
+    for (int k = 0; k < m->n_layers; k++)
+        for (int p = 0; p < m->layers[k].n_params; p++) {
+            gp_param *pr = &m->layers[k].params[p];
+            gp_tensor *t = grads ? &pr->grad : &pr->value;
+            int64_t c = gp_tensor_numel(&pr->value);
+            if (t->data) gp_dev_download(t->dev, h + off, t->data, c);
+            off += c;
+        }
+    *count = n;
+    return h;
+}
+
+static void split_even(int L, int n, int *bal)
+{
+    for (int j = 0; j < n; j++) bal[j] = L / n + (j < L % n ? 1 : 0);
+}
+
+static int transparency_failures;
+
+static void transparency(bool convnet, int n, int m, gp_checkpoint_mode ck, bool lockstep)
+{
+    gp_config c = make_cfg(convnet);
+    c.pipeline.chunks = m;
+    c.pipeline.checkpoint = ck;
+    c.pipeline.lockstep = lockstep;
+    int bal[4];
+    split_even(c.model.n_layers, n, bal);
+    gp_model ref, pip;
+    if (gp_model_build(&c, devs[0], &ref) != GP_OK ||
+        gp_model_build_placed(&c, devs, n, bal, &pip) != GP_OK) {
+        CHECK_MSG(0, "build: %s", gp_last_error());
+        return;
+    }
+    enum { PER = 72 };
+    float x[BATCH * PER], y[BATCH];
+    bool same_loss = true, same_grads = true, same_params = true;
+    for (int step = 0; step < 5; step++) {
+        make_batch(&c, step, x, y);
+        gp_step_stats a, b;
+        gp_status s1 = gp_model_train_step(&ref, &c, x, y, BATCH, m, 0.05, &a);
+        gp_status s2 = gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, &b);
+        if (s1 != GP_OK || s2 != GP_OK) {
+            CHECK_MSG(0, "step: %s", gp_last_error());
+            break;
+        }
+        if (a.loss != b.loss || a.accuracy != b.accuracy) same_loss = false;
+        if (step == 0) {
+            int64_t na, nb;
+            float *ga = gather(&ref, true, &na), *gb = gather(&pip, true, &nb);
+            if (na != nb || memcmp(ga, gb, (size_t)na * sizeof *ga)) same_grads = false;
+            free(ga);
+            free(gb);
+        }
+    }
+    int64_t na, nb;
+    float *pa = gather(&ref, false, &na), *pb = gather(&pip, false, &nb);
+    if (na != nb || memcmp(pa, pb, (size_t)na * sizeof *pa)) same_params = false;
+    free(pa);
+    free(pb);
+    if (!(same_loss && same_grads && same_params)) transparency_failures++;
+    CHECK_MSG(same_loss && same_grads && same_params,
+              "%s n=%d m=%d ckpt=%s lockstep=%d: loss %s, grads %s, params %s",
+              convnet ? "convnet" : "mlp", n, m, gp_checkpoint_mode_name(ck), lockstep,
+              same_loss ? "same" : "DIFFER", same_grads ? "same" : "DIFFER",
+              same_params ? "same" : "DIFFER");
+    gp_model_free(&ref);
+    gp_model_free(&pip);
+}
+
+/* Running statistics of the first BN after one step, chunked pipeline vs
+ * the full batch (m = 1). */
+static void deferred_bn(int m)
+{
+    gp_config c = make_cfg(true);
+    int bal[2];
+    split_even(c.model.n_layers, 2, bal);
+    gp_model full, pip;
+    CHECK_OK(gp_model_build(&c, devs[0], &full));
+    c.pipeline.chunks = m;
+    CHECK_OK(gp_model_build_placed(&c, devs, 2, bal, &pip));
+    float x[BATCH * 72], y[BATCH];
+    make_batch(&c, 0, x, y);
+    CHECK_OK(gp_model_train_step(&full, &c, x, y, BATCH, 1, 0.05, NULL));
+    CHECK_OK(gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, NULL));
+    gp_layer *a = &full.layers[1], *b = &pip.layers[1];
+    bool found = false;
+    for (int p = 0; p < a->n_params; p++) {
+        if (!a->params[p].is_buffer) continue;
+        found = true;
+        float va[16], vb[16];
+        int64_t cnt = gp_tensor_numel(&a->params[p].value);
+        gp_dev_download(a->dev, va, a->params[p].value.data, cnt);
+        gp_dev_download(b->dev, vb, b->params[p].value.data, cnt);
+        double maxd = 0;
+        for (int64_t q = 0; q < cnt; q++) maxd = fmax(maxd, fabs((double)va[q] - vb[q]));
+        CHECK_MSG(maxd <= 1e-5, "m=%d %s differs by %g", m, a->params[p].name, maxd);
+        /* and the statistics moved away from their initial values */
+        double moved = 0;
+        for (int64_t q = 0; q < cnt; q++) moved += fabs(va[q] - (strstr(a->params[p].name, "var") ? 1.0 : 0.0));
+        CHECK_MSG(moved > 1e-4, "running statistic %s did not move", a->params[p].name);
+    }
+    CHECK(found);
+    gp_model_free(&full);
+    gp_model_free(&pip);
+}
+
+/* Peak activation + copy bytes per device for one step. */
+static size_t act_peak(gp_checkpoint_mode ck, int m)
+{
+    gp_config c = make_cfg(true);
+    c.pipeline.chunks = m;
+    c.pipeline.checkpoint = ck;
+    int bal[2];
+    split_even(c.model.n_layers, 2, bal);
+    gp_model pip;
+    if (gp_model_build_placed(&c, devs, 2, bal, &pip) != GP_OK) return 0;
+    float x[BATCH * 72], y[BATCH];
+    make_batch(&c, 0, x, y);
+    for (int j = 0; j < 2; j++) gp_allocator_reset_peak(&devs[j]->alloc);
+    gp_status s = gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, NULL);
+    size_t peak = 0;
+    for (int j = 0; j < 2; j++)
+        peak += devs[j]->alloc.peak_by[GP_MEM_ACTIVATIONS] + devs[j]->alloc.peak_by[GP_MEM_COPIES];
+    gp_model_free(&pip);
+    return s == GP_OK ? peak : 0;
+}
+
+static void checkpoint_memory(void)
+{
+    size_t always = act_peak(GP_CKPT_ALWAYS, 7), except = act_peak(GP_CKPT_EXCEPT_LAST, 7),
+           never = act_peak(GP_CKPT_NEVER, 7);
+    printf("test_pipeline: activation peak (2 devices, m=7): always %zu, except_last %zu, "
+           "never %zu bytes\n", always, except, never);
+    CHECK(always > 0 && always < except && except < never);
+}
+
+static void faults(void)
+{
+    gp_config c = make_cfg(false);
+    c.pipeline.chunks = 3;
+    c.pipeline.checkpoint = GP_CKPT_EXCEPT_LAST;
+    int n = 3, bal[3];
+    split_even(c.model.n_layers, n, bal);
+    gp_model pip;
+    CHECK_OK(gp_model_build_placed(&c, devs, n, bal, &pip));
+    float x[BATCH * 16], y[BATCH];
+    make_batch(&c, 0, x, y);
+    CHECK_OK(gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, NULL)); /* creates it */
+    gp_instr_kind kinds[] = {GP_INSTR_FORWARD, GP_INSTR_BACKWARD, GP_INSTR_RECOMPUTE,
+                             GP_INSTR_RECV_ACT, GP_INSTR_RECV_GRAD};
+    for (int j = 0; j < n; j++)
+        for (int q = 0; q < 5; q++) {
+            gp_instr_kind kd = kinds[q];
+            if (kd == GP_INSTR_RECV_ACT && j == 0) continue;
+            if (kd == GP_INSTR_RECV_GRAD && j == n - 1) continue;
+            int i = 1;
+            gp_pipeline_set_fault(pip.pipe, i, j, kd);
+            double t0 = gp_now();
+            gp_status s = gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, NULL);
+            double dt = gp_now() - t0;
+            char want[64];
+            snprintf(want, sizeof want, "device cpu:%d, stage %d, micro-batch %d", j, j, i);
+            CHECK_MSG(s == GP_ERR_RUNTIME && strstr(gp_last_error(), want) &&
+                          strstr(gp_last_error(), "injected fault"),
+                      "fault %s at (%d,%d): status %s, message '%s'", gp_instr_kind_name(kd), i,
+                      j, gp_status_name(s), gp_last_error());
+            CHECK_MSG(dt < 10.0, "a failed step took %.1f s", dt);
+            for (int d = 0; d < n; d++)
+                CHECK_MSG(devs[d]->alloc.cur_by[GP_MEM_ACTIVATIONS] == 0 &&
+                              devs[d]->alloc.cur_by[GP_MEM_COPIES] == 0,
+                          "device %d holds step memory after a failed step", d);
+        }
+    gp_pipeline_set_fault(pip.pipe, 0, -1, GP_INSTR_FORWARD);
+    CHECK_OK(gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, NULL));
+    gp_model_free(&pip);
+
+    /* Out of memory on a capped device names it. */
+    gp_device_opts o = {.threads = 1, .capacity = 2048};
+    gp_device *small;
+    CHECK_OK(gp_device_open("cpu:7", &o, &small));
+    gp_device *two[2] = {devs[0], small};
+    gp_model big;
+    gp_config cb = make_cfg(false);
+    specs[4].out = 200; /* the second linear layer alone needs 12 x 200 floats */
+    split_even(cb.model.n_layers, 2, bal);
+    CHECK_ERR(gp_model_build_placed(&cb, two, 2, bal, &big), GP_ERR_OOM, "device cpu:7");
+    gp_device_close(small);
+}
+
+int main(void)
+{
+    open_devs();
+    int ns[] = {1, 2, 3, 4}, ms[] = {1, 2, 3, 4, 7};
+    for (int model = 0; model < 2; model++)
+        for (int a = 0; a < 4; a++)
+            for (int b = 0; b < 5; b++)
+                for (int ck = 0; ck < 3; ck++)
+                    for (int ls = 0; ls < 2; ls++)
+                        transparency(model == 1, ns[a], ms[b], (gp_checkpoint_mode)ck, ls == 1);
+    printf("test_pipeline: transparency: %d of %d configurations differ\n", transparency_failures,
+           2 * 4 * 5 * 3 * 2);
+    deferred_bn(2);
+    deferred_bn(4); /* 14 in 4: 4, 4, 3, 3 */
+    deferred_bn(7);
+    checkpoint_memory();
+    faults();
+    for (int j = 0; j < 4; j++) gp_device_close(devs[j]);
+    return gpt_finish("test_pipeline");
+}
