@@ -46,7 +46,9 @@ const char *gp_last_error(void);
 const char *gp_version(void);
 
 /* ---- running a configuration --------------------------------------------
- * The same path gpipe-train takes: load YAML (+ overrides), build, train. */
+ * The same path gpipe-train takes: load YAML (+ overrides), open the
+ * devices, place the model's stages, and train; or drive the steps from your
+ * own loop with your own data. */
 
 typedef struct gp_run gp_run;
 
@@ -54,7 +56,37 @@ typedef struct gp_run gp_run;
  * (value parsed as YAML).  Errors name file:line:column. */
 gp_status gp_run_load(const char *path, const char *const *overrides,
                       int n_overrides, gp_run **out);
+/* The same from YAML text; `name` stands for the file name in messages. */
+gp_status gp_run_parse(const char *name, const char *yaml,
+                       const char *const *overrides, int n_overrides,
+                       gp_run **out);
 void gp_run_free(gp_run *run);
+
+typedef struct gp_metrics {
+    int64_t step;          /* optimizer steps taken so far */
+    double loss;           /* last step: mean training loss */
+    double accuracy;       /* last step: training accuracy */
+    double lr;             /* last step's learning rate */
+    double seconds;        /* last step's wall time */
+    double test_loss;      /* last evaluation (NaN if none) */
+    double test_accuracy;
+} gp_metrics;
+
+/* Open the devices and build the placed model (done by the first step if
+ * not called).  Per-sample input shape and class count are then known. */
+gp_status gp_run_prepare(gp_run *run);
+/* One pipelined optimizer step on your own batch: x is (n, C, H, W) floats
+ * (already normalised), y holds n class ids as floats.  The learning rate
+ * follows the config's schedule over `total_steps` (0: constant lr). */
+gp_status gp_run_step(gp_run *run, const float *x, const float *y, int64_t n,
+                      int64_t total_steps, gp_metrics *out);
+/* Train on the config's data as gpipe-train does (metrics_path may be NULL). */
+gp_status gp_run_train(gp_run *run, const char *metrics_path, gp_metrics *out);
+
+/* Devices of the pipeline and their memory high-water marks in bytes. */
+int gp_run_devices(const gp_run *run);
+gp_status gp_run_device_memory(const gp_run *run, int device, const char **name,
+                               size_t *peak_bytes, size_t *current_bytes);
 
 #ifdef __cplusplus
 }

@@ -113,6 +113,11 @@ typedef struct gp_train_result {
     size_t peak_bytes;         /* device peak */
 } gp_train_result;
 
+/* Open the config's devices (cores split among CPU devices), choose the
+ * balance, and build the placed model.  devs receives n_devices handles
+ * that the caller closes after gp_model_free. */
+gp_status gp_train_open(const gp_config *cfg, gp_device **devs, gp_model *model, bool quiet);
+
 /* Load data, build the model, train and evaluate as the config says. */
 gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts,
                        gp_train_result *res);

@@ -66,8 +66,7 @@ static void close_devices(gp_device **devs, int n)
     for (int j = 0; j < n; j++) gp_device_close(devs[j]);
 }
 
-/* Open devices, choose the balance, build the placed model. */
-static gp_status build(const gp_config *cfg, gp_device **devs, gp_model *model, bool quiet)
+gp_status gp_train_open(const gp_config *cfg, gp_device **devs, gp_model *model, bool quiet)
 {
     int n = cfg->pipeline.n_devices;
     int balance[GP_MAX_DEVICES];
@@ -122,7 +121,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                          cfg->path, (long long)cfg->model.input[0], (long long)cfg->model.input[1],
                          (long long)cfg->model.input[2], train.source, (long long)train.c,
                          (long long)train.h, (long long)train.w);
-    if (s == GP_OK) s = build(cfg, devs, &model, opts->quiet);
+    if (s == GP_OK) s = gp_train_open(cfg, devs, &model, opts->quiet);
     if (s == GP_OK) n_dev = cfg->pipeline.n_devices;
     if (s == GP_OK && model.output.dims[1] < train.classes)
         s = gp_error_set(GP_ERR_INVALID,
@@ -265,7 +264,7 @@ gp_status gp_model_summary(const gp_config *cfg, FILE *f)
     gp_device *devs[GP_MAX_DEVICES] = {0};
     gp_model m = {0};
     int n = cfg->pipeline.n_devices;
-    GP_TRY(build(cfg, devs, &m, true));
+    GP_TRY(gp_train_open(cfg, devs, &m, true));
     int64_t b = cfg->train.batch_size;
     fprintf(f, "model: %d layers, input %lld x %lld x %lld, batch %lld, on %d device%s\n",
             m.n_layers, (long long)cfg->model.input[0], (long long)cfg->model.input[1],
