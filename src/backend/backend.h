@@ -217,6 +217,10 @@ void gp_device_close(gp_device *dev);
 /* The CPU backend's constructor (backend/cpu). */
 gp_status gp_cpu_device_create(int index, const gp_device_opts *opts,
                                gp_device **out);
+/* oneDNN primitives (including reorders) the CPU device `dev` has created so
+ * far: each shape's primitives are built once and cached, so repeated calls
+ * with the same shapes leave this unchanged. */
+int64_t gp_cpu_primitives_created(const gp_device *dev);
 
 /* --- wrappers: what layers call --------------------------------------- */
 

@@ -38,8 +38,8 @@ gp_status gp_device_parse(const char *spec, gp_device_kind *kind, int *index)
 
 gp_status gp_device_open(const char *spec, const gp_device_opts *opts, gp_device **out)
 {
-    gp_device_kind kind;
-    int index;
+    gp_device_kind kind = GP_DEV_CPU;
+    int index = 0;
     GP_TRY(gp_device_parse(spec, &kind, &index));
     gp_device_opts def = {0};
     if (!opts) opts = &def;

@@ -1,0 +1,210 @@
+/*
+ * cpu_device.c — the CPU device: construction, memory, copies, the (trivial)
+ * stream and event model, the workspace arena and the oneDNN error hook.
+ *
+ * A CPU device is a set of math threads driven by one worker thread at a
+ * time.  Operations run synchronously on the calling thread; their OpenMP
+ * regions use dev->threads threads.  libgomp keeps the thread count (the
+ * nthreads-var ICV) per calling thread, so several CPU devices driven by
+ * several worker threads compute at once, each with its own count.
+ * Callers should gp_device_bind_thread() once on the worker thread; every op
+ * also re-checks the count on entry (gp_cpu_enter), so an op called from an
+ * unbound thread is still correct — it then leaves that thread's OpenMP
+ * thread count set to this device's.
+ *
+ * Memory: device memory is host memory, 64-byte aligned (AVX-512 lines);
+ * accounting is done by the gp_dev_alloc wrapper.  The backend's own
+ * scratch (oneDNN temporaries and scratchpads) is one arena per device,
+ * accounted as GP_MEM_WORKSPACE.
+ */
+#include "backend/cpu/cpu_impl.h"
+
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+gp_status gp_cpu_dnnl_error(dnnl_status_t s, const char *call, const char *func,
+                            const char *file, int line)
+{
+    return gp_error_set(GP_ERR_RUNTIME, "oneDNN call %s failed with status %s (%d) in %s() at %s:%d",
+                        call, dnnl_status2str(s), (int)s, func, file, line);
+}
+
+void gp_cpu_enter(gp_device *dev)
+{
+    if (omp_get_max_threads() != dev->threads) omp_set_num_threads(dev->threads);
+}
+
+static void cpu_bind_thread(gp_device *dev) { omp_set_num_threads(dev->threads); }
+
+/* ---- memory --------------------------------------------------------------- */
+
+static gp_status cpu_alloc(gp_device *dev, size_t bytes, void **out)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 1) != 0) {
+        char b[32];
+        return gp_error_set(GP_ERR_OOM, "out of host memory on device %s: could not allocate %s",
+                            dev->name, gp_format_bytes(bytes, b, sizeof b));
+    }
+    *out = p;
+    return GP_OK;
+}
+
+static void cpu_free(gp_device *dev, void *ptr, size_t bytes) { free(ptr); }
+
+gp_status gp_cpu_arena_reserve(gp_device *dev, size_t bytes)
+{
+    gp_cpu_ctx *ctx = gp_cpu_ctx_of(dev);
+    if (bytes <= ctx->arena_bytes) return GP_OK;
+    /* Round up so a sequence of slightly larger shapes does not regrow it
+     * every time. */
+    size_t want = (bytes + ((size_t)1 << 16) - 1) & ~(((size_t)1 << 16) - 1);
+    /* The old contents are dead between ops: free first, keeping peak low. */
+    gp_dev_free(dev, ctx->arena, ctx->arena_bytes, GP_MEM_WORKSPACE);
+    ctx->arena = NULL;
+    ctx->arena_bytes = 0;
+    gp_status s = gp_dev_alloc(dev, want, GP_MEM_WORKSPACE, &ctx->arena);
+    if (s != GP_OK)
+        return gp_error_wrap(s, "device %s: the CPU backend's workspace for oneDNN temporaries",
+                             dev->name);
+    ctx->arena_bytes = want;
+    return GP_OK;
+}
+
+/* ---- transfers: all memory is host memory ---------------------------------- */
+
+static gp_status cpu_copy(gp_device *dev, void *dst, const void *src, size_t bytes)
+{
+    if (bytes && dst != src) memcpy(dst, src, bytes);
+    return GP_OK;
+}
+
+static gp_status cpu_copy_peer(gp_device *dev, void *dst, gp_device *src_dev,
+                               const void *src, size_t bytes)
+{
+    if (src_dev->kind != GP_DEV_CPU)
+        return gp_error_set(GP_ERR_UNSUPPORTED, "device %s: no direct copy from %s",
+                            dev->name, src_dev->name);
+    if (bytes && dst != src) memcpy(dst, src, bytes);
+    return GP_OK;
+}
+
+/* Synchronous backend: when a call returns, its work is done. */
+static gp_status cpu_synchronize(gp_device *dev) { return GP_OK; }
+
+/* ---- lifetime ------------------------------------------------------------- */
+
+static void cpu_destroy(gp_device *dev)
+{
+    gp_cpu_ctx *ctx = gp_cpu_ctx_of(dev);
+    if (ctx) {
+        gp_cpu_cache_destroy(ctx);
+        gp_dev_free(dev, ctx->arena, ctx->arena_bytes, GP_MEM_WORKSPACE);
+        if (ctx->stream) dnnl_stream_destroy(ctx->stream);
+        if (ctx->engine) dnnl_engine_destroy(ctx->engine);
+        free(ctx);
+    }
+    if (dev->alloc.live_blocks != 0)
+        GP_DEBUG("device %s closed with %lld allocations still live", dev->name,
+                 (long long)dev->alloc.live_blocks);
+    gp_allocator_destroy(&dev->alloc);
+    free(dev);
+}
+
+static const gp_device_iface cpu_iface = {
+    .version = GP_DEVICE_IFACE_VERSION,
+    .backend_name = "cpu",
+    .destroy = cpu_destroy,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .bind_thread = cpu_bind_thread,
+    .copy_h2d = cpu_copy,
+    .copy_d2h = cpu_copy,
+    .copy_d2d = cpu_copy,
+    .copy_peer = cpu_copy_peer,
+    .synchronize = cpu_synchronize,
+    .event_create = NULL, /* synchronous: events are host flags */
+    .event_destroy = NULL,
+    .event_record = NULL,
+    .event_wait = NULL,
+    .event_sync = NULL,
+    .fill = gp_cpu_fill,
+    .scale = gp_cpu_scale,
+    .axpy = gp_cpu_axpy,
+    .add = gp_cpu_add,
+    .sumsq = gp_cpu_sumsq,
+    .nonfinite = gp_cpu_nonfinite,
+    .sgd_update = gp_cpu_sgd_update,
+    .gemm = gp_cpu_gemm,
+    .add_bias_rows = gp_cpu_add_bias_rows,
+    .sum_rows = gp_cpu_sum_rows,
+    .conv_fwd = gp_cpu_conv_fwd,
+    .conv_bwd_data = gp_cpu_conv_bwd_data,
+    .conv_bwd_weights = gp_cpu_conv_bwd_weights,
+    .pool_ws_bytes = gp_cpu_pool_ws_bytes,
+    .pool_fwd = gp_cpu_pool_fwd,
+    .pool_bwd = gp_cpu_pool_bwd,
+    .bn_fwd_train = gp_cpu_bn_fwd_train,
+    .bn_fwd_infer = gp_cpu_bn_fwd_infer,
+    .bn_bwd = gp_cpu_bn_bwd,
+    .relu_fwd = gp_cpu_relu_fwd,
+    .relu_bwd = gp_cpu_relu_bwd,
+    .log_softmax = gp_cpu_log_softmax,
+    .xent = gp_cpu_xent,
+    .dropout_mask = gp_cpu_dropout_mask,
+    .mul = gp_cpu_mul,
+};
+
+static cpu_conv_layout conv_layout_from_env(void)
+{
+    /* A tuning knob for benchmarks: GPIPE_CPU_CONV=auto|plain|blocked. */
+    const char *e = getenv("GPIPE_CPU_CONV");
+    if (!e || !strcmp(e, "auto")) return CPU_CONV_AUTO;
+    if (!strcmp(e, "plain")) return CPU_CONV_PLAIN;
+    if (!strcmp(e, "blocked")) return CPU_CONV_BLOCKED;
+    GP_WARN("GPIPE_CPU_CONV='%s' is not auto, plain or blocked; using auto", e);
+    return CPU_CONV_AUTO;
+}
+
+gp_status gp_cpu_device_create(int index, const gp_device_opts *opts, gp_device **out)
+{
+    *out = NULL;
+    gp_device_opts def = {0};
+    if (!opts) opts = &def;
+    if (opts->threads < 0)
+        return gp_error_set(GP_ERR_INVALID, "device cpu:%d: threads must be >= 0 (0 = all cores), got %d",
+                            index, opts->threads);
+    gp_device *dev = calloc(1, sizeof *dev);
+    gp_cpu_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!dev || !ctx) {
+        free(dev);
+        free(ctx);
+        return gp_error_set(GP_ERR_OOM, "out of host memory creating device cpu:%d", index);
+    }
+    dev->iface = &cpu_iface;
+    dev->ctx = ctx;
+    dev->kind = GP_DEV_CPU;
+    dev->index = index;
+    snprintf(dev->name, sizeof dev->name, "cpu:%d", index);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    dev->threads = opts->threads > 0 ? opts->threads : (cores > 0 ? (int)cores : 1);
+    gp_allocator_init(&dev->alloc, dev->name, opts->capacity);
+    ctx->conv_layout = conv_layout_from_env();
+
+    gp_status st = GP_OK;
+    GP_DNNL(dnnl_engine_create(&ctx->engine, dnnl_cpu, 0));
+    GP_DNNL(dnnl_stream_create(&ctx->stream, ctx->engine, dnnl_stream_default_flags));
+    *out = dev;
+    return GP_OK;
+fail:
+    cpu_destroy(dev);
+    return gp_error_wrap(st, "device cpu:%d", index);
+}
+
+int64_t gp_cpu_primitives_created(const gp_device *dev)
+{
+    GP_ASSERT(dev && dev->kind == GP_DEV_CPU);
+    return ((const gp_cpu_ctx *)dev->ctx)->prims_created;
+}

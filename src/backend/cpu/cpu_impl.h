@@ -1,0 +1,184 @@
+/*
+ * cpu_impl.h — shared inside the CPU backend (the .c files of backend/cpu): the device
+ * context, the primitive cache and the oneDNN check macro.
+ *
+ * Context ownership: gp_cpu_ctx belongs to its gp_device and is driven by
+ * the device's one worker thread at a time (backend.h), so the cache and the
+ * workspace arena need no lock.  Every byte the backend keeps (the arena) is
+ * allocated through gp_dev_alloc with category GP_MEM_WORKSPACE.
+ *
+ * Primitive cache.  Each oneDNN operation (convolution, pooling, batch norm,
+ * log-softmax) is built once per shape into a cpu_op: the primitive, the
+ * reorders between the interface's plain NCHW layout and whatever layout the
+ * primitive prefers, memory objects without buffers (their handles are set
+ * on every call) and the sizes of the temporaries it needs.  Temporaries and
+ * scratchpads live in one per-device arena, reused by every op: ops run one
+ * after another on the device's thread, so they never overlap.
+ */
+#ifndef GP_CPU_IMPL_H
+#define GP_CPU_IMPL_H
+
+#include "backend/backend.h"
+
+#include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl_debug.h>
+
+/* ---- oneDNN checks ------------------------------------------------------ */
+
+/* Record a failed oneDNN call as GP_ERR_RUNTIME; returns GP_ERR_RUNTIME. */
+gp_status gp_cpu_dnnl_error(dnnl_status_t s, const char *call,
+                            const char *func, const char *file, int line);
+
+/* Check a oneDNN call; on failure record the call text, function, file and
+ * line, set the local `st` and jump to the local label `fail`. */
+#define GP_DNNL(call)                                                         \
+    do {                                                                      \
+        dnnl_status_t gp_dnnl_s_ = (call);                                    \
+        if (gp_dnnl_s_ != dnnl_success) {                                     \
+            st = gp_cpu_dnnl_error(gp_dnnl_s_, #call, __func__, __FILE__,     \
+                                   __LINE__);                                 \
+            goto fail;                                                        \
+        }                                                                     \
+    } while (0)
+
+/* The same for functions without cleanup: return the status. */
+#define GP_DNNL_RET(call)                                                     \
+    do {                                                                      \
+        dnnl_status_t gp_dnnl_s_ = (call);                                    \
+        if (gp_dnnl_s_ != dnnl_success)                                       \
+            return gp_cpu_dnnl_error(gp_dnnl_s_, #call, __func__, __FILE__,   \
+                                     __LINE__);                               \
+    } while (0)
+
+/* ---- cached operations ---------------------------------------------------- */
+
+typedef enum {
+    CPU_OP_CONV_FWD = 1,
+    CPU_OP_CONV_BWD_DATA,
+    CPU_OP_CONV_BWD_WEIGHTS,
+    CPU_OP_POOL_FWD_TRAIN,
+    CPU_OP_POOL_FWD_INFER,
+    CPU_OP_POOL_BWD,
+    CPU_OP_BN_FWD_TRAIN,
+    CPU_OP_BN_FWD_INFER,
+    CPU_OP_BN_BWD,
+    CPU_OP_LOG_SOFTMAX
+} cpu_op_kind;
+
+#define CPU_KEY_LEN 16
+typedef struct cpu_key {
+    int64_t v[CPU_KEY_LEN]; /* v[0] = cpu_op_kind, then descriptor fields */
+} cpu_key;
+
+/* How an argument's user buffer relates to the primitive's buffer. */
+typedef enum {
+    CPU_ARG_IN = 0,   /* read: reorder user -> inner before the primitive */
+    CPU_ARG_OUT,      /* overwritten: reorder inner -> user after */
+    CPU_ARG_ACCUM     /* accumulated: inner is a temporary, user += inner */
+} cpu_arg_dir;
+
+#define CPU_MAX_ARGS 10
+typedef struct cpu_arg {
+    int arg;                  /* DNNL_ARG_* of the main primitive */
+    int slot;                 /* index into the call's pointer array */
+    cpu_arg_dir dir;
+    dnnl_memory_t user;       /* user layout, handle set per call */
+    dnnl_memory_t inner;      /* primitive layout; == user if no reorder */
+    dnnl_primitive_t reorder; /* NULL if user and inner are the same */
+    size_t off;               /* arena offset of inner when reordered */
+} cpu_arg;
+
+typedef struct cpu_op {
+    cpu_key key;
+    struct cpu_op *next;      /* hash chain */
+    dnnl_primitive_desc_t pd; /* kept as the hint for backward ops */
+    dnnl_primitive_t prim;
+    cpu_arg args[CPU_MAX_ARGS];
+    int nargs;
+    dnnl_memory_t scratch;    /* scratchpad of prim and reorders (at 0) */
+    size_t scratch_bytes;
+    size_t arena_need;        /* bytes of arena the op uses */
+    size_t ws_bytes;          /* pooling workspace (user memory) */
+} cpu_op;
+
+#define CPU_CACHE_BUCKETS 128
+
+/* Conv layout policy (see cpu_dnnl.c): auto chooses per shape. */
+typedef enum { CPU_CONV_AUTO = 0, CPU_CONV_PLAIN, CPU_CONV_BLOCKED } cpu_conv_layout;
+
+typedef struct gp_cpu_ctx {
+    dnnl_engine_t engine;
+    dnnl_stream_t stream;
+    cpu_op *buckets[CPU_CACHE_BUCKETS];
+    int64_t prims_created;    /* oneDNN primitives created (incl. reorders) */
+    void *arena;              /* GP_MEM_WORKSPACE, 4096-aligned */
+    size_t arena_bytes;
+    cpu_conv_layout conv_layout;
+} gp_cpu_ctx;
+
+static inline gp_cpu_ctx *gp_cpu_ctx_of(gp_device *dev) { return (gp_cpu_ctx *)dev->ctx; }
+
+/* Set the calling thread's OpenMP thread count to the device's (cheap when
+ * already right).  Every op calls it first, so an op is correct even on a
+ * thread that never called gp_device_bind_thread. */
+void gp_cpu_enter(gp_device *dev);
+
+/* Grow the arena to at least `bytes` (accounted as GP_MEM_WORKSPACE). */
+gp_status gp_cpu_arena_reserve(gp_device *dev, size_t bytes);
+
+/* Free every cached op (device destruction). */
+void gp_cpu_cache_destroy(gp_cpu_ctx *ctx);
+
+/* The iface slots implemented in cpu_dnnl.c and cpu_math.c. */
+gp_status gp_cpu_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x,
+                          const float *w, const float *b, float *y);
+gp_status gp_cpu_conv_bwd_data(gp_device *dev, const gp_conv_desc *d,
+                               const float *w, const float *dy, float *dx);
+gp_status gp_cpu_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d,
+                                  const float *x, const float *dy, float *dw,
+                                  float *db);
+size_t gp_cpu_pool_ws_bytes(gp_device *dev, const gp_pool_desc *d);
+gp_status gp_cpu_pool_fwd(gp_device *dev, const gp_pool_desc *d, const float *x,
+                          float *y, void *ws);
+gp_status gp_cpu_pool_bwd(gp_device *dev, const gp_pool_desc *d, const float *x,
+                          const float *y, const float *dy, float *dx, const void *ws);
+gp_status gp_cpu_bn_fwd_train(gp_device *dev, const gp_bn_desc *d, const float *x,
+                              const float *gamma, const float *beta, float *y,
+                              float *mean, float *var);
+gp_status gp_cpu_bn_fwd_infer(gp_device *dev, const gp_bn_desc *d, const float *x,
+                              const float *gamma, const float *beta,
+                              const float *mean, const float *var, float *y);
+gp_status gp_cpu_bn_bwd(gp_device *dev, const gp_bn_desc *d, const float *x,
+                        const float *gamma, const float *mean, const float *var,
+                        const float *dy, float *dx, float *dgamma, float *dbeta);
+gp_status gp_cpu_log_softmax(gp_device *dev, const float *x, float *y,
+                             int64_t rows, int64_t cols);
+
+gp_status gp_cpu_fill(gp_device *dev, float *x, float v, int64_t n);
+gp_status gp_cpu_scale(gp_device *dev, float *x, float a, int64_t n);
+gp_status gp_cpu_axpy(gp_device *dev, float a, const float *x, float *y, int64_t n);
+gp_status gp_cpu_add(gp_device *dev, const float *a, const float *b, float *y, int64_t n);
+gp_status gp_cpu_sumsq(gp_device *dev, const float *x, int64_t n, double *out);
+gp_status gp_cpu_nonfinite(gp_device *dev, const float *x, int64_t n, int *out);
+gp_status gp_cpu_sgd_update(gp_device *dev, float *w, const float *g, float *v,
+                            int64_t n, float lr, float mu, float wd, int nesterov);
+gp_status gp_cpu_gemm(gp_device *dev, int trans_a, int trans_b, int64_t m,
+                      int64_t n, int64_t k, float alpha, const float *a,
+                      int64_t lda, const float *b, int64_t ldb, float beta,
+                      float *c, int64_t ldc);
+gp_status gp_cpu_add_bias_rows(gp_device *dev, float *y, const float *bias,
+                               int64_t rows, int64_t cols);
+gp_status gp_cpu_sum_rows(gp_device *dev, const float *dy, float *db,
+                          int64_t rows, int64_t cols);
+gp_status gp_cpu_relu_fwd(gp_device *dev, const float *x, float *y, int64_t n);
+gp_status gp_cpu_relu_bwd(gp_device *dev, const float *y, const float *dy,
+                          float *dx, int64_t n);
+gp_status gp_cpu_xent(gp_device *dev, const float *logits, const float *labels,
+                      int64_t rows, int64_t cols, float scale, float *dlogits,
+                      double *loss_sum, int64_t *correct, int64_t *bad_row);
+gp_status gp_cpu_dropout_mask(gp_device *dev, float *mask, int64_t n, float p,
+                              uint64_t seed, uint64_t stream, uint64_t first);
+gp_status gp_cpu_mul(gp_device *dev, const float *a, const float *b, float *y,
+                     int64_t n);
+
+#endif /* GP_CPU_IMPL_H */

@@ -1,0 +1,207 @@
+/*
+ * cpu_math.c — the CPU backend's elementwise ops, reductions, gemm,
+ * cross-entropy and dropout masks.
+ *
+ * Loops are OpenMP `parallel for` with the device's thread count and a
+ * static schedule (so reductions are reproducible for a given thread
+ * count); the arithmetic of each element or row is in backend/elementwise.h,
+ * shared with the other backends.  Small arrays run on one thread: waking
+ * the team costs more than the work.  gemm is oneDNN's JIT sgemm.
+ */
+#include "backend/cpu/cpu_impl.h"
+#include "backend/elementwise.h"
+
+#include <omp.h>
+#include <string.h>
+
+/* Below this many elements a loop runs on the calling thread alone. */
+#define CPU_PAR_MIN 32768
+
+gp_status gp_cpu_fill(gp_device *dev, float *x, float v, int64_t n)
+{
+    int nt = dev->threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) x[i] = v;
+    return GP_OK;
+}
+
+gp_status gp_cpu_scale(gp_device *dev, float *x, float a, int64_t n)
+{
+    int nt = dev->threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) x[i] *= a;
+    return GP_OK;
+}
+
+gp_status gp_cpu_axpy(gp_device *dev, float a, const float *x, float *y, int64_t n)
+{
+    int nt = dev->threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+    return GP_OK;
+}
+
+gp_status gp_cpu_add(gp_device *dev, const float *a, const float *b, float *y, int64_t n)
+{
+    int nt = dev->threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i];
+    return GP_OK;
+}
+
+gp_status gp_cpu_mul(gp_device *dev, const float *a, const float *b, float *y, int64_t n)
+{
+    int nt = dev->threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) y[i] = a[i] * b[i];
+    return GP_OK;
+}
+
+gp_status gp_cpu_sumsq(gp_device *dev, const float *x, int64_t n, double *out)
+{
+    int nt = dev->threads;
+    double s = 0.0;
+#pragma omp parallel for schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN) reduction(+ : s)
+    for (int64_t i = 0; i < n; i++) s += (double)x[i] * (double)x[i];
+    *out = s;
+    return GP_OK;
+}
+
+gp_status gp_cpu_nonfinite(gp_device *dev, const float *x, int64_t n, int *out)
+{
+    int nt = dev->threads;
+    int bad = 0;
+#pragma omp parallel for schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN) reduction(| : bad)
+    for (int64_t i = 0; i < n; i++) bad |= gp_ew_nonfinite(x[i]);
+    *out = bad;
+    return GP_OK;
+}
+
+gp_status gp_cpu_sgd_update(gp_device *dev, float *w, const float *g, float *v,
+                            int64_t n, float lr, float mu, float wd, int nesterov)
+{
+    int nt = dev->threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) gp_ew_sgd(&w[i], g[i], &v[i], lr, mu, wd, nesterov);
+    return GP_OK;
+}
+
+gp_status gp_cpu_relu_fwd(gp_device *dev, const float *x, float *y, int64_t n)
+{
+    int nt = dev->threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) y[i] = gp_ew_relu(x[i]);
+    return GP_OK;
+}
+
+gp_status gp_cpu_relu_bwd(gp_device *dev, const float *y, const float *dy,
+                          float *dx, int64_t n)
+{
+    int nt = dev->threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) dx[i] = gp_ew_relu_bwd(y[i], dy[i]);
+    return GP_OK;
+}
+
+gp_status gp_cpu_add_bias_rows(gp_device *dev, float *y, const float *bias,
+                               int64_t rows, int64_t cols)
+{
+    int nt = dev->threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * cols >= CPU_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        float *yr = y + r * cols;
+        for (int64_t j = 0; j < cols; j++) yr[j] += bias[j];
+    }
+    return GP_OK;
+}
+
+/* Columns per task of sum_rows: the partial sums stay in registers / L1. */
+#define CPU_SUM_COLS 64
+
+gp_status gp_cpu_sum_rows(gp_device *dev, const float *dy, float *db,
+                          int64_t rows, int64_t cols)
+{
+    int nt = dev->threads;
+    int64_t blocks = (cols + CPU_SUM_COLS - 1) / CPU_SUM_COLS;
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * cols >= CPU_PAR_MIN)
+    for (int64_t b = 0; b < blocks; b++) {
+        int64_t j0 = b * CPU_SUM_COLS;
+        int64_t nj = cols - j0 < CPU_SUM_COLS ? cols - j0 : CPU_SUM_COLS;
+        double acc[CPU_SUM_COLS] = {0};
+        for (int64_t r = 0; r < rows; r++) {
+            const float *row = dy + r * cols + j0;
+            for (int64_t j = 0; j < nj; j++) acc[j] += (double)row[j];
+        }
+        for (int64_t j = 0; j < nj; j++) db[j0 + j] += (float)acc[j];
+    }
+    return GP_OK;
+}
+
+gp_status gp_cpu_gemm(gp_device *dev, int trans_a, int trans_b, int64_t m,
+                      int64_t n, int64_t k, float alpha, const float *a,
+                      int64_t lda, const float *b, int64_t ldb, float beta,
+                      float *c, int64_t ldc)
+{
+    if (m == 0 || n == 0) return GP_OK;
+    if (k == 0) {
+        /* op(A) op(B) is zero: C = beta * C (beta == 0 overwrites NaNs too). */
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++)
+                c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+        return GP_OK;
+    }
+    gp_cpu_enter(dev);
+    GP_DNNL_RET(dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha,
+                           a, lda, b, ldb, beta, c, ldc));
+    return GP_OK;
+}
+
+gp_status gp_cpu_xent(gp_device *dev, const float *logits, const float *labels,
+                      int64_t rows, int64_t cols, float scale, float *dlogits,
+                      double *loss_sum, int64_t *correct, int64_t *bad_row)
+{
+    *loss_sum = 0.0;
+    *correct = 0;
+    *bad_row = -1;
+    for (int64_t r = 0; r < rows; r++)
+        if (!gp_ew_label_ok(labels[r], cols)) {
+            *bad_row = r;
+            return GP_OK;
+        }
+    if (cols <= 0) return GP_OK;
+    int nt = dev->threads;
+    double loss = 0.0;
+    int64_t hits = 0;
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * cols >= CPU_PAR_MIN) \
+    reduction(+ : loss, hits)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *x = logits + r * cols;
+        int64_t label = (int64_t)labels[r], argmax;
+        float max = gp_ew_row_max(x, cols, &argmax);
+        double lse = gp_ew_row_logsumexp(x, cols, max);
+        loss += gp_ew_xent_loss(x, label, max, lse);
+        hits += argmax == label;
+        if (dlogits) gp_ew_xent_grad_row(x, cols, label, max, lse, scale, dlogits + r * cols);
+    }
+    *loss_sum = loss;
+    *correct = hits;
+    return GP_OK;
+}
+
+/* Elements per dropout task: a multiple of 4 so each Philox call serves
+ * four consecutive elements. */
+#define CPU_DROPOUT_CHUNK 4096
+
+gp_status gp_cpu_dropout_mask(gp_device *dev, float *mask, int64_t n, float p,
+                              uint64_t seed, uint64_t stream, uint64_t first)
+{
+    int nt = dev->threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN)
+    for (int64_t c0 = 0; c0 < n; c0 += CPU_DROPOUT_CHUNK) {
+        int64_t len = n - c0 < CPU_DROPOUT_CHUNK ? n - c0 : CPU_DROPOUT_CHUNK;
+        float *m = mask + c0;
+        gp_rng_uniform_fill(seed, stream, first + (uint64_t)c0, m, len);
+        for (int64_t i = 0; i < len; i++) m[i] = gp_ew_dropout(m[i], p);
+    }
+    return GP_OK;
+}

@@ -1,0 +1,100 @@
+/*
+ * elementwise.h — the per-element (and per-row) arithmetic of the simple
+ * device ops, as static inline functions over plain scalars and pointers.
+ *
+ * Every backend runs its own loop (OpenMP on the CPU, one thread per element
+ * or per row in CUDA kernels) around these bodies, so all backends share the
+ * exact same float arithmetic, operation for operation.  Nothing here may
+ * touch a global, allocate, or call a library function other than <math.h>;
+ * a CUDA build includes this header with GP_EW_FN defined as
+ * `static inline __host__ __device__`.
+ *
+ * Ownership: none; callers own every pointer passed in.
+ */
+#ifndef GP_ELEMENTWISE_H
+#define GP_ELEMENTWISE_H
+
+#include <math.h>
+#include <stdint.h>
+
+#ifndef GP_EW_FN
+#define GP_EW_FN static inline
+#endif
+
+/* ---- activations and products ----------------------------------------- */
+
+GP_EW_FN float gp_ew_relu(float x) { return x > 0.0f ? x : 0.0f; }
+
+/* dx = dy * (y > 0), y being relu's output. */
+GP_EW_FN float gp_ew_relu_bwd(float y, float dy) { return y > 0.0f ? dy : 0.0f; }
+
+GP_EW_FN int gp_ew_nonfinite(float x) { return !isfinite(x); }
+
+/* ---- optimizer ---------------------------------------------------------- */
+
+/* SGD with momentum, PyTorch's formulation (dampening 0):
+ *   g' = g + wd * w;  v = mu * v + g';  w -= lr * (nesterov ? g' + mu * v : v)
+ * With v = 0 on the first step this equals PyTorch's "buffer = g'" start. */
+GP_EW_FN void gp_ew_sgd(float *w, float g, float *v, float lr, float mu,
+                        float wd, int nesterov)
+{
+    float gg = g + wd * *w;
+    float vv = mu * *v + gg;
+    *v = vv;
+    *w -= lr * (nesterov ? gg + mu * vv : vv);
+}
+
+/* ---- dropout ------------------------------------------------------------ */
+
+/* Mask value for uniform u in [0, 1): kept elements are scaled by 1/(1-p) so
+ * the expectation is unchanged; p >= 1 drops everything (u < 1 always). */
+GP_EW_FN float gp_ew_dropout(float u, float p)
+{
+    return u >= p ? 1.0f / (1.0f - p) : 0.0f;
+}
+
+/* ---- cross-entropy, one row of logits (cols classes) -------------------- */
+
+/* Row maximum and the first index that attains it. */
+GP_EW_FN float gp_ew_row_max(const float *x, int64_t cols, int64_t *argmax)
+{
+    float m = x[0];
+    int64_t a = 0;
+    for (int64_t j = 1; j < cols; j++)
+        if (x[j] > m) { m = x[j]; a = j; }
+    *argmax = a;
+    return m;
+}
+
+/* log(sum_j exp(x_j - max)) accumulated in double. */
+GP_EW_FN double gp_ew_row_logsumexp(const float *x, int64_t cols, float max)
+{
+    double s = 0.0;
+    for (int64_t j = 0; j < cols; j++) s += exp((double)(x[j] - max));
+    return log(s);
+}
+
+/* -log softmax(x)[label] given the row's max and logsumexp. */
+GP_EW_FN double gp_ew_xent_loss(const float *x, int64_t label, float max,
+                                double lse)
+{
+    return lse - (double)(x[label] - max);
+}
+
+/* d[j] = (softmax(x)_j - [j == label]) * scale. */
+GP_EW_FN void gp_ew_xent_grad_row(const float *x, int64_t cols, int64_t label,
+                                  float max, double lse, float scale, float *d)
+{
+    for (int64_t j = 0; j < cols; j++) {
+        double p = exp((double)(x[j] - max) - lse);
+        d[j] = (float)((p - (j == label ? 1.0 : 0.0)) * (double)scale);
+    }
+}
+
+/* A float label is valid if it is an integer in [0, cols). */
+GP_EW_FN int gp_ew_label_ok(float label, int64_t cols)
+{
+    return label >= 0.0f && label < (float)cols && label == floorf(label);
+}
+
+#endif /* GP_ELEMENTWISE_H */

@@ -1,0 +1,778 @@
+/*
+ * test_backend.c — the CPU backend against naive reference loops (double
+ * precision) on random data with odd sizes: every math slot of the device
+ * interface, the accumulate (+=) vs overwrite (=) conventions, the memory
+ * accounting and OOM message, cross-device copies and the primitive cache.
+ *
+ * Convolutions run on a device with the default layout policy (plain for few
+ * channels, blocked for >= 16) and on one forced to blocked layouts
+ * (GPIPE_CPU_CONV=blocked), so both code paths meet the same oracle.
+ */
+#include "backend/backend.h"
+#include "backend/elementwise.h"
+#include "test.h"
+
+#include <float.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- helpers ---------------------------------------------------------------- */
+
+static uint64_t rng_state = 0x12345678u;
+
+static float frand(void) /* uniform in [-1, 1) */
+{
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((double)(rng_state >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+static float *dalloc(gp_device *dev, int64_t n)
+{
+    void *p = NULL;
+    gp_status s = gp_dev_alloc(dev, (size_t)(n > 0 ? n : 1) * sizeof(float), GP_MEM_ACTIVATIONS, &p);
+    if (s != GP_OK) {
+        fprintf(stderr, "allocation failed: %s\n", gp_last_error());
+        exit(1);
+    }
+    return p;
+}
+
+static void dfree(gp_device *dev, float *p, int64_t n)
+{
+    gp_dev_free(dev, p, (size_t)(n > 0 ? n : 1) * sizeof(float), GP_MEM_ACTIVATIONS);
+}
+
+static float *drand(gp_device *dev, int64_t n)
+{
+    float *h = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) h[i] = frand();
+    float *d = dalloc(dev, n);
+    gp_dev_upload(dev, d, h, n);
+    free(h);
+    return d;
+}
+
+/* One check per array: max |got - ref| <= tol * (1 + max |ref|). */
+static void check_close(const char *what, const float *got, const double *ref, int64_t n,
+                        double tol)
+{
+    double maxerr = 0, maxref = 0;
+    int64_t at = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double e = fabs((double)got[i] - ref[i]);
+        if (!(e <= maxerr)) { maxerr = e; at = i; }
+        if (fabs(ref[i]) > maxref) maxref = fabs(ref[i]);
+    }
+    CHECK_MSG(maxerr <= tol * (1.0 + maxref), "%s: max error %.3g at %lld (got %.9g, ref %.9g), "
+              "max |ref| %.3g", what, maxerr, (long long)at, n ? (double)got[at] : 0.0,
+              n ? ref[at] : 0.0, maxref);
+}
+
+static double *dcopy_f(const float *x, int64_t n)
+{
+    double *r = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
+    for (int64_t i = 0; i < n; i++) r[i] = x[i];
+    return r;
+}
+
+/* ---- convolution ------------------------------------------------------------- */
+
+static void ref_conv_fwd(const gp_conv_desc *d, const float *x, const float *w, const float *b,
+                         double *y)
+{
+    for (int64_t n = 0; n < d->n; n++)
+        for (int64_t k = 0; k < d->k; k++)
+            for (int64_t oh = 0; oh < d->oh; oh++)
+                for (int64_t ow = 0; ow < d->ow; ow++) {
+                    double s = d->has_bias ? b[k] : 0.0;
+                    for (int64_t c = 0; c < d->c; c++)
+                        for (int64_t i = 0; i < d->kh; i++)
+                            for (int64_t j = 0; j < d->kw; j++) {
+                                int64_t ih = oh * d->sh - d->ph + i, iw = ow * d->sw - d->pw + j;
+                                if (ih < 0 || ih >= d->h || iw < 0 || iw >= d->w) continue;
+                                s += (double)x[((n * d->c + c) * d->h + ih) * d->w + iw] *
+                                     w[((k * d->c + c) * d->kh + i) * d->kw + j];
+                            }
+                    y[((n * d->k + k) * d->oh + oh) * d->ow + ow] = s;
+                }
+}
+
+/* dx = conv^T(dy, w); dw += ..., db += ... (dw, db hold their start values) */
+static void ref_conv_bwd(const gp_conv_desc *d, const float *x, const float *w, const float *dy,
+                         double *dx, double *dw, double *db)
+{
+    memset(dx, 0, sizeof(double) * (size_t)(d->n * d->c * d->h * d->w));
+    for (int64_t n = 0; n < d->n; n++)
+        for (int64_t k = 0; k < d->k; k++)
+            for (int64_t oh = 0; oh < d->oh; oh++)
+                for (int64_t ow = 0; ow < d->ow; ow++) {
+                    double g = dy[((n * d->k + k) * d->oh + oh) * d->ow + ow];
+                    if (db) db[k] += g;
+                    for (int64_t c = 0; c < d->c; c++)
+                        for (int64_t i = 0; i < d->kh; i++)
+                            for (int64_t j = 0; j < d->kw; j++) {
+                                int64_t ih = oh * d->sh - d->ph + i, iw = ow * d->sw - d->pw + j;
+                                if (ih < 0 || ih >= d->h || iw < 0 || iw >= d->w) continue;
+                                int64_t xi = ((n * d->c + c) * d->h + ih) * d->w + iw;
+                                int64_t wi = ((k * d->c + c) * d->kh + i) * d->kw + j;
+                                dx[xi] += g * w[wi];
+                                dw[wi] += g * x[xi];
+                            }
+                }
+}
+
+static void test_conv_shape(gp_device *dev, int64_t n, int64_t c, int64_t h, int64_t w,
+                            int64_t k, int64_t ker, int64_t stride, int64_t pad, int bias)
+{
+    gp_conv_desc d = {n, c, h, w, k, ker, ker, stride, stride, pad, pad,
+                      (h + 2 * pad - ker) / stride + 1, (w + 2 * pad - ker) / stride + 1, bias};
+    char tag[160];
+    snprintf(tag, sizeof tag, "%s conv n%lld c%lld %lldx%lld k%lld ker%lld s%lld p%lld b%d",
+             dev->name, (long long)n, (long long)c, (long long)h, (long long)w, (long long)k,
+             (long long)ker, (long long)stride, (long long)pad, bias);
+    int64_t nx = n * c * h * w, nw = k * c * ker * ker, ny = n * k * d.oh * d.ow;
+    float *x = drand(dev, nx), *wt = drand(dev, nw), *b = drand(dev, k), *dy = drand(dev, ny);
+    float *y = dalloc(dev, ny), *dx = dalloc(dev, nx), *dw = drand(dev, nw), *db = drand(dev, k);
+    double *ry = malloc(sizeof(double) * (size_t)ny), *rdx = malloc(sizeof(double) * (size_t)nx);
+    double *rdw = dcopy_f(dw, nw), *rdb = dcopy_f(db, k);
+    char what[200];
+
+    /* Garbage in the outputs: "=" must overwrite it. */
+    for (int64_t i = 0; i < ny; i++) y[i] = 1e6f;
+    for (int64_t i = 0; i < nx; i++) dx[i] = -1e6f;
+    CHECK_OK(dev->iface->conv_fwd(dev, &d, x, wt, bias ? b : NULL, y));
+    ref_conv_fwd(&d, x, wt, b, ry);
+    snprintf(what, sizeof what, "%s fwd", tag);
+    check_close(what, y, ry, ny, 1e-5);
+
+    CHECK_OK(dev->iface->conv_bwd_data(dev, &d, wt, dy, dx));
+    CHECK_OK(dev->iface->conv_bwd_weights(dev, &d, x, dy, dw, bias ? db : NULL));
+    ref_conv_bwd(&d, x, wt, dy, rdx, rdw, bias ? rdb : NULL);
+    snprintf(what, sizeof what, "%s bwd_data", tag);
+    check_close(what, dx, rdx, nx, 1e-5);
+    snprintf(what, sizeof what, "%s bwd_weights dw +=", tag);
+    check_close(what, dw, rdw, nw, 1e-5);
+    if (bias) {
+        snprintf(what, sizeof what, "%s bwd_weights db +=", tag);
+        check_close(what, db, rdb, k, 1e-5);
+    }
+
+    /* Accumulation: from zero, two calls give exactly twice one call. */
+    float *dw1 = dalloc(dev, nw), *dw2 = dalloc(dev, nw), *db1 = dalloc(dev, k), *db2 = dalloc(dev, k);
+    dev->iface->fill(dev, dw1, 0.0f, nw);
+    dev->iface->fill(dev, dw2, 0.0f, nw);
+    dev->iface->fill(dev, db1, 0.0f, k);
+    dev->iface->fill(dev, db2, 0.0f, k);
+    int64_t before = gp_cpu_primitives_created(dev);
+    CHECK_OK(dev->iface->conv_bwd_weights(dev, &d, x, dy, dw1, bias ? db1 : NULL));
+    CHECK_OK(dev->iface->conv_bwd_weights(dev, &d, x, dy, dw2, bias ? db2 : NULL));
+    CHECK_OK(dev->iface->conv_bwd_weights(dev, &d, x, dy, dw2, bias ? db2 : NULL));
+    int twice = 1;
+    for (int64_t i = 0; i < nw; i++) twice &= dw2[i] == 2.0f * dw1[i];
+    for (int64_t i = 0; bias && i < k; i++) twice &= db2[i] == 2.0f * db1[i];
+    CHECK_MSG(twice, "%s: two bwd_weights calls != 2 x one call", tag);
+    /* Repeated identical calls reuse the cached primitives. */
+    CHECK_OK(dev->iface->conv_fwd(dev, &d, x, wt, bias ? b : NULL, y));
+    CHECK_OK(dev->iface->conv_bwd_data(dev, &d, wt, dy, dx));
+    CHECK_MSG(gp_cpu_primitives_created(dev) == before, "%s: primitives created %lld -> %lld",
+              tag, (long long)before, (long long)gp_cpu_primitives_created(dev));
+
+    dfree(dev, dw1, nw); dfree(dev, dw2, nw); dfree(dev, db1, k); dfree(dev, db2, k);
+    dfree(dev, x, nx); dfree(dev, wt, nw); dfree(dev, b, k); dfree(dev, dy, ny);
+    dfree(dev, y, ny); dfree(dev, dx, nx); dfree(dev, dw, nw); dfree(dev, db, k);
+    free(ry); free(rdx); free(rdw); free(rdb);
+}
+
+static void test_conv(gp_device *dev)
+{
+    test_conv_shape(dev, 3, 5, 7, 9, 4, 3, 2, 1, 1);
+    test_conv_shape(dev, 3, 5, 7, 9, 4, 1, 1, 0, 0);
+    test_conv_shape(dev, 2, 1, 9, 8, 6, 3, 1, 1, 1);   /* first-layer style */
+    test_conv_shape(dev, 2, 17, 6, 5, 19, 3, 1, 1, 1); /* blocked by default */
+    test_conv_shape(dev, 2, 16, 7, 7, 32, 3, 2, 1, 0);
+    test_conv_shape(dev, 2, 32, 5, 5, 16, 1, 2, 0, 1); /* projection shortcut */
+}
+
+/* ---- pooling ---------------------------------------------------------------------- */
+
+static void test_pool_shape(gp_device *dev, gp_pool_kind kind, int64_t n, int64_t c, int64_t h,
+                            int64_t w, int64_t ker, int64_t stride, int64_t pad)
+{
+    gp_pool_desc d = {n, c, h, w, ker, ker, stride, stride, pad, pad,
+                      (h + 2 * pad - ker) / stride + 1, (w + 2 * pad - ker) / stride + 1, kind};
+    const char *kn = kind == GP_POOL_MAX ? "max" : "avg";
+    int64_t nx = n * c * h * w, ny = n * c * d.oh * d.ow;
+    float *x = drand(dev, nx), *dy = drand(dev, ny), *y = dalloc(dev, ny), *dx = dalloc(dev, nx);
+    double *ry = calloc((size_t)ny, sizeof(double)), *rdx = calloc((size_t)nx, sizeof(double));
+    size_t wsb = dev->iface->pool_ws_bytes(dev, &d);
+    CHECK_MSG(kind == GP_POOL_AVG || wsb > 0, "max pooling needs a workspace");
+    void *ws = NULL;
+    if (wsb) CHECK_OK(gp_dev_alloc(dev, wsb, GP_MEM_ACTIVATIONS, &ws));
+    for (int64_t i = 0; i < nx; i++) dx[i] = 1e6f;
+
+    for (int64_t p = 0; p < n * c; p++)
+        for (int64_t oh = 0; oh < d.oh; oh++)
+            for (int64_t ow = 0; ow < d.ow; ow++) {
+                double best = -DBL_MAX, sum = 0;
+                int64_t arg = -1, cnt = 0;
+                for (int64_t i = 0; i < ker; i++)
+                    for (int64_t j = 0; j < ker; j++) {
+                        int64_t ih = oh * stride - pad + i, iw = ow * stride - pad + j;
+                        if (ih < 0 || ih >= h || iw < 0 || iw >= w) continue;
+                        int64_t xi = (p * h + ih) * w + iw;
+                        if (x[xi] > best) { best = x[xi]; arg = xi; }
+                        sum += x[xi];
+                        cnt++;
+                    }
+                int64_t yi = (p * d.oh + oh) * d.ow + ow;
+                if (kind == GP_POOL_MAX) {
+                    ry[yi] = best;
+                    rdx[arg] += dy[yi];
+                } else {
+                    ry[yi] = sum / (double)cnt;
+                    for (int64_t i = 0; i < ker; i++)
+                        for (int64_t j = 0; j < ker; j++) {
+                            int64_t ih = oh * stride - pad + i, iw = ow * stride - pad + j;
+                            if (ih < 0 || ih >= h || iw < 0 || iw >= w) continue;
+                            rdx[(p * h + ih) * w + iw] += dy[yi] / (double)cnt;
+                        }
+                }
+            }
+    char what[160];
+    CHECK_OK(dev->iface->pool_fwd(dev, &d, x, y, ws));
+    snprintf(what, sizeof what, "%s pool fwd %lldx%lld k%lld s%lld p%lld", kn, (long long)h,
+             (long long)w, (long long)ker, (long long)stride, (long long)pad);
+    check_close(what, y, ry, ny, 1e-6);
+    CHECK_OK(dev->iface->pool_bwd(dev, &d, x, y, dy, dx, ws));
+    snprintf(what, sizeof what, "%s pool bwd %lldx%lld k%lld s%lld p%lld", kn, (long long)h,
+             (long long)w, (long long)ker, (long long)stride, (long long)pad);
+    check_close(what, dx, rdx, nx, 1e-6);
+    /* Inference forward (no workspace) gives the same y. */
+    float *y2 = dalloc(dev, ny);
+    CHECK_OK(dev->iface->pool_fwd(dev, &d, x, y2, NULL));
+    CHECK(memcmp(y, y2, (size_t)ny * sizeof(float)) == 0);
+    dfree(dev, y2, ny);
+    if (ws) gp_dev_free(dev, ws, wsb, GP_MEM_ACTIVATIONS);
+    dfree(dev, x, nx); dfree(dev, dy, ny); dfree(dev, y, ny); dfree(dev, dx, nx);
+    free(ry); free(rdx);
+}
+
+static void test_pool(gp_device *dev)
+{
+    test_pool_shape(dev, GP_POOL_MAX, 3, 5, 7, 9, 2, 2, 0);
+    test_pool_shape(dev, GP_POOL_MAX, 2, 3, 7, 9, 3, 2, 1);
+    test_pool_shape(dev, GP_POOL_AVG, 3, 5, 7, 9, 2, 2, 0);
+    test_pool_shape(dev, GP_POOL_AVG, 2, 3, 7, 9, 3, 2, 1);
+    test_pool_shape(dev, GP_POOL_AVG, 2, 3, 5, 5, 3, 1, 1);
+}
+
+/* ---- batch norm ------------------------------------------------------------------- */
+
+static void test_bn_shape(gp_device *dev, int64_t n, int64_t c, int64_t s)
+{
+    gp_bn_desc d = {n, c, s, 1e-5f};
+    int64_t nx = n * c * s;
+    float *x = drand(dev, nx), *dy = drand(dev, nx), *g = drand(dev, c), *b = drand(dev, c);
+    for (int64_t i = 0; i < nx; i++) x[i] = 3.0f * x[i] + 0.5f; /* non-zero mean */
+    float *y = dalloc(dev, nx), *dx = dalloc(dev, nx), *mean = dalloc(dev, c), *var = dalloc(dev, c);
+    float *dg = drand(dev, c), *dbt = drand(dev, c), *yi = dalloc(dev, nx);
+    double *ry = malloc(sizeof(double) * (size_t)nx), *rdx = malloc(sizeof(double) * (size_t)nx);
+    double *rm = malloc(sizeof(double) * (size_t)c), *rv = malloc(sizeof(double) * (size_t)c);
+    double *rdg = dcopy_f(dg, c), *rdb = dcopy_f(dbt, c);
+    double *rinc = malloc(sizeof(double) * (size_t)(2 * c));
+    double cnt = (double)(n * s);
+    for (int64_t ch = 0; ch < c; ch++) {
+        double m = 0, v = 0;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < s; j++) m += x[(i * c + ch) * s + j];
+        m /= cnt;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < s; j++) {
+                double t = x[(i * c + ch) * s + j] - m;
+                v += t * t;
+            }
+        v /= cnt;
+        rm[ch] = m;
+        rv[ch] = v;
+        double inv = 1.0 / sqrt(v + (double)d.eps), sdy = 0, sdyx = 0;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < s; j++) {
+                int64_t k = (i * c + ch) * s + j;
+                double xh = (x[k] - m) * inv;
+                ry[k] = g[ch] * xh + b[ch];
+                sdy += dy[k];
+                sdyx += dy[k] * xh;
+            }
+        rdg[ch] += sdyx;
+        rdb[ch] += sdy;
+        rinc[2 * ch] = sdyx;
+        rinc[2 * ch + 1] = sdy;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < s; j++) {
+                int64_t k = (i * c + ch) * s + j;
+                double xh = (x[k] - m) * inv;
+                rdx[k] = g[ch] * inv * (dy[k] - sdy / cnt - xh * sdyx / cnt);
+            }
+    }
+    char what[120];
+    snprintf(what, sizeof what, "bn n%lld c%lld s%lld", (long long)n, (long long)c, (long long)s);
+    char w2[160];
+    CHECK_OK(dev->iface->bn_fwd_train(dev, &d, x, g, b, y, mean, var));
+    snprintf(w2, sizeof w2, "%s fwd y", what);
+    check_close(w2, y, ry, nx, 2e-5);
+    snprintf(w2, sizeof w2, "%s mean", what);
+    check_close(w2, mean, rm, c, 1e-5);
+    snprintf(w2, sizeof w2, "%s biased var", what);
+    check_close(w2, var, rv, c, 1e-5);
+    CHECK_OK(dev->iface->bn_fwd_infer(dev, &d, x, g, b, mean, var, yi));
+    snprintf(w2, sizeof w2, "%s infer y", what);
+    check_close(w2, yi, ry, nx, 2e-5);
+    CHECK_OK(dev->iface->bn_bwd(dev, &d, x, g, mean, var, dy, dx, dg, dbt));
+    snprintf(w2, sizeof w2, "%s bwd dx", what);
+    check_close(w2, dx, rdx, nx, 5e-5);
+    snprintf(w2, sizeof w2, "%s bwd dgamma +=", what);
+    check_close(w2, dg, rdg, c, 5e-5);
+    snprintf(w2, sizeof w2, "%s bwd dbeta +=", what);
+    check_close(w2, dbt, rdb, c, 5e-5);
+    /* A second backward adds the same amount again. */
+    CHECK_OK(dev->iface->bn_bwd(dev, &d, x, g, mean, var, dy, dx, dg, dbt));
+    for (int64_t ch = 0; ch < c; ch++) {
+        rdg[ch] += rinc[2 * ch];
+        rdb[ch] += rinc[2 * ch + 1];
+    }
+    snprintf(w2, sizeof w2, "%s second bwd dgamma +=", what);
+    check_close(w2, dg, rdg, c, 5e-5);
+    snprintf(w2, sizeof w2, "%s second bwd dbeta +=", what);
+    check_close(w2, dbt, rdb, c, 5e-5);
+    snprintf(w2, sizeof w2, "%s second bwd dx =", what);
+    check_close(w2, dx, rdx, nx, 5e-5);
+    free(rinc);
+    dfree(dev, x, nx); dfree(dev, dy, nx); dfree(dev, g, c); dfree(dev, b, c); dfree(dev, y, nx);
+    dfree(dev, dx, nx); dfree(dev, mean, c); dfree(dev, var, c); dfree(dev, dg, c);
+    dfree(dev, dbt, c); dfree(dev, yi, nx);
+    free(ry); free(rdx); free(rm); free(rv); free(rdg); free(rdb);
+}
+
+static void test_bn(gp_device *dev)
+{
+    test_bn_shape(dev, 3, 5, 63); /* 2-d: (3, 5, 7, 9) */
+    test_bn_shape(dev, 7, 6, 1);  /* 1-d over features */
+    test_bn_shape(dev, 4, 17, 25);
+}
+
+/* ---- gemm -------------------------------------------------------------------------- */
+
+static void test_gemm(gp_device *dev)
+{
+    const int64_t m = 13, n = 7, k = 11;
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++)
+            for (int acc = 0; acc < 2; acc++) {
+                /* op(A) is m x k; stored (ta ? k x m : m x k) with a padded ld */
+                int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
+                int64_t lda = ac + 3, ldb = bc + 2, ldc = n + 5;
+                float *a = drand(dev, ar * lda), *b = drand(dev, br * ldb), *c = drand(dev, m * ldc);
+                double *ref = malloc(sizeof(double) * (size_t)(m * ldc));
+                float alpha = 0.75f, beta = acc ? 1.0f : 0.0f;
+                if (!acc)
+                    for (int64_t i = 0; i < m * ldc; i++) c[i] = NAN; /* beta 0 ignores C */
+                for (int64_t i = 0; i < m; i++)
+                    for (int64_t j = 0; j < ldc; j++) {
+                        if (j >= n) { ref[i * ldc + j] = c[i * ldc + j]; continue; }
+                        double s = 0;
+                        for (int64_t p = 0; p < k; p++)
+                            s += (double)(ta ? a[p * lda + i] : a[i * lda + p]) *
+                                 (tb ? b[j * ldb + p] : b[p * ldb + j]);
+                        ref[i * ldc + j] = alpha * s + (acc ? (double)c[i * ldc + j] : 0.0);
+                    }
+                CHECK_OK(dev->iface->gemm(dev, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc));
+                char what[64];
+                snprintf(what, sizeof what, "gemm ta=%d tb=%d beta=%g", ta, tb, (double)beta);
+                /* compare only the n valid columns of each row */
+                double maxerr = 0;
+                for (int64_t i = 0; i < m; i++)
+                    for (int64_t j = 0; j < n; j++) {
+                        double e = fabs(c[i * ldc + j] - ref[i * ldc + j]);
+                        if (!(e <= maxerr)) maxerr = e;
+                    }
+                CHECK_MSG(maxerr < 1e-5 * k, "%s: max error %g", what, maxerr);
+                dfree(dev, a, ar * lda); dfree(dev, b, br * ldb); dfree(dev, c, m * ldc);
+                free(ref);
+            }
+    /* A large product exercises the threaded path. */
+    const int64_t L = 257;
+    float *a = drand(dev, L * L), *b = drand(dev, L * L), *c = dalloc(dev, L * L);
+    CHECK_OK(dev->iface->gemm(dev, 0, 1, L, L, L, 1.0f, a, L, b, L, 0.0f, c, L));
+    double maxerr = 0;
+    for (int64_t i = 0; i < L; i += 17)
+        for (int64_t j = 0; j < L; j += 13) {
+            double s = 0;
+            for (int64_t p = 0; p < L; p++) s += (double)a[i * L + p] * b[j * L + p];
+            if (fabs(s - c[i * L + j]) > maxerr) maxerr = fabs(s - c[i * L + j]);
+        }
+    CHECK_MSG(maxerr < 1e-3, "gemm 257^3: max error %g", maxerr);
+    dfree(dev, a, L * L); dfree(dev, b, L * L); dfree(dev, c, L * L);
+}
+
+/* ---- softmax, cross-entropy ----------------------------------------------------------- */
+
+static void test_softmax_xent(gp_device *dev)
+{
+    const int64_t rows = 37, cols = 11;
+    float *x = drand(dev, rows * cols), *y = dalloc(dev, rows * cols), *lab = dalloc(dev, rows);
+    float *dl = dalloc(dev, rows * cols);
+    for (int64_t i = 0; i < rows * cols; i++) x[i] *= 4.0f;
+    double *ry = malloc(sizeof(double) * (size_t)(rows * cols));
+    double *rdl = malloc(sizeof(double) * (size_t)(rows * cols));
+    double rloss = 0;
+    int64_t rcorrect = 0;
+    const float scale = 1.0f / 64.0f;
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t label = (r * 7) % cols;
+        lab[r] = (float)label;
+        if (r % 5 == 0) { /* make some rows correct */
+            x[r * cols + label] = 10.0f;
+        }
+        double mx = -DBL_MAX, s = 0;
+        int64_t am = 0;
+        for (int64_t j = 0; j < cols; j++)
+            if (x[r * cols + j] > mx) { mx = x[r * cols + j]; am = j; }
+        for (int64_t j = 0; j < cols; j++) s += exp(x[r * cols + j] - mx);
+        for (int64_t j = 0; j < cols; j++) {
+            ry[r * cols + j] = x[r * cols + j] - mx - log(s);
+            rdl[r * cols + j] = (exp(ry[r * cols + j]) - (j == label)) * scale;
+        }
+        rloss -= ry[r * cols + label];
+        rcorrect += am == label;
+    }
+    CHECK_OK(dev->iface->log_softmax(dev, x, y, rows, cols));
+    check_close("log_softmax", y, ry, rows * cols, 1e-5);
+    double loss = -1;
+    int64_t correct = -1, bad = 7;
+    CHECK_OK(dev->iface->xent(dev, x, lab, rows, cols, scale, dl, &loss, &correct, &bad));
+    CHECK_NEAR(loss, rloss, 1e-9, 1e-6);
+    CHECK(correct == rcorrect);
+    CHECK(correct >= rows / 5);
+    CHECK(bad == -1);
+    check_close("xent dlogits", dl, rdl, rows * cols, 1e-6);
+    /* Without dlogits: same loss. */
+    double loss2 = -1;
+    CHECK_OK(dev->iface->xent(dev, x, lab, rows, cols, scale, NULL, &loss2, &correct, &bad));
+    CHECK(loss2 == loss);
+    /* A bad label names its row and computes nothing. */
+    lab[23] = (float)cols;
+    for (int64_t i = 0; i < rows * cols; i++) dl[i] = 5.0f;
+    CHECK_OK(dev->iface->xent(dev, x, lab, rows, cols, scale, dl, &loss, &correct, &bad));
+    CHECK(bad == 23);
+    CHECK(dl[0] == 5.0f && dl[rows * cols - 1] == 5.0f);
+    lab[23] = -1.0f;
+    CHECK_OK(dev->iface->xent(dev, x, lab, rows, cols, scale, NULL, &loss, &correct, &bad));
+    CHECK(bad == 23);
+    lab[23] = 2.5f;
+    CHECK_OK(dev->iface->xent(dev, x, lab, rows, cols, scale, NULL, &loss, &correct, &bad));
+    CHECK(bad == 23);
+    dfree(dev, x, rows * cols); dfree(dev, y, rows * cols); dfree(dev, lab, rows);
+    dfree(dev, dl, rows * cols);
+    free(ry); free(rdl);
+}
+
+/* ---- elementwise, reductions, optimizer, dropout ---------------------------------------- */
+
+static void test_elementwise(gp_device *dev)
+{
+    const gp_device_iface *f = dev->iface;
+    for (int big = 0; big < 2; big++) {
+        const int64_t n = big ? 100003 : 37;
+        float *a = drand(dev, n), *b = drand(dev, n), *y = dalloc(dev, n);
+        double *r = malloc(sizeof(double) * (size_t)n);
+        CHECK_OK(f->fill(dev, y, 2.5f, n));
+        for (int64_t i = 0; i < n; i++) r[i] = 2.5;
+        check_close("fill", y, r, n, 0);
+        CHECK_OK(f->add(dev, a, b, y, n));
+        for (int64_t i = 0; i < n; i++) r[i] = (float)(a[i] + b[i]);
+        check_close("add", y, r, n, 0);
+        CHECK_OK(f->axpy(dev, -0.5f, a, y, n));
+        for (int64_t i = 0; i < n; i++) r[i] = (double)y[i];
+        for (int64_t i = 0; i < n; i++) r[i] = (float)(a[i] + b[i]) + -0.5 * a[i];
+        check_close("axpy", y, r, n, 1e-6);
+        CHECK_OK(f->scale(dev, y, 3.0f, n));
+        for (int64_t i = 0; i < n; i++) r[i] *= 3.0;
+        check_close("scale", y, r, n, 1e-6);
+        CHECK_OK(f->mul(dev, a, b, y, n));
+        for (int64_t i = 0; i < n; i++) r[i] = (double)a[i] * b[i];
+        check_close("mul", y, r, n, 1e-7);
+        CHECK_OK(f->relu_fwd(dev, a, y, n));
+        for (int64_t i = 0; i < n; i++) r[i] = a[i] > 0 ? a[i] : 0;
+        check_close("relu_fwd", y, r, n, 0);
+        float *dx = dalloc(dev, n);
+        CHECK_OK(f->relu_bwd(dev, y, b, dx, n));
+        for (int64_t i = 0; i < n; i++) r[i] = a[i] > 0 ? b[i] : 0;
+        check_close("relu_bwd", dx, r, n, 0);
+        dfree(dev, dx, n);
+        double ss = -1, rs = 0;
+        for (int64_t i = 0; i < n; i++) rs += (double)a[i] * a[i];
+        CHECK_OK(f->sumsq(dev, a, n, &ss));
+        CHECK_NEAR(ss, rs, 0, 1e-12);
+        int bad = -1;
+        CHECK_OK(f->nonfinite(dev, a, n, &bad));
+        CHECK(bad == 0);
+        a[n - 1] = INFINITY;
+        CHECK_OK(f->nonfinite(dev, a, n, &bad));
+        CHECK(bad != 0);
+        a[n - 1] = NAN;
+        a[0] = 1.0f;
+        CHECK_OK(f->nonfinite(dev, a, n, &bad));
+        CHECK(bad != 0);
+        dfree(dev, a, n); dfree(dev, b, n); dfree(dev, y, n);
+        free(r);
+    }
+    /* bias rows: y(N,F) += bias; sum_rows: db(F) += column sums */
+    for (int big = 0; big < 2; big++) {
+        const int64_t rows = big ? 301 : 9, cols = big ? 203 : 13;
+        float *y = drand(dev, rows * cols), *bias = drand(dev, cols), *db = drand(dev, cols);
+        double *r = malloc(sizeof(double) * (size_t)(rows * cols)), *rdb = dcopy_f(db, cols);
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t j = 0; j < cols; j++) {
+                r[i * cols + j] = (float)(y[i * cols + j] + bias[j]);
+                rdb[j] += y[i * cols + j];
+            }
+        CHECK_OK(dev->iface->sum_rows(dev, y, db, rows, cols));
+        check_close("sum_rows +=", db, rdb, cols, 1e-6);
+        CHECK_OK(dev->iface->add_bias_rows(dev, y, bias, rows, cols));
+        check_close("add_bias_rows", y, r, rows * cols, 0);
+        dfree(dev, y, rows * cols); dfree(dev, bias, cols); dfree(dev, db, cols);
+        free(r); free(rdb);
+    }
+}
+
+static void test_sgd(gp_device *dev)
+{
+    const int64_t n = 1001;
+    for (int nesterov = 0; nesterov < 2; nesterov++) {
+        float *w = drand(dev, n), *g = drand(dev, n), *v = drand(dev, n);
+        double *rw = dcopy_f(w, n), *rv = dcopy_f(v, n);
+        const float lr = 0.1f, mu = 0.9f, wd = 5e-4f;
+        for (int64_t i = 0; i < n; i++) {
+            double gg = g[i] + (double)wd * rw[i];
+            rv[i] = mu * rv[i] + gg;
+            rw[i] -= lr * (nesterov ? gg + mu * rv[i] : rv[i]);
+        }
+        CHECK_OK(dev->iface->sgd_update(dev, w, g, v, n, lr, mu, wd, nesterov));
+        check_close(nesterov ? "sgd nesterov w" : "sgd w", w, rw, n, 1e-6);
+        check_close(nesterov ? "sgd nesterov v" : "sgd v", v, rv, n, 1e-6);
+        dfree(dev, w, n); dfree(dev, g, n); dfree(dev, v, n);
+        free(rw); free(rv);
+    }
+}
+
+static void test_dropout(gp_device *dev)
+{
+    const int64_t n = 70001;
+    const float p = 0.3f;
+    const uint64_t seed = 42, stream = 7, first = 1001;
+    float *m = dalloc(dev, n), *s = dalloc(dev, n);
+    CHECK_OK(dev->iface->dropout_mask(dev, m, n, p, seed, stream, first));
+    int64_t kept = 0;
+    int formula = 1;
+    for (int64_t i = 0; i < n; i++) {
+        float u = gp_rng_uniform(seed, stream, first + (uint64_t)i);
+        formula &= m[i] == gp_ew_dropout(u, p);
+        kept += m[i] != 0.0f;
+        formula &= m[i] == 0.0f || m[i] == 1.0f / (1.0f - p);
+    }
+    CHECK_MSG(formula, "dropout mask != gp_ew_dropout(gp_rng_uniform(...))");
+    CHECK_NEAR((double)kept / (double)n, 1.0 - p, 0.01, 0);
+    /* Sub-ranges (odd offsets, not multiples of 4) equal the slice of the whole. */
+    const int64_t offs[3] = {0, 3, 40001}, lens[3] = {5, 40003, 29999};
+    for (int t = 0; t < 3; t++) {
+        CHECK_OK(dev->iface->dropout_mask(dev, s, lens[t], p, seed, stream, first + (uint64_t)offs[t]));
+        CHECK(memcmp(s, m + offs[t], (size_t)lens[t] * sizeof(float)) == 0);
+    }
+    CHECK_OK(dev->iface->dropout_mask(dev, s, n, p, seed, stream + 1, first));
+    CHECK(memcmp(s, m, (size_t)n * sizeof(float)) != 0);
+    dfree(dev, m, n); dfree(dev, s, n);
+}
+
+/* ---- memory, copies, devices ---------------------------------------------------------------- */
+
+static void test_memory(void)
+{
+    gp_device *dev = NULL;
+    gp_device_opts o = {.threads = 1, .capacity = 1 << 20};
+    CHECK_OK(gp_device_open("cpu:3", &o, &dev));
+    if (!dev) return;
+    CHECK(!strcmp(dev->name, "cpu:3"));
+    CHECK(dev->threads == 1);
+    void *a = NULL, *b = NULL, *c = NULL;
+    CHECK_OK(gp_dev_alloc(dev, 600000, GP_MEM_PARAMS, &a));
+    CHECK(((uintptr_t)a & 63) == 0);
+    CHECK_OK(gp_dev_alloc(dev, 300000, GP_MEM_GRADS, &b));
+    CHECK(dev->alloc.current == 900000 && dev->alloc.peak == 900000);
+    CHECK_ERR(gp_dev_alloc(dev, 200000, GP_MEM_ACTIVATIONS, &c), GP_ERR_OOM, "cpu:3");
+    const char *msg = gp_last_error();
+    CHECK_MSG(strstr(msg, "195.3 KiB") && strstr(msg, "1.0 MiB"),
+              "OOM message names request and capacity: %s", msg);
+    CHECK(c == NULL);
+    CHECK(dev->alloc.current == 900000);
+    gp_dev_free(dev, b, 300000, GP_MEM_GRADS);
+    CHECK(dev->alloc.current == 600000 && dev->alloc.peak == 900000);
+    CHECK(dev->alloc.cur_by[GP_MEM_GRADS] == 0 && dev->alloc.peak_by[GP_MEM_GRADS] == 300000);
+    CHECK_OK(gp_dev_alloc(dev, 200000, GP_MEM_ACTIVATIONS, &c));
+    CHECK(dev->alloc.current == 800000 && dev->alloc.peak == 900000);
+    gp_allocator_reset_peak(&dev->alloc);
+    CHECK(dev->alloc.peak == 800000);
+    gp_dev_free(dev, a, 600000, GP_MEM_PARAMS);
+    gp_dev_free(dev, c, 200000, GP_MEM_ACTIVATIONS);
+    CHECK(dev->alloc.current == 0 && dev->alloc.live_blocks == 0);
+
+    /* Backend workspace is accounted: a conv whose reorder temporaries do not
+     * fit fails with OOM naming the device, not a crash. */
+    gp_conv_desc d = {8, 32, 16, 16, 32, 3, 3, 1, 1, 1, 1, 16, 16, 0};
+    int64_t nx = 8 * 32 * 16 * 16;
+    float *x = NULL, *w = NULL, *y = NULL;
+    CHECK_OK(gp_dev_alloc(dev, (size_t)nx * 4, GP_MEM_ACTIVATIONS, (void **)&x));
+    CHECK_OK(gp_dev_alloc(dev, 32 * 32 * 9 * 4, GP_MEM_PARAMS, (void **)&w));
+    CHECK_OK(gp_dev_alloc(dev, (size_t)nx * 4, GP_MEM_ACTIVATIONS, (void **)&y));
+    memset(x, 0, (size_t)nx * 4);
+    memset(w, 0, 32 * 32 * 9 * 4);
+    gp_status s = dev->iface->conv_fwd(dev, &d, x, w, NULL, y);
+    if (dev->alloc.cur_by[GP_MEM_WORKSPACE] == 0) {
+        CHECK_MSG(s == GP_ERR_OOM && strstr(gp_last_error(), "cpu:3"),
+                  "conv without room for its workspace: %s", gp_last_error());
+    } else {
+        /* The layout policy needed no temporaries: then it must have worked. */
+        CHECK_OK(s);
+    }
+    gp_dev_free(dev, x, (size_t)nx * 4, GP_MEM_ACTIVATIONS);
+    gp_dev_free(dev, w, 32 * 32 * 9 * 4, GP_MEM_PARAMS);
+    gp_dev_free(dev, y, (size_t)nx * 4, GP_MEM_ACTIVATIONS);
+    gp_device_close(dev);
+
+    /* Workspace shows up in the accounting of an unlimited device. */
+    gp_device_opts o2 = {.threads = 2};
+    CHECK_OK(gp_device_open("cpu:4", &o2, &dev));
+    CHECK_OK(gp_dev_alloc(dev, (size_t)nx * 4, GP_MEM_ACTIVATIONS, (void **)&x));
+    CHECK_OK(gp_dev_alloc(dev, 32 * 32 * 9 * 4, GP_MEM_PARAMS, (void **)&w));
+    CHECK_OK(gp_dev_alloc(dev, (size_t)nx * 4, GP_MEM_ACTIVATIONS, (void **)&y));
+    memset(x, 0, (size_t)nx * 4);
+    memset(w, 0, 32 * 32 * 9 * 4);
+    CHECK_OK(dev->iface->conv_fwd(dev, &d, x, w, NULL, y));
+    CHECK_MSG(dev->alloc.cur_by[GP_MEM_WORKSPACE] > 0 &&
+              dev->alloc.peak >= (size_t)nx * 8 + dev->alloc.cur_by[GP_MEM_WORKSPACE],
+              "workspace %zu, peak %zu", dev->alloc.cur_by[GP_MEM_WORKSPACE], dev->alloc.peak);
+    gp_dev_free(dev, x, (size_t)nx * 4, GP_MEM_ACTIVATIONS);
+    gp_dev_free(dev, w, 32 * 32 * 9 * 4, GP_MEM_PARAMS);
+    gp_dev_free(dev, y, (size_t)nx * 4, GP_MEM_ACTIVATIONS);
+    gp_device_close(dev);
+
+    CHECK_ERR(gp_device_open("cpu:x", NULL, &dev), GP_ERR_INVALID, "cpu:x");
+    gp_device_opts bad = {.threads = -2};
+    CHECK_ERR(gp_device_open("cpu:0", &bad, &dev), GP_ERR_INVALID, "threads");
+}
+
+static void test_copies(gp_device *d0, gp_device *d1)
+{
+    gp_tensor a, b;
+    gp_shape s = gp_shape_2d(13, 17);
+    CHECK_OK(gp_tensor_alloc(&a, d0, &s, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_tensor_alloc(&b, d1, &s, GP_MEM_COPIES));
+    float host[13 * 17], back[13 * 17];
+    for (int i = 0; i < 13 * 17; i++) host[i] = frand();
+    CHECK_OK(gp_dev_upload(d0, a.data, host, 13 * 17));
+    CHECK_OK(gp_tensor_copy(&b, &a));
+    CHECK_OK(gp_dev_download(d1, back, b.data, 13 * 17));
+    CHECK(memcmp(host, back, sizeof host) == 0);
+    CHECK(d1->alloc.cur_by[GP_MEM_COPIES] == sizeof host);
+    CHECK_OK(d1->iface->synchronize(d1));
+    gp_tensor_free(&a);
+    gp_tensor_free(&b);
+    CHECK(d1->alloc.cur_by[GP_MEM_COPIES] == 0);
+}
+
+/* Two devices driven by two threads at once, each with its own thread
+ * count, compute the same convolution as one device alone. */
+typedef struct conc_job {
+    gp_device *dev;
+    const gp_conv_desc *d;
+    const float *x, *w;
+    float *y;
+    gp_status st;
+} conc_job;
+
+static void *conc_main(void *arg)
+{
+    conc_job *j = arg;
+    gp_device_bind_thread(j->dev);
+    j->st = GP_OK;
+    for (int it = 0; it < 3 && j->st == GP_OK; it++)
+        j->st = j->dev->iface->conv_fwd(j->dev, j->d, j->x, j->w, NULL, j->y);
+    return NULL;
+}
+
+static void test_concurrent(void)
+{
+    gp_device *da = NULL, *db = NULL;
+    gp_device_opts o = {.threads = 1};
+    CHECK_OK(gp_device_open("cpu:5", &o, &da));
+    CHECK_OK(gp_device_open("cpu:6", &o, &db));
+    gp_conv_desc d = {4, 16, 12, 12, 24, 3, 3, 1, 1, 1, 1, 12, 12, 0};
+    int64_t nx = 4 * 16 * 144, nw = 24 * 16 * 9, ny = 4 * 24 * 144;
+    float *x = drand(da, nx), *w = drand(da, nw), *ya = dalloc(da, ny), *yb = dalloc(db, ny);
+    double *ref = malloc(sizeof(double) * (size_t)ny);
+    ref_conv_fwd(&d, x, w, NULL, ref);
+    conc_job ja = {da, &d, x, w, ya, GP_OK}, jb = {db, &d, x, w, yb, GP_OK};
+    pthread_t ta, tb;
+    pthread_create(&ta, NULL, conc_main, &ja);
+    pthread_create(&tb, NULL, conc_main, &jb);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    CHECK(ja.st == GP_OK && jb.st == GP_OK);
+    check_close("concurrent conv on cpu:5", ya, ref, ny, 1e-5);
+    check_close("concurrent conv on cpu:6", yb, ref, ny, 1e-5);
+    free(ref);
+    dfree(da, x, nx); dfree(da, w, nw); dfree(da, ya, ny); dfree(db, yb, ny);
+    gp_device_close(da);
+    gp_device_close(db);
+}
+
+int main(void)
+{
+    gp_log_set_level(GP_LOG_WARN);
+    gp_device *dev = NULL, *blk = NULL;
+    gp_device_opts o = {.threads = 2};
+    if (gp_device_open("cpu:0", &o, &dev) != GP_OK) {
+        fprintf(stderr, "cannot open cpu:0: %s\n", gp_last_error());
+        return 1;
+    }
+    gp_device_bind_thread(dev);
+    CHECK(!strcmp(dev->iface->backend_name, "cpu"));
+    CHECK(dev->iface->version == GP_DEVICE_IFACE_VERSION);
+
+    test_elementwise(dev);
+    test_sgd(dev);
+    test_dropout(dev);
+    test_gemm(dev);
+    test_softmax_xent(dev);
+    test_pool(dev);
+    test_bn(dev);
+    test_conv(dev);
+
+    /* The same convolutions with blocked layouts forced everywhere. */
+    setenv("GPIPE_CPU_CONV", "blocked", 1);
+    CHECK_OK(gp_device_open("cpu:1", &o, &blk));
+    unsetenv("GPIPE_CPU_CONV");
+    if (blk) {
+        test_conv(blk);
+        test_copies(dev, blk);
+    }
+
+    test_memory();
+    test_concurrent();
+
+    gp_device_close(blk);
+    CHECK(dev->alloc.cur_by[GP_MEM_ACTIVATIONS] == 0);
+    gp_device_close(dev);
+    return gpt_finish("test_backend");
+}
