@@ -1,0 +1,200 @@
+/*
+ * bench_pipeline — the pipeline's performance bars, measured in one run:
+ *
+ *   1. efficiency: bench/convnet.yaml on 2 CPU devices (1 thread each) for
+ *      m in {1, 2, 4, 8, 16}: the measured step time against GPipe's bound
+ *      (m + n - 1) * (max_j F_j + max_j (R_j + B_j)), where F, R, B are the
+ *      per-micro-batch forward, recompute and backward times of each stage
+ *      measured from the executor's own event log in the same steps;
+ *   2. overlap: summed busy time of the workers / step wall time;
+ *   3. executor overhead per instruction with trivial layers;
+ *   4. checkpointing: step time and peak activation memory, always vs never,
+ *      for m in {1, 4, 8}.
+ *
+ * usage: bench_pipeline [--steps N] [CONFIG.yaml]   (default bench/convnet.yaml)
+ * Benchmarks print; they never fail a build.
+ */
+#include "pipeline/pipeline.h"
+#include "train/train.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+typedef struct {
+    double step;      /* median step seconds */
+    double bound;     /* GPipe bound from measured stage times */
+    double overlap;   /* sum busy / wall */
+    size_t act_peak;  /* max over devices of activation + copy peak */
+    int instrs;       /* instructions per step (all devices) */
+} result;
+
+static gp_status run(const gp_config *base, int n, int m, gp_checkpoint_mode ck, bool lockstep,
+                     int steps, result *r)
+{
+    gp_config cfg = *base;
+    cfg.pipeline.chunks = m;
+    cfg.pipeline.checkpoint = ck;
+    cfg.pipeline.lockstep = lockstep;
+    cfg.pipeline.n_devices = n;
+    for (int j = 0; j < n; j++) {
+        snprintf(cfg.pipeline.devices[j].name, sizeof cfg.pipeline.devices[j].name, "cpu:%d", j);
+        cfg.pipeline.devices[j].threads = 1;
+        cfg.pipeline.devices[j].memory = 0;
+    }
+    cfg.pipeline.n_balance = 0;
+    gp_device *devs[GP_MAX_DEVICES];
+    gp_model model;
+    GP_TRY(gp_train_open(&cfg, devs, &model, true));
+    int64_t b = cfg.train.batch_size, per = gp_shape_numel(&model.input);
+    float *x = malloc((size_t)(b * per) * sizeof *x), *y = malloc((size_t)b * sizeof *y);
+    gp_rng_uniform_fill(5, 6, 0, x, b * per);
+    for (int64_t i = 0; i < b; i++) y[i] = (float)(i % 10);
+    double *ts = malloc((size_t)steps * sizeof *ts), *bounds = malloc((size_t)steps * sizeof *bounds),
+           *ovl = malloc((size_t)steps * sizeof *ovl);
+    gp_status s = GP_OK;
+    memset(r, 0, sizeof *r);
+    for (int w = 0; w < 2 && s == GP_OK; w++)
+        s = gp_model_pipeline_step(&model, &cfg, x, y, b, 0.001, NULL);
+    for (int j = 0; j < n; j++) gp_allocator_reset_peak(&devs[j]->alloc);
+    for (int it = 0; it < steps && s == GP_OK; it++) {
+        gp_step_stats st;
+        s = gp_model_pipeline_step(&model, &cfg, x, y, b, 0.001, &st);
+        ts[it] = st.seconds;
+        /* per-stage mean F, R, B per micro-batch from the event log */
+        double maxF = 0, maxRB = 0, busy = 0;
+        int instrs = 0;
+        for (int j = 0; j < n; j++) {
+            int cnt;
+            const gp_event_rec *ev = gp_pipeline_events(model.pipe, j, &cnt);
+            double F = 0, R = 0, B = 0;
+            for (int e = 0; e < cnt; e++) {
+                double d = ev[e].t1 - ev[e].t0;
+                if (ev[e].is_wait) continue;
+                instrs++;
+                if (ev[e].kind == GP_INSTR_FORWARD) F += d;
+                else if (ev[e].kind == GP_INSTR_RECOMPUTE) R += d;
+                else if (ev[e].kind == GP_INSTR_BACKWARD) B += d;
+            }
+            F /= m;
+            R /= m;
+            B /= m;
+            if (F > maxF) maxF = F;
+            if (R + B > maxRB) maxRB = R + B;
+            busy += gp_pipeline_busy(model.pipe, j);
+        }
+        bounds[it] = (double)(m + n - 1) * (maxF + maxRB);
+        ovl[it] = busy / st.seconds;
+        r->instrs = instrs;
+    }
+    if (s == GP_OK) {
+        r->step = median(ts, steps);
+        r->bound = median(bounds, steps);
+        r->overlap = median(ovl, steps);
+        for (int j = 0; j < n; j++) {
+            size_t a = devs[j]->alloc.peak_by[GP_MEM_ACTIVATIONS] + devs[j]->alloc.peak_by[GP_MEM_COPIES];
+            if (a > r->act_peak) r->act_peak = a;
+        }
+    }
+    free(ts);
+    free(bounds);
+    free(ovl);
+    free(x);
+    free(y);
+    gp_model_free(&model);
+    for (int j = 0; j < n; j++) gp_device_close(devs[j]);
+    return s;
+}
+
+static gp_layer_spec trivial_layers[8];
+
+int main(int argc, char **argv)
+{
+    int steps = 5;
+    const char *path = GPIPE_SOURCE_DIR "/bench/convnet.yaml";
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            puts("usage: bench_pipeline [--steps N] [CONFIG.yaml]");
+            return 0;
+        } else path = argv[i];
+    }
+    if (steps < 1) steps = 1;
+    gp_config cfg;
+    if (gp_config_load(path, NULL, 0, &cfg) != GP_OK) {
+        fprintf(stderr, "bench_pipeline: %s\n", gp_last_error());
+        return 1;
+    }
+    printf("%s, batch %lld, 2 CPU devices x 1 thread, except_last checkpointing, lockstep\n\n",
+           path, (long long)cfg.train.batch_size);
+    printf("%4s %12s %12s %10s %10s\n", "m", "step ms", "bound ms", "step/bound", "overlap");
+    int ms[] = {1, 2, 4, 8, 16};
+    for (int q = 0; q < 5; q++) {
+        result r;
+        if (run(&cfg, 2, ms[q], GP_CKPT_EXCEPT_LAST, true, steps, &r) != GP_OK) {
+            fprintf(stderr, "bench_pipeline: %s\n", gp_last_error());
+            return 1;
+        }
+        printf("%4d %12.1f %12.1f %10.3f %10.2f\n", ms[q], r.step * 1e3, r.bound * 1e3,
+               r.step / r.bound, r.overlap);
+    }
+    printf("\nlockstep vs free-running at m = 8:\n");
+    for (int ls = 1; ls >= 0; ls--) {
+        result r;
+        if (run(&cfg, 2, 8, GP_CKPT_EXCEPT_LAST, ls == 1, steps, &r) == GP_OK)
+            printf("  %-13s step %.1f ms, overlap %.2f\n", ls ? "lockstep" : "free-running",
+                   r.step * 1e3, r.overlap);
+    }
+
+    printf("\ncheckpointing, always vs never (2 devices):\n");
+    printf("%4s %14s %14s %10s %16s %16s %10s\n", "m", "always ms", "never ms", "time a/n",
+           "always act.", "never act.", "mem a/n");
+    int mc[] = {1, 4, 8};
+    for (int q = 0; q < 3; q++) {
+        result a, nv;
+        if (run(&cfg, 2, mc[q], GP_CKPT_ALWAYS, true, steps, &a) != GP_OK ||
+            run(&cfg, 2, mc[q], GP_CKPT_NEVER, true, steps, &nv) != GP_OK) {
+            fprintf(stderr, "bench_pipeline: %s\n", gp_last_error());
+            return 1;
+        }
+        char b1[32], b2[32];
+        printf("%4d %14.1f %14.1f %10.3f %16s %16s %10.3f\n", mc[q], a.step * 1e3, nv.step * 1e3,
+               a.step / nv.step, gp_format_bytes(a.act_peak, b1, sizeof b1),
+               gp_format_bytes(nv.act_peak, b2, sizeof b2), (double)a.act_peak / (double)nv.act_peak);
+    }
+
+    /* Executor overhead: 4 trivial layers on tiny micro-batches, so almost
+     * all of a step is the executor's own work. */
+    gp_config t = cfg;
+    trivial_layers[0] = gp_layer_spec_default(GP_LAYER_FLATTEN);
+    for (int k = 1; k < 4; k++) trivial_layers[k] = gp_layer_spec_default(GP_LAYER_RELU);
+    trivial_layers[4] = gp_layer_spec_default(GP_LAYER_LINEAR);
+    trivial_layers[4].out = 2;
+    t.model.layers = trivial_layers;
+    t.model.n_layers = 5;
+    t.model.input[0] = 1;
+    t.model.input[1] = 1;
+    t.model.input[2] = 2;
+    t.train.batch_size = 64;
+    result r;
+    if (run(&t, 2, 64, GP_CKPT_NEVER, true, steps, &r) == GP_OK) {
+        /* wall time per device-instruction: the executor's cost plus the
+         * (tiny) layer work, an upper bound on the overhead */
+        double per = r.step / ((double)r.instrs / 2.0);
+        printf("\nexecutor: trivial layers, 2 devices, m = 64: %d instructions per step, "
+               "%.1f us wall per instruction per device\n", r.instrs, per * 1e6);
+    }
+    gp_config_free(&cfg);
+    return 0;
+}
