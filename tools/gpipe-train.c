@@ -4,6 +4,7 @@
  * either print the model summary (--dry-run) or train.
  */
 #include "train/train.h"
+#include "trace/trace.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,10 @@ static void usage(FILE *f)
           "  --metrics FILE     write JSON Lines: one object per step (step, epoch, loss,\n"
           "                     accuracy, lr, samples_per_s, devices[].peak_bytes) and one\n"
           "                     per evaluation (test_loss, test_accuracy)\n"
+          "  --trace FILE.json  write a timeline of every device (Chrome trace format:\n"
+          "                     open in Perfetto or chrome://tracing; scripts/timeline.py\n"
+          "                     summarises and compares traces)\n"
+          "  --trace-steps A:B  record only steps A..B (0-based; A:, :B and A work)\n"
           "  --progress         force the one-line progress bar (default on a terminal)\n"
           "  --no-progress      plain log lines every train.log_every steps\n"
           "  --quiet            only errors\n"
@@ -58,7 +63,8 @@ static int exit_code_for(gp_status s)
 
 int main(int argc, char **argv)
 {
-    const char *config = NULL, *metrics = NULL;
+    const char *config = NULL, *metrics = NULL, *trace = NULL;
+    int64_t trace_first = 0, trace_last = -1;
     const char **sets = calloc((size_t)argc, sizeof *sets);
     int n_sets = 0, dry = 0, progress = -1, quiet = 0;
     if (!sets) return EXIT_RUNTIME;
@@ -72,14 +78,23 @@ int main(int argc, char **argv)
             printf("gpipe-train %s\n", gp_version());
             free(sets);
             return EXIT_OK;
-        } else if (!strcmp(a, "--set") || !strcmp(a, "--metrics")) {
+        } else if (!strcmp(a, "--set") || !strcmp(a, "--metrics") || !strcmp(a, "--trace") ||
+                   !strcmp(a, "--trace-steps")) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "gpipe-train: %s needs a value; see --help\n", a);
                 free(sets);
                 return EXIT_USAGE;
             }
-            if (!strcmp(a, "--set")) sets[n_sets++] = argv[++i];
-            else metrics = argv[++i];
+            const char *v = argv[++i];
+            if (!strcmp(a, "--set")) sets[n_sets++] = v;
+            else if (!strcmp(a, "--metrics")) metrics = v;
+            else if (!strcmp(a, "--trace")) trace = v;
+            else if (!gp_trace_parse_range(v, &trace_first, &trace_last)) {
+                fprintf(stderr, "gpipe-train: --trace-steps '%s': expected A:B with 0 <= A <= B "
+                                "(or A:, :B, A)\n", v);
+                free(sets);
+                return EXIT_USAGE;
+            }
         } else if (!strncmp(a, "--set=", 6)) {
             sets[n_sets++] = a + 6;
         } else if (!strncmp(a, "--metrics=", 10)) {
@@ -122,7 +137,9 @@ int main(int argc, char **argv)
     if (dry) {
         s = gp_model_summary(&cfg, stdout);
     } else {
-        gp_train_opts o = {.metrics_path = metrics, .progress = progress, .quiet = quiet};
+        gp_train_opts o = {.metrics_path = metrics, .trace_path = trace,
+                           .trace_first = trace_first, .trace_last = trace_last,
+                           .progress = progress, .quiet = quiet};
         gp_train_result r;
         s = gp_train_run(&cfg, &o, &r);
     }

@@ -67,6 +67,14 @@ void gp_allocator_release(gp_allocator *a, size_t bytes, gp_mem_category cat)
     pthread_mutex_unlock(&a->lock);
 }
 
+size_t gp_allocator_current(gp_allocator *a)
+{
+    pthread_mutex_lock(&a->lock);
+    size_t c = a->current;
+    pthread_mutex_unlock(&a->lock);
+    return c;
+}
+
 void gp_allocator_reset_peak(gp_allocator *a)
 {
     pthread_mutex_lock(&a->lock);

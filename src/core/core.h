@@ -131,6 +131,8 @@ void gp_allocator_destroy(gp_allocator *a);
 gp_status gp_allocator_reserve(gp_allocator *a, size_t bytes,
                                gp_mem_category cat);
 void gp_allocator_release(gp_allocator *a, size_t bytes, gp_mem_category cat);
+/* Bytes in use now. */
+size_t gp_allocator_current(gp_allocator *a);
 /* Peaks start again from the current values (e.g. at the start of a step). */
 void gp_allocator_reset_peak(gp_allocator *a);
 /* A consistent copy of the counters. */

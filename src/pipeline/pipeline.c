@@ -380,6 +380,7 @@ static gp_status run_step(worker *w)
          * point: busy time counts from there. */
         double tw = ev->t1;
         ev->t1 = gp_now();
+        ev->mem_after = gp_allocator_current(&p->devs[j]->alloc);
         w->busy += ev->t1 - (in->kind == GP_INSTR_RECV_ACT || in->kind == GP_INSTR_RECV_GRAD
                                  ? tw : ev->t0);
         if (in->kind == GP_INSTR_RECV_ACT || in->kind == GP_INSTR_RECV_GRAD) {

@@ -39,6 +39,7 @@ typedef struct gp_event_rec {
     bool is_wait;           /* time a copy spent waiting for its source or
                                the lockstep barrier (precedes the copy) */
     double t0, t1;          /* gp_now() seconds */
+    size_t mem_after;       /* device bytes allocated when it ended */
 } gp_event_rec;
 
 typedef struct gp_pipeline_opts {

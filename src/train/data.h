@@ -55,6 +55,16 @@ gp_status gp_synthetic_make(int64_t n, int classes, int64_t c, int64_t h,
 void gp_dataset_default_norm(gp_dataset_kind kind, int64_t channels,
                              float *mean, float *std);
 
+/* Size limits the readers enforce before allocating, so a corrupt header or
+ * a gzip bomb cannot ask for unbounded memory. */
+#define GP_DATA_MAX_BYTES ((int64_t)1 << 31)  /* pixels of one split */
+#define GP_DATA_MAX_SIDE 65535                /* rows, cols */
+
+/* The synthetic set's per-sample shape when cfg->synthetic_shape is unset. */
+#define GP_SYNTHETIC_C 1
+#define GP_SYNTHETIC_H 28
+#define GP_SYNTHETIC_W 28
+
 /* One host batch. */
 typedef struct gp_batch {
     float *x;           /* (n, c, h, w) normalised, owned by the loader */
@@ -88,6 +98,28 @@ gp_status gp_loader_create(const gp_dataset *ds, const gp_data_config *cfg,
 gp_status gp_loader_next(gp_loader *ld, gp_batch *out);
 int64_t gp_loader_batches_per_epoch(const gp_loader *ld);
 void gp_loader_destroy(gp_loader *ld);
+
+/* The loader's random decisions as pure functions, so that tests and tools
+ * can recompute exactly what a batch contains.
+ *
+ * gp_data_epoch_order: perm[0..n) = the samples epoch `epoch` visits, in
+ * order: identity without shuffle, else Fisher-Yates on Philox keyed by
+ * (seed, gp_rng_stream(epoch, 0x73687566, 0)).
+ *
+ * gp_data_augment_draw: for the sample at position `pos` of epoch `epoch`,
+ * the crop offset (dy, dx in [-pad, pad]; output (y, x) reads input
+ * (y + dy, x + dx), zero outside) and whether it is mirrored (only if
+ * hflip; mirroring is applied after the crop: output (y, x) reads the
+ * cropped (y, w - 1 - x)). */
+#define GP_DATA_SHUFFLE_TAG 0x73687566u  /* "shuf" */
+#define GP_DATA_AUGMENT_TAG 0x61756720u  /* "aug " */
+void gp_data_epoch_order(int64_t n, bool shuffle, uint64_t seed, int64_t epoch,
+                         int64_t *perm);
+void gp_data_augment_draw(uint64_t seed, int64_t epoch, int64_t pos, int pad,
+                          bool hflip, int *dy, int *dx, bool *flip);
+/* One sample (c, h, w) of uint8 pixels through that crop and flip. */
+void gp_data_augment_apply(const uint8_t *src, int64_t c, int64_t h, int64_t w,
+                           int dy, int dx, bool flip, uint8_t *dst);
 
 
 /* ---- batch assembly shared by the loader and evaluation (batch.c) ------ */

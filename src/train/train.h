@@ -99,6 +99,9 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg,
 
 typedef struct gp_train_opts {
     const char *metrics_path;  /* JSON Lines; NULL = none */
+    const char *trace_path;    /* Chrome trace JSON; NULL = none */
+    int64_t trace_first;       /* steps recorded in the trace (0-based) */
+    int64_t trace_last;        /* < 0: to the end */
     int progress;              /* 1 = terminal progress bar, 0 = log lines,
                                   -1 = decide by isatty(stderr) */
     bool quiet;

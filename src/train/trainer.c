@@ -4,6 +4,7 @@
  * summary printed by --dry-run.
  */
 #include "train/train.h"
+#include "trace/trace.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -103,6 +104,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     gp_model model = {0};
     gp_loader *loader = NULL;
     FILE *mf = NULL;
+    gp_trace *trace = NULL;
     gp_status s = GP_OK;
 
     if (opts->metrics_path) {
@@ -110,6 +112,10 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         if (!mf)
             return gp_error_set(GP_ERR_IO, "cannot write metrics file '%s'; check the directory "
                                            "exists and is writable", opts->metrics_path);
+    }
+    if (opts->trace_path) {
+        s = gp_trace_open(opts->trace_path, opts->trace_first, opts->trace_last, &trace);
+        if (s != GP_OK) goto done;
     }
     s = gp_dataset_load(&cfg->data, true, tc->seed, &train);
     if (s == GP_OK) s = gp_dataset_load(&cfg->data, false, tc->seed, &test);
@@ -184,6 +190,10 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
             goto done;
         }
         res->final_loss = st.loss;
+        if (trace && gp_trace_wants(trace, step)) {
+            s = gp_trace_add_step(trace, model.pipe, devs, step);
+            if (s != GP_OK) goto done;
+        }
         window_samples += b.n;
         double now = gp_now();
         if (now - window_t > 0.5 || step == total - 1) {
@@ -249,6 +259,10 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         }
     }
 done:
+    if (trace) {
+        gp_status ts = gp_trace_close(trace);
+        if (s == GP_OK) s = ts;
+    }
     if (mf && fclose(mf) != 0 && s == GP_OK)
         s = gp_error_set(GP_ERR_IO, "writing metrics file '%s' failed", opts->metrics_path);
     gp_loader_destroy(loader);

@@ -1,0 +1,37 @@
+/*
+ * trace.h — timelines of pipeline steps as Chrome trace JSON (opens in
+ * Perfetto and chrome://tracing).
+ *
+ * Layout: one process per device ("cpu:1 (stage 1)") with a "compute" track
+ * and a "copy" track; one slice per executed instruction, named
+ * F3 s1 / R3 s1 / B3 s1 (micro-batch 3 on stage 1), "copy a3 s0->s1" for an
+ * activation, "copy g3 s2->s1" for a gradient, and "wait" for the time a copy
+ * waited for its source or the lockstep barrier; args carry step, stage,
+ * micro-batch, layer range and bytes.  Flow arrows go from the slice that
+ * produced a copied tensor to the copy that consumed it.  Each step begins
+ * with a global instant event; a counter per device tracks allocated bytes.
+ *
+ * Memory: gp_trace owns its FILE; gp_trace_close flushes and frees.
+ * Thread safety: called by the training thread between steps.
+ */
+#ifndef GP_TRACE_H
+#define GP_TRACE_H
+
+#include "pipeline/pipeline.h"
+
+typedef struct gp_trace gp_trace;
+
+/* Record steps [first, last] (0-based; last < 0 = no end) into `path`. */
+gp_status gp_trace_open(const char *path, int64_t first, int64_t last, gp_trace **out);
+/* Whether `step` is to be recorded. */
+bool gp_trace_wants(const gp_trace *t, int64_t step);
+/* Append the last step of pipeline p (its event log) as step `step`. */
+gp_status gp_trace_add_step(gp_trace *t, const gp_pipeline *p, gp_device *const *devs,
+                            int64_t step);
+/* Finish the JSON and close; reports a write error. NULL is fine. */
+gp_status gp_trace_close(gp_trace *t);
+
+/* Parse "A:B", "A:", ":B" or "A" into [first, last]. */
+bool gp_trace_parse_range(const char *s, int64_t *first, int64_t *last);
+
+#endif /* GP_TRACE_H */

@@ -1,0 +1,589 @@
+/*
+ * data.c — datasets: the IDX (MNIST / Fashion-MNIST) and CIFAR-10 binary
+ * readers, the synthetic learnable set, split loading with limits, and the
+ * default normalisation statistics.
+ *
+ * Every reader validates a header before it allocates anything sized by it
+ * (GP_DATA_MAX_BYTES / GP_DATA_MAX_SIDE) and grows its buffer only as bytes
+ * actually arrive, so a corrupt header or a gzip bomb cannot make it ask for
+ * unbounded memory.  All messages name the file and what was wrong.
+ *
+ * Memory: a gp_dataset owns its images and labels; gp_dataset_free releases
+ * them.  On failure a reader leaves its output unchanged.
+ */
+#include "train/data.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#define IDX_MAGIC_IMAGES 0x00000803u
+#define IDX_MAGIC_LABELS 0x00000801u
+#define CIFAR_PIXELS 3072 /* 3 x 32 x 32, CHW */
+#define CIFAR_RECORD (1 + CIFAR_PIXELS)
+#define CIFAR_CLASSES 10
+#define MNIST_CLASSES 10
+
+static const char *dataset_kind_name(gp_dataset_kind k)
+{
+    switch (k) {
+    case GP_DATASET_SYNTHETIC: return "synthetic";
+    case GP_DATASET_MNIST: return "mnist";
+    case GP_DATASET_FASHION_MNIST: return "fashion-mnist";
+    case GP_DATASET_CIFAR10: return "cifar10";
+    }
+    return "unknown";
+}
+
+void gp_dataset_free(gp_dataset *ds)
+{
+    if (!ds) return;
+    free(ds->images);
+    free(ds->labels);
+    memset(ds, 0, sizeof *ds);
+}
+
+/* ------------------------------------------------------------------------ */
+/* IDX through zlib (gzread reads uncompressed files transparently)          */
+
+static uint32_t be32(const unsigned char *b)
+{
+    return (uint32_t)b[0] << 24 | (uint32_t)b[1] << 16 | (uint32_t)b[2] << 8 | (uint32_t)b[3];
+}
+
+static gzFile idx_open(const char *path, gp_status *s)
+{
+    gzFile f = gzopen(path, "rb");
+    if (!f)
+        *s = gp_error_set(GP_ERR_IO, "cannot open '%s': %s", path,
+                          errno ? strerror(errno) : "out of memory");
+    return f;
+}
+
+/* Read up to `len` bytes into buf.  Returns the bytes read; sets *zerr to a
+ * zlib message if the stream itself is corrupt (not merely short). */
+static int64_t gz_read_all(gzFile f, void *buf, int64_t len, const char **zerr)
+{
+    int64_t got = 0;
+    *zerr = NULL;
+    while (got < len) {
+        int64_t want = len - got;
+        if (want > (1 << 30)) want = 1 << 30;
+        int r = gzread(f, (char *)buf + got, (unsigned)want);
+        if (r < 0) {
+            int num = Z_OK;
+            const char *m = gzerror(f, &num);
+            /* Z_BUF_ERROR: the compressed stream ended early = truncation. */
+            if (num != Z_BUF_ERROR) *zerr = m;
+            break;
+        }
+        if (r == 0) break;
+        got += r;
+    }
+    return got;
+}
+
+/* Read exactly `len` payload bytes after a header of `hdr` bytes into a
+ * buffer that grows as data arrives.  `what` is "pixels" or "labels". */
+static gp_status idx_read_payload(gzFile f, const char *path, int64_t hdr, int64_t len,
+                                  const char *what, const char *shape, uint8_t **out)
+{
+    int64_t cap = len < ((int64_t)1 << 24) ? len : ((int64_t)1 << 24);
+    uint8_t *buf = malloc((size_t)(cap > 0 ? cap : 1));
+    if (!buf)
+        return gp_error_set(GP_ERR_DATA, "%s: cannot allocate %lld bytes for %s", path,
+                            (long long)cap, what);
+    int64_t got = 0;
+    const char *zerr = NULL;
+    for (;;) {
+        int64_t r = gz_read_all(f, buf + got, cap - got, &zerr);
+        got += r;
+        if (got < cap || zerr || got == len) break;
+        int64_t ncap = cap * 2 < len ? cap * 2 : len;
+        uint8_t *nb = realloc(buf, (size_t)ncap);
+        if (!nb) {
+            free(buf);
+            return gp_error_set(GP_ERR_DATA, "%s: cannot allocate %lld bytes for %s", path,
+                                (long long)ncap, what);
+        }
+        buf = nb;
+        cap = ncap;
+    }
+    if (zerr) {
+        free(buf);
+        return gp_error_set(GP_ERR_DATA, "%s: corrupt gzip data after %lld bytes: %s", path,
+                            (long long)(hdr + got), zerr);
+    }
+    if (got < len) {
+        free(buf);
+        return gp_error_set(GP_ERR_DATA,
+                            "%s: truncated: expected %lld bytes (%lld-byte header + %s %s), "
+                            "file ends after %lld",
+                            path, (long long)(hdr + len), (long long)hdr, shape, what,
+                            (long long)(hdr + got));
+    }
+    *out = buf;
+    return GP_OK;
+}
+
+static gp_status idx_header(gzFile f, const char *path, uint32_t magic, int words,
+                            uint32_t *v)
+{
+    unsigned char b[16];
+    const char *zerr = NULL;
+    int64_t need = 4 * (int64_t)words;
+    int64_t got = gz_read_all(f, b, need, &zerr);
+    if (zerr)
+        return gp_error_set(GP_ERR_DATA, "%s: corrupt gzip data: %s", path, zerr);
+    if (got >= 4 && be32(b) != magic)
+        return gp_error_set(GP_ERR_DATA,
+                            "%s: bad magic number 0x%08x, expected 0x%08x (IDX %s); is this "
+                            "the right file?",
+                            path, be32(b), magic, magic == IDX_MAGIC_IMAGES ? "images" : "labels");
+    if (got < need)
+        return gp_error_set(GP_ERR_DATA, "%s: truncated header: %lld of %lld bytes", path,
+                            (long long)got, (long long)need);
+    for (int i = 0; i < words; i++) v[i] = be32(b + 4 * i);
+    return GP_OK;
+}
+
+gp_status gp_idx_read_images(const char *path, gp_dataset *ds)
+{
+    gp_status s = GP_OK;
+    gzFile f = idx_open(path, &s);
+    if (!f) return s;
+    uint32_t v[4];
+    s = idx_header(f, path, IDX_MAGIC_IMAGES, 4, v);
+    int64_t n = v[1], h = v[2], w = v[3];
+    if (s == GP_OK && (n < 1 || h < 1 || w < 1 || h > GP_DATA_MAX_SIDE || w > GP_DATA_MAX_SIDE ||
+                       n * h * w > GP_DATA_MAX_BYTES))
+        s = gp_error_set(GP_ERR_DATA,
+                         "%s: implausible dimensions %lld images of %lld x %lld (at least 1 "
+                         "each, sides at most %d, at most %lld bytes in all)",
+                         path, (long long)n, (long long)h, (long long)w, GP_DATA_MAX_SIDE,
+                         (long long)GP_DATA_MAX_BYTES);
+    uint8_t *px = NULL;
+    char shape[96];
+    snprintf(shape, sizeof shape, "%lld x %lld x %lld", (long long)n, (long long)h, (long long)w);
+    if (s == GP_OK) s = idx_read_payload(f, path, 16, n * h * w, "pixels", shape, &px);
+    gzclose(f);
+    if (s != GP_OK) return s;
+    free(ds->images);
+    ds->images = px;
+    ds->n = n;
+    ds->c = 1;
+    ds->h = h;
+    ds->w = w;
+    snprintf(ds->source, sizeof ds->source, "%s", path);
+    return GP_OK;
+}
+
+gp_status gp_idx_read_labels(const char *path, gp_dataset *ds)
+{
+    gp_status s = GP_OK;
+    gzFile f = idx_open(path, &s);
+    if (!f) return s;
+    uint32_t v[2];
+    s = idx_header(f, path, IDX_MAGIC_LABELS, 2, v);
+    int64_t n = v[1];
+    if (s == GP_OK && (n < 1 || n > GP_DATA_MAX_BYTES))
+        s = gp_error_set(GP_ERR_DATA, "%s: implausible label count %lld", path, (long long)n);
+    if (s == GP_OK && ds->images && n != ds->n)
+        s = gp_error_set(GP_ERR_DATA, "%s: %lld labels but %s holds %lld images; the two files "
+                                      "must come from the same split",
+                         path, (long long)n, ds->source, (long long)ds->n);
+    uint8_t *lb = NULL;
+    char shape[48];
+    snprintf(shape, sizeof shape, "%lld", (long long)n);
+    if (s == GP_OK) s = idx_read_payload(f, path, 8, n, "labels", shape, &lb);
+    gzclose(f);
+    if (s != GP_OK) return s;
+    int classes = ds->classes;
+    if (classes <= 0) {
+        for (int64_t i = 0; i < n; i++)
+            if (lb[i] >= classes) classes = lb[i] + 1;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        if (lb[i] >= classes) {
+            s = gp_error_set(GP_ERR_DATA, "%s: label %d of sample %lld is out of range for %d "
+                                          "classes",
+                             path, lb[i], (long long)i, classes);
+            free(lb);
+            return s;
+        }
+    }
+    free(ds->labels);
+    ds->labels = lb;
+    ds->n = n;
+    ds->classes = classes;
+    return GP_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* CIFAR-10 binary batches                                                   */
+
+gp_status gp_cifar10_read(const char *const *paths, int n_paths, gp_dataset *ds)
+{
+    int64_t total = 0;
+    for (int k = 0; k < n_paths; k++) {
+        struct stat st;
+        if (stat(paths[k], &st) != 0)
+            return gp_error_set(GP_ERR_IO, "cannot open '%s': %s", paths[k], strerror(errno));
+        int64_t recs = (int64_t)st.st_size / CIFAR_RECORD;
+        if ((int64_t)st.st_size % CIFAR_RECORD != 0)
+            return gp_error_set(GP_ERR_DATA,
+                                "%s: record %lld is truncated: %lld of %d bytes (a record is 1 "
+                                "label byte + 3072 pixel bytes)",
+                                paths[k], (long long)recs,
+                                (long long)((int64_t)st.st_size % CIFAR_RECORD), CIFAR_RECORD);
+        if (recs == 0)
+            return gp_error_set(GP_ERR_DATA, "%s: empty file, expected records of %d bytes",
+                                paths[k], CIFAR_RECORD);
+        total += recs;
+        if (total * CIFAR_PIXELS > GP_DATA_MAX_BYTES)
+            return gp_error_set(GP_ERR_DATA, "%s: more than %lld bytes of pixels in all",
+                                paths[k], (long long)GP_DATA_MAX_BYTES);
+    }
+    if (total == 0) return gp_error_set(GP_ERR_INVALID, "CIFAR-10: no files given");
+    uint8_t *px = malloc((size_t)(total * CIFAR_PIXELS));
+    uint8_t *lb = malloc((size_t)total);
+    unsigned char *rec = malloc(CIFAR_RECORD);
+    gp_status s = GP_OK;
+    if (!px || !lb || !rec)
+        s = gp_error_set(GP_ERR_DATA, "CIFAR-10: cannot allocate %lld samples",
+                         (long long)total);
+    int64_t i = 0;
+    for (int k = 0; k < n_paths && s == GP_OK; k++) {
+        FILE *f = fopen(paths[k], "rb");
+        if (!f) {
+            s = gp_error_set(GP_ERR_IO, "cannot open '%s': %s", paths[k], strerror(errno));
+            break;
+        }
+        /* Read to the end rather than trusting stat: the file may change. */
+        for (int64_t r = 0; s == GP_OK; r++) {
+            size_t got = fread(rec, 1, CIFAR_RECORD, f);
+            if (got == 0 && feof(f)) break;
+            if (got != CIFAR_RECORD || i >= total) {
+                s = gp_error_set(GP_ERR_DATA, "%s: record %lld is truncated: %zu of %d bytes",
+                                 paths[k], (long long)r, got, CIFAR_RECORD);
+                break;
+            }
+            if (rec[0] >= CIFAR_CLASSES) {
+                s = gp_error_set(GP_ERR_DATA, "%s: record %lld has label %d, out of range for "
+                                              "%d classes",
+                                 paths[k], (long long)r, rec[0], CIFAR_CLASSES);
+                break;
+            }
+            lb[i] = rec[0];
+            memcpy(px + i * CIFAR_PIXELS, rec + 1, CIFAR_PIXELS);
+            i++;
+        }
+        if (s == GP_OK && ferror(f))
+            s = gp_error_set(GP_ERR_IO, "reading '%s' failed", paths[k]);
+        fclose(f);
+    }
+    if (s == GP_OK && i != total)
+        s = gp_error_set(GP_ERR_DATA, "CIFAR-10: files changed while reading (%lld of %lld "
+                                      "records)",
+                         (long long)i, (long long)total);
+    free(rec);
+    if (s != GP_OK) {
+        free(px);
+        free(lb);
+        return s;
+    }
+    free(ds->images);
+    free(ds->labels);
+    ds->images = px;
+    ds->labels = lb;
+    ds->n = total;
+    ds->c = 3;
+    ds->h = 32;
+    ds->w = 32;
+    ds->classes = CIFAR_CLASSES;
+    snprintf(ds->source, sizeof ds->source, "%s%s", n_paths > 0 ? paths[0] : "",
+             n_paths > 1 ? " and more" : "");
+    return GP_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* synthetic                                                                 */
+
+/* Each class k has a prototype: a random level per 4x4 block of each
+ * channel, drawn from stream (seed, "prot", k).  A sample is
+ * 0.65 * prototype + 0.35 * per-pixel noise, scaled to 0..255; block-wise
+ * prototypes survive small crops and are far apart for any two classes, so
+ * a linear model learns the set.  Sample `first + i` draws its label and
+ * noise from streams keyed by its index, so a split is a pure function of
+ * (seed, index range): the test split uses indices disjoint from the
+ * training split's and the same prototypes. */
+#define SYN_PROTO_TAG 0x70726f74u /* "prot" */
+#define SYN_SAMPLE_TAG 0x73616d70u /* "samp" */
+#define SYN_TEST_FIRST ((int64_t)1 << 40)
+#define SYN_BLOCK 4
+#define SYN_PROTO_WEIGHT 0.65f
+
+static gp_status synthetic_fill(int64_t n, int classes, int64_t c, int64_t h, int64_t w,
+                                uint64_t seed, int64_t first, gp_dataset *ds)
+{
+    if (n < 1 || classes < 1 || classes > 256 || c < 1 || h < 1 || w < 1 ||
+        h > GP_DATA_MAX_SIDE || w > GP_DATA_MAX_SIDE || c > GP_DATA_MAX_SIDE ||
+        n * c * h * w > GP_DATA_MAX_BYTES)
+        return gp_error_set(GP_ERR_INVALID,
+                            "synthetic dataset: %lld samples of %d classes, shape %lld x %lld x "
+                            "%lld is out of range (n, shape >= 1, 1..256 classes, at most %lld "
+                            "bytes)",
+                            (long long)n, classes, (long long)c, (long long)h, (long long)w,
+                            (long long)GP_DATA_MAX_BYTES);
+    int64_t per = c * h * w;
+    int64_t bw = (w + SYN_BLOCK - 1) / SYN_BLOCK, bh = (h + SYN_BLOCK - 1) / SYN_BLOCK;
+    int64_t cells = c * bh * bw;
+    float *proto = malloc(sizeof(float) * (size_t)(cells * classes));
+    uint8_t *px = malloc((size_t)(n * per));
+    uint8_t *lb = malloc((size_t)n);
+    float *noise = malloc(sizeof(float) * (size_t)per);
+    if (!proto || !px || !lb || !noise) {
+        free(proto);
+        free(px);
+        free(lb);
+        free(noise);
+        return gp_error_set(GP_ERR_INVALID, "synthetic dataset: cannot allocate %lld bytes",
+                            (long long)(n * per));
+    }
+    for (int k = 0; k < classes; k++)
+        gp_rng_uniform_fill(seed, gp_rng_stream((uint64_t)k, SYN_PROTO_TAG, 0), 0,
+                            proto + (int64_t)k * cells, cells);
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t stream = gp_rng_stream((uint64_t)(first + i), SYN_SAMPLE_TAG, 0);
+        int k = (int)(gp_rng_uniform(seed, stream, 0) * (float)classes);
+        if (k >= classes) k = classes - 1;
+        lb[i] = (uint8_t)k;
+        gp_rng_uniform_fill(seed, stream, 1, noise, per);
+        const float *pk = proto + (int64_t)k * cells;
+        uint8_t *dst = px + i * per;
+        for (int64_t ch = 0; ch < c; ch++)
+            for (int64_t y = 0; y < h; y++)
+                for (int64_t x = 0; x < w; x++) {
+                    int64_t p = (ch * h + y) * w + x;
+                    float level = pk[(ch * bh + y / SYN_BLOCK) * bw + x / SYN_BLOCK];
+                    float v = SYN_PROTO_WEIGHT * level + (1.0f - SYN_PROTO_WEIGHT) * noise[p];
+                    int q = (int)(v * 256.0f);
+                    dst[p] = (uint8_t)(q > 255 ? 255 : q);
+                }
+    }
+    free(proto);
+    free(noise);
+    free(ds->images);
+    free(ds->labels);
+    ds->images = px;
+    ds->labels = lb;
+    ds->n = n;
+    ds->c = c;
+    ds->h = h;
+    ds->w = w;
+    ds->classes = classes;
+    snprintf(ds->source, sizeof ds->source, "synthetic (seed %llu, %d classes, samples %lld..%lld)",
+             (unsigned long long)seed, classes, (long long)first, (long long)(first + n - 1));
+    return GP_OK;
+}
+
+gp_status gp_synthetic_make(int64_t n, int classes, int64_t c, int64_t h, int64_t w,
+                            uint64_t seed, gp_dataset *ds)
+{
+    return synthetic_fill(n, classes, c, h, w, seed, 0, ds);
+}
+
+/* ------------------------------------------------------------------------ */
+/* normalisation defaults                                                    */
+
+void gp_dataset_default_norm(gp_dataset_kind kind, int64_t channels, float *mean, float *std)
+{
+    static const float cifar_mean[3] = {0.4914f, 0.4822f, 0.4465f};
+    static const float cifar_std[3] = {0.2470f, 0.2435f, 0.2616f};
+    for (int64_t c = 0; c < channels && c < GP_MAX_CHANNELS; c++) {
+        switch (kind) {
+        case GP_DATASET_MNIST:
+            mean[c] = 0.1307f;
+            std[c] = 0.3081f;
+            break;
+        case GP_DATASET_FASHION_MNIST:
+            mean[c] = 0.2860f;
+            std[c] = 0.3530f;
+            break;
+        case GP_DATASET_CIFAR10:
+            mean[c] = cifar_mean[c < 3 ? c : 2];
+            std[c] = cifar_std[c < 3 ? c : 2];
+            break;
+        case GP_DATASET_SYNTHETIC:
+        default:
+            /* 0.65 U + 0.35 U' with independent uniforms: mean 1/2, std
+             * sqrt((0.65^2 + 0.35^2) / 12) = 0.2131. */
+            mean[c] = 0.5f;
+            std[c] = 0.2131f;
+            break;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* loading a split                                                           */
+
+static const char *default_dir(gp_dataset_kind k)
+{
+    switch (k) {
+    case GP_DATASET_MNIST: return "/usr/share/datasets/mnist";
+    case GP_DATASET_FASHION_MNIST: return "/usr/share/datasets/fashion-mnist";
+    case GP_DATASET_CIFAR10: return "/usr/share/datasets/cifar-10";
+    default: return ".";
+    }
+}
+
+static const char *missing_hint(gp_dataset_kind k)
+{
+    switch (k) {
+    case GP_DATASET_FASHION_MNIST:
+        return "install Debian's dataset-fashion-mnist (apt-get install dataset-fashion-mnist) "
+               "or set data.path";
+    case GP_DATASET_MNIST:
+        return "put the four MNIST IDX files (train-images-idx3-ubyte[.gz], ...) from "
+               "https://yann.lecun.com/exdb/mnist/ in that directory or set data.path";
+    case GP_DATASET_CIFAR10:
+        return "download and unpack https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz "
+               "and set data.path to its cifar-10-batches-bin directory";
+    default: return "set data.path";
+    }
+}
+
+static bool file_exists(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* "<dir>/<name>.gz", else "<dir>/<name>"; GP_ERR_IO naming both if neither. */
+static gp_status find_idx(const gp_data_config *cfg, const char *dir, const char *name,
+                          char *out, size_t len)
+{
+    char gz[1024], raw[1024];
+    snprintf(gz, sizeof gz, "%s/%s.gz", dir, name);
+    snprintf(raw, sizeof raw, "%s/%s", dir, name);
+    if (file_exists(gz)) {
+        snprintf(out, len, "%s", gz);
+        return GP_OK;
+    }
+    if (file_exists(raw)) {
+        snprintf(out, len, "%s", raw);
+        return GP_OK;
+    }
+    return gp_error_set(GP_ERR_IO, "%s: cannot find %s: tried %s and %s; %s",
+                        dataset_kind_name(cfg->dataset), name, gz, raw,
+                        missing_hint(cfg->dataset));
+}
+
+static gp_status load_idx(const gp_data_config *cfg, const char *dir, bool train,
+                          gp_dataset *ds)
+{
+    const char *prefix = train ? "train" : "t10k";
+    char iname[64], lname[64], ipath[1024], lpath[1024];
+    snprintf(iname, sizeof iname, "%s-images-idx3-ubyte", prefix);
+    snprintf(lname, sizeof lname, "%s-labels-idx1-ubyte", prefix);
+    GP_TRY(find_idx(cfg, dir, iname, ipath, sizeof ipath));
+    GP_TRY(find_idx(cfg, dir, lname, lpath, sizeof lpath));
+    ds->classes = MNIST_CLASSES;
+    GP_TRY(gp_idx_read_images(ipath, ds));
+    return gp_idx_read_labels(lpath, ds);
+}
+
+static gp_status load_cifar(const gp_data_config *cfg, const char *dir, bool train,
+                            gp_dataset *ds)
+{
+    /* The tarball unpacks into cifar-10-batches-bin/; accept the directory
+     * itself or its parent. */
+    char base[1024], probe[1100];
+    snprintf(base, sizeof base, "%s", dir);
+    snprintf(probe, sizeof probe, "%s/%s", base, train ? "data_batch_1.bin" : "test_batch.bin");
+    if (!file_exists(probe)) {
+        char sub[1024];
+        snprintf(sub, sizeof sub, "%s/cifar-10-batches-bin", dir);
+        snprintf(probe, sizeof probe, "%s/%s", sub, train ? "data_batch_1.bin" : "test_batch.bin");
+        if (!file_exists(probe))
+            return gp_error_set(GP_ERR_IO, "cifar10: cannot find %s in %s or %s; %s",
+                                train ? "data_batch_1.bin" : "test_batch.bin", dir, sub,
+                                missing_hint(cfg->dataset));
+        snprintf(base, sizeof base, "%s", sub);
+    }
+    char names[5][1100];
+    const char *paths[5];
+    int n = train ? 5 : 1;
+    for (int k = 0; k < n; k++) {
+        if (train) snprintf(names[k], sizeof names[k], "%s/data_batch_%d.bin", base, k + 1);
+        else snprintf(names[k], sizeof names[k], "%s/test_batch.bin", base);
+        if (!file_exists(names[k]))
+            return gp_error_set(GP_ERR_IO, "cifar10: cannot find %s; %s", names[k],
+                                missing_hint(cfg->dataset));
+        paths[k] = names[k];
+    }
+    GP_TRY(gp_cifar10_read(paths, n, ds));
+    snprintf(ds->source, sizeof ds->source, "%s/%s", base,
+             train ? "data_batch_{1..5}.bin" : "test_batch.bin");
+    return GP_OK;
+}
+
+gp_status gp_dataset_load(const gp_data_config *cfg, bool train_split, uint64_t seed,
+                          gp_dataset *out)
+{
+    gp_dataset ds = {0};
+    gp_status s = GP_OK;
+    int64_t limit = train_split ? cfg->train_limit : cfg->test_limit;
+    if (limit < 0)
+        return gp_error_set(GP_ERR_INVALID, "data.%s_limit = %lld must be >= 0 (0 = all)",
+                            train_split ? "train" : "test", (long long)limit);
+    const char *dir = cfg->path[0] ? cfg->path : default_dir(cfg->dataset);
+    switch (cfg->dataset) {
+    case GP_DATASET_SYNTHETIC: {
+        int64_t n = train_split ? cfg->synthetic_train : cfg->synthetic_test;
+        if (n <= 0) n = train_split ? 1024 : 256;
+        if (limit > 0 && limit < n) n = limit;
+        int classes = cfg->synthetic_classes > 0 ? cfg->synthetic_classes : 10;
+        const int64_t *sh = cfg->synthetic_shape;
+        bool given = sh[0] > 0 || sh[1] > 0 || sh[2] > 0;
+        s = synthetic_fill(n, classes, given ? sh[0] : GP_SYNTHETIC_C,
+                           given ? sh[1] : GP_SYNTHETIC_H, given ? sh[2] : GP_SYNTHETIC_W, seed,
+                           train_split ? 0 : SYN_TEST_FIRST, &ds);
+        break;
+    }
+    case GP_DATASET_MNIST:
+    case GP_DATASET_FASHION_MNIST:
+        s = load_idx(cfg, dir, train_split, &ds);
+        break;
+    case GP_DATASET_CIFAR10:
+        s = load_cifar(cfg, dir, train_split, &ds);
+        break;
+    default:
+        s = gp_error_set(GP_ERR_INVALID, "unknown dataset kind %d", (int)cfg->dataset);
+    }
+    if (s != GP_OK) {
+        gp_dataset_free(&ds);
+        return s;
+    }
+    if (limit > 0 && limit < ds.n) {
+        int64_t per = ds.c * ds.h * ds.w;
+        uint8_t *px = realloc(ds.images, (size_t)(limit * per));
+        uint8_t *lb = realloc(ds.labels, (size_t)limit);
+        if (px) ds.images = px; /* shrinking cannot really fail; keep the old block if it does */
+        if (lb) ds.labels = lb;
+        ds.n = limit;
+    }
+    if (cfg->dataset != GP_DATASET_SYNTHETIC) {
+        char src[sizeof ds.source];
+        memcpy(src, ds.source, sizeof src);
+        snprintf(ds.source, sizeof ds.source, "%s %s split (%.400s)",
+                 dataset_kind_name(cfg->dataset), train_split ? "train" : "test", src);
+    }
+    *out = ds;
+    return GP_OK;
+}
