@@ -69,6 +69,8 @@ typedef struct gp_data_config {
     int64_t synthetic_train;  /* synthetic dataset sizes; default 1024/256 */
     int64_t synthetic_test;
     int synthetic_classes;    /* default 10 */
+    int64_t synthetic_shape[3]; /* (C, H, W) of a synthetic sample; zeros =
+                                   1 x 28 x 28 */
 } gp_data_config;
 
 typedef struct gp_optim_config {

@@ -156,7 +156,7 @@ gp_status gp_idx_read_images(const char *path, gp_dataset *ds)
     gp_status s = GP_OK;
     gzFile f = idx_open(path, &s);
     if (!f) return s;
-    uint32_t v[4];
+    uint32_t v[4] = {0};
     s = idx_header(f, path, IDX_MAGIC_IMAGES, 4, v);
     int64_t n = v[1], h = v[2], w = v[3];
     if (s == GP_OK && (n < 1 || h < 1 || w < 1 || h > GP_DATA_MAX_SIDE || w > GP_DATA_MAX_SIDE ||
@@ -187,7 +187,7 @@ gp_status gp_idx_read_labels(const char *path, gp_dataset *ds)
     gp_status s = GP_OK;
     gzFile f = idx_open(path, &s);
     if (!f) return s;
-    uint32_t v[2];
+    uint32_t v[2] = {0};
     s = idx_header(f, path, IDX_MAGIC_LABELS, 2, v);
     int64_t n = v[1];
     if (s == GP_OK && (n < 1 || n > GP_DATA_MAX_BYTES))
@@ -528,7 +528,7 @@ static gp_status load_cifar(const gp_data_config *cfg, const char *dir, bool tra
         paths[k] = names[k];
     }
     GP_TRY(gp_cifar10_read(paths, n, ds));
-    snprintf(ds->source, sizeof ds->source, "%s/%s", base,
+    snprintf(ds->source, sizeof ds->source, "%.400s/%s", base,
              train ? "data_batch_{1..5}.bin" : "test_batch.bin");
     return GP_OK;
 }

@@ -51,7 +51,7 @@ struct gp_loader {
     int head, count;
     bool held;              /* the consumer holds slot head */
     bool stop;              /* destroy asked the producer to exit */
-    bool finished;          /* the producer exited (after an error) */
+    bool finished;          /* the producer exited after an error */
     gp_status err;
     char errmsg[LOADER_ERRMSG];
 
@@ -102,8 +102,11 @@ void gp_data_augment_apply(const uint8_t *src, int64_t c, int64_t h, int64_t w, 
     }
 }
 
-/* Fill one slot with batch `index` of `epoch`; ld->perm holds its order. */
-static void assemble(gp_loader *ld, loader_slot *sl, int64_t epoch, int64_t index)
+/* Fill one slot with batch `index` of `epoch`; ld->perm holds its order.
+ * The only failure is a label outside the dataset's classes (a dataset
+ * built through the C API is not validated by a reader), which would
+ * otherwise index past the model's outputs. */
+static gp_status assemble(gp_loader *ld, loader_slot *sl, int64_t epoch, int64_t index)
 {
     const gp_dataset *ds = ld->ds;
     int64_t bs = ld->opts.batch_size;
@@ -112,6 +115,11 @@ static void assemble(gp_loader *ld, loader_slot *sl, int64_t epoch, int64_t inde
     bool augment = ld->opts.augment && (ld->crop_padding > 0 || ld->hflip);
     for (int64_t i = 0; i < n; i++) {
         int64_t src = ld->perm[first + i];
+        if (ds->labels[src] >= ds->classes)
+            return gp_error_set(GP_ERR_DATA, "%s: sample %lld has label %d, out of range for "
+                                             "%d classes (epoch %lld, batch %lld)",
+                                ds->source, (long long)src, ds->labels[src], ds->classes,
+                                (long long)epoch, (long long)index);
         float *x = sl->x + i * ld->per;
         if (!augment) {
             gp_data_assemble(ds, src, 1, ld->normalize, ld->mean, ld->std, x, sl->y + i);
@@ -133,6 +141,7 @@ static void assemble(gp_loader *ld, loader_slot *sl, int64_t epoch, int64_t inde
     sl->epoch = epoch;
     sl->index = index;
     sl->first = first;
+    return GP_OK;
 }
 
 static void *producer(void *arg)
@@ -150,9 +159,19 @@ static void *producer(void *arg)
         loader_slot *sl = &ld->slots[(ld->head + ld->count) % ld->n_slots];
         pthread_mutex_unlock(&ld->lock);
 
-        assemble(ld, sl, epoch, index);
+        gp_status s = assemble(ld, sl, epoch, index);
 
         pthread_mutex_lock(&ld->lock);
+        if (s != GP_OK) {
+            /* The message is in this thread's buffer: copy it out for the
+             * consumer, who reports it after the batches queued before. */
+            ld->err = s;
+            snprintf(ld->errmsg, sizeof ld->errmsg, "%s", gp_error_message());
+            ld->finished = true;
+            pthread_cond_broadcast(&ld->filled);
+            pthread_mutex_unlock(&ld->lock);
+            break;
+        }
         ld->count++;
         pthread_cond_signal(&ld->filled);
         pthread_mutex_unlock(&ld->lock);
@@ -195,6 +214,9 @@ gp_status gp_loader_create(const gp_dataset *ds, const gp_data_config *cfg,
 
     gp_loader *ld = calloc(1, sizeof *ld);
     if (!ld) return gp_error_set(GP_ERR_INVALID, "loader: out of host memory");
+    pthread_mutex_init(&ld->lock, NULL);
+    pthread_cond_init(&ld->filled, NULL);
+    pthread_cond_init(&ld->freed, NULL);
     ld->ds = ds;
     ld->opts = *opts;
     if (ld->opts.prefetch < 1) ld->opts.prefetch = cfg && cfg->prefetch > 0 ? cfg->prefetch : 2;
@@ -219,9 +241,6 @@ gp_status gp_loader_create(const gp_dataset *ds, const gp_data_config *cfg,
         return gp_error_set(GP_ERR_INVALID, "loader: cannot allocate %d batches of %lld samples",
                             ld->n_slots, (long long)bs);
     }
-    pthread_mutex_init(&ld->lock, NULL);
-    pthread_cond_init(&ld->filled, NULL);
-    pthread_cond_init(&ld->freed, NULL);
     int rc = pthread_create(&ld->thread, NULL, producer, ld);
     if (rc != 0) {
         gp_loader_destroy(ld);
@@ -246,8 +265,8 @@ gp_status gp_loader_next(gp_loader *ld, gp_batch *out)
     if (ld->count == 0) {
         /* The producer stopped after an error: every good batch before it
          * has been delivered; now the error is. */
-        gp_status s = ld->err != GP_OK ? ld->err : GP_ERR_RUNTIME;
-        gp_error_set(s, "loader: %s", ld->errmsg[0] ? ld->errmsg : "the producer stopped");
+        gp_status s = ld->err;
+        gp_error_set(s, "%s", ld->errmsg);
         pthread_mutex_unlock(&ld->lock);
         return s;
     }
@@ -273,11 +292,9 @@ void gp_loader_destroy(gp_loader *ld)
         pthread_mutex_unlock(&ld->lock);
         pthread_join(ld->thread, NULL);
     }
-    if (ld->slots) {
-        pthread_mutex_destroy(&ld->lock);
-        pthread_cond_destroy(&ld->filled);
-        pthread_cond_destroy(&ld->freed);
-    }
+    pthread_mutex_destroy(&ld->lock);
+    pthread_cond_destroy(&ld->filled);
+    pthread_cond_destroy(&ld->freed);
     for (int k = 0; ld->slots && k < ld->n_slots; k++) {
         free(ld->slots[k].x);
         free(ld->slots[k].y);
