@@ -53,6 +53,46 @@ GP_EW_FN float gp_ew_dropout(float u, float p)
     return u >= p ? 1.0f / (1.0f - p) : 0.0f;
 }
 
+/* ---- batch normalisation ------------------------------------------------- */
+
+/* Forward as one multiply-add per element: y = x * scale + shift with
+ * scale = gamma / sqrt(var + eps), shift = beta - mean * scale (coefficients
+ * in double, rounded once). */
+GP_EW_FN void gp_ew_bn_coeffs(float mean, float var, float eps, float gamma,
+                              float beta, float *scale, float *shift)
+{
+    double inv = 1.0 / sqrt((double)var + (double)eps);
+    double sc = (double)gamma * inv;
+    *scale = (float)sc;
+    *shift = (float)((double)beta - (double)mean * sc);
+}
+
+GP_EW_FN float gp_ew_bn_apply(float x, float scale, float shift) { return x * scale + shift; }
+
+/* Backward from the channel sums sdy = sum dy and sdyx = sum dy * (x - mean)
+ * over cnt elements: with inv = 1 / sqrt(var + eps) and xhat = (x - mean) inv,
+ *   dx = gamma inv (dy - sdy / cnt - xhat (sdyx inv) / cnt)
+ *      = a dy + b (x - mean) + c,
+ *   dgamma += sdyx inv,  dbeta += sdy. */
+GP_EW_FN void gp_ew_bn_bwd_coeffs(float var, float eps, float gamma, double sdy,
+                                  double sdyx, double cnt, float *a, float *b,
+                                  float *c, double *dgamma, double *dbeta)
+{
+    double inv = 1.0 / sqrt((double)var + (double)eps);
+    double g = (double)gamma;
+    *a = (float)(g * inv);
+    *b = (float)(-g * inv * inv * inv * sdyx / cnt);
+    *c = (float)(-g * inv * sdy / cnt);
+    *dgamma = sdyx * inv;
+    *dbeta = sdy;
+}
+
+GP_EW_FN float gp_ew_bn_bwd_apply(float dy, float x, float mean, float a, float b,
+                                  float c)
+{
+    return a * dy + b * (x - mean) + c;
+}
+
 /* ---- cross-entropy, one row of logits (cols classes) -------------------- */
 
 /* Row maximum and the first index that attains it. */

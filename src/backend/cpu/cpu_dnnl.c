@@ -1,22 +1,24 @@
 /*
- * cpu_dnnl.c — convolution, pooling, batch norm and log-softmax on oneDNN
- * primitives, with a per-device cache so that each primitive (and its
- * reorders, memory objects and scratch sizes) is created once per shape.
+ * cpu_dnnl.c — convolution and log-softmax on oneDNN primitives, with a
+ * per-device cache so that each primitive (and its reorders, memory objects
+ * and scratch sizes) is created once per shape.  gemm is in cpu_math.c;
+ * batch norm and pooling are plain loops (cpu_bn.c, cpu_pool.c), faster
+ * than oneDNN's kernels for plain layouts.
  *
- * Layout.  The interface is plain NCHW / OIHW.  For convolutions oneDNN's
- * direct JIT kernels on blocked layouts (nChw16c, OIhw16i16o, ...) run at
- * ~330-400 GFLOP/s on 2 AVX-512 cores for the benchmark shapes, against
- * ~120-240 for its im2col+gemm path on plain nchw, so a convolution with at
- * least 16 input and output channels runs blocked and the backend reorders
- * its operands on every call (the reorders cost 5-15% of the convolution;
- * measured in bench/bench_ops.c).  With few channels (the first layer: 1 or
- * 3 input channels) the plain path is as fast or faster and needs no
- * reorders.  GPIPE_CPU_CONV=plain|blocked overrides the choice (benchmarks).
+ * Layout.  The interface is plain NCHW / OIHW.  oneDNN's direct JIT kernels
+ * on blocked layouts (nChw16c, OIhw16i16o, ...) run the benchmark shapes at
+ * ~330-400 GFLOP/s on 2 AVX-512 cores, against ~115-245 for its
+ * im2col+gemm path on plain nchw, so a convolution with at least 16 input
+ * and output channels runs blocked and its operands are reordered on every
+ * call (~2.5 ms per (128, 64, 28, 28) tensor; still 1.3-1.9x faster than
+ * plain overall, see bench/bench_ops.c).  With few channels (a first layer
+ * with 1 or 3 input channels) the plain path is as fast or faster and needs
+ * no reorders.  GPIPE_CPU_CONV=plain|blocked overrides the choice.
  *
  * Accumulation.  oneDNN writes its outputs (=).  Outputs the interface
- * accumulates (conv dW/db, batch-norm dgamma/dbeta) are computed into a
- * temporary of the arena and added to the user's buffer by a reorder with a
- * sum post-op (dst = 1 * dst + reorder(src)), which also converts layout.
+ * accumulates (conv dW, db) are computed into a temporary of the arena and
+ * added to the user's buffer by a reorder with a sum post-op
+ * (dst = dst + reorder(src)), which converts the layout at the same time.
  *
  * Scratch.  Primitives use the user scratchpad mode; scratchpads and
  * reordered temporaries live in the device arena (GP_MEM_WORKSPACE), so
@@ -128,7 +130,7 @@ fail:
 }
 
 /* Add an argument of the main primitive.  `user_md` is the interface's
- * layout (NULL: the primitive's own, e.g. the pooling workspace); the
+ * layout (NULL: the primitive's own); the
  * primitive's layout is queried from op->pd.  Temporaries are laid out from
  * *temp_off upwards (shifted past the scratch region in op_finish). */
 static gp_status op_add_arg(gp_cpu_ctx *ctx, cpu_op *op, int arg, int slot,
@@ -424,266 +426,6 @@ gp_status gp_cpu_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const f
     cpu_op *op = NULL;
     GP_TRY(conv_op(dev, CPU_OP_CONV_BWD_WEIGHTS, d, &op));
     void *p[4] = {(void *)x, dw, db, (void *)dy};
-    return op_run(dev, op, p);
-}
-
-/* ---- pooling -------------------------------------------------------------------- */
-
-static cpu_key pool_key(cpu_op_kind kind, const gp_pool_desc *d)
-{
-    cpu_key k = {{kind, d->n, d->c, d->h, d->w, d->kh, d->kw, d->sh, d->sw, d->ph, d->pw,
-                  d->oh, d->ow, d->kind, 0, 0}};
-    return k;
-}
-
-typedef struct pool_build {
-    const gp_pool_desc *d;
-    cpu_op_kind kind;
-} pool_build;
-
-enum { POOL_SLOT_X, POOL_SLOT_Y, POOL_SLOT_WS };
-
-static gp_status pool_fwd_desc(const gp_pool_desc *d, dnnl_prop_kind_t prop,
-                               dnnl_pooling_desc_t *pd, dnnl_memory_desc_t *src,
-                               dnnl_memory_desc_t *dst)
-{
-    int64_t sd[4] = {d->n, d->c, d->h, d->w}, dd[4] = {d->n, d->c, d->oh, d->ow};
-    GP_TRY(md_init(src, 4, sd, dnnl_nchw));
-    GP_TRY(md_init(dst, 4, dd, dnnl_nchw));
-    dnnl_dims_t strides = {d->sh, d->sw}, kernel = {d->kh, d->kw}, pl = {d->ph, d->pw};
-    dnnl_dims_t pr = {pad_right(d->h, d->kh, d->sh, d->ph, d->oh),
-                      pad_right(d->w, d->kw, d->sw, d->pw, d->ow)};
-    dnnl_alg_kind_t alg = d->kind == GP_POOL_MAX ? dnnl_pooling_max : dnnl_pooling_avg_exclude_padding;
-    GP_DNNL_RET(dnnl_pooling_forward_desc_init(pd, prop, alg, src, dst, strides, kernel, pl, pr));
-    return GP_OK;
-}
-
-static gp_status build_pool(gp_cpu_ctx *ctx, cpu_op *op, const void *desc)
-{
-    const pool_build *pb = desc;
-    const gp_pool_desc *d = pb->d;
-    gp_status st = GP_OK;
-    dnnl_primitive_desc_t hint = NULL;
-    dnnl_memory_desc_t src, dst;
-    dnnl_pooling_desc_t fwd, bwd;
-    size_t temp = 0;
-    const dnnl_memory_desc_t *ws_md;
-    if (pb->kind == CPU_OP_POOL_FWD_INFER) {
-        GP_TRY(pool_fwd_desc(d, dnnl_forward_inference, &fwd, &src, &dst));
-        GP_TRY(op_create_pd(ctx, op, &fwd, NULL));
-        GP_TRY(op_add_arg(ctx, op, DNNL_ARG_SRC, POOL_SLOT_X, CPU_ARG_IN, &src, &temp));
-        GP_TRY(op_add_arg(ctx, op, DNNL_ARG_DST, POOL_SLOT_Y, CPU_ARG_OUT, &dst, &temp));
-    } else if (pb->kind == CPU_OP_POOL_FWD_TRAIN) {
-        GP_TRY(pool_fwd_desc(d, dnnl_forward_training, &fwd, &src, &dst));
-        GP_TRY(op_create_pd(ctx, op, &fwd, NULL));
-        GP_TRY(op_add_arg(ctx, op, DNNL_ARG_SRC, POOL_SLOT_X, CPU_ARG_IN, &src, &temp));
-        GP_TRY(op_add_arg(ctx, op, DNNL_ARG_DST, POOL_SLOT_Y, CPU_ARG_OUT, &dst, &temp));
-        ws_md = dnnl_primitive_desc_query_md(op->pd, dnnl_query_workspace_md, 0);
-        op->ws_bytes = ws_md ? dnnl_memory_desc_get_size(ws_md) : 0;
-        if (op->ws_bytes)
-            GP_TRY(op_add_arg(ctx, op, DNNL_ARG_WORKSPACE, POOL_SLOT_WS, CPU_ARG_OUT, NULL, &temp));
-    } else {
-        GP_TRY(pool_fwd_desc(d, dnnl_forward_training, &fwd, &src, &dst));
-        GP_TRY(make_hint_pd(ctx, &fwd, &hint));
-        dnnl_dims_t strides = {d->sh, d->sw}, kernel = {d->kh, d->kw}, pl = {d->ph, d->pw};
-        dnnl_dims_t pr = {pad_right(d->h, d->kh, d->sh, d->ph, d->oh),
-                          pad_right(d->w, d->kw, d->sw, d->pw, d->ow)};
-        GP_DNNL(dnnl_pooling_backward_desc_init(&bwd, fwd.alg_kind, &src, &dst, strides, kernel,
-                                                pl, pr));
-        GP_TRY(op_create_pd(ctx, op, &bwd, hint));
-        GP_TRY(op_add_arg(ctx, op, DNNL_ARG_DIFF_DST, POOL_SLOT_Y, CPU_ARG_IN, &dst, &temp));
-        GP_TRY(op_add_arg(ctx, op, DNNL_ARG_DIFF_SRC, POOL_SLOT_X, CPU_ARG_OUT, &src, &temp));
-        ws_md = dnnl_primitive_desc_query_md(op->pd, dnnl_query_workspace_md, 0);
-        op->ws_bytes = ws_md ? dnnl_memory_desc_get_size(ws_md) : 0;
-        if (op->ws_bytes)
-            GP_TRY(op_add_arg(ctx, op, DNNL_ARG_WORKSPACE, POOL_SLOT_WS, CPU_ARG_IN, NULL, &temp));
-    }
-    st = op_finish(ctx, op, temp);
-fail:
-    if (hint) dnnl_primitive_desc_destroy(hint);
-    return st;
-}
-
-static gp_status pool_op(gp_device *dev, cpu_op_kind kind, const gp_pool_desc *d, cpu_op **op)
-{
-    if (d->n <= 0 || d->c <= 0 || d->h <= 0 || d->w <= 0 || d->kh <= 0 || d->kw <= 0 ||
-        d->sh <= 0 || d->sw <= 0 || d->ph < 0 || d->pw < 0 || d->oh <= 0 || d->ow <= 0 ||
-        d->ph >= d->kh || d->pw >= d->kw)
-        return gp_error_set(GP_ERR_INVALID,
-                            "device %s: invalid pooling (n=%lld c=%lld h=%lld w=%lld kernel "
-                            "%lldx%lld stride %lldx%lld pad %lldx%lld output %lldx%lld); "
-                            "padding must be smaller than the kernel",
-                            dev->name, (long long)d->n, (long long)d->c, (long long)d->h,
-                            (long long)d->w, (long long)d->kh, (long long)d->kw,
-                            (long long)d->sh, (long long)d->sw, (long long)d->ph,
-                            (long long)d->pw, (long long)d->oh, (long long)d->ow);
-    cpu_key key = pool_key(kind, d);
-    pool_build pb = {d, kind};
-    return op_get(dev, &key, build_pool, &pb,
-                  kind == CPU_OP_POOL_BWD ? "a pooling backward" : "a pooling forward", op);
-}
-
-size_t gp_cpu_pool_ws_bytes(gp_device *dev, const gp_pool_desc *d)
-{
-    cpu_op *op = NULL;
-    /* On failure the same error comes back from pool_fwd. */
-    if (pool_op(dev, CPU_OP_POOL_FWD_TRAIN, d, &op) != GP_OK) return 0;
-    return op->ws_bytes;
-}
-
-gp_status gp_cpu_pool_fwd(gp_device *dev, const gp_pool_desc *d, const float *x, float *y,
-                          void *ws)
-{
-    cpu_op *op = NULL;
-    /* Without a workspace (inference) max pooling keeps no indices. */
-    GP_TRY(pool_op(dev, ws ? CPU_OP_POOL_FWD_TRAIN : CPU_OP_POOL_FWD_INFER, d, &op));
-    void *p[3] = {(void *)x, y, ws};
-    return op_run(dev, op, p);
-}
-
-gp_status gp_cpu_pool_bwd(gp_device *dev, const gp_pool_desc *d, const float *x,
-                          const float *y, const float *dy, float *dx, const void *ws)
-{
-    cpu_op *op = NULL;
-    GP_TRY(pool_op(dev, CPU_OP_POOL_BWD, d, &op));
-    if (op->ws_bytes && !ws)
-        return gp_error_set(GP_ERR_INVALID,
-                            "device %s: max-pooling backward needs the workspace written by "
-                            "pool_fwd (pool_ws_bytes = %zu bytes)", dev->name, op->ws_bytes);
-    void *p[3] = {dx, (void *)dy, (void *)ws};
-    return op_run(dev, op, p);
-}
-
-/* ---- batch normalisation ----------------------------------------------------------- */
-
-typedef struct bn_build {
-    const gp_bn_desc *d;
-    cpu_op_kind kind;
-    int scale, shift; /* gamma / beta given */
-} bn_build;
-
-enum { BN_SLOT_X, BN_SLOT_Y, BN_SLOT_GAMMA, BN_SLOT_BETA, BN_SLOT_MEAN, BN_SLOT_VAR,
-       BN_SLOT_DY, BN_SLOT_DX, BN_SLOT_DGAMMA, BN_SLOT_DBETA, BN_SLOTS };
-
-static gp_status build_bn(gp_cpu_ctx *ctx, cpu_op *op, const void *desc)
-{
-    const bn_build *bb = desc;
-    const gp_bn_desc *d = bb->d;
-    gp_status st = GP_OK;
-    dnnl_primitive_desc_t hint = NULL;
-    dnnl_memory_desc_t data, stat;
-    /* (N, C) for the 1-d case, else (N, C, S, 1): both plain layouts. */
-    int64_t dd[4] = {d->n, d->c, d->s, 1}, cd[1] = {d->c};
-    if (d->s == 1) GP_TRY(md_init(&data, 2, dd, dnnl_nc));
-    else GP_TRY(md_init(&data, 4, dd, dnnl_nchw));
-    GP_TRY(md_init(&stat, 1, cd, dnnl_a));
-    unsigned flags = (bb->scale ? dnnl_use_scale : 0u) | (bb->shift ? dnnl_use_shift : 0u);
-    dnnl_batch_normalization_desc_t fwd, bwd;
-    size_t temp = 0;
-    switch (bb->kind) {
-    case CPU_OP_BN_FWD_TRAIN:
-        GP_DNNL(dnnl_batch_normalization_forward_desc_init(&fwd, dnnl_forward_training, &data,
-                                                           d->eps, flags));
-        GP_TRY(op_create_pd(ctx, op, &fwd, NULL));
-        GP_TRY(op_add_arg(ctx, op, DNNL_ARG_SRC, BN_SLOT_X, CPU_ARG_IN, &data, &temp));
-        if (bb->scale) GP_TRY(op_add_arg(ctx, op, DNNL_ARG_SCALE, BN_SLOT_GAMMA, CPU_ARG_IN, &stat, &temp));
-        if (bb->shift) GP_TRY(op_add_arg(ctx, op, DNNL_ARG_SHIFT, BN_SLOT_BETA, CPU_ARG_IN, &stat, &temp));
-        GP_TRY(op_add_arg(ctx, op, DNNL_ARG_DST, BN_SLOT_Y, CPU_ARG_OUT, &data, &temp));
-        GP_TRY(op_add_arg(ctx, op, DNNL_ARG_MEAN, BN_SLOT_MEAN, CPU_ARG_OUT, &stat, &temp));
-        GP_TRY(op_add_arg(ctx, op, DNNL_ARG_VARIANCE, BN_SLOT_VAR, CPU_ARG_OUT, &stat, &temp));
-        break;
-    case CPU_OP_BN_FWD_INFER:
-        GP_DNNL(dnnl_batch_normalization_forward_desc_init(&fwd, dnnl_forward_inference, &data,
-                                                           d->eps, flags | dnnl_use_global_stats));
-        GP_TRY(op_create_pd(ctx, op, &fwd, NULL));
-        GP_TRY(op_add_arg(ctx, op, DNNL_ARG_SRC, BN_SLOT_X, CPU_ARG_IN, &data, &temp));
-        if (bb->scale) GP_TRY(op_add_arg(ctx, op, DNNL_ARG_SCALE, BN_SLOT_GAMMA, CPU_ARG_IN, &stat, &temp));
-        if (bb->shift) GP_TRY(op_add_arg(ctx, op, DNNL_ARG_SHIFT, BN_SLOT_BETA, CPU_ARG_IN, &stat, &temp));
-        GP_TRY(op_add_arg(ctx, op, DNNL_ARG_MEAN, BN_SLOT_MEAN, CPU_ARG_IN, &stat, &temp));
-        GP_TRY(op_add_arg(ctx, op, DNNL_ARG_VARIANCE, BN_SLOT_VAR, CPU_ARG_IN, &stat, &temp));
-        GP_TRY(op_add_arg(ctx, op, DNNL_ARG_DST, BN_SLOT_Y, CPU_ARG_OUT, &data, &temp));
-        break;
-    case CPU_OP_BN_BWD:
-        GP_DNNL(dnnl_batch_normalization_forward_desc_init(&fwd, dnnl_forward_training, &data,
-                                                           d->eps, flags));
-        GP_TRY(make_hint_pd(ctx, &fwd, &hint));
-        GP_DNNL(dnnl_batch_normalization_backward_desc_init(
-            &bwd, bb->scale || bb->shift ? dnnl_backward : dnnl_backward_data, &data, &data,
-            d->eps, flags));
-        GP_TRY(op_create_pd(ctx, op, &bwd, hint));
-        GP_TRY(op_add_arg(ctx, op, DNNL_ARG_SRC, BN_SLOT_X, CPU_ARG_IN, &data, &temp));
-        GP_TRY(op_add_arg(ctx, op, DNNL_ARG_MEAN, BN_SLOT_MEAN, CPU_ARG_IN, &stat, &temp));
-        GP_TRY(op_add_arg(ctx, op, DNNL_ARG_VARIANCE, BN_SLOT_VAR, CPU_ARG_IN, &stat, &temp));
-        GP_TRY(op_add_arg(ctx, op, DNNL_ARG_DIFF_DST, BN_SLOT_DY, CPU_ARG_IN, &data, &temp));
-        if (bb->scale) GP_TRY(op_add_arg(ctx, op, DNNL_ARG_SCALE, BN_SLOT_GAMMA, CPU_ARG_IN, &stat, &temp));
-        if (bb->shift) GP_TRY(op_add_arg(ctx, op, DNNL_ARG_SHIFT, BN_SLOT_BETA, CPU_ARG_IN, &stat, &temp));
-        GP_TRY(op_add_arg(ctx, op, DNNL_ARG_DIFF_SRC, BN_SLOT_DX, CPU_ARG_OUT, &data, &temp));
-        if (bb->scale)
-            GP_TRY(op_add_arg(ctx, op, DNNL_ARG_DIFF_SCALE, BN_SLOT_DGAMMA, CPU_ARG_ACCUM, &stat, &temp));
-        if (bb->shift)
-            GP_TRY(op_add_arg(ctx, op, DNNL_ARG_DIFF_SHIFT, BN_SLOT_DBETA, CPU_ARG_ACCUM, &stat, &temp));
-        break;
-    default:
-        GP_ASSERT(!"not a batch-norm kind");
-    }
-    st = op_finish(ctx, op, temp);
-fail:
-    if (hint) dnnl_primitive_desc_destroy(hint);
-    return st;
-}
-
-static gp_status bn_op(gp_device *dev, cpu_op_kind kind, const gp_bn_desc *d, int scale,
-                       int shift, cpu_op **op)
-{
-    if (d->n <= 0 || d->c <= 0 || d->s <= 0 || !(d->eps >= 0.0f))
-        return gp_error_set(GP_ERR_INVALID,
-                            "device %s: invalid batch norm (n=%lld c=%lld s=%lld eps=%g)",
-                            dev->name, (long long)d->n, (long long)d->c, (long long)d->s,
-                            (double)d->eps);
-    uint32_t eps_bits;
-    memcpy(&eps_bits, &d->eps, sizeof eps_bits);
-    cpu_key key = {{kind, d->n, d->c, d->s, (int64_t)eps_bits, scale, shift, 0, 0, 0, 0, 0, 0,
-                    0, 0, 0}};
-    bn_build bb = {d, kind, scale, shift};
-    return op_get(dev, &key, build_bn, &bb,
-                  kind == CPU_OP_BN_BWD ? "a batch-norm backward" : "a batch-norm forward", op);
-}
-
-gp_status gp_cpu_bn_fwd_train(gp_device *dev, const gp_bn_desc *d, const float *x,
-                              const float *gamma, const float *beta, float *y, float *mean,
-                              float *var)
-{
-    cpu_op *op = NULL;
-    GP_TRY(bn_op(dev, CPU_OP_BN_FWD_TRAIN, d, gamma != NULL, beta != NULL, &op));
-    void *p[BN_SLOTS] = {(void *)x, y, (void *)gamma, (void *)beta, mean, var, NULL, NULL, NULL};
-    return op_run(dev, op, p);
-}
-
-gp_status gp_cpu_bn_fwd_infer(gp_device *dev, const gp_bn_desc *d, const float *x,
-                              const float *gamma, const float *beta, const float *mean,
-                              const float *var, float *y)
-{
-    cpu_op *op = NULL;
-    GP_TRY(bn_op(dev, CPU_OP_BN_FWD_INFER, d, gamma != NULL, beta != NULL, &op));
-    void *p[BN_SLOTS] = {(void *)x, y, (void *)gamma, (void *)beta, (void *)mean, (void *)var,
-                  NULL, NULL, NULL};
-    return op_run(dev, op, p);
-}
-
-gp_status gp_cpu_bn_bwd(gp_device *dev, const gp_bn_desc *d, const float *x,
-                        const float *gamma, const float *mean, const float *var,
-                        const float *dy, float *dx, float *dgamma, float *dbeta)
-{
-    cpu_op *op = NULL;
-    if (gamma && !dgamma)
-        return gp_error_set(GP_ERR_INVALID, "device %s: batch-norm backward with gamma needs "
-                            "dgamma to accumulate into", dev->name);
-    GP_TRY(bn_op(dev, CPU_OP_BN_BWD, d, gamma != NULL, dbeta != NULL, &op));
-    /* oneDNN 2.6 wants a SHIFT argument in backward whenever use_shift is
-     * set, though the gradients never read it: the mean (C floats, read
-     * only) stands in for beta, which the interface does not pass. */
-    void *p[BN_SLOTS] = {(void *)x, NULL, (void *)gamma, (void *)mean, (void *)mean, (void *)var,
-                         (void *)dy, dx, dgamma, dbeta};
     return op_run(dev, op, p);
 }
 

@@ -1,15 +1,14 @@
 /*
- * cpu_impl.h — shared inside the CPU backend (the .c files of backend/cpu): the device
- * context, the primitive cache and the oneDNN check macro.
+ * cpu_impl.h — shared inside the CPU backend (the .c files of backend/cpu):
+ * the device context, the primitive cache and the oneDNN check macro.
  *
  * Context ownership: gp_cpu_ctx belongs to its gp_device and is driven by
  * the device's one worker thread at a time (backend.h), so the cache and the
  * workspace arena need no lock.  Every byte the backend keeps (the arena) is
  * allocated through gp_dev_alloc with category GP_MEM_WORKSPACE.
  *
- * Primitive cache.  Each oneDNN operation (convolution, pooling, batch norm,
- * log-softmax) is built once per shape into a cpu_op: the primitive, the
- * reorders between the interface's plain NCHW layout and whatever layout the
+ * Primitive cache.  Each oneDNN operation (convolution, log-softmax) is
+ * built once per shape into a cpu_op: the primitive, the reorders between the interface's plain NCHW layout and whatever layout the
  * primitive prefers, memory objects without buffers (their handles are set
  * on every call) and the sizes of the temporaries it needs.  Temporaries and
  * scratchpads live in one per-device arena, reused by every op: ops run one
@@ -56,12 +55,6 @@ typedef enum {
     CPU_OP_CONV_FWD = 1,
     CPU_OP_CONV_BWD_DATA,
     CPU_OP_CONV_BWD_WEIGHTS,
-    CPU_OP_POOL_FWD_TRAIN,
-    CPU_OP_POOL_FWD_INFER,
-    CPU_OP_POOL_BWD,
-    CPU_OP_BN_FWD_TRAIN,
-    CPU_OP_BN_FWD_INFER,
-    CPU_OP_BN_BWD,
     CPU_OP_LOG_SOFTMAX
 } cpu_op_kind;
 
@@ -98,7 +91,6 @@ typedef struct cpu_op {
     dnnl_memory_t scratch;    /* scratchpad of prim and reorders (at 0) */
     size_t scratch_bytes;
     size_t arena_need;        /* bytes of arena the op uses */
-    size_t ws_bytes;          /* pooling workspace (user memory) */
 } cpu_op;
 
 #define CPU_CACHE_BUCKETS 128
@@ -129,7 +121,7 @@ gp_status gp_cpu_arena_reserve(gp_device *dev, size_t bytes);
 /* Free every cached op (device destruction). */
 void gp_cpu_cache_destroy(gp_cpu_ctx *ctx);
 
-/* The iface slots implemented in cpu_dnnl.c and cpu_math.c. */
+/* The iface slots implemented in cpu_dnnl.c, cpu_bn.c, cpu_pool.c and cpu_math.c. */
 gp_status gp_cpu_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x,
                           const float *w, const float *b, float *y);
 gp_status gp_cpu_conv_bwd_data(gp_device *dev, const gp_conv_desc *d,

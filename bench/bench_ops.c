@@ -1,0 +1,210 @@
+/*
+ * bench_ops.c — CPU backend op throughput against the compute ceiling.
+ *
+ * Prints the GFLOP/s of a 4096^3 oneDNN sgemm and, for each convolution of
+ * the benchmark convnet (bench/convnet.yaml, batch 128, 3x3 pad 1), the time
+ * and GFLOP/s of forward, backward-data and backward-weights through the
+ * device interface (plain NCHW in and out, reorders included), with the
+ * backend's layout policy and, for comparison, with plain and blocked layouts
+ * forced.  Then the memory-bound ops of the same network (batch norm, relu,
+ * max pooling) and an estimate of a whole training step's FLOP/s as the sum
+ * of its ops.  Best of several repetitions; the machine may be shared, so
+ * numbers are noisy.  Usage: bench_ops [threads [quick]] (default 2 threads;
+ * quick skips the forced-layout rows).  Never fails.
+ */
+#include "backend/backend.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define REPS 5
+
+static float *buf(gp_device *dev, int64_t n, float v)
+{
+    void *p = NULL;
+    if (gp_dev_alloc(dev, (size_t)n * sizeof(float), GP_MEM_ACTIVATIONS, &p) != GP_OK) {
+        fprintf(stderr, "bench_ops: %s\n", gp_last_error());
+        exit(0);
+    }
+    float *f = p;
+    for (int64_t i = 0; i < n; i++) f[i] = v * (float)((i * 7919) % 1000 - 500) / 500.0f;
+    return f;
+}
+
+static void unbuf(gp_device *dev, float *p, int64_t n)
+{
+    gp_dev_free(dev, p, (size_t)n * sizeof(float), GP_MEM_ACTIVATIONS);
+}
+
+typedef struct shape { int64_t c, k, hw; } shape;
+static const shape shapes[] = {{1, 64, 28}, {64, 64, 28}, {64, 128, 14},
+                               {128, 128, 14}, {128, 256, 7}, {256, 256, 7}};
+#define NSHAPES (int)(sizeof shapes / sizeof shapes[0])
+#define BATCH 128
+
+static void report(gp_status s)
+{
+    if (s != GP_OK) {
+        fprintf(stderr, "bench_ops: %s\n", gp_last_error());
+        exit(0);
+    }
+}
+
+/* Best-of-REPS seconds of conv fwd, bwd_data, bwd_weights for one shape. */
+static void time_conv(gp_device *dev, const shape *sh, double t[3])
+{
+    gp_conv_desc d = {BATCH, sh->c, sh->hw, sh->hw, sh->k, 3, 3, 1, 1, 1, 1, sh->hw, sh->hw, 1};
+    int64_t nx = BATCH * sh->c * sh->hw * sh->hw, ny = BATCH * sh->k * sh->hw * sh->hw;
+    int64_t nw = sh->k * sh->c * 9;
+    float *x = buf(dev, nx, 1), *w = buf(dev, nw, 0.1f), *b = buf(dev, sh->k, 0.1f);
+    float *y = buf(dev, ny, 0), *dy = buf(dev, ny, 1), *dx = buf(dev, nx, 0);
+    float *dw = buf(dev, nw, 0), *db = buf(dev, sh->k, 0);
+    t[0] = t[1] = t[2] = 1e30;
+    for (int r = 0; r <= REPS; r++) { /* r == 0 is the warm-up (creates primitives) */
+        double t0 = gp_now();
+        report(dev->iface->conv_fwd(dev, &d, x, w, b, y));
+        double t1 = gp_now();
+        report(dev->iface->conv_bwd_data(dev, &d, w, dy, dx));
+        double t2 = gp_now();
+        report(dev->iface->conv_bwd_weights(dev, &d, x, dy, dw, db));
+        double t3 = gp_now();
+        if (r == 0) continue;
+        if (t1 - t0 < t[0]) t[0] = t1 - t0;
+        if (t2 - t1 < t[1]) t[1] = t2 - t1;
+        if (t3 - t2 < t[2]) t[2] = t3 - t2;
+    }
+    unbuf(dev, x, nx); unbuf(dev, w, nw); unbuf(dev, b, sh->k); unbuf(dev, y, ny);
+    unbuf(dev, dy, ny); unbuf(dev, dx, nx); unbuf(dev, dw, nw); unbuf(dev, db, sh->k);
+}
+
+static double conv_flops(const shape *sh)
+{
+    return 2.0 * BATCH * (double)sh->k * (double)sh->c * 9.0 * (double)(sh->hw * sh->hw);
+}
+
+/* Best-of-REPS seconds of the memory-bound ops after one conv of `sh`:
+ * bn fwd+bwd, relu fwd+bwd, and (if pooled) max pool fwd+bwd. */
+static double time_other(gp_device *dev, const shape *sh, int pooled)
+{
+    int64_t hw = sh->hw, n = BATCH * sh->k * hw * hw;
+    gp_bn_desc bd = {BATCH, sh->k, hw * hw, 1e-5f};
+    gp_pool_desc pd = {BATCH, sh->k, hw, hw, 2, 2, 2, 2, 0, 0, hw / 2, hw / 2, GP_POOL_MAX};
+    int64_t np = BATCH * sh->k * (hw / 2) * (hw / 2);
+    float *x = buf(dev, n, 1), *y = buf(dev, n, 0), *z = buf(dev, n, 0), *dz = buf(dev, n, 1);
+    float *g = buf(dev, sh->k, 1), *be = buf(dev, sh->k, 1), *m = buf(dev, sh->k, 0);
+    float *v = buf(dev, sh->k, 0), *dg = buf(dev, sh->k, 0), *dbe = buf(dev, sh->k, 0);
+    float *p = buf(dev, np, 0), *dp = buf(dev, np, 1);
+    size_t wsb = dev->iface->pool_ws_bytes(dev, &pd);
+    void *ws = NULL;
+    if (pooled && wsb) report(gp_dev_alloc(dev, wsb, GP_MEM_ACTIVATIONS, &ws));
+    double best[6] = {1e30, 1e30, 1e30, 1e30, 1e30, 1e30};
+    for (int r = 0; r <= REPS; r++) {
+        double t[7];
+        t[0] = gp_now();
+        report(dev->iface->bn_fwd_train(dev, &bd, x, g, be, y, m, v));
+        t[1] = gp_now();
+        report(dev->iface->relu_fwd(dev, y, z, n));
+        t[2] = gp_now();
+        if (pooled) report(dev->iface->pool_fwd(dev, &pd, z, p, ws));
+        t[3] = gp_now();
+        if (pooled) report(dev->iface->pool_bwd(dev, &pd, z, p, dp, dz, ws));
+        t[4] = gp_now();
+        report(dev->iface->relu_bwd(dev, z, dz, y, n));
+        t[5] = gp_now();
+        report(dev->iface->bn_bwd(dev, &bd, x, g, m, v, y, z, dg, dbe));
+        t[6] = gp_now();
+        for (int i = 0; r > 0 && i < 6; i++)
+            if (t[i + 1] - t[i] < best[i]) best[i] = t[i + 1] - t[i];
+    }
+    printf("  %4lld x %2lldx%-2lld: bn_fwd %6.2f relu_fwd %6.2f pool_fwd %6.2f pool_bwd %6.2f "
+           "relu_bwd %6.2f bn_bwd %6.2f ms\n", (long long)sh->k, (long long)hw, (long long)hw,
+           best[0] * 1e3, best[1] * 1e3, best[2] * 1e3, best[3] * 1e3, best[4] * 1e3,
+           best[5] * 1e3);
+    double tot = 0;
+    for (int i = 0; i < 6; i++) tot += best[i];
+    if (ws) gp_dev_free(dev, ws, wsb, GP_MEM_ACTIVATIONS);
+    unbuf(dev, x, n); unbuf(dev, y, n); unbuf(dev, z, n); unbuf(dev, dz, n);
+    unbuf(dev, g, sh->k); unbuf(dev, be, sh->k); unbuf(dev, m, sh->k); unbuf(dev, v, sh->k);
+    unbuf(dev, dg, sh->k); unbuf(dev, dbe, sh->k); unbuf(dev, p, np); unbuf(dev, dp, np);
+    return tot;
+}
+
+static gp_device *open_dev(int threads, const char *layout)
+{
+    if (layout) setenv("GPIPE_CPU_CONV", layout, 1);
+    else unsetenv("GPIPE_CPU_CONV");
+    gp_device *dev = NULL;
+    gp_device_opts o = {.threads = threads};
+    report(gp_device_open("cpu:0", &o, &dev));
+    gp_device_bind_thread(dev);
+    unsetenv("GPIPE_CPU_CONV");
+    return dev;
+}
+
+int main(int argc, char **argv)
+{
+    int threads = argc > 1 ? atoi(argv[1]) : 2;
+    if (threads <= 0) threads = 2;
+    gp_log_set_level(GP_LOG_WARN);
+    gp_device *dev = open_dev(threads, NULL);
+
+    const int64_t G = 4096;
+    float *a = buf(dev, G * G, 1), *b = buf(dev, G * G, 1), *c = buf(dev, G * G, 0);
+    double tg = 1e30;
+    for (int r = 0; r <= 3; r++) {
+        double t0 = gp_now();
+        report(dev->iface->gemm(dev, 0, 0, G, G, G, 1.0f, a, G, b, G, 0.0f, c, G));
+        double t = gp_now() - t0;
+        if (r > 0 && t < tg) tg = t;
+    }
+    unbuf(dev, a, G * G); unbuf(dev, b, G * G); unbuf(dev, c, G * G);
+    double gemm_gf = 2.0 * (double)G * G * G / tg / 1e9;
+    printf("CPU backend ops, %d threads, batch %d (best of %d)\n", threads, BATCH, REPS);
+    printf("sgemm 4096^3: %.1f ms, %.1f GFLOP/s (the ceiling)\n\n", tg * 1e3, gemm_gf);
+
+    printf("%-16s %-8s | %9s %7s %5s | %9s %7s %5s | %9s %7s %5s\n", "conv 3x3 p1", "layout",
+           "fwd ms", "GF/s", "%gem", "bwd_d ms", "GF/s", "%gem", "bwd_w ms", "GF/s", "%gem");
+    const char *layouts[3] = {NULL, "plain", "blocked"};
+    const char *lnames[3] = {"auto", "plain", "blocked"};
+    double conv_total_t = 0, conv_total_f = 0;
+    int nlayouts = argc > 2 && !strcmp(argv[2], "quick") ? 1 : 3;
+    for (int l = 0; l < nlayouts; l++) {
+        gp_device *ld = l == 0 ? dev : open_dev(threads, layouts[l]);
+        for (int s = 0; s < NSHAPES; s++) {
+            double t[3];
+            time_conv(ld, &shapes[s], t);
+            double f = conv_flops(&shapes[s]);
+            char name[32];
+            snprintf(name, sizeof name, "%lld->%lld @%lld", (long long)shapes[s].c,
+                     (long long)shapes[s].k, (long long)shapes[s].hw);
+            printf("%-16s %-8s", name, lnames[l]);
+            for (int i = 0; i < 3; i++)
+                printf(" | %9.2f %7.1f %4.0f%%", t[i] * 1e3, f / t[i] / 1e9,
+                       100.0 * f / t[i] / 1e9 / gemm_gf);
+            printf("\n");
+            if (l == 0) {
+                /* the first layer's dx is never needed in training */
+                conv_total_t += t[0] + t[2] + (s == 0 ? 0 : t[1]);
+                conv_total_f += f * (s == 0 ? 2 : 3);
+            }
+        }
+        if (l != 0) gp_device_close(ld);
+        printf("\n");
+    }
+
+    printf("bn+relu(+maxpool) fwd+bwd after each conv:\n");
+    double other_t = 0;
+    for (int s = 0; s < NSHAPES; s++) {
+        int pooled = s % 2 == 1;
+        double t = time_other(dev, &shapes[s], pooled);
+        other_t += t;
+    }
+    double step_gf = conv_total_f / (conv_total_t + other_t) / 1e9;
+    printf("\nconvnet step estimate (convs + bn/relu/pool, linear head omitted):\n"
+           "  convs %.1f ms (%.1f GF/s), other %.1f ms, total %.1f ms -> %.1f GF/s = %.0f%% of sgemm\n",
+           conv_total_t * 1e3, conv_total_f / conv_total_t / 1e9, other_t * 1e3,
+           (conv_total_t + other_t) * 1e3, step_gf, 100.0 * step_gf / gemm_gf);
+    printf("primitives created: %lld\n", (long long)gp_cpu_primitives_created(dev));
+    gp_device_close(dev);
+    return 0;
+}

@@ -1,0 +1,170 @@
+/*
+ * cpu_pool.c — max and average pooling on plain NCHW with OpenMP loops over
+ * the N*C planes.
+ *
+ * Why not oneDNN: on plain layouts its training forward is the reference
+ * `simple_nchw` kernel (4.2 ms forward + 4.5 ms backward for 2x2 max
+ * pooling of (128, 64, 28, 28) on 2 cores); one plane (a few KiB) at a time
+ * stays in L1 here, so the tensor is read once and written once.
+ *
+ * Max pooling keeps, per output element, the position of the (first)
+ * maximum inside its window in the workspace: one byte when the window has
+ * at most 256 elements, else an int32.  Average pooling divides by the
+ * number of elements inside the image (padding excluded, PyTorch's
+ * count_include_pad=False) and needs no workspace.
+ */
+#include "backend/cpu/cpu_impl.h"
+
+#include <omp.h>
+#include <string.h>
+
+static gp_status pool_check(gp_device *dev, const gp_pool_desc *d)
+{
+    if (d->n <= 0 || d->c <= 0 || d->h <= 0 || d->w <= 0 || d->kh <= 0 || d->kw <= 0 ||
+        d->sh <= 0 || d->sw <= 0 || d->ph < 0 || d->pw < 0 || d->oh <= 0 || d->ow <= 0 ||
+        d->ph >= d->kh || d->pw >= d->kw || (d->oh - 1) * d->sh - d->ph >= d->h ||
+        (d->ow - 1) * d->sw - d->pw >= d->w)
+        return gp_error_set(GP_ERR_INVALID,
+                            "device %s: invalid pooling (n=%lld c=%lld h=%lld w=%lld kernel "
+                            "%lldx%lld stride %lldx%lld pad %lldx%lld output %lldx%lld); "
+                            "padding must be smaller than the kernel and every window must "
+                            "overlap the image",
+                            dev->name, (long long)d->n, (long long)d->c, (long long)d->h,
+                            (long long)d->w, (long long)d->kh, (long long)d->kw,
+                            (long long)d->sh, (long long)d->sw, (long long)d->ph,
+                            (long long)d->pw, (long long)d->oh, (long long)d->ow);
+    return GP_OK;
+}
+
+static int ws_wide(const gp_pool_desc *d) { return d->kh * d->kw > 256; }
+
+size_t gp_cpu_pool_ws_bytes(gp_device *dev, const gp_pool_desc *d)
+{
+    if (d->kind != GP_POOL_MAX) return 0;
+    return (size_t)(d->n * d->c * d->oh * d->ow) * (ws_wide(d) ? sizeof(int32_t) : 1);
+}
+
+/* The window of output (oh, ow) clipped to the image: rows [i0, i1), cols
+ * [j0, j1); the window's own origin is (oh*sh - ph, ow*sw - pw). */
+typedef struct win { int64_t r0, c0, i0, i1, j0, j1; } win;
+
+static inline win window(const gp_pool_desc *d, int64_t oh, int64_t ow)
+{
+    win v;
+    v.r0 = oh * d->sh - d->ph;
+    v.c0 = ow * d->sw - d->pw;
+    v.i0 = v.r0 < 0 ? 0 : v.r0;
+    v.j0 = v.c0 < 0 ? 0 : v.c0;
+    v.i1 = v.r0 + d->kh < d->h ? v.r0 + d->kh : d->h;
+    v.j1 = v.c0 + d->kw < d->w ? v.c0 + d->kw : d->w;
+    return v;
+}
+
+/* 2x2 stride-2 max pooling without padding (the common case): branch-free
+ * selects over a row of outputs, which the compiler vectorises. */
+static void max2x2_plane(const gp_pool_desc *d, const float *xp, float *yp, uint8_t *wp)
+{
+    for (int64_t oh = 0; oh < d->oh; oh++) {
+        const float *r0 = xp + 2 * oh * d->w, *r1 = r0 + d->w;
+        float *yo = yp + oh * d->ow;
+        uint8_t *wo = wp ? wp + oh * d->ow : NULL;
+#pragma omp simd
+        for (int64_t ow = 0; ow < d->ow; ow++) {
+            float a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], e = r1[2 * ow + 1];
+            /* first maximum in scan order (a, b, c, e), like the generic loop */
+            float m = a;
+            uint8_t k = 0;
+            k = b > m ? 1 : k; m = b > m ? b : m;
+            k = c > m ? 2 : k; m = c > m ? c : m;
+            k = e > m ? 3 : k; m = e > m ? e : m;
+            yo[ow] = m;
+            if (wo) wo[ow] = k;
+        }
+    }
+}
+
+gp_status gp_cpu_pool_fwd(gp_device *dev, const gp_pool_desc *d, const float *x, float *y,
+                          void *ws)
+{
+    GP_TRY(pool_check(dev, d));
+    if (d->kind == GP_POOL_MAX && d->kh == 2 && d->kw == 2 && d->sh == 2 && d->sw == 2 &&
+        d->ph == 0 && d->pw == 0) {
+        const int64_t planes = d->n * d->c, hw = d->h * d->w, ohw = d->oh * d->ow;
+        int nt = dev->threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (planes * hw >= 32768)
+        for (int64_t p = 0; p < planes; p++)
+            max2x2_plane(d, x + p * hw, y + p * ohw, ws ? (uint8_t *)ws + p * ohw : NULL);
+        return GP_OK;
+    }
+    const int64_t planes = d->n * d->c, hw = d->h * d->w, ohw = d->oh * d->ow;
+    const int max = d->kind == GP_POOL_MAX, wide = ws_wide(d);
+    int nt = dev->threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (planes * hw >= 32768)
+    for (int64_t p = 0; p < planes; p++) {
+        const float *xp = x + p * hw;
+        float *yp = y + p * ohw;
+        for (int64_t oh = 0; oh < d->oh; oh++)
+            for (int64_t ow = 0; ow < d->ow; ow++) {
+                win v = window(d, oh, ow);
+                int64_t o = oh * d->ow + ow;
+                if (max) {
+                    float best = xp[v.i0 * d->w + v.j0];
+                    int64_t arg = (v.i0 - v.r0) * d->kw + (v.j0 - v.c0);
+                    for (int64_t i = v.i0; i < v.i1; i++)
+                        for (int64_t j = v.j0; j < v.j1; j++)
+                            if (xp[i * d->w + j] > best) {
+                                best = xp[i * d->w + j];
+                                arg = (i - v.r0) * d->kw + (j - v.c0);
+                            }
+                    yp[o] = best;
+                    if (ws) {
+                        if (wide) ((int32_t *)ws)[p * ohw + o] = (int32_t)arg;
+                        else ((uint8_t *)ws)[p * ohw + o] = (uint8_t)arg;
+                    }
+                } else {
+                    float sum = 0.0f;
+                    for (int64_t i = v.i0; i < v.i1; i++)
+                        for (int64_t j = v.j0; j < v.j1; j++) sum += xp[i * d->w + j];
+                    yp[o] = sum / (float)((v.i1 - v.i0) * (v.j1 - v.j0));
+                }
+            }
+    }
+    return GP_OK;
+}
+
+gp_status gp_cpu_pool_bwd(gp_device *dev, const gp_pool_desc *d, const float *x,
+                          const float *y, const float *dy, float *dx, const void *ws)
+{
+    GP_TRY(pool_check(dev, d));
+    const int max = d->kind == GP_POOL_MAX, wide = ws_wide(d);
+    if (max && !ws)
+        return gp_error_set(GP_ERR_INVALID,
+                            "device %s: max-pooling backward needs the workspace written by "
+                            "pool_fwd (pool_ws_bytes = %zu bytes)", dev->name,
+                            gp_cpu_pool_ws_bytes(dev, d));
+    const int64_t planes = d->n * d->c, hw = d->h * d->w, ohw = d->oh * d->ow;
+    int nt = dev->threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (planes * hw >= 32768)
+    for (int64_t p = 0; p < planes; p++) {
+        float *dp = dx + p * hw;
+        const float *gp = dy + p * ohw;
+        /* The plane is in L1: zero it, then add each window's share. */
+        memset(dp, 0, (size_t)hw * sizeof(float));
+        for (int64_t oh = 0; oh < d->oh; oh++)
+            for (int64_t ow = 0; ow < d->ow; ow++) {
+                win v = window(d, oh, ow);
+                int64_t o = oh * d->ow + ow;
+                if (max) {
+                    int64_t arg = wide ? ((const int32_t *)ws)[p * ohw + o]
+                                       : ((const uint8_t *)ws)[p * ohw + o];
+                    int64_t i = v.r0 + arg / d->kw, j = v.c0 + arg % d->kw;
+                    dp[i * d->w + j] += gp[o];
+                } else {
+                    float g = gp[o] / (float)((v.i1 - v.i0) * (v.j1 - v.j0));
+                    for (int64_t i = v.i0; i < v.i1; i++)
+                        for (int64_t j = v.j0; j < v.j1; j++) dp[i * d->w + j] += g;
+                }
+            }
+    }
+    return GP_OK;
+}
