@@ -1,0 +1,651 @@
+/*
+ * test_config.c — the YAML config: a full file into the expected structs,
+ * defaults and the list of defaults applied, every kind of error with its
+ * file:line:column and hint, `--set` overrides, loading from disk, the
+ * example configs in configs/, and a fuzz loop (random and mutated inputs
+ * must return a status, never crash or leak; run under ASan/LSan in CI).
+ */
+#include "config/config.h"
+#include "test.h"
+
+#include <stdint.h>
+#include <unistd.h>
+
+#define NAME "t.yaml"
+
+static gp_status parse_set(const char *text, const char *const *sets, int n, gp_config *c)
+{
+    return gp_config_parse(NAME, text, strlen(text), sets, n, c);
+}
+
+static gp_status parse(const char *text, gp_config *c) { return parse_set(text, NULL, 0, c); }
+
+/* Parse, expect failure, free (a failed parse leaves nothing to free, but
+ * gp_config_free must be harmless on it). */
+static gp_status parse_bad(const char *text, const char *const *sets, int n)
+{
+    gp_config c;
+    gp_status s = parse_set(text, sets, n, &c);
+    gp_config_free(&c);
+    return s;
+}
+
+/* base + extra in a static buffer. */
+static const char *cat(const char *a, const char *b)
+{
+    static char buf[8192];
+    snprintf(buf, sizeof buf, "%s%s", a, b);
+    return buf;
+}
+
+/* Eight lines: the model section of most tests. */
+static const char *const k_base =
+    "model:\n"                                     /* 1 */
+    "  input: [1, 28, 28]\n"                       /* 2 */
+    "  layers:\n"                                  /* 3 */
+    "    - conv2d: {out: 8, kernel: 3, padding: 1}\n" /* 4 */
+    "    - batchnorm\n"                            /* 5 */
+    "    - relu\n"                                 /* 6 */
+    "    - flatten\n"                              /* 7 */
+    "    - linear: {out: 10}\n";                   /* 8 */
+
+static const char *const k_full =
+    "model:\n"                                                 /* 1 */
+    "  input: [3, 32, 32]\n"                                   /* 2 */
+    "  layers:\n"                                              /* 3 */
+    "    - conv2d: {out: 32, kernel: 3, padding: 1, bias: false, name: c1}\n" /* 4 */
+    "    - batchnorm: {momentum: 0.2, eps: 0.001, sync: true}\n" /* 5 */
+    "    - relu\n"                                             /* 6 */
+    "    - maxpool2d: {kernel: 2}\n"                           /* 7 */
+    "    - residual: {out: 64, stride: 2}\n"                   /* 8 */
+    "    - avgpool2d: {kernel: 3, stride: 1, padding: 1}\n"    /* 9 */
+    "    - global_avgpool\n"                                   /* 10 */
+    "    - flatten\n"                                          /* 11 */
+    "    - dropout: {p: 0.25}\n"                               /* 12 */
+    "    - linear: {in: 64, out: 10, bias: true}\n"            /* 13 */
+    "  loss: cross_entropy\n"                                  /* 14 */
+    "  init_from: weights.safetensors\n"                       /* 15 */
+    "pipeline:\n"                                              /* 16 */
+    "  devices:\n"                                             /* 17 */
+    "    - cpu:0\n"                                            /* 18 */
+    "    - {name: cpu:1, memory: 1GiB, threads: 2}\n"          /* 19 */
+    "  balance: [4, 6]\n"                                      /* 20 */
+    "  chunks: 4\n"                                            /* 21 */
+    "  checkpoint: always\n"                                   /* 22 */
+    "  lockstep: false\n"                                      /* 23 */
+    "  threads: 1\n"                                           /* 24 */
+    "  memory: 512MiB\n"                                       /* 25 */
+    "  replicas: 2\n"                                          /* 26 */
+    "data:\n"
+    "  dataset: cifar10\n"
+    "  path: /data/cifar\n"
+    "  shuffle: false\n"
+    "  normalize: true\n"
+    "  mean: [0.49, 0.48, 0.45]\n"
+    "  std: [0.25, 0.24, 0.26]\n"
+    "  augment: {crop_padding: 4, hflip: true}\n"
+    "  prefetch: 3\n"
+    "  train_limit: 5000\n"
+    "  test_limit: 1000\n"
+    "  synthetic: {train: 100, test: 50, classes: 5, shape: [3, 8, 8]}\n"
+    "train:\n"
+    "  epochs: 5\n"
+    "  steps: 0\n"
+    "  batch_size: 128\n"
+    "  seed: 18446744073709551615\n"
+    "  optimizer: {type: sgd, lr: 0.1, momentum: 0.8, nesterov: true, weight_decay: 0.0005,"
+    " decay_bias_and_norm: true}\n"
+    "  schedule: {type: step, warmup_steps: 100, warmup_start: 0.1, step_size: 500, gamma: 0.5,"
+    " min_lr: 0.001}\n"
+    "  lr_scaling: linear\n"
+    "  base_batch: 256\n"
+    "  log_every: 10\n"
+    "  eval_each_epoch: false\n"
+    "  eval_batch_size: 500\n";
+
+static void test_full(void)
+{
+    gp_config c;
+    CHECK_OK(parse(k_full, &c));
+    CHECK(!strcmp(c.path, NAME));
+    CHECK(c.model.input[0] == 3 && c.model.input[1] == 32 && c.model.input[2] == 32);
+    CHECK(c.model.n_layers == 10);
+    if (c.model.n_layers == 10) {
+        const gp_layer_spec *l = c.model.layers;
+        CHECK(l[0].type == GP_LAYER_CONV2D && l[0].out == 32 && l[0].kernel == 3 &&
+              l[0].padding == 1 && l[0].stride == 1 && !l[0].bias && l[0].in == 0);
+        CHECK(!strcmp(l[0].name, "c1") && !strcmp(l[0].file, NAME));
+        CHECK(l[0].line == 4 && l[0].column == 7);
+        CHECK(l[1].type == GP_LAYER_BATCHNORM && l[1].sync);
+        CHECK_NEAR(l[1].momentum, 0.2, 1e-7, 0);
+        CHECK_NEAR(l[1].eps, 0.001, 1e-9, 0);
+        CHECK(l[2].type == GP_LAYER_RELU && l[2].line == 6 && l[2].column == 7);
+        CHECK(l[3].type == GP_LAYER_MAXPOOL2D && l[3].kernel == 2 && l[3].stride == 0);
+        CHECK(l[4].type == GP_LAYER_RESIDUAL && l[4].out == 64 && l[4].stride == 2);
+        CHECK(l[5].type == GP_LAYER_AVGPOOL2D && l[5].kernel == 3 && l[5].stride == 1 &&
+              l[5].padding == 1);
+        CHECK(l[6].type == GP_LAYER_GLOBAL_AVGPOOL && l[7].type == GP_LAYER_FLATTEN);
+        CHECK(l[8].type == GP_LAYER_DROPOUT);
+        CHECK_NEAR(l[8].p, 0.25, 1e-7, 0);
+        CHECK(l[9].type == GP_LAYER_LINEAR && l[9].in == 64 && l[9].out == 10 && l[9].bias);
+        CHECK(l[9].line == 13);
+    }
+    CHECK(!strcmp(c.model.loss, "cross_entropy"));
+    CHECK(!strcmp(c.model.init_from, "weights.safetensors"));
+
+    const gp_pipeline_config *p = &c.pipeline;
+    CHECK(p->n_devices == 2);
+    CHECK(!strcmp(p->devices[0].name, "cpu:0") && !strcmp(p->devices[1].name, "cpu:1"));
+    CHECK(p->devices[0].memory == ((size_t)512 << 20) && p->devices[0].threads == 1);
+    CHECK(p->devices[1].memory == ((size_t)1 << 30) && p->devices[1].threads == 2);
+    CHECK(p->n_balance == 2 && p->balance[0] == 4 && p->balance[1] == 6);
+    CHECK(p->chunks == 4 && p->checkpoint == GP_CKPT_ALWAYS && !p->lockstep);
+    CHECK(p->threads == 1 && p->memory == ((size_t)512 << 20) && p->replicas == 2);
+
+    const gp_data_config *d = &c.data;
+    CHECK(d->dataset == GP_DATASET_CIFAR10 && !strcmp(d->path, "/data/cifar"));
+    CHECK(!d->shuffle && d->normalize && d->n_mean == 3);
+    CHECK_NEAR(d->mean[2], 0.45, 1e-7, 0);
+    CHECK_NEAR(d->std[1], 0.24, 1e-7, 0);
+    CHECK(d->crop_padding == 4 && d->hflip && d->prefetch == 3);
+    CHECK(d->train_limit == 5000 && d->test_limit == 1000);
+    CHECK(d->synthetic_train == 100 && d->synthetic_test == 50 && d->synthetic_classes == 5);
+    CHECK(d->synthetic_shape[0] == 3 && d->synthetic_shape[1] == 8 && d->synthetic_shape[2] == 8);
+
+    const gp_train_config *t = &c.train;
+    CHECK(t->epochs == 5 && t->steps == 0 && t->batch_size == 128);
+    CHECK(t->seed == UINT64_MAX);
+    CHECK(!strcmp(t->optim.type, "sgd"));
+    CHECK_NEAR(t->optim.lr, 0.1, 1e-7, 0);
+    CHECK_NEAR(t->optim.momentum, 0.8, 1e-7, 0);
+    CHECK(t->optim.nesterov && t->optim.decay_bias_and_norm);
+    CHECK_NEAR(t->optim.weight_decay, 0.0005, 1e-9, 0);
+    CHECK(t->sched.kind == GP_SCHED_STEP && t->sched.warmup_steps == 100 &&
+          t->sched.step_size == 500);
+    CHECK_NEAR(t->sched.warmup_start, 0.1, 1e-7, 0);
+    CHECK_NEAR(t->sched.gamma, 0.5, 1e-7, 0);
+    CHECK_NEAR(t->sched.min_lr, 0.001, 1e-9, 0);
+    CHECK(t->lr_scaling == GP_LR_SCALING_LINEAR && t->base_batch == 256);
+    CHECK(t->log_every == 10 && !t->eval_each_epoch && t->eval_batch_size == 500);
+    /* everything was given (only the layer fields and synthetic defaults are
+     * not), so no top-level default was applied */
+    CHECK(c.defaults_applied && !strstr(c.defaults_applied, "(default)"));
+    gp_config_free(&c);
+    gp_config_free(&c); /* twice is harmless */
+    CHECK(c.model.layers == NULL && c.defaults_applied == NULL);
+}
+
+static void test_defaults(void)
+{
+    gp_config c;
+    CHECK_OK(parse(k_base, &c));
+    CHECK(c.model.n_layers == 5);
+    CHECK(c.model.layers[0].stride == 1 && c.model.layers[0].bias);
+    CHECK_NEAR(c.model.layers[1].momentum, 0.1, 1e-7, 0);
+    CHECK_NEAR(c.model.layers[1].eps, 1e-5, 1e-9, 0);
+    CHECK(c.model.layers[4].line == 8 && c.model.layers[4].column == 7);
+    CHECK(!strcmp(c.model.loss, "cross_entropy") && c.model.init_from[0] == '\0');
+    CHECK(c.pipeline.n_devices == 1 && !strcmp(c.pipeline.devices[0].name, "cpu:0"));
+    CHECK(c.pipeline.n_balance == 0 && c.pipeline.chunks == 1);
+    CHECK(c.pipeline.checkpoint == GP_CKPT_EXCEPT_LAST && c.pipeline.lockstep);
+    CHECK(c.pipeline.threads == 0 && c.pipeline.memory == 0 && c.pipeline.replicas == 1);
+    CHECK(c.data.dataset == GP_DATASET_FASHION_MNIST);
+    CHECK(!strcmp(c.data.path, "/usr/share/datasets/fashion-mnist"));
+    CHECK(c.data.shuffle && c.data.normalize && c.data.n_mean == 0);
+    CHECK(c.data.crop_padding == 0 && !c.data.hflip && c.data.prefetch == 2);
+    CHECK(c.data.train_limit == 0 && c.data.test_limit == 0);
+    CHECK(c.data.synthetic_train == 1024 && c.data.synthetic_test == 256 &&
+          c.data.synthetic_classes == 10);
+    CHECK(c.data.synthetic_shape[0] == 1 && c.data.synthetic_shape[1] == 28);
+    CHECK(c.train.epochs == 1 && c.train.steps == 0 && c.train.batch_size == 64);
+    CHECK(c.train.seed == 0 && !strcmp(c.train.optim.type, "sgd"));
+    CHECK_NEAR(c.train.optim.lr, 0.01, 1e-9, 0);
+    CHECK_NEAR(c.train.optim.momentum, 0.9, 1e-7, 0);
+    CHECK(!c.train.optim.nesterov && c.train.optim.weight_decay == 0.0f);
+    CHECK(!c.train.optim.decay_bias_and_norm);
+    CHECK(c.train.sched.kind == GP_SCHED_CONSTANT && c.train.sched.warmup_steps == 0);
+    CHECK_NEAR(c.train.sched.gamma, 0.1, 1e-7, 0);
+    CHECK(c.train.lr_scaling == GP_LR_SCALING_NONE && c.train.base_batch == 64);
+    CHECK(c.train.log_every == 50 && c.train.eval_each_epoch && c.train.eval_batch_size == 1000);
+    const char *d = c.defaults_applied ? c.defaults_applied : "";
+    CHECK(strstr(d, "train.batch_size = 64 (default)\n") != NULL);
+    CHECK(strstr(d, "pipeline.chunks = 1 (default)\n") != NULL);
+    CHECK(strstr(d, "pipeline.checkpoint = except_last (default)\n") != NULL);
+    CHECK(strstr(d, "pipeline.devices = [cpu:0] (default)\n") != NULL);
+    CHECK(strstr(d, "data.dataset = fashion-mnist (default)\n") != NULL);
+    CHECK(strstr(d, "data.path = /usr/share/datasets/fashion-mnist (default)\n") != NULL);
+    CHECK(strstr(d, "train.optimizer.lr = 0.01 (default)\n") != NULL);
+    CHECK(strstr(d, "train.epochs = 1 (default)\n") != NULL);
+    /* layer fields and options of unused features are not listed */
+    CHECK(strstr(d, "layers") == NULL && strstr(d, "synthetic") == NULL);
+    CHECK(strstr(d, "step_size") == NULL);
+    gp_config_free(&c);
+
+    /* per-dataset default paths; steps instead of epochs; null = default */
+    CHECK_OK(parse(cat(k_base, "data: {dataset: mnist}\ntrain: {steps: 20, epochs: 2, "
+                                "batch_size: ~}\npipeline:\n"), &c));
+    CHECK(!strcmp(c.data.path, "/usr/share/datasets/mnist"));
+    CHECK(c.train.steps == 20 && c.train.batch_size == 64);
+    CHECK(c.defaults_applied && strstr(c.defaults_applied, "train.epochs = 2 is ignored"));
+    gp_config_free(&c);
+    CHECK_OK(parse(cat(k_base, "data: {dataset: cifar10}\n"), &c));
+    CHECK(!strcmp(c.data.path, "data/cifar-10-batches-bin"));
+    gp_config_free(&c);
+    CHECK_OK(parse(cat(k_base, "data: {dataset: synthetic}\n"), &c));
+    CHECK(c.data.path[0] == '\0');
+    CHECK(c.defaults_applied && strstr(c.defaults_applied, "data.synthetic.classes = 10"));
+    gp_config_free(&c);
+
+    /* shorthands: a flat input, a device count, optimizer/schedule by name,
+     * memory as bytes, a single mean/std, balance auto */
+    const char *flat =
+        "model:\n  input: 784\n  layers: [{linear: {out: 10}}]\n"
+        "pipeline: {devices: 3, memory: 4096, balance: auto}\n"
+        "data: {mean: 0.5, std: 0.25}\n"
+        "train: {optimizer: sgd, schedule: cosine, batch_size: 8}\n";
+    CHECK_OK(parse(flat, &c));
+    CHECK(c.model.input[0] == 784 && c.model.input[1] == 1 && c.model.input[2] == 1);
+    CHECK(c.pipeline.n_devices == 3 && !strcmp(c.pipeline.devices[2].name, "cpu:2"));
+    CHECK(c.pipeline.memory == 4096 && c.pipeline.devices[1].memory == 4096);
+    CHECK(c.pipeline.n_balance == 0);
+    CHECK(c.data.n_mean == 1 && c.data.mean[0] == 0.5f && c.data.std[0] == 0.25f);
+    CHECK(c.train.sched.kind == GP_SCHED_COSINE);
+    gp_config_free(&c);
+
+    /* anchors and aliases */
+    const char *alias =
+        "model:\n  input: [4]\n  layers:\n    - linear: &l {out: 16}\n    - relu\n"
+        "    - linear: *l\n";
+    CHECK_OK(parse(alias, &c));
+    CHECK(c.model.n_layers == 3 && c.model.layers[2].out == 16);
+    gp_config_free(&c);
+
+    CHECK(!strcmp(gp_checkpoint_mode_name(GP_CKPT_EXCEPT_LAST), "except_last"));
+    CHECK(!strcmp(gp_dataset_name(GP_DATASET_FASHION_MNIST), "fashion-mnist"));
+}
+
+static void test_errors(void)
+{
+    /* unknown keys, with the three kinds of hint */
+    CHECK_ERR(parse_bad(cat(k_base, "train:\n  lr: 0.1\n"), NULL, 0), GP_ERR_INVALID,
+              "t.yaml:10:3: unknown key 'lr' in train; did you mean 'optimizer.lr'?");
+    CHECK_ERR(parse_bad(cat(k_base, "train:\n  epoch: 3\n"), NULL, 0), GP_ERR_INVALID,
+              "t.yaml:10:3: unknown key 'epoch' in train; did you mean 'epochs'?");
+    CHECK_ERR(parse_bad(cat(k_base, "train:\n  chunks: 3\n"), NULL, 0), GP_ERR_INVALID,
+              "t.yaml:10:3: unknown key 'chunks' in train; did you mean 'pipeline.chunks'?");
+    CHECK_ERR(parse_bad(cat(k_base, "trian:\n  epochs: 3\n"), NULL, 0), GP_ERR_INVALID,
+              "t.yaml:9:1: unknown key 'trian' at the top level; did you mean 'train'?");
+    CHECK_ERR(parse_bad(cat(k_base, "train:\n  optimizer: {type: sgd, lr: 1, mom: 0.9}\n"),
+                        NULL, 0),
+              GP_ERR_INVALID, "t.yaml:10:33: unknown key 'mom' in train.optimizer; did you "
+                              "mean 'momentum'?");
+    CHECK_ERR(parse_bad(cat(k_base, "data:\n  zzzzzzzz: 1\n"), NULL, 0), GP_ERR_INVALID,
+              "unknown key 'zzzzzzzz' in data; the keys in data are: dataset, path,");
+    /* wrong types */
+    CHECK_ERR(parse_bad(cat(k_base, "train:\n  batch_size: abc\n"), NULL, 0), GP_ERR_INVALID,
+              "t.yaml:10:15: expected an integer for train.batch_size, got 'abc'");
+    CHECK_ERR(parse_bad(cat(k_base, "train:\n  batch_size: [1, 2]\n"), NULL, 0),
+              GP_ERR_INVALID, "expected an integer for train.batch_size, got a list");
+    CHECK_ERR(parse_bad(cat(k_base, "train:\n  optimizer: {lr: fast}\n"), NULL, 0),
+              GP_ERR_INVALID, "t.yaml:10:19: expected a number for train.optimizer.lr, got 'fast'");
+    CHECK_ERR(parse_bad(cat(k_base, "train:\n  optimizer: {lr: 1e999}\n"), NULL, 0),
+              GP_ERR_INVALID, "expected a finite number for train.optimizer.lr");
+    CHECK_ERR(parse_bad(cat(k_base, "data:\n  shuffle: maybe\n"), NULL, 0), GP_ERR_INVALID,
+              "t.yaml:10:12: expected true or false for data.shuffle, got 'maybe'");
+    CHECK_ERR(parse_bad(cat(k_base, "train:\n  seed: -1\n"), NULL, 0), GP_ERR_INVALID,
+              "expected a non-negative integer for train.seed, got '-1'");
+    CHECK_ERR(parse_bad(cat(k_base, "train:\n  batch_size: 99999999999999999999\n"), NULL, 0),
+              GP_ERR_INVALID, "train.batch_size is out of range");
+    CHECK_ERR(parse_bad(cat(k_base, "pipeline: [1]\n"), NULL, 0), GP_ERR_INVALID,
+              "t.yaml:9:11: expected a map for pipeline, like {devices: [cpu:0, cpu:1], "
+              "chunks: 4}, got a list");
+    /* out of range */
+    CHECK_ERR(parse_bad(cat(k_base, "train:\n  batch_size: 0\n"), NULL, 0), GP_ERR_INVALID,
+              "t.yaml:10:15: train.batch_size must be >= 1, got 0");
+    CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  chunks: 0\n"), NULL, 0), GP_ERR_INVALID,
+              "t.yaml:10:11: pipeline.chunks must be >= 1, got 0");
+    CHECK_ERR(parse_bad(cat(k_base, "train:\n  optimizer: {momentum: 1.5}\n"), NULL, 0),
+              GP_ERR_INVALID, "train.optimizer.momentum must be in [0, 1), got 1.5");
+    CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  chunks: 100\n"), NULL, 0), GP_ERR_INVALID,
+              "t.yaml:10:11: pipeline.chunks (100) must be <= train.batch_size (64)");
+    CHECK_ERR(parse_bad(cat(k_base, "train:\n  optimizer: {momentum: 0, nesterov: true}\n"),
+                        NULL, 0),
+              GP_ERR_INVALID, "train.optimizer.nesterov needs momentum > 0");
+    /* unknown enum values list the allowed ones */
+    CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  checkpoint: sometimes\n"), NULL, 0),
+              GP_ERR_INVALID, "t.yaml:10:15: unknown value 'sometimes' for pipeline.checkpoint "
+                              "(allowed: always, except_last, never)");
+    CHECK_ERR(parse_bad(cat(k_base, "train:\n  schedule: {type: cosin}\n"), NULL, 0),
+              GP_ERR_INVALID, "(allowed: constant, step, cosine); did you mean 'cosine'?");
+    CHECK_ERR(parse_bad(cat(k_base, "data:\n  dataset: fashion_mnist\n"), NULL, 0),
+              GP_ERR_INVALID, "did you mean 'fashion-mnist'?");
+    /* layers */
+    CHECK_ERR(parse_bad("model:\n  input: [1, 2, 2]\n  layers:\n    - conv: {out: 3}\n", NULL,
+                        0),
+              GP_ERR_INVALID, "t.yaml:4:7: unknown layer type 'conv'; did you mean 'conv2d'?");
+    CHECK_ERR(parse_bad("model:\n  input: [1, 2, 2]\n  layers:\n    - rleu\n", NULL, 0),
+              GP_ERR_INVALID, "t.yaml:4:7: unknown layer type 'rleu'; did you mean 'relu'?");
+    CHECK_ERR(parse_bad("model:\n  input: [1, 2, 2]\n  layers:\n    - conv2d: {out: 3, "
+                        "kernal: 3}\n", NULL, 0),
+              GP_ERR_INVALID, "t.yaml:4:24: unknown option 'kernal' for layer 0 (conv2d); "
+                              "did you mean 'kernel'?");
+    CHECK_ERR(parse_bad("model:\n  input: [4]\n  layers:\n    - linear: {out: 0}\n", NULL, 0),
+              GP_ERR_INVALID, "t.yaml:4:21: model.layers.0.out must be >= 1, got 0");
+    CHECK_ERR(parse_bad("model:\n  input: [4]\n  layers:\n    - relu\n    - linear\n", NULL, 0),
+              GP_ERR_INVALID, "t.yaml:5:7: layer 1 (linear) needs 'out'");
+    CHECK_ERR(parse_bad("model:\n  input: [4]\n  layers:\n    - conv2d: {out: 2}\n", NULL, 0),
+              GP_ERR_INVALID, "layer 0 (conv2d) needs 'kernel'");
+    CHECK_ERR(parse_bad("model:\n  input: [4]\n  layers:\n    - dropout: {p: 1}\n", NULL, 0),
+              GP_ERR_INVALID, "model.layers.0.p must be in [0, 1), got 1");
+    CHECK_ERR(parse_bad("model:\n  input: [4]\n  layers:\n    - linear:\n      out: 3\n", NULL,
+                        0),
+              GP_ERR_INVALID, "t.yaml:4:7: layer 0 has 2 keys ('linear', 'out')");
+    CHECK_ERR(parse_bad("model:\n  input: [4]\n  layers:\n    - linear: 3\n", NULL, 0),
+              GP_ERR_INVALID, "t.yaml:4:15: options of layer 0 (linear) must be a map");
+    CHECK_ERR(parse_bad("model:\n  input: [4]\n  layers:\n    - [relu]\n", NULL, 0),
+              GP_ERR_INVALID, "t.yaml:4:7: expected a layer type or {type: {options}}");
+    CHECK_ERR(parse_bad("model:\n  input: [4]\n  layers:\n    - relu: {name: a}\n"
+                        "    - relu: {name: a}\n", NULL, 0),
+              GP_ERR_INVALID, "t.yaml:5:20: layer name 'a' is used by layers 0 and 1");
+    /* YAML syntax, duplicate keys, missing sections */
+    CHECK_ERR(parse_bad("model:\n  input: [1, 2\n  layers: []\n", NULL, 0), GP_ERR_INVALID,
+              "t.yaml:3:9: YAML syntax error: did not find expected ',' or ']' (while parsing "
+              "a flow sequence that starts at line 2, column 10)");
+    CHECK_ERR(parse_bad("model:\n\tinput: [1]\n", NULL, 0), GP_ERR_INVALID,
+              "t.yaml:2:1: YAML syntax error: found character that cannot start any token "
+              "(while scanning for the next token that starts at line 2, column 1); YAML "
+              "cannot indent with tabs, use spaces");
+    CHECK_ERR(parse_bad("a: \xff\xfe\n", NULL, 0), GP_ERR_INVALID,
+              "t.yaml:1:4: YAML syntax error: invalid leading UTF-8 octet");
+    CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  chunks: 2\n  chunks: 4\n"), NULL, 0),
+              GP_ERR_INVALID, "t.yaml:11:3: duplicate key 'chunks' in pipeline (first given at "
+                              "line 10, column 3)");
+    CHECK_ERR(parse_bad(cat(k_base, "model: {}\n"), NULL, 0), GP_ERR_INVALID,
+              "t.yaml:9:1: duplicate key 'model' in the top level");
+    CHECK_ERR(parse_bad("model:\n  input: [1, 28, 28]\n", NULL, 0), GP_ERR_INVALID,
+              "t.yaml:1:1: missing model.layers");
+    CHECK_ERR(parse_bad("model:\n  layers: [relu]\n", NULL, 0), GP_ERR_INVALID,
+              "t.yaml:1:1: missing model.input");
+    CHECK_ERR(parse_bad("train: {epochs: 1}\n", NULL, 0), GP_ERR_INVALID,
+              "t.yaml:1:1: missing section 'model'");
+    CHECK_ERR(parse_bad("model:\n  input: [1]\n  layers: []\n", NULL, 0), GP_ERR_INVALID,
+              "t.yaml:3:11: model.layers is empty");
+    CHECK_ERR(parse_bad("", NULL, 0), GP_ERR_INVALID, "t.yaml:1:1: the config is empty");
+    CHECK_ERR(parse_bad("- 1\n", NULL, 0), GP_ERR_INVALID, "t.yaml:1:1: expected a map");
+    CHECK_ERR(parse_bad("a: 1\n---\nb: 2\n", NULL, 0), GP_ERR_INVALID,
+              "t.yaml:2:1: a config is one YAML document");
+    CHECK_ERR(parse_bad("model:\n  input: [1, 2]\n  layers: [relu]\n", NULL, 0),
+              GP_ERR_INVALID, "t.yaml:2:10: model.input must be [C, H, W] or [F]");
+    CHECK_ERR(parse_bad("a: *nope\n", NULL, 0), GP_ERR_INVALID,
+              "t.yaml:1:4: unknown alias '*nope'");
+    CHECK_ERR(parse_bad("? [a]\n: 1\n", NULL, 0), GP_ERR_INVALID,
+              "t.yaml:1:3: a map key must be a plain word, not a list");
+    /* pipeline cross-field checks */
+    CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  devices: [cpu:0, cpu:1]\n  balance: [2, 2, 1]\n"),
+                        NULL, 0),
+              GP_ERR_INVALID, "t.yaml:11:12: pipeline.balance has 3 entries but there are 2 "
+                              "devices");
+    CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  devices: [cpu:0, cpu:1]\n  balance: [4, 0]\n"),
+                        NULL, 0),
+              GP_ERR_INVALID, "t.yaml:11:16: pipeline.balance.1 must be >= 1");
+    CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  balance: manual\n"), NULL, 0), GP_ERR_INVALID,
+              "expected auto or a list of layer counts");
+    CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  devices: [cpu:0, cpu:1, cpu:0]\n"), NULL, 0),
+              GP_ERR_INVALID, "t.yaml:10:27: duplicate device 'cpu:0' in pipeline.devices "
+                              "(also item 0");
+    CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  devices: [cpu, cpu:0]\n"), NULL, 0),
+              GP_ERR_INVALID, "duplicate device 'cpu:0'");
+    CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  devices: [gpu:0]\n"), NULL, 0), GP_ERR_INVALID,
+              "t.yaml:10:13: pipeline.devices.0: unknown device 'gpu:0'");
+    CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  devices: [{memory: 1GiB}]\n"), NULL, 0),
+              GP_ERR_INVALID, "pipeline.devices.0 needs a name");
+    CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  devices: [{name: cpu:0, mem: 1GiB}]\n"), NULL,
+                        0),
+              GP_ERR_INVALID, "unknown option 'mem' for pipeline.devices.0; did you mean "
+                              "'memory'?");
+    CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  memory: lots\n"), NULL, 0), GP_ERR_INVALID,
+              "t.yaml:10:11: expected a size like 512MiB, 1.5GB or a number of bytes for "
+              "pipeline.memory, got 'lots'");
+    CHECK_ERR(parse_bad(cat(k_base, "data:\n  mean: [0.5]\n"), NULL, 0), GP_ERR_INVALID,
+              "data.mean is given without data.std");
+    CHECK_ERR(parse_bad(cat(k_base, "data:\n  mean: [0.5, 0.5]\n  std: [0.5]\n"), NULL, 0),
+              GP_ERR_INVALID, "data.std has 1 value but data.mean has 2");
+    CHECK_ERR(parse_bad(cat(k_base, "data:\n  mean: 0.5\n  std: 0\n"), NULL, 0), GP_ERR_INVALID,
+              "data.std must be > 0, got 0");
+}
+
+static void test_overrides(void)
+{
+    gp_config c;
+    /* scalar, nested, list, created keys, layer options by index */
+    const char *sets[] = {
+        "train.batch_size=128",
+        "train.optimizer.lr=0.1",
+        "pipeline.devices=[cpu:0,cpu:1]",
+        "pipeline.balance=[2, 3]",
+        "data.augment.hflip=true",
+        "model.layers.0.out=16",
+        "model.layers.1.momentum=0.3",
+        "model.layers.4.linear.bias=false",
+        "model.layers.5={dropout: {p: 0.1}}",
+        " train.seed = 7",
+    };
+    CHECK_OK(parse_set(k_base, sets, 10, &c));
+    CHECK(c.train.batch_size == 128);
+    CHECK_NEAR(c.train.optim.lr, 0.1, 1e-7, 0);
+    CHECK(c.pipeline.n_devices == 2 && !strcmp(c.pipeline.devices[1].name, "cpu:1"));
+    CHECK(c.pipeline.n_balance == 2 && c.pipeline.balance[1] == 3);
+    CHECK(c.data.hflip);
+    CHECK(c.model.n_layers == 6);
+    if (c.model.n_layers == 6) {
+        CHECK(c.model.layers[0].out == 16 && c.model.layers[0].kernel == 3);
+        CHECK_NEAR(c.model.layers[1].momentum, 0.3, 1e-7, 0);
+        CHECK(!c.model.layers[4].bias && c.model.layers[4].out == 10);
+        CHECK(c.model.layers[5].type == GP_LAYER_DROPOUT && c.model.layers[5].line == 0);
+        CHECK_NEAR(c.model.layers[5].p, 0.1, 1e-7, 0);
+    }
+    CHECK(c.train.seed == 7);
+    CHECK(c.defaults_applied && !strstr(c.defaults_applied, "train.batch_size"));
+    gp_config_free(&c);
+
+    /* an override can build a whole config from nothing */
+    const char *build[] = {"model.input=[4]", "model.layers=[flatten, {linear: {out: 2}}]"};
+    CHECK_OK(parse_set("", build, 2, &c));
+    CHECK(c.model.n_layers == 2 && c.model.layers[1].out == 2);
+    gp_config_free(&c);
+    /* a later override wins */
+    const char *twice[] = {"train.epochs=2", "train.epochs=5"};
+    CHECK_OK(parse_set(k_base, twice, 2, &c));
+    CHECK(c.train.epochs == 5);
+    gp_config_free(&c);
+
+    /* errors name the override */
+    const char *bad1[] = {"train.batch_size=abc"};
+    CHECK_ERR(parse_bad(k_base, bad1, 1), GP_ERR_INVALID,
+              "--set train.batch_size=abc: expected an integer for train.batch_size, got 'abc'");
+    const char *bad2[] = {"train.lr=0.1"};
+    CHECK_ERR(parse_bad(k_base, bad2, 1), GP_ERR_INVALID,
+              "--set train.lr=0.1: unknown key 'lr' in train; did you mean 'optimizer.lr'?");
+    const char *bad3[] = {"train.batch_size"};
+    CHECK_ERR(parse_bad(k_base, bad3, 1), GP_ERR_INVALID,
+              "--set train.batch_size: expected key=value");
+    const char *bad4[] = {"pipeline.devices=[cpu:0,"};
+    CHECK_ERR(parse_bad(k_base, bad4, 1), GP_ERR_INVALID,
+              "--set pipeline.devices=[cpu:0,: YAML syntax error");
+    const char *bad5[] = {"model.layers.9.out=3"};
+    CHECK_ERR(parse_bad(k_base, bad5, 1), GP_ERR_INVALID,
+              "--set model.layers.9.out=3: index 9 is past the end of 'model.layers', which "
+              "has 5 items");
+    const char *bad6[] = {"model.layers.x=3"};
+    CHECK_ERR(parse_bad(k_base, bad6, 1), GP_ERR_INVALID,
+              "--set model.layers.x=3: 'model.layers' is a list; address an item by its index");
+    const char *bad7[] = {"model.input.0.x=3"};
+    CHECK_ERR(parse_bad(k_base, bad7, 1), GP_ERR_INVALID,
+              "--set model.input.0.x=3: 'model.input.0' is a single value ('1'), not a map");
+    const char *bad8[] = {"train..epochs=3"};
+    CHECK_ERR(parse_bad(k_base, bad8, 1), GP_ERR_INVALID, "--set train..epochs=3: empty part");
+    const char *bad9[] = {"=3"};
+    CHECK_ERR(parse_bad(k_base, bad9, 1), GP_ERR_INVALID, "--set =3: missing the key");
+    const char *bad10[] = {"model.layers.2.kernel=3"};
+    CHECK_ERR(parse_bad(k_base, bad10, 1), GP_ERR_INVALID,
+              "--set model.layers.2.kernel=3: unknown option 'kernel' for layer 2 (relu)");
+    const char *bad11[] = {"pipeline.chunks=0"};
+    CHECK_ERR(parse_bad(k_base, bad11, 1), GP_ERR_INVALID,
+              "--set pipeline.chunks=0: pipeline.chunks must be >= 1, got 0");
+}
+
+static void test_load(void)
+{
+    gp_config c;
+    const char *missing = "/nonexistent/dir/no-such-config.yaml";
+    CHECK_ERR(gp_config_load(missing, NULL, 0, &c), GP_ERR_IO, missing);
+    gp_config_free(&c);
+    CHECK_ERR(gp_config_load("/", NULL, 0, &c), GP_ERR_IO, "/: cannot read the config");
+    gp_config_free(&c);
+
+    char path[] = "/tmp/test_config_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd < 0) return;
+    FILE *f = fdopen(fd, "w");
+    fputs(k_base, f);
+    fputs("train:\n  batch_size: x\n", f);
+    fclose(f);
+    char want[128];
+    snprintf(want, sizeof want, "%s:10:15: expected an integer", path);
+    CHECK_ERR(gp_config_load(path, NULL, 0, &c), GP_ERR_INVALID, want);
+    const char *fix[] = {"train.batch_size=32"};
+    CHECK_OK(gp_config_load(path, fix, 1, &c));
+    CHECK(c.train.batch_size == 32 && !strcmp(c.path, path));
+    CHECK(!strcmp(c.model.layers[0].file, path));
+    gp_config_free(&c);
+    unlink(path);
+
+    /* the example configs all load */
+    const char *examples[] = {"default.yaml", "mlp.yaml", "resnet.yaml"};
+    for (int i = 0; i < 3; i++) {
+        char p[1024];
+        snprintf(p, sizeof p, "%s/configs/%s", GPIPE_SOURCE_DIR, examples[i]);
+        if (access(p, R_OK) != 0) continue;
+        CHECK_OK(gp_config_load(p, NULL, 0, &c));
+        CHECK(c.model.n_layers > 0);
+        gp_config_free(&c);
+    }
+}
+
+/* xorshift64*, so the fuzz inputs are the same every run */
+static uint64_t rng_next(uint64_t *s)
+{
+    *s ^= *s >> 12;
+    *s ^= *s << 25;
+    *s ^= *s >> 27;
+    return *s * 2685821657736338717ULL;
+}
+
+static void test_fuzz(void)
+{
+    static const char alphabet[] = " \n:-[]{},#&*!|>'\"?%@`\t0123456789.abcdefghijklmnopqrstuvwxyz_=~";
+    uint64_t seed = 0x9E3779B97F4A7C15ULL;
+    size_t base_len = strlen(k_full);
+    char buf[4096];
+    int ok = 0, failed = 0, bad_status = 0, bad_msg = 0;
+    /* GPIPE_CONFIG_FUZZ_ITERS=1000000 for a longer soak */
+    const char *env = getenv("GPIPE_CONFIG_FUZZ_ITERS");
+    int iters = env && atoi(env) > 0 ? atoi(env) : 6000;
+    for (int it = 0; it < iters; it++) {
+        size_t len;
+        int mode = it % 4;
+        if (mode == 0) { /* random bytes */
+            len = (size_t)(rng_next(&seed) % 200);
+            for (size_t i = 0; i < len; i++) buf[i] = (char)(rng_next(&seed) & 0xff);
+        } else if (mode == 1) { /* random YAML-ish characters */
+            len = (size_t)(rng_next(&seed) % 300);
+            for (size_t i = 0; i < len; i++)
+                buf[i] = alphabet[rng_next(&seed) % (sizeof alphabet - 1)];
+        } else { /* mutations of a valid config */
+            memcpy(buf, k_full, base_len);
+            len = base_len;
+            int edits = 1 + (int)(rng_next(&seed) % 4);
+            for (int e = 0; e < edits; e++) {
+                size_t pos = (size_t)(rng_next(&seed) % (len ? len : 1));
+                int op = (int)(rng_next(&seed) % 4);
+                char ch = mode == 2 ? alphabet[rng_next(&seed) % (sizeof alphabet - 1)]
+                                    : (char)(rng_next(&seed) & 0xff);
+                if (op == 0 && len) {
+                    buf[pos] = ch;
+                } else if (op == 1 && len + 1 < sizeof buf) {
+                    memmove(buf + pos + 1, buf + pos, len - pos);
+                    buf[pos] = ch;
+                    len++;
+                } else if (op == 2 && len) {
+                    memmove(buf + pos, buf + pos + 1, len - pos - 1);
+                    len--;
+                } else if (len) { /* truncate */
+                    len = pos;
+                }
+            }
+        }
+        /* a random override on some inputs */
+        char setbuf[64];
+        const char *sets[1] = {setbuf};
+        int nsets = 0;
+        if (it % 7 == 0) {
+            size_t sl = (size_t)(rng_next(&seed) % 40);
+            for (size_t i = 0; i < sl; i++)
+                setbuf[i] = alphabet[rng_next(&seed) % (sizeof alphabet - 1)];
+            setbuf[sl] = '\0';
+            nsets = 1;
+        }
+        gp_config c;
+        gp_error_clear();
+        gp_status s = gp_config_parse("fuzz.yaml", buf, len, sets, nsets, &c);
+        if (s == GP_OK) {
+            ok++;
+        } else {
+            failed++;
+            if (s != GP_ERR_INVALID) bad_status++;
+            const char *m = gp_last_error();
+            if (strncmp(m, "fuzz.yaml:", 10) && strncmp(m, "--set ", 6)) {
+                if (!bad_msg) fprintf(stderr, "fuzz: unexpected message: %s\n", m);
+                bad_msg++;
+            }
+        }
+        gp_config_free(&c);
+    }
+    CHECK(bad_status == 0);
+    CHECK_MSG(bad_msg == 0, "%d messages without a position", bad_msg);
+    CHECK(ok + failed == iters);
+    CHECK(ok > 0 && failed > 0);
+    printf("fuzz: %d parsed, %d rejected\n", ok, failed);
+
+    /* hostile shapes: deep nesting and alias bombs fail politely */
+    char deep[2000];
+    memset(deep, '[', 1000);
+    deep[1000] = '\0';
+    CHECK_ERR(parse_bad(deep, NULL, 0), GP_ERR_INVALID, "nested deeper than 64 levels");
+    const char *bomb =
+        "a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+        "b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+        "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\n"
+        "d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
+        "e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\n"
+        "f: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e, *e]\n";
+    CHECK_ERR(parse_bad(bomb, NULL, 0), GP_ERR_INVALID, "more than 200000 nodes");
+    char longset[400];
+    memset(longset, 0, sizeof longset);
+    for (int i = 0; i < 100; i++) memcpy(longset + 2 * i, "a.", 2);
+    memcpy(longset + 200, "b=1", 3);
+    const char *ls[] = {longset};
+    CHECK_ERR(parse_bad(k_base, ls, 1), GP_ERR_INVALID, "the key has more than 64 parts");
+}
+
+int main(void)
+{
+    test_full();
+    test_defaults();
+    test_errors();
+    test_overrides();
+    test_load();
+    test_fuzz();
+    return gpt_finish("test_config");
+}
