@@ -63,11 +63,12 @@ typedef struct gp_layer_spec {
     gp_layer_type type;
     char name[64];        /* optional user label; "" if none */
     int line, column;     /* where the config defined it (0 if not from YAML) */
+    char file[128];       /* config file it came from, for messages; "" if none */
     int64_t in;           /* linear in_features / conv in_channels; 0 = infer */
     int64_t out;          /* linear out_features / conv out_channels /
                              residual out_channels; 0 = not given (error) */
     int64_t kernel;       /* conv, pools */
-    int64_t stride;       /* conv, pools, residual; default 1 (pools: kernel) */
+    int64_t stride;       /* conv, pools, residual; default 1 (pools: 0 = kernel) */
     int64_t padding;      /* conv, pools; default 0 */
     bool bias;            /* linear, conv; default true */
     float momentum;       /* batchnorm; default 0.1 (PyTorch convention) */
@@ -159,6 +160,10 @@ struct gp_layer {
     gp_param params[GP_LAYER_MAX_PARAMS];
     int n_params;
     void *state;            /* layer-private, owned by the layer */
+    int param_base;         /* RNG stream number of params[0]: 0, except for
+                               the child layers inside a composite layer
+                               (residual), whose params continue the
+                               parent's numbering */
 };
 
 /* Make a layer of spec->type with `index`, infer shapes from `in` (batch

@@ -1,0 +1,353 @@
+/*
+ * layer.c — what every layer shares: type names and spec defaults, creation
+ * and destruction, the forward/backward wrappers that allocate outputs,
+ * parameter helpers, gp_saved, layer descriptions for messages, and the
+ * cross-entropy loss.
+ */
+#include "layers/layers_impl.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const type_names[GP_LAYER_TYPE_COUNT] = {
+    "linear",  "conv2d",  "batchnorm", "relu",    "maxpool2d",
+    "avgpool2d", "global_avgpool", "flatten", "dropout", "residual",
+};
+
+const char *gp_layer_type_name(gp_layer_type t)
+{
+    if ((int)t < 0 || t >= GP_LAYER_TYPE_COUNT) return "unknown";
+    return type_names[t];
+}
+
+bool gp_layer_type_parse(const char *name, gp_layer_type *out)
+{
+    for (int t = 0; t < GP_LAYER_TYPE_COUNT; t++) {
+        if (!strcmp(name, type_names[t])) {
+            *out = (gp_layer_type)t;
+            return true;
+        }
+    }
+    return false;
+}
+
+gp_layer_spec gp_layer_spec_default(gp_layer_type type)
+{
+    gp_layer_spec s;
+    memset(&s, 0, sizeof s);
+    s.type = type;
+    bool pool = type == GP_LAYER_MAXPOOL2D || type == GP_LAYER_AVGPOOL2D;
+    s.stride = pool ? 0 : 1; /* pools: 0 = the kernel size */
+    s.bias = true;
+    s.momentum = 0.1f;
+    s.eps = 1e-5f;
+    s.p = 0.5f;
+    return s;
+}
+
+const gp_layer_ops *gp_layer_ops_for(gp_layer_type t)
+{
+    switch (t) {
+    case GP_LAYER_LINEAR: return &gp_linear_ops;
+    case GP_LAYER_CONV2D: return &gp_conv2d_ops;
+    case GP_LAYER_BATCHNORM: return &gp_batchnorm_ops;
+    case GP_LAYER_RELU: return &gp_relu_ops;
+    case GP_LAYER_MAXPOOL2D: return &gp_maxpool2d_ops;
+    case GP_LAYER_AVGPOOL2D: return &gp_avgpool2d_ops;
+    case GP_LAYER_GLOBAL_AVGPOOL: return &gp_global_avgpool_ops;
+    case GP_LAYER_FLATTEN: return &gp_flatten_ops;
+    case GP_LAYER_DROPOUT: return &gp_dropout_ops;
+    case GP_LAYER_RESIDUAL: return &gp_residual_ops;
+    default: return NULL;
+    }
+}
+
+/* ---- descriptions and errors ------------------------------------------ */
+
+static size_t append(char *buf, size_t len, size_t off, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static size_t append(char *buf, size_t len, size_t off, const char *fmt, ...)
+{
+    if (off >= len) return off;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf + off, len - off, fmt, ap);
+    va_end(ap);
+    if (n < 0) return off;
+    off += (size_t)n;
+    return off < len ? off : len - 1;
+}
+
+const char *gp_layer_describe(const gp_layer *l, char *buf, size_t len)
+{
+    if (len == 0) return buf;
+    buf[0] = '\0';
+    size_t off = append(buf, len, 0, "layer %d (%s", l->index, gp_layer_type_name(l->spec.type));
+    if (l->spec.name[0]) off = append(buf, len, off, " '%s'", l->spec.name);
+    off = append(buf, len, off, ")");
+    if (l->spec.line > 0) {
+        if (l->spec.file[0])
+            append(buf, len, off, " at %s:%d:%d", l->spec.file, l->spec.line, l->spec.column);
+        else
+            append(buf, len, off, " at line %d, column %d", l->spec.line, l->spec.column);
+    }
+    return buf;
+}
+
+gp_status gp_layer_spec_error(const gp_layer *l, const char *fmt, ...)
+{
+    char msg[512], d[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return gp_error_set(GP_ERR_INVALID, "%s: %s", gp_layer_describe(l, d, sizeof d), msg);
+}
+
+const char *gp_layers_shape_n(const gp_shape *s, char *buf, size_t len)
+{
+    if (len == 0) return buf;
+    buf[0] = '\0';
+    size_t off = append(buf, len, 0, "(N");
+    for (int i = 1; i < s->ndim; i++) off = append(buf, len, off, ", %lld", (long long)s->dims[i]);
+    append(buf, len, off, ")");
+    return buf;
+}
+
+int64_t gp_layers_out_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad)
+{
+    if (kernel <= 0 || stride <= 0 || in + 2 * pad < kernel) return 0;
+    return (in + 2 * pad - kernel) / stride + 1;
+}
+
+/* ---- creation ------------------------------------------------------------ */
+
+gp_status gp_layer_setup(const gp_layer_spec *spec, int index, int param_base,
+                         const gp_shape *in, gp_device *dev, uint64_t seed, gp_layer *out)
+{
+    memset(out, 0, sizeof *out);
+    out->spec = *spec;
+    out->index = index;
+    out->param_base = param_base;
+    out->ops = gp_layer_ops_for(spec->type);
+    if (!out->ops)
+        return gp_error_set(GP_ERR_INVALID, "layer %d: unknown layer type %d", index,
+                            (int)spec->type);
+    out->in_shape = gp_shape_with_batch(in, 1);
+    GP_TRY(out->ops->infer(out, &out->in_shape, &out->out_shape));
+    out->out_shape = gp_shape_with_batch(&out->out_shape, 1);
+    out->dev = dev;
+    if (!dev) return GP_OK;
+    gp_status s = out->ops->init(out, seed);
+    if (s != GP_OK) gp_layer_destroy(out);
+    return s;
+}
+
+gp_status gp_layer_create(const gp_layer_spec *spec, int index, const gp_shape *in,
+                          gp_device *dev, uint64_t seed, gp_layer *out)
+{
+    GP_ASSERT(dev != NULL);
+    gp_status s = gp_layer_setup(spec, index, 0, in, dev, seed, out);
+    if (s != GP_OK && s != GP_ERR_INVALID) {
+        /* infer names the layer itself; failures of init (out of memory on
+         * the device) get the layer prepended here */
+        gp_layer tmp;
+        memset(&tmp, 0, sizeof tmp);
+        tmp.spec = *spec;
+        tmp.index = index;
+        char d[256];
+        gp_error_wrap(s, "%s", gp_layer_describe(&tmp, d, sizeof d));
+    }
+    return s;
+}
+
+void gp_layer_destroy(gp_layer *l)
+{
+    if (!l || !l->ops) return;
+    if (l->ops->destroy) l->ops->destroy(l);
+    for (int p = 0; p < l->n_params; p++) {
+        gp_tensor_free(&l->params[p].value);
+        gp_tensor_free(&l->params[p].grad);
+    }
+    memset(l, 0, sizeof *l);
+}
+
+/* ---- parameters ---------------------------------------------------------- */
+
+gp_status gp_layers_add_param(gp_layer *l, const char *name, const gp_shape *shape,
+                              bool is_buffer, bool no_decay)
+{
+    GP_ASSERT(l->n_params < GP_LAYER_MAX_PARAMS);
+    gp_param *p = &l->params[l->n_params];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->is_buffer = is_buffer;
+    p->no_decay = no_decay;
+    GP_TRY(gp_tensor_alloc(&p->value, l->dev, shape, GP_MEM_PARAMS));
+    if (!is_buffer) {
+        gp_status s = gp_tensor_zeros(&p->grad, l->dev, shape, GP_MEM_GRADS);
+        if (s != GP_OK) {
+            gp_tensor_free(&p->value);
+            return s;
+        }
+    }
+    l->n_params++;
+    return GP_OK;
+}
+
+gp_status gp_layers_init_uniform(gp_layer *l, int p, uint64_t seed, float bound)
+{
+    gp_tensor *t = &l->params[p].value;
+    int64_t n = gp_tensor_numel(t);
+    float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof *h);
+    if (!h) return gp_error_set(GP_ERR_OOM, "out of host memory initialising %lld parameters",
+                                (long long)n);
+    uint64_t stream = gp_rng_stream((uint64_t)l->index, (uint64_t)(l->param_base + p),
+                                    GP_RNG_TAG_INIT);
+    gp_rng_uniform_fill(seed, stream, 0, h, n);
+    for (int64_t i = 0; i < n; i++) h[i] = (2.0f * h[i] - 1.0f) * bound;
+    gp_status s = gp_dev_upload(l->dev, t->data, h, n);
+    if (s == GP_OK) s = l->dev->iface->synchronize(l->dev); /* h is freed next */
+    free(h);
+    return s;
+}
+
+gp_status gp_layers_fill_param(gp_layer *l, int p, float v)
+{
+    gp_tensor *t = &l->params[p].value;
+    return l->dev->iface->fill(l->dev, t->data, v, gp_tensor_numel(t));
+}
+
+gp_status gp_layer_zero_grad(gp_layer *l)
+{
+    for (int p = 0; p < l->n_params; p++) {
+        gp_tensor *g = &l->params[p].grad;
+        int64_t n = gp_tensor_numel(g);
+        if (l->params[p].is_buffer || n == 0) continue;
+        GP_TRY(g->dev->iface->fill(g->dev, g->data, 0.0f, n));
+    }
+    return GP_OK;
+}
+
+int64_t gp_layer_param_count(const gp_layer *l)
+{
+    int64_t n = 0;
+    for (int p = 0; p < l->n_params; p++)
+        if (!l->params[p].is_buffer) n += gp_tensor_numel(&l->params[p].value);
+    return n;
+}
+
+/* ---- saved tensors -------------------------------------------------------- */
+
+gp_status gp_layers_saved_alloc(gp_saved *s, int slot, gp_device *dev, const gp_shape *shape)
+{
+    GP_ASSERT(slot >= 0 && slot < GP_SAVED_MAX && s->t[slot].data == NULL);
+    return gp_tensor_alloc(&s->t[slot], dev, shape, GP_MEM_ACTIVATIONS);
+}
+
+void gp_saved_free(gp_saved *s)
+{
+    if (!s) return;
+    for (int k = 0; k < GP_SAVED_MAX; k++) gp_tensor_free(&s->t[k]);
+    if (s->ws) gp_dev_free(s->ws_dev, s->ws, s->ws_bytes, GP_MEM_ACTIVATIONS);
+    memset(s, 0, sizeof *s);
+}
+
+size_t gp_saved_bytes(const gp_saved *s)
+{
+    size_t b = s->ws ? s->ws_bytes : 0;
+    for (int k = 0; k < GP_SAVED_MAX; k++)
+        if (s->t[k].owned) b += gp_tensor_bytes(&s->t[k]);
+    return b;
+}
+
+/* ---- forward / backward wrappers ----------------------------------------- */
+
+static gp_status check_input(const gp_layer *l, const gp_tensor *x)
+{
+    gp_shape xs = gp_tensor_shape(x);
+    gp_shape want = gp_shape_with_batch(&l->in_shape, xs.ndim ? xs.dims[0] : 0);
+    if (gp_shape_equal(&xs, &want) && x->dev == l->dev) return GP_OK;
+    char a[96], b[96];
+    if (x->dev != l->dev)
+        return gp_layer_spec_error(l, "input is on %s but the layer is on %s",
+                                   x->dev ? x->dev->name : "no device", l->dev->name);
+    return gp_layer_spec_error(l, "input has shape %s but the layer was built for %s",
+                               gp_shape_str(&xs, a, sizeof a), gp_layers_shape_n(&want, b, sizeof b));
+}
+
+gp_status gp_layer_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                           gp_tensor *y, gp_saved *s)
+{
+    GP_TRY(check_input(l, x));
+    gp_shape ys = gp_shape_with_batch(&l->out_shape, x->dims[0]);
+    GP_TRY(gp_tensor_alloc(y, l->dev, &ys, GP_MEM_ACTIVATIONS));
+    gp_status st = l->ops->forward(l, ctx, x, y, s);
+    if (st != GP_OK) gp_tensor_free(y);
+    return st;
+}
+
+gp_status gp_layer_backward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                            const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
+                            gp_saved *s)
+{
+    GP_ASSERT(gp_tensor_numel(dy) == gp_tensor_numel(y));
+    if (dx) {
+        gp_shape xs = gp_tensor_shape(x);
+        GP_TRY(gp_tensor_alloc(dx, l->dev, &xs, GP_MEM_ACTIVATIONS));
+        gp_status st = l->ops->backward_data(l, ctx, x, y, dy, dx, s);
+        if (st != GP_OK) {
+            gp_tensor_free(dx);
+            return st;
+        }
+    }
+    if (l->ops->backward_weights) {
+        gp_status st = l->ops->backward_weights(l, ctx, x, y, dy, s);
+        if (st != GP_OK) {
+            if (dx) gp_tensor_free(dx);
+            return st;
+        }
+    }
+    return GP_OK;
+}
+
+/* ---- the loss ------------------------------------------------------------ */
+
+gp_status gp_cross_entropy(gp_device *dev, const gp_tensor *logits, const gp_tensor *labels,
+                           float grad_scale, gp_tensor *dlogits, gp_loss_out *out)
+{
+    memset(out, 0, sizeof *out);
+    if (logits->ndim != 2) {
+        char b[96];
+        gp_shape ls = gp_tensor_shape(logits);
+        return gp_error_set(GP_ERR_INVALID,
+                            "cross_entropy needs logits (N, classes) but got %s; end the model "
+                            "with flatten and a linear layer",
+                            gp_shape_str(&ls, b, sizeof b));
+    }
+    int64_t rows = logits->dims[0], cols = logits->dims[1];
+    GP_ASSERT(gp_tensor_numel(labels) == rows);
+    GP_ASSERT(!dlogits || gp_tensor_numel(dlogits) == rows * cols);
+    GP_ASSERT(logits->dev == dev && labels->dev == dev && (!dlogits || dlogits->dev == dev));
+    double loss = 0.0;
+    int64_t correct = 0, bad = -1;
+    if (rows > 0)
+        GP_TRY(dev->iface->xent(dev, logits->data, labels->data, rows, cols, grad_scale,
+                                dlogits ? dlogits->data : NULL, &loss, &correct, &bad));
+    if (bad >= 0) {
+        float v = NAN;
+        GP_TRY(gp_dev_download(dev, &v, labels->data + bad, 1));
+        GP_TRY(dev->iface->synchronize(dev));
+        return gp_error_set(GP_ERR_DATA,
+                            "label %g in row %lld of the batch is not a class index in [0, %lld): "
+                            "the data has more classes than the model's last layer outputs "
+                            "(raise its out to the number of classes) or the labels are corrupt",
+                            (double)v, (long long)bad, (long long)cols);
+    }
+    out->loss_sum = loss;
+    out->correct = correct;
+    out->count = rows;
+    return GP_OK;
+}

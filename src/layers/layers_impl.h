@@ -1,0 +1,78 @@
+/*
+ * layers_impl.h — declarations shared inside src/layers: the ops table of
+ * each layer type, the common helpers for parameters, saved tensors and
+ * spec errors, and the construction path that composite layers (residual)
+ * reuse for their child layers.
+ *
+ * Memory: parameters are owned by the layer that allocated them; a composite
+ * layer takes over its children's parameters (the child keeps non-owning
+ * views, re-pointed at every call, see residual.c).  Nothing here is
+ * thread-safe beyond what layers.h promises (one worker per layer).
+ */
+#ifndef GP_LAYERS_IMPL_H
+#define GP_LAYERS_IMPL_H
+
+#include "layers/layers.h"
+
+/* gp_saved.flags: backward_data already accumulated the weight gradients
+ * (layers whose kernel produces dx and dW together: batch norm, residual). */
+#define GP_SAVED_WEIGHTS_DONE 0x1u
+/* gp_saved.flags: forward ran in eval mode (no batch statistics saved). */
+#define GP_SAVED_EVAL 0x2u
+
+/* Stream tags of the counter-based RNG ("init", "drop"). */
+#define GP_RNG_TAG_INIT 0x696e6974ull
+#define GP_RNG_TAG_DROPOUT 0x64726f70ull
+
+/* The ops tables (immutable; one per type). */
+extern const gp_layer_ops gp_linear_ops;
+extern const gp_layer_ops gp_conv2d_ops;
+extern const gp_layer_ops gp_batchnorm_ops;
+extern const gp_layer_ops gp_relu_ops;
+extern const gp_layer_ops gp_maxpool2d_ops;
+extern const gp_layer_ops gp_avgpool2d_ops;
+extern const gp_layer_ops gp_global_avgpool_ops;
+extern const gp_layer_ops gp_flatten_ops;
+extern const gp_layer_ops gp_dropout_ops;
+extern const gp_layer_ops gp_residual_ops;
+
+/* gp_layer_create without the error prefix, with the RNG numbering of the
+ * first parameter given (composite layers build children with it).  `in`
+ * may have any batch size.  dev == NULL: shapes only, no parameters. */
+gp_status gp_layer_setup(const gp_layer_spec *spec, int index, int param_base,
+                         const gp_shape *in, gp_device *dev, uint64_t seed,
+                         gp_layer *out);
+
+/* Set GP_ERR_INVALID with "<layer description>: <message>". */
+gp_status gp_layer_spec_error(const gp_layer *l, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* A shape with the batch dimension written as N: "(N, 64, 28, 28)". */
+const char *gp_layers_shape_n(const gp_shape *s, char *buf, size_t len);
+
+/* Append a parameter (value in PARAMS; for trainable ones a zeroed grad in
+ * GRADS).  Values are left uninitialised. */
+gp_status gp_layers_add_param(gp_layer *l, const char *name, const gp_shape *shape,
+                              bool is_buffer, bool no_decay);
+/* params[p] = uniform(-bound, bound) from (seed, stream(index, param_base + p,
+ * "init")), drawn on the host and uploaded: independent of placement. */
+gp_status gp_layers_init_uniform(gp_layer *l, int p, uint64_t seed, float bound);
+/* params[p] = v everywhere. */
+gp_status gp_layers_fill_param(gp_layer *l, int p, float v);
+
+/* Allocate s->t[slot] on dev (category ACTIVATIONS). */
+gp_status gp_layers_saved_alloc(gp_saved *s, int slot, gp_device *dev,
+                                const gp_shape *shape);
+
+/* The backend descriptor of a conv2d layer (or a residual's child conv) for
+ * a batch of n. */
+gp_conv_desc gp_conv2d_desc(const gp_layer *l, int64_t n);
+/* Output spatial size of a window op, 0 if the kernel does not fit. */
+int64_t gp_layers_out_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad);
+
+/* Batch-norm inspection (tests, snapshots): batches committed so far, and
+ * the micro-batch samples (count per channel) waiting in the accumulator. */
+int64_t gp_batchnorm_batches_tracked(const gp_layer *l);
+int64_t gp_batchnorm_pending_count(const gp_layer *l);
+
+#endif /* GP_LAYERS_IMPL_H */

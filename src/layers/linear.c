@@ -1,0 +1,102 @@
+/*
+ * linear.c — fully connected layer, y = x W^T + b.
+ *
+ * Parameters (PyTorch layout): weight (out, in), bias (out) when spec.bias.
+ * Input (N, in), output (N, out); 4-D input is refused with a hint to add a
+ * flatten layer.  Saves nothing: backward needs only x (kept by the caller).
+ */
+#include "layers/layers_impl.h"
+
+#include <math.h>
+
+static gp_status linear_infer(const gp_layer *l, const gp_shape *in, gp_shape *out)
+{
+    char b[96];
+    if (in->ndim != 2)
+        return gp_layer_spec_error(l,
+                                   "expected 2-D input (N, features) but got %s; add a flatten "
+                                   "layer before this linear layer",
+                                   gp_layers_shape_n(in, b, sizeof b));
+    if (l->spec.out <= 0)
+        return gp_layer_spec_error(l, "out (the number of output features) is missing; "
+                                      "write e.g. {linear: {out: 10}}");
+    if (l->spec.in > 0 && l->spec.in != in->dims[1])
+        return gp_layer_spec_error(l,
+                                   "in = %lld but the input has %lld features %s; remove 'in' "
+                                   "(it is inferred) or fix the layers before it",
+                                   (long long)l->spec.in, (long long)in->dims[1],
+                                   gp_layers_shape_n(in, b, sizeof b));
+    *out = gp_shape_2d(in->dims[0], l->spec.out);
+    return GP_OK;
+}
+
+static gp_status linear_init(gp_layer *l, uint64_t seed)
+{
+    int64_t in = l->in_shape.dims[1], out = l->spec.out;
+    gp_shape ws = gp_shape_2d(out, in);
+    float bound = 1.0f / sqrtf((float)in); /* kaiming_uniform(a = sqrt(5)) */
+    GP_TRY(gp_layers_add_param(l, "weight", &ws, false, false));
+    GP_TRY(gp_layers_init_uniform(l, 0, seed, bound));
+    if (l->spec.bias) {
+        gp_shape bs = {1, {out, 0, 0, 0}};
+        GP_TRY(gp_layers_add_param(l, "bias", &bs, false, true));
+        GP_TRY(gp_layers_init_uniform(l, 1, seed, bound));
+    }
+    return GP_OK;
+}
+
+static gp_status linear_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                gp_tensor *y, gp_saved *s)
+{
+    gp_device *dev = l->dev;
+    int64_t n = x->dims[0], in = x->dims[1], out = l->spec.out;
+    if (n == 0) return GP_OK;
+    GP_TRY(dev->iface->gemm(dev, 0, 1, n, out, in, 1.0f, x->data, in,
+                            l->params[0].value.data, in, 0.0f, y->data, out));
+    if (l->spec.bias)
+        GP_TRY(dev->iface->add_bias_rows(dev, y->data, l->params[1].value.data, n, out));
+    return GP_OK;
+}
+
+static gp_status linear_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                      const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
+                                      gp_saved *s)
+{
+    gp_device *dev = l->dev;
+    int64_t n = x->dims[0], in = x->dims[1], out = l->spec.out;
+    if (n == 0) return GP_OK;
+    /* dx(N, in) = dy(N, out) W(out, in) */
+    return dev->iface->gemm(dev, 0, 0, n, in, out, 1.0f, dy->data, out,
+                            l->params[0].value.data, in, 0.0f, dx->data, in);
+}
+
+static gp_status linear_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx,
+                                         const gp_tensor *x, const gp_tensor *y,
+                                         const gp_tensor *dy, gp_saved *s)
+{
+    gp_device *dev = l->dev;
+    int64_t n = x->dims[0], in = x->dims[1], out = l->spec.out;
+    if (n == 0) return GP_OK;
+    /* dW(out, in) += dy^T(out, N) x(N, in) */
+    GP_TRY(dev->iface->gemm(dev, 1, 0, out, in, n, 1.0f, dy->data, out, x->data, in, 1.0f,
+                            l->params[0].grad.data, in));
+    if (l->spec.bias)
+        GP_TRY(dev->iface->sum_rows(dev, dy->data, l->params[1].grad.data, n, out));
+    return GP_OK;
+}
+
+static double linear_flops(const gp_layer *l, int64_t n)
+{
+    double in = (double)l->in_shape.dims[1], out = (double)l->spec.out;
+    return 2.0 * (double)n * in * out + (l->spec.bias ? (double)n * out : 0.0);
+}
+
+const gp_layer_ops gp_linear_ops = {
+    .type = GP_LAYER_LINEAR,
+    .infer = linear_infer,
+    .init = linear_init,
+    .forward = linear_forward,
+    .backward_data = linear_backward_data,
+    .backward_weights = linear_backward_weights,
+    .flops = linear_flops,
+};

@@ -1,0 +1,150 @@
+/*
+ * simple.c — layers without parameters that act element by element or only
+ * on the shape: relu, flatten, dropout.
+ *
+ * relu: backward uses y (relu's output), so nothing is saved.
+ * flatten: (N, C, H, W) -> (N, C*H*W).  The data is already in that order;
+ *   y and dx are nonetheless copies, because every caller owns and frees the
+ *   x of a layer as soon as forward returns (checkpointed stages, eval) and
+ *   dy as soon as backward returns — a view into them would dangle.
+ * dropout: mask from the counter-based RNG keyed by (seed, stream(step,
+ *   layer index, "drop")) and indexed by the element's position in the whole
+ *   mini-batch (sample_offset * per-sample elements), so every micro-batch
+ *   split and every recompute draws the same mask.  gp_saved t[0] = the
+ *   scaled mask (N, ...).  Eval (or p = 0) is the identity.
+ */
+#include "layers/layers_impl.h"
+
+/* ---- relu ---------------------------------------------------------------- */
+
+static gp_status same_infer(const gp_layer *l, const gp_shape *in, gp_shape *out)
+{
+    *out = *in;
+    return GP_OK;
+}
+
+static gp_status no_init(gp_layer *l, uint64_t seed) { return GP_OK; }
+
+static gp_status relu_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                              gp_tensor *y, gp_saved *s)
+{
+    int64_t n = gp_tensor_numel(x);
+    if (n == 0) return GP_OK;
+    return l->dev->iface->relu_fwd(l->dev, x->data, y->data, n);
+}
+
+static gp_status relu_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                    const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
+                                    gp_saved *s)
+{
+    int64_t n = gp_tensor_numel(x);
+    if (n == 0) return GP_OK;
+    return l->dev->iface->relu_bwd(l->dev, y->data, dy->data, dx->data, n);
+}
+
+static double numel_flops(const gp_layer *l, int64_t n)
+{
+    return (double)n * (double)gp_shape_numel(&l->out_shape);
+}
+
+const gp_layer_ops gp_relu_ops = {
+    .type = GP_LAYER_RELU,
+    .infer = same_infer,
+    .init = no_init,
+    .forward = relu_forward,
+    .backward_data = relu_backward_data,
+    .flops = numel_flops,
+};
+
+/* ---- flatten ------------------------------------------------------------- */
+
+static gp_status flatten_infer(const gp_layer *l, const gp_shape *in, gp_shape *out)
+{
+    int64_t f = 1;
+    for (int i = 1; i < in->ndim; i++) f *= in->dims[i];
+    *out = gp_shape_2d(in->dims[0], f);
+    return GP_OK;
+}
+
+static gp_status copy_through(gp_device *dev, const gp_tensor *src, gp_tensor *dst)
+{
+    size_t bytes = gp_tensor_bytes(src);
+    if (bytes == 0) return GP_OK;
+    return dev->iface->copy_d2d(dev, dst->data, src->data, bytes);
+}
+
+static gp_status flatten_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                 gp_tensor *y, gp_saved *s)
+{
+    return copy_through(l->dev, x, y);
+}
+
+static gp_status flatten_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                       const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
+                                       gp_saved *s)
+{
+    return copy_through(l->dev, dy, dx);
+}
+
+static double zero_flops(const gp_layer *l, int64_t n) { return 0.0; }
+
+const gp_layer_ops gp_flatten_ops = {
+    .type = GP_LAYER_FLATTEN,
+    .infer = flatten_infer,
+    .init = no_init,
+    .forward = flatten_forward,
+    .backward_data = flatten_backward_data,
+    .flops = zero_flops,
+};
+
+/* ---- dropout ------------------------------------------------------------- */
+
+static gp_status dropout_infer(const gp_layer *l, const gp_shape *in, gp_shape *out)
+{
+    if (!(l->spec.p >= 0.0f && l->spec.p <= 1.0f))
+        return gp_layer_spec_error(l, "p = %g must be a probability in [0, 1] (default 0.5)",
+                                   (double)l->spec.p);
+    *out = *in;
+    return GP_OK;
+}
+
+static gp_status dropout_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                 gp_tensor *y, gp_saved *s)
+{
+    gp_device *dev = l->dev;
+    int64_t n = gp_tensor_numel(x);
+    if (!ctx->training || l->spec.p == 0.0f) return copy_through(dev, x, y);
+    if (n == 0) return GP_OK;
+    int64_t per_sample = gp_shape_numel(&l->in_shape);
+    gp_shape xs = gp_tensor_shape(x);
+    GP_TRY(gp_layers_saved_alloc(s, 0, dev, &xs));
+    uint64_t stream = gp_rng_stream(ctx->step, (uint64_t)l->index, GP_RNG_TAG_DROPOUT);
+    GP_TRY(dev->iface->dropout_mask(dev, s->t[0].data, n, l->spec.p, ctx->seed, stream,
+                                    (uint64_t)(ctx->sample_offset * per_sample)));
+    return dev->iface->mul(dev, x->data, s->t[0].data, y->data, n);
+}
+
+static gp_status dropout_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                       const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
+                                       gp_saved *s)
+{
+    if (!s->t[0].data) return copy_through(l->dev, dy, dx); /* identity forward */
+    int64_t n = gp_tensor_numel(dy);
+    return l->dev->iface->mul(l->dev, dy->data, s->t[0].data, dx->data, n);
+}
+
+static size_t dropout_saved_bytes(const gp_layer *l, int64_t n)
+{
+    if (l->spec.p == 0.0f) return 0;
+    return (size_t)n * (size_t)gp_shape_numel(&l->in_shape) * sizeof(float);
+}
+
+const gp_layer_ops gp_dropout_ops = {
+    .type = GP_LAYER_DROPOUT,
+    .infer = dropout_infer,
+    .init = no_init,
+    .forward = dropout_forward,
+    .backward_data = dropout_backward_data,
+    .flops = numel_flops,
+    .saved_bytes = dropout_saved_bytes,
+};

@@ -1,0 +1,1189 @@
+/*
+ * test_layers.c — every layer and the cross-entropy loss on a CPU device.
+ *
+ *   - forward against naive reference loops in double precision written
+ *     here (linear, conv, batch norm train/eval, relu, pools, flatten,
+ *     dropout with the mask recomputed from the core RNG, residual composed
+ *     of the references), on odd shapes (batch 3, 5 channels, 7x9 images,
+ *     stride 2, padding 1), with and without bias;
+ *   - backward-data and backward-weights against central finite differences
+ *     of L = sum(y * r) for a fixed random r, the forward in float and L
+ *     accumulated in double; checked per element (atol + rtol) and on the
+ *     norm of the whole sampled gradient vector;
+ *   - dW += (two backward passes give twice one), weights-only backward
+ *     equals the weights of a full backward;
+ *   - dropout: micro-batch halves with sample_offset draw the full-batch
+ *     mask, recompute reproduces it, eval is identity, keep fraction ~ 1-p;
+ *   - batch norm: two uneven micro-batches + commit give the full-batch
+ *     running statistics (unbiased variance, naive double reference);
+ *     recompute leaves the accumulator alone; eval uses running statistics;
+ *   - parameter counts and names (torchvision BasicBlock), FLOPs and
+ *     saved_bytes, shape-inference messages, init determinism and
+ *     independence of placement, and no leaked device memory.
+ */
+#include "layers/layers_impl.h"
+#include "test.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- host helpers -------------------------------------------------------- */
+
+typedef struct {
+    uint64_t s;
+} hrng;
+
+static double hrng_unit(hrng *r) /* [0, 1) */
+{
+    r->s += 0x9e3779b97f4a7c15ull;
+    uint64_t z = r->s;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (double)(z >> 11) / 9007199254740992.0;
+}
+
+static float hrng_sym(hrng *r) { return (float)(2.0 * hrng_unit(r) - 1.0); }
+
+static void fill_sym(hrng *r, float *x, int64_t n, float scale)
+{
+    for (int64_t i = 0; i < n; i++) x[i] = scale * hrng_sym(r);
+}
+
+/* Values at least `gap` away from 0 (relu kinks). */
+static void fill_away_from_zero(hrng *r, float *x, int64_t n, float gap)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float v = hrng_sym(r);
+        x[i] = v >= 0 ? gap + v : -gap + v;
+    }
+}
+
+/* A random permutation of evenly spaced values (distinct maxima for pools). */
+static void fill_distinct(hrng *r, float *x, int64_t n, float step)
+{
+    for (int64_t i = 0; i < n; i++) x[i] = (float)(i - n / 2) * step;
+    for (int64_t i = n - 1; i > 0; i--) {
+        int64_t j = (int64_t)(hrng_unit(r) * (double)(i + 1));
+        float t = x[i];
+        x[i] = x[j];
+        x[j] = t;
+    }
+}
+
+static gp_tensor upload(gp_device *dev, const gp_shape *s, const float *h)
+{
+    gp_tensor t;
+    CHECK_OK(gp_tensor_alloc(&t, dev, s, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_dev_upload(dev, t.data, h, gp_shape_numel(s)));
+    return t;
+}
+
+static float *download(const gp_tensor *t)
+{
+    int64_t n = gp_tensor_numel(t);
+    float *h = calloc((size_t)(n ? n : 1), sizeof *h);
+    if (n) CHECK_OK(gp_dev_download(t->dev, h, t->data, n));
+    CHECK_OK(t->dev->iface->synchronize(t->dev));
+    return h;
+}
+
+static double *download_d(const gp_tensor *t)
+{
+    int64_t n = gp_tensor_numel(t);
+    float *f = download(t);
+    double *d = calloc((size_t)(n ? n : 1), sizeof *d);
+    for (int64_t i = 0; i < n; i++) d[i] = f[i];
+    free(f);
+    return d;
+}
+
+static void set_param(gp_layer *l, int p, const float *h)
+{
+    gp_tensor *v = &l->params[p].value;
+    CHECK_OK(gp_dev_upload(l->dev, v->data, h, gp_tensor_numel(v)));
+}
+
+static gp_fwd_ctx train_ctx(void)
+{
+    gp_fwd_ctx c = {.training = true, .recompute = false, .seed = 99, .step = 4,
+                    .sample_offset = 0, .batch_total = 0};
+    return c;
+}
+
+static int param_index(const gp_layer *l, const char *name)
+{
+    for (int p = 0; p < l->n_params; p++)
+        if (!strcmp(l->params[p].name, name)) return p;
+    return -1;
+}
+
+/* ---- reference implementations (double) ---------------------------------- */
+
+/* x (N, F), W (O, F), b (O) or NULL -> y (N, O) */
+static void ref_linear(int64_t n, int64_t f, int64_t o, const double *x, const double *w,
+                       const double *b, double *y)
+{
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t k = 0; k < o; k++) {
+            double s = b ? b[k] : 0.0;
+            for (int64_t j = 0; j < f; j++) s += x[i * f + j] * w[k * f + j];
+            y[i * o + k] = s;
+        }
+}
+
+typedef struct {
+    int64_t n, c, h, w, k, kk, st, pad, oh, ow;
+} geom;
+
+static geom geom_of(const gp_shape *xs, int64_t k, int64_t kk, int64_t st, int64_t pad)
+{
+    geom g = {xs->dims[0], xs->dims[1], xs->dims[2], xs->dims[3], k, kk, st, pad, 0, 0};
+    g.oh = (g.h + 2 * pad - kk) / st + 1;
+    g.ow = (g.w + 2 * pad - kk) / st + 1;
+    return g;
+}
+
+static void ref_conv(const geom *g, const double *x, const double *w, const double *b, double *y)
+{
+    for (int64_t n = 0; n < g->n; n++)
+        for (int64_t k = 0; k < g->k; k++)
+            for (int64_t oy = 0; oy < g->oh; oy++)
+                for (int64_t ox = 0; ox < g->ow; ox++) {
+                    double s = b ? b[k] : 0.0;
+                    for (int64_t c = 0; c < g->c; c++)
+                        for (int64_t ky = 0; ky < g->kk; ky++)
+                            for (int64_t kx = 0; kx < g->kk; kx++) {
+                                int64_t iy = oy * g->st - g->pad + ky, ix = ox * g->st - g->pad + kx;
+                                if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) continue;
+                                s += x[((n * g->c + c) * g->h + iy) * g->w + ix] *
+                                     w[((k * g->c + c) * g->kk + ky) * g->kk + kx];
+                            }
+                    y[((n * g->k + k) * g->oh + oy) * g->ow + ox] = s;
+                }
+}
+
+/* Batch statistics of (N, C, S) per channel: mean and biased variance. */
+static void ref_bn_stats(int64_t n, int64_t c, int64_t s, const double *x, double *mean,
+                         double *var)
+{
+    for (int64_t ch = 0; ch < c; ch++) {
+        double m = 0, v = 0;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < s; j++) m += x[(i * c + ch) * s + j];
+        m /= (double)(n * s);
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < s; j++) {
+                double d = x[(i * c + ch) * s + j] - m;
+                v += d * d;
+            }
+        mean[ch] = m;
+        var[ch] = v / (double)(n * s);
+    }
+}
+
+/* mean/var NULL: batch statistics (training). */
+static void ref_bn(int64_t n, int64_t c, int64_t s, double eps, const double *x,
+                   const double *gamma, const double *beta, const double *rmean,
+                   const double *rvar, double *y)
+{
+    double *mean = calloc((size_t)c, sizeof *mean), *var = calloc((size_t)c, sizeof *var);
+    if (rmean) {
+        memcpy(mean, rmean, (size_t)c * sizeof *mean);
+        memcpy(var, rvar, (size_t)c * sizeof *var);
+    } else {
+        ref_bn_stats(n, c, s, x, mean, var);
+    }
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t ch = 0; ch < c; ch++)
+            for (int64_t j = 0; j < s; j++) {
+                int64_t q = (i * c + ch) * s + j;
+                y[q] = gamma[ch] * (x[q] - mean[ch]) / sqrt(var[ch] + eps) + beta[ch];
+            }
+    free(mean);
+    free(var);
+}
+
+static void ref_relu(int64_t n, const double *x, double *y)
+{
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] > 0 ? x[i] : 0.0;
+}
+
+/* Max pads with -inf; the average divides by the valid elements only. */
+static void ref_pool(const geom *g, bool is_max, const double *x, double *y)
+{
+    for (int64_t n = 0; n < g->n; n++)
+        for (int64_t c = 0; c < g->c; c++)
+            for (int64_t oy = 0; oy < g->oh; oy++)
+                for (int64_t ox = 0; ox < g->ow; ox++) {
+                    double acc = is_max ? -INFINITY : 0.0;
+                    int cnt = 0;
+                    for (int64_t ky = 0; ky < g->kk; ky++)
+                        for (int64_t kx = 0; kx < g->kk; kx++) {
+                            int64_t iy = oy * g->st - g->pad + ky, ix = ox * g->st - g->pad + kx;
+                            if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) continue;
+                            double v = x[((n * g->c + c) * g->h + iy) * g->w + ix];
+                            if (is_max) acc = v > acc ? v : acc;
+                            else acc += v;
+                            cnt++;
+                        }
+                    y[((n * g->c + c) * g->oh + oy) * g->ow + ox] = is_max ? acc : acc / cnt;
+                }
+}
+
+/* ---- the layer reference: dispatch on the type ---------------------------- */
+
+/* P[p] = host copy of params[p] (double).  train: batch statistics. */
+static void ref_forward(const gp_layer *l, double **P, bool train, const gp_fwd_ctx *ctx,
+                        const gp_shape *xs, const double *x, double *y)
+{
+    const gp_layer_spec *sp = &l->spec;
+    int64_t nx = gp_shape_numel(xs);
+    switch (sp->type) {
+    case GP_LAYER_LINEAR:
+        ref_linear(xs->dims[0], xs->dims[1], sp->out, x, P[0], sp->bias ? P[1] : NULL, y);
+        break;
+    case GP_LAYER_CONV2D: {
+        geom g = geom_of(xs, sp->out, sp->kernel, sp->stride, sp->padding);
+        ref_conv(&g, x, P[0], sp->bias ? P[1] : NULL, y);
+        break;
+    }
+    case GP_LAYER_BATCHNORM: {
+        int64_t s = xs->ndim == 4 ? xs->dims[2] * xs->dims[3] : 1;
+        ref_bn(xs->dims[0], xs->dims[1], s, sp->eps, x, P[0], P[1], train ? NULL : P[2],
+               train ? NULL : P[3], y);
+        break;
+    }
+    case GP_LAYER_RELU: ref_relu(nx, x, y); break;
+    case GP_LAYER_MAXPOOL2D:
+    case GP_LAYER_AVGPOOL2D: {
+        geom g = geom_of(xs, xs->dims[1], sp->kernel, sp->stride ? sp->stride : sp->kernel,
+                         sp->padding);
+        ref_pool(&g, sp->type == GP_LAYER_MAXPOOL2D, x, y);
+        break;
+    }
+    case GP_LAYER_GLOBAL_AVGPOOL: {
+        int64_t s = xs->dims[2] * xs->dims[3];
+        for (int64_t i = 0; i < xs->dims[0] * xs->dims[1]; i++) {
+            double a = 0;
+            for (int64_t j = 0; j < s; j++) a += x[i * s + j];
+            y[i] = a / (double)s;
+        }
+        break;
+    }
+    case GP_LAYER_FLATTEN: memcpy(y, x, (size_t)nx * sizeof *y); break;
+    case GP_LAYER_DROPOUT: {
+        int64_t per = nx / xs->dims[0];
+        uint64_t stream = gp_rng_stream(ctx->step, (uint64_t)l->index, 0x64726f70ull);
+        for (int64_t i = 0; i < nx; i++) {
+            double m = 1.0;
+            if (train && sp->p > 0) {
+                float u = gp_rng_uniform(ctx->seed, stream,
+                                         (uint64_t)(ctx->sample_offset * per + i));
+                m = u >= sp->p ? 1.0 / (1.0 - (double)sp->p) : 0.0;
+            }
+            y[i] = x[i] * m;
+        }
+        break;
+    }
+    case GP_LAYER_RESIDUAL: {
+        geom g1 = geom_of(xs, sp->out, 3, sp->stride, 1);
+        gp_shape ms = gp_shape_4d(xs->dims[0], sp->out, g1.oh, g1.ow);
+        geom g2 = geom_of(&ms, sp->out, 3, 1, 1);
+        geom gd = geom_of(xs, sp->out, 1, sp->stride, 0);
+        int64_t nm = gp_shape_numel(&ms), s = g1.oh * g1.ow, k = sp->out;
+        double *a = calloc((size_t)nm, sizeof *a), *b = calloc((size_t)nm, sizeof *b);
+        double *sc = calloc((size_t)nm, sizeof *sc);
+        ref_conv(&g1, x, P[0], NULL, a);
+        ref_bn(g1.n, k, s, sp->eps, a, P[1], P[2], train ? NULL : P[3], train ? NULL : P[4], b);
+        ref_relu(nm, b, b);
+        ref_conv(&g2, b, P[5], NULL, a);
+        ref_bn(g1.n, k, s, sp->eps, a, P[6], P[7], train ? NULL : P[8], train ? NULL : P[9], y);
+        if (l->n_params > 10) {
+            ref_conv(&gd, x, P[10], NULL, a);
+            ref_bn(g1.n, k, s, sp->eps, a, P[11], P[12], train ? NULL : P[13],
+                   train ? NULL : P[14], sc);
+        } else {
+            memcpy(sc, x, (size_t)nm * sizeof *sc);
+        }
+        for (int64_t i = 0; i < nm; i++) y[i] = y[i] + sc[i] > 0 ? y[i] + sc[i] : 0.0;
+        free(a);
+        free(b);
+        free(sc);
+        break;
+    }
+    default: CHECK(!"unknown layer type");
+    }
+}
+
+/* ---- finite differences ---------------------------------------------------- */
+
+/* L = sum(y * r) of a forward of x, accumulated in double. */
+static double loss_of(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x, const double *r)
+{
+    gp_tensor y = {0};
+    gp_saved s = {0};
+    CHECK_OK(gp_layer_forward(l, ctx, x, &y, &s));
+    float *h = download(&y);
+    double L = 0;
+    for (int64_t i = 0; i < gp_tensor_numel(&y); i++) L += (double)h[i] * r[i];
+    free(h);
+    gp_saved_free(&s);
+    gp_tensor_free(&y);
+    return L;
+}
+
+typedef struct {
+    double eps, atol, rtol, norm_rtol;
+} fd_tol;
+
+/* Compare analytic gradient `an` of device tensor `t` against central
+ * differences, on all elements up to 64, else on 48 random ones. */
+static void fd_check(const char *what, gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                     gp_tensor *t, const double *r, const float *an, const fd_tol *tol,
+                     hrng *rng)
+{
+    int64_t n = gp_tensor_numel(t);
+    int64_t m = n <= 64 ? n : 48;
+    float *h = download(t);
+    double num2 = 0, diff2 = 0;
+    int bad = 0;
+    for (int64_t q = 0; q < m; q++) {
+        int64_t i = n <= 64 ? q : (int64_t)(hrng_unit(rng) * (double)n);
+        float orig = h[i];
+        float v = (float)(orig + tol->eps);
+        CHECK_OK(gp_dev_upload(t->dev, t->data + i, &v, 1));
+        double lp = loss_of(l, ctx, x, r);
+        v = (float)(orig - tol->eps);
+        CHECK_OK(gp_dev_upload(t->dev, t->data + i, &v, 1));
+        double lm = loss_of(l, ctx, x, r);
+        CHECK_OK(gp_dev_upload(t->dev, t->data + i, &orig, 1));
+        /* the float perturbation actually applied */
+        double step = (double)(float)(orig + tol->eps) - (double)(float)(orig - tol->eps);
+        double num = (lp - lm) / step;
+        double d = (double)an[i] - num;
+        num2 += num * num;
+        diff2 += d * d;
+        if (fabs(d) > tol->atol + tol->rtol * fabs(num)) {
+            if (bad++ < 3)
+                fprintf(stderr, "  %s (%s) [%lld]: analytic %.7g vs numeric %.7g\n", what,
+                        gp_layer_type_name(l->spec.type), (long long)i, (double)an[i], num);
+        }
+    }
+    double rel = sqrt(diff2) / (sqrt(num2) > 1e-12 ? sqrt(num2) : 1e-12);
+    CHECK_MSG(bad == 0, "%s of %s: %d of %lld elements off", what,
+              gp_layer_type_name(l->spec.type), bad, (long long)m);
+    CHECK_MSG(rel <= tol->norm_rtol || sqrt(num2) < 1e-9, "%s of %s: relative error %.3g",
+              what, gp_layer_type_name(l->spec.type), rel);
+    free(h);
+}
+
+/* ---- the generic per-layer check ------------------------------------------- */
+
+typedef enum { X_SYM, X_AWAY, X_DISTINCT } x_kind;
+
+typedef struct {
+    gp_layer_spec spec;
+    gp_shape in;          /* with the batch */
+    x_kind xk;
+    bool randomize;       /* random values for every parameter and buffer */
+    fd_tol tol;
+} layer_case;
+
+static void check_layer(gp_device *dev, const layer_case *lc, int index, hrng *rng)
+{
+    gp_layer l;
+    gp_status cs = gp_layer_create(&lc->spec, index, &lc->in, dev, 1234, &l);
+    CHECK_OK(cs);
+    if (cs != GP_OK) return;
+    const char *tn = gp_layer_type_name(lc->spec.type);
+    if (lc->randomize) {
+        for (int p = 0; p < l.n_params; p++) {
+            int64_t n = gp_tensor_numel(&l.params[p].value);
+            float *h = malloc((size_t)n * sizeof *h);
+            bool var = strstr(l.params[p].name, "running_var") != NULL;
+            /* norm weights (gamma) are the no_decay "weight"s */
+            bool gamma = l.params[p].no_decay && strstr(l.params[p].name, "weight") != NULL;
+            for (int64_t i = 0; i < n; i++) {
+                double u = hrng_unit(rng);
+                h[i] = var ? (float)(0.5 + u) : gamma ? (float)(0.5 + u) : (float)(u - 0.5);
+            }
+            set_param(&l, p, h);
+            free(h);
+        }
+    }
+    int64_t nx = gp_shape_numel(&lc->in);
+    float *xh = malloc((size_t)nx * sizeof *xh);
+    if (lc->xk == X_AWAY) fill_away_from_zero(rng, xh, nx, 0.05f);
+    else if (lc->xk == X_DISTINCT) fill_distinct(rng, xh, nx, 0.01f);
+    else fill_sym(rng, xh, nx, 1.0f);
+    gp_tensor x = upload(dev, &lc->in, xh);
+    double *xd = malloc((size_t)nx * sizeof *xd);
+    for (int64_t i = 0; i < nx; i++) xd[i] = xh[i];
+    double *P[GP_LAYER_MAX_PARAMS] = {0};
+    for (int p = 0; p < l.n_params; p++) P[p] = download_d(&l.params[p].value);
+
+    /* forward, training and eval, against the reference */
+    for (int mode = 0; mode < 2; mode++) {
+        gp_fwd_ctx ctx = train_ctx();
+        ctx.training = mode == 0;
+        ctx.recompute = true; /* leave batch-norm accumulators alone */
+        gp_tensor y = {0};
+        gp_saved s = {0};
+        CHECK_OK(gp_layer_forward(&l, &ctx, &x, &y, &s));
+        gp_shape want = gp_shape_with_batch(&l.out_shape, lc->in.dims[0]);
+        gp_shape got = gp_tensor_shape(&y);
+        CHECK_MSG(gp_shape_equal(&got, &want), "%s output shape", tn);
+        int64_t ny = gp_tensor_numel(&y);
+        float *yh = download(&y);
+        double *yr = calloc((size_t)ny, sizeof *yr);
+        ref_forward(&l, P, ctx.training, &ctx, &lc->in, xd, yr);
+        double maxerr = 0, maxref = 0;
+        for (int64_t i = 0; i < ny; i++) {
+            maxerr = fmax(maxerr, fabs(yh[i] - yr[i]));
+            maxref = fmax(maxref, fabs(yr[i]));
+        }
+        CHECK_MSG(maxerr <= 1e-4 * (1.0 + maxref), "%s forward (%s): max error %.3g (max |y| %.3g)",
+                  tn, mode ? "eval" : "train", maxerr, maxref);
+        if (mode == 0 && l.ops->saved_bytes)
+            CHECK_MSG(l.ops->saved_bytes(&l, lc->in.dims[0]) == gp_saved_bytes(&s),
+                      "%s saved_bytes %zu vs held %zu", tn, l.ops->saved_bytes(&l, lc->in.dims[0]),
+                      gp_saved_bytes(&s));
+        if (mode == 0 && !l.ops->saved_bytes) CHECK(gp_saved_bytes(&s) == 0);
+        free(yh);
+        free(yr);
+        gp_saved_free(&s);
+        gp_tensor_free(&y);
+    }
+
+    /* backward against finite differences */
+    gp_fwd_ctx ctx = train_ctx();
+    ctx.recompute = true;
+    gp_tensor y = {0}, dx = {0};
+    gp_saved s = {0};
+    CHECK_OK(gp_layer_forward(&l, &ctx, &x, &y, &s));
+    int64_t ny = gp_tensor_numel(&y);
+    double *r = malloc((size_t)ny * sizeof *r);
+    float *rf = malloc((size_t)ny * sizeof *rf);
+    for (int64_t i = 0; i < ny; i++) {
+        rf[i] = hrng_sym(rng);
+        r[i] = rf[i];
+    }
+    gp_shape ys = gp_tensor_shape(&y);
+    gp_tensor dy = upload(dev, &ys, rf);
+    CHECK_OK(gp_layer_zero_grad(&l));
+    CHECK_OK(gp_layer_backward(&l, &ctx, &x, &y, &dy, &dx, &s));
+    float *dxh = download(&dx);
+    fd_check("dx", &l, &ctx, &x, &x, r, dxh, &lc->tol, rng);
+    for (int p = 0; p < l.n_params; p++) {
+        if (l.params[p].is_buffer) continue;
+        float *g = download(&l.params[p].grad);
+        char what[64];
+        snprintf(what, sizeof what, "d %s", l.params[p].name);
+        fd_check(what, &l, &ctx, &x, &l.params[p].value, r, g, &lc->tol, rng);
+        free(g);
+    }
+
+    /* dW accumulates: a second backward doubles; weights-only equals */
+    if (l.n_params > 0) {
+        float *g1[GP_LAYER_MAX_PARAMS] = {0};
+        for (int p = 0; p < l.n_params; p++)
+            if (!l.params[p].is_buffer) g1[p] = download(&l.params[p].grad);
+        gp_tensor dx2 = {0};
+        CHECK_OK(gp_layer_backward(&l, &ctx, &x, &y, &dy, &dx2, &s));
+        float *dx2h = download(&dx2);
+        CHECK_MSG(!memcmp(dx2h, dxh, (size_t)gp_tensor_numel(&dx) * sizeof(float)),
+                  "%s: dx of a second backward differs", tn);
+        free(dx2h);
+        gp_tensor_free(&dx2);
+        for (int p = 0; p < l.n_params; p++) {
+            if (l.params[p].is_buffer) continue;
+            float *g2 = download(&l.params[p].grad);
+            int64_t n = gp_tensor_numel(&l.params[p].grad);
+            double worst = 0;
+            for (int64_t i = 0; i < n; i++)
+                worst = fmax(worst, fabs(g2[i] - 2.0 * g1[p][i]) / (1e-6 + fabs(2.0 * g1[p][i])));
+            CHECK_MSG(worst < 1e-4, "%s %s: two backward passes are not 2x one (%.3g)", tn,
+                      l.params[p].name, worst);
+            free(g2);
+        }
+        CHECK_OK(gp_layer_zero_grad(&l));
+        CHECK_OK(gp_layer_backward(&l, &ctx, &x, &y, &dy, NULL, &s));
+        for (int p = 0; p < l.n_params; p++) {
+            if (l.params[p].is_buffer) continue;
+            float *g = download(&l.params[p].grad);
+            int64_t n = gp_tensor_numel(&l.params[p].grad);
+            double worst = 0;
+            for (int64_t i = 0; i < n; i++)
+                worst = fmax(worst, fabs(g[i] - g1[p][i]) / (1e-6 + fabs(g1[p][i])));
+            CHECK_MSG(worst < 1e-4, "%s %s: weights-only backward differs (%.3g)", tn,
+                      l.params[p].name, worst);
+            free(g);
+            free(g1[p]);
+        }
+    }
+    free(dxh);
+    free(r);
+    free(rf);
+    free(xh);
+    free(xd);
+    for (int p = 0; p < l.n_params; p++) free(P[p]);
+    gp_tensor_free(&dy);
+    gp_tensor_free(&dx);
+    gp_tensor_free(&y);
+    gp_saved_free(&s);
+    gp_tensor_free(&x);
+    gp_layer_destroy(&l);
+}
+
+static gp_layer_spec spec_of(gp_layer_type t)
+{
+    return gp_layer_spec_default(t);
+}
+
+static void test_all_layers(gp_device *dev)
+{
+    hrng rng = {42};
+    fd_tol smooth = {.eps = 1e-2, .atol = 3e-3, .rtol = 1e-2, .norm_rtol = 5e-3};
+    fd_tol kinky = {.eps = 1e-3, .atol = 1e-2, .rtol = 2e-2, .norm_rtol = 2e-2};
+    gp_shape img = gp_shape_4d(3, 5, 7, 9);
+    layer_case cases[32];
+    int n = 0;
+    /* linear, with and without bias */
+    cases[n] = (layer_case){spec_of(GP_LAYER_LINEAR), gp_shape_2d(3, 7), X_SYM, false, smooth};
+    cases[n++].spec.out = 5;
+    cases[n] = (layer_case){spec_of(GP_LAYER_LINEAR), gp_shape_2d(4, 6), X_SYM, false, smooth};
+    cases[n].spec.out = 3;
+    cases[n++].spec.bias = false;
+    /* conv: k3 s2 p1 bias; k3 s1 p0 no bias; k2 s2 p1; 1x1 */
+    cases[n] = (layer_case){spec_of(GP_LAYER_CONV2D), img, X_SYM, false, smooth};
+    cases[n].spec.out = 4; cases[n].spec.kernel = 3; cases[n].spec.stride = 2;
+    cases[n++].spec.padding = 1;
+    cases[n] = (layer_case){spec_of(GP_LAYER_CONV2D), img, X_SYM, false, smooth};
+    cases[n].spec.out = 6; cases[n].spec.kernel = 3; cases[n++].spec.bias = false;
+    cases[n] = (layer_case){spec_of(GP_LAYER_CONV2D), img, X_SYM, false, smooth};
+    cases[n].spec.out = 3; cases[n].spec.kernel = 2; cases[n].spec.stride = 2;
+    cases[n++].spec.padding = 1;
+    cases[n] = (layer_case){spec_of(GP_LAYER_CONV2D), gp_shape_4d(2, 3, 4, 5), X_SYM, false, smooth};
+    cases[n].spec.out = 7; cases[n++].spec.kernel = 1;
+    /* batch norm 4-D and 2-D with random affine and running statistics */
+    cases[n++] = (layer_case){spec_of(GP_LAYER_BATCHNORM), img, X_SYM, true, smooth};
+    cases[n++] = (layer_case){spec_of(GP_LAYER_BATCHNORM), gp_shape_2d(6, 7), X_SYM, true, smooth};
+    /* relu */
+    cases[n++] = (layer_case){spec_of(GP_LAYER_RELU), img, X_AWAY, false, kinky};
+    /* pools */
+    cases[n] = (layer_case){spec_of(GP_LAYER_MAXPOOL2D), img, X_DISTINCT, false, kinky};
+    cases[n].spec.kernel = 3; cases[n].spec.stride = 2; cases[n++].spec.padding = 1;
+    cases[n] = (layer_case){spec_of(GP_LAYER_MAXPOOL2D), img, X_DISTINCT, false, kinky};
+    cases[n++].spec.kernel = 2; /* stride defaults to the kernel */
+    cases[n] = (layer_case){spec_of(GP_LAYER_AVGPOOL2D), img, X_SYM, false, smooth};
+    cases[n].spec.kernel = 3; cases[n].spec.stride = 2; cases[n++].spec.padding = 1;
+    cases[n] = (layer_case){spec_of(GP_LAYER_AVGPOOL2D), img, X_SYM, false, smooth};
+    cases[n++].spec.kernel = 2;
+    cases[n++] = (layer_case){spec_of(GP_LAYER_GLOBAL_AVGPOOL), img, X_SYM, false, smooth};
+    /* flatten, dropout */
+    cases[n++] = (layer_case){spec_of(GP_LAYER_FLATTEN), img, X_SYM, false, smooth};
+    cases[n] = (layer_case){spec_of(GP_LAYER_DROPOUT), img, X_SYM, false, smooth};
+    cases[n++].spec.p = 0.3f;
+    cases[n] = (layer_case){spec_of(GP_LAYER_DROPOUT), gp_shape_2d(5, 11), X_SYM, false, smooth};
+    cases[n++].spec.p = 0.0f;
+    /* residual: with a downsample (stride 2, 5 -> 8) and identity (6 -> 6) */
+    cases[n] = (layer_case){spec_of(GP_LAYER_RESIDUAL), img, X_SYM, true, kinky};
+    cases[n].spec.out = 8; cases[n++].spec.stride = 2;
+    cases[n] = (layer_case){spec_of(GP_LAYER_RESIDUAL), gp_shape_4d(3, 6, 5, 5), X_SYM, true,
+                            kinky};
+    cases[n++].spec.out = 6;
+    for (int k = 0; k < n; k++) check_layer(dev, &cases[k], k, &rng);
+}
+
+/* ---- dropout ------------------------------------------------------------- */
+
+static void test_dropout(gp_device *dev)
+{
+    hrng rng = {7};
+    gp_layer_spec sp = spec_of(GP_LAYER_DROPOUT);
+    sp.p = 0.3f;
+    gp_shape in = gp_shape_4d(6, 3, 5, 7);
+    gp_layer l;
+    CHECK_OK(gp_layer_create(&sp, 5, &in, dev, 1, &l));
+    int64_t nx = gp_shape_numel(&in), per = nx / 6;
+    float *xh = malloc((size_t)nx * sizeof *xh);
+    fill_away_from_zero(&rng, xh, nx, 0.1f);
+    gp_tensor x = upload(dev, &in, xh);
+    gp_fwd_ctx ctx = train_ctx();
+    ctx.batch_total = 6;
+    gp_tensor y = {0};
+    gp_saved s = {0};
+    CHECK_OK(gp_layer_forward(&l, &ctx, &x, &y, &s));
+    float *full = download(&y);
+    /* two uneven micro-batches with their offsets */
+    float *parts = malloc((size_t)nx * sizeof *parts);
+    int64_t cut = 2;
+    for (int h = 0; h < 2; h++) {
+        gp_tensor xs = gp_tensor_slice(&x, h ? cut : 0, h ? 6 - cut : cut);
+        gp_fwd_ctx c = ctx;
+        c.sample_offset = h ? cut : 0;
+        gp_tensor yy = {0};
+        gp_saved ss = {0};
+        CHECK_OK(gp_layer_forward(&l, &c, &xs, &yy, &ss));
+        float *p = download(&yy);
+        memcpy(parts + (h ? cut * per : 0), p, (size_t)gp_tensor_numel(&yy) * sizeof *p);
+        free(p);
+        gp_tensor_free(&yy);
+        gp_saved_free(&ss);
+    }
+    CHECK_MSG(!memcmp(parts, full, (size_t)nx * sizeof *full),
+              "micro-batch masks differ from the full-batch mask");
+    /* recompute draws the same mask */
+    gp_fwd_ctx rc = ctx;
+    rc.recompute = true;
+    gp_tensor y2 = {0};
+    gp_saved s2 = {0};
+    CHECK_OK(gp_layer_forward(&l, &rc, &x, &y2, &s2));
+    float *again = download(&y2);
+    CHECK(!memcmp(again, full, (size_t)nx * sizeof *full));
+    gp_tensor_free(&y2);
+    gp_saved_free(&s2);
+    /* another step draws another mask */
+    gp_fwd_ctx nc = ctx;
+    nc.step++;
+    CHECK_OK(gp_layer_forward(&l, &nc, &x, &y2, &s2));
+    float *other = download(&y2);
+    CHECK(memcmp(other, full, (size_t)nx * sizeof *full) != 0);
+    gp_tensor_free(&y2);
+    gp_saved_free(&s2);
+    /* eval is the identity */
+    gp_fwd_ctx ec = ctx;
+    ec.training = false;
+    CHECK_OK(gp_layer_forward(&l, &ec, &x, &y2, &s2));
+    float *ev = download(&y2);
+    CHECK(!memcmp(ev, xh, (size_t)nx * sizeof *xh));
+    CHECK(gp_saved_bytes(&s2) == 0);
+    gp_tensor_free(&y2);
+    gp_saved_free(&s2);
+    /* outputs are 0 or x / (1 - p) */
+    int ok = 1;
+    for (int64_t i = 0; i < nx; i++)
+        ok &= full[i] == 0.0f || fabsf(full[i] - xh[i] / 0.7f) <= 1e-6f * fabsf(xh[i]) + 1e-7f;
+    CHECK(ok);
+    free(xh); free(full); free(parts); free(again); free(other); free(ev);
+    gp_tensor_free(&y);
+    gp_saved_free(&s);
+    gp_tensor_free(&x);
+    gp_layer_destroy(&l);
+
+    /* keep fraction ~ 1 - p on a large tensor */
+    sp.p = 0.25f;
+    gp_shape big = gp_shape_2d(64, 1000);
+    CHECK_OK(gp_layer_create(&sp, 2, &big, dev, 1, &l));
+    int64_t nb = gp_shape_numel(&big);
+    float *ones = malloc((size_t)nb * sizeof *ones);
+    for (int64_t i = 0; i < nb; i++) ones[i] = 1.0f;
+    x = upload(dev, &big, ones);
+    CHECK_OK(gp_layer_forward(&l, &ctx, &x, &y, &s));
+    float *m = download(&y);
+    int64_t kept = 0;
+    for (int64_t i = 0; i < nb; i++) kept += m[i] != 0.0f;
+    CHECK_NEAR((double)kept / (double)nb, 0.75, 0.01, 0);
+    free(ones);
+    free(m);
+    gp_tensor_free(&y);
+    gp_saved_free(&s);
+    gp_tensor_free(&x);
+    gp_layer_destroy(&l);
+}
+
+/* ---- batch-norm running statistics --------------------------------------- */
+
+static void test_bn_stats(gp_device *dev)
+{
+    hrng rng = {11};
+    gp_layer_spec sp = spec_of(GP_LAYER_BATCHNORM);
+    sp.momentum = 0.3f;
+    gp_shape in = gp_shape_4d(7, 3, 4, 5);
+    int64_t nx = gp_shape_numel(&in), C = 3, S = 20, N = 7;
+    float *xh = malloc((size_t)nx * sizeof *xh);
+    for (int64_t i = 0; i < nx; i++) xh[i] = 3.0f + 2.0f * hrng_sym(&rng); /* offset mean */
+    double *xd = malloc((size_t)nx * sizeof *xd);
+    for (int64_t i = 0; i < nx; i++) xd[i] = xh[i];
+    gp_tensor x = upload(dev, &in, xh);
+    gp_layer a, b;
+    CHECK_OK(gp_layer_create(&sp, 0, &in, dev, 1, &a));
+    CHECK_OK(gp_layer_create(&sp, 0, &in, dev, 1, &b));
+    gp_fwd_ctx ctx = train_ctx();
+    ctx.batch_total = N;
+    /* a: micro-batches of 3 and 4 (and a recompute of the first) */
+    int64_t cut = 3;
+    for (int h = 0; h < 2; h++) {
+        gp_tensor xs = gp_tensor_slice(&x, h ? cut : 0, h ? N - cut : cut);
+        gp_fwd_ctx c = ctx;
+        c.sample_offset = h ? cut : 0;
+        gp_tensor y = {0};
+        gp_saved s = {0};
+        CHECK_OK(gp_layer_forward(&a, &c, &xs, &y, &s));
+        gp_tensor_free(&y);
+        gp_saved_free(&s);
+        if (h == 0) {
+            CHECK(gp_batchnorm_pending_count(&a) == cut * S);
+            c.recompute = true;
+            CHECK_OK(gp_layer_forward(&a, &c, &xs, &y, &s));
+            CHECK(gp_batchnorm_pending_count(&a) == cut * S); /* untouched */
+            gp_tensor_free(&y);
+            gp_saved_free(&s);
+        }
+    }
+    int rm = param_index(&a, "running_mean"), rv = param_index(&a, "running_var");
+    CHECK(rm >= 0 && rv >= 0);
+    if (rm < 0 || rv < 0) return;
+    /* nothing moves before commit */
+    float *before = download(&a.params[rm].value);
+    CHECK(before[0] == 0.0f && before[1] == 0.0f);
+    free(before);
+    CHECK(gp_batchnorm_batches_tracked(&a) == 0);
+    CHECK_OK(a.ops->commit(&a));
+    CHECK(gp_batchnorm_batches_tracked(&a) == 1);
+    CHECK(gp_batchnorm_pending_count(&a) == 0);
+    /* b: the whole batch at once */
+    gp_tensor y = {0};
+    gp_saved s = {0};
+    CHECK_OK(gp_layer_forward(&b, &ctx, &x, &y, &s));
+    gp_tensor_free(&y);
+    gp_saved_free(&s);
+    CHECK_OK(b.ops->commit(&b));
+    /* naive double reference with the unbiased variance */
+    double mean[3], var[3];
+    ref_bn_stats(N, C, S, xd, mean, var);
+    float *am = download(&a.params[rm].value), *av = download(&a.params[rv].value);
+    float *bm = download(&b.params[rm].value), *bv = download(&b.params[rv].value);
+    double m = 0.3;
+    for (int64_t c = 0; c < C; c++) {
+        double em = m * mean[c];
+        double ev = (1 - m) * 1.0 + m * var[c] * (double)(N * S) / (double)(N * S - 1);
+        CHECK_NEAR(am[c], em, 1e-5, 1e-5);
+        CHECK_NEAR(av[c], ev, 1e-5, 1e-5);
+        CHECK_NEAR(bm[c], em, 1e-5, 1e-5);
+        CHECK_NEAR(bv[c], ev, 1e-5, 1e-5);
+    }
+    /* a commit without a forward changes nothing */
+    CHECK_OK(a.ops->commit(&a));
+    CHECK(gp_batchnorm_batches_tracked(&a) == 1);
+    /* eval normalises with the running statistics */
+    gp_fwd_ctx ec = ctx;
+    ec.training = false;
+    CHECK_OK(gp_layer_forward(&a, &ec, &x, &y, &s));
+    float *yh = download(&y);
+    double g[3] = {1, 1, 1}, be[3] = {0, 0, 0}, rmean[3], rvar[3];
+    for (int c = 0; c < 3; c++) {
+        rmean[c] = am[c];
+        rvar[c] = av[c];
+    }
+    double *yr = malloc((size_t)nx * sizeof *yr);
+    ref_bn(N, C, S, 1e-5, xd, g, be, rmean, rvar, yr);
+    double worst = 0;
+    for (int64_t i = 0; i < nx; i++) worst = fmax(worst, fabs(yh[i] - yr[i]));
+    CHECK_MSG(worst < 1e-4, "eval batch norm off by %.3g", worst);
+    CHECK(gp_batchnorm_pending_count(&a) == 0); /* eval merges nothing */
+    /* backward after an eval forward is refused */
+    gp_tensor dx = {0};
+    CHECK_ERR(gp_layer_backward(&a, &ec, &x, &y, &y, &dx, &s), GP_ERR_INVALID, "eval-mode");
+    free(yh); free(yr); free(am); free(av); free(bm); free(bv);
+    gp_tensor_free(&y);
+    gp_saved_free(&s);
+    /* a 1-sample 2-D micro-batch cannot be normalised in training */
+    gp_shape v = gp_shape_2d(1, 4);
+    gp_layer c1;
+    CHECK_OK(gp_layer_create(&sp, 9, &v, dev, 1, &c1));
+    float one[4] = {1, 2, 3, 4};
+    gp_tensor x1 = upload(dev, &v, one);
+    CHECK_ERR(gp_layer_forward(&c1, &ctx, &x1, &y, &s), GP_ERR_INVALID,
+              "more than one value per channel");
+    gp_saved_free(&s);
+    gp_tensor_free(&x1);
+    gp_layer_destroy(&c1);
+    free(xh);
+    free(xd);
+    gp_tensor_free(&x);
+    gp_layer_destroy(&a);
+    gp_layer_destroy(&b);
+
+    /* residual: commit reaches every norm of the block; recompute does not */
+    gp_layer_spec rs = spec_of(GP_LAYER_RESIDUAL);
+    rs.out = 4;
+    rs.stride = 2;
+    gp_shape ri = gp_shape_4d(4, 3, 6, 6);
+    gp_layer r;
+    CHECK_OK(gp_layer_create(&rs, 1, &ri, dev, 1, &r));
+    int64_t nr = gp_shape_numel(&ri);
+    float *rh = malloc((size_t)nr * sizeof *rh);
+    fill_sym(&rng, rh, nr, 2.0f);
+    gp_tensor rx = upload(dev, &ri, rh);
+    gp_fwd_ctx rc = ctx;
+    rc.recompute = true;
+    CHECK_OK(gp_layer_forward(&r, &rc, &rx, &y, &s));
+    gp_tensor_free(&y);
+    gp_saved_free(&s);
+    CHECK_OK(r.ops->commit(&r));
+    const char *names[3] = {"bn1.running_mean", "bn2.running_mean", "downsample.1.running_mean"};
+    for (int k = 0; k < 3; k++) {
+        int p = param_index(&r, names[k]);
+        CHECK(p >= 0);
+        if (p < 0) continue;
+        float *h = download(&r.params[p].value);
+        CHECK_MSG(h[0] == 0.0f, "%s moved after a recompute-only step", names[k]);
+        free(h);
+    }
+    CHECK_OK(gp_layer_forward(&r, &ctx, &rx, &y, &s));
+    gp_tensor_free(&y);
+    gp_saved_free(&s);
+    CHECK_OK(r.ops->commit(&r));
+    for (int k = 0; k < 3; k++) {
+        int p = param_index(&r, names[k]);
+        if (p < 0) continue;
+        float *h = download(&r.params[p].value);
+        CHECK_MSG(h[0] != 0.0f, "%s did not move after commit", names[k]);
+        free(h);
+    }
+    free(rh);
+    gp_tensor_free(&rx);
+    gp_layer_destroy(&r);
+}
+
+/* ---- cross-entropy --------------------------------------------------------- */
+
+static void test_cross_entropy(gp_device *dev)
+{
+    hrng rng = {5};
+    int64_t N = 5, K = 7;
+    gp_shape ls = gp_shape_2d(N, K);
+    float lh[35], lab[5] = {0, 6, 3, 3, 1};
+    fill_sym(&rng, lh, N * K, 3.0f);
+    lh[1 * K + 6] = 10.0f; /* row 1 is certainly right */
+    gp_tensor logits = upload(dev, &ls, lh);
+    gp_shape lbs = {1, {N, 0, 0, 0}};
+    gp_tensor labels = upload(dev, &lbs, lab);
+    gp_tensor dl;
+    CHECK_OK(gp_tensor_alloc(&dl, dev, &ls, GP_MEM_ACTIVATIONS));
+    gp_loss_out lo;
+    float scale = 0.25f;
+    CHECK_OK(gp_cross_entropy(dev, &logits, &labels, scale, &dl, &lo));
+    float *dh = download(&dl);
+    double loss = 0;
+    int64_t correct = 0;
+    int grad_ok = 1;
+    for (int64_t i = 0; i < N; i++) {
+        double mx = -INFINITY, se = 0;
+        int64_t am = 0;
+        for (int64_t j = 0; j < K; j++)
+            if (lh[i * K + j] > mx) { mx = lh[i * K + j]; am = j; }
+        for (int64_t j = 0; j < K; j++) se += exp(lh[i * K + j] - mx);
+        double lse = log(se) + mx;
+        loss += lse - lh[i * K + (int64_t)lab[i]];
+        correct += am == (int64_t)lab[i];
+        for (int64_t j = 0; j < K; j++) {
+            double g = (exp(lh[i * K + j] - lse) - (j == (int64_t)lab[i])) * scale;
+            grad_ok &= fabs(dh[i * K + j] - g) < 1e-6;
+        }
+    }
+    CHECK_NEAR(lo.loss_sum, loss, 1e-5, 1e-6);
+    CHECK(lo.correct == correct);
+    CHECK(lo.count == N);
+    CHECK(grad_ok);
+    /* the gradient is d(scale * loss_sum)/d logits: finite differences */
+    int fd_ok = 1;
+    for (int64_t q = 0; q < N * K; q += 3) {
+        float orig = lh[q];
+        double l2[2];
+        for (int sgn = 0; sgn < 2; sgn++) {
+            float v = orig + (sgn ? -1e-2f : 1e-2f);
+            CHECK_OK(gp_dev_upload(dev, logits.data + q, &v, 1));
+            gp_loss_out o2;
+            CHECK_OK(gp_cross_entropy(dev, &logits, &labels, 1.0f, NULL, &o2));
+            l2[sgn] = o2.loss_sum;
+        }
+        CHECK_OK(gp_dev_upload(dev, logits.data + q, &orig, 1));
+        double step = (double)(orig + 1e-2f) - (double)(orig - 1e-2f);
+        double num = scale * (l2[0] - l2[1]) / step;
+        fd_ok &= fabs(num - dh[q]) < 1e-3;
+    }
+    CHECK(fd_ok);
+    /* a label outside [0, K) names the row and the label */
+    lab[2] = 7.0f;
+    CHECK_OK(gp_dev_upload(dev, labels.data, lab, N));
+    CHECK_ERR(gp_cross_entropy(dev, &logits, &labels, 1.0f, &dl, &lo), GP_ERR_DATA,
+              "label 7 in row 2");
+    /* 4-D logits are refused */
+    gp_shape s4 = gp_shape_4d(N, K, 1, 1);
+    gp_tensor l4 = gp_tensor_reshape(&logits, &s4);
+    CHECK_ERR(gp_cross_entropy(dev, &l4, &labels, 1.0f, NULL, &lo), GP_ERR_INVALID,
+              "flatten");
+    free(dh);
+    gp_tensor_free(&dl);
+    gp_tensor_free(&labels);
+    gp_tensor_free(&logits);
+}
+
+/* ---- counts, names, FLOPs ------------------------------------------------- */
+
+static void test_counts(gp_device *dev)
+{
+    gp_layer l;
+    gp_layer_spec rs = spec_of(GP_LAYER_RESIDUAL);
+    rs.out = 128;
+    rs.stride = 2;
+    gp_shape in = gp_shape_4d(1, 64, 8, 8);
+    CHECK_OK(gp_layer_create(&rs, 0, &in, dev, 1, &l));
+    /* torchvision BasicBlock(64, 128, stride=2, downsample): 230144 */
+    CHECK(gp_layer_param_count(&l) == 230144);
+    static const char *const tv[] = {
+        "conv1.weight", "bn1.weight", "bn1.bias", "bn1.running_mean", "bn1.running_var",
+        "conv2.weight", "bn2.weight", "bn2.bias", "bn2.running_mean", "bn2.running_var",
+        "downsample.0.weight", "downsample.1.weight", "downsample.1.bias",
+        "downsample.1.running_mean", "downsample.1.running_var",
+    };
+    CHECK(l.n_params == 15);
+    for (int p = 0; p < l.n_params && p < 15; p++)
+        CHECK_MSG(!strcmp(l.params[p].name, tv[p]), "param %d is %s, want %s", p,
+                  l.params[p].name, tv[p]);
+    CHECK(l.params[1].no_decay && !l.params[0].no_decay && l.params[3].is_buffer);
+    gp_shape want = gp_shape_4d(1, 128, 4, 4);
+    CHECK(gp_shape_equal(&l.out_shape, &want));
+    double fl = 2.0 * 128 * 16 * (64 * 9 + 128 * 9 + 64);
+    CHECK(l.ops->flops(&l, 1) >= fl && l.ops->flops(&l, 1) < fl * 1.01);
+    gp_layer_destroy(&l);
+    rs.out = 64;
+    rs.stride = 1;
+    CHECK_OK(gp_layer_create(&rs, 0, &in, dev, 1, &l));
+    CHECK(gp_layer_param_count(&l) == 73984); /* BasicBlock(64, 64) */
+    CHECK(l.n_params == 10);
+    gp_layer_destroy(&l);
+
+    gp_layer_spec ls = spec_of(GP_LAYER_LINEAR);
+    ls.out = 10;
+    gp_shape li = gp_shape_2d(1, 784);
+    CHECK_OK(gp_layer_create(&ls, 0, &li, dev, 1, &l));
+    CHECK(gp_layer_param_count(&l) == 7850);
+    CHECK(l.ops->flops(&l, 32) == 2.0 * 32 * 784 * 10 + 32 * 10);
+    CHECK(!strcmp(l.params[0].name, "weight") && !strcmp(l.params[1].name, "bias"));
+    CHECK(l.params[1].no_decay && !l.params[0].no_decay);
+    gp_layer_destroy(&l);
+
+    gp_layer_spec cs = spec_of(GP_LAYER_CONV2D);
+    cs.out = 16;
+    cs.kernel = 3;
+    cs.padding = 1;
+    gp_shape ci = gp_shape_4d(1, 3, 32, 32);
+    CHECK_OK(gp_layer_create(&cs, 0, &ci, dev, 1, &l));
+    CHECK(gp_layer_param_count(&l) == 448);
+    CHECK(l.ops->flops(&l, 2) == 2.0 * 2 * 16 * 32 * 32 * 27 + 2.0 * 16 * 32 * 32);
+    gp_layer_destroy(&l);
+
+    gp_layer_spec bs = spec_of(GP_LAYER_BATCHNORM);
+    CHECK_OK(gp_layer_create(&bs, 0, &ci, dev, 1, &l));
+    CHECK(gp_layer_param_count(&l) == 6 && l.n_params == 4);
+    gp_layer_destroy(&l);
+
+    /* type names round-trip */
+    int ok = 1;
+    for (int t = 0; t < GP_LAYER_TYPE_COUNT; t++) {
+        gp_layer_type back;
+        ok &= gp_layer_type_parse(gp_layer_type_name((gp_layer_type)t), &back) &&
+              back == (gp_layer_type)t;
+    }
+    CHECK(ok);
+    gp_layer_type junk;
+    CHECK(!gp_layer_type_parse("conv3d", &junk));
+}
+
+/* ---- shape inference messages ---------------------------------------------- */
+
+static void test_errors(gp_device *dev)
+{
+    gp_layer l;
+    gp_shape flat = gp_shape_2d(1, 784), img = gp_shape_4d(1, 1, 28, 28);
+    gp_layer_spec s = spec_of(GP_LAYER_CONV2D);
+    s.out = 8;
+    s.kernel = 3;
+    snprintf(s.file, sizeof s.file, "cfg.yaml");
+    s.line = 12;
+    s.column = 7;
+    CHECK_ERR(gp_layer_create(&s, 3, &flat, dev, 1, &l), GP_ERR_INVALID,
+              "layer 3 (conv2d) at cfg.yaml:12:7: expected 4-D input (N, C, H, W) but got (N, 784)");
+    s.kernel = 31;
+    CHECK_ERR(gp_layer_create(&s, 3, &img, dev, 1, &l), GP_ERR_INVALID,
+              "kernel 31 is larger than the padded input 28x28");
+    s.kernel = 3;
+    s.out = 0;
+    CHECK_ERR(gp_layer_create(&s, 3, &img, dev, 1, &l), GP_ERR_INVALID, "out (the number");
+    s.out = 8;
+    s.in = 3;
+    snprintf(s.name, sizeof s.name, "stem");
+    CHECK_ERR(gp_layer_create(&s, 3, &img, dev, 1, &l), GP_ERR_INVALID,
+              "layer 3 (conv2d 'stem') at cfg.yaml:12:7: in = 3 but the input has 1 channels");
+
+    gp_layer_spec li = spec_of(GP_LAYER_LINEAR);
+    li.out = 10;
+    CHECK_ERR(gp_layer_create(&li, 4, &img, dev, 1, &l), GP_ERR_INVALID,
+              "layer 4 (linear): expected 2-D input (N, features) but got (N, 1, 28, 28); add a "
+              "flatten");
+    li.in = 100;
+    CHECK_ERR(gp_layer_create(&li, 4, &flat, dev, 1, &l), GP_ERR_INVALID,
+              "in = 100 but the input has 784 features");
+    li.in = 0;
+    li.out = 0;
+    CHECK_ERR(gp_layer_create(&li, 4, &flat, dev, 1, &l), GP_ERR_INVALID, "out (the number");
+
+    gp_layer_spec mp = spec_of(GP_LAYER_MAXPOOL2D);
+    mp.kernel = 2;
+    CHECK_ERR(gp_layer_create(&mp, 5, &flat, dev, 1, &l), GP_ERR_INVALID, "expected 4-D input");
+    mp.kernel = 0;
+    CHECK_ERR(gp_layer_create(&mp, 5, &img, dev, 1, &l), GP_ERR_INVALID, "kernel is missing");
+    mp.kernel = 3;
+    mp.padding = 2;
+    CHECK_ERR(gp_layer_create(&mp, 5, &img, dev, 1, &l), GP_ERR_INVALID, "half the kernel");
+    gp_shape tiny = gp_shape_4d(1, 2, 2, 2);
+    mp.padding = 0;
+    mp.kernel = 3;
+    CHECK_ERR(gp_layer_create(&mp, 5, &tiny, dev, 1, &l), GP_ERR_INVALID,
+              "kernel 3 is larger than the padded input 2x2");
+
+    gp_layer_spec dr = spec_of(GP_LAYER_DROPOUT);
+    dr.p = 1.5f;
+    CHECK_ERR(gp_layer_create(&dr, 6, &flat, dev, 1, &l), GP_ERR_INVALID, "p = 1.5");
+    gp_layer_spec rs = spec_of(GP_LAYER_RESIDUAL);
+    CHECK_ERR(gp_layer_create(&rs, 7, &img, dev, 1, &l), GP_ERR_INVALID, "out (the number");
+    rs.out = 4;
+    CHECK_ERR(gp_layer_create(&rs, 7, &flat, dev, 1, &l), GP_ERR_INVALID, "expected 4-D input");
+    gp_layer_spec gap = spec_of(GP_LAYER_GLOBAL_AVGPOOL);
+    CHECK_ERR(gp_layer_create(&gap, 8, &flat, dev, 1, &l), GP_ERR_INVALID, "expected 4-D input");
+    gp_layer_spec bn = spec_of(GP_LAYER_BATCHNORM);
+    bn.momentum = 2.0f;
+    CHECK_ERR(gp_layer_create(&bn, 9, &img, dev, 1, &l), GP_ERR_INVALID, "momentum");
+
+    /* forward with an input of the wrong shape is refused, not run */
+    li = spec_of(GP_LAYER_LINEAR);
+    li.out = 3;
+    CHECK_OK(gp_layer_create(&li, 2, &flat, dev, 1, &l));
+    gp_shape wrong = gp_shape_2d(2, 783);
+    gp_tensor x;
+    CHECK_OK(gp_tensor_zeros(&x, dev, &wrong, GP_MEM_ACTIVATIONS));
+    gp_tensor y = {0};
+    gp_saved sv = {0};
+    gp_fwd_ctx ctx = train_ctx();
+    CHECK_ERR(gp_layer_forward(&l, &ctx, &x, &y, &sv), GP_ERR_INVALID,
+              "input has shape (2, 783) but the layer was built for (N, 784)");
+    CHECK(y.data == NULL);
+    gp_tensor_free(&x);
+    gp_layer_destroy(&l);
+
+    /* out of memory during init names the layer and the device */
+    gp_device *small;
+    gp_device_opts o = {.threads = 1, .capacity = 4096};
+    CHECK_OK(gp_device_open("cpu:3", &o, &small));
+    li.out = 100;
+    CHECK_ERR(gp_layer_create(&li, 11, &flat, small, 1, &l), GP_ERR_OOM, "layer 11 (linear)");
+    CHECK(small->alloc.current == 0);
+    gp_device_close(small);
+}
+
+/* ---- initialisation --------------------------------------------------------- */
+
+static void test_init(gp_device *dev, gp_device *dev2)
+{
+    gp_layer_spec cs = spec_of(GP_LAYER_CONV2D);
+    cs.out = 6;
+    cs.kernel = 3;
+    gp_shape in = gp_shape_4d(1, 4, 8, 8);
+    gp_layer a, b, c, d, e;
+    CHECK_OK(gp_layer_create(&cs, 2, &in, dev, 77, &a));
+    CHECK_OK(gp_layer_create(&cs, 2, &in, dev2, 77, &b)); /* other device */
+    CHECK_OK(gp_layer_create(&cs, 3, &in, dev, 77, &c)); /* other index */
+    CHECK_OK(gp_layer_create(&cs, 2, &in, dev, 78, &d)); /* other seed */
+    int64_t nw = gp_tensor_numel(&a.params[0].value);
+    float *wa = download(&a.params[0].value), *wb = download(&b.params[0].value);
+    float *wc = download(&c.params[0].value), *wd = download(&d.params[0].value);
+    float *ba = download(&a.params[1].value);
+    CHECK(!memcmp(wa, wb, (size_t)nw * sizeof *wa));
+    CHECK(memcmp(wa, wc, (size_t)nw * sizeof *wa) != 0);
+    CHECK(memcmp(wa, wd, (size_t)nw * sizeof *wa) != 0);
+    /* Kaiming-uniform(a = sqrt(5)): |w| <= 1/sqrt(fan_in), spread over it */
+    double bound = 1.0 / sqrt(4.0 * 9.0), mx = 0, mean = 0;
+    for (int64_t i = 0; i < nw; i++) {
+        mx = fmax(mx, fabs(wa[i]));
+        mean += wa[i];
+    }
+    CHECK(mx <= bound * (1 + 1e-6) && mx > 0.9 * bound);
+    CHECK(fabs(mean / (double)nw) < 0.2 * bound);
+    double bmx = 0;
+    for (int k = 0; k < 6; k++) bmx = fmax(bmx, fabs(ba[k]));
+    CHECK(bmx <= bound * (1 + 1e-6) && bmx > 0);
+    /* weight and bias draw from different streams */
+    CHECK(memcmp(wa, ba, 6 * sizeof *wa) != 0);
+    free(wa); free(wb); free(wc); free(wd); free(ba);
+    /* grads start at zero */
+    float *g = download(&a.params[0].grad);
+    int zero = 1;
+    for (int64_t i = 0; i < nw; i++) zero &= g[i] == 0.0f;
+    CHECK(zero);
+    free(g);
+    /* residual: conv1 and conv2 of the same block differ; placement-free */
+    gp_layer_spec rs = spec_of(GP_LAYER_RESIDUAL);
+    rs.out = 4;
+    gp_layer r1, r2;
+    gp_shape ri = gp_shape_4d(1, 4, 5, 5);
+    CHECK_OK(gp_layer_create(&rs, 1, &ri, dev, 5, &r1));
+    CHECK_OK(gp_layer_create(&rs, 1, &ri, dev2, 5, &r2));
+    float *c1 = download(&r1.params[0].value), *c2 = download(&r1.params[5].value);
+    float *c1b = download(&r2.params[0].value);
+    CHECK(memcmp(c1, c2, 144 * sizeof *c1) != 0);
+    CHECK(!memcmp(c1, c1b, 144 * sizeof *c1));
+    free(c1); free(c2); free(c1b);
+    gp_layer_destroy(&r1);
+    gp_layer_destroy(&r2);
+    /* linear */
+    gp_layer_spec ls = spec_of(GP_LAYER_LINEAR);
+    ls.out = 3;
+    gp_shape li = gp_shape_2d(1, 25);
+    CHECK_OK(gp_layer_create(&ls, 4, &li, dev, 77, &e));
+    float *we = download(&e.params[0].value);
+    double lmx = 0;
+    for (int i = 0; i < 75; i++) lmx = fmax(lmx, fabs(we[i]));
+    CHECK(lmx <= 0.2 * (1 + 1e-6) && lmx > 0.15);
+    free(we);
+    gp_layer_destroy(&a);
+    gp_layer_destroy(&b);
+    gp_layer_destroy(&c);
+    gp_layer_destroy(&d);
+    gp_layer_destroy(&e);
+}
+
+int main(void)
+{
+    gp_device *dev = NULL, *dev2 = NULL;
+    gp_device_opts opts = {.threads = 2};
+    gp_status s = gp_device_open("cpu:0", &opts, &dev);
+    if (s != GP_OK) {
+        fprintf(stderr, "cannot open cpu:0: %s\n", gp_last_error());
+        return 1;
+    }
+    CHECK_OK(gp_device_open("cpu:1", &opts, &dev2));
+    gp_device_bind_thread(dev);
+    test_all_layers(dev);
+    test_dropout(dev);
+    test_bn_stats(dev);
+    test_cross_entropy(dev);
+    test_counts(dev);
+    test_errors(dev);
+    test_init(dev, dev2);
+    /* every byte came back (the backend's own scratch arena aside) */
+    for (int c = 0; c < GP_MEM_COUNT; c++) {
+        if (c == GP_MEM_WORKSPACE) continue;
+        CHECK_MSG(dev->alloc.cur_by[c] == 0 && dev2->alloc.cur_by[c] == 0,
+                  "leaked %zu + %zu bytes of %s", dev->alloc.cur_by[c], dev2->alloc.cur_by[c],
+                  gp_mem_category_name((gp_mem_category)c));
+    }
+    gp_device_close(dev2);
+    gp_device_close(dev);
+    return gpt_finish("test_layers");
+}
