@@ -279,6 +279,13 @@ static void test_errors(void)
                         NULL, 0),
               GP_ERR_INVALID, "t.yaml:10:33: unknown key 'mom' in train.optimizer; did you "
                               "mean 'momentum'?");
+    CHECK_ERR(parse_bad(cat(k_base, "learning_rate: 0.1\n"), NULL, 0), GP_ERR_INVALID,
+              "t.yaml:9:1: unknown key 'learning_rate' at the top level; did you mean "
+              "'train.optimizer.lr'?");
+    CHECK_ERR(parse_bad(cat(k_base, "pipeline: {micro_batches: 4}\n"), NULL, 0),
+              GP_ERR_INVALID, "unknown key 'micro_batches' in pipeline; did you mean 'chunks'?");
+    CHECK_ERR(parse_bad(cat(k_base, "train: {optimizer: {wd: 0.1}}\n"), NULL, 0),
+              GP_ERR_INVALID, "did you mean 'weight_decay'?");
     CHECK_ERR(parse_bad(cat(k_base, "data:\n  zzzzzzzz: 1\n"), NULL, 0), GP_ERR_INVALID,
               "unknown key 'zzzzzzzz' in data; the keys in data are: dataset, path,");
     /* wrong types */
@@ -323,6 +330,9 @@ static void test_errors(void)
     CHECK_ERR(parse_bad("model:\n  input: [1, 2, 2]\n  layers:\n    - conv: {out: 3}\n", NULL,
                         0),
               GP_ERR_INVALID, "t.yaml:4:7: unknown layer type 'conv'; did you mean 'conv2d'?");
+    CHECK_ERR(parse_bad("model:\n  input: [1, 2, 2]\n  layers:\n    - pool\n", NULL, 0),
+              GP_ERR_INVALID, "unknown layer type 'pool'; did you mean 'maxpool2d'? (layer "
+                              "types: linear, conv2d,");
     CHECK_ERR(parse_bad("model:\n  input: [1, 2, 2]\n  layers:\n    - rleu\n", NULL, 0),
               GP_ERR_INVALID, "t.yaml:4:7: unknown layer type 'rleu'; did you mean 'relu'?");
     CHECK_ERR(parse_bad("model:\n  input: [1, 2, 2]\n  layers:\n    - conv2d: {out: 3, "

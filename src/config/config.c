@@ -158,11 +158,13 @@ static void nearest(const char *word, const char *const *names, int n, char *buf
         snprintf(buf, len, "; did you mean '%s'?", names[best]);
         return;
     }
-    /* an abbreviation: "mom" for "momentum" */
-    for (int i = 0; i < n && wl >= 3; i++) {
-        if (!strncmp(names[i], word, wl)) {
-            snprintf(buf, len, "; did you mean '%s'?", names[i]);
-            return;
+    /* an abbreviation ("mom" for "momentum"), else a part ("pool") */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < n && wl >= 3; i++) {
+            if (pass == 0 ? !strncmp(names[i], word, wl) : strstr(names[i], word) != NULL) {
+                snprintf(buf, len, "; did you mean '%s'?", names[i]);
+                return;
+            }
         }
     }
 }
@@ -228,6 +230,20 @@ static gp_status unknown_key(const walk *w, const gp_ynode *key, const char *sec
             break;
         }
         if (!same) same = e;
+    }
+    /* common names from other frameworks */
+    static const char *const aliases[][2] = {
+        {"learning_rate", "train.optimizer.lr"}, {"wd", "train.optimizer.weight_decay"},
+        {"micro_batches", "pipeline.chunks"}, {"microbatches", "pipeline.chunks"},
+        {"num_microbatches", "pipeline.chunks"}, {"batch", "train.batch_size"},
+        {"bs", "train.batch_size"}, {"gpus", "pipeline.devices"},
+        {"partition", "pipeline.balance"}, {"lr_schedule", "train.schedule"},
+        {"scheduler", "train.schedule"}, {"optim", "train.optimizer"},
+    };
+    for (int i = 0; !same && i < COUNT(aliases); i++) {
+        if (strcmp(aliases[i][0], k)) continue;
+        same = aliases[i][1];
+        if (sl && !strncmp(same, sect, sl) && same[sl] == '.') same += sl + 1;
     }
     if (same) {
         snprintf(hint, sizeof hint, "; did you mean '%s'?", same);
