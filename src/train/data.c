@@ -437,7 +437,7 @@ static const char *default_dir(gp_dataset_kind k)
     switch (k) {
     case GP_DATASET_MNIST: return "/usr/share/datasets/mnist";
     case GP_DATASET_FASHION_MNIST: return "/usr/share/datasets/fashion-mnist";
-    case GP_DATASET_CIFAR10: return "/usr/share/datasets/cifar-10";
+    case GP_DATASET_CIFAR10: return "data/cifar-10-batches-bin"; /* as config.c */
     default: return ".";
     }
 }
