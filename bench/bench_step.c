@@ -188,14 +188,14 @@ static void bench_model(const char *path, int threads, int steps, double ceiling
     }
     need += acts;
     double frac = 3.0 * fwd / t / ceiling;
-    char b1[32], b2[32];
+    char b1[32], b2[32], b3[32];
     printf("  step: %.1f ms median of %d, %.0f samples/s, %.1f GFLOP/s = %.1f%% of the sgemm "
            "ceiling (%d threads)\n",
            t * 1e3, steps, (double)batch / t, 3.0 * fwd / t / 1e9, 100 * frac, threads);
     printf("  memory: peak %s vs %s of params+grads+momentum+activations: ratio %.2f "
            "(workspace peak %s)\n",
            gp_format_bytes(a.peak, b1, sizeof b1), gp_format_bytes((size_t)need, b2, sizeof b2),
-           (double)a.peak / need, gp_format_bytes(a.peak_by[GP_MEM_WORKSPACE], b1, sizeof b1));
+           (double)a.peak / need, gp_format_bytes(a.peak_by[GP_MEM_WORKSPACE], b3, sizeof b3));
     free(ts);
     free(x);
     free(y);

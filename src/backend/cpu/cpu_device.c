@@ -40,10 +40,36 @@ static void cpu_bind_thread(gp_device *dev) { omp_set_num_threads(dev->threads);
 
 /* ---- memory --------------------------------------------------------------- */
 
+/* Block sizes are rounded so that nearly equal requests (uneven
+ * micro-batches) share a bin. */
+static size_t cpu_round(size_t bytes)
+{
+    size_t q = bytes < ((size_t)1 << 16) ? 64 : 4096;
+    return (bytes + q - 1) / q * q;
+}
+
+static cpu_bin *cpu_find_bin(gp_cpu_ctx *ctx, size_t bytes)
+{
+    for (int b = 0; b < ctx->n_bins; b++)
+        if (ctx->bins[b].bytes == bytes) return &ctx->bins[b];
+    return NULL;
+}
+
 static gp_status cpu_alloc(gp_device *dev, size_t bytes, void **out)
 {
+    gp_cpu_ctx *ctx = gp_cpu_ctx_of(dev);
+    size_t r = cpu_round(bytes ? bytes : 1);
+    pthread_mutex_lock(&ctx->bins_lock);
+    cpu_bin *bin = cpu_find_bin(ctx, r);
+    if (bin && bin->n > 0) {
+        *out = bin->free[--bin->n];
+        ctx->cached_bytes -= r;
+        pthread_mutex_unlock(&ctx->bins_lock);
+        return GP_OK;
+    }
+    pthread_mutex_unlock(&ctx->bins_lock);
     void *p = NULL;
-    if (posix_memalign(&p, 64, bytes ? bytes : 1) != 0) {
+    if (posix_memalign(&p, 64, r) != 0) {
         char b[32];
         return gp_error_set(GP_ERR_OOM, "out of host memory on device %s: could not allocate %s",
                             dev->name, gp_format_bytes(bytes, b, sizeof b));
@@ -52,7 +78,53 @@ static gp_status cpu_alloc(gp_device *dev, size_t bytes, void **out)
     return GP_OK;
 }
 
-static void cpu_free(gp_device *dev, void *ptr, size_t bytes) { free(ptr); }
+static void cpu_free(gp_device *dev, void *ptr, size_t bytes)
+{
+    gp_cpu_ctx *ctx = gp_cpu_ctx_of(dev);
+    size_t r = cpu_round(bytes ? bytes : 1);
+    pthread_mutex_lock(&ctx->bins_lock);
+    cpu_bin *bin = cpu_find_bin(ctx, r);
+    if (!bin && ctx->n_bins == ctx->cap_bins) {
+        int cap = ctx->cap_bins ? 2 * ctx->cap_bins : 32;
+        cpu_bin *nb = realloc(ctx->bins, (size_t)cap * sizeof *nb);
+        if (nb) {
+            ctx->bins = nb;
+            ctx->cap_bins = cap;
+        }
+    }
+    if (!bin && ctx->n_bins < ctx->cap_bins) {
+        bin = &ctx->bins[ctx->n_bins++];
+        memset(bin, 0, sizeof *bin);
+        bin->bytes = r;
+    }
+    if (bin && bin->n == bin->cap) {
+        int cap = bin->cap ? 2 * bin->cap : 8;
+        void **nf = realloc(bin->free, (size_t)cap * sizeof *nf);
+        if (nf) {
+            bin->free = nf;
+            bin->cap = cap;
+        }
+    }
+    if (bin && bin->n < bin->cap) {
+        bin->free[bin->n++] = ptr;
+        ctx->cached_bytes += r;
+        ptr = NULL;
+    }
+    pthread_mutex_unlock(&ctx->bins_lock);
+    free(ptr); /* only when the cache could not grow */
+}
+
+static void cpu_release_cache(gp_cpu_ctx *ctx)
+{
+    for (int b = 0; b < ctx->n_bins; b++) {
+        for (int i = 0; i < ctx->bins[b].n; i++) free(ctx->bins[b].free[i]);
+        free(ctx->bins[b].free);
+    }
+    free(ctx->bins);
+    ctx->bins = NULL;
+    ctx->n_bins = ctx->cap_bins = 0;
+    ctx->cached_bytes = 0;
+}
 
 gp_status gp_cpu_arena_reserve(gp_device *dev, size_t bytes)
 {
@@ -102,6 +174,8 @@ static void cpu_destroy(gp_device *dev)
     if (ctx) {
         gp_cpu_cache_destroy(ctx);
         gp_dev_free(dev, ctx->arena, ctx->arena_bytes, GP_MEM_WORKSPACE);
+        cpu_release_cache(ctx);
+        pthread_mutex_destroy(&ctx->bins_lock);
         if (ctx->stream) dnnl_stream_destroy(ctx->stream);
         if (ctx->engine) dnnl_engine_destroy(ctx->engine);
         free(ctx);
@@ -185,6 +259,7 @@ gp_status gp_cpu_device_create(int index, const gp_device_opts *opts, gp_device 
     }
     dev->iface = &cpu_iface;
     dev->ctx = ctx;
+    pthread_mutex_init(&ctx->bins_lock, NULL);
     dev->kind = GP_DEV_CPU;
     dev->index = index;
     snprintf(dev->name, sizeof dev->name, "cpu:%d", index);

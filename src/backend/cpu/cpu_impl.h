@@ -98,7 +98,24 @@ typedef struct cpu_op {
 /* Conv layout policy (see cpu_dnnl.c): auto chooses per shape. */
 typedef enum { CPU_CONV_AUTO = 0, CPU_CONV_PLAIN, CPU_CONV_BLOCKED } cpu_conv_layout;
 
+/* Freed blocks of one size, kept for reuse (see cpu_alloc). */
+typedef struct cpu_bin {
+    size_t bytes;
+    void **free;              /* stack of free blocks */
+    int n, cap;
+} cpu_bin;
+
 typedef struct gp_cpu_ctx {
+    /* Block cache: training allocates the same sizes every step, so freed
+     * blocks are kept per size and handed out again instead of going back
+     * to malloc (which maps and unmaps large blocks, paying page faults and
+     * zeroing each step).  Cached blocks are not "in use" in the allocator's
+     * accounting; they are released when the device closes.  Guarded by
+     * bins_lock (the main thread and the device's worker both allocate). */
+    pthread_mutex_t bins_lock;
+    cpu_bin *bins;
+    int n_bins, cap_bins;
+    size_t cached_bytes;
     dnnl_engine_t engine;
     dnnl_stream_t stream;
     cpu_op *buckets[CPU_CACHE_BUCKETS];
