@@ -351,3 +351,10 @@ gp_status gp_cross_entropy(gp_device *dev, const gp_tensor *logits, const gp_ten
     out->count = rows;
     return GP_OK;
 }
+
+int gp_layers_first_trainable(const gp_layer *layers, int n)
+{
+    for (int k = 0; k < n; k++)
+        if (gp_layer_param_count(&layers[k]) > 0) return k;
+    return n;
+}

@@ -183,6 +183,10 @@ gp_status gp_layer_backward(gp_layer *l, const gp_fwd_ctx *ctx,
                             gp_saved *s);
 gp_status gp_layer_zero_grad(gp_layer *l);
 int64_t gp_layer_param_count(const gp_layer *l); /* trainable elements */
+/* Index of the first layer with trainable parameters (n if none).  Layers
+ * before it need no backward at all, and it needs no dx: the gradient would
+ * only flow into parameter-free layers and the input. */
+int gp_layers_first_trainable(const gp_layer *layers, int n);
 /* "layer 3 (conv2d 'c1') at f.yaml:12:7" for messages. */
 const char *gp_layer_describe(const gp_layer *l, char *buf, size_t len);
 

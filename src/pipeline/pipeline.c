@@ -18,6 +18,8 @@
  * a recompute, keeps every layer output and gp_saved until backward.
  */
 #include "pipeline/pipeline.h"
+#include "trace/trace.h"
+#include "trace/trace_nvtx.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -51,6 +53,7 @@ typedef struct worker {
 struct gp_pipeline {
     int n, L;
     gp_layer *layers;
+    int first_trainable;       /* gp_layers_first_trainable of the model */
     gp_shape input;            /* (1, C, H, W) */
     gp_device *devs[GP_MAX_DEVICES];
     int first[GP_MAX_DEVICES], count[GP_MAX_DEVICES];
@@ -241,11 +244,15 @@ static gp_status do_backward(gp_pipeline *p, int i, int j, int *bad_layer)
     gp_tensor dy = s->grad_out;
     s->grad_out = (gp_tensor){0};
     gp_status st = GP_OK;
+    /* On stage 0, layers before the first trainable one need no backward
+     * and that one needs no dx; later stages always pass dx upstream. */
+    int ft = j == 0 ? p->first_trainable : -1;
     for (int c = count - 1; c >= 0; c--) {
-        bool need_dx = c > 0 || j > 0;
+        bool need_dx = j > 0 ? true : c > ft;
         gp_tensor dx = {0};
-        st = gp_layer_backward(&p->layers[first + c], &ctx, &s->acts[c], &s->acts[c + 1], &dy,
-                               need_dx ? &dx : NULL, &s->saved[c]);
+        if (first + c >= ft || j > 0)
+            st = gp_layer_backward(&p->layers[first + c], &ctx, &s->acts[c], &s->acts[c + 1],
+                                   &dy, need_dx ? &dx : NULL, &s->saved[c]);
         gp_tensor_free(&dy);
         gp_tensor_free(&s->acts[c + 1]);
         gp_saved_free(&s->saved[c]);
@@ -375,7 +382,13 @@ static gp_status run_step(worker *w)
         ev->t0 = gp_now();
         ev->t1 = ev->t0;
         int bad_layer = -1;
+        if (GP_NVTX_ENABLED) { /* Nsight Systems: the trace's slice name */
+            char name[64];
+            gp_trace_slice_name(ev, name, sizeof name);
+            gp_nvtx_push(name);
+        }
         gp_status st = run_instr(w, in, ev, &bad_layer);
+        gp_nvtx_pop();
         /* For copies t1 marked the end of the wait; keep it as a separate
          * point: busy time counts from there. */
         double tw = ev->t1;
@@ -493,6 +506,7 @@ gp_status gp_pipeline_create(gp_layer *layers, int n_layers, const gp_shape *inp
     p->n = n;
     p->L = n_layers;
     p->layers = layers;
+    p->first_trainable = gp_layers_first_trainable(layers, n_layers);
     p->input = *input;
     p->opts = *opts;
     if (p->opts.chunks < 1) p->opts.chunks = 1;

@@ -303,10 +303,12 @@ static gp_status ref_backward(gp_model *m, const gp_fwd_ctx *ctx, ref_mb *r)
     gp_tensor dy = r->dy;
     r->dy = (gp_tensor){0};
     gp_status s = GP_OK;
+    int ft = gp_layers_first_trainable(m->layers, L);
     for (int k = L - 1; k >= 0 && s == GP_OK; k--) {
         gp_tensor dx = {0};
-        s = gp_layer_backward(&m->layers[k], ctx, &r->acts[k], &r->acts[k + 1], &dy,
-                              k > 0 ? &dx : NULL, &r->saved[k]);
+        if (k >= ft)
+            s = gp_layer_backward(&m->layers[k], ctx, &r->acts[k], &r->acts[k + 1], &dy,
+                                  k > ft ? &dx : NULL, &r->saved[k]);
         gp_tensor_free(&dy);
         gp_tensor_free(&r->acts[k + 1]);
         gp_saved_free(&r->saved[k]);
