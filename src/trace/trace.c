@@ -51,7 +51,7 @@ bool gp_trace_wants(const gp_trace *t, int64_t step)
 
 static double us(const gp_trace *t, double s) { return (s - t->t_origin) * 1e6; }
 
-static void slice_name(const gp_event_rec *e, char *buf, size_t len)
+void gp_trace_slice_name(const gp_event_rec *e, char *buf, size_t len)
 {
     switch (e->kind) {
     case GP_INSTR_FORWARD: snprintf(buf, len, "F%d s%d", e->i, e->j); break;
@@ -125,7 +125,7 @@ gp_status gp_trace_add_step(gp_trace *t, const gp_pipeline *p, gp_device *const 
             const gp_event_rec *r = &ev[e];
             bool copy = r->kind == GP_INSTR_RECV_ACT || r->kind == GP_INSTR_RECV_GRAD;
             char name[64];
-            slice_name(r, name, sizeof name);
+            gp_trace_slice_name(r, name, sizeof name);
             sep(t);
             fprintf(t->f, "{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,"
                           "\"dur\":%.3f,\"pid\":%d,\"tid\":%d,\"args\":{\"step\":%lld,"
