@@ -100,6 +100,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
 
     gp_dataset train = {0}, test = {0};
     gp_device *devs[GP_MAX_DEVICES] = {0};
+    size_t run_peak[GP_MAX_DEVICES] = {0}, run_peak_by[GP_MAX_DEVICES][GP_MEM_COUNT] = {{0}};
     int n_dev = 0;
     gp_model model = {0};
     gp_loader *loader = NULL;
@@ -184,6 +185,15 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         last_epoch = b.epoch;
         double lr = gp_lr_at(tc, step, total);
         gp_step_stats st;
+        /* Peaks in the metrics are per step; the run's peak is kept apart. */
+        for (int j = 0; j < n_dev; j++) {
+            gp_allocator a;
+            gp_allocator_snapshot(&devs[j]->alloc, &a);
+            run_peak[j] = a.peak > run_peak[j] ? a.peak : run_peak[j];
+            for (int c = 0; c < GP_MEM_COUNT; c++)
+                if (a.peak_by[c] > run_peak_by[j][c]) run_peak_by[j][c] = a.peak_by[c];
+            gp_allocator_reset_peak(&devs[j]->alloc);
+        }
         s = gp_model_pipeline_step(&model, cfg, b.x, b.y, b.n, lr, &st);
         if (s != GP_OK) {
             gp_error_wrap(s, "step %lld (epoch %lld)", (long long)step, (long long)b.epoch + 1);
@@ -245,6 +255,9 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     for (int j = 0; j < n_dev; j++) {
         gp_allocator a;
         gp_allocator_snapshot(&devs[j]->alloc, &a);
+        if (run_peak[j] > a.peak) a.peak = run_peak[j];
+        for (int c = 0; c < GP_MEM_COUNT; c++)
+            if (run_peak_by[j][c] > a.peak_by[c]) a.peak_by[c] = run_peak_by[j][c];
         if (a.peak > res->peak_bytes) res->peak_bytes = a.peak;
         if (!opts->quiet) {
             char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32];
