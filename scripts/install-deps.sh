@@ -5,7 +5,7 @@
 #   scripts/install-deps.sh            build + train + test dependencies
 #   scripts/install-deps.sh --ci       also what CI needs (sanitizer runtimes)
 set -euo pipefail
-pkgs=(cmake make gcc g++ pkgconf libyaml-dev zlib1g-dev libdnnl-dev
+pkgs=(cmake make gcc g++ pkgconf libyaml-dev zlib1g-dev libdnnl-dev python3-matplotlib
       dataset-fashion-mnist)
 if [[ "${1:-}" == "--ci" ]]; then
   pkgs+=(clang libclang-rt-14-dev valgrind)
