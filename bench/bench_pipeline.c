@@ -180,7 +180,7 @@ int main(int argc, char **argv)
     trivial_layers[0] = gp_layer_spec_default(GP_LAYER_FLATTEN);
     for (int k = 1; k < 4; k++) trivial_layers[k] = gp_layer_spec_default(GP_LAYER_RELU);
     trivial_layers[4] = gp_layer_spec_default(GP_LAYER_LINEAR);
-    trivial_layers[4].out = 2;
+    trivial_layers[4].out = 10; /* the labels are 0..9 */
     t.model.layers = trivial_layers;
     t.model.n_layers = 5;
     t.model.input[0] = 1;
