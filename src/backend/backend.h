@@ -69,6 +69,17 @@ typedef struct gp_bn_desc {
 typedef struct gp_device gp_device;
 typedef struct gp_event gp_event;
 
+/* A communicator: a group of devices that run collectives together (NCCL on
+ * CUDA, one ncclComm_t per device, created once by gp_comm_create).  The
+ * backend that made it fills `ctx` and `destroy`; `devs` is the group in
+ * rank order (not owned: the devices outlive the communicator). */
+typedef struct gp_comm {
+    int n;                 /* devices in the group */
+    gp_device **devs;      /* (n) owned array of borrowed device pointers */
+    void *ctx;             /* backend state (per-rank NCCL communicators) */
+    void (*destroy)(struct gp_comm *comm);
+} gp_comm;
+
 typedef struct gp_device_iface {
     int version; /* GP_DEVICE_IFACE_VERSION */
     const char *backend_name; /* "cpu", "cuda" */
@@ -188,6 +199,18 @@ typedef struct gp_device_iface {
     /* y = a * b elementwise (dropout applies its scaled mask with it) */
     gp_status (*mul)(gp_device *dev, const float *a, const float *b, float *y,
                      int64_t n);
+
+    /* --- collectives (optional; appended last so older tables stay valid) ---
+     * Called by every device of `comm`, each from its own worker thread, with
+     * the same n: buf (this device's, n floats) becomes the elementwise sum
+     * over the group (allreduce) or root's buffer (broadcast; root is a rank
+     * of comm).  Asynchronous on the compute stream like the math.
+     * NULL (the CPU backend today): gp_dev_allreduce / gp_dev_broadcast
+     * return GP_ERR_UNSUPPORTED; the CPU implementation comes with the
+     * data-parallel issue. */
+    gp_status (*allreduce)(gp_device *dev, gp_comm *comm, float *buf, int64_t n);
+    gp_status (*broadcast)(gp_device *dev, gp_comm *comm, float *buf, int64_t n,
+                           int root);
 } gp_device_iface;
 
 struct gp_device {
@@ -217,6 +240,14 @@ void gp_device_close(gp_device *dev);
 /* The CPU backend's constructor (backend/cpu). */
 gp_status gp_cpu_device_create(int index, const gp_device_opts *opts,
                                gp_device **out);
+/* The CUDA backend's constructor (backend/cuda; only in builds with
+ * GPIPE_CUDA).  Fails with GP_ERR_UNSUPPORTED when device `index` does not
+ * exist (no GPU, no driver). */
+gp_status gp_cuda_device_create(int index, const gp_device_opts *opts,
+                                gp_device **out);
+/* NCCL communicator over CUDA devices (backend/cuda). */
+gp_status gp_cuda_comm_create(gp_device **devs, int n, gp_comm **out);
+
 /* oneDNN primitives (including reorders) the CPU device `dev` has created so
  * far: each shape's primitives are built once and cached, so repeated calls
  * with the same shapes leave this unchanged. */
@@ -234,5 +265,15 @@ gp_status gp_dev_upload(gp_device *dev, float *dst, const float *src, int64_t n)
 gp_status gp_dev_download(gp_device *dev, float *dst, const float *src, int64_t n);
 /* Copy between tensors on any devices (same numel). */
 gp_status gp_tensor_copy(gp_tensor *dst, const gp_tensor *src);
+
+/* A communicator over n devices of one backend, created once per group
+ * (ncclCommInitAll on CUDA).  GP_ERR_UNSUPPORTED for backends without
+ * collectives (the CPU, until the data-parallel issue) or mixed groups. */
+gp_status gp_comm_create(gp_device **devs, int n, gp_comm **out);
+void gp_comm_destroy(gp_comm *comm);
+/* The collectives above; GP_ERR_UNSUPPORTED when the slot is NULL. */
+gp_status gp_dev_allreduce(gp_device *dev, gp_comm *comm, float *buf, int64_t n);
+gp_status gp_dev_broadcast(gp_device *dev, gp_comm *comm, float *buf, int64_t n,
+                           int root);
 
 #endif /* GP_BACKEND_H */

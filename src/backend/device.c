@@ -1,6 +1,10 @@
 /*
  * device.c — device names, opening devices, and the wrappers layers call
  * (accounting, fallbacks for optional interface slots).
+ *
+ * Backend registration: the CUDA backend is compiled in only when CMake
+ * found the toolkit, cuDNN and NCCL (cmake/cuda.cmake), which then defines
+ * GPIPE_CUDA for this file alone.
  */
 #include "backend/backend.h"
 
@@ -44,10 +48,14 @@ gp_status gp_device_open(const char *spec, const gp_device_opts *opts, gp_device
     gp_device_opts def = {0};
     if (!opts) opts = &def;
     if (kind == GP_DEV_CPU) return gp_cpu_device_create(index, opts, out);
+#ifdef GPIPE_CUDA
+    return gp_cuda_device_create(index, opts, out);
+#else
     return gp_error_set(GP_ERR_UNSUPPORTED,
                         "device '%s': this gpipe was built without the CUDA backend; "
                         "use cpu:N devices or rebuild with -DGPIPE_CUDA=ON on a machine "
                         "with the CUDA toolkit", spec);
+#endif
 }
 
 void gp_device_close(gp_device *dev)
@@ -97,7 +105,13 @@ gp_status gp_tensor_copy(gp_tensor *dst, const gp_tensor *src)
     if (bytes == 0) return GP_OK;
     gp_device *dd = dst->dev, *sd = src->dev;
     if (dd == sd) return dd->iface->copy_d2d(dd, dst->data, src->data, bytes);
-    if (dd->iface->copy_peer) return dd->iface->copy_peer(dd, dst->data, sd, src->data, bytes);
+    if (dd->iface->copy_peer) {
+        gp_status s = dd->iface->copy_peer(dd, dst->data, sd, src->data, bytes);
+        /* A backend that cannot read the other device's memory (the CPU
+         * from a GPU) says so; staging through the host still works. */
+        if (s != GP_ERR_UNSUPPORTED) return s;
+        gp_error_clear();
+    }
     /* Fallback: stage through host memory. */
     void *host = malloc(bytes);
     if (!host) return gp_error_set(GP_ERR_OOM, "out of host memory staging %zu bytes", bytes);
@@ -107,4 +121,45 @@ gp_status gp_tensor_copy(gp_tensor *dst, const gp_tensor *src)
     if (s == GP_OK) s = dd->iface->synchronize(dd);
     free(host);
     return s;
+}
+
+gp_status gp_comm_create(gp_device **devs, int n, gp_comm **out)
+{
+    *out = NULL;
+    if (n <= 0) return gp_error_set(GP_ERR_INVALID, "a communicator needs at least one device");
+    for (int r = 1; r < n; r++)
+        if (devs[r]->kind != devs[0]->kind)
+            return gp_error_set(GP_ERR_UNSUPPORTED,
+                                "communicator over %s and %s: every device of a group must "
+                                "use the same backend", devs[0]->name, devs[r]->name);
+#ifdef GPIPE_CUDA
+    if (devs[0]->kind == GP_DEV_CUDA) return gp_cuda_comm_create(devs, n, out);
+#endif
+    return gp_error_set(GP_ERR_UNSUPPORTED,
+                        "device %s: the %s backend has no collectives (all-reduce, "
+                        "broadcast) yet; they come with data parallelism",
+                        devs[0]->name, devs[0]->iface->backend_name);
+}
+
+void gp_comm_destroy(gp_comm *comm)
+{
+    if (comm) comm->destroy(comm);
+}
+
+gp_status gp_dev_allreduce(gp_device *dev, gp_comm *comm, float *buf, int64_t n)
+{
+    if (!dev->iface->allreduce)
+        return gp_error_set(GP_ERR_UNSUPPORTED,
+                            "device %s: the %s backend has no all-reduce yet", dev->name,
+                            dev->iface->backend_name);
+    return dev->iface->allreduce(dev, comm, buf, n);
+}
+
+gp_status gp_dev_broadcast(gp_device *dev, gp_comm *comm, float *buf, int64_t n, int root)
+{
+    if (!dev->iface->broadcast)
+        return gp_error_set(GP_ERR_UNSUPPORTED,
+                            "device %s: the %s backend has no broadcast yet", dev->name,
+                            dev->iface->backend_name);
+    return dev->iface->broadcast(dev, comm, buf, n, root);
 }

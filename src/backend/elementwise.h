@@ -6,8 +6,10 @@
  * or per row in CUDA kernels) around these bodies, so all backends share the
  * exact same float arithmetic, operation for operation.  Nothing here may
  * touch a global, allocate, or call a library function other than <math.h>;
- * a CUDA build includes this header with GP_EW_FN defined as
- * `static inline __host__ __device__`.
+ * compiled by nvcc (__CUDACC__) GP_EW_FN becomes
+ * `__host__ __device__ static inline`, so the CUDA kernels
+ * (backend/cuda/cuda_kernels.cu) call these very functions, and
+ * tests/test_elementwise.c checks their arithmetic on the CPU.
  *
  * Ownership: none; callers own every pointer passed in.
  */
@@ -18,7 +20,11 @@
 #include <stdint.h>
 
 #ifndef GP_EW_FN
+#ifdef __CUDACC__
+#define GP_EW_FN __host__ __device__ static inline
+#else
 #define GP_EW_FN static inline
+#endif
 #endif
 
 /* ---- activations and products ----------------------------------------- */
@@ -85,6 +91,22 @@ GP_EW_FN void gp_ew_bn_bwd_coeffs(float var, float eps, float gamma, double sdy,
     *c = (float)(-g * inv * sdy / cnt);
     *dgamma = sdyx * inv;
     *dbeta = sdy;
+}
+
+/* 1 / sqrt(var + eps) in double, rounded once: the "saved inverse standard
+ * deviation" cuDNN's batch-norm backward takes, made from the interface's
+ * biased variance (backend/cuda). */
+GP_EW_FN float gp_ew_bn_invstd(float var, float eps)
+{
+    return (float)(1.0 / sqrt((double)var + (double)eps));
+}
+
+/* The biased variance (the interface's) from the unbiased one over cnt
+ * elements (cuDNN's running-variance update with factor 1 leaves the
+ * unbiased batch variance); one element has variance 0. */
+GP_EW_FN float gp_ew_bn_biased_var(float unbiased, double cnt)
+{
+    return cnt > 1.0 ? (float)((double)unbiased * ((cnt - 1.0) / cnt)) : 0.0f;
 }
 
 GP_EW_FN float gp_ew_bn_bwd_apply(float dy, float x, float mean, float a, float b,

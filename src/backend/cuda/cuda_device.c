@@ -1,0 +1,853 @@
+/*
+ * cuda_device.c — the CUDA device: construction on a GPU, the caching
+ * allocator, pinned staging, streams and events, copies (including peer
+ * copies), the elementwise and reduction slots (kernels in
+ * cuda_kernels.cu), gemm on cuBLAS and the NCCL collectives.  Convolution,
+ * pooling, batch norm and softmax are on cuDNN in cuda_dnn.c.
+ *
+ * Streams and ordering.  Each device has a compute stream (every kernel,
+ * cuBLAS, cuDNN and NCCL call) and a copy stream (every transfer).  The
+ * callers of this interface were written against the synchronous CPU
+ * backend and rely on program order per device, so every transfer is
+ * fenced both ways: the copy stream first waits for what was issued to the
+ * compute stream, and the compute stream then waits for the copy.  Copies
+ * still run on the copy engine and overlap with other devices' work; to
+ * overlap a device's own copies with its compute, the executor would record
+ * and wait events itself (the event_* slots), and these fences could then
+ * be relaxed.  copy_h2d returns once the host source has been read into
+ * pinned staging; copy_d2h returns with the data in host memory.
+ *
+ * Peer copies.  copy_peer runs on the destination's copy stream after the
+ * source device's compute stream (an event recorded there: the producer's
+ * work) and is direct when cudaDeviceCanAccessPeer allowed enabling peer
+ * access at start-up; otherwise cudaMemcpyPeerAsync stages through host
+ * memory itself.  The source device's copy stream then waits for the copy,
+ * so a source buffer freed afterwards is not reused (see the allocator's
+ * events) until the copy has completed.
+ *
+ * Compiled and linked in CI; never run here (no GPU).  See README.md, "GPUs".
+ */
+#include "backend/cuda/cuda_impl.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+gp_status gp_cuda_fail(const char *lib, int code, const char *what, const char *call,
+                       const char *func, const char *file, int line)
+{
+    return gp_error_set(GP_ERR_RUNTIME, "%s call %s failed with status %d (%s) in %s() at %s:%d",
+                        lib, call, code, what ? what : "?", func, file, line);
+}
+
+gp_status gp_cuda_enter(gp_device *dev)
+{
+    int cur = -1;
+    GP_CUDA(cudaGetDevice(&cur));
+    if (cur != gp_cuda_ctx_of(dev)->ordinal) GP_CUDA(cudaSetDevice(gp_cuda_ctx_of(dev)->ordinal));
+    return GP_OK;
+}
+
+static void cuda_bind_thread(gp_device *dev)
+{
+    gp_cuda_nvtx_push(dev->name);
+    cudaError_t e = cudaSetDevice(gp_cuda_ctx_of(dev)->ordinal);
+    gp_cuda_nvtx_pop();
+    /* Every op enters the device again and reports a failure there. */
+    if (e != cudaSuccess)
+        GP_WARN("device %s: cudaSetDevice(%d) failed: %s", dev->name,
+                gp_cuda_ctx_of(dev)->ordinal, cudaGetErrorString(e));
+}
+
+/* ---- the caching allocator ------------------------------------------------- */
+
+/* Class index of a request and the class's block size; -1 if not cached. */
+static int size_class(size_t bytes, size_t *block)
+{
+    if (bytes <= 512) {
+        *block = 512;
+        return 0;
+    }
+    int k = 63 - __builtin_clzll((unsigned long long)(bytes - 1)); /* 2^k <= bytes-1 */
+    size_t q = (size_t)1 << (k - 2);
+    size_t s = (bytes + q - 1) / q * q;                             /* 5q .. 8q */
+    int c = 1 + 4 * (k - 9) + (int)(s >> (k - 2)) - 5;
+    if (c >= CUDA_NCLASSES) return -1;
+    *block = s;
+    return c;
+}
+
+/* A node with its two events (created on this device: callers entered). */
+static gp_status node_get(gp_cuda_ctx *ctx, cuda_block **out)
+{
+    pthread_mutex_lock(&ctx->lock);
+    cuda_block *b = ctx->spare;
+    if (b) ctx->spare = b->next;
+    pthread_mutex_unlock(&ctx->lock);
+    if (!b) {
+        b = calloc(1, sizeof *b);
+        if (!b) return gp_error_set(GP_ERR_OOM, "out of host memory for an allocator node");
+        cudaError_t e = cudaEventCreateWithFlags(&b->done_compute, cudaEventDisableTiming);
+        if (e == cudaSuccess)
+            e = cudaEventCreateWithFlags(&b->done_copy, cudaEventDisableTiming);
+        if (e != cudaSuccess) {
+            if (b->done_compute) cudaEventDestroy(b->done_compute);
+            free(b);
+            return gp_cuda_fail("CUDA", (int)e, cudaGetErrorString(e), "cudaEventCreateWithFlags",
+                                __func__, __FILE__, __LINE__);
+        }
+    }
+    *out = b;
+    return GP_OK;
+}
+
+static void node_put(gp_cuda_ctx *ctx, cuda_block *b)
+{
+    pthread_mutex_lock(&ctx->lock);
+    b->ptr = NULL;
+    b->next = ctx->spare;
+    ctx->spare = b;
+    pthread_mutex_unlock(&ctx->lock);
+}
+
+/* cudaFree every cached block (cudaFree waits for the device first). */
+static void cache_release(gp_cuda_ctx *ctx)
+{
+    for (int c = 0; c < CUDA_NCLASSES; c++) {
+        pthread_mutex_lock(&ctx->lock);
+        cuda_block *b = ctx->free_list[c];
+        ctx->free_list[c] = NULL;
+        pthread_mutex_unlock(&ctx->lock);
+        size_t block = 512;
+        if (c > 0) {
+            int k = 9 + (c - 1) / 4;
+            block = ((size_t)1 << (k - 2)) * (size_t)(5 + (c - 1) % 4);
+        }
+        while (b) {
+            cuda_block *next = b->next;
+            cudaError_t e = cudaFree(b->ptr);
+            if (e != cudaSuccess) GP_WARN("cudaFree: %s", cudaGetErrorString(e));
+            pthread_mutex_lock(&ctx->lock);
+            ctx->cached_bytes -= block;
+            ctx->device_bytes -= block;
+            pthread_mutex_unlock(&ctx->lock);
+            node_put(ctx, b);
+            b = next;
+        }
+    }
+}
+
+static gp_status cuda_alloc(gp_device *dev, size_t bytes, void **out)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    GP_TRY(gp_cuda_enter(dev));
+    size_t block = 0;
+    int c = size_class(bytes, &block);
+    if (c >= 0) {
+        pthread_mutex_lock(&ctx->lock);
+        cuda_block *b = ctx->free_list[c];
+        if (b) {
+            ctx->free_list[c] = b->next;
+            ctx->cached_bytes -= block;
+        }
+        pthread_mutex_unlock(&ctx->lock);
+        if (b) {
+            /* Work queued before the free (on either stream) comes first. */
+            void *p = b->ptr;
+            gp_status st = GP_OK;
+            GP_CUDA_GO(cudaStreamWaitEvent(ctx->compute, b->done_compute, 0));
+            GP_CUDA_GO(cudaStreamWaitEvent(ctx->compute, b->done_copy, 0));
+            GP_CUDA_GO(cudaStreamWaitEvent(ctx->copy, b->done_compute, 0));
+            GP_CUDA_GO(cudaStreamWaitEvent(ctx->copy, b->done_copy, 0));
+            node_put(ctx, b);
+            *out = p;
+            return GP_OK;
+        fail:
+            /* cudaFree waits for the device, so the block is safe to drop. */
+            node_put(ctx, b);
+            (void)cudaFree(p);
+            pthread_mutex_lock(&ctx->lock);
+            ctx->device_bytes -= block;
+            pthread_mutex_unlock(&ctx->lock);
+            return st;
+        }
+    }
+    size_t want = c >= 0 ? block : bytes;
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, want);
+    size_t released = 0;
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        pthread_mutex_lock(&ctx->lock);
+        released = ctx->cached_bytes;
+        pthread_mutex_unlock(&ctx->lock);
+        cache_release(ctx);
+        e = cudaMalloc(&p, want);
+    }
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        size_t fr = 0, total = 0;
+        (void)cudaMemGetInfo(&fr, &total);
+        char b1[32], b2[32], b3[32], b4[32], b5[32];
+        pthread_mutex_lock(&ctx->lock);
+        size_t held = ctx->device_bytes;
+        pthread_mutex_unlock(&ctx->lock);
+        return gp_error_set(GP_ERR_OOM,
+                            "out of memory on device %s: cudaMalloc of %s failed with %s held "
+                            "by gpipe after releasing %s of cached blocks (GPU: %s free of %s); "
+                            "use more devices, fewer or smaller micro-batches, checkpointing, "
+                            "or a smaller memory: capacity to find the limit",
+                            dev->name, gp_format_bytes(want, b1, sizeof b1),
+                            gp_format_bytes(held, b2, sizeof b2),
+                            gp_format_bytes(released, b3, sizeof b3),
+                            gp_format_bytes(fr, b4, sizeof b4),
+                            gp_format_bytes(total, b5, sizeof b5));
+    }
+    if (e != cudaSuccess)
+        return gp_cuda_fail("CUDA", (int)e, cudaGetErrorString(e), "cudaMalloc(&p, want)",
+                            __func__, __FILE__, __LINE__);
+    pthread_mutex_lock(&ctx->lock);
+    ctx->device_bytes += want;
+    pthread_mutex_unlock(&ctx->lock);
+    *out = p;
+    return GP_OK;
+}
+
+static void cuda_free(gp_device *dev, void *ptr, size_t bytes)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    gp_status st = gp_cuda_enter(dev);
+    size_t block = 0;
+    int c = size_class(bytes, &block);
+    cuda_block *b = NULL;
+    if (st == GP_OK && c >= 0) st = node_get(ctx, &b);
+    if (st == GP_OK && b) {
+        cudaError_t e = cudaEventRecord(b->done_compute, ctx->compute);
+        if (e == cudaSuccess) e = cudaEventRecord(b->done_copy, ctx->copy);
+        if (e == cudaSuccess) {
+            b->ptr = ptr;
+            pthread_mutex_lock(&ctx->lock);
+            b->next = ctx->free_list[c];
+            ctx->free_list[c] = b;
+            ctx->cached_bytes += block;
+            pthread_mutex_unlock(&ctx->lock);
+            return;
+        }
+        node_put(ctx, b);
+    }
+    /* Not cached (too large, or the events failed): cudaFree waits for the
+     * device, so queued work that uses the block finishes first. */
+    cudaError_t e = cudaFree(ptr);
+    if (e != cudaSuccess) GP_WARN("device %s: cudaFree: %s", dev->name, cudaGetErrorString(e));
+    pthread_mutex_lock(&ctx->lock);
+    ctx->device_bytes -= c >= 0 ? block : bytes;
+    pthread_mutex_unlock(&ctx->lock);
+}
+
+gp_status gp_cuda_ws_reserve(gp_device *dev, size_t bytes, void **out)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    if (bytes > ctx->ws_bytes) {
+        size_t want = (bytes + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
+        /* The old contents are dead between ops; the freed block's events
+         * keep it from being reused under queued work. */
+        gp_dev_free(dev, ctx->ws, ctx->ws_bytes, GP_MEM_WORKSPACE);
+        ctx->ws = NULL;
+        ctx->ws_bytes = 0;
+        gp_status s = gp_dev_alloc(dev, want, GP_MEM_WORKSPACE, &ctx->ws);
+        if (s != GP_OK)
+            return gp_error_wrap(s, "device %s: the CUDA backend's workspace (cuDNN, reductions)",
+                                 dev->name);
+        ctx->ws_bytes = want;
+    }
+    *out = ctx->ws;
+    return GP_OK;
+}
+
+/* ---- transfers ----------------------------------------------------------------- */
+
+/* `waiter` waits for everything issued to `on` so far. */
+static gp_status fence(cudaStream_t waiter, cudaStream_t on, cudaEvent_t ev)
+{
+    GP_CUDA(cudaEventRecord(ev, on));
+    GP_CUDA(cudaStreamWaitEvent(waiter, ev, 0));
+    return GP_OK;
+}
+
+static gp_status copy_begin(gp_cuda_ctx *ctx)
+{
+    return fence(ctx->copy, ctx->compute, ctx->fence_compute);
+}
+
+static gp_status copy_end(gp_cuda_ctx *ctx)
+{
+    return fence(ctx->compute, ctx->copy, ctx->fence_copy);
+}
+
+static gp_status cuda_copy_h2d(gp_device *dev, void *dst, const void *src, size_t bytes)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    if (!bytes) return GP_OK;
+    GP_TRY(gp_cuda_enter(dev));
+    GP_TRY(copy_begin(ctx));
+    for (size_t off = 0; off < bytes; off += CUDA_STAGE_BYTES) {
+        size_t len = bytes - off < CUDA_STAGE_BYTES ? bytes - off : CUDA_STAGE_BYTES;
+        int k = ctx->stage_next;
+        ctx->stage_next ^= 1;
+        GP_CUDA(cudaEventSynchronize(ctx->stage_done[k])); /* its last copy has finished */
+        memcpy(ctx->stage[k], (const char *)src + off, len);
+        GP_CUDA(cudaMemcpyAsync((char *)dst + off, ctx->stage[k], len, cudaMemcpyHostToDevice,
+                                ctx->copy));
+        GP_CUDA(cudaEventRecord(ctx->stage_done[k], ctx->copy));
+    }
+    return copy_end(ctx);
+}
+
+static gp_status cuda_copy_d2h(gp_device *dev, void *dst, const void *src, size_t bytes)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    if (!bytes) return GP_OK;
+    GP_TRY(gp_cuda_enter(dev));
+    GP_TRY(copy_begin(ctx));
+    for (size_t off = 0; off < bytes; off += CUDA_STAGE_BYTES) {
+        size_t len = bytes - off < CUDA_STAGE_BYTES ? bytes - off : CUDA_STAGE_BYTES;
+        int k = ctx->stage_next;
+        ctx->stage_next ^= 1;
+        GP_CUDA(cudaMemcpyAsync(ctx->stage[k], (const char *)src + off, len,
+                                cudaMemcpyDeviceToHost, ctx->copy));
+        GP_CUDA(cudaEventRecord(ctx->stage_done[k], ctx->copy));
+        GP_CUDA(cudaEventSynchronize(ctx->stage_done[k]));
+        memcpy((char *)dst + off, ctx->stage[k], len);
+    }
+    return copy_end(ctx);
+}
+
+static gp_status cuda_copy_d2d(gp_device *dev, void *dst, const void *src, size_t bytes)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    if (!bytes || dst == src) return GP_OK;
+    GP_TRY(gp_cuda_enter(dev));
+    GP_TRY(copy_begin(ctx));
+    GP_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx->copy));
+    return copy_end(ctx);
+}
+
+static gp_status cuda_copy_peer(gp_device *dev, void *dst, gp_device *src_dev, const void *src,
+                                size_t bytes)
+{
+    /* CPU device memory is host memory. */
+    if (src_dev->kind == GP_DEV_CPU) return cuda_copy_h2d(dev, dst, src, bytes);
+    if (src_dev == dev) return cuda_copy_d2d(dev, dst, src, bytes);
+    if (src_dev->kind != GP_DEV_CUDA)
+        return gp_error_set(GP_ERR_UNSUPPORTED, "device %s: no copy from %s", dev->name,
+                            src_dev->name);
+    if (!bytes) return GP_OK;
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev), *sc = gp_cuda_ctx_of(src_dev);
+    int s = sc->ordinal;
+    GP_TRY(gp_cuda_enter(dev));
+    if (!ctx->peer_ev[s]) {
+        /* An event recorded on the source's stream must belong to it. */
+        GP_CUDA(cudaSetDevice(s));
+        cudaError_t e = cudaEventCreateWithFlags(&ctx->peer_ev[s], cudaEventDisableTiming);
+        GP_CUDA(cudaSetDevice(ctx->ordinal));
+        if (e != cudaSuccess)
+            return gp_cuda_fail("CUDA", (int)e, cudaGetErrorString(e),
+                                "cudaEventCreateWithFlags(&ctx->peer_ev[s], ...)", __func__,
+                                __FILE__, __LINE__);
+    }
+    gp_cuda_nvtx_push("copy_peer");
+    /* After the producer's work on the source and our own queued work. */
+    GP_CUDA(cudaEventRecord(ctx->peer_ev[s], sc->compute));
+    GP_CUDA(cudaStreamWaitEvent(ctx->copy, ctx->peer_ev[s], 0));
+    GP_TRY(copy_begin(ctx));
+    /* Direct over NVLink/PCIe with peer access, else staged by the driver. */
+    GP_CUDA(cudaMemcpyPeerAsync(dst, ctx->ordinal, src, s, bytes, ctx->copy));
+    GP_TRY(copy_end(ctx));
+    /* The source's later frees (and reuse) wait for this read. */
+    GP_CUDA(cudaStreamWaitEvent(sc->copy, ctx->fence_copy, 0));
+    gp_cuda_nvtx_pop();
+    return GP_OK;
+}
+
+static gp_status cuda_synchronize(gp_device *dev)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    GP_TRY(gp_cuda_enter(dev));
+    GP_CUDA(cudaStreamSynchronize(ctx->copy));
+    GP_CUDA(cudaStreamSynchronize(ctx->compute));
+    return GP_OK;
+}
+
+/* ---- events: recorded on the compute stream (every copy is fenced into it),
+ * waited on by both streams ---------------------------------------------------- */
+
+static gp_status cuda_event_create(gp_device *dev, void **out)
+{
+    GP_TRY(gp_cuda_enter(dev));
+    cudaEvent_t e = NULL;
+    GP_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    *out = (void *)e;
+    return GP_OK;
+}
+
+static void cuda_event_destroy(gp_device *dev, void *ev)
+{
+    if (ev) (void)cudaEventDestroy((cudaEvent_t)ev);
+}
+
+static gp_status cuda_event_record(gp_device *dev, void *ev)
+{
+    GP_TRY(gp_cuda_enter(dev));
+    GP_CUDA(cudaEventRecord((cudaEvent_t)ev, gp_cuda_ctx_of(dev)->compute));
+    return GP_OK;
+}
+
+static gp_status cuda_event_wait(gp_device *dev, void *ev)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    GP_TRY(gp_cuda_enter(dev));
+    GP_CUDA(cudaStreamWaitEvent(ctx->compute, (cudaEvent_t)ev, 0));
+    GP_CUDA(cudaStreamWaitEvent(ctx->copy, (cudaEvent_t)ev, 0));
+    return GP_OK;
+}
+
+static gp_status cuda_event_sync(gp_device *dev, void *ev)
+{
+    GP_CUDA(cudaEventSynchronize((cudaEvent_t)ev));
+    return GP_OK;
+}
+
+/* ---- elementwise and reductions ------------------------------------------------- */
+
+#define CUDA_OP(dev, launch)                                                    \
+    do {                                                                        \
+        GP_TRY(gp_cuda_enter(dev));                                             \
+        cudaStream_t s = gp_cuda_ctx_of(dev)->compute;                          \
+        GP_CUDA(launch);                                                        \
+        return GP_OK;                                                           \
+    } while (0)
+
+static gp_status cuda_fill(gp_device *dev, float *x, float v, int64_t n)
+{
+    CUDA_OP(dev, gp_cuk_fill(s, x, v, n));
+}
+
+static gp_status cuda_scale(gp_device *dev, float *x, float a, int64_t n)
+{
+    CUDA_OP(dev, gp_cuk_scale(s, x, a, n));
+}
+
+static gp_status cuda_axpy(gp_device *dev, float a, const float *x, float *y, int64_t n)
+{
+    CUDA_OP(dev, gp_cuk_axpy(s, a, x, y, n));
+}
+
+static gp_status cuda_add(gp_device *dev, const float *a, const float *b, float *y, int64_t n)
+{
+    CUDA_OP(dev, gp_cuk_add(s, a, b, y, n));
+}
+
+static gp_status cuda_mul(gp_device *dev, const float *a, const float *b, float *y, int64_t n)
+{
+    CUDA_OP(dev, gp_cuk_mul(s, a, b, y, n));
+}
+
+static gp_status cuda_relu_fwd(gp_device *dev, const float *x, float *y, int64_t n)
+{
+    CUDA_OP(dev, gp_cuk_relu_fwd(s, x, y, n));
+}
+
+static gp_status cuda_relu_bwd(gp_device *dev, const float *y, const float *dy, float *dx,
+                               int64_t n)
+{
+    CUDA_OP(dev, gp_cuk_relu_bwd(s, y, dy, dx, n));
+}
+
+static gp_status cuda_sgd_update(gp_device *dev, float *w, const float *g, float *v, int64_t n,
+                                 float lr, float mu, float wd, int nesterov)
+{
+    CUDA_OP(dev, gp_cuk_sgd(s, w, g, v, n, lr, mu, wd, nesterov));
+}
+
+static gp_status cuda_dropout_mask(gp_device *dev, float *mask, int64_t n, float p,
+                                   uint64_t seed, uint64_t stream, uint64_t first)
+{
+    CUDA_OP(dev, gp_cuk_dropout_mask(s, mask, n, p, seed, stream, first));
+}
+
+static gp_status cuda_add_bias_rows(gp_device *dev, float *y, const float *bias, int64_t rows,
+                                    int64_t cols)
+{
+    CUDA_OP(dev, gp_cuk_add_bias_rows(s, y, bias, rows, cols));
+}
+
+static gp_status cuda_sum_rows(gp_device *dev, const float *dy, float *db, int64_t rows,
+                               int64_t cols)
+{
+    CUDA_OP(dev, gp_cuk_sum_rows(s, dy, db, rows, cols));
+}
+
+/* Copy the device-side results to pinned memory and wait for them. */
+static gp_status read_results(gp_cuda_ctx *ctx, cuda_res *out)
+{
+    GP_CUDA(cudaMemcpyAsync(ctx->host_res, ctx->dev_res, sizeof(cuda_res),
+                            cudaMemcpyDeviceToHost, ctx->compute));
+    GP_CUDA(cudaStreamSynchronize(ctx->compute));
+    memcpy(out, ctx->host_res, sizeof *out);
+    return GP_OK;
+}
+
+static gp_status cuda_sumsq(gp_device *dev, const float *x, int64_t n, double *out)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    void *ws;
+    cuda_res r;
+    GP_TRY(gp_cuda_enter(dev));
+    GP_TRY(gp_cuda_ws_reserve(dev, GP_CUK_RED_BLOCKS * sizeof(double), &ws));
+    GP_CUDA(gp_cuk_sumsq(ctx->compute, x, n, ws, &((cuda_res *)ctx->dev_res)->sumsq));
+    GP_TRY(read_results(ctx, &r));
+    *out = r.sumsq;
+    return GP_OK;
+}
+
+static gp_status cuda_nonfinite(gp_device *dev, const float *x, int64_t n, int *out)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    cuda_res r;
+    GP_TRY(gp_cuda_enter(dev));
+    GP_CUDA(gp_cuk_nonfinite(ctx->compute, x, n, &((cuda_res *)ctx->dev_res)->nonfinite));
+    GP_TRY(read_results(ctx, &r));
+    *out = r.nonfinite;
+    return GP_OK;
+}
+
+static gp_status cuda_xent(gp_device *dev, const float *logits, const float *labels,
+                           int64_t rows, int64_t cols, float scale, float *dlogits,
+                           double *loss_sum, int64_t *correct, int64_t *bad_row)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    *loss_sum = 0.0;
+    *correct = 0;
+    *bad_row = -1;
+    if (rows <= 0) return GP_OK;
+    void *ws;
+    cuda_res r;
+    GP_TRY(gp_cuda_enter(dev));
+    GP_TRY(gp_cuda_ws_reserve(dev, (size_t)rows * (sizeof(double) + sizeof(long long)), &ws));
+    double *row_loss = ws;
+    long long *row_flag = (long long *)(row_loss + rows);
+    GP_CUDA(gp_cuk_xent(ctx->compute, logits, labels, rows, cols, scale, dlogits, row_loss,
+                        row_flag, &((cuda_res *)ctx->dev_res)->xent));
+    GP_TRY(read_results(ctx, &r));
+    *bad_row = r.xent.bad_row;
+    if (r.xent.bad_row < 0) {
+        *loss_sum = r.xent.loss_sum;
+        *correct = r.xent.correct;
+    }
+    return GP_OK;
+}
+
+/* ---- gemm on cuBLAS ---------------------------------------------------------------
+ * cuBLAS is column-major; a row-major matrix X is the column-major X^T with
+ * the same leading dimension.  Row-major C = op(A) op(B) is therefore the
+ * column-major C^T = op(B)^T op(A)^T: call sgemm with the operands swapped
+ * (B first), the same transpose flags, and the sizes (N, M, K).  No data
+ * moves.  The math mode is cuBLAS's default (FP32, no TF32 unless the
+ * environment sets NVIDIA_TF32_OVERRIDE=1). */
+static gp_status cuda_gemm(gp_device *dev, int trans_a, int trans_b, int64_t m, int64_t n,
+                           int64_t k, float alpha, const float *a, int64_t lda, const float *b,
+                           int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    if (m == 0 || n == 0) return GP_OK;
+    GP_TRY(gp_cuda_enter(dev));
+    if (k == 0) {
+        GP_CUDA(gp_cuk_scale_matrix(ctx->compute, c, m, n, ldc, beta));
+        return GP_OK;
+    }
+    if (m > INT_MAX || n > INT_MAX || k > INT_MAX || lda > INT_MAX || ldb > INT_MAX ||
+        ldc > INT_MAX)
+        return gp_error_set(GP_ERR_UNSUPPORTED,
+                            "device %s: gemm of %lld x %lld x %lld exceeds cuBLAS's 32-bit sizes",
+                            dev->name, (long long)m, (long long)n, (long long)k);
+    gp_cuda_nvtx_push("gemm");
+    GP_CUBLAS(cublasSgemm(ctx->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                          trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n, (int)m, (int)k, &alpha, b,
+                          (int)ldb, a, (int)lda, &beta, c, (int)ldc));
+    gp_cuda_nvtx_pop();
+    return GP_OK;
+}
+
+/* ---- NCCL collectives -------------------------------------------------------------- */
+
+typedef struct cuda_comm {
+    ncclComm_t *comms; /* (n) one per rank */
+} cuda_comm;
+
+static void cuda_comm_destroy(gp_comm *comm)
+{
+    cuda_comm *cc = comm->ctx;
+    if (cc) {
+        for (int r = 0; r < comm->n; r++)
+            if (cc->comms && cc->comms[r]) (void)ncclCommDestroy(cc->comms[r]);
+        free(cc->comms);
+        free(cc);
+    }
+    free(comm->devs);
+    free(comm);
+}
+
+gp_status gp_cuda_comm_create(gp_device **devs, int n, gp_comm **out)
+{
+    gp_status st = GP_OK;
+    *out = NULL;
+    int *list = calloc((size_t)n, sizeof *list);
+    gp_comm *comm = calloc(1, sizeof *comm);
+    cuda_comm *cc = calloc(1, sizeof *cc);
+    if (comm) comm->destroy = cuda_comm_destroy;
+    if (comm && cc) {
+        comm->ctx = cc;
+        comm->n = n;
+        comm->devs = calloc((size_t)n, sizeof *comm->devs);
+        cc->comms = calloc((size_t)n, sizeof *cc->comms);
+    }
+    if (!list || !comm || !cc || !comm->devs || !cc->comms) {
+        free(cc);
+        if (comm) comm->ctx = NULL;
+        st = gp_error_set(GP_ERR_OOM, "out of host memory creating a communicator");
+        goto fail;
+    }
+    for (int r = 0; r < n; r++) {
+        if (devs[r]->kind != GP_DEV_CUDA) {
+            st = gp_error_set(GP_ERR_INVALID, "NCCL communicator: %s is not a CUDA device",
+                              devs[r]->name);
+            goto fail;
+        }
+        list[r] = gp_cuda_ctx_of(devs[r])->ordinal;
+        for (int q = 0; q < r; q++)
+            if (list[q] == list[r]) {
+                st = gp_error_set(GP_ERR_INVALID,
+                                  "NCCL communicator: %s appears twice; a group needs distinct "
+                                  "GPUs", devs[r]->name);
+                goto fail;
+            }
+        comm->devs[r] = devs[r];
+    }
+    GP_NCCL_GO(ncclCommInitAll(cc->comms, n, list));
+    free(list);
+    *out = comm;
+    return GP_OK;
+fail:
+    free(list);
+    if (comm) cuda_comm_destroy(comm);
+    return st;
+}
+
+static gp_status comm_rank(gp_device *dev, gp_comm *comm, int *rank)
+{
+    if (!comm || comm->destroy != cuda_comm_destroy)
+        return gp_error_set(GP_ERR_INVALID, "device %s: not an NCCL communicator", dev->name);
+    for (int r = 0; r < comm->n; r++)
+        if (comm->devs[r] == dev) {
+            *rank = r;
+            return GP_OK;
+        }
+    return gp_error_set(GP_ERR_INVALID, "device %s is not in this communicator", dev->name);
+}
+
+static gp_status cuda_allreduce(gp_device *dev, gp_comm *comm, float *buf, int64_t n)
+{
+    int r = 0;
+    GP_TRY(comm_rank(dev, comm, &r));
+    GP_TRY(gp_cuda_enter(dev));
+    gp_cuda_nvtx_push("allreduce");
+    GP_NCCL(ncclAllReduce(buf, buf, (size_t)n, ncclFloat, ncclSum,
+                          ((cuda_comm *)comm->ctx)->comms[r], gp_cuda_ctx_of(dev)->compute));
+    gp_cuda_nvtx_pop();
+    return GP_OK;
+}
+
+static gp_status cuda_broadcast(gp_device *dev, gp_comm *comm, float *buf, int64_t n, int root)
+{
+    int r = 0;
+    GP_TRY(comm_rank(dev, comm, &r));
+    if (root < 0 || root >= comm->n)
+        return gp_error_set(GP_ERR_INVALID, "broadcast root %d outside the group of %d", root,
+                            comm->n);
+    GP_TRY(gp_cuda_enter(dev));
+    GP_NCCL(ncclBroadcast(buf, buf, (size_t)n, ncclFloat, root,
+                          ((cuda_comm *)comm->ctx)->comms[r], gp_cuda_ctx_of(dev)->compute));
+    return GP_OK;
+}
+
+/* ---- lifetime -------------------------------------------------------------------- */
+
+static void cuda_destroy(gp_device *dev)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    if (ctx) {
+        (void)cudaSetDevice(ctx->ordinal);
+        if (ctx->compute) (void)cudaStreamSynchronize(ctx->compute);
+        if (ctx->copy) (void)cudaStreamSynchronize(ctx->copy);
+        gp_cuda_dnn_destroy(ctx);
+        gp_dev_free(dev, ctx->ws, ctx->ws_bytes, GP_MEM_WORKSPACE);
+        gp_dev_free(dev, ctx->dev_res, sizeof(cuda_res), GP_MEM_WORKSPACE);
+        cache_release(ctx);
+        while (ctx->spare) {
+            cuda_block *b = ctx->spare;
+            ctx->spare = b->next;
+            (void)cudaEventDestroy(b->done_compute);
+            (void)cudaEventDestroy(b->done_copy);
+            free(b);
+        }
+        for (int k = 0; k < 2; k++) {
+            if (ctx->stage[k]) (void)cudaFreeHost(ctx->stage[k]);
+            if (ctx->stage_done[k]) (void)cudaEventDestroy(ctx->stage_done[k]);
+        }
+        if (ctx->host_res) (void)cudaFreeHost(ctx->host_res);
+        for (int s = 0; s < CUDA_MAX_DEVICES; s++)
+            if (ctx->peer_ev[s]) (void)cudaEventDestroy(ctx->peer_ev[s]);
+        if (ctx->dnn) (void)cudnnDestroy(ctx->dnn);
+        if (ctx->blas) (void)cublasDestroy(ctx->blas);
+        if (ctx->fence_compute) (void)cudaEventDestroy(ctx->fence_compute);
+        if (ctx->fence_copy) (void)cudaEventDestroy(ctx->fence_copy);
+        if (ctx->compute) (void)cudaStreamDestroy(ctx->compute);
+        if (ctx->copy) (void)cudaStreamDestroy(ctx->copy);
+        if (ctx->device_bytes)
+            GP_DEBUG("device %s closed with %zu bytes of blocks still allocated", dev->name,
+                     ctx->device_bytes);
+        pthread_mutex_destroy(&ctx->lock);
+        free(ctx);
+    }
+    if (dev->alloc.live_blocks != 0)
+        GP_DEBUG("device %s closed with %lld allocations still live", dev->name,
+                 (long long)dev->alloc.live_blocks);
+    gp_allocator_destroy(&dev->alloc);
+    free(dev);
+}
+
+static const gp_device_iface cuda_iface = {
+    .version = GP_DEVICE_IFACE_VERSION,
+    .backend_name = "cuda",
+    .destroy = cuda_destroy,
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .bind_thread = cuda_bind_thread,
+    .copy_h2d = cuda_copy_h2d,
+    .copy_d2h = cuda_copy_d2h,
+    .copy_d2d = cuda_copy_d2d,
+    .copy_peer = cuda_copy_peer,
+    .synchronize = cuda_synchronize,
+    .event_create = cuda_event_create,
+    .event_destroy = cuda_event_destroy,
+    .event_record = cuda_event_record,
+    .event_wait = cuda_event_wait,
+    .event_sync = cuda_event_sync,
+    .fill = cuda_fill,
+    .scale = cuda_scale,
+    .axpy = cuda_axpy,
+    .add = cuda_add,
+    .sumsq = cuda_sumsq,
+    .nonfinite = cuda_nonfinite,
+    .sgd_update = cuda_sgd_update,
+    .gemm = cuda_gemm,
+    .add_bias_rows = cuda_add_bias_rows,
+    .sum_rows = cuda_sum_rows,
+    .conv_fwd = gp_cuda_conv_fwd,
+    .conv_bwd_data = gp_cuda_conv_bwd_data,
+    .conv_bwd_weights = gp_cuda_conv_bwd_weights,
+    .pool_ws_bytes = gp_cuda_pool_ws_bytes,
+    .pool_fwd = gp_cuda_pool_fwd,
+    .pool_bwd = gp_cuda_pool_bwd,
+    .bn_fwd_train = gp_cuda_bn_fwd_train,
+    .bn_fwd_infer = gp_cuda_bn_fwd_infer,
+    .bn_bwd = gp_cuda_bn_bwd,
+    .relu_fwd = cuda_relu_fwd,
+    .relu_bwd = cuda_relu_bwd,
+    .log_softmax = gp_cuda_log_softmax,
+    .xent = cuda_xent,
+    .dropout_mask = cuda_dropout_mask,
+    .mul = cuda_mul,
+    .allreduce = cuda_allreduce,
+    .broadcast = cuda_broadcast,
+};
+
+gp_status gp_cuda_device_create(int index, const gp_device_opts *opts, gp_device **out)
+{
+    *out = NULL;
+    gp_device_opts def = {0};
+    if (!opts) opts = &def;
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return gp_error_set(GP_ERR_UNSUPPORTED,
+                            "no CUDA device %d: cudaGetDeviceCount reports 0 (%s: %s); use "
+                            "cpu:N devices, or run on a machine with an NVIDIA GPU and driver",
+                            index, cudaGetErrorName(e), cudaGetErrorString(e));
+    }
+    if (index >= count || index >= CUDA_MAX_DEVICES)
+        return gp_error_set(GP_ERR_UNSUPPORTED,
+                            "no CUDA device %d: cudaGetDeviceCount reports %d%s; use cpu:N "
+                            "devices or cuda:0..cuda:%d (CUDA_VISIBLE_DEVICES selects GPUs)",
+                            index, count, count ? "" : " (no GPU visible)",
+                            count > 0 ? count - 1 : 0);
+
+    gp_status st = GP_OK;
+    gp_device *dev = calloc(1, sizeof *dev);
+    gp_cuda_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!dev || !ctx) {
+        free(dev);
+        free(ctx);
+        return gp_error_set(GP_ERR_OOM, "out of host memory creating device cuda:%d", index);
+    }
+    dev->iface = &cuda_iface;
+    dev->ctx = ctx;
+    dev->kind = GP_DEV_CUDA;
+    dev->index = index;
+    dev->threads = 1;
+    snprintf(dev->name, sizeof dev->name, "cuda:%d", index);
+    gp_allocator_init(&dev->alloc, dev->name, opts->capacity);
+    ctx->ordinal = index;
+    pthread_mutex_init(&ctx->lock, NULL);
+
+    GP_CUDA_GO(cudaSetDevice(index));
+    GP_CUDA_GO(cudaStreamCreateWithFlags(&ctx->compute, cudaStreamNonBlocking));
+    GP_CUDA_GO(cudaStreamCreateWithFlags(&ctx->copy, cudaStreamNonBlocking));
+    GP_CUDA_GO(cudaEventCreateWithFlags(&ctx->fence_compute, cudaEventDisableTiming));
+    GP_CUDA_GO(cudaEventCreateWithFlags(&ctx->fence_copy, cudaEventDisableTiming));
+    GP_CUBLAS_GO(cublasCreate(&ctx->blas));
+    GP_CUBLAS_GO(cublasSetStream(ctx->blas, ctx->compute));
+    GP_CUBLAS_GO(cublasSetMathMode(ctx->blas, CUBLAS_DEFAULT_MATH));
+    GP_CUDNN_GO(cudnnCreate(&ctx->dnn));
+    GP_CUDNN_GO(cudnnSetStream(ctx->dnn, ctx->compute));
+    for (int k = 0; k < 2; k++) {
+        GP_CUDA_GO(cudaHostAlloc(&ctx->stage[k], CUDA_STAGE_BYTES, cudaHostAllocDefault));
+        GP_CUDA_GO(cudaEventCreateWithFlags(&ctx->stage_done[k], cudaEventDisableTiming));
+        GP_CUDA_GO(cudaEventRecord(ctx->stage_done[k], ctx->copy));
+    }
+    GP_CUDA_GO(cudaHostAlloc(&ctx->host_res, sizeof(cuda_res), cudaHostAllocDefault));
+    st = gp_dev_alloc(dev, sizeof(cuda_res), GP_MEM_WORKSPACE, &ctx->dev_res);
+    if (st != GP_OK) goto fail;
+    for (int j = 0; j < count && j < CUDA_MAX_DEVICES; j++) {
+        int can = 0;
+        if (j == index) continue;
+        GP_CUDA_GO(cudaDeviceCanAccessPeer(&can, index, j));
+        if (!can) continue;
+        e = cudaDeviceEnablePeerAccess(j, 0);
+        if (e == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();
+        else if (e != cudaSuccess) {
+            st = gp_cuda_fail("CUDA", (int)e, cudaGetErrorString(e),
+                              "cudaDeviceEnablePeerAccess(j, 0)", __func__, __FILE__, __LINE__);
+            goto fail;
+        }
+        ctx->can_peer[j] = 1;
+    }
+    st = gp_cuda_dnn_init(ctx);
+    if (st != GP_OK) goto fail;
+    *out = dev;
+    return GP_OK;
+fail:
+    cuda_destroy(dev);
+    return gp_error_wrap(st, "device cuda:%d", index);
+}

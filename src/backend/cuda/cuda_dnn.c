@@ -1,0 +1,450 @@
+/*
+ * cuda_dnn.c — convolution, pooling, batch normalisation and log-softmax on
+ * cuDNN's (legacy, descriptor-based) API, on the device's compute stream.
+ *
+ * Convolutions.  Each shape gets one cuda_conv with its descriptors and,
+ * per direction on first use, the algorithm: the cuDNN heuristics
+ * (cudnnGet*Algorithm_v7) rank the candidates, and the first one that is
+ * deterministic and needs at most CUDA_CONV_WS_LIMIT of workspace wins
+ * (else the first that fits), so results are reproducible run to run.  The
+ * math type is CUDNN_FMA_MATH: plain FP32, no TF32 tensor cores, so results
+ * stay within FP32 rounding of the CPU's.  dw += and db += are cuDNN's
+ * beta = 1.  Workspace comes from the device's workspace buffer
+ * (GP_MEM_WORKSPACE), so peak memory includes it.
+ *
+ * Batch norm.  The interface wants the batch mean and the BIASED batch
+ * variance from bn_fwd_train, and takes them back in bn_bwd; cuDNN keeps a
+ * saved mean and inverse standard deviation instead.  Forward training
+ * therefore asks cuDNN for its running statistics with an averaging factor
+ * of 1 into the caller's mean/var (zeroed first: the update multiplies the
+ * old value by 0, and 0 * NaN is NaN), which leaves the batch mean and the
+ * UNBIASED batch variance, and a tiny kernel rescales the latter by
+ * (cnt - 1) / cnt (gp_ew_bn_biased_var).  Backward makes the inverse
+ * standard deviation 1 / sqrt(var + eps) from the given var
+ * (gp_ew_bn_invstd) and passes it with the mean as cuDNN's saved
+ * statistics.  dgamma/dbeta accumulate (cuDNN's betaParamDiff = 1).
+ *
+ * Pooling.  Max pooling is CUDNN_POOLING_MAX_DETERMINISTIC and needs no
+ * workspace (backward reads x and y); when a window has tied maxima cuDNN
+ * may route the gradient to another of the tied elements than the CPU
+ * (first in scan order).  Average pooling excludes padding from the divisor
+ * (CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING), like the CPU.
+ *
+ * Compiled and linked in CI; never run here (no GPU).
+ */
+#include "backend/cuda/cuda_impl.h"
+
+#include <limits.h>
+#include <stdlib.h>
+
+static const float one = 1.0f, zero = 0.0f;
+
+gp_status gp_cuda_dnn_init(gp_cuda_ctx *ctx)
+{
+    for (int i = 0; i < 3; i++) GP_CUDNN(cudnnCreateTensorDescriptor(&ctx->td[i]));
+    GP_CUDNN(cudnnCreatePoolingDescriptor(&ctx->pool));
+    return GP_OK;
+}
+
+static void conv_free(cuda_conv *cv)
+{
+    if (cv->x) cudnnDestroyTensorDescriptor(cv->x);
+    if (cv->y) cudnnDestroyTensorDescriptor(cv->y);
+    if (cv->b) cudnnDestroyTensorDescriptor(cv->b);
+    if (cv->w) cudnnDestroyFilterDescriptor(cv->w);
+    if (cv->conv) cudnnDestroyConvolutionDescriptor(cv->conv);
+    free(cv);
+}
+
+void gp_cuda_dnn_destroy(gp_cuda_ctx *ctx)
+{
+    for (int i = 0; i < 3; i++)
+        if (ctx->td[i]) cudnnDestroyTensorDescriptor(ctx->td[i]);
+    if (ctx->pool) cudnnDestroyPoolingDescriptor(ctx->pool);
+    while (ctx->convs) {
+        cuda_conv *next = ctx->convs->next;
+        conv_free(ctx->convs);
+        ctx->convs = next;
+    }
+}
+
+/* cuDNN's legacy API takes int dimensions and int32 strides. */
+static gp_status fits(gp_device *dev, const char *what, int64_t n, int64_t c, int64_t h,
+                      int64_t w)
+{
+    if (n < 0 || c < 0 || h < 0 || w < 0 || n > INT_MAX || c > INT_MAX || h > INT_MAX ||
+        w > INT_MAX || (c && h && w && n > INT_MAX / c / h / w))
+        return gp_error_set(GP_ERR_UNSUPPORTED,
+                            "device %s: %s (%lld, %lld, %lld, %lld) exceeds cuDNN's 32-bit "
+                            "sizes; split the batch into more micro-batches",
+                            dev->name, what, (long long)n, (long long)c, (long long)h,
+                            (long long)w);
+    return GP_OK;
+}
+
+static gp_status set4d(cudnnTensorDescriptor_t t, int64_t n, int64_t c, int64_t h, int64_t w)
+{
+    GP_CUDNN(cudnnSetTensor4dDescriptor(t, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, (int)n, (int)c,
+                                        (int)h, (int)w));
+    return GP_OK;
+}
+
+/* ---- convolution ------------------------------------------------------------------ */
+
+static int conv_same(const gp_conv_desc *a, const gp_conv_desc *b)
+{
+    return a->n == b->n && a->c == b->c && a->h == b->h && a->w == b->w && a->k == b->k &&
+           a->kh == b->kh && a->kw == b->kw && a->sh == b->sh && a->sw == b->sw &&
+           a->ph == b->ph && a->pw == b->pw && a->oh == b->oh && a->ow == b->ow &&
+           a->has_bias == b->has_bias;
+}
+
+static gp_status conv_build(gp_device *dev, const gp_conv_desc *d, cuda_conv *cv)
+{
+    GP_TRY(fits(dev, "convolution input", d->n, d->c, d->h, d->w));
+    GP_TRY(fits(dev, "convolution output", d->n, d->k, d->oh, d->ow));
+    GP_TRY(fits(dev, "convolution weights", d->k, d->c, d->kh, d->kw));
+    if (d->sh > INT_MAX || d->sw > INT_MAX || d->ph > INT_MAX || d->pw > INT_MAX)
+        return gp_error_set(GP_ERR_UNSUPPORTED, "device %s: convolution stride/padding too large",
+                            dev->name);
+    GP_CUDNN(cudnnCreateTensorDescriptor(&cv->x));
+    GP_CUDNN(cudnnCreateTensorDescriptor(&cv->y));
+    GP_CUDNN(cudnnCreateTensorDescriptor(&cv->b));
+    GP_CUDNN(cudnnCreateFilterDescriptor(&cv->w));
+    GP_CUDNN(cudnnCreateConvolutionDescriptor(&cv->conv));
+    GP_TRY(set4d(cv->x, d->n, d->c, d->h, d->w));
+    GP_TRY(set4d(cv->y, d->n, d->k, d->oh, d->ow));
+    GP_TRY(set4d(cv->b, 1, d->k, 1, 1));
+    GP_CUDNN(cudnnSetFilter4dDescriptor(cv->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, (int)d->k,
+                                        (int)d->c, (int)d->kh, (int)d->kw));
+    GP_CUDNN(cudnnSetConvolution2dDescriptor(cv->conv, (int)d->ph, (int)d->pw, (int)d->sh,
+                                             (int)d->sw, 1, 1, CUDNN_CROSS_CORRELATION,
+                                             CUDNN_DATA_FLOAT));
+    GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, CUDNN_FMA_MATH));
+    int n, c, h, w;
+    GP_CUDNN(cudnnGetConvolution2dForwardOutputDim(cv->conv, cv->x, cv->w, &n, &c, &h, &w));
+    if (n != d->n || c != d->k || h != d->oh || w != d->ow)
+        return gp_error_set(GP_ERR_INVALID,
+                            "device %s: convolution output (%lld, %lld, %lld, %lld) given, cuDNN "
+                            "computes (%d, %d, %d, %d)", dev->name, (long long)d->n,
+                            (long long)d->k, (long long)d->oh, (long long)d->ow, n, c, h, w);
+    return GP_OK;
+}
+
+static gp_status conv_get(gp_device *dev, const gp_conv_desc *d, cuda_conv **out)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    for (cuda_conv *cv = ctx->convs; cv; cv = cv->next)
+        if (conv_same(&cv->d, d)) {
+            *out = cv;
+            return GP_OK;
+        }
+    cuda_conv *cv = calloc(1, sizeof *cv);
+    if (!cv) return gp_error_set(GP_ERR_OOM, "out of host memory for a convolution descriptor");
+    cv->d = *d;
+    gp_status st = conv_build(dev, d, cv);
+    if (st != GP_OK) {
+        conv_free(cv);
+        return st;
+    }
+    cv->next = ctx->convs;
+    ctx->convs = cv;
+    *out = cv;
+    return GP_OK;
+}
+
+/* Workspace bound for one algorithm: the fixed limit, or an eighth of the
+ * device's capacity when that is smaller. */
+static size_t ws_limit(gp_device *dev)
+{
+    size_t cap = dev->alloc.capacity;
+    return cap && cap / 8 < CUDA_CONV_WS_LIMIT ? cap / 8 : CUDA_CONV_WS_LIMIT;
+}
+
+/* Index of the first deterministic result that fits, else the first that
+ * fits, else -1. */
+#define PICK_ALGO(perf, got, limit, idx)                                                   \
+    do {                                                                                   \
+        (idx) = -1;                                                                        \
+        for (int pass_ = 0; pass_ < 2 && (idx) < 0; pass_++)                               \
+            for (int i_ = 0; i_ < (got); i_++)                                             \
+                if ((perf)[i_].status == CUDNN_STATUS_SUCCESS && (perf)[i_].memory <= (limit) && \
+                    (pass_ || (perf)[i_].determinism == CUDNN_DETERMINISTIC)) {            \
+                    (idx) = i_;                                                            \
+                    break;                                                                 \
+                }                                                                          \
+    } while (0)
+
+static gp_status no_algo(gp_device *dev, const char *dir, const gp_conv_desc *d)
+{
+    return gp_error_set(GP_ERR_UNSUPPORTED,
+                        "device %s: cuDNN offers no %s algorithm for convolution (n=%lld c=%lld "
+                        "%lldx%lld k=%lld kernel %lldx%lld) within a %zu-byte workspace",
+                        dev->name, dir, (long long)d->n, (long long)d->c, (long long)d->h,
+                        (long long)d->w, (long long)d->k, (long long)d->kh, (long long)d->kw,
+                        ws_limit(dev));
+}
+
+gp_status gp_cuda_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x,
+                           const float *w, const float *b, float *y)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    cuda_conv *cv;
+    void *ws = NULL;
+    GP_TRY(gp_cuda_enter(dev));
+    GP_TRY(conv_get(dev, d, &cv));
+    if (!cv->have_fwd) {
+        cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+        int got = 0, idx;
+        GP_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(ctx->dnn, cv->x, cv->w, cv->conv, cv->y,
+                                                        CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got,
+                                                        perf));
+        PICK_ALGO(perf, got, ws_limit(dev), idx);
+        if (idx < 0) return no_algo(dev, "forward", d);
+        cv->fwd = perf[idx].algo;
+        GP_CUDNN(cudnnGetConvolutionForwardWorkspaceSize(ctx->dnn, cv->x, cv->w, cv->conv, cv->y,
+                                                         cv->fwd, &cv->ws_fwd));
+        cv->have_fwd = 1;
+    }
+    if (cv->ws_fwd) GP_TRY(gp_cuda_ws_reserve(dev, cv->ws_fwd, &ws));
+    gp_cuda_nvtx_push("conv_fwd");
+    GP_CUDNN(cudnnConvolutionForward(ctx->dnn, &one, cv->x, x, cv->w, w, cv->conv, cv->fwd, ws,
+                                     cv->ws_fwd, &zero, cv->y, y));
+    if (d->has_bias && b) GP_CUDNN(cudnnAddTensor(ctx->dnn, &one, cv->b, b, &one, cv->y, y));
+    gp_cuda_nvtx_pop();
+    return GP_OK;
+}
+
+gp_status gp_cuda_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const float *w,
+                                const float *dy, float *dx)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    cuda_conv *cv;
+    void *ws = NULL;
+    GP_TRY(gp_cuda_enter(dev));
+    GP_TRY(conv_get(dev, d, &cv));
+    if (!cv->have_bwd_data) {
+        cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+        int got = 0, idx;
+        GP_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+            ctx->dnn, cv->w, cv->y, cv->conv, cv->x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got,
+            perf));
+        PICK_ALGO(perf, got, ws_limit(dev), idx);
+        if (idx < 0) return no_algo(dev, "backward-data", d);
+        cv->bwd_data = perf[idx].algo;
+        GP_CUDNN(cudnnGetConvolutionBackwardDataWorkspaceSize(ctx->dnn, cv->w, cv->y, cv->conv,
+                                                              cv->x, cv->bwd_data,
+                                                              &cv->ws_bwd_data));
+        cv->have_bwd_data = 1;
+    }
+    if (cv->ws_bwd_data) GP_TRY(gp_cuda_ws_reserve(dev, cv->ws_bwd_data, &ws));
+    gp_cuda_nvtx_push("conv_bwd_data");
+    /* dx = (beta 0) */
+    GP_CUDNN(cudnnConvolutionBackwardData(ctx->dnn, &one, cv->w, w, cv->y, dy, cv->conv,
+                                          cv->bwd_data, ws, cv->ws_bwd_data, &zero, cv->x, dx));
+    gp_cuda_nvtx_pop();
+    return GP_OK;
+}
+
+gp_status gp_cuda_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const float *x,
+                                   const float *dy, float *dw, float *db)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    cuda_conv *cv;
+    void *ws = NULL;
+    GP_TRY(gp_cuda_enter(dev));
+    GP_TRY(conv_get(dev, d, &cv));
+    if (!cv->have_bwd_filter) {
+        cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+        int got = 0, idx;
+        GP_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+            ctx->dnn, cv->x, cv->y, cv->conv, cv->w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+            &got, perf));
+        PICK_ALGO(perf, got, ws_limit(dev), idx);
+        if (idx < 0) return no_algo(dev, "backward-filter", d);
+        cv->bwd_filter = perf[idx].algo;
+        GP_CUDNN(cudnnGetConvolutionBackwardFilterWorkspaceSize(ctx->dnn, cv->x, cv->y, cv->conv,
+                                                                cv->w, cv->bwd_filter,
+                                                                &cv->ws_bwd_filter));
+        cv->have_bwd_filter = 1;
+    }
+    if (cv->ws_bwd_filter) GP_TRY(gp_cuda_ws_reserve(dev, cv->ws_bwd_filter, &ws));
+    gp_cuda_nvtx_push("conv_bwd_weights");
+    /* dw += (beta 1), db += (beta 1) */
+    GP_CUDNN(cudnnConvolutionBackwardFilter(ctx->dnn, &one, cv->x, x, cv->y, dy, cv->conv,
+                                            cv->bwd_filter, ws, cv->ws_bwd_filter, &one, cv->w,
+                                            dw));
+    if (d->has_bias && db)
+        GP_CUDNN(cudnnConvolutionBackwardBias(ctx->dnn, &one, cv->y, dy, &one, cv->b, db));
+    gp_cuda_nvtx_pop();
+    return GP_OK;
+}
+
+/* ---- pooling ------------------------------------------------------------------------ */
+
+size_t gp_cuda_pool_ws_bytes(gp_device *dev, const gp_pool_desc *d) { return 0; }
+
+/* td[0] = x, td[1] = y, ctx->pool = the window. */
+static gp_status pool_setup(gp_device *dev, const gp_pool_desc *d)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    GP_TRY(fits(dev, "pooling input", d->n, d->c, d->h, d->w));
+    GP_TRY(fits(dev, "pooling output", d->n, d->c, d->oh, d->ow));
+    if (d->kh <= 0 || d->kw <= 0 || d->sh <= 0 || d->sw <= 0 || d->ph < 0 || d->pw < 0 ||
+        d->ph >= d->kh || d->pw >= d->kw || d->kh > INT_MAX || d->kw > INT_MAX ||
+        d->sh > INT_MAX || d->sw > INT_MAX)
+        return gp_error_set(GP_ERR_INVALID,
+                            "device %s: invalid pooling window (kernel %lldx%lld stride %lldx%lld "
+                            "pad %lldx%lld); padding must be smaller than the kernel", dev->name,
+                            (long long)d->kh, (long long)d->kw, (long long)d->sh,
+                            (long long)d->sw, (long long)d->ph, (long long)d->pw);
+    GP_CUDNN(cudnnSetPooling2dDescriptor(
+        ctx->pool,
+        d->kind == GP_POOL_MAX ? CUDNN_POOLING_MAX_DETERMINISTIC
+                               : CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING,
+        CUDNN_NOT_PROPAGATE_NAN, (int)d->kh, (int)d->kw, (int)d->ph, (int)d->pw, (int)d->sh,
+        (int)d->sw));
+    GP_TRY(set4d(ctx->td[0], d->n, d->c, d->h, d->w));
+    GP_TRY(set4d(ctx->td[1], d->n, d->c, d->oh, d->ow));
+    int n, c, h, w;
+    GP_CUDNN(cudnnGetPooling2dForwardOutputDim(ctx->pool, ctx->td[0], &n, &c, &h, &w));
+    if (h != d->oh || w != d->ow)
+        return gp_error_set(GP_ERR_INVALID,
+                            "device %s: pooling output %lldx%lld given, cuDNN computes %dx%d",
+                            dev->name, (long long)d->oh, (long long)d->ow, h, w);
+    return GP_OK;
+}
+
+gp_status gp_cuda_pool_fwd(gp_device *dev, const gp_pool_desc *d, const float *x, float *y,
+                           void *ws)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    GP_TRY(gp_cuda_enter(dev));
+    GP_TRY(pool_setup(dev, d));
+    GP_CUDNN(cudnnPoolingForward(ctx->dnn, ctx->pool, &one, ctx->td[0], x, &zero, ctx->td[1], y));
+    return GP_OK;
+}
+
+gp_status gp_cuda_pool_bwd(gp_device *dev, const gp_pool_desc *d, const float *x,
+                           const float *y, const float *dy, float *dx, const void *ws)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    GP_TRY(gp_cuda_enter(dev));
+    GP_TRY(pool_setup(dev, d));
+    /* dx = (beta 0) */
+    GP_CUDNN(cudnnPoolingBackward(ctx->dnn, ctx->pool, &one, ctx->td[1], y, ctx->td[1], dy,
+                                  ctx->td[0], x, &zero, ctx->td[0], dx));
+    return GP_OK;
+}
+
+/* ---- batch normalisation ---------------------------------------------------------------- */
+
+/* td[0] = x as (N, C, S, 1), td[2] = the (1, C, 1, 1) parameters.  The
+ * workspace holds five channel vectors: ones, zeros (for absent gamma /
+ * beta), the inverse std, and two sinks for absent dgamma / dbeta. */
+static gp_status bn_setup(gp_device *dev, const gp_bn_desc *d, float **vecs)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    if (d->n <= 0 || d->c <= 0 || d->s <= 0 || !(d->eps >= 0.0f) ||
+        (double)d->eps < CUDNN_BN_MIN_EPSILON)
+        return gp_error_set(GP_ERR_INVALID,
+                            "device %s: invalid batch norm (n=%lld c=%lld s=%lld eps=%g; cuDNN "
+                            "needs eps >= %g)", dev->name, (long long)d->n, (long long)d->c,
+                            (long long)d->s, (double)d->eps, (double)CUDNN_BN_MIN_EPSILON);
+    GP_TRY(fits(dev, "batch norm input", d->n, d->c, d->s, 1));
+    GP_TRY(set4d(ctx->td[0], d->n, d->c, d->s, 1));
+    GP_CUDNN(cudnnDeriveBNTensorDescriptor(ctx->td[2], ctx->td[0], CUDNN_BATCHNORM_SPATIAL));
+    void *ws;
+    GP_TRY(gp_cuda_ws_reserve(dev, 5 * (size_t)d->c * sizeof(float), &ws));
+    *vecs = ws;
+    return GP_OK;
+}
+
+/* gamma or ones, beta or zeros (filled in the workspace when absent). */
+static gp_status bn_params(gp_cuda_ctx *ctx, const gp_bn_desc *d, float *vecs,
+                           const float **gamma, const float **beta)
+{
+    if (!*gamma) {
+        GP_CUDA(gp_cuk_fill(ctx->compute, vecs, 1.0f, d->c));
+        *gamma = vecs;
+    }
+    if (!*beta) {
+        GP_CUDA(gp_cuk_fill(ctx->compute, vecs + d->c, 0.0f, d->c));
+        *beta = vecs + d->c;
+    }
+    return GP_OK;
+}
+
+gp_status gp_cuda_bn_fwd_train(gp_device *dev, const gp_bn_desc *d, const float *x,
+                               const float *gamma, const float *beta, float *y, float *mean,
+                               float *var)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    float *vecs = NULL;
+    GP_TRY(gp_cuda_enter(dev));
+    GP_TRY(bn_setup(dev, d, &vecs));
+    GP_TRY(bn_params(ctx, d, vecs, &gamma, &beta));
+    size_t cb = (size_t)d->c * sizeof(float);
+    GP_CUDA(cudaMemsetAsync(mean, 0, cb, ctx->compute));
+    GP_CUDA(cudaMemsetAsync(var, 0, cb, ctx->compute));
+    gp_cuda_nvtx_push("bn_fwd_train");
+    /* factor 1: mean = batch mean, var = unbiased batch variance */
+    GP_CUDNN(cudnnBatchNormalizationForwardTraining(
+        ctx->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, ctx->td[0], x, ctx->td[0], y, ctx->td[2],
+        gamma, beta, 1.0, mean, var, (double)d->eps, NULL, NULL));
+    GP_CUDA(gp_cuk_bn_biased_var(ctx->compute, var, d->c, (double)(d->n * d->s)));
+    gp_cuda_nvtx_pop();
+    return GP_OK;
+}
+
+gp_status gp_cuda_bn_fwd_infer(gp_device *dev, const gp_bn_desc *d, const float *x,
+                               const float *gamma, const float *beta, const float *mean,
+                               const float *var, float *y)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    float *vecs = NULL;
+    GP_TRY(gp_cuda_enter(dev));
+    GP_TRY(bn_setup(dev, d, &vecs));
+    GP_TRY(bn_params(ctx, d, vecs, &gamma, &beta));
+    GP_CUDNN(cudnnBatchNormalizationForwardInference(
+        ctx->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, ctx->td[0], x, ctx->td[0], y, ctx->td[2],
+        gamma, beta, mean, var, (double)d->eps));
+    return GP_OK;
+}
+
+gp_status gp_cuda_bn_bwd(gp_device *dev, const gp_bn_desc *d, const float *x,
+                         const float *gamma, const float *mean, const float *var,
+                         const float *dy, float *dx, float *dgamma, float *dbeta)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    float *vecs = NULL;
+    const float *beta_unused = NULL;
+    GP_TRY(gp_cuda_enter(dev));
+    GP_TRY(bn_setup(dev, d, &vecs));
+    GP_TRY(bn_params(ctx, d, vecs, &gamma, &beta_unused));
+    float *inv = vecs + 2 * d->c;
+    GP_CUDA(gp_cuk_bn_invstd(ctx->compute, var, d->eps, inv, d->c));
+    gp_cuda_nvtx_push("bn_bwd");
+    /* dx = (beta 0); dgamma +=, dbeta += (beta 1); absent ones go to sinks */
+    GP_CUDNN(cudnnBatchNormalizationBackward(
+        ctx->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &one, ctx->td[0], x, ctx->td[0], dy,
+        ctx->td[0], dx, ctx->td[2], gamma, dgamma ? dgamma : vecs + 3 * d->c,
+        dbeta ? dbeta : vecs + 4 * d->c, (double)d->eps, mean, inv));
+    gp_cuda_nvtx_pop();
+    return GP_OK;
+}
+
+/* ---- log-softmax --------------------------------------------------------------------------- */
+
+gp_status gp_cuda_log_softmax(gp_device *dev, const float *x, float *y, int64_t rows,
+                              int64_t cols)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    if (rows <= 0 || cols <= 0) return GP_OK;
+    GP_TRY(gp_cuda_enter(dev));
+    GP_TRY(fits(dev, "log-softmax input", rows, cols, 1, 1));
+    GP_TRY(set4d(ctx->td[0], rows, cols, 1, 1));
+    GP_CUDNN(cudnnSoftmaxForward(ctx->dnn, CUDNN_SOFTMAX_LOG, CUDNN_SOFTMAX_MODE_INSTANCE, &one,
+                                 ctx->td[0], x, &zero, ctx->td[0], y));
+    return GP_OK;
+}

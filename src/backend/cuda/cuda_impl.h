@@ -1,0 +1,199 @@
+/*
+ * cuda_impl.h — shared inside the CUDA backend (the .c files of backend/cuda): the
+ * device context, the check macros for CUDA / cuBLAS / cuDNN / NCCL calls,
+ * NVTX ranges, and the slots implemented in cuda_dnn.c.
+ *
+ * Ownership.  gp_cuda_ctx belongs to its gp_device.  Its streams, library
+ * handles, pinned staging buffers, workspace and convolution cache are used
+ * only by the thread driving the device (backend.h: one at a time).  The
+ * caching allocator's free lists are guarded by `lock`, because a block may
+ * be freed from another thread (a pipeline worker freeing a received
+ * buffer); peer copies touch the source device's streams only through
+ * thread-safe CUDA calls (event record / stream wait).
+ *
+ * This backend is compiled and linked in CI but has never run on a GPU
+ * here (no machine has one): see README.md, "GPUs".
+ */
+#ifndef GP_CUDA_IMPL_H
+#define GP_CUDA_IMPL_H
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_kernels.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+#include <nccl.h>
+#include <nvtx3/nvToolsExt.h>
+
+/* ---- checks ----------------------------------------------------------------
+ * One family: each records the library, the call text, the status (number
+ * and name), the function, file and line as GP_ERR_RUNTIME. */
+gp_status gp_cuda_fail(const char *lib, int code, const char *what, const char *call,
+                       const char *func, const char *file, int line);
+
+#define GP_CUDA_CHECK_(lib, type, okv, strfn, call, onfail)                         \
+    do {                                                                        \
+        type gp_cu_s_ = (call);                                                 \
+        if (gp_cu_s_ != (okv)) {                                                \
+            gp_status gp_cu_st_ = gp_cuda_fail(lib, (int)gp_cu_s_, strfn(gp_cu_s_), #call, \
+                                               __func__, __FILE__, __LINE__);   \
+            onfail;                                                             \
+        }                                                                       \
+    } while (0)
+
+/* Return the failure from the enclosing function. */
+#define GP_CUDA(call) \
+    GP_CUDA_CHECK_("CUDA", cudaError_t, cudaSuccess, cudaGetErrorString, call, return gp_cu_st_)
+#define GP_CUBLAS(call)                                                         \
+    GP_CUDA_CHECK_("cuBLAS", cublasStatus_t, CUBLAS_STATUS_SUCCESS, cublasGetStatusString, \
+                   call, return gp_cu_st_)
+#define GP_CUDNN(call)                                                          \
+    GP_CUDA_CHECK_("cuDNN", cudnnStatus_t, CUDNN_STATUS_SUCCESS, cudnnGetErrorString, call, \
+                   return gp_cu_st_)
+#define GP_NCCL(call) \
+    GP_CUDA_CHECK_("NCCL", ncclResult_t, ncclSuccess, ncclGetErrorString, call, return gp_cu_st_)
+
+/* The same, setting the local `st` and jumping to the local label `fail`
+ * (functions that clean up). */
+#define GP_CUDA_GO(call)                                                        \
+    GP_CUDA_CHECK_("CUDA", cudaError_t, cudaSuccess, cudaGetErrorString, call,  \
+                   { st = gp_cu_st_; goto fail; })
+#define GP_CUBLAS_GO(call)                                                      \
+    GP_CUDA_CHECK_("cuBLAS", cublasStatus_t, CUBLAS_STATUS_SUCCESS, cublasGetStatusString, \
+                   call, { st = gp_cu_st_; goto fail; })
+#define GP_CUDNN_GO(call)                                                       \
+    GP_CUDA_CHECK_("cuDNN", cudnnStatus_t, CUDNN_STATUS_SUCCESS, cudnnGetErrorString, call, \
+                   { st = gp_cu_st_; goto fail; })
+#define GP_NCCL_GO(call)                                                        \
+    GP_CUDA_CHECK_("NCCL", ncclResult_t, ncclSuccess, ncclGetErrorString, call, \
+                   { st = gp_cu_st_; goto fail; })
+
+/* ---- NVTX: named ranges for Nsight Systems (no cost without a profiler) ---- */
+static inline void gp_cuda_nvtx_push(const char *name) { nvtxRangePushA(name); }
+static inline void gp_cuda_nvtx_pop(void) { nvtxRangePop(); }
+
+/* ---- the caching allocator --------------------------------------------------
+ * Freed blocks go to a free list of their size class and are handed out
+ * again without cudaMalloc; cudaFree happens only when cudaMalloc fails
+ * (the cache is released and the malloc retried) and at destruction.
+ * Size classes: 512 B, then four per power of two (2^k * {5,6,7,8}/4), so
+ * a block wastes at most a quarter of its size; sizes above the last class
+ * are not cached.  A freed block carries two events recorded at free time on
+ * the device's compute and copy streams; whoever gets it next makes both
+ * streams wait on them, so memory is never reused while queued work (or a
+ * peer device's copy, see cuda_copy_peer) may still touch it. */
+#define CUDA_NCLASSES 160
+
+typedef struct cuda_block {
+    void *ptr;
+    cudaEvent_t done_compute, done_copy; /* recorded when freed */
+    struct cuda_block *next;
+} cuda_block;
+
+/* Pinned host staging: two chunks used alternately, each with an event
+ * that says when its last transfer has finished. */
+#define CUDA_STAGE_BYTES ((size_t)4 << 20)
+
+/* A convolution shape's cuDNN descriptors and chosen algorithms. */
+typedef struct cuda_conv {
+    gp_conv_desc d;
+    cudnnTensorDescriptor_t x, y, b;
+    cudnnFilterDescriptor_t w;
+    cudnnConvolutionDescriptor_t conv;
+    int have_fwd, have_bwd_data, have_bwd_filter;
+    cudnnConvolutionFwdAlgo_t fwd;
+    cudnnConvolutionBwdDataAlgo_t bwd_data;
+    cudnnConvolutionBwdFilterAlgo_t bwd_filter;
+    size_t ws_fwd, ws_bwd_data, ws_bwd_filter;
+    struct cuda_conv *next;
+} cuda_conv;
+
+/* Largest cuDNN workspace an algorithm may ask for. */
+#define CUDA_CONV_WS_LIMIT ((size_t)256 << 20)
+
+#define CUDA_MAX_DEVICES 64
+
+typedef struct gp_cuda_ctx {
+    int ordinal;                  /* the N of cuda:N */
+    cudaStream_t compute, copy;   /* the device's two in-order streams */
+    cudaEvent_t fence_compute;    /* "everything issued to compute so far" */
+    cudaEvent_t fence_copy;       /* the same for the copy stream */
+    cublasHandle_t blas;          /* bound to `compute` */
+    cudnnHandle_t dnn;            /* bound to `compute` */
+
+    /* caching allocator (guarded by lock) */
+    pthread_mutex_t lock;
+    cuda_block *free_list[CUDA_NCLASSES];
+    cuda_block *spare;            /* nodes (with their events) not in use */
+    size_t cached_bytes;          /* bytes of blocks in free lists */
+    size_t device_bytes;          /* bytes obtained from cudaMalloc, live */
+
+    /* pinned staging for copy_h2d / copy_d2h */
+    void *stage[2];
+    cudaEvent_t stage_done[2];
+    int stage_next;
+
+    /* device-side scratch results, read back through pinned `host_res` */
+    void *dev_res;                /* (cuda_res) GP_MEM_WORKSPACE */
+    void *host_res;               /* (cuda_res) pinned */
+
+    /* workspace for cuDNN and the reductions (GP_MEM_WORKSPACE), grown */
+    void *ws;
+    size_t ws_bytes;
+
+    /* peer access and the events a copy from device s records on s */
+    unsigned char can_peer[CUDA_MAX_DEVICES];
+    cudaEvent_t peer_ev[CUDA_MAX_DEVICES];  /* created on device s, lazily */
+
+    /* cuDNN descriptors reused by pooling, batch norm and softmax */
+    cudnnTensorDescriptor_t td[3];
+    cudnnPoolingDescriptor_t pool;
+    cuda_conv *convs;             /* per-shape convolution cache */
+} gp_cuda_ctx;
+
+/* Results the reductions leave in device memory. */
+typedef struct cuda_res {
+    double sumsq;
+    int nonfinite;
+    gp_cuk_xent_out xent;
+} cuda_res;
+
+static inline gp_cuda_ctx *gp_cuda_ctx_of(gp_device *dev) { return (gp_cuda_ctx *)dev->ctx; }
+
+/* Make the device current on the calling thread if it is not (cheap: a
+ * thread-local read).  Every slot calls it, so an op is right even on a
+ * thread that never called gp_device_bind_thread. */
+gp_status gp_cuda_enter(gp_device *dev);
+
+/* At least `bytes` of workspace (accounted as GP_MEM_WORKSPACE). */
+gp_status gp_cuda_ws_reserve(gp_device *dev, size_t bytes, void **out);
+
+/* cuda_dnn.c: create / destroy the shared descriptors and the conv cache. */
+gp_status gp_cuda_dnn_init(gp_cuda_ctx *ctx);
+void gp_cuda_dnn_destroy(gp_cuda_ctx *ctx);
+
+gp_status gp_cuda_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x,
+                           const float *w, const float *b, float *y);
+gp_status gp_cuda_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const float *w,
+                                const float *dy, float *dx);
+gp_status gp_cuda_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const float *x,
+                                   const float *dy, float *dw, float *db);
+size_t gp_cuda_pool_ws_bytes(gp_device *dev, const gp_pool_desc *d);
+gp_status gp_cuda_pool_fwd(gp_device *dev, const gp_pool_desc *d, const float *x, float *y,
+                           void *ws);
+gp_status gp_cuda_pool_bwd(gp_device *dev, const gp_pool_desc *d, const float *x,
+                           const float *y, const float *dy, float *dx, const void *ws);
+gp_status gp_cuda_bn_fwd_train(gp_device *dev, const gp_bn_desc *d, const float *x,
+                               const float *gamma, const float *beta, float *y, float *mean,
+                               float *var);
+gp_status gp_cuda_bn_fwd_infer(gp_device *dev, const gp_bn_desc *d, const float *x,
+                               const float *gamma, const float *beta, const float *mean,
+                               const float *var, float *y);
+gp_status gp_cuda_bn_bwd(gp_device *dev, const gp_bn_desc *d, const float *x,
+                         const float *gamma, const float *mean, const float *var,
+                         const float *dy, float *dx, float *dgamma, float *dbeta);
+gp_status gp_cuda_log_softmax(gp_device *dev, const float *x, float *y, int64_t rows,
+                              int64_t cols);
+
+#endif /* GP_CUDA_IMPL_H */

@@ -1,0 +1,330 @@
+/*
+ * cuda_kernels.cu — the CUDA backend's elementwise and reduction kernels,
+ * exported as plain extern "C" launchers (cuda_kernels.h).
+ *
+ * Each kernel is a loop over elements (or rows) around the same
+ * static inline bodies the CPU backend runs (backend/elementwise.h,
+ * core/philox.h, compiled here as __host__ __device__), so both backends do
+ * the same float arithmetic element by element; only sums differ in order.
+ *
+ * Reductions are deterministic: a fixed grid of GP_CUK_RED_BLOCKS blocks,
+ * each thread striding over a fixed set of indices, a fixed shared-memory
+ * tree, then one block over the partials — no atomics, so a result depends
+ * only on the input and n, never on scheduling.
+ */
+#include "backend/cuda/cuda_kernels.h"
+#include "backend/elementwise.h"
+#include "core/philox.h"
+
+#include <climits>
+
+namespace {
+
+/* Blocks for a grid-stride loop over n items (capped; the loop covers the
+ * rest). */
+inline unsigned blocks_for(int64_t n)
+{
+    int64_t b = (n + GP_CUK_THREADS - 1) / GP_CUK_THREADS;
+    return (unsigned)(b < 65535 ? (b > 0 ? b : 1) : 65535);
+}
+
+#define GP_CUK_LOOP(i, n)                                                                  \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                \
+         i += (int64_t)blockDim.x * gridDim.x)
+
+__global__ void k_fill(float *x, float v, int64_t n) { GP_CUK_LOOP(i, n) x[i] = v; }
+__global__ void k_scale(float *x, float a, int64_t n) { GP_CUK_LOOP(i, n) x[i] *= a; }
+__global__ void k_axpy(float a, const float *x, float *y, int64_t n)
+{
+    GP_CUK_LOOP(i, n) y[i] += a * x[i];
+}
+__global__ void k_add(const float *a, const float *b, float *y, int64_t n)
+{
+    GP_CUK_LOOP(i, n) y[i] = a[i] + b[i];
+}
+__global__ void k_mul(const float *a, const float *b, float *y, int64_t n)
+{
+    GP_CUK_LOOP(i, n) y[i] = a[i] * b[i];
+}
+__global__ void k_relu_fwd(const float *x, float *y, int64_t n)
+{
+    GP_CUK_LOOP(i, n) y[i] = gp_ew_relu(x[i]);
+}
+__global__ void k_relu_bwd(const float *y, const float *dy, float *dx, int64_t n)
+{
+    GP_CUK_LOOP(i, n) dx[i] = gp_ew_relu_bwd(y[i], dy[i]);
+}
+__global__ void k_sgd(float *w, const float *g, float *v, int64_t n, float lr, float mu,
+                      float wd, int nesterov)
+{
+    GP_CUK_LOOP(i, n) gp_ew_sgd(&w[i], g[i], &v[i], lr, mu, wd, nesterov);
+}
+__global__ void k_dropout(float *mask, int64_t n, float p, uint64_t seed, uint64_t stream,
+                          uint64_t first)
+{
+    GP_CUK_LOOP(i, n)
+        mask[i] = gp_ew_dropout(gp_philox_uniform(seed, stream, first + (uint64_t)i), p);
+}
+__global__ void k_scale_matrix(float *c, int64_t m, int64_t n, int64_t ldc, float beta)
+{
+    GP_CUK_LOOP(e, m * n) {
+        float *p = c + (e / n) * ldc + e % n;
+        *p = beta == 0.0f ? 0.0f : beta * *p;
+    }
+}
+__global__ void k_add_bias_rows(float *y, const float *bias, int64_t rows, int64_t cols)
+{
+    GP_CUK_LOOP(e, rows * cols) y[e] += bias[e % cols];
+}
+/* One thread per column: reads of a warp are consecutive columns. */
+__global__ void k_sum_rows(const float *dy, float *db, int64_t rows, int64_t cols)
+{
+    GP_CUK_LOOP(j, cols) {
+        double acc = 0.0;
+        for (int64_t r = 0; r < rows; r++) acc += (double)dy[r * cols + j];
+        db[j] += (float)acc;
+    }
+}
+
+/* Sum of v over the block into thread 0's return value (fixed tree). */
+__device__ double block_sum(double v)
+{
+    __shared__ double sh[GP_CUK_THREADS];
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (unsigned h = GP_CUK_THREADS / 2; h > 0; h >>= 1) {
+        if (threadIdx.x < h) sh[threadIdx.x] += sh[threadIdx.x + h];
+        __syncthreads();
+    }
+    double r = sh[0];
+    __syncthreads();
+    return r;
+}
+
+__device__ long long block_min(long long v)
+{
+    __shared__ long long sh[GP_CUK_THREADS];
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (unsigned h = GP_CUK_THREADS / 2; h > 0; h >>= 1) {
+        if (threadIdx.x < h && sh[threadIdx.x + h] < sh[threadIdx.x])
+            sh[threadIdx.x] = sh[threadIdx.x + h];
+        __syncthreads();
+    }
+    long long r = sh[0];
+    __syncthreads();
+    return r;
+}
+
+__global__ void k_sumsq_partial(const float *x, int64_t n, double *partials)
+{
+    double acc = 0.0;
+    GP_CUK_LOOP(i, n) acc += (double)x[i] * (double)x[i];
+    double s = block_sum(acc);
+    if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+
+__global__ void k_sum_partials(const double *partials, int count, double *out)
+{
+    double acc = 0.0;
+    for (int i = (int)threadIdx.x; i < count; i += GP_CUK_THREADS) acc += partials[i];
+    double s = block_sum(acc);
+    if (threadIdx.x == 0) *out = s;
+}
+
+__global__ void k_nonfinite(const float *x, int64_t n, int *flag)
+{
+    int bad = 0;
+    GP_CUK_LOOP(i, n) bad |= gp_ew_nonfinite(x[i]);
+    if (bad) *flag = 1; /* every writer stores the same value */
+}
+
+/* ---- cross-entropy -------------------------------------------------------- */
+
+__global__ void k_xent_check(const float *labels, int64_t rows, int64_t cols,
+                             long long *row_flag)
+{
+    GP_CUK_LOOP(r, rows) row_flag[r] = gp_ew_label_ok(labels[r], cols) ? LLONG_MAX : r;
+}
+
+__global__ void k_xent_first_bad(const long long *row_flag, int64_t rows,
+                                 gp_cuk_xent_out *out)
+{
+    long long m = LLONG_MAX;
+    for (int64_t r = threadIdx.x; r < rows; r += GP_CUK_THREADS)
+        if (row_flag[r] < m) m = row_flag[r];
+    long long b = block_min(m);
+    if (threadIdx.x == 0) out->bad_row = b == LLONG_MAX ? -1 : b;
+}
+
+/* One thread per row, the CPU's row body; skipped entirely after a bad label. */
+__global__ void k_xent_rows(const float *logits, const float *labels, int64_t rows,
+                            int64_t cols, float scale, float *dlogits, double *row_loss,
+                            long long *row_hit, const gp_cuk_xent_out *out)
+{
+    if (out->bad_row >= 0) return;
+    GP_CUK_LOOP(r, rows) {
+        const float *x = logits + r * cols;
+        int64_t label = (int64_t)labels[r], argmax;
+        float max = gp_ew_row_max(x, cols, &argmax);
+        double lse = gp_ew_row_logsumexp(x, cols, max);
+        row_loss[r] = gp_ew_xent_loss(x, label, max, lse);
+        row_hit[r] = argmax == label;
+        if (dlogits) gp_ew_xent_grad_row(x, cols, label, max, lse, scale, dlogits + r * cols);
+    }
+}
+
+__global__ void k_xent_total(const double *row_loss, const long long *row_hit, int64_t rows,
+                             gp_cuk_xent_out *out)
+{
+    bool bad = out->bad_row >= 0;
+    double loss = 0.0, hits = 0.0;
+    for (int64_t r = threadIdx.x; !bad && r < rows; r += GP_CUK_THREADS) {
+        loss += row_loss[r];
+        hits += (double)row_hit[r];
+    }
+    double l = block_sum(loss), h = block_sum(hits);
+    if (threadIdx.x == 0) {
+        out->loss_sum = bad ? 0.0 : l;
+        out->correct = bad ? 0 : (long long)h;
+    }
+}
+
+/* ---- batch norm helpers ----------------------------------------------------- */
+
+__global__ void k_bn_biased_var(float *var, int64_t c, double cnt)
+{
+    GP_CUK_LOOP(i, c) var[i] = gp_ew_bn_biased_var(var[i], cnt);
+}
+
+__global__ void k_bn_invstd(const float *var, float eps, float *inv, int64_t c)
+{
+    GP_CUK_LOOP(i, c) inv[i] = gp_ew_bn_invstd(var[i], eps);
+}
+
+} /* namespace */
+
+/* ---- launchers -------------------------------------------------------------- */
+
+#define GP_CUK_LAUNCH(n, kernel, ...)                                                      \
+    do {                                                                                    \
+        if ((n) > 0) kernel<<<blocks_for(n), GP_CUK_THREADS, 0, s>>>(__VA_ARGS__);          \
+        return cudaGetLastError();                                                          \
+    } while (0)
+
+extern "C" {
+
+cudaError_t gp_cuk_fill(cudaStream_t s, float *x, float v, int64_t n)
+{
+    GP_CUK_LAUNCH(n, k_fill, x, v, n);
+}
+
+cudaError_t gp_cuk_scale(cudaStream_t s, float *x, float a, int64_t n)
+{
+    GP_CUK_LAUNCH(n, k_scale, x, a, n);
+}
+
+cudaError_t gp_cuk_axpy(cudaStream_t s, float a, const float *x, float *y, int64_t n)
+{
+    GP_CUK_LAUNCH(n, k_axpy, a, x, y, n);
+}
+
+cudaError_t gp_cuk_add(cudaStream_t s, const float *a, const float *b, float *y, int64_t n)
+{
+    GP_CUK_LAUNCH(n, k_add, a, b, y, n);
+}
+
+cudaError_t gp_cuk_mul(cudaStream_t s, const float *a, const float *b, float *y, int64_t n)
+{
+    GP_CUK_LAUNCH(n, k_mul, a, b, y, n);
+}
+
+cudaError_t gp_cuk_relu_fwd(cudaStream_t s, const float *x, float *y, int64_t n)
+{
+    GP_CUK_LAUNCH(n, k_relu_fwd, x, y, n);
+}
+
+cudaError_t gp_cuk_relu_bwd(cudaStream_t s, const float *y, const float *dy, float *dx,
+                            int64_t n)
+{
+    GP_CUK_LAUNCH(n, k_relu_bwd, y, dy, dx, n);
+}
+
+cudaError_t gp_cuk_sgd(cudaStream_t s, float *w, const float *g, float *v, int64_t n,
+                       float lr, float mu, float wd, int nesterov)
+{
+    GP_CUK_LAUNCH(n, k_sgd, w, g, v, n, lr, mu, wd, nesterov);
+}
+
+cudaError_t gp_cuk_dropout_mask(cudaStream_t s, float *mask, int64_t n, float p,
+                                uint64_t seed, uint64_t stream, uint64_t first)
+{
+    GP_CUK_LAUNCH(n, k_dropout, mask, n, p, seed, stream, first);
+}
+
+cudaError_t gp_cuk_scale_matrix(cudaStream_t s, float *c, int64_t m, int64_t n,
+                                int64_t ldc, float beta)
+{
+    GP_CUK_LAUNCH(m * n, k_scale_matrix, c, m, n, ldc, beta);
+}
+
+cudaError_t gp_cuk_add_bias_rows(cudaStream_t s, float *y, const float *bias, int64_t rows,
+                                 int64_t cols)
+{
+    GP_CUK_LAUNCH(rows * cols, k_add_bias_rows, y, bias, rows, cols);
+}
+
+cudaError_t gp_cuk_sum_rows(cudaStream_t s, const float *dy, float *db, int64_t rows,
+                            int64_t cols)
+{
+    GP_CUK_LAUNCH(cols, k_sum_rows, dy, db, rows, cols);
+}
+
+cudaError_t gp_cuk_sumsq(cudaStream_t s, const float *x, int64_t n, double *partials,
+                         double *out)
+{
+    k_sumsq_partial<<<GP_CUK_RED_BLOCKS, GP_CUK_THREADS, 0, s>>>(x, n, partials);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    k_sum_partials<<<1, GP_CUK_THREADS, 0, s>>>(partials, GP_CUK_RED_BLOCKS, out);
+    return cudaGetLastError();
+}
+
+cudaError_t gp_cuk_nonfinite(cudaStream_t s, const float *x, int64_t n, int *flag)
+{
+    cudaError_t e = cudaMemsetAsync(flag, 0, sizeof *flag, s);
+    if (e != cudaSuccess) return e;
+    GP_CUK_LAUNCH(n, k_nonfinite, x, n, flag);
+}
+
+cudaError_t gp_cuk_xent(cudaStream_t s, const float *logits, const float *labels,
+                        int64_t rows, int64_t cols, float scale, float *dlogits,
+                        double *row_loss, long long *row_flag, gp_cuk_xent_out *out)
+{
+    if (rows <= 0) return cudaSuccess;
+    k_xent_check<<<blocks_for(rows), GP_CUK_THREADS, 0, s>>>(labels, rows, cols, row_flag);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    k_xent_first_bad<<<1, GP_CUK_THREADS, 0, s>>>(row_flag, rows, out);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    /* row_flag now holds per-row hits (the minimum above has been taken:
+     * same stream, so in order). */
+    k_xent_rows<<<blocks_for(rows), GP_CUK_THREADS, 0, s>>>(logits, labels, rows, cols, scale,
+                                                            dlogits, row_loss, row_flag, out);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    k_xent_total<<<1, GP_CUK_THREADS, 0, s>>>(row_loss, row_flag, rows, out);
+    return cudaGetLastError();
+}
+
+cudaError_t gp_cuk_bn_biased_var(cudaStream_t s, float *var, int64_t c, double cnt)
+{
+    GP_CUK_LAUNCH(c, k_bn_biased_var, var, c, cnt);
+}
+
+cudaError_t gp_cuk_bn_invstd(cudaStream_t s, const float *var, float eps, float *inv,
+                             int64_t c)
+{
+    GP_CUK_LAUNCH(c, k_bn_invstd, var, eps, inv, c);
+}
+
+} /* extern "C" */

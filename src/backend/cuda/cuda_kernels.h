@@ -1,0 +1,85 @@
+/*
+ * cuda_kernels.h — the plain C launchers of cuda_kernels.cu: the CUDA
+ * backend's own elementwise and reduction kernels.
+ *
+ * Every launcher enqueues its kernel(s) on `stream` (the device's compute
+ * stream; the caller has made the device current) and returns
+ * cudaGetLastError() right after the launch, which the caller checks with
+ * GP_CUDA (cuda_impl.h) so a bad launch is reported with the launcher's
+ * call text, function, file and line.  n == 0 launches nothing.
+ *
+ * The per-element arithmetic is that of backend/elementwise.h and
+ * core/philox.h, the same functions the CPU backend runs.
+ *
+ * Memory: all pointers are device memory of the current device unless
+ * named `host_`; scratch buffers are supplied by the caller (sizes below).
+ */
+#ifndef GP_CUDA_KERNELS_H
+#define GP_CUDA_KERNELS_H
+
+#include <stdint.h>
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Threads per block of every 1-D launch, and the block count of the
+ * two-pass reductions (their partials buffer holds GP_CUK_RED_BLOCKS
+ * entries). */
+#define GP_CUK_THREADS 256
+#define GP_CUK_RED_BLOCKS 256
+
+cudaError_t gp_cuk_fill(cudaStream_t s, float *x, float v, int64_t n);
+cudaError_t gp_cuk_scale(cudaStream_t s, float *x, float a, int64_t n);
+cudaError_t gp_cuk_axpy(cudaStream_t s, float a, const float *x, float *y, int64_t n);
+cudaError_t gp_cuk_add(cudaStream_t s, const float *a, const float *b, float *y, int64_t n);
+cudaError_t gp_cuk_mul(cudaStream_t s, const float *a, const float *b, float *y, int64_t n);
+cudaError_t gp_cuk_relu_fwd(cudaStream_t s, const float *x, float *y, int64_t n);
+cudaError_t gp_cuk_relu_bwd(cudaStream_t s, const float *y, const float *dy, float *dx,
+                            int64_t n);
+cudaError_t gp_cuk_sgd(cudaStream_t s, float *w, const float *g, float *v, int64_t n,
+                       float lr, float mu, float wd, int nesterov);
+cudaError_t gp_cuk_dropout_mask(cudaStream_t s, float *mask, int64_t n, float p,
+                                uint64_t seed, uint64_t stream, uint64_t first);
+/* C(M, N) with leading dimension ldc: C = beta * C (beta == 0 writes 0),
+ * gemm's k == 0 case. */
+cudaError_t gp_cuk_scale_matrix(cudaStream_t s, float *c, int64_t m, int64_t n,
+                                int64_t ldc, float beta);
+/* y(rows, cols) += bias(cols) */
+cudaError_t gp_cuk_add_bias_rows(cudaStream_t s, float *y, const float *bias, int64_t rows,
+                                 int64_t cols);
+/* db(cols) += column sums of dy(rows, cols), each in double. */
+cudaError_t gp_cuk_sum_rows(cudaStream_t s, const float *dy, float *db, int64_t rows,
+                            int64_t cols);
+/* *out = sum x^2 in double; partials: GP_CUK_RED_BLOCKS doubles. */
+cudaError_t gp_cuk_sumsq(cudaStream_t s, const float *x, int64_t n, double *partials,
+                         double *out);
+/* *flag = 1 if any element is NaN or Inf, else 0. */
+cudaError_t gp_cuk_nonfinite(cudaStream_t s, const float *x, int64_t n, int *flag);
+
+/* Cross-entropy results, written on the device by gp_cuk_xent. */
+typedef struct gp_cuk_xent_out {
+    double loss_sum;
+    long long correct;
+    long long bad_row;   /* first row with an invalid label, else -1 */
+} gp_cuk_xent_out;
+
+/* Row-wise cross-entropy (backend.h's xent): validates every label first
+ * and, if one is bad, writes only out->bad_row (no dlogits).
+ * Scratch: row_loss (rows doubles), row_flag (rows long longs). */
+cudaError_t gp_cuk_xent(cudaStream_t s, const float *logits, const float *labels,
+                        int64_t rows, int64_t cols, float scale, float *dlogits,
+                        double *row_loss, long long *row_flag, gp_cuk_xent_out *out);
+
+/* Batch norm helpers (cuda_dnn.c): var[c] = biased(var[c]) from cuDNN's
+ * unbiased running-variance output; inv[c] = 1 / sqrt(var[c] + eps). */
+cudaError_t gp_cuk_bn_biased_var(cudaStream_t s, float *var, int64_t c, double cnt);
+cudaError_t gp_cuk_bn_invstd(cudaStream_t s, const float *var, float eps, float *inv,
+                             int64_t c);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GP_CUDA_KERNELS_H */

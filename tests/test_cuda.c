@@ -1,0 +1,553 @@
+/*
+ * test_cuda.c — the CUDA backend against the CPU backend (itself checked
+ * against naive double-precision loops in test_backend.c) on the same
+ * inputs: every math slot of the device interface, the accumulate (+=) vs
+ * overwrite (=) conventions, the caching allocator's accounting and OOM
+ * message, copies (host, device, peer between two GPUs), events, and the
+ * NCCL all-reduce and broadcast against a sum on the host (two GPUs).
+ *
+ * Error bound per op: max |gpu - cpu| <= tol * (1 + max |cpu|) with
+ *   0     fill, scale, add, mul, relu fwd/bwd, add_bias_rows, dropout mask
+ *         (same float operation per element; the mask uses the same Philox),
+ *         max pooling, nonfinite, xent's correct count and bad row
+ *   1e-6  axpy, sgd (nvcc may fuse a*x+y into one FMA), sum_rows, average
+ *         pooling, xent gradient
+ *   1e-12 sumsq and xent loss (double accumulation, another order)
+ *   1e-5  gemm (another summation order over k), log-softmax, batch norm
+ *         forward (y, mean, biased var), inference
+ *   1e-4  convolutions (cuDNN may pick Winograd or FFT algorithms) and
+ *         batch norm backward (dx, dgamma +=, dbeta +=)
+ *
+ * Labelled "gpu".  Without a CUDA device (or in a build without the CUDA
+ * backend) it checks that opening cuda:0 fails with GP_ERR_UNSUPPORTED and a
+ * message that says why, prints the message and exits 77, which CTest
+ * reports as skipped.  It has never run on a GPU: no machine here has one.
+ */
+#include "backend/backend.h"
+#include "test.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- a buffer on both devices: [0] cpu:0 (reference), [1] cuda:N ----------- */
+
+static gp_device *D2[2];
+
+typedef struct {
+    float *p[2];
+    int64_t n;
+} buf;
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+
+static float frand(void) /* uniform in [-1, 1) */
+{
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((double)(rng_state >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+static buf bnew(int64_t n)
+{
+    buf b = {{NULL, NULL}, n};
+    for (int k = 0; k < 2; k++) {
+        void *p = NULL;
+        gp_status s = gp_dev_alloc(D2[k], (size_t)(n > 0 ? n : 1) * sizeof(float),
+                                   GP_MEM_ACTIVATIONS, &p);
+        if (s != GP_OK) {
+            fprintf(stderr, "allocation of %lld floats on %s failed: %s\n", (long long)n,
+                    D2[k]->name, gp_last_error());
+            exit(1);
+        }
+        b.p[k] = p;
+    }
+    return b;
+}
+
+static void bset(buf *b, const float *h)
+{
+    for (int k = 0; k < 2; k++) CHECK_OK(gp_dev_upload(D2[k], b->p[k], h, b->n));
+}
+
+/* Random values in [lo, hi) (the same on both devices). */
+static buf brand(int64_t n, float lo, float hi)
+{
+    buf b = bnew(n);
+    float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    for (int64_t i = 0; i < n; i++) h[i] = lo + (hi - lo) * 0.5f * (frand() + 1.0f);
+    bset(&b, h);
+    free(h);
+    return b;
+}
+
+/* Garbage that "=" outputs must overwrite. */
+static buf bjunk(int64_t n)
+{
+    buf b = bnew(n);
+    for (int k = 0; k < 2; k++) CHECK_OK(D2[k]->iface->fill(D2[k], b.p[k], 1e6f, n));
+    return b;
+}
+
+static void bfree(buf *b)
+{
+    for (int k = 0; k < 2; k++)
+        gp_dev_free(D2[k], b->p[k], (size_t)(b->n > 0 ? b->n : 1) * sizeof(float),
+                    GP_MEM_ACTIVATIONS);
+}
+
+/* max |gpu - cpu| <= tol * (1 + max |cpu|) */
+static void bcheck(const char *what, const buf *b, double tol)
+{
+    size_t bytes = (size_t)(b->n > 0 ? b->n : 1) * sizeof(float);
+    float *h[2] = {malloc(bytes), malloc(bytes)};
+    for (int k = 0; k < 2; k++) {
+        CHECK_OK(gp_dev_download(D2[k], h[k], b->p[k], b->n));
+        CHECK_OK(D2[k]->iface->synchronize(D2[k]));
+    }
+    double maxerr = 0, maxref = 0;
+    int64_t at = 0;
+    for (int64_t i = 0; i < b->n; i++) {
+        double e = fabs((double)h[1][i] - (double)h[0][i]);
+        if (!(e <= maxerr)) { maxerr = e; at = i; }
+        if (fabs((double)h[0][i]) > maxref) maxref = fabs((double)h[0][i]);
+    }
+    CHECK_MSG(maxerr <= tol * (1.0 + maxref),
+              "%s: max |gpu - cpu| %.3g at %lld (gpu %.9g, cpu %.9g), max |cpu| %.3g, tol %.1g",
+              what, maxerr, (long long)at, b->n ? (double)h[1][at] : 0.0,
+              b->n ? (double)h[0][at] : 0.0, maxref, tol);
+    free(h[0]);
+    free(h[1]);
+}
+
+/* Run `call` on both devices: D is the device, K its index into buf.p. */
+#define BOTH(call)                                                              \
+    do {                                                                        \
+        for (int K = 0; K < 2; K++) {                                           \
+            gp_device *D = D2[K];                                               \
+            CHECK_OK(call);                                                     \
+        }                                                                       \
+    } while (0)
+
+/* ---- elementwise and reductions ---------------------------------------------- */
+
+static void test_elementwise(void)
+{
+    const int64_t n = 100003; /* odd, several blocks */
+    buf x = brand(n, -1, 1), y = brand(n, -1, 1), z = bjunk(n), g = brand(n, -1, 1);
+    buf v = brand(n, -0.1f, 0.1f);
+    BOTH(D->iface->fill(D, z.p[K], 2.5f, n));
+    bcheck("fill", &z, 0);
+    BOTH(D->iface->scale(D, z.p[K], -0.75f, n));
+    bcheck("scale", &z, 0);
+    BOTH(D->iface->axpy(D, 0.3f, x.p[K], z.p[K], n));
+    bcheck("axpy y += a x", &z, 1e-6);
+    BOTH(D->iface->add(D, x.p[K], y.p[K], z.p[K], n));
+    bcheck("add", &z, 0);
+    BOTH(D->iface->mul(D, x.p[K], y.p[K], z.p[K], n));
+    bcheck("mul", &z, 0);
+    BOTH(D->iface->relu_fwd(D, x.p[K], z.p[K], n));
+    bcheck("relu_fwd", &z, 0);
+    buf dx = bjunk(n);
+    BOTH(D->iface->relu_bwd(D, z.p[K], y.p[K], dx.p[K], n));
+    bcheck("relu_bwd", &dx, 0);
+    for (int nesterov = 0; nesterov < 2; nesterov++) {
+        BOTH(D->iface->sgd_update(D, x.p[K], g.p[K], v.p[K], n, 0.05f, 0.9f, 1e-4f, nesterov));
+        bcheck(nesterov ? "sgd nesterov w" : "sgd w", &x, 1e-6);
+        bcheck(nesterov ? "sgd nesterov v" : "sgd v", &v, 1e-6);
+    }
+    /* dropout: the same Philox bits, so the very same mask, at any offset */
+    BOTH(D->iface->dropout_mask(D, z.p[K], n, 0.3f, 1234, 77, 5));
+    bcheck("dropout_mask p=0.3 first=5", &z, 0);
+    BOTH(D->iface->dropout_mask(D, z.p[K], n, 0.0f, 99, 1, 0));
+    bcheck("dropout_mask p=0", &z, 0);
+
+    double ss[2];
+    int bad[2];
+    for (int k = 0; k < 2; k++) CHECK_OK(D2[k]->iface->sumsq(D2[k], y.p[k], n, &ss[k]));
+    CHECK_NEAR(ss[1], ss[0], 0, 1e-12);
+    for (int k = 0; k < 2; k++) CHECK_OK(D2[k]->iface->nonfinite(D2[k], y.p[k], n, &bad[k]));
+    CHECK(bad[0] == 0 && bad[1] == 0);
+    float nan = NAN;
+    for (int k = 0; k < 2; k++) {
+        CHECK_OK(gp_dev_upload(D2[k], y.p[k] + n - 2, &nan, 1));
+        CHECK_OK(D2[k]->iface->nonfinite(D2[k], y.p[k], n, &bad[k]));
+    }
+    CHECK(bad[0] != 0 && bad[1] != 0);
+
+    /* rows x cols */
+    const int64_t rows = 301, cols = 67;
+    buf m = brand(rows * cols, -1, 1), bias = brand(cols, -1, 1), db = brand(cols, -1, 1);
+    BOTH(D->iface->add_bias_rows(D, m.p[K], bias.p[K], rows, cols));
+    bcheck("add_bias_rows +=", &m, 0);
+    BOTH(D->iface->sum_rows(D, m.p[K], db.p[K], rows, cols));
+    bcheck("sum_rows db +=", &db, 1e-6);
+    bfree(&m); bfree(&bias); bfree(&db);
+    bfree(&x); bfree(&y); bfree(&z); bfree(&g); bfree(&v); bfree(&dx);
+}
+
+/* ---- gemm ------------------------------------------------------------------------ */
+
+static void test_gemm(void)
+{
+    const int64_t m = 37, n = 29, k = 53;
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++)
+            for (int acc = 0; acc < 2; acc++) {
+                int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
+                int64_t lda = ac + 3, ldb = bc + 2, ldc = n + 5;
+                buf a = brand(ar * lda, -1, 1), b = brand(br * ldb, -1, 1);
+                buf c = acc ? brand(m * ldc, -1, 1) : bjunk(m * ldc);
+                float beta = acc ? 1.0f : 0.0f;
+                BOTH(D->iface->gemm(D, ta, tb, m, n, k, 0.75f, a.p[K], lda, b.p[K], ldb, beta,
+                                    c.p[K], ldc));
+                char what[64];
+                snprintf(what, sizeof what, "gemm ta=%d tb=%d beta=%g", ta, tb, (double)beta);
+                bcheck(what, &c, 1e-5);
+                bfree(&a); bfree(&b); bfree(&c);
+            }
+    buf c = brand(6 * 4, -1, 1);
+    BOTH(D->iface->gemm(D, 0, 0, 6, 4, 0, 1.0f, c.p[K], 4, c.p[K], 4, 0.5f, c.p[K], 4));
+    bcheck("gemm k=0: C = beta C", &c, 0);
+    bfree(&c);
+}
+
+/* ---- convolution ------------------------------------------------------------------ */
+
+static void test_conv_shape(int64_t n, int64_t c, int64_t h, int64_t w, int64_t k, int64_t ker,
+                            int64_t stride, int64_t pad, int bias)
+{
+    gp_conv_desc d = {n, c, h, w, k, ker, ker, stride, stride, pad, pad,
+                      (h + 2 * pad - ker) / stride + 1, (w + 2 * pad - ker) / stride + 1, bias};
+    int64_t nx = n * c * h * w, nw = k * c * ker * ker, ny = n * k * d.oh * d.ow;
+    buf x = brand(nx, -1, 1), wt = brand(nw, -1, 1), b = brand(k, -1, 1), dy = brand(ny, -1, 1);
+    buf y = bjunk(ny), dx = bjunk(nx), dw = brand(nw, -1, 1), db = brand(k, -1, 1);
+    char tag[128], what[192];
+    snprintf(tag, sizeof tag, "conv n%lld c%lld %lldx%lld k%lld ker%lld s%lld p%lld b%d",
+             (long long)n, (long long)c, (long long)h, (long long)w, (long long)k,
+             (long long)ker, (long long)stride, (long long)pad, bias);
+    for (int rep = 0; rep < 2; rep++) { /* the second call uses the cached algorithms */
+        BOTH(D->iface->conv_fwd(D, &d, x.p[K], wt.p[K], bias ? b.p[K] : NULL, y.p[K]));
+        snprintf(what, sizeof what, "%s fwd (call %d)", tag, rep + 1);
+        bcheck(what, &y, 1e-4);
+        BOTH(D->iface->conv_bwd_data(D, &d, wt.p[K], dy.p[K], dx.p[K]));
+        snprintf(what, sizeof what, "%s bwd_data = (call %d)", tag, rep + 1);
+        bcheck(what, &dx, 1e-4);
+        BOTH(D->iface->conv_bwd_weights(D, &d, x.p[K], dy.p[K], dw.p[K], bias ? db.p[K] : NULL));
+        snprintf(what, sizeof what, "%s bwd_weights dw += (call %d)", tag, rep + 1);
+        bcheck(what, &dw, 1e-4);
+        if (bias) {
+            snprintf(what, sizeof what, "%s bwd_weights db += (call %d)", tag, rep + 1);
+            bcheck(what, &db, 1e-4);
+        }
+    }
+    bfree(&x); bfree(&wt); bfree(&b); bfree(&dy); bfree(&y); bfree(&dx); bfree(&dw); bfree(&db);
+}
+
+static void test_conv(void)
+{
+    test_conv_shape(3, 5, 7, 9, 4, 3, 2, 1, 1);
+    test_conv_shape(3, 5, 7, 9, 4, 1, 1, 0, 0);
+    test_conv_shape(2, 1, 28, 28, 16, 5, 1, 2, 1);
+    test_conv_shape(4, 32, 14, 14, 64, 3, 1, 1, 0);
+    test_conv_shape(2, 32, 8, 8, 16, 1, 2, 0, 1);
+}
+
+/* ---- pooling --------------------------------------------------------------------- */
+
+static void test_pool_shape(gp_pool_kind kind, int64_t n, int64_t c, int64_t h, int64_t w,
+                            int64_t ker, int64_t stride, int64_t pad)
+{
+    gp_pool_desc d = {n, c, h, w, ker, ker, stride, stride, pad, pad,
+                      (h + 2 * pad - ker) / stride + 1, (w + 2 * pad - ker) / stride + 1, kind};
+    int64_t nx = n * c * h * w, ny = n * c * d.oh * d.ow;
+    buf x = brand(nx, -1, 1), dy = brand(ny, -1, 1), y = bjunk(ny), dx = bjunk(nx);
+    void *ws[2] = {NULL, NULL};
+    size_t wsb[2];
+    for (int k = 0; k < 2; k++) {
+        wsb[k] = D2[k]->iface->pool_ws_bytes(D2[k], &d);
+        if (wsb[k]) CHECK_OK(gp_dev_alloc(D2[k], wsb[k], GP_MEM_WORKSPACE, &ws[k]));
+    }
+    char what[128];
+    snprintf(what, sizeof what, "%s pool n%lld c%lld %lldx%lld k%lld s%lld p%lld",
+             kind == GP_POOL_MAX ? "max" : "avg", (long long)n, (long long)c, (long long)h,
+             (long long)w, (long long)ker, (long long)stride, (long long)pad);
+    double tol = kind == GP_POOL_MAX ? 0 : 1e-6;
+    BOTH(D->iface->pool_fwd(D, &d, x.p[K], y.p[K], ws[K]));
+    bcheck(what, &y, tol);
+    BOTH(D->iface->pool_bwd(D, &d, x.p[K], y.p[K], dy.p[K], dx.p[K], ws[K]));
+    strncat(what, " bwd", sizeof what - strlen(what) - 1);
+    bcheck(what, &dx, tol);
+    for (int k = 0; k < 2; k++)
+        if (wsb[k]) gp_dev_free(D2[k], ws[k], wsb[k], GP_MEM_WORKSPACE);
+    bfree(&x); bfree(&dy); bfree(&y); bfree(&dx);
+}
+
+static void test_pool(void)
+{
+    test_pool_shape(GP_POOL_MAX, 3, 5, 8, 10, 2, 2, 0);
+    test_pool_shape(GP_POOL_MAX, 2, 3, 7, 9, 3, 2, 1);
+    test_pool_shape(GP_POOL_AVG, 3, 5, 8, 10, 2, 2, 0);
+    test_pool_shape(GP_POOL_AVG, 2, 3, 7, 9, 3, 2, 1);
+}
+
+/* ---- batch norm ------------------------------------------------------------------ */
+
+static void test_bn_shape(int64_t n, int64_t c, int64_t s)
+{
+    gp_bn_desc d = {n, c, s, 1e-5f};
+    int64_t nx = n * c * s;
+    buf x = brand(nx, -1, 2), dy = brand(nx, -1, 1), g = brand(c, 0.5f, 1.5f), b = brand(c, -1, 1);
+    buf y = bjunk(nx), yi = bjunk(nx), dx = bjunk(nx), mean = bjunk(c), var = bjunk(c);
+    buf dg = brand(c, -1, 1), dbt = brand(c, -1, 1);
+    char tag[64], what[128];
+    snprintf(tag, sizeof tag, "bn n%lld c%lld s%lld", (long long)n, (long long)c, (long long)s);
+    BOTH(D->iface->bn_fwd_train(D, &d, x.p[K], g.p[K], b.p[K], y.p[K], mean.p[K], var.p[K]));
+    snprintf(what, sizeof what, "%s fwd y", tag);
+    bcheck(what, &y, 1e-5);
+    snprintf(what, sizeof what, "%s mean", tag);
+    bcheck(what, &mean, 1e-5);
+    snprintf(what, sizeof what, "%s biased var", tag);
+    bcheck(what, &var, 1e-5);
+    BOTH(D->iface->bn_fwd_infer(D, &d, x.p[K], g.p[K], b.p[K], mean.p[K], var.p[K], yi.p[K]));
+    snprintf(what, sizeof what, "%s infer y", tag);
+    bcheck(what, &yi, 1e-5);
+    for (int rep = 0; rep < 2; rep++) {
+        BOTH(D->iface->bn_bwd(D, &d, x.p[K], g.p[K], mean.p[K], var.p[K], dy.p[K], dx.p[K],
+                              dg.p[K], dbt.p[K]));
+        snprintf(what, sizeof what, "%s bwd dx = (call %d)", tag, rep + 1);
+        bcheck(what, &dx, 1e-4);
+        snprintf(what, sizeof what, "%s bwd dgamma += (call %d)", tag, rep + 1);
+        bcheck(what, &dg, 1e-4);
+        snprintf(what, sizeof what, "%s bwd dbeta += (call %d)", tag, rep + 1);
+        bcheck(what, &dbt, 1e-4);
+    }
+    /* Without gamma / beta / parameter gradients. */
+    BOTH(D->iface->bn_fwd_train(D, &d, x.p[K], NULL, NULL, y.p[K], mean.p[K], var.p[K]));
+    snprintf(what, sizeof what, "%s fwd y, no affine", tag);
+    bcheck(what, &y, 1e-5);
+    BOTH(D->iface->bn_bwd(D, &d, x.p[K], NULL, mean.p[K], var.p[K], dy.p[K], dx.p[K], NULL, NULL));
+    snprintf(what, sizeof what, "%s bwd dx, no affine", tag);
+    bcheck(what, &dx, 1e-4);
+    bfree(&x); bfree(&dy); bfree(&g); bfree(&b); bfree(&y); bfree(&yi); bfree(&dx);
+    bfree(&mean); bfree(&var); bfree(&dg); bfree(&dbt);
+}
+
+static void test_bn(void)
+{
+    test_bn_shape(3, 5, 63);
+    test_bn_shape(7, 6, 1);
+    test_bn_shape(16, 32, 196);
+}
+
+/* ---- log-softmax and cross-entropy ------------------------------------------------- */
+
+static void test_softmax_xent(void)
+{
+    const int64_t rows = 67, cols = 13;
+    buf x = brand(rows * cols, -4, 4), y = bjunk(rows * cols), dl = bjunk(rows * cols);
+    BOTH(D->iface->log_softmax(D, x.p[K], y.p[K], rows, cols));
+    bcheck("log_softmax", &y, 1e-5);
+    float labels[67];
+    for (int64_t r = 0; r < rows; r++) labels[r] = (float)(r * 7 % cols);
+    buf lab = bnew(rows);
+    bset(&lab, labels);
+    double loss[2];
+    int64_t correct[2], badr[2];
+    BOTH(D->iface->xent(D, x.p[K], lab.p[K], rows, cols, 1.0f / (float)rows, dl.p[K], &loss[K],
+                        &correct[K], &badr[K]));
+    CHECK_NEAR(loss[1], loss[0], 0, 1e-12);
+    CHECK(correct[1] == correct[0]);
+    CHECK(badr[0] == -1 && badr[1] == -1);
+    bcheck("xent dlogits", &dl, 1e-6);
+    /* A bad label: the first bad row is reported, nothing else written. */
+    labels[40] = 2.5f;
+    labels[50] = (float)cols;
+    bset(&lab, labels);
+    BOTH(D->iface->xent(D, x.p[K], lab.p[K], rows, cols, 1.0f, dl.p[K], &loss[K], &correct[K],
+                        &badr[K]));
+    CHECK(badr[0] == 40 && badr[1] == 40);
+    bcheck("xent dlogits untouched after a bad label", &dl, 1e-6);
+    bfree(&x); bfree(&y); bfree(&dl); bfree(&lab);
+}
+
+/* ---- memory ------------------------------------------------------------------------ */
+
+static void test_memory(gp_device *gpu)
+{
+    gp_allocator a0, a1;
+    gp_allocator_snapshot(&gpu->alloc, &a0);
+    void *p = NULL, *q = NULL;
+    CHECK_OK(gp_dev_alloc(gpu, 1000003, GP_MEM_PARAMS, &p));
+    gp_allocator_snapshot(&gpu->alloc, &a1);
+    CHECK(a1.current == a0.current + 1000003);
+    CHECK(a1.cur_by[GP_MEM_PARAMS] == a0.cur_by[GP_MEM_PARAMS] + 1000003);
+    CHECK(a1.peak >= a1.current);
+    gp_dev_free(gpu, p, 1000003, GP_MEM_PARAMS);
+    gp_allocator_snapshot(&gpu->alloc, &a1);
+    CHECK(a1.current == a0.current);
+    /* The freed block is cached: the same size class gets it back. */
+    CHECK_OK(gp_dev_alloc(gpu, 1000000, GP_MEM_ACTIVATIONS, &q));
+    CHECK_MSG(q == p, "a freed block of the same size class was not reused (%p vs %p)", q, p);
+    gp_dev_free(gpu, q, 1000000, GP_MEM_ACTIVATIONS);
+
+    /* Capacity is honoured with the shared accounting's message. */
+    gp_device_opts o = {0, (size_t)1 << 20};
+    gp_device *small = NULL;
+    CHECK_OK(gp_device_open(gpu->name, &o, &small));
+    if (small) {
+        CHECK_ERR(gp_dev_alloc(small, (size_t)2 << 20, GP_MEM_ACTIVATIONS, &p), GP_ERR_OOM,
+                  gpu->name);
+        gp_device_close(small);
+    }
+}
+
+/* ---- copies and events --------------------------------------------------------------- */
+
+static void test_copies(gp_device *g0, gp_device *g1)
+{
+    const int64_t n = (3 << 20) + 17; /* > one 4 MiB staging chunk */
+    float *h = malloc((size_t)n * sizeof(float)), *back = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) h[i] = (float)i * 0.5f - 3.0f;
+    gp_shape sh = gp_shape_2d(1, n);
+    gp_tensor a, b, c;
+    CHECK_OK(gp_tensor_alloc(&a, g0, &sh, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_tensor_alloc(&b, g0, &sh, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_tensor_alloc(&c, g1, &sh, GP_MEM_COPIES));
+    CHECK_OK(gp_dev_upload(g0, a.data, h, n));
+    CHECK_OK(gp_tensor_copy(&b, &a)); /* d2d */
+    CHECK_OK(gp_tensor_copy(&c, &b)); /* peer (or d2d when g1 == g0) */
+    memset(back, 0, (size_t)n * sizeof(float));
+    CHECK_OK(gp_dev_download(g1, back, c.data, n));
+    CHECK_OK(g1->iface->synchronize(g1));
+    CHECK_MSG(!memcmp(back, h, (size_t)n * sizeof(float)), "%s -> %s -> %s round trip differs",
+              g0->name, g0->name, g1->name);
+    /* Events: record after a fill on g0, wait on g1, then copy back. */
+    void *ev = NULL;
+    CHECK_OK(g0->iface->event_create(g0, &ev));
+    CHECK_OK(g0->iface->fill(g0, b.data, 7.0f, n));
+    CHECK_OK(g0->iface->event_record(g0, ev));
+    CHECK_OK(g1->iface->event_wait(g1, ev));
+    CHECK_OK(gp_tensor_copy(&c, &b));
+    CHECK_OK(g0->iface->event_sync(g0, ev));
+    CHECK_OK(gp_dev_download(g1, back, c.data, n));
+    int ok = 1;
+    for (int64_t i = 0; i < n; i++) ok &= back[i] == 7.0f;
+    CHECK_MSG(ok, "copy after an event wait did not see the fill");
+    g0->iface->event_destroy(g0, ev);
+    gp_tensor_free(&a); gp_tensor_free(&b); gp_tensor_free(&c);
+    free(h); free(back);
+}
+
+/* ---- NCCL ------------------------------------------------------------------------------ */
+
+typedef struct {
+    gp_device *dev;
+    gp_comm *comm;
+    float *buf;
+    int64_t n;
+    int root; /* -1: all-reduce */
+    gp_status st;
+} coll_job;
+
+static void *coll_main(void *arg)
+{
+    coll_job *j = arg;
+    gp_device_bind_thread(j->dev);
+    j->st = j->root < 0 ? gp_dev_allreduce(j->dev, j->comm, j->buf, j->n)
+                        : gp_dev_broadcast(j->dev, j->comm, j->buf, j->n, j->root);
+    if (j->st == GP_OK) j->st = j->dev->iface->synchronize(j->dev);
+    return NULL;
+}
+
+static void test_nccl(gp_device *g0, gp_device *g1)
+{
+    gp_device *devs[2] = {g0, g1};
+    gp_comm *comm = NULL;
+    CHECK_OK(gp_comm_create(devs, 2, &comm));
+    if (!comm) return;
+    const int64_t n = 100001;
+    float *h[2], *sum = malloc((size_t)n * sizeof(float)), *back = malloc((size_t)n * sizeof(float));
+    float *d[2];
+    for (int r = 0; r < 2; r++) {
+        h[r] = malloc((size_t)n * sizeof(float));
+        for (int64_t i = 0; i < n; i++) h[r][i] = frand();
+        CHECK_OK(gp_dev_alloc(devs[r], (size_t)n * sizeof(float), GP_MEM_GRADS, (void **)&d[r]));
+        CHECK_OK(gp_dev_upload(devs[r], d[r], h[r], n));
+    }
+    for (int64_t i = 0; i < n; i++) sum[i] = h[0][i] + h[1][i]; /* exact for two terms */
+    for (int root = -1; root < 1; root++) {
+        coll_job jobs[2];
+        pthread_t t[2];
+        for (int r = 0; r < 2; r++) {
+            jobs[r] = (coll_job){devs[r], comm, d[r], n, root, GP_OK};
+            pthread_create(&t[r], NULL, coll_main, &jobs[r]);
+        }
+        for (int r = 0; r < 2; r++) {
+            pthread_join(t[r], NULL);
+            CHECK_MSG(jobs[r].st == GP_OK, "%s on %s: %s", root < 0 ? "all-reduce" : "broadcast",
+                      devs[r]->name, gp_last_error());
+        }
+        for (int r = 0; r < 2; r++) {
+            CHECK_OK(gp_dev_download(devs[r], back, d[r], n));
+            /* after the all-reduce both hold the sum; broadcast from 0 keeps it */
+            CHECK_MSG(!memcmp(back, sum, (size_t)n * sizeof(float)), "%s: %s != host sum",
+                      root < 0 ? "all-reduce" : "broadcast", devs[r]->name);
+        }
+        if (root < 0) { /* make rank 1 differ so the broadcast has something to do */
+            CHECK_OK(g1->iface->fill(g1, d[1], -1.0f, n));
+        }
+    }
+    for (int r = 0; r < 2; r++) {
+        gp_dev_free(devs[r], d[r], (size_t)n * sizeof(float), GP_MEM_GRADS);
+        free(h[r]);
+    }
+    free(sum); free(back);
+    gp_comm_destroy(comm);
+}
+
+int main(void)
+{
+    gp_device *gpu = NULL;
+    gp_status s = gp_device_open("cuda:0", NULL, &gpu);
+    if (s != GP_OK) {
+        /* The "clear message" is part of the contract: check it, then skip. */
+        const char *msg = gp_last_error();
+        CHECK_MSG(s == GP_ERR_UNSUPPORTED, "opening cuda:0 failed with %s, not GP_ERR_UNSUPPORTED",
+                  gp_status_name(s));
+        CHECK_MSG(strstr(msg, "cpu:N") != NULL, "message does not point to cpu:N devices: %s", msg);
+        if (gpt_failed) return gpt_finish("test_cuda");
+        printf("test_cuda: SKIPPED, no CUDA device: %s\n", msg);
+        return 77;
+    }
+    gp_device *cpu = NULL;
+    gp_device_opts co = {2, 0};
+    if (gp_device_open("cpu:0", &co, &cpu) != GP_OK) {
+        fprintf(stderr, "cpu:0: %s\n", gp_last_error());
+        return 1;
+    }
+    gp_device_bind_thread(gpu);
+    D2[0] = cpu;
+    D2[1] = gpu;
+    test_elementwise();
+    test_gemm();
+    test_conv();
+    test_pool();
+    test_bn();
+    test_softmax_xent();
+    test_memory(gpu);
+
+    gp_device *gpu1 = NULL;
+    if (gp_device_open("cuda:1", NULL, &gpu1) == GP_OK) {
+        test_copies(gpu, gpu1);
+        test_copies(gpu1, gpu);
+        test_nccl(gpu, gpu1);
+        gp_device_close(gpu1);
+    } else {
+        printf("test_cuda: one GPU: peer copies and NCCL not tested (%s)\n", gp_last_error());
+        test_copies(gpu, gpu);
+    }
+    gp_device_close(gpu);
+    gp_device_close(cpu);
+    return gpt_finish("test_cuda");
+}
