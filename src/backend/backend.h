@@ -85,6 +85,7 @@ typedef struct gp_device_iface {
     const char *backend_name; /* "cpu", "cuda" */
 
     /* --- lifetime & memory (required) --- */
+    /* Free the backend context (dev->ctx); gp_device_close frees the rest. */
     void (*destroy)(gp_device *dev);
     /* Raw allocation; accounting is done by the wrapper. */
     gp_status (*alloc)(gp_device *dev, size_t bytes, void **out);

@@ -62,6 +62,11 @@ void gp_device_close(gp_device *dev)
 {
     if (!dev) return;
     dev->iface->destroy(dev);
+    if (dev->alloc.live_blocks != 0)
+        GP_DEBUG("device %s closed with %lld allocations still live", dev->name,
+                 (long long)dev->alloc.live_blocks);
+    gp_allocator_destroy(&dev->alloc);
+    free(dev);
 }
 
 void gp_device_bind_thread(gp_device *dev)

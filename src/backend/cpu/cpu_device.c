@@ -180,11 +180,6 @@ static void cpu_destroy(gp_device *dev)
         if (ctx->engine) dnnl_engine_destroy(ctx->engine);
         free(ctx);
     }
-    if (dev->alloc.live_blocks != 0)
-        GP_DEBUG("device %s closed with %lld allocations still live", dev->name,
-                 (long long)dev->alloc.live_blocks);
-    gp_allocator_destroy(&dev->alloc);
-    free(dev);
 }
 
 static const gp_device_iface cpu_iface = {
@@ -274,7 +269,7 @@ gp_status gp_cpu_device_create(int index, const gp_device_opts *opts, gp_device 
     *out = dev;
     return GP_OK;
 fail:
-    cpu_destroy(dev);
+    gp_device_close(dev);
     return gp_error_wrap(st, "device cpu:%d", index);
 }
 

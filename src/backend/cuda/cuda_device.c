@@ -719,11 +719,6 @@ static void cuda_destroy(gp_device *dev)
         pthread_mutex_destroy(&ctx->lock);
         free(ctx);
     }
-    if (dev->alloc.live_blocks != 0)
-        GP_DEBUG("device %s closed with %lld allocations still live", dev->name,
-                 (long long)dev->alloc.live_blocks);
-    gp_allocator_destroy(&dev->alloc);
-    free(dev);
 }
 
 static const gp_device_iface cuda_iface = {
@@ -848,6 +843,6 @@ gp_status gp_cuda_device_create(int index, const gp_device_opts *opts, gp_device
     *out = dev;
     return GP_OK;
 fail:
-    cuda_destroy(dev);
+    gp_device_close(dev);
     return gp_error_wrap(st, "device cuda:%d", index);
 }
