@@ -17,20 +17,10 @@
 #include "pipeline/pipeline.h"
 #include "train/train.h"
 
+#include "bench_util.h"
 #include <stdlib.h>
 #include <string.h>
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 typedef struct {
     double step;      /* median step seconds */
@@ -99,9 +89,9 @@ static gp_status run(const gp_config *base, int n, int m, gp_checkpoint_mode ck,
         r->instrs = instrs;
     }
     if (s == GP_OK) {
-        r->step = median(ts, steps);
-        r->bound = median(bounds, steps);
-        r->overlap = median(ovl, steps);
+        r->step = gp_bench_median(ts, steps);
+        r->bound = gp_bench_median(bounds, steps);
+        r->overlap = gp_bench_median(ovl, steps);
         for (int j = 0; j < n; j++) {
             size_t a = devs[j]->alloc.peak_by[GP_MEM_ACTIVATIONS] + devs[j]->alloc.peak_by[GP_MEM_COPIES];
             if (a > r->act_peak) r->act_peak = a;

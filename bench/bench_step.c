@@ -17,20 +17,10 @@
  */
 #include "train/train.h"
 
+#include "bench_util.h"
 #include <stdlib.h>
 #include <string.h>
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static void fill_random(gp_device *dev, gp_tensor *t, uint64_t stream)
 {
@@ -122,7 +112,7 @@ static void bench_layers(gp_model *m, const gp_config *cfg, int64_t batch)
         gp_tensor_free(&dy);
         gp_saved_free(&sv);
         double f = l->ops->flops(l, batch);
-        double mf = median(tf, REPS), md = median(td, REPS), mw = median(tw, REPS);
+        double mf = gp_bench_median(tf, REPS), md = gp_bench_median(td, REPS), mw = gp_bench_median(tw, REPS);
         char sh[64], nm[40];
         gp_shape_str(&l->out_shape, sh, sizeof sh);
         snprintf(nm, sizeof nm, "%s", gp_layer_type_name(l->spec.type));
@@ -173,7 +163,7 @@ static void bench_model(const char *path, int threads, int steps, double ceiling
         }
         ts[s] = gp_now() - t0;
     }
-    double t = median(ts, steps);
+    double t = gp_bench_median(ts, steps);
     gp_allocator a;
     gp_allocator_snapshot(&dev->alloc, &a);
     /* What a step must hold: params, grads, momentum, and every activation

@@ -19,21 +19,11 @@
 #include "trace/trace.h"
 #include "train/train.h"
 
+#include "bench_util.h"
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 typedef struct {
     double bare;     /* median step seconds without tracing */
@@ -82,9 +72,9 @@ static gp_status run(const gp_config *base, int m, int steps, const char *path, 
         write[it] = t2 - t1;
     }
     if (s == GP_OK) {
-        r->bare = median(bare, steps);
-        r->traced = median(traced, steps);
-        r->write = median(write, steps);
+        r->bare = gp_bench_median(bare, steps);
+        r->traced = gp_bench_median(traced, steps);
+        r->write = gp_bench_median(write, steps);
         for (int j = 0; j < 2; j++) {
             int cnt;
             gp_pipeline_events(model.pipe, j, &cnt);
