@@ -91,9 +91,4 @@ const gp_event_rec *gp_pipeline_events(const gp_pipeline *p, int j, int *count);
 double gp_pipeline_busy(const gp_pipeline *p, int j);
 int gp_pipeline_stages(const gp_pipeline *p);
 
-/* Exact min-max contiguous partition of costs[0..L) into n stages of at least
- * one layer each: minimises the largest stage sum (ties: smaller second
- * largest).  Writes balance[0..n). */
-gp_status gp_partition_minmax(const double *costs, int L, int n, int *balance);
-
 #endif /* GP_PIPELINE_H */

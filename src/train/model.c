@@ -9,10 +9,12 @@
  */
 #include "train/train.h"
 #include "pipeline/pipeline.h"
+#include "balance/balance.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 gp_status gp_model_build(const gp_config *cfg, gp_device *dev, gp_model *out)
 {
@@ -118,6 +120,59 @@ gp_status gp_model_costs(const gp_config *cfg, int64_t batch, double *costs)
     return GP_OK;
 }
 
+const char *gp_model_balance_method(void)
+{
+    const char *e = getenv("GPIPE_BALANCE");
+    return e && !strcmp(e, "flops") ? "flops" : "time";
+}
+
+/* Math threads stage 0's device gets in gp_train_open: the profile must run
+ * with the same count for its times to mean anything. */
+static int stage0_threads(const gp_pipeline_config *pc)
+{
+    int n_cpu = 0;
+    for (int j = 0; j < pc->n_devices; j++) n_cpu += !strncmp(pc->devices[j].name, "cpu", 3);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores < 1) cores = 1;
+    int t = pc->devices[0].threads ? pc->devices[0].threads : pc->threads;
+    if (!t) t = n_cpu > 0 ? (int)(cores / n_cpu) : 1;
+    return t < 1 ? 1 : t;
+}
+
+gp_status gp_model_profile(const gp_config *cfg, const gp_model_profile_opts *o, gp_profile *out)
+{
+    const gp_pipeline_config *pc = &cfg->pipeline;
+    int m = pc->chunks > 0 ? pc->chunks : 1;
+    int64_t mb = (cfg->train.batch_size + m - 1) / m;
+    gp_profile_opts po = {.device = pc->devices[0].name,
+                          .threads = o->threads > 0 ? o->threads : stage0_threads(pc),
+                          .warmup = o->warmup, .reps = o->reps, .timed = o->timed,
+                          .batch = cfg->train.batch_size, .chunks = m, .optim_slots = 1,
+                          .seed = cfg->train.seed};
+    if (o->n_sizes > 0) {
+        po.n_sizes = o->n_sizes;
+        memcpy(po.sizes, o->sizes, (size_t)o->n_sizes * sizeof *o->sizes);
+    } else {
+        po.n_sizes = 1;
+        po.sizes[0] = mb > 0 ? mb : 1;
+    }
+    return gp_profile_run(cfg->model.layers, cfg->model.n_layers, cfg->model.input, &po, out);
+}
+
+void gp_model_plan_opts(const gp_config *cfg, int n, gp_plan_opts *o)
+{
+    const gp_pipeline_config *pc = &cfg->pipeline;
+    memset(o, 0, sizeof *o);
+    o->n = n;
+    o->m = pc->chunks > 0 ? pc->chunks : 1;
+    o->checkpoint = pc->checkpoint;
+    o->by = GP_BALANCE_BY_TIME;
+    for (int j = 0; j < n && j < GP_MAX_DEVICES; j++) {
+        size_t cap = j < pc->n_devices && pc->devices[j].memory ? pc->devices[j].memory : pc->memory;
+        o->capacity[j] = (double)cap;
+    }
+}
+
 gp_status gp_model_balance(const gp_config *cfg, int n, int *balance)
 {
     const gp_pipeline_config *pc = &cfg->pipeline;
@@ -137,13 +192,35 @@ gp_status gp_model_balance(const gp_config *cfg, int n, int *balance)
         memcpy(balance, pc->balance, (size_t)n * sizeof *balance);
         return GP_OK;
     }
-    double *costs = malloc((size_t)L * sizeof *costs);
-    if (!costs) return gp_error_set(GP_ERR_OOM, "out of host memory");
-    int64_t mb = cfg->train.batch_size / (pc->chunks > 0 ? pc->chunks : 1);
-    gp_status s = gp_model_costs(cfg, mb > 0 ? mb : 1, costs);
-    if (s == GP_OK) s = gp_partition_minmax(costs, L, n, balance);
-    free(costs);
-    return s;
+    if (n == 1 && L >= 1) { /* nothing to choose */
+        balance[0] = L;
+        return GP_OK;
+    }
+    gp_status s;
+    if (!strcmp(gp_model_balance_method(), "flops")) {
+        /* the fast, deterministic path: estimated FLOPs, no memory limit */
+        double *costs = malloc((size_t)(L > 0 ? L : 1) * sizeof *costs);
+        if (!costs) return gp_error_set(GP_ERR_OOM, "out of host memory");
+        int64_t mb = cfg->train.batch_size / (pc->chunks > 0 ? pc->chunks : 1);
+        s = gp_model_costs(cfg, mb > 0 ? mb : 1, costs);
+        if (s == GP_OK) s = gp_partition_minmax(costs, L, n, balance);
+        free(costs);
+        return s;
+    }
+    /* What gpipe-balance --by time does, with few repetitions so that start-up
+     * stays quick: profile every layer at the configured micro-batch size
+     * on stage 0's kind of device, then the exact min-max partition of the
+     * stage times subject to each device's memory. */
+    gp_model_profile_opts mo = {.warmup = 1, .reps = 3, .timed = true};
+    gp_profile prof;
+    s = gp_model_profile(cfg, &mo, &prof);
+    if (s != GP_OK) return s;
+    gp_plan_opts po;
+    gp_model_plan_opts(cfg, n, &po);
+    s = gp_balance_plan(&prof, &po, balance);
+    gp_profile_free(&prof);
+    if (s != GP_OK) return gp_error_wrap(s, "%s: balance: auto", cfg->path);
+    return GP_OK;
 }
 
 void gp_model_free(gp_model *m)

@@ -57,12 +57,37 @@ void gp_model_free(gp_model *m);
 int64_t gp_model_param_count(const gp_model *m);
 
 /* Per-layer forward FLOPs of the config's model at batch `batch`, from shape
- * inference alone (no parameters allocated): the costs `balance: auto` splits
- * until profiling lands. */
+ * inference alone (no parameters allocated): the costs of the fast path of
+ * `balance: auto` (GPIPE_BALANCE=flops). */
 gp_status gp_model_costs(const gp_config *cfg, int64_t batch, double *costs);
-/* The balance the config asks for: its list, or for `auto` the exact
- * min-max partition of gp_model_costs over n stages. */
+/* The balance the config asks for: its list, or for `auto` (n > 1) the exact
+ * min-max partition over n stages of
+ *   - by default, profiled stage times (gp_model_profile with 1 warm-up and
+ *     the median of 3 runs at the configured micro-batch size, then
+ *     gp_balance_plan: the same code path as gpipe-balance --by time), with
+ *     every device's memory capacity as a constraint;
+ *   - with the environment variable GPIPE_BALANCE=flops, gp_model_costs
+ *     (estimated FLOPs; fast and deterministic, no memory check). */
 gp_status gp_model_balance(const gp_config *cfg, int n, int *balance);
+/* "time" or "flops": what `balance: auto` uses (GPIPE_BALANCE). */
+const char *gp_model_balance_method(void);
+
+/* Profiling the config's model (balance/balance.h) on stage 0's device kind
+ * with its thread count. */
+struct gp_profile;
+struct gp_plan_opts;
+typedef struct gp_model_profile_opts {
+    int warmup, reps;
+    bool timed;              /* false: memory only */
+    int threads;             /* 0: what stage 0 gets in gp_train_open */
+    int n_sizes;             /* 0: the configured micro-batch size */
+    int64_t sizes[16];
+} gp_model_profile_opts;
+gp_status gp_model_profile(const gp_config *cfg, const gp_model_profile_opts *o,
+                           struct gp_profile *out);
+/* Planning options from the config for n devices: chunks, checkpoint mode,
+ * each device's capacity, by time. */
+void gp_model_plan_opts(const gp_config *cfg, int n, struct gp_plan_opts *o);
 
 /* Per-step statistics. */
 typedef struct gp_step_stats {

@@ -83,8 +83,10 @@ gp_status gp_train_open(const gp_config *cfg, gp_device **devs, gp_model *model,
         int off = 0;
         for (int j = 0; j < n && off < (int)sizeof line - 32; j++)
             off += snprintf(line + off, sizeof line - (size_t)off, "%s%d", j ? ", " : "", balance[j]);
-        GP_INFO("balance%s: [%s] over %d devices", cfg->pipeline.n_balance ? "" : " (auto, by "
-                "estimated FLOPs)", line, n);
+        GP_INFO("balance%s%s%s: [%s] over %d devices", cfg->pipeline.n_balance ? "" : " (auto, by ",
+                cfg->pipeline.n_balance ? "" : (strcmp(gp_model_balance_method(), "flops")
+                                                    ? "profiled time" : "estimated FLOPs"),
+                cfg->pipeline.n_balance ? "" : ")", line, n);
     }
     return GP_OK;
 }

@@ -1,0 +1,227 @@
+/*
+ * balance.h — how to split a sequential model over n devices: a per-layer
+ * profiler (time and memory), the exact min-max contiguous partitioner, and a
+ * pipeline simulator that replays the executor's own schedule.
+ *
+ * Data flow:
+ *
+ *   layer specs --gp_profile_run--> gp_profile (per layer: times at one or
+ *       more micro-batch sizes, bytes from the allocator)  <--> JSON file
+ *   gp_profile --gp_balance_plan--> balance (exact min-max of the time each
+ *       stage adds to the critical path, subject to device capacities)
+ *   gp_profile + balance --gp_simulate--> step time, bubble, peak bytes
+ *
+ * The profiler runs each layer on a fresh device of the configured kind (so
+ * the allocator's counters, including the backend's workspace arena, belong
+ * to that layer alone), warms up, then takes the median of `reps` runs of
+ * forward, backward-data, backward-weights and recompute, synchronising the
+ * device around each.  The cost of a stage boundary is a timed
+ * gp_tensor_copy of the layer's output to a second device.
+ *
+ * Stage model (shared by the partitioner and the simulator, so the two agree
+ * exactly): stage j = layers [a, b) at micro-batch size s runs
+ *   F = sum fwd (+ input upload on stage 0, + loss on the last stage)
+ *   R = sum recompute                      (checkpointed micro-batches)
+ *   B = sum (bwd_data + bwd_weights), except on stage 0 where layers before
+ *       the first trainable one run no backward and that one no dx
+ *       (bwd_alone), as the executor does
+ *   copies on its own worker: the activation of layer a-1 (j > 0) and the
+ *       gradient of layer b-1's output (j < n-1)
+ * and the partitioner's cost of the stage is F + B + copies + R x (share of
+ * checkpointed micro-batches): the time the stage adds to every clock pair
+ * of GPipe's step bound (m + n - 1) (max F + max (R + B)).
+ *
+ * Memory: a gp_profile owns its arrays (gp_profile_free).  Everything else
+ * is plain values.  Thread safety: pure functions except gp_profile_run,
+ * which opens and drives its own devices from the calling thread.
+ */
+#ifndef GP_BALANCE_H
+#define GP_BALANCE_H
+
+#include "layers/layers.h"
+#include "pipeline/schedule.h"
+
+/* ---- profile ------------------------------------------------------------- */
+
+#define GP_PROFILE_MAX_SIZES 16
+
+typedef enum { GP_BALANCE_BY_TIME = 0, GP_BALANCE_BY_SIZE, GP_BALANCE_BY_BOTH } gp_balance_by;
+const char *gp_balance_by_name(gp_balance_by b);
+bool gp_balance_by_parse(const char *s, gp_balance_by *out);
+
+/* Times of one layer at one micro-batch size, seconds. */
+typedef struct gp_layer_times {
+    double fwd;          /* forward, training mode */
+    double bwd_data;     /* backward-data (dx =) */
+    double bwd_weights;  /* backward-weights (dW +=) after backward-data */
+    double bwd_alone;    /* backward-weights without backward-data (the first
+                            trainable layer on stage 0); 0 if not measured */
+    double recompute;    /* forward with ctx.recompute (checkpointing) */
+    double copy;         /* gp_tensor_copy of the output to another device */
+} gp_layer_times;
+
+/* What a layer holds, from the allocator's counters (bytes), and per-sample
+ * activation sizes (bytes per sample; a micro-batch of s keeps s times it). */
+typedef struct gp_layer_mem {
+    char desc[96];          /* "layer 3 (conv2d 'c1')" */
+    size_t param_bytes;     /* category PARAMS (incl. buffers) */
+    size_t grad_bytes;      /* GRADS */
+    size_t optim_bytes;     /* OPTIMIZER (one momentum per trainable tensor) */
+    size_t workspace_bytes; /* peak WORKSPACE while it ran (backend arena,
+                               layer scratch) */
+    double in_per_sample;   /* input bytes: what a checkpointed stage that
+                               starts here keeps per micro-batch sample */
+    double out_per_sample;  /* output bytes (also the copied activation) */
+    double keep_per_sample; /* ACTIVATIONS kept by a training forward for its
+                               backward (output + gp_saved), per sample */
+    double flops_per_sample;/* forward FLOPs per sample (layer estimate) */
+    double update;          /* seconds: zero grads + SGD update of its params */
+} gp_layer_mem;
+
+typedef struct gp_profile {
+    int L;                     /* layers */
+    char device[32];           /* where it was taken ("cpu:0") */
+    int threads;               /* math threads of that device */
+    int64_t batch;             /* mini-batch size of the config */
+    int chunks;                /* configured micro-batches */
+    int first_trainable;       /* gp_layers_first_trainable */
+    bool timed;                /* times measured (false: --by size) */
+    int warmup, reps;
+    int n_sizes;               /* micro-batch sizes measured, ascending */
+    int64_t sizes[GP_PROFILE_MAX_SIZES];
+    gp_layer_mem *mem;         /* [L] */
+    gp_layer_times *t;         /* [n_sizes * L]: t[z * L + k] */
+    double loss[GP_PROFILE_MAX_SIZES];   /* cross-entropy fwd+bwd at size z */
+    double upload[GP_PROFILE_MAX_SIZES]; /* host -> device of the input + labels */
+} gp_profile;
+
+typedef struct gp_profile_opts {
+    const char *device;     /* "cpu:0" */
+    int threads;            /* math threads; 0 = device default */
+    int warmup;             /* runs before timing (>= 0; default 2) */
+    int reps;               /* timed runs, median taken (>= 1; default 5) */
+    bool timed;             /* false: memory only (fast; --by size) */
+    int n_sizes;            /* micro-batch sizes to time (each <= batch) */
+    int64_t sizes[GP_PROFILE_MAX_SIZES];
+    int64_t batch;          /* mini-batch size (recorded) */
+    int chunks;             /* configured micro-batches (recorded) */
+    int optim_slots;        /* optimizer tensors per trainable parameter
+                               (SGD with momentum: 1) */
+    uint64_t seed;
+} gp_profile_opts;
+
+/* Profile the model given by its layer specs and per-sample input (C, H, W).
+ * Memory columns come from the allocator during the largest size's runs and
+ * are stored per sample where they scale with the micro-batch. */
+gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[3],
+                         const gp_profile_opts *opts, gp_profile *out);
+void gp_profile_free(gp_profile *p);
+/* Save as JSON / load what gp_profile_save wrote (messages name the file and
+ * the key that is wrong). */
+gp_status gp_profile_save(const gp_profile *p, const char *path);
+gp_status gp_profile_load(const char *path, gp_profile *out);
+/* Per-layer times at micro-batch size s: exact at a measured size, else
+ * linear between the two nearest measured sizes (extrapolated from the
+ * nearest two outside them, clamped at 0; proportional with one size).
+ * loss / upload may be NULL. */
+void gp_profile_times_at(const gp_profile *p, int64_t s, gp_layer_times *out /* [L] */,
+                         double *loss, double *upload);
+
+/* ---- stage model --------------------------------------------------------- */
+
+typedef struct gp_stage_times {
+    double F, R, B;          /* per micro-batch, seconds */
+    double copy_act;         /* receiving the activation (j > 0) */
+    double copy_grad;        /* receiving the gradient (j < n - 1) */
+    double update;           /* once per step: zero grads + optimizer */
+} gp_stage_times;
+
+/* Stage j of n with layers [first, first + count) at micro-batch size s,
+ * from per-layer times `lt` (gp_profile_times_at at s). */
+gp_stage_times gp_stage_times_of(const gp_profile *p, const gp_layer_times *lt, double loss,
+                                 double upload, int j, int n, int first, int count);
+
+/* Peak bytes of stage j's device over one step of m micro-batches of the
+ * given sizes under `ckpt`: parameters, gradients, optimizer state and the
+ * stage's workspace, plus activations tracked instruction by instruction
+ * over the stage's schedule list (what the executor allocates and frees). */
+double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const int64_t *sizes,
+                           int j, int first, int count);
+
+/* ---- partitioner ---------------------------------------------------------- */
+
+/* A min-max contiguous partition problem: L layers into n stages, stage j =
+ * [first, first + count).  cost(j, first, count) is what the stage adds to
+ * the critical path; mem (optional, NULL = unconstrained) its peak bytes,
+ * which must not exceed capacity[j] (capacity NULL or 0 = unlimited). */
+typedef struct gp_partition_problem {
+    int L, n;
+    double (*cost)(void *arg, int j, int first, int count);
+    double (*mem)(void *arg, int j, int first, int count);
+    const double *capacity;
+    void *arg;
+    /* optional: layer k's name for messages ("layer 3 (conv2d)") */
+    const char *(*layer_name)(void *arg, int k, char *buf, size_t len);
+} gp_partition_problem;
+
+/* The exact optimum: minimises the largest stage cost over every split with
+ * at least one layer per stage whose stages fit their capacities; among
+ * those, the smallest second-largest stage; remaining ties go to the split
+ * that is first in lexicographic order of balance (deterministic).  O(n L^2)
+ * calls of cost and mem.  Infeasible: GP_ERR_INVALID naming the cause —
+ * fewer layers than stages, a layer that alone exceeds every capacity (by
+ * how much), or the stage that overflows least in the best attempt.
+ * out_max / out_second may be NULL. */
+gp_status gp_partition_solve(const gp_partition_problem *pb, int *balance, double *out_max,
+                             double *out_second);
+
+/* Additive costs (stage cost = sum of its layers' costs), no memory limit. */
+gp_status gp_partition_minmax(const double *costs, int L, int n, int *balance);
+/* Additive costs and additive memory (bytes per layer) with capacity[j]
+ * per stage (0 = unlimited). */
+gp_status gp_partition_minmax_mem(const double *costs, const double *mem, const double *capacity,
+                                  int L, int n, int *balance);
+
+/* ---- planning from a profile ---------------------------------------------- */
+
+typedef struct gp_plan_opts {
+    int n;                        /* stages (devices) */
+    int m;                        /* micro-batches */
+    gp_checkpoint_mode checkpoint;
+    gp_balance_by by;             /* TIME/BOTH: balance time; SIZE: bytes */
+    double capacity[GP_MAX_DEVICES]; /* bytes per device, 0 = unlimited */
+} gp_plan_opts;
+
+/* The balance for `o` from a profile (memory is always a constraint). */
+gp_status gp_balance_plan(const gp_profile *p, const gp_plan_opts *o, int *balance);
+/* The partitioner's cost and the peak bytes of each stage of `balance`. */
+void gp_balance_stage_costs(const gp_profile *p, const gp_plan_opts *o, const int *balance,
+                            double *cost, double *peak_bytes);
+
+/* ---- simulator ------------------------------------------------------------ */
+
+typedef struct gp_sim_result {
+    int n, m;
+    gp_checkpoint_mode checkpoint;
+    double step;             /* seconds per step */
+    double bubble;           /* 1 - sum busy / (n * step) */
+    double throughput;       /* samples per second */
+    double busy[GP_MAX_DEVICES];
+    double peak_bytes[GP_MAX_DEVICES];
+    bool fits;               /* every peak within its capacity */
+} gp_sim_result;
+
+/* Replay gp_schedule_gpipe(n, m, ckpt) instruction list by instruction
+ * list: each device runs its list in order; a copy of clock k starts when
+ * every computation of clock k - 1 has finished (lockstep) or when its
+ * source is ready (free-running); durations from the stage model at each
+ * micro-batch's size; then the per-stage optimizer update after the last
+ * backward everywhere (the executor's barrier).  capacity may be NULL. */
+gp_status gp_simulate(const gp_profile *p, int n, const int *balance, int m,
+                      gp_checkpoint_mode ckpt, bool lockstep, const double *capacity,
+                      gp_sim_result *out);
+/* Index into r[0..count) of the recommended run: the smallest m whose
+ * throughput is within 5% of the best among those that fit (-1 if none fit). */
+int gp_sim_recommend(const gp_sim_result *r, int count);
+
+#endif /* GP_BALANCE_H */

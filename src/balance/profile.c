@@ -1,0 +1,404 @@
+/*
+ * profile.c — per-layer time and memory (balance.h).
+ *
+ * Each layer is built on a device of its own, opened for it and closed after
+ * it, so every allocator counter (parameters, gradients, optimizer state,
+ * activations, the backend's workspace arena) is that layer's alone.  Inputs
+ * and incoming gradients are random: the kernels' cost does not depend on
+ * the values (no sparsity shortcuts in the backends).
+ */
+#include "balance/balance.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *gp_balance_by_name(gp_balance_by b)
+{
+    return b == GP_BALANCE_BY_SIZE ? "size" : b == GP_BALANCE_BY_BOTH ? "both" : "time";
+}
+
+bool gp_balance_by_parse(const char *s, gp_balance_by *out)
+{
+    if (!strcmp(s, "time")) *out = GP_BALANCE_BY_TIME;
+    else if (!strcmp(s, "size")) *out = GP_BALANCE_BY_SIZE;
+    else if (!strcmp(s, "both")) *out = GP_BALANCE_BY_BOTH;
+    else return false;
+    return true;
+}
+
+void gp_profile_free(gp_profile *p)
+{
+    if (!p) return;
+    free(p->mem);
+    free(p->t);
+    p->mem = NULL;
+    p->t = NULL;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    if (n < 1) return 0;
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static gp_status sync_dev(gp_device *d) { return d->iface->synchronize(d); }
+
+/* Random values in [-1, 1) on the device. */
+static gp_status fill_random(gp_tensor *t, uint64_t seed, uint64_t stream, float *host)
+{
+    int64_t n = gp_tensor_numel(t);
+    gp_rng_uniform_fill(seed, stream, 0, host, n);
+    for (int64_t q = 0; q < n; q++) host[q] = 2.0f * host[q] - 1.0f;
+    return gp_dev_upload(t->dev, t->data, host, n);
+}
+
+static size_t act_bytes_now(gp_allocator *a)
+{
+    gp_allocator s;
+    gp_allocator_snapshot(a, &s);
+    size_t b = 0;
+    for (int c = 0; c < GP_MEM_COUNT; c++)
+        if (c != GP_MEM_WORKSPACE) b += s.cur_by[c];
+    return b;
+}
+
+typedef struct {
+    double *fwd, *bd, *bw, *ba, *rc, *cp;
+} samples;
+
+/* Everything measured about layer k, on its own device `dev`. */
+static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer *l,
+                               gp_device *dev, gp_device *peer, int k, bool first_trainable,
+                               bool last, samples *sm, float *host)
+{
+    gp_layer_mem *mm = &p->mem[k];
+    int reps = p->timed ? o->reps : 0, warm = p->timed ? o->warmup : 0;
+    gp_status s = GP_OK;
+    /* sizes descending: memory is read at the largest */
+    for (int z = p->n_sizes - 1; z >= 0 && s == GP_OK; z--) {
+        int64_t b = p->sizes[z];
+        gp_shape xs = gp_shape_with_batch(&l->in_shape, b), ys = gp_shape_with_batch(&l->out_shape, b);
+        gp_tensor x = {0}, dy = {0}, dx = {0}, cp = {0};
+        s = gp_tensor_alloc(&x, dev, &xs, GP_MEM_ACTIVATIONS);
+        if (s == GP_OK) s = gp_tensor_alloc(&dy, dev, &ys, GP_MEM_ACTIVATIONS);
+        if (s == GP_OK) s = gp_tensor_alloc(&dx, dev, &xs, GP_MEM_ACTIVATIONS);
+        if (s == GP_OK) s = gp_tensor_alloc(&cp, peer, &ys, GP_MEM_COPIES);
+        if (s == GP_OK) s = fill_random(&x, o->seed, (uint64_t)k * 2, host);
+        if (s == GP_OK) s = fill_random(&dy, o->seed, (uint64_t)k * 2 + 1, host);
+        gp_fwd_ctx ctx = {.training = true, .seed = o->seed, .step = 0, .sample_offset = 0,
+                          .batch_total = b};
+        gp_fwd_ctx rctx = ctx;
+        rctx.recompute = true;
+        int nt = 0;
+        for (int r = 0; r < warm + reps + 1 && s == GP_OK; r++) {
+            bool timed = r >= warm && r < warm + reps;
+            bool memrun = r == warm + reps; /* last: memory, untimed */
+            if (memrun && z != p->n_sizes - 1) break;
+            gp_tensor y = {0};
+            gp_saved sv = {0};
+            size_t before = act_bytes_now(&dev->alloc);
+            double t0, t1, t2, t3;
+            if ((s = sync_dev(dev)) != GP_OK) break;
+            t0 = gp_now();
+            s = gp_layer_forward(l, &ctx, &x, &y, &sv);
+            if (s == GP_OK) s = sync_dev(dev);
+            t1 = gp_now();
+            if (s == GP_OK && memrun) {
+                mm->keep_per_sample = (double)(act_bytes_now(&dev->alloc) - before) / (double)b;
+            }
+            if (s == GP_OK) s = l->ops->backward_data(l, &ctx, &x, &y, &dy, &dx, &sv);
+            if (s == GP_OK) s = sync_dev(dev);
+            t2 = gp_now();
+            if (s == GP_OK && l->ops->backward_weights)
+                s = l->ops->backward_weights(l, &ctx, &x, &y, &dy, &sv);
+            if (s == GP_OK) s = sync_dev(dev);
+            t3 = gp_now();
+            gp_saved_free(&sv);
+            if (timed) {
+                sm->fwd[nt] = t1 - t0;
+                sm->bd[nt] = t2 - t1;
+                sm->bw[nt] = t3 - t2;
+            }
+            /* recompute: forward again as checkpointing replays it */
+            if (s == GP_OK && timed) {
+                gp_tensor y2 = {0};
+                gp_saved sv2 = {0};
+                double r0 = gp_now();
+                s = gp_layer_forward(l, &rctx, &x, &y2, &sv2);
+                if (s == GP_OK) s = sync_dev(dev);
+                sm->rc[nt] = gp_now() - r0;
+                sm->ba[nt] = 0;
+                /* the first trainable layer on stage 0 runs weights only */
+                if (s == GP_OK && first_trainable && l->ops->backward_weights) {
+                    double b0 = gp_now();
+                    s = l->ops->backward_weights(l, &ctx, &x, &y2, &dy, &sv2);
+                    if (s == GP_OK) s = sync_dev(dev);
+                    sm->ba[nt] = gp_now() - b0;
+                }
+                gp_saved_free(&sv2);
+                gp_tensor_free(&y2);
+                /* the boundary copy of this output to another device */
+                double c0 = gp_now();
+                if (s == GP_OK) s = gp_tensor_copy(&cp, &y);
+                if (s == GP_OK) s = sync_dev(peer);
+                sm->cp[nt] = gp_now() - c0;
+                nt++;
+            }
+            gp_tensor_free(&y);
+        }
+        if (s == GP_OK && p->timed) {
+            gp_layer_times *t = &p->t[(size_t)z * (size_t)p->L + (size_t)k];
+            t->fwd = median(sm->fwd, nt);
+            t->bwd_data = median(sm->bd, nt);
+            t->bwd_weights = median(sm->bw, nt);
+            t->recompute = median(sm->rc, nt);
+            t->bwd_alone = first_trainable ? median(sm->ba, nt) : 0;
+            t->copy = median(sm->cp, nt);
+        }
+        /* the loss on the model's output, and the input upload */
+        if (s == GP_OK && p->timed && (last || k == 0)) {
+            double *v = sm->fwd;
+            int64_t per = gp_shape_numel(last ? &l->out_shape : &l->in_shape);
+            for (int r = 0; r < warm + reps && s == GP_OK; r++) {
+                double t0 = gp_now();
+                if (last) {
+                    gp_shape ls = {1, {b, 0, 0, 0}};
+                    gp_tensor lab = {0}, yl = {0}, dl = {0};
+                    gp_loss_out lo;
+                    for (int64_t q = 0; q < b; q++) host[q] = (float)(q % per);
+                    s = gp_tensor_alloc(&lab, dev, &ls, GP_MEM_ACTIVATIONS);
+                    if (s == GP_OK) s = gp_tensor_alloc(&yl, dev, &ys, GP_MEM_ACTIVATIONS);
+                    if (s == GP_OK) s = gp_tensor_alloc(&dl, dev, &ys, GP_MEM_ACTIVATIONS);
+                    if (s == GP_OK) s = gp_dev_upload(dev, lab.data, host, b);
+                    if (s == GP_OK) s = fill_random(&yl, o->seed, 99, host);
+                    if (s == GP_OK) s = sync_dev(dev);
+                    t0 = gp_now();
+                    if (s == GP_OK) s = gp_cross_entropy(dev, &yl, &lab, 1.0f / (float)b, &dl, &lo);
+                    if (s == GP_OK) s = sync_dev(dev);
+                    gp_tensor_free(&lab);
+                    gp_tensor_free(&yl);
+                    gp_tensor_free(&dl);
+                } else {
+                    s = gp_dev_upload(dev, x.data, host, b * per);
+                    if (s == GP_OK) s = gp_dev_upload(dev, dx.data, host, b);
+                    if (s == GP_OK) s = sync_dev(dev);
+                }
+                if (r >= warm) v[r - warm] = gp_now() - t0;
+            }
+            if (s == GP_OK) {
+                if (last) p->loss[z] = median(v, reps);
+                if (k == 0) p->upload[z] = median(v, reps);
+            }
+        }
+        gp_tensor_free(&x);
+        gp_tensor_free(&dy);
+        gp_tensor_free(&dx);
+        gp_tensor_free(&cp);
+    }
+    return s;
+}
+
+gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[3],
+                         const gp_profile_opts *o, gp_profile *out)
+{
+    memset(out, 0, sizeof *out);
+    if (L < 1) return gp_error_set(GP_ERR_INVALID, "nothing to profile: the model has no layers");
+    if (o->n_sizes < 1 || o->n_sizes > GP_PROFILE_MAX_SIZES)
+        return gp_error_set(GP_ERR_INVALID, "profile: give 1..%d micro-batch sizes",
+                            GP_PROFILE_MAX_SIZES);
+    out->L = L;
+    snprintf(out->device, sizeof out->device, "%s", o->device ? o->device : "cpu:0");
+    out->batch = o->batch;
+    out->chunks = o->chunks;
+    out->timed = o->timed;
+    out->warmup = o->warmup < 0 ? 0 : o->warmup;
+    out->reps = o->reps < 1 ? 1 : o->reps;
+    /* sizes ascending, unique */
+    int64_t sz[GP_PROFILE_MAX_SIZES];
+    int nz = 0;
+    for (int a = 0; a < o->n_sizes; a++) {
+        if (o->sizes[a] < 1)
+            return gp_error_set(GP_ERR_INVALID, "profile: micro-batch size %lld must be >= 1",
+                                (long long)o->sizes[a]);
+        bool dup = false;
+        for (int b = 0; b < nz; b++) dup = dup || sz[b] == o->sizes[a];
+        if (!dup) sz[nz++] = o->sizes[a];
+    }
+    for (int a = 1; a < nz; a++)
+        for (int b = a; b > 0 && sz[b - 1] > sz[b]; b--) {
+            int64_t t = sz[b];
+            sz[b] = sz[b - 1];
+            sz[b - 1] = t;
+        }
+    out->n_sizes = nz;
+    memcpy(out->sizes, sz, (size_t)nz * sizeof *sz);
+    out->mem = calloc((size_t)L, sizeof *out->mem);
+    out->t = calloc((size_t)L * (size_t)nz, sizeof *out->t);
+    if (!out->mem || !out->t) {
+        gp_profile_free(out);
+        return gp_error_set(GP_ERR_OOM, "out of host memory for the profile");
+    }
+    gp_profile_opts oo = *o;
+    oo.warmup = out->warmup;
+    oo.reps = out->reps;
+    gp_device_opts dopt = {.threads = o->threads, .capacity = 0};
+
+    /* A second device receives the boundary copies. */
+    gp_device_kind kind;
+    int idx;
+    GP_TRY(gp_device_parse(out->device, &kind, &idx));
+    char peer_name[40];
+    snprintf(peer_name, sizeof peer_name, "%s:%d", kind == GP_DEV_CPU ? "cpu" : "cuda", idx + 1);
+    gp_device *peer = NULL;
+    if (gp_device_open(peer_name, &dopt, &peer) != GP_OK) {
+        gp_error_clear();
+        gp_status s = gp_device_open(out->device, &dopt, &peer);
+        if (s != GP_OK) {
+            gp_profile_free(out);
+            return s;
+        }
+    }
+    int64_t maxb = sz[nz - 1];
+    samples sm;
+    size_t reps = (size_t)out->reps + (size_t)out->warmup + 1;
+    double *pool = calloc(6 * reps, sizeof *pool);
+    sm = (samples){pool, pool + reps, pool + 2 * reps, pool + 3 * reps, pool + 4 * reps,
+                   pool + 5 * reps};
+    float *host = NULL;
+    gp_shape cur = gp_shape_4d(1, input[0], input[1], input[2]);
+    gp_status s = pool ? GP_OK : gp_error_set(GP_ERR_OOM, "out of host memory");
+    bool seen_trainable = false;
+    out->first_trainable = L;
+    for (int k = 0; k < L && s == GP_OK; k++) {
+        gp_device *dev = NULL;
+        s = gp_device_open(out->device, &dopt, &dev);
+        if (s != GP_OK) break;
+        out->threads = dev->threads;
+        gp_device_bind_thread(dev);
+        gp_allocator a0;
+        gp_allocator_snapshot(&dev->alloc, &a0);
+        gp_layer l;
+        memset(&l, 0, sizeof l);
+        s = gp_layer_create(&specs[k], k, &cur, dev, o->seed, &l);
+        if (s != GP_OK) {
+            gp_device_close(dev);
+            break;
+        }
+        gp_layer_mem *mm = &out->mem[k];
+        gp_layer_describe(&l, mm->desc, sizeof mm->desc);
+        gp_allocator a1;
+        gp_allocator_snapshot(&dev->alloc, &a1);
+        mm->param_bytes = a1.cur_by[GP_MEM_PARAMS] - a0.cur_by[GP_MEM_PARAMS];
+        mm->grad_bytes = a1.cur_by[GP_MEM_GRADS] - a0.cur_by[GP_MEM_GRADS];
+        mm->in_per_sample = (double)gp_shape_numel(&l.in_shape) * sizeof(float);
+        mm->out_per_sample = (double)gp_shape_numel(&l.out_shape) * sizeof(float);
+        mm->flops_per_sample = l.ops->flops(&l, 1);
+        bool ft = false;
+        if (!seen_trainable && gp_layer_param_count(&l) > 0) {
+            seen_trainable = ft = true;
+            out->first_trainable = k;
+        }
+        /* optimizer state as the trainer keeps it */
+        gp_tensor opt[GP_LAYER_MAX_PARAMS * 2];
+        int n_opt = 0;
+        for (int q = 0; q < l.n_params && s == GP_OK; q++) {
+            if (l.params[q].is_buffer) continue;
+            gp_shape ps = gp_tensor_shape(&l.params[q].value);
+            for (int r = 0; r < o->optim_slots && r < 2 && s == GP_OK; r++)
+                s = gp_tensor_zeros(&opt[n_opt++], dev, &ps, GP_MEM_OPTIMIZER);
+        }
+        gp_allocator a2;
+        gp_allocator_snapshot(&dev->alloc, &a2);
+        mm->optim_bytes = a2.cur_by[GP_MEM_OPTIMIZER] - a0.cur_by[GP_MEM_OPTIMIZER];
+        /* zero grads + SGD, the per-step work of the optimizer */
+        if (s == GP_OK && out->timed) {
+            for (int r = 0; r < out->warmup + out->reps && s == GP_OK; r++) {
+                double t0 = gp_now();
+                s = gp_layer_zero_grad(&l);
+                for (int q = 0, oq = 0; q < l.n_params && s == GP_OK; q++) {
+                    gp_param *pr = &l.params[q];
+                    if (pr->is_buffer) continue;
+                    s = dev->iface->sgd_update(dev, pr->value.data, pr->grad.data,
+                                               n_opt ? opt[oq].data : pr->grad.data,
+                                               gp_tensor_numel(&pr->value), 0.0f, 0.9f, 0.0f, 0);
+                    oq += o->optim_slots < 2 ? o->optim_slots : 2;
+                }
+                if (s == GP_OK) s = sync_dev(dev);
+                if (r >= out->warmup) sm.fwd[r - out->warmup] = gp_now() - t0;
+            }
+            if (s == GP_OK) mm->update = median(sm.fwd, out->reps);
+        }
+        if (s == GP_OK) {
+            int64_t need = gp_shape_numel(&l.in_shape);
+            int64_t n2 = gp_shape_numel(&l.out_shape);
+            if (n2 > need) need = n2;
+            free(host);
+            host = malloc((size_t)(need * maxb + maxb) * sizeof *host);
+            if (!host) s = gp_error_set(GP_ERR_OOM, "out of host memory");
+        }
+        if (s == GP_OK) gp_allocator_reset_peak(&dev->alloc);
+        if (s == GP_OK) s = profile_layer(out, &oo, &l, dev, peer, k, ft, k == L - 1, &sm, host);
+        if (s != GP_OK) {
+            char d[160];
+            s = gp_error_wrap(s, "profiling %s on %s", gp_layer_describe(&l, d, sizeof d),
+                              dev->name);
+        }
+        gp_allocator a3;
+        gp_allocator_snapshot(&dev->alloc, &a3);
+        mm->workspace_bytes = a3.peak_by[GP_MEM_WORKSPACE];
+        for (int q = 0; q < n_opt; q++) gp_tensor_free(&opt[q]);
+        cur = l.out_shape;
+        gp_layer_destroy(&l);
+        gp_device_close(dev);
+    }
+    free(host);
+    free(pool);
+    gp_device_close(peer);
+    if (s != GP_OK) gp_profile_free(out);
+    return s;
+}
+
+void gp_profile_times_at(const gp_profile *p, int64_t s, gp_layer_times *out, double *loss,
+                         double *upload)
+{
+    int L = p->L, nz = p->n_sizes;
+    int a = 0, b = 0; /* interpolate between sizes a and b */
+    double w = 1.0;   /* weight of a */
+    double scale = 1.0;
+    if (nz == 1) {
+        scale = (double)s / (double)p->sizes[0];
+    } else {
+        int z = 0;
+        while (z < nz - 1 && p->sizes[z + 1] < s) z++;
+        if (z >= nz - 1) z = nz - 2;
+        a = z;
+        b = z + 1;
+        /* exact hit */
+        for (int q = 0; q < nz; q++)
+            if (p->sizes[q] == s) a = b = q;
+        if (a != b)
+            w = (double)(p->sizes[b] - s) / (double)(p->sizes[b] - p->sizes[a]);
+    }
+#define LERP(x, y) fmax(0.0, scale * (w * (x) + (1.0 - w) * (y)))
+    for (int k = 0; k < L; k++) {
+        const gp_layer_times *ta = &p->t[(size_t)a * (size_t)L + (size_t)k];
+        const gp_layer_times *tb = &p->t[(size_t)b * (size_t)L + (size_t)k];
+        out[k].fwd = LERP(ta->fwd, tb->fwd);
+        out[k].bwd_data = LERP(ta->bwd_data, tb->bwd_data);
+        out[k].bwd_weights = LERP(ta->bwd_weights, tb->bwd_weights);
+        out[k].bwd_alone = LERP(ta->bwd_alone, tb->bwd_alone);
+        out[k].recompute = LERP(ta->recompute, tb->recompute);
+        out[k].copy = LERP(ta->copy, tb->copy);
+    }
+    if (loss) *loss = LERP(p->loss[a], p->loss[b]);
+    if (upload) *upload = LERP(p->upload[a], p->upload[b]);
+#undef LERP
+}

@@ -1,0 +1,323 @@
+/*
+ * sim.c — the stage model, planning from a profile, and the pipeline
+ * simulator (balance.h).
+ *
+ * The simulator does not restate GPipe's order: it walks the instruction
+ * lists gp_schedule_gpipe makes for the executor, with the executor's rules
+ * for when a copy may start, so a change to the schedule changes both.
+ */
+#include "balance/balance.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+gp_stage_times gp_stage_times_of(const gp_profile *p, const gp_layer_times *lt, double loss,
+                                 double upload, int j, int n, int first, int count)
+{
+    gp_stage_times st = {0};
+    int ft = p->first_trainable;
+    for (int k = first; k < first + count; k++) {
+        st.F += lt[k].fwd;
+        st.R += lt[k].recompute;
+        if (j > 0 || k > ft) st.B += lt[k].bwd_data + lt[k].bwd_weights;
+        else if (k == ft)
+            st.B += lt[k].bwd_alone > 0 ? lt[k].bwd_alone : lt[k].bwd_weights;
+        st.update += p->mem[k].update;
+    }
+    if (j == 0) st.F += upload;
+    if (j == n - 1) st.F += loss;
+    if (j > 0) st.copy_act = lt[first - 1].copy;
+    if (j < n - 1) st.copy_grad = lt[first + count - 1].copy;
+    return st;
+}
+
+double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const int64_t *sizes,
+                           int j, int first, int count)
+{
+    int n = sched->n, last = first + count - 1;
+    const gp_layer_mem *mm = p->mem;
+    double stat = 0, ws = 0, keep = 0, in_max = 0, ck_max = 0;
+    for (int k = first; k <= last; k++) {
+        stat += (double)(mm[k].param_bytes + mm[k].grad_bytes + mm[k].optim_bytes);
+        if ((double)mm[k].workspace_bytes > ws) ws = (double)mm[k].workspace_bytes;
+        keep += mm[k].keep_per_sample;
+        if (mm[k].in_per_sample > in_max) in_max = mm[k].in_per_sample;
+        /* a checkpointed forward holds the layer's input and what it makes */
+        double t = mm[k].in_per_sample + mm[k].keep_per_sample;
+        if (t > ck_max) ck_max = t;
+    }
+    double in = mm[first].in_per_sample, out = mm[last].out_per_sample;
+    double cur = stat + ws, peak = cur, pending = 0;
+    for (int c = 0; c < sched->count[j]; c++) {
+        const gp_instr *in_ = &sched->list[j][c];
+        double s = (double)sizes[in_->i], t = cur;
+        switch (in_->kind) {
+        case GP_INSTR_RECV_ACT: cur += in * s; break;
+        case GP_INSTR_RECV_GRAD: cur += out * s; break;
+        case GP_INSTR_FORWARD:
+            if (j == 0) cur += in * s;
+            t = cur + ck_max * s;
+            if (in_->checkpointed) {
+                /* the output waits for the next stage's copy; the last
+                 * stage keeps only dlogits */
+                if (j < n - 1) pending += out * s;
+                cur += out * s;
+            } else {
+                cur += keep * s + (j == n - 1 ? out * s : 0);
+            }
+            if (j == n - 1 && in_->checkpointed) t = fmax(t, cur);
+            break;
+        case GP_INSTR_RECOMPUTE: cur += keep * s; break;
+        case GP_INSTR_BACKWARD:
+            t = cur + in_max * s; /* dx of a layer while its dy is alive */
+            cur -= keep * s + in * s + out * s;
+            if (j > 0) {
+                cur += in * s; /* dL/d input waits for the previous stage's copy */
+                pending += in * s;
+            }
+            break;
+        default: break;
+        }
+        if (t > peak) peak = t;
+        if (cur > peak) peak = cur;
+        if (in_->kind == GP_INSTR_FORWARD || in_->kind == GP_INSTR_BACKWARD ||
+            in_->kind == GP_INSTR_RECOMPUTE) {
+            /* what the neighbours copied during this instruction is freed */
+            double keep_pending = in_->kind == GP_INSTR_BACKWARD && j > 0 ? in * s : 0;
+            if (in_->kind == GP_INSTR_FORWARD && in_->checkpointed && j < n - 1)
+                keep_pending = out * s;
+            cur -= pending - keep_pending;
+            pending = keep_pending;
+        }
+    }
+    return peak;
+}
+
+/* ---- planning --------------------------------------------------------------- */
+
+typedef struct {
+    const gp_profile *p;
+    const gp_plan_opts *o;
+    gp_layer_times *lt;     /* at the largest micro-batch size */
+    double loss, upload;
+    gp_schedule sched;
+    int64_t sizes[1024];
+    double rfrac;           /* share of micro-batches that recompute */
+} plan_ctx;
+
+static double plan_mem(void *arg, int j, int first, int count)
+{
+    plan_ctx *c = arg;
+    return gp_stage_peak_bytes(c->p, &c->sched, c->sizes, j, first, count);
+}
+
+static double plan_cost(void *arg, int j, int first, int count)
+{
+    plan_ctx *c = arg;
+    if (c->o->by == GP_BALANCE_BY_SIZE || !c->p->timed) return plan_mem(arg, j, first, count);
+    gp_stage_times st = gp_stage_times_of(c->p, c->lt, c->loss, c->upload, j, c->o->n, first,
+                                          count);
+    return st.F + st.B + st.copy_act + st.copy_grad + c->rfrac * st.R;
+}
+
+static const char *plan_name(void *arg, int k, char *buf, size_t len)
+{
+    plan_ctx *c = arg;
+    snprintf(buf, len, "%s", c->p->mem[k].desc[0] ? c->p->mem[k].desc : "layer");
+    if (!c->p->mem[k].desc[0]) snprintf(buf, len, "layer %d", k);
+    return buf;
+}
+
+static gp_status plan_open(const gp_profile *p, const gp_plan_opts *o, plan_ctx *c)
+{
+    memset(c, 0, sizeof *c);
+    c->p = p;
+    c->o = o;
+    if (o->m < 1 || o->m > 1024)
+        return gp_error_set(GP_ERR_INVALID, "chunks = %d: use 1..1024 micro-batches", o->m);
+    GP_TRY(gp_microbatch_split(p->batch, o->m, c->sizes));
+    c->lt = calloc((size_t)p->L, sizeof *c->lt);
+    if (!c->lt) return gp_error_set(GP_ERR_OOM, "out of host memory");
+    if (p->timed) gp_profile_times_at(p, c->sizes[0], c->lt, &c->loss, &c->upload);
+    c->rfrac = o->checkpoint == GP_CKPT_ALWAYS ? 1.0
+               : o->checkpoint == GP_CKPT_EXCEPT_LAST ? (double)(o->m - 1) / o->m : 0.0;
+    gp_status s = gp_schedule_gpipe(o->n, o->m, o->checkpoint, &c->sched);
+    if (s != GP_OK) free(c->lt);
+    return s;
+}
+
+static void plan_close(plan_ctx *c)
+{
+    free(c->lt);
+    gp_schedule_free(&c->sched);
+}
+
+gp_status gp_balance_plan(const gp_profile *p, const gp_plan_opts *o, int *balance)
+{
+    plan_ctx c;
+    GP_TRY(plan_open(p, o, &c));
+    gp_partition_problem pb = {.L = p->L, .n = o->n, .cost = plan_cost, .mem = plan_mem,
+                               .capacity = o->capacity, .arg = &c, .layer_name = plan_name};
+    gp_status s = gp_partition_solve(&pb, balance, NULL, NULL);
+    plan_close(&c);
+    return s;
+}
+
+void gp_balance_stage_costs(const gp_profile *p, const gp_plan_opts *o, const int *balance,
+                            double *cost, double *peak_bytes)
+{
+    plan_ctx c;
+    if (plan_open(p, o, &c) != GP_OK) {
+        for (int j = 0; j < o->n; j++) cost[j] = peak_bytes[j] = NAN;
+        return;
+    }
+    int first = 0;
+    for (int j = 0; j < o->n; j++) {
+        cost[j] = plan_cost(&c, j, first, balance[j]);
+        peak_bytes[j] = plan_mem(&c, j, first, balance[j]);
+        first += balance[j];
+    }
+    plan_close(&c);
+}
+
+/* ---- simulator -------------------------------------------------------------- */
+
+gp_status gp_simulate(const gp_profile *p, int n, const int *balance, int m,
+                      gp_checkpoint_mode ckpt, bool lockstep, const double *capacity,
+                      gp_sim_result *out)
+{
+    memset(out, 0, sizeof *out);
+    out->n = n;
+    out->m = m;
+    out->checkpoint = ckpt;
+    if (!p->timed)
+        return gp_error_set(GP_ERR_INVALID, "the profile has no times (taken with --by size); "
+                            "profile with --by time or both to simulate");
+    if (n < 1 || n > GP_MAX_DEVICES || m < 1 || m > 1024)
+        return gp_error_set(GP_ERR_INVALID, "simulate: n = %d, m = %d out of range", n, m);
+    int sum = 0, first[GP_MAX_DEVICES];
+    for (int j = 0; j < n; j++) {
+        if (balance[j] < 1)
+            return gp_error_set(GP_ERR_INVALID, "simulate: stage %d has no layers", j);
+        first[j] = sum;
+        sum += balance[j];
+    }
+    if (sum != p->L)
+        return gp_error_set(GP_ERR_INVALID, "simulate: balance sums to %d layers but the profile "
+                            "has %d", sum, p->L);
+    int64_t sizes[1024];
+    GP_TRY(gp_microbatch_split(p->batch, m, sizes));
+    gp_schedule sc;
+    GP_TRY(gp_schedule_gpipe(n, m, ckpt, &sc));
+
+    /* stage times at the (at most two) micro-batch sizes of this split */
+    gp_layer_times *lt = calloc((size_t)p->L * 2, sizeof *lt);
+    size_t cells = (size_t)m * (size_t)n;
+    double *fwd_fin = malloc(cells * sizeof *fwd_fin), *bwd_fin = malloc(cells * sizeof *bwd_fin);
+    double *clock_fin = calloc((size_t)sc.clocks, sizeof *clock_fin);
+    int *clock_left = calloc((size_t)sc.clocks, sizeof *clock_left);
+    gp_stage_times *st = calloc((size_t)n * 2, sizeof *st);
+    if (!lt || !fwd_fin || !bwd_fin || !clock_fin || !clock_left || !st) {
+        free(lt); free(fwd_fin); free(bwd_fin); free(clock_fin); free(clock_left); free(st);
+        gp_schedule_free(&sc);
+        return gp_error_set(GP_ERR_OOM, "out of host memory simulating");
+    }
+    int64_t big = sizes[0], small = sizes[m - 1];
+    for (int v = 0; v < 2; v++) {
+        double loss, upload;
+        gp_layer_times *l = lt + (size_t)v * (size_t)p->L;
+        gp_profile_times_at(p, v == 0 ? big : small, l, &loss, &upload);
+        for (int j = 0; j < n; j++)
+            st[v * n + j] = gp_stage_times_of(p, l, loss, upload, j, n, first[j], balance[j]);
+    }
+    for (size_t q = 0; q < cells; q++) fwd_fin[q] = bwd_fin[q] = -1;
+    for (int j = 0; j < n; j++)
+        for (int c = 0; c < sc.count[j]; c++) {
+            gp_instr_kind kd = sc.list[j][c].kind;
+            if (kd == GP_INSTR_FORWARD || kd == GP_INSTR_BACKWARD) clock_left[sc.list[j][c].k]++;
+        }
+    int pc[GP_MAX_DEVICES] = {0};
+    double t[GP_MAX_DEVICES] = {0};
+    int done = 0, total = 0;
+    for (int j = 0; j < n; j++) total += sc.count[j];
+    while (done < total) {
+        bool progress = false;
+        for (int j = 0; j < n; j++) {
+            while (pc[j] < sc.count[j]) {
+                const gp_instr *in = &sc.list[j][pc[j]];
+                const gp_stage_times *s = &st[(sizes[in->i] == big ? 0 : 1) * n + j];
+                double dep = 0, dur = 0;
+                bool ready = true;
+                if (in->kind == GP_INSTR_RECV_ACT || in->kind == GP_INSTR_RECV_GRAD) {
+                    if (lockstep) {
+                        if (in->k >= 1) {
+                            ready = clock_left[in->k - 1] == 0;
+                            dep = clock_fin[in->k - 1];
+                        }
+                    } else {
+                        int jj = in->kind == GP_INSTR_RECV_ACT ? j - 1 : j + 1;
+                        double f = in->kind == GP_INSTR_RECV_ACT
+                                       ? fwd_fin[(size_t)in->i * (size_t)n + (size_t)jj]
+                                       : bwd_fin[(size_t)in->i * (size_t)n + (size_t)jj];
+                        ready = f >= 0;
+                        dep = f;
+                    }
+                    dur = in->kind == GP_INSTR_RECV_ACT ? s->copy_act : s->copy_grad;
+                } else if (in->kind == GP_INSTR_FORWARD) {
+                    dur = s->F;
+                } else if (in->kind == GP_INSTR_RECOMPUTE) {
+                    dur = s->R;
+                } else {
+                    dur = s->B;
+                }
+                if (!ready) break;
+                double t0 = t[j] > dep ? t[j] : dep;
+                t[j] = t0 + dur;
+                out->busy[j] += dur;
+                if (in->kind == GP_INSTR_FORWARD || in->kind == GP_INSTR_BACKWARD) {
+                    double *fin = in->kind == GP_INSTR_FORWARD ? fwd_fin : bwd_fin;
+                    fin[(size_t)in->i * (size_t)n + (size_t)j] = t[j];
+                    clock_left[in->k]--;
+                    if (t[j] > clock_fin[in->k]) clock_fin[in->k] = t[j];
+                }
+                pc[j]++;
+                done++;
+                progress = true;
+            }
+        }
+        GP_ASSERT(progress); /* the executor's schedule never deadlocks */
+    }
+    /* after every list: commit and the optimizer, each stage on its own */
+    double end = 0, upd = 0;
+    for (int j = 0; j < n; j++) {
+        if (t[j] > end) end = t[j];
+        if (st[j].update > upd) upd = st[j].update;
+        out->busy[j] += st[j].update;
+    }
+    out->step = end + upd;
+    double busy = 0;
+    for (int j = 0; j < n; j++) busy += out->busy[j];
+    out->bubble = out->step > 0 ? 1.0 - busy / ((double)n * out->step) : 0;
+    out->throughput = out->step > 0 ? (double)p->batch / out->step : 0;
+    out->fits = true;
+    for (int j = 0; j < n; j++) {
+        out->peak_bytes[j] = gp_stage_peak_bytes(p, &sc, sizes, j, first[j], balance[j]);
+        if (capacity && capacity[j] > 0 && out->peak_bytes[j] > capacity[j]) out->fits = false;
+    }
+    free(lt); free(fwd_fin); free(bwd_fin); free(clock_fin); free(clock_left); free(st);
+    gp_schedule_free(&sc);
+    return GP_OK;
+}
+
+int gp_sim_recommend(const gp_sim_result *r, int count)
+{
+    double best = 0;
+    for (int q = 0; q < count; q++)
+        if (r[q].fits && r[q].throughput > best) best = r[q].throughput;
+    int pick = -1;
+    for (int q = 0; q < count; q++)
+        if (r[q].fits && r[q].throughput >= 0.95 * best && (pick < 0 || r[q].m < r[pick].m))
+            pick = q;
+    return pick;
+}

@@ -1,0 +1,486 @@
+/*
+ * test_balance — the balance module:
+ *   - partitioner: the exact optimum (largest stage, then second largest)
+ *     against brute force over every split, on thousands of random and
+ *     adversarial cost vectors (near-uniform, one huge layer, heavy tails),
+ *     with and without memory capacities; greedy filling and an equal-count
+ *     spread are measurably worse on some of them; infeasible problems fail
+ *     with messages naming the layer and the overflow;
+ *   - profiler: a layer with twice the FLOPs takes roughly twice the time
+ *     (wide bounds), and its bytes equal what the allocator holds for the
+ *     same layer built by the trainer; JSON save/load round trip;
+ *   - simulator: predicted step time vs a measured pipelined step on 2 CPU
+ *     devices (1 thread each) for m in {1, 4, 8}, within a wide factor
+ *     (tight numbers are bench/bench_balance's job).
+ */
+#include "balance/balance.h"
+#include "train/train.h"
+#include "test.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- brute force ------------------------------------------------------------ */
+
+typedef struct {
+    const double *c, *mem, *cap;
+    int L, n;
+} prob;
+
+static double stage_sum(const double *v, int first, int count)
+{
+    double s = 0;
+    for (int k = first; k < first + count; k++) s += v[k];
+    return s;
+}
+
+/* Stage cost through the same prefix sums the partitioner's additive path
+ * uses, so equal splits compare exactly equal. */
+static double pre_c[64], pre_m[64];
+static void make_prefix(const prob *p)
+{
+    pre_c[0] = pre_m[0] = 0;
+    for (int k = 0; k < p->L; k++) {
+        pre_c[k + 1] = pre_c[k] + p->c[k];
+        pre_m[k + 1] = pre_m[k] + (p->mem ? p->mem[k] : 0);
+    }
+}
+
+/* Best (max, second) over every feasible split; false if none. */
+static bool brute(const prob *p, double *bmax, double *bsec)
+{
+    int bal[16];
+    bool found = false;
+    *bmax = *bsec = INFINITY;
+    /* enumerate cut positions: n-1 cuts among L-1 gaps */
+    int cuts[16];
+    for (int j = 0; j < p->n - 1; j++) cuts[j] = j + 1;
+    for (;;) {
+        int prev = 0;
+        for (int j = 0; j < p->n; j++) {
+            int c = j < p->n - 1 ? cuts[j] : p->L;
+            bal[j] = c - prev;
+            prev = c;
+        }
+        double m1 = -INFINITY, m2 = -INFINITY;
+        bool ok = true;
+        int first = 0;
+        for (int j = 0; j < p->n; j++) {
+            double v = pre_c[first + bal[j]] - pre_c[first];
+            double mm = pre_m[first + bal[j]] - pre_m[first];
+            if (p->mem && p->cap && p->cap[j] > 0 && mm > p->cap[j]) ok = false;
+            if (v > m1) {
+                m2 = m1;
+                m1 = v;
+            } else if (v > m2) {
+                m2 = v;
+            }
+            first += bal[j];
+        }
+        if (p->n == 1) m2 = 0;
+        if (ok && (m1 < *bmax || (m1 == *bmax && m2 < *bsec))) {
+            *bmax = m1;
+            *bsec = m2;
+            found = true;
+        }
+        /* next combination */
+        int j = p->n - 2;
+        while (j >= 0 && cuts[j] == p->L - 1 - (p->n - 2 - j)) j--;
+        if (j < 0) break;
+        cuts[j]++;
+        for (int q = j + 1; q < p->n - 1; q++) cuts[q] = cuts[q - 1] + 1;
+    }
+    return found;
+}
+
+static void eval_split(const prob *p, const int *bal, double *m1, double *m2)
+{
+    *m1 = *m2 = -INFINITY;
+    int first = 0;
+    for (int j = 0; j < p->n; j++) {
+        double v = pre_c[first + bal[j]] - pre_c[first];
+        if (v > *m1) {
+            *m2 = *m1;
+            *m1 = v;
+        } else if (v > *m2) {
+            *m2 = v;
+        }
+        first += bal[j];
+    }
+    if (p->n == 1) *m2 = 0;
+}
+
+/* Greedy: fill each stage until it would pass total / n. */
+static double greedy(const prob *p)
+{
+    double total = stage_sum(p->c, 0, p->L), target = total / p->n, mx = 0, cur = 0;
+    int stage = 0, in_stage = 0;
+    for (int k = 0; k < p->L; k++) {
+        int left_layers = p->L - k, left_stages = p->n - stage;
+        if (in_stage > 0 && stage < p->n - 1 &&
+            (cur + p->c[k] > target || left_layers < left_stages + 0)) {
+            if (cur > mx) mx = cur;
+            cur = 0;
+            stage++;
+            in_stage = 0;
+        }
+        if (p->L - k == p->n - stage && in_stage > 0 && stage < p->n - 1) {
+            if (cur > mx) mx = cur;
+            cur = 0;
+            stage++;
+            in_stage = 0;
+        }
+        cur += p->c[k];
+        in_stage++;
+    }
+    if (cur > mx) mx = cur;
+    return mx;
+}
+
+/* Equal layer counts per stage. */
+static double spread(const prob *p)
+{
+    double mx = 0;
+    int first = 0;
+    for (int j = 0; j < p->n; j++) {
+        int cnt = p->L / p->n + (j < p->L % p->n);
+        double v = stage_sum(p->c, first, cnt);
+        if (v > mx) mx = v;
+        first += cnt;
+    }
+    return mx;
+}
+
+static uint64_t rng_state = 12345;
+static double urand(void)
+{
+    rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (double)(rng_state >> 11) / 9007199254740992.0;
+}
+
+static void gen(double *c, int L, int kind)
+{
+    for (int k = 0; k < L; k++) {
+        switch (kind) {
+        case 0: c[k] = 1.0 + urand(); break;                         /* uniform */
+        case 1: c[k] = 10.0 + 0.01 * urand(); break;                 /* near-uniform */
+        case 2: c[k] = 1.0 + urand(); break;                         /* one huge, below */
+        case 3: c[k] = pow(urand() + 1e-3, -1.5); break;             /* heavy tail */
+        case 4: c[k] = (double)(1 + (int)(urand() * 3)); break;      /* small integers: ties */
+        default: c[k] = urand() < 0.2 ? 20 * urand() : urand(); break;
+        }
+    }
+    if (kind == 2) c[(int)(urand() * L)] = 50.0 * (1 + urand());
+}
+
+static void test_partition_bruteforce(void)
+{
+    int cases = 0, mismatch = 0, greedy_worse = 0, spread_worse = 0, feas_mismatch = 0;
+    double greedy_ratio = 1, spread_ratio = 1;
+    double c[16], mem[16], cap[16];
+    for (int it = 0; it < 6000; it++) {
+        int L = 1 + (int)(urand() * 11);
+        int n = 1 + (int)(urand() * (L < 5 ? L : 5));
+        int kind = it % 6;
+        gen(c, L, kind);
+        bool with_mem = it % 3 == 2;
+        if (with_mem) {
+            double tot = 0;
+            for (int k = 0; k < L; k++) tot += mem[k] = 1 + 9 * urand();
+            for (int j = 0; j < n; j++) cap[j] = (urand() < 0.2 ? 0 : tot / n * (0.8 + urand()));
+        }
+        prob p = {c, with_mem ? mem : NULL, with_mem ? cap : NULL, L, n};
+        make_prefix(&p);
+        double bm, bs;
+        bool bf = brute(&p, &bm, &bs);
+        int bal[16];
+        gp_status s = gp_partition_minmax_mem(c, with_mem ? mem : NULL, with_mem ? cap : NULL, L, n,
+                                              bal);
+        cases++;
+        if (bf != (s == GP_OK)) {
+            feas_mismatch++;
+            continue;
+        }
+        if (!bf) continue;
+        double m1, m2;
+        eval_split(&p, bal, &m1, &m2);
+        int sum = 0;
+        bool each = true;
+        for (int j = 0; j < n; j++) {
+            sum += bal[j];
+            each = each && bal[j] >= 1;
+        }
+        if (sum != L || !each || m1 != bm || m2 != bs) {
+            if (mismatch++ < 5)
+                fprintf(stderr, "mismatch L=%d n=%d kind=%d: dp (%g, %g) brute (%g, %g)\n", L, n,
+                        kind, m1, m2, bm, bs);
+        }
+        if (!with_mem && n > 1) {
+            double g = greedy(&p), sp = spread(&p);
+            if (g > m1 * (1 + 1e-12)) greedy_worse++;
+            if (sp > m1 * (1 + 1e-12)) spread_worse++;
+            if (g / m1 > greedy_ratio) greedy_ratio = g / m1;
+            if (sp / m1 > spread_ratio) spread_ratio = sp / m1;
+            CHECK(g >= m1 * (1 - 1e-12) && sp >= m1 * (1 - 1e-12)); /* never better than exact */
+        }
+    }
+    CHECK_MSG(mismatch == 0, "%d of %d cases differ from brute force", mismatch, cases);
+    CHECK_MSG(feas_mismatch == 0, "%d cases disagree on feasibility", feas_mismatch);
+    printf("test_balance: partitioner = brute force on %d cases; greedy worse on %d (up to "
+           "%.2fx), equal-count spread worse on %d (up to %.2fx)\n",
+           cases, greedy_worse, greedy_ratio, spread_worse, spread_ratio);
+    CHECK(greedy_worse > 100 && greedy_ratio > 1.3);
+    CHECK(spread_worse > 100 && spread_ratio > 1.5);
+
+    /* A fixed case where both heuristics lose: one heavy layer in front. */
+    double hv[8] = {8, 1, 1, 1, 1, 1, 1, 1};
+    prob p = {hv, NULL, NULL, 8, 2};
+    make_prefix(&p);
+    int bal[2];
+    CHECK_OK(gp_partition_minmax(hv, 8, 2, bal));
+    CHECK(bal[0] == 1 && bal[1] == 7);
+    CHECK(greedy(&p) >= 8 && spread(&p) == 11);
+}
+
+static void test_partition_tiebreak_and_errors(void)
+{
+    /* equal maxima: the split with the smaller second-largest stage wins */
+    double c[5] = {4, 1, 1, 2, 4};
+    int bal[3];
+    CHECK_OK(gp_partition_minmax(c, 5, 3, bal));
+    /* best max 4: [4][1 1 2][4] gives second 4; [4][1,1][2,4]? max 6. */
+    CHECK(bal[0] == 1 && bal[1] == 3 && bal[2] == 1);
+    /* deterministic: the same answer every time */
+    int bal2[3];
+    CHECK_OK(gp_partition_minmax(c, 5, 3, bal2));
+    CHECK(!memcmp(bal, bal2, sizeof bal));
+
+    CHECK_ERR(gp_partition_minmax(c, 5, 6, bal), GP_ERR_INVALID, "cannot split 5 layers into 6");
+    double mem[4] = {10, 90, 10, 10}, cap[2] = {60, 60};
+    double cc[4] = {1, 1, 1, 1};
+    CHECK_ERR(gp_partition_minmax_mem(cc, mem, cap, 4, 2, bal), GP_ERR_INVALID,
+              "layer 1 alone needs");
+    CHECK_ERR(gp_partition_minmax_mem(cc, mem, cap, 4, 2, bal), GP_ERR_INVALID, "over by 30 B");
+    /* each layer fits alone but no split does */
+    double mem2[4] = {40, 40, 40, 40}, cap2[2] = {70, 100};
+    CHECK_ERR(gp_partition_minmax_mem(cc, mem2, cap2, 4, 2, bal), GP_ERR_INVALID, "over by");
+    /* capacity moves the split away from the cost optimum */
+    double c3[4] = {1, 1, 1, 1}, m3[4] = {50, 50, 50, 50}, cap3[2] = {60, 0};
+    CHECK_OK(gp_partition_minmax_mem(c3, m3, cap3, 4, 2, bal));
+    CHECK(bal[0] == 1 && bal[1] == 3);
+}
+
+/* ---- profiler ---------------------------------------------------------------- */
+
+static gp_profile_opts popts(int64_t b)
+{
+    gp_profile_opts o = {.device = "cpu:0", .threads = 1, .warmup = 2, .reps = 5,
+                         .timed = true, .n_sizes = 1, .batch = b, .chunks = 1,
+                         .optim_slots = 1, .seed = 1};
+    o.sizes[0] = b;
+    return o;
+}
+
+static void test_profiler(void)
+{
+    /* flatten + linear; the two models differ only in the linear's width */
+    gp_layer_spec sa[2], sb[2];
+    sa[0] = sb[0] = gp_layer_spec_default(GP_LAYER_FLATTEN);
+    sa[1] = sb[1] = gp_layer_spec_default(GP_LAYER_LINEAR);
+    sa[1].out = 384;
+    sb[1].out = 768; /* same input, twice the outputs: twice the FLOPs */
+    int64_t in[3] = {384, 1, 1};
+    gp_profile_opts o = popts(256);
+    gp_profile a, b;
+    CHECK_OK(gp_profile_run(sa, 2, in, &o, &a));
+    CHECK_OK(gp_profile_run(sb, 2, in, &o, &b));
+    if (a.L != 2 || b.L != 2) return;
+    double ta = a.t[1].fwd + a.t[1].bwd_data + a.t[1].bwd_weights;
+    double tb = b.t[1].fwd + b.t[1].bwd_data + b.t[1].bwd_weights;
+    double r = tb / ta;
+    printf("test_balance: linear 384->768 / 384->384 time ratio %.2f (FLOPs ratio 2)\n", r);
+    CHECK_MSG(r > 1.2 && r < 3.5, "time ratio %.2f", r);
+    CHECK(fabs(b.mem[1].flops_per_sample / a.mem[1].flops_per_sample - 2.0) < 0.01);
+    /* bytes: the layer's own tensors, as the allocator counted them */
+    CHECK(b.mem[1].param_bytes == (size_t)(384 * 768 + 768) * sizeof(float));
+    CHECK(b.mem[1].grad_bytes == b.mem[1].param_bytes);
+    CHECK(b.mem[1].optim_bytes == b.mem[1].param_bytes);
+    CHECK(b.mem[1].keep_per_sample >= b.mem[1].out_per_sample);
+    CHECK(b.mem[0].param_bytes == 0 && b.first_trainable == 1);
+    gp_profile_free(&a);
+    gp_profile_free(&b);
+
+    const char *yaml =
+        "model:\n"
+        "  input: [1, 12, 12]\n"
+        "  layers:\n"
+        "    - conv2d: {out: 8, kernel: 3, padding: 1}\n"
+        "    - batchnorm\n"
+        "    - relu\n"
+        "    - maxpool2d: {kernel: 2}\n"
+        "    - flatten\n"
+        "    - linear: {out: 10}\n"
+        "data: {dataset: synthetic}\n"
+        "train: {batch_size: 16}\n";
+    gp_config cfg;
+    CHECK_OK(gp_config_parse("t.yaml", yaml, strlen(yaml), NULL, 0, &cfg));
+    gp_model_profile_opts mo = {.warmup = 1, .reps = 3, .timed = true, .threads = 1};
+    gp_profile p;
+    CHECK_OK(gp_model_profile(&cfg, &mo, &p));
+    gp_device *dev;
+    gp_device_opts dopt = {.threads = 1};
+    CHECK_OK(gp_device_open("cpu:0", &dopt, &dev));
+    gp_model model;
+    CHECK_OK(gp_model_build(&cfg, dev, &model));
+    size_t par = 0, gr = 0, op = 0;
+    for (int k = 0; k < p.L; k++) {
+        par += p.mem[k].param_bytes;
+        gr += p.mem[k].grad_bytes;
+        op += p.mem[k].optim_bytes;
+    }
+    CHECK(par == dev->alloc.cur_by[GP_MEM_PARAMS]);
+    CHECK(gr == dev->alloc.cur_by[GP_MEM_GRADS]);
+    CHECK(op == dev->alloc.cur_by[GP_MEM_OPTIMIZER]);
+    CHECK(p.first_trainable == 0);
+    for (int k = 0; k < p.L; k++) CHECK(p.t[k].fwd > 0 && p.t[k].copy > 0);
+    gp_model_free(&model);
+    gp_device_close(dev);
+
+    /* JSON round trip */
+    char path[512];
+    snprintf(path, sizeof path, "%s/test_balance_profile.json", GPIPE_BINARY_DIR);
+    CHECK_OK(gp_profile_save(&p, path));
+    gp_profile q;
+    CHECK_OK(gp_profile_load(path, &q));
+    CHECK(q.L == p.L && q.n_sizes == p.n_sizes && q.sizes[0] == p.sizes[0]);
+    bool same = true;
+    for (int k = 0; k < p.L; k++) {
+        same = same && q.t[k].fwd == p.t[k].fwd && q.t[k].copy == p.t[k].copy &&
+               q.mem[k].param_bytes == p.mem[k].param_bytes &&
+               q.mem[k].keep_per_sample == p.mem[k].keep_per_sample &&
+               !strcmp(q.mem[k].desc, p.mem[k].desc);
+    }
+    CHECK(same);
+    gp_profile_free(&q);
+    FILE *f = fopen(path, "w");
+    fputs("{\"format\": \"gpipe-profile\", \"version\": 1, \"threads\": 1}", f);
+    fclose(f);
+    CHECK_ERR(gp_profile_load(path, &q), GP_ERR_DATA, "\"batch\" is missing");
+    f = fopen(path, "w");
+    fputs("{\"format\": \"gpipe-profile\", \"version\": [1,", f);
+    fclose(f);
+    CHECK_ERR(gp_profile_load(path, &q), GP_ERR_DATA, "not valid JSON");
+    remove(path);
+
+    /* interpolation between measured sizes */
+    gp_profile two = p;
+    gp_layer_times t2[12];
+    two.n_sizes = 2;
+    two.sizes[0] = 8;
+    two.sizes[1] = 16;
+    gp_layer_times both[12];
+    memcpy(both, p.t, (size_t)p.L * sizeof *both);
+    for (int k = 0; k < p.L; k++) {
+        both[p.L + k] = p.t[k];
+        both[k].fwd = p.t[k].fwd / 2;
+    }
+    two.t = both;
+    gp_profile_times_at(&two, 12, t2, NULL, NULL);
+    CHECK_NEAR(t2[0].fwd, 0.75 * p.t[0].fwd, 1e-12, 1e-9);
+    gp_profile_free(&p);
+    gp_config_free(&cfg);
+}
+
+/* ---- simulator vs a measured step -------------------------------------------- */
+
+static void test_simulator(void)
+{
+    const char *yaml =
+        "model:\n"
+        "  input: [1, 28, 28]\n"
+        "  layers:\n"
+        "    - flatten\n"
+        "    - linear: {out: 512}\n"
+        "    - relu\n"
+        "    - linear: {out: 512}\n"
+        "    - relu\n"
+        "    - linear: {out: 512}\n"
+        "    - relu\n"
+        "    - linear: {out: 10}\n"
+        "pipeline: {devices: [cpu:0, cpu:1], threads: 1}\n"
+        "data: {dataset: synthetic}\n"
+        "train: {batch_size: 128}\n";
+    gp_config cfg;
+    CHECK_OK(gp_config_parse("sim.yaml", yaml, strlen(yaml), NULL, 0, &cfg));
+    gp_model_profile_opts mo = {.warmup = 2, .reps = 5, .timed = true, .threads = 1,
+                                .n_sizes = 3, .sizes = {128, 32, 16}};
+    gp_profile p;
+    CHECK_OK(gp_model_profile(&cfg, &mo, &p));
+    gp_plan_opts po;
+    gp_model_plan_opts(&cfg, 2, &po);
+    int bal[2];
+    CHECK_OK(gp_balance_plan(&p, &po, bal));
+    cfg.pipeline.n_balance = 2;
+    cfg.pipeline.balance[0] = bal[0];
+    cfg.pipeline.balance[1] = bal[1];
+    int ms[3] = {1, 4, 8};
+    for (int q = 0; q < 3; q++) {
+        cfg.pipeline.chunks = ms[q];
+        gp_sim_result r;
+        CHECK_OK(gp_simulate(&p, 2, bal, ms[q], cfg.pipeline.checkpoint, true, NULL, &r));
+        gp_device *devs[GP_MAX_DEVICES];
+        gp_model model;
+        CHECK_OK(gp_train_open(&cfg, devs, &model, true));
+        int64_t b = 128, per = 784;
+        float *x = malloc((size_t)(b * per) * sizeof *x), *y = malloc((size_t)b * sizeof *y);
+        gp_rng_uniform_fill(5, 6, 0, x, b * per);
+        for (int64_t i = 0; i < b; i++) y[i] = (float)(i % 10);
+        double t[5];
+        for (int it = 0; it < 7; it++) {
+            gp_step_stats st;
+            CHECK_OK(gp_model_pipeline_step(&model, &cfg, x, y, b, 0.0, &st));
+            if (it >= 2) t[it - 2] = st.seconds;
+        }
+        for (int a = 0; a < 5; a++)
+            for (int c = a + 1; c < 5; c++)
+                if (t[c] < t[a]) {
+                    double tmp = t[a];
+                    t[a] = t[c];
+                    t[c] = tmp;
+                }
+        double ratio = r.step / t[2];
+        printf("test_balance: m = %d: simulated %.2f ms, measured %.2f ms (ratio %.2f), "
+               "bubble %.0f%%\n", ms[q], r.step * 1e3, t[2] * 1e3, ratio, 100 * r.bubble);
+        CHECK_MSG(ratio > 0.4 && ratio < 2.5, "m = %d ratio %.2f", ms[q], ratio);
+        CHECK(r.bubble >= 0 && r.bubble < 1 && r.fits);
+        free(x);
+        free(y);
+        gp_model_free(&model);
+        for (int j = 0; j < 2; j++) gp_device_close(devs[j]);
+    }
+    /* the schedule's shape: more micro-batches, smaller bubble */
+    gp_sim_result r1, r8;
+    CHECK_OK(gp_simulate(&p, 2, bal, 1, GP_CKPT_NEVER, true, NULL, &r1));
+    CHECK_OK(gp_simulate(&p, 2, bal, 8, GP_CKPT_NEVER, true, NULL, &r8));
+    CHECK(r8.bubble < r1.bubble);
+    CHECK_NEAR(r1.bubble, 0.5, 0.1, 0); /* n = 2, m = 1: half idle (plus copies/updates) */
+    /* a capacity below the peak: not recommended */
+    double cap[2] = {1, 1};
+    gp_sim_result rr[2];
+    CHECK_OK(gp_simulate(&p, 2, bal, 1, GP_CKPT_NEVER, true, cap, &rr[0]));
+    CHECK_OK(gp_simulate(&p, 2, bal, 8, GP_CKPT_NEVER, true, NULL, &rr[1]));
+    CHECK(!rr[0].fits && gp_sim_recommend(rr, 2) == 1);
+    gp_profile_free(&p);
+    gp_config_free(&cfg);
+}
+
+int main(void)
+{
+    gp_log_set_level(GP_LOG_WARN);
+    test_partition_bruteforce();
+    test_partition_tiebreak_and_errors();
+    test_profiler();
+    test_simulator();
+    return gpt_finish("test_balance");
+}

@@ -1,0 +1,380 @@
+/*
+ * gpipe-balance — profile a config's model layer by layer, print the exact
+ * min-max balance for n devices, optionally simulate the pipeline for every
+ * chunk count and checkpoint mode, and write the config back with the
+ * balance filled in.  A thin layer over src/balance and gp_model_profile.
+ */
+#include "balance/balance.h"
+#include "train/train.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { EXIT_OK = 0, EXIT_USAGE = 2, EXIT_DATA = 3, EXIT_RUNTIME = 4 };
+
+static void usage(FILE *f)
+{
+    fputs("usage: gpipe-balance CONFIG.yaml [options]\n"
+          "\n"
+          "Profile every layer of CONFIG.yaml's model at the configured micro-batch size\n"
+          "(train.batch_size / pipeline.chunks) on the kind of device stage 0 uses, and\n"
+          "print the best balance: the exact min-max split of the time each stage adds to\n"
+          "the pipeline (forward, backward, recompute when checkpointed, boundary copies),\n"
+          "with every device's memory capacity as a constraint.\n"
+          "\n"
+          "options:\n"
+          "  --devices N        balance for N devices (default: the config's devices;\n"
+          "                     a different N means cpu:0 .. cpu:N-1)\n"
+          "  --chunks M         micro-batches per mini-batch (pipeline.chunks)\n"
+          "  --by time|size|both  time: balance profiled time (default); size: balance\n"
+          "                     memory (parameters, optimizer state, activations; no\n"
+          "                     timing, fast); both: time, and also show the size split\n"
+          "  --simulate         predict step time, bubble, throughput and peak memory per\n"
+          "                     device for m in 1,2,4,8,16,32 and every checkpoint mode,\n"
+          "                     and recommend m (smallest within 5% of the best\n"
+          "                     throughput that fits memory)\n"
+          "  --write OUT.yaml   write the config with pipeline.balance (and the pipeline\n"
+          "                     section from the options) filled in; checked by loading it\n"
+          "  --profile-out F    save the profile as JSON\n"
+          "  --profile-in F     use a saved profile instead of profiling\n"
+          "  --reps R           timed runs per measurement, median taken (default 5)\n"
+          "  --set KEY=VALUE    override a config value (as gpipe-train; repeatable)\n"
+          "  -h, --help         this text\n"
+          "\n"
+          "exit status: 0 success; 2 bad command line, config or infeasible balance;\n"
+          "3 file error; 4 failure while profiling.\n",
+          f);
+}
+
+static int exit_code_for(gp_status s)
+{
+    switch (s) {
+    case GP_OK: return EXIT_OK;
+    case GP_ERR_INVALID:
+    case GP_ERR_UNSUPPORTED: return EXIT_USAGE;
+    case GP_ERR_IO:
+    case GP_ERR_DATA: return EXIT_DATA;
+    default: return EXIT_RUNTIME;
+    }
+}
+
+static const char *mb(double bytes, char *buf, size_t len)
+{
+    return gp_format_bytes(bytes > 0 ? (size_t)bytes : 0, buf, len);
+}
+
+/* The config text without its top-level `pipeline:` block, then a fresh
+ * pipeline block from cfg with `balance`. */
+static gp_status write_config(const char *in_path, const char *out_path, const gp_config *cfg,
+                              const int *balance)
+{
+    FILE *f = fopen(in_path, "rb");
+    if (!f) return gp_error_set(GP_ERR_IO, "cannot read '%s': %s", in_path, strerror(errno));
+    FILE *o = fopen(out_path, "w");
+    if (!o) {
+        fclose(f);
+        return gp_error_set(GP_ERR_IO, "cannot write '%s': %s", out_path, strerror(errno));
+    }
+    char line[4096];
+    bool skipping = false;
+    while (fgets(line, sizeof line, f)) {
+        bool top = line[0] != ' ' && line[0] != '\t' && line[0] != '\n' && line[0] != '\r' &&
+                   line[0] != '#';
+        if (top) skipping = !strncmp(line, "pipeline:", 9);
+        if (!skipping) fputs(line, o);
+    }
+    fclose(f);
+    const gp_pipeline_config *pc = &cfg->pipeline;
+    fputs("\n# pipeline section written by gpipe-balance\npipeline:\n  devices: [", o);
+    for (int j = 0; j < pc->n_devices; j++) {
+        const gp_device_spec *d = &pc->devices[j];
+        fprintf(o, "%s{name: \"%s\"", j ? ", " : "", d->name);
+        if (d->memory) fprintf(o, ", memory: %zu", d->memory);
+        if (d->threads) fprintf(o, ", threads: %d", d->threads);
+        fputc('}', o);
+    }
+    fputs("]\n  balance: [", o);
+    for (int j = 0; j < pc->n_devices; j++) fprintf(o, "%s%d", j ? ", " : "", balance[j]);
+    fprintf(o, "]\n  chunks: %d\n  checkpoint: %s\n  lockstep: %s\n", pc->chunks,
+            gp_checkpoint_mode_name(pc->checkpoint), pc->lockstep ? "true" : "false");
+    if (pc->threads) fprintf(o, "  threads: %d\n", pc->threads);
+    if (pc->memory) fprintf(o, "  memory: %zu\n", pc->memory);
+    if (pc->replicas > 1) fprintf(o, "  replicas: %d\n", pc->replicas);
+    if (fclose(o) != 0) return gp_error_set(GP_ERR_IO, "writing '%s' failed", out_path);
+    gp_config check;
+    gp_status s = gp_config_load(out_path, NULL, 0, &check);
+    if (s != GP_OK) return gp_error_wrap(s, "the written config '%s' does not load", out_path);
+    bool same = check.pipeline.n_balance == pc->n_devices;
+    for (int j = 0; same && j < pc->n_devices; j++) same = check.pipeline.balance[j] == balance[j];
+    gp_config_free(&check);
+    if (!same) return gp_error_set(GP_ERR_RUNTIME, "'%s' does not hold the balance", out_path);
+    return GP_OK;
+}
+
+static void print_balance(const char *title, const gp_profile *p, const gp_plan_opts *po,
+                          const int *balance)
+{
+    double cost[GP_MAX_DEVICES], peak[GP_MAX_DEVICES];
+    gp_balance_stage_costs(p, po, balance, cost, peak);
+    int n = po->n;
+    printf("%s: [", title);
+    for (int j = 0; j < n; j++) printf("%s%d", j ? ", " : "", balance[j]);
+    printf("]\n");
+    bool size = po->by == GP_BALANCE_BY_SIZE || !p->timed;
+    printf("  %5s %8s %12s %12s %12s\n", "stage", "layers", size ? "cost" : "cost ms", "peak mem",
+           "capacity");
+    double mx = 0, sum = 0;
+    int first = 0;
+    for (int j = 0; j < n; j++) {
+        char b1[32], b2[32], b3[32];
+        printf("  %5d %3d..%-4d %12s %12s %12s\n", j, first, first + balance[j] - 1,
+               size ? mb(cost[j], b3, sizeof b3) : (snprintf(b3, sizeof b3, "%.2f", cost[j] * 1e3), b3),
+               mb(peak[j], b1, sizeof b1),
+               po->capacity[j] > 0 ? mb(po->capacity[j], b2, sizeof b2) : "unlimited");
+        if (cost[j] > mx) mx = cost[j];
+        sum += cost[j];
+        first += balance[j];
+    }
+    printf("  imbalance (max / mean stage cost): %.3f\n", sum > 0 ? mx / (sum / n) : 1.0);
+}
+
+int main(int argc, char **argv)
+{
+    const char *config = NULL, *write_path = NULL, *prof_out = NULL, *prof_in = NULL;
+    int devices = 0, chunks = 0, simulate = 0, reps = 5;
+    gp_balance_by by = GP_BALANCE_BY_TIME;
+    const char **sets = calloc((size_t)argc + 4, sizeof *sets);
+    int n_sets = 0;
+    if (!sets) return EXIT_RUNTIME;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            free(sets);
+            return EXIT_OK;
+        } else if (!strcmp(a, "--simulate")) {
+            simulate = 1;
+        } else if (!strcmp(a, "--devices") || !strcmp(a, "--chunks") || !strcmp(a, "--by") ||
+                   !strcmp(a, "--write") || !strcmp(a, "--profile-out") ||
+                   !strcmp(a, "--profile-in") || !strcmp(a, "--set") || !strcmp(a, "--reps")) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "gpipe-balance: %s needs a value; see --help\n", a);
+                free(sets);
+                return EXIT_USAGE;
+            }
+            const char *v = argv[++i];
+            char *end = NULL;
+            if (!strcmp(a, "--devices") || !strcmp(a, "--chunks") || !strcmp(a, "--reps")) {
+                long x = strtol(v, &end, 10);
+                if (*end || x < 1 || x > 4096) {
+                    fprintf(stderr, "gpipe-balance: %s '%s': expected a positive integer\n", a, v);
+                    free(sets);
+                    return EXIT_USAGE;
+                }
+                if (!strcmp(a, "--devices")) devices = (int)x;
+                else if (!strcmp(a, "--chunks")) chunks = (int)x;
+                else reps = (int)x;
+            } else if (!strcmp(a, "--by")) {
+                if (!gp_balance_by_parse(v, &by)) {
+                    fprintf(stderr, "gpipe-balance: --by '%s': expected time, size or both\n", v);
+                    free(sets);
+                    return EXIT_USAGE;
+                }
+            } else if (!strcmp(a, "--write")) write_path = v;
+            else if (!strcmp(a, "--profile-out")) prof_out = v;
+            else if (!strcmp(a, "--profile-in")) prof_in = v;
+            else sets[n_sets++] = v;
+        } else if (a[0] == '-') {
+            fprintf(stderr, "gpipe-balance: unknown option '%s'; see --help\n", a);
+            free(sets);
+            return EXIT_USAGE;
+        } else if (!config) {
+            config = a;
+        } else {
+            fprintf(stderr, "gpipe-balance: more than one config given ('%s' and '%s')\n", config, a);
+            free(sets);
+            return EXIT_USAGE;
+        }
+    }
+    if (!config) {
+        fputs("gpipe-balance: no config given\n\n", stderr);
+        usage(stderr);
+        free(sets);
+        return EXIT_USAGE;
+    }
+    /* The balance is what we compute: whatever list the config has is replaced. */
+    char set_dev[64], set_chunks[64];
+    sets[n_sets++] = "pipeline.balance=auto";
+    if (chunks) {
+        snprintf(set_chunks, sizeof set_chunks, "pipeline.chunks=%d", chunks);
+        sets[n_sets++] = set_chunks;
+    }
+    gp_config cfg;
+    gp_status s = gp_config_load(config, sets, n_sets, &cfg);
+    if (s == GP_OK && devices && devices != cfg.pipeline.n_devices) {
+        gp_config_free(&cfg);
+        snprintf(set_dev, sizeof set_dev, "pipeline.devices=%d", devices);
+        sets[n_sets++] = set_dev;
+        s = gp_config_load(config, sets, n_sets, &cfg);
+    }
+    if (s != GP_OK) {
+        fprintf(stderr, "gpipe-balance: %s\n", gp_last_error());
+        free(sets);
+        return exit_code_for(s);
+    }
+    int n = cfg.pipeline.n_devices, m = cfg.pipeline.chunks > 0 ? cfg.pipeline.chunks : 1;
+    int64_t batch = cfg.train.batch_size, mbs = (batch + m - 1) / m;
+
+    gp_profile prof;
+    if (prof_in) {
+        s = gp_profile_load(prof_in, &prof);
+        if (s == GP_OK && prof.L != cfg.model.n_layers)
+            s = gp_error_set(GP_ERR_INVALID, "profile '%s' has %d layers but %s's model has %d; "
+                             "profile this config again", prof_in, prof.L, config,
+                             cfg.model.n_layers);
+        if (s == GP_OK) {
+            prof.batch = batch; /* the config's batch decides the micro-batch sizes */
+            prof.chunks = m;
+        }
+    } else {
+        gp_model_profile_opts mo = {.warmup = 2, .reps = reps, .timed = by != GP_BALANCE_BY_SIZE};
+        mo.sizes[mo.n_sizes++] = mbs;
+        if (simulate) {
+            for (int q = 1; q <= 32; q *= 2)
+                if (q <= batch) mo.sizes[mo.n_sizes++] = (batch + q - 1) / q;
+        }
+        fprintf(stderr, "gpipe-balance: profiling %d layers on %s at micro-batch %s%lld...\n",
+                cfg.model.n_layers, cfg.pipeline.devices[0].name, simulate ? "sizes up to " : "",
+                (long long)(simulate ? batch : mbs));
+        s = gp_model_profile(&cfg, &mo, &prof);
+    }
+    if (s == GP_OK && prof_out) s = gp_profile_save(&prof, prof_out);
+    if (s != GP_OK) {
+        fprintf(stderr, "gpipe-balance: %s\n", gp_last_error());
+        gp_config_free(&cfg);
+        free(sets);
+        return exit_code_for(s);
+    }
+    if (by != GP_BALANCE_BY_SIZE && !prof.timed) by = GP_BALANCE_BY_SIZE;
+
+    /* ---- the per-layer table ---- */
+    int L = prof.L;
+    gp_layer_times *lt = calloc((size_t)L, sizeof *lt);
+    double loss = 0, upload = 0, total = 0, total_mem = 0;
+    if (prof.timed) gp_profile_times_at(&prof, mbs, lt, &loss, &upload);
+    for (int k = 0; k < L; k++) {
+        total += lt[k].fwd + lt[k].bwd_data + lt[k].bwd_weights;
+        total_mem += (double)(prof.mem[k].param_bytes + prof.mem[k].grad_bytes +
+                              prof.mem[k].optim_bytes) + prof.mem[k].keep_per_sample * (double)mbs;
+    }
+    printf("%s: %d layers, batch %lld, %d chunk%s (micro-batch %lld), on %s x %d thread%s, "
+           "%s checkpointing\n\n", config, L, (long long)batch, m, m == 1 ? "" : "s",
+           (long long)mbs, prof.device, prof.threads, prof.threads == 1 ? "" : "s",
+           gp_checkpoint_mode_name(cfg.pipeline.checkpoint));
+    printf("%3s %-28s %8s %8s %8s %8s %8s %6s %10s %10s %10s %10s %6s\n", "#", "layer", "fwd ms",
+           "bwd-d ms", "bwd-w ms", "recmp ms", "copy ms", "time%", "params", "grad+opt",
+           "act kept", "workspace", "mem%");
+    for (int k = 0; k < L; k++) {
+        const gp_layer_mem *mm = &prof.mem[k];
+        char b1[32], b2[32], b3[32], b4[32], name[29];
+        const char *d = mm->desc;
+        if (!strncmp(d, "layer ", 6)) { /* "layer 3 (conv2d) at f.yaml:1:2" -> "conv2d" */
+            const char *o = strchr(d, '(');
+            d = o ? o + 1 : d;
+        }
+        size_t nl = strlen(d) < sizeof name - 1 ? strlen(d) : sizeof name - 1;
+        memcpy(name, d, nl);
+        name[nl] = '\0';
+        char *cl = strchr(name, ')');
+        if (cl) *cl = '\0';
+        double mem = (double)(mm->param_bytes + mm->grad_bytes + mm->optim_bytes) +
+                     mm->keep_per_sample * (double)mbs;
+        printf("%3d %-28s %8.3f %8.3f %8.3f %8.3f %8.3f %5.1f%% %10s %10s %10s %10s %5.1f%%\n", k,
+               name, lt[k].fwd * 1e3, lt[k].bwd_data * 1e3, lt[k].bwd_weights * 1e3,
+               lt[k].recompute * 1e3, lt[k].copy * 1e3,
+               total > 0 ? 100 * (lt[k].fwd + lt[k].bwd_data + lt[k].bwd_weights) / total : 0,
+               mb((double)mm->param_bytes, b1, sizeof b1),
+               mb((double)(mm->grad_bytes + mm->optim_bytes), b2, sizeof b2),
+               mb(mm->keep_per_sample * (double)mbs, b3, sizeof b3),
+               mb((double)mm->workspace_bytes, b4, sizeof b4),
+               total_mem > 0 ? 100 * mem / total_mem : 0);
+    }
+    if (prof.timed)
+        printf("    loss %.3f ms, input upload %.3f ms; fwd+bwd total %.2f ms per micro-batch\n",
+               loss * 1e3, upload * 1e3, total * 1e3);
+    printf("\n");
+
+    /* ---- the balance ---- */
+    gp_plan_opts po;
+    gp_model_plan_opts(&cfg, n, &po);
+    po.by = by == GP_BALANCE_BY_SIZE ? GP_BALANCE_BY_SIZE : GP_BALANCE_BY_TIME;
+    int balance[GP_MAX_DEVICES];
+    s = gp_balance_plan(&prof, &po, balance);
+    if (s == GP_OK) {
+        char title[96];
+        snprintf(title, sizeof title, "balance for %d device%s, by %s", n, n == 1 ? "" : "s",
+                 gp_balance_by_name(po.by));
+        print_balance(title, &prof, &po, balance);
+        if (by == GP_BALANCE_BY_BOTH) {
+            gp_plan_opts ps = po;
+            ps.by = GP_BALANCE_BY_SIZE;
+            int bs[GP_MAX_DEVICES];
+            if (gp_balance_plan(&prof, &ps, bs) == GP_OK) {
+                printf("\n");
+                print_balance("for comparison, by size", &prof, &ps, bs);
+                gp_sim_result a, b;
+                if (gp_simulate(&prof, n, balance, m, po.checkpoint, cfg.pipeline.lockstep,
+                                po.capacity, &a) == GP_OK &&
+                    gp_simulate(&prof, n, bs, m, po.checkpoint, cfg.pipeline.lockstep,
+                                po.capacity, &b) == GP_OK)
+                    printf("  predicted step: by time %.2f ms, by size %.2f ms\n", a.step * 1e3,
+                           b.step * 1e3);
+            }
+        }
+    }
+
+    /* ---- the simulator ---- */
+    if (s == GP_OK && simulate && prof.timed) {
+        printf("\nsimulated GPipe steps with this balance (%s):\n",
+               cfg.pipeline.lockstep ? "lockstep" : "free-running");
+        printf("%-12s %4s %10s %8s %12s %12s %5s\n", "checkpoint", "m", "step ms", "bubble",
+               "samples/s", "peak mem", "fits");
+        gp_checkpoint_mode modes[3] = {GP_CKPT_ALWAYS, GP_CKPT_EXCEPT_LAST, GP_CKPT_NEVER};
+        for (int c = 0; c < 3 && s == GP_OK; c++) {
+            gp_sim_result r[6];
+            int cnt = 0;
+            for (int q = 1; q <= 32 && s == GP_OK; q *= 2) {
+                if (q > batch) break;
+                s = gp_simulate(&prof, n, balance, q, modes[c], cfg.pipeline.lockstep,
+                                po.capacity, &r[cnt]);
+                if (s != GP_OK) break;
+                double pk = 0;
+                for (int j = 0; j < n; j++)
+                    if (r[cnt].peak_bytes[j] > pk) pk = r[cnt].peak_bytes[j];
+                char b1[32];
+                printf("%-12s %4d %10.2f %7.1f%% %12.1f %12s %5s\n",
+                       gp_checkpoint_mode_name(modes[c]), q, r[cnt].step * 1e3,
+                       100 * r[cnt].bubble, r[cnt].throughput, mb(pk, b1, sizeof b1),
+                       r[cnt].fits ? "yes" : "NO");
+                cnt++;
+            }
+            int pick = gp_sim_recommend(r, cnt);
+            if (pick >= 0)
+                printf("%-12s recommended m = %d (%.1f samples/s)\n",
+                       gp_checkpoint_mode_name(modes[c]), r[pick].m, r[pick].throughput);
+            else
+                printf("%-12s no m fits device memory\n", gp_checkpoint_mode_name(modes[c]));
+        }
+    }
+    if (s == GP_OK && write_path) {
+        s = write_config(config, write_path, &cfg, balance);
+        if (s == GP_OK) printf("\nwrote %s\n", write_path);
+    }
+    if (s != GP_OK) fprintf(stderr, "gpipe-balance: %s\n", gp_last_error());
+    free(lt);
+    gp_profile_free(&prof);
+    gp_config_free(&cfg);
+    free(sets);
+    return exit_code_for(s);
+}
