@@ -4,6 +4,7 @@
  * either print the model summary (--dry-run) or train.
  */
 #include "train/train.h"
+#include "train/snapshot.h"
 #include "trace/trace.h"
 
 #include <stdlib.h>
@@ -19,6 +20,7 @@ enum {
 static void usage(FILE *f)
 {
     fputs("usage: gpipe-train CONFIG.yaml [options]\n"
+          "       gpipe-train --resume SNAPSHOT [options]   (the config stored in it)\n"
           "\n"
           "Train the sequential model described by CONFIG.yaml (model, pipeline, data,\n"
           "train sections; see docs/config.md) and evaluate it on the test split.\n"
@@ -36,13 +38,23 @@ static void usage(FILE *f)
           "                     open in Perfetto or chrome://tracing; scripts/timeline.py\n"
           "                     summarises and compares traces)\n"
           "  --trace-steps A:B  record only steps A..B (0-based; A:, :B and A work)\n"
+          "  --resume PATH      go on from a snapshot (train.snapshot writes them);\n"
+          "                     'latest' = the newest complete one in train.snapshot.dir.\n"
+          "                     With the same devices, chunks and seed the result is bit\n"
+          "                     for bit the uninterrupted run's; without CONFIG the\n"
+          "                     snapshot's own config (+ --set) is used\n"
+          "  --export-weights OUT.safetensors\n"
+          "                     write the final weights, named as PyTorch's state_dict()\n"
+          "                     of the equivalent nn.Sequential (docs/snapshots.md); with\n"
+          "                     --resume and no steps left it just converts the snapshot\n"
           "  --progress         force the one-line progress bar (default on a terminal)\n"
           "  --no-progress      plain log lines every train.log_every steps\n"
           "  --quiet            only errors\n"
           "  --version          print the version and exit\n"
           "  -h, --help         this text\n"
           "\n"
-          "environment: GPIPE_LOG=debug|info|warn|error|quiet sets log verbosity.\n"
+          "environment: GPIPE_LOG=debug|info|warn|error|quiet sets log verbosity;\n"
+          "GPIPE_SNAPSHOT_SLOW_WRITE_MS (tests only) pauses halfway through each snapshot.\n"
           "\n"
           "exit status: 0 success; 2 bad command line or config; 3 data or file\n"
           "error; 4 failure during training (out of memory, NaN loss, backend error).\n",
@@ -63,7 +75,7 @@ static int exit_code_for(gp_status s)
 
 int main(int argc, char **argv)
 {
-    const char *config = NULL, *metrics = NULL, *trace = NULL;
+    const char *config = NULL, *metrics = NULL, *trace = NULL, *resume = NULL, *export = NULL;
     int64_t trace_first = 0, trace_last = -1;
     const char **sets = calloc((size_t)argc, sizeof *sets);
     int n_sets = 0, dry = 0, progress = -1, quiet = 0;
@@ -79,7 +91,8 @@ int main(int argc, char **argv)
             free(sets);
             return EXIT_OK;
         } else if (!strcmp(a, "--set") || !strcmp(a, "--metrics") || !strcmp(a, "--trace") ||
-                   !strcmp(a, "--trace-steps")) {
+                   !strcmp(a, "--trace-steps") || !strcmp(a, "--resume") ||
+                   !strcmp(a, "--export-weights")) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "gpipe-train: %s needs a value; see --help\n", a);
                 free(sets);
@@ -89,6 +102,8 @@ int main(int argc, char **argv)
             if (!strcmp(a, "--set")) sets[n_sets++] = v;
             else if (!strcmp(a, "--metrics")) metrics = v;
             else if (!strcmp(a, "--trace")) trace = v;
+            else if (!strcmp(a, "--resume")) resume = v;
+            else if (!strcmp(a, "--export-weights")) export = v;
             else if (!gp_trace_parse_range(v, &trace_first, &trace_last)) {
                 fprintf(stderr, "gpipe-train: --trace-steps '%s': expected A:B with 0 <= A <= B "
                                 "(or A:, :B, A)\n", v);
@@ -119,7 +134,13 @@ int main(int argc, char **argv)
             return EXIT_USAGE;
         }
     }
-    if (!config) {
+    if (!config && resume && !strcmp(resume, "latest")) {
+        fputs("gpipe-train: --resume latest needs the config (it names train.snapshot.dir); "
+              "give CONFIG.yaml, or a snapshot's path\n", stderr);
+        free(sets);
+        return EXIT_USAGE;
+    }
+    if (!config && !resume) {
         fputs("gpipe-train: no config given\n\n", stderr);
         usage(stderr);
         free(sets);
@@ -128,7 +149,8 @@ int main(int argc, char **argv)
     if (quiet) gp_log_set_level(GP_LOG_ERROR);
 
     gp_config cfg;
-    gp_status s = gp_config_load(config, sets, n_sets, &cfg);
+    gp_status s = config ? gp_config_load(config, sets, n_sets, &cfg)
+                         : gp_snapshot_read_config(resume, sets, n_sets, &cfg);
     free(sets);
     if (s != GP_OK) {
         fprintf(stderr, "gpipe-train: %s\n", gp_last_error());
@@ -139,7 +161,8 @@ int main(int argc, char **argv)
     } else {
         gp_train_opts o = {.metrics_path = metrics, .trace_path = trace,
                            .trace_first = trace_first, .trace_last = trace_last,
-                           .progress = progress, .quiet = quiet};
+                           .progress = progress, .quiet = quiet,
+                           .resume_path = resume, .export_path = export};
         gp_train_result r;
         s = gp_train_run(&cfg, &o, &r);
     }

@@ -47,7 +47,8 @@ static const char *const k_schema[] = {
     "train.schedule.warmup_steps", "train.schedule.warmup_start",
     "train.schedule.step_size", "train.schedule.gamma", "train.schedule.min_lr",
     "train.lr_scaling", "train.base_batch", "train.log_every", "train.eval_each_epoch",
-    "train.eval_batch_size",
+    "train.eval_batch_size", "train.snapshot", "train.snapshot.every_steps",
+    "train.snapshot.every_minutes", "train.snapshot.keep", "train.snapshot.dir",
 };
 #define N_SCHEMA ((int)(sizeof k_schema / sizeof k_schema[0]))
 
@@ -1108,6 +1109,24 @@ static gp_status parse_train(walk *w, const gp_ynode *root, gp_train_config *tc)
     GP_TRY(get_int(w, m, "train", "log_every", 50, 0, INT64_MAX, &tc->log_every));
     GP_TRY(get_bool(w, m, "train", "eval_each_epoch", true, &tc->eval_each_epoch));
     GP_TRY(get_int(w, m, "train", "eval_batch_size", 1000, 1, 1 << 24, &tc->eval_batch_size));
+
+    const gp_ynode *snm;
+    GP_TRY(get_map(w, m, "train", "snapshot", "{every_steps: 1000, keep: 3, dir: snapshots}",
+                   &snm));
+    GP_TRY(check_keys(w, snm, "train.snapshot"));
+    const char *sn = "train.snapshot";
+    rec = w->record;
+    w->record = rec && snm;
+    s = get_int(w, snm, sn, "every_steps", 0, 0, INT64_MAX, &tc->snapshot.every_steps);
+    if (s == GP_OK)
+        s = get_float(w, snm, sn, "every_minutes", 0, 0, INFINITY, 0, &tc->snapshot.every_minutes);
+    if (s == GP_OK) s = get_int(w, snm, sn, "keep", 3, 1, 1 << 20, &tc->snapshot.keep);
+    if (s == GP_OK)
+        s = get_str(w, snm, sn, "dir", "snapshots", tc->snapshot.dir, sizeof tc->snapshot.dir);
+    w->record = rec;
+    GP_TRY(s);
+    if (snm && tc->snapshot.dir[0] == '\0')
+        return bad(w, gp_ymap_get(snm, "dir"), "train.snapshot.dir is empty; give a directory");
     return GP_OK;
 }
 
@@ -1168,6 +1187,31 @@ gp_status gp_config_parse(const char *name, const char *text, size_t len,
         return s;
     }
     snprintf(out->path, sizeof out->path, "%s", name);
+    size_t olen = 1;
+    for (int i = 0; i < n_overrides; i++)
+        if (overrides && overrides[i]) olen += strlen(overrides[i]) + 1;
+    out->text = malloc(len + 1);
+    out->overrides = malloc(olen);
+    if (out->text) {
+        if (len) memcpy(out->text, text, len);
+        out->text[len] = '\0';
+    }
+    if (out->overrides) {
+        size_t at = 0;
+        for (int i = 0; i < n_overrides; i++) {
+            if (!overrides || !overrides[i]) continue;
+            size_t k = strlen(overrides[i]);
+            memcpy(out->overrides + at, overrides[i], k);
+            at += k;
+            out->overrides[at++] = '\n';
+        }
+        out->overrides[at] = '\0';
+    }
+    if (!out->text || !out->overrides) {
+        free(w.defaults);
+        gp_config_free(out);
+        return gp_error_set(GP_ERR_INVALID, "out of memory reading the config");
+    }
     out->defaults_applied = w.defaults ? w.defaults : calloc(1, 1);
     if (!out->defaults_applied) {
         gp_config_free(out);
@@ -1226,5 +1270,7 @@ void gp_config_free(gp_config *c)
     if (!c) return;
     free(c->model.layers);
     free(c->defaults_applied);
+    free(c->text);
+    free(c->overrides);
     memset(c, 0, sizeof *c);
 }

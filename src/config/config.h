@@ -92,6 +92,15 @@ typedef struct gp_sched_config {
     float min_lr;             /* cosine: floor; default 0 */
 } gp_sched_config;
 
+/* Snapshots (docs/snapshots.md): taken between steps when either trigger
+ * fires; the newest `keep` are kept in `dir`. */
+typedef struct gp_snapshot_config {
+    int64_t every_steps;      /* 0 = no step trigger */
+    float every_minutes;      /* 0 = no time trigger */
+    int64_t keep;             /* default 3, >= 1 */
+    char dir[512];            /* default "snapshots" */
+} gp_snapshot_config;
+
 typedef struct gp_train_config {
     int64_t epochs;           /* default 1; ignored if steps > 0 */
     int64_t steps;            /* total optimizer steps; 0 = use epochs */
@@ -104,6 +113,7 @@ typedef struct gp_train_config {
     int64_t log_every;        /* log line every N steps; default 50 */
     bool eval_each_epoch;     /* default true */
     int64_t eval_batch_size;  /* default 1000 */
+    gp_snapshot_config snapshot;
 } gp_train_config;
 
 typedef struct gp_config {
@@ -115,6 +125,11 @@ typedef struct gp_config {
     /* Human-readable list of the defaults that were applied, one per line,
      * for --dry-run / -v (owned). */
     char *defaults_applied;
+    /* What it was made from, stored in snapshots so a run can be resumed
+     * from the snapshot alone (owned; "" when unknown): the YAML text and
+     * the overrides, one per line. */
+    char *text;
+    char *overrides;
 } gp_config;
 
 /* Load and validate.  overrides[i] is "a.b.c=value". */

@@ -222,6 +222,12 @@ int64_t gp_batchnorm_batches_tracked(const gp_layer *l)
     return ((const bn_state *)l->state)->batches_tracked;
 }
 
+int64_t *gp_batchnorm_counter(gp_layer *l)
+{
+    GP_ASSERT(l->spec.type == GP_LAYER_BATCHNORM && l->state);
+    return &((bn_state *)l->state)->batches_tracked;
+}
+
 int64_t gp_batchnorm_pending_count(const gp_layer *l)
 {
     GP_ASSERT(l->spec.type == GP_LAYER_BATCHNORM && l->state);

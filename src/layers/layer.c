@@ -358,3 +358,16 @@ int gp_layers_first_trainable(const gp_layer *layers, int n)
         if (gp_layer_param_count(&layers[k]) > 0) return k;
     return n;
 }
+
+int gp_layer_counters(gp_layer *l, const char **names, int64_t **values, int max)
+{
+    if (l->spec.type == GP_LAYER_BATCHNORM) {
+        if (max > 0) {
+            names[0] = "num_batches_tracked";
+            values[0] = gp_batchnorm_counter(l);
+        }
+        return 1;
+    }
+    if (l->spec.type == GP_LAYER_RESIDUAL) return gp_residual_counters(l, names, values, max);
+    return 0;
+}

@@ -187,6 +187,13 @@ int64_t gp_layer_param_count(const gp_layer *l); /* trainable elements */
  * before it need no backward at all, and it needs no dx: the gradient would
  * only flow into parameter-free layers and the input. */
 int gp_layers_first_trainable(const gp_layer *layers, int n);
+/* The batch-norm step counters of a layer (PyTorch's num_batches_tracked):
+ * one named "num_batches_tracked" for batchnorm, one per inner norm for a
+ * residual block ("bn1.num_batches_tracked", "downsample.1.num_..."), none
+ * for other layers.  Fills up to `max` names (static strings) and pointers
+ * into the layer's state, which snapshots read and set between steps.
+ * Returns how many the layer has. */
+int gp_layer_counters(gp_layer *l, const char **names, int64_t **values, int max);
 /* "layer 3 (conv2d 'c1') at f.yaml:12:7" for messages. */
 const char *gp_layer_describe(const gp_layer *l, char *buf, size_t len);
 

@@ -74,5 +74,9 @@ int64_t gp_layers_out_size(int64_t in, int64_t kernel, int64_t stride, int64_t p
  * the micro-batch samples (count per channel) waiting in the accumulator. */
 int64_t gp_batchnorm_batches_tracked(const gp_layer *l);
 int64_t gp_batchnorm_pending_count(const gp_layer *l);
+/* Where a batch norm keeps its commit count (snapshots set it on resume). */
+int64_t *gp_batchnorm_counter(gp_layer *l);
+/* gp_layer_counters of a residual block. */
+int gp_residual_counters(gp_layer *l, const char **names, int64_t **values, int max);
 
 #endif /* GP_LAYERS_IMPL_H */

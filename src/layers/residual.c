@@ -345,6 +345,25 @@ static size_t res_saved_bytes(const gp_layer *l, int64_t n)
     return (down ? 4 : 3) * act + (down ? 3 : 2) * stats;
 }
 
+int gp_residual_counters(gp_layer *l, const char **names, int64_t **values, int max)
+{
+    static const char *const counter_names[] = {"bn1.num_batches_tracked",
+                                                 "bn2.num_batches_tracked",
+                                                 "downsample.1.num_batches_tracked"};
+    static const int which[] = {C_BN1, C_BN2, C_DBN};
+    res_state *st = l->state;
+    int n = 0;
+    for (int k = 0; k < 3; k++) {
+        if (which[k] == C_DBN && !st->has_down) continue;
+        if (n < max) {
+            names[n] = counter_names[k];
+            values[n] = gp_batchnorm_counter(&st->child[which[k]]);
+        }
+        n++;
+    }
+    return n;
+}
+
 const gp_layer_ops gp_residual_ops = {
     .type = GP_LAYER_RESIDUAL,
     .infer = res_infer,

@@ -159,8 +159,10 @@ gp_status gp_idx_read_images(const char *path, gp_dataset *ds)
     uint32_t v[4] = {0};
     s = idx_header(f, path, IDX_MAGIC_IMAGES, 4, v);
     int64_t n = v[1], h = v[2], w = v[3];
+    /* n < 2^32 and h * w < 2^32: compare by division, n * h * w can overflow
+     * (found by tests/fuzz/fuzz_idx.c; the input is in tests/fuzz/idx/) */
     if (s == GP_OK && (n < 1 || h < 1 || w < 1 || h > GP_DATA_MAX_SIDE || w > GP_DATA_MAX_SIDE ||
-                       n * h * w > GP_DATA_MAX_BYTES))
+                       n > GP_DATA_MAX_BYTES / (h * w)))
         s = gp_error_set(GP_ERR_DATA,
                          "%s: implausible dimensions %lld images of %lld x %lld (at least 1 "
                          "each, sides at most %d, at most %lld bytes in all)",

@@ -130,6 +130,9 @@ typedef struct gp_train_opts {
     int progress;              /* 1 = terminal progress bar, 0 = log lines,
                                   -1 = decide by isatty(stderr) */
     bool quiet;
+    const char *resume_path;   /* snapshot to go on from; "latest" = the newest
+                                  in train.snapshot.dir; NULL = a fresh run */
+    const char *export_path;   /* write the final weights (safetensors); NULL = none */
 } gp_train_opts;
 
 typedef struct gp_train_result {

@@ -4,6 +4,7 @@
  * summary printed by --dry-run.
  */
 #include "train/train.h"
+#include "train/snapshot.h"
 #include "trace/trace.h"
 
 #include <math.h>
@@ -141,6 +142,10 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                          .augment = true, .drop_last = false,
                          .prefetch = cfg->data.prefetch > 0 ? cfg->data.prefetch : 2,
                          .seed = tc->seed};
+    gp_snapshot_pos pos = {0};
+    if (s == GP_OK) s = gp_snapshot_prepare(&model, cfg, opts->resume_path, train.n, &pos);
+    lo.start_epoch = pos.epoch;
+    lo.start_batch = pos.batch;
     if (s == GP_OK && tc->batch_size > train.n)
         s = gp_error_set(GP_ERR_INVALID, "%s: train.batch_size = %lld exceeds the %lld training "
                          "samples", cfg->path, (long long)tc->batch_size, (long long)train.n);
@@ -160,11 +165,16 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                 (long long)total, (long long)per_epoch, (long long)tc->batch_size, chunks,
                 chunks == 1 ? "" : "es");
 
-    double t_start = gp_now(), window_t = t_start;
+    double t_start = gp_now(), window_t = t_start, last_snap = t_start;
     int64_t window_samples = 0;
     double sps = 0;
-    int64_t last_epoch = -1;
-    for (int64_t step = 0; step < total; step++) {
+    /* Resumed at an epoch's first batch: that epoch's evaluation is due. */
+    int64_t first_step = model.step;
+    int64_t last_epoch = pos.batch > 0 ? pos.epoch : pos.epoch - 1;
+    if (first_step == 0) last_epoch = -1;
+    const gp_snapshot_config *snc = &tc->snapshot;
+    res->steps = first_step;
+    for (int64_t step = first_step; step < total; step++) {
         gp_batch b;
         s = gp_loader_next(loader, &b);
         if (s != GP_OK) goto done;
@@ -221,8 +231,23 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
             json_devices(mf, devs, n_dev);
             fputs("}\n", mf);
         }
+        if ((snc->every_steps > 0 && (step + 1) % snc->every_steps == 0) ||
+            (snc->every_minutes > 0 && now - last_snap >= 60.0 * snc->every_minutes) ||
+            ((snc->every_steps > 0 || snc->every_minutes > 0) && step == total - 1)) {
+            /* Between steps, the pipeline drained: the loader's next batch
+             * is the one after b. */
+            gp_snapshot_pos sp = {.step = step + 1, .epoch = b.epoch, .batch = b.index + 1,
+                                  .batch_size = tc->batch_size};
+            if (sp.batch >= per_epoch) {
+                sp.epoch++;
+                sp.batch = 0;
+            }
+            s = gp_snapshot_save(&model, cfg, &sp);
+            if (s != GP_OK) goto done;
+            last_snap = gp_now();
+        }
         double elapsed = now - t_start;
-        double eta = elapsed / (double)(step + 1) * (double)(total - step - 1);
+        double eta = elapsed / (double)(step + 1 - first_step) * (double)(total - step - 1);
         char e1[32], e2[32];
         if (progress) {
             fmt_duration(elapsed, e1, sizeof e1);
@@ -241,7 +266,15 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         }
         res->steps = step + 1;
     }
-    if (progress) fputc('\n', stderr);
+    if (progress && res->steps > first_step) fputc('\n', stderr);
+    if (opts->export_path) {
+        s = gp_snapshot_export(&model, cfg, opts->export_path);
+        if (s != GP_OK) goto done;
+        if (!opts->quiet)
+            GP_INFO("weights after step %lld written to %s", (long long)model.step,
+                    opts->export_path);
+        if (res->steps == first_step) goto done; /* nothing trained: a conversion */
+    }
     /* Final evaluation (the last epoch, or a steps-limited run). */
     s = gp_model_evaluate(&model, cfg, &test, &res->test_loss, &res->test_accuracy);
     if (s != GP_OK) goto done;

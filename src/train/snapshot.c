@@ -1,0 +1,579 @@
+/*
+ * snapshot.c — a model to and from safetensors files: gathering every
+ * layer's tensors from its device to the host under PyTorch state_dict()
+ * names, putting them back (shape-checked, all or nothing), and the
+ * snapshot files of a run (naming, saving with pruning, finding the newest
+ * that verifies, the config a snapshot was made with).
+ *
+ * Weights are stored per layer, never per stage, so a snapshot taken on n
+ * devices resumes on any other placement.
+ */
+#include "train/snapshot.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define MAX_COUNTERS 4
+#define SNAP_PREFIX "snapshot-"
+#define SNAP_SUFFIX ".safetensors"
+
+/* ---- gather ------------------------------------------------------------ */
+
+static gp_status add_device_tensor(gp_st_writer *w, const char *name, const gp_tensor *t,
+                                   float **scratch, size_t *cap)
+{
+    int64_t n = gp_tensor_numel(t);
+    if ((size_t)n > *cap) {
+        float *ns = realloc(*scratch, (size_t)n * sizeof *ns);
+        if (!ns) return gp_error_set(GP_ERR_OOM, "out of host memory gathering '%s'", name);
+        *scratch = ns;
+        *cap = (size_t)n;
+    }
+    GP_TRY(gp_dev_download(t->dev, *scratch, t->data, n));
+    GP_TRY(t->dev->iface->synchronize(t->dev));
+    return gp_st_writer_add(w, name, GP_ST_F32, t->ndim, t->dims, *scratch,
+                            (size_t)n * sizeof(float));
+}
+
+static gp_status meta_i64(gp_st_writer *w, const char *key, int64_t v)
+{
+    char b[32];
+    snprintf(b, sizeof b, "%lld", (long long)v);
+    return gp_st_writer_meta(w, key, b);
+}
+
+gp_status gp_snapshot_collect(gp_model *m, const gp_config *cfg, const gp_snapshot_pos *pos,
+                              gp_st_writer *w)
+{
+    float *scratch = NULL;
+    size_t cap = 0;
+    gp_status s = GP_OK;
+    char name[128];
+    for (int k = 0; k < m->n_layers && s == GP_OK; k++) {
+        gp_layer *l = &m->layers[k];
+        for (int p = 0; p < l->n_params && s == GP_OK; p++) {
+            snprintf(name, sizeof name, "%d.%s", k, l->params[p].name);
+            s = add_device_tensor(w, name, &l->params[p].value, &scratch, &cap);
+        }
+        const char *cn[MAX_COUNTERS];
+        int64_t *cv[MAX_COUNTERS];
+        int nc = gp_layer_counters(l, cn, cv, MAX_COUNTERS);
+        GP_ASSERT(nc <= MAX_COUNTERS);
+        for (int c = 0; c < nc && s == GP_OK; c++) {
+            snprintf(name, sizeof name, "%d.%s", k, cn[c]);
+            int64_t v = *cv[c];
+            s = gp_st_writer_add(w, name, GP_ST_I64, 0, NULL, &v, sizeof v);
+        }
+    }
+    if (pos) {
+        for (int k = 0; k < m->n_layers && s == GP_OK; k++) {
+            gp_layer *l = &m->layers[k];
+            int j = m->mom_first[k];
+            for (int p = 0; p < l->n_params && s == GP_OK; p++) {
+                if (l->params[p].is_buffer) continue;
+                snprintf(name, sizeof name, "momentum.%d.%s", k, l->params[p].name);
+                s = add_device_tensor(w, name, &m->momentum[j++], &scratch, &cap);
+            }
+        }
+    }
+    free(scratch);
+    GP_TRY(s);
+    /* "format": "pt" is what safetensors.torch writes; loaders look for it. */
+    GP_TRY(gp_st_writer_meta(w, "format", "pt"));
+    GP_TRY(gp_st_writer_meta(w, "gpipe.kind", pos ? "snapshot" : "weights"));
+    GP_TRY(meta_i64(w, "gpipe.format_version", GP_SNAPSHOT_FORMAT_VERSION));
+    GP_TRY(gp_st_writer_meta(w, "gpipe.version", gp_version()));
+    char types[2048];
+    int off = 0;
+    types[0] = '\0';
+    for (int k = 0; k < m->n_layers && off < (int)sizeof types - 24; k++)
+        off += snprintf(types + off, sizeof types - (size_t)off, "%s%s", k ? "," : "",
+                        gp_layer_type_name(m->layers[k].spec.type));
+    GP_TRY(gp_st_writer_meta(w, "gpipe.layers", types));
+    GP_TRY(meta_i64(w, "gpipe.step", m->step));
+    if (pos) {
+        GP_TRY(meta_i64(w, "gpipe.epoch", pos->epoch));
+        GP_TRY(meta_i64(w, "gpipe.batch", pos->batch));
+        GP_TRY(meta_i64(w, "gpipe.batch_size", pos->batch_size));
+        char seed[32];
+        snprintf(seed, sizeof seed, "%llu", (unsigned long long)cfg->train.seed);
+        GP_TRY(gp_st_writer_meta(w, "gpipe.seed", seed));
+        GP_TRY(meta_i64(w, "gpipe.devices", cfg->pipeline.n_devices));
+        GP_TRY(meta_i64(w, "gpipe.chunks", cfg->pipeline.chunks));
+        GP_TRY(gp_st_writer_meta(w, "gpipe.config_path", cfg->path));
+        GP_TRY(gp_st_writer_meta(w, "gpipe.config", cfg->text ? cfg->text : ""));
+        GP_TRY(gp_st_writer_meta(w, "gpipe.overrides", cfg->overrides ? cfg->overrides : ""));
+    }
+    return GP_OK;
+}
+
+/* ---- apply ---------------------------------------------------------------- */
+
+typedef struct {
+    char *s;
+    size_t n, cap;
+    int count;
+} namelist;
+
+static void nl_add(namelist *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void nl_add(namelist *l, const char *fmt, ...)
+{
+    l->count++;
+    if (l->count > 12) return; /* the message lists the first dozen */
+    char b[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(b, sizeof b, fmt, ap);
+    va_end(ap);
+    size_t k = strlen(b);
+    if (l->n + k + 3 > l->cap) {
+        size_t nc = l->cap ? l->cap * 2 : 512;
+        while (nc < l->n + k + 3) nc *= 2;
+        char *ns = realloc(l->s, nc);
+        if (!ns) return;
+        l->s = ns;
+        l->cap = nc;
+    }
+    l->n += (size_t)snprintf(l->s + l->n, l->cap - l->n, "%s%s", l->n ? ", " : "", b);
+}
+
+static const char *nl_str(const namelist *l, char *buf, size_t len)
+{
+    if (l->count > 12)
+        snprintf(buf, len, "%s and %d more", l->s ? l->s : "", l->count - 12);
+    else snprintf(buf, len, "%s", l->s ? l->s : "");
+    return buf;
+}
+
+static const char *shape_of(const gp_st_tensor *t, char *b, size_t len)
+{
+    int off = snprintf(b, len, "%s (", t->dtype_name);
+    for (int d = 0; d < t->ndim && off < (int)len - 24; d++)
+        off += snprintf(b + off, len - (size_t)off, "%s%lld", d ? ", " : "", (long long)t->dims[d]);
+    snprintf(b + off, len - (size_t)off, ")");
+    return b;
+}
+
+/* Check one expected tensor; *out = the file's tensor if it matches. */
+static void expect(const gp_st_file *f, const char *name, gp_st_dtype dtype, int ndim,
+                   const int64_t *dims, namelist *missing, namelist *bad,
+                   const gp_st_tensor **out)
+{
+    *out = NULL;
+    const gp_st_tensor *t = gp_st_find(f, name);
+    if (!t) {
+        nl_add(missing, "%s", name);
+        return;
+    }
+    bool ok = t->dtype == dtype && t->ndim == ndim;
+    for (int d = 0; ok && d < ndim; d++) ok = t->dims[d] == dims[d];
+    if (!ok) {
+        char got[96], want[96];
+        gp_st_tensor w = {.dtype = dtype, .ndim = ndim};
+        snprintf(w.dtype_name, sizeof w.dtype_name, "%s", dtype == GP_ST_I64 ? "I64" : "F32");
+        for (int d = 0; d < ndim; d++) w.dims[d] = dims[d];
+        nl_add(bad, "%s: file %s, model %s", name, shape_of(t, got, sizeof got),
+               shape_of(&w, want, sizeof want));
+        return;
+    }
+    *out = t;
+}
+
+gp_status gp_snapshot_apply(gp_model *m, const gp_st_file *f, bool optimizer)
+{
+    /* Pass 1 checks every name; pass 2 uploads.  So a failed load leaves
+     * the model as it was. */
+    namelist missing = {0}, bad = {0}, extra = {0};
+    char name[128];
+    int expected = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int k = 0; k < m->n_layers; k++) {
+            gp_layer *l = &m->layers[k];
+            int j = m->mom_first[k];
+            for (int p = 0; p < l->n_params; p++) {
+                gp_param *pr = &l->params[p];
+                const gp_st_tensor *t;
+                snprintf(name, sizeof name, "%d.%s", k, pr->name);
+                expect(f, name, GP_ST_F32, pr->value.ndim, pr->value.dims, &missing, &bad, &t);
+                if (pass == 0) expected++;
+                if (pass == 1) {
+                    GP_TRY(gp_dev_upload(pr->value.dev, pr->value.data, (const float *)t->data,
+                                         gp_tensor_numel(&pr->value)));
+                    GP_TRY(pr->value.dev->iface->synchronize(pr->value.dev));
+                }
+                if (!optimizer || pr->is_buffer) continue;
+                gp_tensor *mt = &m->momentum[j++];
+                snprintf(name, sizeof name, "momentum.%d.%s", k, pr->name);
+                expect(f, name, GP_ST_F32, mt->ndim, mt->dims, &missing, &bad, &t);
+                if (pass == 0) expected++;
+                if (pass == 1) {
+                    GP_TRY(gp_dev_upload(mt->dev, mt->data, (const float *)t->data,
+                                         gp_tensor_numel(mt)));
+                    GP_TRY(mt->dev->iface->synchronize(mt->dev));
+                }
+            }
+            const char *cn[MAX_COUNTERS];
+            int64_t *cv[MAX_COUNTERS];
+            int nc = gp_layer_counters(l, cn, cv, MAX_COUNTERS);
+            for (int c = 0; c < nc; c++) {
+                const gp_st_tensor *t;
+                snprintf(name, sizeof name, "%d.%s", k, cn[c]);
+                expect(f, name, GP_ST_I64, 0, NULL, &missing, &bad, &t);
+                if (pass == 0) expected++;
+                if (pass == 1) memcpy(cv[c], t->data, sizeof(int64_t)); /* little-endian host */
+            }
+        }
+        if (pass == 1) break;
+        /* Names in the file the model does not have. */
+        for (int i = 0; i < f->n; i++) {
+            const char *tn = f->tensors[i].name;
+            if (!strncmp(tn, "momentum.", 9) && !optimizer) continue;
+            bool known = false;
+            const char *body = strncmp(tn, "momentum.", 9) ? tn : tn + 9;
+            char *e;
+            long k = strtol(body, &e, 10);
+            if (e != body && *e == '.' && k >= 0 && k < m->n_layers) {
+                gp_layer *l = &m->layers[k];
+                for (int p = 0; p < l->n_params && !known; p++)
+                    known = !strcmp(e + 1, l->params[p].name);
+                const char *cn[MAX_COUNTERS];
+                int64_t *cv[MAX_COUNTERS];
+                int nc = gp_layer_counters(l, cn, cv, MAX_COUNTERS);
+                for (int c = 0; c < nc && !known; c++) known = !strcmp(e + 1, cn[c]);
+            }
+            if (!known) nl_add(&extra, "%s", tn);
+        }
+        if (missing.count || bad.count || extra.count) {
+            char a[2048], b[2048], c[2048];
+            const char *types = gp_st_meta(f, "gpipe.layers");
+            gp_status s = gp_error_set(
+                GP_ERR_INVALID,
+                "%s does not fit this model (%d layers, %d tensors expected)%s%s%s%s%s%s%s%s%s",
+                f->source, m->n_layers, expected, missing.count ? "; missing: " : "",
+                missing.count ? nl_str(&missing, a, sizeof a) : "",
+                bad.count ? "; mismatched: " : "", bad.count ? nl_str(&bad, b, sizeof b) : "",
+                extra.count ? "; not in the model: " : "",
+                extra.count ? nl_str(&extra, c, sizeof c) : "",
+                types ? ". The file was made from the layers [" : "", types ? types : "",
+                types ? "]; check model.layers matches" : "");
+            free(missing.s);
+            free(bad.s);
+            free(extra.s);
+            return s;
+        }
+    }
+    free(missing.s);
+    free(bad.s);
+    free(extra.s);
+    return GP_OK;
+}
+
+/* ---- snapshot files ------------------------------------------------------------ */
+
+static bool meta_int(const gp_st_file *f, const char *key, int64_t *v)
+{
+    const char *s = gp_st_meta(f, key);
+    if (!s || !*s) return false;
+    char *e;
+    errno = 0;
+    long long x = strtoll(s, &e, 10);
+    if (errno || *e) return false;
+    *v = x;
+    return true;
+}
+
+gp_status gp_snapshot_open(const char *path, gp_st_file *f, gp_snapshot_pos *pos)
+{
+    GP_TRY(gp_st_read(path, f));
+    gp_status s = GP_OK;
+    const char *kind = gp_st_meta(f, "gpipe.kind");
+    int64_t ver = 0;
+    if (!kind || strcmp(kind, "snapshot"))
+        s = gp_error_set(GP_ERR_DATA, "%s: not a gpipe snapshot (%s); to start from a weights "
+                         "file use model.init_from", path,
+                         kind ? "it holds weights only" : "no gpipe.kind in its metadata");
+    else if (!meta_int(f, "gpipe.format_version", &ver) || ver != GP_SNAPSHOT_FORMAT_VERSION)
+        s = gp_error_set(GP_ERR_DATA, "%s: snapshot format version %s, this gpipe reads %d",
+                         path, gp_st_meta(f, "gpipe.format_version") ?
+                         gp_st_meta(f, "gpipe.format_version") : "(none)",
+                         GP_SNAPSHOT_FORMAT_VERSION);
+    if (s == GP_OK) s = gp_st_verify(f, true);
+    if (s == GP_OK && (!meta_int(f, "gpipe.step", &pos->step) ||
+                       !meta_int(f, "gpipe.epoch", &pos->epoch) ||
+                       !meta_int(f, "gpipe.batch", &pos->batch) ||
+                       !meta_int(f, "gpipe.batch_size", &pos->batch_size) || pos->step < 0 ||
+                       pos->epoch < 0 || pos->batch < 0 || pos->batch_size < 1))
+        s = gp_error_set(GP_ERR_DATA, "%s: the snapshot's position (gpipe.step, epoch, batch, "
+                         "batch_size) is missing or malformed", path);
+    if (s != GP_OK) gp_st_free(f);
+    return s;
+}
+
+void gp_snapshot_path(const char *dir, int64_t step, char *path, size_t len)
+{
+    snprintf(path, len, "%s/" SNAP_PREFIX "%09lld" SNAP_SUFFIX, dir, (long long)step);
+}
+
+/* Step of a snapshot file name, -1 if the name is not one. */
+static int64_t snap_step(const char *name)
+{
+    size_t pl = strlen(SNAP_PREFIX), sl = strlen(SNAP_SUFFIX), n = strlen(name);
+    if (n <= pl + sl || strncmp(name, SNAP_PREFIX, pl) || strcmp(name + n - sl, SNAP_SUFFIX))
+        return -1;
+    int64_t v = 0;
+    for (size_t i = pl; i < n - sl; i++) {
+        if (name[i] < '0' || name[i] > '9' || v > INT64_MAX / 10 - 9) return -1;
+        v = v * 10 + (name[i] - '0');
+    }
+    return v;
+}
+
+/* Steps of the snapshot files in dir, newest first; stale temporaries
+ * (".snapshot-*.tmp.<pid>" of a killed writer) are removed. */
+static int list_steps(const char *dir, int64_t **steps)
+{
+    *steps = NULL;
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strncmp(e->d_name, "." SNAP_PREFIX, strlen(SNAP_PREFIX) + 1) &&
+            strstr(e->d_name, SNAP_SUFFIX ".tmp.")) {
+            char p[1400];
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            unlink(p);
+            continue;
+        }
+        int64_t s = snap_step(e->d_name);
+        if (s < 0) continue;
+        if (n == cap) {
+            cap = cap ? cap * 2 : 16;
+            int64_t *ns = realloc(*steps, (size_t)cap * sizeof *ns);
+            if (!ns) break;
+            *steps = ns;
+        }
+        (*steps)[n++] = s;
+    }
+    closedir(d);
+    for (int i = 1; i < n; i++) /* insertion sort, newest first */
+        for (int k = i; k > 0 && (*steps)[k] > (*steps)[k - 1]; k--) {
+            int64_t t = (*steps)[k];
+            (*steps)[k] = (*steps)[k - 1];
+            (*steps)[k - 1] = t;
+        }
+    return n;
+}
+
+int gp_snapshot_count(const char *dir)
+{
+    int64_t *steps;
+    int n = list_steps(dir, &steps);
+    free(steps);
+    return n;
+}
+
+gp_status gp_snapshot_latest(const char *dir, char *path, size_t len)
+{
+    int64_t *steps;
+    int n = list_steps(dir, &steps);
+    for (int i = 0; i < n; i++) {
+        gp_snapshot_path(dir, steps[i], path, len);
+        gp_st_file f;
+        gp_snapshot_pos pos;
+        if (gp_snapshot_open(path, &f, &pos) == GP_OK) {
+            gp_st_free(&f);
+            free(steps);
+            return GP_OK;
+        }
+        GP_WARN("skipping a snapshot that does not verify: %s", gp_error_message());
+    }
+    free(steps);
+    return gp_error_set(GP_ERR_IO, "no complete snapshot in '%s'%s", dir,
+                        n ? " (every one there failed to verify; see the warnings)" :
+                            "; nothing to resume (set train.snapshot.every_steps or "
+                            "every_minutes to take snapshots)");
+}
+
+static gp_status make_dir(const char *dir)
+{
+    char p[1024];
+    if (strlen(dir) >= sizeof p) return gp_error_set(GP_ERR_INVALID, "path too long: '%.80s'", dir);
+    snprintf(p, sizeof p, "%s", dir);
+    for (char *q = p + 1; *q; q++) {
+        if (*q != '/') continue;
+        *q = '\0';
+        if (mkdir(p, 0755) != 0 && errno != EEXIST) break;
+        *q = '/';
+    }
+    if (mkdir(p, 0755) != 0 && errno != EEXIST) {
+        int e = errno;
+        return gp_error_set(GP_ERR_IO, "cannot create the snapshot directory '%s': %s", dir,
+                            strerror(e));
+    }
+    return GP_OK;
+}
+
+gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_pos *pos)
+{
+    const gp_snapshot_config *sc = &cfg->train.snapshot;
+    GP_TRY(make_dir(sc->dir));
+    gp_st_writer w = {0};
+    char path[1100];
+    gp_snapshot_path(sc->dir, pos->step, path, sizeof path);
+    gp_status s = gp_snapshot_collect(m, cfg, pos, &w);
+    if (s == GP_OK) s = gp_st_write_atomic(&w, path);
+    gp_st_writer_free(&w);
+    if (s != GP_OK) return gp_error_wrap(s, "snapshot at step %lld", (long long)pos->step);
+    /* Only now that the new one is complete: drop the older ones beyond
+     * `keep`.  Snapshots of later steps (left by a run this one resumed
+     * from an earlier point) are not counted or touched; this run
+     * overwrites them as it reaches their steps. */
+    int64_t *steps;
+    int n = list_steps(sc->dir, &steps), kept = 1;
+    for (int i = 0; i < n; i++) {
+        if (steps[i] >= pos->step) continue;
+        if (kept < sc->keep) {
+            kept++;
+            continue;
+        }
+        char old[1100];
+        gp_snapshot_path(sc->dir, steps[i], old, sizeof old);
+        if (unlink(old) != 0) GP_WARN("cannot delete old snapshot %s: %s", old, strerror(errno));
+    }
+    free(steps);
+    GP_DEBUG("snapshot %s", path);
+    return GP_OK;
+}
+
+gp_status gp_snapshot_read_config(const char *path, const char *const *overrides, int n_overrides,
+                             gp_config *out)
+{
+    memset(out, 0, sizeof *out);
+    gp_st_file f;
+    gp_snapshot_pos pos;
+    GP_TRY(gp_snapshot_open(path, &f, &pos));
+    const char *text = gp_st_meta(&f, "gpipe.config");
+    const char *ov = gp_st_meta(&f, "gpipe.overrides");
+    const char *cpath = gp_st_meta(&f, "gpipe.config_path");
+    if (!text || !*text) {
+        gp_st_free(&f);
+        return gp_error_set(GP_ERR_DATA, "%s: the snapshot holds no config text; give the "
+                                         "config file as well", path);
+    }
+    /* its own overrides, one per line, then the caller's */
+    int n_own = 0;
+    for (const char *p = ov; p && *p; p++) n_own += *p == '\n';
+    char *ovcopy = strdup(ov ? ov : "");
+    const char **all = calloc((size_t)(n_own + n_overrides + 1), sizeof *all);
+    if (!ovcopy || !all) {
+        free(ovcopy);
+        free(all);
+        gp_st_free(&f);
+        return gp_error_set(GP_ERR_OOM, "out of host memory");
+    }
+    int k = 0;
+    for (char *p = ovcopy; *p;) {
+        char *nl = strchr(p, '\n');
+        if (!nl) break;
+        *nl = '\0';
+        all[k++] = p;
+        p = nl + 1;
+    }
+    for (int i = 0; i < n_overrides; i++) all[k++] = overrides[i];
+    char name[600];
+    snprintf(name, sizeof name, "%s", cpath && *cpath ? cpath : path);
+    gp_status s = gp_config_parse(name, text, strlen(text), all, k, out);
+    free(all);
+    free(ovcopy);
+    gp_st_free(&f);
+    if (s != GP_OK) gp_error_wrap(s, "the config stored in %s", path);
+    return s;
+}
+
+gp_status gp_snapshot_export(gp_model *m, const gp_config *cfg, const char *path)
+{
+    gp_st_writer w = {0};
+    gp_status s = gp_snapshot_collect(m, cfg, NULL, &w);
+    if (s == GP_OK) s = gp_st_write_atomic(&w, path);
+    gp_st_writer_free(&w);
+    if (s != GP_OK) gp_error_wrap(s, "exporting weights");
+    return s;
+}
+
+static gp_status init_from(gp_model *m, const char *path)
+{
+    gp_st_file f;
+    gp_status s = gp_st_read(path, &f);
+    if (s == GP_OK) s = gp_st_verify(&f, false);
+    if (s == GP_OK) s = gp_snapshot_apply(m, &f, false);
+    gp_st_free(&f);
+    if (s != GP_OK) return gp_error_wrap(s, "model.init_from");
+    return GP_OK;
+}
+
+gp_status gp_snapshot_prepare(gp_model *m, const gp_config *cfg, const char *resume,
+                              int64_t train_n, gp_snapshot_pos *pos)
+{
+    const gp_train_config *tc = &cfg->train;
+    memset(pos, 0, sizeof *pos);
+    pos->batch_size = tc->batch_size;
+    bool snapping = tc->snapshot.every_steps > 0 || tc->snapshot.every_minutes > 0;
+    if (!resume) {
+        if (snapping && gp_snapshot_count(tc->snapshot.dir) > 0)
+            return gp_error_set(GP_ERR_INVALID,
+                                "'%s' already holds snapshots of an earlier run; continue it "
+                                "with --resume latest, or set train.snapshot.dir to another "
+                                "directory (a fresh run would mix with them)",
+                                tc->snapshot.dir);
+        if (cfg->model.init_from[0]) {
+            GP_TRY(init_from(m, cfg->model.init_from));
+            GP_INFO("initial weights from %s", cfg->model.init_from);
+        }
+        return GP_OK;
+    }
+    char path[1100];
+    if (!strcmp(resume, "latest")) GP_TRY(gp_snapshot_latest(tc->snapshot.dir, path, sizeof path));
+    else snprintf(path, sizeof path, "%s", resume);
+    gp_st_file f;
+    gp_snapshot_pos sp;
+    GP_TRY(gp_snapshot_open(path, &f, &sp));
+    gp_status s = gp_snapshot_apply(m, &f, true);
+    const char *seed = gp_st_meta(&f, "gpipe.seed");
+    char mine[32];
+    snprintf(mine, sizeof mine, "%llu", (unsigned long long)tc->seed);
+    if (s == GP_OK && seed && strcmp(seed, mine))
+        GP_WARN("%s was made with train.seed = %s, this run has %s: the data order and dropout "
+                "masks from here on differ from the original run's", path, seed, mine);
+    int64_t dev = 0, chunks = 0;
+    if (s == GP_OK && meta_int(&f, "gpipe.devices", &dev) && meta_int(&f, "gpipe.chunks", &chunks) &&
+        (dev != cfg->pipeline.n_devices || chunks != cfg->pipeline.chunks))
+        GP_INFO("resuming a %lld-device, %lld-chunk snapshot on %d device(s), %d chunk(s): "
+                "numerically equivalent, not bit for bit the original run",
+                (long long)dev, (long long)chunks, cfg->pipeline.n_devices,
+                cfg->pipeline.chunks);
+    gp_st_free(&f);
+    if (s != GP_OK) return gp_error_wrap(s, "--resume");
+    m->step = sp.step;
+    int64_t per_epoch = (train_n + tc->batch_size - 1) / tc->batch_size;
+    *pos = sp;
+    pos->batch_size = tc->batch_size;
+    if (sp.batch_size != tc->batch_size) {
+        /* Go on from the first sample not yet seen in this epoch. */
+        pos->batch = sp.batch * sp.batch_size / tc->batch_size;
+        GP_WARN("%s was made with train.batch_size = %lld, this run has %lld: going on from "
+                "epoch %lld, batch %lld", path, (long long)sp.batch_size,
+                (long long)tc->batch_size, (long long)pos->epoch + 1, (long long)pos->batch);
+    }
+    if (pos->batch >= per_epoch) {
+        pos->epoch++;
+        pos->batch = 0;
+    }
+    GP_INFO("resuming from %s: step %lld, epoch %lld, batch %lld", path, (long long)sp.step,
+            (long long)pos->epoch + 1, (long long)pos->batch);
+    return GP_OK;
+}

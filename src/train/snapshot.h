@@ -1,0 +1,153 @@
+/*
+ * snapshot.h — snapshots (save, verify, resume) and weight files, both in
+ * the safetensors format, plus the format's reader and writer on their own.
+ *
+ * The format (https://github.com/huggingface/safetensors):
+ *   8 bytes   N, little-endian u64: the header's length
+ *   N bytes   JSON object: {"<name>": {"dtype": "F32", "shape": [..],
+ *             "data_offsets": [begin, end]}, ..., "__metadata__": {str: str}}
+ *             (may end in spaces; ours is padded to a multiple of 8)
+ *   rest      the data section: every tensor's raw little-endian bytes, row
+ *             major, at [begin, end) relative to the section's start; the
+ *             tensors tile the section without holes or overlap.
+ *
+ * Names follow PyTorch's state_dict() of the equivalent nn.Sequential (see
+ * docs/snapshots.md): "<layer>.weight", "<layer>.running_mean",
+ * "<layer>.num_batches_tracked" (I64 scalar), a residual block's inner names
+ * as torchvision's BasicBlock ("3.conv1.weight", "3.downsample.1.bias").
+ * A snapshot adds the SGD momentum of each trainable tensor as
+ * "momentum.<name>" and metadata "gpipe.*" (step, loader position, seed,
+ * config text, format version, CRC-32 of the data section).
+ *
+ * Memory: gp_st_file owns the whole file image; its tensors point into it.
+ * gp_st_writer owns host copies of what was added.  Both have _free.
+ * Thread safety: none needed; a model is gathered by the thread that drives
+ * it, between steps (the pipeline drained).
+ */
+#ifndef GP_SNAPSHOT_H
+#define GP_SNAPSHOT_H
+
+#include "train/train.h"
+
+/* ---- the format -------------------------------------------------------- */
+
+#define GP_ST_MAX_DIMS 8
+#define GP_ST_MAX_HEADER ((uint64_t)100000000) /* the reference library's limit */
+#define GP_SNAPSHOT_FORMAT_VERSION 1
+
+/* Dtypes we read and write.  A file with any other dtype parses (so its
+ * names can be listed) but its tensors cannot be loaded into a model. */
+typedef enum { GP_ST_F32 = 0, GP_ST_I64, GP_ST_OTHER } gp_st_dtype;
+
+typedef struct gp_st_tensor {
+    char *name;                 /* owned */
+    gp_st_dtype dtype;
+    char dtype_name[8];         /* as written: "F32", "BF16", ... */
+    int ndim;                   /* 0 = scalar */
+    int64_t dims[GP_ST_MAX_DIMS];
+    const uint8_t *data;        /* into the file image, end - begin bytes */
+    uint64_t begin, end;        /* offsets in the data section */
+} gp_st_tensor;
+
+typedef struct gp_st_file {
+    gp_st_tensor *tensors;      /* n, in header order */
+    int n;
+    char **meta;                /* n_meta (key, value) pairs: meta[2i], meta[2i+1] */
+    int n_meta;
+    uint8_t *image;             /* the whole file, owned */
+    const uint8_t *data;        /* the data section inside image */
+    uint64_t data_len;
+    char source[512];           /* path or name, for messages */
+} gp_st_file;
+
+/* Parse a file image (copied).  Everything is checked: header length and
+ * JSON syntax, dtypes and shapes against offsets, offsets inside the data
+ * section and tiling it, unique names, metadata values being strings.
+ * Errors are GP_ERR_DATA naming `name` and the damage. */
+gp_status gp_st_parse(const char *name, const uint8_t *buf, size_t len, gp_st_file *out);
+/* Read and parse a file (GP_ERR_IO if it cannot be read). */
+gp_status gp_st_read(const char *path, gp_st_file *out);
+void gp_st_free(gp_st_file *f);
+const gp_st_tensor *gp_st_find(const gp_st_file *f, const char *name);
+const char *gp_st_meta(const gp_st_file *f, const char *key); /* NULL if absent */
+/* If the file carries "gpipe.crc32", check it against the data section
+ * (GP_ERR_DATA "checksum mismatch" otherwise); `required` makes its absence
+ * an error too. */
+gp_status gp_st_verify(const gp_st_file *f, bool required);
+
+typedef struct gp_st_writer {
+    gp_st_tensor *tensors;      /* data owned (malloc), offsets set on add */
+    int n, cap;
+    char **meta;
+    int n_meta, meta_cap;
+    uint64_t data_len;
+} gp_st_writer;
+
+/* Copy `bytes` of host data as tensor `name` (dtype F32 or I64). */
+gp_status gp_st_writer_add(gp_st_writer *w, const char *name, gp_st_dtype dtype, int ndim,
+                           const int64_t *dims, const void *data, size_t bytes);
+gp_status gp_st_writer_meta(gp_st_writer *w, const char *key, const char *value);
+/* Write to `path` atomically: a temporary file in the same directory,
+ * fsync, rename over `path`, fsync of the directory.  Adds "gpipe.crc32"
+ * over the data section first.  On failure `path` is untouched.  The
+ * test-only environment variable GPIPE_SNAPSHOT_SLOW_WRITE_MS sleeps that
+ * long halfway through the data, so a test can kill the writer there. */
+gp_status gp_st_write_atomic(gp_st_writer *w, const char *path);
+/* The serialised file in memory (tests, fuzz seeds); *out is malloc'd. */
+gp_status gp_st_serialize(gp_st_writer *w, uint8_t **out, size_t *len);
+void gp_st_writer_free(gp_st_writer *w);
+
+/* ---- models <-> files -------------------------------------------------- */
+
+typedef struct gp_snapshot_pos {
+    int64_t step;               /* optimizer steps done */
+    int64_t epoch, batch;       /* the loader's next batch */
+    int64_t batch_size;         /* to map the position if the batch size changed */
+} gp_snapshot_pos;
+
+/* Gather the model (parameters, buffers, batch-norm counters; with
+ * `optimizer` also momentum) from its devices to the host into w, with the
+ * metadata of a weights file ("gpipe.kind": "weights"), or of a snapshot
+ * when pos != NULL (position, seed, config text and overrides). */
+gp_status gp_snapshot_collect(gp_model *m, const gp_config *cfg, const gp_snapshot_pos *pos,
+                              gp_st_writer *w);
+/* Put the tensors of f into the model.  Every name the model has must be in
+ * f with dtype F32 (I64 for counters) and the same shape; with `optimizer`
+ * so must "momentum.<name>" of every trainable tensor.  Names in f the model
+ * does not have are an error too (except momentum.* when !optimizer).
+ * Nothing is changed unless everything matches; the message lists the
+ * missing, mismatched and unexpected names. */
+gp_status gp_snapshot_apply(gp_model *m, const gp_st_file *f, bool optimizer);
+
+/* Read, verify (CRC required) and check a snapshot; fills pos. */
+gp_status gp_snapshot_open(const char *path, gp_st_file *f, gp_snapshot_pos *pos);
+/* The newest snapshot in dir that verifies ("snapshot-<step>.safetensors");
+ * broken ones are skipped with a warning.  GP_ERR_IO if there is none. */
+gp_status gp_snapshot_latest(const char *dir, char *path, size_t len);
+/* The config a snapshot was made with, with `overrides` applied after its
+ * own. */
+gp_status gp_snapshot_read_config(const char *path, const char *const *overrides, int n_overrides,
+                             gp_config *out);
+
+/* Snapshot file path for a step: "<dir>/snapshot-<step, 9 digits>.safetensors". */
+void gp_snapshot_path(const char *dir, int64_t step, char *path, size_t len);
+/* Save a snapshot of the model at pos into cfg->train.snapshot.dir (made if
+ * missing), then delete the older snapshots beyond train.snapshot.keep. */
+gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_pos *pos);
+/* Number of snapshot files in dir (0 if it does not exist); stale
+ * temporary files of killed writers are removed on the way. */
+int gp_snapshot_count(const char *dir);
+
+/* Before training (gp_train_run): with `resume` (a path, or "latest" for
+ * the newest complete snapshot in train.snapshot.dir) restore the model
+ * from that snapshot; otherwise apply model.init_from if given.  *pos is
+ * where training goes on (all zero for a fresh run), the loader position
+ * expressed in the config's batch size over `train_n` samples.  A fresh
+ * run with snapshots on refuses a directory that already holds snapshots
+ * (they would be mixed with, and pruned by, the new run's). */
+gp_status gp_snapshot_prepare(gp_model *m, const gp_config *cfg, const char *resume,
+                              int64_t train_n, gp_snapshot_pos *pos);
+/* Write the model's weights (no optimizer state) to `path` atomically. */
+gp_status gp_snapshot_export(gp_model *m, const gp_config *cfg, const char *path);
+
+#endif /* GP_SNAPSHOT_H */
