@@ -78,6 +78,13 @@ typedef struct gp_comm {
     gp_device **devs;      /* (n) owned array of borrowed device pointers */
     void *ctx;             /* backend state (per-rank NCCL communicators) */
     void (*destroy)(struct gp_comm *comm);
+    /* optional (NULL: no-op), appended for data parallelism.  abort: make
+     * every rank blocked in, or later entering, a collective of this comm
+     * return GP_ERR_CANCELLED (a failing replica releases its peers; safe
+     * from any thread).  reset: make the comm usable again after an abort;
+     * only while no rank is inside a collective (between steps). */
+    void (*abort)(struct gp_comm *comm);
+    void (*reset)(struct gp_comm *comm);
 } gp_comm;
 
 typedef struct gp_device_iface {
@@ -206,12 +213,37 @@ typedef struct gp_device_iface {
      * the same n: buf (this device's, n floats) becomes the elementwise sum
      * over the group (allreduce) or root's buffer (broadcast; root is a rank
      * of comm).  Asynchronous on the compute stream like the math.
-     * NULL (the CPU backend today): gp_dev_allreduce / gp_dev_broadcast
-     * return GP_ERR_UNSUPPORTED; the CPU implementation comes with the
-     * data-parallel issue. */
+     * NULL: gp_dev_allreduce / gp_dev_broadcast return GP_ERR_UNSUPPORTED.
+     * CPU: backend/cpu/cpu_comm.c (reduce-scatter + all-gather between the
+     * ranks' worker threads, sums in rank order 0..n-1, so every rank gets
+     * bitwise the same result). */
     gp_status (*allreduce)(gp_device *dev, gp_comm *comm, float *buf, int64_t n);
     gp_status (*broadcast)(gp_device *dev, gp_comm *comm, float *buf, int64_t n,
                            int root);
+
+    /* --- synchronised batch norm (optional; appended last) ---
+     * The pieces of a batch norm whose statistics and gradient sums are
+     * reduced across devices between the calls (layers/batchnorm.c, SyncBN).
+     * bn_stats: mean(C) and biased var(C) of x, as bn_fwd_train computes
+     * them, without normalising (normalise with bn_fwd_infer).
+     * bn_bwd_sums: sums(2, C): sums[c] = sum dy, sums[C + c] =
+     * sum dy (x - mean[c]) over this device's (N, S) values of channel c.
+     * bn_bwd_apply: with sums(2, C) over all devices, covering `count` values
+     * per channel, dx = gamma inv (dy - sum dy / count - (x - mean) inv^2
+     * sum dy (x - mean) / count)   (gp_ew_bn_bwd_coeffs; dx =); and if dgamma
+     * is not NULL, from this device's own `local` sums(2, C):
+     * dgamma += local dy (x - mean) inv, dbeta += local dy (accumulate).
+     * NULL (CUDA today): the gp_dev_bn_* wrappers return GP_ERR_UNSUPPORTED,
+     * so `sync: true` fails with a message on that backend. */
+    gp_status (*bn_stats)(gp_device *dev, const gp_bn_desc *d, const float *x,
+                          float *mean, float *var);
+    gp_status (*bn_bwd_sums)(gp_device *dev, const gp_bn_desc *d, const float *x,
+                             const float *mean, const float *dy, float *sums);
+    gp_status (*bn_bwd_apply)(gp_device *dev, const gp_bn_desc *d, const float *x,
+                              const float *gamma, const float *mean, const float *var,
+                              const float *dy, const float *sums, double count,
+                              float *dx, const float *local, float *dgamma,
+                              float *dbeta);
 } gp_device_iface;
 
 struct gp_device {
@@ -268,13 +300,31 @@ gp_status gp_dev_download(gp_device *dev, float *dst, const float *src, int64_t 
 gp_status gp_tensor_copy(gp_tensor *dst, const gp_tensor *src);
 
 /* A communicator over n devices of one backend, created once per group
- * (ncclCommInitAll on CUDA).  GP_ERR_UNSUPPORTED for backends without
- * collectives (the CPU, until the data-parallel issue) or mixed groups. */
+ * (ncclCommInitAll on CUDA, cpu_comm.c on the CPU).  GP_ERR_UNSUPPORTED for
+ * mixed groups. */
 gp_status gp_comm_create(gp_device **devs, int n, gp_comm **out);
 void gp_comm_destroy(gp_comm *comm);
 /* The collectives above; GP_ERR_UNSUPPORTED when the slot is NULL. */
 gp_status gp_dev_allreduce(gp_device *dev, gp_comm *comm, float *buf, int64_t n);
 gp_status gp_dev_broadcast(gp_device *dev, gp_comm *comm, float *buf, int64_t n,
                            int root);
+/* comm->abort / comm->reset (no-ops when NULL). */
+void gp_comm_abort(gp_comm *comm);
+void gp_comm_reset(gp_comm *comm);
+/* The rank of dev in comm, or -1. */
+int gp_comm_rank(const gp_comm *comm, const gp_device *dev);
+/* The CPU backend's communicator (backend/cpu/cpu_comm.c): collectives
+ * between the devices' worker threads over their own buffers. */
+gp_status gp_cpu_comm_create(gp_device **devs, int n, gp_comm **out);
+
+/* The SyncBN slots above; GP_ERR_UNSUPPORTED when a slot is NULL. */
+gp_status gp_dev_bn_stats(gp_device *dev, const gp_bn_desc *d, const float *x, float *mean,
+                          float *var);
+gp_status gp_dev_bn_bwd_sums(gp_device *dev, const gp_bn_desc *d, const float *x,
+                             const float *mean, const float *dy, float *sums);
+gp_status gp_dev_bn_bwd_apply(gp_device *dev, const gp_bn_desc *d, const float *x,
+                              const float *gamma, const float *mean, const float *var,
+                              const float *dy, const float *sums, double count, float *dx,
+                              const float *local, float *dgamma, float *dbeta);
 
 #endif /* GP_BACKEND_H */

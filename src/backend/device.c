@@ -140,9 +140,10 @@ gp_status gp_comm_create(gp_device **devs, int n, gp_comm **out)
 #ifdef GPIPE_CUDA
     if (devs[0]->kind == GP_DEV_CUDA) return gp_cuda_comm_create(devs, n, out);
 #endif
+    if (devs[0]->kind == GP_DEV_CPU) return gp_cpu_comm_create(devs, n, out);
     return gp_error_set(GP_ERR_UNSUPPORTED,
                         "device %s: the %s backend has no collectives (all-reduce, "
-                        "broadcast) yet; they come with data parallelism",
+                        "broadcast)",
                         devs[0]->name, devs[0]->iface->backend_name);
 }
 
@@ -167,4 +168,53 @@ gp_status gp_dev_broadcast(gp_device *dev, gp_comm *comm, float *buf, int64_t n,
                             "device %s: the %s backend has no broadcast yet", dev->name,
                             dev->iface->backend_name);
     return dev->iface->broadcast(dev, comm, buf, n, root);
+}
+
+void gp_comm_abort(gp_comm *comm)
+{
+    if (comm && comm->abort) comm->abort(comm);
+}
+
+void gp_comm_reset(gp_comm *comm)
+{
+    if (comm && comm->reset) comm->reset(comm);
+}
+
+int gp_comm_rank(const gp_comm *comm, const gp_device *dev)
+{
+    for (int r = 0; comm && r < comm->n; r++)
+        if (comm->devs[r] == dev) return r;
+    return -1;
+}
+
+static gp_status no_sync_bn(gp_device *dev, const char *what)
+{
+    return gp_error_set(GP_ERR_UNSUPPORTED,
+                        "device %s: the %s backend has no %s for synchronised batch norm "
+                        "yet; use batchnorm without sync: true on it", dev->name,
+                        dev->iface->backend_name, what);
+}
+
+gp_status gp_dev_bn_stats(gp_device *dev, const gp_bn_desc *d, const float *x, float *mean,
+                          float *var)
+{
+    if (!dev->iface->bn_stats) return no_sync_bn(dev, "bn_stats");
+    return dev->iface->bn_stats(dev, d, x, mean, var);
+}
+
+gp_status gp_dev_bn_bwd_sums(gp_device *dev, const gp_bn_desc *d, const float *x,
+                             const float *mean, const float *dy, float *sums)
+{
+    if (!dev->iface->bn_bwd_sums) return no_sync_bn(dev, "bn_bwd_sums");
+    return dev->iface->bn_bwd_sums(dev, d, x, mean, dy, sums);
+}
+
+gp_status gp_dev_bn_bwd_apply(gp_device *dev, const gp_bn_desc *d, const float *x,
+                              const float *gamma, const float *mean, const float *var,
+                              const float *dy, const float *sums, double count, float *dx,
+                              const float *local, float *dgamma, float *dbeta)
+{
+    if (!dev->iface->bn_bwd_apply) return no_sync_bn(dev, "bn_bwd_apply");
+    return dev->iface->bn_bwd_apply(dev, d, x, gamma, mean, var, dy, sums, count, dx, local,
+                                    dgamma, dbeta);
 }

@@ -817,6 +817,87 @@ static gp_status parse_device(walk *w, const gp_ynode *item, int index, gp_pipel
     return GP_OK;
 }
 
+/* Every device of every replica distinct. */
+static gp_status check_all_distinct(const walk *w, const gp_ynode *at, const gp_pipeline_config *pc)
+{
+    int total = pc->n_devices * pc->replicas;
+    gp_device_kind kinds[GP_MAX_DEVICES];
+    int idx[GP_MAX_DEVICES];
+    for (int a = 0; a < total; a++) {
+        if (gp_device_parse(pc->devices[a].name, &kinds[a], &idx[a]) != GP_OK)
+            return bad(w, at, "pipeline.devices: %s", gp_error_message());
+        for (int b = 0; b < a; b++)
+            if (kinds[a] == kinds[b] && idx[a] == idx[b])
+                return bad(w, at, "device '%s' is used by replica %d stage %d and by replica %d "
+                           "stage %d; every stage of every replica needs its own device (list "
+                           "them as a grid, one row per replica: [[cpu:0, cpu:1], [cpu:2, "
+                           "cpu:3]])", pc->devices[a].name, b / pc->n_devices,
+                           b % pc->n_devices, a / pc->n_devices, a % pc->n_devices);
+    }
+    return GP_OK;
+}
+
+/* devices: [[a, b], [c, d]]: one row per replica, stages along the row. */
+static gp_status parse_device_grid(walk *w, const gp_ynode *dv, const gp_ynode *rep_node,
+                                   gp_pipeline_config *pc)
+{
+    int rows = dv->n, cols = dv->items[0]->n;
+    if (cols == 0) return bad(w, dv->items[0], "pipeline.devices.0 is an empty row; give each "
+                              "replica's stage devices, like [[cpu:0, cpu:1], [cpu:2, cpu:3]]");
+    if ((int64_t)rows * cols > GP_MAX_DEVICES)
+        return bad(w, dv, "pipeline.devices has %d x %d devices; at most %d are supported", rows,
+                   cols, GP_MAX_DEVICES);
+    if (!absent(rep_node)) {
+        int64_t r;
+        GP_TRY(parse_int(w, rep_node, "pipeline.replicas", &r));
+        if (r != rows)
+            return bad(w, rep_node, "pipeline.replicas = %lld but pipeline.devices has %d rows "
+                       "(one per replica); drop replicas or make them agree", (long long)r,
+                       rows);
+    }
+    pc->replicas = rows;
+    pc->n_devices = cols;
+    for (int r = 0; r < rows; r++) {
+        const gp_ynode *row = dv->items[r];
+        if (absent(row) || row->kind != GP_YNODE_SEQ || row->n != cols)
+            return bad(w, absent(row) ? dv : row, "pipeline.devices.%d must be a list of %d "
+                       "devices like row 0 (every replica has the same stages)", r, cols);
+        for (int j = 0; j < cols; j++) {
+            if (absent(row->items[j]))
+                return bad(w, row, "pipeline.devices.%d.%d is empty; give a device name", r, j);
+            gp_device_kind kind;
+            int index;
+            GP_TRY(parse_device(w, row->items[j], r * cols + j, pc, &kind, &index));
+        }
+    }
+    return check_all_distinct(w, dv, pc);
+}
+
+/* replicas: R with a plain device list: replica r runs on the listed
+ * devices with their indices shifted by r x (devices listed), so
+ * [cpu:0, cpu:1] with replicas: 2 adds [cpu:2, cpu:3]. */
+static gp_status derive_replicas(walk *w, const gp_ynode *at, gp_pipeline_config *pc)
+{
+    int n = pc->n_devices;
+    if ((int64_t)n * pc->replicas > GP_MAX_DEVICES)
+        return bad(w, at, "%d replicas of %d devices are %d devices; at most %d are supported",
+                   pc->replicas, n, n * pc->replicas, GP_MAX_DEVICES);
+    for (int r = 1; r < pc->replicas; r++)
+        for (int j = 0; j < n; j++) {
+            gp_device_kind kind;
+            int index;
+            if (gp_device_parse(pc->devices[j].name, &kind, &index) != GP_OK)
+                return bad(w, at, "pipeline.devices: %s", gp_error_message());
+            gp_device_spec *d = &pc->devices[r * n + j];
+            *d = pc->devices[j];
+            snprintf(d->name, sizeof d->name, "%s:%d", kind == GP_DEV_CUDA ? "cuda" : "cpu",
+                     index + r * n);
+        }
+    note(w, "pipeline.devices of replicas 1..%d: the listed devices shifted by %d per replica",
+         pc->replicas - 1, n);
+    return check_all_distinct(w, at, pc);
+}
+
 static gp_status parse_pipeline(walk *w, const gp_ynode *root, gp_pipeline_config *pc)
 {
     char got[96];
@@ -826,12 +907,19 @@ static gp_status parse_pipeline(walk *w, const gp_ynode *root, gp_pipeline_confi
     GP_TRY(get_int32(w, m, "pipeline", "threads", 0, 0, 4096, &pc->threads));
     GP_TRY(get_bytes(w, m, "pipeline", "memory", &pc->memory));
 
-    /* devices: [names or maps], a single name, or a count of CPU devices */
+    /* devices: [names or maps], a single name, a count of CPU devices, or a
+     * grid with one row of names per data-parallel replica */
     const gp_ynode *dv = gp_ymap_get(m, "devices");
     const gp_ynode *dev_nodes[GP_MAX_DEVICES];
     gp_device_kind kinds[GP_MAX_DEVICES];
     int idx[GP_MAX_DEVICES];
-    if (absent(dv)) {
+    const gp_ynode *rep_node = gp_ymap_get(m, "replicas");
+    bool grid = !absent(dv) && dv->kind == GP_YNODE_SEQ && dv->n > 0 && !absent(dv->items[0]) &&
+                dv->items[0]->kind == GP_YNODE_SEQ;
+    if (!grid) GP_TRY(get_int32(w, m, "pipeline", "replicas", 1, 1, 1024, &pc->replicas));
+    if (grid) {
+        GP_TRY(parse_device_grid(w, dv, rep_node, pc));
+    } else if (absent(dv)) {
         pc->n_devices = 1;
         snprintf(pc->devices[0].name, sizeof pc->devices[0].name, "cpu:0");
         pc->devices[0].memory = pc->memory;
@@ -873,6 +961,7 @@ static gp_status parse_pipeline(walk *w, const gp_ynode *root, gp_pipeline_confi
             }
         }
     }
+    if (!grid && pc->replicas > 1) GP_TRY(derive_replicas(w, dv ? dv : m, pc));
 
     /* balance: auto or one layer count per device */
     const gp_ynode *bal = gp_ymap_get(m, "balance");
@@ -909,7 +998,6 @@ static gp_status parse_pipeline(walk *w, const gp_ynode *root, gp_pipeline_confi
                     GP_CKPT_EXCEPT_LAST, &ck));
     pc->checkpoint = (gp_checkpoint_mode)ck;
     GP_TRY(get_bool(w, m, "pipeline", "lockstep", true, &pc->lockstep));
-    GP_TRY(get_int32(w, m, "pipeline", "replicas", 1, 1, 1024, &pc->replicas));
     return GP_OK;
 }
 

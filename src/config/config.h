@@ -41,8 +41,12 @@ typedef struct gp_model_config {
 } gp_model_config;
 
 typedef struct gp_pipeline_config {
+    /* Replica r's stage j runs on devices[r * n_devices + j]; replica 0's
+     * are the first n_devices.  A grid [[cpu:0, cpu:1], [cpu:2, cpu:3]]
+     * gives one row per replica; a plain list with replicas: R shifts the
+     * listed indices by r x n_devices for replica r. */
     gp_device_spec devices[GP_MAX_DEVICES];
-    int n_devices;        /* default 1: [cpu:0] */
+    int n_devices;        /* devices per replica (stages); default 1: [cpu:0] */
     int balance[GP_MAX_DEVICES]; /* layers per stage */
     int n_balance;        /* 0 = balance: auto */
     int chunks;           /* micro-batches per mini-batch; default 1 */
@@ -50,8 +54,14 @@ typedef struct gp_pipeline_config {
     bool lockstep;        /* default true */
     int threads;          /* per CPU device; 0 = cores / devices */
     size_t memory;        /* default capacity per device; 0 = unlimited */
-    int replicas;         /* default 1 */
+    int replicas;         /* data-parallel replicas; default 1 (or the grid's rows) */
 } gp_pipeline_config;
+
+/* Devices of all replicas: n_devices x replicas. */
+static inline int gp_pipeline_devices_total(const gp_pipeline_config *pc)
+{
+    return pc->n_devices * (pc->replicas > 1 ? pc->replicas : 1);
+}
 
 typedef struct gp_data_config {
     gp_dataset_kind dataset;  /* default fashion-mnist */

@@ -19,6 +19,27 @@
  * gp_saved: t[0] = batch mean (C), t[1] = biased batch var (C).
  * The backend's bn_bwd yields dx, dgamma and dbeta at once, so
  * backward_data does the weight work too and flags it in gp_saved.
+ *
+ * SyncBN (`sync: true`, training, ctx->comm over R > 1 replicas): forward
+ * computes the local per-channel mean and biased variance (bn_stats), the
+ * ranks exchange (samples, mean, var) with one all-reduce over a buffer of
+ * R slots in which each rank fills only its own (an all-gather: adding
+ * zeros is exact), and every rank merges the R slots with Chan's formula in
+ * double, in rank order — so all ranks get bitwise the same statistics of
+ * the R micro-batches together, with no E[x^2] - E[x]^2 cancellation (the
+ * only rounding is that of each rank's mean and var to float).  It
+ * normalises with them (bn_fwd_infer), merges them into the step's
+ * accumulator (identical on every replica), and keeps them by the
+ * micro-batch's sample_offset until commit, so a recompute reuses them: no
+ * second all-reduce, no second accumulation.  Backward all-reduces the
+ * per-channel sums (sum dy, sum dy (x - mean)) — float sums of each rank's
+ * double sums, in rank order — and applies the batch-norm backward with
+ * the global sums and count; dgamma and dbeta get only this rank's share,
+ * since the gradient all-reduce adds the replicas' up.
+ *
+ * Without sync, data-parallel replicas still commit the same running
+ * statistics: allreduce_stats merges the replicas' accumulators (the same
+ * all-gather) before commit.
  */
 #include "layers/layers_impl.h"
 
@@ -32,6 +53,15 @@ typedef struct {
     double *acc_m2;         /* (C) sum of squared deviations from acc_mean */
     float *h_mean, *h_var;  /* (C) host scratch for downloads */
     int64_t batches_tracked; /* commits so far (PyTorch num_batches_tracked) */
+    /* SyncBN: this step's merged statistics per micro-batch, for recompute
+     * and backward; cleared by commit. */
+    int n_sync, cap_sync;
+    int64_t *sync_off;      /* [cap] sample_offset of the micro-batch */
+    uint64_t *sync_step;    /* [cap] ctx->step it belongs to */
+    double *sync_count;     /* [cap] values per channel over all replicas */
+    float *sync_stats;      /* [cap][2C]: mean(C), biased var(C) */
+    float *h_gather;        /* host scratch of the all-gather, R (1 + 2C) */
+    int64_t cap_gather;
 } bn_state;
 
 enum { P_WEIGHT = 0, P_BIAS, P_RMEAN, P_RVAR };
@@ -103,6 +133,11 @@ static void bn_destroy(gp_layer *l)
     free(st->acc_m2);
     free(st->h_mean);
     free(st->h_var);
+    free(st->sync_off);
+    free(st->sync_step);
+    free(st->sync_count);
+    free(st->sync_stats);
+    free(st->h_gather);
     free(st);
     l->state = NULL;
 }
@@ -119,9 +154,216 @@ static void merge_stats(bn_state *st, int64_t nb, const float *mean, const float
     st->acc_count += nb;
 }
 
+/* ---- SyncBN ---------------------------------------------------------------- */
+
+static bool bn_synced(const gp_layer *l, const gp_fwd_ctx *ctx)
+{
+    return l->spec.sync && ctx->training && ctx->comm && ctx->comm->n > 1;
+}
+
+static gp_status gather_scratch(bn_state *st, int64_t n)
+{
+    if (n <= st->cap_gather) return GP_OK;
+    float *p = realloc(st->h_gather, (size_t)n * sizeof *p);
+    if (!p) return gp_error_set(GP_ERR_OOM, "out of host memory for batch-norm statistics");
+    st->h_gather = p;
+    st->cap_gather = n;
+    return GP_OK;
+}
+
+/* All-gather R slots of (count, a(C), b(C)) over comm: this rank's slot is
+ * filled from the device arrays a, b (or from host arrays ha, hb when a is
+ * NULL); the result lands in st->h_gather. */
+static gp_status gather_stats(gp_layer *l, gp_comm *comm, int rank, double count,
+                              const float *a, const float *b, const float *ha,
+                              const float *hb)
+{
+    gp_device *dev = l->dev;
+    bn_state *st = l->state;
+    int64_t C = st->c, K = 1 + 2 * C, R = comm->n;
+    if (count > 16777216.0)
+        return gp_layer_spec_error(l, "%.0f values per channel in one step are more than a "
+                                      "float counts exactly (2^24); use smaller micro-batches",
+                                   count);
+    GP_TRY(gather_scratch(st, R * K));
+    gp_tensor buf;
+    gp_shape bs = {1, {R * K, 0, 0, 0}};
+    GP_TRY(gp_tensor_alloc(&buf, dev, &bs, GP_MEM_WORKSPACE));
+    float *slot = buf.data + rank * K;
+    float cnt = (float)count;
+    gp_status s = dev->iface->fill(dev, buf.data, 0.0f, R * K);
+    if (s == GP_OK) s = gp_dev_upload(dev, slot, &cnt, 1);
+    if (s == GP_OK && a) s = dev->iface->copy_d2d(dev, slot + 1, a, (size_t)C * sizeof(float));
+    if (s == GP_OK && a) s = dev->iface->copy_d2d(dev, slot + 1 + C, b, (size_t)C * sizeof(float));
+    if (s == GP_OK && !a) s = gp_dev_upload(dev, slot + 1, ha, C);
+    if (s == GP_OK && !a) s = gp_dev_upload(dev, slot + 1 + C, hb, C);
+    if (s == GP_OK) s = gp_dev_allreduce(dev, comm, buf.data, R * K);
+    if (s == GP_OK) s = gp_dev_download(dev, st->h_gather, buf.data, R * K);
+    if (s == GP_OK) s = dev->iface->synchronize(dev);
+    gp_tensor_free(&buf);
+    return s;
+}
+
+/* Chan's merge of (nb, mean_b, m2_b) into (na, mean, m2), per channel. */
+static void chan_merge(int64_t C, double *na, double *mean, double *m2, double nb,
+                       const float *mean_b, const float *m2_b)
+{
+    double n = *na + nb;
+    if (nb <= 0) return;
+    for (int64_t c = 0; c < C; c++) {
+        double delta = (double)mean_b[c] - mean[c];
+        mean[c] += delta * nb / n;
+        m2[c] += (double)m2_b[c] + delta * delta * *na * nb / n;
+    }
+    *na = n;
+}
+
+static float *sync_find(bn_state *st, uint64_t step, int64_t off, double *count)
+{
+    for (int q = 0; q < st->n_sync; q++)
+        if (st->sync_off[q] == off && st->sync_step[q] == step) {
+            if (count) *count = st->sync_count[q];
+            return st->sync_stats + (size_t)q * 2 * (size_t)st->c;
+        }
+    return NULL;
+}
+
+/* The slot index for (step, off), reused if present. */
+static gp_status sync_slot(bn_state *st, uint64_t step, int64_t off, int *out)
+{
+    for (int q = 0; q < st->n_sync; q++)
+        if (st->sync_off[q] == off && st->sync_step[q] == step) {
+            *out = q;
+            return GP_OK;
+        }
+    if (st->n_sync == st->cap_sync) {
+        int cap = st->cap_sync ? 2 * st->cap_sync : 8;
+        int64_t *o = realloc(st->sync_off, (size_t)cap * sizeof *o);
+        if (o) st->sync_off = o;
+        uint64_t *sp = realloc(st->sync_step, (size_t)cap * sizeof *sp);
+        if (sp) st->sync_step = sp;
+        double *cn = realloc(st->sync_count, (size_t)cap * sizeof *cn);
+        if (cn) st->sync_count = cn;
+        float *f = realloc(st->sync_stats, (size_t)cap * 2 * (size_t)st->c * sizeof *f);
+        if (f) st->sync_stats = f;
+        if (!o || !sp || !cn || !f)
+            return gp_error_set(GP_ERR_OOM, "out of host memory for batch-norm statistics");
+        st->cap_sync = cap;
+    }
+    int q = st->n_sync++;
+    st->sync_off[q] = off;
+    st->sync_step[q] = step;
+    *out = q;
+    return GP_OK;
+}
+
+static gp_status bn_forward_sync(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                 gp_tensor *y, gp_saved *s)
+{
+    gp_device *dev = l->dev;
+    bn_state *st = l->state;
+    gp_bn_desc d = bn_desc(l, x->dims[0]);
+    int64_t C = d.c;
+    gp_shape cs = {1, {C, 0, 0, 0}};
+    GP_TRY(gp_layers_saved_alloc(s, 0, dev, &cs));
+    GP_TRY(gp_layers_saved_alloc(s, 1, dev, &cs));
+    float *merged = sync_find(st, ctx->step, ctx->sample_offset, NULL);
+    if (!ctx->recompute || !merged) {
+        GP_ASSERT(!ctx->recompute); /* a recompute follows its forward in the same step */
+        if (d.n > 0) GP_TRY(gp_dev_bn_stats(dev, &d, x->data, s->t[0].data, s->t[1].data));
+        else {
+            GP_TRY(dev->iface->fill(dev, s->t[0].data, 0.0f, C));
+            GP_TRY(dev->iface->fill(dev, s->t[1].data, 0.0f, C));
+        }
+        GP_TRY(gather_stats(l, ctx->comm, ctx->rank, (double)(d.n * d.s), s->t[0].data,
+                            s->t[1].data, NULL, NULL));
+        /* Merge the ranks in rank order: var * count is each rank's M2. */
+        int64_t K = 1 + 2 * C;
+        double na = 0;
+        double *mean = calloc((size_t)C, sizeof *mean), *m2 = calloc((size_t)C, sizeof *m2);
+        if (!mean || !m2) {
+            free(mean);
+            free(m2);
+            return gp_error_set(GP_ERR_OOM, "out of host memory for batch-norm statistics");
+        }
+        for (int r = 0; r < ctx->comm->n; r++) {
+            float *g = st->h_gather + r * K;
+            double nb = (double)g[0];
+            for (int64_t c = 0; c < C; c++) g[1 + C + c] = (float)((double)g[1 + C + c] * nb);
+            chan_merge(C, &na, mean, m2, nb, g + 1, g + 1 + C);
+        }
+        gp_status e = GP_OK;
+        if (na < 2)
+            e = gp_layer_spec_error(l, "synchronised batch norm needs more than one value per "
+                                       "channel over all replicas, but this micro-batch has "
+                                       "%.0f; use fewer pipeline.chunks or a larger batch", na);
+        int q = 0;
+        if (e == GP_OK) e = sync_slot(st, ctx->step, ctx->sample_offset, &q);
+        if (e == GP_OK) {
+            merged = st->sync_stats + (size_t)q * 2 * (size_t)C;
+            for (int64_t c = 0; c < C; c++) {
+                merged[c] = (float)mean[c];
+                merged[C + c] = (float)(m2[c] / na);
+            }
+            st->sync_count[q] = na;
+            /* The step's accumulator gets every replica's micro-batch, in
+             * rank order: identical on every replica. */
+            for (int r = 0; r < ctx->comm->n; r++) {
+                float *g = st->h_gather + r * K;
+                double nb = (double)g[0], acc = (double)st->acc_count;
+                if (nb <= 0) continue;
+                double *am = st->acc_mean, *a2 = st->acc_m2;
+                chan_merge(C, &acc, am, a2, nb, g + 1, g + 1 + C);
+                st->acc_count = (int64_t)acc;
+            }
+        }
+        free(mean);
+        free(m2);
+        GP_TRY(e);
+    }
+    GP_TRY(gp_dev_upload(dev, s->t[0].data, merged, C));
+    GP_TRY(gp_dev_upload(dev, s->t[1].data, merged + C, C));
+    if (d.n == 0) return GP_OK;
+    const float *gamma = l->params[P_WEIGHT].value.data, *beta = l->params[P_BIAS].value.data;
+    return dev->iface->bn_fwd_infer(dev, &d, x->data, gamma, beta, s->t[0].data, s->t[1].data,
+                                    y->data);
+}
+
+/* dx (may be NULL) and this rank's dgamma/dbeta share, with the sums
+ * reduced over the replicas. */
+static gp_status bn_backward_sync(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                  const gp_tensor *dy, float *dx, gp_saved *s)
+{
+    gp_device *dev = l->dev;
+    bn_state *st = l->state;
+    gp_bn_desc d = bn_desc(l, x->dims[0]);
+    int64_t C = d.c;
+    double count = 0;
+    if (!sync_find(st, ctx->step, ctx->sample_offset, &count))
+        return gp_layer_spec_error(l, "synchronised backward without its forward's statistics "
+                                      "(step %llu, sample %lld)",
+                                   (unsigned long long)ctx->step, (long long)ctx->sample_offset);
+    gp_tensor sums;
+    gp_shape ss = {1, {4 * C, 0, 0, 0}};
+    GP_TRY(gp_tensor_alloc(&sums, dev, &ss, GP_MEM_WORKSPACE));
+    float *local = sums.data, *global = sums.data + 2 * C;
+    gp_status e = GP_OK;
+    if (d.n > 0) e = gp_dev_bn_bwd_sums(dev, &d, x->data, s->t[0].data, dy->data, local);
+    else e = dev->iface->fill(dev, local, 0.0f, 2 * C);
+    if (e == GP_OK) e = dev->iface->copy_d2d(dev, global, local, (size_t)(2 * C) * sizeof(float));
+    if (e == GP_OK) e = gp_dev_allreduce(dev, ctx->comm, global, 2 * C);
+    if (e == GP_OK && d.n > 0)
+        e = gp_dev_bn_bwd_apply(dev, &d, x->data, l->params[P_WEIGHT].value.data, s->t[0].data,
+                                s->t[1].data, dy->data, global, count, dx, local,
+                                l->params[P_WEIGHT].grad.data, l->params[P_BIAS].grad.data);
+    gp_tensor_free(&sums);
+    return e;
+}
+
 static gp_status bn_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                             gp_tensor *y, gp_saved *s)
 {
+    if (bn_synced(l, ctx)) return bn_forward_sync(l, ctx, x, y, s);
     gp_device *dev = l->dev;
     bn_state *st = l->state;
     gp_bn_desc d = bn_desc(l, x->dims[0]);
@@ -169,7 +411,10 @@ static gp_status bn_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_t
                                   const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
                                   gp_saved *s)
 {
-    GP_TRY(bn_backward_all(l, x, dy, dx->data, s));
+    if (bn_synced(l, ctx) && !(s->flags & GP_SAVED_EVAL))
+        GP_TRY(bn_backward_sync(l, ctx, x, dy, dx->data, s));
+    else
+        GP_TRY(bn_backward_all(l, x, dy, dx->data, s));
     s->flags |= GP_SAVED_WEIGHTS_DONE;
     return GP_OK;
 }
@@ -181,6 +426,8 @@ static gp_status bn_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx, const g
         s->flags &= ~GP_SAVED_WEIGHTS_DONE; /* a second backward pass accumulates again */
         return GP_OK;
     }
+    if (bn_synced(l, ctx) && !(s->flags & GP_SAVED_EVAL))
+        return bn_backward_sync(l, ctx, x, dy, NULL, s); /* no dx, no scratch */
     /* No one needs dx (first layer of the model): scratch for the kernel. */
     gp_tensor scratch;
     gp_shape xs = gp_tensor_shape(x);
@@ -210,9 +457,37 @@ static gp_status bn_commit(gp_layer *l)
     GP_TRY(gp_dev_upload(dev, l->params[P_RVAR].value.data, st->h_var, c));
     GP_TRY(dev->iface->synchronize(dev)); /* the host scratch is reused */
     st->batches_tracked++;
+    st->n_sync = 0;
     st->acc_count = 0;
     memset(st->acc_mean, 0, (size_t)c * sizeof(double));
     memset(st->acc_m2, 0, (size_t)c * sizeof(double));
+    return GP_OK;
+}
+
+/* Data parallelism without sync: every replica merges all replicas'
+ * pending (count, mean, M2) in rank order, so all commit the statistics of
+ * the global mini-batch.  SyncBN accumulators are global already. */
+static gp_status bn_allreduce_stats(gp_layer *l, gp_comm *comm)
+{
+    bn_state *st = l->state;
+    int rank = gp_comm_rank(comm, l->dev);
+    if (l->spec.sync || !comm || comm->n < 2) return GP_OK;
+    GP_ASSERT(rank >= 0);
+    int64_t C = st->c, K = 1 + 2 * C;
+    for (int64_t c = 0; c < C; c++) {
+        st->h_mean[c] = (float)st->acc_mean[c];
+        st->h_var[c] = (float)st->acc_m2[c];
+    }
+    GP_TRY(gather_stats(l, comm, rank, (double)st->acc_count, NULL, NULL, st->h_mean,
+                        st->h_var));
+    double na = 0;
+    memset(st->acc_mean, 0, (size_t)C * sizeof(double));
+    memset(st->acc_m2, 0, (size_t)C * sizeof(double));
+    for (int r = 0; r < comm->n; r++) {
+        const float *g = st->h_gather + r * K;
+        chan_merge(C, &na, st->acc_mean, st->acc_m2, (double)g[0], g + 1, g + 1 + C);
+    }
+    st->acc_count = (int64_t)na;
     return GP_OK;
 }
 
@@ -256,4 +531,5 @@ const gp_layer_ops gp_batchnorm_ops = {
     .flops = bn_flops,
     .saved_bytes = bn_saved_bytes,
     .destroy = bn_destroy,
+    .allreduce_stats = bn_allreduce_stats,
 };

@@ -29,7 +29,9 @@
  * Batch-norm running statistics are not touched in forward: training forward
  * (recompute excluded) merges the micro-batch's (count, mean, M2) into a
  * per-step accumulator, and commit() folds the whole mini-batch into the
- * running statistics once per step.
+ * running statistics once per step.  With `sync: true` and a communicator in
+ * the context, the micro-batch's statistics are first merged over the
+ * replicas (SyncBN, batchnorm.c).
  *
  * Thread safety: a layer is used by its device's worker thread only.
  */
@@ -98,6 +100,14 @@ typedef struct gp_fwd_ctx {
     uint64_t step;         /* optimizer step (0-based) */
     int64_t sample_offset; /* first sample of this micro-batch in the batch */
     int64_t batch_total;   /* samples in the whole mini-batch */
+    /* Data parallelism: the communicator over the devices that run this
+     * same layer in the other replicas (NULL or n == 1: none), and this
+     * device's rank in it.  Synchronised batch norm reduces its statistics
+     * over it; every rank runs the same forwards and backwards in the same
+     * order, so their collectives match up.  sample_offset and batch_total
+     * then refer to the global mini-batch of all replicas. */
+    gp_comm *comm;
+    int rank;
 } gp_fwd_ctx;
 
 #define GP_SAVED_MAX 24
@@ -148,6 +158,12 @@ typedef struct gp_layer_ops {
     size_t (*saved_bytes)(const gp_layer *l, int64_t n);
     /* optional: free parameters and state. NULL = only params freed. */
     void (*destroy)(gp_layer *l);
+    /* optional (data parallelism): merge this step's pending statistics
+     * with those of the same layer in the other replicas over `comm`
+     * (collective: every rank calls it, before commit), so that every
+     * replica commits the statistics of the global mini-batch.  NULL = no
+     * statistics. */
+    gp_status (*allreduce_stats)(gp_layer *l, gp_comm *comm);
 } gp_layer_ops;
 
 struct gp_layer {

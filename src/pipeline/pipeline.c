@@ -48,6 +48,7 @@ typedef struct worker {
     int n_events;
     int cap_events;
     double busy;
+    double comm_seconds;  /* this step's gradient all-reduce (data parallelism) */
 } worker;
 
 struct gp_pipeline {
@@ -59,6 +60,13 @@ struct gp_pipeline {
     int first[GP_MAX_DEVICES], count[GP_MAX_DEVICES];
     gp_pipeline_opts opts;
     worker workers[GP_MAX_DEVICES];
+    /* Data parallelism (gp_pipeline_join; set between steps, read-only
+     * during a step): stage j's communicator over the replicas, this
+     * replica's rank in them, and who to tell when this pipeline fails. */
+    gp_comm *comms[GP_MAX_DEVICES];
+    int rank;
+    void (*on_fail)(void *arg);
+    void *fail_arg;
 
     /* --- guarded by lock --- */
     pthread_mutex_t lock;
@@ -79,12 +87,17 @@ struct gp_pipeline {
     gp_schedule sched;
     int m;
     int64_t sizes[GP_MAX_CHUNKS], offsets[GP_MAX_CHUNKS];
-    int64_t batch;
+    int64_t batch;             /* samples of this pipeline's share (x, y) */
+    int64_t sample_base;       /* x's first sample in the global mini-batch */
+    int64_t batch_total;       /* samples of the global mini-batch */
     const float *x, *y;
     uint64_t seed, step;
     gp_stage_hook hook;
     void *hook_arg;
     mb_state *mb;              /* [i * n + j] */
+    double t_begin;            /* gp_now() at gp_pipeline_step_begin */
+    bool running;              /* between a successful begin and its end;
+                                  written by the caller under lock */
 };
 
 #define MB(p, i, j) (&(p)->mb[(size_t)(i) * (size_t)(p)->n + (size_t)(j)])
@@ -92,10 +105,23 @@ struct gp_pipeline {
 
 /* ---- errors and waiting ------------------------------------------------ */
 
-/* Record the first failure with its place and cancel the step everywhere. */
+/* Record the first failure with its place and cancel the step everywhere.
+ * GP_ERR_CANCELLED is not a failure of its own, but it may come from a
+ * collective aborted by another replica before this pipeline heard of it:
+ * then it cancels this pipeline too. */
 static gp_status fail(gp_pipeline *p, gp_status s, int j, int i, int layer)
 {
-    if (s == GP_ERR_CANCELLED) return s;
+    if (s == GP_ERR_CANCELLED) {
+        pthread_mutex_lock(&p->lock);
+        if (!p->cancelled) {
+            p->cancelled = true;
+            p->status = s;
+            snprintf(p->message, sizeof p->message, "cancelled: another replica failed");
+        }
+        pthread_cond_broadcast(&p->cond);
+        pthread_mutex_unlock(&p->lock);
+        return s;
+    }
     char ctx[256];
     int off = snprintf(ctx, sizeof ctx, "device %s, stage %d", p->devs[j]->name, j);
     if (i >= 0) off += snprintf(ctx + off, sizeof ctx - (size_t)off, ", micro-batch %d", i);
@@ -105,13 +131,17 @@ static gp_status fail(gp_pipeline *p, gp_status s, int j, int i, int layer)
                  gp_layer_describe(&p->layers[layer], d, sizeof d));
     }
     pthread_mutex_lock(&p->lock);
-    if (!p->cancelled) {
+    bool first = !p->cancelled;
+    if (first) {
         p->cancelled = true;
         p->status = s;
         snprintf(p->message, sizeof p->message, "%s: %s", ctx, gp_error_message());
     }
     pthread_cond_broadcast(&p->cond);
     pthread_mutex_unlock(&p->lock);
+    /* Outside the lock: it cancels the other replicas and aborts the
+     * communicators. */
+    if (first && p->on_fail) p->on_fail(p->fail_arg);
     return s;
 }
 
@@ -165,7 +195,8 @@ static gp_status stage_forward(gp_pipeline *p, int i, int j, bool keep, bool rec
     mb_state *s = MB(p, i, j);
     int first = p->first[j], count = p->count[j];
     gp_fwd_ctx ctx = {.training = true, .recompute = recompute, .seed = p->seed,
-                      .step = p->step, .sample_offset = p->offsets[i], .batch_total = p->batch};
+                      .step = p->step, .sample_offset = p->sample_base + p->offsets[i],
+                      .batch_total = p->batch_total, .comm = p->comms[j], .rank = p->rank};
     s->acts[0] = s->in;
     s->acts[0].owned = false;
     gp_tensor cur = s->acts[0];
@@ -220,8 +251,10 @@ static gp_status do_forward(gp_pipeline *p, int i, int j, bool ckpt, int *bad_la
         gp_shape os = gp_tensor_shape(&s->out);
         GP_TRY(gp_tensor_alloc(&s->grad_out, dev, &os, GP_MEM_ACTIVATIONS));
         gp_loss_out lo = {0};
-        GP_TRY(gp_cross_entropy(dev, &s->out, &s->labels, (float)(1.0 / (double)p->batch),
-                                &s->grad_out, &lo));
+        /* 1 / global batch: the replicas' gradients then sum to the
+         * gradient of the global mean loss. */
+        GP_TRY(gp_cross_entropy(dev, &s->out, &s->labels,
+                                (float)(1.0 / (double)p->batch_total), &s->grad_out, &lo));
         gp_tensor_free(&s->labels);
         if (!isfinite(lo.loss_sum))
             return gp_error_set(GP_ERR_NUMERIC,
@@ -239,7 +272,8 @@ static gp_status do_backward(gp_pipeline *p, int i, int j, int *bad_layer)
     mb_state *s = MB(p, i, j);
     int first = p->first[j], count = p->count[j];
     gp_fwd_ctx ctx = {.training = true, .seed = p->seed, .step = p->step,
-                      .sample_offset = p->offsets[i], .batch_total = p->batch};
+                      .sample_offset = p->sample_base + p->offsets[i],
+                      .batch_total = p->batch_total, .comm = p->comms[j], .rank = p->rank};
     GP_ASSERT(s->acts_live);
     gp_tensor dy = s->grad_out;
     s->grad_out = (gp_tensor){0};
@@ -354,6 +388,24 @@ static void drain(gp_pipeline *p, int j)
     }
 }
 
+/* Sum stage j's parameter gradients over the replicas (each replica's
+ * loss is already scaled by 1 / global batch, so the sum is the gradient
+ * of the global mean), then merge pending batch-norm statistics. */
+static gp_status allreduce_stage(gp_pipeline *p, int j)
+{
+    gp_comm *comm = p->comms[j];
+    for (int c = p->first[j]; c < p->first[j] + p->count[j]; c++) {
+        gp_layer *l = &p->layers[c];
+        for (int q = 0; q < l->n_params; q++) {
+            gp_param *pr = &l->params[q];
+            if (pr->is_buffer || !pr->grad.data) continue;
+            GP_TRY(gp_dev_allreduce(p->devs[j], comm, pr->grad.data, gp_tensor_numel(&pr->grad)));
+        }
+        if (l->ops->allreduce_stats) GP_TRY(l->ops->allreduce_stats(l, comm));
+    }
+    return GP_OK;
+}
+
 static gp_status run_step(worker *w)
 {
     gp_pipeline *p = w->p;
@@ -365,6 +417,7 @@ static gp_status run_step(worker *w)
     const gp_instr *list = p->sched.list[j];
     w->n_events = 0;
     w->busy = 0;
+    w->comm_seconds = 0;
     for (int c = 0; c < p->sched.count[j]; c++) {
         const gp_instr *in = &list[c];
         pthread_mutex_lock(&p->lock);
@@ -409,6 +462,15 @@ static gp_status run_step(worker *w)
         }
         if (st != GP_OK) return fail(p, st, j, in->i, bad_layer);
         sweep(p, j);
+    }
+    /* Data parallelism: stage j's gradients are complete here, so they are
+     * all-reduced now, while the stages before it still run backward.
+     * Every replica's stage j does the same collectives in the same order. */
+    if (p->comms[j] && p->comms[j]->n > 1) {
+        double t0 = gp_now();
+        gp_status st = allreduce_stage(p, j);
+        w->comm_seconds = gp_now() - t0;
+        if (st != GP_OK) return fail(p, st, j, -1, -1);
     }
     /* Outgoing data must be copied before it is freed. */
     for (int i = 0; i < p->m; i++) {
@@ -617,7 +679,16 @@ gp_status gp_pipeline_step(gp_pipeline *p, const float *x, const float *y, int64
                            uint64_t seed, uint64_t step, gp_stage_hook hook, void *arg,
                            gp_pipeline_out *out)
 {
-    double t0 = gp_now();
+    GP_TRY(gp_pipeline_step_begin(p, x, y, n, 0, n, seed, step, hook, arg));
+    return gp_pipeline_step_end(p, out);
+}
+
+gp_status gp_pipeline_step_begin(gp_pipeline *p, const float *x, const float *y, int64_t n,
+                                 int64_t sample_base, int64_t batch_total, uint64_t seed,
+                                 uint64_t step, gp_stage_hook hook, void *arg)
+{
+    GP_ASSERT(!p->running);
+    p->t_begin = gp_now();
     int m = p->opts.chunks;
     if (m > GP_MAX_CHUNKS)
         return gp_error_set(GP_ERR_INVALID, "pipeline.chunks = %d exceeds %d", m, GP_MAX_CHUNKS);
@@ -629,6 +700,8 @@ gp_status gp_pipeline_step(gp_pipeline *p, const float *x, const float *y, int64
         off += p->sizes[i];
     }
     p->batch = n;
+    p->sample_base = sample_base;
+    p->batch_total = batch_total;
     p->x = x;
     p->y = y;
     p->seed = seed;
@@ -648,8 +721,19 @@ gp_status gp_pipeline_step(gp_pipeline *p, const float *x, const float *y, int64
     p->status = GP_OK;
     p->message[0] = '\0';
     p->generation++;
+    p->running = true;
     pthread_cond_broadcast(&p->cond);
+    pthread_mutex_unlock(&p->lock);
+    return GP_OK;
+}
+
+gp_status gp_pipeline_step_end(gp_pipeline *p, gp_pipeline_out *out)
+{
+    GP_ASSERT(p->running);
+    int m = p->m;
+    pthread_mutex_lock(&p->lock);
     while (p->drained < p->n) pthread_cond_wait(&p->cond, &p->lock);
+    p->running = false;
     gp_status st = p->status;
     pthread_mutex_unlock(&p->lock);
     if (st != GP_OK) return gp_error_set(st, "%s", p->message);
@@ -663,7 +747,7 @@ gp_status gp_pipeline_step(gp_pipeline *p, const float *x, const float *y, int64
     if (out) {
         out->loss_sum = loss;
         out->correct = correct;
-        out->seconds = gp_now() - t0;
+        out->seconds = gp_now() - p->t_begin;
     }
     return GP_OK;
 }
@@ -696,4 +780,27 @@ void gp_pipeline_set_fault(gp_pipeline *p, int i, int j, gp_instr_kind kind)
 }
 
 double gp_pipeline_busy(const gp_pipeline *p, int j) { return p->workers[j].busy; }
+double gp_pipeline_comm_seconds(const gp_pipeline *p, int j) { return p->workers[j].comm_seconds; }
+
+void gp_pipeline_join(gp_pipeline *p, gp_comm *const *comms, int rank,
+                      void (*on_fail)(void *arg), void *arg)
+{
+    GP_ASSERT(!p->running);
+    for (int j = 0; j < p->n; j++) p->comms[j] = comms ? comms[j] : NULL;
+    p->rank = rank;
+    p->on_fail = on_fail;
+    p->fail_arg = arg;
+}
+
+void gp_pipeline_cancel(gp_pipeline *p)
+{
+    pthread_mutex_lock(&p->lock);
+    if (p->running && !p->cancelled) {
+        p->cancelled = true;
+        p->status = GP_ERR_CANCELLED;
+        snprintf(p->message, sizeof p->message, "cancelled: another replica failed");
+    }
+    pthread_cond_broadcast(&p->cond);
+    pthread_mutex_unlock(&p->lock);
+}
 int gp_pipeline_stages(const gp_pipeline *p) { return p->n; }

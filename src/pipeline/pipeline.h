@@ -20,7 +20,12 @@
  * every worker frees what the step allocated on its device; the caller gets
  * that one error, naming device, stage, micro-batch and layer.
  *
- * Thread safety: one caller thread drives a gp_pipeline.
+ * Data parallelism: R pipelines, one per replica, each on its own devices,
+ * joined into a group (gp_pipeline_join) and stepped together with
+ * gp_pipeline_step_begin / _end; see the functions' comments.
+ *
+ * Thread safety: one caller thread drives a gp_pipeline; gp_pipeline_cancel
+ * may be called from any thread.
  */
 #ifndef GP_PIPELINE_H
 #define GP_PIPELINE_H
@@ -80,6 +85,37 @@ void gp_pipeline_destroy(gp_pipeline *p);
 gp_status gp_pipeline_step(gp_pipeline *p, const float *x, const float *y, int64_t n,
                            uint64_t seed, uint64_t step, gp_stage_hook hook, void *arg,
                            gp_pipeline_out *out);
+
+/* The same step in two halves, so one thread can drive several pipelines
+ * at once (data-parallel replicas): begin hands the step to the workers and
+ * returns; end waits for it and returns what gp_pipeline_step would.  Every
+ * successful begin must be followed by exactly one end.  x, y (n samples)
+ * are this pipeline's share of a global mini-batch of batch_total samples
+ * starting at sample_base: dropout masks are indexed by the global
+ * position and the loss gradient is scaled by 1 / batch_total.  x and y
+ * must stay valid until end. */
+gp_status gp_pipeline_step_begin(gp_pipeline *p, const float *x, const float *y, int64_t n,
+                                 int64_t sample_base, int64_t batch_total, uint64_t seed,
+                                 uint64_t step, gp_stage_hook hook, void *arg);
+gp_status gp_pipeline_step_end(gp_pipeline *p, gp_pipeline_out *out);
+
+/* Data parallelism: make this pipeline replica `rank` of a group.  comms[j]
+ * is stage j's communicator over the replicas' stage-j devices (comms NULL:
+ * leave the group).  From the next step on, worker j all-reduces stage j's
+ * parameter gradients (and merges batch-norm statistics, layer op
+ * allreduce_stats) over comms[j] right after its last backward — while the
+ * earlier stages still run theirs — and before the barrier that lets the
+ * optimizer hook run; layers see (comms[j], rank) in their gp_fwd_ctx
+ * (SyncBN).  The first failure of a step calls on_fail(arg) from the
+ * failing worker, outside any lock: the group then cancels the other
+ * replicas (gp_pipeline_cancel) and aborts the communicators, so nothing
+ * waits forever and no replica updates its model.  Only between steps. */
+void gp_pipeline_join(gp_pipeline *p, gp_comm *const *comms, int rank,
+                      void (*on_fail)(void *arg), void *arg);
+/* Cancel the running step (if any) with GP_ERR_CANCELLED; any thread. */
+void gp_pipeline_cancel(gp_pipeline *p);
+/* Seconds worker j spent in the gradient all-reduce in the last step. */
+double gp_pipeline_comm_seconds(const gp_pipeline *p, int j);
 
 /* Test hook: make the instruction `kind` of (i, j) fail from the next step
  * on (j < 0 turns it off). */

@@ -63,7 +63,7 @@ gp_status gp_run_prepare(gp_run *r)
 {
     if (r->prepared) return GP_OK;
     GP_TRY(gp_train_open(&r->cfg, r->devs, &r->model, true));
-    r->n_dev = r->cfg.pipeline.n_devices;
+    r->n_dev = gp_pipeline_devices_total(&r->cfg.pipeline);
     r->prepared = true;
     return GP_OK;
 }

@@ -226,6 +226,7 @@ gp_status gp_model_balance(const gp_config *cfg, int n, int *balance)
 void gp_model_free(gp_model *m)
 {
     if (!m) return;
+    gp_model_free_replicas(m);
     gp_pipeline_destroy(m->pipe);
     free(m->mom_first);
     for (int j = 0; j < m->n_momentum; j++) gp_tensor_free(&m->momentum[j]);
@@ -268,6 +269,12 @@ static gp_status sgd_range(gp_model *m, const gp_optim_config *o, double lr, int
     return GP_OK;
 }
 
+gp_status gp_model_sgd_range(gp_model *m, const gp_optim_config *o, double lr, int first,
+                             int count)
+{
+    return sgd_range(m, o, lr, first, count);
+}
+
 static gp_status sgd_update(gp_model *m, const gp_optim_config *o, double lr)
 {
     return sgd_range(m, o, lr, 0, m->n_layers);
@@ -290,6 +297,7 @@ static gp_status sgd_hook(void *arg, int j, int first, int count)
 gp_status gp_model_pipeline_step(gp_model *m, const gp_config *cfg, const float *x,
                                  const float *y, int64_t n, double lr, gp_step_stats *st)
 {
+    if (m->n_replicas > 1) return gp_model_replicated_step(m, cfg, x, y, n, lr, st);
     if (!m->pipe) {
         gp_pipeline_opts po = {.chunks = cfg->pipeline.chunks > 0 ? cfg->pipeline.chunks : 1,
                                .checkpoint = cfg->pipeline.checkpoint,
@@ -309,6 +317,7 @@ gp_status gp_model_pipeline_step(gp_model *m, const gp_config *cfg, const float 
         st->samples = n;
         st->lr = lr;
         st->seconds = po.seconds;
+        st->allreduce_seconds = 0;
     }
     return GP_OK;
 }
@@ -449,6 +458,7 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
         st->samples = n;
         st->lr = lr;
         st->seconds = gp_now() - t0;
+        st->allreduce_seconds = 0;
     }
     return GP_OK;
 }

@@ -45,6 +45,14 @@ typedef struct gp_model {
     int n_momentum;
     int64_t step;          /* optimizer steps taken */
     gp_pipeline *pipe;     /* created on the first pipelined step, owned */
+    /* Data parallelism (replicas.c): this model is replica 0; replicas
+     * 1..R-1 are whole models like it on their own devices, stepped with it
+     * and kept identical to it.  Everything else (evaluation, snapshots,
+     * summaries) reads replica 0. */
+    int n_replicas;        /* R; 0 or 1 = no data parallelism */
+    struct gp_model *replicas;       /* [R - 1], owned */
+    struct gp_replica_group *group;  /* communicators, failure state; owned,
+                                        made on the first step */
 } gp_model;
 
 /* Build every layer from the config on one device (shapes inferred in
@@ -96,6 +104,9 @@ typedef struct gp_step_stats {
     int64_t samples;
     double seconds;
     double lr;
+    double allreduce_seconds; /* data parallelism: the longest time a worker
+                                 spent in its stage's gradient all-reduce
+                                 (incl. waiting for the other replicas) */
 } gp_step_stats;
 
 /* One optimizer step on a host batch (x: (n, C, H, W), y: (n) class ids)
@@ -115,6 +126,32 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
  * gp_model_train_step with the same chunks (see tests/test_pipeline.c). */
 gp_status gp_model_pipeline_step(gp_model *m, const gp_config *cfg, const float *x,
                                  const float *y, int64_t n, double lr, gp_step_stats *st);
+
+/* ---- data parallelism (replicas.c) ---------------------------------------
+ * R replicas of an n-stage pipeline on R x n devices: replica r's stage j on
+ * devs[r * n + j].  A step splits the global mini-batch of N samples into
+ * R x chunks micro-batches (gp_microbatch_split) and gives replica r the
+ * micro-batches r x chunks .. (r + 1) x chunks - 1 — a contiguous shard
+ * whose own split into chunks reproduces them — so a step runs exactly the
+ * micro-batches of the single-device step with R x chunks chunks.  Every
+ * replica scales its loss gradient by 1 / N and indexes dropout by global
+ * sample position; stage j's gradients are summed over the replicas as soon
+ * as its backward ends; then every replica applies the same SGD update.
+ * A failure in any replica cancels all of them and changes no model. */
+gp_status gp_model_build_replicated(const gp_config *cfg, gp_device *const *devs, int R,
+                                    int n, const int *balance, gp_model *out);
+/* gp_model_pipeline_step of a model with n_replicas > 1 (it dispatches). */
+gp_status gp_model_replicated_step(gp_model *m, const gp_config *cfg, const float *x,
+                                   const float *y, int64_t n, double lr, gp_step_stats *st);
+/* GP_OK if every replica's parameters and buffers are bitwise those of
+ * replica 0; else GP_ERR_RUNTIME naming the replica and layer (a bug).
+ * Debug builds run it every 100 steps. */
+gp_status gp_model_check_replicas(const gp_model *m);
+/* Releases the replicas and the group (gp_model_free calls it). */
+void gp_model_free_replicas(gp_model *m);
+/* SGD on layers [first, first + count) with the model's momentum. */
+gp_status gp_model_sgd_range(gp_model *m, const gp_optim_config *o, double lr, int first,
+                             int count);
 
 /* Loss and accuracy of the model in evaluation mode over a whole dataset. */
 gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg,

@@ -40,7 +40,7 @@ static void fmt_duration(double s, char *buf, size_t len)
 static gp_status open_devices(const gp_config *cfg, gp_device **devs)
 {
     const gp_pipeline_config *pc = &cfg->pipeline;
-    int n = pc->n_devices, n_cpu = 0;
+    int n = gp_pipeline_devices_total(&cfg->pipeline), n_cpu = 0;
     for (int j = 0; j < n; j++) n_cpu += !strncmp(pc->devices[j].name, "cpu", 3);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     if (cores < 1) cores = 1;
@@ -74,9 +74,9 @@ gp_status gp_train_open(const gp_config *cfg, gp_device **devs, gp_model *model,
     int balance[GP_MAX_DEVICES];
     GP_TRY(gp_model_balance(cfg, n, balance));
     GP_TRY(open_devices(cfg, devs));
-    gp_status s = gp_model_build_placed(cfg, devs, n, balance, model);
+    gp_status s = gp_model_build_replicated(cfg, devs, cfg->pipeline.replicas, n, balance, model);
     if (s != GP_OK) {
-        close_devices(devs, n);
+        close_devices(devs, gp_pipeline_devices_total(&cfg->pipeline));
         return s;
     }
     if (!quiet && n > 1) {
@@ -132,7 +132,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                          (long long)cfg->model.input[2], train.source, (long long)train.c,
                          (long long)train.h, (long long)train.w);
     if (s == GP_OK) s = gp_train_open(cfg, devs, &model, opts->quiet);
-    if (s == GP_OK) n_dev = cfg->pipeline.n_devices;
+    if (s == GP_OK) n_dev = gp_pipeline_devices_total(&cfg->pipeline);
     if (s == GP_OK && model.output.dims[1] < train.classes)
         s = gp_error_set(GP_ERR_INVALID,
                          "%s: the model has %lld outputs but the data has %d classes; make "
@@ -164,6 +164,11 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                 n_dev > 1 ? " and more (pipelined)" : "",
                 (long long)total, (long long)per_epoch, (long long)tc->batch_size, chunks,
                 chunks == 1 ? "" : "es");
+    if (!opts->quiet && cfg->pipeline.replicas > 1)
+        GP_INFO("data parallel: %d replicas x %d stage%s; each step's batch of %lld is split "
+                "into %d shards of about %lld", cfg->pipeline.replicas, cfg->pipeline.n_devices,
+                cfg->pipeline.n_devices == 1 ? "" : "s", (long long)tc->batch_size,
+                cfg->pipeline.replicas, (long long)(tc->batch_size / cfg->pipeline.replicas));
 
     double t_start = gp_now(), window_t = t_start, last_snap = t_start;
     int64_t window_samples = 0;
@@ -228,6 +233,8 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                         "\"lr\":%.17g,\"samples_per_s\":%.1f,\"step_seconds\":%.6f,",
                     (long long)step + 1, (long long)b.epoch + 1, st.loss, st.accuracy, lr, sps,
                     st.seconds);
+            if (cfg->pipeline.replicas > 1)
+                fprintf(mf, "\"allreduce_seconds\":%.6f,", st.allreduce_seconds);
             json_devices(mf, devs, n_dev);
             fputs("}\n", mf);
         }
@@ -374,6 +381,6 @@ gp_status gp_model_summary(const gp_config *cfg, FILE *f)
             cfg->pipeline.chunks, gp_checkpoint_mode_name(cfg->pipeline.checkpoint),
             cfg->pipeline.lockstep ? "lockstep" : "free-running");
     gp_model_free(&m);
-    close_devices(devs, n);
+    close_devices(devs, gp_pipeline_devices_total(&cfg->pipeline));
     return GP_OK;
 }

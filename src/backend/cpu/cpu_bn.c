@@ -166,3 +166,98 @@ gp_status gp_cpu_bn_bwd(gp_device *dev, const gp_bn_desc *d, const float *x,
     }
     return GP_OK;
 }
+
+/* ---- synchronised batch norm: the pieces between the reductions --------- */
+
+gp_status gp_cpu_bn_stats(gp_device *dev, const gp_bn_desc *d, const float *x, float *mean,
+                          float *var)
+{
+    GP_TRY(bn_check(dev, d));
+    const int64_t N = d->n, C = d->c, S = d->s, cs = C * S, cb = bn_block(d);
+    const int64_t nb = (C + cb - 1) / cb;
+    const double cnt = (double)(N * S);
+    int nt = dev->threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (N * C * S >= 32768)
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t c1 = (b + 1) * cb < C ? (b + 1) * cb : C;
+        for (int64_t c = b * cb; c < c1; c++) {
+            const float *xc = x + c * S;
+            double m = chan_sum(xc, N, cs, S) / cnt;
+            mean[c] = (float)m;
+            var[c] = (float)(chan_sqdev(xc, N, cs, S, m) / cnt);
+        }
+    }
+    return GP_OK;
+}
+
+gp_status gp_cpu_bn_bwd_sums(gp_device *dev, const gp_bn_desc *d, const float *x,
+                             const float *mean, const float *dy, float *sums)
+{
+    GP_TRY(bn_check(dev, d));
+    const int64_t N = d->n, C = d->c, S = d->s, cs = C * S, cb = bn_block(d);
+    const int64_t nb = (C + cb - 1) / cb;
+    int nt = dev->threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (N * C * S >= 32768)
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t c1 = (b + 1) * cb < C ? (b + 1) * cb : C;
+        for (int64_t c = b * cb; c < c1; c++) {
+            const float *xc = x + c * S, *gc = dy + c * S;
+            const float m = mean[c];
+            double sdy = 0.0, sdyx = 0.0;
+            for (int64_t i = 0; i < N; i++) {
+                const float *p = xc + i * cs, *g = gc + i * cs;
+#pragma omp simd reduction(+ : sdy, sdyx)
+                for (int64_t j = 0; j < S; j++) {
+                    sdy += (double)g[j];
+                    sdyx += (double)g[j] * ((double)p[j] - (double)m);
+                }
+            }
+            sums[c] = (float)sdy;
+            sums[C + c] = (float)sdyx;
+        }
+    }
+    return GP_OK;
+}
+
+gp_status gp_cpu_bn_bwd_apply(gp_device *dev, const gp_bn_desc *d, const float *x,
+                              const float *gamma, const float *mean, const float *var,
+                              const float *dy, const float *sums, double count, float *dx,
+                              const float *local, float *dgamma, float *dbeta)
+{
+    GP_TRY(bn_check(dev, d));
+    if (!(count >= 1.0))
+        return gp_error_set(GP_ERR_INVALID, "device %s: batch-norm backward over %g values",
+                            dev->name, count);
+    const int64_t N = d->n, C = d->c, S = d->s, cs = C * S, cb = bn_block(d);
+    const int64_t nb = (C + cb - 1) / cb;
+    int nt = dev->threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (N * C * S >= 32768)
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t c1 = (b + 1) * cb < C ? (b + 1) * cb : C;
+        for (int64_t c = b * cb; c < c1; c++) {
+            const float g = gamma ? gamma[c] : 1.0f, m = mean[c];
+            float ka, kb, kc;
+            double dg, db;
+            gp_ew_bn_bwd_coeffs(var[c], d->eps, g, (double)sums[c], (double)sums[C + c], count,
+                                &ka, &kb, &kc, &dg, &db);
+            if (dgamma && local) {
+                /* this device's share of the parameter gradients */
+                float unused[3];
+                gp_ew_bn_bwd_coeffs(var[c], d->eps, g, (double)local[c], (double)local[C + c],
+                                    count, &unused[0], &unused[1], &unused[2], &dg, &db);
+                dgamma[c] += (float)dg;
+                if (dbeta) dbeta[c] += (float)db;
+            }
+            if (!dx) continue;
+            const float *xc = x + c * S, *gc = dy + c * S;
+            float *dc = dx + c * S;
+            for (int64_t i = 0; i < N; i++) {
+                const float *p = xc + i * cs, *q = gc + i * cs;
+                float *o = dc + i * cs;
+#pragma omp simd
+                for (int64_t j = 0; j < S; j++) o[j] = gp_ew_bn_bwd_apply(q[j], p[j], m, ka, kb, kc);
+            }
+        }
+    }
+    return GP_OK;
+}

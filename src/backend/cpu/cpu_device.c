@@ -224,6 +224,11 @@ static const gp_device_iface cpu_iface = {
     .xent = gp_cpu_xent,
     .dropout_mask = gp_cpu_dropout_mask,
     .mul = gp_cpu_mul,
+    .allreduce = gp_cpu_allreduce,
+    .broadcast = gp_cpu_broadcast,
+    .bn_stats = gp_cpu_bn_stats,
+    .bn_bwd_sums = gp_cpu_bn_bwd_sums,
+    .bn_bwd_apply = gp_cpu_bn_bwd_apply,
 };
 
 static cpu_conv_layout conv_layout_from_env(void)

@@ -138,7 +138,8 @@ gp_status gp_cpu_arena_reserve(gp_device *dev, size_t bytes);
 /* Free every cached op (device destruction). */
 void gp_cpu_cache_destroy(gp_cpu_ctx *ctx);
 
-/* The iface slots implemented in cpu_dnnl.c, cpu_bn.c, cpu_pool.c and cpu_math.c. */
+/* The iface slots implemented in cpu_dnnl.c, cpu_bn.c, cpu_pool.c, cpu_math.c
+ * and cpu_comm.c. */
 gp_status gp_cpu_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x,
                           const float *w, const float *b, float *y);
 gp_status gp_cpu_conv_bwd_data(gp_device *dev, const gp_conv_desc *d,
@@ -189,5 +190,18 @@ gp_status gp_cpu_dropout_mask(gp_device *dev, float *mask, int64_t n, float p,
                               uint64_t seed, uint64_t stream, uint64_t first);
 gp_status gp_cpu_mul(gp_device *dev, const float *a, const float *b, float *y,
                      int64_t n);
+
+/* cpu_comm.c: collectives between the devices' worker threads. */
+gp_status gp_cpu_allreduce(gp_device *dev, gp_comm *comm, float *buf, int64_t n);
+gp_status gp_cpu_broadcast(gp_device *dev, gp_comm *comm, float *buf, int64_t n, int root);
+/* cpu_bn.c: the SyncBN pieces. */
+gp_status gp_cpu_bn_stats(gp_device *dev, const gp_bn_desc *d, const float *x, float *mean,
+                          float *var);
+gp_status gp_cpu_bn_bwd_sums(gp_device *dev, const gp_bn_desc *d, const float *x,
+                             const float *mean, const float *dy, float *sums);
+gp_status gp_cpu_bn_bwd_apply(gp_device *dev, const gp_bn_desc *d, const float *x,
+                              const float *gamma, const float *mean, const float *var,
+                              const float *dy, const float *sums, double count, float *dx,
+                              const float *local, float *dgamma, float *dbeta);
 
 #endif /* GP_CPU_IMPL_H */

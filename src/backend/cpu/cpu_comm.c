@@ -1,0 +1,230 @@
+/*
+ * cpu_comm.c — collectives between CPU devices: all-reduce and broadcast
+ * among the devices' worker threads, over the ranks' own buffers.
+ *
+ * Every rank calls from its own thread with its own buffer (backend.h).
+ * All-reduce is a reduce-scatter followed by an all-gather, with no
+ * gathering thread: the buffer is cut into n chunks (sizes differ by at
+ * most one element, so any length works), rank r sums chunk r over all
+ * ranks' buffers into its own buffer, in rank order 0, 1, ..., n-1, then
+ * every rank copies every other chunk from its owner.  Each element is
+ * therefore added in the same fixed order whatever the thread timing, and
+ * every rank ends with bitwise the same result.  Work and memory traffic
+ * are spread evenly: each rank reads n chunks and writes one in the first
+ * phase, and copies n - 1 chunks in the second.
+ *
+ *     enter: publish buffer ─ barrier ─ reduce own chunk ─ barrier ─
+ *            copy the others' chunks ─ barrier ─ return
+ *
+ * The barriers are one mutex + condition variable with a generation count.
+ * The first makes every buffer ready before anyone reads it; the last keeps
+ * every buffer alive and unchanged until nobody reads it any more.
+ *
+ * Cancellation.  abort() (from any thread, e.g. a failing replica) wakes
+ * every rank blocked in a barrier and makes it, and any rank that enters
+ * later, return GP_ERR_CANCELLED.  A rank released that way must not let
+ * its caller free a buffer that a peer is still reading in the middle of a
+ * phase, so `readers` counts the ranks inside a reading phase (set for all
+ * ranks at once by the rank completing the barrier, cleared by each at its
+ * next barrier) and a cancelled rank returns only when it is zero.  Phases
+ * never block, so that wait is short.  reset() re-arms the comm between
+ * steps.
+ *
+ * Shared state: everything in cpu_comm is guarded by `lock`, except the
+ * buffers' contents, which are ordered by the barriers.
+ */
+#include "backend/cpu/cpu_impl.h"
+
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct cpu_comm {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;      /* a barrier completed, readers changed or abort */
+    int arrived;              /* ranks waiting at the current barrier */
+    uint64_t generation;      /* barriers completed so far */
+    int readers;              /* ranks inside a phase that reads peers' buffers */
+    bool aborted;
+    float **bufs;             /* (n) each rank's buffer in the current collective */
+    int64_t *counts;          /* (n) each rank's element count, checked equal */
+} cpu_comm;
+
+static void comm_destroy(gp_comm *comm)
+{
+    cpu_comm *cc = comm->ctx;
+    if (cc) {
+        pthread_mutex_destroy(&cc->lock);
+        pthread_cond_destroy(&cc->cond);
+        free(cc->bufs);
+        free(cc->counts);
+        free(cc);
+    }
+    free(comm->devs);
+    free(comm);
+}
+
+static void comm_abort(gp_comm *comm)
+{
+    cpu_comm *cc = comm->ctx;
+    pthread_mutex_lock(&cc->lock);
+    cc->aborted = true;
+    pthread_cond_broadcast(&cc->cond);
+    pthread_mutex_unlock(&cc->lock);
+}
+
+static void comm_reset(gp_comm *comm)
+{
+    cpu_comm *cc = comm->ctx;
+    pthread_mutex_lock(&cc->lock);
+    cc->aborted = false;
+    cc->arrived = 0;
+    cc->readers = 0;
+    pthread_mutex_unlock(&cc->lock);
+}
+
+gp_status gp_cpu_comm_create(gp_device **devs, int n, gp_comm **out)
+{
+    *out = NULL;
+    for (int a = 0; a < n; a++) {
+        if (devs[a]->kind != GP_DEV_CPU)
+            return gp_error_set(GP_ERR_INVALID, "CPU communicator: %s is not a CPU device",
+                                devs[a]->name);
+        for (int b = 0; b < a; b++)
+            if (devs[a] == devs[b])
+                return gp_error_set(GP_ERR_INVALID, "CPU communicator: %s appears twice; a "
+                                    "group needs distinct devices", devs[a]->name);
+    }
+    gp_comm *comm = calloc(1, sizeof *comm);
+    cpu_comm *cc = calloc(1, sizeof *cc);
+    if (comm) {
+        comm->devs = calloc((size_t)n, sizeof *comm->devs);
+        comm->destroy = comm_destroy;
+        comm->abort = comm_abort;
+        comm->reset = comm_reset;
+        comm->n = n;
+    }
+    if (cc) {
+        cc->bufs = calloc((size_t)n, sizeof *cc->bufs);
+        cc->counts = calloc((size_t)n, sizeof *cc->counts);
+    }
+    if (!comm || !cc || !comm->devs || !cc->bufs || !cc->counts) {
+        if (cc) {
+            free(cc->bufs);
+            free(cc->counts);
+            free(cc);
+        }
+        if (comm) free(comm->devs);
+        free(comm);
+        return gp_error_set(GP_ERR_OOM, "out of host memory creating a communicator");
+    }
+    pthread_mutex_init(&cc->lock, NULL);
+    pthread_cond_init(&cc->cond, NULL);
+    for (int r = 0; r < n; r++) comm->devs[r] = devs[r];
+    comm->ctx = cc;
+    *out = comm;
+    return GP_OK;
+}
+
+/* Wait until all n ranks have arrived.  reading: whether this rank was in a
+ * reading phase before (it leaves it now); read_after: whether the ranks
+ * read peers' buffers after this barrier. */
+static gp_status barrier(cpu_comm *cc, int n, bool reading, bool read_after)
+{
+    pthread_mutex_lock(&cc->lock);
+    if (reading) {
+        cc->readers--;
+        pthread_cond_broadcast(&cc->cond);
+    }
+    if (!cc->aborted) {
+        uint64_t gen = cc->generation;
+        if (++cc->arrived == n) {
+            cc->arrived = 0;
+            cc->generation++;
+            if (read_after) cc->readers += n;
+            pthread_cond_broadcast(&cc->cond);
+        } else {
+            while (!cc->aborted && cc->generation == gen) pthread_cond_wait(&cc->cond, &cc->lock);
+        }
+        if (cc->generation != gen) { /* completed, even if an abort followed */
+            pthread_mutex_unlock(&cc->lock);
+            return GP_OK;
+        }
+    }
+    /* Aborted: return only when no peer still reads a buffer (ours may be
+     * freed by our caller as soon as we return). */
+    while (cc->readers > 0) pthread_cond_wait(&cc->cond, &cc->lock);
+    pthread_mutex_unlock(&cc->lock);
+    return gp_error_set(GP_ERR_CANCELLED, "collective cancelled: another rank failed");
+}
+
+static gp_status enter(gp_device *dev, gp_comm *comm, float *buf, int64_t n, int *rank)
+{
+    *rank = gp_comm_rank(comm, dev);
+    if (!comm || *rank < 0 || comm->destroy != comm_destroy)
+        return gp_error_set(GP_ERR_INVALID, "device %s is not in this CPU communicator",
+                            dev->name);
+    cpu_comm *cc = comm->ctx;
+    /* Only this rank writes its slots; peers read them after the barrier. */
+    pthread_mutex_lock(&cc->lock);
+    cc->bufs[*rank] = buf;
+    cc->counts[*rank] = n;
+    pthread_mutex_unlock(&cc->lock);
+    return GP_OK;
+}
+
+/* Elements [lo, hi) of chunk r of n elements in `ranks` chunks. */
+static void chunk(int64_t n, int ranks, int r, int64_t *lo, int64_t *hi)
+{
+    *lo = n * r / ranks;
+    *hi = n * (r + 1) / ranks;
+}
+
+gp_status gp_cpu_allreduce(gp_device *dev, gp_comm *comm, float *buf, int64_t n)
+{
+    gp_cpu_enter(dev);
+    int me;
+    GP_TRY(enter(dev, comm, buf, n, &me));
+    int R = comm->n;
+    if (R == 1) return GP_OK;
+    cpu_comm *cc = comm->ctx;
+    GP_TRY(barrier(cc, R, false, true));
+    for (int q = 0; q < R; q++) GP_ASSERT(cc->counts[q] == n); /* same n everywhere */
+    float *const *b = cc->bufs;
+    int64_t lo, hi;
+    chunk(n, R, me, &lo, &hi);
+    int nt = dev->threads;
+    /* Reduce-scatter: chunk `me` summed over the ranks in rank order. */
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && hi - lo >= 65536)
+    for (int64_t e = lo; e < hi; e++) {
+        float s = b[0][e];
+        for (int q = 1; q < R; q++) s += b[q][e];
+        buf[e] = s;
+    }
+    GP_TRY(barrier(cc, R, true, true));
+    /* All-gather: every other chunk from its owner. */
+    for (int q = 0; q < R; q++) {
+        if (q == me) continue;
+        int64_t qlo, qhi;
+        chunk(n, R, q, &qlo, &qhi);
+        if (qhi > qlo) memcpy(buf + qlo, b[q] + qlo, (size_t)(qhi - qlo) * sizeof *buf);
+    }
+    return barrier(cc, R, true, false);
+}
+
+gp_status gp_cpu_broadcast(gp_device *dev, gp_comm *comm, float *buf, int64_t n, int root)
+{
+    gp_cpu_enter(dev);
+    int me;
+    GP_TRY(enter(dev, comm, buf, n, &me));
+    int R = comm->n;
+    if (root < 0 || root >= R)
+        return gp_error_set(GP_ERR_INVALID, "broadcast root %d is not a rank of a group of %d",
+                            root, R);
+    if (R == 1) return GP_OK;
+    cpu_comm *cc = comm->ctx;
+    GP_TRY(barrier(cc, R, false, true));
+    GP_ASSERT(cc->counts[root] == n);
+    if (me != root && n > 0) memcpy(buf, cc->bufs[root], (size_t)n * sizeof *buf);
+    return barrier(cc, R, true, false);
+}

@@ -1,0 +1,307 @@
+/*
+ * replicas.c — data parallelism: R replicas of the pipelined model, one
+ * gp_pipeline each (with its own workers), stepped together by the calling
+ * thread through gp_pipeline_step_begin / _end.
+ *
+ * Communicators: one per stage j over the R devices that run stage j
+ * (rank = replica), made once on the first step.  Each pipeline's worker j
+ * all-reduces stage j's gradients over it right after its last backward and
+ * before the barrier that admits the optimizer (pipeline.c), so a stage's
+ * reduction overlaps the earlier stages' backward, and SyncBN layers use it
+ * through gp_fwd_ctx.
+ *
+ * Failure: the first failing worker of any replica calls group_fail, which
+ * cancels every replica's step and aborts every communicator: ranks blocked
+ * in a collective return GP_ERR_CANCELLED, nobody reaches the optimizer (a
+ * replica passes its barrier only when all of its stages finished their
+ * all-reduces, which needs every replica's stages), and the caller gets the
+ * first real error.
+ *
+ * Consistency: all replicas start from replica 0's state (copied when the
+ * group is made, so a snapshot loaded into replica 0 reaches all), reduce
+ * the same gradients bitwise identically (cpu_comm.c sums in rank order and
+ * every rank copies the owner's chunk), and apply the same update, so they
+ * stay bitwise identical; debug builds check it every 100 steps.
+ *
+ * Shared state: group->failed is guarded by group->lock; the rest is
+ * written by the caller thread between steps.
+ */
+#include "train/train.h"
+#include "pipeline/pipeline.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct gp_replica_group {
+    int R, n;
+    gp_comm *comms[GP_MAX_DEVICES];   /* per stage, rank = replica */
+    gp_pipeline **pipes;              /* [R], not owned (each model's pipe) */
+    pthread_mutex_t lock;
+    bool failed;                      /* a replica failed this step */
+} gp_replica_group;
+
+static gp_model *replica(gp_model *m, int r) { return r == 0 ? m : &m->replicas[r - 1]; }
+static const gp_model *replica_c(const gp_model *m, int r)
+{
+    return r == 0 ? m : &m->replicas[r - 1];
+}
+
+gp_status gp_model_build_replicated(const gp_config *cfg, gp_device *const *devs, int R,
+                                    int n, const int *balance, gp_model *out)
+{
+    GP_TRY(gp_model_build_placed(cfg, devs, n, balance, out));
+    if (R <= 1) return GP_OK;
+    out->replicas = calloc((size_t)(R - 1), sizeof *out->replicas);
+    if (!out->replicas) {
+        gp_model_free(out);
+        return gp_error_set(GP_ERR_OOM, "out of host memory building replicas");
+    }
+    out->n_replicas = 1;
+    for (int r = 1; r < R; r++) {
+        /* Parameters are drawn from (seed, layer index): every replica
+         * starts identical without a copy. */
+        gp_status s = gp_model_build_placed(cfg, devs + (size_t)r * (size_t)n, n, balance,
+                                            &out->replicas[r - 1]);
+        if (s != GP_OK) {
+            gp_error_wrap(s, "replica %d", r);
+            gp_model_free(out);
+            return s;
+        }
+        out->n_replicas = r + 1;
+    }
+    return GP_OK;
+}
+
+void gp_model_free_replicas(gp_model *m)
+{
+    if (!m->replicas && !m->group) return;
+    /* Workers first (they may use the communicators), then the group. */
+    for (int r = 1; r < m->n_replicas; r++) gp_model_free(&m->replicas[r - 1]);
+    gp_replica_group *g = m->group;
+    if (g) {
+        for (int j = 0; j < g->n; j++) gp_comm_destroy(g->comms[j]);
+        pthread_mutex_destroy(&g->lock);
+        free(g->pipes);
+        free(g);
+    }
+    free(m->replicas);
+    m->replicas = NULL;
+    m->group = NULL;
+    m->n_replicas = 0;
+}
+
+/* From the failing worker, outside its pipeline's lock. */
+static void group_fail(void *arg)
+{
+    gp_replica_group *g = arg;
+    pthread_mutex_lock(&g->lock);
+    g->failed = true;
+    pthread_mutex_unlock(&g->lock);
+    /* Cancel before aborting, so that a rank released by the abort finds
+     * its own pipeline cancelled already. */
+    for (int r = 0; r < g->R; r++) gp_pipeline_cancel(g->pipes[r]);
+    for (int j = 0; j < g->n; j++) gp_comm_abort(g->comms[j]);
+}
+
+static gp_status copy_state(gp_model *dst, const gp_model *src)
+{
+    for (int k = 0; k < src->n_layers; k++)
+        for (int p = 0; p < src->layers[k].n_params; p++)
+            GP_TRY(gp_tensor_copy(&dst->layers[k].params[p].value,
+                                  &src->layers[k].params[p].value));
+    for (int q = 0; q < src->n_momentum; q++)
+        GP_TRY(gp_tensor_copy(&dst->momentum[q], &src->momentum[q]));
+    dst->step = src->step;
+    return GP_OK;
+}
+
+static gp_status make_group(gp_model *m, const gp_config *cfg)
+{
+    int R = m->n_replicas, n = m->n_stages;
+    gp_pipeline_opts po = {.chunks = cfg->pipeline.chunks > 0 ? cfg->pipeline.chunks : 1,
+                           .checkpoint = cfg->pipeline.checkpoint,
+                           .lockstep = cfg->pipeline.lockstep,
+                           .fault_j = -1};
+    for (int r = 0; r < R; r++) {
+        gp_model *mr = replica(m, r);
+        if (r > 0) GP_TRY(copy_state(mr, m));
+        if (!mr->pipe)
+            GP_TRY(gp_pipeline_create(mr->layers, mr->n_layers, &mr->input, n, mr->devs,
+                                      mr->balance, &po, &mr->pipe));
+    }
+    gp_replica_group *g = calloc(1, sizeof *g);
+    if (!g) return gp_error_set(GP_ERR_OOM, "out of host memory");
+    g->pipes = calloc((size_t)R, sizeof *g->pipes);
+    if (!g->pipes) {
+        free(g);
+        return gp_error_set(GP_ERR_OOM, "out of host memory");
+    }
+    g->R = R;
+    g->n = n;
+    pthread_mutex_init(&g->lock, NULL);
+    m->group = g;
+    for (int j = 0; j < n; j++) {
+        gp_device *grp[GP_MAX_DEVICES];
+        for (int r = 0; r < R; r++) grp[r] = replica(m, r)->devs[j];
+        gp_status s = gp_comm_create(grp, R, &g->comms[j]);
+        if (s != GP_OK) return gp_error_wrap(s, "communicator of stage %d", j);
+    }
+    for (int r = 0; r < R; r++) {
+        g->pipes[r] = replica(m, r)->pipe;
+        gp_pipeline_join(g->pipes[r], g->comms, r, group_fail, g);
+    }
+    return GP_OK;
+}
+
+typedef struct {
+    gp_model *m;
+    const gp_optim_config *o;
+    double lr;
+} rep_hook_arg;
+
+/* Worker j of one replica, after every stage of that replica (and so, through
+ * the all-reduces, of every replica) got through its backward. */
+static gp_status rep_sgd_hook(void *arg, int j, int first, int count)
+{
+    (void)j;
+    rep_hook_arg *a = arg;
+    return gp_model_sgd_range(a->m, a->o, a->lr, first, count);
+}
+
+gp_status gp_model_replicated_step(gp_model *m, const gp_config *cfg, const float *x,
+                                   const float *y, int64_t n, double lr, gp_step_stats *st)
+{
+    double t0 = gp_now();
+    int R = m->n_replicas, chunks = cfg->pipeline.chunks > 0 ? cfg->pipeline.chunks : 1;
+    if (n < (int64_t)R * chunks)
+        return gp_error_set(GP_ERR_INVALID,
+                            "a batch of %lld samples cannot feed %d replicas x %d micro-batches; "
+                            "raise train.batch_size to at least %lld or lower pipeline.chunks",
+                            (long long)n, R, chunks, (long long)R * chunks);
+    if (!m->group) GP_TRY(make_group(m, cfg));
+    gp_replica_group *g = m->group;
+    int64_t *sizes = malloc((size_t)R * (size_t)chunks * sizeof *sizes);
+    int64_t *off = malloc((size_t)(R + 1) * sizeof *off);
+    rep_hook_arg *args = malloc((size_t)R * sizeof *args);
+    gp_status *res = malloc((size_t)R * sizeof *res);
+    char (*msg)[1024] = malloc((size_t)R * sizeof *msg);
+    gp_status s = sizes && off && args && res && msg ? GP_OK
+                                                    : gp_error_set(GP_ERR_OOM, "out of host memory");
+    if (s == GP_OK) s = gp_microbatch_split(n, R * chunks, sizes);
+    if (s != GP_OK) goto out;
+    off[0] = 0;
+    for (int r = 0; r < R; r++) {
+        off[r + 1] = off[r];
+        for (int i = 0; i < chunks; i++) off[r + 1] += sizes[r * chunks + i];
+    }
+    int64_t per = gp_shape_numel(&m->input);
+    for (int j = 0; j < g->n; j++) gp_comm_reset(g->comms[j]); /* nobody is inside */
+    g->failed = false; /* no worker runs: no lock needed */
+    int begun = 0;
+    for (int r = 0; r < R; r++) {
+        args[r] = (rep_hook_arg){replica(m, r), &cfg->train.optim, lr};
+        res[r] = gp_pipeline_step_begin(g->pipes[r], x + off[r] * per, y + off[r],
+                                        off[r + 1] - off[r], off[r], n, cfg->train.seed,
+                                        (uint64_t)m->step, rep_sgd_hook, &args[r]);
+        if (res[r] != GP_OK) {
+            snprintf(msg[r], sizeof msg[r], "%s", gp_error_message());
+            break;
+        }
+        begun++;
+    }
+    /* A replica that failed before a later one began could not cancel it. */
+    pthread_mutex_lock(&g->lock);
+    bool failed = g->failed || begun < R;
+    pthread_mutex_unlock(&g->lock);
+    if (failed) group_fail(g);
+    double loss = 0, comm = 0;
+    int64_t correct = 0;
+    for (int r = 0; r < begun; r++) {
+        gp_pipeline_out po;
+        res[r] = gp_pipeline_step_end(g->pipes[r], &po);
+        if (res[r] != GP_OK) {
+            snprintf(msg[r], sizeof msg[r], "%s", gp_error_message());
+            continue;
+        }
+        loss += po.loss_sum;
+        correct += po.correct;
+        for (int j = 0; j < g->n; j++) {
+            double c = gp_pipeline_comm_seconds(g->pipes[r], j);
+            if (c > comm) comm = c;
+        }
+    }
+    /* The first real error; cancellations are its echo in the others. */
+    int bad = -1;
+    for (int r = 0; r < (begun < R ? begun + 1 : R); r++)
+        if (res[r] != GP_OK && (bad < 0 || (res[bad] == GP_ERR_CANCELLED &&
+                                            res[r] != GP_ERR_CANCELLED)))
+            bad = r;
+    if (bad >= 0) {
+        s = gp_error_set(res[bad], "replica %d: %s", bad, msg[bad]);
+        goto out;
+    }
+    for (int r = 0; r < R; r++) replica(m, r)->step++;
+#ifndef NDEBUG
+    if (m->step % 100 == 0) s = gp_model_check_replicas(m);
+#endif
+    if (st) {
+        st->loss = loss / (double)n;
+        st->accuracy = (double)correct / (double)n;
+        st->samples = n;
+        st->lr = lr;
+        st->seconds = gp_now() - t0;
+        st->allreduce_seconds = comm;
+    }
+out:
+    free(sizes);
+    free(off);
+    free(args);
+    free(res);
+    free(msg);
+    return s;
+}
+
+/* FNV-1a over the bytes of every parameter and buffer of layer k. */
+static gp_status layer_hash(const gp_model *m, int k, uint64_t *out)
+{
+    uint64_t h = 1469598103934665603ull;
+    const gp_layer *l = &m->layers[k];
+    for (int p = 0; p < l->n_params; p++) {
+        const gp_tensor *t = &l->params[p].value;
+        int64_t c = gp_tensor_numel(t);
+        float *buf = malloc((size_t)(c > 0 ? c : 1) * sizeof *buf);
+        if (!buf) return gp_error_set(GP_ERR_OOM, "out of host memory");
+        gp_status s = gp_dev_download(t->dev, buf, t->data, c);
+        if (s == GP_OK) s = t->dev->iface->synchronize(t->dev);
+        const unsigned char *b = (const unsigned char *)buf;
+        for (size_t q = 0; s == GP_OK && q < (size_t)c * sizeof *buf; q++) {
+            h ^= b[q];
+            h *= 1099511628211ull;
+        }
+        free(buf);
+        GP_TRY(s);
+    }
+    *out = h;
+    return GP_OK;
+}
+
+gp_status gp_model_check_replicas(const gp_model *m)
+{
+    for (int k = 0; k < m->n_layers; k++) {
+        uint64_t h0;
+        GP_TRY(layer_hash(m, k, &h0));
+        for (int r = 1; r < m->n_replicas; r++) {
+            uint64_t h;
+            GP_TRY(layer_hash(replica_c(m, r), k, &h));
+            if (h != h0) {
+                char d[160];
+                return gp_error_set(GP_ERR_RUNTIME,
+                                    "replica %d diverged from replica 0 at %s (checksums "
+                                    "%016llx vs %016llx): a data-parallelism bug", r,
+                                    gp_layer_describe(&m->layers[k], d, sizeof d),
+                                    (unsigned long long)h, (unsigned long long)h0);
+            }
+        }
+    }
+    return GP_OK;
+}

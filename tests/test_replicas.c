@@ -1,0 +1,595 @@
+/*
+ * test_replicas.c — data parallelism: the CPU collectives, replicas of a
+ * pipeline against the single-device run, synchronised batch norm, failure
+ * handling, the devices grid in the config, and the large-batch LR rule.
+ *
+ *   - all-reduce and broadcast between R in {1..4} device threads against
+ *     a sequential sum in rank order, for many sizes (incl. 0 and sizes not
+ *     divisible by R), bitwise; abort releases blocked ranks, reset re-arms;
+ *   - R in {1, 2, 3} replicas x n in {1, 2} stages: parameters after 5 steps
+ *     equal the single-device run over the global batch with R x chunks
+ *     micro-batches within 1e-5 relative (an MLP with dropout, and a convnet
+ *     whose batch norm is not synchronised: running statistics too), and
+ *     the replicas stay bitwise identical;
+ *   - SyncBN: R replicas' forward and backward equal one batch norm over the
+ *     concatenated micro-batches, the backward agrees with finite
+ *     differences, and unsynchronised BN gives different outputs; in a model
+ *     (with recomputation) the replicas stay identical;
+ *   - a fault in one replica cancels all of them promptly, names the
+ *     replica, changes no parameter, and the next step works;
+ *   - pipeline.devices as a grid, and replicas: R with a plain list;
+ *   - lr_scaling: linear composes with warm-up.
+ * Every device runs 1 math thread.  Runs under ThreadSanitizer (label
+ * "threads").
+ */
+#include "pipeline/pipeline.h"
+#include "train/train.h"
+#include "layers/layers_impl.h"
+#include "test.h"
+
+#include <pthread.h>
+#include <time.h>
+
+enum { MAXR = 4 };
+
+static gp_device *devs[8];
+
+static void open_devs(void)
+{
+    gp_device_opts o = {.threads = 1};
+    char name[16];
+    for (int j = 0; j < 8; j++) {
+        snprintf(name, sizeof name, "cpu:%d", j);
+        CHECK_OK(gp_device_open(name, &o, &devs[j]));
+    }
+    gp_device_bind_thread(devs[0]);
+}
+
+/* ---- collectives ------------------------------------------------------- */
+
+typedef struct {
+    gp_comm *comm;
+    gp_device *dev;
+    int rank, R;
+    int64_t n;
+    bool broadcast;
+    int root;
+    gp_status st;
+    float *buf;          /* the rank's device buffer */
+} coll_job;
+
+static float value(int rank, int64_t n, int64_t e)
+{
+    return (float)(((e * 37 + rank * 11 + n) % 101) - 50) / 7.0f + (float)rank * 1e-3f;
+}
+
+static void *coll_thread(void *arg)
+{
+    coll_job *c = arg;
+    gp_device_bind_thread(c->dev);
+    for (int64_t e = 0; e < c->n; e++) c->buf[e] = value(c->rank, c->n, e);
+    c->st = c->broadcast ? gp_dev_broadcast(c->dev, c->comm, c->buf, c->n, c->root)
+                         : gp_dev_allreduce(c->dev, c->comm, c->buf, c->n);
+    return NULL;
+}
+
+static void collectives(void)
+{
+    const int64_t sizes[] = {0, 1, 2, 3, 5, 7, 64, 1000, 4097, 65537, 200003};
+    int cases = 0, bad = 0;
+    for (int R = 1; R <= MAXR; R++) {
+        gp_comm *comm = NULL;
+        CHECK_OK(gp_comm_create(devs, R, &comm));
+        if (!comm) continue;
+        for (size_t q = 0; q < sizeof sizes / sizeof *sizes; q++)
+            for (int bc = 0; bc < 2; bc++) {
+                int64_t n = sizes[q];
+                coll_job job[MAXR];
+                pthread_t th[MAXR];
+                gp_tensor t[MAXR];
+                for (int r = 0; r < R; r++) {
+                    gp_shape sh = {1, {n > 0 ? n : 1, 0, 0, 0}};
+                    CHECK_OK(gp_tensor_alloc(&t[r], devs[r], &sh, GP_MEM_WORKSPACE));
+                    job[r] = (coll_job){comm, devs[r], r, R, n, bc == 1, R - 1, GP_OK, t[r].data};
+                    pthread_create(&th[r], NULL, coll_thread, &job[r]);
+                }
+                for (int r = 0; r < R; r++) pthread_join(th[r], NULL);
+                for (int r = 0; r < R; r++) {
+                    CHECK_OK(job[r].st);
+                    bool same = true;
+                    for (int64_t e = 0; e < n && same; e++) {
+                        float want;
+                        if (bc) want = value(R - 1, n, e);
+                        else {
+                            want = value(0, n, e); /* rank order, as the owner sums */
+                            for (int k = 1; k < R; k++) want += value(k, n, e);
+                        }
+                        same = job[r].buf[e] == want;
+                    }
+                    if (!same) bad++;
+                    cases++;
+                }
+                for (int r = 0; r < R; r++) gp_tensor_free(&t[r]);
+            }
+        gp_comm_destroy(comm);
+    }
+    CHECK_MSG(bad == 0, "%d of %d rank results differ from the sequential sum", bad, cases);
+    printf("test_replicas: collectives: %d rank results, all bitwise equal to the sequential "
+           "sum / root\n", cases);
+
+    /* Abort: ranks 0 and 1 wait for rank 2, which never comes. */
+    gp_comm *comm = NULL;
+    CHECK_OK(gp_comm_create(devs, 3, &comm));
+    if (!comm) return;
+    coll_job job[2];
+    pthread_t th[2];
+    float bufs[2][1000];
+    for (int r = 0; r < 2; r++) {
+        job[r] = (coll_job){comm, devs[r], r, 3, 1000, false, 0, GP_OK, bufs[r]};
+        pthread_create(&th[r], NULL, coll_thread, &job[r]);
+    }
+    nanosleep(&(struct timespec){0, 50000000}, NULL);
+    double t0 = gp_now();
+    gp_comm_abort(comm);
+    for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+    CHECK_MSG(gp_now() - t0 < 5.0, "abort took %.1f s", gp_now() - t0);
+    for (int r = 0; r < 2; r++) CHECK(job[r].st == GP_ERR_CANCELLED);
+    /* and after a reset the group works again */
+    gp_comm_reset(comm);
+    coll_job j3[3];
+    pthread_t t3[3];
+    float b3[3][10];
+    for (int r = 0; r < 3; r++) {
+        j3[r] = (coll_job){comm, devs[r], r, 3, 10, false, 0, GP_OK, b3[r]};
+        pthread_create(&t3[r], NULL, coll_thread, &j3[r]);
+    }
+    for (int r = 0; r < 3; r++) pthread_join(t3[r], NULL);
+    for (int r = 0; r < 3; r++) {
+        CHECK_OK(j3[r].st);
+        CHECK(b3[r][4] == value(0, 10, 4) + value(1, 10, 4) + value(2, 10, 4));
+    }
+    gp_comm_destroy(comm);
+}
+
+/* ---- models ------------------------------------------------------------- */
+
+enum { BATCH = 12 };
+static gp_layer_spec specs[16];
+
+static gp_config make_cfg(bool convnet, bool sync)
+{
+    gp_config c;
+    memset(&c, 0, sizeof c);
+    snprintf(c.path, sizeof c.path, "test");
+    int n = 0;
+    if (convnet) {
+        specs[n] = gp_layer_spec_default(GP_LAYER_CONV2D);
+        specs[n].out = 4; specs[n].kernel = 3; specs[n].padding = 1; n++;
+        specs[n] = gp_layer_spec_default(GP_LAYER_BATCHNORM); specs[n].sync = sync; n++;
+        specs[n++] = gp_layer_spec_default(GP_LAYER_RELU);
+        specs[n] = gp_layer_spec_default(GP_LAYER_MAXPOOL2D);
+        specs[n].kernel = 2; specs[n].stride = 2; n++;
+        specs[n] = gp_layer_spec_default(GP_LAYER_CONV2D);
+        specs[n].out = 6; specs[n].kernel = 3; specs[n].padding = 1; n++;
+        specs[n] = gp_layer_spec_default(GP_LAYER_BATCHNORM); specs[n].sync = sync; n++;
+        specs[n++] = gp_layer_spec_default(GP_LAYER_RELU);
+        specs[n++] = gp_layer_spec_default(GP_LAYER_FLATTEN);
+        specs[n] = gp_layer_spec_default(GP_LAYER_LINEAR); specs[n].out = 5; n++;
+        c.model.input[0] = 2; c.model.input[1] = 6; c.model.input[2] = 6;
+    } else {
+        specs[n++] = gp_layer_spec_default(GP_LAYER_FLATTEN);
+        specs[n] = gp_layer_spec_default(GP_LAYER_LINEAR); specs[n].out = 12; n++;
+        specs[n++] = gp_layer_spec_default(GP_LAYER_RELU);
+        specs[n] = gp_layer_spec_default(GP_LAYER_DROPOUT); specs[n].p = 0.3f; n++;
+        specs[n] = gp_layer_spec_default(GP_LAYER_LINEAR); specs[n].out = 10; n++;
+        specs[n++] = gp_layer_spec_default(GP_LAYER_RELU);
+        specs[n] = gp_layer_spec_default(GP_LAYER_LINEAR); specs[n].out = 5; n++;
+        c.model.input[0] = 1; c.model.input[1] = 4; c.model.input[2] = 4;
+    }
+    c.model.layers = specs;
+    c.model.n_layers = n;
+    c.train.seed = 3;
+    c.train.batch_size = BATCH;
+    c.train.optim.lr = 0.05f;
+    c.train.optim.momentum = 0.9f;
+    c.train.optim.weight_decay = 1e-3f;
+    c.pipeline.chunks = 2;
+    c.pipeline.lockstep = true;
+    c.pipeline.checkpoint = GP_CKPT_EXCEPT_LAST;
+    return c;
+}
+
+static void make_batch(const gp_config *c, int step, float *x, float *y)
+{
+    int64_t per = c->model.input[0] * c->model.input[1] * c->model.input[2];
+    gp_rng_uniform_fill(11, (uint64_t)step, 0, x, BATCH * per);
+    for (int64_t q = 0; q < BATCH * per; q++) x[q] = x[q] * 2 - 1;
+    for (int i = 0; i < BATCH; i++) y[i] = (float)((i * 7 + step) % 5);
+}
+
+static float *gather(gp_model *m, int64_t *count)
+{
+    int64_t n = 0;
+    for (int k = 0; k < m->n_layers; k++)
+        for (int p = 0; p < m->layers[k].n_params; p++)
+            n += gp_tensor_numel(&m->layers[k].params[p].value);
+    float *h = calloc((size_t)(n ? n : 1), sizeof *h);
+    int64_t off = 0;
+    for (int k = 0; k < m->n_layers; k++)
+        for (int p = 0; p < m->layers[k].n_params; p++) {
+            gp_tensor *t = &m->layers[k].params[p].value;
+            int64_t c = gp_tensor_numel(t);
+            gp_dev_download(t->dev, h + off, t->data, c);
+            off += c;
+        }
+    *count = n;
+    return h;
+}
+
+static void split_even(int L, int n, int *bal)
+{
+    for (int j = 0; j < n; j++) bal[j] = L / n + (j < L % n ? 1 : 0);
+}
+
+/* R replicas x n stages vs the single-device run with R x chunks. */
+static void equivalence(bool convnet, int R, int n)
+{
+    gp_config c = make_cfg(convnet, false);
+    int bal[2];
+    split_even(c.model.n_layers, n, bal);
+    gp_model ref, rep;
+    if (gp_model_build(&c, devs[R * n], &ref) != GP_OK ||
+        gp_model_build_replicated(&c, devs, R, n, bal, &rep) != GP_OK) {
+        CHECK_MSG(0, "build: %s", gp_last_error());
+        return;
+    }
+    float x[BATCH * 72], y[BATCH];
+    double worst_loss = 0;
+    bool ok = true;
+    for (int step = 0; step < 5 && ok; step++) {
+        make_batch(&c, step, x, y);
+        gp_step_stats a, b;
+        gp_status s1 = gp_model_train_step(&ref, &c, x, y, BATCH, R * c.pipeline.chunks, 0.05, &a);
+        gp_status s2 = gp_model_pipeline_step(&rep, &c, x, y, BATCH, 0.05, &b);
+        if (s1 != GP_OK || s2 != GP_OK) {
+            CHECK_MSG(0, "step: %s", gp_last_error());
+            ok = false;
+            break;
+        }
+        worst_loss = fmax(worst_loss, fabs(a.loss - b.loss) / fmax(fabs(a.loss), 1e-6));
+    }
+    if (!ok) goto done;
+    int64_t na, nb;
+    float *pa = gather(&ref, &na), *pb = gather(&rep, &nb);
+    double worst = 0;
+    for (int64_t q = 0; q < na && na == nb; q++)
+        worst = fmax(worst, fabs((double)pa[q] - pb[q]) / fmax(fabs((double)pa[q]), 1e-2));
+    CHECK_MSG(na == nb && worst <= 1e-5 && worst_loss <= 1e-5,
+              "%s R=%d n=%d: parameters differ by %.3g relative, loss by %.3g",
+              convnet ? "convnet" : "mlp", R, n, worst, worst_loss);
+    free(pa);
+    free(pb);
+    CHECK_OK(gp_model_check_replicas(&rep));
+done:
+    gp_model_free(&ref);
+    gp_model_free(&rep);
+}
+
+/* ---- SyncBN at the layer level --------------------------------------- */
+
+enum { BN_C = 3, BN_HW = 4 };
+static const int bn_n[MAXR] = {3, 2, 4, 1}; /* samples per replica */
+
+typedef struct {
+    gp_layer *l;
+    gp_comm *comm;
+    int rank;
+    const float *x, *dy;  /* host (n, C, H, W) */
+    float *y, *dx;        /* host out; dx NULL: forward only */
+    gp_status st;
+} bn_job;
+
+static void *bn_thread(void *arg)
+{
+    bn_job *b = arg;
+    gp_device *dev = b->l->dev;
+    gp_device_bind_thread(dev);
+    int n = bn_n[b->rank];
+    gp_shape sh = gp_shape_4d(n, BN_C, 2, 2);
+    int64_t cnt = gp_shape_numel(&sh);
+    gp_tensor x = {0}, y = {0}, dy = {0}, dx = {0};
+    gp_saved sv = {0};
+    gp_fwd_ctx ctx = {.training = true, .step = 7, .sample_offset = 0, .batch_total = n,
+                      .comm = b->comm, .rank = b->rank};
+    gp_status s = gp_tensor_alloc(&x, dev, &sh, GP_MEM_ACTIVATIONS);
+    if (s == GP_OK) s = gp_dev_upload(dev, x.data, b->x, cnt);
+    if (s == GP_OK) s = gp_layer_forward(b->l, &ctx, &x, &y, &sv);
+    if (s == GP_OK) s = gp_dev_download(dev, b->y, y.data, cnt);
+    if (s == GP_OK && b->dx) {
+        s = gp_tensor_alloc(&dy, dev, &sh, GP_MEM_ACTIVATIONS);
+        if (s == GP_OK) s = gp_dev_upload(dev, dy.data, b->dy, cnt);
+        if (s == GP_OK) s = gp_layer_backward(b->l, &ctx, &x, &y, &dy, &dx, &sv);
+        if (s == GP_OK) s = gp_dev_download(dev, b->dx, dx.data, cnt);
+    }
+    gp_saved_free(&sv);
+    gp_tensor_free(&x);
+    gp_tensor_free(&y);
+    gp_tensor_free(&dy);
+    gp_tensor_free(&dx);
+    b->st = s;
+    return NULL;
+}
+
+/* Run R synchronised batch norms (one per thread) on xs; returns the loss
+ * sum_r <y_r, dy_r> (double). */
+static double bn_run(gp_layer *ls, gp_comm *comm, int R, float *const *xs, float *const *dys,
+                     float **ys, float **dxs)
+{
+    bn_job job[MAXR];
+    pthread_t th[MAXR];
+    for (int r = 0; r < R; r++) {
+        job[r] = (bn_job){&ls[r], comm, r, xs[r], dys[r], ys[r], dxs ? dxs[r] : NULL, GP_OK};
+        pthread_create(&th[r], NULL, bn_thread, &job[r]);
+    }
+    for (int r = 0; r < R; r++) pthread_join(th[r], NULL);
+    double loss = 0;
+    for (int r = 0; r < R; r++) {
+        CHECK_OK(job[r].st);
+        for (int e = 0; e < bn_n[r] * BN_C * BN_HW; e++) loss += (double)ys[r][e] * dys[r][e];
+    }
+    return loss;
+}
+
+static void sync_bn(int R)
+{
+    gp_layer_spec sp = gp_layer_spec_default(GP_LAYER_BATCHNORM);
+    sp.sync = true;
+    gp_shape in = gp_shape_4d(1, BN_C, 2, 2);
+    gp_layer ls[MAXR], ref;
+    gp_comm *comm = NULL;
+    CHECK_OK(gp_comm_create(devs, R, &comm));
+    for (int r = 0; r < R; r++) CHECK_OK(gp_layer_create(&sp, 0, &in, devs[r], 1, &ls[r]));
+    CHECK_OK(gp_layer_create(&sp, 0, &in, devs[R], 1, &ref));
+    /* gamma, beta not trivial */
+    float gam[BN_C] = {1.5f, 0.7f, -1.1f}, bet[BN_C] = {0.1f, -0.2f, 0.3f};
+    for (int r = 0; r <= R; r++) {
+        gp_layer *l = r < R ? &ls[r] : &ref;
+        gp_dev_upload(l->dev, l->params[0].value.data, gam, BN_C);
+        gp_dev_upload(l->dev, l->params[1].value.data, bet, BN_C);
+    }
+    int total = 0, offs[MAXR + 1] = {0};
+    for (int r = 0; r < R; r++) offs[r + 1] = offs[r] + bn_n[r] * BN_C * BN_HW, total += bn_n[r];
+    float *X = malloc((size_t)offs[R] * sizeof *X), *DY = malloc((size_t)offs[R] * sizeof *DY);
+    float *Y = malloc((size_t)offs[R] * sizeof *Y), *DX = malloc((size_t)offs[R] * sizeof *DX);
+    float *Yr = malloc((size_t)offs[R] * sizeof *Yr), *DXr = malloc((size_t)offs[R] * sizeof *DXr);
+    gp_rng_uniform_fill(5, (uint64_t)R, 0, X, offs[R]);
+    gp_rng_uniform_fill(6, (uint64_t)R, 0, DY, offs[R]);
+    for (int e = 0; e < offs[R]; e++) X[e] = X[e] * 4 - 1 + (float)(e % 3); /* per-replica shift */
+    float *xs[MAXR], *dys[MAXR], *ys[MAXR], *dxs[MAXR];
+    for (int r = 0; r < R; r++) {
+        xs[r] = X + offs[r];
+        dys[r] = DY + offs[r];
+        ys[r] = Y + offs[r];
+        dxs[r] = DX + offs[r];
+    }
+    bn_run(ls, comm, R, xs, dys, ys, dxs);
+    /* the reference: one batch norm over the concatenation, no comm */
+    {
+        gp_device *dev = ref.dev;
+        gp_shape sh = gp_shape_4d(total, BN_C, 2, 2);
+        gp_tensor x = {0}, y = {0}, dy = {0}, dx = {0};
+        gp_saved sv = {0};
+        gp_fwd_ctx ctx = {.training = true, .batch_total = total};
+        CHECK_OK(gp_tensor_alloc(&x, dev, &sh, GP_MEM_ACTIVATIONS));
+        CHECK_OK(gp_tensor_alloc(&dy, dev, &sh, GP_MEM_ACTIVATIONS));
+        gp_dev_upload(dev, x.data, X, offs[R]);
+        gp_dev_upload(dev, dy.data, DY, offs[R]);
+        CHECK_OK(gp_layer_forward(&ref, &ctx, &x, &y, &sv));
+        CHECK_OK(gp_layer_backward(&ref, &ctx, &x, &y, &dy, &dx, &sv));
+        gp_dev_download(dev, Yr, y.data, offs[R]);
+        gp_dev_download(dev, DXr, dx.data, offs[R]);
+        gp_saved_free(&sv);
+        gp_tensor_free(&x); gp_tensor_free(&y); gp_tensor_free(&dy); gp_tensor_free(&dx);
+    }
+    double wy = 0, wdx = 0;
+    for (int e = 0; e < offs[R]; e++) {
+        wy = fmax(wy, fabs((double)Y[e] - Yr[e]));
+        wdx = fmax(wdx, fabs((double)DX[e] - DXr[e]));
+    }
+    CHECK_MSG(wy <= 2e-5 && wdx <= 2e-5, "R=%d: SyncBN vs one BN: y differs by %.3g, dx by %.3g",
+              R, wy, wdx);
+    /* parameter gradients: the replicas' shares add up to the whole */
+    float g[BN_C], b[BN_C], gs[BN_C] = {0}, bs[BN_C] = {0};
+    for (int r = 0; r < R; r++) {
+        gp_dev_download(ls[r].dev, g, ls[r].params[0].grad.data, BN_C);
+        gp_dev_download(ls[r].dev, b, ls[r].params[1].grad.data, BN_C);
+        for (int c = 0; c < BN_C; c++) gs[c] += g[c], bs[c] += b[c];
+    }
+    gp_dev_download(ref.dev, g, ref.params[0].grad.data, BN_C);
+    gp_dev_download(ref.dev, b, ref.params[1].grad.data, BN_C);
+    for (int c = 0; c < BN_C; c++) {
+        CHECK_NEAR(gs[c], g[c], 1e-4, 1e-4);
+        CHECK_NEAR(bs[c], b[c], 1e-4, 1e-4);
+    }
+    /* finite differences of L = sum_r <y_r, dy_r> through the synced forward */
+    double worst = 0;
+    const float h = 1e-2f;
+    for (int probe = 0; probe < 6; probe++) {
+        int r = probe % R, e = (probe * 7) % (bn_n[r] * BN_C * BN_HW);
+        float keep = xs[r][e];
+        float *ytmp[MAXR];
+        float *Yt = malloc((size_t)offs[R] * sizeof *Yt);
+        for (int q = 0; q < R; q++) ytmp[q] = Yt + offs[q];
+        xs[r][e] = keep + h;
+        double lp = bn_run(ls, comm, R, xs, dys, ytmp, NULL);
+        xs[r][e] = keep - h;
+        double lm = bn_run(ls, comm, R, xs, dys, ytmp, NULL);
+        xs[r][e] = keep;
+        free(Yt);
+        double fd = (lp - lm) / (2.0 * h);
+        worst = fmax(worst, fabs(fd - dxs[r][e]) / fmax(fabs(fd), 1.0));
+    }
+    CHECK_MSG(worst < 2e-3, "R=%d: SyncBN dx vs finite differences: %.3g", R, worst);
+    /* without the communicator each replica normalises alone: different */
+    if (R > 1) {
+        float *Yl = malloc((size_t)offs[R] * sizeof *Yl);
+        float *yl[MAXR];
+        for (int q = 0; q < R; q++) yl[q] = Yl + offs[q];
+        bn_run(ls, NULL, R, xs, dys, yl, NULL);
+        double diff = 0;
+        for (int e = 0; e < offs[R]; e++) diff = fmax(diff, fabs((double)Yl[e] - Y[e]));
+        CHECK_MSG(diff > 1e-2, "R=%d: unsynchronised BN gives the same output (%.3g)", R, diff);
+        free(Yl);
+    }
+    for (int r = 0; r < R; r++) gp_layer_destroy(&ls[r]);
+    gp_layer_destroy(&ref);
+    gp_comm_destroy(comm);
+    free(X); free(DY); free(Y); free(DX); free(Yr); free(DXr);
+}
+
+/* SyncBN inside replicated pipelines, with recomputation. */
+static void sync_bn_model(void)
+{
+    float loss[2] = {0, 0};
+    for (int sync = 0; sync < 2; sync++) {
+        gp_config c = make_cfg(true, sync == 1);
+        c.pipeline.checkpoint = GP_CKPT_ALWAYS;
+        int bal[2];
+        split_even(c.model.n_layers, 2, bal);
+        gp_model rep;
+        CHECK_OK(gp_model_build_replicated(&c, devs, 2, 2, bal, &rep));
+        float x[BATCH * 72], y[BATCH];
+        for (int step = 0; step < 3; step++) {
+            make_batch(&c, step, x, y);
+            gp_step_stats st;
+            CHECK_OK(gp_model_pipeline_step(&rep, &c, x, y, BATCH, 0.05, &st));
+            loss[sync] = (float)st.loss;
+        }
+        CHECK_OK(gp_model_check_replicas(&rep));
+        CHECK(gp_batchnorm_batches_tracked(&rep.layers[1]) == 3);
+        CHECK(gp_batchnorm_pending_count(&rep.layers[1]) == 0);
+        gp_model_free(&rep);
+    }
+    CHECK_MSG(loss[0] != loss[1], "sync and plain BN trained to the same loss %g", loss[0]);
+}
+
+/* ---- failures --------------------------------------------------------------- */
+
+static void faults(void)
+{
+    gp_config c = make_cfg(false, false);
+    int bal[2];
+    split_even(c.model.n_layers, 2, bal);
+    gp_model rep;
+    CHECK_OK(gp_model_build_replicated(&c, devs, 3, 2, bal, &rep));
+    float x[BATCH * 16], y[BATCH];
+    make_batch(&c, 0, x, y);
+    CHECK_OK(gp_model_pipeline_step(&rep, &c, x, y, BATCH, 0.05, NULL)); /* makes the group */
+    gp_instr_kind kinds[] = {GP_INSTR_FORWARD, GP_INSTR_BACKWARD, GP_INSTR_RECOMPUTE};
+    for (int r = 0; r < 3; r++)
+        for (int j = 0; j < 2; j++)
+            for (int q = 0; q < 3; q++) {
+                gp_model *mr = r == 0 ? &rep : &rep.replicas[r - 1];
+                gp_pipeline_set_fault(mr->pipe, 0, j, kinds[q]);
+                int64_t n0;
+                float *before = gather(&rep, &n0);
+                int64_t step0 = rep.step;
+                double t0 = gp_now();
+                gp_status s = gp_model_pipeline_step(&rep, &c, x, y, BATCH, 0.05, NULL);
+                double dt = gp_now() - t0;
+                char want[32];
+                snprintf(want, sizeof want, "replica %d:", r);
+                CHECK_MSG(s == GP_ERR_RUNTIME && strstr(gp_last_error(), want) &&
+                              strstr(gp_last_error(), "injected fault"),
+                          "fault %s in replica %d stage %d: %s '%s'", gp_instr_kind_name(kinds[q]),
+                          r, j, gp_status_name(s), gp_last_error());
+                CHECK_MSG(dt < 10.0, "a failed step took %.1f s", dt);
+                int64_t n1;
+                float *after = gather(&rep, &n1);
+                CHECK_MSG(n0 == n1 && !memcmp(before, after, (size_t)n0 * sizeof *before),
+                          "a failed step changed the parameters");
+                CHECK(rep.step == step0);
+                free(before);
+                free(after);
+                gp_pipeline_set_fault(mr->pipe, 0, -1, GP_INSTR_FORWARD);
+            }
+    CHECK_OK(gp_model_pipeline_step(&rep, &c, x, y, BATCH, 0.05, NULL));
+    CHECK_OK(gp_model_check_replicas(&rep));
+    /* a batch too small for replicas x chunks */
+    CHECK_ERR(gp_model_pipeline_step(&rep, &c, x, y, 5, 0.05, NULL), GP_ERR_INVALID,
+              "3 replicas x 2 micro-batches");
+    gp_model_free(&rep);
+}
+
+/* ---- config and LR ---------------------------------------------------------- */
+
+#define MODEL "model:\n  input: [1, 4, 4]\n  layers: [flatten, {linear: {out: 5}}]\n"
+
+static void config_grid(void)
+{
+    const char *grid = "model:\n  input: [1, 4, 4]\n  layers: [flatten, {linear: {out: 5}}]\n"
+                       "pipeline:\n  devices: [[cpu:0, cpu:1], [cpu:2, cpu:3], [cpu:4, cpu:5]]\n"
+                       "  balance: [1, 1]\n";
+    gp_config c;
+    CHECK_OK(gp_config_parse("grid.yaml", grid, strlen(grid), NULL, 0, &c));
+    CHECK(c.pipeline.replicas == 3 && c.pipeline.n_devices == 2);
+    CHECK(gp_pipeline_devices_total(&c.pipeline) == 6);
+    CHECK(!strcmp(c.pipeline.devices[3].name, "cpu:3") && !strcmp(c.pipeline.devices[4].name, "cpu:4"));
+    gp_config_free(&c);
+
+    const char *flat = "model:\n  input: [1, 4, 4]\n  layers: [flatten, {linear: {out: 5}}]\n"
+                       "pipeline: {devices: [cpu:0, cpu:1], replicas: 2}\n";
+    CHECK_OK(gp_config_parse("flat.yaml", flat, strlen(flat), NULL, 0, &c));
+    CHECK(c.pipeline.replicas == 2 && c.pipeline.n_devices == 2);
+    CHECK(!strcmp(c.pipeline.devices[2].name, "cpu:2") && !strcmp(c.pipeline.devices[3].name, "cpu:3"));
+    gp_config_free(&c);
+
+    const char *bad_rows = MODEL "pipeline: {devices: [[cpu:0, cpu:1], [cpu:2]]}\n";
+    CHECK_ERR(gp_config_parse("r.yaml", bad_rows, strlen(bad_rows), NULL, 0, &c), GP_ERR_INVALID,
+              "pipeline.devices.1 must be a list of 2 devices");
+    const char *clash = MODEL "pipeline: {devices: [[cpu:0], [cpu:1]], replicas: 3}\n";
+    CHECK_ERR(gp_config_parse("c.yaml", clash, strlen(clash), NULL, 0, &c), GP_ERR_INVALID,
+              "replicas = 3 but pipeline.devices has 2 rows");
+    const char *dup = MODEL "pipeline: {devices: [cpu:2, cpu:0], replicas: 2}\n";
+    CHECK_ERR(gp_config_parse("d.yaml", dup, strlen(dup), NULL, 0, &c), GP_ERR_INVALID,
+              "needs its own device");
+}
+
+static void lr_rule(void)
+{
+    gp_train_config t;
+    memset(&t, 0, sizeof t);
+    t.optim.lr = 0.1f;
+    t.batch_size = 1024;
+    t.base_batch = 256;
+    t.lr_scaling = GP_LR_SCALING_LINEAR;
+    t.sched.kind = GP_SCHED_COSINE;
+    t.sched.warmup_steps = 10;
+    t.sched.warmup_start = 0.25f;
+    double peak = 0.1 * 1024 / 256; /* Goyal et al.: k x the base rate */
+    CHECK_NEAR(gp_lr_at(&t, 0, 110), 0.25 * peak, 1e-7, 1e-6);
+    CHECK_NEAR(gp_lr_at(&t, 5, 110), 0.25 * peak + 0.5 * 0.75 * peak, 1e-7, 1e-6);
+    CHECK_NEAR(gp_lr_at(&t, 10, 110), peak, 1e-7, 1e-6);
+    CHECK_NEAR(gp_lr_at(&t, 60, 110), peak / 2, 1e-7, 1e-6); /* cosine half-way */
+    CHECK(gp_lr_at(&t, 109, 110) < 0.01 * peak);
+    t.lr_scaling = GP_LR_SCALING_NONE;
+    CHECK_NEAR(gp_lr_at(&t, 10, 110), 0.1, 1e-7, 1e-6);
+}
+
+int main(void)
+{
+    open_devs();
+    collectives();
+    for (int R = 1; R <= 3; R++)
+        for (int n = 1; n <= 2; n++) {
+            equivalence(false, R, n);
+            equivalence(true, R, n);
+        }
+    for (int R = 1; R <= MAXR; R++) sync_bn(R);
+    sync_bn_model();
+    faults();
+    config_grid();
+    lr_rule();
+    for (int j = 0; j < 8; j++) gp_device_close(devs[j]);
+    return gpt_finish("test_replicas");
+}
