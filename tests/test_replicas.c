@@ -473,6 +473,30 @@ static void sync_bn_model(void)
     CHECK_MSG(loss[0] != loss[1], "sync and plain BN trained to the same loss %g", loss[0]);
 }
 
+/* A residual block's inner norms: replicas commit the same running
+ * statistics (merged before commit), so they stay identical. */
+static void residual_model(void)
+{
+    gp_config c = make_cfg(true, false);
+    int n = 0;
+    specs[n] = gp_layer_spec_default(GP_LAYER_CONV2D);
+    specs[n].out = 4; specs[n].kernel = 3; specs[n].padding = 1; n++;
+    specs[n] = gp_layer_spec_default(GP_LAYER_RESIDUAL); specs[n].out = 6; specs[n].stride = 2; n++;
+    specs[n++] = gp_layer_spec_default(GP_LAYER_FLATTEN);
+    specs[n] = gp_layer_spec_default(GP_LAYER_LINEAR); specs[n].out = 5; n++;
+    c.model.n_layers = n;
+    int bal[2] = {2, 2};
+    gp_model rep;
+    CHECK_OK(gp_model_build_replicated(&c, devs, 2, 2, bal, &rep));
+    float x[BATCH * 72], y[BATCH];
+    for (int step = 0; step < 2; step++) {
+        make_batch(&c, step, x, y);
+        CHECK_OK(gp_model_pipeline_step(&rep, &c, x, y, BATCH, 0.05, NULL));
+    }
+    CHECK_OK(gp_model_check_replicas(&rep));
+    gp_model_free(&rep);
+}
+
 /* ---- failures --------------------------------------------------------------- */
 
 static void faults(void)
@@ -587,6 +611,7 @@ int main(void)
         }
     for (int R = 1; R <= MAXR; R++) sync_bn(R);
     sync_bn_model();
+    residual_model();
     faults();
     config_grid();
     lr_rule();

@@ -327,6 +327,21 @@ static gp_status res_commit(gp_layer *l)
     return GP_OK;
 }
 
+/* Data parallelism: the inner norms merge their pending statistics with the
+ * other replicas' (in the same fixed order on every replica). */
+static gp_status res_allreduce_stats(gp_layer *l, gp_comm *comm)
+{
+    res_state *st = l->state;
+    static const int norms[3] = {C_BN1, C_BN2, C_DBN};
+    for (int k = 0; k < 3; k++) {
+        gp_layer *c = &st->child[norms[k]];
+        if (!c->ops || !c->ops->allreduce_stats) continue;
+        sync_child(l, st, norms[k]);
+        GP_TRY(c->ops->allreduce_stats(c, comm));
+    }
+    return GP_OK;
+}
+
 static double res_flops(const gp_layer *l, int64_t n)
 {
     double outs = (double)n * (double)gp_shape_numel(&l->out_shape); /* N K OH OW */
@@ -372,6 +387,7 @@ const gp_layer_ops gp_residual_ops = {
     .backward_data = res_backward_data,
     .backward_weights = res_backward_weights,
     .commit = res_commit,
+    .allreduce_stats = res_allreduce_stats,
     .flops = res_flops,
     .saved_bytes = res_saved_bytes,
     .destroy = res_destroy,
