@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { EXIT_OK = 0, EXIT_USAGE = 2, EXIT_DATA = 3, EXIT_RUNTIME = 4 };
+#include "cli.h"
 
 static void usage(FILE *f)
 {
@@ -47,17 +47,6 @@ static void usage(FILE *f)
           f);
 }
 
-static int exit_code_for(gp_status s)
-{
-    switch (s) {
-    case GP_OK: return EXIT_OK;
-    case GP_ERR_INVALID:
-    case GP_ERR_UNSUPPORTED: return EXIT_USAGE;
-    case GP_ERR_IO:
-    case GP_ERR_DATA: return EXIT_DATA;
-    default: return EXIT_RUNTIME;
-    }
-}
 
 static const char *mb(double bytes, char *buf, size_t len)
 {

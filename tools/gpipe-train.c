@@ -10,12 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum {
-    EXIT_OK = 0,
-    EXIT_USAGE = 2,   /* bad command line or bad config */
-    EXIT_DATA = 3,    /* dataset or file missing / corrupt */
-    EXIT_RUNTIME = 4  /* failure while training: out of memory, NaN, backend error */
-};
+#include "cli.h"
 
 static void usage(FILE *f)
 {
@@ -61,17 +56,6 @@ static void usage(FILE *f)
           f);
 }
 
-static int exit_code_for(gp_status s)
-{
-    switch (s) {
-    case GP_OK: return EXIT_OK;
-    case GP_ERR_INVALID:
-    case GP_ERR_UNSUPPORTED: return EXIT_USAGE;
-    case GP_ERR_IO:
-    case GP_ERR_DATA: return EXIT_DATA;
-    default: return EXIT_RUNTIME;
-    }
-}
 
 int main(int argc, char **argv)
 {
