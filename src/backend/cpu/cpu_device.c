@@ -269,6 +269,12 @@ gp_status gp_cpu_device_create(int index, const gp_device_opts *opts, gp_device 
     ctx->conv_layout = conv_layout_from_env();
 
     gp_status st = GP_OK;
+    /* Each device caches its own primitives per shape (cpu_dnnl.c), so
+     * oneDNN's process-wide primitive cache only adds sharing of primitive
+     * objects between devices' worker threads (published through atomics
+     * inside the library, which ThreadSanitizer cannot see).  Turn it off;
+     * the setting is process-wide and idempotent. */
+    GP_DNNL(dnnl_set_primitive_cache_capacity(0));
     GP_DNNL(dnnl_engine_create(&ctx->engine, dnnl_cpu, 0));
     GP_DNNL(dnnl_stream_create(&ctx->stream, ctx->engine, dnnl_stream_default_flags));
     *out = dev;
