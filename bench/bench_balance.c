@@ -14,24 +14,14 @@
  */
 #include "balance/balance.h"
 #include "train/train.h"
+#include "bench_util.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static void two_devices(gp_config *cfg)
 {
-    cfg->pipeline.n_devices = 2;
-    for (int j = 0; j < 2; j++) {
-        snprintf(cfg->pipeline.devices[j].name, sizeof cfg->pipeline.devices[j].name, "cpu:%d", j);
-        cfg->pipeline.devices[j].threads = 1;
-        cfg->pipeline.devices[j].memory = 0;
-    }
+    gp_bench_cpu_devices(cfg, 2);
     cfg->pipeline.threads = 1;
 }
 
@@ -47,10 +37,9 @@ static gp_status measure(const gp_config *base, const int *balance, int m, int s
     gp_model model;
     GP_TRY(gp_train_open(&cfg, devs, &model, true));
     int64_t b = cfg.train.batch_size, per = gp_shape_numel(&model.input);
-    float *x = malloc((size_t)(b * per) * sizeof *x), *y = malloc((size_t)b * sizeof *y);
+    float *x, *y;
+    gp_bench_random_batch(b, per, 5, 6, &x, &y);
     double *ts = malloc((size_t)steps * sizeof *ts);
-    gp_rng_uniform_fill(5, 6, 0, x, b * per);
-    for (int64_t i = 0; i < b; i++) y[i] = (float)(i % 10);
     gp_status s = GP_OK;
     for (int w = 0; w < 2 && s == GP_OK; w++)
         s = gp_model_pipeline_step(&model, &cfg, x, y, b, 0.0, NULL);
@@ -59,10 +48,7 @@ static gp_status measure(const gp_config *base, const int *balance, int m, int s
         s = gp_model_pipeline_step(&model, &cfg, x, y, b, 0.0, &st);
         ts[it] = st.seconds;
     }
-    if (s == GP_OK) {
-        qsort(ts, (size_t)steps, sizeof *ts, cmp_double);
-        *out = steps % 2 ? ts[steps / 2] : 0.5 * (ts[steps / 2 - 1] + ts[steps / 2]);
-    }
+    if (s == GP_OK) *out = gp_bench_median(ts, steps);
     free(x);
     free(y);
     free(ts);

@@ -37,20 +37,14 @@ static gp_status run(const gp_config *base, int n, int m, gp_checkpoint_mode ck,
     cfg.pipeline.chunks = m;
     cfg.pipeline.checkpoint = ck;
     cfg.pipeline.lockstep = lockstep;
-    cfg.pipeline.n_devices = n;
-    for (int j = 0; j < n; j++) {
-        snprintf(cfg.pipeline.devices[j].name, sizeof cfg.pipeline.devices[j].name, "cpu:%d", j);
-        cfg.pipeline.devices[j].threads = 1;
-        cfg.pipeline.devices[j].memory = 0;
-    }
+    gp_bench_cpu_devices(&cfg, n);
     cfg.pipeline.n_balance = 0;
     gp_device *devs[GP_MAX_DEVICES];
     gp_model model;
     GP_TRY(gp_train_open(&cfg, devs, &model, true));
     int64_t b = cfg.train.batch_size, per = gp_shape_numel(&model.input);
-    float *x = malloc((size_t)(b * per) * sizeof *x), *y = malloc((size_t)b * sizeof *y);
-    gp_rng_uniform_fill(5, 6, 0, x, b * per);
-    for (int64_t i = 0; i < b; i++) y[i] = (float)(i % 10);
+    float *x, *y;
+    gp_bench_random_batch(b, per, 5, 6, &x, &y);
     double *ts = malloc((size_t)steps * sizeof *ts), *bounds = malloc((size_t)steps * sizeof *bounds),
            *ovl = malloc((size_t)steps * sizeof *ovl);
     gp_status s = GP_OK;

@@ -82,9 +82,8 @@ int main(int argc, char **argv)
     }
     int64_t batch = cfg.train.batch_size;
     int64_t per = cfg.model.input[0] * cfg.model.input[1] * cfg.model.input[2];
-    float *x = malloc((size_t)(batch * per) * sizeof *x), *y = malloc((size_t)batch * sizeof *y);
-    gp_rng_uniform_fill(1, 2, 0, x, batch * per);
-    for (int64_t i = 0; i < batch; i++) y[i] = (float)(i % 10);
+    float *x, *y;
+    gp_bench_random_batch(batch, per, 1, 2, &x, &y);
     int64_t params = 0;
     {
         gp_device *d;

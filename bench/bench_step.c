@@ -148,9 +148,8 @@ static void bench_model(const char *path, int threads, int steps, double ceiling
 
     /* Whole steps on a random batch (the data loader is measured elsewhere). */
     int64_t per = gp_shape_numel(&m.input);
-    float *x = malloc((size_t)(batch * per) * sizeof *x), *y = malloc((size_t)batch * sizeof *y);
-    gp_rng_uniform_fill(5, 6, 0, x, batch * per);
-    for (int64_t i = 0; i < batch; i++) y[i] = (float)(i % 10);
+    float *x, *y;
+    gp_bench_random_batch(batch, per, 5, 6, &x, &y);
     gp_step_stats st;
     for (int w = 0; w < 2; w++) gp_model_train_step(&m, &cfg, x, y, batch, 1, 0.01, &st);
     gp_allocator_reset_peak(&dev->alloc);

@@ -37,22 +37,16 @@ static gp_status run(const gp_config *base, int m, int steps, const char *path, 
 {
     gp_config cfg = *base;
     cfg.pipeline.chunks = m;
-    cfg.pipeline.n_devices = 2;
-    for (int j = 0; j < 2; j++) {
-        snprintf(cfg.pipeline.devices[j].name, sizeof cfg.pipeline.devices[j].name, "cpu:%d", j);
-        cfg.pipeline.devices[j].threads = 1;
-        cfg.pipeline.devices[j].memory = 0;
-    }
+    gp_bench_cpu_devices(&cfg, 2);
     cfg.pipeline.n_balance = 0;
     gp_device *devs[GP_MAX_DEVICES];
     gp_model model;
     GP_TRY(gp_train_open(&cfg, devs, &model, true));
     int64_t b = cfg.train.batch_size, per = gp_shape_numel(&model.input);
-    float *x = malloc((size_t)(b * per) * sizeof *x), *y = malloc((size_t)b * sizeof *y);
+    float *x, *y;
+    gp_bench_random_batch(b, per, 5, 6, &x, &y);
     double *bare = malloc((size_t)steps * sizeof *bare), *traced = malloc((size_t)steps * sizeof *traced),
            *write = malloc((size_t)steps * sizeof *write);
-    gp_rng_uniform_fill(5, 6, 0, x, b * per);
-    for (int64_t i = 0; i < b; i++) y[i] = (float)(i % 10);
     gp_trace *t = NULL;
     gp_status s = gp_trace_open(path, 0, -1, &t);
     for (int w = 0; w < 2 && s == GP_OK; w++)

@@ -5,6 +5,8 @@
 #ifndef GP_BENCH_UTIL_H
 #define GP_BENCH_UTIL_H
 
+#include "train/train.h"
+
 #include <stdlib.h>
 
 static inline int gp_bench_cmp_double(const void *a, const void *b)
@@ -18,6 +20,30 @@ static inline double gp_bench_median(double *v, int n)
 {
     qsort(v, (size_t)n, sizeof *v, gp_bench_cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Make cfg's pipeline n CPU devices cpu:0..cpu:n-1, one math thread each,
+ * no memory cap (the benchmarks' standard placement). */
+static inline void gp_bench_cpu_devices(gp_config *cfg, int n)
+{
+    cfg->pipeline.n_devices = n;
+    for (int j = 0; j < n; j++) {
+        snprintf(cfg->pipeline.devices[j].name, sizeof cfg->pipeline.devices[j].name, "cpu:%d", j);
+        cfg->pipeline.devices[j].threads = 1;
+        cfg->pipeline.devices[j].memory = 0;
+    }
+}
+
+/* A host batch of b samples of `per` floats: uniform [0, 1) inputs from the
+ * counter-based RNG stream (seed, stream) and labels i % 10.  The caller
+ * frees *x and *y. */
+static inline void gp_bench_random_batch(int64_t b, int64_t per, uint64_t seed, uint64_t stream,
+                                         float **x, float **y)
+{
+    *x = malloc((size_t)(b * per) * sizeof **x);
+    *y = malloc((size_t)b * sizeof **y);
+    gp_rng_uniform_fill(seed, stream, 0, *x, b * per);
+    for (int64_t i = 0; i < b; i++) (*y)[i] = (float)(i % 10);
 }
 
 #endif
