@@ -10,8 +10,9 @@
  *     same micro-batch order); after 5 steps the parameters are identical;
  *   - deferred batch norm: running statistics after one step equal those of
  *     full-batch BN within 1e-5, for even and uneven splits;
- *   - checkpointing: peak activation memory always ~= except_last, both far
- *     below never, measured from the allocators (see checkpoint_memory);
+ *   - checkpointing: peak activation memory always == except_last on one
+ *     device (exact, no copies in flight), and far below never on one and
+ *     on two devices, measured from the allocators (see checkpoint_memory);
  *   - failures: a fault injected in each stage position and instruction kind
  *     stops the step on every worker, names device, stage and micro-batch,
  *     returns promptly, frees the step's memory, and the next step works;
@@ -203,22 +204,22 @@ static void deferred_bn(int m)
     gp_model_free(&pip);
 }
 
-/* Peak activation + copy bytes per device for one step. */
-static size_t act_peak(gp_checkpoint_mode ck, int m)
+/* Peak activation + copy bytes, summed over n devices, for one step. */
+static size_t act_peak(gp_checkpoint_mode ck, int m, int n)
 {
     gp_config c = make_cfg(true);
     c.pipeline.chunks = m;
     c.pipeline.checkpoint = ck;
     int bal[2];
-    split_even(c.model.n_layers, 2, bal);
+    split_even(c.model.n_layers, n, bal);
     gp_model pip;
-    if (gp_model_build_placed(&c, devs, 2, bal, &pip) != GP_OK) return 0;
+    if (gp_model_build_placed(&c, devs, n, bal, &pip) != GP_OK) return 0;
     float x[BATCH * 72], y[BATCH];
     make_batch(&c, 0, x, y);
-    for (int j = 0; j < 2; j++) gp_allocator_reset_peak(&devs[j]->alloc);
+    for (int j = 0; j < n; j++) gp_allocator_reset_peak(&devs[j]->alloc);
     gp_status s = gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, NULL);
     size_t peak = 0;
-    for (int j = 0; j < 2; j++)
+    for (int j = 0; j < n; j++)
         peak += devs[j]->alloc.peak_by[GP_MEM_ACTIVATIONS] + devs[j]->alloc.peak_by[GP_MEM_COPIES];
     gp_model_free(&pip);
     return s == GP_OK ? peak : 0;
@@ -226,19 +227,26 @@ static size_t act_peak(gp_checkpoint_mode ck, int m)
 
 static void checkpoint_memory(void)
 {
-    size_t always = act_peak(GP_CKPT_ALWAYS, 7), except = act_peak(GP_CKPT_EXCEPT_LAST, 7),
-           never = act_peak(GP_CKPT_NEVER, 7);
+    /* One device: no copies and no second thread, so the peaks are exact.
+     * always and except_last have the same peak (all stashed inputs plus one
+     * micro-batch's activations: except_last keeps the last micro-batch whole
+     * during forward, always recomputes it first thing in backward); never
+     * keeps every micro-batch's activations. */
+    size_t a1 = act_peak(GP_CKPT_ALWAYS, 7, 1), e1 = act_peak(GP_CKPT_EXCEPT_LAST, 7, 1),
+           n1 = act_peak(GP_CKPT_NEVER, 7, 1);
+    printf("test_pipeline: activation peak (1 device, m=7): always %zu, except_last %zu, "
+           "never %zu bytes\n", a1, e1, n1);
+    CHECK(a1 > 0 && e1 > 0);
+    CHECK_MSG(a1 == e1, "always %zu and except_last %zu should have equal peaks", a1, e1);
+    CHECK_MSG(2 * a1 < n1, "checkpointing saved too little on one device");
+    /* Two devices: the copies in flight depend on thread timing, so only the
+     * saving against never is asserted. */
+    size_t always = act_peak(GP_CKPT_ALWAYS, 7, 2), except = act_peak(GP_CKPT_EXCEPT_LAST, 7, 2),
+           never = act_peak(GP_CKPT_NEVER, 7, 2);
     printf("test_pipeline: activation peak (2 devices, m=7): always %zu, except_last %zu, "
            "never %zu bytes\n", always, except, never);
-    /* Checkpointing must cut the peak well below keeping everything.  always
-     * and except_last have the same theoretical peak (all stashed inputs plus
-     * one micro-batch's activations: except_last keeps the last micro-batch
-     * whole during forward, always recomputes it first thing in backward), so
-     * they may differ only by the copies in flight at that moment. */
     CHECK(always > 0 && except > 0);
     CHECK_MSG(2 * always < never && 2 * except < never, "checkpointing saved too little");
-    CHECK_MSG(always <= except + except / 8 && except <= always + always / 8,
-              "always %zu and except_last %zu should have (nearly) equal peaks", always, except);
 }
 
 static void faults(void)
