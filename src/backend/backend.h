@@ -244,6 +244,20 @@ typedef struct gp_device_iface {
                               const float *dy, const float *sums, double count,
                               float *dx, const float *local, float *dgamma,
                               float *dbeta);
+
+    /* --- sharded collectives (optional; appended last) ---
+     * For the sharded optimizer update of data parallelism: buf (n floats,
+     * the same n on every rank) is cut into comm->n chunks by gp_comm_chunk.
+     * reduce_scatter: afterwards chunk `rank` of this rank's buf holds the sum
+     * over the ranks of their chunk `rank`; the other chunks are unspecified.
+     * all_gather: afterwards chunk q of every rank's buf equals rank q's.
+     * Together they are an all-reduce; between them each rank updates only
+     * its own chunk, so the update's work and traffic are divided by n.
+     * CPU: cpu_comm.c (sums in rank order, like allreduce); CUDA: NCCL
+     * (grouped ncclReduce / ncclBroadcast per chunk, in place, so uneven
+     * chunks work).  NULL: callers fall back to allreduce + full update. */
+    gp_status (*reduce_scatter)(gp_device *dev, gp_comm *comm, float *buf, int64_t n);
+    gp_status (*all_gather)(gp_device *dev, gp_comm *comm, float *buf, int64_t n);
 } gp_device_iface;
 
 struct gp_device {
@@ -308,6 +322,16 @@ void gp_comm_destroy(gp_comm *comm);
 gp_status gp_dev_allreduce(gp_device *dev, gp_comm *comm, float *buf, int64_t n);
 gp_status gp_dev_broadcast(gp_device *dev, gp_comm *comm, float *buf, int64_t n,
                            int root);
+/* Elements [*lo, *hi) of chunk r when n elements are cut into `ranks`
+ * chunks (sizes differ by at most one; any n works). */
+static inline void gp_comm_chunk(int64_t n, int ranks, int r, int64_t *lo, int64_t *hi)
+{
+    *lo = n * r / ranks;
+    *hi = n * (r + 1) / ranks;
+}
+/* The sharded collectives above; GP_ERR_UNSUPPORTED when a slot is NULL. */
+gp_status gp_dev_reduce_scatter(gp_device *dev, gp_comm *comm, float *buf, int64_t n);
+gp_status gp_dev_all_gather(gp_device *dev, gp_comm *comm, float *buf, int64_t n);
 /* comm->abort / comm->reset (no-ops when NULL). */
 void gp_comm_abort(gp_comm *comm);
 void gp_comm_reset(gp_comm *comm);

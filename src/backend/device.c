@@ -170,6 +170,24 @@ gp_status gp_dev_broadcast(gp_device *dev, gp_comm *comm, float *buf, int64_t n,
     return dev->iface->broadcast(dev, comm, buf, n, root);
 }
 
+gp_status gp_dev_reduce_scatter(gp_device *dev, gp_comm *comm, float *buf, int64_t n)
+{
+    if (!dev->iface->reduce_scatter)
+        return gp_error_set(GP_ERR_UNSUPPORTED,
+                            "device %s: the %s backend has no reduce-scatter yet", dev->name,
+                            dev->iface->backend_name);
+    return dev->iface->reduce_scatter(dev, comm, buf, n);
+}
+
+gp_status gp_dev_all_gather(gp_device *dev, gp_comm *comm, float *buf, int64_t n)
+{
+    if (!dev->iface->all_gather)
+        return gp_error_set(GP_ERR_UNSUPPORTED,
+                            "device %s: the %s backend has no all-gather yet", dev->name,
+                            dev->iface->backend_name);
+    return dev->iface->all_gather(dev, comm, buf, n);
+}
+
 void gp_comm_abort(gp_comm *comm)
 {
     if (comm && comm->abort) comm->abort(comm);

@@ -11,7 +11,9 @@
  * therefore added in the same fixed order whatever the thread timing, and
  * every rank ends with bitwise the same result.  Work and memory traffic
  * are spread evenly: each rank reads n chunks and writes one in the first
- * phase, and copies n - 1 chunks in the second.
+ * phase, and copies n - 1 chunks in the second.  reduce_scatter and
+ * all_gather are the two phases on their own (each between two barriers),
+ * for the sharded optimizer update that runs between them.
  *
  *     enter: publish buffer ─ barrier ─ reduce own chunk ─ barrier ─
  *            copy the others' chunks ─ barrier ─ return
@@ -173,42 +175,77 @@ static gp_status enter(gp_device *dev, gp_comm *comm, float *buf, int64_t n, int
     return GP_OK;
 }
 
-/* Elements [lo, hi) of chunk r of n elements in `ranks` chunks. */
-static void chunk(int64_t n, int ranks, int r, int64_t *lo, int64_t *hi)
+/* Chunk `me` of buf = the sum of chunk `me` over the ranks' buffers, in rank
+ * order (after a barrier that published every buffer). */
+static void reduce_own_chunk(gp_device *dev, cpu_comm *cc, int R, int me, float *buf,
+                             int64_t n)
 {
-    *lo = n * r / ranks;
-    *hi = n * (r + 1) / ranks;
-}
-
-gp_status gp_cpu_allreduce(gp_device *dev, gp_comm *comm, float *buf, int64_t n)
-{
-    gp_cpu_enter(dev);
-    int me;
-    GP_TRY(enter(dev, comm, buf, n, &me));
-    int R = comm->n;
-    if (R == 1) return GP_OK;
-    cpu_comm *cc = comm->ctx;
-    GP_TRY(barrier(cc, R, false, true));
-    for (int q = 0; q < R; q++) GP_ASSERT(cc->counts[q] == n); /* same n everywhere */
     float *const *b = cc->bufs;
     int64_t lo, hi;
-    chunk(n, R, me, &lo, &hi);
+    gp_comm_chunk(n, R, me, &lo, &hi);
     int nt = dev->threads;
-    /* Reduce-scatter: chunk `me` summed over the ranks in rank order. */
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && hi - lo >= 65536)
     for (int64_t e = lo; e < hi; e++) {
         float s = b[0][e];
         for (int q = 1; q < R; q++) s += b[q][e];
         buf[e] = s;
     }
-    GP_TRY(barrier(cc, R, true, true));
-    /* All-gather: every other chunk from its owner. */
+}
+
+/* Every chunk but `me` of buf from its owner's buffer. */
+static void gather_chunks(cpu_comm *cc, int R, int me, float *buf, int64_t n)
+{
     for (int q = 0; q < R; q++) {
         if (q == me) continue;
         int64_t qlo, qhi;
-        chunk(n, R, q, &qlo, &qhi);
-        if (qhi > qlo) memcpy(buf + qlo, b[q] + qlo, (size_t)(qhi - qlo) * sizeof *buf);
+        gp_comm_chunk(n, R, q, &qlo, &qhi);
+        if (qhi > qlo) memcpy(buf + qlo, cc->bufs[q] + qlo, (size_t)(qhi - qlo) * sizeof *buf);
     }
+}
+
+/* enter + the first barrier of every collective; *R == 1: nothing to do. */
+static gp_status start(gp_device *dev, gp_comm *comm, float *buf, int64_t n, int *me, int *R)
+{
+    gp_cpu_enter(dev);
+    GP_TRY(enter(dev, comm, buf, n, me));
+    *R = comm->n;
+    if (*R == 1) return GP_OK;
+    cpu_comm *cc = comm->ctx;
+    GP_TRY(barrier(cc, *R, false, true));
+    for (int q = 0; q < *R; q++) GP_ASSERT(cc->counts[q] == n); /* same n everywhere */
+    return GP_OK;
+}
+
+gp_status gp_cpu_allreduce(gp_device *dev, gp_comm *comm, float *buf, int64_t n)
+{
+    int me, R;
+    GP_TRY(start(dev, comm, buf, n, &me, &R));
+    if (R == 1) return GP_OK;
+    cpu_comm *cc = comm->ctx;
+    reduce_own_chunk(dev, cc, R, me, buf, n);
+    GP_TRY(barrier(cc, R, true, true));
+    gather_chunks(cc, R, me, buf, n);
+    return barrier(cc, R, true, false);
+}
+
+gp_status gp_cpu_reduce_scatter(gp_device *dev, gp_comm *comm, float *buf, int64_t n)
+{
+    int me, R;
+    GP_TRY(start(dev, comm, buf, n, &me, &R));
+    if (R == 1) return GP_OK;
+    cpu_comm *cc = comm->ctx;
+    reduce_own_chunk(dev, cc, R, me, buf, n);
+    /* Nobody may change a buffer while a peer still reads its chunk. */
+    return barrier(cc, R, true, false);
+}
+
+gp_status gp_cpu_all_gather(gp_device *dev, gp_comm *comm, float *buf, int64_t n)
+{
+    int me, R;
+    GP_TRY(start(dev, comm, buf, n, &me, &R));
+    if (R == 1) return GP_OK;
+    cpu_comm *cc = comm->ctx;
+    gather_chunks(cc, R, me, buf, n);
     return barrier(cc, R, true, false);
 }
 

@@ -229,6 +229,8 @@ static const gp_device_iface cpu_iface = {
     .bn_stats = gp_cpu_bn_stats,
     .bn_bwd_sums = gp_cpu_bn_bwd_sums,
     .bn_bwd_apply = gp_cpu_bn_bwd_apply,
+    .reduce_scatter = gp_cpu_reduce_scatter,
+    .all_gather = gp_cpu_all_gather,
 };
 
 static cpu_conv_layout conv_layout_from_env(void)
