@@ -521,7 +521,50 @@ static void check_layer(gp_device *dev, const layer_case *lc, int index, hrng *r
             CHECK_MSG(worst < 1e-4, "%s %s: weights-only backward differs (%.3g)", tn,
                       l.params[p].name, worst);
             free(g);
+        }
+        /* A step without a zeroing pass: stale gradients (here NaN, which
+         * any read would spread) are marked with grads_begin; the first
+         * backward must replace them and the second accumulate, giving the
+         * same bits as zero_grad + two backwards. */
+        CHECK_OK(gp_layer_zero_grad(&l));
+        CHECK_OK(gp_layer_backward(&l, &ctx, &x, &y, &dy, NULL, &s));
+        CHECK_OK(gp_layer_backward(&l, &ctx, &x, &y, &dy, NULL, &s));
+        float *want[GP_LAYER_MAX_PARAMS] = {0};
+        for (int p = 0; p < l.n_params; p++) {
+            if (l.params[p].is_buffer) continue;
+            want[p] = download(&l.params[p].grad);
+            gp_tensor *g = &l.params[p].grad;
+            CHECK_OK(dev->iface->fill(dev, g->data, NAN, gp_tensor_numel(g)));
+        }
+        gp_layer_grads_begin(&l);
+        CHECK(l.grads_stale);
+        CHECK_OK(gp_layer_backward(&l, &ctx, &x, &y, &dy, NULL, &s));
+        CHECK(!l.grads_stale);
+        CHECK_OK(gp_layer_backward(&l, &ctx, &x, &y, &dy, NULL, &s));
+        CHECK_OK(gp_layer_grads_finish(&l));
+        for (int p = 0; p < l.n_params; p++) {
+            if (l.params[p].is_buffer) continue;
+            float *g = download(&l.params[p].grad);
+            CHECK_MSG(!memcmp(g, want[p], (size_t)gp_tensor_numel(&l.params[p].grad) * sizeof *g),
+                      "%s %s: overwrite-on-first-backward differs from zero + accumulate%s", tn,
+                      l.params[p].name, l.ops->overwrites_grads ? "" : " (zeroing fallback)");
+            /* No backward at all in a step: grads_finish zeroes them. */
+            CHECK_OK(dev->iface->fill(dev, l.params[p].grad.data, NAN,
+                                      gp_tensor_numel(&l.params[p].grad)));
+            free(g);
+            free(want[p]);
             free(g1[p]);
+        }
+        gp_layer_grads_begin(&l);
+        CHECK_OK(gp_layer_grads_finish(&l));
+        for (int p = 0; p < l.n_params; p++) {
+            if (l.params[p].is_buffer) continue;
+            float *g = download(&l.params[p].grad);
+            int64_t n = gp_tensor_numel(&l.params[p].grad), nonzero = 0;
+            for (int64_t i = 0; i < n; i++) nonzero += g[i] != 0.0f;
+            CHECK_MSG(nonzero == 0, "%s %s: grads_finish left %lld stale values", tn,
+                      l.params[p].name, (long long)nonzero);
+            free(g);
         }
     }
     free(dxh);

@@ -228,7 +228,15 @@ gp_status gp_layer_zero_grad(gp_layer *l)
         if (l->params[p].is_buffer || n == 0) continue;
         GP_TRY(g->dev->iface->fill(g->dev, g->data, 0.0f, n));
     }
+    l->grads_stale = false;
     return GP_OK;
+}
+
+void gp_layer_grads_begin(gp_layer *l) { l->grads_stale = true; }
+
+gp_status gp_layer_grads_finish(gp_layer *l)
+{
+    return l->grads_stale ? gp_layer_zero_grad(l) : GP_OK;
 }
 
 int64_t gp_layer_param_count(const gp_layer *l)
@@ -294,6 +302,13 @@ gp_status gp_layer_backward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor 
                             gp_saved *s)
 {
     GP_ASSERT(gp_tensor_numel(dy) == gp_tensor_numel(y));
+    gp_fwd_ctx c = *ctx;
+    c.grads_overwrite = false;
+    if (l->grads_stale) {
+        if (l->ops->overwrites_grads) c.grads_overwrite = true;
+        else GP_TRY(gp_layer_zero_grad(l));
+    }
+    ctx = &c;
     if (dx) {
         gp_shape xs = gp_tensor_shape(x);
         GP_TRY(gp_tensor_alloc(dx, l->dev, &xs, GP_MEM_ACTIVATIONS));
@@ -310,6 +325,7 @@ gp_status gp_layer_backward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor 
             return st;
         }
     }
+    l->grads_stale = false;
     return GP_OK;
 }
 

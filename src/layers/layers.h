@@ -108,6 +108,11 @@ typedef struct gp_fwd_ctx {
      * then refer to the global mini-batch of all replicas. */
     gp_comm *comm;
     int rank;
+    /* Set by gp_layer_backward only, for a layer whose ops declare
+     * overwrites_grads, on its first backward of a step (gp_layer_grads_begin):
+     * backward_weights then writes its gradients (dW =) instead of adding to
+     * them, which saves zeroing them and reading them back. */
+    bool grads_overwrite;
 } gp_fwd_ctx;
 
 #define GP_SAVED_MAX 24
@@ -164,6 +169,10 @@ typedef struct gp_layer_ops {
      * replica commits the statistics of the global mini-batch.  NULL = no
      * statistics. */
     gp_status (*allreduce_stats)(gp_layer *l, gp_comm *comm);
+    /* backward_weights honours ctx->grads_overwrite (and backward_data
+     * writes no gradient).  false: gp_layer_backward zeroes the stale
+     * gradients first and the layer accumulates as always. */
+    bool overwrites_grads;
 } gp_layer_ops;
 
 struct gp_layer {
@@ -180,6 +189,8 @@ struct gp_layer {
                                the child layers inside a composite layer
                                (residual), whose params continue the
                                parent's numbering */
+    bool grads_stale;       /* gradients hold an earlier step's values: the
+                               next backward replaces them (grads_begin) */
 };
 
 /* Make a layer of spec->type with `index`, infer shapes from `in` (batch
@@ -198,6 +209,14 @@ gp_status gp_layer_backward(gp_layer *l, const gp_fwd_ctx *ctx,
                             const gp_tensor *dy, gp_tensor *dx /* NULL: skip */,
                             gp_saved *s);
 gp_status gp_layer_zero_grad(gp_layer *l);
+/* Gradient zeroing for a step without the zeroing pass: grads_begin marks
+ * the gradients stale (O(1)); the layer's first backward then overwrites
+ * them (or zeroes them first if its ops cannot overwrite), later backwards
+ * accumulate.  grads_finish, once the step's backwards are done, zeroes
+ * them if no backward ran, so the optimizer never sees stale values.  The
+ * gradients equal zero_grad + the same backwards, bit for bit. */
+void gp_layer_grads_begin(gp_layer *l);
+gp_status gp_layer_grads_finish(gp_layer *l);
 int64_t gp_layer_param_count(const gp_layer *l); /* trainable elements */
 /* Index of the first layer with trainable parameters (n if none).  Layers
  * before it need no backward at all, and it needs no dx: the gradient would

@@ -76,12 +76,16 @@ static gp_status linear_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx,
 {
     gp_device *dev = l->dev;
     int64_t n = x->dims[0], in = x->dims[1], out = l->spec.out;
-    if (n == 0) return GP_OK;
-    /* dW(out, in) += dy^T(out, N) x(N, in) */
-    GP_TRY(dev->iface->gemm(dev, 1, 0, out, in, n, 1.0f, dy->data, out, x->data, in, 1.0f,
-                            l->params[0].grad.data, in));
-    if (l->spec.bias)
+    if (n == 0) /* nothing to add; a fresh step's gradients are zero */
+        return ctx->grads_overwrite ? gp_layer_zero_grad(l) : GP_OK;
+    /* dW(out, in) += dy^T(out, N) x(N, in); = on the step's first backward */
+    bool fresh = ctx->grads_overwrite;
+    GP_TRY(dev->iface->gemm(dev, 1, 0, out, in, n, 1.0f, dy->data, out, x->data, in,
+                            fresh ? 0.0f : 1.0f, l->params[0].grad.data, in));
+    if (l->spec.bias) {
+        if (fresh) GP_TRY(dev->iface->fill(dev, l->params[1].grad.data, 0.0f, out));
         GP_TRY(dev->iface->sum_rows(dev, dy->data, l->params[1].grad.data, n, out));
+    }
     return GP_OK;
 }
 
@@ -98,5 +102,6 @@ const gp_layer_ops gp_linear_ops = {
     .forward = linear_forward,
     .backward_data = linear_backward_data,
     .backward_weights = linear_backward_weights,
+    .overwrites_grads = true,
     .flops = linear_flops,
 };

@@ -410,10 +410,8 @@ static gp_status run_step(worker *w)
 {
     gp_pipeline *p = w->p;
     int j = w->j, first = p->first[j], count = p->count[j];
-    for (int c = 0; c < count; c++) {
-        gp_status st = gp_layer_zero_grad(&p->layers[first + c]);
-        if (st != GP_OK) return fail(p, st, j, -1, first + c);
-    }
+    /* No zeroing pass: each layer's first backward overwrites its gradients. */
+    for (int c = 0; c < count; c++) gp_layer_grads_begin(&p->layers[first + c]);
     const gp_instr *list = p->sched.list[j];
     w->n_events = 0;
     w->busy = 0;
@@ -462,6 +460,10 @@ static gp_status run_step(worker *w)
         }
         if (st != GP_OK) return fail(p, st, j, in->i, bad_layer);
         sweep(p, j);
+    }
+    for (int c = 0; c < count; c++) {
+        gp_status st = gp_layer_grads_finish(&p->layers[first + c]);
+        if (st != GP_OK) return fail(p, st, j, -1, first + c);
     }
     /* Data parallelism: stage j's gradients are complete here, so they are
      * all-reduced now, while the stages before it still run backward.

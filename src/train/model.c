@@ -243,9 +243,16 @@ int64_t gp_model_param_count(const gp_model *m)
     return n;
 }
 
-static gp_status zero_grads(gp_model *m)
+/* The step's gradients start stale: each layer's first backward overwrites
+ * them (gp_layer_grads_begin), so there is no zeroing pass. */
+static void begin_grads(gp_model *m)
 {
-    for (int k = 0; k < m->n_layers; k++) GP_TRY(gp_layer_zero_grad(&m->layers[k]));
+    for (int k = 0; k < m->n_layers; k++) gp_layer_grads_begin(&m->layers[k]);
+}
+
+static gp_status finish_grads(gp_model *m)
+{
+    for (int k = 0; k < m->n_layers; k++) GP_TRY(gp_layer_grads_finish(&m->layers[k]));
     return GP_OK;
 }
 
@@ -413,7 +420,7 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
     if (chunks > 1024)
         return gp_error_set(GP_ERR_INVALID, "pipeline.chunks = %d exceeds 1024", chunks);
     GP_TRY(gp_microbatch_split(n, chunks, sizes));
-    GP_TRY(zero_grads(m));
+    begin_grads(m);
     int L = m->n_layers;
     ref_mb *mbs = calloc((size_t)chunks, sizeof *mbs);
     if (!mbs) return gp_error_set(GP_ERR_OOM, "out of host memory");
@@ -445,6 +452,7 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
     }
     for (int i = 0; i < chunks; i++) ref_mb_free(&mbs[i], L);
     free(mbs);
+    if (s == GP_OK) s = finish_grads(m);
     if (s == GP_OK)
         for (int k = 0; k < L && s == GP_OK; k++)
             if (m->layers[k].ops->commit) s = m->layers[k].ops->commit(&m->layers[k]);
