@@ -366,10 +366,15 @@ static void test_bn(gp_device *dev)
 
 static void test_gemm(gp_device *dev)
 {
-    const int64_t m = 13, n = 7, k = 11;
+    /* Shapes: a small one, and short wide ones (2m <= n, k >= 64) that the
+     * CPU backend runs transposed (cpu_math.c gemm_wide_nt), the last one
+     * large enough for its threaded transposes. */
+    static const int64_t shapes[][3] = {{13, 7, 11}, {5, 40, 70}, {64, 600, 600}};
+    for (int sh = 0; sh < 3; sh++)
     for (int ta = 0; ta < 2; ta++)
         for (int tb = 0; tb < 2; tb++)
             for (int acc = 0; acc < 2; acc++) {
+                const int64_t m = shapes[sh][0], n = shapes[sh][1], k = shapes[sh][2];
                 /* op(A) is m x k; stored (ta ? k x m : m x k) with a padded ld */
                 int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
                 int64_t lda = ac + 3, ldb = bc + 2, ldc = n + 5;
@@ -389,7 +394,8 @@ static void test_gemm(gp_device *dev)
                     }
                 CHECK_OK(dev->iface->gemm(dev, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc));
                 char what[64];
-                snprintf(what, sizeof what, "gemm ta=%d tb=%d beta=%g", ta, tb, (double)beta);
+                snprintf(what, sizeof what, "gemm %lldx%lldx%lld ta=%d tb=%d beta=%g", (long long)m,
+                         (long long)n, (long long)k, ta, tb, (double)beta);
                 /* compare only the n valid columns of each row */
                 double maxerr = 0;
                 for (int64_t i = 0; i < m; i++)
