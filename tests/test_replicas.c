@@ -52,11 +52,16 @@ typedef struct {
     gp_device *dev;
     int rank, R;
     int64_t n;
-    bool broadcast;
+    int kind;            /* COLL_* */
     int root;
     gp_status st;
     float *buf;          /* the rank's device buffer */
 } coll_job;
+
+enum { COLL_ALLREDUCE, COLL_BROADCAST, COLL_REDUCE_SCATTER, COLL_ALL_GATHER, COLL_RS_AG,
+       COLL_KINDS };
+static const char *const coll_names[COLL_KINDS] = {"all-reduce", "broadcast", "reduce-scatter",
+                                                   "all-gather", "reduce-scatter + all-gather"};
 
 static float value(int rank, int64_t n, int64_t e)
 {
@@ -68,8 +73,16 @@ static void *coll_thread(void *arg)
     coll_job *c = arg;
     gp_device_bind_thread(c->dev);
     for (int64_t e = 0; e < c->n; e++) c->buf[e] = value(c->rank, c->n, e);
-    c->st = c->broadcast ? gp_dev_broadcast(c->dev, c->comm, c->buf, c->n, c->root)
-                         : gp_dev_allreduce(c->dev, c->comm, c->buf, c->n);
+    switch (c->kind) {
+    case COLL_BROADCAST: c->st = gp_dev_broadcast(c->dev, c->comm, c->buf, c->n, c->root); break;
+    case COLL_REDUCE_SCATTER: c->st = gp_dev_reduce_scatter(c->dev, c->comm, c->buf, c->n); break;
+    case COLL_ALL_GATHER: c->st = gp_dev_all_gather(c->dev, c->comm, c->buf, c->n); break;
+    case COLL_RS_AG:
+        c->st = gp_dev_reduce_scatter(c->dev, c->comm, c->buf, c->n);
+        if (c->st == GP_OK) c->st = gp_dev_all_gather(c->dev, c->comm, c->buf, c->n);
+        break;
+    default: c->st = gp_dev_allreduce(c->dev, c->comm, c->buf, c->n);
+    }
     return NULL;
 }
 
@@ -82,7 +95,7 @@ static void collectives(void)
         CHECK_OK(gp_comm_create(devs, R, &comm));
         if (!comm) continue;
         for (size_t q = 0; q < sizeof sizes / sizeof *sizes; q++)
-            for (int bc = 0; bc < 2; bc++) {
+            for (int kind = 0; kind < COLL_KINDS; kind++) {
                 int64_t n = sizes[q];
                 coll_job job[MAXR];
                 pthread_t th[MAXR];
@@ -90,23 +103,39 @@ static void collectives(void)
                 for (int r = 0; r < R; r++) {
                     gp_shape sh = {1, {n > 0 ? n : 1, 0, 0, 0}};
                     CHECK_OK(gp_tensor_alloc(&t[r], devs[r], &sh, GP_MEM_WORKSPACE));
-                    job[r] = (coll_job){comm, devs[r], r, R, n, bc == 1, R - 1, GP_OK, t[r].data};
+                    job[r] = (coll_job){comm, devs[r], r, R, n, kind, R - 1, GP_OK, t[r].data};
                     pthread_create(&th[r], NULL, coll_thread, &job[r]);
                 }
                 for (int r = 0; r < R; r++) pthread_join(th[r], NULL);
                 for (int r = 0; r < R; r++) {
                     CHECK_OK(job[r].st);
+                    /* reduce-scatter defines only the rank's own chunk */
+                    int64_t lo = 0, hi = n;
+                    if (kind == COLL_REDUCE_SCATTER) gp_comm_chunk(n, R, r, &lo, &hi);
                     bool same = true;
-                    for (int64_t e = 0; e < n && same; e++) {
+                    for (int64_t e = lo; e < hi && same; e++) {
                         float want;
-                        if (bc) want = value(R - 1, n, e);
-                        else {
+                        if (kind == COLL_BROADCAST) want = value(R - 1, n, e);
+                        else if (kind == COLL_ALL_GATHER) {
+                            int owner = 0; /* the rank whose chunk holds e */
+                            for (int k = 0; k < R; k++) {
+                                int64_t klo, khi;
+                                gp_comm_chunk(n, R, k, &klo, &khi);
+                                if (e >= klo && e < khi) owner = k;
+                            }
+                            want = value(owner, n, e);
+                        } else {
                             want = value(0, n, e); /* rank order, as the owner sums */
                             for (int k = 1; k < R; k++) want += value(k, n, e);
                         }
                         same = job[r].buf[e] == want;
                     }
-                    if (!same) bad++;
+                    if (!same) {
+                        if (bad < 5)
+                            fprintf(stderr, "%s R=%d n=%lld rank %d differs\n", coll_names[kind],
+                                    R, (long long)n, r);
+                        bad++;
+                    }
                     cases++;
                 }
                 for (int r = 0; r < R; r++) gp_tensor_free(&t[r]);
@@ -114,8 +143,9 @@ static void collectives(void)
         gp_comm_destroy(comm);
     }
     CHECK_MSG(bad == 0, "%d of %d rank results differ from the sequential sum", bad, cases);
-    printf("test_replicas: collectives: %d rank results, all bitwise equal to the sequential "
-           "sum / root\n", cases);
+    printf("test_replicas: collectives (all-reduce, broadcast, reduce-scatter, all-gather and "
+           "the two chained): %d rank results, all bitwise equal to the sequential sum / root / "
+           "owner\n", cases);
 
     /* Abort: ranks 0 and 1 wait for rank 2, which never comes. */
     gp_comm *comm = NULL;
@@ -125,7 +155,7 @@ static void collectives(void)
     pthread_t th[2];
     float bufs[2][1000];
     for (int r = 0; r < 2; r++) {
-        job[r] = (coll_job){comm, devs[r], r, 3, 1000, false, 0, GP_OK, bufs[r]};
+        job[r] = (coll_job){comm, devs[r], r, 3, 1000, COLL_ALLREDUCE, 0, GP_OK, bufs[r]};
         pthread_create(&th[r], NULL, coll_thread, &job[r]);
     }
     nanosleep(&(struct timespec){0, 50000000}, NULL);
@@ -140,7 +170,7 @@ static void collectives(void)
     pthread_t t3[3];
     float b3[3][10];
     for (int r = 0; r < 3; r++) {
-        j3[r] = (coll_job){comm, devs[r], r, 3, 10, false, 0, GP_OK, b3[r]};
+        j3[r] = (coll_job){comm, devs[r], r, 3, 10, COLL_ALLREDUCE, 0, GP_OK, b3[r]};
         pthread_create(&t3[r], NULL, coll_thread, &j3[r]);
     }
     for (int r = 0; r < 3; r++) pthread_join(t3[r], NULL);
@@ -270,6 +300,45 @@ static void equivalence(bool convnet, int R, int n)
     free(pa);
     free(pb);
     CHECK_OK(gp_model_check_replicas(&rep));
+    /* The optimizer state too.  Updates are sharded (the CPU backend can
+     * reduce-scatter): replica r keeps only chunk r of its momentum current,
+     * so chunk 0 of replica 1's first momentum tensor is still the initial
+     * zero while replica 0's moved (this proves the sharding ran); after
+     * gp_model_gather_momentum replica 0 holds the whole state, equal to the
+     * single-device run's. */
+    if (R > 1) {
+        gp_tensor *m0 = &rep.momentum[0], *m1 = &rep.replicas[0].momentum[0];
+        int64_t lo, hi, n0 = gp_tensor_numel(m0);
+        gp_comm_chunk(n0, R, 0, &lo, &hi);
+        float *h0 = malloc((size_t)n0 * sizeof *h0), *h1 = malloc((size_t)n0 * sizeof *h1);
+        gp_dev_download(m0->dev, h0, m0->data, n0);
+        gp_dev_download(m1->dev, h1, m1->data, n0);
+        int64_t moved0 = 0, moved1 = 0;
+        for (int64_t q = lo; q < hi; q++) {
+            moved0 += h0[q] != 0.0f;
+            moved1 += h1[q] != 0.0f;
+        }
+        CHECK_MSG(moved0 > 0 && moved1 == 0,
+                  "R=%d: chunk 0 of the momentum moved on %lld (replica 0) and %lld (replica 1) "
+                  "elements: the update is not sharded", R, (long long)moved0, (long long)moved1);
+        free(h0);
+        free(h1);
+    }
+    CHECK_OK(gp_model_gather_momentum(&rep));
+    double worst_m = 0;
+    for (int q = 0; q < ref.n_momentum && q < rep.n_momentum; q++) {
+        int64_t cnt = gp_tensor_numel(&ref.momentum[q]);
+        float *a = malloc((size_t)cnt * sizeof *a), *b = malloc((size_t)cnt * sizeof *b);
+        gp_dev_download(ref.momentum[q].dev, a, ref.momentum[q].data, cnt);
+        gp_dev_download(rep.momentum[q].dev, b, rep.momentum[q].data, cnt);
+        for (int64_t e = 0; e < cnt; e++)
+            worst_m = fmax(worst_m, fabs((double)a[e] - b[e]) / fmax(fabs((double)a[e]), 1e-2));
+        free(a);
+        free(b);
+    }
+    CHECK_MSG(ref.n_momentum == rep.n_momentum && worst_m <= 1e-5,
+              "%s R=%d n=%d: gathered momentum differs by %.3g relative",
+              convnet ? "convnet" : "mlp", R, n, worst_m);
 done:
     gp_model_free(&ref);
     gp_model_free(&rep);

@@ -353,11 +353,15 @@ static void test_round_trip(void)
 
 /* ---- resume equivalence ------------------------------------------------------- */
 
-static void test_resume(int devices, const char *ckpt)
+/* replicas > 1: data parallelism, whose sharded update leaves each
+ * replica's momentum current only in its own chunk; the snapshot must
+ * assemble it (gp_model_gather_momentum) for the resumed run to match. */
+static void test_resume(int devices, const char *ckpt, int replicas)
 {
     char extra[512], a[1024];
     snprintf(extra, sizeof extra,
-             "pipeline: {devices: %d, chunks: 4, checkpoint: %s}\n", devices, ckpt);
+             "pipeline: {devices: %d, replicas: %d, chunks: %d, checkpoint: %s}\n", devices,
+             replicas, 4 / replicas, ckpt); /* the epoch's last batch has 8 samples */
     make_config("r.yaml", extra);
     snprintf(a, sizeof a, "%s/r.yaml --export-weights %s/ref.st", tmpdir, tmpdir);
     CHECK(train(a) == 0);
@@ -376,8 +380,8 @@ static void test_resume(int devices, const char *ckpt)
     char p1[300], p2[300];
     snprintf(p1, sizeof p1, "%s/ref.st", tmpdir);
     snprintf(p2, sizeof p2, "%s/res.st", tmpdir);
-    CHECK_MSG(same_files(p1, p2), "%d device(s), checkpoint %s: resumed weights differ",
-              devices, ckpt);
+    CHECK_MSG(same_files(p1, p2), "%d device(s) x %d replica(s), checkpoint %s: resumed weights "
+              "differ", devices, replicas, ckpt);
 }
 
 /* A 2-device snapshot resumed on 1 device: the same numbers up to rounding. */
@@ -567,11 +571,13 @@ int main(void)
     test_round_trip();
     if (access(bin, X_OK) == 0) {
         test_damage();
-        test_resume(1, "never");
-        test_resume(1, "always");
-        test_resume(2, "except_last");
-        test_resume(2, "always");
-        test_resume(2, "never");
+        test_resume(1, "never", 1);
+        test_resume(1, "always", 1);
+        test_resume(2, "except_last", 1);
+        test_resume(2, "always", 1);
+        test_resume(2, "never", 1);
+        test_resume(1, "except_last", 2);
+        test_resume(2, "except_last", 2);
         test_resume_other_placement();
         test_kill();
     } else {

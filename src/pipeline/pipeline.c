@@ -391,17 +391,47 @@ static void drain(gp_pipeline *p, int j)
 /* Sum stage j's parameter gradients over the replicas (each replica's
  * loss is already scaled by 1 / global batch, so the sum is the gradient
  * of the global mean), then merge pending batch-norm statistics. */
+/* Whether stage j's replicas shard the optimizer update: reduce-scatter the
+ * gradients, each replica updates its chunk, all-gather the parameters.
+ * The update's reads and writes (w, g and momentum) are then divided by R. */
+static bool sharded(const gp_pipeline *p, int j)
+{
+    const gp_device_iface *f = p->devs[j]->iface;
+    return p->comms[j] && p->comms[j]->n > 1 && f->reduce_scatter && f->all_gather;
+}
+
+/* Stage j's gradients summed over the replicas: in full (all-reduce), or
+ * only this replica's chunk of each (reduce-scatter) when sharded. */
 static gp_status allreduce_stage(gp_pipeline *p, int j)
 {
     gp_comm *comm = p->comms[j];
+    bool shard = sharded(p, j);
     for (int c = p->first[j]; c < p->first[j] + p->count[j]; c++) {
         gp_layer *l = &p->layers[c];
         for (int q = 0; q < l->n_params; q++) {
             gp_param *pr = &l->params[q];
             if (pr->is_buffer || !pr->grad.data) continue;
-            GP_TRY(gp_dev_allreduce(p->devs[j], comm, pr->grad.data, gp_tensor_numel(&pr->grad)));
+            int64_t n = gp_tensor_numel(&pr->grad);
+            GP_TRY(shard ? gp_dev_reduce_scatter(p->devs[j], comm, pr->grad.data, n)
+                         : gp_dev_allreduce(p->devs[j], comm, pr->grad.data, n));
         }
         if (l->ops->allreduce_stats) GP_TRY(l->ops->allreduce_stats(l, comm));
+    }
+    return GP_OK;
+}
+
+/* After a sharded update: every replica's parameters of stage j from their
+ * owners' chunks. */
+static gp_status gather_stage(gp_pipeline *p, int j)
+{
+    for (int c = p->first[j]; c < p->first[j] + p->count[j]; c++) {
+        gp_layer *l = &p->layers[c];
+        for (int q = 0; q < l->n_params; q++) {
+            gp_param *pr = &l->params[q];
+            if (pr->is_buffer || !pr->grad.data) continue;
+            GP_TRY(gp_dev_all_gather(p->devs[j], p->comms[j], pr->value.data,
+                                     gp_tensor_numel(&pr->value)));
+        }
     }
     return GP_OK;
 }
@@ -495,8 +525,16 @@ static gp_status run_step(worker *w)
             if (st != GP_OK) return fail(p, st, j, -1, first + c);
         }
     if (p->hook) {
-        gp_status st = p->hook(p->hook_arg, j, first, count);
+        bool shard = sharded(p, j);
+        gp_status st = p->hook(p->hook_arg, j, first, count, shard ? p->rank : 0,
+                               shard ? p->comms[j]->n : 1);
         if (st != GP_OK) return fail(p, st, j, -1, -1);
+        if (shard) {
+            double t0 = gp_now();
+            st = gather_stage(p, j);
+            w->comm_seconds += gp_now() - t0;
+            if (st != GP_OK) return fail(p, st, j, -1, -1);
+        }
     }
     gp_status st = p->devs[j]->iface->synchronize(p->devs[j]);
     if (st != GP_OK) return fail(p, st, j, -1, -1);

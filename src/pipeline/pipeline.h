@@ -59,8 +59,14 @@ typedef struct gp_pipeline_opts {
 
 /* Called by worker j once every stage's backward has succeeded and stage j's
  * batch-norm statistics are committed: the optimizer update of stage j runs
- * here, on j's thread and device, in parallel with the other stages'. */
-typedef gp_status (*gp_stage_hook)(void *arg, int j, int first, int count);
+ * here, on j's thread and device, in parallel with the other stages'.
+ * shards == 1: update every parameter of layers [first, first + count).
+ * shards > 1 (data parallelism whose backend can reduce-scatter): only
+ * chunk `shard` of each parameter (gp_comm_chunk) holds the summed
+ * gradient; update just that chunk, and the pipeline all-gathers the
+ * parameters afterwards, so the replicas share the update's work. */
+typedef gp_status (*gp_stage_hook)(void *arg, int j, int first, int count, int shard,
+                                   int shards);
 
 typedef struct gp_pipeline_out {
     double loss_sum;            /* over all samples of the batch */

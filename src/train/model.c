@@ -256,8 +256,10 @@ static gp_status finish_grads(gp_model *m)
     return GP_OK;
 }
 
-/* SGD on layers [first, first + count), on their devices. */
-static gp_status sgd_range(gp_model *m, const gp_optim_config *o, double lr, int first, int count)
+/* SGD on layers [first, first + count), on their devices: on chunk `shard`
+ * of `shards` of every parameter (gp_comm_chunk; shards = 1: all of it). */
+static gp_status sgd_range(gp_model *m, const gp_optim_config *o, double lr, int first, int count,
+                           int shard, int shards)
 {
     for (int k = first; k < first + count; k++) {
         gp_layer *l = &m->layers[k];
@@ -267,9 +269,12 @@ static gp_status sgd_range(gp_model *m, const gp_optim_config *o, double lr, int
             if (pr->is_buffer) continue;
             float wd = (pr->no_decay && !o->decay_bias_and_norm) ? 0.0f : o->weight_decay;
             gp_device *dev = pr->value.dev;
-            GP_TRY(dev->iface->sgd_update(dev, pr->value.data, pr->grad.data,
-                                          m->momentum[j].data, gp_tensor_numel(&pr->value),
-                                          (float)lr, o->momentum, wd, o->nesterov));
+            int64_t lo, hi;
+            gp_comm_chunk(gp_tensor_numel(&pr->value), shards, shard, &lo, &hi);
+            if (hi > lo)
+                GP_TRY(dev->iface->sgd_update(dev, pr->value.data + lo, pr->grad.data + lo,
+                                              m->momentum[j].data + lo, hi - lo, (float)lr,
+                                              o->momentum, wd, o->nesterov));
             j++;
         }
     }
@@ -277,14 +282,14 @@ static gp_status sgd_range(gp_model *m, const gp_optim_config *o, double lr, int
 }
 
 gp_status gp_model_sgd_range(gp_model *m, const gp_optim_config *o, double lr, int first,
-                             int count)
+                             int count, int shard, int shards)
 {
-    return sgd_range(m, o, lr, first, count);
+    return sgd_range(m, o, lr, first, count, shard, shards);
 }
 
 static gp_status sgd_update(gp_model *m, const gp_optim_config *o, double lr)
 {
-    return sgd_range(m, o, lr, 0, m->n_layers);
+    return sgd_range(m, o, lr, 0, m->n_layers, 0, 1);
 }
 
 typedef struct {
@@ -294,11 +299,11 @@ typedef struct {
 } sgd_hook_arg;
 
 /* Runs on worker j once stage j's gradients are complete. */
-static gp_status sgd_hook(void *arg, int j, int first, int count)
+static gp_status sgd_hook(void *arg, int j, int first, int count, int shard, int shards)
 {
     (void)j;
     sgd_hook_arg *a = arg;
-    return sgd_range(a->m, a->o, a->lr, first, count);
+    return sgd_range(a->m, a->o, a->lr, first, count, shard, shards);
 }
 
 gp_status gp_model_pipeline_step(gp_model *m, const gp_config *cfg, const float *x,

@@ -23,6 +23,14 @@
  * every rank copies the owner's chunk), and apply the same update, so they
  * stay bitwise identical; debug builds check it every 100 steps.
  *
+ * Sharded update (when the backend has reduce_scatter / all_gather, as the
+ * CPU and NCCL do): the gradients are reduce-scattered, replica r updates
+ * chunk r of every parameter (and of its momentum), and the parameters are
+ * all-gathered (pipeline.c).  Each replica thus reads and writes 1/R of the
+ * optimizer's memory traffic, and its momentum is current only in its own
+ * chunk: gp_model_gather_momentum assembles the whole in replica 0 before a
+ * snapshot reads it.
+ *
  * Shared state: group->failed is guarded by group->lock; the rest is
  * written by the caller thread between steps.
  */
@@ -161,11 +169,11 @@ typedef struct {
 
 /* Worker j of one replica, after every stage of that replica (and so, through
  * the all-reduces, of every replica) got through its backward. */
-static gp_status rep_sgd_hook(void *arg, int j, int first, int count)
+static gp_status rep_sgd_hook(void *arg, int j, int first, int count, int shard, int shards)
 {
     (void)j;
     rep_hook_arg *a = arg;
-    return gp_model_sgd_range(a->m, a->o, a->lr, first, count);
+    return gp_model_sgd_range(a->m, a->o, a->lr, first, count, shard, shards);
 }
 
 gp_status gp_model_replicated_step(gp_model *m, const gp_config *cfg, const float *x,
@@ -259,6 +267,29 @@ out:
     free(res);
     free(msg);
     return s;
+}
+
+gp_status gp_model_gather_momentum(gp_model *m)
+{
+    int R = m->n_replicas;
+    if (R <= 1 || !m->group) return GP_OK; /* no step yet: all are replica 0's copy */
+    for (int q = 0; q < m->n_momentum; q++) {
+        gp_tensor *dst = &m->momentum[q];
+        /* The same test as the pipeline's: sharded when the backend can. */
+        if (!dst->dev->iface->reduce_scatter || !dst->dev->iface->all_gather) continue;
+        int64_t n = gp_tensor_numel(dst);
+        gp_shape flat = gp_shape_make(1, &n);
+        gp_tensor d1 = gp_tensor_reshape(dst, &flat);
+        for (int r = 1; r < R; r++) {
+            int64_t lo, hi;
+            gp_comm_chunk(n, R, r, &lo, &hi);
+            if (hi <= lo) continue;
+            gp_tensor s1 = gp_tensor_reshape(&replica(m, r)->momentum[q], &flat);
+            gp_tensor a = gp_tensor_slice(&d1, lo, hi - lo), b = gp_tensor_slice(&s1, lo, hi - lo);
+            GP_TRY(gp_tensor_copy(&a, &b));
+        }
+    }
+    return GP_OK;
 }
 
 /* FNV-1a over the bytes of every parameter and buffer of layer k. */

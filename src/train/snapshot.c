@@ -49,6 +49,9 @@ static gp_status meta_i64(gp_st_writer *w, const char *key, int64_t v)
 gp_status gp_snapshot_collect(gp_model *m, const gp_config *cfg, const gp_snapshot_pos *pos,
                               gp_st_writer *w)
 {
+    /* Replicas with sharded updates each hold their own chunk of the
+     * momentum: assemble it in replica 0, which is what is written. */
+    if (pos) GP_TRY(gp_model_gather_momentum(m));
     float *scratch = NULL;
     size_t cap = 0;
     gp_status s = GP_OK;

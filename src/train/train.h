@@ -149,9 +149,15 @@ gp_status gp_model_replicated_step(gp_model *m, const gp_config *cfg, const floa
 gp_status gp_model_check_replicas(const gp_model *m);
 /* Releases the replicas and the group (gp_model_free calls it). */
 void gp_model_free_replicas(gp_model *m);
-/* SGD on layers [first, first + count) with the model's momentum. */
+/* SGD on layers [first, first + count) with the model's momentum, on chunk
+ * `shard` of `shards` of every parameter (gp_comm_chunk; 0, 1: all). */
 gp_status gp_model_sgd_range(gp_model *m, const gp_optim_config *o, double lr, int first,
-                             int count);
+                             int count, int shard, int shards);
+/* Data parallelism with sharded updates leaves replica r's momentum current
+ * only in chunk r of each tensor (the chunk it updates).  Copies every
+ * chunk from its owner into replica 0's momentum, so replica 0 holds the
+ * whole optimizer state (snapshots read it).  No-op without replicas. */
+gp_status gp_model_gather_momentum(gp_model *m);
 
 /* Loss and accuracy of the model in evaluation mode over a whole dataset. */
 gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg,
