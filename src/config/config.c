@@ -591,8 +591,9 @@ static int layer_keys(gp_layer_type t, const char **keys)
     case GP_LAYER_DROPOUT:
         keys[n++] = "p";
         break;
-    case GP_LAYER_RESIDUAL:
+    case GP_LAYER_RESIDUAL: /* momentum, eps, sync: of its batch norms */
         keys[n++] = "out"; keys[n++] = "stride";
+        keys[n++] = "momentum"; keys[n++] = "eps"; keys[n++] = "sync";
         break;
     default:
         break;
