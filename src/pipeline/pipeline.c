@@ -388,9 +388,6 @@ static void drain(gp_pipeline *p, int j)
     }
 }
 
-/* Sum stage j's parameter gradients over the replicas (each replica's
- * loss is already scaled by 1 / global batch, so the sum is the gradient
- * of the global mean), then merge pending batch-norm statistics. */
 /* Whether stage j's replicas shard the optimizer update: reduce-scatter the
  * gradients, each replica updates its chunk, all-gather the parameters.
  * The update's reads and writes (w, g and momentum) are then divided by R. */
@@ -400,8 +397,11 @@ static bool sharded(const gp_pipeline *p, int j)
     return p->comms[j] && p->comms[j]->n > 1 && f->reduce_scatter && f->all_gather;
 }
 
-/* Stage j's gradients summed over the replicas: in full (all-reduce), or
- * only this replica's chunk of each (reduce-scatter) when sharded. */
+/* Stage j's parameter gradients summed over the replicas (each replica's
+ * loss is already scaled by 1 / global batch, so the sum is the gradient of
+ * the global mean): in full (all-reduce), or only this replica's chunk of
+ * each (reduce-scatter) when sharded; then the pending batch-norm
+ * statistics merged. */
 static gp_status allreduce_stage(gp_pipeline *p, int j)
 {
     gp_comm *comm = p->comms[j];
