@@ -152,39 +152,34 @@ void gp_comm_destroy(gp_comm *comm)
     if (comm) comm->destroy(comm);
 }
 
+/* The error of a collective whose optional slot the backend leaves NULL. */
+static gp_status no_collective(const gp_device *dev, const char *what)
+{
+    return gp_error_set(GP_ERR_UNSUPPORTED, "device %s: the %s backend has no %s yet", dev->name,
+                        dev->iface->backend_name, what);
+}
+
 gp_status gp_dev_allreduce(gp_device *dev, gp_comm *comm, float *buf, int64_t n)
 {
-    if (!dev->iface->allreduce)
-        return gp_error_set(GP_ERR_UNSUPPORTED,
-                            "device %s: the %s backend has no all-reduce yet", dev->name,
-                            dev->iface->backend_name);
+    if (!dev->iface->allreduce) return no_collective(dev, "all-reduce");
     return dev->iface->allreduce(dev, comm, buf, n);
 }
 
 gp_status gp_dev_broadcast(gp_device *dev, gp_comm *comm, float *buf, int64_t n, int root)
 {
-    if (!dev->iface->broadcast)
-        return gp_error_set(GP_ERR_UNSUPPORTED,
-                            "device %s: the %s backend has no broadcast yet", dev->name,
-                            dev->iface->backend_name);
+    if (!dev->iface->broadcast) return no_collective(dev, "broadcast");
     return dev->iface->broadcast(dev, comm, buf, n, root);
 }
 
 gp_status gp_dev_reduce_scatter(gp_device *dev, gp_comm *comm, float *buf, int64_t n)
 {
-    if (!dev->iface->reduce_scatter)
-        return gp_error_set(GP_ERR_UNSUPPORTED,
-                            "device %s: the %s backend has no reduce-scatter yet", dev->name,
-                            dev->iface->backend_name);
+    if (!dev->iface->reduce_scatter) return no_collective(dev, "reduce-scatter");
     return dev->iface->reduce_scatter(dev, comm, buf, n);
 }
 
 gp_status gp_dev_all_gather(gp_device *dev, gp_comm *comm, float *buf, int64_t n)
 {
-    if (!dev->iface->all_gather)
-        return gp_error_set(GP_ERR_UNSUPPORTED,
-                            "device %s: the %s backend has no all-gather yet", dev->name,
-                            dev->iface->backend_name);
+    if (!dev->iface->all_gather) return no_collective(dev, "all-gather");
     return dev->iface->all_gather(dev, comm, buf, n);
 }
 

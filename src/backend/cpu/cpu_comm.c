@@ -228,25 +228,27 @@ gp_status gp_cpu_allreduce(gp_device *dev, gp_comm *comm, float *buf, int64_t n)
     return barrier(cc, R, true, false);
 }
 
-gp_status gp_cpu_reduce_scatter(gp_device *dev, gp_comm *comm, float *buf, int64_t n)
+/* reduce_scatter and all_gather: one phase between two barriers (the last
+ * one: nobody changes a buffer while a peer still reads its chunk). */
+static gp_status one_phase(gp_device *dev, gp_comm *comm, float *buf, int64_t n, bool reduce)
 {
     int me, R;
     GP_TRY(start(dev, comm, buf, n, &me, &R));
     if (R == 1) return GP_OK;
     cpu_comm *cc = comm->ctx;
-    reduce_own_chunk(dev, cc, R, me, buf, n);
-    /* Nobody may change a buffer while a peer still reads its chunk. */
+    if (reduce) reduce_own_chunk(dev, cc, R, me, buf, n);
+    else gather_chunks(cc, R, me, buf, n);
     return barrier(cc, R, true, false);
+}
+
+gp_status gp_cpu_reduce_scatter(gp_device *dev, gp_comm *comm, float *buf, int64_t n)
+{
+    return one_phase(dev, comm, buf, n, true);
 }
 
 gp_status gp_cpu_all_gather(gp_device *dev, gp_comm *comm, float *buf, int64_t n)
 {
-    int me, R;
-    GP_TRY(start(dev, comm, buf, n, &me, &R));
-    if (R == 1) return GP_OK;
-    cpu_comm *cc = comm->ctx;
-    gather_chunks(cc, R, me, buf, n);
-    return barrier(cc, R, true, false);
+    return one_phase(dev, comm, buf, n, false);
 }
 
 gp_status gp_cpu_broadcast(gp_device *dev, gp_comm *comm, float *buf, int64_t n, int root)
