@@ -20,6 +20,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ---- brute force ------------------------------------------------------------ */
 
@@ -310,6 +311,50 @@ static void test_profiler(void)
     CHECK(b.mem[0].param_bytes == 0 && b.first_trainable == 1);
     gp_profile_free(&a);
     gp_profile_free(&b);
+
+    /* Timed as in a pipeline of 2 CPU devices: another device runs the
+     * same layer meanwhile, and the cache is evicted before each timed op
+     * for a model over 4 MiB (2048 x 1024 linear: 8 MiB of weights, 16 of
+     * weights + gradients).  The memory columns stay the layer's own (the
+     * load runs on devices of its own), and the settings are recorded. */
+    gp_layer_spec sc[2];
+    sc[0] = gp_layer_spec_default(GP_LAYER_FLATTEN);
+    sc[1] = gp_layer_spec_default(GP_LAYER_LINEAR);
+    sc[1].out = 1024;
+    int64_t in2[3] = {2048, 1, 1};
+    gp_profile_opts oc = popts(32);
+    oc.reps = 3;
+    gp_profile alone, loaded;
+    CHECK_OK(gp_profile_run(sc, 2, in2, &oc, &alone));
+    oc.contend = 1;
+    CHECK_OK(gp_profile_run(sc, 2, in2, &oc, &loaded));
+    if (alone.L == 2 && loaded.L == 2) {
+        size_t want = (size_t)(2048 * 1024 + 1024) * sizeof(float);
+        CHECK(alone.contend == 0 && loaded.contend == 1);
+        CHECK_MSG(alone.evict_bytes == (int64_t)(2 * want) && loaded.evict_bytes == alone.evict_bytes,
+                  "evict bytes %lld / %lld, want %zu", (long long)alone.evict_bytes,
+                  (long long)loaded.evict_bytes, 2 * want);
+        for (int k = 0; k < 2; k++) {
+            CHECK(loaded.mem[k].param_bytes == alone.mem[k].param_bytes);
+            CHECK(loaded.mem[k].grad_bytes == alone.mem[k].grad_bytes);
+            CHECK(loaded.mem[k].keep_per_sample == alone.mem[k].keep_per_sample);
+            CHECK(loaded.mem[k].workspace_bytes == alone.mem[k].workspace_bytes);
+        }
+        CHECK(loaded.mem[1].param_bytes == want);
+        CHECK(loaded.t[1].fwd > 0 && loaded.t[1].bwd_data > 0 && loaded.t[1].bwd_weights > 0);
+        /* and they survive a save / load */
+        char path[] = "/tmp/gpipe_prof_XXXXXX";
+        int fd = mkstemp(path);
+        if (fd >= 0) close(fd);
+        gp_profile back;
+        CHECK_OK(gp_profile_save(&loaded, path));
+        CHECK_OK(gp_profile_load(path, &back));
+        CHECK(back.contend == 1 && back.evict_bytes == loaded.evict_bytes);
+        gp_profile_free(&back);
+        unlink(path);
+    }
+    gp_profile_free(&alone);
+    gp_profile_free(&loaded);
 
     const char *yaml =
         "model:\n"

@@ -237,6 +237,10 @@ int main(int argc, char **argv)
                 cfg.model.n_layers, cfg.pipeline.devices[0].name, simulate ? "sizes up to " : "",
                 (long long)(simulate ? batch : mbs));
         s = gp_model_profile(&cfg, &mo, &prof);
+        if (s == GP_OK && prof.contend > 0)
+            fprintf(stderr, "gpipe-balance: each layer was timed while %d other CPU device%s ran "
+                    "it too, as the pipeline's stages share the memory bus\n", prof.contend,
+                    prof.contend > 1 ? "s" : "");
     }
     if (s == GP_OK && prof_out) s = gp_profile_save(&prof, prof_out);
     if (s != GP_OK) {

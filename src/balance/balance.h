@@ -82,6 +82,8 @@ typedef struct gp_profile {
     int L;                     /* layers */
     char device[32];           /* where it was taken ("cpu:0") */
     int threads;               /* math threads of that device */
+    int contend;               /* devices loaded alongside while timing */
+    int64_t evict_bytes;       /* cache evicted before each timed op (0: none) */
     int64_t batch;             /* mini-batch size of the config */
     int chunks;                /* configured micro-batches */
     int first_trainable;       /* gp_layers_first_trainable */
@@ -108,6 +110,13 @@ typedef struct gp_profile_opts {
     int optim_slots;        /* optimizer tensors per trainable parameter
                                (SGD with momentum: 1) */
     uint64_t seed;
+    /* CPU devices share the host's memory bus and caches: in a pipeline on
+     * n CPU devices the other n - 1 compute while a layer runs.  contend =
+     * n - 1 times each layer while that many other devices (same thread
+     * count) run the same layer's forward and backward in a loop, so a
+     * memory-bound layer is timed as slow as it runs in the pipeline.
+     * 0: alone (GPUs, or one device). */
+    int contend;
 } gp_profile_opts;
 
 /* Profile the model given by its layer specs and per-sample input (C, H, W).

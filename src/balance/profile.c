@@ -6,10 +6,20 @@
  * activations, the backend's workspace arena) is that layer's alone.  Inputs
  * and incoming gradients are random: the kernels' cost does not depend on
  * the values (no sparsity shortcuts in the backends).
+ *
+ * Contention (opts->contend > 0, CPU devices): while layer k is timed,
+ * `contend` helper threads, each on a device of its own with the same
+ * thread count, run layer k's forward and backward at the same micro-batch
+ * size in a loop.  Pipeline stages on CPU devices compute at the same time
+ * and share the memory bus; a layer timed alone is faster than it runs
+ * there when it is memory-bound (measured: the 2048 x 2048 linears of
+ * bench/mlp.yaml at micro-batch 32 took 1.4x longer in the pipeline than
+ * alone), and the simulator then predicted steps up to 32% short.
  */
 #include "balance/balance.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -70,6 +80,186 @@ static size_t act_bytes_now(gp_allocator *a)
     return b;
 }
 
+/* ---- cold caches --------------------------------------------------------- */
+
+/* Between two uses of a layer's parameters, a pipeline step touches every
+ * other layer's parameters and gradients (this stage's, and the other CPU
+ * devices' sharing the last-level cache), so a layer whose model does not
+ * fit in the cache finds its weights cold.  Timed alone and repeated, the
+ * layer would find them warm: the 2048 x 2048 linear gemm at 32 rows ran
+ * 140 GFLOP/s with one weight matrix reused and 87 with 128 MB of them in
+ * rotation (one thread, this machine).  So before each timed operation the
+ * profiler reads one byte per cache line of a buffer as large as the
+ * model's parameters and gradients (CPU devices; nothing for a model under
+ * 4 MiB). */
+typedef struct {
+    unsigned char *buf;
+    size_t bytes;
+} evictor;
+
+static void evict(const evictor *e)
+{
+    if (!e || !e->buf) return;
+    unsigned acc = 0;
+    for (size_t i = 0; i < e->bytes; i += 64) acc += e->buf[i];
+    volatile unsigned sink = acc; /* keep the reads */
+    (void)sink;
+}
+
+/* ---- contention: other devices running the same layer -------------------- */
+
+typedef struct contender {
+    pthread_t th;
+    bool started;
+    char device[40];
+    int threads;
+    const gp_layer_spec *spec;
+    int index;
+    gp_shape in;              /* the layer's input, batch 1 */
+    uint64_t seed;
+    pthread_mutex_t *lock;    /* guards size, stop and ready of every contender */
+    pthread_cond_t *cond;
+    int64_t *size;            /* micro-batch size to run (set by the profiler) */
+    bool *stop;
+    bool ready;               /* built and running */
+    gp_status st;
+    char msg[256];
+} contender;
+
+static void *contender_main(void *arg)
+{
+    contender *c = arg;
+    gp_device *dev = NULL;
+    gp_layer l;
+    memset(&l, 0, sizeof l);
+    gp_tensor x = {0}, dy = {0};
+    int64_t have = 0;
+    gp_device_opts dopt = {.threads = c->threads};
+    gp_status s = gp_device_open(c->device, &dopt, &dev);
+    if (s == GP_OK) {
+        gp_device_bind_thread(dev);
+        s = gp_layer_create(c->spec, c->index, &c->in, dev, c->seed, &l);
+    }
+    pthread_mutex_lock(c->lock);
+    c->ready = true;
+    pthread_cond_broadcast(c->cond);
+    pthread_mutex_unlock(c->lock);
+    float *host = NULL;
+    while (s == GP_OK) {
+        pthread_mutex_lock(c->lock);
+        bool stop = *c->stop;
+        int64_t b = *c->size;
+        pthread_mutex_unlock(c->lock);
+        if (stop) break;
+        if (b != have) {
+            gp_tensor_free(&x);
+            gp_tensor_free(&dy);
+            gp_shape xs = gp_shape_with_batch(&l.in_shape, b), ys = gp_shape_with_batch(&l.out_shape, b);
+            s = gp_tensor_alloc(&x, dev, &xs, GP_MEM_ACTIVATIONS);
+            if (s == GP_OK) s = gp_tensor_alloc(&dy, dev, &ys, GP_MEM_ACTIVATIONS);
+            int64_t nx = gp_tensor_numel(&x), ny = gp_tensor_numel(&dy);
+            free(host);
+            host = malloc((size_t)(nx > ny ? nx : ny) * sizeof *host);
+            if (s == GP_OK && !host) s = gp_error_set(GP_ERR_OOM, "out of host memory");
+            if (s == GP_OK) s = fill_random(&x, c->seed, 7001, host);
+            if (s == GP_OK) s = fill_random(&dy, c->seed, 7002, host);
+            have = b;
+        }
+        gp_fwd_ctx ctx = {.training = true, .seed = c->seed, .batch_total = b};
+        gp_tensor y = {0}, dx = {0};
+        gp_saved sv = {0};
+        if (s == GP_OK) s = gp_layer_forward(&l, &ctx, &x, &y, &sv);
+        if (s == GP_OK) s = gp_layer_backward(&l, &ctx, &x, &y, &dy, &dx, &sv);
+        if (s == GP_OK) s = sync_dev(dev);
+        gp_saved_free(&sv);
+        gp_tensor_free(&y);
+        gp_tensor_free(&dx);
+    }
+    c->st = s;
+    if (s != GP_OK) snprintf(c->msg, sizeof c->msg, "%s", gp_error_message());
+    free(host);
+    gp_tensor_free(&x);
+    gp_tensor_free(&dy);
+    if (l.ops) gp_layer_destroy(&l);
+    if (dev) gp_device_close(dev);
+    return NULL;
+}
+
+typedef struct contention {
+    int n;
+    contender c[GP_MAX_DEVICES];
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int64_t size;
+    bool stop;
+} contention;
+
+static void contention_set_size(contention *ct, int64_t b)
+{
+    if (!ct || ct->n == 0) return;
+    pthread_mutex_lock(&ct->lock);
+    ct->size = b;
+    pthread_mutex_unlock(&ct->lock);
+}
+
+/* Start n contenders on layer k (devices named after `device`, from index
+ * idx + 2 on: idx + 1 is the profile's copy peer), wait until they run. */
+static gp_status contention_start(contention *ct, int n, const gp_layer_spec *spec, int k,
+                                  const gp_shape *in, const char *kind, int idx, int threads,
+                                  uint64_t seed, int64_t size)
+{
+    memset(ct, 0, sizeof *ct);
+    if (n <= 0) return GP_OK;
+    if (n > GP_MAX_DEVICES) n = GP_MAX_DEVICES;
+    pthread_mutex_init(&ct->lock, NULL);
+    pthread_cond_init(&ct->cond, NULL);
+    ct->size = size;
+    for (int q = 0; q < n; q++) {
+        contender *c = &ct->c[q];
+        snprintf(c->device, sizeof c->device, "%s:%d", kind, idx + 2 + q);
+        c->threads = threads;
+        c->spec = spec;
+        c->index = k;
+        c->in = *in;
+        c->seed = seed;
+        c->lock = &ct->lock;
+        c->cond = &ct->cond;
+        c->size = &ct->size;
+        c->stop = &ct->stop;
+        c->st = GP_OK;
+        if (pthread_create(&c->th, NULL, contender_main, c) != 0) break;
+        c->started = true;
+        ct->n = q + 1;
+    }
+    pthread_mutex_lock(&ct->lock);
+    for (int q = 0; q < ct->n; q++)
+        while (!ct->c[q].ready) pthread_cond_wait(&ct->cond, &ct->lock);
+    pthread_mutex_unlock(&ct->lock);
+    return ct->n == n ? GP_OK
+                      : gp_error_set(GP_ERR_RUNTIME, "profile: cannot start a contention thread");
+}
+
+/* Stop and join; the first contender error (e.g. out of memory building the
+ * layer again) if any. */
+static gp_status contention_stop(contention *ct)
+{
+    if (ct->n == 0) return GP_OK;
+    pthread_mutex_lock(&ct->lock);
+    ct->stop = true;
+    pthread_mutex_unlock(&ct->lock);
+    gp_status s = GP_OK;
+    for (int q = 0; q < ct->n; q++) {
+        pthread_join(ct->c[q].th, NULL);
+        if (s == GP_OK && ct->c[q].st != GP_OK)
+            s = gp_error_set(ct->c[q].st, "the contention load on %s: %s", ct->c[q].device,
+                             ct->c[q].msg);
+    }
+    pthread_mutex_destroy(&ct->lock);
+    pthread_cond_destroy(&ct->cond);
+    ct->n = 0;
+    return s;
+}
+
 typedef struct {
     double *fwd, *bd, *bw, *ba, *rc, *cp;
 } samples;
@@ -77,7 +267,8 @@ typedef struct {
 /* Everything measured about layer k, on its own device `dev`. */
 static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer *l,
                                gp_device *dev, gp_device *peer, int k, bool first_trainable,
-                               bool last, samples *sm, float *host)
+                               bool last, samples *sm, float *host, contention *ct,
+                               const evictor *ev)
 {
     gp_layer_mem *mm = &p->mem[k];
     int reps = p->timed ? o->reps : 0, warm = p->timed ? o->warmup : 0;
@@ -85,6 +276,7 @@ static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer
     /* sizes descending: memory is read at the largest */
     for (int z = p->n_sizes - 1; z >= 0 && s == GP_OK; z--) {
         int64_t b = p->sizes[z];
+        contention_set_size(ct, b); /* the warm-up runs let the load settle */
         gp_shape xs = gp_shape_with_batch(&l->in_shape, b), ys = gp_shape_with_batch(&l->out_shape, b);
         gp_tensor x = {0}, dy = {0}, dx = {0}, cp = {0};
         s = gp_tensor_alloc(&x, dev, &xs, GP_MEM_ACTIVATIONS);
@@ -107,6 +299,7 @@ static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer
             size_t before = act_bytes_now(&dev->alloc);
             double t0, t1, t2, t3;
             if ((s = sync_dev(dev)) != GP_OK) break;
+            evict(ev);
             t0 = gp_now();
             s = gp_layer_forward(l, &ctx, &x, &y, &sv);
             if (s == GP_OK) s = sync_dev(dev);
@@ -114,6 +307,10 @@ static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer
             if (s == GP_OK && memrun) {
                 mm->keep_per_sample = (double)(act_bytes_now(&dev->alloc) - before) / (double)b;
             }
+            /* backward-data and -weights run back to back in a step, after
+             * the other micro-batches' work: cold before the pair */
+            evict(ev);
+            double tb = gp_now();
             if (s == GP_OK) s = l->ops->backward_data(l, &ctx, &x, &y, &dy, &dx, &sv);
             if (s == GP_OK) s = sync_dev(dev);
             t2 = gp_now();
@@ -124,13 +321,14 @@ static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer
             gp_saved_free(&sv);
             if (timed) {
                 sm->fwd[nt] = t1 - t0;
-                sm->bd[nt] = t2 - t1;
+                sm->bd[nt] = t2 - tb;
                 sm->bw[nt] = t3 - t2;
             }
             /* recompute: forward again as checkpointing replays it */
             if (s == GP_OK && timed) {
                 gp_tensor y2 = {0};
                 gp_saved sv2 = {0};
+                evict(ev);
                 double r0 = gp_now();
                 s = gp_layer_forward(l, &rctx, &x, &y2, &sv2);
                 if (s == GP_OK) s = sync_dev(dev);
@@ -138,6 +336,7 @@ static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer
                 sm->ba[nt] = 0;
                 /* the first trainable layer on stage 0 runs weights only */
                 if (s == GP_OK && first_trainable && l->ops->backward_weights) {
+                    evict(ev);
                     double b0 = gp_now();
                     s = l->ops->backward_weights(l, &ctx, &x, &y2, &dy, &sv2);
                     if (s == GP_OK) s = sync_dev(dev);
@@ -219,6 +418,7 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
     out->batch = o->batch;
     out->chunks = o->chunks;
     out->timed = o->timed;
+    out->contend = o->timed && o->contend > 0 ? o->contend : 0;
     out->warmup = o->warmup < 0 ? 0 : o->warmup;
     out->reps = o->reps < 1 ? 1 : o->reps;
     /* sizes ascending, unique */
@@ -275,6 +475,35 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
     float *host = NULL;
     gp_shape cur = gp_shape_4d(1, input[0], input[1], input[2]);
     gp_status s = pool ? GP_OK : gp_error_set(GP_ERR_OOM, "out of host memory");
+    /* Cold caches: the model's parameter and gradient bytes, from a pass
+     * that builds each layer once (CPU devices, timed profiles). */
+    evictor ev = {0};
+    if (s == GP_OK && out->timed && kind == GP_DEV_CPU) {
+        gp_shape c2 = cur;
+        size_t total = 0;
+        for (int k = 0; k < L && s == GP_OK; k++) {
+            gp_layer l;
+            memset(&l, 0, sizeof l);
+            s = gp_layer_create(&specs[k], k, &c2, peer, o->seed, &l);
+            if (s != GP_OK) break;
+            total += 2 * (size_t)gp_layer_param_count(&l) * sizeof(float);
+            c2 = l.out_shape;
+            gp_layer_destroy(&l);
+        }
+        if (s == GP_OK && total >= ((size_t)4 << 20)) {
+            ev.bytes = total;
+            ev.buf = malloc(total);
+            if (!ev.buf) s = gp_error_set(GP_ERR_OOM, "out of host memory (%zu bytes) for the "
+                                          "profile's cache eviction", total);
+            else memset(ev.buf, 1, total);
+        }
+        /* errors here name the layer in the main pass below */
+        if (s != GP_OK && s != GP_ERR_OOM) {
+            gp_error_clear();
+            s = GP_OK;
+        }
+    }
+    out->evict_bytes = (int64_t)ev.bytes;
     bool seen_trainable = false;
     out->first_trainable = L;
     for (int k = 0; k < L && s == GP_OK; k++) {
@@ -318,6 +547,15 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
         gp_allocator a2;
         gp_allocator_snapshot(&dev->alloc, &a2);
         mm->optim_bytes = a2.cur_by[GP_MEM_OPTIMIZER] - a0.cur_by[GP_MEM_OPTIMIZER];
+        /* the other devices' load while this layer is timed */
+        contention ct;
+        memset(&ct, 0, sizeof ct);
+        if (s == GP_OK && out->contend > 0) {
+            gp_shape in1 = cur;
+            s = contention_start(&ct, out->contend, &specs[k], k, &in1,
+                                 kind == GP_DEV_CPU ? "cpu" : "cuda", idx, dev->threads, o->seed,
+                                 sz[nz - 1]);
+        }
         /* zero grads + SGD, the per-step work of the optimizer */
         if (s == GP_OK && out->timed) {
             for (int r = 0; r < out->warmup + out->reps && s == GP_OK; r++) {
@@ -345,7 +583,10 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
             if (!host) s = gp_error_set(GP_ERR_OOM, "out of host memory");
         }
         if (s == GP_OK) gp_allocator_reset_peak(&dev->alloc);
-        if (s == GP_OK) s = profile_layer(out, &oo, &l, dev, peer, k, ft, k == L - 1, &sm, host);
+        if (s == GP_OK)
+            s = profile_layer(out, &oo, &l, dev, peer, k, ft, k == L - 1, &sm, host, &ct, &ev);
+        gp_status cs = contention_stop(&ct);
+        if (s == GP_OK) s = cs;
         if (s != GP_OK) {
             char d[160];
             s = gp_error_wrap(s, "profiling %s on %s", gp_layer_describe(&l, d, sizeof d),
@@ -361,6 +602,7 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
     }
     free(host);
     free(pool);
+    free(ev.buf);
     gp_device_close(peer);
     if (s != GP_OK) gp_profile_free(out);
     return s;

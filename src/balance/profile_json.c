@@ -43,7 +43,8 @@ gp_status gp_profile_save(const gp_profile *p, const char *path)
     fprintf(f, "{\n  \"format\": \"%s\", \"version\": %d,\n  \"device\": ", PROFILE_FORMAT,
             PROFILE_VERSION);
     jstr(f, p->device);
-    fprintf(f, ", \"threads\": %d, \"batch\": %lld, \"chunks\": %d,\n", p->threads,
+    fprintf(f, ", \"threads\": %d, \"contend\": %d, \"evict_bytes\": %lld, \"batch\": %lld, "
+            "\"chunks\": %d,\n", p->threads, p->contend, (long long)p->evict_bytes,
             (long long)p->batch, p->chunks);
     fprintf(f, "  \"first_trainable\": %d, \"timed\": %s, \"warmup\": %d, \"reps\": %d,\n",
             p->first_trainable, p->timed ? "true" : "false", p->warmup, p->reps);
@@ -350,6 +351,10 @@ gp_status gp_profile_load(const char *path, gp_profile *out)
     const jnode *dv = jget(root, "device");
     if (dv && dv->kind == J_STR) snprintf(out->device, sizeof out->device, "%s", dv->str);
     out->threads = (int)jnum_req(&c, root, "threads", "");
+    const jnode *cd = jget(root, "contend"); /* absent in files of before 2026-11-22: 0 */
+    out->contend = cd && cd->kind == J_NUM ? (int)cd->num : 0;
+    const jnode *eb = jget(root, "evict_bytes");
+    out->evict_bytes = eb && eb->kind == J_NUM ? (int64_t)eb->num : 0;
     out->batch = (int64_t)jnum_req(&c, root, "batch", "");
     out->chunks = (int)jnum_req(&c, root, "chunks", "");
     out->first_trainable = (int)jnum_req(&c, root, "first_trainable", "");

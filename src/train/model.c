@@ -149,6 +149,11 @@ gp_status gp_model_profile(const gp_config *cfg, const gp_model_profile_opts *o,
                           .warmup = o->warmup, .reps = o->reps, .timed = o->timed,
                           .batch = cfg->train.batch_size, .chunks = m, .optim_slots = 1,
                           .seed = cfg->train.seed};
+    /* Every CPU device of the run (all replicas) computes at once. */
+    int n_cpu = 0;
+    for (int j = 0; j < pc->n_devices; j++) n_cpu += !strncmp(pc->devices[j].name, "cpu", 3);
+    int R = pc->replicas > 1 ? pc->replicas : 1;
+    if (!o->alone && !strncmp(po.device, "cpu", 3) && n_cpu * R > 1) po.contend = n_cpu * R - 1;
     if (o->n_sizes > 0) {
         po.n_sizes = o->n_sizes;
         memcpy(po.sizes, o->sizes, (size_t)o->n_sizes * sizeof *o->sizes);

@@ -90,6 +90,9 @@ typedef struct gp_model_profile_opts {
     int threads;             /* 0: what stage 0 gets in gp_train_open */
     int n_sizes;             /* 0: the configured micro-batch size */
     int64_t sizes[16];
+    bool alone;              /* time each layer alone; default: with the other
+                                CPU devices of the run loaded (gp_profile_opts
+                                contend) */
 } gp_model_profile_opts;
 gp_status gp_model_profile(const gp_config *cfg, const gp_model_profile_opts *o,
                            struct gp_profile *out);
