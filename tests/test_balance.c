@@ -469,9 +469,12 @@ static void test_simulator(void)
     cfg.pipeline.n_balance = 2;
     cfg.pipeline.balance[0] = bal[0];
     cfg.pipeline.balance[1] = bal[1];
-    int ms[3] = {1, 4, 8};
-    for (int q = 0; q < 3; q++) {
+    int ms[5] = {1, 4, 8, 4, 4};
+    gp_checkpoint_mode modes[5] = {GP_CKPT_EXCEPT_LAST, GP_CKPT_EXCEPT_LAST, GP_CKPT_EXCEPT_LAST,
+                                   GP_CKPT_ALWAYS, GP_CKPT_NEVER};
+    for (int q = 0; q < 5; q++) {
         cfg.pipeline.chunks = ms[q];
+        cfg.pipeline.checkpoint = modes[q];
         gp_sim_result r;
         CHECK_OK(gp_simulate(&p, 2, bal, ms[q], cfg.pipeline.checkpoint, true, NULL, &r));
         gp_device *devs[GP_MAX_DEVICES];
@@ -484,8 +487,22 @@ static void test_simulator(void)
         double t[5];
         for (int it = 0; it < 7; it++) {
             gp_step_stats st;
+            if (it == 2)
+                for (int j = 0; j < 2; j++) gp_allocator_reset_peak(&devs[j]->alloc);
             CHECK_OK(gp_model_pipeline_step(&model, &cfg, x, y, b, 0.0, &st));
             if (it >= 2) t[it - 2] = st.seconds;
+        }
+        /* The predicted peak memory of each device against the allocator's
+         * peak over five steps. */
+        for (int j = 0; j < 2; j++) {
+            double got = (double)devs[j]->alloc.peak, want = r.peak_bytes[j];
+            printf("test_balance: m = %d, %s, device %d: simulated peak %.2f MiB, measured %.2f "
+                   "MiB (ratio %.3f)\n", ms[q], gp_checkpoint_mode_name(modes[q]), j, want / 1048576.0,
+                   got / 1048576.0, want / got);
+            /* a little conservative is the safe side (fits = really fits) */
+            CHECK_MSG(want / got > 0.9 && want / got < 1.3, "m = %d %s device %d: simulated "
+                      "peak %.0f vs measured %.0f bytes", ms[q], gp_checkpoint_mode_name(modes[q]),
+                      j, want, got);
         }
         for (int a = 0; a < 5; a++)
             for (int c = a + 1; c < 5; c++)
