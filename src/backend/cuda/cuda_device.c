@@ -680,6 +680,51 @@ static gp_status cuda_broadcast(gp_device *dev, gp_comm *comm, float *buf, int64
     return GP_OK;
 }
 
+/* The sharded collectives (backend.h), in place with gp_comm_chunk's uneven
+ * chunks: NCCL's own ncclReduceScatter / ncclAllGather need equal counts and
+ * separate buffers, so each is a group of one ncclReduce / ncclBroadcast per
+ * chunk, rooted at the chunk's owner; every rank issues the same group. */
+static gp_status cuda_chunked(gp_device *dev, gp_comm *comm, float *buf, int64_t n, bool reduce)
+{
+    int r = 0;
+    GP_TRY(comm_rank(dev, comm, &r));
+    GP_TRY(gp_cuda_enter(dev));
+    gp_cuda_nvtx_push(reduce ? "reduce_scatter" : "all_gather");
+    ncclComm_t nc = ((cuda_comm *)comm->ctx)->comms[r];
+    cudaStream_t st = gp_cuda_ctx_of(dev)->compute;
+    gp_status s = GP_OK, e = GP_OK;
+    GP_NCCL_SET(s, ncclGroupStart());
+    if (s != GP_OK) {
+        gp_cuda_nvtx_pop();
+        return s;
+    }
+    for (int q = 0; q < comm->n && s == GP_OK; q++) {
+        int64_t lo, hi;
+        gp_comm_chunk(n, comm->n, q, &lo, &hi);
+        if (hi <= lo) continue; /* the same on every rank */
+        if (reduce)
+            GP_NCCL_SET(s, ncclReduce(buf + lo, buf + lo, (size_t)(hi - lo), ncclFloat, ncclSum,
+                                      q, nc, st));
+        else
+            GP_NCCL_SET(s, ncclBroadcast(buf + lo, buf + lo, (size_t)(hi - lo), ncclFloat, q, nc,
+                                         st));
+    }
+    /* End the group even after a failed call, so NCCL's state stays sane. */
+    GP_NCCL_SET(e, ncclGroupEnd());
+    gp_cuda_nvtx_pop();
+    return s != GP_OK ? s : e;
+}
+
+static gp_status cuda_reduce_scatter(gp_device *dev, gp_comm *comm, float *buf, int64_t n)
+{
+    return cuda_chunked(dev, comm, buf, n, true);
+}
+
+static gp_status cuda_all_gather(gp_device *dev, gp_comm *comm, float *buf, int64_t n)
+{
+    return cuda_chunked(dev, comm, buf, n, false);
+}
+
 /* ---- lifetime -------------------------------------------------------------------- */
 
 static void cuda_destroy(gp_device *dev)
@@ -765,6 +810,8 @@ static const gp_device_iface cuda_iface = {
     .mul = cuda_mul,
     .allreduce = cuda_allreduce,
     .broadcast = cuda_broadcast,
+    .reduce_scatter = cuda_reduce_scatter,
+    .all_gather = cuda_all_gather,
 };
 
 gp_status gp_cuda_device_create(int index, const gp_device_opts *opts, gp_device **out)

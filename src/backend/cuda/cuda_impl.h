@@ -68,6 +68,11 @@ gp_status gp_cuda_fail(const char *lib, int code, const char *what, const char *
 #define GP_NCCL_GO(call)                                                        \
     GP_CUDA_CHECK_("NCCL", ncclResult_t, ncclSuccess, ncclGetErrorString, call, \
                    { st = gp_cu_st_; goto fail; })
+/* The same, storing the failure in `var` and going on (a group that must
+ * still be ended). */
+#define GP_NCCL_SET(var, call)                                                  \
+    GP_CUDA_CHECK_("NCCL", ncclResult_t, ncclSuccess, ncclGetErrorString, call, \
+                   { var = gp_cu_st_; })
 
 /* ---- NVTX: named ranges for Nsight Systems (no cost without a profiler) ---- */
 static inline void gp_cuda_nvtx_push(const char *name) { nvtxRangePushA(name); }
