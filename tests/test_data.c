@@ -14,6 +14,7 @@
  * installed its splits are checked (10000 / 60000 samples, balanced).
  */
 #include "train/data.h"
+#include "backend/backend.h"
 
 #include <sys/stat.h>
 #include <time.h>
@@ -614,6 +615,59 @@ static void test_loader_order(void)
     gp_dataset_free(&ds);
 }
 
+/* ---- batch buffers from the device's host allocator ------------------------ */
+
+static int n_host_alloc, n_host_free;
+static gp_status counting_host_alloc(gp_device *dev, size_t bytes, void **out)
+{
+    (void)dev;
+    n_host_alloc++;
+    *out = malloc(bytes ? bytes : 1);
+    return *out ? GP_OK : gp_error_set(GP_ERR_OOM, "test: out of memory");
+}
+static void counting_host_free(gp_device *dev, void *ptr)
+{
+    (void)dev;
+    n_host_free++;
+    free(ptr);
+}
+
+/* opts.pin: the slots come from the device's host_alloc (pinned memory on
+ * a GPU) and go back through its host_free; the batches are the same. */
+static void test_loader_pinned(void)
+{
+    gp_dataset ds;
+    id_dataset(&ds, 23, 4, 4, 3);
+    gp_data_config cfg = base_cfg(GP_DATASET_SYNTHETIC, "");
+    cfg.normalize = false;
+    gp_device *dev = NULL;
+    gp_device_opts dopt = {.threads = 1};
+    CHECK_OK(gp_device_open("cpu:0", &dopt, &dev));
+    if (!dev) return;
+    gp_device_iface mock = *dev->iface;
+    mock.host_alloc = counting_host_alloc;
+    mock.host_free = counting_host_free;
+    const gp_device_iface *real = dev->iface;
+    dev->iface = &mock;
+    gp_loader_opts o = lopts(5, true, 1);
+    int64_t plain[4 * 23];
+    CHECK(run_ids(&ds, &cfg, &o, 4, plain));
+    o.pin = dev;
+    int64_t pinned[4 * 23];
+    CHECK(run_ids(&ds, &cfg, &o, 4, pinned));
+    CHECK(!memcmp(plain, pinned, sizeof plain));
+    int slots = o.prefetch + 1;
+    CHECK_MSG(n_host_alloc == 2 * slots && n_host_free == n_host_alloc,
+              "host_alloc %d, host_free %d, want %d each", n_host_alloc, n_host_free, 2 * slots);
+    dev->iface = real;
+    /* a CPU device has no host_alloc: aligned malloc, the same batches */
+    CHECK(!real->host_alloc);
+    CHECK(run_ids(&ds, &cfg, &o, 4, pinned));
+    CHECK(!memcmp(plain, pinned, sizeof plain));
+    gp_device_close(dev);
+    gp_dataset_free(&ds);
+}
+
 static void test_loader_batches(void)
 {
     gp_dataset ds;
@@ -956,6 +1010,7 @@ int main(void)
     test_default_norm();
     test_loader_order();
     test_loader_batches();
+    test_loader_pinned();
     test_loader_normalise();
     test_loader_augment();
     test_loader_errors_and_shutdown();

@@ -258,6 +258,13 @@ typedef struct gp_device_iface {
      * chunks work).  NULL: callers fall back to allreduce + full update. */
     gp_status (*reduce_scatter)(gp_device *dev, gp_comm *comm, float *buf, int64_t n);
     gp_status (*all_gather)(gp_device *dev, gp_comm *comm, float *buf, int64_t n);
+
+    /* --- host buffers for uploads (optional; appended last) ---
+     * Page-locked host memory that copy_h2d reads by DMA without staging
+     * (CUDA: cudaHostAlloc, portable to every GPU; the data loader's batch
+     * buffers).  NULL: gp_dev_host_alloc falls back to aligned malloc. */
+    gp_status (*host_alloc)(gp_device *dev, size_t bytes, void **out);
+    void (*host_free)(gp_device *dev, void *ptr);
 } gp_device_iface;
 
 struct gp_device {
@@ -332,6 +339,11 @@ static inline void gp_comm_chunk(int64_t n, int ranks, int r, int64_t *lo, int64
 /* The sharded collectives above; GP_ERR_UNSUPPORTED when a slot is NULL. */
 gp_status gp_dev_reduce_scatter(gp_device *dev, gp_comm *comm, float *buf, int64_t n);
 gp_status gp_dev_all_gather(gp_device *dev, gp_comm *comm, float *buf, int64_t n);
+/* Host memory for data that will be uploaded to dev: pinned where the
+ * backend has host_alloc, else 64-byte aligned malloc (also when dev is
+ * NULL).  Free with gp_dev_host_free and the same dev. */
+gp_status gp_dev_host_alloc(gp_device *dev, size_t bytes, void **out);
+void gp_dev_host_free(gp_device *dev, void *ptr);
 /* comm->abort / comm->reset (no-ops when NULL). */
 void gp_comm_abort(gp_comm *comm);
 void gp_comm_reset(gp_comm *comm);

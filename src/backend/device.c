@@ -183,6 +183,25 @@ gp_status gp_dev_all_gather(gp_device *dev, gp_comm *comm, float *buf, int64_t n
     return dev->iface->all_gather(dev, comm, buf, n);
 }
 
+gp_status gp_dev_host_alloc(gp_device *dev, size_t bytes, void **out)
+{
+    *out = NULL;
+    if (dev && dev->iface->host_alloc) return dev->iface->host_alloc(dev, bytes, out);
+    size_t rounded = (bytes + 63) / 64 * 64;
+    *out = aligned_alloc(64, rounded ? rounded : 64);
+    if (!*out)
+        return gp_error_set(GP_ERR_OOM, "out of host memory allocating %zu bytes for %s uploads",
+                            bytes, dev ? dev->name : "device");
+    return GP_OK;
+}
+
+void gp_dev_host_free(gp_device *dev, void *ptr)
+{
+    if (!ptr) return;
+    if (dev && dev->iface->host_free) dev->iface->host_free(dev, ptr);
+    else free(ptr);
+}
+
 void gp_comm_abort(gp_comm *comm)
 {
     if (comm && comm->abort) comm->abort(comm);

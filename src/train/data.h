@@ -84,6 +84,10 @@ typedef struct gp_loader_opts {
     uint64_t seed;
     int64_t start_epoch;/* resume position */
     int64_t start_batch;
+    /* The device the batches are uploaded to (stage 0 of the first
+     * replica), or NULL: the batch buffers come from its gp_dev_host_alloc,
+     * pinned on GPUs so uploads are DMA without a staging copy. */
+    struct gp_device *pin;
 } gp_loader_opts;
 
 typedef struct gp_loader gp_loader;

@@ -15,6 +15,7 @@
  * based RNG, so the batch sequence does not depend on thread timing.
  */
 #include "train/data.h"
+#include "backend/backend.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -232,14 +233,20 @@ gp_status gp_loader_create(const gp_dataset *ds, const gp_data_config *cfg,
     ld->scratch = malloc((size_t)ld->per);
     bool ok = ld->slots && ld->perm && ld->scratch;
     for (int k = 0; ok && k < ld->n_slots; k++) {
-        ld->slots[k].x = malloc(sizeof(float) * (size_t)(bs * ld->per));
-        ld->slots[k].y = malloc(sizeof(float) * (size_t)bs);
-        ok = ld->slots[k].x && ld->slots[k].y;
+        void *xb = NULL, *yb = NULL;
+        ok = gp_dev_host_alloc(opts->pin, sizeof(float) * (size_t)(bs * ld->per), &xb) == GP_OK &&
+             gp_dev_host_alloc(opts->pin, sizeof(float) * (size_t)bs, &yb) == GP_OK;
+        ld->slots[k].x = xb;
+        ld->slots[k].y = yb;
     }
     if (!ok) {
+        int n_slots = ld->n_slots;
+        char why[512];
+        snprintf(why, sizeof why, "%s", gp_error_message());
         gp_loader_destroy(ld);
-        return gp_error_set(GP_ERR_INVALID, "loader: cannot allocate %d batches of %lld samples",
-                            ld->n_slots, (long long)bs);
+        return gp_error_set(GP_ERR_OOM, "loader: cannot allocate %d batches of %lld samples "
+                            "(%s); lower data.prefetch or train.batch_size", n_slots,
+                            (long long)bs, why);
     }
     int rc = pthread_create(&ld->thread, NULL, producer, ld);
     if (rc != 0) {
@@ -296,8 +303,8 @@ void gp_loader_destroy(gp_loader *ld)
     pthread_cond_destroy(&ld->filled);
     pthread_cond_destroy(&ld->freed);
     for (int k = 0; ld->slots && k < ld->n_slots; k++) {
-        free(ld->slots[k].x);
-        free(ld->slots[k].y);
+        gp_dev_host_free(ld->opts.pin, ld->slots[k].x);
+        gp_dev_host_free(ld->opts.pin, ld->slots[k].y);
     }
     free(ld->slots);
     free(ld->perm);

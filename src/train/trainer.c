@@ -141,7 +141,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     gp_loader_opts lo = {.batch_size = tc->batch_size, .shuffle = cfg->data.shuffle,
                          .augment = true, .drop_last = false,
                          .prefetch = cfg->data.prefetch > 0 ? cfg->data.prefetch : 2,
-                         .seed = tc->seed};
+                         .seed = tc->seed, .pin = devs[0]};
     gp_snapshot_pos pos = {0};
     if (s == GP_OK) s = gp_snapshot_prepare(&model, cfg, opts->resume_path, train.n, &pos);
     lo.start_epoch = pos.epoch;

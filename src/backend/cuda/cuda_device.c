@@ -14,8 +14,10 @@
  * still run on the copy engine and overlap with other devices' work; to
  * overlap a device's own copies with its compute, the executor would record
  * and wait events itself (the event_* slots), and these fences could then
- * be relaxed.  copy_h2d returns once the host source has been read into
- * pinned staging; copy_d2h returns with the data in host memory.
+ * be relaxed.  copy_h2d returns once the host source has been read: into
+ * pinned staging, or by direct DMA when the source is itself pinned (the
+ * loader's batches, host_alloc); copy_d2h returns with the data in host
+ * memory.
  *
  * Peer copies.  copy_peer runs on the destination's copy stream after the
  * source device's compute stream (an event recorded there: the producer's
@@ -284,12 +286,53 @@ static gp_status copy_end(gp_cuda_ctx *ctx)
     return fence(ctx->compute, ctx->copy, ctx->fence_copy);
 }
 
+/* Page-locked host memory (the loader's batches): copy_h2d reads it by DMA
+ * without the staging memcpy.  Portable: every GPU of the run may read it. */
+static gp_status cuda_host_alloc(gp_device *dev, size_t bytes, void **out)
+{
+    *out = NULL;
+    GP_TRY(gp_cuda_enter(dev));
+    cudaError_t e = cudaHostAlloc(out, bytes ? bytes : 1, cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        *out = NULL;
+        return gp_error_set(GP_ERR_OOM, "device %s: cannot pin %zu bytes of host memory for "
+                            "uploads (cudaHostAlloc: %s); lower data.prefetch or the batch size",
+                            dev->name, bytes, cudaGetErrorString(e));
+    }
+    return GP_OK;
+}
+
+static void cuda_host_free(gp_device *dev, void *ptr)
+{
+    (void)dev;
+    (void)cudaFreeHost(ptr);
+}
+
+static bool is_pinned(const void *p)
+{
+    struct cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        (void)cudaGetLastError(); /* plain malloc memory on old runtimes */
+        return false;
+    }
+    return a.type == cudaMemoryTypeHost;
+}
+
 static gp_status cuda_copy_h2d(gp_device *dev, void *dst, const void *src, size_t bytes)
 {
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     if (!bytes) return GP_OK;
     GP_TRY(gp_cuda_enter(dev));
     GP_TRY(copy_begin(ctx));
+    if (is_pinned(src)) {
+        /* Direct DMA; return once the source has been read, as the staged
+         * path does, so the caller may reuse it. */
+        GP_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ctx->copy));
+        GP_CUDA(cudaEventRecord(ctx->fence_copy, ctx->copy));
+        GP_CUDA(cudaEventSynchronize(ctx->fence_copy));
+        return copy_end(ctx);
+    }
     for (size_t off = 0; off < bytes; off += CUDA_STAGE_BYTES) {
         size_t len = bytes - off < CUDA_STAGE_BYTES ? bytes - off : CUDA_STAGE_BYTES;
         int k = ctx->stage_next;
@@ -812,6 +855,8 @@ static const gp_device_iface cuda_iface = {
     .broadcast = cuda_broadcast,
     .reduce_scatter = cuda_reduce_scatter,
     .all_gather = cuda_all_gather,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
 };
 
 gp_status gp_cuda_device_create(int index, const gp_device_opts *opts, gp_device **out)
