@@ -3,8 +3,13 @@
  * against naive double-precision loops in test_backend.c) on the same
  * inputs: every math slot of the device interface, the accumulate (+=) vs
  * overwrite (=) conventions, the caching allocator's accounting and OOM
- * message, copies (host, device, peer between two GPUs), events, and the
- * NCCL all-reduce and broadcast against a sum on the host (two GPUs).
+ * message, copies (host, device, peer between two GPUs), events, the NCCL
+ * all-reduce, broadcast, reduce-scatter and all-gather against a sum on the
+ * host (two GPUs), pinned host buffers, and the pipeline transparency check:
+ * an MLP with dropout and a convnet with batch norm trained for 3 steps on
+ * cuda:0,cuda:1 (2 stages; 1 stage on cuda:0 with one GPU) for m in {1, 4},
+ * against the same steps on one CPU device (parameters within 1e-3 x (1 +
+ * max |p|), loss within 1e-4 relative: the kernels sum in other orders).
  *
  * Error bound per op: max |gpu - cpu| <= tol * (1 + max |cpu|) with
  *   0     fill, scale, add, mul, relu fwd/bwd, add_bias_rows, dropout mask
@@ -24,6 +29,8 @@
  * reports as skipped.  It has never run on a GPU: no machine here has one.
  */
 #include "backend/backend.h"
+#include "config/config.h"
+#include "train/train.h"
 #include "test.h"
 
 #include <math.h>
@@ -446,7 +453,7 @@ typedef struct {
     gp_comm *comm;
     float *buf;
     int64_t n;
-    int root; /* -1: all-reduce */
+    int root; /* -1: all-reduce, -2: reduce-scatter, -3: all-gather */
     gp_status st;
 } coll_job;
 
@@ -454,10 +461,30 @@ static void *coll_main(void *arg)
 {
     coll_job *j = arg;
     gp_device_bind_thread(j->dev);
-    j->st = j->root < 0 ? gp_dev_allreduce(j->dev, j->comm, j->buf, j->n)
-                        : gp_dev_broadcast(j->dev, j->comm, j->buf, j->n, j->root);
+    switch (j->root) {
+    case -1: j->st = gp_dev_allreduce(j->dev, j->comm, j->buf, j->n); break;
+    case -2: j->st = gp_dev_reduce_scatter(j->dev, j->comm, j->buf, j->n); break;
+    case -3: j->st = gp_dev_all_gather(j->dev, j->comm, j->buf, j->n); break;
+    default: j->st = gp_dev_broadcast(j->dev, j->comm, j->buf, j->n, j->root);
+    }
     if (j->st == GP_OK) j->st = j->dev->iface->synchronize(j->dev);
     return NULL;
+}
+
+/* Run one collective on both ranks from their own threads. */
+static void coll_run(gp_device *const *devs, gp_comm *comm, float *const *d, int64_t n, int root,
+                     const char *what)
+{
+    coll_job jobs[2];
+    pthread_t t[2];
+    for (int r = 0; r < 2; r++) {
+        jobs[r] = (coll_job){devs[r], comm, d[r], n, root, GP_OK};
+        pthread_create(&t[r], NULL, coll_main, &jobs[r]);
+    }
+    for (int r = 0; r < 2; r++) {
+        pthread_join(t[r], NULL);
+        CHECK_MSG(jobs[r].st == GP_OK, "%s on %s: %s", what, devs[r]->name, gp_last_error());
+    }
 }
 
 static void test_nccl(gp_device *g0, gp_device *g1)
@@ -498,12 +525,143 @@ static void test_nccl(gp_device *g0, gp_device *g1)
             CHECK_OK(g1->iface->fill(g1, d[1], -1.0f, n));
         }
     }
+    /* The sharded pair: after the reduce-scatter rank r's chunk r (n is odd:
+     * uneven chunks) holds the sum; after the all-gather every rank holds
+     * all of it. */
+    for (int r = 0; r < 2; r++) CHECK_OK(gp_dev_upload(devs[r], d[r], h[r], n));
+    coll_run(devs, comm, d, n, -2, "reduce-scatter");
+    for (int r = 0; r < 2; r++) {
+        int64_t lo, hi;
+        gp_comm_chunk(n, 2, r, &lo, &hi);
+        CHECK_OK(gp_dev_download(devs[r], back, d[r], n));
+        CHECK_MSG(!memcmp(back + lo, sum + lo, (size_t)(hi - lo) * sizeof(float)),
+                  "reduce-scatter: chunk %d of %s != host sum", r, devs[r]->name);
+    }
+    coll_run(devs, comm, d, n, -3, "all-gather");
+    for (int r = 0; r < 2; r++) {
+        CHECK_OK(gp_dev_download(devs[r], back, d[r], n));
+        CHECK_MSG(!memcmp(back, sum, (size_t)n * sizeof(float)),
+                  "reduce-scatter + all-gather: %s != host sum", devs[r]->name);
+    }
     for (int r = 0; r < 2; r++) {
         gp_dev_free(devs[r], d[r], (size_t)n * sizeof(float), GP_MEM_GRADS);
         free(h[r]);
     }
     free(sum); free(back);
     gp_comm_destroy(comm);
+}
+
+/* ---- pinned host buffers ---------------------------------------------------------- */
+
+static void test_pinned(gp_device *gpu)
+{
+    const int64_t n = 300007;
+    float *h = NULL, *want = malloc((size_t)n * sizeof(float)),
+          *back = malloc((size_t)n * sizeof(float));
+    CHECK_OK(gp_dev_host_alloc(gpu, (size_t)n * sizeof(float), (void **)&h));
+    if (!h || !want || !back) return;
+    for (int64_t i = 0; i < n; i++) want[i] = h[i] = frand();
+    float *d = NULL;
+    CHECK_OK(gp_dev_alloc(gpu, (size_t)n * sizeof(float), GP_MEM_ACTIVATIONS, (void **)&d));
+    CHECK_OK(gp_dev_upload(gpu, d, h, n)); /* direct DMA from pinned memory */
+    memset(h, 0, (size_t)n * sizeof(float)); /* upload returned: the source is free */
+    CHECK_OK(gp_dev_download(gpu, back, d, n));
+    CHECK_MSG(!memcmp(back, want, (size_t)n * sizeof(float)), "pinned upload lost data");
+    gp_dev_free(gpu, d, (size_t)n * sizeof(float), GP_MEM_ACTIVATIONS);
+    gp_dev_host_free(gpu, h);
+    free(want);
+    free(back);
+}
+
+/* ---- pipeline transparency on GPUs ------------------------------------------------ */
+
+static const char *k_models[2] = {
+    "model:\n"
+    "  input: [1, 8, 8]\n"
+    "  layers:\n"
+    "    - flatten\n"
+    "    - linear: {out: 32}\n"
+    "    - relu\n"
+    "    - dropout: {p: 0.2}\n"
+    "    - linear: {out: 32}\n"
+    "    - relu\n"
+    "    - linear: {out: 10}\n"
+    "train: {batch_size: 16, seed: 5, optimizer: {lr: 0.05, momentum: 0.9}}\n",
+    "model:\n"
+    "  input: [3, 8, 8]\n"
+    "  layers:\n"
+    "    - conv2d: {out: 8, kernel: 3, padding: 1}\n"
+    "    - batchnorm\n"
+    "    - relu\n"
+    "    - maxpool2d: {kernel: 2}\n"
+    "    - conv2d: {out: 8, kernel: 3, padding: 1}\n"
+    "    - batchnorm\n"
+    "    - relu\n"
+    "    - flatten\n"
+    "    - linear: {out: 10}\n"
+    "train: {batch_size: 16, seed: 5, optimizer: {lr: 0.05, momentum: 0.9}}\n",
+};
+
+static float *all_params(gp_model *m, int64_t *count)
+{
+    int64_t n = 0;
+    for (int k = 0; k < m->n_layers; k++)
+        for (int p = 0; p < m->layers[k].n_params; p++)
+            n += gp_tensor_numel(&m->layers[k].params[p].value);
+    float *h = calloc((size_t)(n ? n : 1), sizeof *h), *at = h;
+    for (int k = 0; k < m->n_layers; k++)
+        for (int p = 0; p < m->layers[k].n_params; p++) {
+            gp_tensor *t = &m->layers[k].params[p].value;
+            int64_t c = gp_tensor_numel(t);
+            if (gp_dev_download(t->dev, at, t->data, c) != GP_OK) CHECK_MSG(0, "%s", gp_last_error());
+            at += c;
+        }
+    *count = n;
+    return h;
+}
+
+static void test_transparency(gp_device *cpu, gp_device *const *gpus, int n_gpus)
+{
+    for (int which = 0; which < 2; which++)
+        for (int m = 1; m <= 4; m += 3) {
+            gp_config c;
+            CHECK_OK(gp_config_parse(which ? "convnet.yaml" : "mlp.yaml", k_models[which],
+                                     strlen(k_models[which]), NULL, 0, &c));
+            c.pipeline.chunks = m;
+            int L = c.model.n_layers, bal[2] = {L / 2, L - L / 2}, n = n_gpus >= 2 ? 2 : 1;
+            if (n == 1) bal[0] = L;
+            gp_model ref, pipe;
+            CHECK_OK(gp_model_build(&c, cpu, &ref));
+            CHECK_OK(gp_model_build_replicated(&c, gpus, 1, n, bal, &pipe));
+            int64_t per = c.model.input[0] * c.model.input[1] * c.model.input[2], b = 16;
+            float *x = malloc((size_t)(b * per) * sizeof *x), y[16];
+            double worst_loss = 0;
+            for (int step = 0; step < 3; step++) {
+                for (int64_t i = 0; i < b * per; i++) x[i] = frand();
+                for (int i = 0; i < 16; i++) y[i] = (float)((i * 3 + step) % 10);
+                gp_step_stats a, g;
+                CHECK_OK(gp_model_train_step(&ref, &c, x, y, b, m, 0.05, &a));
+                CHECK_OK(gp_model_pipeline_step(&pipe, &c, x, y, b, 0.05, &g));
+                worst_loss = fmax(worst_loss, fabs(a.loss - g.loss) / fmax(fabs(a.loss), 1e-6));
+            }
+            int64_t na, nb;
+            float *pa = all_params(&ref, &na), *pb = all_params(&pipe, &nb);
+            double maxref = 0, maxerr = 0;
+            for (int64_t i = 0; i < na && na == nb; i++) {
+                maxref = fmax(maxref, fabs(pa[i]));
+                maxerr = fmax(maxerr, fabs((double)pa[i] - pb[i]));
+            }
+            CHECK_MSG(na == nb && maxerr <= 1e-3 * (1 + maxref) && worst_loss <= 1e-4,
+                      "%s on %d GPU stage(s), m = %d: parameters differ by %.3g (max |p| %.3g), "
+                      "loss by %.3g relative", which ? "convnet" : "mlp", n, m, maxerr, maxref,
+                      worst_loss);
+            free(pa);
+            free(pb);
+            free(x);
+            gp_model_free(&ref);
+            gp_model_free(&pipe);
+            gp_config_free(&c);
+        }
 }
 
 int main(void)
@@ -536,16 +694,22 @@ int main(void)
     test_bn();
     test_softmax_xent();
     test_memory(gpu);
+    test_pinned(gpu);
 
     gp_device *gpu1 = NULL;
     if (gp_device_open("cuda:1", NULL, &gpu1) == GP_OK) {
         test_copies(gpu, gpu1);
         test_copies(gpu1, gpu);
         test_nccl(gpu, gpu1);
+        gp_device *gpus[2] = {gpu, gpu1};
+        test_transparency(cpu, gpus, 2);
         gp_device_close(gpu1);
     } else {
-        printf("test_cuda: one GPU: peer copies and NCCL not tested (%s)\n", gp_last_error());
+        printf("test_cuda: one GPU: peer copies, NCCL and the 2-stage pipeline not tested; the "
+               "pipeline runs 1 stage on cuda:0 (%s)\n", gp_last_error());
         test_copies(gpu, gpu);
+        gp_device *gpus[1] = {gpu};
+        test_transparency(cpu, gpus, 1);
     }
     gp_device_close(gpu);
     gp_device_close(cpu);
