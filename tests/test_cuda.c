@@ -21,7 +21,8 @@
  *   1e-5  gemm (another summation order over k), log-softmax, batch norm
  *         forward (y, mean, biased var), inference
  *   1e-4  convolutions (cuDNN may pick Winograd or FFT algorithms) and
- *         batch norm backward (dx, dgamma +=, dbeta +=)
+ *         batch norm backward (dx, dgamma +=, dbeta +=), also SyncBN's
+ *   1e-5  SyncBN statistics and backward sums (double sums, another order)
  *
  * Labelled "gpu".  Without a CUDA device (or in a build without the CUDA
  * backend) it checks that opening cuda:0 fails with GP_ERR_UNSUPPORTED and a
@@ -336,6 +337,27 @@ static void test_bn_shape(int64_t n, int64_t c, int64_t s)
     BOTH(D->iface->bn_bwd(D, &d, x.p[K], NULL, mean.p[K], var.p[K], dy.p[K], dx.p[K], NULL, NULL));
     snprintf(what, sizeof what, "%s bwd dx, no affine", tag);
     bcheck(what, &dx, 1e-4);
+    /* The SyncBN pieces: statistics alone, the two backward sums, and the
+     * backward from (here: this device's own) sums, with the parameter
+     * gradients from `local` accumulating. */
+    BOTH(D->iface->bn_stats(D, &d, x.p[K], mean.p[K], var.p[K]));
+    snprintf(what, sizeof what, "%s sync stats mean", tag);
+    bcheck(what, &mean, 1e-5);
+    snprintf(what, sizeof what, "%s sync stats biased var", tag);
+    bcheck(what, &var, 1e-5);
+    buf sums = bjunk(2 * c);
+    BOTH(D->iface->bn_bwd_sums(D, &d, x.p[K], mean.p[K], dy.p[K], sums.p[K]));
+    snprintf(what, sizeof what, "%s sync bwd sums", tag);
+    bcheck(what, &sums, 1e-5);
+    BOTH(D->iface->bn_bwd_apply(D, &d, x.p[K], g.p[K], mean.p[K], var.p[K], dy.p[K], sums.p[K],
+                                (double)(n * s), dx.p[K], sums.p[K], dg.p[K], dbt.p[K]));
+    snprintf(what, sizeof what, "%s sync bwd dx =", tag);
+    bcheck(what, &dx, 1e-4);
+    snprintf(what, sizeof what, "%s sync bwd dgamma +=", tag);
+    bcheck(what, &dg, 1e-4);
+    snprintf(what, sizeof what, "%s sync bwd dbeta +=", tag);
+    bcheck(what, &dbt, 1e-4);
+    bfree(&sums);
     bfree(&x); bfree(&dy); bfree(&g); bfree(&b); bfree(&y); bfree(&yi); bfree(&dx);
     bfree(&mean); bfree(&var); bfree(&dg); bfree(&dbt);
 }

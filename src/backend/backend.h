@@ -233,8 +233,9 @@ typedef struct gp_device_iface {
      * sum dy (x - mean) / count)   (gp_ew_bn_bwd_coeffs; dx =); and if dgamma
      * is not NULL, from this device's own `local` sums(2, C):
      * dgamma += local dy (x - mean) inv, dbeta += local dy (accumulate).
-     * NULL (CUDA today): the gp_dev_bn_* wrappers return GP_ERR_UNSUPPORTED,
-     * so `sync: true` fails with a message on that backend. */
+     * CPU: cpu_bn.c; CUDA: per-channel kernels in cuda_kernels.cu.  NULL:
+     * the gp_dev_bn_* wrappers return GP_ERR_UNSUPPORTED, so `sync: true`
+     * fails with a message on such a backend. */
     gp_status (*bn_stats)(gp_device *dev, const gp_bn_desc *d, const float *x,
                           float *mean, float *var);
     gp_status (*bn_bwd_sums)(gp_device *dev, const gp_bn_desc *d, const float *x,

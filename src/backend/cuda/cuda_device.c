@@ -857,6 +857,9 @@ static const gp_device_iface cuda_iface = {
     .all_gather = cuda_all_gather,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
+    .bn_stats = gp_cuda_bn_stats,
+    .bn_bwd_sums = gp_cuda_bn_bwd_sums,
+    .bn_bwd_apply = gp_cuda_bn_bwd_apply,
 };
 
 gp_status gp_cuda_device_create(int index, const gp_device_opts *opts, gp_device **out)

@@ -202,6 +202,86 @@ __global__ void k_bn_invstd(const float *var, float eps, float *inv, int64_t c)
     GP_CUK_LOOP(i, c) inv[i] = gp_ew_bn_invstd(var[i], eps);
 }
 
+/* ---- synchronised batch norm: one block per channel ------------------------
+ * Channel c of x (N, C, S) is N runs of S values, n * C * S + c * S apart;
+ * t in [0, N S) walks them as (t / S, t % S).  Sums are in double, in a
+ * fixed order (block_sum), as the CPU's are in double. */
+
+__device__ inline int64_t bn_at(int64_t t, int64_t c, int64_t C, int64_t S)
+{
+    return (t / S) * C * S + c * S + t % S;
+}
+
+__global__ void k_bn_stats(const float *x, int64_t N, int64_t C, int64_t S, float *mean,
+                           float *var)
+{
+    const int64_t cnt = N * S;
+    for (int64_t c = blockIdx.x; c < C; c += gridDim.x) {
+        double acc = 0.0;
+        for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x) acc += (double)x[bn_at(t, c, C, S)];
+        double m = block_sum(acc) / (double)cnt;
+        double sq = 0.0;
+        for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x) {
+            double d = (double)x[bn_at(t, c, C, S)] - m;
+            sq += d * d;
+        }
+        double v = block_sum(sq) / (double)cnt;
+        if (threadIdx.x == 0) {
+            mean[c] = (float)m;
+            var[c] = (float)v;
+        }
+    }
+}
+
+__global__ void k_bn_bwd_sums(const float *x, const float *mean, const float *dy, int64_t N,
+                              int64_t C, int64_t S, float *sums)
+{
+    const int64_t cnt = N * S;
+    for (int64_t c = blockIdx.x; c < C; c += gridDim.x) {
+        const double m = (double)mean[c];
+        double sdy = 0.0, sdyx = 0.0;
+        for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x) {
+            int64_t at = bn_at(t, c, C, S);
+            sdy += (double)dy[at];
+            sdyx += (double)dy[at] * ((double)x[at] - m);
+        }
+        double a = block_sum(sdy), b = block_sum(sdyx);
+        if (threadIdx.x == 0) {
+            sums[c] = (float)a;
+            sums[C + c] = (float)b;
+        }
+    }
+}
+
+__global__ void k_bn_bwd_apply(const float *x, const float *gamma, const float *mean,
+                               const float *var, const float *dy, const float *sums,
+                               double count, float eps, int64_t N, int64_t C, int64_t S,
+                               float *dx, const float *local, float *dgamma, float *dbeta)
+{
+    const int64_t cnt = N * S;
+    for (int64_t c = blockIdx.x; c < C; c += gridDim.x) {
+        const float g = gamma ? gamma[c] : 1.0f, m = mean[c];
+        float ka, kb, kc;
+        double dg, db;
+        gp_ew_bn_bwd_coeffs(var[c], eps, g, (double)sums[c], (double)sums[C + c], count, &ka,
+                            &kb, &kc, &dg, &db);
+        if (threadIdx.x == 0 && dgamma && local) {
+            float unused[3];
+            gp_ew_bn_bwd_coeffs(var[c], eps, g, (double)local[c], (double)local[C + c], count,
+                                &unused[0], &unused[1], &unused[2], &dg, &db);
+            dgamma[c] += (float)dg;
+            if (dbeta) dbeta[c] += (float)db;
+        }
+        if (!dx) continue;
+        for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x) {
+            int64_t at = bn_at(t, c, C, S);
+            dx[at] = gp_ew_bn_bwd_apply(dy[at], x[at], m, ka, kb, kc);
+        }
+    }
+}
+
+inline unsigned channel_blocks(int64_t C) { return (unsigned)(C < 65535 ? C : 65535); }
+
 } /* namespace */
 
 /* ---- launchers -------------------------------------------------------------- */
@@ -325,6 +405,34 @@ cudaError_t gp_cuk_bn_invstd(cudaStream_t s, const float *var, float eps, float 
                              int64_t c)
 {
     GP_CUK_LAUNCH(c, k_bn_invstd, var, eps, inv, c);
+}
+
+cudaError_t gp_cuk_bn_stats(cudaStream_t s, const float *x, int64_t n, int64_t c, int64_t sp,
+                            float *mean, float *var)
+{
+    if (c <= 0) return cudaSuccess;
+    k_bn_stats<<<channel_blocks(c), GP_CUK_THREADS, 0, s>>>(x, n, c, sp, mean, var);
+    return cudaGetLastError();
+}
+
+cudaError_t gp_cuk_bn_bwd_sums(cudaStream_t s, const float *x, const float *mean,
+                               const float *dy, int64_t n, int64_t c, int64_t sp, float *sums)
+{
+    if (c <= 0) return cudaSuccess;
+    k_bn_bwd_sums<<<channel_blocks(c), GP_CUK_THREADS, 0, s>>>(x, mean, dy, n, c, sp, sums);
+    return cudaGetLastError();
+}
+
+cudaError_t gp_cuk_bn_bwd_apply(cudaStream_t s, const float *x, const float *gamma,
+                                const float *mean, const float *var, const float *dy,
+                                const float *sums, double count, float eps, int64_t n,
+                                int64_t c, int64_t sp, float *dx, const float *local,
+                                float *dgamma, float *dbeta)
+{
+    if (c <= 0) return cudaSuccess;
+    k_bn_bwd_apply<<<channel_blocks(c), GP_CUK_THREADS, 0, s>>>(
+        x, gamma, mean, var, dy, sums, count, eps, n, c, sp, dx, local, dgamma, dbeta);
+    return cudaGetLastError();
 }
 
 } /* extern "C" */

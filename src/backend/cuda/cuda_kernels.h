@@ -77,6 +77,18 @@ cudaError_t gp_cuk_xent(cudaStream_t s, const float *logits, const float *labels
 cudaError_t gp_cuk_bn_biased_var(cudaStream_t s, float *var, int64_t c, double cnt);
 cudaError_t gp_cuk_bn_invstd(cudaStream_t s, const float *var, float eps, float *inv,
                              int64_t c);
+/* Synchronised batch norm (backend.h's bn_stats, bn_bwd_sums, bn_bwd_apply)
+ * on x (n, c, sp): one block per channel, sums in double.  gamma may be
+ * NULL (1); dx, local / dgamma / dbeta may be NULL as in backend.h. */
+cudaError_t gp_cuk_bn_stats(cudaStream_t s, const float *x, int64_t n, int64_t c, int64_t sp,
+                            float *mean, float *var);
+cudaError_t gp_cuk_bn_bwd_sums(cudaStream_t s, const float *x, const float *mean,
+                               const float *dy, int64_t n, int64_t c, int64_t sp, float *sums);
+cudaError_t gp_cuk_bn_bwd_apply(cudaStream_t s, const float *x, const float *gamma,
+                                const float *mean, const float *var, const float *dy,
+                                const float *sums, double count, float eps, int64_t n,
+                                int64_t c, int64_t sp, float *dx, const float *local,
+                                float *dgamma, float *dbeta);
 
 #ifdef __cplusplus
 }
