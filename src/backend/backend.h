@@ -286,6 +286,8 @@ typedef struct gp_device_opts {
 
 /* Parse "cpu:0", "cpu", "cuda:1" into kind and index. */
 gp_status gp_device_parse(const char *spec, gp_device_kind *kind, int *index);
+/* The inverse: "cpu:3" for (GP_DEV_CPU, 3) into out (len bytes). */
+void gp_device_format(gp_device_kind kind, int index, char *out, size_t len);
 /* Open a device by name ("cpu:0").  CUDA names fail with a clear message in
  * a build or on a machine without CUDA. */
 gp_status gp_device_open(const char *spec, const gp_device_opts *opts,

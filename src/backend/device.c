@@ -40,6 +40,11 @@ gp_status gp_device_parse(const char *spec, gp_device_kind *kind, int *index)
     return GP_OK;
 }
 
+void gp_device_format(gp_device_kind kind, int index, char *out, size_t len)
+{
+    snprintf(out, len, "%s:%d", kind == GP_DEV_CPU ? "cpu" : "cuda", index);
+}
+
 gp_status gp_device_open(const char *spec, const gp_device_opts *opts, gp_device **out)
 {
     gp_device_kind kind = GP_DEV_CPU;

@@ -205,7 +205,7 @@ static void contention_set_size(contention *ct, int64_t b)
 /* Start n contenders on layer k (devices named after `device`, from index
  * idx + 2 on: idx + 1 is the profile's copy peer), wait until they run. */
 static gp_status contention_start(contention *ct, int n, const gp_layer_spec *spec, int k,
-                                  const gp_shape *in, const char *kind, int idx, int threads,
+                                  const gp_shape *in, gp_device_kind kind, int idx, int threads,
                                   uint64_t seed, int64_t size)
 {
     memset(ct, 0, sizeof *ct);
@@ -216,7 +216,7 @@ static gp_status contention_start(contention *ct, int n, const gp_layer_spec *sp
     ct->size = size;
     for (int q = 0; q < n; q++) {
         contender *c = &ct->c[q];
-        snprintf(c->device, sizeof c->device, "%s:%d", kind, idx + 2 + q);
+        gp_device_format(kind, idx + 2 + q, c->device, sizeof c->device);
         c->threads = threads;
         c->spec = spec;
         c->index = k;
@@ -456,7 +456,7 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
     int idx;
     GP_TRY(gp_device_parse(out->device, &kind, &idx));
     char peer_name[40];
-    snprintf(peer_name, sizeof peer_name, "%s:%d", kind == GP_DEV_CPU ? "cpu" : "cuda", idx + 1);
+    gp_device_format(kind, idx + 1, peer_name, sizeof peer_name);
     gp_device *peer = NULL;
     if (gp_device_open(peer_name, &dopt, &peer) != GP_OK) {
         gp_error_clear();
@@ -553,7 +553,7 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
         if (s == GP_OK && out->contend > 0) {
             gp_shape in1 = cur;
             s = contention_start(&ct, out->contend, &specs[k], k, &in1,
-                                 kind == GP_DEV_CPU ? "cpu" : "cuda", idx, dev->threads, o->seed,
+                                 kind, idx, dev->threads, o->seed,
                                  sz[nz - 1]);
         }
         /* zero grads + SGD, the per-step work of the optimizer */
