@@ -5,7 +5,9 @@
  * overwrite (=) conventions, the caching allocator's accounting and OOM
  * message, copies (host, device, peer between two GPUs), events, the NCCL
  * all-reduce, broadcast, reduce-scatter and all-gather against a sum on the
- * host (two GPUs), pinned host buffers, and the pipeline transparency check:
+ * host (two GPUs), pinned host buffers, every layer type's forward and
+ * backward (output, dx, parameter gradients and buffers within 1e-4 x (1 +
+ * max |cpu|)), and the pipeline transparency check:
  * an MLP with dropout and a convnet with batch norm trained for 3 steps on
  * cuda:0,cuda:1 (2 stages; 1 stage on cuda:0 with one GPU) for m in {1, 4},
  * against the same steps on one CPU device (parameters within 1e-3 x (1 +
@@ -31,6 +33,7 @@
  */
 #include "backend/backend.h"
 #include "config/config.h"
+#include "layers/layers.h"
 #include "train/train.h"
 #include "test.h"
 
@@ -595,6 +598,131 @@ static void test_pinned(gp_device *gpu)
     free(back);
 }
 
+/* ---- every layer, forward and backward, on the GPU against the CPU ----------------- */
+
+typedef struct {
+    gp_layer_type type;
+    int64_t out, kernel, stride, padding;
+    float p;
+    gp_shape in; /* batch 1 */
+} layer_case;
+
+/* max |a - b| <= tol (1 + max |a|) over n host floats */
+static void close_enough(const char *what, const char *tag, const float *a, const float *b,
+                         int64_t n, double tol)
+{
+    double maxa = 0, err = 0;
+    for (int64_t i = 0; i < n; i++) {
+        maxa = fmax(maxa, fabs(a[i]));
+        err = fmax(err, fabs((double)a[i] - b[i]));
+    }
+    CHECK_MSG(err <= tol * (1 + maxa), "%s %s: max error %.3g (max |cpu| %.3g)", tag, what, err,
+              maxa);
+}
+
+static float *to_host(const gp_tensor *t)
+{
+    int64_t n = gp_tensor_numel(t);
+    float *h = malloc((size_t)(n ? n : 1) * sizeof *h);
+    if (gp_dev_download(t->dev, h, t->data, n) != GP_OK) CHECK_MSG(0, "%s", gp_last_error());
+    return h;
+}
+
+static void test_layers(gp_device *cpu, gp_device *gpu)
+{
+    const layer_case cases[] = {
+        {GP_LAYER_LINEAR, 7, 0, 0, 0, 0, {2, {1, 20, 0, 0}}},
+        {GP_LAYER_CONV2D, 6, 3, 1, 1, 0, {4, {1, 3, 8, 8}}},
+        {GP_LAYER_CONV2D, 4, 3, 2, 0, 0, {4, {1, 3, 9, 9}}},
+        {GP_LAYER_BATCHNORM, 0, 0, 0, 0, 0, {4, {1, 3, 8, 8}}},
+        {GP_LAYER_BATCHNORM, 0, 0, 0, 0, 0, {2, {1, 20, 0, 0}}},
+        {GP_LAYER_RELU, 0, 0, 0, 0, 0, {4, {1, 3, 8, 8}}},
+        {GP_LAYER_MAXPOOL2D, 0, 2, 2, 0, 0, {4, {1, 3, 8, 8}}},
+        {GP_LAYER_MAXPOOL2D, 0, 3, 2, 1, 0, {4, {1, 3, 9, 9}}},
+        {GP_LAYER_AVGPOOL2D, 0, 2, 2, 0, 0, {4, {1, 3, 8, 8}}},
+        {GP_LAYER_GLOBAL_AVGPOOL, 0, 0, 0, 0, 0, {4, {1, 3, 8, 8}}},
+        {GP_LAYER_FLATTEN, 0, 0, 0, 0, 0, {4, {1, 3, 8, 8}}},
+        {GP_LAYER_DROPOUT, 0, 0, 0, 0, 0.3f, {2, {1, 20, 0, 0}}},
+        {GP_LAYER_RESIDUAL, 3, 0, 1, 0, 0, {4, {1, 3, 8, 8}}},
+        {GP_LAYER_RESIDUAL, 6, 0, 2, 0, 0, {4, {1, 3, 8, 8}}},
+    };
+    const int64_t N = 4;
+    for (size_t q = 0; q < sizeof cases / sizeof *cases; q++) {
+        const layer_case *lc = &cases[q];
+        gp_layer_spec sp = gp_layer_spec_default(lc->type);
+        if (lc->out) sp.out = lc->out;
+        if (lc->kernel) sp.kernel = lc->kernel;
+        if (lc->stride) sp.stride = lc->stride;
+        sp.padding = lc->padding;
+        if (lc->type == GP_LAYER_DROPOUT) sp.p = lc->p;
+        char tag[64];
+        snprintf(tag, sizeof tag, "layer case %zu (%s)", q, gp_layer_type_name(lc->type));
+        gp_layer l[2];
+        gp_device *dv[2] = {cpu, gpu};
+        memset(l, 0, sizeof l);
+        bool ok = true;
+        for (int k = 0; k < 2 && ok; k++) {
+            /* the same seed and index: the same initial parameters */
+            gp_status st = gp_layer_create(&sp, 3, &lc->in, dv[k], 7, &l[k]);
+            CHECK_MSG(st == GP_OK, "%s on %s: %s", tag, dv[k]->name, gp_last_error());
+            ok = st == GP_OK;
+        }
+        if (!ok) {
+            if (l[0].ops) gp_layer_destroy(&l[0]);
+            continue;
+        }
+        gp_shape xs = gp_shape_with_batch(&lc->in, N), ys = gp_shape_with_batch(&l[0].out_shape, N);
+        int64_t nx = gp_shape_numel(&xs), ny = gp_shape_numel(&ys);
+        float *hx = malloc((size_t)nx * sizeof *hx), *hdy = malloc((size_t)ny * sizeof *hdy);
+        for (int64_t i = 0; i < nx; i++) hx[i] = frand();
+        for (int64_t i = 0; i < ny; i++) hdy[i] = frand();
+        gp_tensor x[2], y[2], dy[2], dx[2];
+        gp_saved sv[2];
+        memset(x, 0, sizeof x); memset(y, 0, sizeof y); memset(dy, 0, sizeof dy);
+        memset(dx, 0, sizeof dx); memset(sv, 0, sizeof sv);
+        gp_fwd_ctx ctx = {.training = true, .seed = 11, .step = 2, .batch_total = N};
+        for (int k = 0; k < 2; k++) {
+            gp_device_bind_thread(dv[k]);
+            CHECK_OK(gp_tensor_alloc(&x[k], dv[k], &xs, GP_MEM_ACTIVATIONS));
+            CHECK_OK(gp_tensor_alloc(&dy[k], dv[k], &ys, GP_MEM_ACTIVATIONS));
+            CHECK_OK(gp_dev_upload(dv[k], x[k].data, hx, nx));
+            CHECK_OK(gp_dev_upload(dv[k], dy[k].data, hdy, ny));
+            CHECK_OK(gp_layer_zero_grad(&l[k]));
+            CHECK_OK(gp_layer_forward(&l[k], &ctx, &x[k], &y[k], &sv[k]));
+            CHECK_OK(gp_layer_backward(&l[k], &ctx, &x[k], &y[k], &dy[k], &dx[k], &sv[k]));
+            CHECK_OK(dv[k]->iface->synchronize(dv[k]));
+        }
+        gp_device_bind_thread(gpu);
+        float *a = to_host(&y[0]), *b = to_host(&y[1]);
+        close_enough("forward y", tag, a, b, ny, 1e-4);
+        free(a); free(b);
+        a = to_host(&dx[0]);
+        b = to_host(&dx[1]);
+        close_enough("backward dx", tag, a, b, nx, 1e-4);
+        free(a); free(b);
+        for (int p = 0; p < l[0].n_params; p++) {
+            bool buffer = l[0].params[p].is_buffer;
+            const gp_tensor *t0 = buffer ? &l[0].params[p].value : &l[0].params[p].grad;
+            const gp_tensor *t1 = buffer ? &l[1].params[p].value : &l[1].params[p].grad;
+            a = to_host(t0);
+            b = to_host(t1);
+            char what[96];
+            snprintf(what, sizeof what, "%s %s", buffer ? "buffer" : "gradient of",
+                     l[0].params[p].name);
+            close_enough(what, tag, a, b, gp_tensor_numel(t0), 1e-4);
+            free(a); free(b);
+        }
+        for (int k = 0; k < 2; k++) {
+            gp_saved_free(&sv[k]);
+            gp_tensor_free(&x[k]); gp_tensor_free(&y[k]); gp_tensor_free(&dy[k]);
+            gp_tensor_free(&dx[k]);
+            gp_layer_destroy(&l[k]);
+        }
+        free(hx);
+        free(hdy);
+    }
+}
+
 /* ---- pipeline transparency on GPUs ------------------------------------------------ */
 
 static const char *k_models[2] = {
@@ -717,6 +845,8 @@ int main(void)
     test_softmax_xent();
     test_memory(gpu);
     test_pinned(gpu);
+    test_layers(cpu, gpu);
+    gp_device_bind_thread(gpu);
 
     gp_device *gpu1 = NULL;
     if (gp_device_open("cuda:1", NULL, &gpu1) == GP_OK) {
