@@ -529,17 +529,7 @@ static void test_nccl(gp_device *g0, gp_device *g1)
     }
     for (int64_t i = 0; i < n; i++) sum[i] = h[0][i] + h[1][i]; /* exact for two terms */
     for (int root = -1; root < 1; root++) {
-        coll_job jobs[2];
-        pthread_t t[2];
-        for (int r = 0; r < 2; r++) {
-            jobs[r] = (coll_job){devs[r], comm, d[r], n, root, GP_OK};
-            pthread_create(&t[r], NULL, coll_main, &jobs[r]);
-        }
-        for (int r = 0; r < 2; r++) {
-            pthread_join(t[r], NULL);
-            CHECK_MSG(jobs[r].st == GP_OK, "%s on %s: %s", root < 0 ? "all-reduce" : "broadcast",
-                      devs[r]->name, gp_last_error());
-        }
+        coll_run(devs, comm, d, n, root, root < 0 ? "all-reduce" : "broadcast");
         for (int r = 0; r < 2; r++) {
             CHECK_OK(gp_dev_download(devs[r], back, d[r], n));
             /* after the all-reduce both hold the sum; broadcast from 0 keeps it */
