@@ -5,13 +5,17 @@
  * overwrite (=) conventions, the caching allocator's accounting and OOM
  * message, copies (host, device, peer between two GPUs), events, the NCCL
  * all-reduce, broadcast, reduce-scatter and all-gather against a sum on the
- * host (two GPUs), pinned host buffers, every layer type's forward and
+ * host (two GPUs, sizes 1, 3 and 100001: uneven chunks, one of them
+ * empty), pinned host buffers, every layer type's forward and
  * backward (output, dx, parameter gradients and buffers within 1e-4 x (1 +
  * max |cpu|)), and the pipeline transparency check:
  * an MLP with dropout and a convnet with batch norm trained for 3 steps on
- * cuda:0,cuda:1 (2 stages; 1 stage on cuda:0 with one GPU) for m in {1, 4},
- * against the same steps on one CPU device (parameters within 1e-3 x (1 +
- * max |p|), loss within 1e-4 relative: the kernels sum in other orders).
+ * cuda:0,cuda:1 (2 stages; test_cuda runs 1 stage on cuda:0) for m in {1, 4},
+ * against the same steps on one CPU device: parameters (and separately the
+ * batch-norm buffers) within 1e-3 of the largest change the steps made to
+ * them, the loss of every step within 1e-4 relative (the kernels sum in
+ * other orders; with CPU devices standing in for the GPUs the differences
+ * are 0, and a 1% error in the learning rate fails every case).
  *
  * Error bound per op: max |gpu - cpu| <= tol * (1 + max |cpu|) with
  *   0     fill, scale, add, mul, relu fwd/bwd, add_bias_rows, dropout mask
@@ -26,10 +30,15 @@
  *         batch norm backward (dx, dgamma +=, dbeta +=), also SyncBN's
  *   1e-5  SyncBN statistics and backward sums (double sums, another order)
  *
- * Labelled "gpu".  Without a CUDA device (or in a build without the CUDA
- * backend) it checks that opening cuda:0 fails with GP_ERR_UNSUPPORTED and a
- * message that says why, prints the message and exits 77, which CTest
- * reports as skipped.  It has never run on a GPU: no machine here has one.
+ * Two CTest tests, both labelled "gpu": test_cuda (what one GPU can check;
+ * its pipeline is 1 stage on cuda:0, its copies stay on it) and test_cuda_2gpu
+ * (`test_cuda --two-gpus`: peer copies both ways, the NCCL collectives and
+ * the 2-stage pipeline on cuda:0,cuda:1), which exits 77 with fewer than
+ * two GPUs, so a one-GPU machine reports it skipped, not passed.
+ * Without a CUDA device (or in a build without the CUDA backend) both check
+ * that opening cuda:0 fails with GP_ERR_UNSUPPORTED and a message that says
+ * why, print the message and exit 77, which CTest reports as skipped.  It
+ * has never run on a GPU: no machine here has one.
  */
 #include "backend/backend.h"
 #include "config/config.h"
@@ -512,37 +521,35 @@ static void coll_run(gp_device *const *devs, gp_comm *comm, float *const *d, int
     }
 }
 
-static void test_nccl(gp_device *g0, gp_device *g1)
+/* One size of the collectives on two GPUs against the host sum (exact: the
+ * sum of two floats does not depend on the order). */
+static void test_nccl_size(gp_device *const *devs, gp_comm *comm, int64_t n)
 {
-    gp_device *devs[2] = {g0, g1};
-    gp_comm *comm = NULL;
-    CHECK_OK(gp_comm_create(devs, 2, &comm));
-    if (!comm) return;
-    const int64_t n = 100001;
-    float *h[2], *sum = malloc((size_t)n * sizeof(float)), *back = malloc((size_t)n * sizeof(float));
+    size_t bytes = (size_t)n * sizeof(float);
+    float *h[2], *sum = malloc(bytes), *back = malloc(bytes);
     float *d[2];
     for (int r = 0; r < 2; r++) {
-        h[r] = malloc((size_t)n * sizeof(float));
+        h[r] = malloc(bytes);
         for (int64_t i = 0; i < n; i++) h[r][i] = frand();
-        CHECK_OK(gp_dev_alloc(devs[r], (size_t)n * sizeof(float), GP_MEM_GRADS, (void **)&d[r]));
+        CHECK_OK(gp_dev_alloc(devs[r], bytes, GP_MEM_GRADS, (void **)&d[r]));
         CHECK_OK(gp_dev_upload(devs[r], d[r], h[r], n));
     }
-    for (int64_t i = 0; i < n; i++) sum[i] = h[0][i] + h[1][i]; /* exact for two terms */
+    for (int64_t i = 0; i < n; i++) sum[i] = h[0][i] + h[1][i];
     for (int root = -1; root < 1; root++) {
         coll_run(devs, comm, d, n, root, root < 0 ? "all-reduce" : "broadcast");
         for (int r = 0; r < 2; r++) {
             CHECK_OK(gp_dev_download(devs[r], back, d[r], n));
             /* after the all-reduce both hold the sum; broadcast from 0 keeps it */
-            CHECK_MSG(!memcmp(back, sum, (size_t)n * sizeof(float)), "%s: %s != host sum",
-                      root < 0 ? "all-reduce" : "broadcast", devs[r]->name);
+            CHECK_MSG(!memcmp(back, sum, bytes), "%s of %lld floats: %s != host sum",
+                      root < 0 ? "all-reduce" : "broadcast", (long long)n, devs[r]->name);
         }
         if (root < 0) { /* make rank 1 differ so the broadcast has something to do */
-            CHECK_OK(g1->iface->fill(g1, d[1], -1.0f, n));
+            CHECK_OK(devs[1]->iface->fill(devs[1], d[1], -1.0f, n));
         }
     }
-    /* The sharded pair: after the reduce-scatter rank r's chunk r (n is odd:
-     * uneven chunks) holds the sum; after the all-gather every rank holds
-     * all of it. */
+    /* The sharded pair: after the reduce-scatter rank r's chunk r (odd n:
+     * uneven chunks; n = 1: rank 0's chunk is empty) holds the sum; after the
+     * all-gather every rank holds all of it. */
     for (int r = 0; r < 2; r++) CHECK_OK(gp_dev_upload(devs[r], d[r], h[r], n));
     coll_run(devs, comm, d, n, -2, "reduce-scatter");
     for (int r = 0; r < 2; r++) {
@@ -550,19 +557,30 @@ static void test_nccl(gp_device *g0, gp_device *g1)
         gp_comm_chunk(n, 2, r, &lo, &hi);
         CHECK_OK(gp_dev_download(devs[r], back, d[r], n));
         CHECK_MSG(!memcmp(back + lo, sum + lo, (size_t)(hi - lo) * sizeof(float)),
-                  "reduce-scatter: chunk %d of %s != host sum", r, devs[r]->name);
+                  "reduce-scatter of %lld floats: chunk %d [%lld, %lld) of %s != host sum",
+                  (long long)n, r, (long long)lo, (long long)hi, devs[r]->name);
     }
     coll_run(devs, comm, d, n, -3, "all-gather");
     for (int r = 0; r < 2; r++) {
         CHECK_OK(gp_dev_download(devs[r], back, d[r], n));
-        CHECK_MSG(!memcmp(back, sum, (size_t)n * sizeof(float)),
-                  "reduce-scatter + all-gather: %s != host sum", devs[r]->name);
+        CHECK_MSG(!memcmp(back, sum, bytes), "reduce-scatter + all-gather of %lld floats: %s != "
+                  "host sum", (long long)n, devs[r]->name);
     }
     for (int r = 0; r < 2; r++) {
-        gp_dev_free(devs[r], d[r], (size_t)n * sizeof(float), GP_MEM_GRADS);
+        gp_dev_free(devs[r], d[r], bytes, GP_MEM_GRADS);
         free(h[r]);
     }
     free(sum); free(back);
+}
+
+static void test_nccl(gp_device *g0, gp_device *g1)
+{
+    gp_device *devs[2] = {g0, g1};
+    gp_comm *comm = NULL;
+    CHECK_OK(gp_comm_create(devs, 2, &comm));
+    if (!comm) return;
+    const int64_t sizes[] = {1, 3, 100001}; /* none divisible by the 2 ranks */
+    for (size_t q = 0; q < sizeof sizes / sizeof *sizes; q++) test_nccl_size(devs, comm, sizes[q]);
     gp_comm_destroy(comm);
 }
 
@@ -742,21 +760,26 @@ static const char *k_models[2] = {
     "train: {batch_size: 16, seed: 5, optimizer: {lr: 0.05, momentum: 0.9}}\n",
 };
 
-static float *all_params(gp_model *m, int64_t *count)
+/* Every parameter and buffer of m, in layer order, on the host; if
+ * is_buffer is not NULL, (*is_buffer)[i] says which are buffers. */
+static float *all_params(gp_model *m, int64_t *count, unsigned char **is_buffer)
 {
     int64_t n = 0;
     for (int k = 0; k < m->n_layers; k++)
         for (int p = 0; p < m->layers[k].n_params; p++)
             n += gp_tensor_numel(&m->layers[k].params[p].value);
     float *h = calloc((size_t)(n ? n : 1), sizeof *h), *at = h;
+    unsigned char *kind = is_buffer ? calloc((size_t)(n ? n : 1), 1) : NULL;
     for (int k = 0; k < m->n_layers; k++)
         for (int p = 0; p < m->layers[k].n_params; p++) {
             gp_tensor *t = &m->layers[k].params[p].value;
             int64_t c = gp_tensor_numel(t);
             if (gp_dev_download(t->dev, at, t->data, c) != GP_OK) CHECK_MSG(0, "%s", gp_last_error());
+            if (kind) memset(kind + (at - h), m->layers[k].params[p].is_buffer, (size_t)c);
             at += c;
         }
     *count = n;
+    if (is_buffer) *is_buffer = kind;
     return h;
 }
 
@@ -775,6 +798,9 @@ static void test_transparency(gp_device *cpu, gp_device *const *gpus, int n_gpus
             CHECK_OK(gp_model_build_replicated(&c, gpus, 1, n, bal, &pipe));
             int64_t per = c.model.input[0] * c.model.input[1] * c.model.input[2], b = 16;
             float *x = malloc((size_t)(b * per) * sizeof *x), y[16];
+            int64_t n0;
+            unsigned char *is_buf = NULL;
+            float *p0 = all_params(&ref, &n0, &is_buf); /* both models start from these */
             double worst_loss = 0;
             for (int step = 0; step < 3; step++) {
                 for (int64_t i = 0; i < b * per; i++) x[i] = frand();
@@ -784,17 +810,26 @@ static void test_transparency(gp_device *cpu, gp_device *const *gpus, int n_gpus
                 CHECK_OK(gp_model_pipeline_step(&pipe, &c, x, y, b, 0.05, &g));
                 worst_loss = fmax(worst_loss, fabs(a.loss - g.loss) / fmax(fabs(a.loss), 1e-6));
             }
+            /* Parameters, and separately the batch-norm buffers, differ by
+             * at most 1e-3 of the largest change the 3 steps made to any of
+             * them: relative to the update, since the starting values (the
+             * same on both) cancel. */
             int64_t na, nb;
-            float *pa = all_params(&ref, &na), *pb = all_params(&pipe, &nb);
-            double maxref = 0, maxerr = 0;
-            for (int64_t i = 0; i < na && na == nb; i++) {
-                maxref = fmax(maxref, fabs(pa[i]));
-                maxerr = fmax(maxerr, fabs((double)pa[i] - pb[i]));
+            float *pa = all_params(&ref, &na, NULL), *pb = all_params(&pipe, &nb, NULL);
+            double step[2] = {0, 0}, err[2] = {0, 0}; /* [0] parameters, [1] buffers */
+            for (int64_t i = 0; i < na && na == nb && na == n0; i++) {
+                int q = is_buf[i] != 0;
+                step[q] = fmax(step[q], fabs((double)pa[i] - p0[i]));
+                err[q] = fmax(err[q], fabs((double)pa[i] - pb[i]));
             }
-            CHECK_MSG(na == nb && maxerr <= 1e-3 * (1 + maxref) && worst_loss <= 1e-4,
-                      "%s on %d GPU stage(s), m = %d: parameters differ by %.3g (max |p| %.3g), "
-                      "loss by %.3g relative", which ? "convnet" : "mlp", n, m, maxerr, maxref,
+            CHECK_MSG(na == nb && na == n0 && step[0] > 0 && err[0] <= 1e-3 * step[0] &&
+                          err[1] <= 1e-3 * step[1] && worst_loss <= 1e-4,
+                      "%s on %d GPU stage(s), m = %d: parameters differ by %.3g (their largest "
+                      "change in 3 steps: %.3g), buffers by %.3g (%.3g), loss by %.3g relative",
+                      which ? "convnet" : "mlp", n, m, err[0], step[0], err[1], step[1],
                       worst_loss);
+            free(p0);
+            free(is_buf);
             free(pa);
             free(pb);
             free(x);
@@ -804,8 +839,37 @@ static void test_transparency(gp_device *cpu, gp_device *const *gpus, int n_gpus
         }
 }
 
-int main(void)
+/* Two GPUs: peer copies both ways, the NCCL collectives and the 2-stage
+ * pipeline on cuda:0,cuda:1.  A separate CTest test (test_cuda_2gpu), so a
+ * machine with one GPU reports it skipped rather than passed. */
+static int main_two_gpus(gp_device *gpu, gp_device *cpu)
 {
+    gp_device *gpu1 = NULL;
+    if (gp_device_open("cuda:1", NULL, &gpu1) != GP_OK) {
+        printf("test_cuda --two-gpus: SKIPPED, needs 2 CUDA devices: %s\n", gp_last_error());
+        gp_device_close(gpu);
+        gp_device_close(cpu);
+        return 77;
+    }
+    test_copies(gpu, gpu1);
+    test_copies(gpu1, gpu);
+    test_nccl(gpu, gpu1);
+    gp_device *gpus[2] = {gpu, gpu1};
+    test_transparency(cpu, gpus, 2);
+    gp_device_close(gpu1);
+    gp_device_close(gpu);
+    gp_device_close(cpu);
+    return gpt_finish("test_cuda --two-gpus");
+}
+
+int main(int argc, char **argv)
+{
+    bool two = argc > 1 && !strcmp(argv[1], "--two-gpus");
+    if (argc > 2 || (argc == 2 && !two)) {
+        fprintf(stderr, "usage: %s [--two-gpus]\n", argv[0]);
+        return 2;
+    }
+    const char *name = two ? "test_cuda --two-gpus" : "test_cuda";
     gp_device *gpu = NULL;
     gp_status s = gp_device_open("cuda:0", NULL, &gpu);
     if (s != GP_OK) {
@@ -814,8 +878,8 @@ int main(void)
         CHECK_MSG(s == GP_ERR_UNSUPPORTED, "opening cuda:0 failed with %s, not GP_ERR_UNSUPPORTED",
                   gp_status_name(s));
         CHECK_MSG(strstr(msg, "cpu:N") != NULL, "message does not point to cpu:N devices: %s", msg);
-        if (gpt_failed) return gpt_finish("test_cuda");
-        printf("test_cuda: SKIPPED, no CUDA device: %s\n", msg);
+        if (gpt_failed) return gpt_finish(name);
+        printf("%s: SKIPPED, no CUDA device: %s\n", name, msg);
         return 77;
     }
     gp_device *cpu = NULL;
@@ -825,6 +889,8 @@ int main(void)
         return 1;
     }
     gp_device_bind_thread(gpu);
+    if (two) return main_two_gpus(gpu, cpu);
+
     D2[0] = cpu;
     D2[1] = gpu;
     test_elementwise();
@@ -837,22 +903,12 @@ int main(void)
     test_pinned(gpu);
     test_layers(cpu, gpu);
     gp_device_bind_thread(gpu);
-
-    gp_device *gpu1 = NULL;
-    if (gp_device_open("cuda:1", NULL, &gpu1) == GP_OK) {
-        test_copies(gpu, gpu1);
-        test_copies(gpu1, gpu);
-        test_nccl(gpu, gpu1);
-        gp_device *gpus[2] = {gpu, gpu1};
-        test_transparency(cpu, gpus, 2);
-        gp_device_close(gpu1);
-    } else {
-        printf("test_cuda: one GPU: peer copies, NCCL and the 2-stage pipeline not tested; the "
-               "pipeline runs 1 stage on cuda:0 (%s)\n", gp_last_error());
-        test_copies(gpu, gpu);
-        gp_device *gpus[1] = {gpu};
-        test_transparency(cpu, gpus, 1);
-    }
+    /* One GPU's share of the copies and the pipeline: device-to-device, and
+     * a 1-stage pipeline on cuda:0 against the CPU.  The 2-GPU parts are
+     * test_cuda_2gpu (--two-gpus). */
+    test_copies(gpu, gpu);
+    gp_device *gpus[1] = {gpu};
+    test_transparency(cpu, gpus, 1);
     gp_device_close(gpu);
     gp_device_close(cpu);
     return gpt_finish("test_cuda");
