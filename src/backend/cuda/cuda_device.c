@@ -305,8 +305,8 @@ static gp_status cuda_host_alloc(gp_device *dev, size_t bytes, void **out)
 
 static void cuda_host_free(gp_device *dev, void *ptr)
 {
-    (void)dev;
-    (void)cudaFreeHost(ptr);
+    cudaError_t e = cudaFreeHost(ptr);
+    if (e != cudaSuccess) GP_WARN("device %s: cudaFreeHost: %s", dev->name, cudaGetErrorString(e));
 }
 
 static bool is_pinned(const void *p)
@@ -595,8 +595,9 @@ static gp_status cuda_xent(gp_device *dev, const float *logits, const float *lab
  * the same leading dimension.  Row-major C = op(A) op(B) is therefore the
  * column-major C^T = op(B)^T op(A)^T: call sgemm with the operands swapped
  * (B first), the same transpose flags, and the sizes (N, M, K).  No data
- * moves.  The math mode is cuBLAS's default (FP32, no TF32 unless the
- * environment sets NVIDIA_TF32_OVERRIDE=1). */
+ * moves.  The math mode is CUBLAS_DEFAULT_MATH: sgemm in plain FP32, since
+ * cuBLAS uses TF32 tensor cores only when asked (CUBLAS_TF32_TENSOR_OP_MATH)
+ * and NVIDIA_TF32_OVERRIDE can only turn TF32 off, never on. */
 static gp_status cuda_gemm(gp_device *dev, int trans_a, int trans_b, int64_t m, int64_t n,
                            int64_t k, float alpha, const float *a, int64_t lda, const float *b,
                            int64_t ldb, float beta, float *c, int64_t ldc)
@@ -718,8 +719,10 @@ static gp_status cuda_broadcast(gp_device *dev, gp_comm *comm, float *buf, int64
         return gp_error_set(GP_ERR_INVALID, "broadcast root %d outside the group of %d", root,
                             comm->n);
     GP_TRY(gp_cuda_enter(dev));
+    gp_cuda_nvtx_push("broadcast");
     GP_NCCL(ncclBroadcast(buf, buf, (size_t)n, ncclFloat, root,
                           ((cuda_comm *)comm->ctx)->comms[r], gp_cuda_ctx_of(dev)->compute));
+    gp_cuda_nvtx_pop();
     return GP_OK;
 }
 
