@@ -231,6 +231,8 @@ static const gp_device_iface cpu_iface = {
     .bn_bwd_apply = gp_cpu_bn_bwd_apply,
     .reduce_scatter = gp_cpu_reduce_scatter,
     .all_gather = gp_cpu_all_gather,
+    .host_alloc = NULL, /* device memory is host memory: gp_dev_host_alloc's aligned malloc */
+    .host_free = NULL,
 };
 
 static cpu_conv_layout conv_layout_from_env(void)
