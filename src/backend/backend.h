@@ -339,6 +339,9 @@ static inline void gp_comm_chunk(int64_t n, int ranks, int r, int64_t *lo, int64
     *lo = n * r / ranks;
     *hi = n * (r + 1) / ranks;
 }
+/* Whether dev's backend has both sharded collectives, i.e. whether data
+ * parallelism shards the optimizer update on it (pipeline.c, replicas.c). */
+bool gp_dev_can_shard(const gp_device *dev);
 /* The sharded collectives above; GP_ERR_UNSUPPORTED when a slot is NULL. */
 gp_status gp_dev_reduce_scatter(gp_device *dev, gp_comm *comm, float *buf, int64_t n);
 gp_status gp_dev_all_gather(gp_device *dev, gp_comm *comm, float *buf, int64_t n);

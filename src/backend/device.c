@@ -176,6 +176,11 @@ gp_status gp_dev_broadcast(gp_device *dev, gp_comm *comm, float *buf, int64_t n,
     return dev->iface->broadcast(dev, comm, buf, n, root);
 }
 
+bool gp_dev_can_shard(const gp_device *dev)
+{
+    return dev->iface->reduce_scatter && dev->iface->all_gather;
+}
+
 gp_status gp_dev_reduce_scatter(gp_device *dev, gp_comm *comm, float *buf, int64_t n)
 {
     if (!dev->iface->reduce_scatter) return no_collective(dev, "reduce-scatter");

@@ -393,8 +393,7 @@ static void drain(gp_pipeline *p, int j)
  * The update's reads and writes (w, g and momentum) are then divided by R. */
 static bool sharded(const gp_pipeline *p, int j)
 {
-    const gp_device_iface *f = p->devs[j]->iface;
-    return p->comms[j] && p->comms[j]->n > 1 && f->reduce_scatter && f->all_gather;
+    return p->comms[j] && p->comms[j]->n > 1 && gp_dev_can_shard(p->devs[j]);
 }
 
 /* Stage j's parameter gradients summed over the replicas (each replica's

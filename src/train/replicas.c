@@ -275,8 +275,7 @@ gp_status gp_model_gather_momentum(gp_model *m)
     if (R <= 1 || !m->group) return GP_OK; /* no step yet: all are replica 0's copy */
     for (int q = 0; q < m->n_momentum; q++) {
         gp_tensor *dst = &m->momentum[q];
-        /* The same test as the pipeline's: sharded when the backend can. */
-        if (!dst->dev->iface->reduce_scatter || !dst->dev->iface->all_gather) continue;
+        if (!gp_dev_can_shard(dst->dev)) continue; /* updated in full everywhere */
         int64_t n = gp_tensor_numel(dst);
         gp_shape flat = gp_shape_make(1, &n);
         gp_tensor d1 = gp_tensor_reshape(dst, &flat);
