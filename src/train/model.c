@@ -126,12 +126,19 @@ const char *gp_model_balance_method(void)
     return e && !strcmp(e, "flops") ? "flops" : "time";
 }
 
+/* CPU devices among one replica's pipeline devices. */
+static int cpu_devices(const gp_pipeline_config *pc)
+{
+    int n_cpu = 0;
+    for (int j = 0; j < pc->n_devices; j++) n_cpu += !strncmp(pc->devices[j].name, "cpu", 3);
+    return n_cpu;
+}
+
 /* Math threads stage 0's device gets in gp_train_open: the profile must run
  * with the same count for its times to mean anything. */
 static int stage0_threads(const gp_pipeline_config *pc)
 {
-    int n_cpu = 0;
-    for (int j = 0; j < pc->n_devices; j++) n_cpu += !strncmp(pc->devices[j].name, "cpu", 3);
+    int n_cpu = cpu_devices(pc);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     if (cores < 1) cores = 1;
     int t = pc->devices[0].threads ? pc->devices[0].threads : pc->threads;
@@ -150,9 +157,7 @@ gp_status gp_model_profile(const gp_config *cfg, const gp_model_profile_opts *o,
                           .batch = cfg->train.batch_size, .chunks = m, .optim_slots = 1,
                           .seed = cfg->train.seed};
     /* Every CPU device of the run (all replicas) computes at once. */
-    int n_cpu = 0;
-    for (int j = 0; j < pc->n_devices; j++) n_cpu += !strncmp(pc->devices[j].name, "cpu", 3);
-    int R = pc->replicas > 1 ? pc->replicas : 1;
+    int n_cpu = cpu_devices(pc), R = pc->replicas > 1 ? pc->replicas : 1;
     if (!o->alone && !strncmp(po.device, "cpu", 3) && n_cpu * R > 1) po.contend = n_cpu * R - 1;
     if (o->n_sizes > 0) {
         po.n_sizes = o->n_sizes;
