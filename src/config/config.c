@@ -891,8 +891,7 @@ static gp_status derive_replicas(walk *w, const gp_ynode *at, gp_pipeline_config
                 return bad(w, at, "pipeline.devices: %s", gp_error_message());
             gp_device_spec *d = &pc->devices[r * n + j];
             *d = pc->devices[j];
-            snprintf(d->name, sizeof d->name, "%s:%d", kind == GP_DEV_CUDA ? "cuda" : "cpu",
-                     index + r * n);
+            gp_device_format(kind, index + r * n, d->name, sizeof d->name);
         }
     note(w, "pipeline.devices of replicas 1..%d: the listed devices shifted by %d per replica",
          pc->replicas - 1, n);
