@@ -110,7 +110,6 @@ static void evict(const evictor *e)
 
 typedef struct contender {
     pthread_t th;
-    bool started;
     char device[40];
     int threads;
     const gp_layer_spec *spec;
@@ -228,8 +227,7 @@ static gp_status contention_start(contention *ct, int n, const gp_layer_spec *sp
         c->stop = &ct->stop;
         c->st = GP_OK;
         if (pthread_create(&c->th, NULL, contender_main, c) != 0) break;
-        c->started = true;
-        ct->n = q + 1;
+        ct->n = q + 1; /* started: joined by contention_stop */
     }
     pthread_mutex_lock(&ct->lock);
     for (int q = 0; q < ct->n; q++)
