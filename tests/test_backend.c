@@ -357,6 +357,14 @@ static void test_bn_shape(gp_device *dev, int64_t n, int64_t c, int64_t s)
 
 static void test_bn(gp_device *dev)
 {
+    /* SyncBN's wrappers check their arguments for every backend. */
+    float v[8] = {0}, sums[4] = {0};
+    gp_bn_desc bad = {2, 0, 1, 1e-5f}, ok = {2, 2, 1, 1e-5f};
+    CHECK_ERR(gp_dev_bn_stats(dev, &bad, v, v, v), GP_ERR_INVALID, "invalid batch norm");
+    CHECK_ERR(gp_dev_bn_bwd_sums(dev, &bad, v, v, v, sums), GP_ERR_INVALID,
+              "invalid batch norm");
+    CHECK_ERR(gp_dev_bn_bwd_apply(dev, &ok, v, NULL, v, v, v, sums, 0.0, v, NULL, NULL, NULL),
+              GP_ERR_INVALID, "backward over 0 values");
     test_bn_shape(dev, 3, 5, 63); /* 2-d: (3, 5, 7, 9) */
     test_bn_shape(dev, 7, 6, 1);  /* 1-d over features */
     test_bn_shape(dev, 4, 17, 25);

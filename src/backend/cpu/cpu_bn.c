@@ -224,10 +224,7 @@ gp_status gp_cpu_bn_bwd_apply(gp_device *dev, const gp_bn_desc *d, const float *
                               const float *dy, const float *sums, double count, float *dx,
                               const float *local, float *dgamma, float *dbeta)
 {
-    GP_TRY(bn_check(dev, d));
-    if (!(count >= 1.0))
-        return gp_error_set(GP_ERR_INVALID, "device %s: batch-norm backward over %g values",
-                            dev->name, count);
+    GP_TRY(bn_check(dev, d)); /* count: checked by gp_dev_bn_bwd_apply */
     const int64_t N = d->n, C = d->c, S = d->s, cs = C * S, cb = bn_block(d);
     const int64_t nb = (C + cb - 1) / cb;
     int nt = dev->threads;

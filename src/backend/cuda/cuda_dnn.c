@@ -451,20 +451,11 @@ gp_status gp_cuda_log_softmax(gp_device *dev, const float *x, float *y, int64_t 
 
 /* ---- synchronised batch norm: our kernels (cuDNN has no split statistics) ---- */
 
-static gp_status syncbn_check(gp_device *dev, const gp_bn_desc *d)
-{
-    if (d->n <= 0 || d->c <= 0 || d->s <= 0 || !(d->eps >= 0.0f))
-        return gp_error_set(GP_ERR_INVALID,
-                            "device %s: invalid batch norm (n=%lld c=%lld s=%lld eps=%g)",
-                            dev->name, (long long)d->n, (long long)d->c, (long long)d->s,
-                            (double)d->eps);
-    return gp_cuda_enter(dev);
-}
-
+/* d and count are checked by the gp_dev_bn_* wrappers (device.c). */
 gp_status gp_cuda_bn_stats(gp_device *dev, const gp_bn_desc *d, const float *x, float *mean,
                            float *var)
 {
-    GP_TRY(syncbn_check(dev, d));
+    GP_TRY(gp_cuda_enter(dev));
     gp_cuda_nvtx_push("bn_stats");
     GP_CUDA(gp_cuk_bn_stats(gp_cuda_ctx_of(dev)->compute, x, d->n, d->c, d->s, mean, var));
     gp_cuda_nvtx_pop();
@@ -474,7 +465,7 @@ gp_status gp_cuda_bn_stats(gp_device *dev, const gp_bn_desc *d, const float *x, 
 gp_status gp_cuda_bn_bwd_sums(gp_device *dev, const gp_bn_desc *d, const float *x,
                               const float *mean, const float *dy, float *sums)
 {
-    GP_TRY(syncbn_check(dev, d));
+    GP_TRY(gp_cuda_enter(dev));
     GP_CUDA(gp_cuk_bn_bwd_sums(gp_cuda_ctx_of(dev)->compute, x, mean, dy, d->n, d->c, d->s,
                                sums));
     return GP_OK;
@@ -485,10 +476,7 @@ gp_status gp_cuda_bn_bwd_apply(gp_device *dev, const gp_bn_desc *d, const float 
                                const float *dy, const float *sums, double count, float *dx,
                                const float *local, float *dgamma, float *dbeta)
 {
-    GP_TRY(syncbn_check(dev, d));
-    if (!(count >= 1.0))
-        return gp_error_set(GP_ERR_INVALID, "device %s: batch-norm backward over %g values",
-                            dev->name, count);
+    GP_TRY(gp_cuda_enter(dev));
     GP_CUDA(gp_cuk_bn_bwd_apply(gp_cuda_ctx_of(dev)->compute, x, gamma, mean, var, dy, sums,
                                 count, d->eps, d->n, d->c, d->s, dx, local, dgamma, dbeta));
     return GP_OK;
