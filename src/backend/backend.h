@@ -359,7 +359,11 @@ int gp_comm_rank(const gp_comm *comm, const gp_device *dev);
  * between the devices' worker threads over their own buffers. */
 gp_status gp_cpu_comm_create(gp_device **devs, int n, gp_comm **out);
 
-/* The SyncBN slots above; GP_ERR_UNSUPPORTED when a slot is NULL. */
+/* GP_ERR_INVALID naming dev unless d has positive sizes and eps >= 0 (the
+ * CPU backend's batch norm and the SyncBN wrappers below check with it). */
+gp_status gp_bn_desc_check(const gp_device *dev, const gp_bn_desc *d);
+/* The SyncBN slots above; GP_ERR_UNSUPPORTED when a slot is NULL; the
+ * descriptor (and bn_bwd_apply's count >= 1) checked for every backend. */
 gp_status gp_dev_bn_stats(gp_device *dev, const gp_bn_desc *d, const float *x, float *mean,
                           float *var);
 gp_status gp_dev_bn_bwd_sums(gp_device *dev, const gp_bn_desc *d, const float *x,

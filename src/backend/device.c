@@ -237,9 +237,7 @@ static gp_status no_sync_bn(gp_device *dev, const char *what)
                         dev->iface->backend_name, what);
 }
 
-/* The arguments every backend's SyncBN slots need valid, checked once here
- * rather than in each backend. */
-static gp_status sync_bn_args(gp_device *dev, const gp_bn_desc *d)
+gp_status gp_bn_desc_check(const gp_device *dev, const gp_bn_desc *d)
 {
     if (d->n <= 0 || d->c <= 0 || d->s <= 0 || !(d->eps >= 0.0f))
         return gp_error_set(GP_ERR_INVALID,
@@ -253,7 +251,7 @@ gp_status gp_dev_bn_stats(gp_device *dev, const gp_bn_desc *d, const float *x, f
                           float *var)
 {
     if (!dev->iface->bn_stats) return no_sync_bn(dev, "bn_stats");
-    GP_TRY(sync_bn_args(dev, d));
+    GP_TRY(gp_bn_desc_check(dev, d));
     return dev->iface->bn_stats(dev, d, x, mean, var);
 }
 
@@ -261,7 +259,7 @@ gp_status gp_dev_bn_bwd_sums(gp_device *dev, const gp_bn_desc *d, const float *x
                              const float *mean, const float *dy, float *sums)
 {
     if (!dev->iface->bn_bwd_sums) return no_sync_bn(dev, "bn_bwd_sums");
-    GP_TRY(sync_bn_args(dev, d));
+    GP_TRY(gp_bn_desc_check(dev, d));
     return dev->iface->bn_bwd_sums(dev, d, x, mean, dy, sums);
 }
 
@@ -271,7 +269,7 @@ gp_status gp_dev_bn_bwd_apply(gp_device *dev, const gp_bn_desc *d, const float *
                               const float *local, float *dgamma, float *dbeta)
 {
     if (!dev->iface->bn_bwd_apply) return no_sync_bn(dev, "bn_bwd_apply");
-    GP_TRY(sync_bn_args(dev, d));
+    GP_TRY(gp_bn_desc_check(dev, d));
     if (!(count >= 1.0))
         return gp_error_set(GP_ERR_INVALID, "device %s: batch-norm backward over %g values",
                             dev->name, count);

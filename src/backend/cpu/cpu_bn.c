@@ -30,16 +30,6 @@ static int64_t bn_block(const gp_bn_desc *d)
     return cb;
 }
 
-static gp_status bn_check(gp_device *dev, const gp_bn_desc *d)
-{
-    if (d->n <= 0 || d->c <= 0 || d->s <= 0 || !(d->eps >= 0.0f))
-        return gp_error_set(GP_ERR_INVALID,
-                            "device %s: invalid batch norm (n=%lld c=%lld s=%lld eps=%g)",
-                            dev->name, (long long)d->n, (long long)d->c, (long long)d->s,
-                            (double)d->eps);
-    return GP_OK;
-}
-
 /* Sum over the channel's N planes of S elements (stride C*S between planes). */
 static double chan_sum(const float *x, int64_t n, int64_t cs, int64_t s)
 {
@@ -81,7 +71,7 @@ gp_status gp_cpu_bn_fwd_train(gp_device *dev, const gp_bn_desc *d, const float *
                               const float *gamma, const float *beta, float *y, float *mean,
                               float *var)
 {
-    GP_TRY(bn_check(dev, d));
+    GP_TRY(gp_bn_desc_check(dev, d));
     const int64_t N = d->n, C = d->c, S = d->s, cs = C * S, cb = bn_block(d);
     const int64_t nb = (C + cb - 1) / cb;
     const double cnt = (double)(N * S);
@@ -108,7 +98,7 @@ gp_status gp_cpu_bn_fwd_infer(gp_device *dev, const gp_bn_desc *d, const float *
                               const float *gamma, const float *beta, const float *mean,
                               const float *var, float *y)
 {
-    GP_TRY(bn_check(dev, d));
+    GP_TRY(gp_bn_desc_check(dev, d));
     const int64_t N = d->n, C = d->c, S = d->s, cs = C * S, cb = bn_block(d);
     const int64_t nb = (C + cb - 1) / cb;
     int nt = dev->threads;
@@ -129,7 +119,7 @@ gp_status gp_cpu_bn_bwd(gp_device *dev, const gp_bn_desc *d, const float *x,
                         const float *gamma, const float *mean, const float *var,
                         const float *dy, float *dx, float *dgamma, float *dbeta)
 {
-    GP_TRY(bn_check(dev, d));
+    GP_TRY(gp_bn_desc_check(dev, d));
     const int64_t N = d->n, C = d->c, S = d->s, cs = C * S, cb = bn_block(d);
     const int64_t nb = (C + cb - 1) / cb;
     const double cnt = (double)(N * S);
@@ -172,7 +162,7 @@ gp_status gp_cpu_bn_bwd(gp_device *dev, const gp_bn_desc *d, const float *x,
 gp_status gp_cpu_bn_stats(gp_device *dev, const gp_bn_desc *d, const float *x, float *mean,
                           float *var)
 {
-    GP_TRY(bn_check(dev, d));
+    GP_TRY(gp_bn_desc_check(dev, d));
     const int64_t N = d->n, C = d->c, S = d->s, cs = C * S, cb = bn_block(d);
     const int64_t nb = (C + cb - 1) / cb;
     const double cnt = (double)(N * S);
@@ -193,7 +183,7 @@ gp_status gp_cpu_bn_stats(gp_device *dev, const gp_bn_desc *d, const float *x, f
 gp_status gp_cpu_bn_bwd_sums(gp_device *dev, const gp_bn_desc *d, const float *x,
                              const float *mean, const float *dy, float *sums)
 {
-    GP_TRY(bn_check(dev, d));
+    GP_TRY(gp_bn_desc_check(dev, d));
     const int64_t N = d->n, C = d->c, S = d->s, cs = C * S, cb = bn_block(d);
     const int64_t nb = (C + cb - 1) / cb;
     int nt = dev->threads;
@@ -224,7 +214,7 @@ gp_status gp_cpu_bn_bwd_apply(gp_device *dev, const gp_bn_desc *d, const float *
                               const float *dy, const float *sums, double count, float *dx,
                               const float *local, float *dgamma, float *dbeta)
 {
-    GP_TRY(bn_check(dev, d)); /* count: checked by gp_dev_bn_bwd_apply */
+    GP_TRY(gp_bn_desc_check(dev, d)); /* count: checked by gp_dev_bn_bwd_apply */
     const int64_t N = d->n, C = d->c, S = d->s, cs = C * S, cb = bn_block(d);
     const int64_t nb = (C + cb - 1) / cb;
     int nt = dev->threads;
