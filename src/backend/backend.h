@@ -266,6 +266,21 @@ typedef struct gp_device_iface {
      * buffers).  NULL: gp_dev_host_alloc falls back to aligned malloc. */
     gp_status (*host_alloc)(gp_device *dev, size_t bytes, void **out);
     void (*host_free)(gp_device *dev, void *ptr);
+
+    /* --- the sharded SGD step as one collective (optional; appended last) ---
+     * For one parameter (w, g, v of n floats on every rank): chunk `rank`
+     * of g summed over the ranks (in rank order), the SGD update of chunk
+     * `rank` of w and v with that sum (sgd_update's formula), and the
+     * updated chunk written into every rank's w.  The result is that of
+     * reduce_scatter(g); sgd_update on chunk `rank`; all_gather(w) — bitwise
+     * on the CPU — but the CPU does it in cache-sized blocks, each summed,
+     * updated and pushed while it is in cache: 7 passes over a chunk
+     * instead of 10 (cpu_comm.c).  Only chunk `rank` of v is read or
+     * written; afterwards g is unspecified (the CPU leaves it unchanged,
+     * the composition holds the sum in chunk `rank`).  NULL:
+     * gp_dev_sharded_sgd composes the three. */
+    gp_status (*sharded_sgd)(gp_device *dev, gp_comm *comm, float *w, float *g, float *v,
+                             int64_t n, float lr, float mu, float wd, int nesterov);
 } gp_device_iface;
 
 struct gp_device {
@@ -345,6 +360,10 @@ bool gp_dev_can_shard(const gp_device *dev);
 /* The sharded collectives above; GP_ERR_UNSUPPORTED when a slot is NULL. */
 gp_status gp_dev_reduce_scatter(gp_device *dev, gp_comm *comm, float *buf, int64_t n);
 gp_status gp_dev_all_gather(gp_device *dev, gp_comm *comm, float *buf, int64_t n);
+/* The sharded_sgd slot, or reduce_scatter + sgd_update + all_gather where
+ * it is NULL.  Needs gp_dev_can_shard(dev). */
+gp_status gp_dev_sharded_sgd(gp_device *dev, gp_comm *comm, float *w, float *g, float *v,
+                             int64_t n, float lr, float mu, float wd, int nesterov);
 /* Host memory for data that will be uploaded to dev: pinned where the
  * backend has host_alloc, else 64-byte aligned malloc (also when dev is
  * NULL).  Free with gp_dev_host_free and the same dev. */

@@ -193,6 +193,23 @@ gp_status gp_dev_all_gather(gp_device *dev, gp_comm *comm, float *buf, int64_t n
     return dev->iface->all_gather(dev, comm, buf, n);
 }
 
+gp_status gp_dev_sharded_sgd(gp_device *dev, gp_comm *comm, float *w, float *g, float *v,
+                             int64_t n, float lr, float mu, float wd, int nesterov)
+{
+    if (dev->iface->sharded_sgd)
+        return dev->iface->sharded_sgd(dev, comm, w, g, v, n, lr, mu, wd, nesterov);
+    int rank = gp_comm_rank(comm, dev);
+    if (rank < 0)
+        return gp_error_set(GP_ERR_INVALID, "device %s is not in this communicator", dev->name);
+    GP_TRY(gp_dev_reduce_scatter(dev, comm, g, n));
+    int64_t lo, hi;
+    gp_comm_chunk(n, comm->n, rank, &lo, &hi);
+    if (hi > lo)
+        GP_TRY(dev->iface->sgd_update(dev, w + lo, g + lo, v + lo, hi - lo, lr, mu, wd,
+                                      nesterov));
+    return gp_dev_all_gather(dev, comm, w, n);
+}
+
 gp_status gp_dev_host_alloc(gp_device *dev, size_t bytes, void **out)
 {
     *out = NULL;

@@ -396,18 +396,30 @@ static bool sharded(const gp_pipeline *p, int j)
     return p->comms[j] && p->comms[j]->n > 1 && gp_dev_can_shard(p->devs[j]);
 }
 
+/* Whether stage j's sharded update also does the gradient reduction, after
+ * the barrier (gp_dev_sharded_sgd: each block summed, updated and gathered
+ * while in cache) instead of a reduce-scatter right after its backward.
+ * Only stage 0: its backward ends last, so an early reduce-scatter would
+ * overlap nothing there, while the later stages' overlaps the backward
+ * still running on the stages before them. */
+static bool fused(const gp_pipeline *p, int j)
+{
+    return j == 0 && p->hook && sharded(p, j);
+}
+
 /* Stage j's parameter gradients summed over the replicas (each replica's
  * loss is already scaled by 1 / global batch, so the sum is the gradient of
  * the global mean): in full (all-reduce), or only this replica's chunk of
- * each (reduce-scatter) when sharded; then the pending batch-norm
- * statistics merged. */
+ * each (reduce-scatter) when sharded, or not yet when fused; then the
+ * pending batch-norm statistics merged. */
 static gp_status allreduce_stage(gp_pipeline *p, int j)
 {
     gp_comm *comm = p->comms[j];
     bool shard = sharded(p, j);
+    bool grads = !fused(p, j); /* fused: the hook sums them after the barrier */
     for (int c = p->first[j]; c < p->first[j] + p->count[j]; c++) {
         gp_layer *l = &p->layers[c];
-        for (int q = 0; q < l->n_params; q++) {
+        for (int q = 0; grads && q < l->n_params; q++) {
             gp_param *pr = &l->params[q];
             if (pr->is_buffer || !pr->grad.data) continue;
             int64_t n = gp_tensor_numel(&pr->grad);
@@ -524,12 +536,14 @@ static gp_status run_step(worker *w)
             if (st != GP_OK) return fail(p, st, j, -1, first + c);
         }
     if (p->hook) {
-        bool shard = sharded(p, j);
+        bool shard = sharded(p, j), fuse = fused(p, j);
+        double t0 = gp_now();
         gp_status st = p->hook(p->hook_arg, j, first, count, shard ? p->rank : 0,
-                               shard ? p->comms[j]->n : 1);
+                               shard ? p->comms[j]->n : 1, fuse ? p->comms[j] : NULL);
+        if (fuse) w->comm_seconds += gp_now() - t0;
         if (st != GP_OK) return fail(p, st, j, -1, -1);
-        if (shard) {
-            double t0 = gp_now();
+        if (shard && !fuse) {
+            t0 = gp_now();
             st = gather_stage(p, j);
             w->comm_seconds += gp_now() - t0;
             if (st != GP_OK) return fail(p, st, j, -1, -1);

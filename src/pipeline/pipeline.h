@@ -64,9 +64,14 @@ typedef struct gp_pipeline_opts {
  * shards > 1 (data parallelism whose backend can reduce-scatter): only
  * chunk `shard` of each parameter (gp_comm_chunk) holds the summed
  * gradient; update just that chunk, and the pipeline all-gathers the
- * parameters afterwards, so the replicas share the update's work. */
+ * parameters afterwards, so the replicas share the update's work.
+ * fused != NULL (shards > 1, on the stage whose backward ends last, stage
+ * 0): the gradients are not summed yet; the hook does the whole sharded
+ * step of every parameter through gp_dev_sharded_sgd(dev, fused, ...) —
+ * sum, update and all-gather in one pass, with nothing left for the
+ * pipeline to gather. */
 typedef gp_status (*gp_stage_hook)(void *arg, int j, int first, int count, int shard,
-                                   int shards);
+                                   int shards, gp_comm *fused);
 
 typedef struct gp_pipeline_out {
     double loss_sum;            /* over all samples of the batch */

@@ -269,7 +269,7 @@ static gp_status finish_grads(gp_model *m)
 /* SGD on layers [first, first + count), on their devices: on chunk `shard`
  * of `shards` of every parameter (gp_comm_chunk; shards = 1: all of it). */
 static gp_status sgd_range(gp_model *m, const gp_optim_config *o, double lr, int first, int count,
-                           int shard, int shards)
+                           int shard, int shards, gp_comm *fused)
 {
     for (int k = first; k < first + count; k++) {
         gp_layer *l = &m->layers[k];
@@ -279,6 +279,14 @@ static gp_status sgd_range(gp_model *m, const gp_optim_config *o, double lr, int
             if (pr->is_buffer) continue;
             float wd = (pr->no_decay && !o->decay_bias_and_norm) ? 0.0f : o->weight_decay;
             gp_device *dev = pr->value.dev;
+            if (fused) { /* sum, update and gather this parameter in one pass */
+                GP_TRY(gp_dev_sharded_sgd(dev, fused, pr->value.data, pr->grad.data,
+                                          m->momentum[j].data,
+                                          gp_tensor_numel(&pr->value), (float)lr,
+                                          o->momentum, wd, o->nesterov));
+                j++;
+                continue;
+            }
             int64_t lo, hi;
             gp_comm_chunk(gp_tensor_numel(&pr->value), shards, shard, &lo, &hi);
             if (hi > lo)
@@ -292,14 +300,14 @@ static gp_status sgd_range(gp_model *m, const gp_optim_config *o, double lr, int
 }
 
 gp_status gp_model_sgd_range(gp_model *m, const gp_optim_config *o, double lr, int first,
-                             int count, int shard, int shards)
+                             int count, int shard, int shards, gp_comm *fused)
 {
-    return sgd_range(m, o, lr, first, count, shard, shards);
+    return sgd_range(m, o, lr, first, count, shard, shards, fused);
 }
 
 static gp_status sgd_update(gp_model *m, const gp_optim_config *o, double lr)
 {
-    return sgd_range(m, o, lr, 0, m->n_layers, 0, 1);
+    return sgd_range(m, o, lr, 0, m->n_layers, 0, 1, NULL);
 }
 
 typedef struct {
@@ -309,11 +317,12 @@ typedef struct {
 } sgd_hook_arg;
 
 /* Runs on worker j once stage j's gradients are complete. */
-static gp_status sgd_hook(void *arg, int j, int first, int count, int shard, int shards)
+static gp_status sgd_hook(void *arg, int j, int first, int count, int shard, int shards,
+                          gp_comm *fused)
 {
     (void)j;
     sgd_hook_arg *a = arg;
-    return sgd_range(a->m, a->o, a->lr, first, count, shard, shards);
+    return sgd_range(a->m, a->o, a->lr, first, count, shard, shards, fused);
 }
 
 gp_status gp_model_pipeline_step(gp_model *m, const gp_config *cfg, const float *x,

@@ -167,13 +167,15 @@ typedef struct {
     double lr;
 } rep_hook_arg;
 
-/* Worker j of one replica, after every stage of that replica (and so, through
- * the all-reduces, of every replica) got through its backward. */
-static gp_status rep_sgd_hook(void *arg, int j, int first, int count, int shard, int shards)
+/* Worker j of one replica, after every stage of that replica got through
+ * its backward; the collectives (the reduce-scatter before, or the first
+ * barrier of the fused update) wait for every replica's stage j too. */
+static gp_status rep_sgd_hook(void *arg, int j, int first, int count, int shard, int shards,
+                              gp_comm *fused)
 {
     (void)j;
     rep_hook_arg *a = arg;
-    return gp_model_sgd_range(a->m, a->o, a->lr, first, count, shard, shards);
+    return gp_model_sgd_range(a->m, a->o, a->lr, first, count, shard, shards, fused);
 }
 
 gp_status gp_model_replicated_step(gp_model *m, const gp_config *cfg, const float *x,

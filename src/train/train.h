@@ -153,9 +153,12 @@ gp_status gp_model_check_replicas(const gp_model *m);
 /* Releases the replicas and the group (gp_model_free calls it). */
 void gp_model_free_replicas(gp_model *m);
 /* SGD on layers [first, first + count) with the model's momentum, on chunk
- * `shard` of `shards` of every parameter (gp_comm_chunk; 0, 1: all). */
+ * `shard` of `shards` of every parameter (gp_comm_chunk; 0, 1: all).
+ * fused != NULL: the gradients are not summed over the replicas yet; each
+ * parameter's sum, chunk update and all-gather run as one collective over
+ * fused (gp_dev_sharded_sgd; see gp_stage_hook). */
 gp_status gp_model_sgd_range(gp_model *m, const gp_optim_config *o, double lr, int first,
-                             int count, int shard, int shards);
+                             int count, int shard, int shards, gp_comm *fused);
 /* Data parallelism with sharded updates leaves replica r's momentum current
  * only in chunk r of each tensor (the chunk it updates).  Copies every
  * chunk from its owner into replica 0's momentum, so replica 0 holds the

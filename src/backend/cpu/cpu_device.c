@@ -233,6 +233,7 @@ static const gp_device_iface cpu_iface = {
     .all_gather = gp_cpu_all_gather,
     .host_alloc = NULL, /* device memory is host memory: gp_dev_host_alloc's aligned malloc */
     .host_free = NULL,
+    .sharded_sgd = gp_cpu_sharded_sgd,
 };
 
 static cpu_conv_layout conv_layout_from_env(void)
