@@ -273,9 +273,9 @@ typedef struct gp_device_iface {
      * `rank` of w and v with that sum (sgd_update's formula), and the
      * updated chunk written into every rank's w.  The result is that of
      * reduce_scatter(g); sgd_update on chunk `rank`; all_gather(w) — bitwise
-     * on the CPU — but the CPU does it in cache-sized blocks, each summed,
-     * updated and pushed while it is in cache: 7 passes over a chunk
-     * instead of 10 (cpu_comm.c).  Only chunk `rank` of v is read or
+     * on the CPU — but the CPU does it in one pass, streaming the new w
+     * into the peers' buffers: 7 passes over a chunk's memory instead of 10
+     * (cpu_comm.c).  Only chunk `rank` of v is read or
      * written; afterwards g is unspecified (the CPU leaves it unchanged,
      * the composition holds the sum in chunk `rank`).  NULL:
      * gp_dev_sharded_sgd composes the three. */

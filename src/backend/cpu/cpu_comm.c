@@ -14,10 +14,10 @@
  * phase, and copies n - 1 chunks in the second.  reduce_scatter and
  * all_gather are the two phases on their own (each between two barriers),
  * for the sharded optimizer update that runs between them.  sharded_sgd
- * fuses all three for one parameter: rank r walks its chunk in blocks that
- * fit in L2, and for each block sums the ranks' gradients, updates its w
- * and momentum and writes the new w into every peer's buffer, while the
- * block is still in cache (7 passes over the chunk's memory instead of 10).
+ * fuses all three for one parameter: rank r walks its chunk once, and for
+ * every element sums the ranks' gradients, updates its w and momentum and
+ * streams the new w into every peer's buffer (7 passes over the chunk's
+ * memory instead of 10; see sharded_sgd_span).
  *
  *     enter: publish buffer ─ barrier ─ reduce own chunk ─ barrier ─
  *            copy the others' chunks ─ barrier ─ return
@@ -44,8 +44,12 @@
 #include "backend/elementwise.h"
 
 #include <omp.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
 
 typedef struct cpu_comm {
     pthread_mutex_t lock;
@@ -264,30 +268,57 @@ gp_status gp_cpu_all_gather(gp_device *dev, gp_comm *comm, float *buf, int64_t n
     return one_phase(dev, comm, buf, n, false);
 }
 
-/* Floats per block of sharded_sgd: a block of each rank's gradient, w and v
- * is still in L1/L2 when the update reads it and when it is pushed. */
-#define SHARD_BLOCK 1024
-
-/* One block [b0, b0 + len) of rank me's chunk: the gradient sum over the R
- * ranks' gradients gs (in rank order, as reduce_own_chunk), the SGD update
- * of w and v with it (as gp_cpu_sgd_update), the new w pushed into every
- * peer's ws[q].  The sum stays in a stack block: nothing reads it later. */
-static void sharded_sgd_block(float *const *gs, float *const *ws, int R, int me, float *w,
-                              float *v, int64_t b0, int64_t len, float lr, float mu, float wd,
-                              int nesterov)
+/* The fused sharded SGD step over elements [e0, e1) of rank me's chunk, in
+ * one pass: per element the gradient sum over the R ranks' gs (rank order,
+ * as reduce_own_chunk), gp_ew_sgd's update of w and v with it, and the new
+ * w stored into every peer's ws[q].  On x86-64 the loop runs four floats at
+ * a time with SSE (part of the base ISA) in the same operation order as
+ * gp_ew_sgd, so the results are bitwise those of the scalar code, and the
+ * peers' copies are written with non-temporal stores: they bypass this
+ * core's cache, so the push costs one pass over the chunk instead of a
+ * read-for-ownership plus a write-back.  A single pass with streaming
+ * stores measured 22 ms against 31 ms for the same step done block-wise
+ * (sum, update, memcpy) on one rank's 54 MB chunk (bench/README.md). */
+static void sharded_sgd_span(float *const *gs, float *const *ws, int R, int me, float *w,
+                             float *v, int64_t e0, int64_t e1, float lr, float mu, float wd,
+                             int nesterov)
 {
-    float sum[SHARD_BLOCK];
-    float *restrict s = sum;
-    const float *restrict g0 = gs[0] + b0;
-    for (int64_t e = 0; e < len; e++) s[e] = g0[e];
-    for (int q = 1; q < R; q++) {
-        const float *restrict gq = gs[q] + b0;
-        for (int64_t e = 0; e < len; e++) s[e] += gq[e];
+    int64_t e = e0;
+#if defined(__SSE2__)
+    for (; e < e1 && ((uintptr_t)(w + e) & 15); e++) { /* scalar up to w's alignment */
+        float sum = gs[0][e];
+        for (int q = 1; q < R; q++) sum += gs[q][e];
+        gp_ew_sgd(&w[e], sum, &v[e], lr, mu, wd, nesterov);
+        for (int q = 0; q < R; q++)
+            if (q != me) ws[q][e] = w[e];
     }
-    float *restrict wb = w + b0, *restrict vb = v + b0;
-    for (int64_t e = 0; e < len; e++) gp_ew_sgd(&wb[e], s[e], &vb[e], lr, mu, wd, nesterov);
-    for (int q = 0; q < R; q++)
-        if (q != me) memcpy(ws[q] + b0, wb, (size_t)len * sizeof *wb);
+    const __m128 vlr = _mm_set1_ps(lr), vmu = _mm_set1_ps(mu), vwd = _mm_set1_ps(wd);
+    for (; e + 4 <= e1; e += 4) {
+        __m128 g = _mm_loadu_ps(gs[0] + e);
+        for (int q = 1; q < R; q++) g = _mm_add_ps(g, _mm_loadu_ps(gs[q] + e));
+        __m128 wv = _mm_load_ps(w + e);
+        __m128 gg = _mm_add_ps(g, _mm_mul_ps(vwd, wv));         /* g + wd w */
+        __m128 vv = _mm_add_ps(_mm_mul_ps(vmu, _mm_loadu_ps(v + e)), gg); /* mu v + g' */
+        _mm_storeu_ps(v + e, vv);
+        __m128 step = nesterov ? _mm_add_ps(gg, _mm_mul_ps(vmu, vv)) : vv;
+        wv = _mm_sub_ps(wv, _mm_mul_ps(vlr, step));
+        _mm_store_ps(w + e, wv);
+        for (int q = 0; q < R; q++) {
+            if (q == me) continue;
+            float *d = ws[q] + e;
+            if ((uintptr_t)d & 15) _mm_storeu_ps(d, wv);
+            else _mm_stream_ps(d, wv);
+        }
+    }
+    _mm_sfence(); /* the streamed stores are visible before the closing barrier */
+#endif
+    for (; e < e1; e++) {
+        float sum = gs[0][e];
+        for (int q = 1; q < R; q++) sum += gs[q][e];
+        gp_ew_sgd(&w[e], sum, &v[e], lr, mu, wd, nesterov);
+        for (int q = 0; q < R; q++)
+            if (q != me) ws[q][e] = w[e];
+    }
 }
 
 gp_status gp_cpu_sharded_sgd(gp_device *dev, gp_comm *comm, float *w, float *g, float *v,
@@ -299,14 +330,14 @@ gp_status gp_cpu_sharded_sgd(gp_device *dev, gp_comm *comm, float *w, float *g, 
     cpu_comm *cc = comm->ctx;
     int64_t lo, hi;
     gp_comm_chunk(n, R, me, &lo, &hi);
-    int64_t blocks = (hi - lo + SHARD_BLOCK - 1) / SHARD_BLOCK;
     int nt = dev->threads;
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && blocks >= 32)
-    for (int64_t b = 0; b < blocks; b++) {
-        int64_t b0 = lo + b * SHARD_BLOCK;
-        int64_t len = hi - b0 < SHARD_BLOCK ? hi - b0 : SHARD_BLOCK;
-        sharded_sgd_block(cc->bufs, cc->bufs2, R, me, w, v, b0, len, lr, mu, wd, nesterov);
-    }
+    if (nt < 1 || hi - lo < 65536) nt = 1;
+    /* Each math thread one contiguous span (its streamed stores fenced by
+     * itself). */
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+    for (int t = 0; t < nt; t++)
+        sharded_sgd_span(cc->bufs, cc->bufs2, R, me, w, v, lo + (hi - lo) * t / nt,
+                         lo + (hi - lo) * (t + 1) / nt, lr, mu, wd, nesterov);
     return barrier(cc, R, true, false);
 }
 
