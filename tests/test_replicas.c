@@ -319,6 +319,85 @@ static void sharded_sgd(void)
            "and gp_ew_sgd; momentum touched only in the rank's own chunk\n", cases);
 }
 
+/* ---- the group barrier ---------------------------------------------------- */
+
+typedef struct {
+    gp_device *dev;
+    gp_comm *comm;
+    int rank, R;
+    volatile int *arrived; /* each rank sets its slot before the barrier */
+    int seen;              /* slots set when this rank left the barrier */
+    gp_status st;
+} bar_job;
+
+static void *bar_thread(void *arg)
+{
+    bar_job *b = arg;
+    gp_device_bind_thread(b->dev);
+    /* ranks arrive at different times: the later ones sleep first */
+    nanosleep(&(struct timespec){0, 20000000L * b->rank}, NULL);
+    __atomic_store_n(&b->arrived[b->rank], 1, __ATOMIC_SEQ_CST);
+    b->st = gp_comm_barrier(b->dev, b->comm);
+    b->seen = 0;
+    for (int q = 0; q < b->R; q++) b->seen += __atomic_load_n(&b->arrived[q], __ATOMIC_SEQ_CST);
+    return NULL;
+}
+
+static void group_barrier(void)
+{
+    /* the CPU's slot, and the fallback (all-reduce + synchronize) that a
+     * backend without the slot gets: the same devices without the slot */
+    gp_device_iface plain = *devs[0]->iface;
+    plain.barrier = NULL;
+    gp_device copies[MAXR], *cds[MAXR];
+    for (int r = 0; r < MAXR; r++) {
+        copies[r] = *devs[r];
+        copies[r].iface = &plain;
+        cds[r] = &copies[r];
+    }
+    for (int path = 0; path < 2; path++)
+        for (int R = 1; R <= 3; R++) {
+            gp_device **ds = path ? cds : devs;
+            gp_comm *comm = NULL;
+            CHECK_OK(gp_comm_create(ds, R, &comm));
+            if (!comm) continue;
+            int arrived[MAXR] = {0};
+            bar_job job[MAXR];
+            pthread_t th[MAXR];
+            for (int r = 0; r < R; r++) {
+                job[r] = (bar_job){ds[r], comm, r, R, arrived, 0, GP_OK};
+                pthread_create(&th[r], NULL, bar_thread, &job[r]);
+            }
+            for (int r = 0; r < R; r++) pthread_join(th[r], NULL);
+            for (int r = 0; r < R; r++) {
+                CHECK_OK(job[r].st);
+                CHECK_MSG(job[r].seen == R, "%s barrier, R=%d: rank %d left it when %d of %d "
+                          "had arrived", path ? "fallback" : "CPU", R, r, job[r].seen, R);
+            }
+            gp_comm_destroy(comm);
+        }
+    /* aborted: the ranks that came return GP_ERR_CANCELLED, nobody hangs */
+    gp_comm *comm = NULL;
+    CHECK_OK(gp_comm_create(devs, 3, &comm));
+    if (!comm) return;
+    int arrived[3] = {0};
+    bar_job job[2];
+    pthread_t th[2];
+    for (int r = 0; r < 2; r++) {
+        job[r] = (bar_job){devs[r], comm, r, 3, arrived, 0, GP_OK};
+        pthread_create(&th[r], NULL, bar_thread, &job[r]);
+    }
+    nanosleep(&(struct timespec){0, 100000000L}, NULL);
+    gp_comm_abort(comm);
+    for (int r = 0; r < 2; r++) {
+        pthread_join(th[r], NULL);
+        CHECK(job[r].st == GP_ERR_CANCELLED);
+    }
+    gp_comm_destroy(comm);
+    printf("test_replicas: group barrier (CPU slot and the all-reduce fallback, R = 1..3, "
+           "and abort)\n");
+}
+
 /* ---- models ------------------------------------------------------------- */
 
 enum { BATCH = 12 };
@@ -802,6 +881,45 @@ static void faults(void)
 
 #define MODEL "model:\n  input: [1, 4, 4]\n  layers: [flatten, {linear: {out: 5}}]\n"
 
+/* A replica that fails late — its stage 0 still in its last backward when
+ * the other replicas and its own later stages are through theirs — must
+ * leave every replica's parameters and batch-norm statistics unchanged: the
+ * later stages' updates wait for every replica (gp_comm_barrier). */
+static void late_fault(bool convnet)
+{
+    gp_config c = make_cfg(convnet, false);
+    int bal[2];
+    split_even(c.model.n_layers, 2, bal);
+    gp_model rep;
+    CHECK_OK(gp_model_build_replicated(&c, devs, 2, 2, bal, &rep));
+    float x[BATCH * 72], y[BATCH];
+    make_batch(&c, 0, x, y);
+    CHECK_OK(gp_model_pipeline_step(&rep, &c, x, y, BATCH, 0.05, NULL));
+    gp_model *late = &rep.replicas[0];
+    gp_pipeline_set_fault(late->pipe, 0, 0, GP_INSTR_BACKWARD);
+    gp_pipeline_set_fault_delay(late->pipe, 300);
+    int64_t n0, n1, m0, m1;
+    float *before = gather(&rep, &n0), *before1 = gather(late, &m0);
+    gp_status s = gp_model_pipeline_step(&rep, &c, x, y, BATCH, 0.05, NULL);
+    CHECK_MSG(s == GP_ERR_RUNTIME && strstr(gp_last_error(), "replica 1:"),
+              "late fault: %s '%s'", gp_status_name(s), gp_last_error());
+    float *after = gather(&rep, &n1), *after1 = gather(late, &m1);
+    CHECK_MSG(n0 == n1 && !memcmp(before, after, (size_t)n0 * sizeof *before),
+              "%s: a replica that failed late let replica 0 change its model",
+              convnet ? "convnet" : "mlp");
+    CHECK_MSG(m0 == m1 && !memcmp(before1, after1, (size_t)m0 * sizeof *before1),
+              "%s: a replica that failed late changed its own model", convnet ? "convnet" : "mlp");
+    free(before);
+    free(after);
+    free(before1);
+    free(after1);
+    gp_pipeline_set_fault_delay(late->pipe, 0);
+    gp_pipeline_set_fault(late->pipe, 0, -1, GP_INSTR_FORWARD);
+    CHECK_OK(gp_model_pipeline_step(&rep, &c, x, y, BATCH, 0.05, NULL));
+    CHECK_OK(gp_model_check_replicas(&rep));
+    gp_model_free(&rep);
+}
+
 static void config_grid(void)
 {
     const char *grid = "model:\n  input: [1, 4, 4]\n  layers: [flatten, {linear: {out: 5}}]\n"
@@ -858,6 +976,7 @@ int main(void)
     open_devs();
     collectives();
     sharded_sgd();
+    group_barrier();
     for (int R = 1; R <= 3; R++)
         for (int n = 1; n <= 2; n++) {
             equivalence(false, R, n);
@@ -868,6 +987,8 @@ int main(void)
     residual_model();
     residual_sync();
     faults();
+    late_fault(false);
+    late_fault(true);
     config_grid();
     lr_rule();
     for (int j = 0; j < 8; j++) gp_device_close(devs[j]);

@@ -281,6 +281,12 @@ typedef struct gp_device_iface {
      * gp_dev_sharded_sgd composes the three. */
     gp_status (*sharded_sgd)(gp_device *dev, gp_comm *comm, float *w, float *g, float *v,
                              int64_t n, float lr, float mu, float wd, int nesterov);
+
+    /* --- a host barrier over the group (optional; appended last) ---
+     * Returns once every rank has called it (GP_ERR_CANCELLED after
+     * comm->abort).  NULL: gp_comm_barrier all-reduces one float and
+     * synchronizes the device instead. */
+    gp_status (*barrier)(gp_device *dev, gp_comm *comm);
 } gp_device_iface;
 
 struct gp_device {
@@ -364,6 +370,9 @@ gp_status gp_dev_all_gather(gp_device *dev, gp_comm *comm, float *buf, int64_t n
  * it is NULL.  Needs gp_dev_can_shard(dev). */
 gp_status gp_dev_sharded_sgd(gp_device *dev, gp_comm *comm, float *w, float *g, float *v,
                              int64_t n, float lr, float mu, float wd, int nesterov);
+/* Every rank of comm calls it from its own thread; it returns when all have
+ * (the barrier slot, or an all-reduce of one float + synchronize). */
+gp_status gp_comm_barrier(gp_device *dev, gp_comm *comm);
 /* Host memory for data that will be uploaded to dev: pinned where the
  * backend has host_alloc, else 64-byte aligned malloc (also when dev is
  * NULL).  Free with gp_dev_host_free and the same dev. */

@@ -210,6 +210,19 @@ gp_status gp_dev_sharded_sgd(gp_device *dev, gp_comm *comm, float *w, float *g, 
     return gp_dev_all_gather(dev, comm, w, n);
 }
 
+gp_status gp_comm_barrier(gp_device *dev, gp_comm *comm)
+{
+    if (dev->iface->barrier) return dev->iface->barrier(dev, comm);
+    /* A collective every rank must join, then waited for on the host. */
+    float *one;
+    GP_TRY(gp_dev_alloc(dev, sizeof *one, GP_MEM_WORKSPACE, (void **)&one));
+    gp_status st = dev->iface->fill(dev, one, 0.0f, 1);
+    if (st == GP_OK) st = gp_dev_allreduce(dev, comm, one, 1);
+    if (st == GP_OK) st = dev->iface->synchronize(dev);
+    gp_dev_free(dev, one, sizeof *one, GP_MEM_WORKSPACE);
+    return st;
+}
+
 gp_status gp_dev_host_alloc(gp_device *dev, size_t bytes, void **out)
 {
     *out = NULL;

@@ -23,6 +23,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <time.h>
 #include <string.h>
 
 #define GP_MAX_CHUNKS 1024
@@ -337,6 +338,10 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
     mb_state *s = MB(p, i, j);
     gp_status st = GP_OK;
     if (p->opts.fault_j == j && p->opts.fault_i == i && p->opts.fault_kind == in->kind) {
+        if (p->opts.fault_delay_ms > 0)
+            nanosleep(&(struct timespec){p->opts.fault_delay_ms / 1000,
+                                         (p->opts.fault_delay_ms % 1000) * 1000000L},
+                      NULL);
         *bad_layer = p->first[j];
         return gp_error_set(GP_ERR_RUNTIME, "injected fault in %s", gp_instr_kind_name(in->kind));
     }
@@ -530,6 +535,16 @@ static gp_status run_step(worker *w)
     bool cancelled = p->cancelled;
     pthread_mutex_unlock(&p->lock);
     if (cancelled) return gp_error_set(GP_ERR_CANCELLED, "cancelled");
+    /* Data parallelism: and every stage of every replica.  Worker j of each
+     * replica arrives here only after its own replica's barrier, so once
+     * all have, nothing of any replica can fail before the update (the
+     * reduce-scatter above waited only for the replicas' stage j; another
+     * replica's stage 0 may still be in its backward).  A failure elsewhere
+     * aborts the communicator and this returns GP_ERR_CANCELLED. */
+    if (p->comms[j] && p->comms[j]->n > 1) {
+        gp_status st = gp_comm_barrier(p->devs[j], p->comms[j]);
+        if (st != GP_OK) return fail(p, st, j, -1, -1);
+    }
     for (int c = 0; c < count; c++)
         if (p->layers[first + c].ops->commit) {
             gp_status st = p->layers[first + c].ops->commit(&p->layers[first + c]);
@@ -824,6 +839,8 @@ const gp_event_rec *gp_pipeline_events(const gp_pipeline *p, int j, int *count)
     *count = p->workers[j].n_events;
     return p->workers[j].events;
 }
+
+void gp_pipeline_set_fault_delay(gp_pipeline *p, int ms) { p->opts.fault_delay_ms = ms; }
 
 void gp_pipeline_set_fault(gp_pipeline *p, int i, int j, gp_instr_kind kind)
 {

@@ -55,6 +55,7 @@ typedef struct gp_pipeline_opts {
      * with GP_ERR_RUNTIME "injected fault".  fault_j < 0 = off. */
     int fault_i, fault_j;
     gp_instr_kind fault_kind;
+    int fault_delay_ms;         /* the fault first sleeps this long (tests: a late failure) */
 } gp_pipeline_opts;
 
 /* Called by worker j once every stage's backward has succeeded and stage j's
@@ -131,6 +132,9 @@ double gp_pipeline_comm_seconds(const gp_pipeline *p, int j);
 /* Test hook: make the instruction `kind` of (i, j) fail from the next step
  * on (j < 0 turns it off). */
 void gp_pipeline_set_fault(gp_pipeline *p, int i, int j, gp_instr_kind kind);
+/* Test hook: the injected fault sleeps `ms` before it fails (a replica that
+ * fails late, after the others got through their backward). */
+void gp_pipeline_set_fault_delay(gp_pipeline *p, int ms);
 
 /* Events of the last step for device j (valid until the next step). */
 const gp_event_rec *gp_pipeline_events(const gp_pipeline *p, int j, int *count);

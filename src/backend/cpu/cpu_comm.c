@@ -341,6 +341,15 @@ gp_status gp_cpu_sharded_sgd(gp_device *dev, gp_comm *comm, float *w, float *g, 
     return barrier(cc, R, true, false);
 }
 
+gp_status gp_cpu_barrier(gp_device *dev, gp_comm *comm)
+{
+    int me;
+    gp_cpu_enter(dev);
+    GP_TRY(enter(dev, comm, NULL, NULL, 0, &me));
+    if (comm->n == 1) return GP_OK;
+    return barrier(comm->ctx, comm->n, false, false);
+}
+
 gp_status gp_cpu_broadcast(gp_device *dev, gp_comm *comm, float *buf, int64_t n, int root)
 {
     gp_cpu_enter(dev);

@@ -234,6 +234,7 @@ static const gp_device_iface cpu_iface = {
     .host_alloc = NULL, /* device memory is host memory: gp_dev_host_alloc's aligned malloc */
     .host_free = NULL,
     .sharded_sgd = gp_cpu_sharded_sgd,
+    .barrier = gp_cpu_barrier,
 };
 
 static cpu_conv_layout conv_layout_from_env(void)
