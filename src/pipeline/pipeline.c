@@ -49,7 +49,7 @@ typedef struct worker {
     int n_events;
     int cap_events;
     double busy;
-    double comm_seconds;  /* this step's gradient all-reduce (data parallelism) */
+    double comm_seconds;  /* this step's collectives and waits for the other replicas */
 } worker;
 
 struct gp_pipeline {
@@ -542,7 +542,9 @@ static gp_status run_step(worker *w)
      * replica's stage 0 may still be in its backward).  A failure elsewhere
      * aborts the communicator and this returns GP_ERR_CANCELLED. */
     if (p->comms[j] && p->comms[j]->n > 1) {
+        double t0 = gp_now();
         gp_status st = gp_comm_barrier(p->devs[j], p->comms[j]);
+        w->comm_seconds += gp_now() - t0; /* waiting for the other replicas */
         if (st != GP_OK) return fail(p, st, j, -1, -1);
     }
     for (int c = 0; c < count; c++)
