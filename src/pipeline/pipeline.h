@@ -126,7 +126,8 @@ void gp_pipeline_join(gp_pipeline *p, gp_comm *const *comms, int rank,
                       void (*on_fail)(void *arg), void *arg);
 /* Cancel the running step (if any) with GP_ERR_CANCELLED; any thread. */
 void gp_pipeline_cancel(gp_pipeline *p);
-/* Seconds worker j spent in the gradient all-reduce in the last step. */
+/* Seconds worker j spent in collectives (gradient all-reduce or sharded
+ * update) and waiting for the other replicas in the last step. */
 double gp_pipeline_comm_seconds(const gp_pipeline *p, int j);
 
 /* Test hook: make the instruction `kind` of (i, j) fail from the next step
