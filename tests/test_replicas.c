@@ -260,6 +260,18 @@ static int sharded_case(gp_device **ds, gp_comm *comm, int R, int64_t n, float m
     return wrong;
 }
 
+/* The first MAXR devices again, behind `iface` (a copy of theirs with an
+ * optional slot cleared): the path a backend without that slot takes,
+ * exercised on the CPU. */
+static void devices_with(const gp_device_iface *iface, gp_device *copies, gp_device **cds)
+{
+    for (int r = 0; r < MAXR; r++) {
+        copies[r] = *devs[r];
+        copies[r].iface = iface;
+        cds[r] = &copies[r];
+    }
+}
+
 static void sharded_sgd(void)
 {
     const int64_t sizes[] = {1, 2, 3, 5, 1000, 1023, 1025, 4097, 65537, 200003};
@@ -270,11 +282,7 @@ static void sharded_sgd(void)
     gp_device_iface plain = *devs[0]->iface;
     plain.sharded_sgd = NULL;
     gp_device copies[MAXR], *cds[MAXR];
-    for (int r = 0; r < MAXR; r++) {
-        copies[r] = *devs[r];
-        copies[r].iface = &plain;
-        cds[r] = &copies[r];
-    }
+    devices_with(&plain, copies, cds);
     int cases = 0, bad = 0;
     for (int path = 0; path < 2; path++)
         for (int R = 1; R <= MAXR; R++) {
@@ -350,11 +358,7 @@ static void group_barrier(void)
     gp_device_iface plain = *devs[0]->iface;
     plain.barrier = NULL;
     gp_device copies[MAXR], *cds[MAXR];
-    for (int r = 0; r < MAXR; r++) {
-        copies[r] = *devs[r];
-        copies[r].iface = &plain;
-        cds[r] = &copies[r];
-    }
+    devices_with(&plain, copies, cds);
     for (int path = 0; path < 2; path++)
         for (int R = 1; R <= 3; R++) {
             gp_device **ds = path ? cds : devs;
@@ -831,16 +835,25 @@ static void residual_sync(void)
 
 /* ---- failures --------------------------------------------------------------- */
 
+/* R replicas of a 2-stage model (MLP or convnet), the group made by one
+ * step on the batch x, y (BATCH x up to 72 inputs). */
+static void two_stage_group(bool convnet, int R, gp_config *c, gp_model *rep, float *x,
+                            float *y)
+{
+    *c = make_cfg(convnet, false);
+    int bal[2];
+    split_even(c->model.n_layers, 2, bal);
+    CHECK_OK(gp_model_build_replicated(c, devs, R, 2, bal, rep));
+    make_batch(c, 0, x, y);
+    CHECK_OK(gp_model_pipeline_step(rep, c, x, y, BATCH, 0.05, NULL)); /* makes the group */
+}
+
 static void faults(void)
 {
-    gp_config c = make_cfg(false, false);
-    int bal[2];
-    split_even(c.model.n_layers, 2, bal);
+    gp_config c;
     gp_model rep;
-    CHECK_OK(gp_model_build_replicated(&c, devs, 3, 2, bal, &rep));
-    float x[BATCH * 16], y[BATCH];
-    make_batch(&c, 0, x, y);
-    CHECK_OK(gp_model_pipeline_step(&rep, &c, x, y, BATCH, 0.05, NULL)); /* makes the group */
+    float x[BATCH * 72], y[BATCH];
+    two_stage_group(false, 3, &c, &rep, x, y);
     gp_instr_kind kinds[] = {GP_INSTR_FORWARD, GP_INSTR_BACKWARD, GP_INSTR_RECOMPUTE};
     for (int r = 0; r < 3; r++)
         for (int j = 0; j < 2; j++)
@@ -887,14 +900,10 @@ static void faults(void)
  * later stages' updates wait for every replica (gp_comm_barrier). */
 static void late_fault(bool convnet)
 {
-    gp_config c = make_cfg(convnet, false);
-    int bal[2];
-    split_even(c.model.n_layers, 2, bal);
+    gp_config c;
     gp_model rep;
-    CHECK_OK(gp_model_build_replicated(&c, devs, 2, 2, bal, &rep));
     float x[BATCH * 72], y[BATCH];
-    make_batch(&c, 0, x, y);
-    CHECK_OK(gp_model_pipeline_step(&rep, &c, x, y, BATCH, 0.05, NULL));
+    two_stage_group(convnet, 2, &c, &rep, x, y);
     gp_model *late = &rep.replicas[0];
     gp_pipeline_set_fault(late->pipe, 0, 0, GP_INSTR_BACKWARD);
     gp_pipeline_set_fault_delay(late->pipe, 300);
