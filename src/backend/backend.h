@@ -274,8 +274,8 @@ typedef struct gp_device_iface {
      * updated chunk written into every rank's w.  The result is that of
      * reduce_scatter(g); sgd_update on chunk `rank`; all_gather(w) — bitwise
      * on the CPU — but the CPU does it in one pass, streaming the new w
-     * into the peers' buffers: 7 passes over a chunk's memory instead of 10
-     * (cpu_comm.c).  Only chunk `rank` of v is read or
+     * into the peers' buffers: 2R + 3 passes over a chunk's memory instead
+     * of 3R + 4, 7 instead of 10 for R = 2 (cpu_comm.c).  Only chunk `rank` of v is read or
      * written; afterwards g is unspecified (the CPU leaves it unchanged,
      * the composition holds the sum in chunk `rank`).  NULL:
      * gp_dev_sharded_sgd composes the three. */
@@ -284,8 +284,10 @@ typedef struct gp_device_iface {
 
     /* --- a host barrier over the group (optional; appended last) ---
      * Returns once every rank has called it (GP_ERR_CANCELLED after
-     * comm->abort).  NULL: gp_comm_barrier all-reduces one float and
-     * synchronizes the device instead. */
+     * comm->abort).  NULL: gp_dev_barrier all-reduces one float and
+     * synchronizes the device instead; a backend whose communicator cannot
+     * be aborted (NCCL here: no ncclCommAbort yet) then waits forever for a
+     * rank that failed, as its other collectives already do. */
     gp_status (*barrier)(gp_device *dev, gp_comm *comm);
 } gp_device_iface;
 
@@ -372,7 +374,7 @@ gp_status gp_dev_sharded_sgd(gp_device *dev, gp_comm *comm, float *w, float *g, 
                              int64_t n, float lr, float mu, float wd, int nesterov);
 /* Every rank of comm calls it from its own thread; it returns when all have
  * (the barrier slot, or an all-reduce of one float + synchronize). */
-gp_status gp_comm_barrier(gp_device *dev, gp_comm *comm);
+gp_status gp_dev_barrier(gp_device *dev, gp_comm *comm);
 /* Host memory for data that will be uploaded to dev: pinned where the
  * backend has host_alloc, else 64-byte aligned malloc (also when dev is
  * NULL).  Free with gp_dev_host_free and the same dev. */

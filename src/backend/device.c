@@ -210,7 +210,7 @@ gp_status gp_dev_sharded_sgd(gp_device *dev, gp_comm *comm, float *w, float *g, 
     return gp_dev_all_gather(dev, comm, w, n);
 }
 
-gp_status gp_comm_barrier(gp_device *dev, gp_comm *comm)
+gp_status gp_dev_barrier(gp_device *dev, gp_comm *comm)
 {
     if (dev->iface->barrier) return dev->iface->barrier(dev, comm);
     /* A collective every rank must join, then waited for on the host. */

@@ -23,8 +23,8 @@
 
 #include <math.h>
 #include <stdlib.h>
-#include <time.h>
 #include <string.h>
+#include <time.h>
 
 #define GP_MAX_CHUNKS 1024
 
@@ -543,7 +543,7 @@ static gp_status run_step(worker *w)
      * aborts the communicator and this returns GP_ERR_CANCELLED. */
     if (p->comms[j] && p->comms[j]->n > 1) {
         double t0 = gp_now();
-        gp_status st = gp_comm_barrier(p->devs[j], p->comms[j]);
+        gp_status st = gp_dev_barrier(p->devs[j], p->comms[j]);
         w->comm_seconds += gp_now() - t0; /* waiting for the other replicas */
         if (st != GP_OK) return fail(p, st, j, -1, -1);
     }

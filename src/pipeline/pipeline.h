@@ -113,12 +113,15 @@ gp_status gp_pipeline_step_end(gp_pipeline *p, gp_pipeline_out *out);
 
 /* Data parallelism: make this pipeline replica `rank` of a group.  comms[j]
  * is stage j's communicator over the replicas' stage-j devices (comms NULL:
- * leave the group).  From the next step on, worker j all-reduces stage j's
+ * leave the group).  From the next step on, worker j reduces stage j's
  * parameter gradients (and merges batch-norm statistics, layer op
  * allreduce_stats) over comms[j] right after its last backward — while the
- * earlier stages still run theirs — and before the barrier that lets the
- * optimizer hook run; layers see (comms[j], rank) in their gp_fwd_ctx
- * (SyncBN).  The first failure of a step calls on_fail(arg) from the
+ * earlier stages still run theirs — except that stage 0's gradients are
+ * summed inside its fused update (gp_stage_hook); then, after its own
+ * replica's barrier, it waits at a barrier over comms[j] (gp_dev_barrier)
+ * before it commits statistics and runs the optimizer hook, so the update
+ * starts only when every stage of every replica got through its backward.
+ * Layers see (comms[j], rank) in their gp_fwd_ctx (SyncBN).  The first failure of a step calls on_fail(arg) from the
  * failing worker, outside any lock: the group then cancels the other
  * replicas (gp_pipeline_cancel) and aborts the communicators, so nothing
  * waits forever and no replica updates its model.  Only between steps. */

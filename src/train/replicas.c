@@ -5,17 +5,19 @@
  *
  * Communicators: one per stage j over the R devices that run stage j
  * (rank = replica), made once on the first step.  Each pipeline's worker j
- * all-reduces stage j's gradients over it right after its last backward and
- * before the barrier that admits the optimizer (pipeline.c), so a stage's
- * reduction overlaps the earlier stages' backward, and SyncBN layers use it
- * through gp_fwd_ctx.
+ * (j > 0) reduces stage j's gradients over it right after its last backward,
+ * so a stage's reduction overlaps the earlier stages' backward; worker 0,
+ * whose backward ends last, sums them inside its fused update instead.
+ * SyncBN layers use the communicators through gp_fwd_ctx.
  *
  * Failure: the first failing worker of any replica calls group_fail, which
  * cancels every replica's step and aborts every communicator: ranks blocked
- * in a collective return GP_ERR_CANCELLED, nobody reaches the optimizer (a
- * replica passes its barrier only when all of its stages finished their
- * all-reduces, which needs every replica's stages), and the caller gets the
- * first real error.
+ * in a collective return GP_ERR_CANCELLED, and the caller gets the first
+ * real error.  Nobody reaches the optimizer unless every stage of every
+ * replica got through its backward: worker j passes its own replica's
+ * barrier, then a barrier over stage j's replicas (gp_dev_barrier), before
+ * it commits statistics or updates.  A failure after that point (the
+ * update itself failing) can leave the update partly applied.
  *
  * Consistency: all replicas start from replica 0's state (copied when the
  * group is made, so a snapshot loaded into replica 0 reaches all), reduce
@@ -26,7 +28,8 @@
  * Sharded update (when the backend has reduce_scatter / all_gather, as the
  * CPU and NCCL do): the gradients are reduce-scattered, replica r updates
  * chunk r of every parameter (and of its momentum), and the parameters are
- * all-gathered (pipeline.c).  Each replica thus reads and writes 1/R of the
+ * all-gathered (pipeline.c; on stage 0 the three are one collective,
+ * gp_dev_sharded_sgd).  Each replica thus reads and writes 1/R of the
  * optimizer's memory traffic, and its momentum is current only in its own
  * chunk: gp_model_gather_momentum assembles the whole in replica 0 before a
  * snapshot reads it.

@@ -108,8 +108,10 @@ typedef struct gp_step_stats {
     double seconds;
     double lr;
     double allreduce_seconds; /* data parallelism: the longest time a worker
-                                 spent in its stage's gradient all-reduce
-                                 (incl. waiting for the other replicas) */
+                                 spent in its stage's collectives (gradient
+                                 reduction; on stage 0 the whole fused
+                                 sharded update) and waiting for the other
+                                 replicas */
 } gp_step_stats;
 
 /* One optimizer step on a host batch (x: (n, C, H, W), y: (n) class ids)

@@ -16,8 +16,9 @@
  * for the sharded optimizer update that runs between them.  sharded_sgd
  * fuses all three for one parameter: rank r walks its chunk once, and for
  * every element sums the ranks' gradients, updates its w and momentum and
- * streams the new w into every peer's buffer (7 passes over the chunk's
- * memory instead of 10; see sharded_sgd_span).
+ * streams the new w into every peer's buffer (2R + 3 passes over the
+ * chunk's memory instead of 3R + 4, 7 instead of 10 for R = 2; see
+ * sharded_sgd_span).
  *
  *     enter: publish buffer ─ barrier ─ reduce own chunk ─ barrier ─
  *            copy the others' chunks ─ barrier ─ return
