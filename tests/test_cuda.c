@@ -32,8 +32,8 @@
  *
  * Two CTest tests, both labelled "gpu": test_cuda (what one GPU can check;
  * its pipeline is 1 stage on cuda:0, its copies stay on it) and test_cuda_2gpu
- * (`test_cuda --two-gpus`: peer copies both ways, the NCCL collectives and
- * the 2-stage pipeline on cuda:0,cuda:1), which exits 77 with fewer than
+ * (`test_cuda --two-gpus`: peer copies both ways, the NCCL collectives, the
+ * barrier, abort and reset, and the 2-stage pipeline on cuda:0,cuda:1), which exits 77 with fewer than
  * two GPUs, so a one-GPU machine reports it skipped, not passed.
  * Without a CUDA device (or in a build without the CUDA backend) both check
  * that opening cuda:0 fails with GP_ERR_UNSUPPORTED and a message that says
@@ -487,7 +487,7 @@ typedef struct {
     gp_comm *comm;
     float *buf;
     int64_t n;
-    int root; /* -1: all-reduce, -2: reduce-scatter, -3: all-gather */
+    int root; /* -1: all-reduce, -2: reduce-scatter, -3: all-gather, -4: barrier */
     gp_status st;
 } coll_job;
 
@@ -499,6 +499,7 @@ static void *coll_main(void *arg)
     case -1: j->st = gp_dev_allreduce(j->dev, j->comm, j->buf, j->n); break;
     case -2: j->st = gp_dev_reduce_scatter(j->dev, j->comm, j->buf, j->n); break;
     case -3: j->st = gp_dev_all_gather(j->dev, j->comm, j->buf, j->n); break;
+    case -4: j->st = gp_dev_barrier(j->dev, j->comm); break;
     default: j->st = gp_dev_broadcast(j->dev, j->comm, j->buf, j->n, j->root);
     }
     if (j->st == GP_OK) j->st = j->dev->iface->synchronize(j->dev);
@@ -581,6 +582,27 @@ static void test_nccl(gp_device *g0, gp_device *g1)
     if (!comm) return;
     const int64_t sizes[] = {1, 3, 100001}; /* none divisible by the 2 ranks */
     for (size_t q = 0; q < sizeof sizes / sizeof *sizes; q++) test_nccl_size(devs, comm, sizes[q]);
+    float *none[2] = {NULL, NULL};
+    coll_run(devs, comm, none, 0, -4, "barrier");
+    /* Abort: rank 0 waits in an all-reduce that rank 1 never joins; the
+     * abort (ncclCommAbort) must release it, and after a reset the group
+     * works again. */
+    float *d0 = NULL;
+    CHECK_OK(gp_dev_alloc(g0, 1000 * sizeof(float), GP_MEM_GRADS, (void **)&d0));
+    if (d0) {
+        coll_job lone = {g0, comm, d0, 1000, -1, GP_OK};
+        pthread_t t;
+        pthread_create(&t, NULL, coll_main, &lone);
+        nanosleep(&(struct timespec){0, 200000000L}, NULL);
+        double t0 = gp_now();
+        gp_comm_abort(comm);
+        pthread_join(t, NULL);
+        CHECK_MSG(lone.st != GP_OK, "an all-reduce without its peer succeeded");
+        CHECK_MSG(gp_now() - t0 < 10.0, "abort took %.1f s", gp_now() - t0);
+        gp_dev_free(g0, d0, 1000 * sizeof(float), GP_MEM_GRADS);
+        gp_comm_reset(comm);
+        test_nccl_size(devs, comm, 1001);
+    }
     gp_comm_destroy(comm);
 }
 

@@ -285,9 +285,9 @@ typedef struct gp_device_iface {
     /* --- a host barrier over the group (optional; appended last) ---
      * Returns once every rank has called it (GP_ERR_CANCELLED after
      * comm->abort).  NULL: gp_dev_barrier all-reduces one float and
-     * synchronizes the device instead; a backend whose communicator cannot
-     * be aborted (NCCL here: no ncclCommAbort yet) then waits forever for a
-     * rank that failed, as its other collectives already do. */
+     * synchronizes the device instead; the abort must then end the pending
+     * all-reduce (NCCL: ncclCommAbort, cuda_device.c), or a rank would wait
+     * forever for one that failed. */
     gp_status (*barrier)(gp_device *dev, gp_comm *comm);
 } gp_device_iface;
 

@@ -624,8 +624,18 @@ static gp_status cuda_gemm(gp_device *dev, int trans_a, int trans_b, int64_t m, 
 
 /* ---- NCCL collectives -------------------------------------------------------------- */
 
+/* Abort (a replica failed): ncclCommAbort ends every rank's communicator,
+ * including operations still running on the GPUs, so a rank waiting for
+ * them (a synchronize) comes back; the collectives then return
+ * GP_ERR_CANCELLED until reset makes new communicators with ncclCommInitAll.
+ * `lock` keeps abort from freeing a communicator while a rank enqueues on
+ * it (enqueueing does not wait for the peers, so the lock is held briefly).
+ * Compiled, not run: no GPU here. */
 typedef struct cuda_comm {
-    ncclComm_t *comms; /* (n) one per rank */
+    ncclComm_t *comms;    /* (n) one per rank; NULL after an abort */
+    int *ordinals;        /* (n) the ranks' GPUs, to make them again */
+    pthread_mutex_t lock; /* guards comms and aborted */
+    bool aborted;
 } cuda_comm;
 
 static void cuda_comm_destroy(gp_comm *comm)
@@ -635,10 +645,36 @@ static void cuda_comm_destroy(gp_comm *comm)
         for (int r = 0; r < comm->n; r++)
             if (cc->comms && cc->comms[r]) (void)ncclCommDestroy(cc->comms[r]);
         free(cc->comms);
+        free(cc->ordinals);
+        pthread_mutex_destroy(&cc->lock);
         free(cc);
     }
     free(comm->devs);
     free(comm);
+}
+
+static void cuda_comm_abort(gp_comm *comm)
+{
+    cuda_comm *cc = comm->ctx;
+    pthread_mutex_lock(&cc->lock);
+    if (!cc->aborted)
+        for (int r = 0; r < comm->n; r++)
+            if (cc->comms[r]) {
+                (void)ncclCommAbort(cc->comms[r]);
+                cc->comms[r] = NULL;
+            }
+    cc->aborted = true;
+    pthread_mutex_unlock(&cc->lock);
+}
+
+static void cuda_comm_reset(gp_comm *comm)
+{
+    cuda_comm *cc = comm->ctx;
+    pthread_mutex_lock(&cc->lock);
+    /* A failed re-init leaves the comm aborted: its collectives then say so. */
+    if (cc->aborted && ncclCommInitAll(cc->comms, comm->n, cc->ordinals) == ncclSuccess)
+        cc->aborted = false;
+    pthread_mutex_unlock(&cc->lock);
 }
 
 gp_status gp_cuda_comm_create(gp_device **devs, int n, gp_comm **out)
@@ -648,14 +684,21 @@ gp_status gp_cuda_comm_create(gp_device **devs, int n, gp_comm **out)
     int *list = calloc((size_t)n, sizeof *list);
     gp_comm *comm = calloc(1, sizeof *comm);
     cuda_comm *cc = calloc(1, sizeof *cc);
+    if (cc) pthread_mutex_init(&cc->lock, NULL);
     if (comm) comm->destroy = cuda_comm_destroy;
     if (comm && cc) {
         comm->ctx = cc;
         comm->n = n;
+        comm->abort = cuda_comm_abort;
+        comm->reset = cuda_comm_reset;
         comm->devs = calloc((size_t)n, sizeof *comm->devs);
         cc->comms = calloc((size_t)n, sizeof *cc->comms);
     }
     if (!list || !comm || !cc || !comm->devs || !cc->comms) {
+        if (cc) {
+            free(cc->comms);
+            pthread_mutex_destroy(&cc->lock);
+        }
         free(cc);
         if (comm) comm->ctx = NULL;
         st = gp_error_set(GP_ERR_OOM, "out of host memory creating a communicator");
@@ -678,7 +721,7 @@ gp_status gp_cuda_comm_create(gp_device **devs, int n, gp_comm **out)
         comm->devs[r] = devs[r];
     }
     GP_NCCL_GO(ncclCommInitAll(cc->comms, n, list));
-    free(list);
+    cc->ordinals = list; /* reset makes the communicators again from it */
     *out = comm;
     return GP_OK;
 fail:
@@ -699,31 +742,54 @@ static gp_status comm_rank(gp_device *dev, gp_comm *comm, int *rank)
     return gp_error_set(GP_ERR_INVALID, "device %s is not in this communicator", dev->name);
 }
 
+/* The rank of dev and its NCCL communicator, with the comm's lock held
+ * (released by comm_leave) so that an abort cannot free it meanwhile;
+ * GP_ERR_CANCELLED after an abort. */
+static gp_status comm_enter(gp_device *dev, gp_comm *comm, int *rank, ncclComm_t *nc)
+{
+    GP_TRY(comm_rank(dev, comm, rank));
+    GP_TRY(gp_cuda_enter(dev));
+    cuda_comm *cc = comm->ctx;
+    pthread_mutex_lock(&cc->lock);
+    if (cc->aborted) {
+        pthread_mutex_unlock(&cc->lock);
+        return gp_error_set(GP_ERR_CANCELLED, "collective cancelled: another rank failed");
+    }
+    *nc = cc->comms[*rank];
+    return GP_OK;
+}
+
+static void comm_leave(gp_comm *comm) { pthread_mutex_unlock(&((cuda_comm *)comm->ctx)->lock); }
+
 static gp_status cuda_allreduce(gp_device *dev, gp_comm *comm, float *buf, int64_t n)
 {
     int r = 0;
-    GP_TRY(comm_rank(dev, comm, &r));
-    GP_TRY(gp_cuda_enter(dev));
+    ncclComm_t nc;
+    GP_TRY(comm_enter(dev, comm, &r, &nc));
     gp_cuda_nvtx_push("allreduce");
-    GP_NCCL(ncclAllReduce(buf, buf, (size_t)n, ncclFloat, ncclSum,
-                          ((cuda_comm *)comm->ctx)->comms[r], gp_cuda_ctx_of(dev)->compute));
+    gp_status s = GP_OK;
+    GP_NCCL_SET(s, ncclAllReduce(buf, buf, (size_t)n, ncclFloat, ncclSum, nc,
+                                 gp_cuda_ctx_of(dev)->compute));
     gp_cuda_nvtx_pop();
-    return GP_OK;
+    comm_leave(comm);
+    return s;
 }
 
 static gp_status cuda_broadcast(gp_device *dev, gp_comm *comm, float *buf, int64_t n, int root)
 {
     int r = 0;
-    GP_TRY(comm_rank(dev, comm, &r));
+    ncclComm_t nc;
     if (root < 0 || root >= comm->n)
         return gp_error_set(GP_ERR_INVALID, "broadcast root %d outside the group of %d", root,
                             comm->n);
-    GP_TRY(gp_cuda_enter(dev));
+    GP_TRY(comm_enter(dev, comm, &r, &nc));
     gp_cuda_nvtx_push("broadcast");
-    GP_NCCL(ncclBroadcast(buf, buf, (size_t)n, ncclFloat, root,
-                          ((cuda_comm *)comm->ctx)->comms[r], gp_cuda_ctx_of(dev)->compute));
+    gp_status s = GP_OK;
+    GP_NCCL_SET(s, ncclBroadcast(buf, buf, (size_t)n, ncclFloat, root, nc,
+                                 gp_cuda_ctx_of(dev)->compute));
     gp_cuda_nvtx_pop();
-    return GP_OK;
+    comm_leave(comm);
+    return s;
 }
 
 /* The sharded collectives (backend.h), in place with gp_comm_chunk's uneven
@@ -733,31 +799,29 @@ static gp_status cuda_broadcast(gp_device *dev, gp_comm *comm, float *buf, int64
 static gp_status cuda_chunked(gp_device *dev, gp_comm *comm, float *buf, int64_t n, bool reduce)
 {
     int r = 0;
-    GP_TRY(comm_rank(dev, comm, &r));
-    GP_TRY(gp_cuda_enter(dev));
+    ncclComm_t nc;
+    GP_TRY(comm_enter(dev, comm, &r, &nc));
     gp_cuda_nvtx_push(reduce ? "reduce_scatter" : "all_gather");
-    ncclComm_t nc = ((cuda_comm *)comm->ctx)->comms[r];
     cudaStream_t st = gp_cuda_ctx_of(dev)->compute;
     gp_status s = GP_OK, e = GP_OK;
     GP_NCCL_SET(s, ncclGroupStart());
-    if (s != GP_OK) {
-        gp_cuda_nvtx_pop();
-        return s;
+    if (s == GP_OK) {
+        for (int q = 0; q < comm->n && s == GP_OK; q++) {
+            int64_t lo, hi;
+            gp_comm_chunk(n, comm->n, q, &lo, &hi);
+            if (hi <= lo) continue; /* the same on every rank */
+            if (reduce)
+                GP_NCCL_SET(s, ncclReduce(buf + lo, buf + lo, (size_t)(hi - lo), ncclFloat,
+                                          ncclSum, q, nc, st));
+            else
+                GP_NCCL_SET(s, ncclBroadcast(buf + lo, buf + lo, (size_t)(hi - lo), ncclFloat, q,
+                                             nc, st));
+        }
+        /* End the group even after a failed call, so NCCL's state stays sane. */
+        GP_NCCL_SET(e, ncclGroupEnd());
     }
-    for (int q = 0; q < comm->n && s == GP_OK; q++) {
-        int64_t lo, hi;
-        gp_comm_chunk(n, comm->n, q, &lo, &hi);
-        if (hi <= lo) continue; /* the same on every rank */
-        if (reduce)
-            GP_NCCL_SET(s, ncclReduce(buf + lo, buf + lo, (size_t)(hi - lo), ncclFloat, ncclSum,
-                                      q, nc, st));
-        else
-            GP_NCCL_SET(s, ncclBroadcast(buf + lo, buf + lo, (size_t)(hi - lo), ncclFloat, q, nc,
-                                         st));
-    }
-    /* End the group even after a failed call, so NCCL's state stays sane. */
-    GP_NCCL_SET(e, ncclGroupEnd());
     gp_cuda_nvtx_pop();
+    comm_leave(comm);
     return s != GP_OK ? s : e;
 }
 
