@@ -33,8 +33,9 @@
  * Two CTest tests, both labelled "gpu": test_cuda (what one GPU can check;
  * its pipeline is 1 stage on cuda:0, its copies stay on it) and test_cuda_2gpu
  * (`test_cuda --two-gpus`: peer copies both ways, the NCCL collectives, the
- * barrier, abort and reset, and the 2-stage pipeline on cuda:0,cuda:1), which exits 77 with fewer than
- * two GPUs, so a one-GPU machine reports it skipped, not passed.
+ * barrier, abort and reset, and the 2-stage pipeline on cuda:0,cuda:1),
+ * which exits 77 with fewer than two GPUs, so a one-GPU machine reports it
+ * skipped, not passed.
  * Without a CUDA device (or in a build without the CUDA backend) both check
  * that opening cuda:0 fails with GP_ERR_UNSUPPORTED and a message that says
  * why, print the message and exit 77, which CTest reports as skipped.  It

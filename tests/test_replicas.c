@@ -69,6 +69,17 @@ static float value(int rank, int64_t n, int64_t e)
     return (float)(((e * 37 + rank * 11 + n) % 101) - 50) / 7.0f + (float)rank * 1e-3f;
 }
 
+/* The rank whose chunk (gp_comm_chunk) holds element e of n. */
+static int chunk_owner(int64_t n, int R, int64_t e)
+{
+    for (int k = 0; k < R; k++) {
+        int64_t lo, hi;
+        gp_comm_chunk(n, R, k, &lo, &hi);
+        if (e >= lo && e < hi) return k;
+    }
+    return -1;
+}
+
 static void *coll_thread(void *arg)
 {
     coll_job *c = arg;
@@ -118,13 +129,7 @@ static void collectives(void)
                         float want;
                         if (kind == COLL_BROADCAST) want = value(R - 1, n, e);
                         else if (kind == COLL_ALL_GATHER) {
-                            int owner = 0; /* the rank whose chunk holds e */
-                            for (int k = 0; k < R; k++) {
-                                int64_t klo, khi;
-                                gp_comm_chunk(n, R, k, &klo, &khi);
-                                if (e >= klo && e < khi) owner = k;
-                            }
-                            want = value(owner, n, e);
+                            want = value(chunk_owner(n, R, e), n, e);
                         } else {
                             want = value(0, n, e); /* rank order, as the owner sums */
                             for (int k = 1; k < R; k++) want += value(k, n, e);
@@ -241,12 +246,7 @@ static int sharded_case(gp_device **ds, gp_comm *comm, int R, int64_t n, float m
         gp_comm_chunk(n, R, r, &lo, &hi);
         bool same = true;
         for (int64_t e = 0; e < n && same; e++) {
-            int owner = 0;
-            for (int k = 0; k < R; k++) {
-                int64_t klo, khi;
-                gp_comm_chunk(n, R, k, &klo, &khi);
-                if (e >= klo && e < khi) owner = k;
-            }
+            int owner = chunk_owner(n, R, e);
             float sum = value(0, n, e);
             for (int k = 1; k < R; k++) sum += value(k, n, e);
             float ww = w_init(n, e), vv = v_init(owner, e);

@@ -275,10 +275,10 @@ typedef struct gp_device_iface {
      * reduce_scatter(g); sgd_update on chunk `rank`; all_gather(w) — bitwise
      * on the CPU — but the CPU does it in one pass, streaming the new w
      * into the peers' buffers: 2R + 3 passes over a chunk's memory instead
-     * of 3R + 4, 7 instead of 10 for R = 2 (cpu_comm.c).  Only chunk `rank` of v is read or
-     * written; afterwards g is unspecified (the CPU leaves it unchanged,
-     * the composition holds the sum in chunk `rank`).  NULL:
-     * gp_dev_sharded_sgd composes the three. */
+     * of 3R + 4, 7 instead of 10 for R = 2 (cpu_comm.c).  Only chunk
+     * `rank` of v is read or written; afterwards g is unspecified (the CPU
+     * leaves it unchanged, the composition holds the sum in chunk `rank`).
+     * NULL: gp_dev_sharded_sgd composes the three. */
     gp_status (*sharded_sgd)(gp_device *dev, gp_comm *comm, float *w, float *g, float *v,
                              int64_t n, float lr, float mu, float wd, int nesterov);
 

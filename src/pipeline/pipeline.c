@@ -402,8 +402,8 @@ static bool sharded(const gp_pipeline *p, int j)
 }
 
 /* Whether stage j's sharded update also does the gradient reduction, after
- * the barrier (gp_dev_sharded_sgd: each block summed, updated and gathered
- * while in cache) instead of a reduce-scatter right after its backward.
+ * the barrier (gp_dev_sharded_sgd: sum, update and all-gather in one pass
+ * over the chunk) instead of a reduce-scatter right after its backward.
  * Only stage 0: its backward ends last, so an early reduce-scatter would
  * overlap nothing there, while the later stages' overlaps the backward
  * still running on the stages before them. */

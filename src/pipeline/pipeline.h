@@ -121,10 +121,11 @@ gp_status gp_pipeline_step_end(gp_pipeline *p, gp_pipeline_out *out);
  * replica's barrier, it waits at a barrier over comms[j] (gp_dev_barrier)
  * before it commits statistics and runs the optimizer hook, so the update
  * starts only when every stage of every replica got through its backward.
- * Layers see (comms[j], rank) in their gp_fwd_ctx (SyncBN).  The first failure of a step calls on_fail(arg) from the
- * failing worker, outside any lock: the group then cancels the other
- * replicas (gp_pipeline_cancel) and aborts the communicators, so nothing
- * waits forever and no replica updates its model.  Only between steps. */
+ * Layers see (comms[j], rank) in their gp_fwd_ctx (SyncBN).  The first
+ * failure of a step calls on_fail(arg) from the failing worker, outside any
+ * lock: the group then cancels the other replicas (gp_pipeline_cancel) and
+ * aborts the communicators, so nothing waits forever and no replica updates
+ * its model.  Only between steps. */
 void gp_pipeline_join(gp_pipeline *p, gp_comm *const *comms, int rank,
                       void (*on_fail)(void *arg), void *arg);
 /* Cancel the running step (if any) with GP_ERR_CANCELLED; any thread. */

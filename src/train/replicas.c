@@ -170,9 +170,8 @@ typedef struct {
     double lr;
 } rep_hook_arg;
 
-/* Worker j of one replica, after every stage of that replica got through
- * its backward; the collectives (the reduce-scatter before, or the first
- * barrier of the fused update) wait for every replica's stage j too. */
+/* Worker j of one replica, once every stage of every replica got through
+ * its backward (the replica's barrier, then gp_dev_barrier; pipeline.c). */
 static gp_status rep_sgd_hook(void *arg, int j, int first, int count, int shard, int shards,
                               gp_comm *fused)
 {

@@ -280,19 +280,27 @@ gp_status gp_cpu_all_gather(gp_device *dev, gp_comm *comm, float *buf, int64_t n
  * read-for-ownership plus a write-back.  A single pass with streaming
  * stores measured 22 ms against 31 ms for the same step done block-wise
  * (sum, update, memcpy) on one rank's 54 MB chunk (bench/README.md). */
+/* Element e of sharded_sgd_span, scalar: the head and tail around the
+ * vector loop, and all of it without SSE. */
+static inline void sharded_sgd_elem(float *const *gs, float *const *ws, int R, int me, float *w,
+                                    float *v, int64_t e, float lr, float mu, float wd,
+                                    int nesterov)
+{
+    float sum = gs[0][e];
+    for (int q = 1; q < R; q++) sum += gs[q][e];
+    gp_ew_sgd(&w[e], sum, &v[e], lr, mu, wd, nesterov);
+    for (int q = 0; q < R; q++)
+        if (q != me) ws[q][e] = w[e];
+}
+
 static void sharded_sgd_span(float *const *gs, float *const *ws, int R, int me, float *w,
                              float *v, int64_t e0, int64_t e1, float lr, float mu, float wd,
                              int nesterov)
 {
     int64_t e = e0;
 #if defined(__SSE2__)
-    for (; e < e1 && ((uintptr_t)(w + e) & 15); e++) { /* scalar up to w's alignment */
-        float sum = gs[0][e];
-        for (int q = 1; q < R; q++) sum += gs[q][e];
-        gp_ew_sgd(&w[e], sum, &v[e], lr, mu, wd, nesterov);
-        for (int q = 0; q < R; q++)
-            if (q != me) ws[q][e] = w[e];
-    }
+    for (; e < e1 && ((uintptr_t)(w + e) & 15); e++) /* scalar up to w's alignment */
+        sharded_sgd_elem(gs, ws, R, me, w, v, e, lr, mu, wd, nesterov);
     const __m128 vlr = _mm_set1_ps(lr), vmu = _mm_set1_ps(mu), vwd = _mm_set1_ps(wd);
     for (; e + 4 <= e1; e += 4) {
         __m128 g = _mm_loadu_ps(gs[0] + e);
@@ -313,13 +321,7 @@ static void sharded_sgd_span(float *const *gs, float *const *ws, int R, int me, 
     }
     _mm_sfence(); /* the streamed stores are visible before the closing barrier */
 #endif
-    for (; e < e1; e++) {
-        float sum = gs[0][e];
-        for (int q = 1; q < R; q++) sum += gs[q][e];
-        gp_ew_sgd(&w[e], sum, &v[e], lr, mu, wd, nesterov);
-        for (int q = 0; q < R; q++)
-            if (q != me) ws[q][e] = w[e];
-    }
+    for (; e < e1; e++) sharded_sgd_elem(gs, ws, R, me, w, v, e, lr, mu, wd, nesterov);
 }
 
 gp_status gp_cpu_sharded_sgd(gp_device *dev, gp_comm *comm, float *w, float *g, float *v,
