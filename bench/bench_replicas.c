@@ -103,7 +103,7 @@ int main(int argc, char **argv)
     }
     printf("bench_replicas: %s, global batch %lld, %d micro-batch(es) per replica, %lld "
            "parameters (%.1f MB of gradients), 1 math thread per device\n", path,
-           (long long)batch, cfg.pipeline.chunks > 0 ? cfg.pipeline.chunks : 1,
+           (long long)batch, cfg.pipeline.chunks,
            (long long)params, (double)params * 4 / 1e6);
     printf("  %-22s %10s %12s %14s %10s\n", "configuration", "step ms", "samples/s",
            "collectives ms", "ratio");

@@ -15,7 +15,7 @@
 # When built, the backend's objects go into libgpipe (an OBJECT library, so
 # gpipe stays one static library), gpipe links the CUDA libraries publicly,
 # and GPIPE_CUDA=1 is defined for src/backend/device.c, where the backend is
-# registered, and for the sources that include src/trace/trace_nvtx.h (NVTX
+# registered, and for the sources that include src/pipeline/nvtx.h (NVTX
 # ranges); nowhere else.  GPIPE_CUDA_BUILT tells tests/CMakeLists.txt.
 set(GPIPE_CUDA_BUILT OFF)
 if(GPIPE_CUDA STREQUAL "OFF")
@@ -120,11 +120,11 @@ set_target_properties(gpipe_cuda PROPERTIES CUDA_RUNTIME_LIBRARY Shared)
 target_link_libraries(gpipe PUBLIC CUDA::cudart CUDA::cublas ${CUDNN_LIBRARY} ${NCCL_LIBRARY})
 set_property(SOURCE ${PROJECT_SOURCE_DIR}/src/backend/device.c APPEND PROPERTY
              COMPILE_DEFINITIONS GPIPE_CUDA=1)
-# The NVTX ranges of src/trace/trace_nvtx.h are on where GPIPE_CUDA is
+# The NVTX ranges of src/pipeline/nvtx.h are on where GPIPE_CUDA is
 # defined: define it for the library sources that include that header (the
 # toolkit's include directory comes with CUDA::cudart).
 foreach(_gp_src ${GPIPE_SOURCES})
-  file(STRINGS "${_gp_src}" _gp_nvtx REGEX "#include \"trace/trace_nvtx.h\"")
+  file(STRINGS "${_gp_src}" _gp_nvtx REGEX "#include \"pipeline/nvtx.h\"")
   if(_gp_nvtx)
     set_property(SOURCE ${_gp_src} APPEND PROPERTY COMPILE_DEFINITIONS GPIPE_CUDA=1)
   endif()

@@ -72,7 +72,7 @@ static void test_split(void)
     CHECK_OK(gp_microbatch_split(7, 1, s));
     CHECK(s[0] == 7);
     CHECK_ERR(gp_microbatch_split(3, 4, s), GP_ERR_INVALID, "larger than the batch");
-    CHECK_ERR(gp_microbatch_split(3, 0, s), GP_ERR_INVALID, ">= 1");
+    CHECK_ERR(gp_microbatch_split(3, 0, s), GP_ERR_INVALID, "in 1..1024");
 }
 
 /* A small model config built in code (no YAML needed). */

@@ -212,7 +212,7 @@ int main(int argc, char **argv)
         free(sets);
         return exit_code_for(s);
     }
-    int n = cfg.pipeline.n_devices, m = cfg.pipeline.chunks > 0 ? cfg.pipeline.chunks : 1;
+    int n = cfg.pipeline.n_devices, m = cfg.pipeline.chunks;
     int64_t batch = cfg.train.batch_size, mbs = (batch + m - 1) / m;
 
     gp_profile prof;

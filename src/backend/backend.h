@@ -403,4 +403,9 @@ gp_status gp_dev_bn_bwd_apply(gp_device *dev, const gp_bn_desc *d, const float *
                               const float *dy, const float *sums, double count, float *dx,
                               const float *local, float *dgamma, float *dbeta);
 
+/* The sgd_update and synchronize slots. */
+gp_status gp_dev_sgd_update(gp_device *dev, float *w, const float *g, float *v, int64_t n,
+                            float lr, float mu, float wd, int nesterov);
+gp_status gp_dev_synchronize(gp_device *dev);
+
 #endif /* GP_BACKEND_H */

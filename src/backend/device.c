@@ -103,6 +103,14 @@ gp_status gp_dev_upload(gp_device *dev, float *dst, const float *src, int64_t n)
     return dev->iface->copy_h2d(dev, dst, src, (size_t)n * sizeof(float));
 }
 
+gp_status gp_dev_sgd_update(gp_device *dev, float *w, const float *g, float *v, int64_t n,
+                            float lr, float mu, float wd, int nesterov)
+{
+    return dev->iface->sgd_update(dev, w, g, v, n, lr, mu, wd, nesterov);
+}
+
+gp_status gp_dev_synchronize(gp_device *dev) { return dev->iface->synchronize(dev); }
+
 gp_status gp_dev_download(gp_device *dev, float *dst, const float *src, int64_t n)
 {
     return dev->iface->copy_d2h(dev, dst, src, (size_t)n * sizeof(float));

@@ -3,8 +3,10 @@
  * simulator (balance.h).
  *
  * The simulator does not restate GPipe's order: it walks the instruction
- * lists gp_schedule_gpipe makes for the executor, with the executor's rules
- * for when a copy may start, so a change to the schedule changes both.
+ * lists gp_schedule_gpipe makes for the executor, the end of the step
+ * included (barrier, commit, update), with the executor's rules for when a
+ * copy may start and when the barrier lets go, so a change to the schedule
+ * changes both.
  */
 #include "balance/balance.h"
 
@@ -102,7 +104,7 @@ typedef struct {
     gp_layer_times *lt;     /* at the largest micro-batch size */
     double loss, upload;
     gp_schedule sched;
-    int64_t sizes[1024];
+    int64_t sizes[GP_MAX_CHUNKS];
     double rfrac;           /* share of micro-batches that recompute */
 } plan_ctx;
 
@@ -134,8 +136,9 @@ static gp_status plan_open(const gp_profile *p, const gp_plan_opts *o, plan_ctx 
     memset(c, 0, sizeof *c);
     c->p = p;
     c->o = o;
-    if (o->m < 1 || o->m > 1024)
-        return gp_error_set(GP_ERR_INVALID, "chunks = %d: use 1..1024 micro-batches", o->m);
+    if (o->m < 1 || o->m > GP_MAX_CHUNKS)
+        return gp_error_set(GP_ERR_INVALID, "chunks = %d: use 1..%d micro-batches", o->m,
+                            GP_MAX_CHUNKS);
     GP_TRY(gp_microbatch_split(p->batch, o->m, c->sizes));
     c->lt = calloc((size_t)p->L, sizeof *c->lt);
     if (!c->lt) return gp_error_set(GP_ERR_OOM, "out of host memory");
@@ -194,7 +197,7 @@ gp_status gp_simulate(const gp_profile *p, int n, const int *balance, int m,
     if (!p->timed)
         return gp_error_set(GP_ERR_INVALID, "the profile has no times (taken with --by size); "
                             "profile with --by time or both to simulate");
-    if (n < 1 || n > GP_MAX_DEVICES || m < 1 || m > 1024)
+    if (n < 1 || n > GP_MAX_DEVICES || m < 1 || m > GP_MAX_CHUNKS)
         return gp_error_set(GP_ERR_INVALID, "simulate: n = %d, m = %d out of range", n, m);
     int sum = 0, first[GP_MAX_DEVICES];
     for (int j = 0; j < n; j++) {
@@ -206,7 +209,7 @@ gp_status gp_simulate(const gp_profile *p, int n, const int *balance, int m,
     if (sum != p->L)
         return gp_error_set(GP_ERR_INVALID, "simulate: balance sums to %d layers but the profile "
                             "has %d", sum, p->L);
-    int64_t sizes[1024];
+    int64_t sizes[GP_MAX_CHUNKS];
     GP_TRY(gp_microbatch_split(p->batch, m, sizes));
     gp_schedule sc;
     GP_TRY(gp_schedule_gpipe(n, m, ckpt, &sc));
@@ -237,8 +240,9 @@ gp_status gp_simulate(const gp_profile *p, int n, const int *balance, int m,
             gp_instr_kind kd = sc.list[j][c].kind;
             if (kd == GP_INSTR_FORWARD || kd == GP_INSTR_BACKWARD) clock_left[sc.list[j][c].k]++;
         }
-    int pc[GP_MAX_DEVICES] = {0};
-    double t[GP_MAX_DEVICES] = {0};
+    int pc[GP_MAX_DEVICES] = {0}, arrived = 0;
+    double t[GP_MAX_DEVICES] = {0}, barrier_t = 0;
+    bool at_barrier[GP_MAX_DEVICES] = {false};
     int done = 0, total = 0;
     for (int j = 0; j < n; j++) total += sc.count[j];
     while (done < total) {
@@ -246,7 +250,8 @@ gp_status gp_simulate(const gp_profile *p, int n, const int *balance, int m,
         for (int j = 0; j < n; j++) {
             while (pc[j] < sc.count[j]) {
                 const gp_instr *in = &sc.list[j][pc[j]];
-                const gp_stage_times *s = &st[(sizes[in->i] == big ? 0 : 1) * n + j];
+                const gp_stage_times *s =
+                    &st[(in->i < 0 || sizes[in->i] == big ? 0 : 1) * n + j];
                 double dep = 0, dur = 0;
                 bool ready = true;
                 if (in->kind == GP_INSTR_RECV_ACT || in->kind == GP_INSTR_RECV_GRAD) {
@@ -268,9 +273,20 @@ gp_status gp_simulate(const gp_profile *p, int n, const int *balance, int m,
                     dur = s->F;
                 } else if (in->kind == GP_INSTR_RECOMPUTE) {
                     dur = s->R;
-                } else {
+                } else if (in->kind == GP_INSTR_BACKWARD) {
                     dur = s->B;
-                }
+                } else if (in->kind == GP_INSTR_BARRIER) {
+                    /* every stage's list got here: it starts with the last */
+                    if (!at_barrier[j]) {
+                        at_barrier[j] = true;
+                        arrived++;
+                        if (t[j] > barrier_t) barrier_t = t[j];
+                    }
+                    ready = arrived == n;
+                    dep = barrier_t;
+                } else if (in->kind == GP_INSTR_UPDATE) {
+                    dur = s->update;
+                } /* reductions, commit, gather: no model of their cost yet */
                 if (!ready) break;
                 double t0 = t[j] > dep ? t[j] : dep;
                 t[j] = t0 + dur;
@@ -288,14 +304,10 @@ gp_status gp_simulate(const gp_profile *p, int n, const int *balance, int m,
         }
         GP_ASSERT(progress); /* the executor's schedule never deadlocks */
     }
-    /* after every list: commit and the optimizer, each stage on its own */
-    double end = 0, upd = 0;
-    for (int j = 0; j < n; j++) {
+    double end = 0;
+    for (int j = 0; j < n; j++)
         if (t[j] > end) end = t[j];
-        if (st[j].update > upd) upd = st[j].update;
-        out->busy[j] += st[j].update;
-    }
-    out->step = end + upd;
+    out->step = end;
     double busy = 0;
     for (int j = 0; j < n; j++) busy += out->busy[j];
     out->bubble = out->step > 0 ? 1.0 - busy / ((double)n * out->step) : 0;

@@ -992,7 +992,7 @@ static gp_status parse_pipeline(walk *w, const gp_ynode *root, gp_pipeline_confi
         }
         pc->n_balance = bal->n;
     }
-    GP_TRY(get_int32(w, m, "pipeline", "chunks", 1, 1, 1 << 20, &pc->chunks));
+    GP_TRY(get_int32(w, m, "pipeline", "chunks", 1, 1, GP_MAX_CHUNKS, &pc->chunks));
     int ck = 0;
     GP_TRY(get_enum(w, m, "pipeline", "checkpoint", k_ckpt_names, COUNT(k_ckpt_names),
                     GP_CKPT_EXCEPT_LAST, &ck));

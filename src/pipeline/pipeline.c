@@ -1,42 +1,38 @@
 /*
  * pipeline.c — the executor: one worker thread per device running its
- * instruction list (schedule.h), copies between devices, checkpointing with
- * recomputation, and clean cancellation.
+ * instruction list (schedule.h) as a plain loop, copies between devices,
+ * and clean cancellation.  What each instruction does to a stage's layers
+ * is the checkpoint module's (forward, recompute, backward, the stash) and
+ * the optimizer's (update); the executor moves data and waits.
  *
  * Ownership.  mb[i][j] (micro-batch i on stage j) is written only by worker
- * j.  Other workers read two of its tensors: worker j+1 copies `out` (the
- * stage output) and worker j-1 copies `grad_in` (the gradient of the stage
- * input).  A reader may touch them only after the producer published them
- * (fwd_done / bwd_done set under the lock), and the producer frees them only
- * after the reader said it has copied them (act_copied / grad_copied under
- * the lock).  That lock is the only shared mutable state of a step.
+ * j.  Other workers read two of its tensors: the worker of the stage after
+ * it copies the stage output (stash.out) and the one before it copies
+ * `grad_in` (the gradient of the stage input).  A reader may touch them only
+ * after the producer published them (fwd_done / bwd_done set under the
+ * lock), and the producer frees them only after the reader said it has
+ * copied them (act_copied / grad_copied under the lock).  That lock is the
+ * only shared mutable state of a step.
  *
- * Per micro-batch memory on stage j: `in` (the stage input, category
+ * Per micro-batch memory on stage j: the stash's input (category
  * ACTIVATIONS on stage 0, COPIES elsewhere) lives from its arrival to the
  * end of backward; a checkpointed forward keeps nothing else (its output is
- * freed as soon as stage j+1 has copied it); a non-checkpointed forward, or
- * a recompute, keeps every layer output and gp_saved until backward.
+ * freed as soon as the next stage has copied it); a non-checkpointed
+ * forward, or a recompute, keeps every layer output and gp_saved until
+ * backward (checkpoint.h).
  */
 #include "pipeline/pipeline.h"
-#include "trace/trace.h"
-#include "trace/trace_nvtx.h"
+#include "pipeline/nvtx.h"
 
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#define GP_MAX_CHUNKS 1024
-
 typedef struct mb_state {
-    gp_tensor in;        /* (b, ...) stage input on this device, owned */
-    gp_tensor *acts;     /* [count + 1]; acts[0] is a view of `in` */
-    gp_saved *saved;     /* [count] */
-    gp_tensor out;       /* stage output; owned only when checkpointed */
+    gp_stash stash;      /* in, what forward keeps, out */
     gp_tensor grad_out;  /* dL/d out, owned */
     gp_tensor grad_in;   /* dL/d in (stages > 0), owned until copied */
     gp_tensor labels;    /* last stage: (b) class ids */
-    bool acts_live;      /* acts/saved hold a forward for backward */
     double loss_sum;
     int64_t correct;
 } mb_state;
@@ -45,7 +41,7 @@ typedef struct worker {
     gp_pipeline *p;
     int j;
     pthread_t thread;
-    gp_event_rec *events; /* this step's, capacity = schedule count */
+    gp_event_rec *events; /* this step's, capacity = 2 x schedule count */
     int n_events;
     int cap_events;
     double busy;
@@ -65,7 +61,9 @@ struct gp_pipeline {
      * during a step): stage j's communicator over the replicas, this
      * replica's rank in them, and who to tell when this pipeline fails. */
     gp_comm *comms[GP_MAX_DEVICES];
-    int rank;
+    int rank, replicas;
+    bool shard[GP_MAX_DEVICES]; /* stage j's replicas shard its update */
+    bool sched_stale;          /* the schedule must be made again */
     void (*on_fail)(void *arg);
     void *fail_arg;
 
@@ -75,7 +73,7 @@ struct gp_pipeline {
     uint64_t generation;       /* bumped to start a step */
     bool shutdown;
     int finished;              /* workers done with this step */
-    int lists_ok;              /* workers through their lists without error */
+    int lists_ok;              /* workers at their BARRIER without error */
     int drained;               /* workers done freeing this step */
     bool cancelled;
     gp_status status;          /* first error */
@@ -93,8 +91,7 @@ struct gp_pipeline {
     int64_t batch_total;       /* samples of the global mini-batch */
     const float *x, *y;
     uint64_t seed, step;
-    gp_stage_hook hook;
-    void *hook_arg;
+    double lr;
     mb_state *mb;              /* [i * n + j] */
     double t_begin;            /* gp_now() at gp_pipeline_step_begin */
     bool running;              /* between a successful begin and its end;
@@ -167,6 +164,12 @@ static bool pred_fwd(gp_pipeline *p, int i, int j) { return FLAG(p, fwd_done, i,
 static bool pred_bwd(gp_pipeline *p, int i, int j) { return FLAG(p, bwd_done, i, j); }
 static bool pred_act_copied(gp_pipeline *p, int i, int j) { return FLAG(p, act_copied, i, j); }
 static bool pred_grad_copied(gp_pipeline *p, int i, int j) { return FLAG(p, grad_copied, i, j); }
+static bool pred_lists_ok(gp_pipeline *p, int a, int b)
+{
+    (void)a;
+    (void)b;
+    return p->lists_ok >= p->n;
+}
 
 static void publish(gp_pipeline *p, bool *flag, int clock)
 {
@@ -179,57 +182,13 @@ static void publish(gp_pipeline *p, bool *flag, int clock)
 
 /* ---- the work of one instruction --------------------------------------- */
 
-static void free_acts(mb_state *s, int count)
+/* The context every forward, recompute and backward of (i, j) runs with:
+ * the same each time, which is what makes a recompute replay dropout. */
+static gp_fwd_ctx mb_ctx(const gp_pipeline *p, int i, int j)
 {
-    if (s->acts)
-        for (int c = 1; c <= count; c++) gp_tensor_free(&s->acts[c]);
-    if (s->saved)
-        for (int c = 0; c < count; c++) gp_saved_free(&s->saved[c]);
-    s->acts_live = false;
-}
-
-/* Forward of stage j on micro-batch i.  keep: keep every activation for
- * backward (not checkpointed, or recompute). */
-static gp_status stage_forward(gp_pipeline *p, int i, int j, bool keep, bool recompute,
-                               int *bad_layer)
-{
-    mb_state *s = MB(p, i, j);
-    int first = p->first[j], count = p->count[j];
-    gp_fwd_ctx ctx = {.training = true, .recompute = recompute, .seed = p->seed,
-                      .step = p->step, .sample_offset = p->sample_base + p->offsets[i],
-                      .batch_total = p->batch_total, .comm = p->comms[j], .rank = p->rank};
-    s->acts[0] = s->in;
-    s->acts[0].owned = false;
-    gp_tensor cur = s->acts[0];
-    for (int c = 0; c < count; c++) {
-        gp_tensor y = {0};
-        gp_saved sv = {0};
-        gp_status st = gp_layer_forward(&p->layers[first + c], &ctx, &cur, &y, &sv);
-        if (st != GP_OK) {
-            *bad_layer = first + c;
-            gp_saved_free(&sv);
-            if (!keep && c > 0) gp_tensor_free(&cur);
-            return st;
-        }
-        if (keep) {
-            s->acts[c + 1] = y;
-            s->saved[c] = sv;
-        } else {
-            gp_saved_free(&sv);
-            if (c > 0) gp_tensor_free(&cur); /* never the stage input */
-        }
-        cur = y;
-    }
-    if (keep) {
-        s->acts_live = true;
-        if (!recompute) {
-            s->out = cur;
-            s->out.owned = false; /* acts[count] owns it */
-        }
-    } else {
-        s->out = cur; /* owned: freed once the next stage copied it */
-    }
-    return GP_OK;
+    return (gp_fwd_ctx){.training = true, .seed = p->seed, .step = p->step,
+                        .sample_offset = p->sample_base + p->offsets[i],
+                        .batch_total = p->batch_total, .comm = p->comms[j], .rank = p->rank};
 }
 
 static gp_status do_forward(gp_pipeline *p, int i, int j, bool ckpt, int *bad_layer)
@@ -240,30 +199,30 @@ static gp_status do_forward(gp_pipeline *p, int i, int j, bool ckpt, int *bad_la
     if (j == 0) {
         gp_shape xs = gp_shape_with_batch(&p->input, b);
         int64_t per = gp_shape_numel(&p->input);
-        GP_TRY(gp_tensor_alloc(&s->in, dev, &xs, GP_MEM_ACTIVATIONS));
-        GP_TRY(gp_dev_upload(dev, s->in.data, p->x + p->offsets[i] * per, b * per));
+        GP_TRY(gp_tensor_alloc(&s->stash.in, dev, &xs, GP_MEM_ACTIVATIONS));
+        GP_TRY(gp_dev_upload(dev, s->stash.in.data, p->x + p->offsets[i] * per, b * per));
     }
-    GP_TRY(stage_forward(p, i, j, !ckpt, false, bad_layer));
+    gp_fwd_ctx ctx = mb_ctx(p, i, j);
+    gp_status st = gp_ckpt_forward(p->layers + p->first[j], &ctx, !ckpt, &s->stash, bad_layer);
+    if (st != GP_OK) {
+        *bad_layer += p->first[j];
+        return st;
+    }
     if (j == p->n - 1) {
         /* The loss: dlogits become this stage's incoming gradient. */
         gp_shape ls = {1, {b, 0, 0, 0}};
         GP_TRY(gp_tensor_alloc(&s->labels, dev, &ls, GP_MEM_ACTIVATIONS));
         GP_TRY(gp_dev_upload(dev, s->labels.data, p->y + p->offsets[i], b));
-        gp_shape os = gp_tensor_shape(&s->out);
-        GP_TRY(gp_tensor_alloc(&s->grad_out, dev, &os, GP_MEM_ACTIVATIONS));
         gp_loss_out lo = {0};
         /* 1 / global batch: the replicas' gradients then sum to the
          * gradient of the global mean loss. */
-        GP_TRY(gp_cross_entropy(dev, &s->out, &s->labels,
-                                (float)(1.0 / (double)p->batch_total), &s->grad_out, &lo));
+        st = gp_ckpt_loss(dev, &s->stash.out, &s->labels, (float)(1.0 / (double)p->batch_total),
+                          &s->grad_out, &lo);
         gp_tensor_free(&s->labels);
-        if (!isfinite(lo.loss_sum))
-            return gp_error_set(GP_ERR_NUMERIC,
-                                "the loss is %g; lower train.optimizer.lr, add warm-up, or "
-                                "check the data normalisation", lo.loss_sum);
+        GP_TRY(st);
         s->loss_sum = lo.loss_sum;
         s->correct = lo.correct;
-        if (ckpt) gp_tensor_free(&s->out); /* logits are not needed again */
+        if (ckpt) gp_tensor_free(&s->stash.out); /* logits are not needed again */
     }
     return GP_OK;
 }
@@ -271,38 +230,12 @@ static gp_status do_forward(gp_pipeline *p, int i, int j, bool ckpt, int *bad_la
 static gp_status do_backward(gp_pipeline *p, int i, int j, int *bad_layer)
 {
     mb_state *s = MB(p, i, j);
-    int first = p->first[j], count = p->count[j];
-    gp_fwd_ctx ctx = {.training = true, .seed = p->seed, .step = p->step,
-                      .sample_offset = p->sample_base + p->offsets[i],
-                      .batch_total = p->batch_total, .comm = p->comms[j], .rank = p->rank};
-    GP_ASSERT(s->acts_live);
-    gp_tensor dy = s->grad_out;
-    s->grad_out = (gp_tensor){0};
-    gp_status st = GP_OK;
-    /* On stage 0, layers before the first trainable one need no backward
-     * and that one needs no dx; later stages always pass dx upstream. */
-    int ft = j == 0 ? p->first_trainable : -1;
-    for (int c = count - 1; c >= 0; c--) {
-        bool need_dx = j > 0 ? true : c > ft;
-        gp_tensor dx = {0};
-        if (first + c >= ft || j > 0)
-            st = gp_layer_backward(&p->layers[first + c], &ctx, &s->acts[c], &s->acts[c + 1],
-                                   &dy, need_dx ? &dx : NULL, &s->saved[c]);
-        gp_tensor_free(&dy);
-        gp_tensor_free(&s->acts[c + 1]);
-        gp_saved_free(&s->saved[c]);
-        if (st != GP_OK) {
-            gp_tensor_free(&dx);
-            *bad_layer = first + c;
-            break;
-        }
-        dy = dx;
-    }
-    if (st == GP_OK && j > 0) s->grad_in = dy;
-    else gp_tensor_free(&dy);
-    free_acts(s, count);
-    s->out = (gp_tensor){0}; /* was a view of acts[count], or freed already */
-    gp_tensor_free(&s->in);
+    gp_fwd_ctx ctx = mb_ctx(p, i, j);
+    /* Stage 0 passes no gradient on, so the layers before the model's
+     * first trainable one skip their backward. */
+    gp_status st = gp_ckpt_backward(p->layers + p->first[j], &ctx, &s->stash, &s->grad_out,
+                                    p->first_trainable, j > 0 ? &s->grad_in : NULL, bad_layer);
+    if (st != GP_OK) *bad_layer += p->first[j];
     return st;
 }
 
@@ -323,59 +256,12 @@ static void sweep(gp_pipeline *p, int j)
         mb_state *s = MB(p, i, j);
         bool free_out = false, free_gin = false;
         pthread_mutex_lock(&p->lock);
-        if (s->out.owned && j + 1 < n && FLAG(p, act_copied, i, j + 1)) free_out = true;
+        if (s->stash.out.owned && j + 1 < n && FLAG(p, act_copied, i, j + 1)) free_out = true;
         if (s->grad_in.owned && j > 0 && FLAG(p, grad_copied, i, j - 1)) free_gin = true;
         pthread_mutex_unlock(&p->lock);
-        if (free_out) gp_tensor_free(&s->out);
+        if (free_out) gp_tensor_free(&s->stash.out);
         if (free_gin) gp_tensor_free(&s->grad_in);
     }
-}
-
-static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int *bad_layer)
-{
-    gp_pipeline *p = w->p;
-    int i = in->i, j = in->j;
-    mb_state *s = MB(p, i, j);
-    gp_status st = GP_OK;
-    if (p->opts.fault_j == j && p->opts.fault_i == i && p->opts.fault_kind == in->kind) {
-        if (p->opts.fault_delay_ms > 0)
-            nanosleep(&(struct timespec){p->opts.fault_delay_ms / 1000,
-                                         (p->opts.fault_delay_ms % 1000) * 1000000L},
-                      NULL);
-        *bad_layer = p->first[j];
-        return gp_error_set(GP_ERR_RUNTIME, "injected fault in %s", gp_instr_kind_name(in->kind));
-    }
-    switch (in->kind) {
-    case GP_INSTR_RECV_ACT:
-        st = p->opts.lockstep ? wait_for(p, pred_clock, in->k - 1, 0)
-                              : wait_for(p, pred_fwd, i, j - 1);
-        ev->t1 = gp_now(); /* end of the wait; the copy follows */
-        if (st == GP_OK) st = recv_copy(p->devs[j], &MB(p, i, j - 1)->out, &s->in, &ev->bytes);
-        if (st == GP_OK) publish(p, &FLAG(p, act_copied, i, j), -1);
-        break;
-    case GP_INSTR_RECV_GRAD:
-        st = p->opts.lockstep ? wait_for(p, pred_clock, in->k - 1, 0)
-                              : wait_for(p, pred_bwd, i, j + 1);
-        ev->t1 = gp_now();
-        if (st == GP_OK)
-            st = recv_copy(p->devs[j], &MB(p, i, j + 1)->grad_in, &s->grad_out, &ev->bytes);
-        if (st == GP_OK) publish(p, &FLAG(p, grad_copied, i, j), -1);
-        break;
-    case GP_INSTR_FORWARD:
-        st = do_forward(p, i, j, in->checkpointed, bad_layer);
-        if (st == GP_OK) publish(p, &FLAG(p, fwd_done, i, j), in->k);
-        break;
-    case GP_INSTR_RECOMPUTE:
-        st = stage_forward(p, i, j, true, true, bad_layer);
-        break;
-    case GP_INSTR_BACKWARD:
-        st = do_backward(p, i, j, bad_layer);
-        if (st == GP_OK) publish(p, &FLAG(p, bwd_done, i, j), in->k);
-        break;
-    default:
-        GP_ASSERT(!"unknown instruction");
-    }
-    return st;
 }
 
 /* Free everything this worker allocated for the step. */
@@ -383,81 +269,182 @@ static void drain(gp_pipeline *p, int j)
 {
     for (int i = 0; i < p->m; i++) {
         mb_state *s = MB(p, i, j);
-        free_acts(s, p->count[j]);
-        if (s->out.owned) gp_tensor_free(&s->out);
-        s->out = (gp_tensor){0};
-        gp_tensor_free(&s->in);
+        gp_stash_release(&s->stash);
         gp_tensor_free(&s->grad_out);
         gp_tensor_free(&s->grad_in);
         gp_tensor_free(&s->labels);
     }
 }
 
-/* Whether stage j's replicas shard the optimizer update: reduce-scatter the
- * gradients, each replica updates its chunk, all-gather the parameters.
- * The update's reads and writes (w, g and momentum) are then divided by R. */
-static bool sharded(const gp_pipeline *p, int j)
+/* Every layer's gradients of stage j final: the layers that got no
+ * backward this step (frozen ones on stage 0) hold zeros, not last step's. */
+static gp_status grads_final(gp_pipeline *p, int j, int *bad_layer)
 {
-    return p->comms[j] && p->comms[j]->n > 1 && gp_dev_can_shard(p->devs[j]);
-}
-
-/* Whether stage j's sharded update also does the gradient reduction, after
- * the barrier (gp_dev_sharded_sgd: sum, update and all-gather in one pass
- * over the chunk) instead of a reduce-scatter right after its backward.
- * Only stage 0: its backward ends last, so an early reduce-scatter would
- * overlap nothing there, while the later stages' overlaps the backward
- * still running on the stages before them. */
-static bool fused(const gp_pipeline *p, int j)
-{
-    return j == 0 && p->hook && sharded(p, j);
-}
-
-/* Stage j's parameter gradients summed over the replicas (each replica's
- * loss is already scaled by 1 / global batch, so the sum is the gradient of
- * the global mean): in full (all-reduce), or only this replica's chunk of
- * each (reduce-scatter) when sharded, or not yet when fused; then the
- * pending batch-norm statistics merged. */
-static gp_status allreduce_stage(gp_pipeline *p, int j)
-{
-    gp_comm *comm = p->comms[j];
-    bool shard = sharded(p, j);
-    bool grads = !fused(p, j); /* fused: the hook sums them after the barrier */
     for (int c = p->first[j]; c < p->first[j] + p->count[j]; c++) {
-        gp_layer *l = &p->layers[c];
-        for (int q = 0; grads && q < l->n_params; q++) {
-            gp_param *pr = &l->params[q];
-            if (pr->is_buffer || !pr->grad.data) continue;
-            int64_t n = gp_tensor_numel(&pr->grad);
-            GP_TRY(shard ? gp_dev_reduce_scatter(p->devs[j], comm, pr->grad.data, n)
-                         : gp_dev_allreduce(p->devs[j], comm, pr->grad.data, n));
+        gp_status st = gp_layer_grads_finish(&p->layers[c]);
+        if (st != GP_OK) {
+            *bad_layer = c;
+            return st;
         }
-        if (l->ops->allreduce_stats) GP_TRY(l->ops->allreduce_stats(l, comm));
     }
     return GP_OK;
 }
 
-/* After a sharded update: every replica's parameters of stage j from their
- * owners' chunks. */
-static gp_status gather_stage(gp_pipeline *p, int j)
+/* REDUCE_GRADS: stage j's parameter gradients summed over the replicas
+ * (each replica's loss is already scaled by 1 / global batch, so the sum is
+ * the gradient of the global mean): in full, or only this replica's chunk
+ * of each when sharded.  Every replica's stage j does the same collectives
+ * in the same order. */
+static gp_status reduce_grads(gp_pipeline *p, int j, bool shard, int *bad_layer)
 {
+    GP_TRY(grads_final(p, j, bad_layer));
     for (int c = p->first[j]; c < p->first[j] + p->count[j]; c++) {
         gp_layer *l = &p->layers[c];
         for (int q = 0; q < l->n_params; q++) {
             gp_param *pr = &l->params[q];
             if (pr->is_buffer || !pr->grad.data) continue;
-            GP_TRY(gp_dev_all_gather(p->devs[j], p->comms[j], pr->value.data,
-                                     gp_tensor_numel(&pr->value)));
+            int64_t n = gp_tensor_numel(&pr->grad);
+            GP_TRY(shard ? gp_dev_reduce_scatter(p->devs[j], p->comms[j], pr->grad.data, n)
+                         : gp_dev_allreduce(p->devs[j], p->comms[j], pr->grad.data, n));
         }
     }
     return GP_OK;
 }
 
+/* BARRIER: the step's data flow is over on stage j (outgoing tensors
+ * copied, everything freed), every stage of this pipeline got through its
+ * list, and, over the replicas, every replica's stage j did too.  Worker j
+ * of each replica arrives at the replicas' barrier only after its own
+ * replica's, so once all have, nothing of any replica can fail before the
+ * update.  A failure elsewhere aborts the communicator and the barrier
+ * returns GP_ERR_CANCELLED. */
+static gp_status barrier(worker *w, const gp_instr *in, int *bad_layer)
+{
+    gp_pipeline *p = w->p;
+    int j = w->j;
+    GP_TRY(grads_final(p, j, bad_layer));
+    for (int i = 0; i < p->m; i++) { /* outgoing data must be copied before it is freed */
+        if (j > 0) GP_TRY(wait_for(p, pred_grad_copied, i, j - 1));
+        if (j + 1 < p->n) GP_TRY(wait_for(p, pred_act_copied, i, j + 1));
+    }
+    drain(p, j);
+    pthread_mutex_lock(&p->lock);
+    p->lists_ok++;
+    pthread_cond_broadcast(&p->cond);
+    pthread_mutex_unlock(&p->lock);
+    GP_TRY(wait_for(p, pred_lists_ok, 0, 0));
+    if (!in->replicas) return GP_OK;
+    double t0 = gp_now();
+    gp_status st = gp_dev_barrier(p->devs[j], p->comms[j]);
+    w->comm_seconds += gp_now() - t0;
+    return st;
+}
+
+static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int *bad_layer)
+{
+    gp_pipeline *p = w->p;
+    int i = in->i, j = in->j, first = p->first[j], count = p->count[j];
+    gp_status st = GP_OK;
+    if (p->opts.fault_j == j && p->opts.fault_i == i && p->opts.fault_kind == in->kind) {
+        if (p->opts.fault_delay_ms > 0)
+            nanosleep(&(struct timespec){p->opts.fault_delay_ms / 1000,
+                                         (p->opts.fault_delay_ms % 1000) * 1000000L},
+                      NULL);
+        *bad_layer = first;
+        return gp_error_set(GP_ERR_RUNTIME, "injected fault in %s", gp_instr_kind_name(in->kind));
+    }
+    double t0 = gp_now();
+    switch (in->kind) {
+    case GP_INSTR_RECV_ACT:
+        st = p->opts.lockstep ? wait_for(p, pred_clock, in->k - 1, 0)
+                              : wait_for(p, pred_fwd, i, in->from);
+        ev->t1 = gp_now(); /* end of the wait; the copy follows */
+        if (st == GP_OK)
+            st = recv_copy(p->devs[j], &MB(p, i, in->from)->stash.out, &MB(p, i, j)->stash.in,
+                           &ev->bytes);
+        if (st == GP_OK) publish(p, &FLAG(p, act_copied, i, j), -1);
+        return st;
+    case GP_INSTR_RECV_GRAD:
+        st = p->opts.lockstep ? wait_for(p, pred_clock, in->k - 1, 0)
+                              : wait_for(p, pred_bwd, i, in->from);
+        ev->t1 = gp_now();
+        if (st == GP_OK)
+            st = recv_copy(p->devs[j], &MB(p, i, in->from)->grad_in, &MB(p, i, j)->grad_out,
+                           &ev->bytes);
+        if (st == GP_OK) publish(p, &FLAG(p, grad_copied, i, j), -1);
+        return st;
+    case GP_INSTR_FORWARD:
+        st = do_forward(p, i, j, in->checkpointed, bad_layer);
+        if (st == GP_OK) publish(p, &FLAG(p, fwd_done, i, j), in->k);
+        return st;
+    case GP_INSTR_RECOMPUTE: {
+        gp_fwd_ctx ctx = mb_ctx(p, i, j);
+        st = gp_ckpt_recompute(p->layers + first, &ctx, &MB(p, i, j)->stash, bad_layer);
+        if (st != GP_OK) *bad_layer += first;
+        return st;
+    }
+    case GP_INSTR_BACKWARD:
+        st = do_backward(p, i, j, bad_layer);
+        if (st == GP_OK) publish(p, &FLAG(p, bwd_done, i, j), in->k);
+        return st;
+    case GP_INSTR_REDUCE_GRADS:
+        st = reduce_grads(p, j, in->shard, bad_layer);
+        break;
+    case GP_INSTR_REDUCE_STATS:
+        /* the pending batch-norm statistics merged over the replicas */
+        for (int c = first; c < first + count && st == GP_OK; c++)
+            if (p->layers[c].ops->allreduce_stats) {
+                st = p->layers[c].ops->allreduce_stats(&p->layers[c], p->comms[j]);
+                if (st != GP_OK) *bad_layer = c;
+            }
+        break;
+    case GP_INSTR_BARRIER:
+        return barrier(w, in, bad_layer);
+    case GP_INSTR_COMMIT:
+        for (int c = first; c < first + count && st == GP_OK; c++)
+            if (p->layers[c].ops->commit) {
+                st = p->layers[c].ops->commit(&p->layers[c]);
+                if (st != GP_OK) *bad_layer = c;
+            }
+        return st;
+    case GP_INSTR_UPDATE:
+        if (!p->opts.optim) return GP_OK;
+        if (in->fused) {
+            st = gp_optim_update_fused(p->opts.optim, first, count, p->lr, p->comms[j]);
+            break; /* a collective: counted as communication */
+        }
+        return gp_optim_update(p->opts.optim, first, count, p->lr, in->shard ? p->rank : 0,
+                               in->shard ? p->replicas : 1);
+    case GP_INSTR_GATHER:
+        /* after a sharded update: every replica's parameters of stage j
+         * from their owners' chunks */
+        for (int c = first; c < first + count && st == GP_OK; c++) {
+            gp_layer *l = &p->layers[c];
+            for (int q = 0; q < l->n_params && st == GP_OK; q++) {
+                gp_param *pr = &l->params[q];
+                if (pr->is_buffer || !pr->grad.data) continue;
+                st = gp_dev_all_gather(p->devs[j], p->comms[j], pr->value.data,
+                                       gp_tensor_numel(&pr->value));
+            }
+        }
+        break;
+    default:
+        GP_ASSERT(!"unknown instruction");
+    }
+    w->comm_seconds += gp_now() - t0; /* the collectives */
+    return st;
+}
+
+static bool is_copy(gp_instr_kind k) { return k == GP_INSTR_RECV_ACT || k == GP_INSTR_RECV_GRAD; }
+static bool per_micro_batch(gp_instr_kind k) { return k <= GP_INSTR_BACKWARD; }
+
 static gp_status run_step(worker *w)
 {
     gp_pipeline *p = w->p;
-    int j = w->j, first = p->first[j], count = p->count[j];
+    int j = w->j;
     /* No zeroing pass: each layer's first backward overwrites its gradients. */
-    for (int c = 0; c < count; c++) gp_layer_grads_begin(&p->layers[first + c]);
+    for (int c = p->first[j]; c < p->first[j] + p->count[j]; c++)
+        gp_layer_grads_begin(&p->layers[c]);
     const gp_instr *list = p->sched.list[j];
     w->n_events = 0;
     w->busy = 0;
@@ -469,19 +456,15 @@ static gp_status run_step(worker *w)
         pthread_mutex_unlock(&p->lock);
         if (cancelled) return gp_error_set(GP_ERR_CANCELLED, "cancelled");
         gp_event_rec *ev = &w->events[w->n_events++];
-        memset(ev, 0, sizeof *ev);
-        ev->kind = in->kind;
-        ev->i = in->i;
-        ev->j = j;
-        ev->k = in->k;
-        ev->layer_first = first;
-        ev->layer_count = count;
+        *ev = (gp_event_rec){.kind = in->kind, .i = in->i, .j = j, .k = in->k, .from = in->from,
+                             .shard = in->shard, .fused = in->fused,
+                             .layer_first = p->first[j], .layer_count = p->count[j]};
         ev->t0 = gp_now();
         ev->t1 = ev->t0;
         int bad_layer = -1;
         if (GP_NVTX_ENABLED) { /* Nsight Systems: the trace's slice name */
             char name[64];
-            gp_trace_slice_name(ev, name, sizeof name);
+            gp_instr_name(in, name, sizeof name);
             gp_nvtx_push(name);
         }
         gp_status st = run_instr(w, in, ev, &bad_layer);
@@ -491,82 +474,21 @@ static gp_status run_step(worker *w)
         double tw = ev->t1;
         ev->t1 = gp_now();
         ev->mem_after = gp_allocator_current(&p->devs[j]->alloc);
-        w->busy += ev->t1 - (in->kind == GP_INSTR_RECV_ACT || in->kind == GP_INSTR_RECV_GRAD
-                                 ? tw : ev->t0);
-        if (in->kind == GP_INSTR_RECV_ACT || in->kind == GP_INSTR_RECV_GRAD) {
+        if (per_micro_batch(in->kind))
+            w->busy += ev->t1 - (is_copy(in->kind) ? tw : ev->t0);
+        if (is_copy(in->kind) && w->n_events < w->cap_events) {
             /* Split the record: the wait, then the copy. */
-            if (w->n_events < w->cap_events) {
-                gp_event_rec *cp = &w->events[w->n_events++];
-                *cp = *ev;
-                cp->t0 = tw;
-                ev->t1 = tw;
-                ev->bytes = 0;
-                ev->is_wait = true;
-            }
+            gp_event_rec *cp = &w->events[w->n_events++];
+            *cp = *ev;
+            cp->t0 = tw;
+            ev->t1 = tw;
+            ev->bytes = 0;
+            ev->is_wait = true;
         }
         if (st != GP_OK) return fail(p, st, j, in->i, bad_layer);
-        sweep(p, j);
+        if (per_micro_batch(in->kind)) sweep(p, j);
     }
-    for (int c = 0; c < count; c++) {
-        gp_status st = gp_layer_grads_finish(&p->layers[first + c]);
-        if (st != GP_OK) return fail(p, st, j, -1, first + c);
-    }
-    /* Data parallelism: stage j's gradients are complete here, so they are
-     * all-reduced now, while the stages before it still run backward.
-     * Every replica's stage j does the same collectives in the same order. */
-    if (p->comms[j] && p->comms[j]->n > 1) {
-        double t0 = gp_now();
-        gp_status st = allreduce_stage(p, j);
-        w->comm_seconds = gp_now() - t0;
-        if (st != GP_OK) return fail(p, st, j, -1, -1);
-    }
-    /* Outgoing data must be copied before it is freed. */
-    for (int i = 0; i < p->m; i++) {
-        if (j > 0) GP_TRY(wait_for(p, pred_grad_copied, i, j - 1));
-        if (j + 1 < p->n) GP_TRY(wait_for(p, pred_act_copied, i, j + 1));
-    }
-    drain(p, j);
-    /* Nothing of the model changes unless every stage got through its
-     * backward: a failed step leaves parameters and statistics as before. */
-    pthread_mutex_lock(&p->lock);
-    p->lists_ok++;
-    pthread_cond_broadcast(&p->cond);
-    while (!p->cancelled && p->lists_ok < p->n) pthread_cond_wait(&p->cond, &p->lock);
-    bool cancelled = p->cancelled;
-    pthread_mutex_unlock(&p->lock);
-    if (cancelled) return gp_error_set(GP_ERR_CANCELLED, "cancelled");
-    /* Data parallelism: and every stage of every replica.  Worker j of each
-     * replica arrives here only after its own replica's barrier, so once
-     * all have, nothing of any replica can fail before the update (the
-     * reduce-scatter above waited only for the replicas' stage j; another
-     * replica's stage 0 may still be in its backward).  A failure elsewhere
-     * aborts the communicator and this returns GP_ERR_CANCELLED. */
-    if (p->comms[j] && p->comms[j]->n > 1) {
-        double t0 = gp_now();
-        gp_status st = gp_dev_barrier(p->devs[j], p->comms[j]);
-        w->comm_seconds += gp_now() - t0; /* waiting for the other replicas */
-        if (st != GP_OK) return fail(p, st, j, -1, -1);
-    }
-    for (int c = 0; c < count; c++)
-        if (p->layers[first + c].ops->commit) {
-            gp_status st = p->layers[first + c].ops->commit(&p->layers[first + c]);
-            if (st != GP_OK) return fail(p, st, j, -1, first + c);
-        }
-    if (p->hook) {
-        bool shard = sharded(p, j), fuse = fused(p, j);
-        double t0 = gp_now();
-        gp_status st = p->hook(p->hook_arg, j, first, count, shard ? p->rank : 0,
-                               shard ? p->comms[j]->n : 1, fuse ? p->comms[j] : NULL);
-        if (fuse) w->comm_seconds += gp_now() - t0;
-        if (st != GP_OK) return fail(p, st, j, -1, -1);
-        if (shard && !fuse) {
-            t0 = gp_now();
-            st = gather_stage(p, j);
-            w->comm_seconds += gp_now() - t0;
-            if (st != GP_OK) return fail(p, st, j, -1, -1);
-        }
-    }
-    gp_status st = p->devs[j]->iface->synchronize(p->devs[j]);
+    gp_status st = gp_dev_synchronize(p->devs[j]);
     if (st != GP_OK) return fail(p, st, j, -1, -1);
     return GP_OK;
 }
@@ -641,7 +563,7 @@ gp_status gp_pipeline_create(gp_layer *layers, int n_layers, const gp_shape *inp
     p->first_trainable = gp_layers_first_trainable(layers, n_layers);
     p->input = *input;
     p->opts = *opts;
-    if (p->opts.chunks < 1) p->opts.chunks = 1;
+    p->replicas = 1;
     int f = 0;
     for (int j = 0; j < n; j++) {
         p->devs[j] = devs[j];
@@ -680,10 +602,7 @@ static void free_step_tables(gp_pipeline *p)
     free(p->clock_done);
     free(p->clock_expected);
     if (p->mb)
-        for (size_t q = 0; q < (size_t)p->m * (size_t)p->n; q++) {
-            free(p->mb[q].acts);
-            free(p->mb[q].saved);
-        }
+        for (size_t q = 0; q < (size_t)p->m * (size_t)p->n; q++) gp_stash_destroy(&p->mb[q].stash);
     free(p->mb);
     for (int j = 0; j < p->n; j++) {
         free(p->workers[j].events);
@@ -696,10 +615,11 @@ static void free_step_tables(gp_pipeline *p)
     p->m = 0;
 }
 
-/* (Re)build the per-step tables when the chunk count changes. */
+/* (Re)build the per-step tables when the chunk count or the replicas
+ * change. */
 static gp_status prepare(gp_pipeline *p, int m)
 {
-    if (p->m == m && p->mb) {
+    if (p->m == m && p->mb && !p->sched_stale) {
         size_t cells = (size_t)m * (size_t)p->n;
         memset(p->fwd_done, 0, cells);
         memset(p->bwd_done, 0, cells);
@@ -709,7 +629,11 @@ static gp_status prepare(gp_pipeline *p, int m)
         return GP_OK;
     }
     free_step_tables(p);
-    GP_TRY(gp_schedule_gpipe(p->n, m, p->opts.checkpoint, &p->sched));
+    gp_schedule_opts so = {.n = p->n, .m = m, .checkpoint = p->opts.checkpoint,
+                           .replicas = p->replicas, .update = p->opts.optim != NULL};
+    memcpy(so.shard, p->shard, sizeof so.shard);
+    GP_TRY(gp_schedule_make(&so, &p->sched));
+    p->sched_stale = false;
     p->m = m;
     size_t cells = (size_t)m * (size_t)p->n;
     p->fwd_done = calloc(cells, 1);
@@ -721,12 +645,8 @@ static gp_status prepare(gp_pipeline *p, int m)
     p->mb = calloc(cells, sizeof *p->mb);
     bool ok = p->fwd_done && p->bwd_done && p->act_copied && p->grad_copied && p->clock_done &&
               p->clock_expected && p->mb;
-    for (size_t q = 0; ok && q < cells; q++) {
-        int j = (int)(q % (size_t)p->n);
-        p->mb[q].acts = calloc((size_t)p->count[j] + 1, sizeof(gp_tensor));
-        p->mb[q].saved = calloc((size_t)p->count[j], sizeof(gp_saved));
-        ok = p->mb[q].acts && p->mb[q].saved;
-    }
+    for (size_t q = 0; ok && q < cells; q++)
+        ok = gp_stash_init(&p->mb[q].stash, p->count[q % (size_t)p->n]) == GP_OK;
     for (int j = 0; ok && j < p->n; j++) {
         /* a copy records two events (wait, copy) */
         p->workers[j].cap_events = 2 * p->sched.count[j];
@@ -734,7 +654,7 @@ static gp_status prepare(gp_pipeline *p, int m)
         ok = p->workers[j].events != NULL;
         for (int c = 0; ok && c < p->sched.count[j]; c++) {
             gp_instr_kind kd = p->sched.list[j][c].kind;
-            if (kd == GP_INSTR_FORWARD || kd == GP_INSTR_BACKWARD)
+            if (kd == GP_INSTR_FORWARD || kd == GP_INSTR_BACKWARD) /* lockstep's clocks */
                 p->clock_expected[p->sched.list[j][c].k]++;
         }
     }
@@ -746,22 +666,19 @@ static gp_status prepare(gp_pipeline *p, int m)
 }
 
 gp_status gp_pipeline_step(gp_pipeline *p, const float *x, const float *y, int64_t n,
-                           uint64_t seed, uint64_t step, gp_stage_hook hook, void *arg,
-                           gp_pipeline_out *out)
+                           uint64_t seed, uint64_t step, double lr, gp_pipeline_out *out)
 {
-    GP_TRY(gp_pipeline_step_begin(p, x, y, n, 0, n, seed, step, hook, arg));
+    GP_TRY(gp_pipeline_step_begin(p, x, y, n, 0, n, seed, step, lr));
     return gp_pipeline_step_end(p, out);
 }
 
 gp_status gp_pipeline_step_begin(gp_pipeline *p, const float *x, const float *y, int64_t n,
                                  int64_t sample_base, int64_t batch_total, uint64_t seed,
-                                 uint64_t step, gp_stage_hook hook, void *arg)
+                                 uint64_t step, double lr)
 {
     GP_ASSERT(!p->running);
     p->t_begin = gp_now();
     int m = p->opts.chunks;
-    if (m > GP_MAX_CHUNKS)
-        return gp_error_set(GP_ERR_INVALID, "pipeline.chunks = %d exceeds %d", m, GP_MAX_CHUNKS);
     GP_TRY(gp_microbatch_split(n, m, p->sizes));
     GP_TRY(prepare(p, m));
     int64_t off = 0;
@@ -776,8 +693,7 @@ gp_status gp_pipeline_step_begin(gp_pipeline *p, const float *x, const float *y,
     p->y = y;
     p->seed = seed;
     p->step = step;
-    p->hook = hook;
-    p->hook_arg = arg;
+    p->lr = lr;
     for (size_t q = 0; q < (size_t)m * (size_t)p->n; q++) {
         p->mb[q].loss_sum = 0;
         p->mb[q].correct = 0;
@@ -860,6 +776,10 @@ void gp_pipeline_join(gp_pipeline *p, gp_comm *const *comms, int rank,
     GP_ASSERT(!p->running);
     for (int j = 0; j < p->n; j++) p->comms[j] = comms ? comms[j] : NULL;
     p->rank = rank;
+    p->replicas = comms && comms[0] ? comms[0]->n : 1;
+    /* Shard the update where every stage's device can (gp_dev_can_shard). */
+    for (int j = 0; j < p->n; j++) p->shard[j] = p->replicas > 1 && gp_dev_can_shard(p->devs[j]);
+    p->sched_stale = true;
     p->on_fail = on_fail;
     p->fail_arg = arg;
 }
@@ -876,3 +796,14 @@ void gp_pipeline_cancel(gp_pipeline *p)
     pthread_mutex_unlock(&p->lock);
 }
 int gp_pipeline_stages(const gp_pipeline *p) { return p->n; }
+
+void gp_event_name(const gp_event_rec *e, char *buf, size_t len)
+{
+    if (e->is_wait) {
+        snprintf(buf, len, "wait");
+        return;
+    }
+    gp_instr in = {.kind = e->kind, .i = e->i, .j = e->j, .k = e->k, .from = e->from,
+                   .shard = e->shard, .fused = e->fused};
+    gp_instr_name(&in, buf, len);
+}

@@ -9,12 +9,20 @@
  * gradient back in backward.  No layer knows its stage.
  *
  * Executor: workers are created once in gp_pipeline_create and reused every
- * step.  A step hands each worker its instruction list (schedule.h); a
- * worker runs it in order, waiting only in copy instructions: in lockstep
- * mode (default) until every computation of the previous clock has finished
- * (as torchgpipe), otherwise until the copy's source is ready.  Each worker
- * touches only its own device's memory; cross-thread state is the table of
- * completion flags below, guarded by one mutex.
+ * step.  A step hands each worker its instruction list (schedule.h), the
+ * whole step: forwards, recomputes, backwards, copies, and the end of the
+ * step (reductions over replicas, the barrier, batch-norm commit, the
+ * optimizer's update, the all-gather).  A worker runs it in order, waiting
+ * only in copies (in lockstep mode, the default, until every computation of
+ * the previous clock has finished, as torchgpipe; otherwise until the
+ * copy's source is ready) and at the barrier.  Each worker touches only its
+ * own device's memory; cross-thread state is a table of completion flags
+ * guarded by one mutex.
+ *
+ * Owns: the workers, the step's per-micro-batch state, the schedule it
+ * runs.  May call: core, backend, layers, checkpoint (what an instruction
+ * does to a stage's layers), optim (UPDATE).  Knows nothing of configs,
+ * datasets or the training loop.
  *
  * Failure: the first error in any worker cancels the step on all workers;
  * every worker frees what the step allocated on its device; the caller gets
@@ -30,7 +38,7 @@
 #ifndef GP_PIPELINE_H
 #define GP_PIPELINE_H
 
-#include "layers/layers.h"
+#include "optim/optim.h"
 #include "pipeline/schedule.h"
 
 typedef struct gp_pipeline gp_pipeline;
@@ -39,6 +47,8 @@ typedef struct gp_pipeline gp_pipeline;
 typedef struct gp_event_rec {
     gp_instr_kind kind;
     int i, j, k;
+    int from;               /* copies: the source stage */
+    bool shard, fused;      /* as the instruction's */
     int layer_first, layer_count;
     size_t bytes;           /* copies: bytes moved */
     bool is_wait;           /* time a copy spent waiting for its source or
@@ -56,23 +66,12 @@ typedef struct gp_pipeline_opts {
     int fault_i, fault_j;
     gp_instr_kind fault_kind;
     int fault_delay_ms;         /* the fault first sleeps this long (tests: a late failure) */
+    gp_optim *optim;            /* the update of the model's layers; NULL: the
+                                   step ends with the gradients (no UPDATE) */
 } gp_pipeline_opts;
 
-/* Called by worker j once every stage's backward has succeeded and stage j's
- * batch-norm statistics are committed: the optimizer update of stage j runs
- * here, on j's thread and device, in parallel with the other stages'.
- * shards == 1: update every parameter of layers [first, first + count).
- * shards > 1 (data parallelism whose backend can reduce-scatter): only
- * chunk `shard` of each parameter (gp_comm_chunk) holds the summed
- * gradient; update just that chunk, and the pipeline all-gathers the
- * parameters afterwards, so the replicas share the update's work.
- * fused != NULL (shards > 1, on the stage whose backward ends last, stage
- * 0): the gradients are not summed yet; the hook does the whole sharded
- * step of every parameter through gp_dev_sharded_sgd(dev, fused, ...) —
- * sum, update and all-gather in one pass, with nothing left for the
- * pipeline to gather. */
-typedef gp_status (*gp_stage_hook)(void *arg, int j, int first, int count, int shard,
-                                   int shards, gp_comm *fused);
+/* The slice name of an executed instruction (gp_instr_name), or "wait". */
+void gp_event_name(const gp_event_rec *e, char *buf, size_t len);
 
 typedef struct gp_pipeline_out {
     double loss_sum;            /* over all samples of the batch */
@@ -89,14 +88,13 @@ gp_status gp_pipeline_create(gp_layer *layers, int n_layers, const gp_shape *inp
 /* Stops and joins the workers. */
 void gp_pipeline_destroy(gp_pipeline *p);
 
-/* One step's forward and backward on a host batch x (n, C, H, W), y (n):
- * zero gradients, run the schedule over chunks micro-batches, commit
- * batch-norm statistics, then call hook(arg, j, ...) on every worker.
- * Gradients and running statistics equal those of the single-device run
- * that accumulates the same micro-batches. */
+/* One step on a host batch x (n, C, H, W), y (n): the schedule over
+ * chunks micro-batches, from the forwards to the optimizer's update with
+ * learning rate lr (opts.optim).  Gradients, running statistics and the
+ * updated parameters equal those of the single-device run that
+ * accumulates the same micro-batches. */
 gp_status gp_pipeline_step(gp_pipeline *p, const float *x, const float *y, int64_t n,
-                           uint64_t seed, uint64_t step, gp_stage_hook hook, void *arg,
-                           gp_pipeline_out *out);
+                           uint64_t seed, uint64_t step, double lr, gp_pipeline_out *out);
 
 /* The same step in two halves, so one thread can drive several pipelines
  * at once (data-parallel replicas): begin hands the step to the workers and
@@ -108,19 +106,19 @@ gp_status gp_pipeline_step(gp_pipeline *p, const float *x, const float *y, int64
  * must stay valid until end. */
 gp_status gp_pipeline_step_begin(gp_pipeline *p, const float *x, const float *y, int64_t n,
                                  int64_t sample_base, int64_t batch_total, uint64_t seed,
-                                 uint64_t step, gp_stage_hook hook, void *arg);
+                                 uint64_t step, double lr);
 gp_status gp_pipeline_step_end(gp_pipeline *p, gp_pipeline_out *out);
 
 /* Data parallelism: make this pipeline replica `rank` of a group.  comms[j]
  * is stage j's communicator over the replicas' stage-j devices (comms NULL:
- * leave the group).  From the next step on, worker j reduces stage j's
- * parameter gradients (and merges batch-norm statistics, layer op
- * allreduce_stats) over comms[j] right after its last backward — while the
- * earlier stages still run theirs — except that stage 0's gradients are
- * summed inside its fused update (gp_stage_hook); then, after its own
- * replica's barrier, it waits at a barrier over comms[j] (gp_dev_barrier)
- * before it commits statistics and runs the optimizer hook, so the update
- * starts only when every stage of every replica got through its backward.
+ * leave the group).  From the next step on the schedule has the replicas'
+ * instructions (schedule.h): stage j's gradients reduced over comms[j] right
+ * after its last backward, while the earlier stages still run theirs (on
+ * stage 0, when sharded, inside its fused update instead), batch-norm
+ * statistics merged, a barrier over comms[j] after the replica's own, so
+ * the update starts only when every stage of every replica got through its
+ * backward, and the update sharded where the devices can
+ * (gp_dev_can_shard).
  * Layers see (comms[j], rank) in their gp_fwd_ctx (SyncBN).  The first
  * failure of a step calls on_fail(arg) from the failing worker, outside any
  * lock: the group then cancels the other replicas (gp_pipeline_cancel) and
@@ -130,8 +128,9 @@ void gp_pipeline_join(gp_pipeline *p, gp_comm *const *comms, int rank,
                       void (*on_fail)(void *arg), void *arg);
 /* Cancel the running step (if any) with GP_ERR_CANCELLED; any thread. */
 void gp_pipeline_cancel(gp_pipeline *p);
-/* Seconds worker j spent in collectives (gradient all-reduce or sharded
- * update) and waiting for the other replicas in the last step. */
+/* Seconds worker j spent in collectives (gradient reduction, statistics,
+ * fused update, gather) and waiting for the other replicas in the last
+ * step. */
 double gp_pipeline_comm_seconds(const gp_pipeline *p, int j);
 
 /* Test hook: make the instruction `kind` of (i, j) fail from the next step

@@ -25,8 +25,31 @@
  *
  * Checkpointing: a checkpointed (i, j) keeps only its stage input during
  * forward; its backward is preceded by a recompute of the stage's forward.
- * except_last checkpoints every micro-batch but the last (i = m - 1), whose
- * backward follows right after its forward.
+ * Which pairs are checkpointed is the checkpoint module's policy
+ * (gp_ckpt_checkpointed); the schedule only places the recomputes.
+ *
+ * The end of the step is instructions too (i = -1, clock `clocks`), after
+ * each stage's last backward, in this order:
+ *
+ *     REDUCE_GRADS  replicas: stage j's gradients summed over the replicas
+ *                   (all-reduce; reduce-scatter when sharded), right after
+ *                   its backward, overlapping the earlier stages' backward.
+ *                   Not on a fused stage (UPDATE sums them).
+ *     REDUCE_STATS  replicas: batch-norm statistics merged over them.
+ *     BARRIER       every stage of this pipeline through its list (and the
+ *                   step's data freed), then, with replicas, every
+ *                   replica's stage j too: nothing updates unless every
+ *                   backward of every replica succeeded.
+ *     COMMIT        batch-norm running statistics of the mini-batch.
+ *     UPDATE        the optimizer on stage j's layers: all of each tensor,
+ *                   this replica's chunk (shard), or the fused sharded step
+ *                   (sum, chunk update and all-gather as one collective).
+ *     GATHER        sharded, not fused: the parameters all-gathered.
+ *
+ * Stage 0 is fused when sharded: its backward ends last, so a reduce-
+ * scatter right after it would overlap nothing.  The executor runs the
+ * lists as they are and the simulator replays them, so what runs and what
+ * is simulated are the same instructions.
  *
  * Memory: gp_schedule owns its lists; gp_schedule_free releases them.
  * Thread safety: pure functions; a schedule is read-only once made.
@@ -34,18 +57,23 @@
 #ifndef GP_SCHEDULE_H
 #define GP_SCHEDULE_H
 
-#include "core/core.h"
+#include "checkpoint/checkpoint.h"
 
-#define GP_MAX_DEVICES 64 /* stages (devices) in one pipeline */
-
-typedef enum { GP_CKPT_ALWAYS = 0, GP_CKPT_EXCEPT_LAST, GP_CKPT_NEVER } gp_checkpoint_mode;
+#define GP_MAX_DEVICES 64  /* stages (devices) in one pipeline */
+#define GP_MAX_CHUNKS 1024 /* micro-batches in one step */
 
 typedef enum gp_instr_kind {
-    GP_INSTR_RECV_ACT = 0, /* copy activation of (i, j-1) onto this device */
+    GP_INSTR_RECV_ACT = 0, /* copy activation of (i, from) onto this device */
     GP_INSTR_FORWARD,      /* forward of (i, j) (loss too on the last stage) */
-    GP_INSTR_RECV_GRAD,    /* copy gradient of (i, j+1)'s input onto this device */
+    GP_INSTR_RECV_GRAD,    /* copy gradient of (i, from)'s input onto this device */
     GP_INSTR_RECOMPUTE,    /* re-run forward of (i, j) from its stashed input */
     GP_INSTR_BACKWARD,     /* backward-data and backward-weights of (i, j) */
+    GP_INSTR_REDUCE_GRADS, /* the end of the step: see the table above */
+    GP_INSTR_REDUCE_STATS,
+    GP_INSTR_BARRIER,
+    GP_INSTR_COMMIT,
+    GP_INSTR_UPDATE,
+    GP_INSTR_GATHER,
     GP_INSTR_KIND_COUNT
 } gp_instr_kind;
 
@@ -53,11 +81,31 @@ const char *gp_instr_kind_name(gp_instr_kind k); /* "recv_act", "forward", ... *
 
 typedef struct gp_instr {
     gp_instr_kind kind;
-    int i;      /* micro-batch */
+    int i;      /* micro-batch; -1 for the end-of-step kinds */
     int j;      /* stage (the device running it) */
-    int k;      /* clock, forward 0..m+n-2, backward m+n-1..2(m+n-1)-1 */
+    int k;      /* clock, forward 0..m+n-2, backward m+n-1..2(m+n-1)-1;
+                   end-of-step kinds: 2(m+n-1) */
+    int from;   /* copies: the stage the data comes from */
     bool checkpointed; /* forward keeps only its input; backward recomputes */
+    bool shard;        /* REDUCE_GRADS: reduce-scatter; UPDATE: own chunk */
+    bool fused;        /* UPDATE: sum, update and gather in one collective */
+    bool replicas;     /* BARRIER: over the replicas too */
 } gp_instr;
+
+/* The name of an instruction for timelines and Nsight ranges: "F3 s1",
+ * "R3 s1", "B3 s1", "copy a3 s0->s1", "copy g3 s2->s1", "reduce s1",
+ * "update s1", ...  Writes at most len bytes (64 suffice). */
+void gp_instr_name(const gp_instr *in, char *buf, size_t len);
+
+typedef struct gp_schedule_opts {
+    int n;                  /* stages */
+    int m;                  /* micro-batches */
+    gp_checkpoint_mode checkpoint;
+    int replicas;           /* R; > 1 adds the reductions and the replicas' barrier */
+    bool shard[GP_MAX_DEVICES]; /* R > 1: stage j's replicas shard its update
+                                   (their devices can: gp_dev_can_shard) */
+    bool update;            /* emit UPDATE (an optimizer is attached) */
+} gp_schedule_opts;
 
 typedef struct gp_schedule {
     int n;           /* stages */
@@ -67,16 +115,16 @@ typedef struct gp_schedule {
     int *count;
 } gp_schedule;
 
-/* GPipe's schedule for n stages and m micro-batches. */
+/* GPipe's schedule with the end of the step. */
+gp_status gp_schedule_make(const gp_schedule_opts *o, gp_schedule *out);
+/* GPipe's schedule for n stages and m micro-batches, one replica, with the
+ * optimizer's update. */
 gp_status gp_schedule_gpipe(int n, int m, gp_checkpoint_mode ckpt, gp_schedule *out);
 void gp_schedule_free(gp_schedule *s);
 
-/* Whether (i, j) is checkpointed under `ckpt` with m micro-batches. */
-bool gp_schedule_checkpointed(gp_checkpoint_mode ckpt, int i, int m);
-
 /* Sizes of m micro-batches of a batch of n: the first n % m get one more
  * sample than the rest (n = 10, m = 4 -> 3, 3, 2, 2), so stages see nearly
- * equal work; m > n is an error. */
+ * equal work; m > n or m > GP_MAX_CHUNKS is an error. */
 gp_status gp_microbatch_split(int64_t n, int m, int64_t *sizes);
 
 #endif /* GP_SCHEDULE_H */

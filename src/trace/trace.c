@@ -51,19 +51,6 @@ bool gp_trace_wants(const gp_trace *t, int64_t step)
 
 static double us(const gp_trace *t, double s) { return (s - t->t_origin) * 1e6; }
 
-void gp_trace_slice_name(const gp_event_rec *e, char *buf, size_t len)
-{
-    switch (e->kind) {
-    case GP_INSTR_FORWARD: snprintf(buf, len, "F%d s%d", e->i, e->j); break;
-    case GP_INSTR_RECOMPUTE: snprintf(buf, len, "R%d s%d", e->i, e->j); break;
-    case GP_INSTR_BACKWARD: snprintf(buf, len, "B%d s%d", e->i, e->j); break;
-    case GP_INSTR_RECV_ACT: snprintf(buf, len, "copy a%d s%d->s%d", e->i, e->j - 1, e->j); break;
-    case GP_INSTR_RECV_GRAD: snprintf(buf, len, "copy g%d s%d->s%d", e->i, e->j + 1, e->j); break;
-    default: snprintf(buf, len, "?"); break;
-    }
-    if (e->is_wait) snprintf(buf, len, "wait");
-}
-
 static const char *category(const gp_event_rec *e)
 {
     if (e->is_wait) return "wait";
@@ -71,14 +58,16 @@ static const char *category(const gp_event_rec *e)
     case GP_INSTR_FORWARD: return "forward";
     case GP_INSTR_RECOMPUTE: return "recompute";
     case GP_INSTR_BACKWARD: return "backward";
-    default: return "copy";
+    case GP_INSTR_RECV_ACT:
+    case GP_INSTR_RECV_GRAD: return "copy";
+    default: return gp_instr_kind_name(e->kind); /* the end of the step */
     }
 }
 
 /* The slice on device `j` that produced what a copy consumed. */
 static const gp_event_rec *producer(const gp_pipeline *p, const gp_event_rec *c)
 {
-    int j = c->kind == GP_INSTR_RECV_ACT ? c->j - 1 : c->j + 1;
+    int j = c->from;
     gp_instr_kind want = c->kind == GP_INSTR_RECV_ACT ? GP_INSTR_FORWARD : GP_INSTR_BACKWARD;
     int cnt;
     const gp_event_rec *ev = gp_pipeline_events(p, j, &cnt);
@@ -125,7 +114,7 @@ gp_status gp_trace_add_step(gp_trace *t, const gp_pipeline *p, gp_device *const 
             const gp_event_rec *r = &ev[e];
             bool copy = r->kind == GP_INSTR_RECV_ACT || r->kind == GP_INSTR_RECV_GRAD;
             char name[64];
-            gp_trace_slice_name(r, name, sizeof name);
+            gp_event_name(r, name, sizeof name);
             sep(t);
             fprintf(t->f, "{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,"
                           "\"dur\":%.3f,\"pid\":%d,\"tid\":%d,\"args\":{\"step\":%lld,"
@@ -138,7 +127,7 @@ gp_status gp_trace_add_step(gp_trace *t, const gp_pipeline *p, gp_device *const 
                 const gp_event_rec *src = producer(p, r);
                 if (src) {
                     uint64_t id = t->next_flow++;
-                    int sj = r->kind == GP_INSTR_RECV_ACT ? j - 1 : j + 1;
+                    int sj = r->from;
                     sep(t);
                     fprintf(t->f, "{\"name\":\"data\",\"cat\":\"flow\",\"ph\":\"s\",\"id\":%llu,"
                                   "\"ts\":%.3f,\"pid\":%d,\"tid\":0}",

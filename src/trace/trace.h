@@ -31,11 +31,6 @@ gp_status gp_trace_add_step(gp_trace *t, const gp_pipeline *p, gp_device *const 
 /* Finish the JSON and close; reports a write error. NULL is fine. */
 gp_status gp_trace_close(gp_trace *t);
 
-/* The slice name of an executed instruction: "F3 s1", "R3 s1", "B3 s1",
- * "copy a3 s0->s1", "copy g3 s2->s1", or "wait".  Also the NVTX range name
- * (trace_nvtx.h).  Thread-safe; writes at most len bytes (64 suffice). */
-void gp_trace_slice_name(const gp_event_rec *e, char *buf, size_t len);
-
 /* Parse "A:B", "A:", ":B" or "A" into [first, last]. */
 bool gp_trace_parse_range(const char *s, int64_t *first, int64_t *last);
 

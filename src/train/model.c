@@ -1,14 +1,15 @@
 /*
- * model.c — the sequential model on one device: build, one training step
- * over micro-batches (the single-device oracle every pipeline run is
- * checked against), the SGD update, evaluation.
+ * model.c — one replica of the model: build (layers placed on their
+ * stages' devices, the optimizer), one training step over micro-batches on
+ * one device (the single-device oracle every pipeline run is checked
+ * against), the pipelined step of one replica, evaluation, and the
+ * balance a config asks for.
  *
  * Step memory: activations of one micro-batch live from its forward to its
  * backward; gradients accumulate across micro-batches (dW +=) and are zeroed
  * once per step.
  */
 #include "train/train.h"
-#include "pipeline/pipeline.h"
 #include "balance/balance.h"
 
 #include <math.h>
@@ -32,9 +33,8 @@ gp_status gp_model_build_placed(const gp_config *cfg, gp_device *const *devs, in
                             cfg->path);
     GP_ASSERT(n >= 1 && n <= GP_MAX_DEVICES);
     out->layers = calloc((size_t)mc->n_layers, sizeof *out->layers);
-    out->mom_first = calloc((size_t)mc->n_layers, sizeof *out->mom_first);
-    if (!out->layers || !out->mom_first) {
-        gp_model_free(out);
+    if (!out->layers) {
+        gp_model_release(out);
         return gp_error_set(GP_ERR_OOM, "out of host memory building the model");
     }
     out->dev = devs[0];
@@ -54,7 +54,7 @@ gp_status gp_model_build_placed(const gp_config *cfg, gp_device *const *devs, in
         gp_status s = gp_layer_create(&mc->layers[k], k, &cur, devs[stage], cfg->train.seed,
                                       &out->layers[k]);
         if (s != GP_OK) {
-            gp_model_free(out);
+            gp_model_release(out);
             return s;
         }
         in_stage++;
@@ -64,39 +64,31 @@ gp_status gp_model_build_placed(const gp_config *cfg, gp_device *const *devs, in
     out->output = cur;
     if (cur.ndim != 2) {
         char b[64];
-        gp_model_free(out);
+        gp_model_release(out);
         return gp_error_set(GP_ERR_INVALID,
                             "%s: the model's output is %s per sample but cross_entropy needs "
                             "(N, classes); end the model with flatten and linear",
                             cfg->path, gp_shape_str(&cur, b, sizeof b));
     }
-    /* Optimizer state: one momentum buffer per trainable parameter, on the
-     * parameter's device. */
-    int n_mom = 0;
-    for (int k = 0; k < out->n_layers; k++)
-        for (int p = 0; p < out->layers[k].n_params; p++)
-            if (!out->layers[k].params[p].is_buffer) n_mom++;
-    out->momentum = calloc((size_t)(n_mom ? n_mom : 1), sizeof *out->momentum);
-    if (!out->momentum) {
-        gp_model_free(out);
-        return gp_error_set(GP_ERR_OOM, "out of host memory building the model");
-    }
-    int j = 0;
-    for (int k = 0; k < out->n_layers; k++) {
-        out->mom_first[k] = j;
-        for (int p = 0; p < out->layers[k].n_params; p++) {
-            gp_param *pr = &out->layers[k].params[p];
-            if (pr->is_buffer) continue;
-            gp_shape sh = gp_tensor_shape(&pr->value);
-            gp_status s = gp_tensor_zeros(&out->momentum[j], pr->value.dev, &sh, GP_MEM_OPTIMIZER);
-            if (s != GP_OK) {
-                gp_model_free(out);
-                return s;
-            }
-            out->n_momentum = ++j;
-        }
-    }
-    return GP_OK;
+    gp_sgd_opts so = gp_model_sgd_opts(cfg);
+    gp_status st = gp_optim_create(out->layers, out->n_layers, &so, &out->optim);
+    if (st != GP_OK) gp_model_release(out);
+    return st;
+}
+
+gp_sgd_opts gp_model_sgd_opts(const gp_config *cfg)
+{
+    const gp_optim_config *o = &cfg->train.optim;
+    return (gp_sgd_opts){.momentum = o->momentum, .weight_decay = o->weight_decay,
+                         .nesterov = o->nesterov, .decay_bias_and_norm = o->decay_bias_and_norm};
+}
+
+gp_pipeline_opts gp_model_pipeline_opts(const gp_model *m, const gp_config *cfg)
+{
+    return (gp_pipeline_opts){.chunks = cfg->pipeline.chunks,
+                              .checkpoint = cfg->pipeline.checkpoint,
+                              .lockstep = cfg->pipeline.lockstep, .fault_j = -1,
+                              .optim = m->optim};
 }
 
 gp_status gp_model_costs(const gp_config *cfg, int64_t batch, double *costs)
@@ -126,22 +118,13 @@ const char *gp_model_balance_method(void)
     return e && !strcmp(e, "flops") ? "flops" : "time";
 }
 
-/* CPU devices among one replica's pipeline devices. */
-static int cpu_devices(const gp_pipeline_config *pc)
+int gp_model_device_threads(const gp_pipeline_config *pc, int d)
 {
-    int n_cpu = 0;
-    for (int j = 0; j < pc->n_devices; j++) n_cpu += !strncmp(pc->devices[j].name, "cpu", 3);
-    return n_cpu;
-}
-
-/* Math threads stage 0's device gets in gp_train_open: the profile must run
- * with the same count for its times to mean anything. */
-static int stage0_threads(const gp_pipeline_config *pc)
-{
-    int n_cpu = cpu_devices(pc);
+    int total = gp_pipeline_devices_total(pc), n_cpu = 0;
+    for (int q = 0; q < total; q++) n_cpu += !strncmp(pc->devices[q].name, "cpu", 3);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     if (cores < 1) cores = 1;
-    int t = pc->devices[0].threads ? pc->devices[0].threads : pc->threads;
+    int t = pc->devices[d].threads ? pc->devices[d].threads : pc->threads;
     if (!t) t = n_cpu > 0 ? (int)(cores / n_cpu) : 1;
     return t < 1 ? 1 : t;
 }
@@ -149,16 +132,17 @@ static int stage0_threads(const gp_pipeline_config *pc)
 gp_status gp_model_profile(const gp_config *cfg, const gp_model_profile_opts *o, gp_profile *out)
 {
     const gp_pipeline_config *pc = &cfg->pipeline;
-    int m = pc->chunks > 0 ? pc->chunks : 1;
+    int m = pc->chunks;
     int64_t mb = (cfg->train.batch_size + m - 1) / m;
     gp_profile_opts po = {.device = pc->devices[0].name,
-                          .threads = o->threads > 0 ? o->threads : stage0_threads(pc),
+                          .threads = o->threads > 0 ? o->threads : gp_model_device_threads(pc, 0),
                           .warmup = o->warmup, .reps = o->reps, .timed = o->timed,
                           .batch = cfg->train.batch_size, .chunks = m, .optim_slots = 1,
                           .seed = cfg->train.seed};
     /* Every CPU device of the run (all replicas) computes at once. */
-    int n_cpu = cpu_devices(pc), R = pc->replicas > 1 ? pc->replicas : 1;
-    if (!o->alone && !strncmp(po.device, "cpu", 3) && n_cpu * R > 1) po.contend = n_cpu * R - 1;
+    int n_cpu = 0, total = gp_pipeline_devices_total(pc);
+    for (int d = 0; d < total; d++) n_cpu += !strncmp(pc->devices[d].name, "cpu", 3);
+    if (!o->alone && !strncmp(po.device, "cpu", 3) && n_cpu > 1) po.contend = n_cpu - 1;
     if (o->n_sizes > 0) {
         po.n_sizes = o->n_sizes;
         memcpy(po.sizes, o->sizes, (size_t)o->n_sizes * sizeof *o->sizes);
@@ -174,7 +158,7 @@ void gp_model_plan_opts(const gp_config *cfg, int n, gp_plan_opts *o)
     const gp_pipeline_config *pc = &cfg->pipeline;
     memset(o, 0, sizeof *o);
     o->n = n;
-    o->m = pc->chunks > 0 ? pc->chunks : 1;
+    o->m = pc->chunks;
     o->checkpoint = pc->checkpoint;
     o->by = GP_BALANCE_BY_TIME;
     for (int j = 0; j < n && j < GP_MAX_DEVICES; j++) {
@@ -211,7 +195,7 @@ gp_status gp_model_balance(const gp_config *cfg, int n, int *balance)
         /* the fast, deterministic path: estimated FLOPs, no memory limit */
         double *costs = malloc((size_t)(L > 0 ? L : 1) * sizeof *costs);
         if (!costs) return gp_error_set(GP_ERR_OOM, "out of host memory");
-        int64_t mb = cfg->train.batch_size / (pc->chunks > 0 ? pc->chunks : 1);
+        int64_t mb = cfg->train.batch_size / pc->chunks;
         s = gp_model_costs(cfg, mb > 0 ? mb : 1, costs);
         if (s == GP_OK) s = gp_partition_minmax(costs, L, n, balance);
         free(costs);
@@ -233,14 +217,11 @@ gp_status gp_model_balance(const gp_config *cfg, int n, int *balance)
     return GP_OK;
 }
 
-void gp_model_free(gp_model *m)
+void gp_model_release(gp_model *m)
 {
     if (!m) return;
-    gp_model_free_replicas(m);
     gp_pipeline_destroy(m->pipe);
-    free(m->mom_first);
-    for (int j = 0; j < m->n_momentum; j++) gp_tensor_free(&m->momentum[j]);
-    free(m->momentum);
+    gp_optim_destroy(m->optim);
     for (int k = 0; k < m->n_layers; k++) gp_layer_destroy(&m->layers[k]);
     free(m->layers);
     memset(m, 0, sizeof *m);
@@ -253,94 +234,17 @@ int64_t gp_model_param_count(const gp_model *m)
     return n;
 }
 
-/* The step's gradients start stale: each layer's first backward overwrites
- * them (gp_layer_grads_begin), so there is no zeroing pass. */
-static void begin_grads(gp_model *m)
+gp_status gp_model_pipeline_step_one(gp_model *m, const gp_config *cfg, const float *x,
+                                     const float *y, int64_t n, double lr, gp_step_stats *st)
 {
-    for (int k = 0; k < m->n_layers; k++) gp_layer_grads_begin(&m->layers[k]);
-}
-
-static gp_status finish_grads(gp_model *m)
-{
-    for (int k = 0; k < m->n_layers; k++) GP_TRY(gp_layer_grads_finish(&m->layers[k]));
-    return GP_OK;
-}
-
-/* SGD on layers [first, first + count), on their devices: on chunk `shard`
- * of `shards` of every parameter (gp_comm_chunk; shards = 1: all of it). */
-static gp_status sgd_range(gp_model *m, const gp_optim_config *o, double lr, int first, int count,
-                           int shard, int shards, gp_comm *fused)
-{
-    for (int k = first; k < first + count; k++) {
-        gp_layer *l = &m->layers[k];
-        int j = m->mom_first[k];
-        for (int p = 0; p < l->n_params; p++) {
-            gp_param *pr = &l->params[p];
-            if (pr->is_buffer) continue;
-            float wd = (pr->no_decay && !o->decay_bias_and_norm) ? 0.0f : o->weight_decay;
-            gp_device *dev = pr->value.dev;
-            if (fused) { /* sum, update and gather this parameter in one pass */
-                GP_TRY(gp_dev_sharded_sgd(dev, fused, pr->value.data, pr->grad.data,
-                                          m->momentum[j].data,
-                                          gp_tensor_numel(&pr->value), (float)lr,
-                                          o->momentum, wd, o->nesterov));
-                j++;
-                continue;
-            }
-            int64_t lo, hi;
-            gp_comm_chunk(gp_tensor_numel(&pr->value), shards, shard, &lo, &hi);
-            if (hi > lo)
-                GP_TRY(dev->iface->sgd_update(dev, pr->value.data + lo, pr->grad.data + lo,
-                                              m->momentum[j].data + lo, hi - lo, (float)lr,
-                                              o->momentum, wd, o->nesterov));
-            j++;
-        }
-    }
-    return GP_OK;
-}
-
-gp_status gp_model_sgd_range(gp_model *m, const gp_optim_config *o, double lr, int first,
-                             int count, int shard, int shards, gp_comm *fused)
-{
-    return sgd_range(m, o, lr, first, count, shard, shards, fused);
-}
-
-static gp_status sgd_update(gp_model *m, const gp_optim_config *o, double lr)
-{
-    return sgd_range(m, o, lr, 0, m->n_layers, 0, 1, NULL);
-}
-
-typedef struct {
-    gp_model *m;
-    const gp_optim_config *o;
-    double lr;
-} sgd_hook_arg;
-
-/* Runs on worker j once stage j's gradients are complete. */
-static gp_status sgd_hook(void *arg, int j, int first, int count, int shard, int shards,
-                          gp_comm *fused)
-{
-    (void)j;
-    sgd_hook_arg *a = arg;
-    return sgd_range(a->m, a->o, a->lr, first, count, shard, shards, fused);
-}
-
-gp_status gp_model_pipeline_step(gp_model *m, const gp_config *cfg, const float *x,
-                                 const float *y, int64_t n, double lr, gp_step_stats *st)
-{
-    if (m->n_replicas > 1) return gp_model_replicated_step(m, cfg, x, y, n, lr, st);
+    GP_ASSERT(m->n_replicas <= 1);
     if (!m->pipe) {
-        gp_pipeline_opts po = {.chunks = cfg->pipeline.chunks > 0 ? cfg->pipeline.chunks : 1,
-                               .checkpoint = cfg->pipeline.checkpoint,
-                               .lockstep = cfg->pipeline.lockstep,
-                               .fault_j = -1};
+        gp_pipeline_opts po = gp_model_pipeline_opts(m, cfg);
         GP_TRY(gp_pipeline_create(m->layers, m->n_layers, &m->input, m->n_stages, m->devs,
                                   m->balance, &po, &m->pipe));
     }
-    sgd_hook_arg a = {m, &cfg->train.optim, lr};
     gp_pipeline_out po;
-    GP_TRY(gp_pipeline_step(m->pipe, x, y, n, cfg->train.seed, (uint64_t)m->step, sgd_hook, &a,
-                            &po));
+    GP_TRY(gp_pipeline_step(m->pipe, x, y, n, cfg->train.seed, (uint64_t)m->step, lr, &po));
     m->step++;
     if (st) {
         st->loss = po.loss_sum / (double)n;
@@ -376,112 +280,61 @@ static gp_status upload_chunk(gp_model *m, const float *x, const float *y, int64
  * without threads: every micro-batch's forward (keeping its activations),
  * then the backwards from the last micro-batch to the first.  Gradients
  * therefore accumulate in the same order as on every pipeline stage, which
- * makes pipelined runs comparable bit for bit. */
-typedef struct {
-    gp_tensor *acts;  /* [L + 1]: input, then every layer's output */
-    gp_saved *saved;  /* [L] */
-    gp_tensor labels;
-    gp_tensor dy;     /* dlogits */
-} ref_mb;
-
-static void ref_mb_free(ref_mb *r, int L)
-{
-    if (r->acts)
-        for (int k = 0; k <= L; k++) gp_tensor_free(&r->acts[k]);
-    if (r->saved)
-        for (int k = 0; k < L; k++) gp_saved_free(&r->saved[k]);
-    free(r->acts);
-    free(r->saved);
-    gp_tensor_free(&r->labels);
-    gp_tensor_free(&r->dy);
-}
-
-static gp_status ref_forward(gp_model *m, const gp_fwd_ctx *ctx, ref_mb *r, gp_loss_out *lo,
-                             int chunk)
-{
-    int L = m->n_layers;
-    for (int k = 0; k < L; k++)
-        GP_TRY(gp_layer_forward(&m->layers[k], ctx, &r->acts[k], &r->acts[k + 1], &r->saved[k]));
-    gp_shape ls = gp_tensor_shape(&r->acts[L]);
-    GP_TRY(gp_tensor_alloc(&r->dy, m->dev, &ls, GP_MEM_ACTIVATIONS));
-    GP_TRY(gp_cross_entropy(m->dev, &r->acts[L], &r->labels,
-                            (float)(1.0 / (double)ctx->batch_total), &r->dy, lo));
-    if (!isfinite(lo->loss_sum))
-        return gp_error_set(GP_ERR_NUMERIC,
-                            "loss is %g at step %llu, micro-batch %d; lower train.optimizer.lr, "
-                            "add warm-up, or check the data normalisation",
-                            lo->loss_sum, (unsigned long long)ctx->step, chunk);
-    return GP_OK;
-}
-
-static gp_status ref_backward(gp_model *m, const gp_fwd_ctx *ctx, ref_mb *r)
-{
-    int L = m->n_layers;
-    gp_tensor dy = r->dy;
-    r->dy = (gp_tensor){0};
-    gp_status s = GP_OK;
-    int ft = gp_layers_first_trainable(m->layers, L);
-    for (int k = L - 1; k >= 0 && s == GP_OK; k--) {
-        gp_tensor dx = {0};
-        if (k >= ft)
-            s = gp_layer_backward(&m->layers[k], ctx, &r->acts[k], &r->acts[k + 1], &dy,
-                                  k > ft ? &dx : NULL, &r->saved[k]);
-        gp_tensor_free(&dy);
-        gp_tensor_free(&r->acts[k + 1]);
-        gp_saved_free(&r->saved[k]);
-        dy = dx;
-    }
-    gp_tensor_free(&dy);
-    return s;
-}
-
+ * makes pipelined runs comparable bit for bit.  The whole model is one
+ * stage here: the same loops (checkpoint.h) over all of its layers. */
 gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
                               const float *y, int64_t n, int chunks, double lr,
                               gp_step_stats *st)
 {
     double t0 = gp_now();
-    int64_t sizes[1024], offs[1024];
-    if (chunks > 1024)
-        return gp_error_set(GP_ERR_INVALID, "pipeline.chunks = %d exceeds 1024", chunks);
+    int64_t sizes[GP_MAX_CHUNKS], offs[GP_MAX_CHUNKS];
     GP_TRY(gp_microbatch_split(n, chunks, sizes));
-    begin_grads(m);
     int L = m->n_layers;
-    ref_mb *mbs = calloc((size_t)chunks, sizeof *mbs);
-    if (!mbs) return gp_error_set(GP_ERR_OOM, "out of host memory");
-    gp_status s = GP_OK;
+    for (int k = 0; k < L; k++) gp_layer_grads_begin(&m->layers[k]);
+    gp_stash *mbs = calloc((size_t)chunks, sizeof *mbs);
+    gp_tensor *dy = calloc((size_t)chunks, sizeof *dy);
+    gp_status s = mbs && dy ? GP_OK : gp_error_set(GP_ERR_OOM, "out of host memory");
+    int ft = gp_layers_first_trainable(m->layers, L), bad = -1, at = 0;
     double loss_sum = 0;
     int64_t correct = 0, first = 0;
-    for (int i = 0; i < chunks && s == GP_OK; i++) {
-        ref_mb *r = &mbs[i];
+    for (int i = 0; i < chunks && s == GP_OK; i++, at = i) {
+        gp_tensor labels = {0};
         offs[i] = first;
-        r->acts = calloc((size_t)L + 1, sizeof *r->acts);
-        r->saved = calloc((size_t)L, sizeof *r->saved);
-        if (!r->acts || !r->saved) {
-            s = gp_error_set(GP_ERR_OOM, "out of host memory");
-            break;
-        }
-        s = upload_chunk(m, x, y, first, sizes[i], &r->acts[0], &r->labels);
+        s = gp_stash_init(&mbs[i], L);
+        if (s == GP_OK) s = upload_chunk(m, x, y, first, sizes[i], &mbs[i].in, &labels);
         gp_fwd_ctx ctx = {.training = true, .seed = cfg->train.seed, .step = (uint64_t)m->step,
                           .sample_offset = first, .batch_total = n};
         gp_loss_out lo = {0};
-        if (s == GP_OK) s = ref_forward(m, &ctx, r, &lo, i);
+        if (s == GP_OK) s = gp_ckpt_forward(m->layers, &ctx, true, &mbs[i], &bad);
+        if (s == GP_OK)
+            s = gp_ckpt_loss(m->dev, &mbs[i].out, &labels, (float)(1.0 / (double)n), &dy[i], &lo);
+        gp_tensor_free(&labels);
         loss_sum += lo.loss_sum;
         correct += lo.correct;
         first += sizes[i];
     }
-    for (int i = chunks - 1; i >= 0 && s == GP_OK; i--) {
+    for (int i = chunks - 1; i >= 0 && s == GP_OK; i--, at = i) {
         gp_fwd_ctx ctx = {.training = true, .seed = cfg->train.seed, .step = (uint64_t)m->step,
                           .sample_offset = offs[i], .batch_total = n};
-        s = ref_backward(m, &ctx, &mbs[i]);
+        s = gp_ckpt_backward(m->layers, &ctx, &mbs[i], &dy[i], ft, NULL, &bad);
     }
-    for (int i = 0; i < chunks; i++) ref_mb_free(&mbs[i], L);
+    if (s != GP_OK) {
+        char d[160];
+        gp_error_wrap(s, "step %lld, micro-batch %d%s%s", (long long)m->step, at,
+                      bad >= 0 ? ", " : "",
+                      bad >= 0 ? gp_layer_describe(&m->layers[bad], d, sizeof d) : "");
+    }
+    for (int i = 0; mbs && dy && i < chunks; i++) {
+        gp_stash_destroy(&mbs[i]);
+        gp_tensor_free(&dy[i]);
+    }
     free(mbs);
-    if (s == GP_OK) s = finish_grads(m);
-    if (s == GP_OK)
-        for (int k = 0; k < L && s == GP_OK; k++)
-            if (m->layers[k].ops->commit) s = m->layers[k].ops->commit(&m->layers[k]);
-    if (s == GP_OK) s = sgd_update(m, &cfg->train.optim, lr);
-    if (s == GP_OK) s = m->dev->iface->synchronize(m->dev);
+    free(dy);
+    for (int k = 0; k < L && s == GP_OK; k++) s = gp_layer_grads_finish(&m->layers[k]);
+    for (int k = 0; k < L && s == GP_OK; k++)
+        if (m->layers[k].ops->commit) s = m->layers[k].ops->commit(&m->layers[k]);
+    if (s == GP_OK) s = gp_optim_update(m->optim, 0, L, lr, 0, 1);
+    if (s == GP_OK) s = gp_dev_synchronize(m->dev);
     if (s != GP_OK) return s;
     m->step++;
     if (st) {
@@ -509,7 +362,6 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset 
         return gp_error_set(GP_ERR_OOM, "out of host memory for evaluation batches");
     }
     gp_data_norm(&cfg->data, ds->c, mean, std);
-    int L = m->n_layers;
     double loss_sum = 0;
     int64_t correct = 0;
     gp_status s = GP_OK;
@@ -520,23 +372,26 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset 
         s = upload_chunk(m, x, y, 0, n, &cur, &labels);
         gp_fwd_ctx ctx = {.training = false, .seed = cfg->train.seed, .step = (uint64_t)m->step,
                           .sample_offset = 0, .batch_total = n};
-        for (int k = 0; k < L && s == GP_OK; k++) {
-            gp_tensor next = {0};
-            gp_saved sv = {0};
-            if (cur.dev != m->layers[k].dev) {
+        for (int j = 0, first = 0; j < m->n_stages && s == GP_OK; first += m->balance[j++]) {
+            gp_stash st;
+            s = gp_stash_init(&st, m->balance[j]);
+            if (s == GP_OK && cur.dev != m->devs[j]) {
                 /* a stage boundary: move the activation to the next device */
                 gp_shape cs = gp_tensor_shape(&cur);
-                s = gp_tensor_alloc(&next, m->layers[k].dev, &cs, GP_MEM_COPIES);
-                if (s == GP_OK) s = gp_tensor_copy(&next, &cur);
+                s = gp_tensor_alloc(&st.in, m->devs[j], &cs, GP_MEM_COPIES);
+                if (s == GP_OK) s = gp_tensor_copy(&st.in, &cur);
                 gp_tensor_free(&cur);
-                cur = next;
-                next = (gp_tensor){0};
-                if (s != GP_OK) break;
+            } else {
+                st.in = cur;
             }
-            s = gp_layer_forward(&m->layers[k], &ctx, &cur, &next, &sv);
-            gp_saved_free(&sv);
-            gp_tensor_free(&cur);
-            cur = next;
+            cur = (gp_tensor){0};
+            int bad;
+            if (s == GP_OK) s = gp_ckpt_forward(m->layers + first, &ctx, false, &st, &bad);
+            if (s == GP_OK) {
+                cur = st.out;
+                st.out = (gp_tensor){0};
+            }
+            gp_stash_destroy(&st);
         }
         gp_loss_out lo = {0};
         if (s == GP_OK && labels.dev != cur.dev) {

@@ -4,11 +4,14 @@
  * thread through gp_pipeline_step_begin / _end.
  *
  * Communicators: one per stage j over the R devices that run stage j
- * (rank = replica), made once on the first step.  Each pipeline's worker j
- * (j > 0) reduces stage j's gradients over it right after its last backward,
- * so a stage's reduction overlaps the earlier stages' backward; worker 0,
- * whose backward ends last, sums them inside its fused update instead.
- * SyncBN layers use the communicators through gp_fwd_ctx.
+ * (rank = replica), made once on the first step and handed to each
+ * replica's pipeline (gp_pipeline_join), whose schedule then has the
+ * reductions, the replicas' barrier and the sharded update as instructions
+ * (schedule.h).  SyncBN layers use the communicators through gp_fwd_ctx.
+ *
+ * This file builds on model.c (a gp_model is one replica) and model.c knows
+ * nothing of it: gp_model_free and gp_model_pipeline_step, the entry points
+ * that see every replica, live here.
  *
  * Failure: the first failing worker of any replica calls group_fail, which
  * cancels every replica's step and aborts every communicator: ranks blocked
@@ -28,17 +31,16 @@
  * Sharded update (when the backend has reduce_scatter / all_gather, as the
  * CPU and NCCL do): the gradients are reduce-scattered, replica r updates
  * chunk r of every parameter (and of its momentum), and the parameters are
- * all-gathered (pipeline.c; on stage 0 the three are one collective,
- * gp_dev_sharded_sgd).  Each replica thus reads and writes 1/R of the
- * optimizer's memory traffic, and its momentum is current only in its own
- * chunk: gp_model_gather_momentum assembles the whole in replica 0 before a
+ * all-gathered (on stage 0 the three are one collective, the fused UPDATE).
+ * Each replica thus reads and writes 1/R of the optimizer's memory
+ * traffic, and its momentum is current only in its own chunk:
+ * gp_model_gather_momentum assembles the whole in replica 0 before a
  * snapshot reads it.
  *
  * Shared state: group->failed is guarded by group->lock; the rest is
  * written by the caller thread between steps.
  */
 #include "train/train.h"
-#include "pipeline/pipeline.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -83,22 +85,22 @@ gp_status gp_model_build_replicated(const gp_config *cfg, gp_device *const *devs
     return GP_OK;
 }
 
-void gp_model_free_replicas(gp_model *m)
+void gp_model_free(gp_model *m)
 {
-    if (!m->replicas && !m->group) return;
+    if (!m) return;
     /* Workers first (they may use the communicators), then the group. */
-    for (int r = 1; r < m->n_replicas; r++) gp_model_free(&m->replicas[r - 1]);
+    for (int r = 1; r < m->n_replicas; r++) gp_model_release(&m->replicas[r - 1]);
     gp_replica_group *g = m->group;
     if (g) {
+        gp_pipeline_destroy(m->pipe);
+        m->pipe = NULL;
         for (int j = 0; j < g->n; j++) gp_comm_destroy(g->comms[j]);
         pthread_mutex_destroy(&g->lock);
         free(g->pipes);
         free(g);
     }
     free(m->replicas);
-    m->replicas = NULL;
-    m->group = NULL;
-    m->n_replicas = 0;
+    gp_model_release(m);
 }
 
 /* From the failing worker, outside its pipeline's lock. */
@@ -120,8 +122,7 @@ static gp_status copy_state(gp_model *dst, const gp_model *src)
         for (int p = 0; p < src->layers[k].n_params; p++)
             GP_TRY(gp_tensor_copy(&dst->layers[k].params[p].value,
                                   &src->layers[k].params[p].value));
-    for (int q = 0; q < src->n_momentum; q++)
-        GP_TRY(gp_tensor_copy(&dst->momentum[q], &src->momentum[q]));
+    GP_TRY(gp_optim_copy(dst->optim, src->optim));
     dst->step = src->step;
     return GP_OK;
 }
@@ -129,13 +130,10 @@ static gp_status copy_state(gp_model *dst, const gp_model *src)
 static gp_status make_group(gp_model *m, const gp_config *cfg)
 {
     int R = m->n_replicas, n = m->n_stages;
-    gp_pipeline_opts po = {.chunks = cfg->pipeline.chunks > 0 ? cfg->pipeline.chunks : 1,
-                           .checkpoint = cfg->pipeline.checkpoint,
-                           .lockstep = cfg->pipeline.lockstep,
-                           .fault_j = -1};
     for (int r = 0; r < R; r++) {
         gp_model *mr = replica(m, r);
         if (r > 0) GP_TRY(copy_state(mr, m));
+        gp_pipeline_opts po = gp_model_pipeline_opts(mr, cfg);
         if (!mr->pipe)
             GP_TRY(gp_pipeline_create(mr->layers, mr->n_layers, &mr->input, n, mr->devs,
                                       mr->balance, &po, &mr->pipe));
@@ -164,27 +162,21 @@ static gp_status make_group(gp_model *m, const gp_config *cfg)
     return GP_OK;
 }
 
-typedef struct {
-    gp_model *m;
-    const gp_optim_config *o;
-    double lr;
-} rep_hook_arg;
+static gp_status replicated_step(gp_model *m, const gp_config *cfg, const float *x,
+                                 const float *y, int64_t n, double lr, gp_step_stats *st);
 
-/* Worker j of one replica, once every stage of every replica got through
- * its backward (the replica's barrier, then gp_dev_barrier; pipeline.c). */
-static gp_status rep_sgd_hook(void *arg, int j, int first, int count, int shard, int shards,
-                              gp_comm *fused)
+gp_status gp_model_pipeline_step(gp_model *m, const gp_config *cfg, const float *x,
+                                 const float *y, int64_t n, double lr, gp_step_stats *st)
 {
-    (void)j;
-    rep_hook_arg *a = arg;
-    return gp_model_sgd_range(a->m, a->o, a->lr, first, count, shard, shards, fused);
+    if (m->n_replicas > 1) return replicated_step(m, cfg, x, y, n, lr, st);
+    return gp_model_pipeline_step_one(m, cfg, x, y, n, lr, st);
 }
 
-gp_status gp_model_replicated_step(gp_model *m, const gp_config *cfg, const float *x,
-                                   const float *y, int64_t n, double lr, gp_step_stats *st)
+static gp_status replicated_step(gp_model *m, const gp_config *cfg, const float *x,
+                                 const float *y, int64_t n, double lr, gp_step_stats *st)
 {
     double t0 = gp_now();
-    int R = m->n_replicas, chunks = cfg->pipeline.chunks > 0 ? cfg->pipeline.chunks : 1;
+    int R = m->n_replicas, chunks = cfg->pipeline.chunks;
     if (n < (int64_t)R * chunks)
         return gp_error_set(GP_ERR_INVALID,
                             "a batch of %lld samples cannot feed %d replicas x %d micro-batches; "
@@ -194,10 +186,9 @@ gp_status gp_model_replicated_step(gp_model *m, const gp_config *cfg, const floa
     gp_replica_group *g = m->group;
     int64_t *sizes = malloc((size_t)R * (size_t)chunks * sizeof *sizes);
     int64_t *off = malloc((size_t)(R + 1) * sizeof *off);
-    rep_hook_arg *args = malloc((size_t)R * sizeof *args);
     gp_status *res = malloc((size_t)R * sizeof *res);
     char (*msg)[1024] = malloc((size_t)R * sizeof *msg);
-    gp_status s = sizes && off && args && res && msg ? GP_OK
+    gp_status s = sizes && off && res && msg ? GP_OK
                                                     : gp_error_set(GP_ERR_OOM, "out of host memory");
     if (s == GP_OK) s = gp_microbatch_split(n, R * chunks, sizes);
     if (s != GP_OK) goto out;
@@ -211,10 +202,9 @@ gp_status gp_model_replicated_step(gp_model *m, const gp_config *cfg, const floa
     g->failed = false; /* no worker runs: no lock needed */
     int begun = 0;
     for (int r = 0; r < R; r++) {
-        args[r] = (rep_hook_arg){replica(m, r), &cfg->train.optim, lr};
         res[r] = gp_pipeline_step_begin(g->pipes[r], x + off[r] * per, y + off[r],
                                         off[r + 1] - off[r], off[r], n, cfg->train.seed,
-                                        (uint64_t)m->step, rep_sgd_hook, &args[r]);
+                                        (uint64_t)m->step, lr);
         if (res[r] != GP_OK) {
             snprintf(msg[r], sizeof msg[r], "%s", gp_error_message());
             break;
@@ -267,7 +257,6 @@ gp_status gp_model_replicated_step(gp_model *m, const gp_config *cfg, const floa
 out:
     free(sizes);
     free(off);
-    free(args);
     free(res);
     free(msg);
     return s;
@@ -277,22 +266,9 @@ gp_status gp_model_gather_momentum(gp_model *m)
 {
     int R = m->n_replicas;
     if (R <= 1 || !m->group) return GP_OK; /* no step yet: all are replica 0's copy */
-    for (int q = 0; q < m->n_momentum; q++) {
-        gp_tensor *dst = &m->momentum[q];
-        if (!gp_dev_can_shard(dst->dev)) continue; /* updated in full everywhere */
-        int64_t n = gp_tensor_numel(dst);
-        gp_shape flat = gp_shape_make(1, &n);
-        gp_tensor d1 = gp_tensor_reshape(dst, &flat);
-        for (int r = 1; r < R; r++) {
-            int64_t lo, hi;
-            gp_comm_chunk(n, R, r, &lo, &hi);
-            if (hi <= lo) continue;
-            gp_tensor s1 = gp_tensor_reshape(&replica(m, r)->momentum[q], &flat);
-            gp_tensor a = gp_tensor_slice(&d1, lo, hi - lo), b = gp_tensor_slice(&s1, lo, hi - lo);
-            GP_TRY(gp_tensor_copy(&a, &b));
-        }
-    }
-    return GP_OK;
+    gp_optim *ranks[GP_MAX_DEVICES];
+    for (int r = 0; r < R; r++) ranks[r] = replica(m, r)->optim;
+    return gp_optim_gather_chunks(m->optim, ranks, R);
 }
 
 /* FNV-1a over the bytes of every parameter and buffer of layer k. */
@@ -306,7 +282,7 @@ static gp_status layer_hash(const gp_model *m, int k, uint64_t *out)
         float *buf = malloc((size_t)(c > 0 ? c : 1) * sizeof *buf);
         if (!buf) return gp_error_set(GP_ERR_OOM, "out of host memory");
         gp_status s = gp_dev_download(t->dev, buf, t->data, c);
-        if (s == GP_OK) s = t->dev->iface->synchronize(t->dev);
+        if (s == GP_OK) s = gp_dev_synchronize(t->dev);
         const unsigned char *b = (const unsigned char *)buf;
         for (size_t q = 0; s == GP_OK && q < (size_t)c * sizeof *buf; q++) {
             h ^= b[q];

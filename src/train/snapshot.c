@@ -75,11 +75,10 @@ gp_status gp_snapshot_collect(gp_model *m, const gp_config *cfg, const gp_snapsh
     if (pos) {
         for (int k = 0; k < m->n_layers && s == GP_OK; k++) {
             gp_layer *l = &m->layers[k];
-            int j = m->mom_first[k];
             for (int p = 0; p < l->n_params && s == GP_OK; p++) {
                 if (l->params[p].is_buffer) continue;
                 snprintf(name, sizeof name, "momentum.%d.%s", k, l->params[p].name);
-                s = add_device_tensor(w, name, &m->momentum[j++], &scratch, &cap);
+                s = add_device_tensor(w, name, gp_optim_state(m->optim, k, p), &scratch, &cap);
             }
         }
     }
@@ -196,7 +195,6 @@ gp_status gp_snapshot_apply(gp_model *m, const gp_st_file *f, bool optimizer)
     for (int pass = 0; pass < 2; pass++) {
         for (int k = 0; k < m->n_layers; k++) {
             gp_layer *l = &m->layers[k];
-            int j = m->mom_first[k];
             for (int p = 0; p < l->n_params; p++) {
                 gp_param *pr = &l->params[p];
                 const gp_st_tensor *t;
@@ -209,7 +207,7 @@ gp_status gp_snapshot_apply(gp_model *m, const gp_st_file *f, bool optimizer)
                     GP_TRY(pr->value.dev->iface->synchronize(pr->value.dev));
                 }
                 if (!optimizer || pr->is_buffer) continue;
-                gp_tensor *mt = &m->momentum[j++];
+                gp_tensor *mt = gp_optim_state(m->optim, k, p);
                 snprintf(name, sizeof name, "momentum.%d.%s", k, pr->name);
                 expect(f, name, GP_ST_F32, mt->ndim, mt->dims, &missing, &bad, &t);
                 if (pass == 0) expected++;

@@ -3,8 +3,14 @@
  * optimizer and learning-rate schedule, one training step over micro-batches,
  * evaluation, and the training loop with progress and metrics.
  *
- * Memory: a gp_model owns its layers (parameters on their devices) and the
- * optimizer state; gp_model_free releases everything.  A step allocates its
+ * Module order: train sits on config, pipeline (and below it optim,
+ * checkpoint, layers, backend, core), balance and trace; only tools/ and
+ * the public API (api.c) sit above it.  Inside it, replicas.c builds on
+ * model.c (one replica) and never the other way round.
+ *
+ * Memory: a gp_model owns its layers (parameters on their devices), its
+ * optimizer (gp_optim: the optimizer state) and its pipeline;
+ * gp_model_free releases everything.  A step allocates its
  * activations on the device and frees them before it returns, so between
  * steps only parameters, gradients and optimizer state are resident.
  *
@@ -15,7 +21,7 @@
 
 #include "config/config.h"
 #include "train/data.h"
-#include "pipeline/schedule.h"
+#include "pipeline/pipeline.h"
 
 /* ---- learning-rate schedule ---------------------------------------------
  * lr(step) for 0-based step of total_steps:
@@ -29,8 +35,6 @@ double gp_lr_at(const gp_train_config *t, int64_t step, int64_t total_steps);
 
 /* ---- the model ----------------------------------------------------------- */
 
-typedef struct gp_pipeline gp_pipeline;
-
 typedef struct gp_model {
     gp_layer *layers;      /* n_layers, owned; layer k lives on its stage's device */
     int n_layers;
@@ -40,9 +44,7 @@ typedef struct gp_model {
     gp_device *devs[GP_MAX_DEVICES]; /* stage j's device, not owned */
     int balance[GP_MAX_DEVICES];     /* layers per stage */
     int n_stages;
-    gp_tensor *momentum;   /* one per trainable param, in layer order, owned */
-    int *mom_first;        /* [n_layers]: index of layer k's first momentum */
-    int n_momentum;
+    gp_optim *optim;       /* optimizer state and update, owned */
     int64_t step;          /* optimizer steps taken */
     gp_pipeline *pipe;     /* created on the first pipelined step, owned */
     /* Data parallelism (replicas.c): this model is replica 0; replicas
@@ -61,8 +63,22 @@ gp_status gp_model_build(const gp_config *cfg, gp_device *dev, gp_model *out);
 /* Build with stage j's balance[j] layers on devs[j]. */
 gp_status gp_model_build_placed(const gp_config *cfg, gp_device *const *devs, int n,
                                 const int *balance, gp_model *out);
+/* Frees the model, its replicas and their group (replicas.c). */
 void gp_model_free(gp_model *m);
+/* One replica's pipeline, optimizer and layers (model.c; gp_model_free
+ * calls it for each). */
+void gp_model_release(gp_model *m);
 int64_t gp_model_param_count(const gp_model *m);
+/* SGD options of the config. */
+gp_sgd_opts gp_model_sgd_opts(const gp_config *cfg);
+/* Pipeline options of the config (chunks, checkpointing, lockstep) with
+ * the model's optimizer. */
+gp_pipeline_opts gp_model_pipeline_opts(const gp_model *m, const gp_config *cfg);
+/* Math threads of device d (0-based over all replicas' devices) in
+ * gp_train_open: its own or pipeline.threads, else the machine's cores
+ * divided among all the run's CPU devices (at least 1).  The profile of
+ * `balance: auto` times with the same count. */
+int gp_model_device_threads(const gp_pipeline_config *pc, int d);
 
 /* Per-layer forward FLOPs of the config's model at batch `batch`, from shape
  * inference alone (no parameters allocated): the costs of the fast path of
@@ -127,10 +143,14 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
                               gp_step_stats *st);
 
 /* The same step pipelined over the model's stages, with one worker thread
- * per device, cfg->pipeline's chunks, checkpointing and lockstep.  Equal to
+ * per device, cfg->pipeline's chunks, checkpointing and lockstep, over the
+ * replicas where the model has them (replicas.c).  Equal to
  * gp_model_train_step with the same chunks (see tests/test_pipeline.c). */
 gp_status gp_model_pipeline_step(gp_model *m, const gp_config *cfg, const float *x,
                                  const float *y, int64_t n, double lr, gp_step_stats *st);
+/* That step for a model without replicas (model.c). */
+gp_status gp_model_pipeline_step_one(gp_model *m, const gp_config *cfg, const float *x,
+                                     const float *y, int64_t n, double lr, gp_step_stats *st);
 
 /* ---- data parallelism (replicas.c) ---------------------------------------
  * R replicas of an n-stage pipeline on R x n devices: replica r's stage j on
@@ -145,22 +165,10 @@ gp_status gp_model_pipeline_step(gp_model *m, const gp_config *cfg, const float 
  * A failure in any replica cancels all of them and changes no model. */
 gp_status gp_model_build_replicated(const gp_config *cfg, gp_device *const *devs, int R,
                                     int n, const int *balance, gp_model *out);
-/* gp_model_pipeline_step of a model with n_replicas > 1 (it dispatches). */
-gp_status gp_model_replicated_step(gp_model *m, const gp_config *cfg, const float *x,
-                                   const float *y, int64_t n, double lr, gp_step_stats *st);
 /* GP_OK if every replica's parameters and buffers are bitwise those of
  * replica 0; else GP_ERR_RUNTIME naming the replica and layer (a bug).
  * Debug builds run it every 100 steps. */
 gp_status gp_model_check_replicas(const gp_model *m);
-/* Releases the replicas and the group (gp_model_free calls it). */
-void gp_model_free_replicas(gp_model *m);
-/* SGD on layers [first, first + count) with the model's momentum, on chunk
- * `shard` of `shards` of every parameter (gp_comm_chunk; 0, 1: all).
- * fused != NULL: the gradients are not summed over the replicas yet; each
- * parameter's sum, chunk update and all-gather run as one collective over
- * fused (gp_dev_sharded_sgd; see gp_stage_hook). */
-gp_status gp_model_sgd_range(gp_model *m, const gp_optim_config *o, double lr, int first,
-                             int count, int shard, int shards, gp_comm *fused);
 /* Data parallelism with sharded updates leaves replica r's momentum current
  * only in chunk r of each tensor (the chunk it updates).  Copies every
  * chunk from its owner into replica 0's momentum, so replica 0 holds the

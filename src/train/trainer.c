@@ -49,10 +49,8 @@ static gp_status open_devices(const gp_config *cfg, gp_device **devs)
                 "they would with their own", n_cpu, cores);
     for (int j = 0; j < n; j++) {
         const gp_device_spec *ds = &pc->devices[j];
-        int threads = ds->threads ? ds->threads : pc->threads;
-        if (!threads) threads = n_cpu > 0 ? (int)(cores / n_cpu) : 1;
-        if (threads < 1) threads = 1;
-        gp_device_opts o = {.threads = threads, .capacity = ds->memory ? ds->memory : pc->memory};
+        gp_device_opts o = {.threads = gp_model_device_threads(pc, j),
+                            .capacity = ds->memory ? ds->memory : pc->memory};
         gp_status s = gp_device_open(ds->name, &o, &devs[j]);
         if (s != GP_OK) {
             for (int q = 0; q < j; q++) gp_device_close(devs[q]);
@@ -157,7 +155,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     int progress = opts->progress;
     if (progress < 0) progress = isatty(STDERR_FILENO) ? 1 : 0;
     if (opts->quiet) progress = 0;
-    int chunks = cfg->pipeline.chunks > 0 ? cfg->pipeline.chunks : 1;
+    int chunks = cfg->pipeline.chunks;
     if (!opts->quiet)
         GP_INFO("training %lld parameters on %s%s: %lld steps (%lld per epoch), batch %lld, "
                 "%d micro-batch%s", (long long)gp_model_param_count(&model), devs[0]->name,

@@ -1,5 +1,5 @@
 /*
- * trace_nvtx.h — NVTX ranges for Nsight Systems, header-only.
+ * nvtx.h — NVTX ranges for Nsight Systems, header-only.
  *
  * With GPIPE_CUDA defined, gp_nvtx_push/gp_nvtx_pop are NVTX 3 push/pop
  * ranges on the calling thread (<nvtx3/nvToolsExt.h> from the CUDA toolkit,
@@ -8,15 +8,15 @@
  * functions and GP_NVTX_ENABLED is 0, so callers can skip building names.
  *
  * The executor pushes one range per instruction on each worker thread,
- * named as the trace slices (gp_trace_slice_name: "F3 s1", "B3 s1",
+ * named as the trace slices (gp_instr_name: "F3 s1", "B3 s1",
  * "R3 s1", "copy a3 s0->s1", "copy g3 s2->s1"); a copy's range includes the
  * time it waited for its source.  scripts/timeline.py reads them back from
  * `nsys export --type sqlite`.
  *
  * Thread safety: NVTX ranges are per thread; any thread may call these.
  */
-#ifndef GP_TRACE_NVTX_H
-#define GP_TRACE_NVTX_H
+#ifndef GP_PIPELINE_NVTX_H
+#define GP_PIPELINE_NVTX_H
 
 #ifdef GPIPE_CUDA
 #include <nvtx3/nvToolsExt.h>
@@ -35,4 +35,4 @@ static inline void gp_nvtx_pop(void) {}
 
 #endif /* GPIPE_CUDA */
 
-#endif /* GP_TRACE_NVTX_H */
+#endif /* GP_PIPELINE_NVTX_H */

@@ -1,5 +1,5 @@
 /*
- * optim.c — the learning-rate schedule: a small pure function.
+ * lr_schedule.c — the learning-rate schedule: a small pure function.
  */
 #include "train/train.h"
 

@@ -1,0 +1,100 @@
+/*
+ * checkpoint.h — activation checkpointing (torchgpipe's checkpoint.py):
+ * which (micro-batch, stage) pairs keep only their stage input in forward,
+ * the stash that holds what a forward keeps for its backward, running a
+ * stage's layers forward, again (recompute) and backward, and the RNG
+ * replay that makes the recompute exact.
+ *
+ * Owns: the policy (gp_ckpt_checkpointed: nothing else decides whether a
+ * micro-batch is checkpointed), gp_stash and the device memory it holds,
+ * and the one loop over a stage's layers that every caller runs (the
+ * pipeline's workers, the single-device reference step and evaluation).
+ * Knows nothing of schedules, devices' threads or data parallelism: the
+ * schedules and the executor ask it, it never asks them.
+ *
+ * RNG replay: a layer's forward is a pure function of its parameters, its
+ * input and the gp_fwd_ctx (seed, step, sample_offset: dropout's
+ * counter-based RNG is keyed by them).  gp_ckpt_recompute runs the forward
+ * again with the same context and ctx.recompute set, so dropout draws the
+ * same mask and batch norm normalises with the same micro-batch statistics
+ * without adding them to its running statistics twice.
+ *
+ * Memory: a stash owns the device tensors it holds (in, the layer outputs
+ * and gp_saved, and `out` when it owns it) in their devices' allocators
+ * (stage input: category ACTIVATIONS on stage 0, COPIES elsewhere; the rest
+ * ACTIVATIONS), so every byte of it shows in the device's accounting.
+ *
+ * A stage boundary carries one tensor today (`in`, `out`); skip
+ * connections that cross stages (a later issue) add named tensors to the
+ * stash beside them and copy instructions with their own source stage.
+ *
+ * Thread safety: a stash is used by one thread at a time (its stage's
+ * worker); the functions keep no state of their own.
+ */
+#ifndef GP_CHECKPOINT_H
+#define GP_CHECKPOINT_H
+
+#include "layers/layers.h"
+
+typedef enum { GP_CKPT_ALWAYS = 0, GP_CKPT_EXCEPT_LAST, GP_CKPT_NEVER } gp_checkpoint_mode;
+
+/* The policy: whether micro-batch i of m on stage j of n keeps only its
+ * stage input in forward (and recomputes before its backward).
+ * except_last checkpoints every micro-batch but the last (i = m - 1), whose
+ * backward follows right after its forward.  Per-stage or per-layer
+ * policies would be decided here too. */
+bool gp_ckpt_checkpointed(gp_checkpoint_mode mode, int i, int j, int m, int n);
+
+/* What one (micro-batch, stage) holds between its forward and backward. */
+typedef struct gp_stash {
+    gp_tensor in;       /* (b, ...) stage input on the stage's device, owned */
+    gp_tensor *acts;    /* [count + 1]: acts[0] a view of in, acts[c + 1] the
+                           output of the stage's layer c (owned) */
+    gp_saved *saved;    /* [count]: what layer c's forward keeps */
+    gp_tensor out;      /* stage output: a view of acts[count] when the
+                           forward kept everything, owned when it did not */
+    int count;          /* layers of the stage */
+    bool live;          /* acts / saved hold a forward for backward */
+} gp_stash;
+
+/* Host arrays for a stage of `count` layers; no device memory. */
+gp_status gp_stash_init(gp_stash *s, int count);
+/* Free every device tensor the stash holds (it can be used again). */
+void gp_stash_release(gp_stash *s);
+/* gp_stash_release and the host arrays. */
+void gp_stash_destroy(gp_stash *s);
+/* Device bytes the stash holds now: the memory checkpointing trades. */
+size_t gp_stash_bytes(const gp_stash *s);
+/* Free only the layer outputs and saved tensors (a backward's leftovers
+ * after a failure); keeps in and out. */
+void gp_stash_drop_acts(gp_stash *s);
+
+/* Forward of layers[0 .. s->count) on s->in.
+ * keep = true: every output and gp_saved stays in the stash for backward;
+ *   s->out is a view of the last output.
+ * keep = false (checkpointed): each intermediate output is freed once the
+ *   next layer has consumed it; only s->in and s->out (owned) remain.
+ * On failure *bad is the index (0-based in layers) of the failing layer and
+ * nothing but s->in remains. */
+gp_status gp_ckpt_forward(gp_layer *layers, const gp_fwd_ctx *ctx, bool keep, gp_stash *s,
+                          int *bad);
+/* The forward of a checkpointed micro-batch again, from s->in, with ctx
+ * (the same as its forward's) marked recompute: keeps everything for
+ * backward, leaves s->out alone (it was handed on already). */
+gp_status gp_ckpt_recompute(gp_layer *layers, const gp_fwd_ctx *ctx, gp_stash *s, int *bad);
+/* Backward of a live stash, consuming dy (dL/d out, freed): every layer's
+ * backward-data and backward-weights (dW +=) from the last to the first.
+ * Layers before `first_trainable` (0-based in layers; -1: none) get no
+ * backward, and that layer computes no dx, when dx is NULL (the model's
+ * first stage); otherwise *dx = dL/d in.  Frees the stash's tensors. */
+gp_status gp_ckpt_backward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_stash *s, gp_tensor *dy,
+                           int first_trainable, gp_tensor *dx, int *bad);
+
+/* The loss at the end of the last stage: cross-entropy of logits against
+ * labels (both on dev), with dlogits (allocated here, category
+ * ACTIVATIONS; NULL: none) scaled by grad_scale.  A non-finite loss is
+ * GP_ERR_NUMERIC saying what to try; the caller adds where it happened. */
+gp_status gp_ckpt_loss(gp_device *dev, const gp_tensor *logits, const gp_tensor *labels,
+                       float grad_scale, gp_tensor *dlogits, gp_loss_out *lo);
+
+#endif /* GP_CHECKPOINT_H */

@@ -1,0 +1,142 @@
+/*
+ * optim.c — SGD with momentum over a model's parameters (optim.h).
+ */
+#include "optim/optim.h"
+
+#include <stdlib.h>
+
+struct gp_optim {
+    gp_layer *layers;      /* not owned */
+    int n_layers;
+    gp_sgd_opts opts;
+    gp_tensor *state;      /* [n_states]: momentum of each trainable tensor, in
+                              layer order, owned */
+    int n_states;
+    int *first;            /* [n_layers]: index of layer k's first state */
+};
+
+gp_status gp_optim_create(gp_layer *layers, int n_layers, const gp_sgd_opts *o, gp_optim **out)
+{
+    *out = NULL;
+    gp_optim *op = calloc(1, sizeof *op);
+    int n = 0;
+    for (int k = 0; k < n_layers; k++)
+        for (int p = 0; p < layers[k].n_params; p++) n += !layers[k].params[p].is_buffer;
+    if (op) {
+        op->state = calloc((size_t)(n ? n : 1), sizeof *op->state);
+        op->first = calloc((size_t)(n_layers ? n_layers : 1), sizeof *op->first);
+    }
+    if (!op || !op->state || !op->first) {
+        gp_optim_destroy(op);
+        return gp_error_set(GP_ERR_OOM, "out of host memory for the optimizer");
+    }
+    op->layers = layers;
+    op->n_layers = n_layers;
+    op->opts = *o;
+    for (int k = 0; k < n_layers; k++) {
+        op->first[k] = op->n_states;
+        for (int p = 0; p < layers[k].n_params; p++) {
+            gp_param *pr = &layers[k].params[p];
+            if (pr->is_buffer) continue;
+            gp_shape sh = gp_tensor_shape(&pr->value);
+            gp_status s = gp_tensor_zeros(&op->state[op->n_states], pr->value.dev, &sh,
+                                          GP_MEM_OPTIMIZER);
+            if (s != GP_OK) {
+                gp_optim_destroy(op);
+                return s;
+            }
+            op->n_states++;
+        }
+    }
+    *out = op;
+    return GP_OK;
+}
+
+void gp_optim_destroy(gp_optim *o)
+{
+    if (!o) return;
+    for (int q = 0; o->state && q < o->n_states; q++) gp_tensor_free(&o->state[q]);
+    free(o->state);
+    free(o->first);
+    free(o);
+}
+
+gp_tensor *gp_optim_state(gp_optim *o, int k, int p)
+{
+    GP_ASSERT(k >= 0 && k < o->n_layers && p >= 0 && p < o->layers[k].n_params);
+    if (o->layers[k].params[p].is_buffer) return NULL;
+    int q = o->first[k];
+    for (int a = 0; a < p; a++) q += !o->layers[k].params[a].is_buffer;
+    return &o->state[q];
+}
+
+static float decay_of(const gp_optim *o, const gp_param *pr)
+{
+    return pr->no_decay && !o->opts.decay_bias_and_norm ? 0.0f : o->opts.weight_decay;
+}
+
+gp_status gp_optim_update(gp_optim *o, int first, int count, double lr, int shard, int shards)
+{
+    for (int k = first; k < first + count; k++) {
+        gp_layer *l = &o->layers[k];
+        int q = o->first[k];
+        for (int p = 0; p < l->n_params; p++) {
+            gp_param *pr = &l->params[p];
+            if (pr->is_buffer) continue;
+            int64_t lo, hi;
+            gp_comm_chunk(gp_tensor_numel(&pr->value), shards, shard, &lo, &hi);
+            if (hi > lo)
+                GP_TRY(gp_dev_sgd_update(pr->value.dev, pr->value.data + lo, pr->grad.data + lo,
+                                         o->state[q].data + lo, hi - lo, (float)lr,
+                                         o->opts.momentum, decay_of(o, pr), o->opts.nesterov));
+            q++;
+        }
+    }
+    return GP_OK;
+}
+
+gp_status gp_optim_update_fused(gp_optim *o, int first, int count, double lr, gp_comm *comm)
+{
+    for (int k = first; k < first + count; k++) {
+        gp_layer *l = &o->layers[k];
+        int q = o->first[k];
+        for (int p = 0; p < l->n_params; p++) {
+            gp_param *pr = &l->params[p];
+            if (pr->is_buffer) continue;
+            GP_TRY(gp_dev_sharded_sgd(pr->value.dev, comm, pr->value.data, pr->grad.data,
+                                      o->state[q].data, gp_tensor_numel(&pr->value), (float)lr,
+                                      o->opts.momentum, decay_of(o, pr), o->opts.nesterov));
+            q++;
+        }
+    }
+    return GP_OK;
+}
+
+gp_status gp_optim_copy(gp_optim *dst, const gp_optim *src)
+{
+    GP_ASSERT(dst->n_states == src->n_states);
+    for (int q = 0; q < src->n_states; q++) GP_TRY(gp_tensor_copy(&dst->state[q], &src->state[q]));
+    return GP_OK;
+}
+
+gp_status gp_optim_gather_chunks(gp_optim *dst, gp_optim *const *ranks, int R)
+{
+    for (int q = 0; q < dst->n_states; q++) {
+        gp_tensor *d = &dst->state[q];
+        if (!gp_dev_can_shard(d->dev)) continue; /* updated in full on every rank */
+        int64_t n = gp_tensor_numel(d);
+        gp_shape flat = gp_shape_make(1, &n);
+        gp_tensor d1 = gp_tensor_reshape(d, &flat);
+        for (int r = 1; r < R; r++) {
+            if (ranks[r] == dst) continue;
+            GP_ASSERT(ranks[r]->n_states == dst->n_states);
+            int64_t lo, hi;
+            gp_comm_chunk(n, R, r, &lo, &hi);
+            if (hi <= lo) continue;
+            gp_tensor s1 = gp_tensor_reshape(&ranks[r]->state[q], &flat);
+            gp_tensor a = gp_tensor_slice(&d1, lo, hi - lo), b = gp_tensor_slice(&s1, lo, hi - lo);
+            GP_TRY(gp_tensor_copy(&a, &b));
+        }
+    }
+    return GP_OK;
+}
