@@ -285,6 +285,26 @@ static void faults(void)
                               devs[d]->alloc.cur_by[GP_MEM_COPIES] == 0,
                           "device %d holds step memory after a failed step", d);
         }
+    /* The end of the step is instructions too (i = -1): a failure there
+     * stops the step the same way, naming device and stage. */
+    gp_instr_kind ends[] = {GP_INSTR_BARRIER, GP_INSTR_COMMIT, GP_INSTR_UPDATE};
+    for (int j = 0; j < n; j++)
+        for (int q = 0; q < 3; q++) {
+            gp_pipeline_set_fault(pip.pipe, -1, j, ends[q]);
+            gp_status s = gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, NULL);
+            char want[64], what[64];
+            snprintf(want, sizeof want, "device cpu:%d, stage %d:", j, j);
+            snprintf(what, sizeof what, "injected fault in %s", gp_instr_kind_name(ends[q]));
+            CHECK_MSG(s == GP_ERR_RUNTIME && strstr(gp_last_error(), want) &&
+                          strstr(gp_last_error(), what),
+                      "fault %s on stage %d: status %s, message '%s'",
+                      gp_instr_kind_name(ends[q]), j, gp_status_name(s), gp_last_error());
+            for (int d = 0; d < n; d++)
+                CHECK_MSG(devs[d]->alloc.cur_by[GP_MEM_ACTIVATIONS] == 0 &&
+                              devs[d]->alloc.cur_by[GP_MEM_COPIES] == 0,
+                          "device %d holds step memory after a failed %s", d,
+                          gp_instr_kind_name(ends[q]));
+        }
     gp_pipeline_set_fault(pip.pipe, 0, -1, GP_INSTR_FORWARD);
     CHECK_OK(gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, NULL));
     gp_model_free(&pip);

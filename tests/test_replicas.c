@@ -883,12 +883,19 @@ static void faults(void)
     gp_model rep;
     float x[BATCH * 72], y[BATCH];
     two_stage_group(false, 3, &c, &rep, x, y);
-    gp_instr_kind kinds[] = {GP_INSTR_FORWARD, GP_INSTR_BACKWARD, GP_INSTR_RECOMPUTE};
+    /* every instruction before the update: micro-batch 0's, and the end of
+     * the step's up to the barrier (i = -1) */
+    gp_instr_kind kinds[] = {GP_INSTR_FORWARD, GP_INSTR_BACKWARD, GP_INSTR_RECOMPUTE,
+                             GP_INSTR_REDUCE_GRADS, GP_INSTR_REDUCE_STATS, GP_INSTR_BARRIER};
     for (int r = 0; r < 3; r++)
         for (int j = 0; j < 2; j++)
-            for (int q = 0; q < 3; q++) {
+            for (int q = 0; q < 6; q++) {
+                /* the CPU shards: stage 0's gradients are summed inside its
+                 * fused update, so it has no REDUCE_GRADS */
+                if (j == 0 && kinds[q] == GP_INSTR_REDUCE_GRADS) continue;
                 gp_model *mr = r == 0 ? &rep : &rep.replicas[r - 1];
-                gp_pipeline_set_fault(mr->pipe, 0, j, kinds[q]);
+                gp_pipeline_set_fault(mr->pipe, kinds[q] >= GP_INSTR_REDUCE_GRADS ? -1 : 0, j,
+                                      kinds[q]);
                 int64_t n0;
                 float *before = gather(&rep, &n0);
                 int64_t step0 = rep.step;

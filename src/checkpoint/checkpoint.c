@@ -146,9 +146,7 @@ gp_status gp_ckpt_backward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_stash *s,
     }
     if (st == GP_OK && dx) *dx = g;
     else gp_tensor_free(&g);
-    gp_stash_drop_acts(s);
-    s->out = (gp_tensor){0}; /* a view of acts[count], or handed on already */
-    gp_tensor_free(&s->in);
+    gp_stash_release(s); /* out: a view of acts[count], or (checkpointed) owned */
     return st;
 }
 

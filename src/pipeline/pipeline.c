@@ -350,7 +350,7 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
             nanosleep(&(struct timespec){p->opts.fault_delay_ms / 1000,
                                          (p->opts.fault_delay_ms % 1000) * 1000000L},
                       NULL);
-        *bad_layer = first;
+        *bad_layer = i >= 0 ? first : -1; /* the end of the step: the stage */
         return gp_error_set(GP_ERR_RUNTIME, "injected fault in %s", gp_instr_kind_name(in->kind));
     }
     double t0 = gp_now();
