@@ -16,7 +16,7 @@ Inputs (detected by content, not by extension):
     "copy a3 s0->s1", "copy g3 s2->s1", "wait", args.step per slice.
   * Nsight Systems SQLite exports (nsys export --type sqlite): NVTX push/pop
     ranges from NVTX_EVENTS (text, or textId -> StringIds.value) named like
-    gpipe's slices (gpipe pushes them under CUDA, src/trace/trace_nvtx.h);
+    gpipe's slices (gpipe pushes them under CUDA, src/pipeline/nvtx.h);
     kernels from CUPTI_ACTIVITY_KIND_KERNEL (shortName -> StringIds) and
     copies from CUPTI_ACTIVITY_KIND_MEMCPY, both per deviceId.  gpipe
     pushes one NVTX range per instruction, so there a copy's range includes

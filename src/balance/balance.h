@@ -221,11 +221,13 @@ typedef struct gp_sim_result {
 } gp_sim_result;
 
 /* Replay gp_schedule_gpipe(n, m, ckpt) instruction list by instruction
- * list: each device runs its list in order; a copy of clock k starts when
- * every computation of clock k - 1 has finished (lockstep) or when its
- * source is ready (free-running); durations from the stage model at each
- * micro-batch's size; then the per-stage optimizer update after the last
- * backward everywhere (the executor's barrier).  capacity may be NULL. */
+ * list, the end of the step included: each device runs its list in order;
+ * a copy of clock k starts when every computation of clock k - 1 has
+ * finished (lockstep) or when its source is ready (free-running); the
+ * BARRIER lets every stage go when the last one reaches it; durations from
+ * the stage model at each micro-batch's size, UPDATE from the profile's
+ * update time (reductions, commit and gather are not modelled: one
+ * replica).  capacity may be NULL. */
 gp_status gp_simulate(const gp_profile *p, int n, const int *balance, int m,
                       gp_checkpoint_mode ckpt, bool lockstep, const double *capacity,
                       gp_sim_result *out);
