@@ -75,41 +75,56 @@ static float decay_of(const gp_optim *o, const gp_param *pr)
     return pr->no_decay && !o->opts.decay_bias_and_norm ? 0.0f : o->opts.weight_decay;
 }
 
-gp_status gp_optim_update(gp_optim *o, int first, int count, double lr, int shard, int shards)
+/* fn on every trainable parameter of layers [first, first + count) with its
+ * state. */
+typedef gp_status (*param_fn)(gp_optim *o, gp_param *pr, gp_tensor *state, const void *arg);
+
+static gp_status each_param(gp_optim *o, int first, int count, param_fn fn, const void *arg)
 {
     for (int k = first; k < first + count; k++) {
         gp_layer *l = &o->layers[k];
         int q = o->first[k];
-        for (int p = 0; p < l->n_params; p++) {
-            gp_param *pr = &l->params[p];
-            if (pr->is_buffer) continue;
-            int64_t lo, hi;
-            gp_comm_chunk(gp_tensor_numel(&pr->value), shards, shard, &lo, &hi);
-            if (hi > lo)
-                GP_TRY(gp_dev_sgd_update(pr->value.dev, pr->value.data + lo, pr->grad.data + lo,
-                                         o->state[q].data + lo, hi - lo, (float)lr,
-                                         o->opts.momentum, decay_of(o, pr), o->opts.nesterov));
-            q++;
-        }
+        for (int p = 0; p < l->n_params; p++)
+            if (!l->params[p].is_buffer) GP_TRY(fn(o, &l->params[p], &o->state[q++], arg));
     }
     return GP_OK;
 }
 
+typedef struct {
+    double lr;
+    int shard, shards;
+    gp_comm *comm;
+} update_arg;
+
+static gp_status update_chunk(gp_optim *o, gp_param *pr, gp_tensor *v, const void *arg)
+{
+    const update_arg *a = arg;
+    int64_t lo, hi;
+    gp_comm_chunk(gp_tensor_numel(&pr->value), a->shards, a->shard, &lo, &hi);
+    if (hi <= lo) return GP_OK;
+    return gp_dev_sgd_update(pr->value.dev, pr->value.data + lo, pr->grad.data + lo,
+                             v->data + lo, hi - lo, (float)a->lr, o->opts.momentum,
+                             decay_of(o, pr), o->opts.nesterov);
+}
+
+static gp_status update_fused(gp_optim *o, gp_param *pr, gp_tensor *v, const void *arg)
+{
+    const update_arg *a = arg;
+    return gp_dev_sharded_sgd(pr->value.dev, a->comm, pr->value.data, pr->grad.data, v->data,
+                              gp_tensor_numel(&pr->value), (float)a->lr, o->opts.momentum,
+                              decay_of(o, pr), o->opts.nesterov);
+}
+
+gp_status gp_optim_update(gp_optim *o, int first, int count, double lr, int shard, int shards)
+{
+    update_arg a = {.lr = lr, .shard = shard, .shards = shards};
+    return each_param(o, first, count, update_chunk, &a);
+}
+
 gp_status gp_optim_update_fused(gp_optim *o, int first, int count, double lr, gp_comm *comm)
 {
-    for (int k = first; k < first + count; k++) {
-        gp_layer *l = &o->layers[k];
-        int q = o->first[k];
-        for (int p = 0; p < l->n_params; p++) {
-            gp_param *pr = &l->params[p];
-            if (pr->is_buffer) continue;
-            GP_TRY(gp_dev_sharded_sgd(pr->value.dev, comm, pr->value.data, pr->grad.data,
-                                      o->state[q].data, gp_tensor_numel(&pr->value), (float)lr,
-                                      o->opts.momentum, decay_of(o, pr), o->opts.nesterov));
-            q++;
-        }
-    }
-    return GP_OK;
+    update_arg a = {.lr = lr, .comm = comm};
+    return each_param(o, first, count, update_fused, &a);
 }
 
 gp_status gp_optim_copy(gp_optim *dst, const gp_optim *src)

@@ -83,6 +83,14 @@ gp_sgd_opts gp_model_sgd_opts(const gp_config *cfg)
                          .nesterov = o->nesterov, .decay_bias_and_norm = o->decay_bias_and_norm};
 }
 
+gp_step_stats gp_step_stats_of(double loss_sum, int64_t correct, int64_t n, double lr,
+                               double seconds, double comm_seconds)
+{
+    return (gp_step_stats){.loss = loss_sum / (double)n, .accuracy = (double)correct / (double)n,
+                           .samples = n, .lr = lr, .seconds = seconds,
+                           .allreduce_seconds = comm_seconds};
+}
+
 gp_pipeline_opts gp_model_pipeline_opts(const gp_model *m, const gp_config *cfg)
 {
     return (gp_pipeline_opts){.chunks = cfg->pipeline.chunks,
@@ -246,14 +254,7 @@ gp_status gp_model_pipeline_step_one(gp_model *m, const gp_config *cfg, const fl
     gp_pipeline_out po;
     GP_TRY(gp_pipeline_step(m->pipe, x, y, n, cfg->train.seed, (uint64_t)m->step, lr, &po));
     m->step++;
-    if (st) {
-        st->loss = po.loss_sum / (double)n;
-        st->accuracy = (double)po.correct / (double)n;
-        st->samples = n;
-        st->lr = lr;
-        st->seconds = po.seconds;
-        st->allreduce_seconds = 0;
-    }
+    if (st) *st = gp_step_stats_of(po.loss_sum, po.correct, n, lr, po.seconds, 0);
     return GP_OK;
 }
 
@@ -337,14 +338,7 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
     if (s == GP_OK) s = gp_dev_synchronize(m->dev);
     if (s != GP_OK) return s;
     m->step++;
-    if (st) {
-        st->loss = loss_sum / (double)n;
-        st->accuracy = (double)correct / (double)n;
-        st->samples = n;
-        st->lr = lr;
-        st->seconds = gp_now() - t0;
-        st->allreduce_seconds = 0;
-    }
+    if (st) *st = gp_step_stats_of(loss_sum, correct, n, lr, gp_now() - t0, 0);
     return GP_OK;
 }
 

@@ -246,14 +246,7 @@ static gp_status replicated_step(gp_model *m, const gp_config *cfg, const float 
 #ifndef NDEBUG
     if (m->step % 100 == 0) s = gp_model_check_replicas(m);
 #endif
-    if (st) {
-        st->loss = loss / (double)n;
-        st->accuracy = (double)correct / (double)n;
-        st->samples = n;
-        st->lr = lr;
-        st->seconds = gp_now() - t0;
-        st->allreduce_seconds = comm;
-    }
+    if (st) *st = gp_step_stats_of(loss, correct, n, lr, gp_now() - t0, comm);
 out:
     free(sizes);
     free(off);

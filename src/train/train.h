@@ -130,6 +130,10 @@ typedef struct gp_step_stats {
                                  replicas */
 } gp_step_stats;
 
+/* The statistics of a step over n samples. */
+gp_step_stats gp_step_stats_of(double loss_sum, int64_t correct, int64_t n, double lr,
+                               double seconds, double comm_seconds);
+
 /* One optimizer step on a host batch (x: (n, C, H, W), y: (n) class ids)
  * on a single device, without threads: the reference every pipelined run is
  * checked against.  The batch is split into `chunks` micro-batches
