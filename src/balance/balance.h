@@ -31,6 +31,11 @@
  * checkpointed micro-batches): the time the stage adds to every clock pair
  * of GPipe's step bound (m + n - 1) (max F + max (R + B)).
  *
+ * Owns: profiles and their JSON files, partitions, simulations.  May call:
+ * core, backend (the profiler opens devices), layers, checkpoint and
+ * pipeline's schedules (the simulator replays them).  Knows nothing of the
+ * training loop or configs.
+ *
  * Memory: a gp_profile owns its arrays (gp_profile_free).  Everything else
  * is plain values.  Thread safety: pure functions except gp_profile_run,
  * which opens and drives its own devices from the calling thread.

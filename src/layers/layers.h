@@ -33,6 +33,10 @@
  * the context, the micro-batch's statistics are first merged over the
  * replicas (SyncBN, batchnorm.c).
  *
+ * Owns: the layer interface, every layer and its parameters, the loss.
+ * May call: core and backend (through the gp_dev_* wrappers only).  Knows
+ * nothing of stages, schedules, checkpointing or optimizers.
+ *
  * Thread safety: a layer is used by its device's worker thread only.
  */
 #ifndef GP_LAYERS_H

@@ -11,6 +11,10 @@
  * produced a copied tensor to the copy that consumed it.  Each step begins
  * with a global instant event; a counter per device tracks allocated bytes.
  *
+ * Owns: the trace file.  May call: core, backend (device names) and
+ * pipeline (the executed instructions, gp_event_name).  The pipeline knows
+ * nothing of it: NVTX ranges are the pipeline's own (pipeline/nvtx.h).
+ *
  * Memory: gp_trace owns its FILE; gp_trace_close flushes and frees.
  * Thread safety: called by the training thread between steps.
  */

@@ -21,6 +21,9 @@
  * keyed by the sample's position, so a run is reproducible whatever the
  * thread timing.
  *
+ * Owns: datasets in host memory and the loader's thread.  May call: core,
+ * config (the data section), backend (pinned host buffers).
+ *
  * Thread safety: a loader is used by one consumer thread; its worker thread
  * is private.  Datasets are immutable after loading.
  */
