@@ -105,9 +105,9 @@ static void replay(void)
     }
     int bad = -1;
     size_t before = gp_allocator_current(&dev->alloc);
-    CHECK_OK(gp_ckpt_forward(kept, &ctx, true, &a, &bad));
+    CHECK_OK(gp_ckpt_forward(kept, &ctx, GP_FWD_KEEP, &a, &bad));
     size_t after_kept = gp_allocator_current(&dev->alloc);
-    CHECK_OK(gp_ckpt_forward(ckpt, &ctx, false, &b, &bad));
+    CHECK_OK(gp_ckpt_forward(ckpt, &ctx, GP_FWD_INPUT, &b, &bad));
     size_t after_ckpt = gp_allocator_current(&dev->alloc);
     /* what each holds: the checkpointed one exactly its input and output */
     size_t in_b = gp_tensor_bytes(&b.in), out_b = gp_tensor_bytes(&b.out);
@@ -121,6 +121,21 @@ static void replay(void)
               after_kept - before);
     CHECK(gp_stash_bytes(&a) > gp_stash_bytes(&b) + out_b); /* what checkpointing saves */
     CHECK_MSG(same(&a.out, &b.out), "checkpointed forward's output differs from the kept one");
+    /* evaluation keeps nothing but the output, not even the input */
+    {
+        gp_stash e;
+        CHECK_OK(gp_stash_init(&e, L));
+        upload_random(dev, &e.in, &xs, 1, GP_MEM_ACTIVATIONS);
+        gp_fwd_ctx ev = ctx;
+        ev.training = false;
+        size_t e0 = gp_allocator_current(&dev->alloc);
+        CHECK_OK(gp_ckpt_forward(kept, &ev, GP_FWD_NOTHING, &e, &bad));
+        CHECK_MSG(gp_stash_bytes(&e) == gp_tensor_bytes(&e.out) && !e.in.data &&
+                      gp_allocator_current(&dev->alloc) + in_b == e0 + gp_tensor_bytes(&e.out),
+                  "an evaluation stash holds %zu bytes, want only its output's %zu",
+                  gp_stash_bytes(&e), gp_tensor_bytes(&e.out));
+        gp_stash_destroy(&e);
+    }
     /* the recompute replays every layer's output bit for bit (dropout too) */
     CHECK_OK(gp_ckpt_recompute(ckpt, &ctx, &b, &bad));
     CHECK(b.live && b.out.owned);

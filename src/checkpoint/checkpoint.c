@@ -68,10 +68,11 @@ size_t gp_stash_bytes(const gp_stash *s)
     return b;
 }
 
-/* The one forward loop.  keep: every output and gp_saved stays. */
-static gp_status run_forward(gp_layer *layers, const gp_fwd_ctx *ctx, bool keep, gp_stash *s,
-                             gp_tensor *out, int *bad)
+/* The one forward loop. */
+static gp_status run_forward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_fwd_keep mode,
+                             gp_stash *s, gp_tensor *out, int *bad)
 {
+    bool keep = mode == GP_FWD_KEEP;
     s->acts[0] = s->in;
     s->acts[0].owned = false;
     gp_tensor cur = s->acts[0];
@@ -83,7 +84,7 @@ static gp_status run_forward(gp_layer *layers, const gp_fwd_ctx *ctx, bool keep,
             *bad = c;
             gp_saved_free(&sv);
             if (keep) gp_stash_drop_acts(s);
-            else if (c > 0) gp_tensor_free(&cur); /* never the stage input */
+            else if (c > 0) gp_tensor_free(&cur); /* the stage input stays in s->in */
             return st;
         }
         if (keep) {
@@ -92,6 +93,10 @@ static gp_status run_forward(gp_layer *layers, const gp_fwd_ctx *ctx, bool keep,
         } else {
             gp_saved_free(&sv);
             if (c > 0) gp_tensor_free(&cur);
+            else if (mode == GP_FWD_NOTHING) {
+                gp_tensor_free(&s->in);
+                s->acts[0] = (gp_tensor){0};
+            }
         }
         cur = y;
     }
@@ -103,8 +108,8 @@ static gp_status run_forward(gp_layer *layers, const gp_fwd_ctx *ctx, bool keep,
     return GP_OK;
 }
 
-gp_status gp_ckpt_forward(gp_layer *layers, const gp_fwd_ctx *ctx, bool keep, gp_stash *s,
-                          int *bad)
+gp_status gp_ckpt_forward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_fwd_keep keep,
+                          gp_stash *s, int *bad)
 {
     GP_ASSERT(!s->live && !s->out.data);
     return run_forward(layers, ctx, keep, s, &s->out, bad);
@@ -116,7 +121,7 @@ gp_status gp_ckpt_recompute(gp_layer *layers, const gp_fwd_ctx *ctx, gp_stash *s
     gp_fwd_ctx rc = *ctx;
     rc.recompute = true;
     gp_tensor out;
-    return run_forward(layers, &rc, true, s, &out, bad);
+    return run_forward(layers, &rc, GP_FWD_KEEP, s, &out, bad);
 }
 
 gp_status gp_ckpt_backward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_stash *s, gp_tensor *dy,

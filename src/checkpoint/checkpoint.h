@@ -69,15 +69,22 @@ size_t gp_stash_bytes(const gp_stash *s);
  * after a failure); keeps in and out. */
 void gp_stash_drop_acts(gp_stash *s);
 
-/* Forward of layers[0 .. s->count) on s->in.
- * keep = true: every output and gp_saved stays in the stash for backward;
- *   s->out is a view of the last output.
- * keep = false (checkpointed): each intermediate output is freed once the
- *   next layer has consumed it; only s->in and s->out (owned) remain.
+/* What a forward keeps. */
+typedef enum {
+    GP_FWD_KEEP = 0,   /* every output and gp_saved, for backward; s->out is a
+                          view of the last output */
+    GP_FWD_INPUT,      /* checkpointed: only s->in (for the recompute) and
+                          s->out (owned); each intermediate output is freed
+                          once the next layer has consumed it */
+    GP_FWD_NOTHING     /* evaluation: s->in too is freed once consumed; only
+                          s->out (owned) remains */
+} gp_fwd_keep;
+
+/* Forward of layers[0 .. s->count) on s->in, keeping what `keep` says.
  * On failure *bad is the index (0-based in layers) of the failing layer and
- * nothing but s->in remains. */
-gp_status gp_ckpt_forward(gp_layer *layers, const gp_fwd_ctx *ctx, bool keep, gp_stash *s,
-                          int *bad);
+ * nothing but s->in remains (if it was kept). */
+gp_status gp_ckpt_forward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_fwd_keep keep,
+                          gp_stash *s, int *bad);
 /* The forward of a checkpointed micro-batch again, from s->in, with ctx
  * (the same as its forward's) marked recompute: keeps everything for
  * backward, leaves s->out alone (it was handed on already). */

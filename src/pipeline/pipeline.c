@@ -203,7 +203,8 @@ static gp_status do_forward(gp_pipeline *p, int i, int j, bool ckpt, int *bad_la
         GP_TRY(gp_dev_upload(dev, s->stash.in.data, p->x + p->offsets[i] * per, b * per));
     }
     gp_fwd_ctx ctx = mb_ctx(p, i, j);
-    gp_status st = gp_ckpt_forward(p->layers + p->first[j], &ctx, !ckpt, &s->stash, bad_layer);
+    gp_status st = gp_ckpt_forward(p->layers + p->first[j], &ctx,
+                                  ckpt ? GP_FWD_INPUT : GP_FWD_KEEP, &s->stash, bad_layer);
     if (st != GP_OK) {
         *bad_layer += p->first[j];
         return st;

@@ -306,7 +306,7 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
         gp_fwd_ctx ctx = {.training = true, .seed = cfg->train.seed, .step = (uint64_t)m->step,
                           .sample_offset = first, .batch_total = n};
         gp_loss_out lo = {0};
-        if (s == GP_OK) s = gp_ckpt_forward(m->layers, &ctx, true, &mbs[i], &bad);
+        if (s == GP_OK) s = gp_ckpt_forward(m->layers, &ctx, GP_FWD_KEEP, &mbs[i], &bad);
         if (s == GP_OK)
             s = gp_ckpt_loss(m->dev, &mbs[i].out, &labels, (float)(1.0 / (double)n), &dy[i], &lo);
         gp_tensor_free(&labels);
@@ -380,7 +380,7 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset 
             }
             cur = (gp_tensor){0};
             int bad;
-            if (s == GP_OK) s = gp_ckpt_forward(m->layers + first, &ctx, false, &st, &bad);
+            if (s == GP_OK) s = gp_ckpt_forward(m->layers + first, &ctx, GP_FWD_NOTHING, &st, &bad);
             if (s == GP_OK) {
                 cur = st.out;
                 st.out = (gp_tensor){0};
