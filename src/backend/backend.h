@@ -113,7 +113,10 @@ typedef struct gp_device_iface {
     /* --- streams & events --- */
     /* Wait until all work issued to this device has finished. */
     gp_status (*synchronize)(gp_device *dev);
-    /* optional (NULL on synchronous backends): events are then host flags. */
+    /* optional (NULL on synchronous backends, where work is done when the
+     * call returns): gp_dev_event_create then gives a NULL event,
+     * gp_dev_event_record synchronizes the device, and wait, sync and
+     * destroy have nothing left to do. */
     gp_status (*event_create)(gp_device *dev, void **out);
     void (*event_destroy)(gp_device *dev, void *ev);
     gp_status (*event_record)(gp_device *dev, void *ev);
@@ -159,7 +162,8 @@ typedef struct gp_device_iface {
                                   float *db);
 
     /* --- pooling --- ws: backend workspace for max pooling, at least
-     * pool_ws_bytes(d) bytes (may be 0); written by fwd, read by bwd. */
+     * pool_ws_bytes(d) bytes (may be 0); written by fwd, read by bwd.
+     * pool_ws_bytes optional: 0 (the backend needs no workspace). */
     size_t (*pool_ws_bytes)(gp_device *dev, const gp_pool_desc *d);
     gp_status (*pool_fwd)(gp_device *dev, const gp_pool_desc *d, const float *x,
                           float *y, void *ws);
@@ -343,6 +347,176 @@ gp_status gp_dev_alloc(gp_device *dev, size_t bytes, gp_mem_category cat,
 void gp_dev_free(gp_device *dev, void *ptr, size_t bytes, gp_mem_category cat);
 gp_status gp_dev_upload(gp_device *dev, float *dst, const float *src, int64_t n);
 gp_status gp_dev_download(gp_device *dev, float *dst, const float *src, int64_t n);
+
+/* The slots themselves, one wrapper each, named gp_dev_<slot> with the
+ * slot's parameters: see the slot's comment in gp_device_iface for what it
+ * computes.  Required slots are forwarded as they are (static inline, so a
+ * wrapper costs nothing over the indirect call); optional ones fall back as
+ * their comment says. */
+static inline gp_status gp_dev_copy_d2d(gp_device *dev, void *dst, const void *src,
+                                        size_t bytes)
+{
+    return dev->iface->copy_d2d(dev, dst, src, bytes);
+}
+static inline gp_status gp_dev_synchronize(gp_device *dev)
+{
+    return dev->iface->synchronize(dev);
+}
+static inline gp_status gp_dev_event_create(gp_device *dev, void **out)
+{
+    *out = NULL;
+    return dev->iface->event_create ? dev->iface->event_create(dev, out) : GP_OK;
+}
+static inline void gp_dev_event_destroy(gp_device *dev, void *ev)
+{
+    if (ev && dev->iface->event_destroy) dev->iface->event_destroy(dev, ev);
+}
+static inline gp_status gp_dev_event_record(gp_device *dev, void *ev)
+{
+    if (!dev->iface->event_record) return dev->iface->synchronize(dev);
+    return dev->iface->event_record(dev, ev);
+}
+static inline gp_status gp_dev_event_wait(gp_device *dev, void *ev)
+{
+    return dev->iface->event_wait ? dev->iface->event_wait(dev, ev) : GP_OK;
+}
+static inline gp_status gp_dev_event_sync(gp_device *dev, void *ev)
+{
+    return dev->iface->event_sync ? dev->iface->event_sync(dev, ev) : GP_OK;
+}
+static inline gp_status gp_dev_fill(gp_device *dev, float *x, float v, int64_t n)
+{
+    return dev->iface->fill(dev, x, v, n);
+}
+static inline gp_status gp_dev_scale(gp_device *dev, float *x, float a, int64_t n)
+{
+    return dev->iface->scale(dev, x, a, n);
+}
+static inline gp_status gp_dev_axpy(gp_device *dev, float a, const float *x, float *y,
+                                    int64_t n)
+{
+    return dev->iface->axpy(dev, a, x, y, n);
+}
+static inline gp_status gp_dev_add(gp_device *dev, const float *a, const float *b, float *y,
+                                   int64_t n)
+{
+    return dev->iface->add(dev, a, b, y, n);
+}
+static inline gp_status gp_dev_sumsq(gp_device *dev, const float *x, int64_t n, double *out)
+{
+    return dev->iface->sumsq(dev, x, n, out);
+}
+static inline gp_status gp_dev_nonfinite(gp_device *dev, const float *x, int64_t n, int *out)
+{
+    return dev->iface->nonfinite(dev, x, n, out);
+}
+static inline gp_status gp_dev_sgd_update(gp_device *dev, float *w, const float *g, float *v,
+                                          int64_t n, float lr, float mu, float wd,
+                                          int nesterov)
+{
+    return dev->iface->sgd_update(dev, w, g, v, n, lr, mu, wd, nesterov);
+}
+static inline gp_status gp_dev_gemm(gp_device *dev, int trans_a, int trans_b, int64_t m,
+                                    int64_t n, int64_t k, float alpha, const float *a,
+                                    int64_t lda, const float *b, int64_t ldb, float beta,
+                                    float *c, int64_t ldc)
+{
+    return dev->iface->gemm(dev, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
+                            ldc);
+}
+static inline gp_status gp_dev_add_bias_rows(gp_device *dev, float *y, const float *bias,
+                                             int64_t rows, int64_t cols)
+{
+    return dev->iface->add_bias_rows(dev, y, bias, rows, cols);
+}
+static inline gp_status gp_dev_sum_rows(gp_device *dev, const float *dy, float *db,
+                                        int64_t rows, int64_t cols)
+{
+    return dev->iface->sum_rows(dev, dy, db, rows, cols);
+}
+static inline gp_status gp_dev_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x,
+                                        const float *w, const float *b, float *y)
+{
+    return dev->iface->conv_fwd(dev, d, x, w, b, y);
+}
+static inline gp_status gp_dev_conv_bwd_data(gp_device *dev, const gp_conv_desc *d,
+                                             const float *w, const float *dy, float *dx)
+{
+    return dev->iface->conv_bwd_data(dev, d, w, dy, dx);
+}
+static inline gp_status gp_dev_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d,
+                                                const float *x, const float *dy, float *dw,
+                                                float *db)
+{
+    return dev->iface->conv_bwd_weights(dev, d, x, dy, dw, db);
+}
+static inline size_t gp_dev_pool_ws_bytes(gp_device *dev, const gp_pool_desc *d)
+{
+    return dev->iface->pool_ws_bytes ? dev->iface->pool_ws_bytes(dev, d) : 0;
+}
+static inline gp_status gp_dev_pool_fwd(gp_device *dev, const gp_pool_desc *d, const float *x,
+                                        float *y, void *ws)
+{
+    return dev->iface->pool_fwd(dev, d, x, y, ws);
+}
+static inline gp_status gp_dev_pool_bwd(gp_device *dev, const gp_pool_desc *d, const float *x,
+                                        const float *y, const float *dy, float *dx,
+                                        const void *ws)
+{
+    return dev->iface->pool_bwd(dev, d, x, y, dy, dx, ws);
+}
+static inline gp_status gp_dev_bn_fwd_train(gp_device *dev, const gp_bn_desc *d,
+                                            const float *x, const float *gamma,
+                                            const float *beta, float *y, float *mean,
+                                            float *var)
+{
+    return dev->iface->bn_fwd_train(dev, d, x, gamma, beta, y, mean, var);
+}
+static inline gp_status gp_dev_bn_fwd_infer(gp_device *dev, const gp_bn_desc *d,
+                                            const float *x, const float *gamma,
+                                            const float *beta, const float *mean,
+                                            const float *var, float *y)
+{
+    return dev->iface->bn_fwd_infer(dev, d, x, gamma, beta, mean, var, y);
+}
+static inline gp_status gp_dev_bn_bwd(gp_device *dev, const gp_bn_desc *d, const float *x,
+                                      const float *gamma, const float *mean, const float *var,
+                                      const float *dy, float *dx, float *dgamma, float *dbeta)
+{
+    return dev->iface->bn_bwd(dev, d, x, gamma, mean, var, dy, dx, dgamma, dbeta);
+}
+static inline gp_status gp_dev_relu_fwd(gp_device *dev, const float *x, float *y, int64_t n)
+{
+    return dev->iface->relu_fwd(dev, x, y, n);
+}
+static inline gp_status gp_dev_relu_bwd(gp_device *dev, const float *y, const float *dy,
+                                        float *dx, int64_t n)
+{
+    return dev->iface->relu_bwd(dev, y, dy, dx, n);
+}
+static inline gp_status gp_dev_log_softmax(gp_device *dev, const float *x, float *y,
+                                           int64_t rows, int64_t cols)
+{
+    return dev->iface->log_softmax(dev, x, y, rows, cols);
+}
+static inline gp_status gp_dev_xent(gp_device *dev, const float *logits, const float *labels,
+                                    int64_t rows, int64_t cols, float scale, float *dlogits,
+                                    double *loss_sum, int64_t *correct, int64_t *bad_row)
+{
+    return dev->iface->xent(dev, logits, labels, rows, cols, scale, dlogits, loss_sum, correct,
+                            bad_row);
+}
+static inline gp_status gp_dev_dropout_mask(gp_device *dev, float *mask, int64_t n, float p,
+                                            uint64_t seed, uint64_t stream, uint64_t first)
+{
+    return dev->iface->dropout_mask(dev, mask, n, p, seed, stream, first);
+}
+static inline gp_status gp_dev_mul(gp_device *dev, const float *a, const float *b, float *y,
+                                   int64_t n)
+{
+    return dev->iface->mul(dev, a, b, y, n);
+}
+
 /* Copy between tensors on any devices (same numel). */
 gp_status gp_tensor_copy(gp_tensor *dst, const gp_tensor *src);
 

@@ -114,7 +114,7 @@ gp_status gp_tensor_copy(gp_tensor *dst, const gp_tensor *src)
     size_t bytes = gp_tensor_bytes(src);
     if (bytes == 0) return GP_OK;
     gp_device *dd = dst->dev, *sd = src->dev;
-    if (dd == sd) return dd->iface->copy_d2d(dd, dst->data, src->data, bytes);
+    if (dd == sd) return gp_dev_copy_d2d(dd, dst->data, src->data, bytes);
     if (dd->iface->copy_peer) {
         gp_status s = dd->iface->copy_peer(dd, dst->data, sd, src->data, bytes);
         /* A backend that cannot read the other device's memory (the CPU
@@ -126,9 +126,9 @@ gp_status gp_tensor_copy(gp_tensor *dst, const gp_tensor *src)
     void *host = malloc(bytes);
     if (!host) return gp_error_set(GP_ERR_OOM, "out of host memory staging %zu bytes", bytes);
     gp_status s = sd->iface->copy_d2h(sd, host, src->data, bytes);
-    if (s == GP_OK) s = sd->iface->synchronize(sd);
+    if (s == GP_OK) s = gp_dev_synchronize(sd);
     if (s == GP_OK) s = dd->iface->copy_h2d(dd, dst->data, host, bytes);
-    if (s == GP_OK) s = dd->iface->synchronize(dd);
+    if (s == GP_OK) s = gp_dev_synchronize(dd);
     free(host);
     return s;
 }
@@ -205,8 +205,7 @@ gp_status gp_dev_sharded_sgd(gp_device *dev, gp_comm *comm, float *w, float *g, 
     int64_t lo, hi;
     gp_comm_chunk(n, comm->n, rank, &lo, &hi);
     if (hi > lo)
-        GP_TRY(dev->iface->sgd_update(dev, w + lo, g + lo, v + lo, hi - lo, lr, mu, wd,
-                                      nesterov));
+        GP_TRY(gp_dev_sgd_update(dev, w + lo, g + lo, v + lo, hi - lo, lr, mu, wd, nesterov));
     return gp_dev_all_gather(dev, comm, w, n);
 }
 
@@ -216,9 +215,9 @@ gp_status gp_dev_barrier(gp_device *dev, gp_comm *comm)
     /* A collective every rank must join, then waited for on the host. */
     float *one;
     GP_TRY(gp_dev_alloc(dev, sizeof *one, GP_MEM_WORKSPACE, (void **)&one));
-    gp_status st = dev->iface->fill(dev, one, 0.0f, 1);
+    gp_status st = gp_dev_fill(dev, one, 0.0f, 1);
     if (st == GP_OK) st = gp_dev_allreduce(dev, comm, one, 1);
-    if (st == GP_OK) st = dev->iface->synchronize(dev);
+    if (st == GP_OK) st = gp_dev_synchronize(dev);
     gp_dev_free(dev, one, sizeof *one, GP_MEM_WORKSPACE);
     return st;
 }

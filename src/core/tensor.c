@@ -84,7 +84,7 @@ gp_status gp_tensor_zeros(gp_tensor *t, gp_device *dev, const gp_shape *shape,
     GP_TRY(gp_tensor_alloc(t, dev, shape, cat));
     int64_t n = gp_tensor_numel(t);
     if (n > 0) {
-        gp_status s = dev->iface->fill(dev, t->data, 0.0f, n);
+        gp_status s = gp_dev_fill(dev, t->data, 0.0f, n);
         if (s != GP_OK) {
             gp_tensor_free(t);
             return s;
