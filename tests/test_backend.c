@@ -608,7 +608,40 @@ static void test_dropout(gp_device *dev)
     dfree(dev, m, n); dfree(dev, s, n);
 }
 
-/* ---- the interface table: optional slots ---------------------------------------------------- */
+/* ---- the interface table: version check, optional slots ------------------------------------ */
+
+/* A backend compiled against another backend.h is refused where devices are
+ * admitted (gp_device_new, which both backends' constructors go through),
+ * before any of its slots is read, with a message that names the backend,
+ * both versions and the fix. */
+static void test_iface_version(gp_device *dev)
+{
+    gp_device_iface other = *dev->iface;
+    other.backend_name = "stale";
+    for (int delta = -1; delta <= 1; delta += 2) {
+        other.version = GP_DEVICE_IFACE_VERSION + delta;
+        gp_device *d = NULL;
+        CHECK_ERR(gp_device_new(&other, GP_DEV_CPU, 9, NULL, &d), GP_ERR_UNSUPPORTED, "cpu:9");
+        const char *msg = gp_last_error();
+        char theirs[32], ours[32];
+        snprintf(theirs, sizeof theirs, "version %d", other.version);
+        snprintf(ours, sizeof ours, "version %d", GP_DEVICE_IFACE_VERSION);
+        CHECK_MSG(strstr(msg, "stale") && strstr(msg, theirs) && strstr(msg, ours) &&
+                      strstr(msg, "rebuild"),
+                  "the refusal names the backend, both versions and the fix: %s", msg);
+        CHECK(d == NULL);
+        gp_device_close(d);
+    }
+    /* The right version is admitted, with the common fields set. */
+    other.version = GP_DEVICE_IFACE_VERSION;
+    gp_device *d = NULL;
+    gp_device_opts o = {.capacity = 4096};
+    CHECK_OK(gp_device_new(&other, GP_DEV_CPU, 9, &o, &d));
+    if (!d) return;
+    CHECK(d->iface == &other && d->ctx == NULL && d->kind == GP_DEV_CPU && d->index == 9);
+    CHECK(!strcmp(d->name, "cpu:9") && d->alloc.capacity == 4096);
+    gp_device_close(d); /* the CPU backend's destroy takes ctx == NULL */
+}
 
 /* The wrappers of optional slots fall back as the slots' comments say. */
 static void test_optional_slots(gp_device *dev)
@@ -788,6 +821,7 @@ int main(void)
     gp_device_bind_thread(dev);
     CHECK(!strcmp(dev->iface->backend_name, "cpu"));
     CHECK(dev->iface->version == GP_DEVICE_IFACE_VERSION);
+    test_iface_version(dev);
     test_optional_slots(dev);
 
     test_elementwise(dev);

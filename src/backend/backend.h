@@ -35,7 +35,21 @@
 
 #include "core/core.h"
 
-#define GP_DEVICE_IFACE_VERSION 1
+/* The layout of gp_device_iface.  Bump it whenever a slot is added, removed
+ * or changes meaning; gp_device_new refuses a table of another version (a
+ * backend compiled against another backend.h).  `version` and
+ * `backend_name` stay the first two fields in every version, so the check
+ * and its message can read them from any table.
+ *   1  the original table: lifetime, memory, transfers, streams & events,
+ *      elementwise, dense math, convolution, pooling, batch norm,
+ *      activations, dropout
+ *   2  allreduce, broadcast (collectives, for data parallelism)
+ *   3  bn_stats, bn_bwd_sums, bn_bwd_apply (synchronised batch norm)
+ *   4  reduce_scatter, all_gather (the sharded optimizer update)
+ *   5  host_alloc, host_free (pinned upload buffers)
+ *   6  sharded_sgd (the sharded SGD step as one collective)
+ *   7  barrier (a host barrier over a communicator) */
+#define GP_DEVICE_IFACE_VERSION 7
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -321,6 +335,16 @@ gp_status gp_device_open(const char *spec, const gp_device_opts *opts,
                          gp_device **out);
 void gp_device_close(gp_device *dev);
 
+/* For backends' constructors: the device-independent part of a new device,
+ * and where a backend is admitted.  Refuses (GP_ERR_UNSUPPORTED, naming the
+ * backend and both versions) an iface whose version is not
+ * GP_DEVICE_IFACE_VERSION: its slots would be read at the wrong offsets.
+ * Otherwise *out is a zeroed device with iface, kind, index, name ("cpu:3"),
+ * threads = 1 and an allocator of opts->capacity (opts may be NULL); the
+ * backend then sets ctx (and threads).  gp_device_close frees it, calling
+ * iface->destroy, which must accept ctx == NULL. */
+gp_status gp_device_new(const gp_device_iface *iface, gp_device_kind kind, int index,
+                        const gp_device_opts *opts, gp_device **out);
 /* The CPU backend's constructor (backend/cpu). */
 gp_status gp_cpu_device_create(int index, const gp_device_opts *opts,
                                gp_device **out);

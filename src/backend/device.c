@@ -63,6 +63,31 @@ gp_status gp_device_open(const char *spec, const gp_device_opts *opts, gp_device
 #endif
 }
 
+gp_status gp_device_new(const gp_device_iface *iface, gp_device_kind kind, int index,
+                        const gp_device_opts *opts, gp_device **out)
+{
+    *out = NULL;
+    char name[32];
+    gp_device_format(kind, index, name, sizeof name);
+    if (iface->version != GP_DEVICE_IFACE_VERSION)
+        return gp_error_set(GP_ERR_UNSUPPORTED,
+                            "device %s: the %s backend implements device interface version "
+                            "%d, but this gpipe needs version %d; rebuild the backend "
+                            "against this gpipe's src/backend/backend.h",
+                            name, iface->backend_name ? iface->backend_name : "(unnamed)",
+                            iface->version, GP_DEVICE_IFACE_VERSION);
+    gp_device *dev = calloc(1, sizeof *dev);
+    if (!dev) return gp_error_set(GP_ERR_OOM, "out of host memory creating device %s", name);
+    dev->iface = iface;
+    dev->kind = kind;
+    dev->index = index;
+    snprintf(dev->name, sizeof dev->name, "%s", name);
+    dev->threads = 1;
+    gp_allocator_init(&dev->alloc, dev->name, opts ? opts->capacity : 0);
+    *out = dev;
+    return GP_OK;
+}
+
 void gp_device_close(gp_device *dev)
 {
     if (!dev) return;
