@@ -541,7 +541,20 @@ static inline gp_status gp_dev_mul(gp_device *dev, const float *a, const float *
     return dev->iface->mul(dev, a, b, y, n);
 }
 
-/* Copy between tensors on any devices (same numel). */
+/* --- tensors on a device (backend/tensor.c) -----------------------------
+ * The half of gp_tensor that needs a device: memory through gp_dev_alloc,
+ * so every byte is accounted.  Shapes, views and sizes are in core. */
+
+/* Allocate an uninitialised tensor on `dev`. */
+gp_status gp_tensor_alloc(gp_tensor *t, gp_device *dev, const gp_shape *shape,
+                          gp_mem_category cat);
+/* Allocate and zero. */
+gp_status gp_tensor_zeros(gp_tensor *t, gp_device *dev, const gp_shape *shape,
+                          gp_mem_category cat);
+/* Free if owned; always leaves t empty.  NULL and empty tensors are fine. */
+void gp_tensor_free(gp_tensor *t);
+/* Copy between tensors on any devices (same numel): peer copy where the
+ * backend has one, else staged through host memory. */
 gp_status gp_tensor_copy(gp_tensor *dst, const gp_tensor *src);
 
 /* A communicator over n devices of one backend, created once per group

@@ -133,31 +133,6 @@ gp_status gp_dev_download(gp_device *dev, float *dst, const float *src, int64_t 
     return dev->iface->copy_d2h(dev, dst, src, (size_t)n * sizeof(float));
 }
 
-gp_status gp_tensor_copy(gp_tensor *dst, const gp_tensor *src)
-{
-    GP_ASSERT(gp_tensor_numel(dst) == gp_tensor_numel(src));
-    size_t bytes = gp_tensor_bytes(src);
-    if (bytes == 0) return GP_OK;
-    gp_device *dd = dst->dev, *sd = src->dev;
-    if (dd == sd) return gp_dev_copy_d2d(dd, dst->data, src->data, bytes);
-    if (dd->iface->copy_peer) {
-        gp_status s = dd->iface->copy_peer(dd, dst->data, sd, src->data, bytes);
-        /* A backend that cannot read the other device's memory (the CPU
-         * from a GPU) says so; staging through the host still works. */
-        if (s != GP_ERR_UNSUPPORTED) return s;
-        gp_error_clear();
-    }
-    /* Fallback: stage through host memory. */
-    void *host = malloc(bytes);
-    if (!host) return gp_error_set(GP_ERR_OOM, "out of host memory staging %zu bytes", bytes);
-    gp_status s = sd->iface->copy_d2h(sd, host, src->data, bytes);
-    if (s == GP_OK) s = gp_dev_synchronize(sd);
-    if (s == GP_OK) s = dd->iface->copy_h2d(dd, dst->data, host, bytes);
-    if (s == GP_OK) s = gp_dev_synchronize(dd);
-    free(host);
-    return s;
-}
-
 gp_status gp_comm_create(gp_device **devs, int n, gp_comm **out)
 {
     *out = NULL;

@@ -154,7 +154,9 @@ struct gp_device;
 /* A dense float32 tensor, row-major, logical layout NCHW for 4-D, (N, F) for
  * 2-D.  `data` is device memory of `dev`.  A tensor either owns its memory
  * (owned == true: allocated through the device's allocator, freed by
- * gp_tensor_free) or is a view into another tensor's memory. */
+ * gp_tensor_free) or is a view into another tensor's memory.  Core only
+ * describes tensors and makes views; allocating, zeroing, freeing and
+ * copying need the device and live in backend/backend.h (backend/tensor.c). */
 typedef struct gp_tensor {
     float *data;
     int ndim;
@@ -180,14 +182,6 @@ gp_shape gp_shape_with_batch(const gp_shape *s, int64_t n);
 /* "(128, 64, 28, 28)" into buf. */
 const char *gp_shape_str(const gp_shape *s, char *buf, size_t len);
 
-/* Allocate an uninitialised tensor on `dev`. */
-gp_status gp_tensor_alloc(gp_tensor *t, struct gp_device *dev,
-                          const gp_shape *shape, gp_mem_category cat);
-/* Allocate and zero. */
-gp_status gp_tensor_zeros(gp_tensor *t, struct gp_device *dev,
-                          const gp_shape *shape, gp_mem_category cat);
-/* Free if owned; always leaves t empty.  NULL and empty tensors are fine. */
-void gp_tensor_free(gp_tensor *t);
 gp_shape gp_tensor_shape(const gp_tensor *t);
 int64_t gp_tensor_numel(const gp_tensor *t);
 size_t gp_tensor_bytes(const gp_tensor *t);
