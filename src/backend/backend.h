@@ -3,8 +3,22 @@
  *
  * A gp_device is an interface table (gp_device_iface, function pointers) plus
  * a backend context pointer, a name ("cpu:0", "cuda:1") and an allocator
- * that accounts for every byte.  Layers call only the gp_dev_* wrappers below
- * and never test which backend they run on.
+ * that accounts for every byte.  Layers call only the functions below (the
+ * gp_dev_* wrappers, gp_tensor_*) and never test which backend they run on.
+ *
+ * Place in the design (modules, lowest first: core < backend < layers <
+ * checkpoint < optim < pipeline < balance < trace < config < train;
+ * scripts/check-includes.sh fails the tests on an include up that order).
+ * backend owns: the interface table and its version; opening, naming and
+ * closing devices; every byte of device memory (gp_dev_alloc/free, counted
+ * in the device's gp_allocator) and so the storage of tensors
+ * (gp_tensor_alloc/zeros/free/copy, backend/tensor.c); communicators and
+ * collectives; the backends themselves (cpu/, cuda/).  It may call core and
+ * nothing above it: it knows no layers, stages or schedules.  Modules above
+ * may reach a device only through the gp_device_*, gp_dev_*, gp_tensor_* and
+ * gp_comm_* functions here, never through dev->iface directly: the wrappers
+ * are where optional slots get their fallbacks.  Only device.c
+ * (registration) and cpu/, cuda/ know which backends exist.
  *
  * Execution model.  Each device has one in-order compute stream and a copy
  * stream.  On the CPU "a stream" is the device's worker thread: operations
@@ -25,7 +39,8 @@
  * Optional slots: any iface slot marked "optional" may be NULL; the wrapper
  * then supplies a fallback (stated on the slot).  The table carries a version
  * number (GP_DEVICE_IFACE_VERSION) so that a backend built against another
- * layout is refused at registration.
+ * layout is refused at registration: every backend's constructor goes
+ * through gp_device_new, which checks it.
  *
  * Thread safety: a device is driven by one thread at a time (its worker);
  * the allocator alone may be read from any thread.

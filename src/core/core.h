@@ -1,7 +1,18 @@
 /*
  * core.h — the bottom of gpipe: status codes and error messages, logging,
- * tensors, the counter-based RNG, per-device memory accounting, and small
- * thread helpers.  Knows nothing of layers or the pipeline.
+ * the clock, tensor shapes and views, the counter-based RNG, and per-device
+ * memory accounting.
+ *
+ * Place in the design (modules, lowest first: core < backend < layers <
+ * checkpoint < optim < pipeline < balance < trace < config < train;
+ * scripts/check-includes.sh fails the tests on an include up that order).
+ * core owns: gp_status messages (per thread), logging, gp_now, the Philox
+ * RNG, the gp_allocator counters (accounting only: core never allocates
+ * device memory), and gp_tensor / gp_shape as descriptions: shapes, sizes,
+ * slices and reshapes.  It may call only the C library, pthreads and the
+ * public header include/gpipe.h.  It knows nothing of devices (a tensor's
+ * `dev` is an opaque pointer to it), layers or the pipeline; whatever
+ * allocates, fills or copies a tensor's memory belongs to backend.
  *
  * Errors: a function a user can make fail returns gp_status and, before it
  * does, records a message with gp_error_set().  The message lives in a
@@ -10,8 +21,9 @@
  * message out with gp_error_message() before handing the status to the
  * caller.  Bugs (broken invariants) use GP_ASSERT, which aborts.
  *
- * Memory: every byte a device holds goes through gp_alloc_* with a category,
- * so current/peak/capacity are always the truth (see gp_allocator).
+ * Memory: every byte a device holds is reserved here with a category
+ * (gp_allocator_reserve, called by backend's gp_dev_alloc), so
+ * current/peak/capacity are always the truth (see gp_allocator).
  *
  * Thread safety: gp_allocator functions are thread-safe (one mutex each);
  * a gp_tensor is owned by one thread at a time; the RNG is a pure function.
