@@ -62,11 +62,11 @@ static void time_conv(gp_device *dev, const shape *sh, double t[3])
     t[0] = t[1] = t[2] = 1e30;
     for (int r = 0; r <= REPS; r++) { /* r == 0 is the warm-up (creates primitives) */
         double t0 = gp_now();
-        report(dev->iface->conv_fwd(dev, &d, x, w, b, y));
+        report(gp_dev_conv_fwd(dev, &d, x, w, b, y));
         double t1 = gp_now();
-        report(dev->iface->conv_bwd_data(dev, &d, w, dy, dx));
+        report(gp_dev_conv_bwd_data(dev, &d, w, dy, dx));
         double t2 = gp_now();
-        report(dev->iface->conv_bwd_weights(dev, &d, x, dy, dw, db));
+        report(gp_dev_conv_bwd_weights(dev, &d, x, dy, dw, db));
         double t3 = gp_now();
         if (r == 0) continue;
         if (t1 - t0 < t[0]) t[0] = t1 - t0;
@@ -94,24 +94,24 @@ static double time_other(gp_device *dev, const shape *sh, int pooled)
     float *g = buf(dev, sh->k, 1), *be = buf(dev, sh->k, 1), *m = buf(dev, sh->k, 0);
     float *v = buf(dev, sh->k, 0), *dg = buf(dev, sh->k, 0), *dbe = buf(dev, sh->k, 0);
     float *p = buf(dev, np, 0), *dp = buf(dev, np, 1);
-    size_t wsb = dev->iface->pool_ws_bytes(dev, &pd);
+    size_t wsb = gp_dev_pool_ws_bytes(dev, &pd);
     void *ws = NULL;
     if (pooled && wsb) report(gp_dev_alloc(dev, wsb, GP_MEM_ACTIVATIONS, &ws));
     double best[6] = {1e30, 1e30, 1e30, 1e30, 1e30, 1e30};
     for (int r = 0; r <= REPS; r++) {
         double t[7];
         t[0] = gp_now();
-        report(dev->iface->bn_fwd_train(dev, &bd, x, g, be, y, m, v));
+        report(gp_dev_bn_fwd_train(dev, &bd, x, g, be, y, m, v));
         t[1] = gp_now();
-        report(dev->iface->relu_fwd(dev, y, z, n));
+        report(gp_dev_relu_fwd(dev, y, z, n));
         t[2] = gp_now();
-        if (pooled) report(dev->iface->pool_fwd(dev, &pd, z, p, ws));
+        if (pooled) report(gp_dev_pool_fwd(dev, &pd, z, p, ws));
         t[3] = gp_now();
-        if (pooled) report(dev->iface->pool_bwd(dev, &pd, z, p, dp, dz, ws));
+        if (pooled) report(gp_dev_pool_bwd(dev, &pd, z, p, dp, dz, ws));
         t[4] = gp_now();
-        report(dev->iface->relu_bwd(dev, z, dz, y, n));
+        report(gp_dev_relu_bwd(dev, z, dz, y, n));
         t[5] = gp_now();
-        report(dev->iface->bn_bwd(dev, &bd, x, g, m, v, y, z, dg, dbe));
+        report(gp_dev_bn_bwd(dev, &bd, x, g, m, v, y, z, dg, dbe));
         t[6] = gp_now();
         for (int i = 0; r > 0 && i < 6; i++)
             if (t[i + 1] - t[i] < best[i]) best[i] = t[i + 1] - t[i];
@@ -153,7 +153,7 @@ int main(int argc, char **argv)
     double tg = 1e30;
     for (int r = 0; r <= 3; r++) {
         double t0 = gp_now();
-        report(dev->iface->gemm(dev, 0, 0, G, G, G, 1.0f, a, G, b, G, 0.0f, c, G));
+        report(gp_dev_gemm(dev, 0, 0, G, G, G, 1.0f, a, G, b, G, 0.0f, c, G));
         double t = gp_now() - t0;
         if (r > 0 && t < tg) tg = t;
     }

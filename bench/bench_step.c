@@ -67,8 +67,8 @@ static double ceiling_once(gp_device *dev, const ceiling_bufs *cb)
 {
     const int64_t n = CEIL_N;
     double t0 = gp_now();
-    dev->iface->gemm(dev, 0, 0, n, n, n, 1.0f, cb->a, n, cb->b, n, 0.0f, cb->c, n);
-    dev->iface->synchronize(dev);
+    gp_dev_gemm(dev, 0, 0, n, n, n, 1.0f, cb->a, n, cb->b, n, 0.0f, cb->c, n);
+    gp_dev_synchronize(dev);
     return 2.0 * (double)n * n * n / (gp_now() - t0);
 }
 
@@ -94,7 +94,7 @@ static void bench_layers(gp_model *m, const gp_config *cfg, int64_t batch)
             gp_saved s = {0};
             double t0 = gp_now();
             gp_layer_forward(l, &ctx, &acts[k], &y, &s);
-            dev->iface->synchronize(dev);
+            gp_dev_synchronize(dev);
             tf[r] = gp_now() - t0;
             if (r == REPS - 1) {
                 acts[k + 1] = y;
@@ -114,13 +114,13 @@ static void bench_layers(gp_model *m, const gp_config *cfg, int64_t batch)
             gp_tensor_alloc(&dx, dev, &is, GP_MEM_ACTIVATIONS);
             double t0 = gp_now();
             if (k > 0) l->ops->backward_data(l, &ctx, &acts[k], &acts[k + 1], &dy, &dx, &sv);
-            dev->iface->synchronize(dev);
+            gp_dev_synchronize(dev);
             td[r] = gp_now() - t0;
             sv.flags = 0; /* let backward_weights do its full work each time */
             t0 = gp_now();
             if (l->ops->backward_weights)
                 l->ops->backward_weights(l, &ctx, &acts[k], &acts[k + 1], &dy, &sv);
-            dev->iface->synchronize(dev);
+            gp_dev_synchronize(dev);
             tw[r] = gp_now() - t0;
             gp_tensor_free(&dx);
         }

@@ -142,13 +142,13 @@ static void test_conv_shape(gp_device *dev, int64_t n, int64_t c, int64_t h, int
     /* Garbage in the outputs: "=" must overwrite it. */
     for (int64_t i = 0; i < ny; i++) y[i] = 1e6f;
     for (int64_t i = 0; i < nx; i++) dx[i] = -1e6f;
-    CHECK_OK(dev->iface->conv_fwd(dev, &d, x, wt, bias ? b : NULL, y));
+    CHECK_OK(gp_dev_conv_fwd(dev, &d, x, wt, bias ? b : NULL, y));
     ref_conv_fwd(&d, x, wt, b, ry);
     snprintf(what, sizeof what, "%s fwd", tag);
     check_close(what, y, ry, ny, 1e-5);
 
-    CHECK_OK(dev->iface->conv_bwd_data(dev, &d, wt, dy, dx));
-    CHECK_OK(dev->iface->conv_bwd_weights(dev, &d, x, dy, dw, bias ? db : NULL));
+    CHECK_OK(gp_dev_conv_bwd_data(dev, &d, wt, dy, dx));
+    CHECK_OK(gp_dev_conv_bwd_weights(dev, &d, x, dy, dw, bias ? db : NULL));
     ref_conv_bwd(&d, x, wt, dy, rdx, rdw, bias ? rdb : NULL);
     snprintf(what, sizeof what, "%s bwd_data", tag);
     check_close(what, dx, rdx, nx, 1e-5);
@@ -161,21 +161,21 @@ static void test_conv_shape(gp_device *dev, int64_t n, int64_t c, int64_t h, int
 
     /* Accumulation: from zero, two calls give exactly twice one call. */
     float *dw1 = dalloc(dev, nw), *dw2 = dalloc(dev, nw), *db1 = dalloc(dev, k), *db2 = dalloc(dev, k);
-    dev->iface->fill(dev, dw1, 0.0f, nw);
-    dev->iface->fill(dev, dw2, 0.0f, nw);
-    dev->iface->fill(dev, db1, 0.0f, k);
-    dev->iface->fill(dev, db2, 0.0f, k);
+    gp_dev_fill(dev, dw1, 0.0f, nw);
+    gp_dev_fill(dev, dw2, 0.0f, nw);
+    gp_dev_fill(dev, db1, 0.0f, k);
+    gp_dev_fill(dev, db2, 0.0f, k);
     int64_t before = gp_cpu_primitives_created(dev);
-    CHECK_OK(dev->iface->conv_bwd_weights(dev, &d, x, dy, dw1, bias ? db1 : NULL));
-    CHECK_OK(dev->iface->conv_bwd_weights(dev, &d, x, dy, dw2, bias ? db2 : NULL));
-    CHECK_OK(dev->iface->conv_bwd_weights(dev, &d, x, dy, dw2, bias ? db2 : NULL));
+    CHECK_OK(gp_dev_conv_bwd_weights(dev, &d, x, dy, dw1, bias ? db1 : NULL));
+    CHECK_OK(gp_dev_conv_bwd_weights(dev, &d, x, dy, dw2, bias ? db2 : NULL));
+    CHECK_OK(gp_dev_conv_bwd_weights(dev, &d, x, dy, dw2, bias ? db2 : NULL));
     int twice = 1;
     for (int64_t i = 0; i < nw; i++) twice &= dw2[i] == 2.0f * dw1[i];
     for (int64_t i = 0; bias && i < k; i++) twice &= db2[i] == 2.0f * db1[i];
     CHECK_MSG(twice, "%s: two bwd_weights calls != 2 x one call", tag);
     /* Repeated identical calls reuse the cached primitives. */
-    CHECK_OK(dev->iface->conv_fwd(dev, &d, x, wt, bias ? b : NULL, y));
-    CHECK_OK(dev->iface->conv_bwd_data(dev, &d, wt, dy, dx));
+    CHECK_OK(gp_dev_conv_fwd(dev, &d, x, wt, bias ? b : NULL, y));
+    CHECK_OK(gp_dev_conv_bwd_data(dev, &d, wt, dy, dx));
     CHECK_MSG(gp_cpu_primitives_created(dev) == before, "%s: primitives created %lld -> %lld",
               tag, (long long)before, (long long)gp_cpu_primitives_created(dev));
 
@@ -206,7 +206,7 @@ static void test_pool_shape(gp_device *dev, gp_pool_kind kind, int64_t n, int64_
     int64_t nx = n * c * h * w, ny = n * c * d.oh * d.ow;
     float *x = drand(dev, nx), *dy = drand(dev, ny), *y = dalloc(dev, ny), *dx = dalloc(dev, nx);
     double *ry = calloc((size_t)ny, sizeof(double)), *rdx = calloc((size_t)nx, sizeof(double));
-    size_t wsb = dev->iface->pool_ws_bytes(dev, &d);
+    size_t wsb = gp_dev_pool_ws_bytes(dev, &d);
     CHECK_MSG(kind == GP_POOL_AVG || wsb > 0, "max pooling needs a workspace");
     void *ws = NULL;
     if (wsb) CHECK_OK(gp_dev_alloc(dev, wsb, GP_MEM_ACTIVATIONS, &ws));
@@ -241,17 +241,17 @@ static void test_pool_shape(gp_device *dev, gp_pool_kind kind, int64_t n, int64_
                 }
             }
     char what[160];
-    CHECK_OK(dev->iface->pool_fwd(dev, &d, x, y, ws));
+    CHECK_OK(gp_dev_pool_fwd(dev, &d, x, y, ws));
     snprintf(what, sizeof what, "%s pool fwd %lldx%lld k%lld s%lld p%lld", kn, (long long)h,
              (long long)w, (long long)ker, (long long)stride, (long long)pad);
     check_close(what, y, ry, ny, 1e-6);
-    CHECK_OK(dev->iface->pool_bwd(dev, &d, x, y, dy, dx, ws));
+    CHECK_OK(gp_dev_pool_bwd(dev, &d, x, y, dy, dx, ws));
     snprintf(what, sizeof what, "%s pool bwd %lldx%lld k%lld s%lld p%lld", kn, (long long)h,
              (long long)w, (long long)ker, (long long)stride, (long long)pad);
     check_close(what, dx, rdx, nx, 1e-6);
     /* Inference forward (no workspace) gives the same y. */
     float *y2 = dalloc(dev, ny);
-    CHECK_OK(dev->iface->pool_fwd(dev, &d, x, y2, NULL));
+    CHECK_OK(gp_dev_pool_fwd(dev, &d, x, y2, NULL));
     CHECK(memcmp(y, y2, (size_t)ny * sizeof(float)) == 0);
     dfree(dev, y2, ny);
     if (ws) gp_dev_free(dev, ws, wsb, GP_MEM_ACTIVATIONS);
@@ -319,17 +319,17 @@ static void test_bn_shape(gp_device *dev, int64_t n, int64_t c, int64_t s)
     char what[120];
     snprintf(what, sizeof what, "bn n%lld c%lld s%lld", (long long)n, (long long)c, (long long)s);
     char w2[160];
-    CHECK_OK(dev->iface->bn_fwd_train(dev, &d, x, g, b, y, mean, var));
+    CHECK_OK(gp_dev_bn_fwd_train(dev, &d, x, g, b, y, mean, var));
     snprintf(w2, sizeof w2, "%s fwd y", what);
     check_close(w2, y, ry, nx, 2e-5);
     snprintf(w2, sizeof w2, "%s mean", what);
     check_close(w2, mean, rm, c, 1e-5);
     snprintf(w2, sizeof w2, "%s biased var", what);
     check_close(w2, var, rv, c, 1e-5);
-    CHECK_OK(dev->iface->bn_fwd_infer(dev, &d, x, g, b, mean, var, yi));
+    CHECK_OK(gp_dev_bn_fwd_infer(dev, &d, x, g, b, mean, var, yi));
     snprintf(w2, sizeof w2, "%s infer y", what);
     check_close(w2, yi, ry, nx, 2e-5);
-    CHECK_OK(dev->iface->bn_bwd(dev, &d, x, g, mean, var, dy, dx, dg, dbt));
+    CHECK_OK(gp_dev_bn_bwd(dev, &d, x, g, mean, var, dy, dx, dg, dbt));
     snprintf(w2, sizeof w2, "%s bwd dx", what);
     check_close(w2, dx, rdx, nx, 5e-5);
     snprintf(w2, sizeof w2, "%s bwd dgamma +=", what);
@@ -337,7 +337,7 @@ static void test_bn_shape(gp_device *dev, int64_t n, int64_t c, int64_t s)
     snprintf(w2, sizeof w2, "%s bwd dbeta +=", what);
     check_close(w2, dbt, rdb, c, 5e-5);
     /* A second backward adds the same amount again. */
-    CHECK_OK(dev->iface->bn_bwd(dev, &d, x, g, mean, var, dy, dx, dg, dbt));
+    CHECK_OK(gp_dev_bn_bwd(dev, &d, x, g, mean, var, dy, dx, dg, dbt));
     for (int64_t ch = 0; ch < c; ch++) {
         rdg[ch] += rinc[2 * ch];
         rdb[ch] += rinc[2 * ch + 1];
@@ -400,7 +400,7 @@ static void test_gemm(gp_device *dev)
                                  (tb ? b[j * ldb + p] : b[p * ldb + j]);
                         ref[i * ldc + j] = alpha * s + (acc ? (double)c[i * ldc + j] : 0.0);
                     }
-                CHECK_OK(dev->iface->gemm(dev, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc));
+                CHECK_OK(gp_dev_gemm(dev, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc));
                 char what[64];
                 snprintf(what, sizeof what, "gemm %lldx%lldx%lld ta=%d tb=%d beta=%g", (long long)m,
                          (long long)n, (long long)k, ta, tb, (double)beta);
@@ -418,7 +418,7 @@ static void test_gemm(gp_device *dev)
     /* A large product exercises the threaded path. */
     const int64_t L = 257;
     float *a = drand(dev, L * L), *b = drand(dev, L * L), *c = dalloc(dev, L * L);
-    CHECK_OK(dev->iface->gemm(dev, 0, 1, L, L, L, 1.0f, a, L, b, L, 0.0f, c, L));
+    CHECK_OK(gp_dev_gemm(dev, 0, 1, L, L, L, 1.0f, a, L, b, L, 0.0f, c, L));
     double maxerr = 0;
     for (int64_t i = 0; i < L; i += 17)
         for (int64_t j = 0; j < L; j += 13) {
@@ -461,11 +461,11 @@ static void test_softmax_xent(gp_device *dev)
         rloss -= ry[r * cols + label];
         rcorrect += am == label;
     }
-    CHECK_OK(dev->iface->log_softmax(dev, x, y, rows, cols));
+    CHECK_OK(gp_dev_log_softmax(dev, x, y, rows, cols));
     check_close("log_softmax", y, ry, rows * cols, 1e-5);
     double loss = -1;
     int64_t correct = -1, bad = 7;
-    CHECK_OK(dev->iface->xent(dev, x, lab, rows, cols, scale, dl, &loss, &correct, &bad));
+    CHECK_OK(gp_dev_xent(dev, x, lab, rows, cols, scale, dl, &loss, &correct, &bad));
     CHECK_NEAR(loss, rloss, 1e-9, 1e-6);
     CHECK(correct == rcorrect);
     CHECK(correct >= rows / 5);
@@ -473,19 +473,19 @@ static void test_softmax_xent(gp_device *dev)
     check_close("xent dlogits", dl, rdl, rows * cols, 1e-6);
     /* Without dlogits: same loss. */
     double loss2 = -1;
-    CHECK_OK(dev->iface->xent(dev, x, lab, rows, cols, scale, NULL, &loss2, &correct, &bad));
+    CHECK_OK(gp_dev_xent(dev, x, lab, rows, cols, scale, NULL, &loss2, &correct, &bad));
     CHECK(loss2 == loss);
     /* A bad label names its row and computes nothing. */
     lab[23] = (float)cols;
     for (int64_t i = 0; i < rows * cols; i++) dl[i] = 5.0f;
-    CHECK_OK(dev->iface->xent(dev, x, lab, rows, cols, scale, dl, &loss, &correct, &bad));
+    CHECK_OK(gp_dev_xent(dev, x, lab, rows, cols, scale, dl, &loss, &correct, &bad));
     CHECK(bad == 23);
     CHECK(dl[0] == 5.0f && dl[rows * cols - 1] == 5.0f);
     lab[23] = -1.0f;
-    CHECK_OK(dev->iface->xent(dev, x, lab, rows, cols, scale, NULL, &loss, &correct, &bad));
+    CHECK_OK(gp_dev_xent(dev, x, lab, rows, cols, scale, NULL, &loss, &correct, &bad));
     CHECK(bad == 23);
     lab[23] = 2.5f;
-    CHECK_OK(dev->iface->xent(dev, x, lab, rows, cols, scale, NULL, &loss, &correct, &bad));
+    CHECK_OK(gp_dev_xent(dev, x, lab, rows, cols, scale, NULL, &loss, &correct, &bad));
     CHECK(bad == 23);
     dfree(dev, x, rows * cols); dfree(dev, y, rows * cols); dfree(dev, lab, rows);
     dfree(dev, dl, rows * cols);
@@ -496,48 +496,47 @@ static void test_softmax_xent(gp_device *dev)
 
 static void test_elementwise(gp_device *dev)
 {
-    const gp_device_iface *f = dev->iface;
     for (int big = 0; big < 2; big++) {
         const int64_t n = big ? 100003 : 37;
         float *a = drand(dev, n), *b = drand(dev, n), *y = dalloc(dev, n);
         double *r = malloc(sizeof(double) * (size_t)n);
-        CHECK_OK(f->fill(dev, y, 2.5f, n));
+        CHECK_OK(gp_dev_fill(dev, y, 2.5f, n));
         for (int64_t i = 0; i < n; i++) r[i] = 2.5;
         check_close("fill", y, r, n, 0);
-        CHECK_OK(f->add(dev, a, b, y, n));
+        CHECK_OK(gp_dev_add(dev, a, b, y, n));
         for (int64_t i = 0; i < n; i++) r[i] = (float)(a[i] + b[i]);
         check_close("add", y, r, n, 0);
-        CHECK_OK(f->axpy(dev, -0.5f, a, y, n));
+        CHECK_OK(gp_dev_axpy(dev, -0.5f, a, y, n));
         for (int64_t i = 0; i < n; i++) r[i] = (double)y[i];
         for (int64_t i = 0; i < n; i++) r[i] = (float)(a[i] + b[i]) + -0.5 * a[i];
         check_close("axpy", y, r, n, 1e-6);
-        CHECK_OK(f->scale(dev, y, 3.0f, n));
+        CHECK_OK(gp_dev_scale(dev, y, 3.0f, n));
         for (int64_t i = 0; i < n; i++) r[i] *= 3.0;
         check_close("scale", y, r, n, 1e-6);
-        CHECK_OK(f->mul(dev, a, b, y, n));
+        CHECK_OK(gp_dev_mul(dev, a, b, y, n));
         for (int64_t i = 0; i < n; i++) r[i] = (double)a[i] * b[i];
         check_close("mul", y, r, n, 1e-7);
-        CHECK_OK(f->relu_fwd(dev, a, y, n));
+        CHECK_OK(gp_dev_relu_fwd(dev, a, y, n));
         for (int64_t i = 0; i < n; i++) r[i] = a[i] > 0 ? a[i] : 0;
         check_close("relu_fwd", y, r, n, 0);
         float *dx = dalloc(dev, n);
-        CHECK_OK(f->relu_bwd(dev, y, b, dx, n));
+        CHECK_OK(gp_dev_relu_bwd(dev, y, b, dx, n));
         for (int64_t i = 0; i < n; i++) r[i] = a[i] > 0 ? b[i] : 0;
         check_close("relu_bwd", dx, r, n, 0);
         dfree(dev, dx, n);
         double ss = -1, rs = 0;
         for (int64_t i = 0; i < n; i++) rs += (double)a[i] * a[i];
-        CHECK_OK(f->sumsq(dev, a, n, &ss));
+        CHECK_OK(gp_dev_sumsq(dev, a, n, &ss));
         CHECK_NEAR(ss, rs, 0, 1e-12);
         int bad = -1;
-        CHECK_OK(f->nonfinite(dev, a, n, &bad));
+        CHECK_OK(gp_dev_nonfinite(dev, a, n, &bad));
         CHECK(bad == 0);
         a[n - 1] = INFINITY;
-        CHECK_OK(f->nonfinite(dev, a, n, &bad));
+        CHECK_OK(gp_dev_nonfinite(dev, a, n, &bad));
         CHECK(bad != 0);
         a[n - 1] = NAN;
         a[0] = 1.0f;
-        CHECK_OK(f->nonfinite(dev, a, n, &bad));
+        CHECK_OK(gp_dev_nonfinite(dev, a, n, &bad));
         CHECK(bad != 0);
         dfree(dev, a, n); dfree(dev, b, n); dfree(dev, y, n);
         free(r);
@@ -552,9 +551,9 @@ static void test_elementwise(gp_device *dev)
                 r[i * cols + j] = (float)(y[i * cols + j] + bias[j]);
                 rdb[j] += y[i * cols + j];
             }
-        CHECK_OK(dev->iface->sum_rows(dev, y, db, rows, cols));
+        CHECK_OK(gp_dev_sum_rows(dev, y, db, rows, cols));
         check_close("sum_rows +=", db, rdb, cols, 1e-6);
-        CHECK_OK(dev->iface->add_bias_rows(dev, y, bias, rows, cols));
+        CHECK_OK(gp_dev_add_bias_rows(dev, y, bias, rows, cols));
         check_close("add_bias_rows", y, r, rows * cols, 0);
         dfree(dev, y, rows * cols); dfree(dev, bias, cols); dfree(dev, db, cols);
         free(r); free(rdb);
@@ -573,7 +572,7 @@ static void test_sgd(gp_device *dev)
             rv[i] = mu * rv[i] + gg;
             rw[i] -= lr * (nesterov ? gg + mu * rv[i] : rv[i]);
         }
-        CHECK_OK(dev->iface->sgd_update(dev, w, g, v, n, lr, mu, wd, nesterov));
+        CHECK_OK(gp_dev_sgd_update(dev, w, g, v, n, lr, mu, wd, nesterov));
         check_close(nesterov ? "sgd nesterov w" : "sgd w", w, rw, n, 1e-6);
         check_close(nesterov ? "sgd nesterov v" : "sgd v", v, rv, n, 1e-6);
         dfree(dev, w, n); dfree(dev, g, n); dfree(dev, v, n);
@@ -587,7 +586,7 @@ static void test_dropout(gp_device *dev)
     const float p = 0.3f;
     const uint64_t seed = 42, stream = 7, first = 1001;
     float *m = dalloc(dev, n), *s = dalloc(dev, n);
-    CHECK_OK(dev->iface->dropout_mask(dev, m, n, p, seed, stream, first));
+    CHECK_OK(gp_dev_dropout_mask(dev, m, n, p, seed, stream, first));
     int64_t kept = 0;
     int formula = 1;
     for (int64_t i = 0; i < n; i++) {
@@ -601,12 +600,71 @@ static void test_dropout(gp_device *dev)
     /* Sub-ranges (odd offsets, not multiples of 4) equal the slice of the whole. */
     const int64_t offs[3] = {0, 3, 40001}, lens[3] = {5, 40003, 29999};
     for (int t = 0; t < 3; t++) {
-        CHECK_OK(dev->iface->dropout_mask(dev, s, lens[t], p, seed, stream, first + (uint64_t)offs[t]));
+        CHECK_OK(gp_dev_dropout_mask(dev, s, lens[t], p, seed, stream, first + (uint64_t)offs[t]));
         CHECK(memcmp(s, m + offs[t], (size_t)lens[t] * sizeof(float)) == 0);
     }
-    CHECK_OK(dev->iface->dropout_mask(dev, s, n, p, seed, stream + 1, first));
+    CHECK_OK(gp_dev_dropout_mask(dev, s, n, p, seed, stream + 1, first));
     CHECK(memcmp(s, m, (size_t)n * sizeof(float)) != 0);
     dfree(dev, m, n); dfree(dev, s, n);
+}
+
+/* ---- the interface table: version check, optional slots ------------------------------------ */
+
+/* A backend compiled against another backend.h is refused where devices are
+ * admitted (gp_device_new, which both backends' constructors go through),
+ * before any of its slots is read, with a message that names the backend,
+ * both versions and the fix. */
+static void test_iface_version(gp_device *dev)
+{
+    gp_device_iface other = *dev->iface;
+    other.backend_name = "stale";
+    for (int delta = -1; delta <= 1; delta += 2) {
+        other.version = GP_DEVICE_IFACE_VERSION + delta;
+        gp_device *d = NULL;
+        CHECK_ERR(gp_device_new(&other, GP_DEV_CPU, 9, NULL, &d), GP_ERR_UNSUPPORTED, "cpu:9");
+        const char *msg = gp_last_error();
+        char theirs[32], ours[32];
+        snprintf(theirs, sizeof theirs, "version %d", other.version);
+        snprintf(ours, sizeof ours, "version %d", GP_DEVICE_IFACE_VERSION);
+        CHECK_MSG(strstr(msg, "stale") && strstr(msg, theirs) && strstr(msg, ours) &&
+                      strstr(msg, "rebuild"),
+                  "the refusal names the backend, both versions and the fix: %s", msg);
+        CHECK(d == NULL);
+        gp_device_close(d);
+    }
+    /* The right version is admitted, with the common fields set. */
+    other.version = GP_DEVICE_IFACE_VERSION;
+    gp_device *d = NULL;
+    gp_device_opts o = {.capacity = 4096};
+    CHECK_OK(gp_device_new(&other, GP_DEV_CPU, 9, &o, &d));
+    if (!d) return;
+    CHECK(d->iface == &other && d->ctx == NULL && d->kind == GP_DEV_CPU && d->index == 9);
+    CHECK(!strcmp(d->name, "cpu:9") && d->alloc.capacity == 4096);
+    gp_device_close(d); /* the CPU backend's destroy takes ctx == NULL */
+}
+
+/* The wrappers of optional slots fall back as the slots' comments say. */
+static void test_optional_slots(gp_device *dev)
+{
+    gp_device_iface bare = *dev->iface;
+    bare.event_create = NULL;
+    bare.event_destroy = NULL;
+    bare.event_record = NULL;
+    bare.event_wait = NULL;
+    bare.event_sync = NULL;
+    bare.pool_ws_bytes = NULL;
+    gp_device fake = *dev;
+    fake.iface = &bare;
+    void *ev = &ev;
+    CHECK_OK(gp_dev_event_create(&fake, &ev));
+    CHECK(ev == NULL);
+    CHECK_OK(gp_dev_event_record(&fake, ev));
+    CHECK_OK(gp_dev_event_wait(&fake, ev));
+    CHECK_OK(gp_dev_event_sync(&fake, ev));
+    gp_dev_event_destroy(&fake, ev);
+    gp_pool_desc pd = {.n = 2, .c = 3, .h = 8, .w = 8, .kh = 2, .kw = 2, .sh = 2, .sw = 2,
+                       .oh = 4, .ow = 4, .kind = GP_POOL_MAX};
+    CHECK(gp_dev_pool_ws_bytes(&fake, &pd) == 0);
 }
 
 /* ---- memory, copies, devices ---------------------------------------------------------------- */
@@ -651,7 +709,7 @@ static void test_memory(void)
     CHECK_OK(gp_dev_alloc(dev, (size_t)nx * 4, GP_MEM_ACTIVATIONS, (void **)&y));
     memset(x, 0, (size_t)nx * 4);
     memset(w, 0, 32 * 32 * 9 * 4);
-    gp_status s = dev->iface->conv_fwd(dev, &d, x, w, NULL, y);
+    gp_status s = gp_dev_conv_fwd(dev, &d, x, w, NULL, y);
     if (dev->alloc.cur_by[GP_MEM_WORKSPACE] == 0) {
         CHECK_MSG(s == GP_ERR_OOM && strstr(gp_last_error(), "cpu:3"),
                   "conv without room for its workspace: %s", gp_last_error());
@@ -672,7 +730,7 @@ static void test_memory(void)
     CHECK_OK(gp_dev_alloc(dev, (size_t)nx * 4, GP_MEM_ACTIVATIONS, (void **)&y));
     memset(x, 0, (size_t)nx * 4);
     memset(w, 0, 32 * 32 * 9 * 4);
-    CHECK_OK(dev->iface->conv_fwd(dev, &d, x, w, NULL, y));
+    CHECK_OK(gp_dev_conv_fwd(dev, &d, x, w, NULL, y));
     CHECK_MSG(dev->alloc.cur_by[GP_MEM_WORKSPACE] > 0 &&
               dev->alloc.peak >= (size_t)nx * 8 + dev->alloc.cur_by[GP_MEM_WORKSPACE],
               "workspace %zu, peak %zu", dev->alloc.cur_by[GP_MEM_WORKSPACE], dev->alloc.peak);
@@ -699,7 +757,7 @@ static void test_copies(gp_device *d0, gp_device *d1)
     CHECK_OK(gp_dev_download(d1, back, b.data, 13 * 17));
     CHECK(memcmp(host, back, sizeof host) == 0);
     CHECK(d1->alloc.cur_by[GP_MEM_COPIES] == sizeof host);
-    CHECK_OK(d1->iface->synchronize(d1));
+    CHECK_OK(gp_dev_synchronize(d1));
     gp_tensor_free(&a);
     gp_tensor_free(&b);
     CHECK(d1->alloc.cur_by[GP_MEM_COPIES] == 0);
@@ -721,7 +779,7 @@ static void *conc_main(void *arg)
     gp_device_bind_thread(j->dev);
     j->st = GP_OK;
     for (int it = 0; it < 3 && j->st == GP_OK; it++)
-        j->st = j->dev->iface->conv_fwd(j->dev, j->d, j->x, j->w, NULL, j->y);
+        j->st = gp_dev_conv_fwd(j->dev, j->d, j->x, j->w, NULL, j->y);
     return NULL;
 }
 
@@ -763,6 +821,8 @@ int main(void)
     gp_device_bind_thread(dev);
     CHECK(!strcmp(dev->iface->backend_name, "cpu"));
     CHECK(dev->iface->version == GP_DEVICE_IFACE_VERSION);
+    test_iface_version(dev);
+    test_optional_slots(dev);
 
     test_elementwise(dev);
     test_sgd(dev);

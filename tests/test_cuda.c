@@ -106,7 +106,7 @@ static buf brand(int64_t n, float lo, float hi)
 static buf bjunk(int64_t n)
 {
     buf b = bnew(n);
-    for (int k = 0; k < 2; k++) CHECK_OK(D2[k]->iface->fill(D2[k], b.p[k], 1e6f, n));
+    for (int k = 0; k < 2; k++) CHECK_OK(gp_dev_fill(D2[k], b.p[k], 1e6f, n));
     return b;
 }
 
@@ -124,7 +124,7 @@ static void bcheck(const char *what, const buf *b, double tol)
     float *h[2] = {malloc(bytes), malloc(bytes)};
     for (int k = 0; k < 2; k++) {
         CHECK_OK(gp_dev_download(D2[k], h[k], b->p[k], b->n));
-        CHECK_OK(D2[k]->iface->synchronize(D2[k]));
+        CHECK_OK(gp_dev_synchronize(D2[k]));
     }
     double maxerr = 0, maxref = 0;
     int64_t at = 0;
@@ -157,51 +157,51 @@ static void test_elementwise(void)
     const int64_t n = 100003; /* odd, several blocks */
     buf x = brand(n, -1, 1), y = brand(n, -1, 1), z = bjunk(n), g = brand(n, -1, 1);
     buf v = brand(n, -0.1f, 0.1f);
-    BOTH(D->iface->fill(D, z.p[K], 2.5f, n));
+    BOTH(gp_dev_fill(D, z.p[K], 2.5f, n));
     bcheck("fill", &z, 0);
-    BOTH(D->iface->scale(D, z.p[K], -0.75f, n));
+    BOTH(gp_dev_scale(D, z.p[K], -0.75f, n));
     bcheck("scale", &z, 0);
-    BOTH(D->iface->axpy(D, 0.3f, x.p[K], z.p[K], n));
+    BOTH(gp_dev_axpy(D, 0.3f, x.p[K], z.p[K], n));
     bcheck("axpy y += a x", &z, 1e-6);
-    BOTH(D->iface->add(D, x.p[K], y.p[K], z.p[K], n));
+    BOTH(gp_dev_add(D, x.p[K], y.p[K], z.p[K], n));
     bcheck("add", &z, 0);
-    BOTH(D->iface->mul(D, x.p[K], y.p[K], z.p[K], n));
+    BOTH(gp_dev_mul(D, x.p[K], y.p[K], z.p[K], n));
     bcheck("mul", &z, 0);
-    BOTH(D->iface->relu_fwd(D, x.p[K], z.p[K], n));
+    BOTH(gp_dev_relu_fwd(D, x.p[K], z.p[K], n));
     bcheck("relu_fwd", &z, 0);
     buf dx = bjunk(n);
-    BOTH(D->iface->relu_bwd(D, z.p[K], y.p[K], dx.p[K], n));
+    BOTH(gp_dev_relu_bwd(D, z.p[K], y.p[K], dx.p[K], n));
     bcheck("relu_bwd", &dx, 0);
     for (int nesterov = 0; nesterov < 2; nesterov++) {
-        BOTH(D->iface->sgd_update(D, x.p[K], g.p[K], v.p[K], n, 0.05f, 0.9f, 1e-4f, nesterov));
+        BOTH(gp_dev_sgd_update(D, x.p[K], g.p[K], v.p[K], n, 0.05f, 0.9f, 1e-4f, nesterov));
         bcheck(nesterov ? "sgd nesterov w" : "sgd w", &x, 1e-6);
         bcheck(nesterov ? "sgd nesterov v" : "sgd v", &v, 1e-6);
     }
     /* dropout: the same Philox bits, so the very same mask, at any offset */
-    BOTH(D->iface->dropout_mask(D, z.p[K], n, 0.3f, 1234, 77, 5));
+    BOTH(gp_dev_dropout_mask(D, z.p[K], n, 0.3f, 1234, 77, 5));
     bcheck("dropout_mask p=0.3 first=5", &z, 0);
-    BOTH(D->iface->dropout_mask(D, z.p[K], n, 0.0f, 99, 1, 0));
+    BOTH(gp_dev_dropout_mask(D, z.p[K], n, 0.0f, 99, 1, 0));
     bcheck("dropout_mask p=0", &z, 0);
 
     double ss[2];
     int bad[2];
-    for (int k = 0; k < 2; k++) CHECK_OK(D2[k]->iface->sumsq(D2[k], y.p[k], n, &ss[k]));
+    for (int k = 0; k < 2; k++) CHECK_OK(gp_dev_sumsq(D2[k], y.p[k], n, &ss[k]));
     CHECK_NEAR(ss[1], ss[0], 0, 1e-12);
-    for (int k = 0; k < 2; k++) CHECK_OK(D2[k]->iface->nonfinite(D2[k], y.p[k], n, &bad[k]));
+    for (int k = 0; k < 2; k++) CHECK_OK(gp_dev_nonfinite(D2[k], y.p[k], n, &bad[k]));
     CHECK(bad[0] == 0 && bad[1] == 0);
     float nan = NAN;
     for (int k = 0; k < 2; k++) {
         CHECK_OK(gp_dev_upload(D2[k], y.p[k] + n - 2, &nan, 1));
-        CHECK_OK(D2[k]->iface->nonfinite(D2[k], y.p[k], n, &bad[k]));
+        CHECK_OK(gp_dev_nonfinite(D2[k], y.p[k], n, &bad[k]));
     }
     CHECK(bad[0] != 0 && bad[1] != 0);
 
     /* rows x cols */
     const int64_t rows = 301, cols = 67;
     buf m = brand(rows * cols, -1, 1), bias = brand(cols, -1, 1), db = brand(cols, -1, 1);
-    BOTH(D->iface->add_bias_rows(D, m.p[K], bias.p[K], rows, cols));
+    BOTH(gp_dev_add_bias_rows(D, m.p[K], bias.p[K], rows, cols));
     bcheck("add_bias_rows +=", &m, 0);
-    BOTH(D->iface->sum_rows(D, m.p[K], db.p[K], rows, cols));
+    BOTH(gp_dev_sum_rows(D, m.p[K], db.p[K], rows, cols));
     bcheck("sum_rows db +=", &db, 1e-6);
     bfree(&m); bfree(&bias); bfree(&db);
     bfree(&x); bfree(&y); bfree(&z); bfree(&g); bfree(&v); bfree(&dx);
@@ -220,15 +220,15 @@ static void test_gemm(void)
                 buf a = brand(ar * lda, -1, 1), b = brand(br * ldb, -1, 1);
                 buf c = acc ? brand(m * ldc, -1, 1) : bjunk(m * ldc);
                 float beta = acc ? 1.0f : 0.0f;
-                BOTH(D->iface->gemm(D, ta, tb, m, n, k, 0.75f, a.p[K], lda, b.p[K], ldb, beta,
-                                    c.p[K], ldc));
+                BOTH(gp_dev_gemm(D, ta, tb, m, n, k, 0.75f, a.p[K], lda, b.p[K], ldb, beta,
+                                 c.p[K], ldc));
                 char what[64];
                 snprintf(what, sizeof what, "gemm ta=%d tb=%d beta=%g", ta, tb, (double)beta);
                 bcheck(what, &c, 1e-5);
                 bfree(&a); bfree(&b); bfree(&c);
             }
     buf c = brand(6 * 4, -1, 1);
-    BOTH(D->iface->gemm(D, 0, 0, 6, 4, 0, 1.0f, c.p[K], 4, c.p[K], 4, 0.5f, c.p[K], 4));
+    BOTH(gp_dev_gemm(D, 0, 0, 6, 4, 0, 1.0f, c.p[K], 4, c.p[K], 4, 0.5f, c.p[K], 4));
     bcheck("gemm k=0: C = beta C", &c, 0);
     bfree(&c);
 }
@@ -248,13 +248,13 @@ static void test_conv_shape(int64_t n, int64_t c, int64_t h, int64_t w, int64_t 
              (long long)n, (long long)c, (long long)h, (long long)w, (long long)k,
              (long long)ker, (long long)stride, (long long)pad, bias);
     for (int rep = 0; rep < 2; rep++) { /* the second call uses the cached algorithms */
-        BOTH(D->iface->conv_fwd(D, &d, x.p[K], wt.p[K], bias ? b.p[K] : NULL, y.p[K]));
+        BOTH(gp_dev_conv_fwd(D, &d, x.p[K], wt.p[K], bias ? b.p[K] : NULL, y.p[K]));
         snprintf(what, sizeof what, "%s fwd (call %d)", tag, rep + 1);
         bcheck(what, &y, 1e-4);
-        BOTH(D->iface->conv_bwd_data(D, &d, wt.p[K], dy.p[K], dx.p[K]));
+        BOTH(gp_dev_conv_bwd_data(D, &d, wt.p[K], dy.p[K], dx.p[K]));
         snprintf(what, sizeof what, "%s bwd_data = (call %d)", tag, rep + 1);
         bcheck(what, &dx, 1e-4);
-        BOTH(D->iface->conv_bwd_weights(D, &d, x.p[K], dy.p[K], dw.p[K], bias ? db.p[K] : NULL));
+        BOTH(gp_dev_conv_bwd_weights(D, &d, x.p[K], dy.p[K], dw.p[K], bias ? db.p[K] : NULL));
         snprintf(what, sizeof what, "%s bwd_weights dw += (call %d)", tag, rep + 1);
         bcheck(what, &dw, 1e-4);
         if (bias) {
@@ -286,7 +286,7 @@ static void test_pool_shape(gp_pool_kind kind, int64_t n, int64_t c, int64_t h, 
     void *ws[2] = {NULL, NULL};
     size_t wsb[2];
     for (int k = 0; k < 2; k++) {
-        wsb[k] = D2[k]->iface->pool_ws_bytes(D2[k], &d);
+        wsb[k] = gp_dev_pool_ws_bytes(D2[k], &d);
         if (wsb[k]) CHECK_OK(gp_dev_alloc(D2[k], wsb[k], GP_MEM_WORKSPACE, &ws[k]));
     }
     char what[128];
@@ -294,9 +294,9 @@ static void test_pool_shape(gp_pool_kind kind, int64_t n, int64_t c, int64_t h, 
              kind == GP_POOL_MAX ? "max" : "avg", (long long)n, (long long)c, (long long)h,
              (long long)w, (long long)ker, (long long)stride, (long long)pad);
     double tol = kind == GP_POOL_MAX ? 0 : 1e-6;
-    BOTH(D->iface->pool_fwd(D, &d, x.p[K], y.p[K], ws[K]));
+    BOTH(gp_dev_pool_fwd(D, &d, x.p[K], y.p[K], ws[K]));
     bcheck(what, &y, tol);
-    BOTH(D->iface->pool_bwd(D, &d, x.p[K], y.p[K], dy.p[K], dx.p[K], ws[K]));
+    BOTH(gp_dev_pool_bwd(D, &d, x.p[K], y.p[K], dy.p[K], dx.p[K], ws[K]));
     strncat(what, " bwd", sizeof what - strlen(what) - 1);
     bcheck(what, &dx, tol);
     for (int k = 0; k < 2; k++)
@@ -323,19 +323,19 @@ static void test_bn_shape(int64_t n, int64_t c, int64_t s)
     buf dg = brand(c, -1, 1), dbt = brand(c, -1, 1);
     char tag[64], what[128];
     snprintf(tag, sizeof tag, "bn n%lld c%lld s%lld", (long long)n, (long long)c, (long long)s);
-    BOTH(D->iface->bn_fwd_train(D, &d, x.p[K], g.p[K], b.p[K], y.p[K], mean.p[K], var.p[K]));
+    BOTH(gp_dev_bn_fwd_train(D, &d, x.p[K], g.p[K], b.p[K], y.p[K], mean.p[K], var.p[K]));
     snprintf(what, sizeof what, "%s fwd y", tag);
     bcheck(what, &y, 1e-5);
     snprintf(what, sizeof what, "%s mean", tag);
     bcheck(what, &mean, 1e-5);
     snprintf(what, sizeof what, "%s biased var", tag);
     bcheck(what, &var, 1e-5);
-    BOTH(D->iface->bn_fwd_infer(D, &d, x.p[K], g.p[K], b.p[K], mean.p[K], var.p[K], yi.p[K]));
+    BOTH(gp_dev_bn_fwd_infer(D, &d, x.p[K], g.p[K], b.p[K], mean.p[K], var.p[K], yi.p[K]));
     snprintf(what, sizeof what, "%s infer y", tag);
     bcheck(what, &yi, 1e-5);
     for (int rep = 0; rep < 2; rep++) {
-        BOTH(D->iface->bn_bwd(D, &d, x.p[K], g.p[K], mean.p[K], var.p[K], dy.p[K], dx.p[K],
-                              dg.p[K], dbt.p[K]));
+        BOTH(gp_dev_bn_bwd(D, &d, x.p[K], g.p[K], mean.p[K], var.p[K], dy.p[K], dx.p[K],
+                           dg.p[K], dbt.p[K]));
         snprintf(what, sizeof what, "%s bwd dx = (call %d)", tag, rep + 1);
         bcheck(what, &dx, 1e-4);
         snprintf(what, sizeof what, "%s bwd dgamma += (call %d)", tag, rep + 1);
@@ -344,26 +344,26 @@ static void test_bn_shape(int64_t n, int64_t c, int64_t s)
         bcheck(what, &dbt, 1e-4);
     }
     /* Without gamma / beta / parameter gradients. */
-    BOTH(D->iface->bn_fwd_train(D, &d, x.p[K], NULL, NULL, y.p[K], mean.p[K], var.p[K]));
+    BOTH(gp_dev_bn_fwd_train(D, &d, x.p[K], NULL, NULL, y.p[K], mean.p[K], var.p[K]));
     snprintf(what, sizeof what, "%s fwd y, no affine", tag);
     bcheck(what, &y, 1e-5);
-    BOTH(D->iface->bn_bwd(D, &d, x.p[K], NULL, mean.p[K], var.p[K], dy.p[K], dx.p[K], NULL, NULL));
+    BOTH(gp_dev_bn_bwd(D, &d, x.p[K], NULL, mean.p[K], var.p[K], dy.p[K], dx.p[K], NULL, NULL));
     snprintf(what, sizeof what, "%s bwd dx, no affine", tag);
     bcheck(what, &dx, 1e-4);
     /* The SyncBN pieces: statistics alone, the two backward sums, and the
      * backward from (here: this device's own) sums, with the parameter
      * gradients from `local` accumulating. */
-    BOTH(D->iface->bn_stats(D, &d, x.p[K], mean.p[K], var.p[K]));
+    BOTH(gp_dev_bn_stats(D, &d, x.p[K], mean.p[K], var.p[K]));
     snprintf(what, sizeof what, "%s sync stats mean", tag);
     bcheck(what, &mean, 1e-5);
     snprintf(what, sizeof what, "%s sync stats biased var", tag);
     bcheck(what, &var, 1e-5);
     buf sums = bjunk(2 * c);
-    BOTH(D->iface->bn_bwd_sums(D, &d, x.p[K], mean.p[K], dy.p[K], sums.p[K]));
+    BOTH(gp_dev_bn_bwd_sums(D, &d, x.p[K], mean.p[K], dy.p[K], sums.p[K]));
     snprintf(what, sizeof what, "%s sync bwd sums", tag);
     bcheck(what, &sums, 1e-5);
-    BOTH(D->iface->bn_bwd_apply(D, &d, x.p[K], g.p[K], mean.p[K], var.p[K], dy.p[K], sums.p[K],
-                                (double)(n * s), dx.p[K], sums.p[K], dg.p[K], dbt.p[K]));
+    BOTH(gp_dev_bn_bwd_apply(D, &d, x.p[K], g.p[K], mean.p[K], var.p[K], dy.p[K], sums.p[K],
+                             (double)(n * s), dx.p[K], sums.p[K], dg.p[K], dbt.p[K]));
     snprintf(what, sizeof what, "%s sync bwd dx =", tag);
     bcheck(what, &dx, 1e-4);
     snprintf(what, sizeof what, "%s sync bwd dgamma +=", tag);
@@ -388,7 +388,7 @@ static void test_softmax_xent(void)
 {
     const int64_t rows = 67, cols = 13;
     buf x = brand(rows * cols, -4, 4), y = bjunk(rows * cols), dl = bjunk(rows * cols);
-    BOTH(D->iface->log_softmax(D, x.p[K], y.p[K], rows, cols));
+    BOTH(gp_dev_log_softmax(D, x.p[K], y.p[K], rows, cols));
     bcheck("log_softmax", &y, 1e-5);
     float labels[67];
     for (int64_t r = 0; r < rows; r++) labels[r] = (float)(r * 7 % cols);
@@ -396,8 +396,8 @@ static void test_softmax_xent(void)
     bset(&lab, labels);
     double loss[2];
     int64_t correct[2], badr[2];
-    BOTH(D->iface->xent(D, x.p[K], lab.p[K], rows, cols, 1.0f / (float)rows, dl.p[K], &loss[K],
-                        &correct[K], &badr[K]));
+    BOTH(gp_dev_xent(D, x.p[K], lab.p[K], rows, cols, 1.0f / (float)rows, dl.p[K], &loss[K],
+                     &correct[K], &badr[K]));
     CHECK_NEAR(loss[1], loss[0], 0, 1e-12);
     CHECK(correct[1] == correct[0]);
     CHECK(badr[0] == -1 && badr[1] == -1);
@@ -406,8 +406,8 @@ static void test_softmax_xent(void)
     labels[40] = 2.5f;
     labels[50] = (float)cols;
     bset(&lab, labels);
-    BOTH(D->iface->xent(D, x.p[K], lab.p[K], rows, cols, 1.0f, dl.p[K], &loss[K], &correct[K],
-                        &badr[K]));
+    BOTH(gp_dev_xent(D, x.p[K], lab.p[K], rows, cols, 1.0f, dl.p[K], &loss[K], &correct[K],
+                     &badr[K]));
     CHECK(badr[0] == 40 && badr[1] == 40);
     bcheck("xent dlogits untouched after a bad label", &dl, 1e-6);
     bfree(&x); bfree(&y); bfree(&dl); bfree(&lab);
@@ -461,22 +461,22 @@ static void test_copies(gp_device *g0, gp_device *g1)
     CHECK_OK(gp_tensor_copy(&c, &b)); /* peer (or d2d when g1 == g0) */
     memset(back, 0, (size_t)n * sizeof(float));
     CHECK_OK(gp_dev_download(g1, back, c.data, n));
-    CHECK_OK(g1->iface->synchronize(g1));
+    CHECK_OK(gp_dev_synchronize(g1));
     CHECK_MSG(!memcmp(back, h, (size_t)n * sizeof(float)), "%s -> %s -> %s round trip differs",
               g0->name, g0->name, g1->name);
     /* Events: record after a fill on g0, wait on g1, then copy back. */
     void *ev = NULL;
-    CHECK_OK(g0->iface->event_create(g0, &ev));
-    CHECK_OK(g0->iface->fill(g0, b.data, 7.0f, n));
-    CHECK_OK(g0->iface->event_record(g0, ev));
-    CHECK_OK(g1->iface->event_wait(g1, ev));
+    CHECK_OK(gp_dev_event_create(g0, &ev));
+    CHECK_OK(gp_dev_fill(g0, b.data, 7.0f, n));
+    CHECK_OK(gp_dev_event_record(g0, ev));
+    CHECK_OK(gp_dev_event_wait(g1, ev));
     CHECK_OK(gp_tensor_copy(&c, &b));
-    CHECK_OK(g0->iface->event_sync(g0, ev));
+    CHECK_OK(gp_dev_event_sync(g0, ev));
     CHECK_OK(gp_dev_download(g1, back, c.data, n));
     int ok = 1;
     for (int64_t i = 0; i < n; i++) ok &= back[i] == 7.0f;
     CHECK_MSG(ok, "copy after an event wait did not see the fill");
-    g0->iface->event_destroy(g0, ev);
+    gp_dev_event_destroy(g0, ev);
     gp_tensor_free(&a); gp_tensor_free(&b); gp_tensor_free(&c);
     free(h); free(back);
 }
@@ -503,7 +503,7 @@ static void *coll_main(void *arg)
     case -4: j->st = gp_dev_barrier(j->dev, j->comm); break;
     default: j->st = gp_dev_broadcast(j->dev, j->comm, j->buf, j->n, j->root);
     }
-    if (j->st == GP_OK) j->st = j->dev->iface->synchronize(j->dev);
+    if (j->st == GP_OK) j->st = gp_dev_synchronize(j->dev);
     return NULL;
 }
 
@@ -546,7 +546,7 @@ static void test_nccl_size(gp_device *const *devs, gp_comm *comm, int64_t n)
                       root < 0 ? "all-reduce" : "broadcast", (long long)n, devs[r]->name);
         }
         if (root < 0) { /* make rank 1 differ so the broadcast has something to do */
-            CHECK_OK(devs[1]->iface->fill(devs[1], d[1], -1.0f, n));
+            CHECK_OK(gp_dev_fill(devs[1], d[1], -1.0f, n));
         }
     }
     /* The sharded pair: after the reduce-scatter rank r's chunk r (odd n:
@@ -721,7 +721,7 @@ static void test_layers(gp_device *cpu, gp_device *gpu)
             CHECK_OK(gp_layer_zero_grad(&l[k]));
             CHECK_OK(gp_layer_forward(&l[k], &ctx, &x[k], &y[k], &sv[k]));
             CHECK_OK(gp_layer_backward(&l[k], &ctx, &x[k], &y[k], &dy[k], &dx[k], &sv[k]));
-            CHECK_OK(dv[k]->iface->synchronize(dv[k]));
+            CHECK_OK(gp_dev_synchronize(dv[k]));
         }
         gp_device_bind_thread(gpu);
         float *a = to_host(&y[0]), *b = to_host(&y[1]);

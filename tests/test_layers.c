@@ -86,7 +86,7 @@ static float *download(const gp_tensor *t)
     int64_t n = gp_tensor_numel(t);
     float *h = calloc((size_t)(n ? n : 1), sizeof *h);
     if (n) CHECK_OK(gp_dev_download(t->dev, h, t->data, n));
-    CHECK_OK(t->dev->iface->synchronize(t->dev));
+    CHECK_OK(gp_dev_synchronize(t->dev));
     return h;
 }
 
@@ -534,7 +534,7 @@ static void check_layer(gp_device *dev, const layer_case *lc, int index, hrng *r
             if (l.params[p].is_buffer) continue;
             want[p] = download(&l.params[p].grad);
             gp_tensor *g = &l.params[p].grad;
-            CHECK_OK(dev->iface->fill(dev, g->data, NAN, gp_tensor_numel(g)));
+            CHECK_OK(gp_dev_fill(dev, g->data, NAN, gp_tensor_numel(g)));
         }
         gp_layer_grads_begin(&l);
         CHECK(l.grads_stale);
@@ -549,8 +549,8 @@ static void check_layer(gp_device *dev, const layer_case *lc, int index, hrng *r
                       "%s %s: overwrite-on-first-backward differs from zero + accumulate%s", tn,
                       l.params[p].name, l.ops->overwrites_grads ? "" : " (zeroing fallback)");
             /* No backward at all in a step: grads_finish zeroes them. */
-            CHECK_OK(dev->iface->fill(dev, l.params[p].grad.data, NAN,
-                                      gp_tensor_numel(&l.params[p].grad)));
+            CHECK_OK(gp_dev_fill(dev, l.params[p].grad.data, NAN,
+                                 gp_tensor_numel(&l.params[p].grad)));
             free(g);
             free(want[p]);
             free(g1[p]);

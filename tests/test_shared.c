@@ -78,7 +78,7 @@ static void test_bn_conversions(void)
     float mean[3], var[3];
     for (int64_t i = 0; i < n * c * s; i++) x[i] = (float)((i * 37) % 11) * 0.3f - 1.0f;
     gp_bn_desc d = {n, c, s, 1e-5f};
-    CHECK_OK(dev->iface->bn_fwd_train(dev, &d, x, NULL, NULL, y, mean, var));
+    CHECK_OK(gp_dev_bn_fwd_train(dev, &d, x, NULL, NULL, y, mean, var));
     for (int64_t ch = 0; ch < c; ch++) {
         double m = 0, ss = 0;
         for (int64_t i = 0; i < n; i++)

@@ -3,8 +3,22 @@
  *
  * A gp_device is an interface table (gp_device_iface, function pointers) plus
  * a backend context pointer, a name ("cpu:0", "cuda:1") and an allocator
- * that accounts for every byte.  Layers call only the gp_dev_* wrappers below
- * and never test which backend they run on.
+ * that accounts for every byte.  Layers call only the functions below (the
+ * gp_dev_* wrappers, gp_tensor_*) and never test which backend they run on.
+ *
+ * Place in the design (modules, lowest first: core < backend < layers <
+ * checkpoint < optim < pipeline < balance < trace < config < train;
+ * scripts/check-includes.sh fails the tests on an include up that order).
+ * backend owns: the interface table and its version; opening, naming and
+ * closing devices; every byte of device memory (gp_dev_alloc/free, counted
+ * in the device's gp_allocator) and so the storage of tensors
+ * (gp_tensor_alloc/zeros/free/copy, backend/tensor.c); communicators and
+ * collectives; the backends themselves (cpu/, cuda/).  It may call core and
+ * nothing above it: it knows no layers, stages or schedules.  Modules above
+ * may reach a device only through the gp_device_*, gp_dev_*, gp_tensor_* and
+ * gp_comm_* functions here, never through dev->iface directly: the wrappers
+ * are where optional slots get their fallbacks.  Only device.c
+ * (registration) and cpu/, cuda/ know which backends exist.
  *
  * Execution model.  Each device has one in-order compute stream and a copy
  * stream.  On the CPU "a stream" is the device's worker thread: operations
@@ -25,7 +39,8 @@
  * Optional slots: any iface slot marked "optional" may be NULL; the wrapper
  * then supplies a fallback (stated on the slot).  The table carries a version
  * number (GP_DEVICE_IFACE_VERSION) so that a backend built against another
- * layout is refused at registration.
+ * layout is refused at registration: every backend's constructor goes
+ * through gp_device_new, which checks it.
  *
  * Thread safety: a device is driven by one thread at a time (its worker);
  * the allocator alone may be read from any thread.
@@ -35,7 +50,21 @@
 
 #include "core/core.h"
 
-#define GP_DEVICE_IFACE_VERSION 1
+/* The layout of gp_device_iface.  Bump it whenever a slot is added, removed
+ * or changes meaning; gp_device_new refuses a table of another version (a
+ * backend compiled against another backend.h).  `version` and
+ * `backend_name` stay the first two fields in every version, so the check
+ * and its message can read them from any table.
+ *   1  the original table: lifetime, memory, transfers, streams & events,
+ *      elementwise, dense math, convolution, pooling, batch norm,
+ *      activations, dropout
+ *   2  allreduce, broadcast (collectives, for data parallelism)
+ *   3  bn_stats, bn_bwd_sums, bn_bwd_apply (synchronised batch norm)
+ *   4  reduce_scatter, all_gather (the sharded optimizer update)
+ *   5  host_alloc, host_free (pinned upload buffers)
+ *   6  sharded_sgd (the sharded SGD step as one collective)
+ *   7  barrier (a host barrier over a communicator) */
+#define GP_DEVICE_IFACE_VERSION 7
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -113,7 +142,10 @@ typedef struct gp_device_iface {
     /* --- streams & events --- */
     /* Wait until all work issued to this device has finished. */
     gp_status (*synchronize)(gp_device *dev);
-    /* optional (NULL on synchronous backends): events are then host flags. */
+    /* optional (NULL on synchronous backends, where work is done when the
+     * call returns): gp_dev_event_create then gives a NULL event,
+     * gp_dev_event_record synchronizes the device, and wait, sync and
+     * destroy have nothing left to do. */
     gp_status (*event_create)(gp_device *dev, void **out);
     void (*event_destroy)(gp_device *dev, void *ev);
     gp_status (*event_record)(gp_device *dev, void *ev);
@@ -159,7 +191,8 @@ typedef struct gp_device_iface {
                                   float *db);
 
     /* --- pooling --- ws: backend workspace for max pooling, at least
-     * pool_ws_bytes(d) bytes (may be 0); written by fwd, read by bwd. */
+     * pool_ws_bytes(d) bytes (may be 0); written by fwd, read by bwd.
+     * pool_ws_bytes optional: 0 (the backend needs no workspace). */
     size_t (*pool_ws_bytes)(gp_device *dev, const gp_pool_desc *d);
     gp_status (*pool_fwd)(gp_device *dev, const gp_pool_desc *d, const float *x,
                           float *y, void *ws);
@@ -317,6 +350,16 @@ gp_status gp_device_open(const char *spec, const gp_device_opts *opts,
                          gp_device **out);
 void gp_device_close(gp_device *dev);
 
+/* For backends' constructors: the device-independent part of a new device,
+ * and where a backend is admitted.  Refuses (GP_ERR_UNSUPPORTED, naming the
+ * backend and both versions) an iface whose version is not
+ * GP_DEVICE_IFACE_VERSION: its slots would be read at the wrong offsets.
+ * Otherwise *out is a zeroed device with iface, kind, index, name ("cpu:3"),
+ * threads = 1 and an allocator of opts->capacity (opts may be NULL); the
+ * backend then sets ctx (and threads).  gp_device_close frees it, calling
+ * iface->destroy, which must accept ctx == NULL. */
+gp_status gp_device_new(const gp_device_iface *iface, gp_device_kind kind, int index,
+                        const gp_device_opts *opts, gp_device **out);
 /* The CPU backend's constructor (backend/cpu). */
 gp_status gp_cpu_device_create(int index, const gp_device_opts *opts,
                                gp_device **out);
@@ -343,7 +386,190 @@ gp_status gp_dev_alloc(gp_device *dev, size_t bytes, gp_mem_category cat,
 void gp_dev_free(gp_device *dev, void *ptr, size_t bytes, gp_mem_category cat);
 gp_status gp_dev_upload(gp_device *dev, float *dst, const float *src, int64_t n);
 gp_status gp_dev_download(gp_device *dev, float *dst, const float *src, int64_t n);
-/* Copy between tensors on any devices (same numel). */
+
+/* The slots themselves, one wrapper each, named gp_dev_<slot> with the
+ * slot's parameters: see the slot's comment in gp_device_iface for what it
+ * computes.  Required slots are forwarded as they are (static inline, so a
+ * wrapper costs nothing over the indirect call); optional ones fall back as
+ * their comment says. */
+static inline gp_status gp_dev_copy_d2d(gp_device *dev, void *dst, const void *src,
+                                        size_t bytes)
+{
+    return dev->iface->copy_d2d(dev, dst, src, bytes);
+}
+static inline gp_status gp_dev_synchronize(gp_device *dev)
+{
+    return dev->iface->synchronize(dev);
+}
+static inline gp_status gp_dev_event_create(gp_device *dev, void **out)
+{
+    *out = NULL;
+    return dev->iface->event_create ? dev->iface->event_create(dev, out) : GP_OK;
+}
+static inline void gp_dev_event_destroy(gp_device *dev, void *ev)
+{
+    if (ev && dev->iface->event_destroy) dev->iface->event_destroy(dev, ev);
+}
+static inline gp_status gp_dev_event_record(gp_device *dev, void *ev)
+{
+    if (!dev->iface->event_record) return dev->iface->synchronize(dev);
+    return dev->iface->event_record(dev, ev);
+}
+static inline gp_status gp_dev_event_wait(gp_device *dev, void *ev)
+{
+    return dev->iface->event_wait ? dev->iface->event_wait(dev, ev) : GP_OK;
+}
+static inline gp_status gp_dev_event_sync(gp_device *dev, void *ev)
+{
+    return dev->iface->event_sync ? dev->iface->event_sync(dev, ev) : GP_OK;
+}
+static inline gp_status gp_dev_fill(gp_device *dev, float *x, float v, int64_t n)
+{
+    return dev->iface->fill(dev, x, v, n);
+}
+static inline gp_status gp_dev_scale(gp_device *dev, float *x, float a, int64_t n)
+{
+    return dev->iface->scale(dev, x, a, n);
+}
+static inline gp_status gp_dev_axpy(gp_device *dev, float a, const float *x, float *y,
+                                    int64_t n)
+{
+    return dev->iface->axpy(dev, a, x, y, n);
+}
+static inline gp_status gp_dev_add(gp_device *dev, const float *a, const float *b, float *y,
+                                   int64_t n)
+{
+    return dev->iface->add(dev, a, b, y, n);
+}
+static inline gp_status gp_dev_sumsq(gp_device *dev, const float *x, int64_t n, double *out)
+{
+    return dev->iface->sumsq(dev, x, n, out);
+}
+static inline gp_status gp_dev_nonfinite(gp_device *dev, const float *x, int64_t n, int *out)
+{
+    return dev->iface->nonfinite(dev, x, n, out);
+}
+static inline gp_status gp_dev_sgd_update(gp_device *dev, float *w, const float *g, float *v,
+                                          int64_t n, float lr, float mu, float wd,
+                                          int nesterov)
+{
+    return dev->iface->sgd_update(dev, w, g, v, n, lr, mu, wd, nesterov);
+}
+static inline gp_status gp_dev_gemm(gp_device *dev, int trans_a, int trans_b, int64_t m,
+                                    int64_t n, int64_t k, float alpha, const float *a,
+                                    int64_t lda, const float *b, int64_t ldb, float beta,
+                                    float *c, int64_t ldc)
+{
+    return dev->iface->gemm(dev, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
+                            ldc);
+}
+static inline gp_status gp_dev_add_bias_rows(gp_device *dev, float *y, const float *bias,
+                                             int64_t rows, int64_t cols)
+{
+    return dev->iface->add_bias_rows(dev, y, bias, rows, cols);
+}
+static inline gp_status gp_dev_sum_rows(gp_device *dev, const float *dy, float *db,
+                                        int64_t rows, int64_t cols)
+{
+    return dev->iface->sum_rows(dev, dy, db, rows, cols);
+}
+static inline gp_status gp_dev_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x,
+                                        const float *w, const float *b, float *y)
+{
+    return dev->iface->conv_fwd(dev, d, x, w, b, y);
+}
+static inline gp_status gp_dev_conv_bwd_data(gp_device *dev, const gp_conv_desc *d,
+                                             const float *w, const float *dy, float *dx)
+{
+    return dev->iface->conv_bwd_data(dev, d, w, dy, dx);
+}
+static inline gp_status gp_dev_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d,
+                                                const float *x, const float *dy, float *dw,
+                                                float *db)
+{
+    return dev->iface->conv_bwd_weights(dev, d, x, dy, dw, db);
+}
+static inline size_t gp_dev_pool_ws_bytes(gp_device *dev, const gp_pool_desc *d)
+{
+    return dev->iface->pool_ws_bytes ? dev->iface->pool_ws_bytes(dev, d) : 0;
+}
+static inline gp_status gp_dev_pool_fwd(gp_device *dev, const gp_pool_desc *d, const float *x,
+                                        float *y, void *ws)
+{
+    return dev->iface->pool_fwd(dev, d, x, y, ws);
+}
+static inline gp_status gp_dev_pool_bwd(gp_device *dev, const gp_pool_desc *d, const float *x,
+                                        const float *y, const float *dy, float *dx,
+                                        const void *ws)
+{
+    return dev->iface->pool_bwd(dev, d, x, y, dy, dx, ws);
+}
+static inline gp_status gp_dev_bn_fwd_train(gp_device *dev, const gp_bn_desc *d,
+                                            const float *x, const float *gamma,
+                                            const float *beta, float *y, float *mean,
+                                            float *var)
+{
+    return dev->iface->bn_fwd_train(dev, d, x, gamma, beta, y, mean, var);
+}
+static inline gp_status gp_dev_bn_fwd_infer(gp_device *dev, const gp_bn_desc *d,
+                                            const float *x, const float *gamma,
+                                            const float *beta, const float *mean,
+                                            const float *var, float *y)
+{
+    return dev->iface->bn_fwd_infer(dev, d, x, gamma, beta, mean, var, y);
+}
+static inline gp_status gp_dev_bn_bwd(gp_device *dev, const gp_bn_desc *d, const float *x,
+                                      const float *gamma, const float *mean, const float *var,
+                                      const float *dy, float *dx, float *dgamma, float *dbeta)
+{
+    return dev->iface->bn_bwd(dev, d, x, gamma, mean, var, dy, dx, dgamma, dbeta);
+}
+static inline gp_status gp_dev_relu_fwd(gp_device *dev, const float *x, float *y, int64_t n)
+{
+    return dev->iface->relu_fwd(dev, x, y, n);
+}
+static inline gp_status gp_dev_relu_bwd(gp_device *dev, const float *y, const float *dy,
+                                        float *dx, int64_t n)
+{
+    return dev->iface->relu_bwd(dev, y, dy, dx, n);
+}
+static inline gp_status gp_dev_log_softmax(gp_device *dev, const float *x, float *y,
+                                           int64_t rows, int64_t cols)
+{
+    return dev->iface->log_softmax(dev, x, y, rows, cols);
+}
+static inline gp_status gp_dev_xent(gp_device *dev, const float *logits, const float *labels,
+                                    int64_t rows, int64_t cols, float scale, float *dlogits,
+                                    double *loss_sum, int64_t *correct, int64_t *bad_row)
+{
+    return dev->iface->xent(dev, logits, labels, rows, cols, scale, dlogits, loss_sum, correct,
+                            bad_row);
+}
+static inline gp_status gp_dev_dropout_mask(gp_device *dev, float *mask, int64_t n, float p,
+                                            uint64_t seed, uint64_t stream, uint64_t first)
+{
+    return dev->iface->dropout_mask(dev, mask, n, p, seed, stream, first);
+}
+static inline gp_status gp_dev_mul(gp_device *dev, const float *a, const float *b, float *y,
+                                   int64_t n)
+{
+    return dev->iface->mul(dev, a, b, y, n);
+}
+
+/* --- tensors on a device (backend/tensor.c) -----------------------------
+ * The half of gp_tensor that needs a device: memory through gp_dev_alloc,
+ * so every byte is accounted.  Shapes, views and sizes are in core. */
+
+/* Allocate an uninitialised tensor on `dev`. */
+gp_status gp_tensor_alloc(gp_tensor *t, gp_device *dev, const gp_shape *shape,
+                          gp_mem_category cat);
+/* Allocate and zero. */
+gp_status gp_tensor_zeros(gp_tensor *t, gp_device *dev, const gp_shape *shape,
+                          gp_mem_category cat);
+/* Free if owned; always leaves t empty.  NULL and empty tensors are fine. */
+void gp_tensor_free(gp_tensor *t);
+/* Copy between tensors on any devices (same numel): peer copy where the
+ * backend has one, else staged through host memory. */
 gp_status gp_tensor_copy(gp_tensor *dst, const gp_tensor *src);
 
 /* A communicator over n devices of one backend, created once per group
@@ -402,10 +628,5 @@ gp_status gp_dev_bn_bwd_apply(gp_device *dev, const gp_bn_desc *d, const float *
                               const float *gamma, const float *mean, const float *var,
                               const float *dy, const float *sums, double count, float *dx,
                               const float *local, float *dgamma, float *dbeta);
-
-/* The sgd_update and synchronize slots. */
-gp_status gp_dev_sgd_update(gp_device *dev, float *w, const float *g, float *v, int64_t n,
-                            float lr, float mu, float wd, int nesterov);
-gp_status gp_dev_synchronize(gp_device *dev);
 
 #endif /* GP_BACKEND_H */

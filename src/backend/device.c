@@ -63,6 +63,31 @@ gp_status gp_device_open(const char *spec, const gp_device_opts *opts, gp_device
 #endif
 }
 
+gp_status gp_device_new(const gp_device_iface *iface, gp_device_kind kind, int index,
+                        const gp_device_opts *opts, gp_device **out)
+{
+    *out = NULL;
+    char name[32];
+    gp_device_format(kind, index, name, sizeof name);
+    if (iface->version != GP_DEVICE_IFACE_VERSION)
+        return gp_error_set(GP_ERR_UNSUPPORTED,
+                            "device %s: the %s backend implements device interface version "
+                            "%d, but this gpipe needs version %d; rebuild the backend "
+                            "against this gpipe's src/backend/backend.h",
+                            name, iface->backend_name ? iface->backend_name : "(unnamed)",
+                            iface->version, GP_DEVICE_IFACE_VERSION);
+    gp_device *dev = calloc(1, sizeof *dev);
+    if (!dev) return gp_error_set(GP_ERR_OOM, "out of host memory creating device %s", name);
+    dev->iface = iface;
+    dev->kind = kind;
+    dev->index = index;
+    snprintf(dev->name, sizeof dev->name, "%s", name);
+    dev->threads = 1;
+    gp_allocator_init(&dev->alloc, dev->name, opts ? opts->capacity : 0);
+    *out = dev;
+    return GP_OK;
+}
+
 void gp_device_close(gp_device *dev)
 {
     if (!dev) return;
@@ -103,42 +128,9 @@ gp_status gp_dev_upload(gp_device *dev, float *dst, const float *src, int64_t n)
     return dev->iface->copy_h2d(dev, dst, src, (size_t)n * sizeof(float));
 }
 
-gp_status gp_dev_sgd_update(gp_device *dev, float *w, const float *g, float *v, int64_t n,
-                            float lr, float mu, float wd, int nesterov)
-{
-    return dev->iface->sgd_update(dev, w, g, v, n, lr, mu, wd, nesterov);
-}
-
-gp_status gp_dev_synchronize(gp_device *dev) { return dev->iface->synchronize(dev); }
-
 gp_status gp_dev_download(gp_device *dev, float *dst, const float *src, int64_t n)
 {
     return dev->iface->copy_d2h(dev, dst, src, (size_t)n * sizeof(float));
-}
-
-gp_status gp_tensor_copy(gp_tensor *dst, const gp_tensor *src)
-{
-    GP_ASSERT(gp_tensor_numel(dst) == gp_tensor_numel(src));
-    size_t bytes = gp_tensor_bytes(src);
-    if (bytes == 0) return GP_OK;
-    gp_device *dd = dst->dev, *sd = src->dev;
-    if (dd == sd) return dd->iface->copy_d2d(dd, dst->data, src->data, bytes);
-    if (dd->iface->copy_peer) {
-        gp_status s = dd->iface->copy_peer(dd, dst->data, sd, src->data, bytes);
-        /* A backend that cannot read the other device's memory (the CPU
-         * from a GPU) says so; staging through the host still works. */
-        if (s != GP_ERR_UNSUPPORTED) return s;
-        gp_error_clear();
-    }
-    /* Fallback: stage through host memory. */
-    void *host = malloc(bytes);
-    if (!host) return gp_error_set(GP_ERR_OOM, "out of host memory staging %zu bytes", bytes);
-    gp_status s = sd->iface->copy_d2h(sd, host, src->data, bytes);
-    if (s == GP_OK) s = sd->iface->synchronize(sd);
-    if (s == GP_OK) s = dd->iface->copy_h2d(dd, dst->data, host, bytes);
-    if (s == GP_OK) s = dd->iface->synchronize(dd);
-    free(host);
-    return s;
 }
 
 gp_status gp_comm_create(gp_device **devs, int n, gp_comm **out)
@@ -213,8 +205,7 @@ gp_status gp_dev_sharded_sgd(gp_device *dev, gp_comm *comm, float *w, float *g, 
     int64_t lo, hi;
     gp_comm_chunk(n, comm->n, rank, &lo, &hi);
     if (hi > lo)
-        GP_TRY(dev->iface->sgd_update(dev, w + lo, g + lo, v + lo, hi - lo, lr, mu, wd,
-                                      nesterov));
+        GP_TRY(gp_dev_sgd_update(dev, w + lo, g + lo, v + lo, hi - lo, lr, mu, wd, nesterov));
     return gp_dev_all_gather(dev, comm, w, n);
 }
 
@@ -224,9 +215,9 @@ gp_status gp_dev_barrier(gp_device *dev, gp_comm *comm)
     /* A collective every rank must join, then waited for on the host. */
     float *one;
     GP_TRY(gp_dev_alloc(dev, sizeof *one, GP_MEM_WORKSPACE, (void **)&one));
-    gp_status st = dev->iface->fill(dev, one, 0.0f, 1);
+    gp_status st = gp_dev_fill(dev, one, 0.0f, 1);
     if (st == GP_OK) st = gp_dev_allreduce(dev, comm, one, 1);
-    if (st == GP_OK) st = dev->iface->synchronize(dev);
+    if (st == GP_OK) st = gp_dev_synchronize(dev);
     gp_dev_free(dev, one, sizeof *one, GP_MEM_WORKSPACE);
     return st;
 }

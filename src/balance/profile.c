@@ -59,8 +59,6 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-static gp_status sync_dev(gp_device *d) { return d->iface->synchronize(d); }
-
 /* Random values in [-1, 1) on the device. */
 static gp_status fill_random(gp_tensor *t, uint64_t seed, uint64_t stream, float *host)
 {
@@ -169,7 +167,7 @@ static void *contender_main(void *arg)
         gp_saved sv = {0};
         if (s == GP_OK) s = gp_layer_forward(&l, &ctx, &x, &y, &sv);
         if (s == GP_OK) s = gp_layer_backward(&l, &ctx, &x, &y, &dy, &dx, &sv);
-        if (s == GP_OK) s = sync_dev(dev);
+        if (s == GP_OK) s = gp_dev_synchronize(dev);
         gp_saved_free(&sv);
         gp_tensor_free(&y);
         gp_tensor_free(&dx);
@@ -296,11 +294,11 @@ static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer
             gp_saved sv = {0};
             size_t before = act_bytes_now(&dev->alloc);
             double t0, t1, t2, t3;
-            if ((s = sync_dev(dev)) != GP_OK) break;
+            if ((s = gp_dev_synchronize(dev)) != GP_OK) break;
             evict(ev);
             t0 = gp_now();
             s = gp_layer_forward(l, &ctx, &x, &y, &sv);
-            if (s == GP_OK) s = sync_dev(dev);
+            if (s == GP_OK) s = gp_dev_synchronize(dev);
             t1 = gp_now();
             if (s == GP_OK && memrun) {
                 mm->keep_per_sample = (double)(act_bytes_now(&dev->alloc) - before) / (double)b;
@@ -310,11 +308,11 @@ static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer
             evict(ev);
             double tb = gp_now();
             if (s == GP_OK) s = l->ops->backward_data(l, &ctx, &x, &y, &dy, &dx, &sv);
-            if (s == GP_OK) s = sync_dev(dev);
+            if (s == GP_OK) s = gp_dev_synchronize(dev);
             t2 = gp_now();
             if (s == GP_OK && l->ops->backward_weights)
                 s = l->ops->backward_weights(l, &ctx, &x, &y, &dy, &sv);
-            if (s == GP_OK) s = sync_dev(dev);
+            if (s == GP_OK) s = gp_dev_synchronize(dev);
             t3 = gp_now();
             gp_saved_free(&sv);
             if (timed) {
@@ -329,7 +327,7 @@ static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer
                 evict(ev);
                 double r0 = gp_now();
                 s = gp_layer_forward(l, &rctx, &x, &y2, &sv2);
-                if (s == GP_OK) s = sync_dev(dev);
+                if (s == GP_OK) s = gp_dev_synchronize(dev);
                 sm->rc[nt] = gp_now() - r0;
                 sm->ba[nt] = 0;
                 /* the first trainable layer on stage 0 runs weights only */
@@ -337,7 +335,7 @@ static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer
                     evict(ev);
                     double b0 = gp_now();
                     s = l->ops->backward_weights(l, &ctx, &x, &y2, &dy, &sv2);
-                    if (s == GP_OK) s = sync_dev(dev);
+                    if (s == GP_OK) s = gp_dev_synchronize(dev);
                     sm->ba[nt] = gp_now() - b0;
                 }
                 gp_saved_free(&sv2);
@@ -345,7 +343,7 @@ static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer
                 /* the boundary copy of this output to another device */
                 double c0 = gp_now();
                 if (s == GP_OK) s = gp_tensor_copy(&cp, &y);
-                if (s == GP_OK) s = sync_dev(peer);
+                if (s == GP_OK) s = gp_dev_synchronize(peer);
                 sm->cp[nt] = gp_now() - c0;
                 nt++;
             }
@@ -376,17 +374,17 @@ static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer
                     if (s == GP_OK) s = gp_tensor_alloc(&dl, dev, &ys, GP_MEM_ACTIVATIONS);
                     if (s == GP_OK) s = gp_dev_upload(dev, lab.data, host, b);
                     if (s == GP_OK) s = fill_random(&yl, o->seed, 99, host);
-                    if (s == GP_OK) s = sync_dev(dev);
+                    if (s == GP_OK) s = gp_dev_synchronize(dev);
                     t0 = gp_now();
                     if (s == GP_OK) s = gp_cross_entropy(dev, &yl, &lab, 1.0f / (float)b, &dl, &lo);
-                    if (s == GP_OK) s = sync_dev(dev);
+                    if (s == GP_OK) s = gp_dev_synchronize(dev);
                     gp_tensor_free(&lab);
                     gp_tensor_free(&yl);
                     gp_tensor_free(&dl);
                 } else {
                     s = gp_dev_upload(dev, x.data, host, b * per);
                     if (s == GP_OK) s = gp_dev_upload(dev, dx.data, host, b);
-                    if (s == GP_OK) s = sync_dev(dev);
+                    if (s == GP_OK) s = gp_dev_synchronize(dev);
                 }
                 if (r >= warm) v[r - warm] = gp_now() - t0;
             }
@@ -562,12 +560,12 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
                 for (int q = 0, oq = 0; q < l.n_params && s == GP_OK; q++) {
                     gp_param *pr = &l.params[q];
                     if (pr->is_buffer) continue;
-                    s = dev->iface->sgd_update(dev, pr->value.data, pr->grad.data,
-                                               n_opt ? opt[oq].data : pr->grad.data,
-                                               gp_tensor_numel(&pr->value), 0.0f, 0.9f, 0.0f, 0);
+                    s = gp_dev_sgd_update(dev, pr->value.data, pr->grad.data,
+                                          n_opt ? opt[oq].data : pr->grad.data,
+                                          gp_tensor_numel(&pr->value), 0.0f, 0.9f, 0.0f, 0);
                     oq += o->optim_slots < 2 ? o->optim_slots : 2;
                 }
-                if (s == GP_OK) s = sync_dev(dev);
+                if (s == GP_OK) s = gp_dev_synchronize(dev);
                 if (r >= out->warmup) sm.fwd[r - out->warmup] = gp_now() - t0;
             }
             if (s == GP_OK) mm->update = median(sm.fwd, out->reps);

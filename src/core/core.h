@@ -1,7 +1,18 @@
 /*
  * core.h — the bottom of gpipe: status codes and error messages, logging,
- * tensors, the counter-based RNG, per-device memory accounting, and small
- * thread helpers.  Knows nothing of layers or the pipeline.
+ * the clock, tensor shapes and views, the counter-based RNG, and per-device
+ * memory accounting.
+ *
+ * Place in the design (modules, lowest first: core < backend < layers <
+ * checkpoint < optim < pipeline < balance < trace < config < train;
+ * scripts/check-includes.sh fails the tests on an include up that order).
+ * core owns: gp_status messages (per thread), logging, gp_now, the Philox
+ * RNG, the gp_allocator counters (accounting only: core never allocates
+ * device memory), and gp_tensor / gp_shape as descriptions: shapes, sizes,
+ * slices and reshapes.  It may call only the C library, pthreads and the
+ * public header include/gpipe.h.  It knows nothing of devices (a tensor's
+ * `dev` is an opaque pointer to it), layers or the pipeline; whatever
+ * allocates, fills or copies a tensor's memory belongs to backend.
  *
  * Errors: a function a user can make fail returns gp_status and, before it
  * does, records a message with gp_error_set().  The message lives in a
@@ -10,8 +21,9 @@
  * message out with gp_error_message() before handing the status to the
  * caller.  Bugs (broken invariants) use GP_ASSERT, which aborts.
  *
- * Memory: every byte a device holds goes through gp_alloc_* with a category,
- * so current/peak/capacity are always the truth (see gp_allocator).
+ * Memory: every byte a device holds is reserved here with a category
+ * (gp_allocator_reserve, called by backend's gp_dev_alloc), so
+ * current/peak/capacity are always the truth (see gp_allocator).
  *
  * Thread safety: gp_allocator functions are thread-safe (one mutex each);
  * a gp_tensor is owned by one thread at a time; the RNG is a pure function.
@@ -154,7 +166,9 @@ struct gp_device;
 /* A dense float32 tensor, row-major, logical layout NCHW for 4-D, (N, F) for
  * 2-D.  `data` is device memory of `dev`.  A tensor either owns its memory
  * (owned == true: allocated through the device's allocator, freed by
- * gp_tensor_free) or is a view into another tensor's memory. */
+ * gp_tensor_free) or is a view into another tensor's memory.  Core only
+ * describes tensors and makes views; allocating, zeroing, freeing and
+ * copying need the device and live in backend/backend.h (backend/tensor.c). */
 typedef struct gp_tensor {
     float *data;
     int ndim;
@@ -180,14 +194,6 @@ gp_shape gp_shape_with_batch(const gp_shape *s, int64_t n);
 /* "(128, 64, 28, 28)" into buf. */
 const char *gp_shape_str(const gp_shape *s, char *buf, size_t len);
 
-/* Allocate an uninitialised tensor on `dev`. */
-gp_status gp_tensor_alloc(gp_tensor *t, struct gp_device *dev,
-                          const gp_shape *shape, gp_mem_category cat);
-/* Allocate and zero. */
-gp_status gp_tensor_zeros(gp_tensor *t, struct gp_device *dev,
-                          const gp_shape *shape, gp_mem_category cat);
-/* Free if owned; always leaves t empty.  NULL and empty tensors are fine. */
-void gp_tensor_free(gp_tensor *t);
 gp_shape gp_tensor_shape(const gp_tensor *t);
 int64_t gp_tensor_numel(const gp_tensor *t);
 size_t gp_tensor_bytes(const gp_tensor *t);

@@ -1,9 +1,9 @@
 /*
- * tensor.c — shapes and tensors.  Allocation goes through the device
- * wrappers in backend/ so every byte is accounted.
+ * tensor.c — shapes, tensor sizes and views: everything about a tensor that
+ * needs no device.  Allocating, freeing and copying tensors go through a
+ * device and are backend/tensor.c's.
  */
 #include "core/core.h"
-#include "backend/backend.h"
 
 #include <string.h>
 
@@ -59,46 +59,6 @@ const char *gp_shape_str(const gp_shape *s, char *buf, size_t len)
                                 (long long)s->dims[i]);
     if (off < len) snprintf(buf + off, len - off, ")");
     return buf;
-}
-
-gp_status gp_tensor_alloc(gp_tensor *t, gp_device *dev, const gp_shape *shape,
-                          gp_mem_category cat)
-{
-    memset(t, 0, sizeof *t);
-    int64_t n = gp_shape_numel(shape);
-    GP_ASSERT(n >= 0);
-    void *p = NULL;
-    if (n > 0) GP_TRY(gp_dev_alloc(dev, (size_t)n * sizeof(float), cat, &p));
-    t->data = p;
-    t->ndim = shape->ndim;
-    memcpy(t->dims, shape->dims, sizeof t->dims);
-    t->dev = dev;
-    t->cat = cat;
-    t->owned = true;
-    return GP_OK;
-}
-
-gp_status gp_tensor_zeros(gp_tensor *t, gp_device *dev, const gp_shape *shape,
-                          gp_mem_category cat)
-{
-    GP_TRY(gp_tensor_alloc(t, dev, shape, cat));
-    int64_t n = gp_tensor_numel(t);
-    if (n > 0) {
-        gp_status s = dev->iface->fill(dev, t->data, 0.0f, n);
-        if (s != GP_OK) {
-            gp_tensor_free(t);
-            return s;
-        }
-    }
-    return GP_OK;
-}
-
-void gp_tensor_free(gp_tensor *t)
-{
-    if (!t) return;
-    if (t->owned && t->data)
-        gp_dev_free(t->dev, t->data, gp_tensor_bytes(t), t->cat);
-    memset(t, 0, sizeof *t);
 }
 
 gp_shape gp_tensor_shape(const gp_tensor *t)

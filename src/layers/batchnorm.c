@@ -191,15 +191,15 @@ static gp_status gather_stats(gp_layer *l, gp_comm *comm, int rank, double count
     GP_TRY(gp_tensor_alloc(&buf, dev, &bs, GP_MEM_WORKSPACE));
     float *slot = buf.data + rank * K;
     float cnt = (float)count;
-    gp_status s = dev->iface->fill(dev, buf.data, 0.0f, R * K);
+    gp_status s = gp_dev_fill(dev, buf.data, 0.0f, R * K);
     if (s == GP_OK) s = gp_dev_upload(dev, slot, &cnt, 1);
-    if (s == GP_OK && a) s = dev->iface->copy_d2d(dev, slot + 1, a, (size_t)C * sizeof(float));
-    if (s == GP_OK && a) s = dev->iface->copy_d2d(dev, slot + 1 + C, b, (size_t)C * sizeof(float));
+    if (s == GP_OK && a) s = gp_dev_copy_d2d(dev, slot + 1, a, (size_t)C * sizeof(float));
+    if (s == GP_OK && a) s = gp_dev_copy_d2d(dev, slot + 1 + C, b, (size_t)C * sizeof(float));
     if (s == GP_OK && !a) s = gp_dev_upload(dev, slot + 1, ha, C);
     if (s == GP_OK && !a) s = gp_dev_upload(dev, slot + 1 + C, hb, C);
     if (s == GP_OK) s = gp_dev_allreduce(dev, comm, buf.data, R * K);
     if (s == GP_OK) s = gp_dev_download(dev, st->h_gather, buf.data, R * K);
-    if (s == GP_OK) s = dev->iface->synchronize(dev);
+    if (s == GP_OK) s = gp_dev_synchronize(dev);
     gp_tensor_free(&buf);
     return s;
 }
@@ -272,8 +272,8 @@ static gp_status bn_forward_sync(gp_layer *l, const gp_fwd_ctx *ctx, const gp_te
         GP_ASSERT(!ctx->recompute); /* a recompute follows its forward in the same step */
         if (d.n > 0) GP_TRY(gp_dev_bn_stats(dev, &d, x->data, s->t[0].data, s->t[1].data));
         else {
-            GP_TRY(dev->iface->fill(dev, s->t[0].data, 0.0f, C));
-            GP_TRY(dev->iface->fill(dev, s->t[1].data, 0.0f, C));
+            GP_TRY(gp_dev_fill(dev, s->t[0].data, 0.0f, C));
+            GP_TRY(gp_dev_fill(dev, s->t[1].data, 0.0f, C));
         }
         GP_TRY(gather_stats(l, ctx->comm, ctx->rank, (double)(d.n * d.s), s->t[0].data,
                             s->t[1].data, NULL, NULL));
@@ -325,8 +325,8 @@ static gp_status bn_forward_sync(gp_layer *l, const gp_fwd_ctx *ctx, const gp_te
     GP_TRY(gp_dev_upload(dev, s->t[1].data, merged + C, C));
     if (d.n == 0) return GP_OK;
     const float *gamma = l->params[P_WEIGHT].value.data, *beta = l->params[P_BIAS].value.data;
-    return dev->iface->bn_fwd_infer(dev, &d, x->data, gamma, beta, s->t[0].data, s->t[1].data,
-                                    y->data);
+    return gp_dev_bn_fwd_infer(dev, &d, x->data, gamma, beta, s->t[0].data, s->t[1].data,
+                               y->data);
 }
 
 /* dx (may be NULL) and this rank's dgamma/dbeta share, with the sums
@@ -349,8 +349,8 @@ static gp_status bn_backward_sync(gp_layer *l, const gp_fwd_ctx *ctx, const gp_t
     float *local = sums.data, *global = sums.data + 2 * C;
     gp_status e = GP_OK;
     if (d.n > 0) e = gp_dev_bn_bwd_sums(dev, &d, x->data, s->t[0].data, dy->data, local);
-    else e = dev->iface->fill(dev, local, 0.0f, 2 * C);
-    if (e == GP_OK) e = dev->iface->copy_d2d(dev, global, local, (size_t)(2 * C) * sizeof(float));
+    else e = gp_dev_fill(dev, local, 0.0f, 2 * C);
+    if (e == GP_OK) e = gp_dev_copy_d2d(dev, global, local, (size_t)(2 * C) * sizeof(float));
     if (e == GP_OK) e = gp_dev_allreduce(dev, ctx->comm, global, 2 * C);
     if (e == GP_OK && d.n > 0)
         e = gp_dev_bn_bwd_apply(dev, &d, x->data, l->params[P_WEIGHT].value.data, s->t[0].data,
@@ -371,9 +371,9 @@ static gp_status bn_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor 
     if (!ctx->training) {
         s->flags |= GP_SAVED_EVAL;
         if (d.n == 0) return GP_OK;
-        return dev->iface->bn_fwd_infer(dev, &d, x->data, gamma, beta,
-                                        l->params[P_RMEAN].value.data,
-                                        l->params[P_RVAR].value.data, y->data);
+        return gp_dev_bn_fwd_infer(dev, &d, x->data, gamma, beta,
+                                   l->params[P_RMEAN].value.data,
+                                   l->params[P_RVAR].value.data, y->data);
     }
     if (d.n * d.s < 2)
         return gp_layer_spec_error(l,
@@ -384,12 +384,12 @@ static gp_status bn_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor 
     gp_shape cs = {1, {d.c, 0, 0, 0}};
     GP_TRY(gp_layers_saved_alloc(s, 0, dev, &cs));
     GP_TRY(gp_layers_saved_alloc(s, 1, dev, &cs));
-    GP_TRY(dev->iface->bn_fwd_train(dev, &d, x->data, gamma, beta, y->data, s->t[0].data,
-                                    s->t[1].data));
+    GP_TRY(gp_dev_bn_fwd_train(dev, &d, x->data, gamma, beta, y->data, s->t[0].data,
+                               s->t[1].data));
     if (ctx->recompute) return GP_OK; /* statistics were merged the first time */
     GP_TRY(gp_dev_download(dev, st->h_mean, s->t[0].data, d.c));
     GP_TRY(gp_dev_download(dev, st->h_var, s->t[1].data, d.c));
-    GP_TRY(dev->iface->synchronize(dev));
+    GP_TRY(gp_dev_synchronize(dev));
     merge_stats(st, d.n * d.s, st->h_mean, st->h_var);
     return GP_OK;
 }
@@ -402,9 +402,9 @@ static gp_status bn_backward_all(gp_layer *l, const gp_tensor *x, const gp_tenso
                                       "saved no batch statistics (run forward with training)");
     GP_ASSERT(s->t[0].data && s->t[1].data);
     gp_bn_desc d = bn_desc(l, x->dims[0]);
-    return l->dev->iface->bn_bwd(l->dev, &d, x->data, l->params[P_WEIGHT].value.data,
-                                 s->t[0].data, s->t[1].data, dy->data, dx,
-                                 l->params[P_WEIGHT].grad.data, l->params[P_BIAS].grad.data);
+    return gp_dev_bn_bwd(l->dev, &d, x->data, l->params[P_WEIGHT].value.data,
+                         s->t[0].data, s->t[1].data, dy->data, dx,
+                         l->params[P_WEIGHT].grad.data, l->params[P_BIAS].grad.data);
 }
 
 static gp_status bn_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
@@ -447,7 +447,7 @@ static gp_status bn_commit(gp_layer *l)
     double m = (double)l->spec.momentum;
     GP_TRY(gp_dev_download(dev, st->h_mean, l->params[P_RMEAN].value.data, c));
     GP_TRY(gp_dev_download(dev, st->h_var, l->params[P_RVAR].value.data, c));
-    GP_TRY(dev->iface->synchronize(dev));
+    GP_TRY(gp_dev_synchronize(dev));
     double unbias = 1.0 / (double)(st->acc_count - 1);
     for (int64_t k = 0; k < c; k++) {
         st->h_mean[k] = (float)((1.0 - m) * st->h_mean[k] + m * st->acc_mean[k]);
@@ -455,7 +455,7 @@ static gp_status bn_commit(gp_layer *l)
     }
     GP_TRY(gp_dev_upload(dev, l->params[P_RMEAN].value.data, st->h_mean, c));
     GP_TRY(gp_dev_upload(dev, l->params[P_RVAR].value.data, st->h_var, c));
-    GP_TRY(dev->iface->synchronize(dev)); /* the host scratch is reused */
+    GP_TRY(gp_dev_synchronize(dev)); /* the host scratch is reused */
     st->batches_tracked++;
     st->n_sync = 0;
     st->acc_count = 0;

@@ -88,8 +88,8 @@ static gp_status conv_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tenso
 {
     if (x->dims[0] == 0) return GP_OK;
     gp_conv_desc d = gp_conv2d_desc(l, x->dims[0]);
-    return l->dev->iface->conv_fwd(l->dev, &d, x->data, l->params[0].value.data,
-                                   l->spec.bias ? l->params[1].value.data : NULL, y->data);
+    return gp_dev_conv_fwd(l->dev, &d, x->data, l->params[0].value.data,
+                           l->spec.bias ? l->params[1].value.data : NULL, y->data);
 }
 
 static gp_status conv_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
@@ -98,7 +98,7 @@ static gp_status conv_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp
 {
     if (x->dims[0] == 0) return GP_OK;
     gp_conv_desc d = gp_conv2d_desc(l, x->dims[0]);
-    return l->dev->iface->conv_bwd_data(l->dev, &d, l->params[0].value.data, dy->data, dx->data);
+    return gp_dev_conv_bwd_data(l->dev, &d, l->params[0].value.data, dy->data, dx->data);
 }
 
 static gp_status conv_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
@@ -106,9 +106,9 @@ static gp_status conv_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx, const
 {
     if (x->dims[0] == 0) return GP_OK;
     gp_conv_desc d = gp_conv2d_desc(l, x->dims[0]);
-    return l->dev->iface->conv_bwd_weights(l->dev, &d, x->data, dy->data,
-                                           l->params[0].grad.data,
-                                           l->spec.bias ? l->params[1].grad.data : NULL);
+    return gp_dev_conv_bwd_weights(l->dev, &d, x->data, dy->data,
+                                   l->params[0].grad.data,
+                                   l->spec.bias ? l->params[1].grad.data : NULL);
 }
 
 static double conv_flops(const gp_layer *l, int64_t n)

@@ -209,7 +209,7 @@ gp_status gp_layers_init_uniform(gp_layer *l, int p, uint64_t seed, float bound)
     gp_rng_uniform_fill(seed, stream, 0, h, n);
     for (int64_t i = 0; i < n; i++) h[i] = (2.0f * h[i] - 1.0f) * bound;
     gp_status s = gp_dev_upload(l->dev, t->data, h, n);
-    if (s == GP_OK) s = l->dev->iface->synchronize(l->dev); /* h is freed next */
+    if (s == GP_OK) s = gp_dev_synchronize(l->dev); /* h is freed next */
     free(h);
     return s;
 }
@@ -217,7 +217,7 @@ gp_status gp_layers_init_uniform(gp_layer *l, int p, uint64_t seed, float bound)
 gp_status gp_layers_fill_param(gp_layer *l, int p, float v)
 {
     gp_tensor *t = &l->params[p].value;
-    return l->dev->iface->fill(l->dev, t->data, v, gp_tensor_numel(t));
+    return gp_dev_fill(l->dev, t->data, v, gp_tensor_numel(t));
 }
 
 gp_status gp_layer_zero_grad(gp_layer *l)
@@ -226,7 +226,7 @@ gp_status gp_layer_zero_grad(gp_layer *l)
         gp_tensor *g = &l->params[p].grad;
         int64_t n = gp_tensor_numel(g);
         if (l->params[p].is_buffer || n == 0) continue;
-        GP_TRY(g->dev->iface->fill(g->dev, g->data, 0.0f, n));
+        GP_TRY(gp_dev_fill(g->dev, g->data, 0.0f, n));
     }
     l->grads_stale = false;
     return GP_OK;
@@ -350,12 +350,12 @@ gp_status gp_cross_entropy(gp_device *dev, const gp_tensor *logits, const gp_ten
     double loss = 0.0;
     int64_t correct = 0, bad = -1;
     if (rows > 0)
-        GP_TRY(dev->iface->xent(dev, logits->data, labels->data, rows, cols, grad_scale,
-                                dlogits ? dlogits->data : NULL, &loss, &correct, &bad));
+        GP_TRY(gp_dev_xent(dev, logits->data, labels->data, rows, cols, grad_scale,
+                           dlogits ? dlogits->data : NULL, &loss, &correct, &bad));
     if (bad >= 0) {
         float v = NAN;
         GP_TRY(gp_dev_download(dev, &v, labels->data + bad, 1));
-        GP_TRY(dev->iface->synchronize(dev));
+        GP_TRY(gp_dev_synchronize(dev));
         return gp_error_set(GP_ERR_DATA,
                             "label %g in row %lld of the batch is not a class index in [0, %lld): "
                             "the data has more classes than the model's last layer outputs "

@@ -51,10 +51,10 @@ static gp_status linear_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_ten
     gp_device *dev = l->dev;
     int64_t n = x->dims[0], in = x->dims[1], out = l->spec.out;
     if (n == 0) return GP_OK;
-    GP_TRY(dev->iface->gemm(dev, 0, 1, n, out, in, 1.0f, x->data, in,
-                            l->params[0].value.data, in, 0.0f, y->data, out));
+    GP_TRY(gp_dev_gemm(dev, 0, 1, n, out, in, 1.0f, x->data, in,
+                       l->params[0].value.data, in, 0.0f, y->data, out));
     if (l->spec.bias)
-        GP_TRY(dev->iface->add_bias_rows(dev, y->data, l->params[1].value.data, n, out));
+        GP_TRY(gp_dev_add_bias_rows(dev, y->data, l->params[1].value.data, n, out));
     return GP_OK;
 }
 
@@ -66,8 +66,8 @@ static gp_status linear_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const 
     int64_t n = x->dims[0], in = x->dims[1], out = l->spec.out;
     if (n == 0) return GP_OK;
     /* dx(N, in) = dy(N, out) W(out, in) */
-    return dev->iface->gemm(dev, 0, 0, n, in, out, 1.0f, dy->data, out,
-                            l->params[0].value.data, in, 0.0f, dx->data, in);
+    return gp_dev_gemm(dev, 0, 0, n, in, out, 1.0f, dy->data, out,
+                       l->params[0].value.data, in, 0.0f, dx->data, in);
 }
 
 static gp_status linear_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx,
@@ -80,11 +80,11 @@ static gp_status linear_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx,
         return ctx->grads_overwrite ? gp_layer_zero_grad(l) : GP_OK;
     /* dW(out, in) += dy^T(out, N) x(N, in); = on the step's first backward */
     bool fresh = ctx->grads_overwrite;
-    GP_TRY(dev->iface->gemm(dev, 1, 0, out, in, n, 1.0f, dy->data, out, x->data, in,
-                            fresh ? 0.0f : 1.0f, l->params[0].grad.data, in));
+    GP_TRY(gp_dev_gemm(dev, 1, 0, out, in, n, 1.0f, dy->data, out, x->data, in,
+                       fresh ? 0.0f : 1.0f, l->params[0].grad.data, in));
     if (l->spec.bias) {
-        if (fresh) GP_TRY(dev->iface->fill(dev, l->params[1].grad.data, 0.0f, out));
-        GP_TRY(dev->iface->sum_rows(dev, dy->data, l->params[1].grad.data, n, out));
+        if (fresh) GP_TRY(gp_dev_fill(dev, l->params[1].grad.data, 0.0f, out));
+        GP_TRY(gp_dev_sum_rows(dev, dy->data, l->params[1].grad.data, n, out));
     }
     return GP_OK;
 }

@@ -92,14 +92,14 @@ static gp_status pool_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tenso
     gp_device *dev = l->dev;
     if (x->dims[0] == 0) return GP_OK;
     gp_pool_desc d = pool_desc(l, x->dims[0]);
-    size_t ws = dev->iface->pool_ws_bytes ? dev->iface->pool_ws_bytes(dev, &d) : 0;
+    size_t ws = gp_dev_pool_ws_bytes(dev, &d);
     if (ws > 0) {
         GP_ASSERT(s->ws == NULL);
         GP_TRY(gp_dev_alloc(dev, ws, GP_MEM_ACTIVATIONS, &s->ws));
         s->ws_bytes = ws;
         s->ws_dev = dev;
     }
-    return dev->iface->pool_fwd(dev, &d, x->data, y->data, s->ws);
+    return gp_dev_pool_fwd(dev, &d, x->data, y->data, s->ws);
 }
 
 static gp_status pool_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
@@ -108,7 +108,7 @@ static gp_status pool_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp
 {
     if (x->dims[0] == 0) return GP_OK;
     gp_pool_desc d = pool_desc(l, x->dims[0]);
-    return l->dev->iface->pool_bwd(l->dev, &d, x->data, y->data, dy->data, dx->data, s->ws);
+    return gp_dev_pool_bwd(l->dev, &d, x->data, y->data, dy->data, dx->data, s->ws);
 }
 
 static double pool_flops(const gp_layer *l, int64_t n)
@@ -119,9 +119,9 @@ static double pool_flops(const gp_layer *l, int64_t n)
 
 static size_t pool_saved_bytes(const gp_layer *l, int64_t n)
 {
-    if (!l->dev || !l->dev->iface->pool_ws_bytes || n == 0) return 0;
+    if (!l->dev || n == 0) return 0;
     gp_pool_desc d = pool_desc(l, n);
-    return l->dev->iface->pool_ws_bytes(l->dev, &d);
+    return gp_dev_pool_ws_bytes(l->dev, &d);
 }
 
 const gp_layer_ops gp_maxpool2d_ops = {

@@ -233,9 +233,9 @@ static gp_status res_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor
         RES_TRY(gp_tensor_alloc(&dbn_out, dev, &ms, GP_MEM_ACTIVATIONS));
         RES_TRY(child_fwd(st, C_DCONV, ctx, x, &s->t[S_AD], s, -1));
         RES_TRY(child_fwd(st, C_DBN, ctx, &s->t[S_AD], &dbn_out, s, S_DBN));
-        if (n) RES_TRY(dev->iface->add(dev, y->data, dbn_out.data, y->data, n));
+        if (n) RES_TRY(gp_dev_add(dev, y->data, dbn_out.data, y->data, n));
     } else if (n) {
-        RES_TRY(dev->iface->add(dev, y->data, x->data, y->data, n));
+        RES_TRY(gp_dev_add(dev, y->data, x->data, y->data, n));
     }
     RES_TRY(child_fwd(st, C_RELU, ctx, y, y, s, -1));
 done:
@@ -282,9 +282,9 @@ static gp_status res_backward_all(gp_layer *l, const gp_fwd_ctx *ctx, const gp_t
         if (dx) RES_TRY(gp_tensor_alloc(&tx, dev, &xs, GP_MEM_ACTIVATIONS));
         RES_TRY(child_bwd(st, C_DCONV, ctx, x, NULL, &t1, dx ? &tx : NULL, s, -1));
         if (dx && gp_tensor_numel(dx))
-            RES_TRY(dev->iface->axpy(dev, 1.0f, tx.data, dx->data, gp_tensor_numel(dx)));
+            RES_TRY(gp_dev_axpy(dev, 1.0f, tx.data, dx->data, gp_tensor_numel(dx)));
     } else if (dx && gp_tensor_numel(dx)) {
-        RES_TRY(dev->iface->axpy(dev, 1.0f, g.data, dx->data, gp_tensor_numel(dx)));
+        RES_TRY(gp_dev_axpy(dev, 1.0f, g.data, dx->data, gp_tensor_numel(dx)));
     }
 done:
 #undef RES_TRY

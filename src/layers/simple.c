@@ -30,7 +30,7 @@ static gp_status relu_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tenso
 {
     int64_t n = gp_tensor_numel(x);
     if (n == 0) return GP_OK;
-    return l->dev->iface->relu_fwd(l->dev, x->data, y->data, n);
+    return gp_dev_relu_fwd(l->dev, x->data, y->data, n);
 }
 
 static gp_status relu_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
@@ -39,7 +39,7 @@ static gp_status relu_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp
 {
     int64_t n = gp_tensor_numel(x);
     if (n == 0) return GP_OK;
-    return l->dev->iface->relu_bwd(l->dev, y->data, dy->data, dx->data, n);
+    return gp_dev_relu_bwd(l->dev, y->data, dy->data, dx->data, n);
 }
 
 static double numel_flops(const gp_layer *l, int64_t n)
@@ -70,7 +70,7 @@ static gp_status copy_through(gp_device *dev, const gp_tensor *src, gp_tensor *d
 {
     size_t bytes = gp_tensor_bytes(src);
     if (bytes == 0) return GP_OK;
-    return dev->iface->copy_d2d(dev, dst->data, src->data, bytes);
+    return gp_dev_copy_d2d(dev, dst->data, src->data, bytes);
 }
 
 static gp_status flatten_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
@@ -119,9 +119,9 @@ static gp_status dropout_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_te
     gp_shape xs = gp_tensor_shape(x);
     GP_TRY(gp_layers_saved_alloc(s, 0, dev, &xs));
     uint64_t stream = gp_rng_stream(ctx->step, (uint64_t)l->index, GP_RNG_TAG_DROPOUT);
-    GP_TRY(dev->iface->dropout_mask(dev, s->t[0].data, n, l->spec.p, ctx->seed, stream,
-                                    (uint64_t)(ctx->sample_offset * per_sample)));
-    return dev->iface->mul(dev, x->data, s->t[0].data, y->data, n);
+    GP_TRY(gp_dev_dropout_mask(dev, s->t[0].data, n, l->spec.p, ctx->seed, stream,
+                               (uint64_t)(ctx->sample_offset * per_sample)));
+    return gp_dev_mul(dev, x->data, s->t[0].data, y->data, n);
 }
 
 static gp_status dropout_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
@@ -130,7 +130,7 @@ static gp_status dropout_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const
 {
     if (!s->t[0].data) return copy_through(l->dev, dy, dx); /* identity forward */
     int64_t n = gp_tensor_numel(dy);
-    return l->dev->iface->mul(l->dev, dy->data, s->t[0].data, dx->data, n);
+    return gp_dev_mul(l->dev, dy->data, s->t[0].data, dx->data, n);
 }
 
 static size_t dropout_saved_bytes(const gp_layer *l, int64_t n)

@@ -34,7 +34,7 @@ static gp_status add_device_tensor(gp_st_writer *w, const char *name, const gp_t
         *cap = (size_t)n;
     }
     GP_TRY(gp_dev_download(t->dev, *scratch, t->data, n));
-    GP_TRY(t->dev->iface->synchronize(t->dev));
+    GP_TRY(gp_dev_synchronize(t->dev));
     return gp_st_writer_add(w, name, GP_ST_F32, t->ndim, t->dims, *scratch,
                             (size_t)n * sizeof(float));
 }
@@ -204,7 +204,7 @@ gp_status gp_snapshot_apply(gp_model *m, const gp_st_file *f, bool optimizer)
                 if (pass == 1) {
                     GP_TRY(gp_dev_upload(pr->value.dev, pr->value.data, (const float *)t->data,
                                          gp_tensor_numel(&pr->value)));
-                    GP_TRY(pr->value.dev->iface->synchronize(pr->value.dev));
+                    GP_TRY(gp_dev_synchronize(pr->value.dev));
                 }
                 if (!optimizer || pr->is_buffer) continue;
                 gp_tensor *mt = gp_optim_state(m->optim, k, p);
@@ -214,7 +214,7 @@ gp_status gp_snapshot_apply(gp_model *m, const gp_st_file *f, bool optimizer)
                 if (pass == 1) {
                     GP_TRY(gp_dev_upload(mt->dev, mt->data, (const float *)t->data,
                                          gp_tensor_numel(mt)));
-                    GP_TRY(mt->dev->iface->synchronize(mt->dev));
+                    GP_TRY(gp_dev_synchronize(mt->dev));
                 }
             }
             const char *cn[MAX_COUNTERS];

@@ -256,25 +256,20 @@ gp_status gp_cpu_device_create(int index, const gp_device_opts *opts, gp_device 
     if (opts->threads < 0)
         return gp_error_set(GP_ERR_INVALID, "device cpu:%d: threads must be >= 0 (0 = all cores), got %d",
                             index, opts->threads);
-    gp_device *dev = calloc(1, sizeof *dev);
     gp_cpu_ctx *ctx = calloc(1, sizeof *ctx);
-    if (!dev || !ctx) {
-        free(dev);
+    if (!ctx) return gp_error_set(GP_ERR_OOM, "out of host memory creating device cpu:%d", index);
+    gp_device *dev;
+    gp_status st = gp_device_new(&cpu_iface, GP_DEV_CPU, index, opts, &dev);
+    if (st != GP_OK) {
         free(ctx);
-        return gp_error_set(GP_ERR_OOM, "out of host memory creating device cpu:%d", index);
+        return st;
     }
-    dev->iface = &cpu_iface;
     dev->ctx = ctx;
     pthread_mutex_init(&ctx->bins_lock, NULL);
-    dev->kind = GP_DEV_CPU;
-    dev->index = index;
-    snprintf(dev->name, sizeof dev->name, "cpu:%d", index);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     dev->threads = opts->threads > 0 ? opts->threads : (cores > 0 ? (int)cores : 1);
-    gp_allocator_init(&dev->alloc, dev->name, opts->capacity);
     ctx->conv_layout = conv_layout_from_env();
 
-    gp_status st = GP_OK;
     /* Each device caches its own primitives per shape (cpu_dnnl.c), so
      * oneDNN's process-wide primitive cache only adds sharing of primitive
      * objects between devices' worker threads (published through atomics

@@ -950,21 +950,15 @@ gp_status gp_cuda_device_create(int index, const gp_device_opts *opts, gp_device
                             index, count, count ? "" : " (no GPU visible)",
                             count > 0 ? count - 1 : 0);
 
-    gp_status st = GP_OK;
-    gp_device *dev = calloc(1, sizeof *dev);
     gp_cuda_ctx *ctx = calloc(1, sizeof *ctx);
-    if (!dev || !ctx) {
-        free(dev);
+    if (!ctx) return gp_error_set(GP_ERR_OOM, "out of host memory creating device cuda:%d", index);
+    gp_device *dev;
+    gp_status st = gp_device_new(&cuda_iface, GP_DEV_CUDA, index, opts, &dev);
+    if (st != GP_OK) {
         free(ctx);
-        return gp_error_set(GP_ERR_OOM, "out of host memory creating device cuda:%d", index);
+        return st;
     }
-    dev->iface = &cuda_iface;
     dev->ctx = ctx;
-    dev->kind = GP_DEV_CUDA;
-    dev->index = index;
-    dev->threads = 1;
-    snprintf(dev->name, sizeof dev->name, "cuda:%d", index);
-    gp_allocator_init(&dev->alloc, dev->name, opts->capacity);
     ctx->ordinal = index;
     pthread_mutex_init(&ctx->lock, NULL);
 

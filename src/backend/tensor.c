@@ -1,0 +1,75 @@
+/*
+ * tensor.c — the device half of gp_tensor: allocation through the device's
+ * accounted allocator (gp_dev_alloc), zeroing, freeing, and copies between
+ * any two devices.  Shapes and views are core's (core/tensor.c); these live
+ * here because core knows nothing of devices.
+ */
+#include "backend/backend.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+gp_status gp_tensor_alloc(gp_tensor *t, gp_device *dev, const gp_shape *shape,
+                          gp_mem_category cat)
+{
+    memset(t, 0, sizeof *t);
+    int64_t n = gp_shape_numel(shape);
+    GP_ASSERT(n >= 0);
+    void *p = NULL;
+    if (n > 0) GP_TRY(gp_dev_alloc(dev, (size_t)n * sizeof(float), cat, &p));
+    t->data = p;
+    t->ndim = shape->ndim;
+    memcpy(t->dims, shape->dims, sizeof t->dims);
+    t->dev = dev;
+    t->cat = cat;
+    t->owned = true;
+    return GP_OK;
+}
+
+gp_status gp_tensor_zeros(gp_tensor *t, gp_device *dev, const gp_shape *shape,
+                          gp_mem_category cat)
+{
+    GP_TRY(gp_tensor_alloc(t, dev, shape, cat));
+    int64_t n = gp_tensor_numel(t);
+    if (n > 0) {
+        gp_status s = gp_dev_fill(dev, t->data, 0.0f, n);
+        if (s != GP_OK) {
+            gp_tensor_free(t);
+            return s;
+        }
+    }
+    return GP_OK;
+}
+
+void gp_tensor_free(gp_tensor *t)
+{
+    if (!t) return;
+    if (t->owned && t->data)
+        gp_dev_free(t->dev, t->data, gp_tensor_bytes(t), t->cat);
+    memset(t, 0, sizeof *t);
+}
+
+gp_status gp_tensor_copy(gp_tensor *dst, const gp_tensor *src)
+{
+    GP_ASSERT(gp_tensor_numel(dst) == gp_tensor_numel(src));
+    size_t bytes = gp_tensor_bytes(src);
+    if (bytes == 0) return GP_OK;
+    gp_device *dd = dst->dev, *sd = src->dev;
+    if (dd == sd) return gp_dev_copy_d2d(dd, dst->data, src->data, bytes);
+    if (dd->iface->copy_peer) {
+        gp_status s = dd->iface->copy_peer(dd, dst->data, sd, src->data, bytes);
+        /* A backend that cannot read the other device's memory (the CPU
+         * from a GPU) says so; staging through the host still works. */
+        if (s != GP_ERR_UNSUPPORTED) return s;
+        gp_error_clear();
+    }
+    /* Fallback: stage through host memory. */
+    void *host = malloc(bytes);
+    if (!host) return gp_error_set(GP_ERR_OOM, "out of host memory staging %zu bytes", bytes);
+    gp_status s = sd->iface->copy_d2h(sd, host, src->data, bytes);
+    if (s == GP_OK) s = gp_dev_synchronize(sd);
+    if (s == GP_OK) s = dd->iface->copy_h2d(dd, dst->data, host, bytes);
+    if (s == GP_OK) s = gp_dev_synchronize(dd);
+    free(host);
+    return s;
+}
