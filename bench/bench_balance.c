@@ -55,7 +55,7 @@ typedef struct {
 static void detail_add(detail *d, const gp_profile *p, const gp_model *model, int m,
                        double seconds, int steps)
 {
-    int64_t sizes[1024];
+    int64_t sizes[GP_MAX_CHUNKS];
     if (gp_microbatch_split(p->batch, m, sizes) != GP_OK) return;
     gp_layer_times *lt = calloc((size_t)p->L, sizeof *lt);
     if (!lt) return;
