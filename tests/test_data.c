@@ -23,7 +23,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "test.h"
+#include "test_util.h"
 
 static char tmpdir[256];
 
@@ -1082,11 +1082,7 @@ static void rm_tree(const char *dir)
 
 int main(void)
 {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/gp_test_data_XXXXXX");
-    if (!mkdtemp(tmpdir)) {
-        perror("mkdtemp");
-        return 1;
-    }
+    if (!gpt_make_tmpdir(tmpdir, sizeof tmpdir, "gp_test_data_")) return 1;
     test_idx_roundtrip();
     test_idx_errors();
     test_dataset_load_idx();

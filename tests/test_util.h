@@ -8,11 +8,16 @@
  *   gpt_make_batch        a deterministic batch per step
  *   gpt_gather            a model's parameters (or gradients) on the host
  *   gpt_split_even        layers per stage, as even as can be
+ *   gpt_bn_moments        the naive reference for batch norm's statistics
+ *   gpt_binary_path       where the build put a program (gpipe-train)
+ *   gpt_make_tmpdir       a private scratch directory under /tmp
+ *   gpt_read_file         a whole file into memory, '\0'-terminated
+ *   gpt_write_file        bytes into a file
  *
  * Everything is static inline (a program uses what it needs, unused ones
  * cost nothing and warn about nothing).  Include it instead of test.h, in
- * one .c file per test program, like test.h.  Memory: gpt_gather returns a
- * malloc'ed array the caller frees; gpt_model_cfg's config points into the
+ * one .c file per test program, like test.h.  Memory: gpt_gather and
+ * gpt_read_file return malloc'ed memory the caller frees; gpt_model_cfg's config points into the
  * caller's spec array.  Not thread-safe: CHECK's counters are plain ints.
  */
 #ifndef GP_TEST_UTIL_H
@@ -138,6 +143,76 @@ static inline float *gpt_gather(gp_model *m, gpt_gather_what what, int64_t *coun
 static inline void gpt_split_even(int L, int n, int *bal)
 {
     for (int j = 0; j < n; j++) bal[j] = L / n + (j < L % n ? 1 : 0);
+}
+
+/* Channel ch of x (N, C, S): its mean, and the sum of squared deviations
+ * from that mean (divide by N S for the biased variance, N S - 1 for the
+ * unbiased one); two passes in double, the reference the backends' batch
+ * norms are checked against. */
+static inline void gpt_bn_moments(const float *x, int64_t n, int64_t c, int64_t s, int64_t ch,
+                                  double *mean, double *sq_dev)
+{
+    double m = 0, v = 0;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < s; j++) m += x[(i * c + ch) * s + j];
+    m /= (double)(n * s);
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < s; j++) {
+            double t = x[(i * c + ch) * s + j] - m;
+            v += t * t;
+        }
+    *mean = m;
+    *sq_dev = v;
+}
+
+/* The path of `name` in the build tree: $GPIPE_BINARY_DIR (CTest sets it)
+ * or the build directory this test was compiled for. */
+static inline void gpt_binary_path(char *out, size_t len, const char *name)
+{
+    const char *b = getenv("GPIPE_BINARY_DIR");
+    snprintf(out, len, "%s/%s", b ? b : GPIPE_BINARY_DIR, name);
+}
+
+/* A new directory /tmp/<prefix>XXXXXX, only ours, its name in dir; false
+ * (with the reason on stderr) when it cannot be made.  The caller removes
+ * it. */
+static inline bool gpt_make_tmpdir(char *dir, size_t len, const char *prefix)
+{
+    snprintf(dir, len, "/tmp/%sXXXXXX", prefix);
+    if (mkdtemp(dir)) return true;
+    perror("mkdtemp");
+    return false;
+}
+
+/* The whole file at path in a malloc'ed buffer with a '\0' after its last
+ * byte (so a text file reads as a string), its length in *n unless n is
+ * NULL; NULL when it cannot be opened. */
+static inline void *gpt_read_file(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long k = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)(k > 0 ? k : 0) + 1);
+    size_t got = b ? fread(b, 1, (size_t)(k > 0 ? k : 0), f) : 0;
+    fclose(f);
+    if (!b) return NULL;
+    b[got] = '\0';
+    if (n) *n = got;
+    return b;
+}
+
+/* The n bytes at data as the whole of the file at path. */
+static inline void gpt_write_file(const char *path, const void *data, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        perror(path);
+        return;
+    }
+    fwrite(data, 1, n, f);
+    fclose(f);
 }
 
 #endif /* GP_TEST_UTIL_H */
