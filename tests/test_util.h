@@ -1,7 +1,7 @@
 /*
- * test_util.h — helpers the model-level test programs share, so that the
- * pipeline, replica and training tests build their models, batches and
- * oracles the same way and a fix to a helper reaches all of them.
+ * test_util.h — helpers that several test programs share, written once so
+ * that the pipeline, replica and training tests build their models,
+ * batches and oracles the same way and a fix to a helper reaches them all.
  *
  *   gpt_open_cpu_devices  cpu:0..count-1, the caller closes them
  *   gpt_model_cfg         the small MLP and convnet the pipeline tests train
@@ -14,11 +14,12 @@
  *   gpt_read_file         a whole file into memory, '\0'-terminated
  *   gpt_write_file        bytes into a file
  *
- * Everything is static inline (a program uses what it needs, unused ones
- * cost nothing and warn about nothing).  Include it instead of test.h, in
- * one .c file per test program, like test.h.  Memory: gpt_gather and
- * gpt_read_file return malloc'ed memory the caller frees; gpt_model_cfg's config points into the
- * caller's spec array.  Not thread-safe: CHECK's counters are plain ints.
+ * Everything is static inline (a program uses what it needs; the rest
+ * costs nothing and warns about nothing).  Include it instead of test.h,
+ * in one .c file per test program, like test.h.  Memory: gpt_gather and
+ * gpt_read_file return malloc'ed memory the caller frees; gpt_model_cfg's
+ * config points into the caller's spec array.  Not thread-safe: CHECK's
+ * counters are plain ints.
  */
 #ifndef GP_TEST_UTIL_H
 #define GP_TEST_UTIL_H
