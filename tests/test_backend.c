@@ -10,7 +10,7 @@
  */
 #include "backend/backend.h"
 #include "backend/elementwise.h"
-#include "test.h"
+#include "test_util.h"
 
 #include <float.h>
 #include <math.h>
@@ -284,15 +284,8 @@ static void test_bn_shape(gp_device *dev, int64_t n, int64_t c, int64_t s)
     double *rinc = malloc(sizeof(double) * (size_t)(2 * c));
     double cnt = (double)(n * s);
     for (int64_t ch = 0; ch < c; ch++) {
-        double m = 0, v = 0;
-        for (int64_t i = 0; i < n; i++)
-            for (int64_t j = 0; j < s; j++) m += x[(i * c + ch) * s + j];
-        m /= cnt;
-        for (int64_t i = 0; i < n; i++)
-            for (int64_t j = 0; j < s; j++) {
-                double t = x[(i * c + ch) * s + j] - m;
-                v += t * t;
-            }
+        double m, v;
+        gpt_bn_moments(x, n, c, s, ch, &m, &v);
         v /= cnt;
         rm[ch] = m;
         rv[ch] = v;

@@ -9,7 +9,9 @@
  *   - profiler: a layer with twice the FLOPs takes roughly twice the time
  *     (wide bounds), and its bytes equal what the allocator holds for the
  *     same layer built by the trainer; JSON save/load round trip;
- *   - simulator: predicted step time vs a measured pipelined step on 2 CPU
+ *   - simulator: on uniform stages written by hand, exactly GPipe's step
+ *     (m + n - 1)(F + B) + update and bubble, for n 1..8 x m 1..16;
+ *     predicted step time vs a measured pipelined step on 2 CPU
  *     devices (1 thread each) for m in {1, 4, 8}, within a wide factor
  *     (tight numbers are bench/bench_balance's job).
  */
@@ -447,6 +449,64 @@ static void test_profiler(void)
     gp_config_free(&cfg);
 }
 
+/* ---- simulator against GPipe's formula --------------------------------------- */
+
+/* A profile written by hand: n layers, one per stage, each taking F to
+ * forward and B to backward a micro-batch of size S, U to update, copies,
+ * loss and upload free.  GPipe's step is then (m + n - 1) clocks of F plus
+ * as many of B, every stage busy m (F + B) + U of it, so the bubble is
+ * (n - 1)(F + B) / step (the paper's (n - 1) / (m + n - 1) when U = 0),
+ * lockstep or not.  Exact in doubles: the times are small integers. */
+static void test_simulator_formula(void)
+{
+    enum { S = 4 };
+    const double F = 1, B = 2, U = 3;
+    gp_layer_mem mem[8];
+    gp_layer_times t[8];
+    bool ok = true;
+    for (int n = 1; n <= 8; n++)
+        for (int m = 1; m <= 16; m++)
+            for (int ls = 0; ls < 2; ls++)
+                for (int u = 0; u < 2; u++) {
+                    memset(mem, 0, sizeof mem);
+                    memset(t, 0, sizeof t);
+                    for (int k = 0; k < n; k++) {
+                        t[k].fwd = F;
+                        t[k].bwd_weights = B; /* bwd_data 0: stage 0 runs the same */
+                        mem[k].update = u ? U : 0;
+                    }
+                    gp_profile p;
+                    memset(&p, 0, sizeof p);
+                    p.L = n;
+                    p.batch = (int64_t)m * S;
+                    p.chunks = m;
+                    p.timed = true;
+                    p.n_sizes = 1;
+                    p.sizes[0] = S;
+                    p.mem = mem;
+                    p.t = t;
+                    int bal[8];
+                    for (int j = 0; j < n; j++) bal[j] = 1;
+                    gp_sim_result r;
+                    if (gp_simulate(&p, n, bal, m, GP_CKPT_NEVER, ls == 1, NULL, &r) != GP_OK) {
+                        CHECK_MSG(0, "simulate n=%d m=%d: %s", n, m, gp_last_error());
+                        return;
+                    }
+                    double upd = u ? U : 0, step = (m + n - 1) * (F + B) + upd;
+                    double bubble = (n - 1) * (F + B) / step;
+                    bool good = fabs(r.step - step) <= 1e-12 * step &&
+                                fabs(r.bubble - bubble) <= 1e-12;
+                    for (int j = 0; j < n; j++)
+                        good = good && fabs(r.busy[j] - (m * (F + B) + upd)) <= 1e-12 * step;
+                    if (!good) {
+                        fprintf(stderr, "n=%d m=%d lockstep=%d U=%g: step %g (want %g), bubble "
+                                "%g (want %g)\n", n, m, ls, upd, r.step, step, r.bubble, bubble);
+                        ok = false;
+                    }
+                }
+    CHECK_MSG(ok, "the simulator disagrees with GPipe's step and bubble on uniform stages");
+}
+
 /* ---- simulator vs a measured step -------------------------------------------- */
 
 /* One profile + five measured (m, checkpoint) runs.  Everything is checked
@@ -574,6 +634,7 @@ int main(void)
     test_partition_bruteforce();
     test_partition_tiebreak_and_errors();
     test_profiler();
+    test_simulator_formula();
     test_simulator();
     return gpt_finish("test_balance");
 }

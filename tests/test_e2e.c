@@ -9,7 +9,7 @@
  *     test accuracy (skipped, visibly, if the dataset is not installed).
  */
 #include "core/core.h"
-#include "test.h"
+#include "test_util.h"
 
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -33,23 +33,7 @@ static int run(const char *cmd, char *out, size_t len)
 
 static void write_file(const char *path, const char *text)
 {
-    FILE *f = fopen(path, "w");
-    fputs(text, f);
-    fclose(f);
-}
-
-static char *read_file(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    size_t got = fread(b, 1, (size_t)n, f);
-    b[got] = '\0';
-    fclose(f);
-    return b;
+    gpt_write_file(path, text, strlen(text));
 }
 
 /* Remove `"key":value,` fields whose values depend on timing. */
@@ -68,7 +52,7 @@ static void strip_field(char *s, const char *key)
 
 static char *metrics_without_timing(const char *path)
 {
-    char *s = read_file(path);
+    char *s = gpt_read_file(path, NULL);
     if (!s) return NULL;
     strip_field(s, "samples_per_s");
     strip_field(s, "step_seconds");
@@ -180,7 +164,7 @@ static void test_accuracy(void)
              bin, GPIPE_SOURCE_DIR, mp);
     int rc = run(cmd, out, sizeof out);
     CHECK_MSG(rc == 0, "exit %d: %s", rc, out);
-    char *m = read_file(mp);
+    char *m = gpt_read_file(mp, NULL);
     CHECK(m != NULL);
     if (m) {
         char *p = strstr(m, "\"final\":true");
@@ -197,13 +181,8 @@ static void test_accuracy(void)
 
 int main(void)
 {
-    const char *b = getenv("GPIPE_BINARY_DIR");
-    snprintf(bin, sizeof bin, "%s/gpipe-train", b ? b : GPIPE_BINARY_DIR);
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/gpipe-e2e-XXXXXX");
-    if (!mkdtemp(tmpdir)) {
-        perror("mkdtemp");
-        return 1;
-    }
+    gpt_binary_path(bin, sizeof bin, "gpipe-train");
+    if (!gpt_make_tmpdir(tmpdir, sizeof tmpdir, "gpipe-e2e-")) return 1;
     test_cli_errors();
     test_determinism();
     if (getenv("GPIPE_SANITIZED")) {

@@ -20,99 +20,21 @@
  * Runs under ThreadSanitizer in CI (label "threads").
  */
 #include "pipeline/pipeline.h"
-#include "train/train.h"
-#include "test.h"
+#include "test_util.h"
 
 enum { BATCH = 14 };
 
-static gp_layer_spec specs[16];
+static gp_layer_spec specs[GPT_MAX_SPECS];
 
-static gp_config make_cfg(bool convnet)
-{
-    gp_config c;
-    memset(&c, 0, sizeof c);
-    snprintf(c.path, sizeof c.path, "test");
-    int n = 0;
-    if (convnet) {
-        specs[n] = gp_layer_spec_default(GP_LAYER_CONV2D);
-        specs[n].out = 4; specs[n].kernel = 3; specs[n].padding = 1; n++;
-        specs[n++] = gp_layer_spec_default(GP_LAYER_BATCHNORM);
-        specs[n++] = gp_layer_spec_default(GP_LAYER_RELU);
-        specs[n] = gp_layer_spec_default(GP_LAYER_MAXPOOL2D);
-        specs[n].kernel = 2; specs[n].stride = 2; n++;
-        specs[n] = gp_layer_spec_default(GP_LAYER_CONV2D);
-        specs[n].out = 6; specs[n].kernel = 3; specs[n].padding = 1; n++;
-        specs[n++] = gp_layer_spec_default(GP_LAYER_BATCHNORM);
-        specs[n++] = gp_layer_spec_default(GP_LAYER_RELU);
-        specs[n++] = gp_layer_spec_default(GP_LAYER_FLATTEN);
-        specs[n] = gp_layer_spec_default(GP_LAYER_LINEAR); specs[n].out = 5; n++;
-        c.model.input[0] = 2; c.model.input[1] = 6; c.model.input[2] = 6;
-    } else {
-        specs[n++] = gp_layer_spec_default(GP_LAYER_FLATTEN);
-        specs[n] = gp_layer_spec_default(GP_LAYER_LINEAR); specs[n].out = 12; n++;
-        specs[n++] = gp_layer_spec_default(GP_LAYER_RELU);
-        specs[n] = gp_layer_spec_default(GP_LAYER_DROPOUT); specs[n].p = 0.3f; n++;
-        specs[n] = gp_layer_spec_default(GP_LAYER_LINEAR); specs[n].out = 10; n++;
-        specs[n++] = gp_layer_spec_default(GP_LAYER_RELU);
-        specs[n] = gp_layer_spec_default(GP_LAYER_LINEAR); specs[n].out = 5; n++;
-        c.model.input[0] = 1; c.model.input[1] = 4; c.model.input[2] = 4;
-    }
-    c.model.layers = specs;
-    c.model.n_layers = n;
-    c.train.seed = 3;
-    c.train.batch_size = BATCH;
-    c.train.optim.lr = 0.05f;
-    c.train.optim.momentum = 0.9f;
-    c.train.optim.weight_decay = 1e-3f;
-    c.pipeline.chunks = 1;
-    c.pipeline.lockstep = true;
-    return c;
-}
+static gp_config make_cfg(bool convnet) { return gpt_model_cfg(specs, convnet, false, BATCH); }
 
 static gp_device *devs[4];
 
-static void open_devs(void)
-{
-    gp_device_opts o = {.threads = 1};
-    char name[16];
-    for (int j = 0; j < 4; j++) {
-        snprintf(name, sizeof name, "cpu:%d", j);
-        CHECK_OK(gp_device_open(name, &o, &devs[j]));
-    }
-    gp_device_bind_thread(devs[0]);
-}
+static void open_devs(void) { gpt_open_cpu_devices(devs, 4, 1); }
 
 static void make_batch(const gp_config *c, int step, float *x, float *y)
 {
-    int64_t per = c->model.input[0] * c->model.input[1] * c->model.input[2];
-    gp_rng_uniform_fill(11, (uint64_t)step, 0, x, BATCH * per);
-    for (int64_t q = 0; q < BATCH * per; q++) x[q] = x[q] * 2 - 1;
-    for (int i = 0; i < BATCH; i++) y[i] = (float)((i * 7 + step) % 5);
-}
-
-/* All parameters (values or grads) of a model, flattened to the host. */
-static float *gather(gp_model *m, bool grads, int64_t *count)
-{
-    int64_t n = 0;
-    for (int k = 0; k < m->n_layers; k++)
-        for (int p = 0; p < m->layers[k].n_params; p++) n += gp_tensor_numel(&m->layers[k].params[p].value);
-    float *h = calloc((size_t)n, sizeof *h);
-    int64_t off = 0;
-    for (int k = 0; k < m->n_layers; k++)
-        for (int p = 0; p < m->layers[k].n_params; p++) {
-            gp_param *pr = &m->layers[k].params[p];
-            gp_tensor *t = grads ? &pr->grad : &pr->value;
-            int64_t c = gp_tensor_numel(&pr->value);
-            if (t->data) gp_dev_download(t->dev, h + off, t->data, c);
-            off += c;
-        }
-    *count = n;
-    return h;
-}
-
-static void split_even(int L, int n, int *bal)
-{
-    for (int j = 0; j < n; j++) bal[j] = L / n + (j < L % n ? 1 : 0);
+    gpt_make_batch(c, BATCH, step, x, y);
 }
 
 static int transparency_failures;
@@ -124,7 +46,7 @@ static void transparency(bool convnet, int n, int m, gp_checkpoint_mode ck, bool
     c.pipeline.checkpoint = ck;
     c.pipeline.lockstep = lockstep;
     int bal[4];
-    split_even(c.model.n_layers, n, bal);
+    gpt_split_even(c.model.n_layers, n, bal);
     gp_model ref, pip;
     if (gp_model_build(&c, devs[0], &ref) != GP_OK ||
         gp_model_build_placed(&c, devs, n, bal, &pip) != GP_OK) {
@@ -146,14 +68,14 @@ static void transparency(bool convnet, int n, int m, gp_checkpoint_mode ck, bool
         if (a.loss != b.loss || a.accuracy != b.accuracy) same_loss = false;
         if (step == 0) {
             int64_t na, nb;
-            float *ga = gather(&ref, true, &na), *gb = gather(&pip, true, &nb);
+            float *ga = gpt_gather(&ref, GPT_GRADS, &na), *gb = gpt_gather(&pip, GPT_GRADS, &nb);
             if (na != nb || memcmp(ga, gb, (size_t)na * sizeof *ga)) same_grads = false;
             free(ga);
             free(gb);
         }
     }
     int64_t na, nb;
-    float *pa = gather(&ref, false, &na), *pb = gather(&pip, false, &nb);
+    float *pa = gpt_gather(&ref, GPT_VALUES, &na), *pb = gpt_gather(&pip, GPT_VALUES, &nb);
     if (na != nb || memcmp(pa, pb, (size_t)na * sizeof *pa)) same_params = false;
     free(pa);
     free(pb);
@@ -173,7 +95,7 @@ static void deferred_bn(int m)
 {
     gp_config c = make_cfg(true);
     int bal[2];
-    split_even(c.model.n_layers, 2, bal);
+    gpt_split_even(c.model.n_layers, 2, bal);
     gp_model full, pip;
     CHECK_OK(gp_model_build(&c, devs[0], &full));
     c.pipeline.chunks = m;
@@ -211,7 +133,7 @@ static size_t act_peak(gp_checkpoint_mode ck, int m, int n)
     c.pipeline.chunks = m;
     c.pipeline.checkpoint = ck;
     int bal[2];
-    split_even(c.model.n_layers, n, bal);
+    gpt_split_even(c.model.n_layers, n, bal);
     gp_model pip;
     if (gp_model_build_placed(&c, devs, n, bal, &pip) != GP_OK) return 0;
     float x[BATCH * 72], y[BATCH];
@@ -255,7 +177,7 @@ static void faults(void)
     c.pipeline.chunks = 3;
     c.pipeline.checkpoint = GP_CKPT_EXCEPT_LAST;
     int n = 3, bal[3];
-    split_even(c.model.n_layers, n, bal);
+    gpt_split_even(c.model.n_layers, n, bal);
     gp_model pip;
     CHECK_OK(gp_model_build_placed(&c, devs, n, bal, &pip));
     float x[BATCH * 16], y[BATCH];
@@ -317,7 +239,7 @@ static void faults(void)
     gp_model big;
     gp_config cb = make_cfg(false);
     specs[4].out = 200; /* the second linear layer alone needs 12 x 200 floats */
-    split_even(cb.model.n_layers, 2, bal);
+    gpt_split_even(cb.model.n_layers, 2, bal);
     CHECK_ERR(gp_model_build_placed(&cb, two, 2, bal, &big), GP_ERR_OOM, "device cpu:7");
     gp_device_close(small);
 }

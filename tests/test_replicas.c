@@ -23,9 +23,8 @@
  * "threads").
  */
 #include "pipeline/pipeline.h"
-#include "train/train.h"
+#include "test_util.h"
 #include "layers/layers_impl.h"
-#include "test.h"
 #include "backend/elementwise.h"
 
 #include <pthread.h>
@@ -35,16 +34,7 @@ enum { MAXR = 4 };
 
 static gp_device *devs[8];
 
-static void open_devs(void)
-{
-    gp_device_opts o = {.threads = 1};
-    char name[16];
-    for (int j = 0; j < 8; j++) {
-        snprintf(name, sizeof name, "cpu:%d", j);
-        CHECK_OK(gp_device_open(name, &o, &devs[j]));
-    }
-    gp_device_bind_thread(devs[0]);
-}
+static void open_devs(void) { gpt_open_cpu_devices(devs, 8, 1); }
 
 /* ---- collectives ------------------------------------------------------- */
 
@@ -422,81 +412,19 @@ static void group_barrier(void)
 /* ---- models ------------------------------------------------------------- */
 
 enum { BATCH = 12 };
-static gp_layer_spec specs[16];
+static gp_layer_spec specs[GPT_MAX_SPECS];
 
 static gp_config make_cfg(bool convnet, bool sync)
 {
-    gp_config c;
-    memset(&c, 0, sizeof c);
-    snprintf(c.path, sizeof c.path, "test");
-    int n = 0;
-    if (convnet) {
-        specs[n] = gp_layer_spec_default(GP_LAYER_CONV2D);
-        specs[n].out = 4; specs[n].kernel = 3; specs[n].padding = 1; n++;
-        specs[n] = gp_layer_spec_default(GP_LAYER_BATCHNORM); specs[n].sync = sync; n++;
-        specs[n++] = gp_layer_spec_default(GP_LAYER_RELU);
-        specs[n] = gp_layer_spec_default(GP_LAYER_MAXPOOL2D);
-        specs[n].kernel = 2; specs[n].stride = 2; n++;
-        specs[n] = gp_layer_spec_default(GP_LAYER_CONV2D);
-        specs[n].out = 6; specs[n].kernel = 3; specs[n].padding = 1; n++;
-        specs[n] = gp_layer_spec_default(GP_LAYER_BATCHNORM); specs[n].sync = sync; n++;
-        specs[n++] = gp_layer_spec_default(GP_LAYER_RELU);
-        specs[n++] = gp_layer_spec_default(GP_LAYER_FLATTEN);
-        specs[n] = gp_layer_spec_default(GP_LAYER_LINEAR); specs[n].out = 5; n++;
-        c.model.input[0] = 2; c.model.input[1] = 6; c.model.input[2] = 6;
-    } else {
-        specs[n++] = gp_layer_spec_default(GP_LAYER_FLATTEN);
-        specs[n] = gp_layer_spec_default(GP_LAYER_LINEAR); specs[n].out = 12; n++;
-        specs[n++] = gp_layer_spec_default(GP_LAYER_RELU);
-        specs[n] = gp_layer_spec_default(GP_LAYER_DROPOUT); specs[n].p = 0.3f; n++;
-        specs[n] = gp_layer_spec_default(GP_LAYER_LINEAR); specs[n].out = 10; n++;
-        specs[n++] = gp_layer_spec_default(GP_LAYER_RELU);
-        specs[n] = gp_layer_spec_default(GP_LAYER_LINEAR); specs[n].out = 5; n++;
-        c.model.input[0] = 1; c.model.input[1] = 4; c.model.input[2] = 4;
-    }
-    c.model.layers = specs;
-    c.model.n_layers = n;
-    c.train.seed = 3;
-    c.train.batch_size = BATCH;
-    c.train.optim.lr = 0.05f;
-    c.train.optim.momentum = 0.9f;
-    c.train.optim.weight_decay = 1e-3f;
+    gp_config c = gpt_model_cfg(specs, convnet, sync, BATCH);
     c.pipeline.chunks = 2;
-    c.pipeline.lockstep = true;
     c.pipeline.checkpoint = GP_CKPT_EXCEPT_LAST;
     return c;
 }
 
 static void make_batch(const gp_config *c, int step, float *x, float *y)
 {
-    int64_t per = c->model.input[0] * c->model.input[1] * c->model.input[2];
-    gp_rng_uniform_fill(11, (uint64_t)step, 0, x, BATCH * per);
-    for (int64_t q = 0; q < BATCH * per; q++) x[q] = x[q] * 2 - 1;
-    for (int i = 0; i < BATCH; i++) y[i] = (float)((i * 7 + step) % 5);
-}
-
-static float *gather(gp_model *m, int64_t *count)
-{
-    int64_t n = 0;
-    for (int k = 0; k < m->n_layers; k++)
-        for (int p = 0; p < m->layers[k].n_params; p++)
-            n += gp_tensor_numel(&m->layers[k].params[p].value);
-    float *h = calloc((size_t)(n ? n : 1), sizeof *h);
-    int64_t off = 0;
-    for (int k = 0; k < m->n_layers; k++)
-        for (int p = 0; p < m->layers[k].n_params; p++) {
-            gp_tensor *t = &m->layers[k].params[p].value;
-            int64_t c = gp_tensor_numel(t);
-            gp_dev_download(t->dev, h + off, t->data, c);
-            off += c;
-        }
-    *count = n;
-    return h;
-}
-
-static void split_even(int L, int n, int *bal)
-{
-    for (int j = 0; j < n; j++) bal[j] = L / n + (j < L % n ? 1 : 0);
+    gpt_make_batch(c, BATCH, step, x, y);
 }
 
 /* R replicas x n stages vs the single-device run with R x chunks. */
@@ -504,7 +432,7 @@ static void equivalence(bool convnet, int R, int n)
 {
     gp_config c = make_cfg(convnet, false);
     int bal[2];
-    split_even(c.model.n_layers, n, bal);
+    gpt_split_even(c.model.n_layers, n, bal);
     gp_model ref, rep;
     if (gp_model_build(&c, devs[R * n], &ref) != GP_OK ||
         gp_model_build_replicated(&c, devs, R, n, bal, &rep) != GP_OK) {
@@ -528,7 +456,7 @@ static void equivalence(bool convnet, int R, int n)
     }
     if (!ok) goto done;
     int64_t na, nb;
-    float *pa = gather(&ref, &na), *pb = gather(&rep, &nb);
+    float *pa = gpt_gather(&ref, GPT_VALUES, &na), *pb = gpt_gather(&rep, GPT_VALUES, &nb);
     double worst = 0;
     for (int64_t q = 0; q < na && na == nb; q++)
         worst = fmax(worst, fabs((double)pa[q] - pb[q]) / fmax(fabs((double)pa[q]), 1e-2));
@@ -770,7 +698,7 @@ static void sync_bn_model(void)
         gp_config c = make_cfg(true, sync == 1);
         c.pipeline.checkpoint = GP_CKPT_ALWAYS;
         int bal[2];
-        split_even(c.model.n_layers, 2, bal);
+        gpt_split_even(c.model.n_layers, 2, bal);
         gp_model rep;
         CHECK_OK(gp_model_build_replicated(&c, devs, 2, 2, bal, &rep));
         float x[BATCH * 72], y[BATCH];
@@ -841,7 +769,7 @@ static void residual_sync(void)
             CHECK_OK(gp_model_pipeline_step(&rep, &c, x, y, BATCH, 0.05, NULL));
         }
         int64_t na, nb;
-        float *pa = gather(&ref, &na), *pb = gather(&rep, &nb);
+        float *pa = gpt_gather(&ref, GPT_VALUES, &na), *pb = gpt_gather(&rep, GPT_VALUES, &nb);
         for (int64_t q = 0; q < na && na == nb; q++)
             worst[sync] = fmax(worst[sync], fabs((double)pa[q] - pb[q]) /
                                                 fmax(fabs((double)pa[q]), 1e-2));
@@ -867,7 +795,7 @@ static void two_stage_group(bool convnet, int R, gp_config *c, gp_model *rep, fl
 {
     *c = make_cfg(convnet, false);
     int bal[2];
-    split_even(c->model.n_layers, 2, bal);
+    gpt_split_even(c->model.n_layers, 2, bal);
     if (convnet) { /* stage 0 = the first convolution; the batch norms in stage 1 */
         bal[0] = 1;
         bal[1] = c->model.n_layers - 1;
@@ -897,7 +825,7 @@ static void faults(void)
                 gp_pipeline_set_fault(mr->pipe, kinds[q] >= GP_INSTR_REDUCE_GRADS ? -1 : 0, j,
                                       kinds[q]);
                 int64_t n0;
-                float *before = gather(&rep, &n0);
+                float *before = gpt_gather(&rep, GPT_VALUES, &n0);
                 int64_t step0 = rep.step;
                 double t0 = gp_now();
                 gp_status s = gp_model_pipeline_step(&rep, &c, x, y, BATCH, 0.05, NULL);
@@ -910,7 +838,7 @@ static void faults(void)
                           r, j, gp_status_name(s), gp_last_error());
                 CHECK_MSG(dt < 10.0, "a failed step took %.1f s", dt);
                 int64_t n1;
-                float *after = gather(&rep, &n1);
+                float *after = gpt_gather(&rep, GPT_VALUES, &n1);
                 CHECK_MSG(n0 == n1 && !memcmp(before, after, (size_t)n0 * sizeof *before),
                           "a failed step changed the parameters");
                 CHECK(rep.step == step0);
@@ -946,11 +874,11 @@ static void late_fault(bool convnet)
     gp_pipeline_set_fault(late->pipe, 0, 0, GP_INSTR_BACKWARD);
     gp_pipeline_set_fault_delay(late->pipe, 300);
     int64_t n0, n1, m0, m1;
-    float *before = gather(&rep, &n0), *before1 = gather(late, &m0);
+    float *before = gpt_gather(&rep, GPT_VALUES, &n0), *before1 = gpt_gather(late, GPT_VALUES, &m0);
     gp_status s = gp_model_pipeline_step(&rep, &c, x, y, BATCH, 0.05, NULL);
     CHECK_MSG(s == GP_ERR_RUNTIME && strstr(gp_last_error(), "replica 1:"),
               "late fault: %s '%s'", gp_status_name(s), gp_last_error());
-    float *after = gather(&rep, &n1), *after1 = gather(late, &m1);
+    float *after = gpt_gather(&rep, GPT_VALUES, &n1), *after1 = gpt_gather(late, GPT_VALUES, &m1);
     CHECK_MSG(n0 == n1 && !memcmp(before, after, (size_t)n0 * sizeof *before),
               "%s: a replica that failed late let replica 0 change its model",
               convnet ? "convnet" : "mlp");

@@ -1,34 +1,119 @@
 /*
- * test_schedule.c — exhaustive checks of GPipe's schedule for small n, m and
- * every checkpoint mode: every (i, j) forward and backward appears exactly
- * once on device j; clocks are as specified; dependencies are respected
+ * test_schedule.c — exhaustive checks of GPipe's schedule for n in 1..8
+ * stages, m in 1..32 micro-batches and every checkpoint mode: every (i, j)
+ * forward and backward appears exactly once on device j; clocks equal the
+ * earliest start of each computation in GPipe's dependency graph (an oracle
+ * that never uses the schedule's formulas); dependencies are respected
  * along each device's list and across devices (by clock); copies sit where
  * data crosses devices; recompute precedes exactly the checkpointed
- * backwards.
+ * backwards.  Only the five kinds below are checked: others a schedule may
+ * list (per-stage steps with i = -1) are ignored here.
  */
 #include "pipeline/schedule.h"
 #include "test.h"
+
+enum { MAX_N = 8, MAX_M = 32 };
+
+/* The kinds this test knows. */
+static bool known_kind(gp_instr_kind k)
+{
+    switch (k) {
+    case GP_INSTR_RECV_ACT:
+    case GP_INSTR_FORWARD:
+    case GP_INSTR_RECV_GRAD:
+    case GP_INSTR_RECOMPUTE:
+    case GP_INSTR_BACKWARD: return true;
+    default: return false;
+    }
+}
+
+/* The oracle: GPipe's dependency graph, from the paper's figure 2(c), and
+ * the earliest clock of each computation in it, by longest path.  Each
+ * computation takes one clock and may start one clock after everything it
+ * depends on:
+ *   forward (i, j)  needs forward (i, j-1) (its input) and forward
+ *                   (i-1, j) (device j runs micro-batches in order);
+ *   backward (i, j) needs its own forward (i, j), backward (i, j+1) (its
+ *                   output's gradient) and backward (i+1, j) (device j
+ *                   runs backwards in reverse micro-batch order).
+ * A copy runs at the clock of the computation it feeds, a recompute at
+ * its backward's.  Memoised in clock[phase][i][j], -1 = not yet known. */
+typedef struct {
+    int n, m;
+    int clock[2][MAX_M][MAX_N];
+} oracle;
+
+enum { FWD = 0, BWD = 1 };
+
+static int imax(int a, int b) { return a > b ? a : b; }
+
+static int earliest(oracle *o, int phase, int i, int j)
+{
+    int *k = &o->clock[phase][i][j];
+    if (*k >= 0) return *k;
+    int start = 0;
+    if (phase == FWD) {
+        if (j > 0) start = imax(start, earliest(o, FWD, i, j - 1) + 1);
+        if (i > 0) start = imax(start, earliest(o, FWD, i - 1, j) + 1);
+    } else {
+        start = earliest(o, FWD, i, j) + 1;
+        if (j < o->n - 1) start = imax(start, earliest(o, BWD, i, j + 1) + 1);
+        if (i < o->m - 1) start = imax(start, earliest(o, BWD, i + 1, j) + 1);
+    }
+    return *k = start;
+}
+
+static void oracle_init(oracle *o, int n, int m)
+{
+    o->n = n;
+    o->m = m;
+    memset(o->clock, 0xff, sizeof o->clock);
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) earliest(o, BWD, i, j);
+}
+
+/* The clock the oracle gives an instruction of a known kind. */
+static int oracle_clock(const oracle *o, const gp_instr *in)
+{
+    bool fwd = in->kind == GP_INSTR_RECV_ACT || in->kind == GP_INSTR_FORWARD;
+    return o->clock[fwd ? FWD : BWD][in->i][in->j];
+}
 
 static void check_one(int n, int m, gp_checkpoint_mode ck)
 {
     gp_schedule s;
     CHECK_OK(gp_schedule_gpipe(n, m, ck, &s));
-    CHECK(s.clocks == 2 * (m + n - 1));
-    int F = (m + n - 1);
+    oracle o;
+    oracle_init(&o, n, m);
+    /* s.clocks counts the clocks the computations and copies use, at least
+     * the oracle's (the end of the step sits at clock s.clocks, after them:
+     * end_of_step() checks it) */
+    int last_oracle = 0, last_used = 0;
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) last_oracle = imax(last_oracle, o.clock[BWD][i][j]);
+    for (int j = 0; j < n; j++)
+        for (int c = 0; c < s.count[j]; c++)
+            if (known_kind(s.list[j][c].kind)) last_used = imax(last_used, s.list[j][c].k);
+    CHECK_MSG(s.clocks == last_used + 1 && s.clocks >= last_oracle + 1,
+              "n=%d m=%d: %d clocks; instructions use %d, the oracle needs %d", n, m, s.clocks,
+              last_used + 1, last_oracle + 1);
     int ok_once = 1, ok_clock = 1, ok_order = 1, ok_copy = 1, ok_ck = 1;
     for (int j = 0; j < n; j++) {
-        int seen[GP_INSTR_KIND_COUNT][64] = {{0}};
+        int seen[GP_INSTR_KIND_COUNT][MAX_M] = {{0}};
         int last_k = -1;
+        /* computations (forward or backward) per clock on this device */
+        int busy[2 * (MAX_M + MAX_N)] = {0};
         for (int c = 0; c < s.count[j]; c++) {
             gp_instr *in = &s.list[j][c];
-            if (in->kind > GP_INSTR_BACKWARD) continue; /* the end of the step: below */
+            if (!known_kind(in->kind)) continue; /* the end of the step: end_of_step() */
             if (in->j != j || in->i < 0 || in->i >= m) { ok_once = 0; continue; }
             seen[in->kind][in->i]++;
-            /* clocks */
-            int want = (in->kind == GP_INSTR_FORWARD || in->kind == GP_INSTR_RECV_ACT)
-                           ? in->i + j
-                           : F + (m - 1 - in->i) + (n - 1 - j);
-            if (in->k != want) ok_clock = 0;
+            /* clocks: the oracle's, and one computation per device per clock */
+            if (in->k != oracle_clock(&o, in)) ok_clock = 0;
+            if (in->kind == GP_INSTR_FORWARD || in->kind == GP_INSTR_BACKWARD) {
+                if (in->k < 0 || in->k >= 2 * (MAX_M + MAX_N)) ok_clock = 0;
+                else if (busy[in->k]++) ok_clock = 0;
+            }
             /* a device's list never goes back in clock */
             if (in->k < last_k) ok_order = 0;
             last_k = in->k;
@@ -59,7 +144,7 @@ static void check_one(int n, int m, gp_checkpoint_mode ck)
             gp_instr *in = &s.list[j][c];
             for (int c2 = 0; c2 < s.count[j - 1]; c2++) {
                 gp_instr *p = &s.list[j - 1][c2];
-                if (p->i != in->i) continue;
+                if (!known_kind(in->kind) || !known_kind(p->kind) || p->i != in->i) continue;
                 if (in->kind == GP_INSTR_FORWARD && p->kind == GP_INSTR_FORWARD && p->k != in->k - 1)
                     ok_order = 0;
                 if (in->kind == GP_INSTR_BACKWARD && p->kind == GP_INSTR_BACKWARD && p->k != in->k + 1)
@@ -74,19 +159,66 @@ static void check_one(int n, int m, gp_checkpoint_mode ck)
     gp_schedule_free(&s);
 }
 
+/* n = 3, m = 3 written out by hand from the GPipe paper's figure 2(c)
+ * (torchgpipe's docs draw the same): row k is clock k, column j stage j;
+ * Fi / Bi = forward / backward of micro-batch i, ".." idle. */
+static const char *const table_3x3[10] = {
+    "F0 .. ..",
+    "F1 F0 ..",
+    "F2 F1 F0",
+    ".. F2 F1",
+    ".. .. F2",
+    ".. .. B2",
+    ".. B2 B1",
+    "B2 B1 B0",
+    "B1 B0 ..",
+    "B0 .. ..",
+};
+
+/* The cell of table_3x3 that (kind, i, j) should occupy at clock k. */
+static bool in_table(char kind, int i, int j, int k)
+{
+    if (k < 0 || k >= 10) return false;
+    const char *cell = table_3x3[k] + 3 * j;
+    return cell[0] == kind && cell[1] == '0' + i;
+}
+
 static void test_table(void)
 {
-    /* The ASCII table of schedule.h, n = 3, m = 3: at forward clock 2 the
-     * three stages run micro-batches 2, 1, 0. */
     gp_schedule s;
     CHECK_OK(gp_schedule_gpipe(3, 3, GP_CKPT_NEVER, &s));
-    int at2[3] = {-1, -1, -1};
+    CHECK(s.clocks == 10);
+    /* every forward and backward where the table puts it, and the table's
+     * 18 cells all filled (each instruction is checked to be in one, and
+     * there are 18 of them) */
+    int placed = 0, misplaced = 0, known[3] = {0};
     for (int j = 0; j < 3; j++)
-        for (int c = 0; c < s.count[j]; c++)
-            if (s.list[j][c].kind == GP_INSTR_FORWARD && s.list[j][c].k == 2) at2[j] = s.list[j][c].i;
-    CHECK(at2[0] == 2 && at2[1] == 1 && at2[2] == 0);
+        for (int c = 0; c < s.count[j]; c++) {
+            gp_instr *in = &s.list[j][c];
+            if (!known_kind(in->kind)) continue;
+            known[j]++;
+            if (in->kind != GP_INSTR_FORWARD && in->kind != GP_INSTR_BACKWARD) continue;
+            placed++;
+            if (!in_table(in->kind == GP_INSTR_FORWARD ? 'F' : 'B', in->i, j, in->k)) {
+                misplaced++;
+                fprintf(stderr, "%s (%d, %d) at clock %d\n", gp_instr_kind_name(in->kind), in->i,
+                        j, in->k);
+            }
+        }
+    CHECK_MSG(placed == 18 && misplaced == 0, "%d computations, %d not where the table says",
+              placed, misplaced);
+    /* the oracle draws the same table */
+    oracle o;
+    oracle_init(&o, 3, 3);
+    bool same = true;
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++)
+            same = same && in_table('F', i, j, o.clock[FWD][i][j]) &&
+                   in_table('B', i, j, o.clock[BWD][i][j]);
+    CHECK_MSG(same, "the oracle disagrees with the hand-written table");
     /* never: no recompute at all; stage 0 has 3 F + 3 B + 3 recv_grad, and
      * every stage ends with barrier, commit and update */
+    CHECK(known[0] == 9 && known[1] == 12 && known[2] == 9);
     CHECK(s.count[0] == 12 && s.count[1] == 15 && s.count[2] == 12);
     gp_schedule_free(&s);
     CHECK_ERR(gp_schedule_gpipe(0, 3, GP_CKPT_NEVER, &s), GP_ERR_INVALID, "1..64 stages");
@@ -145,8 +277,8 @@ static void end_of_step(void)
 
 int main(void)
 {
-    for (int n = 1; n <= 6; n++)
-        for (int m = 1; m <= 9; m++)
+    for (int n = 1; n <= MAX_N; n++)
+        for (int m = 1; m <= MAX_M; m++)
             for (int ck = 0; ck < 3; ck++) check_one(n, m, (gp_checkpoint_mode)ck);
     test_table();
     end_of_step();

@@ -15,7 +15,7 @@
 #include "backend/backend.h"
 #include "backend/elementwise.h"
 #include "core/philox.h"
-#include "test.h"
+#include "test_util.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -80,15 +80,8 @@ static void test_bn_conversions(void)
     gp_bn_desc d = {n, c, s, 1e-5f};
     CHECK_OK(gp_dev_bn_fwd_train(dev, &d, x, NULL, NULL, y, mean, var));
     for (int64_t ch = 0; ch < c; ch++) {
-        double m = 0, ss = 0;
-        for (int64_t i = 0; i < n; i++)
-            for (int64_t j = 0; j < s; j++) m += x[(i * c + ch) * s + j];
-        m /= cnt;
-        for (int64_t i = 0; i < n; i++)
-            for (int64_t j = 0; j < s; j++) {
-                double t = x[(i * c + ch) * s + j] - m;
-                ss += t * t;
-            }
+        double m, ss;
+        gpt_bn_moments(x, n, c, s, ch, &m, &ss);
         float unbiased = (float)(ss / (cnt - 1));
         CHECK_NEAR(gp_ew_bn_biased_var(unbiased, cnt), var[ch], 0, 1e-6);
     }

@@ -1,10 +1,11 @@
 /*
  * test_train.c — the learning-rate schedules against hand-computed values,
  * micro-batch sizes, and the single-device step: m micro-batches accumulate
- * the same gradients (and give the same update) as one full batch.
+ * the same gradients (and give the same update) as one full batch; with
+ * batch norm, whose statistics are per micro-batch, the loss and update of
+ * m micro-batches are the mean of each micro-batch's own one-step run.
  */
-#include "train/train.h"
-#include "test.h"
+#include "test_util.h"
 
 static gp_train_config base_cfg(void)
 {
@@ -103,38 +104,39 @@ static gp_config model_cfg(bool with_bn, bool with_dropout)
     return c;
 }
 
-/* Parameters of a model as one host vector. */
-static float *params_host(gp_model *m, int64_t *n_out)
+/* The device the model tests run on: 2 math threads. */
+static gp_device *open_dev(void)
 {
-    int64_t n = 0;
-    for (int k = 0; k < m->n_layers; k++)
-        for (int p = 0; p < m->layers[k].n_params; p++) n += gp_tensor_numel(&m->layers[k].params[p].value);
-    float *h = malloc((size_t)n * sizeof *h);
-    int64_t off = 0;
-    for (int k = 0; k < m->n_layers; k++)
-        for (int p = 0; p < m->layers[k].n_params; p++) {
-            gp_tensor *t = &m->layers[k].params[p].value;
-            gp_dev_download(m->dev, h + off, t->data, gp_tensor_numel(t));
-            off += gp_tensor_numel(t);
-        }
-    *n_out = n;
-    return h;
+    gp_device *dev = NULL;
+    gpt_open_cpu_devices(&dev, 1, 2);
+    return dev;
+}
+
+/* Everything the models and steps held is released (backend workspace
+ * caches may stay until the device closes). */
+static void check_released(gp_device *dev)
+{
+    CHECK(dev->alloc.cur_by[GP_MEM_PARAMS] == 0 && dev->alloc.cur_by[GP_MEM_GRADS] == 0 &&
+          dev->alloc.cur_by[GP_MEM_OPTIMIZER] == 0 && dev->alloc.cur_by[GP_MEM_ACTIVATIONS] == 0);
+}
+
+enum { N = 12, PER = 2 * 6 * 5 };
+
+static void make_data(float *x, float *y)
+{
+    for (int i = 0; i < N * PER; i++) x[i] = gp_rng_uniform(1, 2, (uint64_t)i) * 2 - 1;
+    for (int i = 0; i < N; i++) y[i] = (float)(i % 5);
 }
 
 /* m micro-batches vs one batch: same loss and, after 3 steps, the same
  * parameters within float reduction-order tolerance.  Dropout masks are
  * keyed by the sample's position, so they agree too. */
-static void test_microbatch_equivalence(bool bn, bool dropout)
+static void test_microbatch_equivalence(bool dropout)
 {
-    gp_device_opts o = {.threads = 2};
-    gp_device *dev;
-    CHECK_OK(gp_device_open("cpu:0", &o, &dev));
-    gp_device_bind_thread(dev);
-    gp_config c = model_cfg(bn, dropout);
-    enum { N = 12 };
-    float x[N * 60], y[N];
-    for (int i = 0; i < N * 60; i++) x[i] = gp_rng_uniform(1, 2, (uint64_t)i) * 2 - 1;
-    for (int i = 0; i < N; i++) y[i] = (float)(i % 5);
+    gp_device *dev = open_dev();
+    gp_config c = model_cfg(false, dropout);
+    float x[N * PER], y[N];
+    make_data(x, y);
     int chunks[] = {1, 3, 4};
     float *ref = NULL;
     int64_t nref = 0;
@@ -149,33 +151,103 @@ static void test_microbatch_equivalence(bool bn, bool dropout)
             if (s == 0) first_loss = st.loss;
         }
         int64_t n;
-        float *p = params_host(&m, &n);
+        float *p = gpt_gather(&m, GPT_VALUES, &n);
         if (ci == 0) {
             ref = p;
             nref = n;
             ref_loss = first_loss;
             CHECK(isfinite(first_loss) && first_loss > 0);
         } else {
-            /* BN normalises with micro-batch statistics, so only the
-             * no-BN model is expected to match the full batch. */
-            if (!bn) {
-                CHECK_NEAR(first_loss, ref_loss, 1e-6, 1e-5);
-                double maxd = 0;
-                for (int64_t i = 0; i < n && n == nref; i++)
-                    maxd = fmax(maxd, fabs((double)p[i] - ref[i]) / (1e-3 + fabs(ref[i])));
-                CHECK_MSG(maxd < 1e-4, "chunks=%d: max relative param difference %g", chunks[ci], maxd);
-            } else {
-                CHECK(isfinite(first_loss));
-            }
+            CHECK_NEAR(first_loss, ref_loss, 1e-6, 1e-5);
+            CHECK_MSG(n == nref && n > 0, "chunks=%d: %lld parameters, the full batch's model %lld",
+                      chunks[ci], (long long)n, (long long)nref);
+            double maxd = n == nref ? 0 : INFINITY;
+            for (int64_t i = 0; i < n && n == nref; i++)
+                maxd = fmax(maxd, fabs((double)p[i] - ref[i]) / (1e-3 + fabs(ref[i])));
+            CHECK_MSG(maxd < 1e-4, "chunks=%d: max relative param difference %g", chunks[ci], maxd);
             free(p);
         }
         gp_model_free(&m);
     }
     free(ref);
-    /* everything the models and steps held is released (backend workspace
-     * caches may stay until the device closes) */
-    CHECK(dev->alloc.cur_by[GP_MEM_PARAMS] == 0 && dev->alloc.cur_by[GP_MEM_GRADS] == 0 &&
-          dev->alloc.cur_by[GP_MEM_OPTIMIZER] == 0 && dev->alloc.cur_by[GP_MEM_ACTIVATIONS] == 0);
+    check_released(dev);
+    gp_device_close(dev);
+}
+
+/* Batch norm normalises each micro-batch with its own statistics, so m
+ * micro-batches are not one batch of N but m batches of N / m whose losses
+ * and gradients are averaged.  Oracle: one step on each micro-batch alone
+ * (chunks = 1, batch N / m) from the same initial parameters.  The chunked
+ * step's loss is the mean of theirs; and one SGD step from zero momentum
+ * is affine in the gradient (w1 = w0 - lr (g + wd w0), whatever the
+ * momentum), so the chunked step's update of the trained parameters is the
+ * mean of theirs.  (BN's running statistics are not SGD-updated, so they
+ * are left out.)  Updates are compared as vectors, |got - ref| / |ref|:
+ * float parameters resolve a small update only to ~1e-6 of it. */
+static void test_microbatch_bn(void)
+{
+    gp_device *dev = open_dev();
+    gp_config c = model_cfg(true, false);
+    const double lr = 0.05;
+    float x[N * PER], y[N];
+    make_data(x, y);
+    /* the initial parameters, and the full batch's step: that the chunked
+     * step differs from it shows micro-batch statistics at work */
+    gp_model full;
+    gp_step_stats fs = {0};
+    CHECK_OK(gp_model_build(&c, dev, &full));
+    int64_t n0, nf;
+    float *w0 = gpt_gather(&full, GPT_TRAINED, &n0);
+    CHECK_OK(gp_model_train_step(&full, &c, x, y, N, 1, lr, &fs));
+    float *wf = gpt_gather(&full, GPT_TRAINED, &nf);
+    gp_model_free(&full);
+    CHECK(n0 == nf && n0 > 0);
+    int chunks[] = {2, 3, 4};
+    for (int ci = 0; ci < 3; ci++) {
+        int mc = chunks[ci], per = N / mc;
+        gp_model m;
+        gp_step_stats st = {0};
+        CHECK_OK(gp_model_build(&c, dev, &m));
+        CHECK_OK(gp_model_train_step(&m, &c, x, y, N, mc, lr, &st));
+        int64_t n;
+        float *p = gpt_gather(&m, GPT_TRAINED, &n);
+        gp_model_free(&m);
+        /* ref: the mean of the micro-batches' own updates */
+        double ref_loss = 0, *ref = calloc((size_t)n0, sizeof *ref);
+        bool same_count = n == n0 && nf == n0;
+        for (int k = 0; k < mc; k++) {
+            gp_model mk;
+            gp_step_stats sk = {0};
+            CHECK_OK(gp_model_build(&c, dev, &mk));
+            CHECK_OK(gp_model_train_step(&mk, &c, x + k * per * PER, y + k * per, per, 1, lr, &sk));
+            ref_loss += sk.loss / mc;
+            int64_t nk;
+            float *pk = gpt_gather(&mk, GPT_TRAINED, &nk);
+            same_count = same_count && nk == n0;
+            for (int64_t i = 0; i < n0 && nk == n0; i++) ref[i] += ((double)pk[i] - w0[i]) / mc;
+            free(pk);
+            gp_model_free(&mk);
+        }
+        CHECK_MSG(same_count, "chunks=%d: parameter counts differ", mc);
+        CHECK_NEAR(st.loss, ref_loss, 1e-6, 1e-5);
+        double e2 = 0, r2 = 0, f2 = 0;
+        for (int64_t i = 0; i < n0 && same_count; i++) {
+            double got = (double)p[i] - w0[i], fu = (double)wf[i] - w0[i];
+            e2 += (got - ref[i]) * (got - ref[i]);
+            f2 += (fu - ref[i]) * (fu - ref[i]);
+            r2 += ref[i] * ref[i];
+        }
+        double err = same_count && r2 > 0 ? sqrt(e2 / r2) : INFINITY, full_err = sqrt(f2 / r2);
+        CHECK_MSG(err < 1e-4, "chunks=%d: the update differs by %.3g (relative) from the mean of "
+                  "the micro-batches' own updates", mc, err);
+        CHECK_MSG(full_err > 1e-2, "chunks=%d: the full batch's update is as close (%.3g): the "
+                  "check cannot tell micro-batch statistics from the full batch's", mc, full_err);
+        free(p);
+        free(ref);
+    }
+    free(w0);
+    free(wf);
+    check_released(dev);
     gp_device_close(dev);
 }
 
@@ -183,8 +255,8 @@ int main(void)
 {
     test_schedules();
     test_split();
-    test_microbatch_equivalence(false, false);
-    test_microbatch_equivalence(false, true);
-    test_microbatch_equivalence(true, false);
+    test_microbatch_equivalence(false);
+    test_microbatch_equivalence(true);
+    test_microbatch_bn();
     return gpt_finish("test_train");
 }

@@ -1,0 +1,219 @@
+/*
+ * test_util.h — helpers that several test programs share, written once so
+ * that the pipeline, replica and training tests build their models,
+ * batches and oracles the same way and a fix to a helper reaches them all.
+ *
+ *   gpt_open_cpu_devices  cpu:0..count-1, the caller closes them
+ *   gpt_model_cfg         the small MLP and convnet the pipeline tests train
+ *   gpt_make_batch        a deterministic batch per step
+ *   gpt_gather            a model's parameters (or gradients) on the host
+ *   gpt_split_even        layers per stage, as even as can be
+ *   gpt_bn_moments        the naive reference for batch norm's statistics
+ *   gpt_binary_path       where the build put a program (gpipe-train)
+ *   gpt_make_tmpdir       a private scratch directory under /tmp
+ *   gpt_read_file         a whole file into memory, '\0'-terminated
+ *   gpt_write_file        bytes into a file
+ *
+ * Everything is static inline (a program uses what it needs; the rest
+ * costs nothing and warns about nothing).  Include it instead of test.h,
+ * in one .c file per test program, like test.h.  Memory: gpt_gather and
+ * gpt_read_file return malloc'ed memory the caller frees; gpt_model_cfg's
+ * config points into the caller's spec array.  Not thread-safe: CHECK's
+ * counters are plain ints.
+ */
+#ifndef GP_TEST_UTIL_H
+#define GP_TEST_UTIL_H
+
+#include "train/train.h"
+#include "test.h"
+
+/* Opens cpu:0..count-1 into devs, each with `threads` math threads, and
+ * binds the calling thread to devs[0]. */
+static inline void gpt_open_cpu_devices(gp_device **devs, int count, int threads)
+{
+    gp_device_opts o = {.threads = threads};
+    char name[16];
+    for (int j = 0; j < count; j++) {
+        snprintf(name, sizeof name, "cpu:%d", j);
+        CHECK_OK(gp_device_open(name, &o, &devs[j]));
+    }
+    if (count > 0) gp_device_bind_thread(devs[0]);
+}
+
+enum { GPT_MAX_SPECS = 16 };
+
+/* The two small models, written into specs[0..GPT_MAX_SPECS), which the
+ * returned config points to (so specs must outlive it, and a test may edit
+ * a layer through it):
+ *   mlp (1, 4, 4):     flatten, linear 12, relu, dropout 0.3, linear 10,
+ *                      relu, linear 5
+ *   convnet (2, 6, 6): conv 4 (3x3, pad 1), batchnorm, relu, maxpool 2,
+ *                      conv 6 (3x3, pad 1), batchnorm, relu, flatten,
+ *                      linear 5
+ * Batch norms synchronise across replicas when sync_bn.  Seed 3, SGD with
+ * lr 0.05, momentum 0.9, weight decay 1e-3; 1 chunk, lockstep, checkpoint
+ * mode 0 (always). */
+static inline gp_config gpt_model_cfg(gp_layer_spec *specs, bool convnet, bool sync_bn,
+                                      int64_t batch)
+{
+    gp_config c;
+    memset(&c, 0, sizeof c);
+    snprintf(c.path, sizeof c.path, "test");
+    int n = 0;
+    if (convnet) {
+        specs[n] = gp_layer_spec_default(GP_LAYER_CONV2D);
+        specs[n].out = 4; specs[n].kernel = 3; specs[n].padding = 1; n++;
+        specs[n] = gp_layer_spec_default(GP_LAYER_BATCHNORM); specs[n].sync = sync_bn; n++;
+        specs[n++] = gp_layer_spec_default(GP_LAYER_RELU);
+        specs[n] = gp_layer_spec_default(GP_LAYER_MAXPOOL2D);
+        specs[n].kernel = 2; specs[n].stride = 2; n++;
+        specs[n] = gp_layer_spec_default(GP_LAYER_CONV2D);
+        specs[n].out = 6; specs[n].kernel = 3; specs[n].padding = 1; n++;
+        specs[n] = gp_layer_spec_default(GP_LAYER_BATCHNORM); specs[n].sync = sync_bn; n++;
+        specs[n++] = gp_layer_spec_default(GP_LAYER_RELU);
+        specs[n++] = gp_layer_spec_default(GP_LAYER_FLATTEN);
+        specs[n] = gp_layer_spec_default(GP_LAYER_LINEAR); specs[n].out = 5; n++;
+        c.model.input[0] = 2; c.model.input[1] = 6; c.model.input[2] = 6;
+    } else {
+        specs[n++] = gp_layer_spec_default(GP_LAYER_FLATTEN);
+        specs[n] = gp_layer_spec_default(GP_LAYER_LINEAR); specs[n].out = 12; n++;
+        specs[n++] = gp_layer_spec_default(GP_LAYER_RELU);
+        specs[n] = gp_layer_spec_default(GP_LAYER_DROPOUT); specs[n].p = 0.3f; n++;
+        specs[n] = gp_layer_spec_default(GP_LAYER_LINEAR); specs[n].out = 10; n++;
+        specs[n++] = gp_layer_spec_default(GP_LAYER_RELU);
+        specs[n] = gp_layer_spec_default(GP_LAYER_LINEAR); specs[n].out = 5; n++;
+        c.model.input[0] = 1; c.model.input[1] = 4; c.model.input[2] = 4;
+    }
+    c.model.layers = specs;
+    c.model.n_layers = n;
+    c.train.seed = 3;
+    c.train.batch_size = batch;
+    c.train.optim.lr = 0.05f;
+    c.train.optim.momentum = 0.9f;
+    c.train.optim.weight_decay = 1e-3f;
+    c.pipeline.chunks = 1;
+    c.pipeline.lockstep = true;
+    return c;
+}
+
+/* Batch `step` for c's input shape: x (batch, C, H, W) uniform in [-1, 1)
+ * from the counter-based RNG (stream 11, counter step), labels
+ * (7 i + step) mod 5. */
+static inline void gpt_make_batch(const gp_config *c, int64_t batch, int step, float *x, float *y)
+{
+    int64_t per = c->model.input[0] * c->model.input[1] * c->model.input[2];
+    gp_rng_uniform_fill(11, (uint64_t)step, 0, x, batch * per);
+    for (int64_t q = 0; q < batch * per; q++) x[q] = x[q] * 2 - 1;
+    for (int64_t i = 0; i < batch; i++) y[i] = (float)((i * 7 + step) % 5);
+}
+
+typedef enum {
+    GPT_VALUES,  /* every parameter's value, buffers (BN running statistics) included */
+    GPT_GRADS,   /* every parameter's gradient; zeros where there is none (buffers) */
+    GPT_TRAINED, /* the values of trained parameters only, buffers left out */
+} gpt_gather_what;
+
+/* What `what` names, for every layer and parameter in order, flattened into
+ * a new host array of *count floats (at least one allocated); each tensor is
+ * read from the device it lives on. */
+static inline float *gpt_gather(gp_model *m, gpt_gather_what what, int64_t *count)
+{
+    int64_t n = 0;
+    for (int k = 0; k < m->n_layers; k++)
+        for (int p = 0; p < m->layers[k].n_params; p++) {
+            gp_param *pr = &m->layers[k].params[p];
+            if (what == GPT_TRAINED && pr->is_buffer) continue;
+            n += gp_tensor_numel(&pr->value);
+        }
+    float *h = calloc((size_t)(n ? n : 1), sizeof *h);
+    int64_t off = 0;
+    for (int k = 0; k < m->n_layers; k++)
+        for (int p = 0; p < m->layers[k].n_params; p++) {
+            gp_param *pr = &m->layers[k].params[p];
+            if (what == GPT_TRAINED && pr->is_buffer) continue;
+            gp_tensor *t = what == GPT_GRADS ? &pr->grad : &pr->value;
+            int64_t c = gp_tensor_numel(&pr->value);
+            if (t->data) gp_dev_download(t->dev, h + off, t->data, c);
+            off += c;
+        }
+    *count = n;
+    return h;
+}
+
+/* L layers over n stages: the first L % n stages get one more. */
+static inline void gpt_split_even(int L, int n, int *bal)
+{
+    for (int j = 0; j < n; j++) bal[j] = L / n + (j < L % n ? 1 : 0);
+}
+
+/* Channel ch of x (N, C, S): its mean, and the sum of squared deviations
+ * from that mean (divide by N S for the biased variance, N S - 1 for the
+ * unbiased one); two passes in double, the reference the backends' batch
+ * norms are checked against. */
+static inline void gpt_bn_moments(const float *x, int64_t n, int64_t c, int64_t s, int64_t ch,
+                                  double *mean, double *sq_dev)
+{
+    double m = 0, v = 0;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < s; j++) m += x[(i * c + ch) * s + j];
+    m /= (double)(n * s);
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < s; j++) {
+            double t = x[(i * c + ch) * s + j] - m;
+            v += t * t;
+        }
+    *mean = m;
+    *sq_dev = v;
+}
+
+/* The path of `name` in the build tree: $GPIPE_BINARY_DIR (CTest sets it)
+ * or the build directory this test was compiled for. */
+static inline void gpt_binary_path(char *out, size_t len, const char *name)
+{
+    const char *b = getenv("GPIPE_BINARY_DIR");
+    snprintf(out, len, "%s/%s", b ? b : GPIPE_BINARY_DIR, name);
+}
+
+/* A new directory /tmp/<prefix>XXXXXX, only ours, its name in dir; false
+ * (with the reason on stderr) when it cannot be made.  The caller removes
+ * it. */
+static inline bool gpt_make_tmpdir(char *dir, size_t len, const char *prefix)
+{
+    snprintf(dir, len, "/tmp/%sXXXXXX", prefix);
+    if (mkdtemp(dir)) return true;
+    perror("mkdtemp");
+    return false;
+}
+
+/* The whole file at path in a malloc'ed buffer with a '\0' after its last
+ * byte (so a text file reads as a string), its length in *n unless n is
+ * NULL; NULL when it cannot be opened. */
+static inline void *gpt_read_file(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long k = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)(k > 0 ? k : 0) + 1);
+    size_t got = b ? fread(b, 1, (size_t)(k > 0 ? k : 0), f) : 0;
+    fclose(f);
+    if (!b) return NULL;
+    b[got] = '\0';
+    if (n) *n = got;
+    return b;
+}
+
+/* The n bytes at data as the whole of the file at path. */
+static inline void gpt_write_file(const char *path, const void *data, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        perror(path);
+        return;
+    }
+    fwrite(data, 1, n, f);
+    fclose(f);
+}
+
+#endif /* GP_TEST_UTIL_H */
