@@ -1201,6 +1201,25 @@ static void test_init(gp_device *dev, gp_device *dev2)
     gp_layer_destroy(&e);
 }
 
+/* ReLU lets a NaN through, as PyTorch does (relu(nan) = nan), so the loss
+ * sees it; infinities and signs as the definition says. */
+static void test_relu_nonfinite(gp_device *dev)
+{
+    float h[6] = {NAN, -NAN, INFINITY, -INFINITY, -2.0f, 3.0f}, o[6];
+    gp_shape sh = gp_shape_2d(1, 6);
+    gp_tensor x, y;
+    CHECK_OK(gp_tensor_alloc(&x, dev, &sh, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_tensor_alloc(&y, dev, &sh, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_dev_upload(dev, x.data, h, 6));
+    CHECK_OK(gp_dev_relu_fwd(dev, x.data, y.data, 6));
+    CHECK_OK(gp_dev_download(dev, o, y.data, 6));
+    CHECK_OK(gp_dev_synchronize(dev));
+    CHECK(isnan(o[0]) && isnan(o[1]));
+    CHECK(o[2] == INFINITY && o[3] == 0.0f && o[4] == 0.0f && o[5] == 3.0f);
+    gp_tensor_free(&x);
+    gp_tensor_free(&y);
+}
+
 int main(void)
 {
     gp_device *dev = NULL, *dev2 = NULL;
@@ -1219,6 +1238,7 @@ int main(void)
     test_counts(dev);
     test_errors(dev);
     test_init(dev, dev2);
+    test_relu_nonfinite(dev);
     /* every byte came back (the backend's own scratch arena aside) */
     for (int c = 0; c < GP_MEM_COUNT; c++) {
         if (c == GP_MEM_WORKSPACE) continue;

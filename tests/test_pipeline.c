@@ -244,6 +244,41 @@ static void faults(void)
     gp_device_close(small);
 }
 
+/* A NaN where the loss cannot see it (a batch-norm running variance, used
+ * only in evaluation) stops the step at CHECK, naming the tensor and the
+ * element, on the pipeline and on the single-device reference alike. */
+static void nonfinite_state(void)
+{
+    gp_config c = make_cfg(true);
+    c.pipeline.chunks = 2;
+    int bal[2];
+    gpt_split_even(c.model.n_layers, 2, bal);
+    gp_model ref, pip;
+    CHECK_OK(gp_model_build(&c, devs[0], &ref));
+    CHECK_OK(gp_model_build_placed(&c, devs, 2, bal, &pip));
+    float x[BATCH * 72], y[BATCH];
+    make_batch(&c, 0, x, y);
+    int k = 5; /* the second batch norm, on stage 1 */
+    CHECK(pip.layers[k].spec.type == GP_LAYER_BATCHNORM && k >= bal[0]);
+    for (int which = 0; which < 2; which++) {
+        gp_model *m = which ? &pip : &ref;
+        for (int p = 0; p < m->layers[k].n_params; p++)
+            if (!strcmp(m->layers[k].params[p].name, "running_var")) {
+                float bad[3] = {1.0f, 1.0f, NAN};
+                CHECK_OK(gp_dev_upload(m->layers[k].dev, m->layers[k].params[p].value.data, bad, 3));
+            }
+        gp_status s = which ? gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, NULL)
+                            : gp_model_train_step(&ref, &c, x, y, BATCH, 2, 0.05, NULL);
+        CHECK_MSG(s == GP_ERR_NUMERIC && strstr(gp_last_error(), "layer 5 (batchnorm)") &&
+                      strstr(gp_last_error(), "running_var[2] is nan") &&
+                      (!which || strstr(gp_last_error(), "device cpu:1, stage 1")),
+                  "%s: status %s, message '%s'", which ? "pipeline" : "reference",
+                  gp_status_name(s), gp_last_error());
+    }
+    gp_model_free(&ref);
+    gp_model_free(&pip);
+}
+
 int main(void)
 {
     open_devs();
@@ -261,6 +296,7 @@ int main(void)
     deferred_bn(7);
     checkpoint_memory();
     faults();
+    nonfinite_state();
     for (int j = 0; j < 4; j++) gp_device_close(devs[j]);
     return gpt_finish("test_pipeline");
 }

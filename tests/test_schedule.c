@@ -217,9 +217,9 @@ static void test_table(void)
                    in_table('B', i, j, o.clock[BWD][i][j]);
     CHECK_MSG(same, "the oracle disagrees with the hand-written table");
     /* never: no recompute at all; stage 0 has 3 F + 3 B + 3 recv_grad, and
-     * every stage ends with barrier, commit and update */
+     * every stage ends with barrier, commit, update and check */
     CHECK(known[0] == 9 && known[1] == 12 && known[2] == 9);
-    CHECK(s.count[0] == 12 && s.count[1] == 15 && s.count[2] == 12);
+    CHECK(s.count[0] == 13 && s.count[1] == 16 && s.count[2] == 13);
     gp_schedule_free(&s);
     CHECK_ERR(gp_schedule_gpipe(0, 3, GP_CKPT_NEVER, &s), GP_ERR_INVALID, "1..64 stages");
     CHECK_ERR(gp_schedule_gpipe(2, GP_MAX_CHUNKS + 1, GP_CKPT_NEVER, &s), GP_ERR_INVALID,
@@ -231,7 +231,8 @@ static void test_table(void)
 static void end_of_step(void)
 {
     enum { RG = GP_INSTR_REDUCE_GRADS, RS = GP_INSTR_REDUCE_STATS, BA = GP_INSTR_BARRIER,
-           CO = GP_INSTR_COMMIT, UP = GP_INSTR_UPDATE, GA = GP_INSTR_GATHER };
+           CO = GP_INSTR_COMMIT, UP = GP_INSTR_UPDATE, GA = GP_INSTR_GATHER,
+           CH = GP_INSTR_CHECK };
     struct {
         int R;
         bool shard, update;
@@ -239,18 +240,18 @@ static void end_of_step(void)
         int want[8];   /* kinds, -1 ends */
         int up_shard, up_fused, rg_shard;
     } cases[] = {
-        {1, false, true, 0, {BA, CO, UP, -1}, 0, 0, 0},
-        {1, true, true, 1, {BA, CO, UP, -1}, 0, 0, 0},   /* one replica: nothing to shard */
-        {1, false, false, 0, {BA, CO, -1}, 0, 0, 0},
-        {2, false, true, 0, {RG, RS, BA, CO, UP, -1}, 0, 0, 0},
-        {2, false, true, 2, {RG, RS, BA, CO, UP, -1}, 0, 0, 0},
-        {3, true, true, 0, {RS, BA, CO, UP, -1}, 1, 1, 0},       /* stage 0 fused */
-        {3, true, true, 1, {RG, RS, BA, CO, UP, GA, -1}, 1, 0, 1},
-        {2, true, false, 1, {RG, RS, BA, CO, -1}, 0, 0, 0}, /* no update: sum in full */
+        {1, false, true, 0, {BA, CO, UP, CH, -1}, 0, 0, 0},
+        {1, true, true, 1, {BA, CO, UP, CH, -1}, 0, 0, 0},   /* one replica: nothing to shard */
+        {1, false, false, 0, {BA, CO, CH, -1}, 0, 0, 0},
+        {2, false, true, 0, {RG, RS, BA, CO, UP, CH, -1}, 0, 0, 0},
+        {2, false, true, 2, {RG, RS, BA, CO, UP, CH, -1}, 0, 0, 0},
+        {3, true, true, 0, {RS, BA, CO, UP, CH, -1}, 1, 1, 0},       /* stage 0 fused */
+        {3, true, true, 1, {RG, RS, BA, CO, UP, GA, CH, -1}, 1, 0, 1},
+        {2, true, false, 1, {RG, RS, BA, CO, CH, -1}, 0, 0, 0}, /* no update: sum in full */
     };
     for (size_t q = 0; q < sizeof cases / sizeof cases[0]; q++) {
         gp_schedule_opts o = {.n = 3, .m = 4, .checkpoint = GP_CKPT_EXCEPT_LAST,
-                              .replicas = cases[q].R, .update = cases[q].update};
+                              .replicas = cases[q].R, .update = cases[q].update, .check = true};
         for (int j = 0; j < 3; j++) o.shard[j] = cases[q].shard;
         gp_schedule s;
         CHECK_OK(gp_schedule_make(&o, &s));

@@ -29,7 +29,8 @@
 
 /* ---- activations and products ----------------------------------------- */
 
-GP_EW_FN float gp_ew_relu(float x) { return x > 0.0f ? x : 0.0f; }
+/* NaN stays NaN, as in PyTorch: a NaN must not hide behind a ReLU. */
+GP_EW_FN float gp_ew_relu(float x) { return x > 0.0f || x != x ? x : 0.0f; }
 
 /* dx = dy * (y > 0), y being relu's output. */
 GP_EW_FN float gp_ew_relu_bwd(float y, float dy) { return y > 0.0f ? dy : 0.0f; }

@@ -232,6 +232,35 @@ gp_status gp_layer_zero_grad(gp_layer *l)
     return GP_OK;
 }
 
+gp_status gp_layer_check_finite(const gp_layer *l, const char *when)
+{
+    for (int p = 0; p < l->n_params; p++) {
+        const gp_tensor *t = &l->params[p].value;
+        int64_t n = gp_tensor_numel(t);
+        int bad = 0;
+        if (n == 0) continue;
+        GP_TRY(gp_dev_nonfinite(t->dev, t->data, n, &bad));
+        if (!bad) continue;
+        float *h = malloc((size_t)n * sizeof *h);
+        if (!h) return gp_error_set(GP_ERR_OOM, "out of host memory");
+        gp_status s = gp_dev_download(t->dev, h, t->data, n);
+        if (s == GP_OK) s = gp_dev_synchronize(t->dev);
+        int64_t at = 0;
+        while (s == GP_OK && at < n - 1 && isfinite(h[at])) at++;
+        float v = h[at];
+        free(h);
+        GP_TRY(s);
+        char d[160];
+        return gp_error_set(GP_ERR_NUMERIC,
+                            "%s: %s[%lld] is %g %s; the run diverged: lower "
+                            "train.optimizer.lr, add warm-up or gradient-friendly normalisation, "
+                            "or check the data",
+                            gp_layer_describe(l, d, sizeof d), l->params[p].name, (long long)at,
+                            (double)v, when);
+    }
+    return GP_OK;
+}
+
 void gp_layer_grads_begin(gp_layer *l) { l->grads_stale = true; }
 
 gp_status gp_layer_grads_finish(gp_layer *l)

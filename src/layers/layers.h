@@ -213,6 +213,11 @@ gp_status gp_layer_backward(gp_layer *l, const gp_fwd_ctx *ctx,
                             const gp_tensor *dy, gp_tensor *dx /* NULL: skip */,
                             gp_saved *s);
 gp_status gp_layer_zero_grad(gp_layer *l);
+/* GP_ERR_NUMERIC naming the tensor and the first element if any parameter
+ * or buffer (running statistics) of l holds a NaN or an infinity; `when`
+ * says at what point ("after the update").  One device reduction per
+ * tensor; the slow path (finding the element) only on failure. */
+gp_status gp_layer_check_finite(const gp_layer *l, const char *when);
 /* Gradient zeroing for a step without the zeroing pass: grads_begin marks
  * the gradients stale (O(1)); the layer's first backward then overwrites
  * them (or zeroes them first if its ops cannot overwrite), later backwards

@@ -429,6 +429,12 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
             }
         }
         break;
+    case GP_INSTR_CHECK:
+        for (int c = first; c < first + count && st == GP_OK; c++) {
+            st = gp_layer_check_finite(&p->layers[c], "after the step");
+            if (st != GP_OK) *bad_layer = c;
+        }
+        return st;
     default:
         GP_ASSERT(!"unknown instruction");
     }
@@ -631,7 +637,8 @@ static gp_status prepare(gp_pipeline *p, int m)
     }
     free_step_tables(p);
     gp_schedule_opts so = {.n = p->n, .m = m, .checkpoint = p->opts.checkpoint,
-                           .replicas = p->replicas, .update = p->opts.optim != NULL};
+                           .replicas = p->replicas, .update = p->opts.optim != NULL,
+                           .check = !p->opts.no_check};
     memcpy(so.shard, p->shard, sizeof so.shard);
     GP_TRY(gp_schedule_make(&so, &p->sched));
     p->sched_stale = false;

@@ -68,6 +68,7 @@ typedef struct gp_pipeline_opts {
     int fault_delay_ms;         /* the fault first sleeps this long (tests: a late failure) */
     gp_optim *optim;            /* the update of the model's layers; NULL: the
                                    step ends with the gradients (no UPDATE) */
+    bool no_check;              /* leave out CHECK (benchmarks of its cost) */
 } gp_pipeline_opts;
 
 /* The slice name of an executed instruction (gp_instr_name), or "wait". */

@@ -11,7 +11,7 @@ const char *gp_instr_kind_name(gp_instr_kind k)
 {
     static const char *names[GP_INSTR_KIND_COUNT] = {
         "recv_act", "forward", "recv_grad", "recompute", "backward", "reduce_grads",
-        "reduce_stats", "barrier", "commit", "update", "gather"};
+        "reduce_stats", "barrier", "commit", "update", "gather", "check"};
     return k >= 0 && k < GP_INSTR_KIND_COUNT ? names[k] : "?";
 }
 
@@ -37,7 +37,8 @@ void gp_instr_name(const gp_instr *in, char *buf, size_t len)
 
 gp_status gp_schedule_gpipe(int n, int m, gp_checkpoint_mode ckpt, gp_schedule *out)
 {
-    gp_schedule_opts o = {.n = n, .m = m, .checkpoint = ckpt, .replicas = 1, .update = true};
+    gp_schedule_opts o = {.n = n, .m = m, .checkpoint = ckpt, .replicas = 1, .update = true,
+                          .check = true};
     return gp_schedule_make(&o, out);
 }
 
@@ -70,6 +71,7 @@ static int end_of_step(const gp_schedule_opts *o, int j, int k, gp_instr *l)
         l[c++].fused = fused;
         if (shard && !fused) (l[c] = e, l[c++].kind = GP_INSTR_GATHER);
     }
+    if (o->check) (l[c] = e, l[c++].kind = GP_INSTR_CHECK);
     return c;
 }
 
@@ -93,8 +95,8 @@ gp_status gp_schedule_make(const gp_schedule_opts *o, gp_schedule *out)
     }
     int fwd_clocks = m + n - 1;
     for (int j = 0; j < n; j++) {
-        /* at most 2 per micro-batch forward, 3 backward; 6 at the end */
-        gp_instr *l = calloc((size_t)(5 * m + 6), sizeof *l);
+        /* at most 2 per micro-batch forward, 3 backward; 7 at the end */
+        gp_instr *l = calloc((size_t)(5 * m + 7), sizeof *l);
         if (!l) {
             gp_schedule_free(out);
             return gp_error_set(GP_ERR_OOM, "out of host memory for the schedule");

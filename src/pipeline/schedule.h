@@ -45,6 +45,9 @@
  *                   this replica's chunk (shard), or the fused sharded step
  *                   (sum, chunk update and all-gather as one collective).
  *     GATHER        sharded, not fused: the parameters all-gathered.
+ *     CHECK         every parameter and buffer of the stage finite: a run
+ *                   that diverged stops here, naming the tensor, instead
+ *                   of training on (ReLU would hide a NaN from the loss).
  *
  * Stage 0 is fused when sharded: its backward ends last, so a reduce-
  * scatter right after it would overlap nothing.  The executor runs the
@@ -74,6 +77,7 @@ typedef enum gp_instr_kind {
     GP_INSTR_COMMIT,
     GP_INSTR_UPDATE,
     GP_INSTR_GATHER,
+    GP_INSTR_CHECK,
     GP_INSTR_KIND_COUNT
 } gp_instr_kind;
 
@@ -105,6 +109,7 @@ typedef struct gp_schedule_opts {
     bool shard[GP_MAX_DEVICES]; /* R > 1: stage j's replicas shard its update
                                    (their devices can: gp_dev_can_shard) */
     bool update;            /* emit UPDATE (an optimizer is attached) */
+    bool check;             /* emit CHECK (the non-finite check) */
 } gp_schedule_opts;
 
 typedef struct gp_schedule {
@@ -118,7 +123,7 @@ typedef struct gp_schedule {
 /* GPipe's schedule with the end of the step. */
 gp_status gp_schedule_make(const gp_schedule_opts *o, gp_schedule *out);
 /* GPipe's schedule for n stages and m micro-batches, one replica, with the
- * optimizer's update. */
+ * optimizer's update and the check. */
 gp_status gp_schedule_gpipe(int n, int m, gp_checkpoint_mode ckpt, gp_schedule *out);
 void gp_schedule_free(gp_schedule *s);
 

@@ -335,6 +335,8 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
     for (int k = 0; k < L && s == GP_OK; k++)
         if (m->layers[k].ops->commit) s = m->layers[k].ops->commit(&m->layers[k]);
     if (s == GP_OK) s = gp_optim_update(m->optim, 0, L, lr, 0, 1);
+    for (int k = 0; k < L && s == GP_OK; k++)
+        s = gp_layer_check_finite(&m->layers[k], "after the step");
     if (s == GP_OK) s = gp_dev_synchronize(m->dev);
     if (s != GP_OK) return s;
     m->step++;
