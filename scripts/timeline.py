@@ -13,7 +13,11 @@ standard library; `gantt` and `compare` draw with matplotlib.
 Inputs (detected by content, not by extension):
   * gpipe's Chrome trace JSON (gpipe-train --trace FILE): one process per
     device, tid 0 compute / tid 1 copy, slices "F3 s1", "B3 s1", "R3 s1",
-    "copy a3 s0->s1", "copy g3 s2->s1", "wait", args.step per slice.
+    "copy a3 s0->s1", "copy g3 s2->s1", "wait", and the end of the step:
+    "all-reduce s1", "reduce-scatter s1", "reduce_stats s1", "barrier s1",
+    "commit s1", "update s1" (or "update (fused) s0", "update (shard) s1"),
+    "gather s1"; args.step per slice, a "step N" instant before each step's
+    slices.  Other names are ignored.
   * Nsight Systems SQLite exports (nsys export --type sqlite): NVTX push/pop
     ranges from NVTX_EVENTS (text, or textId -> StringIds.value) named like
     gpipe's slices (gpipe pushes them under CUDA, src/pipeline/nvtx.h);
@@ -23,38 +27,75 @@ Inputs (detected by content, not by extension):
     the time it waited (no separate "wait" slice); the GPU memcpy shows the
     transfer itself.
 
+A trace cut off by a crash (gpipe-train killed while writing it: the JSON
+ends anywhere, mid-event or mid-string) is read up to its last complete
+event, with a warning.  Its last step is left out of the metrics, since its
+slices may be only partly written, unless the file shows the step was
+followed by another or it is the only step (then its metrics are partial,
+and the warning says so).
+
 Pipeline: a reader per format -> Trace (devices + a flat list of Slice) ->
 metrics() -> text tables / Gantt pictures.
 
 Metrics, per recorded step s: the step's window is [first slice start, last
-slice end] over all devices; its wall time is the window's length; "wall"
-below is the sum over steps (time between steps — optimizer, data loading —
-is not pipeline time and is left out).  Per device: busy = length of the
-union of its work (compute slices, copies, GPU kernels and memcpys; not
-waits), idle = wall - busy, bubble fraction = idle / wall, copy and wait =
-summed durations of copy and wait slices.  Overlap factor = sum of busy over
-devices / wall (1 = no overlap, n = every device busy all the time).
+slice end] over all devices, end-of-step slices (reductions, barrier,
+update) included; its wall time is the window's length; "wall" below is the
+sum over steps (time between steps — the loss, data loading, writing the
+trace — is not pipeline time and is left out).  Per device: busy = length
+of the union of its work (compute slices, copies, end-of-step work, GPU
+kernels and memcpys; not waits and not the barrier, where a device only
+waits for the others), idle = wall - busy, bubble fraction = idle / wall,
+copy, wait, end (end-of-step work) and barrier = summed durations of those
+slices.  Overlap factor = sum of busy over devices / wall (1 = no overlap,
+n = every device busy all the time).
+
+Errors: a bad input or argument (missing, unreadable or empty file, not
+JSON, not a trace, no events, a bad --steps, an -o that cannot be written)
+ends with one line on stderr, "timeline.py: SUBJECT: PROBLEM", and exit
+status 2.  Output paths are checked before any trace is read.
 """
 import argparse
 import json
+import math
 import os
 import re
 import sqlite3
 import struct
 import sys
+import traceback
+import urllib.request
 from dataclasses import dataclass, field
 
-KINDS = ("forward", "backward", "recompute", "copy", "wait", "kernel")
+KINDS = ("forward", "backward", "recompute", "copy", "wait", "end", "barrier", "kernel")
+IDLE_KINDS = ("wait", "barrier")   # a device waiting: not busy
 COLORS = {
     "forward": "#4C72B0",
     "backward": "#DD8452",
     "recompute": "#8172B3",
     "copy": "#55A868",
     "wait": "#C8C8C8",
+    "end": "#C44E52",
+    "barrier": "#E6C9A8",
     "kernel": "#937860",
 }
+LABELS = {"end": "end of step"}
 NAME_RE = re.compile(r"^(?P<k>[FBR])(?P<i>\d+) s(?P<j>\d+)$")
 COPY_RE = re.compile(r"^copy (?P<what>[ag])(?P<i>\d+) s(?P<src>\d+)->s(?P<dst>\d+)$")
+# The end of the step (src/pipeline/schedule.c, gp_instr_name).
+END_RE = re.compile(r"^(?P<what>all-reduce|reduce-scatter|reduce_stats|barrier|commit|"
+                    r"update(?: \((?:fused|shard)\))?|gather) s(?P<j>\d+)$")
+
+
+class TraceError(Exception):
+    """A problem the user can fix (a bad file or argument).  The command line
+    prints it as one line, "timeline.py: SUBJECT: PROBLEM", and exits 2."""
+
+    def __init__(self, subject, problem):
+        super().__init__(subject, problem)
+        self.subject, self.problem = subject, problem
+
+    def __str__(self):
+        return "%s: %s" % (self.subject, self.problem) if self.subject else self.problem
 
 
 # --------------------------------------------------------------- the model --
@@ -81,6 +122,9 @@ class Trace:
     fmt: str
     devices: dict = field(default_factory=dict)   # index -> display name
     slices: list = field(default_factory=list)
+    events: int = 0          # events (JSON) or rows (SQLite) read
+    cut_off: bool = False    # the JSON ended before its last event did
+    partial_step: int = -1   # cut off: the last step, which may be incomplete
 
     def steps(self):
         return sorted({s.step for s in self.slices if s.step >= 0})
@@ -97,42 +141,209 @@ def parse_name(name):
         return "copy", int(m["i"]), int(m["dst"]), int(m["src"]), int(m["dst"])
     if name == "wait":
         return "wait", -1, -1, -1, -1
+    m = END_RE.match(name)
+    if m:
+        return "barrier" if m["what"] == "barrier" else "end", -1, int(m["j"]), -1, -1
     return None
 
 
 # ----------------------------------------------------------------- readers --
-def read_gpipe_json(path):
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+def _jtype(v):
+    """The JSON name of a decoded value's type, for messages."""
+    if isinstance(v, bool) or v is None:
+        return "literal %s" % json.dumps(v)
+    return {dict: "an object", list: "an array", str: "a string"}.get(type(v), "a number")
+
+
+_WS = re.compile(r"[ \t\n\r]*")
+# What may follow the point where a JSON decoder gave up if the text simply
+# ran out inside a value: nothing, or the start of a literal, a number or a
+# \uXXXX escape ("Unterminated string" is the text ending inside a string).
+_PARTIAL = re.compile(r"[ \t\n\r]*(?:t(?:ru?)?|f(?:a(?:ls?)?)?|n(?:ul?)?|[-+.eE0-9]+|"
+                      r"u[0-9a-fA-F]{0,3})?\Z")
+
+
+def _ran_out(text, err):
+    """Whether a JSONDecodeError is the text ending, not a syntax error."""
+    return err.msg.startswith("Unterminated string") or bool(_PARTIAL.match(text, err.pos))
+
+
+def _read_cut(path, text, err0):
+    """The complete events of a JSON trace that json.loads refused (err0),
+    if the text is a trace cut off mid-way: -> (list of events, whether the
+    event array was closed: only the final "}" missing).  Walks the
+    document by hand, decoding one event at a time, up to the point where
+    the text runs out.  Anything else wrong with the text is a TraceError
+    carrying json.loads' message."""
+    dec = json.JSONDecoder()
+
+    def bad():
+        return TraceError(path, "not JSON: line %d column %d: %s"
+                          % (err0.lineno, err0.colno, err0.msg))
+
+    def value(pos):
+        """-> (decoded value, position after it), or (None, None) where the
+        text runs out inside the value."""
+        try:
+            return dec.raw_decode(text, pos)
+        except json.JSONDecodeError as e:
+            if _ran_out(text, e):
+                return None, None
+            raise bad()
+
+    end = len(text)
+    pos = _WS.match(text).end()
+    in_object = text.startswith("{", pos)
+    if not in_object and not text.startswith("[", pos):
+        raise bad()
+    pos = _WS.match(text, pos + 1).end()
+    if in_object:
+        # {"displayTimeUnit": ..., "otherData": {...}, "traceEvents": [ ...
+        while True:
+            if pos == end:
+                return [], False
+            key, pos = value(pos)
+            if pos is None:
+                return [], False
+            if not isinstance(key, str):
+                raise bad()
+            pos = _WS.match(text, pos).end()
+            if pos == end:
+                return [], False
+            if text[pos] != ":":
+                raise bad()
+            pos = _WS.match(text, pos + 1).end()
+            if pos == end:
+                return [], False
+            if key == "traceEvents":
+                if text[pos] != "[":
+                    raise bad()
+                pos = _WS.match(text, pos + 1).end()
+                break
+            _, pos = value(pos)
+            if pos is None:
+                return [], False
+            pos = _WS.match(text, pos).end()
+            if pos == end:
+                return [], False
+            if text[pos] != ",":
+                raise bad()  # "}" here: an object without traceEvents, then junk
+            pos = _WS.match(text, pos + 1).end()
+    events = []
+    while pos < end:
+        if text[pos] == "]":
+            # The array closed: only the object's "}" may be missing.
+            if in_object and not text[pos + 1:].strip():
+                return events, True
+            raise bad()
+        ev, pos = value(pos)
+        if pos is None:
+            return events, False
+        events.append(ev)
+        pos = _WS.match(text, pos).end()
+        if pos < end and text[pos] == ",":
+            pos = _WS.match(text, pos + 1).end()
+        elif pos < end and text[pos] != "]":
+            raise bad()
+    return events, False
+
+
+def _decode(path, data):
+    """A JSON trace's bytes -> (its list of events, cut off?, event array
+    closed?)."""
+    if not data.strip():
+        raise TraceError(path, "empty file")
+    if b"\0" in data:
+        raise TraceError(path, "binary data, not JSON")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        # Only a multi-byte character cut in half at the very end is a cut.
+        if e.reason != "unexpected end of data" or e.end != len(data):
+            raise TraceError(path, "binary data, not JSON (not UTF-8 at byte %d)" % e.start)
+        text = data[:e.start].decode("utf-8")
+    text = text.lstrip("\ufeff")
     try:
         doc = json.loads(text)
-    except json.JSONDecodeError:
-        # A run that died before gp_trace_close leaves the array open.
-        doc = json.loads(text.rstrip().rstrip(",") + "\n]}")
-    events = doc["traceEvents"] if isinstance(doc, dict) else doc
-    tr = Trace(path, "gpipe-json")
-    for e in events:
-        ph = e.get("ph")
-        if ph == "M" and e.get("name") == "process_name":
-            tr.devices[int(e["pid"])] = e["args"]["name"]
-        if ph != "X":
+    except json.JSONDecodeError as e:
+        events, closed = _read_cut(path, text, e)
+        return events, True, closed
+    except RecursionError:
+        raise TraceError(path, "not a gpipe trace: JSON nested too deeply")
+    if isinstance(doc, dict):
+        if "traceEvents" not in doc:
+            raise TraceError(path, "not a gpipe trace: no traceEvents")
+        events = doc["traceEvents"]
+        if not isinstance(events, list):
+            raise TraceError(path, "not a gpipe trace: traceEvents is %s, not an array"
+                             % _jtype(events))
+        return events, False, True
+    if isinstance(doc, list):
+        return doc, False, True
+    raise TraceError(path, "not a gpipe trace: the JSON is %s, not an object with "
+                     "traceEvents or an array of events" % _jtype(doc))
+
+
+def read_gpipe_json(path, data):
+    events, cut, closed = _decode(path, data)
+    if not events:
+        raise TraceError(path, "cut off before its first complete event" if cut
+                         else "no events")
+    tr = Trace(path, "gpipe-json", events=len(events), cut_off=cut)
+    last_step = -1   # the highest step any event names (markers included)
+
+    def field_of(n, e, obj, key, conv, default=None):
+        v = obj.get(key, default)
+        what = "traceEvents[%d] (%s)" % (n, json.dumps(e.get("name"))[:40])
+        if v is None:
+            raise TraceError(path, "%s: no %s" % (what, key))
+        try:
+            x = conv(v)
+        except (TypeError, ValueError, OverflowError):
+            raise TraceError(path, "%s: %s is %s, not a number"
+                             % (what, key, json.dumps(v)[:40]))
+        if isinstance(x, float) and not math.isfinite(x):
+            raise TraceError(path, "%s: %s is %s" % (what, key, x))
+        return x
+
+    for n, e in enumerate(events):
+        if not isinstance(e, dict):
+            raise TraceError(path, "traceEvents[%d] is %s, not an object" % (n, _jtype(e)))
+        ph, name = e.get("ph"), e.get("name")
+        args = e.get("args", {})
+        if not isinstance(args, dict):
+            raise TraceError(path, "traceEvents[%d] (%s): args is %s, not an object"
+                             % (n, json.dumps(name)[:40], _jtype(args)))
+        if "step" in args:
+            last_step = max(last_step, field_of(n, e, args, "step", int))
+        if ph == "M" and name == "process_name":
+            pid = field_of(n, e, e, "pid", int)
+            tr.devices[pid] = str(args.get("name", "device %d" % pid))
+        if ph != "X" or not isinstance(name, str):
             continue
-        parsed = parse_name(e.get("name", ""))
+        parsed = parse_name(name)
         if parsed is None:
             continue
         kind, i, j, src, dst = parsed
-        args = e.get("args", {})
-        dev = int(e["pid"])
+        dev = field_of(n, e, e, "pid", int)
         if kind == "wait":
-            i = int(args.get("micro_batch", -1))
-            j = int(args.get("stage", dev))
-        t0 = float(e["ts"]) * 1e-6
+            i = field_of(n, e, args, "micro_batch", int, -1)
+            j = field_of(n, e, args, "stage", int, dev)
+        t0 = field_of(n, e, e, "ts", float) * 1e-6
+        dur = field_of(n, e, e, "dur", float, 0) * 1e-6
+        if dur < 0:
+            raise TraceError(path, "traceEvents[%d] (%s): negative dur" % (n, json.dumps(name)))
         tr.slices.append(Slice(
-            device=dev, track="copy" if int(e.get("tid", 0)) == 1 else "compute",
-            kind=kind, name=e["name"], start=t0, end=t0 + float(e.get("dur", 0)) * 1e-6,
-            step=int(args.get("step", -1)), micro_batch=i, stage=j, src=src, dst=dst,
-            bytes=int(args.get("bytes", 0))))
+            device=dev, track="copy" if field_of(n, e, e, "tid", int, 0) == 1 else "compute",
+            kind=kind, name=name, start=t0, end=t0 + dur,
+            step=field_of(n, e, args, "step", int, -1), micro_batch=i, stage=j, src=src,
+            dst=dst, bytes=field_of(n, e, args, "bytes", int, 0)))
         tr.devices.setdefault(dev, "device %d" % dev)
+    steps = tr.steps()
+    if cut and not closed and steps and last_step <= steps[-1]:
+        # Nothing read after the last step's slices (not even the next
+        # step's marker): the crash may have cut them short.
+        tr.partial_step = steps[-1]
     return tr
 
 
@@ -153,7 +364,22 @@ def read_nsys_sqlite(path):
     when the export has the runtime table, else the i-th distinct deviceId
     is stage i (gpipe places stage i on the i-th listed device).
     Timestamps are nanoseconds."""
-    db = sqlite3.connect("file:%s?mode=ro" % path, uri=True)
+    uri = "file:%s?mode=ro" % urllib.request.pathname2url(os.path.abspath(path))
+    try:
+        db = sqlite3.connect(uri, uri=True)
+        try:
+            tr = _read_nsys(db, path)
+        finally:
+            db.close()
+    except sqlite3.Error as e:
+        raise TraceError(path, "not a readable Nsight Systems export: %s" % e)
+    if not tr.events:
+        raise TraceError(path, "no events (no NVTX ranges, kernels or memcpys)")
+    assign_steps(tr)
+    return tr
+
+
+def _read_nsys(db, path):
     tables = _tables(db)
     strings = {}
     if "StringIds" in tables:
@@ -172,6 +398,7 @@ def read_nsys_sqlite(path):
                           % (text, text_id, tid, where))
         votes = {}
         for start, end, txt, tid_v, gtid in rows:
+            tr.events += 1
             name = txt if txt is not None else strings.get(tid_v)
             if name is None or end is None or end < start:
                 continue
@@ -217,12 +444,14 @@ def read_nsys_sqlite(path):
         for start, end, dev, name_id in db.execute(
                 'SELECT start, "end", deviceId, %s FROM CUPTI_ACTIVITY_KIND_KERNEL' % nm):
             gpu.append((dev, "kernel", strings.get(name_id, "kernel"), start, end, 0))
+            tr.events += 1
     if "CUPTI_ACTIVITY_KIND_MEMCPY" in tables:
         # copyKind (CUpti_ActivityMemcpyKind): 1 HtoD, 2 DtoH, 8 DtoD, 10 PtoP.
         kinds = {1: "HtoD", 2: "DtoH", 8: "DtoD", 10: "PtoP"}
         for start, end, dev, nbytes, ck in db.execute(
                 'SELECT start, "end", deviceId, bytes, copyKind FROM CUPTI_ACTIVITY_KIND_MEMCPY'):
             gpu.append((dev, "copy", "memcpy %s" % kinds.get(ck, str(ck)), start, end, nbytes))
+            tr.events += 1
     devs = sorted({g[0] for g in gpu})
     for rank, dev in enumerate(devs):
         dev_stage.setdefault(dev, rank)
@@ -234,8 +463,6 @@ def read_nsys_sqlite(path):
     for dev, kind, name, start, end, nbytes in gpu:
         tr.slices.append(Slice(device=dev_stage[dev], track="gpu", kind=kind, name=name,
                                start=start * 1e-9, end=end * 1e-9, bytes=int(nbytes or 0)))
-    db.close()
-    assign_steps(tr)
     return tr
 
 
@@ -269,30 +496,99 @@ def assign_steps(tr):
 
 
 def read_trace(path):
-    with open(path, "rb") as f:
-        magic = f.read(16)
+    """Any supported timeline -> Trace; a TraceError for what a user can fix.
+    A cut-off JSON trace gives what was read (Trace.cut_off, .partial_step);
+    complete_steps() is the command line's policy on its last step."""
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(16)
+            data = b"" if magic.startswith(b"SQLite format 3") else magic + f.read()
+    except FileNotFoundError:
+        raise TraceError(path, "file not found")
+    except IsADirectoryError:
+        raise TraceError(path, "is a directory")
+    except OSError as e:
+        raise TraceError(path, "cannot read: %s" % (e.strerror or e))
     if magic.startswith(b"SQLite format 3"):
-        return read_nsys_sqlite(path)
-    return read_gpipe_json(path)
-
-
-def select_steps(tr, spec):
-    """Keep steps [A, B] of a trace ("A:B", "A", "A:", ":B", "all")."""
-    if spec in (None, "all"):
-        return tr
-    steps = tr.steps()
-    if ":" in spec:
-        a, b = spec.split(":", 1)
-        lo = int(a) if a else -1
-        hi = int(b) if b else 1 << 62
+        tr, what = read_nsys_sqlite(path), "NVTX ranges, kernels and memcpys"
     else:
-        lo = hi = int(spec)
-    sel = [s for s in steps if lo <= s <= hi]
-    if not sel:
-        raise SystemExit("timeline: %s has no step in %s (steps: %s)" % (tr.path, spec, steps))
+        tr, what = read_gpipe_json(path, data), "events"
+    if not any(s.step >= 0 for s in tr.slices):
+        if tr.cut_off:
+            raise TraceError(path, "cut off after %d complete events, before its first "
+                             "pipeline step" % tr.events)
+        raise TraceError(path, "no pipeline steps: none of its %s (%d) is one of gpipe's slices "
+                         "(F0 s0, B0 s0, copy a0 s0->s1, ...) with a step" % (what, tr.events))
+    return tr
+
+
+def complete_steps(tr):
+    """A cut-off trace without its last step where that step may be
+    incomplete (Trace.partial_step), unless it is the only one: -> (Trace,
+    a one-line note for the warning)."""
+    steps = tr.steps()
+    if tr.partial_step < 0:
+        return tr, "the metrics cover steps %s" % _steps_str(steps)
+    if len(steps) == 1:
+        return tr, "step %d, the only one, may be incomplete: its metrics are partial" % steps[0]
     out = Trace(tr.path, tr.fmt, dict(tr.devices),
-                [s for s in tr.slices if lo <= s.step <= hi])
-    return out
+                [s for s in tr.slices if s.step != tr.partial_step], tr.events, tr.cut_off)
+    return out, ("step %d may be incomplete and is left out: the metrics cover steps %s"
+                 % (tr.partial_step, _steps_str(out.steps())))
+
+
+def load(path):
+    """read_trace for the command line: a cut-off trace is reported in one
+    warning line on stderr and loses its possibly incomplete last step."""
+    try:
+        tr = read_trace(path)
+    except TraceError:
+        raise
+    except Exception as e:   # a reader's bug, or an input nobody foresaw
+        raise TraceError(path, "cannot read: %s" % _unexpected(e))
+    if tr.cut_off:
+        tr, note = complete_steps(tr)
+        print("timeline.py: %s: warning: cut off (did the run stop before closing it?): read "
+              "%d complete events; %s" % (path, tr.events, note), file=sys.stderr)
+    return tr
+
+
+STEPS_RE = re.compile(r"(\d+)(:(\d*))?|:(\d+)")
+
+
+def parse_steps(option, spec):
+    """--steps A:B, A, A:, :B or "all" -> (first, last, the option as given,
+    for messages), or None for all steps."""
+    if spec is None or spec == "all":
+        return None
+    what = "%s %s" % (option, spec)
+    m = STEPS_RE.fullmatch(spec.strip())
+    if not m:
+        raise TraceError(what, "expected A:B, A:, :B or A")
+    if m[4] is not None:
+        return -1, int(m[4]), what
+    lo = int(m[1])
+    hi = lo if m[2] is None else (int(m[3]) if m[3] else 1 << 62)
+    if hi < lo:
+        raise TraceError(what, "the first step is after the last")
+    return lo, hi, what
+
+
+def first_step(tr):
+    k = tr.steps()[0]
+    return k, k, "step %d" % k
+
+
+def select_steps(tr, rng):
+    """Keep steps [first, last] of a trace (rng from parse_steps; None: all)."""
+    if rng is None:
+        return tr
+    lo, hi, what = rng
+    if not any(lo <= s <= hi for s in tr.steps()):
+        raise TraceError(tr.path, "no step in %s (it has steps %s)"
+                         % (what, _steps_str(tr.steps())))
+    return Trace(tr.path, tr.fmt, dict(tr.devices),
+                 [s for s in tr.slices if lo <= s.step <= hi], tr.events, tr.cut_off)
 
 
 # ----------------------------------------------------------------- metrics --
@@ -324,7 +620,7 @@ def metrics(tr):
     for d in sorted(tr.devices):
         mine = [s for s in tr.slices if s.device == d and s.step >= 0]
         busy = sum(union_length([(s.start, s.end) for s in mine
-                                 if s.step == k and s.kind != "wait"]) for k in steps)
+                                 if s.step == k and s.kind not in IDLE_KINDS]) for k in steps)
         row = {
             "name": tr.devices[d],
             "busy": busy,
@@ -335,6 +631,8 @@ def metrics(tr):
             "forward": sum(s.end - s.start for s in mine if s.kind == "forward"),
             "backward": sum(s.end - s.start for s in mine if s.kind == "backward"),
             "recompute": sum(s.end - s.start for s in mine if s.kind == "recompute"),
+            "end": sum(s.end - s.start for s in mine if s.kind == "end"),
+            "barrier": sum(s.end - s.start for s in mine if s.kind == "barrier"),
         }
         if any(s.kind == "kernel" for s in mine):
             row["kernel"] = sum(s.end - s.start for s in mine if s.kind == "kernel")
@@ -363,6 +661,9 @@ def metric_rows(m):
     for d, r in m["devices"].items():
         for key in ("busy", "idle", "copy", "wait"):
             rows.append(("%s %s ms" % (r["name"], key), r[key], "time"))
+        for key in ("end", "barrier"):
+            if any(x[key] for x in m["devices"].values()):
+                rows.append(("%s %s ms" % (r["name"], key), r[key], "time"))
         if "kernel" in r:
             rows.append(("%s kernel ms" % r["name"], r["kernel"], "time"))
         rows.append(("%s bubble fraction" % r["name"], r["bubble"], "frac"))
@@ -380,13 +681,15 @@ def print_summary(m, out=None):
     print("%s (%s): %d step(s) %s, wall %s ms" % (m["path"], m["format"], len(m["steps"]),
                                                   _steps_str(m["steps"]), _ms(m["wall"])),
           file=out)
-    hdr = "%-22s %10s %10s %8s %10s %10s" % ("device", "busy ms", "idle ms", "bubble",
+    # end-of-step work and barrier columns only for traces that have them
+    extra = [k for k in ("end", "barrier") if any(r[k] for r in m["devices"].values())]
+    print("%-22s %10s %10s %8s %10s %10s" % ("device", "busy ms", "idle ms", "bubble",
                                             "copy ms", "wait ms")
-    print(hdr, file=out)
+          + "".join(" %10s" % (k + " ms") for k in extra), file=out)
     for r in m["devices"].values():
         print("%-22s %10s %10s %8.3f %10s %10s" % (r["name"], _ms(r["busy"]), _ms(r["idle"]),
-                                                  r["bubble"], _ms(r["copy"]), _ms(r["wait"])),
-              file=out)
+                                                  r["bubble"], _ms(r["copy"]), _ms(r["wait"]))
+              + "".join(" %10s" % _ms(r[k]) for k in extra), file=out)
     print("per-step wall ms: %s" % ", ".join("%d: %s" % (k, _ms(v))
                                               for k, v in m["step_wall"].items()), file=out)
     print("mean step wall %s ms; overlap factor %.3f (sum busy / wall, %d devices)"
@@ -470,13 +773,13 @@ def render(traces, titles, out, size):
     for ax, tr, title in zip(axes[:, 0], traces, titles):
         t0 = min((s.start for s in tr.slices), default=0.0)
         draw(ax, tr, title, t0)
-    end = max((s.end - min(x.start for x in tr.slices) for tr in traces if tr.slices
-               for s in tr.slices), default=1e-3)
+    end = max((max(s.end for s in tr.slices) - min(s.start for s in tr.slices)
+               for tr in traces if tr.slices), default=1e-3)
     axes[-1, 0].set_xlim(0, end * 1e3 * 1.01)
     axes[-1, 0].set_xlabel("time since the first shown step began (ms)")
     kinds = [k for k in KINDS if any(s.kind == k for t in traces for s in t.slices)]
-    fig.legend(handles=[Patch(color=COLORS[k], label=k) for k in kinds], loc="upper right",
-               ncol=len(kinds), fontsize=8, frameon=False)
+    fig.legend(handles=[Patch(color=COLORS[k], label=LABELS.get(k, k)) for k in kinds],
+               loc="upper right", ncol=len(kinds), fontsize=8, frameon=False)
     fig.subplots_adjust(left=0.16, right=0.98, top=1 - 60 / height, bottom=55 / height,
                         hspace=0.35)
     fig.savefig(out, dpi=dpi)
@@ -488,12 +791,19 @@ def default_size(traces):
     return 1200, 120 + 60 * len(traces) + 45 * rows
 
 
-def parse_size(s):
-    try:
-        w, h = s.lower().split("x")
-        return int(w), int(h)
-    except ValueError:
-        raise argparse.ArgumentTypeError("expected WIDTHxHEIGHT in pixels, e.g. 1200x600")
+SIZE_RE = re.compile(r"(\d+)[xX](\d+)")
+
+
+def parse_size(spec):
+    """--size WIDTHxHEIGHT -> (width, height) in pixels, or None."""
+    if spec is None:
+        return None
+    m = SIZE_RE.fullmatch(spec.strip())
+    # Below 200 pixels the margins (60 and 55 pixels) leave no room to draw.
+    if not m or not all(200 <= int(x) <= 20000 for x in m.groups()):
+        raise TraceError("--size %s" % spec, "expected WIDTHxHEIGHT in pixels, each 200 to "
+                         "20000, e.g. 1200x600")
+    return int(m[1]), int(m[2])
 
 
 def png_size(path):
@@ -511,9 +821,64 @@ def title_of(tr, m):
 
 
 # ---------------------------------------------------------------------- CLI --
+class _Parser(argparse.ArgumentParser):
+    """argparse's usage errors as one line, like every other error here."""
+
+    def error(self, message):
+        raise TraceError(None, "%s (%s -h for usage)" % (message, self.prog))
+
+
+def _unexpected(e):
+    """An exception nobody foresaw, in one line: type, message and where."""
+    where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+    at = " (%s line %d)" % (os.path.basename(where.filename), where.lineno) if where else ""
+    return "%s: %s%s" % (type(e).__name__, e, at)
+
+
+def check_output(path):
+    """Before any work: matplotlib is there, knows the picture format, and
+    the path can be written (a file created to find out is removed)."""
+    what = "-o %s" % path
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError as e:
+        raise TraceError(what, "cannot draw: %s; run with Debian's /usr/bin/python3 and its "
+                         "python3-matplotlib (scripts/install-deps.sh)" % e)
+    ext = os.path.splitext(path)[1][1:].lower()
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if ext and ext not in formats:
+        raise TraceError(what, "cannot write: unknown picture format .%s (one of: %s)"
+                         % (ext, ", ".join(sorted(formats))))
+    existed = os.path.lexists(path)
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as e:
+        raise TraceError(what, "cannot write: %s" % (e.strerror or e))
+    if not existed:
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+
+
+def save(traces, titles, out, size):
+    try:
+        render(traces, titles, out, size)
+    except OSError as e:
+        raise TraceError("-o %s" % out, "cannot write: %s" % (e.strerror or e))
+    except Exception as e:
+        raise TraceError("-o %s" % out, "cannot draw: %s" % _unexpected(e))
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="timeline.py", description=__doc__.split("\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    """The command line; raises TraceError for a bad input or argument (cli()
+    prints it).  Arguments and the output path are checked before any trace
+    is read."""
+    ap = _Parser(prog="timeline.py", description=__doc__.split("\n")[0],
+                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("summary", help="per-device busy/idle/bubble/copy/wait, step walls")
     p.add_argument("trace")
@@ -525,41 +890,71 @@ def main(argv=None):
     p.add_argument("-o", "--output", default="compare.png")
     p.add_argument("--steps", help="steps summarised (default: all recorded)")
     p.add_argument("--plot-steps", help="steps drawn (default: each trace's first)")
-    p.add_argument("--size", type=parse_size, help="WIDTHxHEIGHT pixels")
+    p.add_argument("--size", help="WIDTHxHEIGHT pixels")
     p = sub.add_parser("gantt", help="one timeline picture")
     p.add_argument("trace")
     p.add_argument("-o", "--output", required=True)
     p.add_argument("--steps", help="steps drawn (default: the first recorded step)")
-    p.add_argument("--size", type=parse_size, help="WIDTHxHEIGHT pixels")
+    p.add_argument("--size", help="WIDTHxHEIGHT pixels")
     args = ap.parse_args(argv)
+    steps = parse_steps("--steps", args.steps)
 
     if args.cmd == "summary":
-        tr = select_steps(read_trace(args.trace), args.steps)
-        m = metrics(tr)
+        m = metrics(select_steps(load(args.trace), steps))
         if args.json:
             print(json.dumps(m, indent=1))
         else:
             print_summary(m)
         return 0
+    size = parse_size(args.size)
     if args.cmd == "gantt":
-        tr = read_trace(args.trace)
-        spec = args.steps or (str(tr.steps()[0]) if tr.steps() else None)
-        tr = select_steps(tr, spec)
-        render([tr], [title_of(tr, metrics(tr))], args.output,
-               args.size or default_size([tr]))
+        check_output(args.output)
+        tr = load(args.trace)
+        tr = select_steps(tr, steps or first_step(tr))
+        save([tr], [title_of(tr, metrics(tr))], args.output, size or default_size([tr]))
         print("wrote %s" % args.output)
         return 0
     # compare
-    ta, tb = read_trace(args.a), read_trace(args.b)
-    ma, mb = metrics(select_steps(ta, args.steps)), metrics(select_steps(tb, args.steps))
+    plot_steps = parse_steps("--plot-steps", args.plot_steps)
+    check_output(args.output)
+    ta, tb = load(args.a), load(args.b)
+    ma, mb = metrics(select_steps(ta, steps)), metrics(select_steps(tb, steps))
+    pa = select_steps(ta, plot_steps or first_step(ta))
+    pb = select_steps(tb, plot_steps or first_step(tb))
     print_compare(ma, mb)
-    pa = select_steps(ta, args.plot_steps or (str(ta.steps()[0]) if ta.steps() else None))
-    pb = select_steps(tb, args.plot_steps or (str(tb.steps()[0]) if tb.steps() else None))
-    render([pa, pb], ["A: " + title_of(pa, metrics(pa)), "B: " + title_of(pb, metrics(pb))],
-           args.output, args.size or default_size([pa, pb]))
+    save([pa, pb], ["A: " + title_of(pa, metrics(pa)), "B: " + title_of(pb, metrics(pb))],
+         args.output, size or default_size([pa, pb]))
     print("wrote %s" % args.output)
     return 0
 
 
+def cli(argv=None):
+    """main() with every failure as one line on stderr: exit 2 for a bad
+    input or argument, and for anything unforeseen (with its type and line
+    here, to report); never a traceback."""
+    def fail(msg, rc=2):
+        print("timeline.py: " + msg.replace("\n", "\\n"), file=sys.stderr)
+        return rc
+    try:
+        rc = main(argv)
+        if sys.stdout is not None:   # None: started with stdout closed
+            sys.stdout.flush()
+        return rc
+    except TraceError as e:
+        return fail(str(e))
+    except BrokenPipeError:
+        # The reader of stdout went away (| head): say nothing more there.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except KeyboardInterrupt:
+        return fail("interrupted", 130)
+    except OSError as e:
+        # Files are opened where they are named (TraceError); one without a
+        # name is stdout (a full disk, a closed descriptor).
+        return fail("%s: cannot write: %s" % (e.filename or "stdout", e.strerror or e))
+    except Exception as e:
+        return fail("unexpected error, please report: %s" % _unexpected(e))
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

@@ -11,15 +11,29 @@
       CUPTI_ACTIVITY_KIND_KERNEL / _MEMCPY / _RUNTIME), with known ranges
       and hand-computed metrics; the same schedule as gpipe JSON too;
   (c) `compare` on two real traces (lockstep vs free-running) prints both
-      columns and writes a PNG of the requested size.
+      columns and writes a PNG of the requested size;
+  (d) end-of-step slices ("update s0", "barrier s1", "all-reduce s1", ...)
+      on a built trace: not forward/backward/copy, end-of-step work busy,
+      the barrier idle, hand-computed;
+  (e) every bad input or argument (missing, empty, binary, directory, `{}`,
+      `[]`, not JSON, a bad -o, --steps abc, ...) ends with exit status 2
+      and one line on stderr naming the file or argument, no traceback;
+  (f) the real trace cut at many byte offsets (mid-string, after a comma,
+      mid-number, random) reads up to its last complete event with one
+      warning line whose count equals the complete events before the cut
+      (one event per line in gpipe's writer: the oracle), monotone in the
+      offset, and the metrics of the steps it keeps equal the whole file's.
 
 Runs with Debian's /usr/bin/python3 (matplotlib from python3-matplotlib).
 Needs GPIPE_BINARY_DIR (set by CTest) for gpipe-train.  Prints
 "test_timeline: N passed, N failed" last; exits non-zero on any failure.
 """
+import bisect
 import io
 import json
 import os
+import random
+import re
 import sqlite3
 import subprocess
 import sys
@@ -397,22 +411,266 @@ def test_compare(tmp, lockstep_trace):
           "gantt writes an 800x300 PNG: " + r.stderr)
 
 
+# ------------------------------------------------- (d) the end of the step --
+# One step, times in ms; hand-computed: wall 9 (the foreign "eval s0" after
+# it is ignored); stage 0 busy 2 + 2 + 0.5 + 0.5 + 1.5 = 6.5, of it end of
+# step 2.5, barrier 0.5; stage 1 busy 1 + 1 + 1 + 0.5 + 1 + 0.5 = 5, end of
+# step 3, barrier 2, wait 2.
+END_SCHEDULE = [
+    (0, "F0 s0", 0, 2), (0, "B0 s0", 4, 6), (0, "reduce_stats s0", 6, 6.5),
+    (0, "barrier s0", 6.5, 7), (0, "commit s0", 7, 7.5), (0, "update (fused) s0", 7.5, 9),
+    (0, "eval s0", 9, 20),
+    (1, "wait", 0, 2), (1, "F0 s1", 2, 3), (1, "B0 s1", 3, 4), (1, "all-reduce s1", 4, 5),
+    (1, "reduce-scatter s1", 5, 5.5), (1, "barrier s1", 5.5, 7.5),
+    (1, "update (shard) s1", 7.5, 8.5), (1, "gather s1", 8.5, 9),
+]
+
+
+def test_end_of_step(tmp):
+    ev = [{"name": "process_name", "ph": "M", "pid": j, "args": {"name": "cpu:%d" % j}}
+          for j in range(2)]
+    for j, name, a, b in END_SCHEDULE:
+        cat = name.split(" s")[0].split(" (")[0]
+        ev.append({"name": name, "cat": cat, "ph": "X", "ts": a * 1000, "dur": (b - a) * 1000,
+                   "pid": j, "tid": 1 if name == "wait" else 0,
+                   "args": {"step": 0, "stage": j, "micro_batch": 0 if name[0] in "FB" else -1}})
+    path = os.path.join(tmp, "end.json")
+    with open(path, "w") as f:
+        json.dump({"traceEvents": ev}, f)
+    tr = T.read_trace(path)
+    kinds = {s.name: s.kind for s in tr.slices}
+    check(all(kinds.get(name) == ("barrier" if name.startswith("barrier") else "end")
+              for _, name, _, _ in END_SCHEDULE if name[0] not in "FBwe"),
+          "end-of-step names parse as end / barrier: %s" % kinds)
+    check("eval s0" not in kinds, "a name gpipe does not write is ignored")
+    m = T.metrics(tr)
+    check(close(m["wall"], 0.009), "end of step: wall %g (the ignored slice left out)" % m["wall"])
+    for j, busy, end, barrier, wait, fwd in ((0, 0.0065, 0.0025, 0.0005, 0, 0.002),
+                                             (1, 0.005, 0.003, 0.002, 0.002, 0.001)):
+        d = m["devices"][j]
+        for key, want in (("busy", busy), ("end", end), ("barrier", barrier), ("wait", wait),
+                          ("forward", fwd), ("backward", fwd), ("copy", 0),
+                          ("bubble", (0.009 - busy) / 0.009)):
+            check(close(d[key], want), "end of step: stage %d %s = %.6g, want %.6g"
+                  % (j, key, d[key], want))
+    r = subprocess.run([sys.executable, SCRIPT, "summary", path], capture_output=True, text=True)
+    check(r.returncode == 0 and "end ms" in r.stdout and "barrier ms" in r.stdout,
+          "summary shows end-of-step and barrier columns:\n" + r.stdout + r.stderr)
+
+
+# ---------------------------------------------------------- (e) bad inputs --
+def run_script(args):
+    """-> (exit status, stdout, stderr) of timeline.py run as a program."""
+    r = subprocess.run(["/usr/bin/python3", SCRIPT] + args, capture_output=True, text=True)
+    return r.returncode, r.stdout, r.stderr
+
+
+def check_fails(args, names, problem, what):
+    """Exit status 2, one line on stderr naming the file or argument (names)
+    and the problem, nothing on stdout, no traceback."""
+    rc, out, err = run_script(args)
+    lines = err.splitlines()
+    check(rc == 2, "%s: exit status %d, want 2 (%s)" % (what, rc, err.strip()))
+    check(len(lines) == 1, "%s: one line on stderr, got %d:\n%s" % (what, len(lines), err))
+    line = lines[0] if lines else ""
+    check(line.startswith("timeline.py: ") and names in line and problem in line,
+          "%s: stderr names %r and says %r: %r" % (what, names, problem, line))
+    check("Traceback" not in err and out == "", "%s: no traceback, no output: %r %r"
+          % (what, out, err))
+    return line
+
+
+def test_bad_inputs(tmp, trace):
+    d = os.path.join(tmp, "bad")
+    os.mkdir(d)
+
+    def put(name, data):
+        path = os.path.join(d, name)
+        with open(path, "wb") as f:
+            f.write(data)
+        return path
+
+    missing = os.path.join(d, "missing.json")
+    with open(trace, "rb") as f:
+        good = f.read()
+    header_end = good.index(b"\n", good.index(b'"thread_name"'))  # before any slice
+    cases = [
+        (missing, "file not found"),
+        (put("empty.json", b""), "empty file"),
+        (put("blank.json", b" \n\n"), "empty file"),
+        (put("trunc.json", b'{"traceEvents":[{"name":"F0 s0","ph'),
+         "cut off before its first complete event"),
+        (put("header.json", good[:header_end]), "before its first pipeline step"),
+        (put("obj.json", b"{}"), "not a gpipe trace: no traceEvents"),
+        (put("notlist.json", b'{"traceEvents": 5}'), "not a gpipe trace: traceEvents is"),
+        (put("number.json", b"42"), "not a gpipe trace"),
+        (put("list.json", b"[]"), "no events"),
+        (put("nolist.json", b'{"traceEvents": []}'), "no events"),
+        (put("binary.json", bytes(range(256)) * 4), "binary data, not JSON"),
+        (put("latin1.json", '{"traceEvents": ["caf\xe9"]}'.encode("latin-1")),
+         "binary data, not JSON"),
+        (put("text.json", b"hello\n"), "not JSON: line 1 column 1"),
+        (put("junk.json", b'[{"name":"F0 s0"}, junk, {"name":"B0 s0"}]'), "not JSON: line 1"),
+        (put("tail.json", good + b"junk\n"), "not JSON"),
+        (put("notobj.json", b"[1, 2]"), "traceEvents[0] is a number, not an object"),
+        (put("badts.json", b'[{"name":"F0 s0","ph":"X","ts":"soon","pid":0,"args":{"step":0}}]'),
+         'traceEvents[0] ("F0 s0"): ts is "soon", not a number'),
+        (put("foreign.json", b'[{"name":"GC","ph":"X","ts":1,"dur":2,"pid":0}]'),
+         "no pipeline steps"),
+        (put("bad.sqlite", b"SQLite format 3\x00" + b"\x01" * 200),
+         "not a readable Nsight Systems export"),
+        (d, "is a directory"),
+    ]
+    for path, problem in cases:
+        check_fails(["summary", path], path, problem, "summary %s" % os.path.basename(path))
+    # gantt and compare say the same about their inputs
+    check_fails(["gantt", missing, "-o", os.path.join(d, "g.png")], missing, "file not found",
+                "gantt on a missing file")
+    check_fails(["compare", trace, put("list2.json", b"[]"), "-o", os.path.join(d, "c.png")],
+                "list2.json", "no events", "compare with an empty trace")
+    check(not os.path.exists(os.path.join(d, "g.png")) and
+          not os.path.exists(os.path.join(d, "c.png")),
+          "checking -o leaves no file behind when the work then fails")
+    # Output paths: checked before any input is read (the trace here is
+    # missing too, and the message is about -o).
+    nope = os.path.join(d, "nope", "x.png")
+    check_fails(["gantt", missing, "-o", nope], "-o " + nope,
+                "cannot write: No such file or directory", "gantt -o in a missing directory")
+    check_fails(["compare", missing, missing, "-o", nope], "-o " + nope, "cannot write",
+                "compare -o in a missing directory")
+    check_fails(["gantt", trace, "-o", d], "-o " + d, "cannot write: Is a directory",
+                "gantt -o a directory")
+    check_fails(["gantt", trace, "-o", os.path.join(d, "x.frob")], "-o ", "unknown picture format",
+                "gantt -o with an unknown extension")
+    # Arguments
+    check_fails(["summary", trace, "--steps", "abc"], "--steps abc",
+                "expected A:B, A:, :B or A", "--steps abc")
+    check_fails(["summary", missing, "--steps", "1:x"], "--steps 1:x", "expected A:B",
+                "--steps checked before the trace is read")
+    check_fails(["summary", trace, "--steps", "3:1"], "--steps 3:1", "first step is after",
+                "--steps 3:1")
+    check_fails(["summary", trace, "--steps", "90:99"], trace, "no step in --steps 90:99",
+                "--steps outside the trace")
+    check_fails(["compare", trace, trace, "--plot-steps", "x", "-o", os.path.join(d, "c.png")],
+                "--plot-steps x", "expected", "--plot-steps x")
+    check_fails(["gantt", trace, "-o", os.path.join(d, "g.png"), "--size", "big"], "--size big",
+                "expected WIDTHxHEIGHT", "--size big")
+    check_fails(["summary"], "trace", "required", "summary without a trace")
+    check_fails(["frobnicate", trace], "frobnicate", "invalid choice", "an unknown command")
+    # the good forms of --steps still work
+    for spec, want in (("2", [2]), ("2:3", [2, 3]), ("3:", [3, 4]), (":2", [1, 2]),
+                       ("all", [1, 2, 3, 4])):
+        rc, out, err = run_script(["summary", trace, "--steps", spec, "--json"])
+        check(rc == 0 and json.loads(out)["steps"] == want and err == "",
+              "--steps %s -> steps %s: %s" % (spec, want, err))
+
+
+# ------------------------------------------------------ (f) cut-off traces --
+WARN_RE = re.compile(r"^timeline\.py: (.*): warning: cut off .*read (\d+) complete events; (.*)$")
+
+
+def test_cut(tmp, trace):
+    with open(trace, "rb") as f:
+        data = f.read()
+    # Oracle: gpipe's writer puts the document's head on the first line,
+    # then one event per line, "{...}," or "{...}"; an event is complete
+    # when its closing brace is inside the cut.
+    lines = data.split(b"\n")
+    ends, pos = [], len(lines[0]) + 1
+    for line in lines[1:]:
+        if line.startswith(b"{"):
+            ends.append(pos + len(line.rstrip(b",")))
+        pos += len(line) + 1
+    check(len(ends) == len(json.loads(data)["traceEvents"]), "oracle counts every event")
+    full = T.metrics(T.read_trace(trace))
+    first_slice = data.index(b'"ph":"X"')   # cuts before it hold no step at all
+    after = data.index(b"\n", data.index(b'"name":"update s0"'))  # step 1 all but done
+    offsets = {
+        data.index(b'"name":"update s', after) + len(b'"name":"upd'): "mid-string",
+        data.index(b",\n", after) + 1: "right after a comma",
+        data.index(b",\n", after) + 2: "after a comma and its newline",
+        data.index(b",\n", after): "right after an event's brace",
+        data.index(b'"ts":', after) + 8: "mid-number",
+        data.index(b'"args":{', after) + len(b'"args":{'): "just inside a nested object",
+        data.index(b'"step 2"'): "just before the next step's marker",
+        data.rindex(b"]"): "all events, before the closing bracket",
+        len(data) - 2: "all but the final brace",
+    }
+    rng = random.Random(19)
+    while len(offsets) < 9 + 10:
+        offsets.setdefault(rng.randrange(first_slice + 1, len(data) - 2), "random")
+    cut = os.path.join(tmp, "cut.json")
+    prev = -1
+    for off in sorted(offsets):
+        what = "cut at byte %d of %d (%s)" % (off, len(data), offsets[off])
+        with open(cut, "wb") as f:
+            f.write(data[:off])
+        want = bisect.bisect_right(ends, off)
+        rc, out, err = run_script(["summary", cut, "--json"])
+        lines = err.splitlines()
+        m = WARN_RE.match(lines[0]) if len(lines) == 1 else None
+        check(rc == 0 and m is not None and m[1] == cut and "Traceback" not in err,
+              "%s: reads, with one warning line: rc %d %r" % (what, rc, err))
+        if not m or rc != 0:
+            continue
+        got = int(m[2])
+        check(got == want, "%s: read %d complete events, want %d" % (what, got, want))
+        check(got >= prev, "%s: events read %d monotone in the offset (%d before)"
+              % (what, got, prev))
+        prev = got
+        check(T.read_trace(cut).events == got, "%s: read_trace agrees" % what)
+        # The metrics cover complete steps, equal to the whole file's; only
+        # a lone first step may be partial, and the warning says so.
+        mc = json.loads(out)
+        if "the only one" in m[3]:
+            check(mc["steps"] == [full["steps"][0]], "%s: the lone partial step" % what)
+            continue
+        check(mc["steps"] and set(mc["steps"]) <= set(full["steps"]) and "cover steps" in m[3],
+              "%s: steps %s of %s covered (%s)" % (what, mc["steps"], full["steps"], m[3]))
+        for k in mc["steps"]:
+            check(close(mc["step_wall"][str(k)], full["step_wall"][k]),
+                  "%s: step %d wall %s as in the whole file" % (what, k, mc["step_wall"][str(k)]))
+        for dv, row in mc["devices"].items():
+            walls = sum(full["step_wall"][k] for k in mc["steps"])
+            check(close(row["idle"] + row["busy"], walls), "%s: %s busy + idle = wall"
+                  % (what, row["name"]))
+    # Cut in the last step: the step is dropped unless the next began.
+    k_last = full["steps"][-1]
+    cut_mid = data.index(b'"name":"update s0"', data.index(b'"step %d"' % k_last))
+    with open(cut, "wb") as f:
+        f.write(data[:cut_mid])
+    rc, out, err = run_script(["summary", cut, "--json"])
+    check(rc == 0 and json.loads(out)["steps"] == full["steps"][:-1]
+          and "step %d may be incomplete and is left out" % k_last in err,
+          "a cut last step is left out: %s" % err)
+    # gantt and compare read cut traces too (one warning per cut file)
+    png = os.path.join(tmp, "cut.png")
+    rc, out, err = run_script(["compare", trace, cut, "-o", png])
+    check(rc == 0 and len(err.splitlines()) == 1 and os.path.exists(png),
+          "compare with a cut trace: %s" % err)
+
+
 def main():
     with tempfile.TemporaryDirectory(prefix="test_timeline_") as tmp:
         try:
             test_built(tmp)
         except Exception as e:  # a crash is a failure, the others still run
             check(False, "built traces raised %r" % e)
+        try:
+            test_end_of_step(tmp)
+        except Exception as e:
+            check(False, "end of step raised %r" % e)
         trace = None
         try:
             trace = test_real_run(tmp)
         except Exception as e:
             check(False, "real run raised %r" % e)
         if trace:
-            try:
-                test_compare(tmp, trace)
-            except Exception as e:
-                check(False, "compare raised %r" % e)
+            for test in (test_compare, test_bad_inputs, test_cut):
+                try:
+                    test(tmp, trace)
+                except Exception as e:
+                    check(False, "%s raised %r" % (test.__name__, e))
     print("test_timeline: %d passed, %d failed" % (passed, failed))
     return 1 if failed else 0
 
