@@ -221,7 +221,20 @@ static void test_fixture(void)
     CHECK_ERR(gp_st_parse("t", bad, n, &f), GP_ERR_DATA, "header length");
     memcpy(bad, file, n);
     bad[9] = '[';
-    CHECK_ERR(gp_st_parse("t", bad, n, &f), GP_ERR_DATA, "bad JSON header");
+    CHECK_ERR(gp_st_parse("t", bad, n, &f), GP_ERR_DATA,
+              "bad JSON header at byte 9: expected a string key");
+    const char *twice = "{\"__metadata__\":{},\"__metadata__\":{}}";
+    n = fixture(bad, twice, data, 0);
+    CHECK_ERR(gp_st_parse("t", bad, n, &f), GP_ERR_DATA, "__metadata__ given twice");
+    const char *trail = "{} {}";
+    n = fixture(bad, trail, data, 0);
+    CHECK_ERR(gp_st_parse("t", bad, n, &f), GP_ERR_DATA, "at byte 11: trailing bytes");
+    const char *key = "{\"a\":{\"dtype\":\"F32\",\"shap\":[1],\"data_offsets\":[0,4]}}";
+    n = fixture(bad, key, data, 4);
+    CHECK_ERR(gp_st_parse("t", bad, n, &f), GP_ERR_DATA, "unknown or repeated key 'shap'");
+    const char *neg = "{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}";
+    n = fixture(bad, neg, data, 4);
+    CHECK_ERR(gp_st_parse("t", bad, n, &f), GP_ERR_DATA, "expected a non-negative integer");
     const char *dup = "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
                       "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}";
     n = fixture(bad, dup, data, 8);
