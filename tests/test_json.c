@@ -1,5 +1,6 @@
 /*
- * test_json.c — the JSON reader and writer (core/json.h).
+ * test_json.c — the JSON reader and writer (core/json.h), and the metrics
+ * record that goes through them.
  *
  * Checks:
  *   - writer: escapes (quote, backslash, every control character), UTF-8
@@ -11,9 +12,13 @@
  *     reader walking a known shape, numbers (grammar, range, exact u64);
  *   - errors: each with its message and line:column, nesting limit;
  *   - round trips: every string of a set, and random trees written and
- *     read back equal (oracle: the tree that was written).
+ *     read back equal (oracle: the tree that was written);
+ *   - a metrics line whose device name holds a quote and a backslash
+ *     parses back to the same name.
  */
 #include "core/json.h"
+#include "backend/backend.h"
+#include "train/train.h"
 #include "test.h"
 
 /* ---- helpers ------------------------------------------------------------------ */
@@ -496,6 +501,46 @@ static void test_random_round_trip(void)
     CHECK_MSG(good == 600, "%d of 600 random documents read back the same", good);
 }
 
+/* ---- a metrics record ---------------------------------------------------------------- */
+
+static void test_metrics_line(void)
+{
+    gp_device *dev;
+    gp_device_opts o = {.threads = 1};
+    CHECK_OK(gp_device_open("cpu:0", &o, &dev));
+    /* no backend makes such a name today; the record must not care */
+    const char *odd = "cpu\"0\\ \xc3\xa9\n";
+    snprintf(dev->name, sizeof dev->name, "%s", odd);
+    gp_step_stats st = {.loss = 2.5, .accuracy = NAN, .seconds = 0.25,
+                        .allreduce_seconds = 0.125};
+    gp_json_writer w = {0};
+    gp_device *devs[1] = {dev};
+    gp_train_metrics_step(&w, 3, 1, 0.1, 1234.56, &st, true, devs, 1);
+    gp_json_reader r;
+    gp_json_value *v = gp_json_parse(w.text, w.len, &r);
+    CHECK_MSG(v != NULL, "%s in %s", r.err, w.text);
+    CHECK(!strchr(w.text, '\n')); /* one JSON Lines record */
+    if (v) {
+        const gp_json_value *d = gp_json_get(v, "devices");
+        CHECK(d && d->kind == GP_JSON_ARRAY && d->n == 1);
+        const gp_json_value *name = d && d->n == 1 ? gp_json_get(&d->items[0], "name") : NULL;
+        CHECK(name && name->kind == GP_JSON_STRING && !strcmp(name->str, odd));
+        CHECK(d && d->n == 1 && gp_json_get(&d->items[0], "peak_bytes") &&
+              gp_json_get(&d->items[0], "peak_activations"));
+        const gp_json_value *step = gp_json_get(v, "step"), *loss = gp_json_get(v, "loss");
+        CHECK(step && step->num == 3 && loss && loss->num == 2.5);
+        const gp_json_value *acc = gp_json_get(v, "accuracy"); /* NaN: null */
+        CHECK(acc && acc->kind == GP_JSON_NULL);
+        const gp_json_value *sps = gp_json_get(v, "samples_per_s");
+        CHECK(sps && sps->num == 1234.6);
+        CHECK(gp_json_get(v, "allreduce_seconds") != NULL);
+    }
+    CHECK_MSG(strstr(w.text, "\"step_seconds\":0.250000,") != NULL, "%s", w.text);
+    gp_json_value_free(v);
+    gp_json_writer_free(&w);
+    gp_device_close(dev);
+}
+
 int main(void)
 {
     test_escapes();
@@ -507,5 +552,6 @@ int main(void)
     test_numbers();
     test_errors();
     test_random_round_trip();
+    test_metrics_line();
     return gpt_finish("test_json");
 }
