@@ -140,9 +140,10 @@ static void join(char *buf, size_t len, const char *sect, const char *key)
         snprintf(buf, len, "%s", key);
 }
 
-/* " did you mean 'x'?" for the nearest of names[] to `word`, or "". */
-static void nearest(const char *word, const char *const *names, int n, char *buf,
-                    size_t len)
+/* The index of the first of names[0..n) nearest to `word` by edit
+ * distance, if it is near enough to be a typo of it (1 edit for words of up
+ * to 3 characters, 2 up to 6, 3 beyond); else -1. */
+static int closest(const char *word, const char *const *names, int n)
 {
     int best = -1, bestd = 99;
     for (int i = 0; i < n; i++) {
@@ -154,8 +155,17 @@ static void nearest(const char *word, const char *const *names, int n, char *buf
     }
     size_t wl = strlen(word);
     int thr = wl <= 3 ? 1 : wl <= 6 ? 2 : 3;
+    return bestd <= thr ? best : -1;
+}
+
+/* " did you mean 'x'?" for the nearest of names[] to `word`, or "". */
+static void nearest(const char *word, const char *const *names, int n, char *buf,
+                    size_t len)
+{
+    size_t wl = strlen(word);
+    int best = closest(word, names, n);
     buf[0] = '\0';
-    if (best >= 0 && bestd <= thr) {
+    if (best >= 0) {
         snprintf(buf, len, "; did you mean '%s'?", names[best]);
         return;
     }
@@ -260,18 +270,8 @@ static gp_status unknown_key(const walk *w, const gp_ynode *key, const char *sec
                 const char *last = strrchr(k_schema[i], '.');
                 lasts[i] = last ? last + 1 : k_schema[i];
             }
-            int best = -1, bestd = 99;
-            for (int i = 0; i < N_SCHEMA; i++) {
-                int d = gp_edit_distance(k, lasts[i]);
-                if (d < bestd) {
-                    bestd = d;
-                    best = i;
-                }
-            }
-            size_t wl = strlen(k);
-            int thr = wl <= 3 ? 1 : wl <= 6 ? 2 : 3;
-            if (best >= 0 && bestd <= thr)
-                snprintf(hint, sizeof hint, "; did you mean '%s'?", k_schema[best]);
+            int best = closest(k, lasts, N_SCHEMA);
+            if (best >= 0) snprintf(hint, sizeof hint, "; did you mean '%s'?", k_schema[best]);
         }
         if (!hint[0]) {
             char names[512];
