@@ -102,6 +102,9 @@ gp_status gp_cfg_bad(const gp_cfg_walk *w, const gp_ynode *n, const char *fmt, .
 void gp_cfg_note(gp_cfg_walk *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* "'abc'", "a list", "a map" or "nothing", for "got ..." */
 const char *gp_cfg_describe(const gp_ynode *n, char *buf, size_t len);
+/* "expected <what> for <name>, got <n described>" at n. */
+gp_status gp_cfg_expected(const gp_cfg_walk *w, const gp_ynode *n, const char *what,
+                          const char *name);
 /* "sect.key", or "key" at the top level. */
 void gp_cfg_join(char *buf, size_t len, const char *sect, const char *key);
 /* "; did you mean 'x'?" for the name of names[0..n) nearest to `word`

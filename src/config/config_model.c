@@ -140,7 +140,6 @@ static gp_status parse_layer(gp_cfg_walk *w, const gp_ynode *item, int index, gp
 gp_status gp_cfg_parse_shape(const gp_cfg_walk *w, const gp_ynode *in, const char *what,
                              int64_t dims[3])
 {
-    char got[96];
     const int64_t max = (int64_t)1 << 24;
     dims[0] = dims[1] = dims[2] = 1;
     if (in->kind == GP_YNODE_SEQ) {
@@ -167,8 +166,7 @@ gp_status gp_cfg_parse_shape(const gp_cfg_walk *w, const gp_ynode *in, const cha
                               (long long)dims[0]);
         return GP_OK;
     }
-    return gp_cfg_bad(w, in, "expected [C, H, W] for %s, got %s", what,
-                      gp_cfg_describe(in, got, sizeof got));
+    return gp_cfg_expected(w, in, "[C, H, W]", what);
 }
 
 gp_status gp_cfg_parse_model(gp_cfg_walk *w, const gp_ynode *root, gp_model_config *mc)

@@ -41,8 +41,7 @@ static gp_status parse_device(gp_cfg_walk *w, const gp_ynode *item, int index,
         d->threads = threads;
     }
     if (name_node->kind != GP_YNODE_SCALAR)
-        return gp_cfg_bad(w, name_node, "expected a device name like cpu:0 for %s, got %s", sect,
-                          gp_cfg_describe(name_node, got, sizeof got));
+        return gp_cfg_expected(w, name_node, "a device name like cpu:0", sect);
     if (strlen(name_node->text) >= sizeof d->name)
         return gp_cfg_bad(w, name_node, "device name %s is too long",
                           gp_cfg_describe(name_node, got, sizeof got));

@@ -86,6 +86,14 @@ const char *gp_cfg_describe(const gp_ynode *n, char *buf, size_t len)
     return buf;
 }
 
+gp_status gp_cfg_expected(const gp_cfg_walk *w, const gp_ynode *n, const char *what,
+                          const char *name)
+{
+    char got[96];
+    return gp_cfg_bad(w, n, "expected %s for %s, got %s", what, name,
+                      gp_cfg_describe(n, got, sizeof got));
+}
+
 void gp_cfg_join(char *buf, size_t len, const char *sect, const char *key)
 {
     if (sect && sect[0])
@@ -269,21 +277,28 @@ gp_status gp_cfg_check_keys_list(const gp_cfg_walk *w, const gp_ynode *m, const 
 
 /* ---- typed getters -------------------------------------------------------- */
 
-gp_status gp_cfg_parse_int(const gp_cfg_walk *w, const gp_ynode *n, const char *name, int64_t *out)
+/* A scalar strtoll and friends may read whole: not empty, no leading blank
+ * (which they would skip). */
+static bool number_text(const gp_ynode *n)
+{
+    return n->kind == GP_YNODE_SCALAR && n->text[0] && n->text[0] != ' ';
+}
+
+static gp_status out_of_range(const gp_cfg_walk *w, const gp_ynode *n, const char *name)
 {
     char got[96];
-    if (n->kind != GP_YNODE_SCALAR || !n->text[0] || n->text[0] == ' ')
-        return gp_cfg_bad(w, n, "expected an integer for %s, got %s", name,
-                          gp_cfg_describe(n, got, sizeof got));
+    return gp_cfg_bad(w, n, "%s is out of range, got %s", name,
+                      gp_cfg_describe(n, got, sizeof got));
+}
+
+gp_status gp_cfg_parse_int(const gp_cfg_walk *w, const gp_ynode *n, const char *name, int64_t *out)
+{
+    if (!number_text(n)) return gp_cfg_expected(w, n, "an integer", name);
     errno = 0;
     char *end;
     long long v = strtoll(n->text, &end, 10);
-    if (*end != '\0')
-        return gp_cfg_bad(w, n, "expected an integer for %s, got %s", name,
-                          gp_cfg_describe(n, got, sizeof got));
-    if (errno == ERANGE)
-        return gp_cfg_bad(w, n, "%s is out of range, got %s", name,
-                          gp_cfg_describe(n, got, sizeof got));
+    if (*end != '\0') return gp_cfg_expected(w, n, "an integer", name);
+    if (errno == ERANGE) return out_of_range(w, n, name);
     *out = (int64_t)v;
     return GP_OK;
 }
@@ -321,7 +336,7 @@ gp_status gp_cfg_get_int32(gp_cfg_walk *w, const gp_ynode *m, const char *sect, 
 gp_status gp_cfg_get_u64(gp_cfg_walk *w, const gp_ynode *m, const char *sect, const char *key,
                          uint64_t def, uint64_t *out)
 {
-    char name[256], got[96];
+    char name[256];
     gp_cfg_join(name, sizeof name, sect, key);
     const gp_ynode *n = gp_ymap_get(m, key);
     if (gp_cfg_absent(n)) {
@@ -329,37 +344,26 @@ gp_status gp_cfg_get_u64(gp_cfg_walk *w, const gp_ynode *m, const char *sect, co
         gp_cfg_note(w, "%s = %llu (default)", name, (unsigned long long)def);
         return GP_OK;
     }
-    if (n->kind != GP_YNODE_SCALAR || !n->text[0] || strchr(n->text, '-') ||
-        n->text[0] == ' ')
-        return gp_cfg_bad(w, n, "expected a non-negative integer for %s, got %s", name,
-                          gp_cfg_describe(n, got, sizeof got));
+    /* strtoull would take "-1" as 2^64 - 1 */
+    if (!number_text(n) || strchr(n->text, '-'))
+        return gp_cfg_expected(w, n, "a non-negative integer", name);
     errno = 0;
     char *end;
     unsigned long long v = strtoull(n->text, &end, 10);
-    if (*end != '\0')
-        return gp_cfg_bad(w, n, "expected a non-negative integer for %s, got %s", name,
-                          gp_cfg_describe(n, got, sizeof got));
-    if (errno == ERANGE)
-        return gp_cfg_bad(w, n, "%s is out of range, got %s", name,
-                          gp_cfg_describe(n, got, sizeof got));
+    if (*end != '\0') return gp_cfg_expected(w, n, "a non-negative integer", name);
+    if (errno == ERANGE) return out_of_range(w, n, name);
     *out = (uint64_t)v;
     return GP_OK;
 }
 
 gp_status gp_cfg_parse_float(const gp_cfg_walk *w, const gp_ynode *n, const char *name, double *out)
 {
-    char got[96];
-    if (n->kind != GP_YNODE_SCALAR || !n->text[0] || n->text[0] == ' ')
-        return gp_cfg_bad(w, n, "expected a number for %s, got %s", name,
-                          gp_cfg_describe(n, got, sizeof got));
+    if (!number_text(n)) return gp_cfg_expected(w, n, "a number", name);
     char *end;
     double v = strtod(n->text, &end);
-    if (*end != '\0')
-        return gp_cfg_bad(w, n, "expected a number for %s, got %s", name,
-                          gp_cfg_describe(n, got, sizeof got));
+    if (*end != '\0') return gp_cfg_expected(w, n, "a number", name);
     if (!isfinite(v) || fabs(v) > FLT_MAX)
-        return gp_cfg_bad(w, n, "expected a finite number for %s, got %s", name,
-                          gp_cfg_describe(n, got, sizeof got));
+        return gp_cfg_expected(w, n, "a finite number", name);
     *out = v;
     return GP_OK;
 }
@@ -400,7 +404,7 @@ gp_status gp_cfg_get_float(gp_cfg_walk *w, const gp_ynode *m, const char *sect, 
 gp_status gp_cfg_get_bool(gp_cfg_walk *w, const gp_ynode *m, const char *sect, const char *key,
                           bool def, bool *out)
 {
-    char name[256], got[96];
+    char name[256];
     gp_cfg_join(name, sizeof name, sect, key);
     const gp_ynode *n = gp_ymap_get(m, key);
     if (gp_cfg_absent(n)) {
@@ -422,14 +426,13 @@ gp_status gp_cfg_get_bool(gp_cfg_walk *w, const gp_ynode *m, const char *sect, c
             }
         }
     }
-    return gp_cfg_bad(w, n, "expected true or false for %s, got %s", name,
-                      gp_cfg_describe(n, got, sizeof got));
+    return gp_cfg_expected(w, n, "true or false", name);
 }
 
 gp_status gp_cfg_get_str(gp_cfg_walk *w, const gp_ynode *m, const char *sect, const char *key,
                          const char *def, char *buf, size_t cap)
 {
-    char name[256], got[96];
+    char name[256];
     gp_cfg_join(name, sizeof name, sect, key);
     const gp_ynode *n = gp_ymap_get(m, key);
     if (gp_cfg_absent(n)) {
@@ -438,8 +441,7 @@ gp_status gp_cfg_get_str(gp_cfg_walk *w, const gp_ynode *m, const char *sect, co
         return GP_OK;
     }
     if (n->kind != GP_YNODE_SCALAR)
-        return gp_cfg_bad(w, n, "expected a string for %s, got %s", name,
-                          gp_cfg_describe(n, got, sizeof got));
+        return gp_cfg_expected(w, n, "a string", name);
     size_t len = strlen(n->text);
     if (len >= cap)
         return gp_cfg_bad(w, n, "%s is too long (%zu characters; at most %zu)", name, len, cap - 1);
@@ -486,10 +488,8 @@ gp_status gp_cfg_get_enum(gp_cfg_walk *w, const gp_ynode *m, const char *sect, c
 
 gp_status gp_cfg_parse_bytes(const gp_cfg_walk *w, const gp_ynode *n, const char *name, size_t *out)
 {
-    char got[96];
     if (n->kind != GP_YNODE_SCALAR || !gp_parse_bytes(n->text, out))
-        return gp_cfg_bad(w, n, "expected a size like 512MiB, 1.5GB or a number of bytes for %s, "
-                          "got %s", name, gp_cfg_describe(n, got, sizeof got));
+        return gp_cfg_expected(w, n, "a size like 512MiB, 1.5GB or a number of bytes", name);
     return GP_OK;
 }
 
