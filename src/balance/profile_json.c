@@ -26,6 +26,13 @@ static void put_time(gp_json_writer *w, const char *key, double v)
     gp_json_put_num(w, key, isfinite(v) ? v : 0.0);
 }
 
+static void put_time_list(gp_json_writer *w, const char *key, const double *v, int n)
+{
+    gp_json_open_array(w, key);
+    for (int z = 0; z < n; z++) put_time(w, NULL, v[z]);
+    gp_json_close(w);
+}
+
 static void put_profile(gp_json_writer *w, const gp_profile *p)
 {
     gp_json_open_object(w, NULL);
@@ -44,12 +51,8 @@ static void put_profile(gp_json_writer *w, const gp_profile *p)
     gp_json_open_array(w, "sizes");
     for (int z = 0; z < p->n_sizes; z++) gp_json_put_int(w, NULL, p->sizes[z]);
     gp_json_close(w);
-    gp_json_open_array(w, "loss");
-    for (int z = 0; z < p->n_sizes; z++) put_time(w, NULL, p->loss[z]);
-    gp_json_close(w);
-    gp_json_open_array(w, "upload");
-    for (int z = 0; z < p->n_sizes; z++) put_time(w, NULL, p->upload[z]);
-    gp_json_close(w);
+    put_time_list(w, "loss", p->loss, p->n_sizes);
+    put_time_list(w, "upload", p->upload, p->n_sizes);
     gp_json_open_array(w, "layers");
     for (int k = 0; k < p->L; k++) {
         const gp_layer_mem *m = &p->mem[k];
