@@ -8,7 +8,6 @@
 #include "core/json.h"
 #include "core/core.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -136,6 +135,7 @@ bool gp_json_enter_array(gp_json_reader *r) { return enter(r, '[', "a list"); }
 static bool next(gp_json_reader *r, char close)
 {
     if (r->err[0]) return false;
+    GP_ASSERT(r->depth > 0); /* asked for an item outside any container */
     skip_ws(r);
     char c = next_byte(r);
     if (c == close) {
