@@ -179,13 +179,12 @@ gp_status gp_profile_load(const char *path, gp_profile *out)
     fclose(f);
     gp_json_reader r;
     gp_json_value *root = gp_json_parse(buf, (size_t)len, &r);
+    int line = 0, column = 0;
+    if (!root) gp_json_where(&r, r.err_at, &line, &column); /* it reads buf */
     free(buf);
-    if (!root) {
-        int line, column;
-        gp_json_where(&r, r.err_at, &line, &column);
+    if (!root)
         return gp_error_set(r.oom ? GP_ERR_OOM : GP_ERR_DATA, "profile '%s': not valid JSON: "
                             "line %d, column %d: %s", path, line, column, r.err);
-    }
     jctx c = {path, GP_OK};
     const gp_json_value *fmt = gp_json_get(root, "format");
     if (!fmt || fmt->kind != GP_JSON_STRING || strcmp(fmt->str, PROFILE_FORMAT)) {
