@@ -427,7 +427,14 @@ static void test_profiler(void)
     f = fopen(path, "w");
     fputs("{\"format\": \"gpipe-profile\", \"version\": [1,", f);
     fclose(f);
-    CHECK_ERR(gp_profile_load(path, &q), GP_ERR_DATA, "not valid JSON");
+    CHECK_ERR(gp_profile_load(path, &q), GP_ERR_DATA,
+              "not valid JSON: line 1, column 43: unexpected end of input");
+    f = fopen(path, "w");
+    fputs("{\"format\": \"gpipe-profile\", \"version\": 1, \"threads\": 1, \"batch\": 8,\n"
+          " \"chunks\": 1, \"first_trainable\": 0, \"timed\": true, \"warmup\": 1, \"reps\": 1,\n"
+          " \"sizes\": [8], \"loss\": [\"x\"], \"upload\": [0], \"layers\": []}", f);
+    fclose(f);
+    CHECK_ERR(gp_profile_load(path, &q), GP_ERR_DATA, "\"loss\"[0] is not a number");
     remove(path);
 
     /* interpolation between measured sizes */

@@ -197,25 +197,36 @@ static void test_fixture(void)
     CHECK_ERR(gp_st_parse("t", bad, n, &f), GP_ERR_DATA, "header length");
     memcpy(bad, file, n);
     bad[9] = '[';
-    CHECK_ERR(gp_st_parse("t", bad, n, &f), GP_ERR_DATA, "bad JSON header");
-    const char *dup = "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
-                      "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}";
-    n = fixture(bad, dup, data, 8);
-    CHECK_ERR(gp_st_parse("t", bad, n, &f), GP_ERR_DATA, "given twice");
-    const char *ovl = "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-                      "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}";
-    n = fixture(bad, ovl, data, 8);
-    CHECK_ERR(gp_st_parse("t", bad, n, &f), GP_ERR_DATA, "tile");
-    const char *shp = "{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}";
-    n = fixture(bad, shp, data, 8);
-    CHECK_ERR(gp_st_parse("t", bad, n, &f), GP_ERR_DATA, "needs 12 bytes");
-    const char *big = "{\"a\":{\"dtype\":\"F32\",\"shape\":[99999999999,99999999999,"
-                      "99999999999],\"data_offsets\":[0,8]}}";
-    n = fixture(bad, big, data, 8);
-    CHECK_ERR(gp_st_parse("t", bad, n, &f), GP_ERR_DATA, "too large");
-    const char *dt = "{\"a\":{\"dtype\":\"Q7\",\"shape\":[1],\"data_offsets\":[0,4]}}";
-    n = fixture(bad, dt, data, 4);
-    CHECK_ERR(gp_st_parse("t", bad, n, &f), GP_ERR_DATA, "unknown dtype");
+    CHECK_ERR(gp_st_parse("t", bad, n, &f), GP_ERR_DATA,
+              "bad JSON header at byte 9: expected a string key");
+    /* headers the reader must refuse, with the data bytes they claim and
+     * a piece of the message */
+    static const struct {
+        const char *header;
+        size_t data_bytes;
+        const char *err;
+    } broken[] = {
+        {"{\"__metadata__\":{},\"__metadata__\":{}}", 0, "__metadata__ given twice"},
+        {"{} {}", 0, "at byte 11: trailing bytes"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shap\":[1],\"data_offsets\":[0,4]}}", 4,
+         "unknown or repeated key 'shap'"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4,
+         "expected a non-negative integer"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+         "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "given twice"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "tile"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8,
+         "needs 12 bytes"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[99999999999,99999999999,99999999999],"
+         "\"data_offsets\":[0,8]}}", 8, "too large"},
+        {"{\"a\":{\"dtype\":\"Q7\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4,
+         "unknown dtype 'Q7'"},
+    };
+    for (size_t i = 0; i < sizeof broken / sizeof *broken; i++) {
+        n = fixture(bad, broken[i].header, data, broken[i].data_bytes);
+        CHECK_ERR(gp_st_parse("t", bad, n, &f), GP_ERR_DATA, broken[i].err);
+    }
     const char *esc = "{\"__metadata__\":{\"k\\u00e9\\ud83d\\ude00\":\"v\\n\\\"q\\\"\"}}";
     n = fixture(bad, esc, data, 0);
     CHECK_OK(gp_st_parse("t", bad, n, &f));

@@ -572,14 +572,16 @@ WARN_RE = re.compile(r"^timeline\.py: (.*): warning: cut off .*read (\d+) comple
 def test_cut(tmp, trace):
     with open(trace, "rb") as f:
         data = f.read()
-    # Oracle: gpipe's writer puts the document's head on the first line,
-    # then one event per line, "{...}," or "{...}"; an event is complete
-    # when its closing brace is inside the cut.
+    # Oracle: gpipe's writer puts the document's head on its first lines
+    # (none of them, indentation aside, begins with "{"), then one event per
+    # line, "{...}," or "{...}"; an event is complete when its closing brace
+    # is inside the cut.
     lines = data.split(b"\n")
     ends, pos = [], len(lines[0]) + 1
     for line in lines[1:]:
-        if line.startswith(b"{"):
-            ends.append(pos + len(line.rstrip(b",")))
+        body = line.lstrip()
+        if body.startswith(b"{"):
+            ends.append(pos + len(line) - len(body) + len(body.rstrip(b",")))
         pos += len(line) + 1
     check(len(ends) == len(json.loads(data)["traceEvents"]), "oracle counts every event")
     full = T.metrics(T.read_trace(trace))

@@ -1,15 +1,13 @@
 /*
- * profile_json.c — a profile to and from JSON (balance.h).
+ * profile_json.c — a profile to and from JSON (balance.h), through the
+ * JSON reader and writer of core/json.h.
  *
- * A tiny writer and a minimal reader for exactly the JSON this module
- * writes (objects, arrays, strings with \" \\ \n escapes, numbers, true,
- * false, null): no new dependency for one file format.  Unknown keys are
- * ignored so that later versions can add fields; missing required ones are
- * an error naming the key.
+ * Unknown keys are ignored so that later versions can add fields; missing
+ * required ones are an error naming the key.
  */
 #include "balance/balance.h"
+#include "core/json.h"
 
-#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -20,19 +18,74 @@
 
 /* ---- writer ---------------------------------------------------------------- */
 
-static void jstr(FILE *f, const char *s)
+/* A measurement that came out NaN or infinite is saved as 0, as it always
+ * was: the file stays loadable and the planner sees a free layer rather
+ * than failing on a profile that --profile-out just wrote. */
+static void put_time(gp_json_writer *w, const char *key, double v)
 {
-    fputc('"', f);
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\') fprintf(f, "\\%c", *s);
-        else if (*s == '\n') fputs("\\n", f);
-        else if ((unsigned char)*s < 0x20) fprintf(f, "\\u%04x", (unsigned)*s);
-        else fputc(*s, f);
-    }
-    fputc('"', f);
+    gp_json_put_num(w, key, isfinite(v) ? v : 0.0);
 }
 
-static void jnum(FILE *f, double v) { fprintf(f, "%.17g", isfinite(v) ? v : 0.0); }
+static void put_time_list(gp_json_writer *w, const char *key, const double *v, int n)
+{
+    gp_json_open_array(w, key);
+    for (int z = 0; z < n; z++) put_time(w, NULL, v[z]);
+    gp_json_close(w);
+}
+
+static void put_profile(gp_json_writer *w, const gp_profile *p)
+{
+    gp_json_open_object(w, NULL);
+    gp_json_put_str(w, "format", PROFILE_FORMAT);
+    gp_json_put_int(w, "version", PROFILE_VERSION);
+    gp_json_put_str(w, "device", p->device);
+    gp_json_put_int(w, "threads", p->threads);
+    gp_json_put_int(w, "contend", p->contend);
+    gp_json_put_int(w, "evict_bytes", p->evict_bytes);
+    gp_json_put_int(w, "batch", p->batch);
+    gp_json_put_int(w, "chunks", p->chunks);
+    gp_json_put_int(w, "first_trainable", p->first_trainable);
+    gp_json_put_bool(w, "timed", p->timed);
+    gp_json_put_int(w, "warmup", p->warmup);
+    gp_json_put_int(w, "reps", p->reps);
+    gp_json_open_array(w, "sizes");
+    for (int z = 0; z < p->n_sizes; z++) gp_json_put_int(w, NULL, p->sizes[z]);
+    gp_json_close(w);
+    put_time_list(w, "loss", p->loss, p->n_sizes);
+    put_time_list(w, "upload", p->upload, p->n_sizes);
+    gp_json_open_array(w, "layers");
+    for (int k = 0; k < p->L; k++) {
+        const gp_layer_mem *m = &p->mem[k];
+        gp_json_open_object(w, NULL);
+        gp_json_put_str(w, "desc", m->desc);
+        gp_json_put_uint(w, "param_bytes", m->param_bytes);
+        gp_json_put_uint(w, "grad_bytes", m->grad_bytes);
+        gp_json_put_uint(w, "optim_bytes", m->optim_bytes);
+        gp_json_put_uint(w, "workspace_bytes", m->workspace_bytes);
+        put_time(w, "in_per_sample", m->in_per_sample);
+        put_time(w, "out_per_sample", m->out_per_sample);
+        put_time(w, "keep_per_sample", m->keep_per_sample);
+        put_time(w, "flops_per_sample", m->flops_per_sample);
+        put_time(w, "update", m->update);
+        gp_json_open_array(w, "times");
+        for (int z = 0; z < p->n_sizes; z++) {
+            const gp_layer_times *t = &p->t[(size_t)z * (size_t)p->L + (size_t)k];
+            gp_json_open_object(w, NULL);
+            put_time(w, "fwd", t->fwd);
+            put_time(w, "bwd_data", t->bwd_data);
+            put_time(w, "bwd_weights", t->bwd_weights);
+            put_time(w, "bwd_alone", t->bwd_alone);
+            put_time(w, "recompute", t->recompute);
+            put_time(w, "copy", t->copy);
+            gp_json_close(w);
+        }
+        gp_json_close(w);
+        gp_json_close(w);
+    }
+    gp_json_close(w);
+    gp_json_close(w);
+    gp_json_put_raw(w, "\n");
+}
 
 gp_status gp_profile_save(const gp_profile *p, const char *path)
 {
@@ -40,280 +93,72 @@ gp_status gp_profile_save(const gp_profile *p, const char *path)
     if (!f)
         return gp_error_set(GP_ERR_IO, "cannot write profile '%s': %s; check the directory "
                             "exists and is writable", path, strerror(errno));
-    fprintf(f, "{\n  \"format\": \"%s\", \"version\": %d,\n  \"device\": ", PROFILE_FORMAT,
-            PROFILE_VERSION);
-    jstr(f, p->device);
-    fprintf(f, ", \"threads\": %d, \"contend\": %d, \"evict_bytes\": %lld, \"batch\": %lld, "
-            "\"chunks\": %d,\n", p->threads, p->contend, (long long)p->evict_bytes,
-            (long long)p->batch, p->chunks);
-    fprintf(f, "  \"first_trainable\": %d, \"timed\": %s, \"warmup\": %d, \"reps\": %d,\n",
-            p->first_trainable, p->timed ? "true" : "false", p->warmup, p->reps);
-    fputs("  \"sizes\": [", f);
-    for (int z = 0; z < p->n_sizes; z++) fprintf(f, "%s%lld", z ? ", " : "", (long long)p->sizes[z]);
-    fputs("],\n  \"loss\": [", f);
-    for (int z = 0; z < p->n_sizes; z++) {
-        if (z) fputs(", ", f);
-        jnum(f, p->loss[z]);
-    }
-    fputs("],\n  \"upload\": [", f);
-    for (int z = 0; z < p->n_sizes; z++) {
-        if (z) fputs(", ", f);
-        jnum(f, p->upload[z]);
-    }
-    fputs("],\n  \"layers\": [\n", f);
-    for (int k = 0; k < p->L; k++) {
-        const gp_layer_mem *m = &p->mem[k];
-        fputs("    {\"desc\": ", f);
-        jstr(f, m->desc);
-        fprintf(f, ", \"param_bytes\": %zu, \"grad_bytes\": %zu, \"optim_bytes\": %zu, "
-                   "\"workspace_bytes\": %zu,\n     \"in_per_sample\": ",
-                m->param_bytes, m->grad_bytes, m->optim_bytes, m->workspace_bytes);
-        jnum(f, m->in_per_sample);
-        fputs(", \"out_per_sample\": ", f);
-        jnum(f, m->out_per_sample);
-        fputs(", \"keep_per_sample\": ", f);
-        jnum(f, m->keep_per_sample);
-        fputs(", \"flops_per_sample\": ", f);
-        jnum(f, m->flops_per_sample);
-        fputs(", \"update\": ", f);
-        jnum(f, m->update);
-        fputs(",\n     \"times\": [", f);
-        for (int z = 0; z < p->n_sizes; z++) {
-            const gp_layer_times *t = &p->t[(size_t)z * (size_t)p->L + (size_t)k];
-            double v[6] = {t->fwd, t->bwd_data, t->bwd_weights, t->bwd_alone, t->recompute,
-                           t->copy};
-            const char *nm[6] = {"fwd", "bwd_data", "bwd_weights", "bwd_alone", "recompute",
-                                 "copy"};
-            fputs(z ? ",\n               {" : "{", f);
-            for (int q = 0; q < 6; q++) {
-                fprintf(f, "%s\"%s\": ", q ? ", " : "", nm[q]);
-                jnum(f, v[q]);
-            }
-            fputc('}', f);
-        }
-        fprintf(f, "]}%s\n", k + 1 < p->L ? "," : "");
-    }
-    fputs("  ]\n}\n", f);
-    if (fclose(f) != 0)
+    /* the top level and each layer on a line of its own */
+    gp_json_writer w = {.pretty = 2};
+    put_profile(&w, p);
+    bool ok = gp_json_flush(&w, f);
+    bool oom = w.oom;
+    gp_json_writer_free(&w);
+    if (fclose(f) != 0) ok = false;
+    if (oom) return gp_error_set(GP_ERR_OOM, "out of host memory writing profile '%s'", path);
+    if (!ok)
         return gp_error_set(GP_ERR_IO, "writing profile '%s' failed: %s", path, strerror(errno));
     return GP_OK;
 }
 
 /* ---- reader ---------------------------------------------------------------- */
 
-typedef enum { J_NULL, J_BOOL, J_NUM, J_STR, J_ARR, J_OBJ } jkind;
-
-typedef struct jnode {
-    jkind kind;
-    double num;
-    char *str;             /* J_STR value; key in the parent object */
-    char *key;
-    struct jnode **items;  /* J_ARR / J_OBJ */
-    int n;
-} jnode;
-
-typedef struct {
-    const char *s, *end, *path;
-    int line;
-    char err[160];
-} jparser;
-
-static void jfree(jnode *n)
-{
-    if (!n) return;
-    for (int q = 0; q < n->n; q++) jfree(n->items[q]);
-    free(n->items);
-    free(n->str);
-    free(n->key);
-    free(n);
-}
-
-static void skip_ws(jparser *p)
-{
-    while (p->s < p->end && isspace((unsigned char)*p->s)) {
-        if (*p->s == '\n') p->line++;
-        p->s++;
-    }
-}
-
-static jnode *jfail(jparser *p, const char *what)
-{
-    if (!p->err[0]) snprintf(p->err, sizeof p->err, "line %d: %s", p->line, what);
-    return NULL;
-}
-
-static char *parse_string(jparser *p)
-{
-    if (p->s >= p->end || *p->s != '"') return jfail(p, "expected a string"), NULL;
-    p->s++;
-    size_t cap = 32, len = 0;
-    char *out = malloc(cap);
-    while (out && p->s < p->end && *p->s != '"') {
-        char c = *p->s++;
-        if (c == '\\' && p->s < p->end) {
-            char e = *p->s++;
-            c = e == 'n' ? '\n' : e == 't' ? '\t' : e;
-            if (e == 'u') { /* only what the writer emits: control chars */
-                unsigned v = 0;
-                for (int q = 0; q < 4 && p->s < p->end; q++, p->s++)
-                    v = v * 16 + (unsigned)(isdigit((unsigned char)*p->s) ? *p->s - '0'
-                                                                          : (tolower(*p->s) - 'a' + 10));
-                c = (char)v;
-            }
-        }
-        if (len + 2 > cap) {
-            char *o2 = realloc(out, cap *= 2);
-            if (!o2) {
-                free(out);
-                return NULL;
-            }
-            out = o2;
-        }
-        out[len++] = c;
-    }
-    if (!out) return NULL;
-    if (p->s >= p->end) {
-        free(out);
-        return jfail(p, "unterminated string"), NULL;
-    }
-    p->s++;
-    out[len] = '\0';
-    return out;
-}
-
-static jnode *parse_value(jparser *p, int depth);
-
-static bool push(jnode *n, jnode *c)
-{
-    jnode **it = realloc(n->items, (size_t)(n->n + 1) * sizeof *it);
-    if (!it) return false;
-    n->items = it;
-    n->items[n->n++] = c;
-    return true;
-}
-
-static jnode *parse_value(jparser *p, int depth)
-{
-    skip_ws(p);
-    if (depth > 32) return jfail(p, "nested too deeply");
-    if (p->s >= p->end) return jfail(p, "unexpected end of file");
-    jnode *n = calloc(1, sizeof *n);
-    if (!n) return jfail(p, "out of memory");
-    char c = *p->s;
-    if (c == '{' || c == '[') {
-        bool obj = c == '{';
-        n->kind = obj ? J_OBJ : J_ARR;
-        p->s++;
-        skip_ws(p);
-        if (p->s < p->end && *p->s == (obj ? '}' : ']')) {
-            p->s++;
-            return n;
-        }
-        for (;;) {
-            char *key = NULL;
-            if (obj) {
-                skip_ws(p);
-                key = parse_string(p);
-                skip_ws(p);
-                if (!key || p->s >= p->end || *p->s != ':') {
-                    free(key);
-                    jfree(n);
-                    return jfail(p, "expected \"key\": value");
-                }
-                p->s++;
-            }
-            jnode *v = parse_value(p, depth + 1);
-            if (!v) {
-                free(key);
-                jfree(n);
-                return NULL;
-            }
-            v->key = key;
-            if (!push(n, v)) {
-                jfree(v);
-                jfree(n);
-                return jfail(p, "out of memory");
-            }
-            skip_ws(p);
-            if (p->s < p->end && *p->s == ',') {
-                p->s++;
-                continue;
-            }
-            if (p->s < p->end && *p->s == (obj ? '}' : ']')) {
-                p->s++;
-                return n;
-            }
-            jfree(n);
-            return jfail(p, obj ? "expected ',' or '}'" : "expected ',' or ']'");
-        }
-    }
-    if (c == '"') {
-        n->kind = J_STR;
-        n->str = parse_string(p);
-        if (!n->str) {
-            jfree(n);
-            return NULL;
-        }
-        return n;
-    }
-    if (!strncmp(p->s, "true", 4) || !strncmp(p->s, "false", 5)) {
-        n->kind = J_BOOL;
-        n->num = c == 't';
-        p->s += c == 't' ? 4 : 5;
-        return n;
-    }
-    if (!strncmp(p->s, "null", 4)) {
-        p->s += 4;
-        return n;
-    }
-    char *e;
-    n->kind = J_NUM;
-    n->num = strtod(p->s, &e);
-    if (e == p->s) {
-        jfree(n);
-        return jfail(p, "expected a value");
-    }
-    p->s = e;
-    return n;
-}
-
-static const jnode *jget(const jnode *o, const char *key)
-{
-    if (!o || o->kind != J_OBJ) return NULL;
-    for (int q = 0; q < o->n; q++)
-        if (o->items[q]->key && !strcmp(o->items[q]->key, key)) return o->items[q];
-    return NULL;
-}
-
+/* The first error of a load; later look-ups do nothing once it is set. */
 typedef struct {
     const char *path;
     gp_status st;
 } jctx;
 
-static double jnum_req(jctx *c, const jnode *o, const char *key, const char *where)
+/* A number (true and false count as 1 and 0), or NAN for anything else. */
+static double num_of(const gp_json_value *v)
 {
-    const jnode *v = jget(o, key);
+    if (!v) return NAN;
+    if (v->kind == GP_JSON_NUMBER) return v->num;
+    if (v->kind == GP_JSON_TRUE || v->kind == GP_JSON_FALSE) return v->kind == GP_JSON_TRUE;
+    return NAN;
+}
+
+static double jnum_req(jctx *c, const gp_json_value *o, const char *key, const char *where)
+{
+    const gp_json_value *v = gp_json_get(o, key);
     if (c->st != GP_OK) return 0;
-    if (!v || (v->kind != J_NUM && v->kind != J_BOOL)) {
+    if (isnan(num_of(v))) {
         c->st = gp_error_set(GP_ERR_DATA, "profile '%s': %s%s\"%s\" is missing or not a number; "
                              "re-create the profile with gpipe-balance --profile-out",
                              c->path, where, where[0] ? ": " : "", key);
         return 0;
     }
-    return v->num;
+    return num_of(v);
 }
 
-static const jnode *jarr_req(jctx *c, const jnode *o, const char *key, int n, const char *where)
+/* A list (of n items unless n < 0). */
+static const gp_json_value *jarr_req(jctx *c, const gp_json_value *o, const char *key, int n,
+                                     const char *where)
 {
-    const jnode *v = jget(o, key);
+    const gp_json_value *v = gp_json_get(o, key);
     if (c->st != GP_OK) return NULL;
-    if (!v || v->kind != J_ARR || (n >= 0 && v->n != n)) {
+    if (!v || v->kind != GP_JSON_ARRAY || (n >= 0 && v->n != n)) {
         c->st = gp_error_set(GP_ERR_DATA, "profile '%s': %s%s\"%s\" is missing or not a list%s",
                              c->path, where, where[0] ? ": " : "", key,
                              n >= 0 ? " of the right length" : "");
         return NULL;
     }
     return v;
+}
+
+/* Item z of a list of numbers. */
+static double jitem_req(jctx *c, const gp_json_value *list, int z, const char *key)
+{
+    double v = num_of(&list->items[z]);
+    if (c->st == GP_OK && isnan(v))
+        c->st = gp_error_set(GP_ERR_DATA, "profile '%s': \"%s\"[%d] is not a number; re-create "
+                             "the profile with gpipe-balance --profile-out", c->path, key, z);
+    return c->st == GP_OK ? v : 0;
 }
 
 gp_status gp_profile_load(const char *path, gp_profile *out)
@@ -332,15 +177,18 @@ gp_status gp_profile_load(const char *path, gp_profile *out)
         return gp_error_set(GP_ERR_IO, "cannot read profile '%s'", path);
     }
     fclose(f);
-    jparser jp = {.s = buf, .end = buf + len, .path = path, .line = 1};
-    jnode *root = parse_value(&jp, 0);
+    gp_json_reader r;
+    gp_json_value *root = gp_json_parse(buf, (size_t)len, &r);
+    int line = 0, column = 0;
+    if (!root) gp_json_where(&r, r.err_at, &line, &column); /* it reads buf */
     free(buf);
     if (!root)
-        return gp_error_set(GP_ERR_DATA, "profile '%s': not valid JSON: %s", path, jp.err);
+        return gp_error_set(r.oom ? GP_ERR_OOM : GP_ERR_DATA, "profile '%s': not valid JSON: "
+                            "line %d, column %d: %s", path, line, column, r.err);
     jctx c = {path, GP_OK};
-    const jnode *fmt = jget(root, "format");
-    if (!fmt || fmt->kind != J_STR || strcmp(fmt->str, PROFILE_FORMAT)) {
-        jfree(root);
+    const gp_json_value *fmt = gp_json_get(root, "format");
+    if (!fmt || fmt->kind != GP_JSON_STRING || strcmp(fmt->str, PROFILE_FORMAT)) {
+        gp_json_value_free(root);
         return gp_error_set(GP_ERR_DATA, "profile '%s': not a gpipe profile (no \"format\": "
                             "\"%s\")", path, PROFILE_FORMAT);
     }
@@ -348,24 +196,24 @@ gp_status gp_profile_load(const char *path, gp_profile *out)
     if (c.st == GP_OK && version != PROFILE_VERSION)
         c.st = gp_error_set(GP_ERR_DATA, "profile '%s' has version %d; this gpipe reads version "
                             "%d: re-create it", path, version, PROFILE_VERSION);
-    const jnode *dv = jget(root, "device");
-    if (dv && dv->kind == J_STR) snprintf(out->device, sizeof out->device, "%s", dv->str);
+    const gp_json_value *dv = gp_json_get(root, "device");
+    if (dv && dv->kind == GP_JSON_STRING) snprintf(out->device, sizeof out->device, "%s", dv->str);
     out->threads = (int)jnum_req(&c, root, "threads", "");
-    const jnode *cd = jget(root, "contend"); /* absent in files of before 2026-11-22: 0 */
-    out->contend = cd && cd->kind == J_NUM ? (int)cd->num : 0;
-    const jnode *eb = jget(root, "evict_bytes");
-    out->evict_bytes = eb && eb->kind == J_NUM ? (int64_t)eb->num : 0;
+    const gp_json_value *cd = gp_json_get(root, "contend"); /* absent before 2026-11-22: 0 */
+    out->contend = cd && cd->kind == GP_JSON_NUMBER ? (int)cd->num : 0;
+    const gp_json_value *eb = gp_json_get(root, "evict_bytes");
+    out->evict_bytes = eb && eb->kind == GP_JSON_NUMBER ? (int64_t)eb->num : 0;
     out->batch = (int64_t)jnum_req(&c, root, "batch", "");
     out->chunks = (int)jnum_req(&c, root, "chunks", "");
     out->first_trainable = (int)jnum_req(&c, root, "first_trainable", "");
     out->timed = jnum_req(&c, root, "timed", "") != 0;
     out->warmup = (int)jnum_req(&c, root, "warmup", "");
     out->reps = (int)jnum_req(&c, root, "reps", "");
-    const jnode *sizes = jarr_req(&c, root, "sizes", -1, "");
+    const gp_json_value *sizes = jarr_req(&c, root, "sizes", -1, "");
     if (c.st == GP_OK && (sizes->n < 1 || sizes->n > GP_PROFILE_MAX_SIZES))
         c.st = gp_error_set(GP_ERR_DATA, "profile '%s': \"sizes\" needs 1..%d entries", path,
                             GP_PROFILE_MAX_SIZES);
-    const jnode *loss = NULL, *upload = NULL, *layers = NULL;
+    const gp_json_value *loss = NULL, *upload = NULL, *layers = NULL;
     if (c.st == GP_OK) {
         out->n_sizes = sizes->n;
         loss = jarr_req(&c, root, "loss", sizes->n, "");
@@ -373,10 +221,10 @@ gp_status gp_profile_load(const char *path, gp_profile *out)
         layers = jarr_req(&c, root, "layers", -1, "");
     }
     for (int z = 0; c.st == GP_OK && z < out->n_sizes; z++) {
-        out->sizes[z] = (int64_t)sizes->items[z]->num;
-        out->loss[z] = loss->items[z]->num;
-        out->upload[z] = upload->items[z]->num;
-        if (out->sizes[z] < 1 || (z > 0 && out->sizes[z] <= out->sizes[z - 1]))
+        out->sizes[z] = (int64_t)jitem_req(&c, sizes, z, "sizes");
+        out->loss[z] = jitem_req(&c, loss, z, "loss");
+        out->upload[z] = jitem_req(&c, upload, z, "upload");
+        if (c.st == GP_OK && (out->sizes[z] < 1 || (z > 0 && out->sizes[z] <= out->sizes[z - 1])))
             c.st = gp_error_set(GP_ERR_DATA, "profile '%s': \"sizes\" must be ascending and >= 1",
                                 path);
     }
@@ -390,10 +238,10 @@ gp_status gp_profile_load(const char *path, gp_profile *out)
     for (int k = 0; c.st == GP_OK && k < out->L; k++) {
         char where[32];
         snprintf(where, sizeof where, "layers[%d]", k);
-        const jnode *o = layers->items[k];
+        const gp_json_value *o = &layers->items[k];
         gp_layer_mem *m = &out->mem[k];
-        const jnode *d = jget(o, "desc");
-        if (d && d->kind == J_STR) snprintf(m->desc, sizeof m->desc, "%s", d->str);
+        const gp_json_value *d = gp_json_get(o, "desc");
+        if (d && d->kind == GP_JSON_STRING) snprintf(m->desc, sizeof m->desc, "%s", d->str);
         m->param_bytes = (size_t)jnum_req(&c, o, "param_bytes", where);
         m->grad_bytes = (size_t)jnum_req(&c, o, "grad_bytes", where);
         m->optim_bytes = (size_t)jnum_req(&c, o, "optim_bytes", where);
@@ -403,10 +251,10 @@ gp_status gp_profile_load(const char *path, gp_profile *out)
         m->keep_per_sample = jnum_req(&c, o, "keep_per_sample", where);
         m->flops_per_sample = jnum_req(&c, o, "flops_per_sample", where);
         m->update = jnum_req(&c, o, "update", where);
-        const jnode *ts = jarr_req(&c, o, "times", out->n_sizes, where);
+        const gp_json_value *ts = jarr_req(&c, o, "times", out->n_sizes, where);
         for (int z = 0; c.st == GP_OK && z < out->n_sizes; z++) {
             gp_layer_times *t = &out->t[(size_t)z * (size_t)out->L + (size_t)k];
-            const jnode *e = ts->items[z];
+            const gp_json_value *e = &ts->items[z];
             t->fwd = jnum_req(&c, e, "fwd", where);
             t->bwd_data = jnum_req(&c, e, "bwd_data", where);
             t->bwd_weights = jnum_req(&c, e, "bwd_weights", where);
@@ -415,7 +263,7 @@ gp_status gp_profile_load(const char *path, gp_profile *out)
             t->copy = jnum_req(&c, e, "copy", where);
         }
     }
-    jfree(root);
+    gp_json_value_free(root);
     if (c.st != GP_OK) gp_profile_free(out);
     return c.st;
 }

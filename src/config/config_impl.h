@@ -5,8 +5,10 @@
  * sequence), each node carrying the 1-based line and column where it
  * starts; `--set` overrides are applied to that tree (nodes they create
  * carry the override text in `set`); config.c then walks the tree into the
- * plain structs of config.h.  No libyaml type appears here, so the walker
- * and the tests never see one.
+ * plain structs of config.h, one section per file (config_model.c,
+ * config_pipeline.c, config_data.c, config_train.c) with the messages,
+ * schema check and typed getters of config_walk.c.  No libyaml type
+ * appears here, so the walker and the tests never see one.
  *
  * Memory: a tree owns all its nodes and strings; gp_ynode_free releases a
  * node and everything below it.  Map keys are scalar nodes, values live in
@@ -16,6 +18,7 @@
 #ifndef GP_CONFIG_IMPL_H
 #define GP_CONFIG_IMPL_H
 
+#include "config/config.h"
 #include "core/core.h"
 
 typedef enum gp_ynode_kind {
@@ -70,5 +73,105 @@ const char *gp_yloc(const char *name, const gp_ynode *n, char *buf, size_t len);
 /* Restricted Damerau-Levenshtein distance (optimal string alignment),
  * capped at 99 for long strings. */
 int gp_edit_distance(const char *a, const char *b);
+
+/* ---- the walk (config_walk.c) ---------------------------------------------
+ *
+ * A getter reads option `key` of map m (NULL: an absent section) in section
+ * `sect` ("train.optimizer"; "" = the top level).  Absent or null, it
+ * stores the default and, while w->record, notes "sect.key = v (default)";
+ * given, it checks the type and range and fails with GP_ERR_INVALID at the
+ * node's file:line:column (gp_cfg_bad).  `name` arguments are the dotted
+ * name used in messages. */
+
+typedef struct gp_cfg_walk {
+    const char *file;   /* name used in messages */
+    char *defaults;     /* "x = v (default)\n" lines (owned until handed out) */
+    size_t dlen, dcap;
+    bool record;        /* record defaults (off inside layers and devices) */
+} gp_cfg_walk;
+
+#define GP_COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+/* Bounds of gp_cfg_check_range and gp_cfg_get_float that are strict. */
+enum { GP_CFG_LO_OPEN = 1, GP_CFG_HI_OPEN = 2 };
+
+/* GP_ERR_INVALID with "file:line:column: " (or "--set ...: ") of n first. */
+gp_status gp_cfg_bad(const gp_cfg_walk *w, const gp_ynode *n, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* One line for cfg->defaults_applied, while w->record. */
+void gp_cfg_note(gp_cfg_walk *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* "'abc'", "a list", "a map" or "nothing", for "got ..." */
+const char *gp_cfg_describe(const gp_ynode *n, char *buf, size_t len);
+/* "expected <what> for <name>, got <n described>" at n. */
+gp_status gp_cfg_expected(const gp_cfg_walk *w, const gp_ynode *n, const char *what,
+                          const char *name);
+/* "sect.key", or "key" at the top level. */
+void gp_cfg_join(char *buf, size_t len, const char *sect, const char *key);
+/* "; did you mean 'x'?" for the name of names[0..n) nearest to `word`
+ * (a typo, an abbreviation, a part), or "". */
+void gp_cfg_nearest(const char *word, const char *const *names, int n, char *buf, size_t len);
+/* "a, b, c" */
+void gp_cfg_list_names(const char *const *names, int n, char *buf, size_t len);
+
+/* Every key of map m against the schema of section `sect`; an unknown one
+ * is an error with the best hint (the key elsewhere, a near miss, the keys
+ * allowed there). */
+gp_status gp_cfg_check_keys(const gp_cfg_walk *w, const gp_ynode *m, const char *sect);
+/* Keys of a map against a local list; `what` names the map in the message
+ * ("layer 3 (conv2d)"). */
+gp_status gp_cfg_check_keys_list(const gp_cfg_walk *w, const gp_ynode *m, const char *what,
+                                 const char *const *keys, int n);
+
+static inline bool gp_cfg_absent(const gp_ynode *n) { return !n || n->kind == GP_YNODE_NULL; }
+
+gp_status gp_cfg_parse_int(const gp_cfg_walk *w, const gp_ynode *n, const char *name,
+                           int64_t *out);
+gp_status gp_cfg_get_int(gp_cfg_walk *w, const gp_ynode *m, const char *sect, const char *key,
+                         int64_t def, int64_t lo, int64_t hi, int64_t *out);
+gp_status gp_cfg_get_int32(gp_cfg_walk *w, const gp_ynode *m, const char *sect, const char *key,
+                           int def, int lo, int hi, int *out);
+gp_status gp_cfg_get_u64(gp_cfg_walk *w, const gp_ynode *m, const char *sect, const char *key,
+                         uint64_t def, uint64_t *out);
+/* A finite number within float range. */
+gp_status gp_cfg_parse_float(const gp_cfg_walk *w, const gp_ynode *n, const char *name,
+                             double *out);
+/* lo <= v <= hi (strict per flags); hi = INFINITY for one-sided. */
+gp_status gp_cfg_check_range(const gp_cfg_walk *w, const gp_ynode *n, const char *name, double v,
+                             double lo, double hi, int flags);
+gp_status gp_cfg_get_float(gp_cfg_walk *w, const gp_ynode *m, const char *sect, const char *key,
+                           float def, double lo, double hi, int flags, float *out);
+/* true/yes/on, false/no/off, in any case. */
+gp_status gp_cfg_get_bool(gp_cfg_walk *w, const gp_ynode *m, const char *sect, const char *key,
+                          bool def, bool *out);
+/* Into buf (cap bytes); longer is an error. */
+gp_status gp_cfg_get_str(gp_cfg_walk *w, const gp_ynode *m, const char *sect, const char *key,
+                         const char *def, char *buf, size_t cap);
+/* An index into names[0..count); the message lists the allowed ones. */
+gp_status gp_cfg_parse_enum(const gp_cfg_walk *w, const gp_ynode *n, const char *name,
+                            const char *const *names, int count, int *out);
+gp_status gp_cfg_get_enum(gp_cfg_walk *w, const gp_ynode *m, const char *sect, const char *key,
+                          const char *const *names, int count, int def, int *out);
+/* "512MiB", "1.5GB" or bytes; absent = 0, unlimited. */
+gp_status gp_cfg_parse_bytes(const gp_cfg_walk *w, const gp_ynode *n, const char *name,
+                             size_t *out);
+gp_status gp_cfg_get_bytes(gp_cfg_walk *w, const gp_ynode *m, const char *sect, const char *key,
+                           size_t *out);
+/* A sub-map: *out = NULL if absent or null; not a map is an error showing
+ * `example`. */
+gp_status gp_cfg_get_map(const gp_cfg_walk *w, const gp_ynode *m, const char *sect,
+                         const char *key, const char *example, const gp_ynode **out);
+
+/* ---- the sections ----------------------------------------------------------- */
+
+/* [C, H, W], or [F] / F for flat samples as (F, 1, 1) (config_model.c;
+ * data.synthetic.shape too). */
+gp_status gp_cfg_parse_shape(const gp_cfg_walk *w, const gp_ynode *in, const char *what,
+                             int64_t dims[3]);
+gp_status gp_cfg_parse_model(gp_cfg_walk *w, const gp_ynode *root, gp_model_config *mc);
+gp_status gp_cfg_parse_pipeline(gp_cfg_walk *w, const gp_ynode *root, gp_pipeline_config *pc);
+/* After the model: the synthetic samples default to model.input. */
+gp_status gp_cfg_parse_data(gp_cfg_walk *w, const gp_ynode *root, const gp_model_config *mc,
+                            gp_data_config *dc);
+gp_status gp_cfg_parse_train(gp_cfg_walk *w, const gp_ynode *root, gp_train_config *tc);
 
 #endif /* GP_CONFIG_IMPL_H */

@@ -105,22 +105,25 @@ fail:
     return NULL;
 }
 
+/* The index of `key` in map m; -1 if absent or m is not a map. */
+static int ymap_find(const gp_ynode *m, const char *key)
+{
+    if (!m || m->kind != GP_YNODE_MAP) return -1;
+    for (int i = 0; i < m->n; i++)
+        if (m->keys[i] && m->keys[i]->text && !strcmp(m->keys[i]->text, key)) return i;
+    return -1;
+}
+
 gp_ynode *gp_ymap_get(const gp_ynode *m, const char *key)
 {
-    if (!m || m->kind != GP_YNODE_MAP) return NULL;
-    for (int i = 0; i < m->n; i++)
-        if (m->keys[i] && m->keys[i]->text && !strcmp(m->keys[i]->text, key))
-            return m->items[i];
-    return NULL;
+    int i = ymap_find(m, key);
+    return i < 0 ? NULL : m->items[i];
 }
 
 gp_ynode *gp_ymap_key(const gp_ynode *m, const char *key)
 {
-    if (!m || m->kind != GP_YNODE_MAP) return NULL;
-    for (int i = 0; i < m->n; i++)
-        if (m->keys[i] && m->keys[i]->text && !strcmp(m->keys[i]->text, key))
-            return m->keys[i];
-    return NULL;
+    int i = ymap_find(m, key);
+    return i < 0 ? NULL : m->keys[i];
 }
 
 const char *gp_yloc(const char *name, const gp_ynode *n, char *buf, size_t len)

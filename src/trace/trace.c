@@ -1,26 +1,43 @@
 /*
- * trace.c — Chrome trace event JSON (see trace.h for the layout).
+ * trace.c — Chrome trace event JSON (see trace.h for the layout), written
+ * with core/json.h's writer: one event a line, flushed after each step, so
+ * a run killed between steps leaves a file that only lacks its closing
+ * "]}" (scripts/timeline.py adds them).
  * Timestamps are microseconds since the trace was opened.
  */
 #include "trace/trace.h"
+#include "core/json.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 struct gp_trace {
     FILE *f;
+    gp_json_writer w;     /* inside {"traceEvents": [ until gp_trace_close */
     char path[512];
     int64_t first, last;
     double t_origin;
-    bool any;             /* an event was written (comma handling) */
     bool named[GP_MAX_DEVICES];
     uint64_t next_flow;
 };
 
-static void sep(gp_trace *t)
+/* Open an event object with the fields every event has; the caller adds
+ * the rest and closes it. */
+static void event(gp_trace *t, const char *name, const char *cat, const char *ph, int pid)
 {
-    fputs(t->any ? ",\n" : "\n", t->f);
-    t->any = true;
+    gp_json_open_object(&t->w, NULL);
+    gp_json_put_str(&t->w, "name", name);
+    if (cat) gp_json_put_str(&t->w, "cat", cat);
+    gp_json_put_str(&t->w, "ph", ph);
+    gp_json_put_int(&t->w, "pid", pid);
+}
+
+/* The events so far to the file. */
+static gp_status flush(gp_trace *t)
+{
+    if (!gp_json_flush(&t->w, t->f) || fflush(t->f) != 0)
+        return gp_error_set(GP_ERR_IO, "writing trace file '%s' failed", t->path);
+    return GP_OK;
 }
 
 gp_status gp_trace_open(const char *path, int64_t first, int64_t last, gp_trace **out)
@@ -39,7 +56,20 @@ gp_status gp_trace_open(const char *path, int64_t first, int64_t last, gp_trace 
     t->last = last;
     t->t_origin = gp_now();
     t->next_flow = 1;
-    fputs("{\"displayTimeUnit\":\"ms\",\"otherData\":{\"producer\":\"gpipe\"},\"traceEvents\":[", t->f);
+    t->w.pretty = 2; /* the top level, and each event on a line of its own */
+    gp_json_open_object(&t->w, NULL);
+    gp_json_put_str(&t->w, "displayTimeUnit", "ms");
+    gp_json_open_object(&t->w, "otherData");
+    gp_json_put_str(&t->w, "producer", "gpipe");
+    gp_json_close(&t->w);
+    gp_json_open_array(&t->w, "traceEvents");
+    gp_status s = flush(t);
+    if (s != GP_OK) {
+        fclose(t->f);
+        gp_json_writer_free(&t->w);
+        free(t);
+        return s;
+    }
     *out = t;
     return GP_OK;
 }
@@ -79,6 +109,7 @@ static const gp_event_rec *producer(const gp_pipeline *p, const gp_event_rec *c)
 gp_status gp_trace_add_step(gp_trace *t, const gp_pipeline *p, gp_device *const *devs,
                             int64_t step)
 {
+    gp_json_writer *w = &t->w;
     int n = gp_pipeline_stages(p);
     double t_start = 1e300;
     for (int j = 0; j < n; j++) {
@@ -87,25 +118,39 @@ gp_status gp_trace_add_step(gp_trace *t, const gp_pipeline *p, gp_device *const 
         if (cnt && ev[0].t0 < t_start) t_start = ev[0].t0;
         if (!t->named[j]) {
             t->named[j] = true;
-            sep(t);
-            fprintf(t->f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":"
-                          "{\"name\":\"%s (stage %d)\"}}", j, devs[j]->name, j);
-            sep(t);
-            fprintf(t->f, "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,\"args\":"
-                          "{\"sort_index\":%d}}", j, j);
-            sep(t);
-            fprintf(t->f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,"
-                          "\"args\":{\"name\":\"compute\"}}", j);
-            sep(t);
-            fprintf(t->f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":1,"
-                          "\"args\":{\"name\":\"copy\"}}", j);
+            char name[96];
+            snprintf(name, sizeof name, "%s (stage %d)", devs[j]->name, j);
+            event(t, "process_name", NULL, "M", j);
+            gp_json_open_object(w, "args");
+            gp_json_put_str(w, "name", name);
+            gp_json_close(w);
+            gp_json_close(w);
+            event(t, "process_sort_index", NULL, "M", j);
+            gp_json_open_object(w, "args");
+            gp_json_put_int(w, "sort_index", j);
+            gp_json_close(w);
+            gp_json_close(w);
+            for (int tid = 0; tid < 2; tid++) {
+                event(t, "thread_name", NULL, "M", j);
+                gp_json_put_int(w, "tid", tid);
+                gp_json_open_object(w, "args");
+                gp_json_put_str(w, "name", tid ? "copy" : "compute");
+                gp_json_close(w);
+                gp_json_close(w);
+            }
         }
     }
     if (t_start < 1e300) {
-        sep(t);
-        fprintf(t->f, "{\"name\":\"step %lld\",\"ph\":\"i\",\"s\":\"g\",\"ts\":%.3f,\"pid\":0,"
-                      "\"tid\":0,\"args\":{\"step\":%lld}}",
-                (long long)step, us(t, t_start), (long long)step);
+        char name[32];
+        snprintf(name, sizeof name, "step %lld", (long long)step);
+        event(t, name, NULL, "i", 0);
+        gp_json_put_str(w, "s", "g");
+        gp_json_put_fixed(w, "ts", us(t, t_start), 3);
+        gp_json_put_int(w, "tid", 0);
+        gp_json_open_object(w, "args");
+        gp_json_put_int(w, "step", step);
+        gp_json_close(w);
+        gp_json_close(w);
     }
     for (int j = 0; j < n; j++) {
         int cnt;
@@ -113,47 +158,62 @@ gp_status gp_trace_add_step(gp_trace *t, const gp_pipeline *p, gp_device *const 
         for (int e = 0; e < cnt; e++) {
             const gp_event_rec *r = &ev[e];
             bool copy = r->kind == GP_INSTR_RECV_ACT || r->kind == GP_INSTR_RECV_GRAD;
-            char name[64];
+            char name[64], layers[48];
             gp_event_name(r, name, sizeof name);
-            sep(t);
-            fprintf(t->f, "{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,"
-                          "\"dur\":%.3f,\"pid\":%d,\"tid\":%d,\"args\":{\"step\":%lld,"
-                          "\"stage\":%d,\"micro_batch\":%d,\"clock\":%d,\"layers\":\"%d-%d\","
-                          "\"bytes\":%zu}}",
-                    name, category(r), us(t, r->t0), (r->t1 - r->t0) * 1e6, j, copy ? 1 : 0,
-                    (long long)step, j, r->i, r->k, r->layer_first,
-                    r->layer_first + r->layer_count - 1, r->bytes);
+            snprintf(layers, sizeof layers, "%d-%d", r->layer_first,
+                     r->layer_first + r->layer_count - 1);
+            event(t, name, category(r), "X", j);
+            gp_json_put_int(w, "tid", copy ? 1 : 0);
+            gp_json_put_fixed(w, "ts", us(t, r->t0), 3);
+            gp_json_put_fixed(w, "dur", (r->t1 - r->t0) * 1e6, 3);
+            gp_json_open_object(w, "args");
+            gp_json_put_int(w, "step", step);
+            gp_json_put_int(w, "stage", j);
+            gp_json_put_int(w, "micro_batch", r->i);
+            gp_json_put_int(w, "clock", r->k);
+            gp_json_put_str(w, "layers", layers);
+            gp_json_put_uint(w, "bytes", r->bytes);
+            gp_json_close(w);
+            gp_json_close(w);
             if (copy && !r->is_wait) {
                 const gp_event_rec *src = producer(p, r);
                 if (src) {
+                    /* an arrow from the producing slice to this copy */
                     uint64_t id = t->next_flow++;
-                    int sj = r->from;
-                    sep(t);
-                    fprintf(t->f, "{\"name\":\"data\",\"cat\":\"flow\",\"ph\":\"s\",\"id\":%llu,"
-                                  "\"ts\":%.3f,\"pid\":%d,\"tid\":0}",
-                            (unsigned long long)id, us(t, src->t1) - 0.001, sj);
-                    sep(t);
-                    fprintf(t->f, "{\"name\":\"data\",\"cat\":\"flow\",\"ph\":\"f\",\"bp\":\"e\","
-                                  "\"id\":%llu,\"ts\":%.3f,\"pid\":%d,\"tid\":1}",
-                            (unsigned long long)id, us(t, r->t0) + 0.001, j);
+                    event(t, "data", "flow", "s", r->from);
+                    gp_json_put_int(w, "tid", 0);
+                    gp_json_put_uint(w, "id", id);
+                    gp_json_put_fixed(w, "ts", us(t, src->t1) - 0.001, 3);
+                    gp_json_close(w);
+                    event(t, "data", "flow", "f", j);
+                    gp_json_put_int(w, "tid", 1);
+                    gp_json_put_str(w, "bp", "e");
+                    gp_json_put_uint(w, "id", id);
+                    gp_json_put_fixed(w, "ts", us(t, r->t0) + 0.001, 3);
+                    gp_json_close(w);
                 }
             }
-            sep(t);
-            fprintf(t->f, "{\"name\":\"allocated bytes\",\"ph\":\"C\",\"ts\":%.3f,\"pid\":%d,"
-                          "\"args\":{\"bytes\":%zu}}", us(t, r->t1), j, r->mem_after);
+            event(t, "allocated bytes", NULL, "C", j);
+            gp_json_put_fixed(w, "ts", us(t, r->t1), 3);
+            gp_json_open_object(w, "args");
+            gp_json_put_uint(w, "bytes", r->mem_after);
+            gp_json_close(w);
+            gp_json_close(w);
         }
     }
-    return ferror(t->f) ? gp_error_set(GP_ERR_IO, "writing trace file '%s' failed", t->path)
-                        : GP_OK;
+    return flush(t);
 }
 
 gp_status gp_trace_close(gp_trace *t)
 {
     if (!t) return GP_OK;
-    fputs("\n]}\n", t->f);
-    bool bad = ferror(t->f) != 0;
-    if (fclose(t->f) != 0) bad = true;
-    gp_status s = bad ? gp_error_set(GP_ERR_IO, "writing trace file '%s' failed", t->path) : GP_OK;
+    gp_json_close(&t->w); /* traceEvents */
+    gp_json_close(&t->w);
+    gp_json_put_raw(&t->w, "\n");
+    gp_status s = flush(t);
+    if (fclose(t->f) != 0 && s == GP_OK)
+        s = gp_error_set(GP_ERR_IO, "writing trace file '%s' failed", t->path);
+    gp_json_writer_free(&t->w);
     free(t);
     return s;
 }

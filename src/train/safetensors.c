@@ -4,13 +4,15 @@
  * that replaces its target atomically.
  *
  * The reader takes nothing on trust: the header length against the file
- * size and GP_ST_MAX_HEADER, the JSON by a small recursive-descent parser
- * that knows the one shape a header has (no generic JSON tree), integers
- * without overflow, shapes against byte ranges, ranges inside the data
+ * size and GP_ST_MAX_HEADER, the JSON with the strict pull reader of
+ * core/json.h walking the one shape a header has (no generic JSON tree, so
+ * memory stays in proportion to the tensors), integers exact and without
+ * overflow, shapes against byte ranges, ranges inside the data
  * section and tiling it (as the reference library's validation does).
  * Every error path frees what it made (the fuzzer runs with LeakSanitizer).
  */
 #include "train/snapshot.h"
+#include "core/json.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -37,9 +39,10 @@ static const char *dtype_name(gp_st_dtype d) { return d == GP_ST_I64 ? "I64" : "
 
 /* ---- CRC-32 over any length ------------------------------------------------ */
 
-static uint32_t crc_all(const uint8_t *p, uint64_t n)
+/* `crc` carried on over n more bytes (crc = 0 to start). */
+static uint32_t crc_more(uint32_t crc, const uint8_t *p, uint64_t n)
 {
-    uLong c = crc32(0L, Z_NULL, 0);
+    uLong c = crc;
     while (n > 0) {
         uInt chunk = n > (1u << 30) ? (1u << 30) : (uInt)n;
         c = crc32(c, p, chunk);
@@ -49,295 +52,168 @@ static uint32_t crc_all(const uint8_t *p, uint64_t n)
     return (uint32_t)c;
 }
 
-/* ---- the JSON header parser -------------------------------------------------- */
+/* ---- growable arrays ---------------------------------------------------------- */
 
-typedef struct {
-    const char *p, *end;
-    const char *start;   /* for offsets in messages */
-    const char *name;    /* file name for messages */
-} jp;
-
-static gp_status jerr(const jp *j, const char *what)
+/* Room for `need` elements of `size` bytes in the array that *arrp points
+ * to, whose capacity *cap doubles as needed (8 at first). */
+static bool grow(void *arrp, int *cap, int need, size_t size)
 {
-    return gp_error_set(GP_ERR_DATA,
-                        "%s: not a safetensors file: bad JSON header at byte %lld: %s", j->name,
-                        (long long)(8 + (j->p - j->start)), what);
-}
-
-static void jws(jp *j)
-{
-    while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r'))
-        j->p++;
-}
-
-static bool jeat(jp *j, char c)
-{
-    jws(j);
-    if (j->p < j->end && *j->p == c) {
-        j->p++;
-        return true;
-    }
-    return false;
-}
-
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
-static bool read_u4(jp *j, unsigned *out)
-{
-    if (j->end - j->p < 4) return false;
-    unsigned v = 0;
-    for (int i = 0; i < 4; i++) {
-        int h = hexval(j->p[i]);
-        if (h < 0) return false;
-        v = v << 4 | (unsigned)h;
-    }
-    j->p += 4;
-    *out = v;
+    if (need <= *cap) return true;
+    int nc = *cap ? *cap : 8;
+    while (nc < need) nc *= 2;
+    void *old;
+    memcpy(&old, arrp, sizeof old);
+    void *p = realloc(old, (size_t)nc * size);
+    if (!p) return false;
+    memcpy(arrp, &p, sizeof p);
+    *cap = nc;
     return true;
 }
 
-static size_t put_utf8(char *o, unsigned cp)
+/* Takes k and v (freed on failure). */
+static bool add_meta(char ***meta, int *n, int *cap, char *k, char *v)
 {
-    if (cp < 0x80) {
-        o[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        o[0] = (char)(0xc0 | cp >> 6);
-        o[1] = (char)(0x80 | (cp & 0x3f));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        o[0] = (char)(0xe0 | cp >> 12);
-        o[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
-        o[2] = (char)(0x80 | (cp & 0x3f));
-        return 3;
-    }
-    o[0] = (char)(0xf0 | cp >> 18);
-    o[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
-    o[2] = (char)(0x80 | ((cp >> 6) & 0x3f));
-    o[3] = (char)(0x80 | (cp & 0x3f));
-    return 4;
-}
-
-/* A JSON string into a malloc'd, NUL-terminated UTF-8 copy.  NUL bytes
- * (\u0000) are refused: names and metadata are C strings here. */
-static gp_status jstring(jp *j, char **out)
-{
-    *out = NULL;
-    if (!jeat(j, '"')) return jerr(j, "expected a string");
-    const char *q = j->p;
-    size_t raw = 0;
-    while (q < j->end && *q != '"') {
-        if (*q == '\\') q++;
-        q++;
-        raw++;
-    }
-    if (q >= j->end) return jerr(j, "unterminated string");
-    char *s = malloc(raw * 4 + 1); /* an escape never grows past 4 bytes per source char */
-    if (!s) return gp_error_set(GP_ERR_OOM, "%s: out of host memory", j->name);
-    size_t n = 0;
-    while (*j->p != '"') {
-        unsigned char c = (unsigned char)*j->p++;
-        if (c < 0x20) {
-            free(s);
-            return jerr(j, "control character in a string");
-        }
-        if (c != '\\') {
-            s[n++] = (char)c;
-            continue;
-        }
-        char e = *j->p++;
-        unsigned cp;
-        switch (e) {
-        case '"': s[n++] = '"'; break;
-        case '\\': s[n++] = '\\'; break;
-        case '/': s[n++] = '/'; break;
-        case 'b': s[n++] = '\b'; break;
-        case 'f': s[n++] = '\f'; break;
-        case 'n': s[n++] = '\n'; break;
-        case 'r': s[n++] = '\r'; break;
-        case 't': s[n++] = '\t'; break;
-        case 'u':
-            if (!read_u4(j, &cp)) {
-                free(s);
-                return jerr(j, "bad \\u escape");
-            }
-            if (cp >= 0xd800 && cp < 0xdc00) {
-                unsigned lo;
-                if (j->end - j->p < 6 || j->p[0] != '\\' || j->p[1] != 'u') {
-                    free(s);
-                    return jerr(j, "unpaired surrogate in \\u escape");
-                }
-                j->p += 2;
-                if (!read_u4(j, &lo) || lo < 0xdc00 || lo > 0xdfff) {
-                    free(s);
-                    return jerr(j, "unpaired surrogate in \\u escape");
-                }
-                cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-            } else if (cp >= 0xdc00 && cp < 0xe000) {
-                free(s);
-                return jerr(j, "unpaired surrogate in \\u escape");
-            }
-            if (cp == 0) {
-                free(s);
-                return jerr(j, "\\u0000 in a string");
-            }
-            n += put_utf8(s + n, cp);
-            break;
-        default:
-            free(s);
-            return jerr(j, "bad escape in a string");
-        }
-        if (j->p > q) { /* an escape ran over the closing quote we found */
-            free(s);
-            return jerr(j, "unterminated string");
-        }
-    }
-    j->p++; /* closing quote */
-    s[n] = '\0';
-    *out = s;
-    return GP_OK;
-}
-
-/* A non-negative integer without sign, fraction or exponent. */
-static gp_status juint(jp *j, uint64_t *out)
-{
-    jws(j);
-    if (j->p >= j->end || *j->p < '0' || *j->p > '9')
-        return jerr(j, "expected a non-negative integer");
-    uint64_t v = 0;
-    while (j->p < j->end && *j->p >= '0' && *j->p <= '9') {
-        unsigned d = (unsigned)(*j->p - '0');
-        if (v > (UINT64_MAX - d) / 10) return jerr(j, "integer out of range");
-        v = v * 10 + d;
-        j->p++;
-    }
-    if (j->p < j->end && (*j->p == '.' || *j->p == 'e' || *j->p == 'E'))
-        return jerr(j, "expected an integer, got a fraction");
-    *out = v;
-    return GP_OK;
-}
-
-/* [u, u, ...] with at most `max` entries. */
-static gp_status juint_list(jp *j, uint64_t *v, int max, int *count)
-{
-    *count = 0;
-    if (!jeat(j, '[')) return jerr(j, "expected a list");
-    if (jeat(j, ']')) return GP_OK;
-    for (;;) {
-        if (*count >= max) return jerr(j, "list too long");
-        GP_TRY(juint(j, &v[(*count)++]));
-        if (jeat(j, ']')) return GP_OK;
-        if (!jeat(j, ',')) return jerr(j, "expected ',' or ']' in a list");
-    }
-}
-
-static gp_status parse_tensor(jp *j, gp_st_tensor *t)
-{
-    if (!jeat(j, '{')) return jerr(j, "expected a tensor description {dtype, shape, data_offsets}");
-    bool have_d = false, have_s = false, have_o = false;
-    if (!jeat(j, '}')) {
-        for (;;) {
-            char *key;
-            GP_TRY(jstring(j, &key));
-            if (!jeat(j, ':')) {
-                free(key);
-                return jerr(j, "expected ':'");
-            }
-            gp_status s = GP_OK;
-            if (!strcmp(key, "dtype") && !have_d) {
-                char *d;
-                s = jstring(j, &d);
-                if (s == GP_OK) {
-                    int k = 0;
-                    while (k < N_DTYPES && strcmp(d, k_dtypes[k].name)) k++;
-                    if (k == N_DTYPES) s = jerr(j, "unknown dtype");
-                    else {
-                        snprintf(t->dtype_name, sizeof t->dtype_name, "%s", d);
-                        t->dtype = k == 0 ? GP_ST_F32 : k == 1 ? GP_ST_I64 : GP_ST_OTHER;
-                    }
-                    free(d);
-                }
-                have_d = true;
-            } else if (!strcmp(key, "shape") && !have_s) {
-                uint64_t v[GP_ST_MAX_DIMS];
-                s = juint_list(j, v, GP_ST_MAX_DIMS, &t->ndim);
-                for (int i = 0; s == GP_OK && i < t->ndim; i++) {
-                    if (v[i] > (uint64_t)INT64_MAX) s = jerr(j, "dimension out of range");
-                    t->dims[i] = (int64_t)v[i];
-                }
-                have_s = true;
-            } else if (!strcmp(key, "data_offsets") && !have_o) {
-                uint64_t v[2];
-                int c;
-                s = juint_list(j, v, 2, &c);
-                if (s == GP_OK && c != 2) s = jerr(j, "data_offsets needs [begin, end]");
-                if (s == GP_OK) {
-                    t->begin = v[0];
-                    t->end = v[1];
-                }
-                have_o = true;
-            } else {
-                s = jerr(j, "unknown or repeated key in a tensor description");
-            }
-            free(key);
-            GP_TRY(s);
-            if (jeat(j, '}')) break;
-            if (!jeat(j, ',')) return jerr(j, "expected ',' or '}'");
-        }
-    }
-    if (!have_d || !have_s || !have_o)
-        return jerr(j, "a tensor description needs dtype, shape and data_offsets");
-    return GP_OK;
-}
-
-static gp_status add_meta(char ***meta, int *n, int *cap, char *k, char *v)
-{
-    if (*n >= *cap) {
-        int nc = *cap ? *cap * 2 : 8;
-        char **nm = realloc(*meta, (size_t)nc * 2 * sizeof *nm);
-        if (!nm) {
-            free(k);
-            free(v);
-            return gp_error_set(GP_ERR_OOM, "out of host memory");
-        }
-        *meta = nm;
-        *cap = nc;
+    if (!grow(meta, cap, *n + 1, 2 * sizeof **meta)) {
+        free(k);
+        free(v);
+        return false;
     }
     (*meta)[2 * *n] = k;
     (*meta)[2 * *n + 1] = v;
     (*n)++;
-    return GP_OK;
+    return true;
 }
 
-static gp_status parse_meta(jp *j, gp_st_file *f, int *cap)
+/* ---- the header, through the JSON pull reader (core/json.h) -------------------- */
+
+/* Every parse_* below returns false with the reason in r->err (at r->err_at,
+ * a byte offset into the header). */
+
+static bool reader_oom(gp_json_reader *r)
 {
-    if (f->meta) return jerr(j, "__metadata__ given twice");
-    if (!jeat(j, '{')) return jerr(j, "__metadata__ must be a map of strings");
-    if (jeat(j, '}')) return GP_OK;
-    for (;;) {
-        char *k, *v;
-        GP_TRY(jstring(j, &k));
-        if (!jeat(j, ':')) {
-            free(k);
-            return jerr(j, "expected ':'");
-        }
-        gp_status s = jstring(j, &v);
-        if (s != GP_OK) {
-            free(k);
-            return jerr(j, "__metadata__ values must be strings");
-        }
-        GP_TRY(add_meta(&f->meta, &f->n_meta, cap, k, v));
-        if (jeat(j, '}')) return GP_OK;
-        if (!jeat(j, ',')) return jerr(j, "expected ',' or '}'");
+    r->oom = true;
+    return gp_json_fail(r, "out of host memory");
+}
+
+/* [u, u, ...] with at most `max` entries. */
+static bool parse_uint_list(gp_json_reader *r, uint64_t *v, int max, int *count)
+{
+    *count = 0;
+    if (gp_json_peek(r) != GP_JSON_ARRAY) return gp_json_fail(r, "expected a list");
+    if (!gp_json_enter_array(r)) return false;
+    while (gp_json_next_item(r)) {
+        if (*count >= max) return gp_json_fail(r, "list too long (at most %d entries)", max);
+        if (!gp_json_read_uint(r, &v[(*count)++])) return false;
     }
+    return !r->err[0];
+}
+
+static bool parse_dtype(gp_json_reader *r, gp_st_tensor *t)
+{
+    char *d;
+    if (!gp_json_read_string(r, &d)) return false;
+    int k = 0;
+    while (k < N_DTYPES && strcmp(d, k_dtypes[k].name)) k++;
+    if (k < N_DTYPES) {
+        snprintf(t->dtype_name, sizeof t->dtype_name, "%s", d);
+        t->dtype = k == 0 ? GP_ST_F32 : k == 1 ? GP_ST_I64 : GP_ST_OTHER;
+    } else {
+        gp_json_fail(r, "unknown dtype '%.20s'", d);
+    }
+    free(d);
+    return k < N_DTYPES;
+}
+
+static bool parse_tensor(gp_json_reader *r, gp_st_tensor *t)
+{
+    if (gp_json_peek(r) != GP_JSON_OBJECT)
+        return gp_json_fail(r, "expected a tensor description {dtype, shape, data_offsets}");
+    if (!gp_json_enter_object(r)) return false;
+    bool have_d = false, have_s = false, have_o = false;
+    char *key;
+    while (gp_json_next_member(r, &key)) {
+        bool ok;
+        if (!strcmp(key, "dtype") && !have_d) {
+            ok = parse_dtype(r, t);
+            have_d = true;
+        } else if (!strcmp(key, "shape") && !have_s) {
+            uint64_t v[GP_ST_MAX_DIMS];
+            ok = parse_uint_list(r, v, GP_ST_MAX_DIMS, &t->ndim);
+            for (int i = 0; ok && i < t->ndim; i++) {
+                if (v[i] > (uint64_t)INT64_MAX) ok = gp_json_fail(r, "dimension out of range");
+                t->dims[i] = (int64_t)v[i];
+            }
+            have_s = true;
+        } else if (!strcmp(key, "data_offsets") && !have_o) {
+            uint64_t v[2];
+            int c;
+            ok = parse_uint_list(r, v, 2, &c);
+            if (ok && c != 2) ok = gp_json_fail(r, "data_offsets needs [begin, end]");
+            if (ok) {
+                t->begin = v[0];
+                t->end = v[1];
+            }
+            have_o = true;
+        } else {
+            ok = gp_json_fail(r, "unknown or repeated key '%.40s' in a tensor description",
+                              key);
+        }
+        free(key);
+        if (!ok) return false;
+    }
+    if (r->err[0]) return false;
+    if (!have_d || !have_s || !have_o)
+        return gp_json_fail(r, "a tensor description needs dtype, shape and data_offsets");
+    return true;
+}
+
+static bool parse_meta(gp_json_reader *r, gp_st_file *f, int *cap)
+{
+    if (gp_json_peek(r) != GP_JSON_OBJECT)
+        return gp_json_fail(r, "__metadata__ must be a map of strings");
+    if (!gp_json_enter_object(r)) return false;
+    char *k, *v;
+    while (gp_json_next_member(r, &k)) {
+        if (gp_json_peek(r) != GP_JSON_STRING) {
+            free(k);
+            return gp_json_fail(r, "__metadata__ values must be strings");
+        }
+        if (!gp_json_read_string(r, &v)) {
+            free(k);
+            return false;
+        }
+        if (!add_meta(&f->meta, &f->n_meta, cap, k, v)) return reader_oom(r);
+    }
+    return !r->err[0];
+}
+
+static bool parse_header(gp_json_reader *r, gp_st_file *f)
+{
+    int cap = 0, mcap = 0;
+    bool have_meta = false;
+    if (gp_json_peek(r) != GP_JSON_OBJECT) return gp_json_fail(r, "the header must be a JSON object");
+    if (!gp_json_enter_object(r)) return false;
+    char *key;
+    while (gp_json_next_member(r, &key)) {
+        if (!strcmp(key, "__metadata__")) {
+            free(key);
+            if (have_meta) return gp_json_fail(r, "__metadata__ given twice");
+            have_meta = true;
+            if (!parse_meta(r, f, &mcap)) return false;
+            continue;
+        }
+        if (!grow(&f->tensors, &cap, f->n + 1, sizeof *f->tensors)) {
+            free(key);
+            return reader_oom(r);
+        }
+        gp_st_tensor *t = &f->tensors[f->n++];
+        memset(t, 0, sizeof *t);
+        t->name = key;
+        if (!parse_tensor(r, t)) return false;
+    }
+    if (r->err[0]) return false;
+    if (!gp_json_at_end(r)) return gp_json_fail(r, "trailing bytes after the header object");
+    return true;
 }
 
 static int cmp_names(const void *a, const void *b)
@@ -423,46 +299,6 @@ static gp_status check_layout(gp_st_file *f)
     return s;
 }
 
-static gp_status parse_header(jp *j, gp_st_file *f)
-{
-    int cap = 0, mcap = 0;
-    if (!jeat(j, '{')) return jerr(j, "the header must be a JSON object");
-    if (jeat(j, '}')) goto tail;
-    for (;;) {
-        char *key;
-        GP_TRY(jstring(j, &key));
-        if (!jeat(j, ':')) {
-            free(key);
-            return jerr(j, "expected ':'");
-        }
-        if (!strcmp(key, "__metadata__")) {
-            free(key);
-            GP_TRY(parse_meta(j, f, &mcap));
-        } else {
-            if (f->n >= cap) {
-                int nc = cap ? cap * 2 : 16;
-                gp_st_tensor *nt = realloc(f->tensors, (size_t)nc * sizeof *nt);
-                if (!nt) {
-                    free(key);
-                    return gp_error_set(GP_ERR_OOM, "out of host memory");
-                }
-                f->tensors = nt;
-                cap = nc;
-            }
-            gp_st_tensor *t = &f->tensors[f->n++];
-            memset(t, 0, sizeof *t);
-            t->name = key;
-            GP_TRY(parse_tensor(j, t));
-        }
-        if (jeat(j, '}')) break;
-        if (!jeat(j, ',')) return jerr(j, "expected ',' or '}' between entries");
-    }
-tail:
-    jws(j);
-    if (j->p != j->end) return jerr(j, "trailing bytes after the header object");
-    return GP_OK;
-}
-
 gp_status gp_st_parse(const char *name, const uint8_t *buf, size_t len, gp_st_file *out)
 {
     memset(out, 0, sizeof *out);
@@ -485,9 +321,14 @@ gp_status gp_st_parse(const char *name, const uint8_t *buf, size_t len, gp_st_fi
     memcpy(out->image, buf, len);
     out->data = out->image + 8 + hl;
     out->data_len = len - 8 - hl;
-    jp j = {.p = (const char *)out->image + 8, .end = (const char *)out->image + 8 + hl,
-            .start = (const char *)out->image + 8, .name = name};
-    gp_status s = parse_header(&j, out);
+    gp_json_reader r;
+    gp_json_reader_init(&r, (const char *)out->image + 8, hl);
+    gp_status s = GP_OK;
+    if (!parse_header(&r, out)) {
+        if (r.oom) s = gp_error_set(GP_ERR_OOM, "%s: out of host memory reading the header", name);
+        else s = gp_error_set(GP_ERR_DATA, "%s: not a safetensors file: bad JSON header at byte "
+                              "%llu: %s", name, (unsigned long long)(8 + r.err_at), r.err);
+    }
     if (s == GP_OK) s = check_layout(out);
     if (s != GP_OK) gp_st_free(out);
     return s;
@@ -563,7 +404,7 @@ gp_status gp_st_verify(const gp_st_file *f, bool required)
     unsigned long want = strtoul(c, &e, 16);
     if (errno || *e || e == c || want > 0xffffffffUL)
         return gp_error_set(GP_ERR_DATA, "%s: malformed checksum '%.20s'", f->source, c);
-    uint32_t got = crc_all(f->data, f->data_len);
+    uint32_t got = crc_more(0, f->data, f->data_len);
     if (got != (uint32_t)want)
         return gp_error_set(GP_ERR_DATA,
                             "%s: checksum mismatch (CRC-32 of the data is %08x, the header says "
@@ -578,13 +419,8 @@ gp_status gp_st_writer_add(gp_st_writer *w, const char *name, gp_st_dtype dtype,
                            const int64_t *dims, const void *data, size_t bytes)
 {
     GP_ASSERT(ndim >= 0 && ndim <= GP_ST_MAX_DIMS && dtype != GP_ST_OTHER);
-    if (w->n >= w->cap) {
-        int nc = w->cap ? w->cap * 2 : 32;
-        gp_st_tensor *nt = realloc(w->tensors, (size_t)nc * sizeof *nt);
-        if (!nt) return gp_error_set(GP_ERR_OOM, "out of host memory");
-        w->tensors = nt;
-        w->cap = nc;
-    }
+    if (!grow(&w->tensors, &w->cap, w->n + 1, sizeof *w->tensors))
+        return gp_error_set(GP_ERR_OOM, "out of host memory");
     gp_st_tensor *t = &w->tensors[w->n];
     memset(t, 0, sizeof *t);
     t->name = strdup(name);
@@ -624,7 +460,9 @@ gp_status gp_st_writer_meta(gp_st_writer *w, const char *key, const char *value)
         free(v);
         return gp_error_set(GP_ERR_OOM, "out of host memory");
     }
-    return add_meta(&w->meta, &w->n_meta, &w->meta_cap, k, v);
+    if (!add_meta(&w->meta, &w->n_meta, &w->meta_cap, k, v))
+        return gp_error_set(GP_ERR_OOM, "out of host memory");
+    return GP_OK;
 }
 
 void gp_st_writer_free(gp_st_writer *w)
@@ -640,110 +478,39 @@ void gp_st_writer_free(gp_st_writer *w)
     memset(w, 0, sizeof *w);
 }
 
-/* A growable string. */
-typedef struct {
-    char *s;
-    size_t n, cap;
-    bool oom;
-} sbuf;
-
-static void sb_put(sbuf *b, const char *p, size_t n)
-{
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap : 1024;
-        while (nc < b->n + n + 1) nc *= 2;
-        char *ns = realloc(b->s, nc);
-        if (!ns) {
-            b->oom = true;
-            return;
-        }
-        b->s = ns;
-        b->cap = nc;
-    }
-    memcpy(b->s + b->n, p, n);
-    b->n += n;
-    b->s[b->n] = '\0';
-}
-
-static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
-
-static void sb_json(sbuf *b, const char *s)
-{
-    sb_put(b, "\"", 1);
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        char e[8];
-        if (c == '"' || c == '\\') {
-            e[0] = '\\';
-            e[1] = (char)c;
-            sb_put(b, e, 2);
-        } else if (c == '\n') {
-            sb_put(b, "\\n", 2);
-        } else if (c == '\t') {
-            sb_put(b, "\\t", 2);
-        } else if (c == '\r') {
-            sb_put(b, "\\r", 2);
-        } else if (c < 0x20) {
-            snprintf(e, sizeof e, "\\u%04x", c);
-            sb_put(b, e, 6);
-        } else {
-            sb_put(b, (const char *)s, 1);
-        }
-    }
-    sb_put(b, "\"", 1);
-}
-
 /* The header JSON padded with spaces to a multiple of 8, after the CRC of
  * the data went into the metadata. */
-static gp_status build_header(gp_st_writer *w, sbuf *h)
+static gp_status build_header(gp_st_writer *w, gp_json_writer *h)
 {
-    uLong c = crc32(0L, Z_NULL, 0);
-    for (int i = 0; i < w->n; i++) {
-        const uint8_t *p = w->tensors[i].data;
-        uint64_t n = w->tensors[i].end - w->tensors[i].begin;
-        while (n > 0) {
-            uInt chunk = n > (1u << 30) ? (1u << 30) : (uInt)n;
-            c = crc32(c, p, chunk);
-            p += chunk;
-            n -= chunk;
-        }
-    }
-    char crc[16];
-    snprintf(crc, sizeof crc, "%08lx", (unsigned long)(c & 0xffffffffUL));
-    GP_TRY(gp_st_writer_meta(w, "gpipe.crc32", crc));
-    sb_str(h, "{");
+    uint32_t crc = 0;
+    for (int i = 0; i < w->n; i++)
+        crc = crc_more(crc, w->tensors[i].data, w->tensors[i].end - w->tensors[i].begin);
+    char hex[16];
+    snprintf(hex, sizeof hex, "%08lx", (unsigned long)crc);
+    GP_TRY(gp_st_writer_meta(w, "gpipe.crc32", hex));
+    gp_json_open_object(h, NULL);
     if (w->n_meta) {
-        sb_str(h, "\"__metadata__\":{");
-        for (int i = 0; i < w->n_meta; i++) {
-            if (i) sb_str(h, ",");
-            sb_json(h, w->meta[2 * i]);
-            sb_str(h, ":");
-            sb_json(h, w->meta[2 * i + 1]);
-        }
-        sb_str(h, "}");
+        gp_json_open_object(h, "__metadata__");
+        for (int i = 0; i < w->n_meta; i++) gp_json_put_str(h, w->meta[2 * i], w->meta[2 * i + 1]);
+        gp_json_close(h);
     }
     for (int i = 0; i < w->n; i++) {
         const gp_st_tensor *t = &w->tensors[i];
-        char num[64];
-        if (i || w->n_meta) sb_str(h, ",");
-        sb_json(h, t->name);
-        sb_str(h, ":{\"dtype\":\"");
-        sb_str(h, t->dtype_name);
-        sb_str(h, "\",\"shape\":[");
-        for (int d = 0; d < t->ndim; d++) {
-            snprintf(num, sizeof num, "%s%lld", d ? "," : "", (long long)t->dims[d]);
-            sb_str(h, num);
-        }
-        snprintf(num, sizeof num, "],\"data_offsets\":[%llu,%llu]}",
-                 (unsigned long long)t->begin, (unsigned long long)t->end);
-        sb_str(h, num);
+        gp_json_open_object(h, t->name);
+        gp_json_put_str(h, "dtype", t->dtype_name);
+        gp_json_open_array(h, "shape");
+        for (int d = 0; d < t->ndim; d++) gp_json_put_int(h, NULL, t->dims[d]);
+        gp_json_close(h);
+        gp_json_open_array(h, "data_offsets");
+        gp_json_put_uint(h, NULL, t->begin);
+        gp_json_put_uint(h, NULL, t->end);
+        gp_json_close(h);
+        gp_json_close(h);
     }
-    sb_str(h, "}");
-    while (!h->oom && (h->n % 8) != 0) sb_str(h, " ");
+    gp_json_close(h);
+    while (!h->oom && (h->len % 8) != 0) gp_json_put_raw(h, " ");
     if (h->oom) {
-        free(h->s);
-        h->s = NULL;
+        gp_json_writer_free(h);
         return gp_error_set(GP_ERR_OOM, "out of host memory building a safetensors header");
     }
     return GP_OK;
@@ -756,20 +523,20 @@ static void le64(uint8_t *b, uint64_t v)
 
 gp_status gp_st_serialize(gp_st_writer *w, uint8_t **out, size_t *len)
 {
-    sbuf h = {0};
+    gp_json_writer h = {0};
     GP_TRY(build_header(w, &h));
-    size_t total = 8 + h.n + (size_t)w->data_len;
+    size_t total = 8 + h.len + (size_t)w->data_len;
     uint8_t *b = malloc(total);
     if (!b) {
-        free(h.s);
+        gp_json_writer_free(&h);
         return gp_error_set(GP_ERR_OOM, "out of host memory");
     }
-    le64(b, h.n);
-    memcpy(b + 8, h.s, h.n);
+    le64(b, h.len);
+    memcpy(b + 8, h.text, h.len);
     for (int i = 0; i < w->n; i++)
-        memcpy(b + 8 + h.n + w->tensors[i].begin, w->tensors[i].data,
+        memcpy(b + 8 + h.len + w->tensors[i].begin, w->tensors[i].data,
                (size_t)(w->tensors[i].end - w->tensors[i].begin));
-    free(h.s);
+    gp_json_writer_free(&h);
     *out = b;
     *len = total;
     return GP_OK;
@@ -794,7 +561,7 @@ gp_status gp_st_write_atomic(gp_st_writer *w, const char *path)
         snprintf(dir, sizeof dir, ".");
         snprintf(tmp, sizeof tmp, ".%s.tmp.%ld", path, (long)getpid());
     }
-    sbuf h = {0};
+    gp_json_writer h = {0};
     GP_TRY(build_header(w, &h));
     long slow = 0;
     const char *env = getenv("GPIPE_SNAPSHOT_SLOW_WRITE_MS");
@@ -803,7 +570,7 @@ gp_status gp_st_write_atomic(gp_st_writer *w, const char *path)
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) {
         int e = errno;
-        free(h.s);
+        gp_json_writer_free(&h);
         return gp_error_set(GP_ERR_IO, "cannot create '%s': %s; check that the directory "
                                        "exists and is writable", tmp, strerror(e));
     }
@@ -811,13 +578,13 @@ gp_status gp_st_write_atomic(gp_st_writer *w, const char *path)
     if (!f) {
         close(fd);
         unlink(tmp);
-        free(h.s);
+        gp_json_writer_free(&h);
         return gp_error_set(GP_ERR_IO, "cannot write '%s'", tmp);
     }
     uint8_t lb[8];
-    le64(lb, h.n);
-    bool ok = fwrite(lb, 1, 8, f) == 8 && fwrite(h.s, 1, h.n, f) == h.n;
-    free(h.s);
+    le64(lb, h.len);
+    bool ok = fwrite(lb, 1, 8, f) == 8 && fwrite(h.text, 1, h.len, f) == h.len;
+    gp_json_writer_free(&h);
     for (int i = 0; i < w->n && ok; i++) {
         size_t bytes = (size_t)(w->tensors[i].end - w->tensors[i].begin);
         ok = fwrite(w->tensors[i].data, 1, bytes, f) == bytes;

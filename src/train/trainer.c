@@ -1,30 +1,72 @@
 /*
  * trainer.c — the training loop: data, model, steps, evaluation, progress
- * on a terminal or log lines otherwise, JSON Lines metrics, and the model
- * summary printed by --dry-run.
+ * on a terminal or log lines otherwise, JSON Lines metrics (core/json.h's
+ * writer: escaped strings, NaN as null), and the model summary printed by
+ * --dry-run.
  */
 #include "train/train.h"
 #include "train/snapshot.h"
 #include "trace/trace.h"
+#include "core/json.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-static void json_devices(FILE *f, gp_device **devs, int n)
+void gp_train_metrics_step(struct gp_json_writer *w, int64_t step, int64_t epoch, double lr,
+                           double samples_per_s, const gp_step_stats *st, bool data_parallel,
+                           gp_device *const *devs, int n_dev)
 {
-    fputs("\"devices\":[", f);
-    for (int j = 0; j < n; j++) {
+    gp_json_open_object(w, NULL);
+    gp_json_put_int(w, "step", step);
+    gp_json_put_int(w, "epoch", epoch);
+    gp_json_put_num(w, "loss", st->loss);
+    gp_json_put_num(w, "accuracy", st->accuracy);
+    gp_json_put_num(w, "lr", lr);
+    gp_json_put_fixed(w, "samples_per_s", samples_per_s, 1);
+    gp_json_put_fixed(w, "step_seconds", st->seconds, 6);
+    if (data_parallel) gp_json_put_fixed(w, "allreduce_seconds", st->allreduce_seconds, 6);
+    gp_json_open_array(w, "devices");
+    for (int j = 0; j < n_dev; j++) {
         gp_allocator a;
         gp_allocator_snapshot(&devs[j]->alloc, &a);
-        fprintf(f, "%s{\"name\":\"%s\",\"peak_bytes\":%zu,\"current_bytes\":%zu", j ? "," : "",
-                devs[j]->name, a.peak, a.current);
-        for (int c = 0; c < GP_MEM_COUNT; c++)
-            fprintf(f, ",\"peak_%s\":%zu", gp_mem_category_name((gp_mem_category)c), a.peak_by[c]);
-        fputc('}', f);
+        gp_json_open_object(w, NULL);
+        gp_json_put_str(w, "name", devs[j]->name);
+        gp_json_put_uint(w, "peak_bytes", a.peak);
+        gp_json_put_uint(w, "current_bytes", a.current);
+        for (int c = 0; c < GP_MEM_COUNT; c++) {
+            char key[48];
+            snprintf(key, sizeof key, "peak_%s", gp_mem_category_name((gp_mem_category)c));
+            gp_json_put_uint(w, key, a.peak_by[c]);
+        }
+        gp_json_close(w);
     }
-    fputc(']', f);
+    gp_json_close(w);
+    gp_json_close(w);
+}
+
+/* An evaluation's --metrics record. */
+static void metrics_eval(gp_json_writer *w, int64_t step, int64_t epoch, double loss,
+                         double accuracy, bool final)
+{
+    gp_json_open_object(w, NULL);
+    gp_json_put_bool(w, "eval", true);
+    gp_json_put_int(w, "step", step);
+    gp_json_put_int(w, "epoch", epoch);
+    gp_json_put_num(w, "test_loss", loss);
+    gp_json_put_num(w, "test_accuracy", accuracy);
+    if (final) gp_json_put_bool(w, "final", true);
+    gp_json_close(w);
+}
+
+/* The record in w as one line of the metrics file. */
+static gp_status metrics_line(gp_json_writer *w, FILE *f, const char *path)
+{
+    gp_json_put_raw(w, "\n");
+    if (!gp_json_flush(w, f) || fflush(f) != 0)
+        return gp_error_set(GP_ERR_IO, "writing metrics file '%s' failed (disk full?)", path);
+    return GP_OK;
 }
 
 static void fmt_duration(double s, char *buf, size_t len)
@@ -106,6 +148,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     gp_model model = {0};
     gp_loader *loader = NULL;
     FILE *mf = NULL;
+    gp_json_writer mw = {0}; /* the metrics record being written */
     gp_trace *trace = NULL;
     gp_status s = GP_OK;
 
@@ -190,11 +233,10 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                 GP_INFO("epoch %lld: test loss %.4f, test accuracy %.2f%%",
                         (long long)last_epoch + 1, res->test_loss, 100 * res->test_accuracy);
             if (mf) {
-                fprintf(mf, "{\"eval\":true,\"step\":%lld,\"epoch\":%lld,\"test_loss\":%.17g,"
-                            "\"test_accuracy\":%.17g}\n",
-                        (long long)step, (long long)last_epoch + 1, res->test_loss,
-                        res->test_accuracy);
-                fflush(mf);
+                metrics_eval(&mw, step, last_epoch + 1, res->test_loss, res->test_accuracy,
+                             false);
+                s = metrics_line(&mw, mf, opts->metrics_path);
+                if (s != GP_OK) goto done;
             }
         }
         last_epoch = b.epoch;
@@ -227,14 +269,10 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
             window_samples = 0;
         }
         if (mf) {
-            fprintf(mf, "{\"step\":%lld,\"epoch\":%lld,\"loss\":%.17g,\"accuracy\":%.17g,"
-                        "\"lr\":%.17g,\"samples_per_s\":%.1f,\"step_seconds\":%.6f,",
-                    (long long)step + 1, (long long)b.epoch + 1, st.loss, st.accuracy, lr, sps,
-                    st.seconds);
-            if (cfg->pipeline.replicas > 1)
-                fprintf(mf, "\"allreduce_seconds\":%.6f,", st.allreduce_seconds);
-            json_devices(mf, devs, n_dev);
-            fputs("}\n", mf);
+            gp_train_metrics_step(&mw, step + 1, b.epoch + 1, lr, sps, &st,
+                                  cfg->pipeline.replicas > 1, devs, n_dev);
+            s = metrics_line(&mw, mf, opts->metrics_path);
+            if (s != GP_OK) goto done;
         }
         if ((snc->every_steps > 0 && (step + 1) % snc->every_steps == 0) ||
             (snc->every_minutes > 0 && now - last_snap >= 60.0 * snc->every_minutes) ||
@@ -286,11 +324,11 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     if (!opts->quiet)
         GP_INFO("final: test loss %.4f, test accuracy %.2f%% after %lld steps",
                 res->test_loss, 100 * res->test_accuracy, (long long)res->steps);
-    if (mf)
-        fprintf(mf, "{\"eval\":true,\"step\":%lld,\"epoch\":%lld,\"test_loss\":%.17g,"
-                    "\"test_accuracy\":%.17g,\"final\":true}\n",
-                (long long)res->steps, (long long)last_epoch + 1, res->test_loss,
-                res->test_accuracy);
+    if (mf) {
+        metrics_eval(&mw, res->steps, last_epoch + 1, res->test_loss, res->test_accuracy, true);
+        s = metrics_line(&mw, mf, opts->metrics_path);
+        if (s != GP_OK) goto done;
+    }
     res->seconds = gp_now() - t_start;
     for (int j = 0; j < n_dev; j++) {
         gp_allocator a;
@@ -318,6 +356,7 @@ done:
     }
     if (mf && fclose(mf) != 0 && s == GP_OK)
         s = gp_error_set(GP_ERR_IO, "writing metrics file '%s' failed", opts->metrics_path);
+    gp_json_writer_free(&mw);
     gp_loader_destroy(loader);
     gp_model_free(&model);
     close_devices(devs, n_dev);

@@ -1,0 +1,126 @@
+/*
+ * config_data.c — the data section: the dataset and where it lives,
+ * shuffling, normalisation statistics, augmentation, prefetching, limits
+ * and the synthetic dataset's shape.
+ */
+#include "config/config_impl.h"
+
+#include <math.h>
+#include <string.h>
+
+static const char *const k_dataset_names[] = {"synthetic", "mnist", "fashion-mnist",
+                                              "cifar10"};
+
+const char *gp_dataset_name(gp_dataset_kind k)
+{
+    return (unsigned)k < (unsigned)GP_COUNT(k_dataset_names) ? k_dataset_names[k] : "?";
+}
+
+static const char *default_path(gp_dataset_kind k)
+{
+    switch (k) {
+    case GP_DATASET_FASHION_MNIST: return "/usr/share/datasets/fashion-mnist";
+    case GP_DATASET_MNIST: return "/usr/share/datasets/mnist";
+    case GP_DATASET_CIFAR10: return "data/cifar-10-batches-bin";
+    case GP_DATASET_SYNTHETIC: return "";
+    }
+    return "";
+}
+
+/* A scalar or a list of 1..GP_MAX_CHANNELS numbers. */
+static gp_status get_channels(const gp_cfg_walk *w, const gp_ynode *n, const char *name,
+                              float *out, int *count, bool positive)
+{
+    int cnt = n->kind == GP_YNODE_SEQ ? n->n : 1;
+    if (n->kind == GP_YNODE_MAP)
+        return gp_cfg_bad(w, n, "expected a number or a list of per-channel numbers for %s, got "
+                          "a map", name);
+    if (cnt < 1 || cnt > GP_MAX_CHANNELS)
+        return gp_cfg_bad(w, n, "%s must have 1 to %d values (one per channel), got %d", name,
+                          GP_MAX_CHANNELS, cnt);
+    for (int i = 0; i < cnt; i++) {
+        const gp_ynode *v = n->kind == GP_YNODE_SEQ ? n->items[i] : n;
+        char nm[64];
+        snprintf(nm, sizeof nm, n->kind == GP_YNODE_SEQ ? "%s.%d" : "%s", name, i);
+        if (gp_cfg_absent(v))
+            return gp_cfg_bad(w, v ? v : n, "expected a number for %s, got nothing", nm);
+        double d;
+        GP_TRY(gp_cfg_parse_float(w, v, nm, &d));
+        if (positive) GP_TRY(gp_cfg_check_range(w, v, nm, d, 0, INFINITY, GP_CFG_LO_OPEN));
+        out[i] = (float)d;
+    }
+    *count = cnt;
+    return GP_OK;
+}
+
+gp_status gp_cfg_parse_data(gp_cfg_walk *w, const gp_ynode *root, const gp_model_config *mc,
+                            gp_data_config *dc)
+{
+    const gp_ynode *m;
+    GP_TRY(gp_cfg_get_map(w, root, "", "data", "{dataset: fashion-mnist}", &m));
+    GP_TRY(gp_cfg_check_keys(w, m, "data"));
+    int ds = 0;
+    GP_TRY(gp_cfg_get_enum(w, m, "data", "dataset", k_dataset_names, GP_COUNT(k_dataset_names),
+                           GP_DATASET_FASHION_MNIST, &ds));
+    dc->dataset = (gp_dataset_kind)ds;
+    GP_TRY(gp_cfg_get_str(w, m, "data", "path", default_path(dc->dataset), dc->path,
+                          sizeof dc->path));
+    GP_TRY(gp_cfg_get_bool(w, m, "data", "shuffle", true, &dc->shuffle));
+    GP_TRY(gp_cfg_get_bool(w, m, "data", "normalize", true, &dc->normalize));
+
+    const gp_ynode *mean = gp_ymap_get(m, "mean"), *sd = gp_ymap_get(m, "std");
+    if (gp_cfg_absent(mean) && gp_cfg_absent(sd)) {
+        dc->n_mean = 0;
+        if (dc->normalize)
+            gp_cfg_note(w, "data.mean, data.std = statistics of %s (default)",
+                        gp_dataset_name(dc->dataset));
+    } else if (gp_cfg_absent(mean) || gp_cfg_absent(sd)) {
+        const gp_ynode *given = gp_cfg_absent(mean) ? sd : mean;
+        return gp_cfg_bad(w, given, "data.%s is given without data.%s; give both (one value per "
+                          "channel) or neither", gp_cfg_absent(mean) ? "std" : "mean",
+                          gp_cfg_absent(mean) ? "mean" : "std");
+    } else {
+        int nm = 0, ns = 0;
+        GP_TRY(get_channels(w, mean, "data.mean", dc->mean, &nm, false));
+        GP_TRY(get_channels(w, sd, "data.std", dc->std, &ns, true));
+        if (nm != ns)
+            return gp_cfg_bad(w, sd, "data.std has %d value%s but data.mean has %d; give one per "
+                              "channel for both", ns, ns == 1 ? "" : "s", nm);
+        dc->n_mean = nm;
+    }
+
+    const gp_ynode *aug;
+    GP_TRY(gp_cfg_get_map(w, m, "data", "augment", "{crop_padding: 4, hflip: true}", &aug));
+    GP_TRY(gp_cfg_check_keys(w, aug, "data.augment"));
+    const char *as = "data.augment";
+    GP_TRY(gp_cfg_get_int32(w, aug, as, "crop_padding", 0, 0, 1024, &dc->crop_padding));
+    GP_TRY(gp_cfg_get_bool(w, aug, as, "hflip", false, &dc->hflip));
+    GP_TRY(gp_cfg_get_int32(w, m, "data", "prefetch", 2, 0, 1024, &dc->prefetch));
+    GP_TRY(gp_cfg_get_int(w, m, "data", "train_limit", 0, 0, INT64_MAX, &dc->train_limit));
+    GP_TRY(gp_cfg_get_int(w, m, "data", "test_limit", 0, 0, INT64_MAX, &dc->test_limit));
+
+    const gp_ynode *syn;
+    GP_TRY(gp_cfg_get_map(w, m, "data", "synthetic", "{train: 1024, test: 256, classes: 10}",
+                          &syn));
+    GP_TRY(gp_cfg_check_keys(w, syn, "data.synthetic"));
+    bool rec = w->record;
+    w->record = rec && dc->dataset == GP_DATASET_SYNTHETIC;
+    const char *ss = "data.synthetic";
+    gp_status s = gp_cfg_get_int(w, syn, ss, "train", 1024, 1, (int64_t)1 << 40,
+                                 &dc->synthetic_train);
+    if (s == GP_OK)
+        s = gp_cfg_get_int(w, syn, ss, "test", 256, 1, (int64_t)1 << 40, &dc->synthetic_test);
+    if (s == GP_OK)
+        s = gp_cfg_get_int32(w, syn, ss, "classes", 10, 2, 1 << 20, &dc->synthetic_classes);
+    w->record = rec;
+    GP_TRY(s);
+    /* the synthetic samples match the model unless told otherwise */
+    const gp_ynode *shape = gp_ymap_get(syn, "shape");
+    if (gp_cfg_absent(shape)) {
+        memcpy(dc->synthetic_shape, mc->input, sizeof dc->synthetic_shape);
+        if (dc->dataset == GP_DATASET_SYNTHETIC)
+            gp_cfg_note(w, "data.synthetic.shape = model.input (default)");
+        return GP_OK;
+    }
+    return gp_cfg_parse_shape(w, shape, "data.synthetic.shape", dc->synthetic_shape);
+}

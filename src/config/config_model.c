@@ -1,0 +1,227 @@
+/*
+ * config_model.c — the model section: model.input, model.layers (each a
+ * type with its options, checked against what that type takes), loss and
+ * init_from.
+ */
+#include "config/config_impl.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const k_loss_names[] = {"cross_entropy"};
+
+/* Option keys each layer type takes (besides `name`). */
+static int layer_keys(gp_layer_type t, const char **keys)
+{
+    int n = 0;
+    switch (t) {
+    case GP_LAYER_LINEAR:
+        keys[n++] = "in"; keys[n++] = "out"; keys[n++] = "bias";
+        break;
+    case GP_LAYER_CONV2D:
+        keys[n++] = "in"; keys[n++] = "out"; keys[n++] = "kernel";
+        keys[n++] = "stride"; keys[n++] = "padding"; keys[n++] = "bias";
+        break;
+    case GP_LAYER_BATCHNORM:
+        keys[n++] = "momentum"; keys[n++] = "eps"; keys[n++] = "sync";
+        break;
+    case GP_LAYER_MAXPOOL2D:
+    case GP_LAYER_AVGPOOL2D:
+        keys[n++] = "kernel"; keys[n++] = "stride"; keys[n++] = "padding";
+        break;
+    case GP_LAYER_DROPOUT:
+        keys[n++] = "p";
+        break;
+    case GP_LAYER_RESIDUAL: /* momentum, eps, sync: of its batch norms */
+        keys[n++] = "out"; keys[n++] = "stride";
+        keys[n++] = "momentum"; keys[n++] = "eps"; keys[n++] = "sync";
+        break;
+    default:
+        break;
+    }
+    keys[n++] = "name";
+    return n;
+}
+
+static bool has_key(const char *const *keys, int n, const char *k)
+{
+    for (int i = 0; i < n; i++)
+        if (!strcmp(keys[i], k)) return true;
+    return false;
+}
+
+static gp_status parse_layer(gp_cfg_walk *w, const gp_ynode *item, int index, gp_layer_spec *spec)
+{
+    char got[96];
+    const gp_ynode *tnode = NULL, *opts = NULL;
+    if (item->kind == GP_YNODE_SCALAR) {
+        tnode = item;
+    } else if (item->kind == GP_YNODE_MAP && item->n == 1) {
+        tnode = item->keys[0];
+        opts = item->items[0];
+    } else if (item->kind == GP_YNODE_MAP && item->n == 0) {
+        return gp_cfg_bad(w, item, "layer %d is an empty map; write its type, like `- relu` or "
+                          "`- linear: {out: 10}`", index);
+    } else if (item->kind == GP_YNODE_MAP) {
+        return gp_cfg_bad(w, item, "layer %d has %d keys ('%.40s', '%.40s'%s); a layer is one key, "
+                          "its type, with its options as a map under it, like "
+                          "`- conv2d: {out: 32, kernel: 3}` (indent the options under the type)",
+                          index, item->n, item->keys[0]->text, item->keys[1]->text,
+                          item->n > 2 ? ", ..." : "");
+    } else {
+        return gp_cfg_bad(w, item, "expected a layer type or {type: {options}} for "
+                          "model.layers.%d, got %s", index, gp_cfg_describe(item, got, sizeof got));
+    }
+    gp_layer_type t;
+    if (!gp_layer_type_parse(tnode->text, &t)) {
+        const char *names[GP_LAYER_TYPE_COUNT];
+        for (int i = 0; i < GP_LAYER_TYPE_COUNT; i++)
+            names[i] = gp_layer_type_name((gp_layer_type)i);
+        char hint[160], list[512];
+        gp_cfg_nearest(tnode->text, names, GP_LAYER_TYPE_COUNT, hint, sizeof hint);
+        gp_cfg_list_names(names, GP_LAYER_TYPE_COUNT, list, sizeof list);
+        return gp_cfg_bad(w, tnode, "unknown layer type %s%s (layer types: %s)",
+                          gp_cfg_describe(tnode, got, sizeof got), hint, list);
+    }
+    *spec = gp_layer_spec_default(t);
+    if (!tnode->set) { /* a layer made by an override has no place in a file */
+        spec->line = tnode->line;
+        spec->column = tnode->column;
+        snprintf(spec->file, sizeof spec->file, "%s", w->file);
+    }
+    const char *tname = gp_layer_type_name(t);
+    const char *keys[8];
+    int nk = layer_keys(t, keys);
+    if (gp_cfg_absent(opts)) opts = NULL;
+    if (opts && opts->kind != GP_YNODE_MAP)
+        return gp_cfg_bad(w, opts, "options of layer %d (%s) must be a map, like {%s: ...}, got %s",
+                          index, tname, keys[0], gp_cfg_describe(opts, got, sizeof got));
+    char what[96], sect[64];
+    snprintf(what, sizeof what, "layer %d (%s)", index, tname);
+    snprintf(sect, sizeof sect, "model.layers.%d", index);
+    GP_TRY(gp_cfg_check_keys_list(w, opts, what, keys, nk));
+
+    const int64_t big = (int64_t)1 << 31;
+    if (has_key(keys, nk, "in"))
+        GP_TRY(gp_cfg_get_int(w, opts, sect, "in", spec->in, 0, big, &spec->in));
+    if (has_key(keys, nk, "out"))
+        GP_TRY(gp_cfg_get_int(w, opts, sect, "out", spec->out, 1, big, &spec->out));
+    if (has_key(keys, nk, "kernel"))
+        GP_TRY(gp_cfg_get_int(w, opts, sect, "kernel", spec->kernel, 1, 1 << 16, &spec->kernel));
+    if (has_key(keys, nk, "stride"))
+        GP_TRY(gp_cfg_get_int(w, opts, sect, "stride", spec->stride, 1, 1 << 16, &spec->stride));
+    if (has_key(keys, nk, "padding"))
+        GP_TRY(gp_cfg_get_int(w, opts, sect, "padding", spec->padding, 0, 1 << 16, &spec->padding));
+    if (has_key(keys, nk, "bias"))
+        GP_TRY(gp_cfg_get_bool(w, opts, sect, "bias", spec->bias, &spec->bias));
+    if (has_key(keys, nk, "momentum"))
+        GP_TRY(gp_cfg_get_float(w, opts, sect, "momentum", spec->momentum, 0, 1, 0,
+                                &spec->momentum));
+    if (has_key(keys, nk, "eps"))
+        GP_TRY(gp_cfg_get_float(w, opts, sect, "eps", spec->eps, 0, INFINITY, GP_CFG_LO_OPEN,
+                                &spec->eps));
+    if (has_key(keys, nk, "sync"))
+        GP_TRY(gp_cfg_get_bool(w, opts, sect, "sync", spec->sync, &spec->sync));
+    if (has_key(keys, nk, "p"))
+        GP_TRY(gp_cfg_get_float(w, opts, sect, "p", spec->p, 0, 1, GP_CFG_HI_OPEN, &spec->p));
+    GP_TRY(gp_cfg_get_str(w, opts, sect, "name", "", spec->name, sizeof spec->name));
+
+    if (has_key(keys, nk, "out") && spec->out < 1)
+        return gp_cfg_bad(w, tnode, "layer %d (%s) needs 'out', the number of output %s, like "
+                          "`- %s: {out: 64}`", index, tname,
+                          t == GP_LAYER_LINEAR ? "features" : "channels", tname);
+    if (has_key(keys, nk, "kernel") && spec->kernel < 1)
+        return gp_cfg_bad(w, tnode, "layer %d (%s) needs 'kernel', like `- %s: {kernel: 3}`", index,
+                          tname, tname);
+    return GP_OK;
+}
+
+gp_status gp_cfg_parse_shape(const gp_cfg_walk *w, const gp_ynode *in, const char *what,
+                             int64_t dims[3])
+{
+    const int64_t max = (int64_t)1 << 24;
+    dims[0] = dims[1] = dims[2] = 1;
+    if (in->kind == GP_YNODE_SEQ) {
+        if (in->n != 1 && in->n != 3)
+            return gp_cfg_bad(w, in, "%s must be [C, H, W] or [F], got a list of %d", what, in->n);
+        for (int i = 0; i < in->n; i++) {
+            const gp_ynode *d = in->items[i];
+            char name[64];
+            snprintf(name, sizeof name, "%s.%d", what, i);
+            if (gp_cfg_absent(d))
+                return gp_cfg_bad(w, d ? d : in, "expected an integer for %s, got nothing",
+                                  name);
+            GP_TRY(gp_cfg_parse_int(w, d, name, &dims[i]));
+            if (dims[i] < 1 || dims[i] > max)
+                return gp_cfg_bad(w, d, "%s must be in [1, %lld], got %lld", name, (long long)max,
+                                  (long long)dims[i]);
+        }
+        return GP_OK;
+    }
+    if (in->kind == GP_YNODE_SCALAR) {
+        GP_TRY(gp_cfg_parse_int(w, in, what, &dims[0]));
+        if (dims[0] < 1 || dims[0] > max)
+            return gp_cfg_bad(w, in, "%s must be in [1, %lld], got %lld", what, (long long)max,
+                              (long long)dims[0]);
+        return GP_OK;
+    }
+    return gp_cfg_expected(w, in, "[C, H, W]", what);
+}
+
+gp_status gp_cfg_parse_model(gp_cfg_walk *w, const gp_ynode *root, gp_model_config *mc)
+{
+    char got[96];
+    const gp_ynode *mkey = gp_ymap_key(root, "model");
+    const gp_ynode *m = gp_ymap_get(root, "model");
+    if (gp_cfg_absent(m))
+        return gp_cfg_bad(w, mkey ? mkey : root, "missing section 'model'; a config needs at least "
+                          "model.input (the shape of one sample) and model.layers");
+    if (m->kind != GP_YNODE_MAP)
+        return gp_cfg_bad(w, m, "expected a map for model, with input and layers, got %s",
+                          gp_cfg_describe(m, got, sizeof got));
+    GP_TRY(gp_cfg_check_keys(w, m, "model"));
+
+    /* input: [C, H, W], or [F] / F for flat samples */
+    const gp_ynode *in = gp_ymap_get(m, "input");
+    if (gp_cfg_absent(in))
+        return gp_cfg_bad(w, in ? in : mkey, "missing model.input: the shape of one sample, like "
+                          "input: [1, 28, 28] (C, H, W) or input: [784]");
+    GP_TRY(gp_cfg_parse_shape(w, in, "model.input", mc->input));
+
+    const gp_ynode *ls = gp_ymap_get(m, "layers");
+    if (gp_cfg_absent(ls))
+        return gp_cfg_bad(w, ls ? ls : mkey, "missing model.layers: a list of layers, like "
+                          "layers: [flatten, {linear: {out: 10}}]");
+    if (ls->kind != GP_YNODE_SEQ)
+        return gp_cfg_bad(w, ls, "expected a list for model.layers, got %s",
+                          gp_cfg_describe(ls, got, sizeof got));
+    if (ls->n == 0) return gp_cfg_bad(w, ls, "model.layers is empty; give at least one layer");
+    mc->layers = calloc((size_t)ls->n, sizeof *mc->layers);
+    if (!mc->layers) return gp_error_set(GP_ERR_INVALID, "out of memory reading the config");
+    mc->n_layers = ls->n;
+    bool rec = w->record;
+    w->record = false;
+    gp_status s = GP_OK;
+    for (int i = 0; i < ls->n && s == GP_OK; i++)
+        s = parse_layer(w, ls->items[i], i, &mc->layers[i]);
+    w->record = rec;
+    GP_TRY(s);
+    for (int i = 0; i < mc->n_layers; i++) {
+        if (!mc->layers[i].name[0]) continue;
+        for (int j = 0; j < i; j++) {
+            if (!strcmp(mc->layers[i].name, mc->layers[j].name)) {
+                const gp_ynode *item = ls->items[i];
+                return gp_cfg_bad(w, gp_ymap_get(item->items ? item->items[0] : NULL, "name"),
+                                  "layer name '%s' is used by layers %d and %d; names must be "
+                                  "unique", mc->layers[i].name, j, i);
+            }
+        }
+    }
+
+    int loss = 0;
+    GP_TRY(gp_cfg_get_enum(w, m, "model", "loss", k_loss_names, GP_COUNT(k_loss_names), 0, &loss));
+    snprintf(mc->loss, sizeof mc->loss, "%s", k_loss_names[loss]);
+    GP_TRY(gp_cfg_get_str(w, m, "model", "init_from", "", mc->init_from, sizeof mc->init_from));
+    return GP_OK;
+}

@@ -1,0 +1,247 @@
+/*
+ * config_pipeline.c — the pipeline section: devices (a list, a count, one
+ * name, or a grid with a row per data-parallel replica), replicas, balance,
+ * chunks, checkpointing, lockstep, threads and memory.
+ */
+#include "config/config_impl.h"
+
+#include <limits.h>
+#include <string.h>
+
+static const char *const k_ckpt_names[] = {"always", "except_last", "never"};
+static const char *const k_device_keys[] = {"name", "memory", "threads"};
+
+const char *gp_checkpoint_mode_name(gp_checkpoint_mode m)
+{
+    return (unsigned)m < (unsigned)GP_COUNT(k_ckpt_names) ? k_ckpt_names[m] : "?";
+}
+
+static gp_status parse_device(gp_cfg_walk *w, const gp_ynode *item, int index,
+                              gp_pipeline_config *pc, gp_device_kind *kind, int *dev_index)
+{
+    char got[96], sect[48];
+    snprintf(sect, sizeof sect, "pipeline.devices.%d", index);
+    gp_device_spec *d = &pc->devices[index];
+    const gp_ynode *name_node = item;
+    d->memory = pc->memory;
+    d->threads = pc->threads;
+    if (item->kind == GP_YNODE_MAP) {
+        GP_TRY(gp_cfg_check_keys_list(w, item, sect, k_device_keys, GP_COUNT(k_device_keys)));
+        name_node = gp_ymap_get(item, "name");
+        if (gp_cfg_absent(name_node))
+            return gp_cfg_bad(w, item, "%s needs a name, like {name: cpu:0, memory: 512MiB}", sect);
+        const gp_ynode *mem = gp_ymap_get(item, "memory");
+        if (!gp_cfg_absent(mem)) {
+            char nm[64];
+            snprintf(nm, sizeof nm, "%s.memory", sect);
+            GP_TRY(gp_cfg_parse_bytes(w, mem, nm, &d->memory));
+        }
+        int threads;
+        GP_TRY(gp_cfg_get_int32(w, item, sect, "threads", pc->threads, 0, 4096, &threads));
+        d->threads = threads;
+    }
+    if (name_node->kind != GP_YNODE_SCALAR)
+        return gp_cfg_expected(w, name_node, "a device name like cpu:0", sect);
+    if (strlen(name_node->text) >= sizeof d->name)
+        return gp_cfg_bad(w, name_node, "device name %s is too long",
+                          gp_cfg_describe(name_node, got, sizeof got));
+    if (gp_device_parse(name_node->text, kind, dev_index) != GP_OK) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", gp_error_message());
+        return gp_cfg_bad(w, name_node, "%s: %s", sect, why);
+    }
+    snprintf(d->name, sizeof d->name, "%s", name_node->text);
+    return GP_OK;
+}
+
+/* Every device of every replica distinct. */
+static gp_status check_all_distinct(const gp_cfg_walk *w, const gp_ynode *at,
+                                    const gp_pipeline_config *pc)
+{
+    int total = pc->n_devices * pc->replicas;
+    gp_device_kind kinds[GP_MAX_DEVICES];
+    int idx[GP_MAX_DEVICES];
+    for (int a = 0; a < total; a++) {
+        if (gp_device_parse(pc->devices[a].name, &kinds[a], &idx[a]) != GP_OK)
+            return gp_cfg_bad(w, at, "pipeline.devices: %s", gp_error_message());
+        for (int b = 0; b < a; b++)
+            if (kinds[a] == kinds[b] && idx[a] == idx[b])
+                return gp_cfg_bad(w, at, "device '%s' is used by replica %d stage %d and by "
+                                  "replica %d stage %d; every stage of every replica needs its "
+                                  "own device (list them as a grid, one row per replica: "
+                                  "[[cpu:0, cpu:1], [cpu:2, cpu:3]])", pc->devices[a].name,
+                                  b / pc->n_devices, b % pc->n_devices, a / pc->n_devices,
+                                  a % pc->n_devices);
+    }
+    return GP_OK;
+}
+
+/* devices: [[a, b], [c, d]]: one row per replica, stages along the row. */
+static gp_status parse_device_grid(gp_cfg_walk *w, const gp_ynode *dv, const gp_ynode *rep_node,
+                                   gp_pipeline_config *pc)
+{
+    int rows = dv->n, cols = dv->items[0]->n;
+    if (cols == 0)
+        return gp_cfg_bad(w, dv->items[0], "pipeline.devices.0 is an empty row; give each "
+                          "replica's stage devices, like [[cpu:0, cpu:1], [cpu:2, cpu:3]]");
+    if ((int64_t)rows * cols > GP_MAX_DEVICES)
+        return gp_cfg_bad(w, dv, "pipeline.devices has %d x %d devices; at most %d are "
+                          "supported", rows, cols, GP_MAX_DEVICES);
+    if (!gp_cfg_absent(rep_node)) {
+        int64_t r;
+        GP_TRY(gp_cfg_parse_int(w, rep_node, "pipeline.replicas", &r));
+        if (r != rows)
+            return gp_cfg_bad(w, rep_node, "pipeline.replicas = %lld but pipeline.devices has "
+                              "%d rows (one per replica); drop replicas or make them agree",
+                              (long long)r, rows);
+    }
+    pc->replicas = rows;
+    pc->n_devices = cols;
+    for (int r = 0; r < rows; r++) {
+        const gp_ynode *row = dv->items[r];
+        if (gp_cfg_absent(row) || row->kind != GP_YNODE_SEQ || row->n != cols)
+            return gp_cfg_bad(w, gp_cfg_absent(row) ? dv : row, "pipeline.devices.%d must be "
+                              "a list of %d devices like row 0 (every replica has the same "
+                              "stages)", r, cols);
+        for (int j = 0; j < cols; j++) {
+            if (gp_cfg_absent(row->items[j]))
+                return gp_cfg_bad(w, row, "pipeline.devices.%d.%d is empty; give a device "
+                                  "name", r, j);
+            gp_device_kind kind;
+            int index;
+            GP_TRY(parse_device(w, row->items[j], r * cols + j, pc, &kind, &index));
+        }
+    }
+    return check_all_distinct(w, dv, pc);
+}
+
+/* replicas: R with a plain device list: replica r runs on the listed
+ * devices with their indices shifted by r x (devices listed), so
+ * [cpu:0, cpu:1] with replicas: 2 adds [cpu:2, cpu:3]. */
+static gp_status derive_replicas(gp_cfg_walk *w, const gp_ynode *at, gp_pipeline_config *pc)
+{
+    int n = pc->n_devices;
+    if ((int64_t)n * pc->replicas > GP_MAX_DEVICES)
+        return gp_cfg_bad(w, at, "%d replicas of %d devices are %d devices; at most %d are "
+                          "supported", pc->replicas, n, n * pc->replicas, GP_MAX_DEVICES);
+    for (int r = 1; r < pc->replicas; r++)
+        for (int j = 0; j < n; j++) {
+            gp_device_kind kind;
+            int index;
+            if (gp_device_parse(pc->devices[j].name, &kind, &index) != GP_OK)
+                return gp_cfg_bad(w, at, "pipeline.devices: %s", gp_error_message());
+            gp_device_spec *d = &pc->devices[r * n + j];
+            *d = pc->devices[j];
+            gp_device_format(kind, index + r * n, d->name, sizeof d->name);
+        }
+    gp_cfg_note(w, "pipeline.devices of replicas 1..%d: the listed devices shifted by %d per "
+                "replica", pc->replicas - 1, n);
+    return check_all_distinct(w, at, pc);
+}
+
+gp_status gp_cfg_parse_pipeline(gp_cfg_walk *w, const gp_ynode *root, gp_pipeline_config *pc)
+{
+    char got[96];
+    const gp_ynode *m;
+    GP_TRY(gp_cfg_get_map(w, root, "", "pipeline", "{devices: [cpu:0, cpu:1], chunks: 4}", &m));
+    GP_TRY(gp_cfg_check_keys(w, m, "pipeline"));
+    GP_TRY(gp_cfg_get_int32(w, m, "pipeline", "threads", 0, 0, 4096, &pc->threads));
+    GP_TRY(gp_cfg_get_bytes(w, m, "pipeline", "memory", &pc->memory));
+
+    /* devices: [names or maps], a single name, a count of CPU devices, or a
+     * grid with one row of names per data-parallel replica */
+    const gp_ynode *dv = gp_ymap_get(m, "devices");
+    const gp_ynode *dev_nodes[GP_MAX_DEVICES];
+    gp_device_kind kinds[GP_MAX_DEVICES];
+    int idx[GP_MAX_DEVICES];
+    const gp_ynode *rep_node = gp_ymap_get(m, "replicas");
+    bool grid = !gp_cfg_absent(dv) && dv->kind == GP_YNODE_SEQ && dv->n > 0 &&
+                !gp_cfg_absent(dv->items[0]) && dv->items[0]->kind == GP_YNODE_SEQ;
+    if (!grid) GP_TRY(gp_cfg_get_int32(w, m, "pipeline", "replicas", 1, 1, 1024, &pc->replicas));
+    if (grid) {
+        GP_TRY(parse_device_grid(w, dv, rep_node, pc));
+    } else if (gp_cfg_absent(dv)) {
+        pc->n_devices = 1;
+        snprintf(pc->devices[0].name, sizeof pc->devices[0].name, "cpu:0");
+        pc->devices[0].memory = pc->memory;
+        pc->devices[0].threads = pc->threads;
+        gp_cfg_note(w, "pipeline.devices = [cpu:0] (default)");
+    } else if (dv->kind == GP_YNODE_SCALAR && dv->text[0] >= '0' && dv->text[0] <= '9') {
+        int64_t count;
+        GP_TRY(gp_cfg_parse_int(w, dv, "pipeline.devices", &count));
+        if (count < 1 || count > GP_MAX_DEVICES)
+            return gp_cfg_bad(w, dv, "pipeline.devices must be in [1, %d] when it is a count, "
+                              "got %lld", GP_MAX_DEVICES, (long long)count);
+        pc->n_devices = (int)count;
+        for (int j = 0; j < pc->n_devices; j++) {
+            snprintf(pc->devices[j].name, sizeof pc->devices[j].name, "cpu:%d", j);
+            pc->devices[j].memory = pc->memory;
+            pc->devices[j].threads = pc->threads;
+        }
+    } else if (dv->kind == GP_YNODE_SCALAR || dv->kind == GP_YNODE_MAP) {
+        pc->n_devices = 1;
+        dev_nodes[0] = dv;
+        GP_TRY(parse_device(w, dv, 0, pc, &kinds[0], &idx[0]));
+    } else {
+        if (dv->n == 0)
+            return gp_cfg_bad(w, dv, "pipeline.devices is empty; give at least one device");
+        if (dv->n > GP_MAX_DEVICES)
+            return gp_cfg_bad(w, dv, "pipeline.devices lists %d devices; at most %d are supported",
+                              dv->n, GP_MAX_DEVICES);
+        pc->n_devices = dv->n;
+        for (int j = 0; j < dv->n; j++) {
+            dev_nodes[j] = dv->items[j];
+            if (gp_cfg_absent(dev_nodes[j]))
+                return gp_cfg_bad(w, dev_nodes[j], "pipeline.devices.%d is empty; give a "
+                                  "device name like cpu:%d", j, j);
+            GP_TRY(parse_device(w, dev_nodes[j], j, pc, &kinds[j], &idx[j]));
+            for (int k = 0; k < j; k++) {
+                if (kinds[k] == kinds[j] && idx[k] == idx[j])
+                    return gp_cfg_bad(w, dev_nodes[j], "duplicate device '%s' in pipeline.devices "
+                                      "(also item %d, '%s'); each stage needs its own device",
+                                      pc->devices[j].name, k, pc->devices[k].name);
+            }
+        }
+    }
+    if (!grid && pc->replicas > 1) GP_TRY(derive_replicas(w, dv ? dv : m, pc));
+
+    /* balance: auto or one layer count per device */
+    const gp_ynode *bal = gp_ymap_get(m, "balance");
+    if (gp_cfg_absent(bal) || (bal->kind == GP_YNODE_SCALAR && !strcmp(bal->text, "auto"))) {
+        pc->n_balance = 0;
+        if (gp_cfg_absent(bal)) gp_cfg_note(w, "pipeline.balance = auto (default)");
+    } else if (bal->kind != GP_YNODE_SEQ) {
+        return gp_cfg_bad(w, bal, "expected auto or a list of layer counts, one per device, for "
+                          "pipeline.balance, got %s", gp_cfg_describe(bal, got, sizeof got));
+    } else {
+        if (bal->n != pc->n_devices)
+            return gp_cfg_bad(w, bal, "pipeline.balance has %d entr%s but there %s %d "
+                              "device%s; give one layer count per device (or balance: auto)",
+                              bal->n, bal->n == 1 ? "y" : "ies",
+                              pc->n_devices == 1 ? "is" : "are", pc->n_devices,
+                              pc->n_devices == 1 ? "" : "s");
+        for (int j = 0; j < bal->n; j++) {
+            char name[48];
+            snprintf(name, sizeof name, "pipeline.balance.%d", j);
+            const gp_ynode *b = bal->items[j];
+            if (gp_cfg_absent(b))
+                return gp_cfg_bad(w, b, "expected an integer for %s, got nothing", name);
+            int64_t v;
+            GP_TRY(gp_cfg_parse_int(w, b, name, &v));
+            if (v < 1)
+                return gp_cfg_bad(w, b, "%s must be >= 1 (every stage needs a layer), got %lld",
+                                  name, (long long)v);
+            if (v > INT_MAX)
+                return gp_cfg_bad(w, b, "%s is too large, got %lld", name, (long long)v);
+            pc->balance[j] = (int)v;
+        }
+        pc->n_balance = bal->n;
+    }
+    GP_TRY(gp_cfg_get_int32(w, m, "pipeline", "chunks", 1, 1, GP_MAX_CHUNKS, &pc->chunks));
+    int ck = 0;
+    GP_TRY(gp_cfg_get_enum(w, m, "pipeline", "checkpoint", k_ckpt_names, GP_COUNT(k_ckpt_names),
+                           GP_CKPT_EXCEPT_LAST, &ck));
+    pc->checkpoint = (gp_checkpoint_mode)ck;
+    GP_TRY(gp_cfg_get_bool(w, m, "pipeline", "lockstep", true, &pc->lockstep));
+    return GP_OK;
+}

@@ -1,0 +1,130 @@
+/*
+ * config_train.c — the train section: length, batch, seed, the optimizer,
+ * the learning-rate schedule and scaling, logging, evaluation and
+ * snapshots.
+ */
+#include "config/config_impl.h"
+
+#include <math.h>
+#include <stdio.h>
+
+static const char *const k_optim_names[] = {"sgd"};
+static const char *const k_sched_names[] = {"constant", "step", "cosine"};
+static const char *const k_scaling_names[] = {"none", "linear"};
+
+/* `key: name` is shorthand for `key: {type: name}`. */
+static gp_status get_typed_map(gp_cfg_walk *w, const gp_ynode *m, const char *key,
+                               const char *example, const gp_ynode **map,
+                               const gp_ynode **type_scalar)
+{
+    const gp_ynode *n = gp_ymap_get(m, key);
+    *map = NULL;
+    *type_scalar = NULL;
+    if (n && n->kind == GP_YNODE_SCALAR) {
+        *type_scalar = n;
+        return GP_OK;
+    }
+    GP_TRY(gp_cfg_get_map(w, m, "train", key, example, map));
+    char sect[64];
+    gp_cfg_join(sect, sizeof sect, "train", key);
+    return gp_cfg_check_keys(w, *map, sect);
+}
+
+gp_status gp_cfg_parse_train(gp_cfg_walk *w, const gp_ynode *root, gp_train_config *tc)
+{
+    const gp_ynode *m;
+    GP_TRY(gp_cfg_get_map(w, root, "", "train", "{epochs: 3, batch_size: 64}", &m));
+    GP_TRY(gp_cfg_check_keys(w, m, "train"));
+    GP_TRY(gp_cfg_get_int(w, m, "train", "steps", 0, 0, INT64_MAX, &tc->steps));
+    bool rec = w->record;
+    w->record = rec && tc->steps == 0;
+    gp_status s = gp_cfg_get_int(w, m, "train", "epochs", 1, 1, (int64_t)1 << 40, &tc->epochs);
+    w->record = rec;
+    GP_TRY(s);
+    if (tc->steps > 0 && !gp_cfg_absent(gp_ymap_get(m, "epochs")))
+        gp_cfg_note(w, "train.epochs = %lld is ignored: train.steps = %lld is given",
+                    (long long)tc->epochs, (long long)tc->steps);
+    GP_TRY(gp_cfg_get_int(w, m, "train", "batch_size", 64, 1, 1 << 24, &tc->batch_size));
+    GP_TRY(gp_cfg_get_u64(w, m, "train", "seed", 0, &tc->seed));
+
+    const gp_ynode *om, *ot;
+    GP_TRY(get_typed_map(w, m, "optimizer", "{type: sgd, lr: 0.1}", &om, &ot));
+    const char *os = "train.optimizer";
+    int k = 0;
+    if (ot)
+        GP_TRY(gp_cfg_parse_enum(w, ot, os, k_optim_names, GP_COUNT(k_optim_names), &k));
+    else
+        GP_TRY(gp_cfg_get_enum(w, om, os, "type", k_optim_names, GP_COUNT(k_optim_names), 0, &k));
+    snprintf(tc->optim.type, sizeof tc->optim.type, "%s", k_optim_names[k]);
+    GP_TRY(gp_cfg_get_float(w, om, os, "lr", 0.01f, 0, INFINITY, 0, &tc->optim.lr));
+    GP_TRY(gp_cfg_get_float(w, om, os, "momentum", 0.9f, 0, 1, GP_CFG_HI_OPEN,
+                            &tc->optim.momentum));
+    GP_TRY(gp_cfg_get_bool(w, om, os, "nesterov", false, &tc->optim.nesterov));
+    GP_TRY(gp_cfg_get_float(w, om, os, "weight_decay", 0, 0, INFINITY, 0, &tc->optim.weight_decay));
+    GP_TRY(gp_cfg_get_bool(w, om, os, "decay_bias_and_norm", false,
+                           &tc->optim.decay_bias_and_norm));
+    if (tc->optim.nesterov && tc->optim.momentum <= 0)
+        return gp_cfg_bad(w, gp_ymap_get(om, "nesterov"), "train.optimizer.nesterov needs "
+                          "momentum > 0 (Nesterov momentum with no momentum is plain SGD)");
+
+    const gp_ynode *sm, *st;
+    GP_TRY(get_typed_map(w, m, "schedule", "{type: cosine, warmup_steps: 100}", &sm, &st));
+    const char *ss = "train.schedule";
+    if (st)
+        GP_TRY(gp_cfg_parse_enum(w, st, ss, k_sched_names, GP_COUNT(k_sched_names), &k));
+    else
+        GP_TRY(gp_cfg_get_enum(w, sm, ss, "type", k_sched_names, GP_COUNT(k_sched_names),
+                               GP_SCHED_CONSTANT, &k));
+    tc->sched.kind = (gp_sched_kind)k;
+    GP_TRY(gp_cfg_get_int(w, sm, ss, "warmup_steps", 0, 0, INT64_MAX, &tc->sched.warmup_steps));
+    GP_TRY(gp_cfg_get_float(w, sm, ss, "warmup_start", 0, 0, 1, 0, &tc->sched.warmup_start));
+    rec = w->record;
+    w->record = rec && tc->sched.kind == GP_SCHED_STEP;
+    s = gp_cfg_get_int(w, sm, ss, "step_size", 1000, 1, INT64_MAX, &tc->sched.step_size);
+    if (s == GP_OK)
+        s = gp_cfg_get_float(w, sm, ss, "gamma", 0.1f, 0, INFINITY, GP_CFG_LO_OPEN,
+                             &tc->sched.gamma);
+    w->record = rec && tc->sched.kind == GP_SCHED_COSINE;
+    if (s == GP_OK)
+        s = gp_cfg_get_float(w, sm, ss, "min_lr", 0, 0, INFINITY, 0, &tc->sched.min_lr);
+    w->record = rec;
+    GP_TRY(s);
+
+    GP_TRY(gp_cfg_get_enum(w, m, "train", "lr_scaling", k_scaling_names, GP_COUNT(k_scaling_names),
+                           GP_LR_SCALING_NONE, &k));
+    tc->lr_scaling = (gp_lr_scaling)k;
+    rec = w->record;
+    w->record = false;
+    s = gp_cfg_get_int(w, m, "train", "base_batch", tc->batch_size, 1, 1 << 24, &tc->base_batch);
+    w->record = rec;
+    GP_TRY(s);
+    if (gp_cfg_absent(gp_ymap_get(m, "base_batch")) && tc->lr_scaling == GP_LR_SCALING_LINEAR)
+        gp_cfg_note(w, "train.base_batch = %lld (default: train.batch_size)",
+                    (long long)tc->base_batch);
+    GP_TRY(gp_cfg_get_int(w, m, "train", "log_every", 50, 0, INT64_MAX, &tc->log_every));
+    GP_TRY(gp_cfg_get_bool(w, m, "train", "eval_each_epoch", true, &tc->eval_each_epoch));
+    GP_TRY(gp_cfg_get_int(w, m, "train", "eval_batch_size", 1000, 1, 1 << 24,
+                          &tc->eval_batch_size));
+
+    const gp_ynode *snm;
+    GP_TRY(gp_cfg_get_map(w, m, "train", "snapshot",
+                          "{every_steps: 1000, keep: 3, dir: snapshots}", &snm));
+    GP_TRY(gp_cfg_check_keys(w, snm, "train.snapshot"));
+    const char *sn = "train.snapshot";
+    rec = w->record;
+    w->record = rec && snm;
+    s = gp_cfg_get_int(w, snm, sn, "every_steps", 0, 0, INT64_MAX, &tc->snapshot.every_steps);
+    if (s == GP_OK)
+        s = gp_cfg_get_float(w, snm, sn, "every_minutes", 0, 0, INFINITY, 0,
+                             &tc->snapshot.every_minutes);
+    if (s == GP_OK) s = gp_cfg_get_int(w, snm, sn, "keep", 3, 1, 1 << 20, &tc->snapshot.keep);
+    if (s == GP_OK)
+        s = gp_cfg_get_str(w, snm, sn, "dir", "snapshots", tc->snapshot.dir,
+                           sizeof tc->snapshot.dir);
+    w->record = rec;
+    GP_TRY(s);
+    if (snm && tc->snapshot.dir[0] == '\0')
+        return gp_cfg_bad(w, gp_ymap_get(snm, "dir"), "train.snapshot.dir is empty; give a "
+                          "directory");
+    return GP_OK;
+}

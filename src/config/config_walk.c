@@ -1,0 +1,524 @@
+/*
+ * config_walk.c — what every section of the walk uses (config_impl.h):
+ * messages at a node's file:line:column, the defaults list, unknown keys
+ * against the schema with the best "did you mean" we can find, and the
+ * typed getters that know a default and a range.
+ */
+#include "config/config_impl.h"
+
+#include <errno.h>
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+/* Every key a config may contain, as a dotted path.  Layer options and the
+ * keys of a device map are checked against their own lists below. */
+static const char *const k_schema[] = {
+    "model", "pipeline", "data", "train",
+    "model.input", "model.layers", "model.loss", "model.init_from",
+    "pipeline.devices", "pipeline.balance", "pipeline.chunks", "pipeline.checkpoint",
+    "pipeline.lockstep", "pipeline.threads", "pipeline.memory", "pipeline.replicas",
+    "data.dataset", "data.path", "data.shuffle", "data.normalize", "data.mean",
+    "data.std", "data.augment", "data.augment.crop_padding", "data.augment.hflip",
+    "data.prefetch", "data.train_limit", "data.test_limit", "data.synthetic",
+    "data.synthetic.train", "data.synthetic.test", "data.synthetic.classes",
+    "data.synthetic.shape",
+    "train.epochs", "train.steps", "train.batch_size", "train.seed", "train.optimizer",
+    "train.optimizer.type", "train.optimizer.lr", "train.optimizer.momentum",
+    "train.optimizer.nesterov", "train.optimizer.weight_decay",
+    "train.optimizer.decay_bias_and_norm", "train.schedule", "train.schedule.type",
+    "train.schedule.warmup_steps", "train.schedule.warmup_start",
+    "train.schedule.step_size", "train.schedule.gamma", "train.schedule.min_lr",
+    "train.lr_scaling", "train.base_batch", "train.log_every", "train.eval_each_epoch",
+    "train.eval_batch_size", "train.snapshot", "train.snapshot.every_steps",
+    "train.snapshot.every_minutes", "train.snapshot.keep", "train.snapshot.dir",
+};
+#define N_SCHEMA ((int)(sizeof k_schema / sizeof k_schema[0]))
+
+/* ---- messages ------------------------------------------------------------- */
+
+gp_status gp_cfg_bad(const gp_cfg_walk *w, const gp_ynode *n, const char *fmt, ...)
+{
+    char loc[640], msg[1280];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return gp_error_set(GP_ERR_INVALID, "%s: %s", gp_yloc(w->file, n, loc, sizeof loc), msg);
+}
+
+void gp_cfg_note(gp_cfg_walk *w, const char *fmt, ...)
+{
+    if (!w->record) return;
+    char line[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (k < 0) return;
+    size_t len = strlen(line);
+    if (w->dlen + len + 2 > w->dcap) {
+        size_t cap = w->dcap ? w->dcap * 2 : 1024;
+        while (cap < w->dlen + len + 2) cap *= 2;
+        char *d = realloc(w->defaults, cap);
+        if (!d) return; /* the list is informational; losing it is harmless */
+        w->defaults = d;
+        w->dcap = cap;
+    }
+    memcpy(w->defaults + w->dlen, line, len);
+    w->dlen += len;
+    w->defaults[w->dlen++] = '\n';
+    w->defaults[w->dlen] = '\0';
+}
+
+/* "'abc'", "a list", "a map" or "nothing", for "got ..." */
+const char *gp_cfg_describe(const gp_ynode *n, char *buf, size_t len)
+{
+    if (!n || n->kind == GP_YNODE_NULL) return "nothing";
+    if (n->kind == GP_YNODE_MAP) return "a map";
+    if (n->kind == GP_YNODE_SEQ) return "a list";
+    if (strlen(n->text) > 60)
+        snprintf(buf, len, "'%.57s...'", n->text);
+    else
+        snprintf(buf, len, "'%s'", n->text);
+    return buf;
+}
+
+gp_status gp_cfg_expected(const gp_cfg_walk *w, const gp_ynode *n, const char *what,
+                          const char *name)
+{
+    char got[96];
+    return gp_cfg_bad(w, n, "expected %s for %s, got %s", what, name,
+                      gp_cfg_describe(n, got, sizeof got));
+}
+
+void gp_cfg_join(char *buf, size_t len, const char *sect, const char *key)
+{
+    if (sect && sect[0])
+        snprintf(buf, len, "%s.%s", sect, key);
+    else
+        snprintf(buf, len, "%s", key);
+}
+
+/* The index of the first of names[0..n) nearest to `word` by edit
+ * distance, if it is near enough to be a typo of it (1 edit for words of up
+ * to 3 characters, 2 up to 6, 3 beyond); else -1. */
+static int closest(const char *word, const char *const *names, int n)
+{
+    int best = -1, bestd = 99;
+    for (int i = 0; i < n; i++) {
+        int d = gp_edit_distance(word, names[i]);
+        if (d < bestd) {
+            bestd = d;
+            best = i;
+        }
+    }
+    size_t wl = strlen(word);
+    int thr = wl <= 3 ? 1 : wl <= 6 ? 2 : 3;
+    return bestd <= thr ? best : -1;
+}
+
+/* " did you mean 'x'?" for the nearest of names[] to `word`, or "". */
+void gp_cfg_nearest(const char *word, const char *const *names, int n, char *buf,
+                    size_t len)
+{
+    size_t wl = strlen(word);
+    int best = closest(word, names, n);
+    buf[0] = '\0';
+    if (best >= 0) {
+        snprintf(buf, len, "; did you mean '%s'?", names[best]);
+        return;
+    }
+    /* an abbreviation ("mom" for "momentum"), else a part ("pool") */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < n && wl >= 3; i++) {
+            if (pass == 0 ? !strncmp(names[i], word, wl) : strstr(names[i], word) != NULL) {
+                snprintf(buf, len, "; did you mean '%s'?", names[i]);
+                return;
+            }
+        }
+    }
+}
+
+void gp_cfg_list_names(const char *const *names, int n, char *buf, size_t len)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n && used + 1 < len; i++) {
+        int k = snprintf(buf + used, len - used, "%s%s", i ? ", " : "", names[i]);
+        if (k < 0) break;
+        used += (size_t)k;
+    }
+}
+
+/* ---- unknown keys -------------------------------------------------------- */
+
+static bool in_schema(const char *path)
+{
+    for (int i = 0; i < N_SCHEMA; i++)
+        if (!strcmp(k_schema[i], path)) return true;
+    return false;
+}
+
+/* The direct children of `sect` in the schema ("" = the top level). */
+static int schema_children(const char *sect, const char **out, int cap)
+{
+    size_t sl = strlen(sect);
+    int n = 0;
+    for (int i = 0; i < N_SCHEMA && n < cap; i++) {
+        const char *e = k_schema[i];
+        const char *rest;
+        if (sl == 0) {
+            rest = e;
+        } else {
+            if (strncmp(e, sect, sl) || e[sl] != '.') continue;
+            rest = e + sl + 1;
+        }
+        if (!strchr(rest, '.')) out[n++] = rest;
+    }
+    return n;
+}
+
+static gp_status unknown_key(const gp_cfg_walk *w, const gp_ynode *key, const char *sect)
+{
+    const char *k = key->text;
+    char where[96], hint[720];
+    if (sect[0])
+        snprintf(where, sizeof where, "in %s", sect);
+    else
+        snprintf(where, sizeof where, "at the top level");
+    hint[0] = '\0';
+    /* 1. the same key elsewhere: a misplaced option */
+    size_t sl = strlen(sect);
+    const char *same = NULL;
+    for (int i = 0; i < N_SCHEMA; i++) {
+        const char *e = k_schema[i];
+        const char *last = strrchr(e, '.');
+        last = last ? last + 1 : e;
+        if (strcmp(last, k)) continue;
+        if (sl && !strncmp(e, sect, sl) && e[sl] == '.') {
+            same = e + sl + 1;
+            break;
+        }
+        if (!same) same = e;
+    }
+    /* common names from other frameworks */
+    static const char *const aliases[][2] = {
+        {"learning_rate", "train.optimizer.lr"}, {"wd", "train.optimizer.weight_decay"},
+        {"micro_batches", "pipeline.chunks"}, {"microbatches", "pipeline.chunks"},
+        {"num_microbatches", "pipeline.chunks"}, {"batch", "train.batch_size"},
+        {"bs", "train.batch_size"}, {"gpus", "pipeline.devices"},
+        {"partition", "pipeline.balance"}, {"lr_schedule", "train.schedule"},
+        {"scheduler", "train.schedule"}, {"optim", "train.optimizer"},
+    };
+    for (int i = 0; !same && i < GP_COUNT(aliases); i++) {
+        if (strcmp(aliases[i][0], k)) continue;
+        same = aliases[i][1];
+        if (sl && !strncmp(same, sect, sl) && same[sl] == '.') same += sl + 1;
+    }
+    if (same) {
+        snprintf(hint, sizeof hint, "; did you mean '%s'?", same);
+    } else {
+        /* 2. a near miss among the keys allowed here */
+        const char *kids[64];
+        int nk = schema_children(sect, kids, 64);
+        gp_cfg_nearest(k, kids, nk, hint, sizeof hint);
+        if (!hint[0]) {
+            /* 3. a near miss anywhere (a misplaced, misspelt option) */
+            const char *lasts[N_SCHEMA];
+            for (int i = 0; i < N_SCHEMA; i++) {
+                const char *last = strrchr(k_schema[i], '.');
+                lasts[i] = last ? last + 1 : k_schema[i];
+            }
+            int best = closest(k, lasts, N_SCHEMA);
+            if (best >= 0) snprintf(hint, sizeof hint, "; did you mean '%s'?", k_schema[best]);
+        }
+        if (!hint[0]) {
+            char names[512];
+            gp_cfg_list_names(kids, nk, names, sizeof names);
+            snprintf(hint, sizeof hint, "; the keys %s are: %s", where, names);
+        }
+    }
+    return gp_cfg_bad(w, key, "unknown key '%.80s' %s%s", k, where, hint);
+}
+
+gp_status gp_cfg_check_keys(const gp_cfg_walk *w, const gp_ynode *m, const char *sect)
+{
+    if (!m || m->kind != GP_YNODE_MAP) return GP_OK;
+    for (int i = 0; i < m->n; i++) {
+        char path[256];
+        gp_cfg_join(path, sizeof path, sect, m->keys[i]->text);
+        if (!in_schema(path)) return unknown_key(w, m->keys[i], sect);
+    }
+    return GP_OK;
+}
+
+/* Keys of a map checked against a local list; `what` names the map in the
+ * message ("layer 3 (conv2d)"). */
+gp_status gp_cfg_check_keys_list(const gp_cfg_walk *w, const gp_ynode *m, const char *what,
+                                 const char *const *keys, int n)
+{
+    if (!m || m->kind != GP_YNODE_MAP) return GP_OK;
+    for (int i = 0; i < m->n; i++) {
+        const char *k = m->keys[i]->text;
+        bool ok = false;
+        for (int j = 0; j < n && !ok; j++) ok = !strcmp(k, keys[j]);
+        if (ok) continue;
+        char hint[160], names[512];
+        gp_cfg_nearest(k, keys, n, hint, sizeof hint);
+        gp_cfg_list_names(keys, n, names, sizeof names);
+        return gp_cfg_bad(w, m->keys[i], "unknown option '%.80s' for %s%s (it takes: %s)", k, what,
+                          hint, names);
+    }
+    return GP_OK;
+}
+
+/* ---- typed getters -------------------------------------------------------- */
+
+/* A scalar strtoll and friends may read whole: not empty, no leading blank
+ * (which they would skip). */
+static bool number_text(const gp_ynode *n)
+{
+    return n->kind == GP_YNODE_SCALAR && n->text[0] && n->text[0] != ' ';
+}
+
+static gp_status out_of_range(const gp_cfg_walk *w, const gp_ynode *n, const char *name)
+{
+    char got[96];
+    return gp_cfg_bad(w, n, "%s is out of range, got %s", name,
+                      gp_cfg_describe(n, got, sizeof got));
+}
+
+gp_status gp_cfg_parse_int(const gp_cfg_walk *w, const gp_ynode *n, const char *name, int64_t *out)
+{
+    if (!number_text(n)) return gp_cfg_expected(w, n, "an integer", name);
+    errno = 0;
+    char *end;
+    long long v = strtoll(n->text, &end, 10);
+    if (*end != '\0') return gp_cfg_expected(w, n, "an integer", name);
+    if (errno == ERANGE) return out_of_range(w, n, name);
+    *out = (int64_t)v;
+    return GP_OK;
+}
+
+gp_status gp_cfg_get_int(gp_cfg_walk *w, const gp_ynode *m, const char *sect, const char *key,
+                         int64_t def, int64_t lo, int64_t hi, int64_t *out)
+{
+    char name[256];
+    gp_cfg_join(name, sizeof name, sect, key);
+    const gp_ynode *n = gp_ymap_get(m, key);
+    if (gp_cfg_absent(n)) {
+        *out = def;
+        gp_cfg_note(w, "%s = %lld (default)", name, (long long)def);
+        return GP_OK;
+    }
+    int64_t v;
+    GP_TRY(gp_cfg_parse_int(w, n, name, &v));
+    if (v < lo) return gp_cfg_bad(w, n, "%s must be >= %lld, got %lld", name, (long long)lo,
+                                  (long long)v);
+    if (v > hi) return gp_cfg_bad(w, n, "%s must be <= %lld, got %lld", name, (long long)hi,
+                                  (long long)v);
+    *out = v;
+    return GP_OK;
+}
+
+gp_status gp_cfg_get_int32(gp_cfg_walk *w, const gp_ynode *m, const char *sect, const char *key,
+                           int def, int lo, int hi, int *out)
+{
+    int64_t v;
+    GP_TRY(gp_cfg_get_int(w, m, sect, key, def, lo, hi, &v));
+    *out = (int)v;
+    return GP_OK;
+}
+
+gp_status gp_cfg_get_u64(gp_cfg_walk *w, const gp_ynode *m, const char *sect, const char *key,
+                         uint64_t def, uint64_t *out)
+{
+    char name[256];
+    gp_cfg_join(name, sizeof name, sect, key);
+    const gp_ynode *n = gp_ymap_get(m, key);
+    if (gp_cfg_absent(n)) {
+        *out = def;
+        gp_cfg_note(w, "%s = %llu (default)", name, (unsigned long long)def);
+        return GP_OK;
+    }
+    /* strtoull would take "-1" as 2^64 - 1 */
+    if (!number_text(n) || strchr(n->text, '-'))
+        return gp_cfg_expected(w, n, "a non-negative integer", name);
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(n->text, &end, 10);
+    if (*end != '\0') return gp_cfg_expected(w, n, "a non-negative integer", name);
+    if (errno == ERANGE) return out_of_range(w, n, name);
+    *out = (uint64_t)v;
+    return GP_OK;
+}
+
+gp_status gp_cfg_parse_float(const gp_cfg_walk *w, const gp_ynode *n, const char *name, double *out)
+{
+    if (!number_text(n)) return gp_cfg_expected(w, n, "a number", name);
+    char *end;
+    double v = strtod(n->text, &end);
+    if (*end != '\0') return gp_cfg_expected(w, n, "a number", name);
+    if (!isfinite(v) || fabs(v) > FLT_MAX)
+        return gp_cfg_expected(w, n, "a finite number", name);
+    *out = v;
+    return GP_OK;
+}
+
+/* Check lo <= v <= hi (or strict, per flags); hi = INFINITY for one-sided. */
+gp_status gp_cfg_check_range(const gp_cfg_walk *w, const gp_ynode *n, const char *name, double v,
+                             double lo, double hi, int flags)
+{
+    bool lo_bad = (flags & GP_CFG_LO_OPEN) ? !(v > lo) : !(v >= lo);
+    bool hi_bad = (flags & GP_CFG_HI_OPEN) ? !(v < hi) : !(v <= hi);
+    if (!lo_bad && !hi_bad) return GP_OK;
+    if (isinf(hi))
+        return gp_cfg_bad(w, n, "%s must be %s %g, got %g", name,
+                          (flags & GP_CFG_LO_OPEN) ? ">" : ">=", lo, v);
+    return gp_cfg_bad(w, n, "%s must be in %c%g, %g%c, got %g", name,
+                      (flags & GP_CFG_LO_OPEN) ? '(' : '[', lo, hi,
+                      (flags & GP_CFG_HI_OPEN) ? ')' : ']', v);
+}
+
+gp_status gp_cfg_get_float(gp_cfg_walk *w, const gp_ynode *m, const char *sect, const char *key,
+                           float def, double lo, double hi, int flags, float *out)
+{
+    char name[256];
+    gp_cfg_join(name, sizeof name, sect, key);
+    const gp_ynode *n = gp_ymap_get(m, key);
+    if (gp_cfg_absent(n)) {
+        *out = def;
+        gp_cfg_note(w, "%s = %g (default)", name, (double)def);
+        return GP_OK;
+    }
+    double v;
+    GP_TRY(gp_cfg_parse_float(w, n, name, &v));
+    GP_TRY(gp_cfg_check_range(w, n, name, v, lo, hi, flags));
+    *out = (float)v;
+    return GP_OK;
+}
+
+gp_status gp_cfg_get_bool(gp_cfg_walk *w, const gp_ynode *m, const char *sect, const char *key,
+                          bool def, bool *out)
+{
+    char name[256];
+    gp_cfg_join(name, sizeof name, sect, key);
+    const gp_ynode *n = gp_ymap_get(m, key);
+    if (gp_cfg_absent(n)) {
+        *out = def;
+        gp_cfg_note(w, "%s = %s (default)", name, def ? "true" : "false");
+        return GP_OK;
+    }
+    if (n->kind == GP_YNODE_SCALAR) {
+        static const char *const yes[] = {"true", "yes", "on"};
+        static const char *const no[] = {"false", "no", "off"};
+        for (int i = 0; i < 3; i++) {
+            if (!strcasecmp(n->text, yes[i])) {
+                *out = true;
+                return GP_OK;
+            }
+            if (!strcasecmp(n->text, no[i])) {
+                *out = false;
+                return GP_OK;
+            }
+        }
+    }
+    return gp_cfg_expected(w, n, "true or false", name);
+}
+
+gp_status gp_cfg_get_str(gp_cfg_walk *w, const gp_ynode *m, const char *sect, const char *key,
+                         const char *def, char *buf, size_t cap)
+{
+    char name[256];
+    gp_cfg_join(name, sizeof name, sect, key);
+    const gp_ynode *n = gp_ymap_get(m, key);
+    if (gp_cfg_absent(n)) {
+        snprintf(buf, cap, "%s", def);
+        if (def[0]) gp_cfg_note(w, "%s = %s (default)", name, def);
+        return GP_OK;
+    }
+    if (n->kind != GP_YNODE_SCALAR)
+        return gp_cfg_expected(w, n, "a string", name);
+    size_t len = strlen(n->text);
+    if (len >= cap)
+        return gp_cfg_bad(w, n, "%s is too long (%zu characters; at most %zu)", name, len, cap - 1);
+    memcpy(buf, n->text, len + 1);
+    return GP_OK;
+}
+
+/* An enum value from names[0..n); reports the allowed ones. */
+gp_status gp_cfg_parse_enum(const gp_cfg_walk *w, const gp_ynode *n, const char *name,
+                            const char *const *names, int count, int *out)
+{
+    char got[96];
+    if (n->kind == GP_YNODE_SCALAR) {
+        for (int i = 0; i < count; i++) {
+            if (!strcmp(n->text, names[i])) {
+                *out = i;
+                return GP_OK;
+            }
+        }
+    }
+    char list[256], hint[160] = "";
+    gp_cfg_list_names(names, count, list, sizeof list);
+    if (n->kind == GP_YNODE_SCALAR) gp_cfg_nearest(n->text, names, count, hint, sizeof hint);
+    if (n->kind != GP_YNODE_SCALAR)
+        return gp_cfg_bad(w, n, "expected one of %s for %s, got %s", list, name,
+                          gp_cfg_describe(n, got, sizeof got));
+    return gp_cfg_bad(w, n, "unknown value %s for %s (allowed: %s)%s",
+                      gp_cfg_describe(n, got, sizeof got), name, list, hint);
+}
+
+gp_status gp_cfg_get_enum(gp_cfg_walk *w, const gp_ynode *m, const char *sect, const char *key,
+                          const char *const *names, int count, int def, int *out)
+{
+    char name[256];
+    gp_cfg_join(name, sizeof name, sect, key);
+    const gp_ynode *n = gp_ymap_get(m, key);
+    if (gp_cfg_absent(n)) {
+        *out = def;
+        gp_cfg_note(w, "%s = %s (default)", name, names[def]);
+        return GP_OK;
+    }
+    return gp_cfg_parse_enum(w, n, name, names, count, out);
+}
+
+gp_status gp_cfg_parse_bytes(const gp_cfg_walk *w, const gp_ynode *n, const char *name, size_t *out)
+{
+    if (n->kind != GP_YNODE_SCALAR || !gp_parse_bytes(n->text, out))
+        return gp_cfg_expected(w, n, "a size like 512MiB, 1.5GB or a number of bytes", name);
+    return GP_OK;
+}
+
+gp_status gp_cfg_get_bytes(gp_cfg_walk *w, const gp_ynode *m, const char *sect, const char *key,
+                           size_t *out)
+{
+    char name[256];
+    gp_cfg_join(name, sizeof name, sect, key);
+    const gp_ynode *n = gp_ymap_get(m, key);
+    if (gp_cfg_absent(n)) {
+        *out = 0;
+        gp_cfg_note(w, "%s = unlimited (default)", name);
+        return GP_OK;
+    }
+    return gp_cfg_parse_bytes(w, n, name, out);
+}
+
+/* A sub-map: NULL if absent or null; an error if not a map. */
+gp_status gp_cfg_get_map(const gp_cfg_walk *w, const gp_ynode *m, const char *sect, const char *key,
+                         const char *example, const gp_ynode **out)
+{
+    char name[256], got[96];
+    gp_cfg_join(name, sizeof name, sect, key);
+    const gp_ynode *n = gp_ymap_get(m, key);
+    *out = NULL;
+    if (gp_cfg_absent(n)) return GP_OK;
+    if (n->kind != GP_YNODE_MAP)
+        return gp_cfg_bad(w, n, "expected a map for %s, like %s, got %s", name, example,
+                          gp_cfg_describe(n, got, sizeof got));
+    *out = n;
+    return GP_OK;
+}
