@@ -105,7 +105,7 @@ typedef struct {
     double loss, upload;
     gp_schedule sched;
     int64_t sizes[GP_MAX_CHUNKS];
-    double rfrac;           /* share of micro-batches that recompute */
+    double rfrac[GP_MAX_DEVICES]; /* stage j: share of micro-batches that recompute */
 } plan_ctx;
 
 static double plan_mem(void *arg, int j, int first, int count)
@@ -120,7 +120,7 @@ static double plan_cost(void *arg, int j, int first, int count)
     if (c->o->by == GP_BALANCE_BY_SIZE || !c->p->timed) return plan_mem(arg, j, first, count);
     gp_stage_times st = gp_stage_times_of(c->p, c->lt, c->loss, c->upload, j, c->o->n, first,
                                           count);
-    return st.F + st.B + st.copy_act + st.copy_grad + c->rfrac * st.R;
+    return st.F + st.B + st.copy_act + st.copy_grad + c->rfrac[j] * st.R;
 }
 
 static const char *plan_name(void *arg, int k, char *buf, size_t len)
@@ -143,8 +143,11 @@ static gp_status plan_open(const gp_profile *p, const gp_plan_opts *o, plan_ctx 
     c->lt = calloc((size_t)p->L, sizeof *c->lt);
     if (!c->lt) return gp_error_set(GP_ERR_OOM, "out of host memory");
     if (p->timed) gp_profile_times_at(p, c->sizes[0], c->lt, &c->loss, &c->upload);
-    c->rfrac = o->checkpoint == GP_CKPT_ALWAYS ? 1.0
-               : o->checkpoint == GP_CKPT_EXCEPT_LAST ? (double)(o->m - 1) / o->m : 0.0;
+    for (int j = 0; j < o->n && j < GP_MAX_DEVICES; j++) { /* the checkpoint module decides */
+        int ck = 0;
+        for (int i = 0; i < o->m; i++) ck += gp_ckpt_checkpointed(o->checkpoint, i, j, o->m, o->n);
+        c->rfrac[j] = (double)ck / o->m;
+    }
     gp_status s = gp_schedule_gpipe(o->n, o->m, o->checkpoint, &c->sched);
     if (s != GP_OK) free(c->lt);
     return s;
