@@ -76,6 +76,7 @@ static const char *const k_full =
     "  threads: 1\n"                                           /* 24 */
     "  memory: 512MiB\n"                                       /* 25 */
     "  replicas: 2\n"                                          /* 26 */
+    "  schedule: 1f1b\n"                                       /* 27 */
     "data:\n"
     "  dataset: cifar10\n"
     "  path: /data/cifar\n"
@@ -140,6 +141,7 @@ static void test_full(void)
     CHECK(p->devices[1].memory == ((size_t)1 << 30) && p->devices[1].threads == 2);
     CHECK(p->n_balance == 2 && p->balance[0] == 4 && p->balance[1] == 6);
     CHECK(p->chunks == 4 && p->checkpoint == GP_CKPT_ALWAYS && !p->lockstep);
+    CHECK(p->schedule == GP_SCHEDULE_1F1B);
     CHECK(p->threads == 1 && p->memory == ((size_t)512 << 20) && p->replicas == 2);
 
     const gp_data_config *d = &c.data;
@@ -188,6 +190,7 @@ static void test_defaults(void)
     CHECK(c.pipeline.n_devices == 1 && !strcmp(c.pipeline.devices[0].name, "cpu:0"));
     CHECK(c.pipeline.n_balance == 0 && c.pipeline.chunks == 1);
     CHECK(c.pipeline.checkpoint == GP_CKPT_EXCEPT_LAST && c.pipeline.lockstep);
+    CHECK(c.pipeline.schedule == GP_SCHEDULE_GPIPE);
     CHECK(c.pipeline.threads == 0 && c.pipeline.memory == 0 && c.pipeline.replicas == 1);
     CHECK(c.data.dataset == GP_DATASET_FASHION_MNIST);
     CHECK(!strcmp(c.data.path, "/usr/share/datasets/fashion-mnist"));

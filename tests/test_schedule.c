@@ -276,8 +276,127 @@ static void end_of_step(void)
     }
 }
 
+/* Every schedule kind against the rules any schedule must keep, for
+ * n in 1..8, m in 1..32, every checkpoint mode:
+ *   - each forward and backward of (i, j) once on device j, a recompute
+ *     exactly for the checkpointed ones, an activation copy on j > 0 and a
+ *     gradient copy on j < n - 1, each before what uses it, the recompute
+ *     after the forward and before the backward;
+ *   - clocks never go back along a device's list; forward (i, j) after
+ *     forward (i, j - 1), backward (i, j) after backward (i, j + 1);
+ *   - micro-batches in flight (forwarded, not yet backwarded) on stage j
+ *     never above the schedule's bound, which 1F1B reaches;
+ *   - executed with the executor's rules for copies (lockstep: every
+ *     computation of clocks < k done; free-running: the source done), every
+ *     device gets to the end of its list: no deadlock. */
+enum { SF = 0, SB = 1 };
+static bool run_lists(const gp_schedule *s, bool lockstep)
+{
+    int n = s->n, pc[MAX_N] = {0};
+    static bool done[2][MAX_M][MAX_N];
+    static int left_at[4 * (MAX_M + MAX_N)];
+    memset(done, 0, sizeof done);
+    memset(left_at, 0, sizeof left_at);
+    for (int j = 0; j < n; j++)
+        for (int c = 0; c < s->count[j]; c++) {
+            const gp_instr *in = &s->list[j][c];
+            if (in->kind == GP_INSTR_FORWARD || in->kind == GP_INSTR_BACKWARD) left_at[in->k]++;
+        }
+    for (bool moved = true; moved;) {
+        moved = false;
+        for (int j = 0; j < n; j++)
+            while (pc[j] < s->count[j]) {
+                const gp_instr *in = &s->list[j][pc[j]];
+                if (!known_kind(in->kind)) {
+                    pc[j]++;
+                    continue;
+                }
+                bool copy = in->kind == GP_INSTR_RECV_ACT || in->kind == GP_INSTR_RECV_GRAD;
+                if (copy) {
+                    int front = 0; /* every computation of clocks < front done */
+                    while (front < s->clocks && left_at[front] == 0) front++;
+                    bool ready = lockstep ? in->k <= front
+                                          : done[in->kind == GP_INSTR_RECV_ACT ? SF : SB][in->i]
+                                                [in->from];
+                    if (!ready) break;
+                }
+                if (in->kind == GP_INSTR_FORWARD || in->kind == GP_INSTR_BACKWARD) {
+                    done[in->kind == GP_INSTR_FORWARD ? SF : SB][in->i][j] = true;
+                    left_at[in->k]--;
+                }
+                pc[j]++;
+                moved = true;
+            }
+    }
+    for (int j = 0; j < n; j++)
+        if (pc[j] < s->count[j]) return false;
+    return true;
+}
+
+static void check_kind(gp_schedule_kind kind, int n, int m, gp_checkpoint_mode ck)
+{
+    gp_schedule_opts o = {.kind = kind, .n = n, .m = m, .checkpoint = ck, .replicas = 1,
+                          .update = true, .check = true};
+    gp_schedule s;
+    CHECK_OK(gp_schedule_make(&o, &s));
+    static int at[GP_INSTR_KIND_COUNT][MAX_M][MAX_N], clk[2][MAX_M][MAX_N];
+    memset(at, -1, sizeof at);
+    int ok_once = 1, ok_order = 1, ok_clock = 1, ok_flight = 1, reached = 1;
+    for (int j = 0; j < n; j++) {
+        int last_k = -1, flight = 0, peak = 0;
+        for (int c = 0; c < s.count[j]; c++) {
+            const gp_instr *in = &s.list[j][c];
+            if (!known_kind(in->kind)) continue;
+            if (in->i < 0 || in->i >= m || in->j != j || at[in->kind][in->i][j] >= 0) {
+                ok_once = 0;
+                continue;
+            }
+            at[in->kind][in->i][j] = c;
+            if (in->k < last_k) ok_clock = 0;
+            last_k = in->k;
+            if (in->kind == GP_INSTR_FORWARD) clk[SF][in->i][j] = in->k, flight++;
+            if (in->kind == GP_INSTR_BACKWARD) clk[SB][in->i][j] = in->k, flight--;
+            if (flight > peak) peak = flight;
+        }
+        int bound = gp_schedule_in_flight_bound(kind, j, n, m);
+        if (peak > bound) ok_flight = 0;
+        if (peak != bound) reached = 0;
+        for (int i = 0; i < m; i++) {
+            int f = at[GP_INSTR_FORWARD][i][j], b = at[GP_INSTR_BACKWARD][i][j];
+            int r = at[GP_INSTR_RECOMPUTE][i][j], ra = at[GP_INSTR_RECV_ACT][i][j];
+            int rg = at[GP_INSTR_RECV_GRAD][i][j];
+            bool want_r = gp_ckpt_checkpointed(ck, i, j, m, n);
+            if (f < 0 || b < 0 || (r >= 0) != want_r || (ra >= 0) != (j > 0) ||
+                (rg >= 0) != (j < n - 1))
+                ok_once = 0;
+            if (b < f || (want_r && (r < f || r > b)) || (j > 0 && ra > f) ||
+                (j < n - 1 && rg > b))
+                ok_order = 0;
+        }
+    }
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            if (j > 0 && clk[SF][i][j] <= clk[SF][i][j - 1]) ok_clock = 0;
+            if (j < n - 1 && clk[SB][i][j] <= clk[SB][i][j + 1]) ok_clock = 0;
+        }
+    const char *kn = gp_schedule_kind_name(kind);
+    CHECK_MSG(ok_once, "%s n=%d m=%d ck=%d: not each instruction once", kn, n, m, ck);
+    CHECK_MSG(ok_order, "%s n=%d m=%d ck=%d: a use before its input", kn, n, m, ck);
+    CHECK_MSG(ok_clock, "%s n=%d m=%d ck=%d: clocks", kn, n, m, ck);
+    CHECK_MSG(ok_flight && reached, "%s n=%d m=%d ck=%d: in flight above (or never at) the bound",
+              kn, n, m, ck);
+    CHECK_MSG(run_lists(&s, true) && run_lists(&s, false), "%s n=%d m=%d ck=%d: deadlock", kn, n,
+              m, ck);
+    gp_schedule_free(&s);
+}
+
 int main(void)
 {
+    for (int kind = 0; kind < 2; kind++)
+        for (int n = 1; n <= MAX_N; n++)
+            for (int m = 1; m <= MAX_M; m++)
+                for (int ck = 0; ck < 3; ck++)
+                    check_kind((gp_schedule_kind)kind, n, m, (gp_checkpoint_mode)ck);
     for (int n = 1; n <= MAX_N; n++)
         for (int m = 1; m <= MAX_M; m++)
             for (int ck = 0; ck < 3; ck++) check_one(n, m, (gp_checkpoint_mode)ck);

@@ -258,13 +258,13 @@ gp_status gp_simulate(const gp_profile *p, int n, const int *balance, int m,
                 double dep = 0, dur = 0;
                 bool ready = true;
                 if (in->kind == GP_INSTR_RECV_ACT || in->kind == GP_INSTR_RECV_GRAD) {
-                    if (lockstep) {
-                        if (in->k >= 1) {
-                            ready = clock_left[in->k - 1] == 0;
-                            dep = clock_fin[in->k - 1];
+                    if (lockstep) { /* every computation of clocks < k done */
+                        for (int q = 0; q < in->k && ready; q++) {
+                            ready = clock_left[q] == 0;
+                            if (clock_fin[q] > dep) dep = clock_fin[q];
                         }
                     } else {
-                        int jj = in->kind == GP_INSTR_RECV_ACT ? j - 1 : j + 1;
+                        int jj = in->from;
                         double f = in->kind == GP_INSTR_RECV_ACT
                                        ? fwd_fin[(size_t)in->i * (size_t)n + (size_t)jj]
                                        : bwd_fin[(size_t)in->i * (size_t)n + (size_t)jj];

@@ -52,6 +52,7 @@ typedef struct gp_pipeline_config {
     int chunks;           /* micro-batches per mini-batch; default 1 */
     gp_checkpoint_mode checkpoint; /* default except_last */
     bool lockstep;        /* default true */
+    gp_schedule_kind schedule; /* default gpipe */
     int threads;          /* per CPU device; 0 = cores / devices */
     size_t memory;        /* default capacity per device; 0 = unlimited */
     int replicas;         /* data-parallel replicas; default 1 (or the grid's rows) */

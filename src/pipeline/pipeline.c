@@ -80,6 +80,7 @@ struct gp_pipeline {
     char message[2048];
     bool *fwd_done, *bwd_done, *act_copied, *grad_copied; /* [i * n + j] */
     int *clock_done, *clock_expected;                       /* [k] */
+    int clock_front;           /* clocks 0 .. clock_front - 1 all computed */
 
     /* --- the step's inputs: written by the caller before the generation
      * bump, read-only for workers during the step --- */
@@ -155,10 +156,13 @@ static gp_status wait_for(gp_pipeline *p, pred_fn pred, int a, int b)
     return c ? gp_error_set(GP_ERR_CANCELLED, "cancelled") : GP_OK;
 }
 
+/* Lockstep: every computation of clocks 0 .. k done.  (For GPipe, clock k
+ * done implies the earlier ones; for other orders, 1F1B's, it does not, and
+ * a copy must not start before its source's clock.) */
 static bool pred_clock(gp_pipeline *p, int k, int unused)
 {
     (void)unused;
-    return k < 0 || p->clock_done[k] == p->clock_expected[k];
+    return k < p->clock_front;
 }
 static bool pred_fwd(gp_pipeline *p, int i, int j) { return FLAG(p, fwd_done, i, j); }
 static bool pred_bwd(gp_pipeline *p, int i, int j) { return FLAG(p, bwd_done, i, j); }
@@ -171,11 +175,20 @@ static bool pred_lists_ok(gp_pipeline *p, int a, int b)
     return p->lists_ok >= p->n;
 }
 
+/* Move clock_front past every fully computed clock.  Lock held. */
+static void advance_clocks(gp_pipeline *p)
+{
+    while (p->clock_front < p->sched.clocks &&
+           p->clock_done[p->clock_front] == p->clock_expected[p->clock_front])
+        p->clock_front++;
+}
+
 static void publish(gp_pipeline *p, bool *flag, int clock)
 {
     pthread_mutex_lock(&p->lock);
     if (flag) *flag = true;
     if (clock >= 0) p->clock_done[clock]++;
+    advance_clocks(p);
     pthread_cond_broadcast(&p->cond);
     pthread_mutex_unlock(&p->lock);
 }
@@ -636,7 +649,8 @@ static gp_status prepare(gp_pipeline *p, int m)
         return GP_OK;
     }
     free_step_tables(p);
-    gp_schedule_opts so = {.n = p->n, .m = m, .checkpoint = p->opts.checkpoint,
+    gp_schedule_opts so = {.kind = p->opts.schedule, .n = p->n, .m = m,
+                           .checkpoint = p->opts.checkpoint,
                            .replicas = p->replicas, .update = p->opts.optim != NULL,
                            .check = !p->opts.no_check};
     memcpy(so.shard, p->shard, sizeof so.shard);
@@ -714,6 +728,8 @@ gp_status gp_pipeline_step_begin(gp_pipeline *p, const float *x, const float *y,
     p->cancelled = false;
     p->status = GP_OK;
     p->message[0] = '\0';
+    p->clock_front = 0;
+    advance_clocks(p);
     p->generation++;
     p->running = true;
     pthread_cond_broadcast(&p->cond);

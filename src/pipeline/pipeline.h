@@ -60,6 +60,7 @@ typedef struct gp_event_rec {
 typedef struct gp_pipeline_opts {
     int chunks;                 /* micro-batches per step (m) */
     gp_checkpoint_mode checkpoint;
+    gp_schedule_kind schedule;  /* GPipe's fill-drain (default) or 1F1B */
     bool lockstep;
     /* Test hook: fail the instruction of `fault_kind` at (fault_i, fault_j)
      * with GP_ERR_RUNTIME "injected fault".  fault_j < 0 = off. */

@@ -75,12 +75,87 @@ static int end_of_step(const gp_schedule_opts *o, int j, int k, gp_instr *l)
     return c;
 }
 
+/* The order of computations on stage j: +i+1 = forward of micro-batch i,
+ * -(i+1) = its backward. */
+static int compute_order(const gp_schedule_opts *o, int j, int *ord)
+{
+    int m = o->m, n = o->n, c = 0;
+    switch (o->kind) {
+    case GP_SCHEDULE_GPIPE:
+        for (int i = 0; i < m; i++) ord[c++] = i + 1;
+        for (int i = m - 1; i >= 0; i--) ord[c++] = -(i + 1);
+        break;
+    case GP_SCHEDULE_1F1B: {
+        int warm = n - 1 - j < m ? n - 1 - j : m;
+        for (int i = 0; i < warm; i++) ord[c++] = i + 1;
+        for (int i = warm; i < m; i++) {
+            ord[c++] = i + 1;
+            ord[c++] = -(i - warm + 1);
+        }
+        for (int i = m - warm; i < m; i++) ord[c++] = -(i + 1);
+        break;
+    }
+    }
+    return c;
+}
+
+/* Clocks: each computation runs one clock after the later of the previous
+ * computation on its device and the computation its input comes from
+ * (forward (i, j - 1), or backward (i, j + 1)).  For GPipe that is the
+ * table above; for any order it is a numbering in which every device's
+ * list is sorted and lockstep (a copy of clock k waits for all of clock
+ * k - 1) cannot deadlock. */
+static gp_status assign_clocks(const gp_schedule_opts *o, int *const *ord, const int *len,
+                               int *fk, int *bk)
+{
+    int n = o->n, m = o->m;
+    int pos[GP_MAX_DEVICES] = {0}, last[GP_MAX_DEVICES];
+    for (int j = 0; j < n; j++) last[j] = -1;
+    for (int q = 0; q < m * n; q++) fk[q] = bk[q] = -1;
+    for (int left = 2 * m * n; left > 0;) {
+        int progress = 0;
+        for (int j = 0; j < n; j++)
+            while (pos[j] < len[j]) {
+                int e = ord[j][pos[j]], i = (e > 0 ? e : -e) - 1, dep;
+                if (e > 0) dep = j > 0 ? fk[i * n + j - 1] : -1;
+                else dep = j < n - 1 ? bk[i * n + j + 1] : fk[i * n + j];
+                if ((e > 0 && j > 0 && dep < 0) || (e < 0 && dep < 0)) break;
+                int k = (last[j] > dep ? last[j] : dep) + 1;
+                (e > 0 ? fk : bk)[i * n + j] = k;
+                last[j] = k;
+                pos[j]++;
+                left--;
+                progress = 1;
+            }
+        if (!progress)
+            return gp_error_set(GP_ERR_INVALID, "schedule %s deadlocks at n = %d, m = %d (a bug)",
+                                gp_schedule_kind_name(o->kind), n, m);
+    }
+    return GP_OK;
+}
+
+const char *gp_schedule_kind_name(gp_schedule_kind k)
+{
+    switch (k) {
+    case GP_SCHEDULE_GPIPE: return "gpipe";
+    case GP_SCHEDULE_1F1B: return "1f1b";
+    }
+    return "?";
+}
+
+int gp_schedule_in_flight_bound(gp_schedule_kind k, int j, int n, int m)
+{
+    if (k == GP_SCHEDULE_1F1B) return n - j < m ? n - j : m;
+    return m;
+}
+
 gp_status gp_schedule_make(const gp_schedule_opts *o, gp_schedule *out)
 {
     int n = o->n, m = o->m;
     out->n = n;
     out->m = m;
-    out->clocks = 2 * (m + n - 1);
+    out->kind = o->kind;
+    out->clocks = 0;
     out->list = NULL;
     out->count = NULL;
     if (n < 1 || m < 1 || n > GP_MAX_DEVICES || m > GP_MAX_CHUNKS)
@@ -89,39 +164,57 @@ gp_status gp_schedule_make(const gp_schedule_opts *o, gp_schedule *out)
                             GP_MAX_CHUNKS, n, m);
     out->list = calloc((size_t)n, sizeof *out->list);
     out->count = calloc((size_t)n, sizeof *out->count);
-    if (!out->list || !out->count) {
-        gp_schedule_free(out);
-        return gp_error_set(GP_ERR_OOM, "out of host memory for the schedule");
+    int *ord[GP_MAX_DEVICES] = {NULL}, len[GP_MAX_DEVICES] = {0};
+    int *fk = malloc((size_t)m * (size_t)n * sizeof *fk);
+    int *bk = malloc((size_t)m * (size_t)n * sizeof *bk);
+    gp_status st = out->list && out->count && fk && bk
+                       ? GP_OK : gp_error_set(GP_ERR_OOM, "out of host memory for the schedule");
+    for (int j = 0; j < n && st == GP_OK; j++) {
+        ord[j] = malloc((size_t)(2 * m) * sizeof **ord);
+        if (!ord[j]) st = gp_error_set(GP_ERR_OOM, "out of host memory for the schedule");
+        else len[j] = compute_order(o, j, ord[j]);
     }
-    int fwd_clocks = m + n - 1;
-    for (int j = 0; j < n; j++) {
+    if (st == GP_OK) st = assign_clocks(o, ord, len, fk, bk);
+    for (int j = 0; j < n && st == GP_OK; j++) {
+        for (int i = 0; i < m; i++)
+            if (bk[i * n + j] + 1 > out->clocks) out->clocks = bk[i * n + j] + 1;
+    }
+    for (int j = 0; j < n && st == GP_OK; j++) {
         /* at most 2 per micro-batch forward, 3 backward; 7 at the end */
         gp_instr *l = calloc((size_t)(5 * m + 7), sizeof *l);
         if (!l) {
-            gp_schedule_free(out);
-            return gp_error_set(GP_ERR_OOM, "out of host memory for the schedule");
+            st = gp_error_set(GP_ERR_OOM, "out of host memory for the schedule");
+            break;
         }
         out->list[j] = l;
         int c = 0;
-        for (int i = 0; i < m; i++) {
+        for (int q = 0; q < len[j]; q++) {
+            int e = ord[j][q], i = (e > 0 ? e : -e) - 1;
             bool ck = gp_ckpt_checkpointed(o->checkpoint, i, j, m, n);
-            if (j > 0) l[c++] = instr(GP_INSTR_RECV_ACT, i, j, i + j, j - 1, ck);
-            l[c++] = instr(GP_INSTR_FORWARD, i, j, i + j, j, ck);
+            if (e > 0) {
+                int k = fk[i * n + j];
+                /* the activation arrives at the start of its forward's clock */
+                if (j > 0) l[c++] = instr(GP_INSTR_RECV_ACT, i, j, k, j - 1, ck);
+                l[c++] = instr(GP_INSTR_FORWARD, i, j, k, j, ck);
+            } else {
+                int k = bk[i * n + j];
+                /* The recompute needs only the stashed input, so it is listed
+                 * before the gradient's arrival and overlaps the next stage's
+                 * backward of the previous clock. */
+                if (ck) l[c++] = instr(GP_INSTR_RECOMPUTE, i, j, k, j, ck);
+                if (j < n - 1) l[c++] = instr(GP_INSTR_RECV_GRAD, i, j, k, j + 1, ck);
+                l[c++] = instr(GP_INSTR_BACKWARD, i, j, k, j, ck);
+            }
         }
-        for (int i = m - 1; i >= 0; i--) {
-            bool ck = gp_ckpt_checkpointed(o->checkpoint, i, j, m, n);
-            int kb = fwd_clocks + (m - 1 - i) + (n - 1 - j);
-            /* The recompute needs only the stashed input, so it is listed
-             * before the gradient's arrival and overlaps the next stage's
-             * backward of the previous clock. */
-            if (ck) l[c++] = instr(GP_INSTR_RECOMPUTE, i, j, kb, j, ck);
-            if (j < n - 1) l[c++] = instr(GP_INSTR_RECV_GRAD, i, j, kb, j + 1, ck);
-            l[c++] = instr(GP_INSTR_BACKWARD, i, j, kb, j, ck);
-        }
-        c += end_of_step(o, j, out->clocks, l + c);
         out->count[j] = c;
     }
-    return GP_OK;
+    for (int j = 0; j < n && st == GP_OK; j++)
+        out->count[j] += end_of_step(o, j, out->clocks, out->list[j] + out->count[j]);
+    for (int j = 0; j < n; j++) free(ord[j]);
+    free(fk);
+    free(bk);
+    if (st != GP_OK) gp_schedule_free(out);
+    return st;
 }
 
 void gp_schedule_free(gp_schedule *s)

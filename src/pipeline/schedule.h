@@ -18,6 +18,24 @@
  * i - 1, and stage j after stage j + 1.  Backward clocks are numbered after
  * the forward ones (k + m + n - 1) so one integer orders the whole step.
  *
+ * 1F1B (PipeDream-flush; DeepSpeed's TrainSchedule, Megatron): stage j runs
+ * w = min(n - 1 - j, m) forwards, then alternates one forward and one
+ * backward, then the last w backwards, micro-batch 0 first.  At most
+ * min(n - j, m) micro-batches are in flight on stage j (forwarded, not yet
+ * backwarded) instead of GPipe's m, for the same bubble.  n = 3, m = 4,
+ * Fi / Bi = forward / backward of micro-batch i, one unit each:
+ *
+ *     k    0   1   2   3   4   5   6   7   8   9  10  11
+ *     j=0  F0  F1  F2          B0  F3  B1      B2      B3
+ *     j=1      F0  F1      B0  F2  B1  F3  B2      B3
+ *     j=2          F0  B0  F1  B1  F2  B2  F3  B3
+ *
+ * Clocks in general: a computation runs one clock after the later of the
+ * previous computation on its device and the one its input comes from
+ * (forward (i, j - 1), backward (i, j + 1)).  For GPipe that gives the
+ * table above; for any schedule it sorts every device's list and keeps
+ * lockstep free of deadlock.
+ *
  * Copies: stage j + 1 receives micro-batch i's activation at the start of
  * clock i + j + 1 (the clock of its forward); stage j - 1 receives the
  * gradient at the start of its backward clock.  In lockstep mode a copy of
@@ -63,6 +81,12 @@
 #include "checkpoint/checkpoint.h"
 
 #define GP_MAX_DEVICES 64  /* stages (devices) in one pipeline */
+
+typedef enum { GP_SCHEDULE_GPIPE = 0, GP_SCHEDULE_1F1B } gp_schedule_kind;
+const char *gp_schedule_kind_name(gp_schedule_kind k); /* "gpipe", "1f1b" */
+/* The most micro-batches in flight on stage j (forwarded, not yet
+ * backwarded) that schedule k allows: m for GPipe, min(n - j, m) for 1F1B. */
+int gp_schedule_in_flight_bound(gp_schedule_kind k, int j, int n, int m);
 #define GP_MAX_CHUNKS 1024 /* micro-batches in one step */
 
 typedef enum gp_instr_kind {
@@ -102,6 +126,7 @@ typedef struct gp_instr {
 void gp_instr_name(const gp_instr *in, char *buf, size_t len);
 
 typedef struct gp_schedule_opts {
+    gp_schedule_kind kind;
     int n;                  /* stages */
     int m;                  /* micro-batches */
     gp_checkpoint_mode checkpoint;
@@ -113,14 +138,16 @@ typedef struct gp_schedule_opts {
 } gp_schedule_opts;
 
 typedef struct gp_schedule {
+    gp_schedule_kind kind;
     int n;           /* stages */
     int m;           /* micro-batches */
-    int clocks;      /* 2 (m + n - 1) */
+    int clocks;      /* of the computations and copies: 2 (m + n - 1) for
+                        GPipe; the end of the step runs at clock `clocks` */
     gp_instr **list; /* list[j][0..count[j]) */
     int *count;
 } gp_schedule;
 
-/* GPipe's schedule with the end of the step. */
+/* The schedule o->kind with the end of the step. */
 gp_status gp_schedule_make(const gp_schedule_opts *o, gp_schedule *out);
 /* GPipe's schedule for n stages and m micro-batches, one replica, with the
  * optimizer's update and the check. */

@@ -95,6 +95,7 @@ gp_pipeline_opts gp_model_pipeline_opts(const gp_model *m, const gp_config *cfg)
 {
     return (gp_pipeline_opts){.chunks = cfg->pipeline.chunks,
                               .checkpoint = cfg->pipeline.checkpoint,
+                              .schedule = cfg->pipeline.schedule,
                               .lockstep = cfg->pipeline.lockstep, .fault_j = -1,
                               .optim = m->optim};
 }
@@ -314,7 +315,12 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
         correct += lo.correct;
         first += sizes[i];
     }
-    for (int i = chunks - 1; i >= 0 && s == GP_OK; i--, at = i) {
+    /* backwards in the order the pipeline's schedule runs them on every
+     * stage: GPipe from the last micro-batch, 1F1B from the first */
+    bool up = cfg->pipeline.schedule == GP_SCHEDULE_1F1B;
+    for (int q = 0; q < chunks && s == GP_OK; q++) {
+        int i = up ? q : chunks - 1 - q;
+        at = i;
         gp_fwd_ctx ctx = {.training = true, .seed = cfg->train.seed, .step = (uint64_t)m->step,
                           .sample_offset = offs[i], .batch_total = n};
         s = gp_ckpt_backward(m->layers, &ctx, &mbs[i], &dy[i], ft, NULL, &bad);
