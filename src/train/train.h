@@ -137,11 +137,13 @@ gp_step_stats gp_step_stats_of(double loss_sum, int64_t correct, int64_t n, doub
 /* One optimizer step on a host batch (x: (n, C, H, W), y: (n) class ids)
  * on a single device, without threads: the reference every pipelined run is
  * checked against.  The batch is split into `chunks` micro-batches
- * (gp_microbatch_split); all forwards run first, then the backwards from
- * the last micro-batch to the first (GPipe's order on one device, so the
- * gradient sums add up in the same order as on a pipeline stage);
- * batch-norm running statistics commit once; then the SGD update with `lr`.
- * A non-finite loss is GP_ERR_NUMERIC naming the step and micro-batch. */
+ * (gp_microbatch_split); all forwards run first, then the backwards in the
+ * order cfg->pipeline.schedule runs them on every stage (GPipe: from the
+ * last micro-batch to the first; 1F1B: from the first), so the gradient
+ * sums add up in the same order as on a pipeline stage; batch-norm running
+ * statistics commit once; then the SGD update with `lr`, and the check that
+ * every parameter and buffer is finite.  A non-finite loss or state is
+ * GP_ERR_NUMERIC naming the step, the micro-batch or tensor. */
 gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
                               const float *y, int64_t n, int chunks, double lr,
                               gp_step_stats *st);
