@@ -66,11 +66,13 @@ import traceback
 import urllib.request
 from dataclasses import dataclass, field
 
-KINDS = ("forward", "backward", "recompute", "copy", "wait", "end", "barrier", "kernel")
+KINDS = ("forward", "backward", "weights", "recompute", "copy", "wait", "end", "barrier",
+         "kernel")
 IDLE_KINDS = ("wait", "barrier")   # a device waiting: not busy
 COLORS = {
     "forward": "#4C72B0",
     "backward": "#DD8452",
+    "weights": "#DA8BC3",
     "recompute": "#8172B3",
     "copy": "#55A868",
     "wait": "#C8C8C8",
@@ -78,8 +80,8 @@ COLORS = {
     "barrier": "#E6C9A8",
     "kernel": "#937860",
 }
-LABELS = {"end": "end of step"}
-NAME_RE = re.compile(r"^(?P<k>[FBR])(?P<i>\d+) s(?P<j>\d+)$")
+LABELS = {"end": "end of step", "weights": "backward-weights (zero bubble)"}
+NAME_RE = re.compile(r"^(?P<k>[FBRW])(?P<i>\d+) s(?P<j>\d+)$")
 COPY_RE = re.compile(r"^copy (?P<what>[ag])(?P<i>\d+) s(?P<src>\d+)->s(?P<dst>\d+)$")
 # The end of the step (src/pipeline/schedule.c, gp_instr_name).
 END_RE = re.compile(r"^(?P<what>all-reduce|reduce-scatter|reduce_stats|barrier|commit|"
@@ -134,7 +136,7 @@ def parse_name(name):
     """gpipe's slice name -> (kind, micro_batch, stage, src, dst) or None."""
     m = NAME_RE.match(name)
     if m:
-        kind = {"F": "forward", "B": "backward", "R": "recompute"}[m["k"]]
+        kind = {"F": "forward", "B": "backward", "R": "recompute", "W": "weights"}[m["k"]]
         return kind, int(m["i"]), int(m["j"]), -1, -1
     m = COPY_RE.match(name)
     if m:
@@ -630,6 +632,7 @@ def metrics(tr):
             "wait": sum(s.end - s.start for s in mine if s.kind == "wait"),
             "forward": sum(s.end - s.start for s in mine if s.kind == "forward"),
             "backward": sum(s.end - s.start for s in mine if s.kind == "backward"),
+            "weights": sum(s.end - s.start for s in mine if s.kind == "weights"),
             "recompute": sum(s.end - s.start for s in mine if s.kind == "recompute"),
             "end": sum(s.end - s.start for s in mine if s.kind == "end"),
             "barrier": sum(s.end - s.start for s in mine if s.kind == "barrier"),
@@ -747,7 +750,7 @@ def draw(ax, tr, title, t_origin):
                                edgecolors="white", linewidth=0.3)
         for s in tr.slices:
             if (s.device == d and s.track in tracks and s.micro_batch >= 0
-                    and s.kind in ("forward", "backward", "recompute", "copy")
+                    and s.kind in ("forward", "backward", "weights", "recompute", "copy")
                     and span > 0 and (s.end - s.start) > 0.012 * span):
                 ax.text((s.start + s.end - 2 * t_origin) / 2 * 1e3, y, str(s.micro_batch),
                         ha="center", va="center", fontsize=7,

@@ -325,11 +325,11 @@ int main(void)
             for (int b = 0; b < 5; b++)
                 for (int ck = 0; ck < 3; ck++)
                     for (int ls = 0; ls < 2; ls++)
-                        for (int kd = 0; kd < 2; kd++)
+                        for (int kd = 0; kd < GP_SCHEDULE_KINDS; kd++)
                             transparency(model == 1, ns[a], ms[b], (gp_checkpoint_mode)ck,
                                          ls == 1, (gp_schedule_kind)kd);
     printf("test_pipeline: transparency: %d of %d configurations differ\n", transparency_failures,
-           2 * 4 * 5 * 3 * 2 * 2);
+           2 * 4 * 5 * 3 * 2 * GP_SCHEDULE_KINDS);
     schedules_agree();
     deferred_bn(2);
     deferred_bn(4); /* 14 in 4: 4, 4, 3, 3 */

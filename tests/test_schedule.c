@@ -27,6 +27,16 @@ static bool known_kind(gp_instr_kind k)
     }
 }
 
+/* The zero-bubble halves too (check_kind, run_lists). */
+static bool known_split(gp_instr_kind k)
+{
+    return known_kind(k) || k == GP_INSTR_BACKWARD_DATA || k == GP_INSTR_BACKWARD_WEIGHTS;
+}
+static bool is_backward(gp_instr_kind k)
+{
+    return k == GP_INSTR_BACKWARD || k == GP_INSTR_BACKWARD_DATA;
+}
+
 /* The oracle: GPipe's dependency graph, from the paper's figure 2(c), and
  * the earliest clock of each computation in it, by longest path.  Each
  * computation takes one clock and may start one clock after everything it
@@ -300,14 +310,16 @@ static bool run_lists(const gp_schedule *s, bool lockstep)
     for (int j = 0; j < n; j++)
         for (int c = 0; c < s->count[j]; c++) {
             const gp_instr *in = &s->list[j][c];
-            if (in->kind == GP_INSTR_FORWARD || in->kind == GP_INSTR_BACKWARD) left_at[in->k]++;
+            if (in->kind == GP_INSTR_FORWARD || is_backward(in->kind) ||
+                in->kind == GP_INSTR_BACKWARD_WEIGHTS)
+                left_at[in->k]++;
         }
     for (bool moved = true; moved;) {
         moved = false;
         for (int j = 0; j < n; j++)
             while (pc[j] < s->count[j]) {
                 const gp_instr *in = &s->list[j][pc[j]];
-                if (!known_kind(in->kind)) {
+                if (!known_split(in->kind)) {
                     pc[j]++;
                     continue;
                 }
@@ -320,10 +332,11 @@ static bool run_lists(const gp_schedule *s, bool lockstep)
                                                 [in->from];
                     if (!ready) break;
                 }
-                if (in->kind == GP_INSTR_FORWARD || in->kind == GP_INSTR_BACKWARD) {
+                if (in->kind == GP_INSTR_FORWARD || is_backward(in->kind)) {
                     done[in->kind == GP_INSTR_FORWARD ? SF : SB][in->i][j] = true;
                     left_at[in->k]--;
                 }
+                if (in->kind == GP_INSTR_BACKWARD_WEIGHTS) left_at[in->k]--;
                 pc[j]++;
                 moved = true;
             }
@@ -346,7 +359,7 @@ static void check_kind(gp_schedule_kind kind, int n, int m, gp_checkpoint_mode c
         int last_k = -1, flight = 0, peak = 0;
         for (int c = 0; c < s.count[j]; c++) {
             const gp_instr *in = &s.list[j][c];
-            if (!known_kind(in->kind)) continue;
+            if (!known_split(in->kind)) continue;
             if (in->i < 0 || in->i >= m || in->j != j || at[in->kind][in->i][j] >= 0) {
                 ok_once = 0;
                 continue;
@@ -355,20 +368,27 @@ static void check_kind(gp_schedule_kind kind, int n, int m, gp_checkpoint_mode c
             if (in->k < last_k) ok_clock = 0;
             last_k = in->k;
             if (in->kind == GP_INSTR_FORWARD) clk[SF][in->i][j] = in->k, flight++;
-            if (in->kind == GP_INSTR_BACKWARD) clk[SB][in->i][j] = in->k, flight--;
+            if (is_backward(in->kind)) clk[SB][in->i][j] = in->k;
+            /* activations are freed by the backward, or its weights half */
+            if (in->kind == GP_INSTR_BACKWARD || in->kind == GP_INSTR_BACKWARD_WEIGHTS) flight--;
             if (flight > peak) peak = flight;
         }
         int bound = gp_schedule_in_flight_bound(kind, j, n, m);
         if (peak > bound) ok_flight = 0;
         if (peak != bound) reached = 0;
         for (int i = 0; i < m; i++) {
-            int f = at[GP_INSTR_FORWARD][i][j], b = at[GP_INSTR_BACKWARD][i][j];
+            bool split = kind == GP_SCHEDULE_ZB_H1;
+            int f = at[GP_INSTR_FORWARD][i][j];
+            int b = at[split ? GP_INSTR_BACKWARD_DATA : GP_INSTR_BACKWARD][i][j];
+            int w = at[GP_INSTR_BACKWARD_WEIGHTS][i][j];
             int r = at[GP_INSTR_RECOMPUTE][i][j], ra = at[GP_INSTR_RECV_ACT][i][j];
             int rg = at[GP_INSTR_RECV_GRAD][i][j];
             bool want_r = gp_ckpt_checkpointed(ck, i, j, m, n);
             if (f < 0 || b < 0 || (r >= 0) != want_r || (ra >= 0) != (j > 0) ||
-                (rg >= 0) != (j < n - 1))
+                (rg >= 0) != (j < n - 1) || (w >= 0) != split ||
+                at[split ? GP_INSTR_BACKWARD : GP_INSTR_BACKWARD_DATA][i][j] >= 0)
                 ok_once = 0;
+            if (split && w < b) ok_order = 0;
             if (b < f || (want_r && (r < f || r > b)) || (j > 0 && ra > f) ||
                 (j < n - 1 && rg > b))
                 ok_order = 0;
@@ -392,7 +412,7 @@ static void check_kind(gp_schedule_kind kind, int n, int m, gp_checkpoint_mode c
 
 int main(void)
 {
-    for (int kind = 0; kind < 2; kind++)
+    for (int kind = 0; kind < GP_SCHEDULE_KINDS; kind++)
         for (int n = 1; n <= MAX_N; n++)
             for (int m = 1; m <= MAX_M; m++)
                 for (int ck = 0; ck < 3; ck++)

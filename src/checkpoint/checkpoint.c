@@ -24,8 +24,9 @@ gp_status gp_stash_init(gp_stash *s, int count)
     *s = (gp_stash){0};
     s->count = count;
     s->acts = calloc((size_t)count + 1, sizeof *s->acts);
+    s->grads = calloc((size_t)count + 1, sizeof *s->grads);
     s->saved = calloc((size_t)(count > 0 ? count : 1), sizeof *s->saved);
-    if (!s->acts || !s->saved) {
+    if (!s->acts || !s->grads || !s->saved) {
         gp_stash_destroy(s);
         return gp_error_set(GP_ERR_OOM, "out of host memory for a stash of %d layers", count);
     }
@@ -38,8 +39,11 @@ void gp_stash_drop_acts(gp_stash *s)
         for (int c = 1; c <= s->count; c++) gp_tensor_free(&s->acts[c]);
     if (s->saved)
         for (int c = 0; c < s->count; c++) gp_saved_free(&s->saved[c]);
+    if (s->grads)
+        for (int c = 0; c <= s->count; c++) gp_tensor_free(&s->grads[c]);
     if (s->acts) s->acts[0] = (gp_tensor){0};
     s->live = false;
+    s->weights_due = false;
 }
 
 void gp_stash_release(gp_stash *s)
@@ -54,6 +58,7 @@ void gp_stash_destroy(gp_stash *s)
 {
     if (s->acts || s->saved) gp_stash_release(s);
     free(s->acts);
+    free(s->grads);
     free(s->saved);
     *s = (gp_stash){0};
 }
@@ -65,6 +70,8 @@ size_t gp_stash_bytes(const gp_stash *s)
     for (int c = 1; s->acts && c <= s->count; c++)
         if (s->acts[c].owned) b += gp_tensor_bytes(&s->acts[c]);
     for (int c = 0; s->saved && c < s->count; c++) b += gp_saved_bytes(&s->saved[c]);
+    for (int c = 0; s->grads && c <= s->count; c++)
+        if (s->grads[c].owned) b += gp_tensor_bytes(&s->grads[c]);
     return b;
 }
 
@@ -152,6 +159,45 @@ gp_status gp_ckpt_backward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_stash *s,
     if (st == GP_OK && dx) *dx = g;
     else gp_tensor_free(&g);
     gp_stash_release(s); /* out: a view of acts[count], or (checkpointed) owned */
+    return st;
+}
+
+gp_status gp_ckpt_backward_data(gp_layer *layers, const gp_fwd_ctx *ctx, gp_stash *s,
+                                gp_tensor *dy, int first_trainable, gp_tensor *dx, int *bad)
+{
+    GP_ASSERT(s->live && !s->weights_due);
+    s->grads[s->count] = *dy;
+    *dy = (gp_tensor){0};
+    int ft = dx ? -1 : first_trainable;
+    for (int c = s->count - 1; c >= 0 && c > ft; c--) {
+        gp_status st = gp_layer_backward_data(&layers[c], ctx, &s->acts[c], &s->acts[c + 1],
+                                              &s->grads[c + 1], &s->grads[c], &s->saved[c]);
+        if (st != GP_OK) {
+            *bad = c;
+            return st;
+        }
+    }
+    s->weights_due = true;
+    if (dx) { /* dL/d in leaves the stash: the previous stage copies it */
+        *dx = s->grads[0];
+        s->grads[0] = (gp_tensor){0};
+    }
+    return GP_OK;
+}
+
+gp_status gp_ckpt_backward_weights(gp_layer *layers, const gp_fwd_ctx *ctx, gp_stash *s,
+                                   int first_trainable, bool has_dx, int *bad)
+{
+    GP_ASSERT(s->live && s->weights_due);
+    int ft = has_dx ? -1 : first_trainable;
+    gp_status st = GP_OK;
+    for (int c = s->count - 1; c >= 0 && c >= ft && st == GP_OK; c--) {
+        st = gp_layer_backward_weights(&layers[c], ctx, &s->acts[c], &s->acts[c + 1],
+                                       &s->grads[c + 1], &s->saved[c]);
+        if (st != GP_OK) *bad = c;
+        gp_tensor_free(&s->grads[c + 1]);
+    }
+    gp_stash_release(s);
     return st;
 }
 

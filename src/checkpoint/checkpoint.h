@@ -53,8 +53,11 @@ typedef struct gp_stash {
     gp_saved *saved;    /* [count]: what layer c's forward keeps */
     gp_tensor out;      /* stage output: a view of acts[count] when the
                            forward kept everything, owned when it did not */
+    gp_tensor *grads;   /* [count + 1]: between a split backward's halves,
+                           grads[c + 1] = dL/d (output of layer c), owned */
     int count;          /* layers of the stage */
     bool live;          /* acts / saved hold a forward for backward */
+    bool weights_due;   /* backward-data ran; backward-weights has not */
 } gp_stash;
 
 /* Host arrays for a stage of `count` layers; no device memory. */
@@ -96,6 +99,19 @@ gp_status gp_ckpt_recompute(gp_layer *layers, const gp_fwd_ctx *ctx, gp_stash *s
  * first stage); otherwise *dx = dL/d in.  Frees the stash's tensors. */
 gp_status gp_ckpt_backward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_stash *s, gp_tensor *dy,
                            int first_trainable, gp_tensor *dx, int *bad);
+
+/* The same backward in two halves (zero-bubble schedules).
+ * gp_ckpt_backward_data: backward-data of every layer, last to first,
+ * consuming dy; *dx as gp_ckpt_backward's; each layer's incoming gradient
+ * stays in s->grads for the second half, and nothing else is freed.
+ * gp_ckpt_backward_weights: every layer's backward-weights (dW +=) from
+ * what the first half kept; then the stash is freed as after
+ * gp_ckpt_backward.  Gradients equal gp_ckpt_backward's bit for bit when
+ * every layer's first call of the step goes through the same halves. */
+gp_status gp_ckpt_backward_data(gp_layer *layers, const gp_fwd_ctx *ctx, gp_stash *s,
+                                gp_tensor *dy, int first_trainable, gp_tensor *dx, int *bad);
+gp_status gp_ckpt_backward_weights(gp_layer *layers, const gp_fwd_ctx *ctx, gp_stash *s,
+                                   int first_trainable, bool has_dx, int *bad);
 
 /* The loss at the end of the last stage: cross-entropy of logits against
  * labels (both on dev), with dlogits (allocated here, category

@@ -243,7 +243,7 @@ gp_status gp_cfg_parse_pipeline(gp_cfg_walk *w, const gp_ynode *root, gp_pipelin
                            GP_CKPT_EXCEPT_LAST, &ck));
     pc->checkpoint = (gp_checkpoint_mode)ck;
     GP_TRY(gp_cfg_get_bool(w, m, "pipeline", "lockstep", true, &pc->lockstep));
-    static const char *const k_schedules[] = {"gpipe", "1f1b"}; /* gp_schedule_kind */
+    static const char *const k_schedules[] = {"gpipe", "1f1b", "zb-h1"}; /* gp_schedule_kind */
     int sk = 0;
     GP_TRY(gp_cfg_get_enum(w, m, "pipeline", "schedule", k_schedules, GP_COUNT(k_schedules),
                            GP_SCHEDULE_GPIPE, &sk));

@@ -358,6 +358,42 @@ gp_status gp_layer_backward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor 
     return GP_OK;
 }
 
+/* The split backward accumulates from the first micro-batch on (stale
+ * gradients are zeroed here), so that backward-data of micro-batch i + 1
+ * may run before backward-weights of micro-batch i. */
+static gp_status split_begin(gp_layer *l)
+{
+    if (!l->grads_stale) return GP_OK;
+    GP_TRY(gp_layer_zero_grad(l));
+    l->grads_stale = false;
+    return GP_OK;
+}
+
+gp_status gp_layer_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                 const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
+                                 gp_saved *s)
+{
+    GP_ASSERT(gp_tensor_numel(dy) == gp_tensor_numel(y));
+    GP_TRY(split_begin(l));
+    gp_fwd_ctx c = *ctx;
+    c.grads_overwrite = false;
+    if (!dx) return GP_OK;
+    gp_shape xs = gp_tensor_shape(x);
+    GP_TRY(gp_tensor_alloc(dx, l->dev, &xs, GP_MEM_ACTIVATIONS));
+    gp_status st = l->ops->backward_data(l, &c, x, y, dy, dx, s);
+    if (st != GP_OK) gp_tensor_free(dx);
+    return st;
+}
+
+gp_status gp_layer_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                    const gp_tensor *y, const gp_tensor *dy, gp_saved *s)
+{
+    GP_TRY(split_begin(l));
+    gp_fwd_ctx c = *ctx;
+    c.grads_overwrite = false;
+    return l->ops->backward_weights ? l->ops->backward_weights(l, &c, x, y, dy, s) : GP_OK;
+}
+
 /* ---- the loss ------------------------------------------------------------ */
 
 gp_status gp_cross_entropy(gp_device *dev, const gp_tensor *logits, const gp_tensor *labels,

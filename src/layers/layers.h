@@ -212,6 +212,17 @@ gp_status gp_layer_backward(gp_layer *l, const gp_fwd_ctx *ctx,
                             const gp_tensor *x, const gp_tensor *y,
                             const gp_tensor *dy, gp_tensor *dx /* NULL: skip */,
                             gp_saved *s);
+/* The two halves of gp_layer_backward, for schedules that run a
+ * micro-batch's backward-weights later than its backward-data (zero
+ * bubble): backward-data (dx =; dx NULL: none) now, backward-weights
+ * (dW +=) any time before the step's end with the same x, y, dy and s.
+ * Both accumulate into gradients zeroed at the layer's first call of the
+ * step, so halves of different micro-batches may interleave. */
+gp_status gp_layer_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                 const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
+                                 gp_saved *s);
+gp_status gp_layer_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                    const gp_tensor *y, const gp_tensor *dy, gp_saved *s);
 gp_status gp_layer_zero_grad(gp_layer *l);
 /* GP_ERR_NUMERIC naming the tensor and the first element if any parameter
  * or buffer (running statistics) of l holds a NaN or an infinity; `when`

@@ -401,6 +401,23 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
         st = do_backward(p, i, j, bad_layer);
         if (st == GP_OK) publish(p, &FLAG(p, bwd_done, i, j), in->k);
         return st;
+    case GP_INSTR_BACKWARD_DATA: {
+        gp_fwd_ctx ctx = mb_ctx(p, i, j);
+        mb_state *s = MB(p, i, j);
+        st = gp_ckpt_backward_data(p->layers + first, &ctx, &s->stash, &s->grad_out,
+                                   p->first_trainable, j > 0 ? &s->grad_in : NULL, bad_layer);
+        if (st != GP_OK) *bad_layer += first;
+        else publish(p, &FLAG(p, bwd_done, i, j), in->k);
+        return st;
+    }
+    case GP_INSTR_BACKWARD_WEIGHTS: {
+        gp_fwd_ctx ctx = mb_ctx(p, i, j);
+        st = gp_ckpt_backward_weights(p->layers + first, &ctx, &MB(p, i, j)->stash,
+                                      p->first_trainable, j > 0, bad_layer);
+        if (st != GP_OK) *bad_layer += first;
+        else publish(p, NULL, in->k);
+        return st;
+    }
     case GP_INSTR_REDUCE_GRADS:
         st = reduce_grads(p, j, in->shard, bad_layer);
         break;
@@ -456,7 +473,7 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
 }
 
 static bool is_copy(gp_instr_kind k) { return k == GP_INSTR_RECV_ACT || k == GP_INSTR_RECV_GRAD; }
-static bool per_micro_batch(gp_instr_kind k) { return k <= GP_INSTR_BACKWARD; }
+static bool per_micro_batch(gp_instr_kind k) { return gp_instr_per_micro_batch(k); }
 
 static gp_status run_step(worker *w)
 {
@@ -676,7 +693,7 @@ static gp_status prepare(gp_pipeline *p, int m)
         ok = p->workers[j].events != NULL;
         for (int c = 0; ok && c < p->sched.count[j]; c++) {
             gp_instr_kind kd = p->sched.list[j][c].kind;
-            if (kd == GP_INSTR_FORWARD || kd == GP_INSTR_BACKWARD) /* lockstep's clocks */
+            if (gp_instr_computes(kd) && kd != GP_INSTR_RECOMPUTE) /* lockstep's clocks */
                 p->clock_expected[p->sched.list[j][c].k]++;
         }
     }

@@ -10,7 +10,8 @@
 const char *gp_instr_kind_name(gp_instr_kind k)
 {
     static const char *names[GP_INSTR_KIND_COUNT] = {
-        "recv_act", "forward", "recv_grad", "recompute", "backward", "reduce_grads",
+        "recv_act", "forward", "recv_grad", "recompute", "backward", "backward_data",
+        "backward_weights", "reduce_grads",
         "reduce_stats", "barrier", "commit", "update", "gather", "check"};
     return k >= 0 && k < GP_INSTR_KIND_COUNT ? names[k] : "?";
 }
@@ -21,7 +22,9 @@ void gp_instr_name(const gp_instr *in, char *buf, size_t len)
     switch (in->kind) {
     case GP_INSTR_FORWARD: snprintf(buf, len, "F%d s%d", i, j); break;
     case GP_INSTR_RECOMPUTE: snprintf(buf, len, "R%d s%d", i, j); break;
-    case GP_INSTR_BACKWARD: snprintf(buf, len, "B%d s%d", i, j); break;
+    case GP_INSTR_BACKWARD:
+    case GP_INSTR_BACKWARD_DATA: snprintf(buf, len, "B%d s%d", i, j); break;
+    case GP_INSTR_BACKWARD_WEIGHTS: snprintf(buf, len, "W%d s%d", i, j); break;
     case GP_INSTR_RECV_ACT: snprintf(buf, len, "copy a%d s%d->s%d", i, in->from, j); break;
     case GP_INSTR_RECV_GRAD: snprintf(buf, len, "copy g%d s%d->s%d", i, in->from, j); break;
     case GP_INSTR_REDUCE_GRADS:
@@ -75,53 +78,125 @@ static int end_of_step(const gp_schedule_opts *o, int j, int k, gp_instr *l)
     return c;
 }
 
-/* The order of computations on stage j: +i+1 = forward of micro-batch i,
- * -(i+1) = its backward. */
-static int compute_order(const gp_schedule_opts *o, int j, int *ord)
+/* One computation of a stage's order. */
+typedef struct {
+    gp_instr_kind kind; /* FORWARD, BACKWARD, BACKWARD_DATA or BACKWARD_WEIGHTS */
+    int i;
+} op;
+
+/* ZB-H1's orders for all stages: a greedy execution in unit time steps (see
+ * schedule.h).  f_end / b_end: the step a forward / backward-data of
+ * (i, j) ends, -1 before. */
+static gp_status zb_h1_orders(int n, int m, op **ord, int *len)
 {
-    int m = o->m, n = o->n, c = 0;
-    switch (o->kind) {
-    case GP_SCHEDULE_GPIPE:
-        for (int i = 0; i < m; i++) ord[c++] = i + 1;
-        for (int i = m - 1; i >= 0; i--) ord[c++] = -(i + 1);
-        break;
-    case GP_SCHEDULE_1F1B: {
-        int warm = n - 1 - j < m ? n - 1 - j : m;
-        for (int i = 0; i < warm; i++) ord[c++] = i + 1;
-        for (int i = warm; i < m; i++) {
-            ord[c++] = i + 1;
-            ord[c++] = -(i - warm + 1);
+    size_t cells = (size_t)m * (size_t)n;
+    int *f_end = malloc(cells * sizeof *f_end), *b_end = malloc(cells * sizeof *b_end);
+    int *wq = malloc(cells * sizeof *wq); /* per stage: pending W, oldest first */
+    if (!f_end || !b_end || !wq) {
+        free(f_end);
+        free(b_end);
+        free(wq);
+        return gp_error_set(GP_ERR_OOM, "out of host memory for the schedule");
+    }
+    for (size_t q = 0; q < cells; q++) f_end[q] = b_end[q] = -1;
+    int nf[GP_MAX_DEVICES] = {0}, nb[GP_MAX_DEVICES] = {0}, wh[GP_MAX_DEVICES] = {0},
+        wt[GP_MAX_DEVICES] = {0};
+    int left = 3 * m * n;
+    for (int t = 0; left > 0; t++) {
+        GP_ASSERT(t < 6 * (m + n) + 6); /* unit steps: it ends well before */
+        for (int j = 0; j < n; j++) {
+            /* F: as 1F1B (in flight until the backward-data), and at most
+             * one micro-batch more until the backward-weights */
+            int bound = n - j < m ? n - j : m;
+            bool room = nf[j] - nb[j] < bound && nf[j] - wh[j] < gp_schedule_in_flight_bound(
+                                                                   GP_SCHEDULE_ZB_H1, j, n, m);
+            int *W = wq + (size_t)j * (size_t)m;
+            int i = nb[j];
+            bool b_ready = i < nf[j] && (j == n - 1 ? f_end[i * n + j] <= t
+                                                    : b_end[i * n + j + 1] >= 0 &&
+                                                          b_end[i * n + j + 1] <= t);
+            i = nf[j];
+            bool f_ready = i < m && room &&
+                           (j == 0 || (f_end[i * n + j - 1] >= 0 && f_end[i * n + j - 1] <= t));
+            if (b_ready) {
+                b_end[nb[j] * n + j] = t + 1;
+                ord[j][len[j]++] = (op){GP_INSTR_BACKWARD_DATA, nb[j]};
+                W[wt[j]++] = nb[j]++;
+            } else if (f_ready) {
+                f_end[nf[j] * n + j] = t + 1;
+                ord[j][len[j]++] = (op){GP_INSTR_FORWARD, nf[j]++};
+            } else if (wh[j] < wt[j]) {
+                ord[j][len[j]++] = (op){GP_INSTR_BACKWARD_WEIGHTS, W[wh[j]++]};
+            } else {
+                continue;
+            }
+            left--;
         }
-        for (int i = m - warm; i < m; i++) ord[c++] = -(i + 1);
-        break;
     }
+    free(f_end);
+    free(b_end);
+    free(wq);
+    return GP_OK;
+}
+
+/* The order of computations on every stage. */
+static gp_status compute_orders(const gp_schedule_opts *o, op **ord, int *len)
+{
+    int m = o->m, n = o->n;
+    if (o->kind == GP_SCHEDULE_ZB_H1) return zb_h1_orders(n, m, ord, len);
+    for (int j = 0; j < n; j++) {
+        int c = 0;
+        if (o->kind == GP_SCHEDULE_GPIPE) {
+            for (int i = 0; i < m; i++) ord[j][c++] = (op){GP_INSTR_FORWARD, i};
+            for (int i = m - 1; i >= 0; i--) ord[j][c++] = (op){GP_INSTR_BACKWARD, i};
+        } else { /* 1F1B */
+            int warm = n - 1 - j < m ? n - 1 - j : m;
+            for (int i = 0; i < warm; i++) ord[j][c++] = (op){GP_INSTR_FORWARD, i};
+            for (int i = warm; i < m; i++) {
+                ord[j][c++] = (op){GP_INSTR_FORWARD, i};
+                ord[j][c++] = (op){GP_INSTR_BACKWARD, i - warm};
+            }
+            for (int i = m - warm; i < m; i++) ord[j][c++] = (op){GP_INSTR_BACKWARD, i};
+        }
+        len[j] = c;
     }
-    return c;
+    return GP_OK;
 }
 
 /* Clocks: each computation runs one clock after the later of the previous
  * computation on its device and the computation its input comes from
  * (forward (i, j - 1), or backward (i, j + 1)).  For GPipe that is the
  * table above; for any order it is a numbering in which every device's
- * list is sorted and lockstep (a copy of clock k waits for all of clock
- * k - 1) cannot deadlock. */
-static gp_status assign_clocks(const gp_schedule_opts *o, int *const *ord, const int *len,
-                               int *fk, int *bk)
+ * list is sorted and lockstep (a copy of clock k waits for all clocks
+ * before k) cannot deadlock.  fk / bk / wk: clocks of forward, backward
+ * (or backward-data), backward-weights of (i, j). */
+static gp_status assign_clocks(const gp_schedule_opts *o, op *const *ord, const int *len,
+                               int *fk, int *bk, int *wk)
 {
     int n = o->n, m = o->m;
     int pos[GP_MAX_DEVICES] = {0}, last[GP_MAX_DEVICES];
     for (int j = 0; j < n; j++) last[j] = -1;
-    for (int q = 0; q < m * n; q++) fk[q] = bk[q] = -1;
-    for (int left = 2 * m * n; left > 0;) {
+    for (int q = 0; q < m * n; q++) fk[q] = bk[q] = wk[q] = -1;
+    int left = 0;
+    for (int j = 0; j < n; j++) left += len[j];
+    while (left > 0) {
         int progress = 0;
         for (int j = 0; j < n; j++)
             while (pos[j] < len[j]) {
-                int e = ord[j][pos[j]], i = (e > 0 ? e : -e) - 1, dep;
-                if (e > 0) dep = j > 0 ? fk[i * n + j - 1] : -1;
-                else dep = j < n - 1 ? bk[i * n + j + 1] : fk[i * n + j];
-                if ((e > 0 && j > 0 && dep < 0) || (e < 0 && dep < 0)) break;
+                op e = ord[j][pos[j]];
+                int i = e.i, dep = -1;
+                int *clk = e.kind == GP_INSTR_FORWARD ? fk
+                           : e.kind == GP_INSTR_BACKWARD_WEIGHTS ? wk : bk;
+                if (e.kind == GP_INSTR_FORWARD && j > 0) {
+                    dep = fk[i * n + j - 1];
+                    if (dep < 0) break;
+                } else if ((e.kind == GP_INSTR_BACKWARD || e.kind == GP_INSTR_BACKWARD_DATA) &&
+                           j < n - 1) {
+                    dep = bk[i * n + j + 1];
+                    if (dep < 0) break;
+                }
                 int k = (last[j] > dep ? last[j] : dep) + 1;
-                (e > 0 ? fk : bk)[i * n + j] = k;
+                clk[i * n + j] = k;
                 last[j] = k;
                 pos[j]++;
                 left--;
@@ -139,6 +214,7 @@ const char *gp_schedule_kind_name(gp_schedule_kind k)
     switch (k) {
     case GP_SCHEDULE_GPIPE: return "gpipe";
     case GP_SCHEDULE_1F1B: return "1f1b";
+    case GP_SCHEDULE_ZB_H1: return "zb-h1";
     }
     return "?";
 }
@@ -146,6 +222,7 @@ const char *gp_schedule_kind_name(gp_schedule_kind k)
 int gp_schedule_in_flight_bound(gp_schedule_kind k, int j, int n, int m)
 {
     if (k == GP_SCHEDULE_1F1B) return n - j < m ? n - j : m;
+    if (k == GP_SCHEDULE_ZB_H1) return n - j + 1 < m ? n - j + 1 : m;
     return m;
 }
 
@@ -164,24 +241,26 @@ gp_status gp_schedule_make(const gp_schedule_opts *o, gp_schedule *out)
                             GP_MAX_CHUNKS, n, m);
     out->list = calloc((size_t)n, sizeof *out->list);
     out->count = calloc((size_t)n, sizeof *out->count);
-    int *ord[GP_MAX_DEVICES] = {NULL}, len[GP_MAX_DEVICES] = {0};
-    int *fk = malloc((size_t)m * (size_t)n * sizeof *fk);
-    int *bk = malloc((size_t)m * (size_t)n * sizeof *bk);
-    gp_status st = out->list && out->count && fk && bk
+    op *ord[GP_MAX_DEVICES] = {NULL};
+    int len[GP_MAX_DEVICES] = {0};
+    size_t cells = (size_t)m * (size_t)n;
+    int *fk = malloc(cells * sizeof *fk), *bk = malloc(cells * sizeof *bk);
+    int *wk = malloc(cells * sizeof *wk);
+    gp_status st = out->list && out->count && fk && bk && wk
                        ? GP_OK : gp_error_set(GP_ERR_OOM, "out of host memory for the schedule");
     for (int j = 0; j < n && st == GP_OK; j++) {
-        ord[j] = malloc((size_t)(2 * m) * sizeof **ord);
+        ord[j] = malloc((size_t)(3 * m) * sizeof **ord);
         if (!ord[j]) st = gp_error_set(GP_ERR_OOM, "out of host memory for the schedule");
-        else len[j] = compute_order(o, j, ord[j]);
     }
-    if (st == GP_OK) st = assign_clocks(o, ord, len, fk, bk);
-    for (int j = 0; j < n && st == GP_OK; j++) {
-        for (int i = 0; i < m; i++)
-            if (bk[i * n + j] + 1 > out->clocks) out->clocks = bk[i * n + j] + 1;
+    if (st == GP_OK) st = compute_orders(o, ord, len);
+    if (st == GP_OK) st = assign_clocks(o, ord, len, fk, bk, wk);
+    for (int q = 0; st == GP_OK && q < m * n; q++) {
+        int k = bk[q] > wk[q] ? bk[q] : wk[q];
+        if (k + 1 > out->clocks) out->clocks = k + 1;
     }
     for (int j = 0; j < n && st == GP_OK; j++) {
-        /* at most 2 per micro-batch forward, 3 backward; 7 at the end */
-        gp_instr *l = calloc((size_t)(5 * m + 7), sizeof *l);
+        /* at most 2 per micro-batch forward, 4 backward; 7 at the end */
+        gp_instr *l = calloc((size_t)(6 * m + 7), sizeof *l);
         if (!l) {
             st = gp_error_set(GP_ERR_OOM, "out of host memory for the schedule");
             break;
@@ -189,13 +268,16 @@ gp_status gp_schedule_make(const gp_schedule_opts *o, gp_schedule *out)
         out->list[j] = l;
         int c = 0;
         for (int q = 0; q < len[j]; q++) {
-            int e = ord[j][q], i = (e > 0 ? e : -e) - 1;
+            op e = ord[j][q];
+            int i = e.i;
             bool ck = gp_ckpt_checkpointed(o->checkpoint, i, j, m, n);
-            if (e > 0) {
+            if (e.kind == GP_INSTR_FORWARD) {
                 int k = fk[i * n + j];
                 /* the activation arrives at the start of its forward's clock */
                 if (j > 0) l[c++] = instr(GP_INSTR_RECV_ACT, i, j, k, j - 1, ck);
                 l[c++] = instr(GP_INSTR_FORWARD, i, j, k, j, ck);
+            } else if (e.kind == GP_INSTR_BACKWARD_WEIGHTS) {
+                l[c++] = instr(GP_INSTR_BACKWARD_WEIGHTS, i, j, wk[i * n + j], j, ck);
             } else {
                 int k = bk[i * n + j];
                 /* The recompute needs only the stashed input, so it is listed
@@ -203,7 +285,7 @@ gp_status gp_schedule_make(const gp_schedule_opts *o, gp_schedule *out)
                  * backward of the previous clock. */
                 if (ck) l[c++] = instr(GP_INSTR_RECOMPUTE, i, j, k, j, ck);
                 if (j < n - 1) l[c++] = instr(GP_INSTR_RECV_GRAD, i, j, k, j + 1, ck);
-                l[c++] = instr(GP_INSTR_BACKWARD, i, j, k, j, ck);
+                l[c++] = instr(e.kind, i, j, k, j, ck);
             }
         }
         out->count[j] = c;
@@ -213,6 +295,7 @@ gp_status gp_schedule_make(const gp_schedule_opts *o, gp_schedule *out)
     for (int j = 0; j < n; j++) free(ord[j]);
     free(fk);
     free(bk);
+    free(wk);
     if (st != GP_OK) gp_schedule_free(out);
     return st;
 }

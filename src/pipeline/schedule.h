@@ -30,6 +30,22 @@
  *     j=1      F0  F1      B0  F2  B1  F3  B2      B3
  *     j=2          F0  B0  F1  B1  F2  B2  F3  B3
  *
+ * ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024): 1F1B
+ * with each backward split into backward-data (B, what the previous stage
+ * waits for) and backward-weights (W, which nothing waits for), and the W
+ * passes moved into the bubbles.  The order is what a greedy unit-time
+ * execution gives: each stage runs a B when its gradient is there, else a
+ * F when its input is there, fewer than n - j micro-batches wait for their
+ * B (1F1B's rule) and fewer than n - j + 1 for their W, else its oldest
+ * pending W.  The paper keeps exactly 1F1B's memory by counting what B
+ * frees; here a micro-batch's activations live until its W, so one more
+ * micro-batch may be in flight than in 1F1B.  n = 3, m = 4:
+ *
+ *     k    0   1   2   3   4   5   6   7   8   9  10  11  12  13  14
+ *     j=0  F0  F1  F2          B0  F3  B1  W0  W1  B2  W2      B3  W3
+ *     j=1      F0  F1      B0  F2  B1  W0  F3  B2  W1  W2  B3  W3
+ *     j=2          F0  B0  F1  B1  W0  F2  B2  W1  F3  B3  W2  W3
+ *
  * Clocks in general: a computation runs one clock after the later of the
  * previous computation on its device and the one its input comes from
  * (forward (i, j - 1), backward (i, j + 1)).  For GPipe that gives the
@@ -82,10 +98,13 @@
 
 #define GP_MAX_DEVICES 64  /* stages (devices) in one pipeline */
 
-typedef enum { GP_SCHEDULE_GPIPE = 0, GP_SCHEDULE_1F1B } gp_schedule_kind;
-const char *gp_schedule_kind_name(gp_schedule_kind k); /* "gpipe", "1f1b" */
-/* The most micro-batches in flight on stage j (forwarded, not yet
- * backwarded) that schedule k allows: m for GPipe, min(n - j, m) for 1F1B. */
+typedef enum { GP_SCHEDULE_GPIPE = 0, GP_SCHEDULE_1F1B, GP_SCHEDULE_ZB_H1 } gp_schedule_kind;
+#define GP_SCHEDULE_KINDS 3
+const char *gp_schedule_kind_name(gp_schedule_kind k); /* "gpipe", "1f1b", "zb-h1" */
+/* The most micro-batches in flight on stage j (forwarded, their activations
+ * not yet freed by the backward, or by backward-weights where it is split)
+ * that schedule k allows: m for GPipe, min(n - j, m) for 1F1B,
+ * min(n - j + 1, m) for ZB-H1. */
 int gp_schedule_in_flight_bound(gp_schedule_kind k, int j, int n, int m);
 #define GP_MAX_CHUNKS 1024 /* micro-batches in one step */
 
@@ -95,6 +114,8 @@ typedef enum gp_instr_kind {
     GP_INSTR_RECV_GRAD,    /* copy gradient of (i, from)'s input onto this device */
     GP_INSTR_RECOMPUTE,    /* re-run forward of (i, j) from its stashed input */
     GP_INSTR_BACKWARD,     /* backward-data and backward-weights of (i, j) */
+    GP_INSTR_BACKWARD_DATA,    /* zero bubble: backward-data of (i, j) alone */
+    GP_INSTR_BACKWARD_WEIGHTS, /* zero bubble: its backward-weights, later */
     GP_INSTR_REDUCE_GRADS, /* the end of the step: see the table above */
     GP_INSTR_REDUCE_STATS,
     GP_INSTR_BARRIER,
@@ -106,6 +127,17 @@ typedef enum gp_instr_kind {
 } gp_instr_kind;
 
 const char *gp_instr_kind_name(gp_instr_kind k); /* "recv_act", "forward", ... */
+/* Whether k is a micro-batch's (i >= 0), not the end of the step's. */
+static inline bool gp_instr_per_micro_batch(gp_instr_kind k)
+{
+    return k <= GP_INSTR_BACKWARD_WEIGHTS;
+}
+/* Whether k computes (forward, recompute, backward or a half of it). */
+static inline bool gp_instr_computes(gp_instr_kind k)
+{
+    return k == GP_INSTR_FORWARD || k == GP_INSTR_RECOMPUTE || k == GP_INSTR_BACKWARD ||
+           k == GP_INSTR_BACKWARD_DATA || k == GP_INSTR_BACKWARD_WEIGHTS;
+}
 
 typedef struct gp_instr {
     gp_instr_kind kind;

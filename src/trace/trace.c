@@ -87,7 +87,9 @@ static const char *category(const gp_event_rec *e)
     switch (e->kind) {
     case GP_INSTR_FORWARD: return "forward";
     case GP_INSTR_RECOMPUTE: return "recompute";
-    case GP_INSTR_BACKWARD: return "backward";
+    case GP_INSTR_BACKWARD:
+    case GP_INSTR_BACKWARD_DATA: return "backward";
+    case GP_INSTR_BACKWARD_WEIGHTS: return "weights";
     case GP_INSTR_RECV_ACT:
     case GP_INSTR_RECV_GRAD: return "copy";
     default: return gp_instr_kind_name(e->kind); /* the end of the step */
@@ -102,7 +104,10 @@ static const gp_event_rec *producer(const gp_pipeline *p, const gp_event_rec *c)
     int cnt;
     const gp_event_rec *ev = gp_pipeline_events(p, j, &cnt);
     for (int e = 0; e < cnt; e++)
-        if (ev[e].kind == want && ev[e].i == c->i && !ev[e].is_wait) return &ev[e];
+        if ((ev[e].kind == want || (want == GP_INSTR_BACKWARD &&
+                                    ev[e].kind == GP_INSTR_BACKWARD_DATA)) &&
+            ev[e].i == c->i && !ev[e].is_wait)
+            return &ev[e];
     return NULL;
 }
 

@@ -317,12 +317,18 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
     }
     /* backwards in the order the pipeline's schedule runs them on every
      * stage: GPipe from the last micro-batch, 1F1B from the first */
-    bool up = cfg->pipeline.schedule == GP_SCHEDULE_1F1B;
+    gp_schedule_kind sk = cfg->pipeline.schedule;
+    bool up = sk != GP_SCHEDULE_GPIPE, split = sk == GP_SCHEDULE_ZB_H1;
     for (int q = 0; q < chunks && s == GP_OK; q++) {
         int i = up ? q : chunks - 1 - q;
         at = i;
         gp_fwd_ctx ctx = {.training = true, .seed = cfg->train.seed, .step = (uint64_t)m->step,
                           .sample_offset = offs[i], .batch_total = n};
+        if (split) { /* the two halves, as a zero-bubble stage runs them */
+            s = gp_ckpt_backward_data(m->layers, &ctx, &mbs[i], &dy[i], ft, NULL, &bad);
+            if (s == GP_OK) s = gp_ckpt_backward_weights(m->layers, &ctx, &mbs[i], ft, false, &bad);
+            continue;
+        }
         s = gp_ckpt_backward(m->layers, &ctx, &mbs[i], &dy[i], ft, NULL, &bad);
     }
     if (s != GP_OK) {
