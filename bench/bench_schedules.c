@@ -1,0 +1,159 @@
+/*
+ * bench_schedules — GPipe, 1F1B and ZB-H1 side by side, in one run: the
+ * bars of the schedules issue, on 2 CPU devices x 1 thread, checkpointing
+ * off (pipeline.checkpoint: never), bench/convnet.yaml by default:
+ *
+ *   - memory: the peak of stage 0's activations and received copies at
+ *     m = 8 (1F1B keeps 2 micro-batches alive there, GPipe 8), from the
+ *     device's allocator; step time at the same m;
+ *   - bubble: the idle share of each device's step at m = 4, from the
+ *     executor's event log (1 - busy / wall; busy = the instructions' time
+ *     without the waits of copies and of the barrier), as the trace shows it.
+ *
+ * Rounds alternate the schedules so the host's drift hits all alike;
+ * medians over the rounds' steps.  The processor is printed first.
+ *
+ * usage: bench_schedules [--steps N] [--rounds R] [CONFIG.yaml]
+ * Benchmarks print; they never fail a build.
+ */
+#include "pipeline/pipeline.h"
+#include "train/train.h"
+
+#include "bench_util.h"
+#include <stdlib.h>
+#include <string.h>
+
+enum { KINDS = GP_SCHEDULE_KINDS, MAXS = 256 };
+
+typedef struct {
+    double steps[MAXS];
+    double bubble[MAXS]; /* mean over devices, per step */
+    int n;
+    size_t act0;         /* stage 0's peak activations + copies */
+} series;
+
+static gp_status run(const gp_config *base, gp_schedule_kind kind, int m, int steps, series *out)
+{
+    gp_config cfg = *base;
+    cfg.pipeline.chunks = m;
+    cfg.pipeline.checkpoint = GP_CKPT_NEVER;
+    cfg.pipeline.schedule = kind;
+    cfg.pipeline.lockstep = true;
+    gp_bench_cpu_devices(&cfg, 2);
+    gp_device *devs[GP_MAX_DEVICES];
+    gp_model model;
+    GP_TRY(gp_train_open(&cfg, devs, &model, true));
+    int n = model.n_stages;
+    int64_t b = cfg.train.batch_size, per = gp_shape_numel(&model.input);
+    float *x, *y;
+    gp_bench_random_batch(b, per, 5, 6, &x, &y);
+    gp_status s = gp_model_pipeline_step(&model, &cfg, x, y, b, 0.001, NULL); /* warm-up */
+    gp_allocator_reset_peak(&devs[0]->alloc);
+    for (int it = 0; it < steps && s == GP_OK && out->n < MAXS; it++) {
+        gp_step_stats st;
+        s = gp_model_pipeline_step(&model, &cfg, x, y, b, 0.001, &st);
+        double idle = 0;
+        for (int j = 0; j < n && s == GP_OK; j++) {
+            int cnt;
+            const gp_event_rec *ev = gp_pipeline_events(model.pipe, j, &cnt);
+            double busy = 0, t0 = 1e300, t1 = 0;
+            for (int e = 0; e < cnt; e++) {
+                if (ev[e].t0 < t0) t0 = ev[e].t0;
+                if (ev[e].t1 > t1) t1 = ev[e].t1;
+                if (ev[e].is_wait || ev[e].kind == GP_INSTR_BARRIER) continue;
+                busy += ev[e].t1 - ev[e].t0;
+            }
+            idle += t1 > t0 ? 1.0 - busy / st.seconds : 0;
+        }
+        out->steps[out->n] = st.seconds;
+        out->bubble[out->n++] = idle / n;
+    }
+    size_t a = devs[0]->alloc.peak_by[GP_MEM_ACTIVATIONS] + devs[0]->alloc.peak_by[GP_MEM_COPIES];
+    if (a > out->act0) out->act0 = a;
+    free(x);
+    free(y);
+    gp_model_free(&model);
+    for (int j = 0; j < n; j++) gp_device_close(devs[j]);
+    return s;
+}
+
+static void cpu_name(char *buf, size_t len)
+{
+    snprintf(buf, len, "unknown processor");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[4096];
+    bool named = false, avx2 = false, avx512 = false, bf16 = false, amx = false;
+    while (fgets(line, sizeof line, f)) {
+        if (!named && !strncmp(line, "model name", 10)) {
+            char *c = strchr(line, ':');
+            if (c) {
+                snprintf(buf, len, "%s", c + 2);
+                buf[strcspn(buf, "\n")] = '\0';
+                named = true;
+            }
+        }
+        if (!strncmp(line, "flags", 5)) {
+            avx2 = strstr(line, " avx2") != NULL;
+            avx512 = strstr(line, " avx512f") != NULL;
+            bf16 = strstr(line, " avx512_bf16") != NULL;
+            amx = strstr(line, " amx") != NULL;
+            break;
+        }
+    }
+    fclose(f);
+    size_t l = strlen(buf);
+    snprintf(buf + l, len - l, " (%s%s%s%s)", avx2 ? "avx2" : "no avx2", avx512 ? ", avx512f" : "",
+             bf16 ? ", avx512_bf16" : "", amx ? ", amx" : "");
+}
+
+int main(int argc, char **argv)
+{
+    int steps = 5, rounds = 3;
+    const char *path = GPIPE_SOURCE_DIR "/bench/convnet.yaml";
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            puts("usage: bench_schedules [--steps N] [--rounds R] [CONFIG.yaml]");
+            return 0;
+        } else path = argv[i];
+    }
+    if (steps < 1) steps = 1;
+    if (rounds < 1) rounds = 1;
+    gp_config cfg;
+    if (gp_config_load(path, NULL, 0, &cfg) != GP_OK) {
+        fprintf(stderr, "bench_schedules: %s\n", gp_last_error());
+        return 1;
+    }
+    char cpu[256];
+    cpu_name(cpu, sizeof cpu);
+    printf("%s\n%s, batch %lld, 2 CPU devices x 1 thread, checkpoint never, lockstep; "
+           "%d rounds x %d steps\n\n", cpu, path, (long long)cfg.train.batch_size, rounds, steps);
+    static series mem[KINDS], bub[KINDS];
+    for (int r = 0; r < rounds; r++)
+        for (int k = 0; k < KINDS; k++) {
+            if (run(&cfg, (gp_schedule_kind)k, 8, steps, &mem[k]) != GP_OK ||
+                run(&cfg, (gp_schedule_kind)k, 4, steps, &bub[k]) != GP_OK) {
+                fprintf(stderr, "bench_schedules: %s\n", gp_last_error());
+                return 1;
+            }
+        }
+    printf("%-8s %14s %14s %16s %14s\n", "schedule", "m=8 step ms", "m=8 stage-0 MiB",
+           "m=4 step ms", "m=4 bubble");
+    double step8[KINDS], bub4[KINDS];
+    for (int k = 0; k < KINDS; k++) {
+        step8[k] = gp_bench_median(mem[k].steps, mem[k].n);
+        bub4[k] = gp_bench_median(bub[k].bubble, bub[k].n);
+        printf("%-8s %14.1f %14.1f %16.1f %14.3f\n", gp_schedule_kind_name((gp_schedule_kind)k),
+               step8[k] * 1e3, (double)mem[k].act0 / 1048576.0,
+               gp_bench_median(bub[k].steps, bub[k].n) * 1e3, bub4[k]);
+    }
+    printf("\n1f1b / gpipe, m = 8: stage-0 activation peak %.2f (bar <= 0.35), step time %.3f "
+           "(bar <= 1.05)\n",
+           (double)mem[GP_SCHEDULE_1F1B].act0 / (double)mem[GP_SCHEDULE_GPIPE].act0,
+           step8[GP_SCHEDULE_1F1B] / step8[GP_SCHEDULE_GPIPE]);
+    printf("zb-h1 / 1f1b, m = 4: bubble %.2f (bar <= 0.5)\n",
+           bub4[GP_SCHEDULE_ZB_H1] / bub4[GP_SCHEDULE_1F1B]);
+    return 0;
+}
