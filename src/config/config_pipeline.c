@@ -1,7 +1,8 @@
 /*
  * config_pipeline.c — the pipeline section: devices (a list, a count, one
  * name, or a grid with a row per data-parallel replica), replicas, balance,
- * chunks, checkpointing, lockstep, threads and memory.
+ * chunks, checkpointing, lockstep, threads and memory; and the warning for
+ * threads far above this machine's cores.
  */
 #include "config/config_impl.h"
 
