@@ -285,6 +285,140 @@ static gp_profile_opts popts(int64_t b)
     return o;
 }
 
+/* The text of every file (whole), with `from` replaced once by `to`, into
+ * `path2`; false if `from` is not there. */
+static bool rewrite(const char *path, const char *path2, const char *from, const char *to)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return false;
+    static char text[1 << 16];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    char *at = strstr(text, from);
+    if (!at) return false;
+    f = fopen(path2, "wb");
+    if (!f) return false;
+    fwrite(text, 1, (size_t)(at - text), f);
+    fputs(to, f);
+    fputs(at + strlen(from), f);
+    fclose(f);
+    return true;
+}
+
+/* A profile belongs to the model it was taken of: the spec texts per type,
+ * gp_profile_check_model's messages for each kind of difference, the sizes
+ * measured, and the file's own checks (old version, edited hash or spec).
+ * q is cfg's profile as loaded from `path`. */
+static void test_profile_identity(const gp_config *cfg, const gp_profile *q, const char *path)
+{
+    char buf[GP_PROFILE_SPEC_LEN];
+    gp_layer_spec sp = gp_layer_spec_default(GP_LAYER_LINEAR);
+    sp.out = 10;
+    sp.in = 64; /* fixed by the layers before: not part of the spec */
+    snprintf(sp.name, sizeof sp.name, "fc");
+    CHECK(!strcmp(gp_profile_layer_spec(&sp, buf, sizeof buf), "linear {out: 10, bias: true}"));
+    sp = gp_layer_spec_default(GP_LAYER_AVGPOOL2D);
+    sp.kernel = 3;
+    sp.padding = 1;
+    CHECK(!strcmp(gp_profile_layer_spec(&sp, buf, sizeof buf),
+                  "avgpool2d {kernel: 3, stride: 3, padding: 1}"));
+    sp = gp_layer_spec_default(GP_LAYER_BATCHNORM);
+    sp.momentum = 0.5f; /* no effect on cost */
+    CHECK(!strcmp(gp_profile_layer_spec(&sp, buf, sizeof buf), "batchnorm {sync: false}"));
+    sp = gp_layer_spec_default(GP_LAYER_RESIDUAL);
+    sp.out = 64;
+    sp.stride = 2;
+    sp.sync = true;
+    CHECK(!strcmp(gp_profile_layer_spec(&sp, buf, sizeof buf),
+                  "residual {out: 64, stride: 2, sync: true}"));
+    sp = gp_layer_spec_default(GP_LAYER_DROPOUT);
+    sp.p = 0.25f;
+    CHECK(!strcmp(gp_profile_layer_spec(&sp, buf, sizeof buf), "dropout {p: 0.25}"));
+    sp = gp_layer_spec_default(GP_LAYER_FLATTEN);
+    CHECK(!strcmp(gp_profile_layer_spec(&sp, buf, sizeof buf), "flatten"));
+
+    /* the same model passes; names and file positions do not matter */
+    int L = cfg->model.n_layers;
+    gp_layer_spec specs[16];
+    memcpy(specs, cfg->model.layers, (size_t)L * sizeof *specs);
+    snprintf(specs[0].name, sizeof specs[0].name, "renamed");
+    specs[0].line = 99;
+    CHECK_OK(gp_profile_check_model(q, "p.json", specs, L, cfg->model.input));
+    const char *fix = "; profile this config again (gpipe-balance CONFIG.yaml --profile-out FILE)";
+    char want[2048];
+    /* a layer differs */
+    specs[0].out = 16;
+    snprintf(want, sizeof want, "profile 'p.json' was taken for a different model: layer 0 is "
+             "conv2d {out: 8, kernel: 3, stride: 1, padding: 1, bias: true} there, conv2d {out: "
+             "16, kernel: 3, stride: 1, padding: 1, bias: true} here%s", fix);
+    CHECK_ERR(gp_profile_check_model(q, "p.json", specs, L, cfg->model.input), GP_ERR_INVALID,
+              want);
+    CHECK(!strcmp(gp_last_error(), want));
+    specs[0].out = 8;
+    /* as many layers, another type */
+    specs[2] = gp_layer_spec_default(GP_LAYER_DROPOUT);
+    CHECK_ERR(gp_profile_check_model(q, "p.json", specs, L, cfg->model.input), GP_ERR_INVALID,
+              "layer 2 is relu there, dropout {p: 0.5} here;");
+    specs[2] = cfg->model.layers[2];
+    /* the input */
+    int64_t in3[3] = {3, 12, 12};
+    snprintf(want, sizeof want, "profile 'p.json' was taken for a different model: input [1, 12, "
+             "12] there, [3, 12, 12] here%s", fix);
+    CHECK_ERR(gp_profile_check_model(q, "p.json", specs, L, in3), GP_ERR_INVALID, want);
+    CHECK(!strcmp(gp_last_error(), want));
+    /* one layer more */
+    specs[L] = gp_layer_spec_default(GP_LAYER_RELU);
+    snprintf(want, sizeof want, "profile 'p.json' was taken for a different model: %d layers "
+             "there, %d here%s", L, L + 1, fix);
+    CHECK_ERR(gp_profile_check_model(q, "p.json", specs, L + 1, cfg->model.input),
+              GP_ERR_INVALID, want);
+    CHECK(!strcmp(gp_last_error(), want));
+    /* one layer fewer and one changed: the first difference is named */
+    specs[1] = gp_layer_spec_default(GP_LAYER_RELU);
+    CHECK_ERR(gp_profile_check_model(q, "p.json", specs, L - 1, cfg->model.input),
+              GP_ERR_INVALID, "layers there, 5 here (the first difference: layer 1 is batchnorm "
+                              "{sync: false} there, relu here);");
+    specs[1] = cfg->model.layers[1];
+    /* the texts agree but the hash does not (a profile from elsewhere) */
+    gp_profile h = *q;
+    h.model_hash ^= 1;
+    snprintf(want, sizeof want, "profile 'p.json' was taken for a different model (model hash "
+             "%016llx there, %016llx here)%s", (unsigned long long)h.model_hash,
+             (unsigned long long)q->model_hash, fix);
+    CHECK_ERR(gp_profile_check_model(&h, "p.json", specs, L, cfg->model.input), GP_ERR_INVALID,
+              want);
+
+    /* the sizes measured */
+    int64_t need[3] = {8, 16, 8}, missing[3];
+    CHECK(q->n_sizes == 1 && q->sizes[0] == 16);
+    CHECK(gp_profile_missing_sizes(q, need + 1, 1, missing) == 0);
+    CHECK(gp_profile_missing_sizes(q, need, 3, missing) == 1 && missing[0] == 8);
+
+    /* the file: an old version, an edited hash, an edited spec, no spec */
+    char p2[560];
+    snprintf(p2, sizeof p2, "%.512s.edited", path);
+    gp_profile r;
+    CHECK(rewrite(path, p2, "\"version\": 2", "\"version\": 1"));
+    snprintf(want, sizeof want, "profile '%s' has version 1; this gpipe reads version 2, which "
+             "records the model it was taken of: re-create it with gpipe-balance CONFIG.yaml "
+             "--profile-out %s", p2, p2);
+    CHECK_ERR(gp_profile_load(p2, &r), GP_ERR_DATA, want);
+    CHECK(!strcmp(gp_last_error(), want));
+    char from[64], to[64];
+    snprintf(from, sizeof from, "\"model_hash\": \"%016llx\"", (unsigned long long)q->model_hash);
+    snprintf(to, sizeof to, "\"model_hash\": \"%016llx\"", (unsigned long long)(q->model_hash ^ 2));
+    CHECK(rewrite(path, p2, from, to));
+    CHECK_ERR(gp_profile_load(p2, &r), GP_ERR_DATA, "does not match its input and layer specs");
+    CHECK(rewrite(path, p2, "\"spec\":\"relu\"", "\"spec\":\"relu {x: 1}\""));
+    CHECK_ERR(gp_profile_load(p2, &r), GP_ERR_DATA, "does not match its input and layer specs");
+    CHECK(rewrite(path, p2, "\"spec\":\"relu\"", "\"spek\":\"relu\""));
+    CHECK_ERR(gp_profile_load(p2, &r), GP_ERR_DATA, "layers[2]: \"spec\" is missing");
+    CHECK(rewrite(path, p2, "\"input\": [1,12,12]", "\"input\": [1,12]"));
+    CHECK_ERR(gp_profile_load(p2, &r), GP_ERR_DATA, "\"input\" is missing or not a list");
+    remove(p2);
+}
+
 static void test_profiler(void)
 {
     /* flatten + linear; the two models differ only in the linear's width */
@@ -419,9 +553,19 @@ static void test_profiler(void)
                !strcmp(q.mem[k].desc, p.mem[k].desc);
     }
     CHECK(same);
+    /* which model: the input, per layer the spec text, and their hash */
+    CHECK(q.input[0] == 1 && q.input[1] == 12 && q.input[2] == 12);
+    CHECK(q.model_hash == p.model_hash && p.model_hash == gp_profile_model_hash(
+              cfg.model.layers, cfg.model.n_layers, cfg.model.input));
+    CHECK_MSG(!strcmp(q.mem[0].spec, "conv2d {out: 8, kernel: 3, stride: 1, padding: 1, bias: "
+                                     "true}") && !strcmp(q.mem[3].spec, "maxpool2d {kernel: 2, "
+                                     "stride: 2, padding: 0}"), "%s / %s", q.mem[0].spec,
+              q.mem[3].spec);
+    test_profile_identity(&cfg, &q, path);
     gp_profile_free(&q);
     FILE *f = fopen(path, "w");
-    fputs("{\"format\": \"gpipe-profile\", \"version\": 1, \"threads\": 1}", f);
+    fputs("{\"format\": \"gpipe-profile\", \"version\": 2, \"input\": [1, 2, 2], "
+          "\"model_hash\": \"0123456789abcdef\", \"threads\": 1}", f);
     fclose(f);
     CHECK_ERR(gp_profile_load(path, &q), GP_ERR_DATA, "\"batch\" is missing");
     f = fopen(path, "w");
@@ -430,7 +574,8 @@ static void test_profiler(void)
     CHECK_ERR(gp_profile_load(path, &q), GP_ERR_DATA,
               "not valid JSON: line 1, column 43: unexpected end of input");
     f = fopen(path, "w");
-    fputs("{\"format\": \"gpipe-profile\", \"version\": 1, \"threads\": 1, \"batch\": 8,\n"
+    fputs("{\"format\": \"gpipe-profile\", \"version\": 2, \"input\": [1, 2, 2], "
+          "\"model_hash\": \"0123456789abcdef\", \"threads\": 1, \"batch\": 8,\n"
           " \"chunks\": 1, \"first_trainable\": 0, \"timed\": true, \"warmup\": 1, \"reps\": 1,\n"
           " \"sizes\": [8], \"loss\": [\"x\"], \"upload\": [0], \"layers\": []}", f);
     fclose(f);

@@ -546,6 +546,229 @@ static void test_load(void)
     }
 }
 
+/* The last error is exactly `want` (CHECK_ERR only looks for a part). */
+#define CHECK_EXACT(expr, want)                                                   \
+    do {                                                                          \
+        gp_status s_ = (expr);                                                    \
+        CHECK_MSG(s_ == GP_ERR_INVALID && !strcmp(gp_last_error(), (want)),       \
+                  "got %s: \"%s\"\n  want \"%s\"", gp_status_name(s_), gp_last_error(), \
+                  (want));                                                        \
+    } while (0)
+
+/* Sizes: under one byte is an error, not "no limit"; too large is too
+ * large, not malformed; the units go up to E; per device the same. */
+static void test_sizes(void)
+{
+    gp_config c;
+    CHECK_EXACT(parse_bad(cat(k_base, "pipeline:\n  memory: 0.9\n"), NULL, 0),
+                "t.yaml:10:11: pipeline.memory is 0.9 bytes; give at least 1 byte, e.g. 512MiB, "
+                "or leave the key out for no limit");
+    CHECK_EXACT(parse_bad(cat(k_base, "pipeline:\n  memory: 0\n"), NULL, 0),
+                "t.yaml:10:11: pipeline.memory is 0 bytes; give at least 1 byte, e.g. 512MiB, "
+                "or leave the key out for no limit");
+    CHECK_EXACT(parse_bad(cat(k_base, "pipeline:\n  memory: 0.0005KiB\n"), NULL, 0),
+                "t.yaml:10:11: pipeline.memory is 0.512 bytes; give at least 1 byte, e.g. "
+                "512MiB, or leave the key out for no limit");
+    CHECK_EXACT(parse_bad(cat(k_base, "pipeline:\n  memory: 16EiB\n"), NULL, 0),
+                "t.yaml:10:11: pipeline.memory is too large: 16EiB is 1.845e+19 bytes, and sizes "
+                "must be below 8EiB (2^63 bytes)");
+    CHECK_EXACT(parse_bad(cat(k_base, "pipeline:\n  memory: 99999999999999999999\n"), NULL, 0),
+                "t.yaml:10:11: pipeline.memory is too large: 99999999999999999999 is 1e+20 "
+                "bytes, and sizes must be below 8EiB (2^63 bytes)");
+    CHECK_EXACT(parse_bad(cat(k_base, "pipeline:\n  memory: -1GiB\n"), NULL, 0),
+                "t.yaml:10:11: pipeline.memory is negative (-1GiB); give a size like 512MiB, or "
+                "leave the key out for no limit");
+    CHECK_EXACT(parse_bad(cat(k_base, "pipeline:\n  memory: 0x100\n"), NULL, 0),
+                "t.yaml:10:11: expected a size like 512MiB, 1.5GB or a number of bytes for "
+                "pipeline.memory, got '0x100'");
+    CHECK_EXACT(parse_bad(cat(k_base, "pipeline:\n  memory: inf\n"), NULL, 0),
+                "t.yaml:10:11: expected a size like 512MiB, 1.5GB or a number of bytes for "
+                "pipeline.memory, got 'inf'");
+    CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  memory: 12MiBs\n"), NULL, 0), GP_ERR_INVALID,
+              "t.yaml:10:11: expected a size like 512MiB");
+    /* per device, at the device's own key */
+    CHECK_EXACT(parse_bad(cat(k_base, "pipeline:\n  devices: [cpu:0, {name: cpu:1, memory: "
+                                      "0.5}]\n"), NULL, 0),
+                "t.yaml:10:42: pipeline.devices.1.memory is 0.5 bytes; give at least 1 byte, "
+                "e.g. 512MiB, or leave the key out for no limit");
+    CHECK_EXACT(parse_bad(cat(k_base, "pipeline:\n  devices:\n    - {name: cpu:0, memory: "
+                                      "16EiB}\n"), NULL, 0),
+                "t.yaml:11:29: pipeline.devices.0.memory is too large: 16EiB is 1.845e+19 bytes, "
+                "and sizes must be below 8EiB (2^63 bytes)");
+    const char *set0[] = {"pipeline.memory=0.9"};
+    CHECK_EXACT(parse_bad(k_base, set0, 1),
+                "--set pipeline.memory=0.9: pipeline.memory is 0.9 bytes; give at least 1 byte, "
+                "e.g. 512MiB, or leave the key out for no limit");
+    /* what is allowed */
+    CHECK_OK(parse(cat(k_base, "pipeline:\n  memory: 1\n"), &c));
+    CHECK(c.pipeline.memory == 1 && c.pipeline.devices[0].memory == 1);
+    gp_config_free(&c);
+    CHECK_OK(parse(cat(k_base, "pipeline:\n  memory: 0.5KiB\n"), &c));
+    CHECK(c.pipeline.memory == 512);
+    gp_config_free(&c);
+    CHECK_OK(parse(cat(k_base, "pipeline:\n  memory: 1.5 GB\n"), &c));
+    CHECK(c.pipeline.memory == (size_t)(1.5 * 1073741824.0));
+    gp_config_free(&c);
+    CHECK_OK(parse(cat(k_base, "pipeline:\n  memory: 2PiB\n"), &c));
+    CHECK(c.pipeline.memory == (size_t)2 << 50);
+    gp_config_free(&c);
+    CHECK_OK(parse(cat(k_base, "pipeline:\n  memory: 7EiB\n"), &c));
+    CHECK(c.pipeline.memory == (size_t)7 << 60);
+    gp_config_free(&c);
+    CHECK_OK(parse(cat(k_base, "pipeline:\n  memory: 1e3\n"), &c));
+    CHECK(c.pipeline.memory == 1000);
+    gp_config_free(&c);
+    CHECK_OK(parse(cat(k_base, "pipeline:\n  memory: 64 k\n"), &c));
+    CHECK(c.pipeline.memory == 65536);
+    gp_config_free(&c);
+    CHECK_OK(parse(k_base, &c));
+    CHECK(c.pipeline.memory == 0 && strstr(c.defaults_applied, "pipeline.memory = unlimited"));
+    gp_config_free(&c);
+}
+
+/* threads far above the cores: a warning at the key (an error would stop a
+ * config written for a larger machine), in cfg.warnings. */
+static void test_threads_warning(void)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores < 1 || cores > 1000) {
+        printf("test_config: %ld cores: the threads warning is NOT checked\n", cores);
+        gpt_failed++; /* visible: a machine the test cannot judge */
+        return;
+    }
+    const char *s = cores == 1 ? "" : "s";
+    char want[1024], text[1024];
+    gp_config c;
+    /* one value: pipeline.threads */
+    CHECK_OK(parse(cat(k_base, "pipeline:\n  threads: 4096\n"), &c));
+    snprintf(want, sizeof want, "t.yaml:10:12: pipeline.threads is 4096, far above this "
+             "machine's %ld core%s (more than 4x): math threads beyond the cores take turns on "
+             "them and slow each other down; 0 (the default) splits the cores among the "
+             "devices\n", cores, s);
+    CHECK_MSG(c.warnings && !strcmp(c.warnings, want), "got \"%s\"\n  want \"%s\"", c.warnings,
+              want);
+    CHECK(c.pipeline.threads == 4096); /* a warning: the value stands */
+    gp_config_free(&c);
+    /* 4x the cores is not "far above" */
+    snprintf(text, sizeof text, "%spipeline:\n  threads: %ld\n", k_base, 4 * cores);
+    CHECK_OK(parse(text, &c));
+    CHECK_MSG(c.warnings && !c.warnings[0], "warnings: %s", c.warnings);
+    gp_config_free(&c);
+    CHECK_OK(parse(k_base, &c));
+    CHECK(c.warnings && !c.warnings[0]);
+    gp_config_free(&c);
+    /* one device's threads, at its key */
+    CHECK_OK(parse(cat(k_base, "pipeline:\n  devices: [cpu:0, {name: cpu:1, threads: 4096}]\n"),
+                   &c));
+    snprintf(want, sizeof want, "t.yaml:10:43: pipeline.devices.1.threads is 4096, far above "
+             "this machine's %ld core%s (more than 4x): math threads beyond the cores take "
+             "turns on them and slow each other down\n", cores, s);
+    CHECK_MSG(c.warnings && !strcmp(c.warnings, want), "got \"%s\"\n  want \"%s\"", c.warnings,
+              want);
+    gp_config_free(&c);
+    /* in a grid, named by row and column */
+    CHECK_OK(parse(cat(k_base, "pipeline:\n  devices: [[cpu:0], [{name: cpu:1, threads: "
+                               "4096}]]\n"), &c));
+    CHECK_MSG(c.warnings && strstr(c.warnings, "t.yaml:10:46: pipeline.devices.1.0.threads is "
+                                               "4096, far above"), "got \"%s\"", c.warnings);
+    gp_config_free(&c);
+    /* together: 2 replicas x 2 devices x 4 x cores threads is 16x the cores */
+    snprintf(text, sizeof text, "%spipeline:\n  devices: [cpu:0, cpu:1]\n  replicas: 2\n"
+             "  threads: %ld\n", k_base, 4 * cores);
+    CHECK_OK(parse(text, &c));
+    snprintf(want, sizeof want, "t.yaml:12:12: the 4 CPU devices run %ld math threads in all, "
+             "far above this machine's %ld core%s (more than 4x): threads beyond the cores take "
+             "turns on them and slow each other down; lower pipeline.threads or the devices' "
+             "threads\n", 16 * cores, cores, s);
+    CHECK_MSG(c.warnings && !strcmp(c.warnings, want), "got \"%s\"\n  want \"%s\"", c.warnings,
+              want);
+    gp_config_free(&c);
+    /* an override is named as such */
+    const char *set[] = {"pipeline.threads=4096"};
+    CHECK_OK(parse_set(k_base, set, 1, &c));
+    const char *head = "--set pipeline.threads=4096: pipeline.threads is 4096, far above";
+    CHECK_MSG(c.warnings && !strncmp(c.warnings, head, strlen(head)), "got \"%s\"", c.warnings);
+    gp_config_free(&c);
+    /* no CPU device: pipeline.threads is not used */
+    CHECK_OK(parse(cat(k_base, "pipeline:\n  devices: [cuda:0]\n  threads: 4096\n"), &c));
+    CHECK(c.warnings && !c.warnings[0]);
+    gp_config_free(&c);
+}
+
+/* An empty --set value is an error with an example, never the default. */
+static void test_empty_override(void)
+{
+    const char *e1[] = {"train.steps="};
+    CHECK_EXACT(parse_bad(k_base, e1, 1),
+                "--set train.steps=: empty value; give a value, e.g. --set train.steps=100, or "
+                "leave the --set out for the default");
+    const char *e2[] = {"train.optimizer.lr=  "};
+    CHECK_EXACT(parse_bad(k_base, e2, 1),
+                "--set train.optimizer.lr=  : empty value; give a value, e.g. --set "
+                "train.optimizer.lr=0.05, or leave the --set out for the default");
+    const char *e3[] = {"model.layers.4.out="};
+    CHECK_EXACT(parse_bad(k_base, e3, 1),
+                "--set model.layers.4.out=: empty value; give a value, e.g. --set "
+                "model.layers.4.out=64, or leave the --set out for the default");
+    const char *e4[] = {"no.such.key="};
+    CHECK_EXACT(parse_bad(k_base, e4, 1),
+                "--set no.such.key=: empty value; give a value after '=', or leave the --set "
+                "out for the default");
+    /* an explicit null still asks for the default */
+    gp_config c;
+    const char *nul[] = {"train.steps=~", "train.batch_size=null"};
+    CHECK_OK(parse_set(k_base, nul, 2, &c));
+    CHECK(c.train.steps == 0 && c.train.batch_size == 64);
+    gp_config_free(&c);
+    /* every example the message shows is a value the key takes */
+    static const char *const keys[] = {
+        "model", "model.input", "model.input.0", "model.layers", "model.layers.3",
+        "model.layers.0.out", "model.layers.0.kernel", "model.layers.0.stride",
+        "model.layers.0.padding", "model.layers.0.bias", "model.layers.0.name",
+        "model.layers.1.momentum", "model.layers.1.eps", "model.layers.1.sync",
+        "model.layers.8.p", "model.layers.9.in", "model.layers.9.linear", "model.loss",
+        "model.init_from", "pipeline", "pipeline.devices", "pipeline.devices.0",
+        "pipeline.devices.1.memory", "pipeline.devices.1.threads",
+        "pipeline.balance", "pipeline.balance.0", "pipeline.chunks", "pipeline.checkpoint",
+        "pipeline.lockstep", "pipeline.threads", "pipeline.memory", "pipeline.replicas", "data",
+        "data.dataset", "data.path", "data.shuffle", "data.normalize", "data.augment",
+        "data.augment.crop_padding", "data.augment.hflip", "data.prefetch", "data.train_limit",
+        "data.test_limit", "data.synthetic", "data.synthetic.train", "data.synthetic.test",
+        "data.synthetic.classes", "data.synthetic.shape", "train", "train.epochs",
+        "train.steps", "train.batch_size", "train.seed", "train.optimizer",
+        "train.optimizer.type", "train.optimizer.lr", "train.optimizer.momentum",
+        "train.optimizer.nesterov", "train.optimizer.weight_decay",
+        "train.optimizer.decay_bias_and_norm", "train.schedule", "train.schedule.type",
+        "train.schedule.warmup_steps", "train.schedule.warmup_start", "train.schedule.step_size",
+        "train.schedule.gamma", "train.schedule.min_lr", "train.lr_scaling", "train.base_batch",
+        "train.log_every", "train.eval_each_epoch", "train.eval_batch_size", "train.snapshot",
+        "train.snapshot.every_steps", "train.snapshot.every_minutes", "train.snapshot.keep",
+        "train.snapshot.dir",
+    };
+    for (int i = 0; i < (int)(sizeof keys / sizeof keys[0]); i++) {
+        char set[256], pre[160];
+        snprintf(set, sizeof set, "%s=", keys[i]);
+        const char *sets[] = {set};
+        CHECK_MSG(parse_bad(k_full, sets, 1) == GP_ERR_INVALID, "%s", set);
+        snprintf(pre, sizeof pre, "e.g. --set %s=", keys[i]);
+        const char *m = strstr(gp_last_error(), pre);
+        const char *end = m ? strstr(m, ", or leave the --set out") : NULL;
+        CHECK_MSG(m && end, "%s: %s", set, gp_last_error());
+        if (!m || !end) continue;
+        m += strlen(pre);
+        snprintf(set, sizeof set, "%s=%.*s", keys[i], (int)(end - m), m);
+        gp_config c2;
+        gp_status st = parse_set(k_full, sets, 1, &c2);
+        CHECK_MSG(st == GP_OK, "the example --set %s does not load: %s", set, gp_last_error());
+        gp_config_free(&c2);
+    }
+    const char *ms[] = {"data.mean=", "data.std="};
+    for (int i = 0; i < 2; i++) CHECK(parse_bad(k_full, ms + i, 1) == GP_ERR_INVALID);
+    const char *pair[] = {"data.mean=[0.5]", "data.std=[0.25]"}; /* the two examples */
+    CHECK_OK(parse_set(k_full, pair, 2, &c));
+    gp_config_free(&c);
+}
+
 /* xorshift64*, so the fuzz inputs are the same every run */
 static uint64_t rng_next(uint64_t *s)
 {
@@ -654,10 +877,14 @@ static void test_fuzz(void)
 
 int main(void)
 {
+    gp_log_set_level(GP_LOG_ERROR); /* warnings are checked in gp_config.warnings */
     test_full();
     test_defaults();
     test_errors();
     test_overrides();
+    test_sizes();
+    test_threads_warning();
+    test_empty_override();
     test_load();
     test_fuzz();
     return gpt_finish("test_config");

@@ -6,7 +6,15 @@
  *     and accuracies are identical bit for bit (timing fields aside), and a
  *     third with another seed differs (so the comparison can fail);
  *   - accuracy: the default convnet on a Fashion-MNIST subset beats a stated
- *     test accuracy (skipped, visibly, if the dataset is not installed).
+ *     test accuracy (skipped, visibly, if the dataset is not installed);
+ *   - config checks through the binary: a size under one byte, an empty
+ *     --set value (exit 2, located), threads far above the cores (a warning,
+ *     exit 0);
+ *   - a diverged run (issue 19, reproducer 4: lr 1e6) stops at the end of
+ *     the step with exit 4, naming the layer and the tensor that went
+ *     non-finite, and exports no weights (one device and a 2-stage pipeline);
+ *   - gpipe-balance --profile-in refuses a profile of another model or of
+ *     other micro-batch sizes, naming the difference.
  */
 #include "core/core.h"
 #include "test_util.h"
@@ -17,11 +25,12 @@
 
 static char tmpdir[256];
 static char bin[512];
+static char balance_bin[512];
 
 /* Run a shell command; return its exit status and capture its output. */
 static int run(const char *cmd, char *out, size_t len)
 {
-    char full[4096];
+    char full[4200]; /* the command (at most 4096) and " 2>&1" */
     snprintf(full, sizeof full, "%s 2>&1", cmd);
     FILE *p = popen(full, "r");
     if (!p) return -1;
@@ -93,6 +102,156 @@ static void test_cli_errors(void)
              bin, GPIPE_SOURCE_DIR);
     CHECK(run(cmd, out, sizeof out) == 2);
     CHECK_MSG(strstr(out, "train.batch_size=abc") != NULL, "output: %s", out);
+}
+
+/* Config mistakes that used to pass silently, through the binary. */
+static void test_config_checks(void)
+{
+    char out[16384], cmd[2048], cfg[512];
+    snprintf(cfg, sizeof cfg, "%s/mem.yaml", tmpdir);
+    write_file(cfg, "model:\n  input: [4]\n  layers: [flatten, {linear: {out: 2}}]\n"
+                    "pipeline:\n  memory: 0.9\n");
+    snprintf(cmd, sizeof cmd, "%s %s --dry-run", bin, cfg);
+    CHECK(run(cmd, out, sizeof out) == 2);
+    char want[1024];
+    snprintf(want, sizeof want, "gpipe-train: %s:5:11: pipeline.memory is 0.9 bytes; give at "
+             "least 1 byte, e.g. 512MiB, or leave the key out for no limit\n", cfg);
+    CHECK_MSG(!strcmp(out, want), "output: %s", out);
+
+    snprintf(cmd, sizeof cmd, "%s %s --dry-run --set pipeline.memory=16EiB", bin, cfg);
+    CHECK(run(cmd, out, sizeof out) == 2);
+    CHECK_MSG(strstr(out, "--set pipeline.memory=16EiB: pipeline.memory is too large: 16EiB is "
+                          "1.845e+19 bytes, and sizes must be below 8EiB"), "output: %s", out);
+
+    snprintf(cmd, sizeof cmd, "%s %s --dry-run --set pipeline.memory=1MiB --set train.steps=",
+             bin, cfg);
+    CHECK(run(cmd, out, sizeof out) == 2);
+    CHECK_MSG(!strcmp(out, "gpipe-train: --set train.steps=: empty value; give a value, e.g. "
+                           "--set train.steps=100, or leave the --set out for the default\n"),
+              "output: %s", out);
+
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores >= 1 && cores <= 1000) {
+        snprintf(cmd, sizeof cmd, "%s %s --dry-run --set pipeline.memory=1MiB "
+                 "--set pipeline.threads=4096", bin, cfg);
+        CHECK(run(cmd, out, sizeof out) == 0);
+        snprintf(want, sizeof want, "gpipe: warning: --set pipeline.threads=4096: "
+                 "pipeline.threads is 4096, far above this machine's %ld core%s (more than 4x)",
+                 cores, cores == 1 ? "" : "s");
+        CHECK_MSG(strstr(out, want) != NULL, "output: %s", out);
+    }
+}
+
+/* Reproducer 4 of issue 19: lr 1e6 used to finish with exit 0, 9.4%
+ * accuracy and infinite batch-norm running variances in the exported
+ * weights.  The warm-up keeps the loss finite for a few steps while the
+ * batch norm's statistics overflow, so it is the check at the end of the
+ * step (the pipeline's CHECK instruction) that must stop the run. */
+static void test_diverged(void)
+{
+    char cfg[512], w[512], cmd[4096], out[16384];
+    snprintf(cfg, sizeof cfg, "%s/diverge.yaml", tmpdir);
+    snprintf(w, sizeof w, "%s/diverged.safetensors", tmpdir);
+    write_file(cfg, "model:\n"
+                    "  input: [1, 28, 28]\n"
+                    "  layers:\n"
+                    "    - conv2d: {out: 8, kernel: 3, padding: 1}\n"
+                    "    - batchnorm\n"
+                    "    - relu\n"
+                    "    - maxpool2d: {kernel: 2}\n"
+                    "    - flatten\n"
+                    "    - linear: {out: 32}\n"
+                    "    - relu\n"
+                    "    - linear: {out: 10}\n"
+                    "data: {dataset: synthetic, synthetic: {train: 512, test: 128}}\n"
+                    "pipeline: {threads: 1}\n"
+                    "train:\n"
+                    "  steps: 40\n"
+                    "  batch_size: 32\n"
+                    "  seed: 1\n"
+                    "  optimizer: {lr: 1e6, momentum: 0.9, weight_decay: 0}\n"
+                    "  schedule: {type: cosine, warmup_steps: 200}\n");
+    const char *pipelines[] = {
+        "",
+        "--set pipeline.devices=[cpu:0,cpu:1] --set pipeline.balance=[2,6] "
+        "--set pipeline.chunks=2",
+    };
+    for (int v = 0; v < 2; v++) {
+        remove(w);
+        snprintf(cmd, sizeof cmd, "%s %s --no-progress %s --export-weights %s", bin, cfg,
+                 pipelines[v], w);
+        int rc = run(cmd, out, sizeof out);
+        CHECK_MSG(rc == 4, "variant %d: exit %d: %s", v, rc, out);
+        /* the layer (with where the config defines it) and the tensor */
+        char layer[700];
+        snprintf(layer, sizeof layer, "layer 1 (batchnorm) at %s:5:7: ", cfg);
+        const char *at = strstr(out, "gpipe-train: step ");
+        const char *l = at ? strstr(at, layer) : NULL;
+        bool tensor = false;
+        static const char *const names[] = {"running_var[", "running_mean[", "weight[",
+                                            "bias["};
+        for (int k = 0; k < 4 && l; k++) {
+            const char *t = strstr(l, names[k]);
+            tensor = tensor || (t && strstr(t, "] is ") && strstr(t, " after the step; the run "
+                                                                     "diverged"));
+        }
+        CHECK_MSG(l && tensor, "variant %d: the message does not name the layer and tensor: %s",
+                  v, out);
+        CHECK_MSG(strstr(out, "device cpu:0, stage 0") != NULL, "variant %d: %s", v, out);
+        struct stat sb;
+        CHECK_MSG(stat(w, &sb) != 0, "variant %d: a diverged run exported %s", v, w);
+    }
+}
+
+/* gpipe-balance --profile-in checks that the profile is of this model and
+ * measured at the micro-batch sizes this run needs. */
+static void test_balance_profile_in(void)
+{
+    char cfg[512], prof[512], cmd[4096], out[16384], want[2048];
+    snprintf(cfg, sizeof cfg, "%s/bal.yaml", tmpdir);
+    snprintf(prof, sizeof prof, "%s/prof.json", tmpdir);
+    write_file(cfg, "model:\n"
+                    "  input: [1, 8, 8]\n"
+                    "  layers:\n"
+                    "    - conv2d: {out: 4, kernel: 3, padding: 1}\n"
+                    "    - relu\n"
+                    "    - conv2d: {out: 8, kernel: 3, padding: 1}\n"
+                    "    - relu\n"
+                    "    - flatten\n"
+                    "    - linear: {out: 10}\n"
+                    "pipeline: {devices: [cpu:0, cpu:1], chunks: 2, threads: 1}\n"
+                    "data: {dataset: synthetic}\n"
+                    "train: {batch_size: 16}\n");
+    snprintf(cmd, sizeof cmd, "%s %s --by size --profile-out %s", balance_bin, cfg, prof);
+    int rc = run(cmd, out, sizeof out);
+    CHECK_MSG(rc == 0, "exit %d: %s", rc, out);
+    snprintf(cmd, sizeof cmd, "%s %s --by size --profile-in %s", balance_bin, cfg, prof);
+    rc = run(cmd, out, sizeof out);
+    CHECK_MSG(rc == 0 && strstr(out, "balance for 2 devices"), "exit %d: %s", rc, out);
+    /* as many layers, one of them wider */
+    snprintf(cmd, sizeof cmd, "%s %s --by size --profile-in %s --set model.layers.2.out=16",
+             balance_bin, cfg, prof);
+    CHECK(run(cmd, out, sizeof out) == 2);
+    snprintf(want, sizeof want, "gpipe-balance: profile '%s' was taken for a different model: "
+             "layer 2 is conv2d {out: 8, kernel: 3, stride: 1, padding: 1, bias: true} there, "
+             "conv2d {out: 16, kernel: 3, stride: 1, padding: 1, bias: true} here; profile this "
+             "config again (gpipe-balance CONFIG.yaml --profile-out FILE)\n", prof);
+    CHECK_MSG(!strcmp(out, want), "output: %s", out);
+    /* another input */
+    snprintf(cmd, sizeof cmd, "%s %s --by size --profile-in %s --set model.input=[3,8,8]",
+             balance_bin, cfg, prof);
+    CHECK(run(cmd, out, sizeof out) == 2);
+    CHECK_MSG(strstr(out, "was taken for a different model: input [1, 8, 8] there, [3, 8, 8] "
+                          "here"), "output: %s", out);
+    /* another micro-batch size */
+    snprintf(cmd, sizeof cmd, "%s %s --by size --profile-in %s --chunks 4", balance_bin, cfg,
+             prof);
+    CHECK(run(cmd, out, sizeof out) == 2);
+    snprintf(want, sizeof want, "gpipe-balance: profile '%s' was measured at micro-batch size 8, "
+             "but this config runs micro-batch 4 (train.batch_size 16 / pipeline.chunks 4, "
+             "rounded up); profile this config again (gpipe-balance CONFIG.yaml --profile-out "
+             "FILE)\n", prof);
+    CHECK_MSG(!strcmp(out, want), "output: %s", out);
 }
 
 static const char *synthetic_cfg =
@@ -182,8 +341,12 @@ static void test_accuracy(void)
 int main(void)
 {
     gpt_binary_path(bin, sizeof bin, "gpipe-train");
+    gpt_binary_path(balance_bin, sizeof balance_bin, "gpipe-balance");
     if (!gpt_make_tmpdir(tmpdir, sizeof tmpdir, "gpipe-e2e-")) return 1;
     test_cli_errors();
+    test_config_checks();
+    test_diverged();
+    test_balance_profile_in();
     test_determinism();
     if (getenv("GPIPE_SANITIZED")) {
         /* Under sanitizers the training run takes ~20x longer; its accuracy

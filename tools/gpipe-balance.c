@@ -101,6 +101,45 @@ static gp_status write_config(const char *in_path, const char *out_path, const g
     return GP_OK;
 }
 
+/* A saved profile's times hold at the micro-batch sizes it measured: the
+ * balance needs the config's (batch / chunks, rounded up), --simulate those
+ * of m = 1, 2, 4, .. 32 as well (what --profile-out --simulate measures).
+ * Other sizes would be extrapolated from the ones measured, which is no
+ * measurement; refuse, naming the sizes. */
+static gp_status check_profile_sizes(const gp_profile *p, const char *path, int64_t batch,
+                                     int m, int simulate)
+{
+    int64_t need[8], missing[8];
+    int n = 0;
+    need[n++] = (batch + m - 1) / m;
+    if (simulate)
+        for (int q = 1; q <= 32 && q <= batch; q *= 2) need[n++] = (batch + q - 1) / q;
+    int k = gp_profile_missing_sizes(p, need, n, missing);
+    if (k == 0) return GP_OK;
+    char have[256], lack[256];
+    int off = 0;
+    for (int z = 0; z < p->n_sizes && off < (int)sizeof have - 24; z++)
+        off += snprintf(have + off, sizeof have - (size_t)off, "%s%lld", z ? ", " : "",
+                        (long long)p->sizes[z]);
+    off = 0;
+    for (int z = 0; z < k && off < (int)sizeof lack - 24; z++)
+        off += snprintf(lack + off, sizeof lack - (size_t)off, "%s%lld", z ? ", " : "",
+                        (long long)missing[z]);
+    if (missing[0] == need[0])
+        return gp_error_set(GP_ERR_INVALID, "profile '%s' was measured at micro-batch size%s %s, "
+                            "but this config runs micro-batch %lld (train.batch_size %lld / "
+                            "pipeline.chunks %d, rounded up); profile this config again "
+                            "(gpipe-balance CONFIG.yaml%s --profile-out FILE)", path,
+                            p->n_sizes == 1 ? "" : "s", have, (long long)need[0],
+                            (long long)batch, m, simulate ? " --simulate" : "");
+    return gp_error_set(GP_ERR_INVALID, "profile '%s' was measured at micro-batch size%s %s, but "
+                        "--simulate also needs size%s %s (train.batch_size %lld over m = 1, 2, "
+                        "4, .. 32 micro-batches); profile with --simulate (gpipe-balance "
+                        "CONFIG.yaml --simulate --profile-out FILE)", path,
+                        p->n_sizes == 1 ? "" : "s", have, k == 1 ? "" : "s", lack,
+                        (long long)batch);
+}
+
 static void print_balance(const char *title, const gp_profile *p, const gp_plan_opts *po,
                           const int *balance)
 {
@@ -218,10 +257,23 @@ int main(int argc, char **argv)
     gp_profile prof;
     if (prof_in) {
         s = gp_profile_load(prof_in, &prof);
-        if (s == GP_OK && prof.L != cfg.model.n_layers)
-            s = gp_error_set(GP_ERR_INVALID, "profile '%s' has %d layers but %s's model has %d; "
-                             "profile this config again", prof_in, prof.L, config,
-                             cfg.model.n_layers);
+        if (s == GP_OK)
+            s = gp_profile_check_model(&prof, prof_in, cfg.model.layers, cfg.model.n_layers,
+                                       cfg.model.input);
+        if (s == GP_OK) s = check_profile_sizes(&prof, prof_in, batch, m, simulate);
+        if (s != GP_OK) gp_profile_free(&prof);
+        /* the same model on other hardware: its times are a guess, not a lie */
+        int threads = gp_model_device_threads(&cfg.pipeline, 0);
+        gp_device_kind k1, k2;
+        int i1, i2;
+        if (s == GP_OK && gp_device_parse(prof.device, &k1, &i1) == GP_OK &&
+            gp_device_parse(cfg.pipeline.devices[0].name, &k2, &i2) == GP_OK &&
+            (k1 != k2 || (k1 == GP_DEV_CPU && prof.threads != threads)))
+            fprintf(stderr, "gpipe-balance: warning: '%s' was timed on %s with %d thread%s; "
+                    "this config's stage 0 is %s with %d: the times may not hold\n", prof_in,
+                    prof.device, prof.threads, prof.threads == 1 ? "" : "s",
+                    cfg.pipeline.devices[0].name, threads);
+        if (s == GP_OK) gp_error_clear(); /* a device name that did not parse */
         if (s == GP_OK) {
             prof.batch = batch; /* the config's batch decides the micro-batch sizes */
             prof.chunks = m;

@@ -49,6 +49,8 @@
 /* ---- profile ------------------------------------------------------------- */
 
 #define GP_PROFILE_MAX_SIZES 16
+/* Room for gp_profile_layer_spec's longest text (five 19-digit numbers). */
+#define GP_PROFILE_SPEC_LEN 192
 
 typedef enum { GP_BALANCE_BY_TIME = 0, GP_BALANCE_BY_SIZE, GP_BALANCE_BY_BOTH } gp_balance_by;
 const char *gp_balance_by_name(gp_balance_by b);
@@ -69,6 +71,9 @@ typedef struct gp_layer_times {
  * activation sizes (bytes per sample; a micro-batch of s keeps s times it). */
 typedef struct gp_layer_mem {
     char desc[96];          /* "layer 3 (conv2d 'c1')" */
+    char spec[GP_PROFILE_SPEC_LEN]; /* what decides its cost and shape
+                               (gp_profile_layer_spec): "conv2d {out: 64,
+                               kernel: 3, stride: 1, padding: 1, bias: true}" */
     size_t param_bytes;     /* category PARAMS (incl. buffers) */
     size_t grad_bytes;      /* GRADS */
     size_t optim_bytes;     /* OPTIMIZER (one momentum per trainable tensor) */
@@ -85,6 +90,8 @@ typedef struct gp_layer_mem {
 
 typedef struct gp_profile {
     int L;                     /* layers */
+    int64_t input[3];          /* (C, H, W) of one sample of the model */
+    uint64_t model_hash;       /* gp_profile_model_hash of the model profiled */
     char device[32];           /* where it was taken ("cpu:0") */
     int threads;               /* math threads of that device */
     int contend;               /* devices loaded alongside while timing */
@@ -134,6 +141,30 @@ void gp_profile_free(gp_profile *p);
  * the key that is wrong). */
 gp_status gp_profile_save(const gp_profile *p, const char *path);
 gp_status gp_profile_load(const char *path, gp_profile *out);
+/* Which model a profile belongs to.  A profile's times hold for the model
+ * it was taken of, so gp_profile_run records the input shape, per layer the
+ * canonical text of what decides its cost and shape, and a hash of both;
+ * gp_profile_save / gp_profile_load carry them (format version 2).
+ *
+ * gp_profile_layer_spec: the type and every option that changes the
+ * layer's cost or output shape, defaults filled in ("linear {out: 10,
+ * bias: true}", "maxpool2d {kernel: 2, stride: 2, padding: 0}", "relu");
+ * not its name, its position in the file, `in` (fixed by the layers before
+ * it) or batch norm's momentum and eps.  Returns buf. */
+const char *gp_profile_layer_spec(const gp_layer_spec *s, char *buf, size_t len);
+/* FNV-1a (64-bit) over the input shape and every layer's spec text. */
+uint64_t gp_profile_model_hash(const gp_layer_spec *specs, int L, const int64_t input[3]);
+/* GP_OK if p was taken of this model; else GP_ERR_INVALID naming the
+ * difference: the input shape, the number of layers, the first layer
+ * whose spec differs ("layer 3 is conv2d {out: 64, ...} there, conv2d
+ * {out: 128, ...} here"), or else the hashes.  `path` names the profile. */
+gp_status gp_profile_check_model(const gp_profile *p, const char *path,
+                                 const gp_layer_spec *specs, int L, const int64_t input[3]);
+/* The sizes of sizes[0..n) that p did not measure, into missing[]; returns
+ * how many (0: all measured). */
+int gp_profile_missing_sizes(const gp_profile *p, const int64_t *sizes, int n,
+                             int64_t *missing);
+
 /* Per-layer times at micro-batch size s: exact at a measured size, else
  * linear between the two nearest measured sizes (extrapolated from the
  * nearest two outside them, clamped at 0; proportional with one size).

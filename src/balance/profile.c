@@ -17,6 +17,7 @@
  * alone), and the simulator then predicted steps up to 32% short.
  */
 #include "balance/balance.h"
+#include "balance/balance_impl.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -35,6 +36,137 @@ bool gp_balance_by_parse(const char *s, gp_balance_by *out)
     else if (!strcmp(s, "both")) *out = GP_BALANCE_BY_BOTH;
     else return false;
     return true;
+}
+
+/* ---- which model ---------------------------------------------------------- */
+
+const char *gp_profile_layer_spec(const gp_layer_spec *s, char *buf, size_t len)
+{
+    const char *t = gp_layer_type_name(s->type);
+    const char *bias = s->bias ? "true" : "false", *sync = s->sync ? "true" : "false";
+    switch (s->type) {
+    case GP_LAYER_LINEAR:
+        snprintf(buf, len, "%s {out: %lld, bias: %s}", t, (long long)s->out, bias);
+        break;
+    case GP_LAYER_CONV2D:
+        snprintf(buf, len, "%s {out: %lld, kernel: %lld, stride: %lld, padding: %lld, bias: %s}",
+                 t, (long long)s->out, (long long)s->kernel, (long long)s->stride,
+                 (long long)s->padding, bias);
+        break;
+    case GP_LAYER_MAXPOOL2D:
+    case GP_LAYER_AVGPOOL2D: /* stride 0 means the kernel size */
+        snprintf(buf, len, "%s {kernel: %lld, stride: %lld, padding: %lld}", t,
+                 (long long)s->kernel, (long long)(s->stride ? s->stride : s->kernel),
+                 (long long)s->padding);
+        break;
+    case GP_LAYER_BATCHNORM: /* sync adds a reduction per forward across replicas */
+        snprintf(buf, len, "%s {sync: %s}", t, sync);
+        break;
+    case GP_LAYER_RESIDUAL:
+        snprintf(buf, len, "%s {out: %lld, stride: %lld, sync: %s}", t, (long long)s->out,
+                 (long long)s->stride, sync);
+        break;
+    case GP_LAYER_DROPOUT: /* p = 0 copies the input through */
+        snprintf(buf, len, "%s {p: %g}", t, (double)s->p);
+        break;
+    default:
+        snprintf(buf, len, "%s", t);
+        break;
+    }
+    return buf;
+}
+
+static uint64_t fnv1a(uint64_t h, const char *s)
+{
+    for (; *s; s++) {
+        h ^= (unsigned char)*s;
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
+
+/* The hash over the input and L spec texts, each text from spec_of(k). */
+static uint64_t hash_texts(const int64_t input[3], int L,
+                           const char *(*spec_of)(const void *arg, int k, char *buf, size_t len),
+                           const void *arg)
+{
+    char buf[GP_PROFILE_SPEC_LEN];
+    snprintf(buf, sizeof buf, "input [%lld, %lld, %lld]\n", (long long)input[0],
+             (long long)input[1], (long long)input[2]);
+    uint64_t h = fnv1a(14695981039346656037ULL, buf);
+    for (int k = 0; k < L; k++) {
+        h = fnv1a(h, spec_of(arg, k, buf, sizeof buf));
+        h = fnv1a(h, "\n");
+    }
+    return h;
+}
+
+static const char *spec_of_specs(const void *arg, int k, char *buf, size_t len)
+{
+    return gp_profile_layer_spec(&((const gp_layer_spec *)arg)[k], buf, len);
+}
+
+uint64_t gp_profile_model_hash(const gp_layer_spec *specs, int L, const int64_t input[3])
+{
+    return hash_texts(input, L, spec_of_specs, specs);
+}
+
+static const char *spec_of_profile(const void *arg, int k, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s", ((const gp_profile *)arg)->mem[k].spec);
+    return buf;
+}
+
+uint64_t gp_profile_stored_hash(const gp_profile *p)
+{
+    return hash_texts(p->input, p->L, spec_of_profile, p);
+}
+
+gp_status gp_profile_check_model(const gp_profile *p, const char *path,
+                                 const gp_layer_spec *specs, int L, const int64_t input[3])
+{
+    static const char fix[] = "profile this config again (gpipe-balance CONFIG.yaml "
+                              "--profile-out FILE)";
+    if (memcmp(p->input, input, sizeof p->input))
+        return gp_error_set(GP_ERR_INVALID, "profile '%s' was taken for a different model: input "
+                            "[%lld, %lld, %lld] there, [%lld, %lld, %lld] here; %s", path,
+                            (long long)p->input[0], (long long)p->input[1],
+                            (long long)p->input[2], (long long)input[0], (long long)input[1],
+                            (long long)input[2], fix);
+    char here[GP_PROFILE_SPEC_LEN], diff[2 * GP_PROFILE_SPEC_LEN + 64] = "";
+    for (int k = 0; k < L && k < p->L; k++) {
+        gp_profile_layer_spec(&specs[k], here, sizeof here);
+        if (strcmp(here, p->mem[k].spec)) {
+            snprintf(diff, sizeof diff, "layer %d is %s there, %s here", k, p->mem[k].spec, here);
+            break;
+        }
+    }
+    if (p->L != L)
+        return gp_error_set(GP_ERR_INVALID, "profile '%s' was taken for a different model: %d "
+                            "layer%s there, %d here%s%s%s; %s", path, p->L, p->L == 1 ? "" : "s",
+                            L, diff[0] ? " (the first difference: " : "", diff,
+                            diff[0] ? ")" : "", fix);
+    if (diff[0])
+        return gp_error_set(GP_ERR_INVALID, "profile '%s' was taken for a different model: %s; %s",
+                            path, diff, fix);
+    uint64_t h = gp_profile_model_hash(specs, L, input);
+    if (h != p->model_hash)
+        return gp_error_set(GP_ERR_INVALID, "profile '%s' was taken for a different model (model "
+                            "hash %016llx there, %016llx here); %s", path,
+                            (unsigned long long)p->model_hash, (unsigned long long)h, fix);
+    return GP_OK;
+}
+
+int gp_profile_missing_sizes(const gp_profile *p, const int64_t *sizes, int n, int64_t *missing)
+{
+    int k = 0;
+    for (int a = 0; a < n; a++) {
+        bool have = false;
+        for (int z = 0; z < p->n_sizes && !have; z++) have = p->sizes[z] == sizes[a];
+        for (int b = 0; b < k && !have; b++) have = missing[b] == sizes[a]; /* once each */
+        if (!have) missing[k++] = sizes[a];
+    }
+    return k;
 }
 
 void gp_profile_free(gp_profile *p)
@@ -410,6 +542,8 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
         return gp_error_set(GP_ERR_INVALID, "profile: give 1..%d micro-batch sizes",
                             GP_PROFILE_MAX_SIZES);
     out->L = L;
+    memcpy(out->input, input, sizeof out->input);
+    out->model_hash = gp_profile_model_hash(specs, L, input);
     snprintf(out->device, sizeof out->device, "%s", o->device ? o->device : "cpu:0");
     out->batch = o->batch;
     out->chunks = o->chunks;
@@ -519,6 +653,7 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
         }
         gp_layer_mem *mm = &out->mem[k];
         gp_layer_describe(&l, mm->desc, sizeof mm->desc);
+        gp_profile_layer_spec(&specs[k], mm->spec, sizeof mm->spec);
         gp_allocator a1;
         gp_allocator_snapshot(&dev->alloc, &a1);
         mm->param_bytes = a1.cur_by[GP_MEM_PARAMS] - a0.cur_by[GP_MEM_PARAMS];

@@ -4,8 +4,16 @@
  *
  * Unknown keys are ignored so that later versions can add fields; missing
  * required ones are an error naming the key.
+ *
+ * Version 2 (version 1 had no model identity) records the model it was
+ * taken of: "input" [C, H, W], "model_hash" (16 hex digits) and per layer
+ * "spec" (gp_profile_layer_spec).  A loaded profile's hash must match its
+ * own input and specs; whether they match a config is for the caller
+ * (gp_profile_check_model).  An older version is refused, with how to
+ * make a new one.
  */
 #include "balance/balance.h"
+#include "balance/balance_impl.h"
 #include "core/json.h"
 
 #include <errno.h>
@@ -14,7 +22,7 @@
 #include <string.h>
 
 #define PROFILE_FORMAT "gpipe-profile"
-#define PROFILE_VERSION 1
+#define PROFILE_VERSION 2
 
 /* ---- writer ---------------------------------------------------------------- */
 
@@ -38,6 +46,12 @@ static void put_profile(gp_json_writer *w, const gp_profile *p)
     gp_json_open_object(w, NULL);
     gp_json_put_str(w, "format", PROFILE_FORMAT);
     gp_json_put_int(w, "version", PROFILE_VERSION);
+    gp_json_open_array(w, "input");
+    for (int d = 0; d < 3; d++) gp_json_put_int(w, NULL, p->input[d]);
+    gp_json_close(w);
+    char hash[24];
+    snprintf(hash, sizeof hash, "%016llx", (unsigned long long)p->model_hash);
+    gp_json_put_str(w, "model_hash", hash);
     gp_json_put_str(w, "device", p->device);
     gp_json_put_int(w, "threads", p->threads);
     gp_json_put_int(w, "contend", p->contend);
@@ -58,6 +72,7 @@ static void put_profile(gp_json_writer *w, const gp_profile *p)
         const gp_layer_mem *m = &p->mem[k];
         gp_json_open_object(w, NULL);
         gp_json_put_str(w, "desc", m->desc);
+        gp_json_put_str(w, "spec", m->spec);
         gp_json_put_uint(w, "param_bytes", m->param_bytes);
         gp_json_put_uint(w, "grad_bytes", m->grad_bytes);
         gp_json_put_uint(w, "optim_bytes", m->optim_bytes);
@@ -195,7 +210,27 @@ gp_status gp_profile_load(const char *path, gp_profile *out)
     int version = (int)jnum_req(&c, root, "version", "");
     if (c.st == GP_OK && version != PROFILE_VERSION)
         c.st = gp_error_set(GP_ERR_DATA, "profile '%s' has version %d; this gpipe reads version "
-                            "%d: re-create it", path, version, PROFILE_VERSION);
+                            "%d%s: re-create it with gpipe-balance CONFIG.yaml --profile-out %s",
+                            path, version, PROFILE_VERSION,
+                            version < PROFILE_VERSION ? ", which records the model it was taken "
+                                                        "of" : "", path);
+    const gp_json_value *in = jarr_req(&c, root, "input", 3, "");
+    for (int d = 0; c.st == GP_OK && d < 3; d++) {
+        out->input[d] = (int64_t)jitem_req(&c, in, d, "input");
+        if (c.st == GP_OK && out->input[d] < 1)
+            c.st = gp_error_set(GP_ERR_DATA, "profile '%s': \"input\" must be 3 sizes >= 1", path);
+    }
+    const gp_json_value *mh = gp_json_get(root, "model_hash");
+    if (c.st == GP_OK) {
+        char *end = NULL;
+        bool ok = mh && mh->kind == GP_JSON_STRING && strlen(mh->str) == 16 &&
+                  strspn(mh->str, "0123456789abcdef") == 16;
+        if (ok) out->model_hash = strtoull(mh->str, &end, 16);
+        if (!ok)
+            c.st = gp_error_set(GP_ERR_DATA, "profile '%s': \"model_hash\" is missing or not 16 "
+                                "hex digits; re-create the profile with gpipe-balance "
+                                "--profile-out", path);
+    }
     const gp_json_value *dv = gp_json_get(root, "device");
     if (dv && dv->kind == GP_JSON_STRING) snprintf(out->device, sizeof out->device, "%s", dv->str);
     out->threads = (int)jnum_req(&c, root, "threads", "");
@@ -242,6 +277,14 @@ gp_status gp_profile_load(const char *path, gp_profile *out)
         gp_layer_mem *m = &out->mem[k];
         const gp_json_value *d = gp_json_get(o, "desc");
         if (d && d->kind == GP_JSON_STRING) snprintf(m->desc, sizeof m->desc, "%s", d->str);
+        const gp_json_value *sp = gp_json_get(o, "spec");
+        if (!sp || sp->kind != GP_JSON_STRING || !sp->str[0] ||
+            strlen(sp->str) >= sizeof m->spec)
+            c.st = gp_error_set(GP_ERR_DATA, "profile '%s': %s: \"spec\" is missing or not a "
+                                "layer's spec; re-create the profile with gpipe-balance "
+                                "--profile-out", path, where);
+        else
+            memcpy(m->spec, sp->str, strlen(sp->str) + 1);
         m->param_bytes = (size_t)jnum_req(&c, o, "param_bytes", where);
         m->grad_bytes = (size_t)jnum_req(&c, o, "grad_bytes", where);
         m->optim_bytes = (size_t)jnum_req(&c, o, "optim_bytes", where);
@@ -264,6 +307,12 @@ gp_status gp_profile_load(const char *path, gp_profile *out)
         }
     }
     gp_json_value_free(root);
+    if (c.st == GP_OK && gp_profile_stored_hash(out) != out->model_hash)
+        c.st = gp_error_set(GP_ERR_DATA, "profile '%s': \"model_hash\" %016llx does not match "
+                            "its input and layer specs (%016llx): the file was edited or is "
+                            "damaged; re-create it with gpipe-balance --profile-out", path,
+                            (unsigned long long)out->model_hash,
+                            (unsigned long long)gp_profile_stored_hash(out));
     if (c.st != GP_OK) gp_profile_free(out);
     return c.st;
 }

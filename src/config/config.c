@@ -81,6 +81,7 @@ gp_status gp_config_parse(const char *name, const char *text, size_t len,
     gp_ynode_free(root);
     if (s != GP_OK) {
         free(w.defaults);
+        free(w.warnings);
         gp_config_free(out);
         return s;
     }
@@ -107,13 +108,20 @@ gp_status gp_config_parse(const char *name, const char *text, size_t len,
     }
     if (!out->text || !out->overrides) {
         free(w.defaults);
+        free(w.warnings);
         gp_config_free(out);
         return gp_error_set(GP_ERR_INVALID, "out of memory reading the config");
     }
     out->defaults_applied = w.defaults ? w.defaults : calloc(1, 1);
-    if (!out->defaults_applied) {
+    out->warnings = w.warnings ? w.warnings : calloc(1, 1);
+    if (!out->defaults_applied || !out->warnings) {
         gp_config_free(out);
         return gp_error_set(GP_ERR_INVALID, "out of memory reading the config");
+    }
+    for (const char *l = out->warnings; *l;) {
+        const char *e = strchr(l, '\n');
+        GP_WARN("%.*s", (int)(e - l), l);
+        l = e + 1;
     }
     return GP_OK;
 }
@@ -168,6 +176,7 @@ void gp_config_free(gp_config *c)
     if (!c) return;
     free(c->model.layers);
     free(c->defaults_applied);
+    free(c->warnings);
     free(c->text);
     free(c->overrides);
     memset(c, 0, sizeof *c);

@@ -8,7 +8,8 @@
  * Errors carry "file:line:column: message" plus a hint (unknown key with a
  * "did you mean", wrong type, out-of-range value, unknown layer type).  An
  * error inside an override names the override ("--set train.lr=abc: ...").
- * Unknown keys are errors, never silently ignored.
+ * Unknown keys are errors, never silently ignored.  A value that is valid
+ * but most likely a mistake is a warning (gp_config.warnings, and logged).
  *
  * Memory: gp_config is a plain value; gp_config_free releases its arrays.
  * Thread safety: none needed (pure functions over their arguments).
@@ -28,7 +29,8 @@ typedef enum { GP_LR_SCALING_NONE = 0, GP_LR_SCALING_LINEAR } gp_lr_scaling;
 
 typedef struct gp_device_spec {
     char name[32];        /* "cpu:0" */
-    size_t memory;        /* capacity in bytes; 0 = unlimited */
+    size_t memory;        /* capacity in bytes, >= 1 when given; 0 = not given
+                             (pipeline.memory, else unlimited) */
     int threads;          /* math threads; 0 = default split */
 } gp_device_spec;
 
@@ -54,7 +56,8 @@ typedef struct gp_pipeline_config {
     bool lockstep;        /* default true */
     gp_schedule_kind schedule; /* default gpipe */
     int threads;          /* per CPU device; 0 = cores / devices */
-    size_t memory;        /* default capacity per device; 0 = unlimited */
+    size_t memory;        /* default capacity per device, >= 1 when given;
+                             0 = not given, unlimited */
     int replicas;         /* data-parallel replicas; default 1 (or the grid's rows) */
 } gp_pipeline_config;
 
@@ -136,6 +139,11 @@ typedef struct gp_config {
     /* Human-readable list of the defaults that were applied, one per line,
      * for --dry-run / -v (owned). */
     char *defaults_applied;
+    /* Values that are valid but most likely a mistake (threads far above
+     * this machine's cores), one per line, each starting with
+     * "file:line:column: " or "--set ...: " (owned; "" when none).
+     * gp_config_parse also logs each line with GP_WARN. */
+    char *warnings;
     /* What it was made from, stored in snapshots so a run can be resumed
      * from the snapshot alone (owned; "" when unknown): the YAML text and
      * the overrides, one per line. */

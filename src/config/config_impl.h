@@ -55,7 +55,8 @@ gp_status gp_ytree_parse(const char *name, const char *set, const char *text,
 void gp_ynode_free(gp_ynode *n);
 
 /* Apply one override "a.b.c=value" to the tree rooted at *root (which may
- * be replaced).  Map keys are created as needed; a sequence is indexed by a
+ * be replaced).  An empty (or blank) value is an error that shows an
+ * example; "~" or "null" is the way to ask for the default.  Map keys are created as needed; a sequence is indexed by a
  * number (index == length appends); under model.layers.<i> a key that is
  * not the layer's type addresses the layer's options, so
  * "model.layers.3.out=128" works for `- linear: {out: 64}` and for a bare
@@ -66,6 +67,10 @@ gp_status gp_ytree_override(gp_ynode **root, const char *set);
 gp_ynode *gp_ymap_get(const gp_ynode *m, const char *key);
 /* The key node of `key` in map `m` (for positions), or NULL. */
 gp_ynode *gp_ymap_key(const gp_ynode *m, const char *key);
+
+/* An example value for the dotted key ("train.steps" -> "100",
+ * "model.layers.3.out" -> "64"), or NULL if there is none (config_walk.c). */
+const char *gp_cfg_example(const char *key);
 
 /* "name:line:column" or "--set <set>" for messages. */
 const char *gp_yloc(const char *name, const gp_ynode *n, char *buf, size_t len);
@@ -88,6 +93,9 @@ typedef struct gp_cfg_walk {
     char *defaults;     /* "x = v (default)\n" lines (owned until handed out) */
     size_t dlen, dcap;
     bool record;        /* record defaults (off inside layers and devices) */
+    char *warnings;     /* "file:line:column: ...\n" lines (owned until handed
+                           out); recorded whatever `record` says */
+    size_t wlen, wcap;
 } gp_cfg_walk;
 
 #define GP_COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
@@ -100,6 +108,10 @@ gp_status gp_cfg_bad(const gp_cfg_walk *w, const gp_ynode *n, const char *fmt, .
     __attribute__((format(printf, 3, 4)));
 /* One line for cfg->defaults_applied, while w->record. */
 void gp_cfg_note(gp_cfg_walk *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* One line for cfg->warnings: "file:line:column: " (or "--set ...: ") of n,
+ * then the text.  For a value that is valid but most likely a mistake. */
+void gp_cfg_warn(gp_cfg_walk *w, const gp_ynode *n, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 /* "'abc'", "a list", "a map" or "nothing", for "got ..." */
 const char *gp_cfg_describe(const gp_ynode *n, char *buf, size_t len);
 /* "expected <what> for <name>, got <n described>" at n. */
@@ -151,7 +163,9 @@ gp_status gp_cfg_parse_enum(const gp_cfg_walk *w, const gp_ynode *n, const char 
                             const char *const *names, int count, int *out);
 gp_status gp_cfg_get_enum(gp_cfg_walk *w, const gp_ynode *m, const char *sect, const char *key,
                           const char *const *names, int count, int def, int *out);
-/* "512MiB", "1.5GB" or bytes; absent = 0, unlimited. */
+/* "512MiB", "1.5GB", "2EiB" or bytes (units are binary multiples); given,
+ * it must come to at least 1 byte (under one byte is an error, not "no
+ * limit") and below 8 EiB; absent = 0, unlimited. */
 gp_status gp_cfg_parse_bytes(const gp_cfg_walk *w, const gp_ynode *n, const char *name,
                              size_t *out);
 gp_status gp_cfg_get_bytes(gp_cfg_walk *w, const gp_ynode *m, const char *sect, const char *key,

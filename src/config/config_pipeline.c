@@ -1,12 +1,14 @@
 /*
  * config_pipeline.c — the pipeline section: devices (a list, a count, one
  * name, or a grid with a row per data-parallel replica), replicas, balance,
- * chunks, checkpointing, lockstep, threads and memory.
+ * chunks, checkpointing, lockstep, threads and memory; and the warning for
+ * threads far above this machine's cores.
  */
 #include "config/config_impl.h"
 
 #include <limits.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char *const k_ckpt_names[] = {"always", "except_last", "never"};
 static const char *const k_device_keys[] = {"name", "memory", "threads"};
@@ -139,6 +141,82 @@ static gp_status derive_replicas(gp_cfg_walk *w, const gp_ynode *at, gp_pipeline
     return check_all_distinct(w, at, pc);
 }
 
+/* Math threads far above the machine's cores take turns on them and slow
+ * each other down, but a config may be written for a larger machine than
+ * the one that checks it, so this is a warning, not an error.  "Far above"
+ * is more than 4x the online cores (sysconf(_SC_NPROCESSORS_ONLN)): for
+ * one value (pipeline.threads, a device's threads) or, failing that, for
+ * the threads of all CPU devices of all replicas together, counted as
+ * the trainer starts them (0 = the cores split among the CPU devices). */
+#define GP_CFG_THREADS_FAR 4
+
+static bool is_cpu(const gp_device_spec *d) { return !strncmp(d->name, "cpu", 3); }
+
+/* The `threads` node a listed device gives itself, or NULL. */
+static const gp_ynode *device_threads_node(const gp_ynode *dv, bool grid, int a, int n)
+{
+    const gp_ynode *item = NULL;
+    if (gp_cfg_absent(dv)) return NULL;
+    if (grid)
+        item = dv->items[a / n]->items[a % n];
+    else if (dv->kind == GP_YNODE_MAP && a == 0)
+        item = dv;
+    else if (dv->kind == GP_YNODE_SEQ && a < dv->n)
+        item = dv->items[a];
+    if (gp_cfg_absent(item) || item->kind != GP_YNODE_MAP) return NULL;
+    const gp_ynode *t = gp_ymap_get(item, "threads");
+    return gp_cfg_absent(t) ? NULL : t;
+}
+
+static void check_threads(gp_cfg_walk *w, const gp_ynode *m, const gp_ynode *dv, bool grid,
+                          const gp_pipeline_config *pc)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores < 1) return; /* unknown: nothing to compare with */
+    long far = GP_CFG_THREADS_FAR * cores;
+    int total = gp_pipeline_devices_total(pc), n = pc->n_devices, n_cpu = 0;
+    for (int a = 0; a < total; a++) n_cpu += is_cpu(&pc->devices[a]);
+    if (n_cpu == 0) return;
+    const gp_ynode *pt = gp_ymap_get(m, "threads");
+    if (gp_cfg_absent(pt)) pt = NULL;
+    const gp_ynode *first = pt; /* the first threads key given, for the total */
+    bool warned = false;
+    if (pt && pc->threads > far) {
+        gp_cfg_warn(w, pt, "pipeline.threads is %d, far above this machine's %ld core%s (more "
+                    "than %dx): math threads beyond the cores take turns on them and slow "
+                    "each other down; 0 (the default) splits the cores among the devices",
+                    pc->threads, cores, cores == 1 ? "" : "s", GP_CFG_THREADS_FAR);
+        warned = true;
+    }
+    /* devices derived for replicas 1.. share their listed device's node */
+    int listed = grid ? total : n;
+    for (int a = 0; a < listed; a++) {
+        const gp_ynode *t = device_threads_node(dv, grid, a, n);
+        if (!t || !is_cpu(&pc->devices[a])) continue;
+        if (!first) first = t;
+        if (pc->devices[a].threads <= far) continue;
+        char key[64];
+        if (grid) snprintf(key, sizeof key, "pipeline.devices.%d.%d", a / n, a % n);
+        else snprintf(key, sizeof key, "pipeline.devices.%d", a);
+        gp_cfg_warn(w, t, "%s.threads is %d, far above this machine's %ld core%s (more than "
+                    "%dx): math threads beyond the cores take turns on them and slow each "
+                    "other down", key, pc->devices[a].threads, cores, cores == 1 ? "" : "s",
+                    GP_CFG_THREADS_FAR);
+        warned = true;
+    }
+    if (warned || !first) return;
+    long sum = 0, split = cores / n_cpu > 0 ? cores / n_cpu : 1;
+    for (int a = 0; a < total; a++)
+        if (is_cpu(&pc->devices[a]))
+            sum += pc->devices[a].threads ? pc->devices[a].threads : split;
+    if (sum > far)
+        gp_cfg_warn(w, first, "the %d CPU device%s run %ld math threads in all, far above this "
+                    "machine's %ld core%s (more than %dx): threads beyond the cores take turns "
+                    "on them and slow each other down; lower pipeline.threads or the devices' "
+                    "threads", n_cpu, n_cpu == 1 ? "" : "s", sum, cores, cores == 1 ? "" : "s",
+                    GP_CFG_THREADS_FAR);
+}
+
 gp_status gp_cfg_parse_pipeline(gp_cfg_walk *w, const gp_ynode *root, gp_pipeline_config *pc)
 {
     char got[96];
@@ -248,5 +326,6 @@ gp_status gp_cfg_parse_pipeline(gp_cfg_walk *w, const gp_ynode *root, gp_pipelin
     GP_TRY(gp_cfg_get_enum(w, m, "pipeline", "schedule", k_schedules, GP_COUNT(k_schedules),
                            GP_SCHEDULE_GPIPE, &sk));
     pc->schedule = (gp_schedule_kind)sk;
+    check_threads(w, m, dv, grid, pc);
     return GP_OK;
 }

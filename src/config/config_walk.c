@@ -6,6 +6,7 @@
  */
 #include "config/config_impl.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <float.h>
 #include <math.h>
@@ -37,6 +38,74 @@ static const char *const k_schema[] = {
 };
 #define N_SCHEMA ((int)(sizeof k_schema / sizeof k_schema[0]))
 
+/* An example value per key, for messages that ask for one ("--set
+ * train.steps=: empty value; give a value, e.g. --set train.steps=100").
+ * In a pattern, '#' stands for a list index and '*' for any one part; the
+ * first match wins. */
+static const char *const k_examples[][2] = {
+    {"model", "{input: [1, 28, 28], layers: [flatten, {linear: {out: 10}}]}"},
+    {"model.input", "[1,28,28]"}, {"model.input.#", "28"},
+    {"model.layers", "[flatten, {linear: {out: 10}}]"}, {"model.layers.#", "{linear: {out: 10}}"},
+    {"model.layers.#.in", "64"}, {"model.layers.#.out", "64"}, {"model.layers.#.kernel", "3"},
+    {"model.layers.#.stride", "1"}, {"model.layers.#.padding", "1"},
+    {"model.layers.#.bias", "false"}, {"model.layers.#.momentum", "0.1"},
+    {"model.layers.#.eps", "1e-5"}, {"model.layers.#.sync", "true"},
+    {"model.layers.#.p", "0.5"}, {"model.layers.#.name", "fc1"},
+    {"model.layers.#.*", "{out: 64}"}, {"model.layers.#.*.*", "64"},
+    {"model.loss", "cross_entropy"}, {"model.init_from", "weights.safetensors"},
+    {"pipeline", "{devices: [cpu:0, cpu:1], chunks: 4}"},
+    {"pipeline.devices", "[cpu:0,cpu:1]"}, {"pipeline.devices.#", "cpu:0"},
+    {"pipeline.devices.#.name", "cpu:0"}, {"pipeline.devices.#.memory", "512MiB"},
+    {"pipeline.devices.#.threads", "2"}, {"pipeline.devices.#.#", "cpu:0"},
+    {"pipeline.balance", "auto"}, {"pipeline.balance.#", "3"}, {"pipeline.chunks", "4"},
+    {"pipeline.checkpoint", "except_last"}, {"pipeline.lockstep", "true"},
+    {"pipeline.threads", "2"}, {"pipeline.memory", "512MiB"}, {"pipeline.replicas", "2"},
+    {"data", "{dataset: synthetic}"}, {"data.dataset", "fashion-mnist"},
+    {"data.path", "/usr/share/datasets/fashion-mnist"}, {"data.shuffle", "true"},
+    {"data.normalize", "true"}, {"data.mean", "[0.5]"}, {"data.std", "[0.25]"},
+    {"data.augment", "{hflip: true}"}, {"data.augment.crop_padding", "4"},
+    {"data.augment.hflip", "true"}, {"data.prefetch", "2"}, {"data.train_limit", "1000"},
+    {"data.test_limit", "1000"}, {"data.synthetic", "{train: 1024}"},
+    {"data.synthetic.train", "1024"}, {"data.synthetic.test", "256"},
+    {"data.synthetic.classes", "10"}, {"data.synthetic.shape", "[1,28,28]"},
+    {"train", "{epochs: 1}"}, {"train.epochs", "3"}, {"train.steps", "100"},
+    {"train.batch_size", "64"}, {"train.seed", "1"}, {"train.optimizer", "{lr: 0.05}"},
+    {"train.optimizer.type", "sgd"}, {"train.optimizer.lr", "0.05"},
+    {"train.optimizer.momentum", "0.9"}, {"train.optimizer.nesterov", "true"},
+    {"train.optimizer.weight_decay", "0.0005"}, {"train.optimizer.decay_bias_and_norm", "true"},
+    {"train.schedule", "cosine"}, {"train.schedule.type", "cosine"},
+    {"train.schedule.warmup_steps", "200"}, {"train.schedule.warmup_start", "0.1"},
+    {"train.schedule.step_size", "1000"}, {"train.schedule.gamma", "0.1"},
+    {"train.schedule.min_lr", "0.001"}, {"train.lr_scaling", "linear"},
+    {"train.base_batch", "256"}, {"train.log_every", "50"}, {"train.eval_each_epoch", "true"},
+    {"train.eval_batch_size", "1000"}, {"train.snapshot", "{every_steps: 500}"},
+    {"train.snapshot.every_steps", "500"}, {"train.snapshot.every_minutes", "10"},
+    {"train.snapshot.keep", "3"}, {"train.snapshot.dir", "snapshots"},
+};
+
+/* Does the dotted key match the pattern ('#' an index, '*' any part)? */
+static bool key_matches(const char *key, const char *pat)
+{
+    for (;;) {
+        size_t kl = strcspn(key, "."), pl = strcspn(pat, ".");
+        if (pl == 1 && pat[0] == '#') {
+            if (kl == 0 || strspn(key, "0123456789") != kl) return false;
+        } else if (!(pl == 1 && pat[0] == '*' && kl > 0)) {
+            if (kl != pl || strncmp(key, pat, kl)) return false;
+        }
+        if (!key[kl] || !pat[pl]) return !key[kl] && !pat[pl];
+        key += kl + 1;
+        pat += pl + 1;
+    }
+}
+
+const char *gp_cfg_example(const char *key)
+{
+    for (int i = 0; i < GP_COUNT(k_examples); i++)
+        if (key_matches(key, k_examples[i][0])) return k_examples[i][1];
+    return NULL;
+}
+
 /* ---- messages ------------------------------------------------------------- */
 
 gp_status gp_cfg_bad(const gp_cfg_walk *w, const gp_ynode *n, const char *fmt, ...)
@@ -49,6 +118,24 @@ gp_status gp_cfg_bad(const gp_cfg_walk *w, const gp_ynode *n, const char *fmt, .
     return gp_error_set(GP_ERR_INVALID, "%s: %s", gp_yloc(w->file, n, loc, sizeof loc), msg);
 }
 
+/* line + '\n' at the end of *buf (len, cap: its length and size). */
+static void append_line(char **buf, size_t *len, size_t *cap, const char *line)
+{
+    size_t k = strlen(line);
+    if (*len + k + 2 > *cap) {
+        size_t c = *cap ? *cap * 2 : 1024;
+        while (c < *len + k + 2) c *= 2;
+        char *b = realloc(*buf, c);
+        if (!b) return; /* both lists are informational; losing a line is harmless */
+        *buf = b;
+        *cap = c;
+    }
+    memcpy(*buf + *len, line, k);
+    *len += k;
+    (*buf)[(*len)++] = '\n';
+    (*buf)[*len] = '\0';
+}
+
 void gp_cfg_note(gp_cfg_walk *w, const char *fmt, ...)
 {
     if (!w->record) return;
@@ -58,19 +145,19 @@ void gp_cfg_note(gp_cfg_walk *w, const char *fmt, ...)
     int k = vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
     if (k < 0) return;
-    size_t len = strlen(line);
-    if (w->dlen + len + 2 > w->dcap) {
-        size_t cap = w->dcap ? w->dcap * 2 : 1024;
-        while (cap < w->dlen + len + 2) cap *= 2;
-        char *d = realloc(w->defaults, cap);
-        if (!d) return; /* the list is informational; losing it is harmless */
-        w->defaults = d;
-        w->dcap = cap;
-    }
-    memcpy(w->defaults + w->dlen, line, len);
-    w->dlen += len;
-    w->defaults[w->dlen++] = '\n';
-    w->defaults[w->dlen] = '\0';
+    append_line(&w->defaults, &w->dlen, &w->dcap, line);
+}
+
+void gp_cfg_warn(gp_cfg_walk *w, const gp_ynode *n, const char *fmt, ...)
+{
+    char loc[640], msg[1024], line[1700];
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (k < 0) return;
+    snprintf(line, sizeof line, "%s: %s", gp_yloc(w->file, n, loc, sizeof loc), msg);
+    append_line(&w->warnings, &w->wlen, &w->wcap, line);
 }
 
 /* "'abc'", "a list", "a map" or "nothing", for "got ..." */
@@ -486,10 +573,58 @@ gp_status gp_cfg_get_enum(gp_cfg_walk *w, const gp_ynode *m, const char *sect, c
     return gp_cfg_parse_enum(w, n, name, names, count, out);
 }
 
+/* Sizes must stay below 2^63 bytes (8 EiB), so that a byte count fits an
+ * int64_t wherever it is added or compared. */
+#define GP_CFG_MAX_BYTES 9223372036854775808.0
+
+/* "512MiB", "1.5GB", "64 k", "4096": a decimal number (no sign, no hex, no
+ * inf or nan), optional blanks, an optional unit B, K, M, G, T, P or E
+ * (binary multiples, with or without 'i' and a trailing 'B'); blanks
+ * around it.  *bytes is
+ * the exact product, unbounded: the caller checks the range. */
+static bool size_text(const char *s, double *bytes)
+{
+    while (*s == ' ') s++;
+    if (!((*s >= '0' && *s <= '9') || *s == '.')) return false;
+    char *end;
+    double v = strtod(s, &end);
+    for (const char *q = s; q < end; q++)
+        if (!strchr("0123456789.eE+-", *q)) return false; /* hex floats */
+    if (end == s || !isfinite(v)) return false;
+    while (*end == ' ') end++;
+    static const char units[] = "KMGTPE";
+    const char *u = *end ? strchr(units, toupper((unsigned char)*end)) : NULL;
+    double mul = 1;
+    if (u) {
+        for (const char *q = units; q <= u; q++) mul *= 1024.0;
+        end++;
+        if (*end == 'i') end++;
+        if (toupper((unsigned char)*end) == 'B') end++;
+    } else if (toupper((unsigned char)*end) == 'B') {
+        end++;
+    }
+    while (*end == ' ') end++;
+    if (*end) return false;
+    *bytes = v * mul;
+    return true;
+}
+
 gp_status gp_cfg_parse_bytes(const gp_cfg_walk *w, const gp_ynode *n, const char *name, size_t *out)
 {
-    if (n->kind != GP_YNODE_SCALAR || !gp_parse_bytes(n->text, out))
+    double bytes = 0;
+    const char *t = n->kind == GP_YNODE_SCALAR ? n->text + strspn(n->text, " ") : "";
+    if (t[0] == '-' && size_text(t + 1, &bytes))
+        return gp_cfg_bad(w, n, "%s is negative (%s); give a size like 512MiB, or leave the key "
+                          "out for no limit", name, n->text);
+    if (n->kind != GP_YNODE_SCALAR || !size_text(n->text, &bytes))
         return gp_cfg_expected(w, n, "a size like 512MiB, 1.5GB or a number of bytes", name);
+    if (bytes < 1)
+        return gp_cfg_bad(w, n, "%s is %g bytes; give at least 1 byte, e.g. 512MiB, or leave "
+                          "the key out for no limit", name, bytes);
+    if (!(bytes < GP_CFG_MAX_BYTES))
+        return gp_cfg_bad(w, n, "%s is too large: %s is %.4g bytes, and sizes must be below "
+                          "8EiB (2^63 bytes)", name, n->text, bytes);
+    *out = (size_t)bytes;
     return GP_OK;
 }
 

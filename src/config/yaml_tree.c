@@ -620,6 +620,17 @@ gp_status gp_ytree_override(gp_ynode **root, const char *set)
     if (!key) return gp_error_set(GP_ERR_INVALID, "out of memory");
     memcpy(key, k0, klen);
     key[klen] = '\0';
+    /* "train.steps=" would parse as YAML null, "not given", and quietly
+     * mean the default: a value was forgotten. */
+    if (eq[1 + strspn(eq + 1, " \t\r\n")] == '\0') {
+        const char *ex = gp_cfg_example(key);
+        gp_status s = ex ? set_err(set, "empty value; give a value, e.g. --set %s=%s, or leave "
+                                   "the --set out for the default", key, ex)
+                         : set_err(set, "empty value; give a value after '=', or leave the "
+                                   "--set out for the default");
+        free(key);
+        return s;
+    }
     char *comps[GP_YAML_MAX_DEPTH];
     int nc = 0;
     gp_status s = GP_OK;

@@ -460,10 +460,9 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
         }
         break;
     case GP_INSTR_CHECK:
-        for (int c = first; c < first + count && st == GP_OK; c++) {
+        /* the message names the layer already */
+        for (int c = first; c < first + count && st == GP_OK; c++)
             st = gp_layer_check_finite(&p->layers[c], "after the step");
-            if (st != GP_OK) *bad_layer = c;
-        }
         return st;
     default:
         GP_ASSERT(!"unknown instruction");
