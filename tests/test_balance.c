@@ -659,6 +659,77 @@ static void test_simulator_formula(void)
     CHECK_MSG(ok, "the simulator disagrees with GPipe's step and bubble on uniform stages");
 }
 
+/* Every schedule on unit stages: one layer per stage whose forward,
+ * backward-data and backward-weights each take 1 (so a whole backward 2),
+ * copies and update free.  Free-running, 1F1B's step is then GPipe's,
+ * (m + n - 1) x 3 (the same bubble), and ZB-H1's the makespan of its list
+ * order with unit halves, which is its clock count (schedule.h), faster
+ * than 1F1B once n > 1 and m > 1. */
+static void test_simulator_schedules(void)
+{
+    enum { S = 4 };
+    gp_layer_mem mem[8];
+    gp_layer_times t[8];
+    bool ok = true;
+    for (int n = 1; n <= 8; n++)
+        for (int m = 1; m <= 16; m++)
+            for (int ls = 0; ls < 2; ls++) {
+                memset(mem, 0, sizeof mem);
+                memset(t, 0, sizeof t);
+                for (int k = 0; k < n; k++) {
+                    t[k].fwd = 1;
+                    t[k].bwd_data = 1;
+                    t[k].bwd_weights = 1;
+                    t[k].bwd_alone = 1; /* stage 0 has no dx to compute */
+                }
+                gp_profile p;
+                memset(&p, 0, sizeof p);
+                p.L = n;
+                p.batch = (int64_t)m * S;
+                p.chunks = m;
+                p.timed = true;
+                p.n_sizes = 1;
+                p.sizes[0] = S;
+                p.mem = mem;
+                p.t = t;
+                p.first_trainable = -1; /* every layer runs both halves */
+                int bal[8];
+                for (int j = 0; j < n; j++) bal[j] = 1;
+                gp_sim_result r[GP_SCHEDULE_KINDS];
+                for (int k = 0; k < GP_SCHEDULE_KINDS; k++)
+                    if (gp_simulate_schedule(&p, (gp_schedule_kind)k, n, bal, m, GP_CKPT_NEVER,
+                                             ls == 1, NULL, &r[k]) != GP_OK) {
+                        CHECK_MSG(0, "simulate n=%d m=%d: %s", n, m, gp_last_error());
+                        return;
+                    }
+                gp_schedule_opts so = {.kind = GP_SCHEDULE_ZB_H1, .n = n, .m = m,
+                                       .checkpoint = GP_CKPT_NEVER, .replicas = 1};
+                gp_schedule zs;
+                CHECK_OK(gp_schedule_make(&so, &zs));
+                /* Lockstep holds every copy of clock k until all of the
+                 * clocks before k are computed: free for GPipe's phases,
+                 * a cost for the others when a backward outlasts a
+                 * forward (measured: bench_schedules), so only >= then. */
+                double want = 3.0 * (m + n - 1);
+                bool exact = ls == 0;
+                bool good = r[GP_SCHEDULE_GPIPE].step == want &&
+                            (exact ? r[GP_SCHEDULE_1F1B].step == want
+                                   : r[GP_SCHEDULE_1F1B].step >= want) &&
+                            (exact ? r[GP_SCHEDULE_ZB_H1].step == zs.clocks
+                                   : r[GP_SCHEDULE_ZB_H1].step >= zs.clocks) &&
+                            (!exact || r[GP_SCHEDULE_ZB_H1].step <= want) &&
+                            (!exact || n == 1 || m == 1 || r[GP_SCHEDULE_ZB_H1].step < want);
+                gp_schedule_free(&zs);
+                if (!good) {
+                    fprintf(stderr, "n=%d m=%d lockstep=%d: gpipe %g, 1f1b %g, zb-h1 %g (want %g, "
+                            "%g, <= that)\n", n, m, ls, r[0].step, r[1].step, r[2].step, want,
+                            want);
+                    ok = false;
+                }
+            }
+    CHECK_MSG(ok, "the simulator's schedules disagree with their unit-time steps");
+}
+
 /* ---- simulator vs a measured step -------------------------------------------- */
 
 /* One profile + five measured (m, checkpoint) runs.  Everything is checked
@@ -787,6 +858,7 @@ int main(void)
     test_partition_tiebreak_and_errors();
     test_profiler();
     test_simulator_formula();
+    test_simulator_schedules();
     test_simulator();
     return gpt_finish("test_balance");
 }

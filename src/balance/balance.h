@@ -176,6 +176,8 @@ void gp_profile_times_at(const gp_profile *p, int64_t s, gp_layer_times *out /* 
 
 typedef struct gp_stage_times {
     double F, R, B;          /* per micro-batch, seconds */
+    double Bd, W;            /* B's two halves, where a schedule splits it
+                                (zero bubble): backward-data, -weights */
     double copy_act;         /* receiving the activation (j > 0) */
     double copy_grad;        /* receiving the gradient (j < n - 1) */
     double update;           /* once per step: zero grads + optimizer */
@@ -230,6 +232,7 @@ gp_status gp_partition_minmax_mem(const double *costs, const double *mem, const 
 /* ---- planning from a profile ---------------------------------------------- */
 
 typedef struct gp_plan_opts {
+    gp_schedule_kind schedule;    /* the schedule the plan's memory is for */
     int n;                        /* stages (devices) */
     int m;                        /* micro-batches */
     gp_checkpoint_mode checkpoint;
@@ -246,6 +249,7 @@ void gp_balance_stage_costs(const gp_profile *p, const gp_plan_opts *o, const in
 /* ---- simulator ------------------------------------------------------------ */
 
 typedef struct gp_sim_result {
+    gp_schedule_kind schedule;
     int n, m;
     gp_checkpoint_mode checkpoint;
     double step;             /* seconds per step */
@@ -267,6 +271,10 @@ typedef struct gp_sim_result {
 gp_status gp_simulate(const gp_profile *p, int n, const int *balance, int m,
                       gp_checkpoint_mode ckpt, bool lockstep, const double *capacity,
                       gp_sim_result *out);
+/* The same for any schedule kind (gp_simulate: GPipe). */
+gp_status gp_simulate_schedule(const gp_profile *p, gp_schedule_kind kind, int n,
+                               const int *balance, int m, gp_checkpoint_mode ckpt, bool lockstep,
+                               const double *capacity, gp_sim_result *out);
 /* Index into r[0..count) of the recommended run: the smallest m whose
  * throughput is within 5% of the best among those that fit (-1 if none fit). */
 int gp_sim_recommend(const gp_sim_result *r, int count);

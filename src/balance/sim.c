@@ -22,11 +22,15 @@ gp_stage_times gp_stage_times_of(const gp_profile *p, const gp_layer_times *lt, 
     for (int k = first; k < first + count; k++) {
         st.F += lt[k].fwd;
         st.R += lt[k].recompute;
-        if (j > 0 || k > ft) st.B += lt[k].bwd_data + lt[k].bwd_weights;
-        else if (k == ft)
-            st.B += lt[k].bwd_alone > 0 ? lt[k].bwd_alone : lt[k].bwd_weights;
+        if (j > 0 || k > ft) {
+            st.Bd += lt[k].bwd_data;
+            st.W += lt[k].bwd_weights;
+        } else if (k == ft) {
+            st.W += lt[k].bwd_alone > 0 ? lt[k].bwd_alone : lt[k].bwd_weights;
+        }
         st.update += p->mem[k].update;
     }
+    st.B = st.Bd + st.W;
     if (j == 0) st.F += upload;
     if (j == n - 1) st.F += loss;
     if (j > 0) st.copy_act = lt[first - 1].copy;
@@ -79,14 +83,28 @@ double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const 
                 pending += in * s;
             }
             break;
+        case GP_INSTR_BACKWARD_DATA:
+            /* every layer's incoming gradient stays for the weights half:
+             * about the size of what the forward kept, less the stage
+             * output's, which arrived already */
+            t = cur + in_max * s;
+            cur += fmax(keep - out, 0) * s;
+            if (j > 0) {
+                cur += in * s;
+                pending += in * s;
+            }
+            break;
+        case GP_INSTR_BACKWARD_WEIGHTS:
+            cur -= (keep + fmax(keep - out, 0) + in + out) * s;
+            break;
         default: break;
         }
         if (t > peak) peak = t;
         if (cur > peak) peak = cur;
-        if (in_->kind == GP_INSTR_FORWARD || in_->kind == GP_INSTR_BACKWARD ||
-            in_->kind == GP_INSTR_RECOMPUTE) {
+        if (gp_instr_computes(in_->kind)) {
             /* what the neighbours copied during this instruction is freed */
-            double keep_pending = in_->kind == GP_INSTR_BACKWARD && j > 0 ? in * s : 0;
+            bool bwd = in_->kind == GP_INSTR_BACKWARD || in_->kind == GP_INSTR_BACKWARD_DATA;
+            double keep_pending = bwd && j > 0 ? in * s : 0;
             if (in_->kind == GP_INSTR_FORWARD && in_->checkpointed && j < n - 1)
                 keep_pending = out * s;
             cur -= pending - keep_pending;
@@ -148,7 +166,10 @@ static gp_status plan_open(const gp_profile *p, const gp_plan_opts *o, plan_ctx 
         for (int i = 0; i < o->m; i++) ck += gp_ckpt_checkpointed(o->checkpoint, i, j, o->m, o->n);
         c->rfrac[j] = (double)ck / o->m;
     }
-    gp_status s = gp_schedule_gpipe(o->n, o->m, o->checkpoint, &c->sched);
+    gp_schedule_opts so = {.kind = o->schedule, .n = o->n, .m = o->m,
+                           .checkpoint = o->checkpoint, .replicas = 1, .update = true,
+                           .check = true};
+    gp_status s = gp_schedule_make(&so, &c->sched);
     if (s != GP_OK) free(c->lt);
     return s;
 }
@@ -193,7 +214,16 @@ gp_status gp_simulate(const gp_profile *p, int n, const int *balance, int m,
                       gp_checkpoint_mode ckpt, bool lockstep, const double *capacity,
                       gp_sim_result *out)
 {
+    return gp_simulate_schedule(p, GP_SCHEDULE_GPIPE, n, balance, m, ckpt, lockstep, capacity,
+                                out);
+}
+
+gp_status gp_simulate_schedule(const gp_profile *p, gp_schedule_kind kind, int n,
+                               const int *balance, int m, gp_checkpoint_mode ckpt, bool lockstep,
+                               const double *capacity, gp_sim_result *out)
+{
     memset(out, 0, sizeof *out);
+    out->schedule = kind;
     out->n = n;
     out->m = m;
     out->checkpoint = ckpt;
@@ -215,7 +245,9 @@ gp_status gp_simulate(const gp_profile *p, int n, const int *balance, int m,
     int64_t sizes[GP_MAX_CHUNKS];
     GP_TRY(gp_microbatch_split(p->batch, m, sizes));
     gp_schedule sc;
-    GP_TRY(gp_schedule_gpipe(n, m, ckpt, &sc));
+    gp_schedule_opts so = {.kind = kind, .n = n, .m = m, .checkpoint = ckpt, .replicas = 1,
+                           .update = true, .check = true};
+    GP_TRY(gp_schedule_make(&so, &sc));
 
     /* stage times at the (at most two) micro-batch sizes of this split */
     gp_layer_times *lt = calloc((size_t)p->L * 2, sizeof *lt);
@@ -241,7 +273,8 @@ gp_status gp_simulate(const gp_profile *p, int n, const int *balance, int m,
     for (int j = 0; j < n; j++)
         for (int c = 0; c < sc.count[j]; c++) {
             gp_instr_kind kd = sc.list[j][c].kind;
-            if (kd == GP_INSTR_FORWARD || kd == GP_INSTR_BACKWARD) clock_left[sc.list[j][c].k]++;
+            /* the executor's lockstep clocks: every computation but recompute */
+            if (gp_instr_computes(kd) && kd != GP_INSTR_RECOMPUTE) clock_left[sc.list[j][c].k]++;
         }
     int pc[GP_MAX_DEVICES] = {0}, arrived = 0;
     double t[GP_MAX_DEVICES] = {0}, barrier_t = 0;
@@ -278,6 +311,10 @@ gp_status gp_simulate(const gp_profile *p, int n, const int *balance, int m,
                     dur = s->R;
                 } else if (in->kind == GP_INSTR_BACKWARD) {
                     dur = s->B;
+                } else if (in->kind == GP_INSTR_BACKWARD_DATA) {
+                    dur = s->Bd;
+                } else if (in->kind == GP_INSTR_BACKWARD_WEIGHTS) {
+                    dur = s->W;
                 } else if (in->kind == GP_INSTR_BARRIER) {
                     /* every stage's list got here: it starts with the last */
                     if (!at_barrier[j]) {
@@ -294,9 +331,11 @@ gp_status gp_simulate(const gp_profile *p, int n, const int *balance, int m,
                 double t0 = t[j] > dep ? t[j] : dep;
                 t[j] = t0 + dur;
                 out->busy[j] += dur;
-                if (in->kind == GP_INSTR_FORWARD || in->kind == GP_INSTR_BACKWARD) {
-                    double *fin = in->kind == GP_INSTR_FORWARD ? fwd_fin : bwd_fin;
-                    fin[(size_t)in->i * (size_t)n + (size_t)j] = t[j];
+                if (gp_instr_computes(in->kind) && in->kind != GP_INSTR_RECOMPUTE) {
+                    if (in->kind != GP_INSTR_BACKWARD_WEIGHTS) {
+                        double *fin = in->kind == GP_INSTR_FORWARD ? fwd_fin : bwd_fin;
+                        fin[(size_t)in->i * (size_t)n + (size_t)j] = t[j];
+                    }
                     clock_left[in->k]--;
                     if (t[j] > clock_fin[in->k]) clock_fin[in->k] = t[j];
                 }
