@@ -730,6 +730,30 @@ static void test_simulator_schedules(void)
     CHECK_MSG(ok, "the simulator's schedules disagree with their unit-time steps");
 }
 
+/* The recommendation across schedules: the least memory within 5% of the
+ * best throughput among the runs that fit, written out by hand. */
+static void test_recommend_memory(void)
+{
+    gp_sim_result r[5];
+    memset(r, 0, sizeof r);
+    double thr[5] = {100, 97, 96, 80, 120}, peak[5] = {50, 40, 30, 10, 5};
+    bool fits[5] = {true, true, true, true, false};
+    for (int q = 0; q < 5; q++) {
+        r[q].n = 2;
+        r[q].throughput = thr[q];
+        r[q].peak_bytes[0] = peak[q];
+        r[q].peak_bytes[1] = peak[q] / 2;
+        r[q].fits = fits[q];
+    }
+    /* best that fits: 100; within 5%: 100, 97, 96; least memory of those: 30 */
+    CHECK(gp_sim_recommend_memory(r, 5) == 2);
+    CHECK(gp_sim_peak(&r[2]) == 30);
+    r[2].throughput = 94; /* now outside 5% */
+    CHECK(gp_sim_recommend_memory(r, 5) == 1);
+    for (int q = 0; q < 5; q++) r[q].fits = false;
+    CHECK(gp_sim_recommend_memory(r, 5) == -1);
+}
+
 /* ---- simulator vs a measured step -------------------------------------------- */
 
 /* One profile + five measured (m, checkpoint) runs.  Everything is checked
@@ -859,6 +883,7 @@ int main(void)
     test_profiler();
     test_simulator_formula();
     test_simulator_schedules();
+    test_recommend_memory();
     test_simulator();
     return gpt_finish("test_balance");
 }

@@ -381,36 +381,38 @@ int main(int argc, char **argv)
 
     /* ---- the simulator ---- */
     if (s == GP_OK && simulate && prof.timed) {
-        printf("\nsimulated GPipe steps with this balance (%s):\n",
+        printf("\nsimulated steps with this balance (%s):\n",
                cfg.pipeline.lockstep ? "lockstep" : "free-running");
-        printf("%-12s %4s %10s %8s %12s %12s %5s\n", "checkpoint", "m", "step ms", "bubble",
-               "samples/s", "peak mem", "fits");
+        printf("%-8s %-12s %4s %10s %8s %12s %12s %5s\n", "schedule", "checkpoint", "m",
+               "step ms", "bubble", "samples/s", "peak mem", "fits");
         gp_checkpoint_mode modes[3] = {GP_CKPT_ALWAYS, GP_CKPT_EXCEPT_LAST, GP_CKPT_NEVER};
-        for (int c = 0; c < 3 && s == GP_OK; c++) {
-            gp_sim_result r[6];
-            int cnt = 0;
-            for (int q = 1; q <= 32 && s == GP_OK; q *= 2) {
-                if (q > batch) break;
-                s = gp_simulate(&prof, n, balance, q, modes[c], cfg.pipeline.lockstep,
-                                po.capacity, &r[cnt]);
-                if (s != GP_OK) break;
-                double pk = 0;
-                for (int j = 0; j < n; j++)
-                    if (r[cnt].peak_bytes[j] > pk) pk = r[cnt].peak_bytes[j];
-                char b1[32];
-                printf("%-12s %4d %10.2f %7.1f%% %12.1f %12s %5s\n",
-                       gp_checkpoint_mode_name(modes[c]), q, r[cnt].step * 1e3,
-                       100 * r[cnt].bubble, r[cnt].throughput, mb(pk, b1, sizeof b1),
-                       r[cnt].fits ? "yes" : "NO");
-                cnt++;
-            }
-            int pick = gp_sim_recommend(r, cnt);
-            if (pick >= 0)
-                printf("%-12s recommended m = %d (%.1f samples/s)\n",
-                       gp_checkpoint_mode_name(modes[c]), r[pick].m, r[pick].throughput);
-            else
-                printf("%-12s no m fits device memory\n", gp_checkpoint_mode_name(modes[c]));
-        }
+        gp_sim_result r[GP_SCHEDULE_KINDS * 3 * 6];
+        int cnt = 0;
+        for (int k = 0; k < GP_SCHEDULE_KINDS && s == GP_OK; k++)
+            for (int c = 0; c < 3 && s == GP_OK; c++)
+                for (int q = 1; q <= 32 && s == GP_OK; q *= 2) {
+                    if (q > batch) break;
+                    s = gp_simulate_schedule(&prof, (gp_schedule_kind)k, n, balance, q, modes[c],
+                                             cfg.pipeline.lockstep, po.capacity, &r[cnt]);
+                    if (s != GP_OK) break;
+                    char b1[32];
+                    printf("%-8s %-12s %4d %10.2f %7.1f%% %12.1f %12s %5s\n",
+                           gp_schedule_kind_name((gp_schedule_kind)k),
+                           gp_checkpoint_mode_name(modes[c]), q, r[cnt].step * 1e3,
+                           100 * r[cnt].bubble, r[cnt].throughput,
+                           mb(gp_sim_peak(&r[cnt]), b1, sizeof b1), r[cnt].fits ? "yes" : "NO");
+                    cnt++;
+                }
+        int pick = s == GP_OK ? gp_sim_recommend_memory(r, cnt) : -1;
+        char b1[32];
+        if (pick >= 0)
+            printf("recommended: schedule %s, checkpoint %s, m = %d (%.1f samples/s, peak %s): "
+                   "the least memory within 5%% of the best throughput that fits\n",
+                   gp_schedule_kind_name(r[pick].schedule),
+                   gp_checkpoint_mode_name(r[pick].checkpoint), r[pick].m, r[pick].throughput,
+                   mb(gp_sim_peak(&r[pick]), b1, sizeof b1));
+        else if (s == GP_OK)
+            printf("no schedule, checkpoint mode and m fits device memory\n");
     }
     if (s == GP_OK && write_path) {
         s = write_config(config, write_path, &cfg, balance);

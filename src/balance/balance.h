@@ -278,5 +278,12 @@ gp_status gp_simulate_schedule(const gp_profile *p, gp_schedule_kind kind, int n
 /* Index into r[0..count) of the recommended run: the smallest m whose
  * throughput is within 5% of the best among those that fit (-1 if none fit). */
 int gp_sim_recommend(const gp_sim_result *r, int count);
+/* The largest peak_bytes over the run's devices. */
+double gp_sim_peak(const gp_sim_result *r);
+/* Index into r[0..count) of the run with the smallest peak memory among
+ * those that fit and whose throughput is within 5% of the best that fits
+ * (ties: the higher throughput); -1 if none fits.  What gpipe-balance
+ * --simulate recommends across schedules, checkpoint modes and m. */
+int gp_sim_recommend_memory(const gp_sim_result *r, int count);
 
 #endif /* GP_BALANCE_H */

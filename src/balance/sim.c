@@ -375,3 +375,26 @@ int gp_sim_recommend(const gp_sim_result *r, int count)
             pick = q;
     return pick;
 }
+
+double gp_sim_peak(const gp_sim_result *r)
+{
+    double pk = 0;
+    for (int j = 0; j < r->n; j++)
+        if (r->peak_bytes[j] > pk) pk = r->peak_bytes[j];
+    return pk;
+}
+
+int gp_sim_recommend_memory(const gp_sim_result *r, int count)
+{
+    double best = 0;
+    for (int q = 0; q < count; q++)
+        if (r[q].fits && r[q].throughput > best) best = r[q].throughput;
+    int pick = -1;
+    for (int q = 0; q < count; q++) {
+        if (!r[q].fits || r[q].throughput < 0.95 * best) continue;
+        if (pick < 0 || gp_sim_peak(&r[q]) < gp_sim_peak(&r[pick]) ||
+            (gp_sim_peak(&r[q]) == gp_sim_peak(&r[pick]) && r[q].throughput > r[pick].throughput))
+            pick = q;
+    }
+    return pick;
+}
