@@ -13,7 +13,11 @@
  *   - resume equivalence for 1 and 2 devices and every checkpoint mode
  *     (bitwise), and across device counts (numerically equal);
  *   - corrupted (checksum) and truncated snapshots are refused, `latest`
- *     skips them, and a mismatched config is refused.
+ *     skips them, and a mismatched config is refused;
+ *   - NaN, Inf and negative running variances refused where they enter
+ *     (init_from, --resume), named by file, tensor and element: the bad
+ *     files are valid exports with one tensor's bytes patched and the
+ *     CRC-32 recomputed by a reference implementation here.
  */
 #include "core/core.h"
 #include "train/snapshot.h"
@@ -54,6 +58,18 @@ static void show_log(void)
     char *t = gpt_read_file(p, NULL);
     if (t) fprintf(stderr, "--- gpipe-train output ---\n%s---\n", t);
     free(t);
+}
+
+/* Whether the last train()'s output contains `needle` (shown if not). */
+static bool log_has(const char *needle)
+{
+    char p[300];
+    snprintf(p, sizeof p, "%s/log.txt", tmpdir);
+    char *t = gpt_read_file(p, NULL);
+    bool has = t && strstr(t, needle);
+    if (!has) fprintf(stderr, "expected \"%s\" in:\n%s---\n", needle, t ? t : "(no log)");
+    free(t);
+    return has;
 }
 
 static const char *k_mlp =
@@ -338,6 +354,169 @@ static void test_round_trip(void)
     gp_config_free(&c3);
 }
 
+/* ---- values that must not load ------------------------------------------------- */
+
+/* CRC-32 (zlib's: reflected 0xEDB88320), bit by bit: an oracle apart from
+ * the library's. */
+static uint32_t ref_crc32(const uint8_t *p, size_t n)
+{
+    uint32_t c = 0xffffffffu;
+    for (size_t i = 0; i < n; i++) {
+        c ^= p[i];
+        for (int b = 0; b < 8; b++) c = (c >> 1) ^ (0xedb88320u & (0u - (c & 1u)));
+    }
+    return ~c;
+}
+
+/* A copy of the safetensors file src as dst with element `index` of
+ * tensor `name` set to v, by patching its 4 bytes in place (the header's
+ * data_offsets give where), and "gpipe.crc32" recomputed so the file is
+ * intact as a file: what a run that diverged would have written. */
+static void patch_value(const char *src, const char *dst, const char *name, int64_t index, float v)
+{
+    size_t n;
+    uint8_t *img = gpt_read_file(src, &n);
+    CHECK(img != NULL && n > 8);
+    if (!img || n <= 8) return;
+    uint64_t hl = 0;
+    for (int i = 0; i < 8; i++) hl |= (uint64_t)img[i] << (8 * i);
+    CHECK(hl < n - 8);
+    /* the tensor's entry: "name":{..."data_offsets":[begin,end]} */
+    char key[160];
+    snprintf(key, sizeof key, "\"%s\"", name);
+    char *hdr = malloc(hl + 1);
+    memcpy(hdr, img + 8, hl);
+    hdr[hl] = '\0';
+    char *at = strstr(hdr, key), *off = at ? strstr(at, "data_offsets") : NULL;
+    CHECK_MSG(off != NULL, "%s: no tensor %s", src, name);
+    unsigned long long begin = 0, end = 0;
+    if (off) CHECK(sscanf(strchr(off, '[') + 1, "%llu , %llu", &begin, &end) == 2);
+    size_t at_byte = 8 + hl + begin + 4 * (uint64_t)index;
+    CHECK(at_byte + 4 <= 8 + hl + end && 8 + hl + end <= n);
+    if (at_byte + 4 <= n) memcpy(img + at_byte, &v, 4); /* little-endian host */
+    char *crc = strstr(hdr, "\"gpipe.crc32\"");
+    CHECK(crc != NULL);
+    if (crc) {
+        char *q = strchr(crc + strlen("\"gpipe.crc32\""), '"') + 1;
+        char hex[9];
+        snprintf(hex, sizeof hex, "%08lx", (unsigned long)ref_crc32(img + 8 + hl, n - 8 - hl));
+        memcpy(img + 8 + (size_t)(q - hdr), hex, 8);
+    }
+    gpt_write_file(dst, img, n);
+    free(hdr);
+    free(img);
+}
+
+/* NaN, Inf and a negative running variance are refused where they enter:
+ * model.init_from and --resume, naming the file, the tensor and the
+ * element, exit 3; before any step (no snapshot, no export). */
+static void test_bad_values(void)
+{
+    char a[4096], w[300], bad[300], dir[300];
+    make_config("v.yaml", "");
+    snprintf(w, sizeof w, "%s/v.st", tmpdir);
+    snprintf(bad, sizeof bad, "%s/vbad.st", tmpdir);
+    snprintf(a, sizeof a, "%s/v.yaml --set train.steps=3 --export-weights %s", tmpdir, w);
+    CHECK(train(a) == 0);
+    /* the patched copy of an intact file loads: the patching is sound */
+    patch_value(w, bad, "1.weight", 5, 0.25f);
+    snprintf(a, sizeof a, "%s/v.yaml --set train.steps=2 --set model.init_from=%s", tmpdir, bad);
+    CHECK(train(a) == 0);
+    static const struct {
+        const char *tensor;
+        int64_t index;
+        float value;
+        const char *says;
+    } cases[] = {
+        {"1.weight", 5, NAN, "tensor '1.weight'[5] is NaN: parameters, buffers and momentum "
+                             "must be finite; the file is corrupt or from a diverged run"},
+        {"5.bias", 3, -INFINITY, "tensor '5.bias'[3] is -Inf"},
+        {"2.running_mean", 31, INFINITY, "tensor '2.running_mean'[31] is +Inf"},
+        {"2.running_var", 17, -0.5f, "tensor '2.running_var'[17] is -0.5: a running variance "
+                                     "must be >= 0; the file is corrupt or from a diverged run"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        patch_value(w, bad, cases[i].tensor, cases[i].index, cases[i].value);
+        snprintf(a, sizeof a, "%s/v.yaml --set model.init_from=%s --export-weights %s/vout.st",
+                 tmpdir, bad, tmpdir);
+        int rc = train(a);
+        CHECK_MSG(rc == 3, "%s[%lld] = %g: exit %d", cases[i].tensor,
+                  (long long)cases[i].index, (double)cases[i].value, rc);
+        CHECK(log_has(cases[i].says));
+        char msg[400];
+        snprintf(msg, sizeof msg, "model.init_from: %s: tensor", bad);
+        CHECK(log_has(msg));
+        snprintf(msg, sizeof msg, "%s/vout.st", tmpdir);
+        CHECK_MSG(access(msg, F_OK) != 0, "a refused init_from still exported weights");
+    }
+    /* two bad values: the first in model order is named, the count given */
+    patch_value(w, bad, "5.weight", 0, NAN);
+    patch_value(bad, bad, "2.running_var", 0, -1.0f);
+    snprintf(a, sizeof a, "%s/v.yaml --set model.init_from=%s", tmpdir, bad);
+    CHECK(train(a) == 3);
+    CHECK(log_has("tensor '2.running_var'[0] is -1: a running variance must be >= 0"));
+    CHECK(log_has("(2 bad values in 2 tensors)"));
+    /* zero variance and -0.0 are values a model may hold */
+    patch_value(w, bad, "2.running_var", 2, 0.0f);
+    patch_value(bad, bad, "2.running_var", 3, -0.0f);
+    snprintf(a, sizeof a, "%s/v.yaml --set train.steps=2 --set model.init_from=%s", tmpdir, bad);
+    CHECK(train(a) == 0);
+
+    /* a snapshot with NaN momentum: refused by --resume, path or latest */
+    snprintf(dir, sizeof dir, "%s/vs", tmpdir);
+    snprintf(a, sizeof a, "rm -rf %s", dir);
+    CHECK(system(a) == 0);
+    snprintf(a, sizeof a, "%s/v.yaml --set train.steps=8 --set train.snapshot.every_steps=4 "
+             "--set train.snapshot.dir=%s", tmpdir, dir);
+    CHECK(train(a) == 0);
+    char snap[1100];
+    gp_snapshot_path(dir, 8, snap, sizeof snap);
+    patch_value(snap, snap, "momentum.1.weight", 40, NAN);
+    snprintf(a, sizeof a, "%s/v.yaml --set train.steps=12 --set train.snapshot.every_steps=4 "
+             "--set train.snapshot.dir=%s --resume %s", tmpdir, dir, snap);
+    CHECK(train(a) == 3);
+    char msg[1300];
+    snprintf(msg, sizeof msg, "--resume: %s: tensor 'momentum.1.weight'[40] is NaN", snap);
+    CHECK(log_has(msg));
+    snprintf(a, sizeof a, "%s/v.yaml --set train.steps=12 --set train.snapshot.every_steps=4 "
+             "--set train.snapshot.dir=%s --resume latest", tmpdir, dir);
+    CHECK(train(a) == 3);
+    CHECK(log_has("tensor 'momentum.1.weight'[40] is NaN"));
+    CHECK_MSG(gp_snapshot_count(dir) == 2, "a refused resume changed the directory: %d "
+              "snapshots", gp_snapshot_count(dir));
+    /* in the library: all or nothing, and a snapshot's momentum is not
+     * looked at when only the weights are taken (init_from) */
+    gp_st_file f;
+    CHECK_OK(gp_st_read(snap, &f));
+    gp_config cfg;
+    char cp[300];
+    snprintf(cp, sizeof cp, "%s/v.yaml", tmpdir);
+    CHECK_OK(gp_config_load(cp, NULL, 0, &cfg));
+    gp_device *dev;
+    gp_device_opts o = {.threads = 1};
+    CHECK_OK(gp_device_open("cpu:0", &o, &dev));
+    gp_model m;
+    CHECK_OK(gp_model_build(&cfg, dev, &m));
+    gp_st_writer w0 = {0}, w1 = {0};
+    CHECK_OK(gp_snapshot_collect(&m, &cfg, NULL, &w0));
+    CHECK_ERR(gp_snapshot_apply(&m, &f, true), GP_ERR_DATA, "'momentum.1.weight'[40] is NaN");
+    CHECK_OK(gp_snapshot_collect(&m, &cfg, NULL, &w1));
+    uint8_t *i0, *i1;
+    size_t n0, n1;
+    CHECK_OK(gp_st_serialize(&w0, &i0, &n0));
+    CHECK_OK(gp_st_serialize(&w1, &i1, &n1));
+    CHECK_MSG(n0 == n1 && !memcmp(i0, i1, n0), "a refused load changed the model");
+    CHECK_OK(gp_snapshot_apply(&m, &f, false));
+    free(i0);
+    free(i1);
+    gp_st_writer_free(&w0);
+    gp_st_writer_free(&w1);
+    gp_st_free(&f);
+    gp_model_free(&m);
+    gp_device_close(dev);
+    gp_config_free(&cfg);
+}
+
 /* ---- resume equivalence ------------------------------------------------------- */
 
 /* replicas > 1: data parallelism, whose sharded update leaves each
@@ -561,6 +740,7 @@ int main(void)
     test_round_trip();
     if (access(bin, X_OK) == 0) {
         test_damage();
+        test_bad_values();
         test_resume(1, "never", 1);
         test_resume(1, "always", 1);
         test_resume(2, "except_last", 1);

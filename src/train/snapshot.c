@@ -12,6 +12,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -160,6 +161,62 @@ static const char *shape_of(const gp_st_tensor *t, char *b, size_t len)
     return b;
 }
 
+/* Values a model may not be given, found while checking a file: the first
+ * one (for the message) and how many in all. */
+typedef struct {
+    char name[128];             /* the first bad value's tensor */
+    int64_t index;              /* its element, row-major */
+    float value;
+    bool variance;              /* negative running variance (else non-finite) */
+    int64_t count;              /* bad values in all */
+    int tensors;                /* in this many tensors */
+} bad_values;
+
+/* Every element of the F32 tensor t must be finite; a running variance's
+ * also >= 0.  A NaN here would otherwise train on silently (SGD keeps it,
+ * and a running variance < 0 gives the square root of a negative number in
+ * every evaluation). */
+static void scan_values(const gp_st_tensor *t, const char *name, bad_values *b)
+{
+    size_t nl = strlen(name), vl = strlen("running_var");
+    bool variance = nl >= vl && !strcmp(name + nl - vl, "running_var") &&
+                    (nl == vl || name[nl - vl - 1] == '.');
+    int64_t n = (int64_t)((t->end - t->begin) / sizeof(float)), here = 0;
+    for (int64_t e = 0; e < n; e++) {
+        float v;
+        /* memcpy: the data section need not be 4-byte aligned in the image */
+        memcpy(&v, t->data + (size_t)e * sizeof v, sizeof v);
+        if (isfinite(v) && !(variance && v < 0)) continue;
+        if (b->count == 0 && here == 0) {
+            snprintf(b->name, sizeof b->name, "%s", name);
+            b->index = e;
+            b->value = v;
+            b->variance = isfinite(v);
+        }
+        here++;
+    }
+    if (here) {
+        b->count += here;
+        b->tensors++;
+    }
+}
+
+static gp_status bad_values_error(const gp_st_file *f, const bad_values *b)
+{
+    char val[48], more[96] = "";
+    if (isnan(b->value)) snprintf(val, sizeof val, "NaN");
+    else if (isinf(b->value)) snprintf(val, sizeof val, "%sInf", b->value < 0 ? "-" : "+");
+    else snprintf(val, sizeof val, "%.9g", (double)b->value);
+    if (b->count > 1)
+        snprintf(more, sizeof more, " (%lld bad values in %d tensor%s)", (long long)b->count,
+                 b->tensors, b->tensors == 1 ? "" : "s");
+    return gp_error_set(GP_ERR_DATA, "%s: tensor '%s'[%lld] is %s: %s; the file is corrupt or "
+                        "from a diverged run%s", f->source, b->name, (long long)b->index, val,
+                        b->variance ? "a running variance must be >= 0"
+                                    : "parameters, buffers and momentum must be finite",
+                        more);
+}
+
 /* Check one expected tensor; *out = the file's tensor if it matches. */
 static void expect(const gp_st_file *f, const char *name, gp_st_dtype dtype, int ndim,
                    const int64_t *dims, namelist *missing, namelist *bad,
@@ -187,9 +244,10 @@ static void expect(const gp_st_file *f, const char *name, gp_st_dtype dtype, int
 
 gp_status gp_snapshot_apply(gp_model *m, const gp_st_file *f, bool optimizer)
 {
-    /* Pass 1 checks every name; pass 2 uploads.  So a failed load leaves
-     * the model as it was. */
+    /* Pass 1 checks every name and value; pass 2 uploads.  So a failed
+     * load leaves the model as it was. */
     namelist missing = {0}, bad = {0}, extra = {0};
+    bad_values values = {0};
     char name[128];
     int expected = 0;
     for (int pass = 0; pass < 2; pass++) {
@@ -201,6 +259,7 @@ gp_status gp_snapshot_apply(gp_model *m, const gp_st_file *f, bool optimizer)
                 snprintf(name, sizeof name, "%d.%s", k, pr->name);
                 expect(f, name, GP_ST_F32, pr->value.ndim, pr->value.dims, &missing, &bad, &t);
                 if (pass == 0) expected++;
+                if (pass == 0 && t) scan_values(t, name, &values);
                 if (pass == 1) {
                     GP_TRY(gp_dev_upload(pr->value.dev, pr->value.data, (const float *)t->data,
                                          gp_tensor_numel(&pr->value)));
@@ -211,6 +270,7 @@ gp_status gp_snapshot_apply(gp_model *m, const gp_st_file *f, bool optimizer)
                 snprintf(name, sizeof name, "momentum.%d.%s", k, pr->name);
                 expect(f, name, GP_ST_F32, mt->ndim, mt->dims, &missing, &bad, &t);
                 if (pass == 0) expected++;
+                if (pass == 0 && t) scan_values(t, name, &values);
                 if (pass == 1) {
                     GP_TRY(gp_dev_upload(mt->dev, mt->data, (const float *)t->data,
                                          gp_tensor_numel(mt)));
@@ -266,6 +326,9 @@ gp_status gp_snapshot_apply(gp_model *m, const gp_st_file *f, bool optimizer)
             free(extra.s);
             return s;
         }
+        /* The names fit (a mismatch is the message that helps most); now
+         * the values. */
+        if (values.count) return bad_values_error(f, &values);
     }
     free(missing.s);
     free(bad.s);

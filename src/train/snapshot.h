@@ -116,7 +116,10 @@ gp_status gp_snapshot_collect(gp_model *m, const gp_config *cfg, const gp_snapsh
  * so must "momentum.<name>" of every trainable tensor.  Names in f the model
  * does not have are an error too (except momentum.* when !optimizer).
  * Nothing is changed unless everything matches; the message lists the
- * missing, mismatched and unexpected names. */
+ * missing, mismatched and unexpected names (GP_ERR_INVALID).  Then the
+ * values: a NaN or Inf in any tensor that would be loaded, or a negative
+ * "running_var", is GP_ERR_DATA naming f->source, the first such tensor
+ * and element index, and how many bad values there are. */
 gp_status gp_snapshot_apply(gp_model *m, const gp_st_file *f, bool optimizer);
 
 /* Read, verify (CRC required) and check a snapshot; fills pos. */
