@@ -17,7 +17,11 @@
  *   - NaN, Inf and negative running variances refused where they enter
  *     (init_from, --resume), named by file, tensor and element: the bad
  *     files are valid exports with one tensor's bytes patched and the
- *     CRC-32 recomputed by a reference implementation here.
+ *     CRC-32 recomputed by a reference implementation here;
+ *   - the directory lock: a second run (fresh or resuming) on a directory
+ *     a running one holds exits 3 naming the first's pid, and the first
+ *     finishes with every snapshot intact; dead writers' temporaries go
+ *     only under the lock.
  */
 #include "core/core.h"
 #include "train/snapshot.h"
@@ -598,6 +602,108 @@ static void test_resume_other_placement(void)
     gp_st_free(&f2);
 }
 
+/* ---- one run per directory ------------------------------------------------------------ */
+
+/* In the library: a directory is locked once; the lock names its holder;
+ * a dead writer's temporary file goes only when the lock is taken. */
+static void test_lock_library(void)
+{
+    char dir[300], tmp[400], a[700];
+    snprintf(dir, sizeof dir, "%s/ls", tmpdir);
+    snprintf(a, sizeof a, "rm -rf %s && mkdir %s", dir, dir);
+    CHECK(system(a) == 0);
+    snprintf(tmp, sizeof tmp, "%s/.snapshot-000000007.safetensors.tmp.999999", dir);
+    gpt_write_file(tmp, "partial", 7);
+    CHECK(gp_snapshot_count(dir) == 0);
+    CHECK_MSG(access(tmp, F_OK) == 0, "listing without the lock deleted a temporary file");
+    gp_snapshot_lock *l1 = NULL, *l2 = NULL;
+    CHECK_OK(gp_snapshot_lock_dir(dir, &l1));
+    CHECK_MSG(access(tmp, F_OK) != 0, "the lock did not remove a dead writer's temporary file");
+    char pid[64];
+    snprintf(pid, sizeof pid, "(pid %ld on host ", (long)getpid());
+    CHECK_ERR(gp_snapshot_lock_dir(dir, &l2), GP_ERR_IO, pid);
+    CHECK_ERR(gp_snapshot_lock_dir(dir, &l2), GP_ERR_IO, "is in use by another run");
+    CHECK(l2 == NULL);
+    gp_snapshot_lock_release(l1);
+    CHECK_OK(gp_snapshot_lock_dir(dir, &l2));
+    gp_snapshot_lock_release(l2);
+    gp_snapshot_lock_release(NULL);
+    snprintf(a, sizeof a, "%s/.gpipe.lock", dir);
+    size_t n = 1;
+    free(gpt_read_file(a, &n));
+    CHECK_MSG(n == 0, "the lock file holds %zu bytes after release", n);
+}
+
+/* Two runs on one directory: the second stops at its start, naming the
+ * first; the first is not disturbed. */
+static void test_two_runs(void)
+{
+    char a[4096], dir[300], conf[300], setdir[400], lockf[400];
+    make_config("l.yaml", "");
+    snprintf(dir, sizeof dir, "%s/ls2", tmpdir);
+    snprintf(a, sizeof a, "rm -rf %s", dir);
+    CHECK(system(a) == 0);
+    snprintf(conf, sizeof conf, "%s/l.yaml", tmpdir);
+    snprintf(setdir, sizeof setdir, "train.snapshot.dir=%s", dir);
+    snprintf(lockf, sizeof lockf, "%s/.gpipe.lock", dir);
+    /* the first: 6 snapshots, each write pausing 300 ms, all kept */
+    pid_t first = fork();
+    if (first == 0) {
+        setenv("GPIPE_SNAPSHOT_SLOW_WRITE_MS", "300", 1);
+        FILE *nul = freopen("/dev/null", "w", stderr);
+        (void)nul;
+        execl(bin, bin, conf, "--quiet", "--set", "train.snapshot.every_steps=4", "--set",
+              "train.snapshot.keep=10", "--set", setdir, (char *)NULL);
+        _exit(127);
+    }
+    /* it holds the lock once its line is in the lock file */
+    bool held = false;
+    for (int i = 0; i < 1000 && !held; i++) {
+        size_t n = 0;
+        char *t = gpt_read_file(lockf, &n);
+        held = t && n > 0;
+        free(t);
+        if (!held) {
+            struct timespec ts = {0, 10 * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+    }
+    CHECK_MSG(held, "the first run did not take the lock within 10 s");
+    char pid[64];
+    snprintf(pid, sizeof pid, "(pid %ld on host ", (long)first);
+    /* a second fresh run, and a second run resuming from the directory */
+    snprintf(a, sizeof a, "%s --set train.snapshot.every_steps=4 --set %s", conf, setdir);
+    int rc = train(a);
+    CHECK_MSG(rc == 3, "second run: exit %d", rc);
+    CHECK(log_has(pid));
+    char msg[400];
+    snprintf(msg, sizeof msg, "the snapshot directory '%s' is in use by another run", dir);
+    CHECK(log_has(msg));
+    snprintf(a, sizeof a, "%s --set train.snapshot.every_steps=4 --set %s --resume latest",
+             conf, setdir);
+    rc = train(a);
+    CHECK_MSG(rc == 3, "second run resuming: exit %d", rc);
+    CHECK(log_has(pid));
+    int st = 0;
+    bool live = waitpid(first, &st, WNOHANG) == 0;
+    CHECK_MSG(live, "the first run ended before the second was tried: the test proves nothing");
+    if (live) waitpid(first, &st, 0);
+    CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "first run: status 0x%x", st);
+    /* all its snapshots there and intact, nothing of anyone else's */
+    CHECK_MSG(gp_snapshot_count(dir) == 6, "%d snapshots", gp_snapshot_count(dir));
+    for (int64_t step = 4; step <= 24; step += 4) {
+        char p[1100];
+        gp_snapshot_path(dir, step, p, sizeof p);
+        gp_st_file f;
+        gp_snapshot_pos pos;
+        gp_status so = gp_snapshot_open(p, &f, &pos);
+        CHECK_MSG(so == GP_OK && pos.step == step, "%s: %s", p, gp_last_error());
+        if (so == GP_OK) gp_st_free(&f);
+    }
+    snprintf(a, sizeof a, "ls -a %s | grep -q '\\.tmp\\.'", dir);
+    CHECK_MSG(system(a) != 0, "temporary files left in %s", dir);
+}
+
 /* ---- the kill test ---------------------------------------------------------------- */
 
 static void test_kill(void)
@@ -741,6 +847,8 @@ int main(void)
     if (access(bin, X_OK) == 0) {
         test_damage();
         test_bad_values();
+        test_lock_library();
+        test_two_runs();
         test_resume(1, "never", 1);
         test_resume(1, "always", 1);
         test_resume(2, "except_last", 1);

@@ -12,10 +12,13 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MAX_COUNTERS 4
@@ -396,8 +399,8 @@ static int64_t snap_step(const char *name)
     return v;
 }
 
-/* Steps of the snapshot files in dir, newest first; stale temporaries
- * (".snapshot-*.tmp.<pid>" of a killed writer) are removed. */
+/* Steps of the snapshot files in dir, newest first.  Only reads: what
+ * deletes or moves files is done under the directory's lock. */
 static int list_steps(const char *dir, int64_t **steps)
 {
     *steps = NULL;
@@ -406,13 +409,6 @@ static int list_steps(const char *dir, int64_t **steps)
     int n = 0, cap = 0;
     struct dirent *e;
     while ((e = readdir(d))) {
-        if (!strncmp(e->d_name, "." SNAP_PREFIX, strlen(SNAP_PREFIX) + 1) &&
-            strstr(e->d_name, SNAP_SUFFIX ".tmp.")) {
-            char p[1400];
-            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-            unlink(p);
-            continue;
-        }
         int64_t s = snap_step(e->d_name);
         if (s < 0) continue;
         if (n == cap) {
@@ -482,9 +478,178 @@ static gp_status make_dir(const char *dir)
     return GP_OK;
 }
 
-gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_pos *pos)
+/* ---- the directory lock ------------------------------------------------ */
+
+#define LOCK_NAME ".gpipe.lock"
+#define LOCK_INFO_MAX 400
+
+struct gp_snapshot_lock {
+    int fd;                     /* the lock file, flock()ed until released; -1 where the
+                                 * file system has no locks (warned) */
+    char dir[1024];
+};
+
+/* Wait a little: the holder writes its line right after taking the lock. */
+static void nap_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+}
+
+/* The holder's line ("pid 4242 on host h, started ..."), printable, in buf;
+ * false if the file is empty. */
+static bool read_holder(int fd, char *buf, size_t len)
+{
+    ssize_t n = pread(fd, buf, len - 1, 0);
+    if (n <= 0) return false;
+    buf[n] = '\0';
+    for (char *p = buf; *p; p++) {
+        if (*p == '\n') {
+            *p = '\0';
+            break;
+        }
+        if ((unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e) *p = '?';
+    }
+    return buf[0] != '\0';
+}
+
+/* Delete what writers that died left: ".snapshot-*.safetensors.tmp.<pid>".
+ * Only under the lock, where no other writer can be at work. */
+static void remove_temporaries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return;
+    int removed = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, "." SNAP_PREFIX, strlen(SNAP_PREFIX) + 1) ||
+            !strstr(e->d_name, SNAP_SUFFIX ".tmp."))
+            continue;
+        char p[1400];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        if (unlink(p) == 0) removed++;
+        else GP_WARN("cannot delete %s, left by a run that was stopped: %s", p, strerror(errno));
+    }
+    closedir(d);
+    if (removed)
+        GP_INFO("removed %d unfinished snapshot file%s in '%s' left by a run that was stopped "
+                "while writing", removed, removed == 1 ? "" : "s", dir);
+}
+
+gp_status gp_snapshot_lock_dir(const char *dir, gp_snapshot_lock **out)
+{
+    *out = NULL;
+    gp_snapshot_lock *l = calloc(1, sizeof *l);
+    if (!l) return gp_error_set(GP_ERR_OOM, "out of host memory");
+    l->fd = -1;
+    char path[1100];
+    if (strlen(dir) >= sizeof l->dir) {
+        free(l);
+        return gp_error_set(GP_ERR_INVALID, "path too long: '%.80s...'", dir);
+    }
+    snprintf(l->dir, sizeof l->dir, "%s", dir);
+    snprintf(path, sizeof path, "%s/" LOCK_NAME, dir);
+    /* O_CLOEXEC: a program this one starts must not hold the lock on. */
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        int e = errno;
+        free(l);
+        return gp_error_set(GP_ERR_IO, "cannot open the lock file '%s': %s; check that the "
+                            "snapshot directory is writable", path, strerror(e));
+    }
+    /* Retry a little: the holder may have just taken the lock and not yet
+     * written its line, or be releasing it (it empties the file first). */
+    char holder[LOCK_INFO_MAX] = "";
+    bool locked = false, no_locks = false;
+    for (int tries = 0; tries < 50 && !locked; tries++) {
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+            locked = true;
+            break;
+        }
+        int e = errno;
+        if (e == EINTR) continue;
+        if (e != EWOULDBLOCK) {
+            if (e == ENOLCK || e == EOPNOTSUPP || e == ENOSYS) {
+                no_locks = true;
+                GP_WARN("cannot lock '%s' (%s): this file system has no flock(); a second run "
+                        "on '%s' would not be stopped", path, strerror(e), dir);
+                break;
+            }
+            close(fd);
+            free(l);
+            return gp_error_set(GP_ERR_IO, "cannot lock '%s': %s", path, strerror(e));
+        }
+        if (read_holder(fd, holder, sizeof holder)) break;
+        nap_ms(20);
+    }
+    if (!locked && !no_locks) {
+        if (!holder[0]) snprintf(holder, sizeof holder, "it has not written its pid to " LOCK_NAME);
+        close(fd);
+        free(l);
+        return gp_error_set(GP_ERR_IO, "the snapshot directory '%s' is in use by another run "
+                            "(%s); two runs on one directory would delete each other's "
+                            "snapshots. Wait for it to end, or set train.snapshot.dir to "
+                            "another directory", dir, holder);
+    }
+    if (locked) {
+        char host[256] = "?", when[64] = "?";
+        if (gethostname(host, sizeof host) != 0) snprintf(host, sizeof host, "?");
+        host[sizeof host - 1] = '\0';
+        time_t now = time(NULL);
+        struct tm tm;
+        if (localtime_r(&now, &tm)) strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S %z", &tm);
+        char line[LOCK_INFO_MAX];
+        int n = snprintf(line, sizeof line, "pid %ld on host %.64s, started %s\n",
+                         (long)getpid(), host, when);
+        /* Only for the message of a run that finds the lock taken. */
+        if (ftruncate(fd, 0) != 0 || pwrite(fd, line, (size_t)n, 0) != n)
+            GP_WARN("cannot write to %s: %s (a second run's message will not name this one)",
+                    path, strerror(errno));
+        l->fd = fd;
+    } else {
+        close(fd);
+    }
+    remove_temporaries(dir);
+    *out = l;
+    return GP_OK;
+}
+
+gp_status gp_snapshot_lock_run(const gp_config *cfg, const char *resume, gp_snapshot_lock **out)
+{
+    *out = NULL;
+    const gp_snapshot_config *sc = &cfg->train.snapshot;
+    if (sc->every_steps > 0 || sc->every_minutes > 0) {
+        GP_TRY(make_dir(sc->dir));
+    } else {
+        struct stat st;
+        /* Not writing snapshots: only `--resume latest` reads the directory,
+         * and one that does not exist has nothing to lock (nor to resume:
+         * gp_snapshot_prepare says so). */
+        if (!resume || strcmp(resume, "latest") || stat(sc->dir, &st) != 0) return GP_OK;
+    }
+    return gp_snapshot_lock_dir(sc->dir, out);
+}
+
+void gp_snapshot_lock_release(gp_snapshot_lock *l)
+{
+    if (!l) return;
+    if (l->fd >= 0) {
+        /* Empty it first, so a stale pid is never reported (the kernel
+         * drops the lock of a process that dies, not the line). */
+        if (ftruncate(l->fd, 0) != 0) GP_DEBUG("cannot empty the lock file: %s", strerror(errno));
+        close(l->fd);
+    }
+    free(l);
+}
+
+/* ---- saving ------------------------------------------------------------------ */
+
+gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_pos *pos,
+                           const gp_snapshot_lock *lock)
 {
     const gp_snapshot_config *sc = &cfg->train.snapshot;
+    /* Pruning below deletes files: only the run that owns the directory. */
+    GP_ASSERT(lock && !strcmp(lock->dir, sc->dir));
     GP_TRY(make_dir(sc->dir));
     gp_st_writer w = {0};
     char path[1100];

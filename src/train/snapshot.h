@@ -132,13 +132,42 @@ gp_status gp_snapshot_latest(const char *dir, char *path, size_t len);
 gp_status gp_snapshot_read_config(const char *path, const char *const *overrides, int n_overrides,
                              gp_config *out);
 
+/* ---- one run per snapshot directory ------------------------------------ */
+
+/* A snapshot directory belongs to one run at a time.  The run holds an
+ * exclusive flock(2) on "<dir>/.gpipe.lock" from its start to its end; the
+ * file holds one line, "pid P on host H, started T", for the message a
+ * second run gets.  Everything that deletes files in the directory (a
+ * dead writer's temporary files, pruning) takes the lock handle, so it
+ * happens only under it.
+ * There is no stale lock: the kernel drops a dead process's flock (a
+ * SIGKILLed run's line stays in the file, but a run that finds the lock
+ * free overwrites it, and one that ends normally empties it).  The file
+ * itself stays, empty.  A lock handle is used by one thread. */
+typedef struct gp_snapshot_lock gp_snapshot_lock;
+
+/* Lock `dir` (which must exist), then remove the temporary files of
+ * writers that died there.  A directory another process (or another open
+ * in this one) holds is GP_ERR_IO naming the directory and the holder's
+ * pid, host and start time.  On a file system without flock() this warns
+ * and returns a handle that locks nothing. */
+gp_status gp_snapshot_lock_dir(const char *dir, gp_snapshot_lock **out);
+/* What gp_train_run takes before anything else: with snapshots on
+ * (train.snapshot.every_steps or every_minutes), train.snapshot.dir (made
+ * if missing); else with resume == "latest", that directory if it exists;
+ * else nothing (*out = NULL, GP_OK). */
+gp_status gp_snapshot_lock_run(const gp_config *cfg, const char *resume, gp_snapshot_lock **out);
+/* Unlock; NULL is a no-op. */
+void gp_snapshot_lock_release(gp_snapshot_lock *lock);
+
 /* Snapshot file path for a step: "<dir>/snapshot-<step, 9 digits>.safetensors". */
 void gp_snapshot_path(const char *dir, int64_t step, char *path, size_t len);
 /* Save a snapshot of the model at pos into cfg->train.snapshot.dir (made if
- * missing), then delete the older snapshots beyond train.snapshot.keep. */
-gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_pos *pos);
-/* Number of snapshot files in dir (0 if it does not exist); stale
- * temporary files of killed writers are removed on the way. */
+ * missing), then delete the older snapshots beyond train.snapshot.keep.
+ * `lock` is that directory's (a bug otherwise). */
+gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_pos *pos,
+                           const gp_snapshot_lock *lock);
+/* Number of snapshot files in dir (0 if it does not exist).  Reads only. */
 int gp_snapshot_count(const char *dir);
 
 /* Before training (gp_train_run): with `resume` (a path, or "latest" for
