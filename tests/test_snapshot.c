@@ -21,7 +21,10 @@
  *   - the directory lock: a second run (fresh or resuming) on a directory
  *     a running one holds exits 3 naming the first's pid, and the first
  *     finishes with every snapshot intact; dead writers' temporaries go
- *     only under the lock.
+ *     only under the lock;
+ *   - resuming an older snapshot moves the later ones to abandoned-<time>/
+ *     byte for byte, and --resume latest then goes on with the resumed
+ *     run's own snapshots.
  */
 #include "core/core.h"
 #include "train/snapshot.h"
@@ -704,6 +707,88 @@ static void test_two_runs(void)
     CHECK_MSG(system(a) != 0, "temporary files left in %s", dir);
 }
 
+/* Resuming an older snapshot moves the later ones aside; --resume latest
+ * then goes on with the resumed run's own snapshots. */
+static void test_resume_older(void)
+{
+    char a[4096], dir[300], sets[600], p[1100];
+    make_config("o.yaml", "");
+    snprintf(dir, sizeof dir, "%s/os", tmpdir);
+    snprintf(a, sizeof a, "rm -rf %s", dir);
+    CHECK(system(a) == 0);
+    snprintf(sets, sizeof sets, "--set train.snapshot.every_steps=4 --set train.snapshot.keep=10 "
+             "--set train.snapshot.dir=%s", dir);
+    snprintf(a, sizeof a, "%s/o.yaml %s", tmpdir, sets);
+    CHECK(train(a) == 0);
+    uint8_t *orig[7] = {0};
+    size_t orig_n[7] = {0};
+    for (int k = 3; k <= 6; k++) { /* steps 12 .. 24 */
+        gp_snapshot_path(dir, 4 * k, p, sizeof p);
+        orig[k] = gpt_read_file(p, &orig_n[k]);
+    }
+    /* from step 8 on a shorter schedule (another line of the run) to 16 */
+    gp_snapshot_path(dir, 8, p, sizeof p);
+    snprintf(a, sizeof a, "%s/o.yaml %s --set train.steps=16 --resume %s --export-weights "
+             "%s/o16.st", tmpdir, sets, p, tmpdir);
+    CHECK(train(a) == 0);
+    char msg[1300];
+    snprintf(msg, sizeof msg, "moved 4 later snapshots (steps 12 to 24) to %s/abandoned-", dir);
+    CHECK(log_has(msg));
+    CHECK(log_has("so that --resume latest goes on with this run from step 8"));
+    /* the later ones, byte for byte, in the one abandoned-* directory */
+    char sub[700] = "";
+    snprintf(a, sizeof a, "ls -d %s/abandoned-* > %s/sub.txt", dir, tmpdir);
+    CHECK(system(a) == 0);
+    snprintf(a, sizeof a, "%s/sub.txt", tmpdir);
+    char *t = gpt_read_file(a, NULL);
+    if (t) snprintf(sub, sizeof sub, "%.*s", (int)strcspn(t, "\n"), t);
+    CHECK_MSG(t && strchr(t, '\n') == t + strlen(t) - 1, "abandoned directories: %s", t);
+    free(t);
+    for (int k = 3; k <= 6; k++) {
+        char q[1100];
+        gp_snapshot_path(sub, 4 * k, q, sizeof q);
+        size_t n;
+        uint8_t *b = gpt_read_file(q, &n);
+        CHECK_MSG(b && orig[k] && n == orig_n[k] && !memcmp(b, orig[k], n), "%s moved aside "
+                  "is not the original", q);
+        free(b);
+    }
+    /* the directory holds this run's line: 4, 8 and its own 12, 16 */
+    CHECK(gp_snapshot_count(dir) == 4);
+    char latest[1100];
+    CHECK_OK(gp_snapshot_latest(dir, latest, sizeof latest));
+    gp_snapshot_path(dir, 16, p, sizeof p);
+    CHECK_MSG(!strcmp(latest, p), "latest is %s", latest);
+    gp_st_file mine, exported, old;
+    char q[1100], e[300];
+    gp_snapshot_path(sub, 16, q, sizeof q);
+    snprintf(e, sizeof e, "%s/o16.st", tmpdir);
+    CHECK_OK(gp_st_read(p, &mine));
+    CHECK_OK(gp_st_read(e, &exported));
+    CHECK_OK(gp_st_read(q, &old));
+    const gp_st_tensor *x = gp_st_find(&mine, "1.weight"), *y = gp_st_find(&exported, "1.weight"),
+                       *z = gp_st_find(&old, "1.weight");
+    CHECK(x && y && z);
+    if (x && y && z) {
+        size_t nb = (size_t)(x->end - x->begin);
+        CHECK_MSG(!memcmp(x->data, y->data, nb), "step 16 in %s is not the resumed run's", dir);
+        CHECK_MSG(memcmp(x->data, z->data, nb), "the two lines of the run did not differ");
+    }
+    gp_st_free(&mine);
+    gp_st_free(&exported);
+    gp_st_free(&old);
+    /* and --resume latest goes on from the resumed run's step 16, moving
+     * nothing more */
+    snprintf(a, sizeof a, "%s/o.yaml %s --set train.steps=20 --resume latest", tmpdir, sets);
+    CHECK(train(a) == 0);
+    snprintf(msg, sizeof msg, "resuming from %s: step 16", p);
+    CHECK(log_has(msg));
+    snprintf(a, sizeof a, "test $(ls -d %s/abandoned-* | wc -l) -eq 1", dir);
+    CHECK(system(a) == 0);
+    CHECK(gp_snapshot_count(dir) == 5);
+    for (int k = 3; k <= 6; k++) free(orig[k]);
+}
+
 /* ---- the kill test ---------------------------------------------------------------- */
 
 static void test_kill(void)
@@ -849,6 +934,7 @@ int main(void)
         test_bad_values();
         test_lock_library();
         test_two_runs();
+        test_resume_older();
         test_resume(1, "never", 1);
         test_resume(1, "always", 1);
         test_resume(2, "except_last", 1);

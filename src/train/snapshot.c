@@ -659,9 +659,8 @@ gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_
     gp_st_writer_free(&w);
     if (s != GP_OK) return gp_error_wrap(s, "snapshot at step %lld", (long long)pos->step);
     /* Only now that the new one is complete: drop the older ones beyond
-     * `keep`.  Snapshots of later steps (left by a run this one resumed
-     * from an earlier point) are not counted or touched; this run
-     * overwrites them as it reaches their steps. */
+     * `keep`.  Snapshots of later steps are not counted or touched (there
+     * are none: gp_snapshot_prepare moved those of a resumed run aside). */
     int64_t *steps;
     int n = list_steps(sc->dir, &steps), kept = 1;
     for (int i = 0; i < n; i++) {
@@ -745,8 +744,67 @@ static gp_status init_from(gp_model *m, const char *path)
     return GP_OK;
 }
 
+/* Move the snapshots of steps after `step` in the locked directory into a
+ * new subdirectory "abandoned-<local time>", so that `--resume latest` can
+ * only find this run's.  Renames within one file system: nothing is copied,
+ * nothing is lost. */
+static gp_status move_later_aside(const gp_snapshot_lock *lock, int64_t step)
+{
+    int64_t *steps;
+    int n = list_steps(lock->dir, &steps), later = 0;
+    while (later < n && steps[later] > step) later++; /* newest first */
+    if (later == 0) {
+        free(steps);
+        return GP_OK;
+    }
+    char sub[1200], stamp[32] = "0";
+    time_t now = time(NULL);
+    struct tm tm;
+    if (localtime_r(&now, &tm)) strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+    int made = -1, e = 0;
+    for (int k = 1; k < 100 && made != 0; k++) {
+        if (k == 1) snprintf(sub, sizeof sub, "%s/abandoned-%s", lock->dir, stamp);
+        else snprintf(sub, sizeof sub, "%s/abandoned-%s-%d", lock->dir, stamp, k);
+        made = mkdir(sub, 0755);
+        e = errno;
+        if (made != 0 && e != EEXIST) break;
+    }
+    if (made != 0) {
+        free(steps);
+        return gp_error_set(GP_ERR_IO, "cannot create '%s' to move the snapshots after step "
+                            "%lld aside: %s", sub, (long long)step, strerror(e));
+    }
+    for (int i = 0; i < later; i++) {
+        char from[1100], to[1300];
+        gp_snapshot_path(lock->dir, steps[i], from, sizeof from);
+        snprintf(to, sizeof to, "%s/%s", sub, strrchr(from, '/') + 1);
+        if (rename(from, to) != 0) {
+            e = errno;
+            free(steps);
+            return gp_error_set(GP_ERR_IO, "cannot move %s to %s: %s; move the snapshots after "
+                                "step %lld out of '%s' by hand, then resume again", from, sub,
+                                strerror(e), (long long)step, lock->dir);
+        }
+    }
+    int dfd = open(lock->dir, O_RDONLY);
+    if (dfd >= 0) {
+        fsync(dfd); /* the renames are durable from here */
+        close(dfd);
+    }
+    char which[64];
+    if (later == 1) snprintf(which, sizeof which, "step %lld", (long long)steps[0]);
+    else snprintf(which, sizeof which, "steps %lld to %lld", (long long)steps[later - 1],
+                  (long long)steps[0]);
+    GP_INFO("moved %d later snapshot%s (%s) to %s/ so that --resume latest goes on with this "
+            "run from step %lld; delete that directory once you do not need them", later,
+            later == 1 ? "" : "s", which, sub, (long long)step);
+    free(steps);
+    return GP_OK;
+}
+
 gp_status gp_snapshot_prepare(gp_model *m, const gp_config *cfg, const char *resume,
-                              int64_t train_n, gp_snapshot_pos *pos)
+                              int64_t train_n, const gp_snapshot_lock *lock,
+                              gp_snapshot_pos *pos)
 {
     const gp_train_config *tc = &cfg->train;
     memset(pos, 0, sizeof *pos);
@@ -804,5 +862,12 @@ gp_status gp_snapshot_prepare(gp_model *m, const gp_config *cfg, const char *res
     }
     GP_INFO("resuming from %s: step %lld, epoch %lld, batch %lld", path, (long long)sp.step,
             (long long)pos->epoch + 1, (long long)pos->batch);
+    /* This run's snapshots go into the directory: later ones of the run it
+     * resumed from an earlier point would mix with them, be taken for the
+     * newest by the next --resume latest, and be overwritten step by step. */
+    if (snapping) {
+        GP_ASSERT(lock && !strcmp(lock->dir, tc->snapshot.dir));
+        GP_TRY(move_later_aside(lock, sp.step));
+    }
     return GP_OK;
 }

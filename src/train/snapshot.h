@@ -137,9 +137,9 @@ gp_status gp_snapshot_read_config(const char *path, const char *const *overrides
 /* A snapshot directory belongs to one run at a time.  The run holds an
  * exclusive flock(2) on "<dir>/.gpipe.lock" from its start to its end; the
  * file holds one line, "pid P on host H, started T", for the message a
- * second run gets.  Everything that deletes files in the directory (a
- * dead writer's temporary files, pruning) takes the lock handle, so it
- * happens only under it.
+ * second run gets.  Everything that deletes or moves files in the
+ * directory (a dead writer's temporary files, pruning, moving later
+ * snapshots aside) takes the lock handle, so it happens only under it.
  * There is no stale lock: the kernel drops a dead process's flock (a
  * SIGKILLed run's line stays in the file, but a run that finds the lock
  * free overwrites it, and one that ends normally empties it).  The file
@@ -176,9 +176,14 @@ int gp_snapshot_count(const char *dir);
  * where training goes on (all zero for a fresh run), the loader position
  * expressed in the config's batch size over `train_n` samples.  A fresh
  * run with snapshots on refuses a directory that already holds snapshots
- * (they would be mixed with, and pruned by, the new run's). */
+ * (they would be mixed with, and pruned by, the new run's).  A resumed run
+ * with snapshots on moves the snapshots of later steps in its directory
+ * into "<dir>/abandoned-<YYYYmmdd-HHMMSS>/" (one info line says so), so
+ * the next --resume latest goes on with this run.  `lock` is
+ * gp_snapshot_lock_run's (required with snapshots on). */
 gp_status gp_snapshot_prepare(gp_model *m, const gp_config *cfg, const char *resume,
-                              int64_t train_n, gp_snapshot_pos *pos);
+                              int64_t train_n, const gp_snapshot_lock *lock,
+                              gp_snapshot_pos *pos);
 /* Write the model's weights (no optimizer state) to `path` atomically. */
 gp_status gp_snapshot_export(gp_model *m, const gp_config *cfg, const char *path);
 

@@ -190,7 +190,8 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                          .prefetch = cfg->data.prefetch > 0 ? cfg->data.prefetch : 2,
                          .seed = tc->seed, .pin = devs[0]};
     gp_snapshot_pos pos = {0};
-    if (s == GP_OK) s = gp_snapshot_prepare(&model, cfg, opts->resume_path, train.n, &pos);
+    if (s == GP_OK) s = gp_snapshot_prepare(&model, cfg, opts->resume_path, train.n, snap_lock,
+                                               &pos);
     lo.start_epoch = pos.epoch;
     lo.start_batch = pos.batch;
     if (s == GP_OK && tc->batch_size > train.n)
