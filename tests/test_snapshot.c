@@ -555,6 +555,11 @@ static void test_resume(int devices, const char *ckpt, int replicas)
     snprintf(p2, sizeof p2, "%s/res.st", tmpdir);
     CHECK_MSG(same_files(p1, p2), "%d device(s) x %d replica(s), checkpoint %s: resumed weights "
               "differ", devices, replicas, ckpt);
+    /* without snapshots on, an older resume leaves the directory alone */
+    snprintf(a, sizeof a, "%s/rs", tmpdir);
+    CHECK_MSG(gp_snapshot_count(a) == 5, "%d snapshots left", gp_snapshot_count(a));
+    snprintf(a, sizeof a, "ls -d %s/rs/abandoned-* >/dev/null 2>&1", tmpdir);
+    CHECK_MSG(system(a) != 0, "a resume without snapshots moved some aside");
 }
 
 /* A 2-device snapshot resumed on 1 device: the same numbers up to rounding. */
