@@ -606,10 +606,12 @@ gp_status gp_snapshot_lock_dir(const char *dir, gp_snapshot_lock **out)
             GP_WARN("cannot write to %s: %s (a second run's message will not name this one)",
                     path, strerror(errno));
         l->fd = fd;
+        /* Under the lock no other writer is at work: a temporary file
+         * here is a dead one's.  Without a lock that cannot be known. */
+        remove_temporaries(dir);
     } else {
         close(fd);
     }
-    remove_temporaries(dir);
     *out = l;
     return GP_OK;
 }
@@ -624,8 +626,11 @@ gp_status gp_snapshot_lock_run(const gp_config *cfg, const char *resume, gp_snap
         struct stat st;
         /* Not writing snapshots: only `--resume latest` reads the directory,
          * and one that does not exist has nothing to lock (nor to resume:
-         * gp_snapshot_prepare says so). */
-        if (!resume || strcmp(resume, "latest") || stat(sc->dir, &st) != 0) return GP_OK;
+         * gp_snapshot_prepare says so).  A run that only reads needs no
+         * lock where it cannot take one (a read-only copy of a directory). */
+        if (!resume || strcmp(resume, "latest") || stat(sc->dir, &st) != 0 ||
+            access(sc->dir, W_OK) != 0)
+            return GP_OK;
     }
     return gp_snapshot_lock_dir(sc->dir, out);
 }

@@ -150,12 +150,12 @@ typedef struct gp_snapshot_lock gp_snapshot_lock;
  * writers that died there.  A directory another process (or another open
  * in this one) holds is GP_ERR_IO naming the directory and the holder's
  * pid, host and start time.  On a file system without flock() this warns
- * and returns a handle that locks nothing. */
+ * and returns a handle that locks nothing (and removes no temporaries). */
 gp_status gp_snapshot_lock_dir(const char *dir, gp_snapshot_lock **out);
 /* What gp_train_run takes before anything else: with snapshots on
  * (train.snapshot.every_steps or every_minutes), train.snapshot.dir (made
- * if missing); else with resume == "latest", that directory if it exists;
- * else nothing (*out = NULL, GP_OK). */
+ * if missing); else with resume == "latest", that directory if it exists
+ * and is writable; else nothing (*out = NULL, GP_OK). */
 gp_status gp_snapshot_lock_run(const gp_config *cfg, const char *resume, gp_snapshot_lock **out);
 /* Unlock; NULL is a no-op. */
 void gp_snapshot_lock_release(gp_snapshot_lock *lock);
