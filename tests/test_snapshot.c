@@ -13,7 +13,18 @@
  *   - resume equivalence for 1 and 2 devices and every checkpoint mode
  *     (bitwise), and across device counts (numerically equal);
  *   - corrupted (checksum) and truncated snapshots are refused, `latest`
- *     skips them, and a mismatched config is refused.
+ *     skips them, and a mismatched config is refused;
+ *   - NaN, Inf and negative running variances refused where they enter
+ *     (init_from, --resume), named by file, tensor and element: the bad
+ *     files are valid exports with one tensor's bytes patched and the
+ *     CRC-32 recomputed by a reference implementation here;
+ *   - the directory lock: a second run (fresh or resuming) on a directory
+ *     a running one holds exits 3 naming the first's pid, and the first
+ *     finishes with every snapshot intact; dead writers' temporaries go
+ *     only under the lock;
+ *   - resuming an older snapshot moves the later ones to abandoned-<time>/
+ *     byte for byte, and --resume latest then goes on with the resumed
+ *     run's own snapshots.
  */
 #include "core/core.h"
 #include "train/snapshot.h"
@@ -54,6 +65,18 @@ static void show_log(void)
     char *t = gpt_read_file(p, NULL);
     if (t) fprintf(stderr, "--- gpipe-train output ---\n%s---\n", t);
     free(t);
+}
+
+/* Whether the last train()'s output contains `needle` (shown if not). */
+static bool log_has(const char *needle)
+{
+    char p[300];
+    snprintf(p, sizeof p, "%s/log.txt", tmpdir);
+    char *t = gpt_read_file(p, NULL);
+    bool has = t && strstr(t, needle);
+    if (!has) fprintf(stderr, "expected \"%s\" in:\n%s---\n", needle, t ? t : "(no log)");
+    free(t);
+    return has;
 }
 
 static const char *k_mlp =
@@ -338,6 +361,169 @@ static void test_round_trip(void)
     gp_config_free(&c3);
 }
 
+/* ---- values that must not load ------------------------------------------------- */
+
+/* CRC-32 (zlib's: reflected 0xEDB88320), bit by bit: an oracle apart from
+ * the library's. */
+static uint32_t ref_crc32(const uint8_t *p, size_t n)
+{
+    uint32_t c = 0xffffffffu;
+    for (size_t i = 0; i < n; i++) {
+        c ^= p[i];
+        for (int b = 0; b < 8; b++) c = (c >> 1) ^ (0xedb88320u & (0u - (c & 1u)));
+    }
+    return ~c;
+}
+
+/* A copy of the safetensors file src as dst with element `index` of
+ * tensor `name` set to v, by patching its 4 bytes in place (the header's
+ * data_offsets give where), and "gpipe.crc32" recomputed so the file is
+ * intact as a file: what a run that diverged would have written. */
+static void patch_value(const char *src, const char *dst, const char *name, int64_t index, float v)
+{
+    size_t n;
+    uint8_t *img = gpt_read_file(src, &n);
+    CHECK(img != NULL && n > 8);
+    if (!img || n <= 8) return;
+    uint64_t hl = 0;
+    for (int i = 0; i < 8; i++) hl |= (uint64_t)img[i] << (8 * i);
+    CHECK(hl < n - 8);
+    /* the tensor's entry: "name":{..."data_offsets":[begin,end]} */
+    char key[160];
+    snprintf(key, sizeof key, "\"%s\"", name);
+    char *hdr = malloc(hl + 1);
+    memcpy(hdr, img + 8, hl);
+    hdr[hl] = '\0';
+    char *at = strstr(hdr, key), *off = at ? strstr(at, "data_offsets") : NULL;
+    CHECK_MSG(off != NULL, "%s: no tensor %s", src, name);
+    unsigned long long begin = 0, end = 0;
+    if (off) CHECK(sscanf(strchr(off, '[') + 1, "%llu , %llu", &begin, &end) == 2);
+    size_t at_byte = 8 + hl + begin + 4 * (uint64_t)index;
+    CHECK(at_byte + 4 <= 8 + hl + end && 8 + hl + end <= n);
+    if (at_byte + 4 <= n) memcpy(img + at_byte, &v, 4); /* little-endian host */
+    char *crc = strstr(hdr, "\"gpipe.crc32\"");
+    CHECK(crc != NULL);
+    if (crc) {
+        char *q = strchr(crc + strlen("\"gpipe.crc32\""), '"') + 1;
+        char hex[9];
+        snprintf(hex, sizeof hex, "%08lx", (unsigned long)ref_crc32(img + 8 + hl, n - 8 - hl));
+        memcpy(img + 8 + (size_t)(q - hdr), hex, 8);
+    }
+    gpt_write_file(dst, img, n);
+    free(hdr);
+    free(img);
+}
+
+/* NaN, Inf and a negative running variance are refused where they enter:
+ * model.init_from and --resume, naming the file, the tensor and the
+ * element, exit 3; before any step (no snapshot, no export). */
+static void test_bad_values(void)
+{
+    char a[4096], w[300], bad[300], dir[300];
+    make_config("v.yaml", "");
+    snprintf(w, sizeof w, "%s/v.st", tmpdir);
+    snprintf(bad, sizeof bad, "%s/vbad.st", tmpdir);
+    snprintf(a, sizeof a, "%s/v.yaml --set train.steps=3 --export-weights %s", tmpdir, w);
+    CHECK(train(a) == 0);
+    /* the patched copy of an intact file loads: the patching is sound */
+    patch_value(w, bad, "1.weight", 5, 0.25f);
+    snprintf(a, sizeof a, "%s/v.yaml --set train.steps=2 --set model.init_from=%s", tmpdir, bad);
+    CHECK(train(a) == 0);
+    static const struct {
+        const char *tensor;
+        int64_t index;
+        float value;
+        const char *says;
+    } cases[] = {
+        {"1.weight", 5, NAN, "tensor '1.weight'[5] is NaN: parameters, buffers and momentum "
+                             "must be finite; the file is corrupt or from a diverged run"},
+        {"5.bias", 3, -INFINITY, "tensor '5.bias'[3] is -Inf"},
+        {"2.running_mean", 31, INFINITY, "tensor '2.running_mean'[31] is +Inf"},
+        {"2.running_var", 17, -0.5f, "tensor '2.running_var'[17] is -0.5: a running variance "
+                                     "must be >= 0; the file is corrupt or from a diverged run"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        patch_value(w, bad, cases[i].tensor, cases[i].index, cases[i].value);
+        snprintf(a, sizeof a, "%s/v.yaml --set model.init_from=%s --export-weights %s/vout.st",
+                 tmpdir, bad, tmpdir);
+        int rc = train(a);
+        CHECK_MSG(rc == 3, "%s[%lld] = %g: exit %d", cases[i].tensor,
+                  (long long)cases[i].index, (double)cases[i].value, rc);
+        CHECK(log_has(cases[i].says));
+        char msg[400];
+        snprintf(msg, sizeof msg, "model.init_from: %s: tensor", bad);
+        CHECK(log_has(msg));
+        snprintf(msg, sizeof msg, "%s/vout.st", tmpdir);
+        CHECK_MSG(access(msg, F_OK) != 0, "a refused init_from still exported weights");
+    }
+    /* two bad values: the first in model order is named, the count given */
+    patch_value(w, bad, "5.weight", 0, NAN);
+    patch_value(bad, bad, "2.running_var", 0, -1.0f);
+    snprintf(a, sizeof a, "%s/v.yaml --set model.init_from=%s", tmpdir, bad);
+    CHECK(train(a) == 3);
+    CHECK(log_has("tensor '2.running_var'[0] is -1: a running variance must be >= 0"));
+    CHECK(log_has("(2 bad values in 2 tensors)"));
+    /* zero variance and -0.0 are values a model may hold */
+    patch_value(w, bad, "2.running_var", 2, 0.0f);
+    patch_value(bad, bad, "2.running_var", 3, -0.0f);
+    snprintf(a, sizeof a, "%s/v.yaml --set train.steps=2 --set model.init_from=%s", tmpdir, bad);
+    CHECK(train(a) == 0);
+
+    /* a snapshot with NaN momentum: refused by --resume, path or latest */
+    snprintf(dir, sizeof dir, "%s/vs", tmpdir);
+    snprintf(a, sizeof a, "rm -rf %s", dir);
+    CHECK(system(a) == 0);
+    snprintf(a, sizeof a, "%s/v.yaml --set train.steps=8 --set train.snapshot.every_steps=4 "
+             "--set train.snapshot.dir=%s", tmpdir, dir);
+    CHECK(train(a) == 0);
+    char snap[1100];
+    gp_snapshot_path(dir, 8, snap, sizeof snap);
+    patch_value(snap, snap, "momentum.1.weight", 40, NAN);
+    snprintf(a, sizeof a, "%s/v.yaml --set train.steps=12 --set train.snapshot.every_steps=4 "
+             "--set train.snapshot.dir=%s --resume %s", tmpdir, dir, snap);
+    CHECK(train(a) == 3);
+    char msg[1300];
+    snprintf(msg, sizeof msg, "--resume: %s: tensor 'momentum.1.weight'[40] is NaN", snap);
+    CHECK(log_has(msg));
+    snprintf(a, sizeof a, "%s/v.yaml --set train.steps=12 --set train.snapshot.every_steps=4 "
+             "--set train.snapshot.dir=%s --resume latest", tmpdir, dir);
+    CHECK(train(a) == 3);
+    CHECK(log_has("tensor 'momentum.1.weight'[40] is NaN"));
+    CHECK_MSG(gp_snapshot_count(dir) == 2, "a refused resume changed the directory: %d "
+              "snapshots", gp_snapshot_count(dir));
+    /* in the library: all or nothing, and a snapshot's momentum is not
+     * looked at when only the weights are taken (init_from) */
+    gp_st_file f;
+    CHECK_OK(gp_st_read(snap, &f));
+    gp_config cfg;
+    char cp[300];
+    snprintf(cp, sizeof cp, "%s/v.yaml", tmpdir);
+    CHECK_OK(gp_config_load(cp, NULL, 0, &cfg));
+    gp_device *dev;
+    gp_device_opts o = {.threads = 1};
+    CHECK_OK(gp_device_open("cpu:0", &o, &dev));
+    gp_model m;
+    CHECK_OK(gp_model_build(&cfg, dev, &m));
+    gp_st_writer w0 = {0}, w1 = {0};
+    CHECK_OK(gp_snapshot_collect(&m, &cfg, NULL, &w0));
+    CHECK_ERR(gp_snapshot_apply(&m, &f, true), GP_ERR_DATA, "'momentum.1.weight'[40] is NaN");
+    CHECK_OK(gp_snapshot_collect(&m, &cfg, NULL, &w1));
+    uint8_t *i0, *i1;
+    size_t n0, n1;
+    CHECK_OK(gp_st_serialize(&w0, &i0, &n0));
+    CHECK_OK(gp_st_serialize(&w1, &i1, &n1));
+    CHECK_MSG(n0 == n1 && !memcmp(i0, i1, n0), "a refused load changed the model");
+    CHECK_OK(gp_snapshot_apply(&m, &f, false));
+    free(i0);
+    free(i1);
+    gp_st_writer_free(&w0);
+    gp_st_writer_free(&w1);
+    gp_st_free(&f);
+    gp_model_free(&m);
+    gp_device_close(dev);
+    gp_config_free(&cfg);
+}
+
 /* ---- resume equivalence ------------------------------------------------------- */
 
 /* replicas > 1: data parallelism, whose sharded update leaves each
@@ -369,6 +555,11 @@ static void test_resume(int devices, const char *ckpt, int replicas)
     snprintf(p2, sizeof p2, "%s/res.st", tmpdir);
     CHECK_MSG(same_files(p1, p2), "%d device(s) x %d replica(s), checkpoint %s: resumed weights "
               "differ", devices, replicas, ckpt);
+    /* without snapshots on, an older resume leaves the directory alone */
+    snprintf(a, sizeof a, "%s/rs", tmpdir);
+    CHECK_MSG(gp_snapshot_count(a) == 5, "%d snapshots left", gp_snapshot_count(a));
+    snprintf(a, sizeof a, "ls -d %s/rs/abandoned-* >/dev/null 2>&1", tmpdir);
+    CHECK_MSG(system(a) != 0, "a resume without snapshots moved some aside");
 }
 
 /* A 2-device snapshot resumed on 1 device: the same numbers up to rounding. */
@@ -417,6 +608,190 @@ static void test_resume_other_placement(void)
               worst, (unsigned long long)compared);
     gp_st_free(&f1);
     gp_st_free(&f2);
+}
+
+/* ---- one run per directory ------------------------------------------------------------ */
+
+/* In the library: a directory is locked once; the lock names its holder;
+ * a dead writer's temporary file goes only when the lock is taken. */
+static void test_lock_library(void)
+{
+    char dir[300], tmp[400], a[700];
+    snprintf(dir, sizeof dir, "%s/ls", tmpdir);
+    snprintf(a, sizeof a, "rm -rf %s && mkdir %s", dir, dir);
+    CHECK(system(a) == 0);
+    snprintf(tmp, sizeof tmp, "%s/.snapshot-000000007.safetensors.tmp.999999", dir);
+    gpt_write_file(tmp, "partial", 7);
+    CHECK(gp_snapshot_count(dir) == 0);
+    CHECK_MSG(access(tmp, F_OK) == 0, "listing without the lock deleted a temporary file");
+    gp_snapshot_lock *l1 = NULL, *l2 = NULL;
+    CHECK_OK(gp_snapshot_lock_dir(dir, &l1));
+    CHECK_MSG(access(tmp, F_OK) != 0, "the lock did not remove a dead writer's temporary file");
+    char pid[64];
+    snprintf(pid, sizeof pid, "(pid %ld on host ", (long)getpid());
+    CHECK_ERR(gp_snapshot_lock_dir(dir, &l2), GP_ERR_IO, pid);
+    CHECK_ERR(gp_snapshot_lock_dir(dir, &l2), GP_ERR_IO, "is in use by another run");
+    CHECK(l2 == NULL);
+    gp_snapshot_lock_release(l1);
+    CHECK_OK(gp_snapshot_lock_dir(dir, &l2));
+    gp_snapshot_lock_release(l2);
+    gp_snapshot_lock_release(NULL);
+    snprintf(a, sizeof a, "%s/.gpipe.lock", dir);
+    size_t n = 1;
+    free(gpt_read_file(a, &n));
+    CHECK_MSG(n == 0, "the lock file holds %zu bytes after release", n);
+}
+
+/* Two runs on one directory: the second stops at its start, naming the
+ * first; the first is not disturbed. */
+static void test_two_runs(void)
+{
+    char a[4096], dir[300], conf[300], setdir[400], lockf[400];
+    make_config("l.yaml", "");
+    snprintf(dir, sizeof dir, "%s/ls2", tmpdir);
+    snprintf(a, sizeof a, "rm -rf %s", dir);
+    CHECK(system(a) == 0);
+    snprintf(conf, sizeof conf, "%s/l.yaml", tmpdir);
+    snprintf(setdir, sizeof setdir, "train.snapshot.dir=%s", dir);
+    snprintf(lockf, sizeof lockf, "%s/.gpipe.lock", dir);
+    /* the first: 6 snapshots, each write pausing 300 ms, all kept */
+    pid_t first = fork();
+    if (first == 0) {
+        setenv("GPIPE_SNAPSHOT_SLOW_WRITE_MS", "300", 1);
+        FILE *nul = freopen("/dev/null", "w", stderr);
+        (void)nul;
+        execl(bin, bin, conf, "--quiet", "--set", "train.snapshot.every_steps=4", "--set",
+              "train.snapshot.keep=10", "--set", setdir, (char *)NULL);
+        _exit(127);
+    }
+    /* it holds the lock once its line is in the lock file */
+    bool held = false;
+    for (int i = 0; i < 1000 && !held; i++) {
+        size_t n = 0;
+        char *t = gpt_read_file(lockf, &n);
+        held = t && n > 0;
+        free(t);
+        if (!held) {
+            struct timespec ts = {0, 10 * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+    }
+    CHECK_MSG(held, "the first run did not take the lock within 10 s");
+    char pid[64];
+    snprintf(pid, sizeof pid, "(pid %ld on host ", (long)first);
+    /* a second fresh run, and a second run resuming from the directory */
+    snprintf(a, sizeof a, "%s --set train.snapshot.every_steps=4 --set %s", conf, setdir);
+    int rc = train(a);
+    CHECK_MSG(rc == 3, "second run: exit %d", rc);
+    CHECK(log_has(pid));
+    char msg[400];
+    snprintf(msg, sizeof msg, "the snapshot directory '%s' is in use by another run", dir);
+    CHECK(log_has(msg));
+    snprintf(a, sizeof a, "%s --set train.snapshot.every_steps=4 --set %s --resume latest",
+             conf, setdir);
+    rc = train(a);
+    CHECK_MSG(rc == 3, "second run resuming: exit %d", rc);
+    CHECK(log_has(pid));
+    int st = 0;
+    bool live = waitpid(first, &st, WNOHANG) == 0;
+    CHECK_MSG(live, "the first run ended before the second was tried: the test proves nothing");
+    if (live) waitpid(first, &st, 0);
+    CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "first run: status 0x%x", st);
+    /* all its snapshots there and intact, nothing of anyone else's */
+    CHECK_MSG(gp_snapshot_count(dir) == 6, "%d snapshots", gp_snapshot_count(dir));
+    for (int64_t step = 4; step <= 24; step += 4) {
+        char p[1100];
+        gp_snapshot_path(dir, step, p, sizeof p);
+        gp_st_file f;
+        gp_snapshot_pos pos;
+        gp_status so = gp_snapshot_open(p, &f, &pos);
+        CHECK_MSG(so == GP_OK && pos.step == step, "%s: %s", p, gp_last_error());
+        if (so == GP_OK) gp_st_free(&f);
+    }
+    snprintf(a, sizeof a, "ls -a %s | grep -q '\\.tmp\\.'", dir);
+    CHECK_MSG(system(a) != 0, "temporary files left in %s", dir);
+}
+
+/* Resuming an older snapshot moves the later ones aside; --resume latest
+ * then goes on with the resumed run's own snapshots. */
+static void test_resume_older(void)
+{
+    char a[4096], dir[300], sets[600], p[1100];
+    make_config("o.yaml", "");
+    snprintf(dir, sizeof dir, "%s/os", tmpdir);
+    snprintf(a, sizeof a, "rm -rf %s", dir);
+    CHECK(system(a) == 0);
+    snprintf(sets, sizeof sets, "--set train.snapshot.every_steps=4 --set train.snapshot.keep=10 "
+             "--set train.snapshot.dir=%s", dir);
+    snprintf(a, sizeof a, "%s/o.yaml %s", tmpdir, sets);
+    CHECK(train(a) == 0);
+    uint8_t *orig[7] = {0};
+    size_t orig_n[7] = {0};
+    for (int k = 3; k <= 6; k++) { /* steps 12 .. 24 */
+        gp_snapshot_path(dir, 4 * k, p, sizeof p);
+        orig[k] = gpt_read_file(p, &orig_n[k]);
+    }
+    /* from step 8 on a shorter schedule (another line of the run) to 16 */
+    gp_snapshot_path(dir, 8, p, sizeof p);
+    snprintf(a, sizeof a, "%s/o.yaml %s --set train.steps=16 --resume %s --export-weights "
+             "%s/o16.st", tmpdir, sets, p, tmpdir);
+    CHECK(train(a) == 0);
+    char msg[1300];
+    snprintf(msg, sizeof msg, "moved 4 later snapshots (steps 12 to 24) to %s/abandoned-", dir);
+    CHECK(log_has(msg));
+    CHECK(log_has("so that --resume latest goes on with this run from step 8"));
+    /* the later ones, byte for byte, in the one abandoned-* directory */
+    char sub[700] = "";
+    snprintf(a, sizeof a, "ls -d %s/abandoned-* > %s/sub.txt", dir, tmpdir);
+    CHECK(system(a) == 0);
+    snprintf(a, sizeof a, "%s/sub.txt", tmpdir);
+    char *t = gpt_read_file(a, NULL);
+    if (t) snprintf(sub, sizeof sub, "%.*s", (int)strcspn(t, "\n"), t);
+    CHECK_MSG(t && strchr(t, '\n') == t + strlen(t) - 1, "abandoned directories: %s", t);
+    free(t);
+    for (int k = 3; k <= 6; k++) {
+        char q[1100];
+        gp_snapshot_path(sub, 4 * k, q, sizeof q);
+        size_t n;
+        uint8_t *b = gpt_read_file(q, &n);
+        CHECK_MSG(b && orig[k] && n == orig_n[k] && !memcmp(b, orig[k], n), "%s moved aside "
+                  "is not the original", q);
+        free(b);
+    }
+    /* the directory holds this run's line: 4, 8 and its own 12, 16 */
+    CHECK(gp_snapshot_count(dir) == 4);
+    char latest[1100];
+    CHECK_OK(gp_snapshot_latest(dir, latest, sizeof latest));
+    gp_snapshot_path(dir, 16, p, sizeof p);
+    CHECK_MSG(!strcmp(latest, p), "latest is %s", latest);
+    gp_st_file mine, exported, old;
+    char q[1100], e[300];
+    gp_snapshot_path(sub, 16, q, sizeof q);
+    snprintf(e, sizeof e, "%s/o16.st", tmpdir);
+    CHECK_OK(gp_st_read(p, &mine));
+    CHECK_OK(gp_st_read(e, &exported));
+    CHECK_OK(gp_st_read(q, &old));
+    const gp_st_tensor *x = gp_st_find(&mine, "1.weight"), *y = gp_st_find(&exported, "1.weight"),
+                       *z = gp_st_find(&old, "1.weight");
+    CHECK(x && y && z);
+    if (x && y && z) {
+        size_t nb = (size_t)(x->end - x->begin);
+        CHECK_MSG(!memcmp(x->data, y->data, nb), "step 16 in %s is not the resumed run's", dir);
+        CHECK_MSG(memcmp(x->data, z->data, nb), "the two lines of the run did not differ");
+    }
+    gp_st_free(&mine);
+    gp_st_free(&exported);
+    gp_st_free(&old);
+    /* and --resume latest goes on from the resumed run's step 16, moving
+     * nothing more */
+    snprintf(a, sizeof a, "%s/o.yaml %s --set train.steps=20 --resume latest", tmpdir, sets);
+    CHECK(train(a) == 0);
+    snprintf(msg, sizeof msg, "resuming from %s: step 16", p);
+    CHECK(log_has(msg));
+    snprintf(a, sizeof a, "test $(ls -d %s/abandoned-* | wc -l) -eq 1", dir);
+    CHECK(system(a) == 0);
+    CHECK(gp_snapshot_count(dir) == 5);
+    for (int k = 3; k <= 6; k++) free(orig[k]);
 }
 
 /* ---- the kill test ---------------------------------------------------------------- */
@@ -561,6 +936,10 @@ int main(void)
     test_round_trip();
     if (access(bin, X_OK) == 0) {
         test_damage();
+        test_bad_values();
+        test_lock_library();
+        test_two_runs();
+        test_resume_older();
         test_resume(1, "never", 1);
         test_resume(1, "always", 1);
         test_resume(2, "except_last", 1);

@@ -12,9 +12,13 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MAX_COUNTERS 4
@@ -160,6 +164,62 @@ static const char *shape_of(const gp_st_tensor *t, char *b, size_t len)
     return b;
 }
 
+/* Values a model may not be given, found while checking a file: the first
+ * one (for the message) and how many in all. */
+typedef struct {
+    char name[128];             /* the first bad value's tensor */
+    int64_t index;              /* its element, row-major */
+    float value;
+    bool variance;              /* negative running variance (else non-finite) */
+    int64_t count;              /* bad values in all */
+    int tensors;                /* in this many tensors */
+} bad_values;
+
+/* Every element of the F32 tensor t must be finite; a running variance's
+ * also >= 0.  A NaN here would otherwise train on silently (SGD keeps it,
+ * and a running variance < 0 gives the square root of a negative number in
+ * every evaluation). */
+static void scan_values(const gp_st_tensor *t, const char *name, bad_values *b)
+{
+    size_t nl = strlen(name), vl = strlen("running_var");
+    bool variance = nl >= vl && !strcmp(name + nl - vl, "running_var") &&
+                    (nl == vl || name[nl - vl - 1] == '.');
+    int64_t n = (int64_t)((t->end - t->begin) / sizeof(float)), here = 0;
+    for (int64_t e = 0; e < n; e++) {
+        float v;
+        /* memcpy: the data section need not be 4-byte aligned in the image */
+        memcpy(&v, t->data + (size_t)e * sizeof v, sizeof v);
+        if (isfinite(v) && !(variance && v < 0)) continue;
+        if (b->count == 0 && here == 0) {
+            snprintf(b->name, sizeof b->name, "%s", name);
+            b->index = e;
+            b->value = v;
+            b->variance = isfinite(v);
+        }
+        here++;
+    }
+    if (here) {
+        b->count += here;
+        b->tensors++;
+    }
+}
+
+static gp_status bad_values_error(const gp_st_file *f, const bad_values *b)
+{
+    char val[48], more[96] = "";
+    if (isnan(b->value)) snprintf(val, sizeof val, "NaN");
+    else if (isinf(b->value)) snprintf(val, sizeof val, "%sInf", b->value < 0 ? "-" : "+");
+    else snprintf(val, sizeof val, "%.9g", (double)b->value);
+    if (b->count > 1)
+        snprintf(more, sizeof more, " (%lld bad values in %d tensor%s)", (long long)b->count,
+                 b->tensors, b->tensors == 1 ? "" : "s");
+    return gp_error_set(GP_ERR_DATA, "%s: tensor '%s'[%lld] is %s: %s; the file is corrupt or "
+                        "from a diverged run%s", f->source, b->name, (long long)b->index, val,
+                        b->variance ? "a running variance must be >= 0"
+                                    : "parameters, buffers and momentum must be finite",
+                        more);
+}
+
 /* Check one expected tensor; *out = the file's tensor if it matches. */
 static void expect(const gp_st_file *f, const char *name, gp_st_dtype dtype, int ndim,
                    const int64_t *dims, namelist *missing, namelist *bad,
@@ -187,9 +247,10 @@ static void expect(const gp_st_file *f, const char *name, gp_st_dtype dtype, int
 
 gp_status gp_snapshot_apply(gp_model *m, const gp_st_file *f, bool optimizer)
 {
-    /* Pass 1 checks every name; pass 2 uploads.  So a failed load leaves
-     * the model as it was. */
+    /* Pass 1 checks every name and value; pass 2 uploads.  So a failed
+     * load leaves the model as it was. */
     namelist missing = {0}, bad = {0}, extra = {0};
+    bad_values values = {0};
     char name[128];
     int expected = 0;
     for (int pass = 0; pass < 2; pass++) {
@@ -201,6 +262,7 @@ gp_status gp_snapshot_apply(gp_model *m, const gp_st_file *f, bool optimizer)
                 snprintf(name, sizeof name, "%d.%s", k, pr->name);
                 expect(f, name, GP_ST_F32, pr->value.ndim, pr->value.dims, &missing, &bad, &t);
                 if (pass == 0) expected++;
+                if (pass == 0 && t) scan_values(t, name, &values);
                 if (pass == 1) {
                     GP_TRY(gp_dev_upload(pr->value.dev, pr->value.data, (const float *)t->data,
                                          gp_tensor_numel(&pr->value)));
@@ -211,6 +273,7 @@ gp_status gp_snapshot_apply(gp_model *m, const gp_st_file *f, bool optimizer)
                 snprintf(name, sizeof name, "momentum.%d.%s", k, pr->name);
                 expect(f, name, GP_ST_F32, mt->ndim, mt->dims, &missing, &bad, &t);
                 if (pass == 0) expected++;
+                if (pass == 0 && t) scan_values(t, name, &values);
                 if (pass == 1) {
                     GP_TRY(gp_dev_upload(mt->dev, mt->data, (const float *)t->data,
                                          gp_tensor_numel(mt)));
@@ -266,6 +329,9 @@ gp_status gp_snapshot_apply(gp_model *m, const gp_st_file *f, bool optimizer)
             free(extra.s);
             return s;
         }
+        /* The names fit (a mismatch is the message that helps most); now
+         * the values. */
+        if (values.count) return bad_values_error(f, &values);
     }
     free(missing.s);
     free(bad.s);
@@ -333,8 +399,8 @@ static int64_t snap_step(const char *name)
     return v;
 }
 
-/* Steps of the snapshot files in dir, newest first; stale temporaries
- * (".snapshot-*.tmp.<pid>" of a killed writer) are removed. */
+/* Steps of the snapshot files in dir, newest first.  Only reads: what
+ * deletes or moves files is done under the directory's lock. */
 static int list_steps(const char *dir, int64_t **steps)
 {
     *steps = NULL;
@@ -343,13 +409,6 @@ static int list_steps(const char *dir, int64_t **steps)
     int n = 0, cap = 0;
     struct dirent *e;
     while ((e = readdir(d))) {
-        if (!strncmp(e->d_name, "." SNAP_PREFIX, strlen(SNAP_PREFIX) + 1) &&
-            strstr(e->d_name, SNAP_SUFFIX ".tmp.")) {
-            char p[1400];
-            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-            unlink(p);
-            continue;
-        }
         int64_t s = snap_step(e->d_name);
         if (s < 0) continue;
         if (n == cap) {
@@ -419,9 +478,183 @@ static gp_status make_dir(const char *dir)
     return GP_OK;
 }
 
-gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_pos *pos)
+/* ---- the directory lock ------------------------------------------------ */
+
+#define LOCK_NAME ".gpipe.lock"
+#define LOCK_INFO_MAX 400
+
+struct gp_snapshot_lock {
+    int fd;                     /* the lock file, flock()ed until released; -1 where the
+                                 * file system has no locks (warned) */
+    char dir[1024];
+};
+
+/* Wait a little: the holder writes its line right after taking the lock. */
+static void nap_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+}
+
+/* The holder's line ("pid 4242 on host h, started ..."), printable, in buf;
+ * false if the file is empty. */
+static bool read_holder(int fd, char *buf, size_t len)
+{
+    ssize_t n = pread(fd, buf, len - 1, 0);
+    if (n <= 0) return false;
+    buf[n] = '\0';
+    for (char *p = buf; *p; p++) {
+        if (*p == '\n') {
+            *p = '\0';
+            break;
+        }
+        if ((unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e) *p = '?';
+    }
+    return buf[0] != '\0';
+}
+
+/* Delete what writers that died left: ".snapshot-*.safetensors.tmp.<pid>".
+ * Only under the lock, where no other writer can be at work. */
+static void remove_temporaries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return;
+    int removed = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, "." SNAP_PREFIX, strlen(SNAP_PREFIX) + 1) ||
+            !strstr(e->d_name, SNAP_SUFFIX ".tmp."))
+            continue;
+        char p[1400];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        if (unlink(p) == 0) removed++;
+        else GP_WARN("cannot delete %s, left by a run that was stopped: %s", p, strerror(errno));
+    }
+    closedir(d);
+    if (removed)
+        GP_INFO("removed %d unfinished snapshot file%s in '%s' left by a run that was stopped "
+                "while writing", removed, removed == 1 ? "" : "s", dir);
+}
+
+gp_status gp_snapshot_lock_dir(const char *dir, gp_snapshot_lock **out)
+{
+    *out = NULL;
+    gp_snapshot_lock *l = calloc(1, sizeof *l);
+    if (!l) return gp_error_set(GP_ERR_OOM, "out of host memory");
+    l->fd = -1;
+    char path[1100];
+    if (strlen(dir) >= sizeof l->dir) {
+        free(l);
+        return gp_error_set(GP_ERR_INVALID, "path too long: '%.80s...'", dir);
+    }
+    snprintf(l->dir, sizeof l->dir, "%s", dir);
+    snprintf(path, sizeof path, "%s/" LOCK_NAME, dir);
+    /* O_CLOEXEC: a program this one starts must not hold the lock on. */
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        int e = errno;
+        free(l);
+        return gp_error_set(GP_ERR_IO, "cannot open the lock file '%s': %s; check that the "
+                            "snapshot directory is writable", path, strerror(e));
+    }
+    /* Retry a little: the holder may have just taken the lock and not yet
+     * written its line, or be releasing it (it empties the file first). */
+    char holder[LOCK_INFO_MAX] = "";
+    bool locked = false, no_locks = false;
+    for (int tries = 0; tries < 50 && !locked; tries++) {
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+            locked = true;
+            break;
+        }
+        int e = errno;
+        if (e == EINTR) continue;
+        if (e != EWOULDBLOCK) {
+            if (e == ENOLCK || e == EOPNOTSUPP || e == ENOSYS) {
+                no_locks = true;
+                GP_WARN("cannot lock '%s' (%s): this file system has no flock(); a second run "
+                        "on '%s' would not be stopped", path, strerror(e), dir);
+                break;
+            }
+            close(fd);
+            free(l);
+            return gp_error_set(GP_ERR_IO, "cannot lock '%s': %s", path, strerror(e));
+        }
+        if (read_holder(fd, holder, sizeof holder)) break;
+        nap_ms(20);
+    }
+    if (!locked && !no_locks) {
+        if (!holder[0]) snprintf(holder, sizeof holder, "it has not written its pid to " LOCK_NAME);
+        close(fd);
+        free(l);
+        return gp_error_set(GP_ERR_IO, "the snapshot directory '%s' is in use by another run "
+                            "(%s); two runs on one directory would delete each other's "
+                            "snapshots. Wait for it to end, or set train.snapshot.dir to "
+                            "another directory", dir, holder);
+    }
+    if (locked) {
+        char host[256] = "?", when[64] = "?";
+        if (gethostname(host, sizeof host) != 0) snprintf(host, sizeof host, "?");
+        host[sizeof host - 1] = '\0';
+        time_t now = time(NULL);
+        struct tm tm;
+        if (localtime_r(&now, &tm)) strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S %z", &tm);
+        char line[LOCK_INFO_MAX];
+        int n = snprintf(line, sizeof line, "pid %ld on host %.64s, started %s\n",
+                         (long)getpid(), host, when);
+        /* Only for the message of a run that finds the lock taken. */
+        if (ftruncate(fd, 0) != 0 || pwrite(fd, line, (size_t)n, 0) != n)
+            GP_WARN("cannot write to %s: %s (a second run's message will not name this one)",
+                    path, strerror(errno));
+        l->fd = fd;
+        /* Under the lock no other writer is at work: a temporary file
+         * here is a dead one's.  Without a lock that cannot be known. */
+        remove_temporaries(dir);
+    } else {
+        close(fd);
+    }
+    *out = l;
+    return GP_OK;
+}
+
+gp_status gp_snapshot_lock_run(const gp_config *cfg, const char *resume, gp_snapshot_lock **out)
+{
+    *out = NULL;
+    const gp_snapshot_config *sc = &cfg->train.snapshot;
+    if (sc->every_steps > 0 || sc->every_minutes > 0) {
+        GP_TRY(make_dir(sc->dir));
+    } else {
+        struct stat st;
+        /* Not writing snapshots: only `--resume latest` reads the directory,
+         * and one that does not exist has nothing to lock (nor to resume:
+         * gp_snapshot_prepare says so).  A run that only reads needs no
+         * lock where it cannot take one (a read-only copy of a directory). */
+        if (!resume || strcmp(resume, "latest") || stat(sc->dir, &st) != 0 ||
+            access(sc->dir, W_OK) != 0)
+            return GP_OK;
+    }
+    return gp_snapshot_lock_dir(sc->dir, out);
+}
+
+void gp_snapshot_lock_release(gp_snapshot_lock *l)
+{
+    if (!l) return;
+    if (l->fd >= 0) {
+        /* Empty it first, so a stale pid is never reported (the kernel
+         * drops the lock of a process that dies, not the line). */
+        if (ftruncate(l->fd, 0) != 0) GP_DEBUG("cannot empty the lock file: %s", strerror(errno));
+        close(l->fd);
+    }
+    free(l);
+}
+
+/* ---- saving ------------------------------------------------------------------ */
+
+gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_pos *pos,
+                           const gp_snapshot_lock *lock)
 {
     const gp_snapshot_config *sc = &cfg->train.snapshot;
+    /* Pruning below deletes files: only the run that owns the directory. */
+    GP_ASSERT(lock && !strcmp(lock->dir, sc->dir));
     GP_TRY(make_dir(sc->dir));
     gp_st_writer w = {0};
     char path[1100];
@@ -431,9 +664,8 @@ gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_
     gp_st_writer_free(&w);
     if (s != GP_OK) return gp_error_wrap(s, "snapshot at step %lld", (long long)pos->step);
     /* Only now that the new one is complete: drop the older ones beyond
-     * `keep`.  Snapshots of later steps (left by a run this one resumed
-     * from an earlier point) are not counted or touched; this run
-     * overwrites them as it reaches their steps. */
+     * `keep`.  Snapshots of later steps are not counted or touched (there
+     * are none: gp_snapshot_prepare moved those of a resumed run aside). */
     int64_t *steps;
     int n = list_steps(sc->dir, &steps), kept = 1;
     for (int i = 0; i < n; i++) {
@@ -517,8 +749,67 @@ static gp_status init_from(gp_model *m, const char *path)
     return GP_OK;
 }
 
+/* Move the snapshots of steps after `step` in the locked directory into a
+ * new subdirectory "abandoned-<local time>", so that `--resume latest` can
+ * only find this run's.  Renames within one file system: nothing is copied,
+ * nothing is lost. */
+static gp_status move_later_aside(const gp_snapshot_lock *lock, int64_t step)
+{
+    int64_t *steps;
+    int n = list_steps(lock->dir, &steps), later = 0;
+    while (later < n && steps[later] > step) later++; /* newest first */
+    if (later == 0) {
+        free(steps);
+        return GP_OK;
+    }
+    char sub[1200], stamp[32] = "0";
+    time_t now = time(NULL);
+    struct tm tm;
+    if (localtime_r(&now, &tm)) strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+    int made = -1, e = 0;
+    for (int k = 1; k < 100 && made != 0; k++) {
+        if (k == 1) snprintf(sub, sizeof sub, "%s/abandoned-%s", lock->dir, stamp);
+        else snprintf(sub, sizeof sub, "%s/abandoned-%s-%d", lock->dir, stamp, k);
+        made = mkdir(sub, 0755);
+        e = errno;
+        if (made != 0 && e != EEXIST) break;
+    }
+    if (made != 0) {
+        free(steps);
+        return gp_error_set(GP_ERR_IO, "cannot create '%s' to move the snapshots after step "
+                            "%lld aside: %s", sub, (long long)step, strerror(e));
+    }
+    for (int i = 0; i < later; i++) {
+        char from[1100], to[1300];
+        gp_snapshot_path(lock->dir, steps[i], from, sizeof from);
+        snprintf(to, sizeof to, "%s/%s", sub, strrchr(from, '/') + 1);
+        if (rename(from, to) != 0) {
+            e = errno;
+            free(steps);
+            return gp_error_set(GP_ERR_IO, "cannot move %s to %s: %s; move the snapshots after "
+                                "step %lld out of '%s' by hand, then resume again", from, sub,
+                                strerror(e), (long long)step, lock->dir);
+        }
+    }
+    int dfd = open(lock->dir, O_RDONLY);
+    if (dfd >= 0) {
+        fsync(dfd); /* the renames are durable from here */
+        close(dfd);
+    }
+    char which[64];
+    if (later == 1) snprintf(which, sizeof which, "step %lld", (long long)steps[0]);
+    else snprintf(which, sizeof which, "steps %lld to %lld", (long long)steps[later - 1],
+                  (long long)steps[0]);
+    GP_INFO("moved %d later snapshot%s (%s) to %s/ so that --resume latest goes on with this "
+            "run from step %lld; delete that directory once you do not need them", later,
+            later == 1 ? "" : "s", which, sub, (long long)step);
+    free(steps);
+    return GP_OK;
+}
+
 gp_status gp_snapshot_prepare(gp_model *m, const gp_config *cfg, const char *resume,
-                              int64_t train_n, gp_snapshot_pos *pos)
+                              int64_t train_n, const gp_snapshot_lock *lock,
+                              gp_snapshot_pos *pos)
 {
     const gp_train_config *tc = &cfg->train;
     memset(pos, 0, sizeof *pos);
@@ -576,5 +867,12 @@ gp_status gp_snapshot_prepare(gp_model *m, const gp_config *cfg, const char *res
     }
     GP_INFO("resuming from %s: step %lld, epoch %lld, batch %lld", path, (long long)sp.step,
             (long long)pos->epoch + 1, (long long)pos->batch);
+    /* This run's snapshots go into the directory: later ones of the run it
+     * resumed from an earlier point would mix with them, be taken for the
+     * newest by the next --resume latest, and be overwritten step by step. */
+    if (snapping) {
+        GP_ASSERT(lock && !strcmp(lock->dir, tc->snapshot.dir));
+        GP_TRY(move_later_aside(lock, sp.step));
+    }
     return GP_OK;
 }

@@ -116,7 +116,10 @@ gp_status gp_snapshot_collect(gp_model *m, const gp_config *cfg, const gp_snapsh
  * so must "momentum.<name>" of every trainable tensor.  Names in f the model
  * does not have are an error too (except momentum.* when !optimizer).
  * Nothing is changed unless everything matches; the message lists the
- * missing, mismatched and unexpected names. */
+ * missing, mismatched and unexpected names (GP_ERR_INVALID).  Then the
+ * values: a NaN or Inf in any tensor that would be loaded, or a negative
+ * "running_var", is GP_ERR_DATA naming f->source, the first such tensor
+ * and element index, and how many bad values there are. */
 gp_status gp_snapshot_apply(gp_model *m, const gp_st_file *f, bool optimizer);
 
 /* Read, verify (CRC required) and check a snapshot; fills pos. */
@@ -129,13 +132,42 @@ gp_status gp_snapshot_latest(const char *dir, char *path, size_t len);
 gp_status gp_snapshot_read_config(const char *path, const char *const *overrides, int n_overrides,
                              gp_config *out);
 
+/* ---- one run per snapshot directory ------------------------------------ */
+
+/* A snapshot directory belongs to one run at a time.  The run holds an
+ * exclusive flock(2) on "<dir>/.gpipe.lock" from its start to its end; the
+ * file holds one line, "pid P on host H, started T", for the message a
+ * second run gets.  Everything that deletes or moves files in the
+ * directory (a dead writer's temporary files, pruning, moving later
+ * snapshots aside) takes the lock handle, so it happens only under it.
+ * There is no stale lock: the kernel drops a dead process's flock (a
+ * SIGKILLed run's line stays in the file, but a run that finds the lock
+ * free overwrites it, and one that ends normally empties it).  The file
+ * itself stays, empty.  A lock handle is used by one thread. */
+typedef struct gp_snapshot_lock gp_snapshot_lock;
+
+/* Lock `dir` (which must exist), then remove the temporary files of
+ * writers that died there.  A directory another process (or another open
+ * in this one) holds is GP_ERR_IO naming the directory and the holder's
+ * pid, host and start time.  On a file system without flock() this warns
+ * and returns a handle that locks nothing (and removes no temporaries). */
+gp_status gp_snapshot_lock_dir(const char *dir, gp_snapshot_lock **out);
+/* What gp_train_run takes before anything else: with snapshots on
+ * (train.snapshot.every_steps or every_minutes), train.snapshot.dir (made
+ * if missing); else with resume == "latest", that directory if it exists
+ * and is writable; else nothing (*out = NULL, GP_OK). */
+gp_status gp_snapshot_lock_run(const gp_config *cfg, const char *resume, gp_snapshot_lock **out);
+/* Unlock; NULL is a no-op. */
+void gp_snapshot_lock_release(gp_snapshot_lock *lock);
+
 /* Snapshot file path for a step: "<dir>/snapshot-<step, 9 digits>.safetensors". */
 void gp_snapshot_path(const char *dir, int64_t step, char *path, size_t len);
 /* Save a snapshot of the model at pos into cfg->train.snapshot.dir (made if
- * missing), then delete the older snapshots beyond train.snapshot.keep. */
-gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_pos *pos);
-/* Number of snapshot files in dir (0 if it does not exist); stale
- * temporary files of killed writers are removed on the way. */
+ * missing), then delete the older snapshots beyond train.snapshot.keep.
+ * `lock` is that directory's (a bug otherwise). */
+gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_pos *pos,
+                           const gp_snapshot_lock *lock);
+/* Number of snapshot files in dir (0 if it does not exist).  Reads only. */
 int gp_snapshot_count(const char *dir);
 
 /* Before training (gp_train_run): with `resume` (a path, or "latest" for
@@ -144,9 +176,14 @@ int gp_snapshot_count(const char *dir);
  * where training goes on (all zero for a fresh run), the loader position
  * expressed in the config's batch size over `train_n` samples.  A fresh
  * run with snapshots on refuses a directory that already holds snapshots
- * (they would be mixed with, and pruned by, the new run's). */
+ * (they would be mixed with, and pruned by, the new run's).  A resumed run
+ * with snapshots on moves the snapshots of later steps in its directory
+ * into "<dir>/abandoned-<YYYYmmdd-HHMMSS>/" (one info line says so), so
+ * the next --resume latest goes on with this run.  `lock` is
+ * gp_snapshot_lock_run's (required with snapshots on). */
 gp_status gp_snapshot_prepare(gp_model *m, const gp_config *cfg, const char *resume,
-                              int64_t train_n, gp_snapshot_pos *pos);
+                              int64_t train_n, const gp_snapshot_lock *lock,
+                              gp_snapshot_pos *pos);
 /* Write the model's weights (no optimizer state) to `path` atomically. */
 gp_status gp_snapshot_export(gp_model *m, const gp_config *cfg, const char *path);
 

@@ -150,13 +150,19 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     FILE *mf = NULL;
     gp_json_writer mw = {0}; /* the metrics record being written */
     gp_trace *trace = NULL;
+    gp_snapshot_lock *snap_lock = NULL; /* the snapshot directory, held for the whole run */
     gp_status s = GP_OK;
 
+    /* First: a second run on the same snapshot directory stops here. */
+    s = gp_snapshot_lock_run(cfg, opts->resume_path, &snap_lock);
+    if (s != GP_OK) return s;
     if (opts->metrics_path) {
         mf = fopen(opts->metrics_path, "w");
-        if (!mf)
-            return gp_error_set(GP_ERR_IO, "cannot write metrics file '%s'; check the directory "
-                                           "exists and is writable", opts->metrics_path);
+        if (!mf) {
+            s = gp_error_set(GP_ERR_IO, "cannot write metrics file '%s'; check the directory "
+                                        "exists and is writable", opts->metrics_path);
+            goto done;
+        }
     }
     if (opts->trace_path) {
         s = gp_trace_open(opts->trace_path, opts->trace_first, opts->trace_last, &trace);
@@ -184,7 +190,8 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                          .prefetch = cfg->data.prefetch > 0 ? cfg->data.prefetch : 2,
                          .seed = tc->seed, .pin = devs[0]};
     gp_snapshot_pos pos = {0};
-    if (s == GP_OK) s = gp_snapshot_prepare(&model, cfg, opts->resume_path, train.n, &pos);
+    if (s == GP_OK) s = gp_snapshot_prepare(&model, cfg, opts->resume_path, train.n, snap_lock,
+                                               &pos);
     lo.start_epoch = pos.epoch;
     lo.start_batch = pos.batch;
     if (s == GP_OK && tc->batch_size > train.n)
@@ -285,7 +292,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                 sp.epoch++;
                 sp.batch = 0;
             }
-            s = gp_snapshot_save(&model, cfg, &sp);
+            s = gp_snapshot_save(&model, cfg, &sp, snap_lock);
             if (s != GP_OK) goto done;
             last_snap = gp_now();
         }
@@ -362,6 +369,7 @@ done:
     close_devices(devs, n_dev);
     gp_dataset_free(&train);
     gp_dataset_free(&test);
+    gp_snapshot_lock_release(snap_lock);
     return s;
 }
 
