@@ -57,7 +57,7 @@ double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const 
     double cur = stat + ws, peak = cur, pending = 0;
     for (int c = 0; c < sched->count[j]; c++) {
         const gp_instr *in_ = &sched->list[j][c];
-        double s = (double)sizes[in_->i], t = cur;
+        double s = in_->i >= 0 ? (double)sizes[in_->i] : 0, t = cur; /* i < 0: the end */
         switch (in_->kind) {
         case GP_INSTR_RECV_ACT: cur += in * s; break;
         case GP_INSTR_RECV_GRAD: cur += out * s; break;
