@@ -696,8 +696,8 @@ static void test_simulator_schedules(void)
                 int bal[8];
                 for (int j = 0; j < n; j++) bal[j] = 1;
                 gp_sim_result r[GP_SCHEDULE_KINDS];
-                for (int k = 0; k < GP_SCHEDULE_KINDS; k++)
-                    if (gp_simulate_schedule(&p, (gp_schedule_kind)k, n, bal, m, GP_CKPT_NEVER,
+                for (int k = 0; k <= GP_SCHEDULE_ZB_H1; k++)
+                    if (gp_simulate_schedule(&p, (gp_schedule_kind)k, n, 1, bal, m, GP_CKPT_NEVER,
                                              ls == 1, NULL, &r[k]) != GP_OK) {
                         CHECK_MSG(0, "simulate n=%d m=%d: %s", n, m, gp_last_error());
                         return;

@@ -77,6 +77,7 @@ static const char *const k_full =
     "  memory: 512MiB\n"                                       /* 25 */
     "  replicas: 2\n"                                          /* 26 */
     "  schedule: 1f1b\n"                                       /* 27 */
+    "  virtual: 1\n"                                           /* 28 */
     "data:\n"
     "  dataset: cifar10\n"
     "  path: /data/cifar\n"

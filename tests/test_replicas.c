@@ -428,11 +428,14 @@ static void make_batch(const gp_config *c, int step, float *x, float *y)
 }
 
 /* R replicas x n stages vs the single-device run with R x chunks. */
-static void equivalence(bool convnet, int R, int n)
+static void equivalence(bool convnet, int R, int n, gp_schedule_kind kind)
 {
     gp_config c = make_cfg(convnet, false);
-    int bal[2];
-    gpt_split_even(c.model.n_layers, n, bal);
+    c.pipeline.schedule = kind; /* the reference accumulates in its order */
+    int v = kind == GP_SCHEDULE_INTERLEAVED ? 2 : 1;
+    c.pipeline.virtual_stages = v;
+    int bal[4];
+    gpt_split_even(c.model.n_layers, n * v, bal);
     gp_model ref, rep;
     if (gp_model_build(&c, devs[R * n], &ref) != GP_OK ||
         gp_model_build_replicated(&c, devs, R, n, bal, &rep) != GP_OK) {
@@ -954,9 +957,14 @@ int main(void)
     group_barrier();
     for (int R = 1; R <= 3; R++)
         for (int n = 1; n <= 2; n++) {
-            equivalence(false, R, n);
-            equivalence(true, R, n);
+            equivalence(false, R, n, GP_SCHEDULE_GPIPE);
+            equivalence(true, R, n, GP_SCHEDULE_GPIPE);
         }
+    /* every other schedule, 2 replicas x 2 devices */
+    for (int k = GP_SCHEDULE_1F1B; k < GP_SCHEDULE_KINDS; k++) {
+        equivalence(false, 2, 2, (gp_schedule_kind)k);
+        equivalence(true, 2, 2, (gp_schedule_kind)k);
+    }
     for (int R = 1; R <= MAXR; R++) sync_bn(R);
     sync_bn_model();
     residual_model();

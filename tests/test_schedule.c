@@ -410,9 +410,127 @@ static void check_kind(gp_schedule_kind kind, int n, int m, gp_checkpoint_mode c
     gp_schedule_free(&s);
 }
 
+/* Interleaved 1F1B, n devices x v stages each, m a multiple of n: every
+ * forward and backward of (i, s) once, on device s % n, with the copies;
+ * dependencies in clock order; (micro-batch, stage) pairs in flight on
+ * device d within gp_schedule_interleaved_bound and reaching it; lockstep
+ * and free-running execution finish.  m not a multiple of n, v < 2 and
+ * one device are refused. */
+static bool run_interleaved(const gp_schedule *s, bool lockstep)
+{
+    int n = s->n, S = s->stages, pc[MAX_N] = {0};
+    static bool done[2][MAX_M][64];
+    static int left_at[8 * (MAX_M + 64)];
+    memset(done, 0, sizeof done);
+    memset(left_at, 0, sizeof left_at);
+    (void)S;
+    for (int d = 0; d < n; d++)
+        for (int c = 0; c < s->count[d]; c++)
+            if (s->list[d][c].kind == GP_INSTR_FORWARD || s->list[d][c].kind == GP_INSTR_BACKWARD)
+                left_at[s->list[d][c].k]++;
+    for (bool moved = true; moved;) {
+        moved = false;
+        for (int d = 0; d < n; d++)
+            while (pc[d] < s->count[d]) {
+                const gp_instr *in = &s->list[d][pc[d]];
+                if (in->kind == GP_INSTR_RECV_ACT || in->kind == GP_INSTR_RECV_GRAD) {
+                    int front = 0;
+                    while (front < s->clocks && left_at[front] == 0) front++;
+                    bool ready = lockstep ? in->k <= front
+                                          : done[in->kind == GP_INSTR_RECV_ACT ? SF : SB][in->i]
+                                                [in->from];
+                    if (!ready) break;
+                }
+                if (in->kind == GP_INSTR_FORWARD || in->kind == GP_INSTR_BACKWARD) {
+                    done[in->kind == GP_INSTR_FORWARD ? SF : SB][in->i][in->j] = true;
+                    left_at[in->k]--;
+                }
+                pc[d]++;
+                moved = true;
+            }
+    }
+    for (int d = 0; d < n; d++)
+        if (pc[d] < s->count[d]) return false;
+    return true;
+}
+
+static void check_interleaved(void)
+{
+    int cases = 0, bad = 0;
+    for (int n = 2; n <= MAX_N; n++)
+        for (int v = 2; v <= 4 && n * v <= 64; v++)
+            for (int m = n; m <= MAX_M; m += n)
+                for (int ck = 0; ck < 3; ck++) {
+                    gp_schedule_opts o = {.kind = GP_SCHEDULE_INTERLEAVED, .n = n, .m = m,
+                                          .virtual_stages = v, .checkpoint = (gp_checkpoint_mode)ck,
+                                          .replicas = 1, .update = true, .check = true};
+                    gp_schedule s;
+                    if (gp_schedule_make(&o, &s) != GP_OK) {
+                        CHECK_MSG(0, "interleaved n=%d v=%d m=%d: %s", n, v, m, gp_last_error());
+                        continue;
+                    }
+                    int S = n * v;
+                    static int fk[MAX_M][64], bk[MAX_M][64], seen[2][MAX_M][64];
+                    memset(seen, 0, sizeof seen);
+                    bool ok = s.stages == S;
+                    for (int d = 0; d < n; d++) {
+                        int flight = 0, peak = 0, last = -1;
+                        for (int c = 0; c < s.count[d]; c++) {
+                            const gp_instr *in = &s.list[d][c];
+                            if (!gp_instr_per_micro_batch(in->kind)) continue;
+                            if (in->j % n != d || in->k < last) ok = false;
+                            last = in->k;
+                            if (in->kind == GP_INSTR_FORWARD) {
+                                seen[SF][in->i][in->j]++;
+                                fk[in->i][in->j] = in->k;
+                                flight++;
+                            } else if (in->kind == GP_INSTR_BACKWARD) {
+                                seen[SB][in->i][in->j]++;
+                                bk[in->i][in->j] = in->k;
+                                if (!seen[SF][in->i][in->j]) ok = false;
+                                flight--;
+                            } else if (in->kind == GP_INSTR_RECV_ACT) {
+                                if (in->j == 0 || in->from != in->j - 1) ok = false;
+                            } else if (in->kind == GP_INSTR_RECV_GRAD) {
+                                if (in->j == S - 1 || in->from != in->j + 1) ok = false;
+                            }
+                            if (flight > peak) peak = flight;
+                        }
+                        int bound = gp_schedule_interleaved_bound(d, n, v, m);
+                        if (peak != bound) ok = false;
+                    }
+                    for (int i = 0; i < m; i++)
+                        for (int j = 0; j < S; j++) {
+                            if (seen[SF][i][j] != 1 || seen[SB][i][j] != 1) ok = false;
+                            if (j > 0 && fk[i][j] <= fk[i][j - 1]) ok = false;
+                            if (j < S - 1 && bk[i][j] <= bk[i][j + 1]) ok = false;
+                        }
+                    ok = ok && run_interleaved(&s, true) && run_interleaved(&s, false);
+                    cases++;
+                    if (!ok) {
+                        bad++;
+                        fprintf(stderr, "interleaved n=%d v=%d m=%d ck=%d: wrong\n", n, v, m, ck);
+                    }
+                    gp_schedule_free(&s);
+                }
+    CHECK_MSG(bad == 0 && cases > 100, "interleaved: %d of %d cases wrong", bad, cases);
+    gp_schedule_opts o = {.kind = GP_SCHEDULE_INTERLEAVED, .n = 2, .m = 3, .virtual_stages = 2,
+                          .replicas = 1};
+    gp_schedule s;
+    CHECK_ERR(gp_schedule_make(&o, &s), GP_ERR_INVALID, "multiple of 2");
+    o.m = 4;
+    o.virtual_stages = 1;
+    CHECK_ERR(gp_schedule_make(&o, &s), GP_ERR_INVALID, "pipeline.virtual >= 2");
+    o.virtual_stages = 2;
+    o.n = 1;
+    o.m = 2;
+    CHECK_ERR(gp_schedule_make(&o, &s), GP_ERR_INVALID, "2 or more devices");
+}
+
 int main(void)
 {
-    for (int kind = 0; kind < GP_SCHEDULE_KINDS; kind++)
+    check_interleaved();
+    for (int kind = 0; kind <= GP_SCHEDULE_ZB_H1; kind++) /* interleaved: its own checks */
         for (int n = 1; n <= MAX_N; n++)
             for (int m = 1; m <= MAX_M; m++)
                 for (int ck = 0; ck < 3; ck++)

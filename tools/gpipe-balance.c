@@ -388,16 +388,32 @@ int main(int argc, char **argv)
         gp_checkpoint_mode modes[3] = {GP_CKPT_ALWAYS, GP_CKPT_EXCEPT_LAST, GP_CKPT_NEVER};
         gp_sim_result r[GP_SCHEDULE_KINDS * 3 * 6];
         int cnt = 0;
+        /* interleaved: v = 2 stages per device, balanced over 2n stages the
+         * same way (each with half its device's memory), m multiples of n */
+        int bal2[GP_MAX_DEVICES];
+        bool il = n > 1 && 2 * n <= GP_MAX_DEVICES && n <= prof.L / 2;
+        if (il) {
+            gp_plan_opts p2;
+            gp_config c2 = cfg;
+            c2.pipeline.schedule = GP_SCHEDULE_INTERLEAVED;
+            c2.pipeline.virtual_stages = 2;
+            gp_model_plan_opts(&c2, 2 * n, &p2);
+            il = gp_balance_plan(&prof, &p2, bal2) == GP_OK;
+            gp_error_clear();
+        }
         for (int k = 0; k < GP_SCHEDULE_KINDS && s == GP_OK; k++)
             for (int c = 0; c < 3 && s == GP_OK; c++)
                 for (int q = 1; q <= 32 && s == GP_OK; q *= 2) {
                     if (q > batch) break;
-                    s = gp_simulate_schedule(&prof, (gp_schedule_kind)k, n, balance, q, modes[c],
+                    bool ik = k == GP_SCHEDULE_INTERLEAVED;
+                    if (ik && (!il || q % n)) continue;
+                    s = gp_simulate_schedule(&prof, (gp_schedule_kind)k, n, ik ? 2 : 1,
+                                             ik ? bal2 : balance, q, modes[c],
                                              cfg.pipeline.lockstep, po.capacity, &r[cnt]);
                     if (s != GP_OK) break;
                     char b1[32];
                     printf("%-8s %-12s %4d %10.2f %7.1f%% %12.1f %12s %5s\n",
-                           gp_schedule_kind_name((gp_schedule_kind)k),
+                           ik ? "interl.2" : gp_schedule_kind_name((gp_schedule_kind)k),
                            gp_checkpoint_mode_name(modes[c]), q, r[cnt].step * 1e3,
                            100 * r[cnt].bubble, r[cnt].throughput,
                            mb(gp_sim_peak(&r[cnt]), b1, sizeof b1), r[cnt].fits ? "yes" : "NO");
@@ -406,9 +422,10 @@ int main(int argc, char **argv)
         int pick = s == GP_OK ? gp_sim_recommend_memory(r, cnt) : -1;
         char b1[32];
         if (pick >= 0)
-            printf("recommended: schedule %s, checkpoint %s, m = %d (%.1f samples/s, peak %s): "
+            printf("recommended: schedule %s%s, checkpoint %s, m = %d (%.1f samples/s, peak %s): "
                    "the least memory within 5%% of the best throughput that fits\n",
                    gp_schedule_kind_name(r[pick].schedule),
+                   r[pick].schedule == GP_SCHEDULE_INTERLEAVED ? " with virtual: 2" : "",
                    gp_checkpoint_mode_name(r[pick].checkpoint), r[pick].m, r[pick].throughput,
                    mb(gp_sim_peak(&r[pick]), b1, sizeof b1));
         else if (s == GP_OK)

@@ -271,8 +271,10 @@ typedef struct gp_sim_result {
 gp_status gp_simulate(const gp_profile *p, int n, const int *balance, int m,
                       gp_checkpoint_mode ckpt, bool lockstep, const double *capacity,
                       gp_sim_result *out);
-/* The same for any schedule kind (gp_simulate: GPipe). */
-gp_status gp_simulate_schedule(const gp_profile *p, gp_schedule_kind kind, int n,
+/* The same for any schedule kind (gp_simulate: GPipe) on n devices;
+ * interleaved with v stages per device, balance has n v entries, stage j
+ * on device j % n (v is ignored by the other kinds). */
+gp_status gp_simulate_schedule(const gp_profile *p, gp_schedule_kind kind, int n, int v,
                                const int *balance, int m, gp_checkpoint_mode ckpt, bool lockstep,
                                const double *capacity, gp_sim_result *out);
 /* Index into r[0..count) of the recommended run: the smallest m whose

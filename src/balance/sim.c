@@ -41,7 +41,8 @@ gp_stage_times gp_stage_times_of(const gp_profile *p, const gp_layer_times *lt, 
 double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const int64_t *sizes,
                            int j, int first, int count)
 {
-    int n = sched->n, last = first + count - 1;
+    int n = sched->stages, last = first + count - 1;
+    int d = j % sched->n; /* interleaved: the device's list holds other stages too */
     const gp_layer_mem *mm = p->mem;
     double stat = 0, ws = 0, keep = 0, in_max = 0, ck_max = 0;
     for (int k = first; k <= last; k++) {
@@ -55,8 +56,9 @@ double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const 
     }
     double in = mm[first].in_per_sample, out = mm[last].out_per_sample;
     double cur = stat + ws, peak = cur, pending = 0;
-    for (int c = 0; c < sched->count[j]; c++) {
-        const gp_instr *in_ = &sched->list[j][c];
+    for (int c = 0; c < sched->count[d]; c++) {
+        const gp_instr *in_ = &sched->list[d][c];
+        if (in_->j != j && gp_instr_per_micro_batch(in_->kind)) continue;
         double s = in_->i >= 0 ? (double)sizes[in_->i] : 0, t = cur; /* i < 0: the end */
         switch (in_->kind) {
         case GP_INSTR_RECV_ACT: cur += in * s; break;
@@ -214,26 +216,29 @@ gp_status gp_simulate(const gp_profile *p, int n, const int *balance, int m,
                       gp_checkpoint_mode ckpt, bool lockstep, const double *capacity,
                       gp_sim_result *out)
 {
-    return gp_simulate_schedule(p, GP_SCHEDULE_GPIPE, n, balance, m, ckpt, lockstep, capacity,
-                                out);
+    return gp_simulate_schedule(p, GP_SCHEDULE_GPIPE, n, 1, balance, m, ckpt, lockstep,
+                                capacity, out);
 }
 
-gp_status gp_simulate_schedule(const gp_profile *p, gp_schedule_kind kind, int n,
+gp_status gp_simulate_schedule(const gp_profile *p, gp_schedule_kind kind, int n, int v,
                                const int *balance, int m, gp_checkpoint_mode ckpt, bool lockstep,
                                const double *capacity, gp_sim_result *out)
 {
     memset(out, 0, sizeof *out);
     out->schedule = kind;
+    if (kind != GP_SCHEDULE_INTERLEAVED) v = 1;
+    int S = n * v; /* stages; stage j on device j % n */
     out->n = n;
     out->m = m;
     out->checkpoint = ckpt;
     if (!p->timed)
         return gp_error_set(GP_ERR_INVALID, "the profile has no times (taken with --by size); "
                             "profile with --by time or both to simulate");
-    if (n < 1 || n > GP_MAX_DEVICES || m < 1 || m > GP_MAX_CHUNKS)
-        return gp_error_set(GP_ERR_INVALID, "simulate: n = %d, m = %d out of range", n, m);
+    if (n < 1 || S > GP_MAX_DEVICES || m < 1 || m > GP_MAX_CHUNKS)
+        return gp_error_set(GP_ERR_INVALID, "simulate: n = %d, v = %d, m = %d out of range", n,
+                            v, m);
     int sum = 0, first[GP_MAX_DEVICES];
-    for (int j = 0; j < n; j++) {
+    for (int j = 0; j < S; j++) {
         if (balance[j] < 1)
             return gp_error_set(GP_ERR_INVALID, "simulate: stage %d has no layers", j);
         first[j] = sum;
@@ -245,29 +250,29 @@ gp_status gp_simulate_schedule(const gp_profile *p, gp_schedule_kind kind, int n
     int64_t sizes[GP_MAX_CHUNKS];
     GP_TRY(gp_microbatch_split(p->batch, m, sizes));
     gp_schedule sc;
-    gp_schedule_opts so = {.kind = kind, .n = n, .m = m, .checkpoint = ckpt, .replicas = 1,
-                           .update = true, .check = true};
+    gp_schedule_opts so = {.kind = kind, .n = n, .m = m, .virtual_stages = v, .checkpoint = ckpt,
+                           .replicas = 1, .update = true, .check = true};
     GP_TRY(gp_schedule_make(&so, &sc));
 
     /* stage times at the (at most two) micro-batch sizes of this split */
     gp_layer_times *lt = calloc((size_t)p->L * 2, sizeof *lt);
-    size_t cells = (size_t)m * (size_t)n;
+    size_t cells = (size_t)m * (size_t)S;
     double *fwd_fin = malloc(cells * sizeof *fwd_fin), *bwd_fin = malloc(cells * sizeof *bwd_fin);
     double *clock_fin = calloc((size_t)sc.clocks, sizeof *clock_fin);
     int *clock_left = calloc((size_t)sc.clocks, sizeof *clock_left);
-    gp_stage_times *st = calloc((size_t)n * 2, sizeof *st);
+    gp_stage_times *st = calloc((size_t)S * 2, sizeof *st);
     if (!lt || !fwd_fin || !bwd_fin || !clock_fin || !clock_left || !st) {
         free(lt); free(fwd_fin); free(bwd_fin); free(clock_fin); free(clock_left); free(st);
         gp_schedule_free(&sc);
         return gp_error_set(GP_ERR_OOM, "out of host memory simulating");
     }
     int64_t big = sizes[0], small = sizes[m - 1];
-    for (int v = 0; v < 2; v++) {
+    for (int z = 0; z < 2; z++) { /* z: the micro-batch size (big, small) */
         double loss, upload;
-        gp_layer_times *l = lt + (size_t)v * (size_t)p->L;
-        gp_profile_times_at(p, v == 0 ? big : small, l, &loss, &upload);
-        for (int j = 0; j < n; j++)
-            st[v * n + j] = gp_stage_times_of(p, l, loss, upload, j, n, first[j], balance[j]);
+        gp_layer_times *l = lt + (size_t)z * (size_t)p->L;
+        gp_profile_times_at(p, z == 0 ? big : small, l, &loss, &upload);
+        for (int j = 0; j < S; j++)
+            st[z * S + j] = gp_stage_times_of(p, l, loss, upload, j, S, first[j], balance[j]);
     }
     for (size_t q = 0; q < cells; q++) fwd_fin[q] = bwd_fin[q] = -1;
     for (int j = 0; j < n; j++)
@@ -287,7 +292,7 @@ gp_status gp_simulate_schedule(const gp_profile *p, gp_schedule_kind kind, int n
             while (pc[j] < sc.count[j]) {
                 const gp_instr *in = &sc.list[j][pc[j]];
                 const gp_stage_times *s =
-                    &st[(in->i < 0 || sizes[in->i] == big ? 0 : 1) * n + j];
+                    &st[(in->i < 0 || sizes[in->i] == big ? 0 : 1) * S + in->j];
                 double dep = 0, dur = 0;
                 bool ready = true;
                 if (in->kind == GP_INSTR_RECV_ACT || in->kind == GP_INSTR_RECV_GRAD) {
@@ -299,8 +304,8 @@ gp_status gp_simulate_schedule(const gp_profile *p, gp_schedule_kind kind, int n
                     } else {
                         int jj = in->from;
                         double f = in->kind == GP_INSTR_RECV_ACT
-                                       ? fwd_fin[(size_t)in->i * (size_t)n + (size_t)jj]
-                                       : bwd_fin[(size_t)in->i * (size_t)n + (size_t)jj];
+                                       ? fwd_fin[(size_t)in->i * (size_t)S + (size_t)jj]
+                                       : bwd_fin[(size_t)in->i * (size_t)S + (size_t)jj];
                         ready = f >= 0;
                         dep = f;
                     }
@@ -334,7 +339,7 @@ gp_status gp_simulate_schedule(const gp_profile *p, gp_schedule_kind kind, int n
                 if (gp_instr_computes(in->kind) && in->kind != GP_INSTR_RECOMPUTE) {
                     if (in->kind != GP_INSTR_BACKWARD_WEIGHTS) {
                         double *fin = in->kind == GP_INSTR_FORWARD ? fwd_fin : bwd_fin;
-                        fin[(size_t)in->i * (size_t)n + (size_t)j] = t[j];
+                        fin[(size_t)in->i * (size_t)S + (size_t)in->j] = t[j];
                     }
                     clock_left[in->k]--;
                     if (t[j] > clock_fin[in->k]) clock_fin[in->k] = t[j];
@@ -355,8 +360,11 @@ gp_status gp_simulate_schedule(const gp_profile *p, gp_schedule_kind kind, int n
     out->bubble = out->step > 0 ? 1.0 - busy / ((double)n * out->step) : 0;
     out->throughput = out->step > 0 ? (double)p->batch / out->step : 0;
     out->fits = true;
+    /* a device's peak: its stages' peaks added (interleaved: erring high,
+     * they need not coincide) */
+    for (int j = 0; j < S; j++)
+        out->peak_bytes[j % n] += gp_stage_peak_bytes(p, &sc, sizes, j, first[j], balance[j]);
     for (int j = 0; j < n; j++) {
-        out->peak_bytes[j] = gp_stage_peak_bytes(p, &sc, sizes, j, first[j], balance[j]);
         if (capacity && capacity[j] > 0 && out->peak_bytes[j] > capacity[j]) out->fits = false;
     }
     free(lt); free(fwd_fin); free(bwd_fin); free(clock_fin); free(clock_left); free(st);

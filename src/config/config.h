@@ -55,6 +55,8 @@ typedef struct gp_pipeline_config {
     gp_checkpoint_mode checkpoint; /* default except_last */
     bool lockstep;        /* default true */
     gp_schedule_kind schedule; /* default gpipe */
+    int virtual_stages;   /* pipeline.virtual: stages per device; 1, or >= 2
+                             (default 2) with schedule: interleaved */
     int threads;          /* per CPU device; 0 = cores / devices */
     size_t memory;        /* default capacity per device, >= 1 when given;
                              0 = not given, unlimited */

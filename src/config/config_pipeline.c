@@ -283,7 +283,29 @@ gp_status gp_cfg_parse_pipeline(gp_cfg_walk *w, const gp_ynode *root, gp_pipelin
     }
     if (!grid && pc->replicas > 1) GP_TRY(derive_replicas(w, dv ? dv : m, pc));
 
-    /* balance: auto or one layer count per device */
+    /* the schedule, and for interleaving the stages per device */
+    static const char *const k_schedules[] = {"gpipe", "1f1b", "zb-h1", "interleaved"};
+    int sk = 0;
+    GP_TRY(gp_cfg_get_enum(w, m, "pipeline", "schedule", k_schedules, GP_COUNT(k_schedules),
+                           GP_SCHEDULE_GPIPE, &sk));
+    pc->schedule = (gp_schedule_kind)sk;
+    bool il = pc->schedule == GP_SCHEDULE_INTERLEAVED;
+    GP_TRY(gp_cfg_get_int32(w, m, "pipeline", "virtual", il ? 2 : 1, 1, GP_MAX_DEVICES,
+                            &pc->virtual_stages));
+    const gp_ynode *vn = gp_ymap_get(m, "virtual");
+    if (!il && pc->virtual_stages > 1)
+        return gp_cfg_bad(w, vn, "pipeline.virtual = %d needs schedule: interleaved (stages per "
+                          "device); set pipeline.schedule: interleaved or leave virtual out",
+                          pc->virtual_stages);
+    if (il && pc->virtual_stages < 2)
+        return gp_cfg_bad(w, vn, "pipeline.virtual must be >= 2 with schedule: interleaved (the "
+                          "stages each device holds), got %d", pc->virtual_stages);
+    int stages = pc->n_devices * pc->virtual_stages;
+    if (stages > GP_MAX_DEVICES)
+        return gp_cfg_bad(w, vn ? vn : m, "%d devices x pipeline.virtual %d = %d stages; at most "
+                          "%d", pc->n_devices, pc->virtual_stages, stages, GP_MAX_DEVICES);
+
+    /* balance: auto or one layer count per stage */
     const gp_ynode *bal = gp_ymap_get(m, "balance");
     if (gp_cfg_absent(bal) || (bal->kind == GP_YNODE_SCALAR && !strcmp(bal->text, "auto"))) {
         pc->n_balance = 0;
@@ -292,7 +314,12 @@ gp_status gp_cfg_parse_pipeline(gp_cfg_walk *w, const gp_ynode *root, gp_pipelin
         return gp_cfg_bad(w, bal, "expected auto or a list of layer counts, one per device, for "
                           "pipeline.balance, got %s", gp_cfg_describe(bal, got, sizeof got));
     } else {
-        if (bal->n != pc->n_devices)
+        if (bal->n != stages && pc->virtual_stages > 1)
+            return gp_cfg_bad(w, bal, "pipeline.balance has %d entr%s but there are %d stages "
+                              "(%d devices x pipeline.virtual %d); give one layer count per "
+                              "stage (or balance: auto)", bal->n, bal->n == 1 ? "y" : "ies",
+                              stages, pc->n_devices, pc->virtual_stages);
+        if (bal->n != stages)
             return gp_cfg_bad(w, bal, "pipeline.balance has %d entr%s but there %s %d "
                               "device%s; give one layer count per device (or balance: auto)",
                               bal->n, bal->n == 1 ? "y" : "ies",
@@ -321,11 +348,6 @@ gp_status gp_cfg_parse_pipeline(gp_cfg_walk *w, const gp_ynode *root, gp_pipelin
                            GP_CKPT_EXCEPT_LAST, &ck));
     pc->checkpoint = (gp_checkpoint_mode)ck;
     GP_TRY(gp_cfg_get_bool(w, m, "pipeline", "lockstep", true, &pc->lockstep));
-    static const char *const k_schedules[] = {"gpipe", "1f1b", "zb-h1"}; /* gp_schedule_kind */
-    int sk = 0;
-    GP_TRY(gp_cfg_get_enum(w, m, "pipeline", "schedule", k_schedules, GP_COUNT(k_schedules),
-                           GP_SCHEDULE_GPIPE, &sk));
-    pc->schedule = (gp_schedule_kind)sk;
     check_threads(w, m, dv, grid, pc);
     return GP_OK;
 }

@@ -20,7 +20,7 @@ static const char *const k_schema[] = {
     "model", "pipeline", "data", "train",
     "model.input", "model.layers", "model.loss", "model.init_from",
     "pipeline.devices", "pipeline.balance", "pipeline.chunks", "pipeline.checkpoint",
-    "pipeline.lockstep", "pipeline.schedule", "pipeline.threads", "pipeline.memory", "pipeline.replicas",
+    "pipeline.lockstep", "pipeline.schedule", "pipeline.virtual", "pipeline.threads", "pipeline.memory", "pipeline.replicas",
     "data.dataset", "data.path", "data.shuffle", "data.normalize", "data.mean",
     "data.std", "data.augment", "data.augment.crop_padding", "data.augment.hflip",
     "data.prefetch", "data.train_limit", "data.test_limit", "data.synthetic",

@@ -49,12 +49,15 @@ typedef struct worker {
 } worker;
 
 struct gp_pipeline {
-    int n, L;
+    int n;                     /* devices: workers and schedule lists */
+    int S;                     /* stages: n, or n x v interleaved (stage j on
+                                  device j % n) */
+    int L;
     gp_layer *layers;
     int first_trainable;       /* gp_layers_first_trainable of the model */
     gp_shape input;            /* (1, C, H, W) */
-    gp_device *devs[GP_MAX_DEVICES];
-    int first[GP_MAX_DEVICES], count[GP_MAX_DEVICES];
+    gp_device *devs[GP_MAX_DEVICES];   /* stage j's device (repeats when interleaved) */
+    int first[GP_MAX_DEVICES], count[GP_MAX_DEVICES]; /* stage j's layers */
     gp_pipeline_opts opts;
     worker workers[GP_MAX_DEVICES];
     /* Data parallelism (gp_pipeline_join; set between steps, read-only
@@ -99,8 +102,10 @@ struct gp_pipeline {
                                   written by the caller under lock */
 };
 
-#define MB(p, i, j) (&(p)->mb[(size_t)(i) * (size_t)(p)->n + (size_t)(j)])
-#define FLAG(p, arr, i, j) ((p)->arr[(size_t)(i) * (size_t)(p)->n + (size_t)(j)])
+#define MB(p, i, j) (&(p)->mb[(size_t)(i) * (size_t)(p)->S + (size_t)(j)])
+#define FLAG(p, arr, i, j) ((p)->arr[(size_t)(i) * (size_t)(p)->S + (size_t)(j)])
+/* The stages j of device d. */
+#define EACH_STAGE(p, j, d) for (int j = (d); j < (p)->S; j += (p)->n)
 
 /* ---- errors and waiting ------------------------------------------------ */
 
@@ -222,7 +227,7 @@ static gp_status do_forward(gp_pipeline *p, int i, int j, bool ckpt, int *bad_la
         *bad_layer += p->first[j];
         return st;
     }
-    if (j == p->n - 1) {
+    if (j == p->S - 1) {
         /* The loss: dlogits become this stage's incoming gradient. */
         gp_shape ls = {1, {b, 0, 0, 0}};
         GP_TRY(gp_tensor_alloc(&s->labels, dev, &ls, GP_MEM_ACTIVATIONS));
@@ -262,32 +267,35 @@ static gp_status recv_copy(gp_device *dev, const gp_tensor *src, gp_tensor *dst,
     return gp_tensor_copy(dst, src);
 }
 
-/* Free outputs / input gradients that the neighbours have copied. */
-static void sweep(gp_pipeline *p, int j)
+/* Free outputs / input gradients that the neighbours have copied, on the
+ * stages of device d. */
+static void sweep(gp_pipeline *p, int d)
 {
-    int m = p->m, n = p->n;
-    for (int i = 0; i < m; i++) {
-        mb_state *s = MB(p, i, j);
-        bool free_out = false, free_gin = false;
-        pthread_mutex_lock(&p->lock);
-        if (s->stash.out.owned && j + 1 < n && FLAG(p, act_copied, i, j + 1)) free_out = true;
-        if (s->grad_in.owned && j > 0 && FLAG(p, grad_copied, i, j - 1)) free_gin = true;
-        pthread_mutex_unlock(&p->lock);
-        if (free_out) gp_tensor_free(&s->stash.out);
-        if (free_gin) gp_tensor_free(&s->grad_in);
-    }
+    int m = p->m, S = p->S;
+    EACH_STAGE(p, j, d)
+        for (int i = 0; i < m; i++) {
+            mb_state *s = MB(p, i, j);
+            bool free_out = false, free_gin = false;
+            pthread_mutex_lock(&p->lock);
+            if (s->stash.out.owned && j + 1 < S && FLAG(p, act_copied, i, j + 1)) free_out = true;
+            if (s->grad_in.owned && j > 0 && FLAG(p, grad_copied, i, j - 1)) free_gin = true;
+            pthread_mutex_unlock(&p->lock);
+            if (free_out) gp_tensor_free(&s->stash.out);
+            if (free_gin) gp_tensor_free(&s->grad_in);
+        }
 }
 
-/* Free everything this worker allocated for the step. */
-static void drain(gp_pipeline *p, int j)
+/* Free everything device d's worker allocated for the step. */
+static void drain(gp_pipeline *p, int d)
 {
-    for (int i = 0; i < p->m; i++) {
-        mb_state *s = MB(p, i, j);
-        gp_stash_release(&s->stash);
-        gp_tensor_free(&s->grad_out);
-        gp_tensor_free(&s->grad_in);
-        gp_tensor_free(&s->labels);
-    }
+    EACH_STAGE(p, j, d)
+        for (int i = 0; i < p->m; i++) {
+            mb_state *s = MB(p, i, j);
+            gp_stash_release(&s->stash);
+            gp_tensor_free(&s->grad_out);
+            gp_tensor_free(&s->grad_in);
+            gp_tensor_free(&s->labels);
+        }
 }
 
 /* Every layer's gradients of stage j final: the layers that got no
@@ -335,13 +343,15 @@ static gp_status reduce_grads(gp_pipeline *p, int j, bool shard, int *bad_layer)
 static gp_status barrier(worker *w, const gp_instr *in, int *bad_layer)
 {
     gp_pipeline *p = w->p;
-    int j = w->j;
-    GP_TRY(grads_final(p, j, bad_layer));
-    for (int i = 0; i < p->m; i++) { /* outgoing data must be copied before it is freed */
-        if (j > 0) GP_TRY(wait_for(p, pred_grad_copied, i, j - 1));
-        if (j + 1 < p->n) GP_TRY(wait_for(p, pred_act_copied, i, j + 1));
+    int d = w->j, j = in->j; /* j: the device's first stage (= d) */
+    EACH_STAGE(p, q, d) {
+        GP_TRY(grads_final(p, q, bad_layer));
+        for (int i = 0; i < p->m; i++) { /* outgoing data must be copied before it is freed */
+            if (q > 0) GP_TRY(wait_for(p, pred_grad_copied, i, q - 1));
+            if (q + 1 < p->S) GP_TRY(wait_for(p, pred_act_copied, i, q + 1));
+        }
     }
-    drain(p, j);
+    drain(p, d);
     pthread_mutex_lock(&p->lock);
     p->lists_ok++;
     pthread_cond_broadcast(&p->cond);
@@ -477,10 +487,11 @@ static bool per_micro_batch(gp_instr_kind k) { return gp_instr_per_micro_batch(k
 static gp_status run_step(worker *w)
 {
     gp_pipeline *p = w->p;
-    int j = w->j;
+    int j = w->j; /* the device */
     /* No zeroing pass: each layer's first backward overwrites its gradients. */
-    for (int c = p->first[j]; c < p->first[j] + p->count[j]; c++)
-        gp_layer_grads_begin(&p->layers[c]);
+    EACH_STAGE(p, q, j)
+        for (int c = p->first[q]; c < p->first[q] + p->count[q]; c++)
+            gp_layer_grads_begin(&p->layers[c]);
     const gp_instr *list = p->sched.list[j];
     w->n_events = 0;
     w->busy = 0;
@@ -492,9 +503,9 @@ static gp_status run_step(worker *w)
         pthread_mutex_unlock(&p->lock);
         if (cancelled) return gp_error_set(GP_ERR_CANCELLED, "cancelled");
         gp_event_rec *ev = &w->events[w->n_events++];
-        *ev = (gp_event_rec){.kind = in->kind, .i = in->i, .j = j, .k = in->k, .from = in->from,
-                             .shard = in->shard, .fused = in->fused,
-                             .layer_first = p->first[j], .layer_count = p->count[j]};
+        *ev = (gp_event_rec){.kind = in->kind, .i = in->i, .j = in->j, .k = in->k,
+                             .from = in->from, .shard = in->shard, .fused = in->fused,
+                             .layer_first = p->first[in->j], .layer_count = p->count[in->j]};
         ev->t0 = gp_now();
         ev->t1 = ev->t0;
         int bad_layer = -1;
@@ -521,7 +532,7 @@ static gp_status run_step(worker *w)
             ev->bytes = 0;
             ev->is_wait = true;
         }
-        if (st != GP_OK) return fail(p, st, j, in->i, bad_layer);
+        if (st != GP_OK) return fail(p, st, in->j, in->i, bad_layer);
         if (per_micro_batch(in->kind)) sweep(p, j);
     }
     gp_status st = gp_dev_synchronize(p->devs[j]);
@@ -565,16 +576,27 @@ static void *worker_main(void *arg)
 
 /* ---- public ------------------------------------------------------------- */
 
-gp_status gp_pipeline_create(gp_layer *layers, int n_layers, const gp_shape *input, int n,
+gp_status gp_pipeline_create(gp_layer *layers, int n_layers, const gp_shape *input, int S,
                              gp_device *const *devs, const int *balance,
                              const gp_pipeline_opts *opts, gp_pipeline **out)
 {
     *out = NULL;
-    if (n < 1 || n > GP_MAX_DEVICES)
-        return gp_error_set(GP_ERR_INVALID, "a pipeline needs 1..%d devices, got %d",
-                            GP_MAX_DEVICES, n);
+    if (S < 1 || S > GP_MAX_DEVICES)
+        return gp_error_set(GP_ERR_INVALID, "a pipeline needs 1..%d stages, got %d",
+                            GP_MAX_DEVICES, S);
+    int v = opts->schedule == GP_SCHEDULE_INTERLEAVED ? opts->virtual_stages : 1;
+    if (v < 1 || S % v)
+        return gp_error_set(GP_ERR_INVALID, "%d stages cannot be %d per device; give "
+                            "pipeline.balance one entry per stage, devices x pipeline.virtual",
+                            S, v);
+    int n = S / v;
+    for (int j = n; j < S; j++)
+        if (devs[j] != devs[j % n])
+            return gp_error_set(GP_ERR_INVALID, "interleaved stage %d must be on device %s (stage "
+                                "j on device j mod %d), not %s", j, devs[j % n]->name, n,
+                                devs[j]->name);
     int sum = 0;
-    for (int j = 0; j < n; j++) {
+    for (int j = 0; j < S; j++) {
         if (balance[j] < 1)
             return gp_error_set(GP_ERR_INVALID,
                                 "pipeline.balance[%d] = %d: every stage needs at least one layer",
@@ -594,6 +616,7 @@ gp_status gp_pipeline_create(gp_layer *layers, int n_layers, const gp_shape *inp
     gp_pipeline *p = calloc(1, sizeof *p);
     if (!p) return gp_error_set(GP_ERR_OOM, "out of host memory");
     p->n = n;
+    p->S = S;
     p->L = n_layers;
     p->layers = layers;
     p->first_trainable = gp_layers_first_trainable(layers, n_layers);
@@ -601,7 +624,7 @@ gp_status gp_pipeline_create(gp_layer *layers, int n_layers, const gp_shape *inp
     p->opts = *opts;
     p->replicas = 1;
     int f = 0;
-    for (int j = 0; j < n; j++) {
+    for (int j = 0; j < S; j++) {
         p->devs[j] = devs[j];
         p->first[j] = f;
         p->count[j] = balance[j];
@@ -638,7 +661,7 @@ static void free_step_tables(gp_pipeline *p)
     free(p->clock_done);
     free(p->clock_expected);
     if (p->mb)
-        for (size_t q = 0; q < (size_t)p->m * (size_t)p->n; q++) gp_stash_destroy(&p->mb[q].stash);
+        for (size_t q = 0; q < (size_t)p->m * (size_t)p->S; q++) gp_stash_destroy(&p->mb[q].stash);
     free(p->mb);
     for (int j = 0; j < p->n; j++) {
         free(p->workers[j].events);
@@ -656,7 +679,7 @@ static void free_step_tables(gp_pipeline *p)
 static gp_status prepare(gp_pipeline *p, int m)
 {
     if (p->m == m && p->mb && !p->sched_stale) {
-        size_t cells = (size_t)m * (size_t)p->n;
+        size_t cells = (size_t)m * (size_t)p->S;
         memset(p->fwd_done, 0, cells);
         memset(p->bwd_done, 0, cells);
         memset(p->act_copied, 0, cells);
@@ -666,6 +689,7 @@ static gp_status prepare(gp_pipeline *p, int m)
     }
     free_step_tables(p);
     gp_schedule_opts so = {.kind = p->opts.schedule, .n = p->n, .m = m,
+                           .virtual_stages = p->S / p->n,
                            .checkpoint = p->opts.checkpoint,
                            .replicas = p->replicas, .update = p->opts.optim != NULL,
                            .check = !p->opts.no_check};
@@ -673,7 +697,7 @@ static gp_status prepare(gp_pipeline *p, int m)
     GP_TRY(gp_schedule_make(&so, &p->sched));
     p->sched_stale = false;
     p->m = m;
-    size_t cells = (size_t)m * (size_t)p->n;
+    size_t cells = (size_t)m * (size_t)p->S;
     p->fwd_done = calloc(cells, 1);
     p->bwd_done = calloc(cells, 1);
     p->act_copied = calloc(cells, 1);
@@ -684,7 +708,7 @@ static gp_status prepare(gp_pipeline *p, int m)
     bool ok = p->fwd_done && p->bwd_done && p->act_copied && p->grad_copied && p->clock_done &&
               p->clock_expected && p->mb;
     for (size_t q = 0; ok && q < cells; q++)
-        ok = gp_stash_init(&p->mb[q].stash, p->count[q % (size_t)p->n]) == GP_OK;
+        ok = gp_stash_init(&p->mb[q].stash, p->count[q % (size_t)p->S]) == GP_OK;
     for (int j = 0; ok && j < p->n; j++) {
         /* a copy records two events (wait, copy) */
         p->workers[j].cap_events = 2 * p->sched.count[j];
@@ -732,7 +756,7 @@ gp_status gp_pipeline_step_begin(gp_pipeline *p, const float *x, const float *y,
     p->seed = seed;
     p->step = step;
     p->lr = lr;
-    for (size_t q = 0; q < (size_t)m * (size_t)p->n; q++) {
+    for (size_t q = 0; q < (size_t)m * (size_t)p->S; q++) {
         p->mb[q].loss_sum = 0;
         p->mb[q].correct = 0;
     }
@@ -767,8 +791,8 @@ gp_status gp_pipeline_step_end(gp_pipeline *p, gp_pipeline_out *out)
     double loss = 0;
     int64_t correct = 0;
     for (int i = 0; i < m; i++) {
-        loss += MB(p, i, p->n - 1)->loss_sum;
-        correct += MB(p, i, p->n - 1)->correct;
+        loss += MB(p, i, p->S - 1)->loss_sum;
+        correct += MB(p, i, p->S - 1)->correct;
     }
     if (out) {
         out->loss_sum = loss;
@@ -814,11 +838,11 @@ void gp_pipeline_join(gp_pipeline *p, gp_comm *const *comms, int rank,
                       void (*on_fail)(void *arg), void *arg)
 {
     GP_ASSERT(!p->running);
-    for (int j = 0; j < p->n; j++) p->comms[j] = comms ? comms[j] : NULL;
+    for (int j = 0; j < p->S; j++) p->comms[j] = comms ? comms[j] : NULL;
     p->rank = rank;
     p->replicas = comms && comms[0] ? comms[0]->n : 1;
     /* Shard the update where every stage's device can (gp_dev_can_shard). */
-    for (int j = 0; j < p->n; j++) p->shard[j] = p->replicas > 1 && gp_dev_can_shard(p->devs[j]);
+    for (int j = 0; j < p->S; j++) p->shard[j] = p->replicas > 1 && gp_dev_can_shard(p->devs[j]);
     p->sched_stale = true;
     p->on_fail = on_fail;
     p->fail_arg = arg;
@@ -835,7 +859,8 @@ void gp_pipeline_cancel(gp_pipeline *p)
     pthread_cond_broadcast(&p->cond);
     pthread_mutex_unlock(&p->lock);
 }
-int gp_pipeline_stages(const gp_pipeline *p) { return p->n; }
+int gp_pipeline_stages(const gp_pipeline *p) { return p->S; }
+int gp_pipeline_devices(const gp_pipeline *p) { return p->n; }
 
 void gp_event_name(const gp_event_rec *e, char *buf, size_t len)
 {

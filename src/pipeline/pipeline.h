@@ -60,7 +60,9 @@ typedef struct gp_event_rec {
 typedef struct gp_pipeline_opts {
     int chunks;                 /* micro-batches per step (m) */
     gp_checkpoint_mode checkpoint;
-    gp_schedule_kind schedule;  /* GPipe's fill-drain (default) or 1F1B */
+    gp_schedule_kind schedule;  /* GPipe's fill-drain (default), 1F1B, ZB-H1,
+                                   interleaved */
+    int virtual_stages;         /* interleaved: stages per device (v >= 2) */
     bool lockstep;
     /* Test hook: fail the instruction of `fault_kind` at (fault_i, fault_j)
      * with GP_ERR_RUNTIME "injected fault".  fault_j < 0 = off. */
@@ -81,9 +83,12 @@ typedef struct gp_pipeline_out {
     double seconds;             /* wall time of the step */
 } gp_pipeline_out;
 
-/* Stage j runs layers[first_j .. first_j + balance[j]) on devs[j]; the layers
- * must already live on their stage's device.  `input` is the per-sample
- * input shape (1, C, H, W).  Starts n worker threads. */
+/* Stage j runs layers[first_j .. first_j + balance[j]) on devs[j], for n
+ * stages; the layers must already live on their stage's device.  Without
+ * interleaving every stage has its own device; interleaved
+ * (opts->virtual_stages = v) stage j runs on device j % (n / v), which
+ * devs[] must repeat.  `input` is the per-sample input shape (1, C, H, W).
+ * Starts one worker thread per device. */
 gp_status gp_pipeline_create(gp_layer *layers, int n_layers, const gp_shape *input,
                              int n, gp_device *const *devs, const int *balance,
                              const gp_pipeline_opts *opts, gp_pipeline **out);
@@ -146,6 +151,9 @@ void gp_pipeline_set_fault_delay(gp_pipeline *p, int ms);
 const gp_event_rec *gp_pipeline_events(const gp_pipeline *p, int j, int *count);
 /* Busy seconds of worker j in the last step (sum of its instructions). */
 double gp_pipeline_busy(const gp_pipeline *p, int j);
+/* Stages, and devices (workers, event lists): equal except interleaved,
+ * where stage j runs on device j % devices. */
 int gp_pipeline_stages(const gp_pipeline *p);
+int gp_pipeline_devices(const gp_pipeline *p);
 
 #endif /* GP_PIPELINE_H */

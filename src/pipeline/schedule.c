@@ -50,43 +50,52 @@ static gp_instr instr(gp_instr_kind kind, int i, int j, int k, int from, bool ck
     return (gp_instr){.kind = kind, .i = i, .j = j, .k = k, .from = from, .checkpointed = ck};
 }
 
-/* The end of stage j's step (schedule.h). */
-static int end_of_step(const gp_schedule_opts *o, int j, int k, gp_instr *l)
+/* The end of device d's step (schedule.h): for each of its stages j the
+ * reductions, one barrier, then each stage's commit, update, gather and
+ * check. */
+static int end_of_step(const gp_schedule_opts *o, int d, int S, int k, gp_instr *l)
 {
-    bool dp = o->replicas > 1, shard = dp && o->shard[j] && o->update;
-    bool fused = shard && o->update && j == 0;
+    bool dp = o->replicas > 1;
     int c = 0;
-    gp_instr e = {.i = -1, .j = j, .k = k, .from = j};
-    if (dp && !fused) {
-        l[c] = e;
-        l[c].kind = GP_INSTR_REDUCE_GRADS;
-        l[c++].shard = shard;
+    for (int j = d; j < S; j += o->n) {
+        bool shard = dp && o->shard[j] && o->update, fused = shard && j == 0;
+        gp_instr e = {.i = -1, .j = j, .k = k, .from = j};
+        if (dp && !fused) {
+            l[c] = e;
+            l[c].kind = GP_INSTR_REDUCE_GRADS;
+            l[c++].shard = shard;
+        }
+        if (dp) (l[c] = e, l[c++].kind = GP_INSTR_REDUCE_STATS);
     }
-    if (dp) (l[c] = e, l[c++].kind = GP_INSTR_REDUCE_STATS);
-    l[c] = e;
-    l[c].kind = GP_INSTR_BARRIER;
-    l[c++].replicas = dp;
-    (l[c] = e, l[c++].kind = GP_INSTR_COMMIT);
-    if (o->update) {
-        l[c] = e;
-        l[c].kind = GP_INSTR_UPDATE;
-        l[c].shard = shard;
-        l[c++].fused = fused;
-        if (shard && !fused) (l[c] = e, l[c++].kind = GP_INSTR_GATHER);
+    l[c] = (gp_instr){.kind = GP_INSTR_BARRIER, .i = -1, .j = d, .k = k, .from = d,
+                      .replicas = dp};
+    c++;
+    for (int j = d; j < S; j += o->n) {
+        bool shard = dp && o->shard[j] && o->update, fused = shard && j == 0;
+        gp_instr e = {.i = -1, .j = j, .k = k, .from = j};
+        (l[c] = e, l[c++].kind = GP_INSTR_COMMIT);
+        if (o->update) {
+            l[c] = e;
+            l[c].kind = GP_INSTR_UPDATE;
+            l[c].shard = shard;
+            l[c++].fused = fused;
+            if (shard && !fused) (l[c] = e, l[c++].kind = GP_INSTR_GATHER);
+        }
+        if (o->check) (l[c] = e, l[c++].kind = GP_INSTR_CHECK);
     }
-    if (o->check) (l[c] = e, l[c++].kind = GP_INSTR_CHECK);
     return c;
 }
 
-/* One computation of a stage's order. */
+/* One computation of a device's order. */
 typedef struct {
     gp_instr_kind kind; /* FORWARD, BACKWARD, BACKWARD_DATA or BACKWARD_WEIGHTS */
-    int i;
+    int i;              /* micro-batch */
+    int j;              /* stage */
 } op;
 
-/* ZB-H1's orders for all stages: a greedy execution in unit time steps (see
- * schedule.h).  f_end / b_end: the step a forward / backward-data of
- * (i, j) ends, -1 before. */
+/* ZB-H1's orders for all stages (one per device): a greedy execution in
+ * unit time steps (see schedule.h).  f_end / b_end: the step a forward /
+ * backward-data of (i, j) ends, -1 before. */
 static gp_status zb_h1_orders(int n, int m, op **ord, int *len)
 {
     size_t cells = (size_t)m * (size_t)n;
@@ -120,13 +129,13 @@ static gp_status zb_h1_orders(int n, int m, op **ord, int *len)
                            (j == 0 || (f_end[i * n + j - 1] >= 0 && f_end[i * n + j - 1] <= t));
             if (b_ready) {
                 b_end[nb[j] * n + j] = t + 1;
-                ord[j][len[j]++] = (op){GP_INSTR_BACKWARD_DATA, nb[j]};
+                ord[j][len[j]++] = (op){GP_INSTR_BACKWARD_DATA, nb[j], j};
                 W[wt[j]++] = nb[j]++;
             } else if (f_ready) {
                 f_end[nf[j] * n + j] = t + 1;
-                ord[j][len[j]++] = (op){GP_INSTR_FORWARD, nf[j]++};
+                ord[j][len[j]++] = (op){GP_INSTR_FORWARD, nf[j]++, j};
             } else if (wh[j] < wt[j]) {
-                ord[j][len[j]++] = (op){GP_INSTR_BACKWARD_WEIGHTS, W[wh[j]++]};
+                ord[j][len[j]++] = (op){GP_INSTR_BACKWARD_WEIGHTS, W[wh[j]++], j};
             } else {
                 continue;
             }
@@ -139,24 +148,53 @@ static gp_status zb_h1_orders(int n, int m, op **ord, int *len)
     return GP_OK;
 }
 
-/* The order of computations on every stage. */
-static gp_status compute_orders(const gp_schedule_opts *o, op **ord, int *len)
+/* Interleaved 1F1B (Narayanan et al. 2021; Megatron's virtual pipeline):
+ * device d holds stages d, d + n, .., d + (v - 1) n.  Its k-th forward is
+ * micro-batch (k / nv) n + k % n of stage-chunk (k % nv) / n, its k-th
+ * backward the same micro-batch of chunk v - 1 - (k % nv) / n; it runs
+ * (n - d - 1) 2 + (v - 1) n warm-up forwards (all of them when m = n),
+ * then alternates, then drains. */
+static void interleaved_order(int n, int v, int m, int d, op *ord, int *len)
+{
+    int total = m * v, nv = n * v;
+    int warm = m == n ? total : (n - d - 1) * 2 + (v - 1) * n;
+    if (warm > total) warm = total;
+    int c = 0, kf = 0, kb = 0;
+#define FWD(k) (op){GP_INSTR_FORWARD, ((k) / nv) * n + (k) % n, (((k) % nv) / n) * n + d}
+#define BWD(k) (op){GP_INSTR_BACKWARD, ((k) / nv) * n + (k) % n, (v - 1 - ((k) % nv) / n) * n + d}
+    for (; kf < warm; kf++) ord[c++] = FWD(kf);
+    for (; kf < total; kf++, kb++) {
+        ord[c++] = FWD(kf);
+        ord[c++] = BWD(kb);
+    }
+    for (; kb < total; kb++) ord[c++] = BWD(kb);
+#undef FWD
+#undef BWD
+    *len = c;
+}
+
+/* The order of computations on every device. */
+static gp_status compute_orders(const gp_schedule_opts *o, int v, op **ord, int *len)
 {
     int m = o->m, n = o->n;
     if (o->kind == GP_SCHEDULE_ZB_H1) return zb_h1_orders(n, m, ord, len);
     for (int j = 0; j < n; j++) {
         int c = 0;
+        if (o->kind == GP_SCHEDULE_INTERLEAVED) {
+            interleaved_order(n, v, m, j, ord[j], &len[j]);
+            continue;
+        }
         if (o->kind == GP_SCHEDULE_GPIPE) {
-            for (int i = 0; i < m; i++) ord[j][c++] = (op){GP_INSTR_FORWARD, i};
-            for (int i = m - 1; i >= 0; i--) ord[j][c++] = (op){GP_INSTR_BACKWARD, i};
+            for (int i = 0; i < m; i++) ord[j][c++] = (op){GP_INSTR_FORWARD, i, j};
+            for (int i = m - 1; i >= 0; i--) ord[j][c++] = (op){GP_INSTR_BACKWARD, i, j};
         } else { /* 1F1B */
             int warm = n - 1 - j < m ? n - 1 - j : m;
-            for (int i = 0; i < warm; i++) ord[j][c++] = (op){GP_INSTR_FORWARD, i};
+            for (int i = 0; i < warm; i++) ord[j][c++] = (op){GP_INSTR_FORWARD, i, j};
             for (int i = warm; i < m; i++) {
-                ord[j][c++] = (op){GP_INSTR_FORWARD, i};
-                ord[j][c++] = (op){GP_INSTR_BACKWARD, i - warm};
+                ord[j][c++] = (op){GP_INSTR_FORWARD, i, j};
+                ord[j][c++] = (op){GP_INSTR_BACKWARD, i - warm, j};
             }
-            for (int i = m - warm; i < m; i++) ord[j][c++] = (op){GP_INSTR_BACKWARD, i};
+            for (int i = m - warm; i < m; i++) ord[j][c++] = (op){GP_INSTR_BACKWARD, i, j};
         }
         len[j] = c;
     }
@@ -169,36 +207,39 @@ static gp_status compute_orders(const gp_schedule_opts *o, op **ord, int *len)
  * table above; for any order it is a numbering in which every device's
  * list is sorted and lockstep (a copy of clock k waits for all clocks
  * before k) cannot deadlock.  fk / bk / wk: clocks of forward, backward
- * (or backward-data), backward-weights of (i, j). */
-static gp_status assign_clocks(const gp_schedule_opts *o, op *const *ord, const int *len,
+ * (or backward-data), backward-weights of (i, j), [i * S + j]. */
+static gp_status assign_clocks(const gp_schedule_opts *o, int S, op *const *ord, const int *len,
                                int *fk, int *bk, int *wk)
 {
     int n = o->n, m = o->m;
     int pos[GP_MAX_DEVICES] = {0}, last[GP_MAX_DEVICES];
-    for (int j = 0; j < n; j++) last[j] = -1;
-    for (int q = 0; q < m * n; q++) fk[q] = bk[q] = wk[q] = -1;
+    for (int d = 0; d < n; d++) last[d] = -1;
+    for (int q = 0; q < m * S; q++) fk[q] = bk[q] = wk[q] = -1;
     int left = 0;
-    for (int j = 0; j < n; j++) left += len[j];
+    for (int d = 0; d < n; d++) left += len[d];
     while (left > 0) {
         int progress = 0;
-        for (int j = 0; j < n; j++)
-            while (pos[j] < len[j]) {
-                op e = ord[j][pos[j]];
-                int i = e.i, dep = -1;
+        for (int d = 0; d < n; d++)
+            while (pos[d] < len[d]) {
+                op e = ord[d][pos[d]];
+                int i = e.i, j = e.j, dep = -1;
                 int *clk = e.kind == GP_INSTR_FORWARD ? fk
                            : e.kind == GP_INSTR_BACKWARD_WEIGHTS ? wk : bk;
                 if (e.kind == GP_INSTR_FORWARD && j > 0) {
-                    dep = fk[i * n + j - 1];
+                    dep = fk[i * S + j - 1];
                     if (dep < 0) break;
                 } else if ((e.kind == GP_INSTR_BACKWARD || e.kind == GP_INSTR_BACKWARD_DATA) &&
-                           j < n - 1) {
-                    dep = bk[i * n + j + 1];
+                           j < S - 1) {
+                    dep = bk[i * S + j + 1];
+                    if (dep < 0) break;
+                } else if (e.kind != GP_INSTR_FORWARD && j == S - 1 && e.kind != GP_INSTR_BACKWARD_WEIGHTS) {
+                    dep = fk[i * S + j]; /* the last stage's own forward */
                     if (dep < 0) break;
                 }
-                int k = (last[j] > dep ? last[j] : dep) + 1;
-                clk[i * n + j] = k;
-                last[j] = k;
-                pos[j]++;
+                int k = (last[d] > dep ? last[d] : dep) + 1;
+                clk[i * S + j] = k;
+                last[d] = k;
+                pos[d]++;
                 left--;
                 progress = 1;
             }
@@ -215,6 +256,7 @@ const char *gp_schedule_kind_name(gp_schedule_kind k)
     case GP_SCHEDULE_GPIPE: return "gpipe";
     case GP_SCHEDULE_1F1B: return "1f1b";
     case GP_SCHEDULE_ZB_H1: return "zb-h1";
+    case GP_SCHEDULE_INTERLEAVED: return "interleaved";
     }
     return "?";
 }
@@ -226,10 +268,19 @@ int gp_schedule_in_flight_bound(gp_schedule_kind k, int j, int n, int m)
     return m;
 }
 
+int gp_schedule_interleaved_bound(int d, int n, int v, int m)
+{
+    int total = m * v, warm = m == n ? total : (n - d - 1) * 2 + (v - 1) * n + 1;
+    return warm < total ? warm : total;
+}
+
 gp_status gp_schedule_make(const gp_schedule_opts *o, gp_schedule *out)
 {
     int n = o->n, m = o->m;
+    int v = o->kind == GP_SCHEDULE_INTERLEAVED ? o->virtual_stages : 1;
+    int S = n * v;
     out->n = n;
+    out->stages = S;
     out->m = m;
     out->kind = o->kind;
     out->clocks = 0;
@@ -239,60 +290,71 @@ gp_status gp_schedule_make(const gp_schedule_opts *o, gp_schedule *out)
         return gp_error_set(GP_ERR_INVALID, "a schedule needs 1..%d stages and 1..%d "
                             "micro-batches (got n = %d, m = %d)", GP_MAX_DEVICES,
                             GP_MAX_CHUNKS, n, m);
+    if (o->kind == GP_SCHEDULE_INTERLEAVED) {
+        if (v < 2 || S > GP_MAX_DEVICES)
+            return gp_error_set(GP_ERR_INVALID, "the interleaved schedule needs "
+                                "pipeline.virtual >= 2 stages per device and at most %d stages "
+                                "in all (got %d x %d)", GP_MAX_DEVICES, n, v);
+        if (n < 2 || m % n)
+            return gp_error_set(GP_ERR_INVALID, "the interleaved schedule needs 2 or more devices "
+                                "and micro-batches in multiples of the devices (got %d devices, "
+                                "pipeline.chunks = %d): set chunks to a multiple of %d", n, m,
+                                n > 1 ? n : 2);
+    }
     out->list = calloc((size_t)n, sizeof *out->list);
     out->count = calloc((size_t)n, sizeof *out->count);
     op *ord[GP_MAX_DEVICES] = {NULL};
     int len[GP_MAX_DEVICES] = {0};
-    size_t cells = (size_t)m * (size_t)n;
+    size_t cells = (size_t)m * (size_t)S;
     int *fk = malloc(cells * sizeof *fk), *bk = malloc(cells * sizeof *bk);
     int *wk = malloc(cells * sizeof *wk);
     gp_status st = out->list && out->count && fk && bk && wk
                        ? GP_OK : gp_error_set(GP_ERR_OOM, "out of host memory for the schedule");
-    for (int j = 0; j < n && st == GP_OK; j++) {
-        ord[j] = malloc((size_t)(3 * m) * sizeof **ord);
-        if (!ord[j]) st = gp_error_set(GP_ERR_OOM, "out of host memory for the schedule");
+    for (int d = 0; d < n && st == GP_OK; d++) {
+        ord[d] = malloc((size_t)(3 * m * v) * sizeof **ord);
+        if (!ord[d]) st = gp_error_set(GP_ERR_OOM, "out of host memory for the schedule");
     }
-    if (st == GP_OK) st = compute_orders(o, ord, len);
-    if (st == GP_OK) st = assign_clocks(o, ord, len, fk, bk, wk);
-    for (int q = 0; st == GP_OK && q < m * n; q++) {
+    if (st == GP_OK) st = compute_orders(o, v, ord, len);
+    if (st == GP_OK) st = assign_clocks(o, S, ord, len, fk, bk, wk);
+    for (size_t q = 0; st == GP_OK && q < cells; q++) {
         int k = bk[q] > wk[q] ? bk[q] : wk[q];
         if (k + 1 > out->clocks) out->clocks = k + 1;
     }
-    for (int j = 0; j < n && st == GP_OK; j++) {
-        /* at most 2 per micro-batch forward, 4 backward; 7 at the end */
-        gp_instr *l = calloc((size_t)(6 * m + 7), sizeof *l);
+    for (int d = 0; d < n && st == GP_OK; d++) {
+        /* at most 2 per forward, 4 per backward; the end: 6 per stage + 1 */
+        gp_instr *l = calloc((size_t)(6 * m * v + 6 * v + 1), sizeof *l);
         if (!l) {
             st = gp_error_set(GP_ERR_OOM, "out of host memory for the schedule");
             break;
         }
-        out->list[j] = l;
+        out->list[d] = l;
         int c = 0;
-        for (int q = 0; q < len[j]; q++) {
-            op e = ord[j][q];
-            int i = e.i;
-            bool ck = gp_ckpt_checkpointed(o->checkpoint, i, j, m, n);
+        for (int q = 0; q < len[d]; q++) {
+            op e = ord[d][q];
+            int i = e.i, j = e.j;
+            bool ck = gp_ckpt_checkpointed(o->checkpoint, i, j, m, S);
             if (e.kind == GP_INSTR_FORWARD) {
-                int k = fk[i * n + j];
+                int k = fk[i * S + j];
                 /* the activation arrives at the start of its forward's clock */
                 if (j > 0) l[c++] = instr(GP_INSTR_RECV_ACT, i, j, k, j - 1, ck);
                 l[c++] = instr(GP_INSTR_FORWARD, i, j, k, j, ck);
             } else if (e.kind == GP_INSTR_BACKWARD_WEIGHTS) {
-                l[c++] = instr(GP_INSTR_BACKWARD_WEIGHTS, i, j, wk[i * n + j], j, ck);
+                l[c++] = instr(GP_INSTR_BACKWARD_WEIGHTS, i, j, wk[i * S + j], j, ck);
             } else {
-                int k = bk[i * n + j];
+                int k = bk[i * S + j];
                 /* The recompute needs only the stashed input, so it is listed
                  * before the gradient's arrival and overlaps the next stage's
                  * backward of the previous clock. */
                 if (ck) l[c++] = instr(GP_INSTR_RECOMPUTE, i, j, k, j, ck);
-                if (j < n - 1) l[c++] = instr(GP_INSTR_RECV_GRAD, i, j, k, j + 1, ck);
+                if (j < S - 1) l[c++] = instr(GP_INSTR_RECV_GRAD, i, j, k, j + 1, ck);
                 l[c++] = instr(e.kind, i, j, k, j, ck);
             }
         }
-        out->count[j] = c;
+        out->count[d] = c;
     }
-    for (int j = 0; j < n && st == GP_OK; j++)
-        out->count[j] += end_of_step(o, j, out->clocks, out->list[j] + out->count[j]);
-    for (int j = 0; j < n; j++) free(ord[j]);
+    for (int d = 0; d < n && st == GP_OK; d++)
+        out->count[d] += end_of_step(o, d, S, out->clocks, out->list[d] + out->count[d]);
+    for (int d = 0; d < n; d++) free(ord[d]);
     free(fk);
     free(bk);
     free(wk);

@@ -46,6 +46,20 @@
  *     j=1      F0  F1      B0  F2  B1  W0  F3  B2  W1  W2  B3  W3
  *     j=2          F0  B0  F1  B1  W0  F2  B2  W1  F3  B3  W2  W3
  *
+ * Interleaved 1F1B (Narayanan et al. 2021, Megatron's virtual pipeline):
+ * each of the n devices holds v stages, device d stages d, d + n, ...,
+ * d + (v - 1) n, so S = n v stages in all and a micro-batch visits every
+ * device v times.  Device d runs (n - d - 1) 2 + (v - 1) n warm-up forwards
+ * (its k-th forward: micro-batch (k / nv) n + k % n of its chunk
+ * (k % nv) / n), then alternates forward and backward (backwards take the
+ * chunks in reverse), then drains.  The bubble falls by v, the copies grow
+ * by v; m must be a multiple of n.  n = 2, v = 2, m = 2 (stage in
+ * brackets; m = n, so every forward is warm-up):
+ *
+ *     k    0     1     2     3     4     5     6     7     8     9
+ *     d=0  F0[0] F1[0] F0[2] F1[2]             B0[2] B1[2] B0[0] B1[0]
+ *     d=1        F0[1] F1[1] F0[3] F1[3] B0[3] B1[3] B0[1] B1[1]
+ *
  * Clocks in general: a computation runs one clock after the later of the
  * previous computation on its device and the one its input comes from
  * (forward (i, j - 1), backward (i, j + 1)).  For GPipe that gives the
@@ -98,14 +112,23 @@
 
 #define GP_MAX_DEVICES 64  /* stages (devices) in one pipeline */
 
-typedef enum { GP_SCHEDULE_GPIPE = 0, GP_SCHEDULE_1F1B, GP_SCHEDULE_ZB_H1 } gp_schedule_kind;
-#define GP_SCHEDULE_KINDS 3
-const char *gp_schedule_kind_name(gp_schedule_kind k); /* "gpipe", "1f1b", "zb-h1" */
+typedef enum {
+    GP_SCHEDULE_GPIPE = 0,
+    GP_SCHEDULE_1F1B,
+    GP_SCHEDULE_ZB_H1,
+    GP_SCHEDULE_INTERLEAVED
+} gp_schedule_kind;
+#define GP_SCHEDULE_KINDS 4
+/* "gpipe", "1f1b", "zb-h1", "interleaved" */
+const char *gp_schedule_kind_name(gp_schedule_kind k);
 /* The most micro-batches in flight on stage j (forwarded, their activations
  * not yet freed by the backward, or by backward-weights where it is split)
  * that schedule k allows: m for GPipe, min(n - j, m) for 1F1B,
  * min(n - j + 1, m) for ZB-H1. */
 int gp_schedule_in_flight_bound(gp_schedule_kind k, int j, int n, int m);
+/* Interleaved: the most (micro-batch, stage) pairs in flight on device d of
+ * n with v stages each: its warm-up forwards plus one, at most m v. */
+int gp_schedule_interleaved_bound(int d, int n, int v, int m);
 #define GP_MAX_CHUNKS 1024 /* micro-batches in one step */
 
 typedef enum gp_instr_kind {
@@ -159,7 +182,8 @@ void gp_instr_name(const gp_instr *in, char *buf, size_t len);
 
 typedef struct gp_schedule_opts {
     gp_schedule_kind kind;
-    int n;                  /* stages */
+    int n;                  /* devices: stages, except interleaved (n v stages) */
+    int virtual_stages;     /* interleaved: v >= 2 stages per device */
     int m;                  /* micro-batches */
     gp_checkpoint_mode checkpoint;
     int replicas;           /* R; > 1 adds the reductions and the replicas' barrier */
@@ -171,11 +195,12 @@ typedef struct gp_schedule_opts {
 
 typedef struct gp_schedule {
     gp_schedule_kind kind;
-    int n;           /* stages */
+    int n;           /* devices (lists); device of stage j: j % n */
+    int stages;      /* n, or n v interleaved */
     int m;           /* micro-batches */
     int clocks;      /* of the computations and copies: 2 (m + n - 1) for
                         GPipe; the end of the step runs at clock `clocks` */
-    gp_instr **list; /* list[j][0..count[j]) */
+    gp_instr **list; /* list[d][0..count[d]): device d's, every stage of it */
     int *count;
 } gp_schedule;
 

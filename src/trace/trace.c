@@ -99,7 +99,7 @@ static const char *category(const gp_event_rec *e)
 /* The slice on device `j` that produced what a copy consumed. */
 static const gp_event_rec *producer(const gp_pipeline *p, const gp_event_rec *c)
 {
-    int j = c->from;
+    int j = c->from % gp_pipeline_devices(p); /* the source stage's device */
     gp_instr_kind want = c->kind == GP_INSTR_RECV_ACT ? GP_INSTR_FORWARD : GP_INSTR_BACKWARD;
     int cnt;
     const gp_event_rec *ev = gp_pipeline_events(p, j, &cnt);
@@ -115,7 +115,7 @@ gp_status gp_trace_add_step(gp_trace *t, const gp_pipeline *p, gp_device *const 
                             int64_t step)
 {
     gp_json_writer *w = &t->w;
-    int n = gp_pipeline_stages(p);
+    int n = gp_pipeline_devices(p), S = gp_pipeline_stages(p);
     double t_start = 1e300;
     for (int j = 0; j < n; j++) {
         int cnt;
@@ -124,7 +124,11 @@ gp_status gp_trace_add_step(gp_trace *t, const gp_pipeline *p, gp_device *const 
         if (!t->named[j]) {
             t->named[j] = true;
             char name[96];
-            snprintf(name, sizeof name, "%s (stage %d)", devs[j]->name, j);
+            int off = snprintf(name, sizeof name, "%s (stage%s %d", devs[j]->name,
+                               S > n ? "s" : "", j);
+            for (int q = j + n; q < S && off < (int)sizeof name - 8; q += n)
+                off += snprintf(name + off, sizeof name - (size_t)off, ", %d", q);
+            snprintf(name + off, sizeof name - (size_t)off, ")");
             event(t, "process_name", NULL, "M", j);
             gp_json_open_object(w, "args");
             gp_json_put_str(w, "name", name);
@@ -173,7 +177,7 @@ gp_status gp_trace_add_step(gp_trace *t, const gp_pipeline *p, gp_device *const 
             gp_json_put_fixed(w, "dur", (r->t1 - r->t0) * 1e6, 3);
             gp_json_open_object(w, "args");
             gp_json_put_int(w, "step", step);
-            gp_json_put_int(w, "stage", j);
+            gp_json_put_int(w, "stage", r->j);
             gp_json_put_int(w, "micro_batch", r->i);
             gp_json_put_int(w, "clock", r->k);
             gp_json_put_str(w, "layers", layers);
@@ -185,7 +189,7 @@ gp_status gp_trace_add_step(gp_trace *t, const gp_pipeline *p, gp_device *const 
                 if (src) {
                     /* an arrow from the producing slice to this copy */
                     uint64_t id = t->next_flow++;
-                    event(t, "data", "flow", "s", r->from);
+                    event(t, "data", "flow", "s", r->from % n);
                     gp_json_put_int(w, "tid", 0);
                     gp_json_put_uint(w, "id", id);
                     gp_json_put_fixed(w, "ts", us(t, src->t1) - 0.001, 3);

@@ -37,21 +37,24 @@ gp_status gp_model_build_placed(const gp_config *cfg, gp_device *const *devs, in
         gp_model_release(out);
         return gp_error_set(GP_ERR_OOM, "out of host memory building the model");
     }
+    /* interleaved: v stages per device, stage j on device j % n */
+    int S = n * gp_model_virtual(cfg);
+    GP_ASSERT(S <= GP_MAX_DEVICES);
     out->dev = devs[0];
-    out->n_stages = n;
-    for (int j = 0; j < n; j++) {
-        out->devs[j] = devs[j];
+    out->n_stages = S;
+    for (int j = 0; j < S; j++) {
+        out->devs[j] = devs[j % n];
         out->balance[j] = balance[j];
     }
     out->input = gp_shape_4d(1, mc->input[0], mc->input[1], mc->input[2]);
     gp_shape cur = out->input;
     int stage = 0, in_stage = 0;
     for (int k = 0; k < mc->n_layers; k++) {
-        while (stage < n - 1 && in_stage >= balance[stage]) {
+        while (stage < S - 1 && in_stage >= balance[stage]) {
             stage++;
             in_stage = 0;
         }
-        gp_status s = gp_layer_create(&mc->layers[k], k, &cur, devs[stage], cfg->train.seed,
+        gp_status s = gp_layer_create(&mc->layers[k], k, &cur, devs[stage % n], cfg->train.seed,
                                       &out->layers[k]);
         if (s != GP_OK) {
             gp_model_release(out);
@@ -96,6 +99,7 @@ gp_pipeline_opts gp_model_pipeline_opts(const gp_model *m, const gp_config *cfg)
     return (gp_pipeline_opts){.chunks = cfg->pipeline.chunks,
                               .checkpoint = cfg->pipeline.checkpoint,
                               .schedule = cfg->pipeline.schedule,
+                              .virtual_stages = gp_model_virtual(cfg),
                               .lockstep = cfg->pipeline.lockstep, .fault_j = -1,
                               .optim = m->optim};
 }
@@ -170,10 +174,23 @@ void gp_model_plan_opts(const gp_config *cfg, int n, gp_plan_opts *o)
     o->m = pc->chunks;
     o->checkpoint = pc->checkpoint;
     o->by = GP_BALANCE_BY_TIME;
+    /* Interleaved, n = devices x v stages share their device's memory; the
+     * plan models their memory as 1F1B's stages (the closest schedule the
+     * planner walks), each with 1/v of its device. */
+    int nd = pc->n_devices > 0 ? pc->n_devices : n, v = n > nd && n % nd == 0 ? n / nd : 1;
+    o->schedule = pc->schedule == GP_SCHEDULE_INTERLEAVED ? GP_SCHEDULE_1F1B : pc->schedule;
     for (int j = 0; j < n && j < GP_MAX_DEVICES; j++) {
-        size_t cap = j < pc->n_devices && pc->devices[j].memory ? pc->devices[j].memory : pc->memory;
-        o->capacity[j] = (double)cap;
+        int d = j % nd;
+        size_t cap = d < pc->n_devices && pc->devices[d].memory ? pc->devices[d].memory : pc->memory;
+        o->capacity[j] = (double)cap / v;
     }
+}
+
+int gp_model_virtual(const gp_config *cfg)
+{
+    const gp_pipeline_config *pc = &cfg->pipeline;
+    return pc->schedule == GP_SCHEDULE_INTERLEAVED && pc->virtual_stages > 1 ? pc->virtual_stages
+                                                                              : 1;
 }
 
 gp_status gp_model_balance(const gp_config *cfg, int n, int *balance)
@@ -183,8 +200,8 @@ gp_status gp_model_balance(const gp_config *cfg, int n, int *balance)
     if (pc->n_balance > 0) {
         if (pc->n_balance != n)
             return gp_error_set(GP_ERR_INVALID,
-                                "%s: pipeline.balance has %d entries for %d devices; give one "
-                                "layer count per device", cfg->path, pc->n_balance, n);
+                                "%s: pipeline.balance has %d entries for %d stages; give one "
+                                "layer count per stage", cfg->path, pc->n_balance, n);
         int sum = 0;
         for (int j = 0; j < n; j++) sum += pc->balance[j];
         if (sum != L)

@@ -60,7 +60,8 @@ typedef struct gp_model {
 /* Build every layer from the config on one device (shapes inferred in
  * order; errors name the layer and its config position). */
 gp_status gp_model_build(const gp_config *cfg, gp_device *dev, gp_model *out);
-/* Build with stage j's balance[j] layers on devs[j]. */
+/* Build with stage j's balance[j] layers on devs[j % n] (balance has n x
+ * gp_model_virtual(cfg) entries). */
 gp_status gp_model_build_placed(const gp_config *cfg, gp_device *const *devs, int n,
                                 const int *balance, gp_model *out);
 /* Frees the model, its replicas and their group (replicas.c). */
@@ -69,6 +70,10 @@ void gp_model_free(gp_model *m);
  * calls it for each). */
 void gp_model_release(gp_model *m);
 int64_t gp_model_param_count(const gp_model *m);
+/* Stages per device: pipeline.virtual with schedule: interleaved, else 1.
+ * A model built on n devices has n x this many stages, stage j on device
+ * j % n. */
+int gp_model_virtual(const gp_config *cfg);
 /* SGD options of the config. */
 gp_sgd_opts gp_model_sgd_opts(const gp_config *cfg);
 /* Pipeline options of the config (chunks, checkpointing, lockstep) with

@@ -110,9 +110,9 @@ static void close_devices(gp_device **devs, int n)
 
 gp_status gp_train_open(const gp_config *cfg, gp_device **devs, gp_model *model, bool quiet)
 {
-    int n = cfg->pipeline.n_devices;
+    int n = cfg->pipeline.n_devices, S = n * gp_model_virtual(cfg);
     int balance[GP_MAX_DEVICES];
-    GP_TRY(gp_model_balance(cfg, n, balance));
+    GP_TRY(gp_model_balance(cfg, S, balance));
     GP_TRY(open_devices(cfg, devs));
     gp_status s = gp_model_build_replicated(cfg, devs, cfg->pipeline.replicas, n, balance, model);
     if (s != GP_OK) {
@@ -122,12 +122,12 @@ gp_status gp_train_open(const gp_config *cfg, gp_device **devs, gp_model *model,
     if (!quiet && n > 1) {
         char line[512];
         int off = 0;
-        for (int j = 0; j < n && off < (int)sizeof line - 32; j++)
+        for (int j = 0; j < S && off < (int)sizeof line - 32; j++)
             off += snprintf(line + off, sizeof line - (size_t)off, "%s%d", j ? ", " : "", balance[j]);
-        GP_INFO("balance%s%s%s: [%s] over %d devices", cfg->pipeline.n_balance ? "" : " (auto, by ",
+        GP_INFO("balance%s%s%s: [%s] over %d %s", cfg->pipeline.n_balance ? "" : " (auto, by ",
                 cfg->pipeline.n_balance ? "" : (strcmp(gp_model_balance_method(), "flops")
                                                     ? "profiled time" : "estimated FLOPs"),
-                cfg->pipeline.n_balance ? "" : ")", line, n);
+                cfg->pipeline.n_balance ? "" : ")", line, S, S > n ? "stages" : "devices");
     }
     return GP_OK;
 }
