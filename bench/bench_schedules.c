@@ -7,6 +7,7 @@
  *   - memory: the peak of stage 0's activations and received copies at
  *     m = 8 (1F1B keeps 2 micro-batches alive there, GPipe 8), from the
  *     device's allocator; step time at the same m;
+ *   - interleaved with v = 2 stages per device, bubble at m = 8;
  *   - bubble: the idle share of each device's step at m = 4, from the
  *     executor's event log (1 - busy / wall; busy = the instructions' time
  *     without the waits of copies and of the barrier), as the trace shows it.
@@ -39,6 +40,7 @@ static gp_status run(const gp_config *base, gp_schedule_kind kind, int m, int st
     cfg.pipeline.chunks = m;
     cfg.pipeline.checkpoint = GP_CKPT_NEVER;
     cfg.pipeline.schedule = kind;
+    cfg.pipeline.virtual_stages = kind == GP_SCHEDULE_INTERLEAVED ? 2 : 1;
     /* free-running: lockstep holds every copy until all earlier clocks are
      * done, which costs 1F1B and ZB-H1 where a backward outlasts a forward */
     cfg.pipeline.lockstep = false;
@@ -142,14 +144,16 @@ int main(int argc, char **argv)
                 return 1;
             }
         }
-    printf("%-8s %14s %14s %16s %14s\n", "schedule", "m=8 step ms", "m=8 stage-0 MiB",
-           "m=4 step ms", "m=4 bubble");
-    double step8[KINDS], bub4[KINDS];
+    printf("%-12s %12s %16s %11s %12s %11s\n", "schedule", "m=8 step ms", "m=8 dev-0 MiB",
+           "m=8 bubble", "m=4 step ms", "m=4 bubble");
+    double step8[KINDS], bub4[KINDS], bub8[KINDS];
     for (int k = 0; k < KINDS; k++) {
         step8[k] = gp_bench_median(mem[k].steps, mem[k].n);
+        bub8[k] = gp_bench_median(mem[k].bubble, mem[k].n);
         bub4[k] = gp_bench_median(bub[k].bubble, bub[k].n);
-        printf("%-8s %14.1f %14.1f %16.1f %14.3f\n", gp_schedule_kind_name((gp_schedule_kind)k),
-               step8[k] * 1e3, (double)mem[k].act0 / 1048576.0,
+        printf("%-12s %12.1f %16.1f %11.3f %12.1f %11.3f\n",
+               k == GP_SCHEDULE_INTERLEAVED ? "interleaved2" : gp_schedule_kind_name((gp_schedule_kind)k),
+               step8[k] * 1e3, (double)mem[k].act0 / 1048576.0, bub8[k],
                gp_bench_median(bub[k].steps, bub[k].n) * 1e3, bub4[k]);
     }
     printf("\n1f1b / gpipe, m = 8: stage-0 activation peak %.2f (bar <= 0.35), step time %.3f "
@@ -158,5 +162,7 @@ int main(int argc, char **argv)
            step8[GP_SCHEDULE_1F1B] / step8[GP_SCHEDULE_GPIPE]);
     printf("zb-h1 / 1f1b, m = 4: bubble %.2f (bar <= 0.5)\n",
            bub4[GP_SCHEDULE_ZB_H1] / bub4[GP_SCHEDULE_1F1B]);
+    printf("interleaved (v = 2) / 1f1b, m = 8: bubble %.2f (bar <= 0.6)\n",
+           bub8[GP_SCHEDULE_INTERLEAVED] / bub8[GP_SCHEDULE_1F1B]);
     return 0;
 }
