@@ -652,6 +652,34 @@ def test_cut(tmp, trace):
           "compare with a cut trace: %s" % err)
 
 
+def test_schedules(tmp):
+    """Every schedule's trace: per recorded step one forward and one backward
+    (backward-data) per (micro-batch, stage), one backward-weights slice too
+    under zb-h1, each on its stage's device (stage j on device j % 2), and
+    device names that list the stages a device holds."""
+    m, n = 4, 2
+    for sched, S in (("1f1b", 2), ("zb-h1", 2), ("interleaved", 4)):
+        trace, _ = gpipe_train(tmp, sched, ["--set", "pipeline.schedule=" + sched,
+                                            "--set", "train.steps=3"])
+        tr = T.read_trace(trace)
+        check(tr.steps() == [1, 2], "%s: recorded steps 1..2 (got %s)" % (sched, tr.steps()))
+        if S > n:
+            check(tr.devices == {0: "cpu:0 (stages 0, 2)", 1: "cpu:1 (stages 1, 3)"},
+                  "%s: device names %s" % (sched, tr.devices))
+        kinds = ("forward", "backward", "weights") if sched == "zb-h1" else ("forward", "backward")
+        for step in tr.steps():
+            for kind in kinds:
+                got = sorted((s.micro_batch, s.stage) for s in tr.slices
+                             if s.step == step and s.kind == kind)
+                want = sorted((i, j) for i in range(m) for j in range(S))
+                check(got == want, "%s step %d: one %s per (i, j)" % (sched, step, kind))
+            check(all(s.device == s.stage % n for s in tr.slices
+                      if s.step == step and s.kind in kinds),
+                  "%s step %d: every computation on its stage's device" % (sched, step))
+        check(all(d["busy"] > 0 for d in T.metrics(tr)["devices"].values()),
+              "%s: every device busy" % sched)
+
+
 def main():
     with tempfile.TemporaryDirectory(prefix="test_timeline_") as tmp:
         try:
@@ -662,6 +690,10 @@ def main():
             test_end_of_step(tmp)
         except Exception as e:
             check(False, "end of step raised %r" % e)
+        try:
+            test_schedules(tmp)
+        except Exception as e:
+            check(False, "schedules raised %r" % e)
         trace = None
         try:
             trace = test_real_run(tmp)
