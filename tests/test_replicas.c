@@ -694,6 +694,47 @@ static void sync_bn(int R)
 }
 
 /* SyncBN inside replicated pipelines, with recomputation. */
+/* SyncBN over 2 replicas x 2 devices under every schedule: the replicas
+ * stay identical, and every schedule trains to GPipe's parameters up to
+ * the order the micro-batches' gradients are added in (1e-5 relative). */
+static void sync_bn_schedules(void)
+{
+    float *ref = NULL;
+    int64_t nref = 0;
+    for (int k = 0; k < GP_SCHEDULE_KINDS; k++) {
+        gp_config c = make_cfg(true, true);
+        c.pipeline.schedule = (gp_schedule_kind)k;
+        int v = k == GP_SCHEDULE_INTERLEAVED ? 2 : 1;
+        c.pipeline.virtual_stages = v;
+        int bal[4];
+        gpt_split_even(c.model.n_layers, 2 * v, bal);
+        gp_model rep;
+        CHECK_OK(gp_model_build_replicated(&c, devs, 2, 2, bal, &rep));
+        float x[BATCH * 72], y[BATCH];
+        for (int step = 0; step < 3; step++) {
+            make_batch(&c, step, x, y);
+            CHECK_OK(gp_model_pipeline_step(&rep, &c, x, y, BATCH, 0.05, NULL));
+        }
+        CHECK_OK(gp_model_check_replicas(&rep));
+        int64_t na;
+        float *pa = gpt_gather(&rep, GPT_VALUES, &na);
+        if (k == 0) {
+            ref = pa;
+            nref = na;
+        } else {
+            double worst = 0;
+            for (int64_t q = 0; q < na && na == nref; q++)
+                worst = fmax(worst, fabs((double)pa[q] - ref[q]) / fmax(fabs((double)ref[q]), 1e-2));
+            CHECK_MSG(na == nref && na > 0 && worst <= 1e-5,
+                      "SyncBN %s: parameters differ from GPipe's by %.3g relative",
+                      gp_schedule_kind_name((gp_schedule_kind)k), worst);
+            free(pa);
+        }
+        gp_model_free(&rep);
+    }
+    free(ref);
+}
+
 static void sync_bn_model(void)
 {
     float loss[2] = {0, 0};
@@ -967,6 +1008,7 @@ int main(void)
     }
     for (int R = 1; R <= MAXR; R++) sync_bn(R);
     sync_bn_model();
+    sync_bn_schedules();
     residual_model();
     residual_sync();
     faults();
