@@ -9,6 +9,7 @@
 #include "trace/trace.h"
 #include "core/json.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -152,15 +153,27 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     gp_trace *trace = NULL;
     gp_status s = GP_OK;
 
+    /* Every output is checked before any work: a bad path costs a second,
+     * not the run.  (The metrics file and the trace are opened here.) */
+    if (opts->export_path)
+        GP_TRY(gp_check_writable_file(opts->export_path, "--export-weights", true));
+    if (tc->snapshot.every_steps > 0 || tc->snapshot.every_minutes > 0) {
+        s = gp_check_writable_dir(tc->snapshot.dir, "train.snapshot.dir");
+        if (s != GP_OK) return gp_error_wrap(s, "%s", cfg->path);
+    }
     if (opts->metrics_path) {
         mf = fopen(opts->metrics_path, "w");
         if (!mf)
-            return gp_error_set(GP_ERR_IO, "cannot write metrics file '%s'; check the directory "
-                                           "exists and is writable", opts->metrics_path);
+            return gp_error_set(GP_ERR_IO, "--metrics '%s' cannot be written: %s; check the "
+                                "directory exists and is writable", opts->metrics_path,
+                                strerror(errno));
     }
     if (opts->trace_path) {
         s = gp_trace_open(opts->trace_path, opts->trace_first, opts->trace_last, &trace);
-        if (s != GP_OK) goto done;
+        if (s != GP_OK) {
+            gp_error_wrap(s, "--trace");
+            goto done;
+        }
     }
     s = gp_dataset_load(&cfg->data, true, tc->seed, &train);
     if (s == GP_OK) s = gp_dataset_load(&cfg->data, false, tc->seed, &test);
