@@ -1,8 +1,8 @@
 /*
  * trainer.c — the training loop: data, model, steps, evaluation, progress
  * on a terminal or log lines otherwise, JSON Lines metrics (core/json.h's
- * writer: escaped strings, NaN as null), and the model summary printed by
- * --dry-run.
+ * writer: escaped strings, NaN as null), stopping cleanly between steps on
+ * request (a signal), and the model summary printed by --dry-run.
  */
 #include "train/train.h"
 #include "train/snapshot.h"
@@ -11,6 +11,8 @@
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -68,6 +70,65 @@ static gp_status metrics_line(gp_json_writer *w, FILE *f, const char *path)
     if (!gp_json_flush(w, f) || fflush(f) != 0)
         return gp_error_set(GP_ERR_IO, "writing metrics file '%s' failed (disk full?)", path);
     return GP_OK;
+}
+
+/* ---- stopping on request (gp_train_opts.stop) ----------------------------- */
+
+/* 0, or the signal that asked the run to stop. */
+static int stop_asked(const gp_train_opts *o) { return o->stop ? atomic_load(o->stop) : 0; }
+
+static const char *signal_name(int sig, char *buf, size_t len)
+{
+    switch (sig) {
+    case SIGINT: return "SIGINT";
+    case SIGTERM: return "SIGTERM";
+    case SIGHUP: return "SIGHUP";
+    case SIGQUIT: return "SIGQUIT";
+    default: snprintf(buf, len, "signal %d", sig); return buf;
+    }
+}
+
+/* Checked between the phases before the first step: nothing trained yet,
+ * so nothing to save. */
+static gp_status stop_early(const gp_train_opts *o, const char *during, gp_train_result *res)
+{
+    int sig = stop_asked(o);
+    if (!sig) return GP_OK;
+    char b[32];
+    res->stop_signal = sig;
+    return gp_error_set(GP_ERR_STOPPED, "stopped by %s %s, before the first step; nothing was "
+                        "trained", signal_name(sig, b, sizeof b), during);
+}
+
+/* Stopped between steps after `step` steps, `pos` being the loader's place
+ * then: a final snapshot unless the newest one (step `saved`) is of this
+ * step already, or say what is lost when snapshots are off. */
+static gp_status stop_between_steps(gp_model *m, const gp_config *cfg, const gp_train_opts *o,
+                                    int sig, int64_t step, int64_t total, int64_t saved,
+                                    const gp_snapshot_pos *pos, gp_train_result *res)
+{
+    const gp_snapshot_config *snc = &cfg->train.snapshot;
+    char b[32], path[1100], unwritten[1200] = "";
+    const char *by = signal_name(sig, b, sizeof b);
+    res->stop_signal = sig;
+    if (o->export_path)
+        snprintf(unwritten, sizeof unwritten, "; --export-weights '%s' not written (the run did "
+                 "not finish)", o->export_path);
+    if (snc->every_steps <= 0 && snc->every_minutes <= 0)
+        return gp_error_set(GP_ERR_STOPPED, "stopped at step %lld of %lld by %s; nothing saved "
+                            "since step %lld (snapshots are off: set train.snapshot.every_steps "
+                            "to keep a run's progress)%s", (long long)step, (long long)total, by,
+                            (long long)saved, unwritten);
+    if (saved < step) {
+        gp_status s = gp_snapshot_save(m, cfg, pos);
+        if (s != GP_OK)
+            return gp_error_wrap(s, "stopped at step %lld by %s, but the final snapshot failed",
+                                 (long long)step, by);
+    }
+    gp_snapshot_path(snc->dir, step, path, sizeof path);
+    return gp_error_set(GP_ERR_STOPPED, "stopped at step %lld of %lld by %s; snapshot %s holds "
+                        "it: go on with --resume latest%s", (long long)step, (long long)total,
+                        by, path, unwritten);
 }
 
 static void fmt_duration(double s, char *buf, size_t len)
@@ -185,7 +246,9 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                          cfg->path, (long long)cfg->model.input[0], (long long)cfg->model.input[1],
                          (long long)cfg->model.input[2], train.source, (long long)train.c,
                          (long long)train.h, (long long)train.w);
+    if (s == GP_OK) s = stop_early(opts, "while loading the data", res);
     if (s == GP_OK) s = gp_train_open(cfg, devs, &model, opts->quiet);
+    if (s == GP_OK) s = stop_early(opts, "while placing the model (balance, devices)", res);
     if (s == GP_OK) n_dev = gp_pipeline_devices_total(&cfg->pipeline);
     if (s == GP_OK && model.output.dims[1] < train.classes)
         s = gp_error_set(GP_ERR_INVALID,
@@ -232,8 +295,23 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     int64_t last_epoch = pos.batch > 0 ? pos.epoch : pos.epoch - 1;
     if (first_step == 0) last_epoch = -1;
     const gp_snapshot_config *snc = &tc->snapshot;
+    /* The newest snapshot (or the start) and where the loader stood after
+     * the last step: what a stop between steps saves. */
+    int64_t saved_step = first_step;
+    gp_snapshot_pos last_pos = pos;
     res->steps = first_step;
     for (int64_t step = first_step; step < total; step++) {
+        int sig = stop_asked(opts);
+        if (sig && step == first_step) {
+            s = stop_early(opts, "while starting", res);
+            goto done;
+        }
+        if (sig) {
+            if (progress) fputc('\n', stderr);
+            s = stop_between_steps(&model, cfg, opts, sig, step, total, saved_step, &last_pos,
+                                   res);
+            goto done;
+        }
         gp_batch b;
         s = gp_loader_next(loader, &b);
         if (s != GP_OK) goto done;
@@ -287,20 +365,21 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
             s = metrics_line(&mw, mf, opts->metrics_path);
             if (s != GP_OK) goto done;
         }
+        /* Between steps, the pipeline drained: the loader's next batch is
+         * the one after b. */
+        last_pos = (gp_snapshot_pos){.step = step + 1, .epoch = b.epoch, .batch = b.index + 1,
+                                     .batch_size = tc->batch_size};
+        if (last_pos.batch >= per_epoch) {
+            last_pos.epoch++;
+            last_pos.batch = 0;
+        }
         if ((snc->every_steps > 0 && (step + 1) % snc->every_steps == 0) ||
             (snc->every_minutes > 0 && now - last_snap >= 60.0 * snc->every_minutes) ||
             ((snc->every_steps > 0 || snc->every_minutes > 0) && step == total - 1)) {
-            /* Between steps, the pipeline drained: the loader's next batch
-             * is the one after b. */
-            gp_snapshot_pos sp = {.step = step + 1, .epoch = b.epoch, .batch = b.index + 1,
-                                  .batch_size = tc->batch_size};
-            if (sp.batch >= per_epoch) {
-                sp.epoch++;
-                sp.batch = 0;
-            }
-            s = gp_snapshot_save(&model, cfg, &sp);
+            s = gp_snapshot_save(&model, cfg, &last_pos);
             if (s != GP_OK) goto done;
             last_snap = gp_now();
+            saved_step = step + 1;
         }
         double elapsed = now - t_start;
         double eta = elapsed / (double)(step + 1 - first_step) * (double)(total - step - 1);
@@ -330,6 +409,19 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
             GP_INFO("weights after step %lld written to %s", (long long)model.step,
                     opts->export_path);
         if (res->steps == first_step) goto done; /* nothing trained: a conversion */
+    }
+    int late = stop_asked(opts);
+    if (late && res->steps > first_step) {
+        /* Every step ran (and the last snapshot, and the export, are
+         * written): only the final evaluation is left out. */
+        char b[32];
+        res->stop_signal = late;
+        s = gp_error_set(GP_ERR_STOPPED, "stopped by %s after the last step (%lld): the run is "
+                         "complete%s, only the final evaluation was skipped",
+                         signal_name(late, b, sizeof b), (long long)res->steps,
+                         snc->every_steps > 0 || snc->every_minutes > 0
+                             ? " and its last snapshot written" : "");
+        goto done;
     }
     /* Final evaluation (the last epoch, or a steps-limited run). */
     s = gp_model_evaluate(&model, cfg, &test, &res->test_loss, &res->test_accuracy);
