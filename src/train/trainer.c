@@ -289,6 +289,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
 
     double t_start = gp_now(), window_t = t_start, last_snap = t_start;
     int64_t window_samples = 0;
+    bool first_window = true;
     double sps = 0;
     /* Resumed at an epoch's first batch: that epoch's evaluation is due. */
     int64_t first_step = model.step;
@@ -354,10 +355,16 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         }
         window_samples += b.n;
         double now = gp_now();
-        if (now - window_t > 0.5 || step == total - 1) {
+        /* Throughput over half-second windows; until the first one closes,
+         * over this run's steps so far (at the first step, its own wall
+         * time with its batch's fetch), so no record reads 0 samples/s. */
+        bool window_closes = now - window_t > 0.5 || step == total - 1;
+        if ((window_closes || first_window) && now > window_t)
             sps = (double)window_samples / (now - window_t);
+        if (window_closes) {
             window_t = now;
             window_samples = 0;
+            first_window = false;
         }
         if (mf) {
             gp_train_metrics_step(&mw, step + 1, b.epoch + 1, lr, sps, &st,
