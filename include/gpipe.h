@@ -94,10 +94,13 @@ gp_status gp_run_train(gp_run *run, const char *metrics_path, gp_metrics *out);
  * step.  `signo` (> 0) is the cause named in the message, normally the
  * signal that asked.  Async-signal-safe and thread-safe: one store to a
  * lock-free atomic, so a SIGINT / SIGTERM handler may call it (gpipe
- * installs no handler itself).  gpipe-train does this and then exits with
- * 128 + the signal's number (130 SIGINT, 143 SIGTERM, 129 SIGHUP); a
- * second signal there exits at once.  The request stays: later calls to
- * gp_run_train on this run stop before their first step. */
+ * installs no handler itself).  Better, as gpipe-train does: block the
+ * signals before training starts (its threads inherit the mask) and take
+ * them with sigwait() on a thread of your own, so no signal interrupts a
+ * computing thread.  gpipe-train then exits with 128 + the signal's
+ * number (130 SIGINT, 143 SIGTERM, 129 SIGHUP); a second signal there
+ * exits at once.  The request stays: later calls to gp_run_train on this
+ * run stop before their first step. */
 void gp_run_stop(gp_run *run, int signo);
 
 /* Devices of the pipeline and their memory high-water marks in bytes. */
