@@ -15,7 +15,8 @@
  *   - a second SIGINT while the stop writes its snapshot (made slow with
  *     GPIPE_SNAPSHOT_SLOW_WRITE_MS): exit 130 at once, no broken snapshot;
  *   - the library: a stop asked for before gp_run_train (gp_run_stop)
- *     returns GP_ERR_STOPPED before the first step.
+ *     returns GP_ERR_STOPPED before the first step; one asked by another
+ *     thread while it trains, between steps, with valid metrics.
  * GPIPE_TEST_SEED repeats a run of the random trials.
  */
 #include "core/core.h"
@@ -25,6 +26,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -406,11 +408,27 @@ static void test_second_signal(void)
 
 /* ---- the library ------------------------------------------------------------------------- */
 
+typedef struct {
+    gp_run *run;
+    const char *metrics;
+} stopper_arg;
+
+/* Another thread stops the run once it has taken 3 steps. */
+static void *stopper(void *p)
+{
+    stopper_arg *a = p;
+    double t0 = gp_now();
+    while (count_lines(a->metrics) < 3 && gp_now() - t0 < 60) sleep_ms(0.5);
+    gp_run_stop(a->run, SIGINT);
+    return NULL;
+}
+
 static void test_library(void)
 {
     char met[300];
     tmp_path(met, sizeof met, "lib.jsonl");
     gp_run *run;
+    /* asked before: stops before the first step */
     CHECK_OK(gp_run_parse("lib.yaml", k_cfg, NULL, 0, &run));
     if (!run) return;
     gp_run_stop(run, SIGTERM);
@@ -418,6 +436,22 @@ static void test_library(void)
     CHECK_ERR(gp_run_train(run, met, &m), GP_ERR_STOPPED,
               "stopped by SIGTERM while loading the data, before the first step");
     CHECK(count_lines(met) == 0);
+    gp_run_free(run);
+
+    /* asked by another thread while it trains: stops between steps */
+    CHECK_OK(gp_run_parse("lib.yaml", k_cfg, NULL, 0, &run));
+    if (!run) return;
+    stopper_arg a = {run, met};
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, stopper, &a) == 0);
+    gp_status s = gp_run_train(run, met, &m);
+    pthread_join(t, NULL);
+    int steps = check_metrics(met);
+    char said[128];
+    snprintf(said, sizeof said, "stopped at step %d of %d by SIGINT; nothing saved since step 0",
+             steps, TOTAL_STEPS);
+    CHECK_ERR(s, GP_ERR_STOPPED, said);
+    CHECK_MSG(steps >= 3 && steps < TOTAL_STEPS, "stopped after %d steps", steps);
     gp_run_free(run);
 }
 
@@ -435,7 +469,6 @@ int main(void)
     double t0 = gp_now();
     tmp_path(conf, sizeof conf, "s.yaml");
     gpt_write_file(conf, k_cfg, strlen(k_cfg));
-    test_library();
     if (access(bin, X_OK) == 0 && access(balance_bin, X_OK) == 0) {
         test_bad_outputs();
         char ref[300], log[300], a[1024];
@@ -452,6 +485,8 @@ int main(void)
     } else {
         CHECK_MSG(false, "%s or %s not built", bin, balance_bin);
     }
+    /* in this process, after the forks: its threads are not forked with them */
+    test_library();
     printf("(%.1f s)\n", gp_now() - t0);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
