@@ -35,7 +35,10 @@ typedef enum gp_status {
     GP_ERR_NUMERIC = 5,     /* NaN or Inf in the loss or gradients */
     GP_ERR_UNSUPPORTED = 6, /* feature or device not available in this build */
     GP_ERR_RUNTIME = 7,     /* a backend library call failed */
-    GP_ERR_CANCELLED = 8    /* stopped because another worker failed */
+    GP_ERR_CANCELLED = 8,   /* stopped because another worker failed */
+    GP_ERR_STOPPED = 9      /* training stopped between steps on request (a
+                               signal: gp_run_stop); what could be kept was
+                               (see gp_run_train) */
 } gp_status;
 
 /* "ok", "invalid", ... */
@@ -80,8 +83,25 @@ gp_status gp_run_prepare(gp_run *run);
  * follows the config's schedule over `total_steps` (0: constant lr). */
 gp_status gp_run_step(gp_run *run, const float *x, const float *y, int64_t n,
                       int64_t total_steps, gp_metrics *out);
-/* Train on the config's data as gpipe-train does (metrics_path may be NULL). */
+/* Train on the config's data as gpipe-train does (metrics_path may be NULL).
+ * After gp_run_stop it stops between steps and returns GP_ERR_STOPPED: it
+ * finishes the step under way, writes a final snapshot when the config
+ * takes snapshots (train.snapshot; else the message says that nothing was
+ * saved since the last one), closes the metrics file as valid JSON Lines,
+ * and frees everything; gp_last_error() says at which step and why. */
 gp_status gp_run_train(gp_run *run, const char *metrics_path, gp_metrics *out);
+/* Ask a gp_run_train under way (or the next one) to stop after the current
+ * step.  `signo` (> 0) is the cause named in the message, normally the
+ * signal that asked.  Async-signal-safe and thread-safe: one store to a
+ * lock-free atomic, so a SIGINT / SIGTERM handler may call it (gpipe
+ * installs no handler itself).  Better, as gpipe-train does: block the
+ * signals before training starts (its threads inherit the mask) and take
+ * them with sigwait() on a thread of your own, so no signal interrupts a
+ * computing thread.  gpipe-train then exits with 128 + the signal's
+ * number (130 SIGINT, 143 SIGTERM, 129 SIGHUP); a second signal there
+ * exits at once.  The request stays: later calls to gp_run_train on this
+ * run stop before their first step. */
+void gp_run_stop(gp_run *run, int signo);
 
 /* Devices of the pipeline and their memory high-water marks in bytes. */
 int gp_run_devices(const gp_run *run);

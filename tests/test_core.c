@@ -1,10 +1,15 @@
 /*
  * test_core.c — core: Philox known answers and RNG properties, memory
  * accounting and its out-of-memory message, byte-size parsing, shapes,
- * error messages.
+ * error messages, and the checks of output paths (each failure a message
+ * naming the path; nothing left behind, pass or fail).
  */
 #include "core/core.h"
 #include "test.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static void test_philox(void)
 {
@@ -102,6 +107,74 @@ static void test_shapes_and_errors(void)
     gp_error_wrap(GP_ERR_DATA, "layer %d", 3);
     CHECK(!strcmp(gp_last_error(), "layer 3: bad 42"));
     CHECK(!strcmp(gp_status_name(GP_ERR_OOM), "out-of-memory"));
+    CHECK(!strcmp(gp_status_name(GP_ERR_STOPPED), "stopped"));
+}
+
+/* Entries in dir, "." and ".." left out. */
+static int entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return n;
+}
+
+static void test_output_paths(void)
+{
+    char dir[] = "/tmp/gpipe_core_XXXXXX", p[256], q[256];
+    if (!mkdtemp(dir)) {
+        CHECK_MSG(false, "mkdtemp failed");
+        return;
+    }
+    snprintf(p, sizeof p, "%s/afile", dir);
+    FILE *f = fopen(p, "w");
+    CHECK(f != NULL);
+    if (f) fclose(f);
+
+    /* files: a new one, an existing one (either writer), the null device
+     * written in place but not replaced, a directory, a missing directory,
+     * a file where a directory should be */
+    snprintf(q, sizeof q, "%s/new.st", dir);
+    CHECK_OK(gp_check_writable_file(q, "--out", true));
+    CHECK_OK(gp_check_writable_file(q, "--out", false));
+    CHECK_OK(gp_check_writable_file(p, "--out", true));
+    CHECK_OK(gp_check_writable_file(p, "--out", false));
+    CHECK_OK(gp_check_writable_file("/dev/null", "--out", false));
+    CHECK_ERR(gp_check_writable_file("/dev/null", "--out", true), GP_ERR_IO,
+              "--out '/dev/null' exists and is not a regular file");
+    CHECK_ERR(gp_check_writable_file(dir, "--out", true), GP_ERR_IO, "is a directory");
+    snprintf(q, sizeof q, "%s/nodir/w.st", dir);
+    CHECK_ERR(gp_check_writable_file(q, "--out", false), GP_ERR_IO, "does not exist");
+    snprintf(q, sizeof q, "%s/afile/w.st", dir);
+    CHECK_ERR(gp_check_writable_file(q, "--out", true), GP_ERR_IO, "Not a directory");
+    CHECK_ERR(gp_check_writable_file("/proc/gpipe-nope.st", "--out", true), GP_ERR_IO,
+              "--out '/proc/gpipe-nope.st'");
+    CHECK_ERR(gp_check_writable_file("", "--out", true), GP_ERR_INVALID, "empty");
+
+    /* directories: existing, to be made (two levels, made and removed
+     * again), a file, under a file, where none can be made */
+    CHECK_OK(gp_check_writable_dir(dir, "train.snapshot.dir"));
+    snprintf(q, sizeof q, "%s/a/b/", dir);
+    CHECK_OK(gp_check_writable_dir(q, "train.snapshot.dir"));
+    snprintf(q, sizeof q, "%s/a", dir);
+    CHECK_MSG(access(q, F_OK) != 0, "%s was left behind", q);
+    CHECK_ERR(gp_check_writable_dir(p, "train.snapshot.dir"), GP_ERR_IO,
+              "is a file, not a directory");
+    snprintf(q, sizeof q, "%s/afile/x/y", dir);
+    CHECK_ERR(gp_check_writable_dir(q, "train.snapshot.dir"), GP_ERR_IO, "Not a directory");
+    CHECK_ERR(gp_check_writable_dir("/proc/nope", "train.snapshot.dir"), GP_ERR_IO,
+              "train.snapshot.dir '/proc/nope': cannot create '/proc/nope'");
+    snprintf(q, sizeof q, "%s/c/d", dir);
+    CHECK_OK(gp_check_writable_dir(q, "train.snapshot.dir"));
+
+    /* nothing but the one file made above is left */
+    CHECK_MSG(entries(dir) == 1, "%d entries in %s, expected only afile", entries(dir), dir);
+    unlink(p);
+    rmdir(dir);
 }
 
 int main(void)
@@ -111,5 +184,6 @@ int main(void)
     test_allocator();
     test_bytes();
     test_shapes_and_errors();
+    test_output_paths();
     return gpt_finish("test_core");
 }

@@ -140,6 +140,15 @@ static gp_status check_profile_sizes(const gp_profile *p, const char *path, int6
                         (long long)batch);
 }
 
+/* --write and --profile-out are checked before profiling (which takes
+ * seconds to minutes), so a bad path fails at once; nothing is left behind. */
+static gp_status check_outputs(const char *write_path, const char *prof_out)
+{
+    if (write_path) GP_TRY(gp_check_writable_file(write_path, "--write", false));
+    if (prof_out) GP_TRY(gp_check_writable_file(prof_out, "--profile-out", false));
+    return GP_OK;
+}
+
 static void print_balance(const char *title, const gp_profile *p, const gp_plan_opts *po,
                           const int *balance)
 {
@@ -230,6 +239,12 @@ int main(int argc, char **argv)
         usage(stderr);
         free(sets);
         return EXIT_USAGE;
+    }
+    gp_status cs = check_outputs(write_path, prof_out);
+    if (cs != GP_OK) {
+        fprintf(stderr, "gpipe-balance: %s\n", gp_last_error());
+        free(sets);
+        return exit_code_for(cs);
     }
     /* The balance is what we compute: whatever list the config has is replaced. */
     char set_dev[64], set_chunks[64];

@@ -6,9 +6,10 @@
  * Place in the design (modules, lowest first: core < backend < layers <
  * checkpoint < optim < pipeline < balance < trace < config < train;
  * scripts/check-includes.sh fails the tests on an include up that order).
- * core owns: gp_status messages (per thread), logging, gp_now, the Philox
- * RNG, the gp_allocator counters (accounting only: core never allocates
- * device memory), and gp_tensor / gp_shape as descriptions: shapes, sizes,
+ * core owns: gp_status messages (per thread), logging, gp_now, the checks
+ * of output paths before a run writes them, the Philox RNG, the
+ * gp_allocator counters (accounting only: core never allocates device
+ * memory), and gp_tensor / gp_shape as descriptions: shapes, sizes,
  * slices and reshapes.  It may call only the C library, pthreads and the
  * public header include/gpipe.h.  It knows nothing of devices (a tensor's
  * `dev` is an opaque pointer to it), layers or the pipeline; whatever
@@ -89,6 +90,26 @@ void gp_log(gp_log_level level, const char *fmt, ...)
 
 /* Monotonic clock in seconds. */
 double gp_now(void);
+
+/* ------------------------------------------------------------------------ */
+/* output paths (paths.c)                                                    */
+
+/* Checked before any work, so that a bad path fails in a second, not after
+ * the run.  Each tries what its writer will do and removes whatever it
+ * made, leaving nothing behind; a failure is GP_ERR_IO (GP_ERR_INVALID for
+ * an empty or overlong path) with a message that starts with `what` (the
+ * flag or config key that gave the path) and says what to do.
+ *
+ * A file at `path`: not a directory, and writable.  `replaced`: the writer
+ * writes a temporary file beside it and renames it over (safetensors), so
+ * its directory must take a new file and an existing path must be a
+ * regular file; otherwise it is opened and written in place. */
+gp_status gp_check_writable_file(const char *path, const char *what, bool replaced);
+/* A directory that the writer makes if missing (mkdir -p) and creates
+ * files in: an existing `dir` must be a directory that takes a new file; a
+ * missing one must be possible to make (it is made, probed, and removed
+ * again). */
+gp_status gp_check_writable_dir(const char *dir, const char *what);
 
 /* ------------------------------------------------------------------------ */
 /* counter-based RNG: Philox4x32-10                                          */

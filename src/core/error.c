@@ -62,6 +62,7 @@ const char *gp_status_name(gp_status s)
     case GP_ERR_UNSUPPORTED: return "unsupported";
     case GP_ERR_RUNTIME: return "runtime";
     case GP_ERR_CANCELLED: return "cancelled";
+    case GP_ERR_STOPPED: return "stopped";
     }
     return "unknown";
 }

@@ -6,6 +6,7 @@
 #include "train/train.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,7 +17,12 @@ struct gp_run {
     gp_model model;
     bool prepared;
     gp_metrics last;
+    _Atomic int stop;   /* gp_run_stop's signal; 0 = go on */
 };
+
+/* gp_run_stop may be called from a signal handler: only a lock-free
+ * atomic is safe there. */
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "gp_run_stop needs a lock-free atomic int");
 
 static gp_status run_new(gp_config *cfg, gp_run **out)
 {
@@ -87,7 +93,8 @@ gp_status gp_run_step(gp_run *r, const float *x, const float *y, int64_t n,
 
 gp_status gp_run_train(gp_run *r, const char *metrics_path, gp_metrics *out)
 {
-    gp_train_opts o = {.metrics_path = metrics_path, .progress = 0, .quiet = false};
+    gp_train_opts o = {.metrics_path = metrics_path, .progress = 0, .quiet = false,
+                       .stop = &r->stop};
     gp_train_result res;
     GP_TRY(gp_train_run(&r->cfg, &o, &res));
     r->last.step = res.steps;
@@ -96,6 +103,11 @@ gp_status gp_run_train(gp_run *r, const char *metrics_path, gp_metrics *out)
     r->last.test_accuracy = res.test_accuracy;
     if (out) *out = r->last;
     return GP_OK;
+}
+
+void gp_run_stop(gp_run *r, int signo)
+{
+    atomic_store(&r->stop, signo > 0 ? signo : 1);
 }
 
 int gp_run_devices(const gp_run *r) { return r->prepared ? r->n_dev : 0; }

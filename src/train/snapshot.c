@@ -487,7 +487,29 @@ struct gp_snapshot_lock {
     int fd;                     /* the lock file, flock()ed until released; -1 where the
                                  * file system has no locks (warned) */
     char dir[1024];
+    char made[1024];            /* the outermost directory this run created for
+                                   dir ("" if dir existed): removed again if the run
+                                   ends without a snapshot in it */
 };
+
+/* The outermost missing ancestor of dir (dir itself if only it is
+ * missing), or "" if dir exists. */
+static void first_missing(const char *dir, char *out, size_t len)
+{
+    struct stat st;
+    out[0] = '\0';
+    if (stat(dir, &st) == 0 || strlen(dir) >= len) return;
+    snprintf(out, len, "%s", dir);
+    for (;;) {
+        char *slash = strrchr(out, '/');
+        if (!slash || slash == out) return;
+        *slash = '\0';
+        if (stat(out, &st) == 0) {
+            *slash = '/';
+            return;
+        }
+    }
+}
 
 /* Wait a little: the holder writes its line right after taking the lock. */
 static void nap_ms(long ms)
@@ -620,7 +642,9 @@ gp_status gp_snapshot_lock_run(const gp_config *cfg, const char *resume, gp_snap
 {
     *out = NULL;
     const gp_snapshot_config *sc = &cfg->train.snapshot;
+    char made[1024] = "";
     if (sc->every_steps > 0 || sc->every_minutes > 0) {
+        first_missing(sc->dir, made, sizeof made);
         GP_TRY(make_dir(sc->dir));
     } else {
         struct stat st;
@@ -632,7 +656,35 @@ gp_status gp_snapshot_lock_run(const gp_config *cfg, const char *resume, gp_snap
             access(sc->dir, W_OK) != 0)
             return GP_OK;
     }
-    return gp_snapshot_lock_dir(sc->dir, out);
+    gp_status s = gp_snapshot_lock_dir(sc->dir, out);
+    if (s == GP_OK) snprintf((*out)->made, sizeof (*out)->made, "%s", made);
+    return s;
+}
+
+/* Remove the directories this run made for a snapshot dir it never wrote
+ * to: dir holds nothing but the lock file. */
+static void unmake_dir(const gp_snapshot_lock *l)
+{
+    if (!l->made[0]) return;
+    DIR *d = opendir(l->dir);
+    if (!d) return;
+    bool empty = true;
+    for (struct dirent *e; empty && (e = readdir(d)) != NULL;)
+        empty = !strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") ||
+                !strcmp(e->d_name, LOCK_NAME);
+    closedir(d);
+    if (!empty) return;
+    char p[1100];
+    snprintf(p, sizeof p, "%s/%s", l->dir, LOCK_NAME);
+    unlink(p);
+    snprintf(p, sizeof p, "%s", l->dir);
+    for (;;) { /* dir, then its parents up to the outermost one made */
+        if (rmdir(p) != 0) return;
+        if (!strcmp(p, l->made)) return;
+        char *slash = strrchr(p, '/');
+        if (!slash) return;
+        *slash = '\0';
+    }
 }
 
 void gp_snapshot_lock_release(gp_snapshot_lock *l)
@@ -642,6 +694,7 @@ void gp_snapshot_lock_release(gp_snapshot_lock *l)
         /* Empty it first, so a stale pid is never reported (the kernel
          * drops the lock of a process that dies, not the line). */
         if (ftruncate(l->fd, 0) != 0) GP_DEBUG("cannot empty the lock file: %s", strerror(errno));
+        unmake_dir(l); /* still holding the lock: nobody else is in there */
         close(l->fd);
     }
     free(l);

@@ -203,6 +203,15 @@ typedef struct gp_train_opts {
     const char *resume_path;   /* snapshot to go on from; "latest" = the newest
                                   in train.snapshot.dir; NULL = a fresh run */
     const char *export_path;   /* write the final weights (safetensors); NULL = none */
+    /* Stop between steps once *stop is non-zero: a signal handler or
+     * another thread stores the signal's number there (lock-free atomic,
+     * so async-signal-safe).  The step under way finishes; then a final
+     * snapshot when train.snapshot is on, the metrics file and trace
+     * closed as valid files, res->stop_signal set and GP_ERR_STOPPED with
+     * a message that says at which step and what was saved.  Also read
+     * between the phases before the first step (data, profiling and
+     * model, loader).  NULL = never stop. */
+    const _Atomic int *stop;
 } gp_train_opts;
 
 typedef struct gp_train_result {
@@ -212,6 +221,7 @@ typedef struct gp_train_result {
     double test_accuracy;
     double seconds;
     size_t peak_bytes;         /* device peak */
+    int stop_signal;           /* *opts->stop when the run stopped on it, else 0 */
 } gp_train_result;
 
 /* Open the config's devices (cores split among CPU devices), choose the

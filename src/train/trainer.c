@@ -1,15 +1,18 @@
 /*
  * trainer.c — the training loop: data, model, steps, evaluation, progress
  * on a terminal or log lines otherwise, JSON Lines metrics (core/json.h's
- * writer: escaped strings, NaN as null), and the model summary printed by
- * --dry-run.
+ * writer: escaped strings, NaN as null), stopping cleanly between steps on
+ * request (a signal), and the model summary printed by --dry-run.
  */
 #include "train/train.h"
 #include "train/snapshot.h"
 #include "trace/trace.h"
 #include "core/json.h"
 
+#include <errno.h>
 #include <math.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -67,6 +70,66 @@ static gp_status metrics_line(gp_json_writer *w, FILE *f, const char *path)
     if (!gp_json_flush(w, f) || fflush(f) != 0)
         return gp_error_set(GP_ERR_IO, "writing metrics file '%s' failed (disk full?)", path);
     return GP_OK;
+}
+
+/* ---- stopping on request (gp_train_opts.stop) ----------------------------- */
+
+/* 0, or the signal that asked the run to stop. */
+static int stop_asked(const gp_train_opts *o) { return o->stop ? atomic_load(o->stop) : 0; }
+
+static const char *signal_name(int sig, char *buf, size_t len)
+{
+    switch (sig) {
+    case SIGINT: return "SIGINT";
+    case SIGTERM: return "SIGTERM";
+    case SIGHUP: return "SIGHUP";
+    case SIGQUIT: return "SIGQUIT";
+    default: snprintf(buf, len, "signal %d", sig); return buf;
+    }
+}
+
+/* Checked between the phases before the first step: nothing trained yet,
+ * so nothing to save. */
+static gp_status stop_early(const gp_train_opts *o, const char *during, gp_train_result *res)
+{
+    int sig = stop_asked(o);
+    if (!sig) return GP_OK;
+    char b[32];
+    res->stop_signal = sig;
+    return gp_error_set(GP_ERR_STOPPED, "stopped by %s %s, before the first step; nothing was "
+                        "trained", signal_name(sig, b, sizeof b), during);
+}
+
+/* Stopped between steps after `step` steps, `pos` being the loader's place
+ * then: a final snapshot unless the newest one (step `saved`) is of this
+ * step already, or say what is lost when snapshots are off. */
+static gp_status stop_between_steps(gp_model *m, const gp_config *cfg, const gp_train_opts *o,
+                                    int sig, int64_t step, int64_t total, int64_t saved,
+                                    const gp_snapshot_pos *pos, gp_snapshot_lock *lock,
+                                    gp_train_result *res)
+{
+    const gp_snapshot_config *snc = &cfg->train.snapshot;
+    char b[32], path[1100], unwritten[1200] = "";
+    const char *by = signal_name(sig, b, sizeof b);
+    res->stop_signal = sig;
+    if (o->export_path)
+        snprintf(unwritten, sizeof unwritten, "; --export-weights '%s' not written (the run did "
+                 "not finish)", o->export_path);
+    if (snc->every_steps <= 0 && snc->every_minutes <= 0)
+        return gp_error_set(GP_ERR_STOPPED, "stopped at step %lld of %lld by %s; nothing saved "
+                            "since step %lld (snapshots are off: set train.snapshot.every_steps "
+                            "to keep a run's progress)%s", (long long)step, (long long)total, by,
+                            (long long)saved, unwritten);
+    if (saved < step) {
+        gp_status s = gp_snapshot_save(m, cfg, pos, lock);
+        if (s != GP_OK)
+            return gp_error_wrap(s, "stopped at step %lld by %s, but the final snapshot failed",
+                                 (long long)step, by);
+    }
+    gp_snapshot_path(snc->dir, step, path, sizeof path);
+    return gp_error_set(GP_ERR_STOPPED, "stopped at step %lld of %lld by %s; snapshot %s holds "
+                        "it: go on with --resume latest%s", (long long)step, (long long)total,
+                        by, path, unwritten);
 }
 
 static void fmt_duration(double s, char *buf, size_t len)
@@ -153,20 +216,32 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     gp_snapshot_lock *snap_lock = NULL; /* the snapshot directory, held for the whole run */
     gp_status s = GP_OK;
 
-    /* First: a second run on the same snapshot directory stops here. */
+    /* Every output is checked before any work: a bad path costs a second,
+     * not the run.  (The metrics file and the trace are opened here.) */
+    if (opts->export_path)
+        GP_TRY(gp_check_writable_file(opts->export_path, "--export-weights", true));
+    if (tc->snapshot.every_steps > 0 || tc->snapshot.every_minutes > 0) {
+        s = gp_check_writable_dir(tc->snapshot.dir, "train.snapshot.dir");
+        if (s != GP_OK) return gp_error_wrap(s, "%s", cfg->path);
+    }
+    /* Then: a second run on the same snapshot directory stops here. */
     s = gp_snapshot_lock_run(cfg, opts->resume_path, &snap_lock);
     if (s != GP_OK) return s;
     if (opts->metrics_path) {
         mf = fopen(opts->metrics_path, "w");
         if (!mf) {
-            s = gp_error_set(GP_ERR_IO, "cannot write metrics file '%s'; check the directory "
-                                        "exists and is writable", opts->metrics_path);
+            s = gp_error_set(GP_ERR_IO, "--metrics '%s' cannot be written: %s; check the "
+                             "directory exists and is writable", opts->metrics_path,
+                             strerror(errno));
             goto done;
         }
     }
     if (opts->trace_path) {
         s = gp_trace_open(opts->trace_path, opts->trace_first, opts->trace_last, &trace);
-        if (s != GP_OK) goto done;
+        if (s != GP_OK) {
+            gp_error_wrap(s, "--trace");
+            goto done;
+        }
     }
     s = gp_dataset_load(&cfg->data, true, tc->seed, &train);
     if (s == GP_OK) s = gp_dataset_load(&cfg->data, false, tc->seed, &test);
@@ -178,7 +253,9 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                          cfg->path, (long long)cfg->model.input[0], (long long)cfg->model.input[1],
                          (long long)cfg->model.input[2], train.source, (long long)train.c,
                          (long long)train.h, (long long)train.w);
+    if (s == GP_OK) s = stop_early(opts, "while loading the data", res);
     if (s == GP_OK) s = gp_train_open(cfg, devs, &model, opts->quiet);
+    if (s == GP_OK) s = stop_early(opts, "while placing the model (balance, devices)", res);
     if (s == GP_OK) n_dev = gp_pipeline_devices_total(&cfg->pipeline);
     if (s == GP_OK && model.output.dims[1] < train.classes)
         s = gp_error_set(GP_ERR_INVALID,
@@ -220,14 +297,30 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
 
     double t_start = gp_now(), window_t = t_start, last_snap = t_start;
     int64_t window_samples = 0;
+    bool first_window = true;
     double sps = 0;
     /* Resumed at an epoch's first batch: that epoch's evaluation is due. */
     int64_t first_step = model.step;
     int64_t last_epoch = pos.batch > 0 ? pos.epoch : pos.epoch - 1;
     if (first_step == 0) last_epoch = -1;
     const gp_snapshot_config *snc = &tc->snapshot;
+    /* The newest snapshot (or the start) and where the loader stood after
+     * the last step: what a stop between steps saves. */
+    int64_t saved_step = first_step;
+    gp_snapshot_pos last_pos = pos;
     res->steps = first_step;
     for (int64_t step = first_step; step < total; step++) {
+        int sig = stop_asked(opts);
+        if (sig && step == first_step) {
+            s = stop_early(opts, "while starting", res);
+            goto done;
+        }
+        if (sig) {
+            if (progress) fputc('\n', stderr);
+            s = stop_between_steps(&model, cfg, opts, sig, step, total, saved_step, &last_pos,
+                                   snap_lock, res);
+            goto done;
+        }
         gp_batch b;
         s = gp_loader_next(loader, &b);
         if (s != GP_OK) goto done;
@@ -270,10 +363,16 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         }
         window_samples += b.n;
         double now = gp_now();
-        if (now - window_t > 0.5 || step == total - 1) {
+        /* Throughput over half-second windows; until the first one closes,
+         * over this run's steps so far (at the first step, its own wall
+         * time with its batch's fetch), so no record reads 0 samples/s. */
+        bool window_closes = now - window_t > 0.5 || step == total - 1;
+        if ((window_closes || first_window) && now > window_t)
             sps = (double)window_samples / (now - window_t);
+        if (window_closes) {
             window_t = now;
             window_samples = 0;
+            first_window = false;
         }
         if (mf) {
             gp_train_metrics_step(&mw, step + 1, b.epoch + 1, lr, sps, &st,
@@ -281,20 +380,21 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
             s = metrics_line(&mw, mf, opts->metrics_path);
             if (s != GP_OK) goto done;
         }
+        /* Between steps, the pipeline drained: the loader's next batch is
+         * the one after b. */
+        last_pos = (gp_snapshot_pos){.step = step + 1, .epoch = b.epoch, .batch = b.index + 1,
+                                     .batch_size = tc->batch_size};
+        if (last_pos.batch >= per_epoch) {
+            last_pos.epoch++;
+            last_pos.batch = 0;
+        }
         if ((snc->every_steps > 0 && (step + 1) % snc->every_steps == 0) ||
             (snc->every_minutes > 0 && now - last_snap >= 60.0 * snc->every_minutes) ||
             ((snc->every_steps > 0 || snc->every_minutes > 0) && step == total - 1)) {
-            /* Between steps, the pipeline drained: the loader's next batch
-             * is the one after b. */
-            gp_snapshot_pos sp = {.step = step + 1, .epoch = b.epoch, .batch = b.index + 1,
-                                  .batch_size = tc->batch_size};
-            if (sp.batch >= per_epoch) {
-                sp.epoch++;
-                sp.batch = 0;
-            }
-            s = gp_snapshot_save(&model, cfg, &sp, snap_lock);
+            s = gp_snapshot_save(&model, cfg, &last_pos, snap_lock);
             if (s != GP_OK) goto done;
             last_snap = gp_now();
+            saved_step = step + 1;
         }
         double elapsed = now - t_start;
         double eta = elapsed / (double)(step + 1 - first_step) * (double)(total - step - 1);
@@ -324,6 +424,19 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
             GP_INFO("weights after step %lld written to %s", (long long)model.step,
                     opts->export_path);
         if (res->steps == first_step) goto done; /* nothing trained: a conversion */
+    }
+    int late = stop_asked(opts);
+    if (late && res->steps > first_step) {
+        /* Every step ran (and the last snapshot, and the export, are
+         * written): only the final evaluation is left out. */
+        char b[32];
+        res->stop_signal = late;
+        s = gp_error_set(GP_ERR_STOPPED, "stopped by %s after the last step (%lld): the run is "
+                         "complete%s, only the final evaluation was skipped",
+                         signal_name(late, b, sizeof b), (long long)res->steps,
+                         snc->every_steps > 0 || snc->every_minutes > 0
+                             ? " and its last snapshot written" : "");
+        goto done;
     }
     /* Final evaluation (the last epoch, or a steps-limited run). */
     s = gp_model_evaluate(&model, cfg, &test, &res->test_loss, &res->test_accuracy);

@@ -1,0 +1,153 @@
+/*
+ * paths.c — checking, before any work, that an output can be written where
+ * the user asked, so a run does not train for hours and then lose its
+ * result to a typo in a path.
+ *
+ * The checks try what the writer will do (create a file in the directory,
+ * make the directory) rather than ask access(2): access says yes to root
+ * for /proc and read-only mounts, and does not know whether a directory
+ * can still be made there.  Whatever a check creates it removes before it
+ * returns, so a failed (or successful) check leaves nothing behind.
+ */
+#include "core/core.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define PATH_LEN 4096
+
+/* Create and remove a file named `name` (O_EXCL: never an existing one). */
+static int probe_create(const char *name)
+{
+    int fd = open(name, O_WRONLY | O_CREAT | O_EXCL | O_NOCTTY, 0600);
+    if (fd < 0) return errno;
+    close(fd);
+    unlink(name);
+    return 0;
+}
+
+/* The directory part of path into dir ("." for a bare name, "/" for
+ * "/name"). */
+static void dir_of(const char *path, char *dir, size_t len)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(dir, len, ".");
+    else if (slash == path) snprintf(dir, len, "/");
+    else snprintf(dir, len, "%.*s", (int)(slash - path), path);
+}
+
+gp_status gp_check_writable_file(const char *path, const char *what, bool replaced)
+{
+    if (!path || !*path)
+        return gp_error_set(GP_ERR_INVALID, "%s: the path is empty; give a file name", what);
+    if (strlen(path) >= PATH_LEN - 64)
+        return gp_error_set(GP_ERR_INVALID, "%s: path too long: '%.80s...'", what, path);
+    char dir[PATH_LEN], probe[2 * PATH_LEN];
+    dir_of(path, dir, sizeof dir);
+    struct stat sb;
+    if (stat(path, &sb) == 0) {
+        if (S_ISDIR(sb.st_mode))
+            return gp_error_set(GP_ERR_IO, "%s '%s' is a directory; give a file name (such as "
+                                "'%s/out')", what, path, path);
+        if (replaced) {
+            /* Written beside it and renamed over it: the directory must
+             * take a new file, and a device or pipe would be replaced. */
+            if (!S_ISREG(sb.st_mode))
+                return gp_error_set(GP_ERR_IO, "%s '%s' exists and is not a regular file (it "
+                                    "would be replaced); give a file path", what, path);
+            const char *base = strrchr(path, '/');
+            snprintf(probe, sizeof probe, "%s/.%s.probe.%ld", dir, base ? base + 1 : path,
+                     (long)getpid());
+            int e = probe_create(probe);
+            if (e)
+                return gp_error_set(GP_ERR_IO, "%s '%s': cannot create a file in '%s': %s; give "
+                                    "a path in a directory you can write", what, path, dir,
+                                    strerror(e));
+            return GP_OK;
+        }
+        /* Written in place: opening it for writing without O_TRUNC changes
+         * nothing; a FIFO without a reader (ENXIO) will have one later. */
+        int fd = open(path, O_WRONLY | O_NONBLOCK | O_NOCTTY);
+        if (fd < 0 && errno != ENXIO)
+            return gp_error_set(GP_ERR_IO, "%s '%s' cannot be written: %s; give a path you can "
+                                "write", what, path, strerror(errno));
+        if (fd >= 0) close(fd);
+        return GP_OK;
+    }
+    int e = errno;
+    if (e == ENOENT) {
+        struct stat db;
+        if (stat(dir, &db) != 0 || !S_ISDIR(db.st_mode))
+            return gp_error_set(GP_ERR_IO, "%s '%s': the directory '%s' does not exist; create "
+                                "it first, or give a path in an existing directory", what, path,
+                                dir);
+        e = probe_create(path);
+        if (!e) return GP_OK;
+    }
+    return gp_error_set(GP_ERR_IO, "%s '%s' cannot be written: %s; give a path in a directory "
+                        "you can write", what, path, strerror(e));
+}
+
+gp_status gp_check_writable_dir(const char *dir, const char *what)
+{
+    if (!dir || !*dir)
+        return gp_error_set(GP_ERR_INVALID, "%s: the path is empty; give a directory", what);
+    char p[PATH_LEN], probe[PATH_LEN + 64];
+    size_t n = strlen(dir);
+    if (n >= sizeof p)
+        return gp_error_set(GP_ERR_INVALID, "%s: path too long: '%.80s...'", what, dir);
+    memcpy(p, dir, n + 1);
+    while (n > 1 && p[n - 1] == '/') p[--n] = '\0';
+
+    /* The directories made here (their lengths in p), removed at the end. */
+    size_t made[64];
+    int n_made = 0;
+    gp_status s = GP_OK;
+    struct stat sb;
+    if (stat(p, &sb) == 0) {
+        if (!S_ISDIR(sb.st_mode))
+            return gp_error_set(GP_ERR_IO, "%s '%s' is a file, not a directory; give a "
+                                "directory (it is made if missing)", what, dir);
+    } else if (errno != ENOENT) {
+        return gp_error_set(GP_ERR_IO, "%s '%s' cannot be used: %s; give a directory you can "
+                            "write", what, dir, strerror(errno));
+    } else {
+        /* Make each missing component, as the writer will (mkdir -p). */
+        for (size_t i = 1; i <= n && s == GP_OK; i++) {
+            if (p[i] != '/' && p[i] != '\0') continue;
+            char c = p[i];
+            p[i] = '\0';
+            if (n_made == (int)(sizeof made / sizeof *made)) {
+                s = gp_error_set(GP_ERR_INVALID, "%s '%s': more than %d directories to make",
+                                 what, dir, n_made);
+            } else if (mkdir(p, 0755) == 0) {
+                made[n_made++] = i;
+            } else if (errno != EEXIST) {
+                s = gp_error_set(GP_ERR_IO, "%s '%s': cannot create '%s': %s; give a directory "
+                                 "you can write", what, dir, p, strerror(errno));
+            } else if (stat(p, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
+                s = gp_error_set(GP_ERR_IO, "%s '%s': '%s' is a file, not a directory; give "
+                                 "another directory", what, dir, p);
+            }
+            p[i] = c;
+        }
+    }
+    if (s == GP_OK) {
+        snprintf(probe, sizeof probe, "%s/.gpipe-probe.%ld", p, (long)getpid());
+        int e = probe_create(probe);
+        if (e)
+            s = gp_error_set(GP_ERR_IO, "%s '%s': cannot create a file in it: %s; give a "
+                             "directory you can write", what, dir, strerror(e));
+    }
+    /* Innermost first; the run makes them again when it writes there. */
+    for (int k = n_made - 1; k >= 0; k--) {
+        char c = p[made[k]];
+        p[made[k]] = '\0';
+        rmdir(p);
+        p[made[k]] = c;
+    }
+    return s;
+}
