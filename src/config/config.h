@@ -11,6 +11,10 @@
  * Unknown keys are errors, never silently ignored.  A value that is valid
  * but most likely a mistake is a warning (gp_config.warnings, and logged).
  *
+ * Owns: the run spec and its validation.  May call: core, layers (layer
+ * specs) and pipeline/schedule.h (the schedule and checkpoint enums); the
+ * modules that run the spec (train, tools) sit above it.
+ *
  * Memory: gp_config is a plain value; gp_config_free releases its arrays.
  * Thread safety: none needed (pure functions over their arguments).
  */

@@ -102,6 +102,10 @@
  * lists as they are and the simulator replays them, so what runs and what
  * is simulated are the same instructions.
  *
+ * Owns: the schedules, pure functions of their options.  May call: core
+ * and checkpoint (the policy: which micro-batches recompute).  The executor
+ * (pipeline.c) and the simulator (balance) replay the lists.
+ *
  * Memory: gp_schedule owns its lists; gp_schedule_free releases them.
  * Thread safety: pure functions; a schedule is read-only once made.
  */
