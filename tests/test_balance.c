@@ -609,6 +609,25 @@ static void test_profiler(void)
  * as many of B, every stage busy m (F + B) + U of it, so the bubble is
  * (n - 1)(F + B) / step (the paper's (n - 1) / (m + n - 1) when U = 0),
  * lockstep or not.  Exact in doubles: the times are small integers. */
+/* A hand-written profile of n one-layer stages over mem, t (filled by the
+ * caller), m micro-batches of S samples each, one stage per layer. */
+static gp_profile unit_profile(int n, int m, int S, gp_layer_mem *mem, gp_layer_times *t,
+                               int *bal)
+{
+    gp_profile p;
+    memset(&p, 0, sizeof p);
+    p.L = n;
+    p.batch = (int64_t)m * S;
+    p.chunks = m;
+    p.timed = true;
+    p.n_sizes = 1;
+    p.sizes[0] = S;
+    p.mem = mem;
+    p.t = t;
+    for (int j = 0; j < n; j++) bal[j] = 1;
+    return p;
+}
+
 static void test_simulator_formula(void)
 {
     enum { S = 4 };
@@ -627,18 +646,8 @@ static void test_simulator_formula(void)
                         t[k].bwd_weights = B; /* bwd_data 0: stage 0 runs the same */
                         mem[k].update = u ? U : 0;
                     }
-                    gp_profile p;
-                    memset(&p, 0, sizeof p);
-                    p.L = n;
-                    p.batch = (int64_t)m * S;
-                    p.chunks = m;
-                    p.timed = true;
-                    p.n_sizes = 1;
-                    p.sizes[0] = S;
-                    p.mem = mem;
-                    p.t = t;
                     int bal[8];
-                    for (int j = 0; j < n; j++) bal[j] = 1;
+                    gp_profile p = unit_profile(n, m, S, mem, t, bal);
                     gp_sim_result r;
                     if (gp_simulate(&p, n, bal, m, GP_CKPT_NEVER, ls == 1, NULL, &r) != GP_OK) {
                         CHECK_MSG(0, "simulate n=%d m=%d: %s", n, m, gp_last_error());
@@ -682,19 +691,9 @@ static void test_simulator_schedules(void)
                     t[k].bwd_weights = 1;
                     t[k].bwd_alone = 1; /* stage 0 has no dx to compute */
                 }
-                gp_profile p;
-                memset(&p, 0, sizeof p);
-                p.L = n;
-                p.batch = (int64_t)m * S;
-                p.chunks = m;
-                p.timed = true;
-                p.n_sizes = 1;
-                p.sizes[0] = S;
-                p.mem = mem;
-                p.t = t;
-                p.first_trainable = -1; /* every layer runs both halves */
                 int bal[8];
-                for (int j = 0; j < n; j++) bal[j] = 1;
+                gp_profile p = unit_profile(n, m, S, mem, t, bal);
+                p.first_trainable = -1; /* every layer runs both halves */
                 gp_sim_result r[GP_SCHEDULE_KINDS];
                 for (int k = 0; k <= GP_SCHEDULE_ZB_H1; k++)
                     if (gp_simulate_schedule(&p, (gp_schedule_kind)k, n, 1, bal, m, GP_CKPT_NEVER,

@@ -141,16 +141,6 @@ static bool log_has(const char *log, const char *needle)
     return yes;
 }
 
-static bool same_files(const char *a, const char *b)
-{
-    size_t na = 0, nb = 0;
-    uint8_t *x = gpt_read_file(a, &na), *y = gpt_read_file(b, &nb);
-    bool same = x && y && na == nb && !memcmp(x, y, na);
-    free(x);
-    free(y);
-    return same;
-}
-
 /* Every line of a metrics file parses as one JSON object and the file
  * ends in a newline; returns the number of step records (-1 on a broken
  * line) and each step's samples_per_s is above 0. */
@@ -329,7 +319,7 @@ static void test_sigint(const char *ref, double ref_seconds, unsigned seed)
                  "--export-weights %s", conf, set_dir, out);
         rc = run_train(a, log);
         CHECK_MSG(rc == 0, "trial %d: resume exit %d", trial, rc);
-        CHECK_MSG(same_files(ref, out), "trial %d (seed %u): resumed weights differ from the "
+        CHECK_MSG(gpt_same_files(ref, out), "trial %d (seed %u): resumed weights differ from the "
                   "uninterrupted run's", trial, seed);
     }
     CHECK(stopped == trials);

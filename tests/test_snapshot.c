@@ -39,16 +39,6 @@
 static char tmpdir[256];
 static char bin[512];
 
-static bool same_files(const char *a, const char *b)
-{
-    size_t na = 0, nb = 0;
-    uint8_t *x = gpt_read_file(a, &na), *y = gpt_read_file(b, &nb);
-    bool same = x && y && na == nb && !memcmp(x, y, na);
-    free(x);
-    free(y);
-    return same;
-}
-
 /* Run gpipe-train with args (a shell fragment); returns the exit status. */
 static int train(const char *args)
 {
@@ -553,7 +543,7 @@ static void test_resume(int devices, const char *ckpt, int replicas)
     char p1[300], p2[300];
     snprintf(p1, sizeof p1, "%s/ref.st", tmpdir);
     snprintf(p2, sizeof p2, "%s/res.st", tmpdir);
-    CHECK_MSG(same_files(p1, p2), "%d device(s) x %d replica(s), checkpoint %s: resumed weights "
+    CHECK_MSG(gpt_same_files(p1, p2), "%d device(s) x %d replica(s), checkpoint %s: resumed weights "
               "differ", devices, replicas, ckpt);
     /* without snapshots on, an older resume leaves the directory alone */
     snprintf(a, sizeof a, "%s/rs", tmpdir);
@@ -854,7 +844,7 @@ static void test_kill(void)
         int rc = train(a);
         CHECK_MSG(rc == 0, "trial %d: resume exit %d", trial, rc);
         if (rc) show_log();
-        CHECK_MSG(same_files(ref, out), "trial %d (seed %u): resumed weights differ from the "
+        CHECK_MSG(gpt_same_files(ref, out), "trial %d (seed %u): resumed weights differ from the "
                   "uninterrupted run's", trial, seed);
     }
     printf("kill test (seed %u): %d of %d trials resumed from a snapshot, %d killed inside a "

@@ -12,6 +12,7 @@
  *   gpt_binary_path       where the build put a program (gpipe-train)
  *   gpt_make_tmpdir       a private scratch directory under /tmp
  *   gpt_read_file         a whole file into memory, '\0'-terminated
+ *   gpt_same_files        whether two files hold the same bytes
  *   gpt_write_file        bytes into a file
  *
  * Everything is static inline (a program uses what it needs; the rest
@@ -202,6 +203,17 @@ static inline void *gpt_read_file(const char *path, size_t *n)
     b[got] = '\0';
     if (n) *n = got;
     return b;
+}
+
+/* Whether two files hold the same bytes (and both could be read). */
+static inline bool gpt_same_files(const char *a, const char *b)
+{
+    size_t na = 0, nb = 0;
+    uint8_t *x = gpt_read_file(a, &na), *y = gpt_read_file(b, &nb);
+    bool same = x && y && na == nb && !memcmp(x, y, na);
+    free(x);
+    free(y);
+    return same;
 }
 
 /* The n bytes at data as the whole of the file at path. */
