@@ -17,14 +17,24 @@
 #include <string.h>
 #include <unistd.h>
 
+static gp_status build_placed(const gp_config *cfg, gp_device *const *devs, int n, int v,
+                              const int *balance, gp_model *out);
+
 gp_status gp_model_build(const gp_config *cfg, gp_device *dev, gp_model *out)
 {
-    int balance = cfg->model.n_layers;
-    return gp_model_build_placed(cfg, &dev, 1, &balance, out);
+    int balance = cfg->model.n_layers; /* one stage, whatever the schedule */
+    return build_placed(cfg, &dev, 1, 1, &balance, out);
 }
 
 gp_status gp_model_build_placed(const gp_config *cfg, gp_device *const *devs, int n,
                                 const int *balance, gp_model *out)
+{
+    return build_placed(cfg, devs, n, gp_model_virtual(cfg), balance, out);
+}
+
+/* n devices, v stages on each (stage j on device j % n). */
+static gp_status build_placed(const gp_config *cfg, gp_device *const *devs, int n, int v,
+                              const int *balance, gp_model *out)
 {
     memset(out, 0, sizeof *out);
     const gp_model_config *mc = &cfg->model;
@@ -38,7 +48,7 @@ gp_status gp_model_build_placed(const gp_config *cfg, gp_device *const *devs, in
         return gp_error_set(GP_ERR_OOM, "out of host memory building the model");
     }
     /* interleaved: v stages per device, stage j on device j % n */
-    int S = n * gp_model_virtual(cfg);
+    int S = n * v;
     GP_ASSERT(S <= GP_MAX_DEVICES);
     out->dev = devs[0];
     out->n_stages = S;
