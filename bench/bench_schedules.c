@@ -8,6 +8,8 @@
  *     m = 8 (1F1B keeps 2 micro-batches alive there, GPipe 8), from the
  *     device's allocator; step time at the same m;
  *   - interleaved with v = 2 stages per device, bubble at m = 8;
+ *   - the simulator: each schedule's step time and device 0's peak memory
+ *     predicted from one profile, against runs with the planned balance;
  *   - bubble: the idle share of each device's step at m = 4, from the
  *     executor's event log (1 - busy / wall; busy = the instructions' time
  *     without the waits of copies and of the barrier), as the trace shows it.
@@ -18,6 +20,7 @@
  * usage: bench_schedules [--steps N] [--rounds R] [CONFIG.yaml]
  * Benchmarks print; they never fail a build.
  */
+#include "balance/balance.h"
 #include "pipeline/pipeline.h"
 #include "train/train.h"
 
@@ -32,9 +35,12 @@ typedef struct {
     double bubble[MAXS]; /* mean over devices, per step */
     int n;
     size_t act0;         /* stage 0's peak activations + copies */
+    size_t peak0;        /* device 0's peak, every category */
 } series;
 
-static gp_status run(const gp_config *base, gp_schedule_kind kind, int m, int steps, series *out)
+/* bal: the layers per stage (NULL: balance: auto). */
+static gp_status run(const gp_config *base, gp_schedule_kind kind, int m, int steps, series *out,
+                     const int *bal)
 {
     gp_config cfg = *base;
     cfg.pipeline.chunks = m;
@@ -45,10 +51,14 @@ static gp_status run(const gp_config *base, gp_schedule_kind kind, int m, int st
      * done, which costs 1F1B and ZB-H1 where a backward outlasts a forward */
     cfg.pipeline.lockstep = false;
     gp_bench_cpu_devices(&cfg, 2);
+    if (bal) {
+        cfg.pipeline.n_balance = 2 * cfg.pipeline.virtual_stages;
+        memcpy(cfg.pipeline.balance, bal, (size_t)cfg.pipeline.n_balance * sizeof *bal);
+    }
     gp_device *devs[GP_MAX_DEVICES];
     gp_model model;
     GP_TRY(gp_train_open(&cfg, devs, &model, true));
-    int n = model.n_stages;
+    int n = cfg.pipeline.n_devices; /* devices (interleaved: fewer than stages) */
     int64_t b = cfg.train.batch_size, per = gp_shape_numel(&model.input);
     float *x, *y;
     gp_bench_random_batch(b, per, 5, 6, &x, &y);
@@ -58,7 +68,7 @@ static gp_status run(const gp_config *base, gp_schedule_kind kind, int m, int st
         gp_step_stats st;
         s = gp_model_pipeline_step(&model, &cfg, x, y, b, 0.001, &st);
         double idle = 0;
-        for (int j = 0; j < n && s == GP_OK; j++) {
+        for (int j = 0; j < gp_pipeline_devices(model.pipe) && s == GP_OK; j++) {
             int cnt;
             const gp_event_rec *ev = gp_pipeline_events(model.pipe, j, &cnt);
             double busy = 0, t0 = 1e300, t1 = 0;
@@ -75,12 +85,15 @@ static gp_status run(const gp_config *base, gp_schedule_kind kind, int m, int st
     }
     size_t a = devs[0]->alloc.peak_by[GP_MEM_ACTIVATIONS] + devs[0]->alloc.peak_by[GP_MEM_COPIES];
     if (a > out->act0) out->act0 = a;
+    if (devs[0]->alloc.peak > out->peak0) out->peak0 = devs[0]->alloc.peak;
     free(x);
     free(y);
     gp_model_free(&model);
     for (int j = 0; j < n; j++) gp_device_close(devs[j]);
     return s;
 }
+
+static int simulator(gp_config *cfg, int steps, int rounds);
 
 static void cpu_name(char *buf, size_t len)
 {
@@ -138,8 +151,8 @@ int main(int argc, char **argv)
     static series mem[KINDS], bub[KINDS];
     for (int r = 0; r < rounds; r++)
         for (int k = 0; k < KINDS; k++) {
-            if (run(&cfg, (gp_schedule_kind)k, 8, steps, &mem[k]) != GP_OK ||
-                run(&cfg, (gp_schedule_kind)k, 4, steps, &bub[k]) != GP_OK) {
+            if (run(&cfg, (gp_schedule_kind)k, 8, steps, &mem[k], NULL) != GP_OK ||
+                run(&cfg, (gp_schedule_kind)k, 4, steps, &bub[k], NULL) != GP_OK) {
                 fprintf(stderr, "bench_schedules: %s\n", gp_last_error());
                 return 1;
             }
@@ -164,5 +177,61 @@ int main(int argc, char **argv)
            bub4[GP_SCHEDULE_ZB_H1] / bub4[GP_SCHEDULE_1F1B]);
     printf("interleaved (v = 2) / 1f1b, m = 8: bubble %.2f (bar <= 0.6)\n",
            bub8[GP_SCHEDULE_INTERLEAVED] / bub8[GP_SCHEDULE_1F1B]);
+    return simulator(&cfg, steps, rounds);
+}
+
+/* The simulator against the same runs: profile once (1 thread per device,
+ * the micro-batch size of m = 8), plan each schedule's balance from it,
+ * simulate free-running, then run with that balance; the step's median and
+ * device 0's peak (every category) against the prediction. */
+static int simulator(gp_config *cfg, int steps, int rounds)
+{
+    enum { M = 8 };
+    gp_config c = *cfg;
+    gp_bench_cpu_devices(&c, 2);
+    c.pipeline.chunks = M;
+    c.pipeline.checkpoint = GP_CKPT_NEVER;
+    gp_model_profile_opts mo = {.warmup = 2, .reps = 5, .timed = true, .threads = 1};
+    mo.sizes[mo.n_sizes++] = (c.train.batch_size + M - 1) / M;
+    gp_profile p = {0};
+    if (gp_model_profile(&c, &mo, &p) != GP_OK) {
+        fprintf(stderr, "bench_schedules: %s\n", gp_last_error());
+        return 1;
+    }
+    printf("\nsimulator, m = %d, free-running, balance planned from one profile:\n", M);
+    printf("%-12s %-14s %10s %10s %8s %12s %12s %8s\n", "schedule", "balance", "pred ms",
+           "meas ms", "ratio", "pred MiB", "meas MiB", "ratio");
+    for (int k = 0; k < KINDS; k++) {
+        int v = k == GP_SCHEDULE_INTERLEAVED ? 2 : 1, bal[GP_MAX_DEVICES];
+        c.pipeline.schedule = (gp_schedule_kind)k;
+        c.pipeline.virtual_stages = v;
+        gp_plan_opts po;
+        gp_model_plan_opts(&c, 2 * v, &po);
+        gp_sim_result sr;
+        series me = {0};
+        gp_status s = gp_balance_plan(&p, &po, bal);
+        if (s == GP_OK)
+            s = gp_simulate_schedule(&p, (gp_schedule_kind)k, 2, v, bal, M, GP_CKPT_NEVER, false,
+                                     NULL, &sr);
+        for (int r = 0; r < rounds && s == GP_OK; r++)
+            s = run(&c, (gp_schedule_kind)k, M, steps, &me, bal);
+        if (s != GP_OK) {
+            fprintf(stderr, "bench_schedules: %s\n", gp_last_error());
+            gp_profile_free(&p);
+            return 1;
+        }
+        char bs[64];
+        int off = 0;
+        for (int j = 0; j < 2 * v; j++)
+            off += snprintf(bs + off, sizeof bs - (size_t)off, "%s%d", j ? "," : "[", bal[j]);
+        snprintf(bs + off, sizeof bs - (size_t)off, "]");
+        double meas = gp_bench_median(me.steps, me.n);
+        printf("%-12s %-14s %10.1f %10.1f %8.2f %12.1f %12.1f %8.2f\n",
+               k == GP_SCHEDULE_INTERLEAVED ? "interleaved2" : gp_schedule_kind_name((gp_schedule_kind)k),
+               bs, sr.step * 1e3, meas * 1e3, sr.step / meas, sr.peak_bytes[0] / 1048576.0,
+               (double)me.peak0 / 1048576.0, sr.peak_bytes[0] / (double)me.peak0);
+    }
+    printf("(bars: step ratio within 0.9-1.1, memory ratio within 0.9-1.3)\n");
+    gp_profile_free(&p);
     return 0;
 }
