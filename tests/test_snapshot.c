@@ -519,12 +519,12 @@ static void test_bad_values(void)
 /* replicas > 1: data parallelism, whose sharded update leaves each
  * replica's momentum current only in its own chunk; the snapshot must
  * assemble it (gp_model_gather_momentum) for the resumed run to match. */
-static void test_resume(int devices, const char *ckpt, int replicas)
+static void test_resume(int devices, const char *ckpt, int replicas, const char *sched)
 {
     char extra[512], a[1024];
     snprintf(extra, sizeof extra,
-             "pipeline: {devices: %d, replicas: %d, chunks: %d, checkpoint: %s}\n", devices,
-             replicas, 4 / replicas, ckpt); /* the epoch's last batch has 8 samples */
+             "pipeline: {devices: %d, replicas: %d, chunks: %d, checkpoint: %s, schedule: %s}\n",
+             devices, replicas, 4 / replicas, ckpt, sched); /* the last batch has 8 samples */
     make_config("r.yaml", extra);
     snprintf(a, sizeof a, "%s/r.yaml --export-weights %s/ref.st", tmpdir, tmpdir);
     CHECK(train(a) == 0);
@@ -543,8 +543,8 @@ static void test_resume(int devices, const char *ckpt, int replicas)
     char p1[300], p2[300];
     snprintf(p1, sizeof p1, "%s/ref.st", tmpdir);
     snprintf(p2, sizeof p2, "%s/res.st", tmpdir);
-    CHECK_MSG(gpt_same_files(p1, p2), "%d device(s) x %d replica(s), checkpoint %s: resumed weights "
-              "differ", devices, replicas, ckpt);
+    CHECK_MSG(gpt_same_files(p1, p2), "%d device(s) x %d replica(s), checkpoint %s, schedule %s: "
+              "resumed weights differ", devices, replicas, ckpt, sched);
     /* without snapshots on, an older resume leaves the directory alone */
     snprintf(a, sizeof a, "%s/rs", tmpdir);
     CHECK_MSG(gp_snapshot_count(a) == 5, "%d snapshots left", gp_snapshot_count(a));
@@ -930,13 +930,17 @@ int main(void)
         test_lock_library();
         test_two_runs();
         test_resume_older();
-        test_resume(1, "never", 1);
-        test_resume(1, "always", 1);
-        test_resume(2, "except_last", 1);
-        test_resume(2, "always", 1);
-        test_resume(2, "never", 1);
-        test_resume(1, "except_last", 2);
-        test_resume(2, "except_last", 2);
+        test_resume(1, "never", 1, "gpipe");
+        test_resume(1, "always", 1, "gpipe");
+        test_resume(2, "except_last", 1, "gpipe");
+        test_resume(2, "always", 1, "gpipe");
+        test_resume(2, "never", 1, "gpipe");
+        test_resume(1, "except_last", 2, "gpipe");
+        test_resume(2, "except_last", 2, "gpipe");
+        /* every other schedule resumes exactly too */
+        test_resume(2, "except_last", 1, "1f1b");
+        test_resume(2, "never", 1, "zb-h1");
+        test_resume(2, "except_last", 1, "interleaved");
         test_resume_other_placement();
         test_kill();
     } else {
