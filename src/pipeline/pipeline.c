@@ -24,6 +24,7 @@
 #include "pipeline/pipeline.h"
 #include "pipeline/nvtx.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -67,6 +68,12 @@ struct gp_pipeline {
     int rank, replicas;
     bool shard[GP_MAX_DEVICES]; /* stage j's replicas shard its update */
     bool sched_stale;          /* the schedule must be made again */
+    /* zb-h1 without replicas: the order is made again from the stages'
+     * measured forward, backward-data and backward-weights times after
+     * each of the first ZB_TUNE_STEPS steps (the accumulation order, and so
+     * the result, stays the same). */
+    double durations[3 * GP_MAX_DEVICES];
+    int tuned;                 /* steps measured so far */
     void (*on_fail)(void *arg);
     void *fail_arg;
 
@@ -689,6 +696,7 @@ static gp_status prepare(gp_pipeline *p, int m)
     }
     free_step_tables(p);
     gp_schedule_opts so = {.kind = p->opts.schedule, .n = p->n, .m = m,
+                           .durations = p->tuned > 0 ? p->durations : NULL,
                            .virtual_stages = p->S / p->n,
                            .checkpoint = p->opts.checkpoint,
                            .replicas = p->replicas, .update = p->opts.optim != NULL,
@@ -777,6 +785,33 @@ gp_status gp_pipeline_step_begin(gp_pipeline *p, const float *x, const float *y,
     return GP_OK;
 }
 
+enum { ZB_TUNE_STEPS = 3 };
+
+/* After a step: zb-h1's order from this step's measured times.  Not with
+ * replicas: their orders must stay the same (SyncBN's collectives run in
+ * forward and backward-data, in the order of each replica's list), and
+ * each replica would measure its own times. */
+static void tune_order(gp_pipeline *p)
+{
+    if (p->opts.schedule != GP_SCHEDULE_ZB_H1 || p->replicas > 1 || p->tuned >= ZB_TUNE_STEPS)
+        return;
+    double sum[3 * GP_MAX_DEVICES] = {0};
+    int cnt[3 * GP_MAX_DEVICES] = {0};
+    for (int d = 0; d < p->n; d++)
+        for (int e = 0; e < p->workers[d].n_events; e++) {
+            const gp_event_rec *ev = &p->workers[d].events[e];
+            int q = ev->kind == GP_INSTR_FORWARD ? 0 : ev->kind == GP_INSTR_BACKWARD_DATA ? 1
+                    : ev->kind == GP_INSTR_BACKWARD_WEIGHTS ? 2 : -1;
+            if (q < 0 || ev->is_wait) continue;
+            sum[3 * ev->j + q] += ev->t1 - ev->t0;
+            cnt[3 * ev->j + q]++;
+        }
+    for (int q = 0; q < 3 * p->S; q++)
+        p->durations[q] = cnt[q] ? fmax(sum[q] / cnt[q], 1e-9) : 1e-9;
+    p->tuned++;
+    p->sched_stale = true;
+}
+
 gp_status gp_pipeline_step_end(gp_pipeline *p, gp_pipeline_out *out)
 {
     GP_ASSERT(p->running);
@@ -788,6 +823,7 @@ gp_status gp_pipeline_step_end(gp_pipeline *p, gp_pipeline_out *out)
     pthread_mutex_unlock(&p->lock);
     if (st != GP_OK) return gp_error_set(st, "%s", p->message);
 
+    tune_order(p);
     double loss = 0;
     int64_t correct = 0;
     for (int i = 0; i < m; i++) {

@@ -4,6 +4,7 @@
  */
 #include "pipeline/schedule.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -93,13 +94,17 @@ typedef struct {
     int j;              /* stage */
 } op;
 
-/* ZB-H1's orders for all stages (one per device): a greedy execution in
- * unit time steps (see schedule.h).  f_end / b_end: the step a forward /
- * backward-data of (i, j) ends, -1 before. */
-static gp_status zb_h1_orders(int n, int m, op **ord, int *len)
+/* ZB-H1's orders for all stages (one per device): a greedy execution (see
+ * schedule.h) in which stage j's forward, backward-data and
+ * backward-weights take dur[3 j], dur[3 j + 1], dur[3 j + 2] (dur NULL: one
+ * unit each).  Event-driven: the stage free earliest decides next, by what
+ * has arrived by then; a stage with nothing to do waits for the next
+ * arrival or decision elsewhere.  f_end / b_end: when a forward /
+ * backward-data of (i, j) ends, < 0 before it is placed. */
+static gp_status zb_h1_orders(int n, int m, const double *dur, op **ord, int *len)
 {
     size_t cells = (size_t)m * (size_t)n;
-    int *f_end = malloc(cells * sizeof *f_end), *b_end = malloc(cells * sizeof *b_end);
+    double *f_end = malloc(cells * sizeof *f_end), *b_end = malloc(cells * sizeof *b_end);
     int *wq = malloc(cells * sizeof *wq); /* per stage: pending W, oldest first */
     if (!f_end || !b_end || !wq) {
         free(f_end);
@@ -110,37 +115,55 @@ static gp_status zb_h1_orders(int n, int m, op **ord, int *len)
     for (size_t q = 0; q < cells; q++) f_end[q] = b_end[q] = -1;
     int nf[GP_MAX_DEVICES] = {0}, nb[GP_MAX_DEVICES] = {0}, wh[GP_MAX_DEVICES] = {0},
         wt[GP_MAX_DEVICES] = {0};
+    double t_free[GP_MAX_DEVICES] = {0};
     int left = 3 * m * n;
-    for (int t = 0; left > 0; t++) {
-        GP_ASSERT(t < 6 * (m + n) + 6); /* unit steps: it ends well before */
-        for (int j = 0; j < n; j++) {
-            /* F: as 1F1B (in flight until the backward-data), and at most
-             * one micro-batch more until the backward-weights */
-            int bound = n - j < m ? n - j : m;
-            bool room = nf[j] - nb[j] < bound && nf[j] - wh[j] < gp_schedule_in_flight_bound(
-                                                                   GP_SCHEDULE_ZB_H1, j, n, m);
-            int *W = wq + (size_t)j * (size_t)m;
-            int i = nb[j];
-            bool b_ready = i < nf[j] && (j == n - 1 ? f_end[i * n + j] <= t
-                                                    : b_end[i * n + j + 1] >= 0 &&
-                                                          b_end[i * n + j + 1] <= t);
-            i = nf[j];
-            bool f_ready = i < m && room &&
-                           (j == 0 || (f_end[i * n + j - 1] >= 0 && f_end[i * n + j - 1] <= t));
-            if (b_ready) {
-                b_end[nb[j] * n + j] = t + 1;
-                ord[j][len[j]++] = (op){GP_INSTR_BACKWARD_DATA, nb[j], j};
-                W[wt[j]++] = nb[j]++;
-            } else if (f_ready) {
-                f_end[nf[j] * n + j] = t + 1;
-                ord[j][len[j]++] = (op){GP_INSTR_FORWARD, nf[j]++, j};
-            } else if (wh[j] < wt[j]) {
-                ord[j][len[j]++] = (op){GP_INSTR_BACKWARD_WEIGHTS, W[wh[j]++], j};
-            } else {
-                continue;
-            }
-            left--;
+    while (left > 0) {
+        int j = -1; /* the stage that decides next: free earliest (ties: lowest j) */
+        for (int q = 0; q < n; q++)
+            if (nf[q] + nb[q] + wh[q] < 3 * m && (j < 0 || t_free[q] < t_free[j])) j = q;
+        GP_ASSERT(j >= 0);
+        double t = t_free[j];
+        /* F: as 1F1B (in flight until the backward-data), and at most one
+         * micro-batch more until the backward-weights */
+        int bound = n - j < m ? n - j : m;
+        bool room = nf[j] - nb[j] < bound &&
+                    nf[j] - wh[j] < gp_schedule_in_flight_bound(GP_SCHEDULE_ZB_H1, j, n, m);
+        int *W = wq + (size_t)j * (size_t)m;
+        double b_dep = -1, f_dep = -1; /* when the next B's / F's input arrives, < 0 unknown */
+        if (nb[j] < nf[j])
+            b_dep = j == n - 1 ? f_end[nb[j] * n + j] : b_end[nb[j] * n + j + 1];
+        if (nf[j] < m && room) f_dep = j == 0 ? 0 : f_end[nf[j] * n + j - 1];
+        double dF = dur ? dur[3 * j] : 1, dB = dur ? dur[3 * j + 1] : 1, dW = dur ? dur[3 * j + 2] : 1;
+        if (b_dep >= 0 && b_dep <= t) {
+            b_end[nb[j] * n + j] = t + dB;
+            t_free[j] = t + dB;
+            ord[j][len[j]++] = (op){GP_INSTR_BACKWARD_DATA, nb[j], j};
+            W[wt[j]++] = nb[j]++;
+        } else if (f_dep >= 0 && f_dep <= t) {
+            f_end[nf[j] * n + j] = t + dF;
+            t_free[j] = t + dF;
+            ord[j][len[j]++] = (op){GP_INSTR_FORWARD, nf[j]++, j};
+        } else if (wh[j] < wt[j]) {
+            t_free[j] = t + dW;
+            ord[j][len[j]++] = (op){GP_INSTR_BACKWARD_WEIGHTS, W[wh[j]++], j};
+        } else {
+            /* nothing to do: wait for the next known arrival, or for the
+             * next decision of another stage (which may place it) */
+            double next = -1;
+            if (b_dep > t) next = b_dep;
+            if (f_dep > t && (next < 0 || f_dep < next)) next = f_dep;
+            for (int q = 0; q < n; q++)
+                if (q != j && nf[q] + nb[q] + wh[q] < 3 * m && t_free[q] > t &&
+                    (next < 0 || t_free[q] < next))
+                    next = t_free[q];
+            for (int q = 0; q < n && next < 0; q++) /* another stage decides at t too */
+                if (q != j && nf[q] + nb[q] + wh[q] < 3 * m && t_free[q] == t) next = t;
+            GP_ASSERT(next >= 0); /* some stage can always go on */
+            /* a tie at t: let the other stage decide first */
+            t_free[j] = next > t ? next : nextafter(t, 1e300);
+            continue;
         }
+        left--;
     }
     free(f_end);
     free(b_end);
@@ -177,7 +200,7 @@ static void interleaved_order(int n, int v, int m, int d, op *ord, int *len)
 static gp_status compute_orders(const gp_schedule_opts *o, int v, op **ord, int *len)
 {
     int m = o->m, n = o->n;
-    if (o->kind == GP_SCHEDULE_ZB_H1) return zb_h1_orders(n, m, ord, len);
+    if (o->kind == GP_SCHEDULE_ZB_H1) return zb_h1_orders(n, m, o->durations, ord, len);
     for (int j = 0; j < n; j++) {
         int c = 0;
         if (o->kind == GP_SCHEDULE_INTERLEAVED) {

@@ -39,7 +39,10 @@
  * B (1F1B's rule) and fewer than n - j + 1 for their W, else its oldest
  * pending W.  The paper keeps exactly 1F1B's memory by counting what B
  * frees; here a micro-batch's activations live until its W, so one more
- * micro-batch may be in flight than in 1F1B.  n = 3, m = 4:
+ * micro-batch may be in flight than in 1F1B.  With the stages' measured
+ * times (gp_schedule_opts.durations; the executor measures them in its
+ * first steps) the same greedy runs in those times instead of units, which
+ * only moves the W passes.  n = 3, m = 4, units:
  *
  *     k    0   1   2   3   4   5   6   7   8   9  10  11  12  13  14
  *     j=0  F0  F1  F2          B0  F3  B1  W0  W1  B2  W2      B3  W3
@@ -195,6 +198,11 @@ typedef struct gp_schedule_opts {
                                    (their devices can: gp_dev_can_shard) */
     bool update;            /* emit UPDATE (an optimizer is attached) */
     bool check;             /* emit CHECK (the non-finite check) */
+    /* zb-h1: the order from stage j's measured times, durations[3 j + 0, 1,
+     * 2] = forward, backward-data, backward-weights (seconds; NULL: one unit
+     * each).  Any times give a valid order: they only move the weights
+     * passes. */
+    const double *durations;
 } gp_schedule_opts;
 
 typedef struct gp_schedule {
