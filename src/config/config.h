@@ -72,6 +72,10 @@ static inline int gp_pipeline_devices_total(const gp_pipeline_config *pc)
 {
     return pc->n_devices * (pc->replicas > 1 ? pc->replicas : 1);
 }
+/* Whether a device spec names a CPU device, and how many of all replicas'
+ * devices do (they share the machine's cores). */
+bool gp_device_spec_is_cpu(const gp_device_spec *d);
+int gp_pipeline_cpu_devices(const gp_pipeline_config *pc);
 
 typedef struct gp_data_config {
     gp_dataset_kind dataset;  /* default fashion-mnist */

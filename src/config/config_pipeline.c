@@ -150,7 +150,14 @@ static gp_status derive_replicas(gp_cfg_walk *w, const gp_ynode *at, gp_pipeline
  * the trainer starts them (0 = the cores split among the CPU devices). */
 #define GP_CFG_THREADS_FAR 4
 
-static bool is_cpu(const gp_device_spec *d) { return !strncmp(d->name, "cpu", 3); }
+bool gp_device_spec_is_cpu(const gp_device_spec *d) { return !strncmp(d->name, "cpu", 3); }
+
+int gp_pipeline_cpu_devices(const gp_pipeline_config *pc)
+{
+    int total = gp_pipeline_devices_total(pc), n_cpu = 0;
+    for (int a = 0; a < total; a++) n_cpu += gp_device_spec_is_cpu(&pc->devices[a]);
+    return n_cpu;
+}
 
 /* The `threads` node a listed device gives itself, or NULL. */
 static const gp_ynode *device_threads_node(const gp_ynode *dv, bool grid, int a, int n)
@@ -174,8 +181,8 @@ static void check_threads(gp_cfg_walk *w, const gp_ynode *m, const gp_ynode *dv,
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     if (cores < 1) return; /* unknown: nothing to compare with */
     long far = GP_CFG_THREADS_FAR * cores;
-    int total = gp_pipeline_devices_total(pc), n = pc->n_devices, n_cpu = 0;
-    for (int a = 0; a < total; a++) n_cpu += is_cpu(&pc->devices[a]);
+    int total = gp_pipeline_devices_total(pc), n = pc->n_devices;
+    int n_cpu = gp_pipeline_cpu_devices(pc);
     if (n_cpu == 0) return;
     const gp_ynode *pt = gp_ymap_get(m, "threads");
     if (gp_cfg_absent(pt)) pt = NULL;
@@ -192,7 +199,7 @@ static void check_threads(gp_cfg_walk *w, const gp_ynode *m, const gp_ynode *dv,
     int listed = grid ? total : n;
     for (int a = 0; a < listed; a++) {
         const gp_ynode *t = device_threads_node(dv, grid, a, n);
-        if (!t || !is_cpu(&pc->devices[a])) continue;
+        if (!t || !gp_device_spec_is_cpu(&pc->devices[a])) continue;
         if (!first) first = t;
         if (pc->devices[a].threads <= far) continue;
         char key[64];
@@ -207,7 +214,7 @@ static void check_threads(gp_cfg_walk *w, const gp_ynode *m, const gp_ynode *dv,
     if (warned || !first) return;
     long sum = 0, split = cores / n_cpu > 0 ? cores / n_cpu : 1;
     for (int a = 0; a < total; a++)
-        if (is_cpu(&pc->devices[a]))
+        if (gp_device_spec_is_cpu(&pc->devices[a]))
             sum += pc->devices[a].threads ? pc->devices[a].threads : split;
     if (sum > far)
         gp_cfg_warn(w, first, "the %d CPU device%s run %ld math threads in all, far above this "

@@ -143,8 +143,7 @@ const char *gp_model_balance_method(void)
 
 int gp_model_device_threads(const gp_pipeline_config *pc, int d)
 {
-    int total = gp_pipeline_devices_total(pc), n_cpu = 0;
-    for (int q = 0; q < total; q++) n_cpu += !strncmp(pc->devices[q].name, "cpu", 3);
+    int n_cpu = gp_pipeline_cpu_devices(pc);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     if (cores < 1) cores = 1;
     int t = pc->devices[d].threads ? pc->devices[d].threads : pc->threads;
@@ -163,9 +162,8 @@ gp_status gp_model_profile(const gp_config *cfg, const gp_model_profile_opts *o,
                           .batch = cfg->train.batch_size, .chunks = m, .optim_slots = 1,
                           .seed = cfg->train.seed};
     /* Every CPU device of the run (all replicas) computes at once. */
-    int n_cpu = 0, total = gp_pipeline_devices_total(pc);
-    for (int d = 0; d < total; d++) n_cpu += !strncmp(pc->devices[d].name, "cpu", 3);
-    if (!o->alone && !strncmp(po.device, "cpu", 3) && n_cpu > 1) po.contend = n_cpu - 1;
+    int n_cpu = gp_pipeline_cpu_devices(pc);
+    if (!o->alone && gp_device_spec_is_cpu(&pc->devices[0]) && n_cpu > 1) po.contend = n_cpu - 1;
     if (o->n_sizes > 0) {
         po.n_sizes = o->n_sizes;
         memcpy(po.sizes, o->sizes, (size_t)o->n_sizes * sizeof *o->sizes);

@@ -145,8 +145,7 @@ static void fmt_duration(double s, char *buf, size_t len)
 static gp_status open_devices(const gp_config *cfg, gp_device **devs)
 {
     const gp_pipeline_config *pc = &cfg->pipeline;
-    int n = gp_pipeline_devices_total(&cfg->pipeline), n_cpu = 0;
-    for (int j = 0; j < n; j++) n_cpu += !strncmp(pc->devices[j].name, "cpu", 3);
+    int n = gp_pipeline_devices_total(&cfg->pipeline), n_cpu = gp_pipeline_cpu_devices(pc);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     if (cores < 1) cores = 1;
     if (n_cpu > cores)
