@@ -55,6 +55,10 @@ double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const 
         if (t > ck_max) ck_max = t;
     }
     double in = mm[first].in_per_sample, out = mm[last].out_per_sample;
+    /* between a split backward's halves, the layers' incoming gradients:
+     * about the size of what the forward kept, less the stage output's,
+     * which arrived already */
+    double grads = fmax(keep - out, 0);
     double cur = stat + ws, peak = cur, pending = 0;
     for (int c = 0; c < sched->count[d]; c++) {
         const gp_instr *in_ = &sched->list[d][c];
@@ -86,18 +90,16 @@ double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const 
             }
             break;
         case GP_INSTR_BACKWARD_DATA:
-            /* every layer's incoming gradient stays for the weights half:
-             * about the size of what the forward kept, less the stage
-             * output's, which arrived already */
+            /* every layer's incoming gradient stays for the weights half */
             t = cur + in_max * s;
-            cur += fmax(keep - out, 0) * s;
+            cur += grads * s;
             if (j > 0) {
                 cur += in * s;
                 pending += in * s;
             }
             break;
         case GP_INSTR_BACKWARD_WEIGHTS:
-            cur -= (keep + fmax(keep - out, 0) + in + out) * s;
+            cur -= (keep + grads + in + out) * s;
             break;
         default: break;
         }
@@ -105,8 +107,7 @@ double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const 
         if (cur > peak) peak = cur;
         if (gp_instr_computes(in_->kind)) {
             /* what the neighbours copied during this instruction is freed */
-            bool bwd = in_->kind == GP_INSTR_BACKWARD || in_->kind == GP_INSTR_BACKWARD_DATA;
-            double keep_pending = bwd && j > 0 ? in * s : 0;
+            double keep_pending = gp_instr_gives_grad(in_->kind) && j > 0 ? in * s : 0;
             if (in_->kind == GP_INSTR_FORWARD && in_->checkpointed && j < n - 1)
                 keep_pending = out * s;
             cur -= pending - keep_pending;
@@ -278,8 +279,7 @@ gp_status gp_simulate_schedule(const gp_profile *p, gp_schedule_kind kind, int n
     for (int j = 0; j < n; j++)
         for (int c = 0; c < sc.count[j]; c++) {
             gp_instr_kind kd = sc.list[j][c].kind;
-            /* the executor's lockstep clocks: every computation but recompute */
-            if (gp_instr_computes(kd) && kd != GP_INSTR_RECOMPUTE) clock_left[sc.list[j][c].k]++;
+            if (gp_instr_clocked(kd)) clock_left[sc.list[j][c].k]++; /* the executor's */
         }
     int pc[GP_MAX_DEVICES] = {0}, arrived = 0;
     double t[GP_MAX_DEVICES] = {0}, barrier_t = 0;
@@ -336,11 +336,10 @@ gp_status gp_simulate_schedule(const gp_profile *p, gp_schedule_kind kind, int n
                 double t0 = t[j] > dep ? t[j] : dep;
                 t[j] = t0 + dur;
                 out->busy[j] += dur;
-                if (gp_instr_computes(in->kind) && in->kind != GP_INSTR_RECOMPUTE) {
-                    if (in->kind != GP_INSTR_BACKWARD_WEIGHTS) {
-                        double *fin = in->kind == GP_INSTR_FORWARD ? fwd_fin : bwd_fin;
-                        fin[(size_t)in->i * (size_t)S + (size_t)in->j] = t[j];
-                    }
+                if (gp_instr_clocked(in->kind)) {
+                    size_t q = (size_t)in->i * (size_t)S + (size_t)in->j;
+                    if (in->kind == GP_INSTR_FORWARD) fwd_fin[q] = t[j];
+                    if (gp_instr_gives_grad(in->kind)) bwd_fin[q] = t[j];
                     clock_left[in->k]--;
                     if (t[j] > clock_fin[in->k]) clock_fin[in->k] = t[j];
                 }

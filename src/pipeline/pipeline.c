@@ -724,7 +724,7 @@ static gp_status prepare(gp_pipeline *p, int m)
         ok = p->workers[j].events != NULL;
         for (int c = 0; ok && c < p->sched.count[j]; c++) {
             gp_instr_kind kd = p->sched.list[j][c].kind;
-            if (gp_instr_computes(kd) && kd != GP_INSTR_RECOMPUTE) /* lockstep's clocks */
+            if (gp_instr_clocked(kd))
                 p->clock_expected[p->sched.list[j][c].k]++;
         }
     }

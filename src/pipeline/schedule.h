@@ -168,6 +168,19 @@ static inline bool gp_instr_computes(gp_instr_kind k)
     return k == GP_INSTR_FORWARD || k == GP_INSTR_RECOMPUTE || k == GP_INSTR_BACKWARD ||
            k == GP_INSTR_BACKWARD_DATA || k == GP_INSTR_BACKWARD_WEIGHTS;
 }
+/* Whether k counts for lockstep's clocks (every computation but a
+ * recompute, which shares its backward's clock): the executor and the
+ * simulator wait for these. */
+static inline bool gp_instr_clocked(gp_instr_kind k)
+{
+    return gp_instr_computes(k) && k != GP_INSTR_RECOMPUTE;
+}
+/* Whether k is the backward that makes dL/d input, what the previous stage
+ * waits for (the whole backward, or its data half). */
+static inline bool gp_instr_gives_grad(gp_instr_kind k)
+{
+    return k == GP_INSTR_BACKWARD || k == GP_INSTR_BACKWARD_DATA;
+}
 
 typedef struct gp_instr {
     gp_instr_kind kind;

@@ -100,13 +100,12 @@ static const char *category(const gp_event_rec *e)
 static const gp_event_rec *producer(const gp_pipeline *p, const gp_event_rec *c)
 {
     int j = c->from % gp_pipeline_devices(p); /* the source stage's device */
-    gp_instr_kind want = c->kind == GP_INSTR_RECV_ACT ? GP_INSTR_FORWARD : GP_INSTR_BACKWARD;
+    bool act = c->kind == GP_INSTR_RECV_ACT;
     int cnt;
     const gp_event_rec *ev = gp_pipeline_events(p, j, &cnt);
     for (int e = 0; e < cnt; e++)
-        if ((ev[e].kind == want || (want == GP_INSTR_BACKWARD &&
-                                    ev[e].kind == GP_INSTR_BACKWARD_DATA)) &&
-            ev[e].i == c->i && !ev[e].is_wait)
+        if ((act ? ev[e].kind == GP_INSTR_FORWARD : gp_instr_gives_grad(ev[e].kind)) &&
+            ev[e].i == c->i && ev[e].j == c->from && !ev[e].is_wait)
             return &ev[e];
     return NULL;
 }
