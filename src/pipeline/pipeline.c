@@ -324,20 +324,34 @@ static gp_status grads_final(gp_pipeline *p, int j, int *bad_layer)
  * the gradient of the global mean): in full, or only this replica's chunk
  * of each when sharded.  Every replica's stage j does the same collectives
  * in the same order. */
-static gp_status reduce_grads(gp_pipeline *p, int j, bool shard, int *bad_layer)
+typedef enum { COLL_ALLREDUCE, COLL_REDUCE_SCATTER, COLL_ALL_GATHER } coll_op;
+
+/* One collective over stage j's communicator for each trainable parameter
+ * of the stage, in layer order: the gradients summed (all-reduce, or
+ * reduce-scatter when sharded), or the values gathered after a sharded
+ * update. */
+static gp_status stage_collective(gp_pipeline *p, int j, coll_op op)
 {
-    GP_TRY(grads_final(p, j, bad_layer));
     for (int c = p->first[j]; c < p->first[j] + p->count[j]; c++) {
         gp_layer *l = &p->layers[c];
         for (int q = 0; q < l->n_params; q++) {
             gp_param *pr = &l->params[q];
             if (pr->is_buffer || !pr->grad.data) continue;
-            int64_t n = gp_tensor_numel(&pr->grad);
-            GP_TRY(shard ? gp_dev_reduce_scatter(p->devs[j], p->comms[j], pr->grad.data, n)
-                         : gp_dev_allreduce(p->devs[j], p->comms[j], pr->grad.data, n));
+            gp_device *dev = p->devs[j];
+            gp_comm *comm = p->comms[j];
+            int64_t n = gp_tensor_numel(&pr->value);
+            GP_TRY(op == COLL_ALLREDUCE        ? gp_dev_allreduce(dev, comm, pr->grad.data, n)
+                   : op == COLL_REDUCE_SCATTER ? gp_dev_reduce_scatter(dev, comm, pr->grad.data, n)
+                                               : gp_dev_all_gather(dev, comm, pr->value.data, n));
         }
     }
     return GP_OK;
+}
+
+static gp_status reduce_grads(gp_pipeline *p, int j, bool shard, int *bad_layer)
+{
+    GP_TRY(grads_final(p, j, bad_layer));
+    return stage_collective(p, j, shard ? COLL_REDUCE_SCATTER : COLL_ALLREDUCE);
 }
 
 /* BARRIER: the step's data flow is over on stage j (outgoing tensors
@@ -466,15 +480,7 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
     case GP_INSTR_GATHER:
         /* after a sharded update: every replica's parameters of stage j
          * from their owners' chunks */
-        for (int c = first; c < first + count && st == GP_OK; c++) {
-            gp_layer *l = &p->layers[c];
-            for (int q = 0; q < l->n_params && st == GP_OK; q++) {
-                gp_param *pr = &l->params[q];
-                if (pr->is_buffer || !pr->grad.data) continue;
-                st = gp_dev_all_gather(p->devs[j], p->comms[j], pr->value.data,
-                                       gp_tensor_numel(&pr->value));
-            }
-        }
+        st = stage_collective(p, j, COLL_ALL_GATHER);
         break;
     case GP_INSTR_CHECK:
         /* the message names the layer already */
@@ -489,7 +495,6 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
 }
 
 static bool is_copy(gp_instr_kind k) { return k == GP_INSTR_RECV_ACT || k == GP_INSTR_RECV_GRAD; }
-static bool per_micro_batch(gp_instr_kind k) { return gp_instr_per_micro_batch(k); }
 
 static gp_status run_step(worker *w)
 {
@@ -528,7 +533,7 @@ static gp_status run_step(worker *w)
         double tw = ev->t1;
         ev->t1 = gp_now();
         ev->mem_after = gp_allocator_current(&p->devs[j]->alloc);
-        if (per_micro_batch(in->kind))
+        if (gp_instr_per_micro_batch(in->kind))
             w->busy += ev->t1 - (is_copy(in->kind) ? tw : ev->t0);
         if (is_copy(in->kind) && w->n_events < w->cap_events) {
             /* Split the record: the wait, then the copy. */
@@ -540,7 +545,7 @@ static gp_status run_step(worker *w)
             ev->is_wait = true;
         }
         if (st != GP_OK) return fail(p, st, in->j, in->i, bad_layer);
-        if (per_micro_batch(in->kind)) sweep(p, j);
+        if (gp_instr_per_micro_batch(in->kind)) sweep(p, j);
     }
     gp_status st = gp_dev_synchronize(p->devs[j]);
     if (st != GP_OK) return fail(p, st, j, -1, -1);
