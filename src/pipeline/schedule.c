@@ -117,16 +117,16 @@ static gp_status zb_h1_orders(int n, int m, const double *dur, op **ord, int *le
         wt[GP_MAX_DEVICES] = {0};
     double t_free[GP_MAX_DEVICES] = {0};
     int left = 3 * m * n;
+#define UNFINISHED(q) (nf[q] + nb[q] + wh[q] < 3 * m)
     while (left > 0) {
         int j = -1; /* the stage that decides next: free earliest (ties: lowest j) */
         for (int q = 0; q < n; q++)
-            if (nf[q] + nb[q] + wh[q] < 3 * m && (j < 0 || t_free[q] < t_free[j])) j = q;
+            if (UNFINISHED(q) && (j < 0 || t_free[q] < t_free[j])) j = q;
         GP_ASSERT(j >= 0);
         double t = t_free[j];
         /* F: as 1F1B (in flight until the backward-data), and at most one
          * micro-batch more until the backward-weights */
-        int bound = n - j < m ? n - j : m;
-        bool room = nf[j] - nb[j] < bound &&
+        bool room = nf[j] - nb[j] < gp_schedule_in_flight_bound(GP_SCHEDULE_1F1B, j, n, m) &&
                     nf[j] - wh[j] < gp_schedule_in_flight_bound(GP_SCHEDULE_ZB_H1, j, n, m);
         int *W = wq + (size_t)j * (size_t)m;
         double b_dep = -1, f_dep = -1; /* when the next B's / F's input arrives, < 0 unknown */
@@ -153,11 +153,10 @@ static gp_status zb_h1_orders(int n, int m, const double *dur, op **ord, int *le
             if (b_dep > t) next = b_dep;
             if (f_dep > t && (next < 0 || f_dep < next)) next = f_dep;
             for (int q = 0; q < n; q++)
-                if (q != j && nf[q] + nb[q] + wh[q] < 3 * m && t_free[q] > t &&
-                    (next < 0 || t_free[q] < next))
+                if (q != j && UNFINISHED(q) && t_free[q] > t && (next < 0 || t_free[q] < next))
                     next = t_free[q];
             for (int q = 0; q < n && next < 0; q++) /* another stage decides at t too */
-                if (q != j && nf[q] + nb[q] + wh[q] < 3 * m && t_free[q] == t) next = t;
+                if (q != j && UNFINISHED(q) && t_free[q] == t) next = t;
             GP_ASSERT(next >= 0); /* some stage can always go on */
             /* a tie at t: let the other stage decide first */
             t_free[j] = next > t ? next : nextafter(t, 1e300);
@@ -165,6 +164,7 @@ static gp_status zb_h1_orders(int n, int m, const double *dur, op **ord, int *le
         }
         left--;
     }
+#undef UNFINISHED
     free(f_end);
     free(b_end);
     free(wq);
@@ -290,6 +290,9 @@ int gp_schedule_in_flight_bound(gp_schedule_kind k, int j, int n, int m)
     if (k == GP_SCHEDULE_ZB_H1) return n - j + 1 < m ? n - j + 1 : m;
     return m;
 }
+
+bool gp_schedule_backward_ascending(gp_schedule_kind k) { return k != GP_SCHEDULE_GPIPE; }
+bool gp_schedule_splits_backward(gp_schedule_kind k) { return k == GP_SCHEDULE_ZB_H1; }
 
 int gp_schedule_interleaved_bound(int d, int n, int v, int m)
 {

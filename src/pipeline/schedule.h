@@ -133,6 +133,12 @@ const char *gp_schedule_kind_name(gp_schedule_kind k);
  * that schedule k allows: m for GPipe, min(n - j, m) for 1F1B,
  * min(n - j + 1, m) for ZB-H1. */
 int gp_schedule_in_flight_bound(gp_schedule_kind k, int j, int n, int m);
+/* The order in which every stage of schedule k runs its micro-batches'
+ * backwards: GPipe from the last micro-batch, the others from the first
+ * (the order gradients add up in, which the single-device reference
+ * follows); and whether k runs each backward as two halves. */
+bool gp_schedule_backward_ascending(gp_schedule_kind k);
+bool gp_schedule_splits_backward(gp_schedule_kind k);
 /* Interleaved: the most (micro-batch, stage) pairs in flight on device d of
  * n with v stages each: its warm-up forwards plus one, at most m v. */
 int gp_schedule_interleaved_bound(int d, int n, int v, int m);

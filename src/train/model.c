@@ -341,9 +341,9 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
         first += sizes[i];
     }
     /* backwards in the order the pipeline's schedule runs them on every
-     * stage: GPipe from the last micro-batch, 1F1B from the first */
+     * stage, in halves where it splits them */
     gp_schedule_kind sk = cfg->pipeline.schedule;
-    bool up = sk != GP_SCHEDULE_GPIPE, split = sk == GP_SCHEDULE_ZB_H1;
+    bool up = gp_schedule_backward_ascending(sk), split = gp_schedule_splits_backward(sk);
     for (int q = 0; q < chunks && s == GP_OK; q++) {
         int i = up ? q : chunks - 1 - q;
         at = i;
