@@ -44,21 +44,18 @@ static void transparency(bool convnet, int n, int m, gp_checkpoint_mode ck, bool
                          gp_schedule_kind kind)
 {
     gp_config c = make_cfg(convnet);
-    c.pipeline.schedule = kind; /* the reference accumulates in its order too */
-    int v = kind == GP_SCHEDULE_INTERLEAVED ? 2 : 1;
-    c.pipeline.virtual_stages = v;
+    int bal[8];
+    int S = gpt_set_schedule(&c, kind, n, bal); /* the reference accumulates in its order too */
     c.pipeline.chunks = m;
     c.pipeline.checkpoint = ck;
     c.pipeline.lockstep = lockstep;
-    int bal[8];
-    gpt_split_even(c.model.n_layers, n * v, bal);
     gp_model ref, pip;
     if (gp_model_build(&c, devs[0], &ref) != GP_OK ||
         gp_model_build_placed(&c, devs, n, bal, &pip) != GP_OK) {
         CHECK_MSG(0, "build: %s", gp_last_error());
         return;
     }
-    bool placed = pip.n_stages == n * v;
+    bool placed = pip.n_stages == S;
     for (int j = 0; j < pip.n_stages && placed; j++) placed = pip.devs[j] == devs[j % n];
     CHECK_MSG(placed, "%s n=%d: stage j not on device j %% %d", gp_schedule_kind_name(kind), n, n);
     enum { PER = 72 };

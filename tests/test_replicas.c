@@ -431,11 +431,8 @@ static void make_batch(const gp_config *c, int step, float *x, float *y)
 static void equivalence(bool convnet, int R, int n, gp_schedule_kind kind)
 {
     gp_config c = make_cfg(convnet, false);
-    c.pipeline.schedule = kind; /* the reference accumulates in its order */
-    int v = kind == GP_SCHEDULE_INTERLEAVED ? 2 : 1;
-    c.pipeline.virtual_stages = v;
     int bal[4];
-    gpt_split_even(c.model.n_layers, n * v, bal);
+    gpt_set_schedule(&c, kind, n, bal); /* the reference accumulates in its order */
     gp_model ref, rep;
     if (gp_model_build(&c, devs[R * n], &ref) != GP_OK ||
         gp_model_build_replicated(&c, devs, R, n, bal, &rep) != GP_OK) {
@@ -703,11 +700,8 @@ static void sync_bn_schedules(void)
     int64_t nref = 0;
     for (int k = 0; k < GP_SCHEDULE_KINDS; k++) {
         gp_config c = make_cfg(true, true);
-        c.pipeline.schedule = (gp_schedule_kind)k;
-        int v = k == GP_SCHEDULE_INTERLEAVED ? 2 : 1;
-        c.pipeline.virtual_stages = v;
         int bal[4];
-        gpt_split_even(c.model.n_layers, 2 * v, bal);
+        gpt_set_schedule(&c, (gp_schedule_kind)k, 2, bal);
         gp_model rep;
         CHECK_OK(gp_model_build_replicated(&c, devs, 2, 2, bal, &rep));
         float x[BATCH * 72], y[BATCH];

@@ -7,6 +7,7 @@
  *   gpt_model_cfg         the small MLP and convnet the pipeline tests train
  *   gpt_make_batch        a deterministic batch per step
  *   gpt_gather            a model's parameters (or gradients) on the host
+ *   gpt_set_schedule      a schedule, its stages per device and an even split
  *   gpt_split_even        layers per stage, as even as can be
  *   gpt_bn_moments        the naive reference for batch norm's statistics
  *   gpt_binary_path       where the build put a program (gpipe-train)
@@ -145,6 +146,18 @@ static inline float *gpt_gather(gp_model *m, gpt_gather_what what, int64_t *coun
 static inline void gpt_split_even(int L, int n, int *bal)
 {
     for (int j = 0; j < n; j++) bal[j] = L / n + (j < L % n ? 1 : 0);
+}
+
+/* c runs schedule k on n devices (interleaved: 2 stages on each): sets the
+ * schedule and its stages per device, splits the layers evenly over the
+ * stages into bal, and returns the stage count. */
+static inline int gpt_set_schedule(gp_config *c, gp_schedule_kind k, int n, int *bal)
+{
+    int v = k == GP_SCHEDULE_INTERLEAVED ? 2 : 1;
+    c->pipeline.schedule = k;
+    c->pipeline.virtual_stages = v;
+    gpt_split_even(c->model.n_layers, n * v, bal);
+    return n * v;
 }
 
 /* Channel ch of x (N, C, S): its mean, and the sum of squared deviations
