@@ -63,6 +63,11 @@ const char *gp_layer_type_name(gp_layer_type t);
 /* Returns false if `name` is not a layer type. */
 bool gp_layer_type_parse(const char *name, gp_layer_type *out);
 
+/* Longest skip name (with its terminator), and the most skips one layer
+ * pops. */
+#define GP_SKIP_NAME 40
+#define GP_MAX_POPS 2
+
 /* What a config says about one layer.  Fields a type does not use are
  * ignored; 0 / -1 mean "not given" where stated. */
 typedef struct gp_layer_spec {
@@ -81,6 +86,13 @@ typedef struct gp_layer_spec {
     float eps;            /* batchnorm; default 1e-5 */
     bool sync;            /* batchnorm: synchronise across replicas */
     float p;              /* dropout probability; default 0.5 */
+    /* Skip connections (torchgpipe's stash / pop; docs/config.md): the
+     * layer's output is also kept under the name `stash` ("" none) until
+     * the one layer that pops it; a layer that pops takes the popped
+     * tensors as its inputs 1 .. n_pop besides its main input 0. */
+    char stash[GP_SKIP_NAME];
+    char pop[GP_MAX_POPS][GP_SKIP_NAME];
+    int n_pop;
 } gp_layer_spec;
 
 /* A spec of `type` with every default filled in. */
