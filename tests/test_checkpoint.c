@@ -92,8 +92,8 @@ static void replay(void)
     build(dev, kept);
     build(dev, ckpt);
     gp_stash a, b;
-    CHECK_OK(gp_stash_init(&a, L));
-    CHECK_OK(gp_stash_init(&b, L));
+    CHECK_OK(gp_stash_init(&a, L, NULL, 0));
+    CHECK_OK(gp_stash_init(&b, L, NULL, 0));
     gp_shape xs = gp_shape_2d(B, IN);
     upload_random(dev, &a.in, &xs, 1, GP_MEM_ACTIVATIONS);
     upload_random(dev, &b.in, &xs, 1, GP_MEM_ACTIVATIONS);
@@ -124,7 +124,7 @@ static void replay(void)
     /* evaluation keeps nothing but the output, not even the input */
     {
         gp_stash e;
-        CHECK_OK(gp_stash_init(&e, L));
+        CHECK_OK(gp_stash_init(&e, L, NULL, 0));
         upload_random(dev, &e.in, &xs, 1, GP_MEM_ACTIVATIONS);
         gp_fwd_ctx ev = ctx;
         ev.training = false;

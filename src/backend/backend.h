@@ -63,8 +63,9 @@
  *   4  reduce_scatter, all_gather (the sharded optimizer update)
  *   5  host_alloc, host_free (pinned upload buffers)
  *   6  sharded_sgd (the sharded SGD step as one collective)
- *   7  barrier (a host barrier over a communicator) */
-#define GP_DEVICE_IFACE_VERSION 7
+ *   7  barrier (a host barrier over a communicator)
+ *   8  copy_box (a strided 4-D copy: concatenation, padding, slices) */
+#define GP_DEVICE_IFACE_VERSION 8
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -322,6 +323,16 @@ typedef struct gp_device_iface {
      * all-reduce (NCCL: ncclCommAbort, cuda_device.c), or a rank would wait
      * forever for one that failed. */
     gp_status (*barrier)(gp_device *dev, gp_comm *comm);
+
+    /* --- a strided 4-D copy on the compute stream (appended last) ---
+     * dst[a ds0 + b ds1 + c ds2 + d ds3] = src[a ss0 + b ss1 + c ss2 + d ss3]
+     * for every (a, b, c, d) < dims (strides and dims in elements; dst and
+     * src on this device, not overlapping).  Concatenation along channels,
+     * zero padding (after a fill) and their gradients' slices.  NULL:
+     * gp_dev_copy_box returns GP_ERR_UNSUPPORTED. */
+    gp_status (*copy_box)(gp_device *dev, float *dst, const int64_t dst_stride[4],
+                          const float *src, const int64_t src_stride[4],
+                          const int64_t dims[4]);
 } gp_device_iface;
 
 struct gp_device {
@@ -554,6 +565,16 @@ static inline gp_status gp_dev_mul(gp_device *dev, const float *a, const float *
                                    int64_t n)
 {
     return dev->iface->mul(dev, a, b, y, n);
+}
+
+static inline gp_status gp_dev_copy_box(gp_device *dev, float *dst, const int64_t dst_stride[4],
+                                        const float *src, const int64_t src_stride[4],
+                                        const int64_t dims[4])
+{
+    if (!dev->iface->copy_box)
+        return gp_error_set(GP_ERR_UNSUPPORTED, "the %s backend cannot copy strided boxes",
+                            dev->iface->backend_name);
+    return dev->iface->copy_box(dev, dst, dst_stride, src, src_stride, dims);
 }
 
 /* --- tensors on a device (backend/tensor.c) -----------------------------

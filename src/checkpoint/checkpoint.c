@@ -19,19 +19,42 @@ bool gp_ckpt_checkpointed(gp_checkpoint_mode mode, int i, int j, int m, int n)
     return false;
 }
 
-gp_status gp_stash_init(gp_stash *s, int count)
+gp_status gp_stash_init(gp_stash *s, int count, const gp_skip_map *skips, int first)
 {
     *s = (gp_stash){0};
     s->count = count;
     s->acts = calloc((size_t)count + 1, sizeof *s->acts);
     s->grads = calloc((size_t)count + 1, sizeof *s->grads);
     s->saved = calloc((size_t)(count > 0 ? count : 1), sizeof *s->saved);
-    if (!s->acts || !s->grads || !s->saved) {
+    s->uses = calloc((size_t)count + 1, sizeof *s->uses);
+    bool ok = s->acts && s->grads && s->saved && s->uses;
+    if (ok && skips && skips->n > 0) {
+        size_t t = (size_t)skips->n;
+        s->skips = skips;
+        s->first = first;
+        s->skip_in = calloc(t, sizeof *s->skip_in);
+        s->skip_out = calloc(t, sizeof *s->skip_out);
+        s->skip_dout = calloc(t, sizeof *s->skip_dout);
+        s->skip_din = calloc(t, sizeof *s->skip_din);
+        ok = s->skip_in && s->skip_out && s->skip_dout && s->skip_din;
+    }
+    if (!ok) {
         gp_stash_destroy(s);
         return gp_error_set(GP_ERR_OOM, "out of host memory for a stash of %d layers", count);
     }
     return GP_OK;
 }
+
+gp_skip_role gp_stash_skip_role(const gp_stash *s, int t)
+{
+    const gp_skip *k = &s->skips->skips[t];
+    bool from = k->from >= s->first && k->from < s->first + s->count;
+    bool to = k->to >= s->first && k->to < s->first + s->count;
+    return from && to ? GP_SKIP_INSIDE : from ? GP_SKIP_LEAVES : to ? GP_SKIP_ARRIVES
+                                                                    : GP_SKIP_APART;
+}
+
+static int n_skips(const gp_stash *s) { return s->skips ? s->skips->n : 0; }
 
 void gp_stash_drop_acts(gp_stash *s)
 {
@@ -42,16 +65,33 @@ void gp_stash_drop_acts(gp_stash *s)
     if (s->grads)
         for (int c = 0; c <= s->count; c++) gp_tensor_free(&s->grads[c]);
     if (s->acts) s->acts[0] = (gp_tensor){0};
+    for (int t = 0; t < n_skips(s); t++) {
+        if (!s->skip_out[t].owned) s->skip_out[t] = (gp_tensor){0}; /* a view of acts */
+        gp_tensor_free(&s->skip_dout[t]);
+        if (gp_stash_skip_role(s, t) == GP_SKIP_INSIDE) gp_tensor_free(&s->skip_din[t]);
+    }
     s->live = false;
     s->weights_due = false;
 }
 
-void gp_stash_release(gp_stash *s)
+/* Everything but the gradients a backward hands out (skip_din of the
+ * skips that arrive). */
+static void release_kept(gp_stash *s)
 {
     gp_stash_drop_acts(s);
     if (s->out.owned) gp_tensor_free(&s->out);
     s->out = (gp_tensor){0}; /* a view of acts[count], freed above */
     gp_tensor_free(&s->in);
+    for (int t = 0; t < n_skips(s); t++) {
+        gp_tensor_free(&s->skip_in[t]);
+        gp_tensor_free(&s->skip_out[t]);
+    }
+}
+
+void gp_stash_release(gp_stash *s)
+{
+    release_kept(s);
+    for (int t = 0; t < n_skips(s); t++) gp_tensor_free(&s->skip_din[t]);
 }
 
 void gp_stash_destroy(gp_stash *s)
@@ -60,58 +100,141 @@ void gp_stash_destroy(gp_stash *s)
     free(s->acts);
     free(s->grads);
     free(s->saved);
+    free(s->uses);
+    free(s->skip_in);
+    free(s->skip_out);
+    free(s->skip_dout);
+    free(s->skip_din);
     *s = (gp_stash){0};
 }
 
+static size_t owned_bytes(const gp_tensor *t) { return t->owned ? gp_tensor_bytes(t) : 0; }
+
 size_t gp_stash_bytes(const gp_stash *s)
 {
-    size_t b = s->in.owned ? gp_tensor_bytes(&s->in) : 0;
-    if (s->out.owned) b += gp_tensor_bytes(&s->out);
-    for (int c = 1; s->acts && c <= s->count; c++)
-        if (s->acts[c].owned) b += gp_tensor_bytes(&s->acts[c]);
+    size_t b = owned_bytes(&s->in) + owned_bytes(&s->out);
+    for (int c = 1; s->acts && c <= s->count; c++) b += owned_bytes(&s->acts[c]);
     for (int c = 0; s->saved && c < s->count; c++) b += gp_saved_bytes(&s->saved[c]);
-    for (int c = 0; s->grads && c <= s->count; c++)
-        if (s->grads[c].owned) b += gp_tensor_bytes(&s->grads[c]);
+    for (int c = 0; s->grads && c <= s->count; c++) b += owned_bytes(&s->grads[c]);
+    for (int t = 0; t < n_skips(s); t++)
+        b += owned_bytes(&s->skip_in[t]) + owned_bytes(&s->skip_out[t]) +
+             owned_bytes(&s->skip_dout[t]) + owned_bytes(&s->skip_din[t]);
     return b;
 }
 
-/* The one forward loop. */
+/* The skip layer c of the stage stashes (-1: none) and the one of its pop q. */
+static int stash_of(const gp_stash *s, int c)
+{
+    return s->skips ? s->skips->stashes[s->first + c] : -1;
+}
+static int pop_of(const gp_stash *s, int c, int q)
+{
+    return s->skips ? s->skips->pops[(s->first + c) * GP_MAX_POPS + q] : -1;
+}
+
+/* The inputs of layer c: its main input and what it pops. */
+static int layer_inputs(const gp_stash *s, int c, const gp_tensor *main, gp_tensor *x)
+{
+    x[0] = *main;
+    int n = 1;
+    for (int q = 0; q < GP_MAX_POPS; q++) {
+        int t = pop_of(s, c, q);
+        if (t < 0) break;
+        int from = s->skips->skips[t].from - s->first;
+        x[n] = from >= 0 ? s->acts[from + 1] : s->skip_in[t];
+        GP_ASSERT(x[n].data || gp_tensor_numel(&x[n]) == 0);
+        x[n++].owned = false;
+    }
+    return n;
+}
+
+/* A forward that does not keep: one fewer use of layer output a (0 = the
+ * stage input), freed at none (the stage input only when evaluating). */
+static void consumed(gp_stash *s, int a, gp_fwd_keep mode)
+{
+    if (a == 0) {
+        if (mode == GP_FWD_NOTHING) gp_tensor_free(&s->in);
+        return;
+    }
+    if (--s->uses[a] == 0) gp_tensor_free(&s->acts[a]);
+}
+
+/* The one forward loop.  recompute: the stage output and the skips that
+ * leave were handed on already and stay as they are. */
 static gp_status run_forward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_fwd_keep mode,
-                             gp_stash *s, gp_tensor *out, int *bad)
+                             bool recompute, gp_stash *s, int *bad)
 {
     bool keep = mode == GP_FWD_KEEP;
     s->acts[0] = s->in;
     s->acts[0].owned = false;
-    gp_tensor cur = s->acts[0];
+    gp_status st = GP_OK;
     for (int c = 0; c < s->count; c++) {
+        gp_tensor x[1 + GP_MAX_POPS];
+        layer_inputs(s, c, &s->acts[c], x);
         gp_tensor y = {0};
         gp_saved sv = {0};
-        gp_status st = gp_layer_forward(&layers[c], ctx, &cur, &y, &sv);
+        st = gp_layer_forward(&layers[c], ctx, x, &y, &sv);
         if (st != GP_OK) {
             *bad = c;
             gp_saved_free(&sv);
-            if (keep) gp_stash_drop_acts(s);
-            else if (c > 0) gp_tensor_free(&cur); /* the stage input stays in s->in */
-            return st;
+            break;
         }
+        s->acts[c + 1] = y;
+        int t = stash_of(s, c);
+        gp_skip_role role = t >= 0 ? gp_stash_skip_role(s, t) : GP_SKIP_APART;
         if (keep) {
-            s->acts[c + 1] = y;
             s->saved[c] = sv;
-        } else {
-            gp_saved_free(&sv);
-            if (c > 0) gp_tensor_free(&cur);
-            else if (mode == GP_FWD_NOTHING) {
-                gp_tensor_free(&s->in);
-                s->acts[0] = (gp_tensor){0};
+            if (role == GP_SKIP_LEAVES && !recompute) {
+                s->skip_out[t] = y;
+                s->skip_out[t].owned = false;
+            }
+            continue;
+        }
+        gp_saved_free(&sv);
+        /* uses of y: the next layer, and a pop inside the stage */
+        s->uses[c + 1] = (c + 1 < s->count) + (role == GP_SKIP_INSIDE);
+        if (role == GP_SKIP_LEAVES) {
+            if (c + 1 == s->count) { /* also the stage output: a copy of its own */
+                gp_shape ys = gp_tensor_shape(&y);
+                st = gp_tensor_alloc(&s->skip_out[t], y.dev, &ys, GP_MEM_ACTIVATIONS);
+                if (st == GP_OK) st = gp_tensor_copy(&s->skip_out[t], &y);
+            } else { /* it owns y; the next layer reads a view */
+                s->skip_out[t] = y;
+                s->acts[c + 1].owned = false;
             }
         }
-        cur = y;
+        consumed(s, c, mode);
+        for (int q = 0; q < GP_MAX_POPS && pop_of(s, c, q) >= 0; q++) {
+            int u = pop_of(s, c, q), from = s->skips->skips[u].from - s->first;
+            if (from >= 0) consumed(s, from + 1, mode);
+            else if (mode == GP_FWD_NOTHING) gp_tensor_free(&s->skip_in[u]);
+        }
+        if (st != GP_OK) {
+            *bad = c;
+            break;
+        }
+    }
+    if (st != GP_OK) {
+        if (keep) {
+            gp_stash_drop_acts(s);
+        } else {
+            for (int c = 1; c <= s->count; c++) gp_tensor_free(&s->acts[c]);
+            for (int t = 0; t < n_skips(s); t++)
+                if (gp_stash_skip_role(s, t) == GP_SKIP_LEAVES) gp_tensor_free(&s->skip_out[t]);
+        }
+        return st;
     }
     if (keep) {
         s->live = true;
-        cur.owned = false; /* acts[count] owns it */
+        if (!recompute) {
+            s->out = s->acts[s->count];
+            s->out.owned = false; /* acts[count] owns it */
+        }
+    } else {
+        s->out = s->acts[s->count]; /* owned */
+        s->acts[s->count] = (gp_tensor){0};
+        s->acts[0] = (gp_tensor){0};
     }
-    *out = cur;
     return GP_OK;
 }
 
@@ -119,7 +242,7 @@ gp_status gp_ckpt_forward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_fwd_keep k
                           gp_stash *s, int *bad)
 {
     GP_ASSERT(!s->live && !s->out.data);
-    return run_forward(layers, ctx, keep, s, &s->out, bad);
+    return run_forward(layers, ctx, keep, false, s, bad);
 }
 
 gp_status gp_ckpt_recompute(gp_layer *layers, const gp_fwd_ctx *ctx, gp_stash *s, int *bad)
@@ -127,8 +250,45 @@ gp_status gp_ckpt_recompute(gp_layer *layers, const gp_fwd_ctx *ctx, gp_stash *s
     GP_ASSERT(!s->live);
     gp_fwd_ctx rc = *ctx;
     rc.recompute = true;
-    gp_tensor out;
-    return run_forward(layers, &rc, GP_FWD_KEEP, s, &out, bad);
+    return run_forward(layers, &rc, GP_FWD_KEEP, true, s, bad);
+}
+
+/* dL/d (output of layer c) gets the gradients of the skip it stashes: from
+ * its pop inside the stage, or received from a later stage. */
+static gp_status add_stash_grad(gp_layer *l, gp_stash *s, int c, gp_tensor *g)
+{
+    int t = stash_of(s, c);
+    if (t < 0) return GP_OK;
+    gp_tensor *sg = gp_stash_skip_role(s, t) == GP_SKIP_INSIDE ? &s->skip_din[t]
+                                                                : &s->skip_dout[t];
+    if (!sg->data)
+        return gp_error_set(GP_ERR_RUNTIME, "no gradient arrived for the skip '%s' it stashes",
+                            s->skips->skips[t].name);
+    int64_t n = gp_tensor_numel(g);
+    gp_status st = n ? gp_dev_axpy(l->dev, 1.0f, sg->data, g->data, n) : GP_OK;
+    gp_tensor_free(sg);
+    return st;
+}
+
+/* Layer c's backward (whole, or its data half), its input gradients
+ * distributed: dx[0] into *gin, the pops' into skip_din. */
+static gp_status layer_backward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_stash *s, int c,
+                                bool half, const gp_tensor *g, bool want_dx, gp_tensor *gin)
+{
+    gp_tensor x[1 + GP_MAX_POPS], dx[1 + GP_MAX_POPS] = {{0}};
+    int nx = layer_inputs(s, c, &s->acts[c], x);
+    gp_status st = half ? gp_layer_backward_data(&layers[c], ctx, x, &s->acts[c + 1], g,
+                                                 want_dx ? dx : NULL, &s->saved[c])
+                        : gp_layer_backward(&layers[c], ctx, x, &s->acts[c + 1], g,
+                                            want_dx ? dx : NULL, &s->saved[c]);
+    if (st != GP_OK || !want_dx) return st;
+    *gin = dx[0];
+    for (int q = 1; q < nx; q++) {
+        int t = pop_of(s, c, q - 1);
+        gp_tensor_free(&s->skip_din[t]);
+        s->skip_din[t] = dx[q];
+    }
+    return GP_OK;
 }
 
 gp_status gp_ckpt_backward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_stash *s, gp_tensor *dy,
@@ -143,9 +303,10 @@ gp_status gp_ckpt_backward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_stash *s,
     int ft = dx ? -1 : first_trainable;
     for (int c = s->count - 1; c >= 0; c--) {
         gp_tensor d = {0};
-        if (c >= ft)
-            st = gp_layer_backward(&layers[c], ctx, &s->acts[c], &s->acts[c + 1], &g,
-                                   c > ft ? &d : NULL, &s->saved[c]);
+        if (c >= ft) {
+            st = add_stash_grad(&layers[c], s, c, &g);
+            if (st == GP_OK) st = layer_backward(layers, ctx, s, c, false, &g, c > ft, &d);
+        }
         gp_tensor_free(&g);
         gp_tensor_free(&s->acts[c + 1]);
         gp_saved_free(&s->saved[c]);
@@ -158,7 +319,7 @@ gp_status gp_ckpt_backward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_stash *s,
     }
     if (st == GP_OK && dx) *dx = g;
     else gp_tensor_free(&g);
-    gp_stash_release(s); /* out: a view of acts[count], or (checkpointed) owned */
+    release_kept(s); /* out: a view of acts[count], or (checkpointed) owned */
     return st;
 }
 
@@ -169,9 +330,11 @@ gp_status gp_ckpt_backward_data(gp_layer *layers, const gp_fwd_ctx *ctx, gp_stas
     s->grads[s->count] = *dy;
     *dy = (gp_tensor){0};
     int ft = dx ? -1 : first_trainable;
-    for (int c = s->count - 1; c >= 0 && c > ft; c--) {
-        gp_status st = gp_layer_backward_data(&layers[c], ctx, &s->acts[c], &s->acts[c + 1],
-                                              &s->grads[c + 1], &s->grads[c], &s->saved[c]);
+    for (int c = s->count - 1; c >= 0 && c >= ft; c--) {
+        /* grads[c + 1]: all of dL/d (output of c), for both halves */
+        gp_status st = add_stash_grad(&layers[c], s, c, &s->grads[c + 1]);
+        if (st == GP_OK && c > ft)
+            st = layer_backward(layers, ctx, s, c, true, &s->grads[c + 1], true, &s->grads[c]);
         if (st != GP_OK) {
             *bad = c;
             return st;
@@ -192,12 +355,14 @@ gp_status gp_ckpt_backward_weights(gp_layer *layers, const gp_fwd_ctx *ctx, gp_s
     int ft = has_dx ? -1 : first_trainable;
     gp_status st = GP_OK;
     for (int c = s->count - 1; c >= 0 && c >= ft && st == GP_OK; c--) {
-        st = gp_layer_backward_weights(&layers[c], ctx, &s->acts[c], &s->acts[c + 1],
-                                       &s->grads[c + 1], &s->saved[c]);
+        gp_tensor x[1 + GP_MAX_POPS];
+        layer_inputs(s, c, &s->acts[c], x);
+        st = gp_layer_backward_weights(&layers[c], ctx, x, &s->acts[c + 1], &s->grads[c + 1],
+                                       &s->saved[c]);
         if (st != GP_OK) *bad = c;
         gp_tensor_free(&s->grads[c + 1]);
     }
-    gp_stash_release(s);
+    release_kept(s);
     return st;
 }
 

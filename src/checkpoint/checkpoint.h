@@ -24,9 +24,16 @@
  * (stage input: category ACTIVATIONS on stage 0, COPIES elsewhere; the rest
  * ACTIVATIONS), so every byte of it shows in the device's accounting.
  *
- * A stage boundary carries one tensor today (`in`, `out`); skip
- * connections that cross stages (a later issue) add named tensors to the
- * stash beside them and copy instructions with their own source stage.
+ * Skip connections (layers.h, gp_skip_map): a stage's stash also holds
+ * the skips that touch the stage, indexed by the model's skip number t.  A
+ * skip stashed and popped inside the stage is one of the stage's layer
+ * outputs, kept until its pop (until backward when keeping); one stashed
+ * here and popped on a later stage leaves in skip_out[t] (as `out` does);
+ * one popped here and stashed earlier arrives in skip_in[t] (as `in`
+ * does: kept for the recompute).  Backward adds the gradient of every
+ * stash to that of the layer output it stashed: from the pop inside the
+ * stage, or received in skip_dout[t] from a later stage; a pop of a skip
+ * stashed earlier hands its gradient out in skip_din[t] (as *dx).
  *
  * Thread safety: a stash is used by one thread at a time (its stage's
  * worker); the functions keep no state of their own.
@@ -58,11 +65,29 @@ typedef struct gp_stash {
     int count;          /* layers of the stage */
     bool live;          /* acts / saved hold a forward for backward */
     bool weights_due;   /* backward-data ran; backward-weights has not */
+    /* Skips (gp_stash_init with a map; all NULL without one), [t] for the
+     * model's skip t: */
+    const gp_skip_map *skips;
+    int first;          /* model index of the stage's first layer */
+    gp_tensor *skip_in;   /* popped here, stashed earlier: received, owned */
+    gp_tensor *skip_out;  /* stashed here, popped later: a view of acts, or
+                             owned when the forward did not keep */
+    gp_tensor *skip_dout; /* dL/d skip_out[t], received before backward */
+    gp_tensor *skip_din;  /* dL/d the popped tensor: between a pop and its
+                             stash inside the stage, or (popped here,
+                             stashed earlier) handed out by backward */
+    int *uses;          /* [count + 1] scratch of a forward that does not keep */
 } gp_stash;
 
-/* Host arrays for a stage of `count` layers; no device memory. */
-gp_status gp_stash_init(gp_stash *s, int count);
-/* Free every device tensor the stash holds (it can be used again). */
+/* Host arrays for a stage of `count` layers; no device memory.  With
+ * `skips` (NULL: the model has none), the stage is layers [first, first +
+ * count) of the model they map. */
+gp_status gp_stash_init(gp_stash *s, int count, const gp_skip_map *skips, int first);
+/* Where skip t stands to the stash's stage. */
+typedef enum { GP_SKIP_APART = 0, GP_SKIP_INSIDE, GP_SKIP_LEAVES, GP_SKIP_ARRIVES } gp_skip_role;
+gp_skip_role gp_stash_skip_role(const gp_stash *s, int t);
+/* Free every device tensor the stash holds (it can be used again),
+ * skip_din included. */
 void gp_stash_release(gp_stash *s);
 /* gp_stash_release and the host arrays. */
 void gp_stash_destroy(gp_stash *s);
@@ -83,7 +108,9 @@ typedef enum {
                           s->out (owned) remains */
 } gp_fwd_keep;
 
-/* Forward of layers[0 .. s->count) on s->in, keeping what `keep` says.
+/* Forward of layers[0 .. s->count) on s->in (and the skips that arrive,
+ * s->skip_in), keeping what `keep` says; the skips that leave end in
+ * s->skip_out.
  * On failure *bad is the index (0-based in layers) of the failing layer and
  * nothing but s->in remains (if it was kept). */
 gp_status gp_ckpt_forward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_fwd_keep keep,
@@ -92,8 +119,11 @@ gp_status gp_ckpt_forward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_fwd_keep k
  * (the same as its forward's) marked recompute: keeps everything for
  * backward, leaves s->out alone (it was handed on already). */
 gp_status gp_ckpt_recompute(gp_layer *layers, const gp_fwd_ctx *ctx, gp_stash *s, int *bad);
-/* Backward of a live stash, consuming dy (dL/d out, freed): every layer's
+/* Backward of a live stash, consuming dy (dL/d out, freed) and the
+ * gradients of the skips that leave (s->skip_dout): every layer's
  * backward-data and backward-weights (dW +=) from the last to the first.
+ * The gradients of the skips that arrive stay in s->skip_din for the
+ * caller (gp_stash_release frees them); everything else is freed.
  * Layers before `first_trainable` (0-based in layers; -1: none) get no
  * backward, and that layer computes no dx, when dx is NULL (the model's
  * first stage); otherwise *dx = dL/d in.  Frees the stash's tensors. */

@@ -37,11 +37,49 @@ static int layer_keys(gp_layer_type t, const char **keys)
         keys[n++] = "out"; keys[n++] = "stride";
         keys[n++] = "momentum"; keys[n++] = "eps"; keys[n++] = "sync";
         break;
+    case GP_LAYER_ADD: /* out, stride: the projection shortcut; its norm's options */
+        keys[n++] = "pop"; keys[n++] = "out"; keys[n++] = "stride";
+        keys[n++] = "momentum"; keys[n++] = "eps"; keys[n++] = "sync";
+        break;
+    case GP_LAYER_CONCAT:
+        keys[n++] = "pop";
+        break;
     default:
         break;
     }
+    keys[n++] = "stash";
     keys[n++] = "name";
     return n;
+}
+
+/* pop: NAME, or [NAME, NAME] */
+static gp_status parse_pops(gp_cfg_walk *w, const gp_ynode *opts, const char *sect,
+                           gp_layer_spec *spec)
+{
+    const gp_ynode *p = gp_ymap_get(opts, "pop");
+    if (gp_cfg_absent(p)) return GP_OK;
+    char name[96], got[96];
+    snprintf(name, sizeof name, "%s.pop", sect);
+    const gp_ynode *one = p;
+    int n = 1;
+    if (p->kind == GP_YNODE_SEQ) {
+        if (p->n < 1 || p->n > GP_MAX_POPS)
+            return gp_cfg_bad(w, p, "%s lists %d names; a layer pops 1 to %d", name, p->n,
+                              GP_MAX_POPS);
+        n = p->n;
+    }
+    for (int q = 0; q < n; q++) {
+        if (p->kind == GP_YNODE_SEQ) one = p->items[q];
+        if (gp_cfg_absent(one) || one->kind != GP_YNODE_SCALAR || !one->text[0])
+            return gp_cfg_bad(w, one ? one : p, "%s must be the name of a stash (or a list of "
+                              "them), got %s", name, gp_cfg_describe(one, got, sizeof got));
+        if (strlen(one->text) >= GP_SKIP_NAME)
+            return gp_cfg_bad(w, one, "%s: the name is too long (at most %d characters)", name,
+                              GP_SKIP_NAME - 1);
+        snprintf(spec->pop[q], sizeof spec->pop[q], "%s", one->text);
+    }
+    spec->n_pop = n;
+    return GP_OK;
 }
 
 static bool has_key(const char *const *keys, int n, const char *k)
@@ -91,7 +129,7 @@ static gp_status parse_layer(gp_cfg_walk *w, const gp_ynode *item, int index, gp
         snprintf(spec->file, sizeof spec->file, "%s", w->file);
     }
     const char *tname = gp_layer_type_name(t);
-    const char *keys[8];
+    const char *keys[12];
     int nk = layer_keys(t, keys);
     if (gp_cfg_absent(opts)) opts = NULL;
     if (opts && opts->kind != GP_YNODE_MAP)
@@ -126,8 +164,14 @@ static gp_status parse_layer(gp_cfg_walk *w, const gp_ynode *item, int index, gp
     if (has_key(keys, nk, "p"))
         GP_TRY(gp_cfg_get_float(w, opts, sect, "p", spec->p, 0, 1, GP_CFG_HI_OPEN, &spec->p));
     GP_TRY(gp_cfg_get_str(w, opts, sect, "name", "", spec->name, sizeof spec->name));
+    GP_TRY(gp_cfg_get_str(w, opts, sect, "stash", "", spec->stash, sizeof spec->stash));
+    if (has_key(keys, nk, "pop")) GP_TRY(parse_pops(w, opts, sect, spec));
+    if (has_key(keys, nk, "pop") && spec->n_pop == 0)
+        return gp_cfg_bad(w, tnode, "layer %d (%s) needs 'pop', the name of the stash it takes, "
+                          "like `- %s: {pop: skip1}` after a layer with {stash: skip1}", index,
+                          tname, tname);
 
-    if (has_key(keys, nk, "out") && spec->out < 1)
+    if (has_key(keys, nk, "out") && spec->out < 1 && t != GP_LAYER_ADD)
         return gp_cfg_bad(w, tnode, "layer %d (%s) needs 'out', the number of output %s, like "
                           "`- %s: {out: 64}`", index, tname,
                           t == GP_LAYER_LINEAR ? "features" : "channels", tname);
@@ -207,6 +251,10 @@ gp_status gp_cfg_parse_model(gp_cfg_walk *w, const gp_ynode *root, gp_model_conf
         s = parse_layer(w, ls->items[i], i, &mc->layers[i]);
     w->record = rec;
     GP_TRY(s);
+    /* Every pop has its stash before it, and every stash its pop. */
+    gp_skip_map map;
+    GP_TRY(gp_skip_map_build(mc->layers, mc->n_layers, &map));
+    gp_skip_map_free(&map);
     for (int i = 0; i < mc->n_layers; i++) {
         if (!mc->layers[i].name[0]) continue;
         for (int j = 0; j < i; j++) {

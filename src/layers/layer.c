@@ -14,6 +14,7 @@
 static const char *const type_names[GP_LAYER_TYPE_COUNT] = {
     "linear",  "conv2d",  "batchnorm", "relu",    "maxpool2d",
     "avgpool2d", "global_avgpool", "flatten", "dropout", "residual",
+    "identity", "add", "concat",
 };
 
 const char *gp_layer_type_name(gp_layer_type t)
@@ -60,6 +61,9 @@ const gp_layer_ops *gp_layer_ops_for(gp_layer_type t)
     case GP_LAYER_FLATTEN: return &gp_flatten_ops;
     case GP_LAYER_DROPOUT: return &gp_dropout_ops;
     case GP_LAYER_RESIDUAL: return &gp_residual_ops;
+    case GP_LAYER_IDENTITY: return &gp_identity_ops;
+    case GP_LAYER_ADD: return &gp_add_ops;
+    case GP_LAYER_CONCAT: return &gp_concat_ops;
     default: return NULL;
     }
 }
@@ -135,8 +139,21 @@ gp_status gp_layer_setup(const gp_layer_spec *spec, int index, int param_base,
     if (!out->ops)
         return gp_error_set(GP_ERR_INVALID, "layer %d: unknown layer type %d", index,
                             (int)spec->type);
-    out->in_shape = gp_shape_with_batch(in, 1);
-    GP_TRY(out->ops->infer(out, &out->in_shape, &out->out_shape));
+    if (spec->n_pop != out->ops->pops) {
+        if (out->ops->pops == 0)
+            return gp_layer_spec_error(out, "pops '%s', but a %s layer takes no popped tensor; "
+                                       "pop it in an add or concat layer",
+                                       spec->pop[0], gp_layer_type_name(spec->type));
+        return gp_layer_spec_error(out, "needs %d popped tensor%s (pop: NAME, the name a "
+                                   "layer before it stashed) but has %d", out->ops->pops,
+                                   out->ops->pops == 1 ? "" : "s", spec->n_pop);
+    }
+    out->n_in = 1 + spec->n_pop;
+    gp_shape ins[1 + GP_MAX_POPS] = {{0}};
+    for (int q = 0; q < out->n_in; q++) ins[q] = gp_shape_with_batch(&in[q], 1);
+    out->in_shape = ins[0];
+    for (int q = 1; q < out->n_in; q++) out->pop_shape[q - 1] = ins[q];
+    GP_TRY(out->ops->infer(out, ins, &out->out_shape));
     out->out_shape = gp_shape_with_batch(&out->out_shape, 1);
     out->dev = dev;
     if (!dev) return GP_OK;
@@ -304,15 +321,41 @@ size_t gp_saved_bytes(const gp_saved *s)
 
 static gp_status check_input(const gp_layer *l, const gp_tensor *x)
 {
-    gp_shape xs = gp_tensor_shape(x);
-    gp_shape want = gp_shape_with_batch(&l->in_shape, xs.ndim ? xs.dims[0] : 0);
-    if (gp_shape_equal(&xs, &want) && x->dev == l->dev) return GP_OK;
-    char a[96], b[96];
-    if (x->dev != l->dev)
-        return gp_layer_spec_error(l, "input is on %s but the layer is on %s",
-                                   x->dev ? x->dev->name : "no device", l->dev->name);
-    return gp_layer_spec_error(l, "input has shape %s but the layer was built for %s",
-                               gp_shape_str(&xs, a, sizeof a), gp_layers_shape_n(&want, b, sizeof b));
+    int64_t n = x[0].ndim ? x[0].dims[0] : 0;
+    for (int q = 0; q < l->n_in; q++) {
+        gp_shape xs = gp_tensor_shape(&x[q]);
+        gp_shape want = gp_shape_with_batch(q ? &l->pop_shape[q - 1] : &l->in_shape, n);
+        if (gp_shape_equal(&xs, &want) && x[q].dev == l->dev) continue;
+        char a[96], b[96], what[GP_SKIP_NAME + 16];
+        if (q) snprintf(what, sizeof what, "popped '%s'", l->spec.pop[q - 1]);
+        else snprintf(what, sizeof what, "input");
+        if (x[q].dev != l->dev)
+            return gp_layer_spec_error(l, "%s is on %s but the layer is on %s", what,
+                                       x[q].dev ? x[q].dev->name : "no device", l->dev->name);
+        return gp_layer_spec_error(l, "%s has shape %s but the layer was built for %s", what,
+                                   gp_shape_str(&xs, a, sizeof a),
+                                   gp_layers_shape_n(&want, b, sizeof b));
+    }
+    return GP_OK;
+}
+
+/* dx[q] allocated like x[q], for every input; all freed on failure. */
+static gp_status alloc_dx(const gp_layer *l, const gp_tensor *x, gp_tensor *dx)
+{
+    for (int q = 0; q < l->n_in; q++) {
+        gp_shape xs = gp_tensor_shape(&x[q]);
+        gp_status st = gp_tensor_alloc(&dx[q], l->dev, &xs, GP_MEM_ACTIVATIONS);
+        if (st != GP_OK) {
+            for (int r = 0; r < q; r++) gp_tensor_free(&dx[r]);
+            return st;
+        }
+    }
+    return GP_OK;
+}
+
+static void free_dx(const gp_layer *l, gp_tensor *dx)
+{
+    for (int q = 0; q < l->n_in; q++) gp_tensor_free(&dx[q]);
 }
 
 gp_status gp_layer_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
@@ -339,18 +382,17 @@ gp_status gp_layer_backward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor 
     }
     ctx = &c;
     if (dx) {
-        gp_shape xs = gp_tensor_shape(x);
-        GP_TRY(gp_tensor_alloc(dx, l->dev, &xs, GP_MEM_ACTIVATIONS));
+        GP_TRY(alloc_dx(l, x, dx));
         gp_status st = l->ops->backward_data(l, ctx, x, y, dy, dx, s);
         if (st != GP_OK) {
-            gp_tensor_free(dx);
+            free_dx(l, dx);
             return st;
         }
     }
     if (l->ops->backward_weights) {
         gp_status st = l->ops->backward_weights(l, ctx, x, y, dy, s);
         if (st != GP_OK) {
-            if (dx) gp_tensor_free(dx);
+            if (dx) free_dx(l, dx);
             return st;
         }
     }
@@ -378,10 +420,9 @@ gp_status gp_layer_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_te
     gp_fwd_ctx c = *ctx;
     c.grads_overwrite = false;
     if (!dx) return GP_OK;
-    gp_shape xs = gp_tensor_shape(x);
-    GP_TRY(gp_tensor_alloc(dx, l->dev, &xs, GP_MEM_ACTIVATIONS));
+    GP_TRY(alloc_dx(l, x, dx));
     gp_status st = l->ops->backward_data(l, &c, x, y, dy, dx, s);
-    if (st != GP_OK) gp_tensor_free(dx);
+    if (st != GP_OK) free_dx(l, dx);
     return st;
 }
 
@@ -450,5 +491,6 @@ int gp_layer_counters(gp_layer *l, const char **names, int64_t **values, int max
         return 1;
     }
     if (l->spec.type == GP_LAYER_RESIDUAL) return gp_residual_counters(l, names, values, max);
+    if (l->spec.type == GP_LAYER_ADD) return gp_add_counters(l, names, values, max);
     return 0;
 }

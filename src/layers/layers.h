@@ -55,6 +55,9 @@ typedef enum gp_layer_type {
     GP_LAYER_FLATTEN,
     GP_LAYER_DROPOUT,
     GP_LAYER_RESIDUAL,
+    GP_LAYER_IDENTITY,
+    GP_LAYER_ADD,
+    GP_LAYER_CONCAT,
     GP_LAYER_TYPE_COUNT
 } gp_layer_type;
 
@@ -150,10 +153,15 @@ size_t gp_saved_bytes(const gp_saved *s);
 
 typedef struct gp_layer gp_layer;
 
+/* Inputs.  A layer takes its main input (the previous layer's output) and,
+ * if its type takes any (ops.pops: add, concat), the tensors it pops
+ * (spec.pop): every `in`, `x` and `dx` below is an array of l->n_in =
+ * 1 + spec.n_pop, element 0 the main input, element 1 + q the tensor of
+ * spec.pop[q].  A layer that takes no pops sees a pointer to one tensor. */
 typedef struct gp_layer_ops {
     gp_layer_type type;
-    /* Output shape for an input shape (any batch size).  Validates the spec
-     * against the input (a message names the layer and what to change). */
+    /* Output shape for input shapes (any batch size).  Validates the spec
+     * against the inputs (a message names the layer and what to change). */
     gp_status (*infer)(const gp_layer *l, const gp_shape *in, gp_shape *out);
     /* Allocate parameters on l->dev and initialise them like PyTorch's
      * defaults (Kaiming-uniform), from the counter-based RNG keyed by
@@ -165,6 +173,7 @@ typedef struct gp_layer_ops {
     gp_status (*backward_data)(gp_layer *l, const gp_fwd_ctx *ctx,
                                const gp_tensor *x, const gp_tensor *y,
                                const gp_tensor *dy, gp_tensor *dx, gp_saved *s);
+    /* backward_data's dx: an array of n_in gradients, one per input. */
     /* optional: NULL for layers without parameters */
     gp_status (*backward_weights)(gp_layer *l, const gp_fwd_ctx *ctx,
                                   const gp_tensor *x, const gp_tensor *y,
@@ -189,6 +198,9 @@ typedef struct gp_layer_ops {
      * writes no gradient).  false: gp_layer_backward zeroes the stale
      * gradients first and the layer accumulates as always. */
     bool overwrites_grads;
+    /* How many popped tensors the type takes besides its main input (0 for
+     * all but add and concat); spec.n_pop must equal it. */
+    int pops;
 } gp_layer_ops;
 
 struct gp_layer {
@@ -196,8 +208,10 @@ struct gp_layer {
     gp_layer_spec spec;
     int index;              /* position in the model, 0-based */
     gp_device *dev;         /* where parameters live and math runs */
-    gp_shape in_shape;      /* for batch 1 */
+    gp_shape in_shape;      /* main input, for batch 1 */
     gp_shape out_shape;     /* for batch 1 */
+    int n_in;               /* inputs: 1 + spec.n_pop */
+    gp_shape pop_shape[GP_MAX_POPS]; /* the popped inputs, for batch 1 */
     gp_param params[GP_LAYER_MAX_PARAMS];
     int n_params;
     void *state;            /* layer-private, owned by the layer */
@@ -210,14 +224,16 @@ struct gp_layer {
 };
 
 /* Make a layer of spec->type with `index`, infer shapes from `in` (batch
- * dim ignored), place it on `dev` and initialise parameters.  On failure
+ * dim ignored; an array of 1 + spec->n_pop: the main input, then the
+ * popped ones), place it on `dev` and initialise parameters.  On failure
  * the message names the layer ("layer 3 (conv2d) at model.yaml:12:7: ..."). */
 gp_status gp_layer_create(const gp_layer_spec *spec, int index,
                           const gp_shape *in, gp_device *dev, uint64_t seed,
                           gp_layer *out);
 void gp_layer_destroy(gp_layer *l);
 
-/* Convenience wrappers over the ops (allocate y / dx with the right shape). */
+/* Convenience wrappers over the ops (allocate y / dx with the right shape).
+ * x and dx are arrays of l->n_in (see gp_layer_ops). */
 gp_status gp_layer_forward(gp_layer *l, const gp_fwd_ctx *ctx,
                            const gp_tensor *x, gp_tensor *y, gp_saved *s);
 gp_status gp_layer_backward(gp_layer *l, const gp_fwd_ctx *ctx,
@@ -266,6 +282,39 @@ const char *gp_layer_describe(const gp_layer *l, char *buf, size_t len);
 
 /* The ops table of each type (layers/<type>.c). */
 const gp_layer_ops *gp_layer_ops_for(gp_layer_type t);
+
+/* ---- skip connections ------------------------------------------------- */
+
+/* One skip of a model: layer `from` stashes its output under `name`, layer
+ * `to` (> from) pops it as its input `slot` (1 + its place in spec.pop). */
+typedef struct gp_skip {
+    char name[GP_SKIP_NAME];
+    int from, to, slot;
+} gp_skip;
+
+/* The skips of a model of n layers, resolved from the specs' names. */
+typedef struct gp_skip_map {
+    int n_layers;
+    int n;              /* skips */
+    gp_skip *skips;     /* [n], ordered by `from` */
+    int *stashes;       /* [n_layers]: the skip layer k stashes, or -1 */
+    int *pops;          /* [n_layers * GP_MAX_POPS]: the skip of layer k's pop q */
+} gp_skip_map;
+
+/* Resolve the stash / pop names of specs[0 .. n).  A name is stashed by one
+ * layer and popped by exactly one later layer before it may be stashed
+ * again.  A pop without a stash, a pop before its stash, a second pop and
+ * a stash never popped are GP_ERR_INVALID naming the layers involved and
+ * where the config defines them. */
+gp_status gp_skip_map_build(const gp_layer_spec *specs, int n, gp_skip_map *map);
+void gp_skip_map_free(gp_skip_map *map);
+/* The input shapes of layer k: in[0] the previous layer's output (input
+ * for k = 0), in[1 + q] the output of the layer that stashed its pop q;
+ * outs[0 .. k) are the earlier layers' output shapes.  Returns 1 + pops. */
+int gp_skip_map_inputs(const gp_skip_map *map, int k, const gp_shape *input, const gp_shape *outs,
+                       gp_shape *in);
+/* Whether skip s crosses the boundary after layer k (from <= k < to). */
+static inline bool gp_skip_crosses(const gp_skip *s, int k) { return s->from <= k && k < s->to; }
 
 /* ---- the loss --------------------------------------------------------- */
 

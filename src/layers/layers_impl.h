@@ -35,6 +35,9 @@ extern const gp_layer_ops gp_global_avgpool_ops;
 extern const gp_layer_ops gp_flatten_ops;
 extern const gp_layer_ops gp_dropout_ops;
 extern const gp_layer_ops gp_residual_ops;
+extern const gp_layer_ops gp_identity_ops;
+extern const gp_layer_ops gp_add_ops;
+extern const gp_layer_ops gp_concat_ops;
 
 /* gp_layer_create without the error prefix, with the RNG numbering of the
  * first parameter given (composite layers build children with it).  `in`
@@ -76,6 +79,8 @@ int64_t gp_batchnorm_batches_tracked(const gp_layer *l);
 int64_t gp_batchnorm_pending_count(const gp_layer *l);
 /* Where a batch norm keeps its commit count (snapshots set it on resume). */
 int64_t *gp_batchnorm_counter(gp_layer *l);
+/* gp_layer_counters of an add layer (its projection's norm). */
+int gp_add_counters(gp_layer *l, const char **names, int64_t **values, int max);
 /* gp_layer_counters of a residual block. */
 int gp_residual_counters(gp_layer *l, const char **names, int64_t **values, int max);
 

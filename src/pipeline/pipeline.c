@@ -8,7 +8,9 @@
  * Ownership.  mb[i][j] (micro-batch i on stage j) is written only by worker
  * j.  Other workers read two of its tensors: the worker of the stage after
  * it copies the stage output (stash.out) and the one before it copies
- * `grad_in` (the gradient of the stage input).  A reader may touch them only
+ * `grad_in` (the gradient of the stage input); and for a skip that crosses
+ * stages, the popping stage copies stash.skip_out[t] from the stashing one,
+ * which copies the gradient stash.skip_din[t] back.  A reader may touch them only
  * after the producer published them (fwd_done / bwd_done set under the
  * lock), and the producer frees them only after the reader said it has
  * copied them (act_copied / grad_copied under the lock).  That lock is the
@@ -76,6 +78,10 @@ struct gp_pipeline {
     int tuned;                 /* steps measured so far */
     void (*on_fail)(void *arg);
     void *fail_arg;
+    /* The skips that cross stages (stashed on one, popped on a later one). */
+    gp_skip_edge *edges;
+    int n_edges;
+    int K;                     /* the model's skips (flag rows) */
 
     /* --- guarded by lock --- */
     pthread_mutex_t lock;
@@ -89,6 +95,8 @@ struct gp_pipeline {
     gp_status status;          /* first error */
     char message[2048];
     bool *fwd_done, *bwd_done, *act_copied, *grad_copied; /* [i * n + j] */
+    bool *skip_copied, *skipg_copied; /* [i * skips + t]: skip t of micro-batch i
+                                         (its gradient) copied by its consumer */
     int *clock_done, *clock_expected;                       /* [k] */
     int clock_front;           /* clocks 0 .. clock_front - 1 all computed */
 
@@ -180,6 +188,12 @@ static bool pred_fwd(gp_pipeline *p, int i, int j) { return FLAG(p, fwd_done, i,
 static bool pred_bwd(gp_pipeline *p, int i, int j) { return FLAG(p, bwd_done, i, j); }
 static bool pred_act_copied(gp_pipeline *p, int i, int j) { return FLAG(p, act_copied, i, j); }
 static bool pred_grad_copied(gp_pipeline *p, int i, int j) { return FLAG(p, grad_copied, i, j); }
+#define SKIP_FLAG(p, arr, i, t) ((p)->arr[(size_t)(i) * (size_t)(p)->K + (size_t)(t)])
+static bool pred_skip_copied(gp_pipeline *p, int i, int t) { return SKIP_FLAG(p, skip_copied, i, t); }
+static bool pred_skipg_copied(gp_pipeline *p, int i, int t)
+{
+    return SKIP_FLAG(p, skipg_copied, i, t);
+}
 static bool pred_lists_ok(gp_pipeline *p, int a, int b)
 {
     (void)a;
@@ -289,6 +303,17 @@ static void sweep(gp_pipeline *p, int d)
             pthread_mutex_unlock(&p->lock);
             if (free_out) gp_tensor_free(&s->stash.out);
             if (free_gin) gp_tensor_free(&s->grad_in);
+            for (int e = 0; e < p->n_edges; e++) {
+                const gp_skip_edge *k = &p->edges[e];
+                if (k->from != j && k->to != j) continue;
+                gp_tensor *t = k->from == j ? &s->stash.skip_out[k->id] : &s->stash.skip_din[k->id];
+                if (!t->data) continue;
+                pthread_mutex_lock(&p->lock);
+                bool done = k->from == j ? SKIP_FLAG(p, skip_copied, i, k->id)
+                                         : SKIP_FLAG(p, skipg_copied, i, k->id);
+                pthread_mutex_unlock(&p->lock);
+                if (done) gp_tensor_free(t); /* a view (of a kept forward) is only forgotten */
+            }
         }
 }
 
@@ -370,6 +395,12 @@ static gp_status barrier(worker *w, const gp_instr *in, int *bad_layer)
         for (int i = 0; i < p->m; i++) { /* outgoing data must be copied before it is freed */
             if (q > 0) GP_TRY(wait_for(p, pred_grad_copied, i, q - 1));
             if (q + 1 < p->S) GP_TRY(wait_for(p, pred_act_copied, i, q + 1));
+            for (int e = 0; e < p->n_edges; e++) {
+                if (p->edges[e].from == q)
+                    GP_TRY(wait_for(p, pred_skip_copied, i, p->edges[e].id));
+                if (p->edges[e].to == q)
+                    GP_TRY(wait_for(p, pred_skipg_copied, i, p->edges[e].id));
+            }
         }
     }
     drain(p, d);
@@ -417,6 +448,24 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
             st = recv_copy(p->devs[j], &MB(p, i, in->from)->grad_in, &MB(p, i, j)->grad_out,
                            &ev->bytes);
         if (st == GP_OK) publish(p, &FLAG(p, grad_copied, i, j), -1);
+        return st;
+    case GP_INSTR_RECV_SKIP:
+        st = p->opts.lockstep ? wait_for(p, pred_clock, in->k - 1, 0)
+                              : wait_for(p, pred_fwd, i, in->from);
+        ev->t1 = gp_now();
+        if (st == GP_OK)
+            st = recv_copy(p->devs[j], &MB(p, i, in->from)->stash.skip_out[in->skip],
+                           &MB(p, i, j)->stash.skip_in[in->skip], &ev->bytes);
+        if (st == GP_OK) publish(p, &SKIP_FLAG(p, skip_copied, i, in->skip), -1);
+        return st;
+    case GP_INSTR_RECV_SKIP_GRAD:
+        st = p->opts.lockstep ? wait_for(p, pred_clock, in->k - 1, 0)
+                              : wait_for(p, pred_bwd, i, in->from);
+        ev->t1 = gp_now();
+        if (st == GP_OK)
+            st = recv_copy(p->devs[j], &MB(p, i, in->from)->stash.skip_din[in->skip],
+                           &MB(p, i, j)->stash.skip_dout[in->skip], &ev->bytes);
+        if (st == GP_OK) publish(p, &SKIP_FLAG(p, skipg_copied, i, in->skip), -1);
         return st;
     case GP_INSTR_FORWARD:
         st = do_forward(p, i, j, in->checkpointed, bad_layer);
@@ -494,7 +543,6 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
     return st;
 }
 
-static bool is_copy(gp_instr_kind k) { return k == GP_INSTR_RECV_ACT || k == GP_INSTR_RECV_GRAD; }
 
 static gp_status run_step(worker *w)
 {
@@ -516,7 +564,7 @@ static gp_status run_step(worker *w)
         if (cancelled) return gp_error_set(GP_ERR_CANCELLED, "cancelled");
         gp_event_rec *ev = &w->events[w->n_events++];
         *ev = (gp_event_rec){.kind = in->kind, .i = in->i, .j = in->j, .k = in->k,
-                             .from = in->from, .shard = in->shard, .fused = in->fused,
+                             .from = in->from, .skip = in->skip, .shard = in->shard, .fused = in->fused,
                              .layer_first = p->first[in->j], .layer_count = p->count[in->j]};
         ev->t0 = gp_now();
         ev->t1 = ev->t0;
@@ -534,8 +582,8 @@ static gp_status run_step(worker *w)
         ev->t1 = gp_now();
         ev->mem_after = gp_allocator_current(&p->devs[j]->alloc);
         if (gp_instr_per_micro_batch(in->kind))
-            w->busy += ev->t1 - (is_copy(in->kind) ? tw : ev->t0);
-        if (is_copy(in->kind) && w->n_events < w->cap_events) {
+            w->busy += ev->t1 - (gp_instr_copies(in->kind) ? tw : ev->t0);
+        if (gp_instr_copies(in->kind) && w->n_events < w->cap_events) {
             /* Split the record: the wait, then the copy. */
             gp_event_rec *cp = &w->events[w->n_events++];
             *cp = *ev;
@@ -642,6 +690,22 @@ gp_status gp_pipeline_create(gp_layer *layers, int n_layers, const gp_shape *inp
         p->count[j] = balance[j];
         f += balance[j];
     }
+    const gp_skip_map *sk = opts->skips;
+    if (sk && sk->n > 0) {
+        GP_ASSERT(sk->n_layers == n_layers);
+        p->K = sk->n;
+        p->edges = calloc((size_t)sk->n, sizeof *p->edges);
+        if (!p->edges) {
+            free(p);
+            return gp_error_set(GP_ERR_OOM, "out of host memory");
+        }
+        for (int t = 0; t < sk->n; t++) {
+            int a = 0, b = 0;
+            while (p->first[a] + p->count[a] <= sk->skips[t].from) a++;
+            while (p->first[b] + p->count[b] <= sk->skips[t].to) b++;
+            if (a != b) p->edges[p->n_edges++] = (gp_skip_edge){.id = t, .from = a, .to = b};
+        }
+    }
     pthread_mutex_init(&p->lock, NULL);
     pthread_cond_init(&p->cond, NULL);
     for (int j = 0; j < n; j++) {
@@ -655,6 +719,7 @@ gp_status gp_pipeline_create(gp_layer *layers, int n_layers, const gp_shape *inp
             for (int q = 0; q < j; q++) pthread_join(p->workers[q].thread, NULL);
             pthread_mutex_destroy(&p->lock);
             pthread_cond_destroy(&p->cond);
+            free(p->edges);
             free(p);
             return gp_error_set(GP_ERR_RUNTIME, "could not start worker thread %d", j);
         }
@@ -670,6 +735,8 @@ static void free_step_tables(gp_pipeline *p)
     free(p->bwd_done);
     free(p->act_copied);
     free(p->grad_copied);
+    free(p->skip_copied);
+    free(p->skipg_copied);
     free(p->clock_done);
     free(p->clock_expected);
     if (p->mb)
@@ -681,6 +748,7 @@ static void free_step_tables(gp_pipeline *p)
         p->workers[j].cap_events = 0;
     }
     p->fwd_done = p->bwd_done = p->act_copied = p->grad_copied = NULL;
+    p->skip_copied = p->skipg_copied = NULL;
     p->clock_done = p->clock_expected = NULL;
     p->mb = NULL;
     p->m = 0;
@@ -696,6 +764,8 @@ static gp_status prepare(gp_pipeline *p, int m)
         memset(p->bwd_done, 0, cells);
         memset(p->act_copied, 0, cells);
         memset(p->grad_copied, 0, cells);
+        memset(p->skip_copied, 0, (size_t)m * (size_t)p->K + 1);
+        memset(p->skipg_copied, 0, (size_t)m * (size_t)p->K + 1);
         memset(p->clock_done, 0, (size_t)p->sched.clocks * sizeof *p->clock_done);
         return GP_OK;
     }
@@ -705,7 +775,8 @@ static gp_status prepare(gp_pipeline *p, int m)
                            .virtual_stages = p->S / p->n,
                            .checkpoint = p->opts.checkpoint,
                            .replicas = p->replicas, .update = p->opts.optim != NULL,
-                           .check = !p->opts.no_check};
+                           .check = !p->opts.no_check, .skips = p->edges,
+                           .n_skips = p->n_edges};
     memcpy(so.shard, p->shard, sizeof so.shard);
     GP_TRY(gp_schedule_make(&so, &p->sched));
     p->sched_stale = false;
@@ -715,13 +786,17 @@ static gp_status prepare(gp_pipeline *p, int m)
     p->bwd_done = calloc(cells, 1);
     p->act_copied = calloc(cells, 1);
     p->grad_copied = calloc(cells, 1);
+    p->skip_copied = calloc((size_t)m * (size_t)p->K + 1, 1);
+    p->skipg_copied = calloc((size_t)m * (size_t)p->K + 1, 1);
     p->clock_done = calloc((size_t)p->sched.clocks, sizeof *p->clock_done);
     p->clock_expected = calloc((size_t)p->sched.clocks, sizeof *p->clock_expected);
     p->mb = calloc(cells, sizeof *p->mb);
-    bool ok = p->fwd_done && p->bwd_done && p->act_copied && p->grad_copied && p->clock_done &&
+    bool ok = p->fwd_done && p->bwd_done && p->act_copied && p->grad_copied && p->skip_copied &&
+              p->skipg_copied && p->clock_done &&
               p->clock_expected && p->mb;
     for (size_t q = 0; ok && q < cells; q++)
-        ok = gp_stash_init(&p->mb[q].stash, p->count[q % (size_t)p->S]) == GP_OK;
+        ok = gp_stash_init(&p->mb[q].stash, p->count[q % (size_t)p->S], p->opts.skips,
+                           p->first[q % (size_t)p->S]) == GP_OK;
     for (int j = 0; ok && j < p->n; j++) {
         /* a copy records two events (wait, copy) */
         p->workers[j].cap_events = 2 * p->sched.count[j];
@@ -854,6 +929,7 @@ void gp_pipeline_destroy(gp_pipeline *p)
     free_step_tables(p);
     pthread_mutex_destroy(&p->lock);
     pthread_cond_destroy(&p->cond);
+    free(p->edges);
     free(p);
 }
 

@@ -48,6 +48,7 @@ typedef struct gp_event_rec {
     gp_instr_kind kind;
     int i, j, k;
     int from;               /* copies: the source stage */
+    int skip;               /* skip copies: the model's skip number */
     bool shard, fused;      /* as the instruction's */
     int layer_first, layer_count;
     size_t bytes;           /* copies: bytes moved */
@@ -72,6 +73,8 @@ typedef struct gp_pipeline_opts {
     gp_optim *optim;            /* the update of the model's layers; NULL: the
                                    step ends with the gradients (no UPDATE) */
     bool no_check;              /* leave out CHECK (benchmarks of its cost) */
+    const gp_skip_map *skips;   /* the model's skip connections (NULL: none);
+                                   borrowed, must outlive the pipeline */
 } gp_pipeline_opts;
 
 /* The slice name of an executed instruction (gp_instr_name), or "wait". */

@@ -12,7 +12,7 @@ const char *gp_instr_kind_name(gp_instr_kind k)
 {
     static const char *names[GP_INSTR_KIND_COUNT] = {
         "recv_act", "forward", "recv_grad", "recompute", "backward", "backward_data",
-        "backward_weights", "reduce_grads",
+        "backward_weights", "recv_skip", "recv_skip_grad", "reduce_grads",
         "reduce_stats", "barrier", "commit", "update", "gather", "check"};
     return k >= 0 && k < GP_INSTR_KIND_COUNT ? names[k] : "?";
 }
@@ -28,6 +28,8 @@ void gp_instr_name(const gp_instr *in, char *buf, size_t len)
     case GP_INSTR_BACKWARD_WEIGHTS: snprintf(buf, len, "W%d s%d", i, j); break;
     case GP_INSTR_RECV_ACT: snprintf(buf, len, "copy a%d s%d->s%d", i, in->from, j); break;
     case GP_INSTR_RECV_GRAD: snprintf(buf, len, "copy g%d s%d->s%d", i, in->from, j); break;
+    case GP_INSTR_RECV_SKIP: snprintf(buf, len, "copy k%d s%d->s%d", i, in->from, j); break;
+    case GP_INSTR_RECV_SKIP_GRAD: snprintf(buf, len, "copy kg%d s%d->s%d", i, in->from, j); break;
     case GP_INSTR_REDUCE_GRADS:
         snprintf(buf, len, "%s s%d", in->shard ? "reduce-scatter" : "all-reduce", j);
         break;
@@ -312,6 +314,11 @@ gp_status gp_schedule_make(const gp_schedule_opts *o, gp_schedule *out)
     out->clocks = 0;
     out->list = NULL;
     out->count = NULL;
+    for (int e = 0; e < o->n_skips; e++)
+        if (o->skips[e].from < 0 || o->skips[e].from >= o->skips[e].to || o->skips[e].to >= S)
+            return gp_error_set(GP_ERR_INVALID, "skip %d goes from stage %d to stage %d; it must "
+                                "go from an earlier stage to a later one of %d",
+                                o->skips[e].id, o->skips[e].from, o->skips[e].to, S);
     if (n < 1 || m < 1 || n > GP_MAX_DEVICES || m > GP_MAX_CHUNKS)
         return gp_error_set(GP_ERR_INVALID, "a schedule needs 1..%d stages and 1..%d "
                             "micro-batches (got n = %d, m = %d)", GP_MAX_DEVICES,
@@ -347,8 +354,9 @@ gp_status gp_schedule_make(const gp_schedule_opts *o, gp_schedule *out)
         if (k + 1 > out->clocks) out->clocks = k + 1;
     }
     for (int d = 0; d < n && st == GP_OK; d++) {
-        /* at most 2 per forward, 4 per backward; the end: 6 per stage + 1 */
-        gp_instr *l = calloc((size_t)(6 * m * v + 6 * v + 1), sizeof *l);
+        /* at most 2 per forward, 4 per backward, a copy per skip each; the
+         * end: 6 per stage + 1 */
+        gp_instr *l = calloc((size_t)(6 * m * v + 6 * v + 1 + 2 * m * o->n_skips), sizeof *l);
         if (!l) {
             st = gp_error_set(GP_ERR_OOM, "out of host memory for the schedule");
             break;
@@ -363,6 +371,11 @@ gp_status gp_schedule_make(const gp_schedule_opts *o, gp_schedule *out)
                 int k = fk[i * S + j];
                 /* the activation arrives at the start of its forward's clock */
                 if (j > 0) l[c++] = instr(GP_INSTR_RECV_ACT, i, j, k, j - 1, ck);
+                for (int x = 0; x < o->n_skips; x++) /* the skips it pops, straight from their stash */
+                    if (o->skips[x].to == j) {
+                        l[c] = instr(GP_INSTR_RECV_SKIP, i, j, k, o->skips[x].from, ck);
+                        l[c++].skip = o->skips[x].id;
+                    }
                 l[c++] = instr(GP_INSTR_FORWARD, i, j, k, j, ck);
             } else if (e.kind == GP_INSTR_BACKWARD_WEIGHTS) {
                 l[c++] = instr(GP_INSTR_BACKWARD_WEIGHTS, i, j, wk[i * S + j], j, ck);
@@ -373,6 +386,11 @@ gp_status gp_schedule_make(const gp_schedule_opts *o, gp_schedule *out)
                  * backward of the previous clock. */
                 if (ck) l[c++] = instr(GP_INSTR_RECOMPUTE, i, j, k, j, ck);
                 if (j < S - 1) l[c++] = instr(GP_INSTR_RECV_GRAD, i, j, k, j + 1, ck);
+                for (int x = 0; x < o->n_skips; x++) /* its stashes' gradients */
+                    if (o->skips[x].from == j) {
+                        l[c] = instr(GP_INSTR_RECV_SKIP_GRAD, i, j, k, o->skips[x].to, ck);
+                        l[c++].skip = o->skips[x].id;
+                    }
                 l[c++] = instr(e.kind, i, j, k, j, ck);
             }
         }

@@ -152,6 +152,10 @@ typedef enum gp_instr_kind {
     GP_INSTR_BACKWARD,     /* backward-data and backward-weights of (i, j) */
     GP_INSTR_BACKWARD_DATA,    /* zero bubble: backward-data of (i, j) alone */
     GP_INSTR_BACKWARD_WEIGHTS, /* zero bubble: its backward-weights, later */
+    GP_INSTR_RECV_SKIP,    /* copy skip `skip` of (i, from), the stage that stashed it,
+                              onto this device, the stage that pops it */
+    GP_INSTR_RECV_SKIP_GRAD, /* copy its gradient from (i, from), the popping stage,
+                                back to the stashing one */
     GP_INSTR_REDUCE_GRADS, /* the end of the step: see the table above */
     GP_INSTR_REDUCE_STATS,
     GP_INSTR_BARRIER,
@@ -166,7 +170,13 @@ const char *gp_instr_kind_name(gp_instr_kind k); /* "recv_act", "forward", ... *
 /* Whether k is a micro-batch's (i >= 0), not the end of the step's. */
 static inline bool gp_instr_per_micro_batch(gp_instr_kind k)
 {
-    return k <= GP_INSTR_BACKWARD_WEIGHTS;
+    return k <= GP_INSTR_RECV_SKIP_GRAD;
+}
+/* Whether k copies data between stages (and waits for its source). */
+static inline bool gp_instr_copies(gp_instr_kind k)
+{
+    return k == GP_INSTR_RECV_ACT || k == GP_INSTR_RECV_GRAD || k == GP_INSTR_RECV_SKIP ||
+           k == GP_INSTR_RECV_SKIP_GRAD;
 }
 /* Whether k computes (forward, recompute, backward or a half of it). */
 static inline bool gp_instr_computes(gp_instr_kind k)
@@ -195,6 +205,7 @@ typedef struct gp_instr {
     int k;      /* clock, forward 0..m+n-2, backward m+n-1..2(m+n-1)-1;
                    end-of-step kinds: 2(m+n-1) */
     int from;   /* copies: the stage the data comes from */
+    int skip;   /* RECV_SKIP, RECV_SKIP_GRAD: the model's skip number */
     bool checkpointed; /* forward keeps only its input; backward recomputes */
     bool shard;        /* REDUCE_GRADS: reduce-scatter; UPDATE: own chunk */
     bool fused;        /* UPDATE: sum, update and gather in one collective */
@@ -202,9 +213,23 @@ typedef struct gp_instr {
 } gp_instr;
 
 /* The name of an instruction for timelines and Nsight ranges: "F3 s1",
- * "R3 s1", "B3 s1", "copy a3 s0->s1", "copy g3 s2->s1", "reduce s1",
+ * "R3 s1", "B3 s1", "copy a3 s0->s1", "copy g3 s2->s1", "copy k3 s0->s3"
+ * and "copy kg3 s3->s0" (skips), "reduce s1",
  * "update s1", ...  Writes at most len bytes (64 suffice). */
 void gp_instr_name(const gp_instr *in, char *buf, size_t len);
+
+/* A skip connection between two stages (layers.h's gp_skip, placed): the
+ * model's skip `id` is stashed on stage `from` and popped on stage `to`
+ * (from < to).  Each micro-batch's stash is copied straight from `from` to
+ * `to` right before `to`'s forward (RECV_SKIP), not through the stages in
+ * between, and its gradient straight back right before `from`'s backward
+ * (RECV_SKIP_GRAD), each at the clock of the computation it feeds, so
+ * lockstep keeps its meaning: a copy of clock k starts when clock k - 1
+ * is done, and the stash's forward (the pop's backward) ran at an earlier
+ * clock. */
+typedef struct gp_skip_edge {
+    int id, from, to;
+} gp_skip_edge;
 
 typedef struct gp_schedule_opts {
     gp_schedule_kind kind;
@@ -222,6 +247,9 @@ typedef struct gp_schedule_opts {
      * each).  Any times give a valid order: they only move the weights
      * passes. */
     const double *durations;
+    /* The skips that cross stages (n_skips of them; others need no copy). */
+    const gp_skip_edge *skips;
+    int n_skips;
 } gp_schedule_opts;
 
 typedef struct gp_schedule {

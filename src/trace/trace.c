@@ -91,7 +91,9 @@ static const char *category(const gp_event_rec *e)
     case GP_INSTR_BACKWARD_DATA: return "backward";
     case GP_INSTR_BACKWARD_WEIGHTS: return "weights";
     case GP_INSTR_RECV_ACT:
-    case GP_INSTR_RECV_GRAD: return "copy";
+    case GP_INSTR_RECV_GRAD:
+    case GP_INSTR_RECV_SKIP:
+    case GP_INSTR_RECV_SKIP_GRAD: return "copy";
     default: return gp_instr_kind_name(e->kind); /* the end of the step */
     }
 }
@@ -100,7 +102,7 @@ static const char *category(const gp_event_rec *e)
 static const gp_event_rec *producer(const gp_pipeline *p, const gp_event_rec *c)
 {
     int j = c->from % gp_pipeline_devices(p); /* the source stage's device */
-    bool act = c->kind == GP_INSTR_RECV_ACT;
+    bool act = c->kind == GP_INSTR_RECV_ACT || c->kind == GP_INSTR_RECV_SKIP;
     int cnt;
     const gp_event_rec *ev = gp_pipeline_events(p, j, &cnt);
     for (int e = 0; e < cnt; e++)
@@ -165,7 +167,7 @@ gp_status gp_trace_add_step(gp_trace *t, const gp_pipeline *p, gp_device *const 
         const gp_event_rec *ev = gp_pipeline_events(p, j, &cnt);
         for (int e = 0; e < cnt; e++) {
             const gp_event_rec *r = &ev[e];
-            bool copy = r->kind == GP_INSTR_RECV_ACT || r->kind == GP_INSTR_RECV_GRAD;
+            bool copy = gp_instr_copies(r->kind);
             char name[64], layers[48];
             gp_event_name(r, name, sizeof name);
             snprintf(layers, sizeof layers, "%d-%d", r->layer_first,

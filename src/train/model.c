@@ -57,23 +57,34 @@ static gp_status build_placed(const gp_config *cfg, gp_device *const *devs, int 
         out->balance[j] = balance[j];
     }
     out->input = gp_shape_4d(1, mc->input[0], mc->input[1], mc->input[2]);
-    gp_shape cur = out->input;
+    gp_status s = gp_skip_map_build(mc->layers, mc->n_layers, &out->skips);
+    gp_shape *outs = s == GP_OK ? malloc((size_t)mc->n_layers * sizeof *outs) : NULL;
+    if (s == GP_OK && !outs) s = gp_error_set(GP_ERR_OOM, "out of host memory building the model");
+    if (s != GP_OK) {
+        gp_model_release(out);
+        return s;
+    }
     int stage = 0, in_stage = 0;
     for (int k = 0; k < mc->n_layers; k++) {
         while (stage < S - 1 && in_stage >= balance[stage]) {
             stage++;
             in_stage = 0;
         }
-        gp_status s = gp_layer_create(&mc->layers[k], k, &cur, devs[stage % n], cfg->train.seed,
-                                      &out->layers[k]);
+        gp_shape in[1 + GP_MAX_POPS];
+        gp_skip_map_inputs(&out->skips, k, &out->input, outs, in);
+        s = gp_layer_create(&mc->layers[k], k, in, devs[stage % n], cfg->train.seed,
+                            &out->layers[k]);
         if (s != GP_OK) {
+            free(outs);
             gp_model_release(out);
             return s;
         }
         in_stage++;
         out->n_layers = k + 1;
-        cur = out->layers[k].out_shape;
+        outs[k] = out->layers[k].out_shape;
     }
+    gp_shape cur = outs[mc->n_layers - 1];
+    free(outs);
     out->output = cur;
     if (cur.ndim != 2) {
         char b[64];
@@ -106,7 +117,7 @@ gp_step_stats gp_step_stats_of(double loss_sum, int64_t correct, int64_t n, doub
 
 gp_pipeline_opts gp_model_pipeline_opts(const gp_model *m, const gp_config *cfg)
 {
-    return (gp_pipeline_opts){.chunks = cfg->pipeline.chunks,
+    return (gp_pipeline_opts){.chunks = cfg->pipeline.chunks, .skips = &m->skips,
                               .checkpoint = cfg->pipeline.checkpoint,
                               .schedule = cfg->pipeline.schedule,
                               .virtual_stages = gp_model_virtual(cfg),
@@ -116,23 +127,34 @@ gp_pipeline_opts gp_model_pipeline_opts(const gp_model *m, const gp_config *cfg)
 
 gp_status gp_model_costs(const gp_config *cfg, int64_t batch, double *costs)
 {
-    gp_shape cur = gp_shape_4d(1, cfg->model.input[0], cfg->model.input[1], cfg->model.input[2]);
-    for (int k = 0; k < cfg->model.n_layers; k++) {
+    gp_shape input = gp_shape_4d(1, cfg->model.input[0], cfg->model.input[1], cfg->model.input[2]);
+    int L = cfg->model.n_layers;
+    gp_skip_map map;
+    GP_TRY(gp_skip_map_build(cfg->model.layers, L, &map));
+    gp_shape *outs = malloc((size_t)(L ? L : 1) * sizeof *outs);
+    gp_status s = outs ? GP_OK : gp_error_set(GP_ERR_OOM, "out of host memory");
+    for (int k = 0; k < L && s == GP_OK; k++) {
         gp_layer l;
         memset(&l, 0, sizeof l);
         l.spec = cfg->model.layers[k];
         l.ops = gp_layer_ops_for(l.spec.type);
         l.index = k;
-        l.in_shape = cur;
+        gp_shape in[1 + GP_MAX_POPS];
+        l.n_in = gp_skip_map_inputs(&map, k, &input, outs, in);
+        l.in_shape = in[0];
+        for (int q = 1; q < l.n_in; q++) l.pop_shape[q - 1] = in[q];
         gp_shape o;
-        GP_TRY(l.ops->infer(&l, &cur, &o));
+        s = l.ops->infer(&l, in, &o);
+        if (s != GP_OK) break;
         l.out_shape = o;
         /* Layers without FLOPs (relu, flatten) still take time: count their
          * output elements too so they are not all piled on one stage. */
         costs[k] = l.ops->flops(&l, batch) + (double)gp_shape_numel(&o) * (double)batch;
-        cur = o;
+        outs[k] = o;
     }
-    return GP_OK;
+    free(outs);
+    gp_skip_map_free(&map);
+    return s;
 }
 
 const char *gp_model_balance_method(void)
@@ -258,6 +280,7 @@ void gp_model_release(gp_model *m)
     gp_optim_destroy(m->optim);
     for (int k = 0; k < m->n_layers; k++) gp_layer_destroy(&m->layers[k]);
     free(m->layers);
+    gp_skip_map_free(&m->skips);
     memset(m, 0, sizeof *m);
 }
 
@@ -327,7 +350,7 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
     for (int i = 0; i < chunks && s == GP_OK; i++, at = i) {
         gp_tensor labels = {0};
         offs[i] = first;
-        s = gp_stash_init(&mbs[i], L);
+        s = gp_stash_init(&mbs[i], L, &m->skips, 0);
         if (s == GP_OK) s = upload_chunk(m, x, y, first, sizes[i], &mbs[i].in, &labels);
         gp_fwd_ctx ctx = {.training = true, .seed = cfg->train.seed, .step = (uint64_t)m->step,
                           .sample_offset = first, .batch_total = n};
@@ -389,9 +412,12 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset 
     float *x = malloc((size_t)(bs * per) * sizeof *x);
     float *y = malloc((size_t)bs * sizeof *y);
     float mean[GP_MAX_CHANNELS], std[GP_MAX_CHANNELS];
-    if (!x || !y) {
+    /* skips on their way from one stage to a later one */
+    gp_tensor *pend = calloc((size_t)(m->skips.n ? m->skips.n : 1), sizeof *pend);
+    if (!x || !y || !pend) {
         free(x);
         free(y);
+        free(pend);
         return gp_error_set(GP_ERR_OOM, "out of host memory for evaluation batches");
     }
     gp_data_norm(&cfg->data, ds->c, mean, std);
@@ -407,7 +433,15 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset 
                           .sample_offset = 0, .batch_total = n};
         for (int j = 0, first = 0; j < m->n_stages && s == GP_OK; first += m->balance[j++]) {
             gp_stash st;
-            s = gp_stash_init(&st, m->balance[j]);
+            s = gp_stash_init(&st, m->balance[j], &m->skips, first);
+            /* the skips that arrive, moved from the stage that stashed them */
+            for (int t = 0; t < m->skips.n && s == GP_OK; t++) {
+                if (gp_stash_skip_role(&st, t) != GP_SKIP_ARRIVES) continue;
+                gp_shape ks = gp_tensor_shape(&pend[t]);
+                s = gp_tensor_alloc(&st.skip_in[t], m->devs[j], &ks, GP_MEM_COPIES);
+                if (s == GP_OK) s = gp_tensor_copy(&st.skip_in[t], &pend[t]);
+                gp_tensor_free(&pend[t]);
+            }
             if (s == GP_OK && cur.dev != m->devs[j]) {
                 /* a stage boundary: move the activation to the next device */
                 gp_shape cs = gp_tensor_shape(&cur);
@@ -423,6 +457,11 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset 
             if (s == GP_OK) {
                 cur = st.out;
                 st.out = (gp_tensor){0};
+                for (int t = 0; t < m->skips.n; t++)
+                    if (gp_stash_skip_role(&st, t) == GP_SKIP_LEAVES) {
+                        pend[t] = st.skip_out[t];
+                        st.skip_out[t] = (gp_tensor){0};
+                    }
             }
             gp_stash_destroy(&st);
         }
@@ -440,9 +479,11 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset 
         correct += lo.correct;
         gp_tensor_free(&cur);
         gp_tensor_free(&labels);
+        for (int t = 0; t < m->skips.n; t++) gp_tensor_free(&pend[t]);
     }
     free(x);
     free(y);
+    free(pend);
     if (s != GP_OK) return s;
     *loss = loss_sum / (double)(ds->n ? ds->n : 1);
     *accuracy = (double)correct / (double)(ds->n ? ds->n : 1);

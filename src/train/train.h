@@ -40,6 +40,7 @@ typedef struct gp_model {
     int n_layers;
     gp_shape input;        /* (1, C, H, W) of one sample */
     gp_shape output;       /* (1, classes) */
+    gp_skip_map skips;     /* the skip connections (stash -> pop), owned */
     gp_device *dev;        /* stage 0's device (the only one when n_stages = 1) */
     gp_device *devs[GP_MAX_DEVICES]; /* stage j's device, not owned */
     int balance[GP_MAX_DEVICES];     /* layers per stage */

@@ -235,6 +235,7 @@ static const gp_device_iface cpu_iface = {
     .host_free = NULL,
     .sharded_sgd = gp_cpu_sharded_sgd,
     .barrier = gp_cpu_barrier,
+    .copy_box = gp_cpu_copy_box,
 };
 
 static cpu_conv_layout conv_layout_from_env(void)

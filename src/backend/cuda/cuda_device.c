@@ -495,6 +495,12 @@ static gp_status cuda_mul(gp_device *dev, const float *a, const float *b, float 
     CUDA_OP(dev, gp_cuk_mul(s, a, b, y, n));
 }
 
+static gp_status cuda_copy_box(gp_device *dev, float *dst, const int64_t ds[4], const float *src,
+                               const int64_t ss[4], const int64_t dims[4])
+{
+    CUDA_OP(dev, gp_cuk_copy_box(s, dst, ds, src, ss, dims));
+}
+
 static gp_status cuda_relu_fwd(gp_device *dev, const float *x, float *y, int64_t n)
 {
     CUDA_OP(dev, gp_cuk_relu_fwd(s, x, y, n));
@@ -927,6 +933,7 @@ static const gp_device_iface cuda_iface = {
     .bn_stats = gp_cuda_bn_stats,
     .bn_bwd_sums = gp_cuda_bn_bwd_sums,
     .bn_bwd_apply = gp_cuda_bn_bwd_apply,
+    .copy_box = cuda_copy_box,
 };
 
 gp_status gp_cuda_device_create(int index, const gp_device_opts *opts, gp_device **out)

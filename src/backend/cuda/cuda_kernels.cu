@@ -46,6 +46,22 @@ __global__ void k_mul(const float *a, const float *b, float *y, int64_t n)
 {
     GP_CUK_LOOP(i, n) y[i] = a[i] * b[i];
 }
+struct box4 {
+    int64_t ds[4], ss[4], dims[4];
+};
+__global__ void k_copy_box(float *dst, const float *src, box4 b, int64_t n)
+{
+    GP_CUK_LOOP(i, n)
+    {
+        int64_t r = i, d3 = r % b.dims[3];
+        r /= b.dims[3];
+        int64_t d2 = r % b.dims[2];
+        r /= b.dims[2];
+        int64_t d1 = r % b.dims[1], d0 = r / b.dims[1];
+        dst[d0 * b.ds[0] + d1 * b.ds[1] + d2 * b.ds[2] + d3 * b.ds[3]] =
+            src[d0 * b.ss[0] + d1 * b.ss[1] + d2 * b.ss[2] + d3 * b.ss[3]];
+    }
+}
 __global__ void k_relu_fwd(const float *x, float *y, int64_t n)
 {
     GP_CUK_LOOP(i, n) y[i] = gp_ew_relu(x[i]);
@@ -312,6 +328,20 @@ cudaError_t gp_cuk_axpy(cudaStream_t s, float a, const float *x, float *y, int64
 cudaError_t gp_cuk_add(cudaStream_t s, const float *a, const float *b, float *y, int64_t n)
 {
     GP_CUK_LAUNCH(n, k_add, a, b, y, n);
+}
+
+cudaError_t gp_cuk_copy_box(cudaStream_t s, float *dst, const int64_t ds[4], const float *src,
+                            const int64_t ss[4], const int64_t dims[4])
+{
+    box4 b;
+    for (int q = 0; q < 4; q++) {
+        b.ds[q] = ds[q];
+        b.ss[q] = ss[q];
+        b.dims[q] = dims[q];
+    }
+    int64_t n = dims[0] * dims[1] * dims[2] * dims[3];
+    if (n <= 0) return cudaSuccess;
+    GP_CUK_LAUNCH(n, k_copy_box, dst, src, b, n);
 }
 
 cudaError_t gp_cuk_mul(cudaStream_t s, const float *a, const float *b, float *y, int64_t n)

@@ -34,6 +34,9 @@ cudaError_t gp_cuk_fill(cudaStream_t s, float *x, float v, int64_t n);
 cudaError_t gp_cuk_scale(cudaStream_t s, float *x, float a, int64_t n);
 cudaError_t gp_cuk_axpy(cudaStream_t s, float a, const float *x, float *y, int64_t n);
 cudaError_t gp_cuk_add(cudaStream_t s, const float *a, const float *b, float *y, int64_t n);
+/* The strided 4-D box copy of gp_device_iface.copy_box. */
+cudaError_t gp_cuk_copy_box(cudaStream_t s, float *dst, const int64_t ds[4], const float *src,
+                            const int64_t ss[4], const int64_t dims[4]);
 cudaError_t gp_cuk_mul(cudaStream_t s, const float *a, const float *b, float *y, int64_t n);
 cudaError_t gp_cuk_relu_fwd(cudaStream_t s, const float *x, float *y, int64_t n);
 cudaError_t gp_cuk_relu_bwd(cudaStream_t s, const float *y, const float *dy, float *dx,
