@@ -268,6 +268,50 @@ static void test_defaults(void)
     CHECK(!strcmp(gp_dataset_name(GP_DATASET_FASHION_MNIST), "fashion-mnist"));
 }
 
+/* stash / pop in YAML: parsed into the specs, and every misuse an error at
+ * file:line:column naming the layers */
+static void test_skips(void)
+{
+    static const char *const k_skips =
+        "model:\n"                                                /* 1 */
+        "  input: [1, 8, 8]\n"                                    /* 2 */
+        "  layers:\n"                                             /* 3 */
+        "    - conv2d: {out: 4, kernel: 3, padding: 1, stash: a}\n" /* 4 */
+        "    - relu: {stash: b}\n"                                /* 5 */
+        "    - add: {pop: b}\n"                                   /* 6 */
+        "    - add: {pop: a, out: 4, stride: 1}\n"                /* 7 */
+        "    - identity: {stash: c}\n"                            /* 8 */
+        "    - concat: {pop: [c]}\n"                              /* 9 */
+        "    - flatten\n"                                         /* 10 */
+        "    - linear: {out: 3}\n";                               /* 11 */
+    gp_config c;
+    CHECK_OK(parse_set(k_skips, NULL, 0, &c));
+    CHECK(c.model.n_layers == 8);
+    CHECK(!strcmp(c.model.layers[0].stash, "a") && c.model.layers[0].n_pop == 0);
+    CHECK(c.model.layers[2].type == GP_LAYER_ADD && c.model.layers[2].n_pop == 1 &&
+          !strcmp(c.model.layers[2].pop[0], "b") && c.model.layers[2].out == 0);
+    CHECK(c.model.layers[3].out == 4 && !strcmp(c.model.layers[3].pop[0], "a"));
+    CHECK(c.model.layers[5].type == GP_LAYER_CONCAT && !strcmp(c.model.layers[5].pop[0], "c"));
+    gp_config_free(&c);
+    const char *head = "model:\n  input: [1, 8, 8]\n  layers:\n";
+    CHECK_ERR(parse_bad(cat(head, "    - relu\n    - add: {pop: x}\n    - flatten\n"), NULL, 0),
+              GP_ERR_INVALID, "layer 1 (add) at t.yaml:5:7: pops 'x', but no layer stashes it");
+    CHECK_ERR(parse_bad(cat(head, "    - add: {pop: x}\n    - relu: {stash: x}\n"), NULL, 0),
+              GP_ERR_INVALID, "layer 0 (add) at t.yaml:4:7: pops 'x' before layer 1 (relu) at "
+                              "t.yaml:5:7 stashes it");
+    CHECK_ERR(parse_bad(cat(head, "    - relu: {stash: x}\n    - flatten\n"), NULL, 0),
+              GP_ERR_INVALID, "layer 0 (relu) at t.yaml:4:7: stashes 'x', but no later layer "
+                              "pops it");
+    CHECK_ERR(parse_bad(cat(head, "    - relu: {pop: x}\n"), NULL, 0), GP_ERR_INVALID,
+              "t.yaml:4:14: unknown option 'pop' for layer 0 (relu) (it takes: stash, name)");
+    CHECK_ERR(parse_bad(cat(head, "    - concat\n"), NULL, 0), GP_ERR_INVALID,
+              "t.yaml:4:7: layer 0 (concat) needs 'pop'");
+    CHECK_ERR(parse_bad(cat(head, "    - concat: {pop: [a, b, c]}\n"), NULL, 0), GP_ERR_INVALID,
+              "t.yaml:4:21: model.layers.0.pop lists 3 names");
+    CHECK_ERR(parse_bad(cat(head, "    - concat: {pop: {a: 1}}\n"), NULL, 0), GP_ERR_INVALID,
+              "model.layers.0.pop must be the name of a stash");
+}
+
 static void test_errors(void)
 {
     /* unknown keys, with the three kinds of hint */
@@ -881,6 +925,7 @@ int main(void)
     gp_log_set_level(GP_LOG_ERROR); /* warnings are checked in gp_config.warnings */
     test_full();
     test_defaults();
+    test_skips();
     test_errors();
     test_overrides();
     test_sizes();

@@ -460,7 +460,7 @@ gp_status gp_skip_map_build(const gp_layer_spec *specs, int n, gp_skip_map *map)
             if (popped >= 0) {
                 const gp_skip *p = &map->skips[popped];
                 char c[256];
-                st = gp_error_set(GP_ERR_INVALID, "%s pops '%s', but %s stashed it and %s "
+                st = gp_error_set(GP_ERR_INVALID, "%s: pops '%s', but %s stashed it and %s "
                                   "popped it already; a stash is popped once (stash it again, "
                                   "or under another name)", spec_describe(s, k, a, sizeof a),
                                   s->pop[q], spec_describe(&specs[p->from], p->from, b, sizeof b),
@@ -471,12 +471,12 @@ gp_status gp_skip_map_build(const gp_layer_spec *specs, int n, gp_skip_map *map)
             for (int t = k; t < n && later < 0; t++)
                 if (!strcmp(specs[t].stash, s->pop[q])) later = t;
             if (later >= 0)
-                st = gp_error_set(GP_ERR_INVALID, "%s pops '%s' before %s stashes it; a skip "
+                st = gp_error_set(GP_ERR_INVALID, "%s: pops '%s' before %s stashes it; a skip "
                                   "goes from an earlier layer to a later one",
                                   spec_describe(s, k, a, sizeof a), s->pop[q],
                                   spec_describe(&specs[later], later, b, sizeof b));
             else
-                st = gp_error_set(GP_ERR_INVALID, "%s pops '%s', but no layer stashes it; add "
+                st = gp_error_set(GP_ERR_INVALID, "%s: pops '%s', but no layer stashes it; add "
                                   "stash: %s to the layer whose output it is",
                                   spec_describe(s, k, a, sizeof a), s->pop[q], s->pop[q]);
         }
@@ -484,7 +484,7 @@ gp_status gp_skip_map_build(const gp_layer_spec *specs, int n, gp_skip_map *map)
         if (st != GP_OK || !s->stash[0]) continue;
         for (int t = 0; t < map->n; t++)
             if (map->skips[t].to < 0 && !strcmp(map->skips[t].name, s->stash)) {
-                st = gp_error_set(GP_ERR_INVALID, "%s stashes '%s', but %s stashed it already "
+                st = gp_error_set(GP_ERR_INVALID, "%s: stashes '%s', but %s stashed it already "
                                   "and no layer popped it in between; use another name",
                                   spec_describe(s, k, a, sizeof a), s->stash,
                                   spec_describe(&specs[map->skips[t].from], map->skips[t].from,
@@ -500,7 +500,7 @@ gp_status gp_skip_map_build(const gp_layer_spec *specs, int n, gp_skip_map *map)
     }
     for (int t = 0; t < map->n && st == GP_OK; t++)
         if (map->skips[t].to < 0)
-            st = gp_error_set(GP_ERR_INVALID, "%s stashes '%s', but no later layer pops it; pop "
+            st = gp_error_set(GP_ERR_INVALID, "%s: stashes '%s', but no later layer pops it; pop "
                               "it (add or concat with pop: %s) or remove the stash",
                               spec_describe(&specs[map->skips[t].from], map->skips[t].from, a,
                                             sizeof a), map->skips[t].name, map->skips[t].name);

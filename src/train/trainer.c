@@ -507,14 +507,18 @@ gp_status gp_model_summary(const gp_config *cfg, FILE *f)
         gp_shape_str(&os, sh, sizeof sh);
         snprintf(nm, sizeof nm, "%s%s%s", gp_layer_type_name(l->spec.type),
                  l->spec.name[0] ? " " : "", l->spec.name);
+        char sk[96] = "";
+        if (l->spec.stash[0]) snprintf(sk, sizeof sk, "  stash %s", l->spec.stash);
+        for (int q = 0; q < l->spec.n_pop; q++)
+            snprintf(sk + strlen(sk), sizeof sk - strlen(sk), "  pop %s", l->spec.pop[q]);
         int64_t np = gp_layer_param_count(l);
         double fl = l->ops->flops(l, b);
         double act = (double)gp_shape_numel(&os) * (double)b * 4.0 +
                      (l->ops->saved_bytes ? (double)l->ops->saved_bytes(l, b) : 0.0);
         tp += np; tf += fl; ta += act;
         sp += np; sf += fl; sa += act;
-        fprintf(f, "%4d  %-7s %-16s %-20s %12lld %14.1f %14s\n", k, l->dev->name, nm, sh,
-                (long long)np, fl / 1e6, gp_format_bytes((size_t)act, ab, sizeof ab));
+        fprintf(f, "%4d  %-7s %-16s %-20s %12lld %14.1f %14s%s\n", k, l->dev->name, nm, sh,
+                (long long)np, fl / 1e6, gp_format_bytes((size_t)act, ab, sizeof ab), sk);
         if (n > 1 && k - first + 1 == m.balance[stage]) {
             char pb[32], mb[32];
             /* parameters, gradients and momentum: 3 x 4 bytes each */
@@ -534,6 +538,26 @@ gp_status gp_model_summary(const gp_config *cfg, FILE *f)
                "with backward), %s of activations per batch\n",
             (long long)tp, gp_format_bytes((size_t)tp * 4, pb, sizeof pb), tf / 1e6, 3 * tf / 1e6,
             gp_format_bytes((size_t)ta, ab, sizeof ab));
+    /* the skips, and the stage boundaries they cross (copied straight from
+     * the stash's stage to the pop's, once per micro-batch) */
+    for (int t = 0; t < m.skips.n; t++) {
+        const gp_skip *k = &m.skips.skips[t];
+        int s_from = 0, s_to = 0;
+        for (int a = 0, f0 = 0; a < m.n_stages; f0 += m.balance[a++]) {
+            if (k->from >= f0 && k->from < f0 + m.balance[a]) s_from = a;
+            if (k->to >= f0 && k->to < f0 + m.balance[a]) s_to = a;
+        }
+        char kb[32];
+        gp_shape ks = m.layers[k->from].out_shape;
+        size_t bytes = (size_t)gp_shape_numel(&ks) * sizeof(float);
+        if (s_from == s_to)
+            fprintf(f, "skip '%s': layer %d -> %d, inside stage %d (%s per sample)\n", k->name,
+                    k->from, k->to, s_from, gp_format_bytes(bytes, kb, sizeof kb));
+        else
+            fprintf(f, "skip '%s': layer %d -> %d, stage %d -> %d: crosses %d boundar%s, copied "
+                       "straight across (%s per sample)\n", k->name, k->from, k->to, s_from, s_to,
+                    s_to - s_from, s_to - s_from == 1 ? "y" : "ies", gp_format_bytes(bytes, kb, sizeof kb));
+    }
     fprintf(f, "pipeline: %d device(s), chunks %d, checkpoint %s, %s\n", n,
             cfg->pipeline.chunks, gp_checkpoint_mode_name(cfg->pipeline.checkpoint),
             cfg->pipeline.lockstep ? "lockstep" : "free-running");
