@@ -244,7 +244,7 @@ typedef struct contender {
     int threads;
     const gp_layer_spec *spec;
     int index;
-    gp_shape in;              /* the layer's input, batch 1 */
+    gp_shape in[1 + GP_MAX_POPS]; /* the layer's inputs, batch 1 */
     uint64_t seed;
     pthread_mutex_t *lock;    /* guards size, stop and ready of every contender */
     pthread_cond_t *cond;
@@ -261,13 +261,13 @@ static void *contender_main(void *arg)
     gp_device *dev = NULL;
     gp_layer l;
     memset(&l, 0, sizeof l);
-    gp_tensor x = {0}, dy = {0};
+    gp_tensor x[1 + GP_MAX_POPS] = {{0}}, dy = {0};
     int64_t have = 0;
     gp_device_opts dopt = {.threads = c->threads};
     gp_status s = gp_device_open(c->device, &dopt, &dev);
     if (s == GP_OK) {
         gp_device_bind_thread(dev);
-        s = gp_layer_create(c->spec, c->index, &c->in, dev, c->seed, &l);
+        s = gp_layer_create(c->spec, c->index, c->in, dev, c->seed, &l);
     }
     pthread_mutex_lock(c->lock);
     c->ready = true;
@@ -281,33 +281,38 @@ static void *contender_main(void *arg)
         pthread_mutex_unlock(c->lock);
         if (stop) break;
         if (b != have) {
-            gp_tensor_free(&x);
+            for (int q = 0; q < l.n_in; q++) gp_tensor_free(&x[q]);
             gp_tensor_free(&dy);
-            gp_shape xs = gp_shape_with_batch(&l.in_shape, b), ys = gp_shape_with_batch(&l.out_shape, b);
-            s = gp_tensor_alloc(&x, dev, &xs, GP_MEM_ACTIVATIONS);
+            gp_shape ys = gp_shape_with_batch(&l.out_shape, b);
+            int64_t most = gp_shape_numel(&ys);
+            for (int q = 0; q < l.n_in && s == GP_OK; q++) {
+                gp_shape xs = gp_shape_with_batch(q ? &l.pop_shape[q - 1] : &l.in_shape, b);
+                s = gp_tensor_alloc(&x[q], dev, &xs, GP_MEM_ACTIVATIONS);
+                if (gp_shape_numel(&xs) > most) most = gp_shape_numel(&xs);
+            }
             if (s == GP_OK) s = gp_tensor_alloc(&dy, dev, &ys, GP_MEM_ACTIVATIONS);
-            int64_t nx = gp_tensor_numel(&x), ny = gp_tensor_numel(&dy);
             free(host);
-            host = malloc((size_t)(nx > ny ? nx : ny) * sizeof *host);
+            host = malloc((size_t)most * sizeof *host);
             if (s == GP_OK && !host) s = gp_error_set(GP_ERR_OOM, "out of host memory");
-            if (s == GP_OK) s = fill_random(&x, c->seed, 7001, host);
+            for (int q = 0; q < l.n_in && s == GP_OK; q++)
+                s = fill_random(&x[q], c->seed, 7001 + 17u * (uint64_t)q, host);
             if (s == GP_OK) s = fill_random(&dy, c->seed, 7002, host);
             have = b;
         }
         gp_fwd_ctx ctx = {.training = true, .seed = c->seed, .batch_total = b};
-        gp_tensor y = {0}, dx = {0};
+        gp_tensor y = {0}, dx[1 + GP_MAX_POPS] = {{0}};
         gp_saved sv = {0};
-        if (s == GP_OK) s = gp_layer_forward(&l, &ctx, &x, &y, &sv);
-        if (s == GP_OK) s = gp_layer_backward(&l, &ctx, &x, &y, &dy, &dx, &sv);
+        if (s == GP_OK) s = gp_layer_forward(&l, &ctx, x, &y, &sv);
+        if (s == GP_OK) s = gp_layer_backward(&l, &ctx, x, &y, &dy, dx, &sv);
         if (s == GP_OK) s = gp_dev_synchronize(dev);
         gp_saved_free(&sv);
         gp_tensor_free(&y);
-        gp_tensor_free(&dx);
+        for (int q = 0; q < l.n_in; q++) gp_tensor_free(&dx[q]);
     }
     c->st = s;
     if (s != GP_OK) snprintf(c->msg, sizeof c->msg, "%s", gp_error_message());
     free(host);
-    gp_tensor_free(&x);
+    for (int q = 0; q < 1 + GP_MAX_POPS; q++) gp_tensor_free(&x[q]);
     gp_tensor_free(&dy);
     if (l.ops) gp_layer_destroy(&l);
     if (dev) gp_device_close(dev);
@@ -349,7 +354,7 @@ static gp_status contention_start(contention *ct, int n, const gp_layer_spec *sp
         c->threads = threads;
         c->spec = spec;
         c->index = k;
-        c->in = *in;
+        memcpy(c->in, in, (size_t)(1 + spec->n_pop) * sizeof *in);
         c->seed = seed;
         c->lock = &ct->lock;
         c->cond = &ct->cond;
@@ -406,12 +411,17 @@ static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer
         int64_t b = p->sizes[z];
         contention_set_size(ct, b); /* the warm-up runs let the load settle */
         gp_shape xs = gp_shape_with_batch(&l->in_shape, b), ys = gp_shape_with_batch(&l->out_shape, b);
-        gp_tensor x = {0}, dy = {0}, dx = {0}, cp = {0};
-        s = gp_tensor_alloc(&x, dev, &xs, GP_MEM_ACTIVATIONS);
+        /* the main input and the popped ones (skips), with their gradients */
+        gp_tensor x[1 + GP_MAX_POPS] = {{0}}, dx[1 + GP_MAX_POPS] = {{0}}, dy = {0}, cp = {0};
+        for (int q = 0; q < l->n_in && s == GP_OK; q++) {
+            gp_shape qs = q ? gp_shape_with_batch(&l->pop_shape[q - 1], b) : xs;
+            s = gp_tensor_alloc(&x[q], dev, &qs, GP_MEM_ACTIVATIONS);
+            if (s == GP_OK) s = gp_tensor_alloc(&dx[q], dev, &qs, GP_MEM_ACTIVATIONS);
+            if (s == GP_OK) s = fill_random(&x[q], o->seed, (uint64_t)k * 2 + 7919u * (uint64_t)q,
+                                            host);
+        }
         if (s == GP_OK) s = gp_tensor_alloc(&dy, dev, &ys, GP_MEM_ACTIVATIONS);
-        if (s == GP_OK) s = gp_tensor_alloc(&dx, dev, &xs, GP_MEM_ACTIVATIONS);
         if (s == GP_OK) s = gp_tensor_alloc(&cp, peer, &ys, GP_MEM_COPIES);
-        if (s == GP_OK) s = fill_random(&x, o->seed, (uint64_t)k * 2, host);
         if (s == GP_OK) s = fill_random(&dy, o->seed, (uint64_t)k * 2 + 1, host);
         gp_fwd_ctx ctx = {.training = true, .seed = o->seed, .step = 0, .sample_offset = 0,
                           .batch_total = b};
@@ -429,7 +439,7 @@ static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer
             if ((s = gp_dev_synchronize(dev)) != GP_OK) break;
             evict(ev);
             t0 = gp_now();
-            s = gp_layer_forward(l, &ctx, &x, &y, &sv);
+            s = gp_layer_forward(l, &ctx, x, &y, &sv);
             if (s == GP_OK) s = gp_dev_synchronize(dev);
             t1 = gp_now();
             if (s == GP_OK && memrun) {
@@ -439,11 +449,11 @@ static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer
              * the other micro-batches' work: cold before the pair */
             evict(ev);
             double tb = gp_now();
-            if (s == GP_OK) s = l->ops->backward_data(l, &ctx, &x, &y, &dy, &dx, &sv);
+            if (s == GP_OK) s = l->ops->backward_data(l, &ctx, x, &y, &dy, dx, &sv);
             if (s == GP_OK) s = gp_dev_synchronize(dev);
             t2 = gp_now();
             if (s == GP_OK && l->ops->backward_weights)
-                s = l->ops->backward_weights(l, &ctx, &x, &y, &dy, &sv);
+                s = l->ops->backward_weights(l, &ctx, x, &y, &dy, &sv);
             if (s == GP_OK) s = gp_dev_synchronize(dev);
             t3 = gp_now();
             gp_saved_free(&sv);
@@ -458,7 +468,7 @@ static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer
                 gp_saved sv2 = {0};
                 evict(ev);
                 double r0 = gp_now();
-                s = gp_layer_forward(l, &rctx, &x, &y2, &sv2);
+                s = gp_layer_forward(l, &rctx, x, &y2, &sv2);
                 if (s == GP_OK) s = gp_dev_synchronize(dev);
                 sm->rc[nt] = gp_now() - r0;
                 sm->ba[nt] = 0;
@@ -466,7 +476,7 @@ static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer
                 if (s == GP_OK && first_trainable && l->ops->backward_weights) {
                     evict(ev);
                     double b0 = gp_now();
-                    s = l->ops->backward_weights(l, &ctx, &x, &y2, &dy, &sv2);
+                    s = l->ops->backward_weights(l, &ctx, x, &y2, &dy, &sv2);
                     if (s == GP_OK) s = gp_dev_synchronize(dev);
                     sm->ba[nt] = gp_now() - b0;
                 }
@@ -514,8 +524,8 @@ static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer
                     gp_tensor_free(&yl);
                     gp_tensor_free(&dl);
                 } else {
-                    s = gp_dev_upload(dev, x.data, host, b * per);
-                    if (s == GP_OK) s = gp_dev_upload(dev, dx.data, host, b);
+                    s = gp_dev_upload(dev, x[0].data, host, b * per);
+                    if (s == GP_OK) s = gp_dev_upload(dev, dx[0].data, host, b);
                     if (s == GP_OK) s = gp_dev_synchronize(dev);
                 }
                 if (r >= warm) v[r - warm] = gp_now() - t0;
@@ -525,9 +535,11 @@ static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer
                 if (k == 0) p->upload[z] = median(v, reps);
             }
         }
-        gp_tensor_free(&x);
+        for (int q = 0; q < l->n_in; q++) {
+            gp_tensor_free(&x[q]);
+            gp_tensor_free(&dx[q]);
+        }
         gp_tensor_free(&dy);
-        gp_tensor_free(&dx);
         gp_tensor_free(&cp);
     }
     return s;
@@ -603,21 +615,25 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
     sm = (samples){pool, pool + reps, pool + 2 * reps, pool + 3 * reps, pool + 4 * reps,
                    pool + 5 * reps};
     float *host = NULL;
-    gp_shape cur = gp_shape_4d(1, input[0], input[1], input[2]);
-    gp_status s = pool ? GP_OK : gp_error_set(GP_ERR_OOM, "out of host memory");
+    gp_shape input_shape = gp_shape_4d(1, input[0], input[1], input[2]);
+    gp_skip_map map = {0};
+    gp_shape *outs = malloc((size_t)L * sizeof *outs);
+    gp_status s = pool && outs ? GP_OK : gp_error_set(GP_ERR_OOM, "out of host memory");
+    if (s == GP_OK) s = gp_skip_map_build(specs, L, &map);
     /* Cold caches: the model's parameter and gradient bytes, from a pass
      * that builds each layer once (CPU devices, timed profiles). */
     evictor ev = {0};
     if (s == GP_OK && out->timed && kind == GP_DEV_CPU) {
-        gp_shape c2 = cur;
         size_t total = 0;
         for (int k = 0; k < L && s == GP_OK; k++) {
             gp_layer l;
             memset(&l, 0, sizeof l);
-            s = gp_layer_create(&specs[k], k, &c2, peer, o->seed, &l);
+            gp_shape in[1 + GP_MAX_POPS];
+            gp_skip_map_inputs(&map, k, &input_shape, outs, in);
+            s = gp_layer_create(&specs[k], k, in, peer, o->seed, &l);
             if (s != GP_OK) break;
             total += 2 * (size_t)gp_layer_param_count(&l) * sizeof(float);
-            c2 = l.out_shape;
+            outs[k] = l.out_shape;
             gp_layer_destroy(&l);
         }
         if (s == GP_OK && total >= ((size_t)4 << 20)) {
@@ -646,7 +662,9 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
         gp_allocator_snapshot(&dev->alloc, &a0);
         gp_layer l;
         memset(&l, 0, sizeof l);
-        s = gp_layer_create(&specs[k], k, &cur, dev, o->seed, &l);
+        gp_shape in[1 + GP_MAX_POPS];
+        gp_skip_map_inputs(&map, k, &input_shape, outs, in);
+        s = gp_layer_create(&specs[k], k, in, dev, o->seed, &l);
         if (s != GP_OK) {
             gp_device_close(dev);
             break;
@@ -682,8 +700,7 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
         contention ct;
         memset(&ct, 0, sizeof ct);
         if (s == GP_OK && out->contend > 0) {
-            gp_shape in1 = cur;
-            s = contention_start(&ct, out->contend, &specs[k], k, &in1,
+            s = contention_start(&ct, out->contend, &specs[k], k, in,
                                  kind, idx, dev->threads, o->seed,
                                  sz[nz - 1]);
         }
@@ -709,6 +726,8 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
             int64_t need = gp_shape_numel(&l.in_shape);
             int64_t n2 = gp_shape_numel(&l.out_shape);
             if (n2 > need) need = n2;
+            for (int q = 0; q < l.n_in - 1; q++)
+                if (gp_shape_numel(&l.pop_shape[q]) > need) need = gp_shape_numel(&l.pop_shape[q]);
             free(host);
             host = malloc((size_t)(need * maxb + maxb) * sizeof *host);
             if (!host) s = gp_error_set(GP_ERR_OOM, "out of host memory");
@@ -727,12 +746,14 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
         gp_allocator_snapshot(&dev->alloc, &a3);
         mm->workspace_bytes = a3.peak_by[GP_MEM_WORKSPACE];
         for (int q = 0; q < n_opt; q++) gp_tensor_free(&opt[q]);
-        cur = l.out_shape;
+        outs[k] = l.out_shape;
         gp_layer_destroy(&l);
         gp_device_close(dev);
     }
     free(host);
     free(pool);
+    free(outs);
+    gp_skip_map_free(&map);
     free(ev.buf);
     gp_device_close(peer);
     if (s != GP_OK) gp_profile_free(out);

@@ -177,6 +177,10 @@ gp_status gp_cfg_get_map(const gp_cfg_walk *w, const gp_ynode *m, const char *se
 
 /* ---- the sections ----------------------------------------------------------- */
 
+/* A built-in model family under model (model.resnet): its layers into mc
+ * and *found set; nothing when the config has none. */
+gp_status gp_cfg_parse_family(gp_cfg_walk *w, const gp_ynode *m, gp_model_config *mc, bool *found);
+
 /* [C, H, W], or [F] / F for flat samples as (F, 1, 1) (config_model.c;
  * data.synthetic.shape too). */
 gp_status gp_cfg_parse_shape(const gp_cfg_walk *w, const gp_ynode *in, const char *what,

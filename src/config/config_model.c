@@ -233,29 +233,34 @@ gp_status gp_cfg_parse_model(gp_cfg_walk *w, const gp_ynode *root, gp_model_conf
                           "input: [1, 28, 28] (C, H, W) or input: [784]");
     GP_TRY(gp_cfg_parse_shape(w, in, "model.input", mc->input));
 
+    bool family = false;
+    GP_TRY(gp_cfg_parse_family(w, m, mc, &family));
     const gp_ynode *ls = gp_ymap_get(m, "layers");
-    if (gp_cfg_absent(ls))
-        return gp_cfg_bad(w, ls ? ls : mkey, "missing model.layers: a list of layers, like "
-                          "layers: [flatten, {linear: {out: 10}}]");
-    if (ls->kind != GP_YNODE_SEQ)
-        return gp_cfg_bad(w, ls, "expected a list for model.layers, got %s",
-                          gp_cfg_describe(ls, got, sizeof got));
-    if (ls->n == 0) return gp_cfg_bad(w, ls, "model.layers is empty; give at least one layer");
-    mc->layers = calloc((size_t)ls->n, sizeof *mc->layers);
-    if (!mc->layers) return gp_error_set(GP_ERR_INVALID, "out of memory reading the config");
-    mc->n_layers = ls->n;
-    bool rec = w->record;
-    w->record = false;
-    gp_status s = GP_OK;
-    for (int i = 0; i < ls->n && s == GP_OK; i++)
-        s = parse_layer(w, ls->items[i], i, &mc->layers[i]);
-    w->record = rec;
-    GP_TRY(s);
+    if (!family) {
+        if (gp_cfg_absent(ls))
+            return gp_cfg_bad(w, ls ? ls : mkey, "missing model.layers: a list of layers, like "
+                              "layers: [flatten, {linear: {out: 10}}] (or a built-in model: "
+                              "resnet: {depth: 101})");
+        if (ls->kind != GP_YNODE_SEQ)
+            return gp_cfg_bad(w, ls, "expected a list for model.layers, got %s",
+                              gp_cfg_describe(ls, got, sizeof got));
+        if (ls->n == 0) return gp_cfg_bad(w, ls, "model.layers is empty; give at least one layer");
+        mc->layers = calloc((size_t)ls->n, sizeof *mc->layers);
+        if (!mc->layers) return gp_error_set(GP_ERR_INVALID, "out of memory reading the config");
+        mc->n_layers = ls->n;
+        bool rec = w->record;
+        w->record = false;
+        gp_status s = GP_OK;
+        for (int i = 0; i < ls->n && s == GP_OK; i++)
+            s = parse_layer(w, ls->items[i], i, &mc->layers[i]);
+        w->record = rec;
+        GP_TRY(s);
+    }
     /* Every pop has its stash before it, and every stash its pop. */
     gp_skip_map map;
     GP_TRY(gp_skip_map_build(mc->layers, mc->n_layers, &map));
     gp_skip_map_free(&map);
-    for (int i = 0; i < mc->n_layers; i++) {
+    for (int i = 0; i < mc->n_layers && !family; i++) {
         if (!mc->layers[i].name[0]) continue;
         for (int j = 0; j < i; j++) {
             if (!strcmp(mc->layers[i].name, mc->layers[j].name)) {

@@ -19,6 +19,7 @@
 static const char *const k_schema[] = {
     "model", "pipeline", "data", "train",
     "model.input", "model.layers", "model.loss", "model.init_from",
+    "model.resnet", "model.resnet.depth", "model.resnet.classes",
     "pipeline.devices", "pipeline.balance", "pipeline.chunks", "pipeline.checkpoint",
     "pipeline.lockstep", "pipeline.schedule", "pipeline.virtual", "pipeline.threads", "pipeline.memory", "pipeline.replicas",
     "data.dataset", "data.path", "data.shuffle", "data.normalize", "data.mean",
@@ -53,6 +54,8 @@ static const char *const k_examples[][2] = {
     {"model.layers.#.p", "0.5"}, {"model.layers.#.name", "fc1"},
     {"model.layers.#.*", "{out: 64}"}, {"model.layers.#.*.*", "64"},
     {"model.loss", "cross_entropy"}, {"model.init_from", "weights.safetensors"},
+    {"model.resnet", "{depth: 101, classes: 1000}"}, {"model.resnet.depth", "101"},
+    {"model.resnet.classes", "1000"},
     {"pipeline", "{devices: [cpu:0, cpu:1], chunks: 4}"},
     {"pipeline.devices", "[cpu:0,cpu:1]"}, {"pipeline.devices.#", "cpu:0"},
     {"pipeline.devices.#.name", "cpu:0"}, {"pipeline.devices.#.memory", "512MiB"},

@@ -1,0 +1,131 @@
+/*
+ * config_family.c — built-in model families: `model.resnet` (and, as the
+ * layers land, the other models GPipe and torchgpipe are measured on)
+ * expands into the plain layer list a user could have written, with the
+ * sizes as values `--set` changes (`--set model.resnet.depth=152`).
+ *
+ * The expansion follows torchgpipe's benchmark models layer for layer
+ * (kakaobrain/torchgpipe benchmarks/models/resnet: torchvision's ResNet v1.5
+ * flattened, each bottleneck 11 top-level layers), so gpipe's layer k is
+ * torchgpipe's partition index k and a torchgpipe balance such as
+ * [16, 27, 31, ...] means the same split here.  Layers are named as
+ * torchgpipe's flattened modules ("layer3_5_conv2"); skips are named after
+ * their block ("layer3_5").
+ */
+#include "config/config_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    gp_layer_spec *specs;
+    int n, cap;
+    const char *file;
+    int line, column;
+} spec_list;
+
+static gp_layer_spec *push(spec_list *l, gp_layer_type t, const char *name)
+{
+    GP_ASSERT(l->n < l->cap);
+    gp_layer_spec *s = &l->specs[l->n++];
+    *s = gp_layer_spec_default(t);
+    snprintf(s->name, sizeof s->name, "%s", name);
+    snprintf(s->file, sizeof s->file, "%s", l->file);
+    s->line = l->line;
+    s->column = l->column;
+    return s;
+}
+
+static gp_layer_spec *conv(spec_list *l, const char *name, int64_t out, int64_t k, int64_t s,
+                           int64_t p)
+{
+    gp_layer_spec *c = push(l, GP_LAYER_CONV2D, name);
+    c->out = out;
+    c->kernel = k;
+    c->stride = s;
+    c->padding = p;
+    c->bias = false;
+    return c;
+}
+
+/* torchvision's ResNet-50/101/152 (bottleneck, stride on the 3x3). */
+static gp_status resnet(spec_list *l, int depth, int64_t classes)
+{
+    static const int blocks50[4] = {3, 4, 6, 3}, blocks101[4] = {3, 4, 23, 3},
+                     blocks152[4] = {3, 8, 36, 3};
+    const int *blocks = depth == 50 ? blocks50 : depth == 101 ? blocks101 : blocks152;
+    int total = 0;
+    for (int q = 0; q < 4; q++) total += blocks[q];
+    l->cap = 4 + 11 * total + 3;
+    l->specs = calloc((size_t)l->cap, sizeof *l->specs);
+    if (!l->specs) return gp_error_set(GP_ERR_OOM, "out of memory expanding model.resnet");
+    conv(l, "conv1", 64, 7, 2, 3);
+    push(l, GP_LAYER_BATCHNORM, "bn1");
+    push(l, GP_LAYER_RELU, "relu");
+    gp_layer_spec *mp = push(l, GP_LAYER_MAXPOOL2D, "maxpool");
+    mp->kernel = 3;
+    mp->stride = 2;
+    mp->padding = 1;
+    int64_t inplanes = 64;
+    for (int q = 0; q < 4; q++) {
+        int64_t planes = (int64_t)64 << q;
+        for (int b = 0; b < blocks[q]; b++) {
+            int64_t stride = q > 0 && b == 0 ? 2 : 1;
+            char pre[32], nm[64];
+            snprintf(pre, sizeof pre, "layer%d_%d", q + 1, b);
+#define NAME(x) (snprintf(nm, sizeof nm, "%s_%s", pre, x), nm)
+            gp_layer_spec *id = push(l, GP_LAYER_IDENTITY, NAME("identity"));
+            snprintf(id->stash, sizeof id->stash, "%s", pre);
+            conv(l, NAME("conv1"), planes, 1, 1, 0);
+            push(l, GP_LAYER_BATCHNORM, NAME("bn1"));
+            push(l, GP_LAYER_RELU, NAME("relu1"));
+            conv(l, NAME("conv2"), planes, 3, stride, 1);
+            push(l, GP_LAYER_BATCHNORM, NAME("bn2"));
+            push(l, GP_LAYER_RELU, NAME("relu2"));
+            conv(l, NAME("conv3"), planes * 4, 1, 1, 0);
+            push(l, GP_LAYER_BATCHNORM, NAME("bn3"));
+            gp_layer_spec *res = push(l, GP_LAYER_ADD, NAME("residual"));
+            snprintf(res->pop[0], sizeof res->pop[0], "%s", pre);
+            res->n_pop = 1;
+            if (stride != 1 || inplanes != planes * 4) { /* the projection shortcut */
+                res->out = planes * 4;
+                res->stride = stride;
+            }
+            push(l, GP_LAYER_RELU, NAME("relu3"));
+#undef NAME
+            inplanes = planes * 4;
+        }
+    }
+    push(l, GP_LAYER_GLOBAL_AVGPOOL, "avgpool");
+    push(l, GP_LAYER_FLATTEN, "flat");
+    push(l, GP_LAYER_LINEAR, "fc")->out = classes;
+    GP_ASSERT(l->n == l->cap);
+    return GP_OK;
+}
+
+gp_status gp_cfg_parse_family(gp_cfg_walk *w, const gp_ynode *m, gp_model_config *mc, bool *found)
+{
+    *found = false;
+    const gp_ynode *r = gp_ymap_get(m, "resnet");
+    if (gp_cfg_absent(r)) return GP_OK;
+    const gp_ynode *rkey = gp_ymap_key(m, "resnet");
+    if (!gp_cfg_absent(gp_ymap_get(m, "layers")))
+        return gp_cfg_bad(w, rkey, "model has both layers and resnet; give one: resnet expands "
+                          "into the layers");
+    if (r->kind != GP_YNODE_MAP)
+        return gp_cfg_bad(w, r, "model.resnet must be a map, like {depth: 101, classes: 1000}");
+    GP_TRY(gp_cfg_check_keys(w, r, "model.resnet"));
+    int depth = 0;
+    int64_t classes = 0;
+    GP_TRY(gp_cfg_get_int32(w, r, "model.resnet", "depth", 50, 1, 1000, &depth));
+    GP_TRY(gp_cfg_get_int(w, r, "model.resnet", "classes", 1000, 1, (int64_t)1 << 24, &classes));
+    if (depth != 50 && depth != 101 && depth != 152)
+        return gp_cfg_bad(w, gp_ymap_get(r, "depth"), "model.resnet.depth must be 50, 101 or "
+                          "152 (the bottleneck ResNets), got %d", depth);
+    spec_list l = {.file = w->file, .line = rkey->line, .column = rkey->column};
+    GP_TRY(resnet(&l, depth, classes));
+    mc->layers = l.specs;
+    mc->n_layers = l.n;
+    *found = true;
+    return GP_OK;
+}
