@@ -23,6 +23,7 @@
  *     is freed.
  * Runs under ThreadSanitizer in CI (label "threads").
  */
+#include "config/config.h"
 #include "pipeline/pipeline.h"
 #include "test_util.h"
 
@@ -655,6 +656,95 @@ static void portals(void)
     gp_model_free(&pip);
 }
 
+/* ---- ResNet: the built-in family ---------------------------------------------------- */
+
+static gp_status resnet_cfg(int depth, int64_t side, gp_config *c)
+{
+    char text[512], set[64];
+    snprintf(text, sizeof text,
+             "model:\n  input: [3, %lld, %lld]\n  resnet: {depth: 101, classes: 1000}\n"
+             "data: {dataset: synthetic, synthetic: {train: 8, test: 8, classes: 1000}}\n"
+             "train: {batch_size: 4, seed: 5}\n",
+             (long long)side, (long long)side);
+    snprintf(set, sizeof set, "model.resnet.depth=%d", depth);
+    const char *sets[1] = {set};
+    return gp_config_parse("r.yaml", text, strlen(text), sets, 1, c);
+}
+
+/* Layer counts and parameter counts as torchgpipe's (and torchvision's)
+ * models have them; layer 13 is the first block's projected residual, with
+ * torchvision's parameter names. */
+static void resnet_family(void)
+{
+    static const struct {
+        int depth, layers;
+        int64_t params;
+    } want[] = {{50, 183, 25557032}, {101, 370, 44549160}, {152, 557, 60192808}};
+    for (int q = 0; q < 3; q++) {
+        gp_config c;
+        gp_status s = resnet_cfg(want[q].depth, 32, &c);
+        CHECK_OK(s);
+        if (s != GP_OK) continue;
+        CHECK_MSG(c.model.n_layers == want[q].layers, "resnet-%d: %d layers, want %d",
+                  want[q].depth, c.model.n_layers, want[q].layers);
+        gp_model m;
+        CHECK_OK(gp_model_build(&c, devs[0], &m));
+        CHECK_MSG(gp_model_param_count(&m) == want[q].params, "resnet-%d: %lld parameters, want %lld",
+                  want[q].depth, (long long)gp_model_param_count(&m), (long long)want[q].params);
+        gp_layer *r = &m.layers[13];
+        CHECK(r->spec.type == GP_LAYER_ADD && !strcmp(r->spec.name, "layer1_0_residual"));
+        CHECK(r->n_params == 5 && !strcmp(r->params[0].name, "downsample.0.weight") &&
+              !strcmp(r->params[4].name, "downsample.1.running_var"));
+        CHECK(m.skips.n == (want[q].layers - 7) / 11);
+        gp_model_free(&m);
+        gp_config_free(&c);
+    }
+    gp_config c;
+    CHECK(resnet_cfg(34, 32, &c) == GP_ERR_INVALID);
+    CHECK_MSG(strstr(gp_last_error(), "model.resnet.depth must be 50, 101 or 152"), "%s",
+              gp_last_error());
+}
+
+/* ResNet-50 at 32x32 on 3 stages whose boundaries cut blocks, so skips
+ * cross them: the same steps as on one device, bit for bit. */
+static void resnet_transparency(void)
+{
+    gp_config c;
+    CHECK_OK(resnet_cfg(50, 32, &c));
+    c.pipeline.chunks = 2;
+    c.pipeline.checkpoint = GP_CKPT_EXCEPT_LAST;
+    c.pipeline.lockstep = true;
+    int bal[3] = {20, 90, 73}; /* cut inside block layer1_1 and block layer3_1 */
+    gp_model ref, pip;
+    CHECK_OK(gp_model_build(&c, devs[0], &ref));
+    CHECK_OK(gp_model_build_placed(&c, devs, 3, bal, &pip));
+    int crossing = 0;
+    for (int t = 0; t < pip.skips.n; t++) {
+        const gp_skip *k = &pip.skips.skips[t];
+        crossing += (k->from < 20) != (k->to < 20) || (k->from < 110) != (k->to < 110);
+    }
+    CHECK_MSG(crossing == 2, "%d skips cross a boundary, want 2", crossing);
+    enum { B = 4 };
+    float x[B * 3 * 32 * 32], y[B];
+    bool same = true;
+    for (int step = 0; step < 2; step++) {
+        gpt_make_batch(&c, B, step, x, y);
+        gp_step_stats a, b;
+        CHECK_OK(gp_model_train_step(&ref, &c, x, y, B, 2, 0.05, &a));
+        CHECK_OK(gp_model_pipeline_step(&pip, &c, x, y, B, 0.05, &b));
+        same = same && a.loss == b.loss;
+    }
+    int64_t na, nb;
+    float *pa = gpt_gather(&ref, GPT_VALUES, &na), *pb = gpt_gather(&pip, GPT_VALUES, &nb);
+    same = same && na == nb && !memcmp(pa, pb, (size_t)na * sizeof *pa);
+    CHECK_MSG(same, "resnet-50 on 3 stages differs from one device");
+    free(pa);
+    free(pb);
+    gp_model_free(&ref);
+    gp_model_free(&pip);
+    gp_config_free(&c);
+}
+
 int main(void)
 {
     gpt_open_cpu_devices(devs, 4, 1);
@@ -663,6 +753,8 @@ int main(void)
     checkpoint_skips();
     model_gradients();
     portals();
+    resnet_family();
+    resnet_transparency();
     bool sanitized = getenv("GPIPE_SANITIZED") != NULL;
     static const gp_schedule_kind kinds[] = {GP_SCHEDULE_GPIPE, GP_SCHEDULE_1F1B,
                                              GP_SCHEDULE_ZB_H1, GP_SCHEDULE_INTERLEAVED};
