@@ -14,6 +14,7 @@
 static const char *const type_names[GP_LAYER_TYPE_COUNT] = {
     "linear",  "conv2d",  "batchnorm", "relu",    "maxpool2d",
     "avgpool2d", "global_avgpool", "flatten", "dropout", "residual",
+    "leaky_relu", "dropout2d", "instance_norm", "upsample",
 };
 
 const char *gp_layer_type_name(gp_layer_type t)
@@ -44,6 +45,8 @@ gp_layer_spec gp_layer_spec_default(gp_layer_type type)
     s.momentum = 0.1f;
     s.eps = 1e-5f;
     s.p = 0.5f;
+    s.slope = 0.01f;
+    s.scale = 2;
     return s;
 }
 
@@ -60,6 +63,10 @@ const gp_layer_ops *gp_layer_ops_for(gp_layer_type t)
     case GP_LAYER_FLATTEN: return &gp_flatten_ops;
     case GP_LAYER_DROPOUT: return &gp_dropout_ops;
     case GP_LAYER_RESIDUAL: return &gp_residual_ops;
+    case GP_LAYER_LEAKY_RELU: return &gp_leaky_relu_ops;
+    case GP_LAYER_DROPOUT2D: return &gp_dropout2d_ops;
+    case GP_LAYER_INSTANCE_NORM: return &gp_instance_norm_ops;
+    case GP_LAYER_UPSAMPLE: return &gp_upsample_ops;
     default: return NULL;
     }
 }

@@ -55,6 +55,10 @@ typedef enum gp_layer_type {
     GP_LAYER_FLATTEN,
     GP_LAYER_DROPOUT,
     GP_LAYER_RESIDUAL,
+    GP_LAYER_LEAKY_RELU,
+    GP_LAYER_DROPOUT2D,
+    GP_LAYER_INSTANCE_NORM,
+    GP_LAYER_UPSAMPLE,
     GP_LAYER_TYPE_COUNT
 } gp_layer_type;
 
@@ -83,9 +87,11 @@ typedef struct gp_layer_spec {
     int64_t padding;      /* conv, pools; default 0 */
     bool bias;            /* linear, conv; default true */
     float momentum;       /* batchnorm; default 0.1 (PyTorch convention) */
-    float eps;            /* batchnorm; default 1e-5 */
+    float eps;            /* batchnorm, instance_norm; default 1e-5 */
     bool sync;            /* batchnorm: synchronise across replicas */
-    float p;              /* dropout probability; default 0.5 */
+    float p;              /* dropout, dropout2d probability; default 0.5 */
+    float slope;          /* leaky_relu negative slope (>= 0); default 0.01 */
+    int64_t scale;        /* upsample factor (>= 1); default 2 */
     /* Skip connections (torchgpipe's stash / pop; docs/config.md): the
      * layer's output is also kept under the name `stash` ("" none) until
      * the one layer that pops it; a layer that pops takes the popped
