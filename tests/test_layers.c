@@ -22,6 +22,8 @@
  *     mask constant over each plane and the same for any micro-batch split
  *     and recompute; instance norm per sample (a split changes nothing);
  *     upsample's backward the sum of each block;
+ *   - binary cross-entropy with logits against a double reference, its
+ *     gradient by finite differences, extreme logits, bad targets;
  *   - parameter counts and names (torchvision BasicBlock), FLOPs and
  *     saved_bytes, shape-inference messages, init determinism and
  *     independence of placement, and no leaked device memory.
@@ -1312,6 +1314,100 @@ static void test_cross_entropy(gp_device *dev)
     gp_tensor_free(&logits);
 }
 
+/* ---- binary cross-entropy with logits --------------------------------------- */
+
+static double ref_bce(double z, double t)
+{
+    /* the textbook form, fine in double for the moderate logits used here */
+    double sig = 1.0 / (1.0 + exp(-z));
+    return -(t * log(sig) + (1.0 - t) * log(1.0 - sig));
+}
+
+static void test_bce(gp_device *dev)
+{
+    hrng rng = {31};
+    const int64_t N = 3, H = 5, W = 7, n = N * H * W;
+    gp_shape zs = gp_shape_4d(N, 1, H, W);
+    float zh[105], th[105];
+    fill_sym(&rng, zh, n, 4.0f);
+    for (int64_t i = 0; i < n; i++) /* masks of 0 / 1, some soft targets */
+        th[i] = i % 5 == 0 ? (float)hrng_unit(&rng) : (hrng_unit(&rng) < 0.4 ? 1.0f : 0.0f);
+    th[3] = 0.5f; /* a tie counts as class 0 */
+    gp_tensor z = upload(dev, &zs, zh), t = upload(dev, &zs, th);
+    gp_tensor dz;
+    CHECK_OK(gp_tensor_alloc(&dz, dev, &zs, GP_MEM_ACTIVATIONS));
+    float scale = 1.0f / (float)n;
+    gp_loss_out lo;
+    CHECK_OK(gp_bce_with_logits(dev, &z, &t, scale, &dz, &lo));
+    float *dh = download(&dz);
+    double loss = 0;
+    int64_t correct = 0;
+    double gworst = 0;
+    for (int64_t i = 0; i < n; i++) {
+        loss += ref_bce(zh[i], th[i]);
+        correct += (zh[i] > 0) == (th[i] > 0.5);
+        double g = (1.0 / (1.0 + exp(-(double)zh[i])) - th[i]) * scale;
+        gworst = fmax(gworst, fabs(dh[i] - g));
+    }
+    CHECK_NEAR(lo.loss_sum, loss, 1e-9, 1e-9);
+    CHECK(lo.correct == correct);
+    CHECK(lo.count == n);
+    CHECK_MSG(gworst < 1e-8, "bce gradient off by %.3g", gworst);
+    /* the gradient is d(scale * loss_sum)/dz: finite differences */
+    double fworst = 0;
+    for (int64_t q = 0; q < n; q += 4) {
+        float orig = zh[q];
+        double l2[2];
+        for (int sgn = 0; sgn < 2; sgn++) {
+            float v = orig + (sgn ? -1e-2f : 1e-2f);
+            CHECK_OK(gp_dev_upload(dev, z.data + q, &v, 1));
+            gp_loss_out o2;
+            CHECK_OK(gp_bce_with_logits(dev, &z, &t, 1.0f, NULL, &o2));
+            l2[sgn] = o2.loss_sum;
+        }
+        CHECK_OK(gp_dev_upload(dev, z.data + q, &orig, 1));
+        double step = (double)(orig + 1e-2f) - (double)(orig - 1e-2f);
+        double num = scale * (l2[0] - l2[1]) / step;
+        fworst = fmax(fworst, fabs(num - dh[q]) / (1e-4 * scale + fabs(num)));
+    }
+    CHECK_MSG(fworst < 1e-3, "bce gradient vs finite differences: relative error %.3g", fworst);
+    /* extreme logits: finite loss |z| for the wrong sign, 0 for the right
+     * one, gradients exactly -1 / 0 / 1 scaled (no overflow in exp) */
+    float ez[4] = {100.0f, -100.0f, 100.0f, -100.0f}, et[4] = {0.0f, 1.0f, 1.0f, 0.0f};
+    gp_shape s4 = gp_shape_2d(2, 2);
+    gp_tensor z4 = upload(dev, &s4, ez), t4 = upload(dev, &s4, et), d4;
+    CHECK_OK(gp_tensor_alloc(&d4, dev, &s4, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_bce_with_logits(dev, &z4, &t4, 1.0f, &d4, &lo));
+    float *g4 = download(&d4);
+    CHECK_NEAR(lo.loss_sum, 200.0, 1e-9, 0);
+    CHECK(lo.correct == 2 && lo.count == 4);
+    CHECK(g4[0] == 1.0f && g4[1] == -1.0f && fabsf(g4[2]) < 1e-30f && fabsf(g4[3]) < 1e-30f);
+    free(g4);
+    /* a target outside [0, 1] names the element (flat and as an index) and
+     * writes nothing */
+    th[40] = 1.5f;
+    th[50] = -1.0f;
+    CHECK_OK(gp_dev_upload(dev, t.data, th, n));
+    CHECK_OK(gp_dev_fill(dev, dz.data, 7.0f, n));
+    CHECK_ERR(gp_bce_with_logits(dev, &z, &t, 1.0f, &dz, &lo), GP_ERR_DATA,
+              "target 1.5 at element 40 (1, 0, 0, 5) of the batch is not in [0, 1]");
+    CHECK(lo.count == 0 && lo.loss_sum == 0.0);
+    float *dbad = download(&dz);
+    CHECK(dbad[0] == 7.0f && dbad[n - 1] == 7.0f);
+    free(dbad);
+    th[40] = NAN;
+    CHECK_OK(gp_dev_upload(dev, t.data, th, n));
+    CHECK_ERR(gp_bce_with_logits(dev, &z, &t, 1.0f, NULL, &lo), GP_ERR_DATA,
+              "target nan at element 40");
+    /* logits and targets must match in size */
+    gp_tensor t3 = gp_tensor_slice(&t4, 0, 1);
+    CHECK_ERR(gp_bce_with_logits(dev, &z4, &t3, 1.0f, NULL, &lo), GP_ERR_INVALID,
+              "one target per logit, but the logits are (2, 2) and the targets (1, 2)");
+    free(dh);
+    gp_tensor_free(&z4); gp_tensor_free(&t4); gp_tensor_free(&d4);
+    gp_tensor_free(&dz); gp_tensor_free(&t); gp_tensor_free(&z);
+}
+
 /* ---- counts, names, FLOPs ------------------------------------------------- */
 
 static void test_counts(gp_device *dev)
@@ -1635,6 +1731,7 @@ int main(void)
     test_dropout2d(dev);
     test_instance_norm(dev);
     test_upsample(dev);
+    test_bce(dev);
     test_leaky_relu_nonfinite(dev);
     /* every byte came back (the backend's own scratch arena aside) */
     for (int c = 0; c < GP_MEM_COUNT; c++) {
