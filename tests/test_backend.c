@@ -658,6 +658,113 @@ static void test_optional_slots(gp_device *dev)
     gp_pool_desc pd = {.n = 2, .c = 3, .h = 8, .w = 8, .kh = 2, .kw = 2, .sh = 2, .sw = 2,
                        .oh = 4, .ow = 4, .kind = GP_POOL_MAX};
     CHECK(gp_dev_pool_ws_bytes(&fake, &pd) == 0);
+    /* The U-Net slots: without them the wrappers refuse, naming the device,
+     * the backend, the op and the layer; nothing is called or written. */
+    bare.leaky_relu_fwd = NULL;
+    bare.leaky_relu_bwd = NULL;
+    bare.mul_rows = NULL;
+    bare.upsample_fwd = NULL;
+    bare.upsample_bwd = NULL;
+    bare.bce_logits = NULL;
+    float v[4] = {0.25f, 0.5f, 0.75f, 1.0f}, o[4] = {0}, s = 2.0f;
+    double loss = 1.0;
+    int64_t correct = 1, bad = 1;
+    CHECK_ERR(gp_dev_leaky_relu_fwd(&fake, v, o, 4, 0.01f), GP_ERR_UNSUPPORTED,
+              "device cpu:0: the cpu backend has no leaky_relu_fwd, which leaky_relu needs");
+    CHECK_ERR(gp_dev_leaky_relu_bwd(&fake, v, v, o, 4, 0.01f), GP_ERR_UNSUPPORTED,
+              "leaky_relu_bwd");
+    CHECK_ERR(gp_dev_mul_rows(&fake, v, &s, o, 1, 4), GP_ERR_UNSUPPORTED,
+              "no mul_rows, which dropout2d needs");
+    CHECK_ERR(gp_dev_upsample_fwd(&fake, v, o, 1, 1, 1, 1, 2), GP_ERR_UNSUPPORTED,
+              "no upsample_fwd, which upsample needs");
+    CHECK_ERR(gp_dev_upsample_bwd(&fake, v, o, 1, 1, 1, 1, 2), GP_ERR_UNSUPPORTED,
+              "upsample_bwd");
+    CHECK_ERR(gp_dev_bce_logits(&fake, v, v, 4, 1.0f, o, &loss, &correct, &bad),
+              GP_ERR_UNSUPPORTED, "no bce_logits, which the binary cross-entropy loss needs");
+    CHECK(loss == 0.0 && correct == 0 && bad == -1);
+    CHECK(o[0] == 0.0f && o[3] == 0.0f);
+}
+
+/* The U-Net slots on the CPU: arithmetic against plain loops (the layers'
+ * tests check them against double references and finite differences),
+ * and the wrappers' argument checks. */
+static void test_unet_ops(gp_device *dev)
+{
+    const int64_t n = 2, c = 3, h = 5, w = 4, sc = 2, nx = n * c * h * w, ny = nx * sc * sc;
+    float *x = dalloc(dev, ny), *y = dalloc(dev, ny), *z = dalloc(dev, ny);
+    float hx[480], hy[480], hz[480], f[6];
+    for (int64_t i = 0; i < ny; i++) hx[i] = (float)((i * 37) % 23) / 7.0f - 1.5f;
+    for (int k = 0; k < 6; k++) f[k] = (float)k - 2.0f;
+    CHECK_OK(gp_dev_upload(dev, x, hx, ny));
+    /* leaky relu forward and backward (from y) */
+    CHECK_OK(gp_dev_leaky_relu_fwd(dev, x, y, ny, 0.125f));
+    CHECK_OK(gp_dev_download(dev, hy, y, ny));
+    int ok = 1;
+    for (int64_t i = 0; i < ny; i++) ok &= hy[i] == (hx[i] > 0 ? hx[i] : 0.125f * hx[i]);
+    CHECK_MSG(ok, "leaky_relu_fwd");
+    CHECK_OK(gp_dev_leaky_relu_bwd(dev, y, x, z, ny, 0.125f)); /* dy = x */
+    CHECK_OK(gp_dev_download(dev, hz, z, ny));
+    ok = 1;
+    for (int64_t i = 0; i < ny; i++) ok &= hz[i] == (hx[i] > 0 ? hx[i] : 0.125f * hx[i]);
+    CHECK_MSG(ok, "leaky_relu_bwd");
+    /* mul_rows: 6 rows of 80, in place */
+    float *dfac = dalloc(dev, 6);
+    CHECK_OK(gp_dev_upload(dev, dfac, f, 6));
+    CHECK_OK(gp_dev_copy_d2d(dev, z, x, (size_t)ny * sizeof(float)));
+    CHECK_OK(gp_dev_mul_rows(dev, z, dfac, z, 6, ny / 6));
+    CHECK_OK(gp_dev_download(dev, hz, z, ny));
+    ok = 1;
+    for (int64_t i = 0; i < ny; i++) ok &= hz[i] == hx[i] * f[i / (ny / 6)];
+    CHECK_MSG(ok, "mul_rows");
+    /* upsample by 2 and its adjoint: <up(a), b> = <a, up^T(b)> */
+    CHECK_OK(gp_dev_upsample_fwd(dev, x, y, n, c, h, w, sc));
+    CHECK_OK(gp_dev_download(dev, hy, y, ny));
+    ok = 1;
+    for (int64_t p = 0; p < n * c; p++)
+        for (int64_t i = 0; i < h * sc; i++)
+            for (int64_t j = 0; j < w * sc; j++)
+                ok &= hy[(p * h * sc + i) * w * sc + j] == hx[(p * h + i / sc) * w + j / sc];
+    CHECK_MSG(ok, "upsample_fwd");
+    CHECK_OK(gp_dev_upsample_bwd(dev, x, z, n, c, h, w, sc)); /* dy = x (ny values) */
+    CHECK_OK(gp_dev_download(dev, hz, z, nx));
+    double lhs = 0, rhs = 0;
+    for (int64_t i = 0; i < ny; i++) lhs += (double)hy[i] * hx[i];
+    for (int64_t i = 0; i < nx; i++) rhs += (double)hx[i] * hz[i];
+    CHECK_NEAR(lhs, rhs, 1e-4, 1e-6);
+    /* scale 3: every input element gets the sum of its 9 */
+    CHECK_OK(gp_dev_upsample_bwd(dev, x, z, 1, 1, 4, 5, 3)); /* dy (12, 15) */
+    CHECK_OK(gp_dev_download(dev, hz, z, 20));
+    ok = 1;
+    for (int64_t i = 0; i < 4; i++)
+        for (int64_t j = 0; j < 5; j++) {
+            float acc = 0.0f;
+            for (int64_t a = 0; a < 3; a++) {
+                float row = 0.0f;
+                for (int64_t b = 0; b < 3; b++) row += hx[(i * 3 + a) * 15 + j * 3 + b];
+                acc += row;
+            }
+            ok &= hz[i * 5 + j] == acc;
+        }
+    CHECK_MSG(ok, "upsample_bwd by 3 (rows summed left to right, then top to bottom)");
+    /* scale 1 copies; empty tensors do nothing; bad sizes are refused */
+    CHECK_OK(gp_dev_upsample_fwd(dev, x, y, n, c, h, w, 1));
+    CHECK_OK(gp_dev_download(dev, hy, y, nx));
+    CHECK(!memcmp(hy, hx, (size_t)nx * sizeof *hx));
+    CHECK_OK(gp_dev_upsample_fwd(dev, NULL, NULL, 0, c, h, w, 2));
+    CHECK_OK(gp_dev_upsample_bwd(dev, NULL, NULL, n, c, 0, w, 2));
+    CHECK_ERR(gp_dev_upsample_fwd(dev, x, y, n, c, h, w, 0), GP_ERR_INVALID,
+              "device cpu:0: invalid upsampling of (2, 3, 5, 4) by 0");
+    CHECK_ERR(gp_dev_upsample_bwd(dev, x, y, n, -1, h, w, 2), GP_ERR_INVALID,
+              "invalid upsampling");
+    /* bce: n = 0 reports nothing; a bad target stops before any output */
+    double loss = 1.0;
+    int64_t correct = 1, bad = 1;
+    CHECK_OK(gp_dev_bce_logits(dev, x, x, 0, 1.0f, z, &loss, &correct, &bad));
+    CHECK(loss == 0.0 && correct == 0 && bad == -1);
+    CHECK_OK(gp_dev_bce_logits(dev, x, x, 8, 1.0f, z, &loss, &correct, &bad));
+    CHECK(bad == 0); /* hx[0] = -1.5 is no probability */
+    dfree(dev, dfac, 6);
+    dfree(dev, x, ny); dfree(dev, y, ny); dfree(dev, z, ny);
 }
 
 /* ---- memory, copies, devices ---------------------------------------------------------------- */
@@ -820,6 +927,7 @@ int main(void)
     test_elementwise(dev);
     test_sgd(dev);
     test_dropout(dev);
+    test_unet_ops(dev);
     test_gemm(dev);
     test_softmax_xent(dev);
     test_pool(dev);

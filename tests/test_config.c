@@ -472,6 +472,77 @@ static void test_errors(void)
               "data.std must be > 0, got 0");
 }
 
+/* The U-Net layers (torchgpipe's benchmarks/models/unet): their options,
+ * defaults, and bad values named by file:line:column. */
+static void test_unet_layers(void)
+{
+    static const char *const text =
+        "model:\n"                                                    /* 1 */
+        "  input: [3, 16, 16]\n"                                      /* 2 */
+        "  layers:\n"                                                 /* 3 */
+        "    - conv2d: {out: 8, kernel: 3, padding: 1, bias: false}\n" /* 4 */
+        "    - instance_norm: {eps: 0.001}\n"                         /* 5 */
+        "    - leaky_relu: {slope: 0.2}\n"                            /* 6 */
+        "    - dropout2d: {p: 0.1}\n"                                 /* 7 */
+        "    - upsample: {scale: 3}\n"                                /* 8 */
+        "    - instance_norm\n"                                       /* 9 */
+        "    - leaky_relu\n"                                          /* 10 */
+        "    - dropout2d\n"                                           /* 11 */
+        "    - upsample\n";                                           /* 12 */
+    gp_config c;
+    CHECK_OK(parse(text, &c));
+    CHECK(c.model.n_layers == 9);
+    if (c.model.n_layers == 9) {
+        const gp_layer_spec *l = c.model.layers;
+        CHECK(l[1].type == GP_LAYER_INSTANCE_NORM && l[1].line == 5 && l[1].column == 7);
+        CHECK_NEAR(l[1].eps, 0.001, 1e-9, 0);
+        CHECK(l[2].type == GP_LAYER_LEAKY_RELU);
+        CHECK_NEAR(l[2].slope, 0.2, 1e-7, 0);
+        CHECK(l[3].type == GP_LAYER_DROPOUT2D);
+        CHECK_NEAR(l[3].p, 0.1, 1e-7, 0);
+        CHECK(l[4].type == GP_LAYER_UPSAMPLE && l[4].scale == 3);
+        /* defaults: PyTorch's InstanceNorm2d eps, LeakyReLU slope, Dropout2d
+         * p; torchgpipe's U-Net upsamples by 2 */
+        CHECK_NEAR(l[5].eps, 1e-5, 1e-10, 0);
+        CHECK_NEAR(l[6].slope, 0.01, 1e-9, 0);
+        CHECK_NEAR(l[7].p, 0.5, 0, 0);
+        CHECK(l[8].scale == 2 && l[8].line == 12);
+    }
+    gp_config_free(&c);
+    /* bad options: the message points at the value */
+    static const char *const head = "model:\n  input: [3, 16, 16]\n  layers:\n";
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s    - leaky_relu: {slope: -0.1}\n", head);
+    CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID,
+              "t.yaml:4:27: model.layers.0.slope must be >= 0, got -0.1");
+    snprintf(buf, sizeof buf, "%s    - upsample: {scale: 0}\n", head);
+    CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID,
+              "t.yaml:4:25: model.layers.0.scale must be >= 1, got 0");
+    snprintf(buf, sizeof buf, "%s    - upsample: {scale: 1.5}\n", head);
+    CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID,
+              "t.yaml:4:25: expected an integer for model.layers.0.scale, got '1.5'");
+    snprintf(buf, sizeof buf, "%s    - relu\n    - dropout2d: {p: 1}\n", head);
+    CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID,
+              "t.yaml:5:22: model.layers.1.p must be in [0, 1), got 1");
+    snprintf(buf, sizeof buf, "%s    - instance_norm: {eps: 0}\n", head);
+    CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID,
+              "t.yaml:4:28: model.layers.0.eps must be > 0, got 0");
+    /* options of other types are refused, with a hint where one is near */
+    snprintf(buf, sizeof buf, "%s    - leaky_relu: {negative_slope: 0.1}\n", head);
+    CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID,
+              "t.yaml:4:20: unknown option 'negative_slope' for layer 0 (leaky_relu) (it takes: "
+              "slope, name)");
+    snprintf(buf, sizeof buf, "%s    - upsample: {scale_factor: 2}\n", head);
+    CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID,
+              "unknown option 'scale_factor' for layer 0 (upsample)");
+    snprintf(buf, sizeof buf, "%s    - instance_norm: {momentum: 0.1}\n", head);
+    CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID,
+              "unknown option 'momentum' for layer 0 (instance_norm)");
+    snprintf(buf, sizeof buf, "%s    - leaky_rel\n", head);
+    CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID,
+              "unknown layer type 'leaky_rel'; did you mean 'leaky_relu'?");
+}
+
 static void test_overrides(void)
 {
     gp_config c;
@@ -927,6 +998,7 @@ int main(void)
     test_defaults();
     test_skips();
     test_errors();
+    test_unet_layers();
     test_overrides();
     test_sizes();
     test_threads_warning();

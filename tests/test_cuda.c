@@ -20,10 +20,13 @@
  * Error bound per op: max |gpu - cpu| <= tol * (1 + max |cpu|) with
  *   0     fill, scale, add, mul, relu fwd/bwd, add_bias_rows, dropout mask
  *         (same float operation per element; the mask uses the same Philox),
- *         max pooling, nonfinite, xent's correct count and bad row
+ *         max pooling, nonfinite, xent's correct count and bad row, leaky
+ *         relu fwd/bwd, mul_rows, upsample forward, bce's correct count and
+ *         bad element
  *   1e-6  axpy, sgd (nvcc may fuse a*x+y into one FMA), sum_rows, average
- *         pooling, xent gradient
- *   1e-12 sumsq and xent loss (double accumulation, another order)
+ *         pooling, xent and bce gradients, upsample backward (the GPU sums
+ *         a block in double, the CPU in float)
+ *   1e-12 sumsq, xent and bce loss (double accumulation, another order)
  *   1e-5  gemm (another summation order over k), log-softmax, batch norm
  *         forward (y, mean, biased var), inference
  *   1e-4  convolutions (cuDNN may pick Winograd or FFT algorithms) and
@@ -172,6 +175,22 @@ static void test_elementwise(void)
     buf dx = bjunk(n);
     BOTH(gp_dev_relu_bwd(D, z.p[K], y.p[K], dx.p[K], n));
     bcheck("relu_bwd", &dx, 0);
+    BOTH(gp_dev_leaky_relu_fwd(D, x.p[K], z.p[K], n, 0.01f));
+    bcheck("leaky_relu_fwd", &z, 0);
+    BOTH(gp_dev_leaky_relu_bwd(D, z.p[K], y.p[K], dx.p[K], n, 0.01f));
+    bcheck("leaky_relu_bwd", &dx, 0);
+    /* n = 100003 = 7 x 14286 + 1: rows of 7 over the first n - 1 */
+    buf f = brand((n - 1) / 7, -2, 2);
+    BOTH(gp_dev_mul_rows(D, x.p[K], f.p[K], z.p[K], (n - 1) / 7, 7));
+    bcheck("mul_rows", &z, 0);
+    bfree(&f);
+    /* upsampling (2, 3, 37, 41) by 3 = 81918 values, within n */
+    BOTH(gp_dev_upsample_fwd(D, x.p[K], z.p[K], 2, 3, 37, 41, 3));
+    bcheck("upsample_fwd", &z, 0);
+    buf us = bjunk(2 * 3 * 37 * 41);
+    BOTH(gp_dev_upsample_bwd(D, y.p[K], us.p[K], 2, 3, 37, 41, 3));
+    bcheck("upsample_bwd", &us, 1e-6);
+    bfree(&us);
     for (int nesterov = 0; nesterov < 2; nesterov++) {
         BOTH(gp_dev_sgd_update(D, x.p[K], g.p[K], v.p[K], n, 0.05f, 0.9f, 1e-4f, nesterov));
         bcheck(nesterov ? "sgd nesterov w" : "sgd w", &x, 1e-6);
@@ -410,6 +429,27 @@ static void test_softmax_xent(void)
                      &badr[K]));
     CHECK(badr[0] == 40 && badr[1] == 40);
     bcheck("xent dlogits untouched after a bad label", &dl, 1e-6);
+    /* binary cross-entropy: x as logits against targets in [0, 1], several
+     * reduction blocks' worth of elements */
+    const int64_t nb = 300007;
+    buf z = brand(nb, -8, 8), t = brand(nb, 0, 1), dz = bjunk(nb);
+    double bl[2];
+    int64_t bc[2], bb[2];
+    BOTH(gp_dev_bce_logits(D, z.p[K], t.p[K], nb, 1.0f / (float)nb, dz.p[K], &bl[K], &bc[K],
+                           &bb[K]));
+    CHECK_NEAR(bl[1], bl[0], 0, 1e-12);
+    CHECK(bc[1] == bc[0]);
+    CHECK(bb[0] == -1 && bb[1] == -1);
+    bcheck("bce dz", &dz, 1e-6);
+    float badt[2] = {1.5f, -0.5f};
+    for (int k = 0; k < 2; k++) {
+        CHECK_OK(gp_dev_upload(D2[k], t.p[k] + 200001, &badt[0], 1));
+        CHECK_OK(gp_dev_upload(D2[k], t.p[k] + 250001, &badt[1], 1));
+    }
+    BOTH(gp_dev_bce_logits(D, z.p[K], t.p[K], nb, 1.0f, dz.p[K], &bl[K], &bc[K], &bb[K]));
+    CHECK(bb[0] == 200001 && bb[1] == 200001);
+    bcheck("bce dz untouched after a bad target", &dz, 1e-6);
+    bfree(&z); bfree(&t); bfree(&dz);
     bfree(&x); bfree(&y); bfree(&dl); bfree(&lab);
 }
 
@@ -638,6 +678,15 @@ typedef struct {
     gp_shape in; /* batch 1 */
 } layer_case;
 
+/* The U-Net layers' options (their own table, so the one above keeps its
+ * positional initialisers). */
+typedef struct {
+    gp_layer_type type;
+    float p, slope;
+    int64_t scale;
+    gp_shape in; /* batch 1 */
+} unet_case;
+
 /* max |a - b| <= tol (1 + max |a|) over n host floats */
 static void close_enough(const char *what, const char *tag, const float *a, const float *b,
                          int64_t n, double tol)
@@ -677,24 +726,46 @@ static void test_layers(gp_device *cpu, gp_device *gpu)
         {GP_LAYER_RESIDUAL, 3, 0, 1, 0, 0, {4, {1, 3, 8, 8}}},
         {GP_LAYER_RESIDUAL, 6, 0, 2, 0, 0, {4, {1, 3, 8, 8}}},
     };
+    const unet_case ucases[] = {
+        {GP_LAYER_LEAKY_RELU, 0, 0.01f, 0, {4, {1, 3, 8, 8}}},
+        {GP_LAYER_LEAKY_RELU, 0, 0.3f, 0, {2, {1, 20, 0, 0}}},
+        {GP_LAYER_DROPOUT2D, 0.3f, 0, 0, {4, {1, 6, 5, 7}}},
+        {GP_LAYER_INSTANCE_NORM, 0, 0, 0, {4, {1, 3, 8, 8}}},
+        {GP_LAYER_INSTANCE_NORM, 0, 0, 0, {4, {1, 5, 3, 7}}},
+        {GP_LAYER_UPSAMPLE, 0, 0, 2, {4, {1, 3, 5, 7}}},
+        {GP_LAYER_UPSAMPLE, 0, 0, 3, {4, {1, 2, 4, 3}}},
+    };
+    const size_t n_base = sizeof cases / sizeof *cases;
     const int64_t N = 4;
-    for (size_t q = 0; q < sizeof cases / sizeof *cases; q++) {
-        const layer_case *lc = &cases[q];
-        gp_layer_spec sp = gp_layer_spec_default(lc->type);
-        if (lc->out) sp.out = lc->out;
-        if (lc->kernel) sp.kernel = lc->kernel;
-        if (lc->stride) sp.stride = lc->stride;
-        sp.padding = lc->padding;
-        if (lc->type == GP_LAYER_DROPOUT) sp.p = lc->p;
+    for (size_t q = 0; q < n_base + sizeof ucases / sizeof *ucases; q++) {
+        gp_layer_spec sp;
+        const gp_shape *in;
+        if (q < n_base) {
+            const layer_case *lc = &cases[q];
+            sp = gp_layer_spec_default(lc->type);
+            if (lc->out) sp.out = lc->out;
+            if (lc->kernel) sp.kernel = lc->kernel;
+            if (lc->stride) sp.stride = lc->stride;
+            sp.padding = lc->padding;
+            if (lc->type == GP_LAYER_DROPOUT) sp.p = lc->p;
+            in = &lc->in;
+        } else {
+            const unet_case *uc = &ucases[q - n_base];
+            sp = gp_layer_spec_default(uc->type);
+            if (uc->type == GP_LAYER_DROPOUT2D) sp.p = uc->p;
+            if (uc->type == GP_LAYER_LEAKY_RELU) sp.slope = uc->slope;
+            if (uc->type == GP_LAYER_UPSAMPLE) sp.scale = uc->scale;
+            in = &uc->in;
+        }
         char tag[64];
-        snprintf(tag, sizeof tag, "layer case %zu (%s)", q, gp_layer_type_name(lc->type));
+        snprintf(tag, sizeof tag, "layer case %zu (%s)", q, gp_layer_type_name(sp.type));
         gp_layer l[2];
         gp_device *dv[2] = {cpu, gpu};
         memset(l, 0, sizeof l);
         bool ok = true;
         for (int k = 0; k < 2 && ok; k++) {
             /* the same seed and index: the same initial parameters */
-            gp_status st = gp_layer_create(&sp, 3, &lc->in, dv[k], 7, &l[k]);
+            gp_status st = gp_layer_create(&sp, 3, in, dv[k], 7, &l[k]);
             CHECK_MSG(st == GP_OK, "%s on %s: %s", tag, dv[k]->name, gp_last_error());
             ok = st == GP_OK;
         }
@@ -702,7 +773,7 @@ static void test_layers(gp_device *cpu, gp_device *gpu)
             if (l[0].ops) gp_layer_destroy(&l[0]);
             continue;
         }
-        gp_shape xs = gp_shape_with_batch(&lc->in, N), ys = gp_shape_with_batch(&l[0].out_shape, N);
+        gp_shape xs = gp_shape_with_batch(in, N), ys = gp_shape_with_batch(&l[0].out_shape, N);
         int64_t nx = gp_shape_numel(&xs), ny = gp_shape_numel(&ys);
         float *hx = malloc((size_t)nx * sizeof *hx), *hdy = malloc((size_t)ny * sizeof *hdy);
         for (int64_t i = 0; i < nx; i++) hx[i] = frand();

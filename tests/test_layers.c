@@ -17,6 +17,13 @@
  *   - batch norm: two uneven micro-batches + commit give the full-batch
  *     running statistics (unbiased variance, naive double reference);
  *     recompute leaves the accumulator alone; eval uses running statistics;
+ *   - the U-Net layers (leaky_relu, dropout2d, instance_norm, upsample)
+ *     through the same reference and finite-difference checks; dropout2d's
+ *     mask constant over each plane and the same for any micro-batch split
+ *     and recompute; instance norm per sample (a split changes nothing);
+ *     upsample's backward the sum of each block;
+ *   - binary cross-entropy with logits against a double reference, its
+ *     gradient by finite differences, extreme logits, bad targets;
  *   - parameter counts and names (torchvision BasicBlock), FLOPs and
  *     saved_bytes, shape-inference messages, init determinism and
  *     independence of placement, and no leaked device memory.
@@ -233,6 +240,41 @@ static void ref_pool(const geom *g, bool is_max, const double *x, double *y)
                 }
 }
 
+/* Each (sample, channel) plane of S values normalised by its own mean and
+ * biased variance (InstanceNorm2d without affine or running statistics). */
+static void ref_instance_norm(int64_t planes, int64_t s, double eps, const double *x, double *y)
+{
+    for (int64_t p = 0; p < planes; p++) {
+        const double *xp = x + p * s;
+        double m = 0, v = 0;
+        for (int64_t j = 0; j < s; j++) m += xp[j];
+        m /= (double)s;
+        for (int64_t j = 0; j < s; j++) v += (xp[j] - m) * (xp[j] - m);
+        v /= (double)s;
+        for (int64_t j = 0; j < s; j++) y[p * s + j] = (xp[j] - m) / sqrt(v + eps);
+    }
+}
+
+/* Nearest: y[n, c, i, j] = x[n, c, i / sc, j / sc]. */
+static void ref_upsample(int64_t planes, int64_t h, int64_t w, int64_t sc, const double *x,
+                         double *y)
+{
+    for (int64_t p = 0; p < planes; p++)
+        for (int64_t i = 0; i < h * sc; i++)
+            for (int64_t j = 0; j < w * sc; j++)
+                y[(p * h * sc + i) * w * sc + j] = x[(p * h + i / sc) * w + j / sc];
+}
+
+/* The (N, C) dropout2d mask of a micro-batch, from the core RNG: element
+ * (n, c) of the whole mini-batch draws at (sample_offset + n) * C + c. */
+static double ref_dropout2d_mask(const gp_layer *l, const gp_fwd_ctx *ctx, int64_t n, int64_t c,
+                                 int64_t C)
+{
+    uint64_t stream = gp_rng_stream(ctx->step, (uint64_t)l->index, 0x64723264ull); /* "dr2d" */
+    float u = gp_rng_uniform(ctx->seed, stream, (uint64_t)((ctx->sample_offset + n) * C + c));
+    return u >= l->spec.p ? 1.0 / (1.0 - (double)l->spec.p) : 0.0;
+}
+
 /* ---- the layer reference: dispatch on the type ---------------------------- */
 
 /* P[p] = host copy of params[p] (double).  train: batch statistics. */
@@ -314,6 +356,24 @@ static void ref_forward(const gp_layer *l, double **P, bool train, const gp_fwd_
         free(sc);
         break;
     }
+    case GP_LAYER_LEAKY_RELU:
+        for (int64_t i = 0; i < nx; i++) y[i] = x[i] > 0 ? x[i] : (double)sp->slope * x[i];
+        break;
+    case GP_LAYER_DROPOUT2D: {
+        int64_t C = xs->dims[1], s = xs->dims[2] * xs->dims[3];
+        for (int64_t n = 0; n < xs->dims[0]; n++)
+            for (int64_t c = 0; c < C; c++) {
+                double m = train && sp->p > 0 ? ref_dropout2d_mask(l, ctx, n, c, C) : 1.0;
+                for (int64_t j = 0; j < s; j++) y[(n * C + c) * s + j] = x[(n * C + c) * s + j] * m;
+            }
+        break;
+    }
+    case GP_LAYER_INSTANCE_NORM:
+        ref_instance_norm(xs->dims[0] * xs->dims[1], xs->dims[2] * xs->dims[3], sp->eps, x, y);
+        break;
+    case GP_LAYER_UPSAMPLE:
+        ref_upsample(xs->dims[0] * xs->dims[1], xs->dims[2], xs->dims[3], sp->scale, x, y);
+        break;
     default: CHECK(!"unknown layer type");
     }
 }
@@ -592,7 +652,7 @@ static void test_all_layers(gp_device *dev)
     fd_tol smooth = {.eps = 1e-2, .atol = 3e-3, .rtol = 1e-2, .norm_rtol = 5e-3};
     fd_tol kinky = {.eps = 1e-3, .atol = 1e-2, .rtol = 2e-2, .norm_rtol = 2e-2};
     gp_shape img = gp_shape_4d(3, 5, 7, 9);
-    layer_case cases[32];
+    layer_case cases[40];
     int n = 0;
     /* linear, with and without bias */
     cases[n] = (layer_case){spec_of(GP_LAYER_LINEAR), gp_shape_2d(3, 7), X_SYM, false, smooth};
@@ -638,6 +698,29 @@ static void test_all_layers(gp_device *dev)
     cases[n] = (layer_case){spec_of(GP_LAYER_RESIDUAL), gp_shape_4d(3, 6, 5, 5), X_SYM, true,
                             kinky};
     cases[n++].spec.out = 6;
+    /* the U-Net layers: leaky relu (PyTorch's 0.01, a steep 0.3, 0 = relu;
+     * 2-D too), dropout2d, instance norm, upsample by 2, 3 and 1 */
+    cases[n++] = (layer_case){spec_of(GP_LAYER_LEAKY_RELU), img, X_AWAY, false, kinky};
+    cases[n] = (layer_case){spec_of(GP_LAYER_LEAKY_RELU), gp_shape_2d(4, 9), X_AWAY, false, kinky};
+    cases[n++].spec.slope = 0.3f;
+    cases[n] = (layer_case){spec_of(GP_LAYER_LEAKY_RELU), img, X_AWAY, false, kinky};
+    cases[n++].spec.slope = 0.0f;
+    cases[n] = (layer_case){spec_of(GP_LAYER_DROPOUT2D), img, X_SYM, false, smooth};
+    cases[n++].spec.p = 0.4f;
+    cases[n] = (layer_case){spec_of(GP_LAYER_DROPOUT2D), img, X_SYM, false, smooth};
+    cases[n++].spec.p = 0.0f;
+    cases[n++] = (layer_case){spec_of(GP_LAYER_INSTANCE_NORM), img, X_SYM, false, smooth};
+    cases[n] = (layer_case){spec_of(GP_LAYER_INSTANCE_NORM), gp_shape_4d(2, 3, 1, 4), X_SYM,
+                            false, smooth};
+    cases[n++].spec.eps = 1e-3f;
+    cases[n++] = (layer_case){spec_of(GP_LAYER_UPSAMPLE), img, X_SYM, false, smooth};
+    cases[n] = (layer_case){spec_of(GP_LAYER_UPSAMPLE), gp_shape_4d(2, 3, 4, 5), X_SYM, false,
+                            smooth};
+    cases[n++].spec.scale = 3;
+    cases[n] = (layer_case){spec_of(GP_LAYER_UPSAMPLE), gp_shape_4d(2, 2, 3, 3), X_SYM, false,
+                            smooth};
+    cases[n++].spec.scale = 1;
+    CHECK((size_t)n <= sizeof cases / sizeof *cases);
     for (int k = 0; k < n; k++) check_layer(dev, &cases[k], k, &rng);
 }
 
@@ -734,6 +817,270 @@ static void test_dropout(gp_device *dev)
     free(m);
     gp_tensor_free(&y);
     gp_saved_free(&s);
+    gp_tensor_free(&x);
+    gp_layer_destroy(&l);
+}
+
+/* ---- dropout2d ------------------------------------------------------------ */
+
+/* A forward of x's samples [lo, lo + n) as one micro-batch; host copy of y. */
+static float *forward_part(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x, int64_t lo,
+                           int64_t n, size_t *saved)
+{
+    gp_tensor xs = gp_tensor_slice(x, lo, n);
+    gp_fwd_ctx c = *ctx;
+    c.sample_offset = ctx->sample_offset + lo;
+    gp_tensor y = {0};
+    gp_saved s = {0};
+    CHECK_OK(gp_layer_forward(l, &c, &xs, &y, &s));
+    float *h = download(&y);
+    if (saved) *saved = gp_saved_bytes(&s);
+    gp_tensor_free(&y);
+    gp_saved_free(&s);
+    return h;
+}
+
+static void test_dropout2d(gp_device *dev)
+{
+    hrng rng = {17};
+    gp_layer_spec sp = spec_of(GP_LAYER_DROPOUT2D);
+    sp.p = 0.3f;
+    const int64_t N = 6, C = 8, S = 5 * 7;
+    gp_shape in = gp_shape_4d(N, C, 5, 7);
+    gp_layer l;
+    CHECK_OK(gp_layer_create(&sp, 5, &in, dev, 1, &l));
+    int64_t nx = gp_shape_numel(&in);
+    float *xh = malloc((size_t)nx * sizeof *xh);
+    fill_away_from_zero(&rng, xh, nx, 0.1f);
+    gp_tensor x = upload(dev, &in, xh);
+    gp_fwd_ctx ctx = train_ctx();
+    ctx.batch_total = N;
+    size_t saved = 0;
+    float *full = forward_part(&l, &ctx, &x, 0, N, &saved);
+    CHECK(saved == (size_t)(N * C) * sizeof(float));
+    /* each plane is all dropped or all kept (x / (1 - p)), and it is the
+     * reference mask's choice */
+    int planes_ok = 1, mask_ok = 1;
+    int64_t kept = 0;
+    for (int64_t q = 0; q < N * C; q++) {
+        bool keep = full[q * S] != 0.0f;
+        kept += keep;
+        for (int64_t j = 0; j < S; j++) {
+            float want = keep ? xh[q * S + j] / 0.7f : 0.0f;
+            planes_ok &= fabsf(full[q * S + j] - want) <= 1e-6f * fabsf(want);
+        }
+        mask_ok &= keep == (ref_dropout2d_mask(&l, &ctx, q / C, q % C, C) != 0.0);
+    }
+    CHECK_MSG(planes_ok, "dropout2d: a plane is partly kept");
+    CHECK_MSG(mask_ok, "dropout2d: kept planes differ from the reference mask");
+    CHECK_MSG(kept > 0 && kept < N * C, "dropout2d kept %lld of %lld planes", (long long)kept,
+              (long long)(N * C));
+    /* uneven micro-batches with their offsets draw the full-batch mask */
+    int64_t cuts[2] = {1, 4};
+    for (int k = 0; k < 2; k++) {
+        float *a = forward_part(&l, &ctx, &x, 0, cuts[k], NULL);
+        float *b = forward_part(&l, &ctx, &x, cuts[k], N - cuts[k], NULL);
+        CHECK_MSG(!memcmp(a, full, (size_t)(cuts[k] * C * S) * sizeof *a) &&
+                      !memcmp(b, full + cuts[k] * C * S, (size_t)((N - cuts[k]) * C * S) * sizeof *b),
+                  "dropout2d: micro-batches split at %lld differ from the full batch",
+                  (long long)cuts[k]);
+        free(a);
+        free(b);
+    }
+    /* recompute draws the same mask; another step or layer another one */
+    gp_fwd_ctx rc = ctx;
+    rc.recompute = true;
+    float *again = forward_part(&l, &rc, &x, 0, N, NULL);
+    CHECK(!memcmp(again, full, (size_t)nx * sizeof *full));
+    gp_fwd_ctx nc = ctx;
+    nc.step++;
+    float *other = forward_part(&l, &nc, &x, 0, N, NULL);
+    CHECK(memcmp(other, full, (size_t)nx * sizeof *full) != 0);
+    /* not dropout's bits: dropout of the same index draws per element
+     * (tag "drop"), so its first element of each plane is another stream */
+    gp_layer_spec ds = spec_of(GP_LAYER_DROPOUT);
+    ds.p = 0.3f;
+    gp_layer d;
+    CHECK_OK(gp_layer_create(&ds, 5, &in, dev, 1, &d));
+    float *elem = forward_part(&d, &ctx, &x, 0, N, NULL);
+    int same = 1;
+    for (int64_t q = 0; q < N * C; q++) same &= (elem[q] != 0.0f) == (full[q * S] != 0.0f);
+    CHECK_MSG(!same, "dropout2d draws dropout's bits");
+    free(elem);
+    gp_layer_destroy(&d);
+    /* eval is the identity and keeps nothing */
+    gp_fwd_ctx ec = ctx;
+    ec.training = false;
+    float *ev = forward_part(&l, &ec, &x, 0, N, &saved);
+    CHECK(!memcmp(ev, xh, (size_t)nx * sizeof *xh));
+    CHECK(saved == 0);
+    /* backward: dx = dy * mask, the same planes */
+    gp_tensor y = {0}, dx = {0};
+    gp_saved sv = {0};
+    CHECK_OK(gp_layer_forward(&l, &ctx, &x, &y, &sv));
+    CHECK_OK(gp_layer_backward(&l, &ctx, &x, &y, &x, &dx, &sv)); /* dy = x */
+    float *dxh = download(&dx);
+    CHECK(!memcmp(dxh, full, (size_t)nx * sizeof *full));
+    free(dxh);
+    gp_tensor_free(&dx);
+    gp_tensor_free(&y);
+    gp_saved_free(&sv);
+    free(xh); free(full); free(again); free(other); free(ev);
+    gp_tensor_free(&x);
+    gp_layer_destroy(&l);
+
+    /* p = 0 is the identity in training too, and keeps nothing */
+    sp.p = 0.0f;
+    gp_shape small = gp_shape_4d(2, 3, 2, 2);
+    CHECK_OK(gp_layer_create(&sp, 1, &small, dev, 1, &l));
+    float sh[24];
+    fill_sym(&rng, sh, 24, 1.0f);
+    x = upload(dev, &small, sh);
+    float *id = forward_part(&l, &ctx, &x, 0, 2, &saved);
+    CHECK(!memcmp(id, sh, sizeof sh) && saved == 0);
+    free(id);
+    gp_tensor_free(&x);
+    gp_layer_destroy(&l);
+
+    /* planes kept ~ 1 - p over many (sample, channel) pairs */
+    sp.p = 0.25f;
+    gp_shape big = gp_shape_4d(64, 500, 1, 2);
+    CHECK_OK(gp_layer_create(&sp, 2, &big, dev, 1, &l));
+    int64_t nb = gp_shape_numel(&big);
+    float *ones = malloc((size_t)nb * sizeof *ones);
+    for (int64_t i = 0; i < nb; i++) ones[i] = 1.0f;
+    x = upload(dev, &big, ones);
+    float *m = forward_part(&l, &ctx, &x, 0, 64, NULL);
+    int64_t kept_big = 0;
+    for (int64_t q = 0; q < nb / 2; q++) kept_big += m[2 * q] != 0.0f;
+    CHECK_NEAR((double)kept_big / (double)(nb / 2), 0.75, 0.015, 0);
+    free(ones);
+    free(m);
+    gp_tensor_free(&x);
+    gp_layer_destroy(&l);
+}
+
+/* ---- instance norm, upsample ----------------------------------------------- */
+
+/* Instance norm is per sample: micro-batches give the full batch's output,
+ * and the saved statistics are the planes' mean and biased variance. */
+static void test_instance_norm(gp_device *dev)
+{
+    hrng rng = {23};
+    gp_layer_spec sp = spec_of(GP_LAYER_INSTANCE_NORM);
+    const int64_t N = 5, C = 4, S = 6 * 3;
+    gp_shape in = gp_shape_4d(N, C, 6, 3);
+    gp_layer l;
+    CHECK_OK(gp_layer_create(&sp, 0, &in, dev, 1, &l));
+    CHECK(l.n_params == 0);
+    int64_t nx = gp_shape_numel(&in);
+    float *xh = malloc((size_t)nx * sizeof *xh);
+    /* planes with their own offset and spread, far from mean 0 / var 1 */
+    for (int64_t q = 0; q < N * C; q++)
+        for (int64_t j = 0; j < S; j++)
+            xh[q * S + j] = (float)(q - 7) * 3.0f + (0.5f + (float)q * 0.2f) * hrng_sym(&rng);
+    gp_tensor x = upload(dev, &in, xh);
+    gp_fwd_ctx ctx = train_ctx();
+    gp_tensor y = {0};
+    gp_saved sv = {0};
+    CHECK_OK(gp_layer_forward(&l, &ctx, &x, &y, &sv));
+    float *full = download(&y), *mean = download(&sv.t[0]), *var = download(&sv.t[1]);
+    CHECK(gp_tensor_numel(&sv.t[0]) == N * C && gp_tensor_numel(&sv.t[1]) == N * C);
+    double worst = 0;
+    for (int64_t q = 0; q < N * C; q++) {
+        double m = 0, v = 0, om = 0, ov = 0;
+        for (int64_t j = 0; j < S; j++) m += xh[q * S + j];
+        m /= (double)S;
+        for (int64_t j = 0; j < S; j++) v += (xh[q * S + j] - m) * (xh[q * S + j] - m);
+        v /= (double)S;
+        worst = fmax(worst, fabs(mean[q] - m) / (1 + fabs(m)));
+        worst = fmax(worst, fabs(var[q] - v) / (1 + v));
+        /* every output plane has mean 0 and variance v / (v + eps) */
+        for (int64_t j = 0; j < S; j++) om += full[q * S + j];
+        om /= (double)S;
+        for (int64_t j = 0; j < S; j++) ov += (full[q * S + j] - om) * (full[q * S + j] - om);
+        ov /= (double)S;
+        worst = fmax(worst, fabs(om));
+        worst = fmax(worst, fabs(ov - v / (v + 1e-5)));
+    }
+    CHECK_MSG(worst < 2e-5, "instance norm statistics off by %.3g", worst);
+    for (int64_t cut = 1; cut < N; cut += 2) {
+        float *a = forward_part(&l, &ctx, &x, 0, cut, NULL);
+        float *b = forward_part(&l, &ctx, &x, cut, N - cut, NULL);
+        double err = 0;
+        for (int64_t i = 0; i < cut * C * S; i++) err = fmax(err, fabs(a[i] - full[i]));
+        for (int64_t i = 0; i < (N - cut) * C * S; i++)
+            err = fmax(err, fabs(b[i] - full[cut * C * S + i]));
+        CHECK_MSG(err <= 1e-6, "instance norm split at %lld differs by %.3g", (long long)cut, err);
+        free(a);
+        free(b);
+    }
+    /* eval normalises the same way (no running statistics) */
+    gp_fwd_ctx ec = ctx;
+    ec.training = false;
+    float *ev = forward_part(&l, &ec, &x, 0, N, NULL);
+    CHECK(!memcmp(ev, full, (size_t)nx * sizeof *full));
+    free(ev); free(full); free(mean); free(var); free(xh);
+    gp_saved_free(&sv);
+    gp_tensor_free(&y);
+    gp_tensor_free(&x);
+    gp_layer_destroy(&l);
+}
+
+static void test_upsample(gp_device *dev)
+{
+    hrng rng = {29};
+    gp_layer_spec sp = spec_of(GP_LAYER_UPSAMPLE);
+    CHECK(sp.scale == 2);
+    sp.scale = 3;
+    const int64_t N = 2, C = 3, H = 4, W = 5, sc = 3;
+    gp_shape in = gp_shape_4d(N, C, H, W);
+    gp_layer l;
+    CHECK_OK(gp_layer_create(&sp, 0, &in, dev, 1, &l));
+    gp_shape want = gp_shape_4d(1, C, H * sc, W * sc);
+    CHECK(gp_shape_equal(&l.out_shape, &want));
+    CHECK(l.ops->flops(&l, N) == (double)(N * C * H * W * sc * sc));
+    int64_t nx = N * C * H * W, ny = nx * sc * sc;
+    float *xh = malloc((size_t)nx * sizeof *xh), *dyh = malloc((size_t)ny * sizeof *dyh);
+    fill_sym(&rng, xh, nx, 1.0f);
+    fill_sym(&rng, dyh, ny, 1.0f);
+    gp_tensor x = upload(dev, &in, xh);
+    gp_shape ys = gp_shape_with_batch(&l.out_shape, N);
+    gp_tensor dy = upload(dev, &ys, dyh);
+    gp_fwd_ctx ctx = train_ctx();
+    gp_tensor y = {0}, dx = {0};
+    gp_saved sv = {0};
+    CHECK_OK(gp_layer_forward(&l, &ctx, &x, &y, &sv));
+    CHECK(gp_saved_bytes(&sv) == 0);
+    gp_shape got = gp_tensor_shape(&y);
+    CHECK(gp_shape_equal(&got, &ys));
+    float *yh = download(&y);
+    /* the copy is exact */
+    int fwd_ok = 1;
+    for (int64_t q = 0; q < N * C; q++)
+        for (int64_t i = 0; i < H * sc; i++)
+            for (int64_t j = 0; j < W * sc; j++)
+                fwd_ok &= yh[(q * H * sc + i) * W * sc + j] == xh[(q * H + i / sc) * W + j / sc];
+    CHECK_MSG(fwd_ok, "upsample forward is not nearest-neighbour");
+    /* backward: each input element gets the sum of its 3x3 block */
+    CHECK_OK(gp_layer_backward(&l, &ctx, &x, &y, &dy, &dx, &sv));
+    float *dxh = download(&dx);
+    double worst = 0;
+    for (int64_t q = 0; q < N * C; q++)
+        for (int64_t i = 0; i < H; i++)
+            for (int64_t j = 0; j < W; j++) {
+                double acc = 0;
+                for (int64_t a = 0; a < sc; a++)
+                    for (int64_t b = 0; b < sc; b++)
+                        acc += dyh[(q * H * sc + i * sc + a) * W * sc + j * sc + b];
+                worst = fmax(worst, fabs(dxh[(q * H + i) * W + j] - acc));
+            }
+    CHECK_MSG(worst <= 1e-5, "upsample backward off the block sums by %.3g", worst);
+    free(xh); free(dyh); free(yh); free(dxh);
+    gp_saved_free(&sv);
+    gp_tensor_free(&y);
+    gp_tensor_free(&dx);
+    gp_tensor_free(&dy);
     gp_tensor_free(&x);
     gp_layer_destroy(&l);
 }
@@ -967,6 +1314,100 @@ static void test_cross_entropy(gp_device *dev)
     gp_tensor_free(&logits);
 }
 
+/* ---- binary cross-entropy with logits --------------------------------------- */
+
+static double ref_bce(double z, double t)
+{
+    /* the textbook form, fine in double for the moderate logits used here */
+    double sig = 1.0 / (1.0 + exp(-z));
+    return -(t * log(sig) + (1.0 - t) * log(1.0 - sig));
+}
+
+static void test_bce(gp_device *dev)
+{
+    hrng rng = {31};
+    const int64_t N = 3, H = 5, W = 7, n = N * H * W;
+    gp_shape zs = gp_shape_4d(N, 1, H, W);
+    float zh[105], th[105];
+    fill_sym(&rng, zh, n, 4.0f);
+    for (int64_t i = 0; i < n; i++) /* masks of 0 / 1, some soft targets */
+        th[i] = i % 5 == 0 ? (float)hrng_unit(&rng) : (hrng_unit(&rng) < 0.4 ? 1.0f : 0.0f);
+    th[3] = 0.5f; /* a tie counts as class 0 */
+    gp_tensor z = upload(dev, &zs, zh), t = upload(dev, &zs, th);
+    gp_tensor dz;
+    CHECK_OK(gp_tensor_alloc(&dz, dev, &zs, GP_MEM_ACTIVATIONS));
+    float scale = 1.0f / (float)n;
+    gp_loss_out lo;
+    CHECK_OK(gp_bce_with_logits(dev, &z, &t, scale, &dz, &lo));
+    float *dh = download(&dz);
+    double loss = 0;
+    int64_t correct = 0;
+    double gworst = 0;
+    for (int64_t i = 0; i < n; i++) {
+        loss += ref_bce(zh[i], th[i]);
+        correct += (zh[i] > 0) == (th[i] > 0.5);
+        double g = (1.0 / (1.0 + exp(-(double)zh[i])) - th[i]) * scale;
+        gworst = fmax(gworst, fabs(dh[i] - g));
+    }
+    CHECK_NEAR(lo.loss_sum, loss, 1e-9, 1e-9);
+    CHECK(lo.correct == correct);
+    CHECK(lo.count == n);
+    CHECK_MSG(gworst < 1e-8, "bce gradient off by %.3g", gworst);
+    /* the gradient is d(scale * loss_sum)/dz: finite differences */
+    double fworst = 0;
+    for (int64_t q = 0; q < n; q += 4) {
+        float orig = zh[q];
+        double l2[2];
+        for (int sgn = 0; sgn < 2; sgn++) {
+            float v = orig + (sgn ? -1e-2f : 1e-2f);
+            CHECK_OK(gp_dev_upload(dev, z.data + q, &v, 1));
+            gp_loss_out o2;
+            CHECK_OK(gp_bce_with_logits(dev, &z, &t, 1.0f, NULL, &o2));
+            l2[sgn] = o2.loss_sum;
+        }
+        CHECK_OK(gp_dev_upload(dev, z.data + q, &orig, 1));
+        double step = (double)(orig + 1e-2f) - (double)(orig - 1e-2f);
+        double num = scale * (l2[0] - l2[1]) / step;
+        fworst = fmax(fworst, fabs(num - dh[q]) / (1e-4 * scale + fabs(num)));
+    }
+    CHECK_MSG(fworst < 1e-3, "bce gradient vs finite differences: relative error %.3g", fworst);
+    /* extreme logits: finite loss |z| for the wrong sign, 0 for the right
+     * one, gradients exactly -1 / 0 / 1 scaled (no overflow in exp) */
+    float ez[4] = {100.0f, -100.0f, 100.0f, -100.0f}, et[4] = {0.0f, 1.0f, 1.0f, 0.0f};
+    gp_shape s4 = gp_shape_2d(2, 2);
+    gp_tensor z4 = upload(dev, &s4, ez), t4 = upload(dev, &s4, et), d4;
+    CHECK_OK(gp_tensor_alloc(&d4, dev, &s4, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_bce_with_logits(dev, &z4, &t4, 1.0f, &d4, &lo));
+    float *g4 = download(&d4);
+    CHECK_NEAR(lo.loss_sum, 200.0, 1e-9, 0);
+    CHECK(lo.correct == 2 && lo.count == 4);
+    CHECK(g4[0] == 1.0f && g4[1] == -1.0f && fabsf(g4[2]) < 1e-30f && fabsf(g4[3]) < 1e-30f);
+    free(g4);
+    /* a target outside [0, 1] names the element (flat and as an index) and
+     * writes nothing */
+    th[40] = 1.5f;
+    th[50] = -1.0f;
+    CHECK_OK(gp_dev_upload(dev, t.data, th, n));
+    CHECK_OK(gp_dev_fill(dev, dz.data, 7.0f, n));
+    CHECK_ERR(gp_bce_with_logits(dev, &z, &t, 1.0f, &dz, &lo), GP_ERR_DATA,
+              "target 1.5 at element 40 (1, 0, 0, 5) of the batch is not in [0, 1]");
+    CHECK(lo.count == 0 && lo.loss_sum == 0.0);
+    float *dbad = download(&dz);
+    CHECK(dbad[0] == 7.0f && dbad[n - 1] == 7.0f);
+    free(dbad);
+    th[40] = NAN;
+    CHECK_OK(gp_dev_upload(dev, t.data, th, n));
+    CHECK_ERR(gp_bce_with_logits(dev, &z, &t, 1.0f, NULL, &lo), GP_ERR_DATA,
+              "target nan at element 40");
+    /* logits and targets must match in size */
+    gp_tensor t3 = gp_tensor_slice(&t4, 0, 1);
+    CHECK_ERR(gp_bce_with_logits(dev, &z4, &t3, 1.0f, NULL, &lo), GP_ERR_INVALID,
+              "one target per logit, but the logits are (2, 2) and the targets (1, 2)");
+    free(dh);
+    gp_tensor_free(&z4); gp_tensor_free(&t4); gp_tensor_free(&d4);
+    gp_tensor_free(&dz); gp_tensor_free(&t); gp_tensor_free(&z);
+}
+
 /* ---- counts, names, FLOPs ------------------------------------------------- */
 
 static void test_counts(gp_device *dev)
@@ -1104,6 +1545,36 @@ static void test_errors(gp_device *dev)
     bn.momentum = 2.0f;
     CHECK_ERR(gp_layer_create(&bn, 9, &img, dev, 1, &l), GP_ERR_INVALID, "momentum");
 
+    /* the U-Net layers' options and inputs */
+    gp_layer_spec lr = spec_of(GP_LAYER_LEAKY_RELU);
+    lr.slope = -0.1f;
+    CHECK_ERR(gp_layer_create(&lr, 10, &img, dev, 1, &l), GP_ERR_INVALID,
+              "layer 10 (leaky_relu): slope = -0.1 must be a finite number >= 0");
+    lr.slope = NAN;
+    CHECK_ERR(gp_layer_create(&lr, 10, &img, dev, 1, &l), GP_ERR_INVALID, "slope = nan");
+    gp_layer_spec d2 = spec_of(GP_LAYER_DROPOUT2D);
+    d2.p = 1.0f;
+    CHECK_ERR(gp_layer_create(&d2, 11, &img, dev, 1, &l), GP_ERR_INVALID,
+              "layer 11 (dropout2d): p = 1 must be a probability in [0, 1)");
+    d2.p = 0.1f;
+    CHECK_ERR(gp_layer_create(&d2, 11, &flat, dev, 1, &l), GP_ERR_INVALID,
+              "expected 4-D input (N, C, H, W) but got (N, 784); dropout2d drops whole channels");
+    gp_layer_spec in = spec_of(GP_LAYER_INSTANCE_NORM);
+    CHECK_ERR(gp_layer_create(&in, 12, &flat, dev, 1, &l), GP_ERR_INVALID, "expected 4-D input");
+    gp_shape dot = gp_shape_4d(1, 8, 1, 1);
+    CHECK_ERR(gp_layer_create(&in, 12, &dot, dev, 1, &l), GP_ERR_INVALID,
+              "input (N, 8, 1, 1) has one value per channel");
+    in.eps = 0.0f;
+    CHECK_ERR(gp_layer_create(&in, 12, &img, dev, 1, &l), GP_ERR_INVALID, "eps = 0 must be");
+    gp_layer_spec up = spec_of(GP_LAYER_UPSAMPLE);
+    up.scale = 0;
+    CHECK_ERR(gp_layer_create(&up, 13, &img, dev, 1, &l), GP_ERR_INVALID,
+              "layer 13 (upsample): scale = 0 must be an integer >= 1");
+    up.scale = 2;
+    CHECK_ERR(gp_layer_create(&up, 13, &flat, dev, 1, &l), GP_ERR_INVALID, "expected 4-D input");
+    up.scale = 1 << 20;
+    CHECK_ERR(gp_layer_create(&up, 13, &img, dev, 1, &l), GP_ERR_INVALID, "larger than");
+
     /* forward with an input of the wrong shape is refused, not run */
     li = spec_of(GP_LAYER_LINEAR);
     li.out = 3;
@@ -1220,6 +1691,24 @@ static void test_relu_nonfinite(gp_device *dev)
     gp_tensor_free(&y);
 }
 
+/* Leaky ReLU lets a NaN through too; infinities follow the formula. */
+static void test_leaky_relu_nonfinite(gp_device *dev)
+{
+    float h[6] = {NAN, -NAN, INFINITY, -INFINITY, -2.0f, 3.0f}, o[6];
+    gp_shape sh = gp_shape_2d(1, 6);
+    gp_tensor x, y;
+    CHECK_OK(gp_tensor_alloc(&x, dev, &sh, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_tensor_alloc(&y, dev, &sh, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_dev_upload(dev, x.data, h, 6));
+    CHECK_OK(gp_dev_leaky_relu_fwd(dev, x.data, y.data, 6, 0.25f));
+    CHECK_OK(gp_dev_download(dev, o, y.data, 6));
+    CHECK_OK(gp_dev_synchronize(dev));
+    CHECK(isnan(o[0]) && isnan(o[1]));
+    CHECK(o[2] == INFINITY && o[3] == -INFINITY && o[4] == -0.5f && o[5] == 3.0f);
+    gp_tensor_free(&x);
+    gp_tensor_free(&y);
+}
+
 int main(void)
 {
     gp_device *dev = NULL, *dev2 = NULL;
@@ -1239,6 +1728,11 @@ int main(void)
     test_errors(dev);
     test_init(dev, dev2);
     test_relu_nonfinite(dev);
+    test_dropout2d(dev);
+    test_instance_norm(dev);
+    test_upsample(dev);
+    test_bce(dev);
+    test_leaky_relu_nonfinite(dev);
     /* every byte came back (the backend's own scratch arena aside) */
     for (int c = 0; c < GP_MEM_COUNT; c++) {
         if (c == GP_MEM_WORKSPACE) continue;

@@ -64,8 +64,10 @@
  *   5  host_alloc, host_free (pinned upload buffers)
  *   6  sharded_sgd (the sharded SGD step as one collective)
  *   7  barrier (a host barrier over a communicator)
- *   8  copy_box (a strided 4-D copy: concatenation, padding, slices) */
-#define GP_DEVICE_IFACE_VERSION 8
+ *   8  copy_box (a strided 4-D copy: concatenation, padding, slices)
+ *   9  leaky_relu_fwd, leaky_relu_bwd, mul_rows, upsample_fwd, upsample_bwd,
+ *      bce_logits (torchgpipe's U-Net: its layers and loss) */
+#define GP_DEVICE_IFACE_VERSION 9
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -204,7 +206,10 @@ typedef struct gp_device_iface {
      * fwd_train: batch statistics; writes y, mean(C) and var(C) (biased, for
      * normalisation), all outputs overwritten.
      * fwd_infer: normalises with given mean/var.
-     * bwd: dx =; dgamma +=, dbeta += (accumulate). mean/var are those of fwd. */
+     * bwd: dx =; dgamma +=, dbeta += (accumulate). mean/var are those of fwd.
+     * gamma and beta may be NULL (1 and 0: no affine part), and so may
+     * dgamma and dbeta (not computed): instance norm runs on these slots
+     * without parameters (layers/unet.c). */
     gp_status (*bn_fwd_train)(gp_device *dev, const gp_bn_desc *d, const float *x,
                               const float *gamma, const float *beta, float *y,
                               float *mean, float *var);
@@ -333,6 +338,41 @@ typedef struct gp_device_iface {
     gp_status (*copy_box)(gp_device *dev, float *dst, const int64_t dst_stride[4],
                           const float *src, const int64_t src_stride[4],
                           const int64_t dims[4]);
+    /* --- U-Net layers and loss (optional; appended last) ---
+     * leaky_relu_fwd: y = x > 0 ? x : slope x, slope >= 0; a NaN stays NaN
+     * (gp_ew_leaky_relu).
+     * leaky_relu_bwd: dx = y > 0 ? dy : slope dy, y being leaky_relu_fwd's
+     * output: with slope >= 0, y > 0 exactly where x > 0.
+     * mul_rows: y(r, j) = x(r, j) * s(r) for x, y (rows, cols), s (rows);
+     * y may be x.  dropout2d applies its (N*C) mask to the H*W planes.
+     * upsample_fwd: nearest-neighbour upsampling of x (n, c, h, w) by the
+     * integer `scale` >= 1: y (n, c, h*scale, w*scale) with
+     * y[., ., i, j] = x[., ., i / scale, j / scale] (PyTorch's
+     * Upsample(scale_factor, 'nearest')).
+     * upsample_bwd: its adjoint, dx (n, c, h, w) = (overwritten) the sum of
+     * dy over each scale x scale block.
+     * bce_logits: binary cross-entropy with logits, element by element, of
+     * z (n) against targets t (n) in [0, 1]: *loss_sum = sum max(z, 0) - z t
+     * + log(1 + exp(-|z|)) (double); *correct = elements with (z > 0) ==
+     * (t > 0.5); if dz is not NULL it is set to (sigmoid(z) - t) * scale
+     * (gp_ew_bce_*).  A target outside [0, 1] (or NaN) sets *bad to its
+     * first index (else -1) and returns GP_OK without output, like xent.
+     * CPU: cpu_math.c, cpu_upsample.c (loops: oneDNN's resampling backward
+     * is ~10x slower there); CUDA: cuda_kernels.cu.  NULL: the gp_dev_* wrappers return
+     * GP_ERR_UNSUPPORTED naming the device and the layer that needs it. */
+    gp_status (*leaky_relu_fwd)(gp_device *dev, const float *x, float *y, int64_t n,
+                                float slope);
+    gp_status (*leaky_relu_bwd)(gp_device *dev, const float *y, const float *dy, float *dx,
+                                int64_t n, float slope);
+    gp_status (*mul_rows)(gp_device *dev, const float *x, const float *s, float *y,
+                          int64_t rows, int64_t cols);
+    gp_status (*upsample_fwd)(gp_device *dev, const float *x, float *y, int64_t n, int64_t c,
+                              int64_t h, int64_t w, int64_t scale);
+    gp_status (*upsample_bwd)(gp_device *dev, const float *dy, float *dx, int64_t n, int64_t c,
+                              int64_t h, int64_t w, int64_t scale);
+    gp_status (*bce_logits)(gp_device *dev, const float *z, const float *t, int64_t n,
+                            float scale, float *dz, double *loss_sum, int64_t *correct,
+                            int64_t *bad);
 } gp_device_iface;
 
 struct gp_device {
@@ -576,6 +616,23 @@ static inline gp_status gp_dev_copy_box(gp_device *dev, float *dst, const int64_
                             dev->iface->backend_name);
     return dev->iface->copy_box(dev, dst, dst_stride, src, src_stride, dims);
 }
+/* The U-Net slots above; GP_ERR_UNSUPPORTED (naming the device, its
+ * backend and the op) when a slot is NULL.  Nothing is called for zero
+ * elements (bce_logits then reports 0 / 0 / -1); the upsample wrappers
+ * refuse (GP_ERR_INVALID) a negative size or a scale below 1. */
+gp_status gp_dev_leaky_relu_fwd(gp_device *dev, const float *x, float *y, int64_t n,
+                                float slope);
+gp_status gp_dev_leaky_relu_bwd(gp_device *dev, const float *y, const float *dy, float *dx,
+                                int64_t n, float slope);
+gp_status gp_dev_mul_rows(gp_device *dev, const float *x, const float *s, float *y,
+                          int64_t rows, int64_t cols);
+gp_status gp_dev_upsample_fwd(gp_device *dev, const float *x, float *y, int64_t n, int64_t c,
+                              int64_t h, int64_t w, int64_t scale);
+gp_status gp_dev_upsample_bwd(gp_device *dev, const float *dy, float *dx, int64_t n, int64_t c,
+                              int64_t h, int64_t w, int64_t scale);
+gp_status gp_dev_bce_logits(gp_device *dev, const float *z, const float *t, int64_t n,
+                            float scale, float *dz, double *loss_sum, int64_t *correct,
+                            int64_t *bad);
 
 /* --- tensors on a device (backend/tensor.c) -----------------------------
  * The half of gp_tensor that needs a device: memory through gp_dev_alloc,

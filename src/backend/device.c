@@ -305,3 +305,75 @@ gp_status gp_dev_bn_bwd_apply(gp_device *dev, const gp_bn_desc *d, const float *
     return dev->iface->bn_bwd_apply(dev, d, x, gamma, mean, var, dy, sums, count, dx, local,
                                     dgamma, dbeta);
 }
+
+/* ---- the U-Net slots ------------------------------------------------------ */
+
+static gp_status no_unet_op(gp_device *dev, const char *op, const char *layer)
+{
+    return gp_error_set(GP_ERR_UNSUPPORTED,
+                        "device %s: the %s backend has no %s, which %s needs; run that layer "
+                        "on another device", dev->name, dev->iface->backend_name, op, layer);
+}
+
+gp_status gp_dev_leaky_relu_fwd(gp_device *dev, const float *x, float *y, int64_t n,
+                                float slope)
+{
+    if (!dev->iface->leaky_relu_fwd) return no_unet_op(dev, "leaky_relu_fwd", "leaky_relu");
+    return n > 0 ? dev->iface->leaky_relu_fwd(dev, x, y, n, slope) : GP_OK;
+}
+
+gp_status gp_dev_leaky_relu_bwd(gp_device *dev, const float *y, const float *dy, float *dx,
+                                int64_t n, float slope)
+{
+    if (!dev->iface->leaky_relu_bwd) return no_unet_op(dev, "leaky_relu_bwd", "leaky_relu");
+    return n > 0 ? dev->iface->leaky_relu_bwd(dev, y, dy, dx, n, slope) : GP_OK;
+}
+
+gp_status gp_dev_mul_rows(gp_device *dev, const float *x, const float *s, float *y,
+                          int64_t rows, int64_t cols)
+{
+    if (!dev->iface->mul_rows) return no_unet_op(dev, "mul_rows", "dropout2d");
+    return rows > 0 && cols > 0 ? dev->iface->mul_rows(dev, x, s, y, rows, cols) : GP_OK;
+}
+
+static gp_status upsample_check(gp_device *dev, int64_t n, int64_t c, int64_t h, int64_t w,
+                                int64_t scale)
+{
+    if (n < 0 || c < 0 || h < 0 || w < 0 || scale < 1)
+        return gp_error_set(GP_ERR_INVALID,
+                            "device %s: invalid upsampling of (%lld, %lld, %lld, %lld) by %lld",
+                            dev->name, (long long)n, (long long)c, (long long)h, (long long)w,
+                            (long long)scale);
+    return GP_OK;
+}
+
+gp_status gp_dev_upsample_fwd(gp_device *dev, const float *x, float *y, int64_t n, int64_t c,
+                              int64_t h, int64_t w, int64_t scale)
+{
+    if (!dev->iface->upsample_fwd) return no_unet_op(dev, "upsample_fwd", "upsample");
+    GP_TRY(upsample_check(dev, n, c, h, w, scale));
+    if (n * c * h * w == 0) return GP_OK;
+    return dev->iface->upsample_fwd(dev, x, y, n, c, h, w, scale);
+}
+
+gp_status gp_dev_upsample_bwd(gp_device *dev, const float *dy, float *dx, int64_t n, int64_t c,
+                              int64_t h, int64_t w, int64_t scale)
+{
+    if (!dev->iface->upsample_bwd) return no_unet_op(dev, "upsample_bwd", "upsample");
+    GP_TRY(upsample_check(dev, n, c, h, w, scale));
+    if (n * c * h * w == 0) return GP_OK;
+    return dev->iface->upsample_bwd(dev, dy, dx, n, c, h, w, scale);
+}
+
+gp_status gp_dev_bce_logits(gp_device *dev, const float *z, const float *t, int64_t n,
+                            float scale, float *dz, double *loss_sum, int64_t *correct,
+                            int64_t *bad)
+{
+    *loss_sum = 0.0;
+    *correct = 0;
+    *bad = -1;
+    if (!dev->iface->bce_logits)
+        return no_unet_op(dev, "bce_logits", "the binary cross-entropy loss");
+    return n > 0 ? dev->iface->bce_logits(dev, z, t, n, scale, dz, loss_sum, correct, bad)
+                 : GP_OK;
+}

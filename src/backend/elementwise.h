@@ -35,6 +35,21 @@ GP_EW_FN float gp_ew_relu(float x) { return x > 0.0f || x != x ? x : 0.0f; }
 /* dx = dy * (y > 0), y being relu's output. */
 GP_EW_FN float gp_ew_relu_bwd(float y, float dy) { return y > 0.0f ? dy : 0.0f; }
 
+/* Leaky ReLU with slope >= 0.  A NaN stays NaN, as in relu: a NaN must not
+ * hide behind an activation (slope * NaN would be NaN anyway; the x != x
+ * says it).  -inf gives slope * -inf as the formula does: NaN for slope 0. */
+GP_EW_FN float gp_ew_leaky_relu(float x, float slope)
+{
+    return x > 0.0f || x != x ? x : slope * x;
+}
+
+/* dx from leaky_relu's output y: with slope >= 0, y > 0 exactly where
+ * x > 0, so y serves as relu's does (and backward needs no input). */
+GP_EW_FN float gp_ew_leaky_relu_bwd(float y, float dy, float slope)
+{
+    return y > 0.0f ? dy : slope * dy;
+}
+
 GP_EW_FN int gp_ew_nonfinite(float x) { return !isfinite(x); }
 
 /* ---- optimizer ---------------------------------------------------------- */
@@ -159,5 +174,30 @@ GP_EW_FN int gp_ew_label_ok(float label, int64_t cols)
 {
     return label >= 0.0f && label < (float)cols && label == floorf(label);
 }
+
+/* ---- binary cross-entropy with logits, one element ----------------------- */
+
+/* A target must be a probability; NaN is not. */
+GP_EW_FN int gp_ew_bce_target_ok(float t) { return t >= 0.0f && t <= 1.0f; }
+
+/* max(z, 0) - z t + log(1 + exp(-|z|)) in double: the stable form of
+ * -(t log sigmoid(z) + (1 - t) log(1 - sigmoid(z))), no overflow for any z. */
+GP_EW_FN double gp_ew_bce_loss(float z, float t)
+{
+    double zd = (double)z, td = (double)t;
+    return (zd > 0.0 ? zd : 0.0) - zd * td + log1p(exp(-fabs(zd)));
+}
+
+/* (sigmoid(z) - t) * scale; sigmoid from exp(-|z|), which cannot overflow. */
+GP_EW_FN float gp_ew_bce_grad(float z, float t, float scale)
+{
+    double e = exp(-fabs((double)z));
+    double sig = z >= 0.0f ? 1.0 / (1.0 + e) : e / (1.0 + e);
+    return (float)((sig - (double)t) * (double)scale);
+}
+
+/* The prediction (z > 0, i.e. sigmoid(z) > 0.5) agrees with the target
+ * rounded at 0.5. */
+GP_EW_FN int gp_ew_bce_hit(float z, float t) { return (z > 0.0f) == (t > 0.5f); }
 
 #endif /* GP_ELEMENTWISE_H */

@@ -67,7 +67,11 @@ const char *gp_profile_layer_spec(const gp_layer_spec *s, char *buf, size_t len)
                  (long long)s->stride, sync);
         break;
     case GP_LAYER_DROPOUT: /* p = 0 copies the input through */
+    case GP_LAYER_DROPOUT2D:
         snprintf(buf, len, "%s {p: %g}", t, (double)s->p);
+        break;
+    case GP_LAYER_UPSAMPLE: /* the output size */
+        snprintf(buf, len, "%s {scale: %lld}", t, (long long)s->scale);
         break;
     default:
         snprintf(buf, len, "%s", t);

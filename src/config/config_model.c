@@ -31,7 +31,17 @@ static int layer_keys(gp_layer_type t, const char **keys)
         keys[n++] = "kernel"; keys[n++] = "stride"; keys[n++] = "padding";
         break;
     case GP_LAYER_DROPOUT:
+    case GP_LAYER_DROPOUT2D:
         keys[n++] = "p";
+        break;
+    case GP_LAYER_LEAKY_RELU:
+        keys[n++] = "slope";
+        break;
+    case GP_LAYER_INSTANCE_NORM:
+        keys[n++] = "eps";
+        break;
+    case GP_LAYER_UPSAMPLE:
+        keys[n++] = "scale";
         break;
     case GP_LAYER_RESIDUAL: /* momentum, eps, sync: of its batch norms */
         keys[n++] = "out"; keys[n++] = "stride";
@@ -163,6 +173,11 @@ static gp_status parse_layer(gp_cfg_walk *w, const gp_ynode *item, int index, gp
         GP_TRY(gp_cfg_get_bool(w, opts, sect, "sync", spec->sync, &spec->sync));
     if (has_key(keys, nk, "p"))
         GP_TRY(gp_cfg_get_float(w, opts, sect, "p", spec->p, 0, 1, GP_CFG_HI_OPEN, &spec->p));
+    if (has_key(keys, nk, "slope"))
+        GP_TRY(gp_cfg_get_float(w, opts, sect, "slope", spec->slope, 0, INFINITY, 0,
+                                &spec->slope));
+    if (has_key(keys, nk, "scale"))
+        GP_TRY(gp_cfg_get_int(w, opts, sect, "scale", spec->scale, 1, 1 << 16, &spec->scale));
     GP_TRY(gp_cfg_get_str(w, opts, sect, "name", "", spec->name, sizeof spec->name));
     GP_TRY(gp_cfg_get_str(w, opts, sect, "stash", "", spec->stash, sizeof spec->stash));
     if (has_key(keys, nk, "pop")) GP_TRY(parse_pops(w, opts, sect, spec));

@@ -2,7 +2,7 @@
  * layer.c — what every layer shares: type names and spec defaults, creation
  * and destruction, the forward/backward wrappers that allocate outputs,
  * parameter helpers, gp_saved, layer descriptions for messages, and the
- * cross-entropy loss.
+ * losses (cross-entropy, binary cross-entropy with logits).
  */
 #include "layers/layers_impl.h"
 
@@ -15,6 +15,7 @@ static const char *const type_names[GP_LAYER_TYPE_COUNT] = {
     "linear",  "conv2d",  "batchnorm", "relu",    "maxpool2d",
     "avgpool2d", "global_avgpool", "flatten", "dropout", "residual",
     "identity", "add", "concat",
+    "leaky_relu", "dropout2d", "instance_norm", "upsample",
 };
 
 const char *gp_layer_type_name(gp_layer_type t)
@@ -45,6 +46,8 @@ gp_layer_spec gp_layer_spec_default(gp_layer_type type)
     s.momentum = 0.1f;
     s.eps = 1e-5f;
     s.p = 0.5f;
+    s.slope = 0.01f;
+    s.scale = 2;
     return s;
 }
 
@@ -64,6 +67,10 @@ const gp_layer_ops *gp_layer_ops_for(gp_layer_type t)
     case GP_LAYER_IDENTITY: return &gp_identity_ops;
     case GP_LAYER_ADD: return &gp_add_ops;
     case GP_LAYER_CONCAT: return &gp_concat_ops;
+    case GP_LAYER_LEAKY_RELU: return &gp_leaky_relu_ops;
+    case GP_LAYER_DROPOUT2D: return &gp_dropout2d_ops;
+    case GP_LAYER_INSTANCE_NORM: return &gp_instance_norm_ops;
+    case GP_LAYER_UPSAMPLE: return &gp_upsample_ops;
     default: return NULL;
     }
 }
@@ -471,6 +478,56 @@ gp_status gp_cross_entropy(gp_device *dev, const gp_tensor *logits, const gp_ten
     out->loss_sum = loss;
     out->correct = correct;
     out->count = rows;
+    return GP_OK;
+}
+
+gp_status gp_bce_with_logits(gp_device *dev, const gp_tensor *logits, const gp_tensor *targets,
+                             float grad_scale, gp_tensor *dlogits, gp_loss_out *out)
+{
+    memset(out, 0, sizeof *out);
+    int64_t n = gp_tensor_numel(logits);
+    if (gp_tensor_numel(targets) != n) {
+        char a[96], b[96];
+        gp_shape ls = gp_tensor_shape(logits), ts = gp_tensor_shape(targets);
+        return gp_error_set(GP_ERR_INVALID,
+                            "binary cross-entropy needs one target per logit, but the logits "
+                            "are %s and the targets %s; make the model's last layer output "
+                            "the target's shape",
+                            gp_shape_str(&ls, a, sizeof a), gp_shape_str(&ts, b, sizeof b));
+    }
+    GP_ASSERT(!dlogits || gp_tensor_numel(dlogits) == n);
+    GP_ASSERT(logits->dev == dev && targets->dev == dev && (!dlogits || dlogits->dev == dev));
+    double loss = 0.0;
+    int64_t correct = 0, bad = -1;
+    GP_TRY(gp_dev_bce_logits(dev, logits->data, targets->data, n, grad_scale,
+                             dlogits ? dlogits->data : NULL, &loss, &correct, &bad));
+    if (bad >= 0) {
+        float v = NAN;
+        GP_TRY(gp_dev_download(dev, &v, targets->data + bad, 1));
+        GP_TRY(gp_dev_synchronize(dev));
+        char where[96] = "";
+        gp_shape ts = gp_tensor_shape(targets);
+        if (ts.ndim > 1) { /* also as an index of the target's shape */
+            size_t off = (size_t)snprintf(where, sizeof where, " (");
+            int64_t rest = bad;
+            for (int d = 0; d < ts.ndim && off < sizeof where; d++) {
+                int64_t stride = 1;
+                for (int e = d + 1; e < ts.ndim; e++) stride *= ts.dims[e];
+                off += (size_t)snprintf(where + off, sizeof where - off, "%s%lld",
+                                        d ? ", " : "", (long long)(rest / stride));
+                rest %= stride;
+            }
+            if (off < sizeof where) snprintf(where + off, sizeof where - off, ")");
+        }
+        return gp_error_set(GP_ERR_DATA,
+                            "target %g at element %lld%s of the batch is not in [0, 1]: binary "
+                            "cross-entropy takes probabilities (masks of 0 and 1); rescale "
+                            "the targets or check the data",
+                            (double)v, (long long)bad, where);
+    }
+    out->loss_sum = loss;
+    out->correct = correct;
+    out->count = n;
     return GP_OK;
 }
 

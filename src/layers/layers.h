@@ -33,7 +33,7 @@
  * the context, the micro-batch's statistics are first merged over the
  * replicas (SyncBN, batchnorm.c).
  *
- * Owns: the layer interface, every layer and its parameters, the loss.
+ * Owns: the layer interface, every layer and its parameters, the losses.
  * May call: core and backend (through the gp_dev_* wrappers only).  Knows
  * nothing of stages, schedules, checkpointing or optimizers.
  *
@@ -58,6 +58,10 @@ typedef enum gp_layer_type {
     GP_LAYER_IDENTITY,
     GP_LAYER_ADD,
     GP_LAYER_CONCAT,
+    GP_LAYER_LEAKY_RELU,
+    GP_LAYER_DROPOUT2D,
+    GP_LAYER_INSTANCE_NORM,
+    GP_LAYER_UPSAMPLE,
     GP_LAYER_TYPE_COUNT
 } gp_layer_type;
 
@@ -86,9 +90,11 @@ typedef struct gp_layer_spec {
     int64_t padding;      /* conv, pools; default 0 */
     bool bias;            /* linear, conv; default true */
     float momentum;       /* batchnorm; default 0.1 (PyTorch convention) */
-    float eps;            /* batchnorm; default 1e-5 */
+    float eps;            /* batchnorm, instance_norm; default 1e-5 */
     bool sync;            /* batchnorm: synchronise across replicas */
-    float p;              /* dropout probability; default 0.5 */
+    float p;              /* dropout, dropout2d probability; default 0.5 */
+    float slope;          /* leaky_relu negative slope (>= 0); default 0.01 */
+    int64_t scale;        /* upsample factor (>= 1); default 2 */
     /* Skip connections (torchgpipe's stash / pop; docs/config.md): the
      * layer's output is also kept under the name `stash` ("" none) until
      * the one layer that pops it; a layer that pops takes the popped
@@ -316,12 +322,15 @@ int gp_skip_map_inputs(const gp_skip_map *map, int k, const gp_shape *input, con
 /* Whether skip s crosses the boundary after layer k (from <= k < to). */
 static inline bool gp_skip_crosses(const gp_skip *s, int k) { return s->from <= k && k < s->to; }
 
-/* ---- the loss --------------------------------------------------------- */
+/* ---- the losses -------------------------------------------------------- */
 
+/* What a loss reports for one batch; the fields' meaning depends on the
+ * loss (cross-entropy: per row; binary cross-entropy: per element). */
 typedef struct gp_loss_out {
-    double loss_sum;   /* sum over the rows of -log p(label) */
-    int64_t correct;   /* rows whose argmax equals the label */
-    int64_t count;     /* rows */
+    double loss_sum;   /* sum of the per-row (per-element) losses */
+    int64_t correct;   /* rows whose argmax equals the label (elements whose
+                          prediction agrees with the target) */
+    int64_t count;     /* rows (elements) */
 } gp_loss_out;
 
 /* Cross-entropy (log-softmax + NLL) of logits (N, K) against labels (N)
@@ -332,5 +341,23 @@ typedef struct gp_loss_out {
 gp_status gp_cross_entropy(gp_device *dev, const gp_tensor *logits,
                            const gp_tensor *labels, float grad_scale,
                            gp_tensor *dlogits, gp_loss_out *out);
+
+/* Binary cross-entropy with logits (PyTorch's BCEWithLogitsLoss with
+ * reduction 'sum'), element by element, of logits z of any shape against
+ * targets t in [0, 1] with the same number of elements (a U-Net's (N, 1,
+ * H, W) mask):
+ *   loss_sum = sum max(z, 0) - z t + log(1 + exp(-|z|))  (the stable form,
+ *              accumulated in double);
+ *   count    = the number of elements (divide loss_sum by it for the mean);
+ *   correct  = elements where (z > 0) == (t > 0.5): the prediction
+ *              sigmoid(z) > 0.5 agrees with the target rounded at 0.5 (pixel
+ *              accuracy).
+ * If dlogits is non-NULL it is set to (sigmoid(z) - t) * grad_scale (use
+ * 1 / the elements of the whole mini-batch for the mean).  A target outside
+ * [0, 1] (or NaN) is GP_ERR_DATA naming the element; nothing is written
+ * then. */
+gp_status gp_bce_with_logits(gp_device *dev, const gp_tensor *logits,
+                             const gp_tensor *targets, float grad_scale,
+                             gp_tensor *dlogits, gp_loss_out *out);
 
 #endif /* GP_LAYERS_H */

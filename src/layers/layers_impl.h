@@ -20,9 +20,10 @@
 /* gp_saved.flags: forward ran in eval mode (no batch statistics saved). */
 #define GP_SAVED_EVAL 0x2u
 
-/* Stream tags of the counter-based RNG ("init", "drop"). */
+/* Stream tags of the counter-based RNG ("init", "drop", "dr2d"). */
 #define GP_RNG_TAG_INIT 0x696e6974ull
 #define GP_RNG_TAG_DROPOUT 0x64726f70ull
+#define GP_RNG_TAG_DROPOUT2D 0x64723264ull
 
 /* The ops tables (immutable; one per type). */
 extern const gp_layer_ops gp_linear_ops;
@@ -38,6 +39,10 @@ extern const gp_layer_ops gp_residual_ops;
 extern const gp_layer_ops gp_identity_ops;
 extern const gp_layer_ops gp_add_ops;
 extern const gp_layer_ops gp_concat_ops;
+extern const gp_layer_ops gp_leaky_relu_ops;     /* unet.c */
+extern const gp_layer_ops gp_dropout2d_ops;      /* unet.c */
+extern const gp_layer_ops gp_instance_norm_ops;  /* unet.c */
+extern const gp_layer_ops gp_upsample_ops;       /* unet.c */
 
 /* gp_layer_create without the error prefix, with the RNG numbering of the
  * first parameter given (composite layers build children with it).  `in`

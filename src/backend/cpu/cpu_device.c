@@ -236,6 +236,12 @@ static const gp_device_iface cpu_iface = {
     .sharded_sgd = gp_cpu_sharded_sgd,
     .barrier = gp_cpu_barrier,
     .copy_box = gp_cpu_copy_box,
+    .leaky_relu_fwd = gp_cpu_leaky_relu_fwd,
+    .leaky_relu_bwd = gp_cpu_leaky_relu_bwd,
+    .mul_rows = gp_cpu_mul_rows,
+    .upsample_fwd = gp_cpu_upsample_fwd,
+    .upsample_bwd = gp_cpu_upsample_bwd,
+    .bce_logits = gp_cpu_bce_logits,
 };
 
 static cpu_conv_layout conv_layout_from_env(void)

@@ -138,8 +138,8 @@ gp_status gp_cpu_arena_reserve(gp_device *dev, size_t bytes);
 /* Free every cached op (device destruction). */
 void gp_cpu_cache_destroy(gp_cpu_ctx *ctx);
 
-/* The iface slots implemented in cpu_dnnl.c, cpu_bn.c, cpu_pool.c, cpu_math.c
- * and cpu_comm.c. */
+/* The iface slots implemented in cpu_dnnl.c, cpu_bn.c, cpu_pool.c, cpu_math.c,
+ * cpu_upsample.c and cpu_comm.c. */
 gp_status gp_cpu_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x,
                           const float *w, const float *b, float *y);
 gp_status gp_cpu_conv_bwd_data(gp_device *dev, const gp_conv_desc *d,
@@ -190,6 +190,20 @@ gp_status gp_cpu_dropout_mask(gp_device *dev, float *mask, int64_t n, float p,
                               uint64_t seed, uint64_t stream, uint64_t first);
 gp_status gp_cpu_mul(gp_device *dev, const float *a, const float *b, float *y,
                      int64_t n);
+gp_status gp_cpu_leaky_relu_fwd(gp_device *dev, const float *x, float *y, int64_t n,
+                                float slope);
+gp_status gp_cpu_leaky_relu_bwd(gp_device *dev, const float *y, const float *dy, float *dx,
+                                int64_t n, float slope);
+gp_status gp_cpu_mul_rows(gp_device *dev, const float *x, const float *s, float *y,
+                          int64_t rows, int64_t cols);
+gp_status gp_cpu_bce_logits(gp_device *dev, const float *z, const float *t, int64_t n,
+                            float scale, float *dz, double *loss_sum, int64_t *correct,
+                            int64_t *bad);
+/* cpu_upsample.c: nearest-neighbour upsampling and its adjoint. */
+gp_status gp_cpu_upsample_fwd(gp_device *dev, const float *x, float *y, int64_t n, int64_t c,
+                              int64_t h, int64_t w, int64_t scale);
+gp_status gp_cpu_upsample_bwd(gp_device *dev, const float *dy, float *dx, int64_t n,
+                              int64_t c, int64_t h, int64_t w, int64_t scale);
 
 /* cpu_comm.c: collectives between the devices' worker threads. */
 gp_status gp_cpu_allreduce(gp_device *dev, gp_comm *comm, float *buf, int64_t n);

@@ -1,6 +1,7 @@
 /*
  * cpu_math.c — the CPU backend's elementwise ops, reductions, gemm,
- * cross-entropy and dropout masks.
+ * cross-entropy and dropout masks, and the elementwise ops of the U-Net
+ * layers (leaky relu, per-row scaling) and its binary cross-entropy.
  *
  * Loops are OpenMP `parallel for` with the device's thread count and a
  * static schedule (so reductions are reproducible for a given thread
@@ -274,5 +275,67 @@ gp_status gp_cpu_dropout_mask(gp_device *dev, float *mask, int64_t n, float p,
         gp_rng_uniform_fill(seed, stream, first + (uint64_t)c0, m, len);
         for (int64_t i = 0; i < len; i++) m[i] = gp_ew_dropout(m[i], p);
     }
+    return GP_OK;
+}
+
+/* ---- U-Net: leaky relu, per-row scaling, binary cross-entropy ------------- */
+
+gp_status gp_cpu_leaky_relu_fwd(gp_device *dev, const float *x, float *y, int64_t n,
+                                float slope)
+{
+    int nt = dev->threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) y[i] = gp_ew_leaky_relu(x[i], slope);
+    return GP_OK;
+}
+
+gp_status gp_cpu_leaky_relu_bwd(gp_device *dev, const float *y, const float *dy, float *dx,
+                                int64_t n, float slope)
+{
+    int nt = dev->threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) dx[i] = gp_ew_leaky_relu_bwd(y[i], dy[i], slope);
+    return GP_OK;
+}
+
+gp_status gp_cpu_mul_rows(gp_device *dev, const float *x, const float *s, float *y,
+                          int64_t rows, int64_t cols)
+{
+    int nt = dev->threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * cols >= CPU_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * cols;
+        float *yr = y + r * cols;
+        const float f = s[r];
+#pragma omp simd
+        for (int64_t j = 0; j < cols; j++) yr[j] = xr[j] * f;
+    }
+    return GP_OK;
+}
+
+gp_status gp_cpu_bce_logits(gp_device *dev, const float *z, const float *t, int64_t n,
+                            float scale, float *dz, double *loss_sum, int64_t *correct,
+                            int64_t *bad)
+{
+    *loss_sum = 0.0;
+    *correct = 0;
+    *bad = -1;
+    for (int64_t i = 0; i < n; i++)
+        if (!gp_ew_bce_target_ok(t[i])) {
+            *bad = i;
+            return GP_OK;
+        }
+    int nt = dev->threads;
+    double loss = 0.0;
+    int64_t hits = 0;
+#pragma omp parallel for schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN) \
+    reduction(+ : loss, hits)
+    for (int64_t i = 0; i < n; i++) {
+        loss += gp_ew_bce_loss(z[i], t[i]);
+        hits += gp_ew_bce_hit(z[i], t[i]);
+        if (dz) dz[i] = gp_ew_bce_grad(z[i], t[i], scale);
+    }
+    *loss_sum = loss;
+    *correct = hits;
     return GP_OK;
 }

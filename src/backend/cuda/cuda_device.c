@@ -596,6 +596,66 @@ static gp_status cuda_xent(gp_device *dev, const float *logits, const float *lab
     return GP_OK;
 }
 
+/* ---- U-Net layers and loss ----------------------------------------------------------
+ * Sizes were checked (and empty calls dropped) by the gp_dev_* wrappers. */
+
+static gp_status cuda_leaky_relu_fwd(gp_device *dev, const float *x, float *y, int64_t n,
+                                     float slope)
+{
+    CUDA_OP(dev, gp_cuk_leaky_relu_fwd(s, x, y, n, slope));
+}
+
+static gp_status cuda_leaky_relu_bwd(gp_device *dev, const float *y, const float *dy, float *dx,
+                                     int64_t n, float slope)
+{
+    CUDA_OP(dev, gp_cuk_leaky_relu_bwd(s, y, dy, dx, n, slope));
+}
+
+static gp_status cuda_mul_rows(gp_device *dev, const float *x, const float *f, float *y,
+                               int64_t rows, int64_t cols)
+{
+    CUDA_OP(dev, gp_cuk_mul_rows(s, x, f, y, rows, cols));
+}
+
+static gp_status cuda_upsample_fwd(gp_device *dev, const float *x, float *y, int64_t n,
+                                   int64_t c, int64_t h, int64_t w, int64_t scale)
+{
+    CUDA_OP(dev, gp_cuk_upsample_fwd(s, x, y, n * c, h, w, scale));
+}
+
+static gp_status cuda_upsample_bwd(gp_device *dev, const float *dy, float *dx, int64_t n,
+                                   int64_t c, int64_t h, int64_t w, int64_t scale)
+{
+    CUDA_OP(dev, gp_cuk_upsample_bwd(s, dy, dx, n * c, h, w, scale));
+}
+
+static gp_status cuda_bce_logits(gp_device *dev, const float *z, const float *t, int64_t n,
+                                 float scale, float *dz, double *loss_sum, int64_t *correct,
+                                 int64_t *bad)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    *loss_sum = 0.0;
+    *correct = 0;
+    *bad = -1;
+    if (n <= 0) return GP_OK;
+    void *ws;
+    cuda_res r;
+    GP_TRY(gp_cuda_enter(dev));
+    GP_TRY(gp_cuda_ws_reserve(dev, GP_CUK_RED_BLOCKS * (sizeof(double) + sizeof(long long)),
+                              &ws));
+    double *loss_part = ws;
+    long long *idx_part = (long long *)(loss_part + GP_CUK_RED_BLOCKS);
+    GP_CUDA(gp_cuk_bce(ctx->compute, z, t, n, scale, dz, loss_part, idx_part,
+                       &((cuda_res *)ctx->dev_res)->bce));
+    GP_TRY(read_results(ctx, &r));
+    *bad = r.bce.bad;
+    if (r.bce.bad < 0) {
+        *loss_sum = r.bce.loss_sum;
+        *correct = r.bce.correct;
+    }
+    return GP_OK;
+}
+
 /* ---- gemm on cuBLAS ---------------------------------------------------------------
  * cuBLAS is column-major; a row-major matrix X is the column-major X^T with
  * the same leading dimension.  Row-major C = op(A) op(B) is therefore the
@@ -934,6 +994,12 @@ static const gp_device_iface cuda_iface = {
     .bn_bwd_sums = gp_cuda_bn_bwd_sums,
     .bn_bwd_apply = gp_cuda_bn_bwd_apply,
     .copy_box = cuda_copy_box,
+    .leaky_relu_fwd = cuda_leaky_relu_fwd,
+    .leaky_relu_bwd = cuda_leaky_relu_bwd,
+    .mul_rows = cuda_mul_rows,
+    .upsample_fwd = cuda_upsample_fwd,
+    .upsample_bwd = cuda_upsample_bwd,
+    .bce_logits = cuda_bce_logits,
 };
 
 gp_status gp_cuda_device_create(int index, const gp_device_opts *opts, gp_device **out)

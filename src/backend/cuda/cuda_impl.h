@@ -162,6 +162,7 @@ typedef struct cuda_res {
     double sumsq;
     int nonfinite;
     gp_cuk_xent_out xent;
+    gp_cuk_bce_out bce;
 } cuda_res;
 
 static inline gp_cuda_ctx *gp_cuda_ctx_of(gp_device *dev) { return (gp_cuda_ctx *)dev->ctx; }

@@ -206,6 +206,103 @@ __global__ void k_xent_total(const double *row_loss, const long long *row_hit, i
     }
 }
 
+/* ---- U-Net layers ------------------------------------------------------------- */
+
+__global__ void k_leaky_relu_fwd(const float *x, float *y, int64_t n, float slope)
+{
+    GP_CUK_LOOP(i, n) y[i] = gp_ew_leaky_relu(x[i], slope);
+}
+__global__ void k_leaky_relu_bwd(const float *y, const float *dy, float *dx, int64_t n,
+                                 float slope)
+{
+    GP_CUK_LOOP(i, n) dx[i] = gp_ew_leaky_relu_bwd(y[i], dy[i], slope);
+}
+__global__ void k_mul_rows(const float *x, const float *f, float *y, int64_t rows,
+                           int64_t cols)
+{
+    GP_CUK_LOOP(e, rows * cols) y[e] = x[e] * f[e / cols];
+}
+/* One thread per output element: y[p, i, j] = x[p, i / s, j / s]. */
+__global__ void k_upsample_fwd(const float *x, float *y, int64_t planes, int64_t h, int64_t w,
+                               int64_t sc)
+{
+    const int64_t ow = w * sc, ohw = h * sc * ow;
+    GP_CUK_LOOP(e, planes * ohw) {
+        int64_t p = e / ohw, r = e % ohw, i = r / ow, j = r % ow;
+        y[e] = x[(p * h + i / sc) * w + j / sc];
+    }
+}
+/* One thread per input element: the sum of its block, row by row, in
+ * double, rounded once (the CPU sums in float: equal to rounding). */
+__global__ void k_upsample_bwd(const float *dy, float *dx, int64_t planes, int64_t h, int64_t w,
+                               int64_t sc)
+{
+    const int64_t ow = w * sc;
+    GP_CUK_LOOP(e, planes * h * w) {
+        int64_t p = e / (h * w), r = e % (h * w), i = r / w, j = r % w;
+        const float *b = dy + (p * h * sc + i * sc) * ow + j * sc;
+        double acc = 0.0;
+        for (int64_t a = 0; a < sc; a++)
+            for (int64_t c = 0; c < sc; c++) acc += (double)b[a * ow + c];
+        dx[e] = (float)acc;
+    }
+}
+
+/* ---- binary cross-entropy ------------------------------------------------------ */
+
+/* Per block: the first element whose target is not in [0, 1]. */
+__global__ void k_bce_check(const float *t, int64_t n, long long *idx_part)
+{
+    long long first = LLONG_MAX;
+    GP_CUK_LOOP(i, n)
+        if (!gp_ew_bce_target_ok(t[i]) && i < first) first = i;
+    long long b = block_min(first);
+    if (threadIdx.x == 0) idx_part[blockIdx.x] = b;
+}
+
+__global__ void k_bce_first_bad(const long long *idx_part, int count, gp_cuk_bce_out *out)
+{
+    long long m = LLONG_MAX;
+    for (int i = (int)threadIdx.x; i < count; i += GP_CUK_THREADS)
+        if (idx_part[i] < m) m = idx_part[i];
+    long long b = block_min(m);
+    if (threadIdx.x == 0) out->bad = b == LLONG_MAX ? -1 : b;
+}
+
+/* Per block: loss and hits; dz.  Skipped entirely after a bad target. */
+__global__ void k_bce_elems(const float *z, const float *t, int64_t n, float scale, float *dz,
+                            double *loss_part, long long *idx_part, const gp_cuk_bce_out *out)
+{
+    if (out->bad >= 0) return;
+    double loss = 0.0, hits = 0.0;
+    GP_CUK_LOOP(i, n) {
+        loss += gp_ew_bce_loss(z[i], t[i]);
+        hits += (double)gp_ew_bce_hit(z[i], t[i]);
+        if (dz) dz[i] = gp_ew_bce_grad(z[i], t[i], scale);
+    }
+    double l = block_sum(loss), h = block_sum(hits);
+    if (threadIdx.x == 0) {
+        loss_part[blockIdx.x] = l;
+        idx_part[blockIdx.x] = (long long)h;
+    }
+}
+
+__global__ void k_bce_total(const double *loss_part, const long long *idx_part, int count,
+                            gp_cuk_bce_out *out)
+{
+    bool bad = out->bad >= 0;
+    double loss = 0.0, hits = 0.0;
+    for (int i = (int)threadIdx.x; !bad && i < count; i += GP_CUK_THREADS) {
+        loss += loss_part[i];
+        hits += (double)idx_part[i];
+    }
+    double l = block_sum(loss), h = block_sum(hits);
+    if (threadIdx.x == 0) {
+        out->loss_sum = bad ? 0.0 : l;
+        out->correct = bad ? 0 : (long long)h;
+    }
+}
+
 /* ---- batch norm helpers ----------------------------------------------------- */
 
 __global__ void k_bn_biased_var(float *var, int64_t c, double cnt)
@@ -423,6 +520,54 @@ cudaError_t gp_cuk_xent(cudaStream_t s, const float *logits, const float *labels
                                                             dlogits, row_loss, row_flag, out);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     k_xent_total<<<1, GP_CUK_THREADS, 0, s>>>(row_loss, row_flag, rows, out);
+    return cudaGetLastError();
+}
+
+cudaError_t gp_cuk_leaky_relu_fwd(cudaStream_t s, const float *x, float *y, int64_t n,
+                                  float slope)
+{
+    GP_CUK_LAUNCH(n, k_leaky_relu_fwd, x, y, n, slope);
+}
+
+cudaError_t gp_cuk_leaky_relu_bwd(cudaStream_t s, const float *y, const float *dy, float *dx,
+                                  int64_t n, float slope)
+{
+    GP_CUK_LAUNCH(n, k_leaky_relu_bwd, y, dy, dx, n, slope);
+}
+
+cudaError_t gp_cuk_mul_rows(cudaStream_t s, const float *x, const float *f, float *y,
+                            int64_t rows, int64_t cols)
+{
+    GP_CUK_LAUNCH(rows * cols, k_mul_rows, x, f, y, rows, cols);
+}
+
+cudaError_t gp_cuk_upsample_fwd(cudaStream_t s, const float *x, float *y, int64_t planes,
+                                int64_t h, int64_t w, int64_t scale)
+{
+    GP_CUK_LAUNCH(planes * h * w * scale * scale, k_upsample_fwd, x, y, planes, h, w, scale);
+}
+
+cudaError_t gp_cuk_upsample_bwd(cudaStream_t s, const float *dy, float *dx, int64_t planes,
+                                int64_t h, int64_t w, int64_t scale)
+{
+    GP_CUK_LAUNCH(planes * h * w, k_upsample_bwd, dy, dx, planes, h, w, scale);
+}
+
+cudaError_t gp_cuk_bce(cudaStream_t s, const float *z, const float *t, int64_t n, float scale,
+                       float *dz, double *loss_part, long long *idx_part, gp_cuk_bce_out *out)
+{
+    if (n <= 0) return cudaSuccess;
+    k_bce_check<<<GP_CUK_RED_BLOCKS, GP_CUK_THREADS, 0, s>>>(t, n, idx_part);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    k_bce_first_bad<<<1, GP_CUK_THREADS, 0, s>>>(idx_part, GP_CUK_RED_BLOCKS, out);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    /* idx_part now holds per-block hits (the minimum above has been taken:
+     * same stream, so in order). */
+    k_bce_elems<<<GP_CUK_RED_BLOCKS, GP_CUK_THREADS, 0, s>>>(z, t, n, scale, dz, loss_part,
+                                                             idx_part, out);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    k_bce_total<<<1, GP_CUK_THREADS, 0, s>>>(loss_part, idx_part, GP_CUK_RED_BLOCKS, out);
     return cudaGetLastError();
 }
 

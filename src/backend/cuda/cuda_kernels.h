@@ -75,6 +75,35 @@ cudaError_t gp_cuk_xent(cudaStream_t s, const float *logits, const float *labels
                         int64_t rows, int64_t cols, float scale, float *dlogits,
                         double *row_loss, long long *row_flag, gp_cuk_xent_out *out);
 
+/* U-Net layers (backend.h's leaky_relu_fwd/bwd, mul_rows, upsample_fwd/bwd):
+ * one thread per output element; upsample_bwd sums its block in a fixed
+ * order (no atomics). */
+cudaError_t gp_cuk_leaky_relu_fwd(cudaStream_t s, const float *x, float *y, int64_t n,
+                                  float slope);
+cudaError_t gp_cuk_leaky_relu_bwd(cudaStream_t s, const float *y, const float *dy, float *dx,
+                                  int64_t n, float slope);
+cudaError_t gp_cuk_mul_rows(cudaStream_t s, const float *x, const float *f, float *y,
+                            int64_t rows, int64_t cols);
+/* x (planes, h, w) -> y (planes, h*scale, w*scale) and back. */
+cudaError_t gp_cuk_upsample_fwd(cudaStream_t s, const float *x, float *y, int64_t planes,
+                                int64_t h, int64_t w, int64_t scale);
+cudaError_t gp_cuk_upsample_bwd(cudaStream_t s, const float *dy, float *dx, int64_t planes,
+                                int64_t h, int64_t w, int64_t scale);
+
+/* Binary cross-entropy results, written on the device by gp_cuk_bce. */
+typedef struct gp_cuk_bce_out {
+    double loss_sum;
+    long long correct;
+    long long bad;       /* first element with a target outside [0, 1], else -1 */
+} gp_cuk_bce_out;
+
+/* backend.h's bce_logits: validates every target first and, if one is bad,
+ * writes only out->bad (no dz).  Scratch: loss_part (GP_CUK_RED_BLOCKS
+ * doubles), idx_part (GP_CUK_RED_BLOCKS long longs: first the per-block
+ * first bad index, then the per-block hit counts). */
+cudaError_t gp_cuk_bce(cudaStream_t s, const float *z, const float *t, int64_t n, float scale,
+                       float *dz, double *loss_part, long long *idx_part, gp_cuk_bce_out *out);
+
 /* Batch norm helpers (cuda_dnn.c): var[c] = biased(var[c]) from cuDNN's
  * unbiased running-variance output; inv[c] = 1 / sqrt(var[c] + eps). */
 cudaError_t gp_cuk_bn_biased_var(cudaStream_t s, float *var, int64_t c, double cnt);

@@ -1,0 +1,82 @@
+/*
+ * cpu_upsample.c — nearest-neighbour upsampling by an integer factor and
+ * its adjoint on plain NCHW, with OpenMP loops over the input rows.
+ *
+ * Why not oneDNN's resampling primitive (dnnl_resampling_nearest): on the
+ * plain layout its backward is the generic reference kernel.  Measured for
+ * (16, 64, 48, 48) upsampled by 2 on 2 cores (best of 7, a shared machine):
+ * oneDNN 4.7-5.9 ms forward and 59-68 ms backward, these loops 1.6-3.4 ms
+ * and 1.5-5.4 ms.  The loops read each input row once and write its
+ * `scale` output rows (forward: the first built element by element, the
+ * others copied), or read the block rows once and write one row
+ * (backward), so the tensors cross memory once.
+ *
+ * Backward order, per input element: the sum of each of the `scale` block
+ * rows (left to right), then those row sums top to bottom, in float; the
+ * order is fixed, so results do not depend on the thread count.
+ */
+#include "backend/cpu/cpu_impl.h"
+
+#include <omp.h>
+#include <string.h>
+
+/* Below this many output elements the loops run on the calling thread. */
+#define CPU_UP_PAR_MIN 32768
+
+/* Input row x (w) -> `s` output rows of ow = w * s at y. */
+static void up_row(const float *x, float *y, int64_t w, int64_t s, int64_t ow)
+{
+    if (s == 2) {
+#pragma omp simd
+        for (int64_t j = 0; j < w; j++) {
+            y[2 * j] = x[j];
+            y[2 * j + 1] = x[j];
+        }
+    } else {
+        for (int64_t j = 0; j < w; j++)
+            for (int64_t b = 0; b < s; b++) y[j * s + b] = x[j];
+    }
+    for (int64_t a = 1; a < s; a++) memcpy(y + a * ow, y, (size_t)ow * sizeof(float));
+}
+
+/* `s` rows of ow = w * s at dy -> one row dx (w) of block sums. */
+static void down_row(const float *dy, float *dx, int64_t w, int64_t s, int64_t ow)
+{
+    if (s == 2) { /* the general order below, unrolled: (a + b) + (c + d) */
+        const float *r0 = dy, *r1 = dy + ow;
+#pragma omp simd
+        for (int64_t j = 0; j < w; j++)
+            dx[j] = (r0[2 * j] + r0[2 * j + 1]) + (r1[2 * j] + r1[2 * j + 1]);
+        return;
+    }
+    for (int64_t j = 0; j < w; j++) {
+        float acc = 0.0f;
+        for (int64_t a = 0; a < s; a++) {
+            const float *r = dy + a * ow + j * s;
+            float row = 0.0f;
+            for (int64_t b = 0; b < s; b++) row += r[b];
+            acc += row;
+        }
+        dx[j] = acc;
+    }
+}
+
+gp_status gp_cpu_upsample_fwd(gp_device *dev, const float *x, float *y, int64_t n, int64_t c,
+                              int64_t h, int64_t w, int64_t scale)
+{
+    const int64_t rows = n * c * h, ow = w * scale;
+    int nt = dev->threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * ow * scale >= CPU_UP_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) up_row(x + r * w, y + r * scale * ow, w, scale, ow);
+    return GP_OK;
+}
+
+gp_status gp_cpu_upsample_bwd(gp_device *dev, const float *dy, float *dx, int64_t n,
+                              int64_t c, int64_t h, int64_t w, int64_t scale)
+{
+    const int64_t rows = n * c * h, ow = w * scale;
+    int nt = dev->threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * ow * scale >= CPU_UP_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) down_row(dy + r * scale * ow, dx + r * w, w, scale, ow);
+    return GP_OK;
+}

@@ -1,0 +1,264 @@
+/*
+ * unet.c — the parameter-free layers of torchgpipe's U-Net
+ * (benchmarks/models/unet): leaky_relu, dropout2d, instance_norm, upsample.
+ *
+ * leaky_relu (nn.LeakyReLU(slope)): y = x > 0 ? x : slope x, slope >= 0.
+ *   Backward uses y, like relu (y > 0 exactly where x > 0), so nothing is
+ *   saved.
+ * dropout2d (nn.Dropout2d(p)): one Bernoulli draw per (sample, channel),
+ *   kept planes scaled by 1 / (1 - p), so a whole H x W plane is kept or
+ *   dropped.  The mask comes from the counter-based RNG keyed by (seed,
+ *   stream(step, layer index, "dr2d")) and indexed by the (sample, channel)
+ *   pair's position in the whole mini-batch, sample_offset * C + c, so every
+ *   micro-batch split and every recompute draws the same mask (as dropout
+ *   does, simple.c, with its own tag so the two never share bits).
+ *   gp_saved t[0] = the scaled mask (N, C).  Eval (or p = 0) is the
+ *   identity and saves nothing.
+ * instance_norm (nn.InstanceNorm2d(C), affine=False,
+ *   track_running_stats=False): each (sample, channel) plane normalised over
+ *   its own H*W values with the biased variance, in training and eval alike.
+ *   That is batch norm in training mode of the same memory viewed as
+ *   (1, N*C, H*W) without gamma and beta, so it runs on the backend's
+ *   bn_fwd_train / bn_bwd (gp_bn_desc {n = 1, c = N*C, s = H*W}).
+ *   gp_saved t[0] = mean (N*C), t[1] = biased variance (N*C).  No parameters
+ *   and no running statistics, so nothing to commit.
+ * upsample (nn.Upsample(scale_factor=scale), nearest): (N, C, H, W) ->
+ *   (N, C, H*scale, W*scale), y[n, c, i, j] = x[n, c, i / scale, j / scale];
+ *   backward sums each scale x scale block of dy.  Nothing saved.
+ */
+#include "layers/layers_impl.h"
+
+#include <math.h>
+
+/* ---- shared -------------------------------------------------------------- */
+
+static gp_status no_init(gp_layer *l, uint64_t seed) { return GP_OK; }
+
+static gp_status need_4d(const gp_layer *l, const gp_shape *in, const char *why)
+{
+    char b[96];
+    if (in->ndim != 4)
+        return gp_layer_spec_error(l, "expected 4-D input (N, C, H, W) but got %s; %s",
+                                   gp_layers_shape_n(in, b, sizeof b), why);
+    return GP_OK;
+}
+
+static gp_status copy_through(gp_device *dev, const gp_tensor *src, gp_tensor *dst)
+{
+    size_t bytes = gp_tensor_bytes(src);
+    if (bytes == 0) return GP_OK;
+    return gp_dev_copy_d2d(dev, dst->data, src->data, bytes);
+}
+
+static double numel_flops(const gp_layer *l, int64_t n)
+{
+    return (double)n * (double)gp_shape_numel(&l->out_shape);
+}
+
+/* ---- leaky_relu ------------------------------------------------------------ */
+
+static gp_status leaky_infer(const gp_layer *l, const gp_shape *in, gp_shape *out)
+{
+    /* !(>=) also refuses NaN */
+    if (!(l->spec.slope >= 0.0f) || isinf(l->spec.slope))
+        return gp_layer_spec_error(l, "slope = %g must be a finite number >= 0 (default 0.01)",
+                                   (double)l->spec.slope);
+    *out = *in;
+    return GP_OK;
+}
+
+static gp_status leaky_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                               gp_tensor *y, gp_saved *s)
+{
+    return gp_dev_leaky_relu_fwd(l->dev, x->data, y->data, gp_tensor_numel(x), l->spec.slope);
+}
+
+static gp_status leaky_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                     const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
+                                     gp_saved *s)
+{
+    return gp_dev_leaky_relu_bwd(l->dev, y->data, dy->data, dx->data, gp_tensor_numel(x),
+                                 l->spec.slope);
+}
+
+const gp_layer_ops gp_leaky_relu_ops = {
+    .type = GP_LAYER_LEAKY_RELU,
+    .infer = leaky_infer,
+    .init = no_init,
+    .forward = leaky_forward,
+    .backward_data = leaky_backward_data,
+    .flops = numel_flops,
+};
+
+/* ---- dropout2d ------------------------------------------------------------- */
+
+static gp_status dropout2d_infer(const gp_layer *l, const gp_shape *in, gp_shape *out)
+{
+    if (!(l->spec.p >= 0.0f && l->spec.p < 1.0f))
+        return gp_layer_spec_error(l, "p = %g must be a probability in [0, 1) (default 0.5)",
+                                   (double)l->spec.p);
+    GP_TRY(need_4d(l, in, "dropout2d drops whole channels of images; use dropout for "
+                          "features"));
+    *out = *in;
+    return GP_OK;
+}
+
+static gp_status dropout2d_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                   gp_tensor *y, gp_saved *s)
+{
+    gp_device *dev = l->dev;
+    if (!ctx->training || l->spec.p == 0.0f) return copy_through(dev, x, y);
+    const int64_t N = x->dims[0], C = x->dims[1], plane = x->dims[2] * x->dims[3];
+    if (N * C * plane == 0) return GP_OK;
+    gp_shape ms = gp_shape_2d(N, C);
+    GP_TRY(gp_layers_saved_alloc(s, 0, dev, &ms));
+    uint64_t stream = gp_rng_stream(ctx->step, (uint64_t)l->index, GP_RNG_TAG_DROPOUT2D);
+    GP_TRY(gp_dev_dropout_mask(dev, s->t[0].data, N * C, l->spec.p, ctx->seed, stream,
+                               (uint64_t)(ctx->sample_offset * C)));
+    return gp_dev_mul_rows(dev, x->data, s->t[0].data, y->data, N * C, plane);
+}
+
+static gp_status dropout2d_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                         const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
+                                         gp_saved *s)
+{
+    if (!s->t[0].data) return copy_through(l->dev, dy, dx); /* identity forward */
+    const int64_t N = x->dims[0], C = x->dims[1], plane = x->dims[2] * x->dims[3];
+    return gp_dev_mul_rows(l->dev, dy->data, s->t[0].data, dx->data, N * C, plane);
+}
+
+static size_t dropout2d_saved_bytes(const gp_layer *l, int64_t n)
+{
+    if (l->spec.p == 0.0f) return 0;
+    return (size_t)n * (size_t)l->in_shape.dims[1] * sizeof(float);
+}
+
+const gp_layer_ops gp_dropout2d_ops = {
+    .type = GP_LAYER_DROPOUT2D,
+    .infer = dropout2d_infer,
+    .init = no_init,
+    .forward = dropout2d_forward,
+    .backward_data = dropout2d_backward_data,
+    .flops = numel_flops,
+    .saved_bytes = dropout2d_saved_bytes,
+};
+
+/* ---- instance_norm --------------------------------------------------------- */
+
+static gp_status instance_norm_infer(const gp_layer *l, const gp_shape *in, gp_shape *out)
+{
+    char b[96];
+    if (!(l->spec.eps > 0.0f) || isinf(l->spec.eps))
+        return gp_layer_spec_error(l, "eps = %g must be a finite number > 0 (default 1e-5)",
+                                   (double)l->spec.eps);
+    GP_TRY(need_4d(l, in, "instance_norm normalises each channel of an image over H*W"));
+    if (in->dims[2] * in->dims[3] < 2)
+        return gp_layer_spec_error(l,
+                                   "input %s has one value per channel, which instance norm "
+                                   "would make 0; it needs H*W > 1 (as PyTorch's "
+                                   "InstanceNorm2d in training): move it before the pooling "
+                                   "that shrinks the image to 1x1",
+                                   gp_layers_shape_n(in, b, sizeof b));
+    *out = *in;
+    return GP_OK;
+}
+
+/* (N, C, H, W) as one batch-norm "sample" of N*C channels. */
+static gp_bn_desc instance_desc(const gp_layer *l, int64_t n)
+{
+    gp_bn_desc d = {1, n * l->in_shape.dims[1], l->in_shape.dims[2] * l->in_shape.dims[3],
+                    l->spec.eps};
+    return d;
+}
+
+static gp_status instance_norm_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                       gp_tensor *y, gp_saved *s)
+{
+    gp_device *dev = l->dev;
+    int64_t n = x->dims[0];
+    if (n == 0) return GP_OK;
+    gp_bn_desc d = instance_desc(l, n);
+    gp_shape st = gp_shape_2d(n, l->in_shape.dims[1]);
+    GP_TRY(gp_layers_saved_alloc(s, 0, dev, &st));
+    GP_TRY(gp_layers_saved_alloc(s, 1, dev, &st));
+    /* gamma, beta NULL: 1 and 0 (backend.h) */
+    return gp_dev_bn_fwd_train(dev, &d, x->data, NULL, NULL, y->data, s->t[0].data,
+                               s->t[1].data);
+}
+
+static gp_status instance_norm_backward_data(gp_layer *l, const gp_fwd_ctx *ctx,
+                                             const gp_tensor *x, const gp_tensor *y,
+                                             const gp_tensor *dy, gp_tensor *dx, gp_saved *s)
+{
+    int64_t n = x->dims[0];
+    if (n == 0) return GP_OK;
+    gp_bn_desc d = instance_desc(l, n);
+    return gp_dev_bn_bwd(l->dev, &d, x->data, NULL, s->t[0].data, s->t[1].data, dy->data,
+                         dx->data, NULL, NULL);
+}
+
+static double instance_norm_flops(const gp_layer *l, int64_t n)
+{
+    /* statistics (2 per element) and the normalisation (2 per element) */
+    return 4.0 * (double)n * (double)gp_shape_numel(&l->out_shape);
+}
+
+static size_t instance_norm_saved_bytes(const gp_layer *l, int64_t n)
+{
+    return 2 * (size_t)n * (size_t)l->in_shape.dims[1] * sizeof(float);
+}
+
+const gp_layer_ops gp_instance_norm_ops = {
+    .type = GP_LAYER_INSTANCE_NORM,
+    .infer = instance_norm_infer,
+    .init = no_init,
+    .forward = instance_norm_forward,
+    .backward_data = instance_norm_backward_data,
+    .flops = instance_norm_flops,
+    .saved_bytes = instance_norm_saved_bytes,
+};
+
+/* ---- upsample ---------------------------------------------------------------- */
+
+/* Output sides above this are refused (an int64 overflow long before). */
+#define UPSAMPLE_MAX_SIDE ((int64_t)1 << 24)
+
+static gp_status upsample_infer(const gp_layer *l, const gp_shape *in, gp_shape *out)
+{
+    char b[96];
+    int64_t sc = l->spec.scale;
+    if (sc < 1)
+        return gp_layer_spec_error(l, "scale = %lld must be an integer >= 1 (default 2)",
+                                   (long long)sc);
+    GP_TRY(need_4d(l, in, "upsample enlarges images; it cannot follow flatten or linear"));
+    if (in->dims[2] > UPSAMPLE_MAX_SIDE / sc || in->dims[3] > UPSAMPLE_MAX_SIDE / sc)
+        return gp_layer_spec_error(l, "scale %lld makes the input %s larger than %lld per side",
+                                   (long long)sc, gp_layers_shape_n(in, b, sizeof b),
+                                   (long long)UPSAMPLE_MAX_SIDE);
+    *out = gp_shape_4d(in->dims[0], in->dims[1], in->dims[2] * sc, in->dims[3] * sc);
+    return GP_OK;
+}
+
+static gp_status upsample_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                  gp_tensor *y, gp_saved *s)
+{
+    return gp_dev_upsample_fwd(l->dev, x->data, y->data, x->dims[0], x->dims[1], x->dims[2],
+                               x->dims[3], l->spec.scale);
+}
+
+static gp_status upsample_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                        const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
+                                        gp_saved *s)
+{
+    return gp_dev_upsample_bwd(l->dev, dy->data, dx->data, x->dims[0], x->dims[1], x->dims[2],
+                               x->dims[3], l->spec.scale);
+}
+
+const gp_layer_ops gp_upsample_ops = {
+    .type = GP_LAYER_UPSAMPLE,
+    .infer = upsample_infer,
+    .init = no_init,
+    .forward = upsample_forward,
+    .backward_data = upsample_backward_data,
+    .flops = numel_flops, /* a copy (backward: an add) per output element */
+};
