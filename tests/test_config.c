@@ -531,7 +531,7 @@ static void test_unet_layers(void)
     snprintf(buf, sizeof buf, "%s    - leaky_relu: {negative_slope: 0.1}\n", head);
     CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID,
               "t.yaml:4:20: unknown option 'negative_slope' for layer 0 (leaky_relu) (it takes: "
-              "slope, name)");
+              "slope, stash, name)");
     snprintf(buf, sizeof buf, "%s    - upsample: {scale_factor: 2}\n", head);
     CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID,
               "unknown option 'scale_factor' for layer 0 (upsample)");
