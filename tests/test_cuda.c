@@ -744,9 +744,9 @@ static void test_layers(gp_device *cpu, gp_device *gpu)
             const layer_case *lc = &cases[q];
             sp = gp_layer_spec_default(lc->type);
             if (lc->out) sp.out = lc->out;
-            if (lc->kernel) sp.kernel = lc->kernel;
-            if (lc->stride) sp.stride = lc->stride;
-            sp.padding = lc->padding;
+            if (lc->kernel) sp.kernel = gp_hw_square(lc->kernel);
+            if (lc->stride) sp.stride = gp_hw_square(lc->stride);
+            sp.padding = gp_hw_square(lc->padding);
             if (lc->type == GP_LAYER_DROPOUT) sp.p = lc->p;
             in = &lc->in;
         } else {

@@ -65,6 +65,10 @@ gp_status gp_layers_add_param(gp_layer *l, const char *name, const gp_shape *sha
 /* params[p] = uniform(-bound, bound) from (seed, stream(index, param_base + p,
  * "init")), drawn on the host and uploaded: independent of placement. */
 gp_status gp_layers_init_uniform(gp_layer *l, int p, uint64_t seed, float bound);
+/* params[p] = normal(0, std) from the same stream as init_uniform (Box-
+ * Muller over the counter-based RNG, gp_rng_normal_fill), on the host:
+ * independent of placement. */
+gp_status gp_layers_init_normal(gp_layer *l, int p, uint64_t seed, float std);
 /* params[p] = v everywhere. */
 gp_status gp_layers_fill_param(gp_layer *l, int p, float v);
 
@@ -77,6 +81,8 @@ gp_status gp_layers_saved_alloc(gp_saved *s, int slot, gp_device *dev,
 gp_conv_desc gp_conv2d_desc(const gp_layer *l, int64_t n);
 /* Output spatial size of a window op, 0 if the kernel does not fit. */
 int64_t gp_layers_out_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad);
+/* Both axes of it: out.h from in_h, out.w from in_w. */
+gp_hw gp_layers_out_hw(int64_t in_h, int64_t in_w, gp_hw kernel, gp_hw stride, gp_hw pad);
 
 /* Batch-norm inspection (tests, snapshots): batches committed so far, and
  * the micro-batch samples (count per channel) waiting in the accumulator. */
