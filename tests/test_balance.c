@@ -337,6 +337,10 @@ static void test_profile_identity(const gp_config *cfg, const gp_profile *q, con
     sp.kernel = (gp_hw){3, 1};
     CHECK(!strcmp(gp_profile_layer_spec(&sp, buf, sizeof buf),
                   "maxpool2d {kernel: [3, 1], stride: [3, 1], padding: 0}"));
+    sp = gp_layer_spec_default(GP_LAYER_FACTORIZED_REDUCE);
+    sp.out = 64;
+    CHECK(!strcmp(gp_profile_layer_spec(&sp, buf, sizeof buf),
+                  "factorized_reduce {out: 64, sync: false}"));
     sp = gp_layer_spec_default(GP_LAYER_BATCHNORM);
     sp.momentum = 0.5f; /* no effect on cost */
     CHECK(!strcmp(gp_profile_layer_spec(&sp, buf, sizeof buf), "batchnorm {sync: false}"));

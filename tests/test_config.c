@@ -549,7 +549,7 @@ static void test_unet_layers(void)
 
 /* What AmoebaNet-D and torchvision's ResNet need (torchgpipe's
  * benchmarks/models): per-axis kernel, stride and padding as [h, w],
- * avgpool2d's count_include_pad, conv init; defaults;
+ * avgpool2d's count_include_pad, conv init, factorized_reduce; defaults;
  * bad values named by file:line:column, also through --set. */
 static void test_amoebanet_layers(void)
 {
@@ -563,11 +563,14 @@ static void test_amoebanet_layers(void)
         "    - avgpool2d: {kernel: [3, 1], padding: [1, 0]}\n"                 /* 7 */
         "    - maxpool2d: {kernel: [1, 3], stride: [1, 2]}\n"                  /* 8 */
         "    - conv2d: {out: 16, kernel: 3, init: kaiming_normal_fan_out}\n"   /* 9 */
-        "    - residual: {out: 64, init: kaiming_normal_fan_out}\n";           /* 10 */
+        "    - factorized_reduce: {out: 32, momentum: 0.2, eps: 0.001, sync: true, "
+        "init: kaiming_normal_fan_out}\n"                                      /* 10 */
+        "    - factorized_reduce: {out: 64}\n"                                 /* 11 */
+        "    - residual: {out: 64, init: kaiming_normal_fan_out}\n";           /* 12 */
     gp_config c;
     CHECK_OK(parse(text, &c));
-    CHECK(c.model.n_layers == 7);
-    if (c.model.n_layers == 7) {
+    CHECK(c.model.n_layers == 9);
+    if (c.model.n_layers == 9) {
         const gp_layer_spec *l = c.model.layers;
         CHECK(hw_is(l[0].kernel, 1, 7) && hw_is(l[0].padding, 0, 3) && hw_is(l[0].stride, 1, 1));
         CHECK(l[0].init == GP_INIT_DEFAULT && !l[0].bias);
@@ -578,14 +581,20 @@ static void test_amoebanet_layers(void)
         CHECK(l[4].type == GP_LAYER_MAXPOOL2D && hw_is(l[4].kernel, 1, 3) &&
               hw_is(l[4].stride, 1, 2));
         CHECK(l[5].init == GP_INIT_KAIMING_NORMAL_FAN_OUT);
-        CHECK(l[6].type == GP_LAYER_RESIDUAL && l[6].init == GP_INIT_KAIMING_NORMAL_FAN_OUT);
+        CHECK(l[6].type == GP_LAYER_FACTORIZED_REDUCE && l[6].out == 32 && l[6].sync &&
+              l[6].init == GP_INIT_KAIMING_NORMAL_FAN_OUT && l[6].line == 10);
+        CHECK_NEAR(l[6].momentum, 0.2, 1e-7, 0);
+        CHECK_NEAR(l[6].eps, 0.001, 1e-9, 0);
+        CHECK(l[7].out == 64 && !l[7].sync && l[7].init == GP_INIT_DEFAULT);
+        CHECK_NEAR(l[7].momentum, 0.1, 1e-7, 0);
+        CHECK(l[8].type == GP_LAYER_RESIDUAL && l[8].init == GP_INIT_KAIMING_NORMAL_FAN_OUT);
     }
     gp_config_free(&c);
     /* --set takes a pair too */
     const char *sets[] = {"model.layers.0.kernel=[1,5]", "model.layers.0.padding=[0, 2]",
                           "model.layers.2.count_include_pad=true"};
     CHECK_OK(parse_set(text, sets, 3, &c));
-    if (c.model.n_layers == 7)
+    if (c.model.n_layers == 9)
         CHECK(hw_is(c.model.layers[0].kernel, 1, 5) && hw_is(c.model.layers[0].padding, 0, 2) &&
               c.model.layers[2].count_include_pad);
     gp_config_free(&c);
@@ -642,6 +651,18 @@ static void test_amoebanet_layers(void)
               "kaiming_normal_fan_out)");
     snprintf(buf, sizeof buf, "%s    - linear: {out: 8, init: kaiming_normal_fan_out}\n", head);
     CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID, "unknown option 'init' for layer 0 (linear)");
+    snprintf(buf, sizeof buf, "%s    - factorized_reduce: {out: 7}\n", head);
+    CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID,
+              "t.yaml:4:32: layer 0 (factorized_reduce): out = 7 must be even");
+    snprintf(buf, sizeof buf, "%s    - factorized_reduce\n", head);
+    CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID,
+              "t.yaml:4:7: layer 0 (factorized_reduce) needs 'out'");
+    snprintf(buf, sizeof buf, "%s    - factorized_reduce: {out: 8, stride: 2}\n", head);
+    CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID,
+              "unknown option 'stride' for layer 0 (factorized_reduce) (it takes: out, momentum, "
+              "eps, sync, init, stash, name)");
+    snprintf(buf, sizeof buf, "%s    - factorized_reduc: {out: 8}\n", head);
+    CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID, "did you mean 'factorized_reduce'?");
 }
 
 static void test_overrides(void)

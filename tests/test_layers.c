@@ -28,7 +28,10 @@
  *     a kernel, stride and padding per axis (1x7, 7x1, ...) through the
  *     reference loops and finite differences; avgpool with and without
  *     count_include_pad against the reference and a case written out;
- *     kaiming_normal_fan_out init: moments
+ *     factorized_reduce against torchgpipe's FactorizedReduce composed of
+ *     the reference ops (shifted, zero-padded input included) and finite
+ *     differences, its parameter names and counts, its norm's running
+ *     statistics over micro-batches; kaiming_normal_fan_out init: moments
  *     of a large layer within statistical tolerance, bitwise the same on
  *     two devices, handed to the convolutions of composite layers;
  *   - parameter counts and names (torchvision BasicBlock), FLOPs and
@@ -288,6 +291,36 @@ static double ref_dropout2d_mask(const gp_layer *l, const gp_fwd_ctx *ctx, int64
     return u >= l->spec.p ? 1.0 / (1.0 - (double)l->spec.p) : 0.0;
 }
 
+/* torchgpipe's FactorizedReduce before its norm, as written there: relu,
+ * conv1 (1x1, stride 2) on it, conv2 on ZeroPad2d((0, 1, 0, 1))(r[:, :,
+ * 1:, 1:]), concatenated along channels: cat (N, K, ceil(H/2), ceil(W/2)).
+ * w1, w2 (K/2, C, 1, 1). */
+static void ref_fr_cat(const gp_shape *xs, int64_t K, const double *x, const double *w1,
+                       const double *w2, double *cat)
+{
+    int64_t N = xs->dims[0], C = xs->dims[1], H = xs->dims[2], W = xs->dims[3];
+    int64_t nx = gp_shape_numel(xs), half = K / 2;
+    double *r = calloc((size_t)nx, sizeof *r), *sh = calloc((size_t)nx, sizeof *sh);
+    ref_relu(nx, x, r);
+    for (int64_t p = 0; p < N * C; p++)
+        for (int64_t i = 0; i + 1 < H; i++)
+            for (int64_t j = 0; j + 1 < W; j++)
+                sh[(p * H + i) * W + j] = r[(p * H + i + 1) * W + j + 1];
+    geom g = geom_of(xs, half, gp_hw_square(1), gp_hw_square(2), gp_hw_square(0));
+    int64_t s = g.oh * g.ow, nh = N * half * s;
+    double *c1 = calloc((size_t)nh, sizeof *c1), *c2 = calloc((size_t)nh, sizeof *c2);
+    ref_conv(&g, r, w1, NULL, c1);
+    ref_conv(&g, sh, w2, NULL, c2);
+    for (int64_t n = 0; n < N; n++) {
+        memcpy(cat + n * K * s, c1 + n * half * s, (size_t)(half * s) * sizeof *cat);
+        memcpy(cat + (n * K + half) * s, c2 + n * half * s, (size_t)(half * s) * sizeof *cat);
+    }
+    free(r);
+    free(sh);
+    free(c1);
+    free(c2);
+}
+
 /* ---- the layer reference: dispatch on the type ---------------------------- */
 
 /* P[p] = host copy of params[p] (double).  train: batch statistics. */
@@ -368,6 +401,15 @@ static void ref_forward(const gp_layer *l, double **P, bool train, const gp_fwd_
         free(a);
         free(b);
         free(sc);
+        break;
+    }
+    case GP_LAYER_FACTORIZED_REDUCE: {
+        int64_t K = sp->out, OH = (xs->dims[2] + 1) / 2, OW = (xs->dims[3] + 1) / 2;
+        double *cat = calloc((size_t)(xs->dims[0] * K * OH * OW), sizeof *cat);
+        ref_fr_cat(xs, K, x, P[0], P[1], cat);
+        ref_bn(xs->dims[0], K, OH * OW, sp->eps, cat, P[2], P[3], train ? NULL : P[4],
+               train ? NULL : P[5], y);
+        free(cat);
         break;
     }
     case GP_LAYER_LEAKY_RELU:
@@ -768,6 +810,17 @@ static void test_all_layers(gp_device *dev)
     cases[n] = (layer_case){spec_of(GP_LAYER_AVGPOOL2D), img, X_SYM, false, smooth};
     cases[n].spec.kernel = (gp_hw){2, 5}; cases[n].spec.stride = (gp_hw){1, 2};
     cases[n].spec.padding = (gp_hw){1, 2}; cases[n++].spec.count_include_pad = false;
+    /* factorized reduce: odd sizes (the shifted conv reads padding in the
+     * last row and column), even sizes, a 1-pixel-high input (only
+     * padding for conv2); torchvision's init on the second */
+    cases[n] = (layer_case){spec_of(GP_LAYER_FACTORIZED_REDUCE), img, X_AWAY, true, kinky};
+    cases[n++].spec.out = 6;
+    cases[n] = (layer_case){spec_of(GP_LAYER_FACTORIZED_REDUCE), gp_shape_4d(2, 4, 6, 8), X_AWAY,
+                            true, kinky};
+    cases[n].spec.out = 4; cases[n++].spec.init = GP_INIT_KAIMING_NORMAL_FAN_OUT;
+    cases[n] = (layer_case){spec_of(GP_LAYER_FACTORIZED_REDUCE), gp_shape_4d(4, 3, 1, 5), X_AWAY,
+                            true, kinky};
+    cases[n++].spec.out = 2;
     CHECK((size_t)n <= sizeof cases / sizeof *cases);
     for (int k = 0; k < n; k++) check_layer(dev, &cases[k], k, &rng);
 }
@@ -1545,6 +1598,31 @@ static void test_counts(gp_device *dev)
     CHECK(gp_shape_equal(&l.out_shape, &ao));
     gp_layer_destroy(&l);
 
+    /* torchgpipe's FactorizedReduce(64, 128): two 1x1 convs of 64 -> 64
+     * and BatchNorm2d(128), its state dict names; 7x7 -> 4x4 */
+    gp_layer_spec fs = spec_of(GP_LAYER_FACTORIZED_REDUCE);
+    fs.out = 128;
+    gp_shape fi = gp_shape_4d(1, 64, 7, 7);
+    CHECK_OK(gp_layer_create(&fs, 0, &fi, dev, 1, &l));
+    CHECK(gp_layer_param_count(&l) == 2 * 64 * 64 + 2 * 128);
+    static const char *const fr[] = {"conv1.weight", "conv2.weight", "bn.weight", "bn.bias",
+                                     "bn.running_mean", "bn.running_var"};
+    CHECK(l.n_params == 6);
+    for (int p = 0; p < l.n_params && p < 6; p++)
+        CHECK_MSG(!strcmp(l.params[p].name, fr[p]), "param %d is %s, want %s", p,
+                  l.params[p].name, fr[p]);
+    gp_shape fw = gp_tensor_shape(&l.params[1].value), fwant = gp_shape_4d(64, 64, 1, 1);
+    CHECK(gp_shape_equal(&fw, &fwant));
+    CHECK(!l.params[0].no_decay && l.params[2].no_decay && l.params[4].is_buffer);
+    gp_shape fo = gp_shape_4d(1, 128, 4, 4);
+    CHECK(gp_shape_equal(&l.out_shape, &fo));
+    double ffl = 2.0 * 128 * 16 * 64;
+    CHECK(l.ops->flops(&l, 1) >= ffl && l.ops->flops(&l, 1) < ffl * 1.1);
+    const char *cn[2];
+    int64_t *cv[2];
+    CHECK(gp_layer_counters(&l, cn, cv, 2) == 1 && !strcmp(cn[0], "bn.num_batches_tracked"));
+    gp_layer_destroy(&l);
+
     /* type names round-trip */
     int ok = 1;
     for (int t = 0; t < GP_LAYER_TYPE_COUNT; t++) {
@@ -1641,6 +1719,15 @@ static void test_errors(gp_device *dev)
     rsq.stride = (gp_hw){2, 1};
     CHECK_ERR(gp_layer_create(&rsq, 7, &img, dev, 1, &l), GP_ERR_INVALID,
               "stride = [2, 1] must be one number");
+    gp_layer_spec fr = spec_of(GP_LAYER_FACTORIZED_REDUCE);
+    fr.out = 7;
+    CHECK_ERR(gp_layer_create(&fr, 14, &img, dev, 1, &l), GP_ERR_INVALID,
+              "layer 14 (factorized_reduce): out = 7 must be a positive even number");
+    fr.out = 0;
+    CHECK_ERR(gp_layer_create(&fr, 14, &img, dev, 1, &l), GP_ERR_INVALID, "out = 0 must be");
+    fr.out = 8;
+    CHECK_ERR(gp_layer_create(&fr, 14, &flat, dev, 1, &l), GP_ERR_INVALID, "expected 4-D input");
+
     gp_layer_spec dr = spec_of(GP_LAYER_DROPOUT);
     dr.p = 1.5f;
     CHECK_ERR(gp_layer_create(&dr, 6, &flat, dev, 1, &l), GP_ERR_INVALID, "p = 1.5");
@@ -1785,8 +1872,8 @@ static void test_init(gp_device *dev, gp_device *dev2)
  * large conv are normal(0, sqrt(2 / (K KH KW))) within statistical
  * tolerance (mean, std, 4th moment, the share within one std), identical
  * for the same seed on two devices, a fresh draw for another layer index;
- * the bias stays PyTorch's uniform.  Non-square kernels count KH * KW; a
- * residual block hands the option to its convolutions. */
+ * the bias stays PyTorch's uniform.  Non-square kernels count KH * KW; the
+ * composite layers hand the option to their convolutions. */
 static void test_init_kaiming_normal(gp_device *dev, gp_device *dev2)
 {
     gp_layer_spec cs = spec_of(GP_LAYER_CONV2D);
@@ -1844,7 +1931,26 @@ static void test_init_kaiming_normal(gp_device *dev, gp_device *dev2)
     free(wa);
     gp_layer_destroy(&a);
 
-    /* inside a residual block: its conv1 (K = 128, 3x3) */
+    /* inside composites: a factorized reduce's conv1 (K/2 = 256 outputs, 1x1)
+     * and a residual block's conv1 (K = 128, 3x3), placement-free */
+    gp_layer_spec fs = spec_of(GP_LAYER_FACTORIZED_REDUCE);
+    fs.out = 512;
+    fs.init = GP_INIT_KAIMING_NORMAL_FAN_OUT;
+    CHECK_OK(gp_layer_create(&fs, 5, &in, dev, 9, &a));
+    CHECK_OK(gp_layer_create(&fs, 5, &in, dev2, 9, &b));
+    nw = gp_tensor_numel(&a.params[0].value);
+    wa = download(&a.params[0].value);
+    wb = download(&b.params[0].value);
+    wc = download(&a.params[1].value);
+    CHECK(!memcmp(wa, wb, (size_t)nw * sizeof *wa));
+    CHECK(memcmp(wa, wc, (size_t)nw * sizeof *wa) != 0); /* conv1 and conv2 differ */
+    std = sqrt(2.0 / 256.0);
+    m2 = 0;
+    for (int64_t i = 0; i < nw; i++) m2 += (double)wa[i] * wa[i];
+    CHECK_NEAR(sqrt(m2 / (double)nw) / std, 1.0, 5.0 * sqrt(0.5 / (double)nw), 0);
+    free(wa); free(wb); free(wc);
+    gp_layer_destroy(&a);
+    gp_layer_destroy(&b);
     gp_layer_spec rs = spec_of(GP_LAYER_RESIDUAL);
     rs.out = 128;
     rs.init = GP_INIT_KAIMING_NORMAL_FAN_OUT;
@@ -1857,6 +1963,67 @@ static void test_init_kaiming_normal(gp_device *dev, gp_device *dev2)
     CHECK_NEAR(sqrt(m2 / (double)nw) / std, 1.0, 5.0 * sqrt(0.5 / (double)nw), 0);
     free(wa);
     gp_layer_destroy(&a);
+}
+
+/* A factorized reduce's norm: two uneven micro-batches and a commit give
+ * running statistics of the whole batch's concatenated convolutions
+ * (unbiased variance, momentum 0.1, double reference); a recompute leaves
+ * them alone; bn.num_batches_tracked counts the commit. */
+static void test_fr_stats(gp_device *dev)
+{
+    hrng rng = {31};
+    gp_layer_spec sp = spec_of(GP_LAYER_FACTORIZED_REDUCE);
+    sp.out = 6;
+    gp_shape in = gp_shape_4d(5, 3, 5, 6);
+    gp_layer l;
+    CHECK_OK(gp_layer_create(&sp, 2, &in, dev, 3, &l));
+    int64_t nx = gp_shape_numel(&in);
+    float *xh = malloc((size_t)nx * sizeof *xh);
+    fill_sym(&rng, xh, nx, 1.0f);
+    gp_tensor x = upload(dev, &in, xh);
+    gp_fwd_ctx ctx = train_ctx();
+    ctx.batch_total = 5;
+    const char *cn[1];
+    int64_t *cv[1];
+    CHECK(gp_layer_counters(&l, cn, cv, 1) == 1);
+    for (int rec = 1; rec >= 0; rec--) { /* a recompute-only step first: no effect */
+        for (int h = 0; h < 2; h++) {
+            gp_tensor part = gp_tensor_slice(&x, h ? 2 : 0, h ? 3 : 2), y = {0};
+            gp_saved s = {0};
+            gp_fwd_ctx c = ctx;
+            c.sample_offset = h ? 2 : 0;
+            c.recompute = rec;
+            CHECK_OK(gp_layer_forward(&l, &c, &part, &y, &s));
+            gp_saved_free(&s);
+            gp_tensor_free(&y);
+        }
+        CHECK_OK(l.ops->commit(&l));
+        CHECK(*cv[0] == 1 - rec);
+    }
+    double *w1 = download_d(&l.params[0].value), *w2 = download_d(&l.params[1].value);
+    double *xd = malloc((size_t)nx * sizeof *xd);
+    for (int64_t i = 0; i < nx; i++) xd[i] = xh[i];
+    int64_t S = 3 * 3, K = 6;
+    double *cat = calloc((size_t)(5 * K * S), sizeof *cat);
+    ref_fr_cat(&in, K, xd, w1, w2, cat);
+    double mean[6], var[6];
+    ref_bn_stats(5, K, S, cat, mean, var);
+    float *rm = download(&l.params[param_index(&l, "bn.running_mean")].value);
+    float *rv = download(&l.params[param_index(&l, "bn.running_var")].value);
+    for (int k = 0; k < K; k++) {
+        double n = 5.0 * (double)S;
+        CHECK_NEAR(rm[k], 0.1 * mean[k], 1e-5, 1e-4);
+        CHECK_NEAR(rv[k], 0.9 + 0.1 * var[k] * n / (n - 1), 1e-5, 1e-4);
+    }
+    free(rm);
+    free(rv);
+    free(w1);
+    free(w2);
+    free(xd);
+    free(xh);
+    free(cat);
+    gp_tensor_free(&x);
+    gp_layer_destroy(&l);
 }
 
 /* The two average divisors on a case small enough to write out: ones
@@ -1975,6 +2142,7 @@ int main(void)
     test_init(dev, dev2);
     test_init_kaiming_normal(dev, dev2);
     test_avgpool_divisor(dev);
+    test_fr_stats(dev);
     test_relu_nonfinite(dev);
     test_dropout2d(dev);
     test_instance_norm(dev);

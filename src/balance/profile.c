@@ -69,6 +69,9 @@ const char *gp_profile_layer_spec(const gp_layer_spec *s, char *buf, size_t len)
         snprintf(buf, len, "%s {out: %lld, stride: %s, sync: %s}", t, (long long)s->out,
                  gp_hw_str(s->stride, st, sizeof st), sync);
         break;
+    case GP_LAYER_FACTORIZED_REDUCE:
+        snprintf(buf, len, "%s {out: %lld, sync: %s}", t, (long long)s->out, sync);
+        break;
     case GP_LAYER_DROPOUT: /* p = 0 copies the input through */
     case GP_LAYER_DROPOUT2D:
         snprintf(buf, len, "%s {p: %g}", t, (double)s->p);

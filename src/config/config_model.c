@@ -55,6 +55,10 @@ static int layer_keys(gp_layer_type t, const char **keys)
         keys[n++] = "pop"; keys[n++] = "out"; keys[n++] = "stride";
         keys[n++] = "momentum"; keys[n++] = "eps"; keys[n++] = "sync"; keys[n++] = "init";
         break;
+    case GP_LAYER_FACTORIZED_REDUCE: /* momentum, eps, sync: of its norm; init: its convs */
+        keys[n++] = "out";
+        keys[n++] = "momentum"; keys[n++] = "eps"; keys[n++] = "sync"; keys[n++] = "init";
+        break;
     case GP_LAYER_CONCAT:
         keys[n++] = "pop";
         break;
@@ -256,6 +260,10 @@ static gp_status parse_layer(gp_cfg_walk *w, const gp_ynode *item, int index, gp
         return gp_cfg_bad(w, tnode, "layer %d (%s) needs 'out', the number of output %s, like "
                           "`- %s: {out: 64}`", index, tname,
                           t == GP_LAYER_LINEAR ? "features" : "channels", tname);
+    if (t == GP_LAYER_FACTORIZED_REDUCE && spec->out % 2 != 0)
+        return gp_cfg_bad(w, gp_ymap_get(opts, "out"), "layer %d (%s): out = %lld must be even "
+                          "(two convolutions of out / 2 channels each are concatenated)", index,
+                          tname, (long long)spec->out);
     if (has_key(keys, nk, "kernel") && spec->kernel.h < 1)
         return gp_cfg_bad(w, tnode, "layer %d (%s) needs 'kernel', like `- %s: {kernel: 3}`", index,
                           tname, tname);

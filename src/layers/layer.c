@@ -16,6 +16,7 @@ static const char *const type_names[GP_LAYER_TYPE_COUNT] = {
     "avgpool2d", "global_avgpool", "flatten", "dropout", "residual",
     "identity", "add", "concat",
     "leaky_relu", "dropout2d", "instance_norm", "upsample",
+    "factorized_reduce",
 };
 
 static const char *const init_names[GP_INIT_COUNT] = {"default", "kaiming_normal_fan_out"};
@@ -88,6 +89,7 @@ const gp_layer_ops *gp_layer_ops_for(gp_layer_type t)
     case GP_LAYER_DROPOUT2D: return &gp_dropout2d_ops;
     case GP_LAYER_INSTANCE_NORM: return &gp_instance_norm_ops;
     case GP_LAYER_UPSAMPLE: return &gp_upsample_ops;
+    case GP_LAYER_FACTORIZED_REDUCE: return &gp_factorized_reduce_ops;
     default: return NULL;
     }
 }
@@ -113,6 +115,7 @@ const char *gp_layer_window_str(const gp_layer_spec *s, char *buf, size_t len)
     }
     case GP_LAYER_RESIDUAL:
     case GP_LAYER_ADD:
+    case GP_LAYER_FACTORIZED_REDUCE:
         if (init) snprintf(buf, len, "{init: %s}", init);
         break;
     default:
@@ -618,5 +621,6 @@ int gp_layer_counters(gp_layer *l, const char **names, int64_t **values, int max
     }
     if (l->spec.type == GP_LAYER_RESIDUAL) return gp_residual_counters(l, names, values, max);
     if (l->spec.type == GP_LAYER_ADD) return gp_add_counters(l, names, values, max);
+    if (l->spec.type == GP_LAYER_FACTORIZED_REDUCE) return gp_fr_counters(l, names, values, max);
     return 0;
 }

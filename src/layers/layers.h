@@ -62,6 +62,7 @@ typedef enum gp_layer_type {
     GP_LAYER_DROPOUT2D,
     GP_LAYER_INSTANCE_NORM,
     GP_LAYER_UPSAMPLE,
+    GP_LAYER_FACTORIZED_REDUCE,
     GP_LAYER_TYPE_COUNT
 } gp_layer_type;
 
@@ -109,20 +110,22 @@ typedef struct gp_layer_spec {
     char file[128];       /* config file it came from, for messages; "" if none */
     int64_t in;           /* linear in_features / conv in_channels; 0 = infer */
     int64_t out;          /* linear out_features / conv out_channels /
-                             residual out_channels; 0 = not given (error) */
+                             residual, factorized_reduce (even) out_channels;
+                             0 = not given (error) */
     gp_hw kernel;         /* conv, pools: (KH, KW); {0, 0} = not given (error) */
     gp_hw stride;         /* conv, pools; default {1, 1} (pools: {0, 0} = the
-                             kernel).  residual and add's projection take a
-                             square one only */
+                             kernel).  residual, add's projection and
+                             factorized_reduce take a square one only */
     gp_hw padding;        /* conv, pools: zeros on both sides of each axis;
                              default {0, 0} */
     bool bias;            /* linear, conv; default true */
     bool count_include_pad; /* avgpool2d: the zero padding counts in the
                              divisor (PyTorch's default); default true */
-    gp_conv_init init;    /* conv2d and the convolutions inside residual and
-                             add (projection); default GP_INIT_DEFAULT */
-    float momentum;       /* batchnorm (and the norms inside residual and
-                             add); default 0.1 (PyTorch) */
+    gp_conv_init init;    /* conv2d and the convolutions inside residual, add
+                             (projection) and factorized_reduce; default
+                             GP_INIT_DEFAULT */
+    float momentum;       /* batchnorm (and the norms inside residual, add,
+                             factorized_reduce); default 0.1 (PyTorch) */
     float eps;            /* batchnorm, instance_norm; default 1e-5 */
     bool sync;            /* batchnorm: synchronise across replicas */
     float p;              /* dropout, dropout2d probability; default 0.5 */

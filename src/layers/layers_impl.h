@@ -43,6 +43,7 @@ extern const gp_layer_ops gp_leaky_relu_ops;     /* unet.c */
 extern const gp_layer_ops gp_dropout2d_ops;      /* unet.c */
 extern const gp_layer_ops gp_instance_norm_ops;  /* unet.c */
 extern const gp_layer_ops gp_upsample_ops;       /* unet.c */
+extern const gp_layer_ops gp_factorized_reduce_ops; /* factorized_reduce.c */
 
 /* gp_layer_create without the error prefix, with the RNG numbering of the
  * first parameter given (composite layers build children with it).  `in`
@@ -94,5 +95,7 @@ int64_t *gp_batchnorm_counter(gp_layer *l);
 int gp_add_counters(gp_layer *l, const char **names, int64_t **values, int max);
 /* gp_layer_counters of a residual block. */
 int gp_residual_counters(gp_layer *l, const char **names, int64_t **values, int max);
+/* gp_layer_counters of a factorized reduce ("bn.num_batches_tracked"). */
+int gp_fr_counters(gp_layer *l, const char **names, int64_t **values, int max);
 
 #endif /* GP_LAYERS_IMPL_H */
