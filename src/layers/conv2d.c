@@ -51,8 +51,9 @@ static gp_status conv_infer(const gp_layer *l, const gp_shape *in, gp_shape *out
         return gp_layer_spec_error(l, "out (the number of output channels) is missing; write "
                                       "e.g. {conv2d: {out: 16, kernel: 3}}");
     if (sp->kernel.h <= 0 || sp->kernel.w <= 0)
-        return gp_layer_spec_error(l, "kernel is missing or not positive (got %s); write e.g. "
-                                   "kernel: 3 or kernel: [1, 7]", gp_hw_str(sp->kernel, k, sizeof k));
+        return gp_layer_spec_error(l, "kernel is missing or not positive (got %s); write "
+                                   "e.g. kernel: 3 or kernel: [1, 7]",
+                                   gp_hw_str(sp->kernel, k, sizeof k));
     if (sp->stride.h <= 0 || sp->stride.w <= 0)
         return gp_layer_spec_error(l, "stride = %s must be at least 1",
                                    gp_hw_str(sp->stride, st, sizeof st));

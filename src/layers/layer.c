@@ -103,8 +103,8 @@ const char *gp_layer_window_str(const gp_layer_spec *s, char *buf, size_t len)
     case GP_LAYER_CONV2D:
     case GP_LAYER_MAXPOOL2D:
     case GP_LAYER_AVGPOOL2D: {
-        gp_hw sd = s->type != GP_LAYER_CONV2D && !s->stride.h && !s->stride.w ? s->kernel
-                                                                            : s->stride;
+        bool pool = s->type != GP_LAYER_CONV2D; /* stride {0, 0}: the kernel */
+        gp_hw sd = pool && !s->stride.h && !s->stride.w ? s->kernel : s->stride;
         bool excl = s->type == GP_LAYER_AVGPOOL2D && !s->count_include_pad;
         snprintf(buf, len, "{kernel: %s, stride: %s, padding: %s%s%s%s}",
                  gp_hw_str(s->kernel, k, sizeof k), gp_hw_str(sd, st, sizeof st),

@@ -65,8 +65,9 @@ static gp_status pool_infer(const gp_layer *l, const gp_shape *in, gp_shape *out
     const gp_layer_spec *sp = &l->spec;
     GP_TRY(need_4d(l, in));
     if (sp->kernel.h <= 0 || sp->kernel.w <= 0)
-        return gp_layer_spec_error(l, "kernel is missing or not positive (got %s); write e.g. "
-                                   "kernel: 2 or kernel: [1, 3]", gp_hw_str(sp->kernel, k, sizeof k));
+        return gp_layer_spec_error(l, "kernel is missing or not positive (got %s); write "
+                                   "e.g. kernel: 2 or kernel: [1, 3]",
+                                   gp_hw_str(sp->kernel, k, sizeof k));
     /* {0, 0} is "the kernel"; a stride given per axis must be positive on both */
     if (sp->stride.h < 0 || sp->stride.w < 0 ||
         ((sp->stride.h > 0 || sp->stride.w > 0) && (sp->stride.h == 0 || sp->stride.w == 0)))

@@ -34,8 +34,8 @@ static gp_status pool_check(gp_device *dev, const gp_pool_desc *d)
                             "kernel %lldx%lld stride %lldx%lld pad %lldx%lld output %lldx%lld); "
                             "padding must be smaller than the kernel and every window must "
                             "overlap the image and end inside the padding",
-                            dev->name, (int)d->kind, (long long)d->n, (long long)d->c, (long long)d->h,
-                            (long long)d->w, (long long)d->kh, (long long)d->kw,
+                            dev->name, (int)d->kind, (long long)d->n, (long long)d->c,
+                            (long long)d->h, (long long)d->w, (long long)d->kh, (long long)d->kw,
                             (long long)d->sh, (long long)d->sw, (long long)d->ph,
                             (long long)d->pw, (long long)d->oh, (long long)d->ow);
     return GP_OK;
