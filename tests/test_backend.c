@@ -123,21 +123,24 @@ static void ref_conv_bwd(const gp_conv_desc *d, const float *x, const float *w, 
                 }
 }
 
-static void test_conv_shape(gp_device *dev, int64_t n, int64_t c, int64_t h, int64_t w,
-                            int64_t k, int64_t ker, int64_t stride, int64_t pad, int bias)
+/* kernel (kh, kw), stride (sh, sw), padding (ph, pw): each axis its own. */
+static void test_conv_hw(gp_device *dev, int64_t n, int64_t c, int64_t h, int64_t w, int64_t k,
+                         int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
+                         int bias)
 {
-    gp_conv_desc d = {n, c, h, w, k, ker, ker, stride, stride, pad, pad,
-                      (h + 2 * pad - ker) / stride + 1, (w + 2 * pad - ker) / stride + 1, bias};
-    char tag[160];
-    snprintf(tag, sizeof tag, "%s conv n%lld c%lld %lldx%lld k%lld ker%lld s%lld p%lld b%d",
-             dev->name, (long long)n, (long long)c, (long long)h, (long long)w, (long long)k,
-             (long long)ker, (long long)stride, (long long)pad, bias);
-    int64_t nx = n * c * h * w, nw = k * c * ker * ker, ny = n * k * d.oh * d.ow;
+    gp_conv_desc d = {n, c, h, w, k, kh, kw, sh, sw, ph, pw,
+                      (h + 2 * ph - kh) / sh + 1, (w + 2 * pw - kw) / sw + 1, bias};
+    char tag[200];
+    snprintf(tag, sizeof tag, "%s conv n%lld c%lld %lldx%lld k%lld ker%lldx%lld s%lldx%lld "
+             "p%lldx%lld b%d", dev->name, (long long)n, (long long)c, (long long)h,
+             (long long)w, (long long)k, (long long)kh, (long long)kw, (long long)sh,
+             (long long)sw, (long long)ph, (long long)pw, bias);
+    int64_t nx = n * c * h * w, nw = k * c * kh * kw, ny = n * k * d.oh * d.ow;
     float *x = drand(dev, nx), *wt = drand(dev, nw), *b = drand(dev, k), *dy = drand(dev, ny);
     float *y = dalloc(dev, ny), *dx = dalloc(dev, nx), *dw = drand(dev, nw), *db = drand(dev, k);
     double *ry = malloc(sizeof(double) * (size_t)ny), *rdx = malloc(sizeof(double) * (size_t)nx);
     double *rdw = dcopy_f(dw, nw), *rdb = dcopy_f(db, k);
-    char what[200];
+    char what[256];
 
     /* Garbage in the outputs: "=" must overwrite it. */
     for (int64_t i = 0; i < ny; i++) y[i] = 1e6f;
@@ -185,6 +188,12 @@ static void test_conv_shape(gp_device *dev, int64_t n, int64_t c, int64_t h, int
     free(ry); free(rdx); free(rdw); free(rdb);
 }
 
+static void test_conv_shape(gp_device *dev, int64_t n, int64_t c, int64_t h, int64_t w,
+                            int64_t k, int64_t ker, int64_t stride, int64_t pad, int bias)
+{
+    test_conv_hw(dev, n, c, h, w, k, ker, ker, stride, stride, pad, pad, bias);
+}
+
 static void test_conv(gp_device *dev)
 {
     test_conv_shape(dev, 3, 5, 7, 9, 4, 3, 2, 1, 1);
@@ -193,21 +202,30 @@ static void test_conv(gp_device *dev)
     test_conv_shape(dev, 2, 17, 6, 5, 19, 3, 1, 1, 1); /* blocked by default */
     test_conv_shape(dev, 2, 16, 7, 7, 32, 3, 2, 1, 0);
     test_conv_shape(dev, 2, 32, 5, 5, 16, 1, 2, 0, 1); /* projection shortcut */
+    /* per axis: AmoebaNet's 1x7 and 7x1 (the second with stride (2, 1)),
+     * and one with every pair different */
+    test_conv_hw(dev, 2, 6, 7, 9, 5, 1, 7, 1, 1, 0, 3, 0);
+    test_conv_hw(dev, 2, 6, 9, 7, 5, 7, 1, 2, 1, 3, 0, 1);
+    test_conv_hw(dev, 3, 4, 8, 11, 3, 2, 5, 3, 2, 1, 2, 1);
 }
 
 /* ---- pooling ---------------------------------------------------------------------- */
 
-static void test_pool_shape(gp_device *dev, gp_pool_kind kind, int64_t n, int64_t c, int64_t h,
-                            int64_t w, int64_t ker, int64_t stride, int64_t pad)
+/* kernel (kh, kw), stride (sh, sw), padding (ph, pw); the average divides
+ * by the window's elements inside the image (GP_POOL_AVG) or by kh * kw
+ * (GP_POOL_AVG_INCLUDE_PAD). */
+static void test_pool_hw(gp_device *dev, gp_pool_kind kind, int64_t n, int64_t c, int64_t h,
+                         int64_t w, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph,
+                         int64_t pw)
 {
-    gp_pool_desc d = {n, c, h, w, ker, ker, stride, stride, pad, pad,
-                      (h + 2 * pad - ker) / stride + 1, (w + 2 * pad - ker) / stride + 1, kind};
-    const char *kn = kind == GP_POOL_MAX ? "max" : "avg";
+    gp_pool_desc d = {n, c, h, w, kh, kw, sh, sw, ph, pw,
+                      (h + 2 * ph - kh) / sh + 1, (w + 2 * pw - kw) / sw + 1, kind};
+    const char *kn = kind == GP_POOL_MAX ? "max" : kind == GP_POOL_AVG ? "avg" : "avg-incl-pad";
     int64_t nx = n * c * h * w, ny = n * c * d.oh * d.ow;
     float *x = drand(dev, nx), *dy = drand(dev, ny), *y = dalloc(dev, ny), *dx = dalloc(dev, nx);
     double *ry = calloc((size_t)ny, sizeof(double)), *rdx = calloc((size_t)nx, sizeof(double));
     size_t wsb = gp_dev_pool_ws_bytes(dev, &d);
-    CHECK_MSG(kind == GP_POOL_AVG || wsb > 0, "max pooling needs a workspace");
+    CHECK_MSG(kind != GP_POOL_MAX || wsb > 0, "max pooling needs a workspace");
     void *ws = NULL;
     if (wsb) CHECK_OK(gp_dev_alloc(dev, wsb, GP_MEM_ACTIVATIONS, &ws));
     for (int64_t i = 0; i < nx; i++) dx[i] = 1e6f;
@@ -217,9 +235,9 @@ static void test_pool_shape(gp_device *dev, gp_pool_kind kind, int64_t n, int64_
             for (int64_t ow = 0; ow < d.ow; ow++) {
                 double best = -DBL_MAX, sum = 0;
                 int64_t arg = -1, cnt = 0;
-                for (int64_t i = 0; i < ker; i++)
-                    for (int64_t j = 0; j < ker; j++) {
-                        int64_t ih = oh * stride - pad + i, iw = ow * stride - pad + j;
+                for (int64_t i = 0; i < kh; i++)
+                    for (int64_t j = 0; j < kw; j++) {
+                        int64_t ih = oh * sh - ph + i, iw = ow * sw - pw + j;
                         if (ih < 0 || ih >= h || iw < 0 || iw >= w) continue;
                         int64_t xi = (p * h + ih) * w + iw;
                         if (x[xi] > best) { best = x[xi]; arg = xi; }
@@ -231,10 +249,11 @@ static void test_pool_shape(gp_device *dev, gp_pool_kind kind, int64_t n, int64_
                     ry[yi] = best;
                     rdx[arg] += dy[yi];
                 } else {
+                    if (kind == GP_POOL_AVG_INCLUDE_PAD) cnt = kh * kw;
                     ry[yi] = sum / (double)cnt;
-                    for (int64_t i = 0; i < ker; i++)
-                        for (int64_t j = 0; j < ker; j++) {
-                            int64_t ih = oh * stride - pad + i, iw = ow * stride - pad + j;
+                    for (int64_t i = 0; i < kh; i++)
+                        for (int64_t j = 0; j < kw; j++) {
+                            int64_t ih = oh * sh - ph + i, iw = ow * sw - pw + j;
                             if (ih < 0 || ih >= h || iw < 0 || iw >= w) continue;
                             rdx[(p * h + ih) * w + iw] += dy[yi] / (double)cnt;
                         }
@@ -242,12 +261,14 @@ static void test_pool_shape(gp_device *dev, gp_pool_kind kind, int64_t n, int64_
             }
     char what[160];
     CHECK_OK(gp_dev_pool_fwd(dev, &d, x, y, ws));
-    snprintf(what, sizeof what, "%s pool fwd %lldx%lld k%lld s%lld p%lld", kn, (long long)h,
-             (long long)w, (long long)ker, (long long)stride, (long long)pad);
+    char geo[96];
+    snprintf(geo, sizeof geo, "%lldx%lld k%lldx%lld s%lldx%lld p%lldx%lld", (long long)h,
+             (long long)w, (long long)kh, (long long)kw, (long long)sh, (long long)sw,
+             (long long)ph, (long long)pw);
+    snprintf(what, sizeof what, "%s pool fwd %s", kn, geo);
     check_close(what, y, ry, ny, 1e-6);
     CHECK_OK(gp_dev_pool_bwd(dev, &d, x, y, dy, dx, ws));
-    snprintf(what, sizeof what, "%s pool bwd %lldx%lld k%lld s%lld p%lld", kn, (long long)h,
-             (long long)w, (long long)ker, (long long)stride, (long long)pad);
+    snprintf(what, sizeof what, "%s pool bwd %s", kn, geo);
     check_close(what, dx, rdx, nx, 1e-6);
     /* Inference forward (no workspace) gives the same y. */
     float *y2 = dalloc(dev, ny);
@@ -259,6 +280,12 @@ static void test_pool_shape(gp_device *dev, gp_pool_kind kind, int64_t n, int64_
     free(ry); free(rdx);
 }
 
+static void test_pool_shape(gp_device *dev, gp_pool_kind kind, int64_t n, int64_t c, int64_t h,
+                            int64_t w, int64_t ker, int64_t stride, int64_t pad)
+{
+    test_pool_hw(dev, kind, n, c, h, w, ker, ker, stride, stride, pad, pad);
+}
+
 static void test_pool(gp_device *dev)
 {
     test_pool_shape(dev, GP_POOL_MAX, 3, 5, 7, 9, 2, 2, 0);
@@ -266,6 +293,26 @@ static void test_pool(gp_device *dev)
     test_pool_shape(dev, GP_POOL_AVG, 3, 5, 7, 9, 2, 2, 0);
     test_pool_shape(dev, GP_POOL_AVG, 2, 3, 7, 9, 3, 2, 1);
     test_pool_shape(dev, GP_POOL_AVG, 2, 3, 5, 5, 3, 1, 1);
+    test_pool_shape(dev, GP_POOL_AVG_INCLUDE_PAD, 2, 3, 7, 9, 3, 2, 1);
+    test_pool_shape(dev, GP_POOL_AVG_INCLUDE_PAD, 2, 3, 5, 5, 3, 1, 1);
+    test_pool_shape(dev, GP_POOL_AVG_INCLUDE_PAD, 3, 5, 7, 9, 2, 2, 0); /* no padding: = AVG */
+    /* per axis */
+    test_pool_hw(dev, GP_POOL_MAX, 2, 3, 7, 9, 1, 3, 1, 2, 0, 1);
+    test_pool_hw(dev, GP_POOL_MAX, 2, 3, 7, 9, 3, 2, 2, 1, 1, 0);
+    test_pool_hw(dev, GP_POOL_AVG, 2, 3, 7, 9, 3, 1, 1, 1, 1, 0);
+    test_pool_hw(dev, GP_POOL_AVG_INCLUDE_PAD, 2, 3, 7, 9, 3, 1, 1, 1, 1, 0);
+    test_pool_hw(dev, GP_POOL_AVG, 2, 3, 8, 11, 2, 5, 1, 2, 1, 2);
+    test_pool_hw(dev, GP_POOL_AVG_INCLUDE_PAD, 2, 3, 8, 11, 2, 5, 1, 2, 1, 2);
+    /* refused: an unknown kind; a window reaching past the padding (the
+     * include-pad divisor kh * kw would count cells that are not there) */
+    float *x = dalloc(dev, 2 * 3 * 7 * 9), *y = dalloc(dev, 2 * 3 * 7 * 9);
+    gp_pool_desc d = {2, 3, 7, 9, 3, 3, 2, 2, 1, 1, 4, 5, (gp_pool_kind)7};
+    CHECK_ERR(gp_dev_pool_fwd(dev, &d, x, y, NULL), GP_ERR_INVALID, "invalid pooling (kind 7");
+    d.kind = GP_POOL_AVG_INCLUDE_PAD;
+    d.oh = 5; /* (5 - 1) * 2 + 3 = 11 > 7 + 2 */
+    CHECK_ERR(gp_dev_pool_fwd(dev, &d, x, y, NULL), GP_ERR_INVALID, "end inside the padding");
+    dfree(dev, x, 2 * 3 * 7 * 9);
+    dfree(dev, y, 2 * 3 * 7 * 9);
 }
 
 /* ---- batch norm ------------------------------------------------------------------- */

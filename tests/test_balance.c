@@ -319,16 +319,34 @@ static void test_profile_identity(const gp_config *cfg, const gp_profile *q, con
     snprintf(sp.name, sizeof sp.name, "fc");
     CHECK(!strcmp(gp_profile_layer_spec(&sp, buf, sizeof buf), "linear {out: 10, bias: true}"));
     sp = gp_layer_spec_default(GP_LAYER_AVGPOOL2D);
-    sp.kernel = 3;
-    sp.padding = 1;
+    sp.kernel = gp_hw_square(3);
+    sp.padding = gp_hw_square(1);
     CHECK(!strcmp(gp_profile_layer_spec(&sp, buf, sizeof buf),
                   "avgpool2d {kernel: 3, stride: 3, padding: 1}"));
+    /* a square window keeps its one number (profiles taken before [h, w]
+     * existed still match); a per-axis one reads back as YAML */
+    sp = gp_layer_spec_default(GP_LAYER_CONV2D);
+    sp.out = 8;
+    sp.kernel = (gp_hw){1, 7};
+    sp.padding = (gp_hw){0, 3};
+    sp.bias = false;
+    sp.init = GP_INIT_KAIMING_NORMAL_FAN_OUT; /* no effect on cost */
+    CHECK(!strcmp(gp_profile_layer_spec(&sp, buf, sizeof buf),
+                  "conv2d {out: 8, kernel: [1, 7], stride: 1, padding: [0, 3], bias: false}"));
+    sp = gp_layer_spec_default(GP_LAYER_MAXPOOL2D);
+    sp.kernel = (gp_hw){3, 1};
+    CHECK(!strcmp(gp_profile_layer_spec(&sp, buf, sizeof buf),
+                  "maxpool2d {kernel: [3, 1], stride: [3, 1], padding: 0}"));
+    sp = gp_layer_spec_default(GP_LAYER_FACTORIZED_REDUCE);
+    sp.out = 64;
+    CHECK(!strcmp(gp_profile_layer_spec(&sp, buf, sizeof buf),
+                  "factorized_reduce {out: 64, sync: false}"));
     sp = gp_layer_spec_default(GP_LAYER_BATCHNORM);
     sp.momentum = 0.5f; /* no effect on cost */
     CHECK(!strcmp(gp_profile_layer_spec(&sp, buf, sizeof buf), "batchnorm {sync: false}"));
     sp = gp_layer_spec_default(GP_LAYER_RESIDUAL);
     sp.out = 64;
-    sp.stride = 2;
+    sp.stride = gp_hw_square(2);
     sp.sync = true;
     CHECK(!strcmp(gp_profile_layer_spec(&sp, buf, sizeof buf),
                   "residual {out: 64, stride: 2, sync: true}"));

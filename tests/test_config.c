@@ -30,6 +30,9 @@ static gp_status parse_bad(const char *text, const char *const *sets, int n)
     return s;
 }
 
+/* A kernel, stride or padding of (h, w). */
+static bool hw_is(gp_hw v, int64_t h, int64_t w) { return v.h == h && v.w == w; }
+
 /* base + extra in a static buffer. */
 static const char *cat(const char *a, const char *b)
 {
@@ -114,18 +117,19 @@ static void test_full(void)
     CHECK(c.model.n_layers == 10);
     if (c.model.n_layers == 10) {
         const gp_layer_spec *l = c.model.layers;
-        CHECK(l[0].type == GP_LAYER_CONV2D && l[0].out == 32 && l[0].kernel == 3 &&
-              l[0].padding == 1 && l[0].stride == 1 && !l[0].bias && l[0].in == 0);
+        CHECK(l[0].type == GP_LAYER_CONV2D && l[0].out == 32 && hw_is(l[0].kernel, 3, 3) &&
+              hw_is(l[0].padding, 1, 1) && hw_is(l[0].stride, 1, 1) && !l[0].bias && l[0].in == 0);
         CHECK(!strcmp(l[0].name, "c1") && !strcmp(l[0].file, NAME));
         CHECK(l[0].line == 4 && l[0].column == 7);
         CHECK(l[1].type == GP_LAYER_BATCHNORM && l[1].sync);
         CHECK_NEAR(l[1].momentum, 0.2, 1e-7, 0);
         CHECK_NEAR(l[1].eps, 0.001, 1e-9, 0);
         CHECK(l[2].type == GP_LAYER_RELU && l[2].line == 6 && l[2].column == 7);
-        CHECK(l[3].type == GP_LAYER_MAXPOOL2D && l[3].kernel == 2 && l[3].stride == 0);
-        CHECK(l[4].type == GP_LAYER_RESIDUAL && l[4].out == 64 && l[4].stride == 2);
-        CHECK(l[5].type == GP_LAYER_AVGPOOL2D && l[5].kernel == 3 && l[5].stride == 1 &&
-              l[5].padding == 1);
+        CHECK(l[3].type == GP_LAYER_MAXPOOL2D && hw_is(l[3].kernel, 2, 2) &&
+              hw_is(l[3].stride, 0, 0));
+        CHECK(l[4].type == GP_LAYER_RESIDUAL && l[4].out == 64 && hw_is(l[4].stride, 2, 2));
+        CHECK(l[5].type == GP_LAYER_AVGPOOL2D && hw_is(l[5].kernel, 3, 3) &&
+              hw_is(l[5].stride, 1, 1) && hw_is(l[5].padding, 1, 1) && l[5].count_include_pad);
         CHECK(l[6].type == GP_LAYER_GLOBAL_AVGPOOL && l[7].type == GP_LAYER_FLATTEN);
         CHECK(l[8].type == GP_LAYER_DROPOUT);
         CHECK_NEAR(l[8].p, 0.25, 1e-7, 0);
@@ -183,7 +187,7 @@ static void test_defaults(void)
     gp_config c;
     CHECK_OK(parse(k_base, &c));
     CHECK(c.model.n_layers == 5);
-    CHECK(c.model.layers[0].stride == 1 && c.model.layers[0].bias);
+    CHECK(hw_is(c.model.layers[0].stride, 1, 1) && c.model.layers[0].bias);
     CHECK_NEAR(c.model.layers[1].momentum, 0.1, 1e-7, 0);
     CHECK_NEAR(c.model.layers[1].eps, 1e-5, 1e-9, 0);
     CHECK(c.model.layers[4].line == 8 && c.model.layers[4].column == 7);
@@ -543,6 +547,125 @@ static void test_unet_layers(void)
               "unknown layer type 'leaky_rel'; did you mean 'leaky_relu'?");
 }
 
+/* What AmoebaNet-D and torchvision's ResNet need (torchgpipe's
+ * benchmarks/models): per-axis kernel, stride and padding as [h, w],
+ * avgpool2d's count_include_pad, conv init, factorized_reduce; defaults;
+ * bad values named by file:line:column, also through --set. */
+static void test_amoebanet_layers(void)
+{
+    static const char *const text =
+        "model:\n"                                                             /* 1 */
+        "  input: [8, 14, 14]\n"                                               /* 2 */
+        "  layers:\n"                                                          /* 3 */
+        "    - conv2d: {out: 8, kernel: [1, 7], padding: [0, 3], bias: false}\n" /* 4 */
+        "    - conv2d: {out: 8, kernel: [7, 1], stride: [2, 1], padding: [3, 0]}\n" /* 5 */
+        "    - avgpool2d: {kernel: 3, stride: 1, padding: 1, count_include_pad: false}\n" /* 6 */
+        "    - avgpool2d: {kernel: [3, 1], padding: [1, 0]}\n"                 /* 7 */
+        "    - maxpool2d: {kernel: [1, 3], stride: [1, 2]}\n"                  /* 8 */
+        "    - conv2d: {out: 16, kernel: 3, init: kaiming_normal_fan_out}\n"   /* 9 */
+        "    - factorized_reduce: {out: 32, momentum: 0.2, eps: 0.001, sync: true, "
+        "init: kaiming_normal_fan_out}\n"                                      /* 10 */
+        "    - factorized_reduce: {out: 64}\n"                                 /* 11 */
+        "    - residual: {out: 64, init: kaiming_normal_fan_out}\n";           /* 12 */
+    gp_config c;
+    CHECK_OK(parse(text, &c));
+    CHECK(c.model.n_layers == 9);
+    if (c.model.n_layers == 9) {
+        const gp_layer_spec *l = c.model.layers;
+        CHECK(hw_is(l[0].kernel, 1, 7) && hw_is(l[0].padding, 0, 3) && hw_is(l[0].stride, 1, 1));
+        CHECK(l[0].init == GP_INIT_DEFAULT && !l[0].bias);
+        CHECK(hw_is(l[1].kernel, 7, 1) && hw_is(l[1].stride, 2, 1) && hw_is(l[1].padding, 3, 0));
+        CHECK(l[2].type == GP_LAYER_AVGPOOL2D && !l[2].count_include_pad);
+        CHECK(hw_is(l[3].kernel, 3, 1) && hw_is(l[3].stride, 0, 0) && hw_is(l[3].padding, 1, 0));
+        CHECK(l[3].count_include_pad); /* PyTorch's default */
+        CHECK(l[4].type == GP_LAYER_MAXPOOL2D && hw_is(l[4].kernel, 1, 3) &&
+              hw_is(l[4].stride, 1, 2));
+        CHECK(l[5].init == GP_INIT_KAIMING_NORMAL_FAN_OUT);
+        CHECK(l[6].type == GP_LAYER_FACTORIZED_REDUCE && l[6].out == 32 && l[6].sync &&
+              l[6].init == GP_INIT_KAIMING_NORMAL_FAN_OUT && l[6].line == 10);
+        CHECK_NEAR(l[6].momentum, 0.2, 1e-7, 0);
+        CHECK_NEAR(l[6].eps, 0.001, 1e-9, 0);
+        CHECK(l[7].out == 64 && !l[7].sync && l[7].init == GP_INIT_DEFAULT);
+        CHECK_NEAR(l[7].momentum, 0.1, 1e-7, 0);
+        CHECK(l[8].type == GP_LAYER_RESIDUAL && l[8].init == GP_INIT_KAIMING_NORMAL_FAN_OUT);
+    }
+    gp_config_free(&c);
+    /* --set takes a pair too */
+    const char *sets[] = {"model.layers.0.kernel=[1,5]", "model.layers.0.padding=[0, 2]",
+                          "model.layers.2.count_include_pad=true"};
+    CHECK_OK(parse_set(text, sets, 3, &c));
+    if (c.model.n_layers == 9)
+        CHECK(hw_is(c.model.layers[0].kernel, 1, 5) && hw_is(c.model.layers[0].padding, 0, 2) &&
+              c.model.layers[2].count_include_pad);
+    gp_config_free(&c);
+    const char *bad_set[] = {"model.layers.0.kernel=[1,5,5]"};
+    CHECK_ERR(parse_bad(text, bad_set, 1), GP_ERR_INVALID,
+              "--set model.layers.0.kernel=[1,5,5]: model.layers.0.kernel must be an integer or "
+              "a list [height, width] of two, got a list of 3");
+
+    /* bad values: the message points at the value, or the element of it */
+    static const char *const head = "model:\n  input: [3, 16, 16]\n  layers:\n";
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s    - conv2d: {out: 8, kernel: [1, 7, 3]}\n", head);
+    CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID,
+              "t.yaml:4:32: model.layers.0.kernel must be an integer or a list [height, width] "
+              "of two, got a list of 3");
+    snprintf(buf, sizeof buf, "%s    - conv2d: {out: 8, kernel: [1, x]}\n", head);
+    CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID,
+              "t.yaml:4:36: expected an integer for model.layers.0.kernel.1, got 'x'");
+    snprintf(buf, sizeof buf, "%s    - conv2d: {out: 8, kernel: [1, [7]]}\n", head);
+    CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID,
+              "t.yaml:4:36: expected an integer for model.layers.0.kernel.1 (the width), got a "
+              "list");
+    snprintf(buf, sizeof buf, "%s    - conv2d: {out: 8, kernel: [0, 7]}\n", head);
+    CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID,
+              "t.yaml:4:33: model.layers.0.kernel (height) must be >= 1, got 0");
+    snprintf(buf, sizeof buf, "%s    - conv2d: {out: 8, kernel: 0}\n", head);
+    CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID,
+              "t.yaml:4:32: model.layers.0.kernel must be >= 1, got 0");
+    snprintf(buf, sizeof buf, "%s    - maxpool2d: {kernel: 3, padding: [1, -1]}\n", head);
+    CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID,
+              "t.yaml:4:43: model.layers.0.padding (width) must be >= 0, got -1");
+    snprintf(buf, sizeof buf, "%s    - maxpool2d: {kernel: 3, stride: [2, 0]}\n", head);
+    CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID,
+              "t.yaml:4:42: model.layers.0.stride (width) must be >= 1, got 0");
+    snprintf(buf, sizeof buf, "%s    - conv2d: {out: 8, kernel: {h: 1, w: 7}}\n", head);
+    CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID,
+              "t.yaml:4:32: expected an integer or a list [height, width] for "
+              "model.layers.0.kernel, got a map");
+    snprintf(buf, sizeof buf, "%s    - conv2d: {out: 8, kernel: [1, 7], padding: []}\n", head);
+    CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID, "got a list of 0");
+    snprintf(buf, sizeof buf, "%s    - residual: {out: 8, stride: [2, 2]}\n", head);
+    CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID,
+              "t.yaml:4:34: expected an integer for model.layers.0.stride, got a list");
+    snprintf(buf, sizeof buf, "%s    - avgpool2d: {kernel: 3, count_include_pad: maybe}\n", head);
+    CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID,
+              "t.yaml:4:49: expected true or false for model.layers.0.count_include_pad, got "
+              "'maybe'");
+    snprintf(buf, sizeof buf, "%s    - maxpool2d: {kernel: 3, count_include_pad: false}\n", head);
+    CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID,
+              "unknown option 'count_include_pad' for layer 0 (maxpool2d)");
+    snprintf(buf, sizeof buf, "%s    - conv2d: {out: 8, kernel: 3, init: xavier}\n", head);
+    CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID,
+              "t.yaml:4:41: unknown value 'xavier' for model.layers.0.init (allowed: default, "
+              "kaiming_normal_fan_out)");
+    snprintf(buf, sizeof buf, "%s    - linear: {out: 8, init: kaiming_normal_fan_out}\n", head);
+    CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID,
+              "unknown option 'init' for layer 0 (linear)");
+    snprintf(buf, sizeof buf, "%s    - factorized_reduce: {out: 7}\n", head);
+    CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID,
+              "t.yaml:4:32: layer 0 (factorized_reduce): out = 7 must be even");
+    snprintf(buf, sizeof buf, "%s    - factorized_reduce\n", head);
+    CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID,
+              "t.yaml:4:7: layer 0 (factorized_reduce) needs 'out'");
+    snprintf(buf, sizeof buf, "%s    - factorized_reduce: {out: 8, stride: 2}\n", head);
+    CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID,
+              "unknown option 'stride' for layer 0 (factorized_reduce) (it takes: out, momentum, "
+              "eps, sync, init, stash, name)");
+    snprintf(buf, sizeof buf, "%s    - factorized_reduc: {out: 8}\n", head);
+    CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID, "did you mean 'factorized_reduce'?");
+}
+
 static void test_overrides(void)
 {
     gp_config c;
@@ -567,7 +690,7 @@ static void test_overrides(void)
     CHECK(c.data.hflip);
     CHECK(c.model.n_layers == 6);
     if (c.model.n_layers == 6) {
-        CHECK(c.model.layers[0].out == 16 && c.model.layers[0].kernel == 3);
+        CHECK(c.model.layers[0].out == 16 && hw_is(c.model.layers[0].kernel, 3, 3));
         CHECK_NEAR(c.model.layers[1].momentum, 0.3, 1e-7, 0);
         CHECK(!c.model.layers[4].bias && c.model.layers[4].out == 10);
         CHECK(c.model.layers[5].type == GP_LAYER_DROPOUT && c.model.layers[5].line == 0);
@@ -841,6 +964,7 @@ static void test_empty_override(void)
         "model", "model.input", "model.input.0", "model.layers", "model.layers.3",
         "model.layers.0.out", "model.layers.0.kernel", "model.layers.0.stride",
         "model.layers.0.padding", "model.layers.0.bias", "model.layers.0.name",
+        "model.layers.0.init", "model.layers.5.count_include_pad",
         "model.layers.1.momentum", "model.layers.1.eps", "model.layers.1.sync",
         "model.layers.8.p", "model.layers.9.in", "model.layers.9.linear", "model.loss",
         "model.init_from", "pipeline", "pipeline.devices", "pipeline.devices.0",
@@ -999,6 +1123,7 @@ int main(void)
     test_skips();
     test_errors();
     test_unet_layers();
+    test_amoebanet_layers();
     test_overrides();
     test_sizes();
     test_threads_warning();

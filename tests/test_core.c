@@ -48,6 +48,45 @@ static void test_uniform(void)
     CHECK(gp_rng_stream(1, 2, 3) != gp_rng_stream(1, 3, 2));
 }
 
+/* gp_rng_normal: a pure function of (seed, stream, index) like the
+ * uniforms; the moments of 2e5 draws within 5 standard errors of N(0, 1)'s
+ * (mean 0, variance 1, 4th moment 3, P(|z| < 1) = 0.6827); neighbours
+ * (which share a Philox block) uncorrelated. */
+static void test_normal(void)
+{
+    enum { N = 200000 };
+    float *all = malloc(N * sizeof *all), part[300];
+    gp_rng_normal_fill(7, 11, 0, all, N);
+    gp_rng_normal_fill(7, 11, 333, part, 300);
+    int same = 1;
+    for (int i = 0; i < 300; i++) same &= part[i] == all[333 + i];
+    CHECK(same);
+    CHECK(all[5] == (float)gp_rng_normal(7, 11, 5));
+    CHECK(gp_rng_normal(7, 12, 5) != gp_rng_normal(7, 11, 5));
+    double m1 = 0, m2 = 0, m4 = 0, lag = 0, maxabs = 0;
+    int64_t within = 0;
+    for (int i = 0; i < N; i++) {
+        double z = all[i];
+        m1 += z;
+        m2 += z * z;
+        m4 += z * z * z * z;
+        if (i) lag += z * all[i - 1];
+        within += fabs(z) < 1.0;
+        maxabs = fmax(maxabs, fabs(z));
+    }
+    m1 /= N;
+    m2 /= N;
+    m4 /= N;
+    lag /= N - 1;
+    CHECK_NEAR(m1, 0.0, 5.0 / sqrt(N), 0);
+    CHECK_NEAR(m2, 1.0, 5.0 * sqrt(2.0 / N), 0);
+    CHECK_NEAR(m4, 3.0, 5.0 * sqrt(96.0 / N), 0);
+    CHECK_NEAR(lag, 0.0, 5.0 / sqrt(N), 0);
+    CHECK_NEAR((double)within / N, 0.682689, 5.0 * sqrt(0.6827 * 0.3173 / N), 0);
+    CHECK(maxabs < 6.7 && maxabs > 3.5);
+    free(all);
+}
+
 static void test_allocator(void)
 {
     gp_allocator a;
@@ -181,6 +220,7 @@ int main(void)
 {
     test_philox();
     test_uniform();
+    test_normal();
     test_allocator();
     test_bytes();
     test_shapes_and_errors();

@@ -8,7 +8,9 @@
  * host (two GPUs, sizes 1, 3 and 100001: uneven chunks, one of them
  * empty), pinned host buffers, every layer type's forward and
  * backward (output, dx, parameter gradients and buffers within 1e-4 x (1 +
- * max |cpu|)), and the pipeline transparency check:
+ * max |cpu|); per-axis windows, both average divisors, factorized_reduce
+ * and the kaiming_normal_fan_out init among them) with initial parameters
+ * bitwise equal on both devices, and the pipeline transparency check:
  * an MLP with dropout and a convnet with batch norm trained for 3 steps on
  * cuda:0,cuda:1 (2 stages; test_cuda runs 1 stage on cuda:0) for m in {1, 4},
  * against the same steps on one CPU device: parameters (and separately the
@@ -254,18 +256,20 @@ static void test_gemm(void)
 
 /* ---- convolution ------------------------------------------------------------------ */
 
-static void test_conv_shape(int64_t n, int64_t c, int64_t h, int64_t w, int64_t k, int64_t ker,
-                            int64_t stride, int64_t pad, int bias)
+/* kernel (kh, kw), stride (sh, sw), padding (ph, pw): each axis its own. */
+static void test_conv_hw(int64_t n, int64_t c, int64_t h, int64_t w, int64_t k, int64_t kh,
+                         int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int bias)
 {
-    gp_conv_desc d = {n, c, h, w, k, ker, ker, stride, stride, pad, pad,
-                      (h + 2 * pad - ker) / stride + 1, (w + 2 * pad - ker) / stride + 1, bias};
-    int64_t nx = n * c * h * w, nw = k * c * ker * ker, ny = n * k * d.oh * d.ow;
+    gp_conv_desc d = {n, c, h, w, k, kh, kw, sh, sw, ph, pw,
+                      (h + 2 * ph - kh) / sh + 1, (w + 2 * pw - kw) / sw + 1, bias};
+    int64_t nx = n * c * h * w, nw = k * c * kh * kw, ny = n * k * d.oh * d.ow;
     buf x = brand(nx, -1, 1), wt = brand(nw, -1, 1), b = brand(k, -1, 1), dy = brand(ny, -1, 1);
     buf y = bjunk(ny), dx = bjunk(nx), dw = brand(nw, -1, 1), db = brand(k, -1, 1);
-    char tag[128], what[192];
-    snprintf(tag, sizeof tag, "conv n%lld c%lld %lldx%lld k%lld ker%lld s%lld p%lld b%d",
-             (long long)n, (long long)c, (long long)h, (long long)w, (long long)k,
-             (long long)ker, (long long)stride, (long long)pad, bias);
+    char tag[192], what[256];
+    snprintf(tag, sizeof tag, "conv n%lld c%lld %lldx%lld k%lld ker%lldx%lld s%lldx%lld "
+             "p%lldx%lld b%d", (long long)n, (long long)c, (long long)h, (long long)w,
+             (long long)k, (long long)kh, (long long)kw, (long long)sh, (long long)sw,
+             (long long)ph, (long long)pw, bias);
     for (int rep = 0; rep < 2; rep++) { /* the second call uses the cached algorithms */
         BOTH(gp_dev_conv_fwd(D, &d, x.p[K], wt.p[K], bias ? b.p[K] : NULL, y.p[K]));
         snprintf(what, sizeof what, "%s fwd (call %d)", tag, rep + 1);
@@ -284,6 +288,12 @@ static void test_conv_shape(int64_t n, int64_t c, int64_t h, int64_t w, int64_t 
     bfree(&x); bfree(&wt); bfree(&b); bfree(&dy); bfree(&y); bfree(&dx); bfree(&dw); bfree(&db);
 }
 
+static void test_conv_shape(int64_t n, int64_t c, int64_t h, int64_t w, int64_t k, int64_t ker,
+                            int64_t stride, int64_t pad, int bias)
+{
+    test_conv_hw(n, c, h, w, k, ker, ker, stride, stride, pad, pad, bias);
+}
+
 static void test_conv(void)
 {
     test_conv_shape(3, 5, 7, 9, 4, 3, 2, 1, 1);
@@ -291,15 +301,21 @@ static void test_conv(void)
     test_conv_shape(2, 1, 28, 28, 16, 5, 1, 2, 1);
     test_conv_shape(4, 32, 14, 14, 64, 3, 1, 1, 0);
     test_conv_shape(2, 32, 8, 8, 16, 1, 2, 0, 1);
+    /* per axis: AmoebaNet's 1x7 and 7x1, and every pair different */
+    test_conv_hw(2, 16, 14, 14, 16, 1, 7, 1, 1, 0, 3, 0);
+    test_conv_hw(2, 16, 14, 14, 16, 7, 1, 2, 1, 3, 0, 0);
+    test_conv_hw(3, 4, 8, 11, 3, 2, 5, 3, 2, 1, 2, 1);
 }
 
 /* ---- pooling --------------------------------------------------------------------- */
 
-static void test_pool_shape(gp_pool_kind kind, int64_t n, int64_t c, int64_t h, int64_t w,
-                            int64_t ker, int64_t stride, int64_t pad)
+/* Per axis; the average kinds divide by the window's cells inside the image
+ * (AVG) or by kh * kw (AVG_INCLUDE_PAD). */
+static void test_pool_hw(gp_pool_kind kind, int64_t n, int64_t c, int64_t h, int64_t w,
+                         int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw)
 {
-    gp_pool_desc d = {n, c, h, w, ker, ker, stride, stride, pad, pad,
-                      (h + 2 * pad - ker) / stride + 1, (w + 2 * pad - ker) / stride + 1, kind};
+    gp_pool_desc d = {n, c, h, w, kh, kw, sh, sw, ph, pw,
+                      (h + 2 * ph - kh) / sh + 1, (w + 2 * pw - kw) / sw + 1, kind};
     int64_t nx = n * c * h * w, ny = n * c * d.oh * d.ow;
     buf x = brand(nx, -1, 1), dy = brand(ny, -1, 1), y = bjunk(ny), dx = bjunk(nx);
     void *ws[2] = {NULL, NULL};
@@ -309,9 +325,10 @@ static void test_pool_shape(gp_pool_kind kind, int64_t n, int64_t c, int64_t h, 
         if (wsb[k]) CHECK_OK(gp_dev_alloc(D2[k], wsb[k], GP_MEM_WORKSPACE, &ws[k]));
     }
     char what[128];
-    snprintf(what, sizeof what, "%s pool n%lld c%lld %lldx%lld k%lld s%lld p%lld",
-             kind == GP_POOL_MAX ? "max" : "avg", (long long)n, (long long)c, (long long)h,
-             (long long)w, (long long)ker, (long long)stride, (long long)pad);
+    snprintf(what, sizeof what, "%s pool n%lld c%lld %lldx%lld k%lldx%lld s%lldx%lld p%lldx%lld",
+             kind == GP_POOL_MAX ? "max" : kind == GP_POOL_AVG ? "avg" : "avg-incl-pad",
+             (long long)n, (long long)c, (long long)h, (long long)w, (long long)kh,
+             (long long)kw, (long long)sh, (long long)sw, (long long)ph, (long long)pw);
     double tol = kind == GP_POOL_MAX ? 0 : 1e-6;
     BOTH(gp_dev_pool_fwd(D, &d, x.p[K], y.p[K], ws[K]));
     bcheck(what, &y, tol);
@@ -323,12 +340,24 @@ static void test_pool_shape(gp_pool_kind kind, int64_t n, int64_t c, int64_t h, 
     bfree(&x); bfree(&dy); bfree(&y); bfree(&dx);
 }
 
+static void test_pool_shape(gp_pool_kind kind, int64_t n, int64_t c, int64_t h, int64_t w,
+                            int64_t ker, int64_t stride, int64_t pad)
+{
+    test_pool_hw(kind, n, c, h, w, ker, ker, stride, stride, pad, pad);
+}
+
 static void test_pool(void)
 {
     test_pool_shape(GP_POOL_MAX, 3, 5, 8, 10, 2, 2, 0);
     test_pool_shape(GP_POOL_MAX, 2, 3, 7, 9, 3, 2, 1);
     test_pool_shape(GP_POOL_AVG, 3, 5, 8, 10, 2, 2, 0);
     test_pool_shape(GP_POOL_AVG, 2, 3, 7, 9, 3, 2, 1);
+    test_pool_shape(GP_POOL_AVG_INCLUDE_PAD, 2, 3, 7, 9, 3, 2, 1);
+    test_pool_shape(GP_POOL_AVG_INCLUDE_PAD, 2, 3, 5, 5, 3, 1, 1);
+    test_pool_hw(GP_POOL_MAX, 2, 3, 7, 9, 1, 3, 1, 2, 0, 1);
+    test_pool_hw(GP_POOL_MAX, 2, 3, 7, 9, 3, 2, 2, 1, 1, 0);
+    test_pool_hw(GP_POOL_AVG, 2, 3, 8, 11, 2, 5, 1, 2, 1, 2);
+    test_pool_hw(GP_POOL_AVG_INCLUDE_PAD, 2, 3, 8, 11, 2, 5, 1, 2, 1, 2);
 }
 
 /* ---- batch norm ------------------------------------------------------------------ */
@@ -687,6 +716,17 @@ typedef struct {
     gp_shape in; /* batch 1 */
 } unet_case;
 
+/* AmoebaNet's and torchvision's needs: per-axis windows, the average's
+ * divisor, conv init, factorized_reduce (a table of their own too). */
+typedef struct {
+    gp_layer_type type;
+    int64_t out;
+    gp_hw kernel, stride, padding;
+    bool count_include_pad;
+    gp_conv_init init;
+    gp_shape in; /* batch 1 */
+} window_case;
+
 /* max |a - b| <= tol (1 + max |a|) over n host floats */
 static void close_enough(const char *what, const char *tag, const float *a, const float *b,
                          int64_t n, double tol)
@@ -735,20 +775,47 @@ static void test_layers(gp_device *cpu, gp_device *gpu)
         {GP_LAYER_UPSAMPLE, 0, 0, 2, {4, {1, 3, 5, 7}}},
         {GP_LAYER_UPSAMPLE, 0, 0, 3, {4, {1, 2, 4, 3}}},
     };
+    const gp_conv_init kn = GP_INIT_KAIMING_NORMAL_FAN_OUT, kd = GP_INIT_DEFAULT;
+    const window_case wcases[] = {
+        {GP_LAYER_CONV2D, 6, {1, 7}, {1, 1}, {0, 3}, true, kd, {4, {1, 4, 9, 9}}},
+        {GP_LAYER_CONV2D, 6, {7, 1}, {2, 1}, {3, 0}, true, kn, {4, {1, 4, 9, 9}}},
+        {GP_LAYER_CONV2D, 5, {2, 5}, {3, 2}, {1, 2}, true, kn, {4, {1, 3, 8, 11}}},
+        {GP_LAYER_MAXPOOL2D, 0, {1, 3}, {1, 2}, {0, 1}, true, kd, {4, {1, 3, 7, 9}}},
+        {GP_LAYER_AVGPOOL2D, 0, {3, 3}, {1, 1}, {1, 1}, true, kd, {4, {1, 3, 7, 9}}},
+        {GP_LAYER_AVGPOOL2D, 0, {3, 3}, {2, 2}, {1, 1}, false, kd, {4, {1, 3, 7, 9}}},
+        {GP_LAYER_AVGPOOL2D, 0, {2, 5}, {1, 2}, {1, 2}, true, kd, {4, {1, 3, 8, 11}}},
+        {GP_LAYER_AVGPOOL2D, 0, {2, 5}, {1, 2}, {1, 2}, false, kd, {4, {1, 3, 8, 11}}},
+        {GP_LAYER_FACTORIZED_REDUCE, 6, {0, 0}, {0, 0}, {0, 0}, true, kd, {4, {1, 5, 7, 9}}},
+        {GP_LAYER_FACTORIZED_REDUCE, 8, {0, 0}, {0, 0}, {0, 0}, true, kn, {4, {1, 4, 8, 8}}},
+    };
     const size_t n_base = sizeof cases / sizeof *cases;
+    const size_t n_unet = sizeof ucases / sizeof *ucases;
+    const size_t n_all = n_base + n_unet + sizeof wcases / sizeof *wcases;
     const int64_t N = 4;
-    for (size_t q = 0; q < n_base + sizeof ucases / sizeof *ucases; q++) {
+    for (size_t q = 0; q < n_all; q++) {
         gp_layer_spec sp;
         const gp_shape *in;
         if (q < n_base) {
             const layer_case *lc = &cases[q];
             sp = gp_layer_spec_default(lc->type);
             if (lc->out) sp.out = lc->out;
-            if (lc->kernel) sp.kernel = lc->kernel;
-            if (lc->stride) sp.stride = lc->stride;
-            sp.padding = lc->padding;
+            if (lc->kernel) sp.kernel = gp_hw_square(lc->kernel);
+            if (lc->stride) sp.stride = gp_hw_square(lc->stride);
+            sp.padding = gp_hw_square(lc->padding);
             if (lc->type == GP_LAYER_DROPOUT) sp.p = lc->p;
             in = &lc->in;
+        } else if (q >= n_base + n_unet) {
+            const window_case *wc = &wcases[q - n_base - n_unet];
+            sp = gp_layer_spec_default(wc->type);
+            sp.out = wc->out;
+            if (wc->type != GP_LAYER_FACTORIZED_REDUCE) {
+                sp.kernel = wc->kernel;
+                sp.stride = wc->stride;
+                sp.padding = wc->padding;
+            }
+            sp.count_include_pad = wc->count_include_pad;
+            sp.init = wc->init;
+            in = &wc->in;
         } else {
             const unet_case *uc = &ucases[q - n_base];
             sp = gp_layer_spec_default(uc->type);
@@ -772,6 +839,18 @@ static void test_layers(gp_device *cpu, gp_device *gpu)
         if (!ok) {
             if (l[0].ops) gp_layer_destroy(&l[0]);
             continue;
+        }
+        /* initialised on the host from (seed, index, parameter): the very
+         * same values on both devices, whatever the init */
+        for (int p = 0; p < l[0].n_params; p++) {
+            gp_device_bind_thread(gpu);
+            float *a = to_host(&l[0].params[p].value), *b = to_host(&l[1].params[p].value);
+            CHECK_OK(gp_dev_synchronize(gpu));
+            CHECK_MSG(!memcmp(a, b, (size_t)gp_tensor_numel(&l[0].params[p].value) * sizeof *a),
+                      "%s: initial %s differs between %s and %s", tag, l[0].params[p].name,
+                      cpu->name, gpu->name);
+            free(a);
+            free(b);
         }
         gp_shape xs = gp_shape_with_batch(in, N), ys = gp_shape_with_batch(&l[0].out_shape, N);
         int64_t nx = gp_shape_numel(&xs), ny = gp_shape_numel(&ys);

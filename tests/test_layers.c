@@ -24,6 +24,16 @@
  *     upsample's backward the sum of each block;
  *   - binary cross-entropy with logits against a double reference, its
  *     gradient by finite differences, extreme logits, bad targets;
+ *   - what AmoebaNet-D and torchvision's ResNets need: conv and pools with
+ *     a kernel, stride and padding per axis (1x7, 7x1, ...) through the
+ *     reference loops and finite differences; avgpool with and without
+ *     count_include_pad against the reference and a case written out;
+ *     factorized_reduce against torchgpipe's FactorizedReduce composed of
+ *     the reference ops (shifted, zero-padded input included) and finite
+ *     differences, its parameter names and counts, its norm's running
+ *     statistics over micro-batches; kaiming_normal_fan_out init: moments
+ *     of a large layer within statistical tolerance, bitwise the same on
+ *     two devices, handed to the convolutions of composite layers;
  *   - parameter counts and names (torchvision BasicBlock), FLOPs and
  *     saved_bytes, shape-inference messages, init determinism and
  *     independence of placement, and no leaked device memory.
@@ -141,15 +151,18 @@ static void ref_linear(int64_t n, int64_t f, int64_t o, const double *x, const d
         }
 }
 
+/* A window op: input (n, c, h, w), k output channels, kernel (kh, kw),
+ * stride (sh, sw), padding (ph, pw), output (oh, ow). */
 typedef struct {
-    int64_t n, c, h, w, k, kk, st, pad, oh, ow;
+    int64_t n, c, h, w, k, kh, kw, sh, sw, ph, pw, oh, ow;
 } geom;
 
-static geom geom_of(const gp_shape *xs, int64_t k, int64_t kk, int64_t st, int64_t pad)
+static geom geom_of(const gp_shape *xs, int64_t k, gp_hw kk, gp_hw st, gp_hw pad)
 {
-    geom g = {xs->dims[0], xs->dims[1], xs->dims[2], xs->dims[3], k, kk, st, pad, 0, 0};
-    g.oh = (g.h + 2 * pad - kk) / st + 1;
-    g.ow = (g.w + 2 * pad - kk) / st + 1;
+    geom g = {xs->dims[0], xs->dims[1], xs->dims[2], xs->dims[3], k, kk.h, kk.w,
+              st.h, st.w, pad.h, pad.w, 0, 0};
+    g.oh = (g.h + 2 * g.ph - g.kh) / g.sh + 1;
+    g.ow = (g.w + 2 * g.pw - g.kw) / g.sw + 1;
     return g;
 }
 
@@ -161,12 +174,12 @@ static void ref_conv(const geom *g, const double *x, const double *w, const doub
                 for (int64_t ox = 0; ox < g->ow; ox++) {
                     double s = b ? b[k] : 0.0;
                     for (int64_t c = 0; c < g->c; c++)
-                        for (int64_t ky = 0; ky < g->kk; ky++)
-                            for (int64_t kx = 0; kx < g->kk; kx++) {
-                                int64_t iy = oy * g->st - g->pad + ky, ix = ox * g->st - g->pad + kx;
+                        for (int64_t ky = 0; ky < g->kh; ky++)
+                            for (int64_t kx = 0; kx < g->kw; kx++) {
+                                int64_t iy = oy * g->sh - g->ph + ky, ix = ox * g->sw - g->pw + kx;
                                 if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) continue;
                                 s += x[((n * g->c + c) * g->h + iy) * g->w + ix] *
-                                     w[((k * g->c + c) * g->kk + ky) * g->kk + kx];
+                                     w[((k * g->c + c) * g->kh + ky) * g->kw + kx];
                             }
                     y[((n * g->k + k) * g->oh + oy) * g->ow + ox] = s;
                 }
@@ -218,8 +231,10 @@ static void ref_relu(int64_t n, const double *x, double *y)
     for (int64_t i = 0; i < n; i++) y[i] = x[i] > 0 ? x[i] : 0.0;
 }
 
-/* Max pads with -inf; the average divides by the valid elements only. */
-static void ref_pool(const geom *g, bool is_max, const double *x, double *y)
+/* Max pads with -inf; the average divides by the valid elements only, or
+ * with count_include_pad by the whole (padded) window, kh * kw. */
+static void ref_pool(const geom *g, bool is_max, bool count_include_pad, const double *x,
+                     double *y)
 {
     for (int64_t n = 0; n < g->n; n++)
         for (int64_t c = 0; c < g->c; c++)
@@ -227,15 +242,16 @@ static void ref_pool(const geom *g, bool is_max, const double *x, double *y)
                 for (int64_t ox = 0; ox < g->ow; ox++) {
                     double acc = is_max ? -INFINITY : 0.0;
                     int cnt = 0;
-                    for (int64_t ky = 0; ky < g->kk; ky++)
-                        for (int64_t kx = 0; kx < g->kk; kx++) {
-                            int64_t iy = oy * g->st - g->pad + ky, ix = ox * g->st - g->pad + kx;
+                    for (int64_t ky = 0; ky < g->kh; ky++)
+                        for (int64_t kx = 0; kx < g->kw; kx++) {
+                            int64_t iy = oy * g->sh - g->ph + ky, ix = ox * g->sw - g->pw + kx;
                             if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) continue;
                             double v = x[((n * g->c + c) * g->h + iy) * g->w + ix];
                             if (is_max) acc = v > acc ? v : acc;
                             else acc += v;
                             cnt++;
                         }
+                    if (count_include_pad) cnt = (int)(g->kh * g->kw);
                     y[((n * g->c + c) * g->oh + oy) * g->ow + ox] = is_max ? acc : acc / cnt;
                 }
 }
@@ -275,6 +291,36 @@ static double ref_dropout2d_mask(const gp_layer *l, const gp_fwd_ctx *ctx, int64
     return u >= l->spec.p ? 1.0 / (1.0 - (double)l->spec.p) : 0.0;
 }
 
+/* torchgpipe's FactorizedReduce before its norm, as written there: relu,
+ * conv1 (1x1, stride 2) on it, conv2 on ZeroPad2d((0, 1, 0, 1))(r[:, :,
+ * 1:, 1:]), concatenated along channels: cat (N, K, ceil(H/2), ceil(W/2)).
+ * w1, w2 (K/2, C, 1, 1). */
+static void ref_fr_cat(const gp_shape *xs, int64_t K, const double *x, const double *w1,
+                       const double *w2, double *cat)
+{
+    int64_t N = xs->dims[0], C = xs->dims[1], H = xs->dims[2], W = xs->dims[3];
+    int64_t nx = gp_shape_numel(xs), half = K / 2;
+    double *r = calloc((size_t)nx, sizeof *r), *sh = calloc((size_t)nx, sizeof *sh);
+    ref_relu(nx, x, r);
+    for (int64_t p = 0; p < N * C; p++)
+        for (int64_t i = 0; i + 1 < H; i++)
+            for (int64_t j = 0; j + 1 < W; j++)
+                sh[(p * H + i) * W + j] = r[(p * H + i + 1) * W + j + 1];
+    geom g = geom_of(xs, half, gp_hw_square(1), gp_hw_square(2), gp_hw_square(0));
+    int64_t s = g.oh * g.ow, nh = N * half * s;
+    double *c1 = calloc((size_t)nh, sizeof *c1), *c2 = calloc((size_t)nh, sizeof *c2);
+    ref_conv(&g, r, w1, NULL, c1);
+    ref_conv(&g, sh, w2, NULL, c2);
+    for (int64_t n = 0; n < N; n++) {
+        memcpy(cat + n * K * s, c1 + n * half * s, (size_t)(half * s) * sizeof *cat);
+        memcpy(cat + (n * K + half) * s, c2 + n * half * s, (size_t)(half * s) * sizeof *cat);
+    }
+    free(r);
+    free(sh);
+    free(c1);
+    free(c2);
+}
+
 /* ---- the layer reference: dispatch on the type ---------------------------- */
 
 /* P[p] = host copy of params[p] (double).  train: batch statistics. */
@@ -301,9 +347,10 @@ static void ref_forward(const gp_layer *l, double **P, bool train, const gp_fwd_
     case GP_LAYER_RELU: ref_relu(nx, x, y); break;
     case GP_LAYER_MAXPOOL2D:
     case GP_LAYER_AVGPOOL2D: {
-        geom g = geom_of(xs, xs->dims[1], sp->kernel, sp->stride ? sp->stride : sp->kernel,
-                         sp->padding);
-        ref_pool(&g, sp->type == GP_LAYER_MAXPOOL2D, x, y);
+        gp_hw st = sp->stride.h || sp->stride.w ? sp->stride : sp->kernel;
+        geom g = geom_of(xs, xs->dims[1], sp->kernel, st, sp->padding);
+        ref_pool(&g, sp->type == GP_LAYER_MAXPOOL2D,
+                 sp->type == GP_LAYER_AVGPOOL2D && sp->count_include_pad, x, y);
         break;
     }
     case GP_LAYER_GLOBAL_AVGPOOL: {
@@ -331,10 +378,10 @@ static void ref_forward(const gp_layer *l, double **P, bool train, const gp_fwd_
         break;
     }
     case GP_LAYER_RESIDUAL: {
-        geom g1 = geom_of(xs, sp->out, 3, sp->stride, 1);
+        geom g1 = geom_of(xs, sp->out, gp_hw_square(3), sp->stride, gp_hw_square(1));
         gp_shape ms = gp_shape_4d(xs->dims[0], sp->out, g1.oh, g1.ow);
-        geom g2 = geom_of(&ms, sp->out, 3, 1, 1);
-        geom gd = geom_of(xs, sp->out, 1, sp->stride, 0);
+        geom g2 = geom_of(&ms, sp->out, gp_hw_square(3), gp_hw_square(1), gp_hw_square(1));
+        geom gd = geom_of(xs, sp->out, gp_hw_square(1), sp->stride, gp_hw_square(0));
         int64_t nm = gp_shape_numel(&ms), s = g1.oh * g1.ow, k = sp->out;
         double *a = calloc((size_t)nm, sizeof *a), *b = calloc((size_t)nm, sizeof *b);
         double *sc = calloc((size_t)nm, sizeof *sc);
@@ -354,6 +401,15 @@ static void ref_forward(const gp_layer *l, double **P, bool train, const gp_fwd_
         free(a);
         free(b);
         free(sc);
+        break;
+    }
+    case GP_LAYER_FACTORIZED_REDUCE: {
+        int64_t K = sp->out, OH = (xs->dims[2] + 1) / 2, OW = (xs->dims[3] + 1) / 2;
+        double *cat = calloc((size_t)(xs->dims[0] * K * OH * OW), sizeof *cat);
+        ref_fr_cat(xs, K, x, P[0], P[1], cat);
+        ref_bn(xs->dims[0], K, OH * OW, sp->eps, cat, P[2], P[3], train ? NULL : P[4],
+               train ? NULL : P[5], y);
+        free(cat);
         break;
     }
     case GP_LAYER_LEAKY_RELU:
@@ -652,7 +708,7 @@ static void test_all_layers(gp_device *dev)
     fd_tol smooth = {.eps = 1e-2, .atol = 3e-3, .rtol = 1e-2, .norm_rtol = 5e-3};
     fd_tol kinky = {.eps = 1e-3, .atol = 1e-2, .rtol = 2e-2, .norm_rtol = 2e-2};
     gp_shape img = gp_shape_4d(3, 5, 7, 9);
-    layer_case cases[40];
+    layer_case cases[64];
     int n = 0;
     /* linear, with and without bias */
     cases[n] = (layer_case){spec_of(GP_LAYER_LINEAR), gp_shape_2d(3, 7), X_SYM, false, smooth};
@@ -662,29 +718,32 @@ static void test_all_layers(gp_device *dev)
     cases[n++].spec.bias = false;
     /* conv: k3 s2 p1 bias; k3 s1 p0 no bias; k2 s2 p1; 1x1 */
     cases[n] = (layer_case){spec_of(GP_LAYER_CONV2D), img, X_SYM, false, smooth};
-    cases[n].spec.out = 4; cases[n].spec.kernel = 3; cases[n].spec.stride = 2;
-    cases[n++].spec.padding = 1;
+    cases[n].spec.out = 4; cases[n].spec.kernel = gp_hw_square(3);
+    cases[n].spec.stride = gp_hw_square(2); cases[n++].spec.padding = gp_hw_square(1);
     cases[n] = (layer_case){spec_of(GP_LAYER_CONV2D), img, X_SYM, false, smooth};
-    cases[n].spec.out = 6; cases[n].spec.kernel = 3; cases[n++].spec.bias = false;
+    cases[n].spec.out = 6; cases[n].spec.kernel = gp_hw_square(3); cases[n++].spec.bias = false;
     cases[n] = (layer_case){spec_of(GP_LAYER_CONV2D), img, X_SYM, false, smooth};
-    cases[n].spec.out = 3; cases[n].spec.kernel = 2; cases[n].spec.stride = 2;
-    cases[n++].spec.padding = 1;
-    cases[n] = (layer_case){spec_of(GP_LAYER_CONV2D), gp_shape_4d(2, 3, 4, 5), X_SYM, false, smooth};
-    cases[n].spec.out = 7; cases[n++].spec.kernel = 1;
+    cases[n].spec.out = 3; cases[n].spec.kernel = gp_hw_square(2);
+    cases[n].spec.stride = gp_hw_square(2); cases[n++].spec.padding = gp_hw_square(1);
+    cases[n] = (layer_case){spec_of(GP_LAYER_CONV2D), gp_shape_4d(2, 3, 4, 5), X_SYM, false,
+                            smooth};
+    cases[n].spec.out = 7; cases[n++].spec.kernel = gp_hw_square(1);
     /* batch norm 4-D and 2-D with random affine and running statistics */
     cases[n++] = (layer_case){spec_of(GP_LAYER_BATCHNORM), img, X_SYM, true, smooth};
     cases[n++] = (layer_case){spec_of(GP_LAYER_BATCHNORM), gp_shape_2d(6, 7), X_SYM, true, smooth};
     /* relu */
     cases[n++] = (layer_case){spec_of(GP_LAYER_RELU), img, X_AWAY, false, kinky};
-    /* pools */
+    /* pools (averages count the padding, PyTorch's default) */
     cases[n] = (layer_case){spec_of(GP_LAYER_MAXPOOL2D), img, X_DISTINCT, false, kinky};
-    cases[n].spec.kernel = 3; cases[n].spec.stride = 2; cases[n++].spec.padding = 1;
+    cases[n].spec.kernel = gp_hw_square(3); cases[n].spec.stride = gp_hw_square(2);
+    cases[n++].spec.padding = gp_hw_square(1);
     cases[n] = (layer_case){spec_of(GP_LAYER_MAXPOOL2D), img, X_DISTINCT, false, kinky};
-    cases[n++].spec.kernel = 2; /* stride defaults to the kernel */
+    cases[n++].spec.kernel = gp_hw_square(2); /* stride defaults to the kernel */
     cases[n] = (layer_case){spec_of(GP_LAYER_AVGPOOL2D), img, X_SYM, false, smooth};
-    cases[n].spec.kernel = 3; cases[n].spec.stride = 2; cases[n++].spec.padding = 1;
+    cases[n].spec.kernel = gp_hw_square(3); cases[n].spec.stride = gp_hw_square(2);
+    cases[n++].spec.padding = gp_hw_square(1);
     cases[n] = (layer_case){spec_of(GP_LAYER_AVGPOOL2D), img, X_SYM, false, smooth};
-    cases[n++].spec.kernel = 2;
+    cases[n++].spec.kernel = gp_hw_square(2);
     cases[n++] = (layer_case){spec_of(GP_LAYER_GLOBAL_AVGPOOL), img, X_SYM, false, smooth};
     /* flatten, dropout */
     cases[n++] = (layer_case){spec_of(GP_LAYER_FLATTEN), img, X_SYM, false, smooth};
@@ -694,7 +753,7 @@ static void test_all_layers(gp_device *dev)
     cases[n++].spec.p = 0.0f;
     /* residual: with a downsample (stride 2, 5 -> 8) and identity (6 -> 6) */
     cases[n] = (layer_case){spec_of(GP_LAYER_RESIDUAL), img, X_SYM, true, kinky};
-    cases[n].spec.out = 8; cases[n++].spec.stride = 2;
+    cases[n].spec.out = 8; cases[n++].spec.stride = gp_hw_square(2);
     cases[n] = (layer_case){spec_of(GP_LAYER_RESIDUAL), gp_shape_4d(3, 6, 5, 5), X_SYM, true,
                             kinky};
     cases[n++].spec.out = 6;
@@ -720,6 +779,48 @@ static void test_all_layers(gp_device *dev)
     cases[n] = (layer_case){spec_of(GP_LAYER_UPSAMPLE), gp_shape_4d(2, 2, 3, 3), X_SYM, false,
                             smooth};
     cases[n++].spec.scale = 1;
+    /* Appended (so the cases above keep their random draws).  Per-axis
+     * windows: AmoebaNet's 1x7 conv (padding (0, 3)) and 7x1 (stride
+     * (2, 1), padding (3, 0)), a 2x3 with stride (1, 2), padding (1, 0);
+     * max pools 1x3 (stride (1, 2), padding (0, 1)) and 3x2 (stride
+     * (2, 1)); averages with and without the padding in the divisor
+     * (AmoebaNet's count_include_pad=False), square and per axis */
+    cases[n] = (layer_case){spec_of(GP_LAYER_CONV2D), img, X_SYM, false, smooth};
+    cases[n].spec.out = 4; cases[n].spec.kernel = (gp_hw){1, 7};
+    cases[n++].spec.padding = (gp_hw){0, 3};
+    cases[n] = (layer_case){spec_of(GP_LAYER_CONV2D), img, X_SYM, false, smooth};
+    cases[n].spec.out = 4; cases[n].spec.kernel = (gp_hw){7, 1};
+    cases[n].spec.stride = (gp_hw){2, 1}; cases[n].spec.padding = (gp_hw){3, 0};
+    cases[n++].spec.bias = false;
+    cases[n] = (layer_case){spec_of(GP_LAYER_CONV2D), img, X_SYM, false, smooth};
+    cases[n].spec.out = 3; cases[n].spec.kernel = (gp_hw){2, 3};
+    cases[n].spec.stride = (gp_hw){1, 2}; cases[n++].spec.padding = (gp_hw){1, 0};
+    cases[n] = (layer_case){spec_of(GP_LAYER_MAXPOOL2D), img, X_DISTINCT, false, kinky};
+    cases[n].spec.kernel = (gp_hw){1, 3}; cases[n].spec.stride = (gp_hw){1, 2};
+    cases[n++].spec.padding = (gp_hw){0, 1};
+    cases[n] = (layer_case){spec_of(GP_LAYER_MAXPOOL2D), img, X_DISTINCT, false, kinky};
+    cases[n].spec.kernel = (gp_hw){3, 2}; cases[n].spec.stride = (gp_hw){2, 1};
+    cases[n++].spec.padding = (gp_hw){1, 0};
+    cases[n] = (layer_case){spec_of(GP_LAYER_AVGPOOL2D), img, X_SYM, false, smooth};
+    cases[n].spec.kernel = gp_hw_square(3); cases[n].spec.stride = gp_hw_square(2);
+    cases[n].spec.padding = gp_hw_square(1); cases[n++].spec.count_include_pad = false;
+    cases[n] = (layer_case){spec_of(GP_LAYER_AVGPOOL2D), img, X_SYM, false, smooth};
+    cases[n].spec.kernel = (gp_hw){3, 1}; cases[n].spec.stride = gp_hw_square(1);
+    cases[n++].spec.padding = (gp_hw){1, 0};
+    cases[n] = (layer_case){spec_of(GP_LAYER_AVGPOOL2D), img, X_SYM, false, smooth};
+    cases[n].spec.kernel = (gp_hw){2, 5}; cases[n].spec.stride = (gp_hw){1, 2};
+    cases[n].spec.padding = (gp_hw){1, 2}; cases[n++].spec.count_include_pad = false;
+    /* factorized reduce: odd sizes (the shifted conv reads padding in the
+     * last row and column), even sizes, a 1-pixel-high input (only
+     * padding for conv2); torchvision's init on the second */
+    cases[n] = (layer_case){spec_of(GP_LAYER_FACTORIZED_REDUCE), img, X_AWAY, true, kinky};
+    cases[n++].spec.out = 6;
+    cases[n] = (layer_case){spec_of(GP_LAYER_FACTORIZED_REDUCE), gp_shape_4d(2, 4, 6, 8), X_AWAY,
+                            true, kinky};
+    cases[n].spec.out = 4; cases[n++].spec.init = GP_INIT_KAIMING_NORMAL_FAN_OUT;
+    cases[n] = (layer_case){spec_of(GP_LAYER_FACTORIZED_REDUCE), gp_shape_4d(4, 3, 1, 5), X_AWAY,
+                            true, kinky};
+    cases[n++].spec.out = 2;
     CHECK((size_t)n <= sizeof cases / sizeof *cases);
     for (int k = 0; k < n; k++) check_layer(dev, &cases[k], k, &rng);
 }
@@ -1201,7 +1302,7 @@ static void test_bn_stats(gp_device *dev)
     /* residual: commit reaches every norm of the block; recompute does not */
     gp_layer_spec rs = spec_of(GP_LAYER_RESIDUAL);
     rs.out = 4;
-    rs.stride = 2;
+    rs.stride = gp_hw_square(2);
     gp_shape ri = gp_shape_4d(4, 3, 6, 6);
     gp_layer r;
     CHECK_OK(gp_layer_create(&rs, 1, &ri, dev, 1, &r));
@@ -1415,7 +1516,7 @@ static void test_counts(gp_device *dev)
     gp_layer l;
     gp_layer_spec rs = spec_of(GP_LAYER_RESIDUAL);
     rs.out = 128;
-    rs.stride = 2;
+    rs.stride = gp_hw_square(2);
     gp_shape in = gp_shape_4d(1, 64, 8, 8);
     CHECK_OK(gp_layer_create(&rs, 0, &in, dev, 1, &l));
     /* torchvision BasicBlock(64, 128, stride=2, downsample): 230144 */
@@ -1437,7 +1538,7 @@ static void test_counts(gp_device *dev)
     CHECK(l.ops->flops(&l, 1) >= fl && l.ops->flops(&l, 1) < fl * 1.01);
     gp_layer_destroy(&l);
     rs.out = 64;
-    rs.stride = 1;
+    rs.stride = gp_hw_square(1);
     CHECK_OK(gp_layer_create(&rs, 0, &in, dev, 1, &l));
     CHECK(gp_layer_param_count(&l) == 73984); /* BasicBlock(64, 64) */
     CHECK(l.n_params == 10);
@@ -1455,8 +1556,8 @@ static void test_counts(gp_device *dev)
 
     gp_layer_spec cs = spec_of(GP_LAYER_CONV2D);
     cs.out = 16;
-    cs.kernel = 3;
-    cs.padding = 1;
+    cs.kernel = gp_hw_square(3);
+    cs.padding = gp_hw_square(1);
     gp_shape ci = gp_shape_4d(1, 3, 32, 32);
     CHECK_OK(gp_layer_create(&cs, 0, &ci, dev, 1, &l));
     CHECK(gp_layer_param_count(&l) == 448);
@@ -1466,6 +1567,60 @@ static void test_counts(gp_device *dev)
     gp_layer_spec bs = spec_of(GP_LAYER_BATCHNORM);
     CHECK_OK(gp_layer_create(&bs, 0, &ci, dev, 1, &l));
     CHECK(gp_layer_param_count(&l) == 6 && l.n_params == 4);
+    gp_layer_destroy(&l);
+
+    /* AmoebaNet's 1x7 and 7x1: weight (K, C, 1, 7), 7 taps per output */
+    cs = spec_of(GP_LAYER_CONV2D);
+    cs.out = 8;
+    cs.kernel = (gp_hw){1, 7};
+    cs.stride = (gp_hw){1, 2};
+    cs.padding = (gp_hw){0, 3};
+    cs.bias = false;
+    gp_shape ai = gp_shape_4d(1, 4, 14, 14);
+    CHECK_OK(gp_layer_create(&cs, 0, &ai, dev, 1, &l));
+    gp_shape aw = gp_tensor_shape(&l.params[0].value), awant = gp_shape_4d(8, 4, 1, 7);
+    CHECK(gp_shape_equal(&aw, &awant) && gp_layer_param_count(&l) == 224);
+    gp_shape ao = gp_shape_4d(1, 8, 14, 7);
+    CHECK(gp_shape_equal(&l.out_shape, &ao));
+    CHECK(l.ops->flops(&l, 1) == 2.0 * 8 * 14 * 7 * 4 * 7);
+    gp_layer_destroy(&l);
+    cs.kernel = (gp_hw){7, 1};
+    cs.stride = (gp_hw){2, 1};
+    cs.padding = (gp_hw){3, 0};
+    CHECK_OK(gp_layer_create(&cs, 0, &ai, dev, 1, &l));
+    ao = gp_shape_4d(1, 8, 7, 14);
+    CHECK(gp_shape_equal(&l.out_shape, &ao));
+    gp_layer_destroy(&l);
+    gp_layer_spec ps = spec_of(GP_LAYER_MAXPOOL2D);
+    ps.kernel = (gp_hw){1, 3}; /* stride = the kernel, per axis */
+    CHECK_OK(gp_layer_create(&ps, 0, &ai, dev, 1, &l));
+    ao = gp_shape_4d(1, 4, 14, 4);
+    CHECK(gp_shape_equal(&l.out_shape, &ao));
+    gp_layer_destroy(&l);
+
+    /* torchgpipe's FactorizedReduce(64, 128): two 1x1 convs of 64 -> 64
+     * and BatchNorm2d(128), its state dict names; 7x7 -> 4x4 */
+    gp_layer_spec fs = spec_of(GP_LAYER_FACTORIZED_REDUCE);
+    fs.out = 128;
+    gp_shape fi = gp_shape_4d(1, 64, 7, 7);
+    CHECK_OK(gp_layer_create(&fs, 0, &fi, dev, 1, &l));
+    CHECK(gp_layer_param_count(&l) == 2 * 64 * 64 + 2 * 128);
+    static const char *const fr[] = {"conv1.weight", "conv2.weight", "bn.weight", "bn.bias",
+                                     "bn.running_mean", "bn.running_var"};
+    CHECK(l.n_params == 6);
+    for (int p = 0; p < l.n_params && p < 6; p++)
+        CHECK_MSG(!strcmp(l.params[p].name, fr[p]), "param %d is %s, want %s", p,
+                  l.params[p].name, fr[p]);
+    gp_shape fw = gp_tensor_shape(&l.params[1].value), fwant = gp_shape_4d(64, 64, 1, 1);
+    CHECK(gp_shape_equal(&fw, &fwant));
+    CHECK(!l.params[0].no_decay && l.params[2].no_decay && l.params[4].is_buffer);
+    gp_shape fo = gp_shape_4d(1, 128, 4, 4);
+    CHECK(gp_shape_equal(&l.out_shape, &fo));
+    double ffl = 2.0 * 128 * 16 * 64;
+    CHECK(l.ops->flops(&l, 1) >= ffl && l.ops->flops(&l, 1) < ffl * 1.1);
+    const char *cn[2];
+    int64_t *cv[2];
+    CHECK(gp_layer_counters(&l, cn, cv, 2) == 1 && !strcmp(cn[0], "bn.num_batches_tracked"));
     gp_layer_destroy(&l);
 
     /* type names round-trip */
@@ -1488,16 +1643,16 @@ static void test_errors(gp_device *dev)
     gp_shape flat = gp_shape_2d(1, 784), img = gp_shape_4d(1, 1, 28, 28);
     gp_layer_spec s = spec_of(GP_LAYER_CONV2D);
     s.out = 8;
-    s.kernel = 3;
+    s.kernel = gp_hw_square(3);
     snprintf(s.file, sizeof s.file, "cfg.yaml");
     s.line = 12;
     s.column = 7;
     CHECK_ERR(gp_layer_create(&s, 3, &flat, dev, 1, &l), GP_ERR_INVALID,
               "layer 3 (conv2d) at cfg.yaml:12:7: expected 4-D input (N, C, H, W) but got (N, 784)");
-    s.kernel = 31;
+    s.kernel = gp_hw_square(31);
     CHECK_ERR(gp_layer_create(&s, 3, &img, dev, 1, &l), GP_ERR_INVALID,
               "kernel 31 is larger than the padded input 28x28");
-    s.kernel = 3;
+    s.kernel = gp_hw_square(3);
     s.out = 0;
     CHECK_ERR(gp_layer_create(&s, 3, &img, dev, 1, &l), GP_ERR_INVALID, "out (the number");
     s.out = 8;
@@ -1519,18 +1674,59 @@ static void test_errors(gp_device *dev)
     CHECK_ERR(gp_layer_create(&li, 4, &flat, dev, 1, &l), GP_ERR_INVALID, "out (the number");
 
     gp_layer_spec mp = spec_of(GP_LAYER_MAXPOOL2D);
-    mp.kernel = 2;
+    mp.kernel = gp_hw_square(2);
     CHECK_ERR(gp_layer_create(&mp, 5, &flat, dev, 1, &l), GP_ERR_INVALID, "expected 4-D input");
-    mp.kernel = 0;
+    mp.kernel = gp_hw_square(0);
     CHECK_ERR(gp_layer_create(&mp, 5, &img, dev, 1, &l), GP_ERR_INVALID, "kernel is missing");
-    mp.kernel = 3;
-    mp.padding = 2;
+    mp.kernel = gp_hw_square(3);
+    mp.padding = gp_hw_square(2);
     CHECK_ERR(gp_layer_create(&mp, 5, &img, dev, 1, &l), GP_ERR_INVALID, "half the kernel");
     gp_shape tiny = gp_shape_4d(1, 2, 2, 2);
-    mp.padding = 0;
-    mp.kernel = 3;
+    mp.padding = gp_hw_square(0);
+    mp.kernel = gp_hw_square(3);
     CHECK_ERR(gp_layer_create(&mp, 5, &tiny, dev, 1, &l), GP_ERR_INVALID,
               "kernel 3 is larger than the padded input 2x2");
+
+    /* per-axis windows: messages show [h, w] */
+    mp.kernel = (gp_hw){1, 3};
+    mp.padding = (gp_hw){0, 2};
+    CHECK_ERR(gp_layer_create(&mp, 5, &img, dev, 1, &l), GP_ERR_INVALID,
+              "padding = [0, 2] must be between 0 and half the kernel ([0, 1])");
+    mp.padding = (gp_hw){0, 1};
+    mp.stride = (gp_hw){2, 0};
+    CHECK_ERR(gp_layer_create(&mp, 5, &img, dev, 1, &l), GP_ERR_INVALID,
+              "stride = [2, 0] must be positive");
+    mp.stride = (gp_hw){0, 0};
+    mp.kernel = (gp_hw){1, 29};
+    mp.padding = (gp_hw){0, 0};
+    CHECK_ERR(gp_layer_create(&mp, 5, &img, dev, 1, &l), GP_ERR_INVALID,
+              "kernel [1, 29] is larger than the padded input 28x28");
+    s.kernel = (gp_hw){1, 7};
+    s.padding = (gp_hw){0, -1};
+    s.in = 0;
+    CHECK_ERR(gp_layer_create(&s, 3, &img, dev, 1, &l), GP_ERR_INVALID,
+              "padding = [0, -1] must not be negative");
+    s.padding = (gp_hw){0, 0};
+    s.stride = (gp_hw){1, 0};
+    CHECK_ERR(gp_layer_create(&s, 3, &img, dev, 1, &l), GP_ERR_INVALID,
+              "stride = [1, 0] must be at least 1");
+    s.stride = (gp_hw){1, 1};
+    s.kernel = (gp_hw){0, 7};
+    CHECK_ERR(gp_layer_create(&s, 3, &img, dev, 1, &l), GP_ERR_INVALID,
+              "kernel is missing or not positive (got [0, 7])");
+    gp_layer_spec rsq = spec_of(GP_LAYER_RESIDUAL);
+    rsq.out = 4;
+    rsq.stride = (gp_hw){2, 1};
+    CHECK_ERR(gp_layer_create(&rsq, 7, &img, dev, 1, &l), GP_ERR_INVALID,
+              "stride = [2, 1] must be one number");
+    gp_layer_spec fr = spec_of(GP_LAYER_FACTORIZED_REDUCE);
+    fr.out = 7;
+    CHECK_ERR(gp_layer_create(&fr, 14, &img, dev, 1, &l), GP_ERR_INVALID,
+              "layer 14 (factorized_reduce): out = 7 must be a positive even number");
+    fr.out = 0;
+    CHECK_ERR(gp_layer_create(&fr, 14, &img, dev, 1, &l), GP_ERR_INVALID, "out = 0 must be");
+    fr.out = 8;
+    CHECK_ERR(gp_layer_create(&fr, 14, &flat, dev, 1, &l), GP_ERR_INVALID, "expected 4-D input");
 
     gp_layer_spec dr = spec_of(GP_LAYER_DROPOUT);
     dr.p = 1.5f;
@@ -1607,7 +1803,7 @@ static void test_init(gp_device *dev, gp_device *dev2)
 {
     gp_layer_spec cs = spec_of(GP_LAYER_CONV2D);
     cs.out = 6;
-    cs.kernel = 3;
+    cs.kernel = gp_hw_square(3);
     gp_shape in = gp_shape_4d(1, 4, 8, 8);
     gp_layer a, b, c, d, e;
     CHECK_OK(gp_layer_create(&cs, 2, &in, dev, 77, &a));
@@ -1672,6 +1868,223 @@ static void test_init(gp_device *dev, gp_device *dev2)
     gp_layer_destroy(&e);
 }
 
+/* init: kaiming_normal_fan_out (torchvision's ResNet): the weights of a
+ * large conv are normal(0, sqrt(2 / (K KH KW))) within statistical
+ * tolerance (mean, std, 4th moment, the share within one std), identical
+ * for the same seed on two devices, a fresh draw for another layer index;
+ * the bias stays PyTorch's uniform.  Non-square kernels count KH * KW; the
+ * composite layers hand the option to their convolutions. */
+static void test_init_kaiming_normal(gp_device *dev, gp_device *dev2)
+{
+    gp_layer_spec cs = spec_of(GP_LAYER_CONV2D);
+    cs.out = 256;
+    cs.kernel = gp_hw_square(3);
+    cs.init = GP_INIT_KAIMING_NORMAL_FAN_OUT;
+    gp_shape in = gp_shape_4d(1, 64, 4, 4);
+    gp_layer a, b, c;
+    CHECK_OK(gp_layer_create(&cs, 2, &in, dev, 77, &a));
+    CHECK_OK(gp_layer_create(&cs, 2, &in, dev2, 77, &b));
+    CHECK_OK(gp_layer_create(&cs, 3, &in, dev, 77, &c));
+    int64_t nw = gp_tensor_numel(&a.params[0].value); /* 147456 */
+    float *wa = download(&a.params[0].value), *wb = download(&b.params[0].value);
+    float *wc = download(&c.params[0].value), *ba = download(&a.params[1].value);
+    CHECK(!memcmp(wa, wb, (size_t)nw * sizeof *wa));
+    CHECK(memcmp(wa, wc, (size_t)nw * sizeof *wa) != 0);
+    double std = sqrt(2.0 / (256.0 * 9.0)), m1 = 0, m2 = 0, m4 = 0;
+    int64_t within = 0;
+    for (int64_t i = 0; i < nw; i++) {
+        double z = wa[i] / std;
+        m1 += z;
+        m2 += z * z;
+        m4 += z * z * z * z;
+        within += fabs(z) < 1.0;
+    }
+    m1 /= (double)nw;
+    m2 /= (double)nw;
+    m4 /= (double)nw;
+    double n = (double)nw;
+    CHECK_NEAR(m1, 0.0, 5.0 / sqrt(n), 0);
+    CHECK_NEAR(sqrt(m2), 1.0, 5.0 * sqrt(0.5 / n), 0);
+    CHECK_NEAR(m4, 3.0, 5.0 * sqrt(96.0 / n), 0);
+    CHECK_NEAR((double)within / n, 0.682689, 5.0 * sqrt(0.6827 * 0.3173 / n), 0);
+    double bound = 1.0 / sqrt(64.0 * 9.0), bmx = 0;
+    for (int k = 0; k < 256; k++) bmx = fmax(bmx, fabs(ba[k]));
+    CHECK(bmx <= bound * (1 + 1e-6) && bmx > 0.9 * bound);
+    free(wa); free(wb); free(wc); free(ba);
+    gp_layer_destroy(&a);
+    gp_layer_destroy(&b);
+    gp_layer_destroy(&c);
+
+    /* 1x7: fan_out = K * 7 */
+    cs.out = 512;
+    cs.kernel = (gp_hw){1, 7};
+    cs.padding = (gp_hw){0, 3};
+    cs.bias = false;
+    CHECK_OK(gp_layer_create(&cs, 4, &in, dev, 77, &a));
+    nw = gp_tensor_numel(&a.params[0].value);
+    wa = download(&a.params[0].value);
+    std = sqrt(2.0 / (512.0 * 7.0));
+    m2 = 0;
+    for (int64_t i = 0; i < nw; i++) m2 += (double)wa[i] * wa[i];
+    CHECK_NEAR(sqrt(m2 / (double)nw) / std, 1.0, 5.0 * sqrt(0.5 / (double)nw), 0);
+    CHECK(a.n_params == 1);
+    free(wa);
+    gp_layer_destroy(&a);
+
+    /* inside composites: a factorized reduce's conv1 (K/2 = 256 outputs, 1x1)
+     * and a residual block's conv1 (K = 128, 3x3), placement-free */
+    gp_layer_spec fs = spec_of(GP_LAYER_FACTORIZED_REDUCE);
+    fs.out = 512;
+    fs.init = GP_INIT_KAIMING_NORMAL_FAN_OUT;
+    CHECK_OK(gp_layer_create(&fs, 5, &in, dev, 9, &a));
+    CHECK_OK(gp_layer_create(&fs, 5, &in, dev2, 9, &b));
+    nw = gp_tensor_numel(&a.params[0].value);
+    wa = download(&a.params[0].value);
+    wb = download(&b.params[0].value);
+    wc = download(&a.params[1].value);
+    CHECK(!memcmp(wa, wb, (size_t)nw * sizeof *wa));
+    CHECK(memcmp(wa, wc, (size_t)nw * sizeof *wa) != 0); /* conv1 and conv2 differ */
+    std = sqrt(2.0 / 256.0);
+    m2 = 0;
+    for (int64_t i = 0; i < nw; i++) m2 += (double)wa[i] * wa[i];
+    CHECK_NEAR(sqrt(m2 / (double)nw) / std, 1.0, 5.0 * sqrt(0.5 / (double)nw), 0);
+    free(wa); free(wb); free(wc);
+    gp_layer_destroy(&a);
+    gp_layer_destroy(&b);
+    gp_layer_spec rs = spec_of(GP_LAYER_RESIDUAL);
+    rs.out = 128;
+    rs.init = GP_INIT_KAIMING_NORMAL_FAN_OUT;
+    CHECK_OK(gp_layer_create(&rs, 6, &in, dev, 9, &a));
+    nw = gp_tensor_numel(&a.params[0].value);
+    wa = download(&a.params[0].value);
+    std = sqrt(2.0 / (128.0 * 9.0));
+    m2 = 0;
+    for (int64_t i = 0; i < nw; i++) m2 += (double)wa[i] * wa[i];
+    CHECK_NEAR(sqrt(m2 / (double)nw) / std, 1.0, 5.0 * sqrt(0.5 / (double)nw), 0);
+    free(wa);
+    gp_layer_destroy(&a);
+}
+
+/* A factorized reduce's norm: two uneven micro-batches and a commit give
+ * running statistics of the whole batch's concatenated convolutions
+ * (unbiased variance, momentum 0.1, double reference); a recompute leaves
+ * them alone; bn.num_batches_tracked counts the commit. */
+static void test_fr_stats(gp_device *dev)
+{
+    hrng rng = {31};
+    gp_layer_spec sp = spec_of(GP_LAYER_FACTORIZED_REDUCE);
+    sp.out = 6;
+    gp_shape in = gp_shape_4d(5, 3, 5, 6);
+    gp_layer l;
+    CHECK_OK(gp_layer_create(&sp, 2, &in, dev, 3, &l));
+    int64_t nx = gp_shape_numel(&in);
+    float *xh = malloc((size_t)nx * sizeof *xh);
+    fill_sym(&rng, xh, nx, 1.0f);
+    gp_tensor x = upload(dev, &in, xh);
+    gp_fwd_ctx ctx = train_ctx();
+    ctx.batch_total = 5;
+    const char *cn[1];
+    int64_t *cv[1];
+    CHECK(gp_layer_counters(&l, cn, cv, 1) == 1);
+    for (int rec = 1; rec >= 0; rec--) { /* a recompute-only step first: no effect */
+        for (int h = 0; h < 2; h++) {
+            gp_tensor part = gp_tensor_slice(&x, h ? 2 : 0, h ? 3 : 2), y = {0};
+            gp_saved s = {0};
+            gp_fwd_ctx c = ctx;
+            c.sample_offset = h ? 2 : 0;
+            c.recompute = rec;
+            CHECK_OK(gp_layer_forward(&l, &c, &part, &y, &s));
+            gp_saved_free(&s);
+            gp_tensor_free(&y);
+        }
+        CHECK_OK(l.ops->commit(&l));
+        CHECK(*cv[0] == 1 - rec);
+    }
+    double *w1 = download_d(&l.params[0].value), *w2 = download_d(&l.params[1].value);
+    double *xd = malloc((size_t)nx * sizeof *xd);
+    for (int64_t i = 0; i < nx; i++) xd[i] = xh[i];
+    int64_t S = 3 * 3, K = 6;
+    double *cat = calloc((size_t)(5 * K * S), sizeof *cat);
+    ref_fr_cat(&in, K, xd, w1, w2, cat);
+    double mean[6], var[6];
+    ref_bn_stats(5, K, S, cat, mean, var);
+    float *rm = download(&l.params[param_index(&l, "bn.running_mean")].value);
+    float *rv = download(&l.params[param_index(&l, "bn.running_var")].value);
+    for (int k = 0; k < K; k++) {
+        double n = 5.0 * (double)S;
+        CHECK_NEAR(rm[k], 0.1 * mean[k], 1e-5, 1e-4);
+        CHECK_NEAR(rv[k], 0.9 + 0.1 * var[k] * n / (n - 1), 1e-5, 1e-4);
+    }
+    free(rm);
+    free(rv);
+    free(w1);
+    free(w2);
+    free(xd);
+    free(xh);
+    free(cat);
+    gp_tensor_free(&x);
+    gp_layer_destroy(&l);
+}
+
+/* The two average divisors on a case small enough to write out: ones
+ * (1, 1, 2, 2), a 3x3 window, stride 1, padding 1: each window holds the
+ * four ones, so the average is 4/9 counting the padding (PyTorch's
+ * default) and 1 without it; every element is in all four windows, so
+ * the gradient of the outputs' sum is 4 * 1/9 and 4 * 1/4 per element.
+ * Per axis: kernel (1, 3), padding (0, 1) on one row of 1, 2, 3:
+ * (0+1+2)/3, (1+2+3)/3, (2+3+0)/3 vs /2, /3, /2. */
+static void test_avgpool_divisor(gp_device *dev)
+{
+    for (int incl = 0; incl < 2; incl++) {
+        gp_layer_spec sp = spec_of(GP_LAYER_AVGPOOL2D);
+        sp.kernel = gp_hw_square(3);
+        sp.stride = gp_hw_square(1);
+        sp.padding = gp_hw_square(1);
+        sp.count_include_pad = incl;
+        gp_shape in = gp_shape_4d(1, 1, 2, 2);
+        gp_layer l;
+        CHECK_OK(gp_layer_create(&sp, 0, &in, dev, 1, &l));
+        float ones[4] = {1, 1, 1, 1};
+        gp_tensor x = upload(dev, &in, ones), y = {0}, dy = upload(dev, &in, ones), dx = {0};
+        gp_saved s = {0};
+        gp_fwd_ctx ctx = train_ctx();
+        CHECK_OK(gp_layer_forward(&l, &ctx, &x, &y, &s));
+        CHECK_OK(gp_layer_backward(&l, &ctx, &x, &y, &dy, &dx, &s));
+        float *yh = download(&y), *dxh = download(&dx);
+        double want = incl ? 4.0 / 9.0 : 1.0, gwant = incl ? 4.0 / 9.0 : 1.0;
+        for (int i = 0; i < 4; i++) {
+            CHECK_NEAR(yh[i], want, 1e-6, 0);
+            CHECK_NEAR(dxh[i], gwant, 1e-5, 0);
+        }
+        free(yh);
+        free(dxh);
+        gp_saved_free(&s);
+        gp_tensor_free(&x);
+        gp_tensor_free(&y);
+        gp_tensor_free(&dy);
+        gp_tensor_free(&dx);
+        gp_layer_destroy(&l);
+
+        sp.kernel = (gp_hw){1, 3};
+        sp.padding = (gp_hw){0, 1};
+        in = gp_shape_4d(1, 1, 1, 3);
+        CHECK_OK(gp_layer_create(&sp, 0, &in, dev, 1, &l));
+        float row[3] = {1, 2, 3};
+        x = upload(dev, &in, row);
+        y = (gp_tensor){0};
+        CHECK_OK(gp_layer_forward(&l, &ctx, &x, &y, &s));
+        yh = download(&y);
+        CHECK_NEAR(yh[0], incl ? 1.0 : 1.5, 1e-6, 0);
+        CHECK_NEAR(yh[1], 2.0, 1e-6, 0);
+        CHECK_NEAR(yh[2], incl ? 5.0 / 3.0 : 2.5, 1e-6, 0);
+        free(yh);
+        gp_saved_free(&s);
+        gp_tensor_free(&x);
+        gp_tensor_free(&y);
+        gp_layer_destroy(&l);
+    }
+}
+
 /* ReLU lets a NaN through, as PyTorch does (relu(nan) = nan), so the loss
  * sees it; infinities and signs as the definition says. */
 static void test_relu_nonfinite(gp_device *dev)
@@ -1727,6 +2140,9 @@ int main(void)
     test_counts(dev);
     test_errors(dev);
     test_init(dev, dev2);
+    test_init_kaiming_normal(dev, dev2);
+    test_avgpool_divisor(dev);
+    test_fr_stats(dev);
     test_relu_nonfinite(dev);
     test_dropout2d(dev);
     test_instance_norm(dev);

@@ -761,8 +761,9 @@ static void residual_model(void)
     gp_config c = make_cfg(true, false);
     int n = 0;
     specs[n] = gp_layer_spec_default(GP_LAYER_CONV2D);
-    specs[n].out = 4; specs[n].kernel = 3; specs[n].padding = 1; n++;
-    specs[n] = gp_layer_spec_default(GP_LAYER_RESIDUAL); specs[n].out = 6; specs[n].stride = 2; n++;
+    specs[n].out = 4; specs[n].kernel = gp_hw_square(3); specs[n].padding = gp_hw_square(1); n++;
+    specs[n] = gp_layer_spec_default(GP_LAYER_RESIDUAL); specs[n].out = 6;
+    specs[n].stride = gp_hw_square(2); n++;
     specs[n++] = gp_layer_spec_default(GP_LAYER_FLATTEN);
     specs[n] = gp_layer_spec_default(GP_LAYER_LINEAR); specs[n].out = 5; n++;
     c.model.n_layers = n;
@@ -789,9 +790,10 @@ static void residual_sync(void)
         gp_config c = make_cfg(true, false);
         int n = 0;
         specs[n] = gp_layer_spec_default(GP_LAYER_CONV2D);
-        specs[n].out = 4; specs[n].kernel = 3; specs[n].padding = 1; n++;
+        specs[n].out = 4; specs[n].kernel = gp_hw_square(3);
+        specs[n].padding = gp_hw_square(1); n++;
         specs[n] = gp_layer_spec_default(GP_LAYER_RESIDUAL);
-        specs[n].out = 6; specs[n].stride = 2; specs[n].sync = sync == 1; n++;
+        specs[n].out = 6; specs[n].stride = gp_hw_square(2); specs[n].sync = sync == 1; n++;
         specs[n++] = gp_layer_spec_default(GP_LAYER_FLATTEN);
         specs[n] = gp_layer_spec_default(GP_LAYER_LINEAR); specs[n].out = 5; n++;
         c.model.n_layers = n;

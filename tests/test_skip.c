@@ -88,7 +88,7 @@ static void ref_pop(const gp_layer *l, const gp_shape *xs, const double *x0, con
         }
         /* conv 1x1 stride s of x1 (N, C, H, W) -> (N, K, OH, OW), then BN */
         int64_t N = ps->dims[0], C = ps->dims[1], H = ps->dims[2], W = ps->dims[3];
-        int64_t K = xs->dims[1], OH = xs->dims[2], OW = xs->dims[3], s = l->spec.stride;
+        int64_t K = xs->dims[1], OH = xs->dims[2], OW = xs->dims[3], s = l->spec.stride.h;
         double *a = calloc((size_t)ny, sizeof *a);
         for (int64_t n = 0; n < N; n++)
             for (int64_t k = 0; k < K; k++)
@@ -266,7 +266,7 @@ static void pop_layers(gp_device *dev)
     check_pop_layer(dev, gp_layer_spec_default(GP_LAYER_ADD), a, a);
     gp_layer_spec proj = gp_layer_spec_default(GP_LAYER_ADD);
     proj.out = 6;
-    proj.stride = 2; /* (3, 5, 6, 7) -> (3, 6, 3, 4) */
+    proj.stride = gp_hw_square(2); /* (3, 5, 6, 7) -> (3, 6, 3, 4) */
     check_pop_layer(dev, proj, gp_shape_4d(3, 6, 3, 4), gp_shape_4d(3, 5, 6, 7));
     gp_layer_spec cat = gp_layer_spec_default(GP_LAYER_CONCAT);
     check_pop_layer(dev, cat, a, gp_shape_4d(3, 2, 5, 6));                /* same size */
@@ -390,19 +390,19 @@ static gp_config make_cfg(void)
     gp_config c = gpt_model_cfg(specs, true, false, BATCH);
     int n = 0;
     specs[n] = named(GP_LAYER_CONV2D, 1, "a", NULL);
-    specs[n].out = 4; specs[n].kernel = 3; specs[n++].padding = 1;
+    specs[n].out = 4; specs[n].kernel = gp_hw_square(3); specs[n++].padding = gp_hw_square(1);
     specs[n++] = named(GP_LAYER_BATCHNORM, 2, NULL, NULL);
     specs[n++] = named(GP_LAYER_RELU, 3, "b", NULL);
     specs[n] = named(GP_LAYER_CONV2D, 4, NULL, NULL);
-    specs[n].out = 4; specs[n].kernel = 3; specs[n++].padding = 1;
+    specs[n].out = 4; specs[n].kernel = gp_hw_square(3); specs[n++].padding = gp_hw_square(1);
     specs[n++] = named(GP_LAYER_ADD, 5, NULL, "b");
     specs[n++] = named(GP_LAYER_IDENTITY, 6, "c", NULL);
     specs[n] = named(GP_LAYER_MAXPOOL2D, 7, NULL, NULL);
-    specs[n].kernel = 2; specs[n++].stride = 2;
+    specs[n].kernel = gp_hw_square(2); specs[n++].stride = gp_hw_square(2);
     specs[n] = named(GP_LAYER_CONV2D, 8, NULL, NULL);
-    specs[n].out = 6; specs[n].kernel = 3; specs[n++].padding = 1;
+    specs[n].out = 6; specs[n].kernel = gp_hw_square(3); specs[n++].padding = gp_hw_square(1);
     specs[n] = named(GP_LAYER_ADD, 9, NULL, "c");
-    specs[n].out = 6; specs[n++].stride = 2;
+    specs[n].out = 6; specs[n++].stride = gp_hw_square(2);
     specs[n++] = named(GP_LAYER_RELU, 10, NULL, NULL);
     specs[n] = named(GP_LAYER_DROPOUT, 11, NULL, NULL);
     specs[n++].p = 0.3f;
@@ -696,6 +696,30 @@ static void resnet_family(void)
         CHECK(r->n_params == 5 && !strcmp(r->params[0].name, "downsample.0.weight") &&
               !strcmp(r->params[4].name, "downsample.1.running_var"));
         CHECK(m.skips.n == (want[q].layers - 7) / 11);
+        /* torchvision's init: every conv and projection kaiming_normal_
+         * (fan_out, relu); the stem's 64x3x7x7 and layer1_0's projection
+         * 256x64x1x1 have the std sqrt(2 / fan_out) within 5 standard errors */
+        int convs = 0, kaiming = 0;
+        for (int k = 0; k < m.n_layers; k++) {
+            const gp_layer_spec *sp = &m.layers[k].spec;
+            if (sp->type != GP_LAYER_CONV2D && !(sp->type == GP_LAYER_ADD && sp->out)) continue;
+            convs++;
+            kaiming += sp->init == GP_INIT_KAIMING_NORMAL_FAN_OUT;
+        }
+        CHECK(convs > 0 && kaiming == convs);
+        const gp_tensor *ws[2] = {&m.layers[0].params[0].value, &r->params[0].value};
+        const double fan_out[2] = {64.0 * 49.0, 256.0};
+        for (int t = 0; q == 0 && t < 2; t++) {
+            int64_t n = gp_tensor_numel(ws[t]);
+            float *h = malloc((size_t)n * sizeof *h);
+            CHECK_OK(gp_dev_download(ws[t]->dev, h, ws[t]->data, n));
+            CHECK_OK(gp_dev_synchronize(ws[t]->dev));
+            double m2 = 0;
+            for (int64_t i = 0; i < n; i++) m2 += (double)h[i] * h[i];
+            CHECK_NEAR(sqrt(m2 / (double)n) / sqrt(2.0 / fan_out[t]), 1.0,
+                       5.0 * sqrt(0.5 / (double)n), 0);
+            free(h);
+        }
         gp_model_free(&m);
         gp_config_free(&c);
     }

@@ -85,7 +85,7 @@ static gp_config model_cfg(bool with_bn, bool with_dropout)
     snprintf(c.path, sizeof c.path, "test");
     int n = 0;
     layers[n] = gp_layer_spec_default(GP_LAYER_CONV2D);
-    layers[n].out = 4; layers[n].kernel = 3; layers[n].padding = 1; n++;
+    layers[n].out = 4; layers[n].kernel = gp_hw_square(3); layers[n].padding = gp_hw_square(1); n++;
     if (with_bn) layers[n++] = gp_layer_spec_default(GP_LAYER_BATCHNORM);
     layers[n++] = gp_layer_spec_default(GP_LAYER_RELU);
     layers[n++] = gp_layer_spec_default(GP_LAYER_FLATTEN);

@@ -64,13 +64,15 @@ static inline gp_config gpt_model_cfg(gp_layer_spec *specs, bool convnet, bool s
     int n = 0;
     if (convnet) {
         specs[n] = gp_layer_spec_default(GP_LAYER_CONV2D);
-        specs[n].out = 4; specs[n].kernel = 3; specs[n].padding = 1; n++;
+        specs[n].out = 4; specs[n].kernel = gp_hw_square(3);
+        specs[n].padding = gp_hw_square(1); n++;
         specs[n] = gp_layer_spec_default(GP_LAYER_BATCHNORM); specs[n].sync = sync_bn; n++;
         specs[n++] = gp_layer_spec_default(GP_LAYER_RELU);
         specs[n] = gp_layer_spec_default(GP_LAYER_MAXPOOL2D);
-        specs[n].kernel = 2; specs[n].stride = 2; n++;
+        specs[n].kernel = gp_hw_square(2); specs[n].stride = gp_hw_square(2); n++;
         specs[n] = gp_layer_spec_default(GP_LAYER_CONV2D);
-        specs[n].out = 6; specs[n].kernel = 3; specs[n].padding = 1; n++;
+        specs[n].out = 6; specs[n].kernel = gp_hw_square(3);
+        specs[n].padding = gp_hw_square(1); n++;
         specs[n] = gp_layer_spec_default(GP_LAYER_BATCHNORM); specs[n].sync = sync_bn; n++;
         specs[n++] = gp_layer_spec_default(GP_LAYER_RELU);
         specs[n++] = gp_layer_spec_default(GP_LAYER_FLATTEN);

@@ -66,8 +66,11 @@
  *   7  barrier (a host barrier over a communicator)
  *   8  copy_box (a strided 4-D copy: concatenation, padding, slices)
  *   9  leaky_relu_fwd, leaky_relu_bwd, mul_rows, upsample_fwd, upsample_bwd,
- *      bce_logits (torchgpipe's U-Net: its layers and loss) */
-#define GP_DEVICE_IFACE_VERSION 9
+ *      bce_logits (torchgpipe's U-Net: its layers and loss)
+ *  10  pool_fwd / pool_bwd take GP_POOL_AVG_INCLUDE_PAD (the average over the
+ *      padded window, PyTorch's count_include_pad=True): no new slot, but a
+ *      v9 backend would read the new kind as another one */
+#define GP_DEVICE_IFACE_VERSION 10
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -82,13 +85,25 @@ typedef struct gp_conv_desc {
     int has_bias;
 } gp_conv_desc;
 
-typedef enum { GP_POOL_MAX = 0, GP_POOL_AVG = 1 } gp_pool_kind;
+/* The average kinds differ in the divisor of a window that overlaps the
+ * padding: AVG divides by its elements inside the image (PyTorch's
+ * count_include_pad=False), AVG_INCLUDE_PAD by kh * kw (the padded window;
+ * PyTorch's default).  Max pooling pads with -infinity. */
+typedef enum {
+    GP_POOL_MAX = 0,
+    GP_POOL_AVG = 1,
+    GP_POOL_AVG_INCLUDE_PAD = 2,
+} gp_pool_kind;
 
+/* Pooling windows.  Every axis may differ (kh != kw, sh != sw, ph != pw);
+ * the backends require 0 <= ph < kh, 0 <= pw < kw, every window to overlap
+ * the image, and (oh - 1) * sh + kh <= h + 2 ph (likewise w): no window
+ * reaches past the padding, as with PyTorch's ceil_mode=False. */
 typedef struct gp_pool_desc {
     int64_t n, c, h, w;      /* input */
     int64_t kh, kw, sh, sw, ph, pw;
     int64_t oh, ow;
-    gp_pool_kind kind;       /* AVG excludes padding from the divisor */
+    gp_pool_kind kind;
 } gp_pool_desc;
 
 /* Batch normalisation over channel c of (N, C, S) where S = H*W (S = 1 for

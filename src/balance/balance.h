@@ -49,8 +49,8 @@
 /* ---- profile ------------------------------------------------------------- */
 
 #define GP_PROFILE_MAX_SIZES 16
-/* Room for gp_profile_layer_spec's longest text (five 19-digit numbers). */
-#define GP_PROFILE_SPEC_LEN 192
+/* Room for gp_profile_layer_spec's longest text (seven 19-digit numbers). */
+#define GP_PROFILE_SPEC_LEN 256
 
 typedef enum { GP_BALANCE_BY_TIME = 0, GP_BALANCE_BY_SIZE, GP_BALANCE_BY_BOTH } gp_balance_by;
 const char *gp_balance_by_name(gp_balance_by b);

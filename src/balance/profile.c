@@ -44,27 +44,33 @@ const char *gp_profile_layer_spec(const gp_layer_spec *s, char *buf, size_t len)
 {
     const char *t = gp_layer_type_name(s->type);
     const char *bias = s->bias ? "true" : "false", *sync = s->sync ? "true" : "false";
+    char k[48], st[48], p[48];
     switch (s->type) {
     case GP_LAYER_LINEAR:
         snprintf(buf, len, "%s {out: %lld, bias: %s}", t, (long long)s->out, bias);
         break;
-    case GP_LAYER_CONV2D:
-        snprintf(buf, len, "%s {out: %lld, kernel: %lld, stride: %lld, padding: %lld, bias: %s}",
-                 t, (long long)s->out, (long long)s->kernel, (long long)s->stride,
-                 (long long)s->padding, bias);
+    case GP_LAYER_CONV2D: /* a square kernel, stride, padding as one number */
+        snprintf(buf, len, "%s {out: %lld, kernel: %s, stride: %s, padding: %s, bias: %s}", t,
+                 (long long)s->out, gp_hw_str(s->kernel, k, sizeof k),
+                 gp_hw_str(s->stride, st, sizeof st), gp_hw_str(s->padding, p, sizeof p), bias);
         break;
     case GP_LAYER_MAXPOOL2D:
-    case GP_LAYER_AVGPOOL2D: /* stride 0 means the kernel size */
-        snprintf(buf, len, "%s {kernel: %lld, stride: %lld, padding: %lld}", t,
-                 (long long)s->kernel, (long long)(s->stride ? s->stride : s->kernel),
-                 (long long)s->padding);
+    case GP_LAYER_AVGPOOL2D: { /* stride 0 means the kernel size */
+        gp_hw sd = s->stride.h || s->stride.w ? s->stride : s->kernel;
+        snprintf(buf, len, "%s {kernel: %s, stride: %s, padding: %s}", t,
+                 gp_hw_str(s->kernel, k, sizeof k), gp_hw_str(sd, st, sizeof st),
+                 gp_hw_str(s->padding, p, sizeof p));
         break;
+    }
     case GP_LAYER_BATCHNORM: /* sync adds a reduction per forward across replicas */
         snprintf(buf, len, "%s {sync: %s}", t, sync);
         break;
     case GP_LAYER_RESIDUAL:
-        snprintf(buf, len, "%s {out: %lld, stride: %lld, sync: %s}", t, (long long)s->out,
-                 (long long)s->stride, sync);
+        snprintf(buf, len, "%s {out: %lld, stride: %s, sync: %s}", t, (long long)s->out,
+                 gp_hw_str(s->stride, st, sizeof st), sync);
+        break;
+    case GP_LAYER_FACTORIZED_REDUCE:
+        snprintf(buf, len, "%s {out: %lld, sync: %s}", t, (long long)s->out, sync);
         break;
     case GP_LAYER_DROPOUT: /* p = 0 copies the input through */
     case GP_LAYER_DROPOUT2D:

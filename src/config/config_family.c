@@ -11,6 +11,12 @@
  * [16, 27, 31, ...] means the same split here.  Layers are named as
  * torchgpipe's flattened modules ("layer3_5_conv2"); skips are named after
  * their block ("layer3_5").
+ *
+ * Initialisation as torchvision's ResNet (and torchgpipe's copy of it):
+ * every convolution, the projection shortcuts' included, kaiming_normal_
+ * (mode='fan_out', nonlinearity='relu') (init: kaiming_normal_fan_out);
+ * batch norms weight 1 and bias 0 and the fc layer PyTorch's default, which
+ * are gpipe's defaults already.
  */
 #include "config/config_impl.h"
 
@@ -41,10 +47,11 @@ static gp_layer_spec *conv(spec_list *l, const char *name, int64_t out, int64_t 
 {
     gp_layer_spec *c = push(l, GP_LAYER_CONV2D, name);
     c->out = out;
-    c->kernel = k;
-    c->stride = s;
-    c->padding = p;
+    c->kernel = gp_hw_square(k);
+    c->stride = gp_hw_square(s);
+    c->padding = gp_hw_square(p);
     c->bias = false;
+    c->init = GP_INIT_KAIMING_NORMAL_FAN_OUT; /* torchvision's ResNet init */
     return c;
 }
 
@@ -63,9 +70,9 @@ static gp_status resnet(spec_list *l, int depth, int64_t classes)
     push(l, GP_LAYER_BATCHNORM, "bn1");
     push(l, GP_LAYER_RELU, "relu");
     gp_layer_spec *mp = push(l, GP_LAYER_MAXPOOL2D, "maxpool");
-    mp->kernel = 3;
-    mp->stride = 2;
-    mp->padding = 1;
+    mp->kernel = gp_hw_square(3);
+    mp->stride = gp_hw_square(2);
+    mp->padding = gp_hw_square(1);
     int64_t inplanes = 64;
     for (int q = 0; q < 4; q++) {
         int64_t planes = (int64_t)64 << q;
@@ -89,7 +96,8 @@ static gp_status resnet(spec_list *l, int depth, int64_t classes)
             res->n_pop = 1;
             if (stride != 1 || inplanes != planes * 4) { /* the projection shortcut */
                 res->out = planes * 4;
-                res->stride = stride;
+                res->stride = gp_hw_square(stride);
+                res->init = GP_INIT_KAIMING_NORMAL_FAN_OUT;
             }
             push(l, GP_LAYER_RELU, NAME("relu3"));
 #undef NAME

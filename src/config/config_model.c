@@ -22,13 +22,17 @@ static int layer_keys(gp_layer_type t, const char **keys)
     case GP_LAYER_CONV2D:
         keys[n++] = "in"; keys[n++] = "out"; keys[n++] = "kernel";
         keys[n++] = "stride"; keys[n++] = "padding"; keys[n++] = "bias";
+        keys[n++] = "init";
         break;
     case GP_LAYER_BATCHNORM:
         keys[n++] = "momentum"; keys[n++] = "eps"; keys[n++] = "sync";
         break;
     case GP_LAYER_MAXPOOL2D:
+        keys[n++] = "kernel"; keys[n++] = "stride"; keys[n++] = "padding";
+        break;
     case GP_LAYER_AVGPOOL2D:
         keys[n++] = "kernel"; keys[n++] = "stride"; keys[n++] = "padding";
+        keys[n++] = "count_include_pad";
         break;
     case GP_LAYER_DROPOUT:
     case GP_LAYER_DROPOUT2D:
@@ -43,13 +47,17 @@ static int layer_keys(gp_layer_type t, const char **keys)
     case GP_LAYER_UPSAMPLE:
         keys[n++] = "scale";
         break;
-    case GP_LAYER_RESIDUAL: /* momentum, eps, sync: of its batch norms */
+    case GP_LAYER_RESIDUAL: /* momentum, eps, sync: of its batch norms; init: its convs */
         keys[n++] = "out"; keys[n++] = "stride";
-        keys[n++] = "momentum"; keys[n++] = "eps"; keys[n++] = "sync";
+        keys[n++] = "momentum"; keys[n++] = "eps"; keys[n++] = "sync"; keys[n++] = "init";
         break;
-    case GP_LAYER_ADD: /* out, stride: the projection shortcut; its norm's options */
+    case GP_LAYER_ADD: /* out, stride: the projection shortcut; its conv's and norm's options */
         keys[n++] = "pop"; keys[n++] = "out"; keys[n++] = "stride";
-        keys[n++] = "momentum"; keys[n++] = "eps"; keys[n++] = "sync";
+        keys[n++] = "momentum"; keys[n++] = "eps"; keys[n++] = "sync"; keys[n++] = "init";
+        break;
+    case GP_LAYER_FACTORIZED_REDUCE: /* momentum, eps, sync: of its norm; init: its convs */
+        keys[n++] = "out";
+        keys[n++] = "momentum"; keys[n++] = "eps"; keys[n++] = "sync"; keys[n++] = "init";
         break;
     case GP_LAYER_CONCAT:
         keys[n++] = "pop";
@@ -89,6 +97,52 @@ static gp_status parse_pops(gp_cfg_walk *w, const gp_ynode *opts, const char *se
         snprintf(spec->pop[q], sizeof spec->pop[q], "%s", one->text);
     }
     spec->n_pop = n;
+    return GP_OK;
+}
+
+/* kernel, stride, padding of the window layers: an integer n for (n, n),
+ * or a list [h, w]; each value in [lo, hi].  A bad value is named with its
+ * place in the file (the list's, or the element's). */
+static gp_status get_hw(gp_cfg_walk *w, const gp_ynode *opts, const char *sect, const char *key,
+                        int64_t lo, int64_t hi, gp_hw *out)
+{
+    const gp_ynode *n = gp_ymap_get(opts, key);
+    if (gp_cfg_absent(n)) return GP_OK; /* the spec's default stays */
+    char name[128], got[96];
+    gp_cfg_join(name, sizeof name, sect, key);
+    int64_t v[2];
+    const gp_ynode *at[2] = {n, n};
+    if (n->kind == GP_YNODE_SCALAR) {
+        GP_TRY(gp_cfg_parse_int(w, n, name, &v[0]));
+        v[1] = v[0];
+    } else if (n->kind == GP_YNODE_SEQ && n->n == 2) {
+        for (int q = 0; q < 2; q++) {
+            char el[160];
+            snprintf(el, sizeof el, "%s.%d", name, q);
+            at[q] = n->items[q];
+            if (gp_cfg_absent(at[q]) || at[q]->kind != GP_YNODE_SCALAR)
+                return gp_cfg_bad(w, at[q] ? at[q] : n, "expected an integer for %s (the %s), "
+                                  "got %s", el, q ? "width" : "height",
+                                  gp_cfg_describe(at[q], got, sizeof got));
+            GP_TRY(gp_cfg_parse_int(w, at[q], el, &v[q]));
+        }
+    } else if (n->kind == GP_YNODE_SEQ) {
+        return gp_cfg_bad(w, n, "%s must be an integer or a list [height, width] of two, got a "
+                          "list of %d", name, n->n);
+    } else {
+        return gp_cfg_bad(w, n, "expected an integer or a list [height, width] for %s, got %s",
+                          name, gp_cfg_describe(n, got, sizeof got));
+    }
+    for (int q = 0; q < 2; q++) {
+        const char *axis = n->kind == GP_YNODE_SEQ ? (q ? " (width)" : " (height)") : "";
+        if (v[q] < lo)
+            return gp_cfg_bad(w, at[q], "%s%s must be >= %lld, got %lld", name, axis,
+                              (long long)lo, (long long)v[q]);
+        if (v[q] > hi)
+            return gp_cfg_bad(w, at[q], "%s%s must be <= %lld, got %lld", name, axis,
+                              (long long)hi, (long long)v[q]);
+    }
+    *out = (gp_hw){v[0], v[1]};
     return GP_OK;
 }
 
@@ -139,7 +193,7 @@ static gp_status parse_layer(gp_cfg_walk *w, const gp_ynode *item, int index, gp
         snprintf(spec->file, sizeof spec->file, "%s", w->file);
     }
     const char *tname = gp_layer_type_name(t);
-    const char *keys[12];
+    const char *keys[16];
     int nk = layer_keys(t, keys);
     if (gp_cfg_absent(opts)) opts = NULL;
     if (opts && opts->kind != GP_YNODE_MAP)
@@ -155,14 +209,30 @@ static gp_status parse_layer(gp_cfg_walk *w, const gp_ynode *item, int index, gp
         GP_TRY(gp_cfg_get_int(w, opts, sect, "in", spec->in, 0, big, &spec->in));
     if (has_key(keys, nk, "out"))
         GP_TRY(gp_cfg_get_int(w, opts, sect, "out", spec->out, 1, big, &spec->out));
-    if (has_key(keys, nk, "kernel"))
-        GP_TRY(gp_cfg_get_int(w, opts, sect, "kernel", spec->kernel, 1, 1 << 16, &spec->kernel));
-    if (has_key(keys, nk, "stride"))
-        GP_TRY(gp_cfg_get_int(w, opts, sect, "stride", spec->stride, 1, 1 << 16, &spec->stride));
+    /* window layers take [h, w] pairs; residual and add one stride */
+    bool window = has_key(keys, nk, "kernel");
+    if (window) GP_TRY(get_hw(w, opts, sect, "kernel", 1, 1 << 16, &spec->kernel));
+    if (window && has_key(keys, nk, "stride"))
+        GP_TRY(get_hw(w, opts, sect, "stride", 1, 1 << 16, &spec->stride));
+    if (!window && has_key(keys, nk, "stride")) {
+        int64_t st = spec->stride.h;
+        GP_TRY(gp_cfg_get_int(w, opts, sect, "stride", st, 1, 1 << 16, &st));
+        spec->stride = gp_hw_square(st);
+    }
     if (has_key(keys, nk, "padding"))
-        GP_TRY(gp_cfg_get_int(w, opts, sect, "padding", spec->padding, 0, 1 << 16, &spec->padding));
+        GP_TRY(get_hw(w, opts, sect, "padding", 0, 1 << 16, &spec->padding));
     if (has_key(keys, nk, "bias"))
         GP_TRY(gp_cfg_get_bool(w, opts, sect, "bias", spec->bias, &spec->bias));
+    if (has_key(keys, nk, "count_include_pad"))
+        GP_TRY(gp_cfg_get_bool(w, opts, sect, "count_include_pad", spec->count_include_pad,
+                               &spec->count_include_pad));
+    if (has_key(keys, nk, "init")) {
+        const char *inits[GP_INIT_COUNT];
+        for (int i = 0; i < GP_INIT_COUNT; i++) inits[i] = gp_conv_init_name((gp_conv_init)i);
+        int v = (int)spec->init;
+        GP_TRY(gp_cfg_get_enum(w, opts, sect, "init", inits, GP_INIT_COUNT, v, &v));
+        spec->init = (gp_conv_init)v;
+    }
     if (has_key(keys, nk, "momentum"))
         GP_TRY(gp_cfg_get_float(w, opts, sect, "momentum", spec->momentum, 0, 1, 0,
                                 &spec->momentum));
@@ -190,7 +260,11 @@ static gp_status parse_layer(gp_cfg_walk *w, const gp_ynode *item, int index, gp
         return gp_cfg_bad(w, tnode, "layer %d (%s) needs 'out', the number of output %s, like "
                           "`- %s: {out: 64}`", index, tname,
                           t == GP_LAYER_LINEAR ? "features" : "channels", tname);
-    if (has_key(keys, nk, "kernel") && spec->kernel < 1)
+    if (t == GP_LAYER_FACTORIZED_REDUCE && spec->out % 2 != 0)
+        return gp_cfg_bad(w, gp_ymap_get(opts, "out"), "layer %d (%s): out = %lld must be even "
+                          "(two convolutions of out / 2 channels each are concatenated)", index,
+                          tname, (long long)spec->out);
+    if (has_key(keys, nk, "kernel") && spec->kernel.h < 1)
         return gp_cfg_bad(w, tnode, "layer %d (%s) needs 'kernel', like `- %s: {kernel: 3}`", index,
                           tname, tname);
     return GP_OK;

@@ -52,6 +52,8 @@ static const char *const k_examples[][2] = {
     {"model.layers.#.bias", "false"}, {"model.layers.#.momentum", "0.1"},
     {"model.layers.#.eps", "1e-5"}, {"model.layers.#.sync", "true"},
     {"model.layers.#.p", "0.5"}, {"model.layers.#.name", "fc1"},
+    {"model.layers.#.count_include_pad", "false"},
+    {"model.layers.#.init", "kaiming_normal_fan_out"},
     {"model.layers.#.*", "{out: 64}"}, {"model.layers.#.*.*", "64"},
     {"model.loss", "cross_entropy"}, {"model.init_from", "weights.safetensors"},
     {"model.resnet", "{depth: 101, classes: 1000}"}, {"model.resnet.depth", "101"},

@@ -126,6 +126,13 @@ float gp_rng_uniform(uint64_t seed, uint64_t stream, uint64_t index);
 /* Fill out[0..n) with uniforms for indices first..first+n. */
 void gp_rng_uniform_fill(uint64_t seed, uint64_t stream, uint64_t first,
                          float *out, int64_t n);
+/* Standard normal values (mean 0, variance 1) for indices first..first+n
+ * of stream (seed, stream): value i is Box-Muller's cosine branch of the
+ * two 32-bit words of lane pair (i & 1) of the Philox block at counter
+ * (stream, i >> 1), in double, so any sub-range equals the same range of
+ * the whole.  |value| < 6.7 (the smallest uniform is 2^-32).  Host only. */
+double gp_rng_normal(uint64_t seed, uint64_t stream, uint64_t index);
+void gp_rng_normal_fill(uint64_t seed, uint64_t stream, uint64_t first, float *out, int64_t n);
 /* Mix several 64-bit words into one stream id (splitmix64-based). */
 uint64_t gp_rng_stream(uint64_t a, uint64_t b, uint64_t c);
 

@@ -7,6 +7,8 @@
 #include "core/core.h"
 #include "core/philox.h"
 
+#include <math.h>
+
 gp_philox_out gp_philox4x32(uint64_t key, uint64_t ctr_hi, uint64_t ctr_lo)
 {
     gp_philox_out o;
@@ -30,6 +32,23 @@ void gp_rng_uniform_fill(uint64_t seed, uint64_t stream, uint64_t first,
         for (unsigned lane = (unsigned)(idx & 3); lane < 4 && i < n; lane++, i++)
             out[i] = gp_philox_unit(o[lane]);
     }
+}
+
+double gp_rng_normal(uint64_t seed, uint64_t stream, uint64_t index)
+{
+    uint32_t o[4];
+    gp_philox4x32_block(seed, stream, index >> 1, o);
+    unsigned lane = (unsigned)(index & 1) * 2;
+    /* u1 in (0, 1]: log never sees 0; u2 in [0, 1) */
+    double u1 = ((double)o[lane] + 1.0) * (1.0 / 4294967296.0);
+    double u2 = (double)o[lane + 1] * (1.0 / 4294967296.0);
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586476925 * u2);
+}
+
+void gp_rng_normal_fill(uint64_t seed, uint64_t stream, uint64_t first, float *out, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        out[i] = (float)gp_rng_normal(seed, stream, first + (uint64_t)i);
 }
 
 static inline uint64_t splitmix64(uint64_t x)

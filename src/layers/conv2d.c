@@ -1,11 +1,18 @@
 /*
  * conv2d.c — 2-D convolution, cross-correlation as in PyTorch.
  *
- * Parameters: weight (K, C, KH, KW), bias (K) when spec.bias.  Square
- * kernel, stride and padding from the spec.  Input (N, C, H, W), output
- * (N, K, OH, OW) with OH = (H + 2p - kernel) / stride + 1.  Saves nothing:
- * backward needs x (kept by the caller) and the weights.  The residual block
- * uses this layer as its child convolutions.
+ * Parameters: weight (K, C, KH, KW), bias (K) when spec.bias.  Kernel,
+ * stride and padding per axis from the spec (AmoebaNet's 1x7 / 7x1).
+ * Input (N, C, H, W), output (N, K, OH, OW) with OH = (H + 2 PH - KH) / SH
+ * + 1 and OW likewise.  Saves nothing: backward needs x (kept by the
+ * caller) and the weights.  The composite layers (residual, add's
+ * projection, factorized_reduce) use this layer as their convolutions.
+ *
+ * Init: PyTorch's default, weight and bias uniform(+-1/sqrt(C KH KW)); or
+ * with spec.init = kaiming_normal_fan_out (torchvision's ResNet) the weight
+ * normal(0, sqrt(2 / (K KH KW))).  Both are drawn on the host from the
+ * stream keyed by (seed, layer index, parameter), so they do not depend on
+ * the device.
  */
 #include "layers/layers_impl.h"
 
@@ -19,9 +26,12 @@ gp_conv_desc gp_conv2d_desc(const gp_layer *l, int64_t n)
     d.h = l->in_shape.dims[2];
     d.w = l->in_shape.dims[3];
     d.k = l->out_shape.dims[1];
-    d.kh = d.kw = l->spec.kernel;
-    d.sh = d.sw = l->spec.stride;
-    d.ph = d.pw = l->spec.padding;
+    d.kh = l->spec.kernel.h;
+    d.kw = l->spec.kernel.w;
+    d.sh = l->spec.stride.h;
+    d.sw = l->spec.stride.w;
+    d.ph = l->spec.padding.h;
+    d.pw = l->spec.padding.w;
     d.oh = l->out_shape.dims[2];
     d.ow = l->out_shape.dims[3];
     d.has_bias = l->spec.bias ? 1 : 0;
@@ -30,7 +40,7 @@ gp_conv_desc gp_conv2d_desc(const gp_layer *l, int64_t n)
 
 static gp_status conv_infer(const gp_layer *l, const gp_shape *in, gp_shape *out)
 {
-    char b[96];
+    char b[96], k[48], p[48], st[48];
     const gp_layer_spec *sp = &l->spec;
     if (in->ndim != 4)
         return gp_layer_spec_error(l,
@@ -40,13 +50,18 @@ static gp_status conv_infer(const gp_layer *l, const gp_shape *in, gp_shape *out
     if (sp->out <= 0)
         return gp_layer_spec_error(l, "out (the number of output channels) is missing; write "
                                       "e.g. {conv2d: {out: 16, kernel: 3}}");
-    if (sp->kernel <= 0)
-        return gp_layer_spec_error(l, "kernel is missing or not positive; write e.g. kernel: 3");
-    if (sp->stride <= 0)
-        return gp_layer_spec_error(l, "stride = %lld must be at least 1", (long long)sp->stride);
-    if (sp->padding < 0)
-        return gp_layer_spec_error(l, "padding = %lld must not be negative",
-                                   (long long)sp->padding);
+    if (sp->kernel.h <= 0 || sp->kernel.w <= 0)
+        return gp_layer_spec_error(l, "kernel is missing or not positive (got %s); write "
+                                   "e.g. kernel: 3 or kernel: [1, 7]",
+                                   gp_hw_str(sp->kernel, k, sizeof k));
+    if (sp->stride.h <= 0 || sp->stride.w <= 0)
+        return gp_layer_spec_error(l, "stride = %s must be at least 1",
+                                   gp_hw_str(sp->stride, st, sizeof st));
+    if (sp->padding.h < 0 || sp->padding.w < 0)
+        return gp_layer_spec_error(l, "padding = %s must not be negative",
+                                   gp_hw_str(sp->padding, p, sizeof p));
+    if ((int)sp->init < 0 || sp->init >= GP_INIT_COUNT)
+        return gp_layer_spec_error(l, "unknown init %d", (int)sp->init);
     if (sp->in > 0 && sp->in != in->dims[1])
         return gp_layer_spec_error(l,
                                    "in = %lld but the input has %lld channels %s; remove 'in' "
@@ -54,27 +69,31 @@ static gp_status conv_infer(const gp_layer *l, const gp_shape *in, gp_shape *out
                                    (long long)sp->in, (long long)in->dims[1],
                                    gp_layers_shape_n(in, b, sizeof b));
     int64_t h = in->dims[2], w = in->dims[3];
-    if (h + 2 * sp->padding < sp->kernel || w + 2 * sp->padding < sp->kernel)
+    int64_t ph = h + 2 * sp->padding.h, pw = w + 2 * sp->padding.w;
+    if (ph < sp->kernel.h || pw < sp->kernel.w)
         return gp_layer_spec_error(l,
-                                   "kernel %lld is larger than the padded input %lldx%lld "
-                                   "(input %s with padding %lld); use a smaller kernel, more "
+                                   "kernel %s is larger than the padded input %lldx%lld "
+                                   "(input %s with padding %s); use a smaller kernel, more "
                                    "padding, or less downsampling before this layer",
-                                   (long long)sp->kernel, (long long)(h + 2 * sp->padding),
-                                   (long long)(w + 2 * sp->padding),
-                                   gp_layers_shape_n(in, b, sizeof b), (long long)sp->padding);
-    *out = gp_shape_4d(in->dims[0], sp->out,
-                       gp_layers_out_size(h, sp->kernel, sp->stride, sp->padding),
-                       gp_layers_out_size(w, sp->kernel, sp->stride, sp->padding));
+                                   gp_hw_str(sp->kernel, k, sizeof k), (long long)ph,
+                                   (long long)pw, gp_layers_shape_n(in, b, sizeof b),
+                                   gp_hw_str(sp->padding, p, sizeof p));
+    gp_hw o = gp_layers_out_hw(h, w, sp->kernel, sp->stride, sp->padding);
+    *out = gp_shape_4d(in->dims[0], sp->out, o.h, o.w);
     return GP_OK;
 }
 
 static gp_status conv_init(gp_layer *l, uint64_t seed)
 {
-    int64_t c = l->in_shape.dims[1], k = l->spec.out, kk = l->spec.kernel;
-    gp_shape ws = gp_shape_4d(k, c, kk, kk);
-    float bound = 1.0f / sqrtf((float)(c * kk * kk)); /* kaiming_uniform(a = sqrt(5)) */
+    int64_t c = l->in_shape.dims[1], k = l->spec.out;
+    int64_t kh = l->spec.kernel.h, kw = l->spec.kernel.w;
+    gp_shape ws = gp_shape_4d(k, c, kh, kw);
+    float bound = 1.0f / sqrtf((float)(c * kh * kw)); /* kaiming_uniform(a = sqrt(5)) */
     GP_TRY(gp_layers_add_param(l, "weight", &ws, false, false));
-    GP_TRY(gp_layers_init_uniform(l, 0, seed, bound));
+    if (l->spec.init == GP_INIT_KAIMING_NORMAL_FAN_OUT) /* gain sqrt(2) over fan_out */
+        GP_TRY(gp_layers_init_normal(l, 0, seed, (float)sqrt(2.0 / (double)(k * kh * kw))));
+    else
+        GP_TRY(gp_layers_init_uniform(l, 0, seed, bound));
     if (l->spec.bias) {
         gp_shape bs = {1, {k, 0, 0, 0}};
         GP_TRY(gp_layers_add_param(l, "bias", &bs, false, true));
@@ -114,7 +133,7 @@ static gp_status conv_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx, const
 static double conv_flops(const gp_layer *l, int64_t n)
 {
     double outs = (double)n * (double)gp_shape_numel(&l->out_shape); /* N K OH OW */
-    double per = (double)l->in_shape.dims[1] * (double)(l->spec.kernel * l->spec.kernel);
+    double per = (double)l->in_shape.dims[1] * (double)(l->spec.kernel.h * l->spec.kernel.w);
     return 2.0 * outs * per + (l->spec.bias ? outs : 0.0);
 }
 

@@ -16,7 +16,23 @@ static const char *const type_names[GP_LAYER_TYPE_COUNT] = {
     "avgpool2d", "global_avgpool", "flatten", "dropout", "residual",
     "identity", "add", "concat",
     "leaky_relu", "dropout2d", "instance_norm", "upsample",
+    "factorized_reduce",
 };
+
+static const char *const init_names[GP_INIT_COUNT] = {"default", "kaiming_normal_fan_out"};
+
+const char *gp_conv_init_name(gp_conv_init i)
+{
+    if ((int)i < 0 || i >= GP_INIT_COUNT) return "unknown";
+    return init_names[i];
+}
+
+const char *gp_hw_str(gp_hw v, char *buf, size_t len)
+{
+    if (gp_hw_is_square(v)) snprintf(buf, len, "%lld", (long long)v.h);
+    else snprintf(buf, len, "[%lld, %lld]", (long long)v.h, (long long)v.w);
+    return buf;
+}
 
 const char *gp_layer_type_name(gp_layer_type t)
 {
@@ -41,8 +57,10 @@ gp_layer_spec gp_layer_spec_default(gp_layer_type type)
     memset(&s, 0, sizeof s);
     s.type = type;
     bool pool = type == GP_LAYER_MAXPOOL2D || type == GP_LAYER_AVGPOOL2D;
-    s.stride = pool ? 0 : 1; /* pools: 0 = the kernel size */
+    s.stride = gp_hw_square(pool ? 0 : 1); /* pools: 0 = the kernel size */
     s.bias = true;
+    s.count_include_pad = true;
+    s.init = GP_INIT_DEFAULT;
     s.momentum = 0.1f;
     s.eps = 1e-5f;
     s.p = 0.5f;
@@ -71,8 +89,39 @@ const gp_layer_ops *gp_layer_ops_for(gp_layer_type t)
     case GP_LAYER_DROPOUT2D: return &gp_dropout2d_ops;
     case GP_LAYER_INSTANCE_NORM: return &gp_instance_norm_ops;
     case GP_LAYER_UPSAMPLE: return &gp_upsample_ops;
+    case GP_LAYER_FACTORIZED_REDUCE: return &gp_factorized_reduce_ops;
     default: return NULL;
     }
+}
+
+const char *gp_layer_window_str(const gp_layer_spec *s, char *buf, size_t len)
+{
+    char k[48], st[48], p[48];
+    const char *init = s->init != GP_INIT_DEFAULT ? gp_conv_init_name(s->init) : NULL;
+    if (len) buf[0] = '\0';
+    switch (s->type) {
+    case GP_LAYER_CONV2D:
+    case GP_LAYER_MAXPOOL2D:
+    case GP_LAYER_AVGPOOL2D: {
+        bool pool = s->type != GP_LAYER_CONV2D; /* stride {0, 0}: the kernel */
+        gp_hw sd = pool && !s->stride.h && !s->stride.w ? s->kernel : s->stride;
+        bool excl = s->type == GP_LAYER_AVGPOOL2D && !s->count_include_pad;
+        snprintf(buf, len, "{kernel: %s, stride: %s, padding: %s%s%s%s}",
+                 gp_hw_str(s->kernel, k, sizeof k), gp_hw_str(sd, st, sizeof st),
+                 gp_hw_str(s->padding, p, sizeof p), excl ? ", count_include_pad: false" : "",
+                 init && s->type == GP_LAYER_CONV2D ? ", init: " : "",
+                 init && s->type == GP_LAYER_CONV2D ? init : "");
+        break;
+    }
+    case GP_LAYER_RESIDUAL:
+    case GP_LAYER_ADD:
+    case GP_LAYER_FACTORIZED_REDUCE:
+        if (init) snprintf(buf, len, "{init: %s}", init);
+        break;
+    default:
+        break;
+    }
+    return buf;
 }
 
 /* ---- descriptions and errors ------------------------------------------ */
@@ -131,6 +180,12 @@ int64_t gp_layers_out_size(int64_t in, int64_t kernel, int64_t stride, int64_t p
 {
     if (kernel <= 0 || stride <= 0 || in + 2 * pad < kernel) return 0;
     return (in + 2 * pad - kernel) / stride + 1;
+}
+
+gp_hw gp_layers_out_hw(int64_t in_h, int64_t in_w, gp_hw kernel, gp_hw stride, gp_hw pad)
+{
+    return (gp_hw){gp_layers_out_size(in_h, kernel.h, stride.h, pad.h),
+                   gp_layers_out_size(in_w, kernel.w, stride.w, pad.w)};
 }
 
 /* ---- creation ------------------------------------------------------------ */
@@ -232,6 +287,23 @@ gp_status gp_layers_init_uniform(gp_layer *l, int p, uint64_t seed, float bound)
                                     GP_RNG_TAG_INIT);
     gp_rng_uniform_fill(seed, stream, 0, h, n);
     for (int64_t i = 0; i < n; i++) h[i] = (2.0f * h[i] - 1.0f) * bound;
+    gp_status s = gp_dev_upload(l->dev, t->data, h, n);
+    if (s == GP_OK) s = gp_dev_synchronize(l->dev); /* h is freed next */
+    free(h);
+    return s;
+}
+
+gp_status gp_layers_init_normal(gp_layer *l, int p, uint64_t seed, float std)
+{
+    gp_tensor *t = &l->params[p].value;
+    int64_t n = gp_tensor_numel(t);
+    float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof *h);
+    if (!h) return gp_error_set(GP_ERR_OOM, "out of host memory initialising %lld parameters",
+                                (long long)n);
+    uint64_t stream = gp_rng_stream((uint64_t)l->index, (uint64_t)(l->param_base + p),
+                                    GP_RNG_TAG_INIT);
+    gp_rng_normal_fill(seed, stream, 0, h, n);
+    for (int64_t i = 0; i < n; i++) h[i] *= std;
     gp_status s = gp_dev_upload(l->dev, t->data, h, n);
     if (s == GP_OK) s = gp_dev_synchronize(l->dev); /* h is freed next */
     free(h);
@@ -549,5 +621,6 @@ int gp_layer_counters(gp_layer *l, const char **names, int64_t **values, int max
     }
     if (l->spec.type == GP_LAYER_RESIDUAL) return gp_residual_counters(l, names, values, max);
     if (l->spec.type == GP_LAYER_ADD) return gp_add_counters(l, names, values, max);
+    if (l->spec.type == GP_LAYER_FACTORIZED_REDUCE) return gp_fr_counters(l, names, values, max);
     return 0;
 }

@@ -62,6 +62,7 @@ typedef enum gp_layer_type {
     GP_LAYER_DROPOUT2D,
     GP_LAYER_INSTANCE_NORM,
     GP_LAYER_UPSAMPLE,
+    GP_LAYER_FACTORIZED_REDUCE,
     GP_LAYER_TYPE_COUNT
 } gp_layer_type;
 
@@ -75,6 +76,31 @@ bool gp_layer_type_parse(const char *name, gp_layer_type *out);
 #define GP_SKIP_NAME 40
 #define GP_MAX_POPS 2
 
+/* A (height, width) pair: the kernel, stride and padding of the window
+ * layers (conv2d, the pools), which may differ per axis (AmoebaNet's 1x7
+ * and 7x1 convolutions).  YAML takes an integer n for {n, n} or [h, w]. */
+typedef struct gp_hw {
+    int64_t h, w;
+} gp_hw;
+static inline gp_hw gp_hw_square(int64_t v) { return (gp_hw){v, v}; }
+static inline bool gp_hw_is_square(gp_hw v) { return v.h == v.w; }
+/* "3" for a square pair, "[1, 7]" otherwise (YAML that reads back the
+ * same).  Returns buf. */
+const char *gp_hw_str(gp_hw v, char *buf, size_t len);
+
+/* How conv2d initialises its weight (the bias, if any, is always PyTorch's
+ * uniform(+-1/sqrt(fan_in))). */
+typedef enum gp_conv_init {
+    GP_INIT_DEFAULT = 0,          /* PyTorch's default: kaiming_uniform_(a = sqrt(5)),
+                                     i.e. uniform(+-1/sqrt(C * KH * KW)) */
+    GP_INIT_KAIMING_NORMAL_FAN_OUT, /* torchvision's ResNet: kaiming_normal_(mode =
+                                     'fan_out', nonlinearity = 'relu'), i.e.
+                                     normal(0, sqrt(2 / (K * KH * KW))) */
+    GP_INIT_COUNT
+} gp_conv_init;
+/* "default", "kaiming_normal_fan_out" (the names used in YAML). */
+const char *gp_conv_init_name(gp_conv_init i);
+
 /* What a config says about one layer.  Fields a type does not use are
  * ignored; 0 / -1 mean "not given" where stated. */
 typedef struct gp_layer_spec {
@@ -84,12 +110,22 @@ typedef struct gp_layer_spec {
     char file[128];       /* config file it came from, for messages; "" if none */
     int64_t in;           /* linear in_features / conv in_channels; 0 = infer */
     int64_t out;          /* linear out_features / conv out_channels /
-                             residual out_channels; 0 = not given (error) */
-    int64_t kernel;       /* conv, pools */
-    int64_t stride;       /* conv, pools, residual; default 1 (pools: 0 = kernel) */
-    int64_t padding;      /* conv, pools; default 0 */
+                             residual, factorized_reduce (even) out_channels;
+                             0 = not given (error) */
+    gp_hw kernel;         /* conv, pools: (KH, KW); {0, 0} = not given (error) */
+    gp_hw stride;         /* conv, pools; default {1, 1} (pools: {0, 0} = the
+                             kernel).  residual, add's projection and
+                             factorized_reduce take a square one only */
+    gp_hw padding;        /* conv, pools: zeros on both sides of each axis;
+                             default {0, 0} */
     bool bias;            /* linear, conv; default true */
-    float momentum;       /* batchnorm; default 0.1 (PyTorch convention) */
+    bool count_include_pad; /* avgpool2d: the zero padding counts in the
+                             divisor (PyTorch's default); default true */
+    gp_conv_init init;    /* conv2d and the convolutions inside residual, add
+                             (projection) and factorized_reduce; default
+                             GP_INIT_DEFAULT */
+    float momentum;       /* batchnorm (and the norms inside residual, add,
+                             factorized_reduce); default 0.1 (PyTorch) */
     float eps;            /* batchnorm, instance_norm; default 1e-5 */
     bool sync;            /* batchnorm: synchronise across replicas */
     float p;              /* dropout, dropout2d probability; default 0.5 */
@@ -106,6 +142,13 @@ typedef struct gp_layer_spec {
 
 /* A spec of `type` with every default filled in. */
 gp_layer_spec gp_layer_spec_default(gp_layer_type type);
+
+/* The window and init options of a spec as YAML, for summaries
+ * (--dry-run): "{kernel: [1, 7], stride: 1, padding: [0, 3]}" for conv2d
+ * and the pools (the pools' stride resolved; count_include_pad: false and
+ * a non-default init added where set), "{init: ...}" for the composite
+ * layers with a non-default init, "" for everything else.  Returns buf. */
+const char *gp_layer_window_str(const gp_layer_spec *s, char *buf, size_t len);
 
 /* A trainable parameter or a buffer (running statistics). */
 typedef struct gp_param {
@@ -170,8 +213,9 @@ typedef struct gp_layer_ops {
      * against the inputs (a message names the layer and what to change). */
     gp_status (*infer)(const gp_layer *l, const gp_shape *in, gp_shape *out);
     /* Allocate parameters on l->dev and initialise them like PyTorch's
-     * defaults (Kaiming-uniform), from the counter-based RNG keyed by
-     * (seed, layer index), so the values do not depend on placement.
+     * defaults (Kaiming-uniform; convolutions as spec.init says), from the
+     * counter-based RNG keyed by (seed, layer index, parameter), so the
+     * values do not depend on placement.
      * Gradients are allocated and zeroed too. */
     gp_status (*init)(gp_layer *l, uint64_t seed);
     gp_status (*forward)(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,

@@ -43,6 +43,7 @@ extern const gp_layer_ops gp_leaky_relu_ops;     /* unet.c */
 extern const gp_layer_ops gp_dropout2d_ops;      /* unet.c */
 extern const gp_layer_ops gp_instance_norm_ops;  /* unet.c */
 extern const gp_layer_ops gp_upsample_ops;       /* unet.c */
+extern const gp_layer_ops gp_factorized_reduce_ops; /* factorized_reduce.c */
 
 /* gp_layer_create without the error prefix, with the RNG numbering of the
  * first parameter given (composite layers build children with it).  `in`
@@ -65,6 +66,10 @@ gp_status gp_layers_add_param(gp_layer *l, const char *name, const gp_shape *sha
 /* params[p] = uniform(-bound, bound) from (seed, stream(index, param_base + p,
  * "init")), drawn on the host and uploaded: independent of placement. */
 gp_status gp_layers_init_uniform(gp_layer *l, int p, uint64_t seed, float bound);
+/* params[p] = normal(0, std) from the same stream as init_uniform (Box-
+ * Muller over the counter-based RNG, gp_rng_normal_fill), on the host:
+ * independent of placement. */
+gp_status gp_layers_init_normal(gp_layer *l, int p, uint64_t seed, float std);
 /* params[p] = v everywhere. */
 gp_status gp_layers_fill_param(gp_layer *l, int p, float v);
 
@@ -77,6 +82,8 @@ gp_status gp_layers_saved_alloc(gp_saved *s, int slot, gp_device *dev,
 gp_conv_desc gp_conv2d_desc(const gp_layer *l, int64_t n);
 /* Output spatial size of a window op, 0 if the kernel does not fit. */
 int64_t gp_layers_out_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad);
+/* Both axes of it: out.h from in_h, out.w from in_w. */
+gp_hw gp_layers_out_hw(int64_t in_h, int64_t in_w, gp_hw kernel, gp_hw stride, gp_hw pad);
 
 /* Batch-norm inspection (tests, snapshots): batches committed so far, and
  * the micro-batch samples (count per channel) waiting in the accumulator. */
@@ -88,5 +95,7 @@ int64_t *gp_batchnorm_counter(gp_layer *l);
 int gp_add_counters(gp_layer *l, const char **names, int64_t **values, int max);
 /* gp_layer_counters of a residual block. */
 int gp_residual_counters(gp_layer *l, const char **names, int64_t **values, int max);
+/* gp_layer_counters of a factorized reduce ("bn.num_batches_tracked"). */
+int gp_fr_counters(gp_layer *l, const char **names, int64_t **values, int max);
 
 #endif /* GP_LAYERS_IMPL_H */

@@ -1,17 +1,23 @@
 /*
- * pool.c — window pooling: maxpool2d, avgpool2d (square kernel; stride
- * defaults to the kernel; the average excludes padding, like PyTorch with
- * count_include_pad=False) and global_avgpool ((N, C, H, W) -> (N, C, 1, 1)).
+ * pool.c — window pooling: maxpool2d, avgpool2d (kernel, stride and
+ * padding per axis; stride defaults to the kernel; padding at most half the
+ * kernel, as PyTorch requires) and global_avgpool ((N, C, H, W) -> (N, C,
+ * 1, 1)).  The average divides by KH * KW, zero padding included, like
+ * PyTorch's default count_include_pad=True; with count_include_pad: false
+ * (AmoebaNet's pools) by the window's elements inside the image.
  *
- * Output size floor((H + 2p - k) / s) + 1 (PyTorch's ceil_mode=False).
+ * Output size floor((H + 2 PH - KH) / SH) + 1 and likewise for W
+ * (PyTorch's ceil_mode=False), so no window reaches past the padding and
+ * KH * KW is the count of the padded window.
  * gp_saved: the backend's workspace (max pooling's argmax indices), if the
  * backend wants one (pool_ws_bytes > 0), in s->ws.
  */
 #include "layers/layers_impl.h"
 
-static int64_t pool_stride(const gp_layer *l)
+static gp_hw pool_stride(const gp_layer *l)
 {
-    return l->spec.stride > 0 ? l->spec.stride : l->spec.kernel;
+    gp_hw s = l->spec.stride;
+    return s.h > 0 || s.w > 0 ? s : l->spec.kernel;
 }
 
 static gp_pool_desc pool_desc(const gp_layer *l, int64_t n)
@@ -27,10 +33,15 @@ static gp_pool_desc pool_desc(const gp_layer *l, int64_t n)
         d.ph = d.pw = 0;
         d.kind = GP_POOL_AVG;
     } else {
-        d.kh = d.kw = l->spec.kernel;
-        d.sh = d.sw = pool_stride(l);
-        d.ph = d.pw = l->spec.padding;
-        d.kind = l->spec.type == GP_LAYER_MAXPOOL2D ? GP_POOL_MAX : GP_POOL_AVG;
+        gp_hw st = pool_stride(l);
+        d.kh = l->spec.kernel.h;
+        d.kw = l->spec.kernel.w;
+        d.sh = st.h;
+        d.sw = st.w;
+        d.ph = l->spec.padding.h;
+        d.pw = l->spec.padding.w;
+        if (l->spec.type == GP_LAYER_MAXPOOL2D) d.kind = GP_POOL_MAX;
+        else d.kind = l->spec.count_include_pad ? GP_POOL_AVG_INCLUDE_PAD : GP_POOL_AVG;
     }
     d.oh = l->out_shape.dims[2];
     d.ow = l->out_shape.dims[3];
@@ -50,30 +61,39 @@ static gp_status need_4d(const gp_layer *l, const gp_shape *in)
 
 static gp_status pool_infer(const gp_layer *l, const gp_shape *in, gp_shape *out)
 {
-    char b[96];
+    char b[96], k[48], p[48], st[48];
     const gp_layer_spec *sp = &l->spec;
     GP_TRY(need_4d(l, in));
-    if (sp->kernel <= 0)
-        return gp_layer_spec_error(l, "kernel is missing or not positive; write e.g. kernel: 2");
-    if (sp->stride < 0)
-        return gp_layer_spec_error(l, "stride = %lld must be positive (or omitted: the kernel)",
-                                   (long long)sp->stride);
-    if (sp->padding < 0 || 2 * sp->padding > sp->kernel)
+    if (sp->kernel.h <= 0 || sp->kernel.w <= 0)
+        return gp_layer_spec_error(l, "kernel is missing or not positive (got %s); write "
+                                   "e.g. kernel: 2 or kernel: [1, 3]",
+                                   gp_hw_str(sp->kernel, k, sizeof k));
+    /* {0, 0} is "the kernel"; a stride given per axis must be positive on both */
+    if (sp->stride.h < 0 || sp->stride.w < 0 ||
+        ((sp->stride.h > 0 || sp->stride.w > 0) && (sp->stride.h == 0 || sp->stride.w == 0)))
+        return gp_layer_spec_error(l, "stride = %s must be positive (or omitted: the kernel)",
+                                   gp_hw_str(sp->stride, st, sizeof st));
+    if (sp->padding.h < 0 || sp->padding.w < 0 || 2 * sp->padding.h > sp->kernel.h ||
+        2 * sp->padding.w > sp->kernel.w) {
+        gp_hw half = {sp->kernel.h / 2, sp->kernel.w / 2};
+        char hk[48];
         return gp_layer_spec_error(l,
-                                   "padding = %lld must be between 0 and half the kernel (%lld)",
-                                   (long long)sp->padding, (long long)(sp->kernel / 2));
-    int64_t h = in->dims[2], w = in->dims[3], st = pool_stride(l);
-    if (h + 2 * sp->padding < sp->kernel || w + 2 * sp->padding < sp->kernel)
+                                   "padding = %s must be between 0 and half the kernel (%s)",
+                                   gp_hw_str(sp->padding, p, sizeof p),
+                                   gp_hw_str(half, hk, sizeof hk));
+    }
+    int64_t h = in->dims[2], w = in->dims[3];
+    int64_t ph = h + 2 * sp->padding.h, pw = w + 2 * sp->padding.w;
+    if (ph < sp->kernel.h || pw < sp->kernel.w)
         return gp_layer_spec_error(l,
-                                   "kernel %lld is larger than the padded input %lldx%lld "
-                                   "(input %s with padding %lld); use a smaller kernel or less "
+                                   "kernel %s is larger than the padded input %lldx%lld "
+                                   "(input %s with padding %s); use a smaller kernel or less "
                                    "downsampling before this layer",
-                                   (long long)sp->kernel, (long long)(h + 2 * sp->padding),
-                                   (long long)(w + 2 * sp->padding),
-                                   gp_layers_shape_n(in, b, sizeof b), (long long)sp->padding);
-    *out = gp_shape_4d(in->dims[0], in->dims[1],
-                       gp_layers_out_size(h, sp->kernel, st, sp->padding),
-                       gp_layers_out_size(w, sp->kernel, st, sp->padding));
+                                   gp_hw_str(sp->kernel, k, sizeof k), (long long)ph,
+                                   (long long)pw, gp_layers_shape_n(in, b, sizeof b),
+                                   gp_hw_str(sp->padding, p, sizeof p));
+    gp_hw o = gp_layers_out_hw(h, w, sp->kernel, pool_stride(l), sp->padding);
+    *out = gp_shape_4d(in->dims[0], in->dims[1], o.h, o.w);
     return GP_OK;
 }
 

@@ -51,7 +51,7 @@ typedef struct {
 
 static bool needs_down(const gp_layer *l, const gp_shape *in)
 {
-    return l->spec.stride != 1 || in->dims[1] != l->spec.out;
+    return l->spec.stride.h != 1 || in->dims[1] != l->spec.out;
 }
 
 static gp_status res_infer(const gp_layer *l, const gp_shape *in, gp_shape *out)
@@ -66,8 +66,11 @@ static gp_status res_infer(const gp_layer *l, const gp_shape *in, gp_shape *out)
     if (sp->out <= 0)
         return gp_layer_spec_error(l, "out (the number of output channels) is missing; write "
                                       "e.g. {residual: {out: 64, stride: 1}}");
-    if (sp->stride <= 0)
-        return gp_layer_spec_error(l, "stride = %lld must be at least 1", (long long)sp->stride);
+    if (sp->stride.h <= 0 || sp->stride.w != sp->stride.h) {
+        char st[48];
+        return gp_layer_spec_error(l, "stride = %s must be one number, at least 1",
+                                   gp_hw_str(sp->stride, st, sizeof st));
+    }
     if (sp->in > 0 && sp->in != in->dims[1])
         return gp_layer_spec_error(l,
                                    "in = %lld but the input has %lld channels %s; remove 'in' "
@@ -75,8 +78,9 @@ static gp_status res_infer(const gp_layer *l, const gp_shape *in, gp_shape *out)
                                    (long long)sp->in, (long long)in->dims[1],
                                    gp_layers_shape_n(in, b, sizeof b));
     /* 3x3 kernel with padding 1 fits any input of at least 1x1 */
-    *out = gp_shape_4d(in->dims[0], sp->out, gp_layers_out_size(in->dims[2], 3, sp->stride, 1),
-                       gp_layers_out_size(in->dims[3], 3, sp->stride, 1));
+    gp_hw o = gp_layers_out_hw(in->dims[2], in->dims[3], gp_hw_square(3), sp->stride,
+                               gp_hw_square(1));
+    *out = gp_shape_4d(in->dims[0], sp->out, o.h, o.w);
     return GP_OK;
 }
 
@@ -96,13 +100,14 @@ static gp_layer_spec child_spec(const gp_layer *l, int which)
     s.momentum = l->spec.momentum;
     s.eps = l->spec.eps;
     s.sync = l->spec.sync;
+    s.init = l->spec.init;
     if (which == C_CONV1 || which == C_CONV2) {
-        s.kernel = 3;
-        s.padding = 1;
-        s.stride = which == C_CONV1 ? l->spec.stride : 1;
+        s.kernel = gp_hw_square(3);
+        s.padding = gp_hw_square(1);
+        s.stride = which == C_CONV1 ? l->spec.stride : gp_hw_square(1);
     } else if (which == C_DCONV) {
-        s.kernel = 1;
-        s.padding = 0;
+        s.kernel = gp_hw_square(1);
+        s.padding = gp_hw_square(0);
         s.stride = l->spec.stride;
     }
     return s;

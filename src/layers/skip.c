@@ -114,12 +114,14 @@ static gp_status add_infer(const gp_layer *l, const gp_shape *in, gp_shape *out)
         return gp_layer_spec_error(l, "a projection shortcut needs a 4-D '%s' (N, C, H, W) but "
                                    "it is %s", l->spec.pop[0],
                                    gp_layers_shape_n(&in[1], a, sizeof a));
-    if (l->spec.stride < 1)
-        return gp_layer_spec_error(l, "stride = %lld must be at least 1",
-                                   (long long)l->spec.stride);
-    gp_shape p = gp_shape_4d(in[1].dims[0], l->spec.out,
-                             gp_layers_out_size(in[1].dims[2], 1, l->spec.stride, 0),
-                             gp_layers_out_size(in[1].dims[3], 1, l->spec.stride, 0));
+    if (l->spec.stride.h < 1 || l->spec.stride.w != l->spec.stride.h) {
+        char st[48];
+        return gp_layer_spec_error(l, "stride = %s must be one number, at least 1",
+                                   gp_hw_str(l->spec.stride, st, sizeof st));
+    }
+    gp_hw o = gp_layers_out_hw(in[1].dims[2], in[1].dims[3], gp_hw_square(1), l->spec.stride,
+                               gp_hw_square(0));
+    gp_shape p = gp_shape_4d(in[1].dims[0], l->spec.out, o.h, o.w);
     if (!gp_shape_equal(&p, &in[0]))
         return gp_layer_spec_error(l, "the projection of '%s' has shape %s but the input is %s; "
                                    "out and stride must give the input's shape",
@@ -155,9 +157,10 @@ static gp_status add_init(gp_layer *l, uint64_t seed)
         s.column = l->spec.column;
         s.out = l->spec.out;
         s.bias = false;
-        s.kernel = 1;
+        s.kernel = gp_hw_square(1);
         s.stride = l->spec.stride;
-        s.padding = 0;
+        s.padding = gp_hw_square(0);
+        s.init = l->spec.init;
         s.momentum = l->spec.momentum;
         s.eps = l->spec.eps;
         s.sync = l->spec.sync;

@@ -507,8 +507,11 @@ gp_status gp_model_summary(const gp_config *cfg, FILE *f)
         gp_shape_str(&os, sh, sizeof sh);
         snprintf(nm, sizeof nm, "%s%s%s", gp_layer_type_name(l->spec.type),
                  l->spec.name[0] ? " " : "", l->spec.name);
-        char sk[96] = "";
-        if (l->spec.stash[0]) snprintf(sk, sizeof sk, "  stash %s", l->spec.stash);
+        char sk[256] = "", win[160];
+        if (gp_layer_window_str(&l->spec, win, sizeof win)[0])
+            snprintf(sk, sizeof sk, "  %s", win);
+        if (l->spec.stash[0])
+            snprintf(sk + strlen(sk), sizeof sk - strlen(sk), "  stash %s", l->spec.stash);
         for (int q = 0; q < l->spec.n_pop; q++)
             snprintf(sk + strlen(sk), sizeof sk - strlen(sk), "  pop %s", l->spec.pop[q]);
         int64_t np = gp_layer_param_count(l);

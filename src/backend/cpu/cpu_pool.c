@@ -10,8 +10,10 @@
  * Max pooling keeps, per output element, the position of the (first)
  * maximum inside its window in the workspace: one byte when the window has
  * at most 256 elements, else an int32.  Average pooling divides by the
- * number of elements inside the image (padding excluded, PyTorch's
- * count_include_pad=False) and needs no workspace.
+ * number of elements inside the image (GP_POOL_AVG, PyTorch's
+ * count_include_pad=False) or by kh * kw (GP_POOL_AVG_INCLUDE_PAD, the
+ * padded window, PyTorch's default) and needs no workspace.  Every axis
+ * has its own kernel, stride and padding.
  */
 #include "backend/cpu/cpu_impl.h"
 
@@ -23,20 +25,30 @@ static gp_status pool_check(gp_device *dev, const gp_pool_desc *d)
     if (d->n <= 0 || d->c <= 0 || d->h <= 0 || d->w <= 0 || d->kh <= 0 || d->kw <= 0 ||
         d->sh <= 0 || d->sw <= 0 || d->ph < 0 || d->pw < 0 || d->oh <= 0 || d->ow <= 0 ||
         d->ph >= d->kh || d->pw >= d->kw || (d->oh - 1) * d->sh - d->ph >= d->h ||
-        (d->ow - 1) * d->sw - d->pw >= d->w)
+        (d->ow - 1) * d->sw - d->pw >= d->w || (d->oh - 1) * d->sh + d->kh > d->h + 2 * d->ph ||
+        (d->ow - 1) * d->sw + d->kw > d->w + 2 * d->pw ||
+        (d->kind != GP_POOL_MAX && d->kind != GP_POOL_AVG &&
+         d->kind != GP_POOL_AVG_INCLUDE_PAD))
         return gp_error_set(GP_ERR_INVALID,
-                            "device %s: invalid pooling (n=%lld c=%lld h=%lld w=%lld kernel "
-                            "%lldx%lld stride %lldx%lld pad %lldx%lld output %lldx%lld); "
+                            "device %s: invalid pooling (kind %d n=%lld c=%lld h=%lld w=%lld "
+                            "kernel %lldx%lld stride %lldx%lld pad %lldx%lld output %lldx%lld); "
                             "padding must be smaller than the kernel and every window must "
-                            "overlap the image",
-                            dev->name, (long long)d->n, (long long)d->c, (long long)d->h,
-                            (long long)d->w, (long long)d->kh, (long long)d->kw,
+                            "overlap the image and end inside the padding",
+                            dev->name, (int)d->kind, (long long)d->n, (long long)d->c,
+                            (long long)d->h, (long long)d->w, (long long)d->kh, (long long)d->kw,
                             (long long)d->sh, (long long)d->sw, (long long)d->ph,
                             (long long)d->pw, (long long)d->oh, (long long)d->ow);
     return GP_OK;
 }
 
 static int ws_wide(const gp_pool_desc *d) { return d->kh * d->kw > 256; }
+
+/* The divisor of an average window clipped to the image (pool_check has
+ * made sure no window reaches past the padding). */
+static inline float avg_count(const gp_pool_desc *d, int64_t rows, int64_t cols)
+{
+    return d->kind == GP_POOL_AVG_INCLUDE_PAD ? (float)(d->kh * d->kw) : (float)(rows * cols);
+}
 
 size_t gp_cpu_pool_ws_bytes(gp_device *dev, const gp_pool_desc *d)
 {
@@ -125,7 +137,7 @@ gp_status gp_cpu_pool_fwd(gp_device *dev, const gp_pool_desc *d, const float *x,
                     float sum = 0.0f;
                     for (int64_t i = v.i0; i < v.i1; i++)
                         for (int64_t j = v.j0; j < v.j1; j++) sum += xp[i * d->w + j];
-                    yp[o] = sum / (float)((v.i1 - v.i0) * (v.j1 - v.j0));
+                    yp[o] = sum / avg_count(d, v.i1 - v.i0, v.j1 - v.j0);
                 }
             }
     }
@@ -160,7 +172,7 @@ gp_status gp_cpu_pool_bwd(gp_device *dev, const gp_pool_desc *d, const float *x,
                     int64_t i = v.r0 + arg / d->kw, j = v.c0 + arg % d->kw;
                     dp[i * d->w + j] += gp[o];
                 } else {
-                    float g = gp[o] / (float)((v.i1 - v.i0) * (v.j1 - v.j0));
+                    float g = gp[o] / avg_count(d, v.i1 - v.i0, v.j1 - v.j0);
                     for (int64_t i = v.i0; i < v.i1; i++)
                         for (int64_t j = v.j0; j < v.j1; j++) dp[i * d->w + j] += g;
                 }

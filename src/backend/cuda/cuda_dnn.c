@@ -27,8 +27,11 @@
  * Pooling.  Max pooling is CUDNN_POOLING_MAX_DETERMINISTIC and needs no
  * workspace (backward reads x and y); when a window has tied maxima cuDNN
  * may route the gradient to another of the tied elements than the CPU
- * (first in scan order).  Average pooling excludes padding from the divisor
- * (CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING), like the CPU.
+ * (first in scan order).  Average pooling divides as the CPU does: by the
+ * window's elements inside the image for GP_POOL_AVG
+ * (CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING), by kh * kw for
+ * GP_POOL_AVG_INCLUDE_PAD (CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING).
+ * Kernel, stride and padding are per axis in both cuDNN descriptors.
  *
  * Compiled and linked in CI; never run here (no GPU).
  */
@@ -298,12 +301,18 @@ static gp_status pool_setup(gp_device *dev, const gp_pool_desc *d)
                             "pad %lldx%lld); padding must be smaller than the kernel", dev->name,
                             (long long)d->kh, (long long)d->kw, (long long)d->sh,
                             (long long)d->sw, (long long)d->ph, (long long)d->pw);
-    GP_CUDNN(cudnnSetPooling2dDescriptor(
-        ctx->pool,
-        d->kind == GP_POOL_MAX ? CUDNN_POOLING_MAX_DETERMINISTIC
-                               : CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING,
-        CUDNN_NOT_PROPAGATE_NAN, (int)d->kh, (int)d->kw, (int)d->ph, (int)d->pw, (int)d->sh,
-        (int)d->sw));
+    cudnnPoolingMode_t mode;
+    switch (d->kind) {
+    case GP_POOL_MAX: mode = CUDNN_POOLING_MAX_DETERMINISTIC; break;
+    case GP_POOL_AVG: mode = CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING; break;
+    case GP_POOL_AVG_INCLUDE_PAD: mode = CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING; break;
+    default:
+        return gp_error_set(GP_ERR_INVALID, "device %s: unknown pooling kind %d", dev->name,
+                            (int)d->kind);
+    }
+    GP_CUDNN(cudnnSetPooling2dDescriptor(ctx->pool, mode, CUDNN_NOT_PROPAGATE_NAN, (int)d->kh,
+                                         (int)d->kw, (int)d->ph, (int)d->pw, (int)d->sh,
+                                         (int)d->sw));
     GP_TRY(set4d(ctx->td[0], d->n, d->c, d->h, d->w));
     GP_TRY(set4d(ctx->td[1], d->n, d->c, d->oh, d->ow));
     int n, c, h, w;

@@ -1,0 +1,376 @@
+/*
+ * factorized_reduce.c — AmoebaNet's FactorizedReduce (torchgpipe's
+ * benchmarks/models/amoebanet/operations.py) as one layer: halves the
+ * height and width with two 1x1 stride-2 convolutions that see the even
+ * and the odd pixels.
+ *
+ *   r  = relu(x)                                         (N, C, H, W)
+ *   c1 = conv1(r)            1x1, stride 2, no bias      (N, K/2, OH, OW)
+ *   c2 = conv2(pad(r[:, :, 1:, 1:]))  the same on the input shifted by one
+ *        pixel up and left, zero-padded at the bottom and right
+ *   y  = bn(cat(c1, c2) along channels)                  (N, K, OH, OW)
+ *
+ * with OH = ceil(H / 2), OW = ceil(W / 2).  Parameters as torchgpipe's
+ * state dict names them: "conv1.weight", "conv2.weight" (K/2, C, 1, 1),
+ * "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var" (K), and the
+ * counter "bn.num_batches_tracked".
+ *
+ * conv2 reads the shifted, padded input at the even positions (2a, 2b),
+ * i.e. r at (2a + 1, 2b + 1), or zero past the edge.  Rather than the
+ * padded (N, C, H, W) copy PyTorch makes, the layer gathers just those
+ * pixels, xs = r[:, :, 1::2, 1::2] zero-padded to (OH, OW), with one
+ * strided copy (copy_box), and runs conv2 as a 1x1 stride-1 convolution on
+ * it: the same products, a quarter of the memory.  Its gradient goes back
+ * the same way: conv1's backward-data writes every element of dx and leaves
+ * zeros at the odd positions (2a + 1, 2b + 1), which no stride-2 1x1 window
+ * reads, so conv2's input gradient is copied (not added) into them.
+ *
+ * Built from child layers (conv2d, batchnorm) as residual.c is: the layer
+ * owns the parameters, the children hold views re-pointed before every
+ * use, and their RNG streams continue the layer's numbering (param_base).
+ * `init` applies to both convolutions; momentum, eps and sync to the norm.
+ *
+ * gp_saved slots (training forward; eval keeps nothing):
+ *   t[0] r = relu(x)             (N, C, H, W)
+ *   t[1] xs (conv2's input)      (N, C, OH, OW)
+ *   t[2] cat (the norm's input)  (N, K, OH, OW)
+ *   t[3], t[4] the norm's batch mean and var (K)
+ * Backward is one pass that produces dx and all weight gradients, so
+ * backward_data does it all and flags gp_saved; without dx (first layer)
+ * backward_weights runs it without the dx-only work.
+ */
+#include "layers/layers_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum { C_CONV1 = 0, C_CONV2, C_BN, C_COUNT };
+
+static const char *const child_names[C_COUNT] = {"conv1", "conv2", "bn"};
+
+enum { S_R = 0, S_XS = 1, S_CAT = 2, S_BN = 3 };
+
+typedef struct {
+    gp_layer child[C_COUNT];
+    int first[C_COUNT]; /* index in the layer's params of child's params[0] */
+} fr_state;
+
+static gp_status fr_infer(const gp_layer *l, const gp_shape *in, gp_shape *out)
+{
+    char b[96];
+    const gp_layer_spec *sp = &l->spec;
+    if (in->ndim != 4)
+        return gp_layer_spec_error(l,
+                                   "expected 4-D input (N, C, H, W) but got %s; a factorized "
+                                   "reduce cannot follow flatten or linear layers",
+                                   gp_layers_shape_n(in, b, sizeof b));
+    if (sp->out <= 0 || sp->out % 2 != 0)
+        return gp_layer_spec_error(l, "out = %lld must be a positive even number (two "
+                                   "convolutions of out / 2 channels are concatenated); write "
+                                   "e.g. {factorized_reduce: {out: 64}}", (long long)sp->out);
+    if (sp->in > 0 && sp->in != in->dims[1])
+        return gp_layer_spec_error(l, "in = %lld but the input has %lld channels %s; remove 'in' "
+                                   "(it is inferred)", (long long)sp->in, (long long)in->dims[1],
+                                   gp_layers_shape_n(in, b, sizeof b));
+    gp_hw o = gp_layers_out_hw(in->dims[2], in->dims[3], gp_hw_square(1), gp_hw_square(2),
+                               gp_hw_square(0));
+    *out = gp_shape_4d(in->dims[0], sp->out, o.h, o.w);
+    return GP_OK;
+}
+
+static gp_layer_spec child_spec(const gp_layer *l, int which)
+{
+    gp_layer_spec s = gp_layer_spec_default(which == C_BN ? GP_LAYER_BATCHNORM : GP_LAYER_CONV2D);
+    snprintf(s.name, sizeof s.name, "%s", child_names[which]);
+    memcpy(s.file, l->spec.file, sizeof s.file);
+    s.line = l->spec.line;
+    s.column = l->spec.column;
+    s.out = which == C_BN ? l->spec.out : l->spec.out / 2;
+    s.bias = false;
+    s.init = l->spec.init;
+    s.momentum = l->spec.momentum;
+    s.eps = l->spec.eps;
+    s.sync = l->spec.sync;
+    s.kernel = gp_hw_square(1);
+    s.padding = gp_hw_square(0);
+    /* conv2 runs on the gathered odd pixels: stride 1 there */
+    s.stride = gp_hw_square(which == C_CONV1 ? 2 : 1);
+    return s;
+}
+
+static void sync_child(gp_layer *l, fr_state *st, int which)
+{
+    gp_layer *c = &st->child[which];
+    for (int p = 0; p < c->n_params; p++) {
+        c->params[p].value = l->params[st->first[which] + p].value;
+        c->params[p].value.owned = false;
+        c->params[p].grad = l->params[st->first[which] + p].grad;
+        c->params[p].grad.owned = false;
+    }
+}
+
+static void sync_all(gp_layer *l, fr_state *st)
+{
+    for (int k = 0; k < C_COUNT; k++)
+        if (st->child[k].ops) sync_child(l, st, k);
+}
+
+static gp_status add_child(gp_layer *l, fr_state *st, int which, const gp_shape *in,
+                           uint64_t seed)
+{
+    gp_layer_spec s = child_spec(l, which);
+    gp_layer *c = &st->child[which];
+    GP_TRY(gp_layer_setup(&s, l->index, l->n_params, in, l->dev, seed, c));
+    st->first[which] = l->n_params;
+    for (int p = 0; p < c->n_params; p++) { /* the layer takes ownership */
+        GP_ASSERT(l->n_params < GP_LAYER_MAX_PARAMS);
+        gp_param *dst = &l->params[l->n_params++];
+        *dst = c->params[p];
+        snprintf(dst->name, sizeof dst->name, "%s.%s", child_names[which], c->params[p].name);
+    }
+    sync_child(l, st, which);
+    return GP_OK;
+}
+
+static gp_status fr_init(gp_layer *l, uint64_t seed)
+{
+    fr_state *st = calloc(1, sizeof *st);
+    if (!st) return gp_error_set(GP_ERR_OOM, "out of host memory for a factorized reduce");
+    l->state = st;
+    gp_shape xs = gp_shape_4d(1, l->in_shape.dims[1], l->out_shape.dims[2], l->out_shape.dims[3]);
+    GP_TRY(add_child(l, st, C_CONV1, &l->in_shape, seed));
+    GP_TRY(add_child(l, st, C_CONV2, &xs, seed));
+    GP_TRY(add_child(l, st, C_BN, &l->out_shape, seed));
+    return GP_OK;
+}
+
+static void fr_destroy(gp_layer *l)
+{
+    fr_state *st = l->state;
+    if (!st) return;
+    for (int k = 0; k < C_COUNT; k++) gp_layer_destroy(&st->child[k]); /* views only */
+    free(st);
+    l->state = NULL;
+}
+
+/* ---- the strided copies ----------------------------------------------------- */
+
+/* Channels [d0, d0 + c) of dst (N, dc, HW) = channels [s0, s0 + c) of src
+ * (N, sc, HW): concatenation and its gradient's slices. */
+static gp_status copy_channels(gp_device *dev, float *dst, int64_t dc, int64_t d0,
+                               const float *src, int64_t sc, int64_t s0, int64_t n, int64_t c,
+                               int64_t hw)
+{
+    if (n * c * hw == 0) return GP_OK;
+    const int64_t ds[4] = {dc * hw, hw, hw, 1}, ss[4] = {sc * hw, hw, hw, 1};
+    const int64_t dims[4] = {n, c, 1, hw};
+    return gp_dev_copy_box(dev, dst + d0 * hw, ds, src + s0 * hw, ss, dims);
+}
+
+/* The odd pixels of a (N, C, H, W) tensor, (1 + 2a, 1 + 2b) for a < H / 2,
+ * b < W / 2, against the first (H / 2, W / 2) pixels of a (N, C, OH, OW)
+ * one: gather (to_odd false: sub = full's odd pixels) or scatter (to_odd
+ * true: full's odd pixels = sub). */
+static gp_status odd_pixels(gp_device *dev, float *full, float *sub, int64_t n, int64_t c,
+                            int64_t h, int64_t w, int64_t oh, int64_t ow, bool to_odd)
+{
+    const int64_t fs[4] = {c * h * w, h * w, 2 * w, 2}, ss[4] = {c * oh * ow, oh * ow, ow, 1};
+    const int64_t dims[4] = {n, c, h / 2, w / 2};
+    if (dims[0] * dims[1] * dims[2] * dims[3] == 0) return GP_OK;
+    float *odd = full + w + 1;
+    return to_odd ? gp_dev_copy_box(dev, odd, fs, sub, ss, dims)
+                  : gp_dev_copy_box(dev, sub, ss, odd, fs, dims);
+}
+
+/* ---- forward and backward ----------------------------------------------------- */
+
+static gp_status child_fwd(fr_state *st, int which, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                           gp_tensor *y, gp_saved *s, int slot)
+{
+    gp_layer *c = &st->child[which];
+    gp_saved cs;
+    memset(&cs, 0, sizeof cs);
+    gp_status r = c->ops->forward(c, ctx, x, y, &cs);
+    if (slot >= 0) { /* the norm's statistics move into the layer's slots */
+        s->t[slot] = cs.t[0];
+        s->t[slot + 1] = cs.t[1];
+        cs.t[0] = cs.t[1] = (gp_tensor){0};
+    }
+    gp_saved_free(&cs); /* nothing else: convolutions save nothing */
+    return r;
+}
+
+static gp_status child_bwd(fr_state *st, int which, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                           const gp_tensor *dy, gp_tensor *dx, gp_saved *s, int slot)
+{
+    gp_layer *c = &st->child[which];
+    gp_saved cs;
+    memset(&cs, 0, sizeof cs);
+    if (slot >= 0) { /* lent, not given */
+        cs.t[0] = s->t[slot];
+        cs.t[1] = s->t[slot + 1];
+        cs.t[0].owned = cs.t[1].owned = false;
+    }
+    if (dx) GP_TRY(c->ops->backward_data(c, ctx, x, NULL, dy, dx, &cs));
+    if (c->ops->backward_weights) GP_TRY(c->ops->backward_weights(c, ctx, x, NULL, dy, &cs));
+    return GP_OK;
+}
+
+static gp_status fr_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                            gp_tensor *y, gp_saved *s)
+{
+    fr_state *st = l->state;
+    gp_device *dev = l->dev;
+    int64_t n = x->dims[0], c = x->dims[1], h = x->dims[2], w = x->dims[3];
+    int64_t k = l->spec.out, oh = y->dims[2], ow = y->dims[3];
+    if (n == 0) return GP_OK;
+    sync_all(l, st);
+    gp_shape xs = gp_tensor_shape(x), subs = gp_shape_4d(n, c, oh, ow);
+    gp_shape ys = gp_tensor_shape(y), hs = gp_shape_4d(n, k / 2, oh, ow);
+    gp_tensor half = {0};
+    gp_status r = GP_OK;
+#define FR_TRY(e) do { if ((r = (e)) != GP_OK) goto done; } while (0)
+    FR_TRY(gp_layers_saved_alloc(s, S_R, dev, &xs));
+    FR_TRY(gp_layers_saved_alloc(s, S_XS, dev, &subs));
+    FR_TRY(gp_layers_saved_alloc(s, S_CAT, dev, &ys));
+    FR_TRY(gp_tensor_alloc(&half, dev, &hs, GP_MEM_ACTIVATIONS));
+    FR_TRY(gp_dev_relu_fwd(dev, x->data, s->t[S_R].data, gp_tensor_numel(x)));
+    if (oh * 2 != h || ow * 2 != w) /* odd sizes: the last row / column is padding */
+        FR_TRY(gp_dev_fill(dev, s->t[S_XS].data, 0.0f, gp_shape_numel(&subs)));
+    FR_TRY(odd_pixels(dev, s->t[S_R].data, s->t[S_XS].data, n, c, h, w, oh, ow, false));
+    FR_TRY(child_fwd(st, C_CONV1, ctx, &s->t[S_R], &half, s, -1));
+    FR_TRY(copy_channels(dev, s->t[S_CAT].data, k, 0, half.data, k / 2, 0, n, k / 2, oh * ow));
+    FR_TRY(child_fwd(st, C_CONV2, ctx, &s->t[S_XS], &half, s, -1));
+    FR_TRY(copy_channels(dev, s->t[S_CAT].data, k, k / 2, half.data, k / 2, 0, n, k / 2,
+                         oh * ow));
+    FR_TRY(child_fwd(st, C_BN, ctx, &s->t[S_CAT], y, s, S_BN));
+done:
+#undef FR_TRY
+    gp_tensor_free(&half);
+    if (r == GP_OK && !ctx->training) {
+        gp_saved_free(s); /* eval: no backward will come */
+        s->flags |= GP_SAVED_EVAL;
+    }
+    return r;
+}
+
+/* The whole backward; dx == NULL skips the work only dx needs. */
+static gp_status fr_backward_all(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                 const gp_tensor *dy, gp_tensor *dx, gp_saved *s)
+{
+    fr_state *st = l->state;
+    gp_device *dev = l->dev;
+    int64_t n = x->dims[0], c = x->dims[1], h = x->dims[2], w = x->dims[3];
+    int64_t k = l->spec.out, oh = dy->dims[2], ow = dy->dims[3];
+    if (n == 0) return GP_OK;
+    if (s->flags & GP_SAVED_EVAL)
+        return gp_layer_spec_error(l, "backward after an eval-mode forward: the layer saved "
+                                      "nothing (run forward with training)");
+    GP_ASSERT(s->t[S_R].data && s->t[S_XS].data && s->t[S_CAT].data);
+    sync_all(l, st);
+    gp_shape ys = gp_tensor_shape(dy), hs = gp_shape_4d(n, k / 2, oh, ow);
+    gp_shape subs = gp_shape_4d(n, c, oh, ow);
+    gp_tensor g = {0}, gh = {0}, dsub = {0};
+    gp_status r = GP_OK;
+#define FR_TRY(e) do { if ((r = (e)) != GP_OK) goto done; } while (0)
+    FR_TRY(gp_tensor_alloc(&g, dev, &ys, GP_MEM_ACTIVATIONS));
+    FR_TRY(gp_tensor_alloc(&gh, dev, &hs, GP_MEM_ACTIVATIONS));
+    /* g = d cat (the convolutions have weights: always needed) */
+    FR_TRY(child_bwd(st, C_BN, ctx, &s->t[S_CAT], dy, &g, s, S_BN));
+    /* conv1: dx = its input gradient (every element written) */
+    FR_TRY(copy_channels(dev, gh.data, k / 2, 0, g.data, k, 0, n, k / 2, oh * ow));
+    FR_TRY(child_bwd(st, C_CONV1, ctx, &s->t[S_R], &gh, dx, s, -1));
+    /* conv2: its input gradient into dx's odd pixels, which conv1 left 0 */
+    FR_TRY(copy_channels(dev, gh.data, k / 2, 0, g.data, k, k / 2, n, k / 2, oh * ow));
+    if (dx) FR_TRY(gp_tensor_alloc(&dsub, dev, &subs, GP_MEM_ACTIVATIONS));
+    FR_TRY(child_bwd(st, C_CONV2, ctx, &s->t[S_XS], &gh, dx ? &dsub : NULL, s, -1));
+    if (dx) {
+        FR_TRY(odd_pixels(dev, dx->data, dsub.data, n, c, h, w, oh, ow, true));
+        /* relu: in place, per element (backend/elementwise.h) */
+        FR_TRY(gp_dev_relu_bwd(dev, s->t[S_R].data, dx->data, dx->data, gp_tensor_numel(dx)));
+    }
+done:
+#undef FR_TRY
+    gp_tensor_free(&g);
+    gp_tensor_free(&gh);
+    gp_tensor_free(&dsub);
+    return r;
+}
+
+static gp_status fr_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                  const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
+                                  gp_saved *s)
+{
+    (void)y;
+    GP_TRY(fr_backward_all(l, ctx, x, dy, dx, s));
+    s->flags |= GP_SAVED_WEIGHTS_DONE;
+    return GP_OK;
+}
+
+static gp_status fr_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                     const gp_tensor *y, const gp_tensor *dy, gp_saved *s)
+{
+    (void)y;
+    if (s->flags & GP_SAVED_WEIGHTS_DONE) {
+        s->flags &= ~GP_SAVED_WEIGHTS_DONE; /* a second backward pass accumulates again */
+        return GP_OK;
+    }
+    return fr_backward_all(l, ctx, x, dy, NULL, s);
+}
+
+static gp_status fr_commit(gp_layer *l)
+{
+    fr_state *st = l->state;
+    gp_layer *c = &st->child[C_BN];
+    sync_child(l, st, C_BN);
+    return c->ops->commit(c);
+}
+
+static gp_status fr_allreduce_stats(gp_layer *l, gp_comm *comm)
+{
+    fr_state *st = l->state;
+    gp_layer *c = &st->child[C_BN];
+    sync_child(l, st, C_BN);
+    return c->ops->allreduce_stats ? c->ops->allreduce_stats(c, comm) : GP_OK;
+}
+
+static double fr_flops(const gp_layer *l, int64_t n)
+{
+    double outs = (double)n * (double)gp_shape_numel(&l->out_shape); /* N K OH OW */
+    double ins = (double)n * (double)gp_shape_numel(&l->in_shape);
+    /* two convs of K/2 outputs over C inputs; relu; the norm */
+    return 2.0 * outs * (double)l->in_shape.dims[1] + ins + 4.0 * outs;
+}
+
+static size_t fr_saved_bytes(const gp_layer *l, int64_t n)
+{
+    size_t in = (size_t)n * (size_t)gp_shape_numel(&l->in_shape);
+    size_t sub = (size_t)n * (size_t)(l->in_shape.dims[1] * l->out_shape.dims[2] *
+                                      l->out_shape.dims[3]);
+    size_t out = (size_t)n * (size_t)gp_shape_numel(&l->out_shape);
+    return n == 0 ? 0 : (in + sub + out + 2 * (size_t)l->spec.out) * sizeof(float);
+}
+
+int gp_fr_counters(gp_layer *l, const char **names, int64_t **values, int max)
+{
+    fr_state *st = l->state;
+    if (max > 0) {
+        names[0] = "bn.num_batches_tracked";
+        values[0] = gp_batchnorm_counter(&st->child[C_BN]);
+    }
+    return 1;
+}
+
+const gp_layer_ops gp_factorized_reduce_ops = {
+    .type = GP_LAYER_FACTORIZED_REDUCE,
+    .infer = fr_infer,
+    .init = fr_init,
+    .forward = fr_forward,
+    .backward_data = fr_backward_data,
+    .backward_weights = fr_backward_weights,
+    .commit = fr_commit,
+    .allreduce_stats = fr_allreduce_stats,
+    .flops = fr_flops,
+    .saved_bytes = fr_saved_bytes,
+    .destroy = fr_destroy,
+};
