@@ -276,6 +276,31 @@ gp_status gp_layers_add_param(gp_layer *l, const char *name, const gp_shape *sha
     return GP_OK;
 }
 
+gp_status gp_layers_child_setup(gp_layer *parent, const gp_layer_spec *spec, const char *prefix,
+                                const gp_shape *in, uint64_t seed, gp_layer *child, int *first)
+{
+    GP_TRY(gp_layer_setup(spec, parent->index, parent->n_params, in, parent->dev, seed, child));
+    *first = parent->n_params;
+    for (int p = 0; p < child->n_params; p++) {
+        GP_ASSERT(parent->n_params < GP_LAYER_MAX_PARAMS);
+        gp_param *dst = &parent->params[parent->n_params++];
+        *dst = child->params[p];
+        snprintf(dst->name, sizeof dst->name, "%s.%s", prefix, child->params[p].name);
+    }
+    gp_layers_child_view(parent, child, *first);
+    return GP_OK;
+}
+
+void gp_layers_child_view(const gp_layer *parent, gp_layer *child, int first)
+{
+    for (int p = 0; p < child->n_params; p++) {
+        child->params[p].value = parent->params[first + p].value;
+        child->params[p].value.owned = false;
+        child->params[p].grad = parent->params[first + p].grad;
+        child->params[p].grad.owned = false;
+    }
+}
+
 gp_status gp_layers_init_uniform(gp_layer *l, int p, uint64_t seed, float bound)
 {
     gp_tensor *t = &l->params[p].value;

@@ -52,6 +52,19 @@ gp_status gp_layer_setup(const gp_layer_spec *spec, int index, int param_base,
                          const gp_shape *in, gp_device *dev, uint64_t seed,
                          gp_layer *out);
 
+/* Composite layers (residual, add's projection shortcut, factorized_reduce)
+ * are built from child layers, so their math is the stand-alone layers'
+ * code.  gp_layers_child_setup makes `child` from `spec` on the parent's
+ * device, its RNG numbering continuing the parent's; the parent takes over
+ * its parameters (named "<prefix>.<name>", from *first on) and the child
+ * keeps views of them.  gp_layers_child_view re-points those views at the
+ * parent's tensors: call it before every use of the child, so whoever
+ * replaces a parent's tensor is safe.  Destroying the child frees nothing
+ * of the parent's. */
+gp_status gp_layers_child_setup(gp_layer *parent, const gp_layer_spec *spec, const char *prefix,
+                                const gp_shape *in, uint64_t seed, gp_layer *child, int *first);
+void gp_layers_child_view(const gp_layer *parent, gp_layer *child, int first);
+
 /* Set GP_ERR_INVALID with "<layer description>: <message>". */
 gp_status gp_layer_spec_error(const gp_layer *l, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));

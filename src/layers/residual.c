@@ -113,34 +113,17 @@ static gp_layer_spec child_spec(const gp_layer *l, int which)
     return s;
 }
 
-/* Point the child's parameter views at the block's tensors. */
 static void sync_child(gp_layer *l, res_state *st, int which)
 {
-    gp_layer *c = &st->child[which];
-    for (int p = 0; p < c->n_params; p++) {
-        c->params[p].value = l->params[st->first[which] + p].value;
-        c->params[p].value.owned = false;
-        c->params[p].grad = l->params[st->first[which] + p].grad;
-        c->params[p].grad.owned = false;
-    }
+    gp_layers_child_view(l, &st->child[which], st->first[which]);
 }
 
 static gp_status add_child(gp_layer *l, res_state *st, int which, const gp_shape *in,
                            uint64_t seed)
 {
     gp_layer_spec s = child_spec(l, which);
-    gp_layer *c = &st->child[which];
-    GP_TRY(gp_layer_setup(&s, l->index, l->n_params, in, l->dev, seed, c));
-    st->first[which] = l->n_params;
-    /* The block takes ownership; the child keeps views. */
-    for (int p = 0; p < c->n_params; p++) {
-        GP_ASSERT(l->n_params < GP_LAYER_MAX_PARAMS);
-        gp_param *dst = &l->params[l->n_params++];
-        *dst = c->params[p];
-        snprintf(dst->name, sizeof dst->name, "%s.%s", child_names[which], c->params[p].name);
-    }
-    sync_child(l, st, which);
-    return GP_OK;
+    return gp_layers_child_setup(l, &s, child_names[which], in, seed, &st->child[which],
+                                 &st->first[which]);
 }
 
 static gp_status res_init(gp_layer *l, uint64_t seed)

@@ -133,13 +133,7 @@ static gp_status add_infer(const gp_layer *l, const gp_shape *in, gp_shape *out)
 
 static void sync_child(gp_layer *l, add_state *st, int which)
 {
-    gp_layer *c = &st->child[which];
-    for (int p = 0; p < c->n_params; p++) {
-        c->params[p].value = l->params[st->first[which] + p].value;
-        c->params[p].value.owned = false;
-        c->params[p].grad = l->params[st->first[which] + p].grad;
-        c->params[p].grad.owned = false;
-    }
+    gp_layers_child_view(l, &st->child[which], st->first[which]);
 }
 
 static gp_status add_init(gp_layer *l, uint64_t seed)
@@ -164,17 +158,8 @@ static gp_status add_init(gp_layer *l, uint64_t seed)
         s.momentum = l->spec.momentum;
         s.eps = l->spec.eps;
         s.sync = l->spec.sync;
-        gp_layer *c = &st->child[k];
-        GP_TRY(gp_layer_setup(&s, l->index, l->n_params, k == P_CONV ? &in : &l->out_shape, l->dev,
-                              seed, c));
-        st->first[k] = l->n_params;
-        for (int p = 0; p < c->n_params; p++) {
-            GP_ASSERT(l->n_params < GP_LAYER_MAX_PARAMS);
-            gp_param *dst = &l->params[l->n_params++];
-            *dst = c->params[p];
-            snprintf(dst->name, sizeof dst->name, "%s.%s", proj_names[k], c->params[p].name);
-        }
-        sync_child(l, st, k);
+        GP_TRY(gp_layers_child_setup(l, &s, proj_names[k], k == P_CONV ? &in : &l->out_shape,
+                                     seed, &st->child[k], &st->first[k]));
     }
     return GP_OK;
 }
