@@ -301,7 +301,10 @@ void gp_layers_child_view(const gp_layer *parent, gp_layer *child, int first)
     }
 }
 
-gp_status gp_layers_init_uniform(gp_layer *l, int p, uint64_t seed, float bound)
+/* params[p] from the counter-based RNG on the host: uniform(-scale, scale)
+ * or normal(0, scale), drawn from (seed, stream(index, param_base + p,
+ * "init")) and uploaded, so the values do not depend on placement. */
+static gp_status init_random(gp_layer *l, int p, uint64_t seed, float scale, bool normal)
 {
     gp_tensor *t = &l->params[p].value;
     int64_t n = gp_tensor_numel(t);
@@ -310,29 +313,27 @@ gp_status gp_layers_init_uniform(gp_layer *l, int p, uint64_t seed, float bound)
                                 (long long)n);
     uint64_t stream = gp_rng_stream((uint64_t)l->index, (uint64_t)(l->param_base + p),
                                     GP_RNG_TAG_INIT);
-    gp_rng_uniform_fill(seed, stream, 0, h, n);
-    for (int64_t i = 0; i < n; i++) h[i] = (2.0f * h[i] - 1.0f) * bound;
+    if (normal) {
+        gp_rng_normal_fill(seed, stream, 0, h, n);
+        for (int64_t i = 0; i < n; i++) h[i] *= scale;
+    } else {
+        gp_rng_uniform_fill(seed, stream, 0, h, n);
+        for (int64_t i = 0; i < n; i++) h[i] = (2.0f * h[i] - 1.0f) * scale;
+    }
     gp_status s = gp_dev_upload(l->dev, t->data, h, n);
     if (s == GP_OK) s = gp_dev_synchronize(l->dev); /* h is freed next */
     free(h);
     return s;
 }
 
+gp_status gp_layers_init_uniform(gp_layer *l, int p, uint64_t seed, float bound)
+{
+    return init_random(l, p, seed, bound, false);
+}
+
 gp_status gp_layers_init_normal(gp_layer *l, int p, uint64_t seed, float std)
 {
-    gp_tensor *t = &l->params[p].value;
-    int64_t n = gp_tensor_numel(t);
-    float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof *h);
-    if (!h) return gp_error_set(GP_ERR_OOM, "out of host memory initialising %lld parameters",
-                                (long long)n);
-    uint64_t stream = gp_rng_stream((uint64_t)l->index, (uint64_t)(l->param_base + p),
-                                    GP_RNG_TAG_INIT);
-    gp_rng_normal_fill(seed, stream, 0, h, n);
-    for (int64_t i = 0; i < n; i++) h[i] *= std;
-    gp_status s = gp_dev_upload(l->dev, t->data, h, n);
-    if (s == GP_OK) s = gp_dev_synchronize(l->dev); /* h is freed next */
-    free(h);
-    return s;
+    return init_random(l, p, seed, std, true);
 }
 
 gp_status gp_layers_fill_param(gp_layer *l, int p, float v)
