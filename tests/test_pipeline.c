@@ -58,32 +58,9 @@ static void transparency(bool convnet, int n, int m, gp_checkpoint_mode ck, bool
     bool placed = pip.n_stages == S;
     for (int j = 0; j < pip.n_stages && placed; j++) placed = pip.devs[j] == devs[j % n];
     CHECK_MSG(placed, "%s n=%d: stage j not on device j %% %d", gp_schedule_kind_name(kind), n, n);
-    enum { PER = 72 };
-    float x[BATCH * PER], y[BATCH];
-    bool same_loss = true, same_grads = true, same_params = true;
-    for (int step = 0; step < 5; step++) {
-        make_batch(&c, step, x, y);
-        gp_step_stats a, b;
-        gp_status s1 = gp_model_train_step(&ref, &c, x, y, BATCH, m, 0.05, &a);
-        gp_status s2 = gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, &b);
-        if (s1 != GP_OK || s2 != GP_OK) {
-            CHECK_MSG(0, "step: %s", gp_last_error());
-            break;
-        }
-        if (a.loss != b.loss || a.accuracy != b.accuracy) same_loss = false;
-        if (step == 0) {
-            int64_t na, nb;
-            float *ga = gpt_gather(&ref, GPT_GRADS, &na), *gb = gpt_gather(&pip, GPT_GRADS, &nb);
-            if (na != nb || memcmp(ga, gb, (size_t)na * sizeof *ga)) same_grads = false;
-            free(ga);
-            free(gb);
-        }
-    }
-    int64_t na, nb;
-    float *pa = gpt_gather(&ref, GPT_VALUES, &na), *pb = gpt_gather(&pip, GPT_VALUES, &nb);
-    if (na != nb || memcmp(pa, pb, (size_t)na * sizeof *pa)) same_params = false;
-    free(pa);
-    free(pb);
+    bool same[3];
+    gpt_compare_steps(&c, &ref, &pip, BATCH, 5, same);
+    bool same_loss = same[0], same_grads = same[1], same_params = same[2];
     if (!(same_loss && same_grads && same_params)) transparency_failures++;
     CHECK_MSG(same_loss && same_grads && same_params,
               "%s %s n=%d m=%d ckpt=%s lockstep=%d: loss %s, grads %s, params %s",

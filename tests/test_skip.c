@@ -564,31 +564,9 @@ static void transparency(int n, int m, gp_checkpoint_mode ck, bool lockstep, gp_
         gp_model_free(&ref);
         return;
     }
-    float x[BATCH * 128], y[BATCH];
-    bool same_loss = true, same_grads = true, same_params = true;
-    for (int step = 0; step < 4; step++) {
-        gpt_make_batch(&c, BATCH, step, x, y);
-        gp_step_stats a, b;
-        gp_status s1 = gp_model_train_step(&ref, &c, x, y, BATCH, m, 0.05, &a);
-        gp_status s2 = gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, &b);
-        if (s1 != GP_OK || s2 != GP_OK) {
-            CHECK_MSG(0, "step: %s", gp_last_error());
-            break;
-        }
-        if (a.loss != b.loss || a.accuracy != b.accuracy) same_loss = false;
-        if (step == 0) {
-            int64_t na, nb;
-            float *ga = gpt_gather(&ref, GPT_GRADS, &na), *gb = gpt_gather(&pip, GPT_GRADS, &nb);
-            if (na != nb || memcmp(ga, gb, (size_t)na * sizeof *ga)) same_grads = false;
-            free(ga);
-            free(gb);
-        }
-    }
-    int64_t na, nb;
-    float *pa = gpt_gather(&ref, GPT_VALUES, &na), *pb = gpt_gather(&pip, GPT_VALUES, &nb);
-    if (na != nb || memcmp(pa, pb, (size_t)na * sizeof *pa)) same_params = false;
-    free(pa);
-    free(pb);
+    bool same[3];
+    gpt_compare_steps(&c, &ref, &pip, BATCH, 4, same);
+    bool same_loss = same[0], same_grads = same[1], same_params = same[2];
     if (!(same_loss && same_grads && same_params)) failures++;
     CHECK_MSG(same_loss && same_grads && same_params,
               "skips: %s n=%d m=%d ckpt=%s lockstep=%d: loss %s, grads %s, params %s",
@@ -748,22 +726,10 @@ static void resnet_transparency(void)
         crossing += (k->from < 20) != (k->to < 20) || (k->from < 110) != (k->to < 110);
     }
     CHECK_MSG(crossing == 2, "%d skips cross a boundary, want 2", crossing);
-    enum { B = 4 };
-    float x[B * 3 * 32 * 32], y[B];
-    bool same = true;
-    for (int step = 0; step < 2; step++) {
-        gpt_make_batch(&c, B, step, x, y);
-        gp_step_stats a, b;
-        CHECK_OK(gp_model_train_step(&ref, &c, x, y, B, 2, 0.05, &a));
-        CHECK_OK(gp_model_pipeline_step(&pip, &c, x, y, B, 0.05, &b));
-        same = same && a.loss == b.loss;
-    }
-    int64_t na, nb;
-    float *pa = gpt_gather(&ref, GPT_VALUES, &na), *pb = gpt_gather(&pip, GPT_VALUES, &nb);
-    same = same && na == nb && !memcmp(pa, pb, (size_t)na * sizeof *pa);
-    CHECK_MSG(same, "resnet-50 on 3 stages differs from one device");
-    free(pa);
-    free(pb);
+    bool same[3];
+    gpt_compare_steps(&c, &ref, &pip, 4, 2, same);
+    CHECK_MSG(same[0] && same[1] && same[2], "resnet-50 on 3 stages differs from one device: "
+              "loss %d, grads %d, params %d", same[0], same[1], same[2]);
     gp_model_free(&ref);
     gp_model_free(&pip);
     gp_config_free(&c);

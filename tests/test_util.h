@@ -144,6 +144,51 @@ static inline float *gpt_gather(gp_model *m, gpt_gather_what what, int64_t *coun
     return h;
 }
 
+/* Transparency, the pipeline's oracle: `steps` steps of batch `batch`
+ * (gpt_make_batch) on ref (gp_model_train_step, c->pipeline.chunks
+ * micro-batches) and on pip (gp_model_pipeline_step), both built from c.
+ * same[0]: every step's loss and accuracy equal; same[1]: the first step's
+ * gradients equal bit for bit; same[2]: every parameter and buffer equal
+ * after the last step.  A failing step is a CHECK failure and leaves the
+ * flags false. */
+static inline void gpt_compare_steps(const gp_config *c, gp_model *ref, gp_model *pip,
+                                     int64_t batch, int steps, bool same[3])
+{
+    int64_t per = c->model.input[0] * c->model.input[1] * c->model.input[2];
+    float *x = malloc((size_t)(batch * per) * sizeof *x), *y = malloc((size_t)batch * sizeof *y);
+    same[0] = same[1] = same[2] = false;
+    bool loss = true, grads = true, ok = x && y;
+    for (int step = 0; step < steps && ok; step++) {
+        gpt_make_batch(c, batch, step, x, y);
+        gp_step_stats a, b;
+        gp_status s1 = gp_model_train_step(ref, c, x, y, batch, c->pipeline.chunks, 0.05, &a);
+        gp_status s2 = gp_model_pipeline_step(pip, c, x, y, batch, 0.05, &b);
+        if (s1 != GP_OK || s2 != GP_OK) {
+            CHECK_MSG(0, "step: %s", gp_last_error());
+            ok = false;
+            break;
+        }
+        if (a.loss != b.loss || a.accuracy != b.accuracy) loss = false;
+        if (step == 0) {
+            int64_t na, nb;
+            float *ga = gpt_gather(ref, GPT_GRADS, &na), *gb = gpt_gather(pip, GPT_GRADS, &nb);
+            if (na != nb || memcmp(ga, gb, (size_t)na * sizeof *ga)) grads = false;
+            free(ga);
+            free(gb);
+        }
+    }
+    free(x);
+    free(y);
+    if (!ok) return;
+    int64_t na, nb;
+    float *pa = gpt_gather(ref, GPT_VALUES, &na), *pb = gpt_gather(pip, GPT_VALUES, &nb);
+    same[0] = loss;
+    same[1] = grads;
+    same[2] = na == nb && !memcmp(pa, pb, (size_t)na * sizeof *pa);
+    free(pa);
+    free(pb);
+}
+
 /* L layers over n stages: the first L % n stages get one more. */
 static inline void gpt_split_even(int L, int n, int *bal)
 {
