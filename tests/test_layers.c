@@ -39,7 +39,7 @@
  *     independence of placement, and no leaked device memory.
  */
 #include "layers/layers_impl.h"
-#include "test.h"
+#include "test_util.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -90,27 +90,11 @@ static void fill_distinct(hrng *r, float *x, int64_t n, float step)
     }
 }
 
-static gp_tensor upload(gp_device *dev, const gp_shape *s, const float *h)
-{
-    gp_tensor t;
-    CHECK_OK(gp_tensor_alloc(&t, dev, s, GP_MEM_ACTIVATIONS));
-    CHECK_OK(gp_dev_upload(dev, t.data, h, gp_shape_numel(s)));
-    return t;
-}
-
-static float *download(const gp_tensor *t)
-{
-    int64_t n = gp_tensor_numel(t);
-    float *h = calloc((size_t)(n ? n : 1), sizeof *h);
-    if (n) CHECK_OK(gp_dev_download(t->dev, h, t->data, n));
-    CHECK_OK(gp_dev_synchronize(t->dev));
-    return h;
-}
 
 static double *download_d(const gp_tensor *t)
 {
     int64_t n = gp_tensor_numel(t);
-    float *f = download(t);
+    float *f = gpt_download(t);
     double *d = calloc((size_t)(n ? n : 1), sizeof *d);
     for (int64_t i = 0; i < n; i++) d[i] = f[i];
     free(f);
@@ -442,7 +426,7 @@ static double loss_of(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x, co
     gp_tensor y = {0};
     gp_saved s = {0};
     CHECK_OK(gp_layer_forward(l, ctx, x, &y, &s));
-    float *h = download(&y);
+    float *h = gpt_download(&y);
     double L = 0;
     for (int64_t i = 0; i < gp_tensor_numel(&y); i++) L += (double)h[i] * r[i];
     free(h);
@@ -463,7 +447,7 @@ static void fd_check(const char *what, gp_layer *l, const gp_fwd_ctx *ctx, const
 {
     int64_t n = gp_tensor_numel(t);
     int64_t m = n <= 64 ? n : 48;
-    float *h = download(t);
+    float *h = gpt_download(t);
     double num2 = 0, diff2 = 0;
     int bad = 0;
     for (int64_t q = 0; q < m; q++) {
@@ -535,7 +519,7 @@ static void check_layer(gp_device *dev, const layer_case *lc, int index, hrng *r
     if (lc->xk == X_AWAY) fill_away_from_zero(rng, xh, nx, 0.05f);
     else if (lc->xk == X_DISTINCT) fill_distinct(rng, xh, nx, 0.01f);
     else fill_sym(rng, xh, nx, 1.0f);
-    gp_tensor x = upload(dev, &lc->in, xh);
+    gp_tensor x = gpt_upload(dev, &lc->in, xh);
     double *xd = malloc((size_t)nx * sizeof *xd);
     for (int64_t i = 0; i < nx; i++) xd[i] = xh[i];
     double *P[GP_LAYER_MAX_PARAMS] = {0};
@@ -553,7 +537,7 @@ static void check_layer(gp_device *dev, const layer_case *lc, int index, hrng *r
         gp_shape got = gp_tensor_shape(&y);
         CHECK_MSG(gp_shape_equal(&got, &want), "%s output shape", tn);
         int64_t ny = gp_tensor_numel(&y);
-        float *yh = download(&y);
+        float *yh = gpt_download(&y);
         double *yr = calloc((size_t)ny, sizeof *yr);
         ref_forward(&l, P, ctx.training, &ctx, &lc->in, xd, yr);
         double maxerr = 0, maxref = 0;
@@ -588,14 +572,14 @@ static void check_layer(gp_device *dev, const layer_case *lc, int index, hrng *r
         r[i] = rf[i];
     }
     gp_shape ys = gp_tensor_shape(&y);
-    gp_tensor dy = upload(dev, &ys, rf);
+    gp_tensor dy = gpt_upload(dev, &ys, rf);
     CHECK_OK(gp_layer_zero_grad(&l));
     CHECK_OK(gp_layer_backward(&l, &ctx, &x, &y, &dy, &dx, &s));
-    float *dxh = download(&dx);
+    float *dxh = gpt_download(&dx);
     fd_check("dx", &l, &ctx, &x, &x, r, dxh, &lc->tol, rng);
     for (int p = 0; p < l.n_params; p++) {
         if (l.params[p].is_buffer) continue;
-        float *g = download(&l.params[p].grad);
+        float *g = gpt_download(&l.params[p].grad);
         char what[64];
         snprintf(what, sizeof what, "d %s", l.params[p].name);
         fd_check(what, &l, &ctx, &x, &l.params[p].value, r, g, &lc->tol, rng);
@@ -606,17 +590,17 @@ static void check_layer(gp_device *dev, const layer_case *lc, int index, hrng *r
     if (l.n_params > 0) {
         float *g1[GP_LAYER_MAX_PARAMS] = {0};
         for (int p = 0; p < l.n_params; p++)
-            if (!l.params[p].is_buffer) g1[p] = download(&l.params[p].grad);
+            if (!l.params[p].is_buffer) g1[p] = gpt_download(&l.params[p].grad);
         gp_tensor dx2 = {0};
         CHECK_OK(gp_layer_backward(&l, &ctx, &x, &y, &dy, &dx2, &s));
-        float *dx2h = download(&dx2);
+        float *dx2h = gpt_download(&dx2);
         CHECK_MSG(!memcmp(dx2h, dxh, (size_t)gp_tensor_numel(&dx) * sizeof(float)),
                   "%s: dx of a second backward differs", tn);
         free(dx2h);
         gp_tensor_free(&dx2);
         for (int p = 0; p < l.n_params; p++) {
             if (l.params[p].is_buffer) continue;
-            float *g2 = download(&l.params[p].grad);
+            float *g2 = gpt_download(&l.params[p].grad);
             int64_t n = gp_tensor_numel(&l.params[p].grad);
             double worst = 0;
             for (int64_t i = 0; i < n; i++)
@@ -629,7 +613,7 @@ static void check_layer(gp_device *dev, const layer_case *lc, int index, hrng *r
         CHECK_OK(gp_layer_backward(&l, &ctx, &x, &y, &dy, NULL, &s));
         for (int p = 0; p < l.n_params; p++) {
             if (l.params[p].is_buffer) continue;
-            float *g = download(&l.params[p].grad);
+            float *g = gpt_download(&l.params[p].grad);
             int64_t n = gp_tensor_numel(&l.params[p].grad);
             double worst = 0;
             for (int64_t i = 0; i < n; i++)
@@ -648,7 +632,7 @@ static void check_layer(gp_device *dev, const layer_case *lc, int index, hrng *r
         float *want[GP_LAYER_MAX_PARAMS] = {0};
         for (int p = 0; p < l.n_params; p++) {
             if (l.params[p].is_buffer) continue;
-            want[p] = download(&l.params[p].grad);
+            want[p] = gpt_download(&l.params[p].grad);
             gp_tensor *g = &l.params[p].grad;
             CHECK_OK(gp_dev_fill(dev, g->data, NAN, gp_tensor_numel(g)));
         }
@@ -660,7 +644,7 @@ static void check_layer(gp_device *dev, const layer_case *lc, int index, hrng *r
         CHECK_OK(gp_layer_grads_finish(&l));
         for (int p = 0; p < l.n_params; p++) {
             if (l.params[p].is_buffer) continue;
-            float *g = download(&l.params[p].grad);
+            float *g = gpt_download(&l.params[p].grad);
             CHECK_MSG(!memcmp(g, want[p], (size_t)gp_tensor_numel(&l.params[p].grad) * sizeof *g),
                       "%s %s: overwrite-on-first-backward differs from zero + accumulate%s", tn,
                       l.params[p].name, l.ops->overwrites_grads ? "" : " (zeroing fallback)");
@@ -675,7 +659,7 @@ static void check_layer(gp_device *dev, const layer_case *lc, int index, hrng *r
         CHECK_OK(gp_layer_grads_finish(&l));
         for (int p = 0; p < l.n_params; p++) {
             if (l.params[p].is_buffer) continue;
-            float *g = download(&l.params[p].grad);
+            float *g = gpt_download(&l.params[p].grad);
             int64_t n = gp_tensor_numel(&l.params[p].grad), nonzero = 0;
             for (int64_t i = 0; i < n; i++) nonzero += g[i] != 0.0f;
             CHECK_MSG(nonzero == 0, "%s %s: grads_finish left %lld stale values", tn,
@@ -838,13 +822,13 @@ static void test_dropout(gp_device *dev)
     int64_t nx = gp_shape_numel(&in), per = nx / 6;
     float *xh = malloc((size_t)nx * sizeof *xh);
     fill_away_from_zero(&rng, xh, nx, 0.1f);
-    gp_tensor x = upload(dev, &in, xh);
+    gp_tensor x = gpt_upload(dev, &in, xh);
     gp_fwd_ctx ctx = train_ctx();
     ctx.batch_total = 6;
     gp_tensor y = {0};
     gp_saved s = {0};
     CHECK_OK(gp_layer_forward(&l, &ctx, &x, &y, &s));
-    float *full = download(&y);
+    float *full = gpt_download(&y);
     /* two uneven micro-batches with their offsets */
     float *parts = malloc((size_t)nx * sizeof *parts);
     int64_t cut = 2;
@@ -855,7 +839,7 @@ static void test_dropout(gp_device *dev)
         gp_tensor yy = {0};
         gp_saved ss = {0};
         CHECK_OK(gp_layer_forward(&l, &c, &xs, &yy, &ss));
-        float *p = download(&yy);
+        float *p = gpt_download(&yy);
         memcpy(parts + (h ? cut * per : 0), p, (size_t)gp_tensor_numel(&yy) * sizeof *p);
         free(p);
         gp_tensor_free(&yy);
@@ -869,7 +853,7 @@ static void test_dropout(gp_device *dev)
     gp_tensor y2 = {0};
     gp_saved s2 = {0};
     CHECK_OK(gp_layer_forward(&l, &rc, &x, &y2, &s2));
-    float *again = download(&y2);
+    float *again = gpt_download(&y2);
     CHECK(!memcmp(again, full, (size_t)nx * sizeof *full));
     gp_tensor_free(&y2);
     gp_saved_free(&s2);
@@ -877,7 +861,7 @@ static void test_dropout(gp_device *dev)
     gp_fwd_ctx nc = ctx;
     nc.step++;
     CHECK_OK(gp_layer_forward(&l, &nc, &x, &y2, &s2));
-    float *other = download(&y2);
+    float *other = gpt_download(&y2);
     CHECK(memcmp(other, full, (size_t)nx * sizeof *full) != 0);
     gp_tensor_free(&y2);
     gp_saved_free(&s2);
@@ -885,7 +869,7 @@ static void test_dropout(gp_device *dev)
     gp_fwd_ctx ec = ctx;
     ec.training = false;
     CHECK_OK(gp_layer_forward(&l, &ec, &x, &y2, &s2));
-    float *ev = download(&y2);
+    float *ev = gpt_download(&y2);
     CHECK(!memcmp(ev, xh, (size_t)nx * sizeof *xh));
     CHECK(gp_saved_bytes(&s2) == 0);
     gp_tensor_free(&y2);
@@ -908,9 +892,9 @@ static void test_dropout(gp_device *dev)
     int64_t nb = gp_shape_numel(&big);
     float *ones = malloc((size_t)nb * sizeof *ones);
     for (int64_t i = 0; i < nb; i++) ones[i] = 1.0f;
-    x = upload(dev, &big, ones);
+    x = gpt_upload(dev, &big, ones);
     CHECK_OK(gp_layer_forward(&l, &ctx, &x, &y, &s));
-    float *m = download(&y);
+    float *m = gpt_download(&y);
     int64_t kept = 0;
     for (int64_t i = 0; i < nb; i++) kept += m[i] != 0.0f;
     CHECK_NEAR((double)kept / (double)nb, 0.75, 0.01, 0);
@@ -934,7 +918,7 @@ static float *forward_part(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *
     gp_tensor y = {0};
     gp_saved s = {0};
     CHECK_OK(gp_layer_forward(l, &c, &xs, &y, &s));
-    float *h = download(&y);
+    float *h = gpt_download(&y);
     if (saved) *saved = gp_saved_bytes(&s);
     gp_tensor_free(&y);
     gp_saved_free(&s);
@@ -953,7 +937,7 @@ static void test_dropout2d(gp_device *dev)
     int64_t nx = gp_shape_numel(&in);
     float *xh = malloc((size_t)nx * sizeof *xh);
     fill_away_from_zero(&rng, xh, nx, 0.1f);
-    gp_tensor x = upload(dev, &in, xh);
+    gp_tensor x = gpt_upload(dev, &in, xh);
     gp_fwd_ctx ctx = train_ctx();
     ctx.batch_total = N;
     size_t saved = 0;
@@ -1020,7 +1004,7 @@ static void test_dropout2d(gp_device *dev)
     gp_saved sv = {0};
     CHECK_OK(gp_layer_forward(&l, &ctx, &x, &y, &sv));
     CHECK_OK(gp_layer_backward(&l, &ctx, &x, &y, &x, &dx, &sv)); /* dy = x */
-    float *dxh = download(&dx);
+    float *dxh = gpt_download(&dx);
     CHECK(!memcmp(dxh, full, (size_t)nx * sizeof *full));
     free(dxh);
     gp_tensor_free(&dx);
@@ -1036,7 +1020,7 @@ static void test_dropout2d(gp_device *dev)
     CHECK_OK(gp_layer_create(&sp, 1, &small, dev, 1, &l));
     float sh[24];
     fill_sym(&rng, sh, 24, 1.0f);
-    x = upload(dev, &small, sh);
+    x = gpt_upload(dev, &small, sh);
     float *id = forward_part(&l, &ctx, &x, 0, 2, &saved);
     CHECK(!memcmp(id, sh, sizeof sh) && saved == 0);
     free(id);
@@ -1050,7 +1034,7 @@ static void test_dropout2d(gp_device *dev)
     int64_t nb = gp_shape_numel(&big);
     float *ones = malloc((size_t)nb * sizeof *ones);
     for (int64_t i = 0; i < nb; i++) ones[i] = 1.0f;
-    x = upload(dev, &big, ones);
+    x = gpt_upload(dev, &big, ones);
     float *m = forward_part(&l, &ctx, &x, 0, 64, NULL);
     int64_t kept_big = 0;
     for (int64_t q = 0; q < nb / 2; q++) kept_big += m[2 * q] != 0.0f;
@@ -1080,12 +1064,12 @@ static void test_instance_norm(gp_device *dev)
     for (int64_t q = 0; q < N * C; q++)
         for (int64_t j = 0; j < S; j++)
             xh[q * S + j] = (float)(q - 7) * 3.0f + (0.5f + (float)q * 0.2f) * hrng_sym(&rng);
-    gp_tensor x = upload(dev, &in, xh);
+    gp_tensor x = gpt_upload(dev, &in, xh);
     gp_fwd_ctx ctx = train_ctx();
     gp_tensor y = {0};
     gp_saved sv = {0};
     CHECK_OK(gp_layer_forward(&l, &ctx, &x, &y, &sv));
-    float *full = download(&y), *mean = download(&sv.t[0]), *var = download(&sv.t[1]);
+    float *full = gpt_download(&y), *mean = gpt_download(&sv.t[0]), *var = gpt_download(&sv.t[1]);
     CHECK(gp_tensor_numel(&sv.t[0]) == N * C && gp_tensor_numel(&sv.t[1]) == N * C);
     double worst = 0;
     for (int64_t q = 0; q < N * C; q++) {
@@ -1145,9 +1129,9 @@ static void test_upsample(gp_device *dev)
     float *xh = malloc((size_t)nx * sizeof *xh), *dyh = malloc((size_t)ny * sizeof *dyh);
     fill_sym(&rng, xh, nx, 1.0f);
     fill_sym(&rng, dyh, ny, 1.0f);
-    gp_tensor x = upload(dev, &in, xh);
+    gp_tensor x = gpt_upload(dev, &in, xh);
     gp_shape ys = gp_shape_with_batch(&l.out_shape, N);
-    gp_tensor dy = upload(dev, &ys, dyh);
+    gp_tensor dy = gpt_upload(dev, &ys, dyh);
     gp_fwd_ctx ctx = train_ctx();
     gp_tensor y = {0}, dx = {0};
     gp_saved sv = {0};
@@ -1155,7 +1139,7 @@ static void test_upsample(gp_device *dev)
     CHECK(gp_saved_bytes(&sv) == 0);
     gp_shape got = gp_tensor_shape(&y);
     CHECK(gp_shape_equal(&got, &ys));
-    float *yh = download(&y);
+    float *yh = gpt_download(&y);
     /* the copy is exact */
     int fwd_ok = 1;
     for (int64_t q = 0; q < N * C; q++)
@@ -1165,7 +1149,7 @@ static void test_upsample(gp_device *dev)
     CHECK_MSG(fwd_ok, "upsample forward is not nearest-neighbour");
     /* backward: each input element gets the sum of its 3x3 block */
     CHECK_OK(gp_layer_backward(&l, &ctx, &x, &y, &dy, &dx, &sv));
-    float *dxh = download(&dx);
+    float *dxh = gpt_download(&dx);
     double worst = 0;
     for (int64_t q = 0; q < N * C; q++)
         for (int64_t i = 0; i < H; i++)
@@ -1199,7 +1183,7 @@ static void test_bn_stats(gp_device *dev)
     for (int64_t i = 0; i < nx; i++) xh[i] = 3.0f + 2.0f * hrng_sym(&rng); /* offset mean */
     double *xd = malloc((size_t)nx * sizeof *xd);
     for (int64_t i = 0; i < nx; i++) xd[i] = xh[i];
-    gp_tensor x = upload(dev, &in, xh);
+    gp_tensor x = gpt_upload(dev, &in, xh);
     gp_layer a, b;
     CHECK_OK(gp_layer_create(&sp, 0, &in, dev, 1, &a));
     CHECK_OK(gp_layer_create(&sp, 0, &in, dev, 1, &b));
@@ -1229,7 +1213,7 @@ static void test_bn_stats(gp_device *dev)
     CHECK(rm >= 0 && rv >= 0);
     if (rm < 0 || rv < 0) return;
     /* nothing moves before commit */
-    float *before = download(&a.params[rm].value);
+    float *before = gpt_download(&a.params[rm].value);
     CHECK(before[0] == 0.0f && before[1] == 0.0f);
     free(before);
     CHECK(gp_batchnorm_batches_tracked(&a) == 0);
@@ -1246,8 +1230,8 @@ static void test_bn_stats(gp_device *dev)
     /* naive double reference with the unbiased variance */
     double mean[3], var[3];
     ref_bn_stats(N, C, S, xd, mean, var);
-    float *am = download(&a.params[rm].value), *av = download(&a.params[rv].value);
-    float *bm = download(&b.params[rm].value), *bv = download(&b.params[rv].value);
+    float *am = gpt_download(&a.params[rm].value), *av = gpt_download(&a.params[rv].value);
+    float *bm = gpt_download(&b.params[rm].value), *bv = gpt_download(&b.params[rv].value);
     double m = 0.3;
     for (int64_t c = 0; c < C; c++) {
         double em = m * mean[c];
@@ -1264,7 +1248,7 @@ static void test_bn_stats(gp_device *dev)
     gp_fwd_ctx ec = ctx;
     ec.training = false;
     CHECK_OK(gp_layer_forward(&a, &ec, &x, &y, &s));
-    float *yh = download(&y);
+    float *yh = gpt_download(&y);
     double g[3] = {1, 1, 1}, be[3] = {0, 0, 0}, rmean[3], rvar[3];
     for (int c = 0; c < 3; c++) {
         rmean[c] = am[c];
@@ -1287,7 +1271,7 @@ static void test_bn_stats(gp_device *dev)
     gp_layer c1;
     CHECK_OK(gp_layer_create(&sp, 9, &v, dev, 1, &c1));
     float one[4] = {1, 2, 3, 4};
-    gp_tensor x1 = upload(dev, &v, one);
+    gp_tensor x1 = gpt_upload(dev, &v, one);
     CHECK_ERR(gp_layer_forward(&c1, &ctx, &x1, &y, &s), GP_ERR_INVALID,
               "more than one value per channel");
     gp_saved_free(&s);
@@ -1309,7 +1293,7 @@ static void test_bn_stats(gp_device *dev)
     int64_t nr = gp_shape_numel(&ri);
     float *rh = malloc((size_t)nr * sizeof *rh);
     fill_sym(&rng, rh, nr, 2.0f);
-    gp_tensor rx = upload(dev, &ri, rh);
+    gp_tensor rx = gpt_upload(dev, &ri, rh);
     gp_fwd_ctx rc = ctx;
     rc.recompute = true;
     CHECK_OK(gp_layer_forward(&r, &rc, &rx, &y, &s));
@@ -1321,7 +1305,7 @@ static void test_bn_stats(gp_device *dev)
         int p = param_index(&r, names[k]);
         CHECK(p >= 0);
         if (p < 0) continue;
-        float *h = download(&r.params[p].value);
+        float *h = gpt_download(&r.params[p].value);
         CHECK_MSG(h[0] == 0.0f, "%s moved after a recompute-only step", names[k]);
         free(h);
     }
@@ -1332,7 +1316,7 @@ static void test_bn_stats(gp_device *dev)
     for (int k = 0; k < 3; k++) {
         int p = param_index(&r, names[k]);
         if (p < 0) continue;
-        float *h = download(&r.params[p].value);
+        float *h = gpt_download(&r.params[p].value);
         CHECK_MSG(h[0] != 0.0f, "%s did not move after commit", names[k]);
         free(h);
     }
@@ -1351,15 +1335,15 @@ static void test_cross_entropy(gp_device *dev)
     float lh[35], lab[5] = {0, 6, 3, 3, 1};
     fill_sym(&rng, lh, N * K, 3.0f);
     lh[1 * K + 6] = 10.0f; /* row 1 is certainly right */
-    gp_tensor logits = upload(dev, &ls, lh);
+    gp_tensor logits = gpt_upload(dev, &ls, lh);
     gp_shape lbs = {1, {N, 0, 0, 0}};
-    gp_tensor labels = upload(dev, &lbs, lab);
+    gp_tensor labels = gpt_upload(dev, &lbs, lab);
     gp_tensor dl;
     CHECK_OK(gp_tensor_alloc(&dl, dev, &ls, GP_MEM_ACTIVATIONS));
     gp_loss_out lo;
     float scale = 0.25f;
     CHECK_OK(gp_cross_entropy(dev, &logits, &labels, scale, &dl, &lo));
-    float *dh = download(&dl);
+    float *dh = gpt_download(&dl);
     double loss = 0;
     int64_t correct = 0;
     int grad_ok = 1;
@@ -1434,13 +1418,13 @@ static void test_bce(gp_device *dev)
     for (int64_t i = 0; i < n; i++) /* masks of 0 / 1, some soft targets */
         th[i] = i % 5 == 0 ? (float)hrng_unit(&rng) : (hrng_unit(&rng) < 0.4 ? 1.0f : 0.0f);
     th[3] = 0.5f; /* a tie counts as class 0 */
-    gp_tensor z = upload(dev, &zs, zh), t = upload(dev, &zs, th);
+    gp_tensor z = gpt_upload(dev, &zs, zh), t = gpt_upload(dev, &zs, th);
     gp_tensor dz;
     CHECK_OK(gp_tensor_alloc(&dz, dev, &zs, GP_MEM_ACTIVATIONS));
     float scale = 1.0f / (float)n;
     gp_loss_out lo;
     CHECK_OK(gp_bce_with_logits(dev, &z, &t, scale, &dz, &lo));
-    float *dh = download(&dz);
+    float *dh = gpt_download(&dz);
     double loss = 0;
     int64_t correct = 0;
     double gworst = 0;
@@ -1476,10 +1460,10 @@ static void test_bce(gp_device *dev)
      * one, gradients exactly -1 / 0 / 1 scaled (no overflow in exp) */
     float ez[4] = {100.0f, -100.0f, 100.0f, -100.0f}, et[4] = {0.0f, 1.0f, 1.0f, 0.0f};
     gp_shape s4 = gp_shape_2d(2, 2);
-    gp_tensor z4 = upload(dev, &s4, ez), t4 = upload(dev, &s4, et), d4;
+    gp_tensor z4 = gpt_upload(dev, &s4, ez), t4 = gpt_upload(dev, &s4, et), d4;
     CHECK_OK(gp_tensor_alloc(&d4, dev, &s4, GP_MEM_ACTIVATIONS));
     CHECK_OK(gp_bce_with_logits(dev, &z4, &t4, 1.0f, &d4, &lo));
-    float *g4 = download(&d4);
+    float *g4 = gpt_download(&d4);
     CHECK_NEAR(lo.loss_sum, 200.0, 1e-9, 0);
     CHECK(lo.correct == 2 && lo.count == 4);
     CHECK(g4[0] == 1.0f && g4[1] == -1.0f && fabsf(g4[2]) < 1e-30f && fabsf(g4[3]) < 1e-30f);
@@ -1493,7 +1477,7 @@ static void test_bce(gp_device *dev)
     CHECK_ERR(gp_bce_with_logits(dev, &z, &t, 1.0f, &dz, &lo), GP_ERR_DATA,
               "target 1.5 at element 40 (1, 0, 0, 5) of the batch is not in [0, 1]");
     CHECK(lo.count == 0 && lo.loss_sum == 0.0);
-    float *dbad = download(&dz);
+    float *dbad = gpt_download(&dz);
     CHECK(dbad[0] == 7.0f && dbad[n - 1] == 7.0f);
     free(dbad);
     th[40] = NAN;
@@ -1811,9 +1795,9 @@ static void test_init(gp_device *dev, gp_device *dev2)
     CHECK_OK(gp_layer_create(&cs, 3, &in, dev, 77, &c)); /* other index */
     CHECK_OK(gp_layer_create(&cs, 2, &in, dev, 78, &d)); /* other seed */
     int64_t nw = gp_tensor_numel(&a.params[0].value);
-    float *wa = download(&a.params[0].value), *wb = download(&b.params[0].value);
-    float *wc = download(&c.params[0].value), *wd = download(&d.params[0].value);
-    float *ba = download(&a.params[1].value);
+    float *wa = gpt_download(&a.params[0].value), *wb = gpt_download(&b.params[0].value);
+    float *wc = gpt_download(&c.params[0].value), *wd = gpt_download(&d.params[0].value);
+    float *ba = gpt_download(&a.params[1].value);
     CHECK(!memcmp(wa, wb, (size_t)nw * sizeof *wa));
     CHECK(memcmp(wa, wc, (size_t)nw * sizeof *wa) != 0);
     CHECK(memcmp(wa, wd, (size_t)nw * sizeof *wa) != 0);
@@ -1832,7 +1816,7 @@ static void test_init(gp_device *dev, gp_device *dev2)
     CHECK(memcmp(wa, ba, 6 * sizeof *wa) != 0);
     free(wa); free(wb); free(wc); free(wd); free(ba);
     /* grads start at zero */
-    float *g = download(&a.params[0].grad);
+    float *g = gpt_download(&a.params[0].grad);
     int zero = 1;
     for (int64_t i = 0; i < nw; i++) zero &= g[i] == 0.0f;
     CHECK(zero);
@@ -1844,8 +1828,8 @@ static void test_init(gp_device *dev, gp_device *dev2)
     gp_shape ri = gp_shape_4d(1, 4, 5, 5);
     CHECK_OK(gp_layer_create(&rs, 1, &ri, dev, 5, &r1));
     CHECK_OK(gp_layer_create(&rs, 1, &ri, dev2, 5, &r2));
-    float *c1 = download(&r1.params[0].value), *c2 = download(&r1.params[5].value);
-    float *c1b = download(&r2.params[0].value);
+    float *c1 = gpt_download(&r1.params[0].value), *c2 = gpt_download(&r1.params[5].value);
+    float *c1b = gpt_download(&r2.params[0].value);
     CHECK(memcmp(c1, c2, 144 * sizeof *c1) != 0);
     CHECK(!memcmp(c1, c1b, 144 * sizeof *c1));
     free(c1); free(c2); free(c1b);
@@ -1856,7 +1840,7 @@ static void test_init(gp_device *dev, gp_device *dev2)
     ls.out = 3;
     gp_shape li = gp_shape_2d(1, 25);
     CHECK_OK(gp_layer_create(&ls, 4, &li, dev, 77, &e));
-    float *we = download(&e.params[0].value);
+    float *we = gpt_download(&e.params[0].value);
     double lmx = 0;
     for (int i = 0; i < 75; i++) lmx = fmax(lmx, fabs(we[i]));
     CHECK(lmx <= 0.2 * (1 + 1e-6) && lmx > 0.15);
@@ -1886,8 +1870,8 @@ static void test_init_kaiming_normal(gp_device *dev, gp_device *dev2)
     CHECK_OK(gp_layer_create(&cs, 2, &in, dev2, 77, &b));
     CHECK_OK(gp_layer_create(&cs, 3, &in, dev, 77, &c));
     int64_t nw = gp_tensor_numel(&a.params[0].value); /* 147456 */
-    float *wa = download(&a.params[0].value), *wb = download(&b.params[0].value);
-    float *wc = download(&c.params[0].value), *ba = download(&a.params[1].value);
+    float *wa = gpt_download(&a.params[0].value), *wb = gpt_download(&b.params[0].value);
+    float *wc = gpt_download(&c.params[0].value), *ba = gpt_download(&a.params[1].value);
     CHECK(!memcmp(wa, wb, (size_t)nw * sizeof *wa));
     CHECK(memcmp(wa, wc, (size_t)nw * sizeof *wa) != 0);
     double std = sqrt(2.0 / (256.0 * 9.0)), m1 = 0, m2 = 0, m4 = 0;
@@ -1922,7 +1906,7 @@ static void test_init_kaiming_normal(gp_device *dev, gp_device *dev2)
     cs.bias = false;
     CHECK_OK(gp_layer_create(&cs, 4, &in, dev, 77, &a));
     nw = gp_tensor_numel(&a.params[0].value);
-    wa = download(&a.params[0].value);
+    wa = gpt_download(&a.params[0].value);
     std = sqrt(2.0 / (512.0 * 7.0));
     m2 = 0;
     for (int64_t i = 0; i < nw; i++) m2 += (double)wa[i] * wa[i];
@@ -1939,9 +1923,9 @@ static void test_init_kaiming_normal(gp_device *dev, gp_device *dev2)
     CHECK_OK(gp_layer_create(&fs, 5, &in, dev, 9, &a));
     CHECK_OK(gp_layer_create(&fs, 5, &in, dev2, 9, &b));
     nw = gp_tensor_numel(&a.params[0].value);
-    wa = download(&a.params[0].value);
-    wb = download(&b.params[0].value);
-    wc = download(&a.params[1].value);
+    wa = gpt_download(&a.params[0].value);
+    wb = gpt_download(&b.params[0].value);
+    wc = gpt_download(&a.params[1].value);
     CHECK(!memcmp(wa, wb, (size_t)nw * sizeof *wa));
     CHECK(memcmp(wa, wc, (size_t)nw * sizeof *wa) != 0); /* conv1 and conv2 differ */
     std = sqrt(2.0 / 256.0);
@@ -1956,7 +1940,7 @@ static void test_init_kaiming_normal(gp_device *dev, gp_device *dev2)
     rs.init = GP_INIT_KAIMING_NORMAL_FAN_OUT;
     CHECK_OK(gp_layer_create(&rs, 6, &in, dev, 9, &a));
     nw = gp_tensor_numel(&a.params[0].value);
-    wa = download(&a.params[0].value);
+    wa = gpt_download(&a.params[0].value);
     std = sqrt(2.0 / (128.0 * 9.0));
     m2 = 0;
     for (int64_t i = 0; i < nw; i++) m2 += (double)wa[i] * wa[i];
@@ -1980,7 +1964,7 @@ static void test_fr_stats(gp_device *dev)
     int64_t nx = gp_shape_numel(&in);
     float *xh = malloc((size_t)nx * sizeof *xh);
     fill_sym(&rng, xh, nx, 1.0f);
-    gp_tensor x = upload(dev, &in, xh);
+    gp_tensor x = gpt_upload(dev, &in, xh);
     gp_fwd_ctx ctx = train_ctx();
     ctx.batch_total = 5;
     const char *cn[1];
@@ -2008,8 +1992,8 @@ static void test_fr_stats(gp_device *dev)
     ref_fr_cat(&in, K, xd, w1, w2, cat);
     double mean[6], var[6];
     ref_bn_stats(5, K, S, cat, mean, var);
-    float *rm = download(&l.params[param_index(&l, "bn.running_mean")].value);
-    float *rv = download(&l.params[param_index(&l, "bn.running_var")].value);
+    float *rm = gpt_download(&l.params[param_index(&l, "bn.running_mean")].value);
+    float *rv = gpt_download(&l.params[param_index(&l, "bn.running_var")].value);
     for (int k = 0; k < K; k++) {
         double n = 5.0 * (double)S;
         CHECK_NEAR(rm[k], 0.1 * mean[k], 1e-5, 1e-4);
@@ -2045,12 +2029,12 @@ static void test_avgpool_divisor(gp_device *dev)
         gp_layer l;
         CHECK_OK(gp_layer_create(&sp, 0, &in, dev, 1, &l));
         float ones[4] = {1, 1, 1, 1};
-        gp_tensor x = upload(dev, &in, ones), y = {0}, dy = upload(dev, &in, ones), dx = {0};
+        gp_tensor x = gpt_upload(dev, &in, ones), y = {0}, dy = gpt_upload(dev, &in, ones), dx = {0};
         gp_saved s = {0};
         gp_fwd_ctx ctx = train_ctx();
         CHECK_OK(gp_layer_forward(&l, &ctx, &x, &y, &s));
         CHECK_OK(gp_layer_backward(&l, &ctx, &x, &y, &dy, &dx, &s));
-        float *yh = download(&y), *dxh = download(&dx);
+        float *yh = gpt_download(&y), *dxh = gpt_download(&dx);
         double want = incl ? 4.0 / 9.0 : 1.0, gwant = incl ? 4.0 / 9.0 : 1.0;
         for (int i = 0; i < 4; i++) {
             CHECK_NEAR(yh[i], want, 1e-6, 0);
@@ -2070,10 +2054,10 @@ static void test_avgpool_divisor(gp_device *dev)
         in = gp_shape_4d(1, 1, 1, 3);
         CHECK_OK(gp_layer_create(&sp, 0, &in, dev, 1, &l));
         float row[3] = {1, 2, 3};
-        x = upload(dev, &in, row);
+        x = gpt_upload(dev, &in, row);
         y = (gp_tensor){0};
         CHECK_OK(gp_layer_forward(&l, &ctx, &x, &y, &s));
-        yh = download(&y);
+        yh = gpt_download(&y);
         CHECK_NEAR(yh[0], incl ? 1.0 : 1.5, 1e-6, 0);
         CHECK_NEAR(yh[1], 2.0, 1e-6, 0);
         CHECK_NEAR(yh[2], incl ? 5.0 / 3.0 : 2.5, 1e-6, 0);

@@ -42,28 +42,11 @@ static double unit(void)
     return (double)(z >> 11) / 9007199254740992.0;
 }
 
-static gp_tensor up(gp_device *dev, const gp_shape *s, const float *h)
-{
-    gp_tensor t;
-    CHECK_OK(gp_tensor_alloc(&t, dev, s, GP_MEM_ACTIVATIONS));
-    CHECK_OK(gp_dev_upload(dev, t.data, h, gp_shape_numel(s)));
-    return t;
-}
-
-static float *down(const gp_tensor *t)
-{
-    int64_t n = gp_tensor_numel(t);
-    float *h = calloc((size_t)(n ? n : 1), sizeof *h);
-    if (n) CHECK_OK(gp_dev_download(t->dev, h, t->data, n));
-    CHECK_OK(gp_dev_synchronize(t->dev));
-    return h;
-}
-
 static bool same_tensor(const gp_tensor *a, const gp_tensor *b)
 {
     int64_t n = gp_tensor_numel(a);
     if (n != gp_tensor_numel(b)) return false;
-    float *x = down(a), *y = down(b);
+    float *x = gpt_download(a), *y = gpt_download(b);
     bool eq = !memcmp(x, y, (size_t)n * sizeof *x);
     free(x);
     free(y);
@@ -147,7 +130,7 @@ static double loss_of(gp_layer *l, const gp_tensor *x, const double *r)
     gp_tensor y = {0};
     gp_saved s = {0};
     CHECK_OK(gp_layer_forward(l, &ctx, x, &y, &s));
-    float *h = down(&y);
+    float *h = gpt_download(&y);
     double L = 0;
     for (int64_t i = 0; i < gp_tensor_numel(&y); i++) L += (double)h[i] * r[i];
     free(h);
@@ -160,7 +143,7 @@ static void fd(const char *what, gp_layer *l, const gp_tensor *x, gp_tensor *t, 
                const float *an)
 {
     int64_t n = gp_tensor_numel(t);
-    float *h = down(t);
+    float *h = gpt_download(t);
     int bad = 0;
     const float eps = 1e-2f;
     for (int64_t i = 0; i < n; i++) {
@@ -200,7 +183,7 @@ static void check_pop_layer(gp_device *dev, gp_layer_spec sp, gp_shape xs, gp_sh
         float *h = malloc((size_t)n * sizeof *h);
         xd[q] = malloc((size_t)n * sizeof *xd[q]);
         for (int64_t i = 0; i < n; i++) xd[q][i] = h[i] = (float)(2 * unit() - 1);
-        x[q] = up(dev, &in[q], h);
+        x[q] = gpt_upload(dev, &in[q], h);
         free(h);
     }
     double *P[GP_LAYER_MAX_PARAMS] = {NULL};
@@ -222,24 +205,24 @@ static void check_pop_layer(gp_device *dev, gp_layer_spec sp, gp_shape xs, gp_sh
     int64_t ny = gp_tensor_numel(&y);
     double *yr = calloc((size_t)ny, sizeof *yr);
     ref_pop(&l, sp.type == GP_LAYER_CONCAT ? &xs : &ys, xd[0], &ps, xd[1], P, yr);
-    float *yh = down(&y);
+    float *yh = gpt_download(&y);
     double err = 0;
     for (int64_t i = 0; i < ny; i++) err = fmax(err, fabs(yh[i] - yr[i]));
     CHECK_MSG(err < 1e-4, "%s forward: max error %.3g", gp_layer_type_name(sp.type), err);
     double *r = malloc((size_t)ny * sizeof *r);
     float *rf = malloc((size_t)ny * sizeof *rf);
     for (int64_t i = 0; i < ny; i++) r[i] = rf[i] = (float)(2 * unit() - 1);
-    gp_tensor dy = up(dev, &ys, rf), dx[2] = {{0}};
+    gp_tensor dy = gpt_upload(dev, &ys, rf), dx[2] = {{0}};
     CHECK_OK(gp_layer_zero_grad(&l));
     CHECK_OK(gp_layer_backward(&l, &ctx, x, &y, &dy, dx, &s));
     for (int q = 0; q < nin; q++) {
-        float *g = down(&dx[q]);
+        float *g = gpt_download(&dx[q]);
         fd(q ? "d popped" : "dx", &l, x, &x[q], r, g);
         free(g);
     }
     for (int p = 0; p < l.n_params; p++) {
         if (l.params[p].is_buffer) continue;
-        float *g = down(&l.params[p].grad);
+        float *g = gpt_download(&l.params[p].grad);
         fd(l.params[p].name, &l, x, &l.params[p].value, r, g);
         free(g);
     }
@@ -438,8 +421,8 @@ static void checkpoint_skips(void)
     CHECK(gp_stash_skip_role(&keep, 0) == GP_SKIP_LEAVES);
     CHECK(gp_stash_skip_role(&keep, 1) == GP_SKIP_INSIDE);
     CHECK(gp_stash_skip_role(&keep, 2) == GP_SKIP_APART);
-    keep.in = up(devs[0], &xs, x);
-    ck.in = up(devs[0], &xs, x);
+    keep.in = gpt_upload(devs[0], &xs, x);
+    ck.in = gpt_upload(devs[0], &xs, x);
     int bad = -1;
     CHECK_OK(gp_ckpt_forward(m.layers, &ctx, GP_FWD_KEEP, &keep, &bad));
     size_t before = gp_allocator_current(&devs[0]->alloc);
@@ -475,8 +458,8 @@ static double model_loss(gp_model *m, const float *x, const float *y, int64_t b,
     gp_stash s;
     CHECK_OK(gp_stash_init(&s, m->n_layers, &m->skips, 0));
     gp_shape xs = gp_shape_4d(b, 2, 8, 8), ls = {1, {b, 0, 0, 0}};
-    s.in = up(m->dev, &xs, x);
-    gp_tensor labels = up(m->dev, &ls, y), dl = {0};
+    s.in = gpt_upload(m->dev, &xs, x);
+    gp_tensor labels = gpt_upload(m->dev, &ls, y), dl = {0};
     int bad = -1;
     CHECK_OK(gp_ckpt_forward(m->layers, &ctx, grads ? GP_FWD_KEEP : GP_FWD_INPUT, &s, &bad));
     gp_loss_out lo = {0};
@@ -508,7 +491,7 @@ static void model_gradients(void)
     for (int q = 0; q < 3; q++) {
         gp_layer *l = &m.layers[probe[q]];
         gp_tensor *w = &l->params[0].value;
-        float *g = down(&l->params[0].grad), *h = down(w);
+        float *g = gpt_download(&l->params[0].grad), *h = gpt_download(w);
         for (int64_t i = 0; i < gp_tensor_numel(w) && i < 12; i++) {
             const float eps = 1e-3f; /* small: relu and max-pool kinks */
             float o = h[i], v = o + eps;

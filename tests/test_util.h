@@ -189,6 +189,25 @@ static inline void gpt_compare_steps(const gp_config *c, gp_model *ref, gp_model
     free(pb);
 }
 
+/* A new tensor of shape s on dev (category ACTIVATIONS) holding h. */
+static inline gp_tensor gpt_upload(gp_device *dev, const gp_shape *s, const float *h)
+{
+    gp_tensor t;
+    CHECK_OK(gp_tensor_alloc(&t, dev, s, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_dev_upload(dev, t.data, h, gp_shape_numel(s)));
+    return t;
+}
+
+/* t's values in a new host array (at least one element allocated). */
+static inline float *gpt_download(const gp_tensor *t)
+{
+    int64_t n = gp_tensor_numel(t);
+    float *h = calloc((size_t)(n ? n : 1), sizeof *h);
+    if (n) CHECK_OK(gp_dev_download(t->dev, h, t->data, n));
+    CHECK_OK(gp_dev_synchronize(t->dev));
+    return h;
+}
+
 /* L layers over n stages: the first L % n stages get one more. */
 static inline void gpt_split_even(int L, int n, int *bal)
 {
