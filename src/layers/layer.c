@@ -140,20 +140,25 @@ static size_t append(char *buf, size_t len, size_t off, const char *fmt, ...)
     return off < len ? off : len - 1;
 }
 
-const char *gp_layer_describe(const gp_layer *l, char *buf, size_t len)
+const char *gp_layer_spec_describe(const gp_layer_spec *sp, int index, char *buf, size_t len)
 {
     if (len == 0) return buf;
     buf[0] = '\0';
-    size_t off = append(buf, len, 0, "layer %d (%s", l->index, gp_layer_type_name(l->spec.type));
-    if (l->spec.name[0]) off = append(buf, len, off, " '%s'", l->spec.name);
+    size_t off = append(buf, len, 0, "layer %d (%s", index, gp_layer_type_name(sp->type));
+    if (sp->name[0]) off = append(buf, len, off, " '%s'", sp->name);
     off = append(buf, len, off, ")");
-    if (l->spec.line > 0) {
-        if (l->spec.file[0])
-            append(buf, len, off, " at %s:%d:%d", l->spec.file, l->spec.line, l->spec.column);
+    if (sp->line > 0) {
+        if (sp->file[0])
+            append(buf, len, off, " at %s:%d:%d", sp->file, sp->line, sp->column);
         else
-            append(buf, len, off, " at line %d, column %d", l->spec.line, l->spec.column);
+            append(buf, len, off, " at line %d, column %d", sp->line, sp->column);
     }
     return buf;
+}
+
+const char *gp_layer_describe(const gp_layer *l, char *buf, size_t len)
+{
+    return gp_layer_spec_describe(&l->spec, l->index, buf, len);
 }
 
 gp_status gp_layer_spec_error(const gp_layer *l, const char *fmt, ...)
@@ -232,12 +237,8 @@ gp_status gp_layer_create(const gp_layer_spec *spec, int index, const gp_shape *
     if (s != GP_OK && s != GP_ERR_INVALID) {
         /* infer names the layer itself; failures of init (out of memory on
          * the device) get the layer prepended here */
-        gp_layer tmp;
-        memset(&tmp, 0, sizeof tmp);
-        tmp.spec = *spec;
-        tmp.index = index;
         char d[256];
-        gp_error_wrap(s, "%s", gp_layer_describe(&tmp, d, sizeof d));
+        gp_error_wrap(s, "%s", gp_layer_spec_describe(spec, index, d, sizeof d));
     }
     return s;
 }

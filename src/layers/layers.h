@@ -329,6 +329,8 @@ int gp_layers_first_trainable(const gp_layer *layers, int n);
 int gp_layer_counters(gp_layer *l, const char **names, int64_t **values, int max);
 /* "layer 3 (conv2d 'c1') at f.yaml:12:7" for messages. */
 const char *gp_layer_describe(const gp_layer *l, char *buf, size_t len);
+/* The same for layer `index` of a config, before it is built. */
+const char *gp_layer_spec_describe(const gp_layer_spec *s, int index, char *buf, size_t len);
 
 /* The ops table of each type (layers/<type>.c). */
 const gp_layer_ops *gp_layer_ops_for(gp_layer_type t);

@@ -395,15 +395,6 @@ const gp_layer_ops gp_concat_ops = {
 
 /* ---- the skip map ------------------------------------------------------------ */
 
-static const char *spec_describe(const gp_layer_spec *s, int k, char *buf, size_t len)
-{
-    gp_layer tmp;
-    memset(&tmp, 0, sizeof tmp);
-    tmp.spec = *s;
-    tmp.index = k;
-    return gp_layer_describe(&tmp, buf, len);
-}
-
 void gp_skip_map_free(gp_skip_map *map)
 {
     free(map->skips);
@@ -450,9 +441,9 @@ gp_status gp_skip_map_build(const gp_layer_spec *specs, int n, gp_skip_map *map)
                 char c[256];
                 st = gp_error_set(GP_ERR_INVALID, "%s: pops '%s', but %s stashed it and %s "
                                   "popped it already; a stash is popped once (stash it again, "
-                                  "or under another name)", spec_describe(s, k, a, sizeof a),
-                                  s->pop[q], spec_describe(&specs[p->from], p->from, b, sizeof b),
-                                  spec_describe(&specs[p->to], p->to, c, sizeof c));
+                                  "or under another name)", gp_layer_spec_describe(s, k, a, sizeof a),
+                                  s->pop[q], gp_layer_spec_describe(&specs[p->from], p->from, b, sizeof b),
+                                  gp_layer_spec_describe(&specs[p->to], p->to, c, sizeof c));
                 break;
             }
             int later = -1;
@@ -461,12 +452,12 @@ gp_status gp_skip_map_build(const gp_layer_spec *specs, int n, gp_skip_map *map)
             if (later >= 0)
                 st = gp_error_set(GP_ERR_INVALID, "%s: pops '%s' before %s stashes it; a skip "
                                   "goes from an earlier layer to a later one",
-                                  spec_describe(s, k, a, sizeof a), s->pop[q],
-                                  spec_describe(&specs[later], later, b, sizeof b));
+                                  gp_layer_spec_describe(s, k, a, sizeof a), s->pop[q],
+                                  gp_layer_spec_describe(&specs[later], later, b, sizeof b));
             else
                 st = gp_error_set(GP_ERR_INVALID, "%s: pops '%s', but no layer stashes it; add "
                                   "stash: %s to the layer whose output it is",
-                                  spec_describe(s, k, a, sizeof a), s->pop[q], s->pop[q]);
+                                  gp_layer_spec_describe(s, k, a, sizeof a), s->pop[q], s->pop[q]);
         }
         map->stashes[k] = -1;
         if (st != GP_OK || !s->stash[0]) continue;
@@ -474,8 +465,8 @@ gp_status gp_skip_map_build(const gp_layer_spec *specs, int n, gp_skip_map *map)
             if (map->skips[t].to < 0 && !strcmp(map->skips[t].name, s->stash)) {
                 st = gp_error_set(GP_ERR_INVALID, "%s: stashes '%s', but %s stashed it already "
                                   "and no layer popped it in between; use another name",
-                                  spec_describe(s, k, a, sizeof a), s->stash,
-                                  spec_describe(&specs[map->skips[t].from], map->skips[t].from,
+                                  gp_layer_spec_describe(s, k, a, sizeof a), s->stash,
+                                  gp_layer_spec_describe(&specs[map->skips[t].from], map->skips[t].from,
                                                 b, sizeof b));
                 break;
             }
@@ -490,7 +481,7 @@ gp_status gp_skip_map_build(const gp_layer_spec *specs, int n, gp_skip_map *map)
         if (map->skips[t].to < 0)
             st = gp_error_set(GP_ERR_INVALID, "%s: stashes '%s', but no later layer pops it; pop "
                               "it (add or concat with pop: %s) or remove the stash",
-                              spec_describe(&specs[map->skips[t].from], map->skips[t].from, a,
+                              gp_layer_spec_describe(&specs[map->skips[t].from], map->skips[t].from, a,
                                             sizeof a), map->skips[t].name, map->skips[t].name);
     if (st != GP_OK) gp_skip_map_free(map);
     return st;
