@@ -243,6 +243,12 @@ gp_status gp_layer_create(const gp_layer_spec *spec, int index, const gp_shape *
     return s;
 }
 
+gp_status gp_layer_shapes(const gp_layer_spec *spec, int index, const gp_shape *in,
+                          gp_layer *out)
+{
+    return gp_layer_setup(spec, index, 0, in, NULL, 0, out);
+}
+
 void gp_layer_destroy(gp_layer *l)
 {
     if (!l || !l->ops) return;

@@ -281,6 +281,11 @@ gp_status gp_layer_create(const gp_layer_spec *spec, int index,
                           const gp_shape *in, gp_device *dev, uint64_t seed,
                           gp_layer *out);
 void gp_layer_destroy(gp_layer *l);
+/* gp_layer_create without a device: the spec checked against its inputs
+ * and the shapes, ops, index and inputs of `out` filled in, nothing
+ * allocated (no gp_layer_destroy needed), for costs and summaries. */
+gp_status gp_layer_shapes(const gp_layer_spec *spec, int index, const gp_shape *in,
+                          gp_layer *out);
 
 /* Convenience wrappers over the ops (allocate y / dx with the right shape).
  * x and dx are arrays of l->n_in (see gp_layer_ops). */

@@ -135,18 +135,11 @@ gp_status gp_model_costs(const gp_config *cfg, int64_t batch, double *costs)
     gp_status s = outs ? GP_OK : gp_error_set(GP_ERR_OOM, "out of host memory");
     for (int k = 0; k < L && s == GP_OK; k++) {
         gp_layer l;
-        memset(&l, 0, sizeof l);
-        l.spec = cfg->model.layers[k];
-        l.ops = gp_layer_ops_for(l.spec.type);
-        l.index = k;
         gp_shape in[1 + GP_MAX_POPS];
-        l.n_in = gp_skip_map_inputs(&map, k, &input, outs, in);
-        l.in_shape = in[0];
-        for (int q = 1; q < l.n_in; q++) l.pop_shape[q - 1] = in[q];
-        gp_shape o;
-        s = l.ops->infer(&l, in, &o);
+        gp_skip_map_inputs(&map, k, &input, outs, in);
+        s = gp_layer_shapes(&cfg->model.layers[k], k, in, &l);
         if (s != GP_OK) break;
-        l.out_shape = o;
+        gp_shape o = l.out_shape;
         /* Layers without FLOPs (relu, flatten) still take time: count their
          * output elements too so they are not all piled on one stage. */
         costs[k] = l.ops->flops(&l, batch) + (double)gp_shape_numel(&o) * (double)batch;
