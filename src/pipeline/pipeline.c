@@ -416,6 +416,22 @@ static gp_status barrier(worker *w, const gp_instr *in, int *bad_layer)
     return st;
 }
 
+/* A copy instruction: wait for its source (lockstep: every computation of
+ * the previous clock; otherwise `ready` of the source (i, from), its
+ * forward or its backward), copy src (the other worker's, published) into
+ * dst on this device, and say so in *copied.  ev->t1 marks the end of the
+ * wait. */
+static gp_status receive(gp_pipeline *p, const gp_instr *in, gp_event_rec *ev, pred_fn ready,
+                         const gp_tensor *src, gp_tensor *dst, bool *copied)
+{
+    gp_status st = p->opts.lockstep ? wait_for(p, pred_clock, in->k - 1, 0)
+                                    : wait_for(p, ready, in->i, in->from);
+    ev->t1 = gp_now();
+    if (st == GP_OK) st = recv_copy(p->devs[in->j], src, dst, &ev->bytes);
+    if (st == GP_OK) publish(p, copied, -1);
+    return st;
+}
+
 static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int *bad_layer)
 {
     gp_pipeline *p = w->p;
@@ -432,41 +448,19 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
     double t0 = gp_now();
     switch (in->kind) {
     case GP_INSTR_RECV_ACT:
-        st = p->opts.lockstep ? wait_for(p, pred_clock, in->k - 1, 0)
-                              : wait_for(p, pred_fwd, i, in->from);
-        ev->t1 = gp_now(); /* end of the wait; the copy follows */
-        if (st == GP_OK)
-            st = recv_copy(p->devs[j], &MB(p, i, in->from)->stash.out, &MB(p, i, j)->stash.in,
-                           &ev->bytes);
-        if (st == GP_OK) publish(p, &FLAG(p, act_copied, i, j), -1);
-        return st;
+        return receive(p, in, ev, pred_fwd, &MB(p, i, in->from)->stash.out, &MB(p, i, j)->stash.in,
+                       &FLAG(p, act_copied, i, j));
     case GP_INSTR_RECV_GRAD:
-        st = p->opts.lockstep ? wait_for(p, pred_clock, in->k - 1, 0)
-                              : wait_for(p, pred_bwd, i, in->from);
-        ev->t1 = gp_now();
-        if (st == GP_OK)
-            st = recv_copy(p->devs[j], &MB(p, i, in->from)->grad_in, &MB(p, i, j)->grad_out,
-                           &ev->bytes);
-        if (st == GP_OK) publish(p, &FLAG(p, grad_copied, i, j), -1);
-        return st;
+        return receive(p, in, ev, pred_bwd, &MB(p, i, in->from)->grad_in,
+                       &MB(p, i, j)->grad_out, &FLAG(p, grad_copied, i, j));
     case GP_INSTR_RECV_SKIP:
-        st = p->opts.lockstep ? wait_for(p, pred_clock, in->k - 1, 0)
-                              : wait_for(p, pred_fwd, i, in->from);
-        ev->t1 = gp_now();
-        if (st == GP_OK)
-            st = recv_copy(p->devs[j], &MB(p, i, in->from)->stash.skip_out[in->skip],
-                           &MB(p, i, j)->stash.skip_in[in->skip], &ev->bytes);
-        if (st == GP_OK) publish(p, &SKIP_FLAG(p, skip_copied, i, in->skip), -1);
-        return st;
+        return receive(p, in, ev, pred_fwd, &MB(p, i, in->from)->stash.skip_out[in->skip],
+                       &MB(p, i, j)->stash.skip_in[in->skip],
+                       &SKIP_FLAG(p, skip_copied, i, in->skip));
     case GP_INSTR_RECV_SKIP_GRAD:
-        st = p->opts.lockstep ? wait_for(p, pred_clock, in->k - 1, 0)
-                              : wait_for(p, pred_bwd, i, in->from);
-        ev->t1 = gp_now();
-        if (st == GP_OK)
-            st = recv_copy(p->devs[j], &MB(p, i, in->from)->stash.skip_din[in->skip],
-                           &MB(p, i, j)->stash.skip_dout[in->skip], &ev->bytes);
-        if (st == GP_OK) publish(p, &SKIP_FLAG(p, skipg_copied, i, in->skip), -1);
-        return st;
+        return receive(p, in, ev, pred_bwd, &MB(p, i, in->from)->stash.skip_din[in->skip],
+                       &MB(p, i, j)->stash.skip_dout[in->skip],
+                       &SKIP_FLAG(p, skipg_copied, i, in->skip));
     case GP_INSTR_FORWARD:
         st = do_forward(p, i, j, in->checkpointed, bad_layer);
         if (st == GP_OK) publish(p, &FLAG(p, fwd_done, i, j), in->k);
