@@ -366,14 +366,15 @@ gp_status gp_ckpt_backward_weights(gp_layer *layers, const gp_fwd_ctx *ctx, gp_s
     return st;
 }
 
-gp_status gp_ckpt_loss(gp_device *dev, const gp_tensor *logits, const gp_tensor *labels,
-                       float grad_scale, gp_tensor *dlogits, gp_loss_out *lo)
+gp_status gp_ckpt_loss(gp_device *dev, gp_loss_kind k, const gp_tensor *logits,
+                       const gp_tensor *targets, float grad_scale, gp_tensor *dlogits,
+                       gp_loss_out *lo)
 {
     if (dlogits) {
         gp_shape os = gp_tensor_shape(logits);
         GP_TRY(gp_tensor_alloc(dlogits, dev, &os, GP_MEM_ACTIVATIONS));
     }
-    GP_TRY(gp_cross_entropy(dev, logits, labels, grad_scale, dlogits, lo));
+    GP_TRY(gp_loss(dev, k, logits, targets, grad_scale, dlogits, lo));
     if (!isfinite(lo->loss_sum))
         return gp_error_set(GP_ERR_NUMERIC,
                             "the loss is %g; lower train.optimizer.lr, add warm-up, or check "

@@ -143,11 +143,13 @@ gp_status gp_ckpt_backward_data(gp_layer *layers, const gp_fwd_ctx *ctx, gp_stas
 gp_status gp_ckpt_backward_weights(gp_layer *layers, const gp_fwd_ctx *ctx, gp_stash *s,
                                    int first_trainable, bool has_dx, int *bad);
 
-/* The loss at the end of the last stage: cross-entropy of logits against
- * labels (both on dev), with dlogits (allocated here, category
- * ACTIVATIONS; NULL: none) scaled by grad_scale.  A non-finite loss is
- * GP_ERR_NUMERIC saying what to try; the caller adds where it happened. */
-gp_status gp_ckpt_loss(gp_device *dev, const gp_tensor *logits, const gp_tensor *labels,
-                       float grad_scale, gp_tensor *dlogits, gp_loss_out *lo);
+/* The loss at the end of the last stage: loss `k` (gp_loss) of logits
+ * against the targets (both on dev: class ids, or one target per logit),
+ * with dlogits (allocated here, category ACTIVATIONS; NULL: none) scaled by
+ * grad_scale.  A non-finite loss is GP_ERR_NUMERIC saying what to try; the
+ * caller adds where it happened. */
+gp_status gp_ckpt_loss(gp_device *dev, gp_loss_kind k, const gp_tensor *logits,
+                       const gp_tensor *targets, float grad_scale, gp_tensor *dlogits,
+                       gp_loss_out *lo);
 
 #endif /* GP_CHECKPOINT_H */

@@ -636,6 +636,30 @@ gp_status gp_bce_with_logits(gp_device *dev, const gp_tensor *logits, const gp_t
     return GP_OK;
 }
 
+static const char *const loss_names[GP_LOSS_COUNT] = {"cross_entropy", "bce_with_logits"};
+
+const char *gp_loss_name(gp_loss_kind k)
+{
+    return (unsigned)k < GP_LOSS_COUNT ? loss_names[k] : "?";
+}
+
+int64_t gp_loss_targets_per_sample(gp_loss_kind k, const gp_shape *out)
+{
+    if (k != GP_LOSS_BCE_WITH_LOGITS) return 1;
+    gp_shape one = gp_shape_with_batch(out, 1);
+    return gp_shape_numel(&one);
+}
+
+gp_status gp_loss(gp_device *dev, gp_loss_kind k, const gp_tensor *logits,
+                  const gp_tensor *targets, float grad_scale, gp_tensor *dlogits,
+                  gp_loss_out *out)
+{
+    if (k == GP_LOSS_BCE_WITH_LOGITS)
+        return gp_bce_with_logits(dev, logits, targets, grad_scale, dlogits, out);
+    GP_ASSERT(k == GP_LOSS_CROSS_ENTROPY);
+    return gp_cross_entropy(dev, logits, targets, grad_scale, dlogits, out);
+}
+
 int gp_layers_first_trainable(const gp_layer *layers, int n)
 {
     for (int k = 0; k < n; k++)

@@ -411,4 +411,28 @@ gp_status gp_bce_with_logits(gp_device *dev, const gp_tensor *logits,
                              const gp_tensor *targets, float grad_scale,
                              gp_tensor *dlogits, gp_loss_out *out);
 
+/* The loss a model ends in (model.loss), for the code that runs whichever
+ * the config names: the pipeline's last stage, the single-device step,
+ * evaluation and the profiler. */
+typedef enum gp_loss_kind {
+    GP_LOSS_CROSS_ENTROPY = 0, /* gp_cross_entropy: logits (N, classes), one
+                                  class id per sample (the default) */
+    GP_LOSS_BCE_WITH_LOGITS,   /* gp_bce_with_logits: logits of any shape, one
+                                  target in [0, 1] per logit (masks) */
+    GP_LOSS_COUNT
+} gp_loss_kind;
+/* "cross_entropy", "bce_with_logits" (the names used in YAML). */
+const char *gp_loss_name(gp_loss_kind k);
+/* Target floats per sample for a model whose output for one sample has
+ * shape `out`: 1 (the class id) for cross-entropy, every output element for
+ * binary cross-entropy.  A batch of n samples has n times as many, sample
+ * after sample; the mean loss divides loss_sum by them all, and the
+ * gradient of that mean over a mini-batch of batch_total samples takes
+ * grad_scale = 1 / (batch_total x this). */
+int64_t gp_loss_targets_per_sample(gp_loss_kind k, const gp_shape *out);
+/* gp_cross_entropy or gp_bce_with_logits, as k says. */
+gp_status gp_loss(gp_device *dev, gp_loss_kind k, const gp_tensor *logits,
+                  const gp_tensor *targets, float grad_scale, gp_tensor *dlogits,
+                  gp_loss_out *out);
+
 #endif /* GP_LAYERS_H */

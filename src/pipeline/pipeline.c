@@ -256,8 +256,8 @@ static gp_status do_forward(gp_pipeline *p, int i, int j, bool ckpt, int *bad_la
         gp_loss_out lo = {0};
         /* 1 / global batch: the replicas' gradients then sum to the
          * gradient of the global mean loss. */
-        st = gp_ckpt_loss(dev, &s->stash.out, &s->labels, (float)(1.0 / (double)p->batch_total),
-                          &s->grad_out, &lo);
+        st = gp_ckpt_loss(dev, GP_LOSS_CROSS_ENTROPY, &s->stash.out, &s->labels,
+                          (float)(1.0 / (double)p->batch_total), &s->grad_out, &lo);
         gp_tensor_free(&s->labels);
         GP_TRY(st);
         s->loss_sum = lo.loss_sum;

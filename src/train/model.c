@@ -350,7 +350,8 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
         gp_loss_out lo = {0};
         if (s == GP_OK) s = gp_ckpt_forward(m->layers, &ctx, GP_FWD_KEEP, &mbs[i], &bad);
         if (s == GP_OK)
-            s = gp_ckpt_loss(m->dev, &mbs[i].out, &labels, (float)(1.0 / (double)n), &dy[i], &lo);
+            s = gp_ckpt_loss(m->dev, GP_LOSS_CROSS_ENTROPY, &mbs[i].out, &labels,
+                             (float)(1.0 / (double)n), &dy[i], &lo);
         gp_tensor_free(&labels);
         loss_sum += lo.loss_sum;
         correct += lo.correct;
