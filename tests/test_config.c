@@ -136,7 +136,7 @@ static void test_full(void)
         CHECK(l[9].type == GP_LAYER_LINEAR && l[9].in == 64 && l[9].out == 10 && l[9].bias);
         CHECK(l[9].line == 13);
     }
-    CHECK(!strcmp(c.model.loss, "cross_entropy"));
+    CHECK(c.model.loss == GP_LOSS_CROSS_ENTROPY);
     CHECK(!strcmp(c.model.init_from, "weights.safetensors"));
 
     const gp_pipeline_config *p = &c.pipeline;
@@ -191,7 +191,7 @@ static void test_defaults(void)
     CHECK_NEAR(c.model.layers[1].momentum, 0.1, 1e-7, 0);
     CHECK_NEAR(c.model.layers[1].eps, 1e-5, 1e-9, 0);
     CHECK(c.model.layers[4].line == 8 && c.model.layers[4].column == 7);
-    CHECK(!strcmp(c.model.loss, "cross_entropy") && c.model.init_from[0] == '\0');
+    CHECK(c.model.loss == GP_LOSS_CROSS_ENTROPY && c.model.init_from[0] == '\0');
     CHECK(c.pipeline.n_devices == 1 && !strcmp(c.pipeline.devices[0].name, "cpu:0"));
     CHECK(c.pipeline.n_balance == 0 && c.pipeline.chunks == 1);
     CHECK(c.pipeline.checkpoint == GP_CKPT_EXCEPT_LAST && c.pipeline.lockstep);

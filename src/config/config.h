@@ -42,7 +42,9 @@ typedef struct gp_model_config {
     int64_t input[3];     /* (C, H, W) of one sample; for flat inputs (F,1,1) */
     gp_layer_spec *layers;/* n_layers entries, owned */
     int n_layers;
-    char loss[32];        /* "cross_entropy" */
+    gp_loss_kind loss;    /* model.loss; default cross_entropy (class ids);
+                             bce_with_logits takes one target per output
+                             element (masks) */
     char init_from[512];  /* safetensors file; "" = fresh init */
 } gp_model_config;
 

@@ -9,8 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const k_loss_names[] = {"cross_entropy"};
-
 /* Option keys each layer type takes (besides `name`). */
 static int layer_keys(gp_layer_type t, const char **keys)
 {
@@ -361,9 +359,11 @@ gp_status gp_cfg_parse_model(gp_cfg_walk *w, const gp_ynode *root, gp_model_conf
         }
     }
 
-    int loss = 0;
-    GP_TRY(gp_cfg_get_enum(w, m, "model", "loss", k_loss_names, GP_COUNT(k_loss_names), 0, &loss));
-    snprintf(mc->loss, sizeof mc->loss, "%s", k_loss_names[loss]);
+    const char *losses[GP_LOSS_COUNT];
+    for (int i = 0; i < GP_LOSS_COUNT; i++) losses[i] = gp_loss_name((gp_loss_kind)i);
+    int loss = GP_LOSS_CROSS_ENTROPY;
+    GP_TRY(gp_cfg_get_enum(w, m, "model", "loss", losses, GP_LOSS_COUNT, loss, &loss));
+    mc->loss = (gp_loss_kind)loss;
     GP_TRY(gp_cfg_get_str(w, m, "model", "init_from", "", mc->init_from, sizeof mc->init_from));
     return GP_OK;
 }
