@@ -35,9 +35,10 @@ typedef struct mb_state {
     gp_stash stash;      /* in, what forward keeps, out */
     gp_tensor grad_out;  /* dL/d out, owned */
     gp_tensor grad_in;   /* dL/d in (stages > 0), owned until copied */
-    gp_tensor labels;    /* last stage: (b) class ids */
+    gp_tensor labels;    /* last stage: the targets, (b) class ids or the
+                            output's shape (b, ...) */
     double loss_sum;
-    int64_t correct;
+    int64_t correct, count;
 } mb_state;
 
 typedef struct worker {
@@ -59,6 +60,7 @@ struct gp_pipeline {
     gp_layer *layers;
     int first_trainable;       /* gp_layers_first_trainable of the model */
     gp_shape input;            /* (1, C, H, W) */
+    int64_t targets;           /* per sample (gp_loss_targets_per_sample) */
     gp_device *devs[GP_MAX_DEVICES];   /* stage j's device (repeats when interleaved) */
     int first[GP_MAX_DEVICES], count[GP_MAX_DEVICES]; /* stage j's layers */
     gp_pipeline_opts opts;
@@ -250,18 +252,23 @@ static gp_status do_forward(gp_pipeline *p, int i, int j, bool ckpt, int *bad_la
     }
     if (j == p->S - 1) {
         /* The loss: dlogits become this stage's incoming gradient. */
+        int64_t t = p->targets;
         gp_shape ls = {1, {b, 0, 0, 0}};
+        if (p->opts.loss != GP_LOSS_CROSS_ENTROPY) ls = gp_tensor_shape(&s->stash.out);
+        GP_ASSERT(gp_shape_numel(&ls) == b * t);
         GP_TRY(gp_tensor_alloc(&s->labels, dev, &ls, GP_MEM_ACTIVATIONS));
-        GP_TRY(gp_dev_upload(dev, s->labels.data, p->y + p->offsets[i], b));
+        GP_TRY(gp_dev_upload(dev, s->labels.data, p->y + p->offsets[i] * t, b * t));
         gp_loss_out lo = {0};
-        /* 1 / global batch: the replicas' gradients then sum to the
-         * gradient of the global mean loss. */
-        st = gp_ckpt_loss(dev, GP_LOSS_CROSS_ENTROPY, &s->stash.out, &s->labels,
-                          (float)(1.0 / (double)p->batch_total), &s->grad_out, &lo);
+        /* 1 / the global batch's targets: the replicas' gradients then sum
+         * to the gradient of the global mean loss. */
+        st = gp_ckpt_loss(dev, p->opts.loss, &s->stash.out, &s->labels,
+                          (float)(1.0 / ((double)p->batch_total * (double)t)), &s->grad_out,
+                          &lo);
         gp_tensor_free(&s->labels);
         GP_TRY(st);
         s->loss_sum = lo.loss_sum;
         s->correct = lo.correct;
+        s->count = lo.count;
         if (ckpt) gp_tensor_free(&s->stash.out); /* logits are not needed again */
     }
     return GP_OK;
@@ -675,6 +682,7 @@ gp_status gp_pipeline_create(gp_layer *layers, int n_layers, const gp_shape *inp
     p->layers = layers;
     p->first_trainable = gp_layers_first_trainable(layers, n_layers);
     p->input = *input;
+    p->targets = gp_loss_targets_per_sample(opts->loss, &layers[n_layers - 1].out_shape);
     p->opts = *opts;
     p->replicas = 1;
     int f = 0;
@@ -841,6 +849,7 @@ gp_status gp_pipeline_step_begin(gp_pipeline *p, const float *x, const float *y,
     for (size_t q = 0; q < (size_t)m * (size_t)p->S; q++) {
         p->mb[q].loss_sum = 0;
         p->mb[q].correct = 0;
+        p->mb[q].count = 0;
     }
 
     pthread_mutex_lock(&p->lock);
@@ -899,14 +908,16 @@ gp_status gp_pipeline_step_end(gp_pipeline *p, gp_pipeline_out *out)
 
     tune_order(p);
     double loss = 0;
-    int64_t correct = 0;
+    int64_t correct = 0, count = 0;
     for (int i = 0; i < m; i++) {
         loss += MB(p, i, p->S - 1)->loss_sum;
         correct += MB(p, i, p->S - 1)->correct;
+        count += MB(p, i, p->S - 1)->count;
     }
     if (out) {
         out->loss_sum = loss;
         out->correct = correct;
+        out->count = count;
         out->seconds = gp_now() - p->t_begin;
     }
     return GP_OK;

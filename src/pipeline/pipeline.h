@@ -75,14 +75,20 @@ typedef struct gp_pipeline_opts {
     bool no_check;              /* leave out CHECK (benchmarks of its cost) */
     const gp_skip_map *skips;   /* the model's skip connections (NULL: none);
                                    borrowed, must outlive the pipeline */
+    gp_loss_kind loss;          /* the last stage's loss (default cross-entropy:
+                                   y holds one class id per sample; binary
+                                   cross-entropy: one target per element of
+                                   the model's output, gp_loss_targets_per_sample) */
 } gp_pipeline_opts;
 
 /* The slice name of an executed instruction (gp_instr_name), or "wait". */
 void gp_event_name(const gp_event_rec *e, char *buf, size_t len);
 
 typedef struct gp_pipeline_out {
-    double loss_sum;            /* over all samples of the batch */
-    int64_t correct;
+    double loss_sum;            /* over all targets of the batch */
+    int64_t correct;            /* targets predicted right */
+    int64_t count;              /* targets: samples (cross-entropy) or
+                                   output elements (binary cross-entropy) */
     double seconds;             /* wall time of the step */
 } gp_pipeline_out;
 
@@ -98,9 +104,11 @@ gp_status gp_pipeline_create(gp_layer *layers, int n_layers, const gp_shape *inp
 /* Stops and joins the workers. */
 void gp_pipeline_destroy(gp_pipeline *p);
 
-/* One step on a host batch x (n, C, H, W), y (n): the schedule over
- * chunks micro-batches, from the forwards to the optimizer's update with
- * learning rate lr (opts.optim).  Gradients, running statistics and the
+/* One step on a host batch x (n, C, H, W), y (n, T) with T targets per
+ * sample (opts.loss: 1 class id, or one target per output element): the
+ * schedule over chunks micro-batches, from the forwards to the optimizer's
+ * update with learning rate lr (opts.optim).  The loss gradient is that of
+ * the mean over all n x T targets.  Gradients, running statistics and the
  * updated parameters equal those of the single-device run that
  * accumulates the same micro-batches. */
 gp_status gp_pipeline_step(gp_pipeline *p, const float *x, const float *y, int64_t n,
@@ -112,8 +120,8 @@ gp_status gp_pipeline_step(gp_pipeline *p, const float *x, const float *y, int64
  * successful begin must be followed by exactly one end.  x, y (n samples)
  * are this pipeline's share of a global mini-batch of batch_total samples
  * starting at sample_base: dropout masks are indexed by the global
- * position and the loss gradient is scaled by 1 / batch_total.  x and y
- * must stay valid until end. */
+ * position and the loss gradient is scaled by 1 / (batch_total x T).  x
+ * and y must stay valid until end. */
 gp_status gp_pipeline_step_begin(gp_pipeline *p, const float *x, const float *y, int64_t n,
                                  int64_t sample_base, int64_t batch_total, uint64_t seed,
                                  uint64_t step, double lr);
