@@ -79,8 +79,11 @@ typedef struct gp_metrics {
  * not called).  Per-sample input shape and class count are then known. */
 gp_status gp_run_prepare(gp_run *run);
 /* One pipelined optimizer step on your own batch: x is (n, C, H, W) floats
- * (already normalised), y holds n class ids as floats.  The learning rate
- * follows the config's schedule over `total_steps` (0: constant lr). */
+ * (already normalised), y holds n class ids as floats (model.loss:
+ * cross_entropy) or, with model.loss: bce_with_logits, one target in
+ * [0, 1] per element of the model's output, sample after sample (a mask
+ * (n, 1, H, W)).  Loss and accuracy are then per element.  The learning
+ * rate follows the config's schedule over `total_steps` (0: constant lr). */
 gp_status gp_run_step(gp_run *run, const float *x, const float *y, int64_t n,
                       int64_t total_steps, gp_metrics *out);
 /* Train on the config's data as gpipe-train does (metrics_path may be NULL).

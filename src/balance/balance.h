@@ -129,6 +129,8 @@ typedef struct gp_profile_opts {
      * memory-bound layer is timed as slow as it runs in the pipeline.
      * 0: alone (GPUs, or one device). */
     int contend;
+    gp_loss_kind loss;      /* the loss timed on the last layer's output
+                               (default cross-entropy) */
 } gp_profile_opts;
 
 /* Profile the model given by its layer specs and per-sample input (C, H, W).

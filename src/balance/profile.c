@@ -517,18 +517,22 @@ static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer
             for (int r = 0; r < warm + reps && s == GP_OK; r++) {
                 double t0 = gp_now();
                 if (last) {
-                    gp_shape ls = {1, {b, 0, 0, 0}};
+                    /* the model's loss: class ids, or a 0 / 1 target per logit */
+                    bool ce = o->loss == GP_LOSS_CROSS_ENTROPY;
+                    gp_shape ls = ce ? (gp_shape){1, {b, 0, 0, 0}} : ys;
+                    int64_t nl = gp_shape_numel(&ls);
                     gp_tensor lab = {0}, yl = {0}, dl = {0};
                     gp_loss_out lo;
-                    for (int64_t q = 0; q < b; q++) host[q] = (float)(q % per);
+                    for (int64_t q = 0; q < nl; q++) host[q] = (float)(q % (ce ? per : 2));
                     s = gp_tensor_alloc(&lab, dev, &ls, GP_MEM_ACTIVATIONS);
                     if (s == GP_OK) s = gp_tensor_alloc(&yl, dev, &ys, GP_MEM_ACTIVATIONS);
                     if (s == GP_OK) s = gp_tensor_alloc(&dl, dev, &ys, GP_MEM_ACTIVATIONS);
-                    if (s == GP_OK) s = gp_dev_upload(dev, lab.data, host, b);
+                    if (s == GP_OK) s = gp_dev_upload(dev, lab.data, host, nl);
                     if (s == GP_OK) s = fill_random(&yl, o->seed, 99, host);
                     if (s == GP_OK) s = gp_dev_synchronize(dev);
                     t0 = gp_now();
-                    if (s == GP_OK) s = gp_cross_entropy(dev, &yl, &lab, 1.0f / (float)b, &dl, &lo);
+                    if (s == GP_OK)
+                        s = gp_loss(dev, o->loss, &yl, &lab, 1.0f / (float)nl, &dl, &lo);
                     if (s == GP_OK) s = gp_dev_synchronize(dev);
                     gp_tensor_free(&lab);
                     gp_tensor_free(&yl);

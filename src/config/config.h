@@ -95,6 +95,9 @@ typedef struct gp_data_config {
     int64_t synthetic_train;  /* synthetic dataset sizes; default 1024/256 */
     int64_t synthetic_test;
     int synthetic_classes;    /* default 10 */
+    bool synthetic_masks;     /* each sample also gets a 0 / 1 mask of its
+                                 pixels (gp_data_make_masks), the targets of
+                                 model.loss: bce_with_logits; default false */
     int64_t synthetic_shape[3]; /* (C, H, W) of a synthetic sample; zeros =
                                    1 x 28 x 28 */
 } gp_data_config;

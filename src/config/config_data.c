@@ -1,7 +1,7 @@
 /*
  * config_data.c — the data section: the dataset and where it lives,
  * shuffling, normalisation statistics, augmentation, prefetching, limits
- * and the synthetic dataset's shape.
+ * and the synthetic dataset's shape and masks.
  */
 #include "config/config_impl.h"
 
@@ -112,6 +112,7 @@ gp_status gp_cfg_parse_data(gp_cfg_walk *w, const gp_ynode *root, const gp_model
         s = gp_cfg_get_int(w, syn, ss, "test", 256, 1, (int64_t)1 << 40, &dc->synthetic_test);
     if (s == GP_OK)
         s = gp_cfg_get_int32(w, syn, ss, "classes", 10, 2, 1 << 20, &dc->synthetic_classes);
+    if (s == GP_OK) s = gp_cfg_get_bool(w, syn, ss, "masks", false, &dc->synthetic_masks);
     w->record = rec;
     GP_TRY(s);
     /* the synthetic samples match the model unless told otherwise */

@@ -21,8 +21,9 @@ void gp_data_norm(const gp_data_config *cfg, int64_t channels, float *mean, floa
 }
 
 void gp_data_assemble(const gp_dataset *ds, int64_t first, int64_t n, bool normalize,
-                      const float *mean, const float *std, float *x, float *y)
+                      const float *mean, const float *std, bool masks, float *x, float *y)
 {
+    GP_ASSERT(!masks || ds->masks);
     int64_t hw = ds->h * ds->w, per = ds->c * hw;
     for (int64_t i = 0; i < n; i++) {
         const uint8_t *src = ds->images + (first + i) * per;
@@ -35,6 +36,11 @@ void gp_data_assemble(const gp_dataset *ds, int64_t first, int64_t n, bool norma
             }
             for (int64_t p = 0; p < hw; p++) dst[c * hw + p] = (float)src[c * hw + p] * a + b;
         }
-        y[i] = (float)ds->labels[first + i];
+        if (!masks) {
+            y[i] = (float)ds->labels[first + i];
+            continue;
+        }
+        const uint8_t *mk = ds->masks + (first + i) * hw;
+        for (int64_t p = 0; p < hw; p++) y[i * hw + p] = (float)mk[p];
     }
 }

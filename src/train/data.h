@@ -2,13 +2,14 @@
  * data.h — datasets and the prefetching loader.
  *
  * A gp_dataset holds a whole split in host memory as uint8 pixels (N, C, H, W)
- * and uint8 labels; normalisation to float happens when a batch is assembled,
- * so a 60k-image split costs 47 MB, not 188 MB.
+ * and uint8 labels (and, for segmentation, a uint8 mask (N, H, W) of 0 / 1
+ * per pixel); normalisation to float happens when a batch is assembled, so
+ * a 60k-image split costs 47 MB, not 188 MB.
  *
  * Readers: MNIST / Fashion-MNIST IDX files (gzip through zlib, or raw: both
  * "x-idx3-ubyte" and "x-idx3-ubyte.gz" are tried), CIFAR-10 binary batches
  * (data_batch_1..5.bin, test_batch.bin), and a synthetic, learnable dataset
- * made from the seed.  A corrupt or truncated file gives GP_ERR_DATA with a
+ * made from the seed, with learnable masks when asked (gp_data_make_masks).  A corrupt or truncated file gives GP_ERR_DATA with a
  * message naming the file and what was wrong (bad magic, wrong dimensions,
  * short read at byte N, label out of range); a missing one GP_ERR_IO with the
  * path tried and how to get the data.
@@ -38,6 +39,8 @@ typedef struct gp_dataset {
     int classes;
     uint8_t *images;    /* (n, c, h, w), owned */
     uint8_t *labels;    /* (n), owned */
+    uint8_t *masks;     /* (n, h, w) per-pixel targets, 0 or 1, owned; NULL =
+                           none (class labels only) */
     char source[512];   /* where it came from, for messages */
 } gp_dataset;
 
@@ -53,6 +56,13 @@ gp_status gp_idx_read_labels(const char *path, gp_dataset *ds);
 gp_status gp_cifar10_read(const char *const *paths, int n_paths, gp_dataset *ds);
 gp_status gp_synthetic_make(int64_t n, int classes, int64_t c, int64_t h,
                             int64_t w, uint64_t seed, gp_dataset *ds);
+/* Segmentation targets made from the images (data.synthetic.masks): pixel
+ * (y, x) of sample i is 1 where the mean of its 3 x 3 neighbourhood over
+ * all channels (the part inside the image) is above half the pixel range,
+ * 2 x sum > 255 x count in integers, else 0.  A pure function of the
+ * pixels, so a convolutional net can learn it exactly.  Replaces ds->masks;
+ * GP_ERR_OOM leaves ds unchanged. */
+gp_status gp_data_make_masks(gp_dataset *ds);
 
 /* Default per-channel mean/std of a dataset's pixels scaled to [0, 1]. */
 void gp_dataset_default_norm(gp_dataset_kind kind, int64_t channels,
@@ -71,7 +81,8 @@ void gp_dataset_default_norm(gp_dataset_kind kind, int64_t channels,
 /* One host batch. */
 typedef struct gp_batch {
     float *x;           /* (n, c, h, w) normalised, owned by the loader */
-    float *y;           /* (n) class ids as floats, owned by the loader */
+    float *y;           /* (n) class ids as floats, or with masks (n, h, w)
+                           targets 0 / 1; owned by the loader */
     int64_t n;          /* samples in this batch (the last may be short) */
     int64_t epoch;      /* 0-based */
     int64_t index;      /* batch index within the epoch */
@@ -83,6 +94,8 @@ typedef struct gp_loader_opts {
     bool shuffle;
     bool augment;       /* apply crop/flip from the data config */
     bool drop_last;     /* skip a short final batch */
+    bool masks;         /* y holds each sample's mask (the dataset's, cropped
+                           and flipped with its image) instead of its class */
     int prefetch;       /* queue depth >= 1 */
     uint64_t seed;
     int64_t start_epoch;/* resume position */
@@ -135,8 +148,10 @@ void gp_data_augment_apply(const uint8_t *src, int64_t c, int64_t h, int64_t w,
  * dataset's defaults (channels beyond those given repeat the last). */
 void gp_data_norm(const gp_data_config *cfg, int64_t channels, float *mean, float *std);
 /* Samples first..first+n of ds in file order into x (n, c, h, w) as
- * (p / 255 - mean[c]) / std[c] (or p / 255 when !normalize) and y (n). */
+ * (p / 255 - mean[c]) / std[c] (or p / 255 when !normalize) and y: (n)
+ * class ids, or with `masks` (n, h, w) the masks' 0 / 1 (ds->masks must
+ * exist). */
 void gp_data_assemble(const gp_dataset *ds, int64_t first, int64_t n, bool normalize,
-                      const float *mean, const float *std, float *x, float *y);
+                      const float *mean, const float *std, bool masks, float *x, float *y);
 
 #endif /* GP_DATA_H */

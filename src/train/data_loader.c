@@ -24,7 +24,7 @@
 
 typedef struct loader_slot {
     float *x;           /* (batch_size, c, h, w) */
-    float *y;           /* (batch_size) */
+    float *y;           /* (batch_size, targets) */
     int64_t n, epoch, index, first;
 } loader_slot;
 
@@ -37,6 +37,7 @@ struct gp_loader {
     bool hflip;
     float mean[GP_MAX_CHANNELS], std[GP_MAX_CHANNELS];
     int64_t per;            /* c * h * w */
+    int64_t targets;        /* per sample in y: 1 class id, or h * w (masks) */
     int64_t batches;        /* per epoch */
     int n_slots;
     loader_slot *slots;     /* n_slots, buffers owned */
@@ -44,6 +45,7 @@ struct gp_loader {
     /* Producer-private. */
     int64_t *perm;          /* (n) the current epoch's order */
     uint8_t *scratch;       /* (c, h, w) one augmented sample */
+    uint8_t *mscratch;      /* (h, w) its augmented mask (opts.masks) */
 
     /* Shared; guarded by `lock`. */
     pthread_mutex_t lock;
@@ -106,7 +108,8 @@ void gp_data_augment_apply(const uint8_t *src, int64_t c, int64_t h, int64_t w, 
 /* Fill one slot with batch `index` of `epoch`; ld->perm holds its order.
  * The only failure is a label outside the dataset's classes (a dataset
  * built through the C API is not validated by a reader), which would
- * otherwise index past the model's outputs. */
+ * otherwise index past the model's outputs.  Masks are checked by the loss
+ * (binary cross-entropy names an element outside [0, 1]). */
 static gp_status assemble(gp_loader *ld, loader_slot *sl, int64_t epoch, int64_t index)
 {
     const gp_dataset *ds = ld->ds;
@@ -114,16 +117,19 @@ static gp_status assemble(gp_loader *ld, loader_slot *sl, int64_t epoch, int64_t
     int64_t first = index * bs;
     int64_t n = ds->n - first < bs ? ds->n - first : bs;
     bool augment = ld->opts.augment && (ld->crop_padding > 0 || ld->hflip);
+    bool masks = ld->opts.masks;
+    int64_t hw = ds->h * ds->w, t = ld->targets;
     for (int64_t i = 0; i < n; i++) {
         int64_t src = ld->perm[first + i];
-        if (ds->labels[src] >= ds->classes)
+        if (!masks && ds->labels[src] >= ds->classes)
             return gp_error_set(GP_ERR_DATA, "%s: sample %lld has label %d, out of range for "
                                              "%d classes (epoch %lld, batch %lld)",
                                 ds->source, (long long)src, ds->labels[src], ds->classes,
                                 (long long)epoch, (long long)index);
         float *x = sl->x + i * ld->per;
         if (!augment) {
-            gp_data_assemble(ds, src, 1, ld->normalize, ld->mean, ld->std, x, sl->y + i);
+            gp_data_assemble(ds, src, 1, ld->normalize, ld->mean, ld->std, masks, x,
+                             sl->y + i * t);
             continue;
         }
         int dy, dx;
@@ -132,11 +138,16 @@ static gp_status assemble(gp_loader *ld, loader_slot *sl, int64_t epoch, int64_t
                              &dx, &flip);
         gp_data_augment_apply(ds->images + src * ld->per, ds->c, ds->h, ds->w, dy, dx, flip,
                               ld->scratch);
+        /* a mask moves with its image */
+        if (masks)
+            gp_data_augment_apply(ds->masks + src * hw, 1, ds->h, ds->w, dy, dx, flip,
+                                  ld->mscratch);
         /* Through the shared assembler, so augmented and plain samples are
          * normalised by the very same arithmetic. */
         gp_dataset one = {.n = 1, .c = ds->c, .h = ds->h, .w = ds->w, .classes = ds->classes,
-                          .images = ld->scratch, .labels = ds->labels + src};
-        gp_data_assemble(&one, 0, 1, ld->normalize, ld->mean, ld->std, x, sl->y + i);
+                          .images = ld->scratch, .labels = ds->labels + src,
+                          .masks = masks ? ld->mscratch : NULL};
+        gp_data_assemble(&one, 0, 1, ld->normalize, ld->mean, ld->std, masks, x, sl->y + i * t);
     }
     sl->n = n;
     sl->epoch = epoch;
@@ -208,6 +219,9 @@ gp_status gp_loader_create(const gp_dataset *ds, const gp_data_config *cfg,
                                             "out of range (%lld batches per epoch)",
                             (long long)opts->start_epoch, (long long)opts->start_batch,
                             (long long)batches);
+    if (opts->masks && !ds->masks)
+        return gp_error_set(GP_ERR_INVALID, "loader: masks are asked for but %s has none "
+                            "(data.synthetic.masks: true makes them)", ds->source);
     if (ds->c > GP_MAX_CHANNELS && cfg && cfg->normalize)
         return gp_error_set(GP_ERR_INVALID, "loader: %s has %lld channels; normalisation "
                                             "supports at most %d",
@@ -226,16 +240,19 @@ gp_status gp_loader_create(const gp_dataset *ds, const gp_data_config *cfg,
     ld->hflip = cfg ? cfg->hflip : false;
     if (ld->normalize) gp_data_norm(cfg, ds->c, ld->mean, ld->std);
     ld->per = ds->c * ds->h * ds->w;
+    ld->targets = opts->masks ? ds->h * ds->w : 1;
     ld->batches = batches;
     ld->n_slots = ld->opts.prefetch + 1;
     ld->slots = calloc((size_t)ld->n_slots, sizeof *ld->slots);
     ld->perm = malloc(sizeof(int64_t) * (size_t)ds->n);
     ld->scratch = malloc((size_t)ld->per);
-    bool ok = ld->slots && ld->perm && ld->scratch;
+    ld->mscratch = opts->masks ? malloc((size_t)(ds->h * ds->w)) : NULL;
+    bool ok = ld->slots && ld->perm && ld->scratch && (!opts->masks || ld->mscratch);
     for (int k = 0; ok && k < ld->n_slots; k++) {
         void *xb = NULL, *yb = NULL;
+        size_t ybytes = sizeof(float) * (size_t)(bs * ld->targets);
         ok = gp_dev_host_alloc(opts->pin, sizeof(float) * (size_t)(bs * ld->per), &xb) == GP_OK &&
-             gp_dev_host_alloc(opts->pin, sizeof(float) * (size_t)bs, &yb) == GP_OK;
+             gp_dev_host_alloc(opts->pin, ybytes, &yb) == GP_OK;
         ld->slots[k].x = xb;
         ld->slots[k].y = yb;
     }
@@ -309,5 +326,6 @@ void gp_loader_destroy(gp_loader *ld)
     free(ld->slots);
     free(ld->perm);
     free(ld->scratch);
+    free(ld->mscratch);
     free(ld);
 }

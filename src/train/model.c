@@ -86,13 +86,17 @@ static gp_status build_placed(const gp_config *cfg, gp_device *const *devs, int 
     gp_shape cur = outs[mc->n_layers - 1];
     free(outs);
     out->output = cur;
-    if (cur.ndim != 2) {
+    out->loss = mc->loss;
+    out->targets = gp_loss_targets_per_sample(mc->loss, &cur);
+    /* binary cross-entropy takes any output, one target per element */
+    if (mc->loss == GP_LOSS_CROSS_ENTROPY && cur.ndim != 2) {
         char b[64];
         gp_model_release(out);
         return gp_error_set(GP_ERR_INVALID,
                             "%s: the model's output is %s per sample but cross_entropy needs "
-                            "(N, classes); end the model with flatten and linear",
-                            cfg->path, gp_shape_str(&cur, b, sizeof b));
+                            "(N, classes); end the model with flatten and linear, or for one "
+                            "target per output element (masks) set model.loss: "
+                            "bce_with_logits", cfg->path, gp_shape_str(&cur, b, sizeof b));
     }
     gp_sgd_opts so = gp_model_sgd_opts(cfg);
     gp_status st = gp_optim_create(out->layers, out->n_layers, &so, &out->optim);
@@ -107,10 +111,11 @@ gp_sgd_opts gp_model_sgd_opts(const gp_config *cfg)
                          .nesterov = o->nesterov, .decay_bias_and_norm = o->decay_bias_and_norm};
 }
 
-gp_step_stats gp_step_stats_of(double loss_sum, int64_t correct, int64_t n, double lr,
-                               double seconds, double comm_seconds)
+gp_step_stats gp_step_stats_of(double loss_sum, int64_t correct, int64_t count, int64_t n,
+                               double lr, double seconds, double comm_seconds)
 {
-    return (gp_step_stats){.loss = loss_sum / (double)n, .accuracy = (double)correct / (double)n,
+    double c = count > 0 ? (double)count : 1.0;
+    return (gp_step_stats){.loss = loss_sum / c, .accuracy = (double)correct / c,
                            .samples = n, .lr = lr, .seconds = seconds,
                            .allreduce_seconds = comm_seconds};
 }
@@ -122,7 +127,7 @@ gp_pipeline_opts gp_model_pipeline_opts(const gp_model *m, const gp_config *cfg)
                               .schedule = cfg->pipeline.schedule,
                               .virtual_stages = gp_model_virtual(cfg),
                               .lockstep = cfg->pipeline.lockstep, .fault_j = -1,
-                              .optim = m->optim};
+                              .optim = m->optim, .loss = m->loss};
 }
 
 gp_status gp_model_costs(const gp_config *cfg, int64_t batch, double *costs)
@@ -175,7 +180,7 @@ gp_status gp_model_profile(const gp_config *cfg, const gp_model_profile_opts *o,
                           .threads = o->threads > 0 ? o->threads : gp_model_device_threads(pc, 0),
                           .warmup = o->warmup, .reps = o->reps, .timed = o->timed,
                           .batch = cfg->train.batch_size, .chunks = m, .optim_slots = 1,
-                          .seed = cfg->train.seed};
+                          .seed = cfg->train.seed, .loss = cfg->model.loss};
     /* Every CPU device of the run (all replicas) computes at once. */
     int n_cpu = gp_pipeline_cpu_devices(pc);
     if (!o->alone && gp_device_spec_is_cpu(&pc->devices[0]) && n_cpu > 1) po.contend = n_cpu - 1;
@@ -296,22 +301,25 @@ gp_status gp_model_pipeline_step_one(gp_model *m, const gp_config *cfg, const fl
     gp_pipeline_out po;
     GP_TRY(gp_pipeline_step(m->pipe, x, y, n, cfg->train.seed, (uint64_t)m->step, lr, &po));
     m->step++;
-    if (st) *st = gp_step_stats_of(po.loss_sum, po.correct, n, lr, po.seconds, 0);
+    if (st) *st = gp_step_stats_of(po.loss_sum, po.correct, po.count, n, lr, po.seconds, 0);
     return GP_OK;
 }
 
-/* Upload rows [first, first+n) of a host batch to device tensors. */
+/* Upload samples [first, first+n) of a host batch to device tensors: the
+ * inputs, and their targets as the loss takes them (n class ids, or the
+ * output's shape for n samples). */
 static gp_status upload_chunk(gp_model *m, const float *x, const float *y, int64_t first,
                               int64_t n, gp_tensor *xt, gp_tensor *yt)
 {
     gp_shape xs = gp_shape_with_batch(&m->input, n);
-    gp_shape ys = gp_shape_2d(n, 1);
-    ys.ndim = 1;
-    int64_t per = gp_shape_numel(&m->input);
+    gp_shape ys = {1, {n, 0, 0, 0}};
+    if (m->loss != GP_LOSS_CROSS_ENTROPY) ys = gp_shape_with_batch(&m->output, n);
+    int64_t per = gp_shape_numel(&m->input), t = m->targets;
+    GP_ASSERT(gp_shape_numel(&ys) == n * t);
     GP_TRY(gp_tensor_alloc(xt, m->dev, &xs, GP_MEM_ACTIVATIONS));
     gp_status s = gp_tensor_alloc(yt, m->dev, &ys, GP_MEM_ACTIVATIONS);
     if (s == GP_OK) s = gp_dev_upload(m->dev, xt->data, x + first * per, n * per);
-    if (s == GP_OK) s = gp_dev_upload(m->dev, yt->data, y + first, n);
+    if (s == GP_OK) s = gp_dev_upload(m->dev, yt->data, y + first * t, n * t);
     if (s != GP_OK) {
         gp_tensor_free(xt);
         gp_tensor_free(yt);
@@ -339,7 +347,9 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
     gp_status s = mbs && dy ? GP_OK : gp_error_set(GP_ERR_OOM, "out of host memory");
     int ft = gp_layers_first_trainable(m->layers, L), bad = -1, at = 0;
     double loss_sum = 0;
-    int64_t correct = 0, first = 0;
+    int64_t correct = 0, count = 0, first = 0;
+    /* the mean over every target of the batch (as the pipeline's last stage) */
+    float scale = (float)(1.0 / ((double)n * (double)m->targets));
     for (int i = 0; i < chunks && s == GP_OK; i++, at = i) {
         gp_tensor labels = {0};
         offs[i] = first;
@@ -350,11 +360,11 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
         gp_loss_out lo = {0};
         if (s == GP_OK) s = gp_ckpt_forward(m->layers, &ctx, GP_FWD_KEEP, &mbs[i], &bad);
         if (s == GP_OK)
-            s = gp_ckpt_loss(m->dev, GP_LOSS_CROSS_ENTROPY, &mbs[i].out, &labels,
-                             (float)(1.0 / (double)n), &dy[i], &lo);
+            s = gp_ckpt_loss(m->dev, m->loss, &mbs[i].out, &labels, scale, &dy[i], &lo);
         gp_tensor_free(&labels);
         loss_sum += lo.loss_sum;
         correct += lo.correct;
+        count += lo.count;
         first += sizes[i];
     }
     /* backwards in the order the pipeline's schedule runs them on every
@@ -394,7 +404,7 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
     if (s == GP_OK) s = gp_dev_synchronize(m->dev);
     if (s != GP_OK) return s;
     m->step++;
-    if (st) *st = gp_step_stats_of(loss_sum, correct, n, lr, gp_now() - t0, 0);
+    if (st) *st = gp_step_stats_of(loss_sum, correct, count, n, lr, gp_now() - t0, 0);
     return GP_OK;
 }
 
@@ -403,8 +413,20 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset 
 {
     int64_t bs = cfg->train.eval_batch_size > 0 ? cfg->train.eval_batch_size : 1000;
     int64_t per = ds->c * ds->h * ds->w;
+    /* binary cross-entropy against masks where the data has them; the
+     * loss checks that there is one target per output element */
+    bool masks = m->loss == GP_LOSS_BCE_WITH_LOGITS && ds->masks;
+    int64_t tps = masks ? ds->h * ds->w : 1;
+    if (tps != m->targets) {
+        char b[64];
+        return gp_error_set(GP_ERR_INVALID, "%s: the model's output %s has %lld element%s per "
+                            "sample but %s has %lld target%s per sample for %s", cfg->path,
+                            gp_shape_str(&m->output, b, sizeof b), (long long)m->targets,
+                            m->targets == 1 ? "" : "s", ds->source, (long long)tps,
+                            tps == 1 ? "" : "s", gp_loss_name(m->loss));
+    }
     float *x = malloc((size_t)(bs * per) * sizeof *x);
-    float *y = malloc((size_t)bs * sizeof *y);
+    float *y = malloc((size_t)(bs * tps) * sizeof *y);
     float mean[GP_MAX_CHANNELS], std[GP_MAX_CHANNELS];
     /* skips on their way from one stage to a later one */
     gp_tensor *pend = calloc((size_t)(m->skips.n ? m->skips.n : 1), sizeof *pend);
@@ -416,11 +438,11 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset 
     }
     gp_data_norm(&cfg->data, ds->c, mean, std);
     double loss_sum = 0;
-    int64_t correct = 0;
+    int64_t correct = 0, count = 0;
     gp_status s = GP_OK;
     for (int64_t b0 = 0; b0 < ds->n && s == GP_OK; b0 += bs) {
         int64_t n = ds->n - b0 < bs ? ds->n - b0 : bs;
-        gp_data_assemble(ds, b0, n, cfg->data.normalize, mean, std, x, y);
+        gp_data_assemble(ds, b0, n, cfg->data.normalize, mean, std, masks, x, y);
         gp_tensor cur = {0}, labels = {0};
         s = upload_chunk(m, x, y, 0, n, &cur, &labels);
         gp_fwd_ctx ctx = {.training = false, .seed = cfg->train.seed, .step = (uint64_t)m->step,
@@ -468,9 +490,10 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset 
             gp_tensor_free(&labels);
             labels = l2;
         }
-        if (s == GP_OK) s = gp_cross_entropy(cur.dev, &cur, &labels, 1.0f, NULL, &lo);
+        if (s == GP_OK) s = gp_loss(cur.dev, m->loss, &cur, &labels, 1.0f, NULL, &lo);
         loss_sum += lo.loss_sum;
         correct += lo.correct;
+        count += lo.count;
         gp_tensor_free(&cur);
         gp_tensor_free(&labels);
         for (int t = 0; t < m->skips.n; t++) gp_tensor_free(&pend[t]);
@@ -479,7 +502,7 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset 
     free(y);
     free(pend);
     if (s != GP_OK) return s;
-    *loss = loss_sum / (double)(ds->n ? ds->n : 1);
-    *accuracy = (double)correct / (double)(ds->n ? ds->n : 1);
+    *loss = loss_sum / (double)(count ? count : 1);
+    *accuracy = (double)correct / (double)(count ? count : 1);
     return GP_OK;
 }

@@ -202,7 +202,7 @@ static gp_status replicated_step(gp_model *m, const gp_config *cfg, const float 
     g->failed = false; /* no worker runs: no lock needed */
     int begun = 0;
     for (int r = 0; r < R; r++) {
-        res[r] = gp_pipeline_step_begin(g->pipes[r], x + off[r] * per, y + off[r],
+        res[r] = gp_pipeline_step_begin(g->pipes[r], x + off[r] * per, y + off[r] * m->targets,
                                         off[r + 1] - off[r], off[r], n, cfg->train.seed,
                                         (uint64_t)m->step, lr);
         if (res[r] != GP_OK) {
@@ -217,7 +217,7 @@ static gp_status replicated_step(gp_model *m, const gp_config *cfg, const float 
     pthread_mutex_unlock(&g->lock);
     if (failed) group_fail(g);
     double loss = 0, comm = 0;
-    int64_t correct = 0;
+    int64_t correct = 0, count = 0;
     for (int r = 0; r < begun; r++) {
         gp_pipeline_out po;
         res[r] = gp_pipeline_step_end(g->pipes[r], &po);
@@ -227,6 +227,7 @@ static gp_status replicated_step(gp_model *m, const gp_config *cfg, const float 
         }
         loss += po.loss_sum;
         correct += po.correct;
+        count += po.count;
         for (int j = 0; j < g->n; j++) {
             double c = gp_pipeline_comm_seconds(g->pipes[r], j);
             if (c > comm) comm = c;
@@ -246,7 +247,7 @@ static gp_status replicated_step(gp_model *m, const gp_config *cfg, const float 
 #ifndef NDEBUG
     if (m->step % 100 == 0) s = gp_model_check_replicas(m);
 #endif
-    if (st) *st = gp_step_stats_of(loss, correct, n, lr, gp_now() - t0, comm);
+    if (st) *st = gp_step_stats_of(loss, correct, count, n, lr, gp_now() - t0, comm);
 out:
     free(sizes);
     free(off);

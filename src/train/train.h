@@ -39,7 +39,11 @@ typedef struct gp_model {
     gp_layer *layers;      /* n_layers, owned; layer k lives on its stage's device */
     int n_layers;
     gp_shape input;        /* (1, C, H, W) of one sample */
-    gp_shape output;       /* (1, classes) */
+    gp_shape output;       /* of one sample: (1, classes) for cross-entropy,
+                              any shape for binary cross-entropy */
+    gp_loss_kind loss;     /* model.loss */
+    int64_t targets;       /* targets per sample (gp_loss_targets_per_sample):
+                              the host batches' y holds n x this many */
     gp_skip_map skips;     /* the skip connections (stash -> pop), owned */
     gp_device *dev;        /* stage 0's device (the only one when n_stages = 1) */
     gp_device *devs[GP_MAX_DEVICES]; /* stage j's device, not owned */
@@ -136,19 +140,22 @@ typedef struct gp_step_stats {
                                  replicas */
 } gp_step_stats;
 
-/* The statistics of a step over n samples. */
-gp_step_stats gp_step_stats_of(double loss_sum, int64_t correct, int64_t n, double lr,
-                               double seconds, double comm_seconds);
+/* The statistics of a step over n samples with `count` targets in all (n
+ * for cross-entropy, n x output elements for binary cross-entropy): the
+ * mean loss and the accuracy are per target (pixel accuracy for masks). */
+gp_step_stats gp_step_stats_of(double loss_sum, int64_t correct, int64_t count, int64_t n,
+                               double lr, double seconds, double comm_seconds);
 
-/* One optimizer step on a host batch (x: (n, C, H, W), y: (n) class ids)
- * on a single device, without threads: the reference every pipelined run is
- * checked against.  The batch is split into `chunks` micro-batches
- * (gp_microbatch_split); all forwards run first, then the backwards in the
- * order cfg->pipeline.schedule runs them on every stage (GPipe: from the
- * last micro-batch to the first; 1F1B: from the first), so the gradient
- * sums add up in the same order as on a pipeline stage; batch-norm running
- * statistics commit once; then the SGD update with `lr`, and the check that
- * every parameter and buffer is finite.  A non-finite loss or state is
+/* One optimizer step on a host batch (x: (n, C, H, W), y: (n, m->targets):
+ * class ids, or one target in [0, 1] per output element, sample after
+ * sample) on a single device, without threads: the reference every
+ * pipelined run is checked against.  The batch is split into `chunks`
+ * micro-batches (gp_microbatch_split); all forwards run first, then the
+ * backwards in the order cfg->pipeline.schedule runs them on every stage
+ * (GPipe: from the last micro-batch to the first; 1F1B: from the first), so
+ * the gradient sums add up in the same order as on a pipeline stage;
+ * batch-norm running statistics commit once; then the SGD update with
+ * `lr`, and the check that every parameter and buffer is finite.  A non-finite loss or state is
  * GP_ERR_NUMERIC naming the step, the micro-batch or tensor. */
 gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
                               const float *y, int64_t n, int chunks, double lr,
@@ -187,7 +194,10 @@ gp_status gp_model_check_replicas(const gp_model *m);
  * whole optimizer state (snapshots read it).  No-op without replicas. */
 gp_status gp_model_gather_momentum(gp_model *m);
 
-/* Loss and accuracy of the model in evaluation mode over a whole dataset. */
+/* Loss and accuracy of the model in evaluation mode over a whole dataset:
+ * per sample against its class (cross-entropy), per pixel against its mask
+ * (binary cross-entropy; the dataset must have masks of the output's
+ * size, or class ids 0 / 1 for an output of one element). */
 gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg,
                             const gp_dataset *ds, double *loss, double *accuracy);
 

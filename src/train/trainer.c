@@ -88,6 +88,41 @@ static const char *signal_name(int sig, char *buf, size_t len)
     }
 }
 
+/* The data gives what the model's loss takes: for cross-entropy a class id
+ * below the model's outputs; for binary cross-entropy one target per output
+ * element, the masks (one per pixel of an output of the input's size) or,
+ * for a one-element output, the class id (0 or 1: the loss names any
+ * other). */
+static gp_status check_targets(const gp_config *cfg, const gp_model *m, const gp_dataset *ds)
+{
+    char b[64];
+    gp_shape_str(&m->output, b, sizeof b);
+    if (m->loss == GP_LOSS_CROSS_ENTROPY) {
+        if (m->output.dims[1] >= ds->classes) return GP_OK;
+        return gp_error_set(GP_ERR_INVALID, "%s: the model has %lld outputs but the data has %d "
+                            "classes; make the last linear layer's out %d", cfg->path,
+                            (long long)m->output.dims[1], ds->classes, ds->classes);
+    }
+    if (ds->masks) {
+        const gp_shape *o = &m->output;
+        if (o->ndim == 4 && o->dims[1] == 1 && o->dims[2] == ds->h && o->dims[3] == ds->w)
+            return GP_OK;
+        return gp_error_set(GP_ERR_INVALID, "%s: model.loss bce_with_logits compares the "
+                            "output with the masks of %s, one target per pixel, but the model's "
+                            "output is %s per sample and a mask (1, 1, %lld, %lld); end the "
+                            "model with one channel at the input's height and width (a 1x1 "
+                            "conv2d {out: 1})", cfg->path, ds->source, b, (long long)ds->h,
+                            (long long)ds->w);
+    }
+    if (m->targets == 1) return GP_OK;
+    return gp_error_set(GP_ERR_INVALID, "%s: model.loss bce_with_logits takes one target per "
+                        "output element, but the model's output is %s per sample (%lld "
+                        "elements) and %s has one class id per sample; end the model with "
+                        "linear {out: 1} for labels 0 and 1, or give the data masks "
+                        "(data.synthetic.masks: true)", cfg->path, b, (long long)m->targets,
+                        ds->source);
+}
+
 /* Checked between the phases before the first step: nothing trained yet,
  * so nothing to save. */
 static gp_status stop_early(const gp_train_opts *o, const char *during, gp_train_result *res)
@@ -256,13 +291,10 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     if (s == GP_OK) s = gp_train_open(cfg, devs, &model, opts->quiet);
     if (s == GP_OK) s = stop_early(opts, "while placing the model (balance, devices)", res);
     if (s == GP_OK) n_dev = gp_pipeline_devices_total(&cfg->pipeline);
-    if (s == GP_OK && model.output.dims[1] < train.classes)
-        s = gp_error_set(GP_ERR_INVALID,
-                         "%s: the model has %lld outputs but the data has %d classes; make "
-                         "the last linear layer's out %d",
-                         cfg->path, (long long)model.output.dims[1], train.classes, train.classes);
+    if (s == GP_OK) s = check_targets(cfg, &model, &train);
     gp_loader_opts lo = {.batch_size = tc->batch_size, .shuffle = cfg->data.shuffle,
                          .augment = true, .drop_last = false,
+                         .masks = model.loss == GP_LOSS_BCE_WITH_LOGITS && train.masks,
                          .prefetch = cfg->data.prefetch > 0 ? cfg->data.prefetch : 2,
                          .seed = tc->seed, .pin = devs[0]};
     gp_snapshot_pos pos = {0};
