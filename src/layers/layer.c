@@ -195,8 +195,8 @@ gp_hw gp_layers_out_hw(int64_t in_h, int64_t in_w, gp_hw kernel, gp_hw stride, g
 
 /* ---- creation ------------------------------------------------------------ */
 
-gp_status gp_layer_setup(const gp_layer_spec *spec, int index, int param_base,
-                         const gp_shape *in, gp_device *dev, uint64_t seed, gp_layer *out)
+static gp_status setup(const gp_layer_spec *spec, int index, int param_base, const gp_shape *in,
+                       gp_device *dev, bool meta, uint64_t seed, gp_layer *out)
 {
     memset(out, 0, sizeof *out);
     out->spec = *spec;
@@ -223,10 +223,17 @@ gp_status gp_layer_setup(const gp_layer_spec *spec, int index, int param_base,
     GP_TRY(out->ops->infer(out, ins, &out->out_shape));
     out->out_shape = gp_shape_with_batch(&out->out_shape, 1);
     out->dev = dev;
-    if (!dev) return GP_OK;
+    out->meta = meta;
+    if (!dev && !meta) return GP_OK;
     gp_status s = out->ops->init(out, seed);
     if (s != GP_OK) gp_layer_destroy(out);
     return s;
+}
+
+gp_status gp_layer_setup(const gp_layer_spec *spec, int index, int param_base,
+                         const gp_shape *in, gp_device *dev, uint64_t seed, gp_layer *out)
+{
+    return setup(spec, index, param_base, in, dev, false, seed, out);
 }
 
 gp_status gp_layer_create(const gp_layer_spec *spec, int index, const gp_shape *in,
@@ -247,6 +254,12 @@ gp_status gp_layer_shapes(const gp_layer_spec *spec, int index, const gp_shape *
                           gp_layer *out)
 {
     return gp_layer_setup(spec, index, 0, in, NULL, 0, out);
+}
+
+gp_status gp_layer_meta(const gp_layer_spec *spec, int index, const gp_shape *in,
+                        gp_layer *out)
+{
+    return setup(spec, index, 0, in, NULL, true, 0, out);
 }
 
 void gp_layer_destroy(gp_layer *l)
@@ -271,6 +284,12 @@ gp_status gp_layers_add_param(gp_layer *l, const char *name, const gp_shape *sha
     snprintf(p->name, sizeof p->name, "%s", name);
     p->is_buffer = is_buffer;
     p->no_decay = no_decay;
+    if (l->meta) { /* the shape, nothing allocated */
+        p->value.ndim = shape->ndim;
+        memcpy(p->value.dims, shape->dims, sizeof p->value.dims);
+        l->n_params++;
+        return GP_OK;
+    }
     GP_TRY(gp_tensor_alloc(&p->value, l->dev, shape, GP_MEM_PARAMS));
     if (!is_buffer) {
         gp_status s = gp_tensor_zeros(&p->grad, l->dev, shape, GP_MEM_GRADS);
@@ -286,7 +305,8 @@ gp_status gp_layers_add_param(gp_layer *l, const char *name, const gp_shape *sha
 gp_status gp_layers_child_setup(gp_layer *parent, const gp_layer_spec *spec, const char *prefix,
                                 const gp_shape *in, uint64_t seed, gp_layer *child, int *first)
 {
-    GP_TRY(gp_layer_setup(spec, parent->index, parent->n_params, in, parent->dev, seed, child));
+    GP_TRY(setup(spec, parent->index, parent->n_params, in, parent->dev, parent->meta, seed,
+                 child));
     *first = parent->n_params;
     for (int p = 0; p < child->n_params; p++) {
         GP_ASSERT(parent->n_params < GP_LAYER_MAX_PARAMS);
@@ -313,6 +333,7 @@ void gp_layers_child_view(const gp_layer *parent, gp_layer *child, int first)
  * "init")) and uploaded, so the values do not depend on placement. */
 static gp_status init_random(gp_layer *l, int p, uint64_t seed, float scale, bool normal)
 {
+    if (l->meta) return GP_OK;
     gp_tensor *t = &l->params[p].value;
     int64_t n = gp_tensor_numel(t);
     float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof *h);
@@ -345,6 +366,7 @@ gp_status gp_layers_init_normal(gp_layer *l, int p, uint64_t seed, float std)
 
 gp_status gp_layers_fill_param(gp_layer *l, int p, float v)
 {
+    if (l->meta) return GP_OK;
     gp_tensor *t = &l->params[p].value;
     return gp_dev_fill(l->dev, t->data, v, gp_tensor_numel(t));
 }

@@ -271,6 +271,8 @@ struct gp_layer {
                                parent's numbering */
     bool grads_stale;       /* gradients hold an earlier step's values: the
                                next backward replaces them (grads_begin) */
+    bool meta;              /* made by gp_layer_meta: parameters are shapes
+                               only (value.data NULL, no grad) */
 };
 
 /* Make a layer of spec->type with `index`, infer shapes from `in` (batch
@@ -286,6 +288,13 @@ void gp_layer_destroy(gp_layer *l);
  * allocated (no gp_layer_destroy needed), for costs and summaries. */
 gp_status gp_layer_shapes(const gp_layer_spec *spec, int index, const gp_shape *in,
                           gp_layer *out);
+/* gp_layer_shapes plus the parameters as they would be made, each a shape
+ * without storage (value.data NULL, no gradient), so gp_layer_param_count
+ * and the parameters' names work without a device or any device memory (a
+ * 362M-parameter U-Net counted in milliseconds).  Nothing may run on it;
+ * gp_layer_destroy frees the host state it may hold. */
+gp_status gp_layer_meta(const gp_layer_spec *spec, int index, const gp_shape *in,
+                        gp_layer *out);
 
 /* Convenience wrappers over the ops (allocate y / dx with the right shape).
  * x and dx are arrays of l->n_in (see gp_layer_ops). */

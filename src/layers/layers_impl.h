@@ -47,7 +47,11 @@ extern const gp_layer_ops gp_factorized_reduce_ops; /* factorized_reduce.c */
 
 /* gp_layer_create without the error prefix, with the RNG numbering of the
  * first parameter given (composite layers build children with it).  `in`
- * may have any batch size.  dev == NULL: shapes only, no parameters. */
+ * may have any batch size.  dev == NULL: shapes only, no parameters.
+ * Under gp_layer_meta, init runs with l->meta set: gp_layers_add_param then
+ * records shapes only and the init / fill helpers do nothing, so a layer's
+ * init needs no case of its own (it must touch its parameters only through
+ * them). */
 gp_status gp_layer_setup(const gp_layer_spec *spec, int index, int param_base,
                          const gp_shape *in, gp_device *dev, uint64_t seed,
                          gp_layer *out);
