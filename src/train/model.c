@@ -289,6 +289,30 @@ int64_t gp_model_param_count(const gp_model *m)
     return n;
 }
 
+gp_status gp_model_count_params(const gp_config *cfg, int64_t *count)
+{
+    *count = 0;
+    gp_shape input = gp_shape_4d(1, cfg->model.input[0], cfg->model.input[1], cfg->model.input[2]);
+    int L = cfg->model.n_layers;
+    gp_skip_map map;
+    GP_TRY(gp_skip_map_build(cfg->model.layers, L, &map));
+    gp_shape *outs = malloc((size_t)(L ? L : 1) * sizeof *outs);
+    gp_status s = outs ? GP_OK : gp_error_set(GP_ERR_OOM, "out of host memory");
+    for (int k = 0; k < L && s == GP_OK; k++) {
+        gp_layer l;
+        gp_shape in[1 + GP_MAX_POPS];
+        gp_skip_map_inputs(&map, k, &input, outs, in);
+        s = gp_layer_meta(&cfg->model.layers[k], k, in, &l);
+        if (s != GP_OK) break;
+        *count += gp_layer_param_count(&l);
+        outs[k] = l.out_shape;
+        gp_layer_destroy(&l);
+    }
+    free(outs);
+    gp_skip_map_free(&map);
+    return s;
+}
+
 gp_status gp_model_pipeline_step_one(gp_model *m, const gp_config *cfg, const float *x,
                                      const float *y, int64_t n, double lr, gp_step_stats *st)
 {

@@ -75,6 +75,10 @@ void gp_model_free(gp_model *m);
  * calls it for each). */
 void gp_model_release(gp_model *m);
 int64_t gp_model_param_count(const gp_model *m);
+/* The trainable parameters the config's model would have, from shape
+ * inference alone (gp_layer_meta): no device, no device memory, so a
+ * model far larger than this machine's memory can be counted. */
+gp_status gp_model_count_params(const gp_config *cfg, int64_t *count);
 /* Stages per device: pipeline.virtual with schedule: interleaved, else 1.
  * A model built on n devices has n x this many stages, stage j on device
  * j % n. */
