@@ -1,6 +1,7 @@
 /*
- * config_family.c — built-in model families: `model.resnet` (and, as the
- * layers land, the other models GPipe and torchgpipe are measured on)
+ * config_family.c — built-in model families: `model.resnet`, `model.unet`
+ * (and, as the layers land, the other models GPipe and torchgpipe are
+ * measured on)
  * expands into the plain layer list a user could have written, with the
  * sizes as values `--set` changes (`--set model.resnet.depth=152`).
  *
@@ -111,9 +112,152 @@ static gp_status resnet(spec_list *l, int depth, int64_t classes)
     return GP_OK;
 }
 
+/* ---- U-Net ------------------------------------------------------------------
+ *
+ * torchgpipe's simplified U-Net (benchmarks/models/unet, `unet(depth,
+ * num_convs, base_channels, input_channels, output_channels)`), flattened as
+ * its flatten_sequential does, so gpipe's layer k is torchgpipe's index k
+ * and its balances ([30, 66, 84, 61] for U-Net (5, 64) on 4 devices) mean
+ * the same split.  "U-Net (B, C)" in torchgpipe's tables is num_convs = B,
+ * base = C, at depth 5.  The top-level layers, by torchgpipe's names:
+ *
+ *   encoder_i (i = 0 .. depth-1):   a cell of base x 2^i channels
+ *       (encoder_i_encode_q_*), encoder_i_skip (identity, stashes
+ *       "encoder_i"), encoder_i_down (maxpool 2)
+ *   bottleneck: a cell of base x 2^depth channels, out base x 2^(depth-1)
+ *       (bottleneck_0_q_*)
+ *   decoder_d (d = 0 .. depth-1, level i = depth-1-d):  decoder_d_up
+ *       (upsample 2), decoder_d_skip (concat, pops "encoder_i", pads its
+ *       input right / bottom to the popped size), a cell of
+ *       int(base x 2^(i-1)) channels (decoder_d_decode_q_*)
+ *   segment: conv2d 1x1 to out_channels, no bias
+ *
+ * A cell is num_convs units conv_dropout_norm_relu (q = 0 .. num_convs-1),
+ * each four top-level layers: _conv (3x3, padding 1, no bias), _dropout
+ * (dropout2d 0.1), _norm (instance_norm), _relu (leaky_relu 0.01); every
+ * unit but the last outputs the cell's middle width, the last its output
+ * width.  So depth x (4 num_convs + 2) x 2 + 4 num_convs + 1 layers: 241
+ * for U-Net (5, 64), with 232,687,328 parameters.  Initialisation is
+ * PyTorch's default (gpipe's) for every convolution; instance norm has no
+ * parameters (affine=False). */
+
+static void unet_unit(spec_list *l, const char *pre, int64_t out)
+{
+    char nm[64]; /* pre is at most 47 characters (unet_cell) */
+    snprintf(nm, sizeof nm, "%.47s_conv", pre);
+    gp_layer_spec *c = push(l, GP_LAYER_CONV2D, nm);
+    c->out = out;
+    c->kernel = gp_hw_square(3);
+    c->padding = gp_hw_square(1);
+    c->bias = false;
+    snprintf(nm, sizeof nm, "%.47s_dropout", pre);
+    push(l, GP_LAYER_DROPOUT2D, nm)->p = 0.1f;
+    snprintf(nm, sizeof nm, "%.47s_norm", pre);
+    push(l, GP_LAYER_INSTANCE_NORM, nm);
+    snprintf(nm, sizeof nm, "%.47s_relu", pre);
+    push(l, GP_LAYER_LEAKY_RELU, nm)->slope = 0.01f;
+}
+
+/* torchgpipe's stacked_convs: `convs` units, the last one to `out`. */
+static void unet_cell(spec_list *l, const char *pre, int64_t mid, int64_t out, int convs)
+{
+    for (int q = 0; q < convs; q++) {
+        char nm[48];
+        snprintf(nm, sizeof nm, "%.32s_%d", pre, q);
+        unet_unit(l, nm, q == convs - 1 ? out : mid);
+    }
+}
+
+static gp_status unet(spec_list *l, int depth, int convs, int64_t base, int64_t out_channels)
+{
+    l->cap = 2 * depth * (4 * convs + 2) + 4 * convs + 1;
+    l->specs = calloc((size_t)l->cap, sizeof *l->specs);
+    if (!l->specs) return gp_error_set(GP_ERR_OOM, "out of memory expanding model.unet");
+    char pre[64], nm[64];
+    for (int i = 0; i < depth; i++) {
+        snprintf(pre, sizeof pre, "encoder_%d_encode", i);
+        unet_cell(l, pre, base << i, base << i, convs);
+        snprintf(nm, sizeof nm, "encoder_%d_skip", i);
+        snprintf(push(l, GP_LAYER_IDENTITY, nm)->stash, GP_SKIP_NAME, "encoder_%d", i);
+        snprintf(nm, sizeof nm, "encoder_%d_down", i);
+        gp_layer_spec *mp = push(l, GP_LAYER_MAXPOOL2D, nm);
+        mp->kernel = gp_hw_square(2);
+        mp->stride = gp_hw_square(2);
+    }
+    unet_cell(l, "bottleneck_0", base << depth, base << (depth - 1), convs);
+    for (int d = 0; d < depth; d++) {
+        int i = depth - 1 - d;
+        int64_t width = i == 0 ? base / 2 : base << (i - 1); /* Python's int(base * 2 ** (i - 1)) */
+        snprintf(nm, sizeof nm, "decoder_%d_up", d);
+        push(l, GP_LAYER_UPSAMPLE, nm)->scale = 2;
+        snprintf(nm, sizeof nm, "decoder_%d_skip", d);
+        gp_layer_spec *cat = push(l, GP_LAYER_CONCAT, nm);
+        snprintf(cat->pop[0], sizeof cat->pop[0], "encoder_%d", i);
+        cat->n_pop = 1;
+        snprintf(pre, sizeof pre, "decoder_%d_decode", d);
+        unet_cell(l, pre, width, width, convs);
+    }
+    gp_layer_spec *seg = push(l, GP_LAYER_CONV2D, "segment");
+    seg->out = out_channels;
+    seg->kernel = gp_hw_square(1);
+    seg->bias = false;
+    GP_ASSERT(l->n == l->cap);
+    return GP_OK;
+}
+
+/* model.unet: {depth, num_convs, base, in_channels, out_channels}. */
+static gp_status parse_unet(gp_cfg_walk *w, const gp_ynode *m, gp_model_config *mc, bool *found)
+{
+    const gp_ynode *u = gp_ymap_get(m, "unet"), *ukey = gp_ymap_key(m, "unet");
+    static const char *const others[] = {"layers", "resnet"};
+    for (int q = 0; q < GP_COUNT(others); q++)
+        if (!gp_cfg_absent(gp_ymap_get(m, others[q])))
+            return gp_cfg_bad(w, ukey, "model has both %s and unet; give one: unet expands into "
+                              "the layers", others[q]);
+    if (u->kind != GP_YNODE_MAP)
+        return gp_cfg_bad(w, u, "model.unet must be a map, like {depth: 5, num_convs: 5, "
+                          "base: 64}");
+    GP_TRY(gp_cfg_check_keys(w, u, "model.unet"));
+    const char *us = "model.unet";
+    int depth = 0, convs = 0;
+    int64_t base = 0, in_ch = 0, out_ch = 0;
+    GP_TRY(gp_cfg_get_int32(w, u, us, "depth", 5, 1, 16, &depth));
+    GP_TRY(gp_cfg_get_int32(w, u, us, "num_convs", 5, 1, 1000, &convs));
+    GP_TRY(gp_cfg_get_int(w, u, us, "base", 64, 2, (int64_t)1 << 16, &base));
+    GP_TRY(gp_cfg_get_int(w, u, us, "in_channels", mc->input[0], 1, (int64_t)1 << 24, &in_ch));
+    GP_TRY(gp_cfg_get_int(w, u, us, "out_channels", 1, 1, (int64_t)1 << 24, &out_ch));
+    if (base << depth > (int64_t)1 << 24)
+        return gp_cfg_bad(w, gp_ymap_get(u, "base"), "model.unet: base %lld x 2^depth (%d) = "
+                          "%lld channels at the bottleneck is too many (at most %lld)",
+                          (long long)base, depth, (long long)(base << depth),
+                          (long long)1 << 24);
+    if (in_ch != mc->input[0])
+        return gp_cfg_bad(w, gp_ymap_get(u, "in_channels"), "model.unet.in_channels = %lld but "
+                          "model.input has %lld channel%s; make them agree (or leave "
+                          "in_channels out: it defaults to model.input's)", (long long)in_ch,
+                          (long long)mc->input[0], mc->input[0] == 1 ? "" : "s");
+    /* depth max pools of 2: the bottleneck's instance norms need more than
+     * one pixel to normalise over */
+    int64_t bh = mc->input[1] >> depth, bw = mc->input[2] >> depth;
+    if (bh * bw < 2)
+        return gp_cfg_bad(w, gp_ymap_get(u, "depth") ? gp_ymap_get(u, "depth") : ukey,
+                          "model.unet.depth = %d halves the input %d times: %lld x %lld becomes "
+                          "%lld x %lld at the bottleneck, where instance_norm needs more than "
+                          "one pixel; give a larger model.input or a smaller depth", depth,
+                          depth, (long long)mc->input[1], (long long)mc->input[2],
+                          (long long)bh, (long long)bw);
+    spec_list l = {.file = w->file, .line = ukey->line, .column = ukey->column};
+    GP_TRY(unet(&l, depth, convs, base, out_ch));
+    mc->layers = l.specs;
+    mc->n_layers = l.n;
+    *found = true;
+    return GP_OK;
+}
+
 gp_status gp_cfg_parse_family(gp_cfg_walk *w, const gp_ynode *m, gp_model_config *mc, bool *found)
 {
     *found = false;
+    if (!gp_cfg_absent(gp_ymap_get(m, "unet"))) return parse_unet(w, m, mc, found);
     const gp_ynode *r = gp_ymap_get(m, "resnet");
     if (gp_cfg_absent(r)) return GP_OK;
     const gp_ynode *rkey = gp_ymap_key(m, "resnet");
