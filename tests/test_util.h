@@ -6,6 +6,7 @@
  *   gpt_open_cpu_devices  cpu:0..count-1, the caller closes them
  *   gpt_model_cfg         the small MLP and convnet the pipeline tests train
  *   gpt_make_batch        a deterministic batch per step
+ *   gpt_make_masks        0 / 1 targets for binary cross-entropy
  *   gpt_gather            a model's parameters (or gradients) on the host
  *   gpt_set_schedule      a schedule, its stages per device and an even split
  *   gpt_split_even        layers per stage, as even as can be
@@ -111,6 +112,14 @@ static inline void gpt_make_batch(const gp_config *c, int64_t batch, int step, f
     for (int64_t i = 0; i < batch; i++) y[i] = (float)((i * 7 + step) % 5);
 }
 
+/* Binary cross-entropy's targets: n values 0 or 1 from the counter-based
+ * RNG (stream 12, counter step), one per output element of the batch. */
+static inline void gpt_make_masks(int64_t n, int step, float *y)
+{
+    gp_rng_uniform_fill(12, (uint64_t)step, 0, y, n);
+    for (int64_t q = 0; q < n; q++) y[q] = y[q] < 0.5f ? 0.0f : 1.0f;
+}
+
 typedef enum {
     GPT_VALUES,  /* every parameter's value, buffers (BN running statistics) included */
     GPT_GRADS,   /* every parameter's gradient; zeros where there is none (buffers) */
@@ -145,8 +154,9 @@ static inline float *gpt_gather(gp_model *m, gpt_gather_what what, int64_t *coun
 }
 
 /* Transparency, the pipeline's oracle: `steps` steps of batch `batch`
- * (gpt_make_batch) on ref (gp_model_train_step, c->pipeline.chunks
- * micro-batches) and on pip (gp_model_pipeline_step), both built from c.
+ * (gpt_make_batch; for binary cross-entropy the targets of gpt_make_masks)
+ * on ref (gp_model_train_step, c->pipeline.chunks micro-batches) and on pip
+ * (gp_model_pipeline_step), both built from c.
  * same[0]: every step's loss and accuracy equal; same[1]: the first step's
  * gradients equal bit for bit; same[2]: every parameter and buffer equal
  * after the last step.  A failing step is a CHECK failure and leaves the
@@ -154,12 +164,14 @@ static inline float *gpt_gather(gp_model *m, gpt_gather_what what, int64_t *coun
 static inline void gpt_compare_steps(const gp_config *c, gp_model *ref, gp_model *pip,
                                      int64_t batch, int steps, bool same[3])
 {
-    int64_t per = c->model.input[0] * c->model.input[1] * c->model.input[2];
-    float *x = malloc((size_t)(batch * per) * sizeof *x), *y = malloc((size_t)batch * sizeof *y);
+    int64_t per = c->model.input[0] * c->model.input[1] * c->model.input[2], t = ref->targets;
+    float *x = malloc((size_t)(batch * per) * sizeof *x);
+    float *y = malloc((size_t)(batch * t) * sizeof *y);
     same[0] = same[1] = same[2] = false;
     bool loss = true, grads = true, ok = x && y;
     for (int step = 0; step < steps && ok; step++) {
         gpt_make_batch(c, batch, step, x, y);
+        if (c->model.loss == GP_LOSS_BCE_WITH_LOGITS) gpt_make_masks(batch * t, step, y);
         gp_step_stats a, b;
         gp_status s1 = gp_model_train_step(ref, c, x, y, batch, c->pipeline.chunks, 0.05, &a);
         gp_status s2 = gp_model_pipeline_step(pip, c, x, y, batch, 0.05, &b);
