@@ -522,7 +522,8 @@ static void check_layer(gp_device *dev, const layer_case *lc, int index, hrng *r
     gp_tensor x = gpt_upload(dev, &lc->in, xh);
     double *xd = malloc((size_t)nx * sizeof *xd);
     for (int64_t i = 0; i < nx; i++) xd[i] = xh[i];
-    double *P[GP_LAYER_MAX_PARAMS] = {0};
+    double *P[GPT_MAX_PARAMS] = {0};
+    GP_ASSERT(l.n_params <= GPT_MAX_PARAMS);
     for (int p = 0; p < l.n_params; p++) P[p] = download_d(&l.params[p].value);
 
     /* forward, training and eval, against the reference */
@@ -588,7 +589,7 @@ static void check_layer(gp_device *dev, const layer_case *lc, int index, hrng *r
 
     /* dW accumulates: a second backward doubles; weights-only equals */
     if (l.n_params > 0) {
-        float *g1[GP_LAYER_MAX_PARAMS] = {0};
+        float *g1[GPT_MAX_PARAMS] = {0};
         for (int p = 0; p < l.n_params; p++)
             if (!l.params[p].is_buffer) g1[p] = gpt_download(&l.params[p].grad);
         gp_tensor dx2 = {0};
@@ -629,7 +630,7 @@ static void check_layer(gp_device *dev, const layer_case *lc, int index, hrng *r
         CHECK_OK(gp_layer_zero_grad(&l));
         CHECK_OK(gp_layer_backward(&l, &ctx, &x, &y, &dy, NULL, &s));
         CHECK_OK(gp_layer_backward(&l, &ctx, &x, &y, &dy, NULL, &s));
-        float *want[GP_LAYER_MAX_PARAMS] = {0};
+        float *want[GPT_MAX_PARAMS] = {0};
         for (int p = 0; p < l.n_params; p++) {
             if (l.params[p].is_buffer) continue;
             want[p] = gpt_download(&l.params[p].grad);

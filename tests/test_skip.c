@@ -186,7 +186,8 @@ static void check_pop_layer(gp_device *dev, gp_layer_spec sp, gp_shape xs, gp_sh
         x[q] = gpt_upload(dev, &in[q], h);
         free(h);
     }
-    double *P[GP_LAYER_MAX_PARAMS] = {NULL};
+    double *P[GPT_MAX_PARAMS] = {NULL};
+    GP_ASSERT(l.n_params <= GPT_MAX_PARAMS);
     for (int p = 0; p < l.n_params; p++) { /* random affine, so the norm's gradient shows */
         int64_t n = gp_tensor_numel(&l.params[p].value);
         float *h = malloc((size_t)n * sizeof *h);

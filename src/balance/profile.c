@@ -695,8 +695,9 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
             out->first_trainable = k;
         }
         /* optimizer state as the trainer keeps it */
-        gp_tensor opt[GP_LAYER_MAX_PARAMS * 2];
+        gp_tensor *opt = calloc((size_t)(2 * l.n_params + 1), sizeof *opt);
         int n_opt = 0;
+        if (!opt) s = gp_error_set(GP_ERR_OOM, "out of host memory profiling layer %d", k);
         for (int q = 0; q < l.n_params && s == GP_OK; q++) {
             if (l.params[q].is_buffer) continue;
             gp_shape ps = gp_tensor_shape(&l.params[q].value);
@@ -756,6 +757,7 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
         gp_allocator_snapshot(&dev->alloc, &a3);
         mm->workspace_bytes = a3.peak_by[GP_MEM_WORKSPACE];
         for (int q = 0; q < n_opt; q++) gp_tensor_free(&opt[q]);
+        free(opt);
         outs[k] = l.out_shape;
         gp_layer_destroy(&l);
         gp_device_close(dev);

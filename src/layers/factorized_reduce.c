@@ -336,7 +336,7 @@ static size_t fr_saved_bytes(const gp_layer *l, int64_t n)
     return n == 0 ? 0 : (in + sub + out + 2 * (size_t)l->spec.out) * sizeof(float);
 }
 
-int gp_fr_counters(gp_layer *l, const char **names, int64_t **values, int max)
+static int fr_counters(gp_layer *l, const char **names, int64_t **values, int max)
 {
     fr_state *st = l->state;
     if (max > 0) {
@@ -348,6 +348,7 @@ int gp_fr_counters(gp_layer *l, const char **names, int64_t **values, int max)
 
 const gp_layer_ops gp_factorized_reduce_ops = {
     .type = GP_LAYER_FACTORIZED_REDUCE,
+    .counters = fr_counters,
     .infer = fr_infer,
     .init = fr_init,
     .forward = fr_forward,

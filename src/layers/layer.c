@@ -206,7 +206,7 @@ gp_status gp_layer_setup(const gp_layer_spec *spec, int index, int param_base,
     if (!out->ops)
         return gp_error_set(GP_ERR_INVALID, "layer %d: unknown layer type %d", index,
                             (int)spec->type);
-    if (spec->n_pop != out->ops->pops) {
+    if (spec->n_pop != out->ops->pops && !(out->ops->pops_optional && spec->n_pop == 0)) {
         if (out->ops->pops == 0)
             return gp_layer_spec_error(out, "pops '%s', but a %s layer takes no popped tensor; "
                                        "pop it in an add or concat layer",
@@ -257,15 +257,29 @@ void gp_layer_destroy(gp_layer *l)
         gp_tensor_free(&l->params[p].value);
         gp_tensor_free(&l->params[p].grad);
     }
+    free(l->params);
     memset(l, 0, sizeof *l);
 }
 
 /* ---- parameters ---------------------------------------------------------- */
 
+/* Room for `more` parameters after l->n_params. */
+static gp_status params_reserve(gp_layer *l, int more)
+{
+    if (l->n_params + more <= l->cap_params) return GP_OK;
+    int cap = l->cap_params ? l->cap_params : 4;
+    while (cap < l->n_params + more) cap *= 2;
+    gp_param *p = realloc(l->params, (size_t)cap * sizeof *p);
+    if (!p) return gp_error_set(GP_ERR_OOM, "out of host memory for %d parameters", cap);
+    l->params = p;
+    l->cap_params = cap;
+    return GP_OK;
+}
+
 gp_status gp_layers_add_param(gp_layer *l, const char *name, const gp_shape *shape,
                               bool is_buffer, bool no_decay)
 {
-    GP_ASSERT(l->n_params < GP_LAYER_MAX_PARAMS);
+    GP_TRY(params_reserve(l, 1));
     gp_param *p = &l->params[l->n_params];
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "%s", name);
@@ -287,12 +301,20 @@ gp_status gp_layers_child_setup(gp_layer *parent, const gp_layer_spec *spec, con
                                 const gp_shape *in, uint64_t seed, gp_layer *child, int *first)
 {
     GP_TRY(gp_layer_setup(spec, parent->index, parent->n_params, in, parent->dev, seed, child));
+    gp_status s = params_reserve(parent, child->n_params);
+    if (s != GP_OK) {
+        gp_layer_destroy(child); /* its tensors are still its own */
+        return s;
+    }
     *first = parent->n_params;
     for (int p = 0; p < child->n_params; p++) {
-        GP_ASSERT(parent->n_params < GP_LAYER_MAX_PARAMS);
         gp_param *dst = &parent->params[parent->n_params++];
         *dst = child->params[p];
-        snprintf(dst->name, sizeof dst->name, "%s.%s", prefix, child->params[p].name);
+        size_t a = strlen(prefix), b = strlen(child->params[p].name);
+        GP_ASSERT(a + 1 + b < sizeof dst->name); /* the names are the code's own */
+        memcpy(dst->name, prefix, a);
+        dst->name[a] = '.';
+        memcpy(dst->name + a + 1, child->params[p].name, b + 1);
     }
     gp_layers_child_view(parent, child, *first);
     return GP_OK;
@@ -418,6 +440,8 @@ void gp_saved_free(gp_saved *s)
     if (!s) return;
     for (int k = 0; k < GP_SAVED_MAX; k++) gp_tensor_free(&s->t[k]);
     if (s->ws) gp_dev_free(s->ws_dev, s->ws, s->ws_bytes, GP_MEM_ACTIVATIONS);
+    for (int k = 0; k < s->n_sub; k++) gp_saved_free(&s->sub[k]);
+    free(s->sub);
     memset(s, 0, sizeof *s);
 }
 
@@ -426,6 +450,7 @@ size_t gp_saved_bytes(const gp_saved *s)
     size_t b = s->ws ? s->ws_bytes : 0;
     for (int k = 0; k < GP_SAVED_MAX; k++)
         if (s->t[k].owned) b += gp_tensor_bytes(&s->t[k]);
+    for (int k = 0; k < s->n_sub; k++) b += gp_saved_bytes(&s->sub[k]);
     return b;
 }
 
@@ -645,15 +670,5 @@ int gp_layers_first_trainable(const gp_layer *layers, int n)
 
 int gp_layer_counters(gp_layer *l, const char **names, int64_t **values, int max)
 {
-    if (l->spec.type == GP_LAYER_BATCHNORM) {
-        if (max > 0) {
-            names[0] = "num_batches_tracked";
-            values[0] = gp_batchnorm_counter(l);
-        }
-        return 1;
-    }
-    if (l->spec.type == GP_LAYER_RESIDUAL) return gp_residual_counters(l, names, values, max);
-    if (l->spec.type == GP_LAYER_ADD) return gp_add_counters(l, names, values, max);
-    if (l->spec.type == GP_LAYER_FACTORIZED_REDUCE) return gp_fr_counters(l, names, values, max);
-    return 0;
+    return l->ops->counters ? l->ops->counters(l, names, values, max) : 0;
 }

@@ -193,12 +193,15 @@ typedef struct gp_saved {
     size_t ws_bytes;
     gp_device *ws_dev;
     unsigned flags;       /* layer-private */
+    /* A composite layer whose children need more than t[] (the AmoebaNet
+     * cell): an owned array of n_sub gp_saved, freed and counted with
+     * this one. */
+    struct gp_saved *sub;
+    int n_sub;
 } gp_saved;
 void gp_saved_free(gp_saved *s);
 /* Bytes held by a gp_saved. */
 size_t gp_saved_bytes(const gp_saved *s);
-
-#define GP_LAYER_MAX_PARAMS 20
 
 typedef struct gp_layer gp_layer;
 
@@ -249,8 +252,13 @@ typedef struct gp_layer_ops {
      * gradients first and the layer accumulates as always. */
     bool overwrites_grads;
     /* How many popped tensors the type takes besides its main input (0 for
-     * all but add and concat); spec.n_pop must equal it. */
+     * all but add, concat and amoeba_cell); spec.n_pop must equal it, or
+     * with pops_optional be 0 or it. */
     int pops;
+    bool pops_optional;
+    /* optional: the layer's batch-norm step counters (gp_layer_counters).
+     * NULL = none. */
+    int (*counters)(gp_layer *l, const char **names, int64_t **values, int max);
 } gp_layer_ops;
 
 struct gp_layer {
@@ -262,8 +270,8 @@ struct gp_layer {
     gp_shape out_shape;     /* for batch 1 */
     int n_in;               /* inputs: 1 + spec.n_pop */
     gp_shape pop_shape[GP_MAX_POPS]; /* the popped inputs, for batch 1 */
-    gp_param params[GP_LAYER_MAX_PARAMS];
-    int n_params;
+    gp_param *params;       /* [n_params] (capacity cap_params), owned */
+    int n_params, cap_params;
     void *state;            /* layer-private, owned by the layer */
     int param_base;         /* RNG stream number of params[0]: 0, except for
                                the child layers inside a composite layer

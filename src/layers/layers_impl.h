@@ -104,11 +104,5 @@ int64_t gp_batchnorm_batches_tracked(const gp_layer *l);
 int64_t gp_batchnorm_pending_count(const gp_layer *l);
 /* Where a batch norm keeps its commit count (snapshots set it on resume). */
 int64_t *gp_batchnorm_counter(gp_layer *l);
-/* gp_layer_counters of an add layer (its projection's norm). */
-int gp_add_counters(gp_layer *l, const char **names, int64_t **values, int max);
-/* gp_layer_counters of a residual block. */
-int gp_residual_counters(gp_layer *l, const char **names, int64_t **values, int max);
-/* gp_layer_counters of a factorized reduce ("bn.num_batches_tracked"). */
-int gp_fr_counters(gp_layer *l, const char **names, int64_t **values, int max);
 
 #endif /* GP_LAYERS_IMPL_H */

@@ -21,7 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define MAX_COUNTERS 4
+#define MAX_COUNTERS 32 /* batch norms in one layer (an AmoebaNet cell has up to 20) */
 #define SNAP_PREFIX "snapshot-"
 #define SNAP_SUFFIX ".safetensors"
 
@@ -283,6 +283,7 @@ gp_status gp_snapshot_apply(gp_model *m, const gp_st_file *f, bool optimizer)
             const char *cn[MAX_COUNTERS];
             int64_t *cv[MAX_COUNTERS];
             int nc = gp_layer_counters(l, cn, cv, MAX_COUNTERS);
+            GP_ASSERT(nc <= MAX_COUNTERS);
             for (int c = 0; c < nc; c++) {
                 const gp_st_tensor *t;
                 snprintf(name, sizeof name, "%d.%s", k, cn[c]);
@@ -307,6 +308,7 @@ gp_status gp_snapshot_apply(gp_model *m, const gp_st_file *f, bool optimizer)
                 const char *cn[MAX_COUNTERS];
                 int64_t *cv[MAX_COUNTERS];
                 int nc = gp_layer_counters(l, cn, cv, MAX_COUNTERS);
+                GP_ASSERT(nc <= MAX_COUNTERS);
                 for (int c = 0; c < nc && !known; c++) known = !strcmp(e + 1, cn[c]);
             }
             if (!known) nl_add(&extra, "%s", tn);
