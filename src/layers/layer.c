@@ -16,7 +16,7 @@ static const char *const type_names[GP_LAYER_TYPE_COUNT] = {
     "avgpool2d", "global_avgpool", "flatten", "dropout", "residual",
     "identity", "add", "concat",
     "leaky_relu", "dropout2d", "instance_norm", "upsample",
-    "factorized_reduce",
+    "factorized_reduce", "amoeba_cell",
 };
 
 static const char *const init_names[GP_INIT_COUNT] = {"default", "kaiming_normal_fan_out"};
@@ -90,6 +90,7 @@ const gp_layer_ops *gp_layer_ops_for(gp_layer_type t)
     case GP_LAYER_INSTANCE_NORM: return &gp_instance_norm_ops;
     case GP_LAYER_UPSAMPLE: return &gp_upsample_ops;
     case GP_LAYER_FACTORIZED_REDUCE: return &gp_factorized_reduce_ops;
+    case GP_LAYER_AMOEBA_CELL: return &gp_amoeba_cell_ops;
     default: return NULL;
     }
 }
@@ -117,6 +118,9 @@ const char *gp_layer_window_str(const gp_layer_spec *s, char *buf, size_t len)
     case GP_LAYER_ADD:
     case GP_LAYER_FACTORIZED_REDUCE:
         if (init) snprintf(buf, len, "{init: %s}", init);
+        break;
+    case GP_LAYER_AMOEBA_CELL:
+        if (s->reduction) snprintf(buf, len, "{reduction: true}");
         break;
     default:
         break;
@@ -425,6 +429,18 @@ int64_t gp_layer_param_count(const gp_layer *l)
     for (int p = 0; p < l->n_params; p++)
         if (!l->params[p].is_buffer) n += gp_tensor_numel(&l->params[p].value);
     return n;
+}
+
+/* Channels [d0, d0 + c) of dst (N, dc, HW) = channels [s0, s0 + c) of src
+ * (N, sc, HW): concatenation and its gradient's slices. */
+gp_status gp_layers_copy_channels(gp_device *dev, float *dst, int64_t dc, int64_t d0,
+                                  const float *src, int64_t sc, int64_t s0, int64_t n, int64_t c,
+                                  int64_t hw)
+{
+    if (n * c * hw == 0) return GP_OK;
+    const int64_t ds[4] = {dc * hw, hw, hw, 1}, ss[4] = {sc * hw, hw, hw, 1};
+    const int64_t dims[4] = {n, c, 1, hw};
+    return gp_dev_copy_box(dev, dst + d0 * hw, ds, src + s0 * hw, ss, dims);
 }
 
 /* ---- saved tensors -------------------------------------------------------- */

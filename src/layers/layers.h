@@ -63,6 +63,7 @@ typedef enum gp_layer_type {
     GP_LAYER_INSTANCE_NORM,
     GP_LAYER_UPSAMPLE,
     GP_LAYER_FACTORIZED_REDUCE,
+    GP_LAYER_AMOEBA_CELL,
     GP_LAYER_TYPE_COUNT
 } gp_layer_type;
 
@@ -110,7 +111,8 @@ typedef struct gp_layer_spec {
     char file[128];       /* config file it came from, for messages; "" if none */
     int64_t in;           /* linear in_features / conv in_channels; 0 = infer */
     int64_t out;          /* linear out_features / conv out_channels /
-                             residual, factorized_reduce (even) out_channels;
+                             residual, factorized_reduce (even) out_channels /
+                             amoeba_cell channels per state (multiple of 4);
                              0 = not given (error) */
     gp_hw kernel;         /* conv, pools: (KH, KW); {0, 0} = not given (error) */
     gp_hw stride;         /* conv, pools; default {1, 1} (pools: {0, 0} = the
@@ -131,6 +133,8 @@ typedef struct gp_layer_spec {
     float p;              /* dropout, dropout2d probability; default 0.5 */
     float slope;          /* leaky_relu negative slope (>= 0); default 0.01 */
     int64_t scale;        /* upsample factor (>= 1); default 2 */
+    bool reduction;       /* amoeba_cell: a reduction cell (stride 2 on its
+                             inputs' operations); default false */
     /* Skip connections (torchgpipe's stash / pop; docs/config.md): the
      * layer's output is also kept under the name `stash` ("" none) until
      * the one layer that pops it; a layer that pops takes the popped
