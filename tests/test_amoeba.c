@@ -459,7 +459,7 @@ static void family(void)
         gp_skip_map_free(&map);
         CHECK(!strcmp(c.model.layers[3].name, "stem2") && c.model.layers[3].n_pop == 0 &&
               !strcmp(c.model.layers[11].name, "cell2_reduction") &&
-              c.model.layers[11].reduction && !strcmp(c.model.layers[27].name, "classify_fc"));
+              c.model.layers[11].reduction && !strcmp(c.model.layers[27].name, "classify.fc"));
         gp_config_free(&c);
     }
     gp_config c;

@@ -129,14 +129,14 @@ static gp_status amoebanet(spec_list *l, int layers, int64_t filters, int64_t cl
     l->specs = calloc((size_t)l->cap, sizeof *l->specs);
     if (!l->specs) return gp_error_set(GP_ERR_OOM, "out of memory expanding model.amoebanet");
     int64_t ch = filters / 4;
-    push(l, GP_LAYER_RELU, "stem1_relu");
-    gp_layer_spec *c = push(l, GP_LAYER_CONV2D, "stem1_conv");
+    push(l, GP_LAYER_RELU, "stem1.relu");
+    gp_layer_spec *c = push(l, GP_LAYER_CONV2D, "stem1.conv");
     c->out = ch;
     c->kernel = gp_hw_square(3);
     c->stride = gp_hw_square(2);
     c->padding = gp_hw_square(1);
     c->bias = false;
-    push(l, GP_LAYER_BATCHNORM, "stem1_bn");
+    push(l, GP_LAYER_BATCHNORM, "stem1.bn");
     int first = l->n; /* the first cell's index */
     for (int k = 0; k < cells; k++) {
         /* stem2, stem3, normal x r, reduction, normal x r, reduction, normal x r */
@@ -162,9 +162,9 @@ static gp_status amoebanet(spec_list *l, int layers, int64_t filters, int64_t cl
             cell->n_pop = 1;
         }
     }
-    push(l, GP_LAYER_GLOBAL_AVGPOOL, "classify_pool");
-    push(l, GP_LAYER_FLATTEN, "classify_flat");
-    push(l, GP_LAYER_LINEAR, "classify_fc")->out = classes;
+    push(l, GP_LAYER_GLOBAL_AVGPOOL, "classify.pool");
+    push(l, GP_LAYER_FLATTEN, "classify.flat");
+    push(l, GP_LAYER_LINEAR, "classify.fc")->out = classes;
     GP_ASSERT(l->n == l->cap);
     return GP_OK;
 }
