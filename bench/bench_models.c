@@ -35,16 +35,17 @@
 typedef struct {
     const char *name;   /* --model */
     const char *label;  /* for tables */
-    int64_t side;       /* input height = width */
-    int64_t batch;
+    int64_t side;       /* input height = width (speed) */
+    int64_t batch;      /* (speed) */
+    int64_t mside, mbatch; /* the same for the memory benchmark */
     const char *model;  /* the model: section's family line, "%d" "%d" for its two sizes */
     int a, b;           /* the speed benchmark's sizes */
 } family;
 
 static const family k_families[] = {
-    {"amoebanet", "AmoebaNet-D", 64, 64,
+    {"amoebanet", "AmoebaNet-D", 64, 64, 64, 16,
      "amoebanet: {layers: %d, filters: %d, classes: 10}", 6, 64},
-    {"resnet", "ResNet", 64, 32, "resnet: {depth: %d, classes: 10%.0d}", 50, 0},
+    {"resnet", "ResNet", 64, 32, 64, 8, "resnet: {depth: %d, classes: 10%.0d}", 50, 0},
 };
 
 static const family *find_family(const char *name)
@@ -54,16 +55,16 @@ static const family *find_family(const char *name)
     return NULL;
 }
 
-static gp_status family_cfg(const family *f, int a, int b, gp_config *c)
+static gp_status family_cfg(const family *f, int a, int b, bool mem, gp_config *c)
 {
+    int64_t side = mem ? f->mside : f->side, batch = mem ? f->mbatch : f->batch;
     char model[160], text[1024];
     snprintf(model, sizeof model, f->model, a, b);
     snprintf(text, sizeof text,
              "model:\n  input: [3, %lld, %lld]\n  %s\n"
              "data: {dataset: synthetic, synthetic: {train: %lld, test: 8, classes: 10}}\n"
              "train: {batch_size: %lld, seed: 1, optimizer: {lr: 0.01, momentum: 0.9}}\n",
-             (long long)f->side, (long long)f->side, model, (long long)f->batch,
-             (long long)f->batch);
+             (long long)side, (long long)side, model, (long long)batch, (long long)batch);
     return gp_config_parse("bench_models.yaml", text, strlen(text), NULL, 0, c);
 }
 
@@ -106,7 +107,7 @@ static gp_status throughput(const gp_config *base, int k, int steps, double *out
 static int speed(const family *f, int steps)
 {
     gp_config c;
-    if (family_cfg(f, f->a, f->b, &c) != GP_OK) {
+    if (family_cfg(f, f->a, f->b, false, &c) != GP_OK) {
         fprintf(stderr, "bench_models: %s\n", gp_last_error());
         return 1;
     }
@@ -198,12 +199,18 @@ static bool fits(const gp_config *base, int k, size_t cap)
     }
     gp_device *devs[GP_MAX_DEVICES];
     gp_model model;
-    if (gp_train_open(&cfg, devs, &model, true) != GP_OK) return false;
+    gp_status so = gp_train_open(&cfg, devs, &model, true);
+    if (so != GP_OK) {
+        if (so != GP_ERR_OOM) fprintf(stderr, "bench_models: %s\n", gp_last_error());
+        return false;
+    }
     int64_t b = cfg.train.batch_size, per = gp_shape_numel(&model.input);
     float *x, *y;
     gp_bench_random_batch(b, per, 5, 6, &x, &y);
     gp_status s = k ? gp_model_pipeline_step(&model, &cfg, x, y, b, 0.001, NULL)
                     : gp_model_train_step(&model, &cfg, x, y, b, 1, 0.001, NULL);
+    if (s != GP_OK && s != GP_ERR_OOM) /* not a matter of size: say so */
+        fprintf(stderr, "bench_models: %s\n", gp_last_error());
     free(x);
     free(y);
     gp_model_free(&model);
@@ -214,18 +221,19 @@ static bool fits(const gp_config *base, int k, size_t cap)
 static int memory(const family *f, size_t cap)
 {
     /* the sizes tried: (L, D) for AmoebaNet-D */
-    static const int la[] = {3, 6, 9, 12, 18, 24, 36}, da[] = {16, 32, 48, 64, 96, 128, 160, 192, 256};
-    candidate cand[64];
+    static const int la[] = {3, 6, 9, 12, 18, 24, 36, 48};
+    enum { MAX_CAND = 8 * 16 };
+    candidate cand[MAX_CAND];
     int nc = 0;
     gp_device *dev;
     gp_device_opts o = {.threads = 2};
     if (gp_device_open("cpu:0", &o, &dev) != GP_OK) return 1;
     for (size_t i = 0; i < sizeof la / sizeof *la; i++)
-        for (size_t j = 0; j < sizeof da / sizeof *da && nc < 64; j++) {
+        for (int d = 16; d <= 256 && nc < MAX_CAND; d += 16) {
             gp_config c;
-            if (family_cfg(f, la[i], da[j], &c) != GP_OK) continue;
+            if (family_cfg(f, la[i], d, true, &c) != GP_OK) continue;
             int64_t np;
-            if (count_params(&c, dev, &np) == GP_OK) cand[nc++] = (candidate){la[i], da[j], np};
+            if (count_params(&c, dev, &np) == GP_OK) cand[nc++] = (candidate){la[i], d, np};
             gp_error_clear();
             gp_config_free(&c);
         }
@@ -234,8 +242,8 @@ static int memory(const family *f, size_t cap)
     char cpu[256];
     gp_bench_cpu_name(cpu, sizeof cpu);
     printf("%s memory: the largest of %d sizes that trains a step; %lldx%lld, batch %lld; each "
-           "device %zu MiB; %s\n\n", f->label, nc, (long long)f->side, (long long)f->side,
-           (long long)f->batch, cap >> 20, cpu);
+           "device %zu MiB; %s\n\n", f->label, nc, (long long)f->mside, (long long)f->mside,
+           (long long)f->mbatch, cap >> 20, cpu);
     printf("| experiment | (L, D) | parameters | vs pipeline-1 |\n|---|---|---|---|\n");
     int64_t p1 = 0;
     for (int k = 0; k <= 8; k = k ? 2 * k : 1) {
@@ -243,7 +251,7 @@ static int memory(const family *f, size_t cap)
         while (hi - lo > 1) {
             int mid = (lo + hi) / 2;
             gp_config c;
-            bool ok = family_cfg(f, cand[mid].a, cand[mid].b, &c) == GP_OK && fits(&c, k, cap);
+            bool ok = family_cfg(f, cand[mid].a, cand[mid].b, true, &c) == GP_OK && fits(&c, k, cap);
             gp_error_clear();
             gp_config_free(&c);
             if (ok) lo = mid;
