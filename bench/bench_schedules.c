@@ -95,36 +95,6 @@ static gp_status run(const gp_config *base, gp_schedule_kind kind, int m, int st
 
 static int simulator(gp_config *cfg, int steps, int rounds);
 
-static void cpu_name(char *buf, size_t len)
-{
-    snprintf(buf, len, "unknown processor");
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (!f) return;
-    char line[4096];
-    bool named = false, avx2 = false, avx512 = false, bf16 = false, amx = false;
-    while (fgets(line, sizeof line, f)) {
-        if (!named && !strncmp(line, "model name", 10)) {
-            char *c = strchr(line, ':');
-            if (c) {
-                snprintf(buf, len, "%s", c + 2);
-                buf[strcspn(buf, "\n")] = '\0';
-                named = true;
-            }
-        }
-        if (!strncmp(line, "flags", 5)) {
-            avx2 = strstr(line, " avx2") != NULL;
-            avx512 = strstr(line, " avx512f") != NULL;
-            bf16 = strstr(line, " avx512_bf16") != NULL;
-            amx = strstr(line, " amx") != NULL;
-            break;
-        }
-    }
-    fclose(f);
-    size_t l = strlen(buf);
-    snprintf(buf + l, len - l, " (%s%s%s%s)", avx2 ? "avx2" : "no avx2", avx512 ? ", avx512f" : "",
-             bf16 ? ", avx512_bf16" : "", amx ? ", amx" : "");
-}
-
 int main(int argc, char **argv)
 {
     int steps = 5, rounds = 3;
@@ -145,7 +115,7 @@ int main(int argc, char **argv)
         return 1;
     }
     char cpu[256];
-    cpu_name(cpu, sizeof cpu);
+    gp_bench_cpu_name(cpu, sizeof cpu);
     printf("%s\n%s, batch %lld, 2 CPU devices x 1 thread, checkpoint never, free-running; "
            "%d rounds x %d steps\n\n", cpu, path, (long long)cfg.train.batch_size, rounds, steps);
     static series mem[KINDS], bub[KINDS];

@@ -7,7 +7,9 @@
 
 #include "train/train.h"
 
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static inline int gp_bench_cmp_double(const void *a, const void *b)
 {
@@ -44,6 +46,38 @@ static inline void gp_bench_random_batch(int64_t b, int64_t per, uint64_t seed, 
     *y = malloc((size_t)b * sizeof **y);
     gp_rng_uniform_fill(seed, stream, 0, *x, b * per);
     for (int64_t i = 0; i < b; i++) (*y)[i] = (float)(i % 10);
+}
+
+/* The processor, for every table of CPU numbers: "Intel(R) Xeon(R) ...
+ * (avx2, avx512f)" from /proc/cpuinfo's first model name and flags. */
+static inline void gp_bench_cpu_name(char *buf, size_t len)
+{
+    snprintf(buf, len, "unknown processor");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[4096];
+    bool named = false, avx2 = false, avx512 = false, bf16 = false, amx = false;
+    while (fgets(line, sizeof line, f)) {
+        if (!named && !strncmp(line, "model name", 10)) {
+            char *c = strchr(line, ':');
+            if (c) {
+                snprintf(buf, len, "%s", c + 2);
+                buf[strcspn(buf, "\n")] = '\0';
+                named = true;
+            }
+        }
+        if (!strncmp(line, "flags", 5)) {
+            avx2 = strstr(line, " avx2") != NULL;
+            avx512 = strstr(line, " avx512f") != NULL;
+            bf16 = strstr(line, " avx512_bf16") != NULL;
+            amx = strstr(line, " amx") != NULL;
+            break;
+        }
+    }
+    fclose(f);
+    size_t l = strlen(buf);
+    snprintf(buf + l, len - l, " (%s%s%s%s)", avx2 ? "avx2" : "no avx2", avx512 ? ", avx512f" : "",
+             bf16 ? ", avx512_bf16" : "", amx ? ", amx" : "");
 }
 
 #endif

@@ -16,6 +16,7 @@
  *     (tight numbers are bench/bench_balance's job).
  */
 #include "balance/balance.h"
+#include "balance/balance_impl.h"
 #include "train/train.h"
 #include "test.h"
 
@@ -892,6 +893,75 @@ static void test_simulator(void)
     }
 }
 
+/* Skips in the cost model: on four one-layer stages (layer k's output copy
+ * takes 10 (k + 1), holds 100 (k + 1) bytes per sample), a skip from layer 0
+ * to layer 3 adds its copy to stage 3's receive and its gradient's to stage
+ * 0's, nothing to stages 1 and 2 (it is not routed through them), and
+ * raises the peak bytes of stages 0 and 3 only; a profile keeps its skips
+ * through JSON, and they change its model hash. */
+static void test_skip_costs(void)
+{
+    enum { N = 4, M = 4, S = 2 };
+    gp_layer_mem mem[N];
+    gp_layer_times t[N];
+    memset(mem, 0, sizeof mem);
+    memset(t, 0, sizeof t);
+    for (int k = 0; k < N; k++) {
+        t[k].fwd = 1;
+        t[k].bwd_data = t[k].bwd_weights = 1;
+        t[k].copy = 10.0 * (k + 1);
+        mem[k].in_per_sample = k ? 100.0 * k : 50.0;
+        mem[k].out_per_sample = 100.0 * (k + 1);
+        mem[k].keep_per_sample = 100.0 * (k + 1);
+        snprintf(mem[k].spec, sizeof mem[k].spec, "relu");
+    }
+    int bal[N];
+    gp_profile p = unit_profile(N, M, S, mem, t, bal);
+    gp_profile_skip sk = {0, 3};
+    gp_stage_times a[N], b[N];
+    double pa[N], pb[N];
+    gp_schedule sched;
+    gp_schedule_opts so = {.kind = GP_SCHEDULE_GPIPE, .n = N, .m = M,
+                           .checkpoint = GP_CKPT_EXCEPT_LAST, .replicas = 1, .update = true,
+                           .check = true};
+    CHECK_OK(gp_schedule_make(&so, &sched));
+    int64_t sizes[M] = {S, S, S, S};
+    for (int with = 0; with < 2; with++) {
+        p.skips = with ? &sk : NULL;
+        p.n_skips = with;
+        for (int j = 0; j < N; j++) {
+            (with ? b : a)[j] = gp_stage_times_of(&p, t, 0, 0, j, N, j, 1);
+            (with ? pb : pa)[j] = gp_stage_peak_bytes(&p, &sched, sizes, j, j, 1);
+        }
+    }
+    gp_schedule_free(&sched);
+    CHECK_MSG(b[3].copy_act == a[3].copy_act + t[0].copy && b[0].copy_grad == a[0].copy_grad +
+              t[0].copy, "skip copies: stage 3 receives %g (was %g), stage 0 %g (was %g)",
+              b[3].copy_act, a[3].copy_act, b[0].copy_grad, a[0].copy_grad);
+    for (int j = 1; j < 3; j++)
+        CHECK_MSG(b[j].copy_act == a[j].copy_act && b[j].copy_grad == a[j].copy_grad &&
+                  pb[j] == pa[j], "stage %d pays for a skip that passes it by", j);
+    CHECK_MSG(pb[3] >= pa[3] + mem[0].out_per_sample * S && pb[0] > pa[0],
+              "skip memory: stage 3 %g (was %g), stage 0 %g (was %g)", pb[3], pa[3], pb[0], pa[0]);
+    /* through JSON, and into the hash */
+    p.skips = &sk;
+    p.n_skips = 1;
+    p.input[0] = 1;
+    p.input[1] = p.input[2] = 4;
+    p.model_hash = gp_profile_stored_hash(&p);
+    gp_profile q = p;
+    q.n_skips = 0;
+    CHECK(gp_profile_stored_hash(&q) != p.model_hash);
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/gpipe_skip_profile_%d.json", (int)getpid());
+    CHECK_OK(gp_profile_save(&p, path));
+    gp_profile r;
+    CHECK_OK(gp_profile_load(path, &r));
+    CHECK(r.n_skips == 1 && r.skips && r.skips[0].from == 0 && r.skips[0].to == 3);
+    gp_profile_free(&r);
+    unlink(path);
+}
+
 int main(void)
 {
     gp_log_set_level(GP_LOG_WARN);
@@ -900,6 +970,7 @@ int main(void)
     test_profiler();
     test_simulator_formula();
     test_simulator_schedules();
+    test_skip_costs();
     test_recommend_memory();
     test_simulator();
     return gpt_finish("test_balance");

@@ -915,6 +915,96 @@ static void test_damage(void)
     free(img);
 }
 
+/* A model whose every layer has a name is named as PyTorch names an
+ * nn.Sequential(OrderedDict(...)): the built-in ResNet-50 and AmoebaNet-D
+ * export torchgpipe's state-dict names ("layer1_0_residual.downsample.0.
+ * weight", "stem2.reduce1.1.weight"), and a weights file named by layer
+ * index (an earlier export) still loads into it, to the same tensors. */
+static void test_module_names(void)
+{
+    static const struct {
+        const char *model;
+        int64_t side;
+        const char *names[6];
+    } cases[] = {
+        {"resnet: {depth: 50, classes: 10}", 32,
+         {"conv1.weight", "bn1.num_batches_tracked", "layer1_0_conv1.weight",
+          "layer1_0_residual.downsample.0.weight", "layer4_2_bn3.running_var", "fc.bias"}},
+        {"amoebanet: {layers: 3, filters: 16, classes: 10}", 32,
+         {"stem1.conv.weight", "stem1.bn.num_batches_tracked", "stem2.reduce1.1.weight",
+          "stem3.reduce2.conv1.weight", "cell1_normal1.operations.5.module.11.running_mean",
+          "classify.fc.weight"}},
+    };
+    gp_device *dev;
+    gp_device_opts o = {.threads = 1};
+    CHECK_OK(gp_device_open("cpu:0", &o, &dev));
+    for (size_t q = 0; q < sizeof cases / sizeof *cases; q++) {
+        char y[512];
+        snprintf(y, sizeof y,
+                 "model:\n  input: [3, %lld, %lld]\n  %s\n"
+                 "data: {dataset: synthetic, synthetic: {train: 8, test: 8, classes: 10}}\n"
+                 "train: {batch_size: 4}\n",
+                 (long long)cases[q].side, (long long)cases[q].side, cases[q].model);
+        gp_config c;
+        CHECK_OK(gp_config_parse("n.yaml", y, strlen(y), NULL, 0, &c));
+        gp_model a, b;
+        CHECK_OK(gp_model_build(&c, dev, &a));
+        c.train.seed += 1; /* b starts elsewhere */
+        CHECK_OK(gp_model_build(&c, dev, &b));
+        gp_st_writer w = {0};
+        CHECK_OK(gp_snapshot_collect(&a, &c, NULL, &w));
+        uint8_t *img;
+        size_t n;
+        CHECK_OK(gp_st_serialize(&w, &img, &n));
+        gp_st_file f;
+        CHECK_OK(gp_st_parse("names", img, n, &f));
+        for (int i = 0; i < 6; i++)
+            CHECK_MSG(gp_st_find(&f, cases[q].names[i]) != NULL, "%s: no '%s'", cases[q].model,
+                      cases[q].names[i]);
+        CHECK_MSG(!gp_st_find(&f, "0.weight"), "%s: named by index", cases[q].model);
+        /* the same tensors named by index (as before the names) load the same */
+        uint8_t *img2 = malloc(n);
+        memcpy(img2, img, n);
+        gp_st_file g;
+        CHECK_OK(gp_st_parse("indexed", img2, n, &g));
+        int renamed = 0;
+        for (int i = 0; i < g.n; i++) {
+            const char *tn = g.tensors[i].name;
+            for (int k = 0; k < a.n_layers; k++) {
+                size_t ln = strlen(a.layers[k].spec.name);
+                if (!strncmp(tn, a.layers[k].spec.name, ln) && tn[ln] == '.') {
+                    char nn[256];
+                    snprintf(nn, sizeof nn, "%d.%s", k, tn + ln + 1);
+                    free(g.tensors[i].name);
+                    g.tensors[i].name = strdup(nn);
+                    renamed++;
+                    break;
+                }
+            }
+        }
+        CHECK(renamed == g.n);
+        CHECK_OK(gp_snapshot_apply(&b, &g, false));
+        gp_st_writer wb = {0};
+        CHECK_OK(gp_snapshot_collect(&b, &c, NULL, &wb));
+        uint8_t *imgb;
+        size_t nb;
+        CHECK_OK(gp_st_serialize(&wb, &imgb, &nb));
+        CHECK_MSG(nb == n && !memcmp(img, imgb, n), "%s: loaded by index, not the same tensors",
+                  cases[q].model);
+        free(img);
+        free(img2);
+        free(imgb);
+        gp_st_free(&f);
+        gp_st_free(&g);
+        gp_st_writer_free(&w);
+        gp_st_writer_free(&wb);
+        gp_model_free(&a);
+        gp_model_free(&b);
+        gp_config_free(&c);
+    }
+    gp_device_close(dev);
+}
+
 int main(void)
 {
     gpt_binary_path(bin, sizeof bin, "gpipe-train");
@@ -924,6 +1014,7 @@ int main(void)
     double t0 = gp_now();
     test_fixture();
     test_round_trip();
+    test_module_names();
     if (access(bin, X_OK) == 0) {
         test_damage();
         test_bad_values();

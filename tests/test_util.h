@@ -30,6 +30,10 @@
 #include "train/train.h"
 #include "test.h"
 
+/* Most parameters of one layer a test keeps host copies of (an AmoebaNet
+ * cell has about 70). */
+#define GPT_MAX_PARAMS 128
+
 /* Opens cpu:0..count-1 into devs, each with `threads` math threads, and
  * binds the calling thread to devs[0]. */
 static inline void gpt_open_cpu_devices(gp_device **devs, int count, int threads)

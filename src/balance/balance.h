@@ -88,8 +88,18 @@ typedef struct gp_layer_mem {
     double update;          /* seconds: zero grads + SGD update of its params */
 } gp_layer_mem;
 
+/* A skip connection of the profiled model: layer `from`'s output is popped
+ * by layer `to`.  Across a stage boundary it is its own copy (its bytes are
+ * mem[from].out_per_sample, its time t[from].copy) and is held on both
+ * stages. */
+typedef struct gp_profile_skip {
+    int from, to;
+} gp_profile_skip;
+
 typedef struct gp_profile {
     int L;                     /* layers */
+    int n_skips;
+    gp_profile_skip *skips;    /* [n_skips], owned, ordered by from */
     int64_t input[3];          /* (C, H, W) of one sample of the model */
     uint64_t model_hash;       /* gp_profile_model_hash of the model profiled */
     char device[32];           /* where it was taken ("cpu:0") */
@@ -154,7 +164,9 @@ gp_status gp_profile_load(const char *path, gp_profile *out);
  * not its name, its position in the file, `in` (fixed by the layers before
  * it) or batch norm's momentum and eps.  Returns buf. */
 const char *gp_profile_layer_spec(const gp_layer_spec *s, char *buf, size_t len);
-/* FNV-1a (64-bit) over the input shape and every layer's spec text. */
+/* FNV-1a (64-bit) over the input shape, every layer's spec text and the
+ * skips ("skip 2 -> 4" each; none adds nothing, so a model without skips
+ * hashes as before skips were recorded). */
 uint64_t gp_profile_model_hash(const gp_layer_spec *specs, int L, const int64_t input[3]);
 /* GP_OK if p was taken of this model; else GP_ERR_INVALID naming the
  * difference: the input shape, the number of layers, the first layer
@@ -186,14 +198,20 @@ typedef struct gp_stage_times {
 } gp_stage_times;
 
 /* Stage j of n with layers [first, first + count) at micro-batch size s,
- * from per-layer times `lt` (gp_profile_times_at at s). */
+ * from per-layer times `lt` (gp_profile_times_at at s).  A skip that
+ * arrives from an earlier stage adds its copy to copy_act, one that leaves
+ * for a later stage its gradient's copy to copy_grad (the receiving worker
+ * copies, as the executor does). */
 gp_stage_times gp_stage_times_of(const gp_profile *p, const gp_layer_times *lt, double loss,
                                  double upload, int j, int n, int first, int count);
 
 /* Peak bytes of stage j's device over one step of m micro-batches of the
  * given sizes under `ckpt`: parameters, gradients, optimizer state and the
  * stage's workspace, plus activations tracked instruction by instruction
- * over the stage's schedule list (what the executor allocates and frees). */
+ * over the stage's schedule list (what the executor allocates and frees).
+ * A skip that arrives from an earlier stage is held like the stage's input
+ * (received, kept to the backward, its gradient until copied back), one
+ * that leaves like its output. */
 double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const int64_t *sizes,
                            int j, int first, int count);
 

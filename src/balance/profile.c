@@ -72,6 +72,17 @@ const char *gp_profile_layer_spec(const gp_layer_spec *s, char *buf, size_t len)
     case GP_LAYER_FACTORIZED_REDUCE:
         snprintf(buf, len, "%s {out: %lld, sync: %s}", t, (long long)s->out, sync);
         break;
+    case GP_LAYER_ADD: /* the projection shortcut, if any */
+        if (s->out > 0)
+            snprintf(buf, len, "%s {out: %lld, stride: %s, sync: %s}", t, (long long)s->out,
+                     gp_hw_str(s->stride, st, sizeof st), sync);
+        else
+            snprintf(buf, len, "%s", t);
+        break;
+    case GP_LAYER_AMOEBA_CELL:
+        snprintf(buf, len, "%s {out: %lld, reduction: %s, sync: %s}", t, (long long)s->out,
+                 s->reduction ? "true" : "false", sync);
+        break;
     case GP_LAYER_DROPOUT: /* p = 0 copies the input through */
     case GP_LAYER_DROPOUT2D:
         snprintf(buf, len, "%s {p: %g}", t, (double)s->p);
@@ -95,10 +106,11 @@ static uint64_t fnv1a(uint64_t h, const char *s)
     return h;
 }
 
-/* The hash over the input and L spec texts, each text from spec_of(k). */
+/* The hash over the input, L spec texts (each from spec_of(k)) and the
+ * skips. */
 static uint64_t hash_texts(const int64_t input[3], int L,
                            const char *(*spec_of)(const void *arg, int k, char *buf, size_t len),
-                           const void *arg)
+                           const void *arg, const gp_profile_skip *skips, int n_skips)
 {
     char buf[GP_PROFILE_SPEC_LEN];
     snprintf(buf, sizeof buf, "input [%lld, %lld, %lld]\n", (long long)input[0],
@@ -108,6 +120,10 @@ static uint64_t hash_texts(const int64_t input[3], int L,
         h = fnv1a(h, spec_of(arg, k, buf, sizeof buf));
         h = fnv1a(h, "\n");
     }
+    for (int t = 0; t < n_skips; t++) {
+        snprintf(buf, sizeof buf, "skip %d -> %d\n", skips[t].from, skips[t].to);
+        h = fnv1a(h, buf);
+    }
     return h;
 }
 
@@ -116,9 +132,30 @@ static const char *spec_of_specs(const void *arg, int k, char *buf, size_t len)
     return gp_profile_layer_spec(&((const gp_layer_spec *)arg)[k], buf, len);
 }
 
+/* The skips of specs[0..L) as the profile records them (NULL, 0 if none
+ * or the map does not build: the configuration reports that). */
+static gp_profile_skip *skips_of_specs(const gp_layer_spec *specs, int L, int *n)
+{
+    gp_skip_map map;
+    *n = 0;
+    if (gp_skip_map_build(specs, L, &map) != GP_OK) {
+        gp_error_clear();
+        return NULL;
+    }
+    gp_profile_skip *v = map.n ? calloc((size_t)map.n, sizeof *v) : NULL;
+    for (int t = 0; v && t < map.n; t++) v[t] = (gp_profile_skip){map.skips[t].from, map.skips[t].to};
+    *n = v ? map.n : 0;
+    gp_skip_map_free(&map);
+    return v;
+}
+
 uint64_t gp_profile_model_hash(const gp_layer_spec *specs, int L, const int64_t input[3])
 {
-    return hash_texts(input, L, spec_of_specs, specs);
+    int n;
+    gp_profile_skip *sk = skips_of_specs(specs, L, &n);
+    uint64_t h = hash_texts(input, L, spec_of_specs, specs, sk, n);
+    free(sk);
+    return h;
 }
 
 static const char *spec_of_profile(const void *arg, int k, char *buf, size_t len)
@@ -129,7 +166,7 @@ static const char *spec_of_profile(const void *arg, int k, char *buf, size_t len
 
 uint64_t gp_profile_stored_hash(const gp_profile *p)
 {
-    return hash_texts(p->input, p->L, spec_of_profile, p);
+    return hash_texts(p->input, p->L, spec_of_profile, p, p->skips, p->n_skips);
 }
 
 gp_status gp_profile_check_model(const gp_profile *p, const char *path,
@@ -184,8 +221,11 @@ void gp_profile_free(gp_profile *p)
     if (!p) return;
     free(p->mem);
     free(p->t);
+    free(p->skips);
     p->mem = NULL;
     p->t = NULL;
+    p->skips = NULL;
+    p->n_skips = 0;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -570,6 +610,7 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
     out->L = L;
     memcpy(out->input, input, sizeof out->input);
     out->model_hash = gp_profile_model_hash(specs, L, input);
+    out->skips = skips_of_specs(specs, L, &out->n_skips);
     snprintf(out->device, sizeof out->device, "%s", o->device ? o->device : "cpu:0");
     out->batch = o->batch;
     out->chunks = o->chunks;
@@ -699,8 +740,9 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
             out->first_trainable = k;
         }
         /* optimizer state as the trainer keeps it */
-        gp_tensor opt[GP_LAYER_MAX_PARAMS * 2];
+        gp_tensor *opt = calloc((size_t)(2 * l.n_params + 1), sizeof *opt);
         int n_opt = 0;
+        if (!opt) s = gp_error_set(GP_ERR_OOM, "out of host memory profiling layer %d", k);
         for (int q = 0; q < l.n_params && s == GP_OK; q++) {
             if (l.params[q].is_buffer) continue;
             gp_shape ps = gp_tensor_shape(&l.params[q].value);
@@ -760,6 +802,7 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
         gp_allocator_snapshot(&dev->alloc, &a3);
         mm->workspace_bytes = a3.peak_by[GP_MEM_WORKSPACE];
         for (int q = 0; q < n_opt; q++) gp_tensor_free(&opt[q]);
+        free(opt);
         outs[k] = l.out_shape;
         gp_layer_destroy(&l);
         gp_device_close(dev);

@@ -59,6 +59,16 @@ static void put_profile(gp_json_writer *w, const gp_profile *p)
     gp_json_put_int(w, "batch", p->batch);
     gp_json_put_int(w, "chunks", p->chunks);
     gp_json_put_int(w, "first_trainable", p->first_trainable);
+    if (p->n_skips) { /* [[from, to], ...]; absent: none */
+        gp_json_open_array(w, "skips");
+        for (int t = 0; t < p->n_skips; t++) {
+            gp_json_open_array(w, NULL);
+            gp_json_put_int(w, NULL, p->skips[t].from);
+            gp_json_put_int(w, NULL, p->skips[t].to);
+            gp_json_close(w);
+        }
+        gp_json_close(w);
+    }
     gp_json_put_bool(w, "timed", p->timed);
     gp_json_put_int(w, "warmup", p->warmup);
     gp_json_put_int(w, "reps", p->reps);
@@ -241,6 +251,29 @@ gp_status gp_profile_load(const char *path, gp_profile *out)
     out->batch = (int64_t)jnum_req(&c, root, "batch", "");
     out->chunks = (int)jnum_req(&c, root, "chunks", "");
     out->first_trainable = (int)jnum_req(&c, root, "first_trainable", "");
+    const gp_json_value *sk = gp_json_get(root, "skips"); /* absent: no skips */
+    if (c.st == GP_OK && sk) {
+        if (sk->kind != GP_JSON_ARRAY) {
+            c.st = gp_error_set(GP_ERR_DATA, "profile '%s': \"skips\" must be a list of "
+                                "[from, to] pairs", path);
+        } else if (sk->n > 0) {
+            out->skips = calloc((size_t)sk->n, sizeof *out->skips);
+            if (!out->skips) c.st = gp_error_set(GP_ERR_OOM, "out of host memory");
+            else out->n_skips = sk->n;
+            for (int t = 0; c.st == GP_OK && t < sk->n; t++) {
+                const gp_json_value *e = &sk->items[t];
+                bool pair = e->kind == GP_JSON_ARRAY && e->n == 2;
+                if (pair) {
+                    out->skips[t].from = (int)jitem_req(&c, e, 0, "skips");
+                    out->skips[t].to = (int)jitem_req(&c, e, 1, "skips");
+                }
+                if (c.st == GP_OK && (!pair || out->skips[t].from < 0 ||
+                                      out->skips[t].to <= out->skips[t].from))
+                    c.st = gp_error_set(GP_ERR_DATA, "profile '%s': skips[%d] is not a [from, "
+                                        "to] pair with from < to", path, t);
+            }
+        }
+    }
     out->timed = jnum_req(&c, root, "timed", "") != 0;
     out->warmup = (int)jnum_req(&c, root, "warmup", "");
     out->reps = (int)jnum_req(&c, root, "reps", "");

@@ -35,6 +35,13 @@ gp_stage_times gp_stage_times_of(const gp_profile *p, const gp_layer_times *lt, 
     if (j == n - 1) st.F += loss;
     if (j > 0) st.copy_act = lt[first - 1].copy;
     if (j < n - 1) st.copy_grad = lt[first + count - 1].copy;
+    for (int t = 0; t < p->n_skips; t++) { /* the skips' own copies */
+        const gp_profile_skip *k = &p->skips[t];
+        bool from_in = k->from >= first && k->from < first + count;
+        bool to_in = k->to >= first && k->to < first + count;
+        if (to_in && k->from < first) st.copy_act += lt[k->from].copy;
+        if (from_in && k->to >= first + count) st.copy_grad += lt[k->from].copy;
+    }
     return st;
 }
 
@@ -55,6 +62,13 @@ double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const 
         if (t > ck_max) ck_max = t;
     }
     double in = mm[first].in_per_sample, out = mm[last].out_per_sample;
+    /* skips from an earlier stage count as more input, to a later one as
+     * more output: received, held and answered the same way */
+    for (int t = 0; t < p->n_skips; t++) {
+        const gp_profile_skip *k = &p->skips[t];
+        if (k->from < first && k->to >= first && k->to <= last) in += mm[k->from].out_per_sample;
+        if (k->from >= first && k->from <= last && k->to > last) out += mm[k->from].out_per_sample;
+    }
     /* between a split backward's halves, the layers' incoming gradients:
      * about the size of what the forward kept, less the stage output's,
      * which arrived already */

@@ -1,6 +1,6 @@
 /*
- * config_family.c — built-in model families: `model.resnet`, `model.unet`
- * (and, as the layers land, the other models GPipe and torchgpipe are
+ * config_family.c — built-in model families: `model.resnet`,
+ * `model.amoebanet`, `model.unet` (the models GPipe and torchgpipe are
  * measured on)
  * expands into the plain layer list a user could have written, with the
  * sizes as values `--set` changes (`--set model.resnet.depth=152`).
@@ -112,6 +112,99 @@ static gp_status resnet(spec_list *l, int depth, int64_t classes)
     return GP_OK;
 }
 
+/* torchgpipe's AmoebaNet-D (benchmarks/models/amoebanet): a stem (relu,
+ * 3x3 stride-2 conv, norm: torchgpipe's one module "stem1", three layers
+ * here), two reduction cells (stem2, stem3), then L / 3 normal cells, a
+ * reduction cell, L / 3 normal, a reduction, L / 3 normal, and the
+ * classifier (torchgpipe's AvgPool2d(7) at 224x224 is the global average
+ * pool; pool, flatten and fc are three layers here).  Channels per state
+ * start at D / 4, doubling at each reduction cell.  Every cell but the
+ * first also takes the output of the layer two before it: that layer
+ * stashes it under its own name and the cell pops it (torchgpipe's (x,
+ * skip) tuple). */
+static gp_status amoebanet(spec_list *l, int layers, int64_t filters, int64_t classes)
+{
+    int r = layers / 3;
+    int cells = 2 + 3 * r + 2;
+    l->cap = 3 + cells + 3;
+    l->specs = calloc((size_t)l->cap, sizeof *l->specs);
+    if (!l->specs) return gp_error_set(GP_ERR_OOM, "out of memory expanding model.amoebanet");
+    int64_t ch = filters / 4;
+    push(l, GP_LAYER_RELU, "stem1.relu");
+    gp_layer_spec *c = push(l, GP_LAYER_CONV2D, "stem1.conv");
+    c->out = ch;
+    c->kernel = gp_hw_square(3);
+    c->stride = gp_hw_square(2);
+    c->padding = gp_hw_square(1);
+    c->bias = false;
+    push(l, GP_LAYER_BATCHNORM, "stem1.bn");
+    int first = l->n; /* the first cell's index */
+    for (int k = 0; k < cells; k++) {
+        /* stem2, stem3, normal x r, reduction, normal x r, reduction, normal x r */
+        char nm[48];
+        bool red;
+        if (k < 2) {
+            red = true;
+            snprintf(nm, sizeof nm, "stem%d", k + 2);
+        } else {
+            int q = (k - 2) / (r + 1), i = (k - 2) % (r + 1);
+            red = i == r;
+            if (red) snprintf(nm, sizeof nm, "cell%d_reduction", 2 * q + 2);
+            else snprintf(nm, sizeof nm, "cell%d_normal%d", 2 * q + 1, i + 1);
+        }
+        if (red) ch *= 2;
+        gp_layer_spec *cell = push(l, GP_LAYER_AMOEBA_CELL, nm);
+        cell->out = ch;
+        cell->reduction = red;
+        if (k >= 1) { /* pop what the layer two back stashed under its name */
+            gp_layer_spec *from = &l->specs[first + k - 2];
+            snprintf(from->stash, sizeof from->stash, "%s", from->name);
+            snprintf(cell->pop[0], sizeof cell->pop[0], "%s", from->name);
+            cell->n_pop = 1;
+        }
+    }
+    push(l, GP_LAYER_GLOBAL_AVGPOOL, "classify.pool");
+    push(l, GP_LAYER_FLATTEN, "classify.flat");
+    push(l, GP_LAYER_LINEAR, "classify.fc")->out = classes;
+    GP_ASSERT(l->n == l->cap);
+    return GP_OK;
+}
+
+static gp_status parse_amoebanet(gp_cfg_walk *w, const gp_ynode *m, gp_model_config *mc,
+                                 bool *found)
+{
+    const gp_ynode *r = gp_ymap_get(m, "amoebanet");
+    if (gp_cfg_absent(r)) return GP_OK;
+    const gp_ynode *rkey = gp_ymap_key(m, "amoebanet");
+    if (!gp_cfg_absent(gp_ymap_get(m, "layers")) || !gp_cfg_absent(gp_ymap_get(m, "resnet")))
+        return gp_cfg_bad(w, rkey, "model has amoebanet and %s; give one: amoebanet expands "
+                          "into the layers",
+                          gp_cfg_absent(gp_ymap_get(m, "layers")) ? "resnet" : "layers");
+    if (r->kind != GP_YNODE_MAP)
+        return gp_cfg_bad(w, r, "model.amoebanet must be a map, like {layers: 18, filters: "
+                          "256, classes: 1000}");
+    GP_TRY(gp_cfg_check_keys(w, r, "model.amoebanet"));
+    int layers = 0;
+    int64_t filters = 0, classes = 0;
+    const char *sect = "model.amoebanet";
+    GP_TRY(gp_cfg_get_int32(w, r, sect, "layers", 18, 3, 3000, &layers));
+    GP_TRY(gp_cfg_get_int(w, r, sect, "filters", 256, 16, (int64_t)1 << 20, &filters));
+    GP_TRY(gp_cfg_get_int(w, r, sect, "classes", 1000, 1, (int64_t)1 << 24, &classes));
+    if (layers % 3 != 0)
+        return gp_cfg_bad(w, gp_ymap_get(r, "layers"), "model.amoebanet.layers must be a "
+                          "multiple of 3 (three groups of normal cells), got %d", layers);
+    if (filters % 16 != 0)
+        return gp_cfg_bad(w, gp_ymap_get(r, "filters"), "model.amoebanet.filters must be a "
+                          "multiple of 16 (the first cells have filters / 2 channels, whose "
+                          "branches narrow to a quarter), got %lld", (long long)filters);
+    spec_list l = {.file = w->file, .line = rkey->line, .column = rkey->column};
+    GP_TRY(amoebanet(&l, layers, filters, classes));
+    mc->layers = l.specs;
+    mc->n_layers = l.n;
+    *found = true;
+    return GP_OK;
+}
+
 /* ---- U-Net ------------------------------------------------------------------
  *
  * torchgpipe's simplified U-Net (benchmarks/models/unet, `unet(depth,
@@ -209,7 +302,7 @@ static gp_status unet(spec_list *l, int depth, int convs, int64_t base, int64_t 
 static gp_status parse_unet(gp_cfg_walk *w, const gp_ynode *m, gp_model_config *mc, bool *found)
 {
     const gp_ynode *u = gp_ymap_get(m, "unet"), *ukey = gp_ymap_key(m, "unet");
-    static const char *const others[] = {"layers", "resnet"};
+    static const char *const others[] = {"layers", "resnet", "amoebanet"};
     for (int q = 0; q < GP_COUNT(others); q++)
         if (!gp_cfg_absent(gp_ymap_get(m, others[q])))
             return gp_cfg_bad(w, ukey, "model has both %s and unet; give one: unet expands into "
@@ -258,6 +351,8 @@ gp_status gp_cfg_parse_family(gp_cfg_walk *w, const gp_ynode *m, gp_model_config
 {
     *found = false;
     if (!gp_cfg_absent(gp_ymap_get(m, "unet"))) return parse_unet(w, m, mc, found);
+    GP_TRY(parse_amoebanet(w, m, mc, found));
+    if (*found) return GP_OK;
     const gp_ynode *r = gp_ymap_get(m, "resnet");
     if (gp_cfg_absent(r)) return GP_OK;
     const gp_ynode *rkey = gp_ymap_key(m, "resnet");

@@ -60,6 +60,10 @@ static int layer_keys(gp_layer_type t, const char **keys)
     case GP_LAYER_CONCAT:
         keys[n++] = "pop";
         break;
+    case GP_LAYER_AMOEBA_CELL: /* momentum, eps, sync: of its batch norms */
+        keys[n++] = "pop"; keys[n++] = "out"; keys[n++] = "reduction";
+        keys[n++] = "momentum"; keys[n++] = "eps"; keys[n++] = "sync";
+        break;
     default:
         break;
     }
@@ -221,6 +225,8 @@ static gp_status parse_layer(gp_cfg_walk *w, const gp_ynode *item, int index, gp
         GP_TRY(get_hw(w, opts, sect, "padding", 0, 1 << 16, &spec->padding));
     if (has_key(keys, nk, "bias"))
         GP_TRY(gp_cfg_get_bool(w, opts, sect, "bias", spec->bias, &spec->bias));
+    if (has_key(keys, nk, "reduction"))
+        GP_TRY(gp_cfg_get_bool(w, opts, sect, "reduction", spec->reduction, &spec->reduction));
     if (has_key(keys, nk, "count_include_pad"))
         GP_TRY(gp_cfg_get_bool(w, opts, sect, "count_include_pad", spec->count_include_pad,
                                &spec->count_include_pad));
@@ -327,7 +333,8 @@ gp_status gp_cfg_parse_model(gp_cfg_walk *w, const gp_ynode *root, gp_model_conf
         if (gp_cfg_absent(ls))
             return gp_cfg_bad(w, ls ? ls : mkey, "missing model.layers: a list of layers, like "
                               "layers: [flatten, {linear: {out: 10}}] (or a built-in model: "
-                              "resnet: {depth: 101} or unet: {depth: 5, base: 64})");
+                              "resnet: {depth: 101}, amoebanet: {layers: 18, filters: 256} "
+                              "or unet: {depth: 5, base: 64})");
         if (ls->kind != GP_YNODE_SEQ)
             return gp_cfg_bad(w, ls, "expected a list for model.layers, got %s",
                               gp_cfg_describe(ls, got, sizeof got));

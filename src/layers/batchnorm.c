@@ -520,8 +520,18 @@ static size_t bn_saved_bytes(const gp_layer *l, int64_t n)
     return 2 * (size_t)l->in_shape.dims[1] * sizeof(float);
 }
 
+static int bn_counters(gp_layer *l, const char **names, int64_t **values, int max)
+{
+    if (max > 0) {
+        names[0] = "num_batches_tracked";
+        values[0] = gp_batchnorm_counter(l);
+    }
+    return 1;
+}
+
 const gp_layer_ops gp_batchnorm_ops = {
     .type = GP_LAYER_BATCHNORM,
+    .counters = bn_counters,
     .infer = bn_infer,
     .init = bn_init,
     .forward = bn_forward,

@@ -140,18 +140,6 @@ static void fr_destroy(gp_layer *l)
 
 /* ---- the strided copies ----------------------------------------------------- */
 
-/* Channels [d0, d0 + c) of dst (N, dc, HW) = channels [s0, s0 + c) of src
- * (N, sc, HW): concatenation and its gradient's slices. */
-static gp_status copy_channels(gp_device *dev, float *dst, int64_t dc, int64_t d0,
-                               const float *src, int64_t sc, int64_t s0, int64_t n, int64_t c,
-                               int64_t hw)
-{
-    if (n * c * hw == 0) return GP_OK;
-    const int64_t ds[4] = {dc * hw, hw, hw, 1}, ss[4] = {sc * hw, hw, hw, 1};
-    const int64_t dims[4] = {n, c, 1, hw};
-    return gp_dev_copy_box(dev, dst + d0 * hw, ds, src + s0 * hw, ss, dims);
-}
-
 /* The odd pixels of a (N, C, H, W) tensor, (1 + 2a, 1 + 2b) for a < H / 2,
  * b < W / 2, against the first (H / 2, W / 2) pixels of a (N, C, OH, OW)
  * one: gather (to_odd false: sub = full's odd pixels) or scatter (to_odd
@@ -224,9 +212,9 @@ static gp_status fr_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor 
         FR_TRY(gp_dev_fill(dev, s->t[S_XS].data, 0.0f, gp_shape_numel(&subs)));
     FR_TRY(odd_pixels(dev, s->t[S_R].data, s->t[S_XS].data, n, c, h, w, oh, ow, false));
     FR_TRY(child_fwd(st, C_CONV1, ctx, &s->t[S_R], &half, s, -1));
-    FR_TRY(copy_channels(dev, s->t[S_CAT].data, k, 0, half.data, k / 2, 0, n, k / 2, oh * ow));
+    FR_TRY(gp_layers_copy_channels(dev, s->t[S_CAT].data, k, 0, half.data, k / 2, 0, n, k / 2, oh * ow));
     FR_TRY(child_fwd(st, C_CONV2, ctx, &s->t[S_XS], &half, s, -1));
-    FR_TRY(copy_channels(dev, s->t[S_CAT].data, k, k / 2, half.data, k / 2, 0, n, k / 2,
+    FR_TRY(gp_layers_copy_channels(dev, s->t[S_CAT].data, k, k / 2, half.data, k / 2, 0, n, k / 2,
                          oh * ow));
     FR_TRY(child_fwd(st, C_BN, ctx, &s->t[S_CAT], y, s, S_BN));
 done:
@@ -263,10 +251,10 @@ static gp_status fr_backward_all(gp_layer *l, const gp_fwd_ctx *ctx, const gp_te
     /* g = d cat (the convolutions have weights: always needed) */
     FR_TRY(child_bwd(st, C_BN, ctx, &s->t[S_CAT], dy, &g, s, S_BN));
     /* conv1: dx = its input gradient (every element written) */
-    FR_TRY(copy_channels(dev, gh.data, k / 2, 0, g.data, k, 0, n, k / 2, oh * ow));
+    FR_TRY(gp_layers_copy_channels(dev, gh.data, k / 2, 0, g.data, k, 0, n, k / 2, oh * ow));
     FR_TRY(child_bwd(st, C_CONV1, ctx, &s->t[S_R], &gh, dx, s, -1));
     /* conv2: its input gradient into dx's odd pixels, which conv1 left 0 */
-    FR_TRY(copy_channels(dev, gh.data, k / 2, 0, g.data, k, k / 2, n, k / 2, oh * ow));
+    FR_TRY(gp_layers_copy_channels(dev, gh.data, k / 2, 0, g.data, k, k / 2, n, k / 2, oh * ow));
     if (dx) FR_TRY(gp_tensor_alloc(&dsub, dev, &subs, GP_MEM_ACTIVATIONS));
     FR_TRY(child_bwd(st, C_CONV2, ctx, &s->t[S_XS], &gh, dx ? &dsub : NULL, s, -1));
     if (dx) {
@@ -336,7 +324,7 @@ static size_t fr_saved_bytes(const gp_layer *l, int64_t n)
     return n == 0 ? 0 : (in + sub + out + 2 * (size_t)l->spec.out) * sizeof(float);
 }
 
-int gp_fr_counters(gp_layer *l, const char **names, int64_t **values, int max)
+static int fr_counters(gp_layer *l, const char **names, int64_t **values, int max)
 {
     fr_state *st = l->state;
     if (max > 0) {
@@ -348,6 +336,7 @@ int gp_fr_counters(gp_layer *l, const char **names, int64_t **values, int max)
 
 const gp_layer_ops gp_factorized_reduce_ops = {
     .type = GP_LAYER_FACTORIZED_REDUCE,
+    .counters = fr_counters,
     .infer = fr_infer,
     .init = fr_init,
     .forward = fr_forward,

@@ -16,7 +16,7 @@ static const char *const type_names[GP_LAYER_TYPE_COUNT] = {
     "avgpool2d", "global_avgpool", "flatten", "dropout", "residual",
     "identity", "add", "concat",
     "leaky_relu", "dropout2d", "instance_norm", "upsample",
-    "factorized_reduce",
+    "factorized_reduce", "amoeba_cell",
 };
 
 static const char *const init_names[GP_INIT_COUNT] = {"default", "kaiming_normal_fan_out"};
@@ -90,6 +90,7 @@ const gp_layer_ops *gp_layer_ops_for(gp_layer_type t)
     case GP_LAYER_INSTANCE_NORM: return &gp_instance_norm_ops;
     case GP_LAYER_UPSAMPLE: return &gp_upsample_ops;
     case GP_LAYER_FACTORIZED_REDUCE: return &gp_factorized_reduce_ops;
+    case GP_LAYER_AMOEBA_CELL: return &gp_amoeba_cell_ops;
     default: return NULL;
     }
 }
@@ -117,6 +118,9 @@ const char *gp_layer_window_str(const gp_layer_spec *s, char *buf, size_t len)
     case GP_LAYER_ADD:
     case GP_LAYER_FACTORIZED_REDUCE:
         if (init) snprintf(buf, len, "{init: %s}", init);
+        break;
+    case GP_LAYER_AMOEBA_CELL:
+        if (s->reduction) snprintf(buf, len, "{reduction: true}");
         break;
     default:
         break;
@@ -206,7 +210,7 @@ static gp_status setup(const gp_layer_spec *spec, int index, int param_base, con
     if (!out->ops)
         return gp_error_set(GP_ERR_INVALID, "layer %d: unknown layer type %d", index,
                             (int)spec->type);
-    if (spec->n_pop != out->ops->pops) {
+    if (spec->n_pop != out->ops->pops && !(out->ops->pops_optional && spec->n_pop == 0)) {
         if (out->ops->pops == 0)
             return gp_layer_spec_error(out, "pops '%s', but a %s layer takes no popped tensor; "
                                        "pop it in an add or concat layer",
@@ -270,15 +274,29 @@ void gp_layer_destroy(gp_layer *l)
         gp_tensor_free(&l->params[p].value);
         gp_tensor_free(&l->params[p].grad);
     }
+    free(l->params);
     memset(l, 0, sizeof *l);
 }
 
 /* ---- parameters ---------------------------------------------------------- */
 
+/* Room for `more` parameters after l->n_params. */
+static gp_status params_reserve(gp_layer *l, int more)
+{
+    if (l->n_params + more <= l->cap_params) return GP_OK;
+    int cap = l->cap_params ? l->cap_params : 4;
+    while (cap < l->n_params + more) cap *= 2;
+    gp_param *p = realloc(l->params, (size_t)cap * sizeof *p);
+    if (!p) return gp_error_set(GP_ERR_OOM, "out of host memory for %d parameters", cap);
+    l->params = p;
+    l->cap_params = cap;
+    return GP_OK;
+}
+
 gp_status gp_layers_add_param(gp_layer *l, const char *name, const gp_shape *shape,
                               bool is_buffer, bool no_decay)
 {
-    GP_ASSERT(l->n_params < GP_LAYER_MAX_PARAMS);
+    GP_TRY(params_reserve(l, 1));
     gp_param *p = &l->params[l->n_params];
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "%s", name);
@@ -307,12 +325,20 @@ gp_status gp_layers_child_setup(gp_layer *parent, const gp_layer_spec *spec, con
 {
     GP_TRY(setup(spec, parent->index, parent->n_params, in, parent->dev, parent->meta, seed,
                  child));
+    gp_status s = params_reserve(parent, child->n_params);
+    if (s != GP_OK) {
+        gp_layer_destroy(child); /* its tensors are still its own */
+        return s;
+    }
     *first = parent->n_params;
     for (int p = 0; p < child->n_params; p++) {
-        GP_ASSERT(parent->n_params < GP_LAYER_MAX_PARAMS);
         gp_param *dst = &parent->params[parent->n_params++];
         *dst = child->params[p];
-        snprintf(dst->name, sizeof dst->name, "%s.%s", prefix, child->params[p].name);
+        size_t a = strlen(prefix), b = strlen(child->params[p].name);
+        GP_ASSERT(a + 1 + b < sizeof dst->name); /* the names are the code's own */
+        memcpy(dst->name, prefix, a);
+        dst->name[a] = '.';
+        memcpy(dst->name + a + 1, child->params[p].name, b + 1);
     }
     gp_layers_child_view(parent, child, *first);
     return GP_OK;
@@ -427,6 +453,18 @@ int64_t gp_layer_param_count(const gp_layer *l)
     return n;
 }
 
+/* Channels [d0, d0 + c) of dst (N, dc, HW) = channels [s0, s0 + c) of src
+ * (N, sc, HW): concatenation and its gradient's slices. */
+gp_status gp_layers_copy_channels(gp_device *dev, float *dst, int64_t dc, int64_t d0,
+                                  const float *src, int64_t sc, int64_t s0, int64_t n, int64_t c,
+                                  int64_t hw)
+{
+    if (n * c * hw == 0) return GP_OK;
+    const int64_t ds[4] = {dc * hw, hw, hw, 1}, ss[4] = {sc * hw, hw, hw, 1};
+    const int64_t dims[4] = {n, c, 1, hw};
+    return gp_dev_copy_box(dev, dst + d0 * hw, ds, src + s0 * hw, ss, dims);
+}
+
 /* ---- saved tensors -------------------------------------------------------- */
 
 gp_status gp_layers_saved_alloc(gp_saved *s, int slot, gp_device *dev, const gp_shape *shape)
@@ -440,6 +478,8 @@ void gp_saved_free(gp_saved *s)
     if (!s) return;
     for (int k = 0; k < GP_SAVED_MAX; k++) gp_tensor_free(&s->t[k]);
     if (s->ws) gp_dev_free(s->ws_dev, s->ws, s->ws_bytes, GP_MEM_ACTIVATIONS);
+    for (int k = 0; k < s->n_sub; k++) gp_saved_free(&s->sub[k]);
+    free(s->sub);
     memset(s, 0, sizeof *s);
 }
 
@@ -448,6 +488,7 @@ size_t gp_saved_bytes(const gp_saved *s)
     size_t b = s->ws ? s->ws_bytes : 0;
     for (int k = 0; k < GP_SAVED_MAX; k++)
         if (s->t[k].owned) b += gp_tensor_bytes(&s->t[k]);
+    for (int k = 0; k < s->n_sub; k++) b += gp_saved_bytes(&s->sub[k]);
     return b;
 }
 
@@ -691,15 +732,5 @@ int gp_layers_first_trainable(const gp_layer *layers, int n)
 
 int gp_layer_counters(gp_layer *l, const char **names, int64_t **values, int max)
 {
-    if (l->spec.type == GP_LAYER_BATCHNORM) {
-        if (max > 0) {
-            names[0] = "num_batches_tracked";
-            values[0] = gp_batchnorm_counter(l);
-        }
-        return 1;
-    }
-    if (l->spec.type == GP_LAYER_RESIDUAL) return gp_residual_counters(l, names, values, max);
-    if (l->spec.type == GP_LAYER_ADD) return gp_add_counters(l, names, values, max);
-    if (l->spec.type == GP_LAYER_FACTORIZED_REDUCE) return gp_fr_counters(l, names, values, max);
-    return 0;
+    return l->ops->counters ? l->ops->counters(l, names, values, max) : 0;
 }

@@ -63,6 +63,7 @@ typedef enum gp_layer_type {
     GP_LAYER_INSTANCE_NORM,
     GP_LAYER_UPSAMPLE,
     GP_LAYER_FACTORIZED_REDUCE,
+    GP_LAYER_AMOEBA_CELL,
     GP_LAYER_TYPE_COUNT
 } gp_layer_type;
 
@@ -110,7 +111,8 @@ typedef struct gp_layer_spec {
     char file[128];       /* config file it came from, for messages; "" if none */
     int64_t in;           /* linear in_features / conv in_channels; 0 = infer */
     int64_t out;          /* linear out_features / conv out_channels /
-                             residual, factorized_reduce (even) out_channels;
+                             residual, factorized_reduce (even) out_channels /
+                             amoeba_cell channels per state (multiple of 4);
                              0 = not given (error) */
     gp_hw kernel;         /* conv, pools: (KH, KW); {0, 0} = not given (error) */
     gp_hw stride;         /* conv, pools; default {1, 1} (pools: {0, 0} = the
@@ -131,6 +133,8 @@ typedef struct gp_layer_spec {
     float p;              /* dropout, dropout2d probability; default 0.5 */
     float slope;          /* leaky_relu negative slope (>= 0); default 0.01 */
     int64_t scale;        /* upsample factor (>= 1); default 2 */
+    bool reduction;       /* amoeba_cell: a reduction cell (stride 2 on its
+                             inputs' operations); default false */
     /* Skip connections (torchgpipe's stash / pop; docs/config.md): the
      * layer's output is also kept under the name `stash` ("" none) until
      * the one layer that pops it; a layer that pops takes the popped
@@ -193,12 +197,15 @@ typedef struct gp_saved {
     size_t ws_bytes;
     gp_device *ws_dev;
     unsigned flags;       /* layer-private */
+    /* A composite layer whose children need more than t[] (the AmoebaNet
+     * cell): an owned array of n_sub gp_saved, freed and counted with
+     * this one. */
+    struct gp_saved *sub;
+    int n_sub;
 } gp_saved;
 void gp_saved_free(gp_saved *s);
 /* Bytes held by a gp_saved. */
 size_t gp_saved_bytes(const gp_saved *s);
-
-#define GP_LAYER_MAX_PARAMS 20
 
 typedef struct gp_layer gp_layer;
 
@@ -249,8 +256,13 @@ typedef struct gp_layer_ops {
      * gradients first and the layer accumulates as always. */
     bool overwrites_grads;
     /* How many popped tensors the type takes besides its main input (0 for
-     * all but add and concat); spec.n_pop must equal it. */
+     * all but add, concat and amoeba_cell); spec.n_pop must equal it, or
+     * with pops_optional be 0 or it. */
     int pops;
+    bool pops_optional;
+    /* optional: the layer's batch-norm step counters (gp_layer_counters).
+     * NULL = none. */
+    int (*counters)(gp_layer *l, const char **names, int64_t **values, int max);
 } gp_layer_ops;
 
 struct gp_layer {
@@ -262,8 +274,8 @@ struct gp_layer {
     gp_shape out_shape;     /* for batch 1 */
     int n_in;               /* inputs: 1 + spec.n_pop */
     gp_shape pop_shape[GP_MAX_POPS]; /* the popped inputs, for batch 1 */
-    gp_param params[GP_LAYER_MAX_PARAMS];
-    int n_params;
+    gp_param *params;       /* [n_params] (capacity cap_params), owned */
+    int n_params, cap_params;
     void *state;            /* layer-private, owned by the layer */
     int param_base;         /* RNG stream number of params[0]: 0, except for
                                the child layers inside a composite layer

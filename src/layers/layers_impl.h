@@ -44,6 +44,7 @@ extern const gp_layer_ops gp_dropout2d_ops;      /* unet.c */
 extern const gp_layer_ops gp_instance_norm_ops;  /* unet.c */
 extern const gp_layer_ops gp_upsample_ops;       /* unet.c */
 extern const gp_layer_ops gp_factorized_reduce_ops; /* factorized_reduce.c */
+extern const gp_layer_ops gp_amoeba_cell_ops;       /* amoeba.c */
 
 /* gp_layer_create without the error prefix, with the RNG numbering of the
  * first parameter given (composite layers build children with it).  `in`
@@ -90,6 +91,13 @@ gp_status gp_layers_init_normal(gp_layer *l, int p, uint64_t seed, float std);
 /* params[p] = v everywhere. */
 gp_status gp_layers_fill_param(gp_layer *l, int p, float v);
 
+/* Channels [d0, d0 + c) of dst (N, dc, HW) = channels [s0, s0 + c) of src
+ * (N, sc, HW), one strided copy: concatenation along channels and the
+ * slices of its gradient. */
+gp_status gp_layers_copy_channels(gp_device *dev, float *dst, int64_t dc, int64_t d0,
+                                  const float *src, int64_t sc, int64_t s0, int64_t n, int64_t c,
+                                  int64_t hw);
+
 /* Allocate s->t[slot] on dev (category ACTIVATIONS). */
 gp_status gp_layers_saved_alloc(gp_saved *s, int slot, gp_device *dev,
                                 const gp_shape *shape);
@@ -108,11 +116,5 @@ int64_t gp_batchnorm_batches_tracked(const gp_layer *l);
 int64_t gp_batchnorm_pending_count(const gp_layer *l);
 /* Where a batch norm keeps its commit count (snapshots set it on resume). */
 int64_t *gp_batchnorm_counter(gp_layer *l);
-/* gp_layer_counters of an add layer (its projection's norm). */
-int gp_add_counters(gp_layer *l, const char **names, int64_t **values, int max);
-/* gp_layer_counters of a residual block. */
-int gp_residual_counters(gp_layer *l, const char **names, int64_t **values, int max);
-/* gp_layer_counters of a factorized reduce ("bn.num_batches_tracked"). */
-int gp_fr_counters(gp_layer *l, const char **names, int64_t **values, int max);
 
 #endif /* GP_LAYERS_IMPL_H */

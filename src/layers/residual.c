@@ -348,7 +348,7 @@ static size_t res_saved_bytes(const gp_layer *l, int64_t n)
     return (down ? 4 : 3) * act + (down ? 3 : 2) * stats;
 }
 
-int gp_residual_counters(gp_layer *l, const char **names, int64_t **values, int max)
+static int res_counters(gp_layer *l, const char **names, int64_t **values, int max)
 {
     static const char *const counter_names[] = {"bn1.num_batches_tracked",
                                                  "bn2.num_batches_tracked",
@@ -369,6 +369,7 @@ int gp_residual_counters(gp_layer *l, const char **names, int64_t **values, int 
 
 const gp_layer_ops gp_residual_ops = {
     .type = GP_LAYER_RESIDUAL,
+    .counters = res_counters,
     .infer = res_infer,
     .init = res_init,
     .forward = res_forward,

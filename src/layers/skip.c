@@ -283,7 +283,7 @@ static size_t add_saved_bytes(const gp_layer *l, int64_t n)
            2 * (size_t)l->spec.out * sizeof(float);
 }
 
-int gp_add_counters(gp_layer *l, const char **names, int64_t **values, int max)
+static int add_counters(gp_layer *l, const char **names, int64_t **values, int max)
 {
     add_state *st = l->state;
     if (!st) return 0;
@@ -296,6 +296,7 @@ int gp_add_counters(gp_layer *l, const char **names, int64_t **values, int max)
 
 const gp_layer_ops gp_add_ops = {
     .type = GP_LAYER_ADD,
+    .counters = add_counters,
     .infer = add_infer,
     .init = add_init,
     .forward = add_forward,

@@ -21,7 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define MAX_COUNTERS 4
+#define MAX_COUNTERS 32 /* batch norms in one layer (an AmoebaNet cell has up to 20) */
 #define SNAP_PREFIX "snapshot-"
 #define SNAP_SUFFIX ".safetensors"
 
@@ -43,6 +43,29 @@ static gp_status add_device_tensor(gp_st_writer *w, const char *name, const gp_t
                             (size_t)n * sizeof(float));
 }
 
+/* How tensors are named: "<layer>.<param>", where <layer> is the layer's
+ * name when every layer has one (PyTorch's nn.Sequential(OrderedDict(...)):
+ * the built-in models, named as torchgpipe's modules) and its index
+ * otherwise (nn.Sequential(*layers)), as PyTorch's state_dict() names them.
+ * Optimizer state is "momentum.<layer>.<param>". */
+typedef enum { NAME_BY_INDEX = 0, NAME_BY_NAME } naming;
+
+static naming model_naming(const gp_model *m)
+{
+    for (int k = 0; k < m->n_layers; k++)
+        if (!m->layers[k].spec.name[0]) return NAME_BY_INDEX;
+    return m->n_layers > 0 ? NAME_BY_NAME : NAME_BY_INDEX;
+}
+
+/* "<prefix><layer>.<what>" into buf (of GP_ST_NAME_MAX bytes). */
+static const char *tensor_name(char *buf, size_t len, const char *prefix, const gp_model *m, int k,
+                               naming nm, const char *what)
+{
+    if (nm == NAME_BY_NAME) snprintf(buf, len, "%s%s.%s", prefix, m->layers[k].spec.name, what);
+    else snprintf(buf, len, "%s%d.%s", prefix, k, what);
+    return buf;
+}
+
 static gp_status meta_i64(gp_st_writer *w, const char *key, int64_t v)
 {
     char b[32];
@@ -59,11 +82,12 @@ gp_status gp_snapshot_collect(gp_model *m, const gp_config *cfg, const gp_snapsh
     float *scratch = NULL;
     size_t cap = 0;
     gp_status s = GP_OK;
-    char name[128];
+    char name[256];
+    const naming nm = model_naming(m);
     for (int k = 0; k < m->n_layers && s == GP_OK; k++) {
         gp_layer *l = &m->layers[k];
         for (int p = 0; p < l->n_params && s == GP_OK; p++) {
-            snprintf(name, sizeof name, "%d.%s", k, l->params[p].name);
+            tensor_name(name, sizeof name, "", m, k, nm, l->params[p].name);
             s = add_device_tensor(w, name, &l->params[p].value, &scratch, &cap);
         }
         const char *cn[MAX_COUNTERS];
@@ -71,7 +95,7 @@ gp_status gp_snapshot_collect(gp_model *m, const gp_config *cfg, const gp_snapsh
         int nc = gp_layer_counters(l, cn, cv, MAX_COUNTERS);
         GP_ASSERT(nc <= MAX_COUNTERS);
         for (int c = 0; c < nc && s == GP_OK; c++) {
-            snprintf(name, sizeof name, "%d.%s", k, cn[c]);
+            tensor_name(name, sizeof name, "", m, k, nm, cn[c]);
             int64_t v = *cv[c];
             s = gp_st_writer_add(w, name, GP_ST_I64, 0, NULL, &v, sizeof v);
         }
@@ -81,7 +105,7 @@ gp_status gp_snapshot_collect(gp_model *m, const gp_config *cfg, const gp_snapsh
             gp_layer *l = &m->layers[k];
             for (int p = 0; p < l->n_params && s == GP_OK; p++) {
                 if (l->params[p].is_buffer) continue;
-                snprintf(name, sizeof name, "momentum.%d.%s", k, l->params[p].name);
+                tensor_name(name, sizeof name, "momentum.", m, k, nm, l->params[p].name);
                 s = add_device_tensor(w, name, gp_optim_state(m->optim, k, p), &scratch, &cap);
             }
         }
@@ -145,6 +169,48 @@ static void nl_add(namelist *l, const char *fmt, ...)
         l->cap = nc;
     }
     l->n += (size_t)snprintf(l->s + l->n, l->cap - l->n, "%s%s", l->n ? ", " : "", b);
+}
+
+/* Every tensor name the model expects, sorted once filled, for the names
+ * in a file that it does not. */
+typedef struct {
+    char **v;
+    int n, cap;
+    bool oom;
+} nameset;
+
+static void ns_add(nameset *ns, const char *name)
+{
+    if (ns->n == ns->cap) {
+        int nc = ns->cap ? 2 * ns->cap : 256;
+        char **nv = realloc(ns->v, (size_t)nc * sizeof *nv);
+        if (!nv) {
+            ns->oom = true;
+            return;
+        }
+        ns->v = nv;
+        ns->cap = nc;
+    }
+    char *c = strdup(name);
+    if (!c) ns->oom = true;
+    else ns->v[ns->n++] = c;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static bool ns_has(const nameset *ns, const char *name)
+{
+    return bsearch(&name, ns->v, (size_t)ns->n, sizeof *ns->v, cmp_str) != NULL;
+}
+
+static void ns_free(nameset *ns)
+{
+    for (int i = 0; i < ns->n; i++) free(ns->v[i]);
+    free(ns->v);
+    memset(ns, 0, sizeof *ns);
 }
 
 static const char *nl_str(const namelist *l, char *buf, size_t len)
@@ -251,17 +317,33 @@ gp_status gp_snapshot_apply(gp_model *m, const gp_st_file *f, bool optimizer)
      * load leaves the model as it was. */
     namelist missing = {0}, bad = {0}, extra = {0};
     bad_values values = {0};
-    char name[128];
+    char name[256];
     int expected = 0;
+    /* The model's own naming; a file by layer index (from before the
+     * layers had names, or made so) loads too. */
+    naming nm = model_naming(m);
+    int k0 = 0;
+    while (k0 < m->n_layers && m->layers[k0].n_params == 0) k0++;
+    if (nm == NAME_BY_NAME && k0 < m->n_layers) {
+        const char *p0 = m->layers[k0].params[0].name;
+        if (!gp_st_find(f, tensor_name(name, sizeof name, "", m, k0, nm, p0)) &&
+            gp_st_find(f, tensor_name(name, sizeof name, "", m, k0, NAME_BY_INDEX, p0)))
+            nm = NAME_BY_INDEX;
+    }
+    /* every name the model expects, for the names in the file it does not */
+    nameset known = {0};
     for (int pass = 0; pass < 2; pass++) {
         for (int k = 0; k < m->n_layers; k++) {
             gp_layer *l = &m->layers[k];
             for (int p = 0; p < l->n_params; p++) {
                 gp_param *pr = &l->params[p];
                 const gp_st_tensor *t;
-                snprintf(name, sizeof name, "%d.%s", k, pr->name);
+                tensor_name(name, sizeof name, "", m, k, nm, pr->name);
                 expect(f, name, GP_ST_F32, pr->value.ndim, pr->value.dims, &missing, &bad, &t);
-                if (pass == 0) expected++;
+                if (pass == 0) {
+                    expected++;
+                    ns_add(&known, name);
+                }
                 if (pass == 0 && t) scan_values(t, name, &values);
                 if (pass == 1) {
                     GP_TRY(gp_dev_upload(pr->value.dev, pr->value.data, (const float *)t->data,
@@ -270,9 +352,12 @@ gp_status gp_snapshot_apply(gp_model *m, const gp_st_file *f, bool optimizer)
                 }
                 if (!optimizer || pr->is_buffer) continue;
                 gp_tensor *mt = gp_optim_state(m->optim, k, p);
-                snprintf(name, sizeof name, "momentum.%d.%s", k, pr->name);
+                tensor_name(name, sizeof name, "momentum.", m, k, nm, pr->name);
                 expect(f, name, GP_ST_F32, mt->ndim, mt->dims, &missing, &bad, &t);
-                if (pass == 0) expected++;
+                if (pass == 0) {
+                    expected++;
+                    ns_add(&known, name);
+                }
                 if (pass == 0 && t) scan_values(t, name, &values);
                 if (pass == 1) {
                     GP_TRY(gp_dev_upload(mt->dev, mt->data, (const float *)t->data,
@@ -283,34 +368,33 @@ gp_status gp_snapshot_apply(gp_model *m, const gp_st_file *f, bool optimizer)
             const char *cn[MAX_COUNTERS];
             int64_t *cv[MAX_COUNTERS];
             int nc = gp_layer_counters(l, cn, cv, MAX_COUNTERS);
+            GP_ASSERT(nc <= MAX_COUNTERS);
             for (int c = 0; c < nc; c++) {
                 const gp_st_tensor *t;
-                snprintf(name, sizeof name, "%d.%s", k, cn[c]);
+                tensor_name(name, sizeof name, "", m, k, nm, cn[c]);
                 expect(f, name, GP_ST_I64, 0, NULL, &missing, &bad, &t);
-                if (pass == 0) expected++;
+                if (pass == 0) {
+                    expected++;
+                    ns_add(&known, name);
+                }
                 if (pass == 1) memcpy(cv[c], t->data, sizeof(int64_t)); /* little-endian host */
             }
         }
         if (pass == 1) break;
         /* Names in the file the model does not have. */
+        if (known.oom) {
+            ns_free(&known);
+            free(missing.s);
+            free(bad.s);
+            return gp_error_set(GP_ERR_OOM, "out of host memory checking %s", f->source);
+        }
+        qsort(known.v, (size_t)known.n, sizeof *known.v, cmp_str);
         for (int i = 0; i < f->n; i++) {
             const char *tn = f->tensors[i].name;
             if (!strncmp(tn, "momentum.", 9) && !optimizer) continue;
-            bool known = false;
-            const char *body = strncmp(tn, "momentum.", 9) ? tn : tn + 9;
-            char *e;
-            long k = strtol(body, &e, 10);
-            if (e != body && *e == '.' && k >= 0 && k < m->n_layers) {
-                gp_layer *l = &m->layers[k];
-                for (int p = 0; p < l->n_params && !known; p++)
-                    known = !strcmp(e + 1, l->params[p].name);
-                const char *cn[MAX_COUNTERS];
-                int64_t *cv[MAX_COUNTERS];
-                int nc = gp_layer_counters(l, cn, cv, MAX_COUNTERS);
-                for (int c = 0; c < nc && !known; c++) known = !strcmp(e + 1, cn[c]);
-            }
-            if (!known) nl_add(&extra, "%s", tn);
+            if (!ns_has(&known, tn)) nl_add(&extra, "%s", tn);
         }
+        ns_free(&known);
         if (missing.count || bad.count || extra.count) {
             char a[2048], b[2048], c[2048];
             const char *types = gp_st_meta(f, "gpipe.layers");

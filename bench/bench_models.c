@@ -1,0 +1,302 @@
+/*
+ * bench_models — torchgpipe's benchmark suite (its docs/benchmarks.rst) on
+ * the models it is measured on, at sizes this machine can run:
+ *
+ *   speed:  throughput of a model on one device without pipelining
+ *           (baseline: m = 1, no checkpointing, the single-device step) and
+ *           with pipeline-k, k in {1, 2, 4, 8}: k CPU devices x 1 thread,
+ *           m = 8, except_last checkpointing, the balance `balance: auto`
+ *           picks (profiled); speed-up against the baseline;
+ *   memory: the largest model of a family that trains one step on k CPU
+ *           devices of a fixed capacity each, k in {1, 2, 4, 8}, with the
+ *           baseline (1 device, m = 1, no checkpointing) beside them:
+ *           candidates ordered by parameters, a binary search over them,
+ *           each tried with the memory-only profile, the planner's balance
+ *           under the capacities (`gpipe-balance --by size`), and one
+ *           pipelined step (always checkpointing, m = 8); it fits if both
+ *           succeed.
+ *
+ * usage: bench_models speed  [--model amoebanet|resnet|unet] [--steps N]
+ *        bench_models memory [--model amoebanet|unet] [--capacity MiB]
+ * Prints markdown tables with the processor; never fails a build.  On this
+ * 2-core machine k > 2 devices share the cores: the speed table says so.
+ */
+#include "balance/balance.h"
+#include "config/config.h"
+#include "pipeline/pipeline.h"
+#include "train/train.h"
+
+#include "bench_util.h"
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- models ------------------------------------------------------------------ */
+
+typedef struct {
+    const char *name;   /* --model */
+    const char *label;  /* for tables */
+    int64_t side;       /* input height = width (speed) */
+    int64_t batch;      /* (speed) */
+    int64_t mside, mbatch; /* the same for the memory benchmark */
+    const char *model;  /* the model: section's family line, "%d" "%d" for its two sizes */
+    int a, b;           /* the speed benchmark's sizes */
+} family;
+
+static const family k_families[] = {
+    {"amoebanet", "AmoebaNet-D", 64, 64, 64, 16,
+     "amoebanet: {layers: %d, filters: %d, classes: 10}", 6, 64},
+    {"resnet", "ResNet", 64, 32, 64, 8, "resnet: {depth: %d, classes: 10%.0d}", 50, 0},
+};
+
+static const family *find_family(const char *name)
+{
+    for (size_t q = 0; q < sizeof k_families / sizeof *k_families; q++)
+        if (!strcmp(k_families[q].name, name)) return &k_families[q];
+    return NULL;
+}
+
+static gp_status family_cfg(const family *f, int a, int b, bool mem, gp_config *c)
+{
+    int64_t side = mem ? f->mside : f->side, batch = mem ? f->mbatch : f->batch;
+    char model[160], text[1024];
+    snprintf(model, sizeof model, f->model, a, b);
+    snprintf(text, sizeof text,
+             "model:\n  input: [3, %lld, %lld]\n  %s\n"
+             "data: {dataset: synthetic, synthetic: {train: %lld, test: 8, classes: 10}}\n"
+             "train: {batch_size: %lld, seed: 1, optimizer: {lr: 0.01, momentum: 0.9}}\n",
+             (long long)side, (long long)side, model, (long long)batch, (long long)batch);
+    return gp_config_parse("bench_models.yaml", text, strlen(text), NULL, 0, c);
+}
+
+/* ---- speed -------------------------------------------------------------------- */
+
+/* Median samples per second over `steps` steps after one warm-up; k = 0:
+ * the baseline (one device, the single-device step, m = 1). */
+static gp_status throughput(const gp_config *base, int k, int steps, double *out)
+{
+    gp_config cfg = *base;
+    int n = k ? k : 1;
+    gp_bench_cpu_devices(&cfg, n);
+    cfg.pipeline.chunks = k ? 8 : 1;
+    cfg.pipeline.checkpoint = k ? GP_CKPT_EXCEPT_LAST : GP_CKPT_NEVER;
+    cfg.pipeline.n_balance = 0;
+    gp_device *devs[GP_MAX_DEVICES];
+    gp_model model;
+    GP_TRY(gp_train_open(&cfg, devs, &model, true));
+    int64_t b = cfg.train.batch_size, per = gp_shape_numel(&model.input);
+    float *x, *y;
+    gp_bench_random_batch(b, per, 5, 6, &x, &y);
+    double *ts = malloc((size_t)(steps + 1) * sizeof *ts);
+    gp_status s = GP_OK;
+    for (int it = 0; it <= steps && s == GP_OK; it++) {
+        gp_step_stats st;
+        double t0 = gp_now();
+        s = k ? gp_model_pipeline_step(&model, &cfg, x, y, b, 0.001, &st)
+              : gp_model_train_step(&model, &cfg, x, y, b, 1, 0.001, &st);
+        if (it) ts[it - 1] = gp_now() - t0;
+    }
+    if (s == GP_OK) *out = (double)b / gp_bench_median(ts, steps);
+    free(ts);
+    free(x);
+    free(y);
+    gp_model_free(&model);
+    for (int j = 0; j < n; j++) gp_device_close(devs[j]);
+    return s;
+}
+
+static int speed(const family *f, int steps)
+{
+    gp_config c;
+    if (family_cfg(f, f->a, f->b, false, &c) != GP_OK) {
+        fprintf(stderr, "bench_models: %s\n", gp_last_error());
+        return 1;
+    }
+    char cpu[256];
+    gp_bench_cpu_name(cpu, sizeof cpu);
+    printf("%s (%d, %d), %lldx%lld, batch %lld; %s; median of %d steps\n\n", f->label, f->a,
+           f->b, (long long)f->side, (long long)f->side, (long long)f->batch, cpu, steps);
+    printf("| experiment | devices x threads | m | samples/s | speed-up |\n|---|---|---|---|---|\n");
+    double base = 0;
+    for (int k = 0; k <= 8; k = k ? 2 * k : 1) {
+        double r = 0;
+        gp_status s = throughput(&c, k, steps, &r);
+        if (k == 0) base = r;
+        char name[32];
+        if (k) snprintf(name, sizeof name, "pipeline-%d", k);
+        else snprintf(name, sizeof name, "baseline");
+        if (s != GP_OK) printf("| %s | %d x 1 | %d | failed: %s | |\n", name, k ? k : 1,
+                               k ? 8 : 1, gp_last_error());
+        else printf("| %s | %d x 1%s | %d | %.2f | %.3fx |\n", name, k ? k : 1,
+                    k > 2 ? " (on 2 cores)" : "", k ? 8 : 1, r, base > 0 ? r / base : 0);
+        fflush(stdout);
+    }
+    gp_config_free(&c);
+    return 0;
+}
+
+/* ---- memory ------------------------------------------------------------------- */
+
+typedef struct {
+    int a, b;
+    int64_t params;
+} candidate;
+
+static int cmp_candidate(const void *x, const void *y)
+{
+    const candidate *p = x, *q = y;
+    return p->params < q->params ? -1 : p->params > q->params;
+}
+
+/* Trainable parameters of the config's model, one layer at a time (so a
+ * model larger than memory is counted too). */
+static gp_status count_params(const gp_config *c, gp_device *dev, int64_t *out)
+{
+    const gp_model_config *mc = &c->model;
+    gp_skip_map map;
+    GP_TRY(gp_skip_map_build(mc->layers, mc->n_layers, &map));
+    gp_shape *outs = calloc((size_t)mc->n_layers, sizeof *outs);
+    gp_shape input = gp_shape_4d(1, mc->input[0], mc->input[1], mc->input[2]);
+    gp_status s = outs ? GP_OK : gp_error_set(GP_ERR_OOM, "out of host memory");
+    *out = 0;
+    for (int k = 0; k < mc->n_layers && s == GP_OK; k++) {
+        gp_shape in[1 + GP_MAX_POPS];
+        gp_skip_map_inputs(&map, k, &input, outs, in);
+        gp_layer l;
+        s = gp_layer_create(&mc->layers[k], k, in, dev, 1, &l);
+        if (s != GP_OK) break;
+        *out += gp_layer_param_count(&l);
+        outs[k] = l.out_shape;
+        gp_layer_destroy(&l);
+    }
+    free(outs);
+    gp_skip_map_free(&map);
+    return s;
+}
+
+/* Whether the model trains one step on k devices of `cap` bytes each (k =
+ * 0: the baseline on one). */
+static bool fits(const gp_config *base, int k, size_t cap)
+{
+    gp_config cfg = *base;
+    int n = k ? k : 1;
+    gp_bench_cpu_devices(&cfg, n);
+    for (int j = 0; j < n; j++) cfg.pipeline.devices[j].memory = cap;
+    cfg.pipeline.chunks = k ? 8 : 1;
+    cfg.pipeline.checkpoint = k ? GP_CKPT_ALWAYS : GP_CKPT_NEVER;
+    cfg.pipeline.n_balance = 1;
+    cfg.pipeline.balance[0] = cfg.model.n_layers;
+    if (n > 1) { /* the planner's memory balance under the capacities */
+        gp_profile p;
+        gp_model_profile_opts po = {.timed = false, .threads = 1};
+        if (gp_model_profile(&cfg, &po, &p) != GP_OK) return false;
+        gp_plan_opts o;
+        gp_model_plan_opts(&cfg, n, &o);
+        o.by = GP_BALANCE_BY_SIZE;
+        gp_status s = gp_balance_plan(&p, &o, cfg.pipeline.balance);
+        gp_profile_free(&p);
+        if (s != GP_OK) return false;
+        cfg.pipeline.n_balance = n;
+    }
+    gp_device *devs[GP_MAX_DEVICES];
+    gp_model model;
+    gp_status so = gp_train_open(&cfg, devs, &model, true);
+    if (so != GP_OK) {
+        if (so != GP_ERR_OOM) fprintf(stderr, "bench_models: %s\n", gp_last_error());
+        return false;
+    }
+    int64_t b = cfg.train.batch_size, per = gp_shape_numel(&model.input);
+    float *x, *y;
+    gp_bench_random_batch(b, per, 5, 6, &x, &y);
+    gp_status s = k ? gp_model_pipeline_step(&model, &cfg, x, y, b, 0.001, NULL)
+                    : gp_model_train_step(&model, &cfg, x, y, b, 1, 0.001, NULL);
+    if (s != GP_OK && s != GP_ERR_OOM) /* not a matter of size: say so */
+        fprintf(stderr, "bench_models: %s\n", gp_last_error());
+    free(x);
+    free(y);
+    gp_model_free(&model);
+    for (int j = 0; j < n; j++) gp_device_close(devs[j]);
+    return s == GP_OK;
+}
+
+static int memory(const family *f, size_t cap)
+{
+    /* the sizes tried: (L, D) for AmoebaNet-D */
+    static const int la[] = {3, 6, 9, 12, 18, 24, 36, 48};
+    enum { MAX_CAND = 8 * 16 };
+    candidate cand[MAX_CAND];
+    int nc = 0;
+    gp_device *dev;
+    gp_device_opts o = {.threads = 2};
+    if (gp_device_open("cpu:0", &o, &dev) != GP_OK) return 1;
+    for (size_t i = 0; i < sizeof la / sizeof *la; i++)
+        for (int d = 16; d <= 256 && nc < MAX_CAND; d += 16) {
+            gp_config c;
+            if (family_cfg(f, la[i], d, true, &c) != GP_OK) continue;
+            int64_t np;
+            if (count_params(&c, dev, &np) == GP_OK) cand[nc++] = (candidate){la[i], d, np};
+            gp_error_clear();
+            gp_config_free(&c);
+        }
+    gp_device_close(dev);
+    qsort(cand, (size_t)nc, sizeof *cand, cmp_candidate);
+    char cpu[256];
+    gp_bench_cpu_name(cpu, sizeof cpu);
+    printf("%s memory: the largest of %d sizes that trains a step; %lldx%lld, batch %lld; each "
+           "device %zu MiB; %s\n\n", f->label, nc, (long long)f->mside, (long long)f->mside,
+           (long long)f->mbatch, cap >> 20, cpu);
+    printf("| experiment | (L, D) | parameters | vs pipeline-1 |\n|---|---|---|---|\n");
+    int64_t p1 = 0;
+    for (int k = 0; k <= 8; k = k ? 2 * k : 1) {
+        int lo = -1, hi = nc; /* cand[lo] fits (or none), cand[hi] does not */
+        while (hi - lo > 1) {
+            int mid = (lo + hi) / 2;
+            gp_config c;
+            bool ok = family_cfg(f, cand[mid].a, cand[mid].b, true, &c) == GP_OK && fits(&c, k, cap);
+            gp_error_clear();
+            gp_config_free(&c);
+            if (ok) lo = mid;
+            else hi = mid;
+        }
+        char name[32];
+        if (k) snprintf(name, sizeof name, "pipeline-%d", k);
+        else snprintf(name, sizeof name, "baseline");
+        if (lo < 0) {
+            printf("| %s | none fits | | |\n", name);
+        } else {
+            if (k == 1) p1 = cand[lo].params;
+            char ratio[32] = "";
+            if (k >= 1 && p1) snprintf(ratio, sizeof ratio, "%.2fx", (double)cand[lo].params / (double)p1);
+            printf("| %s | (%d, %d) | %.2fM | %s |\n", name, cand[lo].a, cand[lo].b,
+                   (double)cand[lo].params / 1e6, ratio);
+        }
+        fflush(stdout);
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *what = argc > 1 ? argv[1] : "";
+    const char *model = "amoebanet";
+    int steps = 3;
+    size_t cap = (size_t)256 << 20;
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
+        else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--capacity") && i + 1 < argc)
+            cap = (size_t)atoll(argv[++i]) << 20;
+    }
+    const family *f = find_family(model);
+    if (strcmp(what, "speed") && strcmp(what, "memory")) {
+        puts("usage: bench_models speed  [--model amoebanet|resnet] [--steps N]\n"
+             "       bench_models memory [--model amoebanet] [--capacity MiB]");
+        return strcmp(what, "-h") && strcmp(what, "--help") ? 2 : 0;
+    }
+    if (!f) {
+        fprintf(stderr, "bench_models: unknown model '%s'\n", model);
+        return 2;
+    }
+    gp_log_set_level(GP_LOG_WARN);
+    if (steps < 1) steps = 1;
+    return !strcmp(what, "speed") ? speed(f, steps) : memory(f, cap);
+}

@@ -1,0 +1,528 @@
+/*
+ * test_amoeba.c — AmoebaNet-D: the amoeba_cell layer and model.amoebanet.
+ *
+ *   - each kind of cell (normal and reduction; with a popped tensor of the
+ *     input's size, of twice it (the cell after a reduction: factorized
+ *     reduce, odd sizes included), and none (the first cell, reduce2 a
+ *     convolution or the identity)) against a naive double-precision
+ *     reference written here from torchgpipe's genotype, transcribed
+ *     independently of the layer's own table;
+ *   - the gradient of every input and of every parameter (sampled) against
+ *     central differences;
+ *   - parameter and counter names as torchgpipe's state dict names them
+ *     inside a cell;
+ *   - the family: (L, D) = (18, 256) and (18, 208) have torchgpipe's
+ *     122,470,120 and 81,505,540 parameters in 28 layers (torchgpipe's 24:
+ *     stem1 and classify are three layers each here), the cells pop what
+ *     the layer two back stashed, and bad sizes are errors naming the key;
+ *   - transparency: AmoebaNet-D (6, 32) at 64x64 on 1, 2 and 3 stages,
+ *     with the (x, skip) pair crossing every boundary, m in {1, 4}, every
+ *     checkpoint mode: per-step losses, the first step's gradients and the
+ *     parameters after the steps equal the single-device run's bit for bit.
+ * Runs under ThreadSanitizer in CI (label "threads").
+ */
+#include "config/config.h"
+#include "test_ref.h"
+
+/* ---- the reference cell ------------------------------------------------------- */
+
+/* A host tensor in double. */
+typedef struct {
+    double *d;
+    gp_shape s;
+} htensor;
+
+static htensor hnew(gp_shape s)
+{
+    htensor t = {calloc((size_t)gp_shape_numel(&s), sizeof(double)), s};
+    return t;
+}
+
+/* The cell's parameters on the host, looked up by torchgpipe's names. */
+typedef struct {
+    const gp_layer *l;
+    double **P;
+} params;
+
+static const double *par(const params *p, const char *prefix, const char *name)
+{
+    char full[96];
+    snprintf(full, sizeof full, "%s.%s", prefix, name);
+    int i = param_index(p->l, full);
+    CHECK_MSG(i >= 0, "no parameter '%s'", full);
+    static const double zero[1024] = {0};
+    return i >= 0 ? p->P[i] : zero;
+}
+
+/* relu -> conv (no bias) -> norm (batch statistics) from units j, j+1, j+2
+ * of Sequential `base`. */
+static htensor ref_rcb(const params *p, const char *base, int j, const htensor *x, int64_t out,
+                       gp_hw k, gp_hw st, gp_hw pad)
+{
+    int64_t nx = gp_shape_numel(&x->s);
+    double *r = calloc((size_t)nx, sizeof *r);
+    ref_relu(nx, x->d, r);
+    geom g = geom_of(&x->s, out, k, st, pad);
+    htensor c = hnew(gp_shape_4d(g.n, out, g.oh, g.ow)), y = hnew(c.s);
+    char pc[64], pb[64];
+    snprintf(pc, sizeof pc, "%s.%d", base, j + 1);
+    snprintf(pb, sizeof pb, "%s.%d", base, j + 2);
+    ref_conv(&g, r, par(p, pc, "weight"), NULL, c.d);
+    ref_bn(g.n, out, g.oh * g.ow, 1e-5, c.d, par(p, pb, "weight"), par(p, pb, "bias"), NULL, NULL,
+           y.d);
+    free(r);
+    free(c.d);
+    return y;
+}
+
+static htensor ref_fr(const params *p, const char *base, const htensor *x, int64_t out)
+{
+    int64_t oh = (x->s.dims[2] + 1) / 2, ow = (x->s.dims[3] + 1) / 2, n = x->s.dims[0];
+    htensor cat = hnew(gp_shape_4d(n, out, oh, ow)), y = hnew(cat.s);
+    char pb[64];
+    snprintf(pb, sizeof pb, "%s.bn", base);
+    ref_fr_cat(&x->s, out, x->d, par(p, base, "conv1.weight"), par(p, base, "conv2.weight"), cat.d);
+    ref_bn(n, out, oh * ow, 1e-5, cat.d, par(p, pb, "weight"), par(p, pb, "bias"), NULL, NULL, y.d);
+    free(cat.d);
+    return y;
+}
+
+static htensor ref_pool_op(const htensor *x, bool is_max, int64_t k, int64_t st, int64_t pad)
+{
+    geom g = geom_of(&x->s, x->s.dims[1], gp_hw_square(k), gp_hw_square(st), gp_hw_square(pad));
+    htensor y = hnew(gp_shape_4d(g.n, g.c, g.oh, g.ow));
+    ref_pool(&g, is_max, false, x->d, y.d);
+    return y;
+}
+
+static htensor hcopy(const htensor *x)
+{
+    htensor y = hnew(x->s);
+    memcpy(y.d, x->d, (size_t)gp_shape_numel(&x->s) * sizeof *y.d);
+    return y;
+}
+
+/* One operation of the genotype, by torchgpipe's name. */
+static htensor ref_op(const params *p, int k, const char *op, const htensor *x, int64_t c, int st)
+{
+    char base[48];
+    snprintf(base, sizeof base, "operations.%d.module", k);
+    gp_hw one = gp_hw_square(1), zero = gp_hw_square(0), s = gp_hw_square(st);
+    if (!strcmp(op, "none")) return st == 1 ? hcopy(x) : ref_fr(p, base, x, c);
+    /* torchgpipe's max_pool_3x3 is nn.AvgPool2d(3, stride, 1, count_include_pad=False) */
+    if (!strcmp(op, "avg_pool_3x3") || !strcmp(op, "max_pool_3x3"))
+        return ref_pool_op(x, false, 3, st, 1);
+    if (!strcmp(op, "max_pool_2x2")) return ref_pool_op(x, true, 2, st, 0);
+    if (!strcmp(op, "conv_1x1")) return ref_rcb(p, base, 0, x, c, one, s, zero);
+    htensor a, b, y;
+    if (!strcmp(op, "conv_3x3")) {
+        a = ref_rcb(p, base, 0, x, c / 4, one, one, zero);
+        b = ref_rcb(p, base, 3, &a, c / 4, gp_hw_square(3), s, one);
+        y = ref_rcb(p, base, 6, &b, c, one, one, zero);
+        free(a.d);
+        free(b.d);
+        return y;
+    }
+    CHECK(!strcmp(op, "conv_1x7_7x1"));
+    a = ref_rcb(p, base, 0, x, c / 4, one, one, zero);
+    b = ref_rcb(p, base, 3, &a, c / 4, (gp_hw){1, 7}, (gp_hw){1, st}, (gp_hw){0, 3});
+    free(a.d);
+    a = ref_rcb(p, base, 6, &b, c / 4, (gp_hw){7, 1}, (gp_hw){st, 1}, (gp_hw){3, 0});
+    free(b.d);
+    y = ref_rcb(p, base, 9, &a, c, one, one, zero);
+    free(a.d);
+    return y;
+}
+
+/* torchgpipe's genotype.py, AmoebaNet-D (written out again here, from the
+ * source, so that a slip in the layer's copy shows). */
+static const struct {
+    int from;
+    const char *op;
+} k_ref_normal[10] = {{1, "conv_1x1"}, {1, "max_pool_3x3"}, {1, "none"}, {0, "conv_1x7_7x1"},
+                      {0, "conv_1x1"}, {0, "conv_1x7_7x1"}, {2, "max_pool_3x3"}, {2, "none"},
+                      {1, "avg_pool_3x3"}, {5, "conv_1x1"}},
+  k_ref_reduction[10] = {{0, "max_pool_2x2"}, {0, "max_pool_3x3"}, {2, "none"},
+                         {1, "conv_3x3"}, {2, "conv_1x7_7x1"}, {2, "max_pool_3x3"},
+                         {3, "none"}, {1, "max_pool_2x2"}, {2, "avg_pool_3x3"},
+                         {3, "conv_1x1"}};
+
+/* The cell's forward (training: batch statistics) on x and p (NULL: none). */
+static htensor ref_cell(const params *pp, const htensor *x, const htensor *p)
+{
+    const gp_layer_spec *sp = &pp->l->spec;
+    int64_t c = sp->out;
+    bool red = sp->reduction;
+    const htensor *skip = p ? p : x;
+    gp_hw one = gp_hw_square(1), zero = gp_hw_square(0);
+    htensor s[7];
+    s[0] = ref_rcb(pp, "reduce1", 0, x, c, one, one, zero);
+    if (skip->s.dims[2] != x->s.dims[2]) s[1] = ref_fr(pp, "reduce2", skip, c);
+    else if (skip->s.dims[1] != c) s[1] = ref_rcb(pp, "reduce2", 0, skip, c, one, one, zero);
+    else s[1] = hcopy(skip);
+    for (int t = 0; t < 5; t++) {
+        htensor h[2];
+        for (int q = 0; q < 2; q++) {
+            int k = 2 * t + q;
+            int from = red ? k_ref_reduction[k].from : k_ref_normal[k].from;
+            const char *op = red ? k_ref_reduction[k].op : k_ref_normal[k].op;
+            h[q] = ref_op(pp, k, op, &s[from], c, red && from < 2 ? 2 : 1);
+        }
+        CHECK(gp_shape_equal(&h[0].s, &h[1].s));
+        s[2 + t] = hnew(h[0].s);
+        for (int64_t i = 0; i < gp_shape_numel(&h[0].s); i++)
+            s[2 + t].d[i] = h[0].d[i] + h[1].d[i];
+        free(h[0].d);
+        free(h[1].d);
+    }
+    static const int normal_concat[4] = {0, 3, 4, 6}, reduction_concat[3] = {4, 5, 6};
+    const int *cc = red ? reduction_concat : normal_concat;
+    int nc = red ? 3 : 4;
+    int64_t n = x->s.dims[0], hw = s[cc[0]].s.dims[2] * s[cc[0]].s.dims[3];
+    htensor y = hnew(gp_shape_4d(n, c * nc, s[cc[0]].s.dims[2], s[cc[0]].s.dims[3]));
+    for (int64_t i = 0; i < n; i++)
+        for (int q = 0; q < nc; q++)
+            memcpy(y.d + (i * c * nc + q * c) * hw, s[cc[q]].d + i * c * hw,
+                   (size_t)(c * hw) * sizeof *y.d);
+    for (int k = 0; k < 7; k++) free(s[k].d);
+    return y;
+}
+
+/* ---- the layer against it ------------------------------------------------------- */
+
+static gp_device *devs[3];
+
+/* L = sum(y * r) of a training forward that leaves the norms alone. */
+static double loss_of2(gp_layer *l, const gp_tensor *x, const double *r)
+{
+    gp_fwd_ctx ctx = {.training = true, .recompute = true, .seed = 5};
+    gp_tensor y = {0};
+    gp_saved s = {0};
+    CHECK_OK(gp_layer_forward(l, &ctx, x, &y, &s));
+    float *h = gpt_download(&y);
+    double L = 0;
+    for (int64_t i = 0; i < gp_tensor_numel(&y); i++) L += (double)h[i] * r[i];
+    free(h);
+    gp_saved_free(&s);
+    gp_tensor_free(&y);
+    return L;
+}
+
+/* Central differences on up to `most` elements of t (all if fewer; else
+ * spread by the rng), at steps 4e-3, 1e-3, 2.5e-4 and 6e-5: a cell is a
+ * stack of relus, pools and batch norms whose batch statistics move every
+ * pre-activation of a channel at once, so a step crosses kinks that no
+ * single step avoids everywhere, yet a right gradient matches at one of
+ * them and a wrong one (a branch's gradient lost or misrouted) at none. */
+static void fd(const char *what, gp_layer *l, const gp_tensor *x, gp_tensor *t, const double *r,
+               const float *an, int most, hrng *rng)
+{
+    static const float steps[4] = {4e-3f, 1e-3f, 2.5e-4f, 6e-5f};
+    int64_t n = gp_tensor_numel(t), m = n <= most ? n : most;
+    float *h = gpt_download(t);
+    int bad = 0;
+    double num2 = 0, diff2 = 0;
+    for (int64_t q = 0; q < m; q++) {
+        int64_t i = n <= most ? q : (int64_t)(hrng_unit(rng) * (double)n);
+        float o = h[i];
+        double best = INFINITY, best_num = 0;
+        for (int e = 0; e < 4 && fabs(best) > 5e-3 + 2e-2 * fabs(best_num); e++) {
+            float v = o + steps[e];
+            CHECK_OK(gp_dev_upload(t->dev, t->data + i, &v, 1));
+            double lp = loss_of2(l, x, r);
+            v = o - steps[e];
+            CHECK_OK(gp_dev_upload(t->dev, t->data + i, &v, 1));
+            double lm = loss_of2(l, x, r);
+            CHECK_OK(gp_dev_upload(t->dev, t->data + i, &o, 1));
+            double step = (double)(float)(o + steps[e]) - (double)(float)(o - steps[e]);
+            double num = (lp - lm) / step;
+            if (fabs(an[i] - num) < fabs(best)) {
+                best = an[i] - num;
+                best_num = num;
+            }
+        }
+        num2 += best_num * best_num;
+        diff2 += best * best;
+        if (fabs(best) > 5e-3 + 2e-2 * fabs(best_num) && bad++ < 3)
+            fprintf(stderr, "  %s [%lld]: analytic %.7g, numeric %.7g\n", what, (long long)i,
+                    (double)an[i], best_num);
+    }
+    CHECK_MSG(bad == 0, "%s: %d of %lld elements off", what, bad, (long long)m);
+    CHECK_MSG(sqrt(diff2) <= 2e-2 * sqrt(num2) + 1e-6, "%s: relative error %.3g", what,
+              sqrt(diff2) / (sqrt(num2) + 1e-30));
+    free(h);
+}
+
+static void check_cell(gp_device *dev, bool reduction, int64_t c, gp_shape xs, const gp_shape *ps,
+                       const char *reduce2_param)
+{
+    gp_layer_spec sp = gp_layer_spec_default(GP_LAYER_AMOEBA_CELL);
+    sp.out = c;
+    sp.reduction = reduction;
+    if (ps) {
+        sp.n_pop = 1;
+        snprintf(sp.pop[0], sizeof sp.pop[0], "prev");
+    }
+    gp_shape in[2] = {xs, ps ? *ps : xs};
+    gp_layer l;
+    gp_status cs = gp_layer_create(&sp, 4, in, dev, 11, &l);
+    CHECK_OK(cs);
+    if (cs != GP_OK) return;
+    char what[160];
+    snprintf(what, sizeof what, "%s cell, C %lld, input (%lld, %lld, %lld), pop %s",
+             reduction ? "reduction" : "normal", (long long)c, (long long)xs.dims[1],
+             (long long)xs.dims[2], (long long)xs.dims[3], ps ? "yes" : "none");
+    /* torchgpipe's names */
+    CHECK_MSG(param_index(&l, "reduce1.1.weight") == 0 && param_index(&l, "reduce1.2.bias") >= 0,
+              "%s: reduce1's names", what);
+    CHECK_MSG(!reduce2_param || param_index(&l, reduce2_param) >= 0, "%s: no %s", what,
+              reduce2_param);
+    const char *deep = reduction ? "operations.4.module.10.weight" : "operations.5.module.11.bias";
+    CHECK_MSG(param_index(&l, deep) >= 0, "%s: no %s", what, deep);
+    const char *cn[32];
+    int64_t *cv[32];
+    int ncount = gp_layer_counters(&l, cn, cv, 32), norms = 0;
+    for (int p = 0; p < l.n_params; p++) norms += strstr(l.params[p].name, "running_mean") != NULL;
+    CHECK_MSG(ncount == norms && ncount > 0 && !strcmp(cn[0], "reduce1.2.num_batches_tracked"),
+              "%s: %d counters for %d norms", what, ncount, norms);
+
+    hrng rng = {(uint64_t)(c * 131 + xs.dims[2] + (reduction ? 7 : 0) + (ps ? 3 : 0))};
+    int nin = l.n_in;
+    gp_tensor x[2] = {{0}};
+    htensor hx[2];
+    for (int q = 0; q < nin; q++) {
+        int64_t n = gp_shape_numel(&in[q]);
+        float *h = malloc((size_t)n * sizeof *h);
+        hx[q] = hnew(in[q]);
+        for (int64_t i = 0; i < n; i++) hx[q].d[i] = h[i] = hrng_sym(&rng);
+        x[q] = gpt_upload(dev, &in[q], h);
+        free(h);
+    }
+    double *P[GPT_MAX_PARAMS] = {NULL};
+    GP_ASSERT(l.n_params <= GPT_MAX_PARAMS);
+    for (int p = 0; p < l.n_params; p++) { /* random affine, so the norms' gradients show */
+        int64_t n = gp_tensor_numel(&l.params[p].value);
+        float *h = malloc((size_t)n * sizeof *h);
+        bool pos = strstr(l.params[p].name, "var") || (l.params[p].no_decay &&
+                                                       strstr(l.params[p].name, "weight"));
+        for (int64_t i = 0; i < n; i++) {
+            double u = hrng_unit(&rng);
+            h[i] = (float)(pos ? 0.5 + u : u - 0.5);
+        }
+        set_param(&l, p, h);
+        P[p] = download_d(&l.params[p].value);
+        free(h);
+    }
+    params pp = {&l, P};
+    htensor want = ref_cell(&pp, &hx[0], nin > 1 ? &hx[1] : NULL);
+
+    gp_fwd_ctx ctx = {.training = true, .recompute = true, .seed = 5};
+    gp_tensor y = {0};
+    gp_saved s = {0};
+    CHECK_OK(gp_layer_forward(&l, &ctx, x, &y, &s));
+    gp_shape ys = gp_tensor_shape(&y);
+    CHECK_MSG(gp_shape_equal(&ys, &want.s), "%s: output shape", what);
+    int64_t ny = gp_tensor_numel(&y);
+    float *yh = gpt_download(&y);
+    double err = 0;
+    for (int64_t i = 0; i < ny && gp_shape_equal(&ys, &want.s); i++)
+        err = fmax(err, fabs(yh[i] - want.d[i]));
+    CHECK_MSG(err < 1e-4, "%s: forward max error %.3g against the reference", what, err);
+    CHECK_MSG(gp_saved_bytes(&s) > 0, "%s: a training forward keeps what backward needs", what);
+
+    double *r = malloc((size_t)ny * sizeof *r);
+    float *rf = malloc((size_t)ny * sizeof *rf);
+    for (int64_t i = 0; i < ny; i++) r[i] = rf[i] = hrng_sym(&rng);
+    gp_tensor dy = gpt_upload(dev, &ys, rf), dx[2] = {{0}};
+    CHECK_OK(gp_layer_zero_grad(&l));
+    CHECK_OK(gp_layer_backward(&l, &ctx, x, &y, &dy, dx, &s));
+    char name[256];
+    for (int q = 0; q < nin; q++) {
+        float *g = gpt_download(&dx[q]);
+        snprintf(name, sizeof name, "%s: d%s", what, q ? "popped" : "x");
+        fd(name, &l, x, &x[q], r, g, 64, &rng);
+        free(g);
+    }
+    for (int p = 0; p < l.n_params; p++) {
+        if (l.params[p].is_buffer) continue;
+        float *g = gpt_download(&l.params[p].grad);
+        snprintf(name, sizeof name, "%s: %s", what, l.params[p].name);
+        fd(name, &l, x, &l.params[p].value, r, g, 8, &rng);
+        free(g);
+    }
+    for (int q = 0; q < nin; q++) {
+        gp_tensor_free(&x[q]);
+        gp_tensor_free(&dx[q]);
+        free(hx[q].d);
+    }
+    for (int p = 0; p < l.n_params; p++) free(P[p]);
+    free(want.d);
+    gp_tensor_free(&y);
+    gp_tensor_free(&dy);
+    gp_saved_free(&s);
+    free(yh);
+    free(r);
+    free(rf);
+    gp_layer_destroy(&l);
+}
+
+static void cells(gp_device *dev)
+{
+    gp_shape p_same = gp_shape_4d(2, 12, 5, 5), p_twice = gp_shape_4d(2, 8, 6, 6);
+    gp_shape p_odd = gp_shape_4d(2, 8, 5, 5), p_red = gp_shape_4d(2, 16, 4, 4);
+    /* a normal cell: reduce2 a convolution (12 -> 8 channels) */
+    check_cell(dev, false, 8, gp_shape_4d(2, 16, 5, 5), &p_same, "reduce2.1.weight");
+    /* after a reduction: the popped tensor is twice the size (and odd: ceil) */
+    check_cell(dev, false, 8, gp_shape_4d(2, 24, 3, 3), &p_twice, "reduce2.conv1.weight");
+    check_cell(dev, false, 8, gp_shape_4d(2, 24, 3, 3), &p_odd, "reduce2.bn.weight");
+    /* a reduction cell, reduce2 the identity (16 channels already) */
+    check_cell(dev, true, 16, gp_shape_4d(2, 16, 4, 4), &p_red, NULL);
+    /* the first cell: no pop, x feeds both reduce1 and reduce2 */
+    check_cell(dev, true, 8, gp_shape_4d(2, 4, 4, 4), NULL, "reduce2.1.weight");
+    check_cell(dev, true, 8, gp_shape_4d(2, 8, 4, 4), NULL, NULL);
+
+    /* what does not fit is an error naming the layer and what to change */
+    gp_layer l;
+    gp_layer_spec sp = gp_layer_spec_default(GP_LAYER_AMOEBA_CELL);
+    gp_shape odd[1] = {gp_shape_4d(2, 8, 5, 5)};
+    sp.out = 6;
+    CHECK(gp_layer_create(&sp, 3, odd, dev, 1, &l) == GP_ERR_INVALID);
+    CHECK_MSG(strstr(gp_last_error(), "layer 3 (amoeba_cell)") &&
+              strstr(gp_last_error(), "multiple of 4"), "%s", gp_last_error());
+    sp.out = 8;
+    sp.reduction = true;
+    CHECK(gp_layer_create(&sp, 3, odd, dev, 1, &l) == GP_ERR_INVALID);
+    CHECK_MSG(strstr(gp_last_error(), "even height and width"), "%s", gp_last_error());
+    sp.reduction = false;
+    sp.n_pop = 1;
+    snprintf(sp.pop[0], sizeof sp.pop[0], "cell3");
+    gp_shape far[2] = {gp_shape_4d(2, 8, 5, 5), gp_shape_4d(2, 8, 20, 20)};
+    CHECK(gp_layer_create(&sp, 3, far, dev, 1, &l) == GP_ERR_INVALID);
+    CHECK_MSG(strstr(gp_last_error(), "popped 'cell3'") && strstr(gp_last_error(), "twice"),
+              "%s", gp_last_error());
+}
+
+/* ---- the family ---------------------------------------------------------------- */
+
+static gp_status amoeba_cfg(int layers, int64_t filters, int64_t side, gp_config *c)
+{
+    char text[512], s1[64], s2[64];
+    snprintf(text, sizeof text,
+             "model:\n  input: [3, %lld, %lld]\n  amoebanet: {layers: 18, filters: 256, "
+             "classes: 1000}\n"
+             "data: {dataset: synthetic, synthetic: {train: 8, test: 8, classes: 1000}}\n"
+             "train: {batch_size: 4, seed: 5}\n",
+             (long long)side, (long long)side);
+    snprintf(s1, sizeof s1, "model.amoebanet.layers=%d", layers);
+    snprintf(s2, sizeof s2, "model.amoebanet.filters=%lld", (long long)filters);
+    const char *sets[2] = {s1, s2};
+    return gp_config_parse("a.yaml", text, strlen(text), sets, 2, c);
+}
+
+static void family(void)
+{
+    static const struct {
+        int layers;
+        int64_t filters, params;
+    } want[] = {{18, 256, 122470120}, {18, 208, 81505540}};
+    for (int q = 0; q < 2; q++) {
+        gp_config c;
+        gp_status s = amoeba_cfg(want[q].layers, want[q].filters, 224, &c);
+        CHECK_OK(s);
+        if (s != GP_OK) continue;
+        CHECK_MSG(c.model.n_layers == 28, "amoebanet: %d layers, want 28", c.model.n_layers);
+        /* parameters from the shapes alone: no 490 MB allocation */
+        int64_t total = 0;
+        gp_skip_map map;
+        CHECK_OK(gp_skip_map_build(c.model.layers, c.model.n_layers, &map));
+        gp_shape *outs = calloc((size_t)c.model.n_layers, sizeof *outs);
+        gp_shape input = gp_shape_4d(1, 3, 224, 224);
+        for (int k = 0; k < c.model.n_layers && s == GP_OK; k++) {
+            gp_shape in[1 + GP_MAX_POPS];
+            gp_skip_map_inputs(&map, k, &input, outs, in);
+            gp_layer l;
+            s = gp_layer_create(&c.model.layers[k], k, in, devs[0], 1, &l);
+            CHECK_OK(s);
+            if (s != GP_OK) break;
+            total += gp_layer_param_count(&l);
+            outs[k] = l.out_shape;
+            if (k == 4) /* stem3: pops the stem's output, twice its size */
+                CHECK(param_index(&l, "reduce2.conv1.weight") >= 0);
+            gp_layer_destroy(&l);
+        }
+        free(outs);
+        CHECK_MSG(total == want[q].params, "amoebanet (18, %lld): %lld parameters, want %lld",
+                  (long long)want[q].filters, (long long)total, (long long)want[q].params);
+        /* every cell after the first pops the output of the layer two back */
+        CHECK(map.n == 21); /* every cell but the first pops */
+        for (int t = 0; t < map.n; t++) CHECK(map.skips[t].to == map.skips[t].from + 2);
+        gp_skip_map_free(&map);
+        CHECK(!strcmp(c.model.layers[3].name, "stem2") && c.model.layers[3].n_pop == 0 &&
+              !strcmp(c.model.layers[11].name, "cell2_reduction") &&
+              c.model.layers[11].reduction && !strcmp(c.model.layers[27].name, "classify.fc"));
+        gp_config_free(&c);
+    }
+    gp_config c;
+    CHECK(amoeba_cfg(4, 256, 224, &c) == GP_ERR_INVALID);
+    CHECK_MSG(strstr(gp_last_error(), "model.amoebanet.layers must be a multiple of 3"), "%s",
+              gp_last_error());
+    CHECK(amoeba_cfg(6, 40, 224, &c) == GP_ERR_INVALID);
+    CHECK_MSG(strstr(gp_last_error(), "multiple of 16"), "%s", gp_last_error());
+}
+
+/* ---- transparency ----------------------------------------------------------------- */
+
+static void transparency(bool sanitized)
+{
+    gp_config c;
+    CHECK_OK(amoeba_cfg(6, 32, 64, &c));
+    static const gp_checkpoint_mode modes[3] = {GP_CKPT_NEVER, GP_CKPT_EXCEPT_LAST, GP_CKPT_ALWAYS};
+    /* 16 layers: stem 0-2, cells 3-12, classifier 13-15.  Boundaries after
+     * cells put the pair (x, skip) across each: the cell after a boundary
+     * pops the output of the layer before the one just before it. */
+    static const int bal2[2] = {7, 9}, bal3[3] = {5, 5, 6};
+    int runs = 0;
+    for (int n = 1; n <= 3; n++)
+        for (int m = 1; m <= 4; m += 3)
+            for (int ck = 0; ck < 3; ck++) {
+                if (sanitized && (n == 2 || ck == 1)) continue; /* the slow builds: a sample */
+                c.pipeline.chunks = m;
+                c.pipeline.checkpoint = modes[ck];
+                c.pipeline.lockstep = true;
+                int one[1] = {16};
+                const int *bal = n == 1 ? one : n == 2 ? bal2 : bal3;
+                gp_model ref, pip;
+                CHECK_OK(gp_model_build(&c, devs[0], &ref));
+                CHECK_OK(gp_model_build_placed(&c, devs, n, bal, &pip));
+                /* every boundary has a skip across it */
+                for (int j = 0, end = 0; j + 1 < n; j++) {
+                    end += bal[j];
+                    int across = 0;
+                    for (int t = 0; t < pip.skips.n; t++)
+                        across += gp_skip_crosses(&pip.skips.skips[t], end - 1);
+                    CHECK_MSG(across == 2, "%d skips cross the boundary after layer %d, want 2",
+                              across, end - 1);
+                }
+                bool same[3];
+                gpt_compare_steps(&c, &ref, &pip, 4, 2, same);
+                CHECK_MSG(same[0] && same[1] && same[2],
+                          "amoebanet (6, 32) on %d stages, m %d, checkpoint %d differs from one "
+                          "device: loss %d, grads %d, params %d", n, m, ck, same[0], same[1],
+                          same[2]);
+                gp_model_free(&ref);
+                gp_model_free(&pip);
+                runs++;
+            }
+    CHECK(runs >= 8);
+    gp_config_free(&c);
+}
+
+int main(void)
+{
+    gpt_open_cpu_devices(devs, 3, 1);
+    cells(devs[0]);
+    family();
+    transparency(getenv("GPIPE_SANITIZED") != NULL);
+    for (int j = 0; j < 3; j++) gp_device_close(devs[j]);
+    return gpt_finish("test_amoeba");
+}
