@@ -9,7 +9,8 @@
  *     the parameters of torchgpipe's channel table, counted independently
  *     below; layer k has torchgpipe's name and module for the layers that
  *     mark its structure; shape-only counts equal a built model's for
- *     layers with children (residual, add's projection, factorized_reduce);
+ *     layers with children (residual, add's projection, factorized_reduce,
+ *     AmoebaNet-D's cells);
  *   - config: a bottleneck too small for instance norm, unet beside layers,
  *     a wrong in_channels, an unknown unet key and an unknown loss are
  *     errors that say what to change; cross_entropy on the U-Net's 4-D
@@ -198,16 +199,10 @@ static void family_counts(void)
 }
 
 /* Shape-only counts (gp_layer_meta) against a built model where layers
- * make children: residual, add with its projection, factorized_reduce. */
-static void meta_counts(void)
+ * make children: residual, add with its projection, factorized_reduce,
+ * AmoebaNet's cells. */
+static void meta_counts(const char *text)
 {
-    const char *text =
-        "model:\n  input: [3, 16, 16]\n  layers:\n"
-        "    - conv2d: {out: 8, kernel: 3, padding: 1}\n    - batchnorm\n"
-        "    - residual: {out: 12, stride: 2}\n    - identity: {stash: a}\n"
-        "    - conv2d: {out: 16, kernel: 3, padding: 1, stride: 2}\n"
-        "    - add: {pop: a, out: 16, stride: 2}\n    - factorized_reduce: {out: 20}\n"
-        "    - global_avgpool\n    - flatten\n    - linear: {out: 10}\n";
     gp_config c;
     CHECK_OK(gp_config_parse("m.yaml", text, strlen(text), NULL, 0, &c));
     int64_t meta = -1;
@@ -217,7 +212,8 @@ static void meta_counts(void)
     CHECK_MSG(meta == gp_model_param_count(&m) && meta > 0, "shape-only count %lld, built %lld",
               (long long)meta, (long long)gp_model_param_count(&m));
     /* and the same parameters, by name and shape, layer by layer */
-    gp_shape in = m.input, outs[16];
+    gp_shape in = m.input, outs[32];
+    GP_ASSERT(m.n_layers <= 32);
     bool same = true;
     for (int k = 0; k < m.n_layers; k++) {
         gp_layer l;
@@ -557,7 +553,14 @@ int main(void)
 {
     gpt_open_cpu_devices(devs, 4, 1);
     family_counts();
-    meta_counts();
+    meta_counts("model:\n  input: [3, 16, 16]\n  layers:\n"
+                "    - conv2d: {out: 8, kernel: 3, padding: 1}\n    - batchnorm\n"
+                "    - residual: {out: 12, stride: 2}\n    - identity: {stash: a}\n"
+                "    - conv2d: {out: 16, kernel: 3, padding: 1, stride: 2}\n"
+                "    - add: {pop: a, out: 16, stride: 2}\n    - factorized_reduce: {out: 20}\n"
+                "    - global_avgpool\n    - flatten\n    - linear: {out: 10}\n");
+    meta_counts("model:\n  input: [3, 32, 32]\n"
+                "  amoebanet: {layers: 3, filters: 16, classes: 10}\n");
     config_errors();
     loss_target_errors();
     masks();
