@@ -158,8 +158,13 @@ static gp_status amoebanet(spec_list *l, int layers, int64_t filters, int64_t cl
         cell->reduction = red;
         if (k >= 1) { /* pop what the layer two back stashed under its name */
             gp_layer_spec *from = &l->specs[first + k - 2];
-            snprintf(from->stash, sizeof from->stash, "%s", from->name);
-            snprintf(cell->pop[0], sizeof cell->pop[0], "%s", from->name);
+            /* the names are this code's own ("cell3_normal6"), well under a
+             * skip name's length; memcpy, as snprintf's truncation warning
+             * cannot see that */
+            size_t len = strlen(from->name) + 1;
+            GP_ASSERT(len <= sizeof from->stash && len <= sizeof cell->pop[0]);
+            memcpy(from->stash, from->name, len);
+            memcpy(cell->pop[0], from->name, len);
             cell->n_pop = 1;
         }
     }
