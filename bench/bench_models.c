@@ -40,12 +40,22 @@ typedef struct {
     int64_t mside, mbatch; /* the same for the memory benchmark */
     const char *model;  /* the model: section's family line, "%d" "%d" for its two sizes */
     int a, b;           /* the speed benchmark's sizes */
+    const char *sizes;  /* what (a, b) are called: "(L, D)" */
+    int agrid[10];      /* the memory benchmark's a values (0 ends), */
+    int b_lo, b_step, b_hi; /* and b values */
 } family;
 
 static const family k_families[] = {
     {"amoebanet", "AmoebaNet-D", 64, 64, 64, 16,
-     "amoebanet: {layers: %d, filters: %d, classes: 10}", 6, 64},
-    {"resnet", "ResNet", 64, 32, 64, 8, "resnet: {depth: %d, classes: 10%.0d}", 50, 0},
+     "amoebanet: {layers: %d, filters: %d, classes: 10}", 6, 64,
+     "(L, D)", {3, 6, 9, 12, 18, 24, 36, 48}, 16, 16, 256},
+    {"resnet", "ResNet", 64, 32, 64, 8, "resnet: {depth: %d, classes: 10%.0d}", 50, 0,
+     "(depth, -)", {0}, 0, 1, 0},
+    /* U-Net (B, C): B convolutions per cell, C channels at the top level,
+     * depth 5 as torchgpipe's; 64x64 leaves its bottleneck 4x4 */
+    {"unet", "U-Net", 64, 32, 64, 8,
+     "unet: {depth: 5, num_convs: %d, base: %d}\n  loss: bce_with_logits", 2, 16,
+     "(B, C)", {1, 2, 3, 4, 5, 6, 8, 10, 12}, 8, 8, 128},
 };
 
 static const family *find_family(const char *name)
@@ -70,22 +80,37 @@ static gp_status family_cfg(const family *f, int a, int b, bool mem, gp_config *
 
 /* ---- speed -------------------------------------------------------------------- */
 
+/* A random batch for the model: inputs uniform in [0, 1), targets class
+ * ids i % 10 (cross-entropy) or per-pixel 0/1 (binary cross-entropy: the
+ * input's first channel above 1/2). */
+static void model_batch(const gp_model *m, int64_t b, float **x, float **y)
+{
+    int64_t per = gp_shape_numel(&m->input), t = m->targets;
+    gp_bench_random_batch(b, per, 5, 6, x, y);
+    if (m->loss != GP_LOSS_BCE_WITH_LOGITS) return;
+    free(*y);
+    *y = malloc((size_t)(b * t) * sizeof **y);
+    for (int64_t i = 0; i < b; i++)
+        for (int64_t p = 0; p < t; p++) (*y)[i * t + p] = (*x)[i * per + p % per] > 0.5f;
+}
+
 /* Median samples per second over `steps` steps after one warm-up; k = 0:
  * the baseline (one device, the single-device step, m = 1). */
-static gp_status throughput(const gp_config *base, int k, int steps, double *out)
+static gp_status throughput(const gp_config *base, int k, gp_checkpoint_mode ck, int steps,
+                            double *out)
 {
     gp_config cfg = *base;
     int n = k ? k : 1;
     gp_bench_cpu_devices(&cfg, n);
     cfg.pipeline.chunks = k ? 8 : 1;
-    cfg.pipeline.checkpoint = k ? GP_CKPT_EXCEPT_LAST : GP_CKPT_NEVER;
+    cfg.pipeline.checkpoint = k ? ck : GP_CKPT_NEVER;
     cfg.pipeline.n_balance = 0;
     gp_device *devs[GP_MAX_DEVICES];
     gp_model model;
     GP_TRY(gp_train_open(&cfg, devs, &model, true));
-    int64_t b = cfg.train.batch_size, per = gp_shape_numel(&model.input);
+    int64_t b = cfg.train.batch_size;
     float *x, *y;
-    gp_bench_random_batch(b, per, 5, 6, &x, &y);
+    model_batch(&model, b, &x, &y);
     double *ts = malloc((size_t)(steps + 1) * sizeof *ts);
     gp_status s = GP_OK;
     for (int it = 0; it <= steps && s == GP_OK; it++) {
@@ -115,19 +140,31 @@ static int speed(const family *f, int steps)
     gp_bench_cpu_name(cpu, sizeof cpu);
     printf("%s (%d, %d), %lldx%lld, batch %lld; %s; median of %d steps\n\n", f->label, f->a,
            f->b, (long long)f->side, (long long)f->side, (long long)f->batch, cpu, steps);
-    printf("| experiment | devices x threads | m | samples/s | speed-up |\n|---|---|---|---|---|\n");
+    printf("| experiment | devices x threads | m | checkpoint | samples/s | speed-up |\n"
+           "|---|---|---|---|---|---|\n");
     double base = 0;
-    for (int k = 0; k <= 8; k = k ? 2 * k : 1) {
+    /* torchgpipe's rows (except_last), then pipeline-1 and -2 without
+     * recomputation */
+    static const struct {
+        int k;
+        gp_checkpoint_mode ck;
+    } rows[] = {{0, GP_CKPT_NEVER}, {1, GP_CKPT_EXCEPT_LAST}, {2, GP_CKPT_EXCEPT_LAST},
+                {4, GP_CKPT_EXCEPT_LAST}, {8, GP_CKPT_EXCEPT_LAST}, {1, GP_CKPT_NEVER},
+                {2, GP_CKPT_NEVER}};
+    static const char *const ck_names[] = {"always", "except_last", "never"};
+    for (size_t q = 0; q < sizeof rows / sizeof *rows; q++) {
+        int k = rows[q].k;
         double r = 0;
-        gp_status s = throughput(&c, k, steps, &r);
+        gp_status s = throughput(&c, k, rows[q].ck, steps, &r);
         if (k == 0) base = r;
         char name[32];
         if (k) snprintf(name, sizeof name, "pipeline-%d", k);
         else snprintf(name, sizeof name, "baseline");
-        if (s != GP_OK) printf("| %s | %d x 1 | %d | failed: %s | |\n", name, k ? k : 1,
-                               k ? 8 : 1, gp_last_error());
-        else printf("| %s | %d x 1%s | %d | %.2f | %.3fx |\n", name, k ? k : 1,
-                    k > 2 ? " (on 2 cores)" : "", k ? 8 : 1, r, base > 0 ? r / base : 0);
+        if (s != GP_OK) printf("| %s | %d x 1 | %d | %s | failed: %s | |\n", name, k ? k : 1,
+                               k ? 8 : 1, ck_names[rows[q].ck], gp_last_error());
+        else printf("| %s | %d x 1%s | %d | %s | %.2f | %.3fx |\n", name, k ? k : 1,
+                    k > 2 ? " (on 2 cores)" : "", k ? 8 : 1, k ? ck_names[rows[q].ck] : "-", r,
+                    base > 0 ? r / base : 0);
         fflush(stdout);
     }
     gp_config_free(&c);
@@ -145,32 +182,6 @@ static int cmp_candidate(const void *x, const void *y)
 {
     const candidate *p = x, *q = y;
     return p->params < q->params ? -1 : p->params > q->params;
-}
-
-/* Trainable parameters of the config's model, one layer at a time (so a
- * model larger than memory is counted too). */
-static gp_status count_params(const gp_config *c, gp_device *dev, int64_t *out)
-{
-    const gp_model_config *mc = &c->model;
-    gp_skip_map map;
-    GP_TRY(gp_skip_map_build(mc->layers, mc->n_layers, &map));
-    gp_shape *outs = calloc((size_t)mc->n_layers, sizeof *outs);
-    gp_shape input = gp_shape_4d(1, mc->input[0], mc->input[1], mc->input[2]);
-    gp_status s = outs ? GP_OK : gp_error_set(GP_ERR_OOM, "out of host memory");
-    *out = 0;
-    for (int k = 0; k < mc->n_layers && s == GP_OK; k++) {
-        gp_shape in[1 + GP_MAX_POPS];
-        gp_skip_map_inputs(&map, k, &input, outs, in);
-        gp_layer l;
-        s = gp_layer_create(&mc->layers[k], k, in, dev, 1, &l);
-        if (s != GP_OK) break;
-        *out += gp_layer_param_count(&l);
-        outs[k] = l.out_shape;
-        gp_layer_destroy(&l);
-    }
-    free(outs);
-    gp_skip_map_free(&map);
-    return s;
 }
 
 /* Whether the model trains one step on k devices of `cap` bytes each (k =
@@ -204,9 +215,9 @@ static bool fits(const gp_config *base, int k, size_t cap)
         if (so != GP_ERR_OOM) fprintf(stderr, "bench_models: %s\n", gp_last_error());
         return false;
     }
-    int64_t b = cfg.train.batch_size, per = gp_shape_numel(&model.input);
+    int64_t b = cfg.train.batch_size;
     float *x, *y;
-    gp_bench_random_batch(b, per, 5, 6, &x, &y);
+    model_batch(&model, b, &x, &y);
     gp_status s = k ? gp_model_pipeline_step(&model, &cfg, x, y, b, 0.001, NULL)
                     : gp_model_train_step(&model, &cfg, x, y, b, 1, 0.001, NULL);
     if (s != GP_OK && s != GP_ERR_OOM) /* not a matter of size: say so */
@@ -220,31 +231,29 @@ static bool fits(const gp_config *base, int k, size_t cap)
 
 static int memory(const family *f, size_t cap)
 {
-    /* the sizes tried: (L, D) for AmoebaNet-D */
-    static const int la[] = {3, 6, 9, 12, 18, 24, 36, 48};
-    enum { MAX_CAND = 8 * 16 };
+    enum { MAX_CAND = 256 };
     candidate cand[MAX_CAND];
     int nc = 0;
-    gp_device *dev;
-    gp_device_opts o = {.threads = 2};
-    if (gp_device_open("cpu:0", &o, &dev) != GP_OK) return 1;
-    for (size_t i = 0; i < sizeof la / sizeof *la; i++)
-        for (int d = 16; d <= 256 && nc < MAX_CAND; d += 16) {
+    for (int i = 0; i < 10 && f->agrid[i]; i++)
+        for (int d = f->b_lo; d <= f->b_hi && nc < MAX_CAND; d += f->b_step) {
             gp_config c;
-            if (family_cfg(f, la[i], d, true, &c) != GP_OK) continue;
-            int64_t np;
-            if (count_params(&c, dev, &np) == GP_OK) cand[nc++] = (candidate){la[i], d, np};
+            if (family_cfg(f, f->agrid[i], d, true, &c) != GP_OK) continue;
+            int64_t np; /* from the shapes: no memory needed */
+            if (gp_model_count_params(&c, &np) == GP_OK) cand[nc++] = (candidate){f->agrid[i], d, np};
             gp_error_clear();
             gp_config_free(&c);
         }
-    gp_device_close(dev);
+    if (nc == 0) {
+        fprintf(stderr, "bench_models: no sizes of %s to try\n", f->label);
+        return 1;
+    }
     qsort(cand, (size_t)nc, sizeof *cand, cmp_candidate);
     char cpu[256];
     gp_bench_cpu_name(cpu, sizeof cpu);
     printf("%s memory: the largest of %d sizes that trains a step; %lldx%lld, batch %lld; each "
            "device %zu MiB; %s\n\n", f->label, nc, (long long)f->mside, (long long)f->mside,
            (long long)f->mbatch, cap >> 20, cpu);
-    printf("| experiment | (L, D) | parameters | vs pipeline-1 |\n|---|---|---|---|\n");
+    printf("| experiment | %s | parameters | vs pipeline-1 |\n|---|---|---|---|\n", f->sizes);
     int64_t p1 = 0;
     for (int k = 0; k <= 8; k = k ? 2 * k : 1) {
         int lo = -1, hi = nc; /* cand[lo] fits (or none), cand[hi] does not */
@@ -286,10 +295,23 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--capacity") && i + 1 < argc)
             cap = (size_t)atoll(argv[++i]) << 20;
     }
-    const family *f = find_family(model);
+    const family *found = find_family(model);
+    family fam = found ? *found : (family){0};
+    const family *f = found ? &fam : NULL;
+    for (int i = 2; f && i + 1 < argc; i++) { /* other sizes than the table's */
+        if (!strcmp(argv[i], "--size") && i + 2 < argc) {
+            fam.a = atoi(argv[i + 1]);
+            fam.b = atoi(argv[i + 2]);
+        } else if (!strcmp(argv[i], "--batch")) {
+            fam.batch = atoll(argv[i + 1]);
+        } else if (!strcmp(argv[i], "--side")) {
+            fam.side = atoll(argv[i + 1]);
+        }
+    }
     if (strcmp(what, "speed") && strcmp(what, "memory")) {
-        puts("usage: bench_models speed  [--model amoebanet|resnet] [--steps N]\n"
-             "       bench_models memory [--model amoebanet] [--capacity MiB]");
+        puts("usage: bench_models speed  [--model amoebanet|resnet|unet] [--steps N]\n"
+             "                           [--size A B] [--batch N] [--side PIXELS]\n"
+             "       bench_models memory [--model amoebanet|unet] [--capacity MiB]");
         return strcmp(what, "-h") && strcmp(what, "--help") ? 2 : 0;
     }
     if (!f) {
