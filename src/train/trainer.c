@@ -527,7 +527,15 @@ gp_status gp_model_summary(const gp_config *cfg, FILE *f)
     fprintf(f, "model: %d layers, input %lld x %lld x %lld, batch %lld, on %d device%s\n",
             m.n_layers, (long long)cfg->model.input[0], (long long)cfg->model.input[1],
             (long long)cfg->model.input[2], (long long)b, n, n == 1 ? "" : "s");
-    fprintf(f, "%4s  %-7s %-16s %-20s %12s %14s %14s\n", "#", "device", "layer",
+    /* the layer column as wide as its longest entry ("amoeba_cell
+     * cell5_normal6", "conv2d layer3_22_conv2") */
+    int wl = 16;
+    for (int k = 0; k < m.n_layers; k++) {
+        int w = (int)(strlen(gp_layer_type_name(m.layers[k].spec.type)) + 1 +
+                      strlen(m.layers[k].spec.name));
+        if (w > wl) wl = w < 79 ? w : 79;
+    }
+    fprintf(f, "%4s  %-7s %-*s %-20s %12s %14s %14s\n", "#", "device", wl, "layer",
             "output (per sample)", "params", "fwd MFLOP/b", "act. bytes/b");
     int64_t tp = 0, sp = 0;
     double tf = 0, ta = 0, sf = 0, sa = 0;
@@ -552,7 +560,7 @@ gp_status gp_model_summary(const gp_config *cfg, FILE *f)
                      (l->ops->saved_bytes ? (double)l->ops->saved_bytes(l, b) : 0.0);
         tp += np; tf += fl; ta += act;
         sp += np; sf += fl; sa += act;
-        fprintf(f, "%4d  %-7s %-16s %-20s %12lld %14.1f %14s%s\n", k, l->dev->name, nm, sh,
+        fprintf(f, "%4d  %-7s %-*s %-20s %12lld %14.1f %14s%s\n", k, l->dev->name, wl, nm, sh,
                 (long long)np, fl / 1e6, gp_format_bytes((size_t)act, ab, sizeof ab), sk);
         if (n > 1 && k - first + 1 == m.balance[stage]) {
             char pb[32], mb[32];
