@@ -10,8 +10,8 @@
  *   memory: the largest model of a family that trains one step on k CPU
  *           devices of a fixed capacity each, k in {1, 2, 4, 8}, with the
  *           baseline (1 device, m = 1, no checkpointing) beside them:
- *           candidates ordered by parameters, a binary search over them,
- *           each tried with the memory-only profile, the planner's balance
+ *           for each of the family's first sizes a binary search over the
+ *           second, the largest by parameters kept; each size tried with the memory-only profile, the planner's balance
  *           under the capacities (`gpipe-balance --by size`), and one
  *           pipelined step (always checkpointing, m = 8); it fits if both
  *           succeed.
@@ -178,12 +178,6 @@ typedef struct {
     int64_t params;
 } candidate;
 
-static int cmp_candidate(const void *x, const void *y)
-{
-    const candidate *p = x, *q = y;
-    return p->params < q->params ? -1 : p->params > q->params;
-}
-
 /* Whether the model trains one step on k devices of `cap` bytes each (k =
  * 0: the baseline on one). */
 static bool fits(const gp_config *base, int k, size_t cap)
@@ -247,7 +241,6 @@ static int memory(const family *f, size_t cap)
         fprintf(stderr, "bench_models: no sizes of %s to try\n", f->label);
         return 1;
     }
-    qsort(cand, (size_t)nc, sizeof *cand, cmp_candidate);
     char cpu[256];
     gp_bench_cpu_name(cpu, sizeof cpu);
     printf("%s memory: the largest of %d sizes that trains a step; %lldx%lld, batch %lld; each "
@@ -256,15 +249,25 @@ static int memory(const family *f, size_t cap)
     printf("| experiment | %s | parameters | vs pipeline-1 |\n|---|---|---|---|\n", f->sizes);
     int64_t p1 = 0;
     for (int k = 0; k <= 8; k = k ? 2 * k : 1) {
-        int lo = -1, hi = nc; /* cand[lo] fits (or none), cand[hi] does not */
-        while (hi - lo > 1) {
-            int mid = (lo + hi) / 2;
-            gp_config c;
-            bool ok = family_cfg(f, cand[mid].a, cand[mid].b, true, &c) == GP_OK && fits(&c, k, cap);
-            gp_error_clear();
-            gp_config_free(&c);
-            if (ok) lo = mid;
-            else hi = mid;
+        /* per a, the largest b that fits (a binary search: for a fixed a a
+         * model grows with b), then the one with the most parameters */
+        int lo = -1;
+        for (int g0 = 0; g0 < nc;) {
+            int g1 = g0;
+            while (g1 < nc && cand[g1].a == cand[g0].a) g1++;
+            int glo = g0 - 1, ghi = g1; /* cand[glo] fits (or none), cand[ghi] does not */
+            while (ghi - glo > 1) {
+                int mid = (glo + ghi) / 2;
+                gp_config c;
+                bool ok = family_cfg(f, cand[mid].a, cand[mid].b, true, &c) == GP_OK &&
+                          fits(&c, k, cap);
+                gp_error_clear();
+                gp_config_free(&c);
+                if (ok) glo = mid;
+                else ghi = mid;
+            }
+            if (glo >= g0 && (lo < 0 || cand[glo].params > cand[lo].params)) lo = glo;
+            g0 = g1;
         }
         char name[32];
         if (k) snprintf(name, sizeof name, "pipeline-%d", k);
