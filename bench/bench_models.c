@@ -138,8 +138,11 @@ static int speed(const family *f, int steps)
     }
     char cpu[256];
     gp_bench_cpu_name(cpu, sizeof cpu);
-    printf("%s (%d, %d), %lldx%lld, batch %lld; %s; median of %d steps\n\n", f->label, f->a,
-           f->b, (long long)f->side, (long long)f->side, (long long)f->batch, cpu, steps);
+    char size[48];
+    if (f->b) snprintf(size, sizeof size, " (%d, %d)", f->a, f->b);
+    else snprintf(size, sizeof size, "-%d", f->a);
+    printf("%s%s, %lldx%lld, batch %lld; %s; median of %d steps\n\n", f->label, size,
+           (long long)f->side, (long long)f->side, (long long)f->batch, cpu, steps);
     printf("| experiment | devices x threads | m | checkpoint | samples/s | speed-up |\n"
            "|---|---|---|---|---|---|\n");
     double base = 0;
