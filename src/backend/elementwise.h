@@ -36,18 +36,27 @@ GP_EW_FN float gp_ew_relu(float x) { return x > 0.0f || x != x ? x : 0.0f; }
 GP_EW_FN float gp_ew_relu_bwd(float y, float dy) { return y > 0.0f ? dy : 0.0f; }
 
 /* Leaky ReLU with slope >= 0.  A NaN stays NaN, as in relu: a NaN must not
- * hide behind an activation (slope * NaN would be NaN anyway; the x != x
- * says it).  -inf gives slope * -inf as the formula does: NaN for slope 0. */
+ * hide behind an activation (it takes the slope * x side, NaN).  -inf gives
+ * slope * -inf as the formula does: NaN for slope 0.  Both sides are
+ * computed and one selected, without a branch, so the loops over it
+ * vectorise (a branch on the sign of random activations also mispredicts
+ * half the time: the branchy form ran at a quarter of memory speed). */
 GP_EW_FN float gp_ew_leaky_relu(float x, float slope)
 {
-    return x > 0.0f || x != x ? x : slope * x;
+    /* = x > 0 ? x : slope * x exactly (but for the sign of a zero), as two
+     * selects of x or 0, which compilers turn into masks, and a multiply
+     * done on every element: no branch, nothing speculated */
+    float pos = x > 0.0f ? x : 0.0f, neg = x > 0.0f ? 0.0f : x;
+    return pos + slope * neg;
 }
 
 /* dx from leaky_relu's output y: with slope >= 0, y > 0 exactly where
- * x > 0, so y serves as relu's does (and backward needs no input). */
+ * x > 0, so y serves as relu's does (and backward needs no input).
+ * Branch-free like the forward. */
 GP_EW_FN float gp_ew_leaky_relu_bwd(float y, float dy, float slope)
 {
-    return y > 0.0f ? dy : slope * dy;
+    float pos = y > 0.0f ? dy : 0.0f, neg = y > 0.0f ? 0.0f : dy;
+    return pos + slope * neg;
 }
 
 GP_EW_FN int gp_ew_nonfinite(float x) { return !isfinite(x); }

@@ -8,12 +8,12 @@
  * Layout.  The interface is plain NCHW / OIHW.  oneDNN's direct JIT kernels
  * on blocked layouts (nChw16c, OIhw16i16o, ...) run the benchmark shapes at
  * ~330-400 GFLOP/s on 2 AVX-512 cores, against ~115-245 for its
- * im2col+gemm path on plain nchw, so a convolution with at least 16 input
- * and output channels runs blocked and its operands are reordered on every
+ * im2col+gemm path on plain nchw, so a convolution with at least 8 output
+ * and 3 input channels runs blocked and its operands are reordered on every
  * call (~2.5 ms per (128, 64, 28, 28) tensor; still 1.3-1.9x faster than
- * plain overall, see bench/bench_ops.c).  With few channels (a first layer
- * with 1 or 3 input channels) the plain path is as fast or faster and needs
- * no reorders.  GPIPE_CPU_CONV=plain|blocked overrides the choice.
+ * plain overall, see bench/bench_ops.c).  With fewer (a 1-channel first
+ * layer, a 1-channel output) the plain path is as fast or faster and needs
+ * no reorders (conv_use_blocked).  GPIPE_CPU_CONV=plain|blocked overrides the choice.
  *
  * Accumulation.  oneDNN writes its outputs (=).  Outputs the interface
  * accumulates (conv dW, db) are computed into a temporary of the arena and
@@ -297,14 +297,20 @@ typedef struct conv_build {
     int blocked;
 } conv_build;
 
-/* Blocked layouts pay off once both channel counts fill a 16-wide vector
- * block; with fewer, oneDNN's blocked kernels gain nothing and the
- * reorders (and the padding to 16) only cost. */
+/* Blocked layouts pay off once the output channels fill half a 16-wide
+ * vector block and the input has more than a plane or two.  Until
+ * 2026-11-23 both counts had to reach 16; on the AMD EPYC (AVX-512) VM the
+ * U-Net's 3 -> 8, 16 -> 8 and 8 -> 8 3x3 convolutions at 64x64 then ran on
+ * the im2col+gemm path 1.6-2.9x slower than blocked (forward + both
+ * backwards, batch 32: 11.5 -> 7.1, 73.9 -> 25.1, 21.7 -> 9.2 ms), while
+ * its 8 -> 1 1x1 output convolution is 5x faster plain (0.6 vs 2.9 ms: the
+ * reorders and the padding to 16 outweigh one output channel), and so is
+ * a 1-channel input (Fashion-MNIST's first layer, bench_ops). */
 static int conv_use_blocked(const gp_cpu_ctx *ctx, const gp_conv_desc *d)
 {
     if (ctx->conv_layout == CPU_CONV_PLAIN) return 0;
     if (ctx->conv_layout == CPU_CONV_BLOCKED) return 1;
-    return d->c >= 16 && d->k >= 16;
+    return d->k >= 8 && d->c >= 3;
 }
 
 enum { CONV_SLOT_X, CONV_SLOT_W, CONV_SLOT_B, CONV_SLOT_Y };

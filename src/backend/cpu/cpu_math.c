@@ -113,7 +113,7 @@ gp_status gp_cpu_sgd_update(gp_device *dev, float *w, const float *g, float *v,
 gp_status gp_cpu_relu_fwd(gp_device *dev, const float *x, float *y, int64_t n)
 {
     int nt = dev->threads;
-#pragma omp parallel for schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN)
+#pragma omp parallel for simd schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++) y[i] = gp_ew_relu(x[i]);
     return GP_OK;
 }
@@ -122,7 +122,7 @@ gp_status gp_cpu_relu_bwd(gp_device *dev, const float *y, const float *dy,
                           float *dx, int64_t n)
 {
     int nt = dev->threads;
-#pragma omp parallel for schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN)
+#pragma omp parallel for simd schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++) dx[i] = gp_ew_relu_bwd(y[i], dy[i]);
     return GP_OK;
 }
@@ -284,7 +284,7 @@ gp_status gp_cpu_leaky_relu_fwd(gp_device *dev, const float *x, float *y, int64_
                                 float slope)
 {
     int nt = dev->threads;
-#pragma omp parallel for schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN)
+#pragma omp parallel for simd schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++) y[i] = gp_ew_leaky_relu(x[i], slope);
     return GP_OK;
 }
@@ -293,7 +293,7 @@ gp_status gp_cpu_leaky_relu_bwd(gp_device *dev, const float *y, const float *dy,
                                 int64_t n, float slope)
 {
     int nt = dev->threads;
-#pragma omp parallel for schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN)
+#pragma omp parallel for simd schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++) dx[i] = gp_ew_leaky_relu_bwd(y[i], dy[i], slope);
     return GP_OK;
 }
