@@ -29,8 +29,10 @@
 
 /* ---- activations and products ----------------------------------------- */
 
-/* NaN stays NaN, as in PyTorch: a NaN must not hide behind a ReLU. */
-GP_EW_FN float gp_ew_relu(float x) { return x > 0.0f || x != x ? x : 0.0f; }
+/* NaN stays NaN, as in PyTorch: a NaN must not hide behind a ReLU (x <= 0
+ * is false for a NaN, so it passes).  One comparison selecting x or 0,
+ * which vectorises; the earlier x > 0 || x != x ran scalar, branching. */
+GP_EW_FN float gp_ew_relu(float x) { return x <= 0.0f ? 0.0f : x; }
 
 /* dx = dy * (y > 0), y being relu's output. */
 GP_EW_FN float gp_ew_relu_bwd(float y, float dy) { return y > 0.0f ? dy : 0.0f; }
