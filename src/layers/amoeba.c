@@ -614,10 +614,7 @@ static gp_status cell_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx, const
                                        const gp_tensor *y, const gp_tensor *dy, gp_saved *s)
 {
     (void)y;
-    if (s->flags & GP_SAVED_WEIGHTS_DONE) {
-        s->flags &= ~GP_SAVED_WEIGHTS_DONE; /* a second backward pass accumulates again */
-        return GP_OK;
-    }
+    if (gp_saved_take_weights_done(s)) return GP_OK;
     return cell_backward_all(l, ctx, x, dy, NULL, s);
 }
 

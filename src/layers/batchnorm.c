@@ -422,10 +422,7 @@ static gp_status bn_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_t
 static gp_status bn_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                                      const gp_tensor *y, const gp_tensor *dy, gp_saved *s)
 {
-    if (s->flags & GP_SAVED_WEIGHTS_DONE) {
-        s->flags &= ~GP_SAVED_WEIGHTS_DONE; /* a second backward pass accumulates again */
-        return GP_OK;
-    }
+    if (gp_saved_take_weights_done(s)) return GP_OK;
     if (bn_synced(l, ctx) && !(s->flags & GP_SAVED_EVAL))
         return bn_backward_sync(l, ctx, x, dy, NULL, s); /* no dx, no scratch */
     /* No one needs dx (first layer of the model): scratch for the kernel. */

@@ -20,6 +20,18 @@
 /* gp_saved.flags: forward ran in eval mode (no batch statistics saved). */
 #define GP_SAVED_EVAL 0x2u
 
+/* The backward_weights of a layer whose backward_data already made the
+ * weight gradients (GP_SAVED_WEIGHTS_DONE): true once per backward_data,
+ * clearing the flag so that a second backward pass accumulates again;
+ * false when backward_data did not run (no dx needed) and the weights
+ * are still to do. */
+static inline bool gp_saved_take_weights_done(gp_saved *s)
+{
+    if (!(s->flags & GP_SAVED_WEIGHTS_DONE)) return false;
+    s->flags &= ~GP_SAVED_WEIGHTS_DONE;
+    return true;
+}
+
 /* Stream tags of the counter-based RNG ("init", "drop", "dr2d"). */
 #define GP_RNG_TAG_INIT 0x696e6974ull
 #define GP_RNG_TAG_DROPOUT 0x64726f70ull

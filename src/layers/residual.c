@@ -295,10 +295,7 @@ static gp_status res_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_
 static gp_status res_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                                       const gp_tensor *y, const gp_tensor *dy, gp_saved *s)
 {
-    if (s->flags & GP_SAVED_WEIGHTS_DONE) {
-        s->flags &= ~GP_SAVED_WEIGHTS_DONE; /* a second backward pass accumulates again */
-        return GP_OK;
-    }
+    if (gp_saved_take_weights_done(s)) return GP_OK;
     return res_backward_all(l, ctx, x, y, dy, NULL, s);
 }
 

@@ -245,10 +245,7 @@ static gp_status add_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx, const 
 {
     (void)y;
     if (!projects(l)) return GP_OK;
-    if (s->flags & GP_SAVED_WEIGHTS_DONE) {
-        s->flags &= ~GP_SAVED_WEIGHTS_DONE; /* a second backward pass accumulates again */
-        return GP_OK;
-    }
+    if (gp_saved_take_weights_done(s)) return GP_OK;
     return proj_backward(l, ctx, x, dy, NULL, s);
 }
 
