@@ -130,7 +130,12 @@ gp_pipeline_opts gp_model_pipeline_opts(const gp_model *m, const gp_config *cfg)
                               .optim = m->optim, .loss = m->loss};
 }
 
-gp_status gp_model_costs(const gp_config *cfg, int64_t batch, double *costs)
+/* Every layer of the config's model from shapes alone, in order, each
+ * with its inputs (the previous output and its pops) resolved:
+ * gp_layer_meta (parameters as shapes) with `params`, else
+ * gp_layer_shapes; visit(arg, k, layer) sees it before it is destroyed. */
+static gp_status each_layer(const gp_config *cfg, bool params,
+                            void (*visit)(void *arg, int k, const gp_layer *l), void *arg)
 {
     gp_shape input = gp_shape_4d(1, cfg->model.input[0], cfg->model.input[1], cfg->model.input[2]);
     int L = cfg->model.n_layers;
@@ -142,17 +147,36 @@ gp_status gp_model_costs(const gp_config *cfg, int64_t batch, double *costs)
         gp_layer l;
         gp_shape in[1 + GP_MAX_POPS];
         gp_skip_map_inputs(&map, k, &input, outs, in);
-        s = gp_layer_shapes(&cfg->model.layers[k], k, in, &l);
+        s = params ? gp_layer_meta(&cfg->model.layers[k], k, in, &l)
+                   : gp_layer_shapes(&cfg->model.layers[k], k, in, &l);
         if (s != GP_OK) break;
-        gp_shape o = l.out_shape;
-        /* Layers without FLOPs (relu, flatten) still take time: count their
-         * output elements too so they are not all piled on one stage. */
-        costs[k] = l.ops->flops(&l, batch) + (double)gp_shape_numel(&o) * (double)batch;
-        outs[k] = o;
+        visit(arg, k, &l);
+        outs[k] = l.out_shape;
+        if (params) gp_layer_destroy(&l);
     }
     free(outs);
     gp_skip_map_free(&map);
     return s;
+}
+
+typedef struct {
+    int64_t batch;
+    double *costs;
+} costs_arg;
+
+static void cost_of(void *arg, int k, const gp_layer *l)
+{
+    costs_arg *a = arg;
+    /* Layers without FLOPs (relu, flatten) still take time: count their
+     * output elements too so they are not all piled on one stage. */
+    a->costs[k] = l->ops->flops(l, a->batch) +
+                  (double)gp_shape_numel(&l->out_shape) * (double)a->batch;
+}
+
+gp_status gp_model_costs(const gp_config *cfg, int64_t batch, double *costs)
+{
+    costs_arg a = {batch, costs};
+    return each_layer(cfg, false, cost_of, &a);
 }
 
 const char *gp_model_balance_method(void)
@@ -289,28 +313,16 @@ int64_t gp_model_param_count(const gp_model *m)
     return n;
 }
 
+static void count_of(void *arg, int k, const gp_layer *l)
+{
+    (void)k;
+    *(int64_t *)arg += gp_layer_param_count(l);
+}
+
 gp_status gp_model_count_params(const gp_config *cfg, int64_t *count)
 {
     *count = 0;
-    gp_shape input = gp_shape_4d(1, cfg->model.input[0], cfg->model.input[1], cfg->model.input[2]);
-    int L = cfg->model.n_layers;
-    gp_skip_map map;
-    GP_TRY(gp_skip_map_build(cfg->model.layers, L, &map));
-    gp_shape *outs = malloc((size_t)(L ? L : 1) * sizeof *outs);
-    gp_status s = outs ? GP_OK : gp_error_set(GP_ERR_OOM, "out of host memory");
-    for (int k = 0; k < L && s == GP_OK; k++) {
-        gp_layer l;
-        gp_shape in[1 + GP_MAX_POPS];
-        gp_skip_map_inputs(&map, k, &input, outs, in);
-        s = gp_layer_meta(&cfg->model.layers[k], k, in, &l);
-        if (s != GP_OK) break;
-        *count += gp_layer_param_count(&l);
-        outs[k] = l.out_shape;
-        gp_layer_destroy(&l);
-    }
-    free(outs);
-    gp_skip_map_free(&map);
-    return s;
+    return each_layer(cfg, true, count_of, count);
 }
 
 gp_status gp_model_pipeline_step_one(gp_model *m, const gp_config *cfg, const float *x,
