@@ -162,21 +162,6 @@ static void ref_forward(const gp_layer *l, double **P, bool train, const gp_fwd_
 
 /* ---- finite differences ---------------------------------------------------- */
 
-/* L = sum(y * r) of a forward of x, accumulated in double. */
-static double loss_of(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x, const double *r)
-{
-    gp_tensor y = {0};
-    gp_saved s = {0};
-    CHECK_OK(gp_layer_forward(l, ctx, x, &y, &s));
-    float *h = gpt_download(&y);
-    double L = 0;
-    for (int64_t i = 0; i < gp_tensor_numel(&y); i++) L += (double)h[i] * r[i];
-    free(h);
-    gp_saved_free(&s);
-    gp_tensor_free(&y);
-    return L;
-}
-
 typedef struct {
     double eps, atol, rtol, norm_rtol;
 } fd_tol;

@@ -276,4 +276,22 @@ static inline void ref_fr_cat(const gp_shape *xs, int64_t K, const double *x, co
     free(c2);
 }
 
+/* L = sum(y * r) of a forward of x (an array of the layer's n_in inputs)
+ * under ctx, accumulated in double: the function finite differences
+ * differentiate. */
+static inline double loss_of(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                             const double *r)
+{
+    gp_tensor y = {0};
+    gp_saved s = {0};
+    CHECK_OK(gp_layer_forward(l, ctx, x, &y, &s));
+    float *h = gpt_download(&y);
+    double L = 0;
+    for (int64_t i = 0; i < gp_tensor_numel(&y); i++) L += (double)h[i] * r[i];
+    free(h);
+    gp_saved_free(&s);
+    gp_tensor_free(&y);
+    return L;
+}
+
 #endif /* GP_TEST_REF_H */
