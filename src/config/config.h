@@ -27,7 +27,8 @@
 #define GP_MAX_CHANNELS 4
 
 typedef enum { GP_DATASET_SYNTHETIC = 0, GP_DATASET_MNIST, GP_DATASET_FASHION_MNIST,
-               GP_DATASET_CIFAR10 } gp_dataset_kind;
+               GP_DATASET_CIFAR10, GP_DATASET_IMAGE_FOLDER } gp_dataset_kind;
+typedef enum { GP_LAYOUT_CLASSIFICATION = 0, GP_LAYOUT_SEGMENTATION } gp_data_layout;
 typedef enum { GP_SCHED_CONSTANT = 0, GP_SCHED_STEP, GP_SCHED_COSINE } gp_sched_kind;
 typedef enum { GP_LR_SCALING_NONE = 0, GP_LR_SCALING_LINEAR } gp_lr_scaling;
 
@@ -100,6 +101,24 @@ typedef struct gp_data_config {
                                  model.loss: bce_with_logits; default false */
     int64_t synthetic_shape[3]; /* (C, H, W) of a synthetic sample; zeros =
                                    1 x 28 x 28 */
+    /* image_folder (docs/config.md "Image folders") */
+    gp_data_layout layout;    /* default classification */
+    bool masks_binary;        /* segmentation masks: any non-zero -> 1
+                                 (binary, default) or the value (index) */
+    int workers;              /* decode threads; 0 = the cores the devices
+                                 leave (gp_data_workers) */
+    bool skip_bad_files;      /* on_bad_file: skip (warn once, count) vs
+                                 error (default) */
+    char cache_dir[512];      /* where the file index is cached; "" =
+                                 beside the data (~/.cache/gpipe if that is
+                                 read-only) */
+    bool rrc;                 /* random resized crop for training; default
+                                 true */
+    float rrc_scale[2];       /* area fraction range; default [0.08, 1] */
+    float rrc_ratio[2];       /* aspect range; default [3/4, 4/3] */
+    int resize;               /* evaluation: shorter side before the centre
+                                 crop; 0 = crop x 256 / 224 */
+    int64_t image_shape[3];   /* model.input: (3, crop height, crop width) */
 } gp_data_config;
 
 typedef struct gp_optim_config {

@@ -9,7 +9,10 @@
 #include <string.h>
 
 static const char *const k_dataset_names[] = {"synthetic", "mnist", "fashion-mnist",
-                                              "cifar10"};
+                                              "cifar10", "image_folder"};
+static const char *const k_layouts[] = {"classification", "segmentation"};
+static const char *const k_mask_kinds[] = {"binary", "index"};
+static const char *const k_bad_file[] = {"error", "skip"};
 
 const char *gp_dataset_name(gp_dataset_kind k)
 {
@@ -23,6 +26,7 @@ static const char *default_path(gp_dataset_kind k)
     case GP_DATASET_MNIST: return "/usr/share/datasets/mnist";
     case GP_DATASET_CIFAR10: return "data/cifar-10-batches-bin";
     case GP_DATASET_SYNTHETIC: return "";
+    case GP_DATASET_IMAGE_FOLDER: return "";
     }
     return "";
 }
@@ -53,6 +57,76 @@ static gp_status get_channels(const gp_cfg_walk *w, const gp_ynode *n, const cha
     return GP_OK;
 }
 
+/* A pair [lo, hi] with 0 < lo <= hi (<= max when max > 0). */
+static gp_status get_range(const gp_cfg_walk *w, const gp_ynode *map, const char *sect,
+                           const char *key, float lo_def, float hi_def, double max, float *out)
+{
+    const gp_ynode *n = gp_ymap_get(map, key);
+    out[0] = lo_def;
+    out[1] = hi_def;
+    if (gp_cfg_absent(n)) return GP_OK;
+    if (n->kind != GP_YNODE_SEQ || n->n != 2)
+        return gp_cfg_bad(w, n, "%s.%s must be a pair [low, high]", sect, key);
+    for (int i = 0; i < 2; i++) {
+        double d;
+        char nm[96];
+        snprintf(nm, sizeof nm, "%s.%s.%d", sect, key, i);
+        GP_TRY(gp_cfg_parse_float(w, n->items[i], nm, &d));
+        GP_TRY(gp_cfg_check_range(w, n->items[i], nm, d, 0, max > 0 ? max : INFINITY,
+                                  GP_CFG_LO_OPEN));
+        out[i] = (float)d;
+    }
+    if (out[0] > out[1])
+        return gp_cfg_bad(w, n, "%s.%s is [%g, %g]: the low end is above the high end", sect,
+                          key, out[0], out[1]);
+    return GP_OK;
+}
+
+/* The image_folder keys: data.layout, masks, workers, on_bad_file,
+ * cache_dir, and data.augment.random_resized_crop / resize.  Recorded in
+ * the defaults only when the dataset is an image folder. */
+static gp_status parse_folder(gp_cfg_walk *w, const gp_ynode *m, const gp_ynode *aug,
+                              bool folder, gp_data_config *dc)
+{
+    bool rec = w->record;
+    w->record = rec && folder;
+    gp_status s = GP_OK;
+    int v = 0;
+    if (s == GP_OK) s = gp_cfg_get_enum(w, m, "data", "layout", k_layouts, 2, 0, &v);
+    dc->layout = (gp_data_layout)v;
+    if (s == GP_OK) s = gp_cfg_get_enum(w, m, "data", "masks", k_mask_kinds, 2, 0, &v);
+    dc->masks_binary = v == 0;
+    if (s == GP_OK) s = gp_cfg_get_int32(w, m, "data", "workers", 0, 0, 1024, &dc->workers);
+    if (s == GP_OK) s = gp_cfg_get_enum(w, m, "data", "on_bad_file", k_bad_file, 2, 0, &v);
+    dc->skip_bad_files = v == 1;
+    if (s == GP_OK)
+        s = gp_cfg_get_str(w, m, "data", "cache_dir", "", dc->cache_dir, sizeof dc->cache_dir);
+    const gp_ynode *rrc = gp_ymap_get(aug, "random_resized_crop");
+    dc->rrc = true;
+    dc->rrc_scale[0] = 0.08f;
+    dc->rrc_scale[1] = 1.0f;
+    dc->rrc_ratio[0] = 3.0f / 4.0f;
+    dc->rrc_ratio[1] = 4.0f / 3.0f;
+    if (s == GP_OK && !gp_cfg_absent(rrc)) {
+        if (rrc->kind == GP_YNODE_SCALAR) {
+            s = gp_cfg_get_bool(w, aug, "data.augment", "random_resized_crop", true, &dc->rrc);
+        } else {
+            const char *rs = "data.augment.random_resized_crop";
+            s = gp_cfg_check_keys(w, rrc, rs);
+            if (s == GP_OK) s = get_range(w, rrc, rs, "scale", 0.08f, 1.0f, 1.0, dc->rrc_scale);
+            if (s == GP_OK)
+                s = get_range(w, rrc, rs, "ratio", 3.0f / 4.0f, 4.0f / 3.0f, 0, dc->rrc_ratio);
+        }
+    } else if (s == GP_OK && folder) {
+        gp_cfg_note(w, "data.augment.random_resized_crop = {scale: [0.08, 1], ratio: [0.75, "
+                       "1.333]} (default, torchvision's)");
+    }
+    if (s == GP_OK)
+        s = gp_cfg_get_int32(w, aug, "data.augment", "resize", 0, 0, 65535, &dc->resize);
+    w->record = rec;
+    return s;
+}
+
 gp_status gp_cfg_parse_data(gp_cfg_walk *w, const gp_ynode *root, const gp_model_config *mc,
                             gp_data_config *dc)
 {
@@ -65,6 +139,10 @@ gp_status gp_cfg_parse_data(gp_cfg_walk *w, const gp_ynode *root, const gp_model
     dc->dataset = (gp_dataset_kind)ds;
     GP_TRY(gp_cfg_get_str(w, m, "data", "path", default_path(dc->dataset), dc->path,
                           sizeof dc->path));
+    bool folder = dc->dataset == GP_DATASET_IMAGE_FOLDER;
+    if (folder && !dc->path[0])
+        return gp_cfg_bad(w, m, "data.dataset image_folder needs data.path: the folder that "
+                          "holds train/ and val/");
     GP_TRY(gp_cfg_get_bool(w, m, "data", "shuffle", true, &dc->shuffle));
     GP_TRY(gp_cfg_get_bool(w, m, "data", "normalize", true, &dc->normalize));
 
@@ -94,7 +172,14 @@ gp_status gp_cfg_parse_data(gp_cfg_walk *w, const gp_ynode *root, const gp_model
     GP_TRY(gp_cfg_check_keys(w, aug, "data.augment"));
     const char *as = "data.augment";
     GP_TRY(gp_cfg_get_int32(w, aug, as, "crop_padding", 0, 0, 1024, &dc->crop_padding));
-    GP_TRY(gp_cfg_get_bool(w, aug, as, "hflip", false, &dc->hflip));
+    if (folder && dc->crop_padding > 0)
+        return gp_cfg_bad(w, gp_ymap_get(aug, "crop_padding"), "data.augment.crop_padding pads "
+                          "the in-memory datasets; image_folder crops with "
+                          "data.augment.random_resized_crop instead");
+    /* torchvision's ImageNet recipe flips; the small in-memory sets do not
+     * unless asked */
+    GP_TRY(gp_cfg_get_bool(w, aug, as, "hflip", folder, &dc->hflip));
+    GP_TRY(parse_folder(w, m, aug, folder, dc));
     GP_TRY(gp_cfg_get_int32(w, m, "data", "prefetch", 2, 0, 1024, &dc->prefetch));
     GP_TRY(gp_cfg_get_int(w, m, "data", "train_limit", 0, 0, INT64_MAX, &dc->train_limit));
     GP_TRY(gp_cfg_get_int(w, m, "data", "test_limit", 0, 0, INT64_MAX, &dc->test_limit));
@@ -115,6 +200,7 @@ gp_status gp_cfg_parse_data(gp_cfg_walk *w, const gp_ynode *root, const gp_model
     if (s == GP_OK) s = gp_cfg_get_bool(w, syn, ss, "masks", false, &dc->synthetic_masks);
     w->record = rec;
     GP_TRY(s);
+    memcpy(dc->image_shape, mc->input, sizeof dc->image_shape);
     /* the synthetic samples match the model unless told otherwise */
     const gp_ynode *shape = gp_ymap_get(syn, "shape");
     if (gp_cfg_absent(shape)) {

@@ -35,13 +35,37 @@ static const char *dataset_kind_name(gp_dataset_kind k)
     case GP_DATASET_MNIST: return "mnist";
     case GP_DATASET_FASHION_MNIST: return "fashion-mnist";
     case GP_DATASET_CIFAR10: return "cifar10";
+    case GP_DATASET_IMAGE_FOLDER: return "image_folder";
     }
     return "unknown";
+}
+
+bool gp_dataset_has_masks(const gp_dataset *ds)
+{
+    return ds->masks || (ds->folder && gp_image_folder_segmentation(ds->folder));
+}
+
+int gp_data_workers(const gp_config *cfg)
+{
+    if (cfg->data.workers > 0) return cfg->data.workers;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    /* each CPU device computes on its threads; a GPU's worker mostly
+     * waits, so it is counted as one */
+    long used = 0;
+    const gp_pipeline_config *p = &cfg->pipeline;
+    int n = p->n_devices * (p->replicas > 0 ? p->replicas : 1);
+    for (int j = 0; j < n && j < GP_MAX_DEVICES; j++)
+        used += p->devices[j].threads > 0 ? p->devices[j].threads
+                : p->threads > 0        ? p->threads
+                                        : (cores + n - 1) / n;
+    long left = cores - used;
+    return left < 1 ? 1 : (int)left;
 }
 
 void gp_dataset_free(gp_dataset *ds)
 {
     if (!ds) return;
+    gp_image_folder_free(ds->folder);
     free(ds->images);
     free(ds->labels);
     free(ds->masks);
@@ -464,6 +488,11 @@ void gp_dataset_default_norm(gp_dataset_kind kind, int64_t channels, float *mean
             mean[c] = cifar_mean[c < 3 ? c : 2];
             std[c] = cifar_std[c < 3 ? c : 2];
             break;
+        case GP_DATASET_IMAGE_FOLDER:
+            /* ImageNet's, as torchvision's recipes use */
+            mean[c] = (const float[]){0.485f, 0.456f, 0.406f}[c < 3 ? c : 2];
+            std[c] = (const float[]){0.229f, 0.224f, 0.225f}[c < 3 ? c : 2];
+            break;
         case GP_DATASET_SYNTHETIC:
         default:
             /* 0.65 U + 0.35 U' with independent uniforms: mean 1/2, std
@@ -610,6 +639,29 @@ gp_status gp_dataset_load(const gp_data_config *cfg, bool train_split, uint64_t 
     case GP_DATASET_CIFAR10:
         s = load_cifar(cfg, dir, train_split, &ds);
         break;
+    case GP_DATASET_IMAGE_FOLDER: {
+        const int64_t *sh = cfg->image_shape;
+        if (sh[0] != 3) {
+            s = gp_error_set(GP_ERR_INVALID, "image_folder decodes 3-channel (RGB) images but "
+                             "model.input has %lld channels; set model.input to [3, height, "
+                             "width]", (long long)sh[0]);
+            break;
+        }
+        bool cached = false;
+        s = gp_image_folder_open(cfg, train_split, (int)sh[1], (int)sh[2], &ds.folder, &cached);
+        if (s != GP_OK) break;
+        ds.n = gp_image_folder_size(ds.folder);
+        if (limit > 0 && limit < ds.n) ds.n = limit;
+        ds.c = 3;
+        ds.h = sh[1];
+        ds.w = sh[2];
+        ds.classes = gp_image_folder_classes(ds.folder);
+        snprintf(ds.source, sizeof ds.source, "%.480s", gp_image_folder_dir(ds.folder));
+        GP_DEBUG("%s: %lld images, %d classes (index %s)", ds.source, (long long)ds.n,
+                 ds.classes, cached ? "from its cache" : "listed and cached");
+        *out = ds;
+        return GP_OK;
+    }
     default:
         s = gp_error_set(GP_ERR_INVALID, "unknown dataset kind %d", (int)cfg->dataset);
     }

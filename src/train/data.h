@@ -33,6 +33,8 @@
 
 #include "config/config.h"
 
+typedef struct gp_image_folder gp_image_folder; /* image_folder.c */
+
 typedef struct gp_dataset {
     int64_t n;          /* samples */
     int64_t c, h, w;    /* per-sample shape */
@@ -42,7 +44,14 @@ typedef struct gp_dataset {
     uint8_t *masks;     /* (n, h, w) per-pixel targets, 0 or 1, owned; NULL =
                            none (class labels only) */
     char source[512];   /* where it came from, for messages */
+    /* data.dataset: image_folder: samples are decoded from files on demand
+     * (images, labels and masks are NULL; c, h, w the crop's shape);
+     * owned.  Its bad-file marks are the one mutable part of a dataset. */
+    gp_image_folder *folder;
 } gp_dataset;
+
+/* Per-pixel targets: an in-memory mask array, or a segmentation folder. */
+bool gp_dataset_has_masks(const gp_dataset *ds);
 
 /* Load the train (train_split = true) or test split described by cfg,
  * applying cfg->train_limit / test_limit.  `seed` seeds the synthetic set. */
@@ -78,6 +87,47 @@ void gp_dataset_default_norm(gp_dataset_kind kind, int64_t channels,
 #define GP_SYNTHETIC_H 28
 #define GP_SYNTHETIC_W 28
 
+/* ---- image folders (image_folder.c) -------------------------------------- */
+
+/* The index of <cfg->path>/<train|val> (layouts in image_folder.c), read
+ * from its cache when every folder time and file size and time still
+ * match, else listed and cached again (*cached says which).  Errors before
+ * any training: an unreadable root, no class folders or an empty one, no
+ * images, an image without a mask or a mask without an image, each naming
+ * the path. */
+gp_status gp_image_folder_open(const gp_data_config *cfg, bool train_split, int out_h,
+                               int out_w, gp_image_folder **out, bool *cached);
+void gp_image_folder_free(gp_image_folder *f);
+int64_t gp_image_folder_size(const gp_image_folder *f);
+int gp_image_folder_classes(const gp_image_folder *f);
+bool gp_image_folder_segmentation(const gp_image_folder *f);
+const char *gp_image_folder_dir(const gp_image_folder *f);
+int gp_image_folder_label(const gp_image_folder *f, int64_t i);
+const char *gp_image_folder_file(const gp_image_folder *f, int64_t i); /* under dir */
+/* data.on_bad_file: skip.  mark_bad is true the first time file i is
+ * marked (the caller warns then); bad_files counts the files marked. */
+bool gp_image_folder_is_bad(const gp_image_folder *f, int64_t i);
+bool gp_image_folder_mark_bad(gp_image_folder *f, int64_t i);
+int64_t gp_image_folder_bad_files(const gp_image_folder *f);
+
+/* A decode thread's state (decoder, buffers). */
+typedef struct gp_folder_worker gp_folder_worker;
+gp_status gp_folder_worker_create(gp_folder_worker **out);
+void gp_folder_worker_destroy(gp_folder_worker *w);
+/* File i as sample `pos` of `epoch`: with train, the random resized crop
+ * (or, with it off, the evaluation crop) and flip drawn from (seed, epoch,
+ * pos) (gp_image_rrc_draw); else Resize + CenterCrop.  Writes (3, h, w)
+ * floats, p / 255 or normalised by mean / std, to x, and the class id (1
+ * float) or the mask (h x w floats, 0 / 1 or the index) to y.  A file that
+ * cannot be read or decoded is GP_ERR_IO / GP_ERR_DATA naming it. */
+gp_status gp_folder_sample(const gp_image_folder *f, gp_folder_worker *w, int64_t i, bool train,
+                           uint64_t seed, int64_t epoch, int64_t pos, bool normalize,
+                           const float *mean, const float *std, float *x, float *y);
+
+/* data.workers resolved: the configured number, else the cores left after
+ * the pipeline's compute threads (at least 1). */
+int gp_data_workers(const gp_config *cfg);
+
 /* One host batch. */
 typedef struct gp_batch {
     float *x;           /* (n, c, h, w) normalised, owned by the loader */
@@ -100,6 +150,8 @@ typedef struct gp_loader_opts {
     uint64_t seed;
     int64_t start_epoch;/* resume position */
     int64_t start_batch;
+    int workers;        /* threads filling batches; <= 0 = 1 (image
+                           folders: the caller passes gp_data_workers) */
     /* The device the batches are uploaded to (stage 0 of the first
      * replica), or NULL: the batch buffers come from its gp_dev_host_alloc,
      * pinned on GPUs so uploads are DMA without a staging copy. */
@@ -117,6 +169,8 @@ gp_status gp_loader_create(const gp_dataset *ds, const gp_data_config *cfg,
  * gp_loader_next or gp_loader_destroy. */
 gp_status gp_loader_next(gp_loader *ld, gp_batch *out);
 int64_t gp_loader_batches_per_epoch(const gp_loader *ld);
+/* Files skipped as bad so far (data.on_bad_file: skip); 0 otherwise. */
+int64_t gp_loader_bad_files(const gp_loader *ld);
 void gp_loader_destroy(gp_loader *ld);
 
 /* The loader's random decisions as pure functions, so that tests and tools

@@ -451,7 +451,7 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset 
     int64_t per = ds->c * ds->h * ds->w;
     /* binary cross-entropy against masks where the data has them; the
      * loss checks that there is one target per output element */
-    bool masks = m->loss == GP_LOSS_BCE_WITH_LOGITS && ds->masks;
+    bool masks = m->loss == GP_LOSS_BCE_WITH_LOGITS && gp_dataset_has_masks(ds);
     int64_t tps = masks ? ds->h * ds->w : 1;
     if (tps != m->targets) {
         char b[64];
@@ -476,11 +476,31 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset 
     double loss_sum = 0;
     int64_t correct = 0, count = 0;
     gp_status s = GP_OK;
-    for (int64_t b0 = 0; b0 < ds->n && s == GP_OK; b0 += bs) {
-        int64_t n = ds->n - b0 < bs ? ds->n - b0 : bs;
-        gp_data_assemble(ds, b0, n, cfg->data.normalize, mean, std, masks, x, y);
+    /* An image folder is decoded (Resize + CenterCrop) by the loader's
+     * threads, in file order; in-memory data is assembled here. */
+    gp_loader *ld = NULL;
+    if (ds->folder) {
+        gp_loader_opts o = {.batch_size = bs, .shuffle = false, .augment = false,
+                            .masks = masks, .prefetch = 2, .seed = cfg->train.seed,
+                            .workers = gp_data_workers(cfg)};
+        s = gp_loader_create(ds, &cfg->data, &o, &ld);
+    }
+    int64_t n_batches = ld ? gp_loader_batches_per_epoch(ld) : (ds->n + bs - 1) / bs;
+    for (int64_t bi = 0; bi < n_batches && s == GP_OK; bi++) {
+        int64_t b0 = bi * bs, n = ds->n - b0 < bs ? ds->n - b0 : bs;
+        const float *bx = x, *by = y;
+        if (ld) {
+            gp_batch b;
+            s = gp_loader_next(ld, &b);
+            if (s != GP_OK) break;
+            bx = b.x;
+            by = b.y;
+            n = b.n;
+        } else {
+            gp_data_assemble(ds, b0, n, cfg->data.normalize, mean, std, masks, x, y);
+        }
         gp_tensor cur = {0}, labels = {0};
-        s = upload_chunk(m, x, y, 0, n, &cur, &labels);
+        s = upload_chunk(m, bx, by, 0, n, &cur, &labels);
         gp_fwd_ctx ctx = {.training = false, .seed = cfg->train.seed, .step = (uint64_t)m->step,
                           .sample_offset = 0, .batch_total = n};
         for (int j = 0, first = 0; j < m->n_stages && s == GP_OK; first += m->balance[j++]) {
@@ -534,6 +554,7 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset 
         gp_tensor_free(&labels);
         for (int t = 0; t < m->skips.n; t++) gp_tensor_free(&pend[t]);
     }
+    gp_loader_destroy(ld);
     free(x);
     free(y);
     free(pend);

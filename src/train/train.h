@@ -142,6 +142,10 @@ typedef struct gp_step_stats {
                                  reduction; on stage 0 the whole fused
                                  sharded update) and waiting for the other
                                  replicas */
+    double data_wait_seconds; /* the trainer waited this long for the batch
+                                 (the loader fell behind); set by the trainer */
+    int64_t bad_files;     /* files skipped so far (data.on_bad_file: skip);
+                              -1 = not skipping */
 } gp_step_stats;
 
 /* The statistics of a step over n samples with `count` targets in all (n

@@ -29,6 +29,8 @@ void gp_train_metrics_step(struct gp_json_writer *w, int64_t step, int64_t epoch
     gp_json_put_num(w, "lr", lr);
     gp_json_put_fixed(w, "samples_per_s", samples_per_s, 1);
     gp_json_put_fixed(w, "step_seconds", st->seconds, 6);
+    gp_json_put_fixed(w, "data_wait_seconds", st->data_wait_seconds, 6);
+    if (st->bad_files >= 0) gp_json_put_int(w, "bad_files", st->bad_files);
     if (data_parallel) gp_json_put_fixed(w, "allreduce_seconds", st->allreduce_seconds, 6);
     gp_json_open_array(w, "devices");
     for (int j = 0; j < n_dev; j++) {
@@ -103,7 +105,7 @@ static gp_status check_targets(const gp_config *cfg, const gp_model *m, const gp
                             "classes; make the last linear layer's out %d", cfg->path,
                             (long long)m->output.dims[1], ds->classes, ds->classes);
     }
-    if (ds->masks) {
+    if (gp_dataset_has_masks(ds)) {
         const gp_shape *o = &m->output;
         if (o->ndim == 4 && o->dims[1] == 1 && o->dims[2] == ds->h && o->dims[3] == ds->w)
             return GP_OK;
@@ -165,6 +167,33 @@ static gp_status stop_between_steps(gp_model *m, const gp_config *cfg, const gp_
     return gp_error_set(GP_ERR_STOPPED, "stopped at step %lld of %lld by %s; snapshot %s holds "
                         "it: go on with --resume latest%s", (long long)step, (long long)total,
                         by, path, unwritten);
+}
+
+/* The data failed between steps (a file that cannot be decoded, in
+ * training or in an evaluation): like a stop by a signal, the steps since
+ * the last snapshot are saved first, so one bad image never costs a long
+ * run its work. */
+static gp_status data_failure(gp_model *m, const gp_config *cfg, gp_status err, int64_t step,
+                              int64_t saved, const gp_snapshot_pos *pos, gp_snapshot_lock *lock)
+{
+    const gp_snapshot_config *snc = &cfg->train.snapshot;
+    char msg[2048], path[1100];
+    snprintf(msg, sizeof msg, "%s", gp_error_message());
+    const char *hint = cfg->data.dataset == GP_DATASET_IMAGE_FOLDER && !cfg->data.skip_bad_files
+                           ? " (or set data.on_bad_file: skip)" : "";
+    if (snc->every_steps <= 0 && snc->every_minutes <= 0)
+        return gp_error_set(err, "%s; stopped at step %lld, nothing saved since step %lld "
+                            "(snapshots are off: set train.snapshot.every_steps to keep a run's "
+                            "progress)", msg, (long long)step, (long long)saved);
+    if (saved < step) {
+        gp_status s = gp_snapshot_save(m, cfg, pos, lock);
+        if (s != GP_OK)
+            return gp_error_wrap(s, "%s; stopped at step %lld, and the final snapshot failed",
+                                 msg, (long long)step);
+    }
+    gp_snapshot_path(snc->dir, step, path, sizeof path);
+    return gp_error_set(err, "%s; stopped at step %lld: snapshot %s holds it; fix the data%s and "
+                        "go on with --resume latest", msg, (long long)step, path, hint);
 }
 
 static void fmt_duration(double s, char *buf, size_t len)
@@ -294,9 +323,11 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     if (s == GP_OK) s = check_targets(cfg, &model, &train);
     gp_loader_opts lo = {.batch_size = tc->batch_size, .shuffle = cfg->data.shuffle,
                          .augment = true, .drop_last = false,
-                         .masks = model.loss == GP_LOSS_BCE_WITH_LOGITS && train.masks,
+                         .masks = model.loss == GP_LOSS_BCE_WITH_LOGITS &&
+                                  gp_dataset_has_masks(&train),
                          .prefetch = cfg->data.prefetch > 0 ? cfg->data.prefetch : 2,
-                         .seed = tc->seed, .pin = devs[0]};
+                         .seed = tc->seed, .pin = devs[0],
+                         .workers = train.folder ? gp_data_workers(cfg) : 1};
     gp_snapshot_pos pos = {0};
     if (s == GP_OK) s = gp_snapshot_prepare(&model, cfg, opts->resume_path, train.n, snap_lock,
                                                &pos);
@@ -329,7 +360,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     double t_start = gp_now(), window_t = t_start, last_snap = t_start;
     int64_t window_samples = 0;
     bool first_window = true;
-    double sps = 0;
+    double sps = 0, window_wait = 0, wait_share = 0;
     /* Resumed at an epoch's first batch: that epoch's evaluation is due. */
     int64_t first_step = model.step;
     int64_t last_epoch = pos.batch > 0 ? pos.epoch : pos.epoch - 1;
@@ -353,12 +384,21 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
             goto done;
         }
         gp_batch b;
+        double t_wait = gp_now();
         s = gp_loader_next(loader, &b);
-        if (s != GP_OK) goto done;
+        double waited = gp_now() - t_wait;
+        if (s != GP_OK) {
+            s = data_failure(&model, cfg, s, step, saved_step, &last_pos, snap_lock);
+            goto done;
+        }
+        window_wait += waited;
         if (b.epoch != last_epoch && last_epoch >= 0 && tc->eval_each_epoch) {
             /* An epoch ended: evaluate before starting the next. */
             s = gp_model_evaluate(&model, cfg, &test, &res->test_loss, &res->test_accuracy);
-            if (s != GP_OK) goto done;
+            if (s != GP_OK) {
+                s = data_failure(&model, cfg, s, step, saved_step, &last_pos, snap_lock);
+                goto done;
+            }
             if (progress) fputc('\n', stderr);
             if (!opts->quiet)
                 GP_INFO("epoch %lld: test loss %.4f, test accuracy %.2f%%",
@@ -388,6 +428,8 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
             goto done;
         }
         res->final_loss = st.loss;
+        st.data_wait_seconds = waited;
+        st.bad_files = cfg->data.skip_bad_files ? gp_loader_bad_files(loader) : -1;
         if (trace && gp_trace_wants(trace, step)) {
             s = gp_trace_add_step(trace, model.pipe, devs, step);
             if (s != GP_OK) goto done;
@@ -398,11 +440,14 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
          * over this run's steps so far (at the first step, its own wall
          * time with its batch's fetch), so no record reads 0 samples/s. */
         bool window_closes = now - window_t > 0.5 || step == total - 1;
-        if ((window_closes || first_window) && now > window_t)
+        if ((window_closes || first_window) && now > window_t) {
             sps = (double)window_samples / (now - window_t);
+            wait_share = window_wait / (now - window_t);
+        }
         if (window_closes) {
             window_t = now;
             window_samples = 0;
+            window_wait = 0;
             first_window = false;
         }
         if (mf) {
@@ -433,17 +478,23 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         if (progress) {
             fmt_duration(elapsed, e1, sizeof e1);
             fmt_duration(eta, e2, sizeof e2);
+            /* a loader that falls behind shows, as the share of the
+             * time spent waiting for batches */
+            char wb[48] = "";
+            if (wait_share >= 0.05)
+                snprintf(wb, sizeof wb, "  waiting for data %.0f%%", 100 * wait_share);
             fprintf(stderr, "\r\033[Kepoch %lld step %lld/%lld  loss %.4f  acc %5.1f%%  "
-                            "lr %.4g  %.0f samples/s  %s elapsed, ETA %s",
+                            "lr %.4g  %.0f samples/s%s  %s elapsed, ETA %s",
                     (long long)b.epoch + 1, (long long)step + 1, (long long)total, st.loss,
-                    100 * st.accuracy, lr, sps, e1, e2);
+                    100 * st.accuracy, lr, sps, wb, e1, e2);
             fflush(stderr);
         } else if (!opts->quiet && tc->log_every > 0 &&
                    ((step + 1) % tc->log_every == 0 || step == total - 1)) {
             fmt_duration(eta, e2, sizeof e2);
-            GP_INFO("epoch %lld step %lld/%lld loss %.4f acc %.1f%% lr %.4g %.0f samples/s ETA %s",
-                    (long long)b.epoch + 1, (long long)step + 1, (long long)total, st.loss,
-                    100 * st.accuracy, lr, sps, e2);
+            GP_INFO("epoch %lld step %lld/%lld loss %.4f acc %.1f%% lr %.4g %.0f samples/s%s "
+                    "ETA %s", (long long)b.epoch + 1, (long long)step + 1, (long long)total,
+                    st.loss, 100 * st.accuracy, lr, sps,
+                    wait_share >= 0.05 ? " (waiting for data)" : "", e2);
         }
         res->steps = step + 1;
     }

@@ -1,0 +1,750 @@
+/*
+ * image_folder.c — data.dataset: image_folder.  The file index of a split
+ * (built once, cached, checked against the files' sizes and times), and
+ * one sample made from its file: read, decoded (at reduced DCT scale where
+ * the crop allows), cropped, resized, flipped and normalised straight into
+ * the batch's float buffer.
+ *
+ * Layouts (data.layout):
+ *   classification  <path>/<split>/<class>/.../<image>.{jpg,jpeg,png}: classes are
+ *                   the sorted folder names, files sorted by path under
+ *                   each, as torchvision's ImageFolder orders them.
+ *   segmentation    <path>/<split>/images/<name>.<ext> with a mask
+ *                   <path>/<split>/masks/<name>.<ext> of the same stem.
+ * <split> is "train" or "val".
+ *
+ * The cache: a text file, <path>/.gpipe-index-<split> (or under
+ * data.cache_dir, or ~/.cache/gpipe when <path> is read-only), holding the
+ * folders' modification times and every file's size and time.  It is used
+ * only when all of them still match; otherwise the folder is listed again
+ * and the cache rewritten.
+ */
+#define _DEFAULT_SOURCE /* DT_DIR, strcasecmp */
+#include "train/data.h"
+#include "train/image.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+typedef struct folder_file {
+    char *rel;      /* path under the split folder (owned) */
+    char *mask_rel; /* segmentation: the mask's (owned) */
+    int32_t label;
+    int64_t size, mt_s, mt_ns;
+    int64_t msize, mmt_s, mmt_ns;
+} folder_file;
+
+typedef struct folder_dir {
+    char *rel; /* "" = the split folder itself */
+    int64_t mt_s, mt_ns;
+} folder_dir;
+
+struct gp_image_folder {
+    char dir[1024];   /* <path>/<split> */
+    bool segmentation;
+    int classes;
+    char **class_names;
+    int64_t n;
+    folder_file *files;
+    int n_dirs;
+    folder_dir *dirs;
+    /* the transform */
+    int out_h, out_w, resize;
+    bool rrc, hflip, masks_binary, skip_bad;
+    float scale[2], ratio[2];
+    /* files found bad (data.on_bad_file: skip): set once, warned once */
+    _Atomic unsigned char *bad;
+    atomic_llong n_bad;
+};
+
+/* ---- listing ----------------------------------------------------------- */
+
+static bool image_ext(const char *name)
+{
+    const char *dot = strrchr(name, '.');
+    return dot && (!strcasecmp(dot, ".jpg") || !strcasecmp(dot, ".jpeg") ||
+                   !strcasecmp(dot, ".png"));
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+typedef struct strvec {
+    char **v;
+    int64_t n, cap;
+} strvec;
+
+static gp_status sv_push(strvec *s, const char *str)
+{
+    if (s->n == s->cap) {
+        int64_t nc = s->cap ? 2 * s->cap : 64;
+        char **p = realloc(s->v, sizeof *p * (size_t)nc);
+        if (!p) return gp_error_set(GP_ERR_OOM, "out of host memory listing image files");
+        s->v = p;
+        s->cap = nc;
+    }
+    s->v[s->n] = strdup(str);
+    if (!s->v[s->n]) return gp_error_set(GP_ERR_OOM, "out of host memory listing image files");
+    s->n++;
+    return GP_OK;
+}
+
+static void sv_free(strvec *s)
+{
+    for (int64_t i = 0; i < s->n; i++) free(s->v[i]);
+    free(s->v);
+    *s = (strvec){0};
+}
+
+static gp_status push_dir(gp_image_folder *f, const char *rel, const struct stat *st)
+{
+    folder_dir *p = realloc(f->dirs, sizeof *p * (size_t)(f->n_dirs + 1));
+    if (!p) return gp_error_set(GP_ERR_OOM, "out of host memory listing image folders");
+    f->dirs = p;
+    p[f->n_dirs] = (folder_dir){.rel = strdup(rel), .mt_s = st->st_mtim.tv_sec,
+                                .mt_ns = st->st_mtim.tv_nsec};
+    if (!p[f->n_dirs].rel) return gp_error_set(GP_ERR_OOM, "out of host memory");
+    f->n_dirs++;
+    return GP_OK;
+}
+
+/* Files with an image extension under dir/rel, recursively (hidden entries
+ * skipped), into out as paths relative to dir; the folders into f->dirs. */
+static gp_status walk(gp_image_folder *f, const char *rel, bool recurse, strvec *out,
+                      int64_t *ignored)
+{
+    char path[2048];
+    snprintf(path, sizeof path, "%s%s%s", f->dir, rel[0] ? "/" : "", rel);
+    DIR *d = opendir(path);
+    if (!d)
+        return gp_error_set(GP_ERR_IO, "%s: cannot open the folder: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(dirfd(d), &st) != 0 || push_dir(f, rel, &st) != GP_OK) {
+        closedir(d);
+        return gp_error_set(GP_ERR_IO, "%s: cannot read the folder", path);
+    }
+    strvec subs = {0};
+    gp_status s = GP_OK;
+    struct dirent *e;
+    while (s == GP_OK && (e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        char sub[2048];
+        int len = snprintf(sub, sizeof sub, "%s%s%s", rel, rel[0] ? "/" : "", e->d_name);
+        if (len < 0 || (size_t)len >= sizeof sub) continue;
+        char full[4096];
+        snprintf(full, sizeof full, "%s/%s", f->dir, sub);
+        if (stat(full, &st) != 0) continue;
+        if (S_ISDIR(st.st_mode)) {
+            if (recurse) s = sv_push(&subs, sub);
+        } else if (S_ISREG(st.st_mode) && image_ext(e->d_name)) {
+            if (strchr(sub, '\n') || strchr(sub, '\t'))
+                s = gp_error_set(GP_ERR_DATA, "%s: a file name with a tab or a newline; rename "
+                                 "it", full);
+            else
+                s = sv_push(out, sub);
+        } else {
+            (*ignored)++;
+        }
+    }
+    closedir(d);
+    qsort(subs.v, (size_t)subs.n, sizeof *subs.v, cmp_str);
+    for (int64_t i = 0; s == GP_OK && i < subs.n; i++) s = walk(f, subs.v[i], true, out, ignored);
+    sv_free(&subs);
+    return s;
+}
+
+static gp_status stat_file(const gp_image_folder *f, const char *rel, int64_t *size,
+                           int64_t *s_, int64_t *ns)
+{
+    char full[4096];
+    snprintf(full, sizeof full, "%s/%s", f->dir, rel);
+    struct stat st;
+    if (stat(full, &st) != 0)
+        return gp_error_set(GP_ERR_IO, "%s: %s", full, strerror(errno));
+    *size = st.st_size;
+    *s_ = st.st_mtim.tv_sec;
+    *ns = st.st_mtim.tv_nsec;
+    return GP_OK;
+}
+
+static const char *stem_end(const char *name)
+{
+    const char *dot = strrchr(name, '.'), *slash = strrchr(name, '/');
+    return dot && (!slash || dot > slash) ? dot : name + strlen(name);
+}
+
+static int cmp_stem(const void *a, const void *b)
+{
+    const char *x = *(char *const *)a, *y = *(char *const *)b;
+    /* compare the names after "masks/" or "images/" up to their extension */
+    x = strchr(x, '/') + 1;
+    y = strchr(y, '/') + 1;
+    size_t lx = (size_t)(stem_end(x) - x), ly = (size_t)(stem_end(y) - y);
+    int c = strncmp(x, y, lx < ly ? lx : ly);
+    return c ? c : (lx > ly) - (lx < ly);
+}
+
+static gp_status list_classification(gp_image_folder *f)
+{
+    DIR *d = opendir(f->dir);
+    if (!d)
+        return gp_error_set(GP_ERR_IO, "%s: cannot open the folder: %s; data.path must hold "
+                            "train/<class>/ and val/<class>/ folders of images", f->dir,
+                            strerror(errno));
+    strvec cls = {0};
+    gp_status s = GP_OK;
+    struct dirent *e;
+    while (s == GP_OK && (e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        char full[2048];
+        struct stat st;
+        snprintf(full, sizeof full, "%s/%s", f->dir, e->d_name);
+        if (stat(full, &st) == 0 && S_ISDIR(st.st_mode)) s = sv_push(&cls, e->d_name);
+    }
+    closedir(d);
+    if (s == GP_OK && cls.n == 0)
+        s = gp_error_set(GP_ERR_DATA, "%s: no class folders; the classification layout is "
+                         "<path>/<split>/<class>/<image>.jpg", f->dir);
+    if (s != GP_OK) {
+        sv_free(&cls);
+        return s;
+    }
+    qsort(cls.v, (size_t)cls.n, sizeof *cls.v, cmp_str);
+    struct stat rst;
+    if (stat(f->dir, &rst) == 0) s = push_dir(f, "", &rst);
+    strvec files = {0};
+    int32_t *labels = NULL;
+    int64_t ignored = 0;
+    for (int64_t c = 0; s == GP_OK && c < cls.n; c++) {
+        int64_t before = files.n;
+        s = walk(f, cls.v[c], true, &files, &ignored);
+        if (s == GP_OK && files.n == before)
+            s = gp_error_set(GP_ERR_DATA, "%s/%s: class folder with no images (.jpg, .jpeg or "
+                             ".png); add images or remove the folder", f->dir, cls.v[c]);
+        if (s == GP_OK) {
+            int32_t *p = realloc(labels, sizeof *p * (size_t)files.n);
+            if (!p) s = gp_error_set(GP_ERR_OOM, "out of host memory");
+            labels = p;
+            for (int64_t i = before; p && i < files.n; i++) labels[i] = (int32_t)c;
+        }
+    }
+    if (s == GP_OK) {
+        f->files = calloc((size_t)files.n, sizeof *f->files);
+        if (!f->files) s = gp_error_set(GP_ERR_OOM, "out of host memory");
+    }
+    for (int64_t i = 0; s == GP_OK && i < files.n; i++) {
+        folder_file *ff = &f->files[i];
+        ff->rel = files.v[i];
+        files.v[i] = NULL;
+        ff->label = labels[i];
+        f->n = i + 1;
+        s = stat_file(f, ff->rel, &ff->size, &ff->mt_s, &ff->mt_ns);
+    }
+    if (s == GP_OK) {
+        f->classes = (int)cls.n;
+        f->class_names = cls.v;
+        cls.v = NULL;
+        cls.n = 0;
+    }
+    free(labels);
+    sv_free(&files);
+    sv_free(&cls);
+    return s;
+}
+
+static gp_status list_segmentation(gp_image_folder *f)
+{
+    strvec im = {0}, mk = {0};
+    int64_t ignored = 0;
+    struct stat rst;
+    gp_status s = stat(f->dir, &rst) == 0
+                      ? push_dir(f, "", &rst)
+                      : gp_error_set(GP_ERR_IO, "%s: %s; data.path must hold train/images, "
+                                     "train/masks, val/images and val/masks", f->dir,
+                                     strerror(errno));
+    if (s == GP_OK) s = walk(f, "images", false, &im, &ignored);
+    if (s == GP_OK) s = walk(f, "masks", false, &mk, &ignored);
+    if (s == GP_OK && im.n == 0)
+        s = gp_error_set(GP_ERR_DATA, "%s/images: no images (.jpg, .jpeg or .png)", f->dir);
+    if (s == GP_OK) {
+        qsort(im.v, (size_t)im.n, sizeof *im.v, cmp_str);
+        qsort(mk.v, (size_t)mk.n, sizeof *mk.v, cmp_stem);
+        for (int64_t i = 1; s == GP_OK && i < mk.n; i++)
+            if (cmp_stem(&mk.v[i - 1], &mk.v[i]) == 0)
+                s = gp_error_set(GP_ERR_DATA, "%s: masks %s and %s have the same name; keep one",
+                                 f->dir, mk.v[i - 1], mk.v[i]);
+    }
+    if (s == GP_OK) {
+        f->files = calloc((size_t)im.n, sizeof *f->files);
+        if (!f->files) s = gp_error_set(GP_ERR_OOM, "out of host memory");
+    }
+    unsigned char *used = mk.n ? calloc((size_t)mk.n, 1) : NULL;
+    for (int64_t i = 0; s == GP_OK && i < im.n; i++) {
+        char **hit = bsearch(&im.v[i], mk.v, (size_t)mk.n, sizeof *mk.v, cmp_stem);
+        if (!hit) {
+            const char *nm = im.v[i] + strlen("images/");
+            s = gp_error_set(GP_ERR_DATA, "%s/%s has no mask: expected %s/masks/%.*s.png (or "
+                             ".jpg) beside it", f->dir, im.v[i], f->dir,
+                             (int)(stem_end(nm) - nm), nm);
+            break;
+        }
+        if (used) used[hit - mk.v] = 1;
+        folder_file *ff = &f->files[i];
+        ff->rel = im.v[i];
+        im.v[i] = NULL;
+        ff->mask_rel = strdup(*hit);
+        f->n = i + 1;
+        if (!ff->mask_rel) s = gp_error_set(GP_ERR_OOM, "out of host memory");
+        if (s == GP_OK) s = stat_file(f, ff->rel, &ff->size, &ff->mt_s, &ff->mt_ns);
+        if (s == GP_OK) s = stat_file(f, ff->mask_rel, &ff->msize, &ff->mmt_s, &ff->mmt_ns);
+    }
+    for (int64_t i = 0; s == GP_OK && i < mk.n; i++)
+        if (!used || !used[i])
+            s = gp_error_set(GP_ERR_DATA, "%s/%s has no image of the same name in %s/images",
+                             f->dir, mk.v[i], f->dir);
+    free(used);
+    sv_free(&im);
+    sv_free(&mk);
+    f->classes = f->masks_binary ? 2 : 256;
+    return s;
+}
+
+/* ---- the cache --------------------------------------------------------- */
+
+#define CACHE_MAGIC "gpipe-image-index 1"
+
+static void cache_path(const gp_data_config *cfg, const char *split, const char *dir, char *out,
+                       size_t len, bool fallback)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a of the folder and layout */
+    for (const char *p = dir; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    h = (h ^ (unsigned)cfg->layout) * 1099511628211ull;
+    if (cfg->cache_dir[0]) {
+        snprintf(out, len, "%s/gpipe-index-%016llx", cfg->cache_dir, (unsigned long long)h);
+    } else if (!fallback) {
+        snprintf(out, len, "%s/.gpipe-index-%s%s", cfg->path, split,
+                 cfg->layout == GP_LAYOUT_SEGMENTATION ? "-seg" : "");
+    } else {
+        const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+        if (xdg && xdg[0])
+            snprintf(out, len, "%s/gpipe/index-%016llx", xdg, (unsigned long long)h);
+        else
+            snprintf(out, len, "%s/.cache/gpipe/index-%016llx", home ? home : "/tmp",
+                     (unsigned long long)h);
+    }
+}
+
+static gp_status cache_write(const gp_image_folder *f, const char *path)
+{
+    char tmp[1200];
+    snprintf(tmp, sizeof tmp, "%s.tmp%ld", path, (long)getpid());
+    /* the cache directory under ~/.cache may not exist yet */
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash) {
+        *slash = '\0';
+        char *p = dir + 1;
+        while ((p = strchr(p, '/'))) {
+            *p = '\0';
+            mkdir(dir, 0755);
+            *p++ = '/';
+        }
+        mkdir(dir, 0755);
+    }
+    FILE *fp = fopen(tmp, "w");
+    if (!fp) return GP_ERR_IO;
+    fprintf(fp, "%s\t%d\t%s\n", CACHE_MAGIC, f->segmentation, f->dir);
+    for (int i = 0; i < f->n_dirs; i++)
+        fprintf(fp, "D\t%lld\t%lld\t%s\n", (long long)f->dirs[i].mt_s,
+                (long long)f->dirs[i].mt_ns, f->dirs[i].rel);
+    for (int c = 0; c < f->classes && f->class_names; c++) fprintf(fp, "C\t%s\n", f->class_names[c]);
+    for (int64_t i = 0; i < f->n; i++) {
+        const folder_file *ff = &f->files[i];
+        fprintf(fp, "F\t%d\t%lld\t%lld\t%lld\t%s", ff->label, (long long)ff->size,
+                (long long)ff->mt_s, (long long)ff->mt_ns, ff->rel);
+        if (ff->mask_rel)
+            fprintf(fp, "\t%lld\t%lld\t%lld\t%s", (long long)ff->msize, (long long)ff->mmt_s,
+                    (long long)ff->mmt_ns, ff->mask_rel);
+        fputc('\n', fp);
+    }
+    bool ok = !ferror(fp);
+    ok = fclose(fp) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return GP_ERR_IO;
+    }
+    return GP_OK;
+}
+
+/* Split a line at tabs in place: up to max fields. */
+static int fields(char *line, char **out, int max)
+{
+    int n = 0;
+    char *p = line;
+    while (n < max) {
+        out[n++] = p;
+        char *t = strchr(p, '\t');
+        if (!t) break;
+        *t = '\0';
+        p = t + 1;
+    }
+    return n;
+}
+
+/* Read the cache at path into f if it is there and still matches every
+ * folder's time and every file's size and time; false otherwise (f is
+ * then left for listing). */
+static bool cache_read(gp_image_folder *f, const char *path)
+{
+    FILE *fp = fopen(path, "r");
+    if (!fp) return false;
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    bool ok = true;
+    int64_t nf = 0, capf = 0;
+    strvec cls = {0};
+    char want[1200];
+    snprintf(want, sizeof want, "%s\t%d\t%s", CACHE_MAGIC, f->segmentation, f->dir);
+    if ((len = getline(&line, &cap, fp)) <= 0 || (line[len - 1] = '\0', strcmp(line, want)))
+        ok = false;
+    while (ok && (len = getline(&line, &cap, fp)) > 0) {
+        if (line[len - 1] == '\n') line[len - 1] = '\0';
+        char *fl[10] = {0};
+        int n = fields(line, fl, 10);
+        if (fl[0][0] == 'D' && n == 4) {
+            char full[2048];
+            snprintf(full, sizeof full, "%s%s%s", f->dir, fl[3][0] ? "/" : "", fl[3]);
+            struct stat st;
+            ok = stat(full, &st) == 0 && st.st_mtim.tv_sec == atoll(fl[1]) &&
+                 st.st_mtim.tv_nsec == atoll(fl[2]) && push_dir(f, fl[3], &st) == GP_OK;
+        } else if (fl[0][0] == 'C' && n == 2) {
+            ok = sv_push(&cls, fl[1]) == GP_OK;
+        } else if (fl[0][0] == 'F' && (n == 6 || n == 10)) {
+            if (nf == capf) {
+                capf = capf ? 2 * capf : 1024;
+                folder_file *p = realloc(f->files, sizeof *p * (size_t)capf);
+                if (!p) {
+                    ok = false;
+                    break;
+                }
+                f->files = p;
+            }
+            folder_file *ff = &f->files[nf];
+            *ff = (folder_file){.label = atoi(fl[1]), .rel = strdup(fl[5]),
+                                .mask_rel = n == 10 ? strdup(fl[9]) : NULL};
+            nf++;
+            f->n = nf;
+            int64_t sz = -1, s_ = 0, ns = 0;
+            ok = ff->rel && (n == 6 || ff->mask_rel) &&
+                 stat_file(f, ff->rel, &sz, &s_, &ns) == GP_OK && sz == atoll(fl[2]) &&
+                 s_ == atoll(fl[3]) && ns == atoll(fl[4]);
+            ff->size = sz;
+            ff->mt_s = s_;
+            ff->mt_ns = ns;
+            if (ok && n == 10) {
+                ok = stat_file(f, ff->mask_rel, &sz, &s_, &ns) == GP_OK && sz == atoll(fl[6]) &&
+                     s_ == atoll(fl[7]) && ns == atoll(fl[8]);
+                ff->msize = sz;
+                ff->mmt_s = s_;
+                ff->mmt_ns = ns;
+            }
+        } else {
+            ok = false;
+        }
+    }
+    free(line);
+    fclose(fp);
+    gp_error_clear();
+    if (ok && nf > 0 && (f->segmentation || cls.n > 0)) {
+        f->class_names = cls.v;
+        f->classes = f->segmentation ? (f->masks_binary ? 2 : 256) : (int)cls.n;
+        return true;
+    }
+    sv_free(&cls);
+    for (int64_t i = 0; i < nf; i++) {
+        free(f->files[i].rel);
+        free(f->files[i].mask_rel);
+    }
+    free(f->files);
+    f->files = NULL;
+    f->n = 0;
+    for (int i = 0; i < f->n_dirs; i++) free(f->dirs[i].rel);
+    free(f->dirs);
+    f->dirs = NULL;
+    f->n_dirs = 0;
+    return false;
+}
+
+/* ---- open / free ------------------------------------------------------- */
+
+void gp_image_folder_free(gp_image_folder *f)
+{
+    if (!f) return;
+    for (int64_t i = 0; i < f->n; i++) {
+        free(f->files[i].rel);
+        free(f->files[i].mask_rel);
+    }
+    free(f->files);
+    for (int i = 0; i < f->n_dirs; i++) free(f->dirs[i].rel);
+    free(f->dirs);
+    for (int c = 0; f->class_names && c < f->classes; c++) free(f->class_names[c]);
+    free(f->class_names);
+    free((void *)f->bad);
+    free(f);
+}
+
+gp_status gp_image_folder_open(const gp_data_config *cfg, bool train_split, int out_h, int out_w,
+                               gp_image_folder **out, bool *cached)
+{
+    *out = NULL;
+    if (!gp_image_supported()) {
+        gp_image_codec *cd;
+        return gp_image_codec_create(&cd); /* the "built without" message */
+    }
+    const char *split = train_split ? "train" : "val";
+    gp_image_folder *f = calloc(1, sizeof *f);
+    if (!f) return gp_error_set(GP_ERR_OOM, "out of host memory");
+    int len = snprintf(f->dir, sizeof f->dir, "%s/%s", cfg->path, split);
+    if (len < 0 || (size_t)len >= sizeof f->dir) {
+        free(f);
+        return gp_error_set(GP_ERR_INVALID, "data.path '%s' is too long", cfg->path);
+    }
+    f->segmentation = cfg->layout == GP_LAYOUT_SEGMENTATION;
+    f->masks_binary = cfg->masks_binary;
+    f->out_h = out_h;
+    f->out_w = out_w;
+    f->resize = cfg->resize > 0 ? cfg->resize
+                                : (int)lround((out_h < out_w ? out_h : out_w) * 256.0 / 224.0);
+    f->rrc = cfg->rrc;
+    f->hflip = cfg->hflip;
+    f->skip_bad = cfg->skip_bad_files;
+    memcpy(f->scale, cfg->rrc_scale, sizeof f->scale);
+    memcpy(f->ratio, cfg->rrc_ratio, sizeof f->ratio);
+    struct stat st;
+    if (stat(cfg->path, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        gp_status s = gp_error_set(GP_ERR_IO, "data.path '%s': %s", cfg->path,
+                                   errno ? strerror(errno) : "not a folder");
+        free(f);
+        return s;
+    }
+    char cpath[1100], cfall[1100];
+    cache_path(cfg, split, f->dir, cpath, sizeof cpath, false);
+    cache_path(cfg, split, f->dir, cfall, sizeof cfall, true);
+    bool hit = cache_read(f, cpath) || (!cfg->cache_dir[0] && cache_read(f, cfall));
+    gp_status s = GP_OK;
+    if (!hit) {
+        s = f->segmentation ? list_segmentation(f) : list_classification(f);
+        /* a cache that cannot be written costs the next start a listing,
+         * nothing more */
+        if (s == GP_OK && cache_write(f, cpath) != GP_OK && !cfg->cache_dir[0])
+            (void)cache_write(f, cfall);
+    }
+    if (s == GP_OK) {
+        f->bad = calloc((size_t)f->n, 1);
+        if (!f->bad) s = gp_error_set(GP_ERR_OOM, "out of host memory");
+    }
+    if (s != GP_OK) {
+        gp_image_folder_free(f);
+        return s;
+    }
+    if (cached) *cached = hit;
+    *out = f;
+    return GP_OK;
+}
+
+int64_t gp_image_folder_size(const gp_image_folder *f) { return f->n; }
+int gp_image_folder_classes(const gp_image_folder *f) { return f->classes; }
+bool gp_image_folder_segmentation(const gp_image_folder *f) { return f->segmentation; }
+const char *gp_image_folder_dir(const gp_image_folder *f) { return f->dir; }
+int gp_image_folder_label(const gp_image_folder *f, int64_t i) { return f->files[i].label; }
+const char *gp_image_folder_file(const gp_image_folder *f, int64_t i) { return f->files[i].rel; }
+int64_t gp_image_folder_bad_files(const gp_image_folder *f) { return atomic_load(&f->n_bad); }
+
+/* ---- one sample -------------------------------------------------------- */
+
+struct gp_folder_worker {
+    gp_image_codec *codec;
+    uint8_t *buf; /* the file's bytes */
+    size_t cap;
+    gp_image img, mask;
+    uint8_t *out; /* (out_h, out_w, 3) resampled */
+    uint8_t *mout;
+    size_t out_cap;
+    gp_fbuf tmp;
+};
+
+gp_status gp_folder_worker_create(gp_folder_worker **out)
+{
+    gp_folder_worker *w = calloc(1, sizeof *w);
+    if (!w) return gp_error_set(GP_ERR_OOM, "out of host memory for a loader worker");
+    gp_status s = gp_image_codec_create(&w->codec);
+    if (s != GP_OK) {
+        free(w);
+        return s;
+    }
+    *out = w;
+    return GP_OK;
+}
+
+void gp_folder_worker_destroy(gp_folder_worker *w)
+{
+    if (!w) return;
+    gp_image_codec_destroy(w->codec);
+    free(w->buf);
+    gp_image_free(&w->img);
+    gp_image_free(&w->mask);
+    free(w->out);
+    free(w->mout);
+    free(w->tmp.p);
+    free(w);
+}
+
+static gp_status read_file(gp_folder_worker *w, const char *path, size_t *len)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return gp_error_set(GP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        close(fd);
+        return gp_error_set(GP_ERR_IO, "%s: %s", path, strerror(errno));
+    }
+    size_t n = (size_t)st.st_size;
+    if (n + 1 > w->cap) {
+        uint8_t *p = realloc(w->buf, n + 1);
+        if (!p) {
+            close(fd);
+            return gp_error_set(GP_ERR_OOM, "%s: out of host memory for %zu bytes", path, n);
+        }
+        w->buf = p;
+        w->cap = n + 1;
+    }
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, w->buf + got, n - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            int e = errno;
+            close(fd);
+            return gp_error_set(GP_ERR_IO, "%s: read failed at byte %zu of %zu: %s", path, got,
+                                n, r < 0 ? strerror(e) : "the file shrank");
+        }
+        got += (size_t)r;
+    }
+    close(fd);
+    if (n == 0) return gp_error_set(GP_ERR_DATA, "%s: empty file", path);
+    *len = n;
+    return GP_OK;
+}
+
+bool gp_image_folder_is_bad(const gp_image_folder *f, int64_t i)
+{
+    return atomic_load(&((gp_image_folder *)f)->bad[i]) != 0;
+}
+
+bool gp_image_folder_mark_bad(gp_image_folder *f, int64_t i)
+{
+    if (atomic_exchange(&f->bad[i], 1)) return false;
+    atomic_fetch_add(&f->n_bad, 1);
+    return true;
+}
+
+gp_status gp_folder_sample(const gp_image_folder *f, gp_folder_worker *w, int64_t i, bool train,
+                           uint64_t seed, int64_t epoch, int64_t pos, bool normalize,
+                           const float *mean, const float *std, float *x, float *y)
+{
+    const folder_file *ff = &f->files[i];
+    char path[2200];
+    snprintf(path, sizeof path, "%s/%s", f->dir, ff->rel);
+    size_t len;
+    GP_TRY(read_file(w, path, &len));
+    int iw, ih;
+    GP_TRY(gp_image_probe(w->codec, w->buf, len, path, &iw, &ih));
+    int oh = f->out_h, ow = f->out_w;
+    gp_box box;
+    bool flip = false;
+    if (train && f->rrc) {
+        gp_image_rrc_draw(seed, epoch, pos, iw, ih, f->scale, f->ratio, f->hflip, &box, &flip);
+    } else {
+        gp_image_eval_box(iw, ih, f->resize, oh, ow, &box);
+        if (train && f->hflip) {
+            gp_box unused;
+            gp_image_rrc_draw(seed, epoch, pos, iw, ih, f->scale, f->ratio, true, &unused, &flip);
+        }
+    }
+    int denom = gp_image_pick_denom(&box, oh, ow);
+    GP_TRY(gp_image_decode(w->codec, w->buf, len, path, 3, denom, &w->img));
+    size_t need = (size_t)oh * (size_t)ow * 3;
+    if (need > w->out_cap) {
+        uint8_t *a = realloc(w->out, need), *b = a ? realloc(w->mout, need) : NULL;
+        if (a) w->out = a;
+        if (b) w->mout = b;
+        if (!a || !b) return gp_error_set(GP_ERR_OOM, "out of host memory");
+        w->out_cap = need;
+    }
+    /* the box in the decoded image's pixels (a DCT-scaled decode covers the
+     * same picture with fewer of them) */
+    double sx = (double)w->img.w / iw, sy = (double)w->img.h / ih;
+    gp_box sb = {box.x * sx, box.y * sy, box.w * sx, box.h * sy};
+    /* the filter stays inside the crop for a random crop (torchvision crops,
+     * then resizes), inside the image for evaluation */
+    int cx0 = 0, cy0 = 0, cx1 = w->img.w, cy1 = w->img.h;
+    if (train && f->rrc) {
+        cx0 = (int)floor(sb.x);
+        cy0 = (int)floor(sb.y);
+        cx1 = (int)ceil(sb.x + sb.w);
+        cy1 = (int)ceil(sb.y + sb.h);
+    }
+    GP_TRY(gp_image_resample(w->img.px, w->img.w, w->img.h, 3, &sb, cx0, cy0, cx1, cy1, w->out,
+                             ow, oh, &w->tmp));
+    /* (h, w, 3) bytes to normalised (3, h, w) floats, mirrored if drawn */
+    int64_t hw = (int64_t)oh * ow;
+    for (int c = 0; c < 3; c++) {
+        float a = 1.0f / 255.0f, b = 0.0f;
+        if (normalize) {
+            a = 1.0f / (255.0f * std[c]);
+            b = -mean[c] / std[c];
+        }
+        float *dst = x + c * hw;
+        for (int yy = 0; yy < oh; yy++) {
+            const uint8_t *src = w->out + (size_t)yy * (size_t)ow * 3 + (size_t)c;
+            float *d = dst + (int64_t)yy * ow;
+            if (flip)
+                for (int xx = 0; xx < ow; xx++) d[ow - 1 - xx] = (float)src[3 * xx] * a + b;
+            else
+                for (int xx = 0; xx < ow; xx++) d[xx] = (float)src[3 * xx] * a + b;
+        }
+    }
+    if (!f->segmentation) {
+        y[0] = (float)ff->label;
+        return GP_OK;
+    }
+    /* the mask: same box, nearest pixel, same flip */
+    snprintf(path, sizeof path, "%s/%s", f->dir, ff->mask_rel);
+    GP_TRY(read_file(w, path, &len));
+    int mw, mh;
+    GP_TRY(gp_image_probe(w->codec, w->buf, len, path, &mw, &mh));
+    if (mw != iw || mh != ih)
+        return gp_error_set(GP_ERR_DATA, "%s: mask of %d x %d pixels for an image of %d x %d "
+                            "(%s/%s)", path, mw, mh, iw, ih, f->dir, ff->rel);
+    GP_TRY(gp_image_decode(w->codec, w->buf, len, path, 1, 1, &w->mask));
+    gp_image_resample_nearest(w->mask.px, mw, mh, 1, &box, w->mout, ow, oh);
+    for (int yy = 0; yy < oh; yy++)
+        for (int xx = 0; xx < ow; xx++) {
+            uint8_t v = w->mout[(size_t)yy * (size_t)ow + (size_t)xx];
+            float t = f->masks_binary ? (v != 0) : (float)v;
+            y[(int64_t)yy * ow + (flip ? ow - 1 - xx : xx)] = t;
+        }
+    return GP_OK;
+}
