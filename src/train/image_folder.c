@@ -134,6 +134,7 @@ static gp_status walk(gp_image_folder *f, const char *rel, bool recurse, strvec 
         return gp_error_set(GP_ERR_IO, "%s: cannot read the folder", path);
     }
     strvec subs = {0};
+    int64_t first = out->n;
     gp_status s = GP_OK;
     struct dirent *e;
     while (s == GP_OK && (e = readdir(d))) {
@@ -157,6 +158,9 @@ static gp_status walk(gp_image_folder *f, const char *rel, bool recurse, strvec 
         }
     }
     closedir(d);
+    /* this folder's files in sorted order, then its sub-folders' */
+    if (s == GP_OK && out->n > first)
+        qsort(out->v + first, (size_t)(out->n - first), sizeof *out->v, cmp_str);
     qsort(subs.v, (size_t)subs.n, sizeof *subs.v, cmp_str);
     for (int64_t i = 0; s == GP_OK && i < subs.n; i++) s = walk(f, subs.v[i], true, out, ignored);
     sv_free(&subs);

@@ -1,0 +1,974 @@
+/*
+ * test_image.c — data.dataset: image_folder.  Decoding (JPEG RGB, gray and
+ * CMYK; PNG RGB, RGBA, 16-bit, gray, palette; DCT-scaled), the transforms
+ * against reference implementations written here (Pillow's bilinear
+ * resample as a direct double sum; torchvision's RandomResizedCrop and
+ * Resize + CenterCrop geometry), the folder index and its cache, every
+ * bad-input case, the loader's determinism across 1 and 4 threads and on
+ * resume, masks that follow their image, and a training run resumed
+ * mid-epoch bit for bit.  Pixel equality with Pillow's decode of the same
+ * files is tests/test_image_ref.py.
+ *
+ * The folders are written here: JPEGs through TurboJPEG, PNGs through
+ * libpng.  Skipped (77) when gpipe was built without image decoding.
+ */
+#include "test.h"
+#include "test_util.h"
+#include "train/data.h"
+#include "train/image.h"
+#include "train/train.h"
+
+#include <stdatomic.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#ifdef GPIPE_HAVE_IMAGES
+#include <png.h>
+#include <turbojpeg.h>
+
+static char tmpdir[256];
+
+/* ---- writing test images ------------------------------------------------ */
+
+/* A smooth, asymmetric test picture: every pixel different enough that a
+ * wrong offset or a missing flip shows. */
+static uint8_t *make_rgb(int w, int h, int seed)
+{
+    uint8_t *p = malloc((size_t)w * (size_t)h * 3);
+    for (int y = 0; y < h; y++)
+        for (int x = 0; x < w; x++) {
+            uint8_t *q = p + ((size_t)y * (size_t)w + (size_t)x) * 3;
+            q[0] = (uint8_t)((x * 255) / (w > 1 ? w - 1 : 1));
+            q[1] = (uint8_t)((y * 255) / (h > 1 ? h - 1 : 1));
+            q[2] = (uint8_t)((x * 7 + y * 3 + seed * 40) & 255);
+        }
+    return p;
+}
+
+static void write_jpeg(const char *path, const uint8_t *px, int w, int h, int pf, int quality,
+                       int subsamp)
+{
+    tjhandle t = tjInitCompress();
+    unsigned char *out = NULL;
+    unsigned long len = 0;
+    int rc = tjCompress2(t, px, w, 0, h, pf, &out, &len, subsamp, quality, 0);
+    CHECK_MSG(rc == 0, "tjCompress2 %s: %s", path, tjGetErrorStr2(t));
+    if (rc == 0) gpt_write_file(path, out, len);
+    tjFree(out);
+    tjDestroy(t);
+}
+
+/* A PNG of color type ct and bit depth, rows given as raw bytes. */
+static void write_png(const char *path, const uint8_t *rows, int w, int h, int ct, int depth,
+                      const png_color *palette, int n_palette)
+{
+    FILE *f = fopen(path, "wb");
+    png_structp p = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
+    png_infop info = png_create_info_struct(p);
+    if (setjmp(png_jmpbuf(p))) {
+        CHECK_MSG(0, "libpng failed writing %s", path);
+        png_destroy_write_struct(&p, &info);
+        fclose(f);
+        return;
+    }
+    png_init_io(p, f);
+    png_set_IHDR(p, info, (png_uint_32)w, (png_uint_32)h, depth, ct, PNG_INTERLACE_NONE,
+                 PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+    if (palette) png_set_PLTE(p, info, palette, n_palette);
+    png_write_info(p, info);
+    int ch = ct == PNG_COLOR_TYPE_RGB ? 3 : ct == PNG_COLOR_TYPE_RGBA ? 4
+             : ct == PNG_COLOR_TYPE_GRAY_ALPHA ? 2 : 1;
+    size_t stride = (size_t)w * (size_t)ch * (size_t)(depth == 16 ? 2 : 1);
+    for (int y = 0; y < h; y++) png_write_row(p, rows + (size_t)y * stride);
+    png_write_end(p, NULL);
+    png_destroy_write_struct(&p, &info);
+    fclose(f);
+}
+
+static uint8_t *slurp(const char *path, size_t *n) { return gpt_read_file(path, n); }
+
+static void path_of(char *out, size_t len, const char *rel)
+{
+    snprintf(out, len, "%s/%s", tmpdir, rel);
+}
+
+static void mkdirs(const char *rel)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "mkdir -p %s/%s", tmpdir, rel);
+    CHECK(system(cmd) == 0);
+}
+
+/* Decode a file written above; returns false (and a failed check) if it
+ * does not decode. */
+static bool decode_file(gp_image_codec *cd, const char *rel, int channels, int denom,
+                        gp_image *im)
+{
+    char p[600];
+    path_of(p, sizeof p, rel);
+    size_t n = 0;
+    uint8_t *b = slurp(p, &n);
+    CHECK_MSG(b != NULL, "cannot read %s", p);
+    if (!b) return false;
+    gp_status s = gp_image_decode(cd, b, n, p, channels, denom, im);
+    CHECK_MSG(s == GP_OK, "%s: %s", rel, gp_last_error());
+    free(b);
+    return s == GP_OK;
+}
+
+/* ---- decoding ----------------------------------------------------------- */
+
+static int max_diff(const uint8_t *a, const uint8_t *b, size_t n)
+{
+    int m = 0;
+    for (size_t i = 0; i < n; i++) {
+        int d = abs((int)a[i] - (int)b[i]);
+        if (d > m) m = d;
+    }
+    return m;
+}
+
+static void test_decode(void)
+{
+    gp_image_codec *cd = NULL;
+    CHECK_OK(gp_image_codec_create(&cd));
+    gp_image im = {0};
+    mkdirs("dec");
+    char p[600];
+    int w = 97, h = 61;
+    size_t n = (size_t)w * (size_t)h;
+    uint8_t *rgb = make_rgb(w, h, 1);
+
+    /* JPEG RGB, quality 100, 4:4:4: the picture up to JPEG's rounding */
+    path_of(p, sizeof p, "dec/rgb.jpg");
+    write_jpeg(p, rgb, w, h, TJPF_RGB, 100, TJSAMP_444);
+    if (decode_file(cd, "dec/rgb.jpg", 3, 1, &im)) {
+        CHECK(im.w == w && im.h == h && im.c == 3);
+        int d = max_diff(im.px, rgb, n * 3);
+        CHECK_MSG(d <= 6, "JPEG q100 decode differs by %d", d);
+    }
+    int pw = 0, ph = 0;
+    {
+        size_t len = 0;
+        uint8_t *b = slurp(p, &len);
+        CHECK_OK(gp_image_probe(cd, b, len, p, &pw, &ph));
+        CHECK(pw == w && ph == h);
+        /* DCT scaling: ceil(size / denom) pixels, close to a box average
+         * of the full decode */
+        for (int denom = 2; denom <= 8; denom *= 2) {
+            gp_image full = {0};
+            CHECK_OK(gp_image_decode(cd, b, len, p, 3, 1, &full));
+            CHECK_OK(gp_image_decode(cd, b, len, p, 3, denom, &im));
+            CHECK(im.w == (w + denom - 1) / denom && im.h == (h + denom - 1) / denom);
+            int worst = 0;
+            for (int y = 0; y + 1 < im.h; y++)
+                for (int x = 0; x + 1 < im.w; x++)
+                    for (int c = 0; c < 3; c++) {
+                        double s = 0;
+                        for (int dy = 0; dy < denom; dy++)
+                            for (int dx = 0; dx < denom; dx++)
+                                s += full.px[((size_t)(y * denom + dy) * (size_t)w +
+                                              (size_t)(x * denom + dx)) * 3 + (size_t)c];
+                        int d = abs((int)lround(s / (denom * denom)) -
+                                    im.px[((size_t)y * (size_t)im.w + (size_t)x) * 3 + (size_t)c]);
+                        if (d > worst) worst = d;
+                    }
+            CHECK_MSG(worst <= 8, "1/%d decode differs from the box average by %d", denom, worst);
+            gp_image_free(&full);
+        }
+        free(b);
+    }
+
+    /* grayscale JPEG: three equal channels; as a mask, one */
+    uint8_t *gray = malloc(n);
+    for (size_t i = 0; i < n; i++) gray[i] = rgb[3 * i];
+    path_of(p, sizeof p, "dec/gray.jpg");
+    write_jpeg(p, gray, w, h, TJPF_GRAY, 100, TJSAMP_GRAY);
+    if (decode_file(cd, "dec/gray.jpg", 3, 1, &im)) {
+        bool same = im.c == 3;
+        int d = 0;
+        for (size_t i = 0; same && i < n; i++) {
+            same = im.px[3 * i] == im.px[3 * i + 1] && im.px[3 * i] == im.px[3 * i + 2];
+            int e = abs((int)im.px[3 * i] - gray[i]);
+            d = e > d ? e : d;
+        }
+        CHECK_MSG(same && d <= 4, "gray JPEG: channels equal %d, differs by %d", same, d);
+    }
+    if (decode_file(cd, "dec/gray.jpg", 1, 1, &im)) CHECK(im.c == 1 && max_diff(im.px, gray, n) <= 4);
+
+    /* CMYK JPEG in Adobe's inverted convention (as Photoshop and Pillow
+     * write it): RGB by Pillow's formula of the ink */
+    uint8_t *cmyk = malloc(n * 4), *want = malloc(n * 3);
+    for (size_t i = 0; i < n; i++) {
+        int ink[4] = {rgb[3 * i], rgb[3 * i + 1], rgb[3 * i + 2], (int)(i % 97) * 2};
+        for (int c = 0; c < 4; c++) cmyk[4 * i + (size_t)c] = (uint8_t)(255 - ink[c]);
+        for (int c = 0; c < 3; c++) {
+            int nk = 255 - ink[3], t = ink[c] * nk + 128;
+            t = ((t >> 8) + t) >> 8;
+            want[3 * i + (size_t)c] = (uint8_t)(nk - t);
+        }
+    }
+    path_of(p, sizeof p, "dec/cmyk.jpg");
+    write_jpeg(p, cmyk, w, h, TJPF_CMYK, 100, TJSAMP_444);
+    if (decode_file(cd, "dec/cmyk.jpg", 3, 1, &im)) {
+        int d = max_diff(im.px, want, n * 3);
+        CHECK_MSG(im.c == 3 && d <= 8, "CMYK JPEG differs from Pillow's conversion by %d", d);
+    }
+
+    /* PNG: lossless, so exact.  RGB; RGBA (alpha dropped); 16-bit (high
+     * byte); gray (replicated); palette (colours; as a mask, the index) */
+    path_of(p, sizeof p, "dec/rgb.png");
+    write_png(p, rgb, w, h, PNG_COLOR_TYPE_RGB, 8, NULL, 0);
+    if (decode_file(cd, "dec/rgb.png", 3, 1, &im)) CHECK(max_diff(im.px, rgb, n * 3) == 0);
+    uint8_t *rgba = malloc(n * 4), *rgb16 = malloc(n * 6), *pal = malloc(n);
+    for (size_t i = 0; i < n; i++) {
+        for (int c = 0; c < 3; c++) {
+            rgba[4 * i + (size_t)c] = rgb[3 * i + (size_t)c];
+            rgb16[6 * i + 2 * (size_t)c] = rgb[3 * i + (size_t)c];         /* big-endian high */
+            rgb16[6 * i + 2 * (size_t)c + 1] = (uint8_t)(i * 13 + (size_t)c); /* low: noise */
+        }
+        rgba[4 * i + 3] = (uint8_t)(i * 7);
+        pal[i] = (uint8_t)(i % 5);
+    }
+    path_of(p, sizeof p, "dec/rgba.png");
+    write_png(p, rgba, w, h, PNG_COLOR_TYPE_RGBA, 8, NULL, 0);
+    if (decode_file(cd, "dec/rgba.png", 3, 1, &im)) CHECK(max_diff(im.px, rgb, n * 3) == 0);
+    path_of(p, sizeof p, "dec/rgb16.png");
+    write_png(p, rgb16, w, h, PNG_COLOR_TYPE_RGB, 16, NULL, 0);
+    if (decode_file(cd, "dec/rgb16.png", 3, 1, &im)) CHECK(max_diff(im.px, rgb, n * 3) == 0);
+    path_of(p, sizeof p, "dec/gray.png");
+    write_png(p, gray, w, h, PNG_COLOR_TYPE_GRAY, 8, NULL, 0);
+    if (decode_file(cd, "dec/gray.png", 3, 1, &im)) {
+        bool ok = true;
+        for (size_t i = 0; i < n && ok; i++)
+            ok = im.px[3 * i] == gray[i] && im.px[3 * i + 1] == gray[i] && im.px[3 * i + 2] == gray[i];
+        CHECK(ok);
+    }
+    png_color colours[5] = {{0, 0, 0}, {255, 0, 0}, {0, 255, 0}, {0, 0, 255}, {9, 8, 7}};
+    path_of(p, sizeof p, "dec/pal.png");
+    write_png(p, pal, w, h, PNG_COLOR_TYPE_PALETTE, 8, colours, 5);
+    if (decode_file(cd, "dec/pal.png", 3, 1, &im)) {
+        bool ok = true;
+        for (size_t i = 0; i < n && ok; i++)
+            ok = im.px[3 * i] == colours[pal[i]].red && im.px[3 * i + 1] == colours[pal[i]].green &&
+                 im.px[3 * i + 2] == colours[pal[i]].blue;
+        CHECK(ok);
+    }
+    if (decode_file(cd, "dec/pal.png", 1, 1, &im)) CHECK(im.c == 1 && max_diff(im.px, pal, n) == 0);
+
+    /* bad files: truncated JPEG and PNG, not an image at all, empty */
+    const char *bad[][2] = {{"dec/rgb.jpg", "dec/trunc.jpg"}, {"dec/rgb.png", "dec/trunc.png"}};
+    for (int k = 0; k < 2; k++) {
+        char src[600], dst[600];
+        path_of(src, sizeof src, bad[k][0]);
+        path_of(dst, sizeof dst, bad[k][1]);
+        size_t len = 0;
+        uint8_t *b = slurp(src, &len);
+        gpt_write_file(dst, b, len * 2 / 3);
+        gp_status s = gp_image_decode(cd, b, len * 2 / 3, dst, 3, 1, &im);
+        CHECK_MSG(s == GP_ERR_DATA && strstr(gp_last_error(), dst), "%s: %s", dst,
+                  gp_last_error());
+        free(b);
+    }
+    const char *junk = "GIF89a not really";
+    gp_status s = gp_image_decode(cd, (const uint8_t *)junk, strlen(junk), "x.gif", 3, 1, &im);
+    CHECK(s == GP_ERR_DATA && strstr(gp_last_error(), "x.gif") &&
+          strstr(gp_last_error(), "neither a JPEG nor a PNG"));
+    free(rgb);
+    free(gray);
+    free(cmyk);
+    free(want);
+    free(rgba);
+    free(rgb16);
+    free(pal);
+    gp_image_free(&im);
+    gp_image_codec_destroy(cd);
+}
+
+/* ---- transforms against references written here ------------------------- */
+
+/* Pillow's bilinear resample of a box, as one direct double sum over the
+ * separable weights (no intermediate rounding), clamped to the clamp box. */
+static double ref_weight(double center, double scale, int t)
+{
+    double fs = scale < 1 ? 1 : scale, x = fabs((t - center + 0.5) / fs);
+    return x < 1 ? 1 - x : 0;
+}
+
+static void ref_taps(double in0, double scale, int i, int lo, int hi, int *a, int *b,
+                     double *wsum)
+{
+    double fs = scale < 1 ? 1 : scale, center = in0 + (i + 0.5) * scale;
+    *a = (int)floor(center - fs + 0.5);
+    *b = (int)floor(center + fs + 0.5);
+    if (*a < lo) *a = lo;
+    if (*b > hi) *b = hi;
+    *wsum = 0;
+    for (int t = *a; t < *b; t++) *wsum += ref_weight(center, scale, t);
+}
+
+static uint8_t ref_pixel(const uint8_t *src, int sw, int c, const gp_box *bx, int cx0, int cy0,
+                         int cx1, int cy1, int dw, int dh, int ox, int oy, int ch)
+{
+    double sx = bx->w / dw, sy = bx->h / dh;
+    int xa, xb, ya, yb;
+    double wx, wy;
+    ref_taps(bx->x, sx, ox, cx0, cx1, &xa, &xb, &wx);
+    ref_taps(bx->y, sy, oy, cy0, cy1, &ya, &yb, &wy);
+    double cxn = bx->x + (ox + 0.5) * sx, cyn = bx->y + (oy + 0.5) * sy, acc = 0;
+    for (int y = ya; y < yb; y++)
+        for (int x = xa; x < xb; x++)
+            acc += ref_weight(cyn, sy, y) / wy * ref_weight(cxn, sx, x) / wx *
+                   src[((size_t)y * (size_t)sw + (size_t)x) * (size_t)c + (size_t)ch];
+    long v = lround(acc);
+    return (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+}
+
+static void test_resample(void)
+{
+    int sw = 83, sh = 57;
+    uint8_t *src = make_rgb(sw, sh, 3);
+    gp_fbuf tmp = {0};
+    struct {
+        gp_box box;
+        int dw, dh;
+        bool clamp_box;
+    } cases[] = {
+        {{0, 0, 83, 57}, 83, 57, false},       /* identity */
+        {{0, 0, 83, 57}, 24, 16, false},       /* downscale ~3.5x */
+        {{10, 5, 40, 30}, 32, 32, true},       /* a crop, reduced */
+        {{20.5, 7.25, 9.5, 6.75}, 31, 19, false}, /* upscale a fractional box */
+        {{3, 40, 60, 17}, 17, 40, true},       /* aspect change */
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const gp_box *b = &cases[k].box;
+        int dw = cases[k].dw, dh = cases[k].dh;
+        int cx0 = 0, cy0 = 0, cx1 = sw, cy1 = sh;
+        if (cases[k].clamp_box) {
+            cx0 = (int)b->x;
+            cy0 = (int)b->y;
+            cx1 = (int)(b->x + b->w);
+            cy1 = (int)(b->y + b->h);
+        }
+        uint8_t *dst = malloc((size_t)dw * (size_t)dh * 3);
+        CHECK_OK(gp_image_resample(src, sw, sh, 3, b, cx0, cy0, cx1, cy1, dst, dw, dh, &tmp));
+        int worst = 0;
+        for (int y = 0; y < dh; y++)
+            for (int x = 0; x < dw; x++)
+                for (int c = 0; c < 3; c++) {
+                    int d = abs((int)dst[((size_t)y * (size_t)dw + (size_t)x) * 3 + (size_t)c] -
+                                ref_pixel(src, sw, 3, b, cx0, cy0, cx1, cy1, dw, dh, x, y, c));
+                    if (d > worst) worst = d;
+                }
+        /* float against double, each rounded once: at most 1 apart */
+        CHECK_MSG(worst <= 1, "resample case %zu differs from the reference by %d", k, worst);
+        if (k == 0) CHECK(max_diff(dst, src, (size_t)sw * (size_t)sh * 3) == 0);
+        free(dst);
+    }
+    free(tmp.p);
+    free(src);
+}
+
+/* torchvision's RandomResizedCrop.get_params, written again from its
+ * source, on the same Philox draws. */
+static void ref_rrc(uint64_t seed, int64_t epoch, int64_t pos, int w, int h, const float *scale,
+                    const float *ratio, int box[4])
+{
+    uint64_t stream = gp_rng_stream((uint64_t)epoch, GP_IMAGE_CROP_TAG, (uint64_t)pos);
+    double area = (double)w * h;
+    for (int t = 0; t < 10; t++) {
+        gp_philox_out o = gp_philox4x32(seed, stream, (uint64_t)t);
+        double u0 = o.v[0] / 4294967296.0, u1 = o.v[1] / 4294967296.0;
+        double target = area * (scale[0] + u0 * (scale[1] - scale[0]));
+        double ar = exp(log(ratio[0]) + u1 * (log(ratio[1]) - log(ratio[0])));
+        int cw = (int)nearbyint(sqrt(target * ar)), ch = (int)nearbyint(sqrt(target / ar));
+        if (0 < cw && cw <= w && 0 < ch && ch <= h) {
+            box[0] = (int)(o.v[3] % (uint32_t)(w - cw + 1));
+            box[1] = (int)(o.v[2] % (uint32_t)(h - ch + 1));
+            box[2] = cw;
+            box[3] = ch;
+            return;
+        }
+    }
+    double in_ratio = (double)w / h;
+    int cw, ch;
+    if (in_ratio < ratio[0]) {
+        cw = w;
+        ch = (int)nearbyint(cw / ratio[0]);
+    } else if (in_ratio > ratio[1]) {
+        ch = h;
+        cw = (int)nearbyint(ch * ratio[1]);
+    } else {
+        cw = w;
+        ch = h;
+    }
+    box[0] = (w - cw) / 2;
+    box[1] = (h - ch) / 2;
+    box[2] = cw;
+    box[3] = ch;
+}
+
+static void test_crop_geometry(void)
+{
+    const float scale[2] = {0.08f, 1.0f}, ratio[2] = {3.0f / 4, 4.0f / 3};
+    const float tight[2] = {0.9f, 1.0f}, wide[2] = {3.0f, 4.0f}; /* forces the fallback */
+    int same = 0, inside = 0, total = 0, flips = 0, fallback_ok = 0;
+    double area_sum = 0;
+    for (int64_t pos = 0; pos < 2000; pos++) {
+        int w = 200 + (int)(pos % 300), h = 150 + (int)(pos % 217);
+        const float *sc = pos % 7 == 0 ? tight : scale, *ra = pos % 11 == 0 ? wide : ratio;
+        gp_box b;
+        bool flip;
+        gp_image_rrc_draw(5, 2, pos, w, h, sc, ra, true, &b, &flip);
+        int r[4];
+        ref_rrc(5, 2, pos, w, h, sc, ra, r);
+        same += b.x == r[0] && b.y == r[1] && b.w == r[2] && b.h == r[3];
+        inside += b.x >= 0 && b.y >= 0 && b.x + b.w <= w && b.y + b.h <= h && b.w >= 1 && b.h >= 1;
+        flips += flip;
+        total++;
+        /* a draw at ratio [3, 4] fits only when small; else the fallback
+         * cuts the whole image to ratio 3: either way about 3 to 4 */
+        if (ra == wide) fallback_ok += b.w / b.h > 3 * 0.97 && b.w / b.h < 4 * 1.03;
+        if (sc == scale && ra == ratio) area_sum += b.w * b.h / ((double)w * h);
+        /* the same draw again: a pure function */
+        gp_box b2;
+        bool f2;
+        gp_image_rrc_draw(5, 2, pos, w, h, sc, ra, true, &b2, &f2);
+        CHECK(b2.x == b.x && b2.y == b.y && b2.w == b.w && b2.h == b.h && f2 == flip);
+    }
+    CHECK_MSG(same == total, "%d of %d crops equal torchvision's algorithm", same, total);
+    CHECK(inside == total);
+    CHECK_MSG(flips > total * 4 / 10 && flips < total * 6 / 10, "%d flips of %d", flips, total);
+    CHECK(fallback_ok == (2000 + 10) / 11);
+    /* with scale [0.08, 1] the kept area averages a little under 0.54
+     * (large draws that do not fit are redrawn) */
+    int n_plain = 0;
+    for (int64_t pos = 0; pos < 2000; pos++) n_plain += pos % 7 != 0 && pos % 11 != 0;
+    double mean_area = area_sum / n_plain;
+    CHECK_MSG(mean_area > 0.35 && mean_area < 0.6, "mean crop area %.3f", mean_area);
+
+    /* Resize(256) + CenterCrop(224) as one box: torchvision's arithmetic */
+    int sizes[][2] = {{500, 375}, {375, 500}, {224, 224}, {640, 427}, {300, 1000}};
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        int w = sizes[k][0], h = sizes[k][1];
+        gp_box b;
+        gp_image_eval_box(w, h, 256, 224, 224, &b);
+        int rw = w <= h ? 256 : (int)(256L * w / h), rh = w <= h ? (int)(256L * h / w) : 256;
+        /* Python's round(): halves to even (79.5 -> 80, 58.5 -> 58) */
+        double top = (rh - 224) / 2.0, left = (rw - 224) / 2.0;
+        top = floor(top) + (top - floor(top) > 0.5 || (top - floor(top) == 0.5 && fmod(floor(top), 2) != 0));
+        left = floor(left) + (left - floor(left) > 0.5 || (left - floor(left) == 0.5 && fmod(floor(left), 2) != 0));
+        CHECK_NEAR(b.x, left * w / rw, 1e-9, 0);
+        CHECK_NEAR(b.y, top * h / rh, 1e-9, 0);
+        CHECK_NEAR(b.w, 224.0 * w / rw, 1e-9, 0);
+        CHECK_NEAR(b.h, 224.0 * h / rh, 1e-9, 0);
+    }
+    /* the DCT scale never leaves fewer pixels than the output needs */
+    gp_box big = {0, 0, 1000, 900}, small = {0, 0, 300, 250}, mid = {0, 0, 460, 450};
+    CHECK(gp_image_pick_denom(&big, 224, 224) == 4);
+    CHECK(gp_image_pick_denom(&small, 224, 224) == 1);
+    CHECK(gp_image_pick_denom(&mid, 224, 224) == 2);
+}
+
+/* ---- folders ----------------------------------------------------------- */
+
+/* root/<split>/<class>/ with `per` images each, sizes varying, every third
+ * a PNG; the picture's blue channel carries the class. */
+static void make_class_folder(const char *root, const char *split, const char *const *classes,
+                              int n_classes, int per)
+{
+    for (int c = 0; c < n_classes; c++) {
+        char rel[300];
+        snprintf(rel, sizeof rel, "%s/%s/%s", root, split, classes[c]);
+        mkdirs(rel);
+        for (int i = 0; i < per; i++) {
+            int w = 40 + 7 * i + 3 * c, h = 30 + 5 * ((i + c) % 4);
+            uint8_t *px = make_rgb(w, h, c);
+            char p[700];
+            snprintf(p, sizeof p, "%s/%s/img%02d.%s", tmpdir, rel, i, i % 3 == 2 ? "png" : "jpg");
+            if (i % 3 == 2) write_png(p, px, w, h, PNG_COLOR_TYPE_RGB, 8, NULL, 0);
+            else write_jpeg(p, px, w, h, TJPF_RGB, 90, TJSAMP_420);
+            free(px);
+        }
+    }
+}
+
+static gp_data_config folder_cfg(const char *root, int side)
+{
+    gp_data_config c = {.dataset = GP_DATASET_IMAGE_FOLDER, .normalize = true, .shuffle = true,
+                        .hflip = true, .rrc = true, .rrc_scale = {0.08f, 1.0f},
+                        .rrc_ratio = {0.75f, 4.0f / 3.0f}, .masks_binary = true,
+                        .image_shape = {3, side, side}};
+    snprintf(c.path, sizeof c.path, "%s/%s", tmpdir, root);
+    return c;
+}
+
+static bool message_has(const char *needle)
+{
+    bool ok = strstr(gp_last_error(), needle) != NULL;
+    if (!ok) fprintf(stderr, "message without '%s': %s\n", needle, gp_last_error());
+    return ok;
+}
+
+static void test_index_and_cache(void)
+{
+    const char *classes[] = {"zebra", "ant", "moth"};
+    make_class_folder("cls", "train", classes, 3, 5);
+    make_class_folder("cls", "val", classes, 3, 2);
+    /* files that are not images are ignored, hidden ones too */
+    char p[700];
+    snprintf(p, sizeof p, "%s/cls/train/ant/notes.txt", tmpdir);
+    gpt_write_file(p, "x", 1);
+    gp_data_config cfg = folder_cfg("cls", 32);
+    gp_image_folder *f = NULL;
+    bool cached = true;
+    CHECK_OK(gp_image_folder_open(&cfg, true, 32, 32, &f, &cached));
+    if (!f) return;
+    CHECK(!cached);
+    CHECK(gp_image_folder_size(f) == 15 && gp_image_folder_classes(f) == 3);
+    /* classes in sorted order, files sorted under each: ant, moth, zebra */
+    CHECK(!strcmp(gp_image_folder_file(f, 0), "ant/img00.jpg"));
+    CHECK(!strcmp(gp_image_folder_file(f, 2), "ant/img02.png"));
+    CHECK(gp_image_folder_label(f, 4) == 0 && gp_image_folder_label(f, 5) == 1 &&
+          gp_image_folder_label(f, 14) == 2);
+    CHECK(!strcmp(gp_image_folder_file(f, 10), "zebra/img00.jpg"));
+    gp_image_folder_free(f);
+    snprintf(p, sizeof p, "%s/cls/.gpipe-index-train", tmpdir);
+    CHECK_MSG(access(p, R_OK) == 0, "no index cache at %s", p);
+    /* again: from the cache, the same index */
+    CHECK_OK(gp_image_folder_open(&cfg, true, 32, 32, &f, &cached));
+    CHECK(cached && f && gp_image_folder_size(f) == 15 &&
+          !strcmp(gp_image_folder_file(f, 10), "zebra/img00.jpg"));
+    gp_image_folder_free(f);
+    /* a file rewritten (its size changes): listed again */
+    snprintf(p, sizeof p, "%s/cls/train/moth/img01.jpg", tmpdir);
+    uint8_t *px = make_rgb(64, 64, 1);
+    write_jpeg(p, px, 64, 64, TJPF_RGB, 95, TJSAMP_444);
+    free(px);
+    CHECK_OK(gp_image_folder_open(&cfg, true, 32, 32, &f, &cached));
+    CHECK(!cached);
+    gp_image_folder_free(f);
+    /* a file added: listed again, one more sample */
+    snprintf(p, sizeof p, "cp %s/cls/train/moth/img01.jpg %s/cls/train/moth/img99.jpg", tmpdir,
+             tmpdir);
+    CHECK(system(p) == 0);
+    CHECK_OK(gp_image_folder_open(&cfg, true, 32, 32, &f, &cached));
+    CHECK(!cached && f && gp_image_folder_size(f) == 16);
+    gp_image_folder_free(f);
+    snprintf(p, sizeof p, "rm %s/cls/train/moth/img99.jpg", tmpdir);
+    CHECK(system(p) == 0);
+    /* data.cache_dir: the index goes there */
+    snprintf(cfg.cache_dir, sizeof cfg.cache_dir, "%s/cachedir", tmpdir);
+    CHECK_OK(gp_image_folder_open(&cfg, false, 32, 32, &f, &cached));
+    CHECK(!cached && f && gp_image_folder_size(f) == 6);
+    gp_image_folder_free(f);
+    snprintf(p, sizeof p, "ls %s/cachedir/gpipe-index-* >/dev/null 2>&1", tmpdir);
+    CHECK(system(p) == 0);
+
+    /* the dataset as the trainer loads it */
+    gp_dataset ds = {0};
+    cfg.cache_dir[0] = '\0';
+    CHECK_OK(gp_dataset_load(&cfg, true, 0, &ds));
+    CHECK(ds.folder && ds.n == 15 && ds.c == 3 && ds.h == 32 && ds.w == 32 && ds.classes == 3);
+    gp_dataset_free(&ds);
+    cfg.train_limit = 4;
+    CHECK_OK(gp_dataset_load(&cfg, true, 0, &ds));
+    CHECK(ds.n == 4);
+    gp_dataset_free(&ds);
+}
+
+static void test_bad_folders(void)
+{
+    gp_image_folder *f = NULL;
+    char p[700];
+    /* no such root */
+    gp_data_config cfg = folder_cfg("nope", 32);
+    CHECK(gp_image_folder_open(&cfg, true, 32, 32, &f, NULL) == GP_ERR_IO && !f &&
+          message_has(cfg.path));
+    /* a root without class folders */
+    mkdirs("flat/train");
+    snprintf(p, sizeof p, "%s/flat/train/a.jpg", tmpdir);
+    uint8_t *px = make_rgb(20, 20, 0);
+    write_jpeg(p, px, 20, 20, TJPF_RGB, 90, TJSAMP_444);
+    cfg = folder_cfg("flat", 32);
+    CHECK(gp_image_folder_open(&cfg, true, 32, 32, &f, NULL) == GP_ERR_DATA &&
+          message_has("no class folders"));
+    /* an empty class */
+    const char *one[] = {"cat"};
+    make_class_folder("empty", "train", one, 1, 2);
+    mkdirs("empty/train/dog");
+    cfg = folder_cfg("empty", 32);
+    CHECK(gp_image_folder_open(&cfg, true, 32, 32, &f, NULL) == GP_ERR_DATA &&
+          message_has("empty/train/dog") && message_has("no images"));
+    /* no val split */
+    CHECK(gp_image_folder_open(&cfg, false, 32, 32, &f, NULL) == GP_ERR_IO &&
+          message_has("empty/val"));
+    /* segmentation: an image without its mask, a mask without its image */
+    mkdirs("seg1/train/images");
+    mkdirs("seg1/train/masks");
+    snprintf(p, sizeof p, "%s/seg1/train/images/a.jpg", tmpdir);
+    write_jpeg(p, px, 20, 20, TJPF_RGB, 90, TJSAMP_444);
+    snprintf(p, sizeof p, "%s/seg1/train/images/b.jpg", tmpdir);
+    write_jpeg(p, px, 20, 20, TJPF_RGB, 90, TJSAMP_444);
+    uint8_t m[400] = {0};
+    snprintf(p, sizeof p, "%s/seg1/train/masks/a.png", tmpdir);
+    write_png(p, m, 20, 20, PNG_COLOR_TYPE_GRAY, 8, NULL, 0);
+    cfg = folder_cfg("seg1", 32);
+    cfg.layout = GP_LAYOUT_SEGMENTATION;
+    CHECK(gp_image_folder_open(&cfg, true, 32, 32, &f, NULL) == GP_ERR_DATA &&
+          message_has("images/b.jpg has no mask") && message_has("masks/b.png"));
+    snprintf(p, sizeof p, "mv %s/seg1/train/images/b.jpg %s/seg1/train/b.jpg", tmpdir, tmpdir);
+    CHECK(system(p) == 0);
+    snprintf(p, sizeof p, "%s/seg1/train/masks/c.png", tmpdir);
+    write_png(p, m, 20, 20, PNG_COLOR_TYPE_GRAY, 8, NULL, 0);
+    CHECK(gp_image_folder_open(&cfg, true, 32, 32, &f, NULL) == GP_ERR_DATA &&
+          message_has("masks/c.png has no image"));
+    free(px);
+    /* model.input must be 3 channels */
+    cfg = folder_cfg("cls", 32);
+    cfg.image_shape[0] = 1;
+    gp_dataset ds = {0};
+    CHECK(gp_dataset_load(&cfg, true, 0, &ds) == GP_ERR_INVALID && message_has("[3, height"));
+}
+
+/* Every batch of two epochs from a loader over ds. */
+static float *all_batches(const gp_dataset *ds, const gp_data_config *cfg, int workers,
+                          int64_t bs, int64_t start_epoch, int64_t start_batch, int count,
+                          bool masks, int64_t *ns)
+{
+    gp_loader_opts o = {.batch_size = bs, .shuffle = true, .augment = true, .masks = masks,
+                        .prefetch = 2, .seed = 11, .workers = workers,
+                        .start_epoch = start_epoch, .start_batch = start_batch};
+    gp_loader *ld = NULL;
+    CHECK_OK(gp_loader_create(ds, cfg, &o, &ld));
+    if (!ld) return NULL;
+    int64_t per = ds->c * ds->h * ds->w, t = masks ? ds->h * ds->w : 1, row = per + t;
+    float *out = calloc((size_t)(count * bs * row), sizeof(float));
+    for (int k = 0; k < count; k++) {
+        gp_batch b;
+        gp_status s = gp_loader_next(ld, &b);
+        CHECK_OK(s);
+        if (s != GP_OK) break;
+        ns[k] = b.n;
+        float *dst = out + k * bs * row;
+        memcpy(dst, b.x, sizeof(float) * (size_t)(b.n * per));
+        memcpy(dst + bs * per, b.y, sizeof(float) * (size_t)(b.n * t));
+    }
+    gp_loader_destroy(ld);
+    return out;
+}
+
+static void test_loader_threads_and_resume(void)
+{
+    gp_data_config cfg = folder_cfg("cls", 24);
+    gp_dataset ds = {0};
+    CHECK_OK(gp_dataset_load(&cfg, true, 0, &ds));
+    if (!ds.folder) return;
+    int64_t bs = 4, per_epoch = (ds.n + bs - 1) / bs; /* 15 samples: 4 batches, the last 3 */
+    int count = (int)(2 * per_epoch);
+    int64_t n1[16], n4[16], nr[16];
+    float *a = all_batches(&ds, &cfg, 1, bs, 0, 0, count, false, n1);
+    float *b = all_batches(&ds, &cfg, 4, bs, 0, 0, count, false, n4);
+    size_t bytes = sizeof(float) * (size_t)(count * bs * (ds.c * ds.h * ds.w + 1));
+    CHECK_MSG(a && b && !memcmp(a, b, bytes), "batches differ between 1 and 4 loader threads");
+    CHECK(!memcmp(n1, n4, sizeof(int64_t) * (size_t)count) && n1[per_epoch - 1] == 3);
+    /* resumed at epoch 0 batch 2: the same batches from there on */
+    float *r = all_batches(&ds, &cfg, 3, bs, 0, 2, count - 2, false, nr);
+    size_t row = (size_t)(bs * (ds.c * ds.h * ds.w + 1));
+    CHECK_MSG(r && !memcmp(r, a + 2 * row, sizeof(float) * row * (size_t)(count - 2)),
+              "a resumed loader gives other batches");
+    /* the two epochs differ (a new permutation and new crops), and the
+     * labels are the files' classes */
+    CHECK(memcmp(a, a + per_epoch * row, sizeof(float) * row) != 0);
+    free(a);
+    free(b);
+    free(r);
+
+    /* without augmentation (evaluation): the centre crop of file order,
+     * the same in both epochs, equal to decoding + resampling here */
+    gp_loader_opts o = {.batch_size = 15, .shuffle = false, .augment = false, .prefetch = 1,
+                        .workers = 2};
+    gp_loader *ld = NULL;
+    CHECK_OK(gp_loader_create(&ds, &cfg, &o, &ld));
+    gp_batch bt;
+    CHECK_OK(gp_loader_next(ld, &bt));
+    gp_image_codec *cd = NULL;
+    CHECK_OK(gp_image_codec_create(&cd));
+    gp_image im = {0};
+    gp_fbuf tmp = {0};
+    float mean[3], sd[3];
+    gp_data_norm(&cfg, 3, mean, sd);
+    int worst = 0, scaled = 0;
+    for (int64_t i = 0; i < 15; i++) {
+        char rel[300];
+        snprintf(rel, sizeof rel, "cls/train/%s", gp_image_folder_file(ds.folder, i));
+        CHECK(bt.y[i] == (float)gp_image_folder_label(ds.folder, i));
+        /* the full size, then the DCT scale the box allows, the box in
+         * that decode's pixels */
+        if (!decode_file(cd, rel, 3, 1, &im)) continue;
+        int fw = im.w, fh = im.h;
+        gp_box box;
+        gp_image_eval_box(fw, fh, (int)lround(24 * 256.0 / 224.0), 24, 24, &box);
+        int denom = gp_image_pick_denom(&box, 24, 24);
+        uint8_t full[24 * 24 * 3], out[24 * 24 * 3];
+        CHECK_OK(gp_image_resample(im.px, im.w, im.h, 3, &box, 0, 0, im.w, im.h, full, 24, 24,
+                                   &tmp));
+        if (denom > 1) {
+            scaled++;
+            if (!decode_file(cd, rel, 3, denom, &im)) continue;
+            double sx = (double)im.w / fw, sy = (double)im.h / fh;
+            box = (gp_box){box.x * sx, box.y * sy, box.w * sx, box.h * sy};
+        }
+        CHECK_OK(gp_image_resample(im.px, im.w, im.h, 3, &box, 0, 0, im.w, im.h, out, 24, 24,
+                                   &tmp));
+        /* a DCT-scaled decode is close to the full one, resampled */
+        double mad = 0;
+        for (int q = 0; q < 24 * 24 * 3; q++) mad += abs((int)out[q] - (int)full[q]);
+        mad /= 24 * 24 * 3;
+        CHECK_MSG(mad < 3.0, "%s: 1/%d decode differs from the full one by %.2f levels on "
+                  "average", rel, denom, mad);
+        for (int c = 0; c < 3; c++)
+            for (int p = 0; p < 24 * 24; p++) {
+                float want = ((float)out[p * 3 + c] / 255.0f - mean[c]) / sd[c];
+                float got = bt.x[i * 3 * 576 + c * 576 + p];
+                int d = (int)lround(fabs(want - got) * sd[c] * 255.0);
+                if (d > worst) worst = d;
+            }
+    }
+    CHECK_MSG(scaled >= 1, "no sample took the DCT-scaled path");
+    CHECK_MSG(worst == 0, "evaluation crops differ from decode + resample by %d levels", worst);
+    gp_loader_destroy(ld);
+    gp_image_free(&im);
+    free(tmp.p);
+    gp_image_codec_destroy(cd);
+    gp_dataset_free(&ds);
+}
+
+/* Masks follow their image through crop and flip: the image is white
+ * where the mask is 1 and black elsewhere (big blocks, so only the
+ * pixels at block edges can differ between bilinear and nearest). */
+static void test_segmentation_masks(void)
+{
+    mkdirs("seg/train/images");
+    mkdirs("seg/train/masks");
+    for (int i = 0; i < 6; i++) {
+        int w = 80 + 10 * i, h = 60 + 8 * i;
+        uint8_t *px = malloc((size_t)w * (size_t)h * 3), *mk = malloc((size_t)w * (size_t)h);
+        for (int y = 0; y < h; y++)
+            for (int x = 0; x < w; x++) {
+                /* asymmetric: a block at the left, a band at the top */
+                bool on = (x < w / 3 && y > h / 4) || (y < h / 6 && x > w / 2);
+                mk[y * w + x] = on ? (uint8_t)(i % 2 ? 255 : 1) : 0;
+                memset(px + ((size_t)y * (size_t)w + (size_t)x) * 3, on ? 255 : 0, 3);
+            }
+        char p[700];
+        snprintf(p, sizeof p, "%s/seg/train/images/s%d.png", tmpdir, i);
+        write_png(p, px, w, h, PNG_COLOR_TYPE_RGB, 8, NULL, 0);
+        snprintf(p, sizeof p, "%s/seg/train/masks/s%d.png", tmpdir, i);
+        write_png(p, mk, w, h, PNG_COLOR_TYPE_GRAY, 8, NULL, 0);
+        free(px);
+        free(mk);
+    }
+    gp_data_config cfg = folder_cfg("seg", 32);
+    cfg.layout = GP_LAYOUT_SEGMENTATION;
+    cfg.normalize = false;
+    cfg.rrc_scale[0] = 0.3f;
+    gp_dataset ds = {0};
+    CHECK_OK(gp_dataset_load(&cfg, true, 0, &ds));
+    if (!ds.folder) return;
+    CHECK(gp_dataset_has_masks(&ds) && ds.n == 6);
+    int64_t ns[8];
+    float *a = all_batches(&ds, &cfg, 2, 3, 0, 0, 4, true, ns);
+    int64_t per = 3 * 32 * 32, hw = 32 * 32;
+    int64_t agree = 0, total = 0, ones = 0, flipped_ok = 0;
+    for (int k = 0; a && k < 4; k++)
+        for (int64_t i = 0; i < ns[k]; i++) {
+            const float *x = a + (size_t)(k * 3 * (per + hw)) + (size_t)(i * per);
+            const float *y = a + (size_t)(k * 3 * (per + hw)) + (size_t)(3 * per) + (size_t)(i * hw);
+            for (int64_t p = 0; p < hw; p++) {
+                agree += (x[p] > 0.5f) == (y[p] > 0.5f);
+                ones += y[p] == 1.0f;
+                total++;
+                CHECK(y[p] == 0.0f || y[p] == 1.0f); /* binary: 255 and 1 both -> 1 */
+            }
+            flipped_ok++;
+        }
+    CHECK_MSG(total > 0 && agree >= total * 95 / 100, "mask agrees with its image on %lld of "
+              "%lld pixels", (long long)agree, (long long)total);
+    CHECK(ones > total / 20 && ones < total * 95 / 100);
+    CHECK(flipped_ok == 12);
+    free(a);
+    gp_dataset_free(&ds);
+    /* data.masks: index keeps the values */
+    cfg.masks_binary = false;
+    CHECK_OK(gp_dataset_load(&cfg, true, 0, &ds));
+    float *b = all_batches(&ds, &cfg, 1, 6, 0, 0, 1, true, ns);
+    bool saw255 = false;
+    for (int64_t p = 0; b && p < 6 * hw; p++) saw255 |= b[6 * per + p] == 255.0f;
+    CHECK(saw255);
+    free(b);
+    gp_dataset_free(&ds);
+}
+
+static void test_bad_files_in_loader(void)
+{
+    const char *classes[] = {"a", "b"};
+    make_class_folder("badf", "train", classes, 2, 4);
+    char src[700], dst[700];
+    snprintf(src, sizeof src, "%s/badf/train/b/img01.jpg", tmpdir);
+    size_t len = 0;
+    uint8_t *bytes = slurp(src, &len);
+    gpt_write_file(src, bytes, len / 2); /* truncated in place */
+    free(bytes);
+    snprintf(dst, sizeof dst, "%s/badf/train/a/img03.jpg", tmpdir);
+    gpt_write_file(dst, "not an image", 12);
+    gp_data_config cfg = folder_cfg("badf", 16);
+    gp_dataset ds = {0};
+    CHECK_OK(gp_dataset_load(&cfg, true, 0, &ds));
+    if (!ds.folder) return;
+    /* on_bad_file: error: the batch holding a bad file fails, naming it */
+    gp_loader_opts o = {.batch_size = 8, .shuffle = false, .augment = true, .prefetch = 1,
+                        .workers = 3};
+    gp_loader *ld = NULL;
+    CHECK_OK(gp_loader_create(&ds, &cfg, &o, &ld));
+    gp_batch b;
+    gp_status s = gp_loader_next(ld, &b);
+    CHECK(s == GP_ERR_DATA && message_has("badf/train/a/img03.jpg"));
+    /* and again: the error stays */
+    CHECK(gp_loader_next(ld, &b) == GP_ERR_DATA);
+    gp_loader_destroy(ld);
+    /* on_bad_file: skip: 6 of 8 samples, two files counted, each warned
+     * once, in every epoch the same */
+    cfg.skip_bad_files = true;
+    CHECK_OK(gp_loader_create(&ds, &cfg, &o, &ld));
+    for (int e = 0; e < 3 && ld; e++) {
+        CHECK_OK(gp_loader_next(ld, &b));
+        CHECK_MSG(b.n == 6, "epoch %d: %lld samples", e, (long long)b.n);
+        /* labels of the good files in order: a a a b b b */
+        CHECK(b.y[0] == 0 && b.y[2] == 0 && b.y[3] == 1 && b.y[5] == 1);
+    }
+    CHECK(gp_loader_bad_files(ld) == 2);
+    gp_loader_destroy(ld);
+    gp_dataset_free(&ds);
+}
+
+/* Training on an image folder through the library: a run resumed from a
+ * mid-epoch snapshot gives the same losses, bit for bit, as the run that
+ * went on; and a bad file met mid-run saves a snapshot first. */
+static int64_t read_losses(const char *path, char losses[][40], int max)
+{
+    char *t = gpt_read_file(path, NULL);
+    int64_t n = 0;
+    for (char *p = t; p && (p = strstr(p, "{\"step\":")) && n < max; p++) {
+        char *l = strstr(p, "\"loss\":");
+        if (!l) break;
+        int step = atoi(p + 8);
+        if (step >= 1 && step <= max) {
+            snprintf(losses[step - 1], 40, "%.*s", (int)strcspn(l + 7, ","), l + 7);
+            if (step > n) n = step;
+        }
+    }
+    free(t);
+    return n;
+}
+
+static gp_status run_yaml(const char *yaml, const char *resume, const char *metrics)
+{
+    gp_config cfg;
+    gp_status s = gp_config_parse("img.yaml", yaml, strlen(yaml), NULL, 0, &cfg);
+    CHECK_OK(s);
+    if (s != GP_OK) return s;
+    gp_train_opts o = {.metrics_path = metrics, .quiet = true, .resume_path = resume};
+    gp_train_result r;
+    s = gp_train_run(&cfg, &o, &r);
+    gp_config_free(&cfg);
+    return s;
+}
+
+static void test_train_resume(void)
+{
+    char yaml[2048], m1[600], m2[600], snap[600];
+    snprintf(yaml, sizeof yaml,
+             "model:\n  input: [3, 16, 16]\n  layers:\n"
+             "    - conv2d: {out: 4, kernel: 3, padding: 1}\n    - batchnorm\n    - relu\n"
+             "    - global_avgpool\n    - flatten\n    - linear: {out: 3}\n"
+             "pipeline: {devices: [cpu:0, cpu:1], chunks: 2}\n"
+             "data: {dataset: image_folder, path: %s/cls, workers: 3}\n"
+             "train: {epochs: 2, batch_size: 4, eval_each_epoch: false,\n"
+             "        snapshot: {every_steps: 3, keep: 9, dir: %s/snaps}}\n",
+             tmpdir, tmpdir);
+    snprintf(m1, sizeof m1, "%s/m1.jsonl", tmpdir);
+    snprintf(m2, sizeof m2, "%s/m2.jsonl", tmpdir);
+    CHECK_OK(run_yaml(yaml, NULL, m1));
+    /* step 3 of 4 per epoch: mid-epoch */
+    snprintf(snap, sizeof snap, "%s/snaps/snapshot-000000003.safetensors", tmpdir);
+    CHECK_OK(run_yaml(yaml, snap, m2));
+    char a[8][40] = {{0}}, b[8][40] = {{0}};
+    int64_t na = read_losses(m1, a, 8), nb = read_losses(m2, b, 8);
+    CHECK_MSG(na == 8 && nb == 8, "%lld and %lld steps", (long long)na, (long long)nb);
+    int same = 0;
+    for (int k = 3; k < 8; k++) same += a[k][0] && !strcmp(a[k], b[k]);
+    CHECK_MSG(same == 5, "%d of 5 resumed losses equal the continuous run's", same);
+
+    /* a bad file met at step 4 (the last batch of epoch 0): the step since
+     * the last snapshot (2) is saved before the error, which names the
+     * file */
+    char p[1200];
+    snprintf(p, sizeof p, "cp -r %s/cls %s/cls2", tmpdir, tmpdir);
+    CHECK(system(p) == 0);
+    snprintf(p, sizeof p, "rm -f %s/cls2/.gpipe-index-*; rm -rf %s/snaps", tmpdir, tmpdir);
+    CHECK(system(p) == 0);
+    /* which file is the first sample of epoch 0's last batch? */
+    gp_data_config dc = folder_cfg("cls2", 16);
+    gp_dataset ds = {0};
+    CHECK_OK(gp_dataset_load(&dc, true, 0, &ds));
+    int64_t perm[64];
+    gp_data_epoch_order(ds.n, true, 0, 0, perm);
+    snprintf(p, sizeof p, "%s/cls2/train/%s", tmpdir, gp_image_folder_file(ds.folder, perm[12]));
+    gpt_write_file(p, "broken", 6); /* same index: the cache is rewritten */
+    gp_dataset_free(&ds);
+    snprintf(yaml, sizeof yaml,
+             "model:\n  input: [3, 16, 16]\n  layers:\n"
+             "    - conv2d: {out: 4, kernel: 3, padding: 1}\n    - relu\n"
+             "    - global_avgpool\n    - flatten\n    - linear: {out: 3}\n"
+             "data: {dataset: image_folder, path: %s/cls2, workers: 2, prefetch: 1}\n"
+             "train: {epochs: 2, batch_size: 4, eval_each_epoch: false,\n"
+             "        snapshot: {every_steps: 2, keep: 9, dir: %s/snaps}}\n",
+             tmpdir, tmpdir);
+    gp_status s = run_yaml(yaml, NULL, NULL);
+    CHECK(s == GP_ERR_DATA && message_has(p) && message_has("snapshot") &&
+          message_has("data.on_bad_file: skip"));
+    char want[700];
+    snprintf(want, sizeof want, "%s/snaps/snapshot-000000003.safetensors", tmpdir);
+    CHECK_MSG(access(want, R_OK) == 0, "no snapshot of step 3 after the bad file: %s",
+              gp_last_error());
+}
+
+int main(void)
+{
+    if (!gpt_make_tmpdir(tmpdir, sizeof tmpdir, "gpipe-image")) return 1;
+    test_decode();
+    test_resample();
+    test_crop_geometry();
+    test_index_and_cache();
+    test_bad_folders();
+    test_loader_threads_and_resume();
+    test_segmentation_masks();
+    test_bad_files_in_loader();
+    test_train_resume();
+    if (!gpt_failed) {
+        char cmd[400];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
+    }
+    printf("test_image: %d passed, %d failed\n", gpt_passed, gpt_failed);
+    return gpt_failed ? 1 : 0;
+}
+
+#else
+int main(void)
+{
+    printf("test_image: built without image decoding (GPIPE_IMAGES): skipped\n");
+    return 77;
+}
+#endif
