@@ -249,13 +249,19 @@ gp_status gp_image_decode(gp_image_codec *cd, const uint8_t *buf, size_t len, co
     int flags = TJFLAG_STOPONWARNING;
     bool cmyk = cs == TJCS_CMYK || cs == TJCS_YCCK;
     gp_image *dst = cmyk ? &cd->cmyk : out;
-    int pf = cmyk ? TJPF_CMYK : channels == 3 ? TJPF_RGB : TJPF_GRAY;
-    int pc = cmyk ? 4 : channels;
+    /* a colour JPEG read as a mask goes through RGB, so that it keeps its
+     * largest channel as a colour PNG does */
+    bool gray = channels == 1 && cs == TJCS_GRAY;
+    int pf = cmyk ? TJPF_CMYK : gray ? TJPF_GRAY : TJPF_RGB;
+    int pc = cmyk ? 4 : gray ? 1 : 3;
     GP_TRY(image_reserve(dst, sw, sh, pc, path));
     if (tjDecompress2(cd->dec, buf, (unsigned long)len, dst->px, sw, sw * pc, sh, pf, flags) != 0)
         return gp_error_set(GP_ERR_DATA, "%s: JPEG decode failed: %s", path,
                             tjGetErrorStr2(cd->dec));
-    if (!cmyk) return GP_OK;
+    if (!cmyk) {
+        if (channels == 1 && !gray) rgb_to_mask(out);
+        return GP_OK;
+    }
     /* Adobe's APP14 marker means inverted ink, as Photoshop (and Pillow,
      * writing) store it. */
     bool inverted = jpeg_has_adobe(buf, len);
