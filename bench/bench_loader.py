@@ -14,8 +14,9 @@ measures, for each worker count W:
            RandomHorizontalFlip, ToTensor, Normalize, and a DataLoader of
            batch 64 with num_workers=W (W worker processes; the main process
            only collects the batches)
-Images/s after one warm-up batch; prints a Markdown table with the ratio
-and the processor. Debian's interpreter on purpose: torch and torchvision
+Images/s after one warm-up batch, the median of --repeat runs of each
+(alternating, so drift on a shared machine hits both); prints a Markdown
+table with the ratio and the processor. Debian's interpreter on purpose: torch and torchvision
 are python3-torch and python3-torchvision.
 """
 import argparse
@@ -81,6 +82,8 @@ def main():
     ap.add_argument("--batches", type=int, default=40)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--bin", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="runs of each, alternating; the medians are reported")
     args = ap.parse_args()
     if not os.path.isdir(os.path.join(args.dir, "train")):
         subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make-image-folder.py"),
@@ -101,8 +104,11 @@ def main():
     print("|---|---|---|---|---|---|")
     binary = os.path.join(args.bin, "bench_loader")
     for w in args.workers:
-        g = gpipe_rate(binary, args.dir, w, args.batches, args.batch)
-        t = torch_rate(args.dir, w, args.batches, args.batch)
+        gs, ts = [], []
+        for _ in range(args.repeat):
+            gs.append(gpipe_rate(binary, args.dir, w, args.batches, args.batch))
+            ts.append(torch_rate(args.dir, w, args.batches, args.batch))
+        g, t = sorted(gs)[len(gs) // 2], sorted(ts)[len(ts) // 2]
         print("| %d | %.0f | %.0f | %.2f | %.0f | %.0f |" % (w, g, t, g / t, g / w, t / w))
         sys.stdout.flush()
 

@@ -12,6 +12,8 @@
 #include <png.h>
 #include <setjmp.h>
 #include <turbojpeg.h>
+/* after stdio.h (core.h): jpeglib.h needs FILE and size_t */
+#include <jpeglib.h>
 #endif
 
 void gp_image_free(gp_image *im)
@@ -277,6 +279,112 @@ gp_status gp_image_decode(gp_image_codec *cd, const uint8_t *buf, size_t len, co
     return GP_OK;
 }
 
+
+/* ---- a region of a JPEG, through libjpeg-turbo's libjpeg API ----------- */
+
+/* TurboJPEG 2.1 decodes whole images only (its cropping region arrived in
+ * 3.0); libjpeg-turbo's libjpeg API has jpeg_crop_scanline (inverse DCT,
+ * upsampling and colour conversion only for the columns asked for) and
+ * jpeg_skip_scanlines (no inverse DCT above the region), and stopping
+ * after the region's last row skips everything below it. */
+typedef struct jpeg_err {
+    struct jpeg_error_mgr pub;
+    jmp_buf jb;
+    char msg[JMSG_LENGTH_MAX];
+} jpeg_err;
+
+static void jpeg_on_error(j_common_ptr c)
+{
+    jpeg_err *e = (jpeg_err *)c->err;
+    c->err->format_message(c, e->msg);
+    longjmp(e->jb, 1);
+}
+
+/* Warnings (a truncated file's "premature end of data") stop the decode,
+ * as TJFLAG_STOPONWARNING does for whole images. */
+static void jpeg_on_message(j_common_ptr c, int level)
+{
+    if (level < 0) jpeg_on_error(c);
+}
+
+gp_status gp_image_decode_region(gp_image_codec *cd, const uint8_t *buf, size_t len,
+                                 const char *path, int denom, int rx, int ry, int rw, int rh,
+                                 gp_image *out, int *ox, int *oy, int *fw, int *fh)
+{
+    *ox = *oy = 0;
+    if (!is_jpeg(buf, len)) {
+        GP_TRY(gp_image_decode(cd, buf, len, path, 3, denom, out));
+        *fw = out->w;
+        *fh = out->h;
+        return GP_OK;
+    }
+    /* fixed before setjmp: nothing it reads after a longjmp changes */
+    const int dn = denom == 2 || denom == 4 || denom == 8 ? denom : 1;
+    struct jpeg_decompress_struct ci;
+    jpeg_err err;
+    ci.err = jpeg_std_error(&err.pub);
+    err.pub.error_exit = jpeg_on_error;
+    err.pub.emit_message = jpeg_on_message;
+    jpeg_create_decompress(&ci);
+    JSAMPROW rows[16];
+    if (setjmp(err.jb)) {
+        jpeg_destroy_decompress(&ci);
+        return gp_error_set(GP_ERR_DATA, "%s: JPEG decode failed: %s", path, err.msg);
+    }
+    jpeg_mem_src(&ci, buf, (unsigned long)len);
+    jpeg_read_header(&ci, TRUE);
+    if (ci.jpeg_color_space == JCS_CMYK || ci.jpeg_color_space == JCS_YCCK) {
+        /* rare: the whole image through the CMYK conversion */
+        jpeg_destroy_decompress(&ci);
+        GP_TRY(gp_image_decode(cd, buf, len, path, 3, denom, out));
+        *fw = out->w;
+        *fh = out->h;
+        return GP_OK;
+    }
+    ci.out_color_space = JCS_RGB;
+    ci.scale_num = 1;
+    ci.scale_denom = (unsigned)dn;
+    ci.dct_method = JDCT_ISLOW;
+    jpeg_start_decompress(&ci);
+    int sw = (int)ci.output_width, sh = (int)ci.output_height;
+    /* the region in the scaled image's pixels, rounded outwards */
+    int x0 = rx / dn, y0 = ry / dn;
+    int x1 = (rx + rw + dn - 1) / dn, y1 = (ry + rh + dn - 1) / dn;
+    x0 = x0 < 0 ? 0 : x0;
+    y0 = y0 < 0 ? 0 : y0;
+    x1 = x1 > sw ? sw : x1;
+    y1 = y1 > sh ? sh : y1;
+    if (x1 <= x0 || y1 <= y0) {
+        jpeg_destroy_decompress(&ci);
+        return gp_error_set(GP_ERR_INVALID, "%s: empty region %d,%d %dx%d of a %dx%d image",
+                            path, rx, ry, rw, rh, sw * dn, sh * dn);
+    }
+    JDIMENSION xoff = (JDIMENSION)x0, cw = (JDIMENSION)(x1 - x0);
+    /* widens the columns to whole iMCUs (xoff down, cw up) */
+    if (x0 > 0 || x1 < sw) jpeg_crop_scanline(&ci, &xoff, &cw);
+    if (y0 > 0) jpeg_skip_scanlines(&ci, (JDIMENSION)y0);
+    int h = y1 - y0;
+    if (image_reserve(out, (int)cw, h, 3, path) != GP_OK) {
+        jpeg_destroy_decompress(&ci);
+        return GP_ERR_OOM;
+    }
+    size_t stride = (size_t)cw * 3;
+    while ((int)ci.output_scanline < y1) {
+        int k = y1 - (int)ci.output_scanline;
+        k = k > 16 ? 16 : k;
+        for (int i = 0; i < k; i++)
+            rows[i] = out->px + (size_t)((int)ci.output_scanline - y0 + i) * stride;
+        if (jpeg_read_scanlines(&ci, rows, (JDIMENSION)k) == 0) break;
+    }
+    /* the rows below are never decoded */
+    jpeg_abort_decompress(&ci);
+    jpeg_destroy_decompress(&ci);
+    *ox = (int)xoff;
+    *oy = y0;
+    *fw = sw;
+    *fh = sh;
+    return GP_OK;
+}
 #else /* !GPIPE_HAVE_IMAGES */
 
 struct gp_image_codec {
@@ -288,7 +396,8 @@ bool gp_image_supported(void) { return false; }
 static gp_status unsupported(void)
 {
     return gp_error_set(GP_ERR_INVALID, "this gpipe was built without image decoding: install "
-                        "libturbojpeg0-dev and libpng-dev (scripts/install-deps.sh), then "
+                        "libturbojpeg0-dev, libjpeg62-turbo-dev and libpng-dev "
+                        "(scripts/install-deps.sh), then "
                         "configure again (cmake -DGPIPE_IMAGES=ON) and rebuild");
 }
 
@@ -299,6 +408,15 @@ gp_status gp_image_codec_create(gp_image_codec **out)
 }
 
 void gp_image_codec_destroy(gp_image_codec *cd) { free(cd); }
+
+gp_status gp_image_decode_region(gp_image_codec *cd, const uint8_t *buf, size_t len,
+                                 const char *path, int denom, int rx, int ry, int rw, int rh,
+                                 gp_image *out, int *ox, int *oy, int *fw, int *fh)
+{
+    (void)cd, (void)buf, (void)len, (void)path, (void)denom, (void)rx, (void)ry, (void)rw;
+    (void)rh, (void)out, (void)ox, (void)oy, (void)fw, (void)fh;
+    return unsupported();
+}
 
 gp_status gp_image_probe(gp_image_codec *cd, const uint8_t *buf, size_t len, const char *path,
                          int *w, int *h)
@@ -387,11 +505,15 @@ int gp_image_pick_denom(const gp_box *box, int out_h, int out_w)
 
 /* Pillow's precompute_coeffs for one axis with the bilinear filter: output
  * pixel i reads taps [lo[i], lo[i] + cnt[i]) with weights k[i * ks ..]. */
-static int axis_taps(double in0, double in1, int clamp0, int clamp1, int out, int *lo, int *cnt,
-                     float *k, int ks)
+static bool axis_taps(double in0, double in1, int clamp0, int clamp1, int size, int out,
+                      int *lo, int *cnt, float *k, int ks)
 {
     double scale = (in1 - in0) / out, fs = scale < 1.0 ? 1.0 : scale;
     double support = fs, ss = 1.0 / fs;
+    /* Every window padded to exactly ks taps (zero weights outside [a, b),
+     * the window moved left where it would leave the image), so the
+     * horizontal pass can run a loop of constant length. */
+    bool fixed = size >= ks;
     for (int i = 0; i < out; i++) {
         double center = in0 + (i + 0.5) * scale;
         int a = (int)floor(center - support + 0.5), b = (int)floor(center + support + 0.5);
@@ -411,12 +533,44 @@ static int axis_taps(double in0, double in1, int clamp0, int clamp1, int out, in
             wt[t] = x < 1.0 ? 1.0 - x : 0.0;
             ww += wt[t];
         }
-        for (int t = 0; t < n; t++) k[(size_t)i * (size_t)ks + (size_t)t] = (float)(ww != 0 ? wt[t] / ww : 1.0 / n);
-        lo[i] = a;
-        cnt[i] = n;
+        int start = a;
+        if (fixed && start + ks > size) start = size - ks;
+        float *kk = k + (size_t)i * (size_t)ks;
+        if (fixed)
+            for (int t = 0; t < ks; t++) kk[t] = 0.0f;
+        for (int t = 0; t < n; t++)
+            kk[a - start + t] = (float)(ww != 0 ? wt[t] / ww : 1.0 / n);
+        lo[i] = start;
+        cnt[i] = fixed ? ks : n;
     }
-    return 0;
+    return fixed;
 }
+
+/* One output row of the horizontal pass for 3 channels with windows of a
+ * constant KS taps (unrolled by the compiler), from the source row already
+ * in floats (each byte converted once, not once per tap). */
+#define HPASS_FIXED(KS)                                                                      \
+    static void hpass3_##KS(const float *s, const int *lox, const float *kx, int dw,         \
+                            float *o)                                                        \
+    {                                                                                        \
+        for (int x = 0; x < dw; x++) {                                                       \
+            const float *k = kx + (size_t)x * KS;                                            \
+            const float *p = s + (size_t)lox[x] * 3;                                         \
+            float a = 0, b = 0, d = 0;                                                       \
+            for (int t = 0; t < KS; t++) {                                                   \
+                a += k[t] * p[3 * t];                                                        \
+                b += k[t] * p[3 * t + 1];                                                    \
+                d += k[t] * p[3 * t + 2];                                                    \
+            }                                                                                \
+            o[3 * x] = a;                                                                    \
+            o[3 * x + 1] = b;                                                                \
+            o[3 * x + 2] = d;                                                                \
+        }                                                                                    \
+    }
+HPASS_FIXED(3)
+HPASS_FIXED(5)
+HPASS_FIXED(7)
+HPASS_FIXED(9)
 
 /* Taps per output pixel for a reduction of `scale`: ceil(support) * 2 + 1,
  * capped at MAX_TAPS (a reduction of 127x; a wider one loses its outer
@@ -441,7 +595,7 @@ gp_status gp_image_resample(const uint8_t *src, int sw, int sh, int c, const gp_
     /* weights, then 4 int arrays (stored in float slots), the rows of the
      * horizontal pass, one accumulator row */
     size_t need = (size_t)dw * (size_t)ksx + (size_t)dh * (size_t)ksy + 2 * (size_t)(dw + dh) +
-                  (size_t)sh * rl + rl;
+                  (size_t)sh * rl + rl + (size_t)sw * (size_t)c;
     if (need > tmp->cap) {
         float *p = realloc(tmp->p, need * sizeof *p);
         if (!p) return gp_error_set(GP_ERR_OOM, "out of host memory resampling an image");
@@ -452,8 +606,9 @@ gp_status gp_image_resample(const uint8_t *src, int sw, int sh, int c, const gp_
     int *lox = (int *)(void *)(ky + (size_t)dh * (size_t)ksy), *cntx = lox + dw;
     int *loy = cntx + dw, *cnty = loy + dh;
     float *rows = (float *)(void *)(cnty + dh), *acc = rows + (size_t)sh * rl;
-    axis_taps(box->x, box->x + box->w, cx0, cx1, dw, lox, cntx, kx, ksx);
-    axis_taps(box->y, box->y + box->h, cy0, cy1, dh, loy, cnty, ky, ksy);
+    float *srow = acc + rl; /* one source row as floats */
+    bool fixed = axis_taps(box->x, box->x + box->w, cx0, cx1, sw, dw, lox, cntx, kx, ksx);
+    axis_taps(box->y, box->y + box->h, cy0, cy1, sh, dh, loy, cnty, ky, ksy);
     /* the source rows the vertical pass reads */
     int r0 = loy[0], r1 = loy[0] + cnty[0];
     for (int i = 1; i < dh; i++) {
@@ -464,6 +619,16 @@ gp_status gp_image_resample(const uint8_t *src, int sw, int sh, int c, const gp_
     for (int y = r0; y < r1; y++) {
         const uint8_t *s = src + (size_t)y * (size_t)sw * (size_t)c;
         float *o = rows + (size_t)(y - r0) * rl;
+        if (fixed && c == 3 && (ksx == 3 || ksx == 5 || ksx == 7 || ksx == 9)) {
+            /* the columns the windows read: lox[0] .. lox[dw - 1] + ksx */
+            int a = lox[0], b = lox[dw - 1] + ksx;
+            for (int i = 3 * a; i < 3 * b; i++) srow[i] = (float)s[i];
+            if (ksx == 3) hpass3_3(srow, lox, kx, dw, o);
+            else if (ksx == 5) hpass3_5(srow, lox, kx, dw, o);
+            else if (ksx == 7) hpass3_7(srow, lox, kx, dw, o);
+            else hpass3_9(srow, lox, kx, dw, o);
+            continue;
+        }
         for (int x = 0; x < dw; x++) {
             const float *k = kx + (size_t)x * (size_t)ksx;
             const uint8_t *p = s + (size_t)lox[x] * (size_t)c;

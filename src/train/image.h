@@ -54,6 +54,16 @@ gp_status gp_image_probe(gp_image_codec *cd, const uint8_t *buf, size_t len, con
  * GP_ERR_DATA naming the path and the decoder's reason. */
 gp_status gp_image_decode(gp_image_codec *cd, const uint8_t *buf, size_t len, const char *path,
                           int channels, int denom, gp_image *out);
+/* The region (rx, ry, rw, rh) of the full-size image, decoded at 1/denom
+ * (3 channels): only that region's rows and (whole-iMCU) columns go
+ * through the inverse DCT, upsampling and colour conversion, and nothing
+ * below it is decoded at all.  out holds scaled pixels [ox, ox + out->w)
+ * x [oy, oy + out->h) of the 1/denom image (fw x fh pixels), a superset
+ * of the region rounded outwards.  A PNG, or a CMYK JPEG, is decoded whole
+ * (ox = oy = 0; a PNG at full size). */
+gp_status gp_image_decode_region(gp_image_codec *cd, const uint8_t *buf, size_t len,
+                                 const char *path, int denom, int rx, int ry, int rw, int rh,
+                                 gp_image *out, int *ox, int *oy, int *fw, int *fh);
 /* Pixels of a scaled decode: ceil(size / denom), as libjpeg computes. */
 static inline int gp_image_scaled(int size, int denom) { return (size + denom - 1) / denom; }
 

@@ -688,7 +688,19 @@ gp_status gp_folder_sample(const gp_image_folder *f, gp_folder_worker *w, int64_
         }
     }
     int denom = gp_image_pick_denom(&box, oh, ow);
-    GP_TRY(gp_image_decode(w->codec, w->buf, len, path, 3, denom, &w->img));
+    /* a random crop decodes its region only; evaluation the whole image
+     * (its filter may reach past the box) */
+    bool region = train && f->rrc;
+    int ox = 0, oy = 0, fw, fh;
+    if (region) {
+        GP_TRY(gp_image_decode_region(w->codec, w->buf, len, path, denom, (int)box.x,
+                                      (int)box.y, (int)box.w, (int)box.h, &w->img, &ox, &oy,
+                                      &fw, &fh));
+    } else {
+        GP_TRY(gp_image_decode(w->codec, w->buf, len, path, 3, denom, &w->img));
+        fw = w->img.w;
+        fh = w->img.h;
+    }
     size_t need = (size_t)oh * (size_t)ow * 3;
     if (need > w->out_cap) {
         uint8_t *a = realloc(w->out, need), *b = a ? realloc(w->mout, need) : NULL;
@@ -697,14 +709,14 @@ gp_status gp_folder_sample(const gp_image_folder *f, gp_folder_worker *w, int64_
         if (!a || !b) return gp_error_set(GP_ERR_OOM, "out of host memory");
         w->out_cap = need;
     }
-    /* the box in the decoded image's pixels (a DCT-scaled decode covers the
-     * same picture with fewer of them) */
-    double sx = (double)w->img.w / iw, sy = (double)w->img.h / ih;
-    gp_box sb = {box.x * sx, box.y * sy, box.w * sx, box.h * sy};
+    /* the box in the decoded pixels: a DCT-scaled decode covers the same
+     * picture with fewer of them, a region starts at (ox, oy) */
+    double sx = (double)fw / iw, sy = (double)fh / ih;
+    gp_box sb = {box.x * sx - ox, box.y * sy - oy, box.w * sx, box.h * sy};
     /* the filter stays inside the crop for a random crop (torchvision crops,
      * then resizes), inside the image for evaluation */
     int cx0 = 0, cy0 = 0, cx1 = w->img.w, cy1 = w->img.h;
-    if (train && f->rrc) {
+    if (region) {
         cx0 = (int)floor(sb.x);
         cy0 = (int)floor(sb.y);
         cx1 = (int)ceil(sb.x + sb.w);
@@ -712,22 +724,26 @@ gp_status gp_folder_sample(const gp_image_folder *f, gp_folder_worker *w, int64_
     }
     GP_TRY(gp_image_resample(w->img.px, w->img.w, w->img.h, 3, &sb, cx0, cy0, cx1, cy1, w->out,
                              ow, oh, &w->tmp));
-    /* (h, w, 3) bytes to normalised (3, h, w) floats, mirrored if drawn */
-    int64_t hw = (int64_t)oh * ow;
+    /* (h, w, 3) bytes to normalised (3, h, w) floats, mirrored if drawn:
+     * one pass through a table per channel (a byte has 256 values) */
+    float lut[3][256];
     for (int c = 0; c < 3; c++) {
         float a = 1.0f / 255.0f, b = 0.0f;
         if (normalize) {
             a = 1.0f / (255.0f * std[c]);
             b = -mean[c] / std[c];
         }
-        float *dst = x + c * hw;
-        for (int yy = 0; yy < oh; yy++) {
-            const uint8_t *src = w->out + (size_t)yy * (size_t)ow * 3 + (size_t)c;
-            float *d = dst + (int64_t)yy * ow;
-            if (flip)
-                for (int xx = 0; xx < ow; xx++) d[ow - 1 - xx] = (float)src[3 * xx] * a + b;
-            else
-                for (int xx = 0; xx < ow; xx++) d[xx] = (float)src[3 * xx] * a + b;
+        for (int v = 0; v < 256; v++) lut[c][v] = (float)v * a + b;
+    }
+    int64_t hw = (int64_t)oh * ow;
+    for (int yy = 0; yy < oh; yy++) {
+        const uint8_t *src = w->out + (size_t)yy * (size_t)ow * 3;
+        float *d0 = x + (int64_t)yy * ow, *d1 = d0 + hw, *d2 = d1 + hw;
+        for (int xx = 0; xx < ow; xx++) {
+            int o = flip ? ow - 1 - xx : xx;
+            d0[o] = lut[0][src[3 * xx]];
+            d1[o] = lut[1][src[3 * xx + 1]];
+            d2[o] = lut[2][src[3 * xx + 2]];
         }
     }
     if (!f->segmentation) {
