@@ -65,6 +65,7 @@ static char *metrics_without_timing(const char *path)
     if (!s) return NULL;
     strip_field(s, "samples_per_s");
     strip_field(s, "step_seconds");
+    strip_field(s, "data_wait_seconds");
     return s;
 }
 

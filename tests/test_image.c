@@ -885,6 +885,57 @@ static gp_status run_yaml(const char *yaml, const char *resume, const char *metr
     return s;
 }
 
+/* The data keys of an image folder: defaults, and errors that name the
+ * key. */
+static void test_config_keys(void)
+{
+    const char *base = "model: {input: [3, 32, 32], layers: [flatten, {linear: {out: 2}}]}\n";
+    struct {
+        const char *data;
+        const char *error; /* NULL = valid */
+    } cases[] = {
+        {"data: {dataset: image_folder, path: /x}", NULL},
+        {"data: {dataset: image_folder}", "needs data.path"},
+        {"data: {dataset: image_folder, path: /x, augment: {crop_padding: 4}}",
+         "random_resized_crop"},
+        {"data: {dataset: image_folder, path: /x, augment: {random_resized_crop: "
+         "{scale: [0.9, 0.2]}}}", "low end is above the high end"},
+        {"data: {dataset: image_folder, path: /x, augment: {random_resized_crop: "
+         "{scale: [0.1, 1.5]}}}", "must be in (0, 1]"},
+        {"data: {dataset: image_folder, path: /x, augment: {random_resized_crop: "
+         "{sclae: [0.1, 1]}}}", "sclae"},
+        {"data: {dataset: image_folder, path: /x, on_bad_file: ignore}", "on_bad_file"},
+        {"data: {dataset: image_folder, path: /x, layout: detection}", "layout"},
+        {"data: {dataset: image_folder, path: /x, workers: -1}", "workers"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char yaml[1024];
+        snprintf(yaml, sizeof yaml, "%s%s\n", base, cases[k].data);
+        gp_config cfg;
+        gp_status s = gp_config_parse("k.yaml", yaml, strlen(yaml), NULL, 0, &cfg);
+        if (!cases[k].error) {
+            CHECK_OK(s);
+            if (s != GP_OK) continue;
+            const gp_data_config *d = &cfg.data;
+            CHECK(d->dataset == GP_DATASET_IMAGE_FOLDER && d->hflip && d->rrc &&
+                  d->rrc_scale[0] == 0.08f && d->rrc_scale[1] == 1.0f &&
+                  fabsf(d->rrc_ratio[1] - 4.0f / 3.0f) < 1e-6f && !d->skip_bad_files &&
+                  d->workers == 0 && d->masks_binary && d->layout == GP_LAYOUT_CLASSIFICATION &&
+                  d->image_shape[1] == 32);
+            gp_config_free(&cfg);
+        } else {
+            CHECK_MSG(s != GP_OK && strstr(gp_last_error(), cases[k].error) &&
+                      strstr(gp_last_error(), "k.yaml:"), "case %zu: %s", k, gp_last_error());
+        }
+    }
+    /* the in-memory datasets keep their defaults */
+    const char *fm = "model: {input: [1, 28, 28], layers: [flatten, {linear: {out: 10}}]}\n";
+    gp_config cfg;
+    CHECK_OK(gp_config_parse("f.yaml", fm, strlen(fm), NULL, 0, &cfg));
+    CHECK(!cfg.data.hflip);
+    gp_config_free(&cfg);
+}
+
 static void test_train_resume(void)
 {
     char yaml[2048], m1[600], m2[600], snap[600];
@@ -909,6 +960,9 @@ static void test_train_resume(void)
     int same = 0;
     for (int k = 3; k < 8; k++) same += a[k][0] && !strcmp(a[k], b[k]);
     CHECK_MSG(same == 5, "%d of 5 resumed losses equal the continuous run's", same);
+    char *mt = gpt_read_file(m1, NULL);
+    CHECK(mt && strstr(mt, "\"data_wait_seconds\":"));
+    free(mt);
 
     /* a bad file met at step 4 (the last batch of epoch 0): the step since
      * the last snapshot (2) is saved before the error, which names the
@@ -955,6 +1009,7 @@ int main(void)
     test_loader_threads_and_resume();
     test_segmentation_masks();
     test_bad_files_in_loader();
+    test_config_keys();
     test_train_resume();
     if (!gpt_failed) {
         char cmd[400];
