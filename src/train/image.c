@@ -24,6 +24,10 @@ void gp_image_free(gp_image *im)
 
 static gp_status image_reserve(gp_image *im, int w, int h, int c, const char *path)
 {
+    if ((int64_t)w * h > GP_IMAGE_MAX_PIXELS || w < 1 || h < 1)
+        return gp_error_set(GP_ERR_DATA, "%s: %d x %d pixels is outside gpipe's limit of 1 to "
+                            "%lld pixels per image", path, w, h,
+                            (long long)GP_IMAGE_MAX_PIXELS);
     size_t need = (size_t)w * (size_t)h * (size_t)c;
     if (need > im->cap) {
         uint8_t *p = realloc(im->px, need);
@@ -183,9 +187,10 @@ static gp_status decode_png(const uint8_t *buf, size_t len, const char *path, in
     png_set_interlace_handling(p);
     png_read_update_info(p, info);
     int got = (int)png_get_channels(p, info);
-    if (image_reserve(out, w, h, got, path) != GP_OK) {
+    gp_status rs = image_reserve(out, w, h, got, path);
+    if (rs != GP_OK) {
         png_destroy_read_struct(&p, &info, NULL);
-        return GP_ERR_OOM;
+        return rs;
     }
     rows = malloc(sizeof(png_bytep) * (size_t)h);
     if (!rows) {
@@ -364,9 +369,10 @@ gp_status gp_image_decode_region(gp_image_codec *cd, const uint8_t *buf, size_t 
     if (x0 > 0 || x1 < sw) jpeg_crop_scanline(&ci, &xoff, &cw);
     if (y0 > 0) jpeg_skip_scanlines(&ci, (JDIMENSION)y0);
     int h = y1 - y0;
-    if (image_reserve(out, (int)cw, h, 3, path) != GP_OK) {
+    gp_status rs = image_reserve(out, (int)cw, h, 3, path);
+    if (rs != GP_OK) {
         jpeg_destroy_decompress(&ci);
-        return GP_ERR_OOM;
+        return rs;
     }
     size_t stride = (size_t)cw * 3;
     while ((int)ci.output_scanline < y1) {

@@ -37,6 +37,10 @@ typedef struct gp_image {
 } gp_image;
 void gp_image_free(gp_image *im);
 
+/* The largest image decoded (a hostile header cannot ask for more memory):
+ * 100 megapixels, 300 MB as RGB. */
+#define GP_IMAGE_MAX_PIXELS ((int64_t)100 * 1000 * 1000)
+
 /* True when gpipe was built with libturbojpeg and libpng. */
 bool gp_image_supported(void);
 
