@@ -99,6 +99,12 @@ static gp_status sv_push(strvec *s, const char *str)
     return GP_OK;
 }
 
+/* qsort with a NULL array is undefined even for 0 elements */
+static void sv_sort(strvec *s, int64_t from, int (*cmp)(const void *, const void *))
+{
+    if (s->n - from > 1) qsort(s->v + from, (size_t)(s->n - from), sizeof *s->v, cmp);
+}
+
 static void sv_free(strvec *s)
 {
     for (int64_t i = 0; i < s->n; i++) free(s->v[i]);
@@ -159,9 +165,8 @@ static gp_status walk(gp_image_folder *f, const char *rel, bool recurse, strvec 
     }
     closedir(d);
     /* this folder's files in sorted order, then its sub-folders' */
-    if (s == GP_OK && out->n > first)
-        qsort(out->v + first, (size_t)(out->n - first), sizeof *out->v, cmp_str);
-    qsort(subs.v, (size_t)subs.n, sizeof *subs.v, cmp_str);
+    if (s == GP_OK) sv_sort(out, first, cmp_str);
+    sv_sort(&subs, 0, cmp_str);
     for (int64_t i = 0; s == GP_OK && i < subs.n; i++) s = walk(f, subs.v[i], true, out, ignored);
     sv_free(&subs);
     return s;
@@ -223,7 +228,7 @@ static gp_status list_classification(gp_image_folder *f)
         sv_free(&cls);
         return s;
     }
-    qsort(cls.v, (size_t)cls.n, sizeof *cls.v, cmp_str);
+    sv_sort(&cls, 0, cmp_str);
     struct stat rst;
     if (stat(f->dir, &rst) == 0) s = push_dir(f, "", &rst);
     strvec files = {0};
@@ -281,8 +286,8 @@ static gp_status list_segmentation(gp_image_folder *f)
     if (s == GP_OK && im.n == 0)
         s = gp_error_set(GP_ERR_DATA, "%s/images: no images (.jpg, .jpeg or .png)", f->dir);
     if (s == GP_OK) {
-        qsort(im.v, (size_t)im.n, sizeof *im.v, cmp_str);
-        qsort(mk.v, (size_t)mk.n, sizeof *mk.v, cmp_stem);
+        sv_sort(&im, 0, cmp_str);
+        sv_sort(&mk, 0, cmp_stem);
         for (int64_t i = 1; s == GP_OK && i < mk.n; i++)
             if (cmp_stem(&mk.v[i - 1], &mk.v[i]) == 0)
                 s = gp_error_set(GP_ERR_DATA, "%s: masks %s and %s have the same name; keep one",
@@ -294,7 +299,8 @@ static gp_status list_segmentation(gp_image_folder *f)
     }
     unsigned char *used = mk.n ? calloc((size_t)mk.n, 1) : NULL;
     for (int64_t i = 0; s == GP_OK && i < im.n; i++) {
-        char **hit = bsearch(&im.v[i], mk.v, (size_t)mk.n, sizeof *mk.v, cmp_stem);
+        char **hit = mk.n ? bsearch(&im.v[i], mk.v, (size_t)mk.n, sizeof *mk.v, cmp_stem)
+                          : NULL;
         if (!hit) {
             const char *nm = im.v[i] + strlen("images/");
             s = gp_error_set(GP_ERR_DATA, "%s/%s has no mask: expected %s/masks/%.*s.png (or "
