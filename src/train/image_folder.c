@@ -150,10 +150,18 @@ static gp_status walk(gp_image_folder *f, const char *rel, bool recurse, strvec 
         if (len < 0 || (size_t)len >= sizeof sub) continue;
         char full[4096];
         snprintf(full, sizeof full, "%s/%s", f->dir, sub);
-        if (stat(full, &st) != 0) continue;
-        if (S_ISDIR(st.st_mode)) {
+        /* the entry's type from readdir where the filesystem gives it (one
+         * stat per file less: the listing stats each image once, for its
+         * size and time); links and unknown types are followed */
+        bool dir = e->d_type == DT_DIR, reg = e->d_type == DT_REG;
+        if (e->d_type == DT_UNKNOWN || e->d_type == DT_LNK) {
+            if (stat(full, &st) != 0) continue;
+            dir = S_ISDIR(st.st_mode);
+            reg = S_ISREG(st.st_mode);
+        }
+        if (dir) {
             if (recurse) s = sv_push(&subs, sub);
-        } else if (S_ISREG(st.st_mode) && image_ext(e->d_name)) {
+        } else if (reg && image_ext(e->d_name)) {
             if (strchr(sub, '\n') || strchr(sub, '\t'))
                 s = gp_error_set(GP_ERR_DATA, "%s: a file name with a tab or a newline; rename "
                                  "it", full);
@@ -555,11 +563,22 @@ gp_status gp_image_folder_open(const gp_data_config *cfg, bool train_split, int 
     bool hit = cache_read(f, cpath) || (!cfg->cache_dir[0] && cache_read(f, cfall));
     gp_status s = GP_OK;
     if (!hit) {
+        /* a big folder takes a while the first time: say what is going on */
+        GP_INFO("indexing %s (once: the index is cached)", f->dir);
+        double t0 = gp_now();
         s = f->segmentation ? list_segmentation(f) : list_classification(f);
         /* a cache that cannot be written costs the next start a listing,
          * nothing more */
-        if (s == GP_OK && cache_write(f, cpath) != GP_OK && !cfg->cache_dir[0])
-            (void)cache_write(f, cfall);
+        const char *where = cpath;
+        if (s == GP_OK && cache_write(f, cpath) != GP_OK)
+            where = !cfg->cache_dir[0] && cache_write(f, cfall) == GP_OK ? cfall : NULL;
+        char what[64];
+        if (f->segmentation) snprintf(what, sizeof what, "with masks");
+        else snprintf(what, sizeof what, "in %d classes", f->classes);
+        if (s == GP_OK)
+            GP_INFO("%s: %lld images %s, listed in %.1f s; index %s%s", f->dir, (long long)f->n,
+                    what, gp_now() - t0, where ? "cached in " : "not cached (no writable place)",
+                    where ? where : "");
     }
     if (s == GP_OK) {
         f->bad = calloc((size_t)f->n, 1);
