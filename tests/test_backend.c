@@ -956,6 +956,55 @@ static void test_concurrent(void)
     gp_device_close(db);
 }
 
+/* Weights kept converted while frozen (gp_dev_freeze_weights): the same
+ * results as unfrozen calls, a new weight tensor or new values after a
+ * thaw are converted again (never a stale copy), and the kept bytes are
+ * workspace that the thaw gives back. */
+static void test_frozen_weights(gp_device *dev)
+{
+    gp_conv_desc d = {4, 16, 12, 12, 32, 3, 3, 1, 1, 1, 1, 12, 12, 0};
+    int64_t nx = 4 * 16 * 144, nw = 32 * 16 * 9, ny = 4 * 32 * 144;
+    float *x = drand(dev, nx), *w1 = drand(dev, nw), *w2 = drand(dev, nw), *dy = drand(dev, ny);
+    float *y0 = dalloc(dev, ny), *y1 = dalloc(dev, ny), *dx0 = dalloc(dev, nx),
+          *dx1 = dalloc(dev, nx);
+    CHECK_OK(gp_dev_conv_fwd(dev, &d, x, w1, NULL, y0));
+    CHECK_OK(gp_dev_conv_bwd_data(dev, &d, w1, dy, dx0));
+    size_t before = dev->alloc.cur_by[GP_MEM_WORKSPACE];
+    gp_dev_freeze_weights(dev, true);
+    for (int rep = 0; rep < 3; rep++) {
+        CHECK_OK(gp_dev_conv_fwd(dev, &d, x, w1, NULL, y1));
+        CHECK_OK(gp_dev_conv_bwd_data(dev, &d, w1, dy, dx1));
+        CHECK(!memcmp(y0, y1, sizeof(float) * (size_t)ny));
+        CHECK(!memcmp(dx0, dx1, sizeof(float) * (size_t)nx));
+    }
+    /* another weight tensor of the same shape while frozen */
+    float *y2 = dalloc(dev, ny), *y3 = dalloc(dev, ny);
+    CHECK_OK(gp_dev_conv_fwd(dev, &d, x, w2, NULL, y2));
+    CHECK(memcmp(y2, y0, sizeof(float) * (size_t)ny) != 0);
+    size_t frozen = dev->alloc.cur_by[GP_MEM_WORKSPACE];
+    gp_dev_freeze_weights(dev, false);
+    /* these shapes run blocked (16 and 32 channels): a copy was kept */
+    CHECK(dev->alloc.cur_by[GP_MEM_WORKSPACE] == before);
+    CHECK_MSG(frozen > before, "%s kept no converted weights", dev->name);
+    /* new values in w2's memory after the thaw: converted again */
+    for (int64_t i = 0; i < nw; i++) w2[i] = w1[i];
+    gp_dev_freeze_weights(dev, true);
+    CHECK_OK(gp_dev_conv_fwd(dev, &d, x, w2, NULL, y3));
+    gp_dev_freeze_weights(dev, false);
+    CHECK_MSG(!memcmp(y3, y0, sizeof(float) * (size_t)ny), "%s: a stale converted copy of "
+              "the weights survived a thaw", dev->name);
+    dfree(dev, x, nx);
+    dfree(dev, w1, nw);
+    dfree(dev, w2, nw);
+    dfree(dev, dy, ny);
+    dfree(dev, y0, ny);
+    dfree(dev, y1, ny);
+    dfree(dev, y2, ny);
+    dfree(dev, y3, ny);
+    dfree(dev, dx0, nx);
+    dfree(dev, dx1, nx);
+}
+
 int main(void)
 {
     gp_log_set_level(GP_LOG_WARN);
@@ -980,6 +1029,7 @@ int main(void)
     test_pool(dev);
     test_bn(dev);
     test_conv(dev);
+    test_frozen_weights(dev);
 
     /* The same convolutions with blocked layouts forced everywhere. */
     setenv("GPIPE_CPU_CONV", "blocked", 1);
@@ -987,6 +1037,7 @@ int main(void)
     unsetenv("GPIPE_CPU_CONV");
     if (blk) {
         test_conv(blk);
+        test_frozen_weights(blk);
         test_copies(dev, blk);
     }
 

@@ -557,12 +557,22 @@ static gp_status run_step(worker *w)
     w->n_events = 0;
     w->busy = 0;
     w->comm_seconds = 0;
+    /* The forwards and backwards of the micro-batches read the weights and
+     * never write them: the backend may keep its converted copy across
+     * them (gp_dev_freeze_weights).  The step's end (reductions, the
+     * update, the gather) thaws first, and so does every way out. */
+    gp_device *dev = p->devs[j];
+    gp_dev_freeze_weights(dev, true);
     for (int c = 0; c < p->sched.count[j]; c++) {
         const gp_instr *in = &list[c];
+        if (!gp_instr_per_micro_batch(in->kind)) gp_dev_freeze_weights(dev, false);
         pthread_mutex_lock(&p->lock);
         bool cancelled = p->cancelled;
         pthread_mutex_unlock(&p->lock);
-        if (cancelled) return gp_error_set(GP_ERR_CANCELLED, "cancelled");
+        if (cancelled) {
+            gp_dev_freeze_weights(dev, false);
+            return gp_error_set(GP_ERR_CANCELLED, "cancelled");
+        }
         gp_event_rec *ev = &w->events[w->n_events++];
         *ev = (gp_event_rec){.kind = in->kind, .i = in->i, .j = in->j, .k = in->k,
                              .from = in->from, .skip = in->skip, .shard = in->shard, .fused = in->fused,
@@ -593,9 +603,13 @@ static gp_status run_step(worker *w)
             ev->bytes = 0;
             ev->is_wait = true;
         }
-        if (st != GP_OK) return fail(p, st, in->j, in->i, bad_layer);
+        if (st != GP_OK) {
+            gp_dev_freeze_weights(dev, false);
+            return fail(p, st, in->j, in->i, bad_layer);
+        }
         if (gp_instr_per_micro_batch(in->kind)) sweep(p, j);
     }
+    gp_dev_freeze_weights(dev, false);
     gp_status st = gp_dev_synchronize(p->devs[j]);
     if (st != GP_OK) return fail(p, st, j, -1, -1);
     return GP_OK;

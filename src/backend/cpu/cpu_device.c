@@ -172,6 +172,7 @@ static void cpu_destroy(gp_device *dev)
 {
     gp_cpu_ctx *ctx = gp_cpu_ctx_of(dev);
     if (ctx) {
+        gp_cpu_weights_thaw(dev); /* kept weights go back to the allocator */
         gp_cpu_cache_destroy(ctx);
         gp_dev_free(dev, ctx->arena, ctx->arena_bytes, GP_MEM_WORKSPACE);
         cpu_release_cache(ctx);
@@ -272,10 +273,16 @@ gp_status gp_cpu_device_create(int index, const gp_device_opts *opts, gp_device 
         return st;
     }
     dev->ctx = ctx;
+    dev->on_weights_thaw = gp_cpu_weights_thaw;
     pthread_mutex_init(&ctx->bins_lock, NULL);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     dev->threads = opts->threads > 0 ? opts->threads : (cores > 0 ? (int)cores : 1);
     ctx->conv_layout = conv_layout_from_env();
+    /* A tuning knob for benchmarks: GPIPE_CPU_KEEP_WEIGHTS=0 reorders a
+     * blocked convolution's weights on every call (cpu_dnnl.c, "Kept
+     * weights"). */
+    const char *kw = getenv("GPIPE_CPU_KEEP_WEIGHTS");
+    ctx->keep_weights = !(kw && !strcmp(kw, "0"));
 
     /* Each device caches its own primitives per shape (cpu_dnnl.c), so
      * oneDNN's process-wide primitive cache only adds sharing of primitive

@@ -23,6 +23,15 @@
  * Scratch.  Primitives use the user scratchpad mode; scratchpads and
  * reordered temporaries live in the device arena (GP_MEM_WORKSPACE), so
  * peak memory accounting includes them.
+ *
+ * Kept weights.  While the executor has the device's weights frozen (a
+ * step's forwards and backwards: gp_dev_freeze_weights), an op keeps its
+ * reordered weights in a buffer of its own (GP_MEM_WORKSPACE) and reorders
+ * them again only for another weight tensor or after a thaw: with m
+ * micro-batches a step reorders each weight tensor once per op instead of
+ * m times (2m with recomputation).  Devices with a memory capacity keep
+ * nothing, nor does any with GPIPE_CPU_KEEP_WEIGHTS=0.  The thaw (before
+ * the step's update) frees the buffers.
  */
 #include "backend/cpu/cpu_impl.h"
 
@@ -194,6 +203,50 @@ fail:
     return st;
 }
 
+void gp_cpu_weights_thaw(gp_device *dev)
+{
+    gp_cpu_ctx *ctx = gp_cpu_ctx_of(dev);
+    if (!ctx) return;
+    for (int b = 0; b < CPU_CACHE_BUCKETS; b++)
+        for (cpu_op *op = ctx->buckets[b]; op; op = op->next)
+            if (op->wkeep) {
+                gp_dev_free(dev, op->wkeep, op->wkeep_bytes, GP_MEM_WORKSPACE);
+                op->wkeep = NULL;
+                op->wkeep_bytes = 0;
+                op->wkeep_src = NULL;
+            }
+}
+
+/* Whether the op's weights argument a can use the frozen copy: converted
+ * now into op->wkeep (false: reorder it as usual, into the arena), and
+ * whether that copy is already current (*fresh). */
+static bool weights_kept(gp_device *dev, cpu_op *op, const cpu_arg *a, const void *src,
+                         bool *fresh)
+{
+    *fresh = false;
+    /* A device with a memory capacity (pipeline.memory) keeps nothing: the
+     * copies would take room that a later micro-batch's activations may
+     * need, and such a device is capped to fit the largest model. */
+    if (!dev->weights_frozen || a->arg != DNNL_ARG_WEIGHTS || !a->reorder ||
+        a->dir != CPU_ARG_IN || dev->alloc.capacity > 0 || !gp_cpu_ctx_of(dev)->keep_weights)
+        return false;
+    if (!op->wkeep) {
+        const dnnl_memory_desc_t *md = NULL;
+        if (dnnl_memory_get_memory_desc(a->inner, &md) != dnnl_success || !md) return false;
+        size_t bytes = dnnl_memory_desc_get_size(md);
+        /* a device near its capacity just reorders every call */
+        if (gp_dev_alloc(dev, bytes, GP_MEM_WORKSPACE, &op->wkeep) != GP_OK) {
+            gp_error_clear();
+            op->wkeep = NULL;
+            return false;
+        }
+        op->wkeep_bytes = bytes;
+        op->wkeep_src = NULL;
+    }
+    *fresh = op->wkeep_src == src && op->wkeep_epoch == dev->weights_epoch;
+    return true;
+}
+
 /* Run a built op on the call's buffers (ptrs indexed by cpu_arg.slot). */
 static gp_status op_run(gp_device *dev, cpu_op *op, void *const *ptrs)
 {
@@ -203,11 +256,15 @@ static gp_status op_run(gp_device *dev, cpu_op *op, void *const *ptrs)
     char *arena = ctx->arena;
     dnnl_exec_arg_t ex[CPU_MAX_ARGS + 1];
     int n = 0;
+    bool keep[CPU_MAX_ARGS] = {false}, fresh[CPU_MAX_ARGS] = {false};
     for (int i = 0; i < op->nargs; i++) {
         cpu_arg *a = &op->args[i];
         GP_ASSERT(ptrs[a->slot] != NULL);
         GP_DNNL_RET(dnnl_memory_set_data_handle(a->user, ptrs[a->slot]));
-        if (a->inner != a->user) GP_DNNL_RET(dnnl_memory_set_data_handle(a->inner, arena + a->off));
+        keep[i] = weights_kept(dev, op, a, ptrs[a->slot], &fresh[i]);
+        if (keep[i]) GP_DNNL_RET(dnnl_memory_set_data_handle(a->inner, op->wkeep));
+        else if (a->inner != a->user)
+            GP_DNNL_RET(dnnl_memory_set_data_handle(a->inner, arena + a->off));
         ex[n++] = (dnnl_exec_arg_t){a->arg, a->inner};
     }
     if (op->scratch) {
@@ -216,10 +273,14 @@ static gp_status op_run(gp_device *dev, cpu_op *op, void *const *ptrs)
     }
     for (int i = 0; i < op->nargs; i++) {
         cpu_arg *a = &op->args[i];
-        if (a->reorder && a->dir == CPU_ARG_IN) {
+        if (a->reorder && a->dir == CPU_ARG_IN && !fresh[i]) {
             dnnl_exec_arg_t r[3] = {{DNNL_ARG_FROM, a->user}, {DNNL_ARG_TO, a->inner},
                                     {DNNL_ARG_SCRATCHPAD, op->scratch}};
             GP_DNNL_RET(dnnl_primitive_execute(a->reorder, ctx->stream, op->scratch ? 3 : 2, r));
+            if (keep[i]) {
+                op->wkeep_src = ptrs[a->slot];
+                op->wkeep_epoch = dev->weights_epoch;
+            }
         }
     }
     GP_DNNL_RET(dnnl_primitive_execute(op->prim, ctx->stream, n, ex));

@@ -91,6 +91,14 @@ typedef struct cpu_op {
     dnnl_memory_t scratch;    /* scratchpad of prim and reorders (at 0) */
     size_t scratch_bytes;
     size_t arena_need;        /* bytes of arena the op uses */
+    /* Weights kept converted while the device's weights are frozen
+     * (gp_dev_freeze_weights): the reorder of a micro-batch's weights runs
+     * once per step instead of once per call.  GP_MEM_WORKSPACE, freed on
+     * the thaw. */
+    void *wkeep;
+    size_t wkeep_bytes;
+    const void *wkeep_src;    /* the user tensor it converts */
+    uint64_t wkeep_epoch;     /* dev->weights_epoch when converted */
 } cpu_op;
 
 #define CPU_CACHE_BUCKETS 128
@@ -123,6 +131,8 @@ typedef struct gp_cpu_ctx {
     void *arena;              /* GP_MEM_WORKSPACE, 4096-aligned */
     size_t arena_bytes;
     cpu_conv_layout conv_layout;
+    bool keep_weights;        /* keep reordered weights while frozen;
+                                 GPIPE_CPU_KEEP_WEIGHTS=0 turns it off */
 } gp_cpu_ctx;
 
 static inline gp_cpu_ctx *gp_cpu_ctx_of(gp_device *dev) { return (gp_cpu_ctx *)dev->ctx; }
@@ -135,6 +145,8 @@ void gp_cpu_enter(gp_device *dev);
 /* Grow the arena to at least `bytes` (accounted as GP_MEM_WORKSPACE). */
 gp_status gp_cpu_arena_reserve(gp_device *dev, size_t bytes);
 
+/* Release the weights ops keep while frozen (the thaw hook). */
+void gp_cpu_weights_thaw(gp_device *dev);
 /* Free every cached op (device destruction). */
 void gp_cpu_cache_destroy(gp_cpu_ctx *ctx);
 
