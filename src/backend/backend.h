@@ -399,21 +399,27 @@ struct gp_device {
     int threads;          /* math threads (CPU) */
     gp_allocator alloc;   /* accounting for every byte on the device */
     /* Between gp_dev_freeze_weights(dev, true) and (dev, false) no one
-     * writes any layer's weights on this device (the executor's forward and
-     * backward phase of a step), so a backend may keep its own converted
-     * copy of a weight tensor across calls; weights_epoch changes on every
-     * freeze and thaw, so nothing kept survives one. */
+     * writes any layer's weights on this device and no one reads the weight
+     * gradients (the executor's forward and backward phase of a step), so a
+     * backend may keep its own converted copy of a weight tensor across
+     * calls and hold the gradients it accumulates until the thaw;
+     * weights_epoch changes on every freeze and thaw, so nothing kept
+     * survives one. */
     bool weights_frozen;
     uint64_t weights_epoch;
-    /* Called on a thaw, on the device's thread (NULL = nothing kept). */
-    void (*on_weights_thaw)(struct gp_device *dev);
+    /* Called on a thaw, on the device's thread (NULL = nothing kept): adds
+     * held gradients into the tensors they belong to and frees what was
+     * kept. */
+    gp_status (*on_weights_thaw)(struct gp_device *dev);
 };
 
 /* Open (true) or close (false) a stretch in which the device's weights do
- * not change; idempotent.  The executor opens it at a step's start and
- * closes it before the first instruction of the step's end (reductions,
- * the update, the gather), and on any failure. */
-void gp_dev_freeze_weights(struct gp_device *dev, bool frozen);
+ * not change and its weight gradients are not read; idempotent.  The
+ * executor opens it at a step's start and closes it before the first
+ * instruction of the step's end (reductions, the update, the gather), and
+ * on any failure.  Closing can fail (the held gradients' additions); the
+ * stretch is closed either way. */
+gp_status gp_dev_freeze_weights(struct gp_device *dev, bool frozen);
 
 /* Options for opening a device. */
 typedef struct gp_device_opts {

@@ -104,12 +104,13 @@ void gp_device_bind_thread(gp_device *dev)
     if (dev->iface->bind_thread) dev->iface->bind_thread(dev);
 }
 
-void gp_dev_freeze_weights(gp_device *dev, bool frozen)
+gp_status gp_dev_freeze_weights(gp_device *dev, bool frozen)
 {
-    if (dev->weights_frozen == frozen) return;
+    if (dev->weights_frozen == frozen) return GP_OK;
     dev->weights_frozen = frozen;
     dev->weights_epoch++;
-    if (!frozen && dev->on_weights_thaw) dev->on_weights_thaw(dev);
+    if (!frozen && dev->on_weights_thaw) return dev->on_weights_thaw(dev);
+    return GP_OK;
 }
 
 gp_status gp_dev_alloc(gp_device *dev, size_t bytes, gp_mem_category cat, void **out)

@@ -558,14 +558,20 @@ static gp_status run_step(worker *w)
     w->busy = 0;
     w->comm_seconds = 0;
     /* The forwards and backwards of the micro-batches read the weights and
-     * never write them: the backend may keep its converted copy across
-     * them (gp_dev_freeze_weights).  The step's end (reductions, the
-     * update, the gather) thaws first, and so does every way out. */
+     * never write them, and nothing reads the weight gradients until the
+     * step's end: the backend may keep its converted weights and hold the
+     * gradients it sums across them (gp_dev_freeze_weights).  The step's
+     * end (reductions, the update, the gather) thaws first, and so does
+     * every way out. */
     gp_device *dev = p->devs[j];
     gp_dev_freeze_weights(dev, true);
     for (int c = 0; c < p->sched.count[j]; c++) {
         const gp_instr *in = &list[c];
-        if (!gp_instr_per_micro_batch(in->kind)) gp_dev_freeze_weights(dev, false);
+        if (!gp_instr_per_micro_batch(in->kind) && dev->weights_frozen) {
+            /* the gradients the backend held are added in here */
+            gp_status ts = gp_dev_freeze_weights(dev, false);
+            if (ts != GP_OK) return fail(p, ts, j, -1, -1);
+        }
         pthread_mutex_lock(&p->lock);
         bool cancelled = p->cancelled;
         pthread_mutex_unlock(&p->lock);
@@ -609,8 +615,9 @@ static gp_status run_step(worker *w)
         }
         if (gp_instr_per_micro_batch(in->kind)) sweep(p, j);
     }
-    gp_dev_freeze_weights(dev, false);
-    gp_status st = gp_dev_synchronize(p->devs[j]);
+    gp_status st = gp_dev_freeze_weights(dev, false);
+    if (st != GP_OK) return fail(p, st, j, -1, -1);
+    st = gp_dev_synchronize(p->devs[j]);
     if (st != GP_OK) return fail(p, st, j, -1, -1);
     return GP_OK;
 }

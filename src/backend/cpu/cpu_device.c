@@ -172,7 +172,8 @@ static void cpu_destroy(gp_device *dev)
 {
     gp_cpu_ctx *ctx = gp_cpu_ctx_of(dev);
     if (ctx) {
-        gp_cpu_weights_thaw(dev); /* kept weights go back to the allocator */
+        (void)gp_cpu_weights_thaw(dev); /* kept weights go back to the allocator */
+        free(ctx->held);
         gp_cpu_cache_destroy(ctx);
         gp_dev_free(dev, ctx->arena, ctx->arena_bytes, GP_MEM_WORKSPACE);
         cpu_release_cache(ctx);

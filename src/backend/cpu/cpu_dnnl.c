@@ -32,6 +32,14 @@
  * m times (2m with recomputation).  Devices with a memory capacity keep
  * nothing, nor does any with GPIPE_CPU_KEEP_WEIGHTS=0.  The thaw (before
  * the step's update) frees the buffers.
+ *
+ * Held gradients.  Likewise a weight gradient is summed in the primitive's
+ * layout across the micro-batches (a streaming add) and reordered into the
+ * plain gradient once, on the thaw, instead of a reorder-and-add per
+ * micro-batch.  The layer zeroes its gradient before its first backward
+ * of the step, so the tensor receives exactly the sum the per-micro-batch
+ * additions would have made, in the same order: 0 + (g1 + g2 + ...) is
+ * ((0 + g1) + g2) + ... bit for bit.
  */
 #include "backend/cpu/cpu_impl.h"
 
@@ -203,10 +211,61 @@ fail:
     return st;
 }
 
-void gp_cpu_weights_thaw(gp_device *dev)
+/* ---- held weight gradients ------------------------------------------------ */
+
+/* One weight gradient held in the primitive's layout while frozen: the sum
+ * of the micro-batches' gradients so far, added into `user` on the thaw by
+ * op's accumulating reorder (user += reorder(buf)). */
+typedef struct cpu_held {
+    cpu_op *op;       /* whose argument args[arg] converts buf's layout */
+    int arg;
+    void *user;       /* the gradient tensor */
+    void *buf;        /* GP_MEM_WORKSPACE, bytes */
+    size_t bytes;
+} cpu_held;
+
+static gp_status held_flush_one(gp_device *dev, cpu_held *h)
 {
     gp_cpu_ctx *ctx = gp_cpu_ctx_of(dev);
-    if (!ctx) return;
+    cpu_arg *a = &h->op->args[h->arg];
+    gp_status st = GP_OK;
+    if (dnnl_memory_set_data_handle(a->inner, h->buf) != dnnl_success ||
+        dnnl_memory_set_data_handle(a->user, h->user) != dnnl_success)
+        st = gp_error_set(GP_ERR_RUNTIME, "device %s: oneDNN refused a held gradient's buffers",
+                          dev->name);
+    if (st == GP_OK && h->op->scratch) {
+        /* the reorder's scratchpad lives at the arena's start */
+        st = gp_cpu_arena_reserve(dev, h->op->arena_need);
+        if (st == GP_OK &&
+            dnnl_memory_set_data_handle(h->op->scratch, ctx->arena) != dnnl_success)
+            st = gp_error_set(GP_ERR_RUNTIME, "device %s: oneDNN refused a scratchpad",
+                              dev->name);
+    }
+    if (st == GP_OK) {
+        dnnl_exec_arg_t r[3] = {{DNNL_ARG_FROM, a->inner}, {DNNL_ARG_TO, a->user},
+                                {DNNL_ARG_SCRATCHPAD, h->op->scratch}};
+        if (dnnl_primitive_execute(a->reorder, ctx->stream, h->op->scratch ? 3 : 2, r) !=
+                dnnl_success ||
+            dnnl_stream_wait(ctx->stream) != dnnl_success)
+            st = gp_error_set(GP_ERR_RUNTIME, "device %s: adding a held weight gradient failed",
+                              dev->name);
+    }
+    gp_dev_free(dev, h->buf, h->bytes, GP_MEM_WORKSPACE);
+    h->buf = NULL;
+    return st;
+}
+
+gp_status gp_cpu_weights_thaw(gp_device *dev)
+{
+    gp_cpu_ctx *ctx = gp_cpu_ctx_of(dev);
+    if (!ctx) return GP_OK;
+    gp_status st = GP_OK;
+    gp_cpu_enter(dev);
+    for (int i = 0; i < ctx->n_held; i++) {
+        gp_status s1 = held_flush_one(dev, &ctx->held[i]);
+        if (st == GP_OK) st = s1;
+    }
+    ctx->n_held = 0;
     for (int b = 0; b < CPU_CACHE_BUCKETS; b++)
         for (cpu_op *op = ctx->buckets[b]; op; op = op->next)
             if (op->wkeep) {
@@ -215,6 +274,72 @@ void gp_cpu_weights_thaw(gp_device *dev)
                 op->wkeep_bytes = 0;
                 op->wkeep_src = NULL;
             }
+    return st;
+}
+
+/* Whether a backend may keep or hold anything for this device now. */
+static bool may_keep(gp_device *dev)
+{
+    /* A device with a memory capacity (pipeline.memory) keeps nothing: the
+     * copies would take room that a later micro-batch's activations may
+     * need, and such a device is capped to fit the largest model. */
+    return dev->weights_frozen && dev->alloc.capacity == 0 && gp_cpu_ctx_of(dev)->keep_weights;
+}
+
+/* The accumulating weight-gradient argument a (index ai of op) of this
+ * call, its micro-batch's gradient in the arena at `tmp`: add it to the
+ * held sum for `user` instead of into user itself.  False: not held (the
+ * caller adds it into user as before).  The held sums are added into their
+ * tensors on the thaw in the order first held; a gradient that an op of
+ * another layout reaches (an uneven last micro-batch may get another
+ * primitive) is added in first, so every tensor receives its
+ * micro-batches' gradients in the order it would have without holding. */
+static bool grad_held(gp_device *dev, cpu_op *op, int ai, void *user, const void *tmp,
+                      gp_status *st)
+{
+    gp_cpu_ctx *ctx = gp_cpu_ctx_of(dev);
+    const cpu_arg *a = &op->args[ai];
+    *st = GP_OK;
+    if (!may_keep(dev) || a->arg != DNNL_ARG_DIFF_WEIGHTS || a->dir != CPU_ARG_ACCUM ||
+        !a->reorder)
+        return false;
+    const dnnl_memory_desc_t *md = NULL;
+    if (dnnl_memory_get_memory_desc(a->inner, &md) != dnnl_success || !md) return false;
+    size_t bytes = dnnl_memory_desc_get_size(md);
+    cpu_held *h = NULL;
+    for (int i = 0; i < ctx->n_held && !h; i++)
+        if (ctx->held[i].user == user && ctx->held[i].buf) h = &ctx->held[i];
+    if (h) {
+        const dnnl_memory_desc_t *hm = NULL;
+        if (dnnl_memory_get_memory_desc(h->op->args[h->arg].inner, &hm) == dnnl_success && hm &&
+            dnnl_memory_desc_equal(hm, md)) {
+            float *dst = h->buf;
+            const float *src = tmp;
+            size_t n = bytes / sizeof(float);
+            for (size_t k = 0; k < n; k++) dst[k] += src[k];
+            return true;
+        }
+        /* another layout: what is held goes in first */
+        *st = held_flush_one(dev, h);
+        if (*st != GP_OK) return false;
+        h = NULL;
+    }
+    if (ctx->n_held == ctx->cap_held) {
+        int nc = ctx->cap_held ? 2 * ctx->cap_held : 64;
+        cpu_held *p = realloc(ctx->held, sizeof *p * (size_t)nc);
+        if (!p) return false;
+        ctx->held = p;
+        ctx->cap_held = nc;
+    }
+    void *buf = NULL;
+    if (gp_dev_alloc(dev, bytes, GP_MEM_WORKSPACE, &buf) != GP_OK) {
+        gp_error_clear();
+        return false;
+    }
+    memcpy(buf, tmp, bytes);
+    ctx->held[ctx->n_held++] = (cpu_held){.op = op, .arg = ai, .user = user, .buf = buf,
+                                          .bytes = bytes};
+    return true;
 }
 
 /* Whether the op's weights argument a can use the frozen copy: converted
@@ -224,11 +349,7 @@ static bool weights_kept(gp_device *dev, cpu_op *op, const cpu_arg *a, const voi
                          bool *fresh)
 {
     *fresh = false;
-    /* A device with a memory capacity (pipeline.memory) keeps nothing: the
-     * copies would take room that a later micro-batch's activations may
-     * need, and such a device is capped to fit the largest model. */
-    if (!dev->weights_frozen || a->arg != DNNL_ARG_WEIGHTS || !a->reorder ||
-        a->dir != CPU_ARG_IN || dev->alloc.capacity > 0 || !gp_cpu_ctx_of(dev)->keep_weights)
+    if (!may_keep(dev) || a->arg != DNNL_ARG_WEIGHTS || !a->reorder || a->dir != CPU_ARG_IN)
         return false;
     if (!op->wkeep) {
         const dnnl_memory_desc_t *md = NULL;
@@ -286,6 +407,16 @@ static gp_status op_run(gp_device *dev, cpu_op *op, void *const *ptrs)
     GP_DNNL_RET(dnnl_primitive_execute(op->prim, ctx->stream, n, ex));
     for (int i = 0; i < op->nargs; i++) {
         cpu_arg *a = &op->args[i];
+        if (a->reorder && a->dir == CPU_ARG_ACCUM) {
+            gp_status hs;
+            bool held = grad_held(dev, op, i, ptrs[a->slot], arena + a->off, &hs);
+            GP_TRY(hs);
+            if (held) continue;
+            /* a flush may have moved the handles: point them back */
+            GP_DNNL_RET(dnnl_memory_set_data_handle(a->user, ptrs[a->slot]));
+            GP_DNNL_RET(dnnl_memory_set_data_handle(a->inner, arena + a->off));
+            if (op->scratch) GP_DNNL_RET(dnnl_memory_set_data_handle(op->scratch, arena));
+        }
         if (a->reorder && a->dir != CPU_ARG_IN) {
             dnnl_exec_arg_t r[3] = {{DNNL_ARG_FROM, a->inner}, {DNNL_ARG_TO, a->user},
                                     {DNNL_ARG_SCRATCHPAD, op->scratch}};

@@ -133,6 +133,11 @@ typedef struct gp_cpu_ctx {
     cpu_conv_layout conv_layout;
     bool keep_weights;        /* keep reordered weights while frozen;
                                  GPIPE_CPU_KEEP_WEIGHTS=0 turns it off */
+    /* Weight gradients held in the primitives' layout while frozen, one per
+     * gradient tensor, in the order first held (cpu_dnnl.c, "Held
+     * gradients"). */
+    struct cpu_held *held;
+    int n_held, cap_held;
 } gp_cpu_ctx;
 
 static inline gp_cpu_ctx *gp_cpu_ctx_of(gp_device *dev) { return (gp_cpu_ctx *)dev->ctx; }
@@ -145,8 +150,9 @@ void gp_cpu_enter(gp_device *dev);
 /* Grow the arena to at least `bytes` (accounted as GP_MEM_WORKSPACE). */
 gp_status gp_cpu_arena_reserve(gp_device *dev, size_t bytes);
 
-/* Release the weights ops keep while frozen (the thaw hook). */
-void gp_cpu_weights_thaw(gp_device *dev);
+/* The thaw hook: add the held weight gradients into their tensors (in the
+ * order they were first held) and free them and the kept weights. */
+gp_status gp_cpu_weights_thaw(gp_device *dev);
 /* Free every cached op (device destruction). */
 void gp_cpu_cache_destroy(gp_cpu_ctx *ctx);
 
