@@ -107,6 +107,19 @@ void gp_image_codec_destroy(gp_image_codec *cd)
     free(cd);
 }
 
+/* A TurboJPEG handle is not reliable after a failed call (libjpeg-turbo
+ * 2.1 can then report a later file's header wrongly): a new one replaces
+ * it after every failure. */
+static gp_status tj_failed(gp_image_codec *cd, gp_status s)
+{
+    tjDestroy(cd->dec);
+    cd->dec = tjInitDecompress();
+    if (!cd->dec)
+        return gp_error_set(GP_ERR_RUNTIME, "TurboJPEG: cannot create a decompressor: %s",
+                            tjGetErrorStr2(NULL));
+    return s;
+}
+
 /* Whether the JPEG carries Adobe's APP14 marker, whose CMYK convention is
  * inverted ink (Photoshop's, and Pillow's reading of it). */
 static bool jpeg_has_adobe(const uint8_t *b, size_t len)
@@ -231,9 +244,13 @@ gp_status gp_image_probe(gp_image_codec *cd, const uint8_t *buf, size_t len, con
         return gp_error_set(GP_ERR_DATA, "%s: neither a JPEG nor a PNG (the first bytes are "
                             "not either signature)", path);
     int sub, cs;
+    *w = *h = 0;
     if (tjDecompressHeader3(cd->dec, buf, (unsigned long)len, w, h, &sub, &cs) != 0)
-        return gp_error_set(GP_ERR_DATA, "%s: unreadable JPEG header: %s", path,
-                            tjGetErrorStr2(cd->dec));
+        return tj_failed(cd, gp_error_set(GP_ERR_DATA, "%s: unreadable JPEG header: %s", path,
+                                          tjGetErrorStr2(cd->dec)));
+    if (*w < 1 || *h < 1 || *w > 65535 || *h > 65535)
+        return tj_failed(cd, gp_error_set(GP_ERR_DATA, "%s: JPEG header gives %d x %d pixels",
+                                          path, *w, *h));
     return GP_OK;
 }
 
@@ -245,10 +262,10 @@ gp_status gp_image_decode(gp_image_codec *cd, const uint8_t *buf, size_t len, co
     if (!is_jpeg(buf, len))
         return gp_error_set(GP_ERR_DATA, "%s: neither a JPEG nor a PNG (the first bytes are "
                             "not either signature)", path);
-    int w, h, sub, cs;
+    int w = 0, h = 0, sub, cs;
     if (tjDecompressHeader3(cd->dec, buf, (unsigned long)len, &w, &h, &sub, &cs) != 0)
-        return gp_error_set(GP_ERR_DATA, "%s: unreadable JPEG header: %s", path,
-                            tjGetErrorStr2(cd->dec));
+        return tj_failed(cd, gp_error_set(GP_ERR_DATA, "%s: unreadable JPEG header: %s", path,
+                                          tjGetErrorStr2(cd->dec)));
     if (denom != 1 && denom != 2 && denom != 4 && denom != 8) denom = 1;
     int sw = gp_image_scaled(w, denom), sh = gp_image_scaled(h, denom);
     /* A truncated file is an error, as it is to Pillow: libjpeg's warning
@@ -263,8 +280,8 @@ gp_status gp_image_decode(gp_image_codec *cd, const uint8_t *buf, size_t len, co
     int pc = cmyk ? 4 : gray ? 1 : 3;
     GP_TRY(image_reserve(dst, sw, sh, pc, path));
     if (tjDecompress2(cd->dec, buf, (unsigned long)len, dst->px, sw, sw * pc, sh, pf, flags) != 0)
-        return gp_error_set(GP_ERR_DATA, "%s: JPEG decode failed: %s", path,
-                            tjGetErrorStr2(cd->dec));
+        return tj_failed(cd, gp_error_set(GP_ERR_DATA, "%s: JPEG decode failed: %s", path,
+                                          tjGetErrorStr2(cd->dec)));
     if (!cmyk) {
         if (channels == 1 && !gray) rgb_to_mask(out);
         return GP_OK;
