@@ -315,8 +315,11 @@ static bool grad_held(gp_device *dev, cpu_op *op, int ai, void *user, const void
             dnnl_memory_desc_equal(hm, md)) {
             float *dst = h->buf;
             const float *src = tmp;
-            size_t n = bytes / sizeof(float);
-            for (size_t k = 0; k < n; k++) dst[k] += src[k];
+            int64_t n = (int64_t)(bytes / sizeof(float));
+            int nt = dev->threads;
+            /* on the device's threads, as the reorder it replaces ran */
+#pragma omp parallel for simd schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN)
+            for (int64_t k = 0; k < n; k++) dst[k] += src[k];
             return true;
         }
         /* another layout: what is held goes in first */
