@@ -608,6 +608,39 @@ static void test_index_and_cache(void)
     gp_dataset_free(&ds);
 }
 
+/* The evaluation split takes the training split's class indices. */
+static void test_class_alignment(void)
+{
+    const char *all[] = {"ant", "moth", "zebra"}, *two[] = {"ant", "zebra"},
+               *odd[] = {"ant", "wasp"};
+    make_class_folder("al", "train", all, 3, 2);
+    make_class_folder("al", "val", two, 2, 2);
+    gp_data_config cfg = folder_cfg("al", 16);
+    gp_image_folder *tr = NULL, *va = NULL;
+    CHECK_OK(gp_image_folder_open(&cfg, true, 16, 16, &tr, NULL));
+    CHECK_OK(gp_image_folder_open(&cfg, false, 16, 16, &va, NULL));
+    if (tr && va) {
+        /* on its own, val numbers zebra 1; against train, 2 */
+        CHECK(gp_image_folder_label(va, 2) == 1);
+        CHECK_OK(gp_image_folder_align_classes(va, tr));
+        CHECK(gp_image_folder_label(va, 0) == 0 && gp_image_folder_label(va, 2) == 2 &&
+              gp_image_folder_classes(va) == 3);
+    }
+    gp_image_folder_free(va);
+    make_class_folder("al2", "train", two, 2, 2);
+    make_class_folder("al2", "val", odd, 2, 2);
+    gp_data_config c2 = folder_cfg("al2", 16);
+    gp_image_folder *t2 = NULL, *v2 = NULL;
+    CHECK_OK(gp_image_folder_open(&c2, true, 16, 16, &t2, NULL));
+    CHECK_OK(gp_image_folder_open(&c2, false, 16, 16, &v2, NULL));
+    if (t2 && v2)
+        CHECK(gp_image_folder_align_classes(v2, t2) == GP_ERR_DATA &&
+              message_has("al2/val/wasp") && message_has("does not have"));
+    gp_image_folder_free(tr);
+    gp_image_folder_free(t2);
+    gp_image_folder_free(v2);
+}
+
 static void test_bad_folders(void)
 {
     gp_image_folder *f = NULL;
@@ -1037,6 +1070,7 @@ int main(void)
     test_crop_geometry();
     test_index_and_cache();
     test_bad_folders();
+    test_class_alignment();
     test_loader_threads_and_resume();
     test_segmentation_masks();
     test_bad_files_in_loader();

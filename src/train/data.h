@@ -98,6 +98,11 @@ void gp_dataset_default_norm(gp_dataset_kind kind, int64_t channels,
 gp_status gp_image_folder_open(const gp_data_config *cfg, bool train_split, int out_h,
                                int out_w, gp_image_folder **out, bool *cached);
 void gp_image_folder_free(gp_image_folder *f);
+/* Classification: give the evaluation split the training split's class
+ * indices (torchvision numbers each folder's classes on its own, so a val/
+ * that lacks a class would shift every label after it).  A val class that
+ * train/ lacks is an error naming it.  Segmentation: nothing to do. */
+gp_status gp_image_folder_align_classes(gp_image_folder *val, const gp_image_folder *train);
 int64_t gp_image_folder_size(const gp_image_folder *f);
 int gp_image_folder_classes(const gp_image_folder *f);
 bool gp_image_folder_segmentation(const gp_image_folder *f);

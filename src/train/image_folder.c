@@ -593,6 +593,44 @@ gp_status gp_image_folder_open(const gp_data_config *cfg, bool train_split, int 
     return GP_OK;
 }
 
+gp_status gp_image_folder_align_classes(gp_image_folder *val, const gp_image_folder *train)
+{
+    if (val->segmentation || train->segmentation) return GP_OK;
+    int32_t *map = malloc(sizeof *map * (size_t)(val->classes > 0 ? val->classes : 1));
+    if (!map) return gp_error_set(GP_ERR_OOM, "out of host memory");
+    for (int c = 0; c < val->classes; c++) {
+        char **hit = bsearch(&val->class_names[c], train->class_names, (size_t)train->classes,
+                             sizeof *train->class_names, cmp_str);
+        if (!hit) {
+            free(map);
+            return gp_error_set(GP_ERR_DATA, "%s/%s: a class that %s does not have; the "
+                                "evaluation split's classes must be among the training "
+                                "split's (their labels are the training split's indices)",
+                                val->dir, val->class_names[c], train->dir);
+        }
+        map[c] = (int32_t)(hit - train->class_names);
+    }
+    for (int64_t i = 0; i < val->n; i++) val->files[i].label = map[val->files[i].label];
+    free(map);
+    /* the evaluation split now counts the training split's classes */
+    for (int c = 0; c < val->classes; c++) free(val->class_names[c]);
+    free(val->class_names);
+    val->class_names = calloc((size_t)train->classes, sizeof *val->class_names);
+    if (!val->class_names) {
+        val->classes = 0;
+        return gp_error_set(GP_ERR_OOM, "out of host memory");
+    }
+    for (int c = 0; c < train->classes; c++) {
+        val->class_names[c] = strdup(train->class_names[c]);
+        if (!val->class_names[c]) {
+            val->classes = c;
+            return gp_error_set(GP_ERR_OOM, "out of host memory");
+        }
+    }
+    val->classes = train->classes;
+    return GP_OK;
+}
+
 int64_t gp_image_folder_size(const gp_image_folder *f) { return f->n; }
 int gp_image_folder_classes(const gp_image_folder *f) { return f->classes; }
 bool gp_image_folder_segmentation(const gp_image_folder *f) { return f->segmentation; }

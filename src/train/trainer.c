@@ -308,6 +308,10 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     }
     s = gp_dataset_load(&cfg->data, true, tc->seed, &train);
     if (s == GP_OK) s = gp_dataset_load(&cfg->data, false, tc->seed, &test);
+    if (s == GP_OK && train.folder && test.folder) {
+        s = gp_image_folder_align_classes(test.folder, train.folder);
+        if (s == GP_OK) test.classes = gp_image_folder_classes(test.folder);
+    }
     if (s == GP_OK && (train.c != cfg->model.input[0] || train.h != cfg->model.input[1] ||
                        train.w != cfg->model.input[2]))
         s = gp_error_set(GP_ERR_INVALID,
