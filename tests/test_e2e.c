@@ -98,6 +98,18 @@ static void test_cli_errors(void)
     CHECK(run(cmd, out, sizeof out) == 0);
     CHECK_MSG(strstr(out, "total:") && strstr(out, "conv2d") && strstr(out, "parameters"),
               "output: %s", out);
+    /* balance: auto on 2 devices: the summary splits by estimated FLOPs
+     * (no profiling) and says so; an explicit balance is shown as given */
+    snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --dry-run --set pipeline.balance=auto "
+             "--set 'pipeline.devices=[cpu:0,cpu:1]'", bin, GPIPE_SOURCE_DIR);
+    CHECK(run(cmd, out, sizeof out) == 0);
+    CHECK_MSG(strstr(out, "split by estimated FLOPs") && strstr(out, "stage 1 on cpu:1"),
+              "output: %s", out);
+    snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --dry-run --set 'pipeline.balance=[3, "
+             "10]' --set 'pipeline.devices=[cpu:0,cpu:1]'", bin, GPIPE_SOURCE_DIR);
+    int rc_b = run(cmd, out, sizeof out);
+    CHECK_MSG(rc_b == 0, "output: %s", out);
+    CHECK(!strstr(out, "split by estimated FLOPs"));
 
     snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --dry-run --set train.batch_size=abc",
              bin, GPIPE_SOURCE_DIR);

@@ -6,6 +6,7 @@
  */
 #include "train/train.h"
 #include "train/snapshot.h"
+#include "balance/balance.h"
 #include "trace/trace.h"
 #include "core/json.h"
 
@@ -572,12 +573,34 @@ done:
     return s;
 }
 
-gp_status gp_model_summary(const gp_config *cfg, FILE *f)
+gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
 {
     gp_device *devs[GP_MAX_DEVICES] = {0};
     gp_model m = {0};
-    int n = cfg->pipeline.n_devices;
+    int n = cfg0->pipeline.n_devices, S = n * gp_model_virtual(cfg0);
+    /* balance: auto profiles every layer (AmoebaNet-D (18, 256): 25 s); a
+     * summary shows the split by estimated FLOPs instead, and says so.  A
+     * shallow copy: only the balance differs, nothing is freed through it. */
+    gp_config c2 = *cfg0;
+    const gp_config *cfg = &c2;
+    bool flops_split = false;
+    if (cfg0->pipeline.n_balance == 0 && S > 1) {
+        int L = cfg0->model.n_layers;
+        double *costs = malloc((size_t)(L > 0 ? L : 1) * sizeof *costs);
+        if (!costs) return gp_error_set(GP_ERR_OOM, "out of host memory");
+        int64_t mb = cfg0->train.batch_size / cfg0->pipeline.chunks;
+        gp_status s = gp_model_costs(cfg0, mb > 0 ? mb : 1, costs);
+        if (s == GP_OK) s = gp_partition_minmax(costs, L, S, c2.pipeline.balance);
+        free(costs);
+        GP_TRY(s);
+        c2.pipeline.n_balance = S;
+        flops_split = true;
+    }
     GP_TRY(gp_train_open(cfg, devs, &m, true));
+    if (flops_split)
+        fprintf(f, "balance: auto; shown split by estimated FLOPs (a run profiles each layer "
+                   "first and may split otherwise: gpipe-balance %s --devices %d prints that "
+                   "split)\n", cfg0->path, S);
     int64_t b = cfg->train.batch_size;
     fprintf(f, "model: %d layers, input %lld x %lld x %lld, batch %lld, on %d device%s\n",
             m.n_layers, (long long)cfg->model.input[0], (long long)cfg->model.input[1],
