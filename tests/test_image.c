@@ -116,7 +116,7 @@ static bool decode_file(gp_image_codec *cd, const char *rel, int channels, int d
     return s == GP_OK;
 }
 
-static bool message_has_text(const char *needle)
+static bool message_has(const char *needle)
 {
     bool ok = strstr(gp_last_error(), needle) != NULL;
     if (!ok) fprintf(stderr, "message without '%s': %s\n", needle, gp_last_error());
@@ -292,7 +292,7 @@ static void test_decode(void)
         CHECK(sos > 0);
         int cw = -1, ch = -1, gw = 0, gh = 0;
         CHECK(gp_image_probe(cd, b, sos, cut, &cw, &ch) == GP_ERR_DATA &&
-              message_has_text("missing SOS"));
+              message_has("missing SOS"));
         CHECK_OK(gp_image_probe(cd, b, len, good, &gw, &gh));
         CHECK_MSG(gw == w && gh == h, "after a failed header: %d x %d, want %d x %d", gw, gh,
                   w, h);
@@ -532,13 +532,6 @@ static gp_data_config folder_cfg(const char *root, int side)
                         .image_shape = {3, side, side}};
     snprintf(c.path, sizeof c.path, "%s/%s", tmpdir, root);
     return c;
-}
-
-static bool message_has(const char *needle)
-{
-    bool ok = strstr(gp_last_error(), needle) != NULL;
-    if (!ok) fprintf(stderr, "message without '%s': %s\n", needle, gp_last_error());
-    return ok;
 }
 
 static void test_index_and_cache(void)

@@ -455,16 +455,11 @@ static void equivalence(bool convnet, int R, int n, gp_schedule_kind kind)
         worst_loss = fmax(worst_loss, fabs(a.loss - b.loss) / fmax(fabs(a.loss), 1e-6));
     }
     if (!ok) goto done;
-    int64_t na, nb;
-    float *pa = gpt_gather(&ref, GPT_VALUES, &na), *pb = gpt_gather(&rep, GPT_VALUES, &nb);
-    double worst = 0;
-    for (int64_t q = 0; q < na && na == nb; q++)
-        worst = fmax(worst, fabs((double)pa[q] - pb[q]) / fmax(fabs((double)pa[q]), 1e-2));
-    CHECK_MSG(na == nb && worst <= 1e-5 && worst_loss <= 1e-5,
+    bool same_count;
+    double worst = gpt_param_diff(&ref, &rep, &same_count);
+    CHECK_MSG(same_count && worst <= 1e-5 && worst_loss <= 1e-5,
               "%s R=%d n=%d: parameters differ by %.3g relative, loss by %.3g",
               convnet ? "convnet" : "mlp", R, n, worst, worst_loss);
-    free(pa);
-    free(pb);
     CHECK_OK(gp_model_check_replicas(&rep));
     /* The optimizer state too.  Updates are sharded (the CPU backend can
      * reduce-scatter): replica r keeps only chunk r of its momentum current,
@@ -808,14 +803,9 @@ static void residual_sync(void)
             CHECK_OK(gp_model_train_step(&ref, &c, x, y, BATCH, 1, 0.05, NULL));
             CHECK_OK(gp_model_pipeline_step(&rep, &c, x, y, BATCH, 0.05, NULL));
         }
-        int64_t na, nb;
-        float *pa = gpt_gather(&ref, GPT_VALUES, &na), *pb = gpt_gather(&rep, GPT_VALUES, &nb);
-        for (int64_t q = 0; q < na && na == nb; q++)
-            worst[sync] = fmax(worst[sync], fabs((double)pa[q] - pb[q]) /
-                                                fmax(fabs((double)pa[q]), 1e-2));
-        CHECK(na == nb);
-        free(pa);
-        free(pb);
+        bool same_count;
+        worst[sync] = fmax(worst[sync], gpt_param_diff(&ref, &rep, &same_count));
+        CHECK(same_count);
         CHECK_OK(gp_model_check_replicas(&rep));
         gp_model_free(&ref);
         gp_model_free(&rep);

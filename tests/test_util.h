@@ -8,6 +8,7 @@
  *   gpt_make_batch        a deterministic batch per step
  *   gpt_make_masks        0 / 1 targets for binary cross-entropy
  *   gpt_gather            a model's parameters (or gradients) on the host
+ *   gpt_param_diff        the largest relative difference of two models' parameters
  *   gpt_set_schedule      a schedule, its stages per device and an even split
  *   gpt_split_even        layers per stage, as even as can be
  *   gpt_bn_moments        the naive reference for batch norm's statistics
@@ -155,6 +156,23 @@ static inline float *gpt_gather(gp_model *m, gpt_gather_what what, int64_t *coun
         }
     *count = n;
     return h;
+}
+
+/* The largest difference of two models' parameter values, relative to
+ * ref's with a floor of 1e-2: max |a - b| / max(|a|, 1e-2).  *same_count
+ * says whether both have as many values (nothing is compared otherwise:
+ * 0 is returned). */
+static inline double gpt_param_diff(gp_model *ref, gp_model *other, bool *same_count)
+{
+    int64_t na, nb;
+    float *pa = gpt_gather(ref, GPT_VALUES, &na), *pb = gpt_gather(other, GPT_VALUES, &nb);
+    double worst = 0;
+    *same_count = pa && pb && na == nb;
+    for (int64_t q = 0; *same_count && q < na; q++)
+        worst = fmax(worst, fabs((double)pa[q] - pb[q]) / fmax(fabs((double)pa[q]), 1e-2));
+    free(pa);
+    free(pb);
+    return worst;
 }
 
 /* Transparency, the pipeline's oracle: `steps` steps of batch `batch`
