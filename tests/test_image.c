@@ -985,6 +985,24 @@ static void test_config_keys(void)
                       strstr(gp_last_error(), "k.yaml:"), "case %zu: %s", k, gp_last_error());
         }
     }
+    /* data.workers: as given, else the cores the devices' threads leave
+     * (at least 1) */
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const char *wk[] = {
+        "model: {input: [3, 8, 8], layers: [flatten, {linear: {out: 2}}]}\n"
+        "pipeline: {devices: [{name: cpu:0, threads: 1}]}\n"
+        "data: {dataset: image_folder, path: /x}\n",
+        "model: {input: [3, 8, 8], layers: [flatten, {linear: {out: 2}}]}\n"
+        "pipeline: {devices: [{name: cpu:0, threads: 1}]}\n"
+        "data: {dataset: image_folder, path: /x, workers: 3}\n"};
+    for (int k = 0; k < 2; k++) {
+        gp_config wc;
+        CHECK_OK(gp_config_parse("w.yaml", wk[k], strlen(wk[k]), NULL, 0, &wc));
+        int want = k ? 3 : (cores - 1 < 1 ? 1 : (int)cores - 1);
+        CHECK_MSG(gp_data_workers(&wc) == want, "workers %d, want %d", gp_data_workers(&wc),
+                  want);
+        gp_config_free(&wc);
+    }
     /* the in-memory datasets keep their defaults */
     const char *fm = "model: {input: [1, 28, 28], layers: [flatten, {linear: {out: 10}}]}\n";
     gp_config cfg;

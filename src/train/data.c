@@ -12,6 +12,7 @@
  * them.  On failure a reader leaves its output unchanged.
  */
 #include "train/data.h"
+#include "train/train.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -49,15 +50,13 @@ int gp_data_workers(const gp_config *cfg)
 {
     if (cfg->data.workers > 0) return cfg->data.workers;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    /* each CPU device computes on its threads; a GPU's worker mostly
-     * waits, so it is counted as one */
+    /* each CPU device computes on the threads the trainer opens it with; a
+     * GPU's worker mostly waits, so it is counted as one */
     long used = 0;
     const gp_pipeline_config *p = &cfg->pipeline;
-    int n = p->n_devices * (p->replicas > 0 ? p->replicas : 1);
+    int n = gp_pipeline_devices_total(p);
     for (int j = 0; j < n && j < GP_MAX_DEVICES; j++)
-        used += p->devices[j].threads > 0 ? p->devices[j].threads
-                : p->threads > 0        ? p->threads
-                                        : (cores + n - 1) / n;
+        used += gp_device_spec_is_cpu(&p->devices[j]) ? gp_model_device_threads(p, j) : 1;
     long left = cores - used;
     return left < 1 ? 1 : (int)left;
 }
