@@ -141,30 +141,43 @@ static gp_status stop_early(const gp_train_opts *o, const char *during, gp_train
 /* Stopped between steps after `step` steps, `pos` being the loader's place
  * then: a final snapshot unless the newest one (step `saved`) is of this
  * step already, or say what is lost when snapshots are off. */
+/* What a run that stops between steps saves: nothing when snapshots are
+ * off (*on false), else a snapshot of `step` unless the newest already is
+ * that step (saved == step); path names it.  A failed save is its
+ * status. */
+static gp_status final_snapshot(gp_model *m, const gp_config *cfg, int64_t step, int64_t saved,
+                                const gp_snapshot_pos *pos, gp_snapshot_lock *lock, bool *on,
+                                char *path, size_t len)
+{
+    const gp_snapshot_config *snc = &cfg->train.snapshot;
+    *on = snc->every_steps > 0 || snc->every_minutes > 0;
+    if (!*on) return GP_OK;
+    if (saved < step) GP_TRY(gp_snapshot_save(m, cfg, pos, lock));
+    gp_snapshot_path(snc->dir, step, path, len);
+    return GP_OK;
+}
+
 static gp_status stop_between_steps(gp_model *m, const gp_config *cfg, const gp_train_opts *o,
                                     int sig, int64_t step, int64_t total, int64_t saved,
                                     const gp_snapshot_pos *pos, gp_snapshot_lock *lock,
                                     gp_train_result *res)
 {
-    const gp_snapshot_config *snc = &cfg->train.snapshot;
     char b[32], path[1100], unwritten[1200] = "";
     const char *by = signal_name(sig, b, sizeof b);
     res->stop_signal = sig;
     if (o->export_path)
         snprintf(unwritten, sizeof unwritten, "; --export-weights '%s' not written (the run did "
                  "not finish)", o->export_path);
-    if (snc->every_steps <= 0 && snc->every_minutes <= 0)
+    bool on;
+    gp_status s = final_snapshot(m, cfg, step, saved, pos, lock, &on, path, sizeof path);
+    if (s != GP_OK)
+        return gp_error_wrap(s, "stopped at step %lld by %s, but the final snapshot failed",
+                             (long long)step, by);
+    if (!on)
         return gp_error_set(GP_ERR_STOPPED, "stopped at step %lld of %lld by %s; nothing saved "
                             "since step %lld (snapshots are off: set train.snapshot.every_steps "
                             "to keep a run's progress)%s", (long long)step, (long long)total, by,
                             (long long)saved, unwritten);
-    if (saved < step) {
-        gp_status s = gp_snapshot_save(m, cfg, pos, lock);
-        if (s != GP_OK)
-            return gp_error_wrap(s, "stopped at step %lld by %s, but the final snapshot failed",
-                                 (long long)step, by);
-    }
-    gp_snapshot_path(snc->dir, step, path, sizeof path);
     return gp_error_set(GP_ERR_STOPPED, "stopped at step %lld of %lld by %s; snapshot %s holds "
                         "it: go on with --resume latest%s", (long long)step, (long long)total,
                         by, path, unwritten);
@@ -177,22 +190,19 @@ static gp_status stop_between_steps(gp_model *m, const gp_config *cfg, const gp_
 static gp_status data_failure(gp_model *m, const gp_config *cfg, gp_status err, int64_t step,
                               int64_t saved, const gp_snapshot_pos *pos, gp_snapshot_lock *lock)
 {
-    const gp_snapshot_config *snc = &cfg->train.snapshot;
     char msg[2048], path[1100];
     snprintf(msg, sizeof msg, "%s", gp_error_message());
     const char *hint = cfg->data.dataset == GP_DATASET_IMAGE_FOLDER && !cfg->data.skip_bad_files
                            ? " (or set data.on_bad_file: skip)" : "";
-    if (snc->every_steps <= 0 && snc->every_minutes <= 0)
+    bool on;
+    gp_status s = final_snapshot(m, cfg, step, saved, pos, lock, &on, path, sizeof path);
+    if (s != GP_OK)
+        return gp_error_wrap(s, "%s; stopped at step %lld, and the final snapshot failed", msg,
+                             (long long)step);
+    if (!on)
         return gp_error_set(err, "%s; stopped at step %lld, nothing saved since step %lld "
                             "(snapshots are off: set train.snapshot.every_steps to keep a run's "
                             "progress)", msg, (long long)step, (long long)saved);
-    if (saved < step) {
-        gp_status s = gp_snapshot_save(m, cfg, pos, lock);
-        if (s != GP_OK)
-            return gp_error_wrap(s, "%s; stopped at step %lld, and the final snapshot failed",
-                                 msg, (long long)step);
-    }
-    gp_snapshot_path(snc->dir, step, path, sizeof path);
     return gp_error_set(err, "%s; stopped at step %lld: snapshot %s holds it; fix the data%s and "
                         "go on with --resume latest", msg, (long long)step, path, hint);
 }
