@@ -20,6 +20,17 @@ void gp_data_norm(const gp_data_config *cfg, int64_t channels, float *mean, floa
     }
 }
 
+void gp_data_norm_affine(bool normalize, const float *mean, const float *std, int c, float *a,
+                         float *b)
+{
+    *a = 1.0f / 255.0f;
+    *b = 0.0f;
+    if (normalize) {
+        *a = 1.0f / (255.0f * std[c]);
+        *b = -mean[c] / std[c];
+    }
+}
+
 void gp_data_assemble(const gp_dataset *ds, int64_t first, int64_t n, bool normalize,
                       const float *mean, const float *std, bool masks, float *x, float *y)
 {
@@ -29,11 +40,8 @@ void gp_data_assemble(const gp_dataset *ds, int64_t first, int64_t n, bool norma
         const uint8_t *src = ds->images + (first + i) * per;
         float *dst = x + i * per;
         for (int64_t c = 0; c < ds->c; c++) {
-            float a = 1.0f / 255.0f, b = 0.0f;
-            if (normalize) {
-                a = 1.0f / (255.0f * std[c]);
-                b = -mean[c] / std[c];
-            }
+            float a, b;
+            gp_data_norm_affine(normalize, mean, std, (int)c, &a, &b);
             for (int64_t p = 0; p < hw; p++) dst[c * hw + p] = (float)src[c * hw + p] * a + b;
         }
         if (!masks) {

@@ -206,6 +206,12 @@ void gp_data_augment_apply(const uint8_t *src, int64_t c, int64_t h, int64_t w,
 /* The per-channel mean/std to use: the config's if given, else the
  * dataset's defaults (channels beyond those given repeat the last). */
 void gp_data_norm(const gp_data_config *cfg, int64_t channels, float *mean, float *std);
+/* Pixel p of channel c becomes p * a + b: a = 1 / (255 std[c]) and
+ * b = -mean[c] / std[c] when normalizing, else 1 / 255 and 0.  The one
+ * formula of every path that turns bytes into inputs (gp_data_assemble,
+ * the image folders), so they agree bit for bit. */
+void gp_data_norm_affine(bool normalize, const float *mean, const float *std, int c, float *a,
+                         float *b);
 /* Samples first..first+n of ds in file order into x (n, c, h, w) as
  * (p / 255 - mean[c]) / std[c] (or p / 255 when !normalize) and y: (n)
  * class ids, or with `masks` (n, h, w) the masks' 0 / 1 (ds->masks must

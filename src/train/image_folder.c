@@ -791,11 +791,8 @@ gp_status gp_folder_sample(const gp_image_folder *f, gp_folder_worker *w, int64_
      * one pass through a table per channel (a byte has 256 values) */
     float lut[3][256];
     for (int c = 0; c < 3; c++) {
-        float a = 1.0f / 255.0f, b = 0.0f;
-        if (normalize) {
-            a = 1.0f / (255.0f * std[c]);
-            b = -mean[c] / std[c];
-        }
+        float a, b;
+        gp_data_norm_affine(normalize, mean, std, c, &a, &b);
         for (int v = 0; v < 256; v++) lut[c][v] = (float)v * a + b;
     }
     int64_t hw = (int64_t)oh * ow;
