@@ -313,14 +313,9 @@ static bool grad_held(gp_device *dev, cpu_op *op, int ai, void *user, const void
         const dnnl_memory_desc_t *hm = NULL;
         if (dnnl_memory_get_memory_desc(h->op->args[h->arg].inner, &hm) == dnnl_success && hm &&
             dnnl_memory_desc_equal(hm, md)) {
-            float *dst = h->buf;
-            const float *src = tmp;
-            int64_t n = (int64_t)(bytes / sizeof(float));
-            int nt = dev->threads;
             /* on the device's threads, as the reorder it replaces ran */
-#pragma omp parallel for simd schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN)
-            for (int64_t k = 0; k < n; k++) dst[k] += src[k];
-            return true;
+            *st = gp_cpu_add(dev, h->buf, tmp, h->buf, (int64_t)(bytes / sizeof(float)));
+            return *st == GP_OK;
         }
         /* another layout: what is held goes in first */
         *st = held_flush_one(dev, h);

@@ -103,9 +103,6 @@ typedef struct cpu_op {
 
 #define CPU_CACHE_BUCKETS 128
 
-/* Below this many elements a loop runs on the calling thread alone. */
-#define CPU_PAR_MIN 32768
-
 /* Conv layout policy (see cpu_dnnl.c): auto chooses per shape. */
 typedef enum { CPU_CONV_AUTO = 0, CPU_CONV_PLAIN, CPU_CONV_BLOCKED } cpu_conv_layout;
 

@@ -16,6 +16,9 @@
 #include <omp.h>
 #include <string.h>
 
+/* Below this many elements a loop runs on the calling thread alone. */
+#define CPU_PAR_MIN 32768
+
 gp_status gp_cpu_fill(gp_device *dev, float *x, float v, int64_t n)
 {
     int nt = dev->threads;
