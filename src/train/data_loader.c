@@ -257,7 +257,7 @@ static void *worker_main(void *arg)
             skip = true; /* found bad before, and warned about */
         } else {
             s = fill_sample(ld, wk, sl, i);
-            if (s != GP_OK && folder && ld->ds->folder && s != GP_ERR_OOM &&
+            if (s != GP_OK && folder && s != GP_ERR_OOM &&
                 ld->skip_bad) {
                 if (gp_image_folder_mark_bad(folder, src))
                     GP_WARN("skipping a bad file (data.on_bad_file: skip): %s",

@@ -279,6 +279,9 @@ static gp_status list_classification(gp_image_folder *f)
     return s;
 }
 
+/* A segmentation folder's classes: 0 / 1, or every byte value. */
+static int segmentation_classes(const gp_image_folder *f) { return f->masks_binary ? 2 : 256; }
+
 static gp_status list_segmentation(gp_image_folder *f)
 {
     strvec im = {0}, mk = {0};
@@ -333,7 +336,7 @@ static gp_status list_segmentation(gp_image_folder *f)
     free(used);
     sv_free(&im);
     sv_free(&mk);
-    f->classes = f->masks_binary ? 2 : 256;
+    f->classes = segmentation_classes(f);
     return s;
 }
 
@@ -487,7 +490,7 @@ static bool cache_read(gp_image_folder *f, const char *path)
     gp_error_clear();
     if (ok && nf > 0 && (f->segmentation || cls.n > 0)) {
         f->class_names = cls.v;
-        f->classes = f->segmentation ? (f->masks_binary ? 2 : 256) : (int)cls.n;
+        f->classes = f->segmentation ? segmentation_classes(f) : (int)cls.n;
         return true;
     }
     sv_free(&cls);
