@@ -110,6 +110,9 @@ gp_status gp_check_writable_file(const char *path, const char *what, bool replac
  * missing one must be possible to make (it is made, probed, and removed
  * again). */
 gp_status gp_check_writable_dir(const char *dir, const char *what);
+/* mkdir -p: dir and every missing parent (0755).  GP_ERR_IO naming `what`
+ * and dir when it cannot be made. */
+gp_status gp_make_dirs(const char *dir, const char *what);
 
 /* ------------------------------------------------------------------------ */
 /* counter-based RNG: Philox4x32-10                                          */

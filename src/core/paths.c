@@ -151,3 +151,22 @@ gp_status gp_check_writable_dir(const char *dir, const char *what)
     }
     return s;
 }
+
+gp_status gp_make_dirs(const char *dir, const char *what)
+{
+    char p[PATH_LEN];
+    if (strlen(dir) >= sizeof p)
+        return gp_error_set(GP_ERR_INVALID, "%s: path too long: '%.80s'", what, dir);
+    snprintf(p, sizeof p, "%s", dir);
+    for (char *q = p + 1; *q; q++) {
+        if (*q != '/') continue;
+        *q = '\0';
+        if (mkdir(p, 0755) != 0 && errno != EEXIST) break;
+        *q = '/';
+    }
+    if (mkdir(p, 0755) != 0 && errno != EEXIST) {
+        int e = errno;
+        return gp_error_set(GP_ERR_IO, "cannot create the %s '%s': %s", what, dir, strerror(e));
+    }
+    return GP_OK;
+}

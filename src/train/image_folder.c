@@ -373,15 +373,12 @@ static gp_status cache_write(const gp_image_folder *f, const char *path)
     char dir[1200];
     snprintf(dir, sizeof dir, "%s", path);
     char *slash = strrchr(dir, '/');
-    if (slash) {
+    if (slash && slash != dir) {
         *slash = '\0';
-        char *p = dir + 1;
-        while ((p = strchr(p, '/'))) {
-            *p = '\0';
-            mkdir(dir, 0755);
-            *p++ = '/';
+        if (gp_make_dirs(dir, "index cache directory") != GP_OK) {
+            gp_error_clear();
+            return GP_ERR_IO;
         }
-        mkdir(dir, 0755);
     }
     FILE *fp = fopen(tmp, "w");
     if (!fp) return GP_ERR_IO;

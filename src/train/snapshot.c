@@ -543,25 +543,6 @@ gp_status gp_snapshot_latest(const char *dir, char *path, size_t len)
                             "every_minutes to take snapshots)");
 }
 
-static gp_status make_dir(const char *dir)
-{
-    char p[1024];
-    if (strlen(dir) >= sizeof p) return gp_error_set(GP_ERR_INVALID, "path too long: '%.80s'", dir);
-    snprintf(p, sizeof p, "%s", dir);
-    for (char *q = p + 1; *q; q++) {
-        if (*q != '/') continue;
-        *q = '\0';
-        if (mkdir(p, 0755) != 0 && errno != EEXIST) break;
-        *q = '/';
-    }
-    if (mkdir(p, 0755) != 0 && errno != EEXIST) {
-        int e = errno;
-        return gp_error_set(GP_ERR_IO, "cannot create the snapshot directory '%s': %s", dir,
-                            strerror(e));
-    }
-    return GP_OK;
-}
-
 /* ---- the directory lock ------------------------------------------------ */
 
 #define LOCK_NAME ".gpipe.lock"
@@ -729,7 +710,7 @@ gp_status gp_snapshot_lock_run(const gp_config *cfg, const char *resume, gp_snap
     char made[1024] = "";
     if (sc->every_steps > 0 || sc->every_minutes > 0) {
         first_missing(sc->dir, made, sizeof made);
-        GP_TRY(make_dir(sc->dir));
+        GP_TRY(gp_make_dirs(sc->dir, "snapshot directory"));
     } else {
         struct stat st;
         /* Not writing snapshots: only `--resume latest` reads the directory,
@@ -792,7 +773,7 @@ gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_
     const gp_snapshot_config *sc = &cfg->train.snapshot;
     /* Pruning below deletes files: only the run that owns the directory. */
     GP_ASSERT(lock && !strcmp(lock->dir, sc->dir));
-    GP_TRY(make_dir(sc->dir));
+    GP_TRY(gp_make_dirs(sc->dir, "snapshot directory"));
     gp_st_writer w = {0};
     char path[1100];
     gp_snapshot_path(sc->dir, pos->step, path, sizeof path);
