@@ -245,6 +245,18 @@ int gp_model_virtual(const gp_config *cfg)
                                                                               : 1;
 }
 
+gp_status gp_model_balance_flops(const gp_config *cfg, int n, int *balance)
+{
+    int L = cfg->model.n_layers;
+    double *costs = malloc((size_t)(L > 0 ? L : 1) * sizeof *costs);
+    if (!costs) return gp_error_set(GP_ERR_OOM, "out of host memory");
+    int64_t mb = cfg->train.batch_size / cfg->pipeline.chunks;
+    gp_status s = gp_model_costs(cfg, mb > 0 ? mb : 1, costs);
+    if (s == GP_OK) s = gp_partition_minmax(costs, L, n, balance);
+    free(costs);
+    return s;
+}
+
 gp_status gp_model_balance(const gp_config *cfg, int n, int *balance)
 {
     const gp_pipeline_config *pc = &cfg->pipeline;
@@ -269,16 +281,8 @@ gp_status gp_model_balance(const gp_config *cfg, int n, int *balance)
         return GP_OK;
     }
     gp_status s;
-    if (!strcmp(gp_model_balance_method(), "flops")) {
-        /* the fast, deterministic path: estimated FLOPs, no memory limit */
-        double *costs = malloc((size_t)(L > 0 ? L : 1) * sizeof *costs);
-        if (!costs) return gp_error_set(GP_ERR_OOM, "out of host memory");
-        int64_t mb = cfg->train.batch_size / pc->chunks;
-        s = gp_model_costs(cfg, mb > 0 ? mb : 1, costs);
-        if (s == GP_OK) s = gp_partition_minmax(costs, L, n, balance);
-        free(costs);
-        return s;
-    }
+    /* the fast, deterministic path: estimated FLOPs, no memory limit */
+    if (!strcmp(gp_model_balance_method(), "flops")) return gp_model_balance_flops(cfg, n, balance);
     /* What gpipe-balance --by time does, with few repetitions so that start-up
      * stays quick: profile every layer at the configured micro-batch size
      * on stage 0's kind of device, then the exact min-max partition of the

@@ -107,6 +107,9 @@ gp_status gp_model_costs(const gp_config *cfg, int64_t batch, double *costs);
  *   - with the environment variable GPIPE_BALANCE=flops, gp_model_costs
  *     (estimated FLOPs; fast and deterministic, no memory check). */
 gp_status gp_model_balance(const gp_config *cfg, int n, int *balance);
+/* The min-max partition over n stages of the estimated FLOPs alone (what
+ * GPIPE_BALANCE=flops uses, and --dry-run's summary for `auto`). */
+gp_status gp_model_balance_flops(const gp_config *cfg, int n, int *balance);
 /* "time" or "flops": what `balance: auto` uses (GPIPE_BALANCE). */
 const char *gp_model_balance_method(void);
 

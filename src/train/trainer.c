@@ -6,7 +6,6 @@
  */
 #include "train/train.h"
 #include "train/snapshot.h"
-#include "balance/balance.h"
 #include "trace/trace.h"
 #include "core/json.h"
 
@@ -595,14 +594,7 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
     const gp_config *cfg = &c2;
     bool flops_split = false;
     if (cfg0->pipeline.n_balance == 0 && S > 1) {
-        int L = cfg0->model.n_layers;
-        double *costs = malloc((size_t)(L > 0 ? L : 1) * sizeof *costs);
-        if (!costs) return gp_error_set(GP_ERR_OOM, "out of host memory");
-        int64_t mb = cfg0->train.batch_size / cfg0->pipeline.chunks;
-        gp_status s = gp_model_costs(cfg0, mb > 0 ? mb : 1, costs);
-        if (s == GP_OK) s = gp_partition_minmax(costs, L, S, c2.pipeline.balance);
-        free(costs);
-        GP_TRY(s);
+        GP_TRY(gp_model_balance_flops(cfg0, S, c2.pipeline.balance));
         c2.pipeline.n_balance = S;
         flops_split = true;
     }
