@@ -6,7 +6,10 @@
  *           (baseline: m = 1, no checkpointing, the single-device step) and
  *           with pipeline-k, k in {1, 2, 4, 8}: k CPU devices x 1 thread,
  *           m = 8, except_last checkpointing, the balance `balance: auto`
- *           picks (profiled); speed-up against the baseline;
+ *           picks (profiled); then pipeline-1 and -2 without
+ *           recomputation, and pipeline-2 free-running on each schedule
+ *           (gpipe, 1f1b, zb-h1, interleaved with v = 2); speed-up against
+ *           the baseline;
  *   memory: the largest model of a family that trains one step on k CPU
  *           devices of a fixed capacity each, k in {1, 2, 4, 8}, with the
  *           baseline (1 device, m = 1, no checkpointing) beside them:
@@ -18,6 +21,7 @@
  *
  * usage: bench_models speed  [--model amoebanet|resnet|unet] [--steps N]
  *        bench_models memory [--model amoebanet|unet] [--capacity MiB]
+ *                            [--schedule gpipe|1f1b|zb-h1]
  * Prints markdown tables with the processor; never fails a build.  On this
  * 2-core machine k > 2 devices share the cores: the speed table says so.
  */
@@ -96,8 +100,8 @@ static void model_batch(const gp_model *m, int64_t b, float **x, float **y)
 
 /* Median samples per second over `steps` steps after one warm-up; k = 0:
  * the baseline (one device, the single-device step, m = 1). */
-static gp_status throughput(const gp_config *base, int k, gp_checkpoint_mode ck, int steps,
-                            double *out)
+static gp_status throughput(const gp_config *base, int k, gp_checkpoint_mode ck,
+                            gp_schedule_kind sched, bool lockstep, int steps, double *out)
 {
     gp_config cfg = *base;
     int n = k ? k : 1;
@@ -105,6 +109,9 @@ static gp_status throughput(const gp_config *base, int k, gp_checkpoint_mode ck,
     cfg.pipeline.chunks = k ? 8 : 1;
     cfg.pipeline.checkpoint = k ? ck : GP_CKPT_NEVER;
     cfg.pipeline.n_balance = 0;
+    cfg.pipeline.schedule = sched;
+    cfg.pipeline.lockstep = lockstep;
+    if (sched == GP_SCHEDULE_INTERLEAVED) cfg.pipeline.virtual_stages = 2;
     gp_device *devs[GP_MAX_DEVICES];
     gp_model model;
     GP_TRY(gp_train_open(&cfg, devs, &model, true));
@@ -143,31 +150,47 @@ static int speed(const family *f, int steps)
     else snprintf(size, sizeof size, "-%d", f->a);
     printf("%s%s, %lldx%lld, batch %lld; %s; median of %d steps\n\n", f->label, size,
            (long long)f->side, (long long)f->side, (long long)f->batch, cpu, steps);
-    printf("| experiment | devices x threads | m | checkpoint | samples/s | speed-up |\n"
-           "|---|---|---|---|---|---|\n");
+    printf("| experiment | devices x threads | m | checkpoint | schedule | samples/s | speed-up |\n"
+           "|---|---|---|---|---|---|---|\n");
     double base = 0;
-    /* torchgpipe's rows (except_last), then pipeline-1 and -2 without
-     * recomputation */
+    /* torchgpipe's rows (except_last, GPipe's fill-drain), then pipeline-1
+     * and -2 without recomputation, then pipeline-2 on the later schedules
+     * (issue 16), which shrink the bubble fill-drain leaves; "free" is
+     * lockstep: false */
     static const struct {
         int k;
         gp_checkpoint_mode ck;
-    } rows[] = {{0, GP_CKPT_NEVER}, {1, GP_CKPT_EXCEPT_LAST}, {2, GP_CKPT_EXCEPT_LAST},
-                {4, GP_CKPT_EXCEPT_LAST}, {8, GP_CKPT_EXCEPT_LAST}, {1, GP_CKPT_NEVER},
-                {2, GP_CKPT_NEVER}};
+        gp_schedule_kind sched;
+        bool lockstep;
+    } rows[] = {{0, GP_CKPT_NEVER, GP_SCHEDULE_GPIPE, true},
+                {1, GP_CKPT_EXCEPT_LAST, GP_SCHEDULE_GPIPE, true},
+                {2, GP_CKPT_EXCEPT_LAST, GP_SCHEDULE_GPIPE, true},
+                {4, GP_CKPT_EXCEPT_LAST, GP_SCHEDULE_GPIPE, true},
+                {8, GP_CKPT_EXCEPT_LAST, GP_SCHEDULE_GPIPE, true},
+                {1, GP_CKPT_NEVER, GP_SCHEDULE_GPIPE, true},
+                {2, GP_CKPT_NEVER, GP_SCHEDULE_GPIPE, true},
+                {2, GP_CKPT_NEVER, GP_SCHEDULE_GPIPE, false},
+                {2, GP_CKPT_NEVER, GP_SCHEDULE_1F1B, false},
+                {2, GP_CKPT_NEVER, GP_SCHEDULE_ZB_H1, false},
+                {2, GP_CKPT_NEVER, GP_SCHEDULE_INTERLEAVED, false}};
     static const char *const ck_names[] = {"always", "except_last", "never"};
     for (size_t q = 0; q < sizeof rows / sizeof *rows; q++) {
         int k = rows[q].k;
         double r = 0;
-        gp_status s = throughput(&c, k, rows[q].ck, steps, &r);
+        gp_status s = throughput(&c, k, rows[q].ck, rows[q].sched, rows[q].lockstep, steps, &r);
         if (k == 0) base = r;
         char name[32];
         if (k) snprintf(name, sizeof name, "pipeline-%d", k);
         else snprintf(name, sizeof name, "baseline");
-        if (s != GP_OK) printf("| %s | %d x 1 | %d | %s | failed: %s | |\n", name, k ? k : 1,
-                               k ? 8 : 1, ck_names[rows[q].ck], gp_last_error());
-        else printf("| %s | %d x 1%s | %d | %s | %.2f | %.3fx |\n", name, k ? k : 1,
-                    k > 2 ? " (on 2 cores)" : "", k ? 8 : 1, k ? ck_names[rows[q].ck] : "-", r,
-                    base > 0 ? r / base : 0);
+        char sched[48] = "-";
+        if (k) snprintf(sched, sizeof sched, "%s%s%s", gp_schedule_kind_name(rows[q].sched),
+                        rows[q].sched == GP_SCHEDULE_INTERLEAVED ? " (v = 2)" : "",
+                        rows[q].lockstep ? "" : ", free");
+        if (s != GP_OK) printf("| %s | %d x 1 | %d | %s | %s | failed: %s | |\n", name,
+                               k ? k : 1, k ? 8 : 1, ck_names[rows[q].ck], sched, gp_last_error());
+        else printf("| %s | %d x 1%s | %d | %s | %s | %.2f | %.3fx |\n", name, k ? k : 1,
+                    k > 2 ? " (on 2 cores)" : "", k ? 8 : 1, k ? ck_names[rows[q].ck] : "-",
+                    sched, r, base > 0 ? r / base : 0);
         fflush(stdout);
     }
     gp_config_free(&c);
@@ -182,8 +205,8 @@ typedef struct {
 } candidate;
 
 /* Whether the model trains one step on k devices of `cap` bytes each (k =
- * 0: the baseline on one). */
-static bool fits(const gp_config *base, int k, size_t cap)
+ * 0: the baseline on one), the pipelines on schedule `sched`. */
+static bool fits(const gp_config *base, int k, size_t cap, gp_schedule_kind sched)
 {
     gp_config cfg = *base;
     int n = k ? k : 1;
@@ -191,6 +214,7 @@ static bool fits(const gp_config *base, int k, size_t cap)
     for (int j = 0; j < n; j++) cfg.pipeline.devices[j].memory = cap;
     cfg.pipeline.chunks = k ? 8 : 1;
     cfg.pipeline.checkpoint = k ? GP_CKPT_ALWAYS : GP_CKPT_NEVER;
+    cfg.pipeline.schedule = k ? sched : GP_SCHEDULE_GPIPE;
     cfg.pipeline.n_balance = 1;
     cfg.pipeline.balance[0] = cfg.model.n_layers;
     if (n > 1) { /* the planner's memory balance under the capacities */
@@ -226,7 +250,7 @@ static bool fits(const gp_config *base, int k, size_t cap)
     return s == GP_OK;
 }
 
-static int memory(const family *f, size_t cap)
+static int memory(const family *f, size_t cap, gp_schedule_kind sched)
 {
     enum { MAX_CAND = 256 };
     candidate cand[MAX_CAND];
@@ -247,8 +271,9 @@ static int memory(const family *f, size_t cap)
     char cpu[256];
     gp_bench_cpu_name(cpu, sizeof cpu);
     printf("%s memory: the largest of %d sizes that trains a step; %lldx%lld, batch %lld; each "
-           "device %zu MiB; %s\n\n", f->label, nc, (long long)f->mside, (long long)f->mside,
-           (long long)f->mbatch, cap >> 20, cpu);
+           "device %zu MiB; pipelines on the %s schedule; %s\n\n", f->label, nc,
+           (long long)f->mside, (long long)f->mside, (long long)f->mbatch, cap >> 20,
+           gp_schedule_kind_name(sched), cpu);
     printf("| experiment | %s | parameters | vs pipeline-1 |\n|---|---|---|---|\n", f->sizes);
     int64_t p1 = 0;
     for (int k = 0; k <= 8; k = k ? 2 * k : 1) {
@@ -263,7 +288,7 @@ static int memory(const family *f, size_t cap)
                 int mid = (glo + ghi) / 2;
                 gp_config c;
                 bool ok = family_cfg(f, cand[mid].a, cand[mid].b, true, &c) == GP_OK &&
-                          fits(&c, k, cap);
+                          fits(&c, k, cap, sched);
                 gp_error_clear();
                 gp_config_free(&c);
                 if (ok) glo = mid;
@@ -295,11 +320,22 @@ int main(int argc, char **argv)
     const char *model = "amoebanet";
     int steps = 3;
     size_t cap = (size_t)256 << 20;
+    gp_schedule_kind sched = GP_SCHEDULE_GPIPE;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--capacity") && i + 1 < argc)
             cap = (size_t)atoll(argv[++i]) << 20;
+        else if (!strcmp(argv[i], "--schedule") && i + 1 < argc) {
+            const char *name = argv[++i];
+            if (!strcmp(name, "gpipe")) sched = GP_SCHEDULE_GPIPE;
+            else if (!strcmp(name, "1f1b")) sched = GP_SCHEDULE_1F1B;
+            else if (!strcmp(name, "zb-h1")) sched = GP_SCHEDULE_ZB_H1;
+            else {
+                fprintf(stderr, "bench_models: --schedule takes gpipe, 1f1b or zb-h1\n");
+                return 2;
+            }
+        }
     }
     const family *found = find_family(model);
     family fam = found ? *found : (family){0};
@@ -317,7 +353,8 @@ int main(int argc, char **argv)
     if (strcmp(what, "speed") && strcmp(what, "memory")) {
         puts("usage: bench_models speed  [--model amoebanet|resnet|unet] [--steps N]\n"
              "                           [--size A B] [--batch N] [--side PIXELS]\n"
-             "       bench_models memory [--model amoebanet|unet] [--capacity MiB]");
+             "       bench_models memory [--model amoebanet|unet] [--capacity MiB]\n"
+             "                           [--schedule gpipe|1f1b|zb-h1]");
         return strcmp(what, "-h") && strcmp(what, "--help") ? 2 : 0;
     }
     if (!f) {
@@ -326,5 +363,5 @@ int main(int argc, char **argv)
     }
     gp_log_set_level(GP_LOG_WARN);
     if (steps < 1) steps = 1;
-    return !strcmp(what, "speed") ? speed(f, steps) : memory(f, cap);
+    return !strcmp(what, "speed") ? speed(f, steps) : memory(f, cap, sched);
 }
