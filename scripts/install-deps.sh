@@ -6,7 +6,7 @@
 #   scripts/install-deps.sh --ci       also what CI needs (sanitizer runtimes)
 set -euo pipefail
 pkgs=(cmake make gcc g++ pkgconf libyaml-dev zlib1g-dev libdnnl-dev libturbojpeg0-dev libjpeg62-turbo-dev
-      libpng-dev
+      libpng-dev openmpi-bin libopenmpi-dev
       python3-matplotlib python3-pil
       dataset-fashion-mnist)
 if [[ "${1:-}" == "--ci" ]]; then

@@ -215,17 +215,52 @@ int main(int argc, char **argv)
     }
     if (quiet) gp_log_set_level(GP_LOG_ERROR);
 
-    gp_config cfg;
-    gp_status s = config ? gp_config_load(config, sets, n_sets, &cfg)
-                         : gp_snapshot_read_config(resume, sets, n_sets, &cfg);
-    free(sets);
+    /* under mpirun: MPI up first, so that an error every rank meets
+     * (the config's) is said once, by rank 0 */
+    gp_status s = gp_procs_init();
     if (s != GP_OK) {
         fprintf(stderr, "gpipe-train: %s\n", gp_last_error());
+        free(sets);
+        return exit_code_for(s);
+    }
+    gp_config cfg;
+    s = config ? gp_config_load(config, sets, n_sets, &cfg)
+               : gp_snapshot_read_config(resume, sets, n_sets, &cfg);
+    free(sets);
+    if (s != GP_OK) {
+        if (gp_procs_rank() == 0) fprintf(stderr, "gpipe-train: %s\n", gp_last_error());
+        gp_procs_finalize();
         return exit_code_for(s);
     }
     int code = EXIT_OK;
+    /* mpirun -np N: one device per process (rank r runs device r); rank 0
+     * prints, writes the metrics, the snapshots and the export; every rank
+     * writes its own trace (CONFIG's --trace path, ".rank<r>" before the
+     * extension for r > 0). */
+    s = gp_train_check_processes(&cfg);
+    int rank = gp_procs_rank();
+    if (s != GP_OK) { /* the same on every rank: rank 0 says it */
+        if (rank == 0) fprintf(stderr, "gpipe-train: %s\n", gp_last_error());
+        gp_config_free(&cfg);
+        gp_procs_finalize();
+        return exit_code_for(s);
+    }
+    char rank_trace[1100];
+    if (rank > 0) {
+        quiet = 1;
+        progress = 0;
+        metrics = NULL;
+        gp_log_set_level(GP_LOG_ERROR);
+        if (trace) {
+            const char *dot = strrchr(trace, '.'), *slash = strrchr(trace, '/');
+            int stem = dot && (!slash || dot > slash) ? (int)(dot - trace) : (int)strlen(trace);
+            snprintf(rank_trace, sizeof rank_trace, "%.*s.rank%d%s", stem, trace, rank,
+                     trace + stem);
+            trace = rank_trace;
+        }
+    }
     if (dry) {
-        s = gp_model_summary(&cfg, stdout);
+        if (rank == 0) s = gp_model_summary(&cfg, stdout);
     } else {
         gp_train_opts o = {.metrics_path = metrics, .trace_path = trace,
                            .trace_first = trace_first, .trace_last = trace_last,
@@ -237,7 +272,16 @@ int main(int argc, char **argv)
         s = gp_train_run(&cfg, &o, &r);
         if (s == GP_ERR_STOPPED) code = 128 + r.stop_signal; /* as the shell reports a kill */
     }
-    if (s != GP_OK) fprintf(stderr, "gpipe-train: %s\n", gp_last_error());
+    if (s != GP_OK && s != GP_ERR_STOPPED && gp_procs_size() > 1) {
+        /* a failed rank: say which, then end every rank (the others may
+         * be waiting for its messages) */
+        fprintf(stderr, "gpipe-train: rank %d of %d: %s\n", rank, gp_procs_size(),
+                gp_last_error());
+        gp_procs_abort(exit_code_for(s));
+    } else if (s != GP_OK && rank == 0) { /* a stop: every rank stopped at the same step */
+        fprintf(stderr, "gpipe-train: %s\n", gp_last_error());
+    }
     gp_config_free(&cfg);
+    gp_procs_finalize();
     return s == GP_ERR_STOPPED ? code : exit_code_for(s);
 }

@@ -25,6 +25,7 @@
  */
 #include "pipeline/pipeline.h"
 #include "pipeline/nvtx.h"
+#include "pipeline/procs.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -84,6 +85,8 @@ struct gp_pipeline {
     gp_skip_edge *edges;
     int n_edges;
     int K;                     /* the model's skips (flag rows) */
+    int local;                 /* processes: the device this process runs; -1: all */
+    int n_run;                 /* workers this process runs: n, or 1 */
 
     /* --- guarded by lock --- */
     pthread_mutex_t lock;
@@ -114,6 +117,13 @@ struct gp_pipeline {
     uint64_t seed, step;
     double lr;
     mb_state *mb;              /* [i * n + j] */
+    /* Processes: the sends in flight of this process's one worker (only it
+     * touches them), each with the flag that says its tensor may go. */
+    struct pending_send {
+        gp_procs_req req;
+        bool *flag;
+    } *pend;
+    int n_pend, cap_pend;
     double t_begin;            /* gp_now() at gp_pipeline_step_begin */
     bool running;              /* between a successful begin and its end;
                                   written by the caller under lock */
@@ -200,7 +210,7 @@ static bool pred_lists_ok(gp_pipeline *p, int a, int b)
 {
     (void)a;
     (void)b;
-    return p->lists_ok >= p->n;
+    return p->lists_ok >= p->n_run;
 }
 
 /* Move clock_front past every fully computed clock.  Lock held. */
@@ -219,6 +229,112 @@ static void publish(gp_pipeline *p, bool *flag, int clock)
     advance_clocks(p);
     pthread_cond_broadcast(&p->cond);
     pthread_mutex_unlock(&p->lock);
+}
+
+/* ---- processes (procs.h) ------------------------------------------------ */
+
+/* Whether stage j runs in another process. */
+static bool remote(const gp_pipeline *p, int j) { return p->local >= 0 && j % p->n != p->local; }
+
+enum { MSG_ACT, MSG_GRAD, MSG_SKIP, MSG_SKIP_GRAD };
+
+/* The tag of a message: one per (micro-batch, receiving stage, what, skip)
+ * in a step, so no two messages between two processes share one. */
+static int msg_tag(const gp_pipeline *p, int i, int to, int what, int skip)
+{
+    int slots = 2 + 2 * p->K;
+    int slot = what < MSG_SKIP ? what : 2 + 2 * skip + (what - MSG_SKIP);
+    return (i * p->S + to) * slots + slot;
+}
+
+static gp_status send_tensor(gp_pipeline *p, const gp_tensor *t, int to, int tag, bool *flag)
+{
+    if (p->n_pend == p->cap_pend) {
+        int cap = p->cap_pend ? 2 * p->cap_pend : 16;
+        struct pending_send *q = realloc(p->pend, (size_t)cap * sizeof *q);
+        if (!q) return gp_error_set(GP_ERR_OOM, "out of host memory");
+        p->pend = q;
+        p->cap_pend = cap;
+    }
+    struct pending_send *ps = &p->pend[p->n_pend];
+    GP_TRY(gp_procs_isend(t->data, gp_tensor_numel(t), to % p->n, tag, &ps->req));
+    ps->flag = flag;
+    p->n_pend++;
+    return GP_OK;
+}
+
+/* After stage j's forward (fwd) or its backward that makes the input's
+ * gradient, of micro-batch i: send what the other processes' stages
+ * receive from it.  Each tensor stays until its send completes
+ * (progress_sends sets the flag sweep frees it by). */
+static gp_status post_sends(gp_pipeline *p, int i, int j, bool fwd)
+{
+    if (p->local < 0) return GP_OK;
+    mb_state *s = MB(p, i, j);
+    GP_TRY(gp_dev_synchronize(p->devs[j])); /* the data is written */
+    if (fwd && j + 1 < p->S && remote(p, j + 1))
+        GP_TRY(send_tensor(p, &s->stash.out, j + 1, msg_tag(p, i, j + 1, MSG_ACT, 0),
+                           &FLAG(p, act_copied, i, j + 1)));
+    if (!fwd && j > 0 && remote(p, j - 1))
+        GP_TRY(send_tensor(p, &s->grad_in, j - 1, msg_tag(p, i, j - 1, MSG_GRAD, 0),
+                           &FLAG(p, grad_copied, i, j - 1)));
+    for (int e = 0; e < p->n_edges; e++) {
+        const gp_skip_edge *k = &p->edges[e];
+        if (fwd && k->from == j && remote(p, k->to))
+            GP_TRY(send_tensor(p, &s->stash.skip_out[k->id], k->to,
+                               msg_tag(p, i, k->to, MSG_SKIP, k->id),
+                               &SKIP_FLAG(p, skip_copied, i, k->id)));
+        if (!fwd && k->to == j && remote(p, k->from))
+            GP_TRY(send_tensor(p, &s->stash.skip_din[k->id], k->from,
+                               msg_tag(p, i, k->from, MSG_SKIP_GRAD, k->id),
+                               &SKIP_FLAG(p, skipg_copied, i, k->id)));
+    }
+    return GP_OK;
+}
+
+/* The sends that completed set their flags (their tensors may go); with
+ * `wait`, all of them. */
+static gp_status progress_sends(gp_pipeline *p, bool wait)
+{
+    int keep = 0;
+    gp_status st = GP_OK;
+    for (int q = 0; q < p->n_pend; q++) {
+        bool done = false;
+        if (st == GP_OK) {
+            if (wait) {
+                st = gp_procs_wait(&p->pend[q].req);
+                done = st == GP_OK;
+            } else {
+                st = gp_procs_test(&p->pend[q].req, &done);
+            }
+        }
+        if (done) publish(p, p->pend[q].flag, -1);
+        else p->pend[keep++] = p->pend[q];
+    }
+    p->n_pend = keep;
+    return st;
+}
+
+/* A copy instruction whose source stage is in another process: the
+ * message, into a new tensor of the shape both sides know (the receiving
+ * stage's input, its output's gradient, or the stashing layer's output).
+ * ev->t1 marks the message's arrival: the wait before it, the copy
+ * after. */
+static gp_status receive_remote(gp_pipeline *p, const gp_instr *in, gp_event_rec *ev, int what,
+                                gp_tensor *dst)
+{
+    int i = in->i, j = in->j;
+    const gp_shape *one = what == MSG_ACT  ? &p->layers[p->first[j]].in_shape
+                          : what == MSG_GRAD ? &p->layers[p->first[j] + p->count[j] - 1].out_shape
+                                             : &p->layers[p->opts.skips->skips[in->skip].from].out_shape;
+    gp_shape sh = gp_shape_with_batch(one, p->sizes[i]);
+    int from = in->from % p->n, tag = msg_tag(p, i, j, what, in->skip);
+    gp_status st = gp_procs_probe(from, tag);
+    ev->t1 = gp_now();
+    if (st == GP_OK) st = gp_tensor_alloc(dst, p->devs[j], &sh, GP_MEM_COPIES);
+    if (st != GP_OK) return st;
+    ev->bytes = gp_tensor_bytes(dst);
+    return gp_procs_recv(dst->data, gp_tensor_numel(dst), from, tag);
 }
 
 /* ---- the work of one instruction --------------------------------------- */
@@ -397,6 +513,7 @@ static gp_status barrier(worker *w, const gp_instr *in, int *bad_layer)
 {
     gp_pipeline *p = w->p;
     int d = w->j, j = in->j; /* j: the device's first stage (= d) */
+    if (p->local >= 0) GP_TRY(progress_sends(p, true)); /* the other processes have it all */
     EACH_STAGE(p, q, d) {
         GP_TRY(grads_final(p, q, bad_layer));
         for (int i = 0; i < p->m; i++) { /* outgoing data must be copied before it is freed */
@@ -455,22 +572,30 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
     double t0 = gp_now();
     switch (in->kind) {
     case GP_INSTR_RECV_ACT:
+        if (remote(p, in->from)) return receive_remote(p, in, ev, MSG_ACT, &MB(p, i, j)->stash.in);
         return receive(p, in, ev, pred_fwd, &MB(p, i, in->from)->stash.out, &MB(p, i, j)->stash.in,
                        &FLAG(p, act_copied, i, j));
     case GP_INSTR_RECV_GRAD:
+        if (remote(p, in->from)) return receive_remote(p, in, ev, MSG_GRAD, &MB(p, i, j)->grad_out);
         return receive(p, in, ev, pred_bwd, &MB(p, i, in->from)->grad_in,
                        &MB(p, i, j)->grad_out, &FLAG(p, grad_copied, i, j));
     case GP_INSTR_RECV_SKIP:
+        if (remote(p, in->from))
+            return receive_remote(p, in, ev, MSG_SKIP, &MB(p, i, j)->stash.skip_in[in->skip]);
         return receive(p, in, ev, pred_fwd, &MB(p, i, in->from)->stash.skip_out[in->skip],
                        &MB(p, i, j)->stash.skip_in[in->skip],
                        &SKIP_FLAG(p, skip_copied, i, in->skip));
     case GP_INSTR_RECV_SKIP_GRAD:
+        if (remote(p, in->from))
+            return receive_remote(p, in, ev, MSG_SKIP_GRAD,
+                                  &MB(p, i, j)->stash.skip_dout[in->skip]);
         return receive(p, in, ev, pred_bwd, &MB(p, i, in->from)->stash.skip_din[in->skip],
                        &MB(p, i, j)->stash.skip_dout[in->skip],
                        &SKIP_FLAG(p, skipg_copied, i, in->skip));
     case GP_INSTR_FORWARD:
         st = do_forward(p, i, j, in->checkpointed, bad_layer);
         if (st == GP_OK) publish(p, &FLAG(p, fwd_done, i, j), in->k);
+        if (st == GP_OK) st = post_sends(p, i, j, true);
         return st;
     case GP_INSTR_RECOMPUTE: {
         gp_fwd_ctx ctx = mb_ctx(p, i, j);
@@ -481,6 +606,7 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
     case GP_INSTR_BACKWARD:
         st = do_backward(p, i, j, bad_layer);
         if (st == GP_OK) publish(p, &FLAG(p, bwd_done, i, j), in->k);
+        if (st == GP_OK) st = post_sends(p, i, j, false);
         return st;
     case GP_INSTR_BACKWARD_DATA: {
         gp_fwd_ctx ctx = mb_ctx(p, i, j);
@@ -489,6 +615,7 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
                                    p->first_trainable, j > 0 ? &s->grad_in : NULL, bad_layer);
         if (st != GP_OK) *bad_layer += first;
         else publish(p, &FLAG(p, bwd_done, i, j), in->k);
+        if (st == GP_OK) st = post_sends(p, i, j, false);
         return st;
     }
     case GP_INSTR_BACKWARD_WEIGHTS: {
@@ -613,7 +740,16 @@ static gp_status run_step(worker *w)
             gp_dev_freeze_weights(dev, false);
             return fail(p, st, in->j, in->i, bad_layer);
         }
-        if (gp_instr_per_micro_batch(in->kind)) sweep(p, j);
+        if (gp_instr_per_micro_batch(in->kind)) {
+            if (p->n_pend > 0) {
+                st = progress_sends(p, false);
+                if (st != GP_OK) {
+                    gp_dev_freeze_weights(dev, false);
+                    return fail(p, st, in->j, in->i, -1);
+                }
+            }
+            sweep(p, j);
+        }
     }
     gp_status st = gp_dev_freeze_weights(dev, false);
     if (st != GP_OK) return fail(p, st, j, -1, -1);
@@ -645,7 +781,7 @@ static void *worker_main(void *arg)
         if (st != GP_OK) {
             /* Nobody may be reading our buffers when we free them: wait
              * until every worker has stopped. */
-            while (p->finished < p->n) pthread_cond_wait(&p->cond, &p->lock);
+            while (p->finished < p->n_run) pthread_cond_wait(&p->cond, &p->lock);
             pthread_mutex_unlock(&p->lock);
             drain(p, w->j);
             pthread_mutex_lock(&p->lock);
@@ -706,6 +842,14 @@ gp_status gp_pipeline_create(gp_layer *layers, int n_layers, const gp_shape *inp
     p->targets = gp_loss_targets_per_sample(opts->loss, &layers[n_layers - 1].out_shape);
     p->opts = *opts;
     p->replicas = 1;
+    if (opts->processes && (opts->local_device < 0 || opts->local_device >= n)) {
+        free(p);
+        return gp_error_set(GP_ERR_INVALID, "process %d of a run on %d devices: start as many "
+                            "processes as pipeline.devices lists (mpirun -np %d)",
+                            opts->local_device, n, n);
+    }
+    p->local = opts->processes ? opts->local_device : -1;
+    p->n_run = p->local >= 0 ? 1 : n;
     int f = 0;
     for (int j = 0; j < S; j++) {
         p->devs[j] = devs[j];
@@ -734,12 +878,14 @@ gp_status gp_pipeline_create(gp_layer *layers, int n_layers, const gp_shape *inp
     for (int j = 0; j < n; j++) {
         p->workers[j].p = p;
         p->workers[j].j = j;
+        if (p->local >= 0 && j != p->local) continue; /* another process runs it */
         if (pthread_create(&p->workers[j].thread, NULL, worker_main, &p->workers[j]) != 0) {
             pthread_mutex_lock(&p->lock);
             p->shutdown = true;
             pthread_cond_broadcast(&p->cond);
             pthread_mutex_unlock(&p->lock);
-            for (int q = 0; q < j; q++) pthread_join(p->workers[q].thread, NULL);
+            for (int q = 0; q < j; q++)
+                if (p->local < 0 || q == p->local) pthread_join(p->workers[q].thread, NULL);
             pthread_mutex_destroy(&p->lock);
             pthread_cond_destroy(&p->cond);
             free(p->edges);
@@ -921,7 +1067,7 @@ gp_status gp_pipeline_step_end(gp_pipeline *p, gp_pipeline_out *out)
     GP_ASSERT(p->running);
     int m = p->m;
     pthread_mutex_lock(&p->lock);
-    while (p->drained < p->n) pthread_cond_wait(&p->cond, &p->lock);
+    while (p->drained < p->n_run) pthread_cond_wait(&p->cond, &p->lock);
     p->running = false;
     gp_status st = p->status;
     pthread_mutex_unlock(&p->lock);
@@ -934,6 +1080,13 @@ gp_status gp_pipeline_step_end(gp_pipeline *p, gp_pipeline_out *out)
         loss += MB(p, i, p->S - 1)->loss_sum;
         correct += MB(p, i, p->S - 1)->correct;
         count += MB(p, i, p->S - 1)->count;
+    }
+    if (p->local >= 0) { /* only the last stage's process has the loss */
+        double v[3] = {loss, (double)correct, (double)count};
+        GP_TRY(gp_procs_bcast(v, sizeof v, (p->S - 1) % p->n));
+        loss = v[0];
+        correct = (int64_t)v[1];
+        count = (int64_t)v[2];
     }
     if (out) {
         out->loss_sum = loss;
@@ -951,8 +1104,10 @@ void gp_pipeline_destroy(gp_pipeline *p)
     p->shutdown = true;
     pthread_cond_broadcast(&p->cond);
     pthread_mutex_unlock(&p->lock);
-    for (int j = 0; j < p->n; j++) pthread_join(p->workers[j].thread, NULL);
+    for (int j = 0; j < p->n; j++)
+        if (p->local < 0 || j == p->local) pthread_join(p->workers[j].thread, NULL);
     free_step_tables(p);
+    free(p->pend);
     pthread_mutex_destroy(&p->lock);
     pthread_cond_destroy(&p->cond);
     free(p->edges);

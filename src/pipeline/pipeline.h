@@ -75,6 +75,15 @@ typedef struct gp_pipeline_opts {
     bool no_check;              /* leave out CHECK (benchmarks of its cost) */
     const gp_skip_map *skips;   /* the model's skip connections (NULL: none);
                                    borrowed, must outlive the pipeline */
+    /* Processes (procs.h, mpirun): with `processes`, this process runs
+     * only device local_device, which is its rank (device d runs on rank
+     * d); otherwise (the default) every device, as worker threads of this
+     * process.  Copies to and from the other processes' stages are MPI
+     * messages; the step is free-running across processes (lockstep has
+     * nothing to hold: no two neighbouring stages share a process); the
+     * loss comes from the last stage's rank. */
+    bool processes;
+    int local_device;
     gp_loss_kind loss;          /* the last stage's loss (default cross-entropy:
                                    y holds one class id per sample; binary
                                    cross-entropy: one target per element of

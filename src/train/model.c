@@ -127,6 +127,8 @@ gp_pipeline_opts gp_model_pipeline_opts(const gp_model *m, const gp_config *cfg)
                               .schedule = cfg->pipeline.schedule,
                               .virtual_stages = gp_model_virtual(cfg),
                               .lockstep = cfg->pipeline.lockstep, .fault_j = -1,
+                              .processes = gp_procs_size() > 1,
+                              .local_device = gp_procs_rank(),
                               .optim = m->optim, .loss = m->loss};
 }
 
@@ -448,9 +450,36 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
     return GP_OK;
 }
 
+gp_status gp_model_procs_sync(gp_model *m, bool state)
+{
+    if (gp_procs_size() <= 1) return GP_OK;
+    int S = m->n_stages, n = S; /* devices: stage j on device j % n */
+    for (int q = 1; q < S; q++)
+        if (m->devs[q] == m->devs[0]) {
+            n = q;
+            break;
+        }
+    int j = 0, left = m->balance[0];
+    for (int k = 0; k < m->n_layers; k++) {
+        while (left == 0 && j + 1 < S) left = m->balance[++j];
+        left--;
+        gp_layer *l = &m->layers[k];
+        for (int q = 0; q < l->n_params; q++) {
+            gp_tensor *t = &l->params[q].value;
+            GP_TRY(gp_procs_bcast(t->data, gp_tensor_bytes(t), j % n));
+            gp_tensor *mo = state ? gp_optim_state(m->optim, k, q) : NULL;
+            if (mo && mo->data) GP_TRY(gp_procs_bcast(mo->data, gp_tensor_bytes(mo), j % n));
+        }
+    }
+    return GP_OK;
+}
+
 gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset *ds,
                             double *loss, double *accuracy)
 {
+    /* processes: every rank evaluates the whole model, its stages'
+     * parameters from their ranks */
+    GP_TRY(gp_model_procs_sync(m, false));
     int64_t bs = cfg->train.eval_batch_size > 0 ? cfg->train.eval_batch_size : 1000;
     int64_t per = ds->c * ds->h * ds->w;
     /* binary cross-entropy against masks where the data has them; the

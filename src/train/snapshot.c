@@ -706,6 +706,7 @@ gp_status gp_snapshot_lock_dir(const char *dir, gp_snapshot_lock **out)
 gp_status gp_snapshot_lock_run(const gp_config *cfg, const char *resume, gp_snapshot_lock **out)
 {
     *out = NULL;
+    if (gp_procs_rank() != 0) return GP_OK; /* processes: rank 0 holds it and writes */
     const gp_snapshot_config *sc = &cfg->train.snapshot;
     char made[1024] = "";
     if (sc->every_steps > 0 || sc->every_minutes > 0) {
@@ -770,6 +771,9 @@ void gp_snapshot_lock_release(gp_snapshot_lock *l)
 gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_pos *pos,
                            const gp_snapshot_lock *lock)
 {
+    /* processes: rank 0 writes the whole model, as one process would */
+    GP_TRY(gp_model_procs_sync(m, true));
+    if (gp_procs_rank() != 0) return GP_OK;
     const gp_snapshot_config *sc = &cfg->train.snapshot;
     /* Pruning below deletes files: only the run that owns the directory. */
     GP_ASSERT(lock && !strcmp(lock->dir, sc->dir));
@@ -848,6 +852,8 @@ gp_status gp_snapshot_read_config(const char *path, const char *const *overrides
 
 gp_status gp_snapshot_export(gp_model *m, const gp_config *cfg, const char *path)
 {
+    GP_TRY(gp_model_procs_sync(m, false));
+    if (gp_procs_rank() != 0) return GP_OK;
     gp_st_writer w = {0};
     gp_status s = gp_snapshot_collect(m, cfg, NULL, &w);
     if (s == GP_OK) s = gp_st_write_atomic(&w, path);
@@ -988,7 +994,7 @@ gp_status gp_snapshot_prepare(gp_model *m, const gp_config *cfg, const char *res
     /* This run's snapshots go into the directory: later ones of the run it
      * resumed from an earlier point would mix with them, be taken for the
      * newest by the next --resume latest, and be overwritten step by step. */
-    if (snapping) {
+    if (snapping && gp_procs_rank() == 0) { /* processes: the rank that writes */
         GP_ASSERT(lock && !strcmp(lock->dir, tc->snapshot.dir));
         GP_TRY(move_later_aside(lock, sp.step));
     }

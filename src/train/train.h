@@ -22,6 +22,7 @@
 #include "config/config.h"
 #include "train/data.h"
 #include "pipeline/pipeline.h"
+#include "pipeline/procs.h"
 
 /* ---- learning-rate schedule ---------------------------------------------
  * lr(step) for 0-based step of total_steps:
@@ -204,6 +205,16 @@ gp_status gp_model_check_replicas(const gp_model *m);
  * chunk from its owner into replica 0's momentum, so replica 0 holds the
  * whole optimizer state (snapshots read it).  No-op without replicas. */
 gp_status gp_model_gather_momentum(gp_model *m);
+/* Processes (mpirun; procs.h): every rank's copy of each stage's
+ * parameters and buffers (with `state`, momentum too) made equal to the
+ * copy of the rank that trains the stage, so that any rank can evaluate
+ * or write the whole model.  A collective: every rank calls it at the
+ * same point.  Nothing without processes. */
+gp_status gp_model_procs_sync(gp_model *m, bool state);
+/* Under mpirun (gp_procs_size() > 1): whether the config can run one
+ * device per process (as many devices as processes, one replica, CPU
+ * devices); GP_ERR_INVALID saying what to change otherwise. */
+gp_status gp_train_check_processes(const gp_config *cfg);
 
 /* Loss and accuracy of the model in evaluation mode over a whole dataset:
  * per sample against its class (cross-entropy), per pixel against its mask

@@ -248,7 +248,21 @@ gp_status gp_train_open(const gp_config *cfg, gp_device **devs, gp_model *model,
 {
     int n = cfg->pipeline.n_devices, S = n * gp_model_virtual(cfg);
     int balance[GP_MAX_DEVICES];
-    GP_TRY(gp_model_balance(cfg, S, balance));
+    if (gp_procs_size() > 1) {
+        /* processes: rank 0 balances (profiling once), every rank takes
+         * its split, or its failure */
+        int msg[1 + GP_MAX_DEVICES] = {0};
+        gp_status bs = GP_OK;
+        if (gp_procs_rank() == 0) msg[0] = (int)(bs = gp_model_balance(cfg, S, msg + 1));
+        GP_TRY(gp_procs_bcast(msg, sizeof msg, 0));
+        if (bs != GP_OK) return bs;
+        if (msg[0] != GP_OK)
+            return gp_error_set((gp_status)msg[0], "rank 0 could not balance the model (its "
+                                "message says why)");
+        memcpy(balance, msg + 1, sizeof balance);
+    } else {
+        GP_TRY(gp_model_balance(cfg, S, balance));
+    }
     GP_TRY(open_devices(cfg, devs));
     gp_status s = gp_model_build_replicated(cfg, devs, cfg->pipeline.replicas, n, balance, model);
     if (s != GP_OK) {
@@ -266,6 +280,38 @@ gp_status gp_train_open(const gp_config *cfg, gp_device **devs, gp_model *model,
                 cfg->pipeline.n_balance ? "" : ")", line, S, S > n ? "stages" : "devices");
     }
     return GP_OK;
+}
+
+gp_status gp_train_check_processes(const gp_config *cfg)
+{
+    int N = gp_procs_size();
+    const gp_pipeline_config *pc = &cfg->pipeline;
+    if (N <= 1) return GP_OK;
+    if (pc->replicas > 1)
+        return gp_error_set(GP_ERR_INVALID, "%s: pipeline.replicas = %d across processes is not "
+                            "supported yet; under mpirun each process runs one device of one "
+                            "pipeline (replicas run as threads of one process)", cfg->path,
+                            pc->replicas);
+    if (pc->n_devices != N)
+        return gp_error_set(GP_ERR_INVALID, "%s: mpirun started %d processes but "
+                            "pipeline.devices lists %d device%s; each process runs one device: "
+                            "start mpirun -np %d, or list %d devices", cfg->path, N,
+                            pc->n_devices, pc->n_devices == 1 ? "" : "s", pc->n_devices, N);
+    for (int j = 0; j < pc->n_devices; j++)
+        if (!gp_device_spec_is_cpu(&pc->devices[j]))
+            return gp_error_set(GP_ERR_INVALID, "%s: pipeline.devices[%d] is a GPU; stages in "
+                                "separate processes run on CPU devices only so far (GPU "
+                                "stages: one process, one worker thread per GPU)", cfg->path, j);
+    return GP_OK;
+}
+
+/* Processes (mpirun): a decision every rank takes together (stop now, a
+ * snapshot now), taken where any rank takes it: a rank that stopped alone
+ * would leave the others waiting for its messages. */
+static int agreed(int x)
+{
+    if (gp_procs_size() > 1 && gp_procs_max_int(&x) != GP_OK) gp_procs_abort(1);
+    return x;
 }
 
 gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train_result *res)
@@ -386,7 +432,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     gp_snapshot_pos last_pos = pos;
     res->steps = first_step;
     for (int64_t step = first_step; step < total; step++) {
-        int sig = stop_asked(opts);
+        int sig = agreed(stop_asked(opts));
         if (sig && step == first_step) {
             s = stop_early(opts, "while starting", res);
             goto done;
@@ -478,8 +524,9 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
             last_pos.epoch++;
             last_pos.batch = 0;
         }
-        if ((snc->every_steps > 0 && (step + 1) % snc->every_steps == 0) ||
-            (snc->every_minutes > 0 && now - last_snap >= 60.0 * snc->every_minutes) ||
+        bool minutes_due = snc->every_minutes > 0 &&
+                           agreed(now - last_snap >= 60.0 * snc->every_minutes);
+        if ((snc->every_steps > 0 && (step + 1) % snc->every_steps == 0) || minutes_due ||
             ((snc->every_steps > 0 || snc->every_minutes > 0) && step == total - 1)) {
             s = gp_snapshot_save(&model, cfg, &last_pos, snap_lock);
             if (s != GP_OK) goto done;
@@ -521,7 +568,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                     opts->export_path);
         if (res->steps == first_step) goto done; /* nothing trained: a conversion */
     }
-    int late = stop_asked(opts);
+    int late = agreed(stop_asked(opts));
     if (late && res->steps > first_step) {
         /* Every step ran (and the last snapshot, and the export, are
          * written): only the final evaluation is left out. */

@@ -1,0 +1,212 @@
+/*
+ * procs.c — MPI behind procs.h; stubs when built without it.
+ */
+#include "pipeline/procs.h"
+
+#include <limits.h>
+#include <stdlib.h>
+
+bool gp_procs_launched(void)
+{
+    /* Open MPI's mpirun; PMIx (Open MPI 5, Slurm); PMI-1/2 (Slurm, MPICH) */
+    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE"};
+    for (size_t q = 0; q < sizeof vars / sizeof *vars; q++)
+        if (getenv(vars[q])) return true;
+    return false;
+}
+
+#ifdef GPIPE_HAVE_MPI
+#include <mpi.h>
+
+static bool g_active;
+static int g_rank, g_size = 1;
+
+bool gp_procs_available(void) { return true; }
+bool gp_procs_active(void) { return g_active; }
+int gp_procs_rank(void) { return g_rank; }
+int gp_procs_size(void) { return g_size; }
+
+static gp_status mpi_error(int rc, const char *what)
+{
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    return gp_error_set(GP_ERR_RUNTIME, "rank %d: %s failed: %s", g_rank, what, msg);
+}
+
+gp_status gp_procs_init(void)
+{
+    if (g_active || !gp_procs_launched()) return GP_OK;
+    int provided = 0;
+    int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
+    if (rc != MPI_SUCCESS) return gp_error_set(GP_ERR_RUNTIME, "MPI_Init_thread failed (%d)", rc);
+    /* errors come back as codes, which become gpipe errors naming the rank */
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+    g_active = true;
+    if (provided < MPI_THREAD_MULTIPLE)
+        return gp_error_set(GP_ERR_RUNTIME, "this MPI library gives thread level %d, not "
+                            "MPI_THREAD_MULTIPLE, which gpipe's worker threads need; use Open "
+                            "MPI (openmpi-bin) built with thread support", provided);
+    return GP_OK;
+}
+
+void gp_procs_finalize(void)
+{
+    if (!g_active) return;
+    MPI_Finalize();
+    g_active = false;
+}
+
+_Noreturn void gp_procs_abort(int code)
+{
+    if (g_active) MPI_Abort(MPI_COMM_WORLD, code);
+    exit(code);
+}
+
+static gp_status count_of(int64_t n, int *out)
+{
+    if (n < 0 || n > INT_MAX)
+        return gp_error_set(GP_ERR_INVALID, "a message of %lld floats is over MPI's %d per "
+                            "message; use more micro-batches (pipeline.chunks)", (long long)n,
+                            INT_MAX);
+    *out = (int)n;
+    return GP_OK;
+}
+
+gp_status gp_procs_isend(const float *data, int64_t n, int to, int tag, gp_procs_req *req)
+{
+    int cnt = 0;
+    GP_TRY(count_of(n, &cnt));
+    MPI_Request *r = malloc(sizeof *r);
+    if (!r) return gp_error_set(GP_ERR_OOM, "out of host memory");
+    int rc = MPI_Isend(data, cnt, MPI_FLOAT, to, tag, MPI_COMM_WORLD, r);
+    if (rc != MPI_SUCCESS) {
+        free(r);
+        return mpi_error(rc, "MPI_Isend");
+    }
+    req->impl = r;
+    return GP_OK;
+}
+
+gp_status gp_procs_test(gp_procs_req *req, bool *done)
+{
+    int flag = 0;
+    int rc = MPI_Test(req->impl, &flag, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Test");
+    *done = flag != 0;
+    if (*done) {
+        free(req->impl);
+        req->impl = NULL;
+    }
+    return GP_OK;
+}
+
+gp_status gp_procs_wait(gp_procs_req *req)
+{
+    int rc = MPI_Wait(req->impl, MPI_STATUS_IGNORE);
+    free(req->impl);
+    req->impl = NULL;
+    return rc == MPI_SUCCESS ? GP_OK : mpi_error(rc, "MPI_Wait");
+}
+
+gp_status gp_procs_probe(int from, int tag)
+{
+    int rc = MPI_Probe(from, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    return rc == MPI_SUCCESS ? GP_OK : mpi_error(rc, "MPI_Probe");
+}
+
+gp_status gp_procs_recv(float *data, int64_t n, int from, int tag)
+{
+    int cnt = 0, got = 0;
+    GP_TRY(count_of(n, &cnt));
+    MPI_Status stt;
+    int rc = MPI_Recv(data, cnt, MPI_FLOAT, from, tag, MPI_COMM_WORLD, &stt);
+    if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Recv");
+    MPI_Get_count(&stt, MPI_FLOAT, &got);
+    if (got != cnt)
+        return gp_error_set(GP_ERR_RUNTIME, "rank %d: received %d floats from rank %d (tag %d), "
+                            "expected %d: the processes disagree on the model or the batch; "
+                            "start every rank with the same config", g_rank, got, from, tag, cnt);
+    return GP_OK;
+}
+
+gp_status gp_procs_bcast(void *data, size_t bytes, int root)
+{
+    unsigned char *b = data;
+    while (bytes > 0) { /* in pieces under MPI's int count */
+        int piece = bytes > (size_t)INT_MAX ? INT_MAX : (int)bytes;
+        int rc = MPI_Bcast(b, piece, MPI_BYTE, root, MPI_COMM_WORLD);
+        if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Bcast");
+        b += piece;
+        bytes -= (size_t)piece;
+    }
+    return GP_OK;
+}
+
+gp_status gp_procs_max_int(int *x)
+{
+    int rc = MPI_Allreduce(MPI_IN_PLACE, x, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    return rc == MPI_SUCCESS ? GP_OK : mpi_error(rc, "MPI_Allreduce");
+}
+
+#else /* built without MPI */
+
+bool gp_procs_available(void) { return false; }
+bool gp_procs_active(void) { return false; }
+int gp_procs_rank(void) { return 0; }
+int gp_procs_size(void) { return 1; }
+
+gp_status gp_procs_init(void)
+{
+    if (!gp_procs_launched()) return GP_OK;
+    return gp_error_set(GP_ERR_INVALID, "started by mpirun, but this gpipe was built without "
+                        "MPI: install openmpi-bin and libopenmpi-dev "
+                        "(scripts/install-deps.sh) and build again (cmake -DGPIPE_MPI=ON)");
+}
+
+void gp_procs_finalize(void) {}
+_Noreturn void gp_procs_abort(int code) { exit(code); }
+
+static gp_status none(void)
+{
+    return gp_error_set(GP_ERR_INVALID, "built without MPI: no processes to talk to");
+}
+gp_status gp_procs_isend(const float *data, int64_t n, int to, int tag, gp_procs_req *req)
+{
+    (void)data, (void)n, (void)to, (void)tag, (void)req;
+    return none();
+}
+gp_status gp_procs_test(gp_procs_req *req, bool *done)
+{
+    (void)req;
+    *done = true;
+    return none();
+}
+gp_status gp_procs_wait(gp_procs_req *req)
+{
+    (void)req;
+    return none();
+}
+gp_status gp_procs_probe(int from, int tag)
+{
+    (void)from, (void)tag;
+    return none();
+}
+gp_status gp_procs_recv(float *data, int64_t n, int from, int tag)
+{
+    (void)data, (void)n, (void)from, (void)tag;
+    return none();
+}
+gp_status gp_procs_bcast(void *data, size_t bytes, int root)
+{
+    (void)data, (void)bytes, (void)root;
+    return none();
+}
+gp_status gp_procs_max_int(int *x)
+{
+    (void)x;
+    return none();
+}
+#endif

@@ -1,0 +1,67 @@
+/*
+ * procs.h — the processes of a run started by mpirun: who this process is
+ * and the host transport between processes (MPI point-to-point and
+ * broadcast).  `mpirun -np N gpipe-train config.yaml` runs one device of
+ * the pipeline per process: rank r runs device r (stage r; with interleaved
+ * stages, stages r, r + N, ...), N = the config's devices.
+ *
+ * Without mpirun nothing here is used: gp_procs_init finds no launcher in
+ * the environment and leaves the process alone (no MPI_Init), so a
+ * single-process run is what it always was.  Built without MPI
+ * (GPIPE_MPI=OFF, or no MPI installed), a run under mpirun is a clear error
+ * on every rank.
+ *
+ * Messages: tensors of floats, addressed by (peer rank, tag).  The executor
+ * builds the tags (pipeline.c: micro-batch, receiving stage, what it is),
+ * and both sides know each tensor's shape from the config, so no shape is
+ * ever sent.
+ *
+ * Owns: the MPI library's init and finalize.  May call: core.
+ * Thread safety: MPI is initialised with MPI_THREAD_MULTIPLE (the worker
+ * thread sends and receives while the main thread may broadcast); a
+ * library that cannot is refused at init.
+ */
+#ifndef GP_PROCS_H
+#define GP_PROCS_H
+
+#include "core/core.h"
+
+/* Whether a launcher (Open MPI's mpirun, or a PMI/PMIx one such as Slurm's
+ * srun) started this process as one of several. */
+bool gp_procs_launched(void);
+/* Whether this build can run under mpirun. */
+bool gp_procs_available(void);
+/* MPI_Init_thread when launched (else nothing, rank 0 of 1).  Idempotent. */
+gp_status gp_procs_init(void);
+/* MPI_Finalize if gp_procs_init initialised MPI. */
+void gp_procs_finalize(void);
+/* Whether MPI is running (gp_procs_init succeeded under a launcher). */
+bool gp_procs_active(void);
+int gp_procs_rank(void);  /* 0 when not active */
+int gp_procs_size(void);  /* 1 when not active */
+/* Kill every process of the run (MPI_Abort): after one of them failed and
+ * said why, so that none is left blocked waiting for the one that died. */
+_Noreturn void gp_procs_abort(int code);
+
+/* A send in flight. */
+typedef struct gp_procs_req {
+    void *impl; /* MPI_Request, allocated */
+} gp_procs_req;
+
+/* Send n floats to `to` with `tag` without waiting; *req completes it. */
+gp_status gp_procs_isend(const float *data, int64_t n, int to, int tag, gp_procs_req *req);
+/* Whether *req has completed (then it is released); *done false otherwise. */
+gp_status gp_procs_test(gp_procs_req *req, bool *done);
+/* Wait for *req and release it. */
+gp_status gp_procs_wait(gp_procs_req *req);
+/* Wait until a message from `from` with `tag` has arrived (MPI_Probe). */
+gp_status gp_procs_probe(int from, int tag);
+/* Receive exactly n floats from `from` with `tag` into data (blocking). */
+gp_status gp_procs_recv(float *data, int64_t n, int from, int tag);
+/* Broadcast bytes from root to every rank. */
+gp_status gp_procs_bcast(void *data, size_t bytes, int root);
+/* The largest of every rank's *x, on every rank (decisions every rank
+ * must take together: stop, snapshot now). */
+gp_status gp_procs_max_int(int *x);
+
+#endif

@@ -1,0 +1,260 @@
+#!/usr/bin/python3
+"""test_procs.py — stages in separate processes: `mpirun -np N gpipe-train`
+against the same config in one process (worker threads), the oracle.
+
+  (a) per-step losses and accuracies, and every test evaluation, equal the
+      single-process run's bit for bit (the metrics' JSON numbers compared
+      as text), for: dropout with `always` checkpointing on GPipe's
+      schedule; batch norm on 1F1B with `except_last`; ZB-H1 (split
+      backward); interleaved stages (v = 2, two stages per process); 4
+      processes; a U-Net whose skips cross processes (1, 2 and 3 stage
+      boundaries at 4 stages); AmoebaNet cells, two tensors across every
+      boundary; and `balance: auto`, which rank 0 profiles and shares;
+  (b) a snapshot written by a 2-process run resumes in one process with the
+      same later losses as the uninterrupted run, and one written by a
+      single process resumes under mpirun the same way;
+  (c) a process count that does not match pipeline.devices fails every rank
+      with one message naming both counts;
+  (d) a failure on one rank (a non-finite loss on stage 1) ends every
+      rank with one message naming the rank, stage and micro-batch;
+  (e) a rank killed with SIGKILL ends the run with an error within 30 s.
+
+Needs mpirun (openmpi-bin; scripts/install-deps.sh) and a gpipe-train
+built with MPI: CTest registers this test only then.  Runs as root in CI,
+so it sets Open MPI's OMPI_ALLOW_RUN_AS_ROOT{,_CONFIRM}.  Prints
+"test_procs: N passed, N failed" last; exits non-zero on any failure.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+BIN = os.path.join(os.environ.get("GPIPE_BINARY_DIR", "build"), "gpipe-train")
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_rmaps_base_oversubscribe="1")
+# Under AddressSanitizer (CI's sanitizer stage): Open MPI's plugins leave
+# allocations behind at exit that LeakSanitizer cannot attribute (their
+# modules are unloaded by then), so the processes under mpirun run with
+# leak detection off; every other AddressSanitizer and UBSan check stays
+# on, and the single-process runs keep leak detection.
+MPI_ENV = dict(ENV)
+if os.environ.get("GPIPE_SANITIZED"):
+    MPI_ENV["ASAN_OPTIONS"] = os.environ.get("ASAN_OPTIONS", "") + ":detect_leaks=0"
+passed = failed = 0
+
+
+def check(cond, what):
+    global passed, failed
+    if cond:
+        passed += 1
+    else:
+        failed += 1
+        print("FAIL:", what, flush=True)
+
+
+def run(cmd, timeout=300, env=ENV):
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout + p.stderr
+
+
+def mpirun(n, args, timeout=300):
+    return run(["mpirun", "-np", str(n), "--oversubscribe", BIN] + args, timeout, MPI_ENV)
+
+
+def records(path):
+    """Each metrics line's numbers as text (bit-for-bit comparison)."""
+    out = []
+    with open(path) as f:
+        for line in f:
+            r = json.loads(line, parse_float=str)
+            keep = {k: r[k] for k in ("step", "loss", "accuracy", "test_loss",
+                                      "test_accuracy") if k in r}
+            out.append(keep)
+    return out
+
+
+MLP = """model:
+  input: [1, 8, 8]
+  layers:
+    - flatten
+    - linear: {out: 64}
+    - relu
+    - dropout: {p: 0.2}
+    - linear: {out: 32}
+    - relu
+    - linear: {out: 10}
+data: {dataset: synthetic, synthetic: {train: 256, test: 64, classes: 10}}
+train: {epochs: 2, batch_size: 32, seed: 3, optimizer: {lr: 0.05, momentum: 0.9}}
+pipeline:
+  devices: [cpu:0, cpu:1]
+  threads: 1
+  chunks: 4
+"""
+
+CONV = """model:
+  input: [1, 8, 8]
+  layers:
+    - conv2d: {out: 8, kernel: 3, padding: 1}
+    - batchnorm
+    - relu
+    - conv2d: {out: 8, kernel: 3, padding: 1}
+    - batchnorm
+    - relu
+    - maxpool2d: {kernel: 2}
+    - conv2d: {out: 16, kernel: 3, padding: 1}
+    - batchnorm
+    - relu
+    - flatten
+    - linear: {out: 10}
+data: {dataset: synthetic, synthetic: {train: 256, test: 64, classes: 10}}
+train: {epochs: 2, batch_size: 32, seed: 4, optimizer: {lr: 0.05, momentum: 0.9}}
+pipeline:
+  devices: [cpu:0, cpu:1]
+  threads: 1
+  chunks: 4
+"""
+
+UNET = """model:
+  input: [1, 16, 16]
+  unet: {depth: 3, num_convs: 1, base: 4}
+  loss: bce_with_logits
+data: {dataset: synthetic, synthetic: {train: 64, test: 16, masks: true}}
+train: {epochs: 1, batch_size: 8, seed: 5, optimizer: {lr: 0.05, momentum: 0.9}}
+pipeline:
+  devices: [cpu:0, cpu:1, cpu:2, cpu:3]
+  threads: 1
+  chunks: 4
+"""
+
+AMOEBA = """model:
+  input: [3, 32, 32]
+  amoebanet: {layers: 3, filters: 16, classes: 10}
+data: {dataset: synthetic, synthetic: {train: 64, test: 16, classes: 10}}
+train: {epochs: 1, batch_size: 16, seed: 6, optimizer: {lr: 0.05, momentum: 0.9}}
+pipeline:
+  devices: [cpu:0, cpu:1]
+  threads: 1
+  chunks: 2
+"""
+
+
+def same_run(tmp, name, cfg_text, n, sets=()):
+    cfg = os.path.join(tmp, name + ".yaml")
+    with open(cfg, "w") as f:
+        f.write(cfg_text)
+    m1, m2 = os.path.join(tmp, name + "-1.jsonl"), os.path.join(tmp, name + "-n.jsonl")
+    extra = []
+    for s in sets:
+        extra += ["--set", s]
+    rc1, out1 = run([BIN, cfg, "--quiet", "--metrics", m1] + extra)
+    rc2, out2 = mpirun(n, [cfg, "--quiet", "--metrics", m2] + extra)
+    check(rc1 == 0, "%s: single process: %s" % (name, out1[-800:]))
+    check(rc2 == 0, "%s: %d processes: %s" % (name, n, out2[-800:]))
+    if rc1 or rc2:
+        return
+    a, b = records(m1), records(m2)
+    check(len(a) > 2 and len(a) == len(b), "%s: %d records against %d" % (name, len(a), len(b)))
+    diff = [(x, y) for x, y in zip(a, b) if x != y]
+    check(not diff, "%s: %d of %d records differ, first %s" % (name, len(diff), len(a),
+                                                              diff[:1]))
+    check(any("test_accuracy" in r for r in b), "%s: no evaluation recorded" % name)
+
+
+def snapshots(tmp):
+    """(b): stop after 8 of 16 steps, resume in the other layout."""
+    cfg = os.path.join(tmp, "snap.yaml")
+    with open(cfg, "w") as f:
+        f.write(MLP)
+    full = os.path.join(tmp, "full.jsonl")
+    rc, out = run([BIN, cfg, "--quiet", "--metrics", full])
+    check(rc == 0, "snapshots: the whole run: " + out[-500:])
+    want = {r["step"]: r for r in records(full) if "loss" in r}
+    for first, second in ((2, 1), (1, 2)):
+        d = os.path.join(tmp, "snaps-%d%d" % (first, second))
+        sets = ["--set", "train.snapshot.dir=" + d, "--set", "train.snapshot.every_steps=8"]
+        half = sets + ["--set", "train.steps=8"]
+        part = os.path.join(tmp, "part-%d%d.jsonl" % (first, second))
+        cmd = [cfg, "--quiet"] + half
+        rc, out = mpirun(2, cmd) if first == 2 else run([BIN] + cmd)
+        check(rc == 0, "snapshots: first half on %d process(es): %s" % (first, out[-500:]))
+        cmd = [cfg, "--quiet", "--resume", "latest", "--metrics", part] + sets
+        rc, out = mpirun(2, cmd) if second == 2 else run([BIN] + cmd)
+        check(rc == 0, "snapshots: resumed on %d process(es): %s" % (second, out[-500:]))
+        if rc:
+            continue
+        got = [r for r in records(part) if "loss" in r]
+        check(len(got) == 8 and all(want[r["step"]] == r for r in got),
+              "snapshots %d -> %d processes: resumed steps differ from the whole run: %s / %s"
+              % (first, second, got[:1], [want.get(r["step"]) for r in got[:1]]))
+
+
+def errors(tmp):
+    cfg = os.path.join(tmp, "err.yaml")
+    with open(cfg, "w") as f:
+        f.write(MLP)
+    # (c) three processes for two devices
+    rc, out = mpirun(3, [cfg, "--quiet"], timeout=60)
+    check(rc != 0, "3 processes for 2 devices succeeded")
+    check(out.count("mpirun started 3 processes but pipeline.devices lists 2 devices") == 1,
+          "mismatch message not said exactly once: " + out[-800:])
+    # (d) a non-finite loss on stage 1 (lr 1e38 overflows the weights)
+    rc, out = mpirun(2, [cfg, "--quiet", "--set", "train.optimizer.lr=1e38",
+                         "--set", "pipeline.balance=[2, 5]"], timeout=60)
+    check(rc != 0, "a non-finite loss went unnoticed")
+    check(out.count("rank 1 of 2") == 1 and "stage 1" in out and "micro-batch" in out,
+          "failure message does not name rank, stage and micro-batch once: " + out[-1200:])
+    # (e) SIGKILL one rank of a long run
+    big = MLP.replace("epochs: 2", "epochs: 10000")
+    with open(cfg, "w") as f:
+        f.write(big)
+    p = subprocess.Popen(["mpirun", "-np", "2", "--oversubscribe", BIN, cfg, "--quiet"],
+                         env=MPI_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    kids = []
+    for _ in range(200):  # the ranks: mpirun's children running gpipe-train
+        time.sleep(0.1)
+        try:
+            ps = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True)
+            kids = [int(x) for x in ps.stdout.split()]
+        except OSError:
+            kids = []
+        if len(kids) == 2:
+            break
+    check(len(kids) == 2, "did not find the 2 ranks of mpirun %d: %s" % (p.pid, kids))
+    time.sleep(1.5)  # well into training
+    t0 = time.time()
+    if kids:
+        os.kill(kids[-1], signal.SIGKILL)
+    try:
+        p.communicate(timeout=30)
+        check(p.returncode != 0, "killing a rank left mpirun exit status 0")
+        check(time.time() - t0 < 30, "the run took %.1f s to end" % (time.time() - t0))
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        check(False, "a killed rank left the run hanging for 30 s")
+
+
+def main():
+    with tempfile.TemporaryDirectory() as tmp:
+        same_run(tmp, "mlp-gpipe-always", MLP, 2, ["pipeline.checkpoint=always"])
+        same_run(tmp, "conv-1f1b", CONV, 2, ["pipeline.schedule=1f1b",
+                                             "pipeline.checkpoint=except_last"])
+        same_run(tmp, "conv-zb", CONV, 2, ["pipeline.schedule=zb-h1",
+                                           "pipeline.checkpoint=never"])
+        same_run(tmp, "conv-interleaved", CONV, 2, ["pipeline.schedule=interleaved",
+                                                    "pipeline.balance=[3, 3, 3, 3]"])
+        same_run(tmp, "conv-4", CONV, 4, ["pipeline.devices=[cpu:0, cpu:1, cpu:2, cpu:3]",
+                                          "pipeline.balance=[3, 3, 3, 3]"])
+        same_run(tmp, "unet-4", UNET, 4, ["pipeline.balance=auto"])
+        same_run(tmp, "amoeba", AMOEBA, 2, ["pipeline.balance=auto"])
+        snapshots(tmp)
+        errors(tmp)
+    print("test_procs: %d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
