@@ -1,0 +1,78 @@
+#!/usr/bin/python3
+"""bench_procs.py — training throughput with the stages in two processes
+(mpirun -np 2) against the same two CPU devices as worker threads of one
+process (issue 17's bar: at least 0.95x).
+
+  bench/bench_procs.py [--steps N] [--rounds R] [CONFIG.yaml]
+
+bench/convnet.yaml by default, devices [cpu:0, cpu:1] x 1 thread, m = 8,
+the config's checkpointing, free-running in both (across processes the
+step is free-running by construction).  Each round runs one process, then
+two, for N steps; the median step time over the rounds' steps after the
+first 3 of each run.  Prints a markdown table with the processor.
+"""
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.join(ROOT, "build", "gpipe-train")
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+
+
+def cpu_name():
+    model, flags = "unknown processor", set()
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name") and model == "unknown processor":
+                model = line.split(":", 1)[1].strip()
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+    isa = [x for x in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if x in flags]
+    return "%s (%s)" % (model, ", ".join(isa))
+
+
+def steps_of(cmd, metrics):
+    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True)
+    if p.returncode:
+        sys.exit("bench_procs: %s failed:\n%s" % (" ".join(cmd), p.stdout + p.stderr))
+    with open(metrics) as f:
+        recs = [json.loads(line) for line in f]
+    return [r["step_seconds"] for r in recs if "step_seconds" in r][3:]
+
+
+def main():
+    args = sys.argv[1:]
+    steps, rounds, cfg = 20, 3, os.path.join(ROOT, "bench", "convnet.yaml")
+    while args:
+        a = args.pop(0)
+        if a == "--steps":
+            steps = int(args.pop(0))
+        elif a == "--rounds":
+            rounds = int(args.pop(0))
+        else:
+            cfg = a
+    sets = ["--set", "pipeline.devices=[cpu:0, cpu:1]", "--set", "pipeline.threads=1",
+            "--set", "pipeline.chunks=8", "--set", "pipeline.lockstep=false",
+            "--set", "train.steps=%d" % steps, "--set", "train.eval_each_epoch=false",
+            "--set", "data.test_limit=128", "--quiet"]
+    one, two = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        m = os.path.join(tmp, "m.jsonl")
+        for _ in range(rounds):
+            one += steps_of([BIN, cfg, "--metrics", m] + sets, m)
+            two += steps_of(["mpirun", "-np", "2", BIN, cfg, "--metrics", m] + sets, m)
+    t1, t2 = statistics.median(one), statistics.median(two)
+    print("%s; %s; %d rounds x %d steps, medians after each run's first 3\n"
+          % (cpu_name(), os.path.relpath(cfg, ROOT), rounds, steps))
+    print("| layout | step ms | throughput vs one process |\n|---|---|---|")
+    print("| one process, 2 CPU devices x 1 thread (worker threads) | %.1f | 1.000x |" % (t1 * 1e3))
+    print("| 2 processes (mpirun -np 2), 1 device x 1 thread each | %.1f | %.3fx |"
+          % (t2 * 1e3, t1 / t2))
+
+
+if __name__ == "__main__":
+    main()
