@@ -55,12 +55,17 @@ def check(cond, what):
         print("FAIL:", what, flush=True)
 
 
-def run(cmd, timeout=300, env=ENV):
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+def run(cmd, timeout=120, env=ENV):
+    try:
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        out = "".join(x.decode(errors="replace") if isinstance(x, bytes) else x
+                      for x in (e.stdout or "", e.stderr or ""))
+        return -1, "timed out after %d s (a hang): %s" % (timeout, out[-500:])
     return p.returncode, p.stdout + p.stderr
 
 
-def mpirun(n, args, timeout=300):
+def mpirun(n, args, timeout=120):
     return run(["mpirun", "-np", str(n), "--oversubscribe", BIN] + args, timeout, MPI_ENV)
 
 

@@ -4,6 +4,7 @@
 #include "optim/optim.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 struct gp_optim {
     gp_layer *layers;      /* not owned */
@@ -39,6 +40,12 @@ gp_status gp_optim_create(gp_layer *layers, int n_layers, const gp_sgd_opts *o, 
             gp_param *pr = &layers[k].params[p];
             if (pr->is_buffer) continue;
             gp_shape sh = gp_tensor_shape(&pr->value);
+            if (!pr->value.data) { /* a layer of shapes only (gp_layer_meta): so is its state */
+                gp_tensor *st = &op->state[op->n_states++];
+                st->ndim = sh.ndim;
+                memcpy(st->dims, sh.dims, sizeof st->dims);
+                continue;
+            }
             gp_status s = gp_tensor_zeros(&op->state[op->n_states], pr->value.dev, &sh,
                                           GP_MEM_OPTIMIZER);
             if (s != GP_OK) {

@@ -132,6 +132,39 @@ gp_status gp_procs_recv(float *data, int64_t n, int from, int tag)
     return GP_OK;
 }
 
+gp_status gp_procs_send_bytes(const void *data, size_t bytes, int to, int tag)
+{
+    const unsigned char *b = data;
+    do { /* in pieces under MPI's int count, in order (same source and tag) */
+        int piece = bytes > (size_t)INT_MAX ? INT_MAX : (int)bytes;
+        int rc = MPI_Send(b, piece, MPI_BYTE, to, tag, MPI_COMM_WORLD);
+        if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Send");
+        b += piece;
+        bytes -= (size_t)piece;
+    } while (bytes > 0);
+    return GP_OK;
+}
+
+gp_status gp_procs_recv_bytes(void *data, size_t bytes, int from, int tag)
+{
+    unsigned char *b = data;
+    do {
+        int piece = bytes > (size_t)INT_MAX ? INT_MAX : (int)bytes, got = 0;
+        MPI_Status stt;
+        int rc = MPI_Recv(b, piece, MPI_BYTE, from, tag, MPI_COMM_WORLD, &stt);
+        if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Recv");
+        MPI_Get_count(&stt, MPI_BYTE, &got);
+        if (got != piece)
+            return gp_error_set(GP_ERR_RUNTIME, "rank %d: received %d bytes from rank %d (tag "
+                                "%d), expected %d: the processes disagree on the model; start "
+                                "every rank with the same config", g_rank, got, from, tag,
+                                piece);
+        b += piece;
+        bytes -= (size_t)piece;
+    } while (bytes > 0);
+    return GP_OK;
+}
+
 gp_status gp_procs_bcast(void *data, size_t bytes, int root)
 {
     unsigned char *b = data;
@@ -202,6 +235,16 @@ gp_status gp_procs_recv(float *data, int64_t n, int from, int tag)
 gp_status gp_procs_bcast(void *data, size_t bytes, int root)
 {
     (void)data, (void)bytes, (void)root;
+    return none();
+}
+gp_status gp_procs_send_bytes(const void *data, size_t bytes, int to, int tag)
+{
+    (void)data, (void)bytes, (void)to, (void)tag;
+    return none();
+}
+gp_status gp_procs_recv_bytes(void *data, size_t bytes, int from, int tag)
+{
+    (void)data, (void)bytes, (void)from, (void)tag;
     return none();
 }
 gp_status gp_procs_max_int(int *x)

@@ -58,6 +58,10 @@ gp_status gp_procs_wait(gp_procs_req *req);
 gp_status gp_procs_probe(int from, int tag);
 /* Receive exactly n floats from `from` with `tag` into data (blocking). */
 gp_status gp_procs_recv(float *data, int64_t n, int from, int tag);
+/* Send / receive `bytes` bytes with `tag`, blocking (snapshots and
+ * evaluation, between steps). */
+gp_status gp_procs_send_bytes(const void *data, size_t bytes, int to, int tag);
+gp_status gp_procs_recv_bytes(void *data, size_t bytes, int from, int tag);
 /* Broadcast bytes from root to every rank. */
 gp_status gp_procs_bcast(void *data, size_t bytes, int root);
 /* The largest of every rank's *x, on every rank (decisions every rank

@@ -52,6 +52,9 @@ static gp_status build_placed(const gp_config *cfg, gp_device *const *devs, int 
     GP_ASSERT(S <= GP_MAX_DEVICES);
     out->dev = devs[0];
     out->n_stages = S;
+    out->n_devices = n;
+    /* under mpirun (gp_train_check_processes: one device per rank) */
+    out->local_device = gp_procs_size() > 1 && n == gp_procs_size() ? gp_procs_rank() : -1;
     for (int j = 0; j < S; j++) {
         out->devs[j] = devs[j % n];
         out->balance[j] = balance[j];
@@ -72,8 +75,11 @@ static gp_status build_placed(const gp_config *cfg, gp_device *const *devs, int 
         }
         gp_shape in[1 + GP_MAX_POPS];
         gp_skip_map_inputs(&out->skips, k, &out->input, outs, in);
-        s = gp_layer_create(&mc->layers[k], k, in, devs[stage % n], cfg->train.seed,
-                            &out->layers[k]);
+        if (out->local_device >= 0 && stage % n != out->local_device)
+            s = gp_layer_meta(&mc->layers[k], k, in, &out->layers[k]); /* another rank's */
+        else
+            s = gp_layer_create(&mc->layers[k], k, in, devs[stage % n], cfg->train.seed,
+                                &out->layers[k]);
         if (s != GP_OK) {
             free(outs);
             gp_model_release(out);
@@ -450,36 +456,22 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
     return GP_OK;
 }
 
-gp_status gp_model_procs_sync(gp_model *m, bool state)
+/* The stage holding layer k. */
+static int stage_of(const gp_model *m, int k)
 {
-    if (gp_procs_size() <= 1) return GP_OK;
-    int S = m->n_stages, n = S; /* devices: stage j on device j % n */
-    for (int q = 1; q < S; q++)
-        if (m->devs[q] == m->devs[0]) {
-            n = q;
-            break;
-        }
-    int j = 0, left = m->balance[0];
-    for (int k = 0; k < m->n_layers; k++) {
-        while (left == 0 && j + 1 < S) left = m->balance[++j];
-        left--;
-        gp_layer *l = &m->layers[k];
-        for (int q = 0; q < l->n_params; q++) {
-            gp_tensor *t = &l->params[q].value;
-            GP_TRY(gp_procs_bcast(t->data, gp_tensor_bytes(t), j % n));
-            gp_tensor *mo = state ? gp_optim_state(m->optim, k, q) : NULL;
-            if (mo && mo->data) GP_TRY(gp_procs_bcast(mo->data, gp_tensor_bytes(mo), j % n));
-        }
-    }
-    return GP_OK;
+    int j = 0, first = 0;
+    while (j + 1 < m->n_stages && first + m->balance[j] <= k) first += m->balance[j++];
+    return j;
+}
+
+int gp_model_layer_rank(const gp_model *m, int k)
+{
+    return m->local_device < 0 ? 0 : stage_of(m, k) % m->n_devices;
 }
 
 gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset *ds,
                             double *loss, double *accuracy)
 {
-    /* processes: every rank evaluates the whole model, its stages'
-     * parameters from their ranks */
-    GP_TRY(gp_model_procs_sync(m, false));
     int64_t bs = cfg->train.eval_batch_size > 0 ? cfg->train.eval_batch_size : 1000;
     int64_t per = ds->c * ds->h * ds->w;
     /* binary cross-entropy against masks where the data has them; the
@@ -506,6 +498,23 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset 
         return gp_error_set(GP_ERR_OOM, "out of host memory for evaluation batches");
     }
     gp_data_norm(&cfg->data, ds->c, mean, std);
+    /* processes: each rank runs its stages, the activations and skips of
+     * a batch go to the next stages' ranks as messages (tag 1, skip t 2 + t:
+     * in order between two ranks), the last stage's rank scores */
+    bool procs = m->local_device >= 0;
+    /* a batch's sends in flight: at most every skip and one activation per
+     * stage */
+    int max_sent = m->skips.n + m->n_stages, n_sent = 0;
+    gp_tensor *sent = procs ? calloc((size_t)max_sent, sizeof *sent) : NULL;
+    gp_procs_req *reqs = procs ? calloc((size_t)max_sent, sizeof *reqs) : NULL;
+    if (procs && (!sent || !reqs)) {
+        free(sent);
+        free(reqs);
+        free(x);
+        free(y);
+        free(pend);
+        return gp_error_set(GP_ERR_OOM, "out of host memory for evaluation batches");
+    }
     double loss_sum = 0;
     int64_t correct = 0, count = 0;
     gp_status s = GP_OK;
@@ -533,10 +542,35 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset 
             gp_data_assemble(ds, b0, n, cfg->data.normalize, mean, std, masks, x, y);
         }
         gp_tensor cur = {0}, labels = {0};
-        s = upload_chunk(m, bx, by, 0, n, &cur, &labels);
+        /* processes: the inputs are stage 0's rank's, the labels the last
+         * stage's */
+        if (!procs || m->local_device == 0 ||
+            (m->n_stages - 1) % m->n_devices == m->local_device)
+            s = upload_chunk(m, bx, by, 0, n, &cur, &labels);
         gp_fwd_ctx ctx = {.training = false, .seed = cfg->train.seed, .step = (uint64_t)m->step,
                           .sample_offset = 0, .batch_total = n};
         for (int j = 0, first = 0; j < m->n_stages && s == GP_OK; first += m->balance[j++]) {
+            if (procs && j % m->n_devices != m->local_device) continue; /* another rank's */
+            if (procs && j > 0 && (j - 1) % m->n_devices != m->local_device) {
+                /* the previous stage's output, from its rank */
+                gp_tensor_free(&cur);
+                gp_shape cs = gp_shape_with_batch(&m->layers[first].in_shape, n);
+                s = gp_tensor_alloc(&cur, m->devs[j], &cs, GP_MEM_COPIES);
+                if (s == GP_OK)
+                    s = gp_procs_recv_bytes(cur.data, gp_tensor_bytes(&cur),
+                                            (j - 1) % m->n_devices, 1);
+            }
+            if (procs) /* the skips stashed on other ranks' stages */
+                for (int t = 0; t < m->skips.n && s == GP_OK; t++) {
+                    int a = stage_of(m, m->skips.skips[t].from), b = stage_of(m, m->skips.skips[t].to);
+                    if (b != j || a == j || a % m->n_devices == m->local_device) continue;
+                    gp_shape ks = gp_shape_with_batch(&m->layers[m->skips.skips[t].from].out_shape, n);
+                    s = gp_tensor_alloc(&pend[t], m->devs[j], &ks, GP_MEM_COPIES);
+                    if (s == GP_OK)
+                        s = gp_procs_recv_bytes(pend[t].data, gp_tensor_bytes(&pend[t]),
+                                                a % m->n_devices, 2 + t);
+                }
+            if (s != GP_OK) break;
             gp_stash st;
             s = gp_stash_init(&st, m->balance[j], &m->skips, first);
             /* the skips that arrive, moved from the stage that stashed them */
@@ -569,6 +603,39 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset 
                     }
             }
             gp_stash_destroy(&st);
+            if (procs && s == GP_OK) { /* to the ranks of the stages after, not
+                                          waiting: a rank may take them in another order */
+                for (int t = 0; t < m->skips.n && s == GP_OK; t++) {
+                    int b = stage_of(m, m->skips.skips[t].to);
+                    if (!pend[t].data || b % m->n_devices == m->local_device) continue;
+                    sent[n_sent] = pend[t];
+                    pend[t] = (gp_tensor){0};
+                    s = gp_procs_isend(sent[n_sent].data, gp_tensor_numel(&sent[n_sent]),
+                                       b % m->n_devices, 2 + t, &reqs[n_sent]);
+                    n_sent++;
+                }
+                if (s == GP_OK && j + 1 < m->n_stages &&
+                    (j + 1) % m->n_devices != m->local_device) {
+                    sent[n_sent] = cur;
+                    cur = (gp_tensor){0};
+                    s = gp_procs_isend(sent[n_sent].data, gp_tensor_numel(&sent[n_sent]),
+                                       (j + 1) % m->n_devices, 1, &reqs[n_sent]);
+                    n_sent++;
+                }
+            }
+        }
+        for (int q = 0; q < n_sent; q++) { /* this batch's sends done, their tensors freed */
+            gp_status ws = gp_procs_wait(&reqs[q]);
+            if (s == GP_OK) s = ws;
+            gp_tensor_free(&sent[q]);
+        }
+        n_sent = 0;
+        if (procs && (m->n_stages - 1) % m->n_devices != m->local_device) {
+            /* the loss is the last stage's rank's */
+            gp_tensor_free(&cur);
+            gp_tensor_free(&labels);
+            for (int t = 0; t < m->skips.n; t++) gp_tensor_free(&pend[t]);
+            continue;
         }
         gp_loss_out lo = {0};
         if (s == GP_OK && labels.dev != cur.dev) {
@@ -588,6 +655,20 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset 
         for (int t = 0; t < m->skips.n; t++) gp_tensor_free(&pend[t]);
     }
     gp_loader_destroy(ld);
+    free(sent);
+    free(reqs);
+    if (procs) { /* every rank's answer: the last stage's rank's sums */
+        int last = (m->n_stages - 1) % m->n_devices;
+        double v[4] = {loss_sum, (double)correct, (double)count, (double)s};
+        gp_status got = gp_procs_bcast(v, sizeof v, last);
+        if (s == GP_OK) s = got;
+        loss_sum = v[0];
+        correct = (int64_t)v[1];
+        count = (int64_t)v[2];
+        if (s == GP_OK && v[3] != 0)
+            s = gp_error_set((gp_status)v[3], "evaluation failed on rank %d (its message "
+                             "says why)", last);
+    }
     free(x);
     free(y);
     free(pend);

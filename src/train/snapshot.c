@@ -27,9 +27,14 @@
 
 /* ---- gather ------------------------------------------------------------ */
 
+/* Tensor t of a layer that rank `owner` trains into the writer.  With
+ * processes, every rank walks the same tensors in the same order: the
+ * owner sends its copy to rank 0, which writes it (w is NULL elsewhere). */
 static gp_status add_device_tensor(gp_st_writer *w, const char *name, const gp_tensor *t,
-                                   float **scratch, size_t *cap)
+                                   int owner, float **scratch, size_t *cap)
 {
+    int me = gp_procs_size() > 1 ? gp_procs_rank() : 0;
+    if (me != owner && me != 0) return GP_OK;
     int64_t n = gp_tensor_numel(t);
     if ((size_t)n > *cap) {
         float *ns = realloc(*scratch, (size_t)n * sizeof *ns);
@@ -37,8 +42,13 @@ static gp_status add_device_tensor(gp_st_writer *w, const char *name, const gp_t
         *scratch = ns;
         *cap = (size_t)n;
     }
-    GP_TRY(gp_dev_download(t->dev, *scratch, t->data, n));
-    GP_TRY(gp_dev_synchronize(t->dev));
+    if (me == owner) {
+        GP_TRY(gp_dev_download(t->dev, *scratch, t->data, n));
+        GP_TRY(gp_dev_synchronize(t->dev));
+        if (me != 0) return gp_procs_send_bytes(*scratch, (size_t)n * sizeof(float), 0, 0);
+    } else {
+        GP_TRY(gp_procs_recv_bytes(*scratch, (size_t)n * sizeof(float), owner, 0));
+    }
     return gp_st_writer_add(w, name, GP_ST_F32, t->ndim, t->dims, *scratch,
                             (size_t)n * sizeof(float));
 }
@@ -84,11 +94,13 @@ gp_status gp_snapshot_collect(gp_model *m, const gp_config *cfg, const gp_snapsh
     gp_status s = GP_OK;
     char name[256];
     const naming nm = model_naming(m);
+    int me = gp_procs_size() > 1 ? gp_procs_rank() : 0;
     for (int k = 0; k < m->n_layers && s == GP_OK; k++) {
         gp_layer *l = &m->layers[k];
+        int owner = gp_model_layer_rank(m, k);
         for (int p = 0; p < l->n_params && s == GP_OK; p++) {
             tensor_name(name, sizeof name, "", m, k, nm, l->params[p].name);
-            s = add_device_tensor(w, name, &l->params[p].value, &scratch, &cap);
+            s = add_device_tensor(w, name, &l->params[p].value, owner, &scratch, &cap);
         }
         const char *cn[MAX_COUNTERS];
         int64_t *cv[MAX_COUNTERS];
@@ -96,8 +108,14 @@ gp_status gp_snapshot_collect(gp_model *m, const gp_config *cfg, const gp_snapsh
         GP_ASSERT(nc <= MAX_COUNTERS);
         for (int c = 0; c < nc && s == GP_OK; c++) {
             tensor_name(name, sizeof name, "", m, k, nm, cn[c]);
-            int64_t v = *cv[c];
-            s = gp_st_writer_add(w, name, GP_ST_I64, 0, NULL, &v, sizeof v);
+            if (me != owner && me != 0) continue;
+            int64_t v = me == owner ? *cv[c] : 0;
+            if (owner != 0 && me == owner) { /* to rank 0, like the tensors */
+                s = gp_procs_send_bytes(&v, sizeof v, 0, 0);
+                continue;
+            }
+            if (owner != 0 && me == 0) s = gp_procs_recv_bytes(&v, sizeof v, owner, 0);
+            if (s == GP_OK && me == 0) s = gp_st_writer_add(w, name, GP_ST_I64, 0, NULL, &v, sizeof v);
         }
     }
     if (pos) {
@@ -106,12 +124,14 @@ gp_status gp_snapshot_collect(gp_model *m, const gp_config *cfg, const gp_snapsh
             for (int p = 0; p < l->n_params && s == GP_OK; p++) {
                 if (l->params[p].is_buffer) continue;
                 tensor_name(name, sizeof name, "momentum.", m, k, nm, l->params[p].name);
-                s = add_device_tensor(w, name, gp_optim_state(m->optim, k, p), &scratch, &cap);
+                s = add_device_tensor(w, name, gp_optim_state(m->optim, k, p),
+                                      gp_model_layer_rank(m, k), &scratch, &cap);
             }
         }
     }
     free(scratch);
     GP_TRY(s);
+    if (me != 0) return GP_OK; /* processes: rank 0 writes */
     /* "format": "pt" is what safetensors.torch writes; loaders look for it. */
     GP_TRY(gp_st_writer_meta(w, "format", "pt"));
     GP_TRY(gp_st_writer_meta(w, "gpipe.kind", pos ? "snapshot" : "weights"));
@@ -345,7 +365,7 @@ gp_status gp_snapshot_apply(gp_model *m, const gp_st_file *f, bool optimizer)
                     ns_add(&known, name);
                 }
                 if (pass == 0 && t) scan_values(t, name, &values);
-                if (pass == 1) {
+                if (pass == 1 && pr->value.data) { /* processes: not another rank's */
                     GP_TRY(gp_dev_upload(pr->value.dev, pr->value.data, (const float *)t->data,
                                          gp_tensor_numel(&pr->value)));
                     GP_TRY(gp_dev_synchronize(pr->value.dev));
@@ -359,7 +379,7 @@ gp_status gp_snapshot_apply(gp_model *m, const gp_st_file *f, bool optimizer)
                     ns_add(&known, name);
                 }
                 if (pass == 0 && t) scan_values(t, name, &values);
-                if (pass == 1) {
+                if (pass == 1 && mt->data) {
                     GP_TRY(gp_dev_upload(mt->dev, mt->data, (const float *)t->data,
                                          gp_tensor_numel(mt)));
                     GP_TRY(gp_dev_synchronize(mt->dev));
@@ -377,7 +397,7 @@ gp_status gp_snapshot_apply(gp_model *m, const gp_st_file *f, bool optimizer)
                     expected++;
                     ns_add(&known, name);
                 }
-                if (pass == 1) memcpy(cv[c], t->data, sizeof(int64_t)); /* little-endian host */
+                if (pass == 1 && cv[c]) memcpy(cv[c], t->data, sizeof(int64_t)); /* little-endian host */
             }
         }
         if (pass == 1) break;
@@ -771,9 +791,9 @@ void gp_snapshot_lock_release(gp_snapshot_lock *l)
 gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_pos *pos,
                            const gp_snapshot_lock *lock)
 {
-    /* processes: rank 0 writes the whole model, as one process would */
-    GP_TRY(gp_model_procs_sync(m, true));
-    if (gp_procs_rank() != 0) return GP_OK;
+    /* processes: rank 0 writes the whole model, as one process would; the
+     * other ranks send it their stages' tensors */
+    if (m->local_device > 0) return gp_snapshot_collect(m, cfg, pos, NULL);
     const gp_snapshot_config *sc = &cfg->train.snapshot;
     /* Pruning below deletes files: only the run that owns the directory. */
     GP_ASSERT(lock && !strcmp(lock->dir, sc->dir));
@@ -852,8 +872,7 @@ gp_status gp_snapshot_read_config(const char *path, const char *const *overrides
 
 gp_status gp_snapshot_export(gp_model *m, const gp_config *cfg, const char *path)
 {
-    GP_TRY(gp_model_procs_sync(m, false));
-    if (gp_procs_rank() != 0) return GP_OK;
+    if (m->local_device > 0) return gp_snapshot_collect(m, cfg, NULL, NULL);
     gp_st_writer w = {0};
     gp_status s = gp_snapshot_collect(m, cfg, NULL, &w);
     if (s == GP_OK) s = gp_st_write_atomic(&w, path);

@@ -50,6 +50,12 @@ typedef struct gp_model {
     gp_device *devs[GP_MAX_DEVICES]; /* stage j's device, not owned */
     int balance[GP_MAX_DEVICES];     /* layers per stage */
     int n_stages;
+    int n_devices;         /* stage j on devs[j % n_devices] */
+    /* Processes (mpirun; procs.h): the device this process trains, its
+     * rank; the other devices' layers are shapes only (gp_layer_meta: no
+     * parameters, gradients or momentum here).  -1: every device is this
+     * process's. */
+    int local_device;
     gp_optim *optim;       /* optimizer state and update, owned */
     int64_t step;          /* optimizer steps taken */
     gp_pipeline *pipe;     /* created on the first pipelined step, owned */
@@ -205,12 +211,8 @@ gp_status gp_model_check_replicas(const gp_model *m);
  * chunk from its owner into replica 0's momentum, so replica 0 holds the
  * whole optimizer state (snapshots read it).  No-op without replicas. */
 gp_status gp_model_gather_momentum(gp_model *m);
-/* Processes (mpirun; procs.h): every rank's copy of each stage's
- * parameters and buffers (with `state`, momentum too) made equal to the
- * copy of the rank that trains the stage, so that any rank can evaluate
- * or write the whole model.  A collective: every rank calls it at the
- * same point.  Nothing without processes. */
-gp_status gp_model_procs_sync(gp_model *m, bool state);
+/* Processes: the rank that trains layer k (0 without processes). */
+int gp_model_layer_rank(const gp_model *m, int k);
 /* Under mpirun (gp_procs_size() > 1): whether the config can run one
  * device per process (as many devices as processes, one replica, CPU
  * devices); GP_ERR_INVALID saying what to change otherwise. */

@@ -599,6 +599,14 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         if (run_peak[j] > a.peak) a.peak = run_peak[j];
         for (int c = 0; c < GP_MEM_COUNT; c++)
             if (run_peak_by[j][c] > a.peak_by[c]) a.peak_by[c] = run_peak_by[j][c];
+        if (model.local_device >= 0) { /* processes: device j's numbers are rank j's */
+            size_t v[1 + GP_MEM_COUNT];
+            v[0] = a.peak;
+            memcpy(v + 1, a.peak_by, sizeof a.peak_by);
+            if (gp_procs_bcast(v, sizeof v, j) != GP_OK) gp_procs_abort(1);
+            a.peak = v[0];
+            memcpy(a.peak_by, v + 1, sizeof a.peak_by);
+        }
         if (a.peak > res->peak_bytes) res->peak_bytes = a.peak;
         if (!opts->quiet) {
             char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32];
