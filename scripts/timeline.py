@@ -9,6 +9,7 @@ standard library; `gantt` and `compare` draw with matplotlib.
     scripts/timeline.py summary run.json [--json]
     scripts/timeline.py compare lockstep.json free.json [-o compare.png]
     scripts/timeline.py gantt run.json -o run.png [--steps A:B]
+    scripts/timeline.py merge all.json run.json run.rank1.json ...
 
 Inputs (detected by content, not by extension):
   * gpipe's Chrome trace JSON (gpipe-train --trace FILE): one process per
@@ -48,6 +49,13 @@ waits for the others), idle = wall - busy, bubble fraction = idle / wall,
 copy, wait, end (end-of-step work) and barrier = summed durations of those
 slices.  Overlap factor = sum of busy over devices / wall (1 = no overlap,
 n = every device busy all the time).
+
+`merge` puts the traces of a run under mpirun (one per rank: run.json,
+run.rank1.json, ...) on one time axis, rank 0's: each file records where
+its ts = 0 is on its clock (otherData.origin_s) and its clock's offset from
+rank 0's (clock_offset_s, measured by gpipe at start-up), and each keeps
+only the devices it ran.  The result is a trace like one process's, for
+summary, gantt, compare and Perfetto.
 
 Errors: a bad input or argument (missing, unreadable or empty file, not
 JSON, not a trace, no events, a bad --steps, an -o that cannot be written)
@@ -876,6 +884,71 @@ def save(traces, titles, out, size):
         raise TraceError("-o %s" % out, "cannot draw: %s" % _unexpected(e))
 
 
+
+def _head_number(head, key):
+    m = re.search(r'"%s"\s*:\s*(-?[0-9][0-9.eE+-]*)' % key, head)
+    return float(m.group(1)) if m else None
+
+
+def merge(out, paths):
+    """The ranks' traces -> one trace on rank 0's time axis (see the module
+    docstring); returns the number of events written."""
+    files = []
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            raise TraceError(path, "file not found")
+        except IsADirectoryError:
+            raise TraceError(path, "is a directory")
+        except OSError as e:
+            raise TraceError(path, "cannot read: %s" % (e.strerror or e))
+        events, cut, _ = _decode(path, data)
+        head = data[:4096].decode("utf-8", "replace")
+        origin = _head_number(head, "origin_s")
+        if origin is None:
+            raise TraceError(path, "no otherData.origin_s: not a gpipe trace, or one written "
+                             "before traces could be merged; record the run again")
+        if cut:
+            print("timeline.py: %s: warning: cut off; merging its %d complete events"
+                  % (path, len(events)), file=sys.stderr)
+        files.append((path, origin - (_head_number(head, "clock_offset_s") or 0.0), events))
+    ref = files[0][1]
+    owner, merged = {}, []
+    for q, (path, zero, events) in enumerate(files):
+        shift = (zero - ref) * 1e6
+        own = {e.get("pid") for e in events if isinstance(e, dict) and e.get("ph") == "X"}
+        for pid in own:
+            if pid in owner:
+                raise TraceError(path, "device (pid %s) is also in %s: give each rank's trace "
+                                 "once" % (pid, owner[pid]))
+            owner[pid] = path
+        for e in events:
+            if not isinstance(e, dict):
+                continue
+            ph = e.get("ph")
+            if ph == "i":
+                if q:   # step markers: rank 0's
+                    continue
+            elif e.get("pid") not in own:
+                continue
+            e = dict(e)
+            if isinstance(e.get("ts"), (int, float)):
+                e["ts"] = round(e["ts"] + shift, 3)
+            merged.append(e)
+    try:
+        with open(out, "w") as f:
+            f.write('{"displayTimeUnit": "ms", "otherData": {"producer": "gpipe", '
+                    '"origin_s": %.9f, "merged_from": %s},\n"traceEvents": [\n'
+                    % (ref, json.dumps(paths)))
+            f.write(",\n".join(json.dumps(e) for e in merged))
+            f.write("\n]}\n")
+    except OSError as e:
+        raise TraceError(out, "cannot write: %s" % (e.strerror or e))
+    return len(merged)
+
+
 def main(argv=None):
     """The command line; raises TraceError for a bad input or argument (cli()
     prints it).  Arguments and the output path are checked before any trace
@@ -894,12 +967,19 @@ def main(argv=None):
     p.add_argument("--steps", help="steps summarised (default: all recorded)")
     p.add_argument("--plot-steps", help="steps drawn (default: each trace's first)")
     p.add_argument("--size", help="WIDTHxHEIGHT pixels")
+    p = sub.add_parser("merge", help="the ranks' traces of an mpirun run on one time axis")
+    p.add_argument("output")
+    p.add_argument("traces", nargs="+")
     p = sub.add_parser("gantt", help="one timeline picture")
     p.add_argument("trace")
     p.add_argument("-o", "--output", required=True)
     p.add_argument("--steps", help="steps drawn (default: the first recorded step)")
     p.add_argument("--size", help="WIDTHxHEIGHT pixels")
     args = ap.parse_args(argv)
+    if args.cmd == "merge":
+        n = merge(args.output, args.traces)
+        print("wrote %s: %d events from %d traces" % (args.output, n, len(args.traces)))
+        return 0
     steps = parse_steps("--steps", args.steps)
 
     if args.cmd == "summary":

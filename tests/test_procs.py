@@ -17,7 +17,9 @@ against the same config in one process (worker threads), the oracle.
       with one message naming both counts;
   (d) a failure on one rank (a non-finite loss on stage 1) ends every
       rank with one message naming the rank, stage and micro-batch;
-  (e) a rank killed with SIGKILL ends the run with an error within 30 s.
+  (e) a rank killed with SIGKILL ends the run with an error within 30 s;
+  (f) each rank's --trace, merged by scripts/timeline.py merge onto one
+      time axis: stage 1's forward of each micro-batch after stage 0's.
 
 Needs mpirun (openmpi-bin; scripts/install-deps.sh) and a gpipe-train
 built with MPI: CTest registers this test only then.  Runs as root in CI,
@@ -196,6 +198,43 @@ def snapshots(tmp):
               % (first, second, got[:1], [want.get(r["step"]) for r in got[:1]]))
 
 
+def traces(tmp):
+    """(f): each rank's --trace, merged by scripts/timeline.py merge: both
+    devices on one axis, and every micro-batch's forward on stage 1 starts
+    after its forward on stage 0 ended (its input came from there), which
+    only holds if the ranks' clocks were put on one axis."""
+    cfg = os.path.join(tmp, "trace.yaml")
+    with open(cfg, "w") as f:
+        f.write(MLP)
+    tr = os.path.join(tmp, "run.json")
+    rc, out = mpirun(2, [cfg, "--quiet", "--trace", tr, "--trace-steps", "2:3"])
+    check(rc == 0, "traces: " + out[-500:])
+    r1 = os.path.join(tmp, "run.rank1.json")
+    check(os.path.exists(tr) and os.path.exists(r1), "traces: not one per rank")
+    merged = os.path.join(tmp, "merged.json")
+    tl = os.path.join(os.environ.get("GPIPE_SOURCE_DIR", "."), "scripts", "timeline.py")
+    rc, out = run(["/usr/bin/python3", tl, "merge", merged, tr, r1])
+    check(rc == 0, "timeline.py merge: " + out[-500:])
+    if rc:
+        return
+    with open(merged) as f:
+        events = json.load(f)["traceEvents"]
+    fwd = {}
+    for e in events:
+        name = e.get("name", "")
+        if e.get("ph") == "X" and name.startswith("F") and " s" in name:
+            i, j = name[1:].split(" s")
+            fwd[(e["args"]["step"], int(i), int(j))] = (e["ts"], e["ts"] + e["dur"])
+    pairs = [(k, fwd[k], fwd.get((k[0], k[1], 1))) for k in fwd if k[2] == 0]
+    check(len(pairs) == 8 and all(b for _, _, b in pairs),
+          "traces: expected 8 forwards on each stage in 2 steps: %s" % sorted(fwd)[:4])
+    late = [(k, a, b) for k, a, b in pairs if b and b[0] < a[1] - 20]  # 20 us: clock skew
+    check(not late, "traces: stage 1's forward before stage 0's ended: %s" % late[:2])
+    rc, out = run(["/usr/bin/python3", tl, "summary", merged])
+    check(rc == 0 and "cpu:0 (stage 0)" in out and "cpu:1 (stage 1)" in out,
+          "timeline.py summary of the merged trace: " + out[-500:])
+
+
 def errors(tmp):
     cfg = os.path.join(tmp, "err.yaml")
     with open(cfg, "w") as f:
@@ -256,6 +295,7 @@ def main():
         same_run(tmp, "unet-4", UNET, 4, ["pipeline.balance=auto"])
         same_run(tmp, "amoeba", AMOEBA, 2, ["pipeline.balance=auto"])
         snapshots(tmp)
+        traces(tmp)
         errors(tmp)
     print("test_procs: %d passed, %d failed" % (passed, failed))
     return 1 if failed else 0

@@ -528,6 +528,15 @@ def test_bad_inputs(tmp, trace):
                 "gantt on a missing file")
     check_fails(["compare", trace, put("list2.json", b"[]"), "-o", os.path.join(d, "c.png")],
                 "list2.json", "no events", "compare with an empty trace")
+    # merge: the same about its inputs, and a trace without origin_s, or one
+    # device in two files, are clear errors
+    check_fails(["merge", os.path.join(d, "m.json"), missing], missing, "file not found",
+                "merge with a missing trace")
+    check_fails(["merge", os.path.join(d, "m.json"), put("old.json", b'[{"name":"F0 s0"}]')],
+                "old.json", "no otherData.origin_s", "merge of a trace without its origin")
+    check_fails(["merge", os.path.join(d, "m.json"), trace, trace], trace,
+                "is also in", "merge of one trace twice")
+    check(not os.path.exists(os.path.join(d, "m.json")), "a failed merge writes no file")
     check(not os.path.exists(os.path.join(d, "g.png")) and
           not os.path.exists(os.path.join(d, "c.png")),
           "checking -o leaves no file behind when the work then fails")

@@ -20,6 +20,41 @@ bool gp_procs_launched(void)
 
 static bool g_active;
 static int g_rank, g_size = 1;
+static double g_offset;
+
+double gp_procs_clock_offset(void) { return g_offset; }
+
+/* Rank 0 against each other rank in turn: t0 (rank 0 sends), tr (the
+ * other's clock when it answers), t1 (rank 0 receives): offset = tr -
+ * (t0 + t1) / 2 from the exchange with the least t1 - t0. */
+static void measure_offsets(void)
+{
+    enum { PINGS = 16, TAG = 32767 };
+    for (int r = 1; r < g_size; r++) {
+        if (g_rank == 0) {
+            double best = 1e300, off = 0;
+            for (int q = 0; q < PINGS; q++) {
+                double t0 = gp_now(), tr = 0;
+                MPI_Send(&t0, 1, MPI_DOUBLE, r, TAG, MPI_COMM_WORLD);
+                MPI_Recv(&tr, 1, MPI_DOUBLE, r, TAG, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                double t1 = gp_now();
+                if (t1 - t0 < best) {
+                    best = t1 - t0;
+                    off = tr - (t0 + t1) / 2;
+                }
+            }
+            MPI_Send(&off, 1, MPI_DOUBLE, r, TAG, MPI_COMM_WORLD);
+        } else if (g_rank == r) {
+            for (int q = 0; q < PINGS; q++) {
+                double t0;
+                MPI_Recv(&t0, 1, MPI_DOUBLE, 0, TAG, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                double tr = gp_now();
+                MPI_Send(&tr, 1, MPI_DOUBLE, 0, TAG, MPI_COMM_WORLD);
+            }
+            MPI_Recv(&g_offset, 1, MPI_DOUBLE, 0, TAG, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        }
+    }
+}
 
 bool gp_procs_available(void) { return true; }
 bool gp_procs_active(void) { return g_active; }
@@ -45,6 +80,7 @@ gp_status gp_procs_init(void)
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &g_size);
     g_active = true;
+    measure_offsets();
     if (provided < MPI_THREAD_MULTIPLE)
         return gp_error_set(GP_ERR_RUNTIME, "this MPI library gives thread level %d, not "
                             "MPI_THREAD_MULTIPLE, which gpipe's worker threads need; use Open "
@@ -187,6 +223,7 @@ gp_status gp_procs_max_int(int *x)
 #else /* built without MPI */
 
 bool gp_procs_available(void) { return false; }
+double gp_procs_clock_offset(void) { return 0; }
 bool gp_procs_active(void) { return false; }
 int gp_procs_rank(void) { return 0; }
 int gp_procs_size(void) { return 1; }

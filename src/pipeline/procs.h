@@ -42,6 +42,11 @@ int gp_procs_size(void);  /* 1 when not active */
 /* Kill every process of the run (MPI_Abort): after one of them failed and
  * said why, so that none is left blocked waiting for the one that died. */
 _Noreturn void gp_procs_abort(int code);
+/* This process's gp_now() minus rank 0's at the same instant, seconds
+ * (measured at init: the ping-pong of least round trip, of 16 with each
+ * rank); 0 on rank 0 and without processes.  Traces record it so that
+ * scripts/timeline.py merge puts every rank on rank 0's time axis. */
+double gp_procs_clock_offset(void);
 
 /* A send in flight. */
 typedef struct gp_procs_req {

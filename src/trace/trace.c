@@ -7,6 +7,7 @@
  */
 #include "trace/trace.h"
 #include "core/json.h"
+#include "pipeline/procs.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +62,16 @@ gp_status gp_trace_open(const char *path, int64_t first, int64_t last, gp_trace 
     gp_json_put_str(&t->w, "displayTimeUnit", "ms");
     gp_json_open_object(&t->w, "otherData");
     gp_json_put_str(&t->w, "producer", "gpipe");
+    /* where ts = 0 is (gp_now(), CLOCK_MONOTONIC seconds), and under mpirun
+     * this process's rank and its clock's offset from rank 0's: what
+     * `scripts/timeline.py merge` needs to put the ranks' traces on one
+     * axis */
+    gp_json_put_fixed(&t->w, "origin_s", t->t_origin, 9);
+    if (gp_procs_size() > 1) {
+        gp_json_put_int(&t->w, "rank", gp_procs_rank());
+        gp_json_put_int(&t->w, "ranks", gp_procs_size());
+        gp_json_put_fixed(&t->w, "clock_offset_s", gp_procs_clock_offset(), 9);
+    }
     gp_json_close(&t->w);
     gp_json_open_array(&t->w, "traceEvents");
     gp_status s = flush(t);
@@ -122,7 +133,7 @@ gp_status gp_trace_add_step(gp_trace *t, const gp_pipeline *p, gp_device *const 
         int cnt;
         const gp_event_rec *ev = gp_pipeline_events(p, j, &cnt);
         if (cnt && ev[0].t0 < t_start) t_start = ev[0].t0;
-        if (!t->named[j]) {
+        if (!t->named[j] && cnt) { /* (under mpirun, only this process's device has events) */
             t->named[j] = true;
             char name[96];
             int off = snprintf(name, sizeof name, "%s (stage%s %d", devs[j]->name,
