@@ -10,9 +10,11 @@ against the same config in one process (worker threads), the oracle.
       processes; a U-Net whose skips cross processes (1, 2 and 3 stage
       boundaries at 4 stages); AmoebaNet cells, two tensors across every
       boundary; and `balance: auto`, which rank 0 profiles and shares;
-  (b) a snapshot written by a 2-process run resumes in one process with the
-      same later losses as the uninterrupted run, and one written by a
-      single process resumes under mpirun the same way;
+  (b) a snapshot written by a 2-process run (rank 0's file naming rank 1's
+      part) resumes in one process with the same later losses as the
+      uninterrupted run, and one written by a single process resumes under
+      mpirun the same way; parts whose rank-0 file is missing (a run killed
+      in between) are no snapshot: --resume latest takes the one before;
   (c) a process count that does not match pipeline.devices fails every rank
       with one message naming both counts;
   (d) a failure on one rank (a non-finite loss on stage 1) ends every
@@ -196,6 +198,31 @@ def snapshots(tmp):
         check(len(got) == 8 and all(want[r["step"]] == r for r in got),
               "snapshots %d -> %d processes: resumed steps differ from the whole run: %s / %s"
               % (first, second, got[:1], [want.get(r["step"]) for r in got[:1]]))
+        if first == 2:  # rank 1's part beside rank 0's file, which names it
+            pd = os.path.join(d, "snapshot-000000008.parts")
+            check(os.path.exists(os.path.join(pd, "rank1.safetensors")),
+                  "a 2-process snapshot has no part of rank 1 in %s" % pd)
+            with open(os.path.join(d, "snapshot-000000008.safetensors"), "rb") as f:
+                head = f.read(1 << 16)
+            check(b"snapshot-000000008.parts/rank1.safetensors" in head,
+                  "rank 0's snapshot file does not name rank 1's part")
+    # A run killed between the parts and the file that makes the snapshot:
+    # parts without it are no snapshot; --resume latest takes the one before,
+    # and the run that takes the directory removes the orphans.
+    d = os.path.join(tmp, "snaps-killed")
+    sets = ["--set", "train.snapshot.dir=" + d, "--set", "train.snapshot.every_steps=4",
+            "--set", "train.snapshot.keep=5"]
+    rc, out = mpirun(2, [cfg, "--quiet", "--set", "train.steps=8"] + sets)
+    check(rc == 0, "snapshots every 4 steps: " + out[-500:])
+    os.unlink(os.path.join(d, "snapshot-000000008.safetensors"))
+    part = os.path.join(tmp, "part-killed.jsonl")
+    rc, out = mpirun(2, [cfg, "--quiet", "--resume", "latest", "--metrics", part] + sets)
+    check(rc == 0, "resume after a lost snapshot file: " + out[-500:])
+    if rc == 0:
+        got = [r for r in records(part) if "loss" in r]
+        check(len(got) == 12 and got[0]["step"] == 5 and all(want[r["step"]] == r for r in got),
+              "resume after a lost snapshot file: not from step 4 as the whole run: %s"
+              % got[:1])
 
 
 def traces(tmp):

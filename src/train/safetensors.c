@@ -373,6 +373,8 @@ void gp_st_free(gp_st_file *f)
     for (int i = 0; i < 2 * f->n_meta; i++) free(f->meta[i]);
     free(f->meta);
     free(f->image);
+    for (int q = 0; q < f->n_parts; q++) gp_st_free(&f->parts[q]);
+    free(f->parts);
     memset(f, 0, sizeof *f);
 }
 

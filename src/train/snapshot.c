@@ -28,13 +28,14 @@
 /* ---- gather ------------------------------------------------------------ */
 
 /* Tensor t of a layer that rank `owner` trains into the writer.  With
- * processes, every rank walks the same tensors in the same order: the
- * owner sends its copy to rank 0, which writes it (w is NULL elsewhere). */
+ * processes, every rank walks the same tensors in the same order: with
+ * `gather`, the owner sends its copy to rank 0, which writes it (w is NULL
+ * elsewhere); without, each rank adds its own tensors to its own part. */
 static gp_status add_device_tensor(gp_st_writer *w, const char *name, const gp_tensor *t,
-                                   int owner, float **scratch, size_t *cap)
+                                   int owner, bool gather, float **scratch, size_t *cap)
 {
     int me = gp_procs_size() > 1 ? gp_procs_rank() : 0;
-    if (me != owner && me != 0) return GP_OK;
+    if (me != owner && (me != 0 || !gather)) return GP_OK;
     int64_t n = gp_tensor_numel(t);
     if ((size_t)n > *cap) {
         float *ns = realloc(*scratch, (size_t)n * sizeof *ns);
@@ -45,7 +46,8 @@ static gp_status add_device_tensor(gp_st_writer *w, const char *name, const gp_t
     if (me == owner) {
         GP_TRY(gp_dev_download(t->dev, *scratch, t->data, n));
         GP_TRY(gp_dev_synchronize(t->dev));
-        if (me != 0) return gp_procs_send_bytes(*scratch, (size_t)n * sizeof(float), 0, 0);
+        if (me != 0 && gather)
+            return gp_procs_send_bytes(*scratch, (size_t)n * sizeof(float), 0, 0);
     } else {
         GP_TRY(gp_procs_recv_bytes(*scratch, (size_t)n * sizeof(float), owner, 0));
     }
@@ -83,8 +85,12 @@ static gp_status meta_i64(gp_st_writer *w, const char *key, int64_t v)
     return gp_st_writer_meta(w, key, b);
 }
 
-gp_status gp_snapshot_collect(gp_model *m, const gp_config *cfg, const gp_snapshot_pos *pos,
-                              gp_st_writer *w)
+/* Every tensor of the model into w, then the metadata.  Processes: with
+ * `gather` rank 0 writes the whole model (the others send theirs and
+ * return); without, each rank's w gets its own layers' tensors, and rank 0's
+ * the metadata too: the parts of a snapshot (gp_snapshot_save). */
+static gp_status collect(gp_model *m, const gp_config *cfg, const gp_snapshot_pos *pos,
+                         gp_st_writer *w, bool gather)
 {
     /* Replicas with sharded updates each hold their own chunk of the
      * momentum: assemble it in replica 0, which is what is written. */
@@ -100,7 +106,7 @@ gp_status gp_snapshot_collect(gp_model *m, const gp_config *cfg, const gp_snapsh
         int owner = gp_model_layer_rank(m, k);
         for (int p = 0; p < l->n_params && s == GP_OK; p++) {
             tensor_name(name, sizeof name, "", m, k, nm, l->params[p].name);
-            s = add_device_tensor(w, name, &l->params[p].value, owner, &scratch, &cap);
+            s = add_device_tensor(w, name, &l->params[p].value, owner, gather, &scratch, &cap);
         }
         const char *cn[MAX_COUNTERS];
         int64_t *cv[MAX_COUNTERS];
@@ -108,14 +114,14 @@ gp_status gp_snapshot_collect(gp_model *m, const gp_config *cfg, const gp_snapsh
         GP_ASSERT(nc <= MAX_COUNTERS);
         for (int c = 0; c < nc && s == GP_OK; c++) {
             tensor_name(name, sizeof name, "", m, k, nm, cn[c]);
-            if (me != owner && me != 0) continue;
+            if (me != owner && (me != 0 || !gather)) continue;
             int64_t v = me == owner ? *cv[c] : 0;
-            if (owner != 0 && me == owner) { /* to rank 0, like the tensors */
+            if (owner != 0 && me == owner && gather) { /* to rank 0, like the tensors */
                 s = gp_procs_send_bytes(&v, sizeof v, 0, 0);
                 continue;
             }
-            if (owner != 0 && me == 0) s = gp_procs_recv_bytes(&v, sizeof v, owner, 0);
-            if (s == GP_OK && me == 0) s = gp_st_writer_add(w, name, GP_ST_I64, 0, NULL, &v, sizeof v);
+            if (owner != 0 && me == 0 && gather) s = gp_procs_recv_bytes(&v, sizeof v, owner, 0);
+            if (s == GP_OK) s = gp_st_writer_add(w, name, GP_ST_I64, 0, NULL, &v, sizeof v);
         }
     }
     if (pos) {
@@ -125,13 +131,13 @@ gp_status gp_snapshot_collect(gp_model *m, const gp_config *cfg, const gp_snapsh
                 if (l->params[p].is_buffer) continue;
                 tensor_name(name, sizeof name, "momentum.", m, k, nm, l->params[p].name);
                 s = add_device_tensor(w, name, gp_optim_state(m->optim, k, p),
-                                      gp_model_layer_rank(m, k), &scratch, &cap);
+                                      gp_model_layer_rank(m, k), gather, &scratch, &cap);
             }
         }
     }
     free(scratch);
     GP_TRY(s);
-    if (me != 0) return GP_OK; /* processes: rank 0 writes */
+    if (me != 0) return GP_OK; /* processes: rank 0 has the metadata */
     /* "format": "pt" is what safetensors.torch writes; loaders look for it. */
     GP_TRY(gp_st_writer_meta(w, "format", "pt"));
     GP_TRY(gp_st_writer_meta(w, "gpipe.kind", pos ? "snapshot" : "weights"));
@@ -157,6 +163,89 @@ gp_status gp_snapshot_collect(gp_model *m, const gp_config *cfg, const gp_snapsh
         GP_TRY(gp_st_writer_meta(w, "gpipe.config_path", cfg->path));
         GP_TRY(gp_st_writer_meta(w, "gpipe.config", cfg->text ? cfg->text : ""));
         GP_TRY(gp_st_writer_meta(w, "gpipe.overrides", cfg->overrides ? cfg->overrides : ""));
+    }
+    return GP_OK;
+}
+
+gp_status gp_snapshot_collect(gp_model *m, const gp_config *cfg, const gp_snapshot_pos *pos,
+                              gp_st_writer *w)
+{
+    return collect(m, cfg, pos, w, true);
+}
+
+/* ---- parts (processes) ---------------------------------------------------- */
+
+/* A snapshot of a run under mpirun: rank 0's file is the snapshot (its own
+ * stage's tensors, all the metadata, and gpipe.parts: the other ranks'
+ * files, relative to it), written only after every other rank's part is
+ * durable; the parts are <dir>/snapshot-<step>.parts/rank<r>.safetensors.
+ * A run killed while writing leaves parts without the file that names
+ * them: no snapshot, and the next run that holds the directory removes
+ * them. */
+#define PARTS_KEY "gpipe.parts"
+#define PARTS_SUFFIX ".parts"
+
+static void parts_dir(const char *dir, int64_t step, char *out, size_t len)
+{
+    snprintf(out, len, "%s/" SNAP_PREFIX "%09lld" PARTS_SUFFIX, dir, (long long)step);
+}
+
+/* Remove a parts directory and what is in it (best effort, warned). */
+static void remove_parts(const char *pdir)
+{
+    DIR *d = opendir(pdir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char p[1400];
+        snprintf(p, sizeof p, "%s/%s", pdir, e->d_name);
+        if (unlink(p) != 0) GP_WARN("cannot delete %s: %s", p, strerror(errno));
+    }
+    closedir(d);
+    if (rmdir(pdir) != 0) GP_WARN("cannot delete %s: %s", pdir, strerror(errno));
+}
+
+/* The parts a snapshot names, read, checked and their tensors appended to
+ * f's (a file written by one process names none). */
+static gp_status attach_parts(const char *path, gp_st_file *f)
+{
+    const char *list = gp_st_meta(f, PARTS_KEY);
+    if (!list || !*list) return GP_OK;
+    char dir[1024];
+    const char *slash = strrchr(path, '/');
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+    for (const char *p = list; *p;) {
+        const char *comma = strchr(p, ',');
+        int len = comma ? (int)(comma - p) : (int)strlen(p);
+        char full[1400];
+        snprintf(full, sizeof full, "%s/%.*s", dir, len, p);
+        gp_st_file *parts = realloc(f->parts, (size_t)(f->n_parts + 1) * sizeof *parts);
+        if (!parts) return gp_error_set(GP_ERR_OOM, "out of host memory reading %s", path);
+        f->parts = parts;
+        gp_st_file *part = &f->parts[f->n_parts];
+        memset(part, 0, sizeof *part);
+        gp_status s = gp_st_read(full, part);
+        if (s == GP_OK) {
+            f->n_parts++;
+            s = gp_st_verify(part, true);
+        }
+        if (s != GP_OK)
+            return gp_error_wrap(s, "%s: its part %s (written by another process of the run "
+                                 "under mpirun) cannot be used; resume from an older "
+                                 "snapshot", path, full);
+        gp_st_tensor *all = realloc(f->tensors, (size_t)(f->n + part->n) * sizeof *all);
+        if (!all) return gp_error_set(GP_ERR_OOM, "out of host memory reading %s", path);
+        f->tensors = all;
+        for (int i = 0; i < part->n; i++) {
+            f->tensors[f->n] = part->tensors[i];
+            f->tensors[f->n].name = strdup(part->tensors[i].name);
+            if (!f->tensors[f->n].name)
+                return gp_error_set(GP_ERR_OOM, "out of host memory reading %s", path);
+            f->n++;
+        }
+        p += len;
+        if (*p == ',') p++;
     }
     return GP_OK;
 }
@@ -473,6 +562,7 @@ gp_status gp_snapshot_open(const char *path, gp_st_file *f, gp_snapshot_pos *pos
                          gp_st_meta(f, "gpipe.format_version") : "(none)",
                          GP_SNAPSHOT_FORMAT_VERSION);
     if (s == GP_OK) s = gp_st_verify(f, true);
+    if (s == GP_OK) s = attach_parts(path, f);
     if (s == GP_OK && (!meta_int(f, "gpipe.step", &pos->step) ||
                        !meta_int(f, "gpipe.epoch", &pos->epoch) ||
                        !meta_int(f, "gpipe.batch", &pos->batch) ||
@@ -638,6 +728,21 @@ static void remove_temporaries(const char *dir)
         else GP_WARN("cannot delete %s, left by a run that was stopped: %s", p, strerror(errno));
     }
     closedir(d);
+    /* parts whose snapshot file was never written (processes) */
+    d = opendir(dir);
+    while (d && (e = readdir(d))) {
+        size_t nl = strlen(e->d_name), sl = strlen(PARTS_SUFFIX);
+        if (strncmp(e->d_name, SNAP_PREFIX, strlen(SNAP_PREFIX)) || nl <= sl ||
+            strcmp(e->d_name + nl - sl, PARTS_SUFFIX))
+            continue;
+        char snap[1400], pdir[1400];
+        snprintf(pdir, sizeof pdir, "%s/%s", dir, e->d_name);
+        snprintf(snap, sizeof snap, "%s/%.*s" SNAP_SUFFIX, dir, (int)(nl - sl), e->d_name);
+        if (access(snap, F_OK) == 0) continue;
+        remove_parts(pdir);
+        removed++;
+    }
+    if (d) closedir(d);
     if (removed)
         GP_INFO("removed %d unfinished snapshot file%s in '%s' left by a run that was stopped "
                 "while writing", removed, removed == 1 ? "" : "s", dir);
@@ -791,23 +896,57 @@ void gp_snapshot_lock_release(gp_snapshot_lock *l)
 gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_pos *pos,
                            const gp_snapshot_lock *lock)
 {
-    /* processes: rank 0 writes the whole model, as one process would; the
-     * other ranks send it their stages' tensors */
-    if (m->local_device > 0) return gp_snapshot_collect(m, cfg, pos, NULL);
     const gp_snapshot_config *sc = &cfg->train.snapshot;
+    int me = m->local_device >= 0 ? gp_procs_rank() : 0;
+    int N = m->local_device >= 0 ? gp_procs_size() : 1;
+    char path[1100], pdir[1100];
+    gp_snapshot_path(sc->dir, pos->step, path, sizeof path);
+    parts_dir(sc->dir, pos->step, pdir, sizeof pdir);
+    gp_st_writer w = {0};
+    gp_status s = GP_OK;
+    if (me > 0) { /* processes: this rank's part, then say how it went */
+        char part[1300];
+        snprintf(part, sizeof part, "%s/rank%d" SNAP_SUFFIX, pdir, me);
+        s = gp_make_dirs(pdir, "snapshot parts directory");
+        if (s == GP_OK) s = collect(m, cfg, pos, &w, false);
+        if (s == GP_OK) s = gp_st_write_atomic(&w, part);
+        gp_st_writer_free(&w);
+        if (s != GP_OK) gp_error_wrap(s, "rank %d: snapshot at step %lld", me, (long long)pos->step);
+        int bad = s != GP_OK;
+        gp_status as = gp_procs_max_int(&bad);
+        if (s == GP_OK) s = as;
+        return s;
+    }
     /* Pruning below deletes files: only the run that owns the directory. */
     GP_ASSERT(lock && !strcmp(lock->dir, sc->dir));
-    GP_TRY(gp_make_dirs(sc->dir, "snapshot directory"));
-    gp_st_writer w = {0};
-    char path[1100];
-    gp_snapshot_path(sc->dir, pos->step, path, sizeof path);
-    gp_status s = gp_snapshot_collect(m, cfg, pos, &w);
+    s = gp_make_dirs(sc->dir, "snapshot directory");
+    if (N > 1) { /* every other part durable before the file that makes the snapshot */
+        int bad = 0;
+        gp_status as = gp_procs_max_int(&bad);
+        if (s == GP_OK) s = as;
+        if (s == GP_OK && bad)
+            s = gp_error_set(GP_ERR_IO, "another rank could not write its part (its message "
+                             "says why); no snapshot was made");
+    }
+    if (s == GP_OK) s = collect(m, cfg, pos, &w, N == 1);
+    if (s == GP_OK && N > 1) {
+        char list[4096];
+        int off = 0;
+        const char *base = strrchr(pdir, '/') + 1;
+        for (int r = 1; r < N && off < (int)sizeof list - 1; r++)
+            off += snprintf(list + off, sizeof list - (size_t)off, "%s%s/rank%d" SNAP_SUFFIX,
+                            r > 1 ? "," : "", base, r);
+        if (off >= (int)sizeof list - 1)
+            s = gp_error_set(GP_ERR_INVALID, "too many processes (%d) to name their parts", N);
+        else s = gp_st_writer_meta(&w, PARTS_KEY, list);
+    }
     if (s == GP_OK) s = gp_st_write_atomic(&w, path);
     gp_st_writer_free(&w);
     if (s != GP_OK) return gp_error_wrap(s, "snapshot at step %lld", (long long)pos->step);
     /* Only now that the new one is complete: drop the older ones beyond
-     * `keep`.  Snapshots of later steps are not counted or touched (there
-     * are none: gp_snapshot_prepare moved those of a resumed run aside). */
+     * `keep`, with their parts.  Snapshots of later steps are not counted or
+     * touched (there are none: gp_snapshot_prepare moved those of a resumed
+     * run aside). */
     int64_t *steps;
     int n = list_steps(sc->dir, &steps), kept = 1;
     for (int i = 0; i < n; i++) {
@@ -816,9 +955,11 @@ gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_
             kept++;
             continue;
         }
-        char old[1100];
+        char old[1100], oldp[1100];
         gp_snapshot_path(sc->dir, steps[i], old, sizeof old);
         if (unlink(old) != 0) GP_WARN("cannot delete old snapshot %s: %s", old, strerror(errno));
+        parts_dir(sc->dir, steps[i], oldp, sizeof oldp);
+        remove_parts(oldp);
     }
     free(steps);
     GP_DEBUG("snapshot %s", path);
@@ -933,6 +1074,10 @@ static gp_status move_later_aside(const gp_snapshot_lock *lock, int64_t step)
                                 "step %lld out of '%s' by hand, then resume again", from, sub,
                                 strerror(e), (long long)step, lock->dir);
         }
+        parts_dir(lock->dir, steps[i], from, sizeof from); /* and its parts, if any */
+        snprintf(to, sizeof to, "%s/%s", sub, strrchr(from, '/') + 1);
+        if (rename(from, to) != 0 && errno != ENOENT)
+            GP_WARN("cannot move %s to %s: %s", from, sub, strerror(errno));
     }
     int dfd = open(lock->dir, O_RDONLY);
     if (dfd >= 0) {

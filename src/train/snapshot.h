@@ -58,6 +58,11 @@ typedef struct gp_st_file {
     const uint8_t *data;        /* the data section inside image */
     uint64_t data_len;
     char source[512];           /* path or name, for messages */
+    /* A snapshot written by several processes: the other ranks' parts
+     * (gpipe.parts), whose tensors were appended to `tensors` (their data
+     * points into the parts' images, owned here). */
+    struct gp_st_file *parts;
+    int n_parts;
 } gp_st_file;
 
 /* Parse a file image (copied).  Everything is checked: header length and
