@@ -9,7 +9,9 @@ against the same config in one process (worker threads), the oracle.
       backward); interleaved stages (v = 2, two stages per process); 4
       processes; a U-Net whose skips cross processes (1, 2 and 3 stage
       boundaries at 4 stages); AmoebaNet cells, two tensors across every
-      boundary; and `balance: auto`, which rank 0 profiles and shares;
+      boundary; `balance: auto`, which rank 0 profiles and shares; and the
+      U-Net again with every message staged through host memory
+      (GPIPE_PROCS_STAGE=1: what a GPU device's messages do);
   (b) a snapshot written by a 2-process run (rank 0's file naming rank 1's
       part) resumes in one process with the same later losses as the
       uninterrupted run, and one written by a single process resumes under
@@ -69,8 +71,9 @@ def run(cmd, timeout=120, env=ENV):
     return p.returncode, p.stdout + p.stderr
 
 
-def mpirun(n, args, timeout=120):
-    return run(["mpirun", "-np", str(n), "--oversubscribe", BIN] + args, timeout, MPI_ENV)
+def mpirun(n, args, timeout=120, stage=False):
+    env = dict(MPI_ENV, GPIPE_PROCS_STAGE="1") if stage else MPI_ENV
+    return run(["mpirun", "-np", str(n), "--oversubscribe", BIN] + args, timeout, env)
 
 
 def records(path):
@@ -150,7 +153,7 @@ pipeline:
 """
 
 
-def same_run(tmp, name, cfg_text, n, sets=()):
+def same_run(tmp, name, cfg_text, n, sets=(), stage=False):
     cfg = os.path.join(tmp, name + ".yaml")
     with open(cfg, "w") as f:
         f.write(cfg_text)
@@ -159,7 +162,7 @@ def same_run(tmp, name, cfg_text, n, sets=()):
     for s in sets:
         extra += ["--set", s]
     rc1, out1 = run([BIN, cfg, "--quiet", "--metrics", m1] + extra)
-    rc2, out2 = mpirun(n, [cfg, "--quiet", "--metrics", m2] + extra)
+    rc2, out2 = mpirun(n, [cfg, "--quiet", "--metrics", m2] + extra, stage=stage)
     check(rc1 == 0, "%s: single process: %s" % (name, out1[-800:]))
     check(rc2 == 0, "%s: %d processes: %s" % (name, n, out2[-800:]))
     if rc1 or rc2:
@@ -321,6 +324,9 @@ def main():
                                           "pipeline.balance=[3, 3, 3, 3]"])
         same_run(tmp, "unet-4", UNET, 4, ["pipeline.balance=auto"])
         same_run(tmp, "amoeba", AMOEBA, 2, ["pipeline.balance=auto"])
+        # the GPU path's logic (every message through a host copy, as for
+        # a device that is not the host's), on CPU devices
+        same_run(tmp, "unet-4-staged", UNET, 4, ["pipeline.balance=auto"], stage=True)
         snapshots(tmp)
         traces(tmp)
         errors(tmp)

@@ -257,7 +257,7 @@ static gp_status send_tensor(gp_pipeline *p, const gp_tensor *t, int to, int tag
         p->cap_pend = cap;
     }
     struct pending_send *ps = &p->pend[p->n_pend];
-    GP_TRY(gp_procs_isend(t->data, gp_tensor_numel(t), to % p->n, tag, &ps->req));
+    GP_TRY(gp_procs_isend_dev(t->dev, t->data, gp_tensor_numel(t), to % p->n, tag, &ps->req));
     ps->flag = flag;
     p->n_pend++;
     return GP_OK;
@@ -334,7 +334,7 @@ static gp_status receive_remote(gp_pipeline *p, const gp_instr *in, gp_event_rec
     if (st == GP_OK) st = gp_tensor_alloc(dst, p->devs[j], &sh, GP_MEM_COPIES);
     if (st != GP_OK) return st;
     ev->bytes = gp_tensor_bytes(dst);
-    return gp_procs_recv(dst->data, gp_tensor_numel(dst), from, tag);
+    return gp_procs_recv_dev(p->devs[j], dst->data, gp_tensor_numel(dst), from, tag);
 }
 
 /* ---- the work of one instruction --------------------------------------- */

@@ -5,6 +5,46 @@
 
 #include <limits.h>
 #include <stdlib.h>
+#include <string.h>
+
+/* Whether dev's data goes through a host copy. */
+static bool staged(const gp_device *dev)
+{
+    const char *e = getenv("GPIPE_PROCS_STAGE");
+    return dev->kind != GP_DEV_CPU || (e && *e && strcmp(e, "0"));
+}
+
+gp_status gp_procs_isend_dev(gp_device *dev, const float *data, int64_t n, int to, int tag,
+                             gp_procs_req *req)
+{
+    req->host = NULL;
+    if (!staged(dev)) return gp_procs_isend(data, n, to, tag, req);
+    float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof *h);
+    if (!h) return gp_error_set(GP_ERR_OOM, "out of host memory staging %lld floats",
+                                (long long)n);
+    gp_status s = gp_dev_download(dev, h, data, n);
+    if (s == GP_OK) s = gp_dev_synchronize(dev);
+    if (s == GP_OK) s = gp_procs_isend(h, n, to, tag, req);
+    if (s != GP_OK) {
+        free(h);
+        return s;
+    }
+    req->host = h;
+    return GP_OK;
+}
+
+gp_status gp_procs_recv_dev(gp_device *dev, float *data, int64_t n, int from, int tag)
+{
+    if (!staged(dev)) return gp_procs_recv(data, n, from, tag);
+    float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof *h);
+    if (!h) return gp_error_set(GP_ERR_OOM, "out of host memory staging %lld floats",
+                                (long long)n);
+    gp_status s = gp_procs_recv(h, n, from, tag);
+    if (s == GP_OK) s = gp_dev_upload(dev, data, h, n);
+    if (s == GP_OK) s = gp_dev_synchronize(dev);
+    free(h);
+    return s;
+}
 
 bool gp_procs_launched(void)
 {
@@ -114,6 +154,7 @@ static gp_status count_of(int64_t n, int *out)
 gp_status gp_procs_isend(const float *data, int64_t n, int to, int tag, gp_procs_req *req)
 {
     int cnt = 0;
+    req->host = NULL;
     GP_TRY(count_of(n, &cnt));
     MPI_Request *r = malloc(sizeof *r);
     if (!r) return gp_error_set(GP_ERR_OOM, "out of host memory");
@@ -122,7 +163,7 @@ gp_status gp_procs_isend(const float *data, int64_t n, int to, int tag, gp_procs
         free(r);
         return mpi_error(rc, "MPI_Isend");
     }
-    req->impl = r;
+    req->impl = r; /* req->host: the caller's (gp_procs_isend_dev) */
     return GP_OK;
 }
 
@@ -135,6 +176,8 @@ gp_status gp_procs_test(gp_procs_req *req, bool *done)
     if (*done) {
         free(req->impl);
         req->impl = NULL;
+        free(req->host);
+        req->host = NULL;
     }
     return GP_OK;
 }
@@ -144,6 +187,8 @@ gp_status gp_procs_wait(gp_procs_req *req)
     int rc = MPI_Wait(req->impl, MPI_STATUS_IGNORE);
     free(req->impl);
     req->impl = NULL;
+    free(req->host);
+    req->host = NULL;
     return rc == MPI_SUCCESS ? GP_OK : mpi_error(rc, "MPI_Wait");
 }
 

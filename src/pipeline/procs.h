@@ -24,7 +24,7 @@
 #ifndef GP_PROCS_H
 #define GP_PROCS_H
 
-#include "core/core.h"
+#include "backend/backend.h"
 
 /* Whether a launcher (Open MPI's mpirun, or a PMI/PMIx one such as Slurm's
  * srun) started this process as one of several. */
@@ -50,7 +50,8 @@ double gp_procs_clock_offset(void);
 
 /* A send in flight. */
 typedef struct gp_procs_req {
-    void *impl; /* MPI_Request, allocated */
+    void *impl;  /* MPI_Request, allocated */
+    float *host; /* gp_procs_isend_dev's host copy, freed with the request */
 } gp_procs_req;
 
 /* Send n floats to `to` with `tag` without waiting; *req completes it. */
@@ -63,6 +64,14 @@ gp_status gp_procs_wait(gp_procs_req *req);
 gp_status gp_procs_probe(int from, int tag);
 /* Receive exactly n floats from `from` with `tag` into data (blocking). */
 gp_status gp_procs_recv(float *data, int64_t n, int from, int tag);
+/* The same for n floats in memory of device dev: sent from where they are
+ * on a CPU device, through a host copy (gp_dev_download / gp_dev_upload)
+ * on any other (a GPU: no CUDA-aware MPI or NCCL needed, at the cost of
+ * the copies).  GPIPE_PROCS_STAGE=1 stages CPU devices too, which is how
+ * the tests run the GPU path's logic without a GPU. */
+gp_status gp_procs_isend_dev(gp_device *dev, const float *data, int64_t n, int to, int tag,
+                             gp_procs_req *req);
+gp_status gp_procs_recv_dev(gp_device *dev, float *data, int64_t n, int from, int tag);
 /* Send / receive `bytes` bytes with `tag`, blocking (snapshots and
  * evaluation, between steps). */
 gp_status gp_procs_send_bytes(const void *data, size_t bytes, int to, int tag);

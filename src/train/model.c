@@ -557,8 +557,8 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset 
                 gp_shape cs = gp_shape_with_batch(&m->layers[first].in_shape, n);
                 s = gp_tensor_alloc(&cur, m->devs[j], &cs, GP_MEM_COPIES);
                 if (s == GP_OK)
-                    s = gp_procs_recv_bytes(cur.data, gp_tensor_bytes(&cur),
-                                            (j - 1) % m->n_devices, 1);
+                    s = gp_procs_recv_dev(m->devs[j], cur.data, gp_tensor_numel(&cur),
+                                          (j - 1) % m->n_devices, 1);
             }
             if (procs) /* the skips stashed on other ranks' stages */
                 for (int t = 0; t < m->skips.n && s == GP_OK; t++) {
@@ -567,8 +567,8 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset 
                     gp_shape ks = gp_shape_with_batch(&m->layers[m->skips.skips[t].from].out_shape, n);
                     s = gp_tensor_alloc(&pend[t], m->devs[j], &ks, GP_MEM_COPIES);
                     if (s == GP_OK)
-                        s = gp_procs_recv_bytes(pend[t].data, gp_tensor_bytes(&pend[t]),
-                                                a % m->n_devices, 2 + t);
+                        s = gp_procs_recv_dev(m->devs[j], pend[t].data, gp_tensor_numel(&pend[t]),
+                                              a % m->n_devices, 2 + t);
                 }
             if (s != GP_OK) break;
             gp_stash st;
@@ -610,7 +610,8 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset 
                     if (!pend[t].data || b % m->n_devices == m->local_device) continue;
                     sent[n_sent] = pend[t];
                     pend[t] = (gp_tensor){0};
-                    s = gp_procs_isend(sent[n_sent].data, gp_tensor_numel(&sent[n_sent]),
+                    s = gp_procs_isend_dev(sent[n_sent].dev, sent[n_sent].data,
+                                           gp_tensor_numel(&sent[n_sent]),
                                        b % m->n_devices, 2 + t, &reqs[n_sent]);
                     n_sent++;
                 }
@@ -618,7 +619,8 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset 
                     (j + 1) % m->n_devices != m->local_device) {
                     sent[n_sent] = cur;
                     cur = (gp_tensor){0};
-                    s = gp_procs_isend(sent[n_sent].data, gp_tensor_numel(&sent[n_sent]),
+                    s = gp_procs_isend_dev(sent[n_sent].dev, sent[n_sent].data,
+                                           gp_tensor_numel(&sent[n_sent]),
                                        (j + 1) % m->n_devices, 1, &reqs[n_sent]);
                     n_sent++;
                 }

@@ -225,17 +225,24 @@ static gp_status open_devices(const gp_config *cfg, gp_device **devs)
     if (n_cpu > cores)
         GP_WARN("%d CPU devices on %ld cores: devices will share cores and run slower than "
                 "they would with their own", n_cpu, cores);
+    /* processes: this rank opens its own device; the others' are stand-ins
+     * (a host device under their names: their layers are shapes only, and
+     * nothing runs on them here), so a GPU is opened by its rank alone */
+    int mine = gp_procs_size() > 1 ? gp_procs_rank() : -1;
     for (int j = 0; j < n; j++) {
         const gp_device_spec *ds = &pc->devices[j];
         gp_device_opts o = {.threads = gp_model_device_threads(pc, j),
                             .capacity = ds->memory ? ds->memory : pc->memory};
-        gp_status s = gp_device_open(ds->name, &o, &devs[j]);
+        bool stand_in = mine >= 0 && j != mine;
+        if (stand_in) o = (gp_device_opts){.threads = 1};
+        gp_status s = gp_device_open(stand_in ? "cpu" : ds->name, &o, &devs[j]);
         if (s != GP_OK) {
             for (int q = 0; q < j; q++) gp_device_close(devs[q]);
             return s;
         }
+        if (stand_in) snprintf(devs[j]->name, sizeof devs[j]->name, "%s", ds->name);
     }
-    gp_device_bind_thread(devs[0]);
+    gp_device_bind_thread(devs[mine >= 0 ? mine : 0]);
     return GP_OK;
 }
 
@@ -297,11 +304,6 @@ gp_status gp_train_check_processes(const gp_config *cfg)
                             "pipeline.devices lists %d device%s; each process runs one device: "
                             "start mpirun -np %d, or list %d devices", cfg->path, N,
                             pc->n_devices, pc->n_devices == 1 ? "" : "s", pc->n_devices, N);
-    for (int j = 0; j < pc->n_devices; j++)
-        if (!gp_device_spec_is_cpu(&pc->devices[j]))
-            return gp_error_set(GP_ERR_INVALID, "%s: pipeline.devices[%d] is a GPU; stages in "
-                                "separate processes run on CPU devices only so far (GPU "
-                                "stages: one process, one worker thread per GPU)", cfg->path, j);
     return GP_OK;
 }
 
