@@ -11,7 +11,9 @@ against the same config in one process (worker threads), the oracle.
       boundaries at 4 stages); AmoebaNet cells, two tensors across every
       boundary; `balance: auto`, which rank 0 profiles and shares; and the
       U-Net again with every message staged through host memory
-      (GPIPE_PROCS_STAGE=1: what a GPU device's messages do);
+      (GPIPE_PROCS_STAGE=1: what a GPU device's messages do); replicas
+      across processes (2 stages x 2 replicas = 4 ranks, with SyncBN and
+      1F1B too; 1 stage x 3 replicas) against the same replicas as threads;
   (b) a snapshot written by a 2-process run (rank 0's file naming rank 1's
       part) resumes in one process with the same later losses as the
       uninterrupted run, and one written by a single process resumes under
@@ -209,6 +211,24 @@ def snapshots(tmp):
                 head = f.read(1 << 16)
             check(b"snapshot-000000008.parts/rank1.safetensors" in head,
                   "rank 0's snapshot file does not name rank 1's part")
+    # replicas: each replica's sharded momentum gathered before replica 0's
+    # ranks write; resumed as threads of one process
+    rep = ["--set", "pipeline.replicas=2"]
+    full2 = os.path.join(tmp, "full2.jsonl")
+    rc, out = run([BIN, cfg, "--quiet", "--metrics", full2] + rep)
+    want2 = {r["step"]: r for r in records(full2) if "loss" in r} if rc == 0 else {}
+    d = os.path.join(tmp, "snaps-rep")
+    sets = ["--set", "train.snapshot.dir=" + d, "--set", "train.snapshot.every_steps=8"] + rep
+    rc, out = mpirun(4, [cfg, "--quiet", "--set", "train.steps=8"] + sets)
+    check(rc == 0, "snapshots with replicas, 4 processes: " + out[-500:])
+    part = os.path.join(tmp, "part-rep.jsonl")
+    rc, out = run([BIN, cfg, "--quiet", "--resume", "latest", "--metrics", part] + sets)
+    check(rc == 0, "snapshots with replicas, resumed in one process: " + out[-500:])
+    if rc == 0:
+        got = [r for r in records(part) if "loss" in r]
+        check(len(got) == 8 and all(want2.get(r["step"]) == r for r in got),
+              "snapshots with replicas 4 -> 1 processes: resumed steps differ: %s / %s"
+              % (got[:1], [want2.get(r["step"]) for r in got[:1]]))
     # A run killed between the parts and the file that makes the snapshot:
     # parts without it are no snapshot; --resume latest takes the one before,
     # and the run that takes the directory removes the orphans.
@@ -324,6 +344,13 @@ def main():
                                           "pipeline.balance=[3, 3, 3, 3]"])
         same_run(tmp, "unet-4", UNET, 4, ["pipeline.balance=auto"])
         same_run(tmp, "amoeba", AMOEBA, 2, ["pipeline.balance=auto"])
+        # replicas across processes: rank r = replica r / 2, device r % 2;
+        # sharded updates and the gradients' reduce-scatter over MPI
+        same_run(tmp, "conv-2x2", CONV, 4, ["pipeline.replicas=2"])
+        same_run(tmp, "conv-2x2-syncbn", CONV.replace("- batchnorm", "- batchnorm: {sync: true}"),
+                 4, ["pipeline.replicas=2", "pipeline.schedule=1f1b"])
+        same_run(tmp, "mlp-1x3", MLP, 3, ["pipeline.devices=[cpu:0]", "pipeline.replicas=3",
+                                           "pipeline.chunks=2"])
         # the GPU path's logic (every message through a host copy, as for
         # a device that is not the host's), on CPU devices
         same_run(tmp, "unet-4-staged", UNET, 4, ["pipeline.balance=auto"], stage=True)

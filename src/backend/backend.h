@@ -120,6 +120,20 @@ typedef struct gp_event gp_event;
  * CUDA, one ncclComm_t per device, created once by gp_comm_create).  The
  * backend that made it fills `ctx` and `destroy`; `devs` is the group in
  * rank order (not owned: the devices outlive the communicator). */
+struct gp_comm;
+/* Collectives a communicator brings itself, instead of its devices'
+ * backend: one across processes (pipeline/procs.h, MPI), whose ranks' buffers
+ * are in other processes.  Same contracts as the device slots below
+ * (sums in rank order); sharded_sgd is composed from reduce_scatter, the
+ * update and all_gather. */
+typedef struct gp_comm_ops {
+    gp_status (*allreduce)(struct gp_comm *comm, gp_device *dev, float *buf, int64_t n);
+    gp_status (*broadcast)(struct gp_comm *comm, gp_device *dev, float *buf, int64_t n, int root);
+    gp_status (*reduce_scatter)(struct gp_comm *comm, gp_device *dev, float *buf, int64_t n);
+    gp_status (*all_gather)(struct gp_comm *comm, gp_device *dev, float *buf, int64_t n);
+    gp_status (*barrier)(struct gp_comm *comm, gp_device *dev);
+} gp_comm_ops;
+
 typedef struct gp_comm {
     int n;                 /* devices in the group */
     gp_device **devs;      /* (n) owned array of borrowed device pointers */
@@ -132,6 +146,8 @@ typedef struct gp_comm {
      * only while no rank is inside a collective (between steps). */
     void (*abort)(struct gp_comm *comm);
     void (*reset)(struct gp_comm *comm);
+    /* optional (appended): the comm's own collectives; NULL: the devices'. */
+    const gp_comm_ops *ops;
 } gp_comm;
 
 typedef struct gp_device_iface {

@@ -175,12 +175,14 @@ static gp_status no_collective(const gp_device *dev, const char *what)
 
 gp_status gp_dev_allreduce(gp_device *dev, gp_comm *comm, float *buf, int64_t n)
 {
+    if (comm && comm->ops) return comm->ops->allreduce(comm, dev, buf, n);
     if (!dev->iface->allreduce) return no_collective(dev, "all-reduce");
     return dev->iface->allreduce(dev, comm, buf, n);
 }
 
 gp_status gp_dev_broadcast(gp_device *dev, gp_comm *comm, float *buf, int64_t n, int root)
 {
+    if (comm && comm->ops) return comm->ops->broadcast(comm, dev, buf, n, root);
     if (!dev->iface->broadcast) return no_collective(dev, "broadcast");
     return dev->iface->broadcast(dev, comm, buf, n, root);
 }
@@ -192,12 +194,14 @@ bool gp_dev_can_shard(const gp_device *dev)
 
 gp_status gp_dev_reduce_scatter(gp_device *dev, gp_comm *comm, float *buf, int64_t n)
 {
+    if (comm && comm->ops) return comm->ops->reduce_scatter(comm, dev, buf, n);
     if (!dev->iface->reduce_scatter) return no_collective(dev, "reduce-scatter");
     return dev->iface->reduce_scatter(dev, comm, buf, n);
 }
 
 gp_status gp_dev_all_gather(gp_device *dev, gp_comm *comm, float *buf, int64_t n)
 {
+    if (comm && comm->ops) return comm->ops->all_gather(comm, dev, buf, n);
     if (!dev->iface->all_gather) return no_collective(dev, "all-gather");
     return dev->iface->all_gather(dev, comm, buf, n);
 }
@@ -205,7 +209,7 @@ gp_status gp_dev_all_gather(gp_device *dev, gp_comm *comm, float *buf, int64_t n
 gp_status gp_dev_sharded_sgd(gp_device *dev, gp_comm *comm, float *w, float *g, float *v,
                              int64_t n, float lr, float mu, float wd, int nesterov)
 {
-    if (dev->iface->sharded_sgd)
+    if (dev->iface->sharded_sgd && !(comm && comm->ops))
         return dev->iface->sharded_sgd(dev, comm, w, g, v, n, lr, mu, wd, nesterov);
     int rank = gp_comm_rank(comm, dev);
     if (rank < 0)
@@ -220,6 +224,7 @@ gp_status gp_dev_sharded_sgd(gp_device *dev, gp_comm *comm, float *w, float *g, 
 
 gp_status gp_dev_barrier(gp_device *dev, gp_comm *comm)
 {
+    if (comm && comm->ops) return comm->ops->barrier(comm, dev);
     if (dev->iface->barrier) return dev->iface->barrier(dev, comm);
     /* A collective every rank must join, then waited for on the host. */
     float *one;

@@ -86,6 +86,7 @@ struct gp_pipeline {
     int n_edges;
     int K;                     /* the model's skips (flag rows) */
     int local;                 /* processes: the device this process runs; -1: all */
+    int rank_base;             /* processes: the rank that runs device 0 */
     int n_run;                 /* workers this process runs: n, or 1 */
 
     /* --- guarded by lock --- */
@@ -257,7 +258,8 @@ static gp_status send_tensor(gp_pipeline *p, const gp_tensor *t, int to, int tag
         p->cap_pend = cap;
     }
     struct pending_send *ps = &p->pend[p->n_pend];
-    GP_TRY(gp_procs_isend_dev(t->dev, t->data, gp_tensor_numel(t), to % p->n, tag, &ps->req));
+    GP_TRY(gp_procs_isend_dev(t->dev, t->data, gp_tensor_numel(t), p->rank_base + to % p->n, tag,
+                              &ps->req));
     ps->flag = flag;
     p->n_pend++;
     return GP_OK;
@@ -328,7 +330,7 @@ static gp_status receive_remote(gp_pipeline *p, const gp_instr *in, gp_event_rec
                           : what == MSG_GRAD ? &p->layers[p->first[j] + p->count[j] - 1].out_shape
                                              : &p->layers[p->opts.skips->skips[in->skip].from].out_shape;
     gp_shape sh = gp_shape_with_batch(one, p->sizes[i]);
-    int from = in->from % p->n, tag = msg_tag(p, i, j, what, in->skip);
+    int from = p->rank_base + in->from % p->n, tag = msg_tag(p, i, j, what, in->skip);
     gp_status st = gp_procs_probe(from, tag);
     ev->t1 = gp_now();
     if (st == GP_OK) st = gp_tensor_alloc(dst, p->devs[j], &sh, GP_MEM_COPIES);
@@ -849,6 +851,7 @@ gp_status gp_pipeline_create(gp_layer *layers, int n_layers, const gp_shape *inp
                             opts->local_device, n, n);
     }
     p->local = opts->processes ? opts->local_device : -1;
+    p->rank_base = opts->processes ? opts->rank_base : 0;
     p->n_run = p->local >= 0 ? 1 : n;
     int f = 0;
     for (int j = 0; j < S; j++) {
@@ -1081,9 +1084,9 @@ gp_status gp_pipeline_step_end(gp_pipeline *p, gp_pipeline_out *out)
         correct += MB(p, i, p->S - 1)->correct;
         count += MB(p, i, p->S - 1)->count;
     }
-    if (p->local >= 0) { /* only the last stage's process has the loss */
+    if (p->local >= 0) { /* the last stages' processes have the loss (0 elsewhere) */
         double v[3] = {loss, (double)correct, (double)count};
-        GP_TRY(gp_procs_bcast(v, sizeof v, (p->S - 1) % p->n));
+        GP_TRY(gp_procs_sum_doubles(v, 3));
         loss = v[0];
         correct = (int64_t)v[1];
         count = (int64_t)v[2];

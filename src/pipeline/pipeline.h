@@ -81,9 +81,11 @@ typedef struct gp_pipeline_opts {
      * process.  Copies to and from the other processes' stages are MPI
      * messages; the step is free-running across processes (lockstep has
      * nothing to hold: no two neighbouring stages share a process); the
-     * loss comes from the last stage's rank. */
+     * loss is the sum over the last stages' ranks (every replica's). */
     bool processes;
     int local_device;
+    int rank_base;              /* processes: the rank of device 0 (replica r of
+                                   n devices: r x n) */
     gp_loss_kind loss;          /* the last stage's loss (default cross-entropy:
                                    y holds one class id per sample; binary
                                    cross-entropy: one target per element of

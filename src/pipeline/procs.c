@@ -265,6 +265,195 @@ gp_status gp_procs_max_int(int *x)
     return rc == MPI_SUCCESS ? GP_OK : mpi_error(rc, "MPI_Allreduce");
 }
 
+/* ---- communicators over processes ---------------------------------------- */
+
+typedef struct {
+    MPI_Comm comm;
+    int me, R;
+} mpi_group;
+
+static gp_status host_in(gp_device *dev, float *buf, int64_t n, float **h)
+{
+    *h = buf;
+    if (!staged(dev)) return GP_OK;
+    *h = malloc((size_t)(n > 0 ? n : 1) * sizeof **h);
+    if (!*h) return gp_error_set(GP_ERR_OOM, "out of host memory staging %lld floats", (long long)n);
+    gp_status s = gp_dev_download(dev, *h, buf, n);
+    if (s == GP_OK) s = gp_dev_synchronize(dev);
+    if (s != GP_OK) free(*h);
+    return s;
+}
+
+static gp_status host_out(gp_device *dev, float *buf, int64_t n, float *h, gp_status s)
+{
+    if (h == buf) return s;
+    if (s == GP_OK) s = gp_dev_upload(dev, buf, h, n);
+    if (s == GP_OK) s = gp_dev_synchronize(dev);
+    free(h);
+    return s;
+}
+
+static gp_status chunk_counts(const mpi_group *g, int64_t n, int *cnt, int *dsp)
+{
+    if (n > INT_MAX)
+        return gp_error_set(GP_ERR_INVALID, "a tensor of %lld floats is over MPI's %d per "
+                            "collective", (long long)n, INT_MAX);
+    for (int q = 0; q < g->R; q++) {
+        int64_t lo, hi;
+        gp_comm_chunk(n, g->R, q, &lo, &hi);
+        cnt[q] = (int)(hi - lo);
+        dsp[q] = (int)lo;
+    }
+    return GP_OK;
+}
+
+/* chunk `me` of h = the sum of chunk `me` over the ranks, in rank order */
+static gp_status rs_host(mpi_group *g, float *h, int64_t n)
+{
+    int R = g->R, scnt[GP_MAX_DEVICES] = {0}, sdsp[GP_MAX_DEVICES] = {0}, rcnt[GP_MAX_DEVICES],
+        rdsp[GP_MAX_DEVICES];
+    GP_TRY(chunk_counts(g, n, scnt, sdsp));
+    int mine = scnt[g->me], lo = sdsp[g->me];
+    for (int q = 0; q < R; q++) {
+        rcnt[q] = mine;
+        rdsp[q] = q * mine;
+    }
+    float *t = malloc((size_t)(R * mine > 0 ? R * mine : 1) * sizeof *t);
+    if (!t) return gp_error_set(GP_ERR_OOM, "out of host memory for a reduce-scatter");
+    int rc = MPI_Alltoallv(h, scnt, sdsp, MPI_FLOAT, t, rcnt, rdsp, MPI_FLOAT, g->comm);
+    if (rc == MPI_SUCCESS)
+        for (int e = 0; e < mine; e++) {
+            float x = t[e];
+            for (int q = 1; q < R; q++) x += t[q * mine + e];
+            h[lo + e] = x;
+        }
+    free(t);
+    return rc == MPI_SUCCESS ? GP_OK : mpi_error(rc, "MPI_Alltoallv");
+}
+
+static gp_status ag_host(mpi_group *g, float *h, int64_t n)
+{
+    int cnt[GP_MAX_DEVICES], dsp[GP_MAX_DEVICES];
+    GP_TRY(chunk_counts(g, n, cnt, dsp));
+    int rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, h, cnt, dsp, MPI_FLOAT, g->comm);
+    return rc == MPI_SUCCESS ? GP_OK : mpi_error(rc, "MPI_Allgatherv");
+}
+
+static gp_status op_reduce_scatter(gp_comm *c, gp_device *dev, float *buf, int64_t n)
+{
+    float *h;
+    GP_TRY(host_in(dev, buf, n, &h));
+    return host_out(dev, buf, n, h, rs_host(c->ctx, h, n));
+}
+
+static gp_status op_all_gather(gp_comm *c, gp_device *dev, float *buf, int64_t n)
+{
+    float *h;
+    GP_TRY(host_in(dev, buf, n, &h));
+    return host_out(dev, buf, n, h, ag_host(c->ctx, h, n));
+}
+
+static gp_status op_allreduce(gp_comm *c, gp_device *dev, float *buf, int64_t n)
+{
+    float *h;
+    GP_TRY(host_in(dev, buf, n, &h));
+    gp_status s = rs_host(c->ctx, h, n);
+    if (s == GP_OK) s = ag_host(c->ctx, h, n);
+    return host_out(dev, buf, n, h, s);
+}
+
+static gp_status op_broadcast(gp_comm *c, gp_device *dev, float *buf, int64_t n, int root)
+{
+    mpi_group *g = c->ctx;
+    float *h;
+    if (n > INT_MAX) return gp_error_set(GP_ERR_INVALID, "a broadcast of %lld floats is over "
+                                         "MPI's %d", (long long)n, INT_MAX);
+    GP_TRY(host_in(dev, buf, n, &h));
+    int rc = MPI_Bcast(h, (int)n, MPI_FLOAT, root, g->comm);
+    return host_out(dev, buf, n, h, rc == MPI_SUCCESS ? GP_OK : mpi_error(rc, "MPI_Bcast"));
+}
+
+static gp_status op_barrier(gp_comm *c, gp_device *dev)
+{
+    mpi_group *g = c->ctx;
+    GP_TRY(gp_dev_synchronize(dev));
+    int rc = MPI_Barrier(g->comm);
+    return rc == MPI_SUCCESS ? GP_OK : mpi_error(rc, "MPI_Barrier");
+}
+
+static const gp_comm_ops k_mpi_ops = {.allreduce = op_allreduce, .broadcast = op_broadcast,
+                                      .reduce_scatter = op_reduce_scatter,
+                                      .all_gather = op_all_gather, .barrier = op_barrier};
+
+static void mpi_comm_destroy(gp_comm *c)
+{
+    if (!c) return;
+    mpi_group *g = c->ctx;
+    if (g) {
+        if (g_active) MPI_Comm_free(&g->comm);
+        free(g);
+    }
+    free(c->devs);
+    free(c);
+}
+
+gp_status gp_procs_comm_create(gp_device *const *devs, int n, int color, int key, gp_comm **out)
+{
+    *out = NULL;
+    if (n < 1 || n > GP_MAX_DEVICES || key < 0 || key >= n)
+        return gp_error_set(GP_ERR_INVALID, "a communicator of %d processes (this one %d)", n, key);
+    gp_comm *c = calloc(1, sizeof *c);
+    mpi_group *g = calloc(1, sizeof *g);
+    gp_device **d = calloc((size_t)n, sizeof *d);
+    if (!c || !g || !d) {
+        free(c);
+        free(g);
+        free(d);
+        return gp_error_set(GP_ERR_OOM, "out of host memory");
+    }
+    int rc = MPI_Comm_split(MPI_COMM_WORLD, color, key, &g->comm);
+    if (rc != MPI_SUCCESS) {
+        free(c);
+        free(g);
+        free(d);
+        return mpi_error(rc, "MPI_Comm_split");
+    }
+    MPI_Comm_set_errhandler(g->comm, MPI_ERRORS_RETURN);
+    int size = 0;
+    MPI_Comm_rank(g->comm, &g->me);
+    MPI_Comm_size(g->comm, &size);
+    g->R = n;
+    memcpy(d, devs, (size_t)n * sizeof *d);
+    c->n = n;
+    c->devs = d;
+    c->ctx = g;
+    c->destroy = mpi_comm_destroy;
+    c->ops = &k_mpi_ops;
+    if (size != n || g->me != key) {
+        mpi_comm_destroy(c);
+        return gp_error_set(GP_ERR_INVALID, "rank %d: %d processes run this device's stage, "
+                            "not %d: start mpirun with devices x replicas processes", g_rank,
+                            size, n);
+    }
+    *out = c;
+    return GP_OK;
+}
+
+gp_status gp_procs_sum_doubles(double *v, int n)
+{
+    double *all = malloc((size_t)n * (size_t)g_size * sizeof *all);
+    if (!all) return gp_error_set(GP_ERR_OOM, "out of host memory");
+    int rc = MPI_Allgather(v, n, MPI_DOUBLE, all, n, MPI_DOUBLE, MPI_COMM_WORLD);
+    if (rc == MPI_SUCCESS)
+        for (int k = 0; k < n; k++) {
+            double x = all[k];
+            for (int r = 1; r < g_size; r++) x += all[(size_t)r * (size_t)n + (size_t)k];
+            v[k] = x;
+        }
+    free(all);
+    return rc == MPI_SUCCESS ? GP_OK : mpi_error(rc, "MPI_Allgather");
+}
+
 #else /* built without MPI */
 
 bool gp_procs_available(void) { return false; }
@@ -332,6 +521,17 @@ gp_status gp_procs_recv_bytes(void *data, size_t bytes, int from, int tag)
 gp_status gp_procs_max_int(int *x)
 {
     (void)x;
+    return none();
+}
+gp_status gp_procs_comm_create(gp_device *const *devs, int n, int color, int key, gp_comm **out)
+{
+    (void)devs, (void)n, (void)color, (void)key;
+    *out = NULL;
+    return none();
+}
+gp_status gp_procs_sum_doubles(double *v, int n)
+{
+    (void)v, (void)n;
     return none();
 }
 #endif

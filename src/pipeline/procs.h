@@ -25,6 +25,7 @@
 #define GP_PROCS_H
 
 #include "backend/backend.h"
+#include "pipeline/schedule.h" /* GP_MAX_DEVICES */
 
 /* Whether a launcher (Open MPI's mpirun, or a PMI/PMIx one such as Slurm's
  * srun) started this process as one of several. */
@@ -76,6 +77,17 @@ gp_status gp_procs_recv_dev(gp_device *dev, float *data, int64_t n, int from, in
  * evaluation, between steps). */
 gp_status gp_procs_send_bytes(const void *data, size_t bytes, int to, int tag);
 gp_status gp_procs_recv_bytes(void *data, size_t bytes, int from, int tag);
+/* A communicator over processes for data parallelism: the ranks that call
+ * it with the same `color` (the pipeline device they run) form one group,
+ * ordered by `key` (their replica); devs[0 .. n) are the group's devices as
+ * this process knows them (its own at index key, stand-ins elsewhere), for
+ * gp_comm_rank.  Its collectives (gp_comm.ops) are MPI's, with the CPU
+ * communicator's sums in rank order, so results are bitwise those of the
+ * same replicas as threads of one process.  A collective over every rank:
+ * all call it.  gp_comm_destroy frees it. */
+gp_status gp_procs_comm_create(gp_device *const *devs, int n, int color, int key, gp_comm **out);
+/* Every rank's v[0 .. n), summed in rank order into v on every rank. */
+gp_status gp_procs_sum_doubles(double *v, int n);
 /* Broadcast bytes from root to every rank. */
 gp_status gp_procs_bcast(void *data, size_t bytes, int root);
 /* The largest of every rank's *x, on every rank (decisions every rank

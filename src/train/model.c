@@ -53,8 +53,11 @@ static gp_status build_placed(const gp_config *cfg, gp_device *const *devs, int 
     out->dev = devs[0];
     out->n_stages = S;
     out->n_devices = n;
-    /* under mpirun (gp_train_check_processes: one device per rank) */
-    out->local_device = gp_procs_size() > 1 && n == gp_procs_size() ? gp_procs_rank() : -1;
+    /* under mpirun (gp_train_check_processes: one device per rank, rank r
+     * running device r % n of replica r / n) */
+    int R = cfg->pipeline.replicas > 1 ? cfg->pipeline.replicas : 1, N = gp_procs_size();
+    out->local_device = N > 1 && N == n * R ? gp_procs_rank() % n : -1;
+    out->rank_base = N > 1 && N == n * R ? gp_procs_rank() / n * n : 0;
     for (int j = 0; j < S; j++) {
         out->devs[j] = devs[j % n];
         out->balance[j] = balance[j];
@@ -133,8 +136,8 @@ gp_pipeline_opts gp_model_pipeline_opts(const gp_model *m, const gp_config *cfg)
                               .schedule = cfg->pipeline.schedule,
                               .virtual_stages = gp_model_virtual(cfg),
                               .lockstep = cfg->pipeline.lockstep, .fault_j = -1,
-                              .processes = gp_procs_size() > 1,
-                              .local_device = gp_procs_rank(),
+                              .processes = m->local_device >= 0,
+                              .local_device = m->local_device, .rank_base = m->rank_base,
                               .optim = m->optim, .loss = m->loss};
 }
 
@@ -558,7 +561,7 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset 
                 s = gp_tensor_alloc(&cur, m->devs[j], &cs, GP_MEM_COPIES);
                 if (s == GP_OK)
                     s = gp_procs_recv_dev(m->devs[j], cur.data, gp_tensor_numel(&cur),
-                                          (j - 1) % m->n_devices, 1);
+                                          m->rank_base + (j - 1) % m->n_devices, 1);
             }
             if (procs) /* the skips stashed on other ranks' stages */
                 for (int t = 0; t < m->skips.n && s == GP_OK; t++) {
@@ -568,7 +571,7 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset 
                     s = gp_tensor_alloc(&pend[t], m->devs[j], &ks, GP_MEM_COPIES);
                     if (s == GP_OK)
                         s = gp_procs_recv_dev(m->devs[j], pend[t].data, gp_tensor_numel(&pend[t]),
-                                              a % m->n_devices, 2 + t);
+                                              m->rank_base + a % m->n_devices, 2 + t);
                 }
             if (s != GP_OK) break;
             gp_stash st;
@@ -612,7 +615,7 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset 
                     pend[t] = (gp_tensor){0};
                     s = gp_procs_isend_dev(sent[n_sent].dev, sent[n_sent].data,
                                            gp_tensor_numel(&sent[n_sent]),
-                                       b % m->n_devices, 2 + t, &reqs[n_sent]);
+                                           m->rank_base + b % m->n_devices, 2 + t, &reqs[n_sent]);
                     n_sent++;
                 }
                 if (s == GP_OK && j + 1 < m->n_stages &&
@@ -621,7 +624,8 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset 
                     cur = (gp_tensor){0};
                     s = gp_procs_isend_dev(sent[n_sent].dev, sent[n_sent].data,
                                            gp_tensor_numel(&sent[n_sent]),
-                                       (j + 1) % m->n_devices, 1, &reqs[n_sent]);
+                                           m->rank_base + (j + 1) % m->n_devices, 1,
+                                           &reqs[n_sent]);
                     n_sent++;
                 }
             }

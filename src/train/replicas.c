@@ -100,7 +100,9 @@ void gp_model_free(gp_model *m)
         free(g);
     }
     free(m->replicas);
-    gp_model_release(m);
+    gp_model_release(m); /* the pipeline first: its workers use proc_comm */
+    gp_comm_destroy(m->proc_comm);
+    m->proc_comm = NULL;
 }
 
 /* From the failing worker, outside its pipeline's lock. */
@@ -165,10 +167,59 @@ static gp_status make_group(gp_model *m, const gp_config *cfg)
 static gp_status replicated_step(gp_model *m, const gp_config *cfg, const float *x,
                                  const float *y, int64_t n, double lr, gp_step_stats *st);
 
+/* Processes with replicas: this rank's replica r takes its shard of the
+ * global batch (micro-batches r x chunks .. (r + 1) x chunks - 1 of R x
+ * chunks, as replicated_step gives replica r), its pipeline joined to the
+ * other replicas' ranks through proc_comm; the loss comes summed over the
+ * replicas' last stages (gp_pipeline_step_end). */
+static gp_status process_replica_step(gp_model *m, const gp_config *cfg, const float *x,
+                                      const float *y, int64_t n, double lr, gp_step_stats *st)
+{
+    int R = m->proc_replicas, chunks = cfg->pipeline.chunks, nd = m->n_devices;
+    int r = gp_procs_rank() / nd;
+    if (n < (int64_t)R * chunks)
+        return gp_error_set(GP_ERR_INVALID,
+                            "a batch of %lld samples cannot feed %d replicas x %d micro-batches; "
+                            "raise train.batch_size to at least %lld or lower pipeline.chunks",
+                            (long long)n, R, chunks, (long long)R * chunks);
+    if (!m->pipe) {
+        gp_pipeline_opts po = gp_model_pipeline_opts(m, cfg);
+        GP_TRY(gp_pipeline_create(m->layers, m->n_layers, &m->input, m->n_stages, m->devs,
+                                  m->balance, &po, &m->pipe));
+        gp_comm *comms[GP_MAX_DEVICES];
+        for (int j = 0; j < m->n_stages; j++) comms[j] = m->proc_comm; /* only its own run */
+        gp_pipeline_join(m->pipe, comms, r, NULL, NULL);
+    }
+    int64_t *sizes = malloc((size_t)R * (size_t)chunks * sizeof *sizes);
+    if (!sizes) return gp_error_set(GP_ERR_OOM, "out of host memory");
+    gp_status s = gp_microbatch_split(n, R * chunks, sizes);
+    int64_t lo = 0, cnt = 0;
+    for (int q = 0; q < R * chunks; q++) {
+        if (q < r * chunks) lo += sizes[q];
+        else if (q < (r + 1) * chunks) cnt += sizes[q];
+    }
+    free(sizes);
+    GP_TRY(s);
+    int64_t per = gp_shape_numel(&m->input);
+    GP_TRY(gp_pipeline_step_begin(m->pipe, x + lo * per, y + lo * m->targets, cnt, lo, n,
+                                  cfg->train.seed, (uint64_t)m->step, lr));
+    gp_pipeline_out po;
+    GP_TRY(gp_pipeline_step_end(m->pipe, &po));
+    m->step++;
+    double comm = 0;
+    for (int j = 0; j < m->n_stages; j++) {
+        double c = gp_pipeline_comm_seconds(m->pipe, j % nd);
+        if (c > comm) comm = c;
+    }
+    if (st) *st = gp_step_stats_of(po.loss_sum, po.correct, po.count, n, lr, po.seconds, comm);
+    return GP_OK;
+}
+
 gp_status gp_model_pipeline_step(gp_model *m, const gp_config *cfg, const float *x,
                                  const float *y, int64_t n, double lr, gp_step_stats *st)
 {
     if (m->n_replicas > 1) return replicated_step(m, cfg, x, y, n, lr, st);
+    if (m->proc_replicas > 1) return process_replica_step(m, cfg, x, y, n, lr, st);
     return gp_model_pipeline_step_one(m, cfg, x, y, n, lr, st);
 }
 
@@ -258,6 +309,16 @@ out:
 
 gp_status gp_model_gather_momentum(gp_model *m)
 {
+    if (m->proc_comm) { /* processes: each replica's chunks from their ranks */
+        for (int k = 0; k < m->n_layers; k++)
+            for (int p = 0; p < m->layers[k].n_params; p++) {
+                gp_tensor *v = m->layers[k].params[p].is_buffer ? NULL
+                                                                : gp_optim_state(m->optim, k, p);
+                if (v && v->data)
+                    GP_TRY(gp_dev_all_gather(v->dev, m->proc_comm, v->data, gp_tensor_numel(v)));
+            }
+        return GP_OK;
+    }
     int R = m->n_replicas;
     if (R <= 1 || !m->group) return GP_OK; /* no step yet: all are replica 0's copy */
     gp_optim *ranks[GP_MAX_DEVICES];

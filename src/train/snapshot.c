@@ -94,7 +94,7 @@ static gp_status collect(gp_model *m, const gp_config *cfg, const gp_snapshot_po
 {
     /* Replicas with sharded updates each hold their own chunk of the
      * momentum: assemble it in replica 0, which is what is written. */
-    if (pos) GP_TRY(gp_model_gather_momentum(m));
+    if (pos && !m->proc_comm) GP_TRY(gp_model_gather_momentum(m)); /* (processes: done) */
     float *scratch = NULL;
     size_t cap = 0;
     gp_status s = GP_OK;
@@ -904,10 +904,18 @@ gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_
     parts_dir(sc->dir, pos->step, pdir, sizeof pdir);
     gp_st_writer w = {0};
     gp_status s = GP_OK;
+    /* processes with replicas: the momentum's chunks from every replica,
+     * on every rank; replica 0's ranks (0 .. n - 1) then write */
+    if (m->proc_comm) s = gp_model_gather_momentum(m);
+    if (me >= m->n_devices && m->local_device >= 0) {
+        int bad = s != GP_OK;
+        gp_status as = gp_procs_max_int(&bad);
+        return s != GP_OK ? s : as;
+    }
     if (me > 0) { /* processes: this rank's part, then say how it went */
         char part[1300];
         snprintf(part, sizeof part, "%s/rank%d" SNAP_SUFFIX, pdir, me);
-        s = gp_make_dirs(pdir, "snapshot parts directory");
+        if (s == GP_OK) s = gp_make_dirs(pdir, "snapshot parts directory");
         if (s == GP_OK) s = collect(m, cfg, pos, &w, false);
         if (s == GP_OK) s = gp_st_write_atomic(&w, part);
         gp_st_writer_free(&w);
@@ -919,7 +927,7 @@ gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_
     }
     /* Pruning below deletes files: only the run that owns the directory. */
     GP_ASSERT(lock && !strcmp(lock->dir, sc->dir));
-    s = gp_make_dirs(sc->dir, "snapshot directory");
+    if (s == GP_OK) s = gp_make_dirs(sc->dir, "snapshot directory");
     if (N > 1) { /* every other part durable before the file that makes the snapshot */
         int bad = 0;
         gp_status as = gp_procs_max_int(&bad);
@@ -929,11 +937,11 @@ gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_
                              "says why); no snapshot was made");
     }
     if (s == GP_OK) s = collect(m, cfg, pos, &w, N == 1);
-    if (s == GP_OK && N > 1) {
+    if (s == GP_OK && N > 1 && m->n_devices > 1) {
         char list[4096];
         int off = 0;
         const char *base = strrchr(pdir, '/') + 1;
-        for (int r = 1; r < N && off < (int)sizeof list - 1; r++)
+        for (int r = 1; r < m->n_devices && off < (int)sizeof list - 1; r++) /* replica 0's */
             off += snprintf(list + off, sizeof list - (size_t)off, "%s%s/rank%d" SNAP_SUFFIX,
                             r > 1 ? "," : "", base, r);
         if (off >= (int)sizeof list - 1)

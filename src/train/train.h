@@ -56,6 +56,12 @@ typedef struct gp_model {
      * parameters, gradients or momentum here).  -1: every device is this
      * process's. */
     int local_device;
+    int rank_base;         /* processes: the rank that runs devs[0] */
+    /* Processes with replicas (pipeline.replicas = R under mpirun, rank r =
+     * replica r / n, device r % n): this process builds one replica; its
+     * device's data-parallel group is proc_comm (owned), over MPI. */
+    int proc_replicas;
+    struct gp_comm *proc_comm;
     gp_optim *optim;       /* optimizer state and update, owned */
     int64_t step;          /* optimizer steps taken */
     gp_pipeline *pipe;     /* created on the first pipelined step, owned */

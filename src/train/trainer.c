@@ -271,7 +271,28 @@ gp_status gp_train_open(const gp_config *cfg, gp_device **devs, gp_model *model,
         GP_TRY(gp_model_balance(cfg, S, balance));
     }
     GP_TRY(open_devices(cfg, devs));
-    gp_status s = gp_model_build_replicated(cfg, devs, cfg->pipeline.replicas, n, balance, model);
+    int R = cfg->pipeline.replicas > 1 ? cfg->pipeline.replicas : 1;
+    gp_status s;
+    if (gp_procs_size() > 1 && R > 1) {
+        /* processes: this rank's replica only, its data-parallel group over
+         * the ranks that run the same device of the other replicas */
+        int rank = gp_procs_rank(), rho = rank / n, d = rank % n;
+        s = gp_model_build_placed(cfg, devs + (size_t)rho * (size_t)n, n, balance, model);
+        gp_device *grp[GP_MAX_DEVICES];
+        for (int r = 0; r < R; r++) grp[r] = devs[(size_t)r * (size_t)n + (size_t)d];
+        gp_comm *comm = NULL;
+        gp_status cs = gp_procs_comm_create(grp, R, d, rho, &comm); /* every rank, always */
+        if (s == GP_OK) s = cs;
+        if (s == GP_OK) {
+            model->proc_comm = comm;
+            model->proc_replicas = R;
+        } else {
+            gp_comm_destroy(comm);
+            if (model->layers) gp_model_free(model);
+        }
+    } else {
+        s = gp_model_build_replicated(cfg, devs, R, n, balance, model);
+    }
     if (s != GP_OK) {
         close_devices(devs, gp_pipeline_devices_total(&cfg->pipeline));
         return s;
@@ -294,16 +315,15 @@ gp_status gp_train_check_processes(const gp_config *cfg)
     int N = gp_procs_size();
     const gp_pipeline_config *pc = &cfg->pipeline;
     if (N <= 1) return GP_OK;
-    if (pc->replicas > 1)
-        return gp_error_set(GP_ERR_INVALID, "%s: pipeline.replicas = %d across processes is not "
-                            "supported yet; under mpirun each process runs one device of one "
-                            "pipeline (replicas run as threads of one process)", cfg->path,
-                            pc->replicas);
-    if (pc->n_devices != N)
+    int total = gp_pipeline_devices_total(pc), R = pc->replicas > 1 ? pc->replicas : 1;
+    if (total != N) {
+        char rep[64] = "";
+        if (R > 1) snprintf(rep, sizeof rep, " (%d stages x %d replicas)", pc->n_devices, R);
         return gp_error_set(GP_ERR_INVALID, "%s: mpirun started %d processes but "
-                            "pipeline.devices lists %d device%s; each process runs one device: "
-                            "start mpirun -np %d, or list %d devices", cfg->path, N,
-                            pc->n_devices, pc->n_devices == 1 ? "" : "s", pc->n_devices, N);
+                            "pipeline.devices lists %d device%s%s; each process runs one device: "
+                            "start mpirun -np %d, or list %d devices", cfg->path, N, total,
+                            total == 1 ? "" : "s", rep, total, N);
+    }
     return GP_OK;
 }
 
