@@ -177,6 +177,24 @@ def same_run(tmp, name, cfg_text, n, sets=(), stage=False):
     check(any("test_accuracy" in r for r in b), "%s: no evaluation recorded" % name)
 
 
+def same_device_names(tmp):
+    """Under mpirun two ranks may name the same device (each its own
+    machine's, or two ranks on one): [cpu:0, cpu:0] trains as [cpu:0,
+    cpu:1] does in one process."""
+    cfg = os.path.join(tmp, "names.yaml")
+    with open(cfg, "w") as f:
+        f.write(MLP)
+    m1, m2 = os.path.join(tmp, "names-1.jsonl"), os.path.join(tmp, "names-2.jsonl")
+    rc1, out1 = run([BIN, cfg, "--quiet", "--metrics", m1])
+    rc2, out2 = mpirun(2, [cfg, "--quiet", "--metrics", m2, "--set",
+                           "pipeline.devices=[cpu:0, cpu:0]"])
+    check(rc1 == 0 and rc2 == 0, "same device names: " + (out1 + out2)[-600:])
+    if rc1 == 0 and rc2 == 0:
+        check(records(m1) == records(m2), "[cpu:0, cpu:0] under mpirun trains differently")
+    rc, out = run([BIN, cfg, "--quiet", "--set", "pipeline.devices=[cpu:0, cpu:0]"])
+    check(rc != 0 and "duplicate device" in out, "one process accepted [cpu:0, cpu:0]: " + out)
+
+
 def snapshots(tmp):
     """(b): stop after 8 of 16 steps, resume in the other layout."""
     cfg = os.path.join(tmp, "snap.yaml")
@@ -354,6 +372,7 @@ def main():
         # the GPU path's logic (every message through a host copy, as for
         # a device that is not the host's), on CPU devices
         same_run(tmp, "unet-4-staged", UNET, 4, ["pipeline.balance=auto"], stage=True)
+        same_device_names(tmp)
         snapshots(tmp)
         traces(tmp)
         errors(tmp)

@@ -5,6 +5,7 @@
  * threads far above this machine's cores.
  */
 #include "config/config_impl.h"
+#include "pipeline/procs.h"
 
 #include <limits.h>
 #include <string.h>
@@ -56,10 +57,14 @@ static gp_status parse_device(gp_cfg_walk *w, const gp_ynode *item, int index,
     return GP_OK;
 }
 
-/* Every device of every replica distinct. */
+/* Every device of every replica distinct: devices of one process.  Under
+ * mpirun each rank runs one entry on its own machine, so two entries may
+ * name the same device (cuda:0 on each of two machines, or two ranks
+ * sharing one GPU). */
 static gp_status check_all_distinct(const gp_cfg_walk *w, const gp_ynode *at,
                                     const gp_pipeline_config *pc)
 {
+    if (gp_procs_launched()) return GP_OK;
     int total = pc->n_devices * pc->replicas;
     gp_device_kind kinds[GP_MAX_DEVICES];
     int idx[GP_MAX_DEVICES];
@@ -280,7 +285,7 @@ gp_status gp_cfg_parse_pipeline(gp_cfg_walk *w, const gp_ynode *root, gp_pipelin
                 return gp_cfg_bad(w, dev_nodes[j], "pipeline.devices.%d is empty; give a "
                                   "device name like cpu:%d", j, j);
             GP_TRY(parse_device(w, dev_nodes[j], j, pc, &kinds[j], &idx[j]));
-            for (int k = 0; k < j; k++) {
+            for (int k = 0; k < j && !gp_procs_launched(); k++) { /* (as above) */
                 if (kinds[k] == kinds[j] && idx[k] == idx[j])
                     return gp_cfg_bad(w, dev_nodes[j], "duplicate device '%s' in pipeline.devices "
                                       "(also item %d, '%s'); each stage needs its own device",
