@@ -25,7 +25,9 @@ against the same config in one process (worker threads), the oracle.
       rank with one message naming the rank, stage and micro-batch;
   (e) a rank killed with SIGKILL ends the run with an error within 30 s;
   (f) each rank's --trace, merged by scripts/timeline.py merge onto one
-      time axis: stage 1's forward of each micro-batch after stage 0's.
+      time axis: stage 1's forward of each micro-batch after stage 0's;
+  (g) --export-weights under mpirun (with replicas too) writes the tensors
+      one process writes; --dry-run under mpirun is one clear message.
 
 Needs mpirun (openmpi-bin; scripts/install-deps.sh) and a gpipe-train
 built with MPI: CTest registers this test only then.  Runs as root in CI,
@@ -193,6 +195,41 @@ def same_device_names(tmp):
         check(records(m1) == records(m2), "[cpu:0, cpu:0] under mpirun trains differently")
     rc, out = run([BIN, cfg, "--quiet", "--set", "pipeline.devices=[cpu:0, cpu:0]"])
     check(rc != 0 and "duplicate device" in out, "one process accepted [cpu:0, cpu:0]: " + out)
+
+
+def st_tensors(path):
+    """A safetensors file's tensors: name -> (dtype, shape, bytes)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    n = int.from_bytes(data[:8], "little")
+    head = json.loads(data[8:8 + n])
+    body = data[8 + n:]
+    return {k: (v["dtype"], v["shape"], body[v["data_offsets"][0]:v["data_offsets"][1]])
+            for k, v in head.items() if k != "__metadata__"}
+
+
+def exports(tmp):
+    """--export-weights under mpirun, with replicas too: the one file rank 0
+    writes holds the tensors one process exports."""
+    cfg = os.path.join(tmp, "export.yaml")
+    with open(cfg, "w") as f:
+        f.write(CONV)
+    for name, n, sets in (("2", 2, []), ("2x2", 4, ["--set", "pipeline.replicas=2"])):
+        e1, e2 = os.path.join(tmp, "e1-%s.st" % name), os.path.join(tmp, "e2-%s.st" % name)
+        rc1, out1 = run([BIN, cfg, "--quiet", "--set", "train.steps=3", "--export-weights", e1]
+                        + sets)
+        rc2, out2 = mpirun(n, [cfg, "--quiet", "--set", "train.steps=3", "--export-weights", e2]
+                           + sets)
+        check(rc1 == 0 and rc2 == 0, "export %s: %s" % (name, (out1 + out2)[-600:]))
+        if rc1 == 0 and rc2 == 0:
+            a, b = st_tensors(e1), st_tensors(e2)
+            check(len(a) > 10 and a == b, "export %s under mpirun: %d tensors against %d, "
+                  "differing: %s" % (name, len(b), len(a),
+                                     [k for k in a if a.get(k) != b.get(k)][:3]))
+    # --dry-run is the same for any number of processes: said once
+    rc, out = mpirun(2, [cfg, "--dry-run"], timeout=60)
+    check(rc != 0 and out.count("run it without mpirun") == 1,
+          "--dry-run under mpirun: " + out[-500:])
 
 
 def snapshots(tmp):
@@ -369,10 +406,22 @@ def main():
                  4, ["pipeline.replicas=2", "pipeline.schedule=1f1b"])
         same_run(tmp, "mlp-1x3", MLP, 3, ["pipeline.devices=[cpu:0]", "pipeline.replicas=3",
                                            "pipeline.chunks=2"])
+        # ZB-H1 re-orders by measured times after 3 steps: every rank from
+        # the same times (5 ranks deadlocked when each used its own)
+        same_run(tmp, "conv-zb-5", CONV, 5, ["pipeline.devices=5", "pipeline.schedule=zb-h1",
+                                             "pipeline.checkpoint=never", "pipeline.chunks=5",
+                                             "pipeline.balance=[3, 2, 2, 2, 3]",
+                                             "train.epochs=1"])
+        # interleaved U-Net, default lockstep: a skip between two stages of
+        # one process must not wait for clocks other processes keep
+        same_run(tmp, "unet-interleaved", UNET, 2, ["pipeline.devices=[cpu:0, cpu:1]",
+                                                    "pipeline.schedule=interleaved",
+                                                    "pipeline.balance=[13, 12, 6, 10]"])
         # the GPU path's logic (every message through a host copy, as for
         # a device that is not the host's), on CPU devices
         same_run(tmp, "unet-4-staged", UNET, 4, ["pipeline.balance=auto"], stage=True)
         same_device_names(tmp)
+        exports(tmp)
         snapshots(tmp)
         traces(tmp)
         errors(tmp)

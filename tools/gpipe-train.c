@@ -265,8 +265,16 @@ int main(int argc, char **argv)
             trace = rank_trace;
         }
     }
+    if (dry && gp_procs_size() > 1) {
+        if (rank == 0)
+            fputs("gpipe-train: --dry-run describes the model and its placement, the same for "
+                  "any number of processes: run it without mpirun\n", stderr);
+        gp_config_free(&cfg);
+        gp_procs_finalize();
+        return EXIT_USAGE;
+    }
     if (dry) {
-        if (rank == 0) s = gp_model_summary(&cfg, stdout);
+        s = gp_model_summary(&cfg, stdout);
     } else {
         gp_train_opts o = {.metrics_path = metrics, .trace_path = trace,
                            .trace_first = trace_first, .trace_last = trace_last,

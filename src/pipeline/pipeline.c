@@ -852,6 +852,9 @@ gp_status gp_pipeline_create(gp_layer *layers, int n_layers, const gp_shape *inp
     }
     p->local = opts->processes ? opts->local_device : -1;
     p->rank_base = opts->processes ? opts->rank_base : 0;
+    /* no shared clock across processes: free-running (a stage's clock would
+     * wait for counts only other processes can publish) */
+    if (p->local >= 0) p->opts.lockstep = false;
     p->n_run = p->local >= 0 ? 1 : n;
     int f = 0;
     for (int j = 0; j < S; j++) {
@@ -942,6 +945,11 @@ static gp_status prepare(gp_pipeline *p, int m)
         return GP_OK;
     }
     free_step_tables(p);
+    if (p->local >= 0 && (double)m * p->S * (2 + 2 * p->K) > (double)gp_procs_tag_ub())
+        return gp_error_set(GP_ERR_INVALID, "%d micro-batches x %d stages x %d skips need "
+                            "message tags up to %.0f, over this MPI's limit %d; use fewer "
+                            "micro-batches (pipeline.chunks)", m, p->S, p->K,
+                            (double)m * p->S * (2 + 2 * p->K), gp_procs_tag_ub());
     gp_schedule_opts so = {.kind = p->opts.schedule, .n = p->n, .m = m,
                            .durations = p->tuned > 0 ? p->durations : NULL,
                            .virtual_stages = p->S / p->n,
@@ -1061,6 +1069,10 @@ static void tune_order(gp_pipeline *p)
         }
     for (int q = 0; q < 3 * p->S; q++)
         p->durations[q] = cnt[q] ? fmax(sum[q] / cnt[q], 1e-9) : 1e-9;
+    /* processes: each measured its own stages; every rank must make its
+     * list from the same times (the lists of one schedule), so take each
+     * stage's from the rank that ran it */
+    if (p->local >= 0 && gp_procs_max_doubles(p->durations, 3 * p->S) != GP_OK) return;
     p->tuned++;
     p->sched_stale = true;
 }

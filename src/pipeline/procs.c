@@ -4,6 +4,7 @@
 #include "pipeline/procs.h"
 
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -257,6 +258,27 @@ gp_status gp_procs_bcast(void *data, size_t bytes, int root)
         bytes -= (size_t)piece;
     }
     return GP_OK;
+}
+
+gp_status gp_procs_max_doubles(double *v, int n)
+{
+    int rc = MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    return rc == MPI_SUCCESS ? GP_OK : mpi_error(rc, "MPI_Allreduce");
+}
+
+int gp_procs_tag_ub(void)
+{
+    if (!g_active) return INT_MAX;
+    int *ub = NULL, flag = 0;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+    return flag && ub ? *ub : 32767;
+}
+
+_Noreturn void gp_procs_fail(void)
+{
+    fprintf(stderr, "gpipe-train: rank %d of %d: %s\n", g_rank, g_size, gp_error_message());
+    fflush(stderr);
+    gp_procs_abort(1);
 }
 
 gp_status gp_procs_max_int(int *x)
@@ -522,6 +544,17 @@ gp_status gp_procs_max_int(int *x)
 {
     (void)x;
     return none();
+}
+gp_status gp_procs_max_doubles(double *v, int n)
+{
+    (void)v, (void)n;
+    return none();
+}
+int gp_procs_tag_ub(void) { return INT_MAX; }
+_Noreturn void gp_procs_fail(void)
+{
+    fprintf(stderr, "gpipe-train: %s\n", gp_error_message());
+    exit(1);
 }
 gp_status gp_procs_comm_create(gp_device *const *devs, int n, int color, int key, gp_comm **out)
 {

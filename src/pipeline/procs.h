@@ -93,5 +93,12 @@ gp_status gp_procs_bcast(void *data, size_t bytes, int root);
 /* The largest of every rank's *x, on every rank (decisions every rank
  * must take together: stop, snapshot now). */
 gp_status gp_procs_max_int(int *x);
+/* The same, element-wise, for v[0 .. n). */
+gp_status gp_procs_max_doubles(double *v, int n);
+/* The largest message tag this MPI allows (MPI_TAG_UB; at least 32767). */
+int gp_procs_tag_ub(void);
+/* For a failure this rank meets alone where the others cannot be told (they
+ * wait for its messages): say it, naming the rank, and end every rank. */
+_Noreturn void gp_procs_fail(void);
 
 #endif

@@ -663,6 +663,9 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset 
     gp_loader_destroy(ld);
     free(sent);
     free(reqs);
+    /* processes: the other ranks wait for this one's messages; a failure
+     * here cannot be told to them, only end them all */
+    if (procs && s != GP_OK) gp_procs_fail();
     if (procs) { /* every rank's answer: the last stage's rank's sums */
         int last = (m->n_stages - 1) % m->n_devices;
         double v[4] = {loss_sum, (double)correct, (double)count, (double)s};

@@ -916,6 +916,13 @@ gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_
         char part[1300];
         snprintf(part, sizeof part, "%s/rank%d" SNAP_SUFFIX, pdir, me);
         if (s == GP_OK) s = gp_make_dirs(pdir, "snapshot parts directory");
+        if (s == GP_OK) { /* the parts directory's own entry durable too */
+            int dfd = open(sc->dir, O_RDONLY);
+            if (dfd >= 0) {
+                fsync(dfd);
+                close(dfd);
+            }
+        }
         if (s == GP_OK) s = collect(m, cfg, pos, &w, false);
         if (s == GP_OK) s = gp_st_write_atomic(&w, part);
         gp_st_writer_free(&w);
@@ -1021,7 +1028,9 @@ gp_status gp_snapshot_read_config(const char *path, const char *const *overrides
 
 gp_status gp_snapshot_export(gp_model *m, const gp_config *cfg, const char *path)
 {
-    if (m->local_device > 0) return gp_snapshot_collect(m, cfg, NULL, NULL);
+    /* processes: every other rank sends its tensors to rank 0 */
+    if (m->local_device >= 0 && gp_procs_rank() != 0)
+        return gp_snapshot_collect(m, cfg, NULL, NULL);
     gp_st_writer w = {0};
     gp_status s = gp_snapshot_collect(m, cfg, NULL, &w);
     if (s == GP_OK) s = gp_st_write_atomic(&w, path);
@@ -1035,6 +1044,7 @@ static gp_status init_from(gp_model *m, const char *path)
     gp_st_file f;
     gp_status s = gp_st_read(path, &f);
     if (s == GP_OK) s = gp_st_verify(&f, false);
+    if (s == GP_OK) s = attach_parts(path, &f); /* a snapshot of a run in processes */
     if (s == GP_OK) s = gp_snapshot_apply(m, &f, false);
     gp_st_free(&f);
     if (s != GP_OK) return gp_error_wrap(s, "model.init_from");

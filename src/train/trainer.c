@@ -359,7 +359,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
 
     /* Every output is checked before any work: a bad path costs a second,
      * not the run.  (The metrics file and the trace are opened here.) */
-    if (opts->export_path)
+    if (opts->export_path && gp_procs_rank() == 0) /* processes: rank 0 writes it */
         GP_TRY(gp_check_writable_file(opts->export_path, "--export-weights", true));
     if (tc->snapshot.every_steps > 0 || tc->snapshot.every_minutes > 0) {
         s = gp_check_writable_dir(tc->snapshot.dir, "train.snapshot.dir");
@@ -469,6 +469,11 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         double t_wait = gp_now();
         s = gp_loader_next(loader, &b);
         double waited = gp_now() - t_wait;
+        /* processes: a batch one rank cannot read stops every rank (each
+         * saves its part of the final snapshot) */
+        if (agreed(s != GP_OK) && s == GP_OK)
+            s = gp_error_set(GP_ERR_DATA, "another rank could not read batch %lld (its message "
+                             "says why)", (long long)step);
         if (s != GP_OK) {
             s = data_failure(&model, cfg, s, step, saved_step, &last_pos, snap_lock);
             goto done;
