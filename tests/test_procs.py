@@ -27,7 +27,9 @@ against the same config in one process (worker threads), the oracle.
   (f) each rank's --trace, merged by scripts/timeline.py merge onto one
       time axis: stage 1's forward of each micro-batch after stage 0's;
   (g) --export-weights under mpirun (with replicas too) writes the tensors
-      one process writes; --dry-run under mpirun is one clear message.
+      one process writes; --dry-run under mpirun is one clear message;
+  (h) an image folder (only stage 0's rank decodes images) trains as in
+      one process.
 
 Needs mpirun (openmpi-bin; scripts/install-deps.sh) and a gpipe-train
 built with MPI: CTest registers this test only then.  Runs as root in CI,
@@ -195,6 +197,24 @@ def same_device_names(tmp):
         check(records(m1) == records(m2), "[cpu:0, cpu:0] under mpirun trains differently")
     rc, out = run([BIN, cfg, "--quiet", "--set", "pipeline.devices=[cpu:0, cpu:0]"])
     check(rc != 0 and "duplicate device" in out, "one process accepted [cpu:0, cpu:0]: " + out)
+
+
+def image_folders(tmp):
+    """An image folder (JPEG, random resized crops) under mpirun: only stage
+    0's rank decodes images (the others read the labels from the index),
+    with the same losses as one process."""
+    src = os.environ.get("GPIPE_SOURCE_DIR", ".")
+    d = os.path.join(tmp, "folder")
+    rc, out = run(["/usr/bin/python3", os.path.join(src, "scripts", "make-image-folder.py"), d,
+                   "--classes", "3", "--train", "12", "--val", "4", "--size", "48x40"])
+    check(rc == 0, "make-image-folder.py: " + out[-500:])
+    if rc:
+        return
+    same_run(tmp, "folder", CONV.replace("input: [1, 8, 8]", "input: [3, 16, 16]").replace(
+        "data: {dataset: synthetic, synthetic: {train: 256, test: 64, classes: 10}}",
+        "data: {dataset: image_folder, path: %s, workers: 1}" % d).replace(
+        "linear: {out: 10}", "linear: {out: 3}").replace("batch_size: 32", "batch_size: 12"),
+        2, ["pipeline.chunks=3"])
 
 
 def st_tensors(path):
@@ -422,6 +442,7 @@ def main():
         same_run(tmp, "unet-4-staged", UNET, 4, ["pipeline.balance=auto"], stage=True)
         same_device_names(tmp)
         exports(tmp)
+        image_folders(tmp)
         snapshots(tmp)
         traces(tmp)
         errors(tmp)

@@ -157,6 +157,12 @@ typedef struct gp_loader_opts {
     int64_t start_batch;
     int workers;        /* threads filling batches; <= 0 = 1 (image
                            folders: the caller passes gp_data_workers) */
+    /* Only the targets: an image folder's images are not read or decoded
+     * (x is left as it is).  For a process under mpirun whose stages take
+     * no inputs.  Classification folders only (a mask is cropped with its
+     * image), and not with data.on_bad_file: skip (only decoding finds a
+     * bad file, and every rank must skip the same ones). */
+    bool labels_only;
     /* The device the batches are uploaded to (stage 0 of the first
      * replica), or NULL: the batch buffers come from its gp_dev_host_alloc,
      * pinned on GPUs so uploads are DMA without a staging copy. */

@@ -135,6 +135,10 @@ static gp_status fill_sample(gp_loader *ld, loader_worker *wk, loader_slot *sl, 
     int64_t src = sl->src[i], pos = sl->first + i, epoch = sl->epoch;
     float *x = sl->x + i * ld->per, *y = sl->y + i * ld->targets;
     bool masks = ld->opts.masks;
+    if (ds->folder && ld->opts.labels_only && !gp_image_folder_segmentation(ds->folder)) {
+        y[0] = (float)gp_image_folder_label(ds->folder, src);
+        return GP_OK;
+    }
     if (ds->folder)
         return gp_folder_sample(ds->folder, wk->fw, src, ld->opts.augment, ld->opts.seed, epoch,
                                 pos, ld->normalize, ld->mean, ld->std, x, y);

@@ -527,7 +527,10 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset 
     if (ds->folder) {
         gp_loader_opts o = {.batch_size = bs, .shuffle = false, .augment = false,
                             .masks = masks, .prefetch = 2, .seed = cfg->train.seed,
-                            .workers = gp_data_workers(cfg)};
+                            .workers = gp_data_workers(cfg),
+                            /* processes: only stage 0's rank needs the images */
+                            .labels_only = procs && m->local_device > 0 &&
+                                           !cfg->data.skip_bad_files};
         s = gp_loader_create(ds, &cfg->data, &o, &ld);
     }
     int64_t n_batches = ld ? gp_loader_batches_per_epoch(ld) : (ds->n + bs - 1) / bs;

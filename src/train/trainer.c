@@ -409,7 +409,9 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                                   gp_dataset_has_masks(&train),
                          .prefetch = cfg->data.prefetch > 0 ? cfg->data.prefetch : 2,
                          .seed = tc->seed, .pin = devs[0],
-                         .workers = train.folder ? gp_data_workers(cfg) : 1};
+                         .workers = train.folder ? gp_data_workers(cfg) : 1,
+                         /* processes: only stage 0's rank needs the images */
+                         .labels_only = model.local_device > 0 && !cfg->data.skip_bad_files};
     gp_snapshot_pos pos = {0};
     if (s == GP_OK) s = gp_snapshot_prepare(&model, cfg, opts->resume_path, train.n, snap_lock,
                                                &pos);
