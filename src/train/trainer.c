@@ -125,11 +125,20 @@ static gp_status check_targets(const gp_config *cfg, const gp_model *m, const gp
                         ds->source);
 }
 
+/* Processes (mpirun): a decision every rank takes together (stop now, a
+ * snapshot now), taken where any rank takes it: a rank that stopped alone
+ * would leave the others waiting for its messages. */
+static int agreed(int x)
+{
+    if (gp_procs_size() > 1 && gp_procs_max_int(&x) != GP_OK) gp_procs_abort(1);
+    return x;
+}
+
 /* Checked between the phases before the first step: nothing trained yet,
  * so nothing to save. */
 static gp_status stop_early(const gp_train_opts *o, const char *during, gp_train_result *res)
 {
-    int sig = stop_asked(o);
+    int sig = agreed(stop_asked(o)); /* (processes: every rank passes here) */
     if (!sig) return GP_OK;
     char b[32];
     res->stop_signal = sig;
@@ -327,14 +336,6 @@ gp_status gp_train_check_processes(const gp_config *cfg)
     return GP_OK;
 }
 
-/* Processes (mpirun): a decision every rank takes together (stop now, a
- * snapshot now), taken where any rank takes it: a rank that stopped alone
- * would leave the others waiting for its messages. */
-static int agreed(int x)
-{
-    if (gp_procs_size() > 1 && gp_procs_max_int(&x) != GP_OK) gp_procs_abort(1);
-    return x;
-}
 
 gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train_result *res)
 {
