@@ -294,12 +294,19 @@ static gp_status check_layout(gp_st_file *f)
                              "the file is truncated or has trailing bytes", f->source,
                              (unsigned long long)at, (unsigned long long)f->data_len);
     }
-    for (int i = 0; i < f->n && s == GP_OK; i++) f->tensors[i].data = f->data + f->tensors[i].begin;
+    for (int i = 0; i < f->n && s == GP_OK; i++) {
+        f->tensors[i].data = f->data ? f->data + f->tensors[i].begin : NULL; /* header only */
+        f->tensors[i].part = -1;
+    }
     free(v);
     return s;
 }
 
-gp_status gp_st_parse(const char *name, const uint8_t *buf, size_t len, gp_st_file *out)
+/* gp_st_parse, or with file_len > len the header alone: buf holds the
+ * file's first len bytes (the length and the header), the data section
+ * is file_len - 8 - header bytes and not read (tensors' data NULL). */
+static gp_status parse(const char *name, const uint8_t *buf, size_t len, size_t file_len,
+                       gp_st_file *out)
 {
     memset(out, 0, sizeof *out);
     if (!name) name = "<safetensors>";
@@ -309,6 +316,7 @@ gp_status gp_st_parse(const char *name, const uint8_t *buf, size_t len, gp_st_fi
                                          "the 8-byte header length", name, len);
     uint64_t hl = 0;
     for (int i = 7; i >= 0; i--) hl = hl << 8 | buf[i];
+    bool header_only = file_len > len;
     if (hl > GP_ST_MAX_HEADER || hl > len - 8)
         return gp_error_set(GP_ERR_DATA, "%s: not a safetensors file (or truncated): header "
                                          "length %llu but the file has %zu bytes", name,
@@ -319,8 +327,8 @@ gp_status gp_st_parse(const char *name, const uint8_t *buf, size_t len, gp_st_fi
     out->image = malloc(len);
     if (!out->image) return gp_error_set(GP_ERR_OOM, "%s: out of host memory (%zu bytes)", name, len);
     memcpy(out->image, buf, len);
-    out->data = out->image + 8 + hl;
-    out->data_len = len - 8 - hl;
+    out->data = header_only ? NULL : out->image + 8 + hl;
+    out->data_len = file_len - 8 - hl;
     gp_json_reader r;
     gp_json_reader_init(&r, (const char *)out->image + 8, hl);
     gp_status s = GP_OK;
@@ -331,6 +339,52 @@ gp_status gp_st_parse(const char *name, const uint8_t *buf, size_t len, gp_st_fi
     }
     if (s == GP_OK) s = check_layout(out);
     if (s != GP_OK) gp_st_free(out);
+    return s;
+}
+
+gp_status gp_st_parse(const char *name, const uint8_t *buf, size_t len, gp_st_file *out)
+{
+    return parse(name, buf, len, len, out);
+}
+
+gp_status gp_st_read_header(const char *path, gp_st_file *out)
+{
+    memset(out, 0, sizeof *out);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        int e = errno;
+        return gp_error_set(GP_ERR_IO, "cannot open '%s': %s", path, strerror(e));
+    }
+    struct stat st;
+    uint8_t lb[8];
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode) || fread(lb, 1, 8, f) != 8) {
+        fclose(f);
+        return gp_error_set(GP_ERR_IO, "'%s' is not a readable safetensors file", path);
+    }
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = hl << 8 | lb[i];
+    size_t file_len = (size_t)st.st_size;
+    if (hl > GP_ST_MAX_HEADER || hl > file_len - 8) {
+        fclose(f);
+        return gp_error_set(GP_ERR_DATA, "%s: not a safetensors file (or truncated): header "
+                            "length %llu but the file has %zu bytes", path,
+                            (unsigned long long)hl, file_len);
+    }
+    uint8_t *buf = malloc(8 + hl);
+    if (!buf) {
+        fclose(f);
+        return gp_error_set(GP_ERR_OOM, "out of host memory reading '%s'", path);
+    }
+    memcpy(buf, lb, 8);
+    size_t got = fread(buf + 8, 1, hl, f);
+    fclose(f);
+    if (got != hl) {
+        free(buf);
+        return gp_error_set(GP_ERR_IO, "cannot read the header of '%s'", path);
+    }
+    /* (a file of header only is a whole file: parse it as one) */
+    gp_status s = parse(path, buf, 8 + hl, file_len, out);
+    free(buf);
     return s;
 }
 
@@ -373,8 +427,12 @@ void gp_st_free(gp_st_file *f)
     for (int i = 0; i < 2 * f->n_meta; i++) free(f->meta[i]);
     free(f->meta);
     free(f->image);
-    for (int q = 0; q < f->n_parts; q++) gp_st_free(&f->parts[q]);
+    for (int q = 0; q < f->n_parts; q++) {
+        gp_st_free(&f->parts[q]);
+        free(f->part_paths ? f->part_paths[q] : NULL);
+    }
     free(f->parts);
+    free(f->part_paths);
     memset(f, 0, sizeof *f);
 }
 
@@ -390,6 +448,62 @@ const char *gp_st_meta(const gp_st_file *f, const char *key)
     for (int i = 0; i < f->n_meta; i++)
         if (!strcmp(f->meta[2 * i], key)) return f->meta[2 * i + 1];
     return NULL;
+}
+
+/* The checksum gpipe.crc32 of f (want); GP_OK if absent and not required. */
+static gp_status crc_of_meta(const gp_st_file *f, bool required, bool *has, unsigned long *want)
+{
+    *has = false;
+    const char *c = gp_st_meta(f, "gpipe.crc32");
+    if (!c) {
+        if (required)
+            return gp_error_set(GP_ERR_DATA, "%s: no checksum (gpipe.crc32) in the metadata; "
+                                             "not a gpipe snapshot", f->source);
+        return GP_OK;
+    }
+    char *e;
+    errno = 0;
+    *want = strtoul(c, &e, 16);
+    if (errno || *e || e == c || *want > 0xffffffffUL)
+        return gp_error_set(GP_ERR_DATA, "%s: malformed checksum '%.20s'", f->source, c);
+    *has = true;
+    return GP_OK;
+}
+
+gp_status gp_st_verify_file(const gp_st_file *hdr, const char *path)
+{
+    bool has;
+    unsigned long want = 0;
+    GP_TRY(crc_of_meta(hdr, true, &has, &want));
+    FILE *f = fopen(path, "rb");
+    if (!f) return gp_error_set(GP_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+    uint8_t lb[8];
+    uint64_t hl = 0;
+    bool ok = fread(lb, 1, 8, f) == 8;
+    for (int i = 7; i >= 0 && ok; i--) hl = hl << 8 | lb[i];
+    ok = ok && fseeko(f, (off_t)(8 + hl), SEEK_SET) == 0;
+    uint8_t *buf = ok ? malloc(1 << 20) : NULL;
+    uint32_t got = 0;
+    uint64_t total = 0;
+    size_t n;
+    while (buf && (n = fread(buf, 1, 1 << 20, f)) > 0) {
+        got = crc_more(got, buf, n);
+        total += n;
+    }
+    ok = buf && !ferror(f);
+    free(buf);
+    fclose(f);
+    if (!ok) return gp_error_set(GP_ERR_IO, "cannot read '%s'", path);
+    if (total != hdr->data_len)
+        return gp_error_set(GP_ERR_DATA, "%s: %llu data bytes, the header says %llu: the file is "
+                            "truncated", path, (unsigned long long)total,
+                            (unsigned long long)hdr->data_len);
+    if (got != (uint32_t)want)
+        return gp_error_set(GP_ERR_DATA,
+                            "%s: checksum mismatch (CRC-32 of the data is %08x, the header says "
+                            "%08lx): the file is corrupted; use an older snapshot", path, got,
+                            want);
+    return GP_OK;
 }
 
 gp_status gp_st_verify(const gp_st_file *f, bool required)

@@ -206,8 +206,10 @@ static void remove_parts(const char *pdir)
     if (rmdir(pdir) != 0) GP_WARN("cannot delete %s: %s", pdir, strerror(errno));
 }
 
-/* The parts a snapshot names, read, checked and their tensors appended to
- * f's (a file written by one process names none). */
+/* The parts a snapshot names, their headers read and their tensors
+ * appended to f's (data NULL, part = its index): a process reads a part
+ * whole only when one of its layers needs a tensor of it (load_part).  A
+ * file written by one process names none. */
 static gp_status attach_parts(const char *path, gp_st_file *f)
 {
     const char *list = gp_st_meta(f, PARTS_KEY);
@@ -221,15 +223,21 @@ static gp_status attach_parts(const char *path, gp_st_file *f)
         char full[1400];
         snprintf(full, sizeof full, "%s/%.*s", dir, len, p);
         gp_st_file *parts = realloc(f->parts, (size_t)(f->n_parts + 1) * sizeof *parts);
-        if (!parts) return gp_error_set(GP_ERR_OOM, "out of host memory reading %s", path);
-        f->parts = parts;
-        gp_st_file *part = &f->parts[f->n_parts];
+        if (parts) f->parts = parts;
+        char **paths = parts ? realloc(f->part_paths, (size_t)(f->n_parts + 1) * sizeof *paths)
+                             : NULL;
+        if (paths) f->part_paths = paths;
+        if (!parts || !paths) return gp_error_set(GP_ERR_OOM, "out of host memory reading %s", path);
+        int q = f->n_parts;
+        gp_st_file *part = &f->parts[q];
         memset(part, 0, sizeof *part);
-        gp_status s = gp_st_read(full, part);
-        if (s == GP_OK) {
-            f->n_parts++;
-            s = gp_st_verify(part, true);
-        }
+        f->part_paths[q] = strdup(full);
+        gp_status s = f->part_paths[q] ? gp_st_read_header(full, part)
+                                       : gp_error_set(GP_ERR_OOM, "out of host memory");
+        f->n_parts++;
+        /* checked now, streamed (so --resume latest passes over a snapshot
+         * with a damaged part), held only when needed */
+        if (s == GP_OK) s = gp_st_verify_file(part, full);
         if (s != GP_OK)
             return gp_error_wrap(s, "%s: its part %s (written by another process of the run "
                                  "under mpirun) cannot be used; resume from an older "
@@ -238,7 +246,11 @@ static gp_status attach_parts(const char *path, gp_st_file *f)
         if (!all) return gp_error_set(GP_ERR_OOM, "out of host memory reading %s", path);
         f->tensors = all;
         for (int i = 0; i < part->n; i++) {
+            if (gp_st_find(f, part->tensors[i].name))
+                return gp_error_set(GP_ERR_DATA, "%s: tensor '%s' is in two of its parts",
+                                    path, part->tensors[i].name);
             f->tensors[f->n] = part->tensors[i];
+            f->tensors[f->n].part = q;
             f->tensors[f->n].name = strdup(part->tensors[i].name);
             if (!f->tensors[f->n].name)
                 return gp_error_set(GP_ERR_OOM, "out of host memory reading %s", path);
@@ -248,6 +260,43 @@ static gp_status attach_parts(const char *path, gp_st_file *f)
         if (*p == ',') p++;
     }
     return GP_OK;
+}
+
+/* Part q of f read whole and checked; its tensors' data then points into
+ * it. */
+static gp_status load_part(gp_st_file *f, int q)
+{
+    gp_st_file whole;
+    gp_status s = gp_st_read(f->part_paths[q], &whole);
+    if (s == GP_OK) s = gp_st_verify(&whole, true);
+    if (s == GP_OK && whole.n != f->parts[q].n)
+        s = gp_error_set(GP_ERR_DATA, "%s changed while it was read", f->part_paths[q]);
+    if (s != GP_OK) {
+        if (whole.image) gp_st_free(&whole);
+        return gp_error_wrap(s, "%s: its part %s (written by another process of the run under "
+                             "mpirun) cannot be used; resume from an older snapshot", f->source,
+                             f->part_paths[q]);
+    }
+    gp_st_free(&f->parts[q]);
+    f->parts[q] = whole;
+    for (int i = 0; i < f->n; i++)
+        if (f->tensors[i].part == q) {
+            const gp_st_tensor *t = gp_st_find(&f->parts[q], f->tensors[i].name);
+            if (!t || t->begin != f->tensors[i].begin || t->end != f->tensors[i].end)
+                return gp_error_set(GP_ERR_DATA, "%s changed while it was read",
+                                    f->part_paths[q]);
+            f->tensors[i].data = t->data;
+        }
+    return GP_OK;
+}
+
+/* The tensor `name` of f with its data, its part read if it was not
+ * (NULL: no such tensor, for expect() to report). */
+static gp_status need(gp_st_file *f, const char *name)
+{
+    const gp_st_tensor *t = gp_st_find(f, name);
+    if (!t || t->data || t->part < 0) return GP_OK;
+    return load_part(f, t->part);
 }
 
 /* ---- apply ---------------------------------------------------------------- */
@@ -420,7 +469,7 @@ static void expect(const gp_st_file *f, const char *name, gp_st_dtype dtype, int
     *out = t;
 }
 
-gp_status gp_snapshot_apply(gp_model *m, const gp_st_file *f, bool optimizer)
+gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
 {
     /* Pass 1 checks every name and value; pass 2 uploads.  So a failed
      * load leaves the model as it was. */
@@ -448,12 +497,13 @@ gp_status gp_snapshot_apply(gp_model *m, const gp_st_file *f, bool optimizer)
                 gp_param *pr = &l->params[p];
                 const gp_st_tensor *t;
                 tensor_name(name, sizeof name, "", m, k, nm, pr->name);
+                if (pass == 0 && pr->value.data) GP_TRY(need(f, name)); /* this process's */
                 expect(f, name, GP_ST_F32, pr->value.ndim, pr->value.dims, &missing, &bad, &t);
                 if (pass == 0) {
                     expected++;
                     ns_add(&known, name);
                 }
-                if (pass == 0 && t) scan_values(t, name, &values);
+                if (pass == 0 && t && t->data) scan_values(t, name, &values); /* (read: ours) */
                 if (pass == 1 && pr->value.data) { /* processes: not another rank's */
                     GP_TRY(gp_dev_upload(pr->value.dev, pr->value.data, (const float *)t->data,
                                          gp_tensor_numel(&pr->value)));
@@ -462,12 +512,13 @@ gp_status gp_snapshot_apply(gp_model *m, const gp_st_file *f, bool optimizer)
                 if (!optimizer || pr->is_buffer) continue;
                 gp_tensor *mt = gp_optim_state(m->optim, k, p);
                 tensor_name(name, sizeof name, "momentum.", m, k, nm, pr->name);
+                if (pass == 0 && mt->data) GP_TRY(need(f, name));
                 expect(f, name, GP_ST_F32, mt->ndim, mt->dims, &missing, &bad, &t);
                 if (pass == 0) {
                     expected++;
                     ns_add(&known, name);
                 }
-                if (pass == 0 && t) scan_values(t, name, &values);
+                if (pass == 0 && t && t->data) scan_values(t, name, &values); /* (read: ours) */
                 if (pass == 1 && mt->data) {
                     GP_TRY(gp_dev_upload(mt->dev, mt->data, (const float *)t->data,
                                          gp_tensor_numel(mt)));
@@ -481,12 +532,14 @@ gp_status gp_snapshot_apply(gp_model *m, const gp_st_file *f, bool optimizer)
             for (int c = 0; c < nc; c++) {
                 const gp_st_tensor *t;
                 tensor_name(name, sizeof name, "", m, k, nm, cn[c]);
+                if (pass == 0 && !l->meta) GP_TRY(need(f, name));
                 expect(f, name, GP_ST_I64, 0, NULL, &missing, &bad, &t);
                 if (pass == 0) {
                     expected++;
                     ns_add(&known, name);
                 }
-                if (pass == 1 && cv[c]) memcpy(cv[c], t->data, sizeof(int64_t)); /* little-endian host */
+                if (pass == 1 && !l->meta) /* little-endian host */
+                    memcpy(cv[c], t->data, sizeof(int64_t));
             }
         }
         if (pass == 1) break;

@@ -45,7 +45,9 @@ typedef struct gp_st_tensor {
     char dtype_name[8];         /* as written: "F32", "BF16", ... */
     int ndim;                   /* 0 = scalar */
     int64_t dims[GP_ST_MAX_DIMS];
-    const uint8_t *data;        /* into the file image, end - begin bytes */
+    const uint8_t *data;        /* into the file image, end - begin bytes;
+                                   NULL while its part is not read */
+    int part;                   /* -1, or the part (gp_st_file.parts) it is in */
     uint64_t begin, end;        /* offsets in the data section */
 } gp_st_tensor;
 
@@ -59,10 +61,13 @@ typedef struct gp_st_file {
     uint64_t data_len;
     char source[512];           /* path or name, for messages */
     /* A snapshot written by several processes: the other ranks' parts
-     * (gpipe.parts), whose tensors were appended to `tensors` (their data
-     * points into the parts' images, owned here). */
+     * (gpipe.parts), whose tensors were appended to `tensors` (part = its
+     * index), read as headers only; gp_snapshot_apply reads a part whole
+     * (and checks its checksum) when a layer of this process needs one of
+     * its tensors, then data points into that part's image, owned here. */
     struct gp_st_file *parts;
     int n_parts;
+    char **part_paths;          /* [n_parts], owned */
 } gp_st_file;
 
 /* Parse a file image (copied).  Everything is checked: header length and
@@ -72,6 +77,13 @@ typedef struct gp_st_file {
 gp_status gp_st_parse(const char *name, const uint8_t *buf, size_t len, gp_st_file *out);
 /* Read and parse a file (GP_ERR_IO if it cannot be read). */
 gp_status gp_st_read(const char *path, gp_st_file *out);
+/* Only the header: names, dtypes, shapes and metadata, every tensor's data
+ * NULL (the data section's length is checked against the file's size, not
+ * read).  For the parts of a snapshot a process may not need. */
+gp_status gp_st_read_header(const char *path, gp_st_file *out);
+/* The checksum (gpipe.crc32 in hdr, required) of the data section of the
+ * file at path, read in 1 MiB pieces: a part checked without holding it. */
+gp_status gp_st_verify_file(const gp_st_file *hdr, const char *path);
 void gp_st_free(gp_st_file *f);
 const gp_st_tensor *gp_st_find(const gp_st_file *f, const char *name);
 const char *gp_st_meta(const gp_st_file *f, const char *key); /* NULL if absent */
@@ -125,7 +137,7 @@ gp_status gp_snapshot_collect(gp_model *m, const gp_config *cfg, const gp_snapsh
  * values: a NaN or Inf in any tensor that would be loaded, or a negative
  * "running_var", is GP_ERR_DATA naming f->source, the first such tensor
  * and element index, and how many bad values there are. */
-gp_status gp_snapshot_apply(gp_model *m, const gp_st_file *f, bool optimizer);
+gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer);
 
 /* Read, verify (CRC required) and check a snapshot; fills pos. */
 gp_status gp_snapshot_open(const char *path, gp_st_file *f, gp_snapshot_pos *pos);
