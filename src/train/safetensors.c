@@ -52,6 +52,14 @@ static uint32_t crc_more(uint32_t crc, const uint8_t *p, uint64_t n)
     return (uint32_t)c;
 }
 
+/* The little-endian 64-bit number at b: a file's header length. */
+static uint64_t get_le64(const uint8_t *b)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = v << 8 | b[i];
+    return v;
+}
+
 /* ---- growable arrays ---------------------------------------------------------- */
 
 /* Room for `need` elements of `size` bytes in the array that *arrp points
@@ -314,8 +322,7 @@ static gp_status parse(const char *name, const uint8_t *buf, size_t len, size_t 
     if (len < 8)
         return gp_error_set(GP_ERR_DATA, "%s: not a safetensors file: %zu bytes, shorter than "
                                          "the 8-byte header length", name, len);
-    uint64_t hl = 0;
-    for (int i = 7; i >= 0; i--) hl = hl << 8 | buf[i];
+    uint64_t hl = get_le64(buf);
     bool header_only = file_len > len;
     if (hl > GP_ST_MAX_HEADER || hl > len - 8)
         return gp_error_set(GP_ERR_DATA, "%s: not a safetensors file (or truncated): header "
@@ -347,23 +354,36 @@ gp_status gp_st_parse(const char *name, const uint8_t *buf, size_t len, gp_st_fi
     return parse(name, buf, len, len, out);
 }
 
-gp_status gp_st_read_header(const char *path, gp_st_file *out)
+/* path opened for reading, a regular file of *len bytes. */
+static gp_status open_regular(const char *path, FILE **out, size_t *len)
 {
-    memset(out, 0, sizeof *out);
     FILE *f = fopen(path, "rb");
     if (!f) {
         int e = errno;
         return gp_error_set(GP_ERR_IO, "cannot open '%s': %s", path, strerror(e));
     }
     struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(f);
+        return gp_error_set(GP_ERR_IO, "'%s' is not a regular file", path);
+    }
+    *out = f;
+    *len = (size_t)st.st_size;
+    return GP_OK;
+}
+
+gp_status gp_st_read_header(const char *path, gp_st_file *out)
+{
+    memset(out, 0, sizeof *out);
+    FILE *f;
+    size_t file_len;
+    GP_TRY(open_regular(path, &f, &file_len));
     uint8_t lb[8];
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode) || fread(lb, 1, 8, f) != 8) {
+    if (fread(lb, 1, 8, f) != 8) {
         fclose(f);
         return gp_error_set(GP_ERR_IO, "'%s' is not a readable safetensors file", path);
     }
-    uint64_t hl = 0;
-    for (int i = 7; i >= 0; i--) hl = hl << 8 | lb[i];
-    size_t file_len = (size_t)st.st_size;
+    uint64_t hl = get_le64(lb);
     if (hl > GP_ST_MAX_HEADER || hl > file_len - 8) {
         fclose(f);
         return gp_error_set(GP_ERR_DATA, "%s: not a safetensors file (or truncated): header "
@@ -391,17 +411,9 @@ gp_status gp_st_read_header(const char *path, gp_st_file *out)
 gp_status gp_st_read(const char *path, gp_st_file *out)
 {
     memset(out, 0, sizeof *out);
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        int e = errno;
-        return gp_error_set(GP_ERR_IO, "cannot open '%s': %s", path, strerror(e));
-    }
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        fclose(f);
-        return gp_error_set(GP_ERR_IO, "'%s' is not a regular file", path);
-    }
-    size_t len = (size_t)st.st_size;
+    FILE *f;
+    size_t len;
+    GP_TRY(open_regular(path, &f, &len));
     uint8_t *buf = malloc(len ? len : 1);
     if (!buf) {
         fclose(f);
@@ -450,7 +462,8 @@ const char *gp_st_meta(const gp_st_file *f, const char *key)
     return NULL;
 }
 
-/* The checksum gpipe.crc32 of f (want); GP_OK if absent and not required. */
+/* The checksum gpipe.crc32 of f in *want (*has false, GP_OK, if there is
+ * none and none is required). */
 static gp_status crc_of_meta(const gp_st_file *f, bool required, bool *has, unsigned long *want)
 {
     *has = false;
@@ -470,18 +483,25 @@ static gp_status crc_of_meta(const gp_st_file *f, bool required, bool *has, unsi
     return GP_OK;
 }
 
+static gp_status crc_compare(const char *source, uint32_t got, unsigned long want)
+{
+    if (got == (uint32_t)want) return GP_OK;
+    return gp_error_set(GP_ERR_DATA,
+                        "%s: checksum mismatch (CRC-32 of the data is %08x, the header says "
+                        "%08lx): the file is corrupted; use an older snapshot", source, got,
+                        want);
+}
+
 gp_status gp_st_verify_file(const gp_st_file *hdr, const char *path)
 {
     bool has;
     unsigned long want = 0;
     GP_TRY(crc_of_meta(hdr, true, &has, &want));
-    FILE *f = fopen(path, "rb");
-    if (!f) return gp_error_set(GP_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+    FILE *f;
+    size_t len;
+    GP_TRY(open_regular(path, &f, &len));
     uint8_t lb[8];
-    uint64_t hl = 0;
-    bool ok = fread(lb, 1, 8, f) == 8;
-    for (int i = 7; i >= 0 && ok; i--) hl = hl << 8 | lb[i];
-    ok = ok && fseeko(f, (off_t)(8 + hl), SEEK_SET) == 0;
+    bool ok = fread(lb, 1, 8, f) == 8 && fseeko(f, (off_t)(8 + get_le64(lb)), SEEK_SET) == 0;
     uint8_t *buf = ok ? malloc(1 << 20) : NULL;
     uint32_t got = 0;
     uint64_t total = 0;
@@ -498,35 +518,15 @@ gp_status gp_st_verify_file(const gp_st_file *hdr, const char *path)
         return gp_error_set(GP_ERR_DATA, "%s: %llu data bytes, the header says %llu: the file is "
                             "truncated", path, (unsigned long long)total,
                             (unsigned long long)hdr->data_len);
-    if (got != (uint32_t)want)
-        return gp_error_set(GP_ERR_DATA,
-                            "%s: checksum mismatch (CRC-32 of the data is %08x, the header says "
-                            "%08lx): the file is corrupted; use an older snapshot", path, got,
-                            want);
-    return GP_OK;
+    return crc_compare(path, got, want);
 }
 
 gp_status gp_st_verify(const gp_st_file *f, bool required)
 {
-    const char *c = gp_st_meta(f, "gpipe.crc32");
-    if (!c) {
-        if (required)
-            return gp_error_set(GP_ERR_DATA, "%s: no checksum (gpipe.crc32) in the metadata; "
-                                             "not a gpipe snapshot", f->source);
-        return GP_OK;
-    }
-    char *e;
-    errno = 0;
-    unsigned long want = strtoul(c, &e, 16);
-    if (errno || *e || e == c || want > 0xffffffffUL)
-        return gp_error_set(GP_ERR_DATA, "%s: malformed checksum '%.20s'", f->source, c);
-    uint32_t got = crc_more(0, f->data, f->data_len);
-    if (got != (uint32_t)want)
-        return gp_error_set(GP_ERR_DATA,
-                            "%s: checksum mismatch (CRC-32 of the data is %08x, the header says "
-                            "%08lx): the file is corrupted; use an older snapshot", f->source,
-                            got, want);
-    return GP_OK;
+    bool has;
+    unsigned long want = 0;
+    GP_TRY(crc_of_meta(f, required, &has, &want));
+    return has ? crc_compare(f->source, crc_more(0, f->data, f->data_len), want) : GP_OK;
 }
 
 /* ---- the writer ----------------------------------------------------------- */
