@@ -8,43 +8,61 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Whether dev's data goes through a host copy. */
-static bool staged(const gp_device *dev)
+/* GPIPE_PROCS_STAGE, read once by gp_procs_init (before any worker runs). */
+static bool g_stage_all;
+
+static void read_stage_env(void)
 {
     const char *e = getenv("GPIPE_PROCS_STAGE");
-    return dev->kind != GP_DEV_CPU || (e && *e && strcmp(e, "0"));
+    g_stage_all = e && *e && strcmp(e, "0");
+}
+
+/* Whether dev's data goes through a host copy. */
+static bool staged(const gp_device *dev) { return dev->kind != GP_DEV_CPU || g_stage_all; }
+
+/* The n floats at buf as host memory in *h: buf itself, or (staged) a new
+ * host buffer holding them (download) or not yet (for a receive). */
+static gp_status host_in(gp_device *dev, const float *buf, int64_t n, bool download, float **h)
+{
+    *h = (float *)buf; /* written only through host_out, by callers that own buf */
+    if (!staged(dev)) return GP_OK;
+    *h = malloc((size_t)(n > 0 ? n : 1) * sizeof **h);
+    if (!*h) return gp_error_set(GP_ERR_OOM, "out of host memory staging %lld floats", (long long)n);
+    gp_status s = download ? gp_dev_download(dev, *h, buf, n) : GP_OK;
+    if (s == GP_OK && download) s = gp_dev_synchronize(dev);
+    if (s != GP_OK) free(*h);
+    return s;
+}
+
+/* After host_in and the work s on *h: a staged buffer's floats back into
+ * buf (when s is GP_OK), and the buffer freed. */
+static gp_status host_out(gp_device *dev, float *buf, int64_t n, float *h, gp_status s)
+{
+    if (h == buf) return s;
+    if (s == GP_OK) s = gp_dev_upload(dev, buf, h, n);
+    if (s == GP_OK) s = gp_dev_synchronize(dev);
+    free(h);
+    return s;
 }
 
 gp_status gp_procs_isend_dev(gp_device *dev, const float *data, int64_t n, int to, int tag,
                              gp_procs_req *req)
 {
-    req->host = NULL;
-    if (!staged(dev)) return gp_procs_isend(data, n, to, tag, req);
-    float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof *h);
-    if (!h) return gp_error_set(GP_ERR_OOM, "out of host memory staging %lld floats",
-                                (long long)n);
-    gp_status s = gp_dev_download(dev, h, data, n);
-    if (s == GP_OK) s = gp_dev_synchronize(dev);
-    if (s == GP_OK) s = gp_procs_isend(h, n, to, tag, req);
-    if (s != GP_OK) {
-        free(h);
-        return s;
+    float *h;
+    GP_TRY(host_in(dev, data, n, true, &h));
+    gp_status s = gp_procs_isend(h, n, to, tag, req);
+    if (h != data) {
+        if (s == GP_OK) req->host = h; /* freed when the send completes */
+        else free(h);
     }
-    req->host = h;
-    return GP_OK;
+    return s;
 }
 
 gp_status gp_procs_recv_dev(gp_device *dev, float *data, int64_t n, int from, int tag)
 {
-    if (!staged(dev)) return gp_procs_recv(data, n, from, tag);
-    float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof *h);
-    if (!h) return gp_error_set(GP_ERR_OOM, "out of host memory staging %lld floats",
-                                (long long)n);
-    gp_status s = gp_procs_recv(h, n, from, tag);
-    if (s == GP_OK) s = gp_dev_upload(dev, data, h, n);
-    if (s == GP_OK) s = gp_dev_synchronize(dev);
-    free(h);
-    return s;
+    float *h;
+    GP_TRY(host_in(dev, data, n, false, &h));
+    return host_out(dev, data, n, h, gp_procs_recv(h, n, from, tag));
 }
 
 bool gp_procs_launched(void)
@@ -112,6 +130,7 @@ static gp_status mpi_error(int rc, const char *what)
 
 gp_status gp_procs_init(void)
 {
+    read_stage_env();
     if (g_active || !gp_procs_launched()) return GP_OK;
     int provided = 0;
     int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
@@ -294,27 +313,6 @@ typedef struct {
     int me, R;
 } mpi_group;
 
-static gp_status host_in(gp_device *dev, float *buf, int64_t n, float **h)
-{
-    *h = buf;
-    if (!staged(dev)) return GP_OK;
-    *h = malloc((size_t)(n > 0 ? n : 1) * sizeof **h);
-    if (!*h) return gp_error_set(GP_ERR_OOM, "out of host memory staging %lld floats", (long long)n);
-    gp_status s = gp_dev_download(dev, *h, buf, n);
-    if (s == GP_OK) s = gp_dev_synchronize(dev);
-    if (s != GP_OK) free(*h);
-    return s;
-}
-
-static gp_status host_out(gp_device *dev, float *buf, int64_t n, float *h, gp_status s)
-{
-    if (h == buf) return s;
-    if (s == GP_OK) s = gp_dev_upload(dev, buf, h, n);
-    if (s == GP_OK) s = gp_dev_synchronize(dev);
-    free(h);
-    return s;
-}
-
 static gp_status chunk_counts(const mpi_group *g, int64_t n, int *cnt, int *dsp)
 {
     if (n > INT_MAX)
@@ -364,21 +362,21 @@ static gp_status ag_host(mpi_group *g, float *h, int64_t n)
 static gp_status op_reduce_scatter(gp_comm *c, gp_device *dev, float *buf, int64_t n)
 {
     float *h;
-    GP_TRY(host_in(dev, buf, n, &h));
+    GP_TRY(host_in(dev, buf, n, true, &h));
     return host_out(dev, buf, n, h, rs_host(c->ctx, h, n));
 }
 
 static gp_status op_all_gather(gp_comm *c, gp_device *dev, float *buf, int64_t n)
 {
     float *h;
-    GP_TRY(host_in(dev, buf, n, &h));
+    GP_TRY(host_in(dev, buf, n, true, &h));
     return host_out(dev, buf, n, h, ag_host(c->ctx, h, n));
 }
 
 static gp_status op_allreduce(gp_comm *c, gp_device *dev, float *buf, int64_t n)
 {
     float *h;
-    GP_TRY(host_in(dev, buf, n, &h));
+    GP_TRY(host_in(dev, buf, n, true, &h));
     gp_status s = rs_host(c->ctx, h, n);
     if (s == GP_OK) s = ag_host(c->ctx, h, n);
     return host_out(dev, buf, n, h, s);
@@ -390,7 +388,7 @@ static gp_status op_broadcast(gp_comm *c, gp_device *dev, float *buf, int64_t n,
     float *h;
     if (n > INT_MAX) return gp_error_set(GP_ERR_INVALID, "a broadcast of %lld floats is over "
                                          "MPI's %d", (long long)n, INT_MAX);
-    GP_TRY(host_in(dev, buf, n, &h));
+    GP_TRY(host_in(dev, buf, n, true, &h));
     int rc = MPI_Bcast(h, (int)n, MPI_FLOAT, root, g->comm);
     return host_out(dev, buf, n, h, rc == MPI_SUCCESS ? GP_OK : mpi_error(rc, "MPI_Bcast"));
 }
@@ -486,6 +484,7 @@ int gp_procs_size(void) { return 1; }
 
 gp_status gp_procs_init(void)
 {
+    read_stage_env();
     if (!gp_procs_launched()) return GP_OK;
     return gp_error_set(GP_ERR_INVALID, "started by mpirun, but this gpipe was built without "
                         "MPI: install openmpi-bin and libopenmpi-dev "
