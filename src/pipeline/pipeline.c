@@ -258,6 +258,7 @@ static gp_status send_tensor(gp_pipeline *p, const gp_tensor *t, int to, int tag
         p->cap_pend = cap;
     }
     struct pending_send *ps = &p->pend[p->n_pend];
+    GP_TRY(gp_dev_synchronize(t->dev)); /* the data is written */
     GP_TRY(gp_procs_isend_dev(t->dev, t->data, gp_tensor_numel(t), p->rank_base + to % p->n, tag,
                               &ps->req));
     ps->flag = flag;
@@ -273,7 +274,6 @@ static gp_status post_sends(gp_pipeline *p, int i, int j, bool fwd)
 {
     if (p->local < 0) return GP_OK;
     mb_state *s = MB(p, i, j);
-    GP_TRY(gp_dev_synchronize(p->devs[j])); /* the data is written */
     if (fwd && j + 1 < p->S && remote(p, j + 1))
         GP_TRY(send_tensor(p, &s->stash.out, j + 1, msg_tag(p, i, j + 1, MSG_ACT, 0),
                            &FLAG(p, act_copied, i, j + 1)));
