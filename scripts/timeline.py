@@ -505,21 +505,33 @@ def assign_steps(tr):
     tr.slices = keep
 
 
-def read_trace(path):
-    """Any supported timeline -> Trace; a TraceError for what a user can fix.
-    A cut-off JSON trace gives what was read (Trace.cut_off, .partial_step);
-    complete_steps() is the command line's policy on its last step."""
+SQLITE_MAGIC = b"SQLite format 3"
+
+
+def _read_bytes(path, sqlite_head_only=False):
+    """A file's bytes (of an SQLite database, with sqlite_head_only, only
+    its first 16: its reader opens it itself); a TraceError for a missing,
+    unreadable or directory path."""
     try:
         with open(path, "rb") as f:
-            magic = f.read(16)
-            data = b"" if magic.startswith(b"SQLite format 3") else magic + f.read()
+            data = f.read(16)
+            if not (sqlite_head_only and data.startswith(SQLITE_MAGIC)):
+                data += f.read()
+            return data
     except FileNotFoundError:
         raise TraceError(path, "file not found")
     except IsADirectoryError:
         raise TraceError(path, "is a directory")
     except OSError as e:
         raise TraceError(path, "cannot read: %s" % (e.strerror or e))
-    if magic.startswith(b"SQLite format 3"):
+
+
+def read_trace(path):
+    """Any supported timeline -> Trace; a TraceError for what a user can fix.
+    A cut-off JSON trace gives what was read (Trace.cut_off, .partial_step);
+    complete_steps() is the command line's policy on its last step."""
+    data = _read_bytes(path, sqlite_head_only=True)
+    if data.startswith(SQLITE_MAGIC):
         tr, what = read_nsys_sqlite(path), "NVTX ranges, kernels and memcpys"
     else:
         tr, what = read_gpipe_json(path, data), "events"
@@ -895,15 +907,7 @@ def merge(out, paths):
     docstring); returns the number of events written."""
     files = []
     for path in paths:
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            raise TraceError(path, "file not found")
-        except IsADirectoryError:
-            raise TraceError(path, "is a directory")
-        except OSError as e:
-            raise TraceError(path, "cannot read: %s" % (e.strerror or e))
+        data = _read_bytes(path)
         events, cut, _ = _decode(path, data)
         head = data[:4096].decode("utf-8", "replace")
         origin = _head_number(head, "origin_s")
