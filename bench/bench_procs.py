@@ -18,21 +18,11 @@ import subprocess
 import sys
 import tempfile
 
+from bench_loader import cpu_name  # the processor line every CPU table carries
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, "build", "gpipe-train")
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-
-
-def cpu_name():
-    model, flags = "unknown processor", set()
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name") and model == "unknown processor":
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-    isa = [x for x in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if x in flags]
-    return "%s (%s)" % (model, ", ".join(isa))
 
 
 def steps_of(cmd, metrics):
@@ -53,6 +43,9 @@ def main():
             steps = int(args.pop(0))
         elif a == "--rounds":
             rounds = int(args.pop(0))
+        elif a in ("-h", "--help"):
+            print(__doc__)
+            return
         else:
             cfg = a
     sets = ["--set", "pipeline.devices=[cpu:0, cpu:1]", "--set", "pipeline.threads=1",
