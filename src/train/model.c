@@ -566,22 +566,23 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset 
                     s = gp_procs_recv_dev(m->devs[j], cur.data, gp_tensor_numel(&cur),
                                           m->rank_base + (j - 1) % m->n_devices, 1);
             }
-            if (procs) /* the skips stashed on other ranks' stages */
-                for (int t = 0; t < m->skips.n && s == GP_OK; t++) {
-                    int a = stage_of(m, m->skips.skips[t].from), b = stage_of(m, m->skips.skips[t].to);
-                    if (b != j || a == j || a % m->n_devices == m->local_device) continue;
-                    gp_shape ks = gp_shape_with_batch(&m->layers[m->skips.skips[t].from].out_shape, n);
-                    s = gp_tensor_alloc(&pend[t], m->devs[j], &ks, GP_MEM_COPIES);
-                    if (s == GP_OK)
-                        s = gp_procs_recv_dev(m->devs[j], pend[t].data, gp_tensor_numel(&pend[t]),
-                                              m->rank_base + a % m->n_devices, 2 + t);
-                }
             if (s != GP_OK) break;
             gp_stash st;
             s = gp_stash_init(&st, m->balance[j], &m->skips, first);
-            /* the skips that arrive, moved from the stage that stashed them */
+            /* the skips that arrive, moved from the stage that stashed them
+             * (processes: received from its rank when another runs it) */
             for (int t = 0; t < m->skips.n && s == GP_OK; t++) {
                 if (gp_stash_skip_role(&st, t) != GP_SKIP_ARRIVES) continue;
+                int from = m->skips.skips[t].from, a = stage_of(m, from);
+                if (procs && a % m->n_devices != m->local_device) {
+                    gp_shape ks = gp_shape_with_batch(&m->layers[from].out_shape, n);
+                    s = gp_tensor_alloc(&st.skip_in[t], m->devs[j], &ks, GP_MEM_COPIES);
+                    if (s == GP_OK)
+                        s = gp_procs_recv_dev(m->devs[j], st.skip_in[t].data,
+                                              gp_tensor_numel(&st.skip_in[t]),
+                                              m->rank_base + a % m->n_devices, 2 + t);
+                    continue;
+                }
                 gp_shape ks = gp_tensor_shape(&pend[t]);
                 s = gp_tensor_alloc(&st.skip_in[t], m->devs[j], &ks, GP_MEM_COPIES);
                 if (s == GP_OK) s = gp_tensor_copy(&st.skip_in[t], &pend[t]);
