@@ -362,13 +362,26 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
      * not the run.  (The metrics file and the trace are opened here.) */
     if (opts->export_path && gp_procs_rank() == 0) /* processes: rank 0 writes it */
         GP_TRY(gp_check_writable_file(opts->export_path, "--export-weights", true));
-    if (tc->snapshot.every_steps > 0 || tc->snapshot.every_minutes > 0) {
+    bool snapshots = tc->snapshot.every_steps > 0 || tc->snapshot.every_minutes > 0;
+    /* Processes: rank 0 checks the directory, makes it and takes its lock
+     * before any other rank checks it.  The check makes a missing directory
+     * and removes it again, so checked on every rank at once it could
+     * remove the directory under rank 0's lock file. */
+    if (snapshots && gp_procs_rank() == 0) {
         s = gp_check_writable_dir(tc->snapshot.dir, "train.snapshot.dir");
         if (s != GP_OK) return gp_error_wrap(s, "%s", cfg->path);
     }
     /* Then: a second run on the same snapshot directory stops here. */
     s = gp_snapshot_lock_run(cfg, opts->resume_path, &snap_lock);
     if (s != GP_OK) return s;
+    if (snapshots && gp_procs_size() > 1) {
+        (void)agreed(0); /* rank 0 has made the directory (it aborts the run if it cannot) */
+        /* the other ranks write their parts there too */
+        if (gp_procs_rank() != 0) {
+            s = gp_check_writable_dir(tc->snapshot.dir, "train.snapshot.dir");
+            if (s != GP_OK) return gp_error_wrap(s, "%s", cfg->path);
+        }
+    }
     if (opts->metrics_path) {
         mf = fopen(opts->metrics_path, "w");
         if (!mf) {
