@@ -702,6 +702,11 @@ static void test_optional_slots(gp_device *dev)
     CHECK_OK(gp_dev_event_wait(&fake, ev));
     CHECK_OK(gp_dev_event_sync(&fake, ev));
     gp_dev_event_destroy(&fake, ev);
+    /* without copy_async: a synchronous copy */
+    bare.copy_async = NULL;
+    float from[5] = {1, 2, 3, 4, 5}, into[5] = {0};
+    CHECK_OK(gp_dev_copy_async(&fake, into, &fake, from, sizeof from, NULL, NULL));
+    CHECK(memcmp(into, from, sizeof from) == 0);
     gp_pool_desc pd = {.n = 2, .c = 3, .h = 8, .w = 8, .kh = 2, .kw = 2, .sh = 2, .sw = 2,
                        .oh = 4, .ow = 4, .kind = GP_POOL_MAX};
     CHECK(gp_dev_pool_ws_bytes(&fake, &pd) == 0);
@@ -910,6 +915,97 @@ static void test_copies(gp_device *d0, gp_device *d1)
     CHECK(d1->alloc.cur_by[GP_MEM_COPIES] == 0);
 }
 
+/* copy_async (backend.h) on the CPU's two modes.  Synchronous (the
+ * default): the copy is done when the call returns and events are NULL.
+ * GPIPE_CPU_STREAMS=threads: each device's copy stream is a queue with a
+ * thread of its own, held back GPIPE_CPU_COPY_DELAY_US, so every property
+ * below would fail if it did not hold: the reader sees the data only after
+ * waiting for `done`; a copy waits for `after` even when that is another
+ * device's copy; copies on one stream run in order; a free of a copy's
+ * source or destination waits for it (the block is reused at once, so an
+ * early free would hand the copy's source to the next writer);
+ * synchronize waits for the queue. */
+static void test_copy_async(gp_device *sync_dev)
+{
+    enum { N = 3000 };
+    size_t bytes = N * sizeof(float);
+    float *x = malloc(bytes), *y = malloc(bytes), *back = malloc(bytes);
+    if (!x || !y || !back) {
+        CHECK(!"out of memory");
+        free(x), free(y), free(back);
+        return;
+    }
+    for (int i = 0; i < N; i++) x[i] = (float)i + 0.5f, y[i] = -(float)i;
+    /* synchronous: done on return, no events */
+    void *ev = &ev, *a = NULL, *b = NULL;
+    CHECK_OK(gp_dev_event_create(sync_dev, &ev));
+    CHECK(ev == NULL);
+    CHECK_OK(gp_dev_alloc(sync_dev, bytes, GP_MEM_COPIES, &a));
+    CHECK_OK(gp_dev_alloc(sync_dev, bytes, GP_MEM_COPIES, &b));
+    if (a && b) {
+        memcpy(a, x, bytes);
+        CHECK_OK(gp_dev_copy_async(sync_dev, b, sync_dev, a, bytes, NULL, NULL));
+        CHECK(memcmp(b, x, bytes) == 0);
+    }
+    gp_dev_free(sync_dev, a, bytes, GP_MEM_COPIES);
+    gp_dev_free(sync_dev, b, bytes, GP_MEM_COPIES);
+
+    setenv("GPIPE_CPU_STREAMS", "threads", 1);
+    setenv("GPIPE_CPU_COPY_DELAY_US", "20000", 1);
+    gp_device *d[3] = {NULL, NULL, NULL};
+    gp_device_opts o = {.threads = 1};
+    for (int k = 0; k < 3; k++) {
+        char name[16];
+        snprintf(name, sizeof name, "cpu:%d", 5 + k);
+        CHECK_OK(gp_device_open(name, &o, &d[k]));
+    }
+    unsetenv("GPIPE_CPU_STREAMS");
+    unsetenv("GPIPE_CPU_COPY_DELAY_US");
+    void *buf[3] = {NULL, NULL, NULL}, *done[3] = {NULL, NULL, NULL};
+    for (int k = 0; k < 3 && d[k]; k++) {
+        CHECK_OK(gp_dev_alloc(d[k], bytes, GP_MEM_COPIES, &buf[k]));
+        CHECK_OK(gp_dev_event_create(d[k], &done[k]));
+    }
+    if (!d[2] || !buf[2] || !done[2]) goto out;
+    CHECK(done[0] && done[1] && done[2]); /* real events in this mode */
+    memcpy(buf[0], x, bytes);
+    CHECK_OK(gp_dev_event_record(d[0], done[0])); /* the producer's: complete at once */
+    /* d0 -> d1, then d1 -> d2 behind d1's copy (an event of d1's copy stream) */
+    CHECK_OK(gp_dev_copy_async(d[1], buf[1], d[0], buf[0], bytes, done[0], done[1]));
+    CHECK_OK(gp_dev_copy_async(d[2], buf[2], d[1], buf[1], bytes, done[1], done[2]));
+    /* freed and taken again at once: the same block comes back from the
+     * cache, and whatever is written to it now must not reach the copies */
+    gp_dev_free(d[0], buf[0], bytes, GP_MEM_COPIES);
+    buf[0] = NULL;
+    CHECK_OK(gp_dev_alloc(d[0], bytes, GP_MEM_COPIES, &buf[0]));
+    if (buf[0]) memcpy(buf[0], y, bytes);
+    CHECK_OK(gp_dev_event_wait(d[2], done[2]));
+    memcpy(back, buf[2], bytes);
+    CHECK(memcmp(back, x, bytes) == 0);
+    /* in order on one stream: the second copy into buf[1] lands last */
+    CHECK_OK(gp_dev_copy_async(d[1], buf[1], d[2], buf[2], bytes, NULL, NULL));
+    CHECK_OK(gp_dev_copy_async(d[1], buf[1], d[0], buf[0], bytes, NULL, done[1]));
+    CHECK_OK(gp_dev_event_sync(d[1], done[1]));
+    CHECK(memcmp(buf[1], y, bytes) == 0);
+    /* synchronize drains the queue; a free of a copy's destination waits */
+    CHECK_OK(gp_dev_copy_async(d[2], buf[2], d[0], buf[0], bytes, NULL, NULL));
+    CHECK_OK(gp_dev_synchronize(d[2]));
+    CHECK(memcmp(buf[2], y, bytes) == 0);
+    CHECK_OK(gp_dev_copy_async(d[2], buf[2], d[1], buf[1], bytes, NULL, NULL));
+    gp_dev_free(d[2], buf[2], bytes, GP_MEM_COPIES);
+    buf[2] = NULL;
+out:
+    for (int k = 0; k < 3; k++) {
+        if (d[k]) {
+            gp_dev_free(d[k], buf[k], bytes, GP_MEM_COPIES);
+            gp_dev_event_destroy(d[k], done[k]);
+            CHECK(d[k]->alloc.cur_by[GP_MEM_COPIES] == 0);
+        }
+        gp_device_close(d[k]);
+    }
+    free(x), free(y), free(back);
+}
+
 /* Two devices driven by two threads at once, each with its own thread
  * count, compute the same convolution as one device alone. */
 typedef struct conc_job {
@@ -1040,6 +1136,7 @@ int main(void)
         test_frozen_weights(blk);
         test_copies(dev, blk);
     }
+    test_copy_async(dev);
 
     test_memory();
     test_concurrent();

@@ -545,6 +545,27 @@ static void test_copies(gp_device *g0, gp_device *g1)
     int ok = 1;
     for (int64_t i = 0; i < n; i++) ok &= back[i] == 7.0f;
     CHECK_MSG(ok, "copy after an event wait did not see the fill");
+    /* copy_async (what the executor's copies between stages use): behind
+     * the producer's event on g1's copy stream, `done` waited for by g1's
+     * compute; the source freed right after and taken again by a fill must
+     * not reach the copy (the stream-ordered free). */
+    void *done = NULL;
+    CHECK_OK(gp_dev_event_create(g1, &done));
+    CHECK_OK(gp_dev_fill(g0, b.data, -2.5f, n));
+    CHECK_OK(gp_dev_event_record(g0, ev));
+    CHECK_OK(gp_dev_copy_async(g1, c.data, g0, b.data, (size_t)n * sizeof(float), ev, done));
+    gp_tensor_free(&b);
+    CHECK_OK(gp_tensor_alloc(&b, g0, &sh, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_dev_fill(g0, b.data, 99.0f, n));
+    CHECK_OK(gp_dev_event_wait(g1, done));
+    CHECK_OK(gp_dev_scale(g1, c.data, 2.0f, n)); /* compute after the copy */
+    CHECK_OK(gp_dev_download(g1, back, c.data, n));
+    CHECK_OK(gp_dev_synchronize(g1));
+    ok = 1;
+    for (int64_t i = 0; i < n; i++) ok &= back[i] == -5.0f;
+    CHECK_MSG(ok, "%s -> %s copy_async: the reader did not see the producer's data",
+              g0->name, g1->name);
+    gp_dev_event_destroy(g1, done);
     gp_dev_event_destroy(g0, ev);
     gp_tensor_free(&a); gp_tensor_free(&b); gp_tensor_free(&c);
     free(h); free(back);

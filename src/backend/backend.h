@@ -29,6 +29,16 @@
  * event after the producer and waits on it before the consumer — on the CPU
  * that is cheap and keeps the same program order as on GPUs.
  *
+ * Copies between stages (copy_async) are the one place where the CPU can
+ * be asynchronous too, so that the event logic above is exercised without
+ * a GPU: with GPIPE_CPU_STREAMS=threads each CPU device's copy stream is a
+ * queue run by a thread of its own, events are real (recorded, waited on),
+ * and a copy that nobody waits for is still being written when its reader
+ * runs (GPIPE_CPU_COPY_DELAY_US=N holds every copy back N us, so a missing
+ * wait reads stale data instead of winning the race by luck).  The default,
+ * GPIPE_CPU_STREAMS=sync, copies on the calling thread and its events are
+ * NULL.  See cpu/cpu_streams.c.
+ *
  * Memory conventions for the math:
  *   - all pointers are device memory of this device, float32, dense
  *     row-major; 4-D tensors are NCHW;
@@ -69,8 +79,10 @@
  *      bce_logits (torchgpipe's U-Net: its layers and loss)
  *  10  pool_fwd / pool_bwd take GP_POOL_AVG_INCLUDE_PAD (the average over the
  *      padded window, PyTorch's count_include_pad=True): no new slot, but a
- *      v9 backend would read the new kind as another one */
-#define GP_DEVICE_IFACE_VERSION 10
+ *      v9 backend would read the new kind as another one
+ *  11  copy_async (a copy between devices on the receiver's copy stream,
+ *      ordered by events, with no fence against either compute stream) */
+#define GP_DEVICE_IFACE_VERSION 11
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -404,6 +416,22 @@ typedef struct gp_device_iface {
     gp_status (*bce_logits)(gp_device *dev, const float *z, const float *t, int64_t n,
                             float scale, float *dz, double *loss_sum, int64_t *correct,
                             int64_t *bad);
+    /* --- stage-to-stage copies (optional; appended last) ---
+     * Enqueue a copy of `bytes` from src (memory of src_dev, a device of
+     * this backend, possibly this one) into dst (ours) on this device's copy
+     * stream, behind `after` (an event of src_dev recorded after the work
+     * that wrote src; NULL: nothing to wait for), and record `done` (an
+     * event of ours; NULL: none) on the copy stream behind it.  Returns
+     * without waiting.  Neither compute stream is fenced: the reader waits
+     * for `done` (gp_dev_event_wait) before it reads dst, and a free of src
+     * or dst on either device is held back until the copy has finished
+     * (the allocator's stream-ordered frees; torchgpipe's record_stream).
+     * GP_ERR_UNSUPPORTED for a source it cannot read (another backend's
+     * memory): the wrapper then waits for `after` on the host and copies
+     * synchronously.  NULL: gp_dev_copy_async does the same for every
+     * copy. */
+    gp_status (*copy_async)(gp_device *dev, void *dst, gp_device *src_dev, const void *src,
+                            size_t bytes, void *after, void *done);
 } gp_device_iface;
 
 struct gp_device {
@@ -489,6 +517,13 @@ gp_status gp_dev_alloc(gp_device *dev, size_t bytes, gp_mem_category cat,
 void gp_dev_free(gp_device *dev, void *ptr, size_t bytes, gp_mem_category cat);
 gp_status gp_dev_upload(gp_device *dev, float *dst, const float *src, int64_t n);
 gp_status gp_dev_download(gp_device *dev, float *dst, const float *src, int64_t n);
+/* The copy_async slot with its fallback (see the slot): dst on dev, src on
+ * src_dev (any backend), `after` an event of src_dev or NULL, `done` an
+ * event of dev or NULL.  Between backends (a CPU stage beside a GPU one)
+ * the host waits for `after`, copies synchronously and records `done` on
+ * dev's compute stream. */
+gp_status gp_dev_copy_async(gp_device *dev, void *dst, gp_device *src_dev, const void *src,
+                            size_t bytes, void *after, void *done);
 
 /* The slots themselves, one wrapper each, named gp_dev_<slot> with the
  * slot's parameters: see the slot's comment in gp_device_iface for what it

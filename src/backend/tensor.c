@@ -49,15 +49,15 @@ void gp_tensor_free(gp_tensor *t)
     memset(t, 0, sizeof *t);
 }
 
-gp_status gp_tensor_copy(gp_tensor *dst, const gp_tensor *src)
+/* A synchronous copy between any two devices: peer copy where the backend
+ * has one, else staged through host memory. */
+static gp_status copy_between(gp_device *dd, void *dst, gp_device *sd, const void *src,
+                              size_t bytes)
 {
-    GP_ASSERT(gp_tensor_numel(dst) == gp_tensor_numel(src));
-    size_t bytes = gp_tensor_bytes(src);
     if (bytes == 0) return GP_OK;
-    gp_device *dd = dst->dev, *sd = src->dev;
-    if (dd == sd) return gp_dev_copy_d2d(dd, dst->data, src->data, bytes);
+    if (dd == sd) return gp_dev_copy_d2d(dd, dst, src, bytes);
     if (dd->iface->copy_peer) {
-        gp_status s = dd->iface->copy_peer(dd, dst->data, sd, src->data, bytes);
+        gp_status s = dd->iface->copy_peer(dd, dst, sd, src, bytes);
         /* A backend that cannot read the other device's memory (the CPU
          * from a GPU) says so; staging through the host still works. */
         if (s != GP_ERR_UNSUPPORTED) return s;
@@ -66,10 +66,34 @@ gp_status gp_tensor_copy(gp_tensor *dst, const gp_tensor *src)
     /* Fallback: stage through host memory. */
     void *host = malloc(bytes);
     if (!host) return gp_error_set(GP_ERR_OOM, "out of host memory staging %zu bytes", bytes);
-    gp_status s = sd->iface->copy_d2h(sd, host, src->data, bytes);
+    gp_status s = sd->iface->copy_d2h(sd, host, src, bytes);
     if (s == GP_OK) s = gp_dev_synchronize(sd);
-    if (s == GP_OK) s = dd->iface->copy_h2d(dd, dst->data, host, bytes);
+    if (s == GP_OK) s = dd->iface->copy_h2d(dd, dst, host, bytes);
     if (s == GP_OK) s = gp_dev_synchronize(dd);
     free(host);
     return s;
+}
+
+gp_status gp_tensor_copy(gp_tensor *dst, const gp_tensor *src)
+{
+    GP_ASSERT(gp_tensor_numel(dst) == gp_tensor_numel(src));
+    return copy_between(dst->dev, dst->data, src->dev, src->data, gp_tensor_bytes(src));
+}
+
+gp_status gp_dev_copy_async(gp_device *dev, void *dst, gp_device *src_dev, const void *src,
+                            size_t bytes, void *after, void *done)
+{
+    /* Another backend's event means nothing to this one: the host waits. */
+    if (after && src_dev->iface != dev->iface) {
+        GP_TRY(gp_dev_event_sync(src_dev, after));
+        after = NULL;
+    }
+    if (dev->iface->copy_async) {
+        gp_status s = dev->iface->copy_async(dev, dst, src_dev, src, bytes, after, done);
+        if (s != GP_ERR_UNSUPPORTED) return s;
+        gp_error_clear();
+    }
+    if (after) GP_TRY(gp_dev_event_sync(src_dev, after));
+    GP_TRY(copy_between(dev, dst, src_dev, src, bytes));
+    return done ? gp_dev_event_record(dev, done) : GP_OK;
 }

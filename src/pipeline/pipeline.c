@@ -104,6 +104,16 @@ struct gp_pipeline {
     bool *skip_copied, *skipg_copied; /* [i * skips + t]: skip t of micro-batch i
                                          (its gradient) copied by its consumer */
     int *clock_done, *clock_expected;                       /* [k] */
+    /* Events (backend.h), created by the worker of their device on first
+     * use, kept across steps: per (i, j) EV_PER of them, [(i * S + j) *
+     * EV_PER + e]: the forward's and the backward's (recorded before their
+     * fwd_done / bwd_done, so a reader that saw the flag sees the event),
+     * then one per tensor copied into (i, j) (EV_COPY + slot, see
+     * copy_slot), recorded by the copy; copy_pending[(i * S + j) * slots +
+     * slot] says a copy's event is still to be waited for, and is worker
+     * j's alone. */
+    void **events;
+    bool *copy_pending;
     int clock_front;           /* clocks 0 .. clock_front - 1 all computed */
 
     /* --- the step's inputs: written by the caller before the generation
@@ -230,6 +240,50 @@ static void publish(gp_pipeline *p, bool *flag, int clock)
     advance_clocks(p);
     pthread_cond_broadcast(&p->cond);
     pthread_mutex_unlock(&p->lock);
+}
+
+/* ---- events: copies ordered on the devices, not on the host ------------- */
+
+enum { EV_FWD, EV_BWD, EV_COPY };
+#define EV_PER(p) (EV_COPY + 2 + 2 * (p)->K)
+
+/* The copy slots of a cell: its input, its output's gradient, then each
+ * skip's tensor and gradient (as msg_tag's). */
+static int copy_slot(const gp_pipeline *p, int kind, int skip)
+{
+    (void)p;
+    switch (kind) {
+    case GP_INSTR_RECV_ACT: return 0;
+    case GP_INSTR_RECV_GRAD: return 1;
+    case GP_INSTR_RECV_SKIP: return 2 + 2 * skip;
+    default: return 3 + 2 * skip; /* GP_INSTR_RECV_SKIP_GRAD */
+    }
+}
+
+/* Event e of (i, j), created on stage j's device by its worker (the only
+ * one that records it) the first time.  NULL on a synchronous device. */
+static gp_status cell_event(gp_pipeline *p, int i, int j, int e, void **out)
+{
+    void **slot = &p->events[((size_t)i * (size_t)p->S + (size_t)j) * (size_t)EV_PER(p) + (size_t)e];
+    if (!*slot) GP_TRY(gp_dev_event_create(p->devs[j], slot));
+    *out = *slot;
+    return GP_OK;
+}
+
+/* Before the forward or backward of (i, j) reads its inputs: the device
+ * waits for the copies into them (the host does not, on a GPU). */
+static gp_status await_copies(gp_pipeline *p, int i, int j)
+{
+    int slots = EV_PER(p) - EV_COPY;
+    bool *pend = &p->copy_pending[((size_t)i * (size_t)p->S + (size_t)j) * (size_t)slots];
+    for (int q = 0; q < slots; q++) {
+        if (!pend[q]) continue;
+        void *ev;
+        GP_TRY(cell_event(p, i, j, EV_COPY + q, &ev));
+        GP_TRY(gp_dev_event_wait(p->devs[j], ev));
+        pend[q] = false;
+    }
+    return GP_OK;
 }
 
 /* ---- processes (procs.h) ------------------------------------------------ */
@@ -404,15 +458,6 @@ static gp_status do_backward(gp_pipeline *p, int i, int j, int *bad_layer)
     return st;
 }
 
-/* Copy src (another worker's tensor, published) into a new tensor on dev. */
-static gp_status recv_copy(gp_device *dev, const gp_tensor *src, gp_tensor *dst, size_t *bytes)
-{
-    gp_shape sh = gp_tensor_shape(src);
-    GP_TRY(gp_tensor_alloc(dst, dev, &sh, GP_MEM_COPIES));
-    *bytes = gp_tensor_bytes(src);
-    return gp_tensor_copy(dst, src);
-}
-
 /* Free outputs / input gradients that the neighbours have copied, on the
  * stages of device d. */
 static void sweep(gp_pipeline *p, int d)
@@ -553,9 +598,38 @@ static gp_status receive(gp_pipeline *p, const gp_instr *in, gp_event_rec *ev, p
     gp_status st = p->opts.lockstep ? wait_for(p, pred_clock, in->k - 1, 0)
                                     : wait_for(p, ready, in->i, in->from);
     ev->t1 = gp_now();
-    if (st == GP_OK) st = recv_copy(p->devs[in->j], src, dst, &ev->bytes);
-    if (st == GP_OK) publish(p, copied, -1);
-    return st;
+    if (st != GP_OK) return st;
+    /* Enqueued on this device's copy stream behind the producer's event;
+     * the forward or backward that reads dst waits for `done`
+     * (await_copies).  Published as copied once enqueued: the producer's
+     * free of src is held back by its device until the copy has read it. */
+    gp_device *dev = p->devs[in->j];
+    void *after = NULL, *done = NULL;
+    int slot = copy_slot(p, in->kind, in->skip);
+    bool bwd = in->kind == GP_INSTR_RECV_GRAD || in->kind == GP_INSTR_RECV_SKIP_GRAD;
+    /* the producer made its event before it published `ready` */
+    after = p->events[((size_t)in->i * (size_t)p->S + (size_t)in->from) * (size_t)EV_PER(p) +
+                      (bwd ? EV_BWD : EV_FWD)];
+    gp_shape sh = gp_tensor_shape(src);
+    st = cell_event(p, in->i, in->j, EV_COPY + slot, &done);
+    if (st == GP_OK) st = gp_tensor_alloc(dst, dev, &sh, GP_MEM_COPIES);
+    if (st != GP_OK) return st;
+    ev->bytes = gp_tensor_bytes(src);
+    st = gp_dev_copy_async(dev, dst->data, src->dev, src->data, gp_tensor_bytes(src), after, done);
+    if (st != GP_OK) return st;
+    p->copy_pending[((size_t)in->i * (size_t)p->S + (size_t)in->j) *
+                    (size_t)(EV_PER(p) - EV_COPY) + (size_t)slot] = done != NULL;
+    publish(p, copied, -1);
+    return GP_OK;
+}
+
+/* After the forward (EV_FWD) or a backward (EV_BWD) of (i, j) is issued:
+ * its event, recorded before the flag that lets readers copy. */
+static gp_status record_done(gp_pipeline *p, int i, int j, int e)
+{
+    void *ev;
+    GP_TRY(cell_event(p, i, j, e, &ev));
+    return ev ? gp_dev_event_record(p->devs[j], ev) : GP_OK;
 }
 
 static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int *bad_layer)
@@ -595,7 +669,9 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
                        &MB(p, i, j)->stash.skip_dout[in->skip],
                        &SKIP_FLAG(p, skipg_copied, i, in->skip));
     case GP_INSTR_FORWARD:
-        st = do_forward(p, i, j, in->checkpointed, bad_layer);
+        st = await_copies(p, i, j);
+        if (st == GP_OK) st = do_forward(p, i, j, in->checkpointed, bad_layer);
+        if (st == GP_OK) st = record_done(p, i, j, EV_FWD);
         if (st == GP_OK) publish(p, &FLAG(p, fwd_done, i, j), in->k);
         if (st == GP_OK) st = post_sends(p, i, j, true);
         return st;
@@ -606,17 +682,22 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
         return st;
     }
     case GP_INSTR_BACKWARD:
-        st = do_backward(p, i, j, bad_layer);
+        st = await_copies(p, i, j);
+        if (st == GP_OK) st = do_backward(p, i, j, bad_layer);
+        if (st == GP_OK) st = record_done(p, i, j, EV_BWD);
         if (st == GP_OK) publish(p, &FLAG(p, bwd_done, i, j), in->k);
         if (st == GP_OK) st = post_sends(p, i, j, false);
         return st;
     case GP_INSTR_BACKWARD_DATA: {
         gp_fwd_ctx ctx = mb_ctx(p, i, j);
         mb_state *s = MB(p, i, j);
+        st = await_copies(p, i, j);
+        if (st != GP_OK) return st;
         st = gp_ckpt_backward_data(p->layers + first, &ctx, &s->stash, &s->grad_out,
                                    p->first_trainable, j > 0 ? &s->grad_in : NULL, bad_layer);
         if (st != GP_OK) *bad_layer += first;
-        else publish(p, &FLAG(p, bwd_done, i, j), in->k);
+        if (st == GP_OK) st = record_done(p, i, j, EV_BWD);
+        if (st == GP_OK) publish(p, &FLAG(p, bwd_done, i, j), in->k);
         if (st == GP_OK) st = post_sends(p, i, j, false);
         return st;
     }
@@ -914,6 +995,13 @@ static void free_step_tables(gp_pipeline *p)
     free(p->skipg_copied);
     free(p->clock_done);
     free(p->clock_expected);
+    if (p->events) /* the workers are idle: the main thread destroys them */
+        for (size_t q = 0; q < (size_t)p->m * (size_t)p->S * (size_t)EV_PER(p); q++)
+            gp_dev_event_destroy(p->devs[(q / (size_t)EV_PER(p)) % (size_t)p->S], p->events[q]);
+    free(p->events);
+    free(p->copy_pending);
+    p->events = NULL;
+    p->copy_pending = NULL;
     if (p->mb)
         for (size_t q = 0; q < (size_t)p->m * (size_t)p->S; q++) gp_stash_destroy(&p->mb[q].stash);
     free(p->mb);
@@ -942,6 +1030,9 @@ static gp_status prepare(gp_pipeline *p, int m)
         memset(p->skip_copied, 0, (size_t)m * (size_t)p->K + 1);
         memset(p->skipg_copied, 0, (size_t)m * (size_t)p->K + 1);
         memset(p->clock_done, 0, (size_t)p->sched.clocks * sizeof *p->clock_done);
+        /* a failed step may have left copies nobody waited for: their
+         * tensors are gone, and so is the need */
+        memset(p->copy_pending, 0, cells * (size_t)(EV_PER(p) - EV_COPY));
         return GP_OK;
     }
     free_step_tables(p);
@@ -971,9 +1062,11 @@ static gp_status prepare(gp_pipeline *p, int m)
     p->clock_done = calloc((size_t)p->sched.clocks, sizeof *p->clock_done);
     p->clock_expected = calloc((size_t)p->sched.clocks, sizeof *p->clock_expected);
     p->mb = calloc(cells, sizeof *p->mb);
+    p->events = calloc(cells * (size_t)EV_PER(p), sizeof *p->events);
+    p->copy_pending = calloc(cells * (size_t)(EV_PER(p) - EV_COPY), 1);
     bool ok = p->fwd_done && p->bwd_done && p->act_copied && p->grad_copied && p->skip_copied &&
               p->skipg_copied && p->clock_done &&
-              p->clock_expected && p->mb;
+              p->clock_expected && p->mb && p->events && p->copy_pending;
     for (size_t q = 0; ok && q < cells; q++)
         ok = gp_stash_init(&p->mb[q].stash, p->count[q % (size_t)p->S], p->opts.skips,
                            p->first[q % (size_t)p->S]) == GP_OK;

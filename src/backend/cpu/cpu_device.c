@@ -81,6 +81,7 @@ static gp_status cpu_alloc(gp_device *dev, size_t bytes, void **out)
 static void cpu_free(gp_device *dev, void *ptr, size_t bytes)
 {
     gp_cpu_ctx *ctx = gp_cpu_ctx_of(dev);
+    gp_cpu_streams_before_free(dev, ptr, bytes); /* a queued copy may still use it */
     size_t r = cpu_round(bytes ? bytes : 1);
     pthread_mutex_lock(&ctx->bins_lock);
     cpu_bin *bin = cpu_find_bin(ctx, r);
@@ -163,8 +164,6 @@ static gp_status cpu_copy_peer(gp_device *dev, void *dst, gp_device *src_dev,
     return GP_OK;
 }
 
-/* Synchronous backend: when a call returns, its work is done. */
-static gp_status cpu_synchronize(gp_device *dev) { return GP_OK; }
 
 /* ---- lifetime ------------------------------------------------------------- */
 
@@ -172,6 +171,7 @@ static void cpu_destroy(gp_device *dev)
 {
     gp_cpu_ctx *ctx = gp_cpu_ctx_of(dev);
     if (ctx) {
+        gp_cpu_streams_stop(dev); /* its queued copies run first */
         (void)gp_cpu_weights_thaw(dev); /* kept weights go back to the allocator */
         free(ctx->held);
         gp_cpu_cache_destroy(ctx);
@@ -195,12 +195,15 @@ static const gp_device_iface cpu_iface = {
     .copy_d2h = cpu_copy,
     .copy_d2d = cpu_copy,
     .copy_peer = cpu_copy_peer,
-    .synchronize = cpu_synchronize,
-    .event_create = NULL, /* synchronous: events are host flags */
-    .event_destroy = NULL,
-    .event_record = NULL,
-    .event_wait = NULL,
-    .event_sync = NULL,
+    /* Synchronous by default (events are NULL, a call's work is done when
+     * it returns); GPIPE_CPU_STREAMS=threads: copy_async on a queue of its
+     * own (cpu_streams.c). */
+    .synchronize = gp_cpu_synchronize,
+    .event_create = gp_cpu_event_create,
+    .event_destroy = gp_cpu_event_destroy,
+    .event_record = gp_cpu_event_record,
+    .event_wait = gp_cpu_event_sync, /* the compute stream is the caller */
+    .event_sync = gp_cpu_event_sync,
     .fill = gp_cpu_fill,
     .scale = gp_cpu_scale,
     .axpy = gp_cpu_axpy,
@@ -244,6 +247,7 @@ static const gp_device_iface cpu_iface = {
     .upsample_fwd = gp_cpu_upsample_fwd,
     .upsample_bwd = gp_cpu_upsample_bwd,
     .bce_logits = gp_cpu_bce_logits,
+    .copy_async = gp_cpu_copy_async,
 };
 
 static cpu_conv_layout conv_layout_from_env(void)
@@ -284,6 +288,8 @@ gp_status gp_cpu_device_create(int index, const gp_device_opts *opts, gp_device 
      * weights"). */
     const char *kw = getenv("GPIPE_CPU_KEEP_WEIGHTS");
     ctx->keep_weights = !(kw && !strcmp(kw, "0"));
+    ctx->streams = gp_cpu_streams_from_env(&ctx->copy_delay_us);
+    if (ctx->streams && (st = gp_cpu_streams_start(dev)) != GP_OK) goto fail;
 
     /* Each device caches its own primitives per shape (cpu_dnnl.c), so
      * oneDNN's process-wide primitive cache only adds sharing of primitive

@@ -138,9 +138,35 @@ typedef struct gp_cpu_ctx {
      * gradients"). */
     struct cpu_held *held;
     int n_held, cap_held;
+    /* GPIPE_CPU_STREAMS=threads (cpu_streams.c): the copy stream is a queue
+     * run by copy_thread, events are real.  copy_stop is guarded by
+     * cpu_streams.c's lock. */
+    bool streams;
+    long copy_delay_us;       /* GPIPE_CPU_COPY_DELAY_US */
+    bool copy_running, copy_stop;
+    pthread_t copy_thread;
 } gp_cpu_ctx;
 
 static inline gp_cpu_ctx *gp_cpu_ctx_of(gp_device *dev) { return (gp_cpu_ctx *)dev->ctx; }
+
+/* ---- streams (cpu_streams.c) --------------------------------------------- */
+
+typedef struct cpu_event cpu_event;
+/* Whether GPIPE_CPU_STREAMS asks for the threads mode; *delay_us from
+ * GPIPE_CPU_COPY_DELAY_US (0 if unset; a bad value is warned and 0). */
+bool gp_cpu_streams_from_env(long *delay_us);
+gp_status gp_cpu_streams_start(gp_device *dev);
+/* Runs what is queued, then ends the thread. */
+void gp_cpu_streams_stop(gp_device *dev);
+/* Returns once no unfinished copy reads or writes [ptr, ptr + bytes). */
+void gp_cpu_streams_before_free(gp_device *dev, const void *ptr, size_t bytes);
+gp_status gp_cpu_synchronize(gp_device *dev);
+gp_status gp_cpu_copy_async(gp_device *dev, void *dst, gp_device *src_dev, const void *src,
+                            size_t bytes, void *after, void *done);
+gp_status gp_cpu_event_create(gp_device *dev, void **out);
+void gp_cpu_event_destroy(gp_device *dev, void *ev);
+gp_status gp_cpu_event_record(gp_device *dev, void *ev);
+gp_status gp_cpu_event_sync(gp_device *dev, void *ev);
 
 /* Set the calling thread's OpenMP thread count to the device's (cheap when
  * already right).  Every op calls it first, so an op is correct even on a

@@ -412,6 +412,33 @@ static gp_status cuda_copy_peer(gp_device *dev, void *dst, gp_device *src_dev, c
     return GP_OK;
 }
 
+/* A copy between stages (backend.h, copy_async): on our copy stream behind
+ * the producer's event, with no fence against either compute stream, and
+ * `done` recorded behind it.  A free of dst records its block's done_copy
+ * on our copy stream, so it already follows the write; for the source,
+ * whose block records on the source's copy stream, that stream waits for
+ * the read (torchgpipe's record_stream, done with an event). */
+static gp_status cuda_copy_async(gp_device *dev, void *dst, gp_device *src_dev, const void *src,
+                                 size_t bytes, void *after, void *done)
+{
+    if (src_dev->kind != GP_DEV_CUDA) /* host memory: the wrapper's synchronous copy */
+        return gp_error_set(GP_ERR_UNSUPPORTED, "device %s: no asynchronous copy from %s",
+                            dev->name, src_dev->name);
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev), *sc = gp_cuda_ctx_of(src_dev);
+    GP_TRY(gp_cuda_enter(dev));
+    gp_cuda_nvtx_push("copy_async");
+    if (after) GP_CUDA(cudaStreamWaitEvent(ctx->copy, (cudaEvent_t)after, 0));
+    if (bytes && sc->ordinal == ctx->ordinal)
+        GP_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx->copy));
+    else if (bytes) /* direct over NVLink/PCIe with peer access, else staged by the driver */
+        GP_CUDA(cudaMemcpyPeerAsync(dst, ctx->ordinal, src, sc->ordinal, bytes, ctx->copy));
+    cudaEvent_t read = done ? (cudaEvent_t)done : ctx->fence_copy;
+    GP_CUDA(cudaEventRecord(read, ctx->copy));
+    if (src_dev != dev) GP_CUDA(cudaStreamWaitEvent(sc->copy, read, 0));
+    gp_cuda_nvtx_pop();
+    return GP_OK;
+}
+
 static gp_status cuda_synchronize(gp_device *dev)
 {
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
@@ -1000,6 +1027,7 @@ static const gp_device_iface cuda_iface = {
     .upsample_fwd = cuda_upsample_fwd,
     .upsample_bwd = cuda_upsample_bwd,
     .bce_logits = cuda_bce_logits,
+    .copy_async = cuda_copy_async,
 };
 
 gp_status gp_cuda_device_create(int index, const gp_device_opts *opts, gp_device **out)
