@@ -915,6 +915,57 @@ static void test_copies(gp_device *d0, gp_device *d1)
     CHECK(d1->alloc.cur_by[GP_MEM_COPIES] == 0);
 }
 
+/* Host waits (gp_device.host_waits): each call that returns only after the
+ * device finished counts one, on every backend; the calls that only
+ * enqueue count none. */
+static void test_host_waits(gp_device *dev)
+{
+    float h[8] = {1, 2, 3, 4, 5, 6, 7, 8}, back[8];
+    float labels[2] = {0, 1};
+    void *p = NULL;
+    CHECK_OK(gp_dev_alloc(dev, sizeof h, GP_MEM_WORKSPACE, &p));
+    if (!p) return;
+    float *d = p;
+    void *ev = NULL;
+    CHECK_OK(gp_dev_event_create(dev, &ev));
+    double ss = 0;
+    int bad = 0;
+    int64_t correct = 0, bad_row = 0;
+    double loss = 0;
+    uint64_t w0 = gp_dev_host_waits(dev);
+    /* enqueue only */
+    CHECK_OK(gp_dev_fill(dev, d, 0.5f, 8));
+    CHECK_OK(gp_dev_scale(dev, d, 2.0f, 8));
+    CHECK_OK(gp_dev_event_record(dev, ev));
+    CHECK_OK(gp_dev_event_wait(dev, ev));
+    CHECK_OK(gp_dev_copy_async(dev, d + 4, dev, d, 4 * sizeof(float), ev, NULL));
+    CHECK_MSG(gp_dev_host_waits(dev) == w0, "calls that only enqueue counted %llu host waits",
+              (unsigned long long)(gp_dev_host_waits(dev) - w0));
+    /* one each */
+    typedef struct {
+        const char *what;
+        gp_status st;
+    } wait_call;
+    wait_call calls[7];
+    int n = 0;
+    uint64_t before = gp_dev_host_waits(dev);
+    calls[n++] = (wait_call){"upload", gp_dev_upload(dev, d, h, 8)};
+    calls[n++] = (wait_call){"download", gp_dev_download(dev, back, d, 8)};
+    calls[n++] = (wait_call){"synchronize", gp_dev_synchronize(dev)};
+    calls[n++] = (wait_call){"event_sync", gp_dev_event_sync(dev, ev)};
+    calls[n++] = (wait_call){"sumsq", gp_dev_sumsq(dev, d, 8, &ss)};
+    calls[n++] = (wait_call){"nonfinite", gp_dev_nonfinite(dev, d, 8, &bad)};
+    calls[n++] = (wait_call){"xent", gp_dev_xent(dev, d, labels, 2, 4, 1.0f, NULL, &loss,
+                                                        &correct, &bad_row)};
+    for (int k = 0; k < n; k++) CHECK_MSG(calls[k].st == GP_OK, "%s failed", calls[k].what);
+    CHECK_MSG(gp_dev_host_waits(dev) - before == (uint64_t)n,
+              "%d waiting calls counted %llu host waits", n,
+              (unsigned long long)(gp_dev_host_waits(dev) - before));
+    CHECK(ss == 204.0 && bad == 0 && memcmp(back, h, sizeof h) == 0);
+    gp_dev_event_destroy(dev, ev);
+    gp_dev_free(dev, p, sizeof h, GP_MEM_WORKSPACE);
+}
+
 /* copy_async (backend.h) on the CPU's two modes.  Synchronous (the
  * default): the copy is done when the call returns and events are NULL.
  * GPIPE_CPU_STREAMS=threads: each device's copy stream is a queue with a
@@ -1137,6 +1188,7 @@ int main(void)
         test_copies(dev, blk);
     }
     test_copy_async(dev);
+    test_host_waits(dev);
 
     test_memory();
     test_concurrent();

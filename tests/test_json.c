@@ -515,7 +515,7 @@ static void test_metrics_line(void)
                         .allreduce_seconds = 0.125};
     gp_json_writer w = {0};
     gp_device *devs[1] = {dev};
-    gp_train_metrics_step(&w, 3, 1, 0.1, 1234.56, &st, true, devs, 1);
+    gp_train_metrics_step(&w, 3, 1, 0.1, 1234.56, &st, true, devs, 1, NULL);
     gp_json_reader r;
     gp_json_value *v = gp_json_parse(w.text, w.len, &r);
     CHECK_MSG(v != NULL, "%s in %s", r.err, w.text);

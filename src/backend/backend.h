@@ -455,7 +455,24 @@ struct gp_device {
      * held gradients into the tensors they belong to and frees what was
      * kept. */
     gp_status (*on_weights_thaw)(struct gp_device *dev);
+    /* Host waits: calls through the wrappers that return only once the
+     * device has finished work (synchronize, event_sync, download, upload,
+     * and the slots with host outputs: sumsq, nonfinite, xent, bce_logits).
+     * Counted the same on every backend, so the CPU shows how often a GPU
+     * would stall its host (--metrics host_waits; issue 14's bar is one per
+     * device per step).  Atomic: a copy's fallback may wait on another
+     * worker's device; read with gp_dev_host_waits. */
+    uint64_t host_waits;
 };
+
+static inline void gp_dev_count_wait(struct gp_device *dev)
+{
+    __atomic_fetch_add(&dev->host_waits, 1, __ATOMIC_RELAXED);
+}
+static inline uint64_t gp_dev_host_waits(const struct gp_device *dev)
+{
+    return __atomic_load_n(&dev->host_waits, __ATOMIC_RELAXED);
+}
 
 /* Open (true) or close (false) a stretch in which the device's weights do
  * not change and its weight gradients are not read; idempotent.  The
@@ -537,6 +554,7 @@ static inline gp_status gp_dev_copy_d2d(gp_device *dev, void *dst, const void *s
 }
 static inline gp_status gp_dev_synchronize(gp_device *dev)
 {
+    gp_dev_count_wait(dev);
     return dev->iface->synchronize(dev);
 }
 static inline gp_status gp_dev_event_create(gp_device *dev, void **out)
@@ -559,6 +577,7 @@ static inline gp_status gp_dev_event_wait(gp_device *dev, void *ev)
 }
 static inline gp_status gp_dev_event_sync(gp_device *dev, void *ev)
 {
+    gp_dev_count_wait(dev);
     return dev->iface->event_sync ? dev->iface->event_sync(dev, ev) : GP_OK;
 }
 static inline gp_status gp_dev_fill(gp_device *dev, float *x, float v, int64_t n)
@@ -581,10 +600,12 @@ static inline gp_status gp_dev_add(gp_device *dev, const float *a, const float *
 }
 static inline gp_status gp_dev_sumsq(gp_device *dev, const float *x, int64_t n, double *out)
 {
+    gp_dev_count_wait(dev);
     return dev->iface->sumsq(dev, x, n, out);
 }
 static inline gp_status gp_dev_nonfinite(gp_device *dev, const float *x, int64_t n, int *out)
 {
+    gp_dev_count_wait(dev);
     return dev->iface->nonfinite(dev, x, n, out);
 }
 static inline gp_status gp_dev_sgd_update(gp_device *dev, float *w, const float *g, float *v,
@@ -680,6 +701,7 @@ static inline gp_status gp_dev_xent(gp_device *dev, const float *logits, const f
                                     int64_t rows, int64_t cols, float scale, float *dlogits,
                                     double *loss_sum, int64_t *correct, int64_t *bad_row)
 {
+    gp_dev_count_wait(dev);
     return dev->iface->xent(dev, logits, labels, rows, cols, scale, dlogits, loss_sum, correct,
                             bad_row);
 }

@@ -134,11 +134,13 @@ void gp_dev_free(gp_device *dev, void *ptr, size_t bytes, gp_mem_category cat)
 
 gp_status gp_dev_upload(gp_device *dev, float *dst, const float *src, int64_t n)
 {
+    gp_dev_count_wait(dev); /* returns once the host source has been read */
     return dev->iface->copy_h2d(dev, dst, src, (size_t)n * sizeof(float));
 }
 
 gp_status gp_dev_download(gp_device *dev, float *dst, const float *src, int64_t n)
 {
+    gp_dev_count_wait(dev);
     return dev->iface->copy_d2h(dev, dst, src, (size_t)n * sizeof(float));
 }
 
@@ -383,6 +385,7 @@ gp_status gp_dev_bce_logits(gp_device *dev, const float *z, const float *t, int6
                             float scale, float *dz, double *loss_sum, int64_t *correct,
                             int64_t *bad)
 {
+    gp_dev_count_wait(dev);
     *loss_sum = 0.0;
     *correct = 0;
     *bad = -1;

@@ -277,12 +277,14 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts,
 /* The --metrics record of step `step` (1-based) as one JSON object, no
  * newline, into w (core/json.h): loss, accuracy, lr, throughput, the
  * step's time (and the all-reduce's with data_parallel), and each
- * device's name and memory peaks.  Strings are escaped, so any device name
- * stays valid JSON. */
+ * device's name, memory peaks and, where host_waits[j] >= 0 (host_waits may
+ * be NULL), the times the host waited for it during the step
+ * (gp_dev_host_waits).  Strings are escaped, so any device name stays
+ * valid JSON. */
 struct gp_json_writer;
 void gp_train_metrics_step(struct gp_json_writer *w, int64_t step, int64_t epoch, double lr,
                            double samples_per_s, const gp_step_stats *st, bool data_parallel,
-                           gp_device *const *devs, int n_dev);
+                           gp_device *const *devs, int n_dev, const int64_t *host_waits);
 
 /* Print the model summary (--dry-run) to `f`. */
 gp_status gp_model_summary(const gp_config *cfg, FILE *f);

@@ -19,7 +19,7 @@
 
 void gp_train_metrics_step(struct gp_json_writer *w, int64_t step, int64_t epoch, double lr,
                            double samples_per_s, const gp_step_stats *st, bool data_parallel,
-                           gp_device *const *devs, int n_dev)
+                           gp_device *const *devs, int n_dev, const int64_t *host_waits)
 {
     gp_json_open_object(w, NULL);
     gp_json_put_int(w, "step", step);
@@ -40,6 +40,7 @@ void gp_train_metrics_step(struct gp_json_writer *w, int64_t step, int64_t epoch
         gp_json_put_str(w, "name", devs[j]->name);
         gp_json_put_uint(w, "peak_bytes", a.peak);
         gp_json_put_uint(w, "current_bytes", a.current);
+        if (host_waits && host_waits[j] >= 0) gp_json_put_int(w, "host_waits", host_waits[j]);
         for (int c = 0; c < GP_MEM_COUNT; c++) {
             char key[48];
             snprintf(key, sizeof key, "peak_%s", gp_mem_category_name((gp_mem_category)c));
@@ -349,6 +350,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     gp_dataset train = {0}, test = {0};
     gp_device *devs[GP_MAX_DEVICES] = {0};
     size_t run_peak[GP_MAX_DEVICES] = {0}, run_peak_by[GP_MAX_DEVICES][GP_MEM_COUNT] = {{0}};
+    int64_t waits[GP_MAX_DEVICES] = {0}; /* host waits per device in the step */
     int n_dev = 0;
     gp_model model = {0};
     gp_loader *loader = NULL;
@@ -524,8 +526,13 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
             for (int c = 0; c < GP_MEM_COUNT; c++)
                 if (a.peak_by[c] > run_peak_by[j][c]) run_peak_by[j][c] = a.peak_by[c];
             gp_allocator_reset_peak(&devs[j]->alloc);
+            waits[j] = (int64_t)gp_dev_host_waits(devs[j]);
         }
         s = gp_model_pipeline_step(&model, cfg, b.x, b.y, b.n, lr, &st);
+        /* processes: only this rank's device is counted here */
+        for (int j = 0; j < n_dev; j++)
+            waits[j] = model.local_device < 0 || j == model.local_device
+                           ? (int64_t)gp_dev_host_waits(devs[j]) - waits[j] : -1;
         if (s != GP_OK) {
             gp_error_wrap(s, "step %lld (epoch %lld)", (long long)step, (long long)b.epoch + 1);
             goto done;
@@ -555,7 +562,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         }
         if (mf) {
             gp_train_metrics_step(&mw, step + 1, b.epoch + 1, lr, sps, &st,
-                                  cfg->pipeline.replicas > 1, devs, n_dev);
+                                  cfg->pipeline.replicas > 1, devs, n_dev, waits);
             s = metrics_line(&mw, mf, opts->metrics_path);
             if (s != GP_OK) goto done;
         }
