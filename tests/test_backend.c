@@ -966,6 +966,33 @@ static void test_host_waits(gp_device *dev)
     gp_dev_free(dev, p, sizeof h, GP_MEM_WORKSPACE);
 }
 
+/* nonfinite_or: the flag gathers any number of tensors and is never
+ * cleared by a finite one; without the slot the wrapper does the same. */
+static void test_nonfinite_or(gp_device *dev)
+{
+    gp_device_iface bare = *dev->iface;
+    bare.nonfinite_or = NULL;
+    gp_device fake = *dev;
+    fake.iface = &bare;
+    gp_device *both[2] = {dev, &fake};
+    for (int k = 0; k < 2; k++) {
+        float ok[1000], nan_at[7] = {1, 2, 3, 4, 5, 6, 7}, flag = -1.0f;
+        for (int i = 0; i < 1000; i++) ok[i] = (float)i - 500.0f;
+        CHECK_OK(gp_dev_fill(both[k], &flag, 0.0f, 1));
+        CHECK_OK(gp_dev_nonfinite_or(both[k], ok, 1000, &flag));
+        CHECK(flag == 0.0f);
+        nan_at[6] = NAN;
+        CHECK_OK(gp_dev_nonfinite_or(both[k], nan_at, 7, &flag));
+        CHECK_OK(gp_dev_nonfinite_or(both[k], ok, 1000, &flag));
+        CHECK_MSG(flag == 1.0f, "%s: NaN then finite left the flag at %g",
+                  k ? "fallback" : "slot", (double)flag);
+        CHECK_OK(gp_dev_fill(both[k], &flag, 0.0f, 1));
+        ok[999] = -INFINITY;
+        CHECK_OK(gp_dev_nonfinite_or(both[k], ok, 1000, &flag));
+        CHECK(flag == 1.0f);
+    }
+}
+
 /* copy_async (backend.h) on the CPU's two modes.  Synchronous (the
  * default): the copy is done when the call returns and events are NULL.
  * GPIPE_CPU_STREAMS=threads: each device's copy stream is a queue with a
@@ -1189,6 +1216,7 @@ int main(void)
     }
     test_copy_async(dev);
     test_host_waits(dev);
+    test_nonfinite_or(dev);
 
     test_memory();
     test_concurrent();

@@ -81,8 +81,10 @@
  *      padded window, PyTorch's count_include_pad=True): no new slot, but a
  *      v9 backend would read the new kind as another one
  *  11  copy_async (a copy between devices on the receiver's copy stream,
- *      ordered by events, with no fence against either compute stream) */
-#define GP_DEVICE_IFACE_VERSION 11
+ *      ordered by events, with no fence against either compute stream)
+ *  12  nonfinite_or (the NaN check into a flag on the device: one read per
+ *      stage per step instead of one per tensor) */
+#define GP_DEVICE_IFACE_VERSION 12
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -432,6 +434,12 @@ typedef struct gp_device_iface {
      * copy. */
     gp_status (*copy_async)(gp_device *dev, void *dst, gp_device *src_dev, const void *src,
                             size_t bytes, void *after, void *done);
+    /* --- the NaN check without a host wait (optional; appended last) ---
+     * *flag (one float of this device's memory) = 1 if any x[i] is NaN or
+     * Inf; left as it is otherwise, so one flag gathers many tensors and is
+     * read once.  On the compute stream.  NULL: gp_dev_nonfinite_or uses
+     * nonfinite (a host wait) and fills the flag. */
+    gp_status (*nonfinite_or)(gp_device *dev, const float *x, int64_t n, float *flag);
 } gp_device_iface;
 
 struct gp_device {
@@ -541,6 +549,8 @@ gp_status gp_dev_download(gp_device *dev, float *dst, const float *src, int64_t 
  * dev's compute stream. */
 gp_status gp_dev_copy_async(gp_device *dev, void *dst, gp_device *src_dev, const void *src,
                             size_t bytes, void *after, void *done);
+/* The nonfinite_or slot with its fallback. */
+gp_status gp_dev_nonfinite_or(gp_device *dev, const float *x, int64_t n, float *flag);
 
 /* The slots themselves, one wrapper each, named gp_dev_<slot> with the
  * slot's parameters: see the slot's comment in gp_device_iface for what it

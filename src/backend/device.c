@@ -144,6 +144,15 @@ gp_status gp_dev_download(gp_device *dev, float *dst, const float *src, int64_t 
     return dev->iface->copy_d2h(dev, dst, src, (size_t)n * sizeof(float));
 }
 
+gp_status gp_dev_nonfinite_or(gp_device *dev, const float *x, int64_t n, float *flag)
+{
+    if (n <= 0) return GP_OK;
+    if (dev->iface->nonfinite_or) return dev->iface->nonfinite_or(dev, x, n, flag);
+    int bad = 0;
+    GP_TRY(gp_dev_nonfinite(dev, x, n, &bad));
+    return bad ? gp_dev_fill(dev, flag, 1.0f, 1) : GP_OK;
+}
+
 gp_status gp_comm_create(gp_device **devs, int n, gp_comm **out)
 {
     *out = NULL;

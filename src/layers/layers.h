@@ -333,6 +333,11 @@ gp_status gp_layer_zero_grad(gp_layer *l);
  * says at what point ("after the update").  One device reduction per
  * tensor; the slow path (finding the element) only on failure. */
 gp_status gp_layer_check_finite(const gp_layer *l, const char *when);
+/* The same for layers ls[0 .. count) of one device, with one host wait:
+ * every parameter checked into one flag on the device (nonfinite_or) and
+ * read once; the error, if any, names the first bad layer and tensor as
+ * gp_layer_check_finite does. */
+gp_status gp_layers_check_finite(const gp_layer *ls, int count, const char *when);
 /* Gradient zeroing for a step without the zeroing pass: grads_begin marks
  * the gradients stale (O(1)); the layer's first backward then overwrites
  * them (or zeroes them first if its ops cannot overwrite), later backwards

@@ -744,9 +744,7 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
         break;
     case GP_INSTR_CHECK:
         /* the message names the layer already */
-        for (int c = first; c < first + count && st == GP_OK; c++)
-            st = gp_layer_check_finite(&p->layers[c], "after the step");
-        return st;
+        return gp_layers_check_finite(p->layers + first, count, "after the step");
     default:
         GP_ASSERT(!"unknown instruction");
     }

@@ -248,6 +248,7 @@ static const gp_device_iface cpu_iface = {
     .upsample_bwd = gp_cpu_upsample_bwd,
     .bce_logits = gp_cpu_bce_logits,
     .copy_async = gp_cpu_copy_async,
+    .nonfinite_or = gp_cpu_nonfinite_or,
 };
 
 static cpu_conv_layout conv_layout_from_env(void)

@@ -91,6 +91,14 @@ gp_status gp_cpu_sumsq(gp_device *dev, const float *x, int64_t n, double *out)
     return GP_OK;
 }
 
+gp_status gp_cpu_nonfinite_or(gp_device *dev, const float *x, int64_t n, float *flag)
+{
+    int bad = 0;
+    GP_TRY(gp_cpu_nonfinite(dev, x, n, &bad));
+    if (bad) *flag = 1.0f;
+    return GP_OK;
+}
+
 gp_status gp_cpu_nonfinite(gp_device *dev, const float *x, int64_t n, int *out)
 {
     int nt = dev->threads;

@@ -597,6 +597,13 @@ static gp_status cuda_nonfinite(gp_device *dev, const float *x, int64_t n, int *
     return GP_OK;
 }
 
+static gp_status cuda_nonfinite_or(gp_device *dev, const float *x, int64_t n, float *flag)
+{
+    GP_TRY(gp_cuda_enter(dev));
+    GP_CUDA(gp_cuk_nonfinite_or(gp_cuda_ctx_of(dev)->compute, x, n, flag));
+    return GP_OK;
+}
+
 static gp_status cuda_xent(gp_device *dev, const float *logits, const float *labels,
                            int64_t rows, int64_t cols, float scale, float *dlogits,
                            double *loss_sum, int64_t *correct, int64_t *bad_row)
@@ -1028,6 +1035,7 @@ static const gp_device_iface cuda_iface = {
     .upsample_bwd = cuda_upsample_bwd,
     .bce_logits = cuda_bce_logits,
     .copy_async = cuda_copy_async,
+    .nonfinite_or = cuda_nonfinite_or,
 };
 
 gp_status gp_cuda_device_create(int index, const gp_device_opts *opts, gp_device **out)

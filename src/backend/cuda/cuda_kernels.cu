@@ -155,6 +155,13 @@ __global__ void k_nonfinite(const float *x, int64_t n, int *flag)
     if (bad) *flag = 1; /* every writer stores the same value */
 }
 
+__global__ void k_nonfinite_or(const float *x, int64_t n, float *flag)
+{
+    int bad = 0;
+    GP_CUK_LOOP(i, n) bad |= gp_ew_nonfinite(x[i]);
+    if (bad) *flag = 1.0f; /* every writer stores the same value */
+}
+
 /* ---- cross-entropy -------------------------------------------------------- */
 
 __global__ void k_xent_check(const float *labels, int64_t rows, int64_t cols,
@@ -502,6 +509,11 @@ cudaError_t gp_cuk_nonfinite(cudaStream_t s, const float *x, int64_t n, int *fla
     cudaError_t e = cudaMemsetAsync(flag, 0, sizeof *flag, s);
     if (e != cudaSuccess) return e;
     GP_CUK_LAUNCH(n, k_nonfinite, x, n, flag);
+}
+
+cudaError_t gp_cuk_nonfinite_or(cudaStream_t s, const float *x, int64_t n, float *flag)
+{
+    GP_CUK_LAUNCH(n, k_nonfinite_or, x, n, flag);
 }
 
 cudaError_t gp_cuk_xent(cudaStream_t s, const float *logits, const float *labels,

@@ -60,6 +60,8 @@ cudaError_t gp_cuk_sumsq(cudaStream_t s, const float *x, int64_t n, double *part
                          double *out);
 /* *flag = 1 if any element is NaN or Inf, else 0. */
 cudaError_t gp_cuk_nonfinite(cudaStream_t s, const float *x, int64_t n, int *flag);
+/* flag (one float on the device) = 1 if any x is NaN or Inf; else untouched. */
+cudaError_t gp_cuk_nonfinite_or(cudaStream_t s, const float *x, int64_t n, float *flag);
 
 /* Cross-entropy results, written on the device by gp_cuk_xent. */
 typedef struct gp_cuk_xent_out {
