@@ -452,10 +452,13 @@ gp_status gp_layers_check_finite(const gp_layer *ls, int count, const char *when
     gp_status s = gp_dev_fill(dev, flag, 0.0f, 1);
     for (int k = 0; k < count && s == GP_OK; k++) {
         if (ls[k].meta) continue;
+        if (ls[k].dev != dev) { /* another device's layer (none today): on its own */
+            s = gp_layer_check_finite(&ls[k], when);
+            continue;
+        }
         for (int p = 0; p < ls[k].n_params && s == GP_OK; p++) {
             const gp_tensor *t = &ls[k].params[p].value;
-            if (t->dev == dev) s = gp_dev_nonfinite_or(dev, t->data, gp_tensor_numel(t), flag);
-            else s = gp_layer_check_finite(&ls[k], when); /* not this device's (none today) */
+            s = gp_dev_nonfinite_or(dev, t->data, gp_tensor_numel(t), flag);
         }
     }
     if (s == GP_OK) s = gp_dev_download(dev, &h, flag, 1); /* the step's one read */

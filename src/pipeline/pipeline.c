@@ -245,13 +245,13 @@ static void publish(gp_pipeline *p, bool *flag, int clock)
 /* ---- events: copies ordered on the devices, not on the host ------------- */
 
 enum { EV_FWD, EV_BWD, EV_COPY };
-#define EV_PER(p) (EV_COPY + 2 + 2 * (p)->K)
+#define COPY_SLOTS(p) (2 + 2 * (p)->K)
+#define EV_PER(p) (EV_COPY + COPY_SLOTS(p))
 
 /* The copy slots of a cell: its input, its output's gradient, then each
  * skip's tensor and gradient (as msg_tag's). */
-static int copy_slot(const gp_pipeline *p, int kind, int skip)
+static int copy_slot(int kind, int skip)
 {
-    (void)p;
     switch (kind) {
     case GP_INSTR_RECV_ACT: return 0;
     case GP_INSTR_RECV_GRAD: return 1;
@@ -260,11 +260,21 @@ static int copy_slot(const gp_pipeline *p, int kind, int skip)
     }
 }
 
+/* The EV_PER events of cell (i, j), and its COPY_SLOTS pending flags. */
+static void **cell_events(const gp_pipeline *p, int i, int j)
+{
+    return &p->events[((size_t)i * (size_t)p->S + (size_t)j) * (size_t)EV_PER(p)];
+}
+static bool *cell_pending(const gp_pipeline *p, int i, int j)
+{
+    return &p->copy_pending[((size_t)i * (size_t)p->S + (size_t)j) * (size_t)COPY_SLOTS(p)];
+}
+
 /* Event e of (i, j), created on stage j's device by its worker (the only
  * one that records it) the first time.  NULL on a synchronous device. */
 static gp_status cell_event(gp_pipeline *p, int i, int j, int e, void **out)
 {
-    void **slot = &p->events[((size_t)i * (size_t)p->S + (size_t)j) * (size_t)EV_PER(p) + (size_t)e];
+    void **slot = &cell_events(p, i, j)[e];
     if (!*slot) GP_TRY(gp_dev_event_create(p->devs[j], slot));
     *out = *slot;
     return GP_OK;
@@ -274,9 +284,8 @@ static gp_status cell_event(gp_pipeline *p, int i, int j, int e, void **out)
  * waits for the copies into them (the host does not, on a GPU). */
 static gp_status await_copies(gp_pipeline *p, int i, int j)
 {
-    int slots = EV_PER(p) - EV_COPY;
-    bool *pend = &p->copy_pending[((size_t)i * (size_t)p->S + (size_t)j) * (size_t)slots];
-    for (int q = 0; q < slots; q++) {
+    bool *pend = cell_pending(p, i, j);
+    for (int q = 0; q < COPY_SLOTS(p); q++) {
         if (!pend[q]) continue;
         void *ev;
         GP_TRY(cell_event(p, i, j, EV_COPY + q, &ev));
@@ -604,12 +613,10 @@ static gp_status receive(gp_pipeline *p, const gp_instr *in, gp_event_rec *ev, p
      * (await_copies).  Published as copied once enqueued: the producer's
      * free of src is held back by its device until the copy has read it. */
     gp_device *dev = p->devs[in->j];
-    void *after = NULL, *done = NULL;
-    int slot = copy_slot(p, in->kind, in->skip);
+    int slot = copy_slot(in->kind, in->skip);
     bool bwd = in->kind == GP_INSTR_RECV_GRAD || in->kind == GP_INSTR_RECV_SKIP_GRAD;
     /* the producer made its event before it published `ready` */
-    after = p->events[((size_t)in->i * (size_t)p->S + (size_t)in->from) * (size_t)EV_PER(p) +
-                      (bwd ? EV_BWD : EV_FWD)];
+    void *after = cell_events(p, in->i, in->from)[bwd ? EV_BWD : EV_FWD], *done = NULL;
     gp_shape sh = gp_tensor_shape(src);
     st = cell_event(p, in->i, in->j, EV_COPY + slot, &done);
     if (st == GP_OK) st = gp_tensor_alloc(dst, dev, &sh, GP_MEM_COPIES);
@@ -617,8 +624,7 @@ static gp_status receive(gp_pipeline *p, const gp_instr *in, gp_event_rec *ev, p
     ev->bytes = gp_tensor_bytes(src);
     st = gp_dev_copy_async(dev, dst->data, src->dev, src->data, gp_tensor_bytes(src), after, done);
     if (st != GP_OK) return st;
-    p->copy_pending[((size_t)in->i * (size_t)p->S + (size_t)in->j) *
-                    (size_t)(EV_PER(p) - EV_COPY) + (size_t)slot] = done != NULL;
+    cell_pending(p, in->i, in->j)[slot] = done != NULL;
     publish(p, copied, -1);
     return GP_OK;
 }
@@ -1030,7 +1036,7 @@ static gp_status prepare(gp_pipeline *p, int m)
         memset(p->clock_done, 0, (size_t)p->sched.clocks * sizeof *p->clock_done);
         /* a failed step may have left copies nobody waited for: their
          * tensors are gone, and so is the need */
-        memset(p->copy_pending, 0, cells * (size_t)(EV_PER(p) - EV_COPY));
+        memset(p->copy_pending, 0, cells * (size_t)COPY_SLOTS(p));
         return GP_OK;
     }
     free_step_tables(p);
@@ -1061,7 +1067,7 @@ static gp_status prepare(gp_pipeline *p, int m)
     p->clock_expected = calloc((size_t)p->sched.clocks, sizeof *p->clock_expected);
     p->mb = calloc(cells, sizeof *p->mb);
     p->events = calloc(cells * (size_t)EV_PER(p), sizeof *p->events);
-    p->copy_pending = calloc(cells * (size_t)(EV_PER(p) - EV_COPY), 1);
+    p->copy_pending = calloc(cells * (size_t)COPY_SLOTS(p), 1);
     bool ok = p->fwd_done && p->bwd_done && p->act_copied && p->grad_copied && p->skip_copied &&
               p->skipg_copied && p->clock_done &&
               p->clock_expected && p->mb && p->events && p->copy_pending;

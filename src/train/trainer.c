@@ -126,6 +126,14 @@ static gp_status check_targets(const gp_config *cfg, const gp_model *m, const gp
                         ds->source);
 }
 
+/* train.snapshot.dir can be written (it is made if missing, and removed
+ * again: the check leaves nothing behind). */
+static gp_status check_snapshot_dir(const gp_config *cfg)
+{
+    gp_status s = gp_check_writable_dir(cfg->train.snapshot.dir, "train.snapshot.dir");
+    return s == GP_OK ? GP_OK : gp_error_wrap(s, "%s", cfg->path);
+}
+
 /* Processes (mpirun): a decision every rank takes together (stop now, a
  * snapshot now), taken where any rank takes it: a rank that stopped alone
  * would leave the others waiting for its messages. */
@@ -369,20 +377,14 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
      * before any other rank checks it.  The check makes a missing directory
      * and removes it again, so checked on every rank at once it could
      * remove the directory under rank 0's lock file. */
-    if (snapshots && gp_procs_rank() == 0) {
-        s = gp_check_writable_dir(tc->snapshot.dir, "train.snapshot.dir");
-        if (s != GP_OK) return gp_error_wrap(s, "%s", cfg->path);
-    }
+    if (snapshots && gp_procs_rank() == 0) GP_TRY(check_snapshot_dir(cfg));
     /* Then: a second run on the same snapshot directory stops here. */
     s = gp_snapshot_lock_run(cfg, opts->resume_path, &snap_lock);
     if (s != GP_OK) return s;
     if (snapshots && gp_procs_size() > 1) {
         (void)agreed(0); /* rank 0 has made the directory (it aborts the run if it cannot) */
         /* the other ranks write their parts there too */
-        if (gp_procs_rank() != 0) {
-            s = gp_check_writable_dir(tc->snapshot.dir, "train.snapshot.dir");
-            if (s != GP_OK) return gp_error_wrap(s, "%s", cfg->path);
-        }
+        if (gp_procs_rank() != 0) GP_TRY(check_snapshot_dir(cfg));
     }
     if (opts->metrics_path) {
         mf = fopen(opts->metrics_path, "w");

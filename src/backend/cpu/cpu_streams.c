@@ -144,38 +144,54 @@ void gp_cpu_streams_stop(gp_device *dev)
     ctx->copy_running = false;
 }
 
+/* Wait until no unfinished copy satisfies `uses` (evaluated under g_lock). */
+typedef bool (*item_pred)(const copy_item *it, const void *arg);
+
+static void wait_unused(item_pred uses, const void *arg)
+{
+    pthread_mutex_lock(&g_lock);
+    for (;;) {
+        bool busy = false;
+        for (copy_item *it = g_head; it && !busy; it = it->next) busy = uses(it, arg);
+        if (!busy) break;
+        pthread_cond_wait(&g_cond, &g_lock);
+    }
+    pthread_mutex_unlock(&g_lock);
+}
+
 static bool overlaps(const void *a, size_t an, const void *b, size_t bn)
 {
     const char *x = a, *y = b;
     return an && bn && x < y + bn && y < x + an;
 }
 
+typedef struct {
+    const void *ptr;
+    size_t bytes;
+} mem_range;
+
+static bool touches(const copy_item *it, const void *arg)
+{
+    const mem_range *r = arg;
+    return overlaps(r->ptr, r->bytes, it->dst, it->bytes) ||
+           overlaps(r->ptr, r->bytes, it->src, it->bytes);
+}
+static bool runs_on(const copy_item *it, const void *dev) { return it->dev == dev; }
+static bool records(const copy_item *it, const void *ev)
+{
+    return it->done == ev || it->after == ev;
+}
+
 void gp_cpu_streams_before_free(gp_device *dev, const void *ptr, size_t bytes)
 {
     if (!gp_cpu_ctx_of(dev)->streams) return;
-    pthread_mutex_lock(&g_lock);
-    for (;;) {
-        bool busy = false;
-        for (copy_item *it = g_head; it && !busy; it = it->next)
-            busy = overlaps(ptr, bytes, it->dst, it->bytes) ||
-                   overlaps(ptr, bytes, it->src, it->bytes);
-        if (!busy) break;
-        pthread_cond_wait(&g_cond, &g_lock);
-    }
-    pthread_mutex_unlock(&g_lock);
+    wait_unused(touches, &(mem_range){ptr, bytes});
 }
 
 gp_status gp_cpu_synchronize(gp_device *dev)
 {
     if (!gp_cpu_ctx_of(dev)->streams) return GP_OK; /* the work is done when a call returns */
-    pthread_mutex_lock(&g_lock);
-    for (;;) {
-        bool busy = false;
-        for (copy_item *it = g_head; it && !busy; it = it->next) busy = it->dev == dev;
-        if (!busy) break;
-        pthread_cond_wait(&g_cond, &g_lock);
-    }
-    pthread_mutex_unlock(&g_lock);
+    wait_unused(runs_on, dev);
     return GP_OK;
 }
 
@@ -222,18 +238,10 @@ void gp_cpu_event_destroy(gp_device *dev, void *ev)
 {
     (void)dev;
     if (!ev) return;
-    /* A copy that records it may still be queued (a failed step): wait. */
-    cpu_event *e = ev;
-    pthread_mutex_lock(&g_lock);
-    for (;;) {
-        bool busy = false;
-        for (copy_item *it = g_head; it && !busy; it = it->next)
-            busy = it->done == e || it->after == e;
-        if (!busy) break;
-        pthread_cond_wait(&g_cond, &g_lock);
-    }
-    pthread_mutex_unlock(&g_lock);
-    free(e);
+    /* A copy that records it or waits for it may still be queued (a failed
+     * step): wait. */
+    wait_unused(records, ev);
+    free(ev);
 }
 
 /* On the compute stream, the caller's thread: complete when recorded. */
