@@ -993,6 +993,145 @@ static void test_nonfinite_or(gp_device *dev)
     }
 }
 
+/* The slots of a step without host waits (iface 13), each against an
+ * oracle, with its host waits counted, on the backend's slot and on the
+ * wrapper's fallback (the slot NULL):
+ *   - bn_merge over 3 micro-batches of raw data equals the two-pass
+ *     statistics of all of it, in double; bn_commit gives PyTorch's
+ *     running statistics from them and zeroes the accumulator;
+ *   - xent_dev / bce_logits_dev write bitwise what xent / bce_logits
+ *     return, bad labels and targets included;
+ *   - upload_async lands its data by the time its event is waited for.
+ * The slots enqueue only (no host wait); the fallbacks wait. */
+static void test_step_slots(gp_device *dev)
+{
+    gp_device_iface bare = *dev->iface;
+    bare.upload_async = NULL;
+    bare.bn_merge = NULL;
+    bare.bn_commit = NULL;
+    bare.xent_dev = NULL;
+    bare.bce_logits_dev = NULL;
+    gp_device fake = *dev;
+    fake.iface = &bare;
+    gp_device *both[2] = {dev, &fake};
+    enum { C = 5, MB = 3, PER = 7 }; /* channels, micro-batches, values per channel in each */
+    const int per[MB] = {PER, 2 * PER, 3};
+    for (int k = 0; k < 2; k++) {
+        gp_device *d = both[k];
+        const char *how = k ? "fallback" : "slot";
+        /* raw data per micro-batch and channel, its float statistics */
+        double x[MB][C][3 * PER], sum[C] = {0}, total = 0;
+        float mean[MB][C], var[MB][C];
+        for (int b = 0; b < MB; b++)
+            for (int c = 0; c < C; c++) {
+                double m = 0, v = 0;
+                for (int e = 0; e < per[b]; e++) {
+                    x[b][c][e] = 3.0 * c + frand() + (b == 1 ? 0.75 : 0.0);
+                    m += x[b][c][e];
+                    sum[c] += x[b][c][e];
+                }
+                m /= per[b];
+                for (int e = 0; e < per[b]; e++) v += (x[b][c][e] - m) * (x[b][c][e] - m);
+                mean[b][c] = (float)m;
+                var[b][c] = (float)(v / per[b]);
+            }
+        for (int b = 0; b < MB; b++) total += per[b];
+        double ref_mean[C], ref_m2[C];
+        for (int c = 0; c < C; c++) {
+            ref_mean[c] = sum[c] / total;
+            ref_m2[c] = 0;
+            for (int b = 0; b < MB; b++)
+                for (int e = 0; e < per[b]; e++)
+                    ref_m2[c] += (x[b][c][e] - ref_mean[c]) * (x[b][c][e] - ref_mean[c]);
+        }
+        double acc[2 * C];
+        float rmean[C], rvar[C], mom = 0.25f;
+        for (int c = 0; c < C; c++) acc[c] = acc[C + c] = -7.0, rmean[c] = 0.5f, rvar[c] = 2.0f;
+        CHECK_OK(gp_dev_fill(d, (float *)acc, 0.0f, 4 * C));
+        uint64_t w0 = gp_dev_host_waits(d);
+        double na = 0;
+        for (int b = 0; b < MB; b++) {
+            CHECK_OK(gp_dev_bn_merge(d, C, acc, acc + C, na, per[b], mean[b], var[b]));
+            na += per[b];
+        }
+        uint64_t merge_waits = gp_dev_host_waits(d) - w0;
+        CHECK_MSG(k ? merge_waits > 0 : merge_waits == 0, "%s: bn_merge counted %llu host waits",
+                  how, (unsigned long long)merge_waits);
+        for (int c = 0; c < C; c++) {
+            /* the only roundings: each micro-batch's mean and var to float */
+            CHECK_MSG(fabs(acc[c] - ref_mean[c]) <= 1e-6 * (1 + fabs(ref_mean[c])) &&
+                          fabs(acc[C + c] - ref_m2[c]) <= 1e-5 * (1 + ref_m2[c]),
+                      "%s: channel %d: merged (%.9g, %.9g), two-pass (%.9g, %.9g)", how, c,
+                      acc[c], acc[C + c], ref_mean[c], ref_m2[c]);
+        }
+        w0 = gp_dev_host_waits(d);
+        CHECK_OK(gp_dev_bn_commit(d, C, rmean, rvar, acc, acc + C, mom, na));
+        CHECK_MSG(k ? gp_dev_host_waits(d) > w0 : gp_dev_host_waits(d) == w0,
+                  "%s: bn_commit counted %llu host waits", how,
+                  (unsigned long long)(gp_dev_host_waits(d) - w0));
+        for (int c = 0; c < C; c++) {
+            double em = 0.75 * 0.5 + 0.25 * ref_mean[c], ev = 0.75 * 2.0 + 0.25 * ref_m2[c] / (na - 1);
+            CHECK_MSG(fabs(rmean[c] - em) <= 1e-6 * (1 + fabs(em)) &&
+                          fabs(rvar[c] - ev) <= 1e-6 * (1 + ev) && acc[c] == 0.0 && acc[C + c] == 0.0,
+                      "%s: channel %d: running (%g, %g), expected (%g, %g), accumulator (%g, %g)",
+                      how, c, (double)rmean[c], (double)rvar[c], em, ev, acc[c], acc[C + c]);
+        }
+        CHECK(gp_dev_bn_commit(d, C, rmean, rvar, acc, acc + C, mom, 1) == GP_ERR_INVALID);
+
+        /* the losses: results on the device equal the host's, bitwise */
+        enum { R = 6, K = 4 };
+        float logits[R * K], labels[R], dl_host[R * K], dl_dev[R * K];
+        for (int i = 0; i < R * K; i++) logits[i] = 2 * frand();
+        for (int r = 0; r < R; r++) labels[r] = (float)(r % K);
+        for (int bad = 0; bad < 2; bad++) {
+            if (bad) labels[4] = (float)K; /* out of range */
+            double loss = -1;
+            int64_t correct = -1, bad_row = -2;
+            gp_loss_result res = {-1, -1, -2};
+            memset(dl_dev, 0, sizeof dl_dev);
+            CHECK_OK(gp_dev_xent(d, logits, labels, R, K, 0.5f, dl_host, &loss, &correct,
+                                 &bad_row));
+            w0 = gp_dev_host_waits(d);
+            CHECK_OK(gp_dev_xent_dev(d, logits, labels, R, K, 0.5f, dl_dev, &res));
+            CHECK(k ? gp_dev_host_waits(d) > w0 : gp_dev_host_waits(d) == w0);
+            CHECK_MSG(res.bad == bad_row && res.bad == (bad ? 4 : -1) &&
+                          res.loss_sum == (bad ? 0.0 : loss) && res.correct == (bad ? 0 : correct) &&
+                          (bad || memcmp(dl_dev, dl_host, sizeof dl_dev) == 0),
+                      "%s: xent_dev (%g, %lld, %lld) against xent (%g, %lld, %lld)", how,
+                      res.loss_sum, (long long)res.correct, (long long)res.bad, loss,
+                      (long long)correct, (long long)bad_row);
+            float t[R * K];
+            for (int i = 0; i < R * K; i++) t[i] = (float)(i % 3) * 0.5f;
+            if (bad) t[9] = 1.5f;
+            res = (gp_loss_result){-1, -1, -2};
+            CHECK_OK(gp_dev_bce_logits(d, logits, t, R * K, 0.25f, dl_host, &loss, &correct,
+                                       &bad_row));
+            CHECK_OK(gp_dev_bce_logits_dev(d, logits, t, R * K, 0.25f, dl_dev, &res));
+            CHECK_MSG(res.bad == bad_row && res.bad == (bad ? 9 : -1) &&
+                          res.loss_sum == (bad ? 0.0 : loss) && res.correct == (bad ? 0 : correct) &&
+                          (bad || memcmp(dl_dev, dl_host, sizeof dl_dev) == 0),
+                      "%s: bce_logits_dev (%g, %lld, %lld) against bce_logits (%g, %lld, %lld)",
+                      how, res.loss_sum, (long long)res.correct, (long long)res.bad, loss,
+                      (long long)correct, (long long)bad_row);
+        }
+
+        /* an upload, ordered by its event */
+        float src[64], *dst = dalloc(d, 64);
+        void *ev = NULL;
+        for (int i = 0; i < 64; i++) src[i] = (float)(i * i);
+        CHECK_OK(gp_dev_event_create(d, &ev));
+        if (dst) {
+            w0 = gp_dev_host_waits(d);
+            CHECK_OK(gp_dev_upload_async(d, dst, src, 64, ev));
+            CHECK(k ? gp_dev_host_waits(d) > w0 : gp_dev_host_waits(d) == w0);
+            CHECK_OK(gp_dev_event_wait(d, ev));
+            CHECK(memcmp(dst, src, sizeof src) == 0);
+        }
+        gp_dev_event_destroy(d, ev);
+        dfree(d, dst, 64);
+    }
+}
+
 /* copy_async (backend.h) on the CPU's two modes.  Synchronous (the
  * default): the copy is done when the call returns and events are NULL.
  * GPIPE_CPU_STREAMS=threads: each device's copy stream is a queue with a
@@ -1072,6 +1211,19 @@ static void test_copy_async(gp_device *sync_dev)
     CHECK_OK(gp_dev_copy_async(d[2], buf[2], d[1], buf[1], bytes, NULL, NULL));
     gp_dev_free(d[2], buf[2], bytes, GP_MEM_COPIES);
     buf[2] = NULL;
+    /* an upload is a copy on the copy stream too: its data is there once
+     * its event is waited for, a copy behind that event reads it, and a
+     * free of its destination waits for it */
+    memset(buf[1], 0, bytes);
+    CHECK_OK(gp_dev_upload_async(d[1], buf[1], x, N, done[1]));
+    CHECK_OK(gp_dev_copy_async(d[0], buf[0], d[1], buf[1], bytes, done[1], done[0]));
+    CHECK_OK(gp_dev_event_wait(d[1], done[1]));
+    CHECK(memcmp(buf[1], x, bytes) == 0);
+    CHECK_OK(gp_dev_event_wait(d[0], done[0]));
+    CHECK(memcmp(buf[0], x, bytes) == 0);
+    CHECK_OK(gp_dev_upload_async(d[1], buf[1], y, N, NULL));
+    gp_dev_free(d[1], buf[1], bytes, GP_MEM_COPIES);
+    buf[1] = NULL;
 out:
     for (int k = 0; k < 3; k++) {
         if (d[k]) {
@@ -1217,6 +1369,7 @@ int main(void)
     test_copy_async(dev);
     test_host_waits(dev);
     test_nonfinite_or(dev);
+    test_step_slots(dev);
 
     test_memory();
     test_concurrent();

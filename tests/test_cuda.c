@@ -482,6 +482,102 @@ static void test_softmax_xent(void)
     bfree(&x); bfree(&y); bfree(&dl); bfree(&lab);
 }
 
+/* The slots of a step without host waits (backend.h, iface 13) on both
+ * devices: the results the GPU leaves in its memory equal the CPU's, and
+ * none of the calls waits on the host. */
+static void test_step_slots(void)
+{
+    enum { C = 37, MB = 3 };
+    const double nb[MB] = {100, 250, 7};
+    buf mean[MB], var[MB];
+    for (int b = 0; b < MB; b++) {
+        mean[b] = brand(C, -2, 2);
+        var[b] = brand(C, 0, 3);
+    }
+    /* accumulator: 2C doubles = 4C floats, zeroed */
+    buf acc = bnew(4 * C), rm = brand(C, -1, 1), rv = brand(C, 0.5f, 2);
+    BOTH(gp_dev_fill(D, acc.p[K], 0.0f, 4 * C));
+    uint64_t w0 = gp_dev_host_waits(D2[1]);
+    double na = 0;
+    for (int b = 0; b < MB; b++) {
+        BOTH(gp_dev_bn_merge(D, C, (double *)acc.p[K], (double *)acc.p[K] + C, na, nb[b],
+                             mean[b].p[K], var[b].p[K]));
+        na += nb[b];
+    }
+    double h[2][2 * C];
+    for (int k = 0; k < 2; k++) {
+        CHECK_OK(gp_dev_download(D2[k], (float *)h[k], acc.p[k], 4 * C));
+        CHECK_OK(gp_dev_synchronize(D2[k]));
+    }
+    for (int c = 0; c < 2 * C; c++)
+        CHECK_MSG(fabs(h[1][c] - h[0][c]) <= 1e-12 * (1 + fabs(h[0][c])),
+                  "bn_merge [%d]: gpu %.17g, cpu %.17g", c, h[1][c], h[0][c]);
+    w0 = gp_dev_host_waits(D2[1]);
+    BOTH(gp_dev_bn_commit(D, C, rm.p[K], rv.p[K], (double *)acc.p[K], (double *)acc.p[K] + C,
+                          0.1, na));
+    CHECK(gp_dev_host_waits(D2[1]) == w0);
+    bcheck("bn_commit running mean", &rm, 1e-7);
+    bcheck("bn_commit running var", &rv, 1e-7);
+    bcheck("bn_commit zeroes the accumulator", &acc, 0);
+    /* the losses into device memory: as the host-returning slots */
+    const int64_t rows = 67, cols = 13;
+    buf x = brand(rows * cols, -4, 4), dl = bjunk(rows * cols), lab = bnew(rows);
+    float labels[67];
+    for (int64_t r = 0; r < rows; r++) labels[r] = (float)(r * 5 % cols);
+    bset(&lab, labels);
+    buf res = bnew(6); /* one gp_loss_result */
+    w0 = gp_dev_host_waits(D2[1]);
+    BOTH(gp_dev_xent_dev(D, x.p[K], lab.p[K], rows, cols, 0.5f, dl.p[K],
+                         (gp_loss_result *)res.p[K]));
+    CHECK(gp_dev_host_waits(D2[1]) == w0);
+    gp_loss_result r[2];
+    for (int k = 0; k < 2; k++) {
+        CHECK_OK(gp_dev_download(D2[k], (float *)&r[k], res.p[k], 6));
+        CHECK_OK(gp_dev_synchronize(D2[k]));
+    }
+    CHECK_NEAR(r[1].loss_sum, r[0].loss_sum, 0, 1e-12);
+    CHECK(r[1].correct == r[0].correct && r[0].bad == -1 && r[1].bad == -1);
+    bcheck("xent_dev dlogits", &dl, 1e-6);
+    /* dlogits as targets: some negative, so a bad one (the same first one) */
+    BOTH(gp_dev_bce_logits_dev(D, x.p[K], dl.p[K], rows * cols, 1.0f, NULL,
+                               (gp_loss_result *)res.p[K]));
+    for (int k = 0; k < 2; k++) {
+        CHECK_OK(gp_dev_download(D2[k], (float *)&r[k], res.p[k], 6));
+        CHECK_OK(gp_dev_synchronize(D2[k]));
+    }
+    CHECK(r[0].bad >= 0 && r[1].bad == r[0].bad && r[1].loss_sum == 0.0);
+    labels[33] = -1.0f;
+    bset(&lab, labels);
+    BOTH(gp_dev_xent_dev(D, x.p[K], lab.p[K], rows, cols, 0.5f, NULL,
+                         (gp_loss_result *)res.p[K]));
+    for (int k = 0; k < 2; k++) {
+        CHECK_OK(gp_dev_download(D2[k], (float *)&r[k], res.p[k], 6));
+        CHECK_OK(gp_dev_synchronize(D2[k]));
+    }
+    CHECK(r[0].bad == 33 && r[1].bad == 33 && r[1].loss_sum == 0.0 && r[1].correct == 0);
+    /* an upload on the copy stream, ordered by its event */
+    float src[1000];
+    for (int i = 0; i < 1000; i++) src[i] = (float)i * 0.25f;
+    buf up = bjunk(1000);
+    void *ev = NULL;
+    CHECK_OK(gp_dev_event_create(D2[1], &ev));
+    w0 = gp_dev_host_waits(D2[1]);
+    CHECK_OK(gp_dev_upload_async(D2[1], up.p[1], src, 1000, ev));
+    CHECK(gp_dev_host_waits(D2[1]) == w0);
+    CHECK_OK(gp_dev_event_wait(D2[1], ev));
+    CHECK_OK(gp_dev_upload(D2[0], up.p[0], src, 1000));
+    bcheck("upload_async", &up, 0);
+    gp_dev_event_destroy(D2[1], ev);
+    bfree(&up);
+    bfree(&res);
+    bfree(&x); bfree(&dl); bfree(&lab);
+    bfree(&acc); bfree(&rm); bfree(&rv);
+    for (int b = 0; b < MB; b++) {
+        bfree(&mean[b]);
+        bfree(&var[b]);
+    }
+}
+
 /* ---- memory ------------------------------------------------------------------------ */
 
 static void test_memory(gp_device *gpu)
@@ -1093,6 +1189,7 @@ int main(int argc, char **argv)
     test_pool();
     test_bn();
     test_softmax_xent();
+    test_step_slots();
     test_memory(gpu);
     test_pinned(gpu);
     test_layers(cpu, gpu);

@@ -83,8 +83,11 @@
  *  11  copy_async (a copy between devices on the receiver's copy stream,
  *      ordered by events, with no fence against either compute stream)
  *  12  nonfinite_or (the NaN check into a flag on the device: one read per
- *      stage per step instead of one per tensor) */
-#define GP_DEVICE_IFACE_VERSION 12
+ *      stage per step instead of one per tensor)
+ *  13  upload_async, bn_merge, bn_commit, xent_dev, bce_logits_dev (a
+ *      training step with no host wait inside it: uploads on the copy
+ *      stream, batch-norm statistics and the loss kept on the device) */
+#define GP_DEVICE_IFACE_VERSION 13
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -163,6 +166,14 @@ typedef struct gp_comm {
     /* optional (appended): the comm's own collectives; NULL: the devices'. */
     const gp_comm_ops *ops;
 } gp_comm;
+
+/* A loss's results on the device (xent_dev, bce_logits_dev); the same
+ * layout as the CUDA kernels' result structs. */
+typedef struct gp_loss_result {
+    double loss_sum;
+    int64_t correct;
+    int64_t bad; /* first bad row (xent) or element (bce), else -1 */
+} gp_loss_result;
 
 typedef struct gp_device_iface {
     int version; /* GP_DEVICE_IFACE_VERSION */
@@ -440,7 +451,44 @@ typedef struct gp_device_iface {
      * read once.  On the compute stream.  NULL: gp_dev_nonfinite_or uses
      * nonfinite (a host wait) and fills the flag. */
     gp_status (*nonfinite_or)(gp_device *dev, const float *x, int64_t n, float *flag);
+    /* --- a step without host waits (optional; appended last) ---
+     * upload_async: enqueue a copy of `bytes` of host memory src into dst
+     * (ours) on the copy stream and record `done` (NULL: none) behind it;
+     * the reader waits for `done` (gp_dev_event_wait).  src must stay
+     * valid and unchanged until the device is synchronized (the step's
+     * end).  NULL: gp_dev_upload_async uploads synchronously (a host wait)
+     * and records `done` on the compute stream. */
+    gp_status (*upload_async)(gp_device *dev, void *dst, const void *src, size_t bytes,
+                              void *done);
+    /* bn_merge: Chan's parallel merge of a micro-batch's per-channel
+     * statistics (nb values per channel, mean(C) and biased var(C), float)
+     * into a step's accumulator of na values so far, kept on the device in
+     * double: mean_acc(C), m2_acc(C) (sum of squared deviations):
+     *   delta = mean - mean_acc; mean_acc += delta nb / (na + nb);
+     *   m2_acc += var nb + delta^2 na nb / (na + nb).
+     * The counts are the host's (it knows them without reading anything).
+     * bn_commit: the running statistics from the accumulator of `count`
+     * values, PyTorch style, in double, then the accumulator zeroed:
+     *   rmean = (1 - m) rmean + m mean_acc;
+     *   rvar = (1 - m) rvar + m m2_acc / (count - 1).
+     * Both on the compute stream.  NULL: the wrappers do the same on the
+     * host (downloads and uploads: host waits). */
+    gp_status (*bn_merge)(gp_device *dev, int64_t c, double *mean_acc, double *m2_acc,
+                          double na, double nb, const float *mean, const float *var);
+    gp_status (*bn_commit)(gp_device *dev, int64_t c, float *rmean, float *rvar,
+                           double *mean_acc, double *m2_acc, double momentum, double count);
+    /* xent_dev, bce_logits_dev: xent and bce_logits with their results
+     * written to *out in this device's memory (gp_loss_result) instead of
+     * returned to the host: enqueued, no host wait.  A bad label or target
+     * sets out->bad (else -1) and leaves loss_sum and correct 0.  NULL: the
+     * wrappers call xent / bce_logits (a host wait) and upload the result. */
+    gp_status (*xent_dev)(gp_device *dev, const float *logits, const float *labels,
+                          int64_t rows, int64_t cols, float scale, float *dlogits,
+                          gp_loss_result *out);
+    gp_status (*bce_logits_dev)(gp_device *dev, const float *z, const float *t, int64_t n,
+                                float scale, float *dz, gp_loss_result *out);
 } gp_device_iface;
+
 
 struct gp_device {
     const gp_device_iface *iface;
@@ -551,6 +599,19 @@ gp_status gp_dev_copy_async(gp_device *dev, void *dst, gp_device *src_dev, const
                             size_t bytes, void *after, void *done);
 /* The nonfinite_or slot with its fallback. */
 gp_status gp_dev_nonfinite_or(gp_device *dev, const float *x, int64_t n, float *flag);
+/* The slots of a step without host waits, with their fallbacks (see the
+ * slots).  upload_async's n counts floats, like gp_dev_upload's. */
+gp_status gp_dev_upload_async(gp_device *dev, float *dst, const float *src, int64_t n,
+                              void *done);
+gp_status gp_dev_bn_merge(gp_device *dev, int64_t c, double *mean_acc, double *m2_acc,
+                          double na, double nb, const float *mean, const float *var);
+gp_status gp_dev_bn_commit(gp_device *dev, int64_t c, float *rmean, float *rvar,
+                           double *mean_acc, double *m2_acc, double momentum, double count);
+gp_status gp_dev_xent_dev(gp_device *dev, const float *logits, const float *labels,
+                          int64_t rows, int64_t cols, float scale, float *dlogits,
+                          gp_loss_result *out);
+gp_status gp_dev_bce_logits_dev(gp_device *dev, const float *z, const float *t, int64_t n,
+                                float scale, float *dz, gp_loss_result *out);
 
 /* The slots themselves, one wrapper each, named gp_dev_<slot> with the
  * slot's parameters: see the slot's comment in gp_device_iface for what it

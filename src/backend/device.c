@@ -7,6 +7,7 @@
  * GPIPE_CUDA for this file alone.
  */
 #include "backend/backend.h"
+#include "backend/elementwise.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -151,6 +152,127 @@ gp_status gp_dev_nonfinite_or(gp_device *dev, const float *x, int64_t n, float *
     int bad = 0;
     GP_TRY(gp_dev_nonfinite(dev, x, n, &bad));
     return bad ? gp_dev_fill(dev, flag, 1.0f, 1) : GP_OK;
+}
+
+gp_status gp_dev_upload_async(gp_device *dev, float *dst, const float *src, int64_t n,
+                              void *done)
+{
+    if (dev->iface->upload_async)
+        return dev->iface->upload_async(dev, dst, src, (size_t)n * sizeof(float), done);
+    GP_TRY(gp_dev_upload(dev, dst, src, n));
+    return done ? gp_dev_event_record(dev, done) : GP_OK;
+}
+
+/* The fallbacks of bn_merge and bn_commit: the accumulator and the
+ * statistics to the host and back (host waits, counted). */
+typedef struct {
+    double *mean_acc, *m2_acc;
+    float *a, *b;
+} bn_host;
+
+static gp_status bn_host_get(gp_device *dev, int64_t c, const double *mean_acc,
+                             const double *m2_acc, const float *a, const float *b, bn_host *h)
+{
+    size_t nd = (size_t)c * sizeof(double), nf = (size_t)c * sizeof(float);
+    h->mean_acc = malloc(nd);
+    h->m2_acc = malloc(nd);
+    h->a = malloc(nf);
+    h->b = malloc(nf);
+    if (!h->mean_acc || !h->m2_acc || !h->a || !h->b)
+        return gp_error_set(GP_ERR_OOM, "out of host memory for batch-norm statistics");
+    gp_dev_count_wait(dev);
+    GP_TRY(dev->iface->copy_d2h(dev, h->mean_acc, mean_acc, nd));
+    GP_TRY(dev->iface->copy_d2h(dev, h->m2_acc, m2_acc, nd));
+    GP_TRY(dev->iface->copy_d2h(dev, h->a, a, nf));
+    return dev->iface->copy_d2h(dev, h->b, b, nf);
+}
+
+static void bn_host_free(bn_host *h)
+{
+    free(h->mean_acc);
+    free(h->m2_acc);
+    free(h->a);
+    free(h->b);
+}
+
+gp_status gp_dev_bn_merge(gp_device *dev, int64_t c, double *mean_acc, double *m2_acc,
+                          double na, double nb, const float *mean, const float *var)
+{
+    if (c <= 0 || nb <= 0) return GP_OK;
+    if (dev->iface->bn_merge)
+        return dev->iface->bn_merge(dev, c, mean_acc, m2_acc, na, nb, mean, var);
+    bn_host h;
+    gp_status s = bn_host_get(dev, c, mean_acc, m2_acc, mean, var, &h);
+    if (s == GP_OK) {
+        for (int64_t k = 0; k < c; k++)
+            gp_ew_bn_merge(&h.mean_acc[k], &h.m2_acc[k], na, nb, h.a[k], h.b[k]);
+        gp_dev_count_wait(dev);
+        s = dev->iface->copy_h2d(dev, mean_acc, h.mean_acc, (size_t)c * sizeof(double));
+        if (s == GP_OK) s = dev->iface->copy_h2d(dev, m2_acc, h.m2_acc, (size_t)c * sizeof(double));
+    }
+    bn_host_free(&h);
+    return s;
+}
+
+gp_status gp_dev_bn_commit(gp_device *dev, int64_t c, float *rmean, float *rvar,
+                           double *mean_acc, double *m2_acc, double momentum, double count)
+{
+    if (c <= 0) return GP_OK;
+    if (count < 2)
+        return gp_error_set(GP_ERR_INVALID, "device %s: batch-norm statistics of %g value(s) "
+                            "per channel have no unbiased variance", dev->name, count);
+    if (dev->iface->bn_commit)
+        return dev->iface->bn_commit(dev, c, rmean, rvar, mean_acc, m2_acc, momentum, count);
+    bn_host h;
+    gp_status s = bn_host_get(dev, c, mean_acc, m2_acc, rmean, rvar, &h);
+    if (s == GP_OK) {
+        for (int64_t k = 0; k < c; k++)
+            gp_ew_bn_commit(&h.a[k], &h.b[k], &h.mean_acc[k], &h.m2_acc[k], momentum, count);
+        size_t nd = (size_t)c * sizeof(double), nf = (size_t)c * sizeof(float);
+        gp_dev_count_wait(dev);
+        s = dev->iface->copy_h2d(dev, rmean, h.a, nf);
+        if (s == GP_OK) s = dev->iface->copy_h2d(dev, rvar, h.b, nf);
+        if (s == GP_OK) s = dev->iface->copy_h2d(dev, mean_acc, h.mean_acc, nd);
+        if (s == GP_OK) s = dev->iface->copy_h2d(dev, m2_acc, h.m2_acc, nd);
+    }
+    bn_host_free(&h);
+    return s;
+}
+
+/* The fallback of xent_dev and bce_logits_dev: the host-returning slot,
+ * then the result uploaded. */
+static gp_status loss_result_up(gp_device *dev, gp_loss_result *out, double loss, int64_t correct,
+                                int64_t bad)
+{
+    gp_loss_result r = {.loss_sum = bad >= 0 ? 0.0 : loss, .correct = bad >= 0 ? 0 : correct,
+                        .bad = bad};
+    gp_dev_count_wait(dev);
+    return dev->iface->copy_h2d(dev, out, &r, sizeof r);
+}
+
+gp_status gp_dev_xent_dev(gp_device *dev, const float *logits, const float *labels,
+                          int64_t rows, int64_t cols, float scale, float *dlogits,
+                          gp_loss_result *out)
+{
+    if (dev->iface->xent_dev && rows > 0)
+        return dev->iface->xent_dev(dev, logits, labels, rows, cols, scale, dlogits, out);
+    double loss = 0.0;
+    int64_t correct = 0, bad = -1;
+    if (rows > 0)
+        GP_TRY(gp_dev_xent(dev, logits, labels, rows, cols, scale, dlogits, &loss, &correct,
+                           &bad));
+    return loss_result_up(dev, out, loss, correct, bad);
+}
+
+gp_status gp_dev_bce_logits_dev(gp_device *dev, const float *z, const float *t, int64_t n,
+                                float scale, float *dz, gp_loss_result *out)
+{
+    if (dev->iface->bce_logits_dev && n > 0)
+        return dev->iface->bce_logits_dev(dev, z, t, n, scale, dz, out);
+    double loss = 0.0;
+    int64_t correct = 0, bad = -1;
+    GP_TRY(gp_dev_bce_logits(dev, z, t, n, scale, dz, &loss, &correct, &bad));
+    return loss_result_up(dev, out, loss, correct, bad);
 }
 
 gp_status gp_comm_create(gp_device **devs, int n, gp_comm **out)

@@ -102,6 +102,31 @@ GP_EW_FN void gp_ew_bn_coeffs(float mean, float var, float eps, float gamma,
 
 GP_EW_FN float gp_ew_bn_apply(float x, float scale, float shift) { return x * scale + shift; }
 
+/* Chan's parallel merge of one channel's micro-batch statistics (nb
+ * values, mean, biased var) into a step's accumulator of na values
+ * (mean_acc, m2_acc: the sum of squared deviations), in double
+ * (backend.h's bn_merge). */
+GP_EW_FN void gp_ew_bn_merge(double *mean_acc, double *m2_acc, double na, double nb, float mean,
+                             float var)
+{
+    double n = na + nb, delta = (double)mean - *mean_acc;
+    *mean_acc += delta * nb / n;
+    *m2_acc += (double)var * nb + delta * delta * na * nb / n;
+}
+
+/* One channel's running statistics from a step's accumulator of `count`
+ * values (PyTorch: momentum m weighs the new batch; the unbiased variance),
+ * in double, rounded once; the accumulator is zeroed for the next step
+ * (backend.h's bn_commit). */
+GP_EW_FN void gp_ew_bn_commit(float *rmean, float *rvar, double *mean_acc, double *m2_acc,
+                              double m, double count)
+{
+    *rmean = (float)((1.0 - m) * (double)*rmean + m * *mean_acc);
+    *rvar = (float)((1.0 - m) * (double)*rvar + m * *m2_acc * (1.0 / (count - 1.0)));
+    *mean_acc = 0.0;
+    *m2_acc = 0.0;
+}
+
 /* Backward from the channel sums sdy = sum dy and sdyx = sum dy * (x - mean)
  * over cnt elements: with inv = 1 / sqrt(var + eps) and xhat = (x - mean) inv,
  *   dx = gamma inv (dy - sdy / cnt - xhat (sdyx inv) / cnt)

@@ -157,6 +157,24 @@ gp_status gp_cpu_bn_bwd(gp_device *dev, const gp_bn_desc *d, const float *x,
     return GP_OK;
 }
 
+/* ---- the step's statistics, kept on the device (backend.h's bn_merge,
+ * bn_commit): C channels, a few hundred at most, so plain loops ------------ */
+
+gp_status gp_cpu_bn_merge(gp_device *dev, int64_t c, double *mean_acc, double *m2_acc,
+                          double na, double nb, const float *mean, const float *var)
+{
+    for (int64_t k = 0; k < c; k++) gp_ew_bn_merge(&mean_acc[k], &m2_acc[k], na, nb, mean[k], var[k]);
+    return GP_OK;
+}
+
+gp_status gp_cpu_bn_commit(gp_device *dev, int64_t c, float *rmean, float *rvar,
+                           double *mean_acc, double *m2_acc, double momentum, double count)
+{
+    for (int64_t k = 0; k < c; k++)
+        gp_ew_bn_commit(&rmean[k], &rvar[k], &mean_acc[k], &m2_acc[k], momentum, count);
+    return GP_OK;
+}
+
 /* ---- synchronised batch norm: the pieces between the reductions --------- */
 
 gp_status gp_cpu_bn_stats(gp_device *dev, const gp_bn_desc *d, const float *x, float *mean,

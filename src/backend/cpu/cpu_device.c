@@ -249,6 +249,11 @@ static const gp_device_iface cpu_iface = {
     .bce_logits = gp_cpu_bce_logits,
     .copy_async = gp_cpu_copy_async,
     .nonfinite_or = gp_cpu_nonfinite_or,
+    .upload_async = gp_cpu_upload_async,
+    .bn_merge = gp_cpu_bn_merge,
+    .bn_commit = gp_cpu_bn_commit,
+    .xent_dev = gp_cpu_xent_dev,
+    .bce_logits_dev = gp_cpu_bce_logits_dev,
 };
 
 static cpu_conv_layout conv_layout_from_env(void)

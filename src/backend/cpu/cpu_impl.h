@@ -163,6 +163,10 @@ void gp_cpu_streams_before_free(gp_device *dev, const void *ptr, size_t bytes);
 gp_status gp_cpu_synchronize(gp_device *dev);
 gp_status gp_cpu_copy_async(gp_device *dev, void *dst, gp_device *src_dev, const void *src,
                             size_t bytes, void *after, void *done);
+/* An upload is a copy on the copy stream from host memory, which on the
+ * CPU is device memory. */
+gp_status gp_cpu_upload_async(gp_device *dev, void *dst, const void *src, size_t bytes,
+                              void *done);
 gp_status gp_cpu_event_create(gp_device *dev, void **out);
 void gp_cpu_event_destroy(gp_device *dev, void *ev);
 gp_status gp_cpu_event_record(gp_device *dev, void *ev);
@@ -244,6 +248,12 @@ gp_status gp_cpu_mul_rows(gp_device *dev, const float *x, const float *s, float 
 gp_status gp_cpu_bce_logits(gp_device *dev, const float *z, const float *t, int64_t n,
                             float scale, float *dz, double *loss_sum, int64_t *correct,
                             int64_t *bad);
+/* The two losses with their results in device memory (here host memory). */
+gp_status gp_cpu_xent_dev(gp_device *dev, const float *logits, const float *labels,
+                          int64_t rows, int64_t cols, float scale, float *dlogits,
+                          gp_loss_result *out);
+gp_status gp_cpu_bce_logits_dev(gp_device *dev, const float *z, const float *t, int64_t n,
+                                float scale, float *dz, gp_loss_result *out);
 /* cpu_upsample.c: nearest-neighbour upsampling and its adjoint. */
 gp_status gp_cpu_upsample_fwd(gp_device *dev, const float *x, float *y, int64_t n, int64_t c,
                               int64_t h, int64_t w, int64_t scale);
@@ -260,7 +270,11 @@ gp_status gp_cpu_copy_box(gp_device *dev, float *dst, const int64_t ds[4], const
 gp_status gp_cpu_sharded_sgd(gp_device *dev, gp_comm *comm, float *w, float *g, float *v,
                              int64_t n, float lr, float mu, float wd, int nesterov);
 gp_status gp_cpu_broadcast(gp_device *dev, gp_comm *comm, float *buf, int64_t n, int root);
-/* cpu_bn.c: the SyncBN pieces. */
+/* cpu_bn.c: the step's statistics on the device, and the SyncBN pieces. */
+gp_status gp_cpu_bn_merge(gp_device *dev, int64_t c, double *mean_acc, double *m2_acc,
+                          double na, double nb, const float *mean, const float *var);
+gp_status gp_cpu_bn_commit(gp_device *dev, int64_t c, float *rmean, float *rvar,
+                           double *mean_acc, double *m2_acc, double momentum, double count);
 gp_status gp_cpu_bn_stats(gp_device *dev, const gp_bn_desc *d, const float *x, float *mean,
                           float *var);
 gp_status gp_cpu_bn_bwd_sums(gp_device *dev, const gp_bn_desc *d, const float *x,

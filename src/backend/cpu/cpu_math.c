@@ -347,3 +347,32 @@ gp_status gp_cpu_bce_logits(gp_device *dev, const float *z, const float *t, int6
     *correct = hits;
     return GP_OK;
 }
+
+static gp_status loss_result(gp_status s, double loss, int64_t correct, int64_t bad,
+                             gp_loss_result *out)
+{
+    if (s != GP_OK) return s;
+    *out = (gp_loss_result){.loss_sum = bad >= 0 ? 0.0 : loss, .correct = bad >= 0 ? 0 : correct,
+                            .bad = bad};
+    return GP_OK;
+}
+
+gp_status gp_cpu_xent_dev(gp_device *dev, const float *logits, const float *labels,
+                          int64_t rows, int64_t cols, float scale, float *dlogits,
+                          gp_loss_result *out)
+{
+    double loss = 0.0;
+    int64_t correct = 0, bad = -1;
+    gp_status s = gp_cpu_xent(dev, logits, labels, rows, cols, scale, dlogits, &loss, &correct,
+                              &bad);
+    return loss_result(s, loss, correct, bad, out);
+}
+
+gp_status gp_cpu_bce_logits_dev(gp_device *dev, const float *z, const float *t, int64_t n,
+                                float scale, float *dz, gp_loss_result *out)
+{
+    double loss = 0.0;
+    int64_t correct = 0, bad = -1;
+    gp_status s = gp_cpu_bce_logits(dev, z, t, n, scale, dz, &loss, &correct, &bad);
+    return loss_result(s, loss, correct, bad, out);
+}

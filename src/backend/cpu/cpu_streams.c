@@ -222,6 +222,12 @@ gp_status gp_cpu_copy_async(gp_device *dev, void *dst, gp_device *src_dev, const
     return GP_OK;
 }
 
+gp_status gp_cpu_upload_async(gp_device *dev, void *dst, const void *src, size_t bytes,
+                              void *done)
+{
+    return gp_cpu_copy_async(dev, dst, dev, src, bytes, NULL, done);
+}
+
 /* ---- events ----------------------------------------------------------------- */
 
 gp_status gp_cpu_event_create(gp_device *dev, void **out)

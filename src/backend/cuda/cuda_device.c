@@ -11,10 +11,11 @@
  * backend and rely on program order per device, so every transfer is
  * fenced both ways: the copy stream first waits for what was issued to the
  * compute stream, and the compute stream then waits for the copy.  Copies
- * still run on the copy engine and overlap with other devices' work; to
- * overlap a device's own copies with its compute, the executor would record
- * and wait events itself (the event_* slots), and these fences could then
- * be relaxed.  copy_h2d returns once the host source has been read: into
+ * still run on the copy engine and overlap with other devices' work.
+ * Inside a training step the executor orders its transfers with events
+ * instead and nothing is fenced: copy_async between stages, upload_async
+ * for the step's input and targets, and the step's results (losses, the
+ * NaN flag) left in device memory for one read at its end.  copy_h2d returns once the host source has been read: into
  * pinned staging, or by direct DMA when the source is itself pinned (the
  * loader's batches, host_alloc); copy_d2h returns with the data in host
  * memory.
@@ -32,6 +33,7 @@
 #include "backend/cuda/cuda_impl.h"
 
 #include <limits.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -439,6 +441,21 @@ static gp_status cuda_copy_async(gp_device *dev, void *dst, gp_device *src_dev, 
     return GP_OK;
 }
 
+/* An upload on the copy stream (backend.h, upload_async): the block dst
+ * came from the allocator, which already made both streams wait for its
+ * last users.  From pinned memory (the loader's batches) the DMA reads src
+ * later, which the caller keeps until the step's end; from pageable memory
+ * the runtime stages src before it returns. */
+static gp_status cuda_upload_async(gp_device *dev, void *dst, const void *src, size_t bytes,
+                                   void *done)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    GP_TRY(gp_cuda_enter(dev));
+    if (bytes) GP_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ctx->copy));
+    if (done) GP_CUDA(cudaEventRecord((cudaEvent_t)done, ctx->copy));
+    return GP_OK;
+}
+
 static gp_status cuda_synchronize(gp_device *dev)
 {
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
@@ -628,6 +645,55 @@ static gp_status cuda_xent(gp_device *dev, const float *logits, const float *lab
         *correct = r.xent.correct;
     }
     return GP_OK;
+}
+
+/* The losses with their results left on the device (backend.h, xent_dev,
+ * bce_logits_dev): the same kernels, writing into the caller's result. */
+_Static_assert(sizeof(gp_loss_result) == sizeof(gp_cuk_xent_out) &&
+                   offsetof(gp_loss_result, correct) == offsetof(gp_cuk_xent_out, correct) &&
+                   offsetof(gp_loss_result, bad) == offsetof(gp_cuk_xent_out, bad_row) &&
+                   sizeof(gp_loss_result) == sizeof(gp_cuk_bce_out) &&
+                   offsetof(gp_loss_result, correct) == offsetof(gp_cuk_bce_out, correct) &&
+                   offsetof(gp_loss_result, bad) == offsetof(gp_cuk_bce_out, bad),
+               "gp_loss_result and the kernels' result structs must share a layout");
+
+static gp_status cuda_xent_dev(gp_device *dev, const float *logits, const float *labels,
+                               int64_t rows, int64_t cols, float scale, float *dlogits,
+                               gp_loss_result *out)
+{
+    void *ws;
+    GP_TRY(gp_cuda_enter(dev));
+    GP_TRY(gp_cuda_ws_reserve(dev, (size_t)rows * (sizeof(double) + sizeof(long long)), &ws));
+    double *row_loss = ws;
+    GP_CUDA(gp_cuk_xent(gp_cuda_ctx_of(dev)->compute, logits, labels, rows, cols, scale,
+                        dlogits, row_loss, (long long *)(row_loss + rows),
+                        (gp_cuk_xent_out *)out));
+    return GP_OK;
+}
+
+static gp_status cuda_bce_logits_dev(gp_device *dev, const float *z, const float *t, int64_t n,
+                                     float scale, float *dz, gp_loss_result *out)
+{
+    void *ws;
+    GP_TRY(gp_cuda_enter(dev));
+    GP_TRY(gp_cuda_ws_reserve(dev, GP_CUK_RED_BLOCKS * (sizeof(double) + sizeof(long long)),
+                              &ws));
+    double *loss_part = ws;
+    GP_CUDA(gp_cuk_bce(gp_cuda_ctx_of(dev)->compute, z, t, n, scale, dz, loss_part,
+                       (long long *)(loss_part + GP_CUK_RED_BLOCKS), (gp_cuk_bce_out *)out));
+    return GP_OK;
+}
+
+static gp_status cuda_bn_merge(gp_device *dev, int64_t c, double *mean_acc, double *m2_acc,
+                               double na, double nb, const float *mean, const float *var)
+{
+    CUDA_OP(dev, gp_cuk_bn_merge(s, mean_acc, m2_acc, na, nb, mean, var, c));
+}
+
+static gp_status cuda_bn_commit(gp_device *dev, int64_t c, float *rmean, float *rvar,
+                                double *mean_acc, double *m2_acc, double momentum, double count)
+{
+    CUDA_OP(dev, gp_cuk_bn_commit(s, rmean, rvar, mean_acc, m2_acc, momentum, count, c));
 }
 
 /* ---- U-Net layers and loss ----------------------------------------------------------
@@ -1036,6 +1102,11 @@ static const gp_device_iface cuda_iface = {
     .bce_logits = cuda_bce_logits,
     .copy_async = cuda_copy_async,
     .nonfinite_or = cuda_nonfinite_or,
+    .upload_async = cuda_upload_async,
+    .bn_merge = cuda_bn_merge,
+    .bn_commit = cuda_bn_commit,
+    .xent_dev = cuda_xent_dev,
+    .bce_logits_dev = cuda_bce_logits_dev,
 };
 
 gp_status gp_cuda_device_create(int index, const gp_device_opts *opts, gp_device **out)

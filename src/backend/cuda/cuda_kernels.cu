@@ -213,6 +213,20 @@ __global__ void k_xent_total(const double *row_loss, const long long *row_hit, i
     }
 }
 
+/* ---- a step's batch-norm statistics, on the device --------------------------- */
+
+__global__ void k_bn_merge(double *mean_acc, double *m2_acc, double na, double nb,
+                           const float *mean, const float *var, int64_t c)
+{
+    GP_CUK_LOOP(k, c) gp_ew_bn_merge(&mean_acc[k], &m2_acc[k], na, nb, mean[k], var[k]);
+}
+
+__global__ void k_bn_commit(float *rmean, float *rvar, double *mean_acc, double *m2_acc,
+                            double m, double count, int64_t c)
+{
+    GP_CUK_LOOP(k, c) gp_ew_bn_commit(&rmean[k], &rvar[k], &mean_acc[k], &m2_acc[k], m, count);
+}
+
 /* ---- U-Net layers ------------------------------------------------------------- */
 
 __global__ void k_leaky_relu_fwd(const float *x, float *y, int64_t n, float slope)
@@ -514,6 +528,18 @@ cudaError_t gp_cuk_nonfinite(cudaStream_t s, const float *x, int64_t n, int *fla
 cudaError_t gp_cuk_nonfinite_or(cudaStream_t s, const float *x, int64_t n, float *flag)
 {
     GP_CUK_LAUNCH(n, k_nonfinite_or, x, n, flag);
+}
+
+cudaError_t gp_cuk_bn_merge(cudaStream_t s, double *mean_acc, double *m2_acc, double na,
+                            double nb, const float *mean, const float *var, int64_t c)
+{
+    GP_CUK_LAUNCH(c, k_bn_merge, mean_acc, m2_acc, na, nb, mean, var, c);
+}
+
+cudaError_t gp_cuk_bn_commit(cudaStream_t s, float *rmean, float *rvar, double *mean_acc,
+                             double *m2_acc, double m, double count, int64_t c)
+{
+    GP_CUK_LAUNCH(c, k_bn_commit, rmean, rvar, mean_acc, m2_acc, m, count, c);
 }
 
 cudaError_t gp_cuk_xent(cudaStream_t s, const float *logits, const float *labels,

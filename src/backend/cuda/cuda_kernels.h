@@ -63,7 +63,15 @@ cudaError_t gp_cuk_nonfinite(cudaStream_t s, const float *x, int64_t n, int *fla
 /* flag (one float on the device) = 1 if any x is NaN or Inf; else untouched. */
 cudaError_t gp_cuk_nonfinite_or(cudaStream_t s, const float *x, int64_t n, float *flag);
 
-/* Cross-entropy results, written on the device by gp_cuk_xent. */
+/* backend.h's bn_merge and bn_commit, one thread per channel
+ * (elementwise.h's gp_ew_bn_merge, gp_ew_bn_commit). */
+cudaError_t gp_cuk_bn_merge(cudaStream_t s, double *mean_acc, double *m2_acc, double na,
+                            double nb, const float *mean, const float *var, int64_t c);
+cudaError_t gp_cuk_bn_commit(cudaStream_t s, float *rmean, float *rvar, double *mean_acc,
+                             double *m2_acc, double m, double count, int64_t c);
+
+/* Cross-entropy results, written on the device by gp_cuk_xent (backend.h's
+ * gp_loss_result has the same layout: xent_dev writes straight into one). */
 typedef struct gp_cuk_xent_out {
     double loss_sum;
     long long correct;
