@@ -9,8 +9,11 @@
  * pipeline cannot wait for the whole mini-batch) and saves them for
  * backward.  Unless it is a recompute, it also merges the micro-batch's
  * (count, mean, M2) into this step's accumulator (Chan's parallel merge, in
- * double, on the host).  commit() folds the accumulated mini-batch into the
- * running statistics once per step, PyTorch style:
+ * double, on the layer's device: gp_dev_bn_merge, so the step never waits
+ * for the statistics on the host; the counts are known there without
+ * reading anything).  commit() folds the accumulated mini-batch into the
+ * running statistics once per step (gp_dev_bn_commit, on the device too),
+ * PyTorch style:
  *   running_mean = (1 - m) running_mean + m mean
  *   running_var  = (1 - m) running_var  + m M2 / (count - 1)   (unbiased)
  * so m micro-batches give the same running statistics as the whole batch.
@@ -31,7 +34,9 @@
  * normalises with them (bn_fwd_infer), merges them into the step's
  * accumulator (identical on every replica), and keeps them by the
  * micro-batch's sample_offset until commit, so a recompute reuses them: no
- * second all-reduce, no second accumulation.  Backward all-reduces the
+ * second all-reduce, no second accumulation.  (The exchange is a host
+ * wait per layer and micro-batch: SyncBN's statistics are read on the
+ * host.)  Backward all-reduces the
  * per-channel sums (sum dy, sum dy (x - mean)) — float sums of each rank's
  * double sums, in rank order — and applies the batch-norm backward with
  * the global sums and count; dgamma and dbeta get only this rank's share,
@@ -39,7 +44,8 @@
  *
  * Without sync, data-parallel replicas still commit the same running
  * statistics: allreduce_stats merges the replicas' accumulators (the same
- * all-gather) before commit.
+ * all-gather, through the host: one wait per layer per step) before
+ * commit.
  */
 #include "layers/layers_impl.h"
 
@@ -49,9 +55,11 @@
 typedef struct {
     int64_t c;              /* channels / features */
     int64_t acc_count;      /* values per channel merged this step */
-    double *acc_mean;       /* (C) running mean of this step's micro-batches */
-    double *acc_m2;         /* (C) sum of squared deviations from acc_mean */
-    float *h_mean, *h_var;  /* (C) host scratch for downloads */
+    /* On the device, 2C doubles: the running mean of this step's
+     * micro-batches (C), then the sum of squared deviations from it (C). */
+    double *acc;
+    double *h_acc;          /* (2C) host scratch: the data-parallel merge */
+    float *h_mean, *h_var;  /* (C) host scratch for it */
     int64_t batches_tracked; /* commits so far (PyTorch num_batches_tracked) */
     /* SyncBN: this step's merged statistics per micro-batch, for recompute
      * and backward; cleared by commit. */
@@ -99,20 +107,34 @@ static gp_status bn_infer(const gp_layer *l, const gp_shape *in, gp_shape *out)
     return GP_OK;
 }
 
+static size_t acc_bytes(const bn_state *st) { return 2 * (size_t)st->c * sizeof(double); }
+
+/* All-zero bits are 0.0 in double too. */
+static gp_status zero_acc(gp_layer *l)
+{
+    bn_state *st = l->state;
+    return gp_dev_fill(l->dev, (float *)st->acc, 0.0f, (int64_t)(acc_bytes(st) / sizeof(float)));
+}
+
 static gp_status bn_init(gp_layer *l, uint64_t seed)
 {
     int64_t c = l->in_shape.dims[1];
     bn_state *st = calloc(1, sizeof *st);
     if (st) {
         st->c = c;
-        st->acc_mean = calloc((size_t)c, sizeof(double));
-        st->acc_m2 = calloc((size_t)c, sizeof(double));
+        st->h_acc = calloc((size_t)(2 * c), sizeof(double));
         st->h_mean = calloc((size_t)c, sizeof(float));
         st->h_var = calloc((size_t)c, sizeof(float));
     }
     l->state = st;
-    if (!st || !st->acc_mean || !st->acc_m2 || !st->h_mean || !st->h_var)
+    if (!st || !st->h_acc || !st->h_mean || !st->h_var)
         return gp_error_set(GP_ERR_OOM, "out of host memory for batch-norm statistics");
+    /* counted with the parameters: state of the layer for its lifetime, as
+     * the running statistics are (and so in the balancer's profile) */
+    if (!l->meta) {
+        GP_TRY(gp_dev_alloc(l->dev, acc_bytes(st), GP_MEM_PARAMS, (void **)&st->acc));
+        GP_TRY(zero_acc(l));
+    }
     gp_shape cs = {1, {c, 0, 0, 0}};
     GP_TRY(gp_layers_add_param(l, "weight", &cs, false, true));
     GP_TRY(gp_layers_add_param(l, "bias", &cs, false, true));
@@ -129,8 +151,8 @@ static void bn_destroy(gp_layer *l)
 {
     bn_state *st = l->state;
     if (!st) return;
-    free(st->acc_mean);
-    free(st->acc_m2);
+    if (st->acc) gp_dev_free(l->dev, st->acc, acc_bytes(st), GP_MEM_PARAMS);
+    free(st->h_acc);
     free(st->h_mean);
     free(st->h_var);
     free(st->sync_off);
@@ -142,16 +164,15 @@ static void bn_destroy(gp_layer *l)
     l->state = NULL;
 }
 
-/* Chan et al.: merge (nb, mean_b, var_b * nb) into the accumulator. */
-static void merge_stats(bn_state *st, int64_t nb, const float *mean, const float *var)
+/* Merge nb values per channel (mean, biased var on the device) into the
+ * step's accumulator, on the device. */
+static gp_status merge_acc(gp_layer *l, int64_t nb, const float *mean, const float *var)
 {
-    double na = (double)st->acc_count, n2 = (double)nb, n = na + n2;
-    for (int64_t c = 0; c < st->c; c++) {
-        double delta = (double)mean[c] - st->acc_mean[c];
-        st->acc_mean[c] += delta * n2 / n;
-        st->acc_m2[c] += (double)var[c] * n2 + delta * delta * na * n2 / n;
-    }
+    bn_state *st = l->state;
+    GP_TRY(gp_dev_bn_merge(l->dev, st->c, st->acc, st->acc + st->c, (double)st->acc_count,
+                           (double)nb, mean, var));
     st->acc_count += nb;
+    return GP_OK;
 }
 
 /* ---- SyncBN ---------------------------------------------------------------- */
@@ -268,6 +289,7 @@ static gp_status bn_forward_sync(gp_layer *l, const gp_fwd_ctx *ctx, const gp_te
     GP_TRY(gp_layers_saved_alloc(s, 0, dev, &cs));
     GP_TRY(gp_layers_saved_alloc(s, 1, dev, &cs));
     float *merged = sync_find(st, ctx->step, ctx->sample_offset, NULL);
+    int64_t fresh = 0; /* values per channel to merge into the accumulator */
     if (!ctx->recompute || !merged) {
         GP_ASSERT(!ctx->recompute); /* a recompute follows its forward in the same step */
         if (d.n > 0) GP_TRY(gp_dev_bn_stats(dev, &d, x->data, s->t[0].data, s->t[1].data));
@@ -306,16 +328,7 @@ static gp_status bn_forward_sync(gp_layer *l, const gp_fwd_ctx *ctx, const gp_te
                 merged[C + c] = (float)(m2[c] / na);
             }
             st->sync_count[q] = na;
-            /* The step's accumulator gets every replica's micro-batch, in
-             * rank order: identical on every replica. */
-            for (int r = 0; r < ctx->comm->n; r++) {
-                float *g = st->h_gather + r * K;
-                double nb = (double)g[0], acc = (double)st->acc_count;
-                if (nb <= 0) continue;
-                double *am = st->acc_mean, *a2 = st->acc_m2;
-                chan_merge(C, &acc, am, a2, nb, g + 1, g + 1 + C);
-                st->acc_count = (int64_t)acc;
-            }
+            fresh = (int64_t)na;
         }
         free(mean);
         free(m2);
@@ -323,6 +336,9 @@ static gp_status bn_forward_sync(gp_layer *l, const gp_fwd_ctx *ctx, const gp_te
     }
     GP_TRY(gp_dev_upload(dev, s->t[0].data, merged, C));
     GP_TRY(gp_dev_upload(dev, s->t[1].data, merged + C, C));
+    /* The step's accumulator gets the replicas' micro-batches together:
+     * the same statistics, so the same accumulator on every replica. */
+    if (fresh > 0) GP_TRY(merge_acc(l, fresh, s->t[0].data, s->t[1].data));
     if (d.n == 0) return GP_OK;
     const float *gamma = l->params[P_WEIGHT].value.data, *beta = l->params[P_BIAS].value.data;
     return gp_dev_bn_fwd_infer(dev, &d, x->data, gamma, beta, s->t[0].data, s->t[1].data,
@@ -365,7 +381,6 @@ static gp_status bn_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor 
 {
     if (bn_synced(l, ctx)) return bn_forward_sync(l, ctx, x, y, s);
     gp_device *dev = l->dev;
-    bn_state *st = l->state;
     gp_bn_desc d = bn_desc(l, x->dims[0]);
     const float *gamma = l->params[P_WEIGHT].value.data, *beta = l->params[P_BIAS].value.data;
     if (!ctx->training) {
@@ -387,11 +402,7 @@ static gp_status bn_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor 
     GP_TRY(gp_dev_bn_fwd_train(dev, &d, x->data, gamma, beta, y->data, s->t[0].data,
                                s->t[1].data));
     if (ctx->recompute) return GP_OK; /* statistics were merged the first time */
-    GP_TRY(gp_dev_download(dev, st->h_mean, s->t[0].data, d.c));
-    GP_TRY(gp_dev_download(dev, st->h_var, s->t[1].data, d.c));
-    GP_TRY(gp_dev_synchronize(dev));
-    merge_stats(st, d.n * d.s, st->h_mean, st->h_var);
-    return GP_OK;
+    return merge_acc(l, d.n * d.s, s->t[0].data, s->t[1].data);
 }
 
 static gp_status bn_backward_all(gp_layer *l, const gp_tensor *x, const gp_tensor *dy,
@@ -439,53 +450,46 @@ static gp_status bn_commit(gp_layer *l)
     bn_state *st = l->state;
     if (st->acc_count == 0) return GP_OK; /* no training forward this step */
     GP_ASSERT(st->acc_count >= 2);
-    gp_device *dev = l->dev;
-    int64_t c = st->c;
-    double m = (double)l->spec.momentum;
-    GP_TRY(gp_dev_download(dev, st->h_mean, l->params[P_RMEAN].value.data, c));
-    GP_TRY(gp_dev_download(dev, st->h_var, l->params[P_RVAR].value.data, c));
-    GP_TRY(gp_dev_synchronize(dev));
-    double unbias = 1.0 / (double)(st->acc_count - 1);
-    for (int64_t k = 0; k < c; k++) {
-        st->h_mean[k] = (float)((1.0 - m) * st->h_mean[k] + m * st->acc_mean[k]);
-        st->h_var[k] = (float)((1.0 - m) * st->h_var[k] + m * st->acc_m2[k] * unbias);
-    }
-    GP_TRY(gp_dev_upload(dev, l->params[P_RMEAN].value.data, st->h_mean, c));
-    GP_TRY(gp_dev_upload(dev, l->params[P_RVAR].value.data, st->h_var, c));
-    GP_TRY(gp_dev_synchronize(dev)); /* the host scratch is reused */
+    /* on the device: the running statistics, and the accumulator zeroed */
+    GP_TRY(gp_dev_bn_commit(l->dev, st->c, l->params[P_RMEAN].value.data,
+                            l->params[P_RVAR].value.data, st->acc, st->acc + st->c,
+                            (double)l->spec.momentum, (double)st->acc_count));
     st->batches_tracked++;
     st->n_sync = 0;
     st->acc_count = 0;
-    memset(st->acc_mean, 0, (size_t)c * sizeof(double));
-    memset(st->acc_m2, 0, (size_t)c * sizeof(double));
     return GP_OK;
 }
 
 /* Data parallelism without sync: every replica merges all replicas'
  * pending (count, mean, M2) in rank order, so all commit the statistics of
- * the global mini-batch.  SyncBN accumulators are global already. */
+ * the global mini-batch.  SyncBN accumulators are global already.  The
+ * accumulator comes to the host for it and goes back. */
 static gp_status bn_allreduce_stats(gp_layer *l, gp_comm *comm)
 {
     bn_state *st = l->state;
     int rank = gp_comm_rank(comm, l->dev);
     if (l->spec.sync || !comm || comm->n < 2) return GP_OK;
     GP_ASSERT(rank >= 0);
-    int64_t C = st->c, K = 1 + 2 * C;
+    gp_device *dev = l->dev;
+    int64_t C = st->c, K = 1 + 2 * C, nf = (int64_t)(acc_bytes(st) / sizeof(float));
+    double *mean = st->h_acc, *m2 = st->h_acc + C;
+    GP_TRY(gp_dev_download(dev, (float *)st->h_acc, (const float *)st->acc, nf));
+    GP_TRY(gp_dev_synchronize(dev));
     for (int64_t c = 0; c < C; c++) {
-        st->h_mean[c] = (float)st->acc_mean[c];
-        st->h_var[c] = (float)st->acc_m2[c];
+        st->h_mean[c] = (float)mean[c];
+        st->h_var[c] = (float)m2[c];
     }
     GP_TRY(gather_stats(l, comm, rank, (double)st->acc_count, NULL, NULL, st->h_mean,
                         st->h_var));
     double na = 0;
-    memset(st->acc_mean, 0, (size_t)C * sizeof(double));
-    memset(st->acc_m2, 0, (size_t)C * sizeof(double));
+    memset(st->h_acc, 0, acc_bytes(st));
     for (int r = 0; r < comm->n; r++) {
         const float *g = st->h_gather + r * K;
-        chan_merge(C, &na, st->acc_mean, st->acc_m2, (double)g[0], g + 1, g + 1 + C);
+        chan_merge(C, &na, mean, m2, (double)g[0], g + 1, g + 1 + C);
     }
     st->acc_count = (int64_t)na;
-    return GP_OK;
+    GP_TRY(gp_dev_upload(dev, (float *)st->acc, (const float *)st->h_acc, nf));
+    return gp_dev_synchronize(dev); /* the host scratch is reused */
 }
 
 int64_t gp_batchnorm_batches_tracked(const gp_layer *l)
