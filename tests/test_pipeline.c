@@ -310,6 +310,65 @@ static void nonfinite_state(void)
     gp_model_free(&pip);
 }
 
+/* What a step reads only at its end (issue 14: the losses and the NaN
+ * flag stay on the device; one host wait per device per step) is still
+ * reported as precisely as when it was read at once:
+ *   - each device waits on the host exactly once per step;
+ *   - a bad label names the micro-batch and the row, and is found on the
+ *     host before anything is computed for it: no update, the parameters
+ *     are untouched, and the next step trains;
+ *   - a loss that is not finite names its micro-batch and stage, and is
+ *     the error reported even though the NaN it came from also reached
+ *     the parameters on the other device (the cause before its
+ *     consequences, the same message every time). */
+static void step_results(void)
+{
+    gp_config c = make_cfg(true);
+    c.pipeline.chunks = 2; /* micro-batches of 7 */
+    int bal[2];
+    gpt_split_even(c.model.n_layers, 2, bal);
+    gp_model pip;
+    CHECK_OK(gp_model_build_placed(&c, devs, 2, bal, &pip));
+    float x[BATCH * 72], y[BATCH];
+    make_batch(&c, 0, x, y);
+    uint64_t w0 = gp_dev_host_waits(devs[0]), w1 = gp_dev_host_waits(devs[1]);
+    for (int k = 0; k < 3; k++) CHECK_OK(gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, NULL));
+    CHECK_MSG(gp_dev_host_waits(devs[0]) - w0 == 3 && gp_dev_host_waits(devs[1]) - w1 == 3,
+              "3 steps waited %llu and %llu times on cpu:0 and cpu:1 (one per device per "
+              "step)", (unsigned long long)(gp_dev_host_waits(devs[0]) - w0),
+              (unsigned long long)(gp_dev_host_waits(devs[1]) - w1));
+
+    int64_t n0, n1;
+    float *before = gpt_gather(&pip, GPT_VALUES, &n0);
+    float yb[BATCH];
+    memcpy(yb, y, sizeof y);
+    yb[7 + 3] = 5.0f; /* the convnet has 5 classes */
+    gp_status s = gp_model_pipeline_step(&pip, &c, x, yb, BATCH, 0.05, NULL);
+    CHECK_MSG(s == GP_ERR_DATA && strstr(gp_last_error(), "device cpu:1, stage 1, micro-batch 1") &&
+                  strstr(gp_last_error(), "label 5 in row 3"),
+              "bad label: %s: %s", gp_status_name(s), gp_last_error());
+    float *after = gpt_gather(&pip, GPT_VALUES, &n1);
+    CHECK_MSG(before && after && n0 == n1 && memcmp(before, after, (size_t)n0 * sizeof *after) == 0,
+              "a step that failed on a label changed the parameters");
+    free(before);
+    free(after);
+    CHECK_OK(gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, NULL));
+    gp_model_free(&pip);
+
+    for (int rep = 0; rep < 3; rep++) {
+        CHECK_OK(gp_model_build_placed(&c, devs, 2, bal, &pip));
+        float xb[BATCH * 72];
+        memcpy(xb, x, sizeof x);
+        xb[(7 + 2) * 72 + 5] = NAN; /* micro-batch 1: its batch norm, loss and update */
+        s = gp_model_pipeline_step(&pip, &c, xb, y, BATCH, 0.05, NULL);
+        CHECK_MSG(s == GP_ERR_NUMERIC &&
+                      strstr(gp_last_error(), "device cpu:1, stage 1, micro-batch 1") &&
+                      strstr(gp_last_error(), "the loss is nan"),
+                  "NaN loss, run %d: %s: %s", rep, gp_status_name(s), gp_last_error());
+        gp_model_free(&pip);
+    }
+}
+
 int main(void)
 {
     open_devs();
@@ -332,6 +391,7 @@ int main(void)
     checkpoint_memory();
     faults();
     nonfinite_state();
+    step_results();
     for (int j = 0; j < 4; j++) gp_device_close(devs[j]);
     return gpt_finish("test_pipeline");
 }

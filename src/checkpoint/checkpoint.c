@@ -381,3 +381,14 @@ gp_status gp_ckpt_loss(gp_device *dev, gp_loss_kind k, const gp_tensor *logits,
                             "the data normalisation", lo->loss_sum);
     return GP_OK;
 }
+
+gp_status gp_ckpt_loss_dev(gp_device *dev, gp_loss_kind k, const gp_tensor *logits,
+                           const gp_tensor *targets, float grad_scale, gp_tensor *dlogits,
+                           gp_loss_result *out)
+{
+    if (dlogits) {
+        gp_shape os = gp_tensor_shape(logits);
+        GP_TRY(gp_tensor_alloc(dlogits, dev, &os, GP_MEM_ACTIVATIONS));
+    }
+    return gp_loss_dev(dev, k, logits, targets, grad_scale, dlogits, out);
+}

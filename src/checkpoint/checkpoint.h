@@ -151,5 +151,10 @@ gp_status gp_ckpt_backward_weights(gp_layer *layers, const gp_fwd_ctx *ctx, gp_s
 gp_status gp_ckpt_loss(gp_device *dev, gp_loss_kind k, const gp_tensor *logits,
                        const gp_tensor *targets, float grad_scale, gp_tensor *dlogits,
                        gp_loss_out *lo);
+/* The same with the results left on the device (gp_loss_dev): no host
+ * wait; the caller checks that the loss is finite when it reads them. */
+gp_status gp_ckpt_loss_dev(gp_device *dev, gp_loss_kind k, const gp_tensor *logits,
+                           const gp_tensor *targets, float grad_scale, gp_tensor *dlogits,
+                           gp_loss_result *out);
 
 #endif /* GP_CHECKPOINT_H */

@@ -5,6 +5,7 @@
  * losses (cross-entropy, binary cross-entropy with logits).
  */
 #include "layers/layers_impl.h"
+#include "backend/elementwise.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -438,6 +439,24 @@ gp_status gp_layer_check_finite(const gp_layer *l, const char *when)
     return GP_OK;
 }
 
+gp_status gp_layers_flag_nonfinite(const gp_layer *ls, int count, gp_device *dev, float *flag)
+{
+    for (int k = 0; k < count; k++) {
+        if (ls[k].meta || ls[k].dev != dev) continue;
+        for (int p = 0; p < ls[k].n_params; p++) {
+            const gp_tensor *t = &ls[k].params[p].value;
+            GP_TRY(gp_dev_nonfinite_or(dev, t->data, gp_tensor_numel(t), flag));
+        }
+    }
+    return GP_OK;
+}
+
+gp_status gp_layers_name_nonfinite(const gp_layer *ls, int count, const char *when)
+{
+    for (int k = 0; k < count; k++) GP_TRY(gp_layer_check_finite(&ls[k], when));
+    return GP_OK;
+}
+
 gp_status gp_layers_check_finite(const gp_layer *ls, int count, const char *when)
 {
     gp_device *dev = NULL;
@@ -445,27 +464,20 @@ gp_status gp_layers_check_finite(const gp_layer *ls, int count, const char *when
         if (!ls[k].meta && ls[k].n_params > 0) dev = ls[k].dev;
     if (!dev) return GP_OK;
     /* Every tensor into one flag on the device, read once; only when it is
-     * set are the tensors read one by one, to name the first bad one. */
+     * set are the tensors read one by one, to name the first bad one.
+     * Another device's layers (none today) are checked on their own. */
+    for (int k = 0; k < count; k++)
+        if (!ls[k].meta && ls[k].dev != dev) GP_TRY(gp_layer_check_finite(&ls[k], when));
     void *flag = NULL;
     float h = 0.0f;
     GP_TRY(gp_dev_alloc(dev, sizeof(float), GP_MEM_WORKSPACE, &flag));
     gp_status s = gp_dev_fill(dev, flag, 0.0f, 1);
-    for (int k = 0; k < count && s == GP_OK; k++) {
-        if (ls[k].meta) continue;
-        if (ls[k].dev != dev) { /* another device's layer (none today): on its own */
-            s = gp_layer_check_finite(&ls[k], when);
-            continue;
-        }
-        for (int p = 0; p < ls[k].n_params && s == GP_OK; p++) {
-            const gp_tensor *t = &ls[k].params[p].value;
-            s = gp_dev_nonfinite_or(dev, t->data, gp_tensor_numel(t), flag);
-        }
-    }
-    if (s == GP_OK) s = gp_dev_download(dev, &h, flag, 1); /* the step's one read */
+    if (s == GP_OK) s = gp_layers_flag_nonfinite(ls, count, dev, flag);
+    if (s == GP_OK) s = gp_dev_download(dev, &h, flag, 1); /* the one read */
     gp_dev_free(dev, flag, sizeof(float), GP_MEM_WORKSPACE);
     GP_TRY(s);
     if (h == 0.0f) return GP_OK;
-    for (int k = 0; k < count; k++) GP_TRY(gp_layer_check_finite(&ls[k], when));
+    GP_TRY(gp_layers_name_nonfinite(ls, count, when));
     return gp_error_set(GP_ERR_NUMERIC, "device %s: a parameter is NaN or Inf %s, but no "
                         "tensor read one by one is: the device's check and the host's "
                         "disagree", dev->name, when);
@@ -645,37 +657,96 @@ gp_status gp_layer_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx, const gp
 
 /* ---- the loss ------------------------------------------------------------ */
 
+/* The errors of a bad label or target, the same from the device's check
+ * and the host's. */
+static gp_status bad_label(double v, int64_t row, int64_t cols)
+{
+    return gp_error_set(GP_ERR_DATA,
+                        "label %g in row %lld of the batch is not a class index in [0, %lld): "
+                        "the data has more classes than the model's last layer outputs "
+                        "(raise its out to the number of classes) or the labels are corrupt",
+                        v, (long long)row, (long long)cols);
+}
+
+static gp_status bad_target(double v, int64_t at, const gp_shape *ts)
+{
+    char where[96] = "";
+    if (ts->ndim > 1) { /* also as an index of the target's shape */
+        size_t off = (size_t)snprintf(where, sizeof where, " (");
+        int64_t rest = at;
+        for (int d = 0; d < ts->ndim && off < sizeof where; d++) {
+            int64_t stride = 1;
+            for (int e = d + 1; e < ts->ndim; e++) stride *= ts->dims[e];
+            off += (size_t)snprintf(where + off, sizeof where - off, "%s%lld", d ? ", " : "",
+                                    (long long)(rest / stride));
+            rest %= stride;
+        }
+        if (off < sizeof where) snprintf(where + off, sizeof where - off, ")");
+    }
+    return gp_error_set(GP_ERR_DATA,
+                        "target %g at element %lld%s of the batch is not in [0, 1]: binary "
+                        "cross-entropy takes probabilities (masks of 0 and 1); rescale "
+                        "the targets or check the data",
+                        v, (long long)at, where);
+}
+
+/* The shapes a loss takes: logits (N, classes) and N labels, or one target
+ * per logit. */
+static gp_status loss_shapes(gp_device *dev, gp_loss_kind k, const gp_tensor *logits,
+                             const gp_tensor *targets, const gp_tensor *dlogits)
+{
+    if (k == GP_LOSS_CROSS_ENTROPY) {
+        if (logits->ndim != 2) {
+            char b[96];
+            gp_shape ls = gp_tensor_shape(logits);
+            return gp_error_set(GP_ERR_INVALID,
+                                "cross_entropy needs logits (N, classes) but got %s; end the "
+                                "model with flatten and a linear layer",
+                                gp_shape_str(&ls, b, sizeof b));
+        }
+        GP_ASSERT(gp_tensor_numel(targets) == logits->dims[0]);
+    } else {
+        GP_ASSERT(k == GP_LOSS_BCE_WITH_LOGITS);
+        if (gp_tensor_numel(targets) != gp_tensor_numel(logits)) {
+            char a[96], b[96];
+            gp_shape ls = gp_tensor_shape(logits), ts = gp_tensor_shape(targets);
+            return gp_error_set(GP_ERR_INVALID,
+                                "binary cross-entropy needs one target per logit, but the "
+                                "logits are %s and the targets %s; make the model's last "
+                                "layer output the target's shape",
+                                gp_shape_str(&ls, a, sizeof a), gp_shape_str(&ts, b, sizeof b));
+        }
+    }
+    GP_ASSERT(!dlogits || gp_tensor_numel(dlogits) == gp_tensor_numel(logits));
+    GP_ASSERT(logits->dev == dev && targets->dev == dev && (!dlogits || dlogits->dev == dev));
+    return GP_OK;
+}
+
+/* A bad label or target the device reported at `bad`: its value, read
+ * back, in the error. */
+static gp_status bad_on_device(gp_device *dev, gp_loss_kind k, const gp_tensor *logits,
+                               const gp_tensor *targets, int64_t bad)
+{
+    float v = NAN;
+    GP_TRY(gp_dev_download(dev, &v, targets->data + bad, 1));
+    GP_TRY(gp_dev_synchronize(dev));
+    gp_shape ts = gp_tensor_shape(targets);
+    return k == GP_LOSS_CROSS_ENTROPY ? bad_label(v, bad, logits->dims[1])
+                                      : bad_target(v, bad, &ts);
+}
+
 gp_status gp_cross_entropy(gp_device *dev, const gp_tensor *logits, const gp_tensor *labels,
                            float grad_scale, gp_tensor *dlogits, gp_loss_out *out)
 {
     memset(out, 0, sizeof *out);
-    if (logits->ndim != 2) {
-        char b[96];
-        gp_shape ls = gp_tensor_shape(logits);
-        return gp_error_set(GP_ERR_INVALID,
-                            "cross_entropy needs logits (N, classes) but got %s; end the model "
-                            "with flatten and a linear layer",
-                            gp_shape_str(&ls, b, sizeof b));
-    }
+    GP_TRY(loss_shapes(dev, GP_LOSS_CROSS_ENTROPY, logits, labels, dlogits));
     int64_t rows = logits->dims[0], cols = logits->dims[1];
-    GP_ASSERT(gp_tensor_numel(labels) == rows);
-    GP_ASSERT(!dlogits || gp_tensor_numel(dlogits) == rows * cols);
-    GP_ASSERT(logits->dev == dev && labels->dev == dev && (!dlogits || dlogits->dev == dev));
     double loss = 0.0;
     int64_t correct = 0, bad = -1;
     if (rows > 0)
         GP_TRY(gp_dev_xent(dev, logits->data, labels->data, rows, cols, grad_scale,
                            dlogits ? dlogits->data : NULL, &loss, &correct, &bad));
-    if (bad >= 0) {
-        float v = NAN;
-        GP_TRY(gp_dev_download(dev, &v, labels->data + bad, 1));
-        GP_TRY(gp_dev_synchronize(dev));
-        return gp_error_set(GP_ERR_DATA,
-                            "label %g in row %lld of the batch is not a class index in [0, %lld): "
-                            "the data has more classes than the model's last layer outputs "
-                            "(raise its out to the number of classes) or the labels are corrupt",
-                            (double)v, (long long)bad, (long long)cols);
-    }
+    if (bad >= 0) return bad_on_device(dev, GP_LOSS_CROSS_ENTROPY, logits, labels, bad);
     out->loss_sum = loss;
     out->correct = correct;
     out->count = rows;
@@ -686,49 +757,43 @@ gp_status gp_bce_with_logits(gp_device *dev, const gp_tensor *logits, const gp_t
                              float grad_scale, gp_tensor *dlogits, gp_loss_out *out)
 {
     memset(out, 0, sizeof *out);
+    GP_TRY(loss_shapes(dev, GP_LOSS_BCE_WITH_LOGITS, logits, targets, dlogits));
     int64_t n = gp_tensor_numel(logits);
-    if (gp_tensor_numel(targets) != n) {
-        char a[96], b[96];
-        gp_shape ls = gp_tensor_shape(logits), ts = gp_tensor_shape(targets);
-        return gp_error_set(GP_ERR_INVALID,
-                            "binary cross-entropy needs one target per logit, but the logits "
-                            "are %s and the targets %s; make the model's last layer output "
-                            "the target's shape",
-                            gp_shape_str(&ls, a, sizeof a), gp_shape_str(&ts, b, sizeof b));
-    }
-    GP_ASSERT(!dlogits || gp_tensor_numel(dlogits) == n);
-    GP_ASSERT(logits->dev == dev && targets->dev == dev && (!dlogits || dlogits->dev == dev));
     double loss = 0.0;
     int64_t correct = 0, bad = -1;
     GP_TRY(gp_dev_bce_logits(dev, logits->data, targets->data, n, grad_scale,
                              dlogits ? dlogits->data : NULL, &loss, &correct, &bad));
-    if (bad >= 0) {
-        float v = NAN;
-        GP_TRY(gp_dev_download(dev, &v, targets->data + bad, 1));
-        GP_TRY(gp_dev_synchronize(dev));
-        char where[96] = "";
-        gp_shape ts = gp_tensor_shape(targets);
-        if (ts.ndim > 1) { /* also as an index of the target's shape */
-            size_t off = (size_t)snprintf(where, sizeof where, " (");
-            int64_t rest = bad;
-            for (int d = 0; d < ts.ndim && off < sizeof where; d++) {
-                int64_t stride = 1;
-                for (int e = d + 1; e < ts.ndim; e++) stride *= ts.dims[e];
-                off += (size_t)snprintf(where + off, sizeof where - off, "%s%lld",
-                                        d ? ", " : "", (long long)(rest / stride));
-                rest %= stride;
-            }
-            if (off < sizeof where) snprintf(where + off, sizeof where - off, ")");
-        }
-        return gp_error_set(GP_ERR_DATA,
-                            "target %g at element %lld%s of the batch is not in [0, 1]: binary "
-                            "cross-entropy takes probabilities (masks of 0 and 1); rescale "
-                            "the targets or check the data",
-                            (double)v, (long long)bad, where);
-    }
+    if (bad >= 0) return bad_on_device(dev, GP_LOSS_BCE_WITH_LOGITS, logits, targets, bad);
     out->loss_sum = loss;
     out->correct = correct;
     out->count = n;
+    return GP_OK;
+}
+
+gp_status gp_loss_dev(gp_device *dev, gp_loss_kind k, const gp_tensor *logits,
+                      const gp_tensor *targets, float grad_scale, gp_tensor *dlogits,
+                      gp_loss_result *out)
+{
+    GP_TRY(loss_shapes(dev, k, logits, targets, dlogits));
+    float *dl = dlogits ? dlogits->data : NULL;
+    if (k == GP_LOSS_CROSS_ENTROPY)
+        return gp_dev_xent_dev(dev, logits->data, targets->data, logits->dims[0],
+                               logits->dims[1], grad_scale, dl, out);
+    return gp_dev_bce_logits_dev(dev, logits->data, targets->data, gp_tensor_numel(logits),
+                                 grad_scale, dl, out);
+}
+
+gp_status gp_loss_check_targets(gp_loss_kind k, const float *t, const gp_shape *out)
+{
+    if (k == GP_LOSS_CROSS_ENTROPY) {
+        GP_ASSERT(out->ndim == 2);
+        for (int64_t r = 0; r < out->dims[0]; r++)
+            if (!gp_ew_label_ok(t[r], out->dims[1])) return bad_label(t[r], r, out->dims[1]);
+        return GP_OK;
+    }
+    int64_t n = gp_shape_numel(out);
+    for (int64_t e = 0; e < n; e++)
+        if (!gp_ew_bce_target_ok(t[e])) return bad_target(t[e], e, out);
     return GP_OK;
 }
 

@@ -338,6 +338,14 @@ gp_status gp_layer_check_finite(const gp_layer *l, const char *when);
  * read once; the error, if any, names the first bad layer and tensor as
  * gp_layer_check_finite does. */
 gp_status gp_layers_check_finite(const gp_layer *ls, int count, const char *when);
+/* Its two halves, for a caller that reads the flag with other results of
+ * the step (the pipeline): flag_nonfinite enqueues the check of every
+ * parameter of ls[0 .. count) on dev into *flag (one float of dev's memory,
+ * set to 1 if any is NaN or Inf, else left as it is); name_nonfinite, once
+ * a flag was found set, reads the tensors one by one and returns the error
+ * naming the first bad layer and tensor (GP_OK if none is). */
+gp_status gp_layers_flag_nonfinite(const gp_layer *ls, int count, gp_device *dev, float *flag);
+gp_status gp_layers_name_nonfinite(const gp_layer *ls, int count, const char *when);
 /* Gradient zeroing for a step without the zeroing pass: grads_begin marks
  * the gradients stale (O(1)); the layer's first backward then overwrites
  * them (or zeroes them first if its ops cannot overwrite), later backwards
@@ -460,5 +468,17 @@ int64_t gp_loss_targets_per_sample(gp_loss_kind k, const gp_shape *out);
 gp_status gp_loss(gp_device *dev, gp_loss_kind k, const gp_tensor *logits,
                   const gp_tensor *targets, float grad_scale, gp_tensor *dlogits,
                   gp_loss_out *out);
+/* The same loss with its results left in device memory (*out, one
+ * gp_loss_result of dev): enqueued, no host wait; the caller reads them
+ * later (the pipeline, once per step).  A bad label or target sets
+ * out->bad; check the targets on the host first (gp_loss_check_targets)
+ * for an error that names them before anything is computed. */
+gp_status gp_loss_dev(gp_device *dev, gp_loss_kind k, const gp_tensor *logits,
+                      const gp_tensor *targets, float grad_scale, gp_tensor *dlogits,
+                      gp_loss_result *out);
+/* GP_ERR_DATA, worded as gp_cross_entropy's and gp_bce_with_logits', when
+ * a target in host memory t is not one loss k takes; out is the shape of
+ * the logits they go with (N, classes) or of the targets themselves. */
+gp_status gp_loss_check_targets(gp_loss_kind k, const float *t, const gp_shape *out);
 
 #endif /* GP_LAYERS_H */

@@ -38,7 +38,10 @@ typedef struct mb_state {
     gp_tensor grad_in;   /* dL/d in (stages > 0), owned until copied */
     gp_tensor labels;    /* last stage: the targets, (b) class ids or the
                             output's shape (b, ...) */
-    double loss_sum;
+    bool sent;           /* stage 0: its input uploaded this step; last
+                            stage: its targets (both when one stage) */
+    bool labels_sent;
+    double loss_sum;     /* last stage: read from the device at the step's end */
     int64_t correct, count;
 } mb_state;
 
@@ -51,6 +54,14 @@ typedef struct worker {
     int cap_events;
     double busy;
     double comm_seconds;  /* this step's collectives and waits for the other replicas */
+    /* What the step leaves on the device for the host to read at its end,
+     * in one read: the NaN check's flag (a float, padded to 8 bytes), then
+     * (on the last stage's device) one gp_loss_result per micro-batch.
+     * res_dev on the device, res_host its copy; allocated by the worker. */
+    void *res_dev, *res_host;
+    size_t res_bytes;
+    int bad_loss;         /* the first micro-batch whose loss is not finite, or -1 */
+    bool flagged;         /* a parameter of its stages is not finite */
 } worker;
 
 struct gp_pipeline {
@@ -96,6 +107,7 @@ struct gp_pipeline {
     bool shutdown;
     int finished;              /* workers done with this step */
     int lists_ok;              /* workers at their BARRIER without error */
+    int results_read;          /* workers that have read their step's results */
     int drained;               /* workers done freeing this step */
     bool cancelled;
     gp_status status;          /* first error */
@@ -108,7 +120,8 @@ struct gp_pipeline {
      * use, kept across steps: per (i, j) EV_PER of them, [(i * S + j) *
      * EV_PER + e]: the forward's and the backward's (recorded before their
      * fwd_done / bwd_done, so a reader that saw the flag sees the event),
-     * then one per tensor copied into (i, j) (EV_COPY + slot, see
+     * the uploads' of the input (stage 0) and targets (last stage), then
+     * one per tensor copied into (i, j) (EV_COPY + slot, see
      * copy_slot), recorded by the copy; copy_pending[(i * S + j) * slots +
      * slot] says a copy's event is still to be waited for, and is worker
      * j's alone. */
@@ -224,6 +237,13 @@ static bool pred_lists_ok(gp_pipeline *p, int a, int b)
     return p->lists_ok >= p->n_run;
 }
 
+static bool pred_results_read(gp_pipeline *p, int a, int b)
+{
+    (void)a;
+    (void)b;
+    return p->results_read >= p->n_run;
+}
+
 /* Move clock_front past every fully computed clock.  Lock held. */
 static void advance_clocks(gp_pipeline *p)
 {
@@ -244,7 +264,7 @@ static void publish(gp_pipeline *p, bool *flag, int clock)
 
 /* ---- events: copies ordered on the devices, not on the host ------------- */
 
-enum { EV_FWD, EV_BWD, EV_COPY };
+enum { EV_FWD, EV_BWD, EV_UP_X, EV_UP_Y, EV_COPY };
 #define COPY_SLOTS(p) (2 + 2 * (p)->K)
 #define EV_PER(p) (EV_COPY + COPY_SLOTS(p))
 
@@ -413,17 +433,84 @@ static gp_fwd_ctx mb_ctx(const gp_pipeline *p, int i, int j)
                         .batch_total = p->batch_total, .comm = p->comms[j], .rank = p->rank};
 }
 
+/* ---- uploads and the step's results: no host wait inside a step ---------- */
+
+enum { RES_LOSS = 8 }; /* where the loss results start in a worker's res_dev */
+
+static size_t res_bytes_for(int m) { return RES_LOSS + (size_t)m * sizeof(gp_loss_result); }
+
+/* Micro-batch i's loss results on the last stage's device. */
+static gp_loss_result *loss_slot(gp_pipeline *p, int i)
+{
+    return (gp_loss_result *)((char *)p->workers[(p->S - 1) % p->n].res_dev + RES_LOSS) + i;
+}
+
+/* Stage 0's input of micro-batch i (what = EV_UP_X) or the last stage's
+ * targets (EV_UP_Y), once a step: enqueued on the device's copy stream
+ * behind nothing (the batch is host memory the caller keeps until the
+ * step's end), its event recorded behind it.  The forward or the loss that
+ * reads it waits for that event; the host waits for nothing. */
+static gp_status upload(gp_pipeline *p, int i, int what)
+{
+    int j = what == EV_UP_X ? 0 : p->S - 1;
+    mb_state *s = MB(p, i, j);
+    bool *sent = what == EV_UP_X ? &s->sent : &s->labels_sent;
+    if (*sent) return GP_OK;
+    gp_device *dev = p->devs[j];
+    int64_t b = p->sizes[i];
+    gp_tensor *t;
+    gp_shape sh;
+    const float *src;
+    if (what == EV_UP_X) {
+        t = &s->stash.in;
+        sh = gp_shape_with_batch(&p->input, b);
+        src = p->x + p->offsets[i] * gp_shape_numel(&p->input);
+    } else {
+        t = &s->labels;
+        sh = (gp_shape){1, {b, 0, 0, 0}};
+        if (p->opts.loss != GP_LOSS_CROSS_ENTROPY)
+            sh = gp_shape_with_batch(&p->layers[p->L - 1].out_shape, b);
+        GP_ASSERT(gp_shape_numel(&sh) == b * p->targets);
+        src = p->y + p->offsets[i] * p->targets;
+    }
+    void *ev;
+    GP_TRY(cell_event(p, i, j, what, &ev));
+    GP_TRY(gp_tensor_alloc(t, dev, &sh, GP_MEM_ACTIVATIONS));
+    GP_TRY(gp_dev_upload_async(dev, t->data, src, gp_shape_numel(&sh), ev));
+    *sent = true;
+    return GP_OK;
+}
+
+/* Micro-batch i's upload `what` enqueued (if it was not yet) and the next
+ * one's too, so that its copy overlaps this micro-batch's compute (every
+ * schedule runs a stage's forwards in micro-batch order); then the device
+ * waits for i's. */
+static gp_status await_upload(gp_pipeline *p, int i, int what)
+{
+    int j = what == EV_UP_X ? 0 : p->S - 1;
+    GP_TRY(upload(p, i, what));
+    if (i + 1 < p->m) GP_TRY(upload(p, i + 1, what));
+    void *ev;
+    GP_TRY(cell_event(p, i, j, what, &ev));
+    return gp_dev_event_wait(p->devs[j], ev);
+}
+
 static gp_status do_forward(gp_pipeline *p, int i, int j, bool ckpt, int *bad_layer)
 {
     mb_state *s = MB(p, i, j);
     gp_device *dev = p->devs[j];
     int64_t b = p->sizes[i];
-    if (j == 0) {
-        gp_shape xs = gp_shape_with_batch(&p->input, b);
-        int64_t per = gp_shape_numel(&p->input);
-        GP_TRY(gp_tensor_alloc(&s->stash.in, dev, &xs, GP_MEM_ACTIVATIONS));
-        GP_TRY(gp_dev_upload(dev, s->stash.in.data, p->x + p->offsets[i] * per, b * per));
+    bool last = j == p->S - 1;
+    if (last) {
+        /* The targets, checked on the host before anything of micro-batch
+         * i is computed (the device's loss would only flag them at the
+         * step's end), and on their way to the device during the forward. */
+        gp_shape os = gp_shape_with_batch(&p->layers[p->L - 1].out_shape, b);
+        if (p->opts.loss != GP_LOSS_CROSS_ENTROPY || os.ndim == 2) /* else the loss says */
+            GP_TRY(gp_loss_check_targets(p->opts.loss, p->y + p->offsets[i] * p->targets, &os));
+        GP_TRY(upload(p, i, EV_UP_Y));
     }
+    if (j == 0) GP_TRY(await_upload(p, i, EV_UP_X));
     gp_fwd_ctx ctx = mb_ctx(p, i, j);
     gp_status st = gp_ckpt_forward(p->layers + p->first[j], &ctx,
                                   ckpt ? GP_FWD_INPUT : GP_FWD_KEEP, &s->stash, bad_layer);
@@ -431,25 +518,19 @@ static gp_status do_forward(gp_pipeline *p, int i, int j, bool ckpt, int *bad_la
         *bad_layer += p->first[j];
         return st;
     }
-    if (j == p->S - 1) {
-        /* The loss: dlogits become this stage's incoming gradient. */
-        int64_t t = p->targets;
-        gp_shape ls = {1, {b, 0, 0, 0}};
-        if (p->opts.loss != GP_LOSS_CROSS_ENTROPY) ls = gp_tensor_shape(&s->stash.out);
-        GP_ASSERT(gp_shape_numel(&ls) == b * t);
-        GP_TRY(gp_tensor_alloc(&s->labels, dev, &ls, GP_MEM_ACTIVATIONS));
-        GP_TRY(gp_dev_upload(dev, s->labels.data, p->y + p->offsets[i] * t, b * t));
-        gp_loss_out lo = {0};
+    if (last) {
+        /* The loss: dlogits become this stage's incoming gradient; its
+         * results stay on the device until the step's end (read_results). */
+        GP_TRY(await_upload(p, i, EV_UP_Y));
+        GP_ASSERT(gp_tensor_numel(&s->labels) == gp_tensor_numel(&s->stash.out) ||
+                  p->opts.loss == GP_LOSS_CROSS_ENTROPY);
         /* 1 / the global batch's targets: the replicas' gradients then sum
          * to the gradient of the global mean loss. */
-        st = gp_ckpt_loss(dev, p->opts.loss, &s->stash.out, &s->labels,
-                          (float)(1.0 / ((double)p->batch_total * (double)t)), &s->grad_out,
-                          &lo);
+        st = gp_ckpt_loss_dev(dev, p->opts.loss, &s->stash.out, &s->labels,
+                              (float)(1.0 / ((double)p->batch_total * (double)p->targets)),
+                              &s->grad_out, loss_slot(p, i));
         gp_tensor_free(&s->labels);
         GP_TRY(st);
-        s->loss_sum = lo.loss_sum;
-        s->correct = lo.correct;
-        s->count = lo.count;
         if (ckpt) gp_tensor_free(&s->stash.out); /* logits are not needed again */
     }
     return GP_OK;
@@ -749,8 +830,9 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
         st = stage_collective(p, j, COLL_ALL_GATHER);
         break;
     case GP_INSTR_CHECK:
-        /* the message names the layer already */
-        return gp_layers_check_finite(p->layers + first, count, "after the step");
+        /* into the flag the step's end reads (read_results) */
+        return gp_layers_flag_nonfinite(p->layers + first, count, p->devs[j],
+                                        (float *)w->res_dev);
     default:
         GP_ASSERT(!"unknown instruction");
     }
@@ -759,10 +841,98 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
 }
 
 
+/* The worker's result buffer, large enough for this step, and its NaN
+ * flag cleared (enqueued). */
+static gp_status results_begin(worker *w)
+{
+    gp_pipeline *p = w->p;
+    gp_device *dev = p->devs[w->j];
+    size_t need = res_bytes_for(p->m);
+    if (w->res_bytes < need) {
+        gp_dev_free(dev, w->res_dev, w->res_bytes, GP_MEM_WORKSPACE);
+        free(w->res_host);
+        w->res_dev = w->res_host = NULL;
+        w->res_bytes = 0;
+        w->res_host = malloc(need);
+        if (!w->res_host) return gp_error_set(GP_ERR_OOM, "out of host memory");
+        GP_TRY(gp_dev_alloc(dev, need, GP_MEM_WORKSPACE, &w->res_dev));
+        w->res_bytes = need;
+    }
+    return gp_dev_fill(dev, (float *)w->res_dev, 0.0f, 1);
+}
+
+/* The step's end on device j: its one host wait.  The results the step
+ * left on the device (the NaN flag; the losses, on the last stage's device)
+ * come back in one read, which also waits for everything queued; a device
+ * with nothing to read is synchronized (the uploads read the caller's
+ * batch until then).  Then the errors they hold, once every worker has
+ * read its own, reported by one worker so the message does not depend on
+ * which got there first: the cause before its consequences, i.e. a loss
+ * that is not finite (micro-batch i's forward, before the update), else
+ * the first device whose parameters are not (its stages' CHECK). */
+static gp_status read_results(worker *w)
+{
+    gp_pipeline *p = w->p;
+    int j = w->j;
+    gp_device *dev = p->devs[j];
+    bool losses = (p->S - 1) % p->n == j, check = !p->opts.no_check;
+    w->bad_loss = -1;
+    w->flagged = false;
+    gp_status st;
+    if (!losses && !check) st = gp_dev_synchronize(dev);
+    else st = gp_dev_download(dev, w->res_host, w->res_dev,
+                              (int64_t)((losses ? res_bytes_for(p->m) : RES_LOSS) / sizeof(float)));
+    if (st != GP_OK) return fail(p, st, j, -1, -1);
+    const gp_loss_result *r = (const gp_loss_result *)((char *)w->res_host + RES_LOSS);
+    for (int i = 0; losses && i < p->m; i++) {
+        mb_state *s = MB(p, i, p->S - 1);
+        /* r[i].bad: the host checked the targets, so never; but a device
+         * that disagrees must not pass for a good step */
+        if ((r[i].bad >= 0 || !isfinite(r[i].loss_sum)) && w->bad_loss < 0) w->bad_loss = i;
+        s->loss_sum = r[i].loss_sum;
+        s->correct = r[i].correct;
+        s->count = p->sizes[i] * p->targets;
+    }
+    w->flagged = check && *(const float *)w->res_host != 0.0f;
+    bool first_flag = w->flagged, loss_elsewhere = false;
+    if (p->local < 0) { /* in one process: the workers compare */
+        pthread_mutex_lock(&p->lock);
+        p->results_read++;
+        pthread_cond_broadcast(&p->cond);
+        pthread_mutex_unlock(&p->lock);
+        st = wait_for(p, pred_results_read, 0, 0);
+        if (st != GP_OK) return fail(p, st, j, -1, -1);
+        for (int d = 0; d < p->n; d++) {
+            loss_elsewhere = loss_elsewhere || (d != j && p->workers[d].bad_loss >= 0);
+            first_flag = first_flag && !(d < j && p->workers[d].flagged);
+        }
+    }
+    if (w->bad_loss >= 0) {
+        int i = w->bad_loss;
+        if (r[i].bad >= 0)
+            st = gp_error_set(GP_ERR_RUNTIME, "the device found target %lld bad, which the "
+                              "host's check of the same targets passed", (long long)r[i].bad);
+        else
+            st = gp_error_set(GP_ERR_NUMERIC, "the loss is %g; lower train.optimizer.lr, add "
+                              "warm-up, or check the data normalisation", r[i].loss_sum);
+        return fail(p, st, p->S - 1, i, -1);
+    }
+    if (loss_elsewhere || !first_flag) return GP_OK; /* another worker reports the step's error */
+    EACH_STAGE(p, q, j) {
+        st = gp_layers_name_nonfinite(p->layers + p->first[q], p->count[q], "after the step");
+        if (st != GP_OK) return fail(p, st, q, -1, -1); /* the message names the layer */
+    }
+    return fail(p, gp_error_set(GP_ERR_NUMERIC, "a parameter is NaN or Inf after the step, but "
+                                "no tensor read one by one is: the device's check and the "
+                                "host's disagree"), j, -1, -1);
+}
+
 static gp_status run_step(worker *w)
 {
     gp_pipeline *p = w->p;
     int j = w->j; /* the device */
+    gp_status rs = results_begin(w);
+    if (rs != GP_OK) return fail(p, rs, j, -1, -1);
     /* No zeroing pass: each layer's first backward overwrites its gradients. */
     EACH_STAGE(p, q, j)
         for (int c = p->first[q]; c < p->first[q] + p->count[q]; c++)
@@ -840,9 +1010,7 @@ static gp_status run_step(worker *w)
     }
     gp_status st = gp_dev_freeze_weights(dev, false);
     if (st != GP_OK) return fail(p, st, j, -1, -1);
-    st = gp_dev_synchronize(p->devs[j]);
-    if (st != GP_OK) return fail(p, st, j, -1, -1);
-    return GP_OK;
+    return read_results(w);
 }
 
 static void *worker_main(void *arg)
@@ -870,6 +1038,9 @@ static void *worker_main(void *arg)
              * until every worker has stopped. */
             while (p->finished < p->n_run) pthread_cond_wait(&p->cond, &p->lock);
             pthread_mutex_unlock(&p->lock);
+            /* the step ended early: uploads may still read the caller's
+             * batch (a failed device reports its failure again here) */
+            (void)gp_dev_synchronize(p->devs[w->j]);
             drain(p, w->j);
             pthread_mutex_lock(&p->lock);
         }
@@ -1125,11 +1296,13 @@ gp_status gp_pipeline_step_begin(gp_pipeline *p, const float *x, const float *y,
         p->mb[q].loss_sum = 0;
         p->mb[q].correct = 0;
         p->mb[q].count = 0;
+        p->mb[q].sent = p->mb[q].labels_sent = false;
     }
 
     pthread_mutex_lock(&p->lock);
     p->finished = 0;
     p->lists_ok = 0;
+    p->results_read = 0;
     p->drained = 0;
     p->cancelled = false;
     p->status = GP_OK;
@@ -1218,6 +1391,11 @@ void gp_pipeline_destroy(gp_pipeline *p)
     pthread_mutex_unlock(&p->lock);
     for (int j = 0; j < p->n; j++)
         if (p->local < 0 || j == p->local) pthread_join(p->workers[j].thread, NULL);
+    for (int j = 0; j < p->n; j++) { /* the workers are gone: the main thread frees */
+        worker *w = &p->workers[j];
+        if (w->res_dev) gp_dev_free(p->devs[j], w->res_dev, w->res_bytes, GP_MEM_WORKSPACE);
+        free(w->res_host);
+    }
     free_step_tables(p);
     free(p->pend);
     pthread_mutex_destroy(&p->lock);

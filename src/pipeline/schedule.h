@@ -99,6 +99,9 @@
  *     CHECK         every parameter and buffer of the stage finite: a run
  *                   that diverged stops here, naming the tensor, instead
  *                   of training on (ReLU would hide a NaN from the loss).
+ *                   Enqueued into a flag on the device; the executor reads
+ *                   it with the step's losses in the device's one host
+ *                   wait, after the list (pipeline.c, read_results).
  *
  * Stage 0 is fused when sharded: its backward ends last, so a reduce-
  * scatter right after it would overlap nothing.  The executor runs the
