@@ -329,12 +329,19 @@ static void test_pool_hw(gp_pool_kind kind, int64_t n, int64_t c, int64_t h, int
              kind == GP_POOL_MAX ? "max" : kind == GP_POOL_AVG ? "avg" : "avg-incl-pad",
              (long long)n, (long long)c, (long long)h, (long long)w, (long long)kh,
              (long long)kw, (long long)sh, (long long)sw, (long long)ph, (long long)pw);
+    /* A max is exact and so is routing each dy to its window's maximum;
+     * but where windows overlap (stride < kernel) one dx is the sum of the
+     * dy of several windows, which cuDNN adds in another order than the
+     * CPU: float rounding of a sum of a few terms in [-1, 1], 6e-8 apart
+     * on the H100 (k3 s2 p1), so 1e-6 as for the averages. */
+    bool overlap = kh > sh || kw > sw;
     double tol = kind == GP_POOL_MAX ? 0 : 1e-6;
+    double tol_bwd = kind == GP_POOL_MAX && !overlap ? 0 : 1e-6;
     BOTH(gp_dev_pool_fwd(D, &d, x.p[K], y.p[K], ws[K]));
     bcheck(what, &y, tol);
     BOTH(gp_dev_pool_bwd(D, &d, x.p[K], y.p[K], dy.p[K], dx.p[K], ws[K]));
     strncat(what, " bwd", sizeof what - strlen(what) - 1);
-    bcheck(what, &dx, tol);
+    bcheck(what, &dx, tol_bwd);
     for (int k = 0; k < 2; k++)
         if (wsb[k]) gp_dev_free(D2[k], ws[k], wsb[k], GP_MEM_WORKSPACE);
     bfree(&x); bfree(&dy); bfree(&y); bfree(&dx);
