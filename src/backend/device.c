@@ -187,6 +187,20 @@ static gp_status bn_host_get(gp_device *dev, int64_t c, const double *mean_acc,
     return dev->iface->copy_d2h(dev, h->b, b, nf);
 }
 
+/* The accumulator back to the device, and a and b where they are not
+ * NULL (the running statistics). */
+static gp_status bn_host_put(gp_device *dev, int64_t c, const bn_host *h, double *mean_acc,
+                             double *m2_acc, float *a, float *b)
+{
+    size_t nd = (size_t)c * sizeof(double), nf = (size_t)c * sizeof(float);
+    gp_dev_count_wait(dev);
+    gp_status s = a ? dev->iface->copy_h2d(dev, a, h->a, nf) : GP_OK;
+    if (s == GP_OK && b) s = dev->iface->copy_h2d(dev, b, h->b, nf);
+    if (s == GP_OK) s = dev->iface->copy_h2d(dev, mean_acc, h->mean_acc, nd);
+    if (s == GP_OK) s = dev->iface->copy_h2d(dev, m2_acc, h->m2_acc, nd);
+    return s;
+}
+
 static void bn_host_free(bn_host *h)
 {
     free(h->mean_acc);
@@ -206,9 +220,7 @@ gp_status gp_dev_bn_merge(gp_device *dev, int64_t c, double *mean_acc, double *m
     if (s == GP_OK) {
         for (int64_t k = 0; k < c; k++)
             gp_ew_bn_merge(&h.mean_acc[k], &h.m2_acc[k], na, nb, h.a[k], h.b[k]);
-        gp_dev_count_wait(dev);
-        s = dev->iface->copy_h2d(dev, mean_acc, h.mean_acc, (size_t)c * sizeof(double));
-        if (s == GP_OK) s = dev->iface->copy_h2d(dev, m2_acc, h.m2_acc, (size_t)c * sizeof(double));
+        s = bn_host_put(dev, c, &h, mean_acc, m2_acc, NULL, NULL);
     }
     bn_host_free(&h);
     return s;
@@ -228,12 +240,7 @@ gp_status gp_dev_bn_commit(gp_device *dev, int64_t c, float *rmean, float *rvar,
     if (s == GP_OK) {
         for (int64_t k = 0; k < c; k++)
             gp_ew_bn_commit(&h.a[k], &h.b[k], &h.mean_acc[k], &h.m2_acc[k], momentum, count);
-        size_t nd = (size_t)c * sizeof(double), nf = (size_t)c * sizeof(float);
-        gp_dev_count_wait(dev);
-        s = dev->iface->copy_h2d(dev, rmean, h.a, nf);
-        if (s == GP_OK) s = dev->iface->copy_h2d(dev, rvar, h.b, nf);
-        if (s == GP_OK) s = dev->iface->copy_h2d(dev, mean_acc, h.mean_acc, nd);
-        if (s == GP_OK) s = dev->iface->copy_h2d(dev, m2_acc, h.m2_acc, nd);
+        s = bn_host_put(dev, c, &h, mean_acc, m2_acc, rmean, rvar);
     }
     bn_host_free(&h);
     return s;

@@ -366,29 +366,34 @@ gp_status gp_ckpt_backward_weights(gp_layer *layers, const gp_fwd_ctx *ctx, gp_s
     return st;
 }
 
+gp_status gp_ckpt_loss_finite(double loss_sum)
+{
+    if (isfinite(loss_sum)) return GP_OK;
+    return gp_error_set(GP_ERR_NUMERIC, "the loss is %g; lower train.optimizer.lr, add warm-up, "
+                        "or check the data normalisation", loss_sum);
+}
+
+/* dlogits (NULL: none) shaped as the logits. */
+static gp_status alloc_dlogits(gp_device *dev, const gp_tensor *logits, gp_tensor *dlogits)
+{
+    if (!dlogits) return GP_OK;
+    gp_shape os = gp_tensor_shape(logits);
+    return gp_tensor_alloc(dlogits, dev, &os, GP_MEM_ACTIVATIONS);
+}
+
 gp_status gp_ckpt_loss(gp_device *dev, gp_loss_kind k, const gp_tensor *logits,
                        const gp_tensor *targets, float grad_scale, gp_tensor *dlogits,
                        gp_loss_out *lo)
 {
-    if (dlogits) {
-        gp_shape os = gp_tensor_shape(logits);
-        GP_TRY(gp_tensor_alloc(dlogits, dev, &os, GP_MEM_ACTIVATIONS));
-    }
+    GP_TRY(alloc_dlogits(dev, logits, dlogits));
     GP_TRY(gp_loss(dev, k, logits, targets, grad_scale, dlogits, lo));
-    if (!isfinite(lo->loss_sum))
-        return gp_error_set(GP_ERR_NUMERIC,
-                            "the loss is %g; lower train.optimizer.lr, add warm-up, or check "
-                            "the data normalisation", lo->loss_sum);
-    return GP_OK;
+    return gp_ckpt_loss_finite(lo->loss_sum);
 }
 
 gp_status gp_ckpt_loss_dev(gp_device *dev, gp_loss_kind k, const gp_tensor *logits,
                            const gp_tensor *targets, float grad_scale, gp_tensor *dlogits,
                            gp_loss_result *out)
 {
-    if (dlogits) {
-        gp_shape os = gp_tensor_shape(logits);
-        GP_TRY(gp_tensor_alloc(dlogits, dev, &os, GP_MEM_ACTIVATIONS));
-    }
+    GP_TRY(alloc_dlogits(dev, logits, dlogits));
     return gp_loss_dev(dev, k, logits, targets, grad_scale, dlogits, out);
 }

@@ -457,32 +457,6 @@ gp_status gp_layers_name_nonfinite(const gp_layer *ls, int count, const char *wh
     return GP_OK;
 }
 
-gp_status gp_layers_check_finite(const gp_layer *ls, int count, const char *when)
-{
-    gp_device *dev = NULL;
-    for (int k = 0; k < count && !dev; k++)
-        if (!ls[k].meta && ls[k].n_params > 0) dev = ls[k].dev;
-    if (!dev) return GP_OK;
-    /* Every tensor into one flag on the device, read once; only when it is
-     * set are the tensors read one by one, to name the first bad one.
-     * Another device's layers (none today) are checked on their own. */
-    for (int k = 0; k < count; k++)
-        if (!ls[k].meta && ls[k].dev != dev) GP_TRY(gp_layer_check_finite(&ls[k], when));
-    void *flag = NULL;
-    float h = 0.0f;
-    GP_TRY(gp_dev_alloc(dev, sizeof(float), GP_MEM_WORKSPACE, &flag));
-    gp_status s = gp_dev_fill(dev, flag, 0.0f, 1);
-    if (s == GP_OK) s = gp_layers_flag_nonfinite(ls, count, dev, flag);
-    if (s == GP_OK) s = gp_dev_download(dev, &h, flag, 1); /* the one read */
-    gp_dev_free(dev, flag, sizeof(float), GP_MEM_WORKSPACE);
-    GP_TRY(s);
-    if (h == 0.0f) return GP_OK;
-    GP_TRY(gp_layers_name_nonfinite(ls, count, when));
-    return gp_error_set(GP_ERR_NUMERIC, "device %s: a parameter is NaN or Inf %s, but no "
-                        "tensor read one by one is: the device's check and the host's "
-                        "disagree", dev->name, when);
-}
-
 void gp_layer_grads_begin(gp_layer *l) { l->grads_stale = true; }
 
 gp_status gp_layer_grads_finish(gp_layer *l)

@@ -333,17 +333,14 @@ gp_status gp_layer_zero_grad(gp_layer *l);
  * says at what point ("after the update").  One device reduction per
  * tensor; the slow path (finding the element) only on failure. */
 gp_status gp_layer_check_finite(const gp_layer *l, const char *when);
-/* The same for layers ls[0 .. count) of one device, with one host wait:
- * every parameter checked into one flag on the device (nonfinite_or) and
- * read once; the error, if any, names the first bad layer and tensor as
- * gp_layer_check_finite does. */
-gp_status gp_layers_check_finite(const gp_layer *ls, int count, const char *when);
-/* Its two halves, for a caller that reads the flag with other results of
- * the step (the pipeline): flag_nonfinite enqueues the check of every
- * parameter of ls[0 .. count) on dev into *flag (one float of dev's memory,
- * set to 1 if any is NaN or Inf, else left as it is); name_nonfinite, once
- * a flag was found set, reads the tensors one by one and returns the error
- * naming the first bad layer and tensor (GP_OK if none is). */
+/* The same for layers ls[0 .. count) of one device with no host wait, for
+ * a caller that reads the flag with the step's other results (the
+ * pipeline): flag_nonfinite enqueues the check of every parameter on dev
+ * into *flag (one float of dev's memory, set to 1 if any is NaN or Inf,
+ * else left as it is; layers on other devices are not its to check);
+ * name_nonfinite, once a flag was found set, reads the tensors one by one
+ * and returns gp_layer_check_finite's error for the first bad one (GP_OK
+ * if none is). */
 gp_status gp_layers_flag_nonfinite(const gp_layer *ls, int count, gp_device *dev, float *flag);
 gp_status gp_layers_name_nonfinite(const gp_layer *ls, int count, const char *when);
 /* Gradient zeroing for a step without the zeroing pass: grads_begin marks

@@ -38,9 +38,8 @@ typedef struct mb_state {
     gp_tensor grad_in;   /* dL/d in (stages > 0), owned until copied */
     gp_tensor labels;    /* last stage: the targets, (b) class ids or the
                             output's shape (b, ...) */
-    bool sent;           /* stage 0: its input uploaded this step; last
-                            stage: its targets (both when one stage) */
-    bool labels_sent;
+    bool sent;           /* stage 0: its input uploaded this step */
+    bool labels_sent;    /* last stage: its targets uploaded this step */
     double loss_sum;     /* last stage: read from the device at the step's end */
     int64_t correct, count;
 } mb_state;
@@ -522,8 +521,6 @@ static gp_status do_forward(gp_pipeline *p, int i, int j, bool ckpt, int *bad_la
         /* The loss: dlogits become this stage's incoming gradient; its
          * results stay on the device until the step's end (read_results). */
         GP_TRY(await_upload(p, i, EV_UP_Y));
-        GP_ASSERT(gp_tensor_numel(&s->labels) == gp_tensor_numel(&s->stash.out) ||
-                  p->opts.loss == GP_LOSS_CROSS_ENTROPY);
         /* 1 / the global batch's targets: the replicas' gradients then sum
          * to the gradient of the global mean loss. */
         st = gp_ckpt_loss_dev(dev, p->opts.loss, &s->stash.out, &s->labels,
@@ -913,8 +910,7 @@ static gp_status read_results(worker *w)
             st = gp_error_set(GP_ERR_RUNTIME, "the device found target %lld bad, which the "
                               "host's check of the same targets passed", (long long)r[i].bad);
         else
-            st = gp_error_set(GP_ERR_NUMERIC, "the loss is %g; lower train.optimizer.lr, add "
-                              "warm-up, or check the data normalisation", r[i].loss_sum);
+            st = gp_ckpt_loss_finite(r[i].loss_sum);
         return fail(p, st, p->S - 1, i, -1);
     }
     if (loss_elsewhere || !first_flag) return GP_OK; /* another worker reports the step's error */
