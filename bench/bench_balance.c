@@ -323,6 +323,9 @@ int main(int argc, char **argv)
     if (steps < 1) steps = 1;
     if (rounds < 1) rounds = 1;
     gp_log_set_level(GP_LOG_WARN);
+    char cpu[256];
+    gp_bench_cpu_name(cpu, sizeof cpu);
+    printf("processor: %s\n", cpu);
     if (simulator_bar(GPIPE_SOURCE_DIR "/bench/convnet.yaml", steps, rounds, detailed)) return 1;
     if (simulator_bar(GPIPE_SOURCE_DIR "/bench/mlp.yaml", steps, rounds, detailed)) return 1;
     if (!skip_splits && splits_bar(steps, rounds)) return 1;

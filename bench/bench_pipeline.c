@@ -9,9 +9,14 @@
  *   2. overlap: summed busy time of the workers / step wall time;
  *   3. executor overhead per instruction with trivial layers;
  *   4. checkpointing: step time and peak activation memory, always vs never,
- *      for m in {1, 4, 8}.
+ *      for m in {1, 4, 8};
+ *   5. scaling: 2 devices x 1 thread over 1 device x 1 thread, both at
+ *      m = 8 without recomputation (issue 18's bar: >= 1.6; the bubble
+ *      allows 2m / (m + 1) = 1.78), in --rounds alternating rounds,
+ *      medians reported with their spread.
  *
- * usage: bench_pipeline [--steps N] [CONFIG.yaml]   (default bench/convnet.yaml)
+ * usage: bench_pipeline [--steps N] [--rounds R] [--scaling] [CONFIG.yaml]
+ *   (default bench/convnet.yaml; --scaling: part 5 only)
  * Benchmarks print; they never fail a build.
  */
 #include "pipeline/pipeline.h"
@@ -103,22 +108,67 @@ static gp_status run(const gp_config *base, int n, int m, gp_checkpoint_mode ck,
 
 static gp_layer_spec trivial_layers[8];
 
+/* Part 5: what a second device buys at m = 8 without recomputation.  The
+ * rounds alternate 1 and 2 devices, so the machine's drift (10% within a
+ * minute on this VM) hits both. */
+static int scaling(const gp_config *cfg, int steps, int rounds)
+{
+    double one[16], two[16], ratio[16];
+    printf("\nscaling: m = 8, checkpoint never, lockstep, %d rounds of %d steps\n", rounds, steps);
+    for (int q = 0; q < rounds; q++) {
+        result a, b;
+        if (run(cfg, 1, 8, GP_CKPT_NEVER, true, steps, &a) != GP_OK ||
+            run(cfg, 2, 8, GP_CKPT_NEVER, true, steps, &b) != GP_OK) {
+            fprintf(stderr, "bench_pipeline: %s\n", gp_last_error());
+            return 1;
+        }
+        one[q] = a.step;
+        two[q] = b.step;
+        ratio[q] = a.step / b.step;
+        printf("  round %d: 1 x 1 thread %.1f ms, 2 x 1 thread %.1f ms (overlap %.2f): %.3f\n",
+               q + 1, a.step * 1e3, b.step * 1e3, b.overlap, ratio[q]);
+    }
+    double lo = ratio[0], hi = ratio[0];
+    for (int q = 1; q < rounds; q++) {
+        if (ratio[q] < lo) lo = ratio[q];
+        if (ratio[q] > hi) hi = ratio[q];
+    }
+    printf("  median: 1 device %.1f ms, 2 devices %.1f ms, speed-up %.3f (rounds %.3f..%.3f; "
+           "the bubble allows %.2f)\n", gp_bench_median(one, rounds) * 1e3,
+           gp_bench_median(two, rounds) * 1e3, gp_bench_median(ratio, rounds), lo, hi,
+           2.0 * 8 / 9);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    int steps = 5;
+    int steps = 5, rounds = 3;
+    bool scaling_only = false;
     const char *path = GPIPE_SOURCE_DIR "/bench/convnet.yaml";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--scaling")) scaling_only = true;
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            puts("usage: bench_pipeline [--steps N] [CONFIG.yaml]");
+            puts("usage: bench_pipeline [--steps N] [--rounds R] [--scaling] [CONFIG.yaml]");
             return 0;
         } else path = argv[i];
     }
     if (steps < 1) steps = 1;
+    if (rounds < 1) rounds = 1;
+    if (rounds > 16) rounds = 16;
     gp_config cfg;
     if (gp_config_load(path, NULL, 0, &cfg) != GP_OK) {
         fprintf(stderr, "bench_pipeline: %s\n", gp_last_error());
         return 1;
+    }
+    char cpu[256];
+    gp_bench_cpu_name(cpu, sizeof cpu);
+    printf("processor: %s\n", cpu);
+    if (scaling_only) {
+        int rc = scaling(&cfg, steps, rounds);
+        gp_config_free(&cfg);
+        return rc;
     }
     printf("%s, batch %lld, 2 CPU devices x 1 thread, except_last checkpointing, lockstep\n\n",
            path, (long long)cfg.train.batch_size);
@@ -179,6 +229,7 @@ int main(int argc, char **argv)
         printf("\nexecutor: trivial layers, 2 devices, m = 64: %d instructions per step, "
                "%.1f us wall per instruction per device\n", r.instrs, per * 1e6);
     }
+    int rc = scaling(&cfg, steps, rounds);
     gp_config_free(&cfg);
-    return 0;
+    return rc;
 }

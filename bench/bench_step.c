@@ -12,7 +12,8 @@
  *   4. peak device memory of a step against the sum of the tensors it must
  *      hold (parameters, gradients, momentum, activations kept for backward).
  *
- * usage: bench_step [--threads N] [--steps N] [CONFIG.yaml ...]
+ * usage: bench_step [--threads N] [--steps N] [--steps-only] [CONFIG.yaml ...]
+ * (--steps-only: part 3 alone, steps back to back, for bench_cpu_peer.py)
  * (defaults: 2 threads, 10 timed steps, bench/mlp.yaml bench/convnet.yaml).
  * Benchmarks print; they never fail a build.
  */
@@ -142,7 +143,7 @@ static void bench_layers(gp_model *m, const gp_config *cfg, int64_t batch)
 }
 
 static void bench_model(const char *path, int threads, int steps, const ceiling_bufs *cb,
-                        gp_device *dev)
+                        gp_device *dev, bool steps_only)
 {
     gp_config cfg;
     if (gp_config_load(path, NULL, 0, &cfg) != GP_OK) {
@@ -160,7 +161,7 @@ static void bench_model(const char *path, int threads, int steps, const ceiling_
     for (int k = 0; k < m.n_layers; k++) fwd += m.layers[k].ops->flops(&m.layers[k], batch);
     printf("\n%s: %d layers, %lld parameters, batch %lld, %.2f GFLOP forward per batch\n", path,
            m.n_layers, (long long)gp_model_param_count(&m), (long long)batch, fwd / 1e9);
-    bench_layers(&m, &cfg, batch);
+    if (!steps_only) bench_layers(&m, &cfg, batch);
 
     /* Whole steps on a random batch (the data loader is measured elsewhere). */
     int64_t per = gp_shape_numel(&m.input);
@@ -175,7 +176,7 @@ static void bench_model(const char *path, int threads, int steps, const ceiling_
      * against a slow one (or the reverse). */
     double *ts = malloc((size_t)steps * sizeof *ts), *cs = malloc((size_t)steps * sizeof *cs);
     for (int s = 0; s < steps; s++) {
-        cs[s] = ceiling_once(dev, cb);
+        cs[s] = steps_only ? 1.0 : ceiling_once(dev, cb);
         double t0 = gp_now();
         if (gp_model_train_step(&m, &cfg, x, y, batch, 1, 0.01, &st) != GP_OK) {
             fprintf(stderr, "bench_step: %s\n", gp_last_error());
@@ -204,6 +205,11 @@ static void bench_model(const char *path, int threads, int steps, const ceiling_
     need += acts;
     double frac = 3.0 * fwd / t / ceiling;
     char b1[32], b2[32], b3[32];
+    if (steps_only) {
+        printf("  step: %.1f ms median of %d, %.1f samples/s (%d threads, steps back to back)\n",
+               t * 1e3, steps, (double)batch / t, threads);
+        goto done;
+    }
     printf("  ceiling during the steps: sgemm 4096^3 %.1f GFLOP/s median (best %.1f)\n",
            ceiling / 1e9, cbest / 1e9);
     printf("  step: %.1f ms median of %d, %.0f samples/s, %.1f GFLOP/s = %.1f%% of the sgemm "
@@ -214,6 +220,7 @@ static void bench_model(const char *path, int threads, int steps, const ceiling_
            "(workspace peak %s)\n",
            gp_format_bytes(a.peak, b1, sizeof b1), gp_format_bytes((size_t)need, b2, sizeof b2),
            (double)a.peak / need, gp_format_bytes(a.peak_by[GP_MEM_WORKSPACE], b3, sizeof b3));
+done:
     free(ts);
     free(cs);
     free(x);
@@ -225,13 +232,17 @@ static void bench_model(const char *path, int threads, int steps, const ceiling_
 int main(int argc, char **argv)
 {
     int threads = 2, steps = 10;
+    bool steps_only = false;
     const char *configs[16];
     int nc = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--steps-only")) steps_only = true;
         else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            puts("usage: bench_step [--threads N] [--steps N] [CONFIG.yaml ...]");
+            puts("usage: bench_step [--threads N] [--steps N] [--steps-only] [CONFIG.yaml ...]\n"
+                 "  --steps-only  whole steps back to back: no per-layer table, no sgemm\n"
+                 "                ceiling (what bench/bench_cpu_peer.py compares with PyTorch)");
             return 0;
         } else if (nc < 16) configs[nc++] = argv[i];
     }
@@ -247,14 +258,19 @@ int main(int argc, char **argv)
         return 1;
     }
     gp_device_bind_thread(dev);
-    ceiling_bufs cb;
-    ceiling_init(&cb);
-    double c0 = 0;
-    for (int r = 0; r < 3; r++) c0 = ceiling_once(dev, &cb); /* the first runs warm up */
-    printf("ceiling: sgemm 4096^3 on cpu:0 with %d threads: %.1f GFLOP/s (sampled again "
-           "between the steps below)\n", threads, c0 / 1e9);
-    for (int i = 0; i < nc; i++) bench_model(configs[i], threads, steps, &cb, dev);
-    ceiling_free(&cb);
+    char cpu[256];
+    gp_bench_cpu_name(cpu, sizeof cpu);
+    printf("processor: %s\n", cpu);
+    ceiling_bufs cb = {0};
+    if (!steps_only) {
+        ceiling_init(&cb);
+        double c0 = 0;
+        for (int r = 0; r < 3; r++) c0 = ceiling_once(dev, &cb); /* the first runs warm up */
+        printf("ceiling: sgemm 4096^3 on cpu:0 with %d threads: %.1f GFLOP/s (sampled again "
+               "between the steps below)\n", threads, c0 / 1e9);
+    }
+    for (int i = 0; i < nc; i++) bench_model(configs[i], threads, steps, &cb, dev, steps_only);
+    if (!steps_only) ceiling_free(&cb);
     gp_device_close(dev);
     return 0;
 }

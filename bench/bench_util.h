@@ -49,7 +49,10 @@ static inline void gp_bench_random_batch(int64_t b, int64_t per, uint64_t seed, 
 }
 
 /* The processor, for every table of CPU numbers: "Intel(R) Xeon(R) ...
- * (avx2, avx512f)" from /proc/cpuinfo's first model name and flags. */
+ * (avx2, avx512f)" from /proc/cpuinfo's first model name and flags, and
+ * "; oneDNN limited to AVX2" when ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA)
+ * caps the instruction set oneDNN's kernels may use (bench_cpu_peer.py
+ * --isa avx2 runs an AVX-512 machine that way). */
 static inline void gp_bench_cpu_name(char *buf, size_t len)
 {
     snprintf(buf, len, "unknown processor");
@@ -78,6 +81,12 @@ static inline void gp_bench_cpu_name(char *buf, size_t len)
     size_t l = strlen(buf);
     snprintf(buf + l, len - l, " (%s%s%s%s)", avx2 ? "avx2" : "no avx2", avx512 ? ", avx512f" : "",
              bf16 ? ", avx512_bf16" : "", amx ? ", amx" : "");
+    const char *cap = getenv("ONEDNN_MAX_CPU_ISA");
+    if (!cap || !*cap) cap = getenv("DNNL_MAX_CPU_ISA");
+    if (cap && *cap) {
+        l = strlen(buf);
+        snprintf(buf + l, len - l, "; oneDNN limited to %s", cap);
+    }
 }
 
 #endif

@@ -1,0 +1,188 @@
+#!/usr/bin/python3
+"""bench_cpu_peer.py - gpipe's training step on one CPU device against
+PyTorch's on the same model, batch and thread count, in one run.
+
+  bench/bench_cpu_peer.py [--isa native|avx2] [--threads 2] [--steps 15]
+                          [--repeat 3] [--bin build] [CONFIG.yaml ...]
+
+For each config (default bench/convnet.yaml and bench/mlp.yaml):
+  gpipe:   build/bench_step --steps-only (whole steps back to back on a
+           random batch: forward, cross-entropy, backward, SGD momentum)
+  PyTorch: the same layers as torch.nn.Sequential (built from the YAML),
+           torch.set_num_threads(--threads), SGD momentum 0.9, a random
+           batch, zero_grad(set_to_none=True), forward, loss, backward, step
+Median step of --steps after 3 warm-ups; --repeat runs of each,
+alternating, so drift on a shared machine hits both; the medians are
+reported as samples/s with the ratio gpipe / PyTorch, and the processor.
+
+--isa avx2 runs both sides as an AVX2-only processor would: oneDNN (both
+gpipe's and PyTorch's mkldnn) limited by ONEDNN_MAX_CPU_ISA=AVX2, OpenBLAS
+by OPENBLAS_CORETYPE=Haswell, ATen's vectorised kernels by
+ATEN_CPU_CAPABILITY=avx2. gpipe's own loops are compiled without -march,
+so they are the same code on every x86-64. This limits instruction sets,
+not caches or memory bandwidth: the table says it was emulated.
+
+Debian's interpreter on purpose: torch is python3-torch. Its linear layers
+need libopenblas0-pthread (scripts/install-deps.sh --bench installs it);
+with the reference BLAS they run 40x slower and the comparison means
+nothing, so the script refuses to run on it.
+"""
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+AVX2_ENV = {"ONEDNN_MAX_CPU_ISA": "AVX2", "DNNL_MAX_CPU_ISA": "AVX2",
+            "OPENBLAS_CORETYPE": "Haswell", "ATEN_CPU_CAPABILITY": "avx2"}
+
+
+def cpu_name():
+    flags, model = set(), "?"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name") and model == "?":
+                model = line.split(":", 1)[1].strip()
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
+    return "%s (%s)" % (model, ", ".join(isa))
+
+
+def blas_check():
+    """The BLAS that numpy/torch will load: refuse the reference one."""
+    try:
+        real = os.path.realpath("/usr/lib/x86_64-linux-gnu/libblas.so.3")
+    except OSError:
+        real = "?"
+    if "openblas" not in real:
+        sys.exit("bench_cpu_peer: libblas.so.3 is %s, not OpenBLAS: PyTorch's linear layers "
+                 "would run on the reference BLAS (40x slower). Install libopenblas0-pthread "
+                 "(scripts/install-deps.sh --bench)." % real)
+    return real
+
+
+def torch_model(cfg):
+    import torch.nn as nn
+    layers = []
+    for entry in cfg["model"]["layers"]:
+        if isinstance(entry, str):
+            kind, a = entry, {}
+        else:
+            (kind, a), = entry.items()
+            a = a or {}
+        if kind == "conv2d":
+            layers.append(nn.Conv2d(a["in"], a["out"], a["kernel"], stride=a.get("stride", 1),
+                                    padding=a.get("padding", 0), bias=a.get("bias", True)))
+        elif kind == "batchnorm":
+            layers.append(None)  # channels filled in below
+        elif kind == "relu":
+            layers.append(nn.ReLU())
+        elif kind == "maxpool2d":
+            layers.append(nn.MaxPool2d(a["kernel"], a.get("stride", a["kernel"])))
+        elif kind == "flatten":
+            layers.append(nn.Flatten())
+        elif kind == "linear":
+            layers.append(nn.Linear(a["in"], a["out"]))
+        else:
+            sys.exit("bench_cpu_peer: layer %r has no PyTorch twin here" % kind)
+    channels = cfg["model"]["input"][0]
+    for i, l in enumerate(layers):
+        if l is None:
+            layers[i] = nn.BatchNorm2d(channels)
+        elif isinstance(l, nn.Conv2d):
+            channels = l.out_channels
+    return nn.Sequential(*layers)
+
+
+def torch_step_ms(cfg, threads, steps):
+    import torch
+    torch.set_num_threads(threads)
+    torch.manual_seed(5)
+    model = torch_model(cfg)
+    batch = cfg["train"]["batch_size"]
+    opt = cfg["train"].get("optimizer", {})
+    sgd = torch.optim.SGD(model.parameters(), lr=opt.get("lr", 0.01),
+                          momentum=opt.get("momentum", 0.9))
+    x = torch.rand([batch] + list(cfg["model"]["input"]))
+    classes = model[-1].out_features
+    y = torch.randint(0, classes, (batch,))
+    loss_fn = torch.nn.CrossEntropyLoss()
+    ts = []
+    for s in range(steps + 3):
+        t0 = time.perf_counter()
+        sgd.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        sgd.step()
+        loss.item()  # the loss is read each step, as gpipe reads it
+        if s >= 3:
+            ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) * 1e3
+
+
+def gpipe_step_ms(binary, path, threads, steps, env):
+    out = subprocess.run([binary, "--steps-only", "--threads", str(threads), "--steps",
+                          str(steps), path], capture_output=True, text=True, env=env)
+    m = re.search(r"step: ([0-9.]+) ms median", out.stdout)
+    if out.returncode != 0 or not m:
+        sys.exit("bench_cpu_peer: %s failed:\n%s%s" % (binary, out.stdout, out.stderr))
+    return float(m.group(1))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("configs", nargs="*")
+    ap.add_argument("--isa", choices=["native", "avx2"], default="native")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=15)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--bin", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--_torch", help=argparse.SUPPRESS)  # child: one PyTorch measurement
+    args = ap.parse_args()
+    import yaml
+    if args._torch:
+        with open(args._torch) as f:
+            print("%.4f" % torch_step_ms(yaml.safe_load(f), args.threads, args.steps))
+        return
+    configs = args.configs or [os.path.join(HERE, "convnet.yaml"), os.path.join(HERE, "mlp.yaml")]
+    blas = blas_check()
+    env = dict(os.environ)
+    if args.isa == "avx2":
+        env.update(AVX2_ENV)
+    import torch
+    print("%s; --isa %s%s; torch %s (%s); %d threads; median of %d steps, median of %d runs"
+          % (cpu_name(), args.isa, " (emulated: %s)" % " ".join("%s=%s" % kv for kv in
+                                                                AVX2_ENV.items())
+             if args.isa == "avx2" else "", torch.__version__, os.path.basename(
+                 os.path.dirname(blas)), args.threads, args.steps, args.repeat))
+    print()
+    print("| model, batch | gpipe step ms | gpipe samples/s | PyTorch step ms | "
+          "PyTorch samples/s | gpipe / PyTorch |")
+    print("|---|---|---|---|---|---|")
+    binary = os.path.join(args.bin, "bench_step")
+    for path in configs:
+        with open(path) as f:
+            cfg = yaml.safe_load(f)
+        batch = cfg["train"]["batch_size"]
+        gs, ts = [], []
+        for _ in range(args.repeat):
+            gs.append(gpipe_step_ms(binary, path, args.threads, args.steps, env))
+            # PyTorch in a child, so the ISA variables apply before torch loads.
+            out = subprocess.run([sys.executable, os.path.abspath(__file__), "--_torch", path,
+                                  "--threads", str(args.threads), "--steps", str(args.steps)],
+                                 capture_output=True, text=True, env=env, check=True)
+            ts.append(float(out.stdout.strip().splitlines()[-1]))
+        g, t = statistics.median(gs), statistics.median(ts)
+        print("| %s, %d | %.1f | %.1f | %.1f | %.1f | **%.2f** |"
+              % (os.path.relpath(path, ROOT), batch, g, batch / g * 1e3, t, batch / t * 1e3, t / g))
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
