@@ -453,11 +453,29 @@ static void test_errors(void)
               GP_ERR_INVALID, "t.yaml:11:16: pipeline.balance.1 must be >= 1");
     CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  balance: manual\n"), NULL, 0), GP_ERR_INVALID,
               "expected auto or a list of layer counts");
-    CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  devices: [cpu:0, cpu:1, cpu:0]\n"), NULL, 0),
-              GP_ERR_INVALID, "t.yaml:10:27: duplicate device 'cpu:0' in pipeline.devices "
-                              "(also item 0");
-    CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  devices: [cpu, cpu:0]\n"), NULL, 0),
-              GP_ERR_INVALID, "duplicate device 'cpu:0'");
+    /* several stages on one device (issue 14): each entry its own stage,
+     * in order; with replicas, refused with the reason */
+    {
+        gp_config c;
+        CHECK_OK(parse(cat(k_base, "pipeline:\n  devices: [cpu:0, cpu:1, cpu:0]\n"), &c));
+        CHECK(c.pipeline.n_devices == 3 && !strcmp(c.pipeline.devices[0].name, "cpu:0") &&
+              !strcmp(c.pipeline.devices[1].name, "cpu:1") &&
+              !strcmp(c.pipeline.devices[2].name, "cpu:0"));
+        gp_config_free(&c);
+        CHECK_OK(parse(cat(k_base, "pipeline:\n  devices: [cuda:0, cuda:0]\n"), &c));
+        CHECK(c.pipeline.n_devices == 2 && !strcmp(c.pipeline.devices[1].name, "cuda:0"));
+        gp_config_free(&c);
+    }
+    CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  devices: [cpu:0, cpu:1, cpu:0]\n  "
+                                    "replicas: 2\n"), NULL, 0),
+              GP_ERR_INVALID, "t.yaml:10:12: device 'cpu:0' is used by replica 0 stage 0 and by "
+                              "replica 0 stage 2; with replicas every stage of every replica "
+                              "needs its own device, as their all-reduce (NCCL) takes one rank "
+                              "per GPU");
+    CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  devices: [[cuda:0, cuda:1], [cuda:1, cuda:2]]\n"),
+                        NULL, 0),
+              GP_ERR_INVALID, "device 'cuda:1' is used by replica 0 stage 1 and by replica 1 "
+                              "stage 0");
     CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  devices: [gpu:0]\n"), NULL, 0), GP_ERR_INVALID,
               "t.yaml:10:13: pipeline.devices.0: unknown device 'gpu:0'");
     CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  devices: [{memory: 1GiB}]\n"), NULL, 0),

@@ -1080,7 +1080,10 @@ static float *all_params(gp_model *m, int64_t *count, unsigned char **is_buffer)
     return h;
 }
 
-static void test_transparency(gp_device *cpu, gp_device *const *gpus, int n_gpus)
+/* n stages on devs[0..n-1] (GPUs, two handles of one GPU, or a CPU and a
+ * GPU) against the single-device run on the CPU; every stage waits on the
+ * host once per step (issue 14). */
+static void test_transparency(gp_device *cpu, gp_device *const *gpus, int n)
 {
     for (int which = 0; which < 2; which++)
         for (int m = 1; m <= 4; m += 3) {
@@ -1088,8 +1091,8 @@ static void test_transparency(gp_device *cpu, gp_device *const *gpus, int n_gpus
             CHECK_OK(gp_config_parse(which ? "convnet.yaml" : "mlp.yaml", k_models[which],
                                      strlen(k_models[which]), NULL, 0, &c));
             c.pipeline.chunks = m;
-            int L = c.model.n_layers, bal[2] = {L / 2, L - L / 2}, n = n_gpus >= 2 ? 2 : 1;
-            if (n == 1) bal[0] = L;
+            int L = c.model.n_layers, bal[3];
+            for (int j = 0; j < n; j++) bal[j] = L / n + (j < L % n);
             gp_model ref, pipe;
             CHECK_OK(gp_model_build(&c, cpu, &ref));
             CHECK_OK(gp_model_build_replicated(&c, gpus, 1, n, bal, &pipe));
@@ -1099,14 +1102,23 @@ static void test_transparency(gp_device *cpu, gp_device *const *gpus, int n_gpus
             unsigned char *is_buf = NULL;
             float *p0 = all_params(&ref, &n0, &is_buf); /* both models start from these */
             double worst_loss = 0;
+            uint64_t waits[3] = {0, 0, 0};
             for (int step = 0; step < 3; step++) {
                 for (int64_t i = 0; i < b * per; i++) x[i] = frand();
                 for (int i = 0; i < 16; i++) y[i] = (float)((i * 3 + step) % 10);
                 gp_step_stats a, g;
                 CHECK_OK(gp_model_train_step(&ref, &c, x, y, b, m, 0.05, &a));
+                uint64_t w0[3];
+                for (int j = 0; j < n; j++) w0[j] = gp_dev_host_waits(gpus[j]);
                 CHECK_OK(gp_model_pipeline_step(&pipe, &c, x, y, b, 0.05, &g));
+                if (step > 0) /* steady state */
+                    for (int j = 0; j < n; j++) waits[j] += gp_dev_host_waits(gpus[j]) - w0[j];
                 worst_loss = fmax(worst_loss, fabs(a.loss - g.loss) / fmax(fabs(a.loss), 1e-6));
             }
+            for (int j = 0; j < n; j++)
+                CHECK_MSG(waits[j] == 2, "%s, %s stage %d of %d, m = %d: %llu host waits in 2 "
+                          "steady steps, not one per step", which ? "convnet" : "mlp",
+                          gpus[j]->name, j, n, m, (unsigned long long)waits[j]);
             /* Parameters, and separately the batch-norm buffers, differ by
              * at most 1e-3 of the largest change the 3 steps made to any of
              * them: relative to the update, since the starting values (the
@@ -1121,7 +1133,7 @@ static void test_transparency(gp_device *cpu, gp_device *const *gpus, int n_gpus
             }
             CHECK_MSG(na == nb && na == n0 && step[0] > 0 && err[0] <= 1e-3 * step[0] &&
                           err[1] <= 1e-3 * step[1] && worst_loss <= 1e-4,
-                      "%s on %d GPU stage(s), m = %d: parameters differ by %.3g (their largest "
+                      "%s on %d stage(s), m = %d: parameters differ by %.3g (their largest "
                       "change in 3 steps: %.3g), buffers by %.3g (%.3g), loss by %.3g relative",
                       which ? "convnet" : "mlp", n, m, err[0], step[0], err[1], step[1],
                       worst_loss);
@@ -1134,6 +1146,39 @@ static void test_transparency(gp_device *cpu, gp_device *const *gpus, int n_gpus
             gp_model_free(&pipe);
             gp_config_free(&c);
         }
+}
+
+/* Several stages on one GPU (issue 14): two and three handles of cuda:0,
+ * each its own streams and allocator, copies between them on the GPU; and a
+ * mixed pipeline, a CPU stage feeding cuda:0. */
+static void test_shared_gpu(gp_device *gpu, gp_device *cpu)
+{
+    gp_device *more[2] = {NULL, NULL}, *cpu1 = NULL;
+    gp_device_opts co = {1, 0};
+    CHECK_OK(gp_device_open("cuda:0", NULL, &more[0]));
+    CHECK_OK(gp_device_open("cuda:0", NULL, &more[1]));
+    CHECK_OK(gp_device_open("cpu:1", &co, &cpu1));
+    if (!more[0] || !more[1] || !cpu1) goto out;
+    test_copies(gpu, more[0]);
+    gp_device *two[2] = {gpu, more[0]}, *three[3] = {gpu, more[0], more[1]}, *mixed[2] = {cpu1, gpu};
+    test_transparency(cpu, two, 2);
+    test_transparency(cpu, three, 3);
+    test_transparency(cpu, mixed, 2);
+    /* each handle accounts its own memory: what stage 1 allocated is not
+     * stage 0's */
+    size_t before = gpu->alloc.current;
+    gp_tensor t;
+    gp_shape sh = gp_shape_2d(1, 1 << 20);
+    CHECK_OK(gp_tensor_alloc(&t, more[0], &sh, GP_MEM_ACTIVATIONS));
+    CHECK_MSG(gpu->alloc.current == before && more[0]->alloc.current >= (size_t)4 << 20,
+              "cuda:0 handles share their accounting: %zu -> %zu, other %zu", before,
+              gpu->alloc.current, more[0]->alloc.current);
+    gp_tensor_free(&t);
+out:
+    gp_device_close(more[0]);
+    gp_device_close(more[1]);
+    gp_device_close(cpu1);
+    gp_device_bind_thread(gpu);
 }
 
 /* Two GPUs: peer copies both ways, the NCCL collectives and the 2-stage
@@ -1207,6 +1252,7 @@ int main(int argc, char **argv)
     test_copies(gpu, gpu);
     gp_device *gpus[1] = {gpu};
     test_transparency(cpu, gpus, 1);
+    test_shared_gpu(gpu, cpu);
     gp_device_close(gpu);
     gp_device_close(cpu);
     return gpt_finish("test_cuda");

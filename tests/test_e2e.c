@@ -331,6 +331,67 @@ static void test_determinism(void)
     free(c);
 }
 
+/* The values of every "key": in a metrics file, in order, as text (so
+ * equal means bit for bit as printed with 17 digits). */
+static int metric_values(const char *text, const char *key, char vals[][40], int max)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    int n = 0;
+    for (const char *q = strstr(text, pat); q && n < max; q = strstr(q + 1, pat)) {
+        q += strlen(pat);
+        size_t len = strcspn(q, ",}");
+        snprintf(vals[n++], 40, "%.*s", (int)(len < 39 ? len : 39), q);
+    }
+    return n;
+}
+
+/* Several stages on one device (issue 14): pipeline.devices: [cpu:0, cpu:0]
+ * opens cpu:0 twice, one worker, queue and memory account per stage, and
+ * trains exactly as one device that accumulates the same micro-batches in
+ * the same order; each of the two handles waits on the host once per step,
+ * and the log names both stages. */
+static void test_stages_share_device(void)
+{
+    char cfg[512], m1[512], m2[512], cmd[4096], out[16384];
+    snprintf(cfg, sizeof cfg, "%s/share.yaml", tmpdir);
+    write_file(cfg, synthetic_cfg);
+    snprintf(m1, sizeof m1, "%s/share1.jsonl", tmpdir);
+    snprintf(m2, sizeof m2, "%s/share2.jsonl", tmpdir);
+    snprintf(cmd, sizeof cmd, "%s %s --no-progress --set train.epochs=1 --set pipeline.chunks=4 "
+             "--set 'pipeline.devices=[cpu:0, cpu:0]' --set 'pipeline.balance=[3, 5]' "
+             "--set pipeline.threads=1 --metrics %s", bin, cfg, m1);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0, "%s", out);
+    CHECK_MSG(strstr(out, "cpu:0 peak memory") && strstr(out, "[3, 5] over 2 devices"),
+              "output: %s", out);
+    /* one thread, as each of the two stages has: oneDNN splits its sums
+     * by the thread count */
+    snprintf(cmd, sizeof cmd, "%s %s --quiet --set train.epochs=1 --set pipeline.chunks=4 "
+             "--set pipeline.threads=1 --metrics %s", bin, cfg, m2);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0, "%s", out);
+    char *a = gpt_read_file(m1, NULL), *b = gpt_read_file(m2, NULL);
+    CHECK(a && b);
+    if (a && b) {
+        static char la[64][40], lb[64][40], ta[4][40], tb[4][40], wa[160][40];
+        int na = metric_values(a, "loss", la, 64), nb = metric_values(b, "loss", lb, 64);
+        int nta = metric_values(a, "test_accuracy", ta, 4), ntb = metric_values(b, "test_accuracy",
+                                                                                tb, 4);
+        CHECK_MSG(na == 16 && nb == na, "%d and %d losses", na, nb);
+        int same = 0;
+        for (int i = 0; i < na && i < nb; i++) same += !strcmp(la[i], lb[i]);
+        CHECK_MSG(same == na && na > 0, "%d of %d losses equal (first: %s vs %s)", same, na,
+                  la[0], lb[0]);
+        CHECK_MSG(nta == 1 && ntb == 1 && !strcmp(ta[0], tb[0]), "test accuracy %s vs %s",
+                  nta ? ta[0] : "-", ntb ? tb[0] : "-");
+        int nw = metric_values(a, "host_waits", wa, 160), ones = 0;
+        for (int i = 0; i < nw; i++) ones += !strcmp(wa[i], "1");
+        CHECK_MSG(nw == 2 * 16 && ones == nw, "host_waits: %d of %d are 1 (2 stages x 16 steps)",
+                  ones, nw);
+    }
+    free(a);
+    free(b);
+}
+
 static void test_accuracy(void)
 {
     struct stat sb;
@@ -375,6 +436,7 @@ int main(void)
     test_diverged();
     test_balance_profile_in();
     test_determinism();
+    test_stages_share_device();
     if (getenv("GPIPE_SANITIZED")) {
         /* Under sanitizers the training run takes ~20x longer; its accuracy
          * is checked in the normal build. */

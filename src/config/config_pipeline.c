@@ -57,14 +57,18 @@ static gp_status parse_device(gp_cfg_walk *w, const gp_ynode *item, int index,
     return GP_OK;
 }
 
-/* Every device of every replica distinct: devices of one process.  Under
- * mpirun each rank runs one entry on its own machine, so two entries may
- * name the same device (cuda:0 on each of two machines, or two ranks
- * sharing one GPU). */
+/* With replicas, every device of every replica distinct: devices of one
+ * process.  One replica may put several stages on one device (each entry
+ * opens its own handle: own streams, own memory accounting), but replicas
+ * sharing a device would put two ranks of one data-parallel group's
+ * all-reduce on it, which NCCL refuses, and two groups on one GPU could
+ * order their collectives differently and deadlock.  Under mpirun each rank
+ * runs one entry on its own machine, so two entries may name the same
+ * device (cuda:0 on each of two machines, or two ranks sharing one GPU). */
 static gp_status check_all_distinct(const gp_cfg_walk *w, const gp_ynode *at,
                                     const gp_pipeline_config *pc)
 {
-    if (gp_procs_launched()) return GP_OK;
+    if (gp_procs_launched() || pc->replicas <= 1) return GP_OK;
     int total = pc->n_devices * pc->replicas;
     gp_device_kind kinds[GP_MAX_DEVICES];
     int idx[GP_MAX_DEVICES];
@@ -74,9 +78,11 @@ static gp_status check_all_distinct(const gp_cfg_walk *w, const gp_ynode *at,
         for (int b = 0; b < a; b++)
             if (kinds[a] == kinds[b] && idx[a] == idx[b])
                 return gp_cfg_bad(w, at, "device '%s' is used by replica %d stage %d and by "
-                                  "replica %d stage %d; every stage of every replica needs its "
-                                  "own device (list them as a grid, one row per replica: "
-                                  "[[cpu:0, cpu:1], [cpu:2, cpu:3]])", pc->devices[a].name,
+                                  "replica %d stage %d; with replicas every stage of every "
+                                  "replica needs its own device, as their all-reduce (NCCL) "
+                                  "takes one rank per GPU (list them as a grid, one row per "
+                                  "replica: [[cpu:0, cpu:1], [cpu:2, cpu:3]]; several stages "
+                                  "on one device work without replicas)", pc->devices[a].name,
                                   b / pc->n_devices, b % pc->n_devices, a / pc->n_devices,
                                   a % pc->n_devices);
     }
@@ -284,13 +290,9 @@ gp_status gp_cfg_parse_pipeline(gp_cfg_walk *w, const gp_ynode *root, gp_pipelin
             if (gp_cfg_absent(dev_nodes[j]))
                 return gp_cfg_bad(w, dev_nodes[j], "pipeline.devices.%d is empty; give a "
                                   "device name like cpu:%d", j, j);
+            /* the same device twice: two stages on it (each entry its own
+             * handle); replicas check theirs in derive_replicas */
             GP_TRY(parse_device(w, dev_nodes[j], j, pc, &kinds[j], &idx[j]));
-            for (int k = 0; k < j && !gp_procs_launched(); k++) { /* (as above) */
-                if (kinds[k] == kinds[j] && idx[k] == idx[j])
-                    return gp_cfg_bad(w, dev_nodes[j], "duplicate device '%s' in pipeline.devices "
-                                      "(also item %d, '%s'); each stage needs its own device",
-                                      pc->devices[j].name, k, pc->devices[k].name);
-            }
         }
     }
     if (!grid && pc->replicas > 1) GP_TRY(derive_replicas(w, dv ? dv : m, pc));

@@ -1082,9 +1082,11 @@ gp_status gp_pipeline_create(gp_layer *layers, int n_layers, const gp_shape *inp
     for (int a = 0; a < n; a++)
         for (int b = a + 1; b < n; b++)
             if (devs[a] == devs[b])
-                return gp_error_set(GP_ERR_INVALID, "device %s is listed twice in "
-                                    "pipeline.devices; each stage needs its own device",
-                                    devs[a]->name);
+                return gp_error_set(GP_ERR_INVALID, "one handle of device %s is given for "
+                                    "stages %d and %d; open the device once per stage "
+                                    "(each gp_device_open is its own worker, streams and memory "
+                                    "accounting, so several stages can share one GPU)",
+                                    devs[a]->name, a, b);
     gp_pipeline *p = calloc(1, sizeof *p);
     if (!p) return gp_error_set(GP_ERR_OOM, "out of host memory");
     p->n = n;
