@@ -20,7 +20,9 @@ gpipe's and PyTorch's mkldnn) limited by ONEDNN_MAX_CPU_ISA=AVX2, OpenBLAS
 by OPENBLAS_CORETYPE=Haswell, ATen's vectorised kernels by
 ATEN_CPU_CAPABILITY=avx2. gpipe's own loops are compiled without -march,
 so they are the same code on every x86-64. This limits instruction sets,
-not caches or memory bandwidth: the table says it was emulated.
+not caches or memory bandwidth: the table says it was emulated. --isa
+native gives OpenBLAS the AVX-512 kernel where its own detection misses
+the processor (native_blas_core).
 
 Debian's interpreter on purpose: torch is python3-torch. Its linear layers
 need libopenblas0-pthread (scripts/install-deps.sh --bench installs it);
@@ -42,7 +44,7 @@ AVX2_ENV = {"ONEDNN_MAX_CPU_ISA": "AVX2", "DNNL_MAX_CPU_ISA": "AVX2",
             "OPENBLAS_CORETYPE": "Haswell", "ATEN_CPU_CAPABILITY": "avx2"}
 
 
-def cpu_name():
+def cpu_flags():
     flags, model = set(), "?"
     with open("/proc/cpuinfo") as f:
         for line in f:
@@ -50,8 +52,30 @@ def cpu_name():
                 model = line.split(":", 1)[1].strip()
             if line.startswith("flags"):
                 flags = set(line.split(":", 1)[1].split())
+                break
+    return model, flags
+
+
+def cpu_name():
+    model, flags = cpu_flags()
     isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
     return "%s (%s)" % (model, ", ".join(isa))
+
+
+def native_blas_core():
+    """OpenBLAS's kernel for this processor, where its own detection falls
+    short: Debian 12's OpenBLAS 0.3.21 does not know AMD's Zen 4 and 5 and
+    runs its Haswell (AVX2) kernels on them, 1.5x slower on bench/mlp.yaml
+    than its AVX-512 ones (measured on an EPYC with avx512_bf16: 340-440 ms
+    a step against 233-246). A fair peer gets the kernel its processor can
+    run, whatever OPENBLAS_CORETYPE the environment had (this project's
+    machines export OPENBLAS_CORETYPE=Haswell; the banner shows both)."""
+    _, flags = cpu_flags()
+    if "avx512_bf16" in flags:
+        return "Cooperlake"
+    if "avx512f" in flags and "avx512vl" in flags:
+        return "SkylakeX"
+    return None
 
 
 def blas_check():
@@ -153,14 +177,21 @@ def main():
     configs = args.configs or [os.path.join(HERE, "convnet.yaml"), os.path.join(HERE, "mlp.yaml")]
     blas = blas_check()
     env = dict(os.environ)
+    core = None
     if args.isa == "avx2":
         env.update(AVX2_ENV)
+    else:
+        core = native_blas_core()
+        if core:
+            env["OPENBLAS_CORETYPE"] = core
     import torch
-    print("%s; --isa %s%s; torch %s (%s); %d threads; median of %d steps, median of %d runs"
+    print("%s; --isa %s%s; torch %s (%s%s); %d threads; median of %d steps, median of %d runs"
           % (cpu_name(), args.isa, " (emulated: %s)" % " ".join("%s=%s" % kv for kv in
                                                                 AVX2_ENV.items())
              if args.isa == "avx2" else "", torch.__version__, os.path.basename(
-                 os.path.dirname(blas)), args.threads, args.steps, args.repeat))
+                 os.path.dirname(blas)), ", OPENBLAS_CORETYPE=%s, the environment's: %s"
+             % (core, os.environ.get("OPENBLAS_CORETYPE", "unset")) if core else "",
+             args.threads, args.steps, args.repeat))
     print()
     print("| model, batch | gpipe step ms | gpipe samples/s | PyTorch step ms | "
           "PyTorch samples/s | gpipe / PyTorch |")

@@ -4,6 +4,11 @@
 # command to run and fails, so nothing is half-installed silently.
 #   scripts/install-deps.sh            build + train + test dependencies
 #   scripts/install-deps.sh --ci       also what CI needs (sanitizer runtimes)
+#   scripts/install-deps.sh --bench    also the benchmarks' peers: Debian's
+#                                      PyTorch and torchvision, and OpenBLAS
+#                                      (without libopenblas0-pthread PyTorch's
+#                                      linear layers run on the reference BLAS,
+#                                      40x slower: no fair peer)
 set -euo pipefail
 pkgs=(cmake make gcc g++ pkgconf libyaml-dev zlib1g-dev libdnnl-dev libturbojpeg0-dev libjpeg62-turbo-dev
       libpng-dev openmpi-bin libopenmpi-dev
@@ -11,6 +16,11 @@ pkgs=(cmake make gcc g++ pkgconf libyaml-dev zlib1g-dev libdnnl-dev libturbojpeg
       dataset-fashion-mnist)
 if [[ "${1:-}" == "--ci" ]]; then
   pkgs+=(clang libclang-rt-14-dev valgrind)
+elif [[ "${1:-}" == "--bench" ]]; then
+  pkgs+=(python3-torch python3-torchvision python3-yaml libopenblas0-pthread)
+elif [[ -n "${1:-}" ]]; then
+  echo "usage: scripts/install-deps.sh [--ci | --bench]" >&2
+  exit 2
 fi
 missing=()
 for p in "${pkgs[@]}"; do
