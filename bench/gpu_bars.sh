@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# gpu_bars.sh — issue 14's bars on one GPU, in one call, for a session that
+# is lent a GPU machine (its 30 minutes go further when nothing is typed
+# there by hand):
+#
+#   bash .device/build.sh && . /tmp/gpu-env && bash bench/gpu_bars.sh
+#
+# For ResNet-18 (bench/resnet18-32.yaml) at batch 2048 and 256, and
+# bench/convnet.yaml at batch 8192 and 1024, on cuda:0: the median step at
+# m = 1 and m = 8 and their ratio (bar: m = 8 within 1.05x of m = 1 at the
+# large batches), and host waits per device per step (bar: 1).  Then
+# ResNet-18 batch 2048 on two stages of one GPU ([cuda:0, cuda:0], m = 8)
+# against one stage at m = 1 (bar: within 1.10x), with a trace of it for
+# the copies' overlap (scripts/timeline.py summary).  Steps 3.. of 12 are
+# timed (the first ones pick algorithms and warm the caching allocator).
+# Prints a Markdown table; traces and metrics go to $OUT (the device tool's
+# folder that comes back) or /tmp/gpu-bars.  DEV=cpu:0 SCALE=32 STEPS=4
+# runs the same on a CPU with batches / 64, to check the script itself.
+set -euo pipefail
+BIN=${BIN:-/tmp/gpu-build}
+OUT=${OUT:-/tmp/gpu-bars}
+STEPS=${STEPS:-12}
+DEV=${DEV:-cuda:0}
+SCALE=${SCALE:-1}
+mkdir -p "$OUT"
+PY=$(command -v python3)
+train() { # name config batch devices chunks [extra --set ...]
+  local name=$1 cfg=$2 batch=$(($3 / SCALE)) devs=${4//cuda:0/$DEV} m=$5
+  shift 5
+  "$BIN/gpipe-train" "$cfg" --quiet --set "train.steps=$STEPS" --set "train.batch_size=$batch" \
+    --set "pipeline.devices=$devs" --set "pipeline.chunks=$m" \
+    --set data.dataset=synthetic --set "data.synthetic={train: $((batch * STEPS)), test: 256}" \
+    --metrics "$OUT/$name.jsonl" "$@" > "$OUT/$name.log" 2>&1 ||
+    { echo "gpu_bars: $name failed:"; tail -5 "$OUT/$name.log"; return 1; }
+}
+median() { # metrics file -> "median_step_ms max_host_waits"
+  "$PY" - "$1" <<'EOF'
+import json, statistics, sys
+steps = [json.loads(l) for l in open(sys.argv[1]) if '"step_seconds"' in l]
+t = [s["step_seconds"] for s in steps[2:]]
+w = [d.get("host_waits", -1) for s in steps[2:] for d in s["devices"]]
+print("%.2f %d" % (statistics.median(t) * 1e3, max(w)))
+EOF
+}
+echo "gpu_bars: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+echo
+echo "| model, batch | m = 1 ms | m = 8 ms | m = 8 / m = 1 | host waits (max per device per step) |"
+echo "|---|---|---|---|---|"
+for spec in "resnet18 bench/resnet18-32.yaml 2048" "convnet bench/convnet.yaml 8192" \
+            "resnet18 bench/resnet18-32.yaml 256" "convnet bench/convnet.yaml 1024"; do
+  read -r model cfg batch <<< "$spec"
+  train "$model-$batch-m1" "$cfg" "$batch" "[cuda:0]" 1
+  train "$model-$batch-m8" "$cfg" "$batch" "[cuda:0]" 8
+  read -r t1 w1 <<< "$(median "$OUT/$model-$batch-m1.jsonl")"
+  read -r t8 w8 <<< "$(median "$OUT/$model-$batch-m8.jsonl")"
+  echo "| $model, $batch | $t1 | $t8 | $("$PY" -c "print('%.2f' % ($t8 / $t1))") | $w1, $w8 |"
+done
+echo
+train resnet18-2048-2stages bench/resnet18-32.yaml 2048 "[cuda:0, cuda:0]" 8 \
+  --trace "$OUT/resnet18-2048-2stages.json" --trace-steps "$((STEPS / 2)):$((STEPS / 2 + 1))"
+read -r t2 w2 <<< "$(median "$OUT/resnet18-2048-2stages.jsonl")"
+read -r t1 _ <<< "$(median "$OUT/resnet18-2048-m1.jsonl")"
+echo "2 stages on one GPU, ResNet-18 batch 2048, m = 8: $t2 ms against 1 stage at m = 1 $t1 ms:" \
+     "$("$PY" -c "print('%.2f' % ($t2 / $t1))")x (bar: <= 1.10); host waits $w2"
+"$PY" scripts/timeline.py summary "$OUT/resnet18-2048-2stages.json" || true
