@@ -184,7 +184,8 @@ def same_run(tmp, name, cfg_text, n, sets=(), stage=False):
 def same_device_names(tmp):
     """Under mpirun two ranks may name the same device (each its own
     machine's, or two ranks on one): [cpu:0, cpu:0] trains as [cpu:0,
-    cpu:1] does in one process."""
+    cpu:1] does in one process, and so does [cpu:0, cpu:0] in one
+    process (two handles of cpu:0)."""
     cfg = os.path.join(tmp, "names.yaml")
     with open(cfg, "w") as f:
         f.write(MLP)
@@ -195,8 +196,18 @@ def same_device_names(tmp):
     check(rc1 == 0 and rc2 == 0, "same device names: " + (out1 + out2)[-600:])
     if rc1 == 0 and rc2 == 0:
         check(records(m1) == records(m2), "[cpu:0, cpu:0] under mpirun trains differently")
-    rc, out = run([BIN, cfg, "--quiet", "--set", "pipeline.devices=[cpu:0, cpu:0]"])
-    check(rc != 0 and "duplicate device" in out, "one process accepted [cpu:0, cpu:0]: " + out)
+    # in one process too, since several stages may share a device (issue
+    # 14: each entry its own handle), but not across replicas
+    m3 = os.path.join(tmp, "names-3.jsonl")
+    rc, out = run([BIN, cfg, "--quiet", "--metrics", m3, "--set",
+                   "pipeline.devices=[cpu:0, cpu:0]"])
+    check(rc == 0, "one process refused [cpu:0, cpu:0]: " + out[-600:])
+    if rc == 0 and rc1 == 0:
+        check(records(m1) == records(m3), "[cpu:0, cpu:0] in one process trains differently")
+    rc, out = run([BIN, cfg, "--quiet", "--set", "pipeline.devices=[cpu:0, cpu:0]", "--set",
+                   "pipeline.replicas=2"])
+    check(rc != 0 and "needs its own device" in out,
+          "one process accepted replicas sharing cpu:0: " + out)
 
 
 def image_folders(tmp):
