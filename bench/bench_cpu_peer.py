@@ -37,29 +37,13 @@ import subprocess
 import sys
 import time
 
+from bench_loader import cpu_flags, cpu_name  # the processor line every CPU table carries
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 AVX2_ENV = {"ONEDNN_MAX_CPU_ISA": "AVX2", "DNNL_MAX_CPU_ISA": "AVX2",
             "OPENBLAS_CORETYPE": "Haswell", "ATEN_CPU_CAPABILITY": "avx2"}
-
-
-def cpu_flags():
-    flags, model = set(), "?"
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name") and model == "?":
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    return model, flags
-
-
-def cpu_name():
-    model, flags = cpu_flags()
-    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
-    return "%s (%s)" % (model, ", ".join(isa))
 
 
 def native_blas_core():

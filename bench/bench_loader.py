@@ -30,7 +30,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-def cpu_name():
+def cpu_flags():
+    """(model name, set of ISA flags) of the first processor in /proc/cpuinfo."""
     flags, model = set(), "?"
     with open("/proc/cpuinfo") as f:
         for line in f:
@@ -38,6 +39,14 @@ def cpu_name():
                 model = line.split(":", 1)[1].strip()
             if line.startswith("flags"):
                 flags = set(line.split(":", 1)[1].split())
+                break
+    return model, flags
+
+
+def cpu_name():
+    """The processor line every CPU table carries (bench_procs.py and
+    bench_cpu_peer.py import it from here)."""
+    model, flags = cpu_flags()
     isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
     return "%s (%s)" % (model, ", ".join(isa))
 
