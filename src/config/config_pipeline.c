@@ -20,7 +20,7 @@ const char *gp_checkpoint_mode_name(gp_checkpoint_mode m)
 }
 
 static gp_status parse_device(gp_cfg_walk *w, const gp_ynode *item, int index,
-                              gp_pipeline_config *pc, gp_device_kind *kind, int *dev_index)
+                              gp_pipeline_config *pc)
 {
     char got[96], sect[48];
     snprintf(sect, sizeof sect, "pipeline.devices.%d", index);
@@ -48,7 +48,9 @@ static gp_status parse_device(gp_cfg_walk *w, const gp_ynode *item, int index,
     if (strlen(name_node->text) >= sizeof d->name)
         return gp_cfg_bad(w, name_node, "device name %s is too long",
                           gp_cfg_describe(name_node, got, sizeof got));
-    if (gp_device_parse(name_node->text, kind, dev_index) != GP_OK) {
+    gp_device_kind kind;
+    int dev_index;
+    if (gp_device_parse(name_node->text, &kind, &dev_index) != GP_OK) {
         char why[512];
         snprintf(why, sizeof why, "%s", gp_error_message());
         return gp_cfg_bad(w, name_node, "%s: %s", sect, why);
@@ -120,9 +122,7 @@ static gp_status parse_device_grid(gp_cfg_walk *w, const gp_ynode *dv, const gp_
             if (gp_cfg_absent(row->items[j]))
                 return gp_cfg_bad(w, row, "pipeline.devices.%d.%d is empty; give a device "
                                   "name", r, j);
-            gp_device_kind kind;
-            int index;
-            GP_TRY(parse_device(w, row->items[j], r * cols + j, pc, &kind, &index));
+            GP_TRY(parse_device(w, row->items[j], r * cols + j, pc));
         }
     }
     return check_all_distinct(w, dv, pc);
@@ -247,9 +247,6 @@ gp_status gp_cfg_parse_pipeline(gp_cfg_walk *w, const gp_ynode *root, gp_pipelin
     /* devices: [names or maps], a single name, a count of CPU devices, or a
      * grid with one row of names per data-parallel replica */
     const gp_ynode *dv = gp_ymap_get(m, "devices");
-    const gp_ynode *dev_nodes[GP_MAX_DEVICES];
-    gp_device_kind kinds[GP_MAX_DEVICES];
-    int idx[GP_MAX_DEVICES];
     const gp_ynode *rep_node = gp_ymap_get(m, "replicas");
     bool grid = !gp_cfg_absent(dv) && dv->kind == GP_YNODE_SEQ && dv->n > 0 &&
                 !gp_cfg_absent(dv->items[0]) && dv->items[0]->kind == GP_YNODE_SEQ;
@@ -276,8 +273,7 @@ gp_status gp_cfg_parse_pipeline(gp_cfg_walk *w, const gp_ynode *root, gp_pipelin
         }
     } else if (dv->kind == GP_YNODE_SCALAR || dv->kind == GP_YNODE_MAP) {
         pc->n_devices = 1;
-        dev_nodes[0] = dv;
-        GP_TRY(parse_device(w, dv, 0, pc, &kinds[0], &idx[0]));
+        GP_TRY(parse_device(w, dv, 0, pc));
     } else {
         if (dv->n == 0)
             return gp_cfg_bad(w, dv, "pipeline.devices is empty; give at least one device");
@@ -286,13 +282,12 @@ gp_status gp_cfg_parse_pipeline(gp_cfg_walk *w, const gp_ynode *root, gp_pipelin
                               dv->n, GP_MAX_DEVICES);
         pc->n_devices = dv->n;
         for (int j = 0; j < dv->n; j++) {
-            dev_nodes[j] = dv->items[j];
-            if (gp_cfg_absent(dev_nodes[j]))
-                return gp_cfg_bad(w, dev_nodes[j], "pipeline.devices.%d is empty; give a "
+            if (gp_cfg_absent(dv->items[j]))
+                return gp_cfg_bad(w, dv->items[j], "pipeline.devices.%d is empty; give a "
                                   "device name like cpu:%d", j, j);
             /* the same device twice: two stages on it (each entry its own
              * handle); replicas check theirs in derive_replicas */
-            GP_TRY(parse_device(w, dev_nodes[j], j, pc, &kinds[j], &idx[j]));
+            GP_TRY(parse_device(w, dv->items[j], j, pc));
         }
     }
     if (!grid && pc->replicas > 1) GP_TRY(derive_replicas(w, dv ? dv : m, pc));
