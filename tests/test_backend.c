@@ -618,6 +618,15 @@ static void test_sgd(gp_device *dev)
         dfree(dev, w, n); dfree(dev, g, n); dfree(dev, v, n);
         free(rw); free(rv);
     }
+    /* plain SGD: no momentum buffer (v NULL), w -= lr (g + wd w) */
+    float *w = drand(dev, n), *g = drand(dev, n);
+    double *rw = dcopy_f(w, n);
+    const float lr = 0.1f, wd = 5e-4f;
+    for (int64_t i = 0; i < n; i++) rw[i] -= lr * (g[i] + (double)wd * rw[i]);
+    CHECK_OK(gp_dev_sgd_update(dev, w, g, NULL, n, lr, 0.0f, wd, 0));
+    check_close("sgd without momentum w", w, rw, n, 1e-6);
+    dfree(dev, w, n); dfree(dev, g, n);
+    free(rw);
 }
 
 static void test_dropout(gp_device *dev)

@@ -208,6 +208,7 @@ static float v_init(int rank, int64_t e) { return (float)((e * 7 + rank * 5) % 2
 static int sharded_case(gp_device **ds, gp_comm *comm, int R, int64_t n, float mu, float wd,
                         int nesterov, bool skew)
 {
+    bool stateless = mu == 0.0f && !nesterov; /* plain SGD: no momentum (v NULL) */
     /* skew: odd ranks' w one float off the others' alignment, so the pushes
      * into peers take the unaligned path too */
     float *w[MAXR], *g[MAXR], *v[MAXR], *wbase[MAXR];
@@ -215,11 +216,11 @@ static int sharded_case(gp_device **ds, gp_comm *comm, int R, int64_t n, float m
         wbase[r] = malloc((size_t)(n + 1) * sizeof(float));
         w[r] = wbase[r] + (skew && r % 2);
         g[r] = malloc((size_t)n * sizeof(float));
-        v[r] = malloc((size_t)n * sizeof(float));
+        v[r] = stateless ? NULL : malloc((size_t)n * sizeof(float));
         for (int64_t e = 0; e < n; e++) {
             w[r][e] = w_init(n, e);
             g[r][e] = value(r, n, e);
-            v[r][e] = v_init(r, e);
+            if (v[r]) v[r][e] = v_init(r, e);
         }
     }
     sgd_job job[MAXR];
@@ -239,16 +240,17 @@ static int sharded_case(gp_device **ds, gp_comm *comm, int R, int64_t n, float m
             int owner = chunk_owner(n, R, e);
             float sum = value(0, n, e);
             for (int k = 1; k < R; k++) sum += value(k, n, e);
-            float ww = w_init(n, e), vv = v_init(owner, e);
+            float ww = w_init(n, e), vv = stateless ? 0.0f : v_init(owner, e);
             gp_ew_sgd(&ww, sum, &vv, 0.05f, mu, wd, nesterov);
-            same = w[r][e] == ww && v[r][e] == (e >= lo && e < hi ? vv : v_init(r, e));
+            same = w[r][e] == ww &&
+                   (stateless || v[r][e] == (e >= lo && e < hi ? vv : v_init(r, e)));
         }
         wrong += !same;
     }
     for (int r = 0; r < R; r++) {
         free(wbase[r]);
         free(g[r]);
-        free(v[r]);
+        free(v[r]); /* (NULL: plain SGD) */
     }
     return wrong;
 }
@@ -275,7 +277,8 @@ static void devices_release(gp_device *copies)
 static void sharded_sgd(void)
 {
     const int64_t sizes[] = {1, 2, 3, 5, 1000, 1023, 1025, 4097, 65537, 200003};
-    const float opt[2][3] = {{0.9f, 0.0f, 0}, {0.5f, 0.01f, 1}}; /* mu, wd, nesterov */
+    /* mu, wd, nesterov; the last plain SGD, which keeps no momentum */
+    const float opt[3][3] = {{0.9f, 0.0f, 0}, {0.5f, 0.01f, 1}, {0.0f, 0.01f, 0}};
     /* The composition gp_dev_sharded_sgd falls back to (reduce-scatter,
      * sgd_update, all-gather) where a backend has no sharded_sgd, e.g. CUDA:
      * the same CPU devices behind an interface without the slot. */
@@ -291,10 +294,10 @@ static void sharded_sgd(void)
             CHECK_OK(gp_comm_create(ds, R, &comm));
             if (!comm) continue;
             for (size_t q = 0; q < sizeof sizes / sizeof *sizes; q++)
-                for (int o = 0; o < 4; o++) {
-                    bool skew = o >= 2;
-                    int wrong = sharded_case(ds, comm, R, sizes[q], opt[o % 2][0],
-                                             opt[o % 2][1], (int)opt[o % 2][2], skew);
+                for (int o = 0; o < 6; o++) {
+                    bool skew = o >= 3;
+                    int wrong = sharded_case(ds, comm, R, sizes[q], opt[o % 3][0],
+                                             opt[o % 3][1], (int)opt[o % 3][2], skew);
                     if (wrong && bad < 5)
                         fprintf(stderr, "sharded SGD (%s%s) R=%d n=%lld: %d rank(s) differ\n",
                                 path ? "composed" : "fused", skew ? ", skewed w" : "", R,
@@ -317,7 +320,7 @@ static void sharded_sgd(void)
         gp_comm *comm = NULL;
         CHECK_OK(gp_comm_create(t2, 2, &comm));
         if (comm) {
-            for (int o = 0; o < 2; o++) {
+            for (int o = 0; o < 3; o++) {
                 bad += sharded_case(t2, comm, 2, 200003, opt[o][0], opt[o][1], (int)opt[o][2],
                                     o == 1);
                 cases += 2;

@@ -552,6 +552,62 @@ static void test_resume(int devices, const char *ckpt, int replicas, const char 
     CHECK_MSG(system(a) != 0, "a resume without snapshots moved some aside");
 }
 
+/* How many tensors of snapshot `path` are momentum ("momentum.*"); -1 if
+ * it cannot be read. */
+static int momentum_tensors(const char *path)
+{
+    gp_st_file f;
+    if (gp_st_read(path, &f) != GP_OK) return -1;
+    int n = 0;
+    for (int i = 0; i < f.n; i++) n += !strncmp(f.tensors[i].name, "momentum.", 9);
+    gp_st_free(&f);
+    return n;
+}
+
+/* Plain SGD (momentum 0) keeps no momentum: its snapshots hold none, and
+ * resume bit for bit.  A snapshot with momentum resumes as plain SGD (the
+ * momentum is dropped: the config changed the optimizer), and one without
+ * refuses to resume with momentum, naming what is missing. */
+static void test_resume_plain_sgd(void)
+{
+    char a[1024], p[400];
+    make_config("z.yaml", "pipeline: {devices: 2, chunks: 2}\n");
+    const char *plain = "--set train.optimizer.momentum=0";
+    snprintf(a, sizeof a, "rm -rf %s/zs %s/zm", tmpdir, tmpdir);
+    CHECK(system(a) == 0);
+    snprintf(a, sizeof a, "%s/z.yaml %s --export-weights %s/z.st", tmpdir, plain, tmpdir);
+    CHECK(train(a) == 0);
+    snprintf(a, sizeof a, "%s/z.yaml %s --set train.snapshot.every_steps=5 "
+             "--set train.snapshot.keep=9 --set train.snapshot.dir=%s/zs", tmpdir, plain, tmpdir);
+    CHECK(train(a) == 0);
+    snprintf(p, sizeof p, "%s/zs/snapshot-000000005.safetensors", tmpdir);
+    CHECK_MSG(momentum_tensors(p) == 0, "a plain-SGD snapshot has %d momentum tensors",
+              momentum_tensors(p));
+    snprintf(a, sizeof a, "%s/z.yaml %s --resume %s --export-weights %s/zr.st", tmpdir, plain, p,
+             tmpdir);
+    int rc = train(a);
+    CHECK_MSG(rc == 0, "plain SGD resume exit %d", rc);
+    if (rc) show_log();
+    char p1[300], p2[300];
+    snprintf(p1, sizeof p1, "%s/z.st", tmpdir);
+    snprintf(p2, sizeof p2, "%s/zr.st", tmpdir);
+    CHECK_MSG(gpt_same_files(p1, p2), "plain SGD: resumed weights differ");
+    /* momentum 0.9 on a snapshot without momentum: refused, naming it */
+    snprintf(a, sizeof a, "%s/z.yaml --resume %s", tmpdir, p);
+    CHECK(train(a) != 0 && log_has("missing: momentum."));
+    /* a snapshot with momentum (the config's 0.9) resumed as plain SGD */
+    snprintf(a, sizeof a, "%s/z.yaml --set train.steps=10 --set train.snapshot.every_steps=5 "
+             "--set train.snapshot.dir=%s/zm", tmpdir, tmpdir);
+    CHECK(train(a) == 0);
+    snprintf(p, sizeof p, "%s/zm/snapshot-000000005.safetensors", tmpdir);
+    CHECK_MSG(momentum_tensors(p) > 0, "a momentum snapshot has %d momentum tensors",
+              momentum_tensors(p));
+    snprintf(a, sizeof a, "%s/z.yaml %s --set train.steps=10 --resume %s", tmpdir, plain, p);
+    rc = train(a);
+    CHECK_MSG(rc == 0, "momentum snapshot resumed as plain SGD: exit %d", rc);
+    if (rc) show_log();
+}
+
 /* A 2-device snapshot resumed on 1 device: the same numbers up to rounding. */
 static void test_resume_other_placement(void)
 {
@@ -1033,6 +1089,7 @@ int main(void)
         test_resume(2, "never", 1, "zb-h1");
         test_resume(2, "except_last", 1, "interleaved");
         test_resume_other_placement();
+    test_resume_plain_sgd();
         test_kill();
     } else {
         CHECK_MSG(false, "%s not built", bin);

@@ -251,6 +251,93 @@ static void test_microbatch_bn(void)
     gp_device_close(dev);
 }
 
+/* Trained parameters' values (grads false) or gradients (true) on the
+ * host, buffers left out. */
+static float *trained(gp_model *m, bool grads, int64_t *count)
+{
+    int64_t n = 0;
+    for (int k = 0; k < m->n_layers; k++)
+        for (int p = 0; p < m->layers[k].n_params; p++)
+            if (!m->layers[k].params[p].is_buffer) n += gp_tensor_numel(&m->layers[k].params[p].value);
+    float *h = calloc((size_t)(n ? n : 1), sizeof *h);
+    int64_t off = 0;
+    for (int k = 0; k < m->n_layers && h; k++)
+        for (int p = 0; p < m->layers[k].n_params; p++) {
+            gp_param *pr = &m->layers[k].params[p];
+            if (pr->is_buffer) continue;
+            gp_tensor *t = grads ? &pr->grad : &pr->value;
+            CHECK_OK(gp_dev_download(t->dev, h + off, t->data, gp_tensor_numel(t)));
+            off += gp_tensor_numel(t);
+        }
+    *count = n;
+    return h;
+}
+
+/* Plain SGD (momentum 0) keeps no state: the model's optimizer holds no
+ * bytes on the device and has no momentum tensors, and its steps are the
+ * double-precision oracle's w -= lr (g + wd w), from the gradients of the
+ * same step (gradients are left in place after a step).  And the first
+ * step from zero momentum is the plain step whatever the momentum
+ * (v = 0.9 * 0 + g'), so a momentum-0.9 model's first step is bit for bit
+ * the stateless one's: the register path and the buffered path compute
+ * the same update. */
+static void test_plain_sgd(void)
+{
+    gp_device *dev = open_dev();
+    gp_config c = model_cfg(true, true);
+    float x[N * PER], y[N];
+    make_data(x, y);
+    const double lr = 0.05;
+    gp_model heavy, plain;
+    CHECK_OK(gp_model_build(&c, dev, &heavy));
+    size_t with_state = dev->alloc.cur_by[GP_MEM_OPTIMIZER];
+    c.train.optim.momentum = 0;
+    CHECK_OK(gp_model_build(&c, dev, &plain));
+    CHECK_MSG(dev->alloc.cur_by[GP_MEM_OPTIMIZER] == with_state && with_state > 0,
+              "plain SGD allocated %zu optimizer bytes (momentum 0.9: %zu)",
+              dev->alloc.cur_by[GP_MEM_OPTIMIZER] - with_state, with_state);
+    CHECK(!gp_optim_has_state(plain.optim) && gp_optim_has_state(heavy.optim));
+    bool none = true;
+    for (int k = 0; k < plain.n_layers; k++)
+        for (int p = 0; p < plain.layers[k].n_params; p++)
+            none = none && !gp_optim_state(plain.optim, k, p);
+    CHECK_MSG(none, "plain SGD returned a momentum tensor");
+    gp_config ch = c;
+    ch.train.optim.momentum = 0.9f;
+    CHECK_OK(gp_model_train_step(&heavy, &ch, x, y, N, 2, lr, NULL));
+    for (int step = 0; step < 3; step++) {
+        int64_t n0, ng, n1;
+        float *w0 = trained(&plain, false, &n0);
+        CHECK_OK(gp_model_train_step(&plain, &c, x, y, N, 2, lr, NULL));
+        float *g = trained(&plain, true, &ng), *w1 = trained(&plain, false, &n1);
+        if (step == 0) { /* the first step equals momentum's, bit for bit */
+            int64_t nh;
+            float *wh = trained(&heavy, false, &nh);
+            CHECK(nh == n1 && !memcmp(wh, w1, (size_t)n1 * sizeof *w1));
+            free(wh);
+        }
+        /* w1 = w0 - lr (g + wd w0), wd 0 for biases and norms: at least
+         * every parameter is one of the two updates, and some moved */
+        double worst = 0;
+        int64_t moved = 0;
+        for (int64_t i = 0; i < n1 && n0 == n1 && ng == n1; i++) {
+            double plain_w = w0[i] - (double)(float)lr * g[i];
+            double decayed = w0[i] - (double)(float)lr * (g[i] + (double)c.train.optim.weight_decay * w0[i]);
+            double d = fmin(fabs(w1[i] - plain_w), fabs(w1[i] - decayed)) / fmax(fabs(w0[i]), 1e-2);
+            worst = fmax(worst, d);
+            moved += w1[i] != w0[i];
+        }
+        CHECK_MSG(n0 == n1 && ng == n1 && worst < 1e-6 && moved > n1 / 2,
+                  "step %d: plain SGD off the oracle by %g (relative), %lld of %lld moved", step,
+                  worst, (long long)moved, (long long)n1);
+        free(w0); free(g); free(w1);
+    }
+    gp_model_free(&heavy);
+    gp_model_free(&plain);
+    check_released(dev);
+    gp_device_close(dev);
+}
+
 int main(void)
 {
     test_schedules();
@@ -258,5 +345,6 @@ int main(void)
     test_microbatch_equivalence(false);
     test_microbatch_equivalence(true);
     test_microbatch_bn();
+    test_plain_sgd();
     return gpt_finish("test_train");
 }

@@ -222,7 +222,9 @@ typedef struct gp_device_iface {
     gp_status (*nonfinite)(gp_device *dev, const float *x, int64_t n, int *out);
     /* SGD with momentum, in place, all vectors of length n:
      *   g' = g + wd * w;  v = mu * v + g';
-     *   w -= lr * (nesterov ? g' + mu * v : v)                  (PyTorch) */
+     *   w -= lr * (nesterov ? g' + mu * v : v)                  (PyTorch)
+     * v is NULL for plain SGD (mu = 0, no Nesterov: w -= lr * g'), which
+     * keeps no state. */
     gp_status (*sgd_update)(gp_device *dev, float *w, const float *g, float *v,
                             int64_t n, float lr, float mu, float wd, int nesterov);
 
@@ -371,7 +373,7 @@ typedef struct gp_device_iface {
      * on the CPU — but the CPU does it in one pass, streaming the new w
      * into the peers' buffers: 2R + 3 passes over a chunk's memory instead
      * of 3R + 4, 7 instead of 10 for R = 2 (cpu_comm.c).  Only chunk
-     * `rank` of v is read or written; afterwards g is unspecified (the CPU
+     * `rank` of v is read or written (v NULL: as sgd_update); afterwards g is unspecified (the CPU
      * leaves it unchanged, the composition holds the sum in chunk `rank`).
      * NULL: gp_dev_sharded_sgd composes the three. */
     gp_status (*sharded_sgd)(gp_device *dev, gp_comm *comm, float *w, float *g, float *v,

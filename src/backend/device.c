@@ -358,7 +358,8 @@ gp_status gp_dev_sharded_sgd(gp_device *dev, gp_comm *comm, float *w, float *g, 
     int64_t lo, hi;
     gp_comm_chunk(n, comm->n, rank, &lo, &hi);
     if (hi > lo)
-        GP_TRY(gp_dev_sgd_update(dev, w + lo, g + lo, v + lo, hi - lo, lr, mu, wd, nesterov));
+        GP_TRY(gp_dev_sgd_update(dev, w + lo, g + lo, v ? v + lo : NULL, hi - lo, lr, mu, wd,
+                                 nesterov));
     return gp_dev_all_gather(dev, comm, w, n);
 }
 

@@ -769,8 +769,9 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
                     gp_param *pr = &l.params[q];
                     if (pr->is_buffer) continue;
                     s = gp_dev_sgd_update(dev, pr->value.data, pr->grad.data,
-                                          n_opt ? opt[oq].data : pr->grad.data,
-                                          gp_tensor_numel(&pr->value), 0.0f, 0.9f, 0.0f, 0);
+                                          n_opt ? opt[oq].data : NULL,
+                                          gp_tensor_numel(&pr->value), 0.0f,
+                                          n_opt ? 0.9f : 0.0f, 0.0f, 0);
                     oq += o->optim_slots < 2 ? o->optim_slots : 2;
                 }
                 if (s == GP_OK) s = gp_dev_synchronize(dev);

@@ -11,7 +11,7 @@ struct gp_optim {
     int n_layers;
     gp_sgd_opts opts;
     gp_tensor *state;      /* [n_states]: momentum of each trainable tensor, in
-                              layer order, owned */
+                              layer order, owned; none without momentum */
     int n_states;
     int *first;            /* [n_layers]: index of layer k's first state */
 };
@@ -34,8 +34,13 @@ gp_status gp_optim_create(gp_layer *layers, int n_layers, const gp_sgd_opts *o, 
     op->layers = layers;
     op->n_layers = n_layers;
     op->opts = *o;
+    /* Plain SGD (mu = 0) keeps no state, as PyTorch's does: v = g' every
+     * step, so the update needs no buffer and a device holds 8 bytes per
+     * parameter (value, gradient) instead of 12. */
+    bool stateless = o->momentum == 0.0f && !o->nesterov;
     for (int k = 0; k < n_layers; k++) {
         op->first[k] = op->n_states;
+        if (stateless) continue;
         for (int p = 0; p < layers[k].n_params; p++) {
             gp_param *pr = &layers[k].params[p];
             if (pr->is_buffer) continue;
@@ -71,11 +76,13 @@ void gp_optim_destroy(gp_optim *o)
 gp_tensor *gp_optim_state(gp_optim *o, int k, int p)
 {
     GP_ASSERT(k >= 0 && k < o->n_layers && p >= 0 && p < o->layers[k].n_params);
-    if (o->layers[k].params[p].is_buffer) return NULL;
+    if (o->layers[k].params[p].is_buffer || o->n_states == 0) return NULL;
     int q = o->first[k];
     for (int a = 0; a < p; a++) q += !o->layers[k].params[a].is_buffer;
     return &o->state[q];
 }
+
+bool gp_optim_has_state(const gp_optim *o) { return o->n_states > 0; }
 
 static float decay_of(const gp_optim *o, const gp_param *pr)
 {
@@ -92,7 +99,8 @@ static gp_status each_param(gp_optim *o, int first, int count, param_fn fn, cons
         gp_layer *l = &o->layers[k];
         int q = o->first[k];
         for (int p = 0; p < l->n_params; p++)
-            if (!l->params[p].is_buffer) GP_TRY(fn(o, &l->params[p], &o->state[q++], arg));
+            if (!l->params[p].is_buffer)
+                GP_TRY(fn(o, &l->params[p], o->n_states ? &o->state[q++] : NULL, arg));
     }
     return GP_OK;
 }
@@ -110,14 +118,15 @@ static gp_status update_chunk(gp_optim *o, gp_param *pr, gp_tensor *v, const voi
     gp_comm_chunk(gp_tensor_numel(&pr->value), a->shards, a->shard, &lo, &hi);
     if (hi <= lo) return GP_OK;
     return gp_dev_sgd_update(pr->value.dev, pr->value.data + lo, pr->grad.data + lo,
-                             v->data + lo, hi - lo, (float)a->lr, o->opts.momentum,
+                             v ? v->data + lo : NULL, hi - lo, (float)a->lr, o->opts.momentum,
                              decay_of(o, pr), o->opts.nesterov);
 }
 
 static gp_status update_fused(gp_optim *o, gp_param *pr, gp_tensor *v, const void *arg)
 {
     const update_arg *a = arg;
-    return gp_dev_sharded_sgd(pr->value.dev, a->comm, pr->value.data, pr->grad.data, v->data,
+    return gp_dev_sharded_sgd(pr->value.dev, a->comm, pr->value.data, pr->grad.data,
+                              v ? v->data : NULL,
                               gp_tensor_numel(&pr->value), (float)a->lr, o->opts.momentum,
                               decay_of(o, pr), o->opts.nesterov);
 }

@@ -3,7 +3,7 @@
  *
  * Owns: the optimizer state of a model's trainable parameters (SGD's
  * momentum today: one buffer per trainable tensor, on the parameter's
- * device, category OPTIMIZER), and the update rule.  Other rules (Adam's
+ * device, category OPTIMIZER; none for plain SGD, momentum 0), and the update rule.  Other rules (Adam's
  * two moments, say) add state beside the momentum; callers see only
  * gp_optim and gp_optim_state.
  * May call: core, backend (the device's sgd_update and sharded_sgd slots
@@ -50,8 +50,10 @@ gp_status gp_optim_update(gp_optim *o, int first, int count, double lr, int shar
 gp_status gp_optim_update_fused(gp_optim *o, int first, int count, double lr, gp_comm *comm);
 
 /* The state tensor (momentum) of parameter p of layer k; NULL for buffers
- * and parameters without state. */
+ * and when the optimizer keeps no state (momentum 0). */
 gp_tensor *gp_optim_state(gp_optim *o, int k, int p);
+/* Whether the optimizer keeps any state (false for plain SGD). */
+bool gp_optim_has_state(const gp_optim *o);
 /* dst's state = src's (same model shape; any devices). */
 gp_status gp_optim_copy(gp_optim *dst, const gp_optim *src);
 /* After sharded updates over R ranks, rank r's state is current only in

@@ -128,7 +128,7 @@ static gp_status collect(gp_model *m, const gp_config *cfg, const gp_snapshot_po
         for (int k = 0; k < m->n_layers && s == GP_OK; k++) {
             gp_layer *l = &m->layers[k];
             for (int p = 0; p < l->n_params && s == GP_OK; p++) {
-                if (l->params[p].is_buffer) continue;
+                if (l->params[p].is_buffer || !gp_optim_state(m->optim, k, p)) continue;
                 tensor_name(name, sizeof name, "momentum.", m, k, nm, l->params[p].name);
                 s = add_device_tensor(w, name, gp_optim_state(m->optim, k, p),
                                       gp_model_layer_rank(m, k), gather, &scratch, &cap);
@@ -488,6 +488,18 @@ gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
             gp_st_find(f, tensor_name(name, sizeof name, "", m, k0, NAME_BY_INDEX, p0)))
             nm = NAME_BY_INDEX;
     }
+    if (optimizer && gp_optim_has_state(m->optim)) { /* plain SGD's snapshot, with momentum */
+        bool any = false;
+        for (int i = 0; i < f->n && !any; i++) any = !strncmp(f->tensors[i].name, "momentum.", 9);
+        const char *kind = gp_st_meta(f, "gpipe.kind");
+        bool snap = kind && !strcmp(kind, "snapshot");
+        if (!any && snap)
+            return gp_error_set(GP_ERR_INVALID,
+                                "%s holds no momentum (missing: momentum.*): it was saved by plain "
+                                "SGD (train.optimizer.momentum: 0); resume it with momentum 0, or "
+                                "start from its weights with model.init_from",
+                                f->source);
+    }
     /* every name the model expects, for the names in the file it does not */
     nameset known = {0};
     for (int pass = 0; pass < 2; pass++) {
@@ -511,6 +523,7 @@ gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
                 }
                 if (!optimizer || pr->is_buffer) continue;
                 gp_tensor *mt = gp_optim_state(m->optim, k, p);
+                if (!mt) continue; /* plain SGD: no momentum to restore */
                 tensor_name(name, sizeof name, "momentum.", m, k, nm, pr->name);
                 if (pass == 0 && mt->data) GP_TRY(need(f, name));
                 expect(f, name, GP_ST_F32, mt->ndim, mt->dims, &missing, &bad, &t);
@@ -553,7 +566,8 @@ gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
         qsort(known.v, (size_t)known.n, sizeof *known.v, cmp_str);
         for (int i = 0; i < f->n; i++) {
             const char *tn = f->tensors[i].name;
-            if (!strncmp(tn, "momentum.", 9) && !optimizer) continue;
+            if (!strncmp(tn, "momentum.", 9) && (!optimizer || !gp_optim_has_state(m->optim)))
+                continue; /* (a snapshot with momentum resumed as plain SGD: dropped) */
             if (!ns_has(&known, tn)) nl_add(&extra, "%s", tn);
         }
         ns_free(&known);

@@ -751,12 +751,15 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
                 (long long)np, fl / 1e6, gp_format_bytes((size_t)act, ab, sizeof ab), sk);
         if (n > 1 && k - first + 1 == m.balance[stage]) {
             char pb[32], mb[32];
-            /* parameters, gradients and momentum: 3 x 4 bytes each */
+            /* parameters, gradients and momentum: 3 x 4 bytes each (plain
+             * SGD keeps no momentum) */
+            bool mom = cfg->train.optim.momentum > 0;
             fprintf(f, "      stage %d on %s: layers %d-%d, %lld parameters (%s), %.1f MFLOP, "
-                       "~%s weights+grads+momentum, %s activations per batch\n",
+                       "~%s weights+grads%s, %s activations per batch\n",
                     stage, l->dev->name, first, k, (long long)sp,
                     gp_format_bytes((size_t)sp * 4, pb, sizeof pb), sf / 1e6,
-                    gp_format_bytes((size_t)sp * 12, mb, sizeof mb),
+                    gp_format_bytes((size_t)sp * (mom ? 12 : 8), mb, sizeof mb),
+                    mom ? "+momentum" : "",
                     gp_format_bytes((size_t)sa, ab, sizeof ab));
             stage++;
             first = k + 1;

@@ -286,9 +286,9 @@ static inline void sharded_sgd_elem(float *const *gs, float *const *ws, int R, i
                                     float *v, int64_t e, float lr, float mu, float wd,
                                     int nesterov)
 {
-    float sum = gs[0][e];
+    float sum = gs[0][e], t = 0.0f; /* t: v's place for plain SGD (v NULL) */
     for (int q = 1; q < R; q++) sum += gs[q][e];
-    gp_ew_sgd(&w[e], sum, &v[e], lr, mu, wd, nesterov);
+    gp_ew_sgd(&w[e], sum, v ? &v[e] : &t, lr, mu, wd, nesterov);
     for (int q = 0; q < R; q++)
         if (q != me) ws[q][e] = w[e];
 }
@@ -307,8 +307,9 @@ static void sharded_sgd_span(float *const *gs, float *const *ws, int R, int me, 
         for (int q = 1; q < R; q++) g = _mm_add_ps(g, _mm_loadu_ps(gs[q] + e));
         __m128 wv = _mm_load_ps(w + e);
         __m128 gg = _mm_add_ps(g, _mm_mul_ps(vwd, wv));         /* g + wd w */
-        __m128 vv = _mm_add_ps(_mm_mul_ps(vmu, _mm_loadu_ps(v + e)), gg); /* mu v + g' */
-        _mm_storeu_ps(v + e, vv);
+        __m128 vo = v ? _mm_loadu_ps(v + e) : _mm_setzero_ps();
+        __m128 vv = _mm_add_ps(_mm_mul_ps(vmu, vo), gg); /* mu v + g' */
+        if (v) _mm_storeu_ps(v + e, vv);
         __m128 step = nesterov ? _mm_add_ps(gg, _mm_mul_ps(vmu, vv)) : vv;
         wv = _mm_sub_ps(wv, _mm_mul_ps(vlr, step));
         _mm_store_ps(w + e, wv);

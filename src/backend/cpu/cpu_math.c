@@ -113,6 +113,14 @@ gp_status gp_cpu_sgd_update(gp_device *dev, float *w, const float *g, float *v,
                             int64_t n, float lr, float mu, float wd, int nesterov)
 {
     int nt = dev->threads;
+    if (!v) { /* plain SGD: v = g' each step, kept in a register */
+#pragma omp parallel for schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN)
+        for (int64_t i = 0; i < n; i++) {
+            float t = 0.0f;
+            gp_ew_sgd(&w[i], g[i], &t, lr, mu, wd, nesterov);
+        }
+        return GP_OK;
+    }
 #pragma omp parallel for schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++) gp_ew_sgd(&w[i], g[i], &v[i], lr, mu, wd, nesterov);
     return GP_OK;

@@ -73,7 +73,11 @@ __global__ void k_relu_bwd(const float *y, const float *dy, float *dx, int64_t n
 __global__ void k_sgd(float *w, const float *g, float *v, int64_t n, float lr, float mu,
                       float wd, int nesterov)
 {
-    GP_CUK_LOOP(i, n) gp_ew_sgd(&w[i], g[i], &v[i], lr, mu, wd, nesterov);
+    GP_CUK_LOOP(i, n)
+    {
+        float t = 0.0f; /* v NULL: plain SGD, no state */
+        gp_ew_sgd(&w[i], g[i], v ? &v[i] : &t, lr, mu, wd, nesterov);
+    }
 }
 __global__ void k_dropout(float *mask, int64_t n, float p, uint64_t seed, uint64_t stream,
                           uint64_t first)
