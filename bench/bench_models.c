@@ -69,16 +69,27 @@ static const family *find_family(const char *name)
     return NULL;
 }
 
+/* The memory benchmark's training setup: micro-batches and checkpointing
+ * of the pipelines, and the optimizer.  Defaults: m = 8, `always`, SGD
+ * with momentum 0.9; --as-torchgpipe: torchgpipe's unet-memory script
+ * (m = 32, `except_last`, its GPipe default, and SGD without momentum). */
+static struct {
+    int chunks;
+    gp_checkpoint_mode ckpt;
+    double lr, momentum;
+} g_mem = {8, GP_CKPT_ALWAYS, 0.01, 0.9};
+
 static gp_status family_cfg(const family *f, int a, int b, bool mem, gp_config *c)
 {
     int64_t side = mem ? f->mside : f->side, batch = mem ? f->mbatch : f->batch;
+    double lr = mem ? g_mem.lr : 0.01, mu = mem ? g_mem.momentum : 0.9;
     char model[160], text[1024];
     snprintf(model, sizeof model, f->model, a, b);
     snprintf(text, sizeof text,
              "model:\n  input: [3, %lld, %lld]\n  %s\n"
              "data: {dataset: synthetic, synthetic: {train: %lld, test: 8, classes: 10}}\n"
-             "train: {batch_size: %lld, seed: 1, optimizer: {lr: 0.01, momentum: 0.9}}\n",
-             (long long)side, (long long)side, model, (long long)batch, (long long)batch);
+             "train: {batch_size: %lld, seed: 1, optimizer: {lr: %g, momentum: %g}}\n",
+             (long long)side, (long long)side, model, (long long)batch, (long long)batch, lr, mu);
     return gp_config_parse("bench_models.yaml", text, strlen(text), NULL, 0, c);
 }
 
@@ -212,8 +223,8 @@ static bool fits(const gp_config *base, int k, size_t cap, gp_schedule_kind sche
     int n = k ? k : 1;
     gp_bench_cpu_devices(&cfg, n);
     for (int j = 0; j < n; j++) cfg.pipeline.devices[j].memory = cap;
-    cfg.pipeline.chunks = k ? 8 : 1;
-    cfg.pipeline.checkpoint = k ? GP_CKPT_ALWAYS : GP_CKPT_NEVER;
+    cfg.pipeline.chunks = k ? g_mem.chunks : 1;
+    cfg.pipeline.checkpoint = k ? g_mem.ckpt : GP_CKPT_NEVER;
     cfg.pipeline.schedule = k ? sched : GP_SCHEDULE_GPIPE;
     cfg.pipeline.n_balance = 1;
     cfg.pipeline.balance[0] = cfg.model.n_layers;
@@ -271,9 +282,12 @@ static int memory(const family *f, size_t cap, gp_schedule_kind sched)
     char cpu[256];
     gp_bench_cpu_name(cpu, sizeof cpu);
     printf("%s memory: the largest of %d sizes that trains a step; %lldx%lld, batch %lld; each "
-           "device %zu MiB; pipelines on the %s schedule; %s\n\n", f->label, nc,
-           (long long)f->mside, (long long)f->mside, (long long)f->mbatch, cap >> 20,
-           gp_schedule_kind_name(sched), cpu);
+           "device %zu MiB; pipelines on the %s schedule, m = %d, checkpoint %s; SGD%s; %s\n\n",
+           f->label, nc, (long long)f->mside, (long long)f->mside, (long long)f->mbatch,
+           cap >> 20, gp_schedule_kind_name(sched), g_mem.chunks,
+           g_mem.ckpt == GP_CKPT_ALWAYS ? "always" : g_mem.ckpt == GP_CKPT_NEVER ? "never"
+                                                                             : "except_last",
+           g_mem.momentum > 0 ? " with momentum" : " without momentum", cpu);
     printf("| experiment | %s | parameters | vs pipeline-1 |\n|---|---|---|---|\n", f->sizes);
     int64_t p1 = 0;
     for (int k = 0; k <= 8; k = k ? 2 * k : 1) {
@@ -347,14 +361,32 @@ int main(int argc, char **argv)
         } else if (!strcmp(argv[i], "--batch")) {
             fam.batch = atoll(argv[i + 1]);
         } else if (!strcmp(argv[i], "--side")) {
-            fam.side = atoll(argv[i + 1]);
+            fam.side = fam.mside = atoll(argv[i + 1]);
         }
     }
+    for (int i = 2; f && i < argc; i++)
+        if (!strcmp(argv[i], "--as-torchgpipe")) { /* its benchmarks/unet-memory/main.py */
+            g_mem.chunks = 32;
+            g_mem.ckpt = GP_CKPT_EXCEPT_LAST;
+            g_mem.lr = 0.1;
+            g_mem.momentum = 0;
+            fam.mside = 192;
+            fam.mbatch = 32;
+            for (int j = 2; j + 1 < argc; j++) /* --side / --batch still win */
+                if (!strcmp(argv[j], "--side")) fam.mside = atoll(argv[j + 1]);
+                else if (!strcmp(argv[j], "--batch")) fam.mbatch = atoll(argv[j + 1]);
+        }
+    if (!strcmp(what, "memory"))
+        for (int i = 2; f && i + 1 < argc; i++)
+            if (!strcmp(argv[i], "--batch")) fam.mbatch = atoll(argv[i + 1]);
     if (strcmp(what, "speed") && strcmp(what, "memory")) {
         puts("usage: bench_models speed  [--model amoebanet|resnet|unet] [--steps N]\n"
              "                           [--size A B] [--batch N] [--side PIXELS]\n"
              "       bench_models memory [--model amoebanet|unet] [--capacity MiB]\n"
-             "                           [--schedule gpipe|1f1b|zb-h1]");
+             "                           [--schedule gpipe|1f1b|zb-h1] [--side PIXELS]\n"
+             "                           [--batch N] [--as-torchgpipe]\n"
+             "  --as-torchgpipe: torchgpipe's U-Net memory setup (192x192, batch 32,\n"
+             "  m = 32, except_last, SGD lr 0.1 without momentum)");
         return strcmp(what, "-h") && strcmp(what, "--help") ? 2 : 0;
     }
     if (!f) {

@@ -1245,6 +1245,68 @@ out:
     free(x), free(y), free(back);
 }
 
+/* Device-time markers (backend.h, mark) on the CPU's two modes.  On the
+ * compute stream (the caller) and in the synchronous mode, a marker's time
+ * is that of the call.  With GPIPE_CPU_STREAMS=threads a marker on the
+ * copy stream is reached only once the copies before it are done: behind
+ * two copies each held back 20 ms it reads at least 40 ms after it was
+ * enqueued, reading it waits for it, and markers on one stream keep their
+ * order.  mark_reset forgets them (AddressSanitizer: nothing leaks). */
+static void test_marks(gp_device *sync_dev)
+{
+    void *m0, *m1;
+    double t0, t1, before = gp_now();
+    CHECK_OK(gp_dev_mark(sync_dev, false, &m0));
+    CHECK_OK(gp_dev_mark(sync_dev, true, &m1));
+    double after = gp_now();
+    CHECK(m0 && m1);
+    CHECK_OK(gp_dev_mark_time(sync_dev, m0, &t0));
+    CHECK_OK(gp_dev_mark_time(sync_dev, m1, &t1));
+    CHECK_MSG(before <= t0 && t0 <= t1 && t1 <= after, "synchronous markers %.9f, %.9f outside "
+              "[%.9f, %.9f]", t0, t1, before, after);
+    gp_dev_mark_reset(sync_dev);
+    CHECK_OK(gp_dev_mark_time(sync_dev, NULL, &t0)); /* a NULL marker reads 0 */
+    CHECK(t0 == 0);
+
+    setenv("GPIPE_CPU_STREAMS", "threads", 1);
+    setenv("GPIPE_CPU_COPY_DELAY_US", "20000", 1);
+    gp_device *d = NULL;
+    gp_device_opts o = {.threads = 1};
+    CHECK_OK(gp_device_open("cpu:9", &o, &d));
+    unsetenv("GPIPE_CPU_STREAMS");
+    unsetenv("GPIPE_CPU_COPY_DELAY_US");
+    if (!d) return;
+    enum { N = 1000 };
+    void *a = NULL, *b = NULL;
+    CHECK_OK(gp_dev_alloc(d, N * sizeof(float), GP_MEM_COPIES, &a));
+    CHECK_OK(gp_dev_alloc(d, N * sizeof(float), GP_MEM_COPIES, &b));
+    if (a && b) {
+        void *c0, *c1, *c2, *k0;
+        double s0 = gp_now();
+        CHECK_OK(gp_dev_mark(d, true, &c0));
+        CHECK_OK(gp_dev_copy_async(d, b, d, a, N * sizeof(float), NULL, NULL));
+        CHECK_OK(gp_dev_mark(d, true, &c1));
+        CHECK_OK(gp_dev_copy_async(d, a, d, b, N * sizeof(float), NULL, NULL));
+        CHECK_OK(gp_dev_mark(d, true, &c2));
+        CHECK_OK(gp_dev_mark(d, false, &k0)); /* the compute stream: now */
+        double s1 = gp_now(), tc0, tc1, tc2, tk;
+        CHECK_OK(gp_dev_mark_time(d, c2, &tc2)); /* waits for the queue to reach it */
+        CHECK_OK(gp_dev_mark_time(d, c0, &tc0));
+        CHECK_OK(gp_dev_mark_time(d, c1, &tc1));
+        CHECK_OK(gp_dev_mark_time(d, k0, &tk));
+        CHECK_MSG(s0 <= tc0 && tc0 + 0.02 <= tc1 && tc1 + 0.02 <= tc2,
+                  "copy-stream markers %.6f, %.6f, %.6f: not 20 ms apart behind the copies",
+                  tc0 - s0, tc1 - s0, tc2 - s0);
+        CHECK_MSG(tk <= s1 && tk + 0.035 < tc2, "the compute marker (%.6f) waited for the copy "
+                  "stream (%.6f)", tk - s0, tc2 - s0);
+    }
+    CHECK_OK(gp_dev_synchronize(d));
+    gp_dev_mark_reset(d);
+    gp_dev_free(d, a, N * sizeof(float), GP_MEM_COPIES);
+    gp_dev_free(d, b, N * sizeof(float), GP_MEM_COPIES);
+    gp_device_close(d);
+}
+
 /* Two devices driven by two threads at once, each with its own thread
  * count, compute the same convolution as one device alone. */
 typedef struct conc_job {
@@ -1376,6 +1438,7 @@ int main(void)
         test_copies(dev, blk);
     }
     test_copy_async(dev);
+    test_marks(dev);
     test_host_waits(dev);
     test_nonfinite_or(dev);
     test_step_slots(dev);

@@ -1083,6 +1083,42 @@ static float *all_params(gp_model *m, int64_t *count, unsigned char **is_buffer)
 /* n stages on devs[0..n-1] (GPUs, two handles of one GPU, or a CPU and a
  * GPU) against the single-device run on the CPU; every stage waits on the
  * host once per step (issue 14). */
+/* The last step's events of a pipeline that recorded device time (issue
+ * 14, item 5): every one timed on its device; on each device compute and
+ * copies each in order; every copy after its producer and before the
+ * forward or backward that reads it (CUDA events resolve ~0.5 us). */
+static void check_device_time(gp_model *pipe, const char *what)
+{
+    const double eps = 2e-6;
+    int host = 0, order = 0, late = 0, copies = 0;
+    for (int d = 0; d < gp_pipeline_devices(pipe->pipe); d++) {
+        int cnt;
+        const gp_event_rec *ev = gp_pipeline_events(pipe->pipe, d, &cnt);
+        double end[2] = {0, 0};
+        for (int e = 0; e < cnt; e++) {
+            const gp_event_rec *r = &ev[e];
+            bool cp = gp_instr_copies(r->kind);
+            host += !r->device_time;
+            order += r->t1 < r->t0 || r->t0 < end[cp] - eps;
+            end[cp] = r->t1;
+            if (!cp || r->is_wait) continue;
+            copies++;
+            const gp_event_rec *src = gp_pipeline_producer(pipe->pipe, r);
+            late += !src || r->t0 < src->t1 - eps;
+            gp_instr_kind want = r->kind == GP_INSTR_RECV_ACT ? GP_INSTR_FORWARD
+                                 : r->kind == GP_INSTR_RECV_GRAD ? GP_INSTR_BACKWARD
+                                                                 : GP_INSTR_KIND_COUNT;
+            for (int q = 0; q < cnt; q++)
+                if (ev[q].kind == want && ev[q].i == r->i && ev[q].j == r->j)
+                    late += ev[q].t0 < r->t1 - eps;
+        }
+    }
+    CHECK_MSG(host == 0 && order == 0 && late == 0,
+              "%s, device time: %d events in host time, %d out of order on their stream, %d "
+              "copies before their producer or after their reader (%d copies)",
+              what, host, order, late, copies);
+}
+
 static void test_transparency(gp_device *cpu, gp_device *const *gpus, int n)
 {
     for (int which = 0; which < 2; which++)
@@ -1110,7 +1146,9 @@ static void test_transparency(gp_device *cpu, gp_device *const *gpus, int n)
                 CHECK_OK(gp_model_train_step(&ref, &c, x, y, b, m, 0.05, &a));
                 uint64_t w0[3];
                 for (int j = 0; j < n; j++) w0[j] = gp_dev_host_waits(gpus[j]);
+                pipe.device_time = step == 2; /* the last step as a traced one: no more waits */
                 CHECK_OK(gp_model_pipeline_step(&pipe, &c, x, y, b, 0.05, &g));
+                if (step == 2) check_device_time(&pipe, which ? "convnet" : "mlp");
                 if (step > 0) /* steady state */
                     for (int j = 0; j < n; j++) waits[j] += gp_dev_host_waits(gpus[j]) - w0[j];
                 worst_loss = fmax(worst_loss, fabs(a.loss - g.loss) / fmax(fabs(a.loss), 1e-6));

@@ -369,6 +369,88 @@ static void step_results(void)
     }
 }
 
+/* Device time (gp_pipeline_set_device_time, what traced steps record):
+ * the math is unchanged (transparency with it on), the host waits per step
+ * are too, and the events say when the device's streams ran them: on each
+ * device its compute in order, its copies in order, every copy after its
+ * producer, every consumer (the forward that reads a copied activation,
+ * the backward that reads a copied gradient) after the copy, and each copy
+ * at least the copy stream's delay long (GPIPE_CPU_COPY_DELAY_US, under
+ * test_pipeline_streams).  With the copies on threads of their own a
+ * consumer whose start marker were taken before its wait for the copy
+ * would start before the copy ended. */
+static void device_time(void)
+{
+    gp_config c = make_cfg(true);
+    int bal[3];
+    gpt_split_even(c.model.n_layers, 3, bal);
+    c.pipeline.chunks = 4;
+    c.pipeline.lockstep = false;
+    gp_model ref, pip;
+    CHECK_OK(gp_model_build(&c, devs[0], &ref));
+    CHECK_OK(gp_model_build_placed(&c, devs, 3, bal, &pip));
+    pip.device_time = true;
+    bool same[3];
+    gpt_compare_steps(&c, &ref, &pip, BATCH, 3, same);
+    CHECK_MSG(same[0] && same[1] && same[2], "device time changed the step's results");
+    const char *d = getenv("GPIPE_CPU_COPY_DELAY_US");
+    double delay = d && *d ? atof(d) * 1e-6 : 0;
+    const double eps = 1e-6;
+    int bad_order = 0, bad_copy = 0, bad_consumer = 0, copies = 0, host = 0, consumers = 0;
+    for (int dv = 0; dv < 3; dv++) {
+        int cnt;
+        const gp_event_rec *ev = gp_pipeline_events(pip.pipe, dv, &cnt);
+        double compute_end = 0, copy_end = 0;
+        for (int e = 0; e < cnt; e++) {
+            const gp_event_rec *r = &ev[e];
+            host += !r->device_time;
+            if (r->t1 < r->t0) bad_order++;
+            bool cp = gp_instr_copies(r->kind);
+            double *end = cp ? &copy_end : &compute_end;
+            if (r->t0 < *end - eps) bad_order++;
+            *end = r->t1;
+            if (!cp || r->is_wait) continue;
+            copies++;
+            const gp_event_rec *src = gp_pipeline_producer(pip.pipe, r);
+            if (!src || r->t0 < src->t1 - eps || r->t1 - r->t0 < delay - eps) bad_copy++;
+            if (!(e > 0 && ev[e - 1].is_wait && ev[e - 1].t1 == r->t0)) bad_copy++;
+            gp_instr_kind want = r->kind == GP_INSTR_RECV_ACT    ? GP_INSTR_FORWARD
+                                 : r->kind == GP_INSTR_RECV_GRAD ? GP_INSTR_BACKWARD
+                                                                 : GP_INSTR_KIND_COUNT;
+            for (int q = 0; q < cnt && want != GP_INSTR_KIND_COUNT; q++)
+                if (ev[q].kind == want && ev[q].i == r->i && ev[q].j == r->j) {
+                    consumers++;
+                    if (ev[q].t0 < r->t1 - eps) bad_consumer++;
+                }
+        }
+    }
+    CHECK_MSG(host == 0, "%d events kept host time", host);
+    CHECK_MSG(copies >= 2 * 2 * 4 && consumers == copies,
+              "%d copies, %d consumers found (2 boundaries x 2 directions x 4 micro-batches)",
+              copies, consumers);
+    CHECK_MSG(bad_order == 0, "%d events out of order on their stream", bad_order);
+    CHECK_MSG(bad_copy == 0, "%d copies before their producer, shorter than the %g s delay, "
+              "or without their wait", bad_copy, delay);
+    CHECK_MSG(bad_consumer == 0, "%d consumers started before their copy ended", bad_consumer);
+    /* no host wait added; off again: host times */
+    float x[BATCH * 72], y[BATCH];
+    make_batch(&c, 0, x, y);
+    uint64_t w0[3];
+    for (int k = 0; k < 3; k++) w0[k] = gp_dev_host_waits(devs[k]);
+    CHECK_OK(gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, NULL));
+    for (int k = 0; k < 3; k++)
+        CHECK_MSG(gp_dev_host_waits(devs[k]) - w0[k] == 1, "device time: cpu:%d waited %llu times "
+                  "in a step", k, (unsigned long long)(gp_dev_host_waits(devs[k]) - w0[k]));
+    pip.device_time = false;
+    CHECK_OK(gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, NULL));
+    int cnt, timed = 0;
+    const gp_event_rec *ev = gp_pipeline_events(pip.pipe, 1, &cnt);
+    for (int e = 0; e < cnt; e++) timed += ev[e].device_time;
+    CHECK_MSG(cnt > 0 && timed == 0, "device time off: %d of %d events timed", timed, cnt);
+    gp_model_free(&ref);
+    gp_model_free(&pip);
+}
+
 int main(void)
 {
     open_devs();
@@ -392,6 +474,7 @@ int main(void)
     faults();
     nonfinite_state();
     step_results();
+    device_time();
     for (int j = 0; j < 4; j++) gp_device_close(devs[j]);
     return gpt_finish("test_pipeline");
 }

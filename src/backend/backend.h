@@ -86,8 +86,10 @@
  *      stage per step instead of one per tensor)
  *  13  upload_async, bn_merge, bn_commit, xent_dev, bce_logits_dev (a
  *      training step with no host wait inside it: uploads on the copy
- *      stream, batch-norm statistics and the loss kept on the device) */
-#define GP_DEVICE_IFACE_VERSION 13
+ *      stream, batch-norm statistics and the loss kept on the device)
+ *  14  mark, mark_time, mark_reset (device-time markers: when a stream
+ *      reached a point, for timelines of device time) */
+#define GP_DEVICE_IFACE_VERSION 14
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -489,6 +491,21 @@ typedef struct gp_device_iface {
                           gp_loss_result *out);
     gp_status (*bce_logits_dev)(gp_device *dev, const float *z, const float *t, int64_t n,
                                 float scale, float *dz, gp_loss_result *out);
+    /* --- device-time markers (optional; appended last) ---
+     * mark: enqueue on the compute stream (copy false) or the copy stream
+     * a marker that takes the time at which the stream reaches it (all
+     * work enqueued before it on that stream done); *out is the backend's
+     * handle, valid until mark_reset.  No host wait.
+     * mark_time: a marker's time in gp_now() seconds (the host's clock, so
+     * devices share one axis); only once the device has been synchronized
+     * past it (after a step).  May wait on the host (CUDA: one event to
+     * anchor the device's clock to the host's); such waits are not counted
+     * in host_waits, which measures the step.
+     * mark_reset: forget every marker (before a step that takes them).
+     * NULL: gp_dev_mark gives NULL markers and timelines keep host times. */
+    gp_status (*mark)(gp_device *dev, bool copy, void **out);
+    gp_status (*mark_time)(gp_device *dev, void *mark, double *seconds);
+    void (*mark_reset)(gp_device *dev);
 } gp_device_iface;
 
 
@@ -643,6 +660,22 @@ static inline gp_status gp_dev_event_record(gp_device *dev, void *ev)
 {
     if (!dev->iface->event_record) return dev->iface->synchronize(dev);
     return dev->iface->event_record(dev, ev);
+}
+/* Device-time markers (the iface's mark slots): NULL markers, and a time
+ * of 0 for them, where the backend takes none. */
+static inline gp_status gp_dev_mark(gp_device *dev, bool copy, void **out)
+{
+    *out = NULL;
+    return dev->iface->mark ? dev->iface->mark(dev, copy, out) : GP_OK;
+}
+static inline gp_status gp_dev_mark_time(gp_device *dev, void *mark, double *seconds)
+{
+    *seconds = 0;
+    return mark && dev->iface->mark_time ? dev->iface->mark_time(dev, mark, seconds) : GP_OK;
+}
+static inline void gp_dev_mark_reset(gp_device *dev)
+{
+    if (dev->iface->mark_reset) dev->iface->mark_reset(dev);
 }
 static inline gp_status gp_dev_event_wait(gp_device *dev, void *ev)
 {

@@ -148,6 +148,11 @@ struct gp_pipeline {
     } *pend;
     int n_pend, cap_pend;
     double t_begin;            /* gp_now() at gp_pipeline_step_begin */
+    bool device_time;          /* gp_pipeline_set_device_time; read-only in a step */
+    void **mark_at[GP_MAX_DEVICES]; /* device time: where stage j's current
+                                       instruction keeps its start marker */
+    void **end_at[GP_MAX_DEVICES];  /* and its end marker, taken by
+                                       record_done (both its worker's alone) */
     bool running;              /* between a successful begin and its end;
                                   written by the caller under lock */
 };
@@ -303,14 +308,18 @@ static gp_status cell_event(gp_pipeline *p, int i, int j, int e, void **out)
  * waits for the copies into them (the host does not, on a GPU). */
 static gp_status await_copies(gp_pipeline *p, int i, int j)
 {
-    bool *pend = cell_pending(p, i, j);
+    bool *pend = cell_pending(p, i, j), waited = false;
     for (int q = 0; q < COPY_SLOTS(p); q++) {
         if (!pend[q]) continue;
         void *ev;
         GP_TRY(cell_event(p, i, j, EV_COPY + q, &ev));
         GP_TRY(gp_dev_event_wait(p->devs[j], ev));
         pend[q] = false;
+        waited = true;
     }
+    /* device time: the instruction starts once its inputs are there */
+    if (waited && p->device_time && p->mark_at[j])
+        GP_TRY(gp_dev_mark(p->devs[j], false, p->mark_at[j]));
     return GP_OK;
 }
 
@@ -491,7 +500,11 @@ static gp_status await_upload(gp_pipeline *p, int i, int what)
     if (i + 1 < p->m) GP_TRY(upload(p, i + 1, what));
     void *ev;
     GP_TRY(cell_event(p, i, j, what, &ev));
-    return gp_dev_event_wait(p->devs[j], ev);
+    GP_TRY(gp_dev_event_wait(p->devs[j], ev));
+    /* device time: a forward of stage 0 starts once its input is there */
+    if (what == EV_UP_X && p->device_time && p->mark_at[j])
+        GP_TRY(gp_dev_mark(p->devs[j], false, p->mark_at[j]));
+    return GP_OK;
 }
 
 static gp_status do_forward(gp_pipeline *p, int i, int j, bool ckpt, int *bad_layer)
@@ -700,6 +713,7 @@ static gp_status receive(gp_pipeline *p, const gp_instr *in, gp_event_rec *ev, p
     if (st == GP_OK) st = gp_tensor_alloc(dst, dev, &sh, GP_MEM_COPIES);
     if (st != GP_OK) return st;
     ev->bytes = gp_tensor_bytes(src);
+    if (p->device_time) GP_TRY(gp_dev_mark(dev, true, &ev->m0)); /* the copy stream got here */
     st = gp_dev_copy_async(dev, dst->data, src->dev, src->data, gp_tensor_bytes(src), after, done);
     if (st != GP_OK) return st;
     cell_pending(p, in->i, in->j)[slot] = done != NULL;
@@ -713,6 +727,11 @@ static gp_status record_done(gp_pipeline *p, int i, int j, int e)
 {
     void *ev;
     GP_TRY(cell_event(p, i, j, e, &ev));
+    /* device time: the producer ends here, before any reader may copy */
+    if (p->device_time && p->end_at[j]) {
+        GP_TRY(gp_dev_mark(p->devs[j], false, p->end_at[j]));
+        p->end_at[j] = NULL;
+    }
     return ev ? gp_dev_event_record(p->devs[j], ev) : GP_OK;
 }
 
@@ -934,6 +953,7 @@ static gp_status run_step(worker *w)
         for (int c = p->first[q]; c < p->first[q] + p->count[q]; c++)
             gp_layer_grads_begin(&p->layers[c]);
     const gp_instr *list = p->sched.list[j];
+    if (p->device_time) gp_dev_mark_reset(p->devs[j]); /* the last step's are read */
     w->n_events = 0;
     w->busy = 0;
     w->comm_seconds = 0;
@@ -965,6 +985,16 @@ static gp_status run_step(worker *w)
                              .layer_first = p->first[in->j], .layer_count = p->count[in->j]};
         ev->t0 = gp_now();
         ev->t1 = ev->t0;
+        bool copies = gp_instr_copies(in->kind);
+        if (p->device_time && !copies) { /* (a copy marks its start in receive) */
+            gp_status ms = gp_dev_mark(dev, false, &ev->m0);
+            if (ms != GP_OK) {
+                gp_dev_freeze_weights(dev, false);
+                return fail(p, ms, in->j, in->i, -1);
+            }
+            p->mark_at[in->j] = &ev->m0;
+            p->end_at[in->j] = &ev->m1;
+        }
         int bad_layer = -1;
         if (GP_NVTX_ENABLED) { /* Nsight Systems: the trace's slice name */
             char name[64];
@@ -973,6 +1003,8 @@ static gp_status run_step(worker *w)
         }
         gp_status st = run_instr(w, in, ev, &bad_layer);
         gp_nvtx_pop();
+        p->mark_at[in->j] = p->end_at[in->j] = NULL;
+        if (st == GP_OK && p->device_time && !ev->m1) st = gp_dev_mark(dev, copies, &ev->m1);
         /* For copies t1 marked the end of the wait; keep it as a separate
          * point: busy time counts from there. */
         double tw = ev->t1;
@@ -1314,6 +1346,72 @@ gp_status gp_pipeline_step_begin(gp_pipeline *p, const float *x, const float *y,
     return GP_OK;
 }
 
+const gp_event_rec *gp_pipeline_producer(const gp_pipeline *p, const gp_event_rec *c)
+{
+    int d = c->from % p->n; /* the source stage's device */
+    bool act = c->kind == GP_INSTR_RECV_ACT || c->kind == GP_INSTR_RECV_SKIP;
+    const worker *w = &p->workers[d];
+    for (int e = 0; e < w->n_events; e++) {
+        const gp_event_rec *r = &w->events[e];
+        if ((act ? r->kind == GP_INSTR_FORWARD : gp_instr_gives_grad(r->kind)) && r->i == c->i &&
+            r->j == c->from && !r->is_wait)
+            return r;
+    }
+    return NULL;
+}
+
+void gp_pipeline_set_device_time(gp_pipeline *p, bool on)
+{
+    GP_ASSERT(!p->running);
+    p->device_time = on;
+}
+
+/* After a step with device time: every record's markers into t0 and t1
+ * (the host's kept in h0, h1).  Then each local copy starts no earlier
+ * than its producer ended (the copy stream waited for the producer's event
+ * inside the copy, past its start marker), and the wait record before it
+ * becomes that wait on the stream.  Called once every worker is done. */
+static gp_status resolve_device_time(gp_pipeline *p)
+{
+    for (int d = 0; d < p->n; d++) {
+        worker *w = &p->workers[d];
+        for (int e = 0; e < w->n_events; e++) {
+            gp_event_rec *r = &w->events[e];
+            if (r->is_wait || !r->m1) continue;
+            gp_device *dev = p->devs[r->j];
+            double a = r->t0, b;
+            if (r->m0) GP_TRY(gp_dev_mark_time(dev, r->m0, &a));
+            GP_TRY(gp_dev_mark_time(dev, r->m1, &b));
+            r->h0 = r->t0;
+            r->h1 = r->t1;
+            r->t0 = a;
+            r->t1 = b > a ? b : a;
+            r->device_time = true;
+        }
+    }
+    for (int d = 0; d < p->n; d++) {
+        worker *w = &p->workers[d];
+        for (int e = 0; e < w->n_events; e++) {
+            gp_event_rec *r = &w->events[e];
+            if (!r->device_time || !gp_instr_copies(r->kind)) continue;
+            const gp_event_rec *src = gp_pipeline_producer(p, r);
+            double ready = r->t0; /* the copy stream reached the copy */
+            if (src && src->device_time && src->t1 > r->t0)
+                r->t0 = src->t1 < r->t1 ? src->t1 : r->t1;
+            if (e > 0 && w->events[e - 1].is_wait && w->events[e - 1].i == r->i &&
+                w->events[e - 1].kind == r->kind) {
+                gp_event_rec *wr = &w->events[e - 1];
+                wr->h0 = wr->t0;
+                wr->h1 = wr->t1;
+                wr->t0 = ready;
+                wr->t1 = r->t0;
+                wr->device_time = true;
+            }
+        }
+    }
+    return GP_OK;
+}
+
 enum { ZB_TUNE_STEPS = 3 };
 
 /* After a step: zb-h1's order from this step's measured times.  Not with
@@ -1356,6 +1454,7 @@ gp_status gp_pipeline_step_end(gp_pipeline *p, gp_pipeline_out *out)
     pthread_mutex_unlock(&p->lock);
     if (st != GP_OK) return gp_error_set(st, "%s", p->message);
 
+    if (p->device_time) GP_TRY(resolve_device_time(p));
     tune_order(p);
     double loss = 0;
     int64_t correct = 0, count = 0;

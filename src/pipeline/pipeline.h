@@ -54,7 +54,11 @@ typedef struct gp_event_rec {
     size_t bytes;           /* copies: bytes moved */
     bool is_wait;           /* time a copy spent waiting for its source or
                                the lockstep barrier (precedes the copy) */
-    double t0, t1;          /* gp_now() seconds */
+    double t0, t1;          /* gp_now() seconds: on the host, or with device
+                               time when the device's streams ran it */
+    bool device_time;       /* t0, t1 are device time (markers resolved) */
+    double h0, h1;          /* device time: the host's t0, t1 (the launch) */
+    void *m0, *m1;          /* device time: the markers (gp_dev_mark) */
     size_t mem_after;       /* device bytes allocated when it ended */
 } gp_event_rec;
 
@@ -171,6 +175,21 @@ void gp_pipeline_set_fault_delay(gp_pipeline *p, int ms);
 
 /* Events of the last step for device j (valid until the next step). */
 const gp_event_rec *gp_pipeline_events(const gp_pipeline *p, int j, int *count);
+/* Device time for the next steps (on) or host time (off, the default).
+ * On: every instruction takes device-time markers on the stream it runs
+ * on (gp_dev_mark: no host wait) and the step's end reads them, so the
+ * events' t0 and t1 say when a device ran the instruction, not when the
+ * host issued it (on a GPU, asynchronously, often much earlier).  A
+ * copy's event starts when both its stream was free and its producer had
+ * finished; the wait before it is the time its stream waited for the
+ * producer.  Where a backend takes no markers (or a copy comes from
+ * another process), host times stay.  The read after the step may wait
+ * on the host (not counted in host_waits). */
+void gp_pipeline_set_device_time(gp_pipeline *p, bool on);
+/* The event of the slice that produced what copy event c copied (the
+ * forward or the backward of (c->i, c->from)); NULL if none was recorded
+ * (another process ran it). */
+const gp_event_rec *gp_pipeline_producer(const gp_pipeline *p, const gp_event_rec *c);
 /* Busy seconds of worker j in the last step (sum of its instructions). */
 double gp_pipeline_busy(const gp_pipeline *p, int j);
 /* Stages, and devices (workers, event lists): equal except interleaved,

@@ -109,20 +109,6 @@ static const char *category(const gp_event_rec *e)
     }
 }
 
-/* The slice on device `j` that produced what a copy consumed. */
-static const gp_event_rec *producer(const gp_pipeline *p, const gp_event_rec *c)
-{
-    int j = c->from % gp_pipeline_devices(p); /* the source stage's device */
-    bool act = c->kind == GP_INSTR_RECV_ACT || c->kind == GP_INSTR_RECV_SKIP;
-    int cnt;
-    const gp_event_rec *ev = gp_pipeline_events(p, j, &cnt);
-    for (int e = 0; e < cnt; e++)
-        if ((act ? ev[e].kind == GP_INSTR_FORWARD : gp_instr_gives_grad(ev[e].kind)) &&
-            ev[e].i == c->i && ev[e].j == c->from && !ev[e].is_wait)
-            return &ev[e];
-    return NULL;
-}
-
 gp_status gp_trace_add_step(gp_trace *t, const gp_pipeline *p, gp_device *const *devs,
                             int64_t step)
 {
@@ -194,10 +180,14 @@ gp_status gp_trace_add_step(gp_trace *t, const gp_pipeline *p, gp_device *const 
             gp_json_put_int(w, "clock", r->k);
             gp_json_put_str(w, "layers", layers);
             gp_json_put_uint(w, "bytes", r->bytes);
+            if (r->device_time) { /* ts is the device's; when the host issued it */
+                gp_json_put_fixed(w, "issued_us", us(t, r->h0), 3);
+                gp_json_put_str(w, "clock", "device");
+            }
             gp_json_close(w);
             gp_json_close(w);
             if (copy && !r->is_wait) {
-                const gp_event_rec *src = producer(p, r);
+                const gp_event_rec *src = gp_pipeline_producer(p, r);
                 if (src) {
                     /* an arrow from the producing slice to this copy */
                     uint64_t id = t->next_flow++;

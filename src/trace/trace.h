@@ -7,7 +7,12 @@
  * F3 s1 / R3 s1 / B3 s1 (micro-batch 3 on stage 1), "copy a3 s0->s1" for an
  * activation, "copy g3 s2->s1" for a gradient, and "wait" for the time a copy
  * waited for its source or the lockstep barrier; args carry step, stage,
- * micro-batch, layer range and bytes.  Flow arrows go from the slice that
+ * micro-batch, layer range and bytes.  Times are device time where the
+ * pipeline recorded it (gp_pipeline_set_device_time, which gpipe-train
+ * turns on for traced steps): when the device's stream ran the
+ * instruction, the wait being the time the copy stream waited for the
+ * producer, with args "clock": "device" and "issued_us" (when the host
+ * issued it); elsewhere host time.  Flow arrows go from the slice that
  * produced a copied tensor to the copy that consumed it.  Each step begins
  * with a global instant event; a counter per device tracks allocated bytes.
  *

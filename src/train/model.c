@@ -351,6 +351,7 @@ gp_status gp_model_pipeline_step_one(gp_model *m, const gp_config *cfg, const fl
                                   m->balance, &po, &m->pipe));
     }
     gp_pipeline_out po;
+    gp_pipeline_set_device_time(m->pipe, m->device_time);
     GP_TRY(gp_pipeline_step(m->pipe, x, y, n, cfg->train.seed, (uint64_t)m->step, lr, &po));
     m->step++;
     if (st) *st = gp_step_stats_of(po.loss_sum, po.correct, po.count, n, lr, po.seconds, 0);

@@ -201,6 +201,7 @@ static gp_status process_replica_step(gp_model *m, const gp_config *cfg, const f
     free(sizes);
     GP_TRY(s);
     int64_t per = gp_shape_numel(&m->input);
+    gp_pipeline_set_device_time(m->pipe, m->device_time);
     GP_TRY(gp_pipeline_step_begin(m->pipe, x + lo * per, y + lo * m->targets, cnt, lo, n,
                                   cfg->train.seed, (uint64_t)m->step, lr));
     gp_pipeline_out po;
@@ -252,6 +253,7 @@ static gp_status replicated_step(gp_model *m, const gp_config *cfg, const float 
     for (int j = 0; j < g->n; j++) gp_comm_reset(g->comms[j]); /* nobody is inside */
     g->failed = false; /* no worker runs: no lock needed */
     int begun = 0;
+    gp_pipeline_set_device_time(g->pipes[0], m->device_time); /* replica 0's is traced */
     for (int r = 0; r < R; r++) {
         res[r] = gp_pipeline_step_begin(g->pipes[r], x + off[r] * per, y + off[r] * m->targets,
                                         off[r + 1] - off[r], off[r], n, cfg->train.seed,

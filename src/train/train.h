@@ -65,6 +65,8 @@ typedef struct gp_model {
     gp_optim *optim;       /* optimizer state and update, owned */
     int64_t step;          /* optimizer steps taken */
     gp_pipeline *pipe;     /* created on the first pipelined step, owned */
+    bool device_time;      /* pipelined steps record device time (timelines:
+                              gp_pipeline_set_device_time) */
     /* Data parallelism (replicas.c): this model is replica 0; replicas
      * 1..R-1 are whole models like it on their own devices, stepped with it
      * and kept identical to it.  Everything else (evaluation, snapshots,

@@ -530,6 +530,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
             gp_allocator_reset_peak(&devs[j]->alloc);
             waits[j] = (int64_t)gp_dev_host_waits(devs[j]);
         }
+        model.device_time = trace && gp_trace_wants(trace, step); /* timelines: device time */
         s = gp_model_pipeline_step(&model, cfg, b.x, b.y, b.n, lr, &st);
         /* processes: only this rank's device is counted here */
         for (int j = 0; j < n_dev; j++)

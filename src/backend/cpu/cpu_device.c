@@ -172,6 +172,7 @@ static void cpu_destroy(gp_device *dev)
     gp_cpu_ctx *ctx = gp_cpu_ctx_of(dev);
     if (ctx) {
         gp_cpu_streams_stop(dev); /* its queued copies run first */
+        gp_cpu_mark_reset(dev);
         (void)gp_cpu_weights_thaw(dev); /* kept weights go back to the allocator */
         free(ctx->held);
         gp_cpu_cache_destroy(ctx);
@@ -254,6 +255,9 @@ static const gp_device_iface cpu_iface = {
     .bn_commit = gp_cpu_bn_commit,
     .xent_dev = gp_cpu_xent_dev,
     .bce_logits_dev = gp_cpu_bce_logits_dev,
+    .mark = gp_cpu_mark,
+    .mark_time = gp_cpu_mark_time,
+    .mark_reset = gp_cpu_mark_reset,
 };
 
 static cpu_conv_layout conv_layout_from_env(void)

@@ -145,6 +145,9 @@ typedef struct gp_cpu_ctx {
     long copy_delay_us;       /* GPIPE_CPU_COPY_DELAY_US */
     bool copy_running, copy_stop;
     pthread_t copy_thread;
+    /* Device-time markers since the last mark_reset (cpu_streams.c),
+     * newest first; taken on the device's worker, read between steps. */
+    struct cpu_mark *marks;
 } gp_cpu_ctx;
 
 static inline gp_cpu_ctx *gp_cpu_ctx_of(gp_device *dev) { return (gp_cpu_ctx *)dev->ctx; }
@@ -171,6 +174,12 @@ gp_status gp_cpu_event_create(gp_device *dev, void **out);
 void gp_cpu_event_destroy(gp_device *dev, void *ev);
 gp_status gp_cpu_event_record(gp_device *dev, void *ev);
 gp_status gp_cpu_event_sync(gp_device *dev, void *ev);
+/* Device-time markers: on the compute stream (the caller) the time of the
+ * call; on the copy stream, with GPIPE_CPU_STREAMS=threads, the time the
+ * queue reaches the marker (no copy delay applies to it). */
+gp_status gp_cpu_mark(gp_device *dev, bool copy, void **out);
+gp_status gp_cpu_mark_time(gp_device *dev, void *mark, double *seconds);
+void gp_cpu_mark_reset(gp_device *dev);
 
 /* Set the calling thread's OpenMP thread count to the device's (cheap when
  * already right).  Every op calls it first, so an op is correct even on a

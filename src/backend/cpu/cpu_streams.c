@@ -36,6 +36,15 @@ struct cpu_event {
     uint64_t completed; /* the highest record that has completed */
 };
 
+/* A device-time marker: t is gp_now() when its stream reached it; taken
+ * once stamped (a copy-stream marker is stamped by the queue, under
+ * g_lock). */
+typedef struct cpu_mark {
+    struct cpu_mark *next;
+    double t;
+    bool stamped;
+} cpu_mark;
+
 typedef struct copy_item {
     struct copy_item *prev, *next; /* g_items: every unfinished copy, in order */
     gp_device *dev;                /* whose copy stream runs it */
@@ -47,6 +56,7 @@ typedef struct copy_item {
     uint64_t after_target;
     cpu_event *done;
     uint64_t done_target;
+    cpu_mark *mark;                /* a marker, not a copy: stamp it */
 } copy_item;
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -103,6 +113,14 @@ static void *copy_thread(void *arg)
         it->started = true;
         while (it->after && it->after->completed < it->after_target)
             pthread_cond_wait(&g_cond, &g_lock);
+        if (it->mark) { /* the stream got here: everything before it is done */
+            it->mark->t = gp_now();
+            it->mark->stamped = true;
+            unlink_item(it);
+            free(it);
+            pthread_cond_broadcast(&g_cond);
+            continue;
+        }
         pthread_mutex_unlock(&g_lock);
         if (ctx->copy_delay_us > 0) {
             struct timespec ts = {ctx->copy_delay_us / 1000000,
@@ -274,4 +292,59 @@ gp_status gp_cpu_event_sync(gp_device *dev, void *ev)
     while (e->completed < target) pthread_cond_wait(&g_cond, &g_lock);
     pthread_mutex_unlock(&g_lock);
     return GP_OK;
+}
+
+/* ---- device-time markers ------------------------------------------------ */
+
+gp_status gp_cpu_mark(gp_device *dev, bool copy, void **out)
+{
+    gp_cpu_ctx *ctx = gp_cpu_ctx_of(dev);
+    *out = NULL;
+    cpu_mark *m = calloc(1, sizeof *m);
+    copy_item *it = copy && ctx->streams ? calloc(1, sizeof *it) : NULL;
+    if (!m || (copy && ctx->streams && !it)) {
+        free(m);
+        free(it);
+        return gp_error_set(GP_ERR_OOM, "out of host memory for a device-time marker");
+    }
+    m->next = ctx->marks;
+    ctx->marks = m;
+    *out = m;
+    if (!it) { /* the compute stream, or synchronous copies: now */
+        m->t = gp_now();
+        m->stamped = true;
+        return GP_OK;
+    }
+    it->dev = dev;
+    it->mark = m;
+    pthread_mutex_lock(&g_lock);
+    it->prev = g_tail;
+    if (g_tail) g_tail->next = it;
+    else g_head = it;
+    g_tail = it;
+    pthread_cond_broadcast(&g_cond);
+    pthread_mutex_unlock(&g_lock);
+    return GP_OK;
+}
+
+gp_status gp_cpu_mark_time(gp_device *dev, void *mark, double *seconds)
+{
+    (void)dev;
+    cpu_mark *m = mark;
+    pthread_mutex_lock(&g_lock); /* a copy-stream marker may still be queued */
+    while (!m->stamped) pthread_cond_wait(&g_cond, &g_lock);
+    *seconds = m->t;
+    pthread_mutex_unlock(&g_lock);
+    return GP_OK;
+}
+
+void gp_cpu_mark_reset(gp_device *dev)
+{
+    gp_cpu_ctx *ctx = gp_cpu_ctx_of(dev);
+    if (ctx->marks && ctx->streams) wait_unused(runs_on, dev); /* none left in the queue */
+    while (ctx->marks) {
+        cpu_mark *m = ctx->marks;
+        ctx->marks = m->next;
+        free(m);
+    }
 }

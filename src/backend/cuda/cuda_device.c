@@ -456,6 +456,60 @@ static gp_status cuda_upload_async(gp_device *dev, void *dst, const void *src, s
     return GP_OK;
 }
 
+/* ---- device-time markers (backend.h, mark): timing events ------------------ */
+
+static gp_status cuda_mark(gp_device *dev, bool copy, void **out)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    *out = NULL;
+    GP_TRY(gp_cuda_enter(dev));
+    if (ctx->n_marks == ctx->cap_marks) {
+        int cap = ctx->cap_marks ? 2 * ctx->cap_marks : 256;
+        cudaEvent_t *m = realloc(ctx->marks, (size_t)cap * sizeof *m);
+        if (!m) return gp_error_set(GP_ERR_OOM, "out of host memory for device-time markers");
+        ctx->marks = m;
+        for (; ctx->cap_marks < cap; ctx->cap_marks++) {
+            cudaError_t e = cudaEventCreate(&ctx->marks[ctx->cap_marks]); /* with timing */
+            if (e != cudaSuccess)
+                return gp_cuda_fail("CUDA", (int)e, cudaGetErrorString(e), "cudaEventCreate",
+                                    __func__, __FILE__, __LINE__);
+        }
+    }
+    cudaEvent_t ev = ctx->marks[ctx->n_marks++];
+    GP_CUDA(cudaEventRecord(ev, copy ? ctx->copy : ctx->compute));
+    *out = ev;
+    return GP_OK;
+}
+
+/* t(mark) = anchor_host - (anchor - mark): the anchor is recorded once both
+ * streams are idle and waited for, so its device time is (within the
+ * wait's wake-up) the host time read right after. */
+static gp_status cuda_mark_time(gp_device *dev, void *mark, double *seconds)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    GP_TRY(gp_cuda_enter(dev));
+    if (!ctx->anchored) {
+        if (!ctx->anchor) GP_CUDA(cudaEventCreate(&ctx->anchor));
+        GP_CUDA(cudaStreamSynchronize(ctx->copy));
+        GP_CUDA(cudaStreamSynchronize(ctx->compute));
+        GP_CUDA(cudaEventRecord(ctx->anchor, ctx->compute));
+        GP_CUDA(cudaEventSynchronize(ctx->anchor));
+        ctx->anchor_host = gp_now();
+        ctx->anchored = true;
+    }
+    float ms = 0;
+    GP_CUDA(cudaEventElapsedTime(&ms, (cudaEvent_t)mark, ctx->anchor));
+    *seconds = ctx->anchor_host - ms * 1e-3;
+    return GP_OK;
+}
+
+static void cuda_mark_reset(gp_device *dev)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    ctx->n_marks = 0; /* the events are recorded again */
+    ctx->anchored = false;
+}
+
 static gp_status cuda_synchronize(gp_device *dev)
 {
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
@@ -1030,6 +1084,9 @@ static void cuda_destroy(gp_device *dev)
             if (ctx->peer_ev[s]) (void)cudaEventDestroy(ctx->peer_ev[s]);
         if (ctx->dnn) (void)cudnnDestroy(ctx->dnn);
         if (ctx->blas) (void)cublasDestroy(ctx->blas);
+        for (int q = 0; q < ctx->cap_marks; q++) (void)cudaEventDestroy(ctx->marks[q]);
+        free(ctx->marks);
+        if (ctx->anchor) (void)cudaEventDestroy(ctx->anchor);
         if (ctx->fence_compute) (void)cudaEventDestroy(ctx->fence_compute);
         if (ctx->fence_copy) (void)cudaEventDestroy(ctx->fence_copy);
         if (ctx->compute) (void)cudaStreamDestroy(ctx->compute);
@@ -1107,6 +1164,9 @@ static const gp_device_iface cuda_iface = {
     .bn_commit = cuda_bn_commit,
     .xent_dev = cuda_xent_dev,
     .bce_logits_dev = cuda_bce_logits_dev,
+    .mark = cuda_mark,
+    .mark_time = cuda_mark_time,
+    .mark_reset = cuda_mark_reset,
 };
 
 gp_status gp_cuda_device_create(int index, const gp_device_opts *opts, gp_device **out)

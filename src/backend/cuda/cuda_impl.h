@@ -155,6 +155,16 @@ typedef struct gp_cuda_ctx {
     cudnnTensorDescriptor_t td[3];
     cudnnPoolingDescriptor_t pool;
     cuda_conv *convs;             /* per-shape convolution cache */
+
+    /* device-time markers (timing events, reused across steps): marks[0 ..
+     * n_marks) taken since the last mark_reset, on the device's worker;
+     * read between steps against `anchor`, an event recorded once the
+     * streams are idle and waited for, whose host time is anchor_host */
+    cudaEvent_t *marks;
+    int n_marks, cap_marks;
+    cudaEvent_t anchor;
+    double anchor_host;
+    bool anchored;
 } gp_cuda_ctx;
 
 /* Results the reductions leave in device memory. */
