@@ -377,16 +377,22 @@ int main(int argc, char **argv)
                 else if (!strcmp(argv[j], "--batch")) fam.mbatch = atoll(argv[j + 1]);
         }
     if (!strcmp(what, "memory"))
-        for (int i = 2; f && i + 1 < argc; i++)
+        for (int i = 2; f && i + 1 < argc; i++) {
             if (!strcmp(argv[i], "--batch")) fam.mbatch = atoll(argv[i + 1]);
+            if (!strcmp(argv[i], "--step") && atoi(argv[i + 1]) > 0) { /* the second size's grid */
+                fam.b_step = atoi(argv[i + 1]);
+                fam.b_lo = fam.b_step * ((fam.b_lo + fam.b_step - 1) / fam.b_step);
+            }
+        }
     if (strcmp(what, "speed") && strcmp(what, "memory")) {
         puts("usage: bench_models speed  [--model amoebanet|resnet|unet] [--steps N]\n"
              "                           [--size A B] [--batch N] [--side PIXELS]\n"
              "       bench_models memory [--model amoebanet|unet] [--capacity MiB]\n"
              "                           [--schedule gpipe|1f1b|zb-h1] [--side PIXELS]\n"
-             "                           [--batch N] [--as-torchgpipe]\n"
+             "                           [--batch N] [--step N] [--as-torchgpipe]\n"
              "  --as-torchgpipe: torchgpipe's U-Net memory setup (192x192, batch 32,\n"
-             "  m = 32, except_last, SGD lr 0.1 without momentum)");
+             "  m = 32, except_last, SGD lr 0.1 without momentum); --step: the grid of\n"
+             "  the second size (U-Net's C, AmoebaNet's D)");
         return strcmp(what, "-h") && strcmp(what, "--help") ? 2 : 0;
     }
     if (!f) {
