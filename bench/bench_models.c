@@ -354,16 +354,6 @@ int main(int argc, char **argv)
     const family *found = find_family(model);
     family fam = found ? *found : (family){0};
     const family *f = found ? &fam : NULL;
-    for (int i = 2; f && i + 1 < argc; i++) { /* other sizes than the table's */
-        if (!strcmp(argv[i], "--size") && i + 2 < argc) {
-            fam.a = atoi(argv[i + 1]);
-            fam.b = atoi(argv[i + 2]);
-        } else if (!strcmp(argv[i], "--batch")) {
-            fam.batch = atoll(argv[i + 1]);
-        } else if (!strcmp(argv[i], "--side")) {
-            fam.side = fam.mside = atoll(argv[i + 1]);
-        }
-    }
     for (int i = 2; f && i < argc; i++)
         if (!strcmp(argv[i], "--as-torchgpipe")) { /* its benchmarks/unet-memory/main.py */
             g_mem.chunks = 32;
@@ -372,18 +362,22 @@ int main(int argc, char **argv)
             g_mem.momentum = 0;
             fam.mside = 192;
             fam.mbatch = 32;
-            for (int j = 2; j + 1 < argc; j++) /* --side / --batch still win */
-                if (!strcmp(argv[j], "--side")) fam.mside = atoll(argv[j + 1]);
-                else if (!strcmp(argv[j], "--batch")) fam.mbatch = atoll(argv[j + 1]);
         }
-    if (!strcmp(what, "memory"))
-        for (int i = 2; f && i + 1 < argc; i++) {
-            if (!strcmp(argv[i], "--batch")) fam.mbatch = atoll(argv[i + 1]);
-            if (!strcmp(argv[i], "--step") && atoi(argv[i + 1]) > 0) { /* the second size's grid */
-                fam.b_step = atoi(argv[i + 1]);
-                fam.b_lo = fam.b_step * ((fam.b_lo + fam.b_step - 1) / fam.b_step);
-            }
+    /* other sizes than the table's (after the preset: they win); a run is
+     * speed or memory, so each sets both benchmarks' fields */
+    for (int i = 2; f && i + 1 < argc; i++) {
+        if (!strcmp(argv[i], "--size") && i + 2 < argc) {
+            fam.a = atoi(argv[i + 1]);
+            fam.b = atoi(argv[i + 2]);
+        } else if (!strcmp(argv[i], "--batch")) {
+            fam.batch = fam.mbatch = atoll(argv[i + 1]);
+        } else if (!strcmp(argv[i], "--side")) {
+            fam.side = fam.mside = atoll(argv[i + 1]);
+        } else if (!strcmp(argv[i], "--step") && atoi(argv[i + 1]) > 0) { /* the grid of b */
+            fam.b_step = atoi(argv[i + 1]);
+            fam.b_lo = fam.b_step * ((fam.b_lo + fam.b_step - 1) / fam.b_step);
         }
+    }
     if (strcmp(what, "speed") && strcmp(what, "memory")) {
         puts("usage: bench_models speed  [--model amoebanet|resnet|unet] [--steps N]\n"
              "                           [--size A B] [--batch N] [--side PIXELS]\n"

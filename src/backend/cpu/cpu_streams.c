@@ -90,6 +90,16 @@ static void unlink_item(copy_item *it)
     else g_tail = it->prev;
 }
 
+/* it at the end of g_items, and the copy threads told (g_lock held). */
+static void append_locked(copy_item *it)
+{
+    it->prev = g_tail;
+    if (g_tail) g_tail->next = it;
+    else g_head = it;
+    g_tail = it;
+    pthread_cond_broadcast(&g_cond);
+}
+
 static copy_item *next_for(const gp_device *dev)
 {
     for (copy_item *it = g_head; it; it = it->next)
@@ -231,11 +241,7 @@ gp_status gp_cpu_copy_async(gp_device *dev, void *dst, gp_device *src_dev, const
     pthread_mutex_lock(&g_lock);
     if (it->after) it->after_target = it->after->recorded;
     if (it->done) it->done_target = ++it->done->recorded;
-    it->prev = g_tail;
-    if (g_tail) g_tail->next = it;
-    else g_head = it;
-    g_tail = it;
-    pthread_cond_broadcast(&g_cond);
+    append_locked(it);
     pthread_mutex_unlock(&g_lock);
     return GP_OK;
 }
@@ -318,11 +324,7 @@ gp_status gp_cpu_mark(gp_device *dev, bool copy, void **out)
     it->dev = dev;
     it->mark = m;
     pthread_mutex_lock(&g_lock);
-    it->prev = g_tail;
-    if (g_tail) g_tail->next = it;
-    else g_head = it;
-    g_tail = it;
-    pthread_cond_broadcast(&g_cond);
+    append_locked(it);
     pthread_mutex_unlock(&g_lock);
     return GP_OK;
 }
