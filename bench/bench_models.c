@@ -263,8 +263,15 @@ static bool fits(const gp_config *base, int k, size_t cap, gp_schedule_kind sche
 
 static int memory(const family *f, size_t cap, gp_schedule_kind sched)
 {
-    enum { MAX_CAND = 256 };
+    enum { MAX_CAND = 1024 };
     candidate cand[MAX_CAND];
+    int want = 0; /* the grid's size: a grid beyond MAX_CAND is refused, not cut */
+    for (int i = 0; i < 10 && f->agrid[i]; i++) want += (f->b_hi - f->b_lo) / f->b_step + 1;
+    if (want > MAX_CAND) {
+        fprintf(stderr, "bench_models: %d sizes of %s to try, at most %d: raise --step\n", want,
+                f->label, MAX_CAND);
+        return 2;
+    }
     int nc = 0;
     for (int i = 0; i < 10 && f->agrid[i]; i++)
         for (int d = f->b_lo; d <= f->b_hi && nc < MAX_CAND; d += f->b_step) {
