@@ -251,28 +251,6 @@ static void test_microbatch_bn(void)
     gp_device_close(dev);
 }
 
-/* Trained parameters' values (grads false) or gradients (true) on the
- * host, buffers left out. */
-static float *trained(gp_model *m, bool grads, int64_t *count)
-{
-    int64_t n = 0;
-    for (int k = 0; k < m->n_layers; k++)
-        for (int p = 0; p < m->layers[k].n_params; p++)
-            if (!m->layers[k].params[p].is_buffer) n += gp_tensor_numel(&m->layers[k].params[p].value);
-    float *h = calloc((size_t)(n ? n : 1), sizeof *h);
-    int64_t off = 0;
-    for (int k = 0; k < m->n_layers && h; k++)
-        for (int p = 0; p < m->layers[k].n_params; p++) {
-            gp_param *pr = &m->layers[k].params[p];
-            if (pr->is_buffer) continue;
-            gp_tensor *t = grads ? &pr->grad : &pr->value;
-            CHECK_OK(gp_dev_download(t->dev, h + off, t->data, gp_tensor_numel(t)));
-            off += gp_tensor_numel(t);
-        }
-    *count = n;
-    return h;
-}
-
 /* Plain SGD (momentum 0) keeps no state: the model's optimizer holds no
  * bytes on the device and has no momentum tensors, and its steps are the
  * double-precision oracle's w -= lr (g + wd w), from the gradients of the
@@ -307,12 +285,13 @@ static void test_plain_sgd(void)
     CHECK_OK(gp_model_train_step(&heavy, &ch, x, y, N, 2, lr, NULL));
     for (int step = 0; step < 3; step++) {
         int64_t n0, ng, n1;
-        float *w0 = trained(&plain, false, &n0);
+        float *w0 = gpt_gather(&plain, GPT_TRAINED, &n0);
         CHECK_OK(gp_model_train_step(&plain, &c, x, y, N, 2, lr, NULL));
-        float *g = trained(&plain, true, &ng), *w1 = trained(&plain, false, &n1);
+        float *g = gpt_gather(&plain, GPT_TRAINED_GRADS, &ng);
+        float *w1 = gpt_gather(&plain, GPT_TRAINED, &n1);
         if (step == 0) { /* the first step equals momentum's, bit for bit */
             int64_t nh;
-            float *wh = trained(&heavy, false, &nh);
+            float *wh = gpt_gather(&heavy, GPT_TRAINED, &nh);
             CHECK(nh == n1 && !memcmp(wh, w1, (size_t)n1 * sizeof *w1));
             free(wh);
         }

@@ -129,6 +129,7 @@ typedef enum {
     GPT_VALUES,  /* every parameter's value, buffers (BN running statistics) included */
     GPT_GRADS,   /* every parameter's gradient; zeros where there is none (buffers) */
     GPT_TRAINED, /* the values of trained parameters only, buffers left out */
+    GPT_TRAINED_GRADS, /* their gradients, buffers left out */
 } gpt_gather_what;
 
 /* What `what` names, for every layer and parameter in order, flattened into
@@ -140,7 +141,7 @@ static inline float *gpt_gather(gp_model *m, gpt_gather_what what, int64_t *coun
     for (int k = 0; k < m->n_layers; k++)
         for (int p = 0; p < m->layers[k].n_params; p++) {
             gp_param *pr = &m->layers[k].params[p];
-            if (what == GPT_TRAINED && pr->is_buffer) continue;
+            if ((what == GPT_TRAINED || what == GPT_TRAINED_GRADS) && pr->is_buffer) continue;
             n += gp_tensor_numel(&pr->value);
         }
     float *h = calloc((size_t)(n ? n : 1), sizeof *h);
@@ -148,10 +149,10 @@ static inline float *gpt_gather(gp_model *m, gpt_gather_what what, int64_t *coun
     for (int k = 0; k < m->n_layers; k++)
         for (int p = 0; p < m->layers[k].n_params; p++) {
             gp_param *pr = &m->layers[k].params[p];
-            if (what == GPT_TRAINED && pr->is_buffer) continue;
-            gp_tensor *t = what == GPT_GRADS ? &pr->grad : &pr->value;
+            if ((what == GPT_TRAINED || what == GPT_TRAINED_GRADS) && pr->is_buffer) continue;
+            gp_tensor *t = what == GPT_GRADS || what == GPT_TRAINED_GRADS ? &pr->grad : &pr->value;
             int64_t c = gp_tensor_numel(&pr->value);
-            if (t->data) gp_dev_download(t->dev, h + off, t->data, c);
+            if (t->data) CHECK_OK(gp_dev_download(t->dev, h + off, t->data, c));
             off += c;
         }
     *count = n;
