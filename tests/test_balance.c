@@ -554,6 +554,13 @@ static void test_profiler(void)
     CHECK(op == dev->alloc.cur_by[GP_MEM_OPTIMIZER]);
     CHECK(p.first_trainable == 0);
     for (int k = 0; k < p.L; k++) CHECK(p.t[k].fwd > 0 && p.t[k].copy > 0);
+    /* relu after batch norm and flatten after the pool run in place: their
+     * outputs are not counted as kept (relu saves nothing else) */
+    for (int k = 0; k < p.L; k++)
+        CHECK_MSG(p.mem[k].inplace == (k == 2 || k == 4), "layer %d: in place %d", k,
+                  p.mem[k].inplace);
+    CHECK(p.mem[2].keep_per_sample == 0 && p.mem[4].keep_per_sample == 0);
+    CHECK(p.mem[1].keep_per_sample >= p.mem[1].out_per_sample);
     gp_model_free(&model);
     gp_device_close(dev);
 
@@ -569,6 +576,7 @@ static void test_profiler(void)
         same = same && q.t[k].fwd == p.t[k].fwd && q.t[k].copy == p.t[k].copy &&
                q.mem[k].param_bytes == p.mem[k].param_bytes &&
                q.mem[k].keep_per_sample == p.mem[k].keep_per_sample &&
+               q.mem[k].inplace == p.mem[k].inplace &&
                !strcmp(q.mem[k].desc, p.mem[k].desc);
     }
     CHECK(same);
@@ -962,6 +970,50 @@ static void test_skip_costs(void)
     unlink(path);
 }
 
+/* In-place layers in the memory model: layer 1 runs in place (its output
+ * not in its keep).  On a stage that starts at it, it cannot (its input is
+ * the stage's), so the stage's peak is that of the same layer counted out
+ * of place; on a stage that holds layers 0 and 1 the peak is lower. */
+static void test_inplace_costs(void)
+{
+    enum { N = 2, M = 4, S = 2 };
+    gp_layer_mem mem[N], mo[N];
+    gp_layer_times t[N];
+    memset(mem, 0, sizeof mem);
+    memset(t, 0, sizeof t);
+    for (int k = 0; k < N; k++) {
+        t[k].fwd = t[k].bwd_data = t[k].bwd_weights = 1;
+        mem[k].in_per_sample = mem[k].out_per_sample = 100.0;
+        mem[k].keep_per_sample = 100.0 + 10.0 * k;
+        snprintf(mem[k].spec, sizeof mem[k].spec, "relu");
+    }
+    memcpy(mo, mem, sizeof mo);
+    mem[1].inplace = true;
+    mem[1].keep_per_sample -= mem[1].out_per_sample;
+    int bal[N];
+    gp_profile p = unit_profile(N, M, S, mem, t, bal), q = unit_profile(N, M, S, mo, t, bal);
+    int64_t sizes[M] = {S, S, S, S};
+    for (int ck = 0; ck < 3; ck++) {
+        gp_schedule sched;
+        gp_schedule_opts so = {.kind = GP_SCHEDULE_GPIPE, .n = 2, .m = M,
+                               .checkpoint = (gp_checkpoint_mode)ck, .replicas = 1,
+                               .update = true, .check = true};
+        CHECK_OK(gp_schedule_make(&so, &sched));
+        double first = gp_stage_peak_bytes(&p, &sched, sizes, 1, 1, 1);
+        double out_of_place = gp_stage_peak_bytes(&q, &sched, sizes, 1, 1, 1);
+        CHECK_MSG(first == out_of_place, "checkpoint %d: a stage starting at an in-place layer "
+                  "holds %g, counted out of place %g", ck, first, out_of_place);
+        gp_schedule_free(&sched);
+        so.n = 1;
+        CHECK_OK(gp_schedule_make(&so, &sched));
+        double both = gp_stage_peak_bytes(&p, &sched, sizes, 0, 0, 2);
+        double both_out = gp_stage_peak_bytes(&q, &sched, sizes, 0, 0, 2);
+        CHECK_MSG(both < both_out, "checkpoint %d: in place %g, out of place %g", ck, both,
+                  both_out);
+        gp_schedule_free(&sched);
+    }
+}
+
 int main(void)
 {
     gp_log_set_level(GP_LOG_WARN);
@@ -971,6 +1023,7 @@ int main(void)
     test_simulator_formula();
     test_simulator_schedules();
     test_skip_costs();
+    test_inplace_costs();
     test_recommend_memory();
     test_simulator();
     return gpt_finish("test_balance");

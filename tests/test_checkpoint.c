@@ -11,6 +11,13 @@
  *   - backward after a recompute gives bit for bit the input gradient and
  *     parameter gradients of backward after the kept forward, and frees
  *     every byte of the step;
+ *   - in-place layers (gp_layers_inplace): which layers of a stage run in
+ *     place, against the rules written out for a U-Net-like stage; a kept
+ *     forward then holds exactly the in-place outputs' bytes less than the
+ *     naive out-of-place loop (the oracle: gp_layer_forward /
+ *     gp_layer_backward layer by layer), and the output, input gradient and
+ *     parameter gradients are bit for bit the oracle's, kept, checkpointed
+ *     and recomputed, and in evaluation;
  *   - a non-finite loss is an error that says what to do.
  */
 #include "checkpoint/checkpoint.h"
@@ -213,10 +220,243 @@ static void bad_loss(void)
     gp_device_close(dev);
 }
 
+/* ---- in place ------------------------------------------------------------- */
+
+enum { IPL = 12, IP_SKIP_FROM = 4, IP_SKIP_TO = 8 };
+
+/* A U-Net-like stage on (2, 3, 6, 6): a conv block, a stashing identity,
+ * what may not run in place after it, a concatenation popping the stash,
+ * and a head. */
+static void ip_specs(gp_layer_spec *sp)
+{
+    static const gp_layer_type t[IPL] = {
+        GP_LAYER_CONV2D,   GP_LAYER_LEAKY_RELU, GP_LAYER_INSTANCE_NORM, GP_LAYER_DROPOUT2D,
+        GP_LAYER_IDENTITY, GP_LAYER_RELU,      GP_LAYER_DROPOUT,       GP_LAYER_CONV2D,
+        GP_LAYER_CONCAT,   GP_LAYER_RELU,      GP_LAYER_FLATTEN,       GP_LAYER_LINEAR};
+    for (int k = 0; k < IPL; k++) sp[k] = gp_layer_spec_default(t[k]);
+    sp[0].out = 4;
+    sp[0].kernel = gp_hw_square(3);
+    sp[0].padding = gp_hw_square(1);
+    sp[3].p = 0.3f;
+    sp[6].p = 0.4f;
+    sp[7].out = 4;
+    sp[7].kernel = gp_hw_square(1);
+    sp[11].out = 5;
+    snprintf(sp[IP_SKIP_FROM].stash, GP_SKIP_NAME, "s");
+    snprintf(sp[IP_SKIP_TO].pop[0], GP_SKIP_NAME, "s");
+    sp[IP_SKIP_TO].n_pop = 1;
+}
+
+static void ip_build(gp_device *dev, const gp_layer_spec *sp, const gp_skip_map *map,
+                     gp_layer *layers)
+{
+    gp_shape input = gp_shape_4d(1, 3, 6, 6), outs[IPL], in[1 + GP_MAX_POPS];
+    for (int k = 0; k < IPL; k++) {
+        gp_skip_map_inputs(map, k, &input, outs, in);
+        CHECK_OK(gp_layer_create(&sp[k], k, in, dev, 5, &layers[k]));
+        outs[k] = layers[k].out_shape;
+    }
+}
+
+/* The oracle: every layer out of place, in order; act[c + 1] = layer c's
+ * output, kept (ip_oracle_backward frees them).  Returns the bytes the
+ * forward keeps (outputs and saved). */
+static size_t ip_oracle_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *in,
+                                gp_tensor *act, gp_saved *sv)
+{
+    act[0] = *in;
+    act[0].owned = false;
+    size_t kept = 0;
+    for (int c = 0; c < IPL; c++) {
+        gp_tensor x[2] = {act[c], act[IP_SKIP_FROM + 1]};
+        sv[c] = (gp_saved){0};
+        CHECK_OK(gp_layer_forward(&l[c], ctx, x, &act[c + 1], &sv[c]));
+        kept += gp_tensor_bytes(&act[c + 1]) + gp_saved_bytes(&sv[c]);
+    }
+    return kept;
+}
+
+static void ip_oracle_backward(gp_layer *l, const gp_fwd_ctx *ctx, gp_tensor *act, gp_saved *sv,
+                               const gp_tensor *dy, gp_tensor *dx)
+{
+    gp_tensor g, skip_g = {0};
+    gp_shape ys = gp_tensor_shape(dy);
+    CHECK_OK(gp_tensor_alloc(&g, dy->dev, &ys, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_tensor_copy(&g, dy));
+    for (int c = IPL - 1; c >= 0; c--) {
+        if (c == IP_SKIP_FROM)
+            CHECK_OK(gp_dev_axpy(g.dev, 1.0f, skip_g.data, g.data, gp_tensor_numel(&g)));
+        gp_tensor x[2] = {act[c], act[IP_SKIP_FROM + 1]}, d[2] = {{0}};
+        CHECK_OK(gp_layer_backward(&l[c], ctx, x, &act[c + 1], &g, d, &sv[c]));
+        if (c == IP_SKIP_TO) skip_g = d[1];
+        gp_tensor_free(&g);
+        g = d[0];
+        gp_saved_free(&sv[c]);
+    }
+    gp_tensor_free(&skip_g);
+    for (int c = 1; c <= IPL; c++) gp_tensor_free(&act[c]);
+    *dx = g;
+}
+
+static void ip_grads_begin(gp_layer *l)
+{
+    for (int k = 0; k < IPL; k++) gp_layer_grads_begin(&l[k]);
+}
+
+/* Every trained parameter's gradient of a equals b's, bit for bit. */
+static void ip_same_grads(gp_layer *a, gp_layer *b, const char *what)
+{
+    int n = 0;
+    for (int k = 0; k < IPL; k++) {
+        CHECK_OK(gp_layer_grads_finish(&a[k]));
+        CHECK_OK(gp_layer_grads_finish(&b[k]));
+        for (int p = 0; p < a[k].n_params; p++) {
+            if (a[k].params[p].is_buffer) continue;
+            CHECK_MSG(same(&a[k].params[p].grad, &b[k].params[p].grad),
+                      "%s: layer %d %s: gradient differs from the out-of-place run's", what, k,
+                      a[k].params[p].name);
+            n++;
+        }
+    }
+    CHECK(n == 6); /* two convolutions' and the linear layer's weight and bias */
+}
+
+static void inplace(void)
+{
+    gp_device_opts o = {.threads = 1};
+    gp_device *dev;
+    CHECK_OK(gp_device_open("cpu:0", &o, &dev));
+    gp_layer_spec sp[IPL];
+    ip_specs(sp);
+    gp_skip_map map;
+    CHECK_OK(gp_skip_map_build(sp, IPL, &map));
+    gp_layer ref[IPL], run[IPL]; /* identical: the oracle's and the stash's */
+    ip_build(dev, sp, &map, ref);
+    ip_build(dev, sp, &map, run);
+
+    /* the rules: 1 (leaky relu after conv, which does not read its
+     * output), 3 (dropout2d after instance norm, likewise), 4 (the identity
+     * views dropout2d's output), 9 (relu after concat) and 10 (flatten) run
+     * in place; 5 does not (relu would overwrite the stashed skip, though
+     * no backward back to the instance norm reads the values), nor 6
+     * (dropout would overwrite the output relu's backward reads), nor 0
+     * (the stage input), 8 (two inputs) or the layers that are not
+     * element-wise */
+    bool ip[IPL], want[IPL] = {false, true,  false, true,  true,  false,
+                               false, false, false, true,  true,  false};
+    gp_layers_inplace(run, IPL, ip);
+    for (int c = 0; c < IPL; c++)
+        CHECK_MSG(ip[c] == want[c], "layer %d (%s): in place %d, want %d", c,
+                  gp_layer_type_name(run[c].spec.type), ip[c], want[c]);
+    /* a stage that starts at the dropout2d: its first layer never does */
+    bool ip3[IPL - 3];
+    gp_layers_inplace(run + 3, IPL - 3, ip3);
+    CHECK(!ip3[0] && ip3[1] && !ip3[2]);
+
+    gp_fwd_ctx ctx = {.training = true, .seed = 99, .step = 3, .sample_offset = 2,
+                      .batch_total = 8};
+    gp_shape xs = gp_shape_4d(2, 3, 6, 6);
+    float h[216];
+    gp_rng_uniform_fill(7, 1, 0, h, 216);
+    for (int q = 0; q < 216; q++) h[q] = 2 * h[q] - 1;
+    gp_tensor in;
+    CHECK_OK(gp_tensor_alloc(&in, dev, &xs, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_dev_upload(dev, in.data, h, 216));
+
+    /* the oracle's forward and backward */
+    gp_tensor act[IPL + 1], dx_ref = {0};
+    gp_saved sv[IPL];
+    ip_grads_begin(ref);
+    size_t oracle_kept = ip_oracle_forward(ref, &ctx, &in, act, sv);
+    size_t inplace_bytes = 0;
+    for (int c = 0; c < IPL; c++)
+        if (want[c]) inplace_bytes += gp_tensor_bytes(&act[c + 1]);
+    gp_shape ys = gp_tensor_shape(&act[IPL]);
+    gp_tensor out_ref, dy;
+    CHECK_OK(gp_tensor_alloc(&out_ref, dev, &ys, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_tensor_copy(&out_ref, &act[IPL]));
+    CHECK_OK(gp_tensor_alloc(&dy, dev, &ys, GP_MEM_ACTIVATIONS));
+    gp_rng_uniform_fill(7, 2, 0, h, gp_shape_numel(&ys));
+    CHECK_OK(gp_dev_upload(dev, dy.data, h, gp_shape_numel(&ys)));
+
+    /* kept: the stash holds the oracle's bytes less the in-place outputs */
+    gp_stash a;
+    CHECK_OK(gp_stash_init(&a, IPL, &map, 0));
+    CHECK_OK(gp_tensor_alloc(&a.in, dev, &xs, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_tensor_copy(&a.in, &in));
+    ip_grads_begin(run);
+    int bad = -1;
+    CHECK_OK(gp_ckpt_forward(run, &ctx, GP_FWD_KEEP, &a, &bad));
+    size_t held = gp_stash_bytes(&a) - gp_tensor_bytes(&a.in);
+    CHECK_MSG(held + inplace_bytes == oracle_kept,
+              "a kept forward holds %zu bytes; the out-of-place one %zu, less %zu in place",
+              held, oracle_kept, inplace_bytes);
+    CHECK_MSG(same(&a.out, &out_ref), "kept in place: the output differs");
+    gp_tensor dya = {0}, dxa = {0};
+    CHECK_OK(gp_tensor_alloc(&dya, dev, &ys, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_tensor_copy(&dya, &dy));
+    CHECK_OK(gp_ckpt_backward(run, &ctx, &a, &dya, 0, &dxa, &bad));
+    ip_oracle_backward(ref, &ctx, act, sv, &dy, &dx_ref);
+    CHECK_MSG(dxa.data && same(&dxa, &dx_ref), "kept in place: the input gradient differs");
+    ip_same_grads(run, ref, "kept in place");
+    gp_tensor_free(&dxa);
+
+    /* checkpointed (the memory moves on from layer to layer), recomputed,
+     * then backward: the same bits again */
+    ip_grads_begin(run);
+    CHECK_OK(gp_tensor_alloc(&a.in, dev, &xs, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_tensor_copy(&a.in, &in));
+    CHECK_OK(gp_ckpt_forward(run, &ctx, GP_FWD_INPUT, &a, &bad));
+    CHECK_MSG(gp_stash_bytes(&a) == gp_tensor_bytes(&a.in) + gp_tensor_bytes(&a.out) &&
+                  a.out.owned,
+              "a checkpointed in-place forward holds %zu bytes, want its input and output",
+              gp_stash_bytes(&a));
+    CHECK_MSG(same(&a.out, &out_ref), "checkpointed in place: the output differs");
+    CHECK_OK(gp_ckpt_recompute(run, &ctx, &a, &bad));
+    CHECK_OK(gp_tensor_alloc(&dya, dev, &ys, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_tensor_copy(&dya, &dy));
+    CHECK_OK(gp_ckpt_backward(run, &ctx, &a, &dya, 0, &dxa, &bad));
+    CHECK_MSG(dxa.data && same(&dxa, &dx_ref), "recomputed in place: the input gradient differs");
+    ip_grads_begin(ref); /* the oracle's gradients again: ip_same_grads finished both */
+    ip_oracle_forward(ref, &ctx, &in, act, sv);
+    gp_tensor dxr2 = {0};
+    ip_oracle_backward(ref, &ctx, act, sv, &dy, &dxr2);
+    ip_same_grads(run, ref, "recomputed in place");
+    gp_tensor_free(&dxr2);
+    gp_tensor_free(&dxa);
+
+    /* evaluation: dropouts are identities, done in place by doing nothing */
+    gp_fwd_ctx ev = ctx;
+    ev.training = false;
+    ip_oracle_forward(ref, &ev, &in, act, sv);
+    CHECK_OK(gp_tensor_alloc(&a.in, dev, &xs, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_tensor_copy(&a.in, &in));
+    CHECK_OK(gp_ckpt_forward(run, &ev, GP_FWD_NOTHING, &a, &bad));
+    CHECK_MSG(same(&a.out, &act[IPL]), "evaluation in place: the output differs");
+    gp_stash_release(&a);
+    for (int c = 0; c < IPL; c++) gp_saved_free(&sv[c]);
+    for (int c = 1; c <= IPL; c++) gp_tensor_free(&act[c]);
+    gp_tensor_free(&dx_ref);
+    gp_tensor_free(&out_ref);
+    gp_tensor_free(&dy);
+    gp_tensor_free(&in);
+    CHECK_MSG(dev->alloc.cur_by[GP_MEM_ACTIVATIONS] == 0,
+              "%zu activation bytes left after the in-place runs",
+              (size_t)dev->alloc.cur_by[GP_MEM_ACTIVATIONS]);
+    gp_stash_destroy(&a);
+    for (int k = 0; k < IPL; k++) {
+        gp_layer_destroy(&ref[k]);
+        gp_layer_destroy(&run[k]);
+    }
+    gp_skip_map_free(&map);
+    gp_device_close(dev);
+}
+
 int main(void)
 {
     policy();
     replay();
+    inplace();
     bad_loss();
     return gpt_finish("test_checkpoint");
 }

@@ -54,6 +54,16 @@ static const char *mb(double bytes, char *buf, size_t len)
     return gp_format_bytes(bytes > 0 ? (size_t)bytes : 0, buf, len);
 }
 
+/* The activation bytes a layer keeps at micro-batch mbs, "*" after them
+ * when it runs in place (its output is not among them). */
+static const char *inplace_kept(const gp_layer_mem *mm, int64_t mbs, char *buf, size_t len)
+{
+    char b[24];
+    mb(mm->keep_per_sample * (double)mbs, b, sizeof b);
+    snprintf(buf, len, "%s%s", b, mm->inplace ? "*" : "");
+    return buf;
+}
+
 /* The config text without its top-level `pipeline:` block, then a fresh
  * pipeline block from cfg with `balance`. */
 static gp_status write_config(const char *in_path, const char *out_path, const gp_config *cfg,
@@ -357,10 +367,16 @@ int main(int argc, char **argv)
                total > 0 ? 100 * (lt[k].fwd + lt[k].bwd_data + lt[k].bwd_weights) / total : 0,
                mb((double)mm->param_bytes, b1, sizeof b1),
                mb((double)(mm->grad_bytes + mm->optim_bytes), b2, sizeof b2),
-               mb(mm->keep_per_sample * (double)mbs, b3, sizeof b3),
+               inplace_kept(mm, mbs, b3, sizeof b3),
                mb((double)mm->workspace_bytes, b4, sizeof b4),
                total_mem > 0 ? 100 * mem / total_mem : 0);
     }
+    for (int k = 0; k < L; k++)
+        if (prof.mem[k].inplace) {
+            printf("    *: runs in place, its output in its input's memory (not as a stage's "
+                   "first layer)\n");
+            break;
+        }
     if (prof.timed)
         printf("    loss %.3f ms, input upload %.3f ms; fwd+bwd total %.2f ms per micro-batch\n",
                loss * 1e3, upload * 1e3, total * 1e3);

@@ -83,7 +83,12 @@ typedef struct gp_layer_mem {
                                starts here keeps per micro-batch sample */
     double out_per_sample;  /* output bytes (also the copied activation) */
     double keep_per_sample; /* ACTIVATIONS kept by a training forward for its
-                               backward (output + gp_saved), per sample */
+                               backward (output + gp_saved), per sample; the
+                               output not counted when `inplace` */
+    bool inplace;           /* runs in place in the whole model's sequence
+                               (gp_layer_specs_inplace): its output shares its
+                               input's memory, except as a stage's first
+                               layer, where gp_stage_peak_bytes adds it back */
     double flops_per_sample;/* forward FLOPs per sample (layer estimate) */
     double update;          /* seconds: zero grads + SGD update of its params */
 } gp_layer_mem;

@@ -673,8 +673,10 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
     gp_shape input_shape = gp_shape_4d(1, input[0], input[1], input[2]);
     gp_skip_map map = {0};
     gp_shape *outs = malloc((size_t)L * sizeof *outs);
-    gp_status s = pool && outs ? GP_OK : gp_error_set(GP_ERR_OOM, "out of host memory");
+    bool *inplace = calloc((size_t)L, sizeof *inplace);
+    gp_status s = pool && outs && inplace ? GP_OK : gp_error_set(GP_ERR_OOM, "out of host memory");
     if (s == GP_OK) s = gp_skip_map_build(specs, L, &map);
+    if (s == GP_OK) gp_layer_specs_inplace(specs, L, inplace);
     /* Cold caches: the model's parameter and gradient bytes, from a pass
      * that builds each layer once (CPU devices, timed profiles). */
     evictor ev = {0};
@@ -794,6 +796,10 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
             s = profile_layer(out, &oo, &l, dev, peer, k, ft, k == L - 1, &sm, host, &ct, &ev);
         gp_status cs = contention_stop(&ct);
         if (s == GP_OK) s = cs;
+        if (s == GP_OK && inplace[k]) { /* measured out of place: the output is not extra */
+            mm->inplace = true;
+            mm->keep_per_sample = fmax(mm->keep_per_sample - mm->out_per_sample, 0.0);
+        }
         if (s != GP_OK) {
             char d[160];
             s = gp_error_wrap(s, "profiling %s on %s", gp_layer_describe(&l, d, sizeof d),
@@ -811,6 +817,7 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
     free(host);
     free(pool);
     free(outs);
+    free(inplace);
     gp_skip_map_free(&map);
     free(ev.buf);
     gp_device_close(peer);

@@ -90,6 +90,7 @@ static void put_profile(gp_json_writer *w, const gp_profile *p)
         put_time(w, "in_per_sample", m->in_per_sample);
         put_time(w, "out_per_sample", m->out_per_sample);
         put_time(w, "keep_per_sample", m->keep_per_sample);
+        gp_json_put_bool(w, "inplace", m->inplace);
         put_time(w, "flops_per_sample", m->flops_per_sample);
         put_time(w, "update", m->update);
         gp_json_open_array(w, "times");
@@ -325,6 +326,9 @@ gp_status gp_profile_load(const char *path, gp_profile *out)
         m->in_per_sample = jnum_req(&c, o, "in_per_sample", where);
         m->out_per_sample = jnum_req(&c, o, "out_per_sample", where);
         m->keep_per_sample = jnum_req(&c, o, "keep_per_sample", where);
+        /* optional: profiles from before in-place layers count every output */
+        const gp_json_value *ip = gp_json_get(o, "inplace");
+        m->inplace = ip && ip->kind == GP_JSON_TRUE;
         m->flops_per_sample = jnum_req(&c, o, "flops_per_sample", where);
         m->update = jnum_req(&c, o, "update", where);
         const gp_json_value *ts = jarr_req(&c, o, "times", out->n_sizes, where);

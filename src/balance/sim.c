@@ -55,10 +55,12 @@ double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const 
     for (int k = first; k <= last; k++) {
         stat += (double)(mm[k].param_bytes + mm[k].grad_bytes + mm[k].optim_bytes);
         if ((double)mm[k].workspace_bytes > ws) ws = (double)mm[k].workspace_bytes;
-        keep += mm[k].keep_per_sample;
+        /* a stage's first layer runs out of place: its input is the stage's */
+        double kk = mm[k].keep_per_sample + (k == first && mm[k].inplace ? mm[k].out_per_sample : 0);
+        keep += kk;
         if (mm[k].in_per_sample > in_max) in_max = mm[k].in_per_sample;
         /* a checkpointed forward holds the layer's input and what it makes */
-        double t = mm[k].in_per_sample + mm[k].keep_per_sample;
+        double t = mm[k].in_per_sample + kk;
         if (t > ck_max) ck_max = t;
     }
     double in = mm[first].in_per_sample, out = mm[last].out_per_sample;

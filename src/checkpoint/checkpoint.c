@@ -27,7 +27,8 @@ gp_status gp_stash_init(gp_stash *s, int count, const gp_skip_map *skips, int fi
     s->grads = calloc((size_t)count + 1, sizeof *s->grads);
     s->saved = calloc((size_t)(count > 0 ? count : 1), sizeof *s->saved);
     s->uses = calloc((size_t)count + 1, sizeof *s->uses);
-    bool ok = s->acts && s->grads && s->saved && s->uses;
+    s->inplace = calloc((size_t)count + 1, sizeof *s->inplace);
+    bool ok = s->acts && s->grads && s->saved && s->uses && s->inplace;
     if (ok && skips && skips->n > 0) {
         size_t t = (size_t)skips->n;
         s->skips = skips;
@@ -101,6 +102,7 @@ void gp_stash_destroy(gp_stash *s)
     free(s->grads);
     free(s->saved);
     free(s->uses);
+    free(s->inplace);
     free(s->skip_in);
     free(s->skip_out);
     free(s->skip_dout);
@@ -167,17 +169,25 @@ static gp_status run_forward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_fwd_kee
     bool keep = mode == GP_FWD_KEEP;
     s->acts[0] = s->in;
     s->acts[0].owned = false;
+    gp_layers_inplace(layers, s->count, s->inplace);
     gp_status st = GP_OK;
     for (int c = 0; c < s->count; c++) {
         gp_tensor x[1 + GP_MAX_POPS];
         layer_inputs(s, c, &s->acts[c], x);
         gp_tensor y = {0};
         gp_saved sv = {0};
-        st = gp_layer_forward(&layers[c], ctx, x, &y, &sv);
+        bool ip = s->inplace[c];
+        st = ip ? gp_layer_forward_inplace(&layers[c], ctx, x, &y, &sv)
+                : gp_layer_forward(&layers[c], ctx, x, &y, &sv);
         if (st != GP_OK) {
             *bad = c;
             gp_saved_free(&sv);
             break;
+        }
+        if (ip && !keep) { /* y takes over the memory (c >= 1: a layer output) */
+            GP_ASSERT(s->acts[c].owned);
+            y.owned = s->acts[c].owned;
+            s->acts[c] = (gp_tensor){0};
         }
         s->acts[c + 1] = y;
         int t = stash_of(s, c);

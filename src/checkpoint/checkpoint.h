@@ -77,6 +77,12 @@ typedef struct gp_stash {
                              stash inside the stage, or (popped here,
                              stashed earlier) handed out by backward */
     int *uses;          /* [count + 1] scratch of a forward that does not keep */
+    bool *inplace;      /* [count]: layer c runs in place (gp_layers_inplace):
+                           its output shares its input's memory.  A forward
+                           that keeps makes acts[c + 1] a view of acts[c]
+                           (the memory stays with the first layer that
+                           allocated it, freed after that layer's backward);
+                           one that does not moves the ownership on. */
 } gp_stash;
 
 /* Host arrays for a stage of `count` layers; no device memory.  With

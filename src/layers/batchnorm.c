@@ -543,4 +543,5 @@ const gp_layer_ops gp_batchnorm_ops = {
     .saved_bytes = bn_saved_bytes,
     .destroy = bn_destroy,
     .allreduce_stats = bn_allreduce_stats,
+    .bwd_ignores_y = true, /* reads x, dy and what it saved */
 };

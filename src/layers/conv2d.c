@@ -145,4 +145,5 @@ const gp_layer_ops gp_conv2d_ops = {
     .backward_data = conv_backward_data,
     .backward_weights = conv_backward_weights,
     .flops = conv_flops,
+    .bwd_ignores_y = true, /* reads x, dy and what it saved */
 };

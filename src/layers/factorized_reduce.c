@@ -344,4 +344,5 @@ const gp_layer_ops gp_factorized_reduce_ops = {
     .flops = fr_flops,
     .saved_bytes = fr_saved_bytes,
     .destroy = fr_destroy,
+    .bwd_ignores_y = true, /* reads x, dy and what it saved */
 };

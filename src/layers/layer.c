@@ -563,6 +563,54 @@ gp_status gp_layer_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *
     return st;
 }
 
+gp_status gp_layer_forward_inplace(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                   gp_tensor *y, gp_saved *s)
+{
+    GP_ASSERT(l->ops->inplace != GP_INPLACE_NO && l->n_in == 1);
+    GP_TRY(check_input(l, x));
+    gp_shape ys = gp_shape_with_batch(&l->out_shape, x->dims[0]);
+    GP_ASSERT(gp_shape_numel(&ys) == gp_tensor_numel(x));
+    gp_tensor v = *x;
+    v.ndim = ys.ndim;
+    for (int i = 0; i < ys.ndim; i++) v.dims[i] = ys.dims[i];
+    v.owned = false;
+    *y = v;
+    gp_status st = l->ops->forward(l, ctx, x, y, s);
+    if (st != GP_OK) *y = (gp_tensor){0};
+    return st;
+}
+
+/* The rule over specs `stride` bytes apart (an array of specs, or the
+ * specs inside an array of layers). */
+static void inplace_rule(const char *spec0, size_t stride, int count, bool *inplace)
+{
+#define SPEC(k) ((const gp_layer_spec *)(const void *)(spec0 + (size_t)(k) * stride))
+    for (int c = 0; c < count; c++) {
+        const gp_layer_ops *ops = gp_layer_ops_for(SPEC(c)->type);
+        bool ok = c > 0 && ops && ops->inplace != GP_INPLACE_NO && SPEC(c)->n_pop == 0;
+        /* every earlier layer whose output shares the memory: c - 1, and
+         * back through the in-place ones to the one that allocated it */
+        for (int k = c - 1; ok && k >= 0; k--) {
+            const gp_layer_ops *p = gp_layer_ops_for(SPEC(k)->type);
+            if (SPEC(k)->stash[0]) ok = false;
+            if (ops->inplace == GP_INPLACE_VALUES && !(p && p->bwd_ignores_y)) ok = false;
+            if (!inplace[k]) break;
+        }
+        inplace[c] = ok;
+    }
+#undef SPEC
+}
+
+void gp_layers_inplace(const gp_layer *layers, int count, bool *inplace)
+{
+    inplace_rule((const char *)&layers[0].spec, sizeof *layers, count, inplace);
+}
+
+void gp_layer_specs_inplace(const gp_layer_spec *specs, int count, bool *inplace)
+{
+    inplace_rule((const char *)specs, sizeof *specs, count, inplace);
+}
+
 gp_status gp_layer_backward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                             const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
                             gp_saved *s)

@@ -67,6 +67,13 @@ typedef enum gp_layer_type {
     GP_LAYER_TYPE_COUNT
 } gp_layer_type;
 
+/* Whether a layer type may run in place (gp_layer_ops.inplace). */
+typedef enum gp_inplace {
+    GP_INPLACE_NO = 0,
+    GP_INPLACE_VALUES, /* overwrites its input with its output */
+    GP_INPLACE_VIEW,   /* its output is its input, unchanged */
+} gp_inplace;
+
 /* "linear", "conv2d", ... (the names used in YAML). */
 const char *gp_layer_type_name(gp_layer_type t);
 /* Returns false if `name` is not a layer type. */
@@ -263,6 +270,16 @@ typedef struct gp_layer_ops {
     /* optional: the layer's batch-norm step counters (gp_layer_counters).
      * NULL = none. */
     int (*counters)(gp_layer *l, const char **names, int64_t **values, int max);
+    /* In-place execution (gp_layers_inplace).  GP_INPLACE_VALUES: forward
+     * may write its output over its main input, element by element (the
+     * same number of elements), and backward reads x's shape only, never
+     * its values (relu and leaky_relu read y, the dropouts their mask).
+     * GP_INPLACE_VIEW: the output is the input's values unchanged (identity,
+     * flatten), so it may simply share the input's memory. */
+    gp_inplace inplace;
+    /* backward never reads y's values (only its shape, if that), so an
+     * in-place layer after it may overwrite them. */
+    bool bwd_ignores_y;
 } gp_layer_ops;
 
 struct gp_layer {
@@ -308,10 +325,32 @@ gp_status gp_layer_shapes(const gp_layer_spec *spec, int index, const gp_shape *
 gp_status gp_layer_meta(const gp_layer_spec *spec, int index, const gp_shape *in,
                         gp_layer *out);
 
+/* Which layers of a stage's run of `count` layers run in place (inplace[c]
+ * true: layer c's output shares the memory of its input, layer c - 1's
+ * output).  Layer c does when its type may (ops->inplace), it takes one
+ * input, and for every earlier layer whose output shares that memory (c - 1
+ * and, through a chain of in-place layers before it, the layer that
+ * allocated it): its backward does not read the values layer c overwrites
+ * (ops->bwd_ignores_y; not needed when c only views them) and no skip
+ * stashes its output (its pop reads it later).  Layer 0 never does: its
+ * input is the stage input, kept for recomputation.  This is what PyTorch's
+ * `inplace=True` gives torchgpipe's U-Net and ResNets: a conv -> dropout2d
+ * -> instance norm -> leaky relu block keeps 2 maps instead of 4.  The
+ * results are bit for bit those of the out-of-place run (the kernels are
+ * element-wise, and no backward reads what was overwritten). */
+void gp_layers_inplace(const gp_layer *layers, int count, bool *inplace);
+/* The same from the specs alone (the profile's whole-model view). */
+void gp_layer_specs_inplace(const gp_layer_spec *specs, int count, bool *inplace);
+
 /* Convenience wrappers over the ops (allocate y / dx with the right shape).
  * x and dx are arrays of l->n_in (see gp_layer_ops). */
 gp_status gp_layer_forward(gp_layer *l, const gp_fwd_ctx *ctx,
                            const gp_tensor *x, gp_tensor *y, gp_saved *s);
+/* Forward in place (gp_layers_inplace said it may): *y becomes a view
+ * (owned false) of x[0]'s memory with the output's shape, written over.
+ * The caller moves the ownership where it wants it. */
+gp_status gp_layer_forward_inplace(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                   gp_tensor *y, gp_saved *s);
 gp_status gp_layer_backward(gp_layer *l, const gp_fwd_ctx *ctx,
                             const gp_tensor *x, const gp_tensor *y,
                             const gp_tensor *dy, gp_tensor *dx /* NULL: skip */,

@@ -104,4 +104,5 @@ const gp_layer_ops gp_linear_ops = {
     .backward_weights = linear_backward_weights,
     .overwrites_grads = true,
     .flops = linear_flops,
+    .bwd_ignores_y = true, /* reads x, dy and what it saved */
 };

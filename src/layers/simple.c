@@ -3,10 +3,11 @@
  * on the shape: relu, flatten, dropout.
  *
  * relu: backward uses y (relu's output), so nothing is saved.
- * flatten: (N, C, H, W) -> (N, C*H*W).  The data is already in that order;
- *   y and dx are nonetheless copies, because every caller owns and frees the
- *   x of a layer as soon as forward returns (checkpointed stages, eval) and
- *   dy as soon as backward returns — a view into them would dangle.
+ * flatten: (N, C, H, W) -> (N, C*H*W).  The data is already in that order,
+ *   so inside a stage it runs in place (gp_layers_inplace: the stage's
+ *   loops hand the input's memory on to the output); called on its own, or
+ *   as a stage's first layer, y is a copy.  dx is a copy of dy, which its
+ *   caller frees as soon as backward returns.
  * dropout: mask from the counter-based RNG keyed by (seed, stream(step,
  *   layer index, "drop")) and indexed by the element's position in the whole
  *   mini-batch (sample_offset * per-sample elements), so every micro-batch
@@ -54,6 +55,7 @@ const gp_layer_ops gp_relu_ops = {
     .forward = relu_forward,
     .backward_data = relu_backward_data,
     .flops = numel_flops,
+    .inplace = GP_INPLACE_VALUES,
 };
 
 /* ---- flatten ------------------------------------------------------------- */
@@ -69,7 +71,7 @@ static gp_status flatten_infer(const gp_layer *l, const gp_shape *in, gp_shape *
 static gp_status copy_through(gp_device *dev, const gp_tensor *src, gp_tensor *dst)
 {
     size_t bytes = gp_tensor_bytes(src);
-    if (bytes == 0) return GP_OK;
+    if (bytes == 0 || dst->data == src->data) return GP_OK; /* in place: nothing to do */
     return gp_dev_copy_d2d(dev, dst->data, src->data, bytes);
 }
 
@@ -95,6 +97,8 @@ const gp_layer_ops gp_flatten_ops = {
     .forward = flatten_forward,
     .backward_data = flatten_backward_data,
     .flops = zero_flops,
+    .inplace = GP_INPLACE_VIEW,
+    .bwd_ignores_y = true,
 };
 
 /* ---- dropout ------------------------------------------------------------- */
@@ -147,4 +151,6 @@ const gp_layer_ops gp_dropout_ops = {
     .backward_data = dropout_backward_data,
     .flops = numel_flops,
     .saved_bytes = dropout_saved_bytes,
+    .inplace = GP_INPLACE_VALUES,
+    .bwd_ignores_y = true,
 };

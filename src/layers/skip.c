@@ -47,6 +47,7 @@ static gp_status no_init(gp_layer *l, uint64_t seed)
 static gp_status copy_all(gp_device *dev, float *dst, const gp_tensor *src)
 {
     size_t b = gp_tensor_bytes(src);
+    if (dst == src->data) return GP_OK; /* in place: nothing to do */
     return b ? gp_dev_copy_d2d(dev, dst, src->data, b) : GP_OK;
 }
 
@@ -83,6 +84,8 @@ const gp_layer_ops gp_identity_ops = {
     .forward = id_forward,
     .backward_data = id_backward_data,
     .flops = zero_flops,
+    .inplace = GP_INPLACE_VIEW,
+    .bwd_ignores_y = true,
 };
 
 /* ---- add --------------------------------------------------------------------- */
@@ -305,6 +308,7 @@ const gp_layer_ops gp_add_ops = {
     .saved_bytes = add_saved_bytes,
     .destroy = add_destroy,
     .pops = 1,
+    .bwd_ignores_y = true, /* reads x, dy and what it saved */
 };
 
 /* ---- concat ------------------------------------------------------------------ */
@@ -389,6 +393,7 @@ const gp_layer_ops gp_concat_ops = {
     .backward_data = concat_backward_data,
     .flops = zero_flops,
     .pops = 1,
+    .bwd_ignores_y = true,
 };
 
 /* ---- the skip map ------------------------------------------------------------ */

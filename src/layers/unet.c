@@ -46,7 +46,7 @@ static gp_status need_4d(const gp_layer *l, const gp_shape *in, const char *why)
 static gp_status copy_through(gp_device *dev, const gp_tensor *src, gp_tensor *dst)
 {
     size_t bytes = gp_tensor_bytes(src);
-    if (bytes == 0) return GP_OK;
+    if (bytes == 0 || dst->data == src->data) return GP_OK; /* in place: nothing to do */
     return gp_dev_copy_d2d(dev, dst->data, src->data, bytes);
 }
 
@@ -88,6 +88,7 @@ const gp_layer_ops gp_leaky_relu_ops = {
     .forward = leaky_forward,
     .backward_data = leaky_backward_data,
     .flops = numel_flops,
+    .inplace = GP_INPLACE_VALUES,
 };
 
 /* ---- dropout2d ------------------------------------------------------------- */
@@ -141,6 +142,8 @@ const gp_layer_ops gp_dropout2d_ops = {
     .backward_data = dropout2d_backward_data,
     .flops = numel_flops,
     .saved_bytes = dropout2d_saved_bytes,
+    .inplace = GP_INPLACE_VALUES,
+    .bwd_ignores_y = true,
 };
 
 /* ---- instance_norm --------------------------------------------------------- */
@@ -216,6 +219,7 @@ const gp_layer_ops gp_instance_norm_ops = {
     .backward_data = instance_norm_backward_data,
     .flops = instance_norm_flops,
     .saved_bytes = instance_norm_saved_bytes,
+    .bwd_ignores_y = true,
 };
 
 /* ---- upsample ---------------------------------------------------------------- */
@@ -261,4 +265,5 @@ const gp_layer_ops gp_upsample_ops = {
     .forward = upsample_forward,
     .backward_data = upsample_backward_data,
     .flops = numel_flops, /* a copy (backward: an add) per output element */
+    .bwd_ignores_y = true,
 };
