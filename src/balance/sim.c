@@ -56,7 +56,8 @@ double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const 
         stat += (double)(mm[k].param_bytes + mm[k].grad_bytes + mm[k].optim_bytes);
         if ((double)mm[k].workspace_bytes > ws) ws = (double)mm[k].workspace_bytes;
         /* a stage's first layer runs out of place: its input is the stage's */
-        double kk = mm[k].keep_per_sample + (k == first && mm[k].inplace ? mm[k].out_per_sample : 0);
+        double kk = mm[k].keep_per_sample;
+        if (k == first && mm[k].inplace) kk += mm[k].out_per_sample;
         keep += kk;
         if (mm[k].in_per_sample > in_max) in_max = mm[k].in_per_sample;
         /* a checkpointed forward holds the layer's input and what it makes */

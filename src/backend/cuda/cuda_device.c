@@ -22,20 +22,23 @@
  *
  * Peer copies.  copy_peer runs on the destination's copy stream after the
  * source device's compute stream (an event recorded there: the producer's
- * work) and is direct when cudaDeviceCanAccessPeer allowed enabling peer
- * access at start-up; otherwise cudaMemcpyPeerAsync stages through host
- * memory itself.  The source device's copy stream then waits for the copy,
- * so a source buffer freed afterwards is not reused (see the allocator's
- * events) until the copy has completed.
+ * work) and is direct when cudaDeviceCanAccessPeer allows peer access,
+ * which the first copy between a pair enables (peer_access); otherwise
+ * cudaMemcpyPeerAsync stages through host memory itself.  The source
+ * device's copy stream then waits for the copy, so a source buffer freed
+ * afterwards is not reused (see the allocator's events) until the copy has
+ * completed.
  *
  * Compiled and linked in CI; never run here (no GPU).  See README.md, "GPUs".
  */
 #include "backend/cuda/cuda_impl.h"
 
 #include <limits.h>
+#include <sched.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 gp_status gp_cuda_fail(const char *lib, int code, const char *what, const char *call,
                        const char *func, const char *file, int line)
@@ -377,6 +380,27 @@ static gp_status cuda_copy_d2d(gp_device *dev, void *dst, const void *src, size_
     return copy_end(ctx);
 }
 
+/* Peer access from our GPU to GPU s, enabled the first time a copy needs
+ * it, so a run enables it only for the pairs it copies between (each pair
+ * maps the other's memory, a cost on machines with many GPUs).  Without
+ * it, cudaMemcpyPeerAsync stages through host memory itself. */
+static gp_status peer_access(gp_cuda_ctx *ctx, int s)
+{
+    if (s == ctx->ordinal || s < 0 || s >= CUDA_MAX_DEVICES || ctx->can_peer[s]) return GP_OK;
+    int can = 0;
+    GP_CUDA(cudaDeviceCanAccessPeer(&can, ctx->ordinal, s));
+    if (can) {
+        /* the current device (gp_cuda_enter) gains access to s */
+        cudaError_t e = cudaDeviceEnablePeerAccess(s, 0);
+        if (e == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError(); /* another stage */
+        else if (e != cudaSuccess)
+            return gp_cuda_fail("CUDA", (int)e, cudaGetErrorString(e),
+                                "cudaDeviceEnablePeerAccess(s, 0)", __func__, __FILE__, __LINE__);
+    }
+    ctx->can_peer[s] = can ? 1 : 2;
+    return GP_OK;
+}
+
 static gp_status cuda_copy_peer(gp_device *dev, void *dst, gp_device *src_dev, const void *src,
                                 size_t bytes)
 {
@@ -390,6 +414,7 @@ static gp_status cuda_copy_peer(gp_device *dev, void *dst, gp_device *src_dev, c
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev), *sc = gp_cuda_ctx_of(src_dev);
     int s = sc->ordinal;
     GP_TRY(gp_cuda_enter(dev));
+    GP_TRY(peer_access(ctx, s));
     if (!ctx->peer_ev[s]) {
         /* An event recorded on the source's stream must belong to it. */
         GP_CUDA(cudaSetDevice(s));
@@ -428,6 +453,7 @@ static gp_status cuda_copy_async(gp_device *dev, void *dst, gp_device *src_dev, 
                             dev->name, src_dev->name);
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev), *sc = gp_cuda_ctx_of(src_dev);
     GP_TRY(gp_cuda_enter(dev));
+    if (bytes) GP_TRY(peer_access(ctx, sc->ordinal));
     gp_cuda_nvtx_push("copy_async");
     if (after) GP_CUDA(cudaStreamWaitEvent(ctx->copy, (cudaEvent_t)after, 0));
     if (bytes && sc->ordinal == ctx->ordinal)
@@ -844,13 +870,21 @@ static gp_status cuda_gemm(gp_device *dev, int trans_a, int trans_b, int64_t m, 
 
 /* ---- NCCL collectives -------------------------------------------------------------- */
 
-/* Abort (a replica failed): ncclCommAbort ends every rank's communicator,
- * including operations still running on the GPUs, so a rank waiting for
- * them (a synchronize) comes back; the collectives then return
- * GP_ERR_CANCELLED until reset makes new communicators with ncclCommInitAll.
- * `lock` keeps abort from freeing a communicator while a rank enqueues on
- * it (enqueueing does not wait for the peers, so the lock is held briefly).
- * Compiled, not run: no GPU here. */
+/* The communicators are nonblocking (ncclConfig_t.blocking = 0): an NCCL
+ * call returns at once, ncclInProgress while NCCL's own threads finish it
+ * (the first collective of a rank connects to its peers, which since NCCL
+ * 2.22 waits for every rank to arrive), and comm_settle polls
+ * ncclCommGetAsyncError until it is done.  `lock` guards comms and aborted
+ * and is held only around calls that return at once, never while a rank
+ * waits for its peers: a rank that blocked in NCCL holding a lock every
+ * rank takes would keep the others from ever arriving.  So a rank whose
+ * peers never come (one of them failed) polls without the lock until the
+ * failed rank's abort, which takes the lock, ends every communicator
+ * (ncclCommAbort also ends kernels still running on the GPUs, so a rank
+ * waiting in a synchronize comes back) and makes the pollers return
+ * GP_ERR_CANCELLED; reset then makes new communicators.  One thread
+ * creates, aborts and destroys all ranks, each inside one
+ * ncclGroupStart / ncclGroupEnd.  Compiled, not run: no GPU here. */
 typedef struct cuda_comm {
     ncclComm_t *comms;    /* (n) one per rank; NULL after an abort */
     int *ordinals;        /* (n) the ranks' GPUs, to make them again */
@@ -858,12 +892,128 @@ typedef struct cuda_comm {
     bool aborted;
 } cuda_comm;
 
+/* An NCCL call on a nonblocking communicator: ncclInProgress is no error. */
+static gp_status nccl_issued(ncclResult_t r, const char *call, const char *func, int line)
+{
+    if (r == ncclSuccess || r == ncclInProgress) return GP_OK;
+    return gp_cuda_fail("NCCL", (int)r, ncclGetErrorString(r), call, func, __FILE__, line);
+}
+#define NCCL_ISSUE(var, call)                                                   \
+    do {                                                                        \
+        gp_status nccl_st_ = nccl_issued((call), #call, __func__, __LINE__);    \
+        if (var == GP_OK) var = nccl_st_;                                       \
+    } while (0)
+
+/* Waits (without the lock held between polls) until the last call on rank
+ * r's communicator is done: its result, or GP_ERR_CANCELLED once aborted. */
+static gp_status comm_settle(gp_comm *comm, int r)
+{
+    cuda_comm *cc = comm->ctx;
+    for (unsigned spin = 0;; spin++) {
+        pthread_mutex_lock(&cc->lock);
+        ncclResult_t state = ncclSuccess, q = ncclSuccess;
+        if (!cc->aborted) q = ncclCommGetAsyncError(cc->comms[r], &state);
+        bool aborted = cc->aborted;
+        pthread_mutex_unlock(&cc->lock);
+        if (aborted)
+            return gp_error_set(GP_ERR_CANCELLED, "collective cancelled: another rank failed");
+        if (q != ncclSuccess) state = q;
+        if (state == ncclSuccess) return GP_OK;
+        if (state != ncclInProgress)
+            return gp_cuda_fail("NCCL", (int)state, ncclGetErrorString(state),
+                                "ncclCommGetAsyncError(comm, &state)", __func__, __FILE__,
+                                __LINE__);
+        if (spin < 1000) sched_yield();
+        else nanosleep(&(struct timespec){0, 50 * 1000}, NULL); /* 50 us */
+    }
+}
+
+/* New nonblocking communicators for the n ranks on GPUs `ordinals`, made
+ * in one group and settled; the lock must be held or the comm unshared. */
+static gp_status comm_init(cuda_comm *cc, int n)
+{
+    ncclUniqueId id;
+    gp_status st = GP_OK, e = GP_OK;
+    GP_NCCL(ncclGetUniqueId(&id));
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    int cur = 0;
+    GP_CUDA(cudaGetDevice(&cur));
+    NCCL_ISSUE(st, ncclGroupStart());
+    for (int r = 0; r < n && st == GP_OK; r++) {
+        cudaError_t ce = cudaSetDevice(cc->ordinals[r]);
+        if (ce != cudaSuccess)
+            st = gp_cuda_fail("CUDA", (int)ce, cudaGetErrorString(ce),
+                              "cudaSetDevice(cc->ordinals[r])", __func__, __FILE__, __LINE__);
+        else NCCL_ISSUE(st, ncclCommInitRankConfig(&cc->comms[r], n, id, r, &cfg));
+    }
+    NCCL_ISSUE(e, ncclGroupEnd()); /* ended even after a failed call */
+    (void)cudaSetDevice(cur);
+    if (st == GP_OK) st = e;
+    /* settle each rank: no other thread uses these yet */
+    for (int r = 0; r < n && st == GP_OK; r++) {
+        ncclResult_t state = ncclInProgress;
+        for (unsigned spin = 0; state == ncclInProgress; spin++) {
+            ncclResult_t q = ncclCommGetAsyncError(cc->comms[r], &state);
+            if (q != ncclSuccess) state = q;
+            if (state == ncclInProgress) {
+                if (spin < 1000) sched_yield();
+                else nanosleep(&(struct timespec){0, 50 * 1000}, NULL);
+            }
+        }
+        if (state != ncclSuccess)
+            st = gp_cuda_fail("NCCL", (int)state, ncclGetErrorString(state),
+                              "ncclCommInitRankConfig(...) (settled)", __func__, __FILE__,
+                              __LINE__);
+    }
+    if (st != GP_OK) { /* whatever was made goes, in one group */
+        (void)ncclGroupStart();
+        for (int r = 0; r < n; r++)
+            if (cc->comms[r]) (void)ncclCommAbort(cc->comms[r]);
+        (void)ncclGroupEnd();
+        for (int r = 0; r < n; r++) cc->comms[r] = NULL;
+    }
+    return st;
+}
+
+/* Every rank's communicator ended, in one group (the lock held). */
+static void comm_abort_all(cuda_comm *cc, int n)
+{
+    (void)ncclGroupStart();
+    for (int r = 0; r < n; r++)
+        if (cc->comms[r]) (void)ncclCommAbort(cc->comms[r]);
+    (void)ncclGroupEnd();
+    for (int r = 0; r < n; r++) cc->comms[r] = NULL;
+}
+
 static void cuda_comm_destroy(gp_comm *comm)
 {
     cuda_comm *cc = comm->ctx;
     if (cc) {
-        for (int r = 0; r < comm->n; r++)
-            if (cc->comms && cc->comms[r]) (void)ncclCommDestroy(cc->comms[r]);
+        if (cc->comms) {
+            /* flush what was issued, then free: each in one group */
+            bool live = false;
+            for (int r = 0; r < comm->n; r++) live = live || cc->comms[r];
+            if (live) {
+                (void)ncclGroupStart();
+                for (int r = 0; r < comm->n; r++)
+                    if (cc->comms[r]) (void)ncclCommFinalize(cc->comms[r]);
+                (void)ncclGroupEnd();
+                bool ok = true;
+                for (int r = 0; r < comm->n && ok; r++)
+                    if (cc->comms[r]) ok = comm_settle(comm, r) == GP_OK;
+                if (ok) {
+                    (void)ncclGroupStart();
+                    for (int r = 0; r < comm->n; r++)
+                        if (cc->comms[r]) (void)ncclCommDestroy(cc->comms[r]);
+                    (void)ncclGroupEnd();
+                    for (int r = 0; r < comm->n; r++) cc->comms[r] = NULL;
+                } else {
+                    gp_error_clear();
+                    comm_abort_all(cc, comm->n);
+                }
+            }
+        }
         free(cc->comms);
         free(cc->ordinals);
         pthread_mutex_destroy(&cc->lock);
@@ -877,12 +1027,7 @@ static void cuda_comm_abort(gp_comm *comm)
 {
     cuda_comm *cc = comm->ctx;
     pthread_mutex_lock(&cc->lock);
-    if (!cc->aborted)
-        for (int r = 0; r < comm->n; r++)
-            if (cc->comms[r]) {
-                (void)ncclCommAbort(cc->comms[r]);
-                cc->comms[r] = NULL;
-            }
+    if (!cc->aborted) comm_abort_all(cc, comm->n);
     cc->aborted = true;
     pthread_mutex_unlock(&cc->lock);
 }
@@ -892,8 +1037,10 @@ static void cuda_comm_reset(gp_comm *comm)
     cuda_comm *cc = comm->ctx;
     pthread_mutex_lock(&cc->lock);
     /* A failed re-init leaves the comm aborted: its collectives then say so. */
-    if (cc->aborted && ncclCommInitAll(cc->comms, comm->n, cc->ordinals) == ncclSuccess)
-        cc->aborted = false;
+    if (cc->aborted) {
+        if (comm_init(cc, comm->n) == GP_OK) cc->aborted = false;
+        else gp_error_clear();
+    }
     pthread_mutex_unlock(&cc->lock);
 }
 
@@ -940,8 +1087,10 @@ gp_status gp_cuda_comm_create(gp_device **devs, int n, gp_comm **out)
             }
         comm->devs[r] = devs[r];
     }
-    GP_NCCL_GO(ncclCommInitAll(cc->comms, n, list));
     cc->ordinals = list; /* reset makes the communicators again from it */
+    list = NULL;
+    st = comm_init(cc, n);
+    if (st != GP_OK) goto fail;
     *out = comm;
     return GP_OK;
 fail:
@@ -963,8 +1112,9 @@ static gp_status comm_rank(gp_device *dev, gp_comm *comm, int *rank)
 }
 
 /* The rank of dev and its NCCL communicator, with the comm's lock held
- * (released by comm_leave) so that an abort cannot free it meanwhile;
- * GP_ERR_CANCELLED after an abort. */
+ * (released by comm_leave, right after the calls that return at once) so
+ * that an abort cannot free it meanwhile; GP_ERR_CANCELLED after an
+ * abort. */
 static gp_status comm_enter(gp_device *dev, gp_comm *comm, int *rank, ncclComm_t *nc)
 {
     GP_TRY(comm_rank(dev, comm, rank));
@@ -979,7 +1129,12 @@ static gp_status comm_enter(gp_device *dev, gp_comm *comm, int *rank, ncclComm_t
     return GP_OK;
 }
 
-static void comm_leave(gp_comm *comm) { pthread_mutex_unlock(&((cuda_comm *)comm->ctx)->lock); }
+/* Unlock, then wait for rank r's call to be done (s: how issuing went). */
+static gp_status comm_leave(gp_comm *comm, int r, gp_status s)
+{
+    pthread_mutex_unlock(&((cuda_comm *)comm->ctx)->lock);
+    return s == GP_OK ? comm_settle(comm, r) : s;
+}
 
 static gp_status cuda_allreduce(gp_device *dev, gp_comm *comm, float *buf, int64_t n)
 {
@@ -988,11 +1143,10 @@ static gp_status cuda_allreduce(gp_device *dev, gp_comm *comm, float *buf, int64
     GP_TRY(comm_enter(dev, comm, &r, &nc));
     gp_cuda_nvtx_push("allreduce");
     gp_status s = GP_OK;
-    GP_NCCL_SET(s, ncclAllReduce(buf, buf, (size_t)n, ncclFloat, ncclSum, nc,
-                                 gp_cuda_ctx_of(dev)->compute));
+    NCCL_ISSUE(s, ncclAllReduce(buf, buf, (size_t)n, ncclFloat, ncclSum, nc,
+                                gp_cuda_ctx_of(dev)->compute));
     gp_cuda_nvtx_pop();
-    comm_leave(comm);
-    return s;
+    return comm_leave(comm, r, s);
 }
 
 static gp_status cuda_broadcast(gp_device *dev, gp_comm *comm, float *buf, int64_t n, int root)
@@ -1005,11 +1159,10 @@ static gp_status cuda_broadcast(gp_device *dev, gp_comm *comm, float *buf, int64
     GP_TRY(comm_enter(dev, comm, &r, &nc));
     gp_cuda_nvtx_push("broadcast");
     gp_status s = GP_OK;
-    GP_NCCL_SET(s, ncclBroadcast(buf, buf, (size_t)n, ncclFloat, root, nc,
-                                 gp_cuda_ctx_of(dev)->compute));
+    NCCL_ISSUE(s, ncclBroadcast(buf, buf, (size_t)n, ncclFloat, root, nc,
+                                gp_cuda_ctx_of(dev)->compute));
     gp_cuda_nvtx_pop();
-    comm_leave(comm);
-    return s;
+    return comm_leave(comm, r, s);
 }
 
 /* The sharded collectives (backend.h), in place with gp_comm_chunk's uneven
@@ -1024,25 +1177,24 @@ static gp_status cuda_chunked(gp_device *dev, gp_comm *comm, float *buf, int64_t
     gp_cuda_nvtx_push(reduce ? "reduce_scatter" : "all_gather");
     cudaStream_t st = gp_cuda_ctx_of(dev)->compute;
     gp_status s = GP_OK, e = GP_OK;
-    GP_NCCL_SET(s, ncclGroupStart());
+    NCCL_ISSUE(s, ncclGroupStart());
     if (s == GP_OK) {
         for (int q = 0; q < comm->n && s == GP_OK; q++) {
             int64_t lo, hi;
             gp_comm_chunk(n, comm->n, q, &lo, &hi);
             if (hi <= lo) continue; /* the same on every rank */
             if (reduce)
-                GP_NCCL_SET(s, ncclReduce(buf + lo, buf + lo, (size_t)(hi - lo), ncclFloat,
-                                          ncclSum, q, nc, st));
+                NCCL_ISSUE(s, ncclReduce(buf + lo, buf + lo, (size_t)(hi - lo), ncclFloat,
+                                         ncclSum, q, nc, st));
             else
-                GP_NCCL_SET(s, ncclBroadcast(buf + lo, buf + lo, (size_t)(hi - lo), ncclFloat, q,
-                                             nc, st));
+                NCCL_ISSUE(s, ncclBroadcast(buf + lo, buf + lo, (size_t)(hi - lo), ncclFloat, q,
+                                            nc, st));
         }
         /* End the group even after a failed call, so NCCL's state stays sane. */
-        GP_NCCL_SET(e, ncclGroupEnd());
+        NCCL_ISSUE(e, ncclGroupEnd());
     }
     gp_cuda_nvtx_pop();
-    comm_leave(comm);
-    return s != GP_OK ? s : e;
+    return comm_leave(comm, r, s != GP_OK ? s : e);
 }
 
 static gp_status cuda_reduce_scatter(gp_device *dev, gp_comm *comm, float *buf, int64_t n)
@@ -1220,20 +1372,6 @@ gp_status gp_cuda_device_create(int index, const gp_device_opts *opts, gp_device
     GP_CUDA_GO(cudaHostAlloc(&ctx->host_res, sizeof(cuda_res), cudaHostAllocDefault));
     st = gp_dev_alloc(dev, sizeof(cuda_res), GP_MEM_WORKSPACE, &ctx->dev_res);
     if (st != GP_OK) goto fail;
-    for (int j = 0; j < count && j < CUDA_MAX_DEVICES; j++) {
-        int can = 0;
-        if (j == index) continue;
-        GP_CUDA_GO(cudaDeviceCanAccessPeer(&can, index, j));
-        if (!can) continue;
-        e = cudaDeviceEnablePeerAccess(j, 0);
-        if (e == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();
-        else if (e != cudaSuccess) {
-            st = gp_cuda_fail("CUDA", (int)e, cudaGetErrorString(e),
-                              "cudaDeviceEnablePeerAccess(j, 0)", __func__, __FILE__, __LINE__);
-            goto fail;
-        }
-        ctx->can_peer[j] = 1;
-    }
     st = gp_cuda_dnn_init(ctx);
     if (st != GP_OK) goto fail;
     *out = dev;

@@ -148,7 +148,8 @@ typedef struct gp_cuda_ctx {
     size_t ws_bytes;
 
     /* peer access and the events a copy from device s records on s */
-    unsigned char can_peer[CUDA_MAX_DEVICES];
+    unsigned char can_peer[CUDA_MAX_DEVICES]; /* peer access to GPU j: 0 not asked yet,
+                                                 1 enabled, 2 not possible */
     cudaEvent_t peer_ev[CUDA_MAX_DEVICES];  /* created on device s, lazily */
 
     /* cuDNN descriptors reused by pooling, batch norm and softmax */
