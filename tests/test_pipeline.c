@@ -353,6 +353,41 @@ static void step_results(void)
     free(before);
     free(after);
     CHECK_OK(gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, NULL));
+    /* ... nor what the next step commits: its batch-norm running statistics
+     * are those of a model that never ran the failed step (the failed
+     * step's micro-batches 0 and 1 had merged theirs before the label) */
+    {
+        gp_model ok;
+        CHECK_OK(gp_model_build_placed(&c, devs, 2, bal, &ok));
+        for (int k = 0; k < 4; k++)
+            CHECK_OK(gp_model_pipeline_step(&ok, &c, x, y, BATCH, 0.05, NULL));
+        int64_t na, nb;
+        float *va = gpt_gather(&pip, GPT_VALUES, &na), *vb = gpt_gather(&ok, GPT_VALUES, &nb);
+        CHECK_MSG(va && vb && na == nb && memcmp(va, vb, (size_t)na * sizeof *va) == 0,
+                  "after a failed step and a good one the parameters or batch-norm statistics "
+                  "differ from 4 good steps: the failed step's statistics were committed");
+        free(va);
+        free(vb);
+        gp_model_free(&ok);
+    }
+    /* the same on the single-device step (the oracle) */
+    {
+        gp_model one, ok;
+        CHECK_OK(gp_model_build(&c, devs[0], &one));
+        CHECK_OK(gp_model_build(&c, devs[0], &ok));
+        CHECK(gp_model_train_step(&one, &c, x, yb, BATCH, 4, 0.05, NULL) == GP_ERR_DATA);
+        CHECK_OK(gp_model_train_step(&one, &c, x, y, BATCH, 4, 0.05, NULL));
+        CHECK_OK(gp_model_train_step(&ok, &c, x, y, BATCH, 4, 0.05, NULL));
+        int64_t na, nb;
+        float *va = gpt_gather(&one, GPT_VALUES, &na), *vb = gpt_gather(&ok, GPT_VALUES, &nb);
+        CHECK_MSG(va && vb && na == nb && memcmp(va, vb, (size_t)na * sizeof *va) == 0,
+                  "single device: a failed step's batch-norm statistics were committed by the "
+                  "next step");
+        free(va);
+        free(vb);
+        gp_model_free(&one);
+        gp_model_free(&ok);
+    }
     gp_model_free(&pip);
 
     for (int rep = 0; rep < 3; rep++) {

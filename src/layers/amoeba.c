@@ -629,6 +629,12 @@ static gp_status cell_commit(gp_layer *l)
     return GP_OK;
 }
 
+static void cell_discard(gp_layer *l)
+{
+    cell_state *st = l->state;
+    gp_layers_discard(st->child, st->plan.n_child);
+}
+
 static gp_status cell_allreduce_stats(gp_layer *l, gp_comm *comm)
 {
     cell_state *st = l->state;
@@ -699,6 +705,7 @@ const gp_layer_ops gp_amoeba_cell_ops = {
     .backward_data = cell_backward_data,
     .backward_weights = cell_backward_weights,
     .commit = cell_commit,
+    .discard = cell_discard,
     .allreduce_stats = cell_allreduce_stats,
     .flops = cell_flops,
     .saved_bytes = cell_saved_bytes,

@@ -460,6 +460,19 @@ static gp_status bn_commit(gp_layer *l)
     return GP_OK;
 }
 
+/* A failed step: its micro-batches' (count, mean, M2) and SyncBN's merged
+ * statistics go, and the accumulator is zero again (merge_acc relies on
+ * it).  The fill is queued like any work of the device; if the device has
+ * failed, the next step fails there first. */
+static void bn_discard(gp_layer *l)
+{
+    bn_state *st = l->state;
+    if (!st || (st->acc_count == 0 && st->n_sync == 0)) return;
+    if (zero_acc(l) != GP_OK) gp_error_clear();
+    st->acc_count = 0;
+    st->n_sync = 0;
+}
+
 /* Data parallelism without sync: every replica merges all replicas'
  * pending (count, mean, M2) in rank order, so all commit the statistics of
  * the global mini-batch.  SyncBN accumulators are global already.  The
@@ -539,6 +552,7 @@ const gp_layer_ops gp_batchnorm_ops = {
     .backward_data = bn_backward_data,
     .backward_weights = bn_backward_weights,
     .commit = bn_commit,
+    .discard = bn_discard,
     .flops = bn_flops,
     .saved_bytes = bn_saved_bytes,
     .destroy = bn_destroy,

@@ -296,6 +296,12 @@ static gp_status fr_commit(gp_layer *l)
     return c->ops->commit(c);
 }
 
+static void fr_discard(gp_layer *l)
+{
+    fr_state *st = l->state;
+    gp_layers_discard(&st->child[C_BN], 1);
+}
+
 static gp_status fr_allreduce_stats(gp_layer *l, gp_comm *comm)
 {
     fr_state *st = l->state;
@@ -340,6 +346,7 @@ const gp_layer_ops gp_factorized_reduce_ops = {
     .backward_data = fr_backward_data,
     .backward_weights = fr_backward_weights,
     .commit = fr_commit,
+    .discard = fr_discard,
     .allreduce_stats = fr_allreduce_stats,
     .flops = fr_flops,
     .saved_bytes = fr_saved_bytes,

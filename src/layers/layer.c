@@ -606,6 +606,12 @@ void gp_layers_inplace(const gp_layer *layers, int count, bool *inplace)
     inplace_rule((const char *)&layers[0].spec, sizeof *layers, count, inplace);
 }
 
+void gp_layers_discard(gp_layer *layers, int count)
+{
+    for (int c = 0; c < count; c++)
+        if (layers[c].ops->discard) layers[c].ops->discard(&layers[c]);
+}
+
 void gp_layer_specs_inplace(const gp_layer_spec *specs, int count, bool *inplace)
 {
     inplace_rule((const char *)specs, sizeof *specs, count, inplace);

@@ -245,6 +245,10 @@ typedef struct gp_layer_ops {
     /* optional: fold this step's batch statistics into running statistics
      * (batch norm; the residual block forwards to its norms). */
     gp_status (*commit)(gp_layer *l);
+    /* optional (with commit): forget the statistics this step gathered and
+     * did not commit, because the step failed, so that the next step commits
+     * its own alone.  No failure: it only resets state. */
+    void (*discard)(gp_layer *l);
     /* Forward FLOPs for a batch of n (multiply-add = 2). */
     double (*flops)(const gp_layer *l, int64_t n);
     /* optional: bytes of gp_saved a forward of batch n keeps (beyond x, y).
@@ -339,6 +343,10 @@ gp_status gp_layer_meta(const gp_layer_spec *spec, int index, const gp_shape *in
  * results are bit for bit those of the out-of-place run (the kernels are
  * element-wise, and no backward reads what was overwritten). */
 void gp_layers_inplace(const gp_layer *layers, int count, bool *inplace);
+/* ops->discard on every layer that has it: a failed step's pending
+ * statistics forgotten (the executor and the single-device step call it on
+ * failure, so a failed step leaves the model as it was). */
+void gp_layers_discard(gp_layer *layers, int count);
 /* The same from the specs alone (the profile's whole-model view). */
 void gp_layer_specs_inplace(const gp_layer_spec *specs, int count, bool *inplace);
 

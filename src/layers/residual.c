@@ -312,6 +312,14 @@ static gp_status res_commit(gp_layer *l)
     return GP_OK;
 }
 
+static void res_discard(gp_layer *l)
+{
+    res_state *st = l->state;
+    static const int norms[3] = {C_BN1, C_BN2, C_DBN};
+    for (int k = 0; k < 3; k++)
+        if (st->child[norms[k]].ops) gp_layers_discard(&st->child[norms[k]], 1);
+}
+
 /* Data parallelism: the inner norms merge their pending statistics with the
  * other replicas' (in the same fixed order on every replica). */
 static gp_status res_allreduce_stats(gp_layer *l, gp_comm *comm)
@@ -373,6 +381,7 @@ const gp_layer_ops gp_residual_ops = {
     .backward_data = res_backward_data,
     .backward_weights = res_backward_weights,
     .commit = res_commit,
+    .discard = res_discard,
     .allreduce_stats = res_allreduce_stats,
     .flops = res_flops,
     .saved_bytes = res_saved_bytes,

@@ -260,6 +260,12 @@ static gp_status add_commit(gp_layer *l)
     return st->child[P_BN].ops->commit(&st->child[P_BN]);
 }
 
+static void add_discard(gp_layer *l)
+{
+    add_state *st = l->state;
+    if (st) gp_layers_discard(&st->child[P_BN], 1);
+}
+
 static gp_status add_allreduce_stats(gp_layer *l, gp_comm *comm)
 {
     add_state *st = l->state;
@@ -303,6 +309,7 @@ const gp_layer_ops gp_add_ops = {
     .backward_data = add_backward_data,
     .backward_weights = add_backward_weights,
     .commit = add_commit,
+    .discard = add_discard,
     .allreduce_stats = add_allreduce_stats,
     .flops = add_flops,
     .saved_bytes = add_saved_bytes,

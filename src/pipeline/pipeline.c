@@ -1070,6 +1070,9 @@ static void *worker_main(void *arg)
              * batch (a failed device reports its failure again here) */
             (void)gp_dev_synchronize(p->devs[w->j]);
             drain(p, w->j);
+            /* its batch-norm statistics too: the model stays as it was */
+            EACH_STAGE(p, j, w->j)
+                gp_layers_discard(p->layers + p->first[j], p->count[j]);
             pthread_mutex_lock(&p->lock);
         }
         p->drained++;

@@ -455,7 +455,10 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
     for (int k = 0; k < L && s == GP_OK; k++)
         s = gp_layer_check_finite(&m->layers[k], "after the step");
     if (s == GP_OK) s = gp_dev_synchronize(m->dev);
-    if (s != GP_OK) return s;
+    if (s != GP_OK) {
+        gp_layers_discard(m->layers, L); /* a failed step's statistics */
+        return s;
+    }
     m->step++;
     if (st) *st = gp_step_stats_of(loss_sum, correct, count, n, lr, gp_now() - t0, 0);
     return GP_OK;
