@@ -69,6 +69,19 @@ static char *metrics_without_timing(const char *path)
     return s;
 }
 
+/* Whether the --dry-run summary's row of layer k contains `what`. */
+static bool summary_line_has(const char *out, int k, const char *what)
+{
+    char head[16];
+    snprintf(head, sizeof head, "\n%4d  ", k);
+    const char *l = strstr(out, head);
+    if (!l) return false;
+    const char *e = strchr(l + 1, '\n');
+    size_t n = e ? (size_t)(e - l) : strlen(l);
+    const char *w = strstr(l, what);
+    return w && (size_t)(w - l) < n;
+}
+
 static void test_cli_errors(void)
 {
     char out[16384], cmd[2048];
@@ -110,6 +123,15 @@ static void test_cli_errors(void)
     int rc_b = run(cmd, out, sizeof out);
     CHECK_MSG(rc_b == 0, "output: %s", out);
     CHECK(!strstr(out, "split by estimated FLOPs"));
+    /* the relu after batch norm runs in place (no activation bytes of its
+     * own), but not as the first layer of a stage */
+    CHECK_MSG(summary_line_has(out, 2, "in place") && summary_line_has(out, 2, " 0 B"),
+              "layer 2 (relu) in place inside stage 0: %s", out);
+    snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --dry-run --set 'pipeline.balance=[2, "
+             "11]' --set 'pipeline.devices=[cpu:0,cpu:1]'", bin, GPIPE_SOURCE_DIR);
+    CHECK(run(cmd, out, sizeof out) == 0);
+    CHECK_MSG(summary_line_has(out, 1, "batchnorm") && !summary_line_has(out, 2, "in place"),
+              "layer 2 (relu) first of stage 1, so not in place: %s", out);
 
     snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --dry-run --set train.batch_size=abc",
              bin, GPIPE_SOURCE_DIR);

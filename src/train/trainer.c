@@ -728,6 +728,15 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
     int64_t tp = 0, sp = 0;
     double tf = 0, ta = 0, sf = 0, sa = 0;
     int stage = 0, first = 0;
+    /* which layers run in place in their stage: their output is no extra */
+    bool *inplace = calloc((size_t)m.n_layers + 1, sizeof *inplace);
+    if (!inplace) {
+        gp_model_free(&m);
+        close_devices(devs, gp_pipeline_devices_total(&cfg->pipeline));
+        return gp_error_set(GP_ERR_OOM, "out of host memory");
+    }
+    for (int j = 0, f0 = 0; j < m.n_stages; f0 += m.balance[j++])
+        gp_layers_inplace(m.layers + f0, m.balance[j], inplace + f0);
     for (int k = 0; k < m.n_layers; k++) {
         gp_layer *l = &m.layers[k];
         char sh[64], nm[80], ab[32];
@@ -742,9 +751,10 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
             snprintf(sk + strlen(sk), sizeof sk - strlen(sk), "  stash %s", l->spec.stash);
         for (int q = 0; q < l->spec.n_pop; q++)
             snprintf(sk + strlen(sk), sizeof sk - strlen(sk), "  pop %s", l->spec.pop[q]);
+        if (inplace[k]) snprintf(sk + strlen(sk), sizeof sk - strlen(sk), "  in place");
         int64_t np = gp_layer_param_count(l);
         double fl = l->ops->flops(l, b);
-        double act = (double)gp_shape_numel(&os) * (double)b * 4.0 +
+        double act = (inplace[k] ? 0.0 : (double)gp_shape_numel(&os) * (double)b * 4.0) +
                      (l->ops->saved_bytes ? (double)l->ops->saved_bytes(l, b) : 0.0);
         tp += np; tf += fl; ta += act;
         sp += np; sf += fl; sa += act;
@@ -795,6 +805,7 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
     fprintf(f, "pipeline: %d device(s), chunks %d, checkpoint %s, %s\n", n,
             cfg->pipeline.chunks, gp_checkpoint_mode_name(cfg->pipeline.checkpoint),
             cfg->pipeline.lockstep ? "lockstep" : "free-running");
+    free(inplace);
     gp_model_free(&m);
     close_devices(devs, gp_pipeline_devices_total(&cfg->pipeline));
     return GP_OK;
