@@ -603,6 +603,7 @@ static void inplace_rule(const char *spec0, size_t stride, int count, bool *inpl
 
 void gp_layers_inplace(const gp_layer *layers, int count, bool *inplace)
 {
+    if (count <= 0) return;
     inplace_rule((const char *)&layers[0].spec, sizeof *layers, count, inplace);
 }
 
@@ -614,6 +615,7 @@ void gp_layers_discard(gp_layer *layers, int count)
 
 void gp_layer_specs_inplace(const gp_layer_spec *specs, int count, bool *inplace)
 {
+    if (count <= 0) return;
     inplace_rule((const char *)specs, sizeof *specs, count, inplace);
 }
 
