@@ -557,8 +557,8 @@ static void test_profiler(void)
     /* relu after batch norm and flatten after the pool run in place: their
      * outputs are not counted as kept (relu saves nothing else) */
     for (int k = 0; k < p.L; k++)
-        CHECK_MSG(p.mem[k].inplace == (k == 2 || k == 4), "layer %d: in place %d", k,
-                  p.mem[k].inplace);
+        CHECK_MSG(p.mem[k].inplace == (k == 2 || k == 4) && !p.mem[k].unkept,
+                  "layer %d: in place %d, unkept %d", k, p.mem[k].inplace, p.mem[k].unkept);
     CHECK(p.mem[2].keep_per_sample == 0 && p.mem[4].keep_per_sample == 0);
     CHECK(p.mem[1].keep_per_sample >= p.mem[1].out_per_sample);
     gp_model_free(&model);
@@ -576,7 +576,7 @@ static void test_profiler(void)
         same = same && q.t[k].fwd == p.t[k].fwd && q.t[k].copy == p.t[k].copy &&
                q.mem[k].param_bytes == p.mem[k].param_bytes &&
                q.mem[k].keep_per_sample == p.mem[k].keep_per_sample &&
-               q.mem[k].inplace == p.mem[k].inplace &&
+               q.mem[k].inplace == p.mem[k].inplace && q.mem[k].unkept == p.mem[k].unkept &&
                !strcmp(q.mem[k].desc, p.mem[k].desc);
     }
     CHECK(same);
@@ -973,7 +973,9 @@ static void test_skip_costs(void)
 /* In-place layers in the memory model: layer 1 runs in place (its output
  * not in its keep).  On a stage that starts at it, it cannot (its input is
  * the stage's), so the stage's peak is that of the same layer counted out
- * of place; on a stage that holds layers 0 and 1 the peak is lower. */
+ * of place; on a stage that holds layers 0 and 1 the peak is lower.  The
+ * same for an unkept output (layer 0's), which a stage that ends at its
+ * layer keeps: it is the stage output. */
 static void test_inplace_costs(void)
 {
     enum { N = 2, M = 4, S = 2 };
@@ -990,6 +992,8 @@ static void test_inplace_costs(void)
     memcpy(mo, mem, sizeof mo);
     mem[1].inplace = true;
     mem[1].keep_per_sample -= mem[1].out_per_sample;
+    mem[0].unkept = true;
+    mem[0].keep_per_sample -= mem[0].out_per_sample;
     int bal[N];
     gp_profile p = unit_profile(N, M, S, mem, t, bal), q = unit_profile(N, M, S, mo, t, bal);
     int64_t sizes[M] = {S, S, S, S};
@@ -1003,6 +1007,10 @@ static void test_inplace_costs(void)
         double out_of_place = gp_stage_peak_bytes(&q, &sched, sizes, 1, 1, 1);
         CHECK_MSG(first == out_of_place, "checkpoint %d: a stage starting at an in-place layer "
                   "holds %g, counted out of place %g", ck, first, out_of_place);
+        double last = gp_stage_peak_bytes(&p, &sched, sizes, 0, 0, 1);
+        double kept = gp_stage_peak_bytes(&q, &sched, sizes, 0, 0, 1);
+        CHECK_MSG(last == kept, "checkpoint %d: a stage ending at an unkept output holds %g, "
+                  "counted kept %g", ck, last, kept);
         gp_schedule_free(&sched);
         so.n = 1;
         CHECK_OK(gp_schedule_make(&so, &sched));

@@ -11,10 +11,10 @@
  *   - backward after a recompute gives bit for bit the input gradient and
  *     parameter gradients of backward after the kept forward, and frees
  *     every byte of the step;
- *   - in-place layers (gp_layers_inplace): which layers of a stage run in
- *     place, against the rules written out for a U-Net-like stage; a kept
- *     forward then holds exactly the in-place outputs' bytes less than the
- *     naive out-of-place loop (the oracle: gp_layer_forward /
+ *   - in-place layers (gp_layers_inplace) and outputs no backward reads
+ *     (gp_layers_unkept): which, against the rules written out for a
+ *     U-Net-like stage; a kept forward then holds exactly those outputs'
+ *     bytes less than the naive out-of-place loop (the oracle: gp_layer_forward /
  *     gp_layer_backward layer by layer), and the output, input gradient and
  *     parameter gradients are bit for bit the oracle's, kept, checkpointed
  *     and recomputed, and in evaluation;
@@ -348,6 +348,14 @@ static void inplace(void)
     for (int c = 0; c < IPL; c++)
         CHECK_MSG(ip[c] == want[c], "layer %d (%s): in place %d, want %d", c,
                   gp_layer_type_name(run[c].spec.type), ip[c], want[c]);
+    /* outputs no backward reads: only the convolution's before the concat
+     * (the concatenation reads its inputs' shapes; the other candidates
+     * run in place, or are read by relu, a convolution or a stash's pop) */
+    bool uk[IPL];
+    gp_layers_unkept(run, IPL, ip, uk);
+    for (int c = 0; c < IPL; c++)
+        CHECK_MSG(uk[c] == (c == 7), "layer %d (%s): output unkept %d", c,
+                  gp_layer_type_name(run[c].spec.type), uk[c]);
     /* a stage that starts at the dropout2d: its first layer never does */
     bool ip3[IPL - 3];
     gp_layers_inplace(run + 3, IPL - 3, ip3);
@@ -370,7 +378,7 @@ static void inplace(void)
     size_t oracle_kept = ip_oracle_forward(ref, &ctx, &in, act, sv);
     size_t inplace_bytes = 0;
     for (int c = 0; c < IPL; c++)
-        if (want[c]) inplace_bytes += gp_tensor_bytes(&act[c + 1]);
+        if (want[c] || c == 7) inplace_bytes += gp_tensor_bytes(&act[c + 1]);
     gp_shape ys = gp_tensor_shape(&act[IPL]);
     gp_tensor out_ref, dy;
     CHECK_OK(gp_tensor_alloc(&out_ref, dev, &ys, GP_MEM_ACTIVATIONS));
@@ -389,8 +397,9 @@ static void inplace(void)
     CHECK_OK(gp_ckpt_forward(run, &ctx, GP_FWD_KEEP, &a, &bad));
     size_t held = gp_stash_bytes(&a) - gp_tensor_bytes(&a.in);
     CHECK_MSG(held + inplace_bytes == oracle_kept,
-              "a kept forward holds %zu bytes; the out-of-place one %zu, less %zu in place",
-              held, oracle_kept, inplace_bytes);
+              "a kept forward holds %zu bytes; the out-of-place one %zu, less %zu in place "
+              "or unkept", held, oracle_kept, inplace_bytes);
+    CHECK(!a.acts[8].data && gp_tensor_numel(&a.acts[8]) == gp_tensor_numel(&act[8]));
     CHECK_MSG(same(&a.out, &out_ref), "kept in place: the output differs");
     gp_tensor dya = {0}, dxa = {0};
     CHECK_OK(gp_tensor_alloc(&dya, dev, &ys, GP_MEM_ACTIVATIONS));

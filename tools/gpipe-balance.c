@@ -55,12 +55,12 @@ static const char *mb(double bytes, char *buf, size_t len)
 }
 
 /* The activation bytes a layer keeps at micro-batch mbs, "*" after them
- * when it runs in place (its output is not among them). */
+ * when its output is not among them (in place, or unkept). */
 static const char *inplace_kept(const gp_layer_mem *mm, int64_t mbs, char *buf, size_t len)
 {
     char b[24];
     mb(mm->keep_per_sample * (double)mbs, b, sizeof b);
-    snprintf(buf, len, "%s%s", b, mm->inplace ? "*" : "");
+    snprintf(buf, len, "%s%s", b, mm->inplace || mm->unkept ? "*" : "");
     return buf;
 }
 
@@ -372,9 +372,10 @@ int main(int argc, char **argv)
                total_mem > 0 ? 100 * mem / total_mem : 0);
     }
     for (int k = 0; k < L; k++)
-        if (prof.mem[k].inplace) {
-            printf("    *: runs in place, its output in its input's memory (not as a stage's "
-                   "first layer)\n");
+        if (prof.mem[k].inplace || prof.mem[k].unkept) {
+            printf("    *: its output is not kept for backward: it runs in place, in its "
+                   "input's memory (not as a stage's first layer), or no backward reads it "
+                   "(not as a stage's last)\n");
             break;
         }
     if (prof.timed)

@@ -89,6 +89,11 @@ typedef struct gp_layer_mem {
                                (gp_layer_specs_inplace): its output shares its
                                input's memory, except as a stage's first
                                layer, where gp_stage_peak_bytes adds it back */
+    bool unkept;            /* no backward reads its output
+                               (gp_layer_specs_unkept), so a kept forward frees
+                               it, except as a stage's last layer (the stage
+                               output), where gp_stage_peak_bytes adds it
+                               back; keep_per_sample leaves it out */
     double flops_per_sample;/* forward FLOPs per sample (layer estimate) */
     double update;          /* seconds: zero grads + SGD update of its params */
 } gp_layer_mem;

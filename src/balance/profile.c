@@ -673,10 +673,13 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
     gp_shape input_shape = gp_shape_4d(1, input[0], input[1], input[2]);
     gp_skip_map map = {0};
     gp_shape *outs = malloc((size_t)L * sizeof *outs);
-    bool *inplace = calloc((size_t)L, sizeof *inplace);
-    gp_status s = pool && outs && inplace ? GP_OK : gp_error_set(GP_ERR_OOM, "out of host memory");
+    bool *inplace = calloc((size_t)L, sizeof *inplace), *unkept = calloc((size_t)L, sizeof *unkept);
+    gp_status s = GP_OK;
+    if (!pool || !outs || !inplace || !unkept)
+        s = gp_error_set(GP_ERR_OOM, "out of host memory");
     if (s == GP_OK) s = gp_skip_map_build(specs, L, &map);
     if (s == GP_OK) gp_layer_specs_inplace(specs, L, inplace);
+    if (s == GP_OK) gp_layer_specs_unkept(specs, L, inplace, unkept);
     /* Cold caches: the model's parameter and gradient bytes, from a pass
      * that builds each layer once (CPU devices, timed profiles). */
     evictor ev = {0};
@@ -796,8 +799,11 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
             s = profile_layer(out, &oo, &l, dev, peer, k, ft, k == L - 1, &sm, host, &ct, &ev);
         gp_status cs = contention_stop(&ct);
         if (s == GP_OK) s = cs;
-        if (s == GP_OK && inplace[k]) { /* measured out of place: the output is not extra */
-            mm->inplace = true;
+        if (s == GP_OK && (inplace[k] || unkept[k])) {
+            /* measured alone, the output counted: in place it is no extra,
+             * unkept a backward does not keep it */
+            mm->inplace = inplace[k];
+            mm->unkept = unkept[k];
             mm->keep_per_sample = fmax(mm->keep_per_sample - mm->out_per_sample, 0.0);
         }
         if (s != GP_OK) {
@@ -818,6 +824,7 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
     free(pool);
     free(outs);
     free(inplace);
+    free(unkept);
     gp_skip_map_free(&map);
     free(ev.buf);
     gp_device_close(peer);

@@ -91,6 +91,7 @@ static void put_profile(gp_json_writer *w, const gp_profile *p)
         put_time(w, "out_per_sample", m->out_per_sample);
         put_time(w, "keep_per_sample", m->keep_per_sample);
         gp_json_put_bool(w, "inplace", m->inplace);
+        gp_json_put_bool(w, "unkept", m->unkept);
         put_time(w, "flops_per_sample", m->flops_per_sample);
         put_time(w, "update", m->update);
         gp_json_open_array(w, "times");
@@ -329,6 +330,8 @@ gp_status gp_profile_load(const char *path, gp_profile *out)
         /* optional: profiles from before in-place layers count every output */
         const gp_json_value *ip = gp_json_get(o, "inplace");
         m->inplace = ip && ip->kind == GP_JSON_TRUE;
+        const gp_json_value *uk = gp_json_get(o, "unkept");
+        m->unkept = uk && uk->kind == GP_JSON_TRUE;
         m->flops_per_sample = jnum_req(&c, o, "flops_per_sample", where);
         m->update = jnum_req(&c, o, "update", where);
         const gp_json_value *ts = jarr_req(&c, o, "times", out->n_sizes, where);

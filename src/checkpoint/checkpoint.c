@@ -28,7 +28,8 @@ gp_status gp_stash_init(gp_stash *s, int count, const gp_skip_map *skips, int fi
     s->saved = calloc((size_t)(count > 0 ? count : 1), sizeof *s->saved);
     s->uses = calloc((size_t)count + 1, sizeof *s->uses);
     s->inplace = calloc((size_t)count + 1, sizeof *s->inplace);
-    bool ok = s->acts && s->grads && s->saved && s->uses && s->inplace;
+    s->unkept = calloc((size_t)count + 1, sizeof *s->unkept);
+    bool ok = s->acts && s->grads && s->saved && s->uses && s->inplace && s->unkept;
     if (ok && skips && skips->n > 0) {
         size_t t = (size_t)skips->n;
         s->skips = skips;
@@ -103,6 +104,7 @@ void gp_stash_destroy(gp_stash *s)
     free(s->saved);
     free(s->uses);
     free(s->inplace);
+    free(s->unkept);
     free(s->skip_in);
     free(s->skip_out);
     free(s->skip_dout);
@@ -170,6 +172,7 @@ static gp_status run_forward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_fwd_kee
     s->acts[0] = s->in;
     s->acts[0].owned = false;
     gp_layers_inplace(layers, s->count, s->inplace);
+    gp_layers_unkept(layers, s->count, s->inplace, s->unkept);
     gp_status st = GP_OK;
     for (int c = 0; c < s->count; c++) {
         gp_tensor x[1 + GP_MAX_POPS];
@@ -193,6 +196,13 @@ static gp_status run_forward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_fwd_kee
         int t = stash_of(s, c);
         gp_skip_role role = t >= 0 ? gp_stash_skip_role(s, t) : GP_SKIP_APART;
         if (keep) {
+            if (c >= 1 && s->unkept[c - 1]) { /* layer c - 1's output: its shape only */
+                gp_tensor shape = s->acts[c];
+                gp_tensor_free(&s->acts[c]);
+                shape.data = NULL;
+                shape.owned = false;
+                s->acts[c] = shape;
+            }
             s->saved[c] = sv;
             if (role == GP_SKIP_LEAVES && !recompute) {
                 s->skip_out[t] = y;

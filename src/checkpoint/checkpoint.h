@@ -83,6 +83,10 @@ typedef struct gp_stash {
                            (the memory stays with the first layer that
                            allocated it, freed after that layer's backward);
                            one that does not moves the ownership on. */
+    bool *unkept;       /* [count]: no backward reads layer c's output
+                           (gp_layers_unkept): a kept forward frees it once
+                           layer c + 1 has run, keeping its shape in
+                           acts[c + 1] (data NULL) for the backwards */
 } gp_stash;
 
 /* Host arrays for a stage of `count` layers; no device memory.  With

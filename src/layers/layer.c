@@ -607,6 +607,33 @@ void gp_layers_inplace(const gp_layer *layers, int count, bool *inplace)
     inplace_rule((const char *)&layers[0].spec, sizeof *layers, count, inplace);
 }
 
+static void unkept_rule(const char *spec0, size_t stride, int count, const bool *inplace,
+                        bool *unkept)
+{
+#define SPEC(k) ((const gp_layer_spec *)(const void *)(spec0 + (size_t)(k) * stride))
+    for (int c = 0; c < count; c++) {
+        unkept[c] = false;
+        if (c + 1 >= count || inplace[c] || inplace[c + 1] || SPEC(c)->stash[0]) continue;
+        const gp_layer_ops *a = gp_layer_ops_for(SPEC(c)->type);
+        const gp_layer_ops *b = gp_layer_ops_for(SPEC(c + 1)->type);
+        unkept[c] = a && b && a->bwd_ignores_y && b->bwd_ignores_x;
+    }
+#undef SPEC
+}
+
+void gp_layers_unkept(const gp_layer *layers, int count, const bool *inplace, bool *unkept)
+{
+    if (count <= 0) return;
+    unkept_rule((const char *)&layers[0].spec, sizeof *layers, count, inplace, unkept);
+}
+
+void gp_layer_specs_unkept(const gp_layer_spec *specs, int count, const bool *inplace,
+                           bool *unkept)
+{
+    if (count <= 0) return;
+    unkept_rule((const char *)specs, sizeof *specs, count, inplace, unkept);
+}
+
 void gp_layers_discard(gp_layer *layers, int count)
 {
     for (int c = 0; c < count; c++)

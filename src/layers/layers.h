@@ -284,6 +284,11 @@ typedef struct gp_layer_ops {
     /* backward never reads y's values (only its shape, if that), so an
      * in-place layer after it may overwrite them. */
     bool bwd_ignores_y;
+    /* backward (both halves) never reads the main input's values, only its
+     * shape (concat, upsample, add, the element-wise layers): with
+     * bwd_ignores_y on the layer before, nobody's backward needs that
+     * layer's output (gp_layers_unkept). */
+    bool bwd_ignores_x;
 } gp_layer_ops;
 
 struct gp_layer {
@@ -349,6 +354,18 @@ void gp_layers_inplace(const gp_layer *layers, int count, bool *inplace);
 void gp_layers_discard(gp_layer *layers, int count);
 /* The same from the specs alone (the profile's whole-model view). */
 void gp_layer_specs_inplace(const gp_layer_spec *specs, int count, bool *inplace);
+/* Which layer outputs of a stage's run no backward reads, so a forward
+ * that keeps for backward frees them (keeping their shape) once the next
+ * layer has run: unkept[c] when layer c's backward ignores y, layer c + 1's
+ * ignores x, no skip stashes the output, and neither layer runs in place
+ * (inplace from gp_layers_inplace; the memory is then the output's own).
+ * The stage's last layer's output is the stage output: never.  A
+ * convolution or upsample before a concat, a batch norm before an add:
+ * ResNet's bottleneck keeps one map fewer, U-Net's decoder its upsampled
+ * maps. */
+void gp_layers_unkept(const gp_layer *layers, int count, const bool *inplace, bool *unkept);
+void gp_layer_specs_unkept(const gp_layer_spec *specs, int count, const bool *inplace,
+                           bool *unkept);
 
 /* Convenience wrappers over the ops (allocate y / dx with the right shape).
  * x and dx are arrays of l->n_in (see gp_layer_ops). */

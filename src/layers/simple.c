@@ -56,6 +56,7 @@ const gp_layer_ops gp_relu_ops = {
     .backward_data = relu_backward_data,
     .flops = numel_flops,
     .inplace = GP_INPLACE_VALUES,
+    .bwd_ignores_x = true,
 };
 
 /* ---- flatten ------------------------------------------------------------- */
@@ -99,6 +100,7 @@ const gp_layer_ops gp_flatten_ops = {
     .flops = zero_flops,
     .inplace = GP_INPLACE_VIEW,
     .bwd_ignores_y = true,
+    .bwd_ignores_x = true,
 };
 
 /* ---- dropout ------------------------------------------------------------- */
@@ -153,4 +155,5 @@ const gp_layer_ops gp_dropout_ops = {
     .saved_bytes = dropout_saved_bytes,
     .inplace = GP_INPLACE_VALUES,
     .bwd_ignores_y = true,
+    .bwd_ignores_x = true,
 };

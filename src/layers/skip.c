@@ -86,6 +86,7 @@ const gp_layer_ops gp_identity_ops = {
     .flops = zero_flops,
     .inplace = GP_INPLACE_VIEW,
     .bwd_ignores_y = true,
+    .bwd_ignores_x = true,
 };
 
 /* ---- add --------------------------------------------------------------------- */
@@ -316,6 +317,7 @@ const gp_layer_ops gp_add_ops = {
     .destroy = add_destroy,
     .pops = 1,
     .bwd_ignores_y = true, /* reads x, dy and what it saved */
+    .bwd_ignores_x = true,
 };
 
 /* ---- concat ------------------------------------------------------------------ */
@@ -401,6 +403,7 @@ const gp_layer_ops gp_concat_ops = {
     .flops = zero_flops,
     .pops = 1,
     .bwd_ignores_y = true,
+    .bwd_ignores_x = true,
 };
 
 /* ---- the skip map ------------------------------------------------------------ */

@@ -89,6 +89,7 @@ const gp_layer_ops gp_leaky_relu_ops = {
     .backward_data = leaky_backward_data,
     .flops = numel_flops,
     .inplace = GP_INPLACE_VALUES,
+    .bwd_ignores_x = true,
 };
 
 /* ---- dropout2d ------------------------------------------------------------- */
@@ -144,6 +145,7 @@ const gp_layer_ops gp_dropout2d_ops = {
     .saved_bytes = dropout2d_saved_bytes,
     .inplace = GP_INPLACE_VALUES,
     .bwd_ignores_y = true,
+    .bwd_ignores_x = true,
 };
 
 /* ---- instance_norm --------------------------------------------------------- */
@@ -266,4 +268,5 @@ const gp_layer_ops gp_upsample_ops = {
     .backward_data = upsample_backward_data,
     .flops = numel_flops, /* a copy (backward: an add) per output element */
     .bwd_ignores_y = true,
+    .bwd_ignores_x = true,
 };

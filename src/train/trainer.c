@@ -735,8 +735,17 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
         close_devices(devs, gp_pipeline_devices_total(&cfg->pipeline));
         return gp_error_set(GP_ERR_OOM, "out of host memory");
     }
-    for (int j = 0, f0 = 0; j < m.n_stages; f0 += m.balance[j++])
+    bool *unkept = calloc((size_t)m.n_layers + 1, sizeof *unkept);
+    if (!unkept) {
+        free(inplace);
+        gp_model_free(&m);
+        close_devices(devs, gp_pipeline_devices_total(&cfg->pipeline));
+        return gp_error_set(GP_ERR_OOM, "out of host memory");
+    }
+    for (int j = 0, f0 = 0; j < m.n_stages; f0 += m.balance[j++]) {
         gp_layers_inplace(m.layers + f0, m.balance[j], inplace + f0);
+        gp_layers_unkept(m.layers + f0, m.balance[j], inplace + f0, unkept + f0);
+    }
     for (int k = 0; k < m.n_layers; k++) {
         gp_layer *l = &m.layers[k];
         char sh[64], nm[80], ab[32];
@@ -752,9 +761,11 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
         for (int q = 0; q < l->spec.n_pop; q++)
             snprintf(sk + strlen(sk), sizeof sk - strlen(sk), "  pop %s", l->spec.pop[q]);
         if (inplace[k]) snprintf(sk + strlen(sk), sizeof sk - strlen(sk), "  in place");
+        if (unkept[k]) snprintf(sk + strlen(sk), sizeof sk - strlen(sk), "  not kept");
         int64_t np = gp_layer_param_count(l);
         double fl = l->ops->flops(l, b);
-        double act = (inplace[k] ? 0.0 : (double)gp_shape_numel(&os) * (double)b * 4.0) +
+        bool own = !inplace[k] && !unkept[k]; /* the output is kept for backward */
+        double act = (own ? (double)gp_shape_numel(&os) * (double)b * 4.0 : 0.0) +
                      (l->ops->saved_bytes ? (double)l->ops->saved_bytes(l, b) : 0.0);
         tp += np; tf += fl; ta += act;
         sp += np; sf += fl; sa += act;
@@ -806,6 +817,7 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
             cfg->pipeline.chunks, gp_checkpoint_mode_name(cfg->pipeline.checkpoint),
             cfg->pipeline.lockstep ? "lockstep" : "free-running");
     free(inplace);
+    free(unkept);
     gp_model_free(&m);
     close_devices(devs, gp_pipeline_devices_total(&cfg->pipeline));
     return GP_OK;
