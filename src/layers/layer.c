@@ -474,6 +474,13 @@ int64_t gp_layer_param_count(const gp_layer *l)
 
 /* Channels [d0, d0 + c) of dst (N, dc, HW) = channels [s0, s0 + c) of src
  * (N, sc, HW): concatenation and its gradient's slices. */
+gp_status gp_layers_copy(gp_device *dev, float *dst, const gp_tensor *src)
+{
+    size_t bytes = gp_tensor_bytes(src);
+    if (bytes == 0 || dst == src->data) return GP_OK;
+    return gp_dev_copy_d2d(dev, dst, src->data, bytes);
+}
+
 gp_status gp_layers_copy_channels(gp_device *dev, float *dst, int64_t dc, int64_t d0,
                                   const float *src, int64_t sc, int64_t s0, int64_t n, int64_t c,
                                   int64_t hw)

@@ -69,24 +69,17 @@ static gp_status flatten_infer(const gp_layer *l, const gp_shape *in, gp_shape *
     return GP_OK;
 }
 
-static gp_status copy_through(gp_device *dev, const gp_tensor *src, gp_tensor *dst)
-{
-    size_t bytes = gp_tensor_bytes(src);
-    if (bytes == 0 || dst->data == src->data) return GP_OK; /* in place: nothing to do */
-    return gp_dev_copy_d2d(dev, dst->data, src->data, bytes);
-}
-
 static gp_status flatten_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                                  gp_tensor *y, gp_saved *s)
 {
-    return copy_through(l->dev, x, y);
+    return gp_layers_copy(l->dev, y->data, x);
 }
 
 static gp_status flatten_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                                        const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
                                        gp_saved *s)
 {
-    return copy_through(l->dev, dy, dx);
+    return gp_layers_copy(l->dev, dx->data, dy);
 }
 
 static double zero_flops(const gp_layer *l, int64_t n) { return 0.0; }
@@ -119,7 +112,7 @@ static gp_status dropout_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_te
 {
     gp_device *dev = l->dev;
     int64_t n = gp_tensor_numel(x);
-    if (!ctx->training || l->spec.p == 0.0f) return copy_through(dev, x, y);
+    if (!ctx->training || l->spec.p == 0.0f) return gp_layers_copy(dev, y->data, x);
     if (n == 0) return GP_OK;
     int64_t per_sample = gp_shape_numel(&l->in_shape);
     gp_shape xs = gp_tensor_shape(x);
@@ -134,7 +127,7 @@ static gp_status dropout_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const
                                        const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
                                        gp_saved *s)
 {
-    if (!s->t[0].data) return copy_through(l->dev, dy, dx); /* identity forward */
+    if (!s->t[0].data) return gp_layers_copy(l->dev, dx->data, dy); /* identity forward */
     int64_t n = gp_tensor_numel(dy);
     return gp_dev_mul(l->dev, dy->data, s->t[0].data, dx->data, n);
 }

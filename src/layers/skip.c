@@ -44,19 +44,12 @@ static gp_status no_init(gp_layer *l, uint64_t seed)
     return GP_OK;
 }
 
-static gp_status copy_all(gp_device *dev, float *dst, const gp_tensor *src)
-{
-    size_t b = gp_tensor_bytes(src);
-    if (dst == src->data) return GP_OK; /* in place: nothing to do */
-    return b ? gp_dev_copy_d2d(dev, dst, src->data, b) : GP_OK;
-}
-
 static gp_status id_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x, gp_tensor *y,
                             gp_saved *s)
 {
     (void)ctx;
     (void)s;
-    return copy_all(l->dev, y->data, x);
+    return gp_layers_copy(l->dev, y->data, x);
 }
 
 static gp_status id_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
@@ -67,7 +60,7 @@ static gp_status id_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_t
     (void)x;
     (void)y;
     (void)s;
-    return copy_all(l->dev, dx->data, dy);
+    return gp_layers_copy(l->dev, dx->data, dy);
 }
 
 static double zero_flops(const gp_layer *l, int64_t n)
@@ -237,8 +230,8 @@ static gp_status add_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_
                                    gp_saved *s)
 {
     (void)y;
-    GP_TRY(copy_all(l->dev, dx[0].data, dy));
-    if (!projects(l)) return copy_all(l->dev, dx[1].data, dy);
+    GP_TRY(gp_layers_copy(l->dev, dx[0].data, dy));
+    if (!projects(l)) return gp_layers_copy(l->dev, dx[1].data, dy);
     GP_TRY(proj_backward(l, ctx, x, dy, &dx[1], s));
     s->flags |= GP_SAVED_WEIGHTS_DONE;
     return GP_OK;

@@ -43,13 +43,6 @@ static gp_status need_4d(const gp_layer *l, const gp_shape *in, const char *why)
     return GP_OK;
 }
 
-static gp_status copy_through(gp_device *dev, const gp_tensor *src, gp_tensor *dst)
-{
-    size_t bytes = gp_tensor_bytes(src);
-    if (bytes == 0 || dst->data == src->data) return GP_OK; /* in place: nothing to do */
-    return gp_dev_copy_d2d(dev, dst->data, src->data, bytes);
-}
-
 static double numel_flops(const gp_layer *l, int64_t n)
 {
     return (double)n * (double)gp_shape_numel(&l->out_shape);
@@ -109,7 +102,7 @@ static gp_status dropout2d_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_
                                    gp_tensor *y, gp_saved *s)
 {
     gp_device *dev = l->dev;
-    if (!ctx->training || l->spec.p == 0.0f) return copy_through(dev, x, y);
+    if (!ctx->training || l->spec.p == 0.0f) return gp_layers_copy(dev, y->data, x);
     const int64_t N = x->dims[0], C = x->dims[1], plane = x->dims[2] * x->dims[3];
     if (N * C * plane == 0) return GP_OK;
     gp_shape ms = gp_shape_2d(N, C);
@@ -124,7 +117,7 @@ static gp_status dropout2d_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, con
                                          const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
                                          gp_saved *s)
 {
-    if (!s->t[0].data) return copy_through(l->dev, dy, dx); /* identity forward */
+    if (!s->t[0].data) return gp_layers_copy(l->dev, dx->data, dy); /* identity forward */
     const int64_t N = x->dims[0], C = x->dims[1], plane = x->dims[2] * x->dims[3];
     return gp_dev_mul_rows(l->dev, dy->data, s->t[0].data, dx->data, N * C, plane);
 }
