@@ -90,6 +90,25 @@ static bool same(const gp_tensor *a, const gp_tensor *b)
     return eq;
 }
 
+/* The step's gradients of layers a[0 .. n) and b[0 .. n) finished, and
+ * every trained parameter's equal bit for bit (what: which runs, for the
+ * message).  Returns how many it compared. */
+static int same_grads(gp_layer *a, gp_layer *b, int n, const char *what)
+{
+    int compared = 0;
+    for (int k = 0; k < n; k++) {
+        CHECK_OK(gp_layer_grads_finish(&a[k]));
+        CHECK_OK(gp_layer_grads_finish(&b[k]));
+        for (int p = 0; p < a[k].n_params; p++) {
+            if (a[k].params[p].is_buffer) continue;
+            CHECK_MSG(same(&a[k].params[p].grad, &b[k].params[p].grad),
+                      "%s: layer %d %s: gradients differ", what, k, a[k].params[p].name);
+            compared++;
+        }
+    }
+    return compared;
+}
+
 static void replay(void)
 {
     gp_device_opts o = {.threads = 1};
@@ -156,18 +175,8 @@ static void replay(void)
     CHECK_OK(gp_ckpt_backward(kept, &ctx, &a, &dya, 0, &dxa, &bad));
     CHECK_OK(gp_ckpt_backward(ckpt, &ctx, &b, &dyb, 0, &dxb, &bad));
     CHECK_MSG(dxa.data && same(&dxa, &dxb), "input gradients differ after the recompute");
-    int grads = 0;
-    for (int k = 0; k < L; k++) {
-        CHECK_OK(gp_layer_grads_finish(&kept[k]));
-        CHECK_OK(gp_layer_grads_finish(&ckpt[k]));
-        for (int p = 0; p < kept[k].n_params; p++) {
-            if (kept[k].params[p].is_buffer) continue;
-            CHECK_MSG(same(&kept[k].params[p].grad, &ckpt[k].params[p].grad),
-                      "layer %d param %s: gradients differ", k, kept[k].params[p].name);
-            grads++;
-        }
-    }
-    CHECK(grads == 6); /* two linear layers' and batch norm's weight and bias */
+    /* two linear layers' and batch norm's weight and bias */
+    CHECK(same_grads(kept, ckpt, L, "after the recompute") == 6);
     /* batch norm counted one forward's statistics, not the recompute's too */
     CHECK_OK(kept[1].ops->commit(&kept[1]));
     CHECK_OK(ckpt[1].ops->commit(&ckpt[1]));
@@ -304,22 +313,6 @@ static void ip_grads_begin(gp_layer *l)
 }
 
 /* Every trained parameter's gradient of a equals b's, bit for bit. */
-static void ip_same_grads(gp_layer *a, gp_layer *b, const char *what)
-{
-    int n = 0;
-    for (int k = 0; k < IPL; k++) {
-        CHECK_OK(gp_layer_grads_finish(&a[k]));
-        CHECK_OK(gp_layer_grads_finish(&b[k]));
-        for (int p = 0; p < a[k].n_params; p++) {
-            if (a[k].params[p].is_buffer) continue;
-            CHECK_MSG(same(&a[k].params[p].grad, &b[k].params[p].grad),
-                      "%s: layer %d %s: gradient differs from the out-of-place run's", what, k,
-                      a[k].params[p].name);
-            n++;
-        }
-    }
-    CHECK(n == 6); /* two convolutions' and the linear layer's weight and bias */
-}
 
 static void inplace(void)
 {
@@ -407,7 +400,8 @@ static void inplace(void)
     CHECK_OK(gp_ckpt_backward(run, &ctx, &a, &dya, 0, &dxa, &bad));
     ip_oracle_backward(ref, &ctx, act, sv, &dy, &dx_ref);
     CHECK_MSG(dxa.data && same(&dxa, &dx_ref), "kept in place: the input gradient differs");
-    ip_same_grads(run, ref, "kept in place");
+    /* two convolutions' and the linear layer's weight and bias */
+    CHECK(same_grads(run, ref, IPL, "kept in place, against out of place") == 6);
     gp_tensor_free(&dxa);
 
     /* checkpointed (the memory moves on from layer to layer), recomputed,
@@ -426,11 +420,11 @@ static void inplace(void)
     CHECK_OK(gp_tensor_copy(&dya, &dy));
     CHECK_OK(gp_ckpt_backward(run, &ctx, &a, &dya, 0, &dxa, &bad));
     CHECK_MSG(dxa.data && same(&dxa, &dx_ref), "recomputed in place: the input gradient differs");
-    ip_grads_begin(ref); /* the oracle's gradients again: ip_same_grads finished both */
+    ip_grads_begin(ref); /* the oracle's gradients again: same_grads finished both */
     ip_oracle_forward(ref, &ctx, &in, act, sv);
     gp_tensor dxr2 = {0};
     ip_oracle_backward(ref, &ctx, act, sv, &dy, &dxr2);
-    ip_same_grads(run, ref, "recomputed in place");
+    CHECK(same_grads(run, ref, IPL, "recomputed in place, against out of place") == 6);
     gp_tensor_free(&dxr2);
     gp_tensor_free(&dxa);
 

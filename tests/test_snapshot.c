@@ -57,6 +57,20 @@ static void show_log(void)
     free(t);
 }
 
+/* Runs gpipe-train with args, which export the weights to tmpdir/out, and
+ * says whether they equal tmpdir/ref bit for bit.  A run that fails is a
+ * CHECK failure named by `what`, its output shown. */
+static bool trains_same(const char *args, const char *ref, const char *out, const char *what)
+{
+    int rc = train(args);
+    CHECK_MSG(rc == 0, "%s: resume exit %d", what, rc);
+    if (rc) show_log();
+    char p1[300], p2[300];
+    snprintf(p1, sizeof p1, "%s/%s", tmpdir, ref);
+    snprintf(p2, sizeof p2, "%s/%s", tmpdir, out);
+    return gpt_same_files(p1, p2);
+}
+
 /* Whether the last train()'s output contains `needle` (shown if not). */
 static bool log_has(const char *needle)
 {
@@ -537,14 +551,10 @@ static void test_resume(int devices, const char *ckpt, int replicas, const char 
     CHECK(train(a) == 0);
     snprintf(a, sizeof a, "%s/r.yaml --resume %s/rs/snapshot-000000005.safetensors "
              "--export-weights %s/res.st", tmpdir, tmpdir, tmpdir);
-    int rc = train(a);
-    CHECK_MSG(rc == 0, "resume exit %d", rc);
-    if (rc) show_log();
-    char p1[300], p2[300];
-    snprintf(p1, sizeof p1, "%s/ref.st", tmpdir);
-    snprintf(p2, sizeof p2, "%s/res.st", tmpdir);
-    CHECK_MSG(gpt_same_files(p1, p2), "%d device(s) x %d replica(s), checkpoint %s, schedule %s: "
-              "resumed weights differ", devices, replicas, ckpt, sched);
+    char what[200];
+    snprintf(what, sizeof what, "%d device(s) x %d replica(s), checkpoint %s, schedule %s",
+             devices, replicas, ckpt, sched);
+    CHECK_MSG(trains_same(a, "ref.st", "res.st", what), "%s: resumed weights differ", what);
     /* without snapshots on, an older resume leaves the directory alone */
     snprintf(a, sizeof a, "%s/rs", tmpdir);
     CHECK_MSG(gp_snapshot_count(a) == 5, "%d snapshots left", gp_snapshot_count(a));
@@ -585,13 +595,7 @@ static void test_resume_plain_sgd(void)
               momentum_tensors(p));
     snprintf(a, sizeof a, "%s/z.yaml %s --resume %s --export-weights %s/zr.st", tmpdir, plain, p,
              tmpdir);
-    int rc = train(a);
-    CHECK_MSG(rc == 0, "plain SGD resume exit %d", rc);
-    if (rc) show_log();
-    char p1[300], p2[300];
-    snprintf(p1, sizeof p1, "%s/z.st", tmpdir);
-    snprintf(p2, sizeof p2, "%s/zr.st", tmpdir);
-    CHECK_MSG(gpt_same_files(p1, p2), "plain SGD: resumed weights differ");
+    CHECK_MSG(trains_same(a, "z.st", "zr.st", "plain SGD"), "plain SGD: resumed weights differ");
     /* momentum 0.9 on a snapshot without momentum: refused, naming it */
     snprintf(a, sizeof a, "%s/z.yaml --resume %s", tmpdir, p);
     CHECK(train(a) != 0 && log_has("missing: momentum."));
@@ -603,7 +607,7 @@ static void test_resume_plain_sgd(void)
     CHECK_MSG(momentum_tensors(p) > 0, "a momentum snapshot has %d momentum tensors",
               momentum_tensors(p));
     snprintf(a, sizeof a, "%s/z.yaml %s --set train.steps=10 --resume %s", tmpdir, plain, p);
-    rc = train(a);
+    int rc = train(a);
     CHECK_MSG(rc == 0, "momentum snapshot resumed as plain SGD: exit %d", rc);
     if (rc) show_log();
 }
@@ -844,11 +848,10 @@ static void test_resume_older(void)
 
 static void test_kill(void)
 {
-    char a[4096], ref[300], out[300], dir[300];
+    char a[4096], out[300], dir[300];
     make_config("k.yaml", "pipeline: {devices: 2, chunks: 2}\n");
     snprintf(a, sizeof a, "%s/k.yaml --export-weights %s/kref.st", tmpdir, tmpdir);
     CHECK(train(a) == 0);
-    snprintf(ref, sizeof ref, "%s/kref.st", tmpdir);
     snprintf(out, sizeof out, "%s/kout.st", tmpdir);
     unsigned seed = (unsigned)time(NULL) ^ (unsigned)getpid();
     const char *env = getenv("GPIPE_TEST_SEED");
@@ -897,11 +900,10 @@ static void test_kill(void)
                killed ? "killed" : "had finished", have, in_write ? ", inside a write" : "");
         snprintf(a, sizeof a, "%s/k.yaml --set %s --set train.snapshot.every_steps=1 %s "
                  "--export-weights %s", tmpdir, setdir, have > 0 ? "--resume latest" : "", out);
-        int rc = train(a);
-        CHECK_MSG(rc == 0, "trial %d: resume exit %d", trial, rc);
-        if (rc) show_log();
-        CHECK_MSG(gpt_same_files(ref, out), "trial %d (seed %u): resumed weights differ from the "
-                  "uninterrupted run's", trial, seed);
+        char what[64];
+        snprintf(what, sizeof what, "trial %d (seed %u)", trial, seed);
+        CHECK_MSG(trains_same(a, "kref.st", "kout.st", what),
+                  "%s: resumed weights differ from the uninterrupted run's", what);
     }
     printf("kill test (seed %u): %d of %d trials resumed from a snapshot, %d killed inside a "
            "snapshot write\n", seed, resumed, trials, mid_write);

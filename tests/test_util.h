@@ -176,6 +176,18 @@ static inline double gpt_param_diff(gp_model *ref, gp_model *other, bool *same_c
     return worst;
 }
 
+/* Whether two models' parameter values, buffers (batch-norm running
+ * statistics) included, are equal bit for bit. */
+static inline bool gpt_same_values(gp_model *a, gp_model *b)
+{
+    int64_t na, nb;
+    float *pa = gpt_gather(a, GPT_VALUES, &na), *pb = gpt_gather(b, GPT_VALUES, &nb);
+    bool same = pa && pb && na == nb && !memcmp(pa, pb, (size_t)na * sizeof *pa);
+    free(pa);
+    free(pb);
+    return same;
+}
+
 /* Transparency, the pipeline's oracle: `steps` steps of batch `batch`
  * (gpt_make_batch; for binary cross-entropy the targets of gpt_make_masks)
  * on ref (gp_model_train_step, c->pipeline.chunks micro-batches) and on pip
@@ -215,13 +227,9 @@ static inline void gpt_compare_steps(const gp_config *c, gp_model *ref, gp_model
     free(x);
     free(y);
     if (!ok) return;
-    int64_t na, nb;
-    float *pa = gpt_gather(ref, GPT_VALUES, &na), *pb = gpt_gather(pip, GPT_VALUES, &nb);
     same[0] = loss;
     same[1] = grads;
-    same[2] = na == nb && !memcmp(pa, pb, (size_t)na * sizeof *pa);
-    free(pa);
-    free(pb);
+    same[2] = gpt_same_values(ref, pip);
 }
 
 /* A new tensor of shape s on dev (category ACTIVATIONS) holding h. */
