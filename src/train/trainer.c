@@ -729,19 +729,14 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
     double tf = 0, ta = 0, sf = 0, sa = 0;
     int stage = 0, first = 0;
     /* which layers run in place in their stage: their output is no extra */
-    bool *inplace = calloc((size_t)m.n_layers + 1, sizeof *inplace);
+    /* one allocation: inplace[n_layers], then unkept[n_layers] */
+    bool *inplace = calloc(2 * (size_t)m.n_layers + 1, sizeof *inplace);
     if (!inplace) {
         gp_model_free(&m);
         close_devices(devs, gp_pipeline_devices_total(&cfg->pipeline));
         return gp_error_set(GP_ERR_OOM, "out of host memory");
     }
-    bool *unkept = calloc((size_t)m.n_layers + 1, sizeof *unkept);
-    if (!unkept) {
-        free(inplace);
-        gp_model_free(&m);
-        close_devices(devs, gp_pipeline_devices_total(&cfg->pipeline));
-        return gp_error_set(GP_ERR_OOM, "out of host memory");
-    }
+    bool *unkept = inplace + m.n_layers;
     for (int j = 0, f0 = 0; j < m.n_stages; f0 += m.balance[j++]) {
         gp_layers_inplace(m.layers + f0, m.balance[j], inplace + f0);
         gp_layers_unkept(m.layers + f0, m.balance[j], inplace + f0, unkept + f0);
@@ -816,8 +811,7 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
     fprintf(f, "pipeline: %d device(s), chunks %d, checkpoint %s, %s\n", n,
             cfg->pipeline.chunks, gp_checkpoint_mode_name(cfg->pipeline.checkpoint),
             cfg->pipeline.lockstep ? "lockstep" : "free-running");
-    free(inplace);
-    free(unkept);
+    free(inplace); /* and unkept */
     gp_model_free(&m);
     close_devices(devs, gp_pipeline_devices_total(&cfg->pipeline));
     return GP_OK;

@@ -904,6 +904,21 @@ static gp_status nccl_issued(ncclResult_t r, const char *call, const char *func,
         if (var == GP_OK) var = nccl_st_;                                       \
     } while (0)
 
+/* The state of the last call on a nonblocking communicator: ncclSuccess,
+ * ncclInProgress, or its error (a failed query is its own error). */
+static ncclResult_t comm_state(ncclComm_t c)
+{
+    ncclResult_t state = ncclSuccess, q = ncclCommGetAsyncError(c, &state);
+    return q != ncclSuccess ? q : state;
+}
+
+/* Between two polls: yield at first, then sleep 50 us. */
+static void poll_backoff(unsigned spin)
+{
+    if (spin < 1000) sched_yield();
+    else nanosleep(&(struct timespec){0, 50 * 1000}, NULL);
+}
+
 /* Waits (without the lock held between polls) until the last call on rank
  * r's communicator is done: its result, or GP_ERR_CANCELLED once aborted. */
 static gp_status comm_settle(gp_comm *comm, int r)
@@ -911,21 +926,29 @@ static gp_status comm_settle(gp_comm *comm, int r)
     cuda_comm *cc = comm->ctx;
     for (unsigned spin = 0;; spin++) {
         pthread_mutex_lock(&cc->lock);
-        ncclResult_t state = ncclSuccess, q = ncclSuccess;
-        if (!cc->aborted) q = ncclCommGetAsyncError(cc->comms[r], &state);
         bool aborted = cc->aborted;
+        ncclResult_t state = aborted ? ncclSuccess : comm_state(cc->comms[r]);
         pthread_mutex_unlock(&cc->lock);
         if (aborted)
             return gp_error_set(GP_ERR_CANCELLED, "collective cancelled: another rank failed");
-        if (q != ncclSuccess) state = q;
         if (state == ncclSuccess) return GP_OK;
         if (state != ncclInProgress)
             return gp_cuda_fail("NCCL", (int)state, ncclGetErrorString(state),
                                 "ncclCommGetAsyncError(comm, &state)", __func__, __FILE__,
                                 __LINE__);
-        if (spin < 1000) sched_yield();
-        else nanosleep(&(struct timespec){0, 50 * 1000}, NULL); /* 50 us */
+        poll_backoff(spin);
     }
+}
+
+/* Every rank's communicator ended, in one group (the lock held, or the
+ * comm not shared yet). */
+static void comm_abort_all(cuda_comm *cc, int n)
+{
+    (void)ncclGroupStart();
+    for (int r = 0; r < n; r++)
+        if (cc->comms[r]) (void)ncclCommAbort(cc->comms[r]);
+    (void)ncclGroupEnd();
+    for (int r = 0; r < n; r++) cc->comms[r] = NULL;
 }
 
 /* New nonblocking communicators for the n ranks on GPUs `ordinals`, made
@@ -952,38 +975,16 @@ static gp_status comm_init(cuda_comm *cc, int n)
     if (st == GP_OK) st = e;
     /* settle each rank: no other thread uses these yet */
     for (int r = 0; r < n && st == GP_OK; r++) {
-        ncclResult_t state = ncclInProgress;
-        for (unsigned spin = 0; state == ncclInProgress; spin++) {
-            ncclResult_t q = ncclCommGetAsyncError(cc->comms[r], &state);
-            if (q != ncclSuccess) state = q;
-            if (state == ncclInProgress) {
-                if (spin < 1000) sched_yield();
-                else nanosleep(&(struct timespec){0, 50 * 1000}, NULL);
-            }
-        }
+        ncclResult_t state;
+        for (unsigned spin = 0; (state = comm_state(cc->comms[r])) == ncclInProgress; spin++)
+            poll_backoff(spin);
         if (state != ncclSuccess)
             st = gp_cuda_fail("NCCL", (int)state, ncclGetErrorString(state),
                               "ncclCommInitRankConfig(...) (settled)", __func__, __FILE__,
                               __LINE__);
     }
-    if (st != GP_OK) { /* whatever was made goes, in one group */
-        (void)ncclGroupStart();
-        for (int r = 0; r < n; r++)
-            if (cc->comms[r]) (void)ncclCommAbort(cc->comms[r]);
-        (void)ncclGroupEnd();
-        for (int r = 0; r < n; r++) cc->comms[r] = NULL;
-    }
+    if (st != GP_OK) comm_abort_all(cc, n); /* whatever was made goes */
     return st;
-}
-
-/* Every rank's communicator ended, in one group (the lock held). */
-static void comm_abort_all(cuda_comm *cc, int n)
-{
-    (void)ncclGroupStart();
-    for (int r = 0; r < n; r++)
-        if (cc->comms[r]) (void)ncclCommAbort(cc->comms[r]);
-    (void)ncclGroupEnd();
-    for (int r = 0; r < n; r++) cc->comms[r] = NULL;
 }
 
 static void cuda_comm_destroy(gp_comm *comm)
