@@ -11,7 +11,10 @@ against the same config in one process (worker threads), the oracle.
       boundaries at 4 stages); AmoebaNet cells, two tensors across every
       boundary; `balance: auto`, which rank 0 profiles and shares; and the
       U-Net again with every message staged through host memory
-      (GPIPE_PROCS_STAGE=1: what a GPU device's messages do); replicas
+      (GPIPE_PROCS_STAGE=1: what a GPU device's messages do without
+      channels), and again with every flow on a channel of its own
+      (GPIPE_PROCS_CHANNELS=1 on CPU streams: what NCCL's point-to-point
+      does between GPUs, rendezvous sends included); replicas
       across processes (2 stages x 2 replicas = 4 ranks, with SyncBN and
       1F1B too; 1 stage x 3 replicas) against the same replicas as threads;
   (b) a snapshot written by a 2-process run (rank 0's file naming rank 1's
@@ -77,8 +80,19 @@ def run(cmd, timeout=120, env=ENV):
     return p.returncode, p.stdout + p.stderr
 
 
-def mpirun(n, args, timeout=120, stage=False):
+# Channels (pipeline.c, "Channels"): every flow between two processes on a
+# channel of its own, as NCCL's point-to-point between GPUs does; CPU
+# devices take them with streams run by threads, and each transfer is a
+# synchronous MPI send (a rendezvous, as NCCL's), held back a little so
+# that a reader that does not wait for it reads stale data.
+CHAN_ENV = {"GPIPE_CPU_STREAMS": "threads", "GPIPE_PROCS_CHANNELS": "1",
+            "GPIPE_CPU_COPY_DELAY_US": "300"}
+
+
+def mpirun(n, args, timeout=120, stage=False, chans=False):
     env = dict(MPI_ENV, GPIPE_PROCS_STAGE="1") if stage else MPI_ENV
+    if chans:
+        env = dict(env, **CHAN_ENV)
     return run(["mpirun", "-np", str(n), "--oversubscribe", BIN] + args, timeout, env)
 
 
@@ -159,7 +173,7 @@ pipeline:
 """
 
 
-def same_run(tmp, name, cfg_text, n, sets=(), stage=False):
+def same_run(tmp, name, cfg_text, n, sets=(), stage=False, chans=False):
     cfg = os.path.join(tmp, name + ".yaml")
     with open(cfg, "w") as f:
         f.write(cfg_text)
@@ -168,11 +182,16 @@ def same_run(tmp, name, cfg_text, n, sets=(), stage=False):
     for s in sets:
         extra += ["--set", s]
     rc1, out1 = run([BIN, cfg, "--quiet", "--metrics", m1] + extra)
-    rc2, out2 = mpirun(n, [cfg, "--quiet", "--metrics", m2] + extra, stage=stage)
+    # with channels, not quiet: rank 0 says how many flows took them
+    rc2, out2 = mpirun(n, [cfg, "--metrics", m2] + extra + ([] if chans else ["--quiet"]),
+                       stage=stage, chans=chans)
     check(rc1 == 0, "%s: single process: %s" % (name, out1[-800:]))
     check(rc2 == 0, "%s: %d processes: %s" % (name, n, out2[-800:]))
     if rc1 or rc2:
         return
+    if chans:
+        check("over channels (CPU streams)" in out2,
+              "%s: no flow took a channel: %s" % (name, out2[-800:]))
     a, b = records(m1), records(m2)
     check(len(a) > 2 and len(a) == len(b), "%s: %d records against %d" % (name, len(a), len(b)))
     diff = [(x, y) for x, y in zip(a, b) if x != y]
@@ -468,6 +487,27 @@ def main():
         # the GPU path's logic (every message through a host copy, as for
         # a device that is not the host's), on CPU devices
         same_run(tmp, "unet-4-staged", UNET, 4, ["pipeline.balance=auto"], stage=True)
+        # every flow on a channel of its own, rendezvous sends (NCCL's
+        # point-to-point on GPUs): every schedule, skips across 1-3
+        # boundaries, two tensors per boundary, replicas; the interleaved
+        # schedule is the one a stream per device would deadlock
+        same_run(tmp, "mlp-chan", MLP, 2, ["pipeline.checkpoint=always"], chans=True)
+        same_run(tmp, "conv-1f1b-chan", CONV, 2, ["pipeline.schedule=1f1b",
+                                                  "pipeline.checkpoint=except_last"], chans=True)
+        same_run(tmp, "conv-interleaved-chan", CONV, 2, ["pipeline.schedule=interleaved",
+                                                         "pipeline.balance=[3, 3, 3, 3]"],
+                 chans=True)
+        same_run(tmp, "conv-zb-5-chan", CONV, 5, ["pipeline.devices=5", "pipeline.schedule=zb-h1",
+                                                  "pipeline.checkpoint=never", "pipeline.chunks=5",
+                                                  "pipeline.balance=[3, 2, 2, 2, 3]",
+                                                  "train.epochs=1"], chans=True)
+        same_run(tmp, "unet-4-chan", UNET, 4, ["pipeline.balance=auto"], chans=True)
+        same_run(tmp, "unet-interleaved-chan", UNET, 2, ["pipeline.devices=[cpu:0, cpu:1]",
+                                                         "pipeline.schedule=interleaved",
+                                                         "pipeline.balance=[13, 12, 6, 10]"],
+                 chans=True)
+        same_run(tmp, "amoeba-chan", AMOEBA, 2, ["pipeline.balance=auto"], chans=True)
+        same_run(tmp, "conv-2x2-chan", CONV, 4, ["pipeline.replicas=2"], chans=True)
         same_device_names(tmp)
         exports(tmp)
         image_folders(tmp)

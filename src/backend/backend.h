@@ -88,8 +88,11 @@
  *      training step with no host wait inside it: uploads on the copy
  *      stream, batch-norm statistics and the loss kept on the device)
  *  14  mark, mark_time, mark_reset (device-time markers: when a stream
- *      reached a point, for timelines of device time) */
-#define GP_DEVICE_IFACE_VERSION 14
+ *      reached a point, for timelines of device time)
+ *  15  chan_open, chan_send, chan_recv, chan_close, chan_id, event_query
+ *      (channels to another process's device: NCCL point-to-point between
+ *      GPU stages) */
+#define GP_DEVICE_IFACE_VERSION 15
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -140,6 +143,7 @@ typedef struct gp_event gp_event;
  * backend that made it fills `ctx` and `destroy`; `devs` is the group in
  * rank order (not owned: the devices outlive the communicator). */
 struct gp_comm;
+struct gp_chan_desc;
 /* Collectives a communicator brings itself, instead of its devices'
  * backend: one across processes (pipeline/procs.h, MPI), whose ranks' buffers
  * are in other processes.  Same contracts as the device slots below
@@ -506,7 +510,61 @@ typedef struct gp_device_iface {
     gp_status (*mark)(gp_device *dev, bool copy, void **out);
     gp_status (*mark_time)(gp_device *dev, void *mark, double *seconds);
     void (*mark_reset)(gp_device *dev);
+    /* --- channels to another process's device (optional; appended last) ---
+     * A channel carries one flow of a pipeline between two processes (one
+     * stage's activations to the next, or gradients back, or one skip's
+     * tensor or gradient), in one direction, in the order both sides issue
+     * their operations: the k-th send matches the k-th receive, and the
+     * data must have the same size.  Each end has a stream of its own, so
+     * a receive that waits for its peer holds back nothing else on the
+     * device (no other flow, no upload), and a flow's rendezvous cannot
+     * wait on another flow's: that is what keeps any schedule free of
+     * deadlock across processes (pipeline.c, "Channels").
+     * chan_open: this process's end (d->sender: the sending one); blocks
+     * until the peer opens its end (both open their channels in one
+     * order).  chan_send: enqueue a send of n floats at buf behind `after`
+     * (an event of ours recorded after the work that wrote buf; NULL: none)
+     * and record `done` behind it, returning without waiting.  The caller
+     * keeps buf until `done` has completed (event_query): a send ends only
+     * when its peer's receive has run, and a block freed before that and
+     * reused by a receive would make the receive wait for the peer, which
+     * can wait for us: a deadlock through the allocator.  chan_recv:
+     * enqueue a receive of n floats into buf (just allocated) behind the
+     * compute stream's work so far and record `done` behind it; the reader
+     * waits for done.  chan_close: the end closed (abort: without waiting
+     * for what is queued, after a failure).  CUDA: a 2-rank NCCL communicator and a
+     * stream per channel (ncclSend / ncclRecv).  CPU (streams = threads
+     * only): a thread per channel running d->host_send / d->host_recv, the
+     * process transport's blocking rendezvous (procs.c).  NULL: the
+     * executor stages through host memory over MPI instead (procs.h). */
+    gp_status (*chan_open)(gp_device *dev, const struct gp_chan_desc *d, void **out);
+    gp_status (*chan_send)(gp_device *dev, void *ch, const float *buf, int64_t n, void *after,
+                           void *done);
+    gp_status (*chan_recv)(gp_device *dev, void *ch, float *buf, int64_t n, void *done);
+    void (*chan_close)(gp_device *dev, void *ch, bool abort);
+    /* chan_id: the bytes (at most GP_CHAN_ID_BYTES) both ends of a new
+     * channel open it with: made by the sender, passed to the receiver by
+     * the caller (NCCL: ncclGetUniqueId).  NULL: none needed. */
+    gp_status (*chan_id)(gp_device *dev, void *id, size_t *bytes);
+    /* event_query: *done whether the event's latest record has completed,
+     * without waiting (cudaEventQuery).  NULL: gp_dev_event_query waits
+     * (event_sync) and says true. */
+    gp_status (*event_query)(gp_device *dev, void *ev, bool *done);
 } gp_device_iface;
+
+#define GP_CHAN_ID_BYTES 256
+/* How a channel's two ends find each other (chan_open). */
+typedef struct gp_chan_desc {
+    bool sender;
+    unsigned char id[GP_CHAN_ID_BYTES]; /* chan_id's bytes (the sender's) */
+    size_t id_bytes;
+    /* the host transport, for a backend whose memory is host memory: a
+     * blocking rendezvous send / exact receive of `bytes` on this channel */
+    gp_status (*host_send)(void *arg, const void *buf, size_t bytes);
+    gp_status (*host_recv)(void *arg, void *buf, size_t bytes);
+    void *arg;
+    char name[96]; /* for messages: "activations of stage 1 -> 2" */
+} gp_chan_desc;
 
 
 struct gp_device {
@@ -538,6 +596,9 @@ struct gp_device {
      * device per step).  Atomic: a copy's fallback may wait on another
      * worker's device; read with gp_dev_host_waits. */
     uint64_t host_waits;
+    /* Whether this device opens channels (chan_open) now: set by the
+     * backend (the CPU's only with GPIPE_CPU_STREAMS=threads). */
+    bool chans;
 };
 
 static inline void gp_dev_count_wait(struct gp_device *dev)
@@ -622,6 +683,18 @@ gp_status gp_dev_nonfinite_or(gp_device *dev, const float *x, int64_t n, float *
  * slots).  upload_async's n counts floats, like gp_dev_upload's. */
 gp_status gp_dev_upload_async(gp_device *dev, float *dst, const float *src, int64_t n,
                               void *done);
+/* The channel slots (see chan_open); GP_ERR_UNSUPPORTED where the backend
+ * has none (or, on the CPU, without GPIPE_CPU_STREAMS=threads).
+ * gp_dev_chan_id: *bytes 0 where the backend needs no id. */
+bool gp_dev_has_chans(const gp_device *dev);
+gp_status gp_dev_chan_id(gp_device *dev, void *id, size_t *bytes);
+gp_status gp_dev_chan_open(gp_device *dev, const struct gp_chan_desc *d, void **out);
+gp_status gp_dev_chan_send(gp_device *dev, void *ch, const float *buf, int64_t n, void *after,
+                           void *done);
+/* The event_query slot with its fallback; NULL events are complete. */
+gp_status gp_dev_event_query(gp_device *dev, void *ev, bool *done);
+gp_status gp_dev_chan_recv(gp_device *dev, void *ch, float *buf, int64_t n, void *done);
+void gp_dev_chan_close(gp_device *dev, void *ch, bool abort);
 gp_status gp_dev_bn_merge(gp_device *dev, int64_t c, double *mean_acc, double *m2_acc,
                           double na, double nb, const float *mean, const float *var);
 gp_status gp_dev_bn_commit(gp_device *dev, int64_t c, float *rmean, float *rvar,

@@ -163,6 +163,51 @@ gp_status gp_dev_upload_async(gp_device *dev, float *dst, const float *src, int6
     return done ? gp_dev_event_record(dev, done) : GP_OK;
 }
 
+bool gp_dev_has_chans(const gp_device *dev)
+{
+    return dev->chans && dev->iface->chan_open && dev->iface->chan_send &&
+           dev->iface->chan_recv && dev->iface->chan_close;
+}
+
+gp_status gp_dev_chan_id(gp_device *dev, void *id, size_t *bytes)
+{
+    *bytes = 0;
+    return dev->iface->chan_id ? dev->iface->chan_id(dev, id, bytes) : GP_OK;
+}
+
+gp_status gp_dev_chan_open(gp_device *dev, const gp_chan_desc *d, void **out)
+{
+    *out = NULL;
+    if (!gp_dev_has_chans(dev))
+        return gp_error_set(GP_ERR_UNSUPPORTED, "device %s has no channels to other processes",
+                            dev->name);
+    return dev->iface->chan_open(dev, d, out);
+}
+
+gp_status gp_dev_chan_send(gp_device *dev, void *ch, const float *buf, int64_t n, void *after,
+                           void *done)
+{
+    return dev->iface->chan_send(dev, ch, buf, n, after, done);
+}
+
+gp_status gp_dev_event_query(gp_device *dev, void *ev, bool *done)
+{
+    *done = true;
+    if (!ev) return GP_OK;
+    if (dev->iface->event_query) return dev->iface->event_query(dev, ev, done);
+    return gp_dev_event_sync(dev, ev);
+}
+
+gp_status gp_dev_chan_recv(gp_device *dev, void *ch, float *buf, int64_t n, void *done)
+{
+    return dev->iface->chan_recv(dev, ch, buf, n, done);
+}
+
+void gp_dev_chan_close(gp_device *dev, void *ch, bool abort)
+{
+    if (ch) dev->iface->chan_close(dev, ch, abort);
+}
+
 /* The fallbacks of bn_merge and bn_commit: the accumulator and the
  * statistics to the host and back (host waits, counted). */
 typedef struct {

@@ -36,17 +36,24 @@ gp_status gp_allocator_reserve(gp_allocator *a, size_t bytes, gp_mem_category ca
     GP_ASSERT(cat >= 0 && cat < GP_MEM_COUNT);
     pthread_mutex_lock(&a->lock);
     if (a->capacity && bytes > a->capacity - (a->current < a->capacity ? a->current : a->capacity)) {
-        char b1[32], b2[32], b3[32];
-        size_t cur = a->current, cap = a->capacity;
+        char b1[32], b2[32], b3[32], by[GP_MEM_COUNT * 48] = "";
+        size_t cur = a->current, cap = a->capacity, n = 0;
+        /* what holds the memory, by category, so the user knows which knob */
+        for (int c = 0; c < GP_MEM_COUNT; c++) {
+            char b[32];
+            if (!a->cur_by[c] || n >= sizeof by) continue;
+            n += (size_t)snprintf(by + n, sizeof by - n, "%s%s %s", n ? ", " : "",
+                                  gp_format_bytes(a->cur_by[c], b, sizeof b), cat_names[c]);
+        }
         pthread_mutex_unlock(&a->lock);
         return gp_error_set(GP_ERR_OOM,
                             "out of memory on device %s: requested %s for %s with %s in use "
-                            "of a capacity of %s; use more devices (pipeline.devices), "
+                            "(%s) of a capacity of %s; use more devices (pipeline.devices), "
                             "fewer or smaller micro-batches, checkpointing, or a larger "
                             "memory: capacity",
                             a->device, gp_format_bytes(bytes, b1, sizeof b1),
                             gp_mem_category_name(cat), gp_format_bytes(cur, b2, sizeof b2),
-                            gp_format_bytes(cap, b3, sizeof b3));
+                            n ? by : "nothing", gp_format_bytes(cap, b3, sizeof b3));
     }
     a->current += bytes;
     a->cur_by[cat] += bytes;

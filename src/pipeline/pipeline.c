@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef struct mb_state {
     gp_stash stash;      /* in, what forward keeps, out */
@@ -145,8 +146,18 @@ struct gp_pipeline {
     struct pending_send {
         gp_procs_req req;
         bool *flag;
+        void *ev;          /* a channel's send: its `done`, on dev (req unused) */
+        gp_device *dev;
     } *pend;
     int n_pend, cap_pend;
+    /* Processes: the channels of this process's flows (see "Channels"),
+     * [to * COPY_SLOTS + slot] (NULL: staged over MPI, or not this
+     * process's), and the host transport's arguments of CPU channels. */
+    void **chans;
+    struct chan_peer {
+        int peer, tag;
+    } *chan_peers;
+    int n_chans;
     double t_begin;            /* gp_now() at gp_pipeline_step_begin */
     bool device_time;          /* gp_pipeline_set_device_time; read-only in a step */
     void **mark_at[GP_MAX_DEVICES]; /* device time: where stage j's current
@@ -339,7 +350,170 @@ static int msg_tag(const gp_pipeline *p, int i, int to, int what, int skip)
     return (i * p->S + to) * slots + slot;
 }
 
-static gp_status send_tensor(gp_pipeline *p, const gp_tensor *t, int to, int tag, bool *flag)
+/* ---- channels: device-to-device transfers between processes ----------------
+ *
+ * Where both ends of a flow can (backend.h, chan_open: NCCL between two
+ * GPUs; CPU devices with GPIPE_CPU_STREAMS=threads and
+ * GPIPE_PROCS_CHANNELS=1, the tests' stand-in), each flow between two
+ * processes is a channel of its own: stage j's activations to stage j + 1,
+ * the gradients back, and each crossing skip's tensor and gradient.  A
+ * send is enqueued behind the producer's event and a receive ahead of the
+ * consumer's wait, with no host wait and no message tags.  One channel per
+ * flow, each with its own stream, is what keeps every schedule free of
+ * deadlock with rendezvous sends (NCCL's): a flow's sends and receives are
+ * issued in one order on both sides (forwards in micro-batch order,
+ * backwards in the schedule's backward order, the same on every stage),
+ * and no flow waits behind another's rendezvous, which with one stream per
+ * device the interleaved schedule would (device 0 sending stage 0's output
+ * while device 1 sends stage 1's back to it).  The channels are opened
+ * once, every process walking the flows in one order (this order: stage
+ * by stage of the receiver, slot by slot), so the two ends of each meet.
+ * Flows whose ends cannot both take a channel (a CPU stage beside a GPU
+ * one; two processes on one GPU, which NCCL refuses) are staged through
+ * host memory over MPI as before. */
+
+/* What a process tells the others about its device (all-gathered once). */
+typedef struct {
+    int32_t wants;      /* takes channels: the backend has them and the switch allows */
+    int32_t kind;       /* gp_device_kind */
+    char host[64];      /* gethostname */
+    char dev[32];       /* the device's name: cuda:N */
+} chan_card;
+
+/* Whether this process's device takes channels: GPIPE_PROCS_CHANNELS=0
+ * never, =1 wherever the backend has them (the tests' CPU devices), unset
+ * on GPUs. */
+static bool chan_wanted(gp_device *dev)
+{
+    const char *e = getenv("GPIPE_PROCS_CHANNELS");
+    if (!gp_dev_has_chans(dev)) return false;
+    if (e && *e) return strcmp(e, "0") != 0;
+    return dev->kind == GP_DEV_CUDA;
+}
+
+/* Whether a flow between the devices of two cards goes over a channel:
+ * both take them, the same backend, and not one GPU (NCCL puts no two ranks
+ * of a communicator on one device). */
+static bool chan_between(const chan_card *a, const chan_card *b)
+{
+    if (!a->wants || !b->wants || a->kind != b->kind) return false;
+    return a->kind != GP_DEV_CUDA || strcmp(a->host, b->host) || strcmp(a->dev, b->dev);
+}
+
+/* The sending stage of the flow into stage `to` through copy slot `slot`
+ * (copy_slot's numbering), or -1 if there is none. */
+static int flow_from(const gp_pipeline *p, int to, int slot)
+{
+    if (slot == 0) return to > 0 ? to - 1 : -1;
+    if (slot == 1) return to + 1 < p->S ? to + 1 : -1;
+    int t = (slot - 2) / 2;
+    for (int e = 0; e < p->n_edges; e++) {
+        const gp_skip_edge *k = &p->edges[e];
+        if (k->id != t) continue;
+        if (slot % 2 == 0 && k->to == to) return k->from;   /* the skip */
+        if (slot % 2 == 1 && k->from == to) return k->to;   /* its gradient */
+    }
+    return -1;
+}
+
+static gp_status chan_host_send(void *arg, const void *buf, size_t bytes)
+{
+    const struct chan_peer *c = arg;
+    return gp_procs_chan_send(buf, bytes, c->peer, c->tag);
+}
+
+static gp_status chan_host_recv(void *arg, void *buf, size_t bytes)
+{
+    const struct chan_peer *c = arg;
+    return gp_procs_chan_recv(buf, bytes, c->peer, c->tag);
+}
+
+enum { TAG_CHAN_ID = 32766 }; /* opening: the sender's id to the receiver */
+
+static void close_chans(gp_pipeline *p, bool abort)
+{
+    if (!p->chans) return;
+    gp_device *dev = p->devs[p->local];
+    for (int q = 0; q < p->n_chans; q++) gp_dev_chan_close(dev, p->chans[q], abort);
+    free(p->chans);
+    free(p->chan_peers);
+    p->chans = NULL;
+    p->chan_peers = NULL;
+}
+
+/* Every process: the cards all-gathered, then this process's channels
+ * opened in the one order. */
+static gp_status open_chans(gp_pipeline *p)
+{
+    gp_device *dev = p->devs[p->local];
+    int size = gp_procs_size(), slots = COPY_SLOTS(p);
+    chan_card mine = {.wants = chan_wanted(dev), .kind = (int32_t)dev->kind};
+    if (gethostname(mine.host, sizeof mine.host - 1) != 0) mine.host[0] = 0;
+    snprintf(mine.dev, sizeof mine.dev, "%s", dev->name);
+    chan_card *cards = calloc((size_t)size, sizeof *cards);
+    if (!cards) return gp_error_set(GP_ERR_OOM, "out of host memory");
+    gp_status st = gp_procs_allgather_bytes(&mine, cards, sizeof mine);
+    int n_flows = p->S * slots, opened = 0;
+    if (st == GP_OK && mine.wants) {
+        p->chans = calloc((size_t)n_flows, sizeof *p->chans);
+        p->chan_peers = calloc((size_t)n_flows, sizeof *p->chan_peers);
+        p->n_chans = n_flows;
+        if (!p->chans || !p->chan_peers) st = gp_error_set(GP_ERR_OOM, "out of host memory");
+    }
+    for (int q = 0; st == GP_OK && p->chans && q < n_flows; q++) {
+        int to = q / slots, slot = q % slots, from = flow_from(p, to, slot);
+        if (from < 0) continue;
+        bool send = from % p->n == p->local, recv = to % p->n == p->local;
+        if (send == recv) continue; /* in this process, or none of its business */
+        int peer = p->rank_base + (send ? to : from) % p->n;
+        if (peer < 0 || peer >= size || !chan_between(&mine, &cards[peer])) continue;
+        gp_chan_desc d = {.sender = send, .host_send = chan_host_send,
+                          .host_recv = chan_host_recv, .arg = &p->chan_peers[q]};
+        p->chan_peers[q] = (struct chan_peer){.peer = peer, .tag = q};
+        static const char *const what[] = {"activations", "gradients"};
+        if (slot < 2) snprintf(d.name, sizeof d.name, "%s of stage %d -> %d", what[slot], from, to);
+        else snprintf(d.name, sizeof d.name, "skip %d%s of stage %d -> %d", (slot - 2) / 2,
+                      slot % 2 ? "'s gradient" : "", from, to);
+        if (dev->iface->chan_id) { /* the sender makes the id, the receiver takes it */
+            struct {
+                uint64_t bytes;
+                unsigned char id[GP_CHAN_ID_BYTES];
+            } msg = {0};
+            size_t b = 0;
+            if (send) st = gp_dev_chan_id(dev, msg.id, &b);
+            msg.bytes = b;
+            if (st == GP_OK)
+                st = send ? gp_procs_send_bytes(&msg, sizeof msg, peer, TAG_CHAN_ID)
+                          : gp_procs_recv_bytes(&msg, sizeof msg, peer, TAG_CHAN_ID);
+            if (st == GP_OK && msg.bytes > sizeof d.id)
+                st = gp_error_set(GP_ERR_RUNTIME, "rank %d sent a channel id of %llu bytes",
+                                  peer, (unsigned long long)msg.bytes);
+            if (st == GP_OK) {
+                memcpy(d.id, msg.id, sizeof d.id);
+                d.id_bytes = (size_t)msg.bytes;
+            }
+        }
+        if (st == GP_OK) st = gp_dev_chan_open(dev, &d, &p->chans[q]);
+        if (st == GP_OK) GP_DEBUG("rank %d: channel %s to rank %d", gp_procs_rank(), d.name, peer);
+        if (st == GP_OK) opened++;
+    }
+    if (st == GP_OK && opened)
+        GP_INFO("rank %d (%s): %d flows to other processes over channels (%s), device to "
+                "device", gp_procs_rank(), dev->name, opened,
+                dev->kind == GP_DEV_CUDA ? "NCCL" : "CPU streams");
+    free(cards);
+    if (st != GP_OK) close_chans(p, true);
+    return st;
+}
+
+/* The channel of the flow into stage `to` through `slot`, or NULL. */
+static void *chan_of(const gp_pipeline *p, int to, int slot)
+{
+    return p->chans ? p->chans[to * COPY_SLOTS(p) + slot] : NULL;
+}
+
+static gp_status send_tensor(gp_pipeline *p, const gp_tensor *t, int to, int tag, bool *flag,
+                             void *ch, void *after)
 {
     if (p->n_pend == p->cap_pend) {
         int cap = p->cap_pend ? 2 * p->cap_pend : 16;
@@ -349,6 +523,21 @@ static gp_status send_tensor(gp_pipeline *p, const gp_tensor *t, int to, int tag
         p->cap_pend = cap;
     }
     struct pending_send *ps = &p->pend[p->n_pend];
+    *ps = (struct pending_send){.flag = flag};
+    if (ch) {
+        /* behind the producer's event, no host wait; t stays until the
+         * send's `done` (backend.h, chan_send: a block freed earlier could
+         * make a receive wait for the peer) */
+        GP_TRY(gp_dev_event_create(t->dev, &ps->ev));
+        ps->dev = t->dev;
+        gp_status st = gp_dev_chan_send(t->dev, ch, t->data, gp_tensor_numel(t), after, ps->ev);
+        if (st != GP_OK) {
+            gp_dev_event_destroy(t->dev, ps->ev);
+            return st;
+        }
+        p->n_pend++;
+        return GP_OK;
+    }
     GP_TRY(gp_dev_synchronize(t->dev)); /* the data is written */
     GP_TRY(gp_procs_isend_dev(t->dev, t->data, gp_tensor_numel(t), p->rank_base + to % p->n, tag,
                               &ps->req));
@@ -365,22 +554,27 @@ static gp_status post_sends(gp_pipeline *p, int i, int j, bool fwd)
 {
     if (p->local < 0) return GP_OK;
     mb_state *s = MB(p, i, j);
+    /* the event record_done recorded just before (channels wait for it) */
+    void *after = cell_events(p, i, j)[fwd ? EV_FWD : EV_BWD];
     if (fwd && j + 1 < p->S && remote(p, j + 1))
         GP_TRY(send_tensor(p, &s->stash.out, j + 1, msg_tag(p, i, j + 1, MSG_ACT, 0),
-                           &FLAG(p, act_copied, i, j + 1)));
+                           &FLAG(p, act_copied, i, j + 1), chan_of(p, j + 1, 0), after));
     if (!fwd && j > 0 && remote(p, j - 1))
         GP_TRY(send_tensor(p, &s->grad_in, j - 1, msg_tag(p, i, j - 1, MSG_GRAD, 0),
-                           &FLAG(p, grad_copied, i, j - 1)));
+                           &FLAG(p, grad_copied, i, j - 1), chan_of(p, j - 1, 1), after));
     for (int e = 0; e < p->n_edges; e++) {
         const gp_skip_edge *k = &p->edges[e];
         if (fwd && k->from == j && remote(p, k->to))
             GP_TRY(send_tensor(p, &s->stash.skip_out[k->id], k->to,
                                msg_tag(p, i, k->to, MSG_SKIP, k->id),
-                               &SKIP_FLAG(p, skip_copied, i, k->id)));
+                               &SKIP_FLAG(p, skip_copied, i, k->id),
+                               chan_of(p, k->to, copy_slot(GP_INSTR_RECV_SKIP, k->id)), after));
         if (!fwd && k->to == j && remote(p, k->from))
             GP_TRY(send_tensor(p, &s->stash.skip_din[k->id], k->from,
                                msg_tag(p, i, k->from, MSG_SKIP_GRAD, k->id),
-                               &SKIP_FLAG(p, skipg_copied, i, k->id)));
+                               &SKIP_FLAG(p, skipg_copied, i, k->id),
+                               chan_of(p, k->from, copy_slot(GP_INSTR_RECV_SKIP_GRAD, k->id)),
+                               after));
     }
     return GP_OK;
 }
@@ -392,17 +586,29 @@ static gp_status progress_sends(gp_pipeline *p, bool wait)
     int keep = 0;
     gp_status st = GP_OK;
     for (int q = 0; q < p->n_pend; q++) {
+        struct pending_send *ps = &p->pend[q];
         bool done = false;
-        if (st == GP_OK) {
+        if (st == GP_OK && ps->ev) { /* a channel's */
             if (wait) {
-                st = gp_procs_wait(&p->pend[q].req);
+                st = gp_dev_event_sync(ps->dev, ps->ev);
                 done = st == GP_OK;
             } else {
-                st = gp_procs_test(&p->pend[q].req, &done);
+                st = gp_dev_event_query(ps->dev, ps->ev, &done);
+            }
+            if (done) {
+                gp_dev_event_destroy(ps->dev, ps->ev);
+                ps->ev = NULL;
+            }
+        } else if (st == GP_OK) {
+            if (wait) {
+                st = gp_procs_wait(&ps->req);
+                done = st == GP_OK;
+            } else {
+                st = gp_procs_test(&ps->req, &done);
             }
         }
-        if (done) publish(p, p->pend[q].flag, -1);
-        else p->pend[keep++] = p->pend[q];
+        if (done) publish(p, ps->flag, -1);
+        else p->pend[keep++] = *ps;
     }
     p->n_pend = keep;
     return st;
@@ -421,6 +627,18 @@ static gp_status receive_remote(gp_pipeline *p, const gp_instr *in, gp_event_rec
                           : what == MSG_GRAD ? &p->layers[p->first[j] + p->count[j] - 1].out_shape
                                              : &p->layers[p->opts.skips->skips[in->skip].from].out_shape;
     gp_shape sh = gp_shape_with_batch(one, p->sizes[i]);
+    int slot = copy_slot(in->kind, in->skip);
+    void *ch = chan_of(p, j, slot);
+    if (ch) { /* enqueued; the reader waits for `done` (await_copies) */
+        void *done = NULL;
+        GP_TRY(cell_event(p, i, j, EV_COPY + slot, &done));
+        GP_TRY(gp_tensor_alloc(dst, p->devs[j], &sh, GP_MEM_COPIES));
+        ev->t1 = gp_now();
+        ev->bytes = gp_tensor_bytes(dst);
+        GP_TRY(gp_dev_chan_recv(p->devs[j], ch, dst->data, gp_tensor_numel(dst), done));
+        cell_pending(p, i, j)[slot] = done != NULL;
+        return GP_OK;
+    }
     int from = p->rank_base + in->from % p->n, tag = msg_tag(p, i, j, what, in->skip);
     gp_status st = gp_procs_probe(from, tag);
     ev->t1 = gp_now();
@@ -1168,6 +1386,14 @@ gp_status gp_pipeline_create(gp_layer *layers, int n_layers, const gp_shape *inp
             if (a != b) p->edges[p->n_edges++] = (gp_skip_edge){.id = t, .from = a, .to = b};
         }
     }
+    if (p->local >= 0) { /* every process, together */
+        gp_status cs = open_chans(p);
+        if (cs != GP_OK) {
+            free(p->edges);
+            free(p);
+            return cs;
+        }
+    }
     pthread_mutex_init(&p->lock, NULL);
     pthread_cond_init(&p->cond, NULL);
     for (int j = 0; j < n; j++) {
@@ -1183,6 +1409,7 @@ gp_status gp_pipeline_create(gp_layer *layers, int n_layers, const gp_shape *inp
                 if (p->local < 0 || q == p->local) pthread_join(p->workers[q].thread, NULL);
             pthread_mutex_destroy(&p->lock);
             pthread_cond_destroy(&p->cond);
+            close_chans(p, true);
             free(p->edges);
             free(p);
             return gp_error_set(GP_ERR_RUNTIME, "could not start worker thread %d", j);
@@ -1496,6 +1723,12 @@ void gp_pipeline_destroy(gp_pipeline *p)
         if (w->res_dev) gp_dev_free(p->devs[j], w->res_dev, w->res_bytes, GP_MEM_WORKSPACE);
         free(w->res_host);
     }
+    /* a failed step may leave transfers whose peer never comes: their
+     * events and channels are left to the process's end */
+    bool abort = p->status != GP_OK;
+    for (int q = 0; q < p->n_pend && !abort; q++)
+        if (p->pend[q].ev) gp_dev_event_destroy(p->pend[q].dev, p->pend[q].ev);
+    close_chans(p, abort);
     free_step_tables(p);
     free(p->pend);
     pthread_mutex_destroy(&p->lock);

@@ -80,6 +80,7 @@ bool gp_procs_launched(void)
 static bool g_active;
 static int g_rank, g_size = 1;
 static double g_offset;
+static MPI_Comm g_chan_comm = MPI_COMM_NULL; /* the channels' messages (their tags) */
 
 double gp_procs_clock_offset(void) { return g_offset; }
 
@@ -141,6 +142,9 @@ gp_status gp_procs_init(void)
     MPI_Comm_size(MPI_COMM_WORLD, &g_size);
     g_active = true;
     measure_offsets();
+    rc = MPI_Comm_dup(MPI_COMM_WORLD, &g_chan_comm);
+    if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Comm_dup");
+    MPI_Comm_set_errhandler(g_chan_comm, MPI_ERRORS_RETURN);
     if (provided < MPI_THREAD_MULTIPLE)
         return gp_error_set(GP_ERR_RUNTIME, "this MPI library gives thread level %d, not "
                             "MPI_THREAD_MULTIPLE, which gpipe's worker threads need; use Open "
@@ -151,6 +155,7 @@ gp_status gp_procs_init(void)
 void gp_procs_finalize(void)
 {
     if (!g_active) return;
+    if (g_chan_comm != MPI_COMM_NULL) MPI_Comm_free(&g_chan_comm);
     MPI_Finalize();
     g_active = false;
 }
@@ -264,6 +269,48 @@ gp_status gp_procs_recv_bytes(void *data, size_t bytes, int from, int tag)
         bytes -= (size_t)piece;
     } while (bytes > 0);
     return GP_OK;
+}
+
+gp_status gp_procs_chan_send(const void *buf, size_t bytes, int peer, int tag)
+{
+    const unsigned char *b = buf;
+    do { /* in pieces under MPI's int count, in order */
+        int piece = bytes > (size_t)INT_MAX ? INT_MAX : (int)bytes;
+        int rc = MPI_Ssend(b, piece, MPI_BYTE, peer, tag, g_chan_comm);
+        if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Ssend");
+        b += piece;
+        bytes -= (size_t)piece;
+    } while (bytes > 0);
+    return GP_OK;
+}
+
+gp_status gp_procs_chan_recv(void *buf, size_t bytes, int peer, int tag)
+{
+    unsigned char *b = buf;
+    do {
+        int piece = bytes > (size_t)INT_MAX ? INT_MAX : (int)bytes, got = 0;
+        MPI_Status stt;
+        int rc = MPI_Recv(b, piece, MPI_BYTE, peer, tag, g_chan_comm, &stt);
+        if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Recv");
+        MPI_Get_count(&stt, MPI_BYTE, &got);
+        if (got != piece)
+            return gp_error_set(GP_ERR_RUNTIME, "rank %d: received %d bytes from rank %d on "
+                                "channel %d, expected %d: the processes disagree on the model "
+                                "or the batch; start every rank with the same config", g_rank,
+                                got, peer, tag, piece);
+        b += piece;
+        bytes -= (size_t)piece;
+    } while (bytes > 0);
+    return GP_OK;
+}
+
+gp_status gp_procs_allgather_bytes(const void *mine, void *all, size_t bytes)
+{
+    if (bytes > INT_MAX)
+        return gp_error_set(GP_ERR_INVALID, "an all-gather of %zu bytes per rank", bytes);
+    int rc = MPI_Allgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE,
+                           MPI_COMM_WORLD);
+    return rc == MPI_SUCCESS ? GP_OK : mpi_error(rc, "MPI_Allgather");
 }
 
 gp_status gp_procs_bcast(void *data, size_t bytes, int root)
@@ -527,6 +574,21 @@ gp_status gp_procs_recv(float *data, int64_t n, int from, int tag)
 gp_status gp_procs_bcast(void *data, size_t bytes, int root)
 {
     (void)data, (void)bytes, (void)root;
+    return none();
+}
+gp_status gp_procs_chan_send(const void *buf, size_t bytes, int peer, int tag)
+{
+    (void)buf, (void)bytes, (void)peer, (void)tag;
+    return none();
+}
+gp_status gp_procs_chan_recv(void *buf, size_t bytes, int peer, int tag)
+{
+    (void)buf, (void)bytes, (void)peer, (void)tag;
+    return none();
+}
+gp_status gp_procs_allgather_bytes(const void *mine, void *all, size_t bytes)
+{
+    (void)mine, (void)all, (void)bytes;
     return none();
 }
 gp_status gp_procs_send_bytes(const void *data, size_t bytes, int to, int tag)

@@ -69,7 +69,9 @@ gp_status gp_procs_recv(float *data, int64_t n, int from, int tag);
  * on a CPU device, through a host copy (gp_dev_download / gp_dev_upload)
  * on any other (a GPU: no CUDA-aware MPI or NCCL needed, at the cost of
  * the copies).  GPIPE_PROCS_STAGE=1 stages CPU devices too, which is how
- * the tests run the GPU path's logic without a GPU. */
+ * the tests run the GPU path's logic without a GPU.  Between two GPUs the
+ * executor uses channels instead (backend.h, chan_open: NCCL), and this
+ * only where a flow cannot take one (pipeline.c, "Channels"). */
 gp_status gp_procs_isend_dev(gp_device *dev, const float *data, int64_t n, int to, int tag,
                              gp_procs_req *req);
 gp_status gp_procs_recv_dev(gp_device *dev, float *data, int64_t n, int from, int tag);
@@ -95,6 +97,18 @@ gp_status gp_procs_bcast(void *data, size_t bytes, int root);
 gp_status gp_procs_max_int(int *x);
 /* The same, element-wise, for v[0 .. n). */
 gp_status gp_procs_max_doubles(double *v, int n);
+/* Channels' host transport (backend.h, chan_open: CPU devices with
+ * GPIPE_CPU_STREAMS=threads): `bytes` bytes to or from rank `peer` on a
+ * communicator of the channels' own, `tag` naming the channel.  The send
+ * is synchronous (MPI_Ssend: it ends only once the receive has started),
+ * the rendezvous NCCL's point-to-point has on a GPU, so a channel order
+ * that would deadlock there deadlocks in the tests; the receive wants
+ * exactly `bytes`. */
+gp_status gp_procs_chan_send(const void *buf, size_t bytes, int peer, int tag);
+gp_status gp_procs_chan_recv(void *buf, size_t bytes, int peer, int tag);
+/* Every rank's `bytes` bytes at mine, in rank order, into all (size x
+ * bytes); a collective over every rank. */
+gp_status gp_procs_allgather_bytes(const void *mine, void *all, size_t bytes);
 /* The largest message tag this MPI allows (MPI_TAG_UB; at least 32767). */
 int gp_procs_tag_ub(void);
 /* For a failure this rank meets alone where the others cannot be told (they

@@ -258,6 +258,11 @@ static const gp_device_iface cpu_iface = {
     .mark = gp_cpu_mark,
     .mark_time = gp_cpu_mark_time,
     .mark_reset = gp_cpu_mark_reset,
+    .chan_open = gp_cpu_chan_open,
+    .chan_send = gp_cpu_chan_send,
+    .chan_recv = gp_cpu_chan_recv,
+    .chan_close = gp_cpu_chan_close,
+    .event_query = gp_cpu_event_query,
 };
 
 static cpu_conv_layout conv_layout_from_env(void)
@@ -299,6 +304,7 @@ gp_status gp_cpu_device_create(int index, const gp_device_opts *opts, gp_device 
     const char *kw = getenv("GPIPE_CPU_KEEP_WEIGHTS");
     ctx->keep_weights = !(kw && !strcmp(kw, "0"));
     ctx->streams = gp_cpu_streams_from_env(&ctx->copy_delay_us);
+    dev->chans = ctx->streams; /* a channel is a stream's queue */
     if (ctx->streams && (st = gp_cpu_streams_start(dev)) != GP_OK) goto fail;
 
     /* Each device caches its own primitives per shape (cpu_dnnl.c), so

@@ -145,6 +145,10 @@ typedef struct gp_cpu_ctx {
     long copy_delay_us;       /* GPIPE_CPU_COPY_DELAY_US */
     bool copy_running, copy_stop;
     pthread_t copy_thread;
+    /* A channel transfer's first failure (cpu_streams.c's lock), which
+     * synchronize reports. */
+    gp_status chan_failed;
+    char chan_why[320];
     /* Device-time markers since the last mark_reset (cpu_streams.c),
      * newest first; taken on the device's worker, read between steps. */
     struct cpu_mark *marks;
@@ -178,6 +182,14 @@ gp_status gp_cpu_event_sync(gp_device *dev, void *ev);
  * call; on the copy stream, with GPIPE_CPU_STREAMS=threads, the time the
  * queue reaches the marker (no copy delay applies to it). */
 gp_status gp_cpu_mark(gp_device *dev, bool copy, void **out);
+/* Channels to other processes (backend.h, chan_open): GPIPE_CPU_STREAMS=
+ * threads only; each a queue with a thread of its own. */
+gp_status gp_cpu_chan_open(gp_device *dev, const gp_chan_desc *d, void **out);
+gp_status gp_cpu_chan_send(gp_device *dev, void *ch, const float *buf, int64_t n, void *after,
+                           void *done);
+gp_status gp_cpu_event_query(gp_device *dev, void *ev, bool *done);
+gp_status gp_cpu_chan_recv(gp_device *dev, void *ch, float *buf, int64_t n, void *done);
+void gp_cpu_chan_close(gp_device *dev, void *ch, bool abort);
 gp_status gp_cpu_mark_time(gp_device *dev, void *mark, double *seconds);
 void gp_cpu_mark_reset(gp_device *dev);
 

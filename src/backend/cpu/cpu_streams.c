@@ -21,6 +21,15 @@
  * time it was enqueued.  Frees: cpu_free waits until no unfinished copy
  * reads or writes the block (the allocator's stream-ordered free on CUDA).
  *
+ * Channels (chan_open, backend.h) are streams too: a queue of sends or
+ * receives to another process, run by a thread of the channel's own, which
+ * calls the transport's blocking rendezvous (host_send / host_recv: MPI's
+ * synchronous send and receive, procs.c).  A send waits for its `after`
+ * event first, a receive completes its `done` event; frees wait for them as
+ * for copies.  A rendezvous is what NCCL's point-to-point does on a GPU (a
+ * send ends only when its receive has started), so an order of channel
+ * operations that would deadlock there deadlocks here, in CI.
+ *
  * One process-wide lock guards every queue and event: this is a test mode,
  * and one lock is what makes it easy to see correct.
  */
@@ -45,9 +54,13 @@ typedef struct cpu_mark {
     bool stamped;
 } cpu_mark;
 
+typedef struct cpu_chan cpu_chan;
+
 typedef struct copy_item {
     struct copy_item *prev, *next; /* g_items: every unfinished copy, in order */
-    gp_device *dev;                /* whose copy stream runs it */
+    gp_device *dev;                /* whose copy (or channel) stream runs it */
+    const void *stream;            /* the stream: dev's copy stream, or a cpu_chan */
+    cpu_chan *chan;                /* a channel's send (src) or receive (dst) */
     bool started;
     void *dst;
     const void *src;
@@ -100,22 +113,42 @@ static void append_locked(copy_item *it)
     pthread_cond_broadcast(&g_cond);
 }
 
-static copy_item *next_for(const gp_device *dev)
+static copy_item *next_for(const void *stream)
 {
     for (copy_item *it = g_head; it; it = it->next)
-        if (it->dev == dev && !it->started) return it;
+        if (it->stream == stream && !it->started) return it;
     return NULL;
 }
 
-static void *copy_thread(void *arg)
+/* A channel: its end's queue (items with stream == the channel), run by
+ * chan_thread. */
+struct cpu_chan {
+    gp_device *dev;
+    gp_chan_desc d;
+    pthread_t thread;
+    bool stop;            /* under g_lock */
+    gp_status failed;     /* the transport's first error (under g_lock) */
+    char why[256];
+};
+
+/* The transfer of a channel item, outside g_lock. */
+static gp_status chan_transfer(cpu_chan *ch, copy_item *it)
 {
-    gp_device *dev = arg;
+    return it->src ? ch->d.host_send(ch->d.arg, it->src, it->bytes)
+                   : ch->d.host_recv(ch->d.arg, it->dst, it->bytes);
+}
+
+/* The loop of a stream's thread: a device's copy stream (ch NULL) or a
+ * channel's. */
+static void run_stream(gp_device *dev, cpu_chan *ch)
+{
     gp_cpu_ctx *ctx = gp_cpu_ctx_of(dev);
+    const void *stream = ch ? (const void *)ch : (const void *)dev;
     pthread_mutex_lock(&g_lock);
     for (;;) {
-        copy_item *it = next_for(dev);
+        copy_item *it = next_for(stream);
         if (!it) {
-            if (ctx->copy_stop) break;
+            if (ch ? ch->stop : ctx->copy_stop) break;
             pthread_cond_wait(&g_cond, &g_lock);
             continue;
         }
@@ -137,8 +170,20 @@ static void *copy_thread(void *arg)
                                   (ctx->copy_delay_us % 1000000) * 1000L};
             while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
         }
-        if (it->bytes && it->dst != it->src) memcpy(it->dst, it->src, it->bytes);
+        gp_status st = GP_OK;
+        if (ch) st = ch->failed == GP_OK ? chan_transfer(ch, it) : ch->failed;
+        else if (it->bytes && it->dst != it->src) memcpy(it->dst, it->src, it->bytes);
+        char why[sizeof ch->why] = "";
+        if (st != GP_OK) snprintf(why, sizeof why, "%s", gp_last_error());
         pthread_mutex_lock(&g_lock);
+        if (st != GP_OK && ch->failed == GP_OK) { /* said by the next call on it */
+            ch->failed = st;
+            snprintf(ch->why, sizeof ch->why, "%s", why);
+            if (ctx->chan_failed == GP_OK) { /* and by the step's synchronize */
+                ctx->chan_failed = st;
+                snprintf(ctx->chan_why, sizeof ctx->chan_why, "channel %s: %s", ch->d.name, why);
+            }
+        }
         if (it->done && it->done->completed < it->done_target)
             it->done->completed = it->done_target;
         unlink_item(it);
@@ -146,6 +191,11 @@ static void *copy_thread(void *arg)
         pthread_cond_broadcast(&g_cond);
     }
     pthread_mutex_unlock(&g_lock);
+}
+
+static void *copy_thread(void *arg)
+{
+    run_stream(arg, NULL);
     return NULL;
 }
 
@@ -218,9 +268,16 @@ void gp_cpu_streams_before_free(gp_device *dev, const void *ptr, size_t bytes)
 
 gp_status gp_cpu_synchronize(gp_device *dev)
 {
-    if (!gp_cpu_ctx_of(dev)->streams) return GP_OK; /* the work is done when a call returns */
+    gp_cpu_ctx *ctx = gp_cpu_ctx_of(dev);
+    if (!ctx->streams) return GP_OK; /* the work is done when a call returns */
     wait_unused(runs_on, dev);
-    return GP_OK;
+    /* a channel's transfer that failed (its peer gone): the step failed */
+    pthread_mutex_lock(&g_lock);
+    gp_status st = ctx->chan_failed;
+    char why[sizeof ctx->chan_why];
+    memcpy(why, ctx->chan_why, sizeof why);
+    pthread_mutex_unlock(&g_lock);
+    return st == GP_OK ? GP_OK : gp_error_set(st, "device %s: %s", dev->name, why);
 }
 
 gp_status gp_cpu_copy_async(gp_device *dev, void *dst, gp_device *src_dev, const void *src,
@@ -236,8 +293,8 @@ gp_status gp_cpu_copy_async(gp_device *dev, void *dst, gp_device *src_dev, const
     }
     copy_item *it = calloc(1, sizeof *it);
     if (!it) return gp_error_set(GP_ERR_OOM, "out of host memory queueing a copy");
-    *it = (copy_item){.dev = dev, .dst = dst, .src = src, .bytes = bytes, .after = after,
-                      .done = done};
+    *it = (copy_item){.dev = dev, .stream = dev, .dst = dst, .src = src, .bytes = bytes,
+                      .after = after, .done = done};
     pthread_mutex_lock(&g_lock);
     if (it->after) it->after_target = it->after->recorded;
     if (it->done) it->done_target = ++it->done->recorded;
@@ -287,6 +344,18 @@ gp_status gp_cpu_event_record(gp_device *dev, void *ev)
     return GP_OK;
 }
 
+gp_status gp_cpu_event_query(gp_device *dev, void *ev, bool *done)
+{
+    (void)dev;
+    *done = true;
+    if (!ev) return GP_OK;
+    cpu_event *e = ev;
+    pthread_mutex_lock(&g_lock);
+    *done = e->completed >= e->recorded;
+    pthread_mutex_unlock(&g_lock);
+    return GP_OK;
+}
+
 /* The compute stream is the caller: the device waits = the host waits. */
 gp_status gp_cpu_event_sync(gp_device *dev, void *ev)
 {
@@ -322,6 +391,7 @@ gp_status gp_cpu_mark(gp_device *dev, bool copy, void **out)
         return GP_OK;
     }
     it->dev = dev;
+    it->stream = dev;
     it->mark = m;
     pthread_mutex_lock(&g_lock);
     append_locked(it);
@@ -349,4 +419,97 @@ void gp_cpu_mark_reset(gp_device *dev)
         ctx->marks = m->next;
         free(m);
     }
+}
+
+/* ---- channels to other processes ------------------------------------------- */
+
+static void *chan_thread(void *arg)
+{
+    cpu_chan *ch = arg;
+    run_stream(ch->dev, ch);
+    return NULL;
+}
+
+gp_status gp_cpu_chan_open(gp_device *dev, const gp_chan_desc *d, void **out)
+{
+    *out = NULL;
+    if (!gp_cpu_ctx_of(dev)->streams)
+        return gp_error_set(GP_ERR_UNSUPPORTED, "device %s: channels to other processes need "
+                            "GPIPE_CPU_STREAMS=threads", dev->name);
+    if (!d->host_send || !d->host_recv)
+        return gp_error_set(GP_ERR_INVALID, "device %s: channel %s has no host transport",
+                            dev->name, d->name);
+    cpu_chan *ch = calloc(1, sizeof *ch);
+    if (!ch) return gp_error_set(GP_ERR_OOM, "out of host memory for a channel");
+    ch->dev = dev;
+    ch->d = *d;
+    int e = pthread_create(&ch->thread, NULL, chan_thread, ch);
+    if (e != 0) {
+        free(ch);
+        return gp_error_set(GP_ERR_RUNTIME, "device %s: cannot start the thread of channel %s: "
+                            "%s", dev->name, d->name, strerror(e));
+    }
+    *out = ch;
+    return GP_OK;
+}
+
+/* A channel's first failure, as the error of the call that finds it. */
+static gp_status chan_failed(cpu_chan *ch)
+{
+    pthread_mutex_lock(&g_lock);
+    gp_status st = ch->failed;
+    char why[sizeof ch->why];
+    memcpy(why, ch->why, sizeof why);
+    pthread_mutex_unlock(&g_lock);
+    return st == GP_OK ? GP_OK
+                       : gp_error_set(st, "device %s, channel %s: %s", ch->dev->name,
+                                      ch->d.name, why);
+}
+
+static gp_status chan_enqueue(gp_device *dev, cpu_chan *ch, const float *src, float *dst,
+                              int64_t n, void *after, void *done)
+{
+    GP_TRY(chan_failed(ch));
+    copy_item *it = calloc(1, sizeof *it);
+    if (!it) return gp_error_set(GP_ERR_OOM, "out of host memory queueing a transfer");
+    *it = (copy_item){.dev = dev, .stream = ch, .chan = ch, .dst = dst, .src = src,
+                      .bytes = (size_t)(n > 0 ? n : 0) * sizeof(float), .after = after,
+                      .done = done};
+    pthread_mutex_lock(&g_lock);
+    if (it->after) it->after_target = it->after->recorded;
+    if (it->done) it->done_target = ++it->done->recorded;
+    append_locked(it);
+    pthread_mutex_unlock(&g_lock);
+    return GP_OK;
+}
+
+gp_status gp_cpu_chan_send(gp_device *dev, void *ch, const float *buf, int64_t n, void *after,
+                           void *done)
+{
+    return chan_enqueue(dev, ch, buf, NULL, n, after, done);
+}
+
+gp_status gp_cpu_chan_recv(gp_device *dev, void *ch, float *buf, int64_t n, void *done)
+{
+    return chan_enqueue(dev, ch, NULL, buf, n, NULL, done);
+}
+
+void gp_cpu_chan_close(gp_device *dev, void *chp, bool abort)
+{
+    (void)dev;
+    cpu_chan *ch = chp;
+    pthread_mutex_lock(&g_lock);
+    ch->stop = true; /* after what is queued */
+    pthread_cond_broadcast(&g_cond);
+    bool idle = next_for(ch) == NULL;
+    for (copy_item *it = g_head; it && idle; it = it->next) idle = it->stream != ch;
+    pthread_mutex_unlock(&g_lock);
+    if (abort && !idle) {
+        /* a transfer whose peer is gone may never return: leave the thread
+         * (and the channel it reads) to the process's end */
+        pthread_detach(ch->thread);
+        return;
+    }
+    pthread_join(ch->thread, NULL);
+    free(ch);
 }

@@ -1252,6 +1252,124 @@ static void cuda_destroy(gp_device *dev)
     }
 }
 
+/* ---- channels to another process's GPU (backend.h, chan_open) ------------- */
+
+/* One flow between two processes: a communicator of the two ranks (NCCL
+ * forbids two ranks of one communicator on one GPU: the executor stages
+ * through host memory for those) and a stream of its own, so that a
+ * receive waiting for its peer holds back no other flow and no upload.
+ * Compiled, not run: no session has had two GPUs in two processes. */
+typedef struct {
+    ncclComm_t comm;
+    cudaStream_t stream;
+    cudaEvent_t tail;               /* before a receive: the compute stream's work so far */
+    int peer;
+} cuda_chan;
+
+static gp_status cuda_event_query(gp_device *dev, void *ev, bool *done)
+{
+    GP_TRY(gp_cuda_enter(dev));
+    cudaError_t e = cudaEventQuery((cudaEvent_t)ev);
+    *done = e == cudaSuccess;
+    if (e == cudaErrorNotReady) {
+        (void)cudaGetLastError(); /* not an error: clear it */
+        return GP_OK;
+    }
+    return e == cudaSuccess ? GP_OK
+                            : gp_cuda_fail("CUDA", (int)e, cudaGetErrorString(e),
+                                           "cudaEventQuery(ev)", __func__, __FILE__, __LINE__);
+}
+
+static gp_status cuda_chan_id(gp_device *dev, void *id, size_t *bytes)
+{
+    _Static_assert(sizeof(ncclUniqueId) <= GP_CHAN_ID_BYTES, "GP_CHAN_ID_BYTES too small");
+    (void)dev;
+    ncclUniqueId u;
+    GP_NCCL(ncclGetUniqueId(&u));
+    memcpy(id, &u, sizeof u);
+    *bytes = sizeof u;
+    return GP_OK;
+}
+
+static void chan_free(cuda_chan *ch, bool abort)
+{
+    if (ch->comm) {
+        if (abort) (void)ncclCommAbort(ch->comm);
+        else {
+            (void)ncclCommFinalize(ch->comm); /* its operations end first */
+            (void)ncclCommDestroy(ch->comm);
+        }
+    }
+    if (ch->stream) (void)cudaStreamDestroy(ch->stream);
+    if (ch->tail) (void)cudaEventDestroy(ch->tail);
+    free(ch);
+}
+
+static gp_status cuda_chan_open(gp_device *dev, const gp_chan_desc *d, void **out)
+{
+    *out = NULL;
+    if (d->id_bytes != sizeof(ncclUniqueId))
+        return gp_error_set(GP_ERR_INVALID, "device %s, channel %s: an id of %zu bytes, not "
+                            "NCCL's %zu", dev->name, d->name, d->id_bytes, sizeof(ncclUniqueId));
+    GP_TRY(gp_cuda_enter(dev));
+    cuda_chan *ch = calloc(1, sizeof *ch);
+    if (!ch) return gp_error_set(GP_ERR_OOM, "out of host memory for a channel");
+    gp_status st = GP_OK;
+    GP_CUDA_GO(cudaStreamCreateWithFlags(&ch->stream, cudaStreamNonBlocking));
+    GP_CUDA_GO(cudaEventCreateWithFlags(&ch->tail, cudaEventDisableTiming));
+    ncclUniqueId u;
+    memcpy(&u, d->id, sizeof u);
+    /* the sender is rank 0; blocks until the peer joins */
+    GP_NCCL_GO(ncclCommInitRank(&ch->comm, 2, u, d->sender ? 0 : 1));
+    ch->peer = d->sender ? 1 : 0;
+    *out = ch;
+    return GP_OK;
+fail:
+    chan_free(ch, true);
+    return gp_error_wrap(st, "device %s, channel %s", dev->name, d->name);
+}
+
+/* Behind `after` (the producer's event) on the channel's stream, `done`
+ * recorded behind it: the caller keeps buf until done (backend.h), so no
+ * free waits for a peer. */
+static gp_status cuda_chan_send(gp_device *dev, void *chp, const float *buf, int64_t n,
+                                void *after, void *done)
+{
+    cuda_chan *ch = chp;
+    GP_TRY(gp_cuda_enter(dev));
+    gp_cuda_nvtx_push("chan_send");
+    if (after) GP_CUDA(cudaStreamWaitEvent(ch->stream, (cudaEvent_t)after, 0));
+    GP_NCCL(ncclSend(buf, (size_t)n, ncclFloat, ch->peer, ch->comm, ch->stream));
+    if (done) GP_CUDA(cudaEventRecord((cudaEvent_t)done, ch->stream));
+    gp_cuda_nvtx_pop();
+    return GP_OK;
+}
+
+/* buf is a block just allocated: the allocator made the compute stream
+ * wait for the block's last users on both streams, so the channel's stream
+ * waits for the compute stream's work so far, then receives and records
+ * `done`, which the reader waits for.  Not for the copy stream's: nothing
+ * there waits for a peer, and nothing here needs to. */
+static gp_status cuda_chan_recv(gp_device *dev, void *chp, float *buf, int64_t n, void *done)
+{
+    cuda_chan *ch = chp;
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    GP_TRY(gp_cuda_enter(dev));
+    gp_cuda_nvtx_push("chan_recv");
+    GP_CUDA(cudaEventRecord(ch->tail, ctx->compute));
+    GP_CUDA(cudaStreamWaitEvent(ch->stream, ch->tail, 0));
+    GP_NCCL(ncclRecv(buf, (size_t)n, ncclFloat, ch->peer, ch->comm, ch->stream));
+    if (done) GP_CUDA(cudaEventRecord((cudaEvent_t)done, ch->stream));
+    gp_cuda_nvtx_pop();
+    return GP_OK;
+}
+
+static void cuda_chan_close(gp_device *dev, void *chp, bool abort)
+{
+    if (gp_cuda_enter(dev) != GP_OK) gp_error_clear();
+    chan_free(chp, abort);
+}
+
 static const gp_device_iface cuda_iface = {
     .version = GP_DEVICE_IFACE_VERSION,
     .backend_name = "cuda",
@@ -1320,6 +1438,12 @@ static const gp_device_iface cuda_iface = {
     .mark = cuda_mark,
     .mark_time = cuda_mark_time,
     .mark_reset = cuda_mark_reset,
+    .chan_open = cuda_chan_open,
+    .chan_send = cuda_chan_send,
+    .chan_recv = cuda_chan_recv,
+    .chan_close = cuda_chan_close,
+    .chan_id = cuda_chan_id,
+    .event_query = cuda_event_query,
 };
 
 gp_status gp_cuda_device_create(int index, const gp_device_opts *opts, gp_device **out)
@@ -1375,6 +1499,7 @@ gp_status gp_cuda_device_create(int index, const gp_device_opts *opts, gp_device
     if (st != GP_OK) goto fail;
     st = gp_cuda_dnn_init(ctx);
     if (st != GP_OK) goto fail;
+    dev->chans = true;
     *out = dev;
     return GP_OK;
 fail:
