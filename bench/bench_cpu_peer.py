@@ -3,7 +3,8 @@
 PyTorch's on the same model, batch and thread count, in one run.
 
   bench/bench_cpu_peer.py [--isa native|avx2] [--threads 2] [--steps 15]
-                          [--repeat 3] [--bin build] [CONFIG.yaml ...]
+                          [--repeat 3] [--precision fp32|bf16] [--bin build]
+                          [CONFIG.yaml ...]
 
 For each config (default bench/convnet.yaml and bench/mlp.yaml):
   gpipe:   build/bench_step --steps-only (whole steps back to back on a
@@ -11,6 +12,10 @@ For each config (default bench/convnet.yaml and bench/mlp.yaml):
   PyTorch: the same layers as torch.nn.Sequential (built from the YAML),
            torch.set_num_threads(--threads), SGD momentum 0.9, a random
            batch, zero_grad(set_to_none=True), forward, loss, backward, step
+--precision bf16: gpipe's device in train.precision bf16 (convolutions on
+bf16 operands, FP32 sums and tensors), PyTorch's forward and loss under
+torch.autocast("cpu", dtype=torch.bfloat16) (its bf16 mixed precision:
+convolutions and linear layers in bf16, activations kept in bf16).
 Median step of --steps after 3 warm-ups; --repeat runs of each,
 alternating, so drift on a shared machine hits both; the medians are
 reported as samples/s with the ratio gpipe / PyTorch, and the processor.
@@ -108,7 +113,8 @@ def torch_model(cfg):
     return nn.Sequential(*layers)
 
 
-def torch_step_ms(cfg, threads, steps):
+def torch_step_ms(cfg, threads, steps, precision="fp32"):
+    import contextlib
     import torch
     torch.set_num_threads(threads)
     torch.manual_seed(5)
@@ -125,7 +131,9 @@ def torch_step_ms(cfg, threads, steps):
     for s in range(steps + 3):
         t0 = time.perf_counter()
         sgd.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
+        with (torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16"
+              else contextlib.nullcontext()):
+            loss = loss_fn(model(x), y)
         loss.backward()
         sgd.step()
         loss.item()  # the loss is read each step, as gpipe reads it
@@ -134,9 +142,10 @@ def torch_step_ms(cfg, threads, steps):
     return statistics.median(ts) * 1e3
 
 
-def gpipe_step_ms(binary, path, threads, steps, env):
+def gpipe_step_ms(binary, path, threads, steps, env, precision="fp32"):
     out = subprocess.run([binary, "--steps-only", "--threads", str(threads), "--steps",
-                          str(steps), path], capture_output=True, text=True, env=env)
+                          str(steps), "--precision", precision, path],
+                         capture_output=True, text=True, env=env)
     m = re.search(r"step: ([0-9.]+) ms median", out.stdout)
     if out.returncode != 0 or not m:
         sys.exit("bench_cpu_peer: %s failed:\n%s%s" % (binary, out.stdout, out.stderr))
@@ -151,12 +160,14 @@ def main():
     ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--bin", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--_torch", help=argparse.SUPPRESS)  # child: one PyTorch measurement
     args = ap.parse_args()
     import yaml
     if args._torch:
         with open(args._torch) as f:
-            print("%.4f" % torch_step_ms(yaml.safe_load(f), args.threads, args.steps))
+            print("%.4f" % torch_step_ms(yaml.safe_load(f), args.threads, args.steps,
+                                         args.precision))
         return
     configs = args.configs or [os.path.join(HERE, "convnet.yaml"), os.path.join(HERE, "mlp.yaml")]
     blas = blas_check()
@@ -169,10 +180,11 @@ def main():
         if core:
             env["OPENBLAS_CORETYPE"] = core
     import torch
-    print("%s; --isa %s%s; torch %s (%s%s); %d threads; median of %d steps, median of %d runs"
+    print("%s; --isa %s%s; --precision %s; torch %s (%s%s); %d threads; median of %d steps, "
+          "median of %d runs"
           % (cpu_name(), args.isa, " (emulated: %s)" % " ".join("%s=%s" % kv for kv in
                                                                 AVX2_ENV.items())
-             if args.isa == "avx2" else "", torch.__version__, os.path.basename(
+             if args.isa == "avx2" else "", args.precision, torch.__version__, os.path.basename(
                  os.path.dirname(blas)), ", OPENBLAS_CORETYPE=%s, the environment's: %s"
              % (core, os.environ.get("OPENBLAS_CORETYPE", "unset")) if core else "",
              args.threads, args.steps, args.repeat))
@@ -187,10 +199,11 @@ def main():
         batch = cfg["train"]["batch_size"]
         gs, ts = [], []
         for _ in range(args.repeat):
-            gs.append(gpipe_step_ms(binary, path, args.threads, args.steps, env))
+            gs.append(gpipe_step_ms(binary, path, args.threads, args.steps, env, args.precision))
             # PyTorch in a child, so the ISA variables apply before torch loads.
             out = subprocess.run([sys.executable, os.path.abspath(__file__), "--_torch", path,
-                                  "--threads", str(args.threads), "--steps", str(args.steps)],
+                                  "--threads", str(args.threads), "--steps", str(args.steps),
+                                  "--precision", args.precision],
                                  capture_output=True, text=True, env=env, check=True)
             ts.append(float(out.stdout.strip().splitlines()[-1]))
         g, t = statistics.median(gs), statistics.median(ts)

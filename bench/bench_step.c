@@ -233,14 +233,25 @@ int main(int argc, char **argv)
 {
     int threads = 2, steps = 10;
     bool steps_only = false;
+    gp_precision precision = GP_PRECISION_FP32;
     const char *configs[16];
     int nc = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--steps-only")) steps_only = true;
+        else if (!strcmp(argv[i], "--precision") && i + 1 < argc) {
+            const char *p = argv[++i];
+            if (!strcmp(p, "bf16")) precision = GP_PRECISION_BF16;
+            else if (strcmp(p, "fp32")) {
+                fprintf(stderr, "bench_step: --precision takes fp32 or bf16\n");
+                return 2;
+            }
+        }
         else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            puts("usage: bench_step [--threads N] [--steps N] [--steps-only] [CONFIG.yaml ...]\n"
+            puts("usage: bench_step [--threads N] [--steps N] [--steps-only] [--precision fp32|bf16]\n"
+                 "                  [CONFIG.yaml ...]\n"
+                 "  --precision   the device's (train.precision); bf16 needs avx512_bf16 or AMX\n"
                  "  --steps-only  whole steps back to back: no per-layer table, no sgemm\n"
                  "                ceiling (what bench/bench_cpu_peer.py compares with PyTorch)");
             return 0;
@@ -251,7 +262,7 @@ int main(int argc, char **argv)
         configs[nc++] = GPIPE_SOURCE_DIR "/bench/mlp.yaml";
         configs[nc++] = GPIPE_SOURCE_DIR "/bench/convnet.yaml";
     }
-    gp_device_opts o = {.threads = threads};
+    gp_device_opts o = {.threads = threads, .precision = precision};
     gp_device *dev;
     if (gp_device_open("cpu:0", &o, &dev) != GP_OK) {
         fprintf(stderr, "bench_step: %s\n", gp_last_error());

@@ -13,6 +13,8 @@
 #include "test_util.h"
 
 #include <float.h>
+#include <oneapi/dnnl/dnnl.h>
+#include <stdint.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -192,6 +194,113 @@ static void test_conv_shape(gp_device *dev, int64_t n, int64_t c, int64_t h, int
                             int64_t k, int64_t ker, int64_t stride, int64_t pad, int bias)
 {
     test_conv_hw(dev, n, c, h, w, k, ker, ker, stride, stride, pad, pad, bias);
+}
+
+/* x rounded to the nearest bfloat16 (ties to even), as a float. */
+static float to_bf16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    u &= 0xffff0000u;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+/* precision bf16 (backend.h, gp_precision) on the CPU.  Where the processor
+ * has bf16 instructions: each convolution equals the double-precision
+ * reference on its operands rounded to bf16 (x and w forward, dy and w for
+ * dx, x and dy for dw; bias and results in FP32) to FP32 summation
+ * accuracy, and differs measurably from the FP32 result, so the bf16
+ * kernels ran.  Without them: the device refuses bf16, saying why. */
+static void test_bf16(void)
+{
+    gp_device_opts o = {.threads = 1, .precision = GP_PRECISION_BF16};
+    gp_device *dev = NULL;
+    gp_status st = gp_device_open("cpu:7", &o, &dev);
+    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    bool native = ((unsigned)isa & (unsigned)dnnl_cpu_isa_avx512_core_bf16) ==
+                  (unsigned)dnnl_cpu_isa_avx512_core_bf16;
+    if (!native) {
+        CHECK(st == GP_ERR_UNSUPPORTED);
+        CHECK_MSG(strstr(gp_last_error(), "avx512_bf16") && strstr(gp_last_error(), "fp32"),
+                  "%s", gp_last_error());
+        gp_error_clear();
+        printf("test_backend: no bf16 instructions here: bf16 refused (checked)\n");
+        return;
+    }
+    CHECK_OK(st);
+    if (!dev) return;
+    CHECK(dev->precision == GP_PRECISION_BF16);
+    /* blocked (16 -> 32 channels) and plain (1 input channel) paths */
+    static const int64_t shapes[][4] = {{2, 16, 12, 32}, {2, 1, 10, 8}};
+    for (int q = 0; q < 2; q++) {
+        int64_t n = shapes[q][0], c = shapes[q][1], h = shapes[q][2], k = shapes[q][3];
+        gp_conv_desc d = {n, c, h, h, k, 3, 3, 1, 1, 1, 1, h, h, 1};
+        int64_t nx = n * c * h * h, nw = k * c * 9, ny = n * k * h * h;
+        float *x = drand(dev, nx), *w = drand(dev, nw), *b = drand(dev, k), *dy = drand(dev, ny);
+        float *y = dalloc(dev, ny), *dx = dalloc(dev, nx), *dw = dalloc(dev, nw), *db = dalloc(dev, k);
+        float *xr = malloc(sizeof(float) * (size_t)nx), *wr = malloc(sizeof(float) * (size_t)nw);
+        float *dyr = malloc(sizeof(float) * (size_t)ny);
+        double *ry = malloc(sizeof(double) * (size_t)ny), *ry32 = malloc(sizeof(double) * (size_t)ny);
+        double *rdx = malloc(sizeof(double) * (size_t)nx), *rdw = calloc((size_t)nw, sizeof(double));
+        double *rdb = calloc((size_t)k, sizeof(double));
+        for (int64_t i = 0; i < nx; i++) xr[i] = to_bf16(x[i]);
+        for (int64_t i = 0; i < nw; i++) wr[i] = to_bf16(w[i]);
+        for (int64_t i = 0; i < ny; i++) dyr[i] = to_bf16(dy[i]);
+        char what[96];
+        CHECK_OK(gp_dev_conv_fwd(dev, &d, x, w, b, y));
+        ref_conv_fwd(&d, xr, wr, b, ry);
+        snprintf(what, sizeof what, "bf16 conv c%lld fwd", (long long)c);
+        check_close(what, y, ry, ny, 1e-5);
+        ref_conv_fwd(&d, x, w, b, ry32); /* the FP32 answer is another */
+        double diff = 0;
+        for (int64_t i = 0; i < ny; i++) diff = fmax(diff, fabs(y[i] - ry32[i]));
+        CHECK_MSG(diff > 1e-4, "%s: equal to the FP32 result (max difference %.3g)", what, diff);
+        gp_dev_fill(dev, dw, 0.0f, nw);
+        gp_dev_fill(dev, db, 0.0f, k);
+        CHECK_OK(gp_dev_conv_bwd_data(dev, &d, w, dy, dx));
+        CHECK_OK(gp_dev_conv_bwd_weights(dev, &d, x, dy, dw, db));
+        ref_conv_bwd(&d, xr, wr, dyr, rdx, rdw, rdb); /* from zero; db from the bf16 dy */
+        snprintf(what, sizeof what, "bf16 conv c%lld bwd_data", (long long)c);
+        check_close(what, dx, rdx, nx, 1e-5);
+        snprintf(what, sizeof what, "bf16 conv c%lld bwd_weights dw", (long long)c);
+        check_close(what, dw, rdw, nw, 1e-5);
+        snprintf(what, sizeof what, "bf16 conv c%lld bwd_weights db", (long long)c);
+        check_close(what, db, rdb, k, 1e-5);
+        dfree(dev, x, nx); dfree(dev, w, nw); dfree(dev, b, k); dfree(dev, dy, ny);
+        dfree(dev, y, ny); dfree(dev, dx, nx); dfree(dev, dw, nw); dfree(dev, db, k);
+        free(xr); free(wr); free(dyr); free(ry); free(ry32); free(rdx); free(rdw); free(rdb);
+    }
+    /* matrix products: every transpose, a scale, accumulation, padded
+     * leading dimensions; the oracle on bf16-rounded A and B */
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++)
+            for (int acc = 0; acc < 2; acc++) {
+                const int64_t m = 24, n = 40, k = 72;
+                int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
+                int64_t lda = ac + 3, ldb = bc + 2, ldc = n + 5;
+                float *a = drand(dev, ar * lda), *bm = drand(dev, br * ldb);
+                float *c = drand(dev, m * ldc);
+                double *ref = malloc(sizeof(double) * (size_t)(m * ldc));
+                float alpha = 0.75f, beta = acc ? 1.0f : 0.0f;
+                for (int64_t i = 0; i < m; i++)
+                    for (int64_t j = 0; j < ldc; j++) {
+                        double sum = 0;
+                        for (int64_t q = 0; q < k && j < n; q++)
+                            sum += (double)to_bf16(ta ? a[q * lda + i] : a[i * lda + q]) *
+                                   (double)to_bf16(tb ? bm[j * ldb + q] : bm[q * ldb + j]);
+                        ref[i * ldc + j] = j < n ? alpha * sum + beta * c[i * ldc + j]
+                                                 : c[i * ldc + j]; /* padding untouched */
+                    }
+                CHECK_OK(gp_dev_gemm(dev, ta, tb, m, n, k, alpha, a, lda, bm, ldb, beta, c, ldc));
+                char what[64];
+                snprintf(what, sizeof what, "bf16 gemm ta=%d tb=%d beta=%g", ta, tb, (double)beta);
+                check_close(what, c, ref, m * ldc, 1e-5);
+                dfree(dev, a, ar * lda); dfree(dev, bm, br * ldb); dfree(dev, c, m * ldc);
+                free(ref);
+            }
+    gp_device_close(dev);
 }
 
 static void test_conv(gp_device *dev)
@@ -1438,6 +1547,7 @@ int main(void)
         test_copies(dev, blk);
     }
     test_copy_async(dev);
+    test_bf16();
     test_marks(dev);
     test_host_waits(dev);
     test_nonfinite_or(dev);

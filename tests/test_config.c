@@ -99,6 +99,7 @@ static const char *const k_full =
     "  steps: 0\n"
     "  batch_size: 128\n"
     "  seed: 18446744073709551615\n"
+    "  precision: bf16\n"
     "  optimizer: {type: sgd, lr: 0.1, momentum: 0.8, nesterov: true, weight_decay: 0.0005,"
     " decay_bias_and_norm: true}\n"
     "  schedule: {type: step, warmup_steps: 100, warmup_start: 0.1, step_size: 500, gamma: 0.5,"
@@ -163,6 +164,7 @@ static void test_full(void)
     const gp_train_config *t = &c.train;
     CHECK(t->epochs == 5 && t->steps == 0 && t->batch_size == 128);
     CHECK(t->seed == UINT64_MAX);
+    CHECK(t->precision == 2); /* bf16 (gp_precision, backend.h) */
     CHECK(!strcmp(t->optim.type, "sgd"));
     CHECK_NEAR(t->optim.lr, 0.1, 1e-7, 0);
     CHECK_NEAR(t->optim.momentum, 0.8, 1e-7, 0);

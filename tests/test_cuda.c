@@ -606,7 +606,7 @@ static void test_memory(gp_device *gpu)
     gp_dev_free(gpu, q, 1000000, GP_MEM_ACTIVATIONS);
 
     /* Capacity is honoured with the shared accounting's message. */
-    gp_device_opts o = {0, (size_t)1 << 20};
+    gp_device_opts o = {.threads = 0, .capacity = (size_t)1 << 20};
     gp_device *small = NULL;
     CHECK_OK(gp_device_open(gpu->name, &o, &small));
     if (small) {
@@ -1192,7 +1192,7 @@ static void test_transparency(gp_device *cpu, gp_device *const *gpus, int n)
 static void test_shared_gpu(gp_device *gpu, gp_device *cpu)
 {
     gp_device *more[2] = {NULL, NULL}, *cpu1 = NULL;
-    gp_device_opts co = {1, 0};
+    gp_device_opts co = {.threads = 1};
     CHECK_OK(gp_device_open("cuda:0", NULL, &more[0]));
     CHECK_OK(gp_device_open("cuda:0", NULL, &more[1]));
     CHECK_OK(gp_device_open("cpu:1", &co, &cpu1));
@@ -1242,6 +1242,42 @@ static int main_two_gpus(gp_device *gpu, gp_device *cpu)
     return gpt_finish("test_cuda --two-gpus");
 }
 
+/* train.precision on a GPU (backend.h, gp_precision): tf32 runs cuBLAS and
+ * cuDNN on TF32 tensor cores, within TF32's rounding of the CPU's FP32
+ * (a 10-bit mantissa: 2e-2 of the largest value, where FP32 gets 1e-4);
+ * bf16 is refused with a message that says what to use. */
+static void test_precision(gp_device *cpu)
+{
+    gp_device_opts o = {.precision = GP_PRECISION_BF16};
+    gp_device *g = NULL;
+    gp_status s = gp_device_open("cuda:0", &o, &g);
+    CHECK(s == GP_ERR_UNSUPPORTED && g == NULL);
+    CHECK_MSG(strstr(gp_last_error(), "tf32") != NULL, "%s", gp_last_error());
+    gp_error_clear();
+    o.precision = GP_PRECISION_TF32;
+    CHECK_OK(gp_device_open("cuda:0", &o, &g));
+    if (!g) return;
+    CHECK(g->precision == GP_PRECISION_TF32);
+    gp_device *keep[2] = {D2[0], D2[1]};
+    D2[0] = cpu;
+    D2[1] = g;
+    gp_device_bind_thread(g);
+    const int64_t m = 64, n = 48, k = 256;
+    buf a = brand(m * k, -1, 1), b = brand(k * n, -1, 1), c = bjunk(m * n);
+    BOTH(gp_dev_gemm(D, 0, 0, m, n, k, 1.0f, a.p[K], k, b.p[K], n, 0.0f, c.p[K], n));
+    bcheck("tf32 gemm", &c, 2e-2);
+    bfree(&a); bfree(&b); bfree(&c);
+    gp_conv_desc d = {4, 32, 14, 14, 32, 3, 3, 1, 1, 1, 1, 14, 14, 1};
+    int64_t nx = 4 * 32 * 14 * 14, nw = 32 * 32 * 9;
+    buf x = brand(nx, -1, 1), w = brand(nw, -1, 1), bb = brand(32, -1, 1), y = bjunk(nx);
+    BOTH(gp_dev_conv_fwd(D, &d, x.p[K], w.p[K], bb.p[K], y.p[K]));
+    bcheck("tf32 conv fwd", &y, 2e-2);
+    bfree(&x); bfree(&w); bfree(&bb); bfree(&y);
+    D2[0] = keep[0];
+    D2[1] = keep[1];
+    gp_device_close(g);
+}
+
 int main(int argc, char **argv)
 {
     bool two = argc > 1 && !strcmp(argv[1], "--two-gpus");
@@ -1263,7 +1299,7 @@ int main(int argc, char **argv)
         return 77;
     }
     gp_device *cpu = NULL;
-    gp_device_opts co = {2, 0};
+    gp_device_opts co = {.threads = 2};
     if (gp_device_open("cpu:0", &co, &cpu) != GP_OK) {
         fprintf(stderr, "cpu:0: %s\n", gp_last_error());
         return 1;
@@ -1283,6 +1319,7 @@ int main(int argc, char **argv)
     test_memory(gpu);
     test_pinned(gpu);
     test_layers(cpu, gpu);
+    test_precision(cpu);
     gp_device_bind_thread(gpu);
     /* One GPU's share of the copies and the pipeline: device-to-device, and
      * a 1-stage pipeline on cuda:0 against the CPU.  The 2-GPU parts are

@@ -69,7 +69,7 @@ static void test_bn_conversions(void)
     /* On a real batch: the CPU backend's biased variance, made unbiased the
      * way cuDNN reports it, round-trips through gp_ew_bn_biased_var. */
     gp_device *dev = NULL;
-    gp_device_opts o = {1, 0};
+    gp_device_opts o = {.threads = 1};
     CHECK_OK(gp_device_open("cpu:0", &o, &dev));
     if (!dev) return;
     const int64_t n = 5, c = 3, s = 7;
@@ -93,7 +93,7 @@ static void test_bn_conversions(void)
 static void test_collective_fallbacks(void)
 {
     gp_device *a = NULL, *b = NULL;
-    gp_device_opts o = {1, 0};
+    gp_device_opts o = {.threads = 1};
     CHECK_OK(gp_device_open("cpu:0", &o, &a));
     CHECK_OK(gp_device_open("cpu:1", &o, &b));
     if (!a || !b) return;

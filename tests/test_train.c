@@ -3,9 +3,14 @@
  * micro-batch sizes, and the single-device step: m micro-batches accumulate
  * the same gradients (and give the same update) as one full batch; with
  * batch norm, whose statistics are per micro-batch, the loss and update of
- * m micro-batches are the mean of each micro-batch's own one-step run.
+ * m micro-batches are the mean of each micro-batch's own one-step run;
+ * and train.precision: bf16 on the CPU.
  */
 #include "test_util.h"
+
+#include "gpipe.h"
+
+#include <oneapi/dnnl/dnnl.h>
 
 static gp_train_config base_cfg(void)
 {
@@ -317,6 +322,70 @@ static void test_plain_sgd(void)
     gp_device_close(dev);
 }
 
+/* train.precision: bf16 (backend.h, gp_precision) through the library, on
+ * a 2-stage pipeline of convolutions: where the processor has bf16
+ * instructions, 8 steps on the same batches as the fp32 run give losses
+ * within 2% of its, not equal to them (the bf16 kernels ran), and falling;
+ * without them, preparing the run fails with what to do instead. */
+static void test_bf16_training(void)
+{
+    static const char *yaml =
+        "model:\n  input: [3, 16, 16]\n  layers:\n"
+        "    - conv2d: {out: 16, kernel: 3, padding: 1}\n    - batchnorm\n    - relu\n"
+        "    - conv2d: {out: 32, kernel: 3, padding: 1}\n    - relu\n    - maxpool2d: {kernel: 2}\n"
+        "    - conv2d: {out: 32, kernel: 3, padding: 1}\n    - relu\n    - flatten\n"
+        "    - linear: {out: 10}\n"
+        "data: {dataset: synthetic, synthetic: {train: 64, test: 16, classes: 10}}\n"
+        "train: {batch_size: 32, seed: 5, optimizer: {lr: 0.05, momentum: 0.9}}\n"
+        "pipeline: {devices: [cpu:0, cpu:1], threads: 1, chunks: 2}\n";
+    enum { B = 32, STEPS = 8, NPIX = 3 * 16 * 16 };
+    float *x = malloc(sizeof(float) * B * NPIX), y[B];
+    uint64_t r = 99;
+    for (int i = 0; i < B * NPIX; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = (float)((r >> 40) & 0xffff) / 65536.0f - 0.5f;
+    }
+    for (int i = 0; i < B; i++) y[i] = (float)(i % 10);
+    double loss[2][STEPS];
+    bool native = ((unsigned)dnnl_get_effective_cpu_isa() &
+                   (unsigned)dnnl_cpu_isa_avx512_core_bf16) ==
+                  (unsigned)dnnl_cpu_isa_avx512_core_bf16;
+    for (int pr = 0; pr < 2; pr++) {
+        const char *set = pr ? "train.precision=bf16" : "train.precision=fp32";
+        gp_run *run = NULL;
+        CHECK_OK(gp_run_parse("bf16.yaml", yaml, &set, 1, &run));
+        if (!run) break;
+        gp_status st = gp_run_prepare(run);
+        if (pr && !native) {
+            CHECK(st == GP_ERR_UNSUPPORTED);
+            CHECK_MSG(strstr(gp_last_error(), "avx512_bf16") && strstr(gp_last_error(), "fp32"),
+                      "%s", gp_last_error());
+            gp_error_clear();
+            gp_run_free(run);
+            printf("test_train: no bf16 instructions here: bf16 refused (checked)\n");
+            break;
+        }
+        CHECK_OK(st);
+        for (int k = 0; k < STEPS && st == GP_OK; k++) {
+            gp_metrics m;
+            st = gp_run_step(run, x, y, B, 0, &m);
+            CHECK_OK(st);
+            loss[pr][k] = m.loss;
+        }
+        gp_run_free(run);
+        if (pr && st == GP_OK) {
+            bool same = true;
+            for (int k = 0; k < STEPS; k++) {
+                same &= loss[1][k] == loss[0][k];
+                CHECK_NEAR(loss[1][k], loss[0][k], 0, 2e-2);
+            }
+            CHECK_MSG(!same, "bf16 losses equal the fp32 ones: bf16 did not run");
+            CHECK(loss[1][STEPS - 1] < loss[1][0]);
+        }
+    }
+    free(x);
+}
+
 int main(void)
 {
     test_schedules();
@@ -325,5 +394,6 @@ int main(void)
     test_microbatch_equivalence(true);
     test_microbatch_bn();
     test_plain_sgd();
+    test_bf16_training();
     return gpt_finish("test_train");
 }

@@ -96,6 +96,17 @@
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
+/* The math a device's convolutions and matrix products run in
+ * (train.precision).  FP32: exact single precision (the default, and what
+ * the transparency tests compare bit for bit).  TF32: GPUs' tensor-core
+ * math on FP32 data (10-bit mantissa products, FP32 sums); a CPU has none
+ * and computes FP32.  BF16: the operands rounded to bfloat16 (8-bit
+ * mantissa) on the way in, products summed in FP32, results and storage
+ * FP32; on a CPU only where the processor has bf16 instructions
+ * (avx512_bf16 or AMX), which oneDNN uses; not yet on GPUs. */
+typedef enum { GP_PRECISION_FP32 = 0, GP_PRECISION_TF32, GP_PRECISION_BF16 } gp_precision;
+const char *gp_precision_name(gp_precision p); /* "fp32", "tf32", "bf16" */
+
 /* Descriptor of a 2-D convolution (also used for pooling windows). */
 typedef struct gp_conv_desc {
     int64_t n, c, h, w;      /* input (N, C, H, W) */
@@ -599,6 +610,9 @@ struct gp_device {
     /* Whether this device opens channels (chan_open) now: set by the
      * backend (the CPU's only with GPIPE_CPU_STREAMS=threads). */
     bool chans;
+    /* The precision its convolutions and matrix products run in (the
+     * backend's answer to gp_device_opts.precision). */
+    gp_precision precision;
 };
 
 static inline void gp_dev_count_wait(struct gp_device *dev)
@@ -618,10 +632,12 @@ static inline uint64_t gp_dev_host_waits(const struct gp_device *dev)
  * stretch is closed either way. */
 gp_status gp_dev_freeze_weights(struct gp_device *dev, bool frozen);
 
+
 /* Options for opening a device. */
 typedef struct gp_device_opts {
     int threads;          /* CPU math threads; 0 = all cores */
     size_t capacity;      /* bytes; 0 = unlimited */
+    gp_precision precision; /* asked for; the device's own says what it runs */
 } gp_device_opts;
 
 /* Parse "cpu:0", "cpu", "cuda:1" into kind and index. */

@@ -163,6 +163,12 @@ gp_status gp_dev_upload_async(gp_device *dev, float *dst, const float *src, int6
     return done ? gp_dev_event_record(dev, done) : GP_OK;
 }
 
+const char *gp_precision_name(gp_precision p)
+{
+    static const char *const names[] = {"fp32", "tf32", "bf16"};
+    return p >= 0 && p <= GP_PRECISION_BF16 ? names[p] : "?";
+}
+
 bool gp_dev_has_chans(const gp_device *dev)
 {
     return dev->chans && dev->iface->chan_open && dev->iface->chan_send &&

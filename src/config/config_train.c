@@ -11,6 +11,8 @@
 static const char *const k_optim_names[] = {"sgd"};
 static const char *const k_sched_names[] = {"constant", "step", "cosine"};
 static const char *const k_scaling_names[] = {"none", "linear"};
+/* gp_precision's order (backend.h) */
+static const char *const k_precision_names[] = {"fp32", "tf32", "bf16"};
 
 /* `key: name` is shorthand for `key: {type: name}`. */
 static gp_status get_typed_map(gp_cfg_walk *w, const gp_ynode *m, const char *key,
@@ -46,6 +48,8 @@ gp_status gp_cfg_parse_train(gp_cfg_walk *w, const gp_ynode *root, gp_train_conf
                     (long long)tc->epochs, (long long)tc->steps);
     GP_TRY(gp_cfg_get_int(w, m, "train", "batch_size", 64, 1, 1 << 24, &tc->batch_size));
     GP_TRY(gp_cfg_get_u64(w, m, "train", "seed", 0, &tc->seed));
+    GP_TRY(gp_cfg_get_enum(w, m, "train", "precision", k_precision_names,
+                           GP_COUNT(k_precision_names), 0, &tc->precision));
 
     const gp_ynode *om, *ot;
     GP_TRY(get_typed_map(w, m, "optimizer", "{type: sgd, lr: 0.1}", &om, &ot));

@@ -250,7 +250,8 @@ static gp_status open_devices(const gp_config *cfg, gp_device **devs)
     for (int j = 0; j < n; j++) {
         const gp_device_spec *ds = &pc->devices[j];
         gp_device_opts o = {.threads = gp_model_device_threads(pc, j),
-                            .capacity = ds->memory ? ds->memory : pc->memory};
+                            .capacity = ds->memory ? ds->memory : pc->memory,
+                            .precision = (gp_precision)cfg->train.precision};
         bool stand_in = mine >= 0 && j != mine;
         if (stand_in) o = (gp_device_opts){.threads = 1};
         gp_status s = gp_device_open(stand_in ? "cpu" : ds->name, &o, &devs[j]);

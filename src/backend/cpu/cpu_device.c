@@ -298,6 +298,26 @@ gp_status gp_cpu_device_create(int index, const gp_device_opts *opts, gp_device 
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     dev->threads = opts->threads > 0 ? opts->threads : (cores > 0 ? (int)cores : 1);
     ctx->conv_layout = conv_layout_from_env();
+    if (opts->precision == GP_PRECISION_BF16) {
+        /* oneDNN's bf16 kernels need the instructions (vdpbf16ps or AMX);
+         * without them it would emulate bf16, slower than fp32 */
+        dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+        if (((unsigned)isa & (unsigned)dnnl_cpu_isa_avx512_core_bf16) !=
+            (unsigned)dnnl_cpu_isa_avx512_core_bf16) {
+            st = gp_error_set(GP_ERR_UNSUPPORTED, "precision bf16 needs a processor with bf16 "
+                              "instructions (avx512_bf16 or AMX), and oneDNN finds none here "
+                              "(its ISA 0x%x; ONEDNN_MAX_CPU_ISA may cap it); use "
+                              "train.precision: fp32", (unsigned)isa);
+            goto fail;
+        }
+        ctx->bf16 = true;
+        dev->precision = GP_PRECISION_BF16;
+    } else if (opts->precision == GP_PRECISION_TF32) {
+        /* TF32 is a GPU math mode: "may round products to 10 bits"; exact
+         * FP32 keeps that promise */
+        GP_INFO("device cpu:%d: precision tf32 is a GPU math mode; this CPU device computes "
+                "in fp32", index);
+    }
     /* A tuning knob for benchmarks: GPIPE_CPU_KEEP_WEIGHTS=0 reorders a
      * blocked convolution's weights on every call (cpu_dnnl.c, "Kept
      * weights"). */

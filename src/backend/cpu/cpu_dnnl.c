@@ -347,7 +347,8 @@ static bool weights_kept(gp_device *dev, cpu_op *op, const cpu_arg *a, const voi
                          bool *fresh)
 {
     *fresh = false;
-    if (!may_keep(dev) || a->arg != DNNL_ARG_WEIGHTS || !a->reorder || a->dir != CPU_ARG_IN)
+    if (!may_keep(dev) || op->no_keep || a->arg != DNNL_ARG_WEIGHTS || !a->reorder ||
+        a->dir != CPU_ARG_IN)
         return false;
     if (!op->wkeep) {
         const dnnl_memory_desc_t *md = NULL;
@@ -455,13 +456,19 @@ static gp_status op_get(gp_device *dev, const cpu_key *key, op_builder build,
     return GP_OK;
 }
 
-static gp_status md_init(dnnl_memory_desc_t *md, int ndims, const int64_t *dims,
-                         dnnl_format_tag_t tag)
+static gp_status md_init_t(dnnl_memory_desc_t *md, int ndims, const int64_t *dims,
+                           dnnl_data_type_t dt, dnnl_format_tag_t tag)
 {
     dnnl_dims_t d;
     for (int i = 0; i < ndims; i++) d[i] = dims[i];
-    GP_DNNL_RET(dnnl_memory_desc_init_by_tag(md, ndims, d, dnnl_f32, tag));
+    GP_DNNL_RET(dnnl_memory_desc_init_by_tag(md, ndims, d, dt, tag));
     return GP_OK;
+}
+
+static gp_status md_init(dnnl_memory_desc_t *md, int ndims, const int64_t *dims,
+                         dnnl_format_tag_t tag)
+{
+    return md_init_t(md, ndims, dims, dnnl_f32, tag);
 }
 
 /* Right padding that makes oneDNN's output size equal to the caller's
@@ -485,6 +492,7 @@ typedef struct conv_build {
     const gp_conv_desc *d;
     cpu_op_kind kind;
     int blocked;
+    bool bf16; /* the device's precision (its own cache: not in the key) */
 } conv_build;
 
 /* Blocked layouts pay off once the output channels fill half a 16-wide
@@ -518,16 +526,29 @@ static gp_status build_conv(gp_cpu_ctx *ctx, cpu_op *op, const void *desc)
     GP_TRY(md_init(&wei, 4, wd, dnnl_oihw));
     GP_TRY(md_init(&dst, 4, dd, dnnl_nchw));
     GP_TRY(md_init(&bias, 1, bd, dnnl_a));
-    GP_TRY(md_init(&src_any, 4, sd, cb->blocked ? dnnl_format_tag_any : dnnl_nchw));
-    GP_TRY(md_init(&wei_any, 4, wd, cb->blocked ? dnnl_format_tag_any : dnnl_oihw));
-    GP_TRY(md_init(&dst_any, 4, dd, cb->blocked ? dnnl_format_tag_any : dnnl_nchw));
+    /* bf16 (backend.h, gp_precision): the operands a product reads (x and
+     * w forward; dy and w for dx; x and dy for dw) in bf16, what it writes
+     * (y, dx, dw, db) in FP32; the reorders into the primitive's layouts
+     * convert, so the layers' tensors stay FP32 */
+    dnnl_data_type_t in = cb->bf16 ? dnnl_bf16 : dnnl_f32;
+    dnnl_data_type_t dy_t = cb->kind == CPU_OP_CONV_FWD ? dnnl_f32 : in;
+    dnnl_data_type_t x_t = cb->kind == CPU_OP_CONV_BWD_DATA ? dnnl_f32 : in;
+    dnnl_data_type_t w_t = cb->kind == CPU_OP_CONV_BWD_WEIGHTS ? dnnl_f32 : in;
+    GP_TRY(md_init_t(&src_any, 4, sd, x_t, cb->blocked ? dnnl_format_tag_any : dnnl_nchw));
+    GP_TRY(md_init_t(&wei_any, 4, wd, w_t, cb->blocked ? dnnl_format_tag_any : dnnl_oihw));
+    GP_TRY(md_init_t(&dst_any, 4, dd, dy_t, cb->blocked ? dnnl_format_tag_any : dnnl_nchw));
+    /* the forward that hints the backwards' layouts: bf16 operands too */
+    dnnl_memory_desc_t hsrc = src_any, hwei = wei_any, hdst;
+    GP_TRY(md_init_t(&hsrc, 4, sd, in, cb->blocked ? dnnl_format_tag_any : dnnl_nchw));
+    GP_TRY(md_init_t(&hwei, 4, wd, in, cb->blocked ? dnnl_format_tag_any : dnnl_oihw));
+    GP_TRY(md_init_t(&hdst, 4, dd, dnnl_f32, cb->blocked ? dnnl_format_tag_any : dnnl_nchw));
     dnnl_dims_t strides = {d->sh, d->sw}, pl = {d->ph, d->pw};
     dnnl_dims_t pr = {pad_right(d->h, d->kh, d->sh, d->ph, d->oh),
                       pad_right(d->w, d->kw, d->sw, d->pw, d->ow)};
     const dnnl_memory_desc_t *bias_md = d->has_bias ? &bias : NULL;
     dnnl_convolution_desc_t fwd, cd;
     GP_DNNL(dnnl_convolution_forward_desc_init(&fwd, dnnl_forward_training, dnnl_convolution_direct,
-                                               &src_any, &wei_any, bias_md, &dst_any, strides,
+                                               &hsrc, &hwei, bias_md, &hdst, strides,
                                                pl, pr));
     size_t temp = 0;
     switch (cb->kind) {
@@ -592,7 +613,7 @@ static gp_status conv_op(gp_device *dev, cpu_op_kind kind, const gp_conv_desc *d
 {
     GP_TRY(conv_check(dev, d));
     cpu_key key = conv_key(kind, d);
-    conv_build cb = {d, kind, conv_use_blocked(gp_cpu_ctx_of(dev), d)};
+    conv_build cb = {d, kind, conv_use_blocked(gp_cpu_ctx_of(dev), d), gp_cpu_ctx_of(dev)->bf16};
     static const char *names[] = {"", "a convolution forward", "a convolution backward-data",
                                   "a convolution backward-weights"};
     return op_get(dev, &key, build_conv, &cb, names[kind], op);
@@ -622,6 +643,79 @@ gp_status gp_cpu_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const f
     cpu_op *op = NULL;
     GP_TRY(conv_op(dev, CPU_OP_CONV_BWD_WEIGHTS, d, &op));
     void *p[4] = {(void *)x, dw, db, (void *)dy};
+    return op_run(dev, op, p);
+}
+
+/* ---- matrix products in bf16 (precision bf16) ------------------------------------------
+ * The gemm slot's C(m, n) = alpha op(A) op(B) + beta C, row-major with
+ * leading dimensions, as oneDNN's matmul: A and B described by their
+ * strides as they lie (a transpose is a stride swap, no copy) and
+ * reordered into bf16 in the arena, C written in place in FP32 with alpha
+ * as the output scale and beta as a sum post-op. */
+
+typedef struct {
+    int64_t m, n, k, lda, ldb, ldc;
+    int ta, tb;
+    float alpha, beta;
+} mm_build;
+
+static gp_status strided_md(dnnl_memory_desc_t *md, int64_t rows, int64_t cols, int64_t ld,
+                            int trans, dnnl_data_type_t dt)
+{
+    /* op(X) is rows x cols; X itself lies row-major with leading dim ld */
+    dnnl_dims_t d = {rows, cols}, st = {trans ? 1 : ld, trans ? ld : 1};
+    GP_DNNL_RET(dnnl_memory_desc_init_by_strides(md, 2, d, dt, st));
+    return GP_OK;
+}
+
+static gp_status build_matmul(gp_cpu_ctx *ctx, cpu_op *op, const void *desc)
+{
+    const mm_build *b = desc;
+    gp_status st = GP_OK;
+    dnnl_memory_desc_t a_user, b_user, c_md, a_any, b_any;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    GP_TRY(strided_md(&a_user, b->m, b->k, b->lda, b->ta, dnnl_f32));
+    GP_TRY(strided_md(&b_user, b->k, b->n, b->ldb, b->tb, dnnl_f32));
+    GP_TRY(strided_md(&c_md, b->m, b->n, b->ldc, 0, dnnl_f32));
+    GP_TRY(md_init_t(&a_any, 2, (int64_t[]){b->m, b->k}, dnnl_bf16, dnnl_format_tag_any));
+    GP_TRY(md_init_t(&b_any, 2, (int64_t[]){b->k, b->n}, dnnl_bf16, dnnl_format_tag_any));
+    dnnl_matmul_desc_t md;
+    GP_DNNL(dnnl_matmul_desc_init(&md, &a_any, &b_any, NULL, &c_md));
+    GP_TRY(make_attr(&attr, 0));
+    if (b->alpha != 1.0f) GP_DNNL(dnnl_primitive_attr_set_output_scales(attr, 1, 0, &b->alpha));
+    if (b->beta != 0.0f) {
+        GP_DNNL(dnnl_post_ops_create(&po));
+        GP_DNNL(dnnl_post_ops_append_sum(po, b->beta));
+        GP_DNNL(dnnl_primitive_attr_set_post_ops(attr, po));
+    }
+    GP_DNNL(dnnl_primitive_desc_create(&op->pd, &md, attr, ctx->engine, NULL));
+    op->scratch_bytes = pd_scratch_bytes(op->pd);
+    op->no_keep = true;
+    size_t temp = 0;
+    GP_TRY(op_add_arg(ctx, op, DNNL_ARG_SRC, 0, CPU_ARG_IN, &a_user, &temp));
+    GP_TRY(op_add_arg(ctx, op, DNNL_ARG_WEIGHTS, 1, CPU_ARG_IN, &b_user, &temp));
+    GP_TRY(op_add_arg(ctx, op, DNNL_ARG_DST, 2, CPU_ARG_OUT, &c_md, &temp));
+    st = op_finish(ctx, op, temp);
+fail:
+    if (po) dnnl_post_ops_destroy(po);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    return st;
+}
+
+gp_status gp_cpu_gemm_bf16(gp_device *dev, int trans_a, int trans_b, int64_t m, int64_t n,
+                           int64_t k, float alpha, const float *a, int64_t lda, const float *b,
+                           int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    int32_t ab, bb;
+    memcpy(&ab, &alpha, sizeof ab);
+    memcpy(&bb, &beta, sizeof bb);
+    cpu_key key = {{CPU_OP_MATMUL_BF16, m, n, k, trans_a != 0, trans_b != 0, lda, ldb, ldc, ab,
+                    bb, 0, 0, 0, 0, 0}};
+    mm_build mb = {m, n, k, lda, ldb, ldc, trans_a != 0, trans_b != 0, alpha, beta};
+    cpu_op *op = NULL;
+    GP_TRY(op_get(dev, &key, build_matmul, &mb, "a bf16 matrix product", &op));
+    void *p[3] = {(void *)a, (void *)b, c};
     return op_run(dev, op, p);
 }
 

@@ -55,7 +55,8 @@ typedef enum {
     CPU_OP_CONV_FWD = 1,
     CPU_OP_CONV_BWD_DATA,
     CPU_OP_CONV_BWD_WEIGHTS,
-    CPU_OP_LOG_SOFTMAX
+    CPU_OP_LOG_SOFTMAX,
+    CPU_OP_MATMUL_BF16
 } cpu_op_kind;
 
 #define CPU_KEY_LEN 16
@@ -99,6 +100,8 @@ typedef struct cpu_op {
     size_t wkeep_bytes;
     const void *wkeep_src;    /* the user tensor it converts */
     uint64_t wkeep_epoch;     /* dev->weights_epoch when converted */
+    bool no_keep;             /* its WEIGHTS argument is not always a layer's
+                                 weights (a gemm's B): never kept */
 } cpu_op;
 
 #define CPU_CACHE_BUCKETS 128
@@ -143,6 +146,9 @@ typedef struct gp_cpu_ctx {
      * cpu_streams.c's lock. */
     bool streams;
     long copy_delay_us;       /* GPIPE_CPU_COPY_DELAY_US */
+    /* precision bf16 (backend.h): convolutions take bf16 operands (their
+     * inputs converted by the reorders into oneDNN's layouts) and give FP32 */
+    bool bf16;
     bool copy_running, copy_stop;
     pthread_t copy_thread;
     /* A channel transfer's first failure (cpu_streams.c's lock), which
@@ -184,6 +190,12 @@ gp_status gp_cpu_event_sync(gp_device *dev, void *ev);
 gp_status gp_cpu_mark(gp_device *dev, bool copy, void **out);
 /* Channels to other processes (backend.h, chan_open): GPIPE_CPU_STREAMS=
  * threads only; each a queue with a thread of its own. */
+/* precision bf16: C = alpha op(A) op(B) + beta C with A and B rounded to
+ * bf16 and FP32 sums (oneDNN's matmul), the gemm slot's contract
+ * otherwise (cpu_dnnl.c). */
+gp_status gp_cpu_gemm_bf16(gp_device *dev, int trans_a, int trans_b, int64_t m, int64_t n,
+                           int64_t k, float alpha, const float *a, int64_t lda, const float *b,
+                           int64_t ldb, float beta, float *c, int64_t ldc);
 gp_status gp_cpu_chan_open(gp_device *dev, const gp_chan_desc *d, void **out);
 gp_status gp_cpu_chan_send(gp_device *dev, void *ch, const float *buf, int64_t n, void *after,
                            void *done);

@@ -237,6 +237,10 @@ gp_status gp_cpu_gemm(gp_device *dev, int trans_a, int trans_b, int64_t m,
         return GP_OK;
     }
     gp_cpu_enter(dev);
+    /* precision bf16: products of any size worth converting for */
+    if (gp_cpu_ctx_of(dev)->bf16 && k >= 16 && m * n >= 256)
+        return gp_cpu_gemm_bf16(dev, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
+                                ldc);
     if (!trans_a && trans_b && 2 * m <= n && k >= 64 && gemm_wide_nt(dev, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
         return GP_OK;
     GP_DNNL_RET(dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha,

@@ -1478,6 +1478,14 @@ gp_status gp_cuda_device_create(int index, const gp_device_opts *opts, gp_device
     dev->ctx = ctx;
     ctx->ordinal = index;
     pthread_mutex_init(&ctx->lock, NULL);
+    if (opts->precision == GP_PRECISION_BF16) {
+        /* mixed precision with bf16 activations (issue 15) is not built */
+        st = gp_error_set(GP_ERR_UNSUPPORTED, "precision bf16 is not built for GPUs yet; use "
+                          "train.precision: tf32 (TF32 tensor cores) or fp32");
+        goto fail;
+    }
+    ctx->tf32 = opts->precision == GP_PRECISION_TF32;
+    dev->precision = ctx->tf32 ? GP_PRECISION_TF32 : GP_PRECISION_FP32;
 
     GP_CUDA_GO(cudaSetDevice(index));
     GP_CUDA_GO(cudaStreamCreateWithFlags(&ctx->compute, cudaStreamNonBlocking));
@@ -1486,7 +1494,9 @@ gp_status gp_cuda_device_create(int index, const gp_device_opts *opts, gp_device
     GP_CUDA_GO(cudaEventCreateWithFlags(&ctx->fence_copy, cudaEventDisableTiming));
     GP_CUBLAS_GO(cublasCreate(&ctx->blas));
     GP_CUBLAS_GO(cublasSetStream(ctx->blas, ctx->compute));
-    GP_CUBLAS_GO(cublasSetMathMode(ctx->blas, CUBLAS_DEFAULT_MATH));
+    /* fp32: plain FP32; tf32: TF32 tensor cores for FP32 products */
+    GP_CUBLAS_GO(cublasSetMathMode(ctx->blas, ctx->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
+                                                        : CUBLAS_DEFAULT_MATH));
     GP_CUDNN_GO(cudnnCreate(&ctx->dnn));
     GP_CUDNN_GO(cudnnSetStream(ctx->dnn, ctx->compute));
     for (int k = 0; k < 2; k++) {

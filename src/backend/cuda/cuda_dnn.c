@@ -8,7 +8,8 @@
  * deterministic and needs at most CUDA_CONV_WS_LIMIT of workspace wins
  * (else the first that fits), so results are reproducible run to run.  The
  * math type is CUDNN_FMA_MATH: plain FP32, no TF32 tensor cores, so results
- * stay within FP32 rounding of the CPU's.  dw += and db += are cuDNN's
+ * stay within FP32 rounding of the CPU's; with precision tf32 it is
+ * CUDNN_DEFAULT_MATH, which lets cuDNN use TF32 tensor cores.  dw += and db += are cuDNN's
  * beta = 1.  Workspace comes from the device's workspace buffer
  * (GP_MEM_WORKSPACE), so peak memory includes it.
  *
@@ -123,7 +124,9 @@ static gp_status conv_build(gp_device *dev, const gp_conv_desc *d, cuda_conv *cv
     GP_CUDNN(cudnnSetConvolution2dDescriptor(cv->conv, (int)d->ph, (int)d->pw, (int)d->sh,
                                              (int)d->sw, 1, 1, CUDNN_CROSS_CORRELATION,
                                              CUDNN_DATA_FLOAT));
-    GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, CUDNN_FMA_MATH));
+    /* precision tf32: cuDNN may use TF32 tensor cores (its default math) */
+    GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, gp_cuda_ctx_of(dev)->tf32 ? CUDNN_DEFAULT_MATH
+                                                                              : CUDNN_FMA_MATH));
     int n, c, h, w;
     GP_CUDNN(cudnnGetConvolution2dForwardOutputDim(cv->conv, cv->x, cv->w, &n, &c, &h, &w));
     if (n != d->n || c != d->k || h != d->oh || w != d->ow)

@@ -121,6 +121,7 @@ typedef struct cuda_conv {
 
 typedef struct gp_cuda_ctx {
     int ordinal;                  /* the N of cuda:N */
+    bool tf32;                    /* precision tf32: TF32 tensor-core math (cuBLAS, cuDNN) */
     cudaStream_t compute, copy;   /* the device's two in-order streams */
     cudaEvent_t fence_compute;    /* "everything issued to compute so far" */
     cudaEvent_t fence_copy;       /* the same for the copy stream */
