@@ -300,6 +300,31 @@ static void test_bf16(void)
                 dfree(dev, a, ar * lda); dfree(dev, bm, br * ldb); dfree(dev, c, m * ldc);
                 free(ref);
             }
+    /* gemm_wb (B is frozen weights): while frozen its bf16 copy is kept
+     * and reused, bit for bit the product gemm gives; after a thaw, new
+     * weights are converted again */
+    {
+        const int64_t m = 16, n = 64, k = 48;
+        float *a = drand(dev, m * k), *w = drand(dev, n * k);
+        float *c0 = dalloc(dev, m * n), *c1 = dalloc(dev, m * n), *c2 = dalloc(dev, m * n);
+        CHECK_OK(gp_dev_gemm(dev, 0, 1, m, n, k, 1.0f, a, k, w, k, 0.0f, c0, n));
+        CHECK_OK(gp_dev_freeze_weights(dev, true));
+        CHECK_OK(gp_dev_gemm_wb(dev, 0, 1, m, n, k, 1.0f, a, k, w, k, 0.0f, c1, n));
+        CHECK_OK(gp_dev_gemm_wb(dev, 0, 1, m, n, k, 1.0f, a, k, w, k, 0.0f, c2, n));
+        CHECK(memcmp(c0, c1, sizeof(float) * (size_t)(m * n)) == 0);
+        CHECK(memcmp(c0, c2, sizeof(float) * (size_t)(m * n)) == 0);
+        CHECK(dev->alloc.cur_by[GP_MEM_WORKSPACE] > 0); /* the kept copy, among others */
+        CHECK_OK(gp_dev_freeze_weights(dev, false));
+        for (int64_t i = 0; i < n * k; i++) w[i] = -w[i]; /* the update */
+        CHECK_OK(gp_dev_freeze_weights(dev, true));
+        CHECK_OK(gp_dev_gemm_wb(dev, 0, 1, m, n, k, 1.0f, a, k, w, k, 0.0f, c2, n));
+        CHECK_OK(gp_dev_freeze_weights(dev, false));
+        bool negated = true;
+        for (int64_t i = 0; i < m * n; i++) negated &= c2[i] == -c0[i];
+        CHECK_MSG(negated, "gemm_wb after a thaw used the old weights");
+        dfree(dev, a, m * k); dfree(dev, w, n * k);
+        dfree(dev, c0, m * n); dfree(dev, c1, m * n); dfree(dev, c2, m * n);
+    }
     gp_device_close(dev);
 }
 

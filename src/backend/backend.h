@@ -91,7 +91,7 @@
  *      reached a point, for timelines of device time)
  *  15  chan_open, chan_send, chan_recv, chan_close, chan_id, event_query
  *      (channels to another process's device: NCCL point-to-point between
- *      GPU stages) */
+ *      GPU stages), gemm_wb (a gemm whose B is frozen weights) */
 #define GP_DEVICE_IFACE_VERSION 15
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
@@ -561,6 +561,13 @@ typedef struct gp_device_iface {
      * without waiting (cudaEventQuery).  NULL: gp_dev_event_query waits
      * (event_sync) and says true. */
     gp_status (*event_query)(gp_device *dev, void *ev, bool *done);
+    /* gemm_wb: the gemm slot where B is a layer's weights, which do not
+     * change while the device's weights are frozen (gp_dev_freeze_weights),
+     * so a backend may keep B converted across calls (CPU bf16: the bf16
+     * copy, once per step instead of once per micro-batch).  NULL: gemm. */
+    gp_status (*gemm_wb)(gp_device *dev, int trans_a, int trans_b, int64_t m, int64_t n,
+                         int64_t k, float alpha, const float *a, int64_t lda, const float *b,
+                         int64_t ldb, float beta, float *c, int64_t ldc);
 } gp_device_iface;
 
 #define GP_CHAN_ID_BYTES 256
@@ -816,6 +823,14 @@ static inline gp_status gp_dev_gemm(gp_device *dev, int trans_a, int trans_b, in
 {
     return dev->iface->gemm(dev, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
                             ldc);
+}
+static inline gp_status gp_dev_gemm_wb(gp_device *dev, int trans_a, int trans_b, int64_t m,
+                                       int64_t n, int64_t k, float alpha, const float *a,
+                                       int64_t lda, const float *b, int64_t ldb, float beta,
+                                       float *c, int64_t ldc)
+{
+    return (dev->iface->gemm_wb ? dev->iface->gemm_wb : dev->iface->gemm)(
+        dev, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 static inline gp_status gp_dev_add_bias_rows(gp_device *dev, float *y, const float *bias,
                                              int64_t rows, int64_t cols)

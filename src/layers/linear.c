@@ -51,8 +51,8 @@ static gp_status linear_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_ten
     gp_device *dev = l->dev;
     int64_t n = x->dims[0], in = x->dims[1], out = l->spec.out;
     if (n == 0) return GP_OK;
-    GP_TRY(gp_dev_gemm(dev, 0, 1, n, out, in, 1.0f, x->data, in,
-                       l->params[0].value.data, in, 0.0f, y->data, out));
+    GP_TRY(gp_dev_gemm_wb(dev, 0, 1, n, out, in, 1.0f, x->data, in,
+                          l->params[0].value.data, in, 0.0f, y->data, out));
     if (l->spec.bias)
         GP_TRY(gp_dev_add_bias_rows(dev, y->data, l->params[1].value.data, n, out));
     return GP_OK;
@@ -66,8 +66,8 @@ static gp_status linear_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const 
     int64_t n = x->dims[0], in = x->dims[1], out = l->spec.out;
     if (n == 0) return GP_OK;
     /* dx(N, in) = dy(N, out) W(out, in) */
-    return gp_dev_gemm(dev, 0, 0, n, in, out, 1.0f, dy->data, out,
-                       l->params[0].value.data, in, 0.0f, dx->data, in);
+    return gp_dev_gemm_wb(dev, 0, 0, n, in, out, 1.0f, dy->data, out,
+                          l->params[0].value.data, in, 0.0f, dx->data, in);
 }
 
 static gp_status linear_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx,

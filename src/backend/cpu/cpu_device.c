@@ -263,6 +263,7 @@ static const gp_device_iface cpu_iface = {
     .chan_recv = gp_cpu_chan_recv,
     .chan_close = gp_cpu_chan_close,
     .event_query = gp_cpu_event_query,
+    .gemm_wb = gp_cpu_gemm_wb,
 };
 
 static cpu_conv_layout conv_layout_from_env(void)

@@ -657,6 +657,7 @@ typedef struct {
     int64_t m, n, k, lda, ldb, ldc;
     int ta, tb;
     float alpha, beta;
+    bool b_weights; /* B is frozen weights: its bf16 copy may be kept */
 } mm_build;
 
 static gp_status strided_md(dnnl_memory_desc_t *md, int64_t rows, int64_t cols, int64_t ld,
@@ -691,7 +692,7 @@ static gp_status build_matmul(gp_cpu_ctx *ctx, cpu_op *op, const void *desc)
     }
     GP_DNNL(dnnl_primitive_desc_create(&op->pd, &md, attr, ctx->engine, NULL));
     op->scratch_bytes = pd_scratch_bytes(op->pd);
-    op->no_keep = true;
+    op->no_keep = !b->b_weights;
     size_t temp = 0;
     GP_TRY(op_add_arg(ctx, op, DNNL_ARG_SRC, 0, CPU_ARG_IN, &a_user, &temp));
     GP_TRY(op_add_arg(ctx, op, DNNL_ARG_WEIGHTS, 1, CPU_ARG_IN, &b_user, &temp));
@@ -705,14 +706,14 @@ fail:
 
 gp_status gp_cpu_gemm_bf16(gp_device *dev, int trans_a, int trans_b, int64_t m, int64_t n,
                            int64_t k, float alpha, const float *a, int64_t lda, const float *b,
-                           int64_t ldb, float beta, float *c, int64_t ldc)
+                           int64_t ldb, float beta, float *c, int64_t ldc, bool b_weights)
 {
     int32_t ab, bb;
     memcpy(&ab, &alpha, sizeof ab);
     memcpy(&bb, &beta, sizeof bb);
     cpu_key key = {{CPU_OP_MATMUL_BF16, m, n, k, trans_a != 0, trans_b != 0, lda, ldb, ldc, ab,
-                    bb, 0, 0, 0, 0, 0}};
-    mm_build mb = {m, n, k, lda, ldb, ldc, trans_a != 0, trans_b != 0, alpha, beta};
+                    bb, b_weights, 0, 0, 0, 0}};
+    mm_build mb = {m, n, k, lda, ldb, ldc, trans_a != 0, trans_b != 0, alpha, beta, b_weights};
     cpu_op *op = NULL;
     GP_TRY(op_get(dev, &key, build_matmul, &mb, "a bf16 matrix product", &op));
     void *p[3] = {(void *)a, (void *)b, c};

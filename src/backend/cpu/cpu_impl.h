@@ -195,7 +195,12 @@ gp_status gp_cpu_mark(gp_device *dev, bool copy, void **out);
  * otherwise (cpu_dnnl.c). */
 gp_status gp_cpu_gemm_bf16(gp_device *dev, int trans_a, int trans_b, int64_t m, int64_t n,
                            int64_t k, float alpha, const float *a, int64_t lda, const float *b,
-                           int64_t ldb, float beta, float *c, int64_t ldc);
+                           int64_t ldb, float beta, float *c, int64_t ldc, bool b_weights);
+/* The gemm_wb slot (backend.h): B is frozen weights; with bf16 its bf16
+ * copy is kept across a step's calls like a convolution's weights. */
+gp_status gp_cpu_gemm_wb(gp_device *dev, int trans_a, int trans_b, int64_t m, int64_t n,
+                         int64_t k, float alpha, const float *a, int64_t lda, const float *b,
+                         int64_t ldb, float beta, float *c, int64_t ldc);
 gp_status gp_cpu_chan_open(gp_device *dev, const gp_chan_desc *d, void **out);
 gp_status gp_cpu_chan_send(gp_device *dev, void *ch, const float *buf, int64_t n, void *after,
                            void *done);

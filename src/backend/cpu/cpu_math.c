@@ -223,10 +223,10 @@ static bool gemm_wide_nt(gp_device *dev, int64_t m, int64_t n, int64_t k, float 
     return true;
 }
 
-gp_status gp_cpu_gemm(gp_device *dev, int trans_a, int trans_b, int64_t m,
-                      int64_t n, int64_t k, float alpha, const float *a,
-                      int64_t lda, const float *b, int64_t ldb, float beta,
-                      float *c, int64_t ldc)
+/* The gemm and gemm_wb slots: b_weights says B is frozen weights. */
+static gp_status gemm(gp_device *dev, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                      float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+                      float beta, float *c, int64_t ldc, bool b_weights)
 {
     if (m == 0 || n == 0) return GP_OK;
     if (k == 0) {
@@ -240,12 +240,26 @@ gp_status gp_cpu_gemm(gp_device *dev, int trans_a, int trans_b, int64_t m,
     /* precision bf16: products of any size worth converting for */
     if (gp_cpu_ctx_of(dev)->bf16 && k >= 16 && m * n >= 256)
         return gp_cpu_gemm_bf16(dev, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
-                                ldc);
+                                ldc, b_weights);
     if (!trans_a && trans_b && 2 * m <= n && k >= 64 && gemm_wide_nt(dev, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
         return GP_OK;
     GP_DNNL_RET(dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha,
                            a, lda, b, ldb, beta, c, ldc));
     return GP_OK;
+}
+
+gp_status gp_cpu_gemm(gp_device *dev, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                      float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+                      float beta, float *c, int64_t ldc)
+{
+    return gemm(dev, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, false);
+}
+
+gp_status gp_cpu_gemm_wb(gp_device *dev, int trans_a, int trans_b, int64_t m, int64_t n,
+                         int64_t k, float alpha, const float *a, int64_t lda, const float *b,
+                         int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    return gemm(dev, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, true);
 }
 
 gp_status gp_cpu_xent(gp_device *dev, const float *logits, const float *labels,
