@@ -91,7 +91,7 @@
  *      reached a point, for timelines of device time)
  *  15  chan_open, chan_send, chan_recv, chan_close, chan_id, event_query
  *      (channels to another process's device: NCCL point-to-point between
- *      GPU stages), gemm_wb (a gemm whose B is frozen weights) */
+ *      GPU stages), gemm_wb (a gemm whose B is frozen weights), uid */
 #define GP_DEVICE_IFACE_VERSION 15
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
@@ -568,6 +568,10 @@ typedef struct gp_device_iface {
     gp_status (*gemm_wb)(gp_device *dev, int trans_a, int trans_b, int64_t m, int64_t n,
                          int64_t k, float alpha, const float *a, int64_t lda, const float *b,
                          int64_t ldb, float beta, float *c, int64_t ldc);
+    /* uid: what tells this device from any other of its machine, whatever
+     * CUDA_VISIBLE_DEVICES numbers it (CUDA: the PCI bus id), into buf (len
+     * bytes).  NULL: its name. */
+    gp_status (*uid)(gp_device *dev, char *buf, size_t len);
 } gp_device_iface;
 
 #define GP_CHAN_ID_BYTES 256

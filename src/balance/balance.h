@@ -132,6 +132,7 @@ typedef struct gp_profile {
 typedef struct gp_profile_opts {
     const char *device;     /* "cpu:0" */
     int threads;            /* math threads; 0 = device default */
+    int precision;          /* gp_precision the devices train in (train.precision) */
     int warmup;             /* runs before timing (>= 0; default 2) */
     int reps;               /* timed runs, median taken (>= 1; default 5) */
     bool timed;             /* false: memory only (fast; --by size) */

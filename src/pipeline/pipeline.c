@@ -146,7 +146,8 @@ struct gp_pipeline {
     struct pending_send {
         gp_procs_req req;
         bool *flag;
-        void *ev;          /* a channel's send: its `done`, on dev (req unused) */
+        bool chan;         /* a channel's send: ev is its `done`, on dev (req unused) */
+        void *ev;
         gp_device *dev;
     } *pend;
     int n_pend, cap_pend;
@@ -377,7 +378,7 @@ typedef struct {
     int32_t wants;      /* takes channels: the backend has them and the switch allows */
     int32_t kind;       /* gp_device_kind */
     char host[64];      /* gethostname */
-    char dev[32];       /* the device's name: cuda:N */
+    char dev[64];       /* the device's uid (a GPU's PCI bus id), else its name */
 } chan_card;
 
 /* Whether this process's device takes channels: GPIPE_PROCS_CHANNELS=0
@@ -393,7 +394,7 @@ static bool chan_wanted(gp_device *dev)
 
 /* Whether a flow between the devices of two cards goes over a channel:
  * both take them, the same backend, and not one GPU (NCCL puts no two ranks
- * of a communicator on one device). */
+ * of a communicator on one device): one host and one PCI bus id. */
 static bool chan_between(const chan_card *a, const chan_card *b)
 {
     if (!a->wants || !b->wants || a->kind != b->kind) return false;
@@ -428,15 +429,15 @@ static gp_status chan_host_recv(void *arg, void *buf, size_t bytes)
     return gp_procs_chan_recv(buf, bytes, c->peer, c->tag);
 }
 
-enum { TAG_CHAN_ID = 32766 }; /* opening: the sender's id to the receiver */
-
+/* abort (after a failure): without waiting for what is queued; a transfer
+ * under way may still read its transport argument, so those stay. */
 static void close_chans(gp_pipeline *p, bool abort)
 {
     if (!p->chans) return;
     gp_device *dev = p->devs[p->local];
     for (int q = 0; q < p->n_chans; q++) gp_dev_chan_close(dev, p->chans[q], abort);
     free(p->chans);
-    free(p->chan_peers);
+    if (!abort) free(p->chan_peers);
     p->chans = NULL;
     p->chan_peers = NULL;
 }
@@ -450,6 +451,10 @@ static gp_status open_chans(gp_pipeline *p)
     chan_card mine = {.wants = chan_wanted(dev), .kind = (int32_t)dev->kind};
     if (gethostname(mine.host, sizeof mine.host - 1) != 0) mine.host[0] = 0;
     snprintf(mine.dev, sizeof mine.dev, "%s", dev->name);
+    if (dev->iface->uid && dev->iface->uid(dev, mine.dev, sizeof mine.dev) != GP_OK) {
+        gp_error_clear(); /* then its name: a shared GPU is staged, not refused */
+        snprintf(mine.dev, sizeof mine.dev, "%s", dev->name);
+    }
     chan_card *cards = calloc((size_t)size, sizeof *cards);
     if (!cards) return gp_error_set(GP_ERR_OOM, "out of host memory");
     gp_status st = gp_procs_allgather_bytes(&mine, cards, sizeof mine);
@@ -482,9 +487,11 @@ static gp_status open_chans(gp_pipeline *p)
             size_t b = 0;
             if (send) st = gp_dev_chan_id(dev, msg.id, &b);
             msg.bytes = b;
+            /* on the channels' communicator, under a tag past every
+             * channel's own */
             if (st == GP_OK)
-                st = send ? gp_procs_send_bytes(&msg, sizeof msg, peer, TAG_CHAN_ID)
-                          : gp_procs_recv_bytes(&msg, sizeof msg, peer, TAG_CHAN_ID);
+                st = send ? gp_procs_chan_send(&msg, sizeof msg, peer, n_flows)
+                          : gp_procs_chan_recv(&msg, sizeof msg, peer, n_flows);
             if (st == GP_OK && msg.bytes > sizeof d.id)
                 st = gp_error_set(GP_ERR_RUNTIME, "rank %d sent a channel id of %llu bytes",
                                   peer, (unsigned long long)msg.bytes);
@@ -529,6 +536,7 @@ static gp_status send_tensor(gp_pipeline *p, const gp_tensor *t, int to, int tag
          * send's `done` (backend.h, chan_send: a block freed earlier could
          * make a receive wait for the peer) */
         GP_TRY(gp_dev_event_create(t->dev, &ps->ev));
+        ps->chan = true;
         ps->dev = t->dev;
         gp_status st = gp_dev_chan_send(t->dev, ch, t->data, gp_tensor_numel(t), after, ps->ev);
         if (st != GP_OK) {
@@ -588,7 +596,7 @@ static gp_status progress_sends(gp_pipeline *p, bool wait)
     for (int q = 0; q < p->n_pend; q++) {
         struct pending_send *ps = &p->pend[q];
         bool done = false;
-        if (st == GP_OK && ps->ev) { /* a channel's */
+        if (st == GP_OK && ps->chan) {
             if (wait) {
                 st = gp_dev_event_sync(ps->dev, ps->ev);
                 done = st == GP_OK;
@@ -1284,6 +1292,11 @@ static void *worker_main(void *arg)
              * until every worker has stopped. */
             while (p->finished < p->n_run) pthread_cond_wait(&p->cond, &p->lock);
             pthread_mutex_unlock(&p->lock);
+            /* channels first (processes: this is the process's one
+             * worker): a transfer waiting for a peer must not hold the
+             * buffers freed below (NCCL: aborted; CPU: what is queued is
+             * dropped), and the run ends across processes anyway */
+            if (p->chans) close_chans(p, true);
             /* the step ended early: uploads may still read the caller's
              * batch (a failed device reports its failure again here) */
             (void)gp_dev_synchronize(p->devs[w->j]);
@@ -1727,7 +1740,7 @@ void gp_pipeline_destroy(gp_pipeline *p)
      * events and channels are left to the process's end */
     bool abort = p->status != GP_OK;
     for (int q = 0; q < p->n_pend && !abort; q++)
-        if (p->pend[q].ev) gp_dev_event_destroy(p->pend[q].dev, p->pend[q].ev);
+        if (p->pend[q].chan) gp_dev_event_destroy(p->pend[q].dev, p->pend[q].ev);
     close_chans(p, abort);
     free_step_tables(p);
     free(p->pend);

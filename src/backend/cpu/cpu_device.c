@@ -305,10 +305,20 @@ gp_status gp_cpu_device_create(int index, const gp_device_opts *opts, gp_device 
         dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
         if (((unsigned)isa & (unsigned)dnnl_cpu_isa_avx512_core_bf16) !=
             (unsigned)dnnl_cpu_isa_avx512_core_bf16) {
+            static const struct {
+                dnnl_cpu_isa_t isa;
+                const char *name;
+            } names[] = {{dnnl_cpu_isa_sse41, "SSE4.1"}, {dnnl_cpu_isa_avx, "AVX"},
+                         {dnnl_cpu_isa_avx2, "AVX2"}, {dnnl_cpu_isa_avx2_vnni, "AVX2 + VNNI"},
+                         {dnnl_cpu_isa_avx512_core, "AVX-512"},
+                         {dnnl_cpu_isa_avx512_core_vnni, "AVX-512 + VNNI"}};
+            const char *name = "an older instruction set";
+            for (size_t q = 0; q < sizeof names / sizeof *names; q++)
+                if (names[q].isa == isa) name = names[q].name;
             st = gp_error_set(GP_ERR_UNSUPPORTED, "precision bf16 needs a processor with bf16 "
-                              "instructions (avx512_bf16 or AMX), and oneDNN finds none here "
-                              "(its ISA 0x%x; ONEDNN_MAX_CPU_ISA may cap it); use "
-                              "train.precision: fp32", (unsigned)isa);
+                              "instructions (avx512_bf16 or AMX), and oneDNN finds %s here "
+                              "(ONEDNN_MAX_CPU_ISA may cap it); use train.precision: fp32",
+                              name);
             goto fail;
         }
         ctx->bf16 = true;

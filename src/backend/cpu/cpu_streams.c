@@ -500,13 +500,18 @@ void gp_cpu_chan_close(gp_device *dev, void *chp, bool abort)
     cpu_chan *ch = chp;
     pthread_mutex_lock(&g_lock);
     ch->stop = true; /* after what is queued */
+    if (abort && ch->failed == GP_OK) { /* what is queued completes untransferred */
+        ch->failed = GP_ERR_CANCELLED;
+        snprintf(ch->why, sizeof ch->why, "closed after a failure");
+    }
     pthread_cond_broadcast(&g_cond);
-    bool idle = next_for(ch) == NULL;
+    bool idle = true;
     for (copy_item *it = g_head; it && idle; it = it->next) idle = it->stream != ch;
     pthread_mutex_unlock(&g_lock);
     if (abort && !idle) {
-        /* a transfer whose peer is gone may never return: leave the thread
-         * (and the channel it reads) to the process's end */
+        /* a transfer under way whose peer is gone may never return: leave
+         * the thread, and the channel and transport argument it reads, to
+         * the process's end (a failure across processes ends them all) */
         pthread_detach(ch->thread);
         return;
     }

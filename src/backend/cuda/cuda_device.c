@@ -243,7 +243,27 @@ static void cuda_free(gp_device *dev, void *ptr, size_t bytes)
         node_put(ctx, b);
     }
     /* Not cached (too large, or the events failed): cudaFree waits for the
-     * device, so queued work that uses the block finishes first. */
+     * device, so queued work that uses the block finishes first.  With
+     * channels open that work may be a receive waiting for a peer that
+     * waits for this thread: the free waits for the next synchronize. */
+    if (ctx->chans_open > 0) {
+        pthread_mutex_lock(&ctx->lock);
+        if (ctx->n_deferred == ctx->cap_deferred) {
+            int cap = ctx->cap_deferred ? 2 * ctx->cap_deferred : 16;
+            void **q = realloc(ctx->deferred, (size_t)cap * sizeof *q);
+            size_t *qb = realloc(ctx->deferred_bytes, (size_t)cap * sizeof *qb);
+            if (q) ctx->deferred = q;
+            if (qb) ctx->deferred_bytes = qb;
+            if (q && qb) ctx->cap_deferred = cap;
+        }
+        bool queued = ctx->n_deferred < ctx->cap_deferred;
+        if (queued) {
+            ctx->deferred[ctx->n_deferred] = ptr;
+            ctx->deferred_bytes[ctx->n_deferred++] = c >= 0 ? block : bytes;
+        }
+        pthread_mutex_unlock(&ctx->lock);
+        if (queued) return;
+    }
     cudaError_t e = cudaFree(ptr);
     if (e != cudaSuccess) GP_WARN("device %s: cudaFree: %s", dev->name, cudaGetErrorString(e));
     pthread_mutex_lock(&ctx->lock);
@@ -536,12 +556,28 @@ static void cuda_mark_reset(gp_device *dev)
     ctx->anchored = false;
 }
 
+/* The frees cuda_free held back while channels were open. */
+static void free_deferred(gp_device *dev)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    pthread_mutex_lock(&ctx->lock);
+    int n = ctx->n_deferred;
+    ctx->n_deferred = 0;
+    for (int q = 0; q < n; q++) {
+        cudaError_t e = cudaFree(ctx->deferred[q]);
+        if (e != cudaSuccess) GP_WARN("device %s: cudaFree: %s", dev->name, cudaGetErrorString(e));
+        ctx->device_bytes -= ctx->deferred_bytes[q];
+    }
+    pthread_mutex_unlock(&ctx->lock);
+}
+
 static gp_status cuda_synchronize(gp_device *dev)
 {
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     GP_TRY(gp_cuda_enter(dev));
     GP_CUDA(cudaStreamSynchronize(ctx->copy));
     GP_CUDA(cudaStreamSynchronize(ctx->compute));
+    if (ctx->n_deferred) free_deferred(dev);
     return GP_OK;
 }
 
@@ -1220,6 +1256,9 @@ static void cuda_destroy(gp_device *dev)
         gp_cuda_dnn_destroy(ctx);
         gp_dev_free(dev, ctx->ws, ctx->ws_bytes, GP_MEM_WORKSPACE);
         gp_dev_free(dev, ctx->dev_res, sizeof(cuda_res), GP_MEM_WORKSPACE);
+        free_deferred(dev);
+        free(ctx->deferred);
+        free(ctx->deferred_bytes);
         cache_release(ctx);
         while (ctx->spare) {
             cuda_block *b = ctx->spare;
@@ -1280,6 +1319,13 @@ static gp_status cuda_event_query(gp_device *dev, void *ev, bool *done)
                                            "cudaEventQuery(ev)", __func__, __FILE__, __LINE__);
 }
 
+static gp_status cuda_uid(gp_device *dev, char *buf, size_t len)
+{
+    GP_CUDA(cudaDeviceGetPCIBusId(buf, (int)(len < INT_MAX ? len : INT_MAX),
+                                  gp_cuda_ctx_of(dev)->ordinal));
+    return GP_OK;
+}
+
 static gp_status cuda_chan_id(gp_device *dev, void *id, size_t *bytes)
 {
     _Static_assert(sizeof(ncclUniqueId) <= GP_CHAN_ID_BYTES, "GP_CHAN_ID_BYTES too small");
@@ -1312,9 +1358,11 @@ static gp_status cuda_chan_open(gp_device *dev, const gp_chan_desc *d, void **ou
         return gp_error_set(GP_ERR_INVALID, "device %s, channel %s: an id of %zu bytes, not "
                             "NCCL's %zu", dev->name, d->name, d->id_bytes, sizeof(ncclUniqueId));
     GP_TRY(gp_cuda_enter(dev));
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     cuda_chan *ch = calloc(1, sizeof *ch);
     if (!ch) return gp_error_set(GP_ERR_OOM, "out of host memory for a channel");
     gp_status st = GP_OK;
+    void *probe = NULL;
     GP_CUDA_GO(cudaStreamCreateWithFlags(&ch->stream, cudaStreamNonBlocking));
     GP_CUDA_GO(cudaEventCreateWithFlags(&ch->tail, cudaEventDisableTiming));
     ncclUniqueId u;
@@ -1322,9 +1370,22 @@ static gp_status cuda_chan_open(gp_device *dev, const gp_chan_desc *d, void **ou
     /* the sender is rank 0; blocks until the peer joins */
     GP_NCCL_GO(ncclCommInitRank(&ch->comm, 2, u, d->sender ? 0 : 1));
     ch->peer = d->sender ? 1 : 0;
+    /* NCCL connects a pair on its first send / receive, and that blocks
+     * the calling thread until the peer gets there too: first uses in
+     * the schedule's order would wait across flows.  So one float goes
+     * over now, while every process opens its channels in one order. */
+    GP_CUDA_GO(cudaMalloc(&probe, sizeof(float)));
+    GP_CUDA_GO(cudaMemsetAsync(probe, 0, sizeof(float), ch->stream));
+    if (d->sender) GP_NCCL_GO(ncclSend(probe, 1, ncclFloat, ch->peer, ch->comm, ch->stream));
+    else GP_NCCL_GO(ncclRecv(probe, 1, ncclFloat, ch->peer, ch->comm, ch->stream));
+    GP_CUDA_GO(cudaStreamSynchronize(ch->stream));
+    GP_CUDA_GO(cudaFree(probe));
+    probe = NULL;
+    ctx->chans_open++;
     *out = ch;
     return GP_OK;
 fail:
+    if (probe) (void)cudaFree(probe);
     chan_free(ch, true);
     return gp_error_wrap(st, "device %s, channel %s", dev->name, d->name);
 }
@@ -1368,6 +1429,7 @@ static void cuda_chan_close(gp_device *dev, void *chp, bool abort)
 {
     if (gp_cuda_enter(dev) != GP_OK) gp_error_clear();
     chan_free(chp, abort);
+    gp_cuda_ctx_of(dev)->chans_open--;
 }
 
 static const gp_device_iface cuda_iface = {
@@ -1444,6 +1506,7 @@ static const gp_device_iface cuda_iface = {
     .chan_close = cuda_chan_close,
     .chan_id = cuda_chan_id,
     .event_query = cuda_event_query,
+    .uid = cuda_uid,
 };
 
 gp_status gp_cuda_device_create(int index, const gp_device_opts *opts, gp_device **out)

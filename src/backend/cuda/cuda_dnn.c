@@ -202,18 +202,23 @@ gp_status gp_cuda_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x
     if (!cv->have_fwd) {
         cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
         int got = 0, idx;
+        /* tf32: every algorithm, TF32 tensor cores included, is a candidate */
+        if (ctx->tf32) GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, CUDNN_DEFAULT_MATH));
         GP_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(ctx->dnn, cv->x, cv->w, cv->conv, cv->y,
                                                         CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got,
                                                         perf));
         PICK_ALGO(perf, got, ws_limit(dev), idx);
         if (idx < 0) return no_algo(dev, "forward", d);
         cv->fwd = perf[idx].algo;
+        cv->math_fwd = ctx->tf32 ? perf[idx].mathType : CUDNN_FMA_MATH;
+        GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, cv->math_fwd));
         GP_CUDNN(cudnnGetConvolutionForwardWorkspaceSize(ctx->dnn, cv->x, cv->w, cv->conv, cv->y,
                                                          cv->fwd, &cv->ws_fwd));
         cv->have_fwd = 1;
     }
     if (cv->ws_fwd) GP_TRY(gp_cuda_ws_reserve(dev, cv->ws_fwd, &ws));
     gp_cuda_nvtx_push("conv_fwd");
+    if (ctx->tf32) GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, cv->math_fwd));
     GP_CUDNN(cudnnConvolutionForward(ctx->dnn, &one, cv->x, x, cv->w, w, cv->conv, cv->fwd, ws,
                                      cv->ws_fwd, &zero, cv->y, y));
     if (d->has_bias && b) GP_CUDNN(cudnnAddTensor(ctx->dnn, &one, cv->b, b, &one, cv->y, y));
@@ -232,12 +237,16 @@ gp_status gp_cuda_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const flo
     if (!cv->have_bwd_data) {
         cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
         int got = 0, idx;
+        /* tf32: every algorithm, TF32 tensor cores included, is a candidate */
+        if (ctx->tf32) GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, CUDNN_DEFAULT_MATH));
         GP_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(
             ctx->dnn, cv->w, cv->y, cv->conv, cv->x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got,
             perf));
         PICK_ALGO(perf, got, ws_limit(dev), idx);
         if (idx < 0) return no_algo(dev, "backward-data", d);
         cv->bwd_data = perf[idx].algo;
+        cv->math_bwd_data = ctx->tf32 ? perf[idx].mathType : CUDNN_FMA_MATH;
+        GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, cv->math_bwd_data));
         GP_CUDNN(cudnnGetConvolutionBackwardDataWorkspaceSize(ctx->dnn, cv->w, cv->y, cv->conv,
                                                               cv->x, cv->bwd_data,
                                                               &cv->ws_bwd_data));
@@ -246,6 +255,7 @@ gp_status gp_cuda_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const flo
     if (cv->ws_bwd_data) GP_TRY(gp_cuda_ws_reserve(dev, cv->ws_bwd_data, &ws));
     gp_cuda_nvtx_push("conv_bwd_data");
     /* dx = (beta 0) */
+    if (ctx->tf32) GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, cv->math_bwd_data));
     GP_CUDNN(cudnnConvolutionBackwardData(ctx->dnn, &one, cv->w, w, cv->y, dy, cv->conv,
                                           cv->bwd_data, ws, cv->ws_bwd_data, &zero, cv->x, dx));
     gp_cuda_nvtx_pop();
@@ -263,12 +273,16 @@ gp_status gp_cuda_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const 
     if (!cv->have_bwd_filter) {
         cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
         int got = 0, idx;
+        /* tf32: every algorithm, TF32 tensor cores included, is a candidate */
+        if (ctx->tf32) GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, CUDNN_DEFAULT_MATH));
         GP_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
             ctx->dnn, cv->x, cv->y, cv->conv, cv->w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
             &got, perf));
         PICK_ALGO(perf, got, ws_limit(dev), idx);
         if (idx < 0) return no_algo(dev, "backward-filter", d);
         cv->bwd_filter = perf[idx].algo;
+        cv->math_bwd_filter = ctx->tf32 ? perf[idx].mathType : CUDNN_FMA_MATH;
+        GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, cv->math_bwd_filter));
         GP_CUDNN(cudnnGetConvolutionBackwardFilterWorkspaceSize(ctx->dnn, cv->x, cv->y, cv->conv,
                                                                 cv->w, cv->bwd_filter,
                                                                 &cv->ws_bwd_filter));
@@ -277,6 +291,7 @@ gp_status gp_cuda_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const 
     if (cv->ws_bwd_filter) GP_TRY(gp_cuda_ws_reserve(dev, cv->ws_bwd_filter, &ws));
     gp_cuda_nvtx_push("conv_bwd_weights");
     /* dw += (beta 1), db += (beta 1) */
+    if (ctx->tf32) GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, cv->math_bwd_filter));
     GP_CUDNN(cudnnConvolutionBackwardFilter(ctx->dnn, &one, cv->x, x, cv->y, dy, cv->conv,
                                             cv->bwd_filter, ws, cv->ws_bwd_filter, &one, cv->w,
                                             dw));

@@ -109,6 +109,9 @@ typedef struct cuda_conv {
     int have_fwd, have_bwd_data, have_bwd_filter;
     cudnnConvolutionFwdAlgo_t fwd;
     cudnnConvolutionBwdDataAlgo_t bwd_data;
+    /* each direction's math type as its algorithm was chosen with (set on
+     * the shared descriptor before each use; tf32 only, else FMA) */
+    cudnnMathType_t math_fwd, math_bwd_data, math_bwd_filter;
     cudnnConvolutionBwdFilterAlgo_t bwd_filter;
     size_t ws_fwd, ws_bwd_data, ws_bwd_filter;
     struct cuda_conv *next;
@@ -122,6 +125,12 @@ typedef struct cuda_conv {
 typedef struct gp_cuda_ctx {
     int ordinal;                  /* the N of cuda:N */
     bool tf32;                    /* precision tf32: TF32 tensor-core math (cuBLAS, cuDNN) */
+    int chans_open;               /* channels (chan_open) open on this device */
+    /* Uncached frees held back while channels are open (cuda_free), done by
+     * the next synchronize; under lock. */
+    void **deferred;
+    size_t *deferred_bytes;
+    int n_deferred, cap_deferred;
     cudaStream_t compute, copy;   /* the device's two in-order streams */
     cudaEvent_t fence_compute;    /* "everything issued to compute so far" */
     cudaEvent_t fence_copy;       /* the same for the copy stream */
