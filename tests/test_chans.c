@@ -183,6 +183,8 @@ static void test_flows(gp_device *a, gp_device *b)
         CHECK_OK(gp_dev_event_sync(a, sent[k]));
         CHECK_OK(gp_dev_event_query(a, sent[k], &done));
         CHECK(done);
+        /* a send ends after its receive: its count only once it is done */
+        CHECK_OK(gp_dev_event_sync(b, bsent[k]));
     }
     CHECK(wire_count(&ab, true) == K && wire_count(&ab, false) == K);
     CHECK(wire_count(&ba, true) == K && wire_count(&ba, false) == K);
