@@ -326,6 +326,23 @@ static void test_bf16(void)
         bool negated = true;
         for (int64_t i = 0; i < m * n; i++) negated &= c2[i] == -c0[i];
         CHECK_MSG(negated, "gemm_wb after a thaw used the old weights");
+        /* two weight tensors of one shape (two layers sharing the op)
+         * each keep their own copy: alternating calls reuse both */
+        float *w2 = drand(dev, n * k), *c3 = dalloc(dev, m * n), *c4 = dalloc(dev, m * n);
+        CHECK_OK(gp_dev_gemm(dev, 0, 1, m, n, k, 1.0f, a, k, w2, k, 0.0f, c3, n));
+        CHECK_OK(gp_dev_freeze_weights(dev, true));
+        CHECK_OK(gp_dev_gemm_wb(dev, 0, 1, m, n, k, 1.0f, a, k, w, k, 0.0f, c1, n));
+        CHECK_OK(gp_dev_gemm_wb(dev, 0, 1, m, n, k, 1.0f, a, k, w2, k, 0.0f, c4, n));
+        for (int64_t i = 0; i < n * k; i++) w[i] = 0.0f, w2[i] = 0.0f; /* behind their back */
+        CHECK_OK(gp_dev_gemm_wb(dev, 0, 1, m, n, k, 1.0f, a, k, w, k, 0.0f, c2, n));
+        CHECK_MSG(memcmp(c1, c2, sizeof(float) * (size_t)(m * n)) == 0,
+                  "the first tensor's kept copy was not reused after the second's");
+        CHECK_OK(gp_dev_gemm_wb(dev, 0, 1, m, n, k, 1.0f, a, k, w2, k, 0.0f, c2, n));
+        CHECK_MSG(memcmp(c3, c2, sizeof(float) * (size_t)(m * n)) == 0 &&
+                  memcmp(c3, c4, sizeof(float) * (size_t)(m * n)) == 0,
+                  "the second tensor's kept copy was not reused");
+        CHECK_OK(gp_dev_freeze_weights(dev, false));
+        dfree(dev, w2, n * k); dfree(dev, c3, m * n); dfree(dev, c4, m * n);
         dfree(dev, a, m * k); dfree(dev, w, n * k);
         dfree(dev, c0, m * n); dfree(dev, c1, m * n); dfree(dev, c2, m * n);
     }

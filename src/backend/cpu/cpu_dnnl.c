@@ -25,11 +25,15 @@
  * peak memory accounting includes them.
  *
  * Kept weights.  While the executor has the device's weights frozen (a
- * step's forwards and backwards: gp_dev_freeze_weights), an op keeps its
- * reordered weights in a buffer of its own (GP_MEM_WORKSPACE) and reorders
- * them again only for another weight tensor or after a thaw: with m
- * micro-batches a step reorders each weight tensor once per op instead of
- * m times (2m with recomputation).  Devices with a memory capacity keep
+ * step's forwards and backwards: gp_dev_freeze_weights), an op keeps the
+ * reordered copy of each weight tensor it is called with (up to
+ * CPU_WKEEP_SLOTS tensors of its shape: layers of one shape share the op)
+ * in a buffer of its own (GP_MEM_WORKSPACE) and reorders again only after
+ * a thaw: with m micro-batches a step reorders each weight tensor once per
+ * op instead of m times (2m with recomputation).  Until 2026-11-24 an op
+ * kept one copy, so an mlp's five 2048 x 2048 layers took turns evicting
+ * each other's and converted on every call (bf16 at m = 8: 430 ms a step,
+ * now 202).  Devices with a memory capacity keep
  * nothing, nor does any with GPIPE_CPU_KEEP_WEIGHTS=0.  The thaw (before
  * the step's update) frees the buffers.
  *
@@ -268,11 +272,11 @@ gp_status gp_cpu_weights_thaw(gp_device *dev)
     ctx->n_held = 0;
     for (int b = 0; b < CPU_CACHE_BUCKETS; b++)
         for (cpu_op *op = ctx->buckets[b]; op; op = op->next)
-            if (op->wkeep) {
-                gp_dev_free(dev, op->wkeep, op->wkeep_bytes, GP_MEM_WORKSPACE);
-                op->wkeep = NULL;
-                op->wkeep_bytes = 0;
-                op->wkeep_src = NULL;
+            for (int q = 0; q < CPU_WKEEP_SLOTS; q++) {
+                struct cpu_wkeep *k = &op->wkeep[q];
+                if (!k->buf) continue;
+                gp_dev_free(dev, k->buf, k->bytes, GP_MEM_WORKSPACE);
+                *k = (struct cpu_wkeep){0};
             }
     return st;
 }
@@ -340,31 +344,45 @@ static bool grad_held(gp_device *dev, cpu_op *op, int ai, void *user, const void
     return true;
 }
 
-/* Whether the op's weights argument a can use the frozen copy: converted
- * now into op->wkeep (false: reorder it as usual, into the arena), and
- * whether that copy is already current (*fresh). */
-static bool weights_kept(gp_device *dev, cpu_op *op, const cpu_arg *a, const void *src,
-                         bool *fresh)
+/* The frozen copy the op's weights argument a uses: src's own slot of
+ * op->wkeep, current already (*fresh) or to be converted into now; NULL:
+ * reorder as usual, into the arena.  A slot converted in an earlier epoch
+ * is free for another tensor. */
+static struct cpu_wkeep *weights_kept(gp_device *dev, cpu_op *op, const cpu_arg *a,
+                                      const void *src, bool *fresh)
 {
     *fresh = false;
     if (!may_keep(dev) || op->no_keep || a->arg != DNNL_ARG_WEIGHTS || !a->reorder ||
         a->dir != CPU_ARG_IN)
-        return false;
-    if (!op->wkeep) {
+        return NULL;
+    struct cpu_wkeep *k = NULL;
+    for (int q = 0; q < CPU_WKEEP_SLOTS && !k; q++)
+        if (op->wkeep[q].buf && op->wkeep[q].src == src &&
+            op->wkeep[q].epoch == dev->weights_epoch)
+            k = &op->wkeep[q];
+    if (k) {
+        *fresh = true;
+        return k;
+    }
+    for (int q = 0; q < CPU_WKEEP_SLOTS && !k; q++)
+        if (op->wkeep[q].buf && op->wkeep[q].epoch != dev->weights_epoch) k = &op->wkeep[q];
+    for (int q = 0; q < CPU_WKEEP_SLOTS && !k; q++)
+        if (!op->wkeep[q].buf) k = &op->wkeep[q];
+    if (!k) return NULL; /* more tensors of this shape than slots */
+    if (!k->buf) {
         const dnnl_memory_desc_t *md = NULL;
-        if (dnnl_memory_get_memory_desc(a->inner, &md) != dnnl_success || !md) return false;
+        if (dnnl_memory_get_memory_desc(a->inner, &md) != dnnl_success || !md) return NULL;
         size_t bytes = dnnl_memory_desc_get_size(md);
         /* a device near its capacity just reorders every call */
-        if (gp_dev_alloc(dev, bytes, GP_MEM_WORKSPACE, &op->wkeep) != GP_OK) {
+        if (gp_dev_alloc(dev, bytes, GP_MEM_WORKSPACE, &k->buf) != GP_OK) {
             gp_error_clear();
-            op->wkeep = NULL;
-            return false;
+            k->buf = NULL;
+            return NULL;
         }
-        op->wkeep_bytes = bytes;
-        op->wkeep_src = NULL;
+        k->bytes = bytes;
     }
-    *fresh = op->wkeep_src == src && op->wkeep_epoch == dev->weights_epoch;
-    return true;
+    k->src = NULL; /* until converted */
+    return k;
 }
 
 /* Run a built op on the call's buffers (ptrs indexed by cpu_arg.slot). */
@@ -376,13 +394,14 @@ static gp_status op_run(gp_device *dev, cpu_op *op, void *const *ptrs)
     char *arena = ctx->arena;
     dnnl_exec_arg_t ex[CPU_MAX_ARGS + 1];
     int n = 0;
-    bool keep[CPU_MAX_ARGS] = {false}, fresh[CPU_MAX_ARGS] = {false};
+    struct cpu_wkeep *keep[CPU_MAX_ARGS] = {NULL};
+    bool fresh[CPU_MAX_ARGS] = {false};
     for (int i = 0; i < op->nargs; i++) {
         cpu_arg *a = &op->args[i];
         GP_ASSERT(ptrs[a->slot] != NULL);
         GP_DNNL_RET(dnnl_memory_set_data_handle(a->user, ptrs[a->slot]));
         keep[i] = weights_kept(dev, op, a, ptrs[a->slot], &fresh[i]);
-        if (keep[i]) GP_DNNL_RET(dnnl_memory_set_data_handle(a->inner, op->wkeep));
+        if (keep[i]) GP_DNNL_RET(dnnl_memory_set_data_handle(a->inner, keep[i]->buf));
         else if (a->inner != a->user)
             GP_DNNL_RET(dnnl_memory_set_data_handle(a->inner, arena + a->off));
         ex[n++] = (dnnl_exec_arg_t){a->arg, a->inner};
@@ -398,8 +417,8 @@ static gp_status op_run(gp_device *dev, cpu_op *op, void *const *ptrs)
                                     {DNNL_ARG_SCRATCHPAD, op->scratch}};
             GP_DNNL_RET(dnnl_primitive_execute(a->reorder, ctx->stream, op->scratch ? 3 : 2, r));
             if (keep[i]) {
-                op->wkeep_src = ptrs[a->slot];
-                op->wkeep_epoch = dev->weights_epoch;
+                keep[i]->src = ptrs[a->slot];
+                keep[i]->epoch = dev->weights_epoch;
             }
         }
     }

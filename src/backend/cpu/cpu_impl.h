@@ -82,6 +82,8 @@ typedef struct cpu_arg {
     size_t off;               /* arena offset of inner when reordered */
 } cpu_arg;
 
+#define CPU_WKEEP_SLOTS 16 /* weight tensors of one shape kept per op */
+
 typedef struct cpu_op {
     cpu_key key;
     struct cpu_op *next;      /* hash chain */
@@ -96,10 +98,14 @@ typedef struct cpu_op {
      * (gp_dev_freeze_weights): the reorder of a micro-batch's weights runs
      * once per step instead of once per call.  GP_MEM_WORKSPACE, freed on
      * the thaw. */
-    void *wkeep;
-    size_t wkeep_bytes;
-    const void *wkeep_src;    /* the user tensor it converts */
-    uint64_t wkeep_epoch;     /* dev->weights_epoch when converted */
+    struct cpu_wkeep {
+        void *buf;            /* the converted copy (op's inner layout) */
+        size_t bytes;
+        const void *src;      /* the user tensor it converts */
+        uint64_t epoch;       /* dev->weights_epoch when converted */
+    } wkeep[CPU_WKEEP_SLOTS]; /* one per weight tensor of this shape: the
+                                 layers that share the op (an mlp's 2048 x
+                                 2048 linears) each keep theirs */
     bool no_keep;             /* its WEIGHTS argument is not always a layer's
                                  weights (a gemm's B): never kept */
 } cpu_op;
