@@ -292,6 +292,7 @@ typedef struct contender {
     pthread_t th;
     char device[40];
     int threads;
+    gp_precision precision;   /* the measured device's */
     const gp_layer_spec *spec;
     int index;
     gp_shape in[1 + GP_MAX_POPS]; /* the layer's inputs, batch 1 */
@@ -313,7 +314,7 @@ static void *contender_main(void *arg)
     memset(&l, 0, sizeof l);
     gp_tensor x[1 + GP_MAX_POPS] = {{0}}, dy = {0};
     int64_t have = 0;
-    gp_device_opts dopt = {.threads = c->threads};
+    gp_device_opts dopt = {.threads = c->threads, .precision = c->precision};
     gp_status s = gp_device_open(c->device, &dopt, &dev);
     if (s == GP_OK) {
         gp_device_bind_thread(dev);
@@ -390,7 +391,7 @@ static void contention_set_size(contention *ct, int64_t b)
  * idx + 2 on: idx + 1 is the profile's copy peer), wait until they run. */
 static gp_status contention_start(contention *ct, int n, const gp_layer_spec *spec, int k,
                                   const gp_shape *in, gp_device_kind kind, int idx, int threads,
-                                  uint64_t seed, int64_t size)
+                                  gp_precision precision, uint64_t seed, int64_t size)
 {
     memset(ct, 0, sizeof *ct);
     if (n <= 0) return GP_OK;
@@ -402,6 +403,7 @@ static gp_status contention_start(contention *ct, int n, const gp_layer_spec *sp
         contender *c = &ct->c[q];
         gp_device_format(kind, idx + 2 + q, c->device, sizeof c->device);
         c->threads = threads;
+        c->precision = precision;
         c->spec = spec;
         c->index = k;
         memcpy(c->in, in, (size_t)(1 + spec->n_pop) * sizeof *in);
@@ -763,7 +765,7 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
         memset(&ct, 0, sizeof ct);
         if (s == GP_OK && out->contend > 0) {
             s = contention_start(&ct, out->contend, &specs[k], k, in,
-                                 kind, idx, dev->threads, o->seed,
+                                 kind, idx, dev->threads, dev->precision, o->seed,
                                  sz[nz - 1]);
         }
         /* zero grads + SGD, the per-step work of the optimizer */
