@@ -1397,13 +1397,15 @@ static gp_status cuda_chan_send(gp_device *dev, void *chp, const float *buf, int
                                 void *after, void *done)
 {
     cuda_chan *ch = chp;
+    gp_status st = GP_OK;
     GP_TRY(gp_cuda_enter(dev));
     gp_cuda_nvtx_push("chan_send");
-    if (after) GP_CUDA(cudaStreamWaitEvent(ch->stream, (cudaEvent_t)after, 0));
-    GP_NCCL(ncclSend(buf, (size_t)n, ncclFloat, ch->peer, ch->comm, ch->stream));
-    if (done) GP_CUDA(cudaEventRecord((cudaEvent_t)done, ch->stream));
+    if (after) GP_CUDA_GO(cudaStreamWaitEvent(ch->stream, (cudaEvent_t)after, 0));
+    GP_NCCL_GO(ncclSend(buf, (size_t)n, ncclFloat, ch->peer, ch->comm, ch->stream));
+    if (done) GP_CUDA_GO(cudaEventRecord((cudaEvent_t)done, ch->stream));
+fail:
     gp_cuda_nvtx_pop();
-    return GP_OK;
+    return st;
 }
 
 /* buf is a block just allocated: the allocator made the compute stream
@@ -1415,14 +1417,16 @@ static gp_status cuda_chan_recv(gp_device *dev, void *chp, float *buf, int64_t n
 {
     cuda_chan *ch = chp;
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    gp_status st = GP_OK;
     GP_TRY(gp_cuda_enter(dev));
     gp_cuda_nvtx_push("chan_recv");
-    GP_CUDA(cudaEventRecord(ch->tail, ctx->compute));
-    GP_CUDA(cudaStreamWaitEvent(ch->stream, ch->tail, 0));
-    GP_NCCL(ncclRecv(buf, (size_t)n, ncclFloat, ch->peer, ch->comm, ch->stream));
-    if (done) GP_CUDA(cudaEventRecord((cudaEvent_t)done, ch->stream));
+    GP_CUDA_GO(cudaEventRecord(ch->tail, ctx->compute));
+    GP_CUDA_GO(cudaStreamWaitEvent(ch->stream, ch->tail, 0));
+    GP_NCCL_GO(ncclRecv(buf, (size_t)n, ncclFloat, ch->peer, ch->comm, ch->stream));
+    if (done) GP_CUDA_GO(cudaEventRecord((cudaEvent_t)done, ch->stream));
+fail:
     gp_cuda_nvtx_pop();
-    return GP_OK;
+    return st;
 }
 
 static void cuda_chan_close(gp_device *dev, void *chp, bool abort)
