@@ -713,9 +713,11 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
                    "first and may split otherwise: gpipe-balance %s --devices %d prints that "
                    "split)\n", cfg0->path, S);
     int64_t b = cfg->train.batch_size;
-    fprintf(f, "model: %d layers, input %lld x %lld x %lld, batch %lld, on %d device%s\n",
+    fprintf(f, "model: %d layers, input %lld x %lld x %lld, batch %lld, on %d device%s%s%s\n",
             m.n_layers, (long long)cfg->model.input[0], (long long)cfg->model.input[1],
-            (long long)cfg->model.input[2], (long long)b, n, n == 1 ? "" : "s");
+            (long long)cfg->model.input[2], (long long)b, n, n == 1 ? "" : "s",
+            cfg->train.precision ? ", precision " : "",
+            cfg->train.precision ? gp_precision_name((gp_precision)cfg->train.precision) : "");
     /* the layer column as wide as its longest entry ("amoeba_cell
      * cell5_normal6", "conv2d layer3_22_conv2") */
     int wl = 16;
