@@ -14,7 +14,8 @@ against the same config in one process (worker threads), the oracle.
       (GPIPE_PROCS_STAGE=1: what a GPU device's messages do without
       channels), and again with every flow on a channel of its own
       (GPIPE_PROCS_CHANNELS=1 on CPU streams: what NCCL's point-to-point
-      does between GPUs, rendezvous sends included); replicas
+      does between GPUs, rendezvous sends included; with train.precision
+      bf16 too, where the processor has bf16 instructions); replicas
       across processes (2 stages x 2 replicas = 4 ranks, with SyncBN and
       1F1B too; 1 stage x 3 replicas) against the same replicas as threads;
   (b) a snapshot written by a 2-process run (rank 0's file naming rank 1's
@@ -94,6 +95,19 @@ def mpirun(n, args, timeout=120, stage=False, chans=False):
     if chans:
         env = dict(env, **CHAN_ENV)
     return run(["mpirun", "-np", str(n), "--oversubscribe", BIN] + args, timeout, env)
+
+
+def bf16_native():
+    """Whether oneDNN may use bf16 instructions here (the processor has
+    avx512_bf16 or AMX, and no ONEDNN_MAX_CPU_ISA caps it below)."""
+    if os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA"):
+        return False
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((l for l in f if l.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def records(path):
@@ -508,6 +522,12 @@ def main():
                  chans=True)
         same_run(tmp, "amoeba-chan", AMOEBA, 2, ["pipeline.balance=auto"], chans=True)
         same_run(tmp, "conv-2x2-chan", CONV, 4, ["pipeline.replicas=2"], chans=True)
+        # train.precision bf16 (where the processor has bf16 instructions;
+        # elsewhere a device refuses it, which test_backend checks): the
+        # same bf16 kernels in 2 processes as in one, so the same bits
+        if bf16_native():
+            same_run(tmp, "conv-bf16-chan", CONV, 2, ["train.precision=bf16",
+                                                      "pipeline.schedule=1f1b"], chans=True)
         same_device_names(tmp)
         exports(tmp)
         image_folders(tmp)
