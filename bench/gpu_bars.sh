@@ -15,7 +15,8 @@
 # timed (the first ones pick algorithms and warm the caching allocator).
 # Prints a Markdown table; traces and metrics go to $OUT (the device tool's
 # folder that comes back) or /tmp/gpu-bars.  DEV=cpu:0 SCALE=32 STEPS=4
-# runs the same on a CPU with batches / 64, to check the script itself.
+# runs the same on a CPU with batches / 32, to check the script itself.
+# Last, issue 15's fp32 against tf32 on the five configs of its table.
 set -euo pipefail
 BIN=${BIN:-/tmp/gpu-build}
 OUT=${OUT:-/tmp/gpu-bars}
@@ -63,3 +64,19 @@ read -r t1 _ <<< "$(median "$OUT/resnet18-2048-m1.jsonl")"
 echo "2 stages on one GPU, ResNet-18 batch 2048, m = 8: $t2 ms against 1 stage at m = 1 $t1 ms:" \
      "$("$PY" -c "print('%.2f' % ($t2 / $t1))")x (bar: <= 1.10); host waits $w2"
 "$PY" scripts/timeline.py summary "$OUT/resnet18-2048-2stages.json" || true
+# Issue 15's precision columns: the five configs of its table, one stage,
+# m = 1, in FP32 and with train.precision: tf32 (TF32 tensor cores in
+# cuBLAS and cuDNN; a CPU device computes FP32 under tf32, so DEV=cpu:0
+# only checks the script).
+echo
+echo "| model, batch | fp32 ms | tf32 ms | tf32 / fp32 |"
+echo "|---|---|---|---|"
+for spec in "mlp bench/mlp.yaml 256" "mlp bench/mlp.yaml 2048" "convnet bench/convnet.yaml 128" \
+            "convnet bench/convnet.yaml 1024" "resnet18 bench/resnet18-32.yaml 256"; do
+  read -r model cfg batch <<< "$spec"
+  train "$model-$batch-fp32" "$cfg" "$batch" "[cuda:0]" 1
+  train "$model-$batch-tf32" "$cfg" "$batch" "[cuda:0]" 1 --set train.precision=tf32
+  read -r tf _ <<< "$(median "$OUT/$model-$batch-fp32.jsonl")"
+  read -r tt _ <<< "$(median "$OUT/$model-$batch-tf32.jsonl")"
+  echo "| $model, $batch | $tf | $tt | $("$PY" -c "print('%.2f' % ($tt / $tf))") |"
+done
