@@ -450,9 +450,8 @@ static gp_status open_chans(gp_pipeline *p)
     int size = gp_procs_size(), slots = COPY_SLOTS(p);
     chan_card mine = {.wants = chan_wanted(dev), .kind = (int32_t)dev->kind};
     if (gethostname(mine.host, sizeof mine.host - 1) != 0) mine.host[0] = 0;
-    snprintf(mine.dev, sizeof mine.dev, "%s", dev->name);
-    if (dev->iface->uid && dev->iface->uid(dev, mine.dev, sizeof mine.dev) != GP_OK) {
-        gp_error_clear(); /* then its name: a shared GPU is staged, not refused */
+    if (!dev->iface->uid || dev->iface->uid(dev, mine.dev, sizeof mine.dev) != GP_OK) {
+        gp_error_clear(); /* its name: a shared GPU is staged, not refused */
         snprintf(mine.dev, sizeof mine.dev, "%s", dev->name);
     }
     chan_card *cards = calloc((size_t)size, sizeof *cards);

@@ -238,70 +238,64 @@ gp_status gp_procs_recv(float *data, int64_t n, int from, int tag)
     return GP_OK;
 }
 
-gp_status gp_procs_send_bytes(const void *data, size_t bytes, int to, int tag)
+/* `bytes` bytes to `peer` on comm, in pieces under MPI's int count, in
+ * order (same source and tag); sync: MPI_Ssend (ends once received). */
+static gp_status send_pieces(const void *data, size_t bytes, int peer, int tag, MPI_Comm comm,
+                             bool sync)
 {
     const unsigned char *b = data;
-    do { /* in pieces under MPI's int count, in order (same source and tag) */
+    do {
         int piece = bytes > (size_t)INT_MAX ? INT_MAX : (int)bytes;
-        int rc = MPI_Send(b, piece, MPI_BYTE, to, tag, MPI_COMM_WORLD);
-        if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Send");
+        int rc = sync ? MPI_Ssend(b, piece, MPI_BYTE, peer, tag, comm)
+                      : MPI_Send(b, piece, MPI_BYTE, peer, tag, comm);
+        if (rc != MPI_SUCCESS) return mpi_error(rc, sync ? "MPI_Ssend" : "MPI_Send");
         b += piece;
         bytes -= (size_t)piece;
     } while (bytes > 0);
     return GP_OK;
 }
 
-gp_status gp_procs_recv_bytes(void *data, size_t bytes, int from, int tag)
+/* Exactly `bytes` bytes from `peer` on comm, as send_pieces sent them;
+ * `what` names the tag in the message ("tag", "channel"). */
+static gp_status recv_pieces(void *data, size_t bytes, int peer, int tag, MPI_Comm comm,
+                             const char *what)
 {
     unsigned char *b = data;
     do {
         int piece = bytes > (size_t)INT_MAX ? INT_MAX : (int)bytes, got = 0;
         MPI_Status stt;
-        int rc = MPI_Recv(b, piece, MPI_BYTE, from, tag, MPI_COMM_WORLD, &stt);
+        int rc = MPI_Recv(b, piece, MPI_BYTE, peer, tag, comm, &stt);
         if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Recv");
         MPI_Get_count(&stt, MPI_BYTE, &got);
         if (got != piece)
-            return gp_error_set(GP_ERR_RUNTIME, "rank %d: received %d bytes from rank %d (tag "
-                                "%d), expected %d: the processes disagree on the model; start "
-                                "every rank with the same config", g_rank, got, from, tag,
-                                piece);
+            return gp_error_set(GP_ERR_RUNTIME, "rank %d: received %d bytes from rank %d (%s "
+                                "%d), expected %d: the processes disagree on the model or the "
+                                "batch; start every rank with the same config", g_rank, got,
+                                peer, what, tag, piece);
         b += piece;
         bytes -= (size_t)piece;
     } while (bytes > 0);
     return GP_OK;
+}
+
+gp_status gp_procs_send_bytes(const void *data, size_t bytes, int to, int tag)
+{
+    return send_pieces(data, bytes, to, tag, MPI_COMM_WORLD, false);
+}
+
+gp_status gp_procs_recv_bytes(void *data, size_t bytes, int from, int tag)
+{
+    return recv_pieces(data, bytes, from, tag, MPI_COMM_WORLD, "tag");
 }
 
 gp_status gp_procs_chan_send(const void *buf, size_t bytes, int peer, int tag)
 {
-    const unsigned char *b = buf;
-    do { /* in pieces under MPI's int count, in order */
-        int piece = bytes > (size_t)INT_MAX ? INT_MAX : (int)bytes;
-        int rc = MPI_Ssend(b, piece, MPI_BYTE, peer, tag, g_chan_comm);
-        if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Ssend");
-        b += piece;
-        bytes -= (size_t)piece;
-    } while (bytes > 0);
-    return GP_OK;
+    return send_pieces(buf, bytes, peer, tag, g_chan_comm, true);
 }
 
 gp_status gp_procs_chan_recv(void *buf, size_t bytes, int peer, int tag)
 {
-    unsigned char *b = buf;
-    do {
-        int piece = bytes > (size_t)INT_MAX ? INT_MAX : (int)bytes, got = 0;
-        MPI_Status stt;
-        int rc = MPI_Recv(b, piece, MPI_BYTE, peer, tag, g_chan_comm, &stt);
-        if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Recv");
-        MPI_Get_count(&stt, MPI_BYTE, &got);
-        if (got != piece)
-            return gp_error_set(GP_ERR_RUNTIME, "rank %d: received %d bytes from rank %d on "
-                                "channel %d, expected %d: the processes disagree on the model "
-                                "or the batch; start every rank with the same config", g_rank,
-                                got, peer, tag, piece);
-        b += piece;
-        bytes -= (size_t)piece;
-    } while (bytes > 0);
-    return GP_OK;
+    return recv_pieces(buf, bytes, peer, tag, g_chan_comm, "channel");
 }
 
 gp_status gp_procs_allgather_bytes(const void *mine, void *all, size_t bytes)

@@ -557,7 +557,7 @@ static gp_status build_conv(gp_cpu_ctx *ctx, cpu_op *op, const void *desc)
     GP_TRY(md_init_t(&wei_any, 4, wd, w_t, cb->blocked ? dnnl_format_tag_any : dnnl_oihw));
     GP_TRY(md_init_t(&dst_any, 4, dd, dy_t, cb->blocked ? dnnl_format_tag_any : dnnl_nchw));
     /* the forward that hints the backwards' layouts: bf16 operands too */
-    dnnl_memory_desc_t hsrc = src_any, hwei = wei_any, hdst;
+    dnnl_memory_desc_t hsrc, hwei, hdst;
     GP_TRY(md_init_t(&hsrc, 4, sd, in, cb->blocked ? dnnl_format_tag_any : dnnl_nchw));
     GP_TRY(md_init_t(&hwei, 4, wd, in, cb->blocked ? dnnl_format_tag_any : dnnl_oihw));
     GP_TRY(md_init_t(&hdst, 4, dd, dnnl_f32, cb->blocked ? dnnl_format_tag_any : dnnl_nchw));

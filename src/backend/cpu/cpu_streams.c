@@ -113,6 +113,21 @@ static void append_locked(copy_item *it)
     pthread_cond_broadcast(&g_cond);
 }
 
+/* A copy of item t queued on its stream: `after` waited for as recorded
+ * now, `done` recorded once more (CUDA's semantics, the file's head). */
+static gp_status enqueue(const copy_item *t, const char *what)
+{
+    copy_item *it = calloc(1, sizeof *it);
+    if (!it) return gp_error_set(GP_ERR_OOM, "out of host memory queueing a %s", what);
+    *it = *t;
+    pthread_mutex_lock(&g_lock);
+    if (it->after) it->after_target = it->after->recorded;
+    if (it->done) it->done_target = ++it->done->recorded;
+    append_locked(it);
+    pthread_mutex_unlock(&g_lock);
+    return GP_OK;
+}
+
 static copy_item *next_for(const void *stream)
 {
     for (copy_item *it = g_head; it; it = it->next)
@@ -291,16 +306,9 @@ gp_status gp_cpu_copy_async(gp_device *dev, void *dst, gp_device *src_dev, const
         if (bytes && dst != src) memcpy(dst, src, bytes);
         return GP_OK;
     }
-    copy_item *it = calloc(1, sizeof *it);
-    if (!it) return gp_error_set(GP_ERR_OOM, "out of host memory queueing a copy");
-    *it = (copy_item){.dev = dev, .stream = dev, .dst = dst, .src = src, .bytes = bytes,
-                      .after = after, .done = done};
-    pthread_mutex_lock(&g_lock);
-    if (it->after) it->after_target = it->after->recorded;
-    if (it->done) it->done_target = ++it->done->recorded;
-    append_locked(it);
-    pthread_mutex_unlock(&g_lock);
-    return GP_OK;
+    return enqueue(&(copy_item){.dev = dev, .stream = dev, .dst = dst, .src = src,
+                                .bytes = bytes, .after = after, .done = done},
+                   "copy");
 }
 
 gp_status gp_cpu_upload_async(gp_device *dev, void *dst, const void *src, size_t bytes,
@@ -470,17 +478,10 @@ static gp_status chan_enqueue(gp_device *dev, cpu_chan *ch, const float *src, fl
                               int64_t n, void *after, void *done)
 {
     GP_TRY(chan_failed(ch));
-    copy_item *it = calloc(1, sizeof *it);
-    if (!it) return gp_error_set(GP_ERR_OOM, "out of host memory queueing a transfer");
-    *it = (copy_item){.dev = dev, .stream = ch, .chan = ch, .dst = dst, .src = src,
-                      .bytes = (size_t)(n > 0 ? n : 0) * sizeof(float), .after = after,
-                      .done = done};
-    pthread_mutex_lock(&g_lock);
-    if (it->after) it->after_target = it->after->recorded;
-    if (it->done) it->done_target = ++it->done->recorded;
-    append_locked(it);
-    pthread_mutex_unlock(&g_lock);
-    return GP_OK;
+    return enqueue(&(copy_item){.dev = dev, .stream = ch, .chan = ch, .dst = dst, .src = src,
+                                .bytes = (size_t)(n > 0 ? n : 0) * sizeof(float),
+                                .after = after, .done = done},
+                   "transfer");
 }
 
 gp_status gp_cpu_chan_send(gp_device *dev, void *ch, const float *buf, int64_t n, void *after,
