@@ -16,7 +16,9 @@
 # Prints a Markdown table; traces and metrics go to $OUT (the device tool's
 # folder that comes back) or /tmp/gpu-bars.  DEV=cpu:0 SCALE=32 STEPS=4
 # runs the same on a CPU with batches / 32, to check the script itself.
-# Last, issue 15's fp32 against tf32 on the five configs of its table.
+# Last, issue 15's fp32 against tf32 on the five configs of its table, and
+# fp32 with train.deterministic (cuDNN's heuristic choice, as at 82fd00b)
+# against the default measured choice.
 set -euo pipefail
 BIN=${BIN:-/tmp/gpu-build}
 OUT=${OUT:-/tmp/gpu-bars}
@@ -69,14 +71,17 @@ echo "2 stages on one GPU, ResNet-18 batch 2048, m = 8: $t2 ms against 1 stage a
 # cuBLAS and cuDNN; a CPU device computes FP32 under tf32, so DEV=cpu:0
 # only checks the script).
 echo
-echo "| model, batch | fp32 ms | tf32 ms | tf32 / fp32 |"
-echo "|---|---|---|---|"
+echo "| model, batch | fp32 deterministic ms | fp32 ms (measured algorithms) | measured / deterministic | tf32 ms | tf32 / fp32 |"
+echo "|---|---|---|---|---|---|"
 for spec in "mlp bench/mlp.yaml 256" "mlp bench/mlp.yaml 2048" "convnet bench/convnet.yaml 128" \
             "convnet bench/convnet.yaml 1024" "resnet18 bench/resnet18-32.yaml 256"; do
   read -r model cfg batch <<< "$spec"
+  train "$model-$batch-det" "$cfg" "$batch" "[cuda:0]" 1 --set train.deterministic=true
   train "$model-$batch-fp32" "$cfg" "$batch" "[cuda:0]" 1
   train "$model-$batch-tf32" "$cfg" "$batch" "[cuda:0]" 1 --set train.precision=tf32
+  read -r td _ <<< "$(median "$OUT/$model-$batch-det.jsonl")"
   read -r tf _ <<< "$(median "$OUT/$model-$batch-fp32.jsonl")"
   read -r tt _ <<< "$(median "$OUT/$model-$batch-tf32.jsonl")"
-  echo "| $model, $batch | $tf | $tt | $("$PY" -c "print('%.2f' % ($tt / $tf))") |"
+  echo "| $model, $batch | $td | $tf | $("$PY" -c "print('%.2f' % ($tf / $td))") | $tt |" \
+       "$("$PY" -c "print('%.2f' % ($tt / $tf))") |"
 done

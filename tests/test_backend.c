@@ -1557,9 +1557,66 @@ static void test_frozen_weights(gp_device *dev)
     dfree(dev, dx1, nx);
 }
 
+/* gp_algo_pick (the CUDA backend's convolution algorithm choice, decided
+ * here so that it runs without a GPU) against its definition, on random
+ * candidate lists: the pick qualifies (ok, within the workspace limit,
+ * deterministic when asked); asked for determinism, no earlier candidate
+ * qualifies; otherwise no qualifying candidate is faster or as fast and
+ * earlier, and where nothing was measured it is the first; -1 exactly when
+ * nothing qualifies. */
+static uint64_t next_u(uint64_t *r)
+{
+    *r = *r * 6364136223846793005ull + 1442695040888963407ull;
+    return *r >> 33;
+}
+
+static void test_algo_pick(void)
+{
+    uint64_t r = 12345;
+    int seen[3] = {0, 0, 0}; /* picks: none, deterministic, measured */
+    for (int trial = 0; trial < 4000; trial++) {
+        gp_algo_cand c[8];
+        int n = (int)(next_u(&r) % 9);
+        bool measured = next_u(&r) % 4 != 0, det = next_u(&r) % 2;
+        size_t limit = (size_t)(next_u(&r) % 5) << 20;
+        for (int i = 0; i < n; i++)
+            c[i] = (gp_algo_cand){.algo = i,
+                                  .ok = next_u(&r) % 5 != 0,
+                                  .time_ms = measured ? (float)(next_u(&r) % 6) : -1.0f,
+                                  .memory = (size_t)(next_u(&r) % 6) << 20,
+                                  .deterministic = next_u(&r) % 2};
+        int k = gp_algo_pick(c, n, limit, det);
+        bool any = false;
+        for (int i = 0; i < n; i++)
+            any |= c[i].ok && c[i].memory <= limit && (!det || c[i].deterministic);
+        CHECK_MSG((k >= 0) == any, "trial %d: pick %d with%s a candidate that qualifies", trial,
+                  k, any ? "" : "out");
+        if (k < 0) {
+            seen[0]++;
+            continue;
+        }
+        CHECK_MSG(k < n && c[k].ok && c[k].memory <= limit && (!det || c[k].deterministic),
+                  "trial %d: pick %d does not qualify", trial, k);
+        for (int i = 0; i < n; i++) {
+            if (i == k || !c[i].ok || c[i].memory > limit || (det && !c[i].deterministic))
+                continue;
+            if (det || !measured)
+                CHECK_MSG(i > k, "trial %d: %d qualifies and comes before the pick %d", trial, i,
+                          k);
+            else
+                CHECK_MSG(c[i].time_ms > c[k].time_ms || (c[i].time_ms == c[k].time_ms && i > k),
+                          "trial %d: %d (%.0f ms) beats the pick %d (%.0f ms)", trial, i,
+                          c[i].time_ms, k, c[k].time_ms);
+        }
+        seen[det ? 1 : 2]++;
+    }
+    CHECK(seen[0] > 0 && seen[1] > 0 && seen[2] > 0); /* every branch was exercised */
+}
+
 int main(void)
 {
     gp_log_set_level(GP_LOG_WARN);
+    test_algo_pick();
     gp_device *dev = NULL, *blk = NULL;
     gp_device_opts o = {.threads = 2};
     if (gp_device_open("cpu:0", &o, &dev) != GP_OK) {

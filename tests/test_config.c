@@ -100,6 +100,7 @@ static const char *const k_full =
     "  batch_size: 128\n"
     "  seed: 18446744073709551615\n"
     "  precision: bf16\n"
+    "  deterministic: true\n"
     "  optimizer: {type: sgd, lr: 0.1, momentum: 0.8, nesterov: true, weight_decay: 0.0005,"
     " decay_bias_and_norm: true}\n"
     "  schedule: {type: step, warmup_steps: 100, warmup_start: 0.1, step_size: 500, gamma: 0.5,"
@@ -165,6 +166,7 @@ static void test_full(void)
     CHECK(t->epochs == 5 && t->steps == 0 && t->batch_size == 128);
     CHECK(t->seed == UINT64_MAX);
     CHECK(t->precision == 2); /* bf16 (gp_precision, backend.h) */
+    CHECK(t->deterministic);
     CHECK(!strcmp(t->optim.type, "sgd"));
     CHECK_NEAR(t->optim.lr, 0.1, 1e-7, 0);
     CHECK_NEAR(t->optim.momentum, 0.8, 1e-7, 0);
@@ -210,6 +212,7 @@ static void test_defaults(void)
     CHECK(c.data.synthetic_shape[0] == 1 && c.data.synthetic_shape[1] == 28);
     CHECK(c.train.epochs == 1 && c.train.steps == 0 && c.train.batch_size == 64);
     CHECK(c.train.seed == 0 && !strcmp(c.train.optim.type, "sgd"));
+    CHECK(c.train.precision == 0 && !c.train.deterministic);
     CHECK_NEAR(c.train.optim.lr, 0.01, 1e-9, 0);
     CHECK_NEAR(c.train.optim.momentum, 0.9, 1e-7, 0);
     CHECK(!c.train.optim.nesterov && c.train.optim.weight_decay == 0.0f);

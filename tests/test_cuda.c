@@ -31,8 +31,10 @@
  *   1e-12 sumsq, xent and bce loss (double accumulation, another order)
  *   1e-5  gemm (another summation order over k), log-softmax, batch norm
  *         forward (y, mean, biased var), inference
- *   1e-4  convolutions (cuDNN may pick Winograd or FFT algorithms) and
- *         batch norm backward (dx, dgamma +=, dbeta +=), also SyncBN's
+ *   1e-4  convolutions (cuDNN may pick Winograd or FFT algorithms; checked
+ *         with the measured choice and again on a train.deterministic
+ *         handle, with the searches each made: 3 per shape, then 0; none)
+ *         and batch norm backward (dx, dgamma +=, dbeta +=), also SyncBN's
  *   1e-5  SyncBN statistics and backward sums (double sums, another order)
  *
  * Two CTest tests, both labelled "gpu": test_cuda (what one GPU can check;
@@ -256,6 +258,10 @@ static void test_gemm(void)
 
 /* ---- convolution ------------------------------------------------------------------ */
 
+/* D2[1] was opened with train.deterministic (heuristic, deterministic
+ * algorithms: no searches) rather than the default measured choice. */
+static bool det_gpu;
+
 /* kernel (kh, kw), stride (sh, sw), padding (ph, pw): each axis its own. */
 static void test_conv_hw(int64_t n, int64_t c, int64_t h, int64_t w, int64_t k, int64_t kh,
                          int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int bias)
@@ -270,6 +276,7 @@ static void test_conv_hw(int64_t n, int64_t c, int64_t h, int64_t w, int64_t k, 
              "p%lldx%lld b%d", (long long)n, (long long)c, (long long)h, (long long)w,
              (long long)k, (long long)kh, (long long)kw, (long long)sh, (long long)sw,
              (long long)ph, (long long)pw, bias);
+    uint64_t searched = D2[1]->algo_searches;
     for (int rep = 0; rep < 2; rep++) { /* the second call uses the cached algorithms */
         BOTH(gp_dev_conv_fwd(D, &d, x.p[K], wt.p[K], bias ? b.p[K] : NULL, y.p[K]));
         snprintf(what, sizeof what, "%s fwd (call %d)", tag, rep + 1);
@@ -284,6 +291,13 @@ static void test_conv_hw(int64_t n, int64_t c, int64_t h, int64_t w, int64_t k, 
             snprintf(what, sizeof what, "%s bwd_weights db += (call %d)", tag, rep + 1);
             bcheck(what, &db, 1e-4);
         }
+        /* measured choice: one search per direction on the first call, none
+         * after; deterministic: none ever */
+        uint64_t want = det_gpu ? 0 : 3;
+        CHECK_MSG(D2[1]->algo_searches - searched == want,
+                  "%s: %llu algorithm searches after call %d, want %llu", tag,
+                  (unsigned long long)(D2[1]->algo_searches - searched), rep + 1,
+                  (unsigned long long)want);
     }
     bfree(&x); bfree(&wt); bfree(&b); bfree(&dy); bfree(&y); bfree(&dx); bfree(&dw); bfree(&db);
 }
@@ -1312,6 +1326,22 @@ int main(int argc, char **argv)
     test_elementwise();
     test_gemm();
     test_conv();
+    {
+        /* again with train.deterministic: heuristics, no searches */
+        gp_device_opts dopt = {.deterministic = true};
+        gp_device *det = NULL;
+        CHECK_OK(gp_device_open("cuda:0", &dopt, &det));
+        if (det) {
+            gp_device_bind_thread(det);
+            D2[1] = det;
+            det_gpu = true;
+            test_conv();
+            det_gpu = false;
+            D2[1] = gpu;
+            gp_device_close(det);
+            gp_device_bind_thread(gpu);
+        }
+    }
     test_pool();
     test_bn();
     test_softmax_xent();

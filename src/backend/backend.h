@@ -107,6 +107,25 @@ typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 typedef enum { GP_PRECISION_FP32 = 0, GP_PRECISION_TF32, GP_PRECISION_BF16 } gp_precision;
 const char *gp_precision_name(gp_precision p); /* "fp32", "tf32", "bf16" */
 
+/* One algorithm a library offers for an operation (a cuDNN convolution
+ * direction), as the backend's choice sees it: ranked by the library's
+ * heuristics, or measured (time_ms >= 0). */
+typedef struct gp_algo_cand {
+    int algo;            /* the library's id */
+    bool ok;             /* the library can run it (status success) */
+    float time_ms;       /* measured time; < 0 where only ranked */
+    size_t memory;       /* workspace bytes it needs */
+    bool deterministic;  /* same bits every run */
+} gp_algo_cand;
+
+/* Which candidate a device runs (train.deterministic): among those that are
+ * ok and need at most `limit` bytes, with `deterministic` the first
+ * deterministic one in the given (heuristic) order, so that every run picks
+ * the same algorithm and gets the same bits; without it the fastest measured
+ * one (ties: the first), or the first where none was measured.  -1 when none
+ * qualifies. */
+int gp_algo_pick(const gp_algo_cand *c, int n, size_t limit, bool deterministic);
+
 /* Descriptor of a 2-D convolution (also used for pooling windows). */
 typedef struct gp_conv_desc {
     int64_t n, c, h, w;      /* input (N, C, H, W) */
@@ -624,6 +643,10 @@ struct gp_device {
     /* The precision its convolutions and matrix products run in (the
      * backend's answer to gp_device_opts.precision). */
     gp_precision precision;
+    /* Algorithm searches the backend has run (CUDA: one cudnnFind per
+     * convolution shape and direction, unless deterministic): what a step
+     * costs once and never again; on the device's thread only. */
+    uint64_t algo_searches;
 };
 
 static inline void gp_dev_count_wait(struct gp_device *dev)
@@ -649,6 +672,11 @@ typedef struct gp_device_opts {
     int threads;          /* CPU math threads; 0 = all cores */
     size_t capacity;      /* bytes; 0 = unlimited */
     gp_precision precision; /* asked for; the device's own says what it runs */
+    bool deterministic;   /* train.deterministic: algorithms that repeat bit
+                             for bit, chosen the same way every run (CUDA:
+                             cuDNN's heuristics, deterministic only) instead
+                             of the fastest measured; CPU devices are
+                             deterministic either way */
 } gp_device_opts;
 
 /* Parse "cpu:0", "cpu", "cuda:1" into kind and index. */

@@ -169,6 +169,18 @@ const char *gp_precision_name(gp_precision p)
     return p >= 0 && p <= GP_PRECISION_BF16 ? names[p] : "?";
 }
 
+int gp_algo_pick(const gp_algo_cand *c, int n, size_t limit, bool deterministic)
+{
+    int first = -1, fastest = -1;
+    for (int i = 0; i < n; i++) {
+        if (!c[i].ok || c[i].memory > limit || (deterministic && !c[i].deterministic))
+            continue;
+        if (first < 0) first = i;
+        if (c[i].time_ms >= 0 && (fastest < 0 || c[i].time_ms < c[fastest].time_ms)) fastest = i;
+    }
+    return deterministic || fastest < 0 ? first : fastest;
+}
+
 bool gp_dev_has_chans(const gp_device *dev)
 {
     return dev->chans && dev->iface->chan_open && dev->iface->chan_send &&

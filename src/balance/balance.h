@@ -133,6 +133,7 @@ typedef struct gp_profile_opts {
     const char *device;     /* "cpu:0" */
     int threads;            /* math threads; 0 = device default */
     int precision;          /* gp_precision the devices train in (train.precision) */
+    bool deterministic;     /* train.deterministic: the algorithms it trains with */
     int warmup;             /* runs before timing (>= 0; default 2) */
     int reps;               /* timed runs, median taken (>= 1; default 5) */
     bool timed;             /* false: memory only (fast; --by size) */

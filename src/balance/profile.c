@@ -649,7 +649,8 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
     oo.warmup = out->warmup;
     oo.reps = out->reps;
     gp_device_opts dopt = {.threads = o->threads, .capacity = 0,
-                           .precision = (gp_precision)o->precision};
+                           .precision = (gp_precision)o->precision,
+                           .deterministic = o->deterministic};
 
     /* A second device receives the boundary copies. */
     gp_device_kind kind;

@@ -155,6 +155,9 @@ typedef struct gp_train_config {
     int64_t batch_size;       /* default 64 */
     uint64_t seed;            /* default 0 */
     int precision;            /* gp_precision: fp32 (default), tf32, bf16 */
+    bool deterministic;       /* algorithms that repeat bit for bit (CUDA: cuDNN's
+                                 heuristics, deterministic only); default false:
+                                 the fastest measured */
     gp_optim_config optim;
     gp_sched_config sched;
     gp_lr_scaling lr_scaling; /* default none */

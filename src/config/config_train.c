@@ -50,6 +50,7 @@ gp_status gp_cfg_parse_train(gp_cfg_walk *w, const gp_ynode *root, gp_train_conf
     GP_TRY(gp_cfg_get_u64(w, m, "train", "seed", 0, &tc->seed));
     GP_TRY(gp_cfg_get_enum(w, m, "train", "precision", k_precision_names,
                            GP_COUNT(k_precision_names), 0, &tc->precision));
+    GP_TRY(gp_cfg_get_bool(w, m, "train", "deterministic", false, &tc->deterministic));
 
     const gp_ynode *om, *ot;
     GP_TRY(get_typed_map(w, m, "optimizer", "{type: sgd, lr: 0.1}", &om, &ot));

@@ -214,6 +214,7 @@ gp_status gp_model_profile(const gp_config *cfg, const gp_model_profile_opts *o,
     gp_profile_opts po = {.device = pc->devices[0].name,
                           .threads = o->threads > 0 ? o->threads : gp_model_device_threads(pc, 0),
                           .precision = cfg->train.precision, /* timed as it trains */
+                          .deterministic = cfg->train.deterministic,
                           .warmup = o->warmup, .reps = o->reps, .timed = o->timed,
                           .batch = cfg->train.batch_size, .chunks = m,
                           .optim_slots = cfg->train.optim.momentum > 0 ? 1 : 0,

@@ -251,7 +251,8 @@ static gp_status open_devices(const gp_config *cfg, gp_device **devs)
         const gp_device_spec *ds = &pc->devices[j];
         gp_device_opts o = {.threads = gp_model_device_threads(pc, j),
                             .capacity = ds->memory ? ds->memory : pc->memory,
-                            .precision = (gp_precision)cfg->train.precision};
+                            .precision = (gp_precision)cfg->train.precision,
+                            .deterministic = cfg->train.deterministic};
         bool stand_in = mine >= 0 && j != mine;
         if (stand_in) o = (gp_device_opts){.threads = 1};
         gp_status s = gp_device_open(stand_in ? "cpu" : ds->name, &o, &devs[j]);
@@ -713,11 +714,12 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
                    "first and may split otherwise: gpipe-balance %s --devices %d prints that "
                    "split)\n", cfg0->path, S);
     int64_t b = cfg->train.batch_size;
-    fprintf(f, "model: %d layers, input %lld x %lld x %lld, batch %lld, on %d device%s%s%s\n",
+    fprintf(f, "model: %d layers, input %lld x %lld x %lld, batch %lld, on %d device%s%s%s%s\n",
             m.n_layers, (long long)cfg->model.input[0], (long long)cfg->model.input[1],
             (long long)cfg->model.input[2], (long long)b, n, n == 1 ? "" : "s",
             cfg->train.precision ? ", precision " : "",
-            cfg->train.precision ? gp_precision_name((gp_precision)cfg->train.precision) : "");
+            cfg->train.precision ? gp_precision_name((gp_precision)cfg->train.precision) : "",
+            cfg->train.deterministic ? ", deterministic algorithms" : "");
     /* the layer column as wide as its longest entry ("amoeba_cell
      * cell5_normal6", "conv2d layer3_22_conv2") */
     int wl = 16;

@@ -1552,6 +1552,7 @@ gp_status gp_cuda_device_create(int index, const gp_device_opts *opts, gp_device
         goto fail;
     }
     ctx->tf32 = opts->precision == GP_PRECISION_TF32;
+    ctx->deterministic = opts->deterministic;
     dev->precision = ctx->tf32 ? GP_PRECISION_TF32 : GP_PRECISION_FP32;
 
     GP_CUDA_GO(cudaSetDevice(index));

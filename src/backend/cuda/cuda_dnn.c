@@ -3,11 +3,19 @@
  * cuDNN's (legacy, descriptor-based) API, on the device's compute stream.
  *
  * Convolutions.  Each shape gets one cuda_conv with its descriptors and,
- * per direction on first use, the algorithm: the cuDNN heuristics
- * (cudnnGet*Algorithm_v7) rank the candidates, and the first one that is
- * deterministic and needs at most CUDA_CONV_WS_LIMIT of workspace wins
- * (else the first that fits), so results are reproducible run to run.  The
- * math type is CUDNN_FMA_MATH: plain FP32, no TF32 tensor cores, so results
+ * per direction on first use, the algorithm (issue 15), picked by
+ * gp_algo_pick among those that need at most CUDA_CONV_WS_LIMIT of
+ * workspace (an eighth of a capped device):
+ *  - by default measured: cudnnFind*AlgorithmEx runs every algorithm once
+ *    on the call's own operands (the backward-filter search into a scratch
+ *    dw, since the real one accumulates) and the fastest wins.  The search
+ *    blocks the host once per shape and direction and borrows a workspace
+ *    of the limit (less where memory refuses it) that it gives back;
+ *  - with train.deterministic: the heuristics (cudnnGet*Algorithm_v7) rank
+ *    them and the first deterministic one wins, so every run picks the same
+ *    algorithm and repeats bit for bit; none that fits is an error that
+ *    says so.
+ * The math type is CUDNN_FMA_MATH: plain FP32, no TF32 tensor cores, so results
  * stay within FP32 rounding of the CPU's; with precision tf32 it is
  * CUDNN_DEFAULT_MATH, which lets cuDNN use TF32 tensor cores.  dw += and db += are cuDNN's
  * beta = 1.  Workspace comes from the device's workspace buffer
@@ -167,28 +175,45 @@ static size_t ws_limit(gp_device *dev)
     return cap && cap / 8 < CUDA_CONV_WS_LIMIT ? cap / 8 : CUDA_CONV_WS_LIMIT;
 }
 
-/* Index of the first deterministic result that fits, else the first that
- * fits, else -1. */
-#define PICK_ALGO(perf, got, limit, idx)                                                   \
-    do {                                                                                   \
-        (idx) = -1;                                                                        \
-        for (int pass_ = 0; pass_ < 2 && (idx) < 0; pass_++)                               \
-            for (int i_ = 0; i_ < (got); i_++)                                             \
-                if ((perf)[i_].status == CUDNN_STATUS_SUCCESS && (perf)[i_].memory <= (limit) && \
-                    (pass_ || (perf)[i_].determinism == CUDNN_DETERMINISTIC)) {            \
-                    (idx) = i_;                                                            \
-                    break;                                                                 \
-                }                                                                          \
-    } while (0)
+/* cuDNN's results, of any direction, as gp_algo_pick's candidates. */
+#define TO_CANDS(perf, got, measured, cands)                                               \
+    for (int i_ = 0; i_ < (got); i_++)                                                     \
+        (cands)[i_] = (gp_algo_cand){                                                      \
+            .algo = (int)(perf)[i_].algo,                                                  \
+            .ok = (perf)[i_].status == CUDNN_STATUS_SUCCESS,                               \
+            .time_ms = (measured) ? (perf)[i_].time : -1.0f,                               \
+            .memory = (perf)[i_].memory,                                                   \
+            .deterministic = (perf)[i_].determinism == CUDNN_DETERMINISTIC}
 
-static gp_status no_algo(gp_device *dev, const char *dir, const gp_conv_desc *d)
+/* The workspace a measured search may use: the limit, or half of it and so
+ * on where the device's capacity or the GPU's free memory refuses that
+ * (nothing below 1 MiB: then only algorithms that need no workspace are
+ * tried).  The caller frees it after the search, so no step keeps it; the
+ * chosen algorithm's own workspace is reserved when it runs. */
+static void search_ws(gp_device *dev, void **ws, size_t *bytes)
 {
+    for (size_t b = ws_limit(dev); b >= ((size_t)1 << 20); b /= 2) {
+        if (gp_dev_alloc(dev, b, GP_MEM_WORKSPACE, ws) == GP_OK) {
+            *bytes = b;
+            return;
+        }
+        gp_error_clear();
+    }
+    *ws = NULL;
+    *bytes = 0;
+}
+
+static gp_status no_algo(gp_device *dev, const char *dir, const gp_conv_desc *d, size_t limit)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     return gp_error_set(GP_ERR_UNSUPPORTED,
-                        "device %s: cuDNN offers no %s algorithm for convolution (n=%lld c=%lld "
-                        "%lldx%lld k=%lld kernel %lldx%lld) within a %zu-byte workspace",
-                        dev->name, dir, (long long)d->n, (long long)d->c, (long long)d->h,
-                        (long long)d->w, (long long)d->k, (long long)d->kh, (long long)d->kw,
-                        ws_limit(dev));
+                        "device %s: cuDNN offers no %s%s algorithm for convolution (n=%lld c=%lld "
+                        "%lldx%lld k=%lld kernel %lldx%lld) within a %zu-byte workspace%s",
+                        dev->name, ctx->deterministic ? "deterministic " : "", dir,
+                        (long long)d->n, (long long)d->c, (long long)d->h, (long long)d->w,
+                        (long long)d->k, (long long)d->kh, (long long)d->kw, limit,
+                        ctx->deterministic ? "; train.deterministic: false lets it choose any"
+                                           : "; give the device more memory");
 }
 
 gp_status gp_cuda_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x,
@@ -201,14 +226,31 @@ gp_status gp_cuda_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x
     GP_TRY(conv_get(dev, d, &cv));
     if (!cv->have_fwd) {
         cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+        gp_algo_cand cand[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
         int got = 0, idx;
+        size_t limit = ws_limit(dev);
         /* tf32: every algorithm, TF32 tensor cores included, is a candidate */
-        if (ctx->tf32) GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, CUDNN_DEFAULT_MATH));
-        GP_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(ctx->dnn, cv->x, cv->w, cv->conv, cv->y,
-                                                        CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got,
-                                                        perf));
-        PICK_ALGO(perf, got, ws_limit(dev), idx);
-        if (idx < 0) return no_algo(dev, "forward", d);
+        GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, ctx->tf32 ? CUDNN_DEFAULT_MATH
+                                                                  : CUDNN_FMA_MATH));
+        if (ctx->deterministic) {
+            GP_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(ctx->dnn, cv->x, cv->w, cv->conv,
+                                                            cv->y,
+                                                            CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+                                                            &got, perf));
+        } else {
+            void *sws;
+            search_ws(dev, &sws, &limit);
+            dev->algo_searches++;
+            /* runs every algorithm on these operands; y is written again below */
+            cudnnStatus_t cs = cudnnFindConvolutionForwardAlgorithmEx(
+                ctx->dnn, cv->x, x, cv->w, w, cv->conv, cv->y, y,
+                CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, perf, sws, limit);
+            if (sws) gp_dev_free(dev, sws, limit, GP_MEM_WORKSPACE);
+            GP_CUDNN(cs);
+        }
+        TO_CANDS(perf, got, !ctx->deterministic, cand);
+        idx = gp_algo_pick(cand, got, limit, ctx->deterministic);
+        if (idx < 0) return no_algo(dev, "forward", d, limit);
         cv->fwd = perf[idx].algo;
         cv->math_fwd = ctx->tf32 ? perf[idx].mathType : CUDNN_FMA_MATH;
         GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, cv->math_fwd));
@@ -236,14 +278,30 @@ gp_status gp_cuda_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const flo
     GP_TRY(conv_get(dev, d, &cv));
     if (!cv->have_bwd_data) {
         cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+        gp_algo_cand cand[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
         int got = 0, idx;
+        size_t limit = ws_limit(dev);
         /* tf32: every algorithm, TF32 tensor cores included, is a candidate */
-        if (ctx->tf32) GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, CUDNN_DEFAULT_MATH));
-        GP_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-            ctx->dnn, cv->w, cv->y, cv->conv, cv->x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got,
-            perf));
-        PICK_ALGO(perf, got, ws_limit(dev), idx);
-        if (idx < 0) return no_algo(dev, "backward-data", d);
+        GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, ctx->tf32 ? CUDNN_DEFAULT_MATH
+                                                                  : CUDNN_FMA_MATH));
+        if (ctx->deterministic) {
+            GP_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+                ctx->dnn, cv->w, cv->y, cv->conv, cv->x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+                &got, perf));
+        } else {
+            void *sws;
+            search_ws(dev, &sws, &limit);
+            dev->algo_searches++;
+            /* dx is written (beta 0) again below */
+            cudnnStatus_t cs = cudnnFindConvolutionBackwardDataAlgorithmEx(
+                ctx->dnn, cv->w, w, cv->y, dy, cv->conv, cv->x, dx,
+                CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, perf, sws, limit);
+            if (sws) gp_dev_free(dev, sws, limit, GP_MEM_WORKSPACE);
+            GP_CUDNN(cs);
+        }
+        TO_CANDS(perf, got, !ctx->deterministic, cand);
+        idx = gp_algo_pick(cand, got, limit, ctx->deterministic);
+        if (idx < 0) return no_algo(dev, "backward-data", d, limit);
         cv->bwd_data = perf[idx].algo;
         cv->math_bwd_data = ctx->tf32 ? perf[idx].mathType : CUDNN_FMA_MATH;
         GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, cv->math_bwd_data));
@@ -272,14 +330,34 @@ gp_status gp_cuda_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const 
     GP_TRY(conv_get(dev, d, &cv));
     if (!cv->have_bwd_filter) {
         cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+        gp_algo_cand cand[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
         int got = 0, idx;
+        size_t limit = ws_limit(dev);
         /* tf32: every algorithm, TF32 tensor cores included, is a candidate */
-        if (ctx->tf32) GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, CUDNN_DEFAULT_MATH));
-        GP_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-            ctx->dnn, cv->x, cv->y, cv->conv, cv->w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
-            &got, perf));
-        PICK_ALGO(perf, got, ws_limit(dev), idx);
-        if (idx < 0) return no_algo(dev, "backward-filter", d);
+        GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, ctx->tf32 ? CUDNN_DEFAULT_MATH
+                                                                  : CUDNN_FMA_MATH));
+        if (ctx->deterministic) {
+            GP_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                ctx->dnn, cv->x, cv->y, cv->conv, cv->w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+                &got, perf));
+        } else {
+            /* the search writes its dw (beta 0): into a scratch tensor, not
+             * the gradient this call adds to */
+            size_t dw_bytes = (size_t)(d->k * d->c * d->kh * d->kw) * sizeof(float);
+            void *sdw = NULL, *sws;
+            GP_TRY(gp_dev_alloc(dev, dw_bytes, GP_MEM_WORKSPACE, &sdw));
+            search_ws(dev, &sws, &limit);
+            dev->algo_searches++;
+            cudnnStatus_t cs = cudnnFindConvolutionBackwardFilterAlgorithmEx(
+                ctx->dnn, cv->x, x, cv->y, dy, cv->conv, cv->w, sdw,
+                CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, perf, sws, limit);
+            if (sws) gp_dev_free(dev, sws, limit, GP_MEM_WORKSPACE);
+            gp_dev_free(dev, sdw, dw_bytes, GP_MEM_WORKSPACE);
+            GP_CUDNN(cs);
+        }
+        TO_CANDS(perf, got, !ctx->deterministic, cand);
+        idx = gp_algo_pick(cand, got, limit, ctx->deterministic);
+        if (idx < 0) return no_algo(dev, "backward-filter", d, limit);
         cv->bwd_filter = perf[idx].algo;
         cv->math_bwd_filter = ctx->tf32 ? perf[idx].mathType : CUDNN_FMA_MATH;
         GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, cv->math_bwd_filter));

@@ -125,6 +125,8 @@ typedef struct cuda_conv {
 typedef struct gp_cuda_ctx {
     int ordinal;                  /* the N of cuda:N */
     bool tf32;                    /* precision tf32: TF32 tensor-core math (cuBLAS, cuDNN) */
+    bool deterministic;           /* train.deterministic: cuDNN algorithms by heuristics,
+                                     deterministic only; else measured (cudnnFind) */
     int chans_open;               /* channels (chan_open) open on this device */
     /* Uncached frees held back while channels are open (cuda_free), done by
      * the next synchronize; under lock. */
