@@ -784,6 +784,67 @@ static void test_sgd(gp_device *dev)
     free(rw);
 }
 
+/* sgd_multi (a stage's update in one pass) against sgd_update per part,
+ * bitwise: parts with and without momentum, their own weight decays, sizes
+ * from 0 to above the parallel threshold, plain and Nesterov; and the
+ * wrapper's fallback (no sgd_multi slot) the same. */
+static void test_sgd_multi(gp_device *dev)
+{
+    enum { P = 7 };
+    const int64_t len[P] = {1, 0, 3, 70001, 17, 40000, 5};
+    const float wd[P] = {0.0f, 1e-3f, 5e-4f, 0.0f, 1e-2f, 5e-4f, 0.0f};
+    gp_device_iface bare = *dev->iface;
+    bare.sgd_multi = NULL;
+    gp_device fake = *dev;
+    fake.iface = &bare;
+    for (int variant = 0; variant < 3; variant++) {
+        float mu = variant == 2 ? 0.0f : 0.9f;
+        int nesterov = variant == 1;
+        float *w[3][P], *v[3][P], *g[P], *w0[P];
+        gp_sgd_part parts[2][P];
+        for (int p = 0; p < P; p++) {
+            int64_t n = len[p];
+            g[p] = dalloc(dev, n);
+            for (int64_t i = 0; i < n; i++) g[p][i] = frand();
+            for (int k = 0; k < 3; k++) {
+                w[k][p] = dalloc(dev, n);
+                v[k][p] = dalloc(dev, n);
+            }
+            w0[p] = malloc((size_t)(n ? n : 1) * sizeof(float));
+            for (int64_t i = 0; i < n; i++) {
+                w0[p][i] = w[0][p][i] = w[1][p][i] = w[2][p][i] = frand();
+                v[0][p][i] = v[1][p][i] = v[2][p][i] = 0.1f * frand();
+            }
+            bool stateless = mu == 0.0f || p == 2; /* part 2 keeps no momentum */
+            for (int k = 0; k < 2; k++)
+                parts[k][p] = (gp_sgd_part){.w = w[k + 1][p], .g = g[p],
+                                            .v = stateless ? NULL : v[k + 1][p], .n = n,
+                                            .wd = wd[p]};
+            CHECK_OK(gp_dev_sgd_update(dev, w[0][p], g[p], stateless ? NULL : v[0][p], n, 0.05f,
+                                       mu, wd[p], nesterov));
+        }
+        CHECK_OK(gp_dev_sgd_multi(dev, parts[0], P, 0.05f, mu, nesterov));
+        CHECK_OK(gp_dev_sgd_multi(&fake, parts[1], P, 0.05f, mu, nesterov));
+        int changed = 0;
+        for (int p = 0; p < P; p++) {
+            size_t bytes = (size_t)len[p] * sizeof(float);
+            for (int k = 1; k < 3; k++)
+                CHECK_MSG(!memcmp(w[0][p], w[k][p], bytes) && !memcmp(v[0][p], v[k][p], bytes),
+                          "variant %d part %d: sgd_multi (%s) != sgd_update", variant, p,
+                          k == 1 ? "slot" : "fallback");
+            changed += len[p] > 0 && memcmp(w[1][p], w0[p], bytes) != 0; /* it did update */
+            free(w0[p]);
+            for (int k = 0; k < 3; k++) {
+                dfree(dev, w[k][p], len[p]);
+                dfree(dev, v[k][p], len[p]);
+            }
+            dfree(dev, g[p], len[p]);
+        }
+        CHECK(changed == P - 1);
+    }
+    CHECK_OK(gp_dev_sgd_multi(dev, NULL, 0, 0.05f, 0.9f, 0)); /* nothing to do */
+}
+
 static void test_dropout(gp_device *dev)
 {
     const int64_t n = 70001;
@@ -1631,6 +1692,7 @@ int main(void)
 
     test_elementwise(dev);
     test_sgd(dev);
+    test_sgd_multi(dev);
     test_dropout(dev);
     test_unet_ops(dev);
     test_gemm(dev);

@@ -25,7 +25,7 @@
  *         max pooling, nonfinite, xent's correct count and bad row, leaky
  *         relu fwd/bwd, mul_rows, upsample forward, bce's correct count and
  *         bad element
- *   1e-6  axpy, sgd (nvcc may fuse a*x+y into one FMA), sum_rows, average
+ *   1e-6  axpy, sgd and sgd_multi (nvcc may fuse a*x+y into one FMA), sum_rows, average
  *         pooling, xent and bce gradients, upsample backward (the GPU sums
  *         a block in double, the CPU in float)
  *   1e-12 sumsq, xent and bce loss (double accumulation, another order)
@@ -199,6 +199,27 @@ static void test_elementwise(void)
         BOTH(gp_dev_sgd_update(D, x.p[K], g.p[K], v.p[K], n, 0.05f, 0.9f, 1e-4f, nesterov));
         bcheck(nesterov ? "sgd nesterov w" : "sgd w", &x, 1e-6);
         bcheck(nesterov ? "sgd nesterov v" : "sgd v", &v, 1e-6);
+    }
+    /* sgd_multi: 40 slices of x (two launches of up to 32 parts; sizes 0
+     * up, every third without momentum, each its own decay) */
+    for (int nesterov = 0; nesterov < 2; nesterov++) {
+        enum { P = 40 };
+        gp_sgd_part parts[2][P];
+        for (int k = 0; k < 2; k++) {
+            int64_t off = 0;
+            for (int p = 0; p < P; p++) {
+                int64_t len = p == 5 ? 0 : (n / P) * (p % 3) / 2 + p;
+                if (off + len > n) len = n - off;
+                parts[k][p] = (gp_sgd_part){.w = x.p[k] + off, .g = g.p[k] + off,
+                                            .v = p % 3 ? v.p[k] + off : NULL, .n = len,
+                                            .wd = 1e-4f * (float)(p % 4)};
+                off += len;
+            }
+        }
+        for (int k = 0; k < 2; k++)
+            CHECK_OK(gp_dev_sgd_multi(D2[k], parts[k], P, 0.05f, 0.9f, nesterov));
+        bcheck(nesterov ? "sgd_multi nesterov w" : "sgd_multi w", &x, 1e-6);
+        bcheck(nesterov ? "sgd_multi nesterov v" : "sgd_multi v", &v, 1e-6);
     }
     /* dropout: the same Philox bits, so the very same mask, at any offset */
     BOTH(gp_dev_dropout_mask(D, z.p[K], n, 0.3f, 1234, 77, 5));

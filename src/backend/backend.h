@@ -91,8 +91,9 @@
  *      reached a point, for timelines of device time)
  *  15  chan_open, chan_send, chan_recv, chan_close, chan_id, event_query
  *      (channels to another process's device: NCCL point-to-point between
- *      GPU stages), gemm_wb (a gemm whose B is frozen weights), uid */
-#define GP_DEVICE_IFACE_VERSION 15
+ *      GPU stages), gemm_wb (a gemm whose B is frozen weights), uid
+ *  16  sgd_multi (a stage's whole update in one pass: one launch on a GPU) */
+#define GP_DEVICE_IFACE_VERSION 16
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -210,6 +211,16 @@ typedef struct gp_loss_result {
     int64_t correct;
     int64_t bad; /* first bad row (xent) or element (bce), else -1 */
 } gp_loss_result;
+
+/* One tensor of a multi-tensor SGD update: w, its gradient g and momentum
+ * v (NULL: plain SGD, as sgd_update) of n floats, with its weight decay. */
+typedef struct gp_sgd_part {
+    float *w;
+    const float *g;
+    float *v;
+    int64_t n;
+    float wd;
+} gp_sgd_part;
 
 typedef struct gp_device_iface {
     int version; /* GP_DEVICE_IFACE_VERSION */
@@ -591,6 +602,13 @@ typedef struct gp_device_iface {
      * CUDA_VISIBLE_DEVICES numbers it (CUDA: the PCI bus id), into buf (len
      * bytes).  NULL: its name. */
     gp_status (*uid)(gp_device *dev, char *buf, size_t len);
+    /* sgd_multi: sgd_update on each of the n parts (a stage's parameters,
+     * or their chunks under a sharded update), bitwise the same as n calls,
+     * in one pass: one kernel launch per device per step on a GPU instead
+     * of one per parameter (issue 15).  NULL: gp_dev_sgd_multi calls
+     * sgd_update per part. */
+    gp_status (*sgd_multi)(gp_device *dev, const gp_sgd_part *parts, int n, float lr,
+                           float mu, int nesterov);
 } gp_device_iface;
 
 #define GP_CHAN_ID_BYTES 256
@@ -855,6 +873,16 @@ static inline gp_status gp_dev_gemm(gp_device *dev, int trans_a, int trans_b, in
 {
     return dev->iface->gemm(dev, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
                             ldc);
+}
+static inline gp_status gp_dev_sgd_multi(gp_device *dev, const gp_sgd_part *parts, int n,
+                                         float lr, float mu, int nesterov)
+{
+    if (n <= 0) return GP_OK;
+    if (dev->iface->sgd_multi) return dev->iface->sgd_multi(dev, parts, n, lr, mu, nesterov);
+    for (int i = 0; i < n; i++)
+        GP_TRY(dev->iface->sgd_update(dev, parts[i].w, parts[i].g, parts[i].v, parts[i].n, lr, mu,
+                                      parts[i].wd, nesterov));
+    return GP_OK;
 }
 static inline gp_status gp_dev_gemm_wb(gp_device *dev, int trans_a, int trans_b, int64_t m,
                                        int64_t n, int64_t k, float alpha, const float *a,

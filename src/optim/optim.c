@@ -105,21 +105,46 @@ static gp_status each_param(gp_optim *o, int first, int count, param_fn fn, cons
     return GP_OK;
 }
 
+/* The parts of an update gathered for one gp_dev_sgd_multi call (a whole
+ * stage's update in one pass, one launch on a GPU): flushed when full or
+ * when the device changes.  On the caller's stack: stages update
+ * concurrently through one optimizer. */
+#define UPDATE_BATCH 64
+typedef struct {
+    gp_device *dev;
+    int n;
+    gp_sgd_part parts[UPDATE_BATCH];
+} update_batch;
+
 typedef struct {
     double lr;
     int shard, shards;
     gp_comm *comm;
+    update_batch *batch;
 } update_arg;
+
+static gp_status flush_batch(gp_optim *o, const update_arg *a)
+{
+    update_batch *b = a->batch;
+    int n = b->n;
+    b->n = 0;
+    return gp_dev_sgd_multi(b->dev, b->parts, n, (float)a->lr, o->opts.momentum,
+                            o->opts.nesterov);
+}
 
 static gp_status update_chunk(gp_optim *o, gp_param *pr, gp_tensor *v, const void *arg)
 {
     const update_arg *a = arg;
+    update_batch *b = a->batch;
     int64_t lo, hi;
     gp_comm_chunk(gp_tensor_numel(&pr->value), a->shards, a->shard, &lo, &hi);
     if (hi <= lo) return GP_OK;
-    return gp_dev_sgd_update(pr->value.dev, pr->value.data + lo, pr->grad.data + lo,
-                             v ? v->data + lo : NULL, hi - lo, (float)a->lr, o->opts.momentum,
-                             decay_of(o, pr), o->opts.nesterov);
+    if (b->n == UPDATE_BATCH || (b->n > 0 && b->dev != pr->value.dev)) GP_TRY(flush_batch(o, a));
+    b->dev = pr->value.dev;
+    b->parts[b->n++] = (gp_sgd_part){.w = pr->value.data + lo, .g = pr->grad.data + lo,
+                                     .v = v ? v->data + lo : NULL, .n = hi - lo,
+                                     .wd = decay_of(o, pr)};
+    return GP_OK;
 }
 
 static gp_status update_fused(gp_optim *o, gp_param *pr, gp_tensor *v, const void *arg)
@@ -133,8 +158,10 @@ static gp_status update_fused(gp_optim *o, gp_param *pr, gp_tensor *v, const voi
 
 gp_status gp_optim_update(gp_optim *o, int first, int count, double lr, int shard, int shards)
 {
-    update_arg a = {.lr = lr, .shard = shard, .shards = shards};
-    return each_param(o, first, count, update_chunk, &a);
+    update_batch b = {.n = 0};
+    update_arg a = {.lr = lr, .shard = shard, .shards = shards, .batch = &b};
+    GP_TRY(each_param(o, first, count, update_chunk, &a));
+    return flush_batch(o, &a);
 }
 
 gp_status gp_optim_update_fused(gp_optim *o, int first, int count, double lr, gp_comm *comm)

@@ -212,6 +212,7 @@ static const gp_device_iface cpu_iface = {
     .sumsq = gp_cpu_sumsq,
     .nonfinite = gp_cpu_nonfinite,
     .sgd_update = gp_cpu_sgd_update,
+    .sgd_multi = gp_cpu_sgd_multi,
     .gemm = gp_cpu_gemm,
     .add_bias_rows = gp_cpu_add_bias_rows,
     .sum_rows = gp_cpu_sum_rows,

@@ -126,6 +126,29 @@ gp_status gp_cpu_sgd_update(gp_device *dev, float *w, const float *g, float *v,
     return GP_OK;
 }
 
+/* Every part in one parallel region (each part's elements split over the
+ * threads as sgd_update splits them, without a barrier between parts):
+ * one fork and join per stage and step instead of one per parameter. */
+gp_status gp_cpu_sgd_multi(gp_device *dev, const gp_sgd_part *parts, int n, float lr, float mu,
+                           int nesterov)
+{
+    int nt = dev->threads;
+    int64_t total = 0;
+    for (int p = 0; p < n; p++) total += parts[p].n;
+#pragma omp parallel num_threads(nt) if (total >= CPU_PAR_MIN)
+    for (int p = 0; p < n; p++) {
+        float *w = parts[p].w, *v = parts[p].v, wd = parts[p].wd;
+        const float *g = parts[p].g;
+        int64_t m = parts[p].n;
+#pragma omp for schedule(static) nowait
+        for (int64_t i = 0; i < m; i++) {
+            float t = 0.0f; /* v NULL: plain SGD, no state */
+            gp_ew_sgd(&w[i], g[i], v ? &v[i] : &t, lr, mu, wd, nesterov);
+        }
+    }
+    return GP_OK;
+}
+
 gp_status gp_cpu_relu_fwd(gp_device *dev, const float *x, float *y, int64_t n)
 {
     int nt = dev->threads;

@@ -79,6 +79,27 @@ __global__ void k_sgd(float *w, const float *g, float *v, int64_t n, float lr, f
         gp_ew_sgd(&w[i], g[i], v ? &v[i] : &t, lr, mu, wd, nesterov);
     }
 }
+/* The parts of one multi-tensor launch, passed by value as the kernel's
+ * parameter (32 x 36 bytes, well under the 4 KiB a launch takes). */
+struct sgd_table {
+    float *w[GP_CUK_SGD_PARTS];
+    const float *g[GP_CUK_SGD_PARTS];
+    float *v[GP_CUK_SGD_PARTS];
+    int64_t n[GP_CUK_SGD_PARTS];
+    float wd[GP_CUK_SGD_PARTS];
+};
+/* blockIdx.y picks the part, x strides over its elements: k_sgd's body. */
+__global__ void k_sgd_multi(sgd_table t, float lr, float mu, int nesterov)
+{
+    unsigned p = blockIdx.y;
+    float *w = t.w[p], *v = t.v[p], wd = t.wd[p];
+    const float *g = t.g[p];
+    GP_CUK_LOOP(i, t.n[p])
+    {
+        float tmp = 0.0f; /* v NULL: plain SGD, no state */
+        gp_ew_sgd(&w[i], g[i], v ? &v[i] : &tmp, lr, mu, wd, nesterov);
+    }
+}
 __global__ void k_dropout(float *mask, int64_t n, float p, uint64_t seed, uint64_t stream,
                           uint64_t first)
 {
@@ -486,6 +507,27 @@ cudaError_t gp_cuk_sgd(cudaStream_t s, float *w, const float *g, float *v, int64
                        float lr, float mu, float wd, int nesterov)
 {
     GP_CUK_LAUNCH(n, k_sgd, w, g, v, n, lr, mu, wd, nesterov);
+}
+
+cudaError_t gp_cuk_sgd_multi(cudaStream_t s, float *const *w, const float *const *g,
+                             float *const *v, const int64_t *n, const float *wd, int parts,
+                             float lr, float mu, int nesterov)
+{
+    if (parts <= 0) return cudaSuccess;
+    if (parts > GP_CUK_SGD_PARTS) return cudaErrorInvalidValue;
+    sgd_table t = {};
+    int64_t most = 0;
+    for (int i = 0; i < parts; i++) {
+        t.w[i] = w[i];
+        t.g[i] = g[i];
+        t.v[i] = v[i];
+        t.n[i] = n[i];
+        t.wd[i] = wd[i];
+        if (n[i] > most) most = n[i];
+    }
+    dim3 grid(blocks_for(most), (unsigned)parts);
+    k_sgd_multi<<<grid, GP_CUK_THREADS, 0, s>>>(t, lr, mu, nesterov);
+    return cudaGetLastError();
 }
 
 cudaError_t gp_cuk_dropout_mask(cudaStream_t s, float *mask, int64_t n, float p,

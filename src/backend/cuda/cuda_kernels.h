@@ -43,6 +43,13 @@ cudaError_t gp_cuk_relu_bwd(cudaStream_t s, const float *y, const float *dy, flo
                             int64_t n);
 cudaError_t gp_cuk_sgd(cudaStream_t s, float *w, const float *g, float *v, int64_t n,
                        float lr, float mu, float wd, int nesterov);
+/* gp_cuk_sgd on each of `parts` (at most GP_CUK_SGD_PARTS) tensors in one
+ * launch: host arrays of their pointers, sizes and weight decays (v[i]
+ * NULL: plain SGD). */
+#define GP_CUK_SGD_PARTS 32
+cudaError_t gp_cuk_sgd_multi(cudaStream_t s, float *const *w, const float *const *g,
+                             float *const *v, const int64_t *n, const float *wd, int parts,
+                             float lr, float mu, int nesterov);
 cudaError_t gp_cuk_dropout_mask(cudaStream_t s, float *mask, int64_t n, float p,
                                 uint64_t seed, uint64_t stream, uint64_t first);
 /* C(M, N) with leading dimension ldc: C = beta * C (beta == 0 writes 0),
