@@ -870,6 +870,38 @@ static void test_dropout(gp_device *dev)
     }
     CHECK_OK(gp_dev_dropout_mask(dev, s, n, p, seed, stream + 1, first));
     CHECK(memcmp(s, m, (size_t)n * sizeof(float)) != 0);
+    /* dropout_apply: x times the mask drawn on the fly, bitwise x * m, for
+     * the whole and for sub-ranges at odd offsets, in place too; and the
+     * wrapper's fallback without the slot (mask in a temporary) the same */
+    float *x = dalloc(dev, n), *want = dalloc(dev, n), *got = dalloc(dev, n);
+    for (int64_t i = 0; i < n; i++) x[i] = frand();
+    CHECK_OK(gp_dev_mul(dev, x, m, want, n));
+    const int64_t at[4] = {0, 5, 40006, n}; /* three pieces that tile [0, n) */
+    const gp_device_iface *slots = dev->iface;
+    gp_device_iface bare = *slots;
+    bare.dropout_apply = NULL;
+    size_t ws = dev->alloc.cur_by[GP_MEM_WORKSPACE];
+    for (int k = 0; k < 3; k++) {
+        dev->iface = k == 2 ? &bare : slots;
+        memset(got, 0, (size_t)n * sizeof(float));
+        for (int t = 0; t < 3; t++) {
+            int64_t o = at[t], len = at[t + 1] - at[t];
+            if (k == 1) { /* in place */
+                memcpy(got + o, x + o, (size_t)len * sizeof(float));
+                CHECK_OK(gp_dev_dropout_apply(dev, got + o, got + o, len, p, seed, stream,
+                                              first + (uint64_t)o));
+            } else {
+                CHECK_OK(gp_dev_dropout_apply(dev, x + o, got + o, len, p, seed, stream,
+                                              first + (uint64_t)o));
+            }
+        }
+        CHECK_MSG(!memcmp(got, want, (size_t)n * sizeof(float)),
+                  "dropout_apply (%s) != x * dropout_mask", k == 0 ? "slot" : k == 1 ? "in place"
+                                                                               : "fallback");
+    }
+    dev->iface = slots;
+    CHECK(dev->alloc.cur_by[GP_MEM_WORKSPACE] == ws); /* the fallback's temporary is freed */
+    dfree(dev, x, n); dfree(dev, want, n); dfree(dev, got, n);
     dfree(dev, m, n); dfree(dev, s, n);
 }
 

@@ -20,7 +20,7 @@
  * are 0, and a 1% error in the learning rate fails every case).
  *
  * Error bound per op: max |gpu - cpu| <= tol * (1 + max |cpu|) with
- *   0     fill, scale, add, mul, relu fwd/bwd, add_bias_rows, dropout mask
+ *   0     fill, scale, add, mul, relu fwd/bwd, add_bias_rows, dropout mask and apply
  *         (same float operation per element; the mask uses the same Philox),
  *         max pooling, nonfinite, xent's correct count and bad row, leaky
  *         relu fwd/bwd, mul_rows, upsample forward, bce's correct count and
@@ -226,6 +226,9 @@ static void test_elementwise(void)
     bcheck("dropout_mask p=0.3 first=5", &z, 0);
     BOTH(gp_dev_dropout_mask(D, z.p[K], n, 0.0f, 99, 1, 0));
     bcheck("dropout_mask p=0", &z, 0);
+    /* the mask drawn on the fly and multiplied in: the same product */
+    BOTH(gp_dev_dropout_apply(D, y.p[K], z.p[K], n, 0.3f, 1234, 77, 5));
+    bcheck("dropout_apply p=0.3 first=5", &z, 0);
 
     double ss[2];
     int bad[2];

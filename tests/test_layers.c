@@ -557,6 +557,36 @@ static void test_dropout(gp_device *dev)
     gp_saved s = {0};
     CHECK_OK(gp_layer_forward(&l, &ctx, &x, &y, &s));
     float *full = gpt_download(&y);
+    /* no mask is kept: the backward draws it again, dx = dy * mask exactly,
+     * the mask from the RNG here (the float formula of the layer), for the
+     * whole batch and for a micro-batch of it */
+    CHECK(gp_saved_bytes(&s) == 0 && l.ops->saved_bytes(&l, 6) == 0);
+    {
+        float *dyh = malloc((size_t)nx * sizeof *dyh);
+        fill_away_from_zero(&rng, dyh, nx, 0.1f);
+        gp_tensor dy = gpt_upload(dev, &in, dyh), dx = {0}, dxs = {0};
+        CHECK_OK(gp_layer_backward(&l, &ctx, &x, &y, &dy, &dx, &s));
+        float *dxh = gpt_download(&dx);
+        uint64_t stream = gp_rng_stream(ctx.step, (uint64_t)l.index, GP_RNG_TAG_DROPOUT);
+        int same = 1;
+        for (int64_t i = 0; i < nx; i++) {
+            float u = gp_rng_uniform(ctx.seed, stream, (uint64_t)i);
+            float m = u >= sp.p ? 1.0f / (1.0f - sp.p) : 0.0f;
+            same &= dxh[i] == dyh[i] * m && full[i] == xh[i] * m;
+        }
+        CHECK_MSG(same, "dropout: dx != dy * mask or y != x * mask (the replayed mask differs)");
+        gp_fwd_ctx c = ctx;
+        c.sample_offset = 4;
+        gp_tensor dys = gp_tensor_slice(&dy, 4, 2), xs = gp_tensor_slice(&x, 4, 2),
+                  ys = gp_tensor_slice(&y, 4, 2);
+        gp_saved ss = {0};
+        CHECK_OK(gp_layer_backward(&l, &c, &xs, &ys, &dys, &dxs, &ss));
+        float *part = gpt_download(&dxs);
+        CHECK_MSG(!memcmp(part, dxh + 4 * per, (size_t)(2 * per) * sizeof *part),
+                  "dropout backward of samples 4-5 differs from the whole batch's");
+        free(part); free(dxh); free(dyh);
+        gp_tensor_free(&dx); gp_tensor_free(&dxs); gp_tensor_free(&dy);
+    }
     /* two uneven micro-batches with their offsets */
     float *parts = malloc((size_t)nx * sizeof *parts);
     int64_t cut = 2;

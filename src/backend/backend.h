@@ -92,7 +92,8 @@
  *  15  chan_open, chan_send, chan_recv, chan_close, chan_id, event_query
  *      (channels to another process's device: NCCL point-to-point between
  *      GPU stages), gemm_wb (a gemm whose B is frozen weights), uid
- *  16  sgd_multi (a stage's whole update in one pass: one launch on a GPU) */
+ *  16  sgd_multi (a stage's whole update in one pass: one launch on a GPU),
+ *      dropout_apply (dropout without a stored mask) */
 #define GP_DEVICE_IFACE_VERSION 16
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
@@ -609,6 +610,14 @@ typedef struct gp_device_iface {
      * sgd_update per part. */
     gp_status (*sgd_multi)(gp_device *dev, const gp_sgd_part *parts, int n, float lr,
                            float mu, int nesterov);
+    /* dropout_apply: y[i] = x[i] * mask[i] with dropout_mask's mask drawn
+     * on the fly, bitwise x times the stored mask; y may be x.  Forward
+     * (x the input) and backward (x = dy) alike, so a dropout layer keeps
+     * no mask: the counter-based draw replays it (issue 15: mask and
+     * multiply in one pass).  NULL: gp_dev_dropout_apply draws the mask
+     * into a temporary and multiplies. */
+    gp_status (*dropout_apply)(gp_device *dev, const float *x, float *y, int64_t n, float p,
+                               uint64_t seed, uint64_t stream, uint64_t first);
 } gp_device_iface;
 
 #define GP_CHAN_ID_BYTES 256
@@ -980,6 +989,8 @@ static inline gp_status gp_dev_dropout_mask(gp_device *dev, float *mask, int64_t
 {
     return dev->iface->dropout_mask(dev, mask, n, p, seed, stream, first);
 }
+gp_status gp_dev_dropout_apply(gp_device *dev, const float *x, float *y, int64_t n, float p,
+                               uint64_t seed, uint64_t stream, uint64_t first);
 static inline gp_status gp_dev_mul(gp_device *dev, const float *a, const float *b, float *y,
                                    int64_t n)
 {

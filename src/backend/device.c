@@ -169,6 +169,21 @@ const char *gp_precision_name(gp_precision p)
     return p >= 0 && p <= GP_PRECISION_BF16 ? names[p] : "?";
 }
 
+gp_status gp_dev_dropout_apply(gp_device *dev, const float *x, float *y, int64_t n, float p,
+                               uint64_t seed, uint64_t stream, uint64_t first)
+{
+    if (n <= 0) return GP_OK;
+    if (dev->iface->dropout_apply)
+        return dev->iface->dropout_apply(dev, x, y, n, p, seed, stream, first);
+    void *mask = NULL;
+    size_t bytes = (size_t)n * sizeof(float);
+    GP_TRY(gp_dev_alloc(dev, bytes, GP_MEM_WORKSPACE, &mask));
+    gp_status s = gp_dev_dropout_mask(dev, mask, n, p, seed, stream, first);
+    if (s == GP_OK) s = gp_dev_mul(dev, x, mask, y, n);
+    gp_dev_free(dev, mask, bytes, GP_MEM_WORKSPACE);
+    return s;
+}
+
 int gp_algo_pick(const gp_algo_cand *c, int n, size_t limit, bool deterministic)
 {
     int first = -1, fastest = -1;

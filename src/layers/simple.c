@@ -11,8 +11,11 @@
  * dropout: mask from the counter-based RNG keyed by (seed, stream(step,
  *   layer index, "drop")) and indexed by the element's position in the whole
  *   mini-batch (sample_offset * per-sample elements), so every micro-batch
- *   split and every recompute draws the same mask.  gp_saved t[0] = the
- *   scaled mask (N, ...).  Eval (or p = 0) is the identity.
+ *   split and every recompute draws the same mask, and so does the
+ *   backward: it draws the mask again (gp_dev_dropout_apply on dy) instead
+ *   of keeping it, so the layer saves nothing (until 2026-11-24 it kept
+ *   the scaled mask, as many bytes as its input).  Eval (or p = 0) is the
+ *   identity.
  */
 #include "layers/layers_impl.h"
 
@@ -107,36 +110,33 @@ static gp_status dropout_infer(const gp_layer *l, const gp_shape *in, gp_shape *
     return GP_OK;
 }
 
+/* out = in * the mask of this micro-batch (forward: in = x; backward: dy) */
+static gp_status dropout_masked(const gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *in,
+                                gp_tensor *out)
+{
+    int64_t per_sample = gp_shape_numel(&l->in_shape);
+    uint64_t stream = gp_rng_stream(ctx->step, (uint64_t)l->index, GP_RNG_TAG_DROPOUT);
+    return gp_dev_dropout_apply(l->dev, in->data, out->data, gp_tensor_numel(in), l->spec.p,
+                                ctx->seed, stream, (uint64_t)(ctx->sample_offset * per_sample));
+}
+
 static gp_status dropout_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                                  gp_tensor *y, gp_saved *s)
 {
-    gp_device *dev = l->dev;
-    int64_t n = gp_tensor_numel(x);
-    if (!ctx->training || l->spec.p == 0.0f) return gp_layers_copy(dev, y->data, x);
-    if (n == 0) return GP_OK;
-    int64_t per_sample = gp_shape_numel(&l->in_shape);
-    gp_shape xs = gp_tensor_shape(x);
-    GP_TRY(gp_layers_saved_alloc(s, 0, dev, &xs));
-    uint64_t stream = gp_rng_stream(ctx->step, (uint64_t)l->index, GP_RNG_TAG_DROPOUT);
-    GP_TRY(gp_dev_dropout_mask(dev, s->t[0].data, n, l->spec.p, ctx->seed, stream,
-                               (uint64_t)(ctx->sample_offset * per_sample)));
-    return gp_dev_mul(dev, x->data, s->t[0].data, y->data, n);
+    if (!ctx->training || l->spec.p == 0.0f) return gp_layers_copy(l->dev, y->data, x);
+    return dropout_masked(l, ctx, x, y);
 }
 
 static gp_status dropout_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                                        const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
                                        gp_saved *s)
 {
-    if (!s->t[0].data) return gp_layers_copy(l->dev, dx->data, dy); /* identity forward */
-    int64_t n = gp_tensor_numel(dy);
-    return gp_dev_mul(l->dev, dy->data, s->t[0].data, dx->data, n);
+    if (!ctx->training || l->spec.p == 0.0f) /* identity forward */
+        return gp_layers_copy(l->dev, dx->data, dy);
+    return dropout_masked(l, ctx, dy, dx);
 }
 
-static size_t dropout_saved_bytes(const gp_layer *l, int64_t n)
-{
-    if (l->spec.p == 0.0f) return 0;
-    return (size_t)n * (size_t)gp_shape_numel(&l->in_shape) * sizeof(float);
-}
+static size_t dropout_saved_bytes(const gp_layer *l, int64_t n) { return 0; }
 
 const gp_layer_ops gp_dropout_ops = {
     .type = GP_LAYER_DROPOUT,

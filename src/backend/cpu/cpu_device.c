@@ -213,6 +213,7 @@ static const gp_device_iface cpu_iface = {
     .nonfinite = gp_cpu_nonfinite,
     .sgd_update = gp_cpu_sgd_update,
     .sgd_multi = gp_cpu_sgd_multi,
+    .dropout_apply = gp_cpu_dropout_apply,
     .gemm = gp_cpu_gemm,
     .add_bias_rows = gp_cpu_add_bias_rows,
     .sum_rows = gp_cpu_sum_rows,

@@ -335,6 +335,22 @@ gp_status gp_cpu_dropout_mask(gp_device *dev, float *mask, int64_t n, float p,
     return GP_OK;
 }
 
+/* dropout_mask's chunks, multiplied into x as they are drawn: the mask
+ * lives in a chunk on the stack, never in memory of its own. */
+gp_status gp_cpu_dropout_apply(gp_device *dev, const float *x, float *y, int64_t n, float p,
+                               uint64_t seed, uint64_t stream, uint64_t first)
+{
+    int nt = dev->threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN)
+    for (int64_t c0 = 0; c0 < n; c0 += CPU_DROPOUT_CHUNK) {
+        float m[CPU_DROPOUT_CHUNK];
+        int64_t len = n - c0 < CPU_DROPOUT_CHUNK ? n - c0 : CPU_DROPOUT_CHUNK;
+        gp_rng_uniform_fill(seed, stream, first + (uint64_t)c0, m, len);
+        for (int64_t i = 0; i < len; i++) y[c0 + i] = x[c0 + i] * gp_ew_dropout(m[i], p);
+    }
+    return GP_OK;
+}
+
 /* ---- U-Net: leaky relu, per-row scaling, binary cross-entropy ------------- */
 
 gp_status gp_cpu_leaky_relu_fwd(gp_device *dev, const float *x, float *y, int64_t n,

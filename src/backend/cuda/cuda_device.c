@@ -703,6 +703,12 @@ static gp_status cuda_sgd_multi(gp_device *dev, const gp_sgd_part *parts, int n,
     return GP_OK;
 }
 
+static gp_status cuda_dropout_apply(gp_device *dev, const float *x, float *y, int64_t n,
+                                    float p, uint64_t seed, uint64_t stream, uint64_t first)
+{
+    CUDA_OP(dev, gp_cuk_dropout_apply(s, x, y, n, p, seed, stream, first));
+}
+
 static gp_status cuda_dropout_mask(gp_device *dev, float *mask, int64_t n, float p,
                                    uint64_t seed, uint64_t stream, uint64_t first)
 {
@@ -1486,6 +1492,7 @@ static const gp_device_iface cuda_iface = {
     .nonfinite = cuda_nonfinite,
     .sgd_update = cuda_sgd_update,
     .sgd_multi = cuda_sgd_multi,
+    .dropout_apply = cuda_dropout_apply,
     .gemm = cuda_gemm,
     .add_bias_rows = cuda_add_bias_rows,
     .sum_rows = cuda_sum_rows,

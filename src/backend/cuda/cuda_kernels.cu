@@ -106,6 +106,12 @@ __global__ void k_dropout(float *mask, int64_t n, float p, uint64_t seed, uint64
     GP_CUK_LOOP(i, n)
         mask[i] = gp_ew_dropout(gp_philox_uniform(seed, stream, first + (uint64_t)i), p);
 }
+__global__ void k_dropout_apply(const float *x, float *y, int64_t n, float p, uint64_t seed,
+                                uint64_t stream, uint64_t first)
+{
+    GP_CUK_LOOP(i, n)
+        y[i] = x[i] * gp_ew_dropout(gp_philox_uniform(seed, stream, first + (uint64_t)i), p);
+}
 __global__ void k_scale_matrix(float *c, int64_t m, int64_t n, int64_t ldc, float beta)
 {
     GP_CUK_LOOP(e, m * n) {
@@ -507,6 +513,12 @@ cudaError_t gp_cuk_sgd(cudaStream_t s, float *w, const float *g, float *v, int64
                        float lr, float mu, float wd, int nesterov)
 {
     GP_CUK_LAUNCH(n, k_sgd, w, g, v, n, lr, mu, wd, nesterov);
+}
+
+cudaError_t gp_cuk_dropout_apply(cudaStream_t s, const float *x, float *y, int64_t n, float p,
+                                 uint64_t seed, uint64_t stream, uint64_t first)
+{
+    GP_CUK_LAUNCH(n, k_dropout_apply, x, y, n, p, seed, stream, first);
 }
 
 cudaError_t gp_cuk_sgd_multi(cudaStream_t s, float *const *w, const float *const *g,

@@ -50,6 +50,9 @@ cudaError_t gp_cuk_sgd(cudaStream_t s, float *w, const float *g, float *v, int64
 cudaError_t gp_cuk_sgd_multi(cudaStream_t s, float *const *w, const float *const *g,
                              float *const *v, const int64_t *n, const float *wd, int parts,
                              float lr, float mu, int nesterov);
+/* y = x * the dropout mask of gp_cuk_dropout_mask, drawn on the fly */
+cudaError_t gp_cuk_dropout_apply(cudaStream_t s, const float *x, float *y, int64_t n, float p,
+                                 uint64_t seed, uint64_t stream, uint64_t first);
 cudaError_t gp_cuk_dropout_mask(cudaStream_t s, float *mask, int64_t n, float p,
                                 uint64_t seed, uint64_t stream, uint64_t first);
 /* C(M, N) with leading dimension ldc: C = beta * C (beta == 0 writes 0),
