@@ -251,6 +251,17 @@ static void test_elementwise(void)
     BOTH(gp_dev_sum_rows(D, m.p[K], db.p[K], rows, cols));
     bcheck("sum_rows db +=", &db, 1e-6);
     bfree(&m); bfree(&bias); bfree(&db);
+    /* sum_rows' two passes: one row-block or many, partial column blocks */
+    const int64_t shapes[4][2] = {{1, 1}, {8, 2048}, {5000, 33}, {70000, 3}};
+    for (int q = 0; q < 4; q++) {
+        char what[64];
+        buf a = brand(shapes[q][0] * shapes[q][1], -1, 1), s = brand(shapes[q][1], -1, 1);
+        BOTH(gp_dev_sum_rows(D, a.p[K], s.p[K], shapes[q][0], shapes[q][1]));
+        snprintf(what, sizeof what, "sum_rows %lld x %lld", (long long)shapes[q][0],
+                 (long long)shapes[q][1]);
+        bcheck(what, &s, 1e-6);
+        bfree(&a); bfree(&s);
+    }
     bfree(&x); bfree(&y); bfree(&z); bfree(&g); bfree(&v); bfree(&dx);
 }
 

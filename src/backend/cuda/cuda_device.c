@@ -721,10 +721,17 @@ static gp_status cuda_add_bias_rows(gp_device *dev, float *y, const float *bias,
     CUDA_OP(dev, gp_cuk_add_bias_rows(s, y, bias, rows, cols));
 }
 
+/* The partial sums go in the device's workspace (dead between ops). */
 static gp_status cuda_sum_rows(gp_device *dev, const float *dy, float *db, int64_t rows,
                                int64_t cols)
 {
-    CUDA_OP(dev, gp_cuk_sum_rows(s, dy, db, rows, cols));
+    void *part = NULL;
+    if (cols <= 0) return GP_OK;
+    GP_TRY(gp_cuda_enter(dev));
+    GP_TRY(gp_cuda_ws_reserve(dev, (size_t)gp_cuk_sum_rows_parts(rows) * (size_t)cols *
+                                       sizeof(double), &part));
+    GP_CUDA(gp_cuk_sum_rows(gp_cuda_ctx_of(dev)->compute, dy, db, rows, cols, part));
+    return GP_OK;
 }
 
 /* Copy the device-side results to pinned memory and wait for them. */

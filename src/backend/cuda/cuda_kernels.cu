@@ -123,12 +123,34 @@ __global__ void k_add_bias_rows(float *y, const float *bias, int64_t rows, int64
 {
     GP_CUK_LOOP(e, rows * cols) y[e] += bias[e % cols];
 }
-/* One thread per column: reads of a warp are consecutive columns. */
-__global__ void k_sum_rows(const float *dy, float *db, int64_t rows, int64_t cols)
+/* Column sums in two passes.  Pass 1: a block is 32 columns (a warp reads
+ * 32 consecutive floats of a row) by 8 rows; blockIdx.y strides down the
+ * rows; the 8 row-threads of a column meet in a fixed tree.  Pass 2: one
+ * thread per column adds the partials in order. */
+#define SR_COLS 32
+#define SR_ROWS 8
+__global__ void k_sum_rows_part(const float *dy, double *part, int64_t rows, int64_t cols)
+{
+    __shared__ double sh[SR_ROWS][SR_COLS];
+    int64_t j = (int64_t)blockIdx.x * SR_COLS + threadIdx.x;
+    double acc = 0.0;
+    if (j < cols)
+        for (int64_t r = (int64_t)blockIdx.y * SR_ROWS + threadIdx.y; r < rows;
+             r += (int64_t)gridDim.y * SR_ROWS)
+            acc += (double)dy[r * cols + j];
+    sh[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    for (unsigned h = SR_ROWS / 2; h > 0; h >>= 1) {
+        if (threadIdx.y < h) sh[threadIdx.y][threadIdx.x] += sh[threadIdx.y + h][threadIdx.x];
+        __syncthreads();
+    }
+    if (threadIdx.y == 0 && j < cols) part[(int64_t)blockIdx.y * cols + j] = sh[0][threadIdx.x];
+}
+__global__ void k_sum_rows_final(const double *part, int parts, float *db, int64_t cols)
 {
     GP_CUK_LOOP(j, cols) {
         double acc = 0.0;
-        for (int64_t r = 0; r < rows; r++) acc += (double)dy[r * cols + j];
+        for (int p = 0; p < parts; p++) acc += part[(int64_t)p * cols + j];
         db[j] += (float)acc;
     }
 }
@@ -561,9 +583,17 @@ cudaError_t gp_cuk_add_bias_rows(cudaStream_t s, float *y, const float *bias, in
 }
 
 cudaError_t gp_cuk_sum_rows(cudaStream_t s, const float *dy, float *db, int64_t rows,
-                            int64_t cols)
+                            int64_t cols, double *part)
 {
-    GP_CUK_LAUNCH(cols, k_sum_rows, dy, db, rows, cols);
+    if (cols <= 0) return cudaSuccess;
+    int parts = gp_cuk_sum_rows_parts(rows);
+    int64_t bx = (cols + SR_COLS - 1) / SR_COLS;
+    if (bx > INT_MAX) return cudaErrorInvalidValue;
+    k_sum_rows_part<<<dim3((unsigned)bx, (unsigned)parts), dim3(SR_COLS, SR_ROWS), 0, s>>>(
+        dy, part, rows, cols);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    GP_CUK_LAUNCH(cols, k_sum_rows_final, part, parts, db, cols);
 }
 
 cudaError_t gp_cuk_sumsq(cudaStream_t s, const float *x, int64_t n, double *partials,
