@@ -1022,9 +1022,75 @@ static void test_inplace_costs(void)
     }
 }
 
+/* A GPU's first call of each convolution shape searches for its algorithm
+ * in a borrowed workspace (cudnnFind, 256 MiB) that no step holds; the
+ * profile must not take it for the layer's workspace, or every stage with
+ * a convolution would plan 256 MiB it never uses.  GPIPE_CPU_FAKE_SEARCH
+ * plays that search on the CPU: each layer's workspace is the same with it
+ * as without it, timed or memory-only, and the searches did happen. */
+static void test_profile_search(void)
+{
+    const char *yaml =
+        "model:\n"
+        "  input: [3, 12, 12]\n"
+        "  layers:\n"
+        "    - conv2d: {out: 16, kernel: 3, padding: 1}\n"
+        "    - relu\n"
+        "    - conv2d: {out: 16, kernel: 3, padding: 1}\n"
+        "    - flatten\n"
+        "    - linear: {out: 10}\n"
+        "data: {dataset: synthetic}\n"
+        "train: {batch_size: 16}\n";
+    gp_config cfg;
+    CHECK_OK(gp_config_parse("search.yaml", yaml, strlen(yaml), NULL, 0, &cfg));
+    for (int timed = 0; timed < 2; timed++) {
+        gp_model_profile_opts mo = {.warmup = 1, .reps = 2, .timed = timed, .threads = 1};
+        gp_profile plain, searched;
+        CHECK_OK(gp_model_profile(&cfg, &mo, &plain));
+        setenv("GPIPE_CPU_FAKE_SEARCH", "64", 1);
+        CHECK_OK(gp_model_profile(&cfg, &mo, &searched));
+        unsetenv("GPIPE_CPU_FAKE_SEARCH");
+        for (int k = 0; k < plain.L && k < searched.L; k++)
+            CHECK_MSG(searched.mem[k].workspace_bytes == plain.mem[k].workspace_bytes &&
+                          searched.mem[k].workspace_bytes < ((size_t)64 << 20),
+                      "%s profile, layer %d: workspace %zu with searches, %zu without",
+                      timed ? "timed" : "memory-only", k, searched.mem[k].workspace_bytes,
+                      plain.mem[k].workspace_bytes);
+        gp_profile_free(&plain);
+        gp_profile_free(&searched);
+    }
+    /* the hook does what it says: a search per shape and direction, with
+     * its workspace */
+    setenv("GPIPE_CPU_FAKE_SEARCH", "8", 1);
+    gp_device *dev = NULL;
+    gp_device_opts o = {.threads = 1};
+    CHECK_OK(gp_device_open("cpu:0", &o, &dev));
+    unsetenv("GPIPE_CPU_FAKE_SEARCH");
+    if (dev) {
+        gp_device_bind_thread(dev);
+        gp_conv_desc d = {2, 3, 8, 8, 4, 3, 3, 1, 1, 1, 1, 8, 8, 1};
+        float *x, *w, *b, *y;
+        size_t nx = 2 * 3 * 8 * 8, nw = 4 * 3 * 3 * 3, ny = 2 * 4 * 8 * 8;
+        CHECK_OK(gp_dev_alloc(dev, nx * 4, GP_MEM_ACTIVATIONS, (void **)&x));
+        CHECK_OK(gp_dev_alloc(dev, nw * 4, GP_MEM_ACTIVATIONS, (void **)&w));
+        CHECK_OK(gp_dev_alloc(dev, 16, GP_MEM_ACTIVATIONS, (void **)&b));
+        CHECK_OK(gp_dev_alloc(dev, ny * 4, GP_MEM_ACTIVATIONS, (void **)&y));
+        memset(x, 0, nx * 4); memset(w, 0, nw * 4); memset(b, 0, 16);
+        for (int r = 0; r < 2; r++) CHECK_OK(gp_dev_conv_fwd(dev, &d, x, w, b, y));
+        CHECK(dev->algo_searches == 1 && dev->alloc.peak_by[GP_MEM_WORKSPACE] >= ((size_t)8 << 20));
+        gp_dev_free(dev, x, nx * 4, GP_MEM_ACTIVATIONS);
+        gp_dev_free(dev, w, nw * 4, GP_MEM_ACTIVATIONS);
+        gp_dev_free(dev, b, 16, GP_MEM_ACTIVATIONS);
+        gp_dev_free(dev, y, ny * 4, GP_MEM_ACTIVATIONS);
+        gp_device_close(dev);
+    }
+    gp_config_free(&cfg);
+}
+
 int main(void)
 {
     gp_log_set_level(GP_LOG_WARN);
+    test_profile_search();
     test_partition_bruteforce();
     test_partition_tiebreak_and_errors();
     test_profiler();

@@ -336,6 +336,10 @@ gp_status gp_cpu_device_create(int index, const gp_device_opts *opts, gp_device 
      * weights"). */
     const char *kw = getenv("GPIPE_CPU_KEEP_WEIGHTS");
     ctx->keep_weights = !(kw && !strcmp(kw, "0"));
+    /* A test hook: GPIPE_CPU_FAKE_SEARCH=MiB plays a GPU's algorithm search
+     * (cpu_dnnl.c conv_op), so the profile's handling of it runs here. */
+    const char *fs = getenv("GPIPE_CPU_FAKE_SEARCH");
+    ctx->fake_search = fs ? (size_t)strtoul(fs, NULL, 10) << 20 : 0;
     ctx->streams = gp_cpu_streams_from_env(&ctx->copy_delay_us);
     dev->chans = ctx->streams; /* a channel is a stream's queue */
     if (ctx->streams && (st = gp_cpu_streams_start(dev)) != GP_OK) goto fail;

@@ -635,7 +635,16 @@ static gp_status conv_op(gp_device *dev, cpu_op_kind kind, const gp_conv_desc *d
     conv_build cb = {d, kind, conv_use_blocked(gp_cpu_ctx_of(dev), d), gp_cpu_ctx_of(dev)->bf16};
     static const char *names[] = {"", "a convolution forward", "a convolution backward-data",
                                   "a convolution backward-weights"};
-    return op_get(dev, &key, build_conv, &cb, names[kind], op);
+    gp_cpu_ctx *ctx = gp_cpu_ctx_of(dev);
+    int64_t built = ctx->prims_created;
+    GP_TRY(op_get(dev, &key, build_conv, &cb, names[kind], op));
+    if (ctx->fake_search && ctx->prims_created != built) { /* GPIPE_CPU_FAKE_SEARCH */
+        void *ws = NULL;
+        GP_TRY(gp_dev_alloc(dev, ctx->fake_search, GP_MEM_WORKSPACE, &ws));
+        gp_dev_free(dev, ws, ctx->fake_search, GP_MEM_WORKSPACE);
+        dev->algo_searches++;
+    }
+    return GP_OK;
 }
 
 gp_status gp_cpu_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x,

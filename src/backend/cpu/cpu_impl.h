@@ -137,6 +137,10 @@ typedef struct gp_cpu_ctx {
     dnnl_stream_t stream;
     cpu_op *buckets[CPU_CACHE_BUCKETS];
     int64_t prims_created;    /* oneDNN primitives created (incl. reorders) */
+    size_t fake_search;       /* GPIPE_CPU_FAKE_SEARCH (bytes): the first call of a
+                                 convolution shape and direction borrows this much
+                                 workspace and counts an algorithm search, as a
+                                 GPU's measured cuDNN choice does (tests) */
     void *arena;              /* GP_MEM_WORKSPACE, 4096-aligned */
     size_t arena_bytes;
     cpu_conv_layout conv_layout;

@@ -183,7 +183,12 @@ static gp_status cuda_alloc(gp_device *dev, size_t bytes, void **out)
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, want);
     size_t released = 0;
-    if (e == cudaErrorMemoryAllocation) {
+    /* Out of memory: give the cached blocks back and try again, but not
+     * while channels are open: cudaFree waits for the device, whose queue
+     * may hold a receive that waits for a peer waiting for this thread
+     * (cuda_free defers its cudaFree for the same reason), so there the
+     * OOM stands and says so. */
+    if (e == cudaErrorMemoryAllocation && ctx->chans_open == 0) {
         (void)cudaGetLastError();
         pthread_mutex_lock(&ctx->lock);
         released = ctx->cached_bytes;
@@ -728,7 +733,7 @@ static gp_status cuda_sum_rows(gp_device *dev, const float *dy, float *db, int64
     void *part = NULL;
     if (cols <= 0) return GP_OK;
     GP_TRY(gp_cuda_enter(dev));
-    GP_TRY(gp_cuda_ws_reserve(dev, (size_t)gp_cuk_sum_rows_parts(rows) * (size_t)cols *
+    GP_TRY(gp_cuda_ws_reserve(dev, (size_t)gp_cuk_sum_rows_parts(rows, cols) * (size_t)cols *
                                        sizeof(double), &part));
     GP_CUDA(gp_cuk_sum_rows(gp_cuda_ctx_of(dev)->compute, dy, db, rows, cols, part));
     return GP_OK;

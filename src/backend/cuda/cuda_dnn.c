@@ -175,6 +175,11 @@ static size_t ws_limit(gp_device *dev)
     return cap && cap / 8 < CUDA_CONV_WS_LIMIT ? cap / 8 : CUDA_CONV_WS_LIMIT;
 }
 
+/* Results a query may return: cudnnGet*AlgorithmMaxCount says how many
+ * (with DEFAULT_MATH an algorithm can come once per math type), at most
+ * this many are asked for. */
+#define CUDA_ALGO_CAP 32
+
 /* cuDNN's results, of any direction, as gp_algo_pick's candidates. */
 #define TO_CANDS(perf, got, measured, cands)                                               \
     for (int i_ = 0; i_ < (got); i_++)                                                     \
@@ -225,9 +230,11 @@ gp_status gp_cuda_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x
     GP_TRY(gp_cuda_enter(dev));
     GP_TRY(conv_get(dev, d, &cv));
     if (!cv->have_fwd) {
-        cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-        gp_algo_cand cand[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-        int got = 0, idx;
+        cudnnConvolutionFwdAlgoPerf_t perf[CUDA_ALGO_CAP];
+        gp_algo_cand cand[CUDA_ALGO_CAP];
+        int got = 0, idx, cap = 0;
+        GP_CUDNN(cudnnGetConvolutionForwardAlgorithmMaxCount(ctx->dnn, &cap));
+        if (cap < 1 || cap > CUDA_ALGO_CAP) cap = CUDA_ALGO_CAP;
         size_t limit = ws_limit(dev);
         /* tf32: every algorithm, TF32 tensor cores included, is a candidate */
         GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, ctx->tf32 ? CUDNN_DEFAULT_MATH
@@ -235,8 +242,7 @@ gp_status gp_cuda_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x
         if (ctx->deterministic) {
             GP_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(ctx->dnn, cv->x, cv->w, cv->conv,
                                                             cv->y,
-                                                            CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
-                                                            &got, perf));
+                                                            cap, &got, perf));
         } else {
             void *sws;
             search_ws(dev, &sws, &limit);
@@ -244,7 +250,7 @@ gp_status gp_cuda_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x
             /* runs every algorithm on these operands; y is written again below */
             cudnnStatus_t cs = cudnnFindConvolutionForwardAlgorithmEx(
                 ctx->dnn, cv->x, x, cv->w, w, cv->conv, cv->y, y,
-                CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, perf, sws, limit);
+                cap, &got, perf, sws, limit);
             if (sws) gp_dev_free(dev, sws, limit, GP_MEM_WORKSPACE);
             GP_CUDNN(cs);
         }
@@ -277,17 +283,18 @@ gp_status gp_cuda_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const flo
     GP_TRY(gp_cuda_enter(dev));
     GP_TRY(conv_get(dev, d, &cv));
     if (!cv->have_bwd_data) {
-        cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-        gp_algo_cand cand[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-        int got = 0, idx;
+        cudnnConvolutionBwdDataAlgoPerf_t perf[CUDA_ALGO_CAP];
+        gp_algo_cand cand[CUDA_ALGO_CAP];
+        int got = 0, idx, cap = 0;
+        GP_CUDNN(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(ctx->dnn, &cap));
+        if (cap < 1 || cap > CUDA_ALGO_CAP) cap = CUDA_ALGO_CAP;
         size_t limit = ws_limit(dev);
         /* tf32: every algorithm, TF32 tensor cores included, is a candidate */
         GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, ctx->tf32 ? CUDNN_DEFAULT_MATH
                                                                   : CUDNN_FMA_MATH));
         if (ctx->deterministic) {
             GP_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-                ctx->dnn, cv->w, cv->y, cv->conv, cv->x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
-                &got, perf));
+                ctx->dnn, cv->w, cv->y, cv->conv, cv->x, cap, &got, perf));
         } else {
             void *sws;
             search_ws(dev, &sws, &limit);
@@ -295,7 +302,7 @@ gp_status gp_cuda_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const flo
             /* dx is written (beta 0) again below */
             cudnnStatus_t cs = cudnnFindConvolutionBackwardDataAlgorithmEx(
                 ctx->dnn, cv->w, w, cv->y, dy, cv->conv, cv->x, dx,
-                CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, perf, sws, limit);
+                cap, &got, perf, sws, limit);
             if (sws) gp_dev_free(dev, sws, limit, GP_MEM_WORKSPACE);
             GP_CUDNN(cs);
         }
@@ -329,33 +336,39 @@ gp_status gp_cuda_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const 
     GP_TRY(gp_cuda_enter(dev));
     GP_TRY(conv_get(dev, d, &cv));
     if (!cv->have_bwd_filter) {
-        cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-        gp_algo_cand cand[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-        int got = 0, idx;
+        cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDA_ALGO_CAP];
+        gp_algo_cand cand[CUDA_ALGO_CAP];
+        int got = 0, idx, cap = 0;
+        GP_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(ctx->dnn, &cap));
+        if (cap < 1 || cap > CUDA_ALGO_CAP) cap = CUDA_ALGO_CAP;
         size_t limit = ws_limit(dev);
         /* tf32: every algorithm, TF32 tensor cores included, is a candidate */
         GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, ctx->tf32 ? CUDNN_DEFAULT_MATH
                                                                   : CUDNN_FMA_MATH));
-        if (ctx->deterministic) {
+        /* the search writes its dw (beta 0): into a scratch tensor, not the
+         * gradient this call adds to; no room for one: the heuristics */
+        size_t dw_bytes = (size_t)(d->k * d->c * d->kh * d->kw) * sizeof(float);
+        void *sdw = NULL;
+        bool measure = !ctx->deterministic;
+        if (measure && gp_dev_alloc(dev, dw_bytes, GP_MEM_WORKSPACE, &sdw) != GP_OK) {
+            gp_error_clear();
+            measure = false;
+        }
+        if (!measure) {
             GP_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-                ctx->dnn, cv->x, cv->y, cv->conv, cv->w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
-                &got, perf));
+                ctx->dnn, cv->x, cv->y, cv->conv, cv->w, cap, &got, perf));
         } else {
-            /* the search writes its dw (beta 0): into a scratch tensor, not
-             * the gradient this call adds to */
-            size_t dw_bytes = (size_t)(d->k * d->c * d->kh * d->kw) * sizeof(float);
-            void *sdw = NULL, *sws;
-            GP_TRY(gp_dev_alloc(dev, dw_bytes, GP_MEM_WORKSPACE, &sdw));
+            void *sws;
             search_ws(dev, &sws, &limit);
             dev->algo_searches++;
             cudnnStatus_t cs = cudnnFindConvolutionBackwardFilterAlgorithmEx(
                 ctx->dnn, cv->x, x, cv->y, dy, cv->conv, cv->w, sdw,
-                CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, perf, sws, limit);
+                cap, &got, perf, sws, limit);
             if (sws) gp_dev_free(dev, sws, limit, GP_MEM_WORKSPACE);
             gp_dev_free(dev, sdw, dw_bytes, GP_MEM_WORKSPACE);
             GP_CUDNN(cs);
         }
-        TO_CANDS(perf, got, !ctx->deterministic, cand);
+        TO_CANDS(perf, got, measure, cand);
         idx = gp_algo_pick(cand, got, limit, ctx->deterministic);
         if (idx < 0) return no_algo(dev, "backward-filter", d, limit);
         cv->bwd_filter = perf[idx].algo;

@@ -80,22 +80,30 @@ __global__ void k_sgd(float *w, const float *g, float *v, int64_t n, float lr, f
     }
 }
 /* The parts of one multi-tensor launch, passed by value as the kernel's
- * parameter (32 x 36 bytes, well under the 4 KiB a launch takes). */
+ * parameter (32 x 40 bytes and the block table, well under the 4 KiB a
+ * launch takes).  Part p owns blocks [first[p], first[p + 1]) of the grid,
+ * as many as its size asks for (capped), so a launch of one large weight
+ * and many small biases runs no idle blocks for the biases. */
+#define SGD_BLOCKS_CAP 4096
 struct sgd_table {
     float *w[GP_CUK_SGD_PARTS];
     const float *g[GP_CUK_SGD_PARTS];
     float *v[GP_CUK_SGD_PARTS];
     int64_t n[GP_CUK_SGD_PARTS];
     float wd[GP_CUK_SGD_PARTS];
+    unsigned first[GP_CUK_SGD_PARTS + 1];
+    int parts;
 };
-/* blockIdx.y picks the part, x strides over its elements: k_sgd's body. */
+/* k_sgd's body over part p's elements, strided by p's blocks. */
 __global__ void k_sgd_multi(sgd_table t, float lr, float mu, int nesterov)
 {
-    unsigned p = blockIdx.y;
+    int p = 0;
+    while (p + 1 < t.parts && blockIdx.x >= t.first[p + 1]) p++;
     float *w = t.w[p], *v = t.v[p], wd = t.wd[p];
     const float *g = t.g[p];
-    GP_CUK_LOOP(i, t.n[p])
-    {
+    int64_t nb = t.first[p + 1] - t.first[p], n = t.n[p];
+    for (int64_t i = (int64_t)(blockIdx.x - t.first[p]) * blockDim.x + threadIdx.x; i < n;
+         i += nb * blockDim.x) {
         float tmp = 0.0f; /* v NULL: plain SGD, no state */
         gp_ew_sgd(&w[i], g[i], v ? &v[i] : &tmp, lr, mu, wd, nesterov);
     }
@@ -550,17 +558,20 @@ cudaError_t gp_cuk_sgd_multi(cudaStream_t s, float *const *w, const float *const
     if (parts <= 0) return cudaSuccess;
     if (parts > GP_CUK_SGD_PARTS) return cudaErrorInvalidValue;
     sgd_table t = {};
-    int64_t most = 0;
+    unsigned blocks = 0;
     for (int i = 0; i < parts; i++) {
         t.w[i] = w[i];
         t.g[i] = g[i];
         t.v[i] = v[i];
         t.n[i] = n[i];
         t.wd[i] = wd[i];
-        if (n[i] > most) most = n[i];
+        t.first[i] = blocks;
+        int64_t b = (n[i] + GP_CUK_THREADS - 1) / GP_CUK_THREADS;
+        blocks += (unsigned)(b < 1 ? 1 : b > SGD_BLOCKS_CAP ? SGD_BLOCKS_CAP : b);
     }
-    dim3 grid(blocks_for(most), (unsigned)parts);
-    k_sgd_multi<<<grid, GP_CUK_THREADS, 0, s>>>(t, lr, mu, nesterov);
+    t.first[parts] = blocks;
+    t.parts = parts;
+    k_sgd_multi<<<blocks, GP_CUK_THREADS, 0, s>>>(t, lr, mu, nesterov);
     return cudaGetLastError();
 }
 
@@ -586,7 +597,7 @@ cudaError_t gp_cuk_sum_rows(cudaStream_t s, const float *dy, float *db, int64_t 
                             int64_t cols, double *part)
 {
     if (cols <= 0) return cudaSuccess;
-    int parts = gp_cuk_sum_rows_parts(rows);
+    int parts = gp_cuk_sum_rows_parts(rows, cols);
     int64_t bx = (cols + SR_COLS - 1) / SR_COLS;
     if (bx > INT_MAX) return cudaErrorInvalidValue;
     k_sum_rows_part<<<dim3((unsigned)bx, (unsigned)parts), dim3(SR_COLS, SR_ROWS), 0, s>>>(

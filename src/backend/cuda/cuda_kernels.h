@@ -63,14 +63,17 @@ cudaError_t gp_cuk_scale_matrix(cudaStream_t s, float *c, int64_t m, int64_t n,
 cudaError_t gp_cuk_add_bias_rows(cudaStream_t s, float *y, const float *bias, int64_t rows,
                                  int64_t cols);
 /* db(cols) += column sums of dy(rows, cols), each in double: blocks of 32
- * columns x 8 rows, gp_cuk_sum_rows_parts(rows) of them down the rows,
+ * columns x 8 rows, gp_cuk_sum_rows_parts(rows, cols) of them down the rows
+ * (about 2048 blocks in all where the rows allow),
  * write double partials into part (that many x cols doubles), which a
  * second kernel sums per column in a fixed order (deterministic).  One
  * thread per column (the first version) left an H100 almost idle on a
  * 2048 x 2048 gradient. */
-static inline int gp_cuk_sum_rows_parts(int64_t rows)
+static inline int gp_cuk_sum_rows_parts(int64_t rows, int64_t cols)
 {
-    int64_t p = (rows + 255) / 256;
+    int64_t p = (rows + 255) / 256, col_blocks = (cols + 31) / 32;
+    int64_t fill = 2048 / (col_blocks > 0 ? col_blocks : 1); /* enough blocks, no more */
+    if (p > fill) p = fill;
     return (int)(p < 1 ? 1 : p > 64 ? 64 : p);
 }
 cudaError_t gp_cuk_sum_rows(cudaStream_t s, const float *dy, float *db, int64_t rows,
