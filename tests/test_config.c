@@ -373,6 +373,21 @@ static void test_errors(void)
               GP_ERR_INVALID, "train.optimizer.momentum must be in [0, 1), got 1.5");
     CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  chunks: 100\n"), NULL, 0), GP_ERR_INVALID,
               "t.yaml:10:11: pipeline.chunks (100) must be <= train.batch_size (64)");
+    /* the interleaved schedule's shape, named at its line before any step */
+    CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  devices: [cpu:0, cpu:1, cpu:2]\n  schedule: "
+                                    "interleaved\n  chunks: 4\n"), NULL, 0),
+              GP_ERR_INVALID, "t.yaml:12:11: pipeline.schedule: interleaved needs 2 or more devices "
+                              "and pipeline.chunks a multiple of their number (got 3 devices, "
+                              "chunks 4); set chunks to a multiple of the devices");
+    CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  schedule: interleaved\n"), NULL, 0),
+              GP_ERR_INVALID, "(got 1 device, chunks 1); list more devices or use another "
+                              "schedule");
+    {
+        gp_config c;
+        CHECK_OK(parse(cat(k_base, "pipeline:\n  devices: [cpu:0, cpu:1]\n  schedule: "
+                                   "interleaved\n  chunks: 4\n"), &c));
+        gp_config_free(&c);
+    }
     CHECK_ERR(parse_bad(cat(k_base, "train:\n  optimizer: {momentum: 0, nesterov: true}\n"),
                         NULL, 0),
               GP_ERR_INVALID, "train.optimizer.nesterov needs momentum > 0");
