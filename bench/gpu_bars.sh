@@ -11,7 +11,8 @@
 # large batches), and host waits per device per step (bar: 1).  Then
 # ResNet-18 batch 2048 on two stages of one GPU ([cuda:0, cuda:0], m = 8)
 # against one stage at m = 1 (bar: within 1.10x), with a trace of it for
-# the copies' overlap (scripts/timeline.py summary).  Steps 3.. of 12 are
+# the copies' overlap (scripts/timeline.py summary), and free-running
+# (lockstep: false) beside it with the two timelines compared.  Steps 3.. of 12 are
 # timed (the first ones pick algorithms and warm the caching allocator).
 # Prints a Markdown table; traces and metrics go to $OUT (the device tool's
 # folder that comes back) or /tmp/gpu-bars.  DEV=cpu:0 SCALE=32 STEPS=4
@@ -66,6 +67,16 @@ read -r t1 _ <<< "$(median "$OUT/resnet18-2048-m1.jsonl")"
 echo "2 stages on one GPU, ResNet-18 batch 2048, m = 8: $t2 ms against 1 stage at m = 1 $t1 ms:" \
      "$("$PY" -c "print('%.2f' % ($t2 / $t1))")x (bar: <= 1.10); host waits $w2"
 "$PY" scripts/timeline.py summary "$OUT/resnet18-2048-2stages.json" || true
+# issue 14 item 2: lockstep keeps its meaning; the same 2 stages free-running
+train resnet18-2048-2stages-free bench/resnet18-32.yaml 2048 "[cuda:0, cuda:0]" 8 \
+  --set pipeline.lockstep=false \
+  --trace "$OUT/resnet18-2048-2stages-free.json" --trace-steps "$((STEPS / 2)):$((STEPS / 2 + 1))"
+read -r tfree wfree <<< "$(median "$OUT/resnet18-2048-2stages-free.jsonl")"
+echo "the same, free-running (lockstep: false): $tfree ms against lockstep $t2 ms; host waits $wfree"
+"$PY" scripts/timeline.py summary "$OUT/resnet18-2048-2stages-free.json" || true
+# the picture side by side, where matplotlib is there
+"$PY" scripts/timeline.py compare -o "$OUT/lockstep-vs-free.png" "$OUT/resnet18-2048-2stages.json" \
+  "$OUT/resnet18-2048-2stages-free.json" > /dev/null 2>&1 || echo "(no picture: no matplotlib)"
 # Issue 15's precision columns: the five configs of its table, one stage,
 # m = 1, in FP32 and with train.precision: tf32 (TF32 tensor cores in
 # cuBLAS and cuDNN; a CPU device computes FP32 under tf32, so DEV=cpu:0

@@ -111,6 +111,11 @@ static void test_cli_errors(void)
     CHECK(run(cmd, out, sizeof out) == 0);
     CHECK_MSG(strstr(out, "total:") && strstr(out, "conv2d") && strstr(out, "parameters"),
               "output: %s", out);
+    CHECK_MSG(!strstr(out, "deterministic algorithms"), "output: %s", out);
+    snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --dry-run --set train.deterministic=true",
+             bin, GPIPE_SOURCE_DIR);
+    CHECK(run(cmd, out, sizeof out) == 0);
+    CHECK_MSG(strstr(out, ", deterministic algorithms\n") != NULL, "output: %s", out);
     /* balance: auto on 2 devices: the summary splits by estimated FLOPs
      * (no profiling) and says so; an explicit balance is shown as given */
     snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --dry-run --set pipeline.balance=auto "
