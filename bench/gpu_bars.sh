@@ -19,7 +19,9 @@
 # runs the same on a CPU with batches / 32, to check the script itself.
 # Last, issue 15's fp32 against tf32 on the five configs of its table, and
 # fp32 with train.deterministic (cuDNN's heuristic choice, as at 82fd00b)
-# against the default measured choice.
+# against the default measured choice; then PyTorch on the same GPU
+# (bench/bench_gpu_peer.py: fp32, tf32, bf16 autocast) with gpipe's times
+# beside it.
 set -euo pipefail
 BIN=${BIN:-/tmp/gpu-build}
 OUT=${OUT:-/tmp/gpu-bars}
@@ -82,6 +84,8 @@ echo "the same, free-running (lockstep: false): $tfree ms against lockstep $t2 m
 # cuBLAS and cuDNN; a CPU device computes FP32 under tf32, so DEV=cpu:0
 # only checks the script).
 echo
+rm -f "$OUT/gpipe-times.txt"
+peer_runs=
 echo "| model, batch | fp32 deterministic ms | fp32 ms (measured algorithms) | measured / deterministic | tf32 ms | tf32 / fp32 |"
 echo "|---|---|---|---|---|---|"
 for spec in "mlp bench/mlp.yaml 256" "mlp bench/mlp.yaml 2048" "convnet bench/convnet.yaml 128" \
@@ -95,4 +99,12 @@ for spec in "mlp bench/mlp.yaml 256" "mlp bench/mlp.yaml 2048" "convnet bench/co
   read -r tt _ <<< "$(median "$OUT/$model-$batch-tf32.jsonl")"
   echo "| $model, $batch | $td | $tf | $("$PY" -c "print('%.2f' % ($tf / $td))") | $tt |" \
        "$("$PY" -c "print('%.2f' % ($tt / $tf))") |"
+  b=$((batch / SCALE))
+  printf "%s %d fp32 %s\n%s %d tf32 %s\n" "$cfg" "$b" "$tf" "$cfg" "$b" "$tt" >> "$OUT/gpipe-times.txt"
+  peer_runs="$peer_runs $cfg:$b"
 done
+# PyTorch on the same GPU, the same five configs, fp32 / tf32 / bf16
+# autocast, beside gpipe's (issue 15's bars: PyTorch / gpipe >= 1.10)
+echo
+"$PY" bench/bench_gpu_peer.py --device "$DEV" --steps "$STEPS" --gpipe "$OUT/gpipe-times.txt" \
+  $peer_runs 2>&1 || echo "(no PyTorch peer: bench_gpu_peer.py failed)"

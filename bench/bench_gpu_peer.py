@@ -1,0 +1,233 @@
+#!/usr/bin/env python3
+"""bench_gpu_peer.py - PyTorch's training step on one GPU, on the models,
+batches and precisions of issue 15's table, as the peer of gpipe's
+numbers from bench/gpu_bars.sh in the same visit to the same GPU.
+
+  python3 bench/bench_gpu_peer.py [--device cuda:0] [--steps 12]
+                                  [--gpipe FILE] [CONFIG:BATCH ...]
+
+For each config and batch (default: bench/mlp.yaml 256 and 2048,
+bench/convnet.yaml 128 and 1024, bench/resnet18-32.yaml 256) and each
+precision:
+  fp32  TF32 off in cuBLAS and cuDNN (torch.backends.*.allow_tf32 = False)
+  tf32  TF32 on in both
+  bf16  torch.autocast("cuda", dtype=torch.bfloat16) around forward and loss
+the same layers as torch.nn.Sequential built from the YAML (conv2d,
+batchnorm, relu, maxpool2d, flatten, linear, global_avgpool, and
+`residual` as torchvision's BasicBlock), torch.backends.cudnn.benchmark =
+True, SGD momentum 0.9, the batch copied from pinned host memory each step
+(non_blocking), zero_grad(set_to_none=True), forward, cross-entropy,
+backward, step, and the loss read each step (gpipe reads its once per
+step too).  Median of --steps after 3 warm-ups, in ms.
+
+--gpipe FILE: lines "CONFIG BATCH PRECISION MS" (gpu_bars.sh writes
+them) add gpipe's column and the ratio PyTorch / gpipe (above 1: gpipe
+faster).  PyYAML is used where installed; the GPU machines' PyTorch may
+come without it, so a small reader of these flat configs stands in.
+--device cpu checks the script on a machine without a GPU.
+"""
+import argparse
+import os
+import re
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+DEFAULT = ["bench/mlp.yaml:256", "bench/mlp.yaml:2048", "bench/convnet.yaml:128",
+           "bench/convnet.yaml:1024", "bench/resnet18-32.yaml:256"]
+
+
+def scalar(text):
+    text = text.strip()
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text, text)
+
+
+def flow_map(text):
+    """'{in: 1, out: 64, kernel: 3}' -> dict (flat flow maps only)."""
+    text = text.strip()
+    if not text.startswith("{"):
+        return scalar(text)
+    out = {}
+    for part in text[1:-1].split(","):
+        if ":" in part:
+            k, v = part.split(":", 1)
+            out[k.strip()] = scalar(v)
+    return out
+
+
+def read_config(path):
+    """The model and train sections of a bench config."""
+    with open(path) as f:
+        text = f.read()
+    try:
+        import yaml
+        return yaml.safe_load(text)
+    except ImportError:
+        pass
+    cfg = {"model": {"layers": []}, "train": {}}
+    section = None
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].rstrip()
+        if not line.strip():
+            continue
+        if not line.startswith(" "):
+            section = line.rstrip(":").strip()
+            continue
+        s = line.strip()
+        if section == "model" and s.startswith("input:"):
+            cfg["model"]["input"] = [int(v) for v in re.findall(r"\d+", s)]
+        elif section == "model" and s.startswith("- "):
+            item = s[2:]
+            if ":" in item:
+                kind, args = item.split(":", 1)
+                cfg["model"]["layers"].append({kind.strip(): flow_map(args)})
+            else:
+                cfg["model"]["layers"].append(item.strip())
+        elif section == "train" and ":" in s:
+            k, v = s.split(":", 1)
+            cfg["train"][k.strip()] = flow_map(v)
+    return cfg
+
+
+def torch_model(cfg):
+    import torch.nn as nn
+
+    class BasicBlock(nn.Module):  # torchvision's, as gpipe's `residual`
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(cout)
+            self.relu = nn.ReLU(inplace=True)
+            self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(cout)
+            self.down = None
+            if stride != 1 or cin != cout:
+                self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                          nn.BatchNorm2d(cout))
+
+        def forward(self, x):
+            y = self.bn2(self.conv2(self.relu(self.bn1(self.conv1(x)))))
+            return self.relu(y + (self.down(x) if self.down is not None else x))
+
+    layers, ch = [], cfg["model"]["input"][0]
+    feats = None  # features after flatten
+    side = cfg["model"]["input"][1:]
+    for entry in cfg["model"]["layers"]:
+        kind, a = (entry, {}) if isinstance(entry, str) else next(iter(entry.items()))
+        a = a if isinstance(a, dict) else {}
+        if kind == "conv2d":
+            k, s, p = a["kernel"], a.get("stride", 1), a.get("padding", 0)
+            layers.append(nn.Conv2d(a.get("in", ch) or ch, a["out"], k, stride=s, padding=p,
+                                    bias=a.get("bias", True)))
+            ch = a["out"]
+            side = [(d + 2 * p - k) // s + 1 for d in side]
+        elif kind == "batchnorm":
+            layers.append(nn.BatchNorm2d(ch) if feats is None else nn.BatchNorm1d(feats))
+        elif kind == "relu":
+            layers.append(nn.ReLU(inplace=True))
+        elif kind == "maxpool2d":
+            k = a["kernel"]
+            s = a.get("stride", k) or k
+            layers.append(nn.MaxPool2d(k, s))
+            side = [(d - k) // s + 1 for d in side]
+        elif kind == "residual":
+            s = a.get("stride", 1)
+            layers.append(BasicBlock(ch, a["out"], s))
+            ch = a["out"]
+            side = [(d - 1) // s + 1 for d in side]
+        elif kind == "global_avgpool":
+            layers.append(nn.AdaptiveAvgPool2d(1))
+            side = [1, 1]
+        elif kind == "flatten":
+            layers.append(nn.Flatten())
+            feats = ch * side[0] * side[1]
+        elif kind == "linear":
+            layers.append(nn.Linear(a.get("in", feats) or feats, a["out"]))
+            feats = a["out"]
+        else:
+            sys.exit("bench_gpu_peer: layer %r has no PyTorch twin here" % kind)
+    return nn.Sequential(*layers), feats
+
+
+def step_ms(cfg, batch, precision, device, steps):
+    import contextlib
+    import torch
+    cuda = device.startswith("cuda")
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    torch.backends.cudnn.benchmark = True
+    torch.manual_seed(5)
+    model, classes = torch_model(cfg)
+    model = model.to(device)
+    opt = cfg["train"].get("optimizer", {})
+    opt = opt if isinstance(opt, dict) else {}
+    sgd = torch.optim.SGD(model.parameters(), lr=opt.get("lr", 0.01), momentum=0.9)
+    hx = torch.rand([batch] + list(cfg["model"]["input"]))
+    hy = torch.randint(0, classes, (batch,))
+    if cuda:
+        hx, hy = hx.pin_memory(), hy.pin_memory()
+    loss_fn = torch.nn.CrossEntropyLoss()
+    amp = (torch.autocast(device.split(":")[0], dtype=torch.bfloat16) if precision == "bf16"
+           else contextlib.nullcontext())
+    ts = []
+    for s in range(steps + 3):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        x = hx.to(device, non_blocking=True)
+        y = hy.to(device, non_blocking=True)
+        sgd.zero_grad(set_to_none=True)
+        with amp:
+            loss = loss_fn(model(x), y)
+        loss.backward()
+        sgd.step()
+        loss.item()  # reads the loss: waits for the step
+        if s >= 3:
+            ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) * 1e3
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="*", help="CONFIG:BATCH (default: issue 15's five)")
+    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--precisions", default="fp32,tf32,bf16")
+    ap.add_argument("--gpipe", help="gpipe's times: lines CONFIG BATCH PRECISION MS")
+    args = ap.parse_args()
+    import torch
+    gp = {}
+    if args.gpipe and os.path.exists(args.gpipe):
+        for line in open(args.gpipe):
+            f = line.split()
+            if len(f) == 4:
+                gp[(os.path.normpath(f[0]), int(f[1]), f[2])] = float(f[3])
+    name = (torch.cuda.get_device_name(torch.device(args.device)) if args.device.startswith("cuda")
+            else "CPU")
+    print("PyTorch %s on %s (%s); cudnn.benchmark; median of %d steps"
+          % (torch.__version__, args.device, name, args.steps))
+    print()
+    print("| model, batch | precision | PyTorch ms | gpipe ms | PyTorch / gpipe |")
+    print("|---|---|---|---|---|")
+    for run in args.runs or DEFAULT:
+        path, batch = run.rsplit(":", 1)
+        batch = int(batch)
+        cfg = read_config(os.path.join(ROOT, path) if not os.path.isabs(path) else path)
+        for prec in args.precisions.split(","):
+            t = step_ms(cfg, batch, prec, args.device, args.steps)
+            g = gp.get((os.path.normpath(path), batch, prec))
+            print("| %s, %d | %s | %.2f | %s | %s |"
+                  % (path, batch, prec, t, "%.2f" % g if g else "-",
+                     "**%.2f**" % (t / g) if g else "-"))
+            sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
