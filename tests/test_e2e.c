@@ -292,6 +292,35 @@ static void test_balance_profile_in(void)
              "rounded up); profile this config again (gpipe-balance CONFIG.yaml --profile-out "
              "FILE)\n", prof);
     CHECK_MSG(!strcmp(out, want), "output: %s", out);
+
+    /* --write keeps the schedule: the written config trains with it, and
+     * an interleaved one gets a balance per stage (devices x virtual) and
+     * its virtual; --devices turns a one-device config into a pipeline the
+     * schedule holds on */
+    const char *scheds[2] = {"zb-h1", "interleaved"};
+    for (int q = 0; q < 2; q++) {
+        char wr[512], got[4096];
+        snprintf(wr, sizeof wr, "%s/written-%d.yaml", tmpdir, q);
+        snprintf(cmd, sizeof cmd, "%s %s --by size --devices 2 --chunks 4 --set "
+                 "'pipeline.devices=[cpu:0]' --set pipeline.schedule=%s --write %s", balance_bin,
+                 cfg, scheds[q], wr);
+        rc = run(cmd, out, sizeof out);
+        CHECK_MSG(rc == 0, "%s: exit %d: %s", scheds[q], rc, out);
+        size_t n = 0;
+        char *text = gpt_read_file(wr, &n);
+        snprintf(got, sizeof got, "%s", text ? text : "");
+        free(text);
+        snprintf(want, sizeof want, "  schedule: %s\n", scheds[q]);
+        CHECK_MSG(strstr(got, want) != NULL, "%s written without its schedule: %s", scheds[q], got);
+        if (q == 1) {
+            CHECK_MSG(strstr(got, "  virtual: 2\n") && strstr(out, "2 devices x 2 stages"),
+                      "interleaved: %s\n%s", got, out);
+            const char *b = strstr(got, "  balance: [");
+            int commas = 0;
+            for (const char *c = b; c && *c && *c != ']'; c++) commas += *c == ',';
+            CHECK_MSG(b && commas == 3, "interleaved balance of 4 stages: %s", got);
+        }
+    }
 }
 
 static const char *synthetic_cfg =

@@ -35,8 +35,10 @@ static void usage(FILE *f)
           "                     stages per device), checkpoint mode and m in 1,2,4,..32,\n"
           "                     and recommend the one with the least peak memory within\n"
           "                     5% of the best throughput that fits every device\n"
-          "  --write OUT.yaml   write the config with pipeline.balance (and the pipeline\n"
-          "                     section from the options) filled in; checked by loading it\n"
+          "  --write OUT.yaml   write the config with pipeline.balance (one entry per stage:\n"
+          "                     devices x virtual when interleaved) and the rest of the\n"
+          "                     pipeline section (devices, chunks, checkpoint, schedule)\n"
+          "                     filled in; checked by loading it\n"
           "  --profile-out F    save the profile as JSON\n"
           "  --profile-in F     use a saved profile instead of profiling\n"
           "  --reps R           timed runs per measurement, median taken (default 5)\n"
@@ -94,10 +96,13 @@ static gp_status write_config(const char *in_path, const char *out_path, const g
         if (d->threads) fprintf(o, ", threads: %d", d->threads);
         fputc('}', o);
     }
+    int stages = pc->n_devices * gp_model_virtual(cfg);
     fputs("]\n  balance: [", o);
-    for (int j = 0; j < pc->n_devices; j++) fprintf(o, "%s%d", j ? ", " : "", balance[j]);
-    fprintf(o, "]\n  chunks: %d\n  checkpoint: %s\n  lockstep: %s\n", pc->chunks,
-            gp_checkpoint_mode_name(pc->checkpoint), pc->lockstep ? "true" : "false");
+    for (int j = 0; j < stages; j++) fprintf(o, "%s%d", j ? ", " : "", balance[j]);
+    fprintf(o, "]\n  chunks: %d\n  checkpoint: %s\n  lockstep: %s\n  schedule: %s\n",
+            pc->chunks, gp_checkpoint_mode_name(pc->checkpoint), pc->lockstep ? "true" : "false",
+            gp_schedule_kind_name(pc->schedule));
+    if (gp_model_virtual(cfg) > 1) fprintf(o, "  virtual: %d\n", gp_model_virtual(cfg));
     if (pc->threads) fprintf(o, "  threads: %d\n", pc->threads);
     if (pc->memory) fprintf(o, "  memory: %zu\n", pc->memory);
     if (pc->replicas > 1) fprintf(o, "  replicas: %d\n", pc->replicas);
@@ -105,10 +110,12 @@ static gp_status write_config(const char *in_path, const char *out_path, const g
     gp_config check;
     gp_status s = gp_config_load(out_path, NULL, 0, &check);
     if (s != GP_OK) return gp_error_wrap(s, "the written config '%s' does not load", out_path);
-    bool same = check.pipeline.n_balance == pc->n_devices;
-    for (int j = 0; same && j < pc->n_devices; j++) same = check.pipeline.balance[j] == balance[j];
+    bool same = check.pipeline.n_balance == stages && check.pipeline.schedule == pc->schedule;
+    for (int j = 0; same && j < stages; j++) same = check.pipeline.balance[j] == balance[j];
     gp_config_free(&check);
-    if (!same) return gp_error_set(GP_ERR_RUNTIME, "'%s' does not hold the balance", out_path);
+    if (!same)
+        return gp_error_set(GP_ERR_RUNTIME, "'%s' does not hold the balance and schedule",
+                            out_path);
     return GP_OK;
 }
 
@@ -266,8 +273,12 @@ int main(int argc, char **argv)
     }
     gp_config cfg;
     gp_status s = gp_config_load(config, sets, n_sets, &cfg);
-    if (s == GP_OK && devices && devices != cfg.pipeline.n_devices) {
-        gp_config_free(&cfg);
+    /* --devices N replaces a list of another length; and where the config
+     * holds only with N devices (an interleaved schedule needs 2 or more),
+     * it is read again with them */
+    if (devices && (s != GP_OK || devices != cfg.pipeline.n_devices)) {
+        if (s == GP_OK) gp_config_free(&cfg);
+        gp_error_clear();
         snprintf(set_dev, sizeof set_dev, "pipeline.devices=%d", devices);
         sets[n_sets++] = set_dev;
         s = gp_config_load(config, sets, n_sets, &cfg);
@@ -385,14 +396,21 @@ int main(int argc, char **argv)
 
     /* ---- the balance ---- */
     gp_plan_opts po;
-    gp_model_plan_opts(&cfg, n, &po);
+    /* one entry per stage: devices x pipeline.virtual for the interleaved
+     * schedule */
+    int v = gp_model_virtual(&cfg);
+    gp_model_plan_opts(&cfg, n * v, &po);
     po.by = by == GP_BALANCE_BY_SIZE ? GP_BALANCE_BY_SIZE : GP_BALANCE_BY_TIME;
     int balance[GP_MAX_DEVICES];
     s = gp_balance_plan(&prof, &po, balance);
     if (s == GP_OK) {
         char title[96];
-        snprintf(title, sizeof title, "balance for %d device%s, by %s", n, n == 1 ? "" : "s",
-                 gp_balance_by_name(po.by));
+        if (v > 1)
+            snprintf(title, sizeof title, "balance for %d devices x %d stages (interleaved), by %s",
+                     n, v, gp_balance_by_name(po.by));
+        else
+            snprintf(title, sizeof title, "balance for %d device%s, by %s", n,
+                     n == 1 ? "" : "s", gp_balance_by_name(po.by));
         print_balance(title, &prof, &po, balance);
         if (by == GP_BALANCE_BY_BOTH) {
             gp_plan_opts ps = po;
@@ -402,10 +420,11 @@ int main(int argc, char **argv)
                 printf("\n");
                 print_balance("for comparison, by size", &prof, &ps, bs);
                 gp_sim_result a, b;
-                if (gp_simulate(&prof, n, balance, m, po.checkpoint, cfg.pipeline.lockstep,
-                                po.capacity, &a) == GP_OK &&
-                    gp_simulate(&prof, n, bs, m, po.checkpoint, cfg.pipeline.lockstep,
-                                po.capacity, &b) == GP_OK)
+                gp_schedule_kind sk = cfg.pipeline.schedule;
+                if (gp_simulate_schedule(&prof, sk, n, v, balance, m, po.checkpoint,
+                                         cfg.pipeline.lockstep, po.capacity, &a) == GP_OK &&
+                    gp_simulate_schedule(&prof, sk, n, v, bs, m, po.checkpoint,
+                                         cfg.pipeline.lockstep, po.capacity, &b) == GP_OK)
                     printf("  predicted step: by time %.2f ms, by size %.2f ms\n", a.step * 1e3,
                            b.step * 1e3);
             }
