@@ -321,6 +321,23 @@ static void test_balance_profile_in(void)
             CHECK_MSG(b && commas == 3, "interleaved balance of 4 stages: %s", got);
         }
     }
+    /* replicas given as a grid come back as that grid, not as the shifted
+     * list replicas: 2 would derive from the first row */
+    {
+        char wr[512], got[4096];
+        snprintf(wr, sizeof wr, "%s/written-grid.yaml", tmpdir);
+        snprintf(cmd, sizeof cmd, "%s %s --by size --set 'pipeline.devices=[[cpu:0, cpu:1], "
+                 "[cpu:3, cpu:2]]' --write %s", balance_bin, cfg, wr);
+        rc = run(cmd, out, sizeof out);
+        CHECK_MSG(rc == 0, "grid: exit %d: %s", rc, out);
+        size_t n = 0;
+        char *text = gpt_read_file(wr, &n);
+        snprintf(got, sizeof got, "%s", text ? text : "");
+        free(text);
+        const char *r1 = strstr(got, "], [{name: \"cpu:3\"");
+        CHECK_MSG(r1 && strstr(r1, "{name: \"cpu:2\"") && strstr(got, "  replicas: 2\n"),
+                  "grid written as: %s", got);
+    }
 }
 
 static const char *synthetic_cfg =

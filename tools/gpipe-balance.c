@@ -88,13 +88,20 @@ static gp_status write_config(const char *in_path, const char *out_path, const g
     }
     fclose(f);
     const gp_pipeline_config *pc = &cfg->pipeline;
+    /* with replicas, a row per replica: the devices each one was given,
+     * not the shifted list replicas: R would derive */
+    int rows = pc->replicas > 1 ? pc->replicas : 1;
     fputs("\n# pipeline section written by gpipe-balance\npipeline:\n  devices: [", o);
-    for (int j = 0; j < pc->n_devices; j++) {
-        const gp_device_spec *d = &pc->devices[j];
-        fprintf(o, "%s{name: \"%s\"", j ? ", " : "", d->name);
-        if (d->memory) fprintf(o, ", memory: %zu", d->memory);
-        if (d->threads) fprintf(o, ", threads: %d", d->threads);
-        fputc('}', o);
+    for (int r = 0; r < rows; r++) {
+        if (rows > 1) fputs(r ? ", [" : "[", o);
+        for (int j = 0; j < pc->n_devices; j++) {
+            const gp_device_spec *d = &pc->devices[r * pc->n_devices + j];
+            fprintf(o, "%s{name: \"%s\"", j ? ", " : "", d->name);
+            if (d->memory) fprintf(o, ", memory: %zu", d->memory);
+            if (d->threads) fprintf(o, ", threads: %d", d->threads);
+            fputc('}', o);
+        }
+        if (rows > 1) fputc(']', o);
     }
     int stages = pc->n_devices * gp_model_virtual(cfg);
     fputs("]\n  balance: [", o);
@@ -110,7 +117,10 @@ static gp_status write_config(const char *in_path, const char *out_path, const g
     gp_config check;
     gp_status s = gp_config_load(out_path, NULL, 0, &check);
     if (s != GP_OK) return gp_error_wrap(s, "the written config '%s' does not load", out_path);
-    bool same = check.pipeline.n_balance == stages && check.pipeline.schedule == pc->schedule;
+    bool same = check.pipeline.n_balance == stages && check.pipeline.schedule == pc->schedule &&
+                check.pipeline.replicas == pc->replicas;
+    for (int j = 0; same && j < pc->n_devices * rows; j++)
+        same = !strcmp(check.pipeline.devices[j].name, pc->devices[j].name);
     for (int j = 0; same && j < stages; j++) same = check.pipeline.balance[j] == balance[j];
     gp_config_free(&check);
     if (!same)
