@@ -1059,6 +1059,64 @@ static void test_profile_search(void)
         gp_profile_free(&plain);
         gp_profile_free(&searched);
     }
+    /* every size and pass counts: a linear layer takes the arena only at
+     * the smaller micro-batch (rows at most half its outputs), so a
+     * two-size profile holds at least the smaller size's own workspace;
+     * a batch norm that is stage 0's first trainable layer runs a
+     * weights-only backward whose scratch is its input's size */
+    const char *lin =
+        "model:\n"
+        "  input: [1, 16, 16]\n"
+        "  layers:\n"
+        "    - flatten\n"
+        "    - linear: {out: 256}\n"
+        "    - relu\n"
+        "    - linear: {out: 10}\n"
+        "data: {dataset: synthetic}\n"
+        "train: {batch_size: 256}\n";
+    gp_config lc;
+    CHECK_OK(gp_config_parse("lin.yaml", lin, strlen(lin), NULL, 0, &lc));
+    gp_model_profile_opts two = {.warmup = 1, .reps = 1, .timed = true, .threads = 1,
+                                 .n_sizes = 2, .sizes = {256, 128}};
+    gp_model_profile_opts one = {.warmup = 1, .reps = 1, .timed = true, .threads = 1,
+                                 .n_sizes = 1, .sizes = {128}};
+    gp_profile p2, p1;
+    gp_status s2 = gp_model_profile(&lc, &two, &p2), s1 = gp_model_profile(&lc, &one, &p1);
+    CHECK_OK(s2);
+    CHECK_OK(s1);
+    if (s1 == GP_OK && s2 == GP_OK)
+        CHECK_MSG(p1.mem[1].workspace_bytes > 0 &&
+                      p2.mem[1].workspace_bytes >= p1.mem[1].workspace_bytes,
+                  "linear 256 -> 256: workspace %zu profiled at sizes 256 and 128, %zu at 128 "
+                  "alone", p2.mem[1].workspace_bytes, p1.mem[1].workspace_bytes);
+    if (s2 == GP_OK) gp_profile_free(&p2);
+    if (s1 == GP_OK) gp_profile_free(&p1);
+    gp_config_free(&lc);
+    const char *bnf =
+        "model:\n"
+        "  input: [8, 12, 12]\n"
+        "  layers:\n"
+        "    - batchnorm\n"
+        "    - conv2d: {out: 8, kernel: 3, padding: 1}\n"
+        "    - flatten\n"
+        "    - linear: {out: 10}\n"
+        "data: {dataset: synthetic}\n"
+        "train: {batch_size: 16}\n";
+    gp_config bc;
+    CHECK_OK(gp_config_parse("bnf.yaml", bnf, strlen(bnf), NULL, 0, &bc));
+    gp_model_profile_opts bo = {.warmup = 1, .reps = 1, .timed = true, .threads = 1};
+    gp_profile pb;
+    gp_status sb = gp_model_profile(&bc, &bo, &pb);
+    CHECK_OK(sb);
+    if (sb == GP_OK) {
+        CHECK_MSG(pb.first_trainable == 0 &&
+                      pb.mem[0].workspace_bytes >= (size_t)16 * 8 * 12 * 12 * sizeof(float),
+                  "batch norm as the first trainable layer: workspace %zu, its input %zu bytes",
+                  pb.mem[0].workspace_bytes, (size_t)16 * 8 * 12 * 12 * sizeof(float));
+        gp_profile_free(&pb);
+    }
+    gp_config_free(&bc);
+
     /* the hook does what it says: a search per shape and direction, with
      * its workspace */
     setenv("GPIPE_CPU_FAKE_SEARCH", "8", 1);

@@ -321,6 +321,19 @@ static void test_balance_profile_in(void)
             CHECK_MSG(b && commas == 3, "interleaved balance of 4 stages: %s", got);
         }
     }
+    /* --simulate on an interleaved config: the other schedules get a
+     * balance of their own (one stage per device), and fit against whole
+     * devices */
+    snprintf(cmd, sizeof cmd, "%s %s --simulate --reps 1 --chunks 4 --set "
+             "pipeline.schedule=interleaved --set pipeline.memory=64MiB", balance_bin, cfg);
+    rc = run(cmd, out, sizeof out);
+    CHECK_MSG(rc == 0 && strstr(out, "recommended: schedule") && strstr(out, "interl.2"),
+              "interleaved --simulate: exit %d: %s", rc, out);
+    /* --devices does not paper over an error in the device list */
+    snprintf(cmd, sizeof cmd, "%s %s --by size --devices 3 --set 'pipeline.devices=[cpu:0, "
+             "gpu:1]'", balance_bin, cfg);
+    rc = run(cmd, out, sizeof out);
+    CHECK_MSG(rc == 2 && strstr(out, "unknown device 'gpu:1'"), "exit %d: %s", rc, out);
     /* replicas given as a grid come back as that grid, not as the shifted
      * list replicas: 2 would derive from the first row */
     {

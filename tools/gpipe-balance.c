@@ -283,10 +283,21 @@ int main(int argc, char **argv)
     }
     gp_config cfg;
     gp_status s = gp_config_load(config, sets, n_sets, &cfg);
-    /* --devices N replaces a list of another length; and where the config
-     * holds only with N devices (an interleaved schedule needs 2 or more),
-     * it is read again with them */
-    if (devices && (s != GP_OK || devices != cfg.pipeline.n_devices)) {
+    /* --devices N replaces a list of another length; and a config that
+     * holds only with N devices (an interleaved schedule needs 2 or more:
+     * it loads on the GPipe schedule) is read again with them.  Any other
+     * error stands: the device list it may be about is not replaced. */
+    bool retry = s == GP_OK && devices && devices != cfg.pipeline.n_devices;
+    if (s != GP_OK && devices) {
+        char first[1024];
+        snprintf(first, sizeof first, "%s", gp_last_error());
+        gp_config probe;
+        sets[n_sets] = "pipeline.schedule=gpipe";
+        retry = gp_config_load(config, sets, n_sets + 1, &probe) == GP_OK;
+        if (retry) gp_config_free(&probe);
+        else gp_error_set(s, "%s", first);
+    }
+    if (retry) {
         if (s == GP_OK) gp_config_free(&cfg);
         gp_error_clear();
         snprintf(set_dev, sizeof set_dev, "pipeline.devices=%d", devices);
@@ -411,6 +422,16 @@ int main(int argc, char **argv)
     int v = gp_model_virtual(&cfg);
     gp_model_plan_opts(&cfg, n * v, &po);
     po.by = by == GP_BALANCE_BY_SIZE ? GP_BALANCE_BY_SIZE : GP_BALANCE_BY_TIME;
+    /* the simulator checks each device's whole peak against its capacity;
+     * the plan's capacities are per stage (a device's over its v stages) */
+    gp_config c1 = cfg;
+    if (v > 1) {
+        c1.pipeline.schedule = GP_SCHEDULE_GPIPE;
+        c1.pipeline.virtual_stages = 1;
+    }
+    gp_plan_opts pd;
+    gp_model_plan_opts(&c1, n, &pd);
+    pd.by = po.by;
     int balance[GP_MAX_DEVICES];
     s = gp_balance_plan(&prof, &po, balance);
     if (s == GP_OK) {
@@ -432,9 +453,9 @@ int main(int argc, char **argv)
                 gp_sim_result a, b;
                 gp_schedule_kind sk = cfg.pipeline.schedule;
                 if (gp_simulate_schedule(&prof, sk, n, v, balance, m, po.checkpoint,
-                                         cfg.pipeline.lockstep, po.capacity, &a) == GP_OK &&
+                                         cfg.pipeline.lockstep, pd.capacity, &a) == GP_OK &&
                     gp_simulate_schedule(&prof, sk, n, v, bs, m, po.checkpoint,
-                                         cfg.pipeline.lockstep, po.capacity, &b) == GP_OK)
+                                         cfg.pipeline.lockstep, pd.capacity, &b) == GP_OK)
                     printf("  predicted step: by time %.2f ms, by size %.2f ms\n", a.step * 1e3,
                            b.step * 1e3);
             }
@@ -453,6 +474,14 @@ int main(int argc, char **argv)
         /* interleaved: v = 2 stages per device, balanced over 2n stages the
          * same way (each with half its device's memory), m multiples of n */
         int bal2[GP_MAX_DEVICES];
+        /* the other schedules: one stage per device; an interleaved
+         * config's own balance has n x v entries, so they get theirs */
+        int bal1[GP_MAX_DEVICES];
+        const int *one = balance;
+        if (v > 1) {
+            s = gp_balance_plan(&prof, &pd, bal1);
+            one = bal1;
+        }
         bool il = n > 1 && 2 * n <= GP_MAX_DEVICES && n <= prof.L / 2;
         if (il) {
             gp_plan_opts p2;
@@ -470,8 +499,8 @@ int main(int argc, char **argv)
                     bool ik = k == GP_SCHEDULE_INTERLEAVED;
                     if (ik && (!il || q % n)) continue;
                     s = gp_simulate_schedule(&prof, (gp_schedule_kind)k, n, ik ? 2 : 1,
-                                             ik ? bal2 : balance, q, modes[c],
-                                             cfg.pipeline.lockstep, po.capacity, &r[cnt]);
+                                             ik ? bal2 : one, q, modes[c],
+                                             cfg.pipeline.lockstep, pd.capacity, &r[cnt]);
                     if (s != GP_OK) break;
                     char b1[32];
                     printf("%-8s %-12s %4d %10.2f %7.1f%% %12.1f %12s %5s\n",

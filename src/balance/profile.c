@@ -458,6 +458,7 @@ static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer
     gp_layer_mem *mm = &p->mem[k];
     int reps = p->timed ? o->reps : 0, warm = p->timed ? o->warmup : 0;
     gp_status s = GP_OK;
+    size_t ws_peak = 0; /* the largest workspace of a run without a search */
     /* sizes descending: memory is read at the largest */
     for (int z = p->n_sizes - 1; z >= 0 && s == GP_OK; z--) {
         int64_t b = p->sizes[z];
@@ -491,8 +492,11 @@ static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer
             uint64_t searched = dev->algo_searches;
             double t0, t1, t2, t3;
             if ((s = gp_dev_synchronize(dev)) != GP_OK) break;
-            /* the workspace a step needs: this run's peak alone */
-            if (memrun) gp_allocator_reset_peak(&dev->alloc);
+            /* the workspace a step needs: each run's own peak, at every
+             * size (a smaller micro-batch may take more: a linear layer
+             * goes through the arena only below some rows), the largest
+             * over the runs that did not search for an algorithm */
+            gp_allocator_reset_peak(&dev->alloc);
             evict(ev);
             t0 = gp_now();
             s = gp_layer_forward(l, &ctx, x, &y, &sv);
@@ -513,19 +517,14 @@ static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer
             if (s == GP_OK) s = gp_dev_synchronize(dev);
             t3 = gp_now();
             gp_saved_free(&sv);
-            if (s == GP_OK && memrun) {
-                if (dev->algo_searches != searched && !repeated) {
-                    /* a first call searched for its algorithm (a measured
-                     * cuDNN choice) in a borrowed workspace that no step
-                     * holds: measure again, the choice now cached */
-                    repeated = true;
-                    gp_tensor_free(&y);
-                    r--;
-                    continue;
-                }
-                gp_allocator a;
-                gp_allocator_snapshot(&dev->alloc, &a);
-                mm->workspace_bytes = a.peak_by[GP_MEM_WORKSPACE];
+            if (s == GP_OK && memrun && dev->algo_searches != searched && !repeated) {
+                /* a first call searched for its algorithm (a measured
+                 * cuDNN choice) in a borrowed workspace that no step
+                 * holds: measure again, the choice now cached */
+                repeated = true;
+                gp_tensor_free(&y);
+                r--;
+                continue;
             }
             if (timed) {
                 sm->fwd[nt] = t1 - t0;
@@ -559,6 +558,11 @@ static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer
                 sm->cp[nt] = gp_now() - c0;
                 nt++;
             }
+            if (s == GP_OK && dev->algo_searches == searched) {
+                gp_allocator a;
+                gp_allocator_snapshot(&dev->alloc, &a);
+                if (a.peak_by[GP_MEM_WORKSPACE] > ws_peak) ws_peak = a.peak_by[GP_MEM_WORKSPACE];
+            }
             gp_tensor_free(&y);
         }
         if (s == GP_OK && p->timed) {
@@ -570,7 +574,10 @@ static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer
             t->bwd_alone = first_trainable ? median(sm->ba, nt) : 0;
             t->copy = median(sm->cp, nt);
         }
-        /* the loss on the model's output, and the input upload */
+        /* the loss on the model's output, and the input upload (the loss's
+         * workspace is the last stage's too) */
+        uint64_t searched = dev->algo_searches;
+        gp_allocator_reset_peak(&dev->alloc);
         if (s == GP_OK && p->timed && (last || k == 0)) {
             double *v = sm->fwd;
             int64_t per = gp_shape_numel(last ? &l->out_shape : &l->in_shape);
@@ -609,6 +616,11 @@ static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer
                 if (k == 0) p->upload[z] = median(v, reps);
             }
         }
+        if (s == GP_OK && dev->algo_searches == searched) {
+            gp_allocator a;
+            gp_allocator_snapshot(&dev->alloc, &a);
+            if (a.peak_by[GP_MEM_WORKSPACE] > ws_peak) ws_peak = a.peak_by[GP_MEM_WORKSPACE];
+        }
         for (int q = 0; q < l->n_in; q++) {
             gp_tensor_free(&x[q]);
             gp_tensor_free(&dx[q]);
@@ -616,6 +628,7 @@ static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer
         gp_tensor_free(&dy);
         gp_tensor_free(&cp);
     }
+    if (s == GP_OK) mm->workspace_bytes = ws_peak;
     return s;
 }
 
