@@ -683,27 +683,25 @@ static gp_status cuda_sgd_update(gp_device *dev, float *w, const float *g, float
     CUDA_OP(dev, gp_cuk_sgd(s, w, g, v, n, lr, mu, wd, nesterov));
 }
 
-/* One launch per GP_CUK_SGD_PARTS parts; the pointer tables go in the
+/* One launch per GP_CUK_SGD_PARTS parts; the pointer table goes in the
  * kernel's parameters, so nothing is uploaded. */
 static gp_status cuda_sgd_multi(gp_device *dev, const gp_sgd_part *parts, int n, float lr,
                                 float mu, int nesterov)
 {
-    float *w[GP_CUK_SGD_PARTS], *v[GP_CUK_SGD_PARTS], wd[GP_CUK_SGD_PARTS];
-    const float *g[GP_CUK_SGD_PARTS];
-    int64_t cnt[GP_CUK_SGD_PARTS];
+    gp_cuk_sgd_table t;
     GP_TRY(gp_cuda_enter(dev));
     cudaStream_t s = gp_cuda_ctx_of(dev)->compute;
     for (int first = 0; first < n; first += GP_CUK_SGD_PARTS) {
-        int k = n - first < GP_CUK_SGD_PARTS ? n - first : GP_CUK_SGD_PARTS;
-        for (int i = 0; i < k; i++) {
+        t.parts = n - first < GP_CUK_SGD_PARTS ? n - first : GP_CUK_SGD_PARTS;
+        for (int i = 0; i < t.parts; i++) {
             const gp_sgd_part *pt = &parts[first + i];
-            w[i] = pt->w;
-            g[i] = pt->g;
-            v[i] = pt->v;
-            cnt[i] = pt->n;
-            wd[i] = pt->wd;
+            t.w[i] = pt->w;
+            t.g[i] = pt->g;
+            t.v[i] = pt->v;
+            t.n[i] = pt->n;
+            t.wd[i] = pt->wd;
         }
-        GP_CUDA(gp_cuk_sgd_multi(s, w, g, v, cnt, wd, k, lr, mu, nesterov));
+        GP_CUDA(gp_cuk_sgd_multi(s, &t, lr, mu, nesterov));
     }
     return GP_OK;
 }

@@ -79,23 +79,10 @@ __global__ void k_sgd(float *w, const float *g, float *v, int64_t n, float lr, f
         gp_ew_sgd(&w[i], g[i], v ? &v[i] : &t, lr, mu, wd, nesterov);
     }
 }
-/* The parts of one multi-tensor launch, passed by value as the kernel's
- * parameter (32 x 40 bytes and the block table, well under the 4 KiB a
- * launch takes).  Part p owns blocks [first[p], first[p + 1]) of the grid,
- * as many as its size asks for (capped), so a launch of one large weight
- * and many small biases runs no idle blocks for the biases. */
+/* A part's blocks at most (gp_cuk_sgd_table). */
 #define SGD_BLOCKS_CAP 4096
-struct sgd_table {
-    float *w[GP_CUK_SGD_PARTS];
-    const float *g[GP_CUK_SGD_PARTS];
-    float *v[GP_CUK_SGD_PARTS];
-    int64_t n[GP_CUK_SGD_PARTS];
-    float wd[GP_CUK_SGD_PARTS];
-    unsigned first[GP_CUK_SGD_PARTS + 1];
-    int parts;
-};
 /* k_sgd's body over part p's elements, strided by p's blocks. */
-__global__ void k_sgd_multi(sgd_table t, float lr, float mu, int nesterov)
+__global__ void k_sgd_multi(gp_cuk_sgd_table t, float lr, float mu, int nesterov)
 {
     int p = 0;
     while (p + 1 < t.parts && blockIdx.x >= t.first[p + 1]) p++;
@@ -551,27 +538,19 @@ cudaError_t gp_cuk_dropout_apply(cudaStream_t s, const float *x, float *y, int64
     GP_CUK_LAUNCH(n, k_dropout_apply, x, y, n, p, seed, stream, first);
 }
 
-cudaError_t gp_cuk_sgd_multi(cudaStream_t s, float *const *w, const float *const *g,
-                             float *const *v, const int64_t *n, const float *wd, int parts,
-                             float lr, float mu, int nesterov)
+cudaError_t gp_cuk_sgd_multi(cudaStream_t s, gp_cuk_sgd_table *t, float lr, float mu,
+                             int nesterov)
 {
-    if (parts <= 0) return cudaSuccess;
-    if (parts > GP_CUK_SGD_PARTS) return cudaErrorInvalidValue;
-    sgd_table t = {};
+    if (t->parts <= 0) return cudaSuccess;
+    if (t->parts > GP_CUK_SGD_PARTS) return cudaErrorInvalidValue;
     unsigned blocks = 0;
-    for (int i = 0; i < parts; i++) {
-        t.w[i] = w[i];
-        t.g[i] = g[i];
-        t.v[i] = v[i];
-        t.n[i] = n[i];
-        t.wd[i] = wd[i];
-        t.first[i] = blocks;
-        int64_t b = (n[i] + GP_CUK_THREADS - 1) / GP_CUK_THREADS;
+    for (int i = 0; i < t->parts; i++) {
+        t->first[i] = blocks;
+        int64_t b = (t->n[i] + GP_CUK_THREADS - 1) / GP_CUK_THREADS;
         blocks += (unsigned)(b < 1 ? 1 : b > SGD_BLOCKS_CAP ? SGD_BLOCKS_CAP : b);
     }
-    t.first[parts] = blocks;
-    t.parts = parts;
-    k_sgd_multi<<<blocks, GP_CUK_THREADS, 0, s>>>(t, lr, mu, nesterov);
+    t->first[t->parts] = blocks;
+    k_sgd_multi<<<blocks, GP_CUK_THREADS, 0, s>>>(*t, lr, mu, nesterov);
     return cudaGetLastError();
 }
 

@@ -43,13 +43,26 @@ cudaError_t gp_cuk_relu_bwd(cudaStream_t s, const float *y, const float *dy, flo
                             int64_t n);
 cudaError_t gp_cuk_sgd(cudaStream_t s, float *w, const float *g, float *v, int64_t n,
                        float lr, float mu, float wd, int nesterov);
-/* gp_cuk_sgd on each of `parts` (at most GP_CUK_SGD_PARTS) tensors in one
- * launch: host arrays of their pointers, sizes and weight decays (v[i]
- * NULL: plain SGD). */
+/* The parts of one multi-tensor SGD launch, passed by value as the
+ * kernel's parameter (32 x 40 bytes and the block table, well under the
+ * 4 KiB a launch takes): the caller fills w, g, v (NULL: plain SGD), n,
+ * wd and parts (at most GP_CUK_SGD_PARTS); gp_cuk_sgd_multi fills first,
+ * so that part p owns blocks [first[p], first[p + 1]) of the grid, as many
+ * as its size asks for (capped), and a launch of one large weight and many
+ * small biases runs no idle blocks for the biases. */
 #define GP_CUK_SGD_PARTS 32
-cudaError_t gp_cuk_sgd_multi(cudaStream_t s, float *const *w, const float *const *g,
-                             float *const *v, const int64_t *n, const float *wd, int parts,
-                             float lr, float mu, int nesterov);
+typedef struct gp_cuk_sgd_table {
+    float *w[GP_CUK_SGD_PARTS];
+    const float *g[GP_CUK_SGD_PARTS];
+    float *v[GP_CUK_SGD_PARTS];
+    int64_t n[GP_CUK_SGD_PARTS];
+    float wd[GP_CUK_SGD_PARTS];
+    unsigned first[GP_CUK_SGD_PARTS + 1];
+    int parts;
+} gp_cuk_sgd_table;
+/* gp_cuk_sgd on each part of t in one launch. */
+cudaError_t gp_cuk_sgd_multi(cudaStream_t s, gp_cuk_sgd_table *t, float lr, float mu,
+                             int nesterov);
 /* y = x * the dropout mask of gp_cuk_dropout_mask, drawn on the fly */
 cudaError_t gp_cuk_dropout_apply(cudaStream_t s, const float *x, float *y, int64_t n, float p,
                                  uint64_t seed, uint64_t stream, uint64_t first);
