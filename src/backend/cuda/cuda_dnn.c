@@ -180,23 +180,32 @@ static size_t ws_limit(gp_device *dev)
  * this many are asked for. */
 #define CUDA_ALGO_CAP 32
 
-/* cuDNN's results, of any direction, as gp_algo_pick's candidates. */
-#define TO_CANDS(perf, got, measured, cands)                                               \
-    for (int i_ = 0; i_ < (got); i_++)                                                     \
-        (cands)[i_] = (gp_algo_cand){                                                      \
-            .algo = (int)(perf)[i_].algo,                                                  \
-            .ok = (perf)[i_].status == CUDNN_STATUS_SUCCESS,                               \
-            .time_ms = (measured) ? (perf)[i_].time : -1.0f,                               \
-            .memory = (perf)[i_].memory,                                                   \
-            .deterministic = (perf)[i_].determinism == CUDNN_DETERMINISTIC}
+/* idx = gp_algo_pick's choice among cuDNN's results `perf` of any
+ * direction (got of them; times only where measured), or the error
+ * no_algo returns for direction `dir`. */
+#define PICK_OR_FAIL(perf, got, measured, limit, dir, idx)                                 \
+    do {                                                                                   \
+        gp_algo_cand cand_[CUDA_ALGO_CAP];                                                 \
+        for (int i_ = 0; i_ < (got); i_++)                                                 \
+            cand_[i_] = (gp_algo_cand){                                                    \
+                .algo = (int)(perf)[i_].algo,                                              \
+                .ok = (perf)[i_].status == CUDNN_STATUS_SUCCESS,                           \
+                .time_ms = (measured) ? (perf)[i_].time : -1.0f,                           \
+                .memory = (perf)[i_].memory,                                               \
+                .deterministic = (perf)[i_].determinism == CUDNN_DETERMINISTIC};           \
+        (idx) = gp_algo_pick(cand_, (got), (limit), ctx->deterministic);                   \
+        if ((idx) < 0) return no_algo(dev, (dir), d, (limit));                             \
+    } while (0)
 
 /* The workspace a measured search may use: the limit, or half of it and so
  * on where the device's capacity or the GPU's free memory refuses that
  * (nothing below 1 MiB: then only algorithms that need no workspace are
  * tried).  The caller frees it after the search, so no step keeps it; the
- * chosen algorithm's own workspace is reserved when it runs. */
+ * chosen algorithm's own workspace is reserved when it runs.  Counts the
+ * search (dev->algo_searches). */
 static void search_ws(gp_device *dev, void **ws, size_t *bytes)
 {
+    dev->algo_searches++;
     for (size_t b = ws_limit(dev); b >= ((size_t)1 << 20); b /= 2) {
         if (gp_dev_alloc(dev, b, GP_MEM_WORKSPACE, ws) == GP_OK) {
             *bytes = b;
@@ -231,7 +240,6 @@ gp_status gp_cuda_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x
     GP_TRY(conv_get(dev, d, &cv));
     if (!cv->have_fwd) {
         cudnnConvolutionFwdAlgoPerf_t perf[CUDA_ALGO_CAP];
-        gp_algo_cand cand[CUDA_ALGO_CAP];
         int got = 0, idx, cap = 0;
         GP_CUDNN(cudnnGetConvolutionForwardAlgorithmMaxCount(ctx->dnn, &cap));
         if (cap < 1 || cap > CUDA_ALGO_CAP) cap = CUDA_ALGO_CAP;
@@ -246,7 +254,6 @@ gp_status gp_cuda_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x
         } else {
             void *sws;
             search_ws(dev, &sws, &limit);
-            dev->algo_searches++;
             /* runs every algorithm on these operands; y is written again below */
             cudnnStatus_t cs = cudnnFindConvolutionForwardAlgorithmEx(
                 ctx->dnn, cv->x, x, cv->w, w, cv->conv, cv->y, y,
@@ -254,9 +261,7 @@ gp_status gp_cuda_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x
             if (sws) gp_dev_free(dev, sws, limit, GP_MEM_WORKSPACE);
             GP_CUDNN(cs);
         }
-        TO_CANDS(perf, got, !ctx->deterministic, cand);
-        idx = gp_algo_pick(cand, got, limit, ctx->deterministic);
-        if (idx < 0) return no_algo(dev, "forward", d, limit);
+        PICK_OR_FAIL(perf, got, !ctx->deterministic, limit, "forward", idx);
         cv->fwd = perf[idx].algo;
         cv->math_fwd = ctx->tf32 ? perf[idx].mathType : CUDNN_FMA_MATH;
         GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, cv->math_fwd));
@@ -284,7 +289,6 @@ gp_status gp_cuda_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const flo
     GP_TRY(conv_get(dev, d, &cv));
     if (!cv->have_bwd_data) {
         cudnnConvolutionBwdDataAlgoPerf_t perf[CUDA_ALGO_CAP];
-        gp_algo_cand cand[CUDA_ALGO_CAP];
         int got = 0, idx, cap = 0;
         GP_CUDNN(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(ctx->dnn, &cap));
         if (cap < 1 || cap > CUDA_ALGO_CAP) cap = CUDA_ALGO_CAP;
@@ -298,7 +302,6 @@ gp_status gp_cuda_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const flo
         } else {
             void *sws;
             search_ws(dev, &sws, &limit);
-            dev->algo_searches++;
             /* dx is written (beta 0) again below */
             cudnnStatus_t cs = cudnnFindConvolutionBackwardDataAlgorithmEx(
                 ctx->dnn, cv->w, w, cv->y, dy, cv->conv, cv->x, dx,
@@ -306,9 +309,7 @@ gp_status gp_cuda_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const flo
             if (sws) gp_dev_free(dev, sws, limit, GP_MEM_WORKSPACE);
             GP_CUDNN(cs);
         }
-        TO_CANDS(perf, got, !ctx->deterministic, cand);
-        idx = gp_algo_pick(cand, got, limit, ctx->deterministic);
-        if (idx < 0) return no_algo(dev, "backward-data", d, limit);
+        PICK_OR_FAIL(perf, got, !ctx->deterministic, limit, "backward-data", idx);
         cv->bwd_data = perf[idx].algo;
         cv->math_bwd_data = ctx->tf32 ? perf[idx].mathType : CUDNN_FMA_MATH;
         GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, cv->math_bwd_data));
@@ -337,7 +338,6 @@ gp_status gp_cuda_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const 
     GP_TRY(conv_get(dev, d, &cv));
     if (!cv->have_bwd_filter) {
         cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDA_ALGO_CAP];
-        gp_algo_cand cand[CUDA_ALGO_CAP];
         int got = 0, idx, cap = 0;
         GP_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(ctx->dnn, &cap));
         if (cap < 1 || cap > CUDA_ALGO_CAP) cap = CUDA_ALGO_CAP;
@@ -360,7 +360,6 @@ gp_status gp_cuda_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const 
         } else {
             void *sws;
             search_ws(dev, &sws, &limit);
-            dev->algo_searches++;
             cudnnStatus_t cs = cudnnFindConvolutionBackwardFilterAlgorithmEx(
                 ctx->dnn, cv->x, x, cv->y, dy, cv->conv, cv->w, sdw,
                 cap, &got, perf, sws, limit);
@@ -368,9 +367,7 @@ gp_status gp_cuda_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const 
             gp_dev_free(dev, sdw, dw_bytes, GP_MEM_WORKSPACE);
             GP_CUDNN(cs);
         }
-        TO_CANDS(perf, got, measure, cand);
-        idx = gp_algo_pick(cand, got, limit, ctx->deterministic);
-        if (idx < 0) return no_algo(dev, "backward-filter", d, limit);
+        PICK_OR_FAIL(perf, got, measure, limit, "backward-filter", idx);
         cv->bwd_filter = perf[idx].algo;
         cv->math_bwd_filter = ctx->tf32 ? perf[idx].mathType : CUDNN_FMA_MATH;
         GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, cv->math_bwd_filter));
