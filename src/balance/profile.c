@@ -449,6 +449,17 @@ typedef struct {
     double *fwd, *bd, *bw, *ba, *rc, *cp;
 } samples;
 
+/* After a run that began with the device's peak reset and its search count
+ * at `searched`: the run's workspace peak into *most, unless the run
+ * searched for an algorithm (a borrowed workspace no step holds). */
+static void workspace_seen(gp_device *dev, uint64_t searched, size_t *most)
+{
+    if (dev->algo_searches != searched) return;
+    gp_allocator a;
+    gp_allocator_snapshot(&dev->alloc, &a);
+    if (a.peak_by[GP_MEM_WORKSPACE] > *most) *most = a.peak_by[GP_MEM_WORKSPACE];
+}
+
 /* Everything measured about layer k, on its own device `dev`. */
 static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer *l,
                                gp_device *dev, gp_device *peer, int k, bool first_trainable,
@@ -558,11 +569,7 @@ static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer
                 sm->cp[nt] = gp_now() - c0;
                 nt++;
             }
-            if (s == GP_OK && dev->algo_searches == searched) {
-                gp_allocator a;
-                gp_allocator_snapshot(&dev->alloc, &a);
-                if (a.peak_by[GP_MEM_WORKSPACE] > ws_peak) ws_peak = a.peak_by[GP_MEM_WORKSPACE];
-            }
+            if (s == GP_OK) workspace_seen(dev, searched, &ws_peak);
             gp_tensor_free(&y);
         }
         if (s == GP_OK && p->timed) {
@@ -616,11 +623,7 @@ static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer
                 if (k == 0) p->upload[z] = median(v, reps);
             }
         }
-        if (s == GP_OK && dev->algo_searches == searched) {
-            gp_allocator a;
-            gp_allocator_snapshot(&dev->alloc, &a);
-            if (a.peak_by[GP_MEM_WORKSPACE] > ws_peak) ws_peak = a.peak_by[GP_MEM_WORKSPACE];
-        }
+        if (s == GP_OK) workspace_seen(dev, searched, &ws_peak);
         for (int q = 0; q < l->n_in; q++) {
             gp_tensor_free(&x[q]);
             gp_tensor_free(&dx[q]);
