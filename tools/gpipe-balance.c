@@ -103,13 +103,13 @@ static gp_status write_config(const char *in_path, const char *out_path, const g
         }
         if (rows > 1) fputc(']', o);
     }
-    int stages = pc->n_devices * gp_model_virtual(cfg);
+    int v = gp_model_virtual(cfg), stages = pc->n_devices * v;
     fputs("]\n  balance: [", o);
     for (int j = 0; j < stages; j++) fprintf(o, "%s%d", j ? ", " : "", balance[j]);
     fprintf(o, "]\n  chunks: %d\n  checkpoint: %s\n  lockstep: %s\n  schedule: %s\n",
             pc->chunks, gp_checkpoint_mode_name(pc->checkpoint), pc->lockstep ? "true" : "false",
             gp_schedule_kind_name(pc->schedule));
-    if (gp_model_virtual(cfg) > 1) fprintf(o, "  virtual: %d\n", gp_model_virtual(cfg));
+    if (v > 1) fprintf(o, "  virtual: %d\n", v);
     if (pc->threads) fprintf(o, "  threads: %d\n", pc->threads);
     if (pc->memory) fprintf(o, "  memory: %zu\n", pc->memory);
     if (pc->replicas > 1) fprintf(o, "  replicas: %d\n", pc->replicas);
