@@ -207,6 +207,115 @@ static float to_bf16(float x)
     return x;
 }
 
+/* ---- bfloat16 conversions (pipeline copies in bf16) -------------------------- */
+
+/* The value of bfloat16 pattern b, by its definition (sign, 8-bit exponent
+ * with bias 127, 7-bit mantissa; subnormals), in double; 2^128 for the
+ * infinities' patterns, which is where rounding past the largest value
+ * lands. */
+static double bf16_ref_value(uint32_t b)
+{
+    int sign = (b >> 15) & 1, e = (b >> 7) & 0xff, f = b & 0x7f;
+    double mag = e == 0 ? ldexp((double)f, -133) : ldexp(128.0 + f, e - 134);
+    return sign ? -mag : mag;
+}
+
+/* x rounded to the nearest bfloat16 by distance in double, ties to the
+ * even pattern: the two patterns around x (the one toward zero, and the
+ * next one up in magnitude), compared. */
+static uint16_t bf16_ref_round(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    uint32_t lo = u >> 16, hi = lo + 1; /* same sign: magnitudes lo <= |x| < hi */
+    if ((u & 0xffff) == 0) return (uint16_t)lo;
+    double dl = fabs((double)x - bf16_ref_value(lo)), dh = fabs(bf16_ref_value(hi) - (double)x);
+    if (dl < dh) return (uint16_t)lo;
+    if (dh < dl) return (uint16_t)hi;
+    return (uint16_t)((lo & 1) ? hi : lo);
+}
+
+/* gp_dev_bf16_pack against bf16_ref_round on every kind of float (random
+ * bit patterns over all exponents, subnormals, exact ties both ways, the
+ * largest float, zeros, infinities, NaNs), at odd sizes and one past the
+ * parallel threshold; gp_dev_bf16_unpack gives every one of the 65536
+ * patterns its value (NaNs stay NaN), and packing that value gives the
+ * pattern back. */
+static void test_bf16_convert(gp_device *dev)
+{
+    const int64_t sizes[] = {1, 7, 100003};
+    for (int z = 0; z < 3; z++) {
+        int64_t n = sizes[z];
+        float *h = malloc((size_t)n * sizeof(float));
+        for (int64_t i = 0; i < n; i++) {
+            rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+            uint32_t u = (uint32_t)(rng_state >> 32); /* any bit pattern */
+            switch (i % 8) {
+            case 0: u = (u & 0xffff0000u) | 0x8000u; break;          /* a tie */
+            case 1: u = (u & 0x807f0000u) | 0x8000u | (u & 0x10000u); break; /* subnormal tie */
+            case 2: u &= 0x807fffffu; break;                           /* subnormal */
+            default: break;
+            }
+            memcpy(&h[i], &u, 4);
+        }
+        const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, FLT_MAX, -FLT_MAX,
+                                  NAN, FLT_MIN, 1.0f, 3.0f};
+        for (int q = 0; q < 10 && q < n; q++) h[q * (n / 10 > 0 ? n / 10 : 1) % n] = specials[q];
+        float *src = dalloc(dev, n), *back = dalloc(dev, n);
+        uint16_t *pk = (uint16_t *)dalloc(dev, (n + 1) / 2);
+        gp_dev_upload(dev, src, h, n);
+        CHECK_OK(gp_dev_bf16_pack(dev, pk, src, n));
+        CHECK_OK(gp_dev_bf16_unpack(dev, back, pk, n));
+        int64_t bad = 0, bad_back = 0;
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t u;
+            memcpy(&u, &h[i], 4);
+            if (isnan(h[i])) { /* a NaN stays a NaN, its sign kept */
+                if (!isnan(back[i]) || (pk[i] >> 15) != (u >> 31)) bad++;
+                continue;
+            }
+            uint16_t want = bf16_ref_round(h[i]);
+            if (pk[i] != want) {
+                if (bad++ < 3) fprintf(stderr, "bf16_pack: %a (0x%08x) gave 0x%04x, want 0x%04x\n",
+                                       (double)h[i], u, pk[i], want);
+            }
+            if ((double)back[i] != bf16_ref_value(want) && !(isinf(back[i]) && (want & 0x7fff) == 0x7f80))
+                bad_back++;
+        }
+        CHECK_MSG(bad == 0, "bf16_pack, n = %lld: %lld of the values rounded wrong", (long long)n,
+                  (long long)bad);
+        CHECK_MSG(bad_back == 0, "bf16_unpack, n = %lld: %lld wrong", (long long)n,
+                  (long long)bad_back);
+        dfree(dev, src, n);
+        dfree(dev, back, n);
+        dfree(dev, (float *)pk, (n + 1) / 2);
+        free(h);
+    }
+    /* every pattern: its value, and back to itself (NaNs: quiet NaNs) */
+    const int64_t all = 65536;
+    uint16_t *pat = (uint16_t *)dalloc(dev, all / 2), *again = (uint16_t *)dalloc(dev, all / 2);
+    float *val = dalloc(dev, all);
+    for (int64_t b = 0; b < all; b++) pat[b] = (uint16_t)b;
+    CHECK_OK(gp_dev_bf16_unpack(dev, val, pat, all));
+    CHECK_OK(gp_dev_bf16_pack(dev, again, val, all));
+    int64_t wrong = 0;
+    for (int64_t b = 0; b < all; b++) {
+        bool nan = (b & 0x7f80) == 0x7f80 && (b & 0x7f);
+        if (nan) {
+            if (!isnan(val[b]) || again[b] != (b | 0x40)) wrong++;
+        } else if ((b & 0x7fff) == 0x7f80) {
+            if (!isinf(val[b]) || (val[b] < 0) != (b >> 15) || again[b] != b) wrong++;
+        } else if ((double)val[b] != bf16_ref_value((uint32_t)b) || again[b] != b) {
+            wrong++;
+        }
+    }
+    CHECK_MSG(wrong == 0, "bf16 patterns: %lld of 65536 do not round-trip", (long long)wrong);
+    dfree(dev, (float *)pat, all / 2);
+    dfree(dev, (float *)again, all / 2);
+    dfree(dev, val, all);
+}
+
+/* ---- bf16 (precision) ------------------------------------------------------ */
 /* precision bf16 (backend.h, gp_precision) on the CPU.  Where the processor
  * has bf16 instructions: each convolution equals the double-precision
  * reference on its operands rounded to bf16 (x and w forward, dy and w for
@@ -1745,6 +1854,7 @@ int main(void)
     }
     test_copy_async(dev);
     test_bf16();
+    test_bf16_convert(dev);
     test_marks(dev);
     test_host_waits(dev);
     test_nonfinite_or(dev);

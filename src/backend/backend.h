@@ -93,8 +93,9 @@
  *      (channels to another process's device: NCCL point-to-point between
  *      GPU stages), gemm_wb (a gemm whose B is frozen weights), uid
  *  16  sgd_multi (a stage's whole update in one pass: one launch on a GPU),
- *      dropout_apply (dropout without a stored mask) */
-#define GP_DEVICE_IFACE_VERSION 16
+ *      dropout_apply (dropout without a stored mask)
+ *  17  bf16_pack, bf16_unpack (pipeline copies in bfloat16) */
+#define GP_DEVICE_IFACE_VERSION 17
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -618,6 +619,14 @@ typedef struct gp_device_iface {
      * into a temporary and multiplies. */
     gp_status (*dropout_apply)(gp_device *dev, const float *x, float *y, int64_t n, float p,
                                uint64_t seed, uint64_t stream, uint64_t first);
+    /* bf16_pack: dst[i] = gp_ew_bf16_bits(src[i]) for n values, into n
+     * 16-bit patterns (2 n bytes at dst); bf16_unpack: dst[i] =
+     * gp_ew_bf16_value(src[i]), n patterns into n floats.  On the compute
+     * stream; dst and src do not overlap.  What carries a pipeline copy in
+     * bfloat16 (pipeline.copy_precision: bf16): the sender packs, half the
+     * bytes travel, the receiver unpacks. */
+    gp_status (*bf16_pack)(gp_device *dev, uint16_t *dst, const float *src, int64_t n);
+    gp_status (*bf16_unpack)(gp_device *dev, float *dst, const uint16_t *src, int64_t n);
 } gp_device_iface;
 
 #define GP_CHAN_ID_BYTES 256
@@ -989,6 +998,9 @@ static inline gp_status gp_dev_dropout_mask(gp_device *dev, float *mask, int64_t
 {
     return dev->iface->dropout_mask(dev, mask, n, p, seed, stream, first);
 }
+/* bf16_pack / bf16_unpack (GP_ERR_UNSUPPORTED where the backend has none). */
+gp_status gp_dev_bf16_pack(gp_device *dev, uint16_t *dst, const float *src, int64_t n);
+gp_status gp_dev_bf16_unpack(gp_device *dev, float *dst, const uint16_t *src, int64_t n);
 gp_status gp_dev_dropout_apply(gp_device *dev, const float *x, float *y, int64_t n, float p,
                                uint64_t seed, uint64_t stream, uint64_t first);
 static inline gp_status gp_dev_mul(gp_device *dev, const float *a, const float *b, float *y,

@@ -184,6 +184,24 @@ gp_status gp_dev_dropout_apply(gp_device *dev, const float *x, float *y, int64_t
     return s;
 }
 
+gp_status gp_dev_bf16_pack(gp_device *dev, uint16_t *dst, const float *src, int64_t n)
+{
+    if (n <= 0) return GP_OK;
+    if (!dev->iface->bf16_pack)
+        return gp_error_set(GP_ERR_UNSUPPORTED, "device %s (%s backend) has no bf16 conversion",
+                            dev->name, dev->iface->backend_name);
+    return dev->iface->bf16_pack(dev, dst, src, n);
+}
+
+gp_status gp_dev_bf16_unpack(gp_device *dev, float *dst, const uint16_t *src, int64_t n)
+{
+    if (n <= 0) return GP_OK;
+    if (!dev->iface->bf16_unpack)
+        return gp_error_set(GP_ERR_UNSUPPORTED, "device %s (%s backend) has no bf16 conversion",
+                            dev->name, dev->iface->backend_name);
+    return dev->iface->bf16_unpack(dev, dst, src, n);
+}
+
 int gp_algo_pick(const gp_algo_cand *c, int n, size_t limit, bool deterministic)
 {
     int first = -1, fastest = -1;

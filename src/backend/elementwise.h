@@ -236,4 +236,35 @@ GP_EW_FN float gp_ew_bce_grad(float z, float t, float scale)
  * rounded at 0.5. */
 GP_EW_FN int gp_ew_bce_hit(float z, float t) { return (z > 0.0f) == (t > 0.5f); }
 
+/* ---- bfloat16 ------------------------------------------------------------ */
+
+/* x rounded to bfloat16 (the top 16 bits of its FP32 pattern: 8-bit
+ * exponent, 7-bit mantissa), to nearest, ties to even, as PyTorch's and
+ * oneDNN's conversions round.  A NaN stays a NaN (quiet); infinities and
+ * zeros keep their sign; a finite value past bfloat16's largest rounds to
+ * infinity, as the same rule does in FP32.  What a pipeline copy in bf16
+ * carries (pipeline.copy_precision). */
+GP_EW_FN uint16_t gp_ew_bf16_bits(float x)
+{
+    union {
+        float f;
+        uint32_t u;
+    } v;
+    v.f = x;
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x0040u); /* NaN */
+    v.u += 0x7fffu + ((v.u >> 16) & 1u);
+    return (uint16_t)(v.u >> 16);
+}
+
+/* The FP32 value of a bfloat16 pattern: exact (its low 16 bits zero). */
+GP_EW_FN float gp_ew_bf16_value(uint16_t b)
+{
+    union {
+        uint32_t u;
+        float f;
+    } v;
+    v.u = (uint32_t)b << 16;
+    return v.f;
+}
+
 #endif /* GP_ELEMENTWISE_H */

@@ -267,6 +267,8 @@ gp_status gp_cpu_add(gp_device *dev, const float *a, const float *b, float *y, i
 gp_status gp_cpu_sumsq(gp_device *dev, const float *x, int64_t n, double *out);
 gp_status gp_cpu_nonfinite(gp_device *dev, const float *x, int64_t n, int *out);
 gp_status gp_cpu_nonfinite_or(gp_device *dev, const float *x, int64_t n, float *flag);
+gp_status gp_cpu_bf16_pack(gp_device *dev, uint16_t *dst, const float *src, int64_t n);
+gp_status gp_cpu_bf16_unpack(gp_device *dev, float *dst, const uint16_t *src, int64_t n);
 gp_status gp_cpu_dropout_apply(gp_device *dev, const float *x, float *y, int64_t n, float p,
                                uint64_t seed, uint64_t stream, uint64_t first);
 gp_status gp_cpu_sgd_multi(gp_device *dev, const gp_sgd_part *parts, int n, float lr, float mu,

@@ -351,6 +351,24 @@ gp_status gp_cpu_dropout_apply(gp_device *dev, const float *x, float *y, int64_t
     return GP_OK;
 }
 
+/* ---- bfloat16 conversions (pipeline copies in bf16) ------------------------ */
+
+gp_status gp_cpu_bf16_pack(gp_device *dev, uint16_t *dst, const float *src, int64_t n)
+{
+    int nt = dev->threads;
+#pragma omp parallel for simd schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) dst[i] = gp_ew_bf16_bits(src[i]);
+    return GP_OK;
+}
+
+gp_status gp_cpu_bf16_unpack(gp_device *dev, float *dst, const uint16_t *src, int64_t n)
+{
+    int nt = dev->threads;
+#pragma omp parallel for simd schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) dst[i] = gp_ew_bf16_value(src[i]);
+    return GP_OK;
+}
+
 /* ---- U-Net: leaky relu, per-row scaling, binary cross-entropy ------------- */
 
 gp_status gp_cpu_leaky_relu_fwd(gp_device *dev, const float *x, float *y, int64_t n,

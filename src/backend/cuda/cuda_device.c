@@ -712,6 +712,16 @@ static gp_status cuda_dropout_apply(gp_device *dev, const float *x, float *y, in
     CUDA_OP(dev, gp_cuk_dropout_apply(s, x, y, n, p, seed, stream, first));
 }
 
+static gp_status cuda_bf16_pack(gp_device *dev, uint16_t *dst, const float *src, int64_t n)
+{
+    CUDA_OP(dev, gp_cuk_bf16_pack(s, dst, src, n));
+}
+
+static gp_status cuda_bf16_unpack(gp_device *dev, float *dst, const uint16_t *src, int64_t n)
+{
+    CUDA_OP(dev, gp_cuk_bf16_unpack(s, dst, src, n));
+}
+
 static gp_status cuda_dropout_mask(gp_device *dev, float *mask, int64_t n, float p,
                                    uint64_t seed, uint64_t stream, uint64_t first)
 {
@@ -1503,6 +1513,8 @@ static const gp_device_iface cuda_iface = {
     .sgd_update = cuda_sgd_update,
     .sgd_multi = cuda_sgd_multi,
     .dropout_apply = cuda_dropout_apply,
+    .bf16_pack = cuda_bf16_pack,
+    .bf16_unpack = cuda_bf16_unpack,
     .gemm = cuda_gemm,
     .add_bias_rows = cuda_add_bias_rows,
     .sum_rows = cuda_sum_rows,

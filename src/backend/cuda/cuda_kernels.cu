@@ -107,6 +107,14 @@ __global__ void k_dropout_apply(const float *x, float *y, int64_t n, float p, ui
     GP_CUK_LOOP(i, n)
         y[i] = x[i] * gp_ew_dropout(gp_philox_uniform(seed, stream, first + (uint64_t)i), p);
 }
+__global__ void k_bf16_pack(uint16_t *dst, const float *src, int64_t n)
+{
+    GP_CUK_LOOP(i, n) dst[i] = gp_ew_bf16_bits(src[i]);
+}
+__global__ void k_bf16_unpack(float *dst, const uint16_t *src, int64_t n)
+{
+    GP_CUK_LOOP(i, n) dst[i] = gp_ew_bf16_value(src[i]);
+}
 __global__ void k_scale_matrix(float *c, int64_t m, int64_t n, int64_t ldc, float beta)
 {
     GP_CUK_LOOP(e, m * n) {
@@ -536,6 +544,16 @@ cudaError_t gp_cuk_dropout_apply(cudaStream_t s, const float *x, float *y, int64
                                  uint64_t seed, uint64_t stream, uint64_t first)
 {
     GP_CUK_LAUNCH(n, k_dropout_apply, x, y, n, p, seed, stream, first);
+}
+
+cudaError_t gp_cuk_bf16_pack(cudaStream_t s, uint16_t *dst, const float *src, int64_t n)
+{
+    GP_CUK_LAUNCH(n, k_bf16_pack, dst, src, n);
+}
+
+cudaError_t gp_cuk_bf16_unpack(cudaStream_t s, float *dst, const uint16_t *src, int64_t n)
+{
+    GP_CUK_LAUNCH(n, k_bf16_unpack, dst, src, n);
 }
 
 cudaError_t gp_cuk_sgd_multi(cudaStream_t s, gp_cuk_sgd_table *t, float lr, float mu,

@@ -63,6 +63,9 @@ typedef struct gp_cuk_sgd_table {
 /* gp_cuk_sgd on each part of t in one launch. */
 cudaError_t gp_cuk_sgd_multi(cudaStream_t s, gp_cuk_sgd_table *t, float lr, float mu,
                              int nesterov);
+/* bfloat16 patterns from floats and back (gp_ew_bf16_bits / _value) */
+cudaError_t gp_cuk_bf16_pack(cudaStream_t s, uint16_t *dst, const float *src, int64_t n);
+cudaError_t gp_cuk_bf16_unpack(cudaStream_t s, float *dst, const uint16_t *src, int64_t n);
 /* y = x * the dropout mask of gp_cuk_dropout_mask, drawn on the fly */
 cudaError_t gp_cuk_dropout_apply(cudaStream_t s, const float *x, float *y, int64_t n, float p,
                                  uint64_t seed, uint64_t stream, uint64_t first);
