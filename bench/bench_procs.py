@@ -3,13 +3,16 @@
 (mpirun -np 2) against the same two CPU devices as worker threads of one
 process (issue 17's bar: at least 0.95x).
 
-  bench/bench_procs.py [--steps N] [--rounds R] [CONFIG.yaml]
+  bench/bench_procs.py [--steps N] [--rounds R] [--copies fp32|bf16|both] [CONFIG.yaml]
 
 bench/convnet.yaml by default, devices [cpu:0, cpu:1] x 1 thread, m = 8,
 the config's checkpointing, free-running in both (across processes the
 step is free-running by construction).  Each round runs one process, then
 two, for N steps; the median step time over the rounds' steps after the
 first 3 of each run.  Prints a markdown table with the processor.
+--copies both adds the same two layouts with pipeline.copy_precision: bf16
+(every tensor across the boundary packed to bfloat16, half the bytes),
+alternating with FP32 copies in each round.
 """
 import json
 import os
@@ -37,12 +40,16 @@ def steps_of(cmd, metrics):
 def main():
     args = sys.argv[1:]
     steps, rounds, cfg = 20, 3, os.path.join(ROOT, "bench", "convnet.yaml")
+    copies = ["fp32"]
     while args:
         a = args.pop(0)
         if a == "--steps":
             steps = int(args.pop(0))
         elif a == "--rounds":
             rounds = int(args.pop(0))
+        elif a == "--copies":
+            c = args.pop(0)
+            copies = ["fp32", "bf16"] if c == "both" else [c]
         elif a in ("-h", "--help"):
             print(__doc__)
             return
@@ -52,19 +59,26 @@ def main():
             "--set", "pipeline.chunks=8", "--set", "pipeline.lockstep=false",
             "--set", "train.steps=%d" % steps, "--set", "train.eval_each_epoch=false",
             "--set", "data.test_limit=128", "--quiet"]
-    one, two = [], []
+    one = {c: [] for c in copies}
+    two = {c: [] for c in copies}
     with tempfile.TemporaryDirectory() as tmp:
         m = os.path.join(tmp, "m.jsonl")
         for _ in range(rounds):
-            one += steps_of([BIN, cfg, "--metrics", m] + sets, m)
-            two += steps_of(["mpirun", "-np", "2", BIN, cfg, "--metrics", m] + sets, m)
-    t1, t2 = statistics.median(one), statistics.median(two)
+            for c in copies:
+                cs = sets + ["--set", "pipeline.copy_precision=" + c]
+                one[c] += steps_of([BIN, cfg, "--metrics", m] + cs, m)
+                two[c] += steps_of(["mpirun", "-np", "2", BIN, cfg, "--metrics", m] + cs, m)
+    t1 = statistics.median(one[copies[0]])
     print("%s; %s; %d rounds x %d steps, medians after each run's first 3\n"
           % (cpu_name(), os.path.relpath(cfg, ROOT), rounds, steps))
-    print("| layout | step ms | throughput vs one process |\n|---|---|---|")
-    print("| one process, 2 CPU devices x 1 thread (worker threads) | %.1f | 1.000x |" % (t1 * 1e3))
-    print("| 2 processes (mpirun -np 2), 1 device x 1 thread each | %.1f | %.3fx |"
-          % (t2 * 1e3, t1 / t2))
+    print("| layout | copies | step ms | throughput vs one process, %s copies |\n|---|---|---|---|"
+          % copies[0])
+    for c in copies:
+        a, b = statistics.median(one[c]), statistics.median(two[c])
+        print("| one process, 2 CPU devices x 1 thread (worker threads) | %s | %.1f | %.3fx |"
+              % (c, a * 1e3, t1 / a))
+        print("| 2 processes (mpirun -np 2), 1 device x 1 thread each | %s | %.1f | %.3fx |"
+              % (c, b * 1e3, t1 / b))
 
 
 if __name__ == "__main__":

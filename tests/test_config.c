@@ -82,6 +82,7 @@ static const char *const k_full =
     "  replicas: 2\n"                                          /* 26 */
     "  schedule: 1f1b\n"                                       /* 27 */
     "  virtual: 1\n"                                           /* 28 */
+    "  copy_precision: fp32\n"                                /* 29 */
     "data:\n"
     "  dataset: cifar10\n"
     "  path: /data/cifar\n"
@@ -151,6 +152,8 @@ static void test_full(void)
     CHECK(p->chunks == 4 && p->checkpoint == GP_CKPT_ALWAYS && !p->lockstep);
     CHECK(p->schedule == GP_SCHEDULE_1F1B);
     CHECK(p->threads == 1 && p->memory == ((size_t)512 << 20) && p->replicas == 2);
+    /* fp32 copies asked for: precision bf16 would otherwise make them bf16 */
+    CHECK(p->copy_precision == GP_COPY_FP32 && !gp_config_bf16_copies(&c));
 
     const gp_data_config *d = &c.data;
     CHECK(d->dataset == GP_DATASET_CIFAR10 && !strcmp(d->path, "/data/cifar"));
@@ -213,6 +216,12 @@ static void test_defaults(void)
     CHECK(c.train.epochs == 1 && c.train.steps == 0 && c.train.batch_size == 64);
     CHECK(c.train.seed == 0 && !strcmp(c.train.optim.type, "sgd"));
     CHECK(c.train.precision == 0 && !c.train.deterministic);
+    CHECK(c.pipeline.copy_precision == GP_COPY_AUTO && !gp_config_bf16_copies(&c));
+    c.train.precision = GP_PRECISION_BF16; /* auto follows the precision */
+    CHECK(gp_config_bf16_copies(&c));
+    c.train.precision = GP_PRECISION_TF32;
+    CHECK(!gp_config_bf16_copies(&c));
+    c.train.precision = 0;
     CHECK_NEAR(c.train.optim.lr, 0.01, 1e-9, 0);
     CHECK_NEAR(c.train.optim.momentum, 0.9, 1e-7, 0);
     CHECK(!c.train.optim.nesterov && c.train.optim.weight_decay == 0.0f);
@@ -395,6 +404,9 @@ static void test_errors(void)
     CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  checkpoint: sometimes\n"), NULL, 0),
               GP_ERR_INVALID, "t.yaml:10:15: unknown value 'sometimes' for pipeline.checkpoint "
                               "(allowed: always, except_last, never)");
+    CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  copy_precision: fp16\n"), NULL, 0),
+              GP_ERR_INVALID, "t.yaml:10:19: unknown value 'fp16' for pipeline.copy_precision "
+                              "(allowed: auto, fp32, bf16)");
     CHECK_ERR(parse_bad(cat(k_base, "train:\n  schedule: {type: cosin}\n"), NULL, 0),
               GP_ERR_INVALID, "(allowed: constant, step, cosine); did you mean 'cosine'?");
     CHECK_ERR(parse_bad(cat(k_base, "data:\n  dataset: fashion_mnist\n"), NULL, 0),

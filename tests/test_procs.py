@@ -15,7 +15,8 @@ against the same config in one process (worker threads), the oracle.
       channels), and again with every flow on a channel of its own
       (GPIPE_PROCS_CHANNELS=1 on CPU streams: what NCCL's point-to-point
       does between GPUs, rendezvous sends included; with train.precision
-      bf16 too, where the processor has bf16 instructions); replicas
+      bf16 too, where the processor has bf16 instructions); copies in bf16
+      (pipeline.copy_precision) as messages, staged and on channels; replicas
       across processes (2 stages x 2 replicas = 4 ranks, with SyncBN and
       1F1B too; 1 stage x 3 replicas) against the same replicas as threads;
   (b) a snapshot written by a 2-process run (rank 0's file naming rank 1's
@@ -528,6 +529,22 @@ def main():
         if bf16_native():
             same_run(tmp, "conv-bf16-chan", CONV, 2, ["train.precision=bf16",
                                                       "pipeline.schedule=1f1b"], chans=True)
+        # copies in bf16 (pipeline.copy_precision): the packed tensors as
+        # MPI messages, staged through host memory, and on channels, skips
+        # across 1-3 boundaries included: the same bits as threads
+        # (a fixed balance: the rounding happens where the stages meet, and
+        # balance: auto's split comes from timings, which two runs need not
+        # share)
+        same_run(tmp, "mlp-bf16", MLP, 2, ["pipeline.balance=[4, 3]",
+                                           "pipeline.copy_precision=bf16"])
+        ubal = "pipeline.balance=[13, 12, 6, 10]"
+        same_run(tmp, "unet-4-bf16-staged", UNET, 4, [ubal, "pipeline.copy_precision=bf16"],
+                 stage=True)
+        same_run(tmp, "unet-4-bf16-chan", UNET, 4, [ubal, "pipeline.copy_precision=bf16"],
+                 chans=True)
+        same_run(tmp, "conv-zb-bf16-chan", CONV, 2, ["pipeline.schedule=zb-h1",
+                                                     "pipeline.checkpoint=never",
+                                                     "pipeline.copy_precision=bf16"], chans=True)
         same_device_names(tmp)
         exports(tmp)
         image_folders(tmp)

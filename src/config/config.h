@@ -49,6 +49,10 @@ typedef struct gp_model_config {
     char init_from[512];  /* safetensors file; "" = fresh init */
 } gp_model_config;
 
+/* pipeline.copy_precision: the tensors copied between stages in FP32 or
+ * bfloat16; auto: bfloat16 exactly when train.precision is bf16. */
+typedef enum { GP_COPY_AUTO = 0, GP_COPY_FP32, GP_COPY_BF16 } gp_copy_precision;
+
 typedef struct gp_pipeline_config {
     /* Replica r's stage j runs on devices[r * n_devices + j]; replica 0's
      * are the first n_devices.  A grid [[cpu:0, cpu:1], [cpu:2, cpu:3]]
@@ -68,6 +72,8 @@ typedef struct gp_pipeline_config {
     size_t memory;        /* default capacity per device, >= 1 when given;
                              0 = not given, unlimited */
     int replicas;         /* data-parallel replicas; default 1 (or the grid's rows) */
+    gp_copy_precision copy_precision; /* what crosses a stage boundary; default
+                                         auto (gp_config_bf16_copies) */
 } gp_pipeline_config;
 
 /* Devices of all replicas: n_devices x replicas. */
@@ -200,6 +206,8 @@ gp_status gp_config_parse(const char *name, const char *text, size_t len,
 void gp_config_free(gp_config *c);
 
 const char *gp_checkpoint_mode_name(gp_checkpoint_mode m);
+/* Whether c's pipeline copies travel in bfloat16 (copy_precision resolved). */
+bool gp_config_bf16_copies(const gp_config *c);
 const char *gp_dataset_name(gp_dataset_kind k);
 
 #endif /* GP_CONFIG_H */

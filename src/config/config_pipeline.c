@@ -13,10 +13,18 @@
 
 static const char *const k_ckpt_names[] = {"always", "except_last", "never"};
 static const char *const k_device_keys[] = {"name", "memory", "threads"};
+/* gp_copy_precision's order */
+static const char *const k_copy_names[] = {"auto", "fp32", "bf16"};
 
 const char *gp_checkpoint_mode_name(gp_checkpoint_mode m)
 {
     return (unsigned)m < (unsigned)GP_COUNT(k_ckpt_names) ? k_ckpt_names[m] : "?";
+}
+
+bool gp_config_bf16_copies(const gp_config *c)
+{
+    if (c->pipeline.copy_precision == GP_COPY_AUTO) return c->train.precision == GP_PRECISION_BF16;
+    return c->pipeline.copy_precision == GP_COPY_BF16;
 }
 
 static gp_status parse_device(gp_cfg_walk *w, const gp_ynode *item, int index,
@@ -357,6 +365,10 @@ gp_status gp_cfg_parse_pipeline(gp_cfg_walk *w, const gp_ynode *root, gp_pipelin
                            GP_CKPT_EXCEPT_LAST, &ck));
     pc->checkpoint = (gp_checkpoint_mode)ck;
     GP_TRY(gp_cfg_get_bool(w, m, "pipeline", "lockstep", true, &pc->lockstep));
+    int cp = 0;
+    GP_TRY(gp_cfg_get_enum(w, m, "pipeline", "copy_precision", k_copy_names,
+                           GP_COUNT(k_copy_names), GP_COPY_AUTO, &cp));
+    pc->copy_precision = (gp_copy_precision)cp;
     check_threads(w, m, dv, grid, pc);
     return GP_OK;
 }

@@ -127,6 +127,13 @@ struct gp_pipeline {
      * j's alone. */
     void **events;
     bool *copy_pending;
+    /* Copies in bfloat16 (opts.bf16_copies; NULL without), both
+     * [(i * S + j) * COPY_SLOTS + slot]: packed, what cell (i, j) sends
+     * through the receiver's copy slot `slot`, packed by its producer
+     * (worker j's, freed once copied); staged, what cell (i, j) received
+     * through `slot`, still packed until the instruction that reads it
+     * unpacks it (worker j's). */
+    gp_tensor *packed, *staged;
     int clock_front;           /* clocks 0 .. clock_front - 1 all computed */
 
     /* --- the step's inputs: written by the caller before the generation
@@ -316,18 +323,135 @@ static gp_status cell_event(gp_pipeline *p, int i, int j, int e, void **out)
     return GP_OK;
 }
 
+/* ---- copies in bfloat16 ---------------------------------------------------
+ *
+ * With opts.bf16_copies every tensor that crosses a stage boundary (an
+ * activation, its gradient, a skip and its gradient) travels as bfloat16:
+ * the producer packs it (gp_dev_bf16_pack, on its compute stream, before
+ * the event the copy waits for), the copy or message moves the packed
+ * half-size tensor, and the receiver unpacks it into FP32 just before the
+ * instruction that reads it (await_copies).  What the receiver computes
+ * with is the sent tensor rounded to bfloat16, to nearest even, whatever
+ * the transport (a copy between devices, a channel, an MPI message), so a
+ * run gives the same bits whether its stages are threads or processes;
+ * the sequential run with the same rounding at the same boundaries is the
+ * oracle (tests/test_pipeline.c).  Nothing else changes precision:
+ * parameters, gradients inside a stage and the update stay FP32. */
+
+static gp_tensor *packed_of(const gp_pipeline *p, int i, int j, int slot)
+{
+    return &p->packed[((size_t)i * (size_t)p->S + (size_t)j) * (size_t)COPY_SLOTS(p) +
+                      (size_t)slot];
+}
+static gp_tensor *staged_of(const gp_pipeline *p, int i, int j, int slot)
+{
+    return &p->staged[((size_t)i * (size_t)p->S + (size_t)j) * (size_t)COPY_SLOTS(p) +
+                      (size_t)slot];
+}
+
+/* The tensor of cell (i, j) that its copy slot `slot` fills. */
+static gp_tensor *slot_tensor(gp_pipeline *p, int i, int j, int slot)
+{
+    mb_state *s = MB(p, i, j);
+    if (slot == 0) return &s->stash.in;
+    if (slot == 1) return &s->grad_out;
+    int t = (slot - 2) / 2;
+    return slot % 2 == 0 ? &s->stash.skip_in[t] : &s->stash.skip_dout[t];
+}
+
+/* The shape of what cell (i, j) receives through `slot` (both ends know
+ * it): the stage's input, its output's gradient, or a skip's tensor (and
+ * gradient), of micro-batch i's size. */
+static gp_shape slot_shape(const gp_pipeline *p, int i, int j, int slot)
+{
+    const gp_shape *one = slot == 0   ? &p->layers[p->first[j]].in_shape
+                          : slot == 1 ? &p->layers[p->first[j] + p->count[j] - 1].out_shape
+                                      : &p->layers[p->opts.skips->skips[(slot - 2) / 2].from]
+                                             .out_shape;
+    return gp_shape_with_batch(one, p->sizes[i]);
+}
+
+/* A tensor of n values packed: ceil(n / 2) floats' bytes, which every
+ * transport moves as floats. */
+static gp_shape packed_shape(int64_t n) { return (gp_shape){1, {(n + 1) / 2}}; }
+
+/* Cell (i, j)'s tensor t, bound for the stage that receives it through
+ * `slot`, packed (packed_of).  An owned t that only waited to be copied
+ * goes now (`drop`): the packed tensor is what travels. */
+static gp_status pack_one(gp_pipeline *p, int i, int j, int slot, gp_tensor *t, bool drop)
+{
+    gp_tensor *pk = packed_of(p, i, j, slot);
+    int64_t n = gp_tensor_numel(t);
+    gp_shape sh = packed_shape(n);
+    GP_ASSERT(!pk->data && t->data);
+    GP_TRY(gp_tensor_alloc(pk, p->devs[j], &sh, GP_MEM_COPIES));
+    GP_TRY(gp_dev_bf16_pack(p->devs[j], (uint16_t *)pk->data, t->data, n));
+    if (drop && t->owned) gp_tensor_free(t);
+    return GP_OK;
+}
+
+/* After (i, j)'s forward (fwd) or the backward that makes its input's
+ * gradient: every tensor it sends to another stage, packed. */
+static gp_status pack_sends(gp_pipeline *p, int i, int j, bool fwd)
+{
+    if (!p->opts.bf16_copies) return GP_OK;
+    mb_state *s = MB(p, i, j);
+    if (fwd && j + 1 < p->S) GP_TRY(pack_one(p, i, j, 0, &s->stash.out, true));
+    if (!fwd && j > 0) GP_TRY(pack_one(p, i, j, 1, &s->grad_in, true));
+    for (int e = 0; e < p->n_edges; e++) {
+        const gp_skip_edge *k = &p->edges[e];
+        if (fwd && k->from == j) /* kept: the stage's own backward may read it */
+            GP_TRY(pack_one(p, i, j, copy_slot(GP_INSTR_RECV_SKIP, k->id),
+                            &s->stash.skip_out[k->id], false));
+        if (!fwd && k->to == j)
+            GP_TRY(pack_one(p, i, j, copy_slot(GP_INSTR_RECV_SKIP_GRAD, k->id),
+                            &s->stash.skip_din[k->id], true));
+    }
+    return GP_OK;
+}
+
+/* Where (i, j)'s copy through `slot` lands: the slot's tensor itself, or
+ * with bf16 copies a packed staging tensor on the device that
+ * unpack_staged turns into it. */
+static gp_status recv_target(gp_pipeline *p, int i, int j, int slot, gp_tensor **dst)
+{
+    gp_shape sh = slot_shape(p, i, j, slot);
+    *dst = slot_tensor(p, i, j, slot);
+    if (p->opts.bf16_copies) {
+        *dst = staged_of(p, i, j, slot);
+        sh = packed_shape(gp_shape_numel(&sh));
+    }
+    return gp_tensor_alloc(*dst, p->devs[j], &sh, GP_MEM_COPIES);
+}
+
+/* bf16 copies: what arrived through `slot` of (i, j), unpacked into the
+ * slot's tensor on the compute stream (after the copy's event). */
+static gp_status unpack_staged(gp_pipeline *p, int i, int j, int slot)
+{
+    gp_tensor *sg = staged_of(p, i, j, slot), *dst = slot_tensor(p, i, j, slot);
+    gp_shape sh = slot_shape(p, i, j, slot);
+    GP_TRY(gp_tensor_alloc(dst, p->devs[j], &sh, GP_MEM_COPIES));
+    GP_TRY(gp_dev_bf16_unpack(p->devs[j], dst->data, (const uint16_t *)sg->data,
+                              gp_shape_numel(&sh)));
+    gp_tensor_free(sg); /* the device keeps the block until the unpack has read it */
+    return GP_OK;
+}
+
 /* Before the forward or backward of (i, j) reads its inputs: the device
- * waits for the copies into them (the host does not, on a GPU). */
+ * waits for the copies into them (the host does not, on a GPU), and with
+ * bf16 copies unpacks what they brought. */
 static gp_status await_copies(gp_pipeline *p, int i, int j)
 {
     bool *pend = cell_pending(p, i, j), waited = false;
     for (int q = 0; q < COPY_SLOTS(p); q++) {
-        if (!pend[q]) continue;
-        void *ev;
-        GP_TRY(cell_event(p, i, j, EV_COPY + q, &ev));
-        GP_TRY(gp_dev_event_wait(p->devs[j], ev));
-        pend[q] = false;
-        waited = true;
+        if (pend[q]) {
+            void *ev;
+            GP_TRY(cell_event(p, i, j, EV_COPY + q, &ev));
+            GP_TRY(gp_dev_event_wait(p->devs[j], ev));
+            pend[q] = false;
+            waited = true;
+        }
+        if (p->staged && staged_of(p, i, j, q)->data) GP_TRY(unpack_staged(p, i, j, q));
     }
     /* device time: the instruction starts once its inputs are there */
     if (waited && p->device_time && p->mark_at[j])
@@ -563,26 +687,31 @@ static gp_status post_sends(gp_pipeline *p, int i, int j, bool fwd)
     mb_state *s = MB(p, i, j);
     /* the event record_done recorded just before (channels wait for it) */
     void *after = cell_events(p, i, j)[fwd ? EV_FWD : EV_BWD];
+    /* what travels through `slot`: t, or with bf16 copies its packed form */
+#define OUTGOING(slot, t) (p->opts.bf16_copies ? packed_of(p, i, j, (slot)) : (t))
     if (fwd && j + 1 < p->S && remote(p, j + 1))
-        GP_TRY(send_tensor(p, &s->stash.out, j + 1, msg_tag(p, i, j + 1, MSG_ACT, 0),
-                           &FLAG(p, act_copied, i, j + 1), chan_of(p, j + 1, 0), after));
+        GP_TRY(send_tensor(p, OUTGOING(0, &s->stash.out), j + 1,
+                           msg_tag(p, i, j + 1, MSG_ACT, 0), &FLAG(p, act_copied, i, j + 1),
+                           chan_of(p, j + 1, 0), after));
     if (!fwd && j > 0 && remote(p, j - 1))
-        GP_TRY(send_tensor(p, &s->grad_in, j - 1, msg_tag(p, i, j - 1, MSG_GRAD, 0),
-                           &FLAG(p, grad_copied, i, j - 1), chan_of(p, j - 1, 1), after));
+        GP_TRY(send_tensor(p, OUTGOING(1, &s->grad_in), j - 1,
+                           msg_tag(p, i, j - 1, MSG_GRAD, 0), &FLAG(p, grad_copied, i, j - 1),
+                           chan_of(p, j - 1, 1), after));
     for (int e = 0; e < p->n_edges; e++) {
         const gp_skip_edge *k = &p->edges[e];
+        int ks = copy_slot(GP_INSTR_RECV_SKIP, k->id), kg = copy_slot(GP_INSTR_RECV_SKIP_GRAD, k->id);
         if (fwd && k->from == j && remote(p, k->to))
-            GP_TRY(send_tensor(p, &s->stash.skip_out[k->id], k->to,
+            GP_TRY(send_tensor(p, OUTGOING(ks, &s->stash.skip_out[k->id]), k->to,
                                msg_tag(p, i, k->to, MSG_SKIP, k->id),
-                               &SKIP_FLAG(p, skip_copied, i, k->id),
-                               chan_of(p, k->to, copy_slot(GP_INSTR_RECV_SKIP, k->id)), after));
+                               &SKIP_FLAG(p, skip_copied, i, k->id), chan_of(p, k->to, ks),
+                               after));
         if (!fwd && k->to == j && remote(p, k->from))
-            GP_TRY(send_tensor(p, &s->stash.skip_din[k->id], k->from,
+            GP_TRY(send_tensor(p, OUTGOING(kg, &s->stash.skip_din[k->id]), k->from,
                                msg_tag(p, i, k->from, MSG_SKIP_GRAD, k->id),
-                               &SKIP_FLAG(p, skipg_copied, i, k->id),
-                               chan_of(p, k->from, copy_slot(GP_INSTR_RECV_SKIP_GRAD, k->id)),
+                               &SKIP_FLAG(p, skipg_copied, i, k->id), chan_of(p, k->from, kg),
                                after));
     }
+#undef OUTGOING
     return GP_OK;
 }
 
@@ -626,20 +755,16 @@ static gp_status progress_sends(gp_pipeline *p, bool wait)
  * stage's input, its output's gradient, or the stashing layer's output).
  * ev->t1 marks the message's arrival: the wait before it, the copy
  * after. */
-static gp_status receive_remote(gp_pipeline *p, const gp_instr *in, gp_event_rec *ev, int what,
-                                gp_tensor *dst)
+static gp_status receive_remote(gp_pipeline *p, const gp_instr *in, gp_event_rec *ev, int what)
 {
     int i = in->i, j = in->j;
-    const gp_shape *one = what == MSG_ACT  ? &p->layers[p->first[j]].in_shape
-                          : what == MSG_GRAD ? &p->layers[p->first[j] + p->count[j] - 1].out_shape
-                                             : &p->layers[p->opts.skips->skips[in->skip].from].out_shape;
-    gp_shape sh = gp_shape_with_batch(one, p->sizes[i]);
     int slot = copy_slot(in->kind, in->skip);
     void *ch = chan_of(p, j, slot);
+    gp_tensor *dst;
     if (ch) { /* enqueued; the reader waits for `done` (await_copies) */
         void *done = NULL;
         GP_TRY(cell_event(p, i, j, EV_COPY + slot, &done));
-        GP_TRY(gp_tensor_alloc(dst, p->devs[j], &sh, GP_MEM_COPIES));
+        GP_TRY(recv_target(p, i, j, slot, &dst));
         ev->t1 = gp_now();
         ev->bytes = gp_tensor_bytes(dst);
         GP_TRY(gp_dev_chan_recv(p->devs[j], ch, dst->data, gp_tensor_numel(dst), done));
@@ -649,7 +774,7 @@ static gp_status receive_remote(gp_pipeline *p, const gp_instr *in, gp_event_rec
     int from = p->rank_base + in->from % p->n, tag = msg_tag(p, i, j, what, in->skip);
     gp_status st = gp_procs_probe(from, tag);
     ev->t1 = gp_now();
-    if (st == GP_OK) st = gp_tensor_alloc(dst, p->devs[j], &sh, GP_MEM_COPIES);
+    if (st == GP_OK) st = recv_target(p, i, j, slot, &dst);
     if (st != GP_OK) return st;
     ev->bytes = gp_tensor_bytes(dst);
     return gp_procs_recv_dev(p->devs[j], dst->data, gp_tensor_numel(dst), from, tag);
@@ -798,16 +923,31 @@ static void sweep(gp_pipeline *p, int d)
             pthread_mutex_unlock(&p->lock);
             if (free_out) gp_tensor_free(&s->stash.out);
             if (free_gin) gp_tensor_free(&s->grad_in);
+            if (p->packed) { /* the packed forms, once copied (their sources may be views) */
+                gp_tensor *po = packed_of(p, i, j, 0), *pg = packed_of(p, i, j, 1);
+                pthread_mutex_lock(&p->lock);
+                bool go_out = j + 1 < S && po->data && FLAG(p, act_copied, i, j + 1);
+                bool go_gin = j > 0 && pg->data && FLAG(p, grad_copied, i, j - 1);
+                pthread_mutex_unlock(&p->lock);
+                if (go_out) gp_tensor_free(po);
+                if (go_gin) gp_tensor_free(pg);
+            }
             for (int e = 0; e < p->n_edges; e++) {
                 const gp_skip_edge *k = &p->edges[e];
                 if (k->from != j && k->to != j) continue;
                 gp_tensor *t = k->from == j ? &s->stash.skip_out[k->id] : &s->stash.skip_din[k->id];
-                if (!t->data) continue;
+                gp_tensor *pk = p->packed ? packed_of(p, i, j, k->from == j
+                                              ? copy_slot(GP_INSTR_RECV_SKIP, k->id)
+                                              : copy_slot(GP_INSTR_RECV_SKIP_GRAD, k->id))
+                                          : NULL;
+                if (!t->data && !(pk && pk->data)) continue;
                 pthread_mutex_lock(&p->lock);
                 bool done = k->from == j ? SKIP_FLAG(p, skip_copied, i, k->id)
                                          : SKIP_FLAG(p, skipg_copied, i, k->id);
                 pthread_mutex_unlock(&p->lock);
-                if (done) gp_tensor_free(t); /* a view (of a kept forward) is only forgotten */
+                if (!done) continue;
+                gp_tensor_free(t); /* a view (of a kept forward) is only forgotten */
+                if (pk) gp_tensor_free(pk);
             }
         }
 }
@@ -822,6 +962,10 @@ static void drain(gp_pipeline *p, int d)
             gp_tensor_free(&s->grad_out);
             gp_tensor_free(&s->grad_in);
             gp_tensor_free(&s->labels);
+            for (int q = 0; p->packed && q < COPY_SLOTS(p); q++) {
+                gp_tensor_free(packed_of(p, i, j, q));
+                gp_tensor_free(staged_of(p, i, j, q));
+            }
         }
 }
 
@@ -918,7 +1062,7 @@ static gp_status barrier(worker *w, const gp_instr *in, int *bad_layer)
  * dst on this device, and say so in *copied.  ev->t1 marks the end of the
  * wait. */
 static gp_status receive(gp_pipeline *p, const gp_instr *in, gp_event_rec *ev, pred_fn ready,
-                         const gp_tensor *src, gp_tensor *dst, bool *copied)
+                         const gp_tensor *src, bool *copied)
 {
     gp_status st = p->opts.lockstep ? wait_for(p, pred_clock, in->k - 1, 0)
                                     : wait_for(p, ready, in->i, in->from);
@@ -933,10 +1077,12 @@ static gp_status receive(gp_pipeline *p, const gp_instr *in, gp_event_rec *ev, p
     bool bwd = in->kind == GP_INSTR_RECV_GRAD || in->kind == GP_INSTR_RECV_SKIP_GRAD;
     /* the producer made its event before it published `ready` */
     void *after = cell_events(p, in->i, in->from)[bwd ? EV_BWD : EV_FWD], *done = NULL;
-    gp_shape sh = gp_tensor_shape(src);
+    if (p->opts.bf16_copies) src = packed_of(p, in->i, in->from, slot); /* what travels */
+    gp_tensor *dst;
     st = cell_event(p, in->i, in->j, EV_COPY + slot, &done);
-    if (st == GP_OK) st = gp_tensor_alloc(dst, dev, &sh, GP_MEM_COPIES);
+    if (st == GP_OK) st = recv_target(p, in->i, in->j, slot, &dst);
     if (st != GP_OK) return st;
+    GP_ASSERT(gp_tensor_bytes(dst) == gp_tensor_bytes(src));
     ev->bytes = gp_tensor_bytes(src);
     if (p->device_time) GP_TRY(gp_dev_mark(dev, true, &ev->m0)); /* the copy stream got here */
     st = gp_dev_copy_async(dev, dst->data, src->dev, src->data, gp_tensor_bytes(src), after, done);
@@ -976,29 +1122,25 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
     double t0 = gp_now();
     switch (in->kind) {
     case GP_INSTR_RECV_ACT:
-        if (remote(p, in->from)) return receive_remote(p, in, ev, MSG_ACT, &MB(p, i, j)->stash.in);
-        return receive(p, in, ev, pred_fwd, &MB(p, i, in->from)->stash.out, &MB(p, i, j)->stash.in,
+        if (remote(p, in->from)) return receive_remote(p, in, ev, MSG_ACT);
+        return receive(p, in, ev, pred_fwd, &MB(p, i, in->from)->stash.out,
                        &FLAG(p, act_copied, i, j));
     case GP_INSTR_RECV_GRAD:
-        if (remote(p, in->from)) return receive_remote(p, in, ev, MSG_GRAD, &MB(p, i, j)->grad_out);
+        if (remote(p, in->from)) return receive_remote(p, in, ev, MSG_GRAD);
         return receive(p, in, ev, pred_bwd, &MB(p, i, in->from)->grad_in,
-                       &MB(p, i, j)->grad_out, &FLAG(p, grad_copied, i, j));
+                       &FLAG(p, grad_copied, i, j));
     case GP_INSTR_RECV_SKIP:
-        if (remote(p, in->from))
-            return receive_remote(p, in, ev, MSG_SKIP, &MB(p, i, j)->stash.skip_in[in->skip]);
+        if (remote(p, in->from)) return receive_remote(p, in, ev, MSG_SKIP);
         return receive(p, in, ev, pred_fwd, &MB(p, i, in->from)->stash.skip_out[in->skip],
-                       &MB(p, i, j)->stash.skip_in[in->skip],
                        &SKIP_FLAG(p, skip_copied, i, in->skip));
     case GP_INSTR_RECV_SKIP_GRAD:
-        if (remote(p, in->from))
-            return receive_remote(p, in, ev, MSG_SKIP_GRAD,
-                                  &MB(p, i, j)->stash.skip_dout[in->skip]);
+        if (remote(p, in->from)) return receive_remote(p, in, ev, MSG_SKIP_GRAD);
         return receive(p, in, ev, pred_bwd, &MB(p, i, in->from)->stash.skip_din[in->skip],
-                       &MB(p, i, j)->stash.skip_dout[in->skip],
                        &SKIP_FLAG(p, skipg_copied, i, in->skip));
     case GP_INSTR_FORWARD:
         st = await_copies(p, i, j);
         if (st == GP_OK) st = do_forward(p, i, j, in->checkpointed, bad_layer);
+        if (st == GP_OK) st = pack_sends(p, i, j, true);
         if (st == GP_OK) st = record_done(p, i, j, EV_FWD);
         if (st == GP_OK) publish(p, &FLAG(p, fwd_done, i, j), in->k);
         if (st == GP_OK) st = post_sends(p, i, j, true);
@@ -1012,6 +1154,7 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
     case GP_INSTR_BACKWARD:
         st = await_copies(p, i, j);
         if (st == GP_OK) st = do_backward(p, i, j, bad_layer);
+        if (st == GP_OK) st = pack_sends(p, i, j, false);
         if (st == GP_OK) st = record_done(p, i, j, EV_BWD);
         if (st == GP_OK) publish(p, &FLAG(p, bwd_done, i, j), in->k);
         if (st == GP_OK) st = post_sends(p, i, j, false);
@@ -1024,6 +1167,7 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
         st = gp_ckpt_backward_data(p->layers + first, &ctx, &s->stash, &s->grad_out,
                                    p->first_trainable, j > 0 ? &s->grad_in : NULL, bad_layer);
         if (st != GP_OK) *bad_layer += first;
+        if (st == GP_OK) st = pack_sends(p, i, j, false);
         if (st == GP_OK) st = record_done(p, i, j, EV_BWD);
         if (st == GP_OK) publish(p, &FLAG(p, bwd_done, i, j), in->k);
         if (st == GP_OK) st = post_sends(p, i, j, false);
@@ -1447,8 +1591,11 @@ static void free_step_tables(gp_pipeline *p)
             gp_dev_event_destroy(p->devs[(q / (size_t)EV_PER(p)) % (size_t)p->S], p->events[q]);
     free(p->events);
     free(p->copy_pending);
+    free(p->packed); /* their tensors went with the last step's drain */
+    free(p->staged);
     p->events = NULL;
     p->copy_pending = NULL;
+    p->packed = p->staged = NULL;
     if (p->mb)
         for (size_t q = 0; q < (size_t)p->m * (size_t)p->S; q++) gp_stash_destroy(&p->mb[q].stash);
     free(p->mb);
@@ -1511,9 +1658,14 @@ static gp_status prepare(gp_pipeline *p, int m)
     p->mb = calloc(cells, sizeof *p->mb);
     p->events = calloc(cells * (size_t)EV_PER(p), sizeof *p->events);
     p->copy_pending = calloc(cells * (size_t)COPY_SLOTS(p), 1);
+    if (p->opts.bf16_copies) {
+        p->packed = calloc(cells * (size_t)COPY_SLOTS(p), sizeof *p->packed);
+        p->staged = calloc(cells * (size_t)COPY_SLOTS(p), sizeof *p->staged);
+    }
     bool ok = p->fwd_done && p->bwd_done && p->act_copied && p->grad_copied && p->skip_copied &&
               p->skipg_copied && p->clock_done &&
-              p->clock_expected && p->mb && p->events && p->copy_pending;
+              p->clock_expected && p->mb && p->events && p->copy_pending &&
+              (!p->opts.bf16_copies || (p->packed && p->staged));
     for (size_t q = 0; ok && q < cells; q++)
         ok = gp_stash_init(&p->mb[q].stash, p->count[q % (size_t)p->S], p->opts.skips,
                            p->first[q % (size_t)p->S]) == GP_OK;

@@ -90,6 +90,11 @@ typedef struct gp_pipeline_opts {
     int local_device;
     int rank_base;              /* processes: the rank of device 0 (replica r of
                                    n devices: r x n) */
+    /* Copies between stages in bfloat16 (pipeline.copy_precision: bf16):
+     * every tensor that crosses a stage boundary, forward and backward,
+     * arrives rounded to bfloat16, to nearest even, and moves half the
+     * bytes (pipeline.c, "copies in bfloat16"). */
+    bool bf16_copies;
     gp_loss_kind loss;          /* the last stage's loss (default cross-entropy:
                                    y holds one class id per sample; binary
                                    cross-entropy: one target per element of

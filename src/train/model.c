@@ -138,7 +138,8 @@ gp_pipeline_opts gp_model_pipeline_opts(const gp_model *m, const gp_config *cfg)
                               .lockstep = cfg->pipeline.lockstep, .fault_j = -1,
                               .processes = m->local_device >= 0,
                               .local_device = m->local_device, .rank_base = m->rank_base,
-                              .optim = m->optim, .loss = m->loss};
+                              .optim = m->optim, .loss = m->loss,
+                              .bf16_copies = gp_config_bf16_copies(cfg)};
 }
 
 /* Every layer of the config's model from shapes alone, in order, each

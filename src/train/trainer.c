@@ -810,12 +810,15 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
                     k->from, k->to, s_from, gp_format_bytes(bytes, kb, sizeof kb));
         else
             fprintf(f, "skip '%s': layer %d -> %d, stage %d -> %d: crosses %d boundar%s, copied "
-                       "straight across (%s per sample)\n", k->name, k->from, k->to, s_from, s_to,
-                    s_to - s_from, s_to - s_from == 1 ? "y" : "ies", gp_format_bytes(bytes, kb, sizeof kb));
+                       "straight across (%s per sample%s)\n", k->name, k->from, k->to, s_from,
+                    s_to, s_to - s_from, s_to - s_from == 1 ? "y" : "ies",
+                    gp_format_bytes(gp_config_bf16_copies(cfg) ? bytes / 2 : bytes, kb, sizeof kb),
+                    gp_config_bf16_copies(cfg) ? " in bf16" : "");
     }
-    fprintf(f, "pipeline: %d device(s), chunks %d, checkpoint %s, %s\n", n,
+    fprintf(f, "pipeline: %d device(s), chunks %d, checkpoint %s, %s%s\n", n,
             cfg->pipeline.chunks, gp_checkpoint_mode_name(cfg->pipeline.checkpoint),
-            cfg->pipeline.lockstep ? "lockstep" : "free-running");
+            cfg->pipeline.lockstep ? "lockstep" : "free-running",
+            n > 1 && gp_config_bf16_copies(cfg) ? ", copies in bf16" : "");
     free(inplace); /* and unkept */
     gp_model_free(&m);
     close_devices(devs, gp_pipeline_devices_total(&cfg->pipeline));
