@@ -19,7 +19,6 @@
  *     out of memory on a capped device names the device.
  * Runs under ThreadSanitizer in CI (label "threads").
  */
-#include "backend/elementwise.h"
 #include "pipeline/pipeline.h"
 #include "test_util.h"
 
@@ -161,110 +160,6 @@ static void schedules_agree(void)
 
 /* ---- copies in bfloat16 ---------------------------------------------------- */
 
-/* A new tensor on dev with t's values rounded to bfloat16 (to nearest
- * even: gp_ew_bf16_bits, which test_backend checks against a reference by
- * distance); t is freed. */
-static gp_tensor rounded(gp_device *dev, gp_tensor *t)
-{
-    gp_shape sh = gp_tensor_shape(t);
-    float *h = gpt_download(t);
-    for (int64_t q = 0; q < gp_shape_numel(&sh); q++) h[q] = gp_ew_bf16_value(gp_ew_bf16_bits(h[q]));
-    gp_tensor r = gpt_upload(dev, &sh, h);
-    free(h);
-    gp_tensor_free(t);
-    return r;
-}
-
-/* The oracle of a pipeline whose copies travel in bf16: the single-device
- * step (gp_model_train_step's order: every forward, then the backwards in
- * the schedule's order, halves where it splits them, then commit and
- * update) with the model cut into the pipeline's S stages (bal), each
- * stage's output rounded to bf16 before the next stage reads it and each
- * stage's input gradient rounded before the stage before it does. */
-static gp_status rounded_step(gp_model *m, const gp_config *c, const float *x, const float *y,
-                              int64_t n, const int *bal, int S, double *loss)
-{
-    int chunks = c->pipeline.chunks, L = m->n_layers, bad = -1;
-    int first[8];
-    for (int j = 0, f = 0; j < S; f += bal[j++]) first[j] = f;
-    int64_t sizes[GP_MAX_CHUNKS], off[GP_MAX_CHUNKS];
-    GP_TRY(gp_microbatch_split(n, chunks, sizes));
-    for (int k = 0; k < L; k++) gp_layer_grads_begin(&m->layers[k]);
-    gp_stash st[GP_MAX_CHUNKS][8];
-    gp_tensor dy[GP_MAX_CHUNKS];
-    memset(st, 0, sizeof st);
-    memset(dy, 0, sizeof dy);
-    int ft = gp_layers_first_trainable(m->layers, L);
-    int64_t per = gp_shape_numel(&m->input);
-    float scale = (float)(1.0 / (double)n);
-    double sum = 0;
-    gp_status s = GP_OK;
-    for (int i = 0, at = 0; i < chunks && s == GP_OK; at += (int)sizes[i++]) {
-        off[i] = at;
-        gp_fwd_ctx ctx = {.training = true, .seed = c->train.seed, .step = (uint64_t)m->step,
-                          .sample_offset = at, .batch_total = n};
-        for (int j = 0; j < S && s == GP_OK; j++) {
-            s = gp_stash_init(&st[i][j], bal[j], &m->skips, first[j]);
-            if (s != GP_OK) break;
-            if (j == 0) {
-                gp_shape xs = gp_shape_with_batch(&m->input, sizes[i]);
-                st[i][0].in = gpt_upload(m->dev, &xs, x + at * per);
-            } else { /* the copy: the previous stage's output, rounded */
-                gp_tensor out = st[i][j - 1].out;
-                gp_shape os = gp_tensor_shape(&out);
-                float *h = gpt_download(&out);
-                for (int64_t q = 0; q < gp_shape_numel(&os); q++)
-                    h[q] = gp_ew_bf16_value(gp_ew_bf16_bits(h[q]));
-                st[i][j].in = gpt_upload(m->dev, &os, h);
-                free(h);
-            }
-            s = gp_ckpt_forward(m->layers + first[j], &ctx, GP_FWD_KEEP, &st[i][j], &bad);
-        }
-        if (s != GP_OK) break;
-        gp_shape ys = {1, {sizes[i], 0, 0, 0}};
-        gp_tensor labels = gpt_upload(m->dev, &ys, y + at);
-        gp_loss_out lo = {0};
-        s = gp_ckpt_loss(m->dev, m->loss, &st[i][S - 1].out, &labels, scale, &dy[i], &lo);
-        gp_tensor_free(&labels);
-        sum += lo.loss_sum;
-    }
-    bool up = gp_schedule_backward_ascending(c->pipeline.schedule);
-    bool split = gp_schedule_splits_backward(c->pipeline.schedule);
-    for (int q = 0; q < chunks && s == GP_OK; q++) {
-        int i = up ? q : chunks - 1 - q;
-        gp_fwd_ctx ctx = {.training = true, .seed = c->train.seed, .step = (uint64_t)m->step,
-                          .sample_offset = off[i], .batch_total = n};
-        gp_tensor g = dy[i];
-        dy[i] = (gp_tensor){0};
-        for (int j = S - 1; j >= 0 && s == GP_OK; j--) {
-            gp_tensor dx = {0};
-            gp_layer *ls = m->layers + first[j];
-            if (split) {
-                s = gp_ckpt_backward_data(ls, &ctx, &st[i][j], &g, ft, j > 0 ? &dx : NULL, &bad);
-                if (s == GP_OK)
-                    s = gp_ckpt_backward_weights(ls, &ctx, &st[i][j], ft, j > 0, &bad);
-            } else {
-                s = gp_ckpt_backward(ls, &ctx, &st[i][j], &g, ft, j > 0 ? &dx : NULL, &bad);
-            }
-            gp_tensor_free(&g);
-            if (j > 0 && s == GP_OK) g = rounded(m->dev, &dx); /* the copy back */
-            else gp_tensor_free(&dx);
-        }
-        gp_tensor_free(&g);
-    }
-    for (int i = 0; i < chunks; i++) {
-        for (int j = 0; j < S; j++) gp_stash_destroy(&st[i][j]);
-        gp_tensor_free(&dy[i]);
-    }
-    for (int k = 0; k < L && s == GP_OK; k++) s = gp_layer_grads_finish(&m->layers[k]);
-    for (int k = 0; k < L && s == GP_OK; k++)
-        if (m->layers[k].ops->commit) s = m->layers[k].ops->commit(&m->layers[k]);
-    if (s == GP_OK) s = gp_optim_update(m->optim, 0, L, 0.05, 0, 1);
-    m->step++;
-    *loss = sum / (double)n;
-    return s;
-}
-
 static int bf16_failures;
 
 /* With pipeline.copy_precision bf16, every schedule, checkpoint mode and
@@ -287,34 +182,14 @@ static void bf16_copies(bool convnet, int n, int m, gp_checkpoint_mode ck, bool 
         CHECK_MSG(0, "build: %s", gp_last_error());
         return;
     }
-    float x[BATCH * 72], y[BATCH];
-    bool loss = true, grads = true;
-    for (int step = 0; step < 3; step++) {
-        make_batch(&c, step, x, y);
-        double want = 0;
-        gp_step_stats got;
-        gp_status s1 = rounded_step(&ref, &c, x, y, BATCH, bal, S, &want);
-        gp_status s2 = gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, &got);
-        if (s1 != GP_OK || s2 != GP_OK) {
-            CHECK_MSG(0, "bf16 copies step: %s", gp_last_error());
-            loss = grads = false;
-            break;
-        }
-        if ((float)want != (float)got.loss) loss = false;
-        if (step == 0) {
-            int64_t na, nb;
-            float *ga = gpt_gather(&ref, GPT_GRADS, &na), *gb = gpt_gather(&pip, GPT_GRADS, &nb);
-            if (na != nb || memcmp(ga, gb, (size_t)na * sizeof *ga)) grads = false;
-            free(ga);
-            free(gb);
-        }
-    }
-    bool params = loss && grads && gpt_same_values(&ref, &pip);
+    bool same[3];
+    gpt_compare_rounded(&c, &ref, &pip, BATCH, 3, bal, S, same);
+    bool loss = same[0], grads = same[1], params = same[0] && same[1] && same[2];
     if (!params) bf16_failures++;
     CHECK_MSG(params, "bf16 copies, %s %s n=%d m=%d ckpt=%s lockstep=%d: loss %s, grads %s, "
               "params %s", gp_schedule_kind_name(kind), convnet ? "convnet" : "mlp", n, m,
               gp_checkpoint_mode_name(ck), lockstep, loss ? "same" : "DIFFER",
-              grads ? "same" : "DIFFER", params ? "same" : "DIFFER");
+              grads ? "same" : "DIFFER", same[2] ? "same" : "DIFFER");
     gp_model_free(&ref);
     gp_model_free(&pip);
 }
@@ -398,9 +273,10 @@ static void checkpoint_memory(void)
     CHECK_MSG(2 * always < never && 2 * except < never, "checkpointing saved too little");
 }
 
-static void faults(void)
+static void faults(bool bf16)
 {
     gp_config c = make_cfg(false);
+    c.pipeline.copy_precision = bf16 ? GP_COPY_BF16 : GP_COPY_FP32; /* packed tensors too */
     c.pipeline.chunks = 3;
     c.pipeline.checkpoint = GP_CKPT_EXCEPT_LAST;
     int n = 3, bal[3];
@@ -457,6 +333,7 @@ static void faults(void)
     gp_pipeline_set_fault(pip.pipe, 0, -1, GP_INSTR_FORWARD);
     CHECK_OK(gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, NULL));
     gp_model_free(&pip);
+    if (bf16) return;
 
     /* Out of memory on a capped device names it. */
     gp_device_opts o = {.threads = 1, .capacity = 2048};
@@ -469,6 +346,41 @@ static void faults(void)
     gpt_split_even(cb.model.n_layers, 2, bal);
     CHECK_ERR(gp_model_build_placed(&cb, two, 2, bal, &big), GP_ERR_OOM, "device cpu:7");
     gp_device_close(small);
+}
+
+/* Copies in bf16 after a failed step: a fault in each kind of instruction
+ * that moves or makes a packed tensor (on the receiving and the sending
+ * stage) leaves nothing behind that the next step would unpack: the step
+ * after it gives the rounded oracle's parameters bit for bit. */
+static void bf16_after_faults(void)
+{
+    gp_config c = make_cfg(true); /* no dropout: a failed step draws nothing */
+    c.pipeline.chunks = 3;
+    c.pipeline.copy_precision = GP_COPY_BF16;
+    int n = 3, bal[3];
+    gpt_split_even(c.model.n_layers, n, bal);
+    gp_model ref, pip;
+    CHECK_OK(gp_model_build(&c, devs[0], &ref));
+    CHECK_OK(gp_model_build_placed(&c, devs, n, bal, &pip));
+    float x[BATCH * 72], y[BATCH];
+    make_batch(&c, 0, x, y);
+    double want;
+    CHECK_OK(gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, NULL));
+    CHECK_OK(gpt_rounded_step(&ref, &c, x, y, BATCH, bal, n, &want));
+    gp_instr_kind kinds[] = {GP_INSTR_RECV_ACT, GP_INSTR_FORWARD, GP_INSTR_RECV_GRAD,
+                             GP_INSTR_BACKWARD};
+    for (int q = 0; q < 4; q++) {
+        gp_pipeline_set_fault(pip.pipe, 1, 1, kinds[q]);
+        CHECK(gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, NULL) == GP_ERR_RUNTIME);
+        gp_pipeline_set_fault(pip.pipe, 0, -1, GP_INSTR_FORWARD);
+        make_batch(&c, q + 1, x, y);
+        CHECK_OK(gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, NULL));
+        CHECK_OK(gpt_rounded_step(&ref, &c, x, y, BATCH, bal, n, &want));
+        CHECK_MSG(gpt_same_values(&ref, &pip), "bf16 copies: after a fault in %s, the next "
+                  "step differs from the rounded oracle", gp_instr_kind_name(kinds[q]));
+    }
+    gp_model_free(&ref);
+    gp_model_free(&pip);
 }
 
 /* A NaN where the loss cannot see it (a batch-norm running variance, used
@@ -705,7 +617,9 @@ int main(void)
     deferred_bn(4); /* 14 in 4: 4, 4, 3, 3 */
     deferred_bn(7);
     checkpoint_memory();
-    faults();
+    faults(false);
+    faults(true);
+    bf16_after_faults();
     nonfinite_state();
     step_results();
     device_time();

@@ -385,6 +385,9 @@ static gp_status pack_one(gp_pipeline *p, int i, int j, int slot, gp_tensor *t, 
     gp_shape sh = packed_shape(n);
     GP_ASSERT(!pk->data && t->data);
     GP_TRY(gp_tensor_alloc(pk, p->devs[j], &sh, GP_MEM_COPIES));
+    /* an odd count leaves half a float unwritten: zeros, so the bytes that
+     * travel are the same every run */
+    if (n % 2) GP_TRY(gp_dev_fill(p->devs[j], pk->data + n / 2, 0.0f, 1));
     GP_TRY(gp_dev_bf16_pack(p->devs[j], (uint16_t *)pk->data, t->data, n));
     if (drop && t->owned) gp_tensor_free(t);
     return GP_OK;
@@ -400,9 +403,9 @@ static gp_status pack_sends(gp_pipeline *p, int i, int j, bool fwd)
     if (!fwd && j > 0) GP_TRY(pack_one(p, i, j, 1, &s->grad_in, true));
     for (int e = 0; e < p->n_edges; e++) {
         const gp_skip_edge *k = &p->edges[e];
-        if (fwd && k->from == j) /* kept: the stage's own backward may read it */
+        if (fwd && k->from == j) /* owned only where the forward kept nothing */
             GP_TRY(pack_one(p, i, j, copy_slot(GP_INSTR_RECV_SKIP, k->id),
-                            &s->stash.skip_out[k->id], false));
+                            &s->stash.skip_out[k->id], true));
         if (!fwd && k->to == j)
             GP_TRY(pack_one(p, i, j, copy_slot(GP_INSTR_RECV_SKIP_GRAD, k->id),
                             &s->stash.skip_din[k->id], true));
@@ -444,18 +447,19 @@ static gp_status await_copies(gp_pipeline *p, int i, int j)
 {
     bool *pend = cell_pending(p, i, j), waited = false;
     for (int q = 0; q < COPY_SLOTS(p); q++) {
-        if (pend[q]) {
-            void *ev;
-            GP_TRY(cell_event(p, i, j, EV_COPY + q, &ev));
-            GP_TRY(gp_dev_event_wait(p->devs[j], ev));
-            pend[q] = false;
-            waited = true;
-        }
-        if (p->staged && staged_of(p, i, j, q)->data) GP_TRY(unpack_staged(p, i, j, q));
+        if (!pend[q]) continue;
+        void *ev;
+        GP_TRY(cell_event(p, i, j, EV_COPY + q, &ev));
+        GP_TRY(gp_dev_event_wait(p->devs[j], ev));
+        pend[q] = false;
+        waited = true;
     }
-    /* device time: the instruction starts once its inputs are there */
+    /* device time: the instruction starts once its inputs are there (an
+     * unpack is the instruction's work) */
     if (waited && p->device_time && p->mark_at[j])
         GP_TRY(gp_dev_mark(p->devs[j], false, p->mark_at[j]));
+    for (int q = 0; p->staged && q < COPY_SLOTS(p); q++)
+        if (staged_of(p, i, j, q)->data) GP_TRY(unpack_staged(p, i, j, q));
     return GP_OK;
 }
 
@@ -1082,7 +1086,10 @@ static gp_status receive(gp_pipeline *p, const gp_instr *in, gp_event_rec *ev, p
     st = cell_event(p, in->i, in->j, EV_COPY + slot, &done);
     if (st == GP_OK) st = recv_target(p, in->i, in->j, slot, &dst);
     if (st != GP_OK) return st;
-    GP_ASSERT(gp_tensor_bytes(dst) == gp_tensor_bytes(src));
+    if (gp_tensor_bytes(dst) != gp_tensor_bytes(src))
+        return gp_error_set(GP_ERR_RUNTIME, "a copy into stage %d of %zu bytes from a tensor of "
+                            "%zu (a layer's shape and its output disagree)", in->j,
+                            gp_tensor_bytes(dst), gp_tensor_bytes(src));
     ev->bytes = gp_tensor_bytes(src);
     if (p->device_time) GP_TRY(gp_dev_mark(dev, true, &ev->m0)); /* the copy stream got here */
     st = gp_dev_copy_async(dev, dst->data, src->dev, src->data, gp_tensor_bytes(src), after, done);

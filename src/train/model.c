@@ -480,9 +480,26 @@ int gp_model_layer_rank(const gp_model *m, int k)
     return m->local_device < 0 ? 0 : stage_of(m, k) % m->n_devices;
 }
 
+/* t rounded to bfloat16 in place, on its device (pipeline.copy_precision:
+ * evaluation moves FP32 between stages, and rounds where training's
+ * copies do, so it evaluates the network that was trained). */
+static gp_status round_bf16(gp_tensor *t)
+{
+    int64_t n = gp_tensor_numel(t);
+    size_t bytes = (size_t)((n + 1) / 2) * sizeof(float);
+    void *pk = NULL;
+    if (n == 0) return GP_OK;
+    GP_TRY(gp_dev_alloc(t->dev, bytes, GP_MEM_COPIES, &pk));
+    gp_status s = gp_dev_bf16_pack(t->dev, pk, t->data, n);
+    if (s == GP_OK) s = gp_dev_bf16_unpack(t->dev, t->data, pk, n);
+    gp_dev_free(t->dev, pk, bytes, GP_MEM_COPIES);
+    return s;
+}
+
 gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset *ds,
                             double *loss, double *accuracy)
 {
+    bool bf16 = gp_config_bf16_copies(cfg);
     int64_t bs = cfg->train.eval_batch_size > 0 ? cfg->train.eval_batch_size : 1000;
     int64_t per = ds->c * ds->h * ds->w;
     /* binary cross-entropy against masks where the data has them; the
@@ -606,6 +623,11 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset 
                 st.in = cur;
             }
             cur = (gp_tensor){0};
+            if (bf16 && j > 0) { /* what crossed a stage boundary, as training sees it */
+                if (s == GP_OK) s = round_bf16(&st.in);
+                for (int t = 0; t < m->skips.n && s == GP_OK; t++)
+                    if (gp_stash_skip_role(&st, t) == GP_SKIP_ARRIVES) s = round_bf16(&st.skip_in[t]);
+            }
             int bad;
             if (s == GP_OK) s = gp_ckpt_forward(m->layers + first, &ctx, GP_FWD_NOTHING, &st, &bad);
             if (s == GP_OK) {

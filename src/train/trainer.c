@@ -326,6 +326,11 @@ gp_status gp_train_open(const gp_config *cfg, gp_device **devs, gp_model *model,
                 cfg->pipeline.n_balance ? "" : (strcmp(gp_model_balance_method(), "flops")
                                                     ? "profiled time" : "estimated FLOPs"),
                 cfg->pipeline.n_balance ? "" : ")", line, S, S > n ? "stages" : "devices");
+        if (!cfg->pipeline.n_balance && gp_config_bf16_copies(cfg) &&
+            strcmp(gp_model_balance_method(), "flops"))
+            GP_INFO("copies in bf16 round where the stages meet, and balance: auto placed "
+                    "them by measured times: a rerun may split otherwise and give other "
+                    "bits; for exact reruns set pipeline.balance: [%s]", line);
     }
     return GP_OK;
 }
