@@ -513,6 +513,30 @@ static void test_softmax_xent(void)
     CHECK(correct[1] == correct[0]);
     CHECK(badr[0] == -1 && badr[1] == -1);
     bcheck("xent dlogits", &dl, 1e-6);
+    /* ImageNet's 1000 classes: a warp's lanes take 31-32 columns each, and
+     * ties for the max (column pairs set equal) go to the first one */
+    {
+        const int64_t wc = 1000;
+        buf wx = brand(rows * wc, -4, 4), wd = bjunk(rows * wc);
+        float *h = malloc((size_t)(rows * wc) * sizeof *h);
+        for (int64_t q = 0; q < rows * wc; q++) h[q] = (float)((q * 7919) % 1999) / 250.0f - 4.0f;
+        for (int64_t r = 0; r < rows; r++) h[r * wc + 900] = h[r * wc + 100] = 9.0f; /* a tie */
+        bset(&wx, h);
+        float wl[67];
+        for (int64_t r = 0; r < rows; r++) wl[r] = (float)(r % 3 ? (r * 37) % wc : 100);
+        buf wlab = bnew(rows);
+        bset(&wlab, wl);
+        BOTH(gp_dev_xent(D, wx.p[K], wlab.p[K], rows, wc, 1.0f / (float)rows, wd.p[K], &loss[K],
+                         &correct[K], &badr[K]));
+        CHECK_NEAR(loss[1], loss[0], 0, 1e-12);
+        CHECK_MSG(correct[1] == correct[0] && correct[0] > 0, "xent 1000 classes: %lld correct "
+                  "on the GPU, %lld on the CPU", (long long)correct[1], (long long)correct[0]);
+        bcheck("xent dlogits, 1000 classes", &wd, 1e-6);
+        free(h);
+        bfree(&wx);
+        bfree(&wd);
+        bfree(&wlab);
+    }
     /* A bad label: the first bad row is reported, nothing else written. */
     labels[40] = 2.5f;
     labels[50] = (float)cols;

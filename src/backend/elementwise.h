@@ -195,14 +195,19 @@ GP_EW_FN double gp_ew_xent_loss(const float *x, int64_t label, float max,
     return lse - (double)(x[label] - max);
 }
 
+/* One element of the gradient: (softmax(x)_j - [j == label]) * scale, from
+ * x_j, whether j is the label, the row's max and logsumexp. */
+GP_EW_FN float gp_ew_xent_grad_one(float xj, int is_label, float max, double lse, float scale)
+{
+    double p = exp((double)(xj - max) - lse);
+    return (float)((p - (is_label ? 1.0 : 0.0)) * (double)scale);
+}
+
 /* d[j] = (softmax(x)_j - [j == label]) * scale. */
 GP_EW_FN void gp_ew_xent_grad_row(const float *x, int64_t cols, int64_t label,
                                   float max, double lse, float scale, float *d)
 {
-    for (int64_t j = 0; j < cols; j++) {
-        double p = exp((double)(x[j] - max) - lse);
-        d[j] = (float)((p - (j == label ? 1.0 : 0.0)) * (double)scale);
-    }
+    for (int64_t j = 0; j < cols; j++) d[j] = gp_ew_xent_grad_one(x[j], j == label, max, lse, scale);
 }
 
 /* A float label is valid if it is an integer in [0, cols). */

@@ -236,20 +236,54 @@ __global__ void k_xent_first_bad(const long long *row_flag, int64_t rows,
     if (threadIdx.x == 0) out->bad_row = b == LLONG_MAX ? -1 : b;
 }
 
-/* One thread per row, the CPU's row body; skipped entirely after a bad label. */
+/* One warp per row (issue 15: coalesced): lane l reads columns l, l + 32,
+ * ..., so a warp's loads are consecutive floats.  The row's max and its
+ * first index (the CPU's strict > scan gives the first occurrence) meet in
+ * a fixed butterfly, the sum of exp(x - max) in double per lane then in a
+ * fixed butterfly (deterministic; another order than the CPU's, so equal
+ * to it within double rounding), and each lane writes its columns of the
+ * gradient with the CPU's per-element formula (gp_ew_xent_grad_one).  A
+ * NaN logit makes the sum, and so the loss, NaN, as on the CPU.  Skipped
+ * entirely after a bad label. */
+#define XENT_WARPS (GP_CUK_THREADS / 32)
 __global__ void k_xent_rows(const float *logits, const float *labels, int64_t rows,
                             int64_t cols, float scale, float *dlogits, double *row_loss,
                             long long *row_hit, const gp_cuk_xent_out *out)
 {
     if (out->bad_row >= 0) return;
-    GP_CUK_LOOP(r, rows) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int64_t r = (int64_t)blockIdx.x * XENT_WARPS + warp; r < rows;
+         r += (int64_t)gridDim.x * XENT_WARPS) {
         const float *x = logits + r * cols;
-        int64_t label = (int64_t)labels[r], argmax;
-        float max = gp_ew_row_max(x, cols, &argmax);
-        double lse = gp_ew_row_logsumexp(x, cols, max);
-        row_loss[r] = gp_ew_xent_loss(x, label, max, lse);
-        row_hit[r] = argmax == label;
-        if (dlogits) gp_ew_xent_grad_row(x, cols, label, max, lse, scale, dlogits + r * cols);
+        float m = -INFINITY;
+        int64_t a = cols; /* none: loses every tie */
+        for (int64_t j = lane; j < cols; j += 32) {
+            float v = x[j];
+            if (a == cols || v > m) {
+                m = v;
+                a = j;
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+            long long a2 = __shfl_xor_sync(0xffffffffu, (long long)a, o);
+            if (a2 != cols && (a == cols || m2 > m || (m2 == m && a2 < a))) {
+                m = m2;
+                a = a2;
+            }
+        }
+        double sum = 0.0;
+        for (int64_t j = lane; j < cols; j += 32) sum += exp((double)(x[j] - m));
+        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        double lse = log(sum);
+        int64_t label = (int64_t)labels[r];
+        if (lane == 0) {
+            row_loss[r] = gp_ew_xent_loss(x, label, m, lse);
+            row_hit[r] = a == label;
+        }
+        if (dlogits)
+            for (int64_t j = lane; j < cols; j += 32)
+                dlogits[r * cols + j] = gp_ew_xent_grad_one(x[j], j == label, m, lse, scale);
     }
 }
 
@@ -650,8 +684,10 @@ cudaError_t gp_cuk_xent(cudaStream_t s, const float *logits, const float *labels
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     /* row_flag now holds per-row hits (the minimum above has been taken:
      * same stream, so in order). */
-    k_xent_rows<<<blocks_for(rows), GP_CUK_THREADS, 0, s>>>(logits, labels, rows, cols, scale,
-                                                            dlogits, row_loss, row_flag, out);
+    unsigned wblocks = (unsigned)((rows + XENT_WARPS - 1) / XENT_WARPS < 65535
+                                      ? (rows + XENT_WARPS - 1) / XENT_WARPS : 65535);
+    k_xent_rows<<<wblocks, GP_CUK_THREADS, 0, s>>>(logits, labels, rows, cols, scale, dlogits,
+                                                   row_loss, row_flag, out);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     k_xent_total<<<1, GP_CUK_THREADS, 0, s>>>(row_loss, row_flag, rows, out);
     return cudaGetLastError();
