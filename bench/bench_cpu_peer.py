@@ -23,8 +23,10 @@ reported as samples/s with the ratio gpipe / PyTorch, and the processor.
 --isa avx2 runs both sides as an AVX2-only processor would: oneDNN (both
 gpipe's and PyTorch's mkldnn) limited by ONEDNN_MAX_CPU_ISA=AVX2, OpenBLAS
 by OPENBLAS_CORETYPE=Haswell, ATen's vectorised kernels by
-ATEN_CPU_CAPABILITY=avx2. gpipe's own loops are compiled without -march,
-so they are the same code on every x86-64. This limits instruction sets,
+ATEN_CPU_CAPABILITY=avx2, and gpipe's own loops (built in AVX-512, AVX2
+and baseline versions, picked at load time) from a build that stops at
+AVX2 (--bin of a build with -DGPIPE_ISA_CLONES=3; the script refuses a
+build whose loops run AVX-512). This limits instruction sets,
 not caches or memory bandwidth: the table says it was emulated. --isa
 native gives OpenBLAS the AVX-512 kernel where its own detection misses
 the processor (native_blas_core).
@@ -149,6 +151,12 @@ def gpipe_step_ms(binary, path, threads, steps, env, precision="fp32"):
     m = re.search(r"step: ([0-9.]+) ms median", out.stdout)
     if out.returncode != 0 or not m:
         sys.exit("bench_cpu_peer: %s failed:\n%s%s" % (binary, out.stdout, out.stderr))
+    if "ONEDNN_MAX_CPU_ISA" in env and "loops in AVX-512" in out.stdout:
+        sys.exit("bench_cpu_peer: --isa avx2, but %s runs gpipe's own loops in AVX-512 here; "
+                 "build them for AVX2 at most and pass that build:\n"
+                 "  cmake -S . -B build-avx2 -DGPIPE_ISA_CLONES=3 && "
+                 "cmake --build build-avx2 --target bench_step\n"
+                 "  bench/bench_cpu_peer.py --isa avx2 --bin build-avx2" % binary)
     return float(m.group(1))
 
 

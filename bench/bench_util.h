@@ -52,7 +52,9 @@ static inline void gp_bench_random_batch(int64_t b, int64_t per, uint64_t seed, 
  * (avx2, avx512f)" from /proc/cpuinfo's first model name and flags, and
  * "; oneDNN limited to AVX2" when ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA)
  * caps the instruction set oneDNN's kernels may use (bench_cpu_peer.py
- * --isa avx2 runs an AVX-512 machine that way). */
+ * --isa avx2 runs an AVX-512 machine that way), then the instruction set
+ * gpipe's own loops picked (gp_cpu_loops_isa; a build with
+ * -DGPIPE_ISA_CLONES=3 stops at AVX2). */
 static inline void gp_bench_cpu_name(char *buf, size_t len)
 {
     snprintf(buf, len, "unknown processor");
@@ -87,6 +89,8 @@ static inline void gp_bench_cpu_name(char *buf, size_t len)
         l = strlen(buf);
         snprintf(buf + l, len - l, "; oneDNN limited to %s", cap);
     }
+    l = strlen(buf);
+    snprintf(buf + l, len - l, "; gpipe's loops in %s", gp_cpu_loops_isa());
 }
 
 #endif

@@ -736,6 +736,10 @@ void gp_device_close(gp_device *dev);
 gp_status gp_device_new(const gp_device_iface *iface, gp_device_kind kind, int index,
                         const gp_device_opts *opts, gp_device **out);
 /* The CPU backend's constructor (backend/cpu). */
+/* The instruction set gpipe's own loops on CPU devices run in on this
+ * processor (cpu/cpu_impl.h, GP_CPU_LOOPS): "AVX-512 (x86-64-v4)", "AVX2
+ * (x86-64-v3)" or "x86-64 baseline". */
+const char *gp_cpu_loops_isa(void);
 gp_status gp_cpu_device_create(int index, const gp_device_opts *opts,
                                gp_device **out);
 /* The CUDA backend's constructor (backend/cuda; only in builds with

@@ -31,6 +31,7 @@ static int64_t bn_block(const gp_bn_desc *d)
 }
 
 /* Sum over the channel's N planes of S elements (stride C*S between planes). */
+GP_CPU_LOOPS
 static double chan_sum(const float *x, int64_t n, int64_t cs, int64_t s)
 {
     double acc = 0.0;
@@ -42,6 +43,7 @@ static double chan_sum(const float *x, int64_t n, int64_t cs, int64_t s)
     return acc;
 }
 
+GP_CPU_LOOPS
 static double chan_sqdev(const float *x, int64_t n, int64_t cs, int64_t s, double mean)
 {
     double acc = 0.0;
@@ -56,6 +58,7 @@ static double chan_sqdev(const float *x, int64_t n, int64_t cs, int64_t s, doubl
     return acc;
 }
 
+GP_CPU_LOOPS
 static void chan_apply(const float *x, float *y, int64_t n, int64_t cs, int64_t s,
                        float scale, float shift)
 {
@@ -67,6 +70,7 @@ static void chan_apply(const float *x, float *y, int64_t n, int64_t cs, int64_t 
     }
 }
 
+GP_CPU_LOOPS
 gp_status gp_cpu_bn_fwd_train(gp_device *dev, const gp_bn_desc *d, const float *x,
                               const float *gamma, const float *beta, float *y, float *mean,
                               float *var)
@@ -94,6 +98,7 @@ gp_status gp_cpu_bn_fwd_train(gp_device *dev, const gp_bn_desc *d, const float *
     return GP_OK;
 }
 
+GP_CPU_LOOPS
 gp_status gp_cpu_bn_fwd_infer(gp_device *dev, const gp_bn_desc *d, const float *x,
                               const float *gamma, const float *beta, const float *mean,
                               const float *var, float *y)
@@ -115,6 +120,7 @@ gp_status gp_cpu_bn_fwd_infer(gp_device *dev, const gp_bn_desc *d, const float *
     return GP_OK;
 }
 
+GP_CPU_LOOPS
 gp_status gp_cpu_bn_bwd(gp_device *dev, const gp_bn_desc *d, const float *x,
                         const float *gamma, const float *mean, const float *var,
                         const float *dy, float *dx, float *dgamma, float *dbeta)
@@ -177,6 +183,7 @@ gp_status gp_cpu_bn_commit(gp_device *dev, int64_t c, float *rmean, float *rvar,
 
 /* ---- synchronised batch norm: the pieces between the reductions --------- */
 
+GP_CPU_LOOPS
 gp_status gp_cpu_bn_stats(gp_device *dev, const gp_bn_desc *d, const float *x, float *mean,
                           float *var)
 {
@@ -198,6 +205,7 @@ gp_status gp_cpu_bn_stats(gp_device *dev, const gp_bn_desc *d, const float *x, f
     return GP_OK;
 }
 
+GP_CPU_LOOPS
 gp_status gp_cpu_bn_bwd_sums(gp_device *dev, const gp_bn_desc *d, const float *x,
                              const float *mean, const float *dy, float *sums)
 {
@@ -227,6 +235,7 @@ gp_status gp_cpu_bn_bwd_sums(gp_device *dev, const gp_bn_desc *d, const float *x
     return GP_OK;
 }
 
+GP_CPU_LOOPS
 gp_status gp_cpu_bn_bwd_apply(gp_device *dev, const gp_bn_desc *d, const float *x,
                               const float *gamma, const float *mean, const float *var,
                               const float *dy, const float *sums, double count, float *dx,

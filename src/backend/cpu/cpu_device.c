@@ -366,3 +366,15 @@ int64_t gp_cpu_primitives_created(const gp_device *dev)
     GP_ASSERT(dev && dev->kind == GP_DEV_CPU);
     return ((const gp_cpu_ctx *)dev->ctx)->prims_created;
 }
+
+const char *gp_cpu_loops_isa(void)
+{
+#if defined(GP_ISA_CLONES) && GP_ISA_CLONES >= 3
+    __builtin_cpu_init();
+#if GP_ISA_CLONES == 4
+    if (__builtin_cpu_supports("x86-64-v4")) return "AVX-512 (x86-64-v4)";
+#endif
+    if (__builtin_cpu_supports("x86-64-v3")) return "AVX2 (x86-64-v3)";
+#endif
+    return "x86-64 baseline";
+}

@@ -17,6 +17,24 @@
 #ifndef GP_CPU_IMPL_H
 #define GP_CPU_IMPL_H
 
+/* GP_CPU_LOOPS before a function with gpipe's own loops (batch norm,
+ * pooling, the elementwise ops, the update): GCC builds it for AVX-512
+ * (x86-64-v4), AVX2 (x86-64-v3) and the x86-64 baseline, and the processor
+ * picks one when the library loads (target_clones; the OpenMP regions
+ * inside are cloned with it), where the rest of the library is built for
+ * the baseline.  No contraction into fused multiply-adds anywhere
+ * (-ffp-contract=off), so an elementwise result is the same bits in every
+ * version; reductions vectorised across more lanes may sum in another
+ * order.  GP_ISA_CLONES (CMake's GPIPE_ISA_CLONES): 4, 3 (AVX2 and the
+ * baseline: an AVX2-only processor's loops, on any processor) or 0. */
+#if defined(GP_ISA_CLONES) && GP_ISA_CLONES == 4
+#define GP_CPU_LOOPS __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#elif defined(GP_ISA_CLONES) && GP_ISA_CLONES == 3
+#define GP_CPU_LOOPS __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define GP_CPU_LOOPS
+#endif
+
 #include "backend/backend.h"
 
 #include <oneapi/dnnl/dnnl.h>

@@ -19,6 +19,7 @@
 /* Below this many elements a loop runs on the calling thread alone. */
 #define CPU_PAR_MIN 32768
 
+GP_CPU_LOOPS
 gp_status gp_cpu_fill(gp_device *dev, float *x, float v, int64_t n)
 {
     int nt = dev->threads;
@@ -27,6 +28,7 @@ gp_status gp_cpu_fill(gp_device *dev, float *x, float v, int64_t n)
     return GP_OK;
 }
 
+GP_CPU_LOOPS
 gp_status gp_cpu_scale(gp_device *dev, float *x, float a, int64_t n)
 {
     int nt = dev->threads;
@@ -35,6 +37,7 @@ gp_status gp_cpu_scale(gp_device *dev, float *x, float a, int64_t n)
     return GP_OK;
 }
 
+GP_CPU_LOOPS
 gp_status gp_cpu_axpy(gp_device *dev, float a, const float *x, float *y, int64_t n)
 {
     int nt = dev->threads;
@@ -43,6 +46,7 @@ gp_status gp_cpu_axpy(gp_device *dev, float a, const float *x, float *y, int64_t
     return GP_OK;
 }
 
+GP_CPU_LOOPS
 gp_status gp_cpu_add(gp_device *dev, const float *a, const float *b, float *y, int64_t n)
 {
     int nt = dev->threads;
@@ -51,6 +55,7 @@ gp_status gp_cpu_add(gp_device *dev, const float *a, const float *b, float *y, i
     return GP_OK;
 }
 
+GP_CPU_LOOPS
 gp_status gp_cpu_mul(gp_device *dev, const float *a, const float *b, float *y, int64_t n)
 {
     int nt = dev->threads;
@@ -59,6 +64,7 @@ gp_status gp_cpu_mul(gp_device *dev, const float *a, const float *b, float *y, i
     return GP_OK;
 }
 
+GP_CPU_LOOPS
 gp_status gp_cpu_copy_box(gp_device *dev, float *dst, const int64_t ds[4], const float *src,
                           const int64_t ss[4], const int64_t dims[4])
 {
@@ -81,6 +87,7 @@ gp_status gp_cpu_copy_box(gp_device *dev, float *dst, const int64_t ds[4], const
     return GP_OK;
 }
 
+GP_CPU_LOOPS
 gp_status gp_cpu_sumsq(gp_device *dev, const float *x, int64_t n, double *out)
 {
     int nt = dev->threads;
@@ -99,6 +106,7 @@ gp_status gp_cpu_nonfinite_or(gp_device *dev, const float *x, int64_t n, float *
     return GP_OK;
 }
 
+GP_CPU_LOOPS
 gp_status gp_cpu_nonfinite(gp_device *dev, const float *x, int64_t n, int *out)
 {
     int nt = dev->threads;
@@ -109,6 +117,7 @@ gp_status gp_cpu_nonfinite(gp_device *dev, const float *x, int64_t n, int *out)
     return GP_OK;
 }
 
+GP_CPU_LOOPS
 gp_status gp_cpu_sgd_update(gp_device *dev, float *w, const float *g, float *v,
                             int64_t n, float lr, float mu, float wd, int nesterov)
 {
@@ -129,6 +138,7 @@ gp_status gp_cpu_sgd_update(gp_device *dev, float *w, const float *g, float *v,
 /* Every part in one parallel region (each part's elements split over the
  * threads as sgd_update splits them, without a barrier between parts):
  * one fork and join per stage and step instead of one per parameter. */
+GP_CPU_LOOPS
 gp_status gp_cpu_sgd_multi(gp_device *dev, const gp_sgd_part *parts, int n, float lr, float mu,
                            int nesterov)
 {
@@ -149,6 +159,7 @@ gp_status gp_cpu_sgd_multi(gp_device *dev, const gp_sgd_part *parts, int n, floa
     return GP_OK;
 }
 
+GP_CPU_LOOPS
 gp_status gp_cpu_relu_fwd(gp_device *dev, const float *x, float *y, int64_t n)
 {
     int nt = dev->threads;
@@ -157,6 +168,7 @@ gp_status gp_cpu_relu_fwd(gp_device *dev, const float *x, float *y, int64_t n)
     return GP_OK;
 }
 
+GP_CPU_LOOPS
 gp_status gp_cpu_relu_bwd(gp_device *dev, const float *y, const float *dy,
                           float *dx, int64_t n)
 {
@@ -166,6 +178,7 @@ gp_status gp_cpu_relu_bwd(gp_device *dev, const float *y, const float *dy,
     return GP_OK;
 }
 
+GP_CPU_LOOPS
 gp_status gp_cpu_add_bias_rows(gp_device *dev, float *y, const float *bias,
                                int64_t rows, int64_t cols)
 {
@@ -181,6 +194,7 @@ gp_status gp_cpu_add_bias_rows(gp_device *dev, float *y, const float *bias,
 /* Columns per task of sum_rows: the partial sums stay in registers / L1. */
 #define CPU_SUM_COLS 64
 
+GP_CPU_LOOPS
 gp_status gp_cpu_sum_rows(gp_device *dev, const float *dy, float *db,
                           int64_t rows, int64_t cols)
 {
@@ -202,6 +216,7 @@ gp_status gp_cpu_sum_rows(gp_device *dev, const float *dy, float *db,
 
 /* dst(cols, rows) = src(rows, cols)^T + beta dst (beta == 0 overwrites);
  * row strides lds, ldd; 32 x 32 tiles so both sides use whole cache lines. */
+GP_CPU_LOOPS
 static void transpose(gp_device *dev, const float *src, int64_t rows, int64_t cols, int64_t lds,
                       float beta, float *dst, int64_t ldd)
 {
@@ -285,6 +300,7 @@ gp_status gp_cpu_gemm_wb(gp_device *dev, int trans_a, int trans_b, int64_t m, in
     return gemm(dev, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, true);
 }
 
+GP_CPU_LOOPS
 gp_status gp_cpu_xent(gp_device *dev, const float *logits, const float *labels,
                       int64_t rows, int64_t cols, float scale, float *dlogits,
                       double *loss_sum, int64_t *correct, int64_t *bad_row)
@@ -321,6 +337,7 @@ gp_status gp_cpu_xent(gp_device *dev, const float *logits, const float *labels,
  * four consecutive elements. */
 #define CPU_DROPOUT_CHUNK 4096
 
+GP_CPU_LOOPS
 gp_status gp_cpu_dropout_mask(gp_device *dev, float *mask, int64_t n, float p,
                               uint64_t seed, uint64_t stream, uint64_t first)
 {
@@ -337,6 +354,7 @@ gp_status gp_cpu_dropout_mask(gp_device *dev, float *mask, int64_t n, float p,
 
 /* dropout_mask's chunks, multiplied into x as they are drawn: the mask
  * lives in a chunk on the stack, never in memory of its own. */
+GP_CPU_LOOPS
 gp_status gp_cpu_dropout_apply(gp_device *dev, const float *x, float *y, int64_t n, float p,
                                uint64_t seed, uint64_t stream, uint64_t first)
 {
@@ -353,6 +371,7 @@ gp_status gp_cpu_dropout_apply(gp_device *dev, const float *x, float *y, int64_t
 
 /* ---- bfloat16 conversions (pipeline copies in bf16) ------------------------ */
 
+GP_CPU_LOOPS
 gp_status gp_cpu_bf16_pack(gp_device *dev, uint16_t *dst, const float *src, int64_t n)
 {
     int nt = dev->threads;
@@ -361,6 +380,7 @@ gp_status gp_cpu_bf16_pack(gp_device *dev, uint16_t *dst, const float *src, int6
     return GP_OK;
 }
 
+GP_CPU_LOOPS
 gp_status gp_cpu_bf16_unpack(gp_device *dev, float *dst, const uint16_t *src, int64_t n)
 {
     int nt = dev->threads;
@@ -371,6 +391,7 @@ gp_status gp_cpu_bf16_unpack(gp_device *dev, float *dst, const uint16_t *src, in
 
 /* ---- U-Net: leaky relu, per-row scaling, binary cross-entropy ------------- */
 
+GP_CPU_LOOPS
 gp_status gp_cpu_leaky_relu_fwd(gp_device *dev, const float *x, float *y, int64_t n,
                                 float slope)
 {
@@ -380,6 +401,7 @@ gp_status gp_cpu_leaky_relu_fwd(gp_device *dev, const float *x, float *y, int64_
     return GP_OK;
 }
 
+GP_CPU_LOOPS
 gp_status gp_cpu_leaky_relu_bwd(gp_device *dev, const float *y, const float *dy, float *dx,
                                 int64_t n, float slope)
 {
@@ -389,6 +411,7 @@ gp_status gp_cpu_leaky_relu_bwd(gp_device *dev, const float *y, const float *dy,
     return GP_OK;
 }
 
+GP_CPU_LOOPS
 gp_status gp_cpu_mul_rows(gp_device *dev, const float *x, const float *s, float *y,
                           int64_t rows, int64_t cols)
 {
@@ -404,6 +427,7 @@ gp_status gp_cpu_mul_rows(gp_device *dev, const float *x, const float *s, float 
     return GP_OK;
 }
 
+GP_CPU_LOOPS
 gp_status gp_cpu_bce_logits(gp_device *dev, const float *z, const float *t, int64_t n,
                             float scale, float *dz, double *loss_sum, int64_t *correct,
                             int64_t *bad)

@@ -74,6 +74,7 @@ static inline win window(const gp_pool_desc *d, int64_t oh, int64_t ow)
 
 /* 2x2 stride-2 max pooling without padding (the common case): branch-free
  * selects over a row of outputs, which the compiler vectorises. */
+GP_CPU_LOOPS
 static void max2x2_plane(const gp_pool_desc *d, const float *xp, float *yp, uint8_t *wp)
 {
     for (int64_t oh = 0; oh < d->oh; oh++) {
@@ -95,6 +96,7 @@ static void max2x2_plane(const gp_pool_desc *d, const float *xp, float *yp, uint
     }
 }
 
+GP_CPU_LOOPS
 gp_status gp_cpu_pool_fwd(gp_device *dev, const gp_pool_desc *d, const float *x, float *y,
                           void *ws)
 {
@@ -144,6 +146,7 @@ gp_status gp_cpu_pool_fwd(gp_device *dev, const gp_pool_desc *d, const float *x,
     return GP_OK;
 }
 
+GP_CPU_LOOPS
 gp_status gp_cpu_pool_bwd(gp_device *dev, const gp_pool_desc *d, const float *x,
                           const float *y, const float *dy, float *dx, const void *ws)
 {

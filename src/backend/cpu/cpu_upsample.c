@@ -24,6 +24,7 @@
 #define CPU_UP_PAR_MIN 32768
 
 /* Input row x (w) -> `s` output rows of ow = w * s at y. */
+GP_CPU_LOOPS
 static void up_row(const float *x, float *y, int64_t w, int64_t s, int64_t ow)
 {
     if (s == 2) {
@@ -40,6 +41,7 @@ static void up_row(const float *x, float *y, int64_t w, int64_t s, int64_t ow)
 }
 
 /* `s` rows of ow = w * s at dy -> one row dx (w) of block sums. */
+GP_CPU_LOOPS
 static void down_row(const float *dy, float *dx, int64_t w, int64_t s, int64_t ow)
 {
     if (s == 2) { /* the general order below, unrolled: (a + b) + (c + d) */
@@ -61,6 +63,7 @@ static void down_row(const float *dy, float *dx, int64_t w, int64_t s, int64_t o
     }
 }
 
+GP_CPU_LOOPS
 gp_status gp_cpu_upsample_fwd(gp_device *dev, const float *x, float *y, int64_t n, int64_t c,
                               int64_t h, int64_t w, int64_t scale)
 {
@@ -71,6 +74,7 @@ gp_status gp_cpu_upsample_fwd(gp_device *dev, const float *x, float *y, int64_t 
     return GP_OK;
 }
 
+GP_CPU_LOOPS
 gp_status gp_cpu_upsample_bwd(gp_device *dev, const float *dy, float *dx, int64_t n,
                               int64_t c, int64_t h, int64_t w, int64_t scale)
 {
