@@ -520,10 +520,12 @@ static void test_softmax_xent(void)
         buf wx = brand(rows * wc, -4, 4), wd = bjunk(rows * wc);
         float *h = malloc((size_t)(rows * wc) * sizeof *h);
         for (int64_t q = 0; q < rows * wc; q++) h[q] = (float)((q * 7919) % 1999) / 250.0f - 4.0f;
-        for (int64_t r = 0; r < rows; r++) h[r * wc + 900] = h[r * wc + 100] = 9.0f; /* a tie */
+        /* a tie between lanes: 101 in lane 5, 900 in lane 4 (the later
+         * column in the lower lane), so the merge must pick by index */
+        for (int64_t r = 0; r < rows; r++) h[r * wc + 900] = h[r * wc + 101] = 9.0f;
         bset(&wx, h);
         float wl[67];
-        for (int64_t r = 0; r < rows; r++) wl[r] = (float)(r % 3 ? (r * 37) % wc : 100);
+        for (int64_t r = 0; r < rows; r++) wl[r] = (float)(r % 3 ? (r * 37) % wc : 101);
         buf wlab = bnew(rows);
         bset(&wlab, wl);
         BOTH(gp_dev_xent(D, wx.p[K], wlab.p[K], rows, wc, 1.0f / (float)rows, wd.p[K], &loss[K],

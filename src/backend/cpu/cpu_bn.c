@@ -12,8 +12,10 @@
  *
  * Statistics: two passes per channel in double (mean, then squared
  * deviations), so no cancellation; var is the biased variance.  Sums use
- * `omp simd` reductions: the order is fixed for a build, so results are
- * deterministic and independent of the thread count.
+ * `omp simd` reductions: the order is fixed for a build and processor (the
+ * AVX-512, AVX2 and baseline versions, GP_CPU_LOOPS, sum across 8, 4 or
+ * 2 lanes), so results are deterministic and independent of the thread
+ * count, and may differ in the last bits between kinds of processor.
  */
 #include "backend/cpu/cpu_impl.h"
 #include "backend/elementwise.h"

@@ -25,7 +25,7 @@
  * the baseline.  No contraction into fused multiply-adds anywhere
  * (-ffp-contract=off), so an elementwise result is the same bits in every
  * version; reductions vectorised across more lanes may sum in another
- * order.  GP_ISA_CLONES (CMake's GPIPE_ISA_CLONES): 4, 3 (AVX2 and the
+ * order (the same on every run on one kind of processor).  GP_ISA_CLONES (CMake's GPIPE_ISA_CLONES): 4, 3 (AVX2 and the
  * baseline: an AVX2-only processor's loops, on any processor) or 0. */
 #if defined(GP_ISA_CLONES) && GP_ISA_CLONES == 4
 #define GP_CPU_LOOPS __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))

@@ -259,7 +259,10 @@ __global__ void k_xent_rows(const float *logits, const float *labels, int64_t ro
         int64_t a = cols; /* none: loses every tie */
         for (int64_t j = lane; j < cols; j += 32) {
             float v = x[j];
-            if (a == cols || v > m) {
+            /* a lane starts at its first value that is not NaN, except
+             * column 0, which the CPU's scan starts from whatever it is
+             * (a NaN there stays the max; a NaN elsewhere never wins) */
+            if (a == cols ? (j == 0 || v == v) : v > m) {
                 m = v;
                 a = j;
             }
