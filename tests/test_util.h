@@ -189,6 +189,148 @@ static inline bool gpt_same_values(gp_model *a, gp_model *b)
     return same;
 }
 
+/* A new tensor of shape s on dev (category ACTIVATIONS) holding h. */
+static inline gp_tensor gpt_upload(gp_device *dev, const gp_shape *s, const float *h)
+{
+    gp_tensor t;
+    CHECK_OK(gp_tensor_alloc(&t, dev, s, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_dev_upload(dev, t.data, h, gp_shape_numel(s)));
+    return t;
+}
+
+/* t's values in a new host array (at least one element allocated). */
+static inline float *gpt_download(const gp_tensor *t)
+{
+    int64_t n = gp_tensor_numel(t);
+    float *h = calloc((size_t)(n ? n : 1), sizeof *h);
+    if (n) CHECK_OK(gp_dev_download(t->dev, h, t->data, n));
+    CHECK_OK(gp_dev_synchronize(t->dev));
+    return h;
+}
+
+/* ---- the oracle of copies in bfloat16 ------------------------------------ */
+
+/* A new tensor on dev holding t's values rounded to bfloat16 (to nearest
+ * even: gp_ew_bf16_bits, which test_backend checks against a reference by
+ * distance): what a copy in bf16 delivers. */
+static inline gp_tensor gpt_bf16_copy(gp_device *dev, const gp_tensor *t)
+{
+    gp_shape sh = gp_tensor_shape(t);
+    float *h = gpt_download(t);
+    for (int64_t q = 0; q < gp_shape_numel(&sh); q++) h[q] = gp_ew_bf16_value(gp_ew_bf16_bits(h[q]));
+    gp_tensor r = gpt_upload(dev, &sh, h);
+    free(h);
+    return r;
+}
+
+/* ---- the oracle of copies in bfloat16 ------------------------------------ */
+
+/* What a pipeline whose copies travel in bf16 (pipeline.copy_precision)
+ * computes, without a pipeline: gp_model_train_step's order on one device
+ * (every forward, then the backwards in the schedule's order, in halves
+ * where it splits them, then commit and update with lr 0.05) with the
+ * model cut into the S stages of bal, and every tensor that crosses a cut
+ * rounded to bf16 on the way: a stage's output before the next stage reads
+ * it, a stage's input gradient before the stage before it does, a skip
+ * stashed in one stage and popped in a later one (copied straight across,
+ * once) and its gradient back.  A skip inside a stage is not rounded.
+ * Cross-entropy with class ids; *out as gp_model_train_step's. */
+static inline gp_status gpt_rounded_step(gp_model *m, const gp_config *c, const float *x,
+                                         const float *y, int64_t n, const int *bal, int S,
+                                         gp_step_stats *out)
+{
+    enum { MAXS = 16 };
+    int chunks = c->pipeline.chunks, L = m->n_layers, bad = -1;
+    int first[MAXS], stage_of[512];
+    GP_ASSERT(S <= MAXS && L <= 512);
+    for (int j = 0, f = 0; j < S; f += bal[j++]) {
+        first[j] = f;
+        for (int k = f; k < f + bal[j]; k++) stage_of[k] = j;
+    }
+    int64_t sizes[GP_MAX_CHUNKS], off[GP_MAX_CHUNKS];
+    GP_TRY(gp_microbatch_split(n, chunks, sizes));
+    for (int k = 0; k < L; k++) gp_layer_grads_begin(&m->layers[k]);
+    gp_stash(*st)[MAXS] = calloc((size_t)chunks, sizeof *st);
+    gp_tensor *dy = calloc((size_t)chunks, sizeof *dy);
+    if (!st || !dy) return gp_error_set(GP_ERR_OOM, "out of host memory");
+    const gp_skip_map *sk = &m->skips;
+    int ft = gp_layers_first_trainable(m->layers, L);
+    int64_t per = gp_shape_numel(&m->input);
+    double sum = 0;
+    int64_t correct = 0, count = 0;
+    gp_status s = GP_OK;
+    for (int i = 0, at = 0; i < chunks && s == GP_OK; at += (int)sizes[i++]) {
+        off[i] = at;
+        gp_fwd_ctx ctx = {.training = true, .seed = c->train.seed, .step = (uint64_t)m->step,
+                          .sample_offset = at, .batch_total = n};
+        for (int j = 0; j < S && s == GP_OK; j++) s = gp_stash_init(&st[i][j], bal[j], sk, first[j]);
+        for (int j = 0; j < S && s == GP_OK; j++) {
+            if (j == 0) {
+                gp_shape xs = gp_shape_with_batch(&m->input, sizes[i]);
+                st[i][0].in = gpt_upload(m->dev, &xs, x + at * per);
+            } else { /* the copy in: the previous stage's output */
+                st[i][j].in = gpt_bf16_copy(m->dev, &st[i][j - 1].out);
+            }
+            for (int t = 0; t < sk->n; t++) /* skips popped here, stashed earlier */
+                if (stage_of[sk->skips[t].to] == j && stage_of[sk->skips[t].from] < j)
+                    st[i][j].skip_in[t] =
+                        gpt_bf16_copy(m->dev, &st[i][stage_of[sk->skips[t].from]].skip_out[t]);
+            s = gp_ckpt_forward(m->layers + first[j], &ctx, GP_FWD_KEEP, &st[i][j], &bad);
+        }
+        if (s != GP_OK) break;
+        gp_shape ys = {1, {sizes[i], 0, 0, 0}};
+        gp_tensor labels = gpt_upload(m->dev, &ys, y + at);
+        gp_loss_out lo = {0};
+        s = gp_ckpt_loss(m->dev, m->loss, &st[i][S - 1].out, &labels, (float)(1.0 / (double)n),
+                         &dy[i], &lo);
+        gp_tensor_free(&labels);
+        sum += lo.loss_sum;
+        correct += lo.correct;
+        count += lo.count;
+    }
+    bool up = gp_schedule_backward_ascending(c->pipeline.schedule);
+    bool split = gp_schedule_splits_backward(c->pipeline.schedule);
+    for (int q = 0; q < chunks && s == GP_OK; q++) {
+        int i = up ? q : chunks - 1 - q;
+        gp_fwd_ctx ctx = {.training = true, .seed = c->train.seed, .step = (uint64_t)m->step,
+                          .sample_offset = off[i], .batch_total = n};
+        gp_tensor g = dy[i];
+        dy[i] = (gp_tensor){0};
+        for (int j = S - 1; j >= 0 && s == GP_OK; j--) {
+            for (int t = 0; t < sk->n; t++) /* the copies back of skips stashed here */
+                if (stage_of[sk->skips[t].from] == j && stage_of[sk->skips[t].to] > j)
+                    st[i][j].skip_dout[t] =
+                        gpt_bf16_copy(m->dev, &st[i][stage_of[sk->skips[t].to]].skip_din[t]);
+            gp_tensor dx = {0};
+            gp_layer *ls = m->layers + first[j];
+            if (split) {
+                s = gp_ckpt_backward_data(ls, &ctx, &st[i][j], &g, ft, j > 0 ? &dx : NULL, &bad);
+                if (s == GP_OK)
+                    s = gp_ckpt_backward_weights(ls, &ctx, &st[i][j], ft, j > 0, &bad);
+            } else {
+                s = gp_ckpt_backward(ls, &ctx, &st[i][j], &g, ft, j > 0 ? &dx : NULL, &bad);
+            }
+            gp_tensor_free(&g);
+            if (j > 0 && s == GP_OK) g = gpt_bf16_copy(m->dev, &dx); /* the copy back */
+            gp_tensor_free(&dx);
+        }
+        gp_tensor_free(&g);
+    }
+    for (int i = 0; i < chunks; i++) {
+        for (int j = 0; j < S; j++) gp_stash_destroy(&st[i][j]);
+        gp_tensor_free(&dy[i]);
+    }
+    free(st);
+    free(dy);
+    for (int k = 0; k < L && s == GP_OK; k++) s = gp_layer_grads_finish(&m->layers[k]);
+    for (int k = 0; k < L && s == GP_OK; k++)
+        if (m->layers[k].ops->commit) s = m->layers[k].ops->commit(&m->layers[k]);
+    if (s == GP_OK) s = gp_optim_update(m->optim, 0, L, 0.05, 0, 1);
+    m->step++;
+    if (out) *out = gp_step_stats_of(sum, correct, count, n, 0.05, 0, 0);
+    return s;
+}
+
 /* Transparency, the pipeline's oracle: `steps` steps of batch `batch`
  * (gpt_make_batch; for binary cross-entropy the targets of gpt_make_masks)
  * on ref (gp_model_train_step, c->pipeline.chunks micro-batches) and on pip
@@ -204,12 +346,13 @@ static inline void gpt_compare_steps(const gp_config *c, gp_model *ref, gp_model
     float *x = malloc((size_t)(batch * per) * sizeof *x);
     float *y = malloc((size_t)(batch * t) * sizeof *y);
     same[0] = same[1] = same[2] = false;
-    bool loss = true, grads = true, ok = x && y;
+    bool loss = true, grads = true, ok = x && y, bf16 = gp_config_bf16_copies(c);
     for (int step = 0; step < steps && ok; step++) {
         gpt_make_batch(c, batch, step, x, y);
         if (c->model.loss == GP_LOSS_BCE_WITH_LOGITS) gpt_make_masks(batch * t, step, y);
         gp_step_stats a, b;
-        gp_status s1 = gp_model_train_step(ref, c, x, y, batch, c->pipeline.chunks, 0.05, &a);
+        gp_status s1 = bf16 ? gpt_rounded_step(ref, c, x, y, batch, pip->balance, pip->n_stages, &a)
+                            : gp_model_train_step(ref, c, x, y, batch, c->pipeline.chunks, 0.05, &a);
         gp_status s2 = gp_model_pipeline_step(pip, c, x, y, batch, 0.05, &b);
         if (s1 != GP_OK || s2 != GP_OK) {
             CHECK_MSG(0, "step: %s", gp_last_error());
@@ -231,25 +374,6 @@ static inline void gpt_compare_steps(const gp_config *c, gp_model *ref, gp_model
     same[0] = loss;
     same[1] = grads;
     same[2] = gpt_same_values(ref, pip);
-}
-
-/* A new tensor of shape s on dev (category ACTIVATIONS) holding h. */
-static inline gp_tensor gpt_upload(gp_device *dev, const gp_shape *s, const float *h)
-{
-    gp_tensor t;
-    CHECK_OK(gp_tensor_alloc(&t, dev, s, GP_MEM_ACTIVATIONS));
-    CHECK_OK(gp_dev_upload(dev, t.data, h, gp_shape_numel(s)));
-    return t;
-}
-
-/* t's values in a new host array (at least one element allocated). */
-static inline float *gpt_download(const gp_tensor *t)
-{
-    int64_t n = gp_tensor_numel(t);
-    float *h = calloc((size_t)(n ? n : 1), sizeof *h);
-    if (n) CHECK_OK(gp_dev_download(t->dev, h, t->data, n));
-    CHECK_OK(gp_dev_synchronize(t->dev));
-    return h;
 }
 
 /* L layers over n stages: the first L % n stages get one more. */
@@ -349,177 +473,6 @@ static inline void gpt_write_file(const char *path, const void *data, size_t n)
     }
     fwrite(data, 1, n, f);
     fclose(f);
-}
-
-/* ---- the oracle of copies in bfloat16 ------------------------------------ */
-
-/* t's values rounded to bfloat16 (to nearest even: gp_ew_bf16_bits, which
- * test_backend checks against a reference by distance) into a new tensor
- * on dev; t is freed. */
-static inline gp_tensor gpt_bf16_rounded(gp_device *dev, gp_tensor *t)
-{
-    gp_shape sh = gp_tensor_shape(t);
-    float *h = gpt_download(t);
-    for (int64_t q = 0; q < gp_shape_numel(&sh); q++) h[q] = gp_ew_bf16_value(gp_ew_bf16_bits(h[q]));
-    gp_tensor r = gpt_upload(dev, &sh, h);
-    free(h);
-    gp_tensor_free(t);
-    return r;
-}
-
-/* What a pipeline whose copies travel in bf16 (pipeline.copy_precision)
- * computes, without a pipeline: gp_model_train_step's order on one device
- * (every forward, then the backwards in the schedule's order, in halves
- * where it splits them, then commit and update with lr 0.05) with the
- * model cut into the S stages of bal, and every tensor that crosses a cut
- * rounded to bf16 on the way: a stage's output before the next stage reads
- * it, a stage's input gradient before the stage before it does, a skip
- * stashed in one stage and popped in a later one (copied straight across,
- * once) and its gradient back.  A skip inside a stage is not rounded.
- * Cross-entropy with class ids; *loss the mean over the batch. */
-static inline gp_status gpt_rounded_step(gp_model *m, const gp_config *c, const float *x,
-                                         const float *y, int64_t n, const int *bal, int S,
-                                         double *loss)
-{
-    enum { MAXS = 16 };
-    int chunks = c->pipeline.chunks, L = m->n_layers, bad = -1;
-    int first[MAXS], stage_of[512];
-    GP_ASSERT(S <= MAXS && L <= 512);
-    for (int j = 0, f = 0; j < S; f += bal[j++]) {
-        first[j] = f;
-        for (int k = f; k < f + bal[j]; k++) stage_of[k] = j;
-    }
-    int64_t sizes[GP_MAX_CHUNKS], off[GP_MAX_CHUNKS];
-    GP_TRY(gp_microbatch_split(n, chunks, sizes));
-    for (int k = 0; k < L; k++) gp_layer_grads_begin(&m->layers[k]);
-    gp_stash(*st)[MAXS] = calloc((size_t)chunks, sizeof *st);
-    gp_tensor *dy = calloc((size_t)chunks, sizeof *dy);
-    if (!st || !dy) return gp_error_set(GP_ERR_OOM, "out of host memory");
-    const gp_skip_map *sk = &m->skips;
-    int ft = gp_layers_first_trainable(m->layers, L);
-    int64_t per = gp_shape_numel(&m->input);
-    double sum = 0;
-    gp_status s = GP_OK;
-    for (int i = 0, at = 0; i < chunks && s == GP_OK; at += (int)sizes[i++]) {
-        off[i] = at;
-        gp_fwd_ctx ctx = {.training = true, .seed = c->train.seed, .step = (uint64_t)m->step,
-                          .sample_offset = at, .batch_total = n};
-        for (int j = 0; j < S && s == GP_OK; j++) s = gp_stash_init(&st[i][j], bal[j], sk, first[j]);
-        for (int j = 0; j < S && s == GP_OK; j++) {
-            if (j == 0) {
-                gp_shape xs = gp_shape_with_batch(&m->input, sizes[i]);
-                st[i][0].in = gpt_upload(m->dev, &xs, x + at * per);
-            } else { /* the copy in: the previous stage's output, rounded */
-                gp_shape os = gp_tensor_shape(&st[i][j - 1].out);
-                float *h = gpt_download(&st[i][j - 1].out);
-                for (int64_t q = 0; q < gp_shape_numel(&os); q++)
-                    h[q] = gp_ew_bf16_value(gp_ew_bf16_bits(h[q]));
-                st[i][j].in = gpt_upload(m->dev, &os, h);
-                free(h);
-            }
-            for (int t = 0; t < sk->n; t++) /* skips popped here, stashed earlier */
-                if (stage_of[sk->skips[t].to] == j && stage_of[sk->skips[t].from] < j) {
-                    gp_tensor src = st[i][stage_of[sk->skips[t].from]].skip_out[t];
-                    gp_shape ss = gp_tensor_shape(&src);
-                    float *h = gpt_download(&src);
-                    for (int64_t q = 0; q < gp_shape_numel(&ss); q++)
-                        h[q] = gp_ew_bf16_value(gp_ew_bf16_bits(h[q]));
-                    st[i][j].skip_in[t] = gpt_upload(m->dev, &ss, h);
-                    free(h);
-                }
-            s = gp_ckpt_forward(m->layers + first[j], &ctx, GP_FWD_KEEP, &st[i][j], &bad);
-        }
-        if (s != GP_OK) break;
-        gp_shape ys = {1, {sizes[i], 0, 0, 0}};
-        gp_tensor labels = gpt_upload(m->dev, &ys, y + at);
-        gp_loss_out lo = {0};
-        s = gp_ckpt_loss(m->dev, m->loss, &st[i][S - 1].out, &labels, (float)(1.0 / (double)n),
-                         &dy[i], &lo);
-        gp_tensor_free(&labels);
-        sum += lo.loss_sum;
-    }
-    bool up = gp_schedule_backward_ascending(c->pipeline.schedule);
-    bool split = gp_schedule_splits_backward(c->pipeline.schedule);
-    for (int q = 0; q < chunks && s == GP_OK; q++) {
-        int i = up ? q : chunks - 1 - q;
-        gp_fwd_ctx ctx = {.training = true, .seed = c->train.seed, .step = (uint64_t)m->step,
-                          .sample_offset = off[i], .batch_total = n};
-        gp_tensor g = dy[i];
-        dy[i] = (gp_tensor){0};
-        for (int j = S - 1; j >= 0 && s == GP_OK; j--) {
-            for (int t = 0; t < sk->n; t++) /* the copies back of skips stashed here */
-                if (stage_of[sk->skips[t].from] == j && stage_of[sk->skips[t].to] > j)
-                    st[i][j].skip_dout[t] =
-                        gpt_bf16_rounded(m->dev, &st[i][stage_of[sk->skips[t].to]].skip_din[t]);
-            gp_tensor dx = {0};
-            gp_layer *ls = m->layers + first[j];
-            if (split) {
-                s = gp_ckpt_backward_data(ls, &ctx, &st[i][j], &g, ft, j > 0 ? &dx : NULL, &bad);
-                if (s == GP_OK)
-                    s = gp_ckpt_backward_weights(ls, &ctx, &st[i][j], ft, j > 0, &bad);
-            } else {
-                s = gp_ckpt_backward(ls, &ctx, &st[i][j], &g, ft, j > 0 ? &dx : NULL, &bad);
-            }
-            gp_tensor_free(&g);
-            if (j > 0 && s == GP_OK) g = gpt_bf16_rounded(m->dev, &dx); /* the copy back */
-            else gp_tensor_free(&dx);
-        }
-        gp_tensor_free(&g);
-    }
-    for (int i = 0; i < chunks; i++) {
-        for (int j = 0; j < S; j++) gp_stash_destroy(&st[i][j]);
-        gp_tensor_free(&dy[i]);
-    }
-    free(st);
-    free(dy);
-    for (int k = 0; k < L && s == GP_OK; k++) s = gp_layer_grads_finish(&m->layers[k]);
-    for (int k = 0; k < L && s == GP_OK; k++)
-        if (m->layers[k].ops->commit) s = m->layers[k].ops->commit(&m->layers[k]);
-    if (s == GP_OK) s = gp_optim_update(m->optim, 0, L, 0.05, 0, 1);
-    m->step++;
-    *loss = sum / (double)n;
-    return s;
-}
-
-/* gpt_compare_steps for a pipeline with copies in bf16 (pip, placed with
- * bal over S stages) against gpt_rounded_step on ref, for `steps` steps
- * at lr 0.05: same[0] every step's loss (as a float), same[1] the first
- * step's gradients bit for bit, same[2] every parameter and buffer after
- * the last step. */
-static inline void gpt_compare_rounded(const gp_config *c, gp_model *ref, gp_model *pip,
-                                       int64_t batch, int steps, const int *bal, int S,
-                                       bool same[3])
-{
-    int64_t per = c->model.input[0] * c->model.input[1] * c->model.input[2];
-    float *x = malloc((size_t)(batch * per) * sizeof *x), *y = malloc((size_t)batch * sizeof *y);
-    bool loss = true, grads = true, ok = x && y;
-    same[0] = same[1] = same[2] = false;
-    for (int step = 0; step < steps && ok; step++) {
-        gpt_make_batch(c, batch, step, x, y);
-        double want = 0;
-        gp_step_stats got;
-        gp_status s1 = gpt_rounded_step(ref, c, x, y, batch, bal, S, &want);
-        gp_status s2 = gp_model_pipeline_step(pip, c, x, y, batch, 0.05, &got);
-        if (s1 != GP_OK || s2 != GP_OK) {
-            CHECK_MSG(0, "bf16 copies step: %s", gp_last_error());
-            ok = false;
-            break;
-        }
-        if ((float)want != (float)got.loss) loss = false;
-        if (step == 0) {
-            int64_t na, nb;
-            float *ga = gpt_gather(ref, GPT_GRADS, &na), *gb = gpt_gather(pip, GPT_GRADS, &nb);
-            if (na != nb || memcmp(ga, gb, (size_t)na * sizeof *ga)) grads = false;
-            free(ga);
-            free(gb);
-        }
-    }
-    free(x);
-    free(y);
-    if (!ok) return;
-    same[0] = loss;
-    same[1] = grads;
-    same[2] = gpt_same_values(ref, pip);
 }
 
 #endif /* GP_TEST_UTIL_H */
