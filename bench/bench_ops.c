@@ -53,7 +53,7 @@ static void report(gp_status s)
 /* Best-of-REPS seconds of conv fwd, bwd_data, bwd_weights for one shape. */
 static void time_conv(gp_device *dev, const shape *sh, double t[3])
 {
-    gp_conv_desc d = {BATCH, sh->c, sh->hw, sh->hw, sh->k, 3, 3, 1, 1, 1, 1, sh->hw, sh->hw, 1};
+    gp_conv_desc d = {BATCH, sh->c, sh->hw, sh->hw, sh->k, 3, 3, 1, 1, 1, 1, sh->hw, sh->hw, 1, 0, 0};
     int64_t nx = BATCH * sh->c * sh->hw * sh->hw, ny = BATCH * sh->k * sh->hw * sh->hw;
     int64_t nw = sh->k * sh->c * 9;
     float *x = buf(dev, nx, 1), *w = buf(dev, nw, 0.1f), *b = buf(dev, sh->k, 0.1f);
@@ -87,8 +87,8 @@ static double conv_flops(const shape *sh)
 static double time_other(gp_device *dev, const shape *sh, int pooled)
 {
     int64_t hw = sh->hw, n = BATCH * sh->k * hw * hw;
-    gp_bn_desc bd = {BATCH, sh->k, hw * hw, 1e-5f};
-    gp_pool_desc pd = {BATCH, sh->k, hw, hw, 2, 2, 2, 2, 0, 0, hw / 2, hw / 2, GP_POOL_MAX};
+    gp_bn_desc bd = {BATCH, sh->k, hw * hw, 1e-5f, 0};
+    gp_pool_desc pd = {BATCH, sh->k, hw, hw, 2, 2, 2, 2, 0, 0, hw / 2, hw / 2, GP_POOL_MAX, 0};
     int64_t np = BATCH * sh->k * (hw / 2) * (hw / 2);
     float *x = buf(dev, n, 1), *y = buf(dev, n, 0), *z = buf(dev, n, 0), *dz = buf(dev, n, 1);
     float *g = buf(dev, sh->k, 1), *be = buf(dev, sh->k, 1), *m = buf(dev, sh->k, 0);

@@ -9,6 +9,7 @@
  * (GPIPE_CPU_CONV=blocked), so both code paths meet the same oracle.
  */
 #include "backend/backend.h"
+#include "backend/cpu/cpu_impl.h" /* gp_cpu_conv_act_reorders */
 #include "backend/elementwise.h"
 #include "test_util.h"
 
@@ -131,7 +132,7 @@ static void test_conv_hw(gp_device *dev, int64_t n, int64_t c, int64_t h, int64_
                          int bias)
 {
     gp_conv_desc d = {n, c, h, w, k, kh, kw, sh, sw, ph, pw,
-                      (h + 2 * ph - kh) / sh + 1, (w + 2 * pw - kw) / sw + 1, bias};
+                      (h + 2 * ph - kh) / sh + 1, (w + 2 * pw - kw) / sw + 1, bias, 0, 0};
     char tag[200];
     snprintf(tag, sizeof tag, "%s conv n%lld c%lld %lldx%lld k%lld ker%lldx%lld s%lldx%lld "
              "p%lldx%lld b%d", dev->name, (long long)n, (long long)c, (long long)h,
@@ -345,7 +346,7 @@ static void test_bf16(void)
     static const int64_t shapes[][4] = {{2, 16, 12, 32}, {2, 1, 10, 8}};
     for (int q = 0; q < 2; q++) {
         int64_t n = shapes[q][0], c = shapes[q][1], h = shapes[q][2], k = shapes[q][3];
-        gp_conv_desc d = {n, c, h, h, k, 3, 3, 1, 1, 1, 1, h, h, 1};
+        gp_conv_desc d = {n, c, h, h, k, 3, 3, 1, 1, 1, 1, h, h, 1, 0, 0};
         int64_t nx = n * c * h * h, nw = k * c * 9, ny = n * k * h * h;
         float *x = drand(dev, nx), *w = drand(dev, nw), *b = drand(dev, k), *dy = drand(dev, ny);
         float *y = dalloc(dev, ny), *dx = dalloc(dev, nx), *dw = dalloc(dev, nw), *db = dalloc(dev, k);
@@ -483,7 +484,7 @@ static void test_pool_hw(gp_device *dev, gp_pool_kind kind, int64_t n, int64_t c
                          int64_t pw)
 {
     gp_pool_desc d = {n, c, h, w, kh, kw, sh, sw, ph, pw,
-                      (h + 2 * ph - kh) / sh + 1, (w + 2 * pw - kw) / sw + 1, kind};
+                      (h + 2 * ph - kh) / sh + 1, (w + 2 * pw - kw) / sw + 1, kind, 0};
     const char *kn = kind == GP_POOL_MAX ? "max" : kind == GP_POOL_AVG ? "avg" : "avg-incl-pad";
     int64_t nx = n * c * h * w, ny = n * c * d.oh * d.ow;
     float *x = drand(dev, nx), *dy = drand(dev, ny), *y = dalloc(dev, ny), *dx = dalloc(dev, nx);
@@ -570,7 +571,7 @@ static void test_pool(gp_device *dev)
     /* refused: an unknown kind; a window reaching past the padding (the
      * include-pad divisor kh * kw would count cells that are not there) */
     float *x = dalloc(dev, 2 * 3 * 7 * 9), *y = dalloc(dev, 2 * 3 * 7 * 9);
-    gp_pool_desc d = {2, 3, 7, 9, 3, 3, 2, 2, 1, 1, 4, 5, (gp_pool_kind)7};
+    gp_pool_desc d = {2, 3, 7, 9, 3, 3, 2, 2, 1, 1, 4, 5, (gp_pool_kind)7, 0};
     CHECK_ERR(gp_dev_pool_fwd(dev, &d, x, y, NULL), GP_ERR_INVALID, "invalid pooling (kind 7");
     d.kind = GP_POOL_AVG_INCLUDE_PAD;
     d.oh = 5; /* (5 - 1) * 2 + 3 = 11 > 7 + 2 */
@@ -583,7 +584,7 @@ static void test_pool(gp_device *dev)
 
 static void test_bn_shape(gp_device *dev, int64_t n, int64_t c, int64_t s)
 {
-    gp_bn_desc d = {n, c, s, 1e-5f};
+    gp_bn_desc d = {n, c, s, 1e-5f, 0};
     int64_t nx = n * c * s;
     float *x = drand(dev, nx), *dy = drand(dev, nx), *g = drand(dev, c), *b = drand(dev, c);
     for (int64_t i = 0; i < nx; i++) x[i] = 3.0f * x[i] + 0.5f; /* non-zero mean */
@@ -663,7 +664,7 @@ static void test_bn(gp_device *dev)
 {
     /* SyncBN's wrappers check their arguments for every backend. */
     float v[8] = {0}, sums[4] = {0};
-    gp_bn_desc bad = {2, 0, 1, 1e-5f}, ok = {2, 2, 1, 1e-5f};
+    gp_bn_desc bad = {2, 0, 1, 1e-5f, 0}, ok = {2, 2, 1, 1e-5f, 0};
     CHECK_ERR(gp_dev_bn_stats(dev, &bad, v, v, v), GP_ERR_INVALID, "invalid batch norm");
     CHECK_ERR(gp_dev_bn_bwd_sums(dev, &bad, v, v, v, sums), GP_ERR_INVALID,
               "invalid batch norm");
@@ -672,6 +673,248 @@ static void test_bn(gp_device *dev)
     test_bn_shape(dev, 3, 5, 63); /* 2-d: (3, 5, 7, 9) */
     test_bn_shape(dev, 7, 6, 1);  /* 1-d over features */
     test_bn_shape(dev, 4, 17, 25);
+}
+
+
+/* ---- channel-blocked layouts (backend.h): the plain layout's bits ---------------- */
+
+/* (n, c, s) plain <-> (n, c / B, s, B) blocked, element by element. */
+static void to_blocked(const float *x, float *o, int64_t n, int64_t c, int64_t s, int64_t B)
+{
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t ch = 0; ch < c; ch++)
+            for (int64_t j = 0; j < s; j++)
+                o[((i * (c / B) + ch / B) * s + j) * B + ch % B] = x[(i * c + ch) * s + j];
+}
+
+static void from_blocked(const float *x, float *o, int64_t n, int64_t c, int64_t s, int64_t B)
+{
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t ch = 0; ch < c; ch++)
+            for (int64_t j = 0; j < s; j++)
+                o[(i * c + ch) * s + j] = x[((i * (c / B) + ch / B) * s + j) * B + ch % B];
+}
+
+/* got (blocked, (n, c, s)) holds exactly the bits of ref (plain). */
+static void check_blocked_bits(const char *what, const float *got, const float *ref, int64_t n,
+                               int64_t c, int64_t s, int64_t B)
+{
+    int64_t nx = n * c * s;
+    float *p = malloc((size_t)nx * sizeof(float));
+    from_blocked(got, p, n, c, s, B);
+    int64_t bad = -1;
+    for (int64_t i = 0; i < nx && bad < 0; i++)
+        if (memcmp(&p[i], &ref[i], sizeof(float))) bad = i;
+    CHECK_MSG(bad < 0, "%s: element %lld is %.9g blocked, %.9g plain", what, (long long)bad,
+              bad >= 0 ? (double)p[bad] : 0.0, bad >= 0 ? (double)ref[bad] : 0.0);
+    free(p);
+}
+
+static void check_same_bits(const char *what, const float *a, const float *b, int64_t n)
+{
+    CHECK_MSG(!memcmp(a, b, (size_t)n * sizeof(float)), "%s: not the same bits", what);
+}
+
+/* A blocked copy of plain x on dev. */
+static float *dblocked(gp_device *dev, const float *x, int64_t n, int64_t c, int64_t s, int64_t B)
+{
+    float *o = dalloc(dev, n * c * s);
+    to_blocked(x, o, n, c, s, B);
+    return o;
+}
+
+/* Every batch-norm slot on a blocked tensor: the plain slot's bits. */
+static void test_blocked_bn(gp_device *dev, int64_t n, int64_t c, int64_t s, int64_t B)
+{
+    gp_bn_desc d = {n, c, s, 1e-5f, 0}, db = d;
+    db.blk = B;
+    int64_t nx = n * c * s;
+    float *x = drand(dev, nx), *dy = drand(dev, nx), *g = drand(dev, c), *b = drand(dev, c);
+    for (int64_t i = 0; i < nx; i++) x[i] = 3.0f * x[i] + 0.5f;
+    float *xb = dblocked(dev, x, n, c, s, B), *dyb = dblocked(dev, dy, n, c, s, B);
+    float *y[2], *dx[2], *dx2[2], *mean[2], *var[2], *m2[2], *v2[2], *sums[2], *dg[2], *dbt[2];
+    for (int k = 0; k < 2; k++) {
+        y[k] = dalloc(dev, nx), dx[k] = dalloc(dev, nx), dx2[k] = dalloc(dev, nx);
+        mean[k] = dalloc(dev, c), var[k] = dalloc(dev, c), m2[k] = dalloc(dev, c);
+        v2[k] = dalloc(dev, c), sums[k] = dalloc(dev, 2 * c);
+        dg[k] = dalloc(dev, c), dbt[k] = dalloc(dev, c);
+        for (int64_t i = 0; i < c; i++) dg[k][i] = 0.25f * (float)i, dbt[k][i] = -0.5f;
+    }
+    for (int k = 0; k < 2; k++) {
+        const gp_bn_desc *dd = k ? &db : &d;
+        const float *xx = k ? xb : x, *gg = k ? dyb : dy;
+        CHECK_OK(gp_dev_bn_fwd_train(dev, dd, xx, g, b, y[k], mean[k], var[k]));
+        CHECK_OK(gp_dev_bn_bwd(dev, dd, xx, g, mean[k], var[k], gg, dx[k], dg[k], dbt[k]));
+        CHECK_OK(gp_dev_bn_stats(dev, dd, xx, m2[k], v2[k]));
+        CHECK_OK(gp_dev_bn_bwd_sums(dev, dd, xx, m2[k], gg, sums[k]));
+        CHECK_OK(gp_dev_bn_bwd_apply(dev, dd, xx, g, m2[k], v2[k], gg, sums[k], (double)(n * s),
+                                     dx2[k], sums[k], dg[k], dbt[k]));
+    }
+    char w[120];
+    snprintf(w, sizeof w, "blocked bn n%lld c%lld s%lld B%lld", (long long)n, (long long)c,
+             (long long)s, (long long)B);
+    char w2[160];
+#define BLK_BITS(name, a, b2, cnt)                                                            \
+    (snprintf(w2, sizeof w2, "%s %s", w, name), check_same_bits(w2, a, b2, cnt))
+    BLK_BITS("mean", mean[1], mean[0], c);
+    BLK_BITS("var", var[1], var[0], c);
+    BLK_BITS("stats mean", m2[1], m2[0], c);
+    BLK_BITS("stats var", v2[1], v2[0], c);
+    BLK_BITS("bwd sums", sums[1], sums[0], 2 * c);
+    BLK_BITS("dgamma", dg[1], dg[0], c);
+    BLK_BITS("dbeta", dbt[1], dbt[0], c);
+#undef BLK_BITS
+    snprintf(w2, sizeof w2, "%s y", w);
+    check_blocked_bits(w2, y[1], y[0], n, c, s, B);
+    snprintf(w2, sizeof w2, "%s dx", w);
+    check_blocked_bits(w2, dx[1], dx[0], n, c, s, B);
+    snprintf(w2, sizeof w2, "%s dx (sync pieces)", w);
+    check_blocked_bits(w2, dx2[1], dx2[0], n, c, s, B);
+    CHECK_OK(gp_dev_bn_fwd_infer(dev, &d, x, g, b, mean[0], var[0], y[0]));
+    CHECK_OK(gp_dev_bn_fwd_infer(dev, &db, xb, g, b, mean[0], var[0], y[1]));
+    snprintf(w2, sizeof w2, "%s infer y", w);
+    check_blocked_bits(w2, y[1], y[0], n, c, s, B);
+    /* the statistics are still right (the lanes' order is not wrong, only fixed) */
+    double rm, rv;
+    gpt_bn_moments(x, n, c, s, c - 1, &rm, &rv);
+    CHECK_MSG(fabs(mean[0][c - 1] - rm) <= 1e-6 * (1 + fabs(rm)) &&
+                  fabs(var[0][c - 1] - rv / (double)(n * s)) <= 1e-6 * (1 + rv / (double)(n * s)),
+              "%s: channel %lld mean %g var %g, reference %g %g", w, (long long)(c - 1),
+              (double)mean[0][c - 1], (double)var[0][c - 1], rm, rv / (double)(n * s));
+    for (int k = 0; k < 2; k++) {
+        dfree(dev, y[k], nx), dfree(dev, dx[k], nx), dfree(dev, dx2[k], nx);
+        dfree(dev, mean[k], c), dfree(dev, var[k], c), dfree(dev, m2[k], c), dfree(dev, v2[k], c);
+        dfree(dev, sums[k], 2 * c), dfree(dev, dg[k], c), dfree(dev, dbt[k], c);
+    }
+    dfree(dev, x, nx), dfree(dev, dy, nx), dfree(dev, g, c), dfree(dev, b, c);
+    dfree(dev, xb, nx), dfree(dev, dyb, nx);
+}
+
+/* Pooling of every kind on a blocked tensor, with ties and a NaN: the plain
+ * bits, forward and backward. */
+static void test_blocked_pool(gp_device *dev, gp_pool_kind kind, int64_t n, int64_t c, int64_t h,
+                              int64_t w, int64_t k, int64_t st, int64_t pad, int64_t B)
+{
+    gp_pool_desc d = {n, c, h, w, k, k, st, st, pad, pad, (h + 2 * pad - k) / st + 1,
+                      (w + 2 * pad - k) / st + 1, kind, 0};
+    gp_pool_desc db = d;
+    db.blk = B;
+    int64_t nx = n * c * h * w, ny = n * c * d.oh * d.ow;
+    float *x = drand(dev, nx), *dy = drand(dev, ny);
+    for (int64_t i = 0; i < nx; i++) x[i] = floorf(x[i] * 3.0f) / 4.0f; /* ties in most windows */
+    x[nx / 3] = NAN;
+    float *xb = dblocked(dev, x, n, c, h * w, B), *dyb = dblocked(dev, dy, n, c, d.oh * d.ow, B);
+    float *y[2] = {dalloc(dev, ny), dalloc(dev, ny)}, *dx[2] = {dalloc(dev, nx), dalloc(dev, nx)};
+    size_t wsb = gp_dev_pool_ws_bytes(dev, &d);
+    CHECK(wsb == gp_dev_pool_ws_bytes(dev, &db));
+    void *ws[2] = {NULL, NULL};
+    for (int q = 0; q < 2 && wsb; q++) CHECK_OK(gp_dev_alloc(dev, wsb, GP_MEM_WORKSPACE, &ws[q]));
+    CHECK_OK(gp_dev_pool_fwd(dev, &d, x, y[0], ws[0]));
+    CHECK_OK(gp_dev_pool_fwd(dev, &db, xb, y[1], ws[1]));
+    CHECK_OK(gp_dev_pool_bwd(dev, &d, x, y[0], dy, dx[0], ws[0]));
+    CHECK_OK(gp_dev_pool_bwd(dev, &db, xb, y[1], dyb, dx[1], ws[1]));
+    char what[160];
+    snprintf(what, sizeof what, "blocked pool kind %d n%lld c%lld %lldx%lld k%lld s%lld p%lld B%lld y",
+             (int)kind, (long long)n, (long long)c, (long long)h, (long long)w, (long long)k,
+             (long long)st, (long long)pad, (long long)B);
+    check_blocked_bits(what, y[1], y[0], n, c, d.oh * d.ow, B);
+    what[strlen(what) - 1] = 0;
+    strcat(what, "dx");
+    check_blocked_bits(what, dx[1], dx[0], n, c, h * w, B);
+    for (int q = 0; q < 2; q++) {
+        if (ws[q]) gp_dev_free(dev, ws[q], wsb, GP_MEM_WORKSPACE);
+        dfree(dev, y[q], ny), dfree(dev, dx[q], nx);
+    }
+    dfree(dev, x, nx), dfree(dev, dy, ny), dfree(dev, xb, nx), dfree(dev, dyb, ny);
+}
+
+/* A convolution given blocked x and / or y: the plain bits in all three
+ * directions; with the device's own block (act_block) no reorder of an
+ * activation is left. */
+static void test_blocked_conv(gp_device *dev, int64_t n, int64_t c, int64_t hw, int64_t k,
+                              int64_t kern, int64_t st, int64_t xb_, int64_t yb_)
+{
+    int64_t pad = kern / 2, o = (hw + 2 * pad - kern) / st + 1;
+    gp_conv_desc d = {n, c, hw, hw, k, kern, kern, st, st, pad, pad, o, o, 1, 0, 0}, db = d;
+    db.xblk = xb_, db.yblk = yb_;
+    int64_t nx = n * c * hw * hw, ny = n * k * o * o, nw = k * c * kern * kern;
+    float *x = drand(dev, nx), *wt = drand(dev, nw), *bias = drand(dev, k), *dy = drand(dev, ny);
+    float *xq = xb_ ? dblocked(dev, x, n, c, hw * hw, xb_) : x;
+    float *dyq = yb_ ? dblocked(dev, dy, n, k, o * o, yb_) : dy;
+    float *y[2], *dx[2], *dw[2], *dbias[2];
+    for (int q = 0; q < 2; q++) {
+        y[q] = dalloc(dev, ny), dx[q] = dalloc(dev, nx), dw[q] = dalloc(dev, nw);
+        dbias[q] = dalloc(dev, k);
+        for (int64_t i = 0; i < nw; i++) dw[q][i] = 0.5f;
+        for (int64_t i = 0; i < k; i++) dbias[q][i] = -1.0f;
+    }
+    CHECK_OK(gp_dev_conv_fwd(dev, &d, x, wt, bias, y[0]));
+    CHECK_OK(gp_dev_conv_bwd_data(dev, &d, wt, dy, dx[0]));
+    CHECK_OK(gp_dev_conv_bwd_weights(dev, &d, x, dy, dw[0], dbias[0]));
+    CHECK_OK(gp_dev_conv_fwd(dev, &db, xq, wt, bias, y[1]));
+    CHECK_OK(gp_dev_conv_bwd_data(dev, &db, wt, dyq, dx[1]));
+    CHECK_OK(gp_dev_conv_bwd_weights(dev, &db, xq, dyq, dw[1], dbias[1]));
+    char w[160];
+    int l = snprintf(w, sizeof w, "blocked conv n%lld c%lld %lld k%lld %lldx%lld s%lld x/%lld y/%lld ",
+                     (long long)n, (long long)c, (long long)hw, (long long)k, (long long)kern,
+                     (long long)kern, (long long)st, (long long)xb_, (long long)yb_);
+    snprintf(w + l, sizeof w - (size_t)l, "y");
+    if (yb_) check_blocked_bits(w, y[1], y[0], n, k, o * o, yb_);
+    else check_same_bits(w, y[1], y[0], ny);
+    snprintf(w + l, sizeof w - (size_t)l, "dx");
+    if (xb_) check_blocked_bits(w, dx[1], dx[0], n, c, hw * hw, xb_);
+    else check_same_bits(w, dx[1], dx[0], nx);
+    snprintf(w + l, sizeof w - (size_t)l, "dw +=");
+    check_same_bits(w, dw[1], dw[0], nw);
+    snprintf(w + l, sizeof w - (size_t)l, "db +=");
+    check_same_bits(w, dbias[1], dbias[0], k);
+    int64_t own = gp_dev_act_block(dev, &d);
+    if (own && own == xb_ && own == yb_) {
+        int reorders = -1, plain = -1;
+        CHECK_OK(gp_cpu_conv_act_reorders(dev, &db, &reorders));
+        CHECK_OK(gp_cpu_conv_act_reorders(dev, &d, &plain));
+        CHECK_MSG(reorders == 0 && plain == 6,
+                  "%s: %d activation reorders in the device's block %lld (plain: %d of 6)", w,
+                  reorders, (long long)own, plain);
+    }
+    for (int q = 0; q < 2; q++) {
+        dfree(dev, y[q], ny), dfree(dev, dx[q], nx), dfree(dev, dw[q], nw), dfree(dev, dbias[q], k);
+    }
+    if (xq != x) dfree(dev, xq, nx);
+    if (dyq != dy) dfree(dev, dyq, ny);
+    dfree(dev, x, nx), dfree(dev, wt, nw), dfree(dev, bias, k), dfree(dev, dy, ny);
+}
+
+static void test_blocked(gp_device *dev)
+{
+    /* the block a direct convolution computes in here: 16 with AVX-512,
+     * 8 with AVX2 (every machine this project builds on has one of them) */
+    gp_conv_desc probe = {1, 32, 14, 14, 32, 3, 3, 1, 1, 1, 1, 14, 14, 1, 0, 0};
+    int64_t own = gp_dev_act_block(dev, &probe);
+    CHECK_MSG(own == 8 || own == 16, "act_block of a 32 -> 32 3x3 convolution: %lld", (long long)own);
+    probe.c = 3;
+    CHECK_MSG(gp_dev_act_block(dev, &probe) == 0, "act_block of a 3-channel input is not 0");
+    for (int64_t B = 8; B <= 16; B += 8) {
+        test_blocked_bn(dev, 3, 32, 49, B);  /* 7x7: a tail of 17 after the lanes */
+        test_blocked_bn(dev, 2, 16, 196, B); /* 14x14 */
+        test_blocked_bn(dev, 5, 16, 1, B);
+        test_blocked_bn(dev, 1, 48, 33, B);
+        test_blocked_pool(dev, GP_POOL_MAX, 2, 32, 8, 8, 2, 2, 0, B);
+        test_blocked_pool(dev, GP_POOL_MAX, 2, 16, 9, 7, 3, 2, 1, B);
+        test_blocked_pool(dev, GP_POOL_AVG, 2, 16, 9, 7, 3, 2, 1, B);
+        test_blocked_pool(dev, GP_POOL_AVG_INCLUDE_PAD, 1, 16, 6, 6, 3, 1, 1, B);
+        test_blocked_conv(dev, 2, 32, 9, 32, 3, 1, B, B);
+        test_blocked_conv(dev, 3, 16, 8, 32, 3, 2, B, 0);
+        test_blocked_conv(dev, 3, 16, 8, 16, 1, 1, 0, B);
+    }
+    float v[64] = {0};
+    gp_bn_desc bad = {2, 12, 1, 1e-5f, 8};
+    CHECK_ERR(gp_dev_bn_fwd_train(dev, &bad, v, NULL, NULL, v, v, v), GP_ERR_INVALID,
+              "blocks of 8");
+    gp_pool_desc pbad = {1, 12, 2, 2, 2, 2, 2, 2, 0, 0, 1, 1, GP_POOL_MAX, 8};
+    CHECK_ERR(gp_dev_pool_fwd(dev, &pbad, v, v, NULL), GP_ERR_INVALID, "block 8");
+    gp_conv_desc cbad = {1, 12, 2, 2, 8, 1, 1, 1, 1, 0, 0, 2, 2, 0, 8, 0};
+    CHECK_ERR(gp_dev_conv_fwd(dev, &cbad, v, v, NULL, v), GP_ERR_INVALID, "blocks 8/0");
 }
 
 /* ---- gemm -------------------------------------------------------------------------- */
@@ -1219,7 +1462,7 @@ static void test_memory(void)
 
     /* Backend workspace is accounted: a conv whose reorder temporaries do not
      * fit fails with OOM naming the device, not a crash. */
-    gp_conv_desc d = {8, 32, 16, 16, 32, 3, 3, 1, 1, 1, 1, 16, 16, 0};
+    gp_conv_desc d = {8, 32, 16, 16, 32, 3, 3, 1, 1, 1, 1, 16, 16, 0, 0, 0};
     int64_t nx = 8 * 32 * 16 * 16;
     float *x = NULL, *w = NULL, *y = NULL;
     CHECK_OK(gp_dev_alloc(dev, (size_t)nx * 4, GP_MEM_ACTIVATIONS, (void **)&x));
@@ -1690,7 +1933,7 @@ static void test_concurrent(void)
     gp_device_opts o = {.threads = 1};
     CHECK_OK(gp_device_open("cpu:5", &o, &da));
     CHECK_OK(gp_device_open("cpu:6", &o, &db));
-    gp_conv_desc d = {4, 16, 12, 12, 24, 3, 3, 1, 1, 1, 1, 12, 12, 0};
+    gp_conv_desc d = {4, 16, 12, 12, 24, 3, 3, 1, 1, 1, 1, 12, 12, 0, 0, 0};
     int64_t nx = 4 * 16 * 144, nw = 24 * 16 * 9, ny = 4 * 24 * 144;
     float *x = drand(da, nx), *w = drand(da, nw), *ya = dalloc(da, ny), *yb = dalloc(db, ny);
     double *ref = malloc(sizeof(double) * (size_t)ny);
@@ -1716,7 +1959,7 @@ static void test_concurrent(void)
  * workspace that the thaw gives back. */
 static void test_frozen_weights(gp_device *dev)
 {
-    gp_conv_desc d = {4, 16, 12, 12, 32, 3, 3, 1, 1, 1, 1, 12, 12, 0};
+    gp_conv_desc d = {4, 16, 12, 12, 32, 3, 3, 1, 1, 1, 1, 12, 12, 0, 0, 0};
     int64_t nx = 4 * 16 * 144, nw = 32 * 16 * 9, ny = 4 * 32 * 144;
     float *x = drand(dev, nx), *w1 = drand(dev, nw), *w2 = drand(dev, nw), *dy = drand(dev, ny);
     float *y0 = dalloc(dev, ny), *y1 = dalloc(dev, ny), *dx0 = dalloc(dev, nx),
@@ -1841,6 +2084,7 @@ int main(void)
     test_pool(dev);
     test_bn(dev);
     test_conv(dev);
+    test_blocked(dev);
     test_frozen_weights(dev);
 
     /* The same convolutions with blocked layouts forced everywhere. */

@@ -1134,7 +1134,7 @@ static void test_profile_search(void)
     unsetenv("GPIPE_CPU_FAKE_SEARCH");
     if (dev) {
         gp_device_bind_thread(dev);
-        gp_conv_desc d = {2, 3, 8, 8, 4, 3, 3, 1, 1, 1, 1, 8, 8, 1};
+        gp_conv_desc d = {2, 3, 8, 8, 4, 3, 3, 1, 1, 1, 1, 8, 8, 1, 0, 0};
         float *x, *w, *b, *y;
         size_t nx = 2 * 3 * 8 * 8, nw = 4 * 3 * 3 * 3, ny = 2 * 4 * 8 * 8;
         CHECK_OK(gp_dev_alloc(dev, nx * 4, GP_MEM_ACTIVATIONS, (void **)&x));

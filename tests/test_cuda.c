@@ -309,7 +309,7 @@ static void test_conv_hw(int64_t n, int64_t c, int64_t h, int64_t w, int64_t k, 
                          int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int bias)
 {
     gp_conv_desc d = {n, c, h, w, k, kh, kw, sh, sw, ph, pw,
-                      (h + 2 * ph - kh) / sh + 1, (w + 2 * pw - kw) / sw + 1, bias};
+                      (h + 2 * ph - kh) / sh + 1, (w + 2 * pw - kw) / sw + 1, bias, 0, 0};
     int64_t nx = n * c * h * w, nw = k * c * kh * kw, ny = n * k * d.oh * d.ow;
     buf x = brand(nx, -1, 1), wt = brand(nw, -1, 1), b = brand(k, -1, 1), dy = brand(ny, -1, 1);
     buf y = bjunk(ny), dx = bjunk(nx), dw = brand(nw, -1, 1), db = brand(k, -1, 1);
@@ -371,7 +371,7 @@ static void test_pool_hw(gp_pool_kind kind, int64_t n, int64_t c, int64_t h, int
                          int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw)
 {
     gp_pool_desc d = {n, c, h, w, kh, kw, sh, sw, ph, pw,
-                      (h + 2 * ph - kh) / sh + 1, (w + 2 * pw - kw) / sw + 1, kind};
+                      (h + 2 * ph - kh) / sh + 1, (w + 2 * pw - kw) / sw + 1, kind, 0};
     int64_t nx = n * c * h * w, ny = n * c * d.oh * d.ow;
     buf x = brand(nx, -1, 1), dy = brand(ny, -1, 1), y = bjunk(ny), dx = bjunk(nx);
     void *ws[2] = {NULL, NULL};
@@ -427,7 +427,7 @@ static void test_pool(void)
 
 static void test_bn_shape(int64_t n, int64_t c, int64_t s)
 {
-    gp_bn_desc d = {n, c, s, 1e-5f};
+    gp_bn_desc d = {n, c, s, 1e-5f, 0};
     int64_t nx = n * c * s;
     buf x = brand(nx, -1, 2), dy = brand(nx, -1, 1), g = brand(c, 0.5f, 1.5f), b = brand(c, -1, 1);
     buf y = bjunk(nx), yi = bjunk(nx), dx = bjunk(nx), mean = bjunk(c), var = bjunk(c);
@@ -1349,7 +1349,7 @@ static void test_precision(gp_device *cpu)
     BOTH(gp_dev_gemm(D, 0, 0, m, n, k, 1.0f, a.p[K], k, b.p[K], n, 0.0f, c.p[K], n));
     bcheck("tf32 gemm", &c, 2e-2);
     bfree(&a); bfree(&b); bfree(&c);
-    gp_conv_desc d = {4, 32, 14, 14, 32, 3, 3, 1, 1, 1, 1, 14, 14, 1};
+    gp_conv_desc d = {4, 32, 14, 14, 32, 3, 3, 1, 1, 1, 1, 14, 14, 1, 0, 0};
     int64_t nx = 4 * 32 * 14 * 14, nw = 32 * 32 * 9;
     buf x = brand(nx, -1, 1), w = brand(nw, -1, 1), bb = brand(32, -1, 1), y = bjunk(nx);
     BOTH(gp_dev_conv_fwd(D, &d, x.p[K], w.p[K], bb.p[K], y.p[K]));

@@ -555,6 +555,89 @@ static void device_time(void)
     gp_model_free(&pip);
 }
 
+
+/* Channel-blocked chains (gp_layers_blocked): a convnet whose convolutions
+ * keep their blocked layout across batch norm, relu, leaky relu and both
+ * pools inside a stage, against the one-device run (one stage, every
+ * chain whole), with a stage boundary after every layer (inside each
+ * chain, where the boundary's tensor goes plain) and with 3 stages on
+ * every schedule: bit for bit.  The plans are checked too, so the test
+ * cannot pass with no chain at all. */
+static void blocked_chains(void)
+{
+    gp_layer_spec bs[GPT_MAX_SPECS];
+    gp_config c = gpt_model_cfg(bs, true, false, BATCH);
+    int n = 0;
+    int64_t outs[] = {16, 16, 32, 16};
+    for (int q = 0; q < 4; q++) {
+        bs[n] = gp_layer_spec_default(GP_LAYER_CONV2D);
+        bs[n].out = outs[q], bs[n].kernel = gp_hw_square(3), bs[n].padding = gp_hw_square(1);
+        n++;
+        bs[n++] = gp_layer_spec_default(GP_LAYER_BATCHNORM);
+        bs[n++] = gp_layer_spec_default(q == 2 ? GP_LAYER_LEAKY_RELU : GP_LAYER_RELU);
+        if (q == 1 || q == 2) {
+            bs[n] = gp_layer_spec_default(q == 1 ? GP_LAYER_MAXPOOL2D : GP_LAYER_AVGPOOL2D);
+            bs[n].kernel = gp_hw_square(2);
+            n++;
+        }
+    }
+    bs[n++] = gp_layer_spec_default(GP_LAYER_FLATTEN);
+    bs[n] = gp_layer_spec_default(GP_LAYER_LINEAR), bs[n].out = 5, n++;
+    CHECK(n == GPT_MAX_SPECS);
+    c.model.n_layers = n;
+    c.model.input[0] = 2, c.model.input[1] = 8, c.model.input[2] = 8;
+    /* 0 conv 2->16 (3 input channels at least for a blocked convolution:
+     * plain), 3 conv 16->16, 7 conv 16->32, 11 conv 32->16: chains 3..7 and
+     * 7..11 */
+    int differ = 0, runs = 0;
+    for (int cut = 0; cut < n; cut++) {
+        int nst = cut == 0 ? 3 : 2, bal[3];
+        for (int kd = 0; kd <= (cut == 0 ? GP_SCHEDULE_ZB_H1 : 0); kd++) {
+            if (cut == 0) bal[0] = 5, bal[1] = 4, bal[2] = 7; /* cuts after 4 and 8 */
+            else bal[0] = cut, bal[1] = n - cut;
+            c.pipeline.schedule = (gp_schedule_kind)kd;
+            c.pipeline.chunks = 3;
+            c.pipeline.checkpoint = (gp_checkpoint_mode)((cut + kd) % 3);
+            c.pipeline.lockstep = (cut % 2) == 0;
+            gp_model ref, pip;
+            if (gp_model_build(&c, devs[0], &ref) != GP_OK ||
+                gp_model_build_placed(&c, devs, nst, bal, &pip) != GP_OK) {
+                CHECK_MSG(0, "build: %s", gp_last_error());
+                return;
+            }
+            bool same[3];
+            gpt_compare_steps(&c, &ref, &pip, BATCH, 3, same);
+            runs++;
+            if (!(same[0] && same[1] && same[2])) {
+                differ++;
+                CHECK_MSG(0, "blocked chains, balance [%d, %d%s] %s ckpt=%s: loss %s, grads %s, "
+                          "params %s", bal[0], bal[1], nst == 3 ? ", 7" : "",
+                          gp_schedule_kind_name((gp_schedule_kind)kd),
+                          gp_checkpoint_mode_name(c.pipeline.checkpoint),
+                          same[0] ? "same" : "DIFFER", same[1] ? "same" : "DIFFER",
+                          same[2] ? "same" : "DIFFER");
+            }
+            /* the one-device run: both chains blocked, the rest plain */
+            int64_t B = ref.layers[3].out_blk;
+            CHECK_MSG(B == 8 || B == 16, "conv 16->16 output block %lld", (long long)B);
+            for (int k = 0; k < n; k++) {
+                int64_t want = k >= 3 && k < 11 ? B : 0;
+                CHECK_MSG(ref.layers[k].out_blk == want &&
+                              ref.layers[k].in_blk == (k >= 4 && k <= 11 ? B : 0),
+                          "one device: layer %d blocks in %lld out %lld", k,
+                          (long long)ref.layers[k].in_blk, (long long)ref.layers[k].out_blk);
+            }
+            /* a stage ends and starts plain */
+            for (int j = 0, f = 0; j < nst; f += bal[j++])
+                CHECK_MSG(pip.layers[f].in_blk == 0 && pip.layers[f + bal[j] - 1].out_blk == 0,
+                          "stage %d of [%d, %d]: blocked at its ends", j, bal[0], bal[1]);
+            gp_model_free(&ref);
+            gp_model_free(&pip);
+        }
+    }
+    printf("test_pipeline: blocked chains: %d of %d configurations differ\n", differ, runs);
+}
+
 int main(void)
 {
     open_devs();
@@ -582,6 +665,7 @@ int main(void)
     printf("test_pipeline: bf16 copies: %d configurations differ from the rounded oracle\n",
            transparency_failures - before);
     bf16_copies_effect();
+    blocked_chains();
     schedules_agree();
     interleaved();
     deferred_bn(2);

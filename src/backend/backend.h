@@ -94,8 +94,11 @@
  *      GPU stages), gemm_wb (a gemm whose B is frozen weights), uid
  *  16  sgd_multi (a stage's whole update in one pass: one launch on a GPU),
  *      dropout_apply (dropout without a stored mask)
- *  17  bf16_pack, bf16_unpack (pipeline copies in bfloat16) */
-#define GP_DEVICE_IFACE_VERSION 17
+ *  17  bf16_pack, bf16_unpack (pipeline copies in bfloat16)
+ *  18  act_block, and the channel-blocked layouts of gp_conv_desc.xblk /
+ *      yblk, gp_pool_desc.blk and gp_bn_desc.blk (activations kept in the
+ *      convolutions' own layout between them) */
+#define GP_DEVICE_IFACE_VERSION 18
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -129,6 +132,16 @@ typedef struct gp_algo_cand {
  * qualifies. */
 int gp_algo_pick(const gp_algo_cand *c, int n, size_t limit, bool deterministic);
 
+/* Layouts of activations.  Every tensor of the interface is plain (NCHW,
+ * row-major) unless a descriptor's block field says otherwise: a block B > 0
+ * means the channel-blocked layout nChw<B>c, (N, C / B, H, W, B) row-major,
+ * channel c of pixel (n, h, w) at ((n * C/B + c / B) * H * W + h * W + w) * B
+ * + c % B; C is a multiple of B and the tensor has as many elements as its
+ * plain form.  Only backends with act_block take blocks (the CPU: oneDNN's
+ * direct convolutions compute in it), and a block never changes a result
+ * bit: a layer given a blocked tensor computes what it computes on the plain
+ * one, laid out the other way (layers.h, gp_layers_blocked). */
+
 /* Descriptor of a 2-D convolution (also used for pooling windows). */
 typedef struct gp_conv_desc {
     int64_t n, c, h, w;      /* input (N, C, H, W) */
@@ -138,6 +151,8 @@ typedef struct gp_conv_desc {
     int64_t ph, pw;          /* zero padding, both sides */
     int64_t oh, ow;          /* output spatial size (computed by caller) */
     int has_bias;
+    int64_t xblk, yblk;      /* layouts of x / dx and of y / dy: 0 plain, else
+                                the channel block (above) */
 } gp_conv_desc;
 
 /* The average kinds differ in the divisor of a window that overlaps the
@@ -159,6 +174,8 @@ typedef struct gp_pool_desc {
     int64_t kh, kw, sh, sw, ph, pw;
     int64_t oh, ow;
     gp_pool_kind kind;
+    int64_t blk;             /* layout of x, y, dx, dy: 0 plain, else the
+                                channel block (above) */
 } gp_pool_desc;
 
 /* Batch normalisation over channel c of (N, C, S) where S = H*W (S = 1 for
@@ -166,6 +183,8 @@ typedef struct gp_pool_desc {
 typedef struct gp_bn_desc {
     int64_t n, c, s;
     float eps;
+    int64_t blk;             /* layout of x, y, dx, dy: 0 plain (N, C, S), else
+                                the channel block (above), (N, C / blk, S, blk) */
 } gp_bn_desc;
 
 typedef struct gp_device gp_device;
@@ -627,6 +646,16 @@ typedef struct gp_device_iface {
      * bytes travel, the receiver unpacks. */
     gp_status (*bf16_pack)(gp_device *dev, uint16_t *dst, const float *src, int64_t n);
     gp_status (*bf16_unpack)(gp_device *dev, float *dst, const uint16_t *src, int64_t n);
+    /* act_block (optional; NULL: every layout plain): the channel block B
+     * in which this device's convolution d computes both its input and its
+     * output (nChw<B>c; the block of its x, dx, y and dy alike), or 0 when
+     * it computes in another layout or the plain one.  Independent of d->n
+     * and of d's own xblk / yblk.  A block only spares the reorders around
+     * the convolution: a conv, pool or batch norm given any block this
+     * backend takes computes the same bits as on the plain layout (the
+     * CPU's: the same kernels, and batch norm's sums in one order for every
+     * layout, cpu_bn.c). */
+    int64_t (*act_block)(gp_device *dev, const gp_conv_desc *d);
 } gp_device_iface;
 
 #define GP_CHAN_ID_BYTES 256
@@ -1001,6 +1030,11 @@ static inline gp_status gp_dev_dropout_mask(gp_device *dev, float *mask, int64_t
                                             uint64_t seed, uint64_t stream, uint64_t first)
 {
     return dev->iface->dropout_mask(dev, mask, n, p, seed, stream, first);
+}
+/* act_block (0 where the backend has none). */
+static inline int64_t gp_dev_act_block(gp_device *dev, const gp_conv_desc *d)
+{
+    return dev->iface->act_block ? dev->iface->act_block(dev, d) : 0;
 }
 /* bf16_pack / bf16_unpack (GP_ERR_UNSUPPORTED where the backend has none). */
 gp_status gp_dev_bf16_pack(gp_device *dev, uint16_t *dst, const float *src, int64_t n);

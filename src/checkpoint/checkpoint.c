@@ -171,6 +171,7 @@ static gp_status run_forward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_fwd_kee
     bool keep = mode == GP_FWD_KEEP;
     s->acts[0] = s->in;
     s->acts[0].owned = false;
+    gp_layers_blocked(layers, s->count);
     gp_layers_inplace(layers, s->count, s->inplace);
     gp_layers_unkept(layers, s->count, s->inplace, s->unkept);
     gp_status st = GP_OK;

@@ -81,6 +81,7 @@ static gp_bn_desc bn_desc(const gp_layer *l, int64_t n)
     d.c = l->in_shape.dims[1];
     d.s = l->in_shape.ndim == 4 ? l->in_shape.dims[2] * l->in_shape.dims[3] : 1;
     d.eps = l->spec.eps;
+    d.blk = l->in_blk; /* gp_layers_blocked: only a 2-d norm inside a chain */
     return d;
 }
 

@@ -35,6 +35,8 @@ gp_conv_desc gp_conv2d_desc(const gp_layer *l, int64_t n)
     d.oh = l->out_shape.dims[2];
     d.ow = l->out_shape.dims[3];
     d.has_bias = l->spec.bias ? 1 : 0;
+    d.xblk = l->in_blk; /* gp_layers_blocked */
+    d.yblk = l->out_blk;
     return d;
 }
 

@@ -608,6 +608,45 @@ static void inplace_rule(const char *spec0, size_t stride, int count, bool *inpl
 #undef SPEC
 }
 
+/* A layer that may sit between two convolutions in a blocked chain. */
+static bool blocks_through(const gp_layer *l, const gp_device *dev)
+{
+    if (l->n_in != 1 || l->dev != dev) return false;
+    switch (l->spec.type) {
+    case GP_LAYER_BATCHNORM: return l->in_shape.ndim == 4;
+    case GP_LAYER_RELU:
+    case GP_LAYER_LEAKY_RELU:
+    case GP_LAYER_MAXPOOL2D:
+    case GP_LAYER_AVGPOOL2D: return true;
+    default: return false;
+    }
+}
+
+static int64_t conv_block(const gp_layer *l)
+{
+    if (l->spec.type != GP_LAYER_CONV2D || l->n_in != 1 || !l->dev) return 0;
+    gp_conv_desc d = gp_conv2d_desc(l, 1);
+    d.xblk = d.yblk = 0;
+    return gp_dev_act_block(l->dev, &d);
+}
+
+void gp_layers_blocked(gp_layer *layers, int count)
+{
+    for (int c = 0; c < count; c++) layers[c].in_blk = layers[c].out_blk = 0;
+    for (int a = 0; a < count; a++) {
+        int64_t blk = conv_block(&layers[a]);
+        if (!blk) continue;
+        int b = a + 1;
+        while (b < count && !layers[b - 1].spec.stash[0] && blocks_through(&layers[b], layers[a].dev))
+            b++;
+        if (b >= count || layers[b - 1].spec.stash[0] || layers[b].dev != layers[a].dev ||
+            conv_block(&layers[b]) != blk)
+            continue;
+        for (int c = a; c < b; c++) layers[c].out_blk = blk;
+        for (int c = a + 1; c <= b; c++) layers[c].in_blk = blk;
+    }
+}
+
 void gp_layers_inplace(const gp_layer *layers, int count, bool *inplace)
 {
     if (count <= 0) return;

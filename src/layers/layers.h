@@ -311,6 +311,10 @@ struct gp_layer {
                                next backward replaces them (grads_begin) */
     bool meta;              /* made by gp_layer_meta: parameters are shapes
                                only (value.data NULL, no grad) */
+    int64_t in_blk, out_blk; /* layouts of the main input (and dx) and of the
+                               output (and dy): 0 plain, else the channel
+                               block (backend.h); set by gp_layers_blocked,
+                               0 from gp_layer_create */
 };
 
 /* Make a layer of spec->type with `index`, infer shapes from `in` (batch
@@ -348,6 +352,20 @@ gp_status gp_layer_meta(const gp_layer_spec *spec, int index, const gp_shape *in
  * results are bit for bit those of the out-of-place run (the kernels are
  * element-wise, and no backward reads what was overwritten). */
 void gp_layers_inplace(const gp_layer *layers, int count, bool *inplace);
+/* Which activations of a stage's run of `count` layers stay in the
+ * convolutions' own channel-blocked layout (backend.h, act_block): a
+ * convolution's output, the layers after it and the next convolution's
+ * input, when every layer between the two convolutions is a 2-d batch norm,
+ * relu, leaky_relu, maxpool2d or avgpool2d (each of which computes the same
+ * bits on either layout), both convolutions take the same block on their
+ * device, and no skip stashes any of those outputs (its pop reads them
+ * later, in whatever layout it wants).  Sets every layer's in_blk / out_blk
+ * (0 elsewhere); the run's input and output stay plain, so what crosses a
+ * stage boundary is plain and the stages' results equal the one-device
+ * run's, whatever the partition.  What it spares: the reorders from plain
+ * into the block and back around each such convolution, 2 of its 6 per
+ * micro-batch (forward, backward-data, backward-weights) at each end. */
+void gp_layers_blocked(gp_layer *layers, int count);
 /* ops->discard on every layer that has it: a failed step's pending
  * statistics forgotten (the executor and the single-device step call it on
  * failure, so a failed step leaves the model as it was). */

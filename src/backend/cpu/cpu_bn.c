@@ -1,167 +1,319 @@
 /*
- * cpu_bn.c — batch normalisation on plain NCHW (and (N, C) for 1-d) with
- * OpenMP loops; the per-element arithmetic is in backend/elementwise.h.
+ * cpu_bn.c — batch normalisation with OpenMP loops, on plain NCHW ((N, C)
+ * for 1-d) and on the channel-blocked layouts of backend.h (nChw8c,
+ * nChw16c: the convolutions' own, kept between them inside a stage); the
+ * per-element arithmetic is in backend/elementwise.h.
  *
  * Why not oneDNN: its plain-layout (ncsp) batch norm makes separate sweeps
  * over the whole tensor and measured 7.4 ms forward / 9.7 ms backward for
  * (128, 64, 28, 28) on 2 cores, about a quarter of a convnet step.  Here each
  * task owns a block of channels whose data (~256 KiB) stays in L2 across the
- * passes (mean, variance, normalise; sums, dx), so the tensor crosses memory
+ * passes (statistics, normalise; sums, dx), so the tensor crosses memory
  * about once per direction: 2.3 ms / 3.6 ms for the same shape
- * (bench/bench_ops.c).
+ * (bench/bench_ops.c).  On a blocked layout a task owns whole blocks of
+ * channels and the loops run across the block's channels.
  *
- * Statistics: two passes per channel in double (mean, then squared
- * deviations), so no cancellation; var is the biased variance.  Sums use
- * `omp simd` reductions: the order is fixed for a build and processor (the
- * AVX-512, AVX2 and baseline versions, GP_CPU_LOOPS, sum across 8, 4 or
- * 2 lanes), so results are deterministic and independent of the thread
- * count, and may differ in the last bits between kinds of processor.
+ * Sums, in one order for every layout and processor.  A channel's values
+ * are summed in double over BN_LANES lanes, value (n, j) (sample n, pixel
+ * j of S) into lane j % BN_LANES, samples in order, and the lanes are then
+ * added in a fixed pairwise tree (lanes_total).  The plain loops vectorise
+ * along j, the blocked ones across the block's channels, each lane still
+ * adding its own values in the same order, so a blocked tensor gets the
+ * same bits as its plain form, and the AVX-512, AVX2 and baseline builds
+ * (GP_CPU_LOOPS) the same bits as each other (before 2026-11-25 `omp simd`
+ * reductions left the order to the compiler and the last bits differed
+ * between kinds of processor).  Statistics: one pass of the values
+ * shifted by the channel's first value, sum and sum of squares, so the
+ * variance has no cancellation worth naming in double (the shift is a
+ * value of the channel, within a few standard deviations of its mean);
+ * var is the biased variance.
  */
 #include "backend/cpu/cpu_impl.h"
 #include "backend/elementwise.h"
 
 #include <omp.h>
 
-/* Channels per task so that one task's data is about 64 Ki floats. */
+#define BN_LANES 32
+#define BN_MAX_BLOCK 16
+
+/* The lanes' sum, pairwise: (l0 + l16) + ... in halves down to one. */
+static inline __attribute__((always_inline)) double lanes_total(double *a)
+{
+    for (int w = BN_LANES / 2; w >= 1; w /= 2)
+        for (int l = 0; l < w; l++) a[l] += a[l + w];
+    return a[0];
+}
+
+/* Channels per task so that one task's data is about 64 Ki floats; on a
+ * blocked layout a multiple of the block. */
 static int64_t bn_block(const gp_bn_desc *d)
 {
     int64_t per = d->n * d->s;
     int64_t cb = per > 0 ? 65536 / per : 1;
     if (cb < 1) cb = 1;
     if (cb > d->c) cb = d->c;
+    if (d->blk) cb = (cb + d->blk - 1) / d->blk * d->blk;
     return cb;
 }
 
-/* Sum over the channel's N planes of S elements (stride C*S between planes). */
-GP_CPU_LOOPS
-static double chan_sum(const float *x, int64_t n, int64_t cs, int64_t s)
+/* Where channel c starts, and how far apart its pixels lie (samples are
+ * C * S apart in every layout). */
+static inline int64_t chan_base(const gp_bn_desc *d, int64_t c)
 {
-    double acc = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        const float *p = x + i * cs;
-#pragma omp simd reduction(+ : acc)
-        for (int64_t j = 0; j < s; j++) acc += (double)p[j];
-    }
-    return acc;
+    return d->blk ? (c / d->blk * d->s) * d->blk + c % d->blk : c * d->s;
 }
 
-GP_CPU_LOOPS
-static double chan_sqdev(const float *x, int64_t n, int64_t cs, int64_t s, double mean)
+/* ---- the per-channel sums ---------------------------------------------------
+ * `two` selects what the second sum adds: the first sum's term squared
+ * (statistics: a = x - k, b = a * a) or the gradient times the centred
+ * value (backward: a = dy, b = dy (x - m)). */
+
+/* One channel of a plain layout: x at cs between samples, S contiguous. */
+static inline __attribute__((always_inline)) void
+sums_plain(const float *x, const float *g, int64_t n, int64_t cs, int64_t s, double k,
+           double *s1, double *s2)
 {
-    double acc = 0.0;
+    double a1[BN_LANES] = {0}, a2[BN_LANES] = {0};
+    const int64_t sv = s - s % BN_LANES;
     for (int64_t i = 0; i < n; i++) {
-        const float *p = x + i * cs;
-#pragma omp simd reduction(+ : acc)
-        for (int64_t j = 0; j < s; j++) {
-            double t = (double)p[j] - mean;
-            acc += t * t;
+        const float *p = x + i * cs, *q = g ? g + i * cs : NULL;
+        for (int64_t j = 0; j < sv; j += BN_LANES) {
+            if (q) {
+#pragma omp simd
+                for (int l = 0; l < BN_LANES; l++) {
+                    double gv = (double)q[j + l];
+                    a1[l] += gv;
+                    a2[l] += gv * ((double)p[j + l] - k);
+                }
+            } else {
+#pragma omp simd
+                for (int l = 0; l < BN_LANES; l++) {
+                    double t = (double)p[j + l] - k;
+                    a1[l] += t;
+                    a2[l] += t * t;
+                }
+            }
+        }
+        for (int64_t j = sv; j < s; j++) {
+            if (q) {
+                double gv = (double)q[j];
+                a1[j - sv] += gv;
+                a2[j - sv] += gv * ((double)p[j] - k);
+            } else {
+                double t = (double)p[j] - k;
+                a1[j - sv] += t;
+                a2[j - sv] += t * t;
+            }
         }
     }
-    return acc;
+    *s1 = lanes_total(a1);
+    *s2 = lanes_total(a2);
 }
 
-GP_CPU_LOOPS
-static void chan_apply(const float *x, float *y, int64_t n, int64_t cs, int64_t s,
-                       float scale, float shift)
+/* B channels of a blocked layout at once: pixel j's B values contiguous,
+ * samples cs apart; k[b] per channel. */
+static inline __attribute__((always_inline)) void
+sums_block(const float *x, const float *g, int64_t n, int64_t cs, int64_t s, const int64_t B,
+           const double *k, double *s1, double *s2)
 {
+    double a1[BN_LANES][BN_MAX_BLOCK] = {{0}}, a2[BN_LANES][BN_MAX_BLOCK] = {{0}};
     for (int64_t i = 0; i < n; i++) {
-        const float *p = x + i * cs;
-        float *q = y + i * cs;
+        const float *p = x + i * cs, *q = g ? g + i * cs : NULL;
+        for (int64_t j = 0, l = 0; j < s; j++, l = l + 1 == BN_LANES ? 0 : l + 1) {
+            const float *pj = p + j * B;
+            double *u = a1[l], *v = a2[l];
+            if (q) {
+                const float *qj = q + j * B;
 #pragma omp simd
-        for (int64_t j = 0; j < s; j++) q[j] = gp_ew_bn_apply(p[j], scale, shift);
+                for (int64_t b = 0; b < B; b++) {
+                    double gv = (double)qj[b];
+                    u[b] += gv;
+                    v[b] += gv * ((double)pj[b] - k[b]);
+                }
+            } else {
+#pragma omp simd
+                for (int64_t b = 0; b < B; b++) {
+                    double t = (double)pj[b] - k[b];
+                    u[b] += t;
+                    v[b] += t * t;
+                }
+            }
+        }
+    }
+    for (int64_t b = 0; b < B; b++) {
+        double c1[BN_LANES], c2[BN_LANES];
+        for (int l = 0; l < BN_LANES; l++) c1[l] = a1[l][b], c2[l] = a2[l][b];
+        s1[b] = lanes_total(c1);
+        s2[b] = lanes_total(c2);
     }
 }
 
+/* The sums of channels [c0, c0 + cnt) (cnt = 1 on a plain layout, the
+ * block on a blocked one): x alone (g NULL; k[] the shifts, set here to
+ * each channel's first value) or dy with x centred on k[] = the means. */
 GP_CPU_LOOPS
+static void chan_sums(const gp_bn_desc *d, const float *x, const float *g, int64_t c0,
+                      double *k, bool set_k, double *s1, double *s2)
+{
+    const int64_t cs = d->c * d->s, o = chan_base(d, c0);
+    const int64_t B = d->blk ? d->blk : 1;
+    if (set_k)
+        for (int64_t b = 0; b < B; b++) k[b] = (double)x[o + b];
+    if (!d->blk) sums_plain(x + o, g ? g + o : NULL, d->n, cs, d->s, k[0], s1, s2);
+    else if (B == 16) sums_block(x + o, g ? g + o : NULL, d->n, cs, d->s, 16, k, s1, s2);
+    else sums_block(x + o, g ? g + o : NULL, d->n, cs, d->s, 8, k, s1, s2);
+}
+
+/* Mean and biased variance of channels [c0, c0 + B) from one pass. */
+static void chan_stats(const gp_bn_desc *d, const float *x, int64_t c0, float *mean, float *var)
+{
+    double k[BN_MAX_BLOCK], s1[BN_MAX_BLOCK], s2[BN_MAX_BLOCK];
+    const double cnt = (double)(d->n * d->s);
+    chan_sums(d, x, NULL, c0, k, true, s1, s2);
+    for (int64_t b = 0; b < (d->blk ? d->blk : 1); b++) {
+        double off = s1[b] / cnt, v = s2[b] / cnt - off * off;
+        mean[c0 + b] = (float)(k[b] + off);
+        var[c0 + b] = (float)(v > 0.0 ? v : 0.0);
+    }
+}
+
+/* ---- the per-element passes over channels [c0, c0 + B) ----------------------- */
+
+/* B channels of a blocked layout: the coefficients of one pixel's B values
+ * stay in registers (B a constant where it is inlined). */
+static inline __attribute__((always_inline)) void
+apply_block(const float *x, const float *g, float *y, int64_t n, int64_t cs, int64_t s,
+            const int64_t B, const float *ca, const float *cb, const float *cc, const float *cm)
+{
+    float a[BN_MAX_BLOCK], b2[BN_MAX_BLOCK], c[BN_MAX_BLOCK], m[BN_MAX_BLOCK];
+    for (int64_t b = 0; b < B; b++) {
+        a[b] = ca[b], b2[b] = cb[b];
+        c[b] = cc ? cc[b] : 0.0f, m[b] = cm ? cm[b] : 0.0f;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        const float *p = x + i * cs, *q = g ? g + i * cs : NULL;
+        float *r = y + i * cs;
+        if (q) {
+            for (int64_t j = 0; j < s; j++) {
+#pragma omp simd
+                for (int64_t b = 0; b < B; b++)
+                    r[j * B + b] = gp_ew_bn_bwd_apply(q[j * B + b], p[j * B + b], m[b], a[b],
+                                                      b2[b], c[b]);
+            }
+        } else {
+            for (int64_t j = 0; j < s; j++) {
+#pragma omp simd
+                for (int64_t b = 0; b < B; b++) r[j * B + b] = gp_ew_bn_apply(p[j * B + b], a[b], b2[b]);
+            }
+        }
+    }
+}
+
+/* y = x scale + shift (fwd) or dx = a dy + b (x - m) + c (bwd: g = dy),
+ * with per-channel coefficients, over channels [c0, c0 + unit). */
+GP_CPU_LOOPS
+static void chan_apply(const gp_bn_desc *d, const float *x, const float *g, float *y,
+                       int64_t c0, const float *ca, const float *cb, const float *cc,
+                       const float *cm)
+{
+    const int64_t cs = d->c * d->s, o = chan_base(d, c0), S = d->s, N = d->n;
+    if (d->blk == 16) {
+        apply_block(x + o, g ? g + o : NULL, y + o, N, cs, S, 16, ca, cb, cc, cm);
+        return;
+    }
+    if (d->blk) {
+        apply_block(x + o, g ? g + o : NULL, y + o, N, cs, S, 8, ca, cb, cc, cm);
+        return;
+    }
+    const float a = ca[0], b = cb[0], c = cc ? cc[0] : 0.0f, m = cm ? cm[0] : 0.0f;
+    for (int64_t i = 0; i < N; i++) {
+        const float *p = x + o + i * cs, *q = g ? g + o + i * cs : NULL;
+        float *r = y + o + i * cs;
+        if (q) {
+#pragma omp simd
+            for (int64_t j = 0; j < S; j++) r[j] = gp_ew_bn_bwd_apply(q[j], p[j], m, a, b, c);
+        } else {
+#pragma omp simd
+            for (int64_t j = 0; j < S; j++) r[j] = gp_ew_bn_apply(p[j], a, b);
+        }
+    }
+}
+
+/* The tasks: channel runs of bn_block() channels, each walked a unit (a
+ * channel, or a block of them) at a time by `fn`. */
+#define BN_FOR_UNITS(d, c0, ...)                                                              \
+    do {                                                                                      \
+        const int64_t cb_ = bn_block(d), nb_ = ((d)->c + cb_ - 1) / cb_;                      \
+        const int64_t unit_ = (d)->blk ? (d)->blk : 1;                                        \
+        _Pragma("omp parallel for schedule(static) num_threads(nt) if (work >= 32768)")       \
+        for (int64_t b_ = 0; b_ < nb_; b_++) {                                                \
+            int64_t e_ = (b_ + 1) * cb_ < (d)->c ? (b_ + 1) * cb_ : (d)->c;                   \
+            for (int64_t c0 = b_ * cb_; c0 < e_; c0 += unit_) { __VA_ARGS__ }                 \
+        }                                                                                     \
+    } while (0)
+
 gp_status gp_cpu_bn_fwd_train(gp_device *dev, const gp_bn_desc *d, const float *x,
                               const float *gamma, const float *beta, float *y, float *mean,
                               float *var)
 {
     GP_TRY(gp_bn_desc_check(dev, d));
-    const int64_t N = d->n, C = d->c, S = d->s, cs = C * S, cb = bn_block(d);
-    const int64_t nb = (C + cb - 1) / cb;
-    const double cnt = (double)(N * S);
+    const int64_t work = d->n * d->c * d->s;
     int nt = dev->threads;
-#pragma omp parallel for schedule(static) num_threads(nt) if (N * C * S >= 32768)
-    for (int64_t b = 0; b < nb; b++) {
-        int64_t c1 = (b + 1) * cb < C ? (b + 1) * cb : C;
-        for (int64_t c = b * cb; c < c1; c++) {
-            const float *xc = x + c * S;
-            double m = chan_sum(xc, N, cs, S) / cnt;
-            double v = chan_sqdev(xc, N, cs, S, m) / cnt;
-            mean[c] = (float)m;
-            var[c] = (float)v;
-            float scale, shift;
+    BN_FOR_UNITS(d, c0, {
+        float sc[BN_MAX_BLOCK], sh[BN_MAX_BLOCK];
+        chan_stats(d, x, c0, mean, var);
+        for (int64_t b = 0; b < unit_; b++) {
+            int64_t c = c0 + b;
             gp_ew_bn_coeffs(mean[c], var[c], d->eps, gamma ? gamma[c] : 1.0f,
-                            beta ? beta[c] : 0.0f, &scale, &shift);
-            chan_apply(xc, y + c * S, N, cs, S, scale, shift);
+                            beta ? beta[c] : 0.0f, &sc[b], &sh[b]);
         }
-    }
+        chan_apply(d, x, NULL, y, c0, sc, sh, NULL, NULL);
+    });
     return GP_OK;
 }
 
-GP_CPU_LOOPS
 gp_status gp_cpu_bn_fwd_infer(gp_device *dev, const gp_bn_desc *d, const float *x,
                               const float *gamma, const float *beta, const float *mean,
                               const float *var, float *y)
 {
     GP_TRY(gp_bn_desc_check(dev, d));
-    const int64_t N = d->n, C = d->c, S = d->s, cs = C * S, cb = bn_block(d);
-    const int64_t nb = (C + cb - 1) / cb;
+    const int64_t work = d->n * d->c * d->s;
     int nt = dev->threads;
-#pragma omp parallel for schedule(static) num_threads(nt) if (N * C * S >= 32768)
-    for (int64_t b = 0; b < nb; b++) {
-        int64_t c1 = (b + 1) * cb < C ? (b + 1) * cb : C;
-        for (int64_t c = b * cb; c < c1; c++) {
-            float scale, shift;
+    BN_FOR_UNITS(d, c0, {
+        float sc[BN_MAX_BLOCK], sh[BN_MAX_BLOCK];
+        for (int64_t b = 0; b < unit_; b++) {
+            int64_t c = c0 + b;
             gp_ew_bn_coeffs(mean[c], var[c], d->eps, gamma ? gamma[c] : 1.0f,
-                            beta ? beta[c] : 0.0f, &scale, &shift);
-            chan_apply(x + c * S, y + c * S, N, cs, S, scale, shift);
+                            beta ? beta[c] : 0.0f, &sc[b], &sh[b]);
         }
-    }
+        chan_apply(d, x, NULL, y, c0, sc, sh, NULL, NULL);
+    });
     return GP_OK;
 }
 
-GP_CPU_LOOPS
 gp_status gp_cpu_bn_bwd(gp_device *dev, const gp_bn_desc *d, const float *x,
                         const float *gamma, const float *mean, const float *var,
                         const float *dy, float *dx, float *dgamma, float *dbeta)
 {
     GP_TRY(gp_bn_desc_check(dev, d));
-    const int64_t N = d->n, C = d->c, S = d->s, cs = C * S, cb = bn_block(d);
-    const int64_t nb = (C + cb - 1) / cb;
-    const double cnt = (double)(N * S);
+    const int64_t work = d->n * d->c * d->s;
+    const double cnt = (double)(d->n * d->s);
     int nt = dev->threads;
-#pragma omp parallel for schedule(static) num_threads(nt) if (N * C * S >= 32768)
-    for (int64_t b = 0; b < nb; b++) {
-        int64_t c1 = (b + 1) * cb < C ? (b + 1) * cb : C;
-        for (int64_t c = b * cb; c < c1; c++) {
-            const float *xc = x + c * S, *gc = dy + c * S;
-            float *dc = dx + c * S;
-            const float m = mean[c];
-            double sdy = 0.0, sdyx = 0.0;
-            for (int64_t i = 0; i < N; i++) {
-                const float *p = xc + i * cs, *g = gc + i * cs;
-#pragma omp simd reduction(+ : sdy, sdyx)
-                for (int64_t j = 0; j < S; j++) {
-                    sdy += (double)g[j];
-                    sdyx += (double)g[j] * ((double)p[j] - (double)m);
-                }
-            }
-            float ka, kb, kc;
+    BN_FOR_UNITS(d, c0, {
+        double k[BN_MAX_BLOCK], sdy[BN_MAX_BLOCK], sdyx[BN_MAX_BLOCK];
+        float ka[BN_MAX_BLOCK], kb[BN_MAX_BLOCK], kc[BN_MAX_BLOCK];
+        for (int64_t b = 0; b < unit_; b++) k[b] = (double)mean[c0 + b];
+        chan_sums(d, x, dy, c0, k, false, sdy, sdyx);
+        for (int64_t b = 0; b < unit_; b++) {
+            int64_t c = c0 + b;
             double dg, db;
-            gp_ew_bn_bwd_coeffs(var[c], d->eps, gamma ? gamma[c] : 1.0f, sdy, sdyx, cnt, &ka,
-                                &kb, &kc, &dg, &db);
+            gp_ew_bn_bwd_coeffs(var[c], d->eps, gamma ? gamma[c] : 1.0f, sdy[b], sdyx[b], cnt,
+                                &ka[b], &kb[b], &kc[b], &dg, &db);
             if (dgamma) dgamma[c] += (float)dg;
             if (dbeta) dbeta[c] += (float)db;
-            for (int64_t i = 0; i < N; i++) {
-                const float *p = xc + i * cs, *g = gc + i * cs;
-                float *q = dc + i * cs;
-#pragma omp simd
-                for (int64_t j = 0; j < S; j++) q[j] = gp_ew_bn_bwd_apply(g[j], p[j], m, ka, kb, kc);
-            }
         }
-    }
+        chan_apply(d, x, dy, dx, c0, ka, kb, kc, mean + c0);
+    });
     return GP_OK;
 }
 
@@ -185,77 +337,50 @@ gp_status gp_cpu_bn_commit(gp_device *dev, int64_t c, float *rmean, float *rvar,
 
 /* ---- synchronised batch norm: the pieces between the reductions --------- */
 
-GP_CPU_LOOPS
 gp_status gp_cpu_bn_stats(gp_device *dev, const gp_bn_desc *d, const float *x, float *mean,
                           float *var)
 {
     GP_TRY(gp_bn_desc_check(dev, d));
-    const int64_t N = d->n, C = d->c, S = d->s, cs = C * S, cb = bn_block(d);
-    const int64_t nb = (C + cb - 1) / cb;
-    const double cnt = (double)(N * S);
+    const int64_t work = d->n * d->c * d->s;
     int nt = dev->threads;
-#pragma omp parallel for schedule(static) num_threads(nt) if (N * C * S >= 32768)
-    for (int64_t b = 0; b < nb; b++) {
-        int64_t c1 = (b + 1) * cb < C ? (b + 1) * cb : C;
-        for (int64_t c = b * cb; c < c1; c++) {
-            const float *xc = x + c * S;
-            double m = chan_sum(xc, N, cs, S) / cnt;
-            mean[c] = (float)m;
-            var[c] = (float)(chan_sqdev(xc, N, cs, S, m) / cnt);
-        }
-    }
+    BN_FOR_UNITS(d, c0, { chan_stats(d, x, c0, mean, var); });
     return GP_OK;
 }
 
-GP_CPU_LOOPS
 gp_status gp_cpu_bn_bwd_sums(gp_device *dev, const gp_bn_desc *d, const float *x,
                              const float *mean, const float *dy, float *sums)
 {
     GP_TRY(gp_bn_desc_check(dev, d));
-    const int64_t N = d->n, C = d->c, S = d->s, cs = C * S, cb = bn_block(d);
-    const int64_t nb = (C + cb - 1) / cb;
+    const int64_t work = d->n * d->c * d->s, C = d->c;
     int nt = dev->threads;
-#pragma omp parallel for schedule(static) num_threads(nt) if (N * C * S >= 32768)
-    for (int64_t b = 0; b < nb; b++) {
-        int64_t c1 = (b + 1) * cb < C ? (b + 1) * cb : C;
-        for (int64_t c = b * cb; c < c1; c++) {
-            const float *xc = x + c * S, *gc = dy + c * S;
-            const float m = mean[c];
-            double sdy = 0.0, sdyx = 0.0;
-            for (int64_t i = 0; i < N; i++) {
-                const float *p = xc + i * cs, *g = gc + i * cs;
-#pragma omp simd reduction(+ : sdy, sdyx)
-                for (int64_t j = 0; j < S; j++) {
-                    sdy += (double)g[j];
-                    sdyx += (double)g[j] * ((double)p[j] - (double)m);
-                }
-            }
-            sums[c] = (float)sdy;
-            sums[C + c] = (float)sdyx;
+    BN_FOR_UNITS(d, c0, {
+        double k[BN_MAX_BLOCK], sdy[BN_MAX_BLOCK], sdyx[BN_MAX_BLOCK];
+        for (int64_t b = 0; b < unit_; b++) k[b] = (double)mean[c0 + b];
+        chan_sums(d, x, dy, c0, k, false, sdy, sdyx);
+        for (int64_t b = 0; b < unit_; b++) {
+            sums[c0 + b] = (float)sdy[b];
+            sums[C + c0 + b] = (float)sdyx[b];
         }
-    }
+    });
     return GP_OK;
 }
 
-GP_CPU_LOOPS
 gp_status gp_cpu_bn_bwd_apply(gp_device *dev, const gp_bn_desc *d, const float *x,
                               const float *gamma, const float *mean, const float *var,
                               const float *dy, const float *sums, double count, float *dx,
                               const float *local, float *dgamma, float *dbeta)
 {
     GP_TRY(gp_bn_desc_check(dev, d)); /* count: checked by gp_dev_bn_bwd_apply */
-    const int64_t N = d->n, C = d->c, S = d->s, cs = C * S, cb = bn_block(d);
-    const int64_t nb = (C + cb - 1) / cb;
+    const int64_t work = d->n * d->c * d->s, C = d->c;
     int nt = dev->threads;
-#pragma omp parallel for schedule(static) num_threads(nt) if (N * C * S >= 32768)
-    for (int64_t b = 0; b < nb; b++) {
-        int64_t c1 = (b + 1) * cb < C ? (b + 1) * cb : C;
-        for (int64_t c = b * cb; c < c1; c++) {
-            const float g = gamma ? gamma[c] : 1.0f, m = mean[c];
-            float ka, kb, kc;
+    BN_FOR_UNITS(d, c0, {
+        float ka[BN_MAX_BLOCK], kb[BN_MAX_BLOCK], kc[BN_MAX_BLOCK];
+        for (int64_t b = 0; b < unit_; b++) {
+            int64_t c = c0 + b;
+            const float g = gamma ? gamma[c] : 1.0f;
             double dg, db;
             gp_ew_bn_bwd_coeffs(var[c], d->eps, g, (double)sums[c], (double)sums[C + c], count,
-                                &ka, &kb, &kc, &dg, &db);
+                                &ka[b], &kb[b], &kc[b], &dg, &db);
             if (dgamma && local) {
                 /* this device's share of the parameter gradients */
                 float unused[3];
@@ -264,16 +389,8 @@ gp_status gp_cpu_bn_bwd_apply(gp_device *dev, const gp_bn_desc *d, const float *
                 dgamma[c] += (float)dg;
                 if (dbeta) dbeta[c] += (float)db;
             }
-            if (!dx) continue;
-            const float *xc = x + c * S, *gc = dy + c * S;
-            float *dc = dx + c * S;
-            for (int64_t i = 0; i < N; i++) {
-                const float *p = xc + i * cs, *q = gc + i * cs;
-                float *o = dc + i * cs;
-#pragma omp simd
-                for (int64_t j = 0; j < S; j++) o[j] = gp_ew_bn_bwd_apply(q[j], p[j], m, ka, kb, kc);
-            }
         }
-    }
+        if (dx) chan_apply(d, x, dy, dx, c0, ka, kb, kc, mean + c0);
+    });
     return GP_OK;
 }

@@ -216,6 +216,7 @@ static const gp_device_iface cpu_iface = {
     .dropout_apply = gp_cpu_dropout_apply,
     .bf16_pack = gp_cpu_bf16_pack,
     .bf16_unpack = gp_cpu_bf16_unpack,
+    .act_block = gp_cpu_act_block,
     .gemm = gp_cpu_gemm,
     .add_bias_rows = gp_cpu_add_bias_rows,
     .sum_rows = gp_cpu_sum_rows,
@@ -338,6 +339,11 @@ gp_status gp_cpu_device_create(int index, const gp_device_opts *opts, gp_device 
      * weights"). */
     const char *kw = getenv("GPIPE_CPU_KEEP_WEIGHTS");
     ctx->keep_weights = !(kw && !strcmp(kw, "0"));
+    /* and GPIPE_CPU_KEEP_BLOCKS=0 keeps every activation plain (act_block
+     * 0), for the A/B of bench/README.md's "Blocked layouts across a
+     * stage" */
+    const char *kb = getenv("GPIPE_CPU_KEEP_BLOCKS");
+    ctx->keep_blocks = !(kb && !strcmp(kb, "0"));
     /* A test hook: GPIPE_CPU_FAKE_SEARCH=MiB plays a GPU's algorithm search
      * (cpu_dnnl.c conv_op), so the profile's handling of it runs here. */
     const char *fs = getenv("GPIPE_CPU_FAKE_SEARCH");

@@ -14,6 +14,9 @@
  * plain overall, see bench/bench_ops.c).  With fewer (a 1-channel first
  * layer, a 1-channel output) the plain path is as fast or faster and needs
  * no reorders (conv_use_blocked).  GPIPE_CPU_CONV=plain|blocked overrides the choice.
+ * Inside a stage, activations between two blocked convolutions stay in
+ * the block (gp_layers_blocked; d->xblk / d->yblk, act_block): the user
+ * memory is then the primitive's own layout and no reorder is made.
  *
  * Accumulation.  oneDNN writes its outputs (=).  Outputs the interface
  * accumulates (conv dW, db) are computed into a temporary of the arena and
@@ -503,7 +506,7 @@ static int64_t pad_right(int64_t in, int64_t k, int64_t s, int64_t pl, int64_t o
 static cpu_key conv_key(cpu_op_kind kind, const gp_conv_desc *d)
 {
     cpu_key k = {{kind, d->n, d->c, d->h, d->w, d->k, d->kh, d->kw, d->sh, d->sw,
-                  d->ph, d->pw, d->oh, d->ow, d->has_bias != 0, 0}};
+                  d->ph, d->pw, d->oh, d->ow, d->has_bias != 0, d->xblk | d->yblk << 8}};
     return k;
 }
 
@@ -530,6 +533,31 @@ static int conv_use_blocked(const gp_cpu_ctx *ctx, const gp_conv_desc *d)
     return d->k >= 8 && d->c >= 3;
 }
 
+/* The interface layout of an activation: plain, or a channel block
+ * (backend.h, "Layouts of activations"; conv_check admits 8 and 16). */
+static dnnl_format_tag_t act_tag(int64_t blk)
+{
+    return blk == 16 ? dnnl_nChw16c : blk == 8 ? dnnl_nChw8c : dnnl_nchw;
+}
+
+/* The block oneDNN's direct convolutions compute in on this processor (as
+ * far as ONEDNN_MAX_CPU_ISA lets them): nChw16c with AVX-512, nChw8c with
+ * AVX2 (bench/README.md, "Blocked layouts across a stage", has the
+ * ONEDNN_VERBOSE lines that show it).  Where the guess were wrong the
+ * primitive would reorder, as it does for plain tensors: slower, not
+ * different. */
+int64_t gp_cpu_act_block(gp_device *dev, const gp_conv_desc *d)
+{
+    gp_cpu_ctx *ctx = gp_cpu_ctx_of(dev);
+    if (!ctx->keep_blocks || ctx->bf16 || !conv_use_blocked(ctx, d))
+        return 0; /* bf16: the reorder converts anyway */
+    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    int64_t b = (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core ? 16
+                : (isa & dnnl_cpu_isa_avx2) == dnnl_cpu_isa_avx2                ? 8
+                                                                                 : 0;
+    return b && d->c % b == 0 && d->k % b == 0 ? b : 0;
+}
+
 enum { CONV_SLOT_X, CONV_SLOT_W, CONV_SLOT_B, CONV_SLOT_Y };
 
 static gp_status build_conv(gp_cpu_ctx *ctx, cpu_op *op, const void *desc)
@@ -541,9 +569,9 @@ static gp_status build_conv(gp_cpu_ctx *ctx, cpu_op *op, const void *desc)
     dnnl_memory_desc_t src, wei, bias, dst, src_any, wei_any, dst_any;
     int64_t sd[4] = {d->n, d->c, d->h, d->w}, wd[4] = {d->k, d->c, d->kh, d->kw};
     int64_t dd[4] = {d->n, d->k, d->oh, d->ow}, bd[1] = {d->k};
-    GP_TRY(md_init(&src, 4, sd, dnnl_nchw));
+    GP_TRY(md_init(&src, 4, sd, act_tag(d->xblk)));
     GP_TRY(md_init(&wei, 4, wd, dnnl_oihw));
-    GP_TRY(md_init(&dst, 4, dd, dnnl_nchw));
+    GP_TRY(md_init(&dst, 4, dd, act_tag(d->yblk)));
     GP_TRY(md_init(&bias, 1, bd, dnnl_a));
     /* bf16 (backend.h, gp_precision): the operands a product reads (x and
      * w forward; dy and w for dx; x and dy for dw) in bf16, what it writes
@@ -616,15 +644,18 @@ static gp_status conv_check(gp_device *dev, const gp_conv_desc *d)
     if (d->n <= 0 || d->c <= 0 || d->h <= 0 || d->w <= 0 || d->k <= 0 || d->kh <= 0 ||
         d->kw <= 0 || d->sh <= 0 || d->sw <= 0 || d->ph < 0 || d->pw < 0 || d->oh <= 0 ||
         d->ow <= 0 || (d->oh - 1) * d->sh + d->kh > d->h + 2 * d->ph ||
-        (d->ow - 1) * d->sw + d->kw > d->w + 2 * d->pw)
+        (d->ow - 1) * d->sw + d->kw > d->w + 2 * d->pw ||
+        (d->xblk && ((d->xblk != 8 && d->xblk != 16) || d->c % d->xblk)) ||
+        (d->yblk && ((d->yblk != 8 && d->yblk != 16) || d->k % d->yblk)))
         return gp_error_set(GP_ERR_INVALID,
                             "device %s: invalid convolution (n=%lld c=%lld h=%lld w=%lld k=%lld "
-                            "kernel %lldx%lld stride %lldx%lld pad %lldx%lld output %lldx%lld)",
+                            "kernel %lldx%lld stride %lldx%lld pad %lldx%lld output %lldx%lld "
+                            "blocks %lld/%lld; a block is 8 or 16 and divides the channels)",
                             dev->name, (long long)d->n, (long long)d->c, (long long)d->h,
                             (long long)d->w, (long long)d->k, (long long)d->kh,
                             (long long)d->kw, (long long)d->sh, (long long)d->sw,
                             (long long)d->ph, (long long)d->pw, (long long)d->oh,
-                            (long long)d->ow);
+                            (long long)d->ow, (long long)d->xblk, (long long)d->yblk);
     return GP_OK;
 }
 
@@ -663,6 +694,20 @@ gp_status gp_cpu_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const floa
     GP_TRY(conv_op(dev, CPU_OP_CONV_BWD_DATA, d, &op));
     void *p[4] = {dx, (void *)w, NULL, (void *)dy};
     return op_run(dev, op, p);
+}
+
+gp_status gp_cpu_conv_act_reorders(gp_device *dev, const gp_conv_desc *d, int *count)
+{
+    *count = 0;
+    for (int kind = CPU_OP_CONV_FWD; kind <= CPU_OP_CONV_BWD_WEIGHTS; kind++) {
+        cpu_op *op = NULL;
+        GP_TRY(conv_op(dev, (cpu_op_kind)kind, d, &op));
+        for (int i = 0; i < op->nargs; i++)
+            if (op->args[i].reorder &&
+                (op->args[i].slot == CONV_SLOT_X || op->args[i].slot == CONV_SLOT_Y))
+                ++*count;
+    }
+    return GP_OK;
 }
 
 gp_status gp_cpu_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const float *x,

@@ -24,8 +24,8 @@
  * inside are cloned with it), where the rest of the library is built for
  * the baseline.  No contraction into fused multiply-adds anywhere
  * (-ffp-contract=off), so an elementwise result is the same bits in every
- * version; reductions vectorised across more lanes may sum in another
- * order (the same on every run on one kind of processor).  GP_ISA_CLONES (CMake's GPIPE_ISA_CLONES): 4, 3 (AVX2 and the
+ * version; reductions keep it by fixing their order (batch norm's lanes,
+ * cpu_bn.c).  GP_ISA_CLONES (CMake's GPIPE_ISA_CLONES): 4, 3 (AVX2 and the
  * baseline: an AVX2-only processor's loops, on any processor) or 0. */
 #if defined(GP_ISA_CLONES) && GP_ISA_CLONES == 4
 #define GP_CPU_LOOPS __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
@@ -164,6 +164,8 @@ typedef struct gp_cpu_ctx {
     cpu_conv_layout conv_layout;
     bool keep_weights;        /* keep reordered weights while frozen;
                                  GPIPE_CPU_KEEP_WEIGHTS=0 turns it off */
+    bool keep_blocks;         /* act_block may say a block;
+                                 GPIPE_CPU_KEEP_BLOCKS=0 turns it off */
     /* Weight gradients held in the primitives' layout while frozen, one per
      * gradient tensor, in the order first held (cpu_dnnl.c, "Held
      * gradients"). */
@@ -254,6 +256,12 @@ void gp_cpu_cache_destroy(gp_cpu_ctx *ctx);
 
 /* The iface slots implemented in cpu_dnnl.c, cpu_bn.c, cpu_pool.c, cpu_math.c,
  * cpu_upsample.c and cpu_comm.c. */
+/* act_block (backend.h). */
+int64_t gp_cpu_act_block(gp_device *dev, const gp_conv_desc *d);
+/* For tests: how many of the activation operands (x / dx, y / dy) of the
+ * three primitives of convolution d (built if they are not) go through a
+ * reorder: 0 when d's blocks are the primitives' own layouts. */
+gp_status gp_cpu_conv_act_reorders(gp_device *dev, const gp_conv_desc *d, int *count);
 gp_status gp_cpu_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x,
                           const float *w, const float *b, float *y);
 gp_status gp_cpu_conv_bwd_data(gp_device *dev, const gp_conv_desc *d,

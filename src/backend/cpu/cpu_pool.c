@@ -14,6 +14,12 @@
  * count_include_pad=False) or by kh * kw (GP_POOL_AVG_INCLUDE_PAD, the
  * padded window, PyTorch's default) and needs no workspace.  Every axis
  * has its own kernel, stride and padding.
+ *
+ * On a channel-blocked layout (backend.h; a stage's chain between two
+ * convolutions) one loop serves every kind: each window is scanned in the
+ * plain loops' order for the block's channels at once, so the maximum, its
+ * position (the first on ties) and the sums are those of the plain layout,
+ * bit for bit; the workspace then lies in the blocked order too.
  */
 #include "backend/cpu/cpu_impl.h"
 
@@ -28,16 +34,19 @@ static gp_status pool_check(gp_device *dev, const gp_pool_desc *d)
         (d->ow - 1) * d->sw - d->pw >= d->w || (d->oh - 1) * d->sh + d->kh > d->h + 2 * d->ph ||
         (d->ow - 1) * d->sw + d->kw > d->w + 2 * d->pw ||
         (d->kind != GP_POOL_MAX && d->kind != GP_POOL_AVG &&
-         d->kind != GP_POOL_AVG_INCLUDE_PAD))
+         d->kind != GP_POOL_AVG_INCLUDE_PAD) ||
+        (d->blk && ((d->blk != 8 && d->blk != 16) || d->c % d->blk)))
         return gp_error_set(GP_ERR_INVALID,
                             "device %s: invalid pooling (kind %d n=%lld c=%lld h=%lld w=%lld "
-                            "kernel %lldx%lld stride %lldx%lld pad %lldx%lld output %lldx%lld); "
-                            "padding must be smaller than the kernel and every window must "
-                            "overlap the image and end inside the padding",
+                            "kernel %lldx%lld stride %lldx%lld pad %lldx%lld output %lldx%lld, "
+                            "block %lld); padding must be smaller than the kernel, every "
+                            "window must overlap the image and end inside the padding, and a "
+                            "channel block is 8 or 16 and divides the channels",
                             dev->name, (int)d->kind, (long long)d->n, (long long)d->c,
                             (long long)d->h, (long long)d->w, (long long)d->kh, (long long)d->kw,
                             (long long)d->sh, (long long)d->sw, (long long)d->ph,
-                            (long long)d->pw, (long long)d->oh, (long long)d->ow);
+                            (long long)d->pw, (long long)d->oh, (long long)d->ow,
+                            (long long)d->blk);
     return GP_OK;
 }
 
@@ -72,6 +81,119 @@ static inline win window(const gp_pool_desc *d, int64_t oh, int64_t ow)
     return v;
 }
 
+
+/* ---- blocked layouts ------------------------------------------------------ */
+
+/* One block plane (B channels of one sample): x (H, W, B), y (OH, OW, B). */
+static inline __attribute__((always_inline)) void
+fwd_block(const gp_pool_desc *d, const float *xp, float *yp, void *wsp, int wide, const int64_t B)
+{
+    const int max = d->kind == GP_POOL_MAX;
+    for (int64_t oh = 0; oh < d->oh; oh++)
+        for (int64_t ow = 0; ow < d->ow; ow++) {
+            win v = window(d, oh, ow);
+            int64_t o = (oh * d->ow + ow) * B;
+            if (max) {
+                float best[16];
+                int32_t arg[16];
+                const float *f = xp + (v.i0 * d->w + v.j0) * B;
+                int32_t a0 = (int32_t)((v.i0 - v.r0) * d->kw + (v.j0 - v.c0));
+#pragma omp simd
+                for (int64_t b = 0; b < B; b++) best[b] = f[b], arg[b] = a0;
+                for (int64_t i = v.i0; i < v.i1; i++)
+                    for (int64_t j = v.j0; j < v.j1; j++) {
+                        const float *e = xp + (i * d->w + j) * B;
+                        int32_t a = (int32_t)((i - v.r0) * d->kw + (j - v.c0));
+#pragma omp simd
+                        for (int64_t b = 0; b < B; b++) {
+                            bool gt = e[b] > best[b];
+                            best[b] = gt ? e[b] : best[b];
+                            arg[b] = gt ? a : arg[b];
+                        }
+                    }
+                for (int64_t b = 0; b < B; b++) yp[o + b] = best[b];
+                if (wsp) {
+                    if (wide)
+                        for (int64_t b = 0; b < B; b++) ((int32_t *)wsp)[o + b] = arg[b];
+                    else
+                        for (int64_t b = 0; b < B; b++) ((uint8_t *)wsp)[o + b] = (uint8_t)arg[b];
+                }
+            } else {
+                float sum[16];
+                for (int64_t b = 0; b < B; b++) sum[b] = 0.0f;
+                for (int64_t i = v.i0; i < v.i1; i++)
+                    for (int64_t j = v.j0; j < v.j1; j++) {
+                        const float *e = xp + (i * d->w + j) * B;
+#pragma omp simd
+                        for (int64_t b = 0; b < B; b++) sum[b] += e[b];
+                    }
+                float cnt = avg_count(d, v.i1 - v.i0, v.j1 - v.j0);
+                for (int64_t b = 0; b < B; b++) yp[o + b] = sum[b] / cnt;
+            }
+        }
+}
+
+static inline __attribute__((always_inline)) void
+bwd_block(const gp_pool_desc *d, const float *gp, float *dp, const void *wsp, int wide,
+          const int64_t B)
+{
+    const int max = d->kind == GP_POOL_MAX;
+    memset(dp, 0, (size_t)(d->h * d->w * B) * sizeof(float));
+    for (int64_t oh = 0; oh < d->oh; oh++)
+        for (int64_t ow = 0; ow < d->ow; ow++) {
+            win v = window(d, oh, ow);
+            int64_t o = (oh * d->ow + ow) * B;
+            if (max) {
+                for (int64_t b = 0; b < B; b++) {
+                    int64_t arg = wide ? ((const int32_t *)wsp)[o + b]
+                                       : ((const uint8_t *)wsp)[o + b];
+                    int64_t i = v.r0 + arg / d->kw, j = v.c0 + arg % d->kw;
+                    dp[(i * d->w + j) * B + b] += gp[o + b];
+                }
+            } else {
+                float g[16];
+                float cnt = avg_count(d, v.i1 - v.i0, v.j1 - v.j0);
+                for (int64_t b = 0; b < B; b++) g[b] = gp[o + b] / cnt;
+                for (int64_t i = v.i0; i < v.i1; i++)
+                    for (int64_t j = v.j0; j < v.j1; j++) {
+                        float *e = dp + (i * d->w + j) * B;
+#pragma omp simd
+                        for (int64_t b = 0; b < B; b++) e[b] += g[b];
+                    }
+            }
+        }
+}
+
+GP_CPU_LOOPS
+static void pool_block_plane(const gp_pool_desc *d, bool fwd, const float *in, float *out,
+                             void *ws)
+{
+    const int wide = ws_wide(d);
+    if (fwd) {
+        if (d->blk == 16) fwd_block(d, in, out, ws, wide, 16);
+        else fwd_block(d, in, out, ws, wide, 8);
+    } else {
+        if (d->blk == 16) bwd_block(d, in, out, ws, wide, 16);
+        else bwd_block(d, in, out, ws, wide, 8);
+    }
+}
+
+/* Planes of B channels: (n, c / B), each in L1 like a plain plane. */
+static void pool_blocked(gp_device *dev, const gp_pool_desc *d, bool fwd, const float *in,
+                         float *out, const void *ws)
+{
+    const int64_t planes = d->n * (d->c / d->blk), hw = d->h * d->w * d->blk,
+                  ohw = d->oh * d->ow * d->blk;
+    const size_t wsz = ws_wide(d) ? sizeof(int32_t) : 1;
+    int nt = dev->threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (planes * hw >= 32768)
+    for (int64_t p = 0; p < planes; p++) {
+        void *w = ws ? (char *)ws + (size_t)(p * ohw) * wsz : NULL;
+        if (fwd) pool_block_plane(d, true, in + p * hw, out + p * ohw, w);
+        else pool_block_plane(d, false, in + p * ohw, out + p * hw, w);
+    }
+}
+
 /* 2x2 stride-2 max pooling without padding (the common case): branch-free
  * selects over a row of outputs, which the compiler vectorises. */
 GP_CPU_LOOPS
@@ -101,6 +223,10 @@ gp_status gp_cpu_pool_fwd(gp_device *dev, const gp_pool_desc *d, const float *x,
                           void *ws)
 {
     GP_TRY(pool_check(dev, d));
+    if (d->blk) {
+        pool_blocked(dev, d, true, x, y, ws);
+        return GP_OK;
+    }
     if (d->kind == GP_POOL_MAX && d->kh == 2 && d->kw == 2 && d->sh == 2 && d->sw == 2 &&
         d->ph == 0 && d->pw == 0) {
         const int64_t planes = d->n * d->c, hw = d->h * d->w, ohw = d->oh * d->ow;
@@ -157,6 +283,10 @@ gp_status gp_cpu_pool_bwd(gp_device *dev, const gp_pool_desc *d, const float *x,
                             "device %s: max-pooling backward needs the workspace written by "
                             "pool_fwd (pool_ws_bytes = %zu bytes)", dev->name,
                             gp_cpu_pool_ws_bytes(dev, d));
+    if (d->blk) {
+        pool_blocked(dev, d, false, dy, dx, ws);
+        return GP_OK;
+    }
     const int64_t planes = d->n * d->c, hw = d->h * d->w, ohw = d->oh * d->ow;
     int nt = dev->threads;
 #pragma omp parallel for schedule(static) num_threads(nt) if (planes * hw >= 32768)
