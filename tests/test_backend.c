@@ -868,14 +868,20 @@ static void test_blocked_conv(gp_device *dev, int64_t n, int64_t c, int64_t hw, 
     check_same_bits(w, dw[1], dw[0], nw);
     snprintf(w + l, sizeof w - (size_t)l, "db +=");
     check_same_bits(w, dbias[1], dbias[0], k);
-    int64_t own = gp_dev_act_block(dev, &d);
-    if (own && own == xb_ && own == yb_) {
-        int reorders = -1, plain = -1;
-        CHECK_OK(gp_cpu_conv_act_reorders(dev, &db, &reorders));
-        CHECK_OK(gp_cpu_conv_act_reorders(dev, &d, &plain));
-        CHECK_MSG(reorders == 0 && plain == 6,
-                  "%s: %d activation reorders in the device's block %lld (plain: %d of 6)", w,
-                  reorders, (long long)own, plain);
+    /* in the device's own blocks (act_block, per side) nothing is reordered
+     * (a first layer's backward-data, which a first layer never runs, aside);
+     * plain, each blocked side is reordered in forward and backward-weights */
+    int64_t ox = gp_dev_act_block(dev, &d, false), oy = gp_dev_act_block(dev, &d, true);
+    if ((ox || oy) && ox == xb_ && oy == yb_) {
+        int got[3] = {-1, -1, -1}, plain[3] = {-1, -1, -1};
+        CHECK_OK(gp_cpu_conv_act_reorders(dev, &db, got));
+        CHECK_OK(gp_cpu_conv_act_reorders(dev, &d, plain));
+        int sides = (ox != 0) + (oy != 0);
+        CHECK_MSG(got[0] == 0 && got[2] == 0 && (got[1] == 0 || !ox) && plain[0] == sides &&
+                      plain[2] == sides,
+                  "%s: activation reorders %d/%d/%d in the device's blocks %lld/%lld (plain: "
+                  "%d/%d/%d)", w, got[0], got[1], got[2], (long long)ox, (long long)oy,
+                  plain[0], plain[1], plain[2]);
     }
     for (int q = 0; q < 2; q++) {
         dfree(dev, y[q], ny), dfree(dev, dx[q], nx), dfree(dev, dw[q], nw), dfree(dev, dbias[q], k);
@@ -890,10 +896,17 @@ static void test_blocked(gp_device *dev)
     /* the block a direct convolution computes in here: 16 with AVX-512,
      * 8 with AVX2 (every machine this project builds on has one of them) */
     gp_conv_desc probe = {1, 32, 14, 14, 32, 3, 3, 1, 1, 1, 1, 14, 14, 1, 0, 0};
-    int64_t own = gp_dev_act_block(dev, &probe);
-    CHECK_MSG(own == 8 || own == 16, "act_block of a 32 -> 32 3x3 convolution: %lld", (long long)own);
-    probe.c = 3;
-    CHECK_MSG(gp_dev_act_block(dev, &probe) == 0, "act_block of a 3-channel input is not 0");
+    int64_t own = gp_dev_act_block(dev, &probe, true);
+    CHECK_MSG((own == 8 || own == 16) && gp_dev_act_block(dev, &probe, false) == own,
+              "act_block of a 32 -> 32 3x3 convolution: %lld", (long long)own);
+    probe.c = 3; /* 3 channels: blocked, but not in blocks of 8 or 16 */
+    CHECK_MSG(gp_dev_act_block(dev, &probe, false) == 0 && gp_dev_act_block(dev, &probe, true) == own,
+              "act_block of a 3-channel input");
+    probe.c = 1; /* a first layer: plain input, blocked output */
+    CHECK_MSG(gp_dev_act_block(dev, &probe, false) == 0 && gp_dev_act_block(dev, &probe, true) == own,
+              "act_block of a 1-channel input");
+    probe.k = 4; /* too few outputs: plain */
+    CHECK_MSG(gp_dev_act_block(dev, &probe, true) == 0, "act_block of 4 output channels");
     for (int64_t B = 8; B <= 16; B += 8) {
         test_blocked_bn(dev, 3, 32, 49, B);  /* 7x7: a tail of 17 after the lanes */
         test_blocked_bn(dev, 2, 16, 196, B); /* 14x14 */
@@ -906,6 +919,8 @@ static void test_blocked(gp_device *dev)
         test_blocked_conv(dev, 2, 32, 9, 32, 3, 1, B, B);
         test_blocked_conv(dev, 3, 16, 8, 32, 3, 2, B, 0);
         test_blocked_conv(dev, 3, 16, 8, 16, 1, 1, 0, B);
+        test_blocked_conv(dev, 2, 1, 9, 16, 3, 1, 0, B); /* a first layer */
+        test_blocked_conv(dev, 2, 2, 8, 32, 3, 2, 0, B);
     }
     float v[64] = {0};
     gp_bn_desc bad = {2, 12, 1, 1e-5f, 8};

@@ -647,15 +647,15 @@ typedef struct gp_device_iface {
     gp_status (*bf16_pack)(gp_device *dev, uint16_t *dst, const float *src, int64_t n);
     gp_status (*bf16_unpack)(gp_device *dev, float *dst, const uint16_t *src, int64_t n);
     /* act_block (optional; NULL: every layout plain): the channel block B
-     * in which this device's convolution d computes both its input and its
-     * output (nChw<B>c; the block of its x, dx, y and dy alike), or 0 when
-     * it computes in another layout or the plain one.  Independent of d->n
-     * and of d's own xblk / yblk.  A block only spares the reorders around
+     * in which this device's convolution d computes its output (output:
+     * y and dy) or its input (!output: x and dx), nChw<B>c, or 0 when it
+     * computes that side in another layout or the plain one.  Independent
+     * of d->n and of d's own xblk / yblk.  A block only spares the reorders around
      * the convolution: a conv, pool or batch norm given any block this
      * backend takes computes the same bits as on the plain layout (the
      * CPU's: the same kernels, and batch norm's sums in one order for every
      * layout, cpu_bn.c). */
-    int64_t (*act_block)(gp_device *dev, const gp_conv_desc *d);
+    int64_t (*act_block)(gp_device *dev, const gp_conv_desc *d, bool output);
 } gp_device_iface;
 
 #define GP_CHAN_ID_BYTES 256
@@ -1032,9 +1032,9 @@ static inline gp_status gp_dev_dropout_mask(gp_device *dev, float *mask, int64_t
     return dev->iface->dropout_mask(dev, mask, n, p, seed, stream, first);
 }
 /* act_block (0 where the backend has none). */
-static inline int64_t gp_dev_act_block(gp_device *dev, const gp_conv_desc *d)
+static inline int64_t gp_dev_act_block(gp_device *dev, const gp_conv_desc *d, bool output)
 {
-    return dev->iface->act_block ? dev->iface->act_block(dev, d) : 0;
+    return dev->iface->act_block ? dev->iface->act_block(dev, d, output) : 0;
 }
 /* bf16_pack / bf16_unpack (GP_ERR_UNSUPPORTED where the backend has none). */
 gp_status gp_dev_bf16_pack(gp_device *dev, uint16_t *dst, const float *src, int64_t n);

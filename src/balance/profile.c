@@ -460,6 +460,45 @@ static void workspace_seen(gp_device *dev, uint64_t searched, size_t *most)
     if (a.peak_by[GP_MEM_WORKSPACE] > *most) *most = a.peak_by[GP_MEM_WORKSPACE];
 }
 
+/* The activation layouts a one-stage run of the whole model takes on
+ * devices like `dev` (gp_layers_blocked), so that each layer is timed as it
+ * runs in a stage: a convolution inside a blocked chain without the
+ * reorders around it.  A chain a stage boundary cuts runs plain at the cut
+ * (the profile does not know the partition): those two layers are timed a
+ * little fast.  Where a layer cannot be made here everything stays plain
+ * (the main pass names the error). */
+static void plan_blocks(const gp_layer_spec *specs, int L, const gp_skip_map *map,
+                        const gp_shape *input, gp_device *dev, int64_t *in_blk,
+                        int64_t *out_blk)
+{
+    gp_layer *m = calloc((size_t)L, sizeof *m);
+    gp_shape *outs = calloc((size_t)L, sizeof *outs);
+    int made = 0;
+    bool ok = m && outs;
+    for (; ok && made < L; made++) {
+        gp_shape in[1 + GP_MAX_POPS];
+        gp_skip_map_inputs(map, made, input, outs, in);
+        if (gp_layer_meta(&specs[made], made, in, &m[made]) != GP_OK) {
+            gp_error_clear();
+            ok = false;
+            break;
+        }
+        outs[made] = m[made].out_shape;
+        m[made].dev = dev;
+    }
+    if (ok) gp_layers_blocked(m, L);
+    for (int k = 0; k < L; k++) {
+        in_blk[k] = ok ? m[k].in_blk : 0;
+        out_blk[k] = ok ? m[k].out_blk : 0;
+    }
+    for (int k = 0; m && k < made; k++) {
+        m[k].dev = NULL;
+        gp_layer_destroy(&m[k]);
+    }
+    free(m);
+    free(outs);
+}
+
 /* Everything measured about layer k, on its own device `dev`. */
 static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer *l,
                                gp_device *dev, gp_device *peer, int k, bool first_trainable,
@@ -712,12 +751,14 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
     gp_skip_map map = {0};
     gp_shape *outs = malloc((size_t)L * sizeof *outs);
     bool *inplace = calloc((size_t)L, sizeof *inplace), *unkept = calloc((size_t)L, sizeof *unkept);
+    int64_t *blk = calloc(2 * (size_t)L, sizeof *blk);
     gp_status s = GP_OK;
-    if (!pool || !outs || !inplace || !unkept)
+    if (!pool || !outs || !inplace || !unkept || !blk)
         s = gp_error_set(GP_ERR_OOM, "out of host memory");
     if (s == GP_OK) s = gp_skip_map_build(specs, L, &map);
     if (s == GP_OK) gp_layer_specs_inplace(specs, L, inplace);
     if (s == GP_OK) gp_layer_specs_unkept(specs, L, inplace, unkept);
+    if (s == GP_OK) plan_blocks(specs, L, &map, &input_shape, peer, blk, blk + L);
     /* Cold caches: the model's parameter and gradient bytes, from a pass
      * that builds each layer once (CPU devices, timed profiles). */
     evictor ev = {0};
@@ -767,6 +808,8 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
             gp_device_close(dev);
             break;
         }
+        l.in_blk = blk[k];
+        l.out_blk = blk[L + k];
         gp_layer_mem *mm = &out->mem[k];
         gp_layer_describe(&l, mm->desc, sizeof mm->desc);
         gp_profile_layer_spec(&specs[k], mm->spec, sizeof mm->spec);
@@ -859,6 +902,7 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
     free(outs);
     free(inplace);
     free(unkept);
+    free(blk);
     gp_skip_map_free(&map);
     free(ev.buf);
     gp_device_close(peer);

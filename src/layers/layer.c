@@ -622,25 +622,25 @@ static bool blocks_through(const gp_layer *l, const gp_device *dev)
     }
 }
 
-static int64_t conv_block(const gp_layer *l)
+static int64_t conv_block(const gp_layer *l, bool output)
 {
     if (l->spec.type != GP_LAYER_CONV2D || l->n_in != 1 || !l->dev) return 0;
     gp_conv_desc d = gp_conv2d_desc(l, 1);
     d.xblk = d.yblk = 0;
-    return gp_dev_act_block(l->dev, &d);
+    return gp_dev_act_block(l->dev, &d, output);
 }
 
 void gp_layers_blocked(gp_layer *layers, int count)
 {
     for (int c = 0; c < count; c++) layers[c].in_blk = layers[c].out_blk = 0;
     for (int a = 0; a < count; a++) {
-        int64_t blk = conv_block(&layers[a]);
+        int64_t blk = conv_block(&layers[a], true);
         if (!blk) continue;
         int b = a + 1;
         while (b < count && !layers[b - 1].spec.stash[0] && blocks_through(&layers[b], layers[a].dev))
             b++;
         if (b >= count || layers[b - 1].spec.stash[0] || layers[b].dev != layers[a].dev ||
-            conv_block(&layers[b]) != blk)
+            conv_block(&layers[b], false) != blk)
             continue;
         for (int c = a; c < b; c++) layers[c].out_blk = blk;
         for (int c = a + 1; c <= b; c++) layers[c].in_blk = blk;

@@ -359,7 +359,9 @@ void gp_layers_inplace(const gp_layer *layers, int count, bool *inplace);
  * relu, leaky_relu, maxpool2d or avgpool2d (each of which computes the same
  * bits on either layout), both convolutions take the same block on their
  * device, and no skip stashes any of those outputs (its pop reads them
- * later, in whatever layout it wants).  Sets every layer's in_blk / out_blk
+ * later, in whatever layout it wants); the first convolution may take a
+ * plain input (a first layer's 1 to 3 channels, backend.h's act_block per
+ * side).  Sets every layer's in_blk / out_blk
  * (0 elsewhere); the run's input and output stay plain, so what crosses a
  * stage boundary is plain and the stages' results equal the one-device
  * run's, whatever the partition.  What it spares: the reorders from plain

@@ -526,11 +526,20 @@ typedef struct conv_build {
  * its 8 -> 1 1x1 output convolution is 5x faster plain (0.6 vs 2.9 ms: the
  * reorders and the padding to 16 outweigh one output channel), and so is
  * a 1-channel input (Fashion-MNIST's first layer, bench_ops). */
+enum { CONV_PLAIN = 0, CONV_BLOCKED, CONV_FIRST };
+
 static int conv_use_blocked(const gp_cpu_ctx *ctx, const gp_conv_desc *d)
 {
-    if (ctx->conv_layout == CPU_CONV_PLAIN) return 0;
-    if (ctx->conv_layout == CPU_CONV_BLOCKED) return 1;
-    return d->k >= 8 && d->c >= 3;
+    if (ctx->conv_layout == CPU_CONV_PLAIN) return CONV_PLAIN;
+    if (ctx->conv_layout == CPU_CONV_BLOCKED) return CONV_BLOCKED;
+    if (d->k < 8) return CONV_PLAIN;
+    if (d->c >= 3) return CONV_BLOCKED;
+    /* 1 or 2 input channels (a first layer): alone the plain gemm path is
+     * as fast, but when the output may stay blocked (keep_blocks, whether
+     * or not this one's does: the choice must not depend on the
+     * partition) the direct kernel from plain input to blocked output wins
+     * (bench/README.md, "Blocked layouts across a stage") */
+    return ctx->keep_blocks && !ctx->bf16 ? CONV_FIRST : CONV_PLAIN;
 }
 
 /* The interface layout of an activation: plain, or a channel block
@@ -543,19 +552,20 @@ static dnnl_format_tag_t act_tag(int64_t blk)
 /* The block oneDNN's direct convolutions compute in on this processor (as
  * far as ONEDNN_MAX_CPU_ISA lets them): nChw16c with AVX-512, nChw8c with
  * AVX2 (bench/README.md, "Blocked layouts across a stage", has the
- * ONEDNN_VERBOSE lines that show it).  Where the guess were wrong the
- * primitive would reorder, as it does for plain tensors: slower, not
- * different. */
-int64_t gp_cpu_act_block(gp_device *dev, const gp_conv_desc *d)
+ * ONEDNN_VERBOSE lines that show it); a CONV_FIRST convolution's input
+ * stays plain.  Where the guess were wrong the primitive would reorder, as
+ * it does for plain tensors: slower, not different. */
+int64_t gp_cpu_act_block(gp_device *dev, const gp_conv_desc *d, bool output)
 {
     gp_cpu_ctx *ctx = gp_cpu_ctx_of(dev);
-    if (!ctx->keep_blocks || ctx->bf16 || !conv_use_blocked(ctx, d))
+    int mode = conv_use_blocked(ctx, d);
+    if (!ctx->keep_blocks || ctx->bf16 || !mode || (mode == CONV_FIRST && !output))
         return 0; /* bf16: the reorder converts anyway */
     dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
     int64_t b = (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core ? 16
                 : (isa & dnnl_cpu_isa_avx2) == dnnl_cpu_isa_avx2                ? 8
                                                                                  : 0;
-    return b && d->c % b == 0 && d->k % b == 0 ? b : 0;
+    return b && (output ? d->k : d->c) % b == 0 ? b : 0;
 }
 
 enum { CONV_SLOT_X, CONV_SLOT_W, CONV_SLOT_B, CONV_SLOT_Y };
@@ -581,14 +591,19 @@ static gp_status build_conv(gp_cpu_ctx *ctx, cpu_op *op, const void *desc)
     dnnl_data_type_t dy_t = cb->kind == CPU_OP_CONV_FWD ? dnnl_f32 : in;
     dnnl_data_type_t x_t = cb->kind == CPU_OP_CONV_BWD_DATA ? dnnl_f32 : in;
     dnnl_data_type_t w_t = cb->kind == CPU_OP_CONV_BWD_WEIGHTS ? dnnl_f32 : in;
-    GP_TRY(md_init_t(&src_any, 4, sd, x_t, cb->blocked ? dnnl_format_tag_any : dnnl_nchw));
-    GP_TRY(md_init_t(&wei_any, 4, wd, w_t, cb->blocked ? dnnl_format_tag_any : dnnl_oihw));
-    GP_TRY(md_init_t(&dst_any, 4, dd, dy_t, cb->blocked ? dnnl_format_tag_any : dnnl_nchw));
+    /* CONV_FIRST: the input stays plain (a few channels: blocking would pad
+     * them to the block), weights and output in the primitive's layouts */
+    dnnl_format_tag_t xf = cb->blocked == CONV_BLOCKED ? dnnl_format_tag_any : dnnl_nchw;
+    dnnl_format_tag_t wf = cb->blocked ? dnnl_format_tag_any : dnnl_oihw;
+    dnnl_format_tag_t yf = cb->blocked ? dnnl_format_tag_any : dnnl_nchw;
+    GP_TRY(md_init_t(&src_any, 4, sd, x_t, xf));
+    GP_TRY(md_init_t(&wei_any, 4, wd, w_t, wf));
+    GP_TRY(md_init_t(&dst_any, 4, dd, dy_t, yf));
     /* the forward that hints the backwards' layouts: bf16 operands too */
     dnnl_memory_desc_t hsrc, hwei, hdst;
-    GP_TRY(md_init_t(&hsrc, 4, sd, in, cb->blocked ? dnnl_format_tag_any : dnnl_nchw));
-    GP_TRY(md_init_t(&hwei, 4, wd, in, cb->blocked ? dnnl_format_tag_any : dnnl_oihw));
-    GP_TRY(md_init_t(&hdst, 4, dd, dnnl_f32, cb->blocked ? dnnl_format_tag_any : dnnl_nchw));
+    GP_TRY(md_init_t(&hsrc, 4, sd, in, xf));
+    GP_TRY(md_init_t(&hwei, 4, wd, in, wf));
+    GP_TRY(md_init_t(&hdst, 4, dd, dnnl_f32, yf));
     dnnl_dims_t strides = {d->sh, d->sw}, pl = {d->ph, d->pw};
     dnnl_dims_t pr = {pad_right(d->h, d->kh, d->sh, d->ph, d->oh),
                       pad_right(d->w, d->kw, d->sw, d->pw, d->ow)};
@@ -696,16 +711,17 @@ gp_status gp_cpu_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const floa
     return op_run(dev, op, p);
 }
 
-gp_status gp_cpu_conv_act_reorders(gp_device *dev, const gp_conv_desc *d, int *count)
+gp_status gp_cpu_conv_act_reorders(gp_device *dev, const gp_conv_desc *d, int count[3])
 {
-    *count = 0;
     for (int kind = CPU_OP_CONV_FWD; kind <= CPU_OP_CONV_BWD_WEIGHTS; kind++) {
         cpu_op *op = NULL;
+        int *c = &count[kind - CPU_OP_CONV_FWD];
+        *c = 0;
         GP_TRY(conv_op(dev, (cpu_op_kind)kind, d, &op));
         for (int i = 0; i < op->nargs; i++)
             if (op->args[i].reorder &&
                 (op->args[i].slot == CONV_SLOT_X || op->args[i].slot == CONV_SLOT_Y))
-                ++*count;
+                ++*c;
     }
     return GP_OK;
 }

@@ -257,11 +257,12 @@ void gp_cpu_cache_destroy(gp_cpu_ctx *ctx);
 /* The iface slots implemented in cpu_dnnl.c, cpu_bn.c, cpu_pool.c, cpu_math.c,
  * cpu_upsample.c and cpu_comm.c. */
 /* act_block (backend.h). */
-int64_t gp_cpu_act_block(gp_device *dev, const gp_conv_desc *d);
-/* For tests: how many of the activation operands (x / dx, y / dy) of the
- * three primitives of convolution d (built if they are not) go through a
- * reorder: 0 when d's blocks are the primitives' own layouts. */
-gp_status gp_cpu_conv_act_reorders(gp_device *dev, const gp_conv_desc *d, int *count);
+int64_t gp_cpu_act_block(gp_device *dev, const gp_conv_desc *d, bool output);
+/* For tests: how many of the activation operands (x / dx, y / dy) of each
+ * of the three primitives of convolution d (forward, backward-data,
+ * backward-weights; built if they are not) go through a reorder: 0 when
+ * d's blocks are the primitive's own layouts. */
+gp_status gp_cpu_conv_act_reorders(gp_device *dev, const gp_conv_desc *d, int count[3]);
 gp_status gp_cpu_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x,
                           const float *w, const float *b, float *y);
 gp_status gp_cpu_conv_bwd_data(gp_device *dev, const gp_conv_desc *d,
