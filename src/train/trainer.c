@@ -748,6 +748,7 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
     }
     bool *unkept = inplace + m.n_layers;
     for (int j = 0, f0 = 0; j < m.n_stages; f0 += m.balance[j++]) {
+        gp_layers_blocked(m.layers + f0, m.balance[j]);
         gp_layers_inplace(m.layers + f0, m.balance[j], inplace + f0);
         gp_layers_unkept(m.layers + f0, m.balance[j], inplace + f0, unkept + f0);
     }
@@ -767,6 +768,9 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
             snprintf(sk + strlen(sk), sizeof sk - strlen(sk), "  pop %s", l->spec.pop[q]);
         if (inplace[k]) snprintf(sk + strlen(sk), sizeof sk - strlen(sk), "  in place");
         if (unkept[k]) snprintf(sk + strlen(sk), sizeof sk - strlen(sk), "  not kept");
+        if (l->out_blk) /* gp_layers_blocked: the convolutions' own layout */
+            snprintf(sk + strlen(sk), sizeof sk - strlen(sk), "  out nChw%lldc",
+                     (long long)l->out_blk);
         int64_t np = gp_layer_param_count(l);
         double fl = l->ops->flops(l, b);
         bool own = !inplace[k] && !unkept[k]; /* the output is kept for backward */
