@@ -953,20 +953,26 @@ static inline gp_status gp_dev_sum_rows(gp_device *dev, const float *dy, float *
 {
     return dev->iface->sum_rows(dev, dy, db, rows, cols);
 }
+/* A block on a backend without act_block: GP_ERR_INVALID (it would read
+ * the bytes as plain). */
+gp_status gp_dev_no_blocks(const gp_device *dev, const char *what);
 static inline gp_status gp_dev_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x,
                                         const float *w, const float *b, float *y)
 {
+    if ((d->xblk || d->yblk) && !dev->iface->act_block) return gp_dev_no_blocks(dev, "convolution");
     return dev->iface->conv_fwd(dev, d, x, w, b, y);
 }
 static inline gp_status gp_dev_conv_bwd_data(gp_device *dev, const gp_conv_desc *d,
                                              const float *w, const float *dy, float *dx)
 {
+    if ((d->xblk || d->yblk) && !dev->iface->act_block) return gp_dev_no_blocks(dev, "convolution");
     return dev->iface->conv_bwd_data(dev, d, w, dy, dx);
 }
 static inline gp_status gp_dev_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d,
                                                 const float *x, const float *dy, float *dw,
                                                 float *db)
 {
+    if ((d->xblk || d->yblk) && !dev->iface->act_block) return gp_dev_no_blocks(dev, "convolution");
     return dev->iface->conv_bwd_weights(dev, d, x, dy, dw, db);
 }
 static inline size_t gp_dev_pool_ws_bytes(gp_device *dev, const gp_pool_desc *d)
@@ -976,12 +982,14 @@ static inline size_t gp_dev_pool_ws_bytes(gp_device *dev, const gp_pool_desc *d)
 static inline gp_status gp_dev_pool_fwd(gp_device *dev, const gp_pool_desc *d, const float *x,
                                         float *y, void *ws)
 {
+    if (d->blk && !dev->iface->act_block) return gp_dev_no_blocks(dev, "pooling");
     return dev->iface->pool_fwd(dev, d, x, y, ws);
 }
 static inline gp_status gp_dev_pool_bwd(gp_device *dev, const gp_pool_desc *d, const float *x,
                                         const float *y, const float *dy, float *dx,
                                         const void *ws)
 {
+    if (d->blk && !dev->iface->act_block) return gp_dev_no_blocks(dev, "pooling");
     return dev->iface->pool_bwd(dev, d, x, y, dy, dx, ws);
 }
 static inline gp_status gp_dev_bn_fwd_train(gp_device *dev, const gp_bn_desc *d,

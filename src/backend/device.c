@@ -517,6 +517,14 @@ static gp_status no_sync_bn(gp_device *dev, const char *what)
                         dev->iface->backend_name, what);
 }
 
+gp_status gp_dev_no_blocks(const gp_device *dev, const char *what)
+{
+    return gp_error_set(GP_ERR_INVALID,
+                        "device %s: a %s on a channel-blocked layout, which the %s backend "
+                        "does not take (no act_block); pass plain tensors", dev->name, what,
+                        dev->iface->backend_name);
+}
+
 gp_status gp_bn_desc_check(const gp_device *dev, const gp_bn_desc *d)
 {
     if (d->n <= 0 || d->c <= 0 || d->s <= 0 || !(d->eps >= 0.0f))

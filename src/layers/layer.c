@@ -608,12 +608,15 @@ static void inplace_rule(const char *spec0, size_t stride, int count, bool *inpl
 #undef SPEC
 }
 
-/* A layer that may sit between two convolutions in a blocked chain. */
-static bool blocks_through(const gp_layer *l, const gp_device *dev)
+/* A layer that may sit between two convolutions in a chain of block blk
+ * (a batch norm's blocked loops give each task a block of channels: fewer
+ * blocks than threads would leave threads idle). */
+static bool blocks_through(const gp_layer *l, const gp_device *dev, int64_t blk)
 {
     if (l->n_in != 1 || l->dev != dev) return false;
     switch (l->spec.type) {
-    case GP_LAYER_BATCHNORM: return l->in_shape.ndim == 4;
+    case GP_LAYER_BATCHNORM:
+        return l->in_shape.ndim == 4 && l->in_shape.dims[1] / blk >= dev->threads;
     case GP_LAYER_RELU:
     case GP_LAYER_LEAKY_RELU:
     case GP_LAYER_MAXPOOL2D:
@@ -637,7 +640,8 @@ void gp_layers_blocked(gp_layer *layers, int count)
         int64_t blk = conv_block(&layers[a], true);
         if (!blk) continue;
         int b = a + 1;
-        while (b < count && !layers[b - 1].spec.stash[0] && blocks_through(&layers[b], layers[a].dev))
+        while (b < count && !layers[b - 1].spec.stash[0] &&
+               blocks_through(&layers[b], layers[a].dev, blk))
             b++;
         if (b >= count || layers[b - 1].spec.stash[0] || layers[b].dev != layers[a].dev ||
             conv_block(&layers[b], false) != blk)

@@ -534,12 +534,14 @@ static int conv_use_blocked(const gp_cpu_ctx *ctx, const gp_conv_desc *d)
     if (ctx->conv_layout == CPU_CONV_BLOCKED) return CONV_BLOCKED;
     if (d->k < 8) return CONV_PLAIN;
     if (d->c >= 3) return CONV_BLOCKED;
-    /* 1 or 2 input channels (a first layer): alone the plain gemm path is
-     * as fast, but when the output may stay blocked (keep_blocks, whether
-     * or not this one's does: the choice must not depend on the
-     * partition) the direct kernel from plain input to blocked output wins
-     * (bench/README.md, "Blocked layouts across a stage") */
-    return ctx->keep_blocks && !ctx->bf16 ? CONV_FIRST : CONV_PLAIN;
+    /* 1 or 2 input channels (a first layer): the direct kernel from a plain
+     * input to a blocked output.  Alone (its output reordered to plain) it
+     * is about as fast as the gemm path; when its output stays blocked
+     * (gp_layers_blocked) it saves the reorders of the largest maps
+     * (bench/README.md, "Blocked layouts across a stage").  The choice
+     * depends on nothing but the shape and the device's precision, so the
+     * bits are the same whatever the partition or GPIPE_CPU_KEEP_BLOCKS. */
+    return ctx->bf16 ? CONV_PLAIN : CONV_FIRST;
 }
 
 /* The interface layout of an activation: plain, or a channel block
