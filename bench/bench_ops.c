@@ -83,12 +83,13 @@ static double conv_flops(const shape *sh)
 }
 
 /* Best-of-REPS seconds of the memory-bound ops after one conv of `sh`:
- * bn fwd+bwd, relu fwd+bwd, and (if pooled) max pool fwd+bwd. */
-static double time_other(gp_device *dev, const shape *sh, int pooled)
+ * bn fwd+bwd, relu fwd+bwd, and (if pooled) max pool fwd+bwd; on the plain
+ * layout, or (blk > 0) on the channel-blocked one of a stage's chain. */
+static double time_other(gp_device *dev, const shape *sh, int pooled, int64_t blk)
 {
     int64_t hw = sh->hw, n = BATCH * sh->k * hw * hw;
-    gp_bn_desc bd = {BATCH, sh->k, hw * hw, 1e-5f, 0};
-    gp_pool_desc pd = {BATCH, sh->k, hw, hw, 2, 2, 2, 2, 0, 0, hw / 2, hw / 2, GP_POOL_MAX, 0};
+    gp_bn_desc bd = {BATCH, sh->k, hw * hw, 1e-5f, blk};
+    gp_pool_desc pd = {BATCH, sh->k, hw, hw, 2, 2, 2, 2, 0, 0, hw / 2, hw / 2, GP_POOL_MAX, blk};
     int64_t np = BATCH * sh->k * (hw / 2) * (hw / 2);
     float *x = buf(dev, n, 1), *y = buf(dev, n, 0), *z = buf(dev, n, 0), *dz = buf(dev, n, 1);
     float *g = buf(dev, sh->k, 1), *be = buf(dev, sh->k, 1), *m = buf(dev, sh->k, 0);
@@ -116,8 +117,9 @@ static double time_other(gp_device *dev, const shape *sh, int pooled)
         for (int i = 0; r > 0 && i < 6; i++)
             if (t[i + 1] - t[i] < best[i]) best[i] = t[i + 1] - t[i];
     }
-    printf("  %4lld x %2lldx%-2lld: bn_fwd %6.2f relu_fwd %6.2f pool_fwd %6.2f pool_bwd %6.2f "
+    printf("  %4lld x %2lldx%-2lld %-7s: bn_fwd %6.2f relu_fwd %6.2f pool_fwd %6.2f pool_bwd %6.2f "
            "relu_bwd %6.2f bn_bwd %6.2f ms\n", (long long)sh->k, (long long)hw, (long long)hw,
+           blk ? (blk == 16 ? "nChw16c" : "nChw8c") : "plain",
            best[0] * 1e3, best[1] * 1e3, best[2] * 1e3, best[3] * 1e3, best[4] * 1e3,
            best[5] * 1e3);
     double tot = 0;
@@ -196,8 +198,12 @@ int main(int argc, char **argv)
     double other_t = 0;
     for (int s = 0; s < NSHAPES; s++) {
         int pooled = s % 2 == 1;
-        double t = time_other(dev, &shapes[s], pooled);
+        double t = time_other(dev, &shapes[s], pooled, 0);
         other_t += t;
+        gp_conv_desc cd = {BATCH, shapes[s].k, shapes[s].hw, shapes[s].hw, shapes[s].k, 3, 3, 1, 1,
+                           1, 1, shapes[s].hw, shapes[s].hw, 1, 0, 0};
+        int64_t blk = gp_dev_act_block(dev, &cd, true);
+        if (blk) time_other(dev, &shapes[s], pooled, blk);
     }
     double step_gf = conv_total_f / (conv_total_t + other_t) / 1e9;
     printf("\nconvnet step estimate (convs + bn/relu/pool, linear head omitted):\n"
