@@ -484,7 +484,7 @@ static void test_pool_hw(gp_device *dev, gp_pool_kind kind, int64_t n, int64_t c
                          int64_t pw)
 {
     gp_pool_desc d = {n, c, h, w, kh, kw, sh, sw, ph, pw,
-                      (h + 2 * ph - kh) / sh + 1, (w + 2 * pw - kw) / sw + 1, kind, 0};
+                      (h + 2 * ph - kh) / sh + 1, (w + 2 * pw - kw) / sw + 1, kind, 0, false};
     const char *kn = kind == GP_POOL_MAX ? "max" : kind == GP_POOL_AVG ? "avg" : "avg-incl-pad";
     int64_t nx = n * c * h * w, ny = n * c * d.oh * d.ow;
     float *x = drand(dev, nx), *dy = drand(dev, ny), *y = dalloc(dev, ny), *dx = dalloc(dev, nx);
@@ -571,7 +571,7 @@ static void test_pool(gp_device *dev)
     /* refused: an unknown kind; a window reaching past the padding (the
      * include-pad divisor kh * kw would count cells that are not there) */
     float *x = dalloc(dev, 2 * 3 * 7 * 9), *y = dalloc(dev, 2 * 3 * 7 * 9);
-    gp_pool_desc d = {2, 3, 7, 9, 3, 3, 2, 2, 1, 1, 4, 5, (gp_pool_kind)7, 0};
+    gp_pool_desc d = {2, 3, 7, 9, 3, 3, 2, 2, 1, 1, 4, 5, (gp_pool_kind)7, 0, false};
     CHECK_ERR(gp_dev_pool_fwd(dev, &d, x, y, NULL), GP_ERR_INVALID, "invalid pooling (kind 7");
     d.kind = GP_POOL_AVG_INCLUDE_PAD;
     d.oh = 5; /* (5 - 1) * 2 + 3 = 11 > 7 + 2 */
@@ -796,9 +796,7 @@ static void test_blocked_pool(gp_device *dev, gp_pool_kind kind, int64_t n, int6
                               int64_t w, int64_t k, int64_t st, int64_t pad, int64_t B)
 {
     gp_pool_desc d = {n, c, h, w, k, k, st, st, pad, pad, (h + 2 * pad - k) / st + 1,
-                      (w + 2 * pad - k) / st + 1, kind, 0};
-    gp_pool_desc db = d;
-    db.blk = B;
+                      (w + 2 * pad - k) / st + 1, kind, 0, false};
     int64_t nx = n * c * h * w, ny = n * c * d.oh * d.ow;
     float *x = drand(dev, nx), *dy = drand(dev, ny);
     for (int64_t i = 0; i < nx; i++) x[i] = floorf(x[i] * 3.0f) / 4.0f; /* ties in most windows */
@@ -806,21 +804,29 @@ static void test_blocked_pool(gp_device *dev, gp_pool_kind kind, int64_t n, int6
     float *xb = dblocked(dev, x, n, c, h * w, B), *dyb = dblocked(dev, dy, n, c, d.oh * d.ow, B);
     float *y[2] = {dalloc(dev, ny), dalloc(dev, ny)}, *dx[2] = {dalloc(dev, nx), dalloc(dev, nx)};
     size_t wsb = gp_dev_pool_ws_bytes(dev, &d);
-    CHECK(wsb == gp_dev_pool_ws_bytes(dev, &db));
     void *ws[2] = {NULL, NULL};
     for (int q = 0; q < 2 && wsb; q++) CHECK_OK(gp_dev_alloc(dev, wsb, GP_MEM_WORKSPACE, &ws[q]));
     CHECK_OK(gp_dev_pool_fwd(dev, &d, x, y[0], ws[0]));
-    CHECK_OK(gp_dev_pool_fwd(dev, &db, xb, y[1], ws[1]));
     CHECK_OK(gp_dev_pool_bwd(dev, &d, x, y[0], dy, dx[0], ws[0]));
-    CHECK_OK(gp_dev_pool_bwd(dev, &db, xb, y[1], dyb, dx[1], ws[1]));
-    char what[160];
-    snprintf(what, sizeof what, "blocked pool kind %d n%lld c%lld %lldx%lld k%lld s%lld p%lld B%lld y",
-             (int)kind, (long long)n, (long long)c, (long long)h, (long long)w, (long long)k,
-             (long long)st, (long long)pad, (long long)B);
-    check_blocked_bits(what, y[1], y[0], n, c, d.oh * d.ow, B);
-    what[strlen(what) - 1] = 0;
-    strcat(what, "dx");
-    check_blocked_bits(what, dx[1], dx[0], n, c, h * w, B);
+    /* blocked in and out, and blocked in with a plain out (a chain's end) */
+    for (int po = 0; po < 2; po++) {
+        gp_pool_desc db = d;
+        db.blk = B;
+        db.plain_out = po == 1;
+        CHECK(wsb == gp_dev_pool_ws_bytes(dev, &db));
+        CHECK_OK(gp_dev_pool_fwd(dev, &db, xb, y[1], ws[1]));
+        CHECK_OK(gp_dev_pool_bwd(dev, &db, xb, y[1], po ? dy : dyb, dx[1], ws[1]));
+        char what[200];
+        int l = snprintf(what, sizeof what, "blocked pool%s kind %d n%lld c%lld %lldx%lld k%lld "
+                         "s%lld p%lld B%lld ", po ? " (plain out)" : "", (int)kind, (long long)n,
+                         (long long)c, (long long)h, (long long)w, (long long)k, (long long)st,
+                         (long long)pad, (long long)B);
+        snprintf(what + l, sizeof what - (size_t)l, "y");
+        if (po) check_same_bits(what, y[1], y[0], ny);
+        else check_blocked_bits(what, y[1], y[0], n, c, d.oh * d.ow, B);
+        snprintf(what + l, sizeof what - (size_t)l, "dx");
+        check_blocked_bits(what, dx[1], dx[0], n, c, h * w, B);
+    }
     for (int q = 0; q < 2; q++) {
         if (ws[q]) gp_dev_free(dev, ws[q], wsb, GP_MEM_WORKSPACE);
         dfree(dev, y[q], ny), dfree(dev, dx[q], nx);
@@ -934,8 +940,10 @@ static void test_blocked(gp_device *dev)
     gp_bn_desc bad = {2, 12, 1, 1e-5f, 8};
     CHECK_ERR(gp_dev_bn_fwd_train(dev, &bad, v, NULL, NULL, v, v, v), GP_ERR_INVALID,
               "blocks of 8");
-    gp_pool_desc pbad = {1, 12, 2, 2, 2, 2, 2, 2, 0, 0, 1, 1, GP_POOL_MAX, 8};
+    gp_pool_desc pbad = {1, 12, 2, 2, 2, 2, 2, 2, 0, 0, 1, 1, GP_POOL_MAX, 8, false};
     CHECK_ERR(gp_dev_pool_fwd(dev, &pbad, v, v, NULL), GP_ERR_INVALID, "block 8");
+    pbad.c = 16, pbad.blk = 0, pbad.plain_out = true;
+    CHECK_ERR(gp_dev_pool_fwd(dev, &pbad, v, v, NULL), GP_ERR_INVALID, "block 0");
     gp_conv_desc cbad = {1, 12, 2, 2, 8, 1, 1, 1, 1, 0, 0, 2, 2, 0, 8, 0};
     CHECK_ERR(gp_dev_conv_fwd(dev, &cbad, v, v, NULL, v), GP_ERR_INVALID, "blocks 8/0");
 }

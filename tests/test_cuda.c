@@ -371,7 +371,7 @@ static void test_pool_hw(gp_pool_kind kind, int64_t n, int64_t c, int64_t h, int
                          int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw)
 {
     gp_pool_desc d = {n, c, h, w, kh, kw, sh, sw, ph, pw,
-                      (h + 2 * ph - kh) / sh + 1, (w + 2 * pw - kw) / sw + 1, kind, 0};
+                      (h + 2 * ph - kh) / sh + 1, (w + 2 * pw - kw) / sw + 1, kind, 0, false};
     int64_t nx = n * c * h * w, ny = n * c * d.oh * d.ow;
     buf x = brand(nx, -1, 1), dy = brand(ny, -1, 1), y = bjunk(ny), dx = bjunk(nx);
     void *ws[2] = {NULL, NULL};

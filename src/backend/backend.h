@@ -176,6 +176,8 @@ typedef struct gp_pool_desc {
     gp_pool_kind kind;
     int64_t blk;             /* layout of x, y, dx, dy: 0 plain, else the
                                 channel block (above) */
+    bool plain_out;          /* with blk: y and dy plain, x and dx blocked (a
+                                chain that ends in this pool) */
 } gp_pool_desc;
 
 /* Batch normalisation over channel c of (N, C, S) where S = H*W (S = 1 for

@@ -644,8 +644,18 @@ void gp_layers_blocked(gp_layer *layers, int count)
                blocks_through(&layers[b], layers[a].dev, blk))
             b++;
         if (b >= count || layers[b - 1].spec.stash[0] || layers[b].dev != layers[a].dev ||
-            conv_block(&layers[b], false) != blk)
+            conv_block(&layers[b], false) != blk) {
+            /* no convolution to take it: the chain may end in its last pool,
+             * which writes plain (layers a .. b - 2 have no stash) */
+            int p = b - 1;
+            while (p > a && layers[p].spec.type != GP_LAYER_MAXPOOL2D &&
+                   layers[p].spec.type != GP_LAYER_AVGPOOL2D)
+                p--;
+            if (p == a) continue;
+            for (int c = a; c < p; c++) layers[c].out_blk = blk;
+            for (int c = a + 1; c <= p; c++) layers[c].in_blk = blk;
             continue;
+        }
         for (int c = a; c < b; c++) layers[c].out_blk = blk;
         for (int c = a + 1; c <= b; c++) layers[c].in_blk = blk;
     }

@@ -362,7 +362,10 @@ void gp_layers_inplace(const gp_layer *layers, int count, bool *inplace);
  * later, in whatever layout it wants); the first convolution may take a
  * plain input (a first layer's 1 or 2 channels, backend.h's act_block per
  * side), and a batch norm in a chain has at least as many blocks of
- * channels as its device has threads (its loops run a block per task).  Sets every layer's in_blk / out_blk
+ * channels as its device has threads (its loops run a block per task).
+ * Without a convolution to end it, a chain may end in its last max or
+ * average pool, which reads the block and writes plain (conv -> bn -> relu
+ * -> max pool -> flatten).  Sets every layer's in_blk / out_blk
  * (0 elsewhere); the run's input and output stay plain, so what crosses a
  * stage boundary is plain and the stages' results equal the one-device
  * run's, whatever the partition.  What it spares: the reorders from plain

@@ -25,6 +25,7 @@ static gp_pool_desc pool_desc(const gp_layer *l, int64_t n)
     gp_pool_desc d = {0};
     d.n = n;
     d.blk = l->in_blk; /* gp_layers_blocked */
+    d.plain_out = l->in_blk && !l->out_blk; /* a chain's last layer */
     d.c = l->in_shape.dims[1];
     d.h = l->in_shape.dims[2];
     d.w = l->in_shape.dims[3];

@@ -94,15 +94,21 @@ sums_plain(const float *x, const float *g, int64_t n, int64_t cs, int64_t s, dou
                 }
             }
         }
-        for (int64_t j = sv; j < s; j++) {
-            if (q) {
-                double gv = (double)q[j];
-                a1[j - sv] += gv;
-                a2[j - sv] += gv * ((double)p[j] - k);
-            } else {
-                double t = (double)p[j] - k;
-                a1[j - sv] += t;
-                a2[j - sv] += t * t;
+        /* the tail: each pixel its own lane, so it vectorises as well */
+        const int tail = (int)(s - sv);
+        if (q) {
+#pragma omp simd
+            for (int l = 0; l < tail; l++) {
+                double gv = (double)q[sv + l];
+                a1[l] += gv;
+                a2[l] += gv * ((double)p[sv + l] - k);
+            }
+        } else {
+#pragma omp simd
+            for (int l = 0; l < tail; l++) {
+                double t = (double)p[sv + l] - k;
+                a1[l] += t;
+                a2[l] += t * t;
             }
         }
     }

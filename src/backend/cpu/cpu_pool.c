@@ -19,7 +19,9 @@
  * convolutions) one loop serves every kind: each window is scanned in the
  * plain loops' order for the block's channels at once, so the maximum, its
  * position (the first on ties) and the sums are those of the plain layout,
- * bit for bit; the workspace then lies in the blocked order too.
+ * bit for bit; the workspace then lies in the blocked order too.  With
+ * plain_out the output (and dy) is plain: a chain that ends in a pool
+ * (conv -> bn -> relu -> max pool -> flatten) converts as it pools.
  */
 #include "backend/cpu/cpu_impl.h"
 
@@ -35,7 +37,7 @@ static gp_status pool_check(gp_device *dev, const gp_pool_desc *d)
         (d->ow - 1) * d->sw + d->kw > d->w + 2 * d->pw ||
         (d->kind != GP_POOL_MAX && d->kind != GP_POOL_AVG &&
          d->kind != GP_POOL_AVG_INCLUDE_PAD) ||
-        (d->blk && ((d->blk != 8 && d->blk != 16) || d->c % d->blk)))
+        (d->blk && ((d->blk != 8 && d->blk != 16) || d->c % d->blk)) || (d->plain_out && !d->blk))
         return gp_error_set(GP_ERR_INVALID,
                             "device %s: invalid pooling (kind %d n=%lld c=%lld h=%lld w=%lld "
                             "kernel %lldx%lld stride %lldx%lld pad %lldx%lld output %lldx%lld, "
@@ -84,9 +86,12 @@ static inline win window(const gp_pool_desc *d, int64_t oh, int64_t ow)
 
 /* ---- blocked layouts ------------------------------------------------------ */
 
-/* One block plane (B channels of one sample): x (H, W, B), y (OH, OW, B). */
+/* One block plane (B channels of one sample): x (H, W, B), y (OH, OW, B),
+ * or with plain_out y as B plain planes (B, OH, OW): output pixel q of lane
+ * b at yp[q * ys + b * yl].  The workspace is (OH, OW, B) either way. */
 static inline __attribute__((always_inline)) void
-fwd_block(const gp_pool_desc *d, const float *xp, float *yp, void *wsp, int wide, const int64_t B)
+fwd_block(const gp_pool_desc *d, const float *xp, float *yp, void *wsp, int wide, const int64_t B,
+          int64_t ys, int64_t yl)
 {
     const int max = d->kind == GP_POOL_MAX;
     for (int64_t oh = 0; oh < d->oh; oh++)
@@ -111,7 +116,7 @@ fwd_block(const gp_pool_desc *d, const float *xp, float *yp, void *wsp, int wide
                             arg[b] = gt ? a : arg[b];
                         }
                     }
-                for (int64_t b = 0; b < B; b++) yp[o + b] = best[b];
+                for (int64_t b = 0; b < B; b++) yp[o / B * ys + b * yl] = best[b];
                 if (wsp) {
                     if (wide)
                         for (int64_t b = 0; b < B; b++) ((int32_t *)wsp)[o + b] = arg[b];
@@ -128,14 +133,14 @@ fwd_block(const gp_pool_desc *d, const float *xp, float *yp, void *wsp, int wide
                         for (int64_t b = 0; b < B; b++) sum[b] += e[b];
                     }
                 float cnt = avg_count(d, v.i1 - v.i0, v.j1 - v.j0);
-                for (int64_t b = 0; b < B; b++) yp[o + b] = sum[b] / cnt;
+                for (int64_t b = 0; b < B; b++) yp[o / B * ys + b * yl] = sum[b] / cnt;
             }
         }
 }
 
 static inline __attribute__((always_inline)) void
 bwd_block(const gp_pool_desc *d, const float *gp, float *dp, const void *wsp, int wide,
-          const int64_t B)
+          const int64_t B, int64_t ys, int64_t yl)
 {
     const int max = d->kind == GP_POOL_MAX;
     memset(dp, 0, (size_t)(d->h * d->w * B) * sizeof(float));
@@ -148,12 +153,12 @@ bwd_block(const gp_pool_desc *d, const float *gp, float *dp, const void *wsp, in
                     int64_t arg = wide ? ((const int32_t *)wsp)[o + b]
                                        : ((const uint8_t *)wsp)[o + b];
                     int64_t i = v.r0 + arg / d->kw, j = v.c0 + arg % d->kw;
-                    dp[(i * d->w + j) * B + b] += gp[o + b];
+                    dp[(i * d->w + j) * B + b] += gp[o / B * ys + b * yl];
                 }
             } else {
                 float g[16];
                 float cnt = avg_count(d, v.i1 - v.i0, v.j1 - v.j0);
-                for (int64_t b = 0; b < B; b++) g[b] = gp[o + b] / cnt;
+                for (int64_t b = 0; b < B; b++) g[b] = gp[o / B * ys + b * yl] / cnt;
                 for (int64_t i = v.i0; i < v.i1; i++)
                     for (int64_t j = v.j0; j < v.j1; j++) {
                         float *e = dp + (i * d->w + j) * B;
@@ -169,16 +174,20 @@ static void pool_block_plane(const gp_pool_desc *d, bool fwd, const float *in, f
                              void *ws)
 {
     const int wide = ws_wide(d);
+    const int64_t B = d->blk, ohw = d->oh * d->ow;
+    const int64_t ys = d->plain_out ? 1 : B, yl = d->plain_out ? ohw : 1;
     if (fwd) {
-        if (d->blk == 16) fwd_block(d, in, out, ws, wide, 16);
-        else fwd_block(d, in, out, ws, wide, 8);
+        if (B == 16) fwd_block(d, in, out, ws, wide, 16, ys, yl);
+        else fwd_block(d, in, out, ws, wide, 8, ys, yl);
     } else {
-        if (d->blk == 16) bwd_block(d, in, out, ws, wide, 16);
-        else bwd_block(d, in, out, ws, wide, 8);
+        if (B == 16) bwd_block(d, in, out, ws, wide, 16, ys, yl);
+        else bwd_block(d, in, out, ws, wide, 8, ys, yl);
     }
 }
 
-/* Planes of B channels: (n, c / B), each in L1 like a plain plane. */
+/* Planes of B channels: (n, c / B), each in L1 like a plain plane.  Plane
+ * p's output starts at p * B * OH * OW in both layouts (plain_out: its B
+ * channels' planes follow each other). */
 static void pool_blocked(gp_device *dev, const gp_pool_desc *d, bool fwd, const float *in,
                          float *out, const void *ws)
 {
