@@ -813,6 +813,8 @@ static void test_blocked_pool(gp_device *dev, gp_pool_kind kind, int64_t n, int6
         gp_pool_desc db = d;
         db.blk = B;
         db.plain_out = po == 1;
+        for (int64_t i = 0; i < ny; i++) y[1][i] = NAN; /* nothing left from the last pass */
+        for (int64_t i = 0; i < nx; i++) dx[1][i] = NAN;
         CHECK(wsb == gp_dev_pool_ws_bytes(dev, &db));
         CHECK_OK(gp_dev_pool_fwd(dev, &db, xb, y[1], ws[1]));
         CHECK_OK(gp_dev_pool_bwd(dev, &db, xb, y[1], po ? dy : dyb, dx[1], ws[1]));
@@ -943,7 +945,7 @@ static void test_blocked(gp_device *dev)
     gp_pool_desc pbad = {1, 12, 2, 2, 2, 2, 2, 2, 0, 0, 1, 1, GP_POOL_MAX, 8, false};
     CHECK_ERR(gp_dev_pool_fwd(dev, &pbad, v, v, NULL), GP_ERR_INVALID, "block 8");
     pbad.c = 16, pbad.blk = 0, pbad.plain_out = true;
-    CHECK_ERR(gp_dev_pool_fwd(dev, &pbad, v, v, NULL), GP_ERR_INVALID, "block 0");
+    CHECK_ERR(gp_dev_pool_fwd(dev, &pbad, v, v, NULL), GP_ERR_INVALID, "block 0, plain out");
     gp_conv_desc cbad = {1, 12, 2, 2, 8, 1, 1, 1, 1, 0, 0, 2, 2, 0, 8, 0};
     CHECK_ERR(gp_dev_conv_fwd(dev, &cbad, v, v, NULL, v), GP_ERR_INVALID, "blocks 8/0");
 }

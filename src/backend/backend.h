@@ -96,8 +96,8 @@
  *      dropout_apply (dropout without a stored mask)
  *  17  bf16_pack, bf16_unpack (pipeline copies in bfloat16)
  *  18  act_block, and the channel-blocked layouts of gp_conv_desc.xblk /
- *      yblk, gp_pool_desc.blk and gp_bn_desc.blk (activations kept in the
- *      convolutions' own layout between them) */
+ *      yblk, gp_pool_desc.blk / plain_out and gp_bn_desc.blk (activations
+ *      kept in the convolutions' own layout between them) */
 #define GP_DEVICE_IFACE_VERSION 18
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
@@ -174,8 +174,9 @@ typedef struct gp_pool_desc {
     int64_t kh, kw, sh, sw, ph, pw;
     int64_t oh, ow;
     gp_pool_kind kind;
-    int64_t blk;             /* layout of x, y, dx, dy: 0 plain, else the
-                                channel block (above) */
+    int64_t blk;             /* layout of x and dx, and of y and dy unless
+                                plain_out: 0 plain, else the channel block
+                                (above) */
     bool plain_out;          /* with blk: y and dy plain, x and dx blocked (a
                                 chain that ends in this pool) */
 } gp_pool_desc;

@@ -41,14 +41,15 @@ static gp_status pool_check(gp_device *dev, const gp_pool_desc *d)
         return gp_error_set(GP_ERR_INVALID,
                             "device %s: invalid pooling (kind %d n=%lld c=%lld h=%lld w=%lld "
                             "kernel %lldx%lld stride %lldx%lld pad %lldx%lld output %lldx%lld, "
-                            "block %lld); padding must be smaller than the kernel, every "
-                            "window must overlap the image and end inside the padding, and a "
-                            "channel block is 8 or 16 and divides the channels",
+                            "block %lld%s); padding must be smaller than the kernel, every "
+                            "window must overlap the image and end inside the padding, a "
+                            "channel block is 8 or 16 and divides the channels, and a plain "
+                            "output needs a blocked input",
                             dev->name, (int)d->kind, (long long)d->n, (long long)d->c,
                             (long long)d->h, (long long)d->w, (long long)d->kh, (long long)d->kw,
                             (long long)d->sh, (long long)d->sw, (long long)d->ph,
                             (long long)d->pw, (long long)d->oh, (long long)d->ow,
-                            (long long)d->blk);
+                            (long long)d->blk, d->plain_out ? ", plain out" : "");
     return GP_OK;
 }
 
