@@ -695,6 +695,17 @@ static void from_blocked(const float *x, float *o, int64_t n, int64_t c, int64_t
                 o[(i * c + ch) * s + j] = x[((i * (c / B) + ch / B) * s + j) * B + ch % B];
 }
 
+/* got holds exactly the bits of ref, n floats; a message names the first
+ * that differs. */
+static void check_same_bits(const char *what, const float *got, const float *ref, int64_t n)
+{
+    int64_t bad = -1;
+    for (int64_t i = 0; i < n && bad < 0; i++)
+        if (memcmp(&got[i], &ref[i], sizeof(float))) bad = i;
+    CHECK_MSG(bad < 0, "%s: element %lld is %.9g, %.9g wanted", what, (long long)bad,
+              bad >= 0 ? (double)got[bad] : 0.0, bad >= 0 ? (double)ref[bad] : 0.0);
+}
+
 /* got (blocked, (n, c, s)) holds exactly the bits of ref (plain). */
 static void check_blocked_bits(const char *what, const float *got, const float *ref, int64_t n,
                                int64_t c, int64_t s, int64_t B)
@@ -702,17 +713,8 @@ static void check_blocked_bits(const char *what, const float *got, const float *
     int64_t nx = n * c * s;
     float *p = malloc((size_t)nx * sizeof(float));
     from_blocked(got, p, n, c, s, B);
-    int64_t bad = -1;
-    for (int64_t i = 0; i < nx && bad < 0; i++)
-        if (memcmp(&p[i], &ref[i], sizeof(float))) bad = i;
-    CHECK_MSG(bad < 0, "%s: element %lld is %.9g blocked, %.9g plain", what, (long long)bad,
-              bad >= 0 ? (double)p[bad] : 0.0, bad >= 0 ? (double)ref[bad] : 0.0);
+    check_same_bits(what, p, ref, nx);
     free(p);
-}
-
-static void check_same_bits(const char *what, const float *a, const float *b, int64_t n)
-{
-    CHECK_MSG(!memcmp(a, b, (size_t)n * sizeof(float)), "%s: not the same bits", what);
 }
 
 /* A blocked copy of plain x on dev. */

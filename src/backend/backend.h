@@ -142,6 +142,13 @@ int gp_algo_pick(const gp_algo_cand *c, int n, size_t limit, bool deterministic)
  * bit: a layer given a blocked tensor computes what it computes on the plain
  * one, laid out the other way (layers.h, gp_layers_blocked). */
 
+/* Whether blk is a layout a backend may be given for `channels` channels:
+ * plain (0), or a block of 8 or 16 that divides them. */
+static inline bool gp_blk_valid(int64_t blk, int64_t channels)
+{
+    return blk == 0 || ((blk == 8 || blk == 16) && channels % blk == 0);
+}
+
 /* Descriptor of a 2-D convolution (also used for pooling windows). */
 typedef struct gp_conv_desc {
     int64_t n, c, h, w;      /* input (N, C, H, W) */

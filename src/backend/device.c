@@ -532,7 +532,7 @@ gp_status gp_bn_desc_check(const gp_device *dev, const gp_bn_desc *d)
                             "device %s: invalid batch norm (n=%lld c=%lld s=%lld eps=%g)",
                             dev->name, (long long)d->n, (long long)d->c, (long long)d->s,
                             (double)d->eps);
-    if (d->blk && ((d->blk != 8 && d->blk != 16) || d->c % d->blk || !dev->iface->act_block))
+    if (!gp_blk_valid(d->blk, d->c) || (d->blk && !dev->iface->act_block))
         return gp_error_set(GP_ERR_INVALID,
                             "device %s: batch norm over %lld channels in blocks of %lld: the "
                             "%s backend takes no such layout", dev->name, (long long)d->c,

@@ -643,21 +643,19 @@ void gp_layers_blocked(gp_layer *layers, int count)
         while (b < count && !layers[b - 1].spec.stash[0] &&
                blocks_through(&layers[b], layers[a].dev, blk))
             b++;
+        int end = b; /* the layer that reads the chain's last blocked output */
         if (b >= count || layers[b - 1].spec.stash[0] || layers[b].dev != layers[a].dev ||
             conv_block(&layers[b], false) != blk) {
             /* no convolution to take it: the chain may end in its last pool,
              * which writes plain (layers a .. b - 2 have no stash) */
-            int p = b - 1;
-            while (p > a && layers[p].spec.type != GP_LAYER_MAXPOOL2D &&
-                   layers[p].spec.type != GP_LAYER_AVGPOOL2D)
-                p--;
-            if (p == a) continue;
-            for (int c = a; c < p; c++) layers[c].out_blk = blk;
-            for (int c = a + 1; c <= p; c++) layers[c].in_blk = blk;
-            continue;
+            end = b - 1;
+            while (end > a && layers[end].spec.type != GP_LAYER_MAXPOOL2D &&
+                   layers[end].spec.type != GP_LAYER_AVGPOOL2D)
+                end--;
+            if (end == a) continue;
         }
-        for (int c = a; c < b; c++) layers[c].out_blk = blk;
-        for (int c = a + 1; c <= b; c++) layers[c].in_blk = blk;
+        for (int c = a; c < end; c++) layers[c].out_blk = blk;
+        for (int c = a + 1; c <= end; c++) layers[c].in_blk = blk;
     }
 }
 

@@ -20,7 +20,7 @@
  * along j, the blocked ones across the block's channels, each lane still
  * adding its own values in the same order, so a blocked tensor gets the
  * same bits as its plain form, and the AVX-512, AVX2 and baseline builds
- * (GP_CPU_LOOPS) the same bits as each other (before 2026-11-25 `omp simd`
+ * (GP_CPU_LOOPS) the same bits as each other (before 2026-11-24 `omp simd`
  * reductions left the order to the compiler and the last bits differed
  * between kinds of processor).  Statistics: one pass of the values
  * shifted by the channel's first value, sum and sum of squares, so the
@@ -56,17 +56,38 @@ static int64_t bn_block(const gp_bn_desc *d)
     return cb;
 }
 
-/* Where channel c starts, and how far apart its pixels lie (samples are
- * C * S apart in every layout). */
+/* Where channel c starts (its samples lie C * S apart in every layout; its
+ * pixels 1 apart plain, the block apart blocked). */
 static inline int64_t chan_base(const gp_bn_desc *d, int64_t c)
 {
     return d->blk ? (c / d->blk * d->s) * d->blk + c % d->blk : c * d->s;
 }
 
 /* ---- the per-channel sums ---------------------------------------------------
- * `two` selects what the second sum adds: the first sum's term squared
- * (statistics: a = x - k, b = a * a) or the gradient times the centred
- * value (backward: a = dy, b = dy (x - m)). */
+ * Without a gradient g the two sums are those of the statistics (a1 += x -
+ * k, a2 += (x - k)^2, k a shift); with one, those of the backward (a1 +=
+ * dy, a2 += dy (x - k), k the mean). */
+
+/* `cnt` consecutive pixels of one plain channel into lanes 0 .. cnt - 1. */
+static inline __attribute__((always_inline)) void
+lanes_add(double *a1, double *a2, const float *p, const float *q, double k, int cnt)
+{
+    if (q) {
+#pragma omp simd
+        for (int l = 0; l < cnt; l++) {
+            double gv = (double)q[l];
+            a1[l] += gv;
+            a2[l] += gv * ((double)p[l] - k);
+        }
+    } else {
+#pragma omp simd
+        for (int l = 0; l < cnt; l++) {
+            double t = (double)p[l] - k;
+            a1[l] += t;
+            a2[l] += t * t;
+        }
+    }
+}
 
 /* One channel of a plain layout: x at cs between samples, S contiguous. */
 static inline __attribute__((always_inline)) void
@@ -77,40 +98,9 @@ sums_plain(const float *x, const float *g, int64_t n, int64_t cs, int64_t s, dou
     const int64_t sv = s - s % BN_LANES;
     for (int64_t i = 0; i < n; i++) {
         const float *p = x + i * cs, *q = g ? g + i * cs : NULL;
-        for (int64_t j = 0; j < sv; j += BN_LANES) {
-            if (q) {
-#pragma omp simd
-                for (int l = 0; l < BN_LANES; l++) {
-                    double gv = (double)q[j + l];
-                    a1[l] += gv;
-                    a2[l] += gv * ((double)p[j + l] - k);
-                }
-            } else {
-#pragma omp simd
-                for (int l = 0; l < BN_LANES; l++) {
-                    double t = (double)p[j + l] - k;
-                    a1[l] += t;
-                    a2[l] += t * t;
-                }
-            }
-        }
-        /* the tail: each pixel its own lane, so it vectorises as well */
-        const int tail = (int)(s - sv);
-        if (q) {
-#pragma omp simd
-            for (int l = 0; l < tail; l++) {
-                double gv = (double)q[sv + l];
-                a1[l] += gv;
-                a2[l] += gv * ((double)p[sv + l] - k);
-            }
-        } else {
-#pragma omp simd
-            for (int l = 0; l < tail; l++) {
-                double t = (double)p[sv + l] - k;
-                a1[l] += t;
-                a2[l] += t * t;
-            }
-        }
+        for (int64_t j = 0; j < sv; j += BN_LANES)
+            lanes_add(a1, a2, p + j, q ? q + j : NULL, k, BN_LANES);
+        lanes_add(a1, a2, p + sv, q ? q + sv : NULL, k, (int)(s - sv)); /* the tail */
     }
     *s1 = lanes_total(a1);
     *s2 = lanes_total(a2);
@@ -168,6 +158,15 @@ static void chan_sums(const gp_bn_desc *d, const float *x, const float *g, int64
     if (!d->blk) sums_plain(x + o, g ? g + o : NULL, d->n, cs, d->s, k[0], s1, s2);
     else if (B == 16) sums_block(x + o, g ? g + o : NULL, d->n, cs, d->s, 16, k, s1, s2);
     else sums_block(x + o, g ? g + o : NULL, d->n, cs, d->s, 8, k, s1, s2);
+}
+
+/* The backward's sums of channels [c0, c0 + unit): dy, and dy (x - mean). */
+static void chan_grad_sums(const gp_bn_desc *d, const float *x, const float *dy,
+                           const float *mean, int64_t c0, double *sdy, double *sdyx)
+{
+    double k[BN_MAX_BLOCK];
+    for (int64_t b = 0; b < (d->blk ? d->blk : 1); b++) k[b] = (double)mean[c0 + b];
+    chan_sums(d, x, dy, c0, k, false, sdy, sdyx);
 }
 
 /* Mean and biased variance of channels [c0, c0 + B) from one pass. */
@@ -245,13 +244,27 @@ static void chan_apply(const gp_bn_desc *d, const float *x, const float *g, floa
     }
 }
 
-/* The tasks: channel runs of bn_block() channels, each walked a unit (a
- * channel, or a block of them) at a time by `fn`. */
-#define BN_FOR_UNITS(d, c0, ...)                                                              \
+/* The forward's per-channel scale and shift of channels [c0, c0 + unit). */
+static void fwd_coeffs(const gp_bn_desc *d, int64_t c0, const float *mean, const float *var,
+                       const float *gamma, const float *beta, float *sc, float *sh)
+{
+    for (int64_t b = 0; b < (d->blk ? d->blk : 1); b++) {
+        int64_t c = c0 + b;
+        gp_ew_bn_coeffs(mean[c], var[c], d->eps, gamma ? gamma[c] : 1.0f, beta ? beta[c] : 0.0f,
+                        &sc[b], &sh[b]);
+    }
+}
+
+/* The tasks, on dev's threads: channel runs of bn_block() channels, the
+ * body run on each unit of a run (a channel, or a block of them), the unit
+ * starting at channel c0 and `unit_` wide. */
+#define BN_FOR_UNITS(dev, d, c0, ...)                                                         \
     do {                                                                                      \
         const int64_t cb_ = bn_block(d), nb_ = ((d)->c + cb_ - 1) / cb_;                      \
         const int64_t unit_ = (d)->blk ? (d)->blk : 1;                                        \
-        _Pragma("omp parallel for schedule(static) num_threads(nt) if (work >= 32768)")       \
+        const int nt_ = (dev)->threads;                                                       \
+        const bool par_ = (d)->n * (d)->c * (d)->s >= 32768;                                  \
+        _Pragma("omp parallel for schedule(static) num_threads(nt_) if (par_)")               \
         for (int64_t b_ = 0; b_ < nb_; b_++) {                                                \
             int64_t e_ = (b_ + 1) * cb_ < (d)->c ? (b_ + 1) * cb_ : (d)->c;                   \
             for (int64_t c0 = b_ * cb_; c0 < e_; c0 += unit_) { __VA_ARGS__ }                 \
@@ -263,16 +276,10 @@ gp_status gp_cpu_bn_fwd_train(gp_device *dev, const gp_bn_desc *d, const float *
                               float *var)
 {
     GP_TRY(gp_bn_desc_check(dev, d));
-    const int64_t work = d->n * d->c * d->s;
-    int nt = dev->threads;
-    BN_FOR_UNITS(d, c0, {
+    BN_FOR_UNITS(dev, d, c0, {
         float sc[BN_MAX_BLOCK], sh[BN_MAX_BLOCK];
         chan_stats(d, x, c0, mean, var);
-        for (int64_t b = 0; b < unit_; b++) {
-            int64_t c = c0 + b;
-            gp_ew_bn_coeffs(mean[c], var[c], d->eps, gamma ? gamma[c] : 1.0f,
-                            beta ? beta[c] : 0.0f, &sc[b], &sh[b]);
-        }
+        fwd_coeffs(d, c0, mean, var, gamma, beta, sc, sh);
         chan_apply(d, x, NULL, y, c0, sc, sh, NULL, NULL);
     });
     return GP_OK;
@@ -283,15 +290,9 @@ gp_status gp_cpu_bn_fwd_infer(gp_device *dev, const gp_bn_desc *d, const float *
                               const float *var, float *y)
 {
     GP_TRY(gp_bn_desc_check(dev, d));
-    const int64_t work = d->n * d->c * d->s;
-    int nt = dev->threads;
-    BN_FOR_UNITS(d, c0, {
+    BN_FOR_UNITS(dev, d, c0, {
         float sc[BN_MAX_BLOCK], sh[BN_MAX_BLOCK];
-        for (int64_t b = 0; b < unit_; b++) {
-            int64_t c = c0 + b;
-            gp_ew_bn_coeffs(mean[c], var[c], d->eps, gamma ? gamma[c] : 1.0f,
-                            beta ? beta[c] : 0.0f, &sc[b], &sh[b]);
-        }
+        fwd_coeffs(d, c0, mean, var, gamma, beta, sc, sh);
         chan_apply(d, x, NULL, y, c0, sc, sh, NULL, NULL);
     });
     return GP_OK;
@@ -302,14 +303,11 @@ gp_status gp_cpu_bn_bwd(gp_device *dev, const gp_bn_desc *d, const float *x,
                         const float *dy, float *dx, float *dgamma, float *dbeta)
 {
     GP_TRY(gp_bn_desc_check(dev, d));
-    const int64_t work = d->n * d->c * d->s;
     const double cnt = (double)(d->n * d->s);
-    int nt = dev->threads;
-    BN_FOR_UNITS(d, c0, {
-        double k[BN_MAX_BLOCK], sdy[BN_MAX_BLOCK], sdyx[BN_MAX_BLOCK];
+    BN_FOR_UNITS(dev, d, c0, {
+        double sdy[BN_MAX_BLOCK], sdyx[BN_MAX_BLOCK];
         float ka[BN_MAX_BLOCK], kb[BN_MAX_BLOCK], kc[BN_MAX_BLOCK];
-        for (int64_t b = 0; b < unit_; b++) k[b] = (double)mean[c0 + b];
-        chan_sums(d, x, dy, c0, k, false, sdy, sdyx);
+        chan_grad_sums(d, x, dy, mean, c0, sdy, sdyx);
         for (int64_t b = 0; b < unit_; b++) {
             int64_t c = c0 + b;
             double dg, db;
@@ -347,9 +345,7 @@ gp_status gp_cpu_bn_stats(gp_device *dev, const gp_bn_desc *d, const float *x, f
                           float *var)
 {
     GP_TRY(gp_bn_desc_check(dev, d));
-    const int64_t work = d->n * d->c * d->s;
-    int nt = dev->threads;
-    BN_FOR_UNITS(d, c0, { chan_stats(d, x, c0, mean, var); });
+    BN_FOR_UNITS(dev, d, c0, { chan_stats(d, x, c0, mean, var); });
     return GP_OK;
 }
 
@@ -357,12 +353,10 @@ gp_status gp_cpu_bn_bwd_sums(gp_device *dev, const gp_bn_desc *d, const float *x
                              const float *mean, const float *dy, float *sums)
 {
     GP_TRY(gp_bn_desc_check(dev, d));
-    const int64_t work = d->n * d->c * d->s, C = d->c;
-    int nt = dev->threads;
-    BN_FOR_UNITS(d, c0, {
-        double k[BN_MAX_BLOCK], sdy[BN_MAX_BLOCK], sdyx[BN_MAX_BLOCK];
-        for (int64_t b = 0; b < unit_; b++) k[b] = (double)mean[c0 + b];
-        chan_sums(d, x, dy, c0, k, false, sdy, sdyx);
+    const int64_t C = d->c;
+    BN_FOR_UNITS(dev, d, c0, {
+        double sdy[BN_MAX_BLOCK], sdyx[BN_MAX_BLOCK];
+        chan_grad_sums(d, x, dy, mean, c0, sdy, sdyx);
         for (int64_t b = 0; b < unit_; b++) {
             sums[c0 + b] = (float)sdy[b];
             sums[C + c0 + b] = (float)sdyx[b];
@@ -377,9 +371,8 @@ gp_status gp_cpu_bn_bwd_apply(gp_device *dev, const gp_bn_desc *d, const float *
                               const float *local, float *dgamma, float *dbeta)
 {
     GP_TRY(gp_bn_desc_check(dev, d)); /* count: checked by gp_dev_bn_bwd_apply */
-    const int64_t work = d->n * d->c * d->s, C = d->c;
-    int nt = dev->threads;
-    BN_FOR_UNITS(d, c0, {
+    const int64_t C = d->c;
+    BN_FOR_UNITS(dev, d, c0, {
         float ka[BN_MAX_BLOCK], kb[BN_MAX_BLOCK], kc[BN_MAX_BLOCK];
         for (int64_t b = 0; b < unit_; b++) {
             int64_t c = c0 + b;

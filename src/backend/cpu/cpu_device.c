@@ -343,7 +343,7 @@ gp_status gp_cpu_device_create(int index, const gp_device_opts *opts, gp_device 
      * 0), for the A/B of bench/README.md's "Blocked layouts across a
      * stage" */
     const char *kb = getenv("GPIPE_CPU_KEEP_BLOCKS");
-    ctx->keep_blocks = !(kb && !strcmp(kb, "0"));
+    ctx->act_blk = (kb && !strcmp(kb, "0")) || ctx->bf16 ? 0 : gp_cpu_isa_block();
     /* A test hook: GPIPE_CPU_FAKE_SEARCH=MiB plays a GPU's algorithm search
      * (cpu_dnnl.c conv_op), so the profile's handling of it runs here. */
     const char *fs = getenv("GPIPE_CPU_FAKE_SEARCH");

@@ -13,7 +13,7 @@
  * call (~2.5 ms per (128, 64, 28, 28) tensor; still 1.3-1.9x faster than
  * plain overall, see bench/bench_ops.c).  With fewer (a 1-channel first
  * layer, a 1-channel output) the plain path is as fast or faster and needs
- * no reorders (conv_use_blocked).  GPIPE_CPU_CONV=plain|blocked overrides the choice.
+ * no reorders (conv_mode).  GPIPE_CPU_CONV=plain|blocked overrides the choice.
  * Inside a stage, activations between two blocked convolutions stay in
  * the block (gp_layers_blocked; d->xblk / d->yblk, act_block): the user
  * memory is then the primitive's own layout and no reorder is made.
@@ -513,7 +513,7 @@ static cpu_key conv_key(cpu_op_kind kind, const gp_conv_desc *d)
 typedef struct conv_build {
     const gp_conv_desc *d;
     cpu_op_kind kind;
-    int blocked;
+    int mode; /* conv_mode */
     bool bf16; /* the device's precision (its own cache: not in the key) */
 } conv_build;
 
@@ -528,7 +528,7 @@ typedef struct conv_build {
  * a 1-channel input (Fashion-MNIST's first layer, bench_ops). */
 enum { CONV_PLAIN = 0, CONV_BLOCKED, CONV_FIRST };
 
-static int conv_use_blocked(const gp_cpu_ctx *ctx, const gp_conv_desc *d)
+static int conv_mode(const gp_cpu_ctx *ctx, const gp_conv_desc *d)
 {
     if (ctx->conv_layout == CPU_CONV_PLAIN) return CONV_PLAIN;
     if (ctx->conv_layout == CPU_CONV_BLOCKED) return CONV_BLOCKED;
@@ -553,21 +553,28 @@ static dnnl_format_tag_t act_tag(int64_t blk)
 
 /* The block oneDNN's direct convolutions compute in on this processor (as
  * far as ONEDNN_MAX_CPU_ISA lets them): nChw16c with AVX-512, nChw8c with
- * AVX2 (bench/README.md, "Blocked layouts across a stage", has the
- * ONEDNN_VERBOSE lines that show it); a CONV_FIRST convolution's input
- * stays plain.  Where the guess were wrong the primitive would reorder, as
- * it does for plain tensors: slower, not different. */
+ * AVX2, else none (bench/README.md, "Blocked layouts across a stage", has
+ * the ONEDNN_VERBOSE lines that show it).  Where the guess were wrong the
+ * primitive would reorder, as it does for plain tensors: slower, not
+ * different. */
+int64_t gp_cpu_isa_block(void)
+{
+    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    return (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core ? 16
+           : (isa & dnnl_cpu_isa_avx2) == dnnl_cpu_isa_avx2              ? 8
+                                                                         : 0;
+}
+
+/* ctx->act_blk (the device's block, 0 under bf16 or GPIPE_CPU_KEEP_BLOCKS=0)
+ * where the convolution computes that side blocked; a CONV_FIRST
+ * convolution's input stays plain. */
 int64_t gp_cpu_act_block(gp_device *dev, const gp_conv_desc *d, bool output)
 {
     gp_cpu_ctx *ctx = gp_cpu_ctx_of(dev);
-    int mode = conv_use_blocked(ctx, d);
-    if (!ctx->keep_blocks || ctx->bf16 || !mode || (mode == CONV_FIRST && !output))
-        return 0; /* bf16: the reorder converts anyway */
-    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
-    int64_t b = (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core ? 16
-                : (isa & dnnl_cpu_isa_avx2) == dnnl_cpu_isa_avx2                ? 8
-                                                                                 : 0;
-    return b && (output ? d->k : d->c) % b == 0 ? b : 0;
+    int mode = conv_mode(ctx, d);
+    int64_t b = ctx->act_blk;
+    if (!b || !mode || (mode == CONV_FIRST && !output)) return 0;
+    return (output ? d->k : d->c) % b == 0 ? b : 0;
 }
 
 enum { CONV_SLOT_X, CONV_SLOT_W, CONV_SLOT_B, CONV_SLOT_Y };
@@ -595,9 +602,9 @@ static gp_status build_conv(gp_cpu_ctx *ctx, cpu_op *op, const void *desc)
     dnnl_data_type_t w_t = cb->kind == CPU_OP_CONV_BWD_WEIGHTS ? dnnl_f32 : in;
     /* CONV_FIRST: the input stays plain (a few channels: blocking would pad
      * them to the block), weights and output in the primitive's layouts */
-    dnnl_format_tag_t xf = cb->blocked == CONV_BLOCKED ? dnnl_format_tag_any : dnnl_nchw;
-    dnnl_format_tag_t wf = cb->blocked ? dnnl_format_tag_any : dnnl_oihw;
-    dnnl_format_tag_t yf = cb->blocked ? dnnl_format_tag_any : dnnl_nchw;
+    dnnl_format_tag_t xf = cb->mode == CONV_BLOCKED ? dnnl_format_tag_any : dnnl_nchw;
+    dnnl_format_tag_t wf = cb->mode ? dnnl_format_tag_any : dnnl_oihw;
+    dnnl_format_tag_t yf = cb->mode ? dnnl_format_tag_any : dnnl_nchw;
     GP_TRY(md_init_t(&src_any, 4, sd, x_t, xf));
     GP_TRY(md_init_t(&wei_any, 4, wd, w_t, wf));
     GP_TRY(md_init_t(&dst_any, 4, dd, dy_t, yf));
@@ -662,8 +669,7 @@ static gp_status conv_check(gp_device *dev, const gp_conv_desc *d)
         d->kw <= 0 || d->sh <= 0 || d->sw <= 0 || d->ph < 0 || d->pw < 0 || d->oh <= 0 ||
         d->ow <= 0 || (d->oh - 1) * d->sh + d->kh > d->h + 2 * d->ph ||
         (d->ow - 1) * d->sw + d->kw > d->w + 2 * d->pw ||
-        (d->xblk && ((d->xblk != 8 && d->xblk != 16) || d->c % d->xblk)) ||
-        (d->yblk && ((d->yblk != 8 && d->yblk != 16) || d->k % d->yblk)))
+        !gp_blk_valid(d->xblk, d->c) || !gp_blk_valid(d->yblk, d->k))
         return gp_error_set(GP_ERR_INVALID,
                             "device %s: invalid convolution (n=%lld c=%lld h=%lld w=%lld k=%lld "
                             "kernel %lldx%lld stride %lldx%lld pad %lldx%lld output %lldx%lld "
@@ -680,7 +686,7 @@ static gp_status conv_op(gp_device *dev, cpu_op_kind kind, const gp_conv_desc *d
 {
     GP_TRY(conv_check(dev, d));
     cpu_key key = conv_key(kind, d);
-    conv_build cb = {d, kind, conv_use_blocked(gp_cpu_ctx_of(dev), d), gp_cpu_ctx_of(dev)->bf16};
+    conv_build cb = {d, kind, conv_mode(gp_cpu_ctx_of(dev), d), gp_cpu_ctx_of(dev)->bf16};
     static const char *names[] = {"", "a convolution forward", "a convolution backward-data",
                                   "a convolution backward-weights"};
     gp_cpu_ctx *ctx = gp_cpu_ctx_of(dev);

@@ -164,8 +164,10 @@ typedef struct gp_cpu_ctx {
     cpu_conv_layout conv_layout;
     bool keep_weights;        /* keep reordered weights while frozen;
                                  GPIPE_CPU_KEEP_WEIGHTS=0 turns it off */
-    bool keep_blocks;         /* act_block may say a block;
-                                 GPIPE_CPU_KEEP_BLOCKS=0 turns it off */
+    int64_t act_blk;          /* the channel block act_block may say:
+                                 gp_cpu_isa_block(), or 0 under bf16 (the
+                                 reorder converts anyway) or with
+                                 GPIPE_CPU_KEEP_BLOCKS=0 */
     /* Weight gradients held in the primitives' layout while frozen, one per
      * gradient tensor, in the order first held (cpu_dnnl.c, "Held
      * gradients"). */
@@ -256,8 +258,9 @@ void gp_cpu_cache_destroy(gp_cpu_ctx *ctx);
 
 /* The iface slots implemented in cpu_dnnl.c, cpu_bn.c, cpu_pool.c, cpu_math.c,
  * cpu_upsample.c and cpu_comm.c. */
-/* act_block (backend.h). */
+/* act_block (backend.h), and the block it says on this processor. */
 int64_t gp_cpu_act_block(gp_device *dev, const gp_conv_desc *d, bool output);
+int64_t gp_cpu_isa_block(void);
 /* For tests: how many of the activation operands (x / dx, y / dy) of each
  * of the three primitives of convolution d (forward, backward-data,
  * backward-weights; built if they are not) go through a reorder: 0 when

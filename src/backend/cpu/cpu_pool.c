@@ -37,7 +37,7 @@ static gp_status pool_check(gp_device *dev, const gp_pool_desc *d)
         (d->ow - 1) * d->sw + d->kw > d->w + 2 * d->pw ||
         (d->kind != GP_POOL_MAX && d->kind != GP_POOL_AVG &&
          d->kind != GP_POOL_AVG_INCLUDE_PAD) ||
-        (d->blk && ((d->blk != 8 && d->blk != 16) || d->c % d->blk)) || (d->plain_out && !d->blk))
+        !gp_blk_valid(d->blk, d->c) || (d->plain_out && !d->blk))
         return gp_error_set(GP_ERR_INVALID,
                             "device %s: invalid pooling (kind %d n=%lld c=%lld h=%lld w=%lld "
                             "kernel %lldx%lld stride %lldx%lld pad %lldx%lld output %lldx%lld, "
@@ -84,8 +84,9 @@ static inline win window(const gp_pool_desc *d, int64_t oh, int64_t ow)
     return v;
 }
 
-
 /* ---- blocked layouts ------------------------------------------------------ */
+
+#define POOL_MAX_BLOCK 16
 
 /* One block plane (B channels of one sample): x (H, W, B), y (OH, OW, B),
  * or with plain_out y as B plain planes (B, OH, OW): output pixel q of lane
@@ -98,10 +99,10 @@ fwd_block(const gp_pool_desc *d, const float *xp, float *yp, void *wsp, int wide
     for (int64_t oh = 0; oh < d->oh; oh++)
         for (int64_t ow = 0; ow < d->ow; ow++) {
             win v = window(d, oh, ow);
-            int64_t o = (oh * d->ow + ow) * B;
+            int64_t q = oh * d->ow + ow, o = q * B;
             if (max) {
-                float best[16];
-                int32_t arg[16];
+                float best[POOL_MAX_BLOCK];
+                int32_t arg[POOL_MAX_BLOCK];
                 const float *f = xp + (v.i0 * d->w + v.j0) * B;
                 int32_t a0 = (int32_t)((v.i0 - v.r0) * d->kw + (v.j0 - v.c0));
 #pragma omp simd
@@ -117,7 +118,7 @@ fwd_block(const gp_pool_desc *d, const float *xp, float *yp, void *wsp, int wide
                             arg[b] = gt ? a : arg[b];
                         }
                     }
-                for (int64_t b = 0; b < B; b++) yp[o / B * ys + b * yl] = best[b];
+                for (int64_t b = 0; b < B; b++) yp[q * ys + b * yl] = best[b];
                 if (wsp) {
                     if (wide)
                         for (int64_t b = 0; b < B; b++) ((int32_t *)wsp)[o + b] = arg[b];
@@ -125,7 +126,7 @@ fwd_block(const gp_pool_desc *d, const float *xp, float *yp, void *wsp, int wide
                         for (int64_t b = 0; b < B; b++) ((uint8_t *)wsp)[o + b] = (uint8_t)arg[b];
                 }
             } else {
-                float sum[16];
+                float sum[POOL_MAX_BLOCK];
                 for (int64_t b = 0; b < B; b++) sum[b] = 0.0f;
                 for (int64_t i = v.i0; i < v.i1; i++)
                     for (int64_t j = v.j0; j < v.j1; j++) {
@@ -134,7 +135,7 @@ fwd_block(const gp_pool_desc *d, const float *xp, float *yp, void *wsp, int wide
                         for (int64_t b = 0; b < B; b++) sum[b] += e[b];
                     }
                 float cnt = avg_count(d, v.i1 - v.i0, v.j1 - v.j0);
-                for (int64_t b = 0; b < B; b++) yp[o / B * ys + b * yl] = sum[b] / cnt;
+                for (int64_t b = 0; b < B; b++) yp[q * ys + b * yl] = sum[b] / cnt;
             }
         }
 }
@@ -148,18 +149,18 @@ bwd_block(const gp_pool_desc *d, const float *gp, float *dp, const void *wsp, in
     for (int64_t oh = 0; oh < d->oh; oh++)
         for (int64_t ow = 0; ow < d->ow; ow++) {
             win v = window(d, oh, ow);
-            int64_t o = (oh * d->ow + ow) * B;
+            int64_t q = oh * d->ow + ow, o = q * B;
             if (max) {
                 for (int64_t b = 0; b < B; b++) {
                     int64_t arg = wide ? ((const int32_t *)wsp)[o + b]
                                        : ((const uint8_t *)wsp)[o + b];
                     int64_t i = v.r0 + arg / d->kw, j = v.c0 + arg % d->kw;
-                    dp[(i * d->w + j) * B + b] += gp[o / B * ys + b * yl];
+                    dp[(i * d->w + j) * B + b] += gp[q * ys + b * yl];
                 }
             } else {
-                float g[16];
+                float g[POOL_MAX_BLOCK];
                 float cnt = avg_count(d, v.i1 - v.i0, v.j1 - v.j0);
-                for (int64_t b = 0; b < B; b++) g[b] = gp[o / B * ys + b * yl] / cnt;
+                for (int64_t b = 0; b < B; b++) g[b] = gp[q * ys + b * yl] / cnt;
                 for (int64_t i = v.i0; i < v.i1; i++)
                     for (int64_t j = v.j0; j < v.j1; j++) {
                         float *e = dp + (i * d->w + j) * B;
