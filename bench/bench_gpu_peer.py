@@ -24,6 +24,8 @@ step too).  Median of --steps after 3 warm-ups, in ms.
 them) add gpipe's column and the ratio PyTorch / gpipe (above 1: gpipe
 faster).  PyYAML is used where installed; the GPU machines' PyTorch may
 come without it, so a small reader of these flat configs stands in.
+--profile N: N more steps under torch.profiler after the timed ones, and
+its table of kernels by their own device time (where PyTorch's step goes).
 --device cpu checks the script on a machine without a GPU.
 """
 import argparse
@@ -156,7 +158,7 @@ def torch_model(cfg):
     return nn.Sequential(*layers), feats
 
 
-def step_ms(cfg, batch, precision, device, steps):
+def step_ms(cfg, batch, precision, device, steps, profile=0):
     import contextlib
     import torch
     cuda = device.startswith("cuda")
@@ -176,11 +178,7 @@ def step_ms(cfg, batch, precision, device, steps):
     loss_fn = torch.nn.CrossEntropyLoss()
     amp = (torch.autocast(device.split(":")[0], dtype=torch.bfloat16) if precision == "bf16"
            else contextlib.nullcontext())
-    ts = []
-    for s in range(steps + 3):
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
+    def one_step():
         x = hx.to(device, non_blocking=True)
         y = hy.to(device, non_blocking=True)
         sgd.zero_grad(set_to_none=True)
@@ -189,8 +187,31 @@ def step_ms(cfg, batch, precision, device, steps):
         loss.backward()
         sgd.step()
         loss.item()  # reads the loss: waits for the step
+
+    ts = []
+    for s in range(steps + 3):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        one_step()
         if s >= 3:
             ts.append(time.perf_counter() - t0)
+    if profile:
+        # where the time goes: torch.profiler over `profile` more steps,
+        # kernels by their own device time
+        acts = [torch.profiler.ProfilerActivity.CPU]
+        if cuda:
+            acts.append(torch.profiler.ProfilerActivity.CUDA)
+        with torch.profiler.profile(activities=acts) as prof:
+            for _ in range(profile):
+                one_step()
+        avg = prof.key_averages()
+        for key in ("self_device_time_total", "self_cuda_time_total", "self_cpu_time_total"):
+            try:
+                print(avg.table(sort_by=key, row_limit=30))
+                break
+            except Exception:  # the key's name changed between versions
+                continue
     return statistics.median(ts) * 1e3
 
 
@@ -201,6 +222,8 @@ def main():
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--precisions", default="fp32,tf32,bf16")
     ap.add_argument("--gpipe", help="gpipe's times: lines CONFIG BATCH PRECISION MS")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="after timing, N more steps under torch.profiler: its kernel table")
     args = ap.parse_args()
     import torch
     gp = {}
@@ -221,7 +244,7 @@ def main():
         batch = int(batch)
         cfg = read_config(os.path.join(ROOT, path) if not os.path.isabs(path) else path)
         for prec in args.precisions.split(","):
-            t = step_ms(cfg, batch, prec, args.device, args.steps)
+            t = step_ms(cfg, batch, prec, args.device, args.steps, args.profile)
             g = gp.get((os.path.normpath(path), batch, prec))
             print("| %s, %d | %s | %.2f | %s | %s |"
                   % (path, batch, prec, t, "%.2f" % g if g else "-",

@@ -16,7 +16,8 @@
 # timed (the first ones pick algorithms and warm the caching allocator).
 # Prints a Markdown table; traces and metrics go to $OUT (the device tool's
 # folder that comes back) or /tmp/gpu-bars.  DEV=cpu:0 SCALE=32 STEPS=4
-# runs the same on a CPU with batches / 32, to check the script itself.
+# runs the same on a CPU with batches / 32, to check the script itself;
+# PARTS=precision runs only issue 15's part below.
 # Last, issue 15's fp32 against tf32 on the five configs of its table, and
 # fp32 with train.deterministic (cuDNN's heuristic choice, as at 82fd00b)
 # against the default measured choice; then PyTorch on the same GPU
@@ -49,6 +50,7 @@ print("%.2f %d" % (statistics.median(t) * 1e3, max(w)))
 EOF
 }
 echo "gpu_bars: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+if [ "${PARTS:-all}" != precision ]; then
 echo
 echo "| model, batch | m = 1 ms | m = 8 ms | m = 8 / m = 1 | host waits (max per device per step) |"
 echo "|---|---|---|---|---|"
@@ -79,6 +81,7 @@ echo "the same, free-running (lockstep: false): $tfree ms against lockstep $t2 m
 # the picture side by side, where matplotlib is there
 "$PY" scripts/timeline.py compare -o "$OUT/lockstep-vs-free.png" "$OUT/resnet18-2048-2stages.json" \
   "$OUT/resnet18-2048-2stages-free.json" > /dev/null 2>&1 || echo "(no picture: no matplotlib)"
+fi # PARTS
 # Issue 15's precision columns: the five configs of its table, one stage,
 # m = 1, in FP32 and with train.precision: tf32 (TF32 tensor cores in
 # cuBLAS and cuDNN; a CPU device computes FP32 under tf32, so DEV=cpu:0

@@ -97,8 +97,10 @@
  *  17  bf16_pack, bf16_unpack (pipeline copies in bfloat16)
  *  18  act_block, and the channel-blocked layouts of gp_conv_desc.xblk /
  *      yblk, gp_pool_desc.blk / plain_out and gp_bn_desc.blk (activations
- *      kept in the convolutions' own layout between them) */
-#define GP_DEVICE_IFACE_VERSION 18
+ *      kept in the convolutions' own layout between them)
+ *  19  copy_to_host (a copy into another backend's host memory that touches
+ *      none of this device's stream state) */
+#define GP_DEVICE_IFACE_VERSION 19
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -666,6 +668,16 @@ typedef struct gp_device_iface {
      * CPU's: the same kernels, and batch norm's sums in one order for every
      * layout, cpu_bn.c). */
     int64_t (*act_block)(gp_device *dev, const gp_conv_desc *d, bool output);
+    /* copy_to_host (optional; NULL: staged through copy_d2h and a
+     * synchronize): copy `bytes` of this device's memory src into host
+     * memory dst once `after` (an event of this device; NULL: none) has
+     * completed, and return when dst holds them.  Callable from any
+     * thread while this device's own worker runs: it uses none of the
+     * device's streams or staging buffers and waits for nothing else
+     * queued there.  gp_dev_copy_async uses it for a copy from a GPU
+     * stage into a CPU stage, on the receiving CPU worker. */
+    gp_status (*copy_to_host)(gp_device *dev, void *dst, const void *src, size_t bytes,
+                              void *after);
 } gp_device_iface;
 
 #define GP_CHAN_ID_BYTES 256

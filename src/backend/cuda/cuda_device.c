@@ -473,7 +473,20 @@ static gp_status cuda_copy_peer(gp_device *dev, void *dst, gp_device *src_dev, c
 static gp_status cuda_copy_async(gp_device *dev, void *dst, gp_device *src_dev, const void *src,
                                  size_t bytes, void *after, void *done)
 {
-    if (src_dev->kind != GP_DEV_CUDA) /* host memory: the wrapper's synchronous copy */
+    if (src_dev->kind == GP_DEV_CPU) {
+        /* A CPU stage's memory is pageable host memory: the wrapper has
+         * waited for `after` (another backend's event), and the runtime
+         * stages src before cudaMemcpyAsync returns, so nothing here waits
+         * for this device's queue (the staged copy_h2d would fence its
+         * compute and synchronize).  dst came from the allocator, which made
+         * both streams wait for its last users, as for upload_async. */
+        gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+        GP_TRY(gp_cuda_enter(dev));
+        if (bytes) GP_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ctx->copy));
+        GP_CUDA(cudaEventRecord(done ? (cudaEvent_t)done : ctx->fence_copy, ctx->copy));
+        return GP_OK;
+    }
+    if (src_dev->kind != GP_DEV_CUDA)
         return gp_error_set(GP_ERR_UNSUPPORTED, "device %s: no asynchronous copy from %s",
                             dev->name, src_dev->name);
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev), *sc = gp_cuda_ctx_of(src_dev);
@@ -489,6 +502,24 @@ static gp_status cuda_copy_async(gp_device *dev, void *dst, gp_device *src_dev, 
     GP_CUDA(cudaEventRecord(read, ctx->copy));
     if (src_dev != dev) GP_CUDA(cudaStreamWaitEvent(sc->copy, read, 0));
     gp_cuda_nvtx_pop();
+    return GP_OK;
+}
+
+/* Into a CPU stage's memory, on that stage's worker (backend.h,
+ * copy_to_host): the calling thread's own default stream
+ * (cudaStreamPerThread, which orders nothing against this device's
+ * non-blocking streams) waits for `after`, copies and is synchronized, so
+ * the host waits for the producer and the copy and for nothing else this
+ * device has queued; ctx's streams and staging buffers, which this
+ * device's worker uses meanwhile, are not touched. */
+static gp_status cuda_copy_to_host(gp_device *dev, void *dst, const void *src, size_t bytes,
+                                   void *after)
+{
+    GP_TRY(gp_cuda_enter(dev));
+    if (after) GP_CUDA(cudaStreamWaitEvent(cudaStreamPerThread, (cudaEvent_t)after, 0));
+    if (bytes)
+        GP_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cudaStreamPerThread));
+    GP_CUDA(cudaStreamSynchronize(cudaStreamPerThread));
     return GP_OK;
 }
 
@@ -1566,6 +1597,7 @@ static const gp_device_iface cuda_iface = {
     .chan_id = cuda_chan_id,
     .event_query = cuda_event_query,
     .uid = cuda_uid,
+    .copy_to_host = cuda_copy_to_host,
 };
 
 gp_status gp_cuda_device_create(int index, const gp_device_opts *opts, gp_device **out)
@@ -1611,6 +1643,8 @@ gp_status gp_cuda_device_create(int index, const gp_device_opts *opts, gp_device
     dev->precision = ctx->tf32 ? GP_PRECISION_TF32 : GP_PRECISION_FP32;
 
     GP_CUDA_GO(cudaSetDevice(index));
+    size_t gpu_free = 0;
+    GP_CUDA_GO(cudaMemGetInfo(&gpu_free, &ctx->gpu_bytes));
     GP_CUDA_GO(cudaStreamCreateWithFlags(&ctx->compute, cudaStreamNonBlocking));
     GP_CUDA_GO(cudaStreamCreateWithFlags(&ctx->copy, cudaStreamNonBlocking));
     GP_CUDA_GO(cudaEventCreateWithFlags(&ctx->fence_compute, cudaEventDisableTiming));

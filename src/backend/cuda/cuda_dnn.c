@@ -4,8 +4,8 @@
  *
  * Convolutions.  Each shape gets one cuda_conv with its descriptors and,
  * per direction on first use, the algorithm (issue 15), picked by
- * gp_algo_pick among those that need at most CUDA_CONV_WS_LIMIT of
- * workspace (an eighth of a capped device):
+ * gp_algo_pick among those that need at most ws_limit of workspace (an
+ * eighth of a capped device, a sixteenth of an uncapped GPU):
  *  - by default measured: cudnnFind*AlgorithmEx runs every algorithm once
  *    on the call's own operands (the backward-filter search into a scratch
  *    dw, since the real one accumulates) and the fastest wins.  The search
@@ -167,12 +167,29 @@ static gp_status conv_get(gp_device *dev, const gp_conv_desc *d, cuda_conv **out
     return GP_OK;
 }
 
-/* Workspace bound for one algorithm: the fixed limit, or an eighth of the
- * device's capacity when that is smaller. */
+/* Workspace bound for one algorithm (cuda_impl.h, CUDA_CONV_WS_FLOOR): an
+ * eighth of the device's capacity, or a sixteenth of the GPU's memory. */
 static size_t ws_limit(gp_device *dev)
 {
-    size_t cap = dev->alloc.capacity;
-    return cap && cap / 8 < CUDA_CONV_WS_LIMIT ? cap / 8 : CUDA_CONV_WS_LIMIT;
+    size_t cap = dev->alloc.capacity, lim = cap ? cap / 8 : gp_cuda_ctx_of(dev)->gpu_bytes / 16;
+    return lim > CUDA_CONV_WS_FLOOR || cap ? lim : CUDA_CONV_WS_FLOOR;
+}
+
+/* GPIPE_LOG=debug: what a search measured and what it chose, per shape and
+ * direction (where a convolution's time goes on a GPU). */
+static void log_pick(const gp_device *dev, const char *dir, const gp_conv_desc *d,
+                     const gp_algo_cand *c, int n, int idx, size_t limit)
+{
+    char buf[1536];
+    int at = 0;
+    for (int i = 0; i < n && at < (int)sizeof buf - 64; i++)
+        at += snprintf(buf + at, sizeof buf - (size_t)at, " %d:%s%.3fms/%zuMiB", c[i].algo,
+                       c[i].ok ? "" : "failed:", (double)c[i].time_ms, c[i].memory >> 20);
+    GP_DEBUG("device %s: conv %s n=%lld c=%lld %lldx%lld k=%lld %lldx%lld: algorithm %d of%s "
+             "(limit %zu MiB)",
+             dev->name, dir, (long long)d->n, (long long)d->c, (long long)d->h, (long long)d->w,
+             (long long)d->k, (long long)d->kh, (long long)d->kw, idx >= 0 ? c[idx].algo : -1,
+             buf, limit >> 20);
 }
 
 /* Results a query may return: cudnnGet*AlgorithmMaxCount says how many
@@ -194,6 +211,7 @@ static size_t ws_limit(gp_device *dev)
                 .memory = (perf)[i_].memory,                                               \
                 .deterministic = (perf)[i_].determinism == CUDNN_DETERMINISTIC};           \
         (idx) = gp_algo_pick(cand_, (got), (limit), ctx->deterministic);                   \
+        log_pick(dev, (dir), d, cand_, (got), (idx), (limit));                             \
         if ((idx) < 0) return no_algo(dev, (dir), d, (limit));                             \
     } while (0)
 

@@ -117,13 +117,18 @@ typedef struct cuda_conv {
     struct cuda_conv *next;
 } cuda_conv;
 
-/* Largest cuDNN workspace an algorithm may ask for. */
-#define CUDA_CONV_WS_LIMIT ((size_t)256 << 20)
+/* The largest cuDNN workspace an algorithm may ask for is an eighth of a
+ * capped device's memory, else a sixteenth of the GPU's (5 GiB of an H100):
+ * FFT convolutions at 28x28 and a batch of 1024 want more than 256 MiB,
+ * the limit before, and ran 2x slower without them (bench/README.md).
+ * Never below this floor. */
+#define CUDA_CONV_WS_FLOOR ((size_t)256 << 20)
 
 #define CUDA_MAX_DEVICES 64
 
 typedef struct gp_cuda_ctx {
     int ordinal;                  /* the N of cuda:N */
+    size_t gpu_bytes;             /* the GPU's memory (cudaMemGetInfo's total) */
     bool tf32;                    /* precision tf32: TF32 tensor-core math (cuBLAS, cuDNN) */
     bool deterministic;           /* train.deterministic: cuDNN algorithms by heuristics,
                                      deterministic only; else measured (cudnnFind) */
