@@ -1640,6 +1640,8 @@ gp_status gp_cuda_device_create(int index, const gp_device_opts *opts, gp_device
     }
     ctx->tf32 = opts->precision == GP_PRECISION_TF32;
     ctx->deterministic = opts->deterministic;
+    const char *legacy = getenv("GPIPE_CUDNN_LEGACY");
+    ctx->legacy_conv = legacy && strcmp(legacy, "0") != 0;
     dev->precision = ctx->tf32 ? GP_PRECISION_TF32 : GP_PRECISION_FP32;
 
     GP_CUDA_GO(cudaSetDevice(index));

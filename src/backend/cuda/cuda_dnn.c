@@ -65,6 +65,7 @@ static void conv_free(cuda_conv *cv)
     if (cv->b) cudnnDestroyTensorDescriptor(cv->b);
     if (cv->w) cudnnDestroyFilterDescriptor(cv->w);
     if (cv->conv) cudnnDestroyConvolutionDescriptor(cv->conv);
+    gp_cuda_graph_free(cv);
     free(cv);
 }
 
@@ -169,7 +170,7 @@ static gp_status conv_get(gp_device *dev, const gp_conv_desc *d, cuda_conv **out
 
 /* Workspace bound for one algorithm (cuda_impl.h, CUDA_CONV_WS_FLOOR): an
  * eighth of the device's capacity, or a sixteenth of the GPU's memory. */
-static size_t ws_limit(gp_device *dev)
+size_t gp_cuda_ws_limit(gp_device *dev)
 {
     size_t cap = dev->alloc.capacity, lim = cap ? cap / 8 : gp_cuda_ctx_of(dev)->gpu_bytes / 16;
     return lim > CUDA_CONV_WS_FLOOR || cap ? lim : CUDA_CONV_WS_FLOOR;
@@ -221,10 +222,10 @@ static void log_pick(const gp_device *dev, const char *dir, const gp_conv_desc *
  * tried).  The caller frees it after the search, so no step keeps it; the
  * chosen algorithm's own workspace is reserved when it runs.  Counts the
  * search (dev->algo_searches). */
-static void search_ws(gp_device *dev, void **ws, size_t *bytes)
+void gp_cuda_search_ws(gp_device *dev, void **ws, size_t *bytes, bool count)
 {
-    dev->algo_searches++;
-    for (size_t b = ws_limit(dev); b >= ((size_t)1 << 20); b /= 2) {
+    dev->algo_searches += count;
+    for (size_t b = gp_cuda_ws_limit(dev); b >= ((size_t)1 << 20); b /= 2) {
         if (gp_dev_alloc(dev, b, GP_MEM_WORKSPACE, ws) == GP_OK) {
             *bytes = b;
             return;
@@ -261,7 +262,7 @@ gp_status gp_cuda_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x
         int got = 0, idx, cap = 0;
         GP_CUDNN(cudnnGetConvolutionForwardAlgorithmMaxCount(ctx->dnn, &cap));
         if (cap < 1 || cap > CUDA_ALGO_CAP) cap = CUDA_ALGO_CAP;
-        size_t limit = ws_limit(dev);
+        size_t limit = gp_cuda_ws_limit(dev);
         /* tf32: every algorithm, TF32 tensor cores included, is a candidate */
         GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, ctx->tf32 ? CUDNN_DEFAULT_MATH
                                                                   : CUDNN_FMA_MATH));
@@ -271,7 +272,7 @@ gp_status gp_cuda_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x
                                                             cap, &got, perf));
         } else {
             void *sws;
-            search_ws(dev, &sws, &limit);
+            gp_cuda_search_ws(dev, &sws, &limit, true);
             /* runs every algorithm on these operands; y is written again below */
             cudnnStatus_t cs = cudnnFindConvolutionForwardAlgorithmEx(
                 ctx->dnn, cv->x, x, cv->w, w, cv->conv, cv->y, y,
@@ -280,6 +281,7 @@ gp_status gp_cuda_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x
             GP_CUDNN(cs);
         }
         PICK_OR_FAIL(perf, got, !ctx->deterministic, limit, "forward", idx);
+        cv->lms[GP_CUDA_FWD] = ctx->deterministic ? -1.0f : perf[idx].time;
         cv->fwd = perf[idx].algo;
         cv->math_fwd = ctx->tf32 ? perf[idx].mathType : CUDNN_FMA_MATH;
         GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, cv->math_fwd));
@@ -287,11 +289,14 @@ gp_status gp_cuda_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x
                                                          cv->fwd, &cv->ws_fwd));
         cv->have_fwd = 1;
     }
-    if (cv->ws_fwd) GP_TRY(gp_cuda_ws_reserve(dev, cv->ws_fwd, &ws));
+    bool graph; /* the graph API's plan where it is faster (cuda_graph.c) */
+    GP_TRY(gp_cuda_graph_conv(dev, cv, GP_CUDA_FWD, x, w, y, &graph));
+    if (!graph && cv->ws_fwd) GP_TRY(gp_cuda_ws_reserve(dev, cv->ws_fwd, &ws));
     gp_cuda_nvtx_push("conv_fwd");
-    if (ctx->tf32) GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, cv->math_fwd));
-    GP_CUDNN(cudnnConvolutionForward(ctx->dnn, &one, cv->x, x, cv->w, w, cv->conv, cv->fwd, ws,
-                                     cv->ws_fwd, &zero, cv->y, y));
+    if (!graph && ctx->tf32) GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, cv->math_fwd));
+    if (!graph)
+        GP_CUDNN(cudnnConvolutionForward(ctx->dnn, &one, cv->x, x, cv->w, w, cv->conv, cv->fwd,
+                                         ws, cv->ws_fwd, &zero, cv->y, y));
     if (d->has_bias && b) GP_CUDNN(cudnnAddTensor(ctx->dnn, &one, cv->b, b, &one, cv->y, y));
     gp_cuda_nvtx_pop();
     return GP_OK;
@@ -310,7 +315,7 @@ gp_status gp_cuda_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const flo
         int got = 0, idx, cap = 0;
         GP_CUDNN(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(ctx->dnn, &cap));
         if (cap < 1 || cap > CUDA_ALGO_CAP) cap = CUDA_ALGO_CAP;
-        size_t limit = ws_limit(dev);
+        size_t limit = gp_cuda_ws_limit(dev);
         /* tf32: every algorithm, TF32 tensor cores included, is a candidate */
         GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, ctx->tf32 ? CUDNN_DEFAULT_MATH
                                                                   : CUDNN_FMA_MATH));
@@ -319,7 +324,7 @@ gp_status gp_cuda_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const flo
                 ctx->dnn, cv->w, cv->y, cv->conv, cv->x, cap, &got, perf));
         } else {
             void *sws;
-            search_ws(dev, &sws, &limit);
+            gp_cuda_search_ws(dev, &sws, &limit, true);
             /* dx is written (beta 0) again below */
             cudnnStatus_t cs = cudnnFindConvolutionBackwardDataAlgorithmEx(
                 ctx->dnn, cv->w, w, cv->y, dy, cv->conv, cv->x, dx,
@@ -328,6 +333,7 @@ gp_status gp_cuda_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const flo
             GP_CUDNN(cs);
         }
         PICK_OR_FAIL(perf, got, !ctx->deterministic, limit, "backward-data", idx);
+        cv->lms[GP_CUDA_BWD_DATA] = ctx->deterministic ? -1.0f : perf[idx].time;
         cv->bwd_data = perf[idx].algo;
         cv->math_bwd_data = ctx->tf32 ? perf[idx].mathType : CUDNN_FMA_MATH;
         GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, cv->math_bwd_data));
@@ -336,6 +342,9 @@ gp_status gp_cuda_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const flo
                                                               &cv->ws_bwd_data));
         cv->have_bwd_data = 1;
     }
+    bool graph;
+    GP_TRY(gp_cuda_graph_conv(dev, cv, GP_CUDA_BWD_DATA, dx, w, dy, &graph));
+    if (graph) return GP_OK;
     if (cv->ws_bwd_data) GP_TRY(gp_cuda_ws_reserve(dev, cv->ws_bwd_data, &ws));
     gp_cuda_nvtx_push("conv_bwd_data");
     /* dx = (beta 0) */
@@ -359,7 +368,7 @@ gp_status gp_cuda_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const 
         int got = 0, idx, cap = 0;
         GP_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(ctx->dnn, &cap));
         if (cap < 1 || cap > CUDA_ALGO_CAP) cap = CUDA_ALGO_CAP;
-        size_t limit = ws_limit(dev);
+        size_t limit = gp_cuda_ws_limit(dev);
         /* tf32: every algorithm, TF32 tensor cores included, is a candidate */
         GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, ctx->tf32 ? CUDNN_DEFAULT_MATH
                                                                   : CUDNN_FMA_MATH));
@@ -377,7 +386,7 @@ gp_status gp_cuda_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const 
                 ctx->dnn, cv->x, cv->y, cv->conv, cv->w, cap, &got, perf));
         } else {
             void *sws;
-            search_ws(dev, &sws, &limit);
+            gp_cuda_search_ws(dev, &sws, &limit, true);
             cudnnStatus_t cs = cudnnFindConvolutionBackwardFilterAlgorithmEx(
                 ctx->dnn, cv->x, x, cv->y, dy, cv->conv, cv->w, sdw,
                 cap, &got, perf, sws, limit);
@@ -386,6 +395,7 @@ gp_status gp_cuda_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const 
             GP_CUDNN(cs);
         }
         PICK_OR_FAIL(perf, got, measure, limit, "backward-filter", idx);
+        cv->lms[GP_CUDA_BWD_FILTER] = measure ? perf[idx].time : -1.0f;
         cv->bwd_filter = perf[idx].algo;
         cv->math_bwd_filter = ctx->tf32 ? perf[idx].mathType : CUDNN_FMA_MATH;
         GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, cv->math_bwd_filter));
@@ -394,15 +404,21 @@ gp_status gp_cuda_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const 
                                                                 &cv->ws_bwd_filter));
         cv->have_bwd_filter = 1;
     }
-    if (cv->ws_bwd_filter) GP_TRY(gp_cuda_ws_reserve(dev, cv->ws_bwd_filter, &ws));
+    bool graph;
+    GP_TRY(gp_cuda_graph_conv(dev, cv, GP_CUDA_BWD_FILTER, x, dw, dy, &graph));
+    if (!graph && cv->ws_bwd_filter) GP_TRY(gp_cuda_ws_reserve(dev, cv->ws_bwd_filter, &ws));
     gp_cuda_nvtx_push("conv_bwd_weights");
     /* dw += (beta 1), db += (beta 1) */
-    if (ctx->tf32) GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, cv->math_bwd_filter));
-    GP_CUDNN(cudnnConvolutionBackwardFilter(ctx->dnn, &one, cv->x, x, cv->y, dy, cv->conv,
-                                            cv->bwd_filter, ws, cv->ws_bwd_filter, &one, cv->w,
-                                            dw));
-    if (d->has_bias && db)
-        GP_CUDNN(cudnnConvolutionBackwardBias(ctx->dnn, &one, cv->y, dy, &one, cv->b, db));
+    if (!graph && ctx->tf32) GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, cv->math_bwd_filter));
+    if (!graph)
+        GP_CUDNN(cudnnConvolutionBackwardFilter(ctx->dnn, &one, cv->x, x, cv->y, dy, cv->conv,
+                                                cv->bwd_filter, ws, cv->ws_bwd_filter, &one,
+                                                cv->w, dw));
+    if (d->has_bias && db) { /* cuda_kernels.h: a quarter of cuDNN's time */
+        void *part;
+        GP_TRY(gp_cuda_ws_reserve(dev, (size_t)(d->n * d->k) * sizeof(double), &part));
+        GP_CUDA(gp_cuk_sum_planes(ctx->compute, dy, db, d->n, d->k, d->oh * d->ow, part));
+    }
     gp_cuda_nvtx_pop();
     return GP_OK;
 }

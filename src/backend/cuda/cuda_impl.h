@@ -114,8 +114,18 @@ typedef struct cuda_conv {
     cudnnMathType_t math_fwd, math_bwd_data, math_bwd_filter;
     cudnnConvolutionBwdFilterAlgo_t bwd_filter;
     size_t ws_fwd, ws_bwd_data, ws_bwd_filter;
+    /* cuda_graph.c: the graph API's execution plan per direction
+     * (GP_CUDA_FWD ..) and operand alignment (16 bytes, 4), its workspace,
+     * and whether it was looked for; a NULL plan once tried: the legacy
+     * algorithm above */
+    cudnnBackendDescriptor_t gplan[3][2];
+    float lms[3]; /* the legacy algorithm's measured ms per direction (-1: not measured) */
+    size_t gws[3][2];
+    unsigned char gtried[3][2];
     struct cuda_conv *next;
 } cuda_conv;
+
+enum { GP_CUDA_FWD, GP_CUDA_BWD_DATA, GP_CUDA_BWD_FILTER };
 
 /* The largest cuDNN workspace an algorithm may ask for is an eighth of a
  * capped device's memory, else a sixteenth of the GPU's (5 GiB of an H100):
@@ -130,6 +140,7 @@ typedef struct gp_cuda_ctx {
     int ordinal;                  /* the N of cuda:N */
     size_t gpu_bytes;             /* the GPU's memory (cudaMemGetInfo's total) */
     bool tf32;                    /* precision tf32: TF32 tensor-core math (cuBLAS, cuDNN) */
+    bool legacy_conv;             /* GPIPE_CUDNN_LEGACY=1: no graph API for convolutions */
     bool deterministic;           /* train.deterministic: cuDNN algorithms by heuristics,
                                      deterministic only; else measured (cudnnFind) */
     int chans_open;               /* channels (chan_open) open on this device */
@@ -206,6 +217,19 @@ gp_status gp_cuda_ws_reserve(gp_device *dev, size_t bytes, void **out);
 /* cuda_dnn.c: create / destroy the shared descriptors and the conv cache. */
 gp_status gp_cuda_dnn_init(gp_cuda_ctx *ctx);
 void gp_cuda_dnn_destroy(gp_cuda_ctx *ctx);
+
+/* cuda_dnn.c: the largest workspace a convolution algorithm may use, and
+ * a search's borrowed workspace (count: count the search). */
+size_t gp_cuda_ws_limit(gp_device *dev);
+void gp_cuda_search_ws(gp_device *dev, void **ws, size_t *bytes, bool count);
+
+/* cuda_graph.c: convolution direction dir through cuDNN's graph API on
+ * tensors 1 (x / dx), 2 (w / dw), 3 (y / dy), choosing its plan on the
+ * first call (after the legacy search, whose measured time cv->lms it must
+ * beat); *done false: no plan, the caller runs the legacy algorithm. */
+gp_status gp_cuda_graph_conv(gp_device *dev, cuda_conv *cv, int dir, const void *p1,
+                             const void *p2, const void *p3, bool *done);
+void gp_cuda_graph_free(cuda_conv *cv);
 
 gp_status gp_cuda_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x,
                            const float *w, const float *b, float *y);

@@ -158,6 +158,26 @@ __global__ void k_sum_rows_final(const double *part, int parts, float *db, int64
     }
 }
 
+__global__ void k_sum_planes_part(const float *dy, double *part, int64_t planes, int64_t hw)
+{
+    int64_t plane = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    int lane = (int)(threadIdx.x % 32);
+    if (plane >= planes) return; /* the whole warp: planes split at warp edges */
+    const float *p = dy + plane * hw;
+    double acc = 0.0;
+    for (int64_t i = lane; i < hw; i += 32) acc += (double)p[i];
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
+    if (lane == 0) part[plane] = acc;
+}
+__global__ void k_sum_planes_final(const double *part, float *db, int64_t n, int64_t k)
+{
+    GP_CUK_LOOP(j, k) {
+        double acc = 0.0;
+        for (int64_t i = 0; i < n; i++) acc += part[i * k + j];
+        db[j] += (float)acc;
+    }
+}
+
 /* Sum of v over the block into thread 0's return value (fixed tree). */
 __device__ double block_sum(double v)
 {
@@ -639,6 +659,18 @@ cudaError_t gp_cuk_sum_rows(cudaStream_t s, const float *dy, float *db, int64_t 
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     GP_CUK_LAUNCH(cols, k_sum_rows_final, part, parts, db, cols);
+}
+
+cudaError_t gp_cuk_sum_planes(cudaStream_t s, const float *dy, float *db, int64_t n, int64_t k,
+                              int64_t hw, double *part)
+{
+    int64_t planes = n * k, blocks = (planes * 32 + GP_CUK_THREADS - 1) / GP_CUK_THREADS;
+    if (planes <= 0) return cudaSuccess;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    k_sum_planes_part<<<(unsigned)blocks, GP_CUK_THREADS, 0, s>>>(dy, part, planes, hw);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    GP_CUK_LAUNCH(k, k_sum_planes_final, part, db, n, k);
 }
 
 cudaError_t gp_cuk_sumsq(cudaStream_t s, const float *x, int64_t n, double *partials,
