@@ -488,7 +488,8 @@ static void test_bn_shape(int64_t n, int64_t c, int64_t s)
 
 static void test_bn(void)
 {
-    test_bn_shape(3, 5, 63);
+    test_bn_shape(3, 5, 63);  /* cuDNN's kernels */
+    test_bn_shape(3, 5, 65);  /* gpipe's (cuda_dnn.c, bn_planes): odd planes */
     test_bn_shape(7, 6, 1);
     test_bn_shape(16, 32, 196);
 }

@@ -529,6 +529,156 @@ __global__ void k_bn_bwd_apply(const float *x, const float *gamma, const float *
 
 inline unsigned channel_blocks(int64_t C) { return (unsigned)(C < 65535 ? C : 65535); }
 
+/* ---- batch norm over planes (S >= 32): a warp per (n, c) plane of S
+ * contiguous values for the sums, a block per channel to add the planes'
+ * partials in a fixed order, and a block per plane for the elementwise
+ * pass, where a block per channel left most of an H100 idle and cuDNN's
+ * NCHW kernels move about 1.3 TB/s.  Sums in double. */
+
+/* part[2 p], part[2 p + 1] of plane p = n C + c: the sums of (x - pivot[c])
+ * and of its square, pivot = the channel's first value (x[c S]), which
+ * keeps the square sums from cancelling. */
+__global__ void k_bnp_stats_part(const float *x, int64_t planes, int64_t C, int64_t S,
+                                 double *part)
+{
+    int64_t p = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    int lane = (int)(threadIdx.x % 32);
+    if (p >= planes) return; /* the whole warp */
+    const float *q = x + p * S;
+    double piv = (double)x[(p % C) * S], a = 0.0, b = 0.0;
+    for (int64_t i = lane; i < S; i += 32) {
+        double d = (double)q[i] - piv;
+        a += d;
+        b += d * d;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        a += __shfl_down_sync(0xffffffffu, a, o);
+        b += __shfl_down_sync(0xffffffffu, b, o);
+    }
+    if (lane == 0) {
+        part[2 * p] = a;
+        part[2 * p + 1] = b;
+    }
+}
+
+/* Block c: the channel's sums over n (thread t takes n = t, t + 256, ..
+ * in order, then the fixed tree), mean and biased var; with vec (2 C
+ * floats) also the scale gamma inv and the shift beta of y = (x - mean)
+ * scale + shift. */
+__global__ void k_bnp_stats_final(const double *part, const float *x, int64_t N, int64_t C,
+                                  int64_t S, float eps, const float *gamma, const float *beta,
+                                  float *mean, float *var, float *vec)
+{
+    int64_t c = blockIdx.x;
+    double a = 0.0, b = 0.0;
+    for (int64_t n = threadIdx.x; n < N; n += blockDim.x) {
+        a += part[2 * (n * C + c)];
+        b += part[2 * (n * C + c) + 1];
+    }
+    a = block_sum(a);
+    b = block_sum(b);
+    if (threadIdx.x == 0) {
+        double cnt = (double)(N * S), piv = (double)x[c * S], ma = a / cnt;
+        double v = b / cnt - ma * ma;
+        float m = (float)(piv + ma), vv = (float)(v > 0.0 ? v : 0.0);
+        if (v != v) vv = (float)v; /* NaN stays NaN */
+        if (mean) mean[c] = m;
+        if (var) var[c] = vv;
+        if (vec) {
+            vec[c] = (gamma ? gamma[c] : 1.0f) * gp_ew_bn_invstd(vv, eps);
+            vec[C + c] = beta ? beta[c] : 0.0f;
+        }
+    }
+}
+
+/* y = (x - mean) scale + shift over plane blockIdx.x. */
+__global__ void k_bnp_apply(const float *x, const float *mean, const float *vec, int64_t C,
+                            int64_t S, float *y)
+{
+    int64_t p = blockIdx.x, c = p % C;
+    const float m = mean[c], sc = vec[c], sh = vec[C + c];
+    const float *q = x + p * S;
+    float *o = y + p * S;
+    for (int64_t i = threadIdx.x; i < S; i += blockDim.x) o[i] = (q[i] - m) * sc + sh;
+}
+
+/* part[2 p] = sum dy, part[2 p + 1] = sum dy (x - mean) over plane p. */
+__global__ void k_bnp_bwd_part(const float *x, const float *mean, const float *dy,
+                               int64_t planes, int64_t C, int64_t S, double *part)
+{
+    int64_t p = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    int lane = (int)(threadIdx.x % 32);
+    if (p >= planes) return;
+    const float *q = x + p * S, *g = dy + p * S;
+    double m = (double)mean[p % C], a = 0.0, b = 0.0;
+    for (int64_t i = lane; i < S; i += 32) {
+        double d = (double)g[i];
+        a += d;
+        b += d * ((double)q[i] - m);
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        a += __shfl_down_sync(0xffffffffu, a, o);
+        b += __shfl_down_sync(0xffffffffu, b, o);
+    }
+    if (lane == 0) {
+        part[2 * p] = a;
+        part[2 * p + 1] = b;
+    }
+}
+
+/* Block c: the sums over n into sums (2 C floats, bn_bwd_sums' layout)
+ * where not NULL; with vec (3 C floats) the coefficients of dx = a dy +
+ * b (x - mean) + c, and dgamma +=, dbeta += where not NULL. */
+__global__ void k_bnp_bwd_final(const double *part, int64_t N, int64_t C, int64_t S,
+                                const float *var, float eps, const float *gamma, float *sums,
+                                float *vec, float *dgamma, float *dbeta)
+{
+    int64_t c = blockIdx.x;
+    double a = 0.0, b = 0.0;
+    for (int64_t n = threadIdx.x; n < N; n += blockDim.x) {
+        a += part[2 * (n * C + c)];
+        b += part[2 * (n * C + c) + 1];
+    }
+    a = block_sum(a);
+    b = block_sum(b);
+    if (threadIdx.x == 0) {
+        if (sums) {
+            sums[c] = (float)a;
+            sums[C + c] = (float)b;
+        }
+        if (vec) {
+            double dg, db;
+            gp_ew_bn_bwd_coeffs(var[c], eps, gamma ? gamma[c] : 1.0f, a, b, (double)(N * S),
+                                &vec[c], &vec[C + c], &vec[2 * C + c], &dg, &db);
+            if (dgamma) dgamma[c] += (float)dg;
+            if (dbeta) dbeta[c] += (float)db;
+        }
+    }
+}
+
+__global__ void k_bnp_bwd_apply(const float *x, const float *mean, const float *dy,
+                                const float *vec, int64_t C, int64_t S, float *dx)
+{
+    int64_t p = blockIdx.x, c = p % C;
+    const float m = mean[c], ka = vec[c], kb = vec[C + c], kc = vec[2 * C + c];
+    const float *q = x + p * S, *g = dy + p * S;
+    float *o = dx + p * S;
+    for (int64_t i = threadIdx.x; i < S; i += blockDim.x)
+        o[i] = gp_ew_bn_bwd_apply(g[i], q[i], m, ka, kb, kc);
+}
+
+/* Launch shapes: warps for the partials, and a block of S rounded up to
+ * a warp (at most 256) per plane for the elementwise passes. */
+inline unsigned warp_blocks(int64_t planes)
+{
+    return (unsigned)((planes * 32 + GP_CUK_THREADS - 1) / GP_CUK_THREADS);
+}
+inline unsigned plane_threads(int64_t S)
+{
+    int64_t t = (S + 31) / 32 * 32;
+    return (unsigned)(t < GP_CUK_THREADS ? t : GP_CUK_THREADS);
+}
+
 } /* namespace */
 
 /* ---- launchers -------------------------------------------------------------- */
@@ -785,6 +935,38 @@ cudaError_t gp_cuk_bn_invstd(cudaStream_t s, const float *var, float eps, float 
                              int64_t c)
 {
     GP_CUK_LAUNCH(c, k_bn_invstd, var, eps, inv, c);
+}
+
+cudaError_t gp_cuk_bnp_fwd(cudaStream_t s, const float *x, int64_t n, int64_t c, int64_t sp,
+                           float eps, const float *gamma, const float *beta, float *y,
+                           float *mean, float *var, double *part, float *vec)
+{
+    int64_t planes = n * c;
+    if (planes <= 0) return cudaSuccess;
+    if (planes > INT_MAX / 32 || c > 65535) return cudaErrorInvalidValue;
+    k_bnp_stats_part<<<warp_blocks(planes), GP_CUK_THREADS, 0, s>>>(x, planes, c, sp, part);
+    k_bnp_stats_final<<<(unsigned)c, GP_CUK_THREADS, 0, s>>>(part, x, n, c, sp, eps, gamma, beta,
+                                                            mean, var, y ? vec : NULL);
+    if (y) k_bnp_apply<<<(unsigned)planes, plane_threads(sp), 0, s>>>(x, mean, vec, c, sp, y);
+    return cudaGetLastError();
+}
+
+cudaError_t gp_cuk_bnp_bwd(cudaStream_t s, const float *x, const float *mean, const float *var,
+                           const float *gamma, const float *dy, int64_t n, int64_t c, int64_t sp,
+                           float eps, float *sums, float *dx, float *dgamma, float *dbeta,
+                           double *part, float *vec)
+{
+    int64_t planes = n * c;
+    if (planes <= 0) return cudaSuccess;
+    if (planes > INT_MAX / 32 || c > 65535) return cudaErrorInvalidValue;
+    k_bnp_bwd_part<<<warp_blocks(planes), GP_CUK_THREADS, 0, s>>>(x, mean, dy, planes, c, sp,
+                                                                  part);
+    k_bnp_bwd_final<<<(unsigned)c, GP_CUK_THREADS, 0, s>>>(part, n, c, sp, var, eps, gamma, sums,
+                                                          dx ? vec : NULL, dgamma, dbeta);
+    if (dx)
+        k_bnp_bwd_apply<<<(unsigned)planes, plane_threads(sp), 0, s>>>(x, mean, dy, vec, c, sp,
+                                                                       dx);
+    return cudaGetLastError();
 }
 
 cudaError_t gp_cuk_bn_stats(cudaStream_t s, const float *x, int64_t n, int64_t c, int64_t sp,
