@@ -169,14 +169,6 @@ __global__ void k_sum_planes_part(const float *dy, double *part, int64_t planes,
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
     if (lane == 0) part[plane] = acc;
 }
-__global__ void k_sum_planes_final(const double *part, float *db, int64_t n, int64_t k)
-{
-    GP_CUK_LOOP(j, k) {
-        double acc = 0.0;
-        for (int64_t i = 0; i < n; i++) acc += part[i * k + j];
-        db[j] += (float)acc;
-    }
-}
 
 /* Sum of v over the block into thread 0's return value (fixed tree). */
 __device__ double block_sum(double v)
@@ -191,6 +183,18 @@ __device__ double block_sum(double v)
     double r = sh[0];
     __syncthreads();
     return r;
+}
+
+/* Block j: channel j's planes over n (thread t takes t, t + 256, .. in
+ * order, then the fixed tree). */
+__global__ void k_sum_planes_final(const double *part, float *db, int64_t n, int64_t k)
+{
+    for (int64_t j = blockIdx.x; j < k; j += gridDim.x) {
+        double acc = 0.0;
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += part[i * k + j];
+        acc = block_sum(acc);
+        if (threadIdx.x == 0) db[j] += (float)acc;
+    }
 }
 
 __device__ long long block_min(long long v)
@@ -820,7 +824,9 @@ cudaError_t gp_cuk_sum_planes(cudaStream_t s, const float *dy, float *db, int64_
     k_sum_planes_part<<<(unsigned)blocks, GP_CUK_THREADS, 0, s>>>(dy, part, planes, hw);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
-    GP_CUK_LAUNCH(k, k_sum_planes_final, part, db, n, k);
+    k_sum_planes_final<<<k < 65535 ? (unsigned)k : 65535u, GP_CUK_THREADS, 0, s>>>(part, db, n,
+                                                                                 k);
+    return cudaGetLastError();
 }
 
 cudaError_t gp_cuk_sumsq(cudaStream_t s, const float *x, int64_t n, double *partials,

@@ -96,8 +96,8 @@ cudaError_t gp_cuk_sum_rows(cudaStream_t s, const float *dy, float *db, int64_t 
                             int64_t cols, double *part);
 /* A convolution's bias gradient: db(k) += the sum of dy(n, k, hw) over n
  * and the plane, in double: a warp per (n, k) plane into part (n x k
- * doubles, a fixed butterfly), then a thread per channel down n in order
- * (deterministic).  cudnnConvolutionBackwardBias took 0.4-0.9 ms per
+ * doubles, a fixed butterfly), then a block per channel down n in a fixed
+ * order (deterministic).  cudnnConvolutionBackwardBias took 0.4-0.9 ms per
  * layer of the convnet at batch 1024 on an H100, 4x its memory traffic. */
 cudaError_t gp_cuk_sum_planes(cudaStream_t s, const float *dy, float *db, int64_t n, int64_t k,
                               int64_t hw, double *part);
