@@ -1292,6 +1292,61 @@ static void test_dropout(gp_device *dev)
     dfree(dev, m, n); dfree(dev, s, n);
 }
 
+/* A copy into a CPU stage from a device of another backend with
+ * copy_to_host (a GPU's, run on the CPU stage's worker): the wrapper hands
+ * it the producer's event, counts one host wait on the source and none on
+ * the receiver, and records `done`; a copy the other way, or from a
+ * backend without the slot, does not call it.  The other backend is played
+ * by a copy of the CPU's table with a recording copy_to_host. */
+static int cth_calls;
+static void *cth_after;
+static gp_status fake_copy_to_host(gp_device *d, void *dst, const void *src, size_t bytes,
+                                   void *after)
+{
+    (void)d;
+    cth_calls++;
+    cth_after = after;
+    memcpy(dst, src, bytes);
+    return GP_OK;
+}
+
+static void test_copy_to_host(gp_device *dev)
+{
+    enum { N = 777 };
+    gp_device *src = NULL;
+    gp_device_opts o = {.threads = 1};
+    CHECK_OK(gp_device_open("cpu:5", &o, &src));
+    if (!src) return;
+    const gp_device_iface *cpu = src->iface;
+    gp_device_iface other = *cpu;
+    other.copy_to_host = fake_copy_to_host;
+    src->iface = &other;
+    float *x = dalloc(src, N), *y = dalloc(dev, N);
+    for (int i = 0; i < N; i++) x[i] = (float)i * 0.25f, y[i] = -1.0f;
+    int token; /* stands for the producer's event; the fake never reads it */
+    uint64_t ws = gp_dev_host_waits(src), wd = gp_dev_host_waits(dev);
+    CHECK_OK(gp_dev_copy_async(dev, y, src, x, N * sizeof(float), &token, NULL));
+    CHECK(cth_calls == 1 && cth_after == &token);
+    CHECK(!memcmp(x, y, N * sizeof(float)));
+    CHECK_MSG(gp_dev_host_waits(src) == ws + 1 && gp_dev_host_waits(dev) == wd,
+              "one host wait, on the source: %llu and %llu",
+              (unsigned long long)(gp_dev_host_waits(src) - ws),
+              (unsigned long long)(gp_dev_host_waits(dev) - wd));
+    /* into the other backend's device: its own copy, not copy_to_host */
+    for (int i = 0; i < N; i++) y[i] = (float)(N - i);
+    CHECK_OK(gp_dev_copy_async(src, x, dev, y, N * sizeof(float), NULL, NULL));
+    CHECK(cth_calls == 1 && !memcmp(x, y, N * sizeof(float)));
+    /* a source backend without the slot: the staged copy */
+    other.copy_to_host = NULL;
+    for (int i = 0; i < N; i++) x[i] = (float)i - 3.0f;
+    CHECK_OK(gp_dev_copy_async(dev, y, src, x, N * sizeof(float), NULL, NULL));
+    CHECK(cth_calls == 1 && !memcmp(x, y, N * sizeof(float)));
+    dfree(src, x, N);
+    dfree(dev, y, N);
+    src->iface = cpu;
+    gp_device_close(src);
+}
+
 /* ---- the interface table: version check, optional slots ------------------------------------ */
 
 /* A backend compiled against another backend.h is refused where devices are
@@ -2133,6 +2188,7 @@ int main(void)
         test_copies(dev, blk);
     }
     test_copy_async(dev);
+    test_copy_to_host(dev);
     test_bf16();
     test_bf16_convert(dev);
     test_marks(dev);

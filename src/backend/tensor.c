@@ -87,9 +87,12 @@ gp_status gp_dev_copy_async(gp_device *dev, void *dst, gp_device *src_dev, const
      * out from this thread: one host wait, for the producer and the copy
      * together, and nothing of the source's own queue. */
     if (src_dev->iface != dev->iface && dev->kind == GP_DEV_CPU && src_dev->iface->copy_to_host) {
-        gp_dev_count_wait(src_dev);
-        if (bytes) GP_TRY(src_dev->iface->copy_to_host(src_dev, dst, src, bytes, after));
-        else if (after) GP_TRY(gp_dev_event_sync(src_dev, after));
+        if (bytes) {
+            gp_dev_count_wait(src_dev);
+            GP_TRY(src_dev->iface->copy_to_host(src_dev, dst, src, bytes, after));
+        } else if (after) {
+            GP_TRY(gp_dev_event_sync(src_dev, after)); /* counts its wait */
+        }
         return done ? gp_dev_event_record(dev, done) : GP_OK;
     }
     /* Another backend's event means nothing to this one: the host waits. */
