@@ -49,7 +49,7 @@ w = [d.get("host_waits", -1) for s in steps[2:] for d in s["devices"]]
 print("%.2f %d" % (statistics.median(t) * 1e3, max(w)))
 EOF
 }
-echo "gpu_bars: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+echo "gpu_bars: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}"
 if [ "${PARTS:-all}" != precision ]; then
 echo
 echo "| model, batch | m = 1 ms | m = 8 ms | m = 8 / m = 1 | host waits (max per device per step) |"

@@ -58,7 +58,7 @@ if [ ! -d "$DIR/train" ]; then
 fi
 echo "gpu_loader: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)," \
      "$(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), commit" \
-     "$(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(find "$DIR/train" -name '*.jpg' | wc -l) JPEGs"
+     "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}, $(find "$DIR/train" -name '*.jpg' | wc -l) JPEGs"
 echo
 echo "| loader workers | images/s |"
 echo "|---|---|"

@@ -14,6 +14,10 @@
 # bars:   bench/gpu_bars.sh (issue 14's bars; issue 15's fp32 / measured /
 #         tf32 table).
 # loader: bench/gpu_loader.sh (issue 23's GPU bar).
+# The device tool's copy of the tree reported the session's first commit
+# on 2026-11-24, not the one it ran: put COMMIT=$(git rev-parse --short
+# HEAD), taken here, in front of the command there, and the scripts print
+# that instead.
 # Logs go to $OUT (what the device tool brings back) or /tmp/gpu-session;
 # the last lines of each part are a summary to paste into bench/README.md
 # with the commit.
@@ -24,7 +28,7 @@ OUT=${OUT:-/tmp/gpu-session}
 mkdir -p "$OUT"
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
-echo "gpu_session $part: commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(date -u +%FT%TZ)"
+echo "gpu_session $part: commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}, $(date -u +%FT%TZ)"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true
 case "$part" in
   tests)
