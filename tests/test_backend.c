@@ -1294,9 +1294,10 @@ static void test_dropout(gp_device *dev)
 
 /* A copy into a CPU stage from a device of another backend with
  * copy_to_host (a GPU's, run on the CPU stage's worker): the wrapper hands
- * it the producer's event, counts one host wait on the source and none on
- * the receiver, and records `done`; a copy the other way, or from a
- * backend without the slot, does not call it.  The other backend is played
+ * it the producer's event and counts one host wait on the source and none
+ * on the receiver; a zero-byte copy with nothing to wait for calls nothing
+ * and waits for nothing; a copy the other way, or from a backend without
+ * the slot, does not call it.  The other backend is played
  * by a copy of the CPU's table with a recording copy_to_host. */
 static int cth_calls;
 static void *cth_after;
@@ -1332,6 +1333,9 @@ static void test_copy_to_host(gp_device *dev)
               "one host wait, on the source: %llu and %llu",
               (unsigned long long)(gp_dev_host_waits(src) - ws),
               (unsigned long long)(gp_dev_host_waits(dev) - wd));
+    ws = gp_dev_host_waits(src);
+    CHECK_OK(gp_dev_copy_async(dev, y, src, x, 0, NULL, NULL));
+    CHECK(cth_calls == 1 && gp_dev_host_waits(src) == ws && gp_dev_host_waits(dev) == wd);
     /* into the other backend's device: its own copy, not copy_to_host */
     for (int i = 0; i < N; i++) y[i] = (float)(N - i);
     CHECK_OK(gp_dev_copy_async(src, x, dev, y, N * sizeof(float), NULL, NULL));

@@ -734,6 +734,10 @@ struct gp_device {
      * convolution shape and direction, unless deterministic): what a step
      * costs once and never again; on the device's thread only. */
     uint64_t algo_searches;
+    /* Convolution plans the backend runs through a graph API (CUDA:
+     * cuDNN's backend descriptors where they beat the legacy algorithm,
+     * cuda_graph.c); on the device's thread only. */
+    uint64_t graph_plans;
 };
 
 static inline void gp_dev_count_wait(struct gp_device *dev)
@@ -818,9 +822,12 @@ gp_status gp_dev_upload(gp_device *dev, float *dst, const float *src, int64_t n)
 gp_status gp_dev_download(gp_device *dev, float *dst, const float *src, int64_t n);
 /* The copy_async slot with its fallback (see the slot): dst on dev, src on
  * src_dev (any backend), `after` an event of src_dev or NULL, `done` an
- * event of dev or NULL.  Between backends (a CPU stage beside a GPU one)
- * the host waits for `after`, copies synchronously and records `done` on
- * dev's compute stream. */
+ * event of dev or NULL.  Between backends (a CPU stage beside a GPU one):
+ * into a CPU device from a backend with copy_to_host, that slot (one host
+ * wait, for the producer and the copy); otherwise the host waits for
+ * `after` and dev's copy_async takes the copy where it reads host memory
+ * (CUDA: staged on its copy stream), else a synchronous staged copy; then
+ * `done` is recorded on dev. */
 gp_status gp_dev_copy_async(gp_device *dev, void *dst, gp_device *src_dev, const void *src,
                             size_t bytes, void *after, void *done);
 /* The nonfinite_or slot with its fallback. */

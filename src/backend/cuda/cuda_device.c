@@ -475,15 +475,28 @@ static gp_status cuda_copy_async(gp_device *dev, void *dst, gp_device *src_dev, 
                                  size_t bytes, void *after, void *done)
 {
     if (src_dev->kind == GP_DEV_CPU) {
-        /* A CPU stage's memory is pageable host memory: the wrapper has
-         * waited for `after` (another backend's event), and the runtime
-         * stages src before cudaMemcpyAsync returns, so nothing here waits
-         * for this device's queue (the staged copy_h2d would fence its
-         * compute and synchronize).  dst came from the allocator, which made
-         * both streams wait for its last users, as for upload_async. */
+        /* A CPU stage's memory is pageable host memory, which its producer
+         * may free as soon as this returns: staged through this device's
+         * pinned buffers as copy_h2d does (on this device's own worker, the
+         * buffers' only user), but without fencing the compute stream or
+         * synchronizing, so the host waits for nothing of this device's
+         * queue but a staging buffer's previous transfer.  The wrapper has
+         * waited for `after` (another backend's event).  dst came from the
+         * allocator, which made both streams wait for its last users, as
+         * for upload_async. */
         gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+        GP_ASSERT(!after);
         GP_TRY(gp_cuda_enter(dev));
-        if (bytes) GP_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ctx->copy));
+        for (size_t off = 0; off < bytes; off += CUDA_STAGE_BYTES) {
+            size_t len = bytes - off < CUDA_STAGE_BYTES ? bytes - off : CUDA_STAGE_BYTES;
+            int k = ctx->stage_next;
+            ctx->stage_next ^= 1;
+            GP_CUDA(cudaEventSynchronize(ctx->stage_done[k]));
+            memcpy(ctx->stage[k], (const char *)src + off, len);
+            GP_CUDA(cudaMemcpyAsync((char *)dst + off, ctx->stage[k], len,
+                                    cudaMemcpyHostToDevice, ctx->copy));
+            GP_CUDA(cudaEventRecord(ctx->stage_done[k], ctx->copy));
+        }
         GP_CUDA(cudaEventRecord(done ? (cudaEvent_t)done : ctx->fence_copy, ctx->copy));
         return GP_OK;
     }
@@ -1643,6 +1656,8 @@ gp_status gp_cuda_device_create(int index, const gp_device_opts *opts, gp_device
     ctx->deterministic = opts->deterministic;
     const char *legacy = getenv("GPIPE_CUDNN_LEGACY");
     ctx->legacy_conv = legacy && strcmp(legacy, "0") != 0;
+    const char *graph = getenv("GPIPE_CUDNN_GRAPH");
+    ctx->graph_force = graph && strcmp(graph, "force") == 0;
     dev->precision = ctx->tf32 ? GP_PRECISION_TF32 : GP_PRECISION_FP32;
 
     GP_CUDA_GO(cudaSetDevice(index));

@@ -13,7 +13,7 @@
  * inputs converted down) and those that compile at run time (seconds of a
  * first step for a kernel the precompiled ones match).  By default each
  * candidate whose workspace fits ws_limit runs on the call's own operands,
- * timed on the compute stream (one warm-up, then the faster of two runs),
+ * timed on the compute stream (one warm-up, then GRAPH_RUNS back to back),
  * and the fastest plan is kept where it beats the legacy API's measured
  * choice (cuda_dnn.c searches first): on an H100 the graph's engines win
  * in TF32 (sm90 tensor-core kernels), while in FP32 the legacy FFT and
@@ -22,7 +22,11 @@
  * train.deterministic keeps the legacy heuristics' choice (a choice
  * between the two would rest on timings, which vary run to run), as does a
  * shape no candidate builds for; GPIPE_CUDNN_LEGACY=1 sends every
- * convolution there (an A/B).
+ * convolution there and GPIPE_CUDNN_GRAPH=force keeps the graph's plan
+ * wherever one builds (A/Bs; test_cuda runs the forced one).  A plan that
+ * fails when it runs is dropped for the legacy algorithm with a warning;
+ * with channels to other processes open a shape not yet searched takes
+ * the legacy algorithm (a timed search synchronizes the compute stream).
  *
  * Operands keep gpipe's layout (NCHW, KCRS for weights, FP32).  Tensor ids:
  * 1 = x or dx, 2 = w or dw, 3 = y or dy.  Forward and backward-data write
@@ -222,7 +226,6 @@ static bool engine_ok(gp_cuda_ctx *ctx, cudnnBackendDescriptor_t cfg, int64_t *i
     for (int64_t i = 0; i < nn && i < CUDNN_NUMERICAL_NOTE_TYPE_COUNT; i++) {
         if (notes[i] == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS) return false;
         if (notes[i] == CUDNN_NUMERICAL_NOTE_TENSOR_CORE && !ctx->tf32) return false;
-        if (notes[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC && ctx->deterministic) return false;
     }
     for (int64_t i = 0; i < nb && i < CUDNN_BEHAVIOR_NOTE_TYPE_COUNT; i++)
         if (behav[i] == CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION) return false;
@@ -248,27 +251,72 @@ static cudnnStatus_t make_plan(gp_cuda_ctx *ctx, cudnnBackendDescriptor_t cfg,
     return s;
 }
 
+/* The variant pack of tensors 1, 2, 3 and workspace ws. */
+static cudnnStatus_t varpack(const void *p1, const void *p2, const void *p3, void *ws,
+                             cudnnBackendDescriptor_t *vp)
+{
+    void *ptr[3] = {(void *)p1, (void *)p2, (void *)p3};
+    int64_t uid[3] = {1, 2, 3};
+    cudnnStatus_t s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, vp);
+    if (!s)
+        s = cudnnBackendSetAttribute(*vp, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
+                                     CUDNN_TYPE_VOID_PTR, 3, ptr);
+    if (!s)
+        s = cudnnBackendSetAttribute(*vp, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3,
+                                     uid);
+    if (!s)
+        s = cudnnBackendSetAttribute(*vp, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR,
+                                     1, &ws);
+    if (!s) s = cudnnBackendFinalize(*vp);
+    if (s) destroy(vp);
+    return s;
+}
+
 /* Run plan on tensors 1, 2, 3 with workspace ws (on the compute stream). */
 static cudnnStatus_t execute(gp_cuda_ctx *ctx, cudnnBackendDescriptor_t plan, const void *p1,
                              const void *p2, const void *p3, void *ws)
 {
     cudnnBackendDescriptor_t vp = NULL;
-    void *ptr[3] = {(void *)p1, (void *)p2, (void *)p3};
-    int64_t uid[3] = {1, 2, 3};
-    cudnnStatus_t s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp);
-    if (!s)
-        s = cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
-                                     CUDNN_TYPE_VOID_PTR, 3, ptr);
-    if (!s)
-        s = cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3,
-                                     uid);
-    if (!s)
-        s = cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1,
-                                     &ws);
-    if (!s) s = cudnnBackendFinalize(vp);
+    cudnnStatus_t s = varpack(p1, p2, p3, ws, &vp);
     if (!s) s = cudnnBackendExecute(ctx->dnn, plan, vp);
     destroy(&vp);
     return s;
+}
+
+/* Runs a search times per candidate, back to back between two events,
+ * after one warm-up run. */
+#define GRAPH_RUNS 3
+
+/* The time of one run of plan, in ms (-1 where it fails): the variant
+ * pack built once, so the events enclose only the executions.  A CUDA
+ * error the device keeps (the stream still failing once synchronized) is
+ * *sticky; a launch that failed alone only fails this candidate. */
+static float time_plan(gp_cuda_ctx *ctx, cudnnBackendDescriptor_t plan, const void *p1,
+                       const void *p2, const void *p3, void *ws, cudaEvent_t e0, cudaEvent_t e1,
+                       cudaError_t *sticky)
+{
+    cudnnBackendDescriptor_t vp = NULL;
+    float t = -1.0f;
+    *sticky = cudaSuccess;
+    cudnnStatus_t s = varpack(p1, p2, p3, ws, &vp);
+    if (!s) s = cudnnBackendExecute(ctx->dnn, plan, vp);
+    if (!s && cudaEventRecord(e0, ctx->compute) == cudaSuccess) {
+        for (int r = 0; r < GRAPH_RUNS && !s; r++) s = cudnnBackendExecute(ctx->dnn, plan, vp);
+        if (!s && cudaEventRecord(e1, ctx->compute) == cudaSuccess &&
+            cudaEventSynchronize(e1) == cudaSuccess && cudaEventElapsedTime(&t, e0, e1) == cudaSuccess)
+            t /= GRAPH_RUNS;
+        else
+            t = -1.0f;
+    }
+    destroy(&vp);
+    cudaError_t ce = cudaGetLastError();
+    if (ce != cudaSuccess && ce != cudaErrorNotReady) {
+        t = -1.0f;
+        *sticky = cudaStreamSynchronize(ctx->compute);
+        if (*sticky == cudaSuccess) GP_DEBUG("cuDNN graph: a candidate failed: %s",
+                                             cudaGetErrorString(ce));
+    }
+    return s ? -1.0f : t;
 }
 
 static int64_t alignment(const void *a, const void *b, const void *c)
@@ -309,6 +357,7 @@ static gp_status choose(gp_device *dev, cuda_conv *cv, int dir, int ai, int64_t 
     }
     const void *q2 = dir == GP_CUDA_BWD_FILTER && sdw ? sdw : p2;
     cudnnBackendDescriptor_t best = NULL;
+    int best_cfg = -1;
     int64_t best_ws = 0;
     float best_ms = 0;
     char log[1536];
@@ -324,39 +373,30 @@ static gp_status choose(gp_device *dev, cuda_conv *cv, int dir, int ai, int64_t 
         }
         if (!measure) { /* no room to time them: the heuristics' first */
             best = plan;
+            best_cfg = i;
             best_ws = ws;
             at += snprintf(log + at, sizeof log - (size_t)at, " engine %lld", (long long)eng);
             break;
         }
-        float ms = -1, t;
-        cudnnStatus_t s = execute(ctx, plan, p1, q2, p3, sws);
-        for (int r = 0; r < 2 && !s; r++) {
-            if (cudaEventRecord(e0, ctx->compute) != cudaSuccess) break;
-            s = execute(ctx, plan, p1, q2, p3, sws);
-            if (s || cudaEventRecord(e1, ctx->compute) != cudaSuccess ||
-                cudaEventSynchronize(e1) != cudaSuccess ||
-                cudaEventElapsedTime(&t, e0, e1) != cudaSuccess)
-                break;
-            if (ms < 0 || t < ms) ms = t;
-        }
-        cudaError_t ce = cudaGetLastError();
-        if (ce != cudaSuccess && ce != cudaErrorNotReady) {
-            /* a sticky error is the device's, not this candidate's */
+        cudaError_t sticky;
+        float ms = time_plan(ctx, plan, p1, q2, p3, sws, e0, e1, &sticky);
+        if (sticky != cudaSuccess) { /* the device's error, not this candidate's */
             destroy(&plan);
-            st = gp_cuda_fail("CUDA", (int)ce, cudaGetErrorString(ce), "a cuDNN graph search",
-                              __func__, __FILE__, __LINE__);
+            st = gp_cuda_fail("CUDA", (int)sticky, cudaGetErrorString(sticky),
+                              "a cuDNN graph search", __func__, __FILE__, __LINE__);
             break;
         }
         if (at < (int)sizeof log - 48)
             at += snprintf(log + at, sizeof log - (size_t)at, " %lld:%.3fms/%lldMiB",
                            (long long)eng, (double)ms, (long long)(ws >> 20));
-        if (s || ms < 0) {
+        if (ms < 0) {
             destroy(&plan);
             continue;
         }
         if (!best || ms < best_ms) {
             destroy(&best);
             best = plan;
+            best_cfg = i;
             best_ws = ws;
             best_ms = ms;
         } else {
@@ -367,15 +407,17 @@ static gp_status choose(gp_device *dev, cuda_conv *cv, int dir, int ai, int64_t 
     if (e1) cudaEventDestroy(e1);
     if (sws) gp_dev_free(dev, sws, limit, GP_MEM_WORKSPACE);
     if (sdw) gp_dev_free(dev, sdw, dw_bytes, GP_MEM_WORKSPACE);
-    for (int i = 0; i < n; i++) destroy(&cfg[i]);
-    destroy(&graph);
+    if (st != GP_OK) destroy(&best);
+    if (!best) best_cfg = -1;
+    for (int i = 0; i < n; i++)
+        if (i != best_cfg) destroy(&cfg[i]);
     if (st != GP_OK) {
-        destroy(&best);
+        destroy(&graph);
         return st;
     }
     const gp_conv_desc *d = &cv->d;
     float lms = cv->lms[dir];
-    bool legacy_wins = best && lms >= 0 && (!measure || lms < best_ms);
+    bool legacy_wins = best && !ctx->graph_force && lms >= 0 && (!measure || lms < best_ms);
     GP_DEBUG("device %s: conv %s n=%lld c=%lld %lldx%lld k=%lld %lldx%lld align %lld, graph API "
              "(%d candidates):%s -> %s %.3f ms (legacy algorithm %.3f ms)",
              dev->name, dir_name[dir], (long long)d->n, (long long)d->c, (long long)d->h,
@@ -384,9 +426,27 @@ static gp_status choose(gp_device *dev, cuda_conv *cv, int dir, int ai, int64_t 
                                                                                : "kept",
              (double)best_ms, (double)lms);
     if (legacy_wins) destroy(&best);
-    cv->gplan[dir][ai] = best;
-    cv->gws[dir][ai] = (size_t)best_ws;
+    if (best) {
+        /* the plan's graph and engine configuration live as long as it
+         * does (cudnn-frontend keeps them so too) */
+        cv->gplan[dir][ai] = best;
+        cv->gkeep[dir][ai][0] = graph;
+        cv->gkeep[dir][ai][1] = cfg[best_cfg];
+        cv->gws[dir][ai] = (size_t)best_ws;
+        dev->graph_plans++;
+    } else {
+        if (best_cfg >= 0) destroy(&cfg[best_cfg]);
+        destroy(&graph);
+    }
     return GP_OK;
+}
+
+static void drop(cuda_conv *cv, int dir, int ai)
+{
+    destroy(&cv->gplan[dir][ai]);
+    destroy(&cv->gkeep[dir][ai][1]);
+    destroy(&cv->gkeep[dir][ai][0]);
+    cv->gws[dir][ai] = 0;
 }
 
 gp_status gp_cuda_graph_conv(gp_device *dev, cuda_conv *cv, int dir, const void *p1,
@@ -401,6 +461,14 @@ gp_status gp_cuda_graph_conv(gp_device *dev, cuda_conv *cv, int dir, const void 
     int ai = align == 16 ? 0 : 1;
     if (!cv->gtried[dir][ai]) {
         cv->gtried[dir][ai] = 1;
+        /* A timed search synchronizes the compute stream, whose queue may
+         * hold a channel's receive that waits for another process (the
+         * allocator avoids the same wait): the legacy choice then. */
+        if (ctx->chans_open > 0) {
+            GP_DEBUG("device %s: conv %s: channels open, the legacy algorithm", dev->name,
+                     dir_name[dir]);
+            return GP_OK;
+        }
         GP_TRY(choose(dev, cv, dir, ai, align, p1, p2, p3));
     }
     if (!cv->gplan[dir][ai]) return GP_OK;
@@ -409,13 +477,17 @@ gp_status gp_cuda_graph_conv(gp_device *dev, cuda_conv *cv, int dir, const void 
     gp_cuda_nvtx_push(dir_name[dir]);
     cudnnStatus_t s = execute(ctx, cv->gplan[dir][ai], p1, p2, p3, ws);
     gp_cuda_nvtx_pop();
-    if (s != CUDNN_STATUS_SUCCESS)
-        return gp_error_set(GP_ERR_RUNTIME,
-                            "device %s: cuDNN graph convolution (%s, n=%lld c=%lld %lldx%lld "
-                            "k=%lld) failed: %s; GPIPE_CUDNN_LEGACY=1 uses the legacy API",
-                            dev->name, dir_name[dir], (long long)cv->d.n, (long long)cv->d.c,
-                            (long long)cv->d.h, (long long)cv->d.w, (long long)cv->d.k,
-                            cudnnGetErrorString(s));
+    if (s != CUDNN_STATUS_SUCCESS) {
+        /* Nothing was launched: the legacy algorithm, chosen before this
+         * plan, takes the shape from now on. */
+        GP_WARN("device %s: cuDNN graph convolution (%s, n=%lld c=%lld %lldx%lld k=%lld) "
+                "failed: %s; the legacy API takes it", dev->name, dir_name[dir],
+                (long long)cv->d.n, (long long)cv->d.c, (long long)cv->d.h, (long long)cv->d.w,
+                (long long)cv->d.k, cudnnGetErrorString(s));
+        drop(cv, dir, ai);
+        dev->graph_plans--;
+        return GP_OK;
+    }
     *done = true;
     return GP_OK;
 }
@@ -423,5 +495,5 @@ gp_status gp_cuda_graph_conv(gp_device *dev, cuda_conv *cv, int dir, const void 
 void gp_cuda_graph_free(cuda_conv *cv)
 {
     for (int dir = 0; dir < 3; dir++)
-        for (int ai = 0; ai < 2; ai++) destroy(&cv->gplan[dir][ai]);
+        for (int ai = 0; ai < 2; ai++) drop(cv, dir, ai);
 }

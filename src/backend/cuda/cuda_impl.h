@@ -120,6 +120,7 @@ typedef struct cuda_conv {
      * and whether it was looked for; a NULL plan once tried: the legacy
      * algorithm above */
     cudnnBackendDescriptor_t gplan[3][2];
+    cudnnBackendDescriptor_t gkeep[3][2][2]; /* the plan's graph and engine config */
     float lms[3]; /* the legacy algorithm's measured ms per direction (-1: not measured) */
     size_t gws[3][2];
     unsigned char gtried[3][2];
@@ -142,6 +143,7 @@ typedef struct gp_cuda_ctx {
     size_t gpu_bytes;             /* the GPU's memory (cudaMemGetInfo's total) */
     bool tf32;                    /* precision tf32: TF32 tensor-core math (cuBLAS, cuDNN) */
     bool legacy_conv;             /* GPIPE_CUDNN_LEGACY=1: no graph API for convolutions */
+    bool graph_force;             /* GPIPE_CUDNN_GRAPH=force: its plan wherever one builds */
     bool deterministic;           /* train.deterministic: cuDNN algorithms by heuristics,
                                      deterministic only; else measured (cudnnFind) */
     int chans_open;               /* channels (chan_open) open on this device */
