@@ -797,6 +797,77 @@ static void test_overrides(void)
               "--set pipeline.chunks=0: pipeline.chunks must be >= 1, got 0");
 }
 
+/* gp_config_text_applied: the text with the overrides written in loads,
+ * without overrides, to the same config; untouched sections keep their
+ * lines and comments; a dropped section is left out; a value that plain
+ * YAML would misread is quoted. */
+static void test_text_applied(void)
+{
+    const char *sets[] = {
+        "train.batch_size=128",
+        "train.optimizer.lr=0.1",
+        "pipeline.devices=[cpu:0,cpu:1]",
+        "pipeline.balance=[2, 3]",
+        "data.augment.hflip=true",
+        "model.layers.0.out=16",
+        "model.layers.1.momentum=0.3",
+        "model.layers.4.linear.bias=false",
+        "model.layers.5={dropout: {p: 0.1}}",
+        " train.seed = 7",
+        "train.snapshot.dir=\"/tmp/a: b #c, [d]\"",
+    };
+    gp_config c, w;
+    CHECK_OK(parse_set(k_base, sets, 11, &c));
+    char *t = NULL;
+    CHECK_OK(gp_config_text_applied(&c, NULL, &t));
+    if (!t) {
+        gp_config_free(&c);
+        return;
+    }
+    CHECK_OK(parse(t, &w));
+    CHECK(w.train.batch_size == 128 && w.train.seed == 7 && w.data.hflip);
+    CHECK_NEAR(w.train.optim.lr, 0.1, 1e-7, 0);
+    CHECK_MSG(!strcmp(w.train.snapshot.dir, "/tmp/a: b #c, [d]"), "dir %s", w.train.snapshot.dir);
+    CHECK(w.pipeline.n_devices == 2 && !strcmp(w.pipeline.devices[1].name, "cpu:1"));
+    CHECK(w.pipeline.n_balance == 2 && w.pipeline.balance[1] == 3);
+    CHECK(w.model.n_layers == c.model.n_layers && w.model.n_layers == 6);
+    for (int i = 0; i < w.model.n_layers && i < c.model.n_layers; i++) {
+        const gp_layer_spec *a = &c.model.layers[i], *b = &w.model.layers[i];
+        CHECK_MSG(a->type == b->type && a->out == b->out && a->bias == b->bias &&
+                      a->momentum == b->momentum && a->p == b->p && hw_is(b->kernel, a->kernel.h,
+                                                                           a->kernel.w),
+                  "layer %d differs after writing", i);
+    }
+    gp_config_free(&w);
+    free(t);
+    /* dropping the pipeline section */
+    CHECK_OK(gp_config_text_applied(&c, "pipeline", &t));
+    CHECK(t && !strstr(t, "pipeline:") && strstr(t, "batch_size: 128"));
+    free(t);
+    gp_config_free(&c);
+
+    /* untouched sections verbatim, comments included */
+    const char *small = "# head\n"
+                        "model:\n"
+                        "  input: [4]  # keep\n"
+                        "  layers: [flatten, {linear: {out: 2}}]\n"
+                        "train:\n"
+                        "  batch_size: 8  # replaced\n";
+    const char *bs[] = {"train.batch_size=16"};
+    CHECK_OK(parse_set(small, bs, 1, &c));
+    CHECK_OK(gp_config_text_applied(&c, NULL, &t));
+    CHECK_MSG(t && strstr(t, "# head\nmodel:\n  input: [4]  # keep\n") &&
+                  !strstr(t, "# replaced") && strstr(t, "  batch_size: 16\n"),
+              "written: %s", t ? t : "(none)");
+    if (t) {
+        CHECK_OK(parse(t, &w));
+        CHECK(w.train.batch_size == 16 && w.model.n_layers == 2 && w.model.layers[1].out == 2);
+        gp_config_free(&w);
+    }
+    free(t);
+    gp_config_free(&c);
+}
+
 static void test_load(void)
 {
     gp_config c;
@@ -1191,6 +1262,7 @@ int main(void)
     test_sizes();
     test_threads_warning();
     test_empty_override();
+    test_text_applied();
     test_load();
     test_fuzz();
     return gpt_finish("test_config");

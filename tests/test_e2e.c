@@ -363,6 +363,22 @@ static void test_balance_profile_in(void)
         CHECK_MSG(r1 && strstr(r1, "{name: \"cpu:2\"") && strstr(got, "  replicas: 2\n"),
                   "grid written as: %s", got);
     }
+    /* the other --set overrides are written too: the config trains as the
+     * run that was balanced (the batch size sets the micro-batch) */
+    {
+        char wr[512];
+        snprintf(wr, sizeof wr, "%s/written-sets.yaml", tmpdir);
+        snprintf(cmd, sizeof cmd, "%s %s --by size --set train.batch_size=24 --set "
+                 "train.optimizer.lr=0.125 --write %s", balance_bin, cfg, wr);
+        rc = run(cmd, out, sizeof out);
+        CHECK_MSG(rc == 0, "--set + --write: exit %d: %s", rc, out);
+        gp_config wc;
+        CHECK_OK(gp_config_load(wr, NULL, 0, &wc));
+        CHECK_MSG(wc.train.batch_size == 24 && wc.train.optim.lr == 0.125f,
+                  "written batch %lld, lr %g", (long long)wc.train.batch_size,
+                  (double)wc.train.optim.lr);
+        gp_config_free(&wc);
+    }
 }
 
 static const char *synthetic_cfg =

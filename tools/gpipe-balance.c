@@ -38,7 +38,8 @@ static void usage(FILE *f)
           "  --write OUT.yaml   write the config with pipeline.balance (one entry per stage:\n"
           "                     devices x virtual when interleaved) and the rest of the\n"
           "                     pipeline section (devices, chunks, checkpoint, schedule)\n"
-          "                     filled in; checked by loading it\n"
+          "                     filled in, and the other --set overrides written in;\n"
+          "                     checked by loading it\n"
           "  --profile-out F    save the profile as JSON\n"
           "  --profile-in F     use a saved profile instead of profiling\n"
           "  --reps R           timed runs per measurement, median taken (default 5)\n"
@@ -66,27 +67,21 @@ static const char *inplace_kept(const gp_layer_mem *mm, int64_t mbs, char *buf, 
     return buf;
 }
 
-/* The config text without its top-level `pipeline:` block, then a fresh
- * pipeline block from cfg with `balance`. */
-static gp_status write_config(const char *in_path, const char *out_path, const gp_config *cfg,
-                              const int *balance)
+/* The config with its --set overrides written in (gp_config_text_applied),
+ * without its top-level `pipeline:` block, then a fresh pipeline block from
+ * cfg with `balance`: a balance computed for `--set train.batch_size=256`
+ * is written with that batch size. */
+static gp_status write_config(const char *out_path, const gp_config *cfg, const int *balance)
 {
-    FILE *f = fopen(in_path, "rb");
-    if (!f) return gp_error_set(GP_ERR_IO, "cannot read '%s': %s", in_path, strerror(errno));
+    char *text = NULL;
+    GP_TRY(gp_config_text_applied(cfg, "pipeline", &text));
     FILE *o = fopen(out_path, "w");
     if (!o) {
-        fclose(f);
+        free(text);
         return gp_error_set(GP_ERR_IO, "cannot write '%s': %s", out_path, strerror(errno));
     }
-    char line[4096];
-    bool skipping = false;
-    while (fgets(line, sizeof line, f)) {
-        bool top = line[0] != ' ' && line[0] != '\t' && line[0] != '\n' && line[0] != '\r' &&
-                   line[0] != '#';
-        if (top) skipping = !strncmp(line, "pipeline:", 9);
-        if (!skipping) fputs(line, o);
-    }
-    fclose(f);
+    fputs(text, o);
+    free(text);
     const gp_pipeline_config *pc = &cfg->pipeline;
     /* with replicas, a row per replica: the devices each one was given,
      * not the shifted list replicas: R would derive */
@@ -523,7 +518,7 @@ int main(int argc, char **argv)
             printf("no schedule, checkpoint mode and m fits device memory\n");
     }
     if (s == GP_OK && write_path) {
-        s = write_config(config, write_path, &cfg, balance);
+        s = write_config(write_path, &cfg, balance);
         if (s == GP_OK) printf("\nwrote %s\n", write_path);
     }
     if (s != GP_OK) fprintf(stderr, "gpipe-balance: %s\n", gp_last_error());

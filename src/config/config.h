@@ -204,6 +204,13 @@ gp_status gp_config_parse(const char *name, const char *text, size_t len,
                           const char *const *overrides, int n_overrides,
                           gp_config *out);
 void gp_config_free(gp_config *c);
+/* c's YAML (c->text) with its overrides (c->overrides) written in, which
+ * loads without overrides to the config c is: the top-level sections no
+ * override touches as the file has them (comments kept), the touched ones
+ * written again from the overridden tree after them, and the top-level
+ * section `drop` (NULL: none) left out, for a caller that writes it
+ * itself (gpipe-balance --write, the pipeline section).  *out: malloc'd. */
+gp_status gp_config_text_applied(const gp_config *c, const char *drop, char **out);
 
 const char *gp_checkpoint_mode_name(gp_checkpoint_mode m);
 /* Whether c's pipeline copies travel in bfloat16 (copy_precision resolved). */

@@ -1,0 +1,203 @@
+/*
+ * config_write.c — a config's YAML with its `--set` overrides written in,
+ * for tools that write a config back (gpipe-balance --write): what they
+ * write must train as the run they were given, overrides included.
+ *
+ * The top-level sections no override touches are copied as written
+ * (comments and layout kept); each touched section is written again from
+ * the overridden tree, after them, in block style (maps and sequences
+ * nested in a sequence in flow style); a section the caller drops (the one
+ * it writes itself) is left out.  A scalar is written plain where plain
+ * YAML reads it back as the same text, else double-quoted, and always
+ * quoted where it was quoted.
+ */
+#include "config/config_impl.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Whether t reads back as the same plain scalar (in a flow collection when
+ * `flow`). */
+static bool plain_ok(const char *t, bool flow)
+{
+    size_t n = strlen(t);
+    if (n == 0 || t[0] == ' ' || t[n - 1] == ' ' || t[n - 1] == ':') return false;
+    if (strchr("?:-", t[0]) && (t[1] == ' ' || t[1] == '\0')) return false;
+    if (strchr(",[]{}#&*!|>'\"%@`", t[0])) return false;
+    if (strstr(t, ": ") || strstr(t, " #")) return false;
+    for (const char *p = t; *p; p++) {
+        if ((unsigned char)*p < 0x20 || *p == 0x7f) return false;
+        if (flow && strchr(",[]{}", *p)) return false;
+    }
+    return true;
+}
+
+static void put_scalar(FILE *o, const gp_ynode *n, bool flow)
+{
+    if (n->kind == GP_YNODE_NULL) {
+        fputs("null", o);
+        return;
+    }
+    const char *t = n->text ? n->text : "";
+    if (!n->quoted && plain_ok(t, flow)) {
+        fputs(t, o);
+        return;
+    }
+    fputc('"', o);
+    for (const unsigned char *p = (const unsigned char *)t; *p; p++) {
+        if (*p == '"' || *p == '\\') fprintf(o, "\\%c", *p);
+        else if (*p == '\n') fputs("\\n", o);
+        else if (*p == '\t') fputs("\\t", o);
+        else if (*p < 0x20 || *p == 0x7f) fprintf(o, "\\x%02x", *p);
+        else fputc(*p, o);
+    }
+    fputc('"', o);
+}
+
+static void put_flow(FILE *o, const gp_ynode *n)
+{
+    if (n->kind == GP_YNODE_MAP) {
+        fputc('{', o);
+        for (int i = 0; i < n->n; i++) {
+            if (i) fputs(", ", o);
+            put_scalar(o, n->keys[i], true);
+            fputs(": ", o);
+            put_flow(o, n->items[i]);
+        }
+        fputc('}', o);
+    } else if (n->kind == GP_YNODE_SEQ) {
+        fputc('[', o);
+        for (int i = 0; i < n->n; i++) {
+            if (i) fputs(", ", o);
+            put_flow(o, n->items[i]);
+        }
+        fputc(']', o);
+    } else {
+        put_scalar(o, n, true);
+    }
+}
+
+/* n as the value after "key:" at `indent` (its entries one level deeper). */
+static void put_value(FILE *o, const gp_ynode *n, int indent)
+{
+    bool coll = n->kind == GP_YNODE_MAP || n->kind == GP_YNODE_SEQ, flat = true;
+    for (int i = 0; coll && n->kind == GP_YNODE_SEQ && i < n->n; i++)
+        flat &= n->items[i]->kind == GP_YNODE_SCALAR || n->items[i]->kind == GP_YNODE_NULL;
+    if (!coll || n->n == 0 || (n->kind == GP_YNODE_SEQ && flat)) { /* [1, 28, 28] */
+        fputc(' ', o);
+        put_flow(o, n);
+        fputc('\n', o);
+        return;
+    }
+    fputc('\n', o);
+    for (int i = 0; i < n->n; i++) {
+        fprintf(o, "%*s", indent + 2, "");
+        if (n->kind == GP_YNODE_SEQ) {
+            fputs("- ", o);
+            put_flow(o, n->items[i]);
+            fputc('\n', o);
+        } else {
+            put_scalar(o, n->keys[i], false);
+            fputc(':', o);
+            put_value(o, n->items[i], indent + 2);
+        }
+    }
+}
+
+/* The top-level key a line of the file starts, into key (len bytes; ""
+ * for an indented line, a comment, a blank or a document marker). */
+static void top_key(const char *line, char *key, size_t len)
+{
+    key[0] = '\0';
+    if (!*line || strchr(" \t\r\n#-%.", line[0])) return;
+    size_t k = strcspn(line, ":");
+    if (line[k] != ':') return;
+    while (k > 0 && isspace((unsigned char)line[k - 1])) k--;
+    if (k >= len) k = len - 1;
+    memcpy(key, line, k);
+    key[k] = '\0';
+}
+
+/* The top-level key an override "a.b=v" sets, into key. */
+static void set_top(const char *set, char *key, size_t len)
+{
+    size_t k = strcspn(set, ".=");
+    while (k > 0 && isspace((unsigned char)set[k - 1])) k--;
+    const char *s = set;
+    while (k > 0 && isspace((unsigned char)*s)) s++, k--;
+    if (k >= len) k = len - 1;
+    memcpy(key, s, k);
+    key[k] = '\0';
+}
+
+#define MAX_TOUCHED 64
+
+gp_status gp_config_text_applied(const gp_config *c, const char *drop, char **out)
+{
+    *out = NULL;
+    const char *text = c->text ? c->text : "";
+    gp_ynode *root = NULL;
+    GP_TRY(gp_ytree_parse(c->path[0] ? c->path : "<config>", NULL, text, strlen(text), &root));
+    char touched[MAX_TOUCHED][64];
+    int nt = 0;
+    gp_status s = GP_OK;
+    char *ov = c->overrides ? strdup(c->overrides) : NULL;
+    if (c->overrides && !ov) s = gp_error_set(GP_ERR_OOM, "out of memory writing a config");
+    for (char *line = ov, *next; s == GP_OK && line && *line; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = '\0';
+        if (!*line) continue;
+        s = gp_ytree_override(&root, line);
+        char k[64];
+        set_top(line, k, sizeof k);
+        bool seen = false;
+        for (int i = 0; i < nt; i++) seen |= !strcmp(touched[i], k);
+        if (s == GP_OK && !seen && nt < MAX_TOUCHED) snprintf(touched[nt++], 64, "%s", k);
+    }
+    free(ov);
+    if (s == GP_OK && root->kind != GP_YNODE_MAP && root->kind != GP_YNODE_NULL)
+        s = gp_error_set(GP_ERR_INVALID, "%s: the config is not a mapping", c->path);
+    char *buf = NULL;
+    size_t blen = 0;
+    FILE *o = s == GP_OK ? open_memstream(&buf, &blen) : NULL;
+    if (s == GP_OK && !o) s = gp_error_set(GP_ERR_OOM, "out of memory writing a config");
+    if (s != GP_OK) {
+        gp_ynode_free(root);
+        return s;
+    }
+    /* the file's lines, less the touched and dropped sections */
+    bool skipping = false;
+    for (const char *p = text; *p;) {
+        const char *e = strchr(p, '\n');
+        size_t n = e ? (size_t)(e - p) + 1 : strlen(p);
+        char line[128], key[64];
+        snprintf(line, sizeof line, "%.*s", (int)(n < sizeof line - 1 ? n : sizeof line - 1), p);
+        top_key(line, key, sizeof key);
+        if (key[0]) {
+            skipping = drop && !strcmp(key, drop);
+            for (int i = 0; i < nt; i++) skipping |= !strcmp(key, touched[i]);
+        }
+        if (!skipping) fwrite(p, 1, n, o);
+        if (n && p[n - 1] != '\n' && !skipping) fputc('\n', o);
+        p += n;
+    }
+    /* the touched sections from the overridden tree */
+    for (int i = 0; i < nt; i++) {
+        if (drop && !strcmp(touched[i], drop)) continue;
+        const gp_ynode *v = root->kind == GP_YNODE_MAP ? gp_ymap_get(root, touched[i]) : NULL;
+        if (!v) continue;
+        fprintf(o, "\n# %s: written with the overrides applied\n", touched[i]);
+        fputs(touched[i], o);
+        fputc(':', o);
+        put_value(o, v, 0);
+    }
+    gp_ynode_free(root);
+    if (fclose(o) != 0 || !buf) {
+        free(buf);
+        return gp_error_set(GP_ERR_OOM, "out of memory writing a config");
+    }
+    *out = buf;
+    return GP_OK;
+}
