@@ -1158,7 +1158,7 @@ static void test_fuzz(void)
     uint64_t seed = 0x9E3779B97F4A7C15ULL;
     size_t base_len = strlen(k_full);
     char buf[4096];
-    int ok = 0, failed = 0, bad_status = 0, bad_msg = 0;
+    int ok = 0, failed = 0, bad_status = 0, bad_msg = 0, write_bad = 0;
     /* GPIPE_CONFIG_FUZZ_ITERS=1000000 for a longer soak */
     const char *env = getenv("GPIPE_CONFIG_FUZZ_ITERS");
     int iters = env && atoi(env) > 0 ? atoi(env) : 6000;
@@ -1211,6 +1211,18 @@ static void test_fuzz(void)
         gp_status s = gp_config_parse("fuzz.yaml", buf, len, sets, nsets, &c);
         if (s == GP_OK) {
             ok++;
+            /* what loaded writes back (overrides in) to what loads */
+            char *t = NULL;
+            if (!memchr(buf, 0, len)) {
+                gp_status ws = gp_config_text_applied(&c, NULL, &t);
+                gp_config w;
+                gp_status rs = ws == GP_OK ? parse(t, &w) : ws;
+                if (rs == GP_OK) gp_config_free(&w);
+                if (rs != GP_OK && !write_bad++)
+                    fprintf(stderr, "fuzz: written back, it does not load (%s):\n%.*s\n--- "
+                            "as:\n%s\n", gp_last_error(), (int)len, buf, t ? t : "");
+                free(t);
+            }
         } else {
             failed++;
             if (s != GP_ERR_INVALID) bad_status++;
@@ -1224,6 +1236,7 @@ static void test_fuzz(void)
     }
     CHECK(bad_status == 0);
     CHECK_MSG(bad_msg == 0, "%d messages without a position", bad_msg);
+    CHECK_MSG(write_bad == 0, "%d configs that do not load once written back", write_bad);
     CHECK(ok + failed == iters);
     CHECK(ok > 0 && failed > 0);
     printf("fuzz: %d parsed, %d rejected\n", ok, failed);
