@@ -584,7 +584,7 @@ static void test_pool(gp_device *dev)
 
 static void test_bn_shape(gp_device *dev, int64_t n, int64_t c, int64_t s)
 {
-    gp_bn_desc d = {n, c, s, 1e-5f, 0};
+    gp_bn_desc d = {n, c, s, 1e-5f, 0, false};
     int64_t nx = n * c * s;
     float *x = drand(dev, nx), *dy = drand(dev, nx), *g = drand(dev, c), *b = drand(dev, c);
     for (int64_t i = 0; i < nx; i++) x[i] = 3.0f * x[i] + 0.5f; /* non-zero mean */
@@ -664,7 +664,7 @@ static void test_bn(gp_device *dev)
 {
     /* SyncBN's wrappers check their arguments for every backend. */
     float v[8] = {0}, sums[4] = {0};
-    gp_bn_desc bad = {2, 0, 1, 1e-5f, 0}, ok = {2, 2, 1, 1e-5f, 0};
+    gp_bn_desc bad = {2, 0, 1, 1e-5f, 0, false}, ok = {2, 2, 1, 1e-5f, 0, false};
     CHECK_ERR(gp_dev_bn_stats(dev, &bad, v, v, v), GP_ERR_INVALID, "invalid batch norm");
     CHECK_ERR(gp_dev_bn_bwd_sums(dev, &bad, v, v, v, sums), GP_ERR_INVALID,
               "invalid batch norm");
@@ -726,9 +726,55 @@ static float *dblocked(gp_device *dev, const float *x, int64_t n, int64_t c, int
 }
 
 /* Every batch-norm slot on a blocked tensor: the plain slot's bits. */
+/* gp_bn_desc.relu: bn_fwd_train and bn_fwd_infer with the relu after them
+ * give bit for bit bn then relu_fwd (the same statistics too), on the plain
+ * layout and in blocks B (0: plain only), with NaN, zeros of both signs
+ * and a channel that is all one value among the inputs. */
+static void test_bn_relu(gp_device *dev, int64_t n, int64_t c, int64_t s, int64_t B)
+{
+    gp_bn_desc d = {n, c, s, 1e-5f, B, false}, dr = d;
+    dr.relu = true;
+    int64_t nx = n * c * s;
+    float *x = drand(dev, nx), *g = drand(dev, c), *b = drand(dev, c);
+    for (int64_t i = 0; i < nx; i++) x[i] = 2.0f * x[i] - 0.25f;
+    x[1] = NAN; /* channel 0's statistics and outputs: NaN */
+    x[nx - 1] = -0.0f;
+    x[nx - 2] = 0.0f;
+    for (int64_t i = 0; i < n; i++) /* the last channel all 0.5: normalised to beta */
+        for (int64_t j = 0; j < s; j++)
+            x[B ? ((i * (c / B) + (c - 1) / B) * s + j) * B + (c - 1) % B
+                : (i * c + c - 1) * s + j] = 0.5f;
+    b[c - 1] = -0.0f; /* so its outputs are -0.0 before the relu */
+    float *y = dalloc(dev, nx), *yr = dalloc(dev, nx), *m0 = dalloc(dev, c), *v0 = dalloc(dev, c);
+    float *m1 = dalloc(dev, c), *v1 = dalloc(dev, c), *yi = dalloc(dev, nx), *yir = dalloc(dev, nx);
+    CHECK_OK(gp_dev_bn_fwd_train(dev, &d, x, g, b, y, m0, v0));
+    CHECK_OK(gp_dev_relu_fwd(dev, y, y, nx));
+    CHECK_OK(gp_dev_bn_fwd_train(dev, &dr, x, g, b, yr, m1, v1));
+    char w[96];
+    snprintf(w, sizeof w, "bn+relu n%lld c%lld s%lld B%lld", (long long)n, (long long)c,
+             (long long)s, (long long)B);
+    check_same_bits(w, yr, y, nx);
+    check_same_bits(w, m1, m0, c);
+    check_same_bits(w, v1, v0, c);
+    CHECK_OK(gp_dev_bn_fwd_infer(dev, &d, x, g, b, m0, v0, yi));
+    CHECK_OK(gp_dev_relu_fwd(dev, yi, yi, nx));
+    CHECK_OK(gp_dev_bn_fwd_infer(dev, &dr, x, g, b, m0, v0, yir));
+    check_same_bits(w, yir, yi, nx);
+    /* in place, as the forward loop runs it on the norm's own output */
+    CHECK_OK(gp_dev_bn_fwd_train(dev, &dr, x, g, b, yi, m1, v1));
+    check_same_bits(w, yi, y, nx);
+    int pos = 0;
+    for (int64_t i = 0; i < nx; i++) pos += y[i] > 0.0f;
+    CHECK_MSG(pos > nx / 8 && pos < nx - nx / 8, "%s: %d of %lld positive", w, pos,
+              (long long)nx);
+    dfree(dev, x, nx); dfree(dev, g, c); dfree(dev, b, c); dfree(dev, y, nx); dfree(dev, yr, nx);
+    dfree(dev, m0, c); dfree(dev, v0, c); dfree(dev, m1, c); dfree(dev, v1, c);
+    dfree(dev, yi, nx); dfree(dev, yir, nx);
+}
+
 static void test_blocked_bn(gp_device *dev, int64_t n, int64_t c, int64_t s, int64_t B)
 {
-    gp_bn_desc d = {n, c, s, 1e-5f, 0}, db = d;
+    gp_bn_desc d = {n, c, s, 1e-5f, 0, false}, db = d;
     db.blk = B;
     int64_t nx = n * c * s;
     float *x = drand(dev, nx), *dy = drand(dev, nx), *g = drand(dev, c), *b = drand(dev, c);
@@ -919,10 +965,14 @@ static void test_blocked(gp_device *dev)
               "act_block of a 1-channel input");
     probe.k = 4; /* too few outputs: plain */
     CHECK_MSG(gp_dev_act_block(dev, &probe, true) == 0, "act_block of 4 output channels");
+    test_bn_relu(dev, 3, 5, 63, 0);
+    test_bn_relu(dev, 7, 6, 1, 0);
+    test_bn_relu(dev, 2, 64, 4096, 0); /* the parallel loops */
     for (int64_t B = 8; B <= 16; B += 8) {
         test_blocked_bn(dev, 3, 32, 49, B);  /* 7x7: a tail of 17 after the lanes */
         test_blocked_bn(dev, 2, 16, 196, B); /* 14x14 */
         test_blocked_bn(dev, 5, 16, 1, B);
+        test_bn_relu(dev, 3, 32, 49, B);
         test_blocked_bn(dev, 1, 48, 33, B);
         test_blocked_pool(dev, GP_POOL_MAX, 2, 32, 8, 8, 2, 2, 0, B);
         test_blocked_pool(dev, GP_POOL_MAX, 2, 16, 9, 7, 3, 2, 1, B);
@@ -941,7 +991,7 @@ static void test_blocked(gp_device *dev)
         test_blocked_conv(dev, 2, 2, 8, 32, 3, 2, 0, B);
     }
     float v[64] = {0};
-    gp_bn_desc bad = {2, 12, 1, 1e-5f, 8};
+    gp_bn_desc bad = {2, 12, 1, 1e-5f, 8, false};
     CHECK_ERR(gp_dev_bn_fwd_train(dev, &bad, v, NULL, NULL, v, v, v), GP_ERR_INVALID,
               "blocks of 8");
     gp_pool_desc pbad = {1, 12, 2, 2, 2, 2, 2, 2, 0, 0, 1, 1, GP_POOL_MAX, 8, false};

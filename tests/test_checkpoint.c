@@ -455,9 +455,167 @@ static void inplace(void)
     gp_device_close(dev);
 }
 
+/* Batch norm with the relu after it (gp_layers_relu_fused): in a stage
+ * conv, bn, relu, conv, relu, bn, relu, flatten, linear the relus after the
+ * norms (2 and 6) are fused and skip their forward, the one after the conv
+ * (4) is not; kept, checkpointed and recomputed, and in evaluation, the
+ * output, input gradient and parameter gradients are bit for bit those of
+ * the layers run one by one out of place (no fusion there). */
+enum { FZ = 9 };
+static void fz_build(gp_device *dev, gp_layer *layers)
+{
+    static const gp_layer_type t[FZ] = {
+        GP_LAYER_CONV2D, GP_LAYER_BATCHNORM, GP_LAYER_RELU, GP_LAYER_CONV2D, GP_LAYER_RELU,
+        GP_LAYER_BATCHNORM, GP_LAYER_RELU, GP_LAYER_FLATTEN, GP_LAYER_LINEAR};
+    gp_layer_spec sp[FZ];
+    for (int k = 0; k < FZ; k++) sp[k] = gp_layer_spec_default(t[k]);
+    sp[0].out = 4;
+    sp[0].kernel = gp_hw_square(3);
+    sp[0].padding = gp_hw_square(1);
+    sp[3].out = 4;
+    sp[3].kernel = gp_hw_square(3);
+    sp[3].padding = gp_hw_square(1);
+    sp[8].out = 3;
+    gp_shape in = gp_shape_4d(1, 3, 6, 6);
+    for (int k = 0; k < FZ; k++) {
+        CHECK_OK(gp_layer_create(&sp[k], k, &in, dev, 11, &layers[k]));
+        in = layers[k].out_shape;
+    }
+}
+
+/* The oracle: out of place, layer by layer; returns the output in *out and,
+ * with dy, the input gradient in *dx. */
+static void fz_oracle(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *in,
+                      const gp_tensor *dy, gp_tensor *out, gp_tensor *dx)
+{
+    gp_tensor act[FZ + 1];
+    gp_saved sv[FZ];
+    act[0] = *in;
+    act[0].owned = false;
+    for (int c = 0; c < FZ; c++) {
+        sv[c] = (gp_saved){0};
+        act[c + 1] = (gp_tensor){0};
+        CHECK_OK(gp_layer_forward(&l[c], ctx, &act[c], &act[c + 1], &sv[c]));
+    }
+    gp_shape ys = gp_tensor_shape(&act[FZ]);
+    CHECK_OK(gp_tensor_alloc(out, in->dev, &ys, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_tensor_copy(out, &act[FZ]));
+    gp_tensor g = {0};
+    if (dy) {
+        CHECK_OK(gp_tensor_alloc(&g, in->dev, &ys, GP_MEM_ACTIVATIONS));
+        CHECK_OK(gp_tensor_copy(&g, dy));
+        for (int c = FZ - 1; c >= 0; c--) {
+            gp_tensor d = {0};
+            CHECK_OK(gp_layer_backward(&l[c], ctx, &act[c], &act[c + 1], &g, &d, &sv[c]));
+            gp_tensor_free(&g);
+            g = d;
+        }
+    }
+    for (int c = 0; c < FZ; c++) gp_saved_free(&sv[c]);
+    for (int c = 1; c <= FZ; c++) gp_tensor_free(&act[c]);
+    *dx = g;
+}
+
+static void fused(void)
+{
+    gp_device_opts o = {.threads = 1};
+    gp_device *dev;
+    CHECK_OK(gp_device_open("cpu:0", &o, &dev));
+    gp_layer ref[FZ], run[FZ];
+    fz_build(dev, ref);
+    fz_build(dev, run);
+    bool ip[FZ], fz[FZ];
+    gp_layers_inplace(run, FZ, ip);
+    gp_layers_relu_fused(run, FZ, ip, fz);
+    for (int c = 0; c < FZ; c++) {
+        bool want = c == 2 || c == 6;
+        CHECK_MSG(fz[c] == want && run[c].relu_done == want &&
+                      run[c].relu_after == (c == 1 || c == 5),
+                  "layer %d (%s): fused %d, relu_done %d, relu_after %d", c,
+                  gp_layer_type_name(run[c].spec.type), fz[c], run[c].relu_done,
+                  run[c].relu_after);
+    }
+    /* a stage that starts at the first relu: not fused (its norm is in the
+     * stage before, and the stage input is not overwritten) */
+    gp_layers_inplace(run + 2, FZ - 2, ip);
+    gp_layers_relu_fused(run + 2, FZ - 2, ip, fz);
+    CHECK(!fz[0] && !run[2].relu_done);
+
+    gp_fwd_ctx ctx = {.training = true, .seed = 5, .step = 1, .batch_total = 2};
+    gp_shape xs = gp_shape_4d(2, 3, 6, 6), ys = gp_shape_2d(2, 3);
+    float h[216];
+    gp_rng_uniform_fill(3, 1, 0, h, 216);
+    for (int q = 0; q < 216; q++) h[q] = 2 * h[q] - 1;
+    gp_tensor in, dy, out_ref, dx_ref;
+    CHECK_OK(gp_tensor_alloc(&in, dev, &xs, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_dev_upload(dev, in.data, h, 216));
+    CHECK_OK(gp_tensor_alloc(&dy, dev, &ys, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_dev_upload(dev, dy.data, h + 100, 6));
+    for (int k = 0; k < FZ; k++) gp_layer_grads_begin(&ref[k]);
+    fz_oracle(ref, &ctx, &in, &dy, &out_ref, &dx_ref);
+
+    gp_stash a;
+    CHECK_OK(gp_stash_init(&a, FZ, NULL, 0));
+    for (int mode = 0; mode < 2; mode++) { /* kept; checkpointed and recomputed */
+        for (int k = 0; k < FZ; k++) gp_layer_grads_begin(&run[k]);
+        uint64_t sk2 = run[2].relu_skipped, sk4 = run[4].relu_skipped, sk6 = run[6].relu_skipped;
+        CHECK_OK(gp_tensor_alloc(&a.in, dev, &xs, GP_MEM_ACTIVATIONS));
+        CHECK_OK(gp_tensor_copy(&a.in, &in));
+        int bad = -1;
+        CHECK_OK(gp_ckpt_forward(run, &ctx, mode ? GP_FWD_INPUT : GP_FWD_KEEP, &a, &bad));
+        CHECK_MSG(same(&a.out, &out_ref), "fused, mode %d: the output differs", mode);
+        if (mode) CHECK_OK(gp_ckpt_recompute(run, &ctx, &a, &bad));
+        CHECK_MSG(run[2].relu_skipped == sk2 + 1 + mode && run[6].relu_skipped == sk6 + 1 + mode &&
+                      run[4].relu_skipped == sk4,
+                  "mode %d: relu forwards skipped %llu, %llu, %llu", mode,
+                  (unsigned long long)(run[2].relu_skipped - sk2),
+                  (unsigned long long)(run[4].relu_skipped - sk4),
+                  (unsigned long long)(run[6].relu_skipped - sk6));
+        gp_tensor dya, dxa = {0};
+        CHECK_OK(gp_tensor_alloc(&dya, dev, &ys, GP_MEM_ACTIVATIONS));
+        CHECK_OK(gp_tensor_copy(&dya, &dy));
+        CHECK_OK(gp_ckpt_backward(run, &ctx, &a, &dya, 0, &dxa, &bad));
+        CHECK_MSG(dxa.data && same(&dxa, &dx_ref), "fused, mode %d: the input gradient differs",
+                  mode);
+        /* two convolutions, two norms and the linear layer: weight and bias */
+        CHECK_MSG(same_grads(run, ref, FZ, "fused") == 10, "fused, mode %d: gradients", mode);
+        for (int k = 0; k < FZ; k++) gp_layer_grads_begin(&ref[k]);
+        gp_tensor o2, d2;
+        gp_tensor_free(&out_ref);
+        gp_tensor_free(&dx_ref);
+        fz_oracle(ref, &ctx, &in, &dy, &o2, &d2); /* same_grads finished the oracle's too */
+        out_ref = o2;
+        dx_ref = d2;
+        gp_tensor_free(&dxa);
+    }
+    /* evaluation: the norms normalise with the running statistics */
+    gp_fwd_ctx ev = ctx;
+    ev.training = false;
+    gp_tensor oe, de;
+    fz_oracle(ref, &ev, &in, NULL, &oe, &de);
+    CHECK_OK(gp_tensor_alloc(&a.in, dev, &xs, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_tensor_copy(&a.in, &in));
+    int bad = -1;
+    CHECK_OK(gp_ckpt_forward(run, &ev, GP_FWD_NOTHING, &a, &bad));
+    CHECK_MSG(same(&a.out, &oe), "fused, evaluation: the output differs");
+    gp_stash_release(&a);
+    gp_stash_destroy(&a);
+    gp_tensor_free(&oe);
+    gp_tensor_free(&out_ref);
+    gp_tensor_free(&dx_ref);
+    gp_tensor_free(&in);
+    gp_tensor_free(&dy);
+    for (int k = 0; k < FZ; k++) {
+        gp_layer_destroy(&ref[k]);
+        gp_layer_destroy(&run[k]);
+    }
+    gp_device_close(dev);
+}
+
 int main(void)
 {
     policy();
+    fused();
     replay();
     inplace();
     bad_loss();

@@ -428,7 +428,7 @@ static void test_pool(void)
 
 static void test_bn_shape(int64_t n, int64_t c, int64_t s)
 {
-    gp_bn_desc d = {n, c, s, 1e-5f, 0};
+    gp_bn_desc d = {n, c, s, 1e-5f, 0, false};
     int64_t nx = n * c * s;
     buf x = brand(nx, -1, 2), dy = brand(nx, -1, 1), g = brand(c, 0.5f, 1.5f), b = brand(c, -1, 1);
     buf y = bjunk(nx), yi = bjunk(nx), dx = bjunk(nx), mean = bjunk(c), var = bjunk(c);
@@ -444,6 +444,16 @@ static void test_bn_shape(int64_t n, int64_t c, int64_t s)
     bcheck(what, &var, 1e-5);
     BOTH(gp_dev_bn_fwd_infer(D, &d, x.p[K], g.p[K], b.p[K], mean.p[K], var.p[K], yi.p[K]));
     snprintf(what, sizeof what, "%s infer y", tag);
+    bcheck(what, &yi, 1e-5);
+    /* with the relu after it (gp_bn_desc.relu): gpipe's kernels from 64
+     * values, cuDNN's and a relu pass below */
+    gp_bn_desc dr = d;
+    dr.relu = true;
+    BOTH(gp_dev_bn_fwd_infer(D, &dr, x.p[K], g.p[K], b.p[K], mean.p[K], var.p[K], yi.p[K]));
+    snprintf(what, sizeof what, "%s infer y, relu", tag);
+    bcheck(what, &yi, 1e-5);
+    BOTH(gp_dev_bn_fwd_train(D, &dr, x.p[K], g.p[K], b.p[K], yi.p[K], mean.p[K], var.p[K]));
+    snprintf(what, sizeof what, "%s fwd y, relu", tag);
     bcheck(what, &yi, 1e-5);
     for (int rep = 0; rep < 2; rep++) {
         BOTH(gp_dev_bn_bwd(D, &d, x.p[K], g.p[K], mean.p[K], var.p[K], dy.p[K], dx.p[K],

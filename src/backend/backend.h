@@ -99,8 +99,9 @@
  *      yblk, gp_pool_desc.blk / plain_out and gp_bn_desc.blk (activations
  *      kept in the convolutions' own layout between them)
  *  19  copy_to_host (a copy into another backend's host memory that touches
- *      none of this device's stream state) */
-#define GP_DEVICE_IFACE_VERSION 19
+ *      none of this device's stream state)
+ *  20  gp_bn_desc.relu (batch norm's forward with the ReLU after it) */
+#define GP_DEVICE_IFACE_VERSION 20
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -197,6 +198,10 @@ typedef struct gp_bn_desc {
     float eps;
     int64_t blk;             /* layout of x, y, dx, dy: 0 plain (N, C, S), else
                                 the channel block (above), (N, C / blk, S, blk) */
+    bool relu;               /* bn_fwd_train, bn_fwd_infer: y = relu(the
+                                normalised value), bit for bit what relu_fwd
+                                gives on the output without it (gp_ew_relu);
+                                the other slots ignore it */
 } gp_bn_desc;
 
 typedef struct gp_device gp_device;

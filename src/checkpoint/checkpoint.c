@@ -29,7 +29,8 @@ gp_status gp_stash_init(gp_stash *s, int count, const gp_skip_map *skips, int fi
     s->uses = calloc((size_t)count + 1, sizeof *s->uses);
     s->inplace = calloc((size_t)count + 1, sizeof *s->inplace);
     s->unkept = calloc((size_t)count + 1, sizeof *s->unkept);
-    bool ok = s->acts && s->grads && s->saved && s->uses && s->inplace && s->unkept;
+    s->fused = calloc((size_t)count + 1, sizeof *s->fused);
+    bool ok = s->acts && s->grads && s->saved && s->uses && s->inplace && s->unkept && s->fused;
     if (ok && skips && skips->n > 0) {
         size_t t = (size_t)skips->n;
         s->skips = skips;
@@ -105,6 +106,7 @@ void gp_stash_destroy(gp_stash *s)
     free(s->uses);
     free(s->inplace);
     free(s->unkept);
+    free(s->fused);
     free(s->skip_in);
     free(s->skip_out);
     free(s->skip_dout);
@@ -174,6 +176,7 @@ static gp_status run_forward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_fwd_kee
     gp_layers_blocked(layers, s->count);
     gp_layers_inplace(layers, s->count, s->inplace);
     gp_layers_unkept(layers, s->count, s->inplace, s->unkept);
+    gp_layers_relu_fused(layers, s->count, s->inplace, s->fused);
     gp_status st = GP_OK;
     for (int c = 0; c < s->count; c++) {
         gp_tensor x[1 + GP_MAX_POPS];

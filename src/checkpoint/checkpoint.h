@@ -83,6 +83,8 @@ typedef struct gp_stash {
                            (the memory stays with the first layer that
                            allocated it, freed after that layer's backward);
                            one that does not moves the ownership on. */
+    bool *fused;        /* [count]: layer c is a relu whose work the batch
+                           norm before it does (gp_layers_relu_fused) */
     bool *unkept;       /* [count]: no backward reads layer c's output
                            (gp_layers_unkept): a kept forward frees it once
                            layer c + 1 has run, keeping its shape in

@@ -82,6 +82,7 @@ static gp_bn_desc bn_desc(const gp_layer *l, int64_t n)
     d.s = l->in_shape.ndim == 4 ? l->in_shape.dims[2] * l->in_shape.dims[3] : 1;
     d.eps = l->spec.eps;
     d.blk = l->in_blk; /* gp_layers_blocked: only a 2-d norm inside a chain */
+    d.relu = l->relu_after; /* the forward loop: the in-place relu after it */
     return d;
 }
 

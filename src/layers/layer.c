@@ -7,6 +7,7 @@
 #include "layers/layers_impl.h"
 #include "backend/elementwise.h"
 
+#include <pthread.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -690,6 +691,34 @@ void gp_layer_specs_unkept(const gp_layer_spec *specs, int count, const bool *in
 {
     if (count <= 0) return;
     unkept_rule((const char *)specs, sizeof *specs, count, inplace, unkept);
+}
+
+static bool fuse_relu_on;
+static pthread_once_t fuse_relu_once = PTHREAD_ONCE_INIT;
+static void fuse_relu_read(void)
+{
+    const char *e = getenv("GPIPE_FUSE_RELU");
+    fuse_relu_on = !e || strcmp(e, "0") != 0;
+}
+
+bool gp_layers_fuse_relu_on(void)
+{
+    pthread_once(&fuse_relu_once, fuse_relu_read);
+    return fuse_relu_on;
+}
+
+void gp_layers_relu_fused(gp_layer *layers, int count, const bool *inplace, bool *fused)
+{
+    bool on = gp_layers_fuse_relu_on();
+    for (int c = 0; c < count; c++) {
+        const gp_layer *b = c >= 1 ? &layers[c - 1] : NULL;
+        fused[c] = on && b && layers[c].ops->type == GP_LAYER_RELU && inplace[c] &&
+                   b->ops->type == GP_LAYER_BATCHNORM && b->n_in == 1 && !b->spec.stash[0];
+    }
+    for (int c = 0; c < count; c++) {
+        layers[c].relu_done = fused[c];
+        layers[c].relu_after = c + 1 < count && fused[c + 1];
+    }
 }
 
 void gp_layers_discard(gp_layer *layers, int count)

@@ -315,6 +315,15 @@ struct gp_layer {
                                output (and dy): 0 plain, else the channel
                                block (backend.h); set by gp_layers_blocked,
                                0 from gp_layer_create */
+    /* batch norm followed by relu (gp_layers_relu_fused): the norm's
+     * forward applies the relu (relu_after, on the norm), and the relu's
+     * forward, in place on the norm's output, then has nothing left to do
+     * (relu_done, on the relu: it checks that its output is its input).
+     * Values stay bit for bit the unfused ones (relu is idempotent), and
+     * both backwards are unchanged (the norm's reads its input, the relu's
+     * its output).  relu_skipped counts the relu's skipped forwards. */
+    bool relu_after, relu_done;
+    uint64_t relu_skipped;
 };
 
 /* Make a layer of spec->type with `index`, infer shapes from `in` (batch
@@ -372,6 +381,17 @@ void gp_layers_inplace(const gp_layer *layers, int count, bool *inplace);
  * into the block and back around each such convolution, 2 of its 6 per
  * micro-batch (forward, backward-data, backward-weights) at each end. */
 void gp_layers_blocked(gp_layer *layers, int count);
+/* Which relu layers of a stage's run of `count` layers a batch norm before
+ * them does the work of (fused[c] true: layer c is a relu that runs in
+ * place, inplace[c], on the output of layer c - 1, a batch norm of one
+ * input whose output no skip stashes, so nothing else reads the norm's
+ * output before the relu), and the layers' relu_after / relu_done set to
+ * match for every layer of the run.  One pass over memory fewer per pair
+ * in every forward and recompute (issue 15: batch norm with its ReLU). */
+void gp_layers_relu_fused(gp_layer *layers, int count, const bool *inplace, bool *fused);
+/* Whether batch norm and relu fuse at all: false under GPIPE_FUSE_RELU=0
+ * (an A/B; read once). */
+bool gp_layers_fuse_relu_on(void);
 /* ops->discard on every layer that has it: a failed step's pending
  * statistics forgotten (the executor and the single-device step call it on
  * failure, so a failed step leaves the model as it was). */

@@ -135,6 +135,9 @@ static gp_status res_init(gp_layer *l, uint64_t seed)
     gp_shape mid = l->out_shape;
     GP_TRY(add_child(l, st, C_CONV1, &l->in_shape, seed));
     GP_TRY(add_child(l, st, C_BN1, &mid, seed));
+    /* bn1's forward applies the relu after it (gp_layer.relu_after): one
+     * pass over the block's middle map fewer, the same bits */
+    st->child[C_BN1].relu_after = gp_layers_fuse_relu_on();
     GP_TRY(add_child(l, st, C_RELU, &mid, seed));
     GP_TRY(add_child(l, st, C_CONV2, &mid, seed));
     GP_TRY(add_child(l, st, C_BN2, &mid, seed));
@@ -213,7 +216,8 @@ static gp_status res_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor
     RES_TRY(gp_layers_saved_alloc(s, S_A2, dev, &ms));
     RES_TRY(child_fwd(st, C_CONV1, ctx, x, &s->t[S_A1], s, -1));
     RES_TRY(child_fwd(st, C_BN1, ctx, &s->t[S_A1], &s->t[S_R1], s, S_BN1));
-    RES_TRY(child_fwd(st, C_RELU, ctx, &s->t[S_R1], &s->t[S_R1], s, -1));
+    if (!st->child[C_BN1].relu_after) /* else bn1 applied it */
+        RES_TRY(child_fwd(st, C_RELU, ctx, &s->t[S_R1], &s->t[S_R1], s, -1));
     RES_TRY(child_fwd(st, C_CONV2, ctx, &s->t[S_R1], &s->t[S_A2], s, -1));
     RES_TRY(child_fwd(st, C_BN2, ctx, &s->t[S_A2], y, s, S_BN2));
     if (st->has_down) {

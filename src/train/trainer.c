@@ -739,18 +739,19 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
     double tf = 0, ta = 0, sf = 0, sa = 0;
     int stage = 0, first = 0;
     /* which layers run in place in their stage: their output is no extra */
-    /* one allocation: inplace[n_layers], then unkept[n_layers] */
-    bool *inplace = calloc(2 * (size_t)m.n_layers + 1, sizeof *inplace);
+    /* one allocation: inplace[n_layers], unkept[n_layers], fused[n_layers] */
+    bool *inplace = calloc(3 * (size_t)m.n_layers + 1, sizeof *inplace);
     if (!inplace) {
         gp_model_free(&m);
         close_devices(devs, gp_pipeline_devices_total(&cfg->pipeline));
         return gp_error_set(GP_ERR_OOM, "out of host memory");
     }
-    bool *unkept = inplace + m.n_layers;
+    bool *unkept = inplace + m.n_layers, *fused = unkept + m.n_layers;
     for (int j = 0, f0 = 0; j < m.n_stages; f0 += m.balance[j++]) {
         gp_layers_blocked(m.layers + f0, m.balance[j]);
         gp_layers_inplace(m.layers + f0, m.balance[j], inplace + f0);
         gp_layers_unkept(m.layers + f0, m.balance[j], inplace + f0, unkept + f0);
+        gp_layers_relu_fused(m.layers + f0, m.balance[j], inplace + f0, fused + f0);
     }
     for (int k = 0; k < m.n_layers; k++) {
         gp_layer *l = &m.layers[k];
@@ -767,6 +768,8 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
         for (int q = 0; q < l->spec.n_pop; q++)
             snprintf(sk + strlen(sk), sizeof sk - strlen(sk), "  pop %s", l->spec.pop[q]);
         if (inplace[k]) snprintf(sk + strlen(sk), sizeof sk - strlen(sk), "  in place");
+        if (fused[k]) /* gp_layers_relu_fused: the norm before computed it */
+            snprintf(sk + strlen(sk), sizeof sk - strlen(sk), "  fused into the norm");
         if (unkept[k]) snprintf(sk + strlen(sk), sizeof sk - strlen(sk), "  not kept");
         if (l->out_blk) /* gp_layers_blocked: the convolutions' own layout */
             snprintf(sk + strlen(sk), sizeof sk - strlen(sk), "  out nChw%lldc",

@@ -188,7 +188,8 @@ static void chan_stats(const gp_bn_desc *d, const float *x, int64_t c0, float *m
  * stay in registers (B a constant where it is inlined). */
 static inline __attribute__((always_inline)) void
 apply_block(const float *x, const float *g, float *y, int64_t n, int64_t cs, int64_t s,
-            const int64_t B, const float *ca, const float *cb, const float *cc, const float *cm)
+            const int64_t B, const float *ca, const float *cb, const float *cc, const float *cm,
+            bool relu)
 {
     float a[BN_MAX_BLOCK], b2[BN_MAX_BLOCK], c[BN_MAX_BLOCK], m[BN_MAX_BLOCK];
     for (int64_t b = 0; b < B; b++) {
@@ -205,6 +206,12 @@ apply_block(const float *x, const float *g, float *y, int64_t n, int64_t cs, int
                     r[j * B + b] = gp_ew_bn_bwd_apply(q[j * B + b], p[j * B + b], m[b], a[b],
                                                       b2[b], c[b]);
             }
+        } else if (relu) {
+            for (int64_t j = 0; j < s; j++) {
+#pragma omp simd
+                for (int64_t b = 0; b < B; b++)
+                    r[j * B + b] = gp_ew_relu(gp_ew_bn_apply(p[j * B + b], a[b], b2[b]));
+            }
         } else {
             for (int64_t j = 0; j < s; j++) {
 #pragma omp simd
@@ -214,20 +221,22 @@ apply_block(const float *x, const float *g, float *y, int64_t n, int64_t cs, int
     }
 }
 
-/* y = x scale + shift (fwd) or dx = a dy + b (x - m) + c (bwd: g = dy),
- * with per-channel coefficients, over channels [c0, c0 + unit). */
+/* y = x scale + shift (fwd; then relu where d->relu) or dx = a dy + b (x -
+ * m) + c (bwd: g = dy), with per-channel coefficients, over channels [c0,
+ * c0 + unit). */
 GP_CPU_LOOPS
 static void chan_apply(const gp_bn_desc *d, const float *x, const float *g, float *y,
                        int64_t c0, const float *ca, const float *cb, const float *cc,
                        const float *cm)
 {
     const int64_t cs = d->c * d->s, o = chan_base(d, c0), S = d->s, N = d->n;
+    const bool relu = !g && d->relu;
     if (d->blk == 16) {
-        apply_block(x + o, g ? g + o : NULL, y + o, N, cs, S, 16, ca, cb, cc, cm);
+        apply_block(x + o, g ? g + o : NULL, y + o, N, cs, S, 16, ca, cb, cc, cm, relu);
         return;
     }
     if (d->blk) {
-        apply_block(x + o, g ? g + o : NULL, y + o, N, cs, S, 8, ca, cb, cc, cm);
+        apply_block(x + o, g ? g + o : NULL, y + o, N, cs, S, 8, ca, cb, cc, cm, relu);
         return;
     }
     const float a = ca[0], b = cb[0], c = cc ? cc[0] : 0.0f, m = cm ? cm[0] : 0.0f;
@@ -237,6 +246,9 @@ static void chan_apply(const gp_bn_desc *d, const float *x, const float *g, floa
         if (q) {
 #pragma omp simd
             for (int64_t j = 0; j < S; j++) r[j] = gp_ew_bn_bwd_apply(q[j], p[j], m, a, b, c);
+        } else if (relu) {
+#pragma omp simd
+            for (int64_t j = 0; j < S; j++) r[j] = gp_ew_relu(gp_ew_bn_apply(p[j], a, b));
         } else {
 #pragma omp simd
             for (int64_t j = 0; j < S; j++) r[j] = gp_ew_bn_apply(p[j], a, b);

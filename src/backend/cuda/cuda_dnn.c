@@ -559,8 +559,8 @@ gp_status gp_cuda_bn_fwd_train(gp_device *dev, const gp_bn_desc *d, const float 
     if (bn_planes(dev, d, &part, &vec, &st)) {
         GP_TRY(st);
         gp_cuda_nvtx_push("bn_fwd_train");
-        GP_CUDA(gp_cuk_bnp_fwd(ctx->compute, x, d->n, d->c, d->s, d->eps, gamma, beta, y, mean,
-                               var, part, vec));
+        GP_CUDA(gp_cuk_bnp_fwd(ctx->compute, x, d->n, d->c, d->s, d->eps, gamma, beta, d->relu,
+                               y, mean, var, part, vec));
         gp_cuda_nvtx_pop();
         return GP_OK;
     }
@@ -574,6 +574,8 @@ gp_status gp_cuda_bn_fwd_train(gp_device *dev, const gp_bn_desc *d, const float 
         ctx->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, ctx->td[0], x, ctx->td[0], y, ctx->td[2],
         gamma, beta, 1.0, mean, var, (double)d->eps, NULL, NULL));
     GP_CUDA(gp_cuk_bn_biased_var(ctx->compute, var, d->c, (double)(d->n * d->s)));
+    /* cuDNN's kernels have no ReLU to fuse here: a pass of its own */
+    if (d->relu) GP_CUDA(gp_cuk_relu_fwd(ctx->compute, y, y, d->n * d->c * d->s));
     gp_cuda_nvtx_pop();
     return GP_OK;
 }
@@ -590,6 +592,7 @@ gp_status gp_cuda_bn_fwd_infer(gp_device *dev, const gp_bn_desc *d, const float 
     GP_CUDNN(cudnnBatchNormalizationForwardInference(
         ctx->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, ctx->td[0], x, ctx->td[0], y, ctx->td[2],
         gamma, beta, mean, var, (double)d->eps));
+    if (d->relu) GP_CUDA(gp_cuk_relu_fwd(ctx->compute, y, y, d->n * d->c * d->s));
     return GP_OK;
 }
 
@@ -654,7 +657,7 @@ gp_status gp_cuda_bn_stats(gp_device *dev, const gp_bn_desc *d, const float *x, 
     if (bn_planes(dev, d, &part, &vec, &st)) {
         GP_TRY(st);
         GP_CUDA(gp_cuk_bnp_fwd(gp_cuda_ctx_of(dev)->compute, x, d->n, d->c, d->s, d->eps, NULL,
-                               NULL, NULL, mean, var, part, NULL));
+                               NULL, 0, NULL, mean, var, part, NULL));
         return GP_OK;
     }
     gp_cuda_nvtx_push("bn_stats");

@@ -595,15 +595,19 @@ __global__ void k_bnp_stats_final(const double *part, const float *x, int64_t N,
     }
 }
 
-/* y = (x - mean) scale + shift over plane blockIdx.x. */
+/* y = (x - mean) scale + shift over plane blockIdx.x, then relu where
+ * asked (gp_ew_relu, as the relu kernel). */
 __global__ void k_bnp_apply(const float *x, const float *mean, const float *vec, int64_t C,
-                            int64_t S, float *y)
+                            int64_t S, int relu, float *y)
 {
     int64_t p = blockIdx.x, c = p % C;
     const float m = mean[c], sc = vec[c], sh = vec[C + c];
     const float *q = x + p * S;
     float *o = y + p * S;
-    for (int64_t i = threadIdx.x; i < S; i += blockDim.x) o[i] = (q[i] - m) * sc + sh;
+    if (relu)
+        for (int64_t i = threadIdx.x; i < S; i += blockDim.x) o[i] = gp_ew_relu((q[i] - m) * sc + sh);
+    else
+        for (int64_t i = threadIdx.x; i < S; i += blockDim.x) o[i] = (q[i] - m) * sc + sh;
 }
 
 /* part[2 p] = sum dy, part[2 p + 1] = sum dy (x - mean) over plane p. */
@@ -944,7 +948,7 @@ cudaError_t gp_cuk_bn_invstd(cudaStream_t s, const float *var, float eps, float 
 }
 
 cudaError_t gp_cuk_bnp_fwd(cudaStream_t s, const float *x, int64_t n, int64_t c, int64_t sp,
-                           float eps, const float *gamma, const float *beta, float *y,
+                           float eps, const float *gamma, const float *beta, int relu, float *y,
                            float *mean, float *var, double *part, float *vec)
 {
     int64_t planes = n * c;
@@ -953,7 +957,8 @@ cudaError_t gp_cuk_bnp_fwd(cudaStream_t s, const float *x, int64_t n, int64_t c,
     k_bnp_stats_part<<<warp_blocks(planes), GP_CUK_THREADS, 0, s>>>(x, planes, c, sp, part);
     k_bnp_stats_final<<<(unsigned)c, GP_CUK_THREADS, 0, s>>>(part, x, n, c, sp, eps, gamma, beta,
                                                             mean, var, y ? vec : NULL);
-    if (y) k_bnp_apply<<<(unsigned)planes, plane_threads(sp), 0, s>>>(x, mean, vec, c, sp, y);
+    if (y)
+        k_bnp_apply<<<(unsigned)planes, plane_threads(sp), 0, s>>>(x, mean, vec, c, sp, relu, y);
     return cudaGetLastError();
 }
 

@@ -170,12 +170,13 @@ cudaError_t gp_cuk_bn_invstd(cudaStream_t s, const float *var, float eps, float 
  * (n, c) plane sums into part (2 n c doubles), a block per channel adds
  * the planes in a fixed order, a block per plane applies (deterministic).
  * fwd: mean(c) and biased var(c), and with y also y = (x - mean) gamma inv
- * + beta (vec: 2 c floats of workspace; gamma / beta NULL: 1 / 0).  bwd:
+ * + beta, relu'd where relu (vec: 2 c floats of workspace; gamma / beta
+ * NULL: 1 / 0).  bwd:
  * sums(2 c) = (sum dy, sum dy (x - mean)) where not NULL, and with dx its
  * dx = and dgamma +=, dbeta += where not NULL (vec: 3 c floats).  On an
  * H100 cuDNN's NCHW batch-norm kernels moved about 1.3 TB/s. */
 cudaError_t gp_cuk_bnp_fwd(cudaStream_t s, const float *x, int64_t n, int64_t c, int64_t sp,
-                           float eps, const float *gamma, const float *beta, float *y,
+                           float eps, const float *gamma, const float *beta, int relu, float *y,
                            float *mean, float *var, double *part, float *vec);
 cudaError_t gp_cuk_bnp_bwd(cudaStream_t s, const float *x, const float *mean, const float *var,
                            const float *gamma, const float *dy, int64_t n, int64_t c, int64_t sp,
