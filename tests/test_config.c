@@ -717,23 +717,26 @@ static void test_amoebanet_layers(void)
     CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID, "did you mean 'factorized_reduce'?");
 }
 
+/* Overrides of k_base: scalar, nested, list, created keys, layer options
+ * by index (test_overrides, test_text_applied). */
+enum { N_OVERRIDES = 10 };
+static const char *const k_overrides[N_OVERRIDES] = {
+    "train.batch_size=128",
+    "train.optimizer.lr=0.1",
+    "pipeline.devices=[cpu:0,cpu:1]",
+    "pipeline.balance=[2, 3]",
+    "data.augment.hflip=true",
+    "model.layers.0.out=16",
+    "model.layers.1.momentum=0.3",
+    "model.layers.4.linear.bias=false",
+    "model.layers.5={dropout: {p: 0.1}}",
+    " train.seed = 7",
+};
+
 static void test_overrides(void)
 {
     gp_config c;
-    /* scalar, nested, list, created keys, layer options by index */
-    const char *sets[] = {
-        "train.batch_size=128",
-        "train.optimizer.lr=0.1",
-        "pipeline.devices=[cpu:0,cpu:1]",
-        "pipeline.balance=[2, 3]",
-        "data.augment.hflip=true",
-        "model.layers.0.out=16",
-        "model.layers.1.momentum=0.3",
-        "model.layers.4.linear.bias=false",
-        "model.layers.5={dropout: {p: 0.1}}",
-        " train.seed = 7",
-    };
-    CHECK_OK(parse_set(k_base, sets, 10, &c));
+    CHECK_OK(parse_set(k_base, k_overrides, N_OVERRIDES, &c));
     CHECK(c.train.batch_size == 128);
     CHECK_NEAR(c.train.optim.lr, 0.1, 1e-7, 0);
     CHECK(c.pipeline.n_devices == 2 && !strcmp(c.pipeline.devices[1].name, "cpu:1"));
@@ -803,21 +806,11 @@ static void test_overrides(void)
  * YAML would misread is quoted. */
 static void test_text_applied(void)
 {
-    const char *sets[] = {
-        "train.batch_size=128",
-        "train.optimizer.lr=0.1",
-        "pipeline.devices=[cpu:0,cpu:1]",
-        "pipeline.balance=[2, 3]",
-        "data.augment.hflip=true",
-        "model.layers.0.out=16",
-        "model.layers.1.momentum=0.3",
-        "model.layers.4.linear.bias=false",
-        "model.layers.5={dropout: {p: 0.1}}",
-        " train.seed = 7",
-        "train.snapshot.dir=\"/tmp/a: b #c, [d]\"",
-    };
+    const char *sets[N_OVERRIDES + 1];
+    memcpy(sets, k_overrides, sizeof k_overrides);
+    sets[N_OVERRIDES] = "train.snapshot.dir=\"/tmp/a: b #c, [d]\"";
     gp_config c, w;
-    CHECK_OK(parse_set(k_base, sets, 11, &c));
+    CHECK_OK(parse_set(k_base, sets, N_OVERRIDES + 1, &c));
     char *t = NULL;
     CHECK_OK(gp_config_text_applied(&c, NULL, &t));
     if (!t) {

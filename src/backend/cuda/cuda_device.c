@@ -350,6 +350,25 @@ static bool is_pinned(const void *p)
     return a.type == cudaMemoryTypeHost;
 }
 
+/* Pageable host memory src into dst on the copy stream, through the two
+ * pinned staging buffers in turn: returns once src has been read (the
+ * host waits only for a buffer's previous transfer).  On the device's own
+ * worker, the buffers' only user. */
+static gp_status stage_h2d(gp_cuda_ctx *ctx, void *dst, const void *src, size_t bytes)
+{
+    for (size_t off = 0; off < bytes; off += CUDA_STAGE_BYTES) {
+        size_t len = bytes - off < CUDA_STAGE_BYTES ? bytes - off : CUDA_STAGE_BYTES;
+        int k = ctx->stage_next;
+        ctx->stage_next ^= 1;
+        GP_CUDA(cudaEventSynchronize(ctx->stage_done[k])); /* its last copy has finished */
+        memcpy(ctx->stage[k], (const char *)src + off, len);
+        GP_CUDA(cudaMemcpyAsync((char *)dst + off, ctx->stage[k], len, cudaMemcpyHostToDevice,
+                                ctx->copy));
+        GP_CUDA(cudaEventRecord(ctx->stage_done[k], ctx->copy));
+    }
+    return GP_OK;
+}
+
 static gp_status cuda_copy_h2d(gp_device *dev, void *dst, const void *src, size_t bytes)
 {
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
@@ -364,16 +383,7 @@ static gp_status cuda_copy_h2d(gp_device *dev, void *dst, const void *src, size_
         GP_CUDA(cudaEventSynchronize(ctx->fence_copy));
         return copy_end(ctx);
     }
-    for (size_t off = 0; off < bytes; off += CUDA_STAGE_BYTES) {
-        size_t len = bytes - off < CUDA_STAGE_BYTES ? bytes - off : CUDA_STAGE_BYTES;
-        int k = ctx->stage_next;
-        ctx->stage_next ^= 1;
-        GP_CUDA(cudaEventSynchronize(ctx->stage_done[k])); /* its last copy has finished */
-        memcpy(ctx->stage[k], (const char *)src + off, len);
-        GP_CUDA(cudaMemcpyAsync((char *)dst + off, ctx->stage[k], len, cudaMemcpyHostToDevice,
-                                ctx->copy));
-        GP_CUDA(cudaEventRecord(ctx->stage_done[k], ctx->copy));
-    }
+    GP_TRY(stage_h2d(ctx, dst, src, bytes));
     return copy_end(ctx);
 }
 
@@ -487,16 +497,7 @@ static gp_status cuda_copy_async(gp_device *dev, void *dst, gp_device *src_dev, 
         gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
         GP_ASSERT(!after);
         GP_TRY(gp_cuda_enter(dev));
-        for (size_t off = 0; off < bytes; off += CUDA_STAGE_BYTES) {
-            size_t len = bytes - off < CUDA_STAGE_BYTES ? bytes - off : CUDA_STAGE_BYTES;
-            int k = ctx->stage_next;
-            ctx->stage_next ^= 1;
-            GP_CUDA(cudaEventSynchronize(ctx->stage_done[k]));
-            memcpy(ctx->stage[k], (const char *)src + off, len);
-            GP_CUDA(cudaMemcpyAsync((char *)dst + off, ctx->stage[k], len,
-                                    cudaMemcpyHostToDevice, ctx->copy));
-            GP_CUDA(cudaEventRecord(ctx->stage_done[k], ctx->copy));
-        }
+        GP_TRY(stage_h2d(ctx, dst, src, bytes));
         GP_CUDA(cudaEventRecord(done ? (cudaEvent_t)done : ctx->fence_copy, ctx->copy));
         return GP_OK;
     }

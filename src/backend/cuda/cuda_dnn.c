@@ -493,16 +493,22 @@ gp_status gp_cuda_pool_bwd(gp_device *dev, const gp_pool_desc *d, const float *x
 /* td[0] = x as (N, C, S, 1), td[2] = the (1, C, 1, 1) parameters.  The
  * workspace holds five channel vectors: ones, zeros (for absent gamma /
  * beta), the inverse std, and two sinks for absent dgamma / dbeta. */
-static gp_status bn_setup(gp_device *dev, const gp_bn_desc *d, float **vecs)
+/* The checks every batch-norm slot makes, on either path (bn_planes). */
+static gp_status bn_check(gp_device *dev, const gp_bn_desc *d)
 {
-    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     if (d->n <= 0 || d->c <= 0 || d->s <= 0 || !(d->eps >= 0.0f) ||
         (double)d->eps < CUDNN_BN_MIN_EPSILON)
         return gp_error_set(GP_ERR_INVALID,
                             "device %s: invalid batch norm (n=%lld c=%lld s=%lld eps=%g; cuDNN "
                             "needs eps >= %g)", dev->name, (long long)d->n, (long long)d->c,
                             (long long)d->s, (double)d->eps, (double)CUDNN_BN_MIN_EPSILON);
-    GP_TRY(fits(dev, "batch norm input", d->n, d->c, d->s, 1));
+    return fits(dev, "batch norm input", d->n, d->c, d->s, 1);
+}
+
+/* cuDNN's descriptors and workspace (d checked by bn_check). */
+static gp_status bn_setup(gp_device *dev, const gp_bn_desc *d, float **vecs)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     GP_TRY(set4d(ctx->td[0], d->n, d->c, d->s, 1));
     GP_CUDNN(cudnnDeriveBNTensorDescriptor(ctx->td[2], ctx->td[0], CUDNN_BATCHNORM_SPATIAL));
     void *ws;
@@ -552,7 +558,7 @@ gp_status gp_cuda_bn_fwd_train(gp_device *dev, const gp_bn_desc *d, const float 
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     float *vecs = NULL;
     GP_TRY(gp_cuda_enter(dev));
-    GP_TRY(bn_setup(dev, d, &vecs));
+    GP_TRY(bn_check(dev, d));
     double *part;
     float *vec;
     gp_status st;
@@ -564,6 +570,7 @@ gp_status gp_cuda_bn_fwd_train(gp_device *dev, const gp_bn_desc *d, const float 
         gp_cuda_nvtx_pop();
         return GP_OK;
     }
+    GP_TRY(bn_setup(dev, d, &vecs));
     GP_TRY(bn_params(ctx, d, vecs, &gamma, &beta));
     size_t cb = (size_t)d->c * sizeof(float);
     GP_CUDA(cudaMemsetAsync(mean, 0, cb, ctx->compute));
@@ -587,6 +594,7 @@ gp_status gp_cuda_bn_fwd_infer(gp_device *dev, const gp_bn_desc *d, const float 
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     float *vecs = NULL;
     GP_TRY(gp_cuda_enter(dev));
+    GP_TRY(bn_check(dev, d));
     GP_TRY(bn_setup(dev, d, &vecs));
     GP_TRY(bn_params(ctx, d, vecs, &gamma, &beta));
     GP_CUDNN(cudnnBatchNormalizationForwardInference(
@@ -604,7 +612,7 @@ gp_status gp_cuda_bn_bwd(gp_device *dev, const gp_bn_desc *d, const float *x,
     float *vecs = NULL;
     const float *beta_unused = NULL;
     GP_TRY(gp_cuda_enter(dev));
-    GP_TRY(bn_setup(dev, d, &vecs));
+    GP_TRY(bn_check(dev, d));
     double *part;
     float *vec;
     gp_status st;
@@ -616,6 +624,7 @@ gp_status gp_cuda_bn_bwd(gp_device *dev, const gp_bn_desc *d, const float *x,
         gp_cuda_nvtx_pop();
         return GP_OK;
     }
+    GP_TRY(bn_setup(dev, d, &vecs));
     GP_TRY(bn_params(ctx, d, vecs, &gamma, &beta_unused));
     float *inv = vecs + 2 * d->c;
     GP_CUDA(gp_cuk_bn_invstd(ctx->compute, var, d->eps, inv, d->c));

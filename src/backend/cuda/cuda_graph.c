@@ -340,20 +340,20 @@ static gp_status choose(gp_device *dev, cuda_conv *cv, int dir, int ai, int64_t 
     heuristics(graph, CUDNN_HEUR_MODE_A, cfg, &n, GRAPH_CANDIDATES);
     heuristics(graph, CUDNN_HEUR_MODE_FALLBACK, cfg, &n, 2 * GRAPH_CANDIDATES);
     size_t limit = gp_cuda_ws_limit(dev);
-    bool measure = !ctx->deterministic;
+    /* timed, unless there is no room for a scratch dw or no events (never
+     * deterministic: gp_cuda_graph_conv keeps the legacy choice then) */
+    bool measure = true;
     void *sws = NULL, *sdw = NULL;
     size_t dw_bytes = (size_t)(cv->d.k * cv->d.c * cv->d.kh * cv->d.kw) * sizeof(float);
     cudaEvent_t e0 = NULL, e1 = NULL;
-    if (measure) {
-        gp_cuda_search_ws(dev, &sws, &limit, false); /* the legacy search counted it */
-        if (dir == GP_CUDA_BWD_FILTER && gp_dev_alloc(dev, dw_bytes, GP_MEM_WORKSPACE, &sdw)) {
-            gp_error_clear();
-            measure = false;
-        }
-        if (measure && (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess)) {
-            (void)cudaGetLastError();
-            measure = false;
-        }
+    gp_cuda_search_ws(dev, &sws, &limit, false); /* the legacy search counted it */
+    if (dir == GP_CUDA_BWD_FILTER && gp_dev_alloc(dev, dw_bytes, GP_MEM_WORKSPACE, &sdw)) {
+        gp_error_clear();
+        measure = false;
+    }
+    if (measure && (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess)) {
+        (void)cudaGetLastError();
+        measure = false;
     }
     const void *q2 = dir == GP_CUDA_BWD_FILTER && sdw ? sdw : p2;
     cudnnBackendDescriptor_t best = NULL;

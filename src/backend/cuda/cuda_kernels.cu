@@ -158,6 +158,13 @@ __global__ void k_sum_rows_final(const double *part, int parts, float *db, int64
     }
 }
 
+/* The sum of v over a warp into lane 0 (a fixed butterfly: deterministic). */
+__device__ inline double warp_sum(double v)
+{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    return v;
+}
+
 __global__ void k_sum_planes_part(const float *dy, double *part, int64_t planes, int64_t hw)
 {
     int64_t plane = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
@@ -166,7 +173,7 @@ __global__ void k_sum_planes_part(const float *dy, double *part, int64_t planes,
     const float *p = dy + plane * hw;
     double acc = 0.0;
     for (int64_t i = lane; i < hw; i += 32) acc += (double)p[i];
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
+    acc = warp_sum(acc);
     if (lane == 0) part[plane] = acc;
 }
 
@@ -539,6 +546,21 @@ inline unsigned channel_blocks(int64_t C) { return (unsigned)(C < 65535 ? C : 65
  * pass, where a block per channel left most of an H100 idle and cuDNN's
  * NCHW kernels move about 1.3 TB/s.  Sums in double. */
 
+/* Block c (every thread): the pairs part[2 (n C + c)], part[2 (n C + c) +
+ * 1] added over n, thread t taking n = t, t + 256, .. in order, then the
+ * fixed tree; the totals in thread 0's *a and *b. */
+__device__ void channel_pair_sum(const double *part, int64_t N, int64_t C, int64_t c, double *a,
+                                 double *b)
+{
+    double sa = 0.0, sb = 0.0;
+    for (int64_t n = threadIdx.x; n < N; n += blockDim.x) {
+        sa += part[2 * (n * C + c)];
+        sb += part[2 * (n * C + c) + 1];
+    }
+    *a = block_sum(sa);
+    *b = block_sum(sb);
+}
+
 /* part[2 p], part[2 p + 1] of plane p = n C + c: the sums of (x - pivot[c])
  * and of its square, pivot = the channel's first value (x[c S]), which
  * keeps the square sums from cancelling. */
@@ -555,10 +577,8 @@ __global__ void k_bnp_stats_part(const float *x, int64_t planes, int64_t C, int6
         a += d;
         b += d * d;
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        a += __shfl_down_sync(0xffffffffu, a, o);
-        b += __shfl_down_sync(0xffffffffu, b, o);
-    }
+    a = warp_sum(a);
+    b = warp_sum(b);
     if (lane == 0) {
         part[2 * p] = a;
         part[2 * p + 1] = b;
@@ -574,13 +594,8 @@ __global__ void k_bnp_stats_final(const double *part, const float *x, int64_t N,
                                   float *mean, float *var, float *vec)
 {
     int64_t c = blockIdx.x;
-    double a = 0.0, b = 0.0;
-    for (int64_t n = threadIdx.x; n < N; n += blockDim.x) {
-        a += part[2 * (n * C + c)];
-        b += part[2 * (n * C + c) + 1];
-    }
-    a = block_sum(a);
-    b = block_sum(b);
+    double a, b;
+    channel_pair_sum(part, N, C, c, &a, &b);
     if (threadIdx.x == 0) {
         double cnt = (double)(N * S), piv = (double)x[c * S], ma = a / cnt;
         double v = b / cnt - ma * ma;
@@ -624,10 +639,8 @@ __global__ void k_bnp_bwd_part(const float *x, const float *mean, const float *d
         a += d;
         b += d * ((double)q[i] - m);
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        a += __shfl_down_sync(0xffffffffu, a, o);
-        b += __shfl_down_sync(0xffffffffu, b, o);
-    }
+    a = warp_sum(a);
+    b = warp_sum(b);
     if (lane == 0) {
         part[2 * p] = a;
         part[2 * p + 1] = b;
@@ -642,13 +655,8 @@ __global__ void k_bnp_bwd_final(const double *part, int64_t N, int64_t C, int64_
                                 float *vec, float *dgamma, float *dbeta)
 {
     int64_t c = blockIdx.x;
-    double a = 0.0, b = 0.0;
-    for (int64_t n = threadIdx.x; n < N; n += blockDim.x) {
-        a += part[2 * (n * C + c)];
-        b += part[2 * (n * C + c) + 1];
-    }
-    a = block_sum(a);
-    b = block_sum(b);
+    double a, b;
+    channel_pair_sum(part, N, C, c, &a, &b);
     if (threadIdx.x == 0) {
         if (sums) {
             sums[c] = (float)a;
