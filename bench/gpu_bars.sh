@@ -83,27 +83,35 @@ echo "the same, free-running (lockstep: false): $tfree ms against lockstep $t2 m
   "$OUT/resnet18-2048-2stages-free.json" > /dev/null 2>&1 || echo "(no picture: no matplotlib)"
 fi # PARTS
 # Issue 15's precision columns: the five configs of its table, one stage,
-# m = 1, in FP32 and with train.precision: tf32 (TF32 tensor cores in
-# cuBLAS and cuDNN; a CPU device computes FP32 under tf32, so DEV=cpu:0
-# only checks the script).
+# m = 1, in FP32, with train.precision: tf32 (TF32 tensor cores in cuBLAS
+# and cuDNN; a CPU device computes FP32 under tf32, so DEV=cpu:0 only
+# checks the script) and with train.precision: bf16 (bf16 tensor cores;
+# on DEV=cpu:0 only where the processor has bf16 instructions).
 echo
 rm -f "$OUT/gpipe-times.txt"
 peer_runs=
-echo "| model, batch | fp32 deterministic ms | fp32 ms (measured algorithms) | measured / deterministic | tf32 ms | tf32 / fp32 |"
-echo "|---|---|---|---|---|---|"
+echo "| model, batch | fp32 deterministic ms | fp32 ms (measured algorithms) | measured / deterministic | tf32 ms | tf32 / fp32 | bf16 ms | bf16 / fp32 |"
+echo "|---|---|---|---|---|---|---|---|"
 for spec in "mlp bench/mlp.yaml 256" "mlp bench/mlp.yaml 2048" "convnet bench/convnet.yaml 128" \
             "convnet bench/convnet.yaml 1024" "resnet18 bench/resnet18-32.yaml 256"; do
   read -r model cfg batch <<< "$spec"
   train "$model-$batch-det" "$cfg" "$batch" "[cuda:0]" 1 --set train.deterministic=true
   train "$model-$batch-fp32" "$cfg" "$batch" "[cuda:0]" 1
   train "$model-$batch-tf32" "$cfg" "$batch" "[cuda:0]" 1 --set train.precision=tf32
+  # bf16 where the device has it (a CPU without bf16 instructions refuses)
+  tb=-
+  if train "$model-$batch-bf16" "$cfg" "$batch" "[cuda:0]" 1 --set train.precision=bf16; then
+    read -r tb _ <<< "$(median "$OUT/$model-$batch-bf16.jsonl")"
+  fi
   read -r td _ <<< "$(median "$OUT/$model-$batch-det.jsonl")"
   read -r tf _ <<< "$(median "$OUT/$model-$batch-fp32.jsonl")"
   read -r tt _ <<< "$(median "$OUT/$model-$batch-tf32.jsonl")"
   echo "| $model, $batch | $td | $tf | $("$PY" -c "print('%.2f' % ($tf / $td))") | $tt |" \
-       "$("$PY" -c "print('%.2f' % ($tt / $tf))") |"
+       "$("$PY" -c "print('%.2f' % ($tt / $tf))") | $tb |" \
+       "$([ "$tb" = - ] && echo - || "$PY" -c "print('%.2f' % ($tb / $tf))") |"
   b=$((batch / SCALE))
   printf "%s %d fp32 %s\n%s %d tf32 %s\n" "$cfg" "$b" "$tf" "$cfg" "$b" "$tt" >> "$OUT/gpipe-times.txt"
+  [ "$tb" = - ] || printf "%s %d bf16 %s\n" "$cfg" "$b" "$tb" >> "$OUT/gpipe-times.txt"
   peer_runs="$peer_runs $cfg:$b"
 done
 # PyTorch on the same GPU, the same five configs, fp32 / tf32 / bf16

@@ -36,6 +36,12 @@
  *         handle, with the searches each made: 3 per shape, then 0; none)
  *         and batch norm backward (dx, dgamma +=, dbeta +=), also SyncBN's
  *   1e-5  SyncBN statistics and backward sums (double sums, another order)
+ *   2e-5  precision bf16's matrix products against a double product of the
+ *         operands rounded to bfloat16 (test_bf16_ops; and 4e-3 off the
+ *         unrounded product, so the check sees the rounding)
+ *   4e-3  precision bf16's convolutions (their result rounded to bfloat16
+ *         too) against the CPU's FP32 on the rounded operands; and bf16
+ *         training within 2% of the CPU's FP32 losses (test_bf16_training)
  *
  * Two CTest tests, both labelled "gpu": test_cuda (what one GPU can check;
  * its pipeline is 1 stage on cuda:0, its copies stay on it) and test_cuda_2gpu
@@ -50,10 +56,12 @@
  * "GPU"); test_cuda_2gpu has never had two GPUs.
  */
 #include "backend/backend.h"
+#include "backend/elementwise.h"
 #include "config/config.h"
 #include "layers/layers.h"
 #include "train/train.h"
 #include "test.h"
+#include "gpipe.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -1349,17 +1357,11 @@ static int main_two_gpus(gp_device *gpu, gp_device *cpu)
 
 /* train.precision on a GPU (backend.h, gp_precision): tf32 runs cuBLAS and
  * cuDNN on TF32 tensor cores, within TF32's rounding of the CPU's FP32
- * (a 10-bit mantissa: 2e-2 of the largest value, where FP32 gets 1e-4);
- * bf16 is refused with a message that says what to use. */
-static void test_precision(gp_device *cpu)
+ * (a 10-bit mantissa: 2e-2 of the largest value, where FP32 gets 1e-4). */
+static void test_tf32(gp_device *cpu)
 {
-    gp_device_opts o = {.precision = GP_PRECISION_BF16};
+    gp_device_opts o = {.precision = GP_PRECISION_TF32};
     gp_device *g = NULL;
-    gp_status s = gp_device_open("cuda:0", &o, &g);
-    CHECK(s == GP_ERR_UNSUPPORTED && g == NULL);
-    CHECK_MSG(strstr(gp_last_error(), "tf32") != NULL, "%s", gp_last_error());
-    gp_error_clear();
-    o.precision = GP_PRECISION_TF32;
     CHECK_OK(gp_device_open("cuda:0", &o, &g));
     if (!g) return;
     CHECK(g->precision == GP_PRECISION_TF32);
@@ -1381,6 +1383,203 @@ static void test_precision(gp_device *cpu)
     D2[0] = keep[0];
     D2[1] = keep[1];
     gp_device_close(g);
+}
+
+static float bf16_round(float v) { return gp_ew_bf16_value(gp_ew_bf16_bits(v)); }
+
+/* A buffer of random values in [-1, 1), rounded to bfloat16 if `round`. */
+static buf brand_bf16(int64_t n, bool round)
+{
+    buf b = bnew(n);
+    float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    for (int64_t i = 0; i < n; i++) h[i] = round ? bf16_round(frand()) : frand();
+    bset(&b, h);
+    free(h);
+    return b;
+}
+
+/* Precision bf16 on the GPU (backend.h): matrix products worth it
+ * (gp_bf16_gemm_worth) on operands rounded to bfloat16 with FP32 sums,
+ * against a double-precision product of the rounded operands within FP32
+ * summation's error (2e-5 of the largest), on data where the unrounded
+ * product is at least 4 times that far off (so the check sees whether the
+ * operands were rounded); smaller products exact FP32.  Convolutions on
+ * rounded operands, their result rounded to bfloat16 too: against the CPU's
+ * FP32 on operands rounded on the host, within 4e-3 (2^-8) of the largest
+ * value, forward, backward-data and backward-filter (dw += its bf16 part),
+ * with cuDNN's choice and again with the graph API forced; given unrounded
+ * operands the result is the same as for the rounded ones within that
+ * bound (the bias gradient sums dy in FP32: 1e-4, 4e-3 from unrounded dy).
+ * A GPU before sm_80 refuses bf16 saying what to use. */
+static void test_bf16_ops(gp_device *cpu, const char *graph)
+{
+    if (graph) setenv("GPIPE_CUDNN_GRAPH", graph, 1);
+    gp_device_opts o = {.precision = GP_PRECISION_BF16};
+    gp_device *g = NULL;
+    gp_status st = gp_device_open("cuda:0", &o, &g);
+    if (graph) unsetenv("GPIPE_CUDNN_GRAPH");
+    if (st != GP_OK) {
+        CHECK_MSG(st == GP_ERR_UNSUPPORTED && strstr(gp_last_error(), "sm_") &&
+                      strstr(gp_last_error(), "fp32"),
+                  "opening cuda:0 in bf16: %s", gp_last_error());
+        printf("test_cuda: bf16 SKIPPED, this GPU has no bf16 tensor cores: %s\n",
+               gp_last_error());
+        gp_error_clear();
+        return;
+    }
+    CHECK(g->precision == GP_PRECISION_BF16);
+    gp_device *keep[2] = {D2[0], D2[1]};
+    D2[0] = cpu;
+    D2[1] = g;
+    gp_device_bind_thread(g);
+    char what[160];
+    const char *tag = graph ? " (graph API forced)" : "";
+    for (int ta = 0; ta < 2 && !graph; ta++)
+        for (int tb = 0; tb < 2; tb++)
+            for (int64_t k = 8; k <= 256; k += 248) { /* 8: FP32; 256: bf16 */
+                const int64_t m = 64, n = 48;
+                int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
+                int64_t lda = ac + 3, ldb = bc + 2, ldc = n + 5;
+                buf a = brand_bf16(ar * lda, false), b = brand_bf16(br * ldb, false);
+                buf c = bjunk(m * ldc);
+                CHECK_OK(gp_dev_gemm(g, ta, tb, m, n, k, 0.5f, a.p[1], lda, b.p[1], ldb, 0.0f,
+                                     c.p[1], ldc));
+                float *ha = malloc((size_t)(ar * lda) * sizeof(float));
+                float *hb = malloc((size_t)(br * ldb) * sizeof(float));
+                float *hc = malloc((size_t)(m * ldc) * sizeof(float));
+                CHECK_OK(gp_dev_download(g, ha, a.p[1], ar * lda));
+                CHECK_OK(gp_dev_download(g, hb, b.p[1], br * ldb));
+                CHECK_OK(gp_dev_download(g, hc, c.p[1], m * ldc));
+                CHECK_OK(gp_dev_synchronize(g));
+                bool worth = gp_bf16_gemm_worth(m, n, k);
+                double err = 0, off = 0, big = 0;
+                for (int64_t i = 0; i < m; i++)
+                    for (int64_t j = 0; j < n; j++) {
+                        double r = 0, u = 0;
+                        for (int64_t q = 0; q < k; q++) {
+                            float av = ta ? ha[q * lda + i] : ha[i * lda + q];
+                            float bv = tb ? hb[j * ldb + q] : hb[q * ldb + j];
+                            r += (double)bf16_round(av) * bf16_round(bv);
+                            u += (double)av * bv;
+                        }
+                        r *= 0.5;
+                        u *= 0.5;
+                        double want = worth ? r : u;
+                        err = fmax(err, fabs(hc[i * ldc + j] - want));
+                        off = fmax(off, fabs(u - r));
+                        big = fmax(big, fabs(want));
+                    }
+                double tol = 2e-5 * (1 + big);
+                snprintf(what, sizeof what, "bf16 gemm ta=%d tb=%d k=%lld (%s)", ta, tb,
+                         (long long)k, worth ? "bf16 operands" : "FP32");
+                CHECK_MSG(err <= tol, "%s: max error %.3g against the product of the %s "
+                          "operands, tol %.3g", what, err, worth ? "rounded" : "given", tol);
+                if (worth)
+                    CHECK_MSG(off >= 4 * tol, "%s: the rounded and unrounded products differ "
+                              "by only %.3g: the check cannot tell them apart", what, off);
+                free(ha); free(hb); free(hc);
+                bfree(&a); bfree(&b); bfree(&c);
+            }
+    gp_conv_desc d = {4, 32, 14, 14, 24, 3, 3, 1, 1, 1, 1, 14, 14, 1, 0, 0};
+    int64_t nx = 4 * 32 * 14 * 14, nw = 24 * 32 * 9, ny = 4 * 24 * 14 * 14;
+    for (int rounded = 1; rounded >= 0; rounded--) {
+        /* the CPU computes on the rounded values; the GPU on the same or on
+         * the unrounded ones it must round itself */
+        buf x = brand_bf16(nx, true), w = brand_bf16(nw, true), dy = brand_bf16(ny, true);
+        buf bb = brand(24, -1, 1), y = bjunk(ny), dx = bjunk(nx), dw = brand(nw, -1, 1),
+            db = brand(24, -1, 1);
+        if (!rounded) { /* the GPU's copies perturbed below bf16's last bit */
+            buf *t[3] = {&x, &w, &dy};
+            for (int q = 0; q < 3; q++) {
+                float *h = malloc((size_t)t[q]->n * sizeof(float));
+                CHECK_OK(gp_dev_download(g, h, t[q]->p[1], t[q]->n));
+                CHECK_OK(gp_dev_synchronize(g));
+                for (int64_t i = 0; i < t[q]->n; i++) h[i] *= 1.0f + 0x1p-10f * frand();
+                CHECK_OK(gp_dev_upload(g, t[q]->p[1], h, t[q]->n));
+                free(h);
+            }
+        }
+        for (int rep = 0; rep < 2; rep++) {
+            const char *r = rounded ? "rounded" : "unrounded";
+            BOTH(gp_dev_conv_fwd(D, &d, x.p[K], w.p[K], bb.p[K], y.p[K]));
+            snprintf(what, sizeof what, "bf16 conv fwd, %s operands, call %d%s", r, rep + 1, tag);
+            bcheck(what, &y, 4e-3);
+            BOTH(gp_dev_conv_bwd_data(D, &d, w.p[K], dy.p[K], dx.p[K]));
+            snprintf(what, sizeof what, "bf16 conv bwd_data, %s operands, call %d%s", r, rep + 1,
+                     tag);
+            bcheck(what, &dx, 4e-3);
+            BOTH(gp_dev_conv_bwd_weights(D, &d, x.p[K], dy.p[K], dw.p[K], db.p[K]));
+            snprintf(what, sizeof what, "bf16 conv bwd_weights dw +=, %s operands, call %d%s", r,
+                     rep + 1, tag);
+            bcheck(what, &dw, 4e-3);
+            /* db sums dy in FP32 (the CPU's bf16 kernels its bf16 copy) */
+            snprintf(what, sizeof what, "bf16 conv bwd_weights db +=, %s, call %d%s", r, rep + 1,
+                     tag);
+            bcheck(what, &db, rounded ? 1e-4 : 4e-3);
+        }
+        bfree(&x); bfree(&w); bfree(&dy); bfree(&bb); bfree(&y); bfree(&dx); bfree(&dw);
+        bfree(&db);
+    }
+    if (graph)
+        CHECK_MSG(g->graph_plans >= 1, "bf16 with the graph API forced: %llu plans kept",
+                  (unsigned long long)g->graph_plans);
+    D2[0] = keep[0];
+    D2[1] = keep[1];
+    gp_device_close(g);
+}
+
+/* Precision bf16 in training (the tolerance test_train uses for the CPU's
+ * bf16): a convnet with batch norm for 8 steps on cuda:0, 1 stage and 2
+ * stages on two handles of it (their copies in bf16, the default under
+ * bf16), against the same steps in FP32 on cpu:0: every loss within 2%,
+ * not all equal (bf16 ran), and falling. */
+static void test_bf16_training(void)
+{
+    static const char *yaml =
+        "model:\n  input: [3, 16, 16]\n  layers:\n"
+        "    - conv2d: {out: 16, kernel: 3, padding: 1}\n    - batchnorm\n    - relu\n"
+        "    - conv2d: {out: 32, kernel: 3, padding: 1}\n    - relu\n    - maxpool2d: {kernel: 2}\n"
+        "    - conv2d: {out: 32, kernel: 3, padding: 1}\n    - relu\n    - flatten\n"
+        "    - linear: {out: 64}\n    - relu\n    - linear: {out: 10}\n"
+        "data: {dataset: synthetic, synthetic: {train: 64, test: 16, classes: 10}}\n"
+        "train: {batch_size: 32, seed: 5, optimizer: {lr: 0.05, momentum: 0.9}}\n"
+        "pipeline: {devices: [cpu:0], threads: 2, chunks: 2}\n";
+    enum { B = 32, STEPS = 8, NPIX = 3 * 16 * 16 };
+    float *x = malloc(sizeof(float) * B * NPIX), y[B];
+    for (int i = 0; i < B * NPIX; i++) x[i] = 0.5f * frand();
+    for (int i = 0; i < B; i++) y[i] = (float)(i % 10);
+    static const char *runs[3][2] = {
+        {"train.precision=fp32", "pipeline.devices=[cpu:0]"},
+        {"train.precision=bf16", "pipeline.devices=[cuda:0]"},
+        {"train.precision=bf16", "pipeline.devices=[cuda:0, cuda:0]"}};
+    double loss[3][STEPS];
+    for (int r = 0; r < 3; r++) {
+        gp_run *run = NULL;
+        CHECK_OK(gp_run_parse("bf16.yaml", yaml, runs[r], 2, &run));
+        if (!run) break;
+        gp_status st = gp_run_prepare(run);
+        CHECK_MSG(st == GP_OK, "%s %s: %s", runs[r][0], runs[r][1], gp_last_error());
+        for (int k = 0; k < STEPS && st == GP_OK; k++) {
+            gp_metrics m;
+            st = gp_run_step(run, x, y, B, 0, &m);
+            CHECK_MSG(st == GP_OK, "%s %s, step %d: %s", runs[r][0], runs[r][1], k,
+                      gp_last_error());
+            loss[r][k] = m.loss;
+        }
+        gp_run_free(run);
+        if (st != GP_OK) break;
+        if (r == 0) continue;
+        bool same = true;
+        double worst = 0;
+        for (int k = 0; k < STEPS; k++) {
+            same &= loss[r][k] == loss[0][k];
+            worst = fmax(worst, fabs(loss[r][k] - loss[0][k]) / fabs(loss[0][k]));
+        }
+        CHECK_MSG(worst <= 2e-2 && !same && loss[r][STEPS - 1] < loss[r][0],
+                  "%s: losses %.3g relative from fp32 on the CPU (at most 2e-2 and not 0), "
+                  "first %.4f last %.4f", runs[r][1], worst, loss[r][0], loss[r][STEPS - 1]);
+    }
+    free(x);
 }
 
 int main(int argc, char **argv)
@@ -1457,7 +1656,10 @@ int main(int argc, char **argv)
     test_memory(gpu);
     test_pinned(gpu);
     test_layers(cpu, gpu);
-    test_precision(cpu);
+    test_tf32(cpu);
+    test_bf16_ops(cpu, NULL);
+    test_bf16_ops(cpu, "force");
+    test_bf16_training();
     gp_device_bind_thread(gpu);
     /* One GPU's share of the copies and the pipeline: device-to-device, and
      * a 1-stage pipeline on cuda:0 against the CPU.  The 2-GPU parts are

@@ -112,9 +112,19 @@ typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
  * and computes FP32.  BF16: the operands rounded to bfloat16 (8-bit
  * mantissa) on the way in, products summed in FP32, results and storage
  * FP32; on a CPU only where the processor has bf16 instructions
- * (avx512_bf16 or AMX), which oneDNN uses; not yet on GPUs. */
+ * (avx512_bf16 or AMX), which oneDNN uses; on a GPU from sm_80 (bf16
+ * tensor cores), where a convolution's result is rounded to bfloat16 too
+ * (cuDNN writes bf16 for bf16 operands) before it is widened to FP32. */
 typedef enum { GP_PRECISION_FP32 = 0, GP_PRECISION_TF32, GP_PRECISION_BF16 } gp_precision;
 const char *gp_precision_name(gp_precision p); /* "fp32", "tf32", "bf16" */
+
+/* Precision bf16: the matrix products that take bf16 operands, on every
+ * backend (16 deep and 256 outputs up); smaller ones are not worth the
+ * conversion and compute FP32. */
+static inline bool gp_bf16_gemm_worth(int64_t m, int64_t n, int64_t k)
+{
+    return k >= 16 && m * n >= 256;
+}
 
 /* One algorithm a library offers for an operation (a cuDNN convolution
  * direction), as the backend's choice sees it: ranked by the library's

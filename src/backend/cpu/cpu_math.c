@@ -276,7 +276,7 @@ static gp_status gemm(gp_device *dev, int trans_a, int trans_b, int64_t m, int64
     }
     gp_cpu_enter(dev);
     /* precision bf16: products of any size worth converting for */
-    if (gp_cpu_ctx_of(dev)->bf16 && k >= 16 && m * n >= 256)
+    if (gp_cpu_ctx_of(dev)->bf16 && gp_bf16_gemm_worth(m, n, k))
         return gp_cpu_gemm_bf16(dev, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
                                 ldc, b_weights);
     if (!trans_a && trans_b && 2 * m <= n && k >= 64 && gemm_wide_nt(dev, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))

@@ -277,23 +277,42 @@ static void cuda_free(gp_device *dev, void *ptr, size_t bytes)
     pthread_mutex_unlock(&ctx->lock);
 }
 
+/* *buf grown to at least `bytes` (in whole MiB), accounted as workspace.
+ * The old contents are dead between ops; the freed block's events keep it
+ * from being reused under queued work. */
+static gp_status grow(gp_device *dev, void **buf, size_t *have, size_t bytes, const char *what)
+{
+    if (bytes > *have) {
+        size_t want = (bytes + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
+        gp_dev_free(dev, *buf, *have, GP_MEM_WORKSPACE);
+        *buf = NULL;
+        *have = 0;
+        gp_status s = gp_dev_alloc(dev, want, GP_MEM_WORKSPACE, buf);
+        if (s != GP_OK) return gp_error_wrap(s, "device %s: %s", dev->name, what);
+        *have = want;
+    }
+    return GP_OK;
+}
+
 gp_status gp_cuda_ws_reserve(gp_device *dev, size_t bytes, void **out)
 {
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
-    if (bytes > ctx->ws_bytes) {
-        size_t want = (bytes + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
-        /* The old contents are dead between ops; the freed block's events
-         * keep it from being reused under queued work. */
-        gp_dev_free(dev, ctx->ws, ctx->ws_bytes, GP_MEM_WORKSPACE);
-        ctx->ws = NULL;
-        ctx->ws_bytes = 0;
-        gp_status s = gp_dev_alloc(dev, want, GP_MEM_WORKSPACE, &ctx->ws);
-        if (s != GP_OK)
-            return gp_error_wrap(s, "device %s: the CUDA backend's workspace (cuDNN, reductions)",
-                                 dev->name);
-        ctx->ws_bytes = want;
-    }
+    GP_TRY(grow(dev, &ctx->ws, &ctx->ws_bytes, bytes,
+                "the CUDA backend's workspace (cuDNN, reductions)"));
     *out = ctx->ws;
+    return GP_OK;
+}
+
+gp_status gp_cuda_bf16_reserve(gp_device *dev, const int64_t *counts, int n, uint16_t **out)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    size_t at[GP_CUDA_BF16_PARTS + 1] = {0};
+    if (n > GP_CUDA_BF16_PARTS) return gp_error_set(GP_ERR_INVALID, "bf16 operands: %d parts", n);
+    for (int i = 0; i < n; i++) /* each part 256-byte aligned, as cuDNN and cuBLAS like */
+        at[i + 1] = at[i] + (((size_t)counts[i] * sizeof(uint16_t) + 255) & ~(size_t)255);
+    GP_TRY(grow(dev, &ctx->bws, &ctx->bws_bytes, at[n],
+                "the bf16 copies of a convolution's or a matrix product's operands"));
+    for (int i = 0; i < n; i++) out[i] = (uint16_t *)((char *)ctx->bws + at[i]);
     return GP_OK;
 }
 
@@ -994,6 +1013,22 @@ static gp_status cuda_gemm(gp_device *dev, int trans_a, int trans_b, int64_t m, 
                             "device %s: gemm of %lld x %lld x %lld exceeds cuBLAS's 32-bit sizes",
                             dev->name, (long long)m, (long long)n, (long long)k);
     gp_cuda_nvtx_push("gemm");
+    if (ctx->bf16 && gp_bf16_gemm_worth(m, n, k)) {
+        /* precision bf16: A and B rounded into dense bf16 copies, C in FP32
+         * with FP32 sums (cuBLAS runs bf16 tensor cores) */
+        int64_t ar = trans_a ? k : m, ac = trans_a ? m : k, br = trans_b ? n : k,
+                bc = trans_b ? k : n, cnt[2] = {ar * ac, br * bc};
+        uint16_t *p[2];
+        GP_TRY(gp_cuda_bf16_reserve(dev, cnt, 2, p));
+        GP_CUDA(gp_cuk_bf16_pack2d(ctx->compute, p[0], a, ar, ac, lda));
+        GP_CUDA(gp_cuk_bf16_pack2d(ctx->compute, p[1], b, br, bc, ldb));
+        GP_CUBLAS(cublasGemmEx(ctx->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                               trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n, (int)m, (int)k, &alpha,
+                               p[1], CUDA_R_16BF, (int)bc, p[0], CUDA_R_16BF, (int)ac, &beta, c,
+                               CUDA_R_32F, (int)ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        gp_cuda_nvtx_pop();
+        return GP_OK;
+    }
     GP_CUBLAS(cublasSgemm(ctx->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                           trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n, (int)m, (int)k, &alpha, b,
                           (int)ldb, a, (int)lda, &beta, c, (int)ldc));
@@ -1352,6 +1387,7 @@ static void cuda_destroy(gp_device *dev)
         if (ctx->copy) (void)cudaStreamSynchronize(ctx->copy);
         gp_cuda_dnn_destroy(ctx);
         gp_dev_free(dev, ctx->ws, ctx->ws_bytes, GP_MEM_WORKSPACE);
+        gp_dev_free(dev, ctx->bws, ctx->bws_bytes, GP_MEM_WORKSPACE);
         gp_dev_free(dev, ctx->dev_res, sizeof(cuda_res), GP_MEM_WORKSPACE);
         free_deferred(dev);
         free(ctx->deferred);
@@ -1647,21 +1683,29 @@ gp_status gp_cuda_device_create(int index, const gp_device_opts *opts, gp_device
     dev->ctx = ctx;
     ctx->ordinal = index;
     pthread_mutex_init(&ctx->lock, NULL);
-    if (opts->precision == GP_PRECISION_BF16) {
-        /* mixed precision with bf16 activations (issue 15) is not built */
-        st = gp_error_set(GP_ERR_UNSUPPORTED, "precision bf16 is not built for GPUs yet; use "
-                          "train.precision: tf32 (TF32 tensor cores) or fp32");
-        goto fail;
-    }
     ctx->tf32 = opts->precision == GP_PRECISION_TF32;
+    ctx->bf16 = opts->precision == GP_PRECISION_BF16;
     ctx->deterministic = opts->deterministic;
     const char *legacy = getenv("GPIPE_CUDNN_LEGACY");
     ctx->legacy_conv = legacy && strcmp(legacy, "0") != 0;
     const char *graph = getenv("GPIPE_CUDNN_GRAPH");
     ctx->graph_force = graph && strcmp(graph, "force") == 0;
-    dev->precision = ctx->tf32 ? GP_PRECISION_TF32 : GP_PRECISION_FP32;
+    dev->precision = opts->precision;
 
     GP_CUDA_GO(cudaSetDevice(index));
+    if (ctx->bf16) {
+        /* bf16 tensor cores came with Ampere (sm_80); cuBLAS and cuDNN
+         * would emulate them slower than FP32 before */
+        int major = 0, minor = 0;
+        GP_CUDA_GO(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index));
+        GP_CUDA_GO(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, index));
+        if (major < 8) {
+            st = gp_error_set(GP_ERR_UNSUPPORTED,
+                              "GPU cuda:%d (sm_%d%d) has no bf16 tensor cores (sm_80 and later "
+                              "do); use train.precision: fp32", index, major, minor);
+            goto fail;
+        }
+    }
     size_t gpu_free = 0;
     GP_CUDA_GO(cudaMemGetInfo(&gpu_free, &ctx->gpu_bytes));
     GP_CUDA_GO(cudaStreamCreateWithFlags(&ctx->compute, cudaStreamNonBlocking));

@@ -97,11 +97,16 @@ static gp_status fits(gp_device *dev, const char *what, int64_t n, int64_t c, in
     return GP_OK;
 }
 
+static gp_status set4d_as(cudnnTensorDescriptor_t t, cudnnDataType_t dt, int64_t n, int64_t c,
+                          int64_t h, int64_t w)
+{
+    GP_CUDNN(cudnnSetTensor4dDescriptor(t, CUDNN_TENSOR_NCHW, dt, (int)n, (int)c, (int)h, (int)w));
+    return GP_OK;
+}
+
 static gp_status set4d(cudnnTensorDescriptor_t t, int64_t n, int64_t c, int64_t h, int64_t w)
 {
-    GP_CUDNN(cudnnSetTensor4dDescriptor(t, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, (int)n, (int)c,
-                                        (int)h, (int)w));
-    return GP_OK;
+    return set4d_as(t, CUDNN_DATA_FLOAT, n, c, h, w);
 }
 
 /* ---- convolution ------------------------------------------------------------------ */
@@ -127,17 +132,21 @@ static gp_status conv_build(gp_device *dev, const gp_conv_desc *d, cuda_conv *cv
     GP_CUDNN(cudnnCreateTensorDescriptor(&cv->b));
     GP_CUDNN(cudnnCreateFilterDescriptor(&cv->w));
     GP_CUDNN(cudnnCreateConvolutionDescriptor(&cv->conv));
-    GP_TRY(set4d(cv->x, d->n, d->c, d->h, d->w));
-    GP_TRY(set4d(cv->y, d->n, d->k, d->oh, d->ow));
+    /* precision bf16: x, w and y are the operands' bf16 copies (cuDNN's
+     * BFLOAT16 configuration: FP32 compute, a bf16 result) */
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    cudnnDataType_t dt = ctx->bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+    GP_TRY(set4d_as(cv->x, dt, d->n, d->c, d->h, d->w));
+    GP_TRY(set4d_as(cv->y, dt, d->n, d->k, d->oh, d->ow));
     GP_TRY(set4d(cv->b, 1, d->k, 1, 1));
-    GP_CUDNN(cudnnSetFilter4dDescriptor(cv->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, (int)d->k,
-                                        (int)d->c, (int)d->kh, (int)d->kw));
+    GP_CUDNN(cudnnSetFilter4dDescriptor(cv->w, dt, CUDNN_TENSOR_NCHW, (int)d->k, (int)d->c,
+                                        (int)d->kh, (int)d->kw));
     GP_CUDNN(cudnnSetConvolution2dDescriptor(cv->conv, (int)d->ph, (int)d->pw, (int)d->sh,
                                              (int)d->sw, 1, 1, CUDNN_CROSS_CORRELATION,
                                              CUDNN_DATA_FLOAT));
-    /* precision tf32: cuDNN may use TF32 tensor cores (its default math) */
-    GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, gp_cuda_ctx_of(dev)->tf32 ? CUDNN_DEFAULT_MATH
-                                                                              : CUDNN_FMA_MATH));
+    /* precision tf32 or bf16: cuDNN may use tensor cores (its default math) */
+    GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, gp_cuda_tensor_math(ctx) ? CUDNN_DEFAULT_MATH
+                                                                             : CUDNN_FMA_MATH));
     int n, c, h, w;
     GP_CUDNN(cudnnGetConvolution2dForwardOutputDim(cv->conv, cv->x, cv->w, &n, &c, &h, &w));
     if (n != d->n || c != d->k || h != d->oh || w != d->ow)
@@ -259,15 +268,30 @@ gp_status gp_cuda_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x
     void *ws = NULL;
     GP_TRY(gp_cuda_enter(dev));
     GP_TRY(conv_get(dev, d, &cv));
+    int64_t nx = d->n * d->c * d->h * d->w, nw = d->k * d->c * d->kh * d->kw,
+            ny = d->n * d->k * d->oh * d->ow;
+    const void *xo = x, *wo = w; /* the operands cuDNN reads and writes */
+    void *yo = y;
+    uint16_t *bp[3];
+    if (ctx->bf16) {
+        int64_t cnt[3] = {nx, nw, ny};
+        GP_TRY(gp_cuda_bf16_reserve(dev, cnt, 3, bp));
+        GP_CUDA(gp_cuk_bf16_pack(ctx->compute, bp[0], x, nx));
+        GP_CUDA(gp_cuk_bf16_pack(ctx->compute, bp[1], w, nw));
+        xo = bp[0];
+        wo = bp[1];
+        yo = bp[2];
+    }
     if (!cv->have_fwd) {
         cudnnConvolutionFwdAlgoPerf_t perf[CUDA_ALGO_CAP];
         int got = 0, idx, cap = 0;
         GP_CUDNN(cudnnGetConvolutionForwardAlgorithmMaxCount(ctx->dnn, &cap));
         if (cap < 1 || cap > CUDA_ALGO_CAP) cap = CUDA_ALGO_CAP;
         size_t limit = gp_cuda_ws_limit(dev);
-        /* tf32: every algorithm, TF32 tensor cores included, is a candidate */
-        GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, ctx->tf32 ? CUDNN_DEFAULT_MATH
-                                                                  : CUDNN_FMA_MATH));
+        /* tf32, bf16: every algorithm, tensor cores included, is a candidate */
+        GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, gp_cuda_tensor_math(ctx)
+                                                           ? CUDNN_DEFAULT_MATH
+                                                           : CUDNN_FMA_MATH));
         if (ctx->deterministic) {
             GP_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(ctx->dnn, cv->x, cv->w, cv->conv,
                                                             cv->y,
@@ -277,7 +301,7 @@ gp_status gp_cuda_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x
             gp_cuda_search_ws(dev, &sws, &limit, true);
             /* runs every algorithm on these operands; y is written again below */
             cudnnStatus_t cs = cudnnFindConvolutionForwardAlgorithmEx(
-                ctx->dnn, cv->x, x, cv->w, w, cv->conv, cv->y, y,
+                ctx->dnn, cv->x, xo, cv->w, wo, cv->conv, cv->y, yo,
                 cap, &got, perf, sws, limit);
             if (sws) gp_dev_free(dev, sws, limit, GP_MEM_WORKSPACE);
             GP_CUDNN(cs);
@@ -285,21 +309,26 @@ gp_status gp_cuda_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x
         PICK_OR_FAIL(perf, got, !ctx->deterministic, limit, "forward", idx);
         cv->lms[GP_CUDA_FWD] = ctx->deterministic ? -1.0f : perf[idx].time;
         cv->fwd = perf[idx].algo;
-        cv->math_fwd = ctx->tf32 ? perf[idx].mathType : CUDNN_FMA_MATH;
+        cv->math_fwd = gp_cuda_tensor_math(ctx) ? perf[idx].mathType : CUDNN_FMA_MATH;
         GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, cv->math_fwd));
         GP_CUDNN(cudnnGetConvolutionForwardWorkspaceSize(ctx->dnn, cv->x, cv->w, cv->conv, cv->y,
                                                          cv->fwd, &cv->ws_fwd));
         cv->have_fwd = 1;
     }
     bool graph; /* the graph API's plan where it is faster (cuda_graph.c) */
-    GP_TRY(gp_cuda_graph_conv(dev, cv, GP_CUDA_FWD, x, w, y, &graph));
+    GP_TRY(gp_cuda_graph_conv(dev, cv, GP_CUDA_FWD, xo, wo, yo, &graph));
     if (!graph && cv->ws_fwd) GP_TRY(gp_cuda_ws_reserve(dev, cv->ws_fwd, &ws));
     gp_cuda_nvtx_push("conv_fwd");
-    if (!graph && ctx->tf32) GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, cv->math_fwd));
+    if (!graph && gp_cuda_tensor_math(ctx))
+        GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, cv->math_fwd));
     if (!graph)
-        GP_CUDNN(cudnnConvolutionForward(ctx->dnn, &one, cv->x, x, cv->w, w, cv->conv, cv->fwd,
-                                         ws, cv->ws_fwd, &zero, cv->y, y));
-    if (d->has_bias && b) GP_CUDNN(cudnnAddTensor(ctx->dnn, &one, cv->b, b, &one, cv->y, y));
+        GP_CUDNN(cudnnConvolutionForward(ctx->dnn, &one, cv->x, xo, cv->w, wo, cv->conv, cv->fwd,
+                                         ws, cv->ws_fwd, &zero, cv->y, yo));
+    if (ctx->bf16) /* widened, with the bias, in one pass */
+        GP_CUDA(gp_cuk_bf16_unpack_bias(ctx->compute, y, bp[2], d->has_bias ? b : NULL, ny,
+                                        d->k, d->oh * d->ow));
+    else if (d->has_bias && b)
+        GP_CUDNN(cudnnAddTensor(ctx->dnn, &one, cv->b, b, &one, cv->y, y));
     gp_cuda_nvtx_pop();
     return GP_OK;
 }
@@ -312,15 +341,30 @@ gp_status gp_cuda_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const flo
     void *ws = NULL;
     GP_TRY(gp_cuda_enter(dev));
     GP_TRY(conv_get(dev, d, &cv));
+    int64_t nx = d->n * d->c * d->h * d->w, nw = d->k * d->c * d->kh * d->kw,
+            ny = d->n * d->k * d->oh * d->ow;
+    const void *wo = w, *dyo = dy; /* the operands cuDNN reads and writes */
+    void *dxo = dx;
+    uint16_t *bp[3];
+    if (ctx->bf16) {
+        int64_t cnt[3] = {nx, nw, ny};
+        GP_TRY(gp_cuda_bf16_reserve(dev, cnt, 3, bp));
+        GP_CUDA(gp_cuk_bf16_pack(ctx->compute, bp[1], w, nw));
+        GP_CUDA(gp_cuk_bf16_pack(ctx->compute, bp[2], dy, ny));
+        dxo = bp[0];
+        wo = bp[1];
+        dyo = bp[2];
+    }
     if (!cv->have_bwd_data) {
         cudnnConvolutionBwdDataAlgoPerf_t perf[CUDA_ALGO_CAP];
         int got = 0, idx, cap = 0;
         GP_CUDNN(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(ctx->dnn, &cap));
         if (cap < 1 || cap > CUDA_ALGO_CAP) cap = CUDA_ALGO_CAP;
         size_t limit = gp_cuda_ws_limit(dev);
-        /* tf32: every algorithm, TF32 tensor cores included, is a candidate */
-        GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, ctx->tf32 ? CUDNN_DEFAULT_MATH
-                                                                  : CUDNN_FMA_MATH));
+        /* tf32, bf16: every algorithm, tensor cores included, is a candidate */
+        GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, gp_cuda_tensor_math(ctx)
+                                                           ? CUDNN_DEFAULT_MATH
+                                                           : CUDNN_FMA_MATH));
         if (ctx->deterministic) {
             GP_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(
                 ctx->dnn, cv->w, cv->y, cv->conv, cv->x, cap, &got, perf));
@@ -329,7 +373,7 @@ gp_status gp_cuda_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const flo
             gp_cuda_search_ws(dev, &sws, &limit, true);
             /* dx is written (beta 0) again below */
             cudnnStatus_t cs = cudnnFindConvolutionBackwardDataAlgorithmEx(
-                ctx->dnn, cv->w, w, cv->y, dy, cv->conv, cv->x, dx,
+                ctx->dnn, cv->w, wo, cv->y, dyo, cv->conv, cv->x, dxo,
                 cap, &got, perf, sws, limit);
             if (sws) gp_dev_free(dev, sws, limit, GP_MEM_WORKSPACE);
             GP_CUDNN(cs);
@@ -337,7 +381,7 @@ gp_status gp_cuda_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const flo
         PICK_OR_FAIL(perf, got, !ctx->deterministic, limit, "backward-data", idx);
         cv->lms[GP_CUDA_BWD_DATA] = ctx->deterministic ? -1.0f : perf[idx].time;
         cv->bwd_data = perf[idx].algo;
-        cv->math_bwd_data = ctx->tf32 ? perf[idx].mathType : CUDNN_FMA_MATH;
+        cv->math_bwd_data = gp_cuda_tensor_math(ctx) ? perf[idx].mathType : CUDNN_FMA_MATH;
         GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, cv->math_bwd_data));
         GP_CUDNN(cudnnGetConvolutionBackwardDataWorkspaceSize(ctx->dnn, cv->w, cv->y, cv->conv,
                                                               cv->x, cv->bwd_data,
@@ -345,15 +389,19 @@ gp_status gp_cuda_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const flo
         cv->have_bwd_data = 1;
     }
     bool graph;
-    GP_TRY(gp_cuda_graph_conv(dev, cv, GP_CUDA_BWD_DATA, dx, w, dy, &graph));
-    if (graph) return GP_OK;
-    if (cv->ws_bwd_data) GP_TRY(gp_cuda_ws_reserve(dev, cv->ws_bwd_data, &ws));
-    gp_cuda_nvtx_push("conv_bwd_data");
-    /* dx = (beta 0) */
-    if (ctx->tf32) GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, cv->math_bwd_data));
-    GP_CUDNN(cudnnConvolutionBackwardData(ctx->dnn, &one, cv->w, w, cv->y, dy, cv->conv,
-                                          cv->bwd_data, ws, cv->ws_bwd_data, &zero, cv->x, dx));
-    gp_cuda_nvtx_pop();
+    GP_TRY(gp_cuda_graph_conv(dev, cv, GP_CUDA_BWD_DATA, dxo, wo, dyo, &graph));
+    if (!graph) {
+        if (cv->ws_bwd_data) GP_TRY(gp_cuda_ws_reserve(dev, cv->ws_bwd_data, &ws));
+        gp_cuda_nvtx_push("conv_bwd_data");
+        /* dx = (beta 0) */
+        if (gp_cuda_tensor_math(ctx))
+            GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, cv->math_bwd_data));
+        GP_CUDNN(cudnnConvolutionBackwardData(ctx->dnn, &one, cv->w, wo, cv->y, dyo, cv->conv,
+                                              cv->bwd_data, ws, cv->ws_bwd_data, &zero, cv->x,
+                                              dxo));
+        gp_cuda_nvtx_pop();
+    }
+    if (ctx->bf16) GP_CUDA(gp_cuk_bf16_unpack(ctx->compute, dx, bp[0], nx));
     return GP_OK;
 }
 
@@ -365,21 +413,42 @@ gp_status gp_cuda_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const 
     void *ws = NULL;
     GP_TRY(gp_cuda_enter(dev));
     GP_TRY(conv_get(dev, d, &cv));
+    int64_t nx = d->n * d->c * d->h * d->w, nw = d->k * d->c * d->kh * d->kw,
+            ny = d->n * d->k * d->oh * d->ow;
+    /* the operands cuDNN reads and writes; bf16: it writes (beta 0) the
+     * weight gradient's bf16 part, added to dw in FP32 after */
+    const void *xo = x, *dyo = dy;
+    void *dwo = dw;
+    uint16_t *bp[3];
+    if (ctx->bf16) {
+        int64_t cnt[3] = {nx, nw, ny};
+        GP_TRY(gp_cuda_bf16_reserve(dev, cnt, 3, bp));
+        GP_CUDA(gp_cuk_bf16_pack(ctx->compute, bp[0], x, nx));
+        GP_CUDA(gp_cuk_bf16_pack(ctx->compute, bp[2], dy, ny));
+        xo = bp[0];
+        dwo = bp[1];
+        dyo = bp[2];
+    }
     if (!cv->have_bwd_filter) {
         cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDA_ALGO_CAP];
         int got = 0, idx, cap = 0;
         GP_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(ctx->dnn, &cap));
         if (cap < 1 || cap > CUDA_ALGO_CAP) cap = CUDA_ALGO_CAP;
         size_t limit = gp_cuda_ws_limit(dev);
-        /* tf32: every algorithm, TF32 tensor cores included, is a candidate */
-        GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, ctx->tf32 ? CUDNN_DEFAULT_MATH
-                                                                  : CUDNN_FMA_MATH));
+        /* tf32, bf16: every algorithm, tensor cores included, is a candidate */
+        GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, gp_cuda_tensor_math(ctx)
+                                                           ? CUDNN_DEFAULT_MATH
+                                                           : CUDNN_FMA_MATH));
         /* the search writes its dw (beta 0): into a scratch tensor, not the
-         * gradient this call adds to; no room for one: the heuristics */
-        size_t dw_bytes = (size_t)(d->k * d->c * d->kh * d->kw) * sizeof(float);
+         * gradient this call adds to (bf16: the bf16 part is one); no room
+         * for one: the heuristics */
+        size_t dw_bytes = (size_t)nw * sizeof(float);
         void *sdw = NULL;
         bool measure = !ctx->deterministic;
-        if (measure && gp_dev_alloc(dev, dw_bytes, GP_MEM_WORKSPACE, &sdw) != GP_OK) {
+        if (measure && ctx->bf16) {
+            sdw = dwo;
+            dw_bytes = 0;
+        } else if (measure && gp_dev_alloc(dev, dw_bytes, GP_MEM_WORKSPACE, &sdw) != GP_OK) {
             gp_error_clear();
             measure = false;
         }
@@ -390,16 +459,16 @@ gp_status gp_cuda_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const 
             void *sws;
             gp_cuda_search_ws(dev, &sws, &limit, true);
             cudnnStatus_t cs = cudnnFindConvolutionBackwardFilterAlgorithmEx(
-                ctx->dnn, cv->x, x, cv->y, dy, cv->conv, cv->w, sdw,
+                ctx->dnn, cv->x, xo, cv->y, dyo, cv->conv, cv->w, sdw,
                 cap, &got, perf, sws, limit);
             if (sws) gp_dev_free(dev, sws, limit, GP_MEM_WORKSPACE);
-            gp_dev_free(dev, sdw, dw_bytes, GP_MEM_WORKSPACE);
+            if (dw_bytes) gp_dev_free(dev, sdw, dw_bytes, GP_MEM_WORKSPACE);
             GP_CUDNN(cs);
         }
         PICK_OR_FAIL(perf, got, measure, limit, "backward-filter", idx);
         cv->lms[GP_CUDA_BWD_FILTER] = measure ? perf[idx].time : -1.0f;
         cv->bwd_filter = perf[idx].algo;
-        cv->math_bwd_filter = ctx->tf32 ? perf[idx].mathType : CUDNN_FMA_MATH;
+        cv->math_bwd_filter = gp_cuda_tensor_math(ctx) ? perf[idx].mathType : CUDNN_FMA_MATH;
         GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, cv->math_bwd_filter));
         GP_CUDNN(cudnnGetConvolutionBackwardFilterWorkspaceSize(ctx->dnn, cv->x, cv->y, cv->conv,
                                                                 cv->w, cv->bwd_filter,
@@ -407,15 +476,17 @@ gp_status gp_cuda_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const 
         cv->have_bwd_filter = 1;
     }
     bool graph;
-    GP_TRY(gp_cuda_graph_conv(dev, cv, GP_CUDA_BWD_FILTER, x, dw, dy, &graph));
+    GP_TRY(gp_cuda_graph_conv(dev, cv, GP_CUDA_BWD_FILTER, xo, dwo, dyo, &graph));
     if (!graph && cv->ws_bwd_filter) GP_TRY(gp_cuda_ws_reserve(dev, cv->ws_bwd_filter, &ws));
     gp_cuda_nvtx_push("conv_bwd_weights");
-    /* dw += (beta 1), db += (beta 1) */
-    if (!graph && ctx->tf32) GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, cv->math_bwd_filter));
+    /* dw += (beta 1; bf16: = into the bf16 part, then added), db += (beta 1) */
+    if (!graph && gp_cuda_tensor_math(ctx))
+        GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, cv->math_bwd_filter));
     if (!graph)
-        GP_CUDNN(cudnnConvolutionBackwardFilter(ctx->dnn, &one, cv->x, x, cv->y, dy, cv->conv,
-                                                cv->bwd_filter, ws, cv->ws_bwd_filter, &one,
-                                                cv->w, dw));
+        GP_CUDNN(cudnnConvolutionBackwardFilter(ctx->dnn, &one, cv->x, xo, cv->y, dyo, cv->conv,
+                                                cv->bwd_filter, ws, cv->ws_bwd_filter,
+                                                ctx->bf16 ? &zero : &one, cv->w, dwo));
+    if (ctx->bf16) GP_CUDA(gp_cuk_bf16_unpack_add(ctx->compute, dw, bp[1], nw));
     if (d->has_bias && db) { /* cuda_kernels.h: a quarter of cuDNN's time */
         void *part;
         GP_TRY(gp_cuda_ws_reserve(dev, (size_t)(d->n * d->k) * sizeof(double), &part));

@@ -28,10 +28,11 @@
  * with channels to other processes open a shape not yet searched takes
  * the legacy algorithm (a timed search synchronizes the compute stream).
  *
- * Operands keep gpipe's layout (NCHW, KCRS for weights, FP32).  Tensor ids:
- * 1 = x or dx, 2 = w or dw, 3 = y or dy.  Forward and backward-data write
- * (beta 0); backward-filter adds (beta 1), and its search runs into a
- * scratch dw.
+ * Operands keep gpipe's layout (NCHW, KCRS for weights), in FP32, or
+ * under precision bf16 as the bf16 copies cuda_dnn.c makes (tensor cores
+ * allowed).  Tensor ids: 1 = x or dx, 2 = w or dw, 3 = y or dy.  Forward
+ * and backward-data write (beta 0); backward-filter adds (beta 1), and its
+ * search runs into a scratch dw (bf16: it writes the bf16 part, beta 0).
  */
 #include "backend/cuda/cuda_impl.h"
 
@@ -59,11 +60,10 @@ static void destroy(cudnnBackendDescriptor_t *d)
     *d = NULL;
 }
 
-static cudnnStatus_t tensor(cudnnBackendDescriptor_t *t, int64_t uid, int64_t n, int64_t c,
-                            int64_t h, int64_t w, int64_t align)
+static cudnnStatus_t tensor(cudnnBackendDescriptor_t *t, int64_t uid, cudnnDataType_t dt,
+                            int64_t n, int64_t c, int64_t h, int64_t w, int64_t align)
 {
     int64_t dims[4] = {n, c, h, w}, str[4] = {c * h * w, h * w, w, 1};
-    cudnnDataType_t dt = CUDNN_DATA_FLOAT;
     BK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_TENSOR_DESCRIPTOR, t));
     BK(cudnnBackendSetAttribute(*t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt));
     BK(cudnnBackendSetAttribute(*t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims));
@@ -99,9 +99,9 @@ static cudnnStatus_t conv_desc(cudnnBackendDescriptor_t *cd, const gp_conv_desc 
 }
 
 /* The operation of direction dir over tensors 1, 2, 3 and the convolution. */
-static cudnnStatus_t operation(cudnnBackendDescriptor_t *op, int dir, cudnnBackendDescriptor_t t1,
-                               cudnnBackendDescriptor_t t2, cudnnBackendDescriptor_t t3,
-                               cudnnBackendDescriptor_t cd)
+static cudnnStatus_t operation(cudnnBackendDescriptor_t *op, int dir, bool accumulate,
+                               cudnnBackendDescriptor_t t1, cudnnBackendDescriptor_t t2,
+                               cudnnBackendDescriptor_t t3, cudnnBackendDescriptor_t cd)
 {
     static const cudnnBackendDescriptorType_t type[3] = {
         CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
@@ -125,7 +125,7 @@ static cudnnStatus_t operation(cudnnBackendDescriptor_t *op, int dir, cudnnBacke
          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA}};
-    float alpha = 1.0f, beta = dir == GP_CUDA_BWD_FILTER ? 1.0f : 0.0f;
+    float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     cudnnBackendDescriptor_t t[4] = {t1, t2, t3, cd};
     BK(cudnnBackendCreateDescriptor(type[dir], op));
     for (int i = 0; i < 4; i++)
@@ -141,11 +141,14 @@ static cudnnStatus_t op_graph(gp_cuda_ctx *ctx, const gp_conv_desc *d, int dir, 
                               cudnnBackendDescriptor_t *graph)
 {
     cudnnBackendDescriptor_t t1 = NULL, t2 = NULL, t3 = NULL, cd = NULL, op = NULL;
-    cudnnStatus_t s = tensor(&t1, 1, d->n, d->c, d->h, d->w, align);
-    if (!s) s = tensor(&t2, 2, d->k, d->c, d->kh, d->kw, align);
-    if (!s) s = tensor(&t3, 3, d->n, d->k, d->oh, d->ow, align);
+    /* bf16: the operands' bf16 copies, and backward-filter writes the
+     * gradient's bf16 part (beta 0) that cuda_dnn.c adds in FP32 */
+    cudnnDataType_t dt = ctx->bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+    cudnnStatus_t s = tensor(&t1, 1, dt, d->n, d->c, d->h, d->w, align);
+    if (!s) s = tensor(&t2, 2, dt, d->k, d->c, d->kh, d->kw, align);
+    if (!s) s = tensor(&t3, 3, dt, d->n, d->k, d->oh, d->ow, align);
     if (!s) s = conv_desc(&cd, d);
-    if (!s) s = operation(&op, dir, t1, t2, t3, cd);
+    if (!s) s = operation(&op, dir, dir == GP_CUDA_BWD_FILTER && !ctx->bf16, t1, t2, t3, cd);
     if (!s) s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, graph);
     if (!s)
         s = cudnnBackendSetAttribute(*graph, CUDNN_ATTR_OPERATIONGRAPH_OPS,
@@ -225,7 +228,8 @@ static bool engine_ok(gp_cuda_ctx *ctx, cudnnBackendDescriptor_t cfg, int64_t *i
     destroy(&eng);
     for (int64_t i = 0; i < nn && i < CUDNN_NUMERICAL_NOTE_TYPE_COUNT; i++) {
         if (notes[i] == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS) return false;
-        if (notes[i] == CUDNN_NUMERICAL_NOTE_TENSOR_CORE && !ctx->tf32) return false;
+        if (notes[i] == CUDNN_NUMERICAL_NOTE_TENSOR_CORE && !gp_cuda_tensor_math(ctx))
+            return false;
     }
     for (int64_t i = 0; i < nb && i < CUDNN_BEHAVIOR_NOTE_TYPE_COUNT; i++)
         if (behav[i] == CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION) return false;

@@ -142,6 +142,8 @@ typedef struct gp_cuda_ctx {
     int ordinal;                  /* the N of cuda:N */
     size_t gpu_bytes;             /* the GPU's memory (cudaMemGetInfo's total) */
     bool tf32;                    /* precision tf32: TF32 tensor-core math (cuBLAS, cuDNN) */
+    bool bf16;                    /* precision bf16: convolutions and matrix products on
+                                     operands rounded to bfloat16, FP32 sums (tensor cores) */
     bool legacy_conv;             /* GPIPE_CUDNN_LEGACY=1: no graph API for convolutions */
     bool graph_force;             /* GPIPE_CUDNN_GRAPH=force: its plan wherever one builds */
     bool deterministic;           /* train.deterministic: cuDNN algorithms by heuristics,
@@ -177,6 +179,10 @@ typedef struct gp_cuda_ctx {
     /* workspace for cuDNN and the reductions (GP_MEM_WORKSPACE), grown */
     void *ws;
     size_t ws_bytes;
+    /* precision bf16: the operands of one convolution or matrix product
+     * rounded to bfloat16 (gp_cuda_bf16_reserve), grown */
+    void *bws;
+    size_t bws_bytes;
 
     /* peer access and the events a copy from device s records on s */
     unsigned char can_peer[CUDA_MAX_DEVICES]; /* peer access to GPU j: 0 not asked yet,
@@ -216,6 +222,16 @@ gp_status gp_cuda_enter(gp_device *dev);
 
 /* At least `bytes` of workspace (accounted as GP_MEM_WORKSPACE). */
 gp_status gp_cuda_ws_reserve(gp_device *dev, size_t bytes, void **out);
+
+/* Precision bf16: out[i] = room for counts[i] bfloat16 values, i < n,
+ * each 256-byte aligned, in one buffer apart from the workspace (valid
+ * until the next call; accounted as GP_MEM_WORKSPACE). */
+#define GP_CUDA_BF16_PARTS 3
+gp_status gp_cuda_bf16_reserve(gp_device *dev, const int64_t *counts, int n, uint16_t **out);
+
+/* Tensor-core math for FP32 data may be used: precision tf32 (TF32) or
+ * bf16 (whose operands are bfloat16 by then). */
+static inline bool gp_cuda_tensor_math(const gp_cuda_ctx *ctx) { return ctx->tf32 || ctx->bf16; }
 
 /* cuda_dnn.c: create / destroy the shared descriptors and the conv cache. */
 gp_status gp_cuda_dnn_init(gp_cuda_ctx *ctx);

@@ -115,6 +115,25 @@ __global__ void k_bf16_unpack(float *dst, const uint16_t *src, int64_t n)
 {
     GP_CUK_LOOP(i, n) dst[i] = gp_ew_bf16_value(src[i]);
 }
+/* precision bf16: a (rows x cols) block at leading dimension ld into a
+ * dense one, rounded (a matrix operand for cuBLAS) */
+__global__ void k_bf16_pack2d(uint16_t *dst, const float *src, int64_t rows, int64_t cols,
+                              int64_t ld)
+{
+    GP_CUK_LOOP(i, rows * cols) dst[i] = gp_ew_bf16_bits(src[(i / cols) * ld + i % cols]);
+}
+/* y = value(src) (+ b[channel] where b is given): a convolution's output
+ * from its bf16 result, with its bias */
+__global__ void k_bf16_unpack_bias(float *dst, const uint16_t *src, const float *b, int64_t n,
+                                   int64_t k, int64_t hw)
+{
+    GP_CUK_LOOP(i, n) dst[i] = gp_ew_bf16_value(src[i]) + (b ? b[(i / hw) % k] : 0.0f);
+}
+/* dst += value(src): a weight gradient's bf16 part into its FP32 sum */
+__global__ void k_bf16_unpack_add(float *dst, const uint16_t *src, int64_t n)
+{
+    GP_CUK_LOOP(i, n) dst[i] += gp_ew_bf16_value(src[i]);
+}
 __global__ void k_scale_matrix(float *c, int64_t m, int64_t n, int64_t ldc, float beta)
 {
     GP_CUK_LOOP(e, m * n) {
@@ -777,6 +796,23 @@ cudaError_t gp_cuk_bf16_pack(cudaStream_t s, uint16_t *dst, const float *src, in
 cudaError_t gp_cuk_bf16_unpack(cudaStream_t s, float *dst, const uint16_t *src, int64_t n)
 {
     GP_CUK_LAUNCH(n, k_bf16_unpack, dst, src, n);
+}
+
+cudaError_t gp_cuk_bf16_pack2d(cudaStream_t s, uint16_t *dst, const float *src, int64_t rows,
+                               int64_t cols, int64_t ld)
+{
+    GP_CUK_LAUNCH(rows * cols, k_bf16_pack2d, dst, src, rows, cols, ld);
+}
+
+cudaError_t gp_cuk_bf16_unpack_bias(cudaStream_t s, float *dst, const uint16_t *src,
+                                    const float *b, int64_t n, int64_t k, int64_t hw)
+{
+    GP_CUK_LAUNCH(n, k_bf16_unpack_bias, dst, src, b, n, k, hw);
+}
+
+cudaError_t gp_cuk_bf16_unpack_add(cudaStream_t s, float *dst, const uint16_t *src, int64_t n)
+{
+    GP_CUK_LAUNCH(n, k_bf16_unpack_add, dst, src, n);
 }
 
 cudaError_t gp_cuk_sgd_multi(cudaStream_t s, gp_cuk_sgd_table *t, float lr, float mu,

@@ -66,6 +66,15 @@ cudaError_t gp_cuk_sgd_multi(cudaStream_t s, gp_cuk_sgd_table *t, float lr, floa
 /* bfloat16 patterns from floats and back (gp_ew_bf16_bits / _value) */
 cudaError_t gp_cuk_bf16_pack(cudaStream_t s, uint16_t *dst, const float *src, int64_t n);
 cudaError_t gp_cuk_bf16_unpack(cudaStream_t s, float *dst, const uint16_t *src, int64_t n);
+/* precision bf16 (cuda_dnn.c, cuda_device.c's gemm): a rows x cols block
+ * at leading dimension ld packed dense; a convolution's bf16 output
+ * widened with its bias (b NULL: none; channel (i / hw) % k); dst +=
+ * value(src), a bf16 weight gradient into its FP32 sum */
+cudaError_t gp_cuk_bf16_pack2d(cudaStream_t s, uint16_t *dst, const float *src, int64_t rows,
+                               int64_t cols, int64_t ld);
+cudaError_t gp_cuk_bf16_unpack_bias(cudaStream_t s, float *dst, const uint16_t *src,
+                                    const float *b, int64_t n, int64_t k, int64_t hw);
+cudaError_t gp_cuk_bf16_unpack_add(cudaStream_t s, float *dst, const uint16_t *src, int64_t n);
 /* y = x * the dropout mask of gp_cuk_dropout_mask, drawn on the fly */
 cudaError_t gp_cuk_dropout_apply(cudaStream_t s, const float *x, float *y, int64_t n, float p,
                                  uint64_t seed, uint64_t stream, uint64_t first);
