@@ -1409,7 +1409,8 @@ static buf brand_bf16(int64_t n, bool round)
  * value, forward, backward-data and backward-filter (dw += its bf16 part),
  * with cuDNN's choice and again with the graph API forced; given unrounded
  * operands the result is the same as for the rounded ones within that
- * bound (the bias gradient sums dy in FP32: 1e-4, 4e-3 from unrounded dy).
+ * bound (the bias gradient sums dy in FP32: 1e-4, 4e-3 from unrounded dy);
+ * a convolution of 1 channel, too few products for bf16, is FP32 (1e-4).
  * A GPU before sm_80 refuses bf16 saying what to use. */
 static void test_bf16_ops(gp_device *cpu, const char *graph)
 {
@@ -1520,6 +1521,17 @@ static void test_bf16_ops(gp_device *cpu, const char *graph)
         bfree(&x); bfree(&w); bfree(&dy); bfree(&bb); bfree(&y); bfree(&dx); bfree(&dw);
         bfree(&db);
     }
+    /* 1 input channel, 3x3: 9 products an output, too few for bf16
+     * (gp_bf16_conv_worth): FP32, as the CPU's, where bf16 operands would
+     * be 2^-9 off */
+    gp_conv_desc d1 = {4, 1, 14, 14, 8, 3, 3, 1, 1, 1, 1, 14, 14, 1, 0, 0};
+    CHECK(!gp_bf16_conv_worth(&d1) && gp_bf16_conv_worth(&d));
+    buf x1 = brand(4 * 196, -1, 1), w1 = brand(72, -1, 1), b1 = brand(8, -1, 1),
+        y1 = bjunk(4 * 8 * 196);
+    BOTH(gp_dev_conv_fwd(D, &d1, x1.p[K], w1.p[K], b1.p[K], y1.p[K]));
+    snprintf(what, sizeof what, "bf16 device, conv of 1 channel (FP32)%s", tag);
+    bcheck(what, &y1, 1e-4);
+    bfree(&x1); bfree(&w1); bfree(&b1); bfree(&y1);
     if (graph)
         CHECK_MSG(g->graph_plans >= 1, "bf16 with the graph API forced: %llu plans kept",
                   (unsigned long long)g->graph_plans);

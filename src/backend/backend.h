@@ -175,6 +175,18 @@ typedef struct gp_conv_desc {
                                 the channel block (above) */
 } gp_conv_desc;
 
+/* Precision bf16: the convolutions that take bf16 operands, on every
+ * backend: those summing 16 products or more per output (c kh kw, the
+ * depth gp_bf16_gemm_worth asks of a matrix product).  A first layer's 1
+ * or 2 input channels under a 3x3 kernel stay FP32: oneDNN has no fast
+ * bf16 kernel for them (on an AMX Xeon its backward-filter took 14x the
+ * FP32 one's time, bench/README.md "Precision"), and they are a sliver of
+ * the work. */
+static inline bool gp_bf16_conv_worth(const gp_conv_desc *d)
+{
+    return d->c * d->kh * d->kw >= 16;
+}
+
 /* The average kinds differ in the divisor of a window that overlaps the
  * padding: AVG divides by its elements inside the image (PyTorch's
  * count_include_pad=False), AVG_INCLUDE_PAD by kh * kw (the padded window;

@@ -528,6 +528,12 @@ typedef struct conv_build {
  * a 1-channel input (Fashion-MNIST's first layer, bench_ops). */
 enum { CONV_PLAIN = 0, CONV_BLOCKED, CONV_FIRST };
 
+/* Whether this convolution takes bf16 operands (backend.h). */
+static bool conv_bf16(const gp_cpu_ctx *ctx, const gp_conv_desc *d)
+{
+    return ctx->bf16 && gp_bf16_conv_worth(d);
+}
+
 static int conv_mode(const gp_cpu_ctx *ctx, const gp_conv_desc *d)
 {
     if (ctx->conv_layout == CPU_CONV_PLAIN) return CONV_PLAIN;
@@ -541,7 +547,7 @@ static int conv_mode(const gp_cpu_ctx *ctx, const gp_conv_desc *d)
      * (bench/README.md, "Blocked layouts across a stage").  The choice
      * depends on nothing but the shape and the device's precision, so the
      * bits are the same whatever the partition or GPIPE_CPU_KEEP_BLOCKS. */
-    return ctx->bf16 ? CONV_PLAIN : CONV_FIRST;
+    return conv_bf16(ctx, d) ? CONV_PLAIN : CONV_FIRST;
 }
 
 /* The interface layout of an activation: plain, or a channel block
@@ -686,7 +692,7 @@ static gp_status conv_op(gp_device *dev, cpu_op_kind kind, const gp_conv_desc *d
 {
     GP_TRY(conv_check(dev, d));
     cpu_key key = conv_key(kind, d);
-    conv_build cb = {d, kind, conv_mode(gp_cpu_ctx_of(dev), d), gp_cpu_ctx_of(dev)->bf16};
+    conv_build cb = {d, kind, conv_mode(gp_cpu_ctx_of(dev), d), conv_bf16(gp_cpu_ctx_of(dev), d)};
     static const char *names[] = {"", "a convolution forward", "a convolution backward-data",
                                   "a convolution backward-weights"};
     gp_cpu_ctx *ctx = gp_cpu_ctx_of(dev);

@@ -135,7 +135,8 @@ static gp_status conv_build(gp_device *dev, const gp_conv_desc *d, cuda_conv *cv
     /* precision bf16: x, w and y are the operands' bf16 copies (cuDNN's
      * BFLOAT16 configuration: FP32 compute, a bf16 result) */
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
-    cudnnDataType_t dt = ctx->bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+    cv->bf16 = ctx->bf16 && gp_bf16_conv_worth(d); /* else FP32 (backend.h) */
+    cudnnDataType_t dt = cv->bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
     GP_TRY(set4d_as(cv->x, dt, d->n, d->c, d->h, d->w));
     GP_TRY(set4d_as(cv->y, dt, d->n, d->k, d->oh, d->ow));
     GP_TRY(set4d(cv->b, 1, d->k, 1, 1));
@@ -145,7 +146,7 @@ static gp_status conv_build(gp_device *dev, const gp_conv_desc *d, cuda_conv *cv
                                              (int)d->sw, 1, 1, CUDNN_CROSS_CORRELATION,
                                              CUDNN_DATA_FLOAT));
     /* precision tf32 or bf16: cuDNN may use tensor cores (its default math) */
-    GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, gp_cuda_tensor_math(ctx) ? CUDNN_DEFAULT_MATH
+    GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, gp_cuda_conv_tensor_math(ctx, cv) ? CUDNN_DEFAULT_MATH
                                                                              : CUDNN_FMA_MATH));
     int n, c, h, w;
     GP_CUDNN(cudnnGetConvolution2dForwardOutputDim(cv->conv, cv->x, cv->w, &n, &c, &h, &w));
@@ -273,7 +274,7 @@ gp_status gp_cuda_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x
     const void *xo = x, *wo = w; /* the operands cuDNN reads and writes */
     void *yo = y;
     uint16_t *bp[3];
-    if (ctx->bf16) {
+    if (cv->bf16) {
         int64_t cnt[3] = {nx, nw, ny};
         GP_TRY(gp_cuda_bf16_reserve(dev, cnt, 3, bp));
         GP_CUDA(gp_cuk_bf16_pack(ctx->compute, bp[0], x, nx));
@@ -289,7 +290,7 @@ gp_status gp_cuda_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x
         if (cap < 1 || cap > CUDA_ALGO_CAP) cap = CUDA_ALGO_CAP;
         size_t limit = gp_cuda_ws_limit(dev);
         /* tf32, bf16: every algorithm, tensor cores included, is a candidate */
-        GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, gp_cuda_tensor_math(ctx)
+        GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, gp_cuda_conv_tensor_math(ctx, cv)
                                                            ? CUDNN_DEFAULT_MATH
                                                            : CUDNN_FMA_MATH));
         if (ctx->deterministic) {
@@ -309,7 +310,7 @@ gp_status gp_cuda_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x
         PICK_OR_FAIL(perf, got, !ctx->deterministic, limit, "forward", idx);
         cv->lms[GP_CUDA_FWD] = ctx->deterministic ? -1.0f : perf[idx].time;
         cv->fwd = perf[idx].algo;
-        cv->math_fwd = gp_cuda_tensor_math(ctx) ? perf[idx].mathType : CUDNN_FMA_MATH;
+        cv->math_fwd = gp_cuda_conv_tensor_math(ctx, cv) ? perf[idx].mathType : CUDNN_FMA_MATH;
         GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, cv->math_fwd));
         GP_CUDNN(cudnnGetConvolutionForwardWorkspaceSize(ctx->dnn, cv->x, cv->w, cv->conv, cv->y,
                                                          cv->fwd, &cv->ws_fwd));
@@ -319,12 +320,12 @@ gp_status gp_cuda_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x
     GP_TRY(gp_cuda_graph_conv(dev, cv, GP_CUDA_FWD, xo, wo, yo, &graph));
     if (!graph && cv->ws_fwd) GP_TRY(gp_cuda_ws_reserve(dev, cv->ws_fwd, &ws));
     gp_cuda_nvtx_push("conv_fwd");
-    if (!graph && gp_cuda_tensor_math(ctx))
+    if (!graph && gp_cuda_conv_tensor_math(ctx, cv))
         GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, cv->math_fwd));
     if (!graph)
         GP_CUDNN(cudnnConvolutionForward(ctx->dnn, &one, cv->x, xo, cv->w, wo, cv->conv, cv->fwd,
                                          ws, cv->ws_fwd, &zero, cv->y, yo));
-    if (ctx->bf16) /* widened, with the bias, in one pass */
+    if (cv->bf16) /* widened, with the bias, in one pass */
         GP_CUDA(gp_cuk_bf16_unpack_bias(ctx->compute, y, bp[2], d->has_bias ? b : NULL, ny,
                                         d->k, d->oh * d->ow));
     else if (d->has_bias && b)
@@ -346,7 +347,7 @@ gp_status gp_cuda_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const flo
     const void *wo = w, *dyo = dy; /* the operands cuDNN reads and writes */
     void *dxo = dx;
     uint16_t *bp[3];
-    if (ctx->bf16) {
+    if (cv->bf16) {
         int64_t cnt[3] = {nx, nw, ny};
         GP_TRY(gp_cuda_bf16_reserve(dev, cnt, 3, bp));
         GP_CUDA(gp_cuk_bf16_pack(ctx->compute, bp[1], w, nw));
@@ -362,7 +363,7 @@ gp_status gp_cuda_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const flo
         if (cap < 1 || cap > CUDA_ALGO_CAP) cap = CUDA_ALGO_CAP;
         size_t limit = gp_cuda_ws_limit(dev);
         /* tf32, bf16: every algorithm, tensor cores included, is a candidate */
-        GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, gp_cuda_tensor_math(ctx)
+        GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, gp_cuda_conv_tensor_math(ctx, cv)
                                                            ? CUDNN_DEFAULT_MATH
                                                            : CUDNN_FMA_MATH));
         if (ctx->deterministic) {
@@ -381,7 +382,7 @@ gp_status gp_cuda_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const flo
         PICK_OR_FAIL(perf, got, !ctx->deterministic, limit, "backward-data", idx);
         cv->lms[GP_CUDA_BWD_DATA] = ctx->deterministic ? -1.0f : perf[idx].time;
         cv->bwd_data = perf[idx].algo;
-        cv->math_bwd_data = gp_cuda_tensor_math(ctx) ? perf[idx].mathType : CUDNN_FMA_MATH;
+        cv->math_bwd_data = gp_cuda_conv_tensor_math(ctx, cv) ? perf[idx].mathType : CUDNN_FMA_MATH;
         GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, cv->math_bwd_data));
         GP_CUDNN(cudnnGetConvolutionBackwardDataWorkspaceSize(ctx->dnn, cv->w, cv->y, cv->conv,
                                                               cv->x, cv->bwd_data,
@@ -394,14 +395,14 @@ gp_status gp_cuda_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const flo
         if (cv->ws_bwd_data) GP_TRY(gp_cuda_ws_reserve(dev, cv->ws_bwd_data, &ws));
         gp_cuda_nvtx_push("conv_bwd_data");
         /* dx = (beta 0) */
-        if (gp_cuda_tensor_math(ctx))
+        if (gp_cuda_conv_tensor_math(ctx, cv))
             GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, cv->math_bwd_data));
         GP_CUDNN(cudnnConvolutionBackwardData(ctx->dnn, &one, cv->w, wo, cv->y, dyo, cv->conv,
                                               cv->bwd_data, ws, cv->ws_bwd_data, &zero, cv->x,
                                               dxo));
         gp_cuda_nvtx_pop();
     }
-    if (ctx->bf16) GP_CUDA(gp_cuk_bf16_unpack(ctx->compute, dx, bp[0], nx));
+    if (cv->bf16) GP_CUDA(gp_cuk_bf16_unpack(ctx->compute, dx, bp[0], nx));
     return GP_OK;
 }
 
@@ -420,7 +421,7 @@ gp_status gp_cuda_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const 
     const void *xo = x, *dyo = dy;
     void *dwo = dw;
     uint16_t *bp[3];
-    if (ctx->bf16) {
+    if (cv->bf16) {
         int64_t cnt[3] = {nx, nw, ny};
         GP_TRY(gp_cuda_bf16_reserve(dev, cnt, 3, bp));
         GP_CUDA(gp_cuk_bf16_pack(ctx->compute, bp[0], x, nx));
@@ -436,7 +437,7 @@ gp_status gp_cuda_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const 
         if (cap < 1 || cap > CUDA_ALGO_CAP) cap = CUDA_ALGO_CAP;
         size_t limit = gp_cuda_ws_limit(dev);
         /* tf32, bf16: every algorithm, tensor cores included, is a candidate */
-        GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, gp_cuda_tensor_math(ctx)
+        GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, gp_cuda_conv_tensor_math(ctx, cv)
                                                            ? CUDNN_DEFAULT_MATH
                                                            : CUDNN_FMA_MATH));
         /* the search writes its dw (beta 0): into a scratch tensor, not the
@@ -445,7 +446,7 @@ gp_status gp_cuda_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const 
         size_t dw_bytes = (size_t)nw * sizeof(float);
         void *sdw = NULL;
         bool measure = !ctx->deterministic;
-        if (measure && ctx->bf16) {
+        if (measure && cv->bf16) {
             sdw = dwo;
             dw_bytes = 0;
         } else if (measure && gp_dev_alloc(dev, dw_bytes, GP_MEM_WORKSPACE, &sdw) != GP_OK) {
@@ -468,7 +469,7 @@ gp_status gp_cuda_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const 
         PICK_OR_FAIL(perf, got, measure, limit, "backward-filter", idx);
         cv->lms[GP_CUDA_BWD_FILTER] = measure ? perf[idx].time : -1.0f;
         cv->bwd_filter = perf[idx].algo;
-        cv->math_bwd_filter = gp_cuda_tensor_math(ctx) ? perf[idx].mathType : CUDNN_FMA_MATH;
+        cv->math_bwd_filter = gp_cuda_conv_tensor_math(ctx, cv) ? perf[idx].mathType : CUDNN_FMA_MATH;
         GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, cv->math_bwd_filter));
         GP_CUDNN(cudnnGetConvolutionBackwardFilterWorkspaceSize(ctx->dnn, cv->x, cv->y, cv->conv,
                                                                 cv->w, cv->bwd_filter,
@@ -480,13 +481,13 @@ gp_status gp_cuda_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const 
     if (!graph && cv->ws_bwd_filter) GP_TRY(gp_cuda_ws_reserve(dev, cv->ws_bwd_filter, &ws));
     gp_cuda_nvtx_push("conv_bwd_weights");
     /* dw += (beta 1; bf16: = into the bf16 part, then added), db += (beta 1) */
-    if (!graph && gp_cuda_tensor_math(ctx))
+    if (!graph && gp_cuda_conv_tensor_math(ctx, cv))
         GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, cv->math_bwd_filter));
     if (!graph)
         GP_CUDNN(cudnnConvolutionBackwardFilter(ctx->dnn, &one, cv->x, xo, cv->y, dyo, cv->conv,
                                                 cv->bwd_filter, ws, cv->ws_bwd_filter,
-                                                ctx->bf16 ? &zero : &one, cv->w, dwo));
-    if (ctx->bf16) GP_CUDA(gp_cuk_bf16_unpack_add(ctx->compute, dw, bp[1], nw));
+                                                cv->bf16 ? &zero : &one, cv->w, dwo));
+    if (cv->bf16) GP_CUDA(gp_cuk_bf16_unpack_add(ctx->compute, dw, bp[1], nw));
     if (d->has_bias && db) { /* cuda_kernels.h: a quarter of cuDNN's time */
         void *part;
         GP_TRY(gp_cuda_ws_reserve(dev, (size_t)(d->n * d->k) * sizeof(double), &part));

@@ -137,18 +137,19 @@ static cudnnStatus_t operation(cudnnBackendDescriptor_t *op, int dir, bool accum
 }
 
 /* The one-operation graph of direction dir at alignment align. */
-static cudnnStatus_t op_graph(gp_cuda_ctx *ctx, const gp_conv_desc *d, int dir, int64_t align,
+static cudnnStatus_t op_graph(gp_cuda_ctx *ctx, const cuda_conv *cv, int dir, int64_t align,
                               cudnnBackendDescriptor_t *graph)
 {
     cudnnBackendDescriptor_t t1 = NULL, t2 = NULL, t3 = NULL, cd = NULL, op = NULL;
     /* bf16: the operands' bf16 copies, and backward-filter writes the
      * gradient's bf16 part (beta 0) that cuda_dnn.c adds in FP32 */
-    cudnnDataType_t dt = ctx->bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+    const gp_conv_desc *d = &cv->d;
+    cudnnDataType_t dt = cv->bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
     cudnnStatus_t s = tensor(&t1, 1, dt, d->n, d->c, d->h, d->w, align);
     if (!s) s = tensor(&t2, 2, dt, d->k, d->c, d->kh, d->kw, align);
     if (!s) s = tensor(&t3, 3, dt, d->n, d->k, d->oh, d->ow, align);
     if (!s) s = conv_desc(&cd, d);
-    if (!s) s = operation(&op, dir, dir == GP_CUDA_BWD_FILTER && !ctx->bf16, t1, t2, t3, cd);
+    if (!s) s = operation(&op, dir, dir == GP_CUDA_BWD_FILTER && !cv->bf16, t1, t2, t3, cd);
     if (!s) s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, graph);
     if (!s)
         s = cudnnBackendSetAttribute(*graph, CUDNN_ATTR_OPERATIONGRAPH_OPS,
@@ -205,7 +206,8 @@ static void heuristics(cudnnBackendDescriptor_t graph, cudnnBackendHeurMode_t mo
 
 /* cfg's engine: its global index, and whether the precision and
  * determinism allow it. */
-static bool engine_ok(gp_cuda_ctx *ctx, cudnnBackendDescriptor_t cfg, int64_t *index)
+static bool engine_ok(gp_cuda_ctx *ctx, const cuda_conv *cv, cudnnBackendDescriptor_t cfg,
+                      int64_t *index)
 {
     cudnnBackendDescriptor_t eng = NULL;
     int64_t got = 0, nn = 0, nb = 0;
@@ -228,7 +230,7 @@ static bool engine_ok(gp_cuda_ctx *ctx, cudnnBackendDescriptor_t cfg, int64_t *i
     destroy(&eng);
     for (int64_t i = 0; i < nn && i < CUDNN_NUMERICAL_NOTE_TYPE_COUNT; i++) {
         if (notes[i] == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS) return false;
-        if (notes[i] == CUDNN_NUMERICAL_NOTE_TENSOR_CORE && !gp_cuda_tensor_math(ctx))
+        if (notes[i] == CUDNN_NUMERICAL_NOTE_TENSOR_CORE && !gp_cuda_conv_tensor_math(ctx, cv))
             return false;
     }
     for (int64_t i = 0; i < nb && i < CUDNN_BEHAVIOR_NOTE_TYPE_COUNT; i++)
@@ -340,7 +342,7 @@ static gp_status choose(gp_device *dev, cuda_conv *cv, int dir, int ai, int64_t 
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     cudnnBackendDescriptor_t graph = NULL, cfg[2 * GRAPH_CANDIDATES];
     int n = 0;
-    if (op_graph(ctx, &cv->d, dir, align, &graph)) return GP_OK;
+    if (op_graph(ctx, cv, dir, align, &graph)) return GP_OK;
     heuristics(graph, CUDNN_HEUR_MODE_A, cfg, &n, GRAPH_CANDIDATES);
     heuristics(graph, CUDNN_HEUR_MODE_FALLBACK, cfg, &n, 2 * GRAPH_CANDIDATES);
     size_t limit = gp_cuda_ws_limit(dev);
@@ -370,7 +372,7 @@ static gp_status choose(gp_device *dev, cuda_conv *cv, int dir, int ai, int64_t 
     for (int i = 0; i < n; i++) {
         int64_t eng, ws = 0;
         cudnnBackendDescriptor_t plan = NULL;
-        if (!engine_ok(ctx, cfg[i], &eng) || make_plan(ctx, cfg[i], &plan, &ws)) continue;
+        if (!engine_ok(ctx, cv, cfg[i], &eng) || make_plan(ctx, cfg[i], &plan, &ws)) continue;
         if ((uint64_t)ws > limit || (measure && ws > 0 && !sws)) {
             destroy(&plan);
             continue;

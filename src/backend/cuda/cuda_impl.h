@@ -107,6 +107,7 @@ typedef struct cuda_conv {
     cudnnTensorDescriptor_t x, y, b;
     cudnnFilterDescriptor_t w;
     cudnnConvolutionDescriptor_t conv;
+    bool bf16; /* precision bf16 and gp_bf16_conv_worth: bf16 operands */
     int have_fwd, have_bwd_data, have_bwd_filter;
     cudnnConvolutionFwdAlgo_t fwd;
     cudnnConvolutionBwdDataAlgo_t bwd_data;
@@ -229,9 +230,12 @@ gp_status gp_cuda_ws_reserve(gp_device *dev, size_t bytes, void **out);
 #define GP_CUDA_BF16_PARTS 3
 gp_status gp_cuda_bf16_reserve(gp_device *dev, const int64_t *counts, int n, uint16_t **out);
 
-/* Tensor-core math for FP32 data may be used: precision tf32 (TF32) or
- * bf16 (whose operands are bfloat16 by then). */
-static inline bool gp_cuda_tensor_math(const gp_cuda_ctx *ctx) { return ctx->tf32 || ctx->bf16; }
+/* Tensor-core math may be used for a convolution: precision tf32 (TF32
+ * on its FP32 data), or its operands in bf16. */
+static inline bool gp_cuda_conv_tensor_math(const gp_cuda_ctx *ctx, const cuda_conv *cv)
+{
+    return ctx->tf32 || cv->bf16;
+}
 
 /* cuda_dnn.c: create / destroy the shared descriptors and the conv cache. */
 gp_status gp_cuda_dnn_init(gp_cuda_ctx *ctx);
