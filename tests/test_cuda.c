@@ -133,6 +133,25 @@ static void bfree(buf *b)
                     GP_MEM_ACTIVATIONS);
 }
 
+/* max |gpu - cpu| / (1 + max |cpu|) */
+static double bdiff(const buf *b)
+{
+    size_t bytes = (size_t)(b->n > 0 ? b->n : 1) * sizeof(float);
+    float *h[2] = {malloc(bytes), malloc(bytes)};
+    for (int k = 0; k < 2; k++) {
+        CHECK_OK(gp_dev_download(D2[k], h[k], b->p[k], b->n));
+        CHECK_OK(gp_dev_synchronize(D2[k]));
+    }
+    double maxerr = 0, maxref = 0;
+    for (int64_t i = 0; i < b->n; i++) {
+        maxerr = fmax(maxerr, fabs((double)h[1][i] - (double)h[0][i]));
+        maxref = fmax(maxref, fabs((double)h[0][i]));
+    }
+    free(h[0]);
+    free(h[1]);
+    return maxerr / (1.0 + maxref);
+}
+
 /* max |gpu - cpu| <= tol * (1 + max |cpu|) */
 static void bcheck(const char *what, const buf *b, double tol)
 {
@@ -1410,6 +1429,9 @@ static buf brand_bf16(int64_t n, bool round)
  * with cuDNN's choice and again with the graph API forced; given unrounded
  * operands the result is the same as for the rounded ones within that
  * bound (the bias gradient sums dy in FP32: 1e-4, 4e-3 from unrounded dy);
+ * given the CPU's own unrounded operands, every direction is more than
+ * 1e-4 (FP32's bound) and less than 2e-2 from the CPU's FP32, so the
+ * check sees whether the convolutions ran in bf16;
  * a convolution of 1 channel, too few products for bf16, is FP32 (1e-4).
  * A GPU before sm_80 refuses bf16 saying what to use. */
 static void test_bf16_ops(gp_device *cpu, const char *graph)
@@ -1521,6 +1543,28 @@ static void test_bf16_ops(gp_device *cpu, const char *graph)
         bfree(&x); bfree(&w); bfree(&dy); bfree(&bb); bfree(&y); bfree(&dx); bfree(&dw);
         bfree(&db);
     }
+    /* Both devices given the same unrounded operands: the CPU computes FP32,
+     * the GPU rounds them to bf16, so every direction differs by more than
+     * FP32's 1e-4 (the convolutions ran in bf16) and by less than 2e-2 */
+    {
+        buf x = brand(nx, -1, 1), w = brand(nw, -1, 1), dy = brand(ny, -1, 1);
+        buf bb = brand(24, -1, 1), y = bjunk(ny), dx = bjunk(nx), dw = brand(nw, -1, 1),
+            db = brand(24, -1, 1);
+        BOTH(gp_dev_conv_fwd(D, &d, x.p[K], w.p[K], bb.p[K], y.p[K]));
+        BOTH(gp_dev_conv_bwd_data(D, &d, w.p[K], dy.p[K], dx.p[K]));
+        BOTH(gp_dev_conv_bwd_weights(D, &d, x.p[K], dy.p[K], dw.p[K], db.p[K]));
+        const buf *out[3] = {&y, &dx, &dw};
+        static const char *const dir[3] = {"fwd", "bwd_data", "bwd_weights"};
+        for (int q = 0; q < 3; q++) {
+            double e = bdiff(out[q]);
+            CHECK_MSG(e > 1e-4 && e < 2e-2, "bf16 conv %s%s on unrounded operands: %.3g x (1 + "
+                      "max) from the CPU's FP32, want between 1e-4 (bf16 ran) and 2e-2",
+                      dir[q], tag, e);
+        }
+        bfree(&x); bfree(&w); bfree(&dy); bfree(&bb); bfree(&y); bfree(&dx); bfree(&dw);
+        bfree(&db);
+    }
+    uint64_t plans = g->graph_plans; /* the bf16 convolution's */
     /* 1 input channel, 3x3: 9 products an output, too few for bf16
      * (gp_bf16_conv_worth): FP32, as the CPU's, where bf16 operands would
      * be 2^-9 off */
@@ -1533,8 +1577,8 @@ static void test_bf16_ops(gp_device *cpu, const char *graph)
     bcheck(what, &y1, 1e-4);
     bfree(&x1); bfree(&w1); bfree(&b1); bfree(&y1);
     if (graph)
-        CHECK_MSG(g->graph_plans >= 1, "bf16 with the graph API forced: %llu plans kept",
-                  (unsigned long long)g->graph_plans);
+        CHECK_MSG(plans >= 1, "bf16 with the graph API forced: %llu plans kept",
+                  (unsigned long long)plans);
     D2[0] = keep[0];
     D2[1] = keep[1];
     gp_device_close(g);

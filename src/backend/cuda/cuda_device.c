@@ -995,7 +995,11 @@ static gp_status cuda_bce_logits(gp_device *dev, const float *z, const float *t,
  * (B first), the same transpose flags, and the sizes (N, M, K).  No data
  * moves.  The math mode is CUBLAS_DEFAULT_MATH: sgemm in plain FP32, since
  * cuBLAS uses TF32 tensor cores only when asked (CUBLAS_TF32_TENSOR_OP_MATH)
- * and NVIDIA_TF32_OVERRIDE can only turn TF32 off, never on. */
+ * and NVIDIA_TF32_OVERRIDE can only turn TF32 off, never on.  Precision
+ * bf16, for products worth it (gp_bf16_gemm_worth): A and B are packed
+ * into dense bf16 copies (leading dimension = their columns) and
+ * cublasGemmEx multiplies them on bf16 tensor cores into the FP32 C with
+ * FP32 sums (CUBLAS_COMPUTE_32F). */
 static gp_status cuda_gemm(gp_device *dev, int trans_a, int trans_b, int64_t m, int64_t n,
                            int64_t k, float alpha, const float *a, int64_t lda, const float *b,
                            int64_t ldb, float beta, float *c, int64_t ldc)
@@ -1012,7 +1016,6 @@ static gp_status cuda_gemm(gp_device *dev, int trans_a, int trans_b, int64_t m, 
         return gp_error_set(GP_ERR_UNSUPPORTED,
                             "device %s: gemm of %lld x %lld x %lld exceeds cuBLAS's 32-bit sizes",
                             dev->name, (long long)m, (long long)n, (long long)k);
-    gp_cuda_nvtx_push("gemm");
     if (ctx->bf16 && gp_bf16_gemm_worth(m, n, k)) {
         /* precision bf16: A and B rounded into dense bf16 copies, C in FP32
          * with FP32 sums (cuBLAS runs bf16 tensor cores) */
@@ -1022,6 +1025,7 @@ static gp_status cuda_gemm(gp_device *dev, int trans_a, int trans_b, int64_t m, 
         GP_TRY(gp_cuda_bf16_reserve(dev, cnt, 2, p));
         GP_CUDA(gp_cuk_bf16_pack2d(ctx->compute, p[0], a, ar, ac, lda));
         GP_CUDA(gp_cuk_bf16_pack2d(ctx->compute, p[1], b, br, bc, ldb));
+        gp_cuda_nvtx_push("gemm");
         GP_CUBLAS(cublasGemmEx(ctx->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                                trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n, (int)m, (int)k, &alpha,
                                p[1], CUDA_R_16BF, (int)bc, p[0], CUDA_R_16BF, (int)ac, &beta, c,
@@ -1029,6 +1033,7 @@ static gp_status cuda_gemm(gp_device *dev, int trans_a, int trans_b, int64_t m, 
         gp_cuda_nvtx_pop();
         return GP_OK;
     }
+    gp_cuda_nvtx_push("gemm");
     GP_CUBLAS(cublasSgemm(ctx->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                           trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n, (int)m, (int)k, &alpha, b,
                           (int)ldb, a, (int)lda, &beta, c, (int)ldc));

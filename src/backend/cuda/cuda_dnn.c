@@ -21,6 +21,14 @@
  * beta = 1.  Workspace comes from the device's workspace buffer
  * (GP_MEM_WORKSPACE), so peak memory includes it.
  *
+ * Precision bf16, for a convolution worth it (gp_bf16_conv_worth; else
+ * FP32 as above): the operands are packed into bf16 copies
+ * (gp_cuda_bf16_reserve) and cuDNN runs its BFLOAT16 configuration (bf16
+ * x, w, y; FP32 compute; CUDNN_DEFAULT_MATH, tensor cores), GEMM-style
+ * algorithms only (bf16_algo_ok).  Its bf16 result is widened: y with the
+ * bias in one kernel, dx as is; backward-filter writes the gradient's bf16
+ * part (beta 0), added to dw in FP32.  The bias gradient sums the FP32 dy.
+ *
  * Batch norm.  Maps of 64 values or more run gpipe's own kernels
  * (bn_planes below: sums in double, a warp per plane, a fixed order), the
  * rest cuDNN's as follows.  The interface wants the batch mean and the BIASED batch
@@ -205,6 +213,31 @@ static void log_pick(const gp_device *dev, const char *dir, const gp_conv_desc *
              buf, limit >> 20);
 }
 
+/* Precision bf16 promises FP32 sums of the rounded operands: the FFT and
+ * Winograd algorithms, which may keep their transformed tiles in the data
+ * type (bf16), are left out; the GEMM-style ones remain (and on sm_80+
+ * run the bf16 tensor cores). */
+static bool bf16_algo_ok(int dir, int algo)
+{
+    switch (dir) {
+    case GP_CUDA_FWD:
+        return algo != CUDNN_CONVOLUTION_FWD_ALGO_FFT &&
+               algo != CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING &&
+               algo != CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD &&
+               algo != CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
+    case GP_CUDA_BWD_DATA:
+        return algo != CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT &&
+               algo != CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING &&
+               algo != CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD &&
+               algo != CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
+    default:
+        return algo != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT &&
+               algo != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING &&
+               algo != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD &&
+               algo != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
+    }
+}
+
 /* Results a query may return: cudnnGet*AlgorithmMaxCount says how many
  * (with DEFAULT_MATH an algorithm can come once per math type), at most
  * this many are asked for. */
@@ -213,13 +246,14 @@ static void log_pick(const gp_device *dev, const char *dir, const gp_conv_desc *
 /* idx = gp_algo_pick's choice among cuDNN's results `perf` of any
  * direction (got of them; times only where measured), or the error
  * no_algo returns for direction `dir`. */
-#define PICK_OR_FAIL(perf, got, measured, limit, dir, idx)                                 \
+#define PICK_OR_FAIL(perf, got, measured, limit, dir, gdir, idx)                           \
     do {                                                                                   \
         gp_algo_cand cand_[CUDA_ALGO_CAP];                                                 \
         for (int i_ = 0; i_ < (got); i_++)                                                 \
             cand_[i_] = (gp_algo_cand){                                                    \
                 .algo = (int)(perf)[i_].algo,                                              \
-                .ok = (perf)[i_].status == CUDNN_STATUS_SUCCESS,                           \
+                .ok = (perf)[i_].status == CUDNN_STATUS_SUCCESS &&                         \
+                      (!cv->bf16 || bf16_algo_ok((gdir), (int)(perf)[i_].algo)),           \
                 .time_ms = (measured) ? (perf)[i_].time : -1.0f,                           \
                 .memory = (perf)[i_].memory,                                               \
                 .deterministic = (perf)[i_].determinism == CUDNN_DETERMINISTIC};           \
@@ -307,7 +341,7 @@ gp_status gp_cuda_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x
             if (sws) gp_dev_free(dev, sws, limit, GP_MEM_WORKSPACE);
             GP_CUDNN(cs);
         }
-        PICK_OR_FAIL(perf, got, !ctx->deterministic, limit, "forward", idx);
+        PICK_OR_FAIL(perf, got, !ctx->deterministic, limit, "forward", GP_CUDA_FWD, idx);
         cv->lms[GP_CUDA_FWD] = ctx->deterministic ? -1.0f : perf[idx].time;
         cv->fwd = perf[idx].algo;
         cv->math_fwd = gp_cuda_conv_tensor_math(ctx, cv) ? perf[idx].mathType : CUDNN_FMA_MATH;
@@ -379,7 +413,8 @@ gp_status gp_cuda_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const flo
             if (sws) gp_dev_free(dev, sws, limit, GP_MEM_WORKSPACE);
             GP_CUDNN(cs);
         }
-        PICK_OR_FAIL(perf, got, !ctx->deterministic, limit, "backward-data", idx);
+        PICK_OR_FAIL(perf, got, !ctx->deterministic, limit, "backward-data", GP_CUDA_BWD_DATA,
+                     idx);
         cv->lms[GP_CUDA_BWD_DATA] = ctx->deterministic ? -1.0f : perf[idx].time;
         cv->bwd_data = perf[idx].algo;
         cv->math_bwd_data = gp_cuda_conv_tensor_math(ctx, cv) ? perf[idx].mathType : CUDNN_FMA_MATH;
@@ -466,7 +501,7 @@ gp_status gp_cuda_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const 
             if (dw_bytes) gp_dev_free(dev, sdw, dw_bytes, GP_MEM_WORKSPACE);
             GP_CUDNN(cs);
         }
-        PICK_OR_FAIL(perf, got, measure, limit, "backward-filter", idx);
+        PICK_OR_FAIL(perf, got, measure, limit, "backward-filter", GP_CUDA_BWD_FILTER, idx);
         cv->lms[GP_CUDA_BWD_FILTER] = measure ? perf[idx].time : -1.0f;
         cv->bwd_filter = perf[idx].algo;
         cv->math_bwd_filter = gp_cuda_conv_tensor_math(ctx, cv) ? perf[idx].mathType : CUDNN_FMA_MATH;

@@ -10,7 +10,8 @@
  * builds the operation graph of that one convolution and its candidates:
  * cuDNN's heuristics (mode A, then the fallback list), less those whose
  * numerical notes the precision forbids (FP32: no tensor cores; never
- * inputs converted down) and those that compile at run time (seconds of a
+ * inputs converted down; bf16: no reduced-precision sums, FFT or Winograd)
+ * and those that compile at run time (seconds of a
  * first step for a kernel the precompiled ones match).  By default each
  * candidate whose workspace fits ws_limit runs on the call's own operands,
  * timed on the compute stream (one warm-up, then GRAPH_RUNS back to back),
@@ -230,6 +231,16 @@ static bool engine_ok(gp_cuda_ctx *ctx, const cuda_conv *cv, cudnnBackendDescrip
     destroy(&eng);
     for (int64_t i = 0; i < nn && i < CUDNN_NUMERICAL_NOTE_TYPE_COUNT; i++) {
         if (notes[i] == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS) return false;
+        /* bf16 promises FP32 sums of the rounded operands (cuda_dnn.c,
+         * bf16_algo_ok): no reduced-precision sums, no FFT or Winograd
+         * tiles that may be kept in bf16 */
+        if (cv->bf16 && (notes[i] == CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION ||
+                         notes[i] == CUDNN_NUMERICAL_NOTE_FFT ||
+                         notes[i] == CUDNN_NUMERICAL_NOTE_WINOGRAD ||
+                         notes[i] == CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_4x4 ||
+                         notes[i] == CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_6x6 ||
+                         notes[i] == CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_13x13))
+            return false;
         if (notes[i] == CUDNN_NUMERICAL_NOTE_TENSOR_CORE && !gp_cuda_conv_tensor_math(ctx, cv))
             return false;
     }
@@ -335,7 +346,8 @@ static const char *const dir_name[3] = {"forward", "backward-data", "backward-fi
 
 /* Choose cv's plan for (dir, alignment ai): *plan stays NULL where none
  * builds.  p1..p3 are the call's operands; a backward-filter search adds
- * into a scratch dw instead of p2. */
+ * into a scratch dw instead of p2 (bf16: p2 is the gradient's bf16 part,
+ * written with beta 0, scratch already). */
 static gp_status choose(gp_device *dev, cuda_conv *cv, int dir, int ai, int64_t align,
                         const void *p1, const void *p2, const void *p3)
 {
@@ -353,7 +365,9 @@ static gp_status choose(gp_device *dev, cuda_conv *cv, int dir, int ai, int64_t 
     size_t dw_bytes = (size_t)(cv->d.k * cv->d.c * cv->d.kh * cv->d.kw) * sizeof(float);
     cudaEvent_t e0 = NULL, e1 = NULL;
     gp_cuda_search_ws(dev, &sws, &limit, false); /* the legacy search counted it */
-    if (dir == GP_CUDA_BWD_FILTER && gp_dev_alloc(dev, dw_bytes, GP_MEM_WORKSPACE, &sdw)) {
+    /* bf16: p2 is already scratch (the gradient's bf16 part, beta 0) */
+    if (dir == GP_CUDA_BWD_FILTER && !cv->bf16 &&
+        gp_dev_alloc(dev, dw_bytes, GP_MEM_WORKSPACE, &sdw)) {
         gp_error_clear();
         measure = false;
     }
