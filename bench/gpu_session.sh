@@ -7,6 +7,7 @@
 #     bash .device/build.sh && . /tmp/gpu-env && bash bench/gpu_session.sh tests
 #     bash .device/build.sh && . /tmp/gpu-env && bash bench/gpu_session.sh bars
 #     bash .device/build.sh && . /tmp/gpu-env && bash bench/gpu_session.sh loader
+#     bash .device/build.sh && . /tmp/gpu-env && bash bench/gpu_session.sh accuracy
 #
 # tests:  `ctest -L gpu` (test_cuda; test_cuda_2gpu skips with one GPU), then
 #         test_cuda under compute-sanitizer memcheck (leaks too), then
@@ -14,6 +15,9 @@
 # bars:   bench/gpu_bars.sh (issue 14's bars; issue 15's fp32 / measured /
 #         tf32 table).
 # loader: bench/gpu_loader.sh (issue 23's GPU bar).
+# accuracy: bench/precision_accuracy.py on cuda:0 (issue 15 item 6:
+#         configs/default.yaml, 3 epochs, fp32 / bf16 / fp32 with
+#         train.deterministic as the yardstick).
 # The device tool's copy of the tree reported the session's first commit
 # on 2026-11-24, not the one it ran: put COMMIT=$(git rev-parse --short
 # HEAD), taken here, in front of the command there, and the scripts print
@@ -54,6 +58,10 @@ case "$part" in
   loader)
     OUT="$OUT/loader" BIN="$BIN" bash bench/gpu_loader.sh 2>&1 | tee "$OUT/loader.md"
     ;;
+  accuracy)
+    timeout 560 python3 bench/precision_accuracy.py --bin "$BIN" --device cuda:0 \
+      --out "$OUT/accuracy" 2>&1 | tee "$OUT/accuracy.md"
+    ;;
   *)
-    echo "usage: gpu_session.sh tests|bars|loader"; exit 2 ;;
+    echo "usage: gpu_session.sh tests|bars|loader|accuracy"; exit 2 ;;
 esac
