@@ -112,7 +112,7 @@ static double time_other(gp_device *dev, const shape *sh, int pooled, int64_t bl
         t[4] = gp_now();
         report(gp_dev_relu_bwd(dev, z, dz, y, n));
         t[5] = gp_now();
-        report(gp_dev_bn_bwd(dev, &bd, x, g, m, v, y, z, dg, dbe));
+        report(gp_dev_bn_bwd(dev, &bd, x, g, be, m, v, y, z, dg, dbe));
         t[6] = gp_now();
         for (int i = 0; r > 0 && i < 6; i++)
             if (t[i + 1] - t[i] < best[i]) best[i] = t[i + 1] - t[i];

@@ -640,7 +640,7 @@ static void test_bn_shape(gp_device *dev, int64_t n, int64_t c, int64_t s)
     CHECK_OK(gp_dev_bn_fwd_infer(dev, &d, x, g, b, mean, var, yi));
     snprintf(w2, sizeof w2, "%s infer y", what);
     check_close(w2, yi, ry, nx, 2e-5);
-    CHECK_OK(gp_dev_bn_bwd(dev, &d, x, g, mean, var, dy, dx, dg, dbt));
+    CHECK_OK(gp_dev_bn_bwd(dev, &d, x, g, b, mean, var, dy, dx, dg, dbt));
     snprintf(w2, sizeof w2, "%s bwd dx", what);
     check_close(w2, dx, rdx, nx, 5e-5);
     snprintf(w2, sizeof w2, "%s bwd dgamma +=", what);
@@ -648,7 +648,7 @@ static void test_bn_shape(gp_device *dev, int64_t n, int64_t c, int64_t s)
     snprintf(w2, sizeof w2, "%s bwd dbeta +=", what);
     check_close(w2, dbt, rdb, c, 5e-5);
     /* A second backward adds the same amount again. */
-    CHECK_OK(gp_dev_bn_bwd(dev, &d, x, g, mean, var, dy, dx, dg, dbt));
+    CHECK_OK(gp_dev_bn_bwd(dev, &d, x, g, b, mean, var, dy, dx, dg, dbt));
     for (int64_t ch = 0; ch < c; ch++) {
         rdg[ch] += rinc[2 * ch];
         rdb[ch] += rinc[2 * ch + 1];
@@ -672,9 +672,10 @@ static void test_bn(gp_device *dev)
     float v[8] = {0}, sums[4] = {0};
     gp_bn_desc bad = {2, 0, 1, 1e-5f, 0, false}, ok = {2, 2, 1, 1e-5f, 0, false};
     CHECK_ERR(gp_dev_bn_stats(dev, &bad, v, v, v), GP_ERR_INVALID, "invalid batch norm");
-    CHECK_ERR(gp_dev_bn_bwd_sums(dev, &bad, v, v, v, sums), GP_ERR_INVALID,
+    CHECK_ERR(gp_dev_bn_bwd_sums(dev, &bad, v, NULL, NULL, v, v, v, sums), GP_ERR_INVALID,
               "invalid batch norm");
-    CHECK_ERR(gp_dev_bn_bwd_apply(dev, &ok, v, NULL, v, v, v, sums, 0.0, v, NULL, NULL, NULL),
+    CHECK_ERR(gp_dev_bn_bwd_apply(dev, &ok, v, NULL, NULL, v, v, v, sums, 0.0, v, NULL, NULL,
+                                  NULL),
               GP_ERR_INVALID, "backward over 0 values");
     test_bn_shape(dev, 3, 5, 63); /* 2-d: (3, 5, 7, 9) */
     test_bn_shape(dev, 7, 6, 1);  /* 1-d over features */
@@ -773,6 +774,48 @@ static void test_bn_relu(gp_device *dev, int64_t n, int64_t c, int64_t s, int64_
     for (int64_t i = 0; i < nx; i++) pos += y[i] > 0.0f;
     CHECK_MSG(pos > nx / 8 && pos < nx - nx / 8, "%s: %d of %lld positive", w, pos,
               (long long)nx);
+    /* backward: the norm's with the relu folded in (dr: dy masked where the
+     * forward's value was not positive) against relu_bwd on the relu's
+     * output and then the plain norm's, bit for bit, for bn_bwd and the
+     * SyncBN pair; dgamma and dbeta accumulate from the same start */
+    float *dy = drand(dev, nx), *dym = dalloc(dev, nx), *dx[2], *dg[2], *dbt[2], *sm[2];
+    for (int k = 0; k < 2; k++) {
+        dx[k] = dalloc(dev, nx), dg[k] = dalloc(dev, c), dbt[k] = dalloc(dev, c);
+        sm[k] = dalloc(dev, 2 * c);
+        for (int64_t i = 0; i < c; i++) dg[k][i] = 0.5f, dbt[k][i] = -0.25f;
+    }
+    CHECK_OK(gp_dev_relu_bwd(dev, y, dy, dym, nx));
+    CHECK_OK(gp_dev_bn_bwd(dev, &d, x, g, b, m0, v0, dym, dx[0], dg[0], dbt[0]));
+    CHECK_OK(gp_dev_bn_bwd(dev, &dr, x, g, b, m0, v0, dy, dx[1], dg[1], dbt[1]));
+    char w2[128];
+    snprintf(w2, sizeof w2, "%s bwd dx", w);
+    check_same_bits(w2, dx[1], dx[0], nx);
+    snprintf(w2, sizeof w2, "%s bwd dgamma", w);
+    check_same_bits(w2, dg[1], dg[0], c);
+    snprintf(w2, sizeof w2, "%s bwd dbeta", w);
+    check_same_bits(w2, dbt[1], dbt[0], c);
+    CHECK_OK(gp_dev_bn_bwd_sums(dev, &d, x, g, b, m0, v0, dym, sm[0]));
+    CHECK_OK(gp_dev_bn_bwd_sums(dev, &dr, x, g, b, m0, v0, dy, sm[1]));
+    snprintf(w2, sizeof w2, "%s sync sums", w);
+    check_same_bits(w2, sm[1], sm[0], 2 * c);
+    CHECK_OK(gp_dev_bn_bwd_apply(dev, &d, x, g, b, m0, v0, dym, sm[0], (double)(n * s), dx[0],
+                                 sm[0], dg[0], dbt[0]));
+    CHECK_OK(gp_dev_bn_bwd_apply(dev, &dr, x, g, b, m0, v0, dy, sm[1], (double)(n * s), dx[1],
+                                 sm[1], dg[1], dbt[1]));
+    snprintf(w2, sizeof w2, "%s sync dx", w);
+    check_same_bits(w2, dx[1], dx[0], nx);
+    snprintf(w2, sizeof w2, "%s sync dgamma", w);
+    check_same_bits(w2, dg[1], dg[0], c);
+    /* the mask mattered: some of dy was cut, some kept */
+    int cut = 0;
+    for (int64_t i = 0; i < nx; i++) cut += dym[i] == 0.0f && dy[i] != 0.0f;
+    CHECK_MSG(cut > nx / 8 && cut < nx - nx / 8, "%s: the relu cut %d of %lld", w, cut,
+              (long long)nx);
+    for (int k = 0; k < 2; k++) {
+        dfree(dev, dx[k], nx); dfree(dev, dg[k], c); dfree(dev, dbt[k], c);
+        dfree(dev, sm[k], 2 * c);
+    }
+    dfree(dev, dy, nx); dfree(dev, dym, nx);
     dfree(dev, x, nx); dfree(dev, g, c); dfree(dev, b, c); dfree(dev, y, nx); dfree(dev, yr, nx);
     dfree(dev, m0, c); dfree(dev, v0, c); dfree(dev, m1, c); dfree(dev, v1, c);
     dfree(dev, yi, nx); dfree(dev, yir, nx);
@@ -798,10 +841,10 @@ static void test_blocked_bn(gp_device *dev, int64_t n, int64_t c, int64_t s, int
         const gp_bn_desc *dd = k ? &db : &d;
         const float *xx = k ? xb : x, *gg = k ? dyb : dy;
         CHECK_OK(gp_dev_bn_fwd_train(dev, dd, xx, g, b, y[k], mean[k], var[k]));
-        CHECK_OK(gp_dev_bn_bwd(dev, dd, xx, g, mean[k], var[k], gg, dx[k], dg[k], dbt[k]));
+        CHECK_OK(gp_dev_bn_bwd(dev, dd, xx, g, b, mean[k], var[k], gg, dx[k], dg[k], dbt[k]));
         CHECK_OK(gp_dev_bn_stats(dev, dd, xx, m2[k], v2[k]));
-        CHECK_OK(gp_dev_bn_bwd_sums(dev, dd, xx, m2[k], gg, sums[k]));
-        CHECK_OK(gp_dev_bn_bwd_apply(dev, dd, xx, g, m2[k], v2[k], gg, sums[k], (double)(n * s),
+        CHECK_OK(gp_dev_bn_bwd_sums(dev, dd, xx, g, b, m2[k], v2[k], gg, sums[k]));
+        CHECK_OK(gp_dev_bn_bwd_apply(dev, dd, xx, g, b, m2[k], v2[k], gg, sums[k], (double)(n * s),
                                      dx2[k], sums[k], dg[k], dbt[k]));
     }
     char w[120];

@@ -574,7 +574,16 @@ static void fused(void)
         gp_tensor dya, dxa = {0};
         CHECK_OK(gp_tensor_alloc(&dya, dev, &ys, GP_MEM_ACTIVATIONS));
         CHECK_OK(gp_tensor_copy(&dya, &dy));
+        uint64_t bk2 = run[2].relu_bwd_skipped, bk4 = run[4].relu_bwd_skipped,
+                 bk6 = run[6].relu_bwd_skipped;
         CHECK_OK(gp_ckpt_backward(run, &ctx, &a, &dya, 0, &dxa, &bad));
+        /* the fused relus' backwards were the norms' (in place: dx is dy) */
+        CHECK_MSG(run[2].relu_bwd_skipped == bk2 + 1 && run[6].relu_bwd_skipped == bk6 + 1 &&
+                      run[4].relu_bwd_skipped == bk4,
+                  "mode %d: relu backwards skipped %llu, %llu, %llu", mode,
+                  (unsigned long long)(run[2].relu_bwd_skipped - bk2),
+                  (unsigned long long)(run[4].relu_bwd_skipped - bk4),
+                  (unsigned long long)(run[6].relu_bwd_skipped - bk6));
         CHECK_MSG(dxa.data && same(&dxa, &dx_ref), "fused, mode %d: the input gradient differs",
                   mode);
         /* two convolutions, two norms and the linear layer: weight and bias */

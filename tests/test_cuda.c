@@ -483,8 +483,8 @@ static void test_bn_shape(int64_t n, int64_t c, int64_t s)
     snprintf(what, sizeof what, "%s fwd y, relu", tag);
     bcheck(what, &yi, 1e-5);
     for (int rep = 0; rep < 2; rep++) {
-        BOTH(gp_dev_bn_bwd(D, &d, x.p[K], g.p[K], mean.p[K], var.p[K], dy.p[K], dx.p[K],
-                           dg.p[K], dbt.p[K]));
+        BOTH(gp_dev_bn_bwd(D, &d, x.p[K], g.p[K], b.p[K], mean.p[K], var.p[K], dy.p[K],
+                           dx.p[K], dg.p[K], dbt.p[K]));
         snprintf(what, sizeof what, "%s bwd dx = (call %d)", tag, rep + 1);
         bcheck(what, &dx, 1e-4);
         snprintf(what, sizeof what, "%s bwd dgamma += (call %d)", tag, rep + 1);
@@ -492,11 +492,35 @@ static void test_bn_shape(int64_t n, int64_t c, int64_t s)
         snprintf(what, sizeof what, "%s bwd dbeta += (call %d)", tag, rep + 1);
         bcheck(what, &dbt, 1e-4);
     }
+    /* and the relu's backward folded in: dy masked where the forward's
+     * value was not positive, on each path (mean and var from the
+     * forward with the relu above) */
+    BOTH(gp_dev_bn_bwd(D, &dr, x.p[K], g.p[K], b.p[K], mean.p[K], var.p[K], dy.p[K], dx.p[K],
+                       dg.p[K], dbt.p[K]));
+    snprintf(what, sizeof what, "%s bwd dx, relu", tag);
+    bcheck(what, &dx, 1e-4);
+    snprintf(what, sizeof what, "%s bwd dgamma +=, relu", tag);
+    bcheck(what, &dg, 1e-4);
+    snprintf(what, sizeof what, "%s bwd dbeta +=, relu", tag);
+    bcheck(what, &dbt, 1e-4);
+    {
+        buf rs = bjunk(2 * c);
+        BOTH(gp_dev_bn_bwd_sums(D, &dr, x.p[K], g.p[K], b.p[K], mean.p[K], var.p[K], dy.p[K],
+                                rs.p[K]));
+        snprintf(what, sizeof what, "%s sync bwd sums, relu", tag);
+        bcheck(what, &rs, 1e-5);
+        BOTH(gp_dev_bn_bwd_apply(D, &dr, x.p[K], g.p[K], b.p[K], mean.p[K], var.p[K], dy.p[K],
+                                 rs.p[K], (double)(n * s), dx.p[K], rs.p[K], dg.p[K], dbt.p[K]));
+        snprintf(what, sizeof what, "%s sync bwd dx =, relu", tag);
+        bcheck(what, &dx, 1e-4);
+        bfree(&rs);
+    }
     /* Without gamma / beta / parameter gradients. */
     BOTH(gp_dev_bn_fwd_train(D, &d, x.p[K], NULL, NULL, y.p[K], mean.p[K], var.p[K]));
     snprintf(what, sizeof what, "%s fwd y, no affine", tag);
     bcheck(what, &y, 1e-5);
-    BOTH(gp_dev_bn_bwd(D, &d, x.p[K], NULL, mean.p[K], var.p[K], dy.p[K], dx.p[K], NULL, NULL));
+    BOTH(gp_dev_bn_bwd(D, &d, x.p[K], NULL, NULL, mean.p[K], var.p[K], dy.p[K], dx.p[K], NULL,
+                       NULL));
     snprintf(what, sizeof what, "%s bwd dx, no affine", tag);
     bcheck(what, &dx, 1e-4);
     /* The SyncBN pieces: statistics alone, the two backward sums, and the
@@ -508,11 +532,12 @@ static void test_bn_shape(int64_t n, int64_t c, int64_t s)
     snprintf(what, sizeof what, "%s sync stats biased var", tag);
     bcheck(what, &var, 1e-5);
     buf sums = bjunk(2 * c);
-    BOTH(gp_dev_bn_bwd_sums(D, &d, x.p[K], mean.p[K], dy.p[K], sums.p[K]));
+    BOTH(gp_dev_bn_bwd_sums(D, &d, x.p[K], g.p[K], b.p[K], mean.p[K], var.p[K], dy.p[K],
+                            sums.p[K]));
     snprintf(what, sizeof what, "%s sync bwd sums", tag);
     bcheck(what, &sums, 1e-5);
-    BOTH(gp_dev_bn_bwd_apply(D, &d, x.p[K], g.p[K], mean.p[K], var.p[K], dy.p[K], sums.p[K],
-                             (double)(n * s), dx.p[K], sums.p[K], dg.p[K], dbt.p[K]));
+    BOTH(gp_dev_bn_bwd_apply(D, &d, x.p[K], g.p[K], b.p[K], mean.p[K], var.p[K], dy.p[K],
+                             sums.p[K], (double)(n * s), dx.p[K], sums.p[K], dg.p[K], dbt.p[K]));
     snprintf(what, sizeof what, "%s sync bwd dx =", tag);
     bcheck(what, &dx, 1e-4);
     snprintf(what, sizeof what, "%s sync bwd dgamma +=", tag);

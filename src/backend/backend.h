@@ -100,8 +100,11 @@
  *      kept in the convolutions' own layout between them)
  *  19  copy_to_host (a copy into another backend's host memory that touches
  *      none of this device's stream state)
- *  20  gp_bn_desc.relu (batch norm's forward with the ReLU after it) */
-#define GP_DEVICE_IFACE_VERSION 20
+ *  20  gp_bn_desc.relu (batch norm's forward with the ReLU after it)
+ *  21  gp_bn_desc.relu in the backward slots too (the relu's backward done
+ *      by the norm's), which take beta (and bn_bwd_sums gamma and var) to
+ *      know where the normalised value was positive */
+#define GP_DEVICE_IFACE_VERSION 21
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -223,7 +226,11 @@ typedef struct gp_bn_desc {
     bool relu;               /* bn_fwd_train, bn_fwd_infer: y = relu(the
                                 normalised value), bit for bit what relu_fwd
                                 gives on the output without it (gp_ew_relu);
-                                the other slots ignore it */
+                                bn_bwd, bn_bwd_sums, bn_bwd_apply: dy is the
+                                gradient of that relu's output, masked here
+                                where the normalised value was not positive,
+                                bit for bit what relu_bwd gives (iface 21);
+                                bn_stats ignores it */
 } gp_bn_desc;
 
 typedef struct gp_device gp_device;
@@ -382,8 +389,9 @@ typedef struct gp_device_iface {
                               const float *gamma, const float *beta,
                               const float *mean, const float *var, float *y);
     gp_status (*bn_bwd)(gp_device *dev, const gp_bn_desc *d, const float *x,
-                        const float *gamma, const float *mean, const float *var,
-                        const float *dy, float *dx, float *dgamma, float *dbeta);
+                        const float *gamma, const float *beta, const float *mean,
+                        const float *var, const float *dy, float *dx, float *dgamma,
+                        float *dbeta);
 
     /* --- activations --- */
     gp_status (*relu_fwd)(gp_device *dev, const float *x, float *y, int64_t n);
@@ -431,7 +439,8 @@ typedef struct gp_device_iface {
      * bn_stats: mean(C) and biased var(C) of x, as bn_fwd_train computes
      * them, without normalising (normalise with bn_fwd_infer).
      * bn_bwd_sums: sums(2, C): sums[c] = sum dy, sums[C + c] =
-     * sum dy (x - mean[c]) over this device's (N, S) values of channel c.
+     * sum dy (x - mean[c]) over this device's (N, S) values of channel c
+     * (dy masked first where d->relu: gamma, beta, var say where).
      * bn_bwd_apply: with sums(2, C) over all devices, covering `count` values
      * per channel, dx = gamma inv (dy - sum dy / count - (x - mean) inv^2
      * sum dy (x - mean) / count)   (gp_ew_bn_bwd_coeffs; dx =); and if dgamma
@@ -443,11 +452,12 @@ typedef struct gp_device_iface {
     gp_status (*bn_stats)(gp_device *dev, const gp_bn_desc *d, const float *x,
                           float *mean, float *var);
     gp_status (*bn_bwd_sums)(gp_device *dev, const gp_bn_desc *d, const float *x,
-                             const float *mean, const float *dy, float *sums);
+                             const float *gamma, const float *beta, const float *mean,
+                             const float *var, const float *dy, float *sums);
     gp_status (*bn_bwd_apply)(gp_device *dev, const gp_bn_desc *d, const float *x,
-                              const float *gamma, const float *mean, const float *var,
-                              const float *dy, const float *sums, double count,
-                              float *dx, const float *local, float *dgamma,
+                              const float *gamma, const float *beta, const float *mean,
+                              const float *var, const float *dy, const float *sums,
+                              double count, float *dx, const float *local, float *dgamma,
                               float *dbeta);
 
     /* --- sharded collectives (optional; appended last) ---
@@ -1063,10 +1073,11 @@ static inline gp_status gp_dev_bn_fwd_infer(gp_device *dev, const gp_bn_desc *d,
     return dev->iface->bn_fwd_infer(dev, d, x, gamma, beta, mean, var, y);
 }
 static inline gp_status gp_dev_bn_bwd(gp_device *dev, const gp_bn_desc *d, const float *x,
-                                      const float *gamma, const float *mean, const float *var,
-                                      const float *dy, float *dx, float *dgamma, float *dbeta)
+                                      const float *gamma, const float *beta, const float *mean,
+                                      const float *var, const float *dy, float *dx,
+                                      float *dgamma, float *dbeta)
 {
-    return dev->iface->bn_bwd(dev, d, x, gamma, mean, var, dy, dx, dgamma, dbeta);
+    return dev->iface->bn_bwd(dev, d, x, gamma, beta, mean, var, dy, dx, dgamma, dbeta);
 }
 static inline gp_status gp_dev_relu_fwd(gp_device *dev, const float *x, float *y, int64_t n)
 {
@@ -1205,10 +1216,12 @@ gp_status gp_bn_desc_check(const gp_device *dev, const gp_bn_desc *d);
 gp_status gp_dev_bn_stats(gp_device *dev, const gp_bn_desc *d, const float *x, float *mean,
                           float *var);
 gp_status gp_dev_bn_bwd_sums(gp_device *dev, const gp_bn_desc *d, const float *x,
-                             const float *mean, const float *dy, float *sums);
+                             const float *gamma, const float *beta, const float *mean,
+                             const float *var, const float *dy, float *sums);
 gp_status gp_dev_bn_bwd_apply(gp_device *dev, const gp_bn_desc *d, const float *x,
-                              const float *gamma, const float *mean, const float *var,
-                              const float *dy, const float *sums, double count, float *dx,
-                              const float *local, float *dgamma, float *dbeta);
+                              const float *gamma, const float *beta, const float *mean,
+                              const float *var, const float *dy, const float *sums,
+                              double count, float *dx, const float *local, float *dgamma,
+                              float *dbeta);
 
 #endif /* GP_BACKEND_H */

@@ -549,25 +549,27 @@ gp_status gp_dev_bn_stats(gp_device *dev, const gp_bn_desc *d, const float *x, f
 }
 
 gp_status gp_dev_bn_bwd_sums(gp_device *dev, const gp_bn_desc *d, const float *x,
-                             const float *mean, const float *dy, float *sums)
+                             const float *gamma, const float *beta, const float *mean,
+                             const float *var, const float *dy, float *sums)
 {
     if (!dev->iface->bn_bwd_sums) return no_sync_bn(dev, "bn_bwd_sums");
     GP_TRY(gp_bn_desc_check(dev, d));
-    return dev->iface->bn_bwd_sums(dev, d, x, mean, dy, sums);
+    return dev->iface->bn_bwd_sums(dev, d, x, gamma, beta, mean, var, dy, sums);
 }
 
 gp_status gp_dev_bn_bwd_apply(gp_device *dev, const gp_bn_desc *d, const float *x,
-                              const float *gamma, const float *mean, const float *var,
-                              const float *dy, const float *sums, double count, float *dx,
-                              const float *local, float *dgamma, float *dbeta)
+                              const float *gamma, const float *beta, const float *mean,
+                              const float *var, const float *dy, const float *sums,
+                              double count, float *dx, const float *local, float *dgamma,
+                              float *dbeta)
 {
     if (!dev->iface->bn_bwd_apply) return no_sync_bn(dev, "bn_bwd_apply");
     GP_TRY(gp_bn_desc_check(dev, d));
     if (!(count >= 1.0))
         return gp_error_set(GP_ERR_INVALID, "device %s: batch-norm backward over %g values",
                             dev->name, count);
-    return dev->iface->bn_bwd_apply(dev, d, x, gamma, mean, var, dy, sums, count, dx, local,
-                                    dgamma, dbeta);
+    return dev->iface->bn_bwd_apply(dev, d, x, gamma, beta, mean, var, dy, sums, count, dx,
+                                    local, dgamma, dbeta);
 }
 
 /* ---- the U-Net slots ------------------------------------------------------ */

@@ -102,6 +102,22 @@ GP_EW_FN void gp_ew_bn_coeffs(float mean, float var, float eps, float gamma,
 
 GP_EW_FN float gp_ew_bn_apply(float x, float scale, float shift) { return x * scale + shift; }
 
+/* Batch norm followed by a relu (gp_bn_desc.relu), backward: dy where the
+ * forward's x scale + shift (before the relu) was positive, else 0: what
+ * gp_ew_relu_bwd gives on the relu's output (NaN and -0 included). */
+GP_EW_FN float gp_ew_bn_relu_dy(float dy, float x, float scale, float shift)
+{
+    /* dy's bits kept or cleared (+0.0f), without a branch: compilers
+     * vectorise this inside a double accumulation, not the ?: form */
+    union {
+        float f;
+        uint32_t u;
+    } v;
+    v.f = dy;
+    v.u &= 0u - (uint32_t)(gp_ew_bn_apply(x, scale, shift) > 0.0f);
+    return v.f;
+}
+
 /* Chan's parallel merge of one channel's micro-batch statistics (nb
  * values, mean, biased var) into a step's accumulator of na values
  * (mean_acc, m2_acc: the sum of squared deviations), in double

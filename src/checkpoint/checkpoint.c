@@ -329,7 +329,16 @@ gp_status gp_ckpt_backward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_stash *s,
         gp_tensor d = {0};
         if (c >= ft) {
             st = add_stash_grad(&layers[c], s, c, &g);
-            if (st == GP_OK) st = layer_backward(layers, ctx, s, c, false, &g, c > ft, &d);
+            if (st == GP_OK && s->fused[c] && c > ft) {
+                /* a relu whose batch norm does its work: the norm's
+                 * backward masks this very gradient (gp_bn_desc.relu), so
+                 * it passes down untouched, no pass and no copy */
+                d = g;
+                g = (gp_tensor){0};
+                layers[c].relu_bwd_skipped++;
+            } else if (st == GP_OK) {
+                st = layer_backward(layers, ctx, s, c, false, &g, c > ft, &d);
+            }
         }
         gp_tensor_free(&g);
         gp_tensor_free(&s->acts[c + 1]);

@@ -366,13 +366,16 @@ static gp_status bn_backward_sync(gp_layer *l, const gp_fwd_ctx *ctx, const gp_t
     GP_TRY(gp_tensor_alloc(&sums, dev, &ss, GP_MEM_WORKSPACE));
     float *local = sums.data, *global = sums.data + 2 * C;
     gp_status e = GP_OK;
-    if (d.n > 0) e = gp_dev_bn_bwd_sums(dev, &d, x->data, s->t[0].data, dy->data, local);
+    const float *gamma = l->params[P_WEIGHT].value.data, *beta = l->params[P_BIAS].value.data;
+    if (d.n > 0)
+        e = gp_dev_bn_bwd_sums(dev, &d, x->data, gamma, beta, s->t[0].data, s->t[1].data,
+                               dy->data, local);
     else e = gp_dev_fill(dev, local, 0.0f, 2 * C);
     if (e == GP_OK) e = gp_dev_copy_d2d(dev, global, local, (size_t)(2 * C) * sizeof(float));
     if (e == GP_OK) e = gp_dev_allreduce(dev, ctx->comm, global, 2 * C);
     if (e == GP_OK && d.n > 0)
-        e = gp_dev_bn_bwd_apply(dev, &d, x->data, l->params[P_WEIGHT].value.data, s->t[0].data,
-                                s->t[1].data, dy->data, global, count, dx, local,
+        e = gp_dev_bn_bwd_apply(dev, &d, x->data, gamma, beta, s->t[0].data, s->t[1].data,
+                                dy->data, global, count, dx, local,
                                 l->params[P_WEIGHT].grad.data, l->params[P_BIAS].grad.data);
     gp_tensor_free(&sums);
     return e;
@@ -416,7 +419,7 @@ static gp_status bn_backward_all(gp_layer *l, const gp_tensor *x, const gp_tenso
     GP_ASSERT(s->t[0].data && s->t[1].data);
     gp_bn_desc d = bn_desc(l, x->dims[0]);
     return gp_dev_bn_bwd(l->dev, &d, x->data, l->params[P_WEIGHT].value.data,
-                         s->t[0].data, s->t[1].data, dy->data, dx,
+                         l->params[P_BIAS].value.data, s->t[0].data, s->t[1].data, dy->data, dx,
                          l->params[P_WEIGHT].grad.data, l->params[P_BIAS].grad.data);
 }
 

@@ -316,14 +316,19 @@ struct gp_layer {
                                block (backend.h); set by gp_layers_blocked,
                                0 from gp_layer_create */
     /* batch norm followed by relu (gp_layers_relu_fused): the norm's
-     * forward applies the relu (relu_after, on the norm), and the relu's
-     * forward, in place on the norm's output, then has nothing left to do
-     * (relu_done, on the relu: it checks that its output is its input).
-     * Values stay bit for bit the unfused ones (relu is idempotent), and
-     * both backwards are unchanged (the norm's reads its input, the relu's
-     * its output).  relu_skipped counts the relu's skipped forwards. */
+     * forward applies the relu and its backward masks the gradient where
+     * the normalised value was not positive (relu_after, on the norm:
+     * gp_bn_desc.relu), and the relu, in place on the norm's output, then
+     * has nothing left to do either way (relu_done, on the relu: its
+     * forward checks that its output is its input; the stage's backward
+     * loop, gp_ckpt_backward, hands its gradient past it to the norm;
+     * the split backward of zero-bubble schedules still runs it, which the
+     * norm's mask then repeats to no effect).  Values stay bit for bit the
+     * unfused ones (relu is idempotent; the mask is relu_bwd's rule on the
+     * same value).  relu_skipped and relu_bwd_skipped count the relu's
+     * skipped forwards and backwards. */
     bool relu_after, relu_done;
-    uint64_t relu_skipped;
+    uint64_t relu_skipped, relu_bwd_skipped;
 };
 
 /* Make a layer of spec->type with `index`, infer shapes from `in` (batch

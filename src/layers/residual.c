@@ -265,7 +265,8 @@ static gp_status res_backward_all(gp_layer *l, const gp_fwd_ctx *ctx, const gp_t
     /* main path, from the top */
     RES_TRY(child_bwd(st, C_BN2, ctx, &s->t[S_A2], NULL, &g, &t1, s, S_BN2));     /* t1 = d a2 */
     RES_TRY(child_bwd(st, C_CONV2, ctx, &s->t[S_R1], NULL, &t1, &t2, s, -1));      /* t2 = d r1 */
-    RES_TRY(child_bwd(st, C_RELU, ctx, &s->t[S_R1], &s->t[S_R1], &t2, &t2, s, -1)); /* d b1 */
+    if (!st->child[C_BN1].relu_after) /* else bn1's backward masks with it */
+        RES_TRY(child_bwd(st, C_RELU, ctx, &s->t[S_R1], &s->t[S_R1], &t2, &t2, s, -1)); /* d b1 */
     RES_TRY(child_bwd(st, C_BN1, ctx, &s->t[S_A1], NULL, &t2, &t1, s, S_BN1));     /* t1 = d a1 */
     RES_TRY(child_bwd(st, C_CONV1, ctx, x, NULL, &t1, dx, s, -1));                /* dx = ... */
     /* shortcut */

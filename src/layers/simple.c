@@ -2,7 +2,11 @@
  * simple.c — layers without parameters that act element by element or only
  * on the shape: relu, flatten, dropout.
  *
- * relu: backward uses y (relu's output), so nothing is saved.
+ * relu: backward uses y (relu's output), so nothing is saved.  After a
+ *   batch norm that does its work (gp_layers_relu_fused), in place, the
+ *   forward does nothing (the norm's applies the relu), and the stage's
+ *   backward loop hands the gradient past it (the norm's backward masks
+ *   it: gp_bn_desc.relu; checkpoint.c).
  * flatten: (N, C, H, W) -> (N, C*H*W).  The data is already in that order,
  *   so inside a stage it runs in place (gp_layers_inplace: the stage's
  *   loops hand the input's memory on to the output); called on its own, or

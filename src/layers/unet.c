@@ -191,7 +191,7 @@ static gp_status instance_norm_backward_data(gp_layer *l, const gp_fwd_ctx *ctx,
     int64_t n = x->dims[0];
     if (n == 0) return GP_OK;
     gp_bn_desc d = instance_desc(l, n);
-    return gp_dev_bn_bwd(l->dev, &d, x->data, NULL, s->t[0].data, s->t[1].data, dy->data,
+    return gp_dev_bn_bwd(l->dev, &d, x->data, NULL, NULL, s->t[0].data, s->t[1].data, dy->data,
                          dx->data, NULL, NULL);
 }
 

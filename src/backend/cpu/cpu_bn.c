@@ -70,9 +70,18 @@ static inline int64_t chan_base(const gp_bn_desc *d, int64_t c)
 
 /* `cnt` consecutive pixels of one plain channel into lanes 0 .. cnt - 1. */
 static inline __attribute__((always_inline)) void
-lanes_add(double *a1, double *a2, const float *p, const float *q, double k, int cnt)
+lanes_add(double *a1, double *a2, const float *p, const float *q, double k, int cnt,
+          const float *msk)
 {
-    if (q) {
+    if (q && msk) { /* dy masked by the relu after the norm: msk = scale, shift */
+        const float sc = msk[0], sh = msk[1];
+#pragma omp simd
+        for (int l = 0; l < cnt; l++) {
+            double gv = (double)gp_ew_bn_relu_dy(q[l], p[l], sc, sh);
+            a1[l] += gv;
+            a2[l] += gv * ((double)p[l] - k);
+        }
+    } else if (q) {
 #pragma omp simd
         for (int l = 0; l < cnt; l++) {
             double gv = (double)q[l];
@@ -92,15 +101,15 @@ lanes_add(double *a1, double *a2, const float *p, const float *q, double k, int 
 /* One channel of a plain layout: x at cs between samples, S contiguous. */
 static inline __attribute__((always_inline)) void
 sums_plain(const float *x, const float *g, int64_t n, int64_t cs, int64_t s, double k,
-           double *s1, double *s2)
+           const float *msk, double *s1, double *s2)
 {
     double a1[BN_LANES] = {0}, a2[BN_LANES] = {0};
     const int64_t sv = s - s % BN_LANES;
     for (int64_t i = 0; i < n; i++) {
         const float *p = x + i * cs, *q = g ? g + i * cs : NULL;
         for (int64_t j = 0; j < sv; j += BN_LANES)
-            lanes_add(a1, a2, p + j, q ? q + j : NULL, k, BN_LANES);
-        lanes_add(a1, a2, p + sv, q ? q + sv : NULL, k, (int)(s - sv)); /* the tail */
+            lanes_add(a1, a2, p + j, q ? q + j : NULL, k, BN_LANES, msk);
+        lanes_add(a1, a2, p + sv, q ? q + sv : NULL, k, (int)(s - sv), msk); /* the tail */
     }
     *s1 = lanes_total(a1);
     *s2 = lanes_total(a2);
@@ -110,15 +119,25 @@ sums_plain(const float *x, const float *g, int64_t n, int64_t cs, int64_t s, dou
  * samples cs apart; k[b] per channel. */
 static inline __attribute__((always_inline)) void
 sums_block(const float *x, const float *g, int64_t n, int64_t cs, int64_t s, const int64_t B,
-           const double *k, double *s1, double *s2)
+           const double *k, const float *msc, const float *msh, double *s1, double *s2)
 {
     double a1[BN_LANES][BN_MAX_BLOCK] = {{0}}, a2[BN_LANES][BN_MAX_BLOCK] = {{0}};
+    float ms[BN_MAX_BLOCK], mh[BN_MAX_BLOCK]; /* in registers, as apply_block's */
+    for (int64_t b = 0; b < B; b++) ms[b] = msc ? msc[b] : 0.0f, mh[b] = msh ? msh[b] : 0.0f;
     for (int64_t i = 0; i < n; i++) {
         const float *p = x + i * cs, *q = g ? g + i * cs : NULL;
         for (int64_t j = 0, l = 0; j < s; j++, l = l + 1 == BN_LANES ? 0 : l + 1) {
             const float *pj = p + j * B;
             double *u = a1[l], *v = a2[l];
-            if (q) {
+            if (q && msc) { /* dy masked by the relu after the norm */
+                const float *qj = q + j * B;
+#pragma omp simd
+                for (int64_t b = 0; b < B; b++) {
+                    double gv = (double)gp_ew_bn_relu_dy(qj[b], pj[b], ms[b], mh[b]);
+                    u[b] += gv;
+                    v[b] += gv * ((double)pj[b] - k[b]);
+                }
+            } else if (q) {
                 const float *qj = q + j * B;
 #pragma omp simd
                 for (int64_t b = 0; b < B; b++) {
@@ -146,27 +165,35 @@ sums_block(const float *x, const float *g, int64_t n, int64_t cs, int64_t s, con
 
 /* The sums of channels [c0, c0 + cnt) (cnt = 1 on a plain layout, the
  * block on a blocked one): x alone (g NULL; k[] the shifts, set here to
- * each channel's first value) or dy with x centred on k[] = the means. */
+ * each channel's first value) or dy with x centred on k[] = the means;
+ * with msc / msh (the forward's scale and shift per channel of the unit)
+ * dy masked by the relu after the norm. */
 GP_CPU_LOOPS
 static void chan_sums(const gp_bn_desc *d, const float *x, const float *g, int64_t c0,
-                      double *k, bool set_k, double *s1, double *s2)
+                      double *k, bool set_k, const float *msc, const float *msh, double *s1,
+                      double *s2)
 {
     const int64_t cs = d->c * d->s, o = chan_base(d, c0);
     const int64_t B = d->blk ? d->blk : 1;
     if (set_k)
         for (int64_t b = 0; b < B; b++) k[b] = (double)x[o + b];
-    if (!d->blk) sums_plain(x + o, g ? g + o : NULL, d->n, cs, d->s, k[0], s1, s2);
-    else if (B == 16) sums_block(x + o, g ? g + o : NULL, d->n, cs, d->s, 16, k, s1, s2);
-    else sums_block(x + o, g ? g + o : NULL, d->n, cs, d->s, 8, k, s1, s2);
+    const float msk[2] = {msc ? msc[0] : 0.0f, msh ? msh[0] : 0.0f};
+    if (!d->blk)
+        sums_plain(x + o, g ? g + o : NULL, d->n, cs, d->s, k[0], msc ? msk : NULL, s1, s2);
+    else if (B == 16)
+        sums_block(x + o, g ? g + o : NULL, d->n, cs, d->s, 16, k, msc, msh, s1, s2);
+    else sums_block(x + o, g ? g + o : NULL, d->n, cs, d->s, 8, k, msc, msh, s1, s2);
 }
 
-/* The backward's sums of channels [c0, c0 + unit): dy, and dy (x - mean). */
+/* The backward's sums of channels [c0, c0 + unit): dy, and dy (x - mean);
+ * dy masked where msc is given (chan_sums). */
 static void chan_grad_sums(const gp_bn_desc *d, const float *x, const float *dy,
-                           const float *mean, int64_t c0, double *sdy, double *sdyx)
+                           const float *mean, int64_t c0, const float *msc, const float *msh,
+                           double *sdy, double *sdyx)
 {
     double k[BN_MAX_BLOCK];
     for (int64_t b = 0; b < (d->blk ? d->blk : 1); b++) k[b] = (double)mean[c0 + b];
-    chan_sums(d, x, dy, c0, k, false, sdy, sdyx);
+    chan_sums(d, x, dy, c0, k, false, msc, msh, sdy, sdyx);
 }
 
 /* Mean and biased variance of channels [c0, c0 + B) from one pass. */
@@ -174,7 +201,7 @@ static void chan_stats(const gp_bn_desc *d, const float *x, int64_t c0, float *m
 {
     double k[BN_MAX_BLOCK], s1[BN_MAX_BLOCK], s2[BN_MAX_BLOCK];
     const double cnt = (double)(d->n * d->s);
-    chan_sums(d, x, NULL, c0, k, true, s1, s2);
+    chan_sums(d, x, NULL, c0, k, true, NULL, NULL, s1, s2);
     for (int64_t b = 0; b < (d->blk ? d->blk : 1); b++) {
         double off = s1[b] / cnt, v = s2[b] / cnt - off * off;
         mean[c0 + b] = (float)(k[b] + off);
@@ -189,17 +216,27 @@ static void chan_stats(const gp_bn_desc *d, const float *x, int64_t c0, float *m
 static inline __attribute__((always_inline)) void
 apply_block(const float *x, const float *g, float *y, int64_t n, int64_t cs, int64_t s,
             const int64_t B, const float *ca, const float *cb, const float *cc, const float *cm,
-            bool relu)
+            bool relu, const float *msc, const float *msh)
 {
     float a[BN_MAX_BLOCK], b2[BN_MAX_BLOCK], c[BN_MAX_BLOCK], m[BN_MAX_BLOCK];
+    float ms[BN_MAX_BLOCK], mh[BN_MAX_BLOCK];
     for (int64_t b = 0; b < B; b++) {
         a[b] = ca[b], b2[b] = cb[b];
         c[b] = cc ? cc[b] : 0.0f, m[b] = cm ? cm[b] : 0.0f;
+        ms[b] = msc ? msc[b] : 0.0f, mh[b] = msh ? msh[b] : 0.0f;
     }
     for (int64_t i = 0; i < n; i++) {
         const float *p = x + i * cs, *q = g ? g + i * cs : NULL;
         float *r = y + i * cs;
-        if (q) {
+        if (q && msc) {
+            for (int64_t j = 0; j < s; j++) {
+#pragma omp simd
+                for (int64_t b = 0; b < B; b++) {
+                    float gv = gp_ew_bn_relu_dy(q[j * B + b], p[j * B + b], ms[b], mh[b]);
+                    r[j * B + b] = gp_ew_bn_bwd_apply(gv, p[j * B + b], m[b], a[b], b2[b], c[b]);
+                }
+            }
+        } else if (q) {
             for (int64_t j = 0; j < s; j++) {
 #pragma omp simd
                 for (int64_t b = 0; b < B; b++)
@@ -222,28 +259,35 @@ apply_block(const float *x, const float *g, float *y, int64_t n, int64_t cs, int
 }
 
 /* y = x scale + shift (fwd; then relu where d->relu) or dx = a dy + b (x -
- * m) + c (bwd: g = dy), with per-channel coefficients, over channels [c0,
- * c0 + unit). */
+ * m) + c (bwd: g = dy; masked by the relu after the norm where msc, msh,
+ * the forward's scale and shift, are given), with per-channel
+ * coefficients, over channels [c0, c0 + unit). */
 GP_CPU_LOOPS
 static void chan_apply(const gp_bn_desc *d, const float *x, const float *g, float *y,
                        int64_t c0, const float *ca, const float *cb, const float *cc,
-                       const float *cm)
+                       const float *cm, const float *msc, const float *msh)
 {
     const int64_t cs = d->c * d->s, o = chan_base(d, c0), S = d->s, N = d->n;
     const bool relu = !g && d->relu;
     if (d->blk == 16) {
-        apply_block(x + o, g ? g + o : NULL, y + o, N, cs, S, 16, ca, cb, cc, cm, relu);
+        apply_block(x + o, g ? g + o : NULL, y + o, N, cs, S, 16, ca, cb, cc, cm, relu, msc,
+                    msh);
         return;
     }
     if (d->blk) {
-        apply_block(x + o, g ? g + o : NULL, y + o, N, cs, S, 8, ca, cb, cc, cm, relu);
+        apply_block(x + o, g ? g + o : NULL, y + o, N, cs, S, 8, ca, cb, cc, cm, relu, msc, msh);
         return;
     }
     const float a = ca[0], b = cb[0], c = cc ? cc[0] : 0.0f, m = cm ? cm[0] : 0.0f;
+    const float ms = msc ? msc[0] : 0.0f, mh = msh ? msh[0] : 0.0f;
     for (int64_t i = 0; i < N; i++) {
         const float *p = x + o + i * cs, *q = g ? g + o + i * cs : NULL;
         float *r = y + o + i * cs;
-        if (q) {
+        if (q && msc) {
+#pragma omp simd
+            for (int64_t j = 0; j < S; j++)
+                r[j] = gp_ew_bn_bwd_apply(gp_ew_bn_relu_dy(q[j], p[j], ms, mh), p[j], m, a, b, c);
+        } else if (q) {
 #pragma omp simd
             for (int64_t j = 0; j < S; j++) r[j] = gp_ew_bn_bwd_apply(q[j], p[j], m, a, b, c);
         } else if (relu) {
@@ -292,7 +336,7 @@ gp_status gp_cpu_bn_fwd_train(gp_device *dev, const gp_bn_desc *d, const float *
         float sc[BN_MAX_BLOCK], sh[BN_MAX_BLOCK];
         chan_stats(d, x, c0, mean, var);
         fwd_coeffs(d, c0, mean, var, gamma, beta, sc, sh);
-        chan_apply(d, x, NULL, y, c0, sc, sh, NULL, NULL);
+        chan_apply(d, x, NULL, y, c0, sc, sh, NULL, NULL, NULL, NULL);
     });
     return GP_OK;
 }
@@ -305,21 +349,25 @@ gp_status gp_cpu_bn_fwd_infer(gp_device *dev, const gp_bn_desc *d, const float *
     BN_FOR_UNITS(dev, d, c0, {
         float sc[BN_MAX_BLOCK], sh[BN_MAX_BLOCK];
         fwd_coeffs(d, c0, mean, var, gamma, beta, sc, sh);
-        chan_apply(d, x, NULL, y, c0, sc, sh, NULL, NULL);
+        chan_apply(d, x, NULL, y, c0, sc, sh, NULL, NULL, NULL, NULL);
     });
     return GP_OK;
 }
 
 gp_status gp_cpu_bn_bwd(gp_device *dev, const gp_bn_desc *d, const float *x,
-                        const float *gamma, const float *mean, const float *var,
-                        const float *dy, float *dx, float *dgamma, float *dbeta)
+                        const float *gamma, const float *beta, const float *mean,
+                        const float *var, const float *dy, float *dx, float *dgamma,
+                        float *dbeta)
 {
     GP_TRY(gp_bn_desc_check(dev, d));
     const double cnt = (double)(d->n * d->s);
     BN_FOR_UNITS(dev, d, c0, {
         double sdy[BN_MAX_BLOCK], sdyx[BN_MAX_BLOCK];
         float ka[BN_MAX_BLOCK], kb[BN_MAX_BLOCK], kc[BN_MAX_BLOCK];
-        chan_grad_sums(d, x, dy, mean, c0, sdy, sdyx);
+        float sc[BN_MAX_BLOCK], sh[BN_MAX_BLOCK]; /* d->relu: the forward's */
+        if (d->relu) fwd_coeffs(d, c0, mean, var, gamma, beta, sc, sh);
+        const float *msc = d->relu ? sc : NULL, *msh = d->relu ? sh : NULL;
+        chan_grad_sums(d, x, dy, mean, c0, msc, msh, sdy, sdyx);
         for (int64_t b = 0; b < unit_; b++) {
             int64_t c = c0 + b;
             double dg, db;
@@ -328,7 +376,7 @@ gp_status gp_cpu_bn_bwd(gp_device *dev, const gp_bn_desc *d, const float *x,
             if (dgamma) dgamma[c] += (float)dg;
             if (dbeta) dbeta[c] += (float)db;
         }
-        chan_apply(d, x, dy, dx, c0, ka, kb, kc, mean + c0);
+        chan_apply(d, x, dy, dx, c0, ka, kb, kc, mean + c0, msc, msh);
     });
     return GP_OK;
 }
@@ -362,13 +410,16 @@ gp_status gp_cpu_bn_stats(gp_device *dev, const gp_bn_desc *d, const float *x, f
 }
 
 gp_status gp_cpu_bn_bwd_sums(gp_device *dev, const gp_bn_desc *d, const float *x,
-                             const float *mean, const float *dy, float *sums)
+                             const float *gamma, const float *beta, const float *mean,
+                             const float *var, const float *dy, float *sums)
 {
     GP_TRY(gp_bn_desc_check(dev, d));
     const int64_t C = d->c;
     BN_FOR_UNITS(dev, d, c0, {
         double sdy[BN_MAX_BLOCK], sdyx[BN_MAX_BLOCK];
-        chan_grad_sums(d, x, dy, mean, c0, sdy, sdyx);
+        float sc[BN_MAX_BLOCK], sh[BN_MAX_BLOCK]; /* d->relu: the forward's */
+        if (d->relu) fwd_coeffs(d, c0, mean, var, gamma, beta, sc, sh);
+        chan_grad_sums(d, x, dy, mean, c0, d->relu ? sc : NULL, d->relu ? sh : NULL, sdy, sdyx);
         for (int64_t b = 0; b < unit_; b++) {
             sums[c0 + b] = (float)sdy[b];
             sums[C + c0 + b] = (float)sdyx[b];
@@ -378,14 +429,17 @@ gp_status gp_cpu_bn_bwd_sums(gp_device *dev, const gp_bn_desc *d, const float *x
 }
 
 gp_status gp_cpu_bn_bwd_apply(gp_device *dev, const gp_bn_desc *d, const float *x,
-                              const float *gamma, const float *mean, const float *var,
-                              const float *dy, const float *sums, double count, float *dx,
-                              const float *local, float *dgamma, float *dbeta)
+                              const float *gamma, const float *beta, const float *mean,
+                              const float *var, const float *dy, const float *sums,
+                              double count, float *dx, const float *local, float *dgamma,
+                              float *dbeta)
 {
     GP_TRY(gp_bn_desc_check(dev, d)); /* count: checked by gp_dev_bn_bwd_apply */
     const int64_t C = d->c;
     BN_FOR_UNITS(dev, d, c0, {
         float ka[BN_MAX_BLOCK], kb[BN_MAX_BLOCK], kc[BN_MAX_BLOCK];
+        float sc[BN_MAX_BLOCK], sh[BN_MAX_BLOCK]; /* d->relu: the forward's */
+        if (d->relu) fwd_coeffs(d, c0, mean, var, gamma, beta, sc, sh);
         for (int64_t b = 0; b < unit_; b++) {
             int64_t c = c0 + b;
             const float g = gamma ? gamma[c] : 1.0f;
@@ -401,7 +455,9 @@ gp_status gp_cpu_bn_bwd_apply(gp_device *dev, const gp_bn_desc *d, const float *
                 if (dbeta) dbeta[c] += (float)db;
             }
         }
-        if (dx) chan_apply(d, x, dy, dx, c0, ka, kb, kc, mean + c0);
+        if (dx)
+            chan_apply(d, x, dy, dx, c0, ka, kb, kc, mean + c0, d->relu ? sc : NULL,
+                       d->relu ? sh : NULL);
     });
     return GP_OK;
 }

@@ -285,8 +285,9 @@ gp_status gp_cpu_bn_fwd_infer(gp_device *dev, const gp_bn_desc *d, const float *
                               const float *gamma, const float *beta,
                               const float *mean, const float *var, float *y);
 gp_status gp_cpu_bn_bwd(gp_device *dev, const gp_bn_desc *d, const float *x,
-                        const float *gamma, const float *mean, const float *var,
-                        const float *dy, float *dx, float *dgamma, float *dbeta);
+                        const float *gamma, const float *beta, const float *mean,
+                        const float *var, const float *dy, float *dx, float *dgamma,
+                        float *dbeta);
 gp_status gp_cpu_log_softmax(gp_device *dev, const float *x, float *y,
                              int64_t rows, int64_t cols);
 
@@ -362,10 +363,12 @@ gp_status gp_cpu_bn_commit(gp_device *dev, int64_t c, float *rmean, float *rvar,
 gp_status gp_cpu_bn_stats(gp_device *dev, const gp_bn_desc *d, const float *x, float *mean,
                           float *var);
 gp_status gp_cpu_bn_bwd_sums(gp_device *dev, const gp_bn_desc *d, const float *x,
-                             const float *mean, const float *dy, float *sums);
+                             const float *gamma, const float *beta, const float *mean,
+                             const float *var, const float *dy, float *sums);
 gp_status gp_cpu_bn_bwd_apply(gp_device *dev, const gp_bn_desc *d, const float *x,
-                              const float *gamma, const float *mean, const float *var,
-                              const float *dy, const float *sums, double count, float *dx,
-                              const float *local, float *dgamma, float *dbeta);
+                              const float *gamma, const float *beta, const float *mean,
+                              const float *var, const float *dy, const float *sums,
+                              double count, float *dx, const float *local, float *dgamma,
+                              float *dbeta);
 
 #endif /* GP_CPU_IMPL_H */

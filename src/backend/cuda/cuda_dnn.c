@@ -612,15 +612,35 @@ static gp_status bn_check(gp_device *dev, const gp_bn_desc *d)
     return fits(dev, "batch norm input", d->n, d->c, d->s, 1);
 }
 
-/* cuDNN's descriptors and workspace (d checked by bn_check). */
-static gp_status bn_setup(gp_device *dev, const gp_bn_desc *d, float **vecs)
+/* cuDNN's descriptors and workspace (d checked by bn_check): *vecs 5 c
+ * floats (bn_params' ones and zeros, the inverse deviations, two sinks);
+ * with extra, *more: `extra` floats after them, 256-byte aligned. */
+static gp_status bn_setup(gp_device *dev, const gp_bn_desc *d, float **vecs, size_t extra,
+                          float **more)
 {
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     GP_TRY(set4d(ctx->td[0], d->n, d->c, d->s, 1));
     GP_CUDNN(cudnnDeriveBNTensorDescriptor(ctx->td[2], ctx->td[0], CUDNN_BATCHNORM_SPATIAL));
     void *ws;
-    GP_TRY(gp_cuda_ws_reserve(dev, 5 * (size_t)d->c * sizeof(float), &ws));
+    size_t head = (5 * (size_t)d->c * sizeof(float) + 255) & ~(size_t)255;
+    GP_TRY(gp_cuda_ws_reserve(dev, head + extra * sizeof(float), &ws));
     *vecs = ws;
+    if (more) *more = (float *)((char *)ws + head);
+    return GP_OK;
+}
+
+/* gp_bn_desc.relu on the paths that are not gpipe's plane kernels: room
+ * for the forward's scale and shift (2 c floats) and, backward, the
+ * masked dy (n c s floats), in the workspace. */
+static gp_status bn_relu_room(gp_device *dev, const gp_bn_desc *d, bool with_dy, float **vec,
+                              float **dym)
+{
+    size_t vb = (2 * (size_t)d->c * sizeof(float) + 255) & ~(size_t)255;
+    size_t yb = with_dy ? (size_t)(d->n * d->c * d->s) * sizeof(float) : 0;
+    void *ws;
+    GP_TRY(gp_cuda_ws_reserve(dev, vb + yb, &ws));
+    *vec = ws;
+    if (dym) *dym = (float *)((char *)ws + vb);
     return GP_OK;
 }
 
@@ -677,7 +697,8 @@ gp_status gp_cuda_bn_fwd_train(gp_device *dev, const gp_bn_desc *d, const float 
         gp_cuda_nvtx_pop();
         return GP_OK;
     }
-    GP_TRY(bn_setup(dev, d, &vecs));
+    float *vec2 = NULL;
+    GP_TRY(bn_setup(dev, d, &vecs, d->relu ? 2 * (size_t)d->c : 0, &vec2));
     GP_TRY(bn_params(ctx, d, vecs, &gamma, &beta));
     size_t cb = (size_t)d->c * sizeof(float);
     GP_CUDA(cudaMemsetAsync(mean, 0, cb, ctx->compute));
@@ -688,8 +709,12 @@ gp_status gp_cuda_bn_fwd_train(gp_device *dev, const gp_bn_desc *d, const float 
         ctx->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, ctx->td[0], x, ctx->td[0], y, ctx->td[2],
         gamma, beta, 1.0, mean, var, (double)d->eps, NULL, NULL));
     GP_CUDA(gp_cuk_bn_biased_var(ctx->compute, var, d->c, (double)(d->n * d->s)));
-    /* cuDNN's kernels have no ReLU to fuse here: a pass of its own */
-    if (d->relu) GP_CUDA(gp_cuk_relu_fwd(ctx->compute, y, y, d->n * d->c * d->s));
+    /* cuDNN's kernels have no ReLU to fuse here: a pass of its own, which
+     * writes y again with the plane kernels' expression, so the backward
+     * (the relu's folded into the norm's) sees the same signs */
+    if (d->relu)
+        GP_CUDA(gp_cuk_bn_apply(ctx->compute, x, mean, var, gamma, beta, d->eps, d->n, d->c,
+                                d->s, 1, y, vec2));
     gp_cuda_nvtx_pop();
     return GP_OK;
 }
@@ -702,18 +727,25 @@ gp_status gp_cuda_bn_fwd_infer(gp_device *dev, const gp_bn_desc *d, const float 
     float *vecs = NULL;
     GP_TRY(gp_cuda_enter(dev));
     GP_TRY(bn_check(dev, d));
-    GP_TRY(bn_setup(dev, d, &vecs));
+    if (d->relu) { /* one pass, the expression the backward masks with */
+        float *vec;
+        GP_TRY(bn_relu_room(dev, d, false, &vec, NULL));
+        GP_CUDA(gp_cuk_bn_apply(ctx->compute, x, mean, var, gamma, beta, d->eps, d->n, d->c,
+                                d->s, 1, y, vec));
+        return GP_OK;
+    }
+    GP_TRY(bn_setup(dev, d, &vecs, 0, NULL));
     GP_TRY(bn_params(ctx, d, vecs, &gamma, &beta));
     GP_CUDNN(cudnnBatchNormalizationForwardInference(
         ctx->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, ctx->td[0], x, ctx->td[0], y, ctx->td[2],
         gamma, beta, mean, var, (double)d->eps));
-    if (d->relu) GP_CUDA(gp_cuk_relu_fwd(ctx->compute, y, y, d->n * d->c * d->s));
     return GP_OK;
 }
 
 gp_status gp_cuda_bn_bwd(gp_device *dev, const gp_bn_desc *d, const float *x,
-                         const float *gamma, const float *mean, const float *var,
-                         const float *dy, float *dx, float *dgamma, float *dbeta)
+                         const float *gamma, const float *beta, const float *mean,
+                         const float *var, const float *dy, float *dx, float *dgamma,
+                         float *dbeta)
 {
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     float *vecs = NULL;
@@ -726,12 +758,21 @@ gp_status gp_cuda_bn_bwd(gp_device *dev, const gp_bn_desc *d, const float *x,
     if (bn_planes(dev, d, &part, &vec, &st)) {
         GP_TRY(st);
         gp_cuda_nvtx_push("bn_bwd");
-        GP_CUDA(gp_cuk_bnp_bwd(ctx->compute, x, mean, var, gamma, dy, d->n, d->c, d->s, d->eps,
-                               NULL, dx, dgamma, dbeta, part, vec));
+        GP_CUDA(gp_cuk_bnp_bwd(ctx->compute, x, mean, var, gamma, beta, d->relu, dy, d->n, d->c,
+                               d->s, d->eps, NULL, dx, dgamma, dbeta, part, vec));
         gp_cuda_nvtx_pop();
         return GP_OK;
     }
-    GP_TRY(bn_setup(dev, d, &vecs));
+    /* relu: dy masked first, a pass of its own (cuDNN's backward has no
+     * mask to take) */
+    float *more = NULL;
+    size_t nv = (size_t)(d->n * d->c * d->s), vb = (2 * (size_t)d->c + 63) & ~(size_t)63;
+    GP_TRY(bn_setup(dev, d, &vecs, d->relu ? vb + nv : 0, &more));
+    if (d->relu) {
+        GP_CUDA(gp_cuk_bn_relu_mask(ctx->compute, x, mean, var, gamma, beta, d->eps, d->n, d->c,
+                                    d->s, dy, more + vb, more));
+        dy = more + vb;
+    }
     GP_TRY(bn_params(ctx, d, vecs, &gamma, &beta_unused));
     float *inv = vecs + 2 * d->c;
     GP_CUDA(gp_cuk_bn_invstd(ctx->compute, var, d->eps, inv, d->c));
@@ -783,7 +824,8 @@ gp_status gp_cuda_bn_stats(gp_device *dev, const gp_bn_desc *d, const float *x, 
 }
 
 gp_status gp_cuda_bn_bwd_sums(gp_device *dev, const gp_bn_desc *d, const float *x,
-                              const float *mean, const float *dy, float *sums)
+                              const float *gamma, const float *beta, const float *mean,
+                              const float *var, const float *dy, float *sums)
 {
     GP_TRY(gp_cuda_enter(dev));
     double *part;
@@ -791,9 +833,16 @@ gp_status gp_cuda_bn_bwd_sums(gp_device *dev, const gp_bn_desc *d, const float *
     gp_status st;
     if (bn_planes(dev, d, &part, &vec, &st)) {
         GP_TRY(st);
-        GP_CUDA(gp_cuk_bnp_bwd(gp_cuda_ctx_of(dev)->compute, x, mean, NULL, NULL, dy, d->n, d->c,
-                               d->s, d->eps, sums, NULL, NULL, NULL, part, NULL));
+        GP_CUDA(gp_cuk_bnp_bwd(gp_cuda_ctx_of(dev)->compute, x, mean, var, gamma, beta, d->relu,
+                               dy, d->n, d->c, d->s, d->eps, sums, NULL, NULL, NULL, part, NULL));
         return GP_OK;
+    }
+    if (d->relu) { /* dy masked first (bn_relu_room) */
+        float *dym;
+        GP_TRY(bn_relu_room(dev, d, true, &vec, &dym));
+        GP_CUDA(gp_cuk_bn_relu_mask(gp_cuda_ctx_of(dev)->compute, x, mean, var, gamma, beta,
+                                    d->eps, d->n, d->c, d->s, dy, dym, vec));
+        dy = dym;
     }
     GP_CUDA(gp_cuk_bn_bwd_sums(gp_cuda_ctx_of(dev)->compute, x, mean, dy, d->n, d->c, d->s,
                                sums));
@@ -801,11 +850,19 @@ gp_status gp_cuda_bn_bwd_sums(gp_device *dev, const gp_bn_desc *d, const float *
 }
 
 gp_status gp_cuda_bn_bwd_apply(gp_device *dev, const gp_bn_desc *d, const float *x,
-                               const float *gamma, const float *mean, const float *var,
-                               const float *dy, const float *sums, double count, float *dx,
-                               const float *local, float *dgamma, float *dbeta)
+                               const float *gamma, const float *beta, const float *mean,
+                               const float *var, const float *dy, const float *sums,
+                               double count, float *dx, const float *local, float *dgamma,
+                               float *dbeta)
 {
     GP_TRY(gp_cuda_enter(dev));
+    if (d->relu && dx) { /* dy masked first (bn_relu_room) */
+        float *vec, *dym;
+        GP_TRY(bn_relu_room(dev, d, true, &vec, &dym));
+        GP_CUDA(gp_cuk_bn_relu_mask(gp_cuda_ctx_of(dev)->compute, x, mean, var, gamma, beta,
+                                    d->eps, d->n, d->c, d->s, dy, dym, vec));
+        dy = dym;
+    }
     GP_CUDA(gp_cuk_bn_bwd_apply(gp_cuda_ctx_of(dev)->compute, x, gamma, mean, var, dy, sums,
                                 count, d->eps, d->n, d->c, d->s, dx, local, dgamma, dbeta));
     return GP_OK;

@@ -272,17 +272,20 @@ gp_status gp_cuda_bn_fwd_infer(gp_device *dev, const gp_bn_desc *d, const float 
                                const float *gamma, const float *beta, const float *mean,
                                const float *var, float *y);
 gp_status gp_cuda_bn_bwd(gp_device *dev, const gp_bn_desc *d, const float *x,
-                         const float *gamma, const float *mean, const float *var,
-                         const float *dy, float *dx, float *dgamma, float *dbeta);
+                         const float *gamma, const float *beta, const float *mean,
+                         const float *var, const float *dy, float *dx, float *dgamma,
+                         float *dbeta);
 /* SyncBN slots (backend.h), on cuda_kernels.cu's per-channel kernels. */
 gp_status gp_cuda_bn_stats(gp_device *dev, const gp_bn_desc *d, const float *x, float *mean,
                            float *var);
 gp_status gp_cuda_bn_bwd_sums(gp_device *dev, const gp_bn_desc *d, const float *x,
-                              const float *mean, const float *dy, float *sums);
+                              const float *gamma, const float *beta, const float *mean,
+                              const float *var, const float *dy, float *sums);
 gp_status gp_cuda_bn_bwd_apply(gp_device *dev, const gp_bn_desc *d, const float *x,
-                               const float *gamma, const float *mean, const float *var,
-                               const float *dy, const float *sums, double count, float *dx,
-                               const float *local, float *dgamma, float *dbeta);
+                               const float *gamma, const float *beta, const float *mean,
+                               const float *var, const float *dy, const float *sums,
+                               double count, float *dx, const float *local, float *dgamma,
+                               float *dbeta);
 gp_status gp_cuda_log_softmax(gp_device *dev, const float *x, float *y, int64_t rows,
                               int64_t cols);
 

@@ -629,6 +629,24 @@ __global__ void k_bnp_stats_final(const double *part, const float *x, int64_t N,
     }
 }
 
+/* The normalised value before a relu, one expression (an explicit FMA)
+ * wherever the forward computes it and the backward asks where it was
+ * positive (gp_bn_desc.relu), so both see the same bits. */
+__device__ __forceinline__ float bn_pre(float x, float m, float sc, float sh)
+{
+    return __fmaf_rn(x - m, sc, sh);
+}
+
+/* The forward's scale (gamma inv) and shift (beta) of channel c, as
+ * k_bnp_stats_final makes them. */
+__device__ __forceinline__ void bn_scale_shift(const float *gamma, const float *beta,
+                                               const float *var, float eps, int64_t c,
+                                               float *sc, float *sh)
+{
+    *sc = (gamma ? gamma[c] : 1.0f) * gp_ew_bn_invstd(var[c], eps);
+    *sh = beta ? beta[c] : 0.0f;
+}
+
 /* y = (x - mean) scale + shift over plane blockIdx.x, then relu where
  * asked (gp_ew_relu, as the relu kernel). */
 __global__ void k_bnp_apply(const float *x, const float *mean, const float *vec, int64_t C,
@@ -639,22 +657,59 @@ __global__ void k_bnp_apply(const float *x, const float *mean, const float *vec,
     const float *q = x + p * S;
     float *o = y + p * S;
     if (relu)
-        for (int64_t i = threadIdx.x; i < S; i += blockDim.x) o[i] = gp_ew_relu((q[i] - m) * sc + sh);
+        for (int64_t i = threadIdx.x; i < S; i += blockDim.x) o[i] = gp_ew_relu(bn_pre(q[i], m, sc, sh));
     else
-        for (int64_t i = threadIdx.x; i < S; i += blockDim.x) o[i] = (q[i] - m) * sc + sh;
+        for (int64_t i = threadIdx.x; i < S; i += blockDim.x) o[i] = bn_pre(q[i], m, sc, sh);
 }
 
-/* part[2 p] = sum dy, part[2 p + 1] = sum dy (x - mean) over plane p. */
+/* vec = the forward's scale (C) and shift (C) per channel. */
+__global__ void k_bn_vec(const float *gamma, const float *beta, const float *var, float eps,
+                         int64_t C, float *vec)
+{
+    GP_CUK_LOOP(c, C) bn_scale_shift(gamma, beta, var, eps, c, &vec[c], &vec[C + c]);
+}
+
+/* y = bn_pre (relu'd where asked) over all n values, any plane size. */
+__global__ void k_bn_apply(const float *x, const float *mean, const float *vec, int64_t C,
+                           int64_t S, int64_t n, int relu, float *y)
+{
+    GP_CUK_LOOP(i, n)
+    {
+        int64_t c = (i / S) % C;
+        float v = bn_pre(x[i], mean[c], vec[c], vec[C + c]);
+        y[i] = relu ? gp_ew_relu(v) : v;
+    }
+}
+
+/* dym = dy where the forward's bn_pre was positive, else 0 (relu_bwd's
+ * rule on the relu's output). */
+__global__ void k_bn_relu_mask(const float *x, const float *mean, const float *vec, int64_t C,
+                               int64_t S, int64_t n, const float *dy, float *dym)
+{
+    GP_CUK_LOOP(i, n)
+    {
+        int64_t c = (i / S) % C;
+        dym[i] = bn_pre(x[i], mean[c], vec[c], vec[C + c]) > 0.0f ? dy[i] : 0.0f;
+    }
+}
+
+/* part[2 p] = sum dy, part[2 p + 1] = sum dy (x - mean) over plane p;
+ * with relu, dy masked where the forward's value was not positive. */
 __global__ void k_bnp_bwd_part(const float *x, const float *mean, const float *dy,
-                               int64_t planes, int64_t C, int64_t S, double *part)
+                               int64_t planes, int64_t C, int64_t S, const float *gamma,
+                               const float *beta, const float *var, float eps, int relu,
+                               double *part)
 {
     int64_t p = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     int lane = (int)(threadIdx.x % 32);
     if (p >= planes) return;
     const float *q = x + p * S, *g = dy + p * S;
-    double m = (double)mean[p % C], a = 0.0, b = 0.0;
+    const float mf = mean[p % C];
+    float sc = 0.0f, sh = 0.0f;
+    if (relu) bn_scale_shift(gamma, beta, var, eps, p % C, &sc, &sh);
+    double m = (double)mf, a = 0.0, b = 0.0;
     for (int64_t i = lane; i < S; i += 32) {
-        double d = (double)g[i];
+        double d = relu && !(bn_pre(q[i], mf, sc, sh) > 0.0f) ? 0.0 : (double)g[i];
         a += d;
         b += d * ((double)q[i] - m);
     }
@@ -692,14 +747,25 @@ __global__ void k_bnp_bwd_final(const double *part, int64_t N, int64_t C, int64_
 }
 
 __global__ void k_bnp_bwd_apply(const float *x, const float *mean, const float *dy,
-                                const float *vec, int64_t C, int64_t S, float *dx)
+                                const float *vec, int64_t C, int64_t S, const float *gamma,
+                                const float *beta, const float *var, float eps, int relu,
+                                float *dx)
 {
     int64_t p = blockIdx.x, c = p % C;
     const float m = mean[c], ka = vec[c], kb = vec[C + c], kc = vec[2 * C + c];
     const float *q = x + p * S, *g = dy + p * S;
     float *o = dx + p * S;
-    for (int64_t i = threadIdx.x; i < S; i += blockDim.x)
-        o[i] = gp_ew_bn_bwd_apply(g[i], q[i], m, ka, kb, kc);
+    if (relu) {
+        float sc, sh;
+        bn_scale_shift(gamma, beta, var, eps, c, &sc, &sh);
+        for (int64_t i = threadIdx.x; i < S; i += blockDim.x) {
+            float gv = bn_pre(q[i], m, sc, sh) > 0.0f ? g[i] : 0.0f;
+            o[i] = gp_ew_bn_bwd_apply(gv, q[i], m, ka, kb, kc);
+        }
+    } else {
+        for (int64_t i = threadIdx.x; i < S; i += blockDim.x)
+            o[i] = gp_ew_bn_bwd_apply(g[i], q[i], m, ka, kb, kc);
+    }
 }
 
 /* Launch shapes: warps for the partials, and a block of S rounded up to
@@ -1007,20 +1073,44 @@ cudaError_t gp_cuk_bnp_fwd(cudaStream_t s, const float *x, int64_t n, int64_t c,
 }
 
 cudaError_t gp_cuk_bnp_bwd(cudaStream_t s, const float *x, const float *mean, const float *var,
-                           const float *gamma, const float *dy, int64_t n, int64_t c, int64_t sp,
-                           float eps, float *sums, float *dx, float *dgamma, float *dbeta,
-                           double *part, float *vec)
+                           const float *gamma, const float *beta, int relu, const float *dy,
+                           int64_t n, int64_t c, int64_t sp, float eps, float *sums, float *dx,
+                           float *dgamma, float *dbeta, double *part, float *vec)
 {
     int64_t planes = n * c;
     if (planes <= 0) return cudaSuccess;
     if (planes > INT_MAX / 32 || c > 65535) return cudaErrorInvalidValue;
     k_bnp_bwd_part<<<warp_blocks(planes), GP_CUK_THREADS, 0, s>>>(x, mean, dy, planes, c, sp,
+                                                                  gamma, beta, var, eps, relu,
                                                                   part);
     k_bnp_bwd_final<<<(unsigned)c, GP_CUK_THREADS, 0, s>>>(part, n, c, sp, var, eps, gamma, sums,
                                                           dx ? vec : NULL, dgamma, dbeta);
     if (dx)
-        k_bnp_bwd_apply<<<(unsigned)planes, plane_threads(sp), 0, s>>>(x, mean, dy, vec, c, sp,
-                                                                       dx);
+        k_bnp_bwd_apply<<<(unsigned)planes, plane_threads(sp), 0, s>>>(
+            x, mean, dy, vec, c, sp, gamma, beta, var, eps, relu, dx);
+    return cudaGetLastError();
+}
+
+cudaError_t gp_cuk_bn_apply(cudaStream_t s, const float *x, const float *mean, const float *var,
+                            const float *gamma, const float *beta, float eps, int64_t n,
+                            int64_t c, int64_t sp, int relu, float *y, float *vec)
+{
+    if (n * c * sp <= 0) return cudaSuccess;
+    k_bn_vec<<<blocks_for(c), GP_CUK_THREADS, 0, s>>>(gamma, beta, var, eps, c, vec);
+    k_bn_apply<<<blocks_for(n * c * sp), GP_CUK_THREADS, 0, s>>>(x, mean, vec, c, sp, n * c * sp,
+                                                                 relu, y);
+    return cudaGetLastError();
+}
+
+cudaError_t gp_cuk_bn_relu_mask(cudaStream_t s, const float *x, const float *mean,
+                                const float *var, const float *gamma, const float *beta,
+                                float eps, int64_t n, int64_t c, int64_t sp, const float *dy,
+                                float *dym, float *vec)
+{
+    if (n * c * sp <= 0) return cudaSuccess;
+    k_bn_vec<<<blocks_for(c), GP_CUK_THREADS, 0, s>>>(gamma, beta, var, eps, c, vec);
+    k_bn_relu_mask<<<blocks_for(n * c * sp), GP_CUK_THREADS, 0, s>>>(x, mean, vec, c, sp,
+                                                                     n * c * sp, dy, dym);
     return cudaGetLastError();
 }
 
