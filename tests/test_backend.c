@@ -590,7 +590,7 @@ static void test_pool(gp_device *dev)
 
 static void test_bn_shape(gp_device *dev, int64_t n, int64_t c, int64_t s)
 {
-    gp_bn_desc d = {n, c, s, 1e-5f, 0, false};
+    gp_bn_desc d = {n, c, s, 1e-5f, 0, false, NULL};
     int64_t nx = n * c * s;
     float *x = drand(dev, nx), *dy = drand(dev, nx), *g = drand(dev, c), *b = drand(dev, c);
     for (int64_t i = 0; i < nx; i++) x[i] = 3.0f * x[i] + 0.5f; /* non-zero mean */
@@ -670,7 +670,7 @@ static void test_bn(gp_device *dev)
 {
     /* SyncBN's wrappers check their arguments for every backend. */
     float v[8] = {0}, sums[4] = {0};
-    gp_bn_desc bad = {2, 0, 1, 1e-5f, 0, false}, ok = {2, 2, 1, 1e-5f, 0, false};
+    gp_bn_desc bad = {2, 0, 1, 1e-5f, 0, false, NULL}, ok = {2, 2, 1, 1e-5f, 0, false, NULL};
     CHECK_ERR(gp_dev_bn_stats(dev, &bad, v, v, v), GP_ERR_INVALID, "invalid batch norm");
     CHECK_ERR(gp_dev_bn_bwd_sums(dev, &bad, v, NULL, NULL, v, v, v, sums), GP_ERR_INVALID,
               "invalid batch norm");
@@ -739,7 +739,7 @@ static float *dblocked(gp_device *dev, const float *x, int64_t n, int64_t c, int
  * and a channel that is all one value among the inputs. */
 static void test_bn_relu(gp_device *dev, int64_t n, int64_t c, int64_t s, int64_t B)
 {
-    gp_bn_desc d = {n, c, s, 1e-5f, B, false}, dr = d;
+    gp_bn_desc d = {n, c, s, 1e-5f, B, false, NULL}, dr = d;
     dr.relu = true;
     int64_t nx = n * c * s;
     float *x = drand(dev, nx), *g = drand(dev, c), *b = drand(dev, c);
@@ -774,6 +774,25 @@ static void test_bn_relu(gp_device *dev, int64_t n, int64_t c, int64_t s, int64_
     for (int64_t i = 0; i < nx; i++) pos += y[i] > 0.0f;
     CHECK_MSG(pos > nx / 8 && pos < nx - nx / 8, "%s: %d of %lld positive", w, pos,
               (long long)nx);
+    /* a residual's sum folded in (gp_bn_desc.add), with and without the
+     * relu, training and inference: bit for bit bn, add, relu */
+    float *res = drand(dev, nx), *ya = dalloc(dev, nx), *yb = dalloc(dev, nx);
+    for (int relu = 0; relu < 2; relu++)
+        for (int train = 0; train < 2; train++) {
+            gp_bn_desc da = d;
+            da.relu = relu;
+            da.add = res;
+            if (train) CHECK_OK(gp_dev_bn_fwd_train(dev, &d, x, g, b, ya, m1, v1));
+            else CHECK_OK(gp_dev_bn_fwd_infer(dev, &d, x, g, b, m0, v0, ya));
+            CHECK_OK(gp_dev_add(dev, ya, res, ya, nx));
+            if (relu) CHECK_OK(gp_dev_relu_fwd(dev, ya, ya, nx));
+            if (train) CHECK_OK(gp_dev_bn_fwd_train(dev, &da, x, g, b, yb, m1, v1));
+            else CHECK_OK(gp_dev_bn_fwd_infer(dev, &da, x, g, b, m0, v0, yb));
+            char wa[128];
+            snprintf(wa, sizeof wa, "%s + add, relu %d, train %d", w, relu, train);
+            check_same_bits(wa, yb, ya, nx);
+        }
+    dfree(dev, res, nx); dfree(dev, ya, nx); dfree(dev, yb, nx);
     /* backward: the norm's with the relu folded in (dr: dy masked where the
      * forward's value was not positive) against relu_bwd on the relu's
      * output and then the plain norm's, bit for bit, for bn_bwd and the
@@ -823,7 +842,7 @@ static void test_bn_relu(gp_device *dev, int64_t n, int64_t c, int64_t s, int64_
 
 static void test_blocked_bn(gp_device *dev, int64_t n, int64_t c, int64_t s, int64_t B)
 {
-    gp_bn_desc d = {n, c, s, 1e-5f, 0, false}, db = d;
+    gp_bn_desc d = {n, c, s, 1e-5f, 0, false, NULL}, db = d;
     db.blk = B;
     int64_t nx = n * c * s;
     float *x = drand(dev, nx), *dy = drand(dev, nx), *g = drand(dev, c), *b = drand(dev, c);
@@ -1040,7 +1059,7 @@ static void test_blocked(gp_device *dev)
         test_blocked_conv(dev, 2, 2, 8, 32, 3, 2, 0, B);
     }
     float v[64] = {0};
-    gp_bn_desc bad = {2, 12, 1, 1e-5f, 8, false};
+    gp_bn_desc bad = {2, 12, 1, 1e-5f, 8, false, NULL};
     CHECK_ERR(gp_dev_bn_fwd_train(dev, &bad, v, NULL, NULL, v, v, v), GP_ERR_INVALID,
               "blocks of 8");
     gp_pool_desc pbad = {1, 12, 2, 2, 2, 2, 2, 2, 0, 0, 1, 1, GP_POOL_MAX, 8, false};

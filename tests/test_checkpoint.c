@@ -621,10 +621,87 @@ static void fused(void)
     gp_device_close(dev);
 }
 
+/* A residual block's own fusions (gp_residual_fuse: bn1 with its relu,
+ * forward and backward; bn2 with the shortcut's sum and the final relu)
+ * against the same block (same seed) with them off: the output in training
+ * and evaluation, the input gradient and every parameter gradient bit for
+ * bit, with the identity shortcut (6 -> 6) and with a downsample (stride
+ * 2, 5 -> 8); inputs with exact zeros and a NaN-free spread around 0. */
+static void residual_fused(void)
+{
+    gp_device_opts o = {.threads = 1};
+    gp_device *dev;
+    CHECK_OK(gp_device_open("cpu:0", &o, &dev));
+    for (int q = 0; q < 2; q++) {
+        gp_layer_spec sp = gp_layer_spec_default(GP_LAYER_RESIDUAL);
+        sp.out = q ? 8 : 6;
+        if (q) sp.stride = gp_hw_square(2);
+        gp_shape in = gp_shape_4d(3, q ? 5 : 6, 6, 6);
+        gp_layer lay[2];
+        for (int k = 0; k < 2; k++) CHECK_OK(gp_layer_create(&sp, 0, &in, dev, 17, &lay[k]));
+        gp_residual_fuse(&lay[0], false);
+        gp_residual_fuse(&lay[1], true);
+        gp_shape ys = lay[0].out_shape;
+        ys.dims[0] = 3;
+        int64_t nx = gp_shape_numel(&in), ny = gp_shape_numel(&ys);
+        float *h = malloc((size_t)(nx + ny) * sizeof *h);
+        gp_rng_uniform_fill(9, 2, 0, h, nx + ny);
+        for (int64_t i = 0; i < nx + ny; i++) h[i] = 2 * h[i] - 1;
+        for (int64_t i = 0; i < nx; i += 7) h[i] = 0.0f;
+        gp_tensor x, dy, y[2], dx[2];
+        CHECK_OK(gp_tensor_alloc(&x, dev, &in, GP_MEM_ACTIVATIONS));
+        CHECK_OK(gp_dev_upload(dev, x.data, h, nx));
+        CHECK_OK(gp_tensor_alloc(&dy, dev, &ys, GP_MEM_ACTIVATIONS));
+        CHECK_OK(gp_dev_upload(dev, dy.data, h + nx, ny));
+        gp_fwd_ctx ctx = {.training = true, .seed = 5, .step = 1, .batch_total = 3};
+        for (int k = 0; k < 2; k++) {
+            gp_saved sv = {0};
+            y[k] = (gp_tensor){0};
+            dx[k] = (gp_tensor){0};
+            gp_layer_grads_begin(&lay[k]);
+            CHECK_OK(gp_layer_forward(&lay[k], &ctx, &x, &y[k], &sv));
+            CHECK_OK(gp_layer_backward(&lay[k], &ctx, &x, &y[k], &dy, &dx[k], &sv));
+            gp_saved_free(&sv);
+        }
+        const char *what = q ? "residual with a downsample" : "residual";
+        CHECK_MSG(same(&y[1], &y[0]), "%s, fused: the output differs", what);
+        CHECK_MSG(same(&dx[1], &dx[0]), "%s, fused: the input gradient differs", what);
+        CHECK_MSG(same_grads(&lay[1], &lay[0], 1, what) == (q ? 9 : 6),
+                  "%s: the parameters compared", what);
+        int pos = 0, zero = 0;
+        float *hy = malloc((size_t)ny * sizeof *hy);
+        CHECK_OK(gp_dev_download(dev, hy, y[1].data, ny));
+        for (int64_t i = 0; i < ny; i++) pos += hy[i] > 0, zero += hy[i] == 0;
+        CHECK_MSG(pos > ny / 8 && zero > ny / 8, "%s: %d positive, %d zero of %lld", what, pos,
+                  zero, (long long)ny);
+        free(hy);
+        for (int k = 0; k < 2; k++) { /* evaluation: running statistics */
+            gp_fwd_ctx ev = ctx;
+            ev.training = false;
+            gp_saved sv = {0};
+            gp_tensor_free(&y[k]);
+            y[k] = (gp_tensor){0};
+            CHECK_OK(gp_layer_forward(&lay[k], &ev, &x, &y[k], &sv));
+            gp_saved_free(&sv);
+        }
+        CHECK_MSG(same(&y[1], &y[0]), "%s, fused, evaluation: the output differs", what);
+        for (int k = 0; k < 2; k++) {
+            gp_tensor_free(&y[k]);
+            gp_tensor_free(&dx[k]);
+            gp_layer_destroy(&lay[k]);
+        }
+        gp_tensor_free(&x);
+        gp_tensor_free(&dy);
+        free(h);
+    }
+    gp_device_close(dev);
+}
+
 int main(void)
 {
     policy();
     fused();
+    residual_fused();
     replay();
     inplace();
     bad_loss();

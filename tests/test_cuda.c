@@ -455,7 +455,7 @@ static void test_pool(void)
 
 static void test_bn_shape(int64_t n, int64_t c, int64_t s)
 {
-    gp_bn_desc d = {n, c, s, 1e-5f, 0, false};
+    gp_bn_desc d = {n, c, s, 1e-5f, 0, false, NULL};
     int64_t nx = n * c * s;
     buf x = brand(nx, -1, 2), dy = brand(nx, -1, 1), g = brand(c, 0.5f, 1.5f), b = brand(c, -1, 1);
     buf y = bjunk(nx), yi = bjunk(nx), dx = bjunk(nx), mean = bjunk(c), var = bjunk(c);
@@ -491,6 +491,26 @@ static void test_bn_shape(int64_t n, int64_t c, int64_t s)
         bcheck(what, &dg, 1e-4);
         snprintf(what, sizeof what, "%s bwd dbeta += (call %d)", tag, rep + 1);
         bcheck(what, &dbt, 1e-4);
+    }
+    /* a residual's sum folded in (gp_bn_desc.add), with the relu */
+    {
+        buf res = brand(nx, -1, 1), ya = bjunk(nx);
+        gp_bn_desc da = dr;
+        for (int train = 0; train < 2; train++) {
+            for (int K = 0; K < 2; K++) {
+                da.add = res.p[K];
+                gp_device *D = D2[K];
+                if (train)
+                    CHECK_OK(gp_dev_bn_fwd_train(D, &da, x.p[K], g.p[K], b.p[K], ya.p[K],
+                                                 mean.p[K], var.p[K]));
+                else
+                    CHECK_OK(gp_dev_bn_fwd_infer(D, &da, x.p[K], g.p[K], b.p[K], mean.p[K],
+                                                 var.p[K], ya.p[K]));
+            }
+            snprintf(what, sizeof what, "%s %s y + add, relu", tag, train ? "fwd" : "infer");
+            bcheck(what, &ya, 1e-5);
+        }
+        bfree(&res); bfree(&ya);
     }
     /* and the relu's backward folded in: dy masked where the forward's
      * value was not positive, on each path (mean and var from the

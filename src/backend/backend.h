@@ -103,8 +103,9 @@
  *  20  gp_bn_desc.relu (batch norm's forward with the ReLU after it)
  *  21  gp_bn_desc.relu in the backward slots too (the relu's backward done
  *      by the norm's), which take beta (and bn_bwd_sums gamma and var) to
- *      know where the normalised value was positive */
-#define GP_DEVICE_IFACE_VERSION 21
+ *      know where the normalised value was positive
+ *  22  gp_bn_desc.add (a residual added before the relu, in the forward) */
+#define GP_DEVICE_IFACE_VERSION 22
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -231,6 +232,15 @@ typedef struct gp_bn_desc {
                                 where the normalised value was not positive,
                                 bit for bit what relu_bwd gives (iface 21);
                                 bn_stats ignores it */
+    const float *add;        /* bn_fwd_train, bn_fwd_infer: where not NULL, y =
+                                (the normalised value + add[i]), then relu
+                                where relu: a residual block's sum and its
+                                relu in the norm's pass, bit for bit the add
+                                and relu_fwd after it (iface 22); add has y's
+                                layout and overlaps neither x nor y; the
+                                other slots
+                                take NULL (their relu, if any, then means
+                                the normalised value's own) */
 } gp_bn_desc;
 
 typedef struct gp_device gp_device;

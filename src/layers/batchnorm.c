@@ -83,6 +83,19 @@ static gp_bn_desc bn_desc(const gp_layer *l, int64_t n)
     d.eps = l->spec.eps;
     d.blk = l->in_blk; /* gp_layers_blocked: only a 2-d norm inside a chain */
     d.relu = l->relu_after; /* the forward loop: the in-place relu after it */
+    d.add = NULL;
+    return d;
+}
+
+/* The forward's: with a residual block's sum and relu folded in where the
+ * block asks (gp_layer.fwd_add). */
+static gp_bn_desc bn_fwd_desc(const gp_layer *l, int64_t n)
+{
+    gp_bn_desc d = bn_desc(l, n);
+    if (l->fwd_add) {
+        d.add = l->fwd_add;
+        d.relu = true;
+    }
     return d;
 }
 
@@ -285,7 +298,7 @@ static gp_status bn_forward_sync(gp_layer *l, const gp_fwd_ctx *ctx, const gp_te
 {
     gp_device *dev = l->dev;
     bn_state *st = l->state;
-    gp_bn_desc d = bn_desc(l, x->dims[0]);
+    gp_bn_desc d = bn_fwd_desc(l, x->dims[0]);
     int64_t C = d.c;
     gp_shape cs = {1, {C, 0, 0, 0}};
     GP_TRY(gp_layers_saved_alloc(s, 0, dev, &cs));
@@ -386,7 +399,7 @@ static gp_status bn_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor 
 {
     if (bn_synced(l, ctx)) return bn_forward_sync(l, ctx, x, y, s);
     gp_device *dev = l->dev;
-    gp_bn_desc d = bn_desc(l, x->dims[0]);
+    gp_bn_desc d = bn_fwd_desc(l, x->dims[0]);
     const float *gamma = l->params[P_WEIGHT].value.data, *beta = l->params[P_BIAS].value.data;
     if (!ctx->training) {
         s->flags |= GP_SAVED_EVAL;

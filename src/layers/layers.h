@@ -329,6 +329,11 @@ struct gp_layer {
      * skipped forwards and backwards. */
     bool relu_after, relu_done;
     uint64_t relu_skipped, relu_bwd_skipped;
+    /* a batch norm's next forward only: add this (the output's shape and
+     * layout) to the normalised value and apply a relu, in the norm's own
+     * pass (gp_bn_desc.add): a residual block's sum and final relu, set by
+     * the block around its second norm's forward (residual.c) */
+    const float *fwd_add;
 };
 
 /* Make a layer of spec->type with `index`, infer shapes from `in` (batch
@@ -394,6 +399,10 @@ void gp_layers_blocked(gp_layer *layers, int count);
  * match for every layer of the run.  One pass over memory fewer per pair
  * in every forward and recompute (issue 15: batch norm with its ReLU). */
 void gp_layers_relu_fused(gp_layer *layers, int count, const bool *inplace, bool *fused);
+/* A residual block's own fusions (residual.c: bn1 with its relu, bn2 with
+ * the shortcut's sum and the final relu) on or off; on unless
+ * GPIPE_FUSE_RELU=0.  For tests and A/Bs: the values do not change. */
+void gp_residual_fuse(gp_layer *l, bool on);
 /* Whether batch norm and relu fuse at all: false under GPIPE_FUSE_RELU=0
  * (an A/B; read once). */
 bool gp_layers_fuse_relu_on(void);

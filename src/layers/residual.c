@@ -29,6 +29,15 @@
  *
  * Elementwise ops (add, relu) run in place on the block's own buffers: the
  * backends apply them per element (backend/elementwise.h), so that is safe.
+ *
+ * Fusion (unless GPIPE_FUSE_RELU=0, or gp_residual_fuse for an A/B): bn1's
+ * forward applies the relu after it and its backward masks with it
+ * (gp_bn_desc.relu); the shortcut runs first, so bn2's forward adds it and
+ * applies the final relu in its own pass (gp_bn_desc.add): the middle map
+ * and the output each cross memory once where they crossed 2 and 3 times.
+ * The final relu's backward still runs (both the main path and the
+ * shortcut take its gradient).  Bit for bit the unfused block
+ * (tests/test_checkpoint.c).
  */
 #include "layers/layers_impl.h"
 
@@ -47,6 +56,7 @@ typedef struct {
     gp_layer child[C_COUNT];
     int first[C_COUNT]; /* index in the block's params of child's params[0] */
     bool has_down;
+    bool fuse_add;      /* bn2's forward adds the shortcut and applies the relu */
 } res_state;
 
 static bool needs_down(const gp_layer *l, const gp_shape *in)
@@ -138,6 +148,7 @@ static gp_status res_init(gp_layer *l, uint64_t seed)
     /* bn1's forward applies the relu after it (gp_layer.relu_after): one
      * pass over the block's middle map fewer, the same bits */
     st->child[C_BN1].relu_after = gp_layers_fuse_relu_on();
+    st->fuse_add = gp_layers_fuse_relu_on();
     GP_TRY(add_child(l, st, C_RELU, &mid, seed));
     GP_TRY(add_child(l, st, C_CONV2, &mid, seed));
     GP_TRY(add_child(l, st, C_BN2, &mid, seed));
@@ -146,6 +157,14 @@ static gp_status res_init(gp_layer *l, uint64_t seed)
         GP_TRY(add_child(l, st, C_DBN, &mid, seed));
     }
     return GP_OK;
+}
+
+void gp_residual_fuse(gp_layer *l, bool on)
+{
+    res_state *st = l->state;
+    GP_ASSERT(l->ops && l->ops->type == GP_LAYER_RESIDUAL && st);
+    st->child[C_BN1].relu_after = on;
+    st->fuse_add = on;
 }
 
 static void res_destroy(gp_layer *l)
@@ -219,17 +238,23 @@ static gp_status res_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor
     if (!st->child[C_BN1].relu_after) /* else bn1 applied it */
         RES_TRY(child_fwd(st, C_RELU, ctx, &s->t[S_R1], &s->t[S_R1], s, -1));
     RES_TRY(child_fwd(st, C_CONV2, ctx, &s->t[S_R1], &s->t[S_A2], s, -1));
-    RES_TRY(child_fwd(st, C_BN2, ctx, &s->t[S_A2], y, s, S_BN2));
-    if (st->has_down) {
+    if (st->has_down) { /* the shortcut first: bn2 may add it (fuse_add) */
         RES_TRY(gp_layers_saved_alloc(s, S_AD, dev, &ms));
         RES_TRY(gp_tensor_alloc(&dbn_out, dev, &ms, GP_MEM_ACTIVATIONS));
         RES_TRY(child_fwd(st, C_DCONV, ctx, x, &s->t[S_AD], s, -1));
         RES_TRY(child_fwd(st, C_DBN, ctx, &s->t[S_AD], &dbn_out, s, S_DBN));
-        if (n) RES_TRY(gp_dev_add(dev, y->data, dbn_out.data, y->data, n));
-    } else if (n) {
-        RES_TRY(gp_dev_add(dev, y->data, x->data, y->data, n));
     }
-    RES_TRY(child_fwd(st, C_RELU, ctx, y, y, s, -1));
+    const float *sc = st->has_down ? dbn_out.data : x->data;
+    if (st->fuse_add && n) { /* y = relu(bn2(a2) + shortcut) in bn2's pass */
+        st->child[C_BN2].fwd_add = sc;
+        r = child_fwd(st, C_BN2, ctx, &s->t[S_A2], y, s, S_BN2);
+        st->child[C_BN2].fwd_add = NULL;
+        RES_TRY(r);
+    } else {
+        RES_TRY(child_fwd(st, C_BN2, ctx, &s->t[S_A2], y, s, S_BN2));
+        if (n) RES_TRY(gp_dev_add(dev, y->data, sc, y->data, n));
+        RES_TRY(child_fwd(st, C_RELU, ctx, y, y, s, -1));
+    }
 done:
 #undef RES_TRY
     gp_tensor_free(&dbn_out);

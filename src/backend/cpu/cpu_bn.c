@@ -216,7 +216,7 @@ static void chan_stats(const gp_bn_desc *d, const float *x, int64_t c0, float *m
 static inline __attribute__((always_inline)) void
 apply_block(const float *x, const float *g, float *y, int64_t n, int64_t cs, int64_t s,
             const int64_t B, const float *ca, const float *cb, const float *cc, const float *cm,
-            bool relu, const float *msc, const float *msh)
+            bool relu, const float *msc, const float *msh, const float *add)
 {
     float a[BN_MAX_BLOCK], b2[BN_MAX_BLOCK], c[BN_MAX_BLOCK], m[BN_MAX_BLOCK];
     float ms[BN_MAX_BLOCK], mh[BN_MAX_BLOCK];
@@ -228,7 +228,16 @@ apply_block(const float *x, const float *g, float *y, int64_t n, int64_t cs, int
     for (int64_t i = 0; i < n; i++) {
         const float *p = x + i * cs, *q = g ? g + i * cs : NULL;
         float *r = y + i * cs;
-        if (q && msc) {
+        if (add) { /* a residual sum, then relu where asked */
+            const float *t = add + i * cs;
+            for (int64_t j = 0; j < s; j++) {
+#pragma omp simd
+                for (int64_t b = 0; b < B; b++) {
+                    float v = gp_ew_bn_apply(p[j * B + b], a[b], b2[b]) + t[j * B + b];
+                    r[j * B + b] = relu ? gp_ew_relu(v) : v;
+                }
+            }
+        } else if (q && msc) {
             for (int64_t j = 0; j < s; j++) {
 #pragma omp simd
                 for (int64_t b = 0; b < B; b++) {
@@ -269,13 +278,15 @@ static void chan_apply(const gp_bn_desc *d, const float *x, const float *g, floa
 {
     const int64_t cs = d->c * d->s, o = chan_base(d, c0), S = d->s, N = d->n;
     const bool relu = !g && d->relu;
+    const float *ad = !g && d->add ? d->add + o : NULL; /* forward only */
     if (d->blk == 16) {
         apply_block(x + o, g ? g + o : NULL, y + o, N, cs, S, 16, ca, cb, cc, cm, relu, msc,
-                    msh);
+                    msh, ad);
         return;
     }
     if (d->blk) {
-        apply_block(x + o, g ? g + o : NULL, y + o, N, cs, S, 8, ca, cb, cc, cm, relu, msc, msh);
+        apply_block(x + o, g ? g + o : NULL, y + o, N, cs, S, 8, ca, cb, cc, cm, relu, msc, msh,
+                    ad);
         return;
     }
     const float a = ca[0], b = cb[0], c = cc ? cc[0] : 0.0f, m = cm ? cm[0] : 0.0f;
@@ -283,7 +294,16 @@ static void chan_apply(const gp_bn_desc *d, const float *x, const float *g, floa
     for (int64_t i = 0; i < N; i++) {
         const float *p = x + o + i * cs, *q = g ? g + o + i * cs : NULL;
         float *r = y + o + i * cs;
-        if (q && msc) {
+        if (ad) { /* a residual sum, then relu where asked */
+            const float *t = ad + i * cs;
+            if (relu) {
+#pragma omp simd
+                for (int64_t j = 0; j < S; j++) r[j] = gp_ew_relu(gp_ew_bn_apply(p[j], a, b) + t[j]);
+            } else {
+#pragma omp simd
+                for (int64_t j = 0; j < S; j++) r[j] = gp_ew_bn_apply(p[j], a, b) + t[j];
+            }
+        } else if (q && msc) {
 #pragma omp simd
             for (int64_t j = 0; j < S; j++)
                 r[j] = gp_ew_bn_bwd_apply(gp_ew_bn_relu_dy(q[j], p[j], ms, mh), p[j], m, a, b, c);

@@ -693,12 +693,13 @@ gp_status gp_cuda_bn_fwd_train(gp_device *dev, const gp_bn_desc *d, const float 
         GP_TRY(st);
         gp_cuda_nvtx_push("bn_fwd_train");
         GP_CUDA(gp_cuk_bnp_fwd(ctx->compute, x, d->n, d->c, d->s, d->eps, gamma, beta, d->relu,
-                               y, mean, var, part, vec));
+                               d->add, y, mean, var, part, vec));
         gp_cuda_nvtx_pop();
         return GP_OK;
     }
     float *vec2 = NULL;
-    GP_TRY(bn_setup(dev, d, &vecs, d->relu ? 2 * (size_t)d->c : 0, &vec2));
+    bool own = d->relu || d->add; /* y written again below */
+    GP_TRY(bn_setup(dev, d, &vecs, own ? 2 * (size_t)d->c : 0, &vec2));
     GP_TRY(bn_params(ctx, d, vecs, &gamma, &beta));
     size_t cb = (size_t)d->c * sizeof(float);
     GP_CUDA(cudaMemsetAsync(mean, 0, cb, ctx->compute));
@@ -712,9 +713,9 @@ gp_status gp_cuda_bn_fwd_train(gp_device *dev, const gp_bn_desc *d, const float 
     /* cuDNN's kernels have no ReLU to fuse here: a pass of its own, which
      * writes y again with the plane kernels' expression, so the backward
      * (the relu's folded into the norm's) sees the same signs */
-    if (d->relu)
+    if (own)
         GP_CUDA(gp_cuk_bn_apply(ctx->compute, x, mean, var, gamma, beta, d->eps, d->n, d->c,
-                                d->s, 1, y, vec2));
+                                d->s, d->relu, d->add, y, vec2));
     gp_cuda_nvtx_pop();
     return GP_OK;
 }
@@ -727,11 +728,11 @@ gp_status gp_cuda_bn_fwd_infer(gp_device *dev, const gp_bn_desc *d, const float 
     float *vecs = NULL;
     GP_TRY(gp_cuda_enter(dev));
     GP_TRY(bn_check(dev, d));
-    if (d->relu) { /* one pass, the expression the backward masks with */
+    if (d->relu || d->add) { /* one pass, the expression the backward masks with */
         float *vec;
         GP_TRY(bn_relu_room(dev, d, false, &vec, NULL));
         GP_CUDA(gp_cuk_bn_apply(ctx->compute, x, mean, var, gamma, beta, d->eps, d->n, d->c,
-                                d->s, 1, y, vec));
+                                d->s, d->relu, d->add, y, vec));
         return GP_OK;
     }
     GP_TRY(bn_setup(dev, d, &vecs, 0, NULL));
@@ -814,7 +815,7 @@ gp_status gp_cuda_bn_stats(gp_device *dev, const gp_bn_desc *d, const float *x, 
     if (bn_planes(dev, d, &part, &vec, &st)) {
         GP_TRY(st);
         GP_CUDA(gp_cuk_bnp_fwd(gp_cuda_ctx_of(dev)->compute, x, d->n, d->c, d->s, d->eps, NULL,
-                               NULL, 0, NULL, mean, var, part, NULL));
+                               NULL, 0, NULL, NULL, mean, var, part, NULL));
         return GP_OK;
     }
     gp_cuda_nvtx_push("bn_stats");

@@ -647,16 +647,23 @@ __device__ __forceinline__ void bn_scale_shift(const float *gamma, const float *
     *sh = beta ? beta[c] : 0.0f;
 }
 
-/* y = (x - mean) scale + shift over plane blockIdx.x, then relu where
- * asked (gp_ew_relu, as the relu kernel). */
+/* y = (x - mean) scale + shift over plane blockIdx.x, plus add where
+ * given (a residual block's sum, gp_bn_desc.add), then relu where asked
+ * (gp_ew_relu, as the relu kernel). */
 __global__ void k_bnp_apply(const float *x, const float *mean, const float *vec, int64_t C,
-                            int64_t S, int relu, float *y)
+                            int64_t S, int relu, const float *add, float *y)
 {
     int64_t p = blockIdx.x, c = p % C;
     const float m = mean[c], sc = vec[c], sh = vec[C + c];
     const float *q = x + p * S;
     float *o = y + p * S;
-    if (relu)
+    if (add) {
+        const float *t = add + p * S;
+        for (int64_t i = threadIdx.x; i < S; i += blockDim.x) {
+            float v = bn_pre(q[i], m, sc, sh) + t[i];
+            o[i] = relu ? gp_ew_relu(v) : v;
+        }
+    } else if (relu)
         for (int64_t i = threadIdx.x; i < S; i += blockDim.x) o[i] = gp_ew_relu(bn_pre(q[i], m, sc, sh));
     else
         for (int64_t i = threadIdx.x; i < S; i += blockDim.x) o[i] = bn_pre(q[i], m, sc, sh);
@@ -669,14 +676,16 @@ __global__ void k_bn_vec(const float *gamma, const float *beta, const float *var
     GP_CUK_LOOP(c, C) bn_scale_shift(gamma, beta, var, eps, c, &vec[c], &vec[C + c]);
 }
 
-/* y = bn_pre (relu'd where asked) over all n values, any plane size. */
+/* y = bn_pre (+ add where given; relu'd where asked) over all n values,
+ * any plane size. */
 __global__ void k_bn_apply(const float *x, const float *mean, const float *vec, int64_t C,
-                           int64_t S, int64_t n, int relu, float *y)
+                           int64_t S, int64_t n, int relu, const float *add, float *y)
 {
     GP_CUK_LOOP(i, n)
     {
         int64_t c = (i / S) % C;
         float v = bn_pre(x[i], mean[c], vec[c], vec[C + c]);
+        if (add) v += add[i];
         y[i] = relu ? gp_ew_relu(v) : v;
     }
 }
@@ -1058,8 +1067,9 @@ cudaError_t gp_cuk_bn_invstd(cudaStream_t s, const float *var, float eps, float 
 }
 
 cudaError_t gp_cuk_bnp_fwd(cudaStream_t s, const float *x, int64_t n, int64_t c, int64_t sp,
-                           float eps, const float *gamma, const float *beta, int relu, float *y,
-                           float *mean, float *var, double *part, float *vec)
+                           float eps, const float *gamma, const float *beta, int relu,
+                           const float *add, float *y, float *mean, float *var, double *part,
+                           float *vec)
 {
     int64_t planes = n * c;
     if (planes <= 0) return cudaSuccess;
@@ -1068,7 +1078,8 @@ cudaError_t gp_cuk_bnp_fwd(cudaStream_t s, const float *x, int64_t n, int64_t c,
     k_bnp_stats_final<<<(unsigned)c, GP_CUK_THREADS, 0, s>>>(part, x, n, c, sp, eps, gamma, beta,
                                                             mean, var, y ? vec : NULL);
     if (y)
-        k_bnp_apply<<<(unsigned)planes, plane_threads(sp), 0, s>>>(x, mean, vec, c, sp, relu, y);
+        k_bnp_apply<<<(unsigned)planes, plane_threads(sp), 0, s>>>(x, mean, vec, c, sp, relu, add,
+                                                                   y);
     return cudaGetLastError();
 }
 
@@ -1093,12 +1104,13 @@ cudaError_t gp_cuk_bnp_bwd(cudaStream_t s, const float *x, const float *mean, co
 
 cudaError_t gp_cuk_bn_apply(cudaStream_t s, const float *x, const float *mean, const float *var,
                             const float *gamma, const float *beta, float eps, int64_t n,
-                            int64_t c, int64_t sp, int relu, float *y, float *vec)
+                            int64_t c, int64_t sp, int relu, const float *add, float *y,
+                            float *vec)
 {
     if (n * c * sp <= 0) return cudaSuccess;
     k_bn_vec<<<blocks_for(c), GP_CUK_THREADS, 0, s>>>(gamma, beta, var, eps, c, vec);
     k_bn_apply<<<blocks_for(n * c * sp), GP_CUK_THREADS, 0, s>>>(x, mean, vec, c, sp, n * c * sp,
-                                                                 relu, y);
+                                                                 relu, add, y);
     return cudaGetLastError();
 }
 

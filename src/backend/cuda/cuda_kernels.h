@@ -179,28 +179,30 @@ cudaError_t gp_cuk_bn_invstd(cudaStream_t s, const float *var, float eps, float 
  * (n, c) plane sums into part (2 n c doubles), a block per channel adds
  * the planes in a fixed order, a block per plane applies (deterministic).
  * fwd: mean(c) and biased var(c), and with y also y = (x - mean) gamma inv
- * + beta, relu'd where relu (vec: 2 c floats of workspace; gamma / beta
- * NULL: 1 / 0).  bwd:
+ * + beta (+ add where not NULL), relu'd where relu (vec: 2 c floats of
+ * workspace; gamma / beta NULL: 1 / 0).  bwd:
  * sums(2 c) = (sum dy, sum dy (x - mean)) where not NULL, and with dx its
  * dx = and dgamma +=, dbeta += where not NULL (vec: 3 c floats); with relu
  * dy is first masked where the forward's value (before its relu) was not
  * positive (var, gamma, beta say where; gamma / beta NULL: 1 / 0).  On an
  * H100 cuDNN's NCHW batch-norm kernels moved about 1.3 TB/s. */
 cudaError_t gp_cuk_bnp_fwd(cudaStream_t s, const float *x, int64_t n, int64_t c, int64_t sp,
-                           float eps, const float *gamma, const float *beta, int relu, float *y,
-                           float *mean, float *var, double *part, float *vec);
+                           float eps, const float *gamma, const float *beta, int relu,
+                           const float *add, float *y, float *mean, float *var, double *part,
+                           float *vec);
 cudaError_t gp_cuk_bnp_bwd(cudaStream_t s, const float *x, const float *mean, const float *var,
                            const float *gamma, const float *beta, int relu, const float *dy,
                            int64_t n, int64_t c, int64_t sp, float eps, float *sums, float *dx,
                            float *dgamma, float *dbeta, double *part, float *vec);
 /* Batch norm followed by a relu (gp_bn_desc.relu) on any plane size: y =
- * relu((x - mean) gamma inv + beta), the expression gp_cuk_bnp_fwd uses
- * (relu 0: without it); and dym = dy where that value was positive, else
+ * relu((x - mean) gamma inv + beta (+ add)), the expression gp_cuk_bnp_fwd
+ * uses (relu 0: without it); and dym = dy where that value was positive, else
  * 0, the relu's backward folded into the norm's.  vec: 2 c floats of
  * workspace; gamma / beta NULL: 1 / 0. */
 cudaError_t gp_cuk_bn_apply(cudaStream_t s, const float *x, const float *mean, const float *var,
                             const float *gamma, const float *beta, float eps, int64_t n,
-                            int64_t c, int64_t sp, int relu, float *y, float *vec);
+                            int64_t c, int64_t sp, int relu, const float *add, float *y,
+                            float *vec);
 cudaError_t gp_cuk_bn_relu_mask(cudaStream_t s, const float *x, const float *mean,
                                 const float *var, const float *gamma, const float *beta,
                                 float eps, int64_t n, int64_t c, int64_t sp, const float *dy,
