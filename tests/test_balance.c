@@ -560,6 +560,9 @@ static void test_profiler(void)
         CHECK_MSG(p.mem[k].inplace == (k == 2 || k == 4) && !p.mem[k].unkept,
                   "layer %d: in place %d, unkept %d", k, p.mem[k].inplace, p.mem[k].unkept);
     CHECK(p.mem[2].keep_per_sample == 0 && p.mem[4].keep_per_sample == 0);
+    /* the relu after the batch norm is the norm's work (gp_layer_specs_relu_fused) */
+    for (int k = 0; k < p.L; k++)
+        CHECK_MSG(p.mem[k].fused == (k == 2), "layer %d: fused %d", k, p.mem[k].fused);
     CHECK(p.mem[1].keep_per_sample >= p.mem[1].out_per_sample);
     gp_model_free(&model);
     gp_device_close(dev);
@@ -577,6 +580,7 @@ static void test_profiler(void)
                q.mem[k].param_bytes == p.mem[k].param_bytes &&
                q.mem[k].keep_per_sample == p.mem[k].keep_per_sample &&
                q.mem[k].inplace == p.mem[k].inplace && q.mem[k].unkept == p.mem[k].unkept &&
+               q.mem[k].fused == p.mem[k].fused &&
                !strcmp(q.mem[k].desc, p.mem[k].desc);
     }
     CHECK(same);
@@ -1020,6 +1024,19 @@ static void test_inplace_costs(void)
                   both_out);
         gp_schedule_free(&sched);
     }
+    /* a fused relu (layer 1): nothing inside a stage, its own times as a
+     * stage's first layer (its batch norm is on the stage before) */
+    p.mem[1].fused = true;
+    t[1].recompute = 1;
+    gp_stage_times in = gp_stage_times_of(&p, t, 0, 0, 0, 1, 0, 2);
+    gp_stage_times first = gp_stage_times_of(&p, t, 0, 0, 1, 2, 1, 1);
+    CHECK_MSG(in.F == t[0].fwd && in.Bd + in.W <= t[0].bwd_data + t[0].bwd_weights &&
+                  in.R == t[0].recompute,
+              "a fused relu inside a stage costs F %g B %g R %g", in.F, in.B, in.R);
+    CHECK_MSG(first.F == t[1].fwd && first.R == t[1].recompute &&
+                  first.Bd == t[1].bwd_data,
+              "a fused relu as a stage's first layer: F %g R %g Bd %g", first.F, first.R,
+              first.Bd);
 }
 
 /* A GPU's first call of each convolution shape searches for its algorithm

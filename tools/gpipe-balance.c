@@ -386,6 +386,7 @@ int main(int argc, char **argv)
         name[nl] = '\0';
         char *cl = strchr(name, ')');
         if (cl) *cl = '\0';
+        if (mm->fused) snprintf(name, sizeof name, "relu (fused)");
         double mem = (double)(mm->param_bytes + mm->grad_bytes + mm->optim_bytes) +
                      mm->keep_per_sample * (double)mbs;
         printf("%3d %-28s %8.3f %8.3f %8.3f %8.3f %8.3f %5.1f%% %10s %10s %10s %10s %5.1f%%\n", k,
@@ -403,6 +404,12 @@ int main(int argc, char **argv)
             printf("    *: its output is not kept for backward: it runs in place, in its "
                    "input's memory (not as a stage's first layer), or no backward reads it "
                    "(not as a stage's last)\n");
+            break;
+        }
+    for (int k = 0; k < L; k++)
+        if (prof.mem[k].fused) {
+            printf("    relu (fused): the batch norm before it does its forward and backward, "
+                   "so its times (measured alone) count only as a stage's first layer\n");
             break;
         }
     if (prof.timed)

@@ -94,6 +94,11 @@ typedef struct gp_layer_mem {
                                it, except as a stage's last layer (the stage
                                output), where gp_stage_peak_bytes adds it
                                back; keep_per_sample leaves it out */
+    bool fused;             /* a relu a batch norm before it does
+                               (gp_layer_specs_relu_fused): inside a stage its
+                               forward, recompute and backward cost nothing;
+                               as a stage's first layer it runs (its times
+                               are measured alone either way) */
     double flops_per_sample;/* forward FLOPs per sample (layer estimate) */
     double update;          /* seconds: zero grads + SGD update of its params */
 } gp_layer_mem;

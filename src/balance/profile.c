@@ -751,13 +751,15 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
     gp_skip_map map = {0};
     gp_shape *outs = malloc((size_t)L * sizeof *outs);
     bool *inplace = calloc((size_t)L, sizeof *inplace), *unkept = calloc((size_t)L, sizeof *unkept);
+    bool *fused = calloc((size_t)L, sizeof *fused);
     int64_t *blk = calloc(2 * (size_t)L, sizeof *blk);
     gp_status s = GP_OK;
-    if (!pool || !outs || !inplace || !unkept || !blk)
+    if (!pool || !outs || !inplace || !unkept || !fused || !blk)
         s = gp_error_set(GP_ERR_OOM, "out of host memory");
     if (s == GP_OK) s = gp_skip_map_build(specs, L, &map);
     if (s == GP_OK) gp_layer_specs_inplace(specs, L, inplace);
     if (s == GP_OK) gp_layer_specs_unkept(specs, L, inplace, unkept);
+    if (s == GP_OK) gp_layer_specs_relu_fused(specs, L, inplace, fused);
     if (s == GP_OK) plan_blocks(specs, L, &map, &input_shape, peer, blk, blk + L);
     /* Cold caches: the model's parameter and gradient bytes, from a pass
      * that builds each layer once (CPU devices, timed profiles). */
@@ -879,6 +881,7 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
             s = profile_layer(out, &oo, &l, dev, peer, k, ft, k == L - 1, &sm, host, &ct, &ev);
         gp_status cs = contention_stop(&ct);
         if (s == GP_OK) s = cs;
+        if (s == GP_OK) mm->fused = fused[k];
         if (s == GP_OK && (inplace[k] || unkept[k])) {
             /* measured alone, the output counted: in place it is no extra,
              * unkept a backward does not keep it */
@@ -902,6 +905,7 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
     free(outs);
     free(inplace);
     free(unkept);
+    free(fused);
     free(blk);
     gp_skip_map_free(&map);
     free(ev.buf);

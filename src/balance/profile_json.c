@@ -92,6 +92,7 @@ static void put_profile(gp_json_writer *w, const gp_profile *p)
         put_time(w, "keep_per_sample", m->keep_per_sample);
         gp_json_put_bool(w, "inplace", m->inplace);
         gp_json_put_bool(w, "unkept", m->unkept);
+        gp_json_put_bool(w, "fused", m->fused);
         put_time(w, "flops_per_sample", m->flops_per_sample);
         put_time(w, "update", m->update);
         gp_json_open_array(w, "times");
@@ -332,6 +333,8 @@ gp_status gp_profile_load(const char *path, gp_profile *out)
         m->inplace = ip && ip->kind == GP_JSON_TRUE;
         const gp_json_value *uk = gp_json_get(o, "unkept");
         m->unkept = uk && uk->kind == GP_JSON_TRUE;
+        const gp_json_value *fz = gp_json_get(o, "fused"); /* absent before: unfused */
+        m->fused = fz && fz->kind == GP_JSON_TRUE;
         m->flops_per_sample = jnum_req(&c, o, "flops_per_sample", where);
         m->update = jnum_req(&c, o, "update", where);
         const gp_json_value *ts = jarr_req(&c, o, "times", out->n_sizes, where);

@@ -20,6 +20,7 @@ gp_stage_times gp_stage_times_of(const gp_profile *p, const gp_layer_times *lt, 
     gp_stage_times st = {0};
     int ft = p->first_trainable;
     for (int k = first; k < first + count; k++) {
+        if (p->mem[k].fused && k > first) continue; /* its batch norm's work */
         st.F += lt[k].fwd;
         st.R += lt[k].recompute;
         if (j > 0 || k > ft) {

@@ -707,14 +707,30 @@ bool gp_layers_fuse_relu_on(void)
     return fuse_relu_on;
 }
 
-void gp_layers_relu_fused(gp_layer *layers, int count, const bool *inplace, bool *fused)
+/* The rule of gp_layers_relu_fused over specs `stride` bytes apart. */
+static void relu_fused_rule(const char *spec0, size_t stride, int count, const bool *inplace,
+                            bool *fused)
 {
+#define SPEC(k) ((const gp_layer_spec *)(const void *)(spec0 + (size_t)(k) * stride))
     bool on = gp_layers_fuse_relu_on();
     for (int c = 0; c < count; c++) {
-        const gp_layer *b = c >= 1 ? &layers[c - 1] : NULL;
-        fused[c] = on && b && layers[c].ops->type == GP_LAYER_RELU && inplace[c] &&
-                   b->ops->type == GP_LAYER_BATCHNORM && b->n_in == 1 && !b->spec.stash[0];
+        const gp_layer_spec *b = c >= 1 ? SPEC(c - 1) : NULL;
+        fused[c] = on && b && SPEC(c)->type == GP_LAYER_RELU && inplace[c] &&
+                   b->type == GP_LAYER_BATCHNORM && b->n_pop == 0 && !b->stash[0];
     }
+#undef SPEC
+}
+
+void gp_layer_specs_relu_fused(const gp_layer_spec *specs, int count, const bool *inplace,
+                               bool *fused)
+{
+    if (count > 0) relu_fused_rule((const char *)specs, sizeof *specs, count, inplace, fused);
+}
+
+void gp_layers_relu_fused(gp_layer *layers, int count, const bool *inplace, bool *fused)
+{
+    if (count <= 0) return;
+    relu_fused_rule((const char *)&layers[0].spec, sizeof *layers, count, inplace, fused);
     for (int c = 0; c < count; c++) {
         layers[c].relu_done = fused[c];
         layers[c].relu_after = c + 1 < count && fused[c + 1];

@@ -399,6 +399,11 @@ void gp_layers_blocked(gp_layer *layers, int count);
  * match for every layer of the run.  One pass over memory fewer per pair
  * in every forward and recompute (issue 15: batch norm with its ReLU). */
 void gp_layers_relu_fused(gp_layer *layers, int count, const bool *inplace, bool *fused);
+/* The same rule on a whole model's specs (inplace from
+ * gp_layer_specs_inplace): which relus cost nothing inside a stage, for the
+ * balancer's profile (a stage's first layer is never fused). */
+void gp_layer_specs_relu_fused(const gp_layer_spec *specs, int count, const bool *inplace,
+                               bool *fused);
 /* A residual block's own fusions (residual.c: bn1 with its relu, bn2 with
  * the shortcut's sum and the final relu) on or off; on unless
  * GPIPE_FUSE_RELU=0.  For tests and A/Bs: the values do not change. */
