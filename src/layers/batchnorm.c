@@ -298,7 +298,7 @@ static gp_status bn_forward_sync(gp_layer *l, const gp_fwd_ctx *ctx, const gp_te
 {
     gp_device *dev = l->dev;
     bn_state *st = l->state;
-    gp_bn_desc d = bn_fwd_desc(l, x->dims[0]);
+    gp_bn_desc d = bn_desc(l, x->dims[0]), fd = bn_fwd_desc(l, x->dims[0]);
     int64_t C = d.c;
     gp_shape cs = {1, {C, 0, 0, 0}};
     GP_TRY(gp_layers_saved_alloc(s, 0, dev, &cs));
@@ -356,7 +356,7 @@ static gp_status bn_forward_sync(gp_layer *l, const gp_fwd_ctx *ctx, const gp_te
     if (fresh > 0) GP_TRY(merge_acc(l, fresh, s->t[0].data, s->t[1].data));
     if (d.n == 0) return GP_OK;
     const float *gamma = l->params[P_WEIGHT].value.data, *beta = l->params[P_BIAS].value.data;
-    return gp_dev_bn_fwd_infer(dev, &d, x->data, gamma, beta, s->t[0].data, s->t[1].data,
+    return gp_dev_bn_fwd_infer(dev, &fd, x->data, gamma, beta, s->t[0].data, s->t[1].data,
                                y->data);
 }
 

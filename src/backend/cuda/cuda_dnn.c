@@ -31,7 +31,12 @@
  *
  * Batch norm.  Maps of 64 values or more run gpipe's own kernels
  * (bn_planes below: sums in double, a warp per plane, a fixed order), the
- * rest cuDNN's as follows.  The interface wants the batch mean and the BIASED batch
+ * rest cuDNN's as follows; y is always written by gpipe's expression
+ * ((x - mean) gamma inv + beta, an FMA: gp_cuk_bn_apply), after cuDNN's
+ * forward on small maps and instead of its inference kernel, so that a
+ * relu or a residual sum folded in (gp_bn_desc.relu, .add) changes no bit
+ * of the normalised value and the backward's relu mask sees the forward's
+ * signs.  The interface wants the batch mean and the BIASED batch
  * variance from bn_fwd_train, and takes them back in bn_bwd; cuDNN keeps a
  * saved mean and inverse standard deviation instead.  Forward training
  * therefore asks cuDNN for its running statistics with an averaging factor
@@ -629,18 +634,12 @@ static gp_status bn_setup(gp_device *dev, const gp_bn_desc *d, float **vecs, siz
     return GP_OK;
 }
 
-/* gp_bn_desc.relu on the paths that are not gpipe's plane kernels: room
- * for the forward's scale and shift (2 c floats) and, backward, the
- * masked dy (n c s floats), in the workspace. */
-static gp_status bn_relu_room(gp_device *dev, const gp_bn_desc *d, bool with_dy, float **vec,
-                              float **dym)
+/* Room for the forward's scale and shift (2 c floats) in the workspace. */
+static gp_status bn_vec_room(gp_device *dev, const gp_bn_desc *d, float **vec)
 {
-    size_t vb = (2 * (size_t)d->c * sizeof(float) + 255) & ~(size_t)255;
-    size_t yb = with_dy ? (size_t)(d->n * d->c * d->s) * sizeof(float) : 0;
     void *ws;
-    GP_TRY(gp_cuda_ws_reserve(dev, vb + yb, &ws));
+    GP_TRY(gp_cuda_ws_reserve(dev, 2 * (size_t)d->c * sizeof(float), &ws));
     *vec = ws;
-    if (dym) *dym = (float *)((char *)ws + vb);
     return GP_OK;
 }
 
@@ -698,8 +697,7 @@ gp_status gp_cuda_bn_fwd_train(gp_device *dev, const gp_bn_desc *d, const float 
         return GP_OK;
     }
     float *vec2 = NULL;
-    bool own = d->relu || d->add; /* y written again below */
-    GP_TRY(bn_setup(dev, d, &vecs, own ? 2 * (size_t)d->c : 0, &vec2));
+    GP_TRY(bn_setup(dev, d, &vecs, 2 * (size_t)d->c, &vec2));
     GP_TRY(bn_params(ctx, d, vecs, &gamma, &beta));
     size_t cb = (size_t)d->c * sizeof(float);
     GP_CUDA(cudaMemsetAsync(mean, 0, cb, ctx->compute));
@@ -710,12 +708,12 @@ gp_status gp_cuda_bn_fwd_train(gp_device *dev, const gp_bn_desc *d, const float 
         ctx->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, ctx->td[0], x, ctx->td[0], y, ctx->td[2],
         gamma, beta, 1.0, mean, var, (double)d->eps, NULL, NULL));
     GP_CUDA(gp_cuk_bn_biased_var(ctx->compute, var, d->c, (double)(d->n * d->s)));
-    /* cuDNN's kernels have no ReLU to fuse here: a pass of its own, which
-     * writes y again with the plane kernels' expression, so the backward
+    /* y written again with the plane kernels' expression (and the relu and
+     * sum where asked, which cuDNN's kernels cannot fuse), so every path
+     * normalises the same bits, with or without them, and the backward
      * (the relu's folded into the norm's) sees the same signs */
-    if (own)
-        GP_CUDA(gp_cuk_bn_apply(ctx->compute, x, mean, var, gamma, beta, d->eps, d->n, d->c,
-                                d->s, d->relu, d->add, y, vec2));
+    GP_CUDA(gp_cuk_bn_apply(ctx->compute, x, mean, var, gamma, beta, d->eps, d->n, d->c, d->s,
+                            d->relu, d->add, y, vec2));
     gp_cuda_nvtx_pop();
     return GP_OK;
 }
@@ -725,21 +723,14 @@ gp_status gp_cuda_bn_fwd_infer(gp_device *dev, const gp_bn_desc *d, const float 
                                const float *var, float *y)
 {
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
-    float *vecs = NULL;
     GP_TRY(gp_cuda_enter(dev));
     GP_TRY(bn_check(dev, d));
-    if (d->relu || d->add) { /* one pass, the expression the backward masks with */
-        float *vec;
-        GP_TRY(bn_relu_room(dev, d, false, &vec, NULL));
-        GP_CUDA(gp_cuk_bn_apply(ctx->compute, x, mean, var, gamma, beta, d->eps, d->n, d->c,
-                                d->s, d->relu, d->add, y, vec));
-        return GP_OK;
-    }
-    GP_TRY(bn_setup(dev, d, &vecs, 0, NULL));
-    GP_TRY(bn_params(ctx, d, vecs, &gamma, &beta));
-    GP_CUDNN(cudnnBatchNormalizationForwardInference(
-        ctx->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, ctx->td[0], x, ctx->td[0], y, ctx->td[2],
-        gamma, beta, mean, var, (double)d->eps));
+    /* one pass, the expression of every other path (cuDNN's inference
+     * kernel rounds differently), with the relu and sum where asked */
+    float *vec;
+    GP_TRY(bn_vec_room(dev, d, &vec));
+    GP_CUDA(gp_cuk_bn_apply(ctx->compute, x, mean, var, gamma, beta, d->eps, d->n, d->c, d->s,
+                            d->relu, d->add, y, vec));
     return GP_OK;
 }
 
@@ -838,15 +829,8 @@ gp_status gp_cuda_bn_bwd_sums(gp_device *dev, const gp_bn_desc *d, const float *
                                dy, d->n, d->c, d->s, d->eps, sums, NULL, NULL, NULL, part, NULL));
         return GP_OK;
     }
-    if (d->relu) { /* dy masked first (bn_relu_room) */
-        float *dym;
-        GP_TRY(bn_relu_room(dev, d, true, &vec, &dym));
-        GP_CUDA(gp_cuk_bn_relu_mask(gp_cuda_ctx_of(dev)->compute, x, mean, var, gamma, beta,
-                                    d->eps, d->n, d->c, d->s, dy, dym, vec));
-        dy = dym;
-    }
     GP_CUDA(gp_cuk_bn_bwd_sums(gp_cuda_ctx_of(dev)->compute, x, mean, dy, d->n, d->c, d->s,
-                               sums));
+                               gamma, beta, var, d->eps, d->relu, sums));
     return GP_OK;
 }
 
@@ -857,14 +841,8 @@ gp_status gp_cuda_bn_bwd_apply(gp_device *dev, const gp_bn_desc *d, const float 
                                float *dbeta)
 {
     GP_TRY(gp_cuda_enter(dev));
-    if (d->relu && dx) { /* dy masked first (bn_relu_room) */
-        float *vec, *dym;
-        GP_TRY(bn_relu_room(dev, d, true, &vec, &dym));
-        GP_CUDA(gp_cuk_bn_relu_mask(gp_cuda_ctx_of(dev)->compute, x, mean, var, gamma, beta,
-                                    d->eps, d->n, d->c, d->s, dy, dym, vec));
-        dy = dym;
-    }
-    GP_CUDA(gp_cuk_bn_bwd_apply(gp_cuda_ctx_of(dev)->compute, x, gamma, mean, var, dy, sums,
-                                count, d->eps, d->n, d->c, d->s, dx, local, dgamma, dbeta));
+    GP_CUDA(gp_cuk_bn_bwd_apply(gp_cuda_ctx_of(dev)->compute, x, gamma, beta, d->relu, mean,
+                                var, dy, sums, count, d->eps, d->n, d->c, d->s, dx, local,
+                                dgamma, dbeta));
     return GP_OK;
 }

@@ -510,17 +510,39 @@ __global__ void k_bn_stats(const float *x, int64_t N, int64_t C, int64_t S, floa
     }
 }
 
+/* The normalised value before a relu, one expression (an explicit FMA)
+ * wherever the forward computes it and the backward asks where it was
+ * positive (gp_bn_desc.relu), so both see the same bits. */
+__device__ __forceinline__ float bn_pre(float x, float m, float sc, float sh)
+{
+    return __fmaf_rn(x - m, sc, sh);
+}
+
+/* The forward's scale (gamma inv) and shift (beta) of channel c, as
+ * k_bnp_stats_final makes them. */
+__device__ __forceinline__ void bn_scale_shift(const float *gamma, const float *beta,
+                                               const float *var, float eps, int64_t c,
+                                               float *sc, float *sh)
+{
+    *sc = (gamma ? gamma[c] : 1.0f) * gp_ew_bn_invstd(var[c], eps);
+    *sh = beta ? beta[c] : 0.0f;
+}
+
 __global__ void k_bn_bwd_sums(const float *x, const float *mean, const float *dy, int64_t N,
-                              int64_t C, int64_t S, float *sums)
+                              int64_t C, int64_t S, const float *gamma, const float *beta,
+                              const float *var, float eps, int relu, float *sums)
 {
     const int64_t cnt = N * S;
     for (int64_t c = blockIdx.x; c < C; c += gridDim.x) {
         const double m = (double)mean[c];
+        float sc = 0.0f, sh = 0.0f;
+        if (relu) bn_scale_shift(gamma, beta, var, eps, c, &sc, &sh);
         double sdy = 0.0, sdyx = 0.0;
         for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x) {
             int64_t at = bn_at(t, c, C, S);
-            sdy += (double)dy[at];
-            sdyx += (double)dy[at] * ((double)x[at] - m);
+            double g = relu && !(bn_pre(x[at], mean[c], sc, sh) > 0.0f) ? 0.0 : (double)dy[at];
+            sdy += g;
+            sdyx += g * ((double)x[at] - m);
         }
         double a = block_sum(sdy), b = block_sum(sdyx);
         if (threadIdx.x == 0) {
@@ -530,10 +552,11 @@ __global__ void k_bn_bwd_sums(const float *x, const float *mean, const float *dy
     }
 }
 
-__global__ void k_bn_bwd_apply(const float *x, const float *gamma, const float *mean,
-                               const float *var, const float *dy, const float *sums,
-                               double count, float eps, int64_t N, int64_t C, int64_t S,
-                               float *dx, const float *local, float *dgamma, float *dbeta)
+__global__ void k_bn_bwd_apply(const float *x, const float *gamma, const float *beta, int relu,
+                               const float *mean, const float *var, const float *dy,
+                               const float *sums, double count, float eps, int64_t N, int64_t C,
+                               int64_t S, float *dx, const float *local, float *dgamma,
+                               float *dbeta)
 {
     const int64_t cnt = N * S;
     for (int64_t c = blockIdx.x; c < C; c += gridDim.x) {
@@ -550,9 +573,12 @@ __global__ void k_bn_bwd_apply(const float *x, const float *gamma, const float *
             if (dbeta) dbeta[c] += (float)db;
         }
         if (!dx) continue;
+        float sc = 0.0f, sh = 0.0f;
+        if (relu) bn_scale_shift(gamma, beta, var, eps, c, &sc, &sh);
         for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x) {
             int64_t at = bn_at(t, c, C, S);
-            dx[at] = gp_ew_bn_bwd_apply(dy[at], x[at], m, ka, kb, kc);
+            float g = relu && !(bn_pre(x[at], m, sc, sh) > 0.0f) ? 0.0f : dy[at];
+            dx[at] = gp_ew_bn_bwd_apply(g, x[at], m, ka, kb, kc);
         }
     }
 }
@@ -627,24 +653,6 @@ __global__ void k_bnp_stats_final(const double *part, const float *x, int64_t N,
             vec[C + c] = beta ? beta[c] : 0.0f;
         }
     }
-}
-
-/* The normalised value before a relu, one expression (an explicit FMA)
- * wherever the forward computes it and the backward asks where it was
- * positive (gp_bn_desc.relu), so both see the same bits. */
-__device__ __forceinline__ float bn_pre(float x, float m, float sc, float sh)
-{
-    return __fmaf_rn(x - m, sc, sh);
-}
-
-/* The forward's scale (gamma inv) and shift (beta) of channel c, as
- * k_bnp_stats_final makes them. */
-__device__ __forceinline__ void bn_scale_shift(const float *gamma, const float *beta,
-                                               const float *var, float eps, int64_t c,
-                                               float *sc, float *sh)
-{
-    *sc = (gamma ? gamma[c] : 1.0f) * gp_ew_bn_invstd(var[c], eps);
-    *sh = beta ? beta[c] : 0.0f;
 }
 
 /* y = (x - mean) scale + shift over plane blockIdx.x, plus add where
@@ -1135,22 +1143,26 @@ cudaError_t gp_cuk_bn_stats(cudaStream_t s, const float *x, int64_t n, int64_t c
 }
 
 cudaError_t gp_cuk_bn_bwd_sums(cudaStream_t s, const float *x, const float *mean,
-                               const float *dy, int64_t n, int64_t c, int64_t sp, float *sums)
+                               const float *dy, int64_t n, int64_t c, int64_t sp,
+                               const float *gamma, const float *beta, const float *var,
+                               float eps, int relu, float *sums)
 {
     if (c <= 0) return cudaSuccess;
-    k_bn_bwd_sums<<<channel_blocks(c), GP_CUK_THREADS, 0, s>>>(x, mean, dy, n, c, sp, sums);
+    k_bn_bwd_sums<<<channel_blocks(c), GP_CUK_THREADS, 0, s>>>(x, mean, dy, n, c, sp, gamma,
+                                                               beta, var, eps, relu, sums);
     return cudaGetLastError();
 }
 
 cudaError_t gp_cuk_bn_bwd_apply(cudaStream_t s, const float *x, const float *gamma,
-                                const float *mean, const float *var, const float *dy,
-                                const float *sums, double count, float eps, int64_t n,
-                                int64_t c, int64_t sp, float *dx, const float *local,
-                                float *dgamma, float *dbeta)
+                                const float *beta, int relu, const float *mean,
+                                const float *var, const float *dy, const float *sums,
+                                double count, float eps, int64_t n, int64_t c, int64_t sp,
+                                float *dx, const float *local, float *dgamma, float *dbeta)
 {
     if (c <= 0) return cudaSuccess;
     k_bn_bwd_apply<<<channel_blocks(c), GP_CUK_THREADS, 0, s>>>(
-        x, gamma, mean, var, dy, sums, count, eps, n, c, sp, dx, local, dgamma, dbeta);
+        x, gamma, beta, relu, mean, var, dy, sums, count, eps, n, c, sp, dx, local, dgamma,
+        dbeta);
     return cudaGetLastError();
 }
 

@@ -209,16 +209,20 @@ cudaError_t gp_cuk_bn_relu_mask(cudaStream_t s, const float *x, const float *mea
                                 float *dym, float *vec);
 /* Synchronised batch norm (backend.h's bn_stats, bn_bwd_sums, bn_bwd_apply)
  * on x (n, c, sp): one block per channel, sums in double.  gamma may be
- * NULL (1); dx, local / dgamma / dbeta may be NULL as in backend.h. */
+ * NULL (1); dx, local / dgamma / dbeta may be NULL as in backend.h; with
+ * relu dy is masked where the forward's value (before its relu) was not
+ * positive (gamma, beta, var: the forward's). */
 cudaError_t gp_cuk_bn_stats(cudaStream_t s, const float *x, int64_t n, int64_t c, int64_t sp,
                             float *mean, float *var);
 cudaError_t gp_cuk_bn_bwd_sums(cudaStream_t s, const float *x, const float *mean,
-                               const float *dy, int64_t n, int64_t c, int64_t sp, float *sums);
+                               const float *dy, int64_t n, int64_t c, int64_t sp,
+                               const float *gamma, const float *beta, const float *var,
+                               float eps, int relu, float *sums);
 cudaError_t gp_cuk_bn_bwd_apply(cudaStream_t s, const float *x, const float *gamma,
-                                const float *mean, const float *var, const float *dy,
-                                const float *sums, double count, float eps, int64_t n,
-                                int64_t c, int64_t sp, float *dx, const float *local,
-                                float *dgamma, float *dbeta);
+                                const float *beta, int relu, const float *mean,
+                                const float *var, const float *dy, const float *sums,
+                                double count, float eps, int64_t n, int64_t c, int64_t sp,
+                                float *dx, const float *local, float *dgamma, float *dbeta);
 
 #ifdef __cplusplus
 }
