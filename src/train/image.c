@@ -297,6 +297,9 @@ gp_status gp_image_decode(gp_image_codec *cd, const uint8_t *buf, size_t len, co
         for (int c = 0; c < 3; c++)
             out->px[3 * i + (size_t)c] = cmyk_channel(inverted ? 255 - q[c] : q[c], k);
     }
+    /* the CMYK scratch is kept for the next image, unless one huge image
+     * grew it past 64 MiB, which a loader thread would then hold for good */
+    if (cd->cmyk.cap > ((size_t)64 << 20)) gp_image_free(&cd->cmyk);
     if (channels == 1) rgb_to_mask(out);
     return GP_OK;
 }
