@@ -60,8 +60,7 @@
 #include "config/config.h"
 #include "layers/layers.h"
 #include "train/train.h"
-#include "test.h"
-#include "gpipe.h"
+#include "test_util.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -133,8 +132,14 @@ static void bfree(buf *b)
                     GP_MEM_ACTIVATIONS);
 }
 
-/* max |gpu - cpu| / (1 + max |cpu|) */
-static double bdiff(const buf *b)
+/* Over a buffer on both devices: max |gpu - cpu| (a NaN counts as the
+ * largest), where it is and the two values there, and max |cpu|. */
+typedef struct {
+    double err, ref, gpu, cpu;
+    int64_t at;
+} bstat;
+
+static bstat bstats(const buf *b)
 {
     size_t bytes = (size_t)(b->n > 0 ? b->n : 1) * sizeof(float);
     float *h[2] = {malloc(bytes), malloc(bytes)};
@@ -142,38 +147,32 @@ static double bdiff(const buf *b)
         CHECK_OK(gp_dev_download(D2[k], h[k], b->p[k], b->n));
         CHECK_OK(gp_dev_synchronize(D2[k]));
     }
-    double maxerr = 0, maxref = 0;
+    bstat st = {0, 0, 0, 0, 0};
     for (int64_t i = 0; i < b->n; i++) {
-        maxerr = fmax(maxerr, fabs((double)h[1][i] - (double)h[0][i]));
-        maxref = fmax(maxref, fabs((double)h[0][i]));
+        double e = fabs((double)h[1][i] - (double)h[0][i]);
+        if (!(e <= st.err)) { st.err = e; st.at = i; }
+        if (fabs((double)h[0][i]) > st.ref) st.ref = fabs((double)h[0][i]);
     }
+    if (b->n) st.gpu = h[1][st.at], st.cpu = h[0][st.at];
     free(h[0]);
     free(h[1]);
-    return maxerr / (1.0 + maxref);
+    return st;
+}
+
+/* max |gpu - cpu| / (1 + max |cpu|) */
+static double bdiff(const buf *b)
+{
+    bstat st = bstats(b);
+    return st.err / (1.0 + st.ref);
 }
 
 /* max |gpu - cpu| <= tol * (1 + max |cpu|) */
 static void bcheck(const char *what, const buf *b, double tol)
 {
-    size_t bytes = (size_t)(b->n > 0 ? b->n : 1) * sizeof(float);
-    float *h[2] = {malloc(bytes), malloc(bytes)};
-    for (int k = 0; k < 2; k++) {
-        CHECK_OK(gp_dev_download(D2[k], h[k], b->p[k], b->n));
-        CHECK_OK(gp_dev_synchronize(D2[k]));
-    }
-    double maxerr = 0, maxref = 0;
-    int64_t at = 0;
-    for (int64_t i = 0; i < b->n; i++) {
-        double e = fabs((double)h[1][i] - (double)h[0][i]);
-        if (!(e <= maxerr)) { maxerr = e; at = i; }
-        if (fabs((double)h[0][i]) > maxref) maxref = fabs((double)h[0][i]);
-    }
-    CHECK_MSG(maxerr <= tol * (1.0 + maxref),
+    bstat st = bstats(b);
+    CHECK_MSG(st.err <= tol * (1.0 + st.ref),
               "%s: max |gpu - cpu| %.3g at %lld (gpu %.9g, cpu %.9g), max |cpu| %.3g, tol %.1g",
-              what, maxerr, (long long)at, b->n ? (double)h[1][at] : 0.0,
-              b->n ? (double)h[0][at] : 0.0, maxref, tol);
-    free(h[0]);
-    free(h[1]);
+              what, st.err, (long long)st.at, st.gpu, st.cpu, st.ref, tol);
 }
 
 /* Run `call` on both devices: D is the device, K its index into buf.p. */
@@ -1721,19 +1720,8 @@ static void test_bf16_training(void)
         {"train.precision=bf16", "pipeline.devices=[cuda:0, cuda:0]"}};
     double loss[3][STEPS];
     for (int r = 0; r < 3; r++) {
-        gp_run *run = NULL;
-        CHECK_OK(gp_run_parse("bf16.yaml", yaml, runs[r], 2, &run));
-        if (!run) break;
-        gp_status st = gp_run_prepare(run);
+        gp_status st = gpt_run_losses(yaml, runs[r], 2, x, y, B, STEPS, loss[r]);
         CHECK_MSG(st == GP_OK, "%s %s: %s", runs[r][0], runs[r][1], gp_last_error());
-        for (int k = 0; k < STEPS && st == GP_OK; k++) {
-            gp_metrics m;
-            st = gp_run_step(run, x, y, B, 0, &m);
-            CHECK_MSG(st == GP_OK, "%s %s, step %d: %s", runs[r][0], runs[r][1], k,
-                      gp_last_error());
-            loss[r][k] = m.loss;
-        }
-        gp_run_free(run);
         if (st != GP_OK) break;
         if (r == 0) continue;
         bool same = true;

@@ -352,27 +352,16 @@ static void test_bf16_training(void)
                   (unsigned)dnnl_cpu_isa_avx512_core_bf16;
     for (int pr = 0; pr < 2; pr++) {
         const char *set = pr ? "train.precision=bf16" : "train.precision=fp32";
-        gp_run *run = NULL;
-        CHECK_OK(gp_run_parse("bf16.yaml", yaml, &set, 1, &run));
-        if (!run) break;
-        gp_status st = gp_run_prepare(run);
+        gp_status st = gpt_run_losses(yaml, &set, 1, x, y, B, STEPS, loss[pr]);
         if (pr && !native) {
             CHECK(st == GP_ERR_UNSUPPORTED);
             CHECK_MSG(strstr(gp_last_error(), "avx512_bf16") && strstr(gp_last_error(), "fp32"),
                       "%s", gp_last_error());
             gp_error_clear();
-            gp_run_free(run);
             printf("test_train: no bf16 instructions here: bf16 refused (checked)\n");
             break;
         }
         CHECK_OK(st);
-        for (int k = 0; k < STEPS && st == GP_OK; k++) {
-            gp_metrics m;
-            st = gp_run_step(run, x, y, B, 0, &m);
-            CHECK_OK(st);
-            loss[pr][k] = m.loss;
-        }
-        gp_run_free(run);
         if (pr && st == GP_OK) {
             bool same = true;
             for (int k = 0; k < STEPS; k++) {

@@ -17,6 +17,7 @@
  *   gpt_read_file         a whole file into memory, '\0'-terminated
  *   gpt_same_files        whether two files hold the same bytes
  *   gpt_write_file        bytes into a file
+ *   gpt_run_losses        the losses of a few steps of a run from a config text
  *
  * Everything is static inline (a program uses what it needs; the rest
  * costs nothing and warns about nothing).  Include it instead of test.h,
@@ -29,6 +30,7 @@
 #define GP_TEST_UTIL_H
 
 #include "backend/elementwise.h"
+#include "gpipe.h"
 #include "train/train.h"
 #include "test.h"
 
@@ -473,6 +475,27 @@ static inline void gpt_write_file(const char *path, const void *data, size_t n)
     }
     fwrite(data, 1, n, f);
     fclose(f);
+}
+
+/* The losses of `steps` training steps (loss[0 .. steps)) of the run a
+ * config text and its `n` --set overrides make, every step on the batch
+ * (x, y) of b rows.  Returns the first failure (its message left for the
+ * caller, which says which run it was: a prepare that must fail is the
+ * caller's to check), else GP_OK. */
+static inline gp_status gpt_run_losses(const char *yaml, const char *const *sets, int n,
+                                       const float *x, const float *y, int64_t b, int steps,
+                                       double *loss)
+{
+    gp_run *run = NULL;
+    gp_status st = gp_run_parse("run.yaml", yaml, sets, n, &run);
+    if (st == GP_OK) st = gp_run_prepare(run);
+    for (int k = 0; k < steps && st == GP_OK; k++) {
+        gp_metrics m;
+        st = gp_run_step(run, x, y, b, 0, &m);
+        if (st == GP_OK) loss[k] = m.loss;
+    }
+    if (run) gp_run_free(run);
+    return st;
 }
 
 #endif /* GP_TEST_UTIL_H */

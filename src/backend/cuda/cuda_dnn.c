@@ -300,6 +300,31 @@ static gp_status no_algo(gp_device *dev, const char *dir, const gp_conv_desc *d,
                                            : "; give the device more memory");
 }
 
+/* Convolution cv's three tensors as cuDNN takes them, t[0] x or dx, t[1]
+ * w or dw, t[2] y or dy (n[i] values each): the caller's p[i], or under
+ * bf16 their copies in gp_cuda_bf16_reserve's buffer, the inputs (bit i
+ * of `in`) packed into them and the output left for the caller to widen
+ * from t[i]. */
+static gp_status conv_tensors(gp_device *dev, const cuda_conv *cv, const float *p0,
+                              const float *p1, const float *p2, unsigned in, void *t[3],
+                              int64_t n[3])
+{
+    const gp_conv_desc *d = &cv->d;
+    const float *p[3] = {p0, p1, p2};
+    n[0] = d->n * d->c * d->h * d->w;
+    n[1] = d->k * d->c * d->kh * d->kw;
+    n[2] = d->n * d->k * d->oh * d->ow;
+    for (int i = 0; i < 3; i++) t[i] = (void *)p[i];
+    if (!cv->bf16) return GP_OK;
+    uint16_t *bp[3];
+    GP_TRY(gp_cuda_bf16_reserve(dev, n, 3, bp));
+    for (int i = 0; i < 3; i++) {
+        if (in >> i & 1) GP_CUDA(gp_cuk_bf16_pack(gp_cuda_ctx_of(dev)->compute, bp[i], p[i], n[i]));
+        t[i] = bp[i];
+    }
+    return GP_OK;
+}
+
 gp_status gp_cuda_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x,
                            const float *w, const float *b, float *y)
 {
@@ -308,20 +333,11 @@ gp_status gp_cuda_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x
     void *ws = NULL;
     GP_TRY(gp_cuda_enter(dev));
     GP_TRY(conv_get(dev, d, &cv));
-    int64_t nx = d->n * d->c * d->h * d->w, nw = d->k * d->c * d->kh * d->kw,
-            ny = d->n * d->k * d->oh * d->ow;
-    const void *xo = x, *wo = w; /* the operands cuDNN reads and writes */
-    void *yo = y;
-    uint16_t *bp[3];
-    if (cv->bf16) {
-        int64_t cnt[3] = {nx, nw, ny};
-        GP_TRY(gp_cuda_bf16_reserve(dev, cnt, 3, bp));
-        GP_CUDA(gp_cuk_bf16_pack(ctx->compute, bp[0], x, nx));
-        GP_CUDA(gp_cuk_bf16_pack(ctx->compute, bp[1], w, nw));
-        xo = bp[0];
-        wo = bp[1];
-        yo = bp[2];
-    }
+    void *t[3]; /* x, w in; y out */
+    int64_t n[3];
+    GP_TRY(conv_tensors(dev, cv, x, w, y, 3, t, n));
+    const void *xo = t[0], *wo = t[1];
+    void *yo = t[2];
     if (!cv->have_fwd) {
         cudnnConvolutionFwdAlgoPerf_t perf[CUDA_ALGO_CAP];
         int got = 0, idx, cap = 0;
@@ -365,7 +381,7 @@ gp_status gp_cuda_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x
         GP_CUDNN(cudnnConvolutionForward(ctx->dnn, &one, cv->x, xo, cv->w, wo, cv->conv, cv->fwd,
                                          ws, cv->ws_fwd, &zero, cv->y, yo));
     if (cv->bf16) /* widened, with the bias, in one pass */
-        GP_CUDA(gp_cuk_bf16_unpack_bias(ctx->compute, y, bp[2], d->has_bias ? b : NULL, ny,
+        GP_CUDA(gp_cuk_bf16_unpack_bias(ctx->compute, y, yo, d->has_bias ? b : NULL, n[2],
                                         d->k, d->oh * d->ow));
     else if (d->has_bias && b)
         GP_CUDNN(cudnnAddTensor(ctx->dnn, &one, cv->b, b, &one, cv->y, y));
@@ -381,20 +397,11 @@ gp_status gp_cuda_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const flo
     void *ws = NULL;
     GP_TRY(gp_cuda_enter(dev));
     GP_TRY(conv_get(dev, d, &cv));
-    int64_t nx = d->n * d->c * d->h * d->w, nw = d->k * d->c * d->kh * d->kw,
-            ny = d->n * d->k * d->oh * d->ow;
-    const void *wo = w, *dyo = dy; /* the operands cuDNN reads and writes */
-    void *dxo = dx;
-    uint16_t *bp[3];
-    if (cv->bf16) {
-        int64_t cnt[3] = {nx, nw, ny};
-        GP_TRY(gp_cuda_bf16_reserve(dev, cnt, 3, bp));
-        GP_CUDA(gp_cuk_bf16_pack(ctx->compute, bp[1], w, nw));
-        GP_CUDA(gp_cuk_bf16_pack(ctx->compute, bp[2], dy, ny));
-        dxo = bp[0];
-        wo = bp[1];
-        dyo = bp[2];
-    }
+    void *t[3]; /* w, dy in; dx out */
+    int64_t n[3];
+    GP_TRY(conv_tensors(dev, cv, dx, w, dy, 6, t, n));
+    const void *wo = t[1], *dyo = t[2];
+    void *dxo = t[0];
     if (!cv->have_bwd_data) {
         cudnnConvolutionBwdDataAlgoPerf_t perf[CUDA_ALGO_CAP];
         int got = 0, idx, cap = 0;
@@ -442,7 +449,7 @@ gp_status gp_cuda_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const flo
                                               dxo));
         gp_cuda_nvtx_pop();
     }
-    if (cv->bf16) GP_CUDA(gp_cuk_bf16_unpack(ctx->compute, dx, bp[0], nx));
+    if (cv->bf16) GP_CUDA(gp_cuk_bf16_unpack(ctx->compute, dx, dxo, n[0]));
     return GP_OK;
 }
 
@@ -454,22 +461,13 @@ gp_status gp_cuda_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const 
     void *ws = NULL;
     GP_TRY(gp_cuda_enter(dev));
     GP_TRY(conv_get(dev, d, &cv));
-    int64_t nx = d->n * d->c * d->h * d->w, nw = d->k * d->c * d->kh * d->kw,
-            ny = d->n * d->k * d->oh * d->ow;
-    /* the operands cuDNN reads and writes; bf16: it writes (beta 0) the
-     * weight gradient's bf16 part, added to dw in FP32 after */
-    const void *xo = x, *dyo = dy;
-    void *dwo = dw;
-    uint16_t *bp[3];
-    if (cv->bf16) {
-        int64_t cnt[3] = {nx, nw, ny};
-        GP_TRY(gp_cuda_bf16_reserve(dev, cnt, 3, bp));
-        GP_CUDA(gp_cuk_bf16_pack(ctx->compute, bp[0], x, nx));
-        GP_CUDA(gp_cuk_bf16_pack(ctx->compute, bp[2], dy, ny));
-        xo = bp[0];
-        dwo = bp[1];
-        dyo = bp[2];
-    }
+    /* x, dy in; bf16: cuDNN writes (beta 0) the weight gradient's bf16
+     * part, added to dw in FP32 after */
+    void *t[3];
+    int64_t n[3];
+    GP_TRY(conv_tensors(dev, cv, x, dw, dy, 5, t, n));
+    const void *xo = t[0], *dyo = t[2];
+    void *dwo = t[1];
     if (!cv->have_bwd_filter) {
         cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDA_ALGO_CAP];
         int got = 0, idx, cap = 0;
@@ -483,7 +481,7 @@ gp_status gp_cuda_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const 
         /* the search writes its dw (beta 0): into a scratch tensor, not the
          * gradient this call adds to (bf16: the bf16 part is one); no room
          * for one: the heuristics */
-        size_t dw_bytes = (size_t)nw * sizeof(float);
+        size_t dw_bytes = (size_t)n[1] * sizeof(float);
         void *sdw = NULL;
         bool measure = !ctx->deterministic;
         if (measure && cv->bf16) {
@@ -527,7 +525,7 @@ gp_status gp_cuda_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const 
         GP_CUDNN(cudnnConvolutionBackwardFilter(ctx->dnn, &one, cv->x, xo, cv->y, dyo, cv->conv,
                                                 cv->bwd_filter, ws, cv->ws_bwd_filter,
                                                 cv->bf16 ? &zero : &one, cv->w, dwo));
-    if (cv->bf16) GP_CUDA(gp_cuk_bf16_unpack_add(ctx->compute, dw, bp[1], nw));
+    if (cv->bf16) GP_CUDA(gp_cuk_bf16_unpack_add(ctx->compute, dw, dwo, n[1]));
     if (d->has_bias && db) { /* cuda_kernels.h: a quarter of cuDNN's time */
         void *part;
         GP_TRY(gp_cuda_ws_reserve(dev, (size_t)(d->n * d->k) * sizeof(double), &part));
