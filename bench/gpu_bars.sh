@@ -20,7 +20,8 @@
 # PARTS=precision runs only issue 15's part below.
 # Last, issue 15's fp32 against tf32 on the five configs of its table, and
 # fp32 with train.deterministic (cuDNN's heuristic choice, as at 82fd00b)
-# against the default measured choice; then PyTorch on the same GPU
+# against the default measured choice; the mlp's products on cuBLASLt
+# against cublasSgemm (GPIPE_CUBLASLT=0); then PyTorch on the same GPU
 # (bench/bench_gpu_peer.py: fp32, tf32, bf16 autocast) with gpipe's times
 # beside it.
 set -euo pipefail
@@ -113,6 +114,23 @@ for spec in "mlp bench/mlp.yaml 256" "mlp bench/mlp.yaml 2048" "convnet bench/co
   printf "%s %d fp32 %s\n%s %d tf32 %s\n" "$cfg" "$b" "$tf" "$cfg" "$b" "$tt" >> "$OUT/gpipe-times.txt"
   [ "$tb" = - ] || printf "%s %d bf16 %s\n" "$cfg" "$b" "$tb" >> "$OUT/gpipe-times.txt"
   peer_runs="$peer_runs $cfg:$b"
+done
+# The products on cuBLASLt (measured algorithm per shape, bias and relu in
+# the epilogue; cuda_blas.c) against cublasSgemm and gpipe's own bias and
+# relu kernels (GPIPE_CUBLASLT=0), where the products are the step: the mlp.
+echo
+echo "| model, batch | fp32 classic ms | fp32 cuBLASLt ms | Lt / classic | tf32 classic ms | tf32 cuBLASLt ms | Lt / classic |"
+echo "|---|---|---|---|---|---|---|"
+for batch in 256 2048; do
+  GPIPE_CUBLASLT=0 train "mlp-$batch-fp32-classic" bench/mlp.yaml "$batch" "[cuda:0]" 1
+  GPIPE_CUBLASLT=0 train "mlp-$batch-tf32-classic" bench/mlp.yaml "$batch" "[cuda:0]" 1 \
+    --set train.precision=tf32
+  read -r fc _ <<< "$(median "$OUT/mlp-$batch-fp32-classic.jsonl")"
+  read -r fl _ <<< "$(median "$OUT/mlp-$batch-fp32.jsonl")"
+  read -r tc _ <<< "$(median "$OUT/mlp-$batch-tf32-classic.jsonl")"
+  read -r tl _ <<< "$(median "$OUT/mlp-$batch-tf32.jsonl")"
+  echo "| mlp, $batch | $fc | $fl | $("$PY" -c "print('%.2f' % ($fl / $fc))") | $tc | $tl |" \
+       "$("$PY" -c "print('%.2f' % ($tl / $tc))") |"
 done
 # PyTorch on the same GPU, the same five configs, fp32 / tf32 / bf16
 # autocast, beside gpipe's (issue 15's bars: PyTorch / gpipe >= 1.10)

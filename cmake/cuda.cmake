@@ -37,6 +37,8 @@ if(NOT CUDAToolkit_FOUND)
   list(APPEND _gp_cuda_missing "the CUDA toolkit (find_package(CUDAToolkit))")
 elseif(NOT TARGET CUDA::cublas)
   list(APPEND _gp_cuda_missing "cuBLAS (libcublas)")
+elseif(NOT TARGET CUDA::cublasLt)
+  list(APPEND _gp_cuda_missing "cuBLASLt (libcublasLt)")
 endif()
 
 set(_gp_hint_inc ${CUDAToolkit_INCLUDE_DIRS})
@@ -117,7 +119,7 @@ target_sources(gpipe PRIVATE $<TARGET_OBJECTS:gpipe_cuda>)
 set_target_properties(gpipe PROPERTIES CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}"
                       CUDA_RUNTIME_LIBRARY Shared)
 set_target_properties(gpipe_cuda PROPERTIES CUDA_RUNTIME_LIBRARY Shared)
-target_link_libraries(gpipe PUBLIC CUDA::cudart CUDA::cublas ${CUDNN_LIBRARY} ${NCCL_LIBRARY})
+target_link_libraries(gpipe PUBLIC CUDA::cudart CUDA::cublas CUDA::cublasLt ${CUDNN_LIBRARY} ${NCCL_LIBRARY})
 set_property(SOURCE ${PROJECT_SOURCE_DIR}/src/backend/device.c APPEND PROPERTY
              COMPILE_DEFINITIONS GPIPE_CUDA=1)
 # The NVTX ranges of src/pipeline/nvtx.h are on where GPIPE_CUDA is

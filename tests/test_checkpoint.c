@@ -456,17 +456,20 @@ static void inplace(void)
 }
 
 /* Batch norm with the relu after it (gp_layers_relu_fused): in a stage
- * conv, bn, relu, conv, relu, bn, relu, flatten, linear the relus after the
- * norms (2 and 6) are fused and skip their forward, the one after the conv
- * (4) is not; kept, checkpointed and recomputed, and in evaluation, the
- * output, input gradient and parameter gradients are bit for bit those of
- * the layers run one by one out of place (no fusion there). */
-enum { FZ = 9 };
+ * conv, bn, relu, conv, relu, bn, relu, flatten, linear, relu, linear the
+ * relus after the norms (2 and 6) are fused and skip their forward and
+ * backward, the one after the conv (4) is not, the one after the first
+ * linear (9) skips its forward only (the linear's epilogue); kept,
+ * checkpointed and recomputed, and in evaluation, the output, input
+ * gradient and parameter gradients are bit for bit those of the layers run
+ * one by one out of place (no fusion there). */
+enum { FZ = 11 };
 static void fz_build(gp_device *dev, gp_layer *layers)
 {
     static const gp_layer_type t[FZ] = {
         GP_LAYER_CONV2D, GP_LAYER_BATCHNORM, GP_LAYER_RELU, GP_LAYER_CONV2D, GP_LAYER_RELU,
-        GP_LAYER_BATCHNORM, GP_LAYER_RELU, GP_LAYER_FLATTEN, GP_LAYER_LINEAR};
+        GP_LAYER_BATCHNORM, GP_LAYER_RELU, GP_LAYER_FLATTEN, GP_LAYER_LINEAR, GP_LAYER_RELU,
+        GP_LAYER_LINEAR};
     gp_layer_spec sp[FZ];
     for (int k = 0; k < FZ; k++) sp[k] = gp_layer_spec_default(t[k]);
     sp[0].out = 4;
@@ -475,7 +478,8 @@ static void fz_build(gp_device *dev, gp_layer *layers)
     sp[3].out = 4;
     sp[3].kernel = gp_hw_square(3);
     sp[3].padding = gp_hw_square(1);
-    sp[8].out = 3;
+    sp[8].out = 5;
+    sp[10].out = 3;
     gp_shape in = gp_shape_4d(1, 3, 6, 6);
     for (int k = 0; k < FZ; k++) {
         CHECK_OK(gp_layer_create(&sp[k], k, &in, dev, 11, &layers[k]));
@@ -529,8 +533,8 @@ static void fused(void)
     gp_layers_relu_fused(run, FZ, ip, fz);
     for (int c = 0; c < FZ; c++) {
         bool want = c == 2 || c == 6;
-        CHECK_MSG(fz[c] == want && run[c].relu_done == want &&
-                      run[c].relu_after == (c == 1 || c == 5),
+        CHECK_MSG(fz[c] == want && run[c].relu_done == (want || c == 9) &&
+                      run[c].relu_after == (c == 1 || c == 5 || c == 8),
                   "layer %d (%s): fused %d, relu_done %d, relu_after %d", c,
                   gp_layer_type_name(run[c].spec.type), fz[c], run[c].relu_done,
                   run[c].relu_after);
@@ -558,7 +562,8 @@ static void fused(void)
     CHECK_OK(gp_stash_init(&a, FZ, NULL, 0));
     for (int mode = 0; mode < 2; mode++) { /* kept; checkpointed and recomputed */
         for (int k = 0; k < FZ; k++) gp_layer_grads_begin(&run[k]);
-        uint64_t sk2 = run[2].relu_skipped, sk4 = run[4].relu_skipped, sk6 = run[6].relu_skipped;
+        uint64_t sk2 = run[2].relu_skipped, sk4 = run[4].relu_skipped, sk6 = run[6].relu_skipped,
+                 sk9 = run[9].relu_skipped;
         CHECK_OK(gp_tensor_alloc(&a.in, dev, &xs, GP_MEM_ACTIVATIONS));
         CHECK_OK(gp_tensor_copy(&a.in, &in));
         int bad = -1;
@@ -566,28 +571,29 @@ static void fused(void)
         CHECK_MSG(same(&a.out, &out_ref), "fused, mode %d: the output differs", mode);
         if (mode) CHECK_OK(gp_ckpt_recompute(run, &ctx, &a, &bad));
         CHECK_MSG(run[2].relu_skipped == sk2 + 1 + mode && run[6].relu_skipped == sk6 + 1 + mode &&
-                      run[4].relu_skipped == sk4,
-                  "mode %d: relu forwards skipped %llu, %llu, %llu", mode,
+                      run[9].relu_skipped == sk9 + 1 + mode && run[4].relu_skipped == sk4,
+                  "mode %d: relu forwards skipped %llu, %llu, %llu, %llu", mode,
                   (unsigned long long)(run[2].relu_skipped - sk2),
                   (unsigned long long)(run[4].relu_skipped - sk4),
-                  (unsigned long long)(run[6].relu_skipped - sk6));
+                  (unsigned long long)(run[6].relu_skipped - sk6),
+                  (unsigned long long)(run[9].relu_skipped - sk9));
         gp_tensor dya, dxa = {0};
         CHECK_OK(gp_tensor_alloc(&dya, dev, &ys, GP_MEM_ACTIVATIONS));
         CHECK_OK(gp_tensor_copy(&dya, &dy));
         uint64_t bk2 = run[2].relu_bwd_skipped, bk4 = run[4].relu_bwd_skipped,
-                 bk6 = run[6].relu_bwd_skipped;
+                 bk6 = run[6].relu_bwd_skipped, bk9 = run[9].relu_bwd_skipped;
         CHECK_OK(gp_ckpt_backward(run, &ctx, &a, &dya, 0, &dxa, &bad));
         /* the fused relus' backwards were the norms' (in place: dx is dy) */
         CHECK_MSG(run[2].relu_bwd_skipped == bk2 + 1 && run[6].relu_bwd_skipped == bk6 + 1 &&
-                      run[4].relu_bwd_skipped == bk4,
+                      run[4].relu_bwd_skipped == bk4 && run[9].relu_bwd_skipped == bk9,
                   "mode %d: relu backwards skipped %llu, %llu, %llu", mode,
                   (unsigned long long)(run[2].relu_bwd_skipped - bk2),
                   (unsigned long long)(run[4].relu_bwd_skipped - bk4),
                   (unsigned long long)(run[6].relu_bwd_skipped - bk6));
         CHECK_MSG(dxa.data && same(&dxa, &dx_ref), "fused, mode %d: the input gradient differs",
                   mode);
-        /* two convolutions, two norms and the linear layer: weight and bias */
-        CHECK_MSG(same_grads(run, ref, FZ, "fused") == 10, "fused, mode %d: gradients", mode);
+        /* two convolutions, two norms and two linear layers: weight and bias */
+        CHECK_MSG(same_grads(run, ref, FZ, "fused") == 12, "fused, mode %d: gradients", mode);
         for (int k = 0; k < FZ; k++) gp_layer_grads_begin(&ref[k]);
         gp_tensor o2, d2;
         gp_tensor_free(&out_ref);

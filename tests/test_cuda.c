@@ -29,7 +29,10 @@
  *         pooling, xent and bce gradients, upsample backward (the GPU sums
  *         a block in double, the CPU in float)
  *   1e-12 sumsq, xent and bce loss (double accumulation, another order)
- *   1e-5  gemm (another summation order over k), log-softmax, batch norm
+ *   1e-5  gemm (another summation order over k; cuBLASLt's measured algorithm,
+ *         the heuristics' first, and cublasSgemm), linear_fwd (the same
+ *         with the bias and relu as cuBLASLt's epilogue or gpipe's kernel,
+ *         a NaN kept by the relu), log-softmax, batch norm
  *         forward (y, mean, biased var), inference
  *   1e-4  convolutions (cuDNN may pick Winograd or FFT algorithms; checked
  *         with the measured choice and again on a train.deterministic
@@ -323,6 +326,57 @@ static void test_gemm(void)
     BOTH(gp_dev_gemm(D, 0, 0, 6, 4, 0, 1.0f, c.p[K], 4, c.p[K], 4, 0.5f, c.p[K], 4));
     bcheck("gemm k=0: C = beta C", &c, 0);
     bfree(&c);
+}
+
+/* ---- a linear layer's forward: product, bias and relu in one call ------------------ */
+
+/* gp_dev_linear_fwd on D2[1] against the CPU, every combination of bias and
+ * relu, an odd shape and one cuBLASLt has many algorithms for; the
+ * searches it makes: at most one per shape on its first call (none with
+ * train.deterministic or GPIPE_CUBLASLT=0), none on the second, so a warm
+ * step queries nothing.  A NaN in a row of x leaves that row of y NaN with
+ * the relu too (gpipe's relu keeps NaN; the epilogue's must not hide one
+ * from the NaN check). */
+static void test_linear_fwd(const char *tag, bool searches)
+{
+    static const int64_t shapes[2][3] = {{37, 29, 53}, {64, 256, 128}};
+    for (int sh = 0; sh < 2; sh++)
+        for (int v = 0; v < 4; v++) {
+            bool has_bias = v & 1, relu = v & 2;
+            int64_t n = shapes[sh][0], out = shapes[sh][1], in = shapes[sh][2];
+            buf x = brand(n * in, -1, 1), w = brand(out * in, -1, 1), b = brand(out, -1, 1);
+            buf y = bjunk(n * out);
+            for (int rep = 0; rep < 2; rep++) {
+                uint64_t searched = D2[1]->algo_searches;
+                BOTH(gp_dev_linear_fwd(D, n, out, in, x.p[K], w.p[K], has_bias ? b.p[K] : NULL,
+                                       relu, y.p[K]));
+                uint64_t made = D2[1]->algo_searches - searched;
+                CHECK_MSG(rep == 0 && searches ? made <= 1 : made == 0,
+                          "%s: linear %lldx%lldx%lld bias %d relu %d, call %d: %llu searches",
+                          tag, (long long)n, (long long)out, (long long)in, has_bias, relu,
+                          rep + 1, (unsigned long long)made);
+            }
+            char what[128];
+            snprintf(what, sizeof what, "%s: linear_fwd %lldx%lldx%lld bias %d relu %d", tag,
+                     (long long)n, (long long)out, (long long)in, has_bias, relu);
+            bcheck(what, &y, 1e-5);
+            /* a NaN in row 3 of x */
+            float nan = NAN;
+            for (int k = 0; k < 2; k++) CHECK_OK(gp_dev_upload(D2[k], x.p[k] + 3 * in + 1, &nan, 1));
+            BOTH(gp_dev_linear_fwd(D, n, out, in, x.p[K], w.p[K], has_bias ? b.p[K] : NULL, relu,
+                                   y.p[K]));
+            float *row = malloc((size_t)out * sizeof *row);
+            for (int k = 0; k < 2; k++) {
+                CHECK_OK(gp_dev_download(D2[k], row, y.p[k] + 3 * out, out));
+                CHECK_OK(gp_dev_synchronize(D2[k]));
+                int64_t nans = 0;
+                for (int64_t j = 0; j < out; j++) nans += isnan(row[j]) != 0;
+                CHECK_MSG(nans == out, "%s on %s: a NaN in row 3 of x left %lld of %lld NaN", what,
+                          D2[k]->name, (long long)nans, (long long)out);
+            }
+            free(row);
+            bfree(&x); bfree(&w); bfree(&b); bfree(&y);
+        }
 }
 
 /* ---- convolution ------------------------------------------------------------------ */
@@ -1770,6 +1824,7 @@ int main(int argc, char **argv)
     D2[1] = gpu;
     test_elementwise();
     test_gemm();
+    test_linear_fwd("measured", true);
     test_conv();
     {
         /* again with train.deterministic: heuristics, no searches */
@@ -1781,9 +1836,25 @@ int main(int argc, char **argv)
             D2[1] = det;
             det_gpu = true;
             test_conv();
+            test_linear_fwd("deterministic", false);
+            test_gemm();
             det_gpu = false;
             D2[1] = gpu;
             gp_device_close(det);
+            gp_device_bind_thread(gpu);
+        }
+        /* and without cuBLASLt: cublasSgemm and gpipe's bias / relu kernel */
+        setenv("GPIPE_CUBLASLT", "0", 1);
+        gp_device *classic = NULL;
+        CHECK_OK(gp_device_open("cuda:0", NULL, &classic));
+        unsetenv("GPIPE_CUBLASLT");
+        if (classic) {
+            gp_device_bind_thread(classic);
+            D2[1] = classic;
+            test_gemm();
+            test_linear_fwd("GPIPE_CUBLASLT=0", false);
+            D2[1] = gpu;
+            gp_device_close(classic);
             gp_device_bind_thread(gpu);
         }
         /* and with cuDNN's graph API wherever a plan builds (the measured

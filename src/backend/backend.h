@@ -104,8 +104,10 @@
  *  21  gp_bn_desc.relu in the backward slots too (the relu's backward done
  *      by the norm's), which take beta (and bn_bwd_sums gamma and var) to
  *      know where the normalised value was positive
- *  22  gp_bn_desc.add (a residual added before the relu, in the forward) */
-#define GP_DEVICE_IFACE_VERSION 22
+ *  22  gp_bn_desc.add (a residual added before the relu, in the forward)
+ *  23  linear_fwd (a linear layer's product, bias and relu in one call: a
+ *      cuBLASLt epilogue on a GPU) */
+#define GP_DEVICE_IFACE_VERSION 23
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -725,6 +727,15 @@ typedef struct gp_device_iface {
      * stage into a CPU stage, on the receiving CPU worker. */
     gp_status (*copy_to_host)(gp_device *dev, void *dst, const void *src, size_t bytes,
                               void *after);
+    /* linear_fwd (optional): a linear layer's forward, y(n, out) =
+     * x(n, in) w(out, in)^T, plus bias(out) on every row unless bias is
+     * NULL, then the relu unless !relu, bit for bit gemm_wb (w the weights)
+     * followed by add_bias_rows and relu_fwd in place, in one call: the
+     * bias and relu in the product's epilogue (cuBLASLt) or in one pass
+     * over y (CPU) instead of two (issue 15).  NULL: gp_dev_linear_fwd
+     * makes those three calls. */
+    gp_status (*linear_fwd)(gp_device *dev, int64_t n, int64_t out, int64_t in, const float *x,
+                            const float *w, const float *bias, bool relu, float *y);
 } gp_device_iface;
 
 #define GP_CHAN_ID_BYTES 256
@@ -1023,6 +1034,16 @@ static inline gp_status gp_dev_add_bias_rows(gp_device *dev, float *y, const flo
                                              int64_t rows, int64_t cols)
 {
     return dev->iface->add_bias_rows(dev, y, bias, rows, cols);
+}
+static inline gp_status gp_dev_linear_fwd(gp_device *dev, int64_t n, int64_t out, int64_t in,
+                                          const float *x, const float *w, const float *bias,
+                                          bool relu, float *y)
+{
+    if (n == 0 || out == 0) return GP_OK;
+    if (dev->iface->linear_fwd) return dev->iface->linear_fwd(dev, n, out, in, x, w, bias, relu, y);
+    GP_TRY(gp_dev_gemm_wb(dev, 0, 1, n, out, in, 1.0f, x, in, w, in, 0.0f, y, out));
+    if (bias) GP_TRY(dev->iface->add_bias_rows(dev, y, bias, n, out));
+    return relu ? dev->iface->relu_fwd(dev, y, y, n * out) : GP_OK;
 }
 static inline gp_status gp_dev_sum_rows(gp_device *dev, const float *dy, float *db,
                                         int64_t rows, int64_t cols)

@@ -727,13 +727,24 @@ void gp_layer_specs_relu_fused(const gp_layer_spec *specs, int count, const bool
     if (count > 0) relu_fused_rule((const char *)specs, sizeof *specs, count, inplace, fused);
 }
 
+/* A relu in place after a linear layer whose output nothing else reads:
+ * the linear's forward applies it (forward only: the relu's backward
+ * runs). */
+static bool relu_after_linear(const gp_layer *layers, int c, const bool *inplace)
+{
+    const gp_layer_spec *b = c >= 1 ? &layers[c - 1].spec : NULL;
+    return gp_layers_fuse_relu_on() && b && layers[c].spec.type == GP_LAYER_RELU && inplace[c] &&
+           b->type == GP_LAYER_LINEAR && b->n_pop == 0 && !b->stash[0];
+}
+
 void gp_layers_relu_fused(gp_layer *layers, int count, const bool *inplace, bool *fused)
 {
     if (count <= 0) return;
     relu_fused_rule((const char *)&layers[0].spec, sizeof *layers, count, inplace, fused);
     for (int c = 0; c < count; c++) {
-        layers[c].relu_done = fused[c];
-        layers[c].relu_after = c + 1 < count && fused[c + 1];
+        layers[c].relu_done = fused[c] || relu_after_linear(layers, c, inplace);
+        layers[c].relu_after =
+            c + 1 < count && (fused[c + 1] || relu_after_linear(layers, c + 1, inplace));
     }
 }
 

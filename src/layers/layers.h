@@ -326,7 +326,9 @@ struct gp_layer {
      * norm's mask then repeats to no effect).  Values stay bit for bit the
      * unfused ones (relu is idempotent; the mask is relu_bwd's rule on the
      * same value).  relu_skipped and relu_bwd_skipped count the relu's
-     * skipped forwards and backwards. */
+     * skipped forwards and backwards.  After a linear layer relu_after and
+     * relu_done mean the forward only (linear.c): the relu's backward runs
+     * and is not handed past. */
     bool relu_after, relu_done;
     uint64_t relu_skipped, relu_bwd_skipped;
     /* a batch norm's next forward only: add this (the output's shape and
@@ -397,7 +399,12 @@ void gp_layers_blocked(gp_layer *layers, int count);
  * input whose output no skip stashes, so nothing else reads the norm's
  * output before the relu), and the layers' relu_after / relu_done set to
  * match for every layer of the run.  One pass over memory fewer per pair
- * in every forward and recompute (issue 15: batch norm with its ReLU). */
+ * in every forward and recompute (issue 15: batch norm with its ReLU).
+ * A relu in place after a linear layer of one input whose output no skip
+ * stashes is done by the linear's forward too (relu_after on the linear,
+ * relu_done on the relu: bias and relu in the product's epilogue, issue
+ * 15), but not marked in fused[]: its backward still runs, on its output,
+ * since a linear's backward reads no output to mask with. */
 void gp_layers_relu_fused(gp_layer *layers, int count, const bool *inplace, bool *fused);
 /* The same rule on a whole model's specs (inplace from
  * gp_layer_specs_inplace): which relus cost nothing inside a stage, for the

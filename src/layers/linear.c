@@ -4,6 +4,10 @@
  * Parameters (PyTorch layout): weight (out, in), bias (out) when spec.bias.
  * Input (N, in), output (N, out); 4-D input is refused with a hint to add a
  * flatten layer.  Saves nothing: backward needs only x (kept by the caller).
+ * Followed in its stage by a relu in place (gp_layers_relu_fused), the
+ * forward applies the relu too (relu_after: in the product's epilogue on a
+ * GPU, the same pass as the bias on a CPU) and the relu's forward does
+ * nothing; the relu's backward runs as ever, on the relu's output.
  */
 #include "layers/layers_impl.h"
 
@@ -51,11 +55,11 @@ static gp_status linear_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_ten
     gp_device *dev = l->dev;
     int64_t n = x->dims[0], in = x->dims[1], out = l->spec.out;
     if (n == 0) return GP_OK;
-    GP_TRY(gp_dev_gemm_wb(dev, 0, 1, n, out, in, 1.0f, x->data, in,
-                          l->params[0].value.data, in, 0.0f, y->data, out));
-    if (l->spec.bias)
-        GP_TRY(gp_dev_add_bias_rows(dev, y->data, l->params[1].value.data, n, out));
-    return GP_OK;
+    /* the product, the bias and (relu_after: the in-place relu that
+     * follows, gp_layers_relu_fused) the relu in one device call */
+    return gp_dev_linear_fwd(dev, n, out, in, x->data, l->params[0].value.data,
+                             l->spec.bias ? l->params[1].value.data : NULL, l->relu_after,
+                             y->data);
 }
 
 static gp_status linear_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,

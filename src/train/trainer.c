@@ -770,6 +770,8 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
         if (inplace[k]) snprintf(sk + strlen(sk), sizeof sk - strlen(sk), "  in place");
         if (fused[k]) /* gp_layers_relu_fused: the norm before computed it */
             snprintf(sk + strlen(sk), sizeof sk - strlen(sk), "  fused into the norm");
+        else if (l->relu_done) /* its forward is the linear's epilogue */
+            snprintf(sk + strlen(sk), sizeof sk - strlen(sk), "  forward fused into the linear");
         if (unkept[k]) snprintf(sk + strlen(sk), sizeof sk - strlen(sk), "  not kept");
         if (l->out_blk) /* gp_layers_blocked: the convolutions' own layout */
             snprintf(sk + strlen(sk), sizeof sk - strlen(sk), "  out nChw%lldc",

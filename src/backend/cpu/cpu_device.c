@@ -269,6 +269,7 @@ static const gp_device_iface cpu_iface = {
     .chan_close = gp_cpu_chan_close,
     .event_query = gp_cpu_event_query,
     .gemm_wb = gp_cpu_gemm_wb,
+    .linear_fwd = gp_cpu_linear_fwd,
 };
 
 static cpu_conv_layout conv_layout_from_env(void)

@@ -310,6 +310,8 @@ gp_status gp_cpu_gemm(gp_device *dev, int trans_a, int trans_b, int64_t m,
                       int64_t n, int64_t k, float alpha, const float *a,
                       int64_t lda, const float *b, int64_t ldb, float beta,
                       float *c, int64_t ldc);
+gp_status gp_cpu_linear_fwd(gp_device *dev, int64_t n, int64_t out, int64_t in, const float *x,
+                            const float *w, const float *bias, bool relu, float *y);
 gp_status gp_cpu_add_bias_rows(gp_device *dev, float *y, const float *bias,
                                int64_t rows, int64_t cols);
 gp_status gp_cpu_sum_rows(gp_device *dev, const float *dy, float *db,

@@ -191,6 +191,32 @@ gp_status gp_cpu_add_bias_rows(gp_device *dev, float *y, const float *bias,
     return GP_OK;
 }
 
+/* linear_fwd's pass after the product: y = relu(y + bias), or either
+ * alone; the same float operations as add_bias_rows then relu_fwd. */
+GP_CPU_LOOPS
+static void bias_relu_rows(gp_device *dev, float *y, const float *bias, int64_t rows,
+                           int64_t cols)
+{
+    int nt = dev->threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * cols >= CPU_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        float *yr = y + r * cols;
+        if (bias)
+            for (int64_t j = 0; j < cols; j++) yr[j] = gp_ew_relu(yr[j] + bias[j]);
+        else
+            for (int64_t j = 0; j < cols; j++) yr[j] = gp_ew_relu(yr[j]);
+    }
+}
+
+gp_status gp_cpu_linear_fwd(gp_device *dev, int64_t n, int64_t out, int64_t in, const float *x,
+                            const float *w, const float *bias, bool relu, float *y)
+{
+    GP_TRY(gp_cpu_gemm_wb(dev, 0, 1, n, out, in, 1.0f, x, in, w, in, 0.0f, y, out));
+    if (relu) bias_relu_rows(dev, y, bias, n, out);
+    else if (bias) GP_TRY(gp_cpu_add_bias_rows(dev, y, bias, n, out));
+    return GP_OK;
+}
+
 /* Columns per task of sum_rows: the partial sums stay in registers / L1. */
 #define CPU_SUM_COLS 64
 

@@ -1033,11 +1033,39 @@ static gp_status cuda_gemm(gp_device *dev, int trans_a, int trans_b, int64_t m, 
         gp_cuda_nvtx_pop();
         return GP_OK;
     }
+    bool done;
+    GP_TRY(gp_cuda_lt_gemm(dev, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+                           NULL, false, &done));
+    if (done) return GP_OK;
     gp_cuda_nvtx_push("gemm");
     GP_CUBLAS(cublasSgemm(ctx->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                           trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n, (int)m, (int)k, &alpha, b,
                           (int)ldb, a, (int)lda, &beta, c, (int)ldc));
     gp_cuda_nvtx_pop();
+    return GP_OK;
+}
+
+/* linear_fwd: in FP32 and TF32 the product with the bias and relu as its
+ * cuBLASLt epilogue (cuda_blas.c); in bf16, or where cuBLASLt did not run
+ * it, cuda_gemm and one kernel for the bias and relu (a bias that is not
+ * 16-byte aligned goes that way too: cuBLASLt's bias pointer is read in
+ * vectors). */
+static gp_status cuda_linear_fwd(gp_device *dev, int64_t n, int64_t out, int64_t in,
+                                 const float *x, const float *w, const float *bias, bool relu,
+                                 float *y)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    if (n == 0 || out == 0) return GP_OK;
+    GP_TRY(gp_cuda_enter(dev));
+    bool done = false;
+    if (in > 0 && !(ctx->bf16 && gp_bf16_gemm_worth(n, out, in)) &&
+        (uintptr_t)bias % 16 == 0 && n <= INT_MAX && out <= INT_MAX && in <= INT_MAX)
+        GP_TRY(gp_cuda_lt_gemm(dev, 0, 1, n, out, in, 1.0f, x, in, w, in, 0.0f, y, out, bias,
+                               relu, &done));
+    if (done) return GP_OK;
+    GP_TRY(cuda_gemm(dev, 0, 1, n, out, in, 1.0f, x, in, w, in, 0.0f, y, out));
+    if (relu) GP_CUDA(gp_cuk_bias_relu_rows(ctx->compute, y, bias, n, out));
+    else if (bias) GP_CUDA(gp_cuk_add_bias_rows(ctx->compute, y, bias, n, out));
     return GP_OK;
 }
 
@@ -1391,6 +1419,7 @@ static void cuda_destroy(gp_device *dev)
         if (ctx->compute) (void)cudaStreamSynchronize(ctx->compute);
         if (ctx->copy) (void)cudaStreamSynchronize(ctx->copy);
         gp_cuda_dnn_destroy(ctx);
+        gp_cuda_lt_destroy(ctx);
         gp_dev_free(dev, ctx->ws, ctx->ws_bytes, GP_MEM_WORKSPACE);
         gp_dev_free(dev, ctx->bws, ctx->bws_bytes, GP_MEM_WORKSPACE);
         gp_dev_free(dev, ctx->dev_res, sizeof(cuda_res), GP_MEM_WORKSPACE);
@@ -1604,6 +1633,7 @@ static const gp_device_iface cuda_iface = {
     .bf16_unpack = cuda_bf16_unpack,
     .gemm = cuda_gemm,
     .add_bias_rows = cuda_add_bias_rows,
+    .linear_fwd = cuda_linear_fwd,
     .sum_rows = cuda_sum_rows,
     .conv_fwd = gp_cuda_conv_fwd,
     .conv_bwd_data = gp_cuda_conv_bwd_data,
@@ -1722,6 +1752,8 @@ gp_status gp_cuda_device_create(int index, const gp_device_opts *opts, gp_device
     /* fp32: plain FP32; tf32: TF32 tensor cores for FP32 products */
     GP_CUBLAS_GO(cublasSetMathMode(ctx->blas, ctx->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
                                                         : CUBLAS_DEFAULT_MATH));
+    st = gp_cuda_lt_init(ctx);
+    if (st != GP_OK) goto fail;
     GP_CUDNN_GO(cudnnCreate(&ctx->dnn));
     GP_CUDNN_GO(cudnnSetStream(ctx->dnn, ctx->compute));
     for (int k = 0; k < 2; k++) {

@@ -21,6 +21,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_kernels.h"
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
@@ -159,6 +160,9 @@ typedef struct gp_cuda_ctx {
     cudaEvent_t fence_compute;    /* "everything issued to compute so far" */
     cudaEvent_t fence_copy;       /* the same for the copy stream */
     cublasHandle_t blas;          /* bound to `compute` */
+    cublasLtHandle_t lt;          /* FP32 / TF32 products and their epilogues (cuda_blas.c) */
+    bool lt_off;                  /* GPIPE_CUBLASLT=0: cublasSgemm and own kernels instead */
+    struct cuda_mm *mms;          /* per-shape cuBLASLt plans (cuda_blas.c) */
     cudnnHandle_t dnn;            /* bound to `compute` */
 
     /* caching allocator (guarded by lock) */
@@ -236,6 +240,22 @@ static inline bool gp_cuda_conv_tensor_math(const gp_cuda_ctx *ctx, const cuda_c
 {
     return ctx->tf32 || cv->bf16;
 }
+
+/* cuda_blas.c: the cuBLASLt handle and per-shape plans. */
+typedef struct cuda_mm cuda_mm;
+gp_status gp_cuda_lt_init(gp_cuda_ctx *ctx);
+void gp_cuda_lt_destroy(gp_cuda_ctx *ctx);
+/* Row-major C(m, n) = alpha op(A) op(B) + beta C, then + bias(n) on every
+ * row (bias NULL: none), then relu (relu false: none), as cuda_gemm's
+ * arguments, in one cuBLASLt call on the compute stream with the shape's
+ * chosen algorithm (measured on its first call).  *done false: nothing
+ * ran (GPIPE_CUBLASLT=0, no algorithm, a failed launch); the caller
+ * computes the same with cublasSgemm and its own kernels.  FP32 / TF32
+ * only (precision bf16 takes cuda_gemm's cublasGemmEx). */
+gp_status gp_cuda_lt_gemm(gp_device *dev, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                          float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+                          float beta, float *c, int64_t ldc, const float *bias, bool relu,
+                          bool *done);
 
 /* cuda_dnn.c: create / destroy the shared descriptors and the conv cache. */
 gp_status gp_cuda_dnn_init(gp_cuda_ctx *ctx);

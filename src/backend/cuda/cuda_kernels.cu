@@ -145,6 +145,13 @@ __global__ void k_add_bias_rows(float *y, const float *bias, int64_t rows, int64
 {
     GP_CUK_LOOP(e, rows * cols) y[e] += bias[e % cols];
 }
+/* linear_fwd's pass after a product without an epilogue: y = relu(y +
+ * bias) (bias may be NULL), the float operations of add_bias_rows then
+ * relu_fwd. */
+__global__ void k_bias_relu_rows(float *y, const float *bias, int64_t rows, int64_t cols)
+{
+    GP_CUK_LOOP(e, rows * cols) y[e] = gp_ew_relu(bias ? y[e] + bias[e % cols] : y[e]);
+}
 /* Column sums in two passes.  Pass 1: a block is 32 columns (a warp reads
  * 32 consecutive floats of a row) by 8 rows; blockIdx.y strides down the
  * rows; the 8 row-threads of a column meet in a fixed tree.  Pass 2: one
@@ -930,6 +937,12 @@ cudaError_t gp_cuk_add_bias_rows(cudaStream_t s, float *y, const float *bias, in
                                  int64_t cols)
 {
     GP_CUK_LAUNCH(rows * cols, k_add_bias_rows, y, bias, rows, cols);
+}
+
+cudaError_t gp_cuk_bias_relu_rows(cudaStream_t s, float *y, const float *bias, int64_t rows,
+                                  int64_t cols)
+{
+    GP_CUK_LAUNCH(rows * cols, k_bias_relu_rows, y, bias, rows, cols);
 }
 
 cudaError_t gp_cuk_sum_rows(cudaStream_t s, const float *dy, float *db, int64_t rows,

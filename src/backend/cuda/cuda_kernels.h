@@ -87,6 +87,9 @@ cudaError_t gp_cuk_scale_matrix(cudaStream_t s, float *c, int64_t m, int64_t n,
 /* y(rows, cols) += bias(cols) */
 cudaError_t gp_cuk_add_bias_rows(cudaStream_t s, float *y, const float *bias, int64_t rows,
                                  int64_t cols);
+/* y(rows, cols) = relu(y + bias(cols)), bias NULL: relu(y) */
+cudaError_t gp_cuk_bias_relu_rows(cudaStream_t s, float *y, const float *bias, int64_t rows,
+                                  int64_t cols);
 /* db(cols) += column sums of dy(rows, cols), each in double: blocks of 32
  * columns x 8 rows, gp_cuk_sum_rows_parts(rows, cols) of them down the rows
  * (about 2048 blocks in all where the rows allow),

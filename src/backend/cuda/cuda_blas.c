@@ -1,0 +1,326 @@
+/*
+ * cuda_blas.c — FP32 and TF32 matrix products on cuBLASLt, each shape's
+ * algorithm chosen once, and a linear layer's bias and relu in the
+ * product's epilogue (issue 15).
+ *
+ * Layout.  As cuda_gemm explains, row-major C(m, n) = op(A) op(B) is the
+ * column-major C^T(n, m) = op(B)^T op(A)^T, so cuBLASLt's "A" is gpipe's B
+ * (transposed when B is), its "B" is gpipe's A, and its result is n x m,
+ * column-major, leading dimension ldc.  A bias on every row of C is a bias
+ * on every column of C^T: cuBLASLt's bias vector, one value per row of its
+ * result (n of them).
+ *
+ * Algorithms.  Each product shape (transposes, sizes, leading dimensions,
+ * operand alignment, epilogue, whether C accumulates) gets one cuda_mm:
+ * its descriptors and the algorithm, chosen on its first call among
+ * cublasLtMatmulAlgoGetHeuristic's first LT_CANDIDATES within a workspace
+ * of LT_WS_MAX (cuBLAS's recommendation for Hopper; less on a device whose
+ * memory capacity allows less):
+ *  - by default measured, as convolutions are (cuda_dnn.c): each candidate
+ *    runs once to warm and LT_RUNS times timed on the call's own operands
+ *    (a product that adds into C runs into a zeroed scratch C instead), the
+ *    fastest wins (gp_algo_pick), and the search counts in
+ *    dev->algo_searches.  It blocks the host once per shape;
+ *  - with train.deterministic, or while channels to other processes are
+ *    open (a timed search synchronizes the compute stream, whose queue may
+ *    hold a receive that waits for another process), the heuristics' first
+ *    candidate, without timing.
+ * Every cuBLASLt algorithm is deterministic for a given algorithm (its
+ * split-K reductions keep a fixed order: CUBLASLT_REDUCTION_SCHEME_INPLACE
+ * uses counters to serialise the parts), so train.deterministic only needs
+ * the choice itself to repeat.  Compute type CUBLAS_COMPUTE_32F (plain FP32
+ * FMA, the results within FP32 rounding of cublasSgemm's) or, with
+ * precision tf32, CUBLAS_COMPUTE_32F_FAST_TF32.  Precision bf16 keeps
+ * cuda_gemm's cublasGemmEx path.
+ *
+ * Anything that does not work out (no candidate, a failed launch, or
+ * GPIPE_CUBLASLT=0 for an A/B) leaves *done false, and the caller runs
+ * cublasSgemm and gpipe's own bias / relu kernel, which compute the same
+ * thing.  A shape whose plan failed to run keeps the classic call.
+ *
+ * Compiled, not run: written in a session without a GPU.
+ */
+#include "backend/cuda/cuda_impl.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LT_CANDIDATES 8
+#define LT_RUNS 3
+#define LT_WS_MAX ((size_t)32 << 20)
+
+enum { EPI_NONE = 0, EPI_BIAS = 1, EPI_RELU = 2 }; /* bits */
+
+struct cuda_mm {
+    /* the shape */
+    int ta, tb, epi, align;
+    bool acc; /* beta != 0: C is read */
+    int64_t m, n, k, lda, ldb, ldc;
+    /* the plan */
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+    size_t ws;
+    bool ok; /* false: cublasSgemm takes this shape */
+    struct cuda_mm *next;
+};
+
+gp_status gp_cuda_lt_init(gp_cuda_ctx *ctx)
+{
+    const char *e = getenv("GPIPE_CUBLASLT");
+    ctx->lt_off = e && strcmp(e, "0") == 0;
+    if (ctx->lt_off) return GP_OK;
+    GP_CUBLAS(cublasLtCreate(&ctx->lt));
+    return GP_OK;
+}
+
+static void mm_free(cuda_mm *mm)
+{
+    if (mm->la) cublasLtMatrixLayoutDestroy(mm->la);
+    if (mm->lb) cublasLtMatrixLayoutDestroy(mm->lb);
+    if (mm->lc) cublasLtMatrixLayoutDestroy(mm->lc);
+    if (mm->op) cublasLtMatmulDescDestroy(mm->op);
+    free(mm);
+}
+
+void gp_cuda_lt_destroy(gp_cuda_ctx *ctx)
+{
+    while (ctx->mms) {
+        cuda_mm *mm = ctx->mms;
+        ctx->mms = mm->next;
+        mm_free(mm);
+    }
+    if (ctx->lt) cublasLtDestroy(ctx->lt);
+    ctx->lt = NULL;
+}
+
+static int alignment(const void *a, const void *b, const void *c, const void *bias)
+{
+    uintptr_t u = (uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)bias;
+    return u % 16 == 0 ? 16 : 4;
+}
+
+/* The descriptors of mm's shape (mm->op etc. NULL on entry). */
+static gp_status mm_describe(gp_cuda_ctx *ctx, cuda_mm *mm)
+{
+    cublasComputeType_t ct = ctx->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    GP_CUBLAS(cublasLtMatmulDescCreate(&mm->op, ct, CUDA_R_32F));
+    cublasOperation_t oa = mm->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t ob = mm->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    GP_CUBLAS(cublasLtMatmulDescSetAttribute(mm->op, CUBLASLT_MATMUL_DESC_TRANSA, &oa, sizeof oa));
+    GP_CUBLAS(cublasLtMatmulDescSetAttribute(mm->op, CUBLASLT_MATMUL_DESC_TRANSB, &ob, sizeof ob));
+    cublasLtEpilogue_t ep = mm->epi == (EPI_BIAS | EPI_RELU) ? CUBLASLT_EPILOGUE_RELU_BIAS
+                            : mm->epi == EPI_BIAS           ? CUBLASLT_EPILOGUE_BIAS
+                            : mm->epi == EPI_RELU           ? CUBLASLT_EPILOGUE_RELU
+                                                            : CUBLASLT_EPILOGUE_DEFAULT;
+    GP_CUBLAS(cublasLtMatmulDescSetAttribute(mm->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep,
+                                             sizeof ep));
+    if (mm->epi & EPI_BIAS) {
+        cudaDataType_t bt = CUDA_R_32F;
+        GP_CUBLAS(cublasLtMatmulDescSetAttribute(mm->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
+                                                 sizeof bt));
+    }
+    /* cuBLASLt's A = gpipe's B: n x k column-major, or k x n transposed */
+    GP_CUBLAS(cublasLtMatrixLayoutCreate(&mm->la, CUDA_R_32F, (uint64_t)(mm->tb ? mm->k : mm->n),
+                                         (uint64_t)(mm->tb ? mm->n : mm->k), mm->ldb));
+    /* cuBLASLt's B = gpipe's A: k x m, or m x k transposed */
+    GP_CUBLAS(cublasLtMatrixLayoutCreate(&mm->lb, CUDA_R_32F, (uint64_t)(mm->ta ? mm->m : mm->k),
+                                         (uint64_t)(mm->ta ? mm->k : mm->m), mm->lda));
+    GP_CUBLAS(cublasLtMatrixLayoutCreate(&mm->lc, CUDA_R_32F, (uint64_t)mm->n, (uint64_t)mm->m,
+                                         mm->ldc));
+    return GP_OK;
+}
+
+static cublasStatus_t mm_run(gp_cuda_ctx *ctx, const cuda_mm *mm, const cublasLtMatmulAlgo_t *algo,
+                             float alpha, const float *a, const float *b, float beta, float *c,
+                             const float *bias, void *ws, size_t ws_bytes)
+{
+    if (mm->epi & EPI_BIAS) {
+        cublasStatus_t s = cublasLtMatmulDescSetAttribute(
+            mm->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+        if (s != CUBLAS_STATUS_SUCCESS) return s;
+    }
+    return cublasLtMatmul(ctx->lt, mm->op, &alpha, b, mm->la, a, mm->lb, &beta, c, mm->lc, c,
+                          mm->lc, algo, ws, ws_bytes, ctx->compute);
+}
+
+/* The workspace a search may offer: LT_WS_MAX, less where the device's
+ * limit or memory says so (0 if none can be had). */
+static size_t search_ws(gp_device *dev, void **ws)
+{
+    size_t lim = gp_cuda_ws_limit(dev), want = LT_WS_MAX < lim ? LT_WS_MAX : lim;
+    for (size_t b = want; b >= ((size_t)1 << 20); b /= 2) {
+        if (gp_cuda_ws_reserve(dev, b, ws) == GP_OK) return b;
+        gp_error_clear();
+    }
+    *ws = NULL;
+    return 0;
+}
+
+/* Choose mm's algorithm (mm->ok false where none). */
+static gp_status mm_choose(gp_device *dev, cuda_mm *mm, float alpha, const float *a,
+                           const float *b, float beta, float *c, const float *bias)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    void *ws = NULL;
+    size_t ws_bytes = search_ws(dev, &ws);
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t res[LT_CANDIDATES];
+    int got = 0;
+    gp_status st = GP_OK;
+    float *sc = NULL; /* a product that adds into C is timed into a scratch C */
+    size_t sc_bytes = mm->acc ? (size_t)((mm->m - 1) * mm->ldc + mm->n) * sizeof(float) : 0;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    uint64_t wsmax = ws_bytes;
+    uint32_t al = (uint32_t)mm->align;
+    GP_CUBLAS_GO(cublasLtMatmulPreferenceCreate(&pref));
+    GP_CUBLAS_GO(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsmax, sizeof wsmax));
+    GP_CUBLAS_GO(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al, sizeof al));
+    GP_CUBLAS_GO(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al, sizeof al));
+    GP_CUBLAS_GO(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al, sizeof al));
+    GP_CUBLAS_GO(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof al));
+    {
+        cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(ctx->lt, mm->op, mm->la, mm->lb,
+                                                           mm->lc, mm->lc, pref, LT_CANDIDATES,
+                                                           res, &got);
+        if (hs != CUBLAS_STATUS_SUCCESS) got = 0; /* NOT_SUPPORTED: no algorithm */
+    }
+    gp_algo_cand cand[LT_CANDIDATES];
+    for (int i = 0; i < got; i++)
+        cand[i] = (gp_algo_cand){.algo = i,
+                                 .ok = res[i].state == CUBLAS_STATUS_SUCCESS &&
+                                       res[i].workspaceSize <= ws_bytes,
+                                 .time_ms = -1.0f,
+                                 .memory = res[i].workspaceSize,
+                                 .deterministic = true};
+    bool measure = got > 1 && !ctx->deterministic && ctx->chans_open == 0;
+    if (measure && mm->acc) {
+        if (gp_dev_alloc(dev, sc_bytes, GP_MEM_WORKSPACE, (void **)&sc) != GP_OK) {
+            gp_error_clear();
+            sc = NULL;
+            measure = false;
+        } else if (cudaMemsetAsync(sc, 0, sc_bytes, ctx->compute) != cudaSuccess) {
+            measure = false;
+        }
+    }
+    if (measure && (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess))
+        measure = false;
+    char log[768];
+    int at = 0;
+    if (measure) {
+        dev->algo_searches++;
+        float *out = sc ? sc : c;
+        for (int i = 0; i < got; i++) {
+            if (!cand[i].ok) continue;
+            float ms = -1.0f;
+            cublasStatus_t s = mm_run(ctx, mm, &res[i].algo, alpha, a, b, beta, out, bias, ws,
+                                      ws_bytes);
+            if (s == CUBLAS_STATUS_SUCCESS && cudaEventRecord(e0, ctx->compute) == cudaSuccess) {
+                for (int r = 0; r < LT_RUNS && s == CUBLAS_STATUS_SUCCESS; r++)
+                    s = mm_run(ctx, mm, &res[i].algo, alpha, a, b, beta, out, bias, ws,
+                               ws_bytes);
+                if (s == CUBLAS_STATUS_SUCCESS &&
+                    cudaEventRecord(e1, ctx->compute) == cudaSuccess &&
+                    cudaEventSynchronize(e1) == cudaSuccess &&
+                    cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess)
+                    ms /= LT_RUNS;
+                else
+                    ms = -1.0f;
+            }
+            cudaError_t ce = cudaGetLastError();
+            if (ce != cudaSuccess && ce != cudaErrorNotReady) {
+                /* a launch failure is the device's, not this candidate's */
+                cudaError_t sticky = cudaStreamSynchronize(ctx->compute);
+                if (sticky != cudaSuccess) {
+                    st = gp_cuda_fail("CUDA", (int)sticky, cudaGetErrorString(sticky),
+                                      "a cuBLASLt algorithm search", __func__, __FILE__,
+                                      __LINE__);
+                    goto fail;
+                }
+                ms = -1.0f;
+            }
+            if (ms < 0) cand[i].ok = false;
+            cand[i].time_ms = ms;
+            if (at < (int)sizeof log - 40)
+                at += snprintf(log + at, sizeof log - (size_t)at, " %d:%.3fms/%zuKiB", i,
+                               (double)ms, res[i].workspaceSize >> 10);
+        }
+    }
+    int pick = gp_algo_pick(cand, got, ws_bytes, false);
+    GP_DEBUG("device %s: gemm %c%c m=%lld n=%lld k=%lld align %d%s%s%s (%d candidates%s):%s -> %d",
+             dev->name, mm->ta ? 'T' : 'N', mm->tb ? 'T' : 'N', (long long)mm->m,
+             (long long)mm->n, (long long)mm->k, mm->align, mm->acc ? " accumulate" : "",
+             mm->epi & EPI_BIAS ? " +bias" : "", mm->epi & EPI_RELU ? " relu" : "", got,
+             measure ? ", measured" : ", heuristics", log, pick);
+    if (pick >= 0) {
+        mm->algo = res[pick].algo;
+        mm->ws = res[pick].workspaceSize;
+        mm->ok = true;
+    }
+fail:
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    if (sc) gp_dev_free(dev, sc, sc_bytes, GP_MEM_WORKSPACE);
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    return st;
+}
+
+static cuda_mm *mm_find(gp_cuda_ctx *ctx, const cuda_mm *key)
+{
+    for (cuda_mm *mm = ctx->mms; mm; mm = mm->next)
+        if (mm->ta == key->ta && mm->tb == key->tb && mm->epi == key->epi &&
+            mm->align == key->align && mm->acc == key->acc && mm->m == key->m &&
+            mm->n == key->n && mm->k == key->k && mm->lda == key->lda && mm->ldb == key->ldb &&
+            mm->ldc == key->ldc)
+            return mm;
+    return NULL;
+}
+
+gp_status gp_cuda_lt_gemm(gp_device *dev, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                          float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+                          float beta, float *c, int64_t ldc, const float *bias, bool relu,
+                          bool *done)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    *done = false;
+    if (ctx->lt_off || !ctx->lt || m <= 0 || n <= 0 || k <= 0) return GP_OK;
+    cuda_mm key = {.ta = ta, .tb = tb, .epi = (bias ? EPI_BIAS : 0) | (relu ? EPI_RELU : 0),
+                   .align = alignment(a, b, c, bias), .acc = beta != 0.0f, .m = m, .n = n,
+                   .k = k, .lda = lda, .ldb = ldb, .ldc = ldc};
+    cuda_mm *mm = mm_find(ctx, &key);
+    if (!mm) {
+        mm = malloc(sizeof *mm);
+        if (!mm) return gp_error_set(GP_ERR_OOM, "out of host memory");
+        *mm = key;
+        gp_status st = mm_describe(ctx, mm);
+        if (st == GP_OK) st = mm_choose(dev, mm, alpha, a, b, beta, c, bias);
+        if (st != GP_OK) {
+            mm_free(mm);
+            return st;
+        }
+        mm->next = ctx->mms;
+        ctx->mms = mm;
+    }
+    if (!mm->ok) return GP_OK;
+    void *ws = NULL;
+    if (mm->ws) GP_TRY(gp_cuda_ws_reserve(dev, mm->ws, &ws));
+    gp_cuda_nvtx_push("gemm");
+    cublasStatus_t s = mm_run(ctx, mm, &mm->algo, alpha, a, b, beta, c, bias, ws, mm->ws);
+    gp_cuda_nvtx_pop();
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        /* nothing was launched: the classic call takes the shape from now on */
+        GP_WARN("device %s: cuBLASLt product (m=%lld n=%lld k=%lld) failed: %s; cublasSgemm "
+                "takes it", dev->name, (long long)m, (long long)n, (long long)k,
+                cublasGetStatusString(s));
+        mm->ok = false;
+        return GP_OK;
+    }
+    *done = true;
+    return GP_OK;
+}
