@@ -332,7 +332,8 @@ static void test_gemm(void)
 
 /* gp_dev_linear_fwd on D2[1] against the CPU, every combination of bias and
  * relu, an odd shape and one cuBLASLt has many algorithms for; the
- * searches it makes: at most one per shape on its first call (none with
+ * searches it makes: at most one per shape on its first call, two where
+ * the epilogue's shape has no plan and the plain product runs (none with
  * train.deterministic or GPIPE_CUBLASLT=0), none on the second, so a warm
  * step queries nothing.  A NaN in a row of x leaves that row of y NaN with
  * the relu too (gpipe's relu keeps NaN; the epilogue's must not hide one
@@ -351,7 +352,9 @@ static void test_linear_fwd(const char *tag, bool searches)
                 BOTH(gp_dev_linear_fwd(D, n, out, in, x.p[K], w.p[K], has_bias ? b.p[K] : NULL,
                                        relu, y.p[K]));
                 uint64_t made = D2[1]->algo_searches - searched;
-                CHECK_MSG(rep == 0 && searches ? made <= 1 : made == 0,
+                /* the second: an epilogue shape with no plan, whose
+                 * plain product cuda_gemm then searches */
+                CHECK_MSG(rep == 0 && searches ? made <= 2 : made == 0,
                           "%s: linear %lldx%lldx%lld bias %d relu %d, call %d: %llu searches",
                           tag, (long long)n, (long long)out, (long long)in, has_bias, relu,
                           rep + 1, (unsigned long long)made);

@@ -729,8 +729,10 @@ typedef struct gp_device_iface {
                               void *after);
     /* linear_fwd (optional): a linear layer's forward, y(n, out) =
      * x(n, in) w(out, in)^T, plus bias(out) on every row unless bias is
-     * NULL, then the relu unless !relu, bit for bit gemm_wb (w the weights)
-     * followed by add_bias_rows and relu_fwd in place, in one call: the
+     * NULL, then the relu unless !relu: gemm_wb (w the weights) followed
+     * by add_bias_rows and relu_fwd in place (bit for bit on the CPU; on a
+     * GPU within the product's rounding, as its algorithm may differ), in
+     * one call: the
      * bias and relu in the product's epilogue (cuBLASLt) or in one pass
      * over y (CPU) instead of two (issue 15).  NULL: gp_dev_linear_fwd
      * makes those three calls. */

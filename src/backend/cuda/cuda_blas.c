@@ -33,10 +33,19 @@
  * precision tf32, CUBLAS_COMPUTE_32F_FAST_TF32.  Precision bf16 keeps
  * cuda_gemm's cublasGemmEx path.
  *
- * Anything that does not work out (no candidate, a failed launch, or
+ * Anything that does not work out (no handle, no descriptors, no
+ * candidate, no room for the workspace, a failed launch, or
  * GPIPE_CUBLASLT=0 for an A/B) leaves *done false, and the caller runs
  * cublasSgemm and gpipe's own bias / relu kernel, which compute the same
- * thing.  A shape whose plan failed to run keeps the classic call.
+ * thing within rounding.  A shape whose plan failed to run keeps the
+ * classic call, and the error a failed launch left in the runtime is
+ * cleared so that the next kernel's launch check does not report it.
+ *
+ * Not known without a GPU: whether cuBLASLt's relu epilogue keeps a NaN
+ * (gpipe's relu does; its documentation says max(x, 0), and fmaxf(NaN, 0)
+ * is 0).  test_cuda asserts that it does; should it not, the epilogue
+ * becomes CUBLASLT_EPILOGUE_BIAS and the relu gpipe's kernel, so that the
+ * NaN check keeps seeing what the CPU would.
  *
  * Compiled, not run: written in a session without a GPU.
  */
@@ -71,7 +80,13 @@ gp_status gp_cuda_lt_init(gp_cuda_ctx *ctx)
     const char *e = getenv("GPIPE_CUBLASLT");
     ctx->lt_off = e && strcmp(e, "0") == 0;
     if (ctx->lt_off) return GP_OK;
-    GP_CUBLAS(cublasLtCreate(&ctx->lt));
+    cublasStatus_t s = cublasLtCreate(&ctx->lt);
+    if (s != CUBLAS_STATUS_SUCCESS) { /* every product on the classic call then */
+        GP_WARN("cuda:%d: cublasLtCreate failed: %s; matrix products run on cublasSgemm",
+                ctx->ordinal, cublasGetStatusString(s));
+        ctx->lt = NULL;
+        ctx->lt_off = true;
+    }
     return GP_OK;
 }
 
@@ -145,26 +160,51 @@ static cublasStatus_t mm_run(gp_cuda_ctx *ctx, const cuda_mm *mm, const cublasLt
                           mm->lc, algo, ws, ws_bytes, ctx->compute);
 }
 
-/* The workspace a search may offer: LT_WS_MAX, less where the device's
- * limit or memory says so (0 if none can be had). */
-static size_t search_ws(gp_device *dev, void **ws)
+/* A CUDA error a failed call left behind, cleared, so that the next
+ * kernel's launch check does not report it; a sticky one (the context is
+ * lost) is returned as the failure of `what`. */
+static gp_status clear_error(gp_cuda_ctx *ctx, const char *what)
 {
-    size_t lim = gp_cuda_ws_limit(dev), want = LT_WS_MAX < lim ? LT_WS_MAX : lim;
-    for (size_t b = want; b >= ((size_t)1 << 20); b /= 2) {
-        if (gp_cuda_ws_reserve(dev, b, ws) == GP_OK) return b;
-        gp_error_clear();
-    }
-    *ws = NULL;
-    return 0;
+    cudaError_t ce = cudaGetLastError();
+    if (ce == cudaSuccess || ce == cudaErrorNotReady) return GP_OK;
+    cudaError_t sticky = cudaStreamSynchronize(ctx->compute);
+    if (sticky == cudaSuccess) (void)cudaGetLastError();
+    if (sticky != cudaSuccess)
+        return gp_cuda_fail("CUDA", (int)sticky, cudaGetErrorString(sticky), what, __func__,
+                            __FILE__, __LINE__);
+    GP_DEBUG("cuBLASLt: %s: %s (cleared)", what, cudaGetErrorString(ce));
+    return GP_OK;
 }
 
-/* Choose mm's algorithm (mm->ok false where none). */
+/* The workspace cuBLASLt may use: LT_WS_MAX, less where the device's
+ * workspace limit says so. */
+static size_t lt_ws_max(gp_device *dev)
+{
+    size_t lim = gp_cuda_ws_limit(dev);
+    return LT_WS_MAX < lim ? LT_WS_MAX : lim;
+}
+
+/* Choose mm's algorithm (mm->ok false where none).  A measured search
+ * borrows its workspace (the most the device gives, down to 1 MiB) and
+ * gives it back, as a convolution's search does; the chosen algorithm's
+ * own workspace is reserved when it runs.  Unmeasured, nothing is
+ * allocated. */
 static gp_status mm_choose(gp_device *dev, cuda_mm *mm, float alpha, const float *a,
                            const float *b, float beta, float *c, const float *bias)
 {
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    bool measure = !ctx->deterministic && ctx->chans_open == 0;
     void *ws = NULL;
-    size_t ws_bytes = search_ws(dev, &ws);
+    size_t ws_bytes = lt_ws_max(dev), ws_held = 0;
+    if (measure) {
+        for (; ws_bytes >= ((size_t)1 << 20); ws_bytes /= 2) {
+            if (gp_dev_alloc(dev, ws_bytes, GP_MEM_WORKSPACE, &ws) == GP_OK) break;
+            gp_error_clear();
+            ws = NULL;
+        }
+        if (!ws) ws_bytes = 0;
+        ws_held = ws ? ws_bytes : 0;
+    }
     cublasLtMatmulPreference_t pref = NULL;
     cublasLtMatmulHeuristicResult_t res[LT_CANDIDATES];
     int got = 0;
@@ -172,8 +212,14 @@ static gp_status mm_choose(gp_device *dev, cuda_mm *mm, float alpha, const float
     float *sc = NULL; /* a product that adds into C is timed into a scratch C */
     size_t sc_bytes = mm->acc ? (size_t)((mm->m - 1) * mm->ldc + mm->n) * sizeof(float) : 0;
     cudaEvent_t e0 = NULL, e1 = NULL;
+    char log[768] = "";
+    int at = 0;
     uint64_t wsmax = ws_bytes;
     uint32_t al = (uint32_t)mm->align;
+    /* the heuristics read the bias pointer's alignment from the descriptor */
+    if (mm->epi & EPI_BIAS)
+        GP_CUBLAS_GO(cublasLtMatmulDescSetAttribute(mm->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                    &bias, sizeof bias));
     GP_CUBLAS_GO(cublasLtMatmulPreferenceCreate(&pref));
     GP_CUBLAS_GO(cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsmax, sizeof wsmax));
@@ -199,7 +245,7 @@ static gp_status mm_choose(gp_device *dev, cuda_mm *mm, float alpha, const float
                                  .time_ms = -1.0f,
                                  .memory = res[i].workspaceSize,
                                  .deterministic = true};
-    bool measure = got > 1 && !ctx->deterministic && ctx->chans_open == 0;
+    measure = measure && got > 1;
     if (measure && mm->acc) {
         if (gp_dev_alloc(dev, sc_bytes, GP_MEM_WORKSPACE, (void **)&sc) != GP_OK) {
             gp_error_clear();
@@ -211,8 +257,8 @@ static gp_status mm_choose(gp_device *dev, cuda_mm *mm, float alpha, const float
     }
     if (measure && (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess))
         measure = false;
-    char log[768];
-    int at = 0;
+    st = clear_error(ctx, "a cuBLASLt algorithm search");
+    if (st != GP_OK) goto fail;
     if (measure) {
         dev->algo_searches++;
         float *out = sc ? sc : c;
@@ -233,18 +279,10 @@ static gp_status mm_choose(gp_device *dev, cuda_mm *mm, float alpha, const float
                 else
                     ms = -1.0f;
             }
-            cudaError_t ce = cudaGetLastError();
-            if (ce != cudaSuccess && ce != cudaErrorNotReady) {
-                /* a launch failure is the device's, not this candidate's */
-                cudaError_t sticky = cudaStreamSynchronize(ctx->compute);
-                if (sticky != cudaSuccess) {
-                    st = gp_cuda_fail("CUDA", (int)sticky, cudaGetErrorString(sticky),
-                                      "a cuBLASLt algorithm search", __func__, __FILE__,
-                                      __LINE__);
-                    goto fail;
-                }
-                ms = -1.0f;
-            }
+            /* a launch failure is this candidate's unless the context is
+             * lost (sticky), which ends the search */
+            st = clear_error(ctx, "a cuBLASLt algorithm search");
+            if (st != GP_OK) goto fail;
             if (ms < 0) cand[i].ok = false;
             cand[i].time_ms = ms;
             if (at < (int)sizeof log - 40)
@@ -267,6 +305,7 @@ fail:
     if (e0) cudaEventDestroy(e0);
     if (e1) cudaEventDestroy(e1);
     if (sc) gp_dev_free(dev, sc, sc_bytes, GP_MEM_WORKSPACE);
+    if (ws) gp_dev_free(dev, ws, ws_held, GP_MEM_WORKSPACE);
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     return st;
 }
@@ -299,22 +338,37 @@ gp_status gp_cuda_lt_gemm(gp_device *dev, int ta, int tb, int64_t m, int64_t n, 
         if (!mm) return gp_error_set(GP_ERR_OOM, "out of host memory");
         *mm = key;
         gp_status st = mm_describe(ctx, mm);
-        if (st == GP_OK) st = mm_choose(dev, mm, alpha, a, b, beta, c, bias);
-        if (st != GP_OK) {
-            mm_free(mm);
-            return st;
+        if (st != GP_OK) { /* no plan: the classic call takes the shape */
+            GP_WARN("device %s: cuBLASLt descriptors for a product (m=%lld n=%lld k=%lld): %s; "
+                    "cublasSgemm takes it", dev->name, (long long)m, (long long)n, (long long)k,
+                    gp_last_error());
+            gp_error_clear();
+            mm->ok = false;
+        } else {
+            st = mm_choose(dev, mm, alpha, a, b, beta, c, bias);
+            if (st != GP_OK) { /* the device's failure (a lost context) */
+                mm_free(mm);
+                return st;
+            }
         }
         mm->next = ctx->mms;
         ctx->mms = mm;
     }
     if (!mm->ok) return GP_OK;
     void *ws = NULL;
-    if (mm->ws) GP_TRY(gp_cuda_ws_reserve(dev, mm->ws, &ws));
+    if (mm->ws && gp_cuda_ws_reserve(dev, mm->ws, &ws) != GP_OK) {
+        /* no room for its workspace now: the classic call, this time */
+        gp_error_clear();
+        return GP_OK;
+    }
     gp_cuda_nvtx_push("gemm");
     cublasStatus_t s = mm_run(ctx, mm, &mm->algo, alpha, a, b, beta, c, bias, ws, mm->ws);
     gp_cuda_nvtx_pop();
     if (s != CUBLAS_STATUS_SUCCESS) {
-        /* nothing was launched: the classic call takes the shape from now on */
+        /* the classic call takes the shape from now on; a launch error
+         * cuBLASLt left behind is cleared first, or the next kernel's
+         * check would report it */
+        GP_TRY(clear_error(ctx, "a cuBLASLt product"));
         GP_WARN("device %s: cuBLASLt product (m=%lld n=%lld k=%lld) failed: %s; cublasSgemm "
                 "takes it", dev->name, (long long)m, (long long)n, (long long)k,
                 cublasGetStatusString(s));
