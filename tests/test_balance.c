@@ -760,6 +760,70 @@ static void test_simulator_schedules(void)
     CHECK_MSG(ok, "the simulator's schedules disagree with their unit-time steps");
 }
 
+/* The interleaved plan (gp_balance_plan with virtual_stages 2): on layer
+ * costs shaped like bench/convnet.yaml's profile (three heavy convolutions
+ * per half, light layers between), the min-max split of the 4 stages'
+ * costs leaves one device with far more work than the other; the refined
+ * plan must simulate a shorter step than that split, even the devices'
+ * busy times out better, and keep every stage within its capacity (a
+ * capacity that the refinement's best move would break keeps it). */
+static void test_plan_interleaved(void)
+{
+    static const double c[] = {0.9, 1.2, 0.8, 19, 1.2, 0.8, 1.2, 8.5, 0.5, 0.4, 17, 0.5,
+                               0.4, 0.6, 8.7, 0.3, 0.2, 18.5, 0.3, 0.2, 0.3, 0.03, 0.05};
+    enum { L = sizeof c / sizeof c[0], M = 8 };
+    gp_layer_mem mem[L];
+    gp_layer_times t[L];
+    memset(mem, 0, sizeof mem);
+    memset(t, 0, sizeof t);
+    for (int k = 0; k < L; k++) {
+        t[k].fwd = t[k].bwd_data = t[k].bwd_weights = c[k] / 3;
+        t[k].bwd_alone = 2 * c[k] / 3;
+        mem[k].keep_per_sample = 1000; /* per sample: a capacity can bind */
+        mem[k].param_bytes = 4096;
+    }
+    int unused[L];
+    gp_profile p = unit_profile(L, M, 16, mem, t, unused);
+    p.first_trainable = -1;
+    gp_plan_opts po = {.schedule = GP_SCHEDULE_1F1B, .n = 4, .m = M,
+                       .checkpoint = GP_CKPT_NEVER, .by = GP_BALANCE_BY_TIME,
+                       .virtual_stages = 1, .lockstep = false};
+    int dp[4], ref[4];
+    CHECK_OK(gp_balance_plan(&p, &po, dp)); /* virtual_stages 1: the min-max split */
+    po.virtual_stages = 2;
+    CHECK_OK(gp_balance_plan(&p, &po, ref));
+    gp_sim_result a, b;
+    CHECK_OK(gp_simulate_schedule(&p, GP_SCHEDULE_INTERLEAVED, 2, 2, dp, M, GP_CKPT_NEVER, false,
+                                  NULL, &a));
+    CHECK_OK(gp_simulate_schedule(&p, GP_SCHEDULE_INTERLEAVED, 2, 2, ref, M, GP_CKPT_NEVER,
+                                  false, NULL, &b));
+    int sum = 0;
+    for (int j = 0; j < 4; j++) sum += ref[j] >= 1 ? ref[j] : -1000;
+    CHECK_MSG(sum == L, "refined balance [%d, %d, %d, %d] is not a split of %d layers", ref[0],
+              ref[1], ref[2], ref[3], L);
+    CHECK_MSG(b.step < 0.97 * a.step,
+              "interleaved: min-max split [%d, %d, %d, %d] simulates %.2f, refined [%d, %d, %d, "
+              "%d] %.2f (want 3%% shorter)", dp[0], dp[1], dp[2], dp[3], a.step, ref[0], ref[1],
+              ref[2], ref[3], b.step);
+    CHECK_MSG(fabs(b.busy[0] - b.busy[1]) < fabs(a.busy[0] - a.busy[1]),
+              "interleaved: device busy %.2f / %.2f refined against %.2f / %.2f", b.busy[0],
+              b.busy[1], a.busy[0], a.busy[1]);
+    /* a capacity on stage 0 just above the min-max split's need: the
+     * refinement may not grow stage 0 past it */
+    gp_plan_opts pc = po;
+    pc.virtual_stages = 1;
+    double cost[4], peak[4];
+    gp_balance_stage_costs(&p, &pc, dp, cost, peak);
+    pc = po;
+    pc.capacity[0] = peak[0] * 1.0001;
+    int capd[4];
+    CHECK_OK(gp_balance_plan(&p, &pc, capd));
+    double cost2[4], peak2[4];
+    gp_balance_stage_costs(&p, &pc, capd, cost2, peak2);
+    CHECK_MSG(peak2[0] <= pc.capacity[0], "interleaved with a capacity: stage 0 needs %.0f of %.0f",
+              peak2[0], pc.capacity[0]);
+}
+
 /* The recommendation across schedules: the least memory within 5% of the
  * best throughput among the runs that fit, written out by hand. */
 static void test_recommend_memory(void)
@@ -1178,6 +1242,7 @@ int main(void)
     test_profiler();
     test_simulator_formula();
     test_simulator_schedules();
+    test_plan_interleaved();
     test_skip_costs();
     test_inplace_costs();
     test_recommend_memory();

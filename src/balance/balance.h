@@ -275,9 +275,21 @@ typedef struct gp_plan_opts {
     gp_checkpoint_mode checkpoint;
     gp_balance_by by;             /* TIME/BOTH: balance time; SIZE: bytes */
     double capacity[GP_MAX_DEVICES]; /* bytes per device, 0 = unlimited */
+    /* interleaved: n = devices x virtual stages, stage j on device j %
+     * (n / virtual_stages); 0 or 1: one stage per device */
+    int virtual_stages;
+    bool lockstep;                /* the run's (for the simulated refinement) */
 } gp_plan_opts;
 
-/* The balance for `o` from a profile (memory is always a constraint). */
+/* The balance for `o` from a profile (memory is always a constraint).  By
+ * time with virtual_stages > 1 (interleaved), the min-max split of the
+ * stages' costs is then refined against the simulated step: the min-max
+ * split evens the stages but not the devices, each of which runs the sum
+ * of its v stages (bench/convnet.yaml on 2 devices x 2: [7, 4, 4, 8] gives
+ * devices 25.3 and 34.6 ms per micro-batch), so stage boundaries move one
+ * to three layers at a time while gp_simulate_schedule's free-running or
+ * lockstep step of the interleaved schedule falls and every stage stays
+ * within its capacity. */
 gp_status gp_balance_plan(const gp_profile *p, const gp_plan_opts *o, int *balance);
 /* The partitioner's cost and the peak bytes of each stage of `balance`. */
 void gp_balance_stage_costs(const gp_profile *p, const gp_plan_opts *o, const int *balance,

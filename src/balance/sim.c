@@ -202,6 +202,61 @@ static void plan_close(plan_ctx *c)
     gp_schedule_free(&c->sched);
 }
 
+/* Interleaved: the simulated step of `balance` (HUGE_VAL where a stage is
+ * over its capacity or the simulation fails). */
+static double refine_step(plan_ctx *c, const int *balance)
+{
+    const gp_plan_opts *o = c->o;
+    int first = 0;
+    for (int j = 0; j < o->n; j++) {
+        if (balance[j] < 1) return HUGE_VAL;
+        if (o->capacity[j] > 0 && plan_mem(c, j, first, balance[j]) > o->capacity[j])
+            return HUGE_VAL;
+        first += balance[j];
+    }
+    gp_sim_result r;
+    gp_status s = gp_simulate_schedule(c->p, GP_SCHEDULE_INTERLEAVED, o->n / o->virtual_stages,
+                                       o->virtual_stages, balance, o->m, o->checkpoint,
+                                       o->lockstep, NULL, &r);
+    if (s != GP_OK) {
+        gp_error_clear();
+        return HUGE_VAL;
+    }
+    return r.step;
+}
+
+/* Refine `balance` (feasible, from the DP) by moving one stage boundary by
+ * 1..3 layers while the simulated step falls by more than a millionth:
+ * steepest descent, at most 64 moves. */
+static void refine_interleaved(plan_ctx *c, int *balance)
+{
+    int S = c->o->n;
+    double best = refine_step(c, balance);
+    if (!isfinite(best)) return;
+    for (int it = 0; it < 64; it++) {
+        int bj = -1, bd = 0;
+        double bstep = best * (1 - 1e-6);
+        for (int j = 0; j + 1 < S; j++) /* the boundary between stages j and j + 1 */
+            for (int d = -3; d <= 3; d++) {
+                if (!d || balance[j] + d < 1 || balance[j + 1] - d < 1) continue;
+                balance[j] += d;
+                balance[j + 1] -= d;
+                double t = refine_step(c, balance);
+                balance[j] -= d;
+                balance[j + 1] += d;
+                if (t < bstep) {
+                    bstep = t;
+                    bj = j;
+                    bd = d;
+                }
+            }
+        if (bj < 0) break;
+        balance[bj] += bd;
+        balance[bj + 1] -= bd;
+        best = bstep;
+    }
+}
+
 gp_status gp_balance_plan(const gp_profile *p, const gp_plan_opts *o, int *balance)
 {
     plan_ctx c;
@@ -209,6 +264,9 @@ gp_status gp_balance_plan(const gp_profile *p, const gp_plan_opts *o, int *balan
     gp_partition_problem pb = {.L = p->L, .n = o->n, .cost = plan_cost, .mem = plan_mem,
                                .capacity = o->capacity, .arg = &c, .layer_name = plan_name};
     gp_status s = gp_partition_solve(&pb, balance, NULL, NULL);
+    int v = o->virtual_stages;
+    if (s == GP_OK && v > 1 && o->n % v == 0 && o->by != GP_BALANCE_BY_SIZE && p->timed)
+        refine_interleaved(&c, balance);
     plan_close(&c);
     return s;
 }

@@ -246,6 +246,8 @@ void gp_model_plan_opts(const gp_config *cfg, int n, gp_plan_opts *o)
      * planner walks), each with 1/v of its device. */
     int nd = pc->n_devices > 0 ? pc->n_devices : n, v = n > nd && n % nd == 0 ? n / nd : 1;
     o->schedule = pc->schedule == GP_SCHEDULE_INTERLEAVED ? GP_SCHEDULE_1F1B : pc->schedule;
+    o->virtual_stages = pc->schedule == GP_SCHEDULE_INTERLEAVED ? v : 1;
+    o->lockstep = pc->lockstep;
     for (int j = 0; j < n && j < GP_MAX_DEVICES; j++) {
         int d = j % nd;
         size_t cap = d < pc->n_devices && pc->devices[d].memory ? pc->devices[d].memory : pc->memory;
