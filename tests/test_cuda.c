@@ -1794,6 +1794,32 @@ static void test_bf16_training(void)
     free(x);
 }
 
+/* Another handle of cuda:0 (opts, and the environment variable env = value
+ * while it opens; NULLs: none) in D2[1]'s place, bound to this thread;
+ * variant_close gives the place back to gpu. */
+static gp_device *variant_open(gp_device *gpu, const gp_device_opts *opts, const char *env,
+                               const char *value)
+{
+    if (env) setenv(env, value, 1);
+    gp_device *v = NULL;
+    CHECK_OK(gp_device_open("cuda:0", opts, &v));
+    if (env) unsetenv(env);
+    if (v) {
+        gp_device_bind_thread(v);
+        D2[1] = v;
+    } else {
+        gp_device_bind_thread(gpu);
+    }
+    return v;
+}
+
+static void variant_close(gp_device *v, gp_device *gpu)
+{
+    D2[1] = gpu;
+    gp_device_close(v);
+    gp_device_bind_thread(gpu);
+}
+
 int main(int argc, char **argv)
 {
     bool two = argc > 1 && !strcmp(argv[1], "--two-gpus");
@@ -1832,50 +1858,31 @@ int main(int argc, char **argv)
     {
         /* again with train.deterministic: heuristics, no searches */
         gp_device_opts dopt = {.deterministic = true};
-        gp_device *det = NULL;
-        CHECK_OK(gp_device_open("cuda:0", &dopt, &det));
+        gp_device *det = variant_open(gpu, &dopt, NULL, NULL);
         if (det) {
-            gp_device_bind_thread(det);
-            D2[1] = det;
             det_gpu = true;
             test_conv();
             test_linear_fwd("deterministic", false);
             test_gemm();
             det_gpu = false;
-            D2[1] = gpu;
-            gp_device_close(det);
-            gp_device_bind_thread(gpu);
+            variant_close(det, gpu);
         }
         /* and without cuBLASLt: cublasSgemm and gpipe's bias / relu kernel */
-        setenv("GPIPE_CUBLASLT", "0", 1);
-        gp_device *classic = NULL;
-        CHECK_OK(gp_device_open("cuda:0", NULL, &classic));
-        unsetenv("GPIPE_CUBLASLT");
+        gp_device *classic = variant_open(gpu, NULL, "GPIPE_CUBLASLT", "0");
         if (classic) {
-            gp_device_bind_thread(classic);
-            D2[1] = classic;
             test_gemm();
             test_linear_fwd("GPIPE_CUBLASLT=0", false);
-            D2[1] = gpu;
-            gp_device_close(classic);
-            gp_device_bind_thread(gpu);
+            variant_close(classic, gpu);
         }
         /* and with cuDNN's graph API wherever a plan builds (the measured
          * choice keeps it only where it beats the legacy algorithm, so
          * the checks above may never have run it) */
-        setenv("GPIPE_CUDNN_GRAPH", "force", 1);
-        gp_device *forced = NULL;
-        CHECK_OK(gp_device_open("cuda:0", NULL, &forced));
-        unsetenv("GPIPE_CUDNN_GRAPH");
+        gp_device *forced = variant_open(gpu, NULL, "GPIPE_CUDNN_GRAPH", "force");
         if (forced) {
-            gp_device_bind_thread(forced);
-            D2[1] = forced;
             test_conv();
             CHECK_MSG(forced->graph_plans >= 8, "graph API plans kept: %llu of 24",
                       (unsigned long long)forced->graph_plans);
-            D2[1] = gpu;
-            gp_device_close(forced);
-            gp_device_bind_thread(gpu);
+            variant_close(forced, gpu);
         }
     }
     test_pool();

@@ -195,16 +195,10 @@ static gp_status mm_choose(gp_device *dev, cuda_mm *mm, float alpha, const float
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     bool measure = !ctx->deterministic && ctx->chans_open == 0;
     void *ws = NULL;
-    size_t ws_bytes = lt_ws_max(dev), ws_held = 0;
-    if (measure) {
-        for (; ws_bytes >= ((size_t)1 << 20); ws_bytes /= 2) {
-            if (gp_dev_alloc(dev, ws_bytes, GP_MEM_WORKSPACE, &ws) == GP_OK) break;
-            gp_error_clear();
-            ws = NULL;
-        }
-        if (!ws) ws_bytes = 0;
-        ws_held = ws ? ws_bytes : 0;
-    }
+    size_t ws_bytes = lt_ws_max(dev);
+    if (measure) /* counted below, once the candidates are known to differ */
+        gp_cuda_search_ws(dev, ws_bytes, &ws, &ws_bytes, false);
+    size_t ws_held = ws ? ws_bytes : 0;
     cublasLtMatmulPreference_t pref = NULL;
     cublasLtMatmulHeuristicResult_t res[LT_CANDIDATES];
     int got = 0;

@@ -1058,8 +1058,9 @@ static gp_status cuda_linear_fwd(gp_device *dev, int64_t n, int64_t out, int64_t
     if (n == 0 || out == 0) return GP_OK;
     GP_TRY(gp_cuda_enter(dev));
     bool done = false;
-    if (in > 0 && !(ctx->bf16 && gp_bf16_gemm_worth(n, out, in)) &&
-        (uintptr_t)bias % 16 == 0 && n <= INT_MAX && out <= INT_MAX && in <= INT_MAX)
+    /* (gp_cuda_lt_gemm leaves in == 0 to cuda_gemm) */
+    if (!(ctx->bf16 && gp_bf16_gemm_worth(n, out, in)) && (uintptr_t)bias % 16 == 0 &&
+        n <= INT_MAX && out <= INT_MAX && in <= INT_MAX)
         GP_TRY(gp_cuda_lt_gemm(dev, 0, 1, n, out, in, 1.0f, x, in, w, in, 0.0f, y, out, bias,
                                relu, &done));
     if (done) return GP_OK;

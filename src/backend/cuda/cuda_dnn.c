@@ -267,16 +267,16 @@ static bool bf16_algo_ok(int dir, int algo)
         if ((idx) < 0) return no_algo(dev, (dir), d, (limit));                             \
     } while (0)
 
-/* The workspace a measured search may use: the limit, or half of it and so
- * on where the device's capacity or the GPU's free memory refuses that
- * (nothing below 1 MiB: then only algorithms that need no workspace are
- * tried).  The caller frees it after the search, so no step keeps it; the
- * chosen algorithm's own workspace is reserved when it runs.  Counts the
- * search (dev->algo_searches). */
-void gp_cuda_search_ws(gp_device *dev, void **ws, size_t *bytes, bool count)
+/* The workspace a measured search may use: `most` (0: the limit), or half
+ * of it and so on where the device's capacity or the GPU's free memory
+ * refuses that (nothing below 1 MiB: then only algorithms that need no
+ * workspace are tried).  The caller frees it after the search, so no step
+ * keeps it; the chosen algorithm's own workspace is reserved when it runs.
+ * Counts the search (dev->algo_searches) when `count`. */
+void gp_cuda_search_ws(gp_device *dev, size_t most, void **ws, size_t *bytes, bool count)
 {
     dev->algo_searches += count;
-    for (size_t b = gp_cuda_ws_limit(dev); b >= ((size_t)1 << 20); b /= 2) {
+    for (size_t b = most ? most : gp_cuda_ws_limit(dev); b >= ((size_t)1 << 20); b /= 2) {
         if (gp_dev_alloc(dev, b, GP_MEM_WORKSPACE, ws) == GP_OK) {
             *bytes = b;
             return;
@@ -354,7 +354,7 @@ gp_status gp_cuda_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x
                                                             cap, &got, perf));
         } else {
             void *sws;
-            gp_cuda_search_ws(dev, &sws, &limit, true);
+            gp_cuda_search_ws(dev, 0, &sws, &limit, true);
             /* runs every algorithm on these operands; y is written again below */
             cudnnStatus_t cs = cudnnFindConvolutionForwardAlgorithmEx(
                 ctx->dnn, cv->x, xo, cv->w, wo, cv->conv, cv->y, yo,
@@ -417,7 +417,7 @@ gp_status gp_cuda_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const flo
                 ctx->dnn, cv->w, cv->y, cv->conv, cv->x, cap, &got, perf));
         } else {
             void *sws;
-            gp_cuda_search_ws(dev, &sws, &limit, true);
+            gp_cuda_search_ws(dev, 0, &sws, &limit, true);
             /* dx is written (beta 0) again below */
             cudnnStatus_t cs = cudnnFindConvolutionBackwardDataAlgorithmEx(
                 ctx->dnn, cv->w, wo, cv->y, dyo, cv->conv, cv->x, dxo,
@@ -496,7 +496,7 @@ gp_status gp_cuda_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const 
                 ctx->dnn, cv->x, cv->y, cv->conv, cv->w, cap, &got, perf));
         } else {
             void *sws;
-            gp_cuda_search_ws(dev, &sws, &limit, true);
+            gp_cuda_search_ws(dev, 0, &sws, &limit, true);
             cudnnStatus_t cs = cudnnFindConvolutionBackwardFilterAlgorithmEx(
                 ctx->dnn, cv->x, xo, cv->y, dyo, cv->conv, cv->w, sdw,
                 cap, &got, perf, sws, limit);

@@ -364,7 +364,7 @@ static gp_status choose(gp_device *dev, cuda_conv *cv, int dir, int ai, int64_t 
     void *sws = NULL, *sdw = NULL;
     size_t dw_bytes = (size_t)(cv->d.k * cv->d.c * cv->d.kh * cv->d.kw) * sizeof(float);
     cudaEvent_t e0 = NULL, e1 = NULL;
-    gp_cuda_search_ws(dev, &sws, &limit, false); /* the legacy search counted it */
+    gp_cuda_search_ws(dev, 0, &sws, &limit, false); /* the legacy search counted it */
     /* bf16: p2 is already scratch (the gradient's bf16 part, beta 0) */
     if (dir == GP_CUDA_BWD_FILTER && !cv->bf16 &&
         gp_dev_alloc(dev, dw_bytes, GP_MEM_WORKSPACE, &sdw)) {

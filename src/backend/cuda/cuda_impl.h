@@ -262,9 +262,10 @@ gp_status gp_cuda_dnn_init(gp_cuda_ctx *ctx);
 void gp_cuda_dnn_destroy(gp_cuda_ctx *ctx);
 
 /* cuda_dnn.c: the largest workspace a convolution algorithm may use, and
- * a search's borrowed workspace (count: count the search). */
+ * a search's borrowed workspace, at most `most` bytes (0: that limit;
+ * count: count the search). */
 size_t gp_cuda_ws_limit(gp_device *dev);
-void gp_cuda_search_ws(gp_device *dev, void **ws, size_t *bytes, bool count);
+void gp_cuda_search_ws(gp_device *dev, size_t most, void **ws, size_t *bytes, bool count);
 
 /* cuda_graph.c: convolution direction dir through cuDNN's graph API on
  * tensors 1 (x / dx), 2 (w / dw), 3 (y / dy), choosing its plan on the
