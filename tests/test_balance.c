@@ -886,14 +886,33 @@ static bool simulator_attempt(bool last)
     cfg.pipeline.n_balance = 2;
     cfg.pipeline.balance[0] = bal[0];
     cfg.pipeline.balance[1] = bal[1];
-    int ms[5] = {1, 4, 8, 4, 4};
-    gp_checkpoint_mode modes[5] = {GP_CKPT_EXCEPT_LAST, GP_CKPT_EXCEPT_LAST, GP_CKPT_EXCEPT_LAST,
-                                   GP_CKPT_ALWAYS, GP_CKPT_NEVER};
-    for (int q = 0; q < 5; q++) {
+    /* the last two with copies in bf16: held and in flight at half size */
+    int ms[7] = {1, 4, 8, 4, 4, 8, 4};
+    gp_checkpoint_mode modes[7] = {GP_CKPT_EXCEPT_LAST, GP_CKPT_EXCEPT_LAST, GP_CKPT_EXCEPT_LAST,
+                                   GP_CKPT_ALWAYS,      GP_CKPT_NEVER,       GP_CKPT_ALWAYS,
+                                   GP_CKPT_NEVER};
+    for (int q = 0; q < 7; q++) {
+        bool bf16 = q >= 5;
         cfg.pipeline.chunks = ms[q];
         cfg.pipeline.checkpoint = modes[q];
+        cfg.pipeline.copy_precision = bf16 ? GP_COPY_BF16 : GP_COPY_FP32;
+        p.bf16_copies = bf16;
         gp_sim_result r;
         CHECK_OK(gp_simulate(&p, 2, bal, ms[q], cfg.pipeline.checkpoint, true, NULL, &r));
+        if (bf16 && modes[q] == GP_CKPT_ALWAYS) {
+            /* against fp32 copies: device 1 holds its 8 inputs at half
+             * size, less the one widened at a time (3 / 8 of them saved) */
+            gp_sim_result r1;
+            p.bf16_copies = false;
+            CHECK_OK(gp_simulate(&p, 2, bal, ms[q], modes[q], true, NULL, &r1));
+            p.bf16_copies = true;
+            double saved = r1.peak_bytes[1] - r.peak_bytes[1];
+            double held = (double)ms[q] * (128.0 / ms[q]) * p.mem[bal[0]].in_per_sample;
+            printf("test_balance: bf16 copies: device 1's simulated peak %.0f bytes under fp32 "
+                   "copies' (its held inputs: %.0f)\n", saved, held);
+            CHECK_MSG(held > 0 && saved >= 0.3 * held, "bf16 copies: device 1's simulated peak "
+                      "%.0f bytes under fp32's, of %.0f held", saved, held);
+        }
         gp_device *devs[GP_MAX_DEVICES];
         gp_model model;
         CHECK_OK(gp_train_open(&cfg, devs, &model, true));
@@ -913,8 +932,9 @@ static bool simulator_attempt(bool last)
          * peak over five steps. */
         for (int j = 0; j < 2; j++) {
             double got = (double)devs[j]->alloc.peak, want = r.peak_bytes[j];
-            printf("test_balance: m = %d, %s, device %d: simulated peak %.2f MiB, measured %.2f "
-                   "MiB (ratio %.3f)\n", ms[q], gp_checkpoint_mode_name(modes[q]), j, want / 1048576.0,
+            printf("test_balance: m = %d, %s%s, device %d: simulated peak %.2f MiB, measured %.2f "
+                   "MiB (ratio %.3f)\n", ms[q], gp_checkpoint_mode_name(modes[q]),
+                   bf16 ? ", bf16 copies" : "", j, want / 1048576.0,
                    got / 1048576.0, want / got);
             /* a little conservative is the safe side (fits = really fits) */
             CHECK_MSG(want / got > 0.9 && want / got < 1.3, "m = %d %s device %d: simulated "

@@ -199,6 +199,49 @@ static void bf16_copies_effect(void)
               (long long)bytes[0]);
 }
 
+/* bf16 copies hold what a checkpointed forward keeps for its recompute (the
+ * stage input) as it arrived, packed: on the second of 2 stages, whose
+ * copies-category memory is those inputs, the peak of m = 8 checkpointed
+ * micro-batches is 8 halves plus the one widened at a time (5 of 8 FP32
+ * inputs), against 8 with FP32 copies.  Without checkpointing the layers
+ * read the FP32 input in backward, so nothing is held packed. */
+static size_t stage1_copies_peak(bool bf16, gp_checkpoint_mode ck)
+{
+    gp_config c = make_cfg(true);
+    int bal[2];
+    gpt_split_even(c.model.n_layers, 2, bal);
+    c.pipeline.chunks = 8;
+    c.pipeline.checkpoint = ck;
+    c.pipeline.copy_precision = bf16 ? GP_COPY_BF16 : GP_COPY_FP32;
+    gp_model pip;
+    if (gp_model_build_placed(&c, devs, 2, bal, &pip) != GP_OK) return 0;
+    float x[BATCH * 72], y[BATCH];
+    make_batch(&c, 0, x, y);
+    gp_status s = gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, NULL); /* warm */
+    gp_allocator_reset_peak(&devs[1]->alloc);
+    if (s == GP_OK) s = gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, NULL);
+    size_t peak = devs[1]->alloc.peak_by[GP_MEM_COPIES];
+    gp_model_free(&pip);
+    return s == GP_OK ? peak : 0;
+}
+
+static void bf16_held_inputs(void)
+{
+    for (int ck = 0; ck < 3; ck++) {
+        size_t f = stage1_copies_peak(false, (gp_checkpoint_mode)ck);
+        size_t b = stage1_copies_peak(true, (gp_checkpoint_mode)ck);
+        printf("test_pipeline: stage 1's copies peak, m = 8, %s: fp32 copies %zu, bf16 %zu "
+               "bytes (%.3f)\n", gp_checkpoint_mode_name((gp_checkpoint_mode)ck), f, b,
+               f ? (double)b / (double)f : 0.0);
+        CHECK(f > 0 && b > 0);
+        if (ck == GP_CKPT_NEVER) /* every FP32 input kept for the layers' backward */
+            CHECK_MSG(b >= f, "never: bf16 copies peak %zu under fp32's %zu", b, f);
+        else /* 5 / 8 plus what is in flight */
+            CHECK_MSG(b * 100 <= f * 70, "%s: bf16 copies peak %zu, fp32 %zu: want <= 0.70x",
+                      gp_checkpoint_mode_name((gp_checkpoint_mode)ck), b, f);
+    }
+}
+
 static size_t act_peak(gp_checkpoint_mode ck, int m, int n)
 {
     gp_config c = make_cfg(true);
@@ -699,6 +742,7 @@ int main(void)
     printf("test_pipeline: bf16 copies: %d configurations differ from the rounded oracle\n",
            transparency_failures - before);
     bf16_copies_effect();
+    bf16_held_inputs();
     blocked_chains();
     schedules_agree();
     interleaved();

@@ -330,6 +330,7 @@ int main(int argc, char **argv)
         if (s == GP_OK) {
             prof.batch = batch; /* the config's batch decides the micro-batch sizes */
             prof.chunks = m;
+            prof.bf16_copies = gp_config_bf16_copies(&cfg); /* the run's, not saved */
         }
     } else {
         gp_model_profile_opts mo = {.warmup = 2, .reps = reps, .timed = by != GP_BALANCE_BY_SIZE};

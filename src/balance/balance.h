@@ -125,6 +125,13 @@ typedef struct gp_profile {
     int chunks;                /* configured micro-batches */
     int first_trainable;       /* gp_layers_first_trainable */
     bool timed;                /* times measured (false: --by size) */
+    bool bf16_copies;          /* the run's copies travel in bfloat16
+                                  (pipeline.copy_precision), so what crosses a
+                                  stage boundary holds half its bytes while in
+                                  flight or held for a recompute: a fact of the
+                                  run, not measured nor saved (gp_model_profile
+                                  sets it from the config; set it again on a
+                                  loaded profile) */
     int warmup, reps;
     int n_sizes;               /* micro-batch sizes measured, ascending */
     int64_t sizes[GP_PROFILE_MAX_SIZES];

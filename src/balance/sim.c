@@ -78,43 +78,66 @@ double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const 
      * about the size of what the forward kept, less the stage output's,
      * which arrived already */
     double grads = fmax(keep - out, 0);
+    /* bf16 copies (p->bf16_copies): what crosses a boundary is sent,
+     * received and, between a checkpointed forward and its recompute, held
+     * packed (h of its FP32 bytes), and widened while an instruction reads
+     * it (pipeline.c, "copies in bfloat16") */
+    bool pk = p->bf16_copies;
+    double h = pk ? 0.5 : 1.0;
     double cur = stat + ws, peak = cur, pending = 0;
     for (int c = 0; c < sched->count[d]; c++) {
         const gp_instr *in_ = &sched->list[d][c];
         if (in_->j != j && gp_instr_per_micro_batch(in_->kind)) continue;
         double s = in_->i >= 0 ? (double)sizes[in_->i] : 0, t = cur; /* i < 0: the end */
+        /* a packed send: the FP32 tensor and its packed form at once */
+        double send_out = pk && j < n - 1 ? out * s : 0, send_in = pk && j > 0 ? in * s : 0;
         switch (in_->kind) {
-        case GP_INSTR_RECV_ACT: cur += in * s; break;
-        case GP_INSTR_RECV_GRAD: cur += out * s; break;
+        case GP_INSTR_RECV_ACT: cur += h * in * s; break;
+        case GP_INSTR_RECV_GRAD: cur += h * out * s; break;
         case GP_INSTR_FORWARD:
             if (j == 0) cur += in * s;
+            else if (pk) cur += in * s; /* widened */
             t = cur + ck_max * s;
             if (in_->checkpointed) {
                 /* the output waits for the next stage's copy; the last
                  * stage keeps only dlogits */
-                if (j < n - 1) pending += out * s;
-                cur += out * s;
+                if (j < n - 1) pending += h * out * s;
+                cur += h * out * s;
+                t = fmax(t, cur + send_out);
+                if (pk && j > 0) cur -= in * s; /* held packed until the recompute */
             } else {
                 cur += keep * s + (j == n - 1 ? out * s : 0);
+                if (pk && j < n - 1) { /* the packed copy of a kept output */
+                    pending += h * out * s;
+                    cur += h * out * s;
+                }
+                if (pk && j > 0) cur -= h * in * s; /* the FP32 input stays */
             }
             if (j == n - 1 && in_->checkpointed) t = fmax(t, cur);
             break;
-        case GP_INSTR_RECOMPUTE: cur += keep * s; break;
+        case GP_INSTR_RECOMPUTE:
+            cur += keep * s;
+            if (pk && j > 0) cur += (1 - h) * in * s; /* widened again */
+            break;
         case GP_INSTR_BACKWARD:
+            if (pk) cur += (1 - h) * out * s; /* the gradient widened */
             t = cur + in_max * s; /* dx of a layer while its dy is alive */
             cur -= keep * s + in * s + out * s;
             if (j > 0) {
-                cur += in * s; /* dL/d input waits for the previous stage's copy */
-                pending += in * s;
+                cur += h * in * s; /* dL/d input waits for the previous stage's copy */
+                pending += h * in * s;
+                t = fmax(t, cur + send_in);
             }
             break;
         case GP_INSTR_BACKWARD_DATA:
+            if (pk) cur += (1 - h) * out * s;
             /* every layer's incoming gradient stays for the weights half */
             t = cur + in_max * s;
             cur += grads * s;
             if (j > 0) {
-                cur += in * s;
-                pending += in * s;
+                cur += h * in * s;
+                pending += h * in * s;
+                t = fmax(t, cur + send_in);
             }
             break;
         case GP_INSTR_BACKWARD_WEIGHTS:
@@ -126,9 +149,9 @@ double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const 
         if (cur > peak) peak = cur;
         if (gp_instr_computes(in_->kind)) {
             /* what the neighbours copied during this instruction is freed */
-            double keep_pending = gp_instr_gives_grad(in_->kind) && j > 0 ? in * s : 0;
-            if (in_->kind == GP_INSTR_FORWARD && in_->checkpointed && j < n - 1)
-                keep_pending = out * s;
+            double keep_pending = gp_instr_gives_grad(in_->kind) && j > 0 ? h * in * s : 0;
+            if (in_->kind == GP_INSTR_FORWARD && j < n - 1 && (in_->checkpointed || pk))
+                keep_pending = h * out * s;
             cur -= pending - keep_pending;
             pending = keep_pending;
         }

@@ -428,22 +428,47 @@ static gp_status recv_target(gp_pipeline *p, int i, int j, int slot, gp_tensor *
 }
 
 /* bf16 copies: what arrived through `slot` of (i, j), unpacked into the
- * slot's tensor on the compute stream (after the copy's event). */
-static gp_status unpack_staged(gp_pipeline *p, int i, int j, int slot)
+ * slot's tensor on the compute stream (after the copy's event).  `keep`:
+ * the packed form stays as well (held_slot). */
+static gp_status unpack_staged(gp_pipeline *p, int i, int j, int slot, bool keep)
 {
     gp_tensor *sg = staged_of(p, i, j, slot), *dst = slot_tensor(p, i, j, slot);
     gp_shape sh = slot_shape(p, i, j, slot);
     GP_TRY(gp_tensor_alloc(dst, p->devs[j], &sh, GP_MEM_COPIES));
     GP_TRY(gp_dev_bf16_unpack(p->devs[j], dst->data, (const uint16_t *)sg->data,
                               gp_shape_numel(&sh)));
-    gp_tensor_free(sg); /* the device keeps the block until the unpack has read it */
+    if (!keep) gp_tensor_free(sg); /* the device keeps the block until the unpack has read it */
+    return GP_OK;
+}
+
+/* Held in bfloat16 (bf16 copies): what a checkpointed forward keeps for
+ * its recompute, the stage input (slot 0) and the skips that arrive (the
+ * RECV_SKIP slots), waits between the forward and the recompute as it
+ * arrived, packed, half the bytes of the FP32 tensor the layers read.  The
+ * forward unpacks it and keeps the packed form (await_copies with hold),
+ * then frees the FP32 one (drop_held); the recompute unpacks it again
+ * (unhold).  Lossless: the FP32 tensor is the packed one widened, so the
+ * recompute reads the bits the forward read. */
+static bool held_slot(int slot) { return slot == 0 || (slot >= 2 && slot % 2 == 0); }
+
+static void drop_held(gp_pipeline *p, int i, int j)
+{
+    for (int q = 0; p->staged && q < COPY_SLOTS(p); q++)
+        if (held_slot(q) && staged_of(p, i, j, q)->data) gp_tensor_free(slot_tensor(p, i, j, q));
+}
+
+static gp_status unhold(gp_pipeline *p, int i, int j)
+{
+    for (int q = 0; p->staged && q < COPY_SLOTS(p); q++)
+        if (held_slot(q) && staged_of(p, i, j, q)->data) GP_TRY(unpack_staged(p, i, j, q, false));
     return GP_OK;
 }
 
 /* Before the forward or backward of (i, j) reads its inputs: the device
  * waits for the copies into them (the host does not, on a GPU), and with
- * bf16 copies unpacks what they brought. */
-static gp_status await_copies(gp_pipeline *p, int i, int j)
+ * bf16 copies unpacks what they brought (`hold`: a checkpointed forward,
+ * whose inputs stay packed as well, held_slot). */
+static gp_status await_copies(gp_pipeline *p, int i, int j, bool hold)
 {
     bool *pend = cell_pending(p, i, j), waited = false;
     for (int q = 0; q < COPY_SLOTS(p); q++) {
@@ -459,7 +484,7 @@ static gp_status await_copies(gp_pipeline *p, int i, int j)
     if (waited && p->device_time && p->mark_at[j])
         GP_TRY(gp_dev_mark(p->devs[j], false, p->mark_at[j]));
     for (int q = 0; p->staged && q < COPY_SLOTS(p); q++)
-        if (staged_of(p, i, j, q)->data) GP_TRY(unpack_staged(p, i, j, q));
+        if (staged_of(p, i, j, q)->data) GP_TRY(unpack_staged(p, i, j, q, hold && held_slot(q)));
     return GP_OK;
 }
 
@@ -1145,8 +1170,9 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
         return receive(p, in, ev, pred_bwd, &MB(p, i, in->from)->stash.skip_din[in->skip],
                        &SKIP_FLAG(p, skipg_copied, i, in->skip));
     case GP_INSTR_FORWARD:
-        st = await_copies(p, i, j);
+        st = await_copies(p, i, j, in->checkpointed);
         if (st == GP_OK) st = do_forward(p, i, j, in->checkpointed, bad_layer);
+        if (st == GP_OK && in->checkpointed) drop_held(p, i, j);
         if (st == GP_OK) st = pack_sends(p, i, j, true);
         if (st == GP_OK) st = record_done(p, i, j, EV_FWD);
         if (st == GP_OK) publish(p, &FLAG(p, fwd_done, i, j), in->k);
@@ -1154,12 +1180,17 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
         return st;
     case GP_INSTR_RECOMPUTE: {
         gp_fwd_ctx ctx = mb_ctx(p, i, j);
+        st = unhold(p, i, j); /* the inputs held in bf16, widened again */
+        if (st != GP_OK) {
+            *bad_layer = first;
+            return st;
+        }
         st = gp_ckpt_recompute(p->layers + first, &ctx, &MB(p, i, j)->stash, bad_layer);
         if (st != GP_OK) *bad_layer += first;
         return st;
     }
     case GP_INSTR_BACKWARD:
-        st = await_copies(p, i, j);
+        st = await_copies(p, i, j, false);
         if (st == GP_OK) st = do_backward(p, i, j, bad_layer);
         if (st == GP_OK) st = pack_sends(p, i, j, false);
         if (st == GP_OK) st = record_done(p, i, j, EV_BWD);
@@ -1169,7 +1200,7 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
     case GP_INSTR_BACKWARD_DATA: {
         gp_fwd_ctx ctx = mb_ctx(p, i, j);
         mb_state *s = MB(p, i, j);
-        st = await_copies(p, i, j);
+        st = await_copies(p, i, j, false);
         if (st != GP_OK) return st;
         st = gp_ckpt_backward_data(p->layers + first, &ctx, &s->stash, &s->grad_out,
                                    p->first_trainable, j > 0 ? &s->grad_in : NULL, bad_layer);

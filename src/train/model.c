@@ -230,7 +230,9 @@ gp_status gp_model_profile(const gp_config *cfg, const gp_model_profile_opts *o,
         po.n_sizes = 1;
         po.sizes[0] = mb > 0 ? mb : 1;
     }
-    return gp_profile_run(cfg->model.layers, cfg->model.n_layers, cfg->model.input, &po, out);
+    GP_TRY(gp_profile_run(cfg->model.layers, cfg->model.n_layers, cfg->model.input, &po, out));
+    out->bf16_copies = gp_config_bf16_copies(cfg);
+    return GP_OK;
 }
 
 void gp_model_plan_opts(const gp_config *cfg, int n, gp_plan_opts *o)
