@@ -21,7 +21,7 @@
  *
  * usage: bench_models speed  [--model amoebanet|resnet|unet] [--steps N]
  *        bench_models memory [--model amoebanet|unet] [--capacity MiB]
- *                            [--schedule gpipe|1f1b|zb-h1]
+ *                            [--schedule gpipe|1f1b|zb-h1] [--copies fp32|bf16]
  * Prints markdown tables with the processor; never fails a build.  On this
  * 2-core machine k > 2 devices share the cores: the speed table says so.
  */
@@ -77,7 +77,8 @@ static struct {
     int chunks;
     gp_checkpoint_mode ckpt;
     double lr, momentum;
-} g_mem = {8, GP_CKPT_ALWAYS, 0.01, 0.9};
+    bool bf16_copies; /* --copies bf16: pipeline.copy_precision */
+} g_mem = {8, GP_CKPT_ALWAYS, 0.01, 0.9, false};
 
 static gp_status family_cfg(const family *f, int a, int b, bool mem, gp_config *c)
 {
@@ -226,6 +227,7 @@ static bool fits(const gp_config *base, int k, size_t cap, gp_schedule_kind sche
     cfg.pipeline.chunks = k ? g_mem.chunks : 1;
     cfg.pipeline.checkpoint = k ? g_mem.ckpt : GP_CKPT_NEVER;
     cfg.pipeline.schedule = k ? sched : GP_SCHEDULE_GPIPE;
+    cfg.pipeline.copy_precision = g_mem.bf16_copies ? GP_COPY_BF16 : GP_COPY_FP32;
     cfg.pipeline.n_balance = 1;
     cfg.pipeline.balance[0] = cfg.model.n_layers;
     if (n > 1) { /* the planner's memory balance under the capacities */
@@ -289,12 +291,13 @@ static int memory(const family *f, size_t cap, gp_schedule_kind sched)
     char cpu[256];
     gp_bench_cpu_name(cpu, sizeof cpu);
     printf("%s memory: the largest of %d sizes that trains a step; %lldx%lld, batch %lld; each "
-           "device %zu MiB; pipelines on the %s schedule, m = %d, checkpoint %s; SGD%s; %s\n\n",
+           "device %zu MiB; pipelines on the %s schedule, m = %d, checkpoint %s, %s copies; "
+           "SGD%s; %s\n\n",
            f->label, nc, (long long)f->mside, (long long)f->mside, (long long)f->mbatch,
            cap >> 20, gp_schedule_kind_name(sched), g_mem.chunks,
            g_mem.ckpt == GP_CKPT_ALWAYS ? "always" : g_mem.ckpt == GP_CKPT_NEVER ? "never"
                                                                              : "except_last",
-           g_mem.momentum > 0 ? " with momentum" : " without momentum", cpu);
+           g_mem.bf16_copies ? "bf16" : "fp32", g_mem.momentum > 0 ? " with momentum" : " without momentum", cpu);
     printf("| experiment | %s | parameters | vs pipeline-1 |\n|---|---|---|---|\n", f->sizes);
     int64_t p1 = 0;
     for (int k = 0; k <= 8; k = k ? 2 * k : 1) {
@@ -356,6 +359,13 @@ int main(int argc, char **argv)
                 fprintf(stderr, "bench_models: --schedule takes gpipe, 1f1b or zb-h1\n");
                 return 2;
             }
+        } else if (!strcmp(argv[i], "--copies") && i + 1 < argc) {
+            const char *name = argv[++i];
+            if (strcmp(name, "fp32") && strcmp(name, "bf16")) {
+                fprintf(stderr, "bench_models: --copies takes fp32 or bf16\n");
+                return 2;
+            }
+            g_mem.bf16_copies = !strcmp(name, "bf16");
         }
     }
     const family *found = find_family(model);
@@ -391,6 +401,9 @@ int main(int argc, char **argv)
              "       bench_models memory [--model amoebanet|unet] [--capacity MiB]\n"
              "                           [--schedule gpipe|1f1b|zb-h1] [--side PIXELS]\n"
              "                           [--batch N] [--step N] [--as-torchgpipe]\n"
+             "                           [--copies fp32|bf16]\n"
+             "  --copies bf16: the pipelines' copies in bfloat16 (pipeline.copy_precision),\n"
+             "  held packed while a checkpointed stage waits for its recompute;\n"
              "  --as-torchgpipe: torchgpipe's U-Net memory setup (192x192, batch 32,\n"
              "  m = 32, except_last, SGD lr 0.1 without momentum); --step: the grid of\n"
              "  the second size (U-Net's C, AmoebaNet's D)");

@@ -281,7 +281,10 @@ typedef struct gp_plan_opts {
     int m;                        /* micro-batches */
     gp_checkpoint_mode checkpoint;
     gp_balance_by by;             /* TIME/BOTH: balance time; SIZE: bytes */
-    double capacity[GP_MAX_DEVICES]; /* bytes per device, 0 = unlimited */
+    double capacity[GP_MAX_DEVICES]; /* [j]: bytes stage j may hold, 0 =
+                                     unlimited: its device's; interleaved, its
+                                     share of it (gp_model_plan_opts gives each
+                                     of a device's v stages 1/v) */
     /* interleaved: n = devices x virtual stages, stage j on device j %
      * (n / virtual_stages); 0 or 1: one stage per device */
     int virtual_stages;
@@ -294,9 +297,12 @@ typedef struct gp_plan_opts {
  * split evens the stages but not the devices, each of which runs the sum
  * of its v stages (bench/convnet.yaml on 2 devices x 2: [7, 4, 4, 8] gives
  * devices 25.3 and 34.6 ms per micro-batch), so stage boundaries move one
- * to three layers at a time while gp_simulate_schedule's free-running or
- * lockstep step of the interleaved schedule falls and every stage stays
- * within its capacity. */
+ * to three layers at a time while gp_simulate_schedule's free-running
+ * step of the interleaved schedule falls (under lockstep the result is
+ * kept only if its lockstep step is no longer), every stage stays within
+ * its capacity and every device's simulated peak within the sum of its
+ * stages' capacities (or, if the min-max split needs more, that).  A
+ * budget of simulated work bounds the search at large n and m. */
 gp_status gp_balance_plan(const gp_profile *p, const gp_plan_opts *o, int *balance);
 /* The partitioner's cost and the peak bytes of each stage of `balance`. */
 void gp_balance_stage_costs(const gp_profile *p, const gp_plan_opts *o, const int *balance,

@@ -96,22 +96,22 @@ double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const 
         case GP_INSTR_RECV_GRAD: cur += h * out * s; break;
         case GP_INSTR_FORWARD:
             if (j == 0) cur += in * s;
-            else if (pk) cur += in * s; /* widened */
+            /* widened; a forward that keeps frees the packed form first */
+            else if (pk) cur += (in_->checkpointed ? 1 : 1 - h) * in * s;
             t = cur + ck_max * s;
             if (in_->checkpointed) {
-                /* the output waits for the next stage's copy; the last
-                 * stage keeps only dlogits */
+                /* the output waits for the next stage's copy (packed: h of
+                 * it); the last stage keeps only dlogits, in FP32 */
                 if (j < n - 1) pending += h * out * s;
-                cur += h * out * s;
-                t = fmax(t, cur + send_out);
+                cur += (j < n - 1 ? h : 1) * out * s;
                 if (pk && j > 0) cur -= in * s; /* held packed until the recompute */
+                t = fmax(t, cur + send_out);
             } else {
                 cur += keep * s + (j == n - 1 ? out * s : 0);
                 if (pk && j < n - 1) { /* the packed copy of a kept output */
                     pending += h * out * s;
                     cur += h * out * s;
                 }
-                if (pk && j > 0) cur -= h * in * s; /* the FP32 input stays */
             }
             if (j == n - 1 && in_->checkpointed) t = fmax(t, cur);
             break;
@@ -120,7 +120,7 @@ double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const 
             if (pk && j > 0) cur += (1 - h) * in * s; /* widened again */
             break;
         case GP_INSTR_BACKWARD:
-            if (pk) cur += (1 - h) * out * s; /* the gradient widened */
+            if (pk && j < n - 1) cur += (1 - h) * out * s; /* the gradient widened */
             t = cur + in_max * s; /* dx of a layer while its dy is alive */
             cur -= keep * s + in * s + out * s;
             if (j > 0) {
@@ -130,7 +130,7 @@ double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const 
             }
             break;
         case GP_INSTR_BACKWARD_DATA:
-            if (pk) cur += (1 - h) * out * s;
+            if (pk && j < n - 1) cur += (1 - h) * out * s;
             /* every layer's incoming gradient stays for the weights half */
             t = cur + in_max * s;
             cur += grads * s;
@@ -226,11 +226,17 @@ static void plan_close(plan_ctx *c)
 }
 
 /* Interleaved: the simulated step of `balance` (HUGE_VAL where a stage is
- * over its capacity or the simulation fails). */
-static double refine_step(plan_ctx *c, const int *balance)
+ * over its capacity, a device's simulated peak over `limit`, or the
+ * simulation fails), lockstep or free-running; *peak (optional): each
+ * device's simulated peak bytes.  Stages are checked against their
+ * capacity with the planner's model (as the min-max split was) and each
+ * device against the interleaved simulation's, which adds its stages'
+ * lists together and can need more than the sum of their 1F1B peaks. */
+static double refine_step(plan_ctx *c, const int *balance, bool lockstep, const double *limit,
+                          double *peak)
 {
     const gp_plan_opts *o = c->o;
-    int first = 0;
+    int first = 0, nd = o->n / o->virtual_stages;
     for (int j = 0; j < o->n; j++) {
         if (balance[j] < 1) return HUGE_VAL;
         if (o->capacity[j] > 0 && plan_mem(c, j, first, balance[j]) > o->capacity[j])
@@ -238,25 +244,49 @@ static double refine_step(plan_ctx *c, const int *balance)
         first += balance[j];
     }
     gp_sim_result r;
-    gp_status s = gp_simulate_schedule(c->p, GP_SCHEDULE_INTERLEAVED, o->n / o->virtual_stages,
-                                       o->virtual_stages, balance, o->m, o->checkpoint,
-                                       o->lockstep, NULL, &r);
+    gp_status s = gp_simulate_schedule(c->p, GP_SCHEDULE_INTERLEAVED, nd, o->virtual_stages,
+                                       balance, o->m, o->checkpoint, lockstep, NULL, &r);
     if (s != GP_OK) {
         gp_error_clear();
         return HUGE_VAL;
+    }
+    for (int d = 0; d < nd; d++) {
+        if (limit && r.peak_bytes[d] > limit[d]) return HUGE_VAL;
+        if (peak) peak[d] = r.peak_bytes[d];
     }
     return r.step;
 }
 
 /* Refine `balance` (feasible, from the DP) by moving one stage boundary by
  * 1..3 layers while the simulated step falls by more than a millionth:
- * steepest descent, at most 64 moves. */
+ * steepest descent, at most 64 moves.  The candidates are simulated
+ * free-running (a lockstep simulation costs far more at large n and m);
+ * under lockstep the refined split is kept only if its lockstep step is
+ * not longer than the start's.  A device may hold what the devices'
+ * capacities allow (each the sum of its stages', as gp_model_plan_opts
+ * splits it), or, if the starting split already needs more, no more than
+ * that.  The search stops once it has simulated about 2e7 (stage x
+ * micro-batch) pairs: a few seconds, the same split every time. */
 static void refine_interleaved(plan_ctx *c, int *balance)
 {
-    int S = c->o->n;
-    double best = refine_step(c, balance);
+    const gp_plan_opts *o = c->o;
+    int S = o->n, nd = S / o->virtual_stages;
+    double limit[GP_MAX_DEVICES], start_peak[GP_MAX_DEVICES];
+    int start[GP_MAX_DEVICES];
+    memcpy(start, balance, (size_t)S * sizeof *balance);
+    double best = refine_step(c, balance, false, NULL, start_peak);
     if (!isfinite(best)) return;
-    for (int it = 0; it < 64; it++) {
+    for (int d = 0; d < nd; d++) {
+        double cap = 0;
+        bool bound = true;
+        for (int j = d; j < S; j += nd) {
+            cap += o->capacity[j];
+            bound = bound && o->capacity[j] > 0;
+        }
+        limit[d] = bound ? fmax(cap, start_peak[d]) : HUGE_VAL;
+    }
+    double work = 0, per = (double)S * (double)o->m;
+    for (int it = 0; it < 64 && work < 2e7; it++) {
         int bj = -1, bd = 0;
         double bstep = best * (1 - 1e-6);
         for (int j = 0; j + 1 < S; j++) /* the boundary between stages j and j + 1 */
@@ -264,7 +294,8 @@ static void refine_interleaved(plan_ctx *c, int *balance)
                 if (!d || balance[j] + d < 1 || balance[j + 1] - d < 1) continue;
                 balance[j] += d;
                 balance[j + 1] -= d;
-                double t = refine_step(c, balance);
+                double t = refine_step(c, balance, false, limit, NULL);
+                work += per;
                 balance[j] -= d;
                 balance[j + 1] += d;
                 if (t < bstep) {
@@ -278,6 +309,9 @@ static void refine_interleaved(plan_ctx *c, int *balance)
         balance[bj + 1] -= bd;
         best = bstep;
     }
+    if (o->lockstep && memcmp(start, balance, (size_t)S * sizeof *balance) &&
+        refine_step(c, balance, true, limit, NULL) > refine_step(c, start, true, NULL, NULL))
+        memcpy(balance, start, (size_t)S * sizeof *balance);
 }
 
 gp_status gp_balance_plan(const gp_profile *p, const gp_plan_opts *o, int *balance)

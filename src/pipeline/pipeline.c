@@ -18,7 +18,9 @@
  *
  * Per micro-batch memory on stage j: the stash's input (category
  * ACTIVATIONS on stage 0, COPIES elsewhere) lives from its arrival to the
- * end of backward; a checkpointed forward keeps nothing else (its output is
+ * end of backward (with bf16 copies, between a checkpointed forward and its
+ * recompute, in its packed form only: "copies in bfloat16"); a
+ * checkpointed forward keeps nothing else (its output is
  * freed as soon as the next stage has copied it); a non-checkpointed
  * forward, or a recompute, keeps every layer output and gp_saved until
  * backward (checkpoint.h).
