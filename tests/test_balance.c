@@ -437,6 +437,10 @@ static void test_profile_identity(const gp_config *cfg, const gp_profile *q, con
     CHECK_ERR(gp_profile_load(p2, &r), GP_ERR_DATA, "layers[2]: \"spec\" is missing");
     CHECK(rewrite(path, p2, "\"input\": [1,12,12]", "\"input\": [1,12]"));
     CHECK_ERR(gp_profile_load(p2, &r), GP_ERR_DATA, "\"input\" is missing or not a list");
+    /* an amount out of range (it would be cast to size_t, or sum to inf) */
+    CHECK(rewrite(path, p2, "\"keep_per_sample\":", "\"keep_per_sample\":-1e300,\"was\":"));
+    CHECK_ERR(gp_profile_load(p2, &r), GP_ERR_DATA,
+              "layers[0]: \"keep_per_sample\" is -1e+300, not an amount (0 .. 1e18)");
     remove(p2);
 }
 

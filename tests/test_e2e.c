@@ -182,6 +182,43 @@ static void test_config_checks(void)
                            "--set train.steps=100, or leave the --set out for the default\n"),
               "output: %s", out);
 
+    /* What a fuzzer found (2026-11-25): each a clear error, none a crash.
+     * Balance entries that wrapped an int sum to the model's layers and
+     * read far past the layers; sizes whose product overflowed int64 (a
+     * flatten of 2^72 values, a conv weight of 2^80); more stages than
+     * layers without the config's name; an exact balance of 60000 layers
+     * over 64 stages that ran for minutes. */
+    static const struct {
+        const char *yaml, *want;
+    } bad[] = {
+        {"model:\n  input: [4]\n  layers: [flatten, {linear: {out: 2}}]\npipeline:\n"
+         "  devices: [cpu:0, cpu:1, cpu:2, cpu:3]\n  balance: [2147483647, 2147483647, 2, 2]\n",
+         "pipeline.balance sums to 4294967298 layers but the model has 2"},
+        {"model:\n  input: [16777216, 16777216, 16777216]\n  layers: [flatten, {linear: {out: 2}}]"
+         "\n", "layer 0 (flatten) at "},
+        {"model:\n  input: [3, 65536, 65536]\n  layers:\n    - conv2d: {out: 2147483648, "
+         "kernel: 65536}\n    - flatten\n", "its parameter 'weight' would hold more than 2^38 "
+         "values"},
+        {"model:\n  input: [4]\n  layers: [flatten, {linear: {out: 2}}]\npipeline: {devices: 4}\n",
+         "4 stages (pipeline.devices) for a model of 2 layers: every stage needs at least one "
+         "layer; use at most 2 stages"},
+        {"model:\n  input: [1, 8, 8]\n  unet: {depth: 1, num_convs: 1000, base: 2}\n"
+         "pipeline: {devices: 16}\n", "layers over 16 stages exactly would take minutes"},
+    };
+    for (size_t q = 0; q < sizeof bad / sizeof bad[0]; q++) {
+        write_file(cfg, bad[q].yaml);
+        snprintf(cmd, sizeof cmd, "%s %s --dry-run", bin, cfg);
+        int rc = run(cmd, out, sizeof out);
+        CHECK_MSG(rc == 2 && strstr(out, bad[q].want) && strstr(out, cfg),
+                  "fuzzed config %zu: exit %d, output: %.600s", q, rc, out);
+    }
+    /* an AmoebaNet cell's pop is optional, as docs/config.md says */
+    write_file(cfg, "model:\n  input: [3, 8, 8]\n  layers:\n    - conv2d: {out: 16, kernel: 3, "
+                    "padding: 1}\n    - amoeba_cell: {out: 16}\n    - global_avgpool\n"
+                    "    - flatten\n    - linear: {out: 10}\n");
+    snprintf(cmd, sizeof cmd, "%s %s --dry-run", bin, cfg);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0, "amoeba_cell without pop: %.600s", out);
+
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     if (cores >= 1 && cores <= 1000) {
         snprintf(cmd, sizeof cmd, "%s %s --dry-run --set pipeline.memory=1MiB "

@@ -121,6 +121,14 @@ gp_status gp_partition_solve(const gp_partition_problem *pb, int *balance, doubl
         return gp_error_set(GP_ERR_INVALID,
                             "cannot split %d layers into %d stages: every stage needs at least "
                             "one layer; use at most %d devices", L, n, L);
+    /* The programme visits about n L^2 / 2 (prefix, last stage) pairs: past
+     * 2^30 of them (n = 8 at 16000 layers) it would run for minutes, so it
+     * says so instead of seeming to hang. */
+    if ((double)n * (double)L * (double)L / 2 > (double)(1 << 30))
+        return gp_error_set(GP_ERR_INVALID,
+                            "balancing %d layers over %d stages exactly would take minutes (it "
+                            "tries about %.2g splits); give pipeline.balance explicitly, one "
+                            "layer count per stage", L, n, (double)n * (double)L * (double)L / 2);
     bool oom = false;
     if (solve_dp(pb, false, balance, out_max, out_second, &oom)) return GP_OK;
     if (oom) return gp_error_set(GP_ERR_OOM, "out of host memory partitioning");

@@ -164,6 +164,18 @@ static double jnum_req(jctx *c, const gp_json_value *o, const char *key, const c
     return num_of(v);
 }
 
+/* jnum_req for an amount (bytes, seconds, FLOPs): finite, 0 .. 1e18, so
+ * that the casts and sums of the memory model stay defined. */
+static double jnum_amount(jctx *c, const gp_json_value *o, const char *key, const char *where)
+{
+    double v = jnum_req(c, o, key, where);
+    if (c->st == GP_OK && !(v >= 0 && v <= 1e18))
+        c->st = gp_error_set(GP_ERR_DATA, "profile '%s': %s%s\"%s\" is %g, not an amount "
+                             "(0 .. 1e18); re-create the profile with gpipe-balance "
+                             "--profile-out", c->path, where, where[0] ? ": " : "", key, v);
+    return c->st == GP_OK ? v : 0;
+}
+
 /* A list (of n items unless n < 0). */
 static const gp_json_value *jarr_req(jctx *c, const gp_json_value *o, const char *key, int n,
                                      const char *where)
@@ -321,13 +333,13 @@ gp_status gp_profile_load(const char *path, gp_profile *out)
                                 "--profile-out", path, where);
         else
             memcpy(m->spec, sp->str, strlen(sp->str) + 1);
-        m->param_bytes = (size_t)jnum_req(&c, o, "param_bytes", where);
-        m->grad_bytes = (size_t)jnum_req(&c, o, "grad_bytes", where);
-        m->optim_bytes = (size_t)jnum_req(&c, o, "optim_bytes", where);
-        m->workspace_bytes = (size_t)jnum_req(&c, o, "workspace_bytes", where);
-        m->in_per_sample = jnum_req(&c, o, "in_per_sample", where);
-        m->out_per_sample = jnum_req(&c, o, "out_per_sample", where);
-        m->keep_per_sample = jnum_req(&c, o, "keep_per_sample", where);
+        m->param_bytes = (size_t)jnum_amount(&c, o, "param_bytes", where);
+        m->grad_bytes = (size_t)jnum_amount(&c, o, "grad_bytes", where);
+        m->optim_bytes = (size_t)jnum_amount(&c, o, "optim_bytes", where);
+        m->workspace_bytes = (size_t)jnum_amount(&c, o, "workspace_bytes", where);
+        m->in_per_sample = jnum_amount(&c, o, "in_per_sample", where);
+        m->out_per_sample = jnum_amount(&c, o, "out_per_sample", where);
+        m->keep_per_sample = jnum_amount(&c, o, "keep_per_sample", where);
         /* optional: profiles from before in-place layers count every output */
         const gp_json_value *ip = gp_json_get(o, "inplace");
         m->inplace = ip && ip->kind == GP_JSON_TRUE;
@@ -335,18 +347,18 @@ gp_status gp_profile_load(const char *path, gp_profile *out)
         m->unkept = uk && uk->kind == GP_JSON_TRUE;
         const gp_json_value *fz = gp_json_get(o, "fused"); /* absent before: unfused */
         m->fused = fz && fz->kind == GP_JSON_TRUE;
-        m->flops_per_sample = jnum_req(&c, o, "flops_per_sample", where);
-        m->update = jnum_req(&c, o, "update", where);
+        m->flops_per_sample = jnum_amount(&c, o, "flops_per_sample", where);
+        m->update = jnum_amount(&c, o, "update", where);
         const gp_json_value *ts = jarr_req(&c, o, "times", out->n_sizes, where);
         for (int z = 0; c.st == GP_OK && z < out->n_sizes; z++) {
             gp_layer_times *t = &out->t[(size_t)z * (size_t)out->L + (size_t)k];
             const gp_json_value *e = &ts->items[z];
-            t->fwd = jnum_req(&c, e, "fwd", where);
-            t->bwd_data = jnum_req(&c, e, "bwd_data", where);
-            t->bwd_weights = jnum_req(&c, e, "bwd_weights", where);
-            t->bwd_alone = jnum_req(&c, e, "bwd_alone", where);
-            t->recompute = jnum_req(&c, e, "recompute", where);
-            t->copy = jnum_req(&c, e, "copy", where);
+            t->fwd = jnum_amount(&c, e, "fwd", where);
+            t->bwd_data = jnum_amount(&c, e, "bwd_data", where);
+            t->bwd_weights = jnum_amount(&c, e, "bwd_weights", where);
+            t->bwd_alone = jnum_amount(&c, e, "bwd_alone", where);
+            t->recompute = jnum_amount(&c, e, "recompute", where);
+            t->copy = jnum_amount(&c, e, "copy", where);
         }
     }
     gp_json_value_free(root);

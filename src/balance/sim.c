@@ -376,6 +376,9 @@ gp_status gp_simulate_schedule(const gp_profile *p, gp_schedule_kind kind, int n
     for (int j = 0; j < S; j++) {
         if (balance[j] < 1)
             return gp_error_set(GP_ERR_INVALID, "simulate: stage %d has no layers", j);
+        if (balance[j] > p->L - sum) /* also keeps sum from wrapping */
+            return gp_error_set(GP_ERR_INVALID, "simulate: balance sums to more than the "
+                                "profile's %d layers", p->L);
         first[j] = sum;
         sum += balance[j];
     }

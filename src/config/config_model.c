@@ -155,6 +155,16 @@ static bool has_key(const char *const *keys, int n, const char *k)
     return false;
 }
 
+/* path into dst (len bytes): a path longer than dst keeps its end, where
+ * the file's name is ("...ng/dir/model.yaml"), for the messages that name
+ * a layer's place. */
+static void keep_tail(char *dst, size_t len, const char *path)
+{
+    size_t n = strlen(path), room = len - 1;
+    if (n <= room) snprintf(dst, len, "%s", path);
+    else snprintf(dst, len, "...%s", path + (n - room + 3));
+}
+
 static gp_status parse_layer(gp_cfg_walk *w, const gp_ynode *item, int index, gp_layer_spec *spec)
 {
     char got[96];
@@ -192,7 +202,7 @@ static gp_status parse_layer(gp_cfg_walk *w, const gp_ynode *item, int index, gp
     if (!tnode->set) { /* a layer made by an override has no place in a file */
         spec->line = tnode->line;
         spec->column = tnode->column;
-        snprintf(spec->file, sizeof spec->file, "%s", w->file);
+        keep_tail(spec->file, sizeof spec->file, w->file);
     }
     const char *tname = gp_layer_type_name(t);
     const char *keys[16];
@@ -255,7 +265,9 @@ static gp_status parse_layer(gp_cfg_walk *w, const gp_ynode *item, int index, gp
     GP_TRY(gp_cfg_get_str(w, opts, sect, "name", "", spec->name, sizeof spec->name));
     GP_TRY(gp_cfg_get_str(w, opts, sect, "stash", "", spec->stash, sizeof spec->stash));
     if (has_key(keys, nk, "pop")) GP_TRY(parse_pops(w, opts, sect, spec));
-    if (has_key(keys, nk, "pop") && spec->n_pop == 0)
+    /* an AmoebaNet cell's pop is optional (the first cell has no cell
+     * before the previous one: it takes its input twice) */
+    if (has_key(keys, nk, "pop") && spec->n_pop == 0 && t != GP_LAYER_AMOEBA_CELL)
         return gp_cfg_bad(w, tnode, "layer %d (%s) needs 'pop', the name of the stash it takes, "
                           "like `- %s: {pop: skip1}` after a layer with {stash: skip1}", index,
                           tname, tname);

@@ -219,6 +219,13 @@ gp_shape gp_shape_make(int ndim, const int64_t *dims);
 gp_shape gp_shape_2d(int64_t n, int64_t f);
 gp_shape gp_shape_4d(int64_t n, int64_t c, int64_t h, int64_t w);
 int64_t gp_shape_numel(const gp_shape *s);
+/* gp_shape_numel, or -1 when the product exceeds `most` (computed without
+ * overflow, whatever the dims): what checks a shape a config asked for. */
+int64_t gp_shape_numel_within(const gp_shape *s, int64_t most);
+/* The most values gpipe takes in one sample's tensor or one parameter
+ * (2^38: 1 TiB in FP32), so that a batch (at most 2^24 samples) of them
+ * still counts in 64 bits. */
+#define GP_MAX_NUMEL ((int64_t)1 << 38)
 bool gp_shape_equal(const gp_shape *a, const gp_shape *b);
 /* Same shape with dims[0] (the batch) replaced. */
 gp_shape gp_shape_with_batch(const gp_shape *s, int64_t n);

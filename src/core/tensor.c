@@ -35,6 +35,15 @@ int64_t gp_shape_numel(const gp_shape *s)
     return n;
 }
 
+int64_t gp_shape_numel_within(const gp_shape *s, int64_t most)
+{
+    int64_t n = 1;
+    for (int i = 0; i < s->ndim; i++) {
+        if (s->dims[i] < 0 || __builtin_mul_overflow(n, s->dims[i], &n) || n > most) return -1;
+    }
+    return n;
+}
+
 bool gp_shape_equal(const gp_shape *a, const gp_shape *b)
 {
     if (a->ndim != b->ndim) return false;

@@ -226,8 +226,16 @@ static gp_status setup(const gp_layer_spec *spec, int index, int param_base, con
     for (int q = 0; q < out->n_in; q++) ins[q] = gp_shape_with_batch(&in[q], 1);
     out->in_shape = ins[0];
     for (int q = 1; q < out->n_in; q++) out->pop_shape[q - 1] = ins[q];
+    for (int q = 0; q < out->n_in; q++)
+        if (gp_shape_numel_within(&ins[q], GP_MAX_NUMEL) < 0)
+            return gp_layer_spec_error(out, "its %s holds more than 2^38 values a sample; "
+                                       "make model.input or the layers before it smaller",
+                                       q ? "popped tensor" : "input");
     GP_TRY(out->ops->infer(out, ins, &out->out_shape));
     out->out_shape = gp_shape_with_batch(&out->out_shape, 1);
+    if (gp_shape_numel_within(&out->out_shape, GP_MAX_NUMEL) < 0)
+        return gp_layer_spec_error(out, "its output would hold more than 2^38 values a sample; "
+                                   "make the layer (or its input) smaller");
     out->dev = dev;
     out->meta = meta;
     if (!dev && !meta) return GP_OK;
@@ -298,6 +306,9 @@ static gp_status params_reserve(gp_layer *l, int more)
 gp_status gp_layers_add_param(gp_layer *l, const char *name, const gp_shape *shape,
                               bool is_buffer, bool no_decay)
 {
+    if (gp_shape_numel_within(shape, GP_MAX_NUMEL) < 0)
+        return gp_layer_spec_error(l, "its parameter '%s' would hold more than 2^38 values; "
+                                   "make the layer smaller", name);
     GP_TRY(params_reserve(l, 1));
     gp_param *p = &l->params[l->n_params];
     memset(p, 0, sizeof *p);

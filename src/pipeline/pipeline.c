@@ -1516,7 +1516,7 @@ gp_status gp_pipeline_create(gp_layer *layers, int n_layers, const gp_shape *inp
             return gp_error_set(GP_ERR_INVALID, "interleaved stage %d must be on device %s (stage "
                                 "j on device j mod %d), not %s", j, devs[j % n]->name, n,
                                 devs[j]->name);
-    int sum = 0;
+    int64_t sum = 0; /* no wrap, whatever the entries */
     for (int j = 0; j < S; j++) {
         if (balance[j] < 1)
             return gp_error_set(GP_ERR_INVALID,
@@ -1526,8 +1526,9 @@ gp_status gp_pipeline_create(gp_layer *layers, int n_layers, const gp_shape *inp
     }
     if (sum != n_layers)
         return gp_error_set(GP_ERR_INVALID,
-                            "pipeline.balance sums to %d layers but the model has %d; make the "
-                            "entries add up to %d (or use balance: auto)", sum, n_layers, n_layers);
+                            "pipeline.balance sums to %lld layers but the model has %d; make the "
+                            "entries add up to %d (or use balance: auto)", (long long)sum,
+                            n_layers, n_layers);
     for (int a = 0; a < n; a++)
         for (int b = a + 1; b < n; b++)
             if (devs[a] == devs[b])

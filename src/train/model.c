@@ -264,14 +264,31 @@ int gp_model_virtual(const gp_config *cfg)
                                                                               : 1;
 }
 
+/* Every one of n stages needs a layer: said with the config's name. */
+static gp_status enough_layers(const gp_config *cfg, int n)
+{
+    int L = cfg->model.n_layers;
+    if (L >= 1 && L < n)
+        return gp_error_set(GP_ERR_INVALID,
+                            "%s: %d stages (pipeline.devices%s) for a model of %d layer%s: "
+                            "every stage needs at least one layer; use at most %d stages",
+                            cfg->path, n, gp_model_virtual(cfg) > 1 ? " x pipeline.virtual" : "",
+                            L, L == 1 ? "" : "s", L);
+    return GP_OK;
+}
+
 gp_status gp_model_balance_flops(const gp_config *cfg, int n, int *balance)
 {
+    GP_TRY(enough_layers(cfg, n));
     int L = cfg->model.n_layers;
     double *costs = malloc((size_t)(L > 0 ? L : 1) * sizeof *costs);
     if (!costs) return gp_error_set(GP_ERR_OOM, "out of host memory");
     int64_t mb = cfg->train.batch_size / cfg->pipeline.chunks;
     gp_status s = gp_model_costs(cfg, mb > 0 ? mb : 1, costs);
-    if (s == GP_OK) s = gp_partition_minmax(costs, L, n, balance);
+    if (s == GP_OK) {
+        s = gp_partition_minmax(costs, L, n, balance);
+        if (s == GP_ERR_INVALID) gp_error_wrap(s, "%s", cfg->path); /* name the config */
+    }
     free(costs);
     return s;
 }
@@ -285,13 +302,13 @@ gp_status gp_model_balance(const gp_config *cfg, int n, int *balance)
             return gp_error_set(GP_ERR_INVALID,
                                 "%s: pipeline.balance has %d entries for %d stages; give one "
                                 "layer count per stage", cfg->path, pc->n_balance, n);
-        int sum = 0;
+        int64_t sum = 0; /* entries up to INT_MAX each: no wrap */
         for (int j = 0; j < n; j++) sum += pc->balance[j];
         if (sum != L)
             return gp_error_set(GP_ERR_INVALID,
-                                "%s: pipeline.balance sums to %d layers but the model has %d; "
+                                "%s: pipeline.balance sums to %lld layers but the model has %d; "
                                 "make the entries add up to %d, or use balance: auto",
-                                cfg->path, sum, L, L);
+                                cfg->path, (long long)sum, L, L);
         memcpy(balance, pc->balance, (size_t)n * sizeof *balance);
         return GP_OK;
     }
@@ -299,6 +316,7 @@ gp_status gp_model_balance(const gp_config *cfg, int n, int *balance)
         balance[0] = L;
         return GP_OK;
     }
+    GP_TRY(enough_layers(cfg, n));
     gp_status s;
     /* the fast, deterministic path: estimated FLOPs, no memory limit */
     if (!strcmp(gp_model_balance_method(), "flops")) return gp_model_balance_flops(cfg, n, balance);
