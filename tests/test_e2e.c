@@ -212,6 +212,16 @@ static void test_config_checks(void)
         CHECK_MSG(rc == 2 && strstr(out, bad[q].want) && strstr(out, cfg),
                   "fuzzed config %zu: exit %d, output: %.600s", q, rc, out);
     }
+    /* -v lists the defaults the config left out */
+    write_file(cfg, "model:\n  input: [4]\n  layers: [flatten, {linear: {out: 2}}]\n");
+    snprintf(cmd, sizeof cmd, "%s %s --dry-run -v", bin, cfg);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0 && strstr(out, "defaults applied") &&
+                  strstr(out, "pipeline.balance = auto (default)") &&
+                  strstr(out, "train.precision = fp32 (default)"),
+              "--dry-run -v: %.600s", out);
+    snprintf(cmd, sizeof cmd, "%s %s --dry-run", bin, cfg);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0 && !strstr(out, "defaults applied"),
+              "--dry-run without -v lists the defaults: %.600s", out);
     /* an AmoebaNet cell's pop is optional, as docs/config.md says */
     write_file(cfg, "model:\n  input: [3, 8, 8]\n  layers:\n    - conv2d: {out: 16, kernel: 3, "
                     "padding: 1}\n    - amoeba_cell: {out: 16}\n    - global_avgpool\n"

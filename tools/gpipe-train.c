@@ -33,6 +33,8 @@ static void usage(FILE *f)
           "                     (repeatable; list items by index: model.layers.0.out=32)\n"
           "  --dry-run          print the model summary (per layer: output shape,\n"
           "                     parameters, FLOPs, activation bytes; totals) and exit\n"
+          "  -v, --verbose      with --dry-run, also every default the config left to\n"
+          "                     gpipe (key = value)\n"
           "  --metrics FILE     write JSON Lines: one object per step (step, epoch, loss,\n"
           "                     accuracy, lr, samples_per_s, devices[].peak_bytes) and one\n"
           "                     per evaluation (test_loss, test_accuracy)\n"
@@ -154,7 +156,7 @@ int main(int argc, char **argv)
     const char *config = NULL, *metrics = NULL, *trace = NULL, *resume = NULL, *export = NULL;
     int64_t trace_first = 0, trace_last = -1;
     const char **sets = calloc((size_t)argc, sizeof *sets);
-    int n_sets = 0, dry = 0, progress = -1, quiet = 0;
+    int n_sets = 0, dry = 0, progress = -1, quiet = 0, verbose = 0;
     if (!sets) return EXIT_RUNTIME;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -198,6 +200,8 @@ int main(int argc, char **argv)
             progress = 0;
         } else if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) {
             quiet = 1;
+        } else if (!strcmp(a, "--verbose") || !strcmp(a, "-v")) {
+            verbose = 1;
         } else if (a[0] == '-') {
             fprintf(stderr, "gpipe-train: unknown option '%s'; see --help\n", a);
             free(sets);
@@ -278,6 +282,10 @@ int main(int argc, char **argv)
     }
     if (dry) {
         s = gp_model_summary(&cfg, stdout);
+        if (s == GP_OK && verbose)
+            printf("defaults applied (keys the config left out):\n%s",
+                   cfg.defaults_applied && cfg.defaults_applied[0] ? cfg.defaults_applied
+                                                                   : "  none\n");
     } else {
         gp_train_opts o = {.metrics_path = metrics, .trace_path = trace,
                            .trace_first = trace_first, .trace_last = trace_last,
