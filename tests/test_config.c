@@ -504,6 +504,10 @@ static void test_errors(void)
                               "replica 0 stage 2; with replicas every stage of every replica "
                               "needs its own device, as their all-reduce (NCCL) takes one rank "
                               "per GPU");
+    /* a derived replica device past the last index names what derived it */
+    CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  devices: [cpu:4095]\n  replicas: 2\n"), NULL, 0),
+              GP_ERR_INVALID, "t.yaml:10:12: replica 1's copy of cpu:4095 would be device index "
+                              "4096, past 4095");
     CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  devices: [[cuda:0, cuda:1], [cuda:1, cuda:2]]\n"),
                         NULL, 0),
               GP_ERR_INVALID, "device 'cuda:1' is used by replica 0 stage 1 and by replica 1 "

@@ -151,6 +151,11 @@ static gp_status derive_replicas(gp_cfg_walk *w, const gp_ynode *at, gp_pipeline
             int index;
             if (gp_device_parse(pc->devices[j].name, &kind, &index) != GP_OK)
                 return gp_cfg_bad(w, at, "pipeline.devices: %s", gp_error_message());
+            if (index + r * n > 4095) /* what gp_device_parse takes */
+                return gp_cfg_bad(w, at, "replica %d's copy of %s would be device index %d, past "
+                                  "4095 (replica r runs on the listed devices shifted by r x %d); "
+                                  "list every replica's devices as rows instead",
+                                  r, pc->devices[j].name, index + r * n, n);
             gp_device_spec *d = &pc->devices[r * n + j];
             *d = pc->devices[j];
             gp_device_format(kind, index + r * n, d->name, sizeof d->name);
