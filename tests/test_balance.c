@@ -896,6 +896,94 @@ static void test_plan_interleaved(void)
     gp_config_free(&cfg);
 }
 
+/* The interleaved refinement on 1500 random profiles (2-4 devices x 2-3
+ * stages, every checkpoint mode, lockstep or not, half with capacities
+ * just above the min-max split's stages): the refined split is a split,
+ * the same twice, never simulates a longer step than the min-max split in
+ * the run's own mode, keeps every stage within its capacity, and a device
+ * that the min-max split fits (the interleaved simulation adding its
+ * stages up, against the sum of their capacities) still fits.  Before the
+ * device check, 4 of about 1500 capacity-bound cases broke the last. */
+static void test_plan_interleaved_random(void)
+{
+    uint64_t x = 88172645463325252ULL;
+#define RND() (x ^= x << 13, x ^= x >> 7, x ^= x << 17, (double)(x >> 11) / 9007199254740992.0)
+    int runs = 0, bad = 0, bound = 0;
+    for (int it = 0; it < 1500; it++) {
+        int nd = 2 + (int)(RND() * 3), v = 2 + (int)(RND() * 2), S = nd * v;
+        int L = S + (int)(RND() * 30), m = nd * (1 + (int)(RND() * 4));
+        gp_layer_mem mem[64 + 30];
+        gp_layer_times t[64 + 30];
+        memset(mem, 0, sizeof mem);
+        memset(t, 0, sizeof t);
+        for (int k = 0; k < L; k++) {
+            double c = RND() < 0.2 ? 5 + RND() * 20 : RND();
+            t[k].fwd = t[k].bwd_data = t[k].recompute = c / 3;
+            t[k].bwd_weights = c / 3 * RND();
+            t[k].bwd_alone = c / 2;
+            t[k].copy = RND() * 0.5;
+            mem[k].keep_per_sample = RND() * 2000;
+            mem[k].param_bytes = (size_t)(RND() * 100000);
+            mem[k].in_per_sample = RND() * 800;
+            mem[k].out_per_sample = RND() * 800;
+            mem[k].update = RND() * 0.1;
+        }
+        int unused[64 + 30];
+        gp_profile p = unit_profile(L, m, 4, mem, t, unused);
+        p.first_trainable = (int)(RND() * 3) - 1;
+        gp_checkpoint_mode md = (gp_checkpoint_mode)(int)(RND() * 3);
+        bool ls = RND() < 0.5, capped = RND() < 0.5;
+        gp_plan_opts po = {.schedule = GP_SCHEDULE_1F1B, .n = S, .m = m, .checkpoint = md,
+                           .by = GP_BALANCE_BY_TIME, .virtual_stages = 1, .lockstep = ls};
+        int dp[64], rf[64], rf2[64];
+        if (gp_balance_plan(&p, &po, dp) != GP_OK) {
+            gp_error_clear();
+            continue;
+        }
+        double cost[64], pk[64];
+        gp_balance_stage_costs(&p, &po, dp, cost, pk);
+        double scale = 1 + RND() * 0.3;
+        if (capped)
+            for (int j = 0; j < S; j++) po.capacity[j] = pk[j] * scale;
+        po.virtual_stages = v;
+        if (gp_balance_plan(&p, &po, rf) != GP_OK || gp_balance_plan(&p, &po, rf2) != GP_OK) {
+            bad++;
+            continue;
+        }
+        runs++;
+        bool ok = !memcmp(rf, rf2, (size_t)S * sizeof *rf);
+        int sum = 0;
+        for (int j = 0; j < S; j++) {
+            ok = ok && rf[j] >= 1;
+            sum += rf[j];
+        }
+        ok = ok && sum == L;
+        double dc[64] = {0};
+        for (int j = 0; j < S; j++) dc[j % nd] += po.capacity[j];
+        gp_sim_result a, b;
+        ok = ok && gp_simulate_schedule(&p, GP_SCHEDULE_INTERLEAVED, nd, v, dp, m, md, ls,
+                                        capped ? dc : NULL, &a) == GP_OK &&
+             gp_simulate_schedule(&p, GP_SCHEDULE_INTERLEAVED, nd, v, rf, m, md, ls,
+                                  capped ? dc : NULL, &b) == GP_OK;
+        ok = ok && b.step <= a.step * (1 + 1e-12) && (!a.fits || b.fits);
+        bound += capped && a.fits;
+        double c2[64], pk2[64];
+        gp_balance_stage_costs(&p, &po, rf, c2, pk2);
+        for (int j = 0; capped && j < S; j++) ok = ok && pk2[j] <= po.capacity[j];
+        if (!ok && bad < 3) {
+            printf("test_balance: interleaved at random, case %d (%d devices x %d, m %d, %s%s): "
+                   "refined split wrong\n", it, nd, v, m, gp_checkpoint_mode_name(md),
+                   ls ? ", lockstep" : "");
+        }
+        bad += !ok;
+    }
+#undef RND
+    printf("test_balance: interleaved refinement at random: %d of %d plans wrong (%d bound by "
+           "device memory)\n", bad, runs, bound);
+    CHECK_MSG(runs > 1000 && bound > 300 && bad == 0, "interleaved at random: %d of %d wrong",
+              bad, runs);
+}
+
 /* The recommendation across schedules: the least memory within 5% of the
  * best throughput among the runs that fit, written out by hand. */
 static void test_recommend_memory(void)
@@ -1407,6 +1495,7 @@ int main(void)
     test_simulator_formula();
     test_simulator_schedules();
     test_plan_interleaved();
+    test_plan_interleaved_random();
     test_skip_costs();
     test_bf16_copy_memory();
     test_inplace_costs();
