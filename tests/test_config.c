@@ -7,6 +7,7 @@
  */
 #include "config/config.h"
 #include "test.h"
+#include <sys/stat.h>
 
 #include <stdint.h>
 #include <dirent.h>
@@ -871,8 +872,20 @@ static void test_load(void)
     const char *missing = "/nonexistent/dir/no-such-config.yaml";
     CHECK_ERR(gp_config_load(missing, NULL, 0, &c), GP_ERR_IO, missing);
     gp_config_free(&c);
-    CHECK_ERR(gp_config_load("/", NULL, 0, &c), GP_ERR_IO, "/: cannot read the config");
+    CHECK_ERR(gp_config_load("/", NULL, 0, &c), GP_ERR_IO,
+              "/: cannot open the config: not a regular file (a folder, a FIFO or a device)");
     gp_config_free(&c);
+    /* a FIFO: refused at once, not a blocked open (the fuzzer's hang) */
+    char fifo[] = "/tmp/test_config_fifo_XXXXXX";
+    int fd0 = mkstemp(fifo);
+    if (fd0 >= 0) {
+        close(fd0);
+        remove(fifo);
+        CHECK(mkfifo(fifo, 0600) == 0);
+        CHECK_ERR(gp_config_load(fifo, NULL, 0, &c), GP_ERR_IO, "not a regular file");
+        gp_config_free(&c);
+        remove(fifo);
+    }
 
     char path[] = "/tmp/test_config_XXXXXX";
     int fd = mkstemp(path);

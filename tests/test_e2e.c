@@ -212,6 +212,27 @@ static void test_config_checks(void)
         CHECK_MSG(rc == 2 && strstr(out, bad[q].want) && strstr(out, cfg),
                   "fuzzed config %zu: exit %d, output: %.600s", q, rc, out);
     }
+    /* An epoch's last batch smaller than chunks is dropped with a word, not
+     * a failure at every epoch's end (33 samples, batch 8, chunks 4) */
+    write_file(cfg, "model:\n  input: [1, 4, 4]\n  layers: [flatten, {linear: {out: 3}}]\n"
+                    "pipeline: {chunks: 4}\ndata: {dataset: synthetic, synthetic: {train: 33, "
+                    "test: 8, classes: 3, shape: [1, 4, 4]}}\n"
+                    "train: {batch_size: 8, epochs: 2}\n");
+    snprintf(cmd, sizeof cmd, "%s %s --no-progress", bin, cfg);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0 &&
+                  strstr(out, "each epoch's last 1 sample (33 % 8) is fewer than "
+                              "pipeline.chunks x replicas = 4: that partial batch is dropped") &&
+                  strstr(out, "8 steps (4 per epoch)"),
+              "partial batch: %.900s", out);
+    /* --export-weights under a snapshot's name in the snapshot folder */
+    char snaps[300], cmd2[4096];
+    snprintf(snaps, sizeof snaps, "%.280s/snapx", tmpdir);
+    CHECK(mkdir(snaps, 0755) == 0);
+    snprintf(cmd2, sizeof cmd2, "%s %s --no-progress --set train.snapshot.dir=%s "
+             "--set train.snapshot.every_steps=2 --export-weights %s/snapshot-000000002.safetensors",
+             bin, cfg, snaps, snaps);
+    CHECK_MSG(run(cmd2, out, sizeof out) == 2 && strstr(out, "would replace that snapshot"),
+              "export over a snapshot: %.900s", out);
     /* -v lists the defaults the config left out */
     write_file(cfg, "model:\n  input: [4]\n  layers: [flatten, {linear: {out: 2}}]\n");
     snprintf(cmd, sizeof cmd, "%s %s --dry-run -v", bin, cfg);

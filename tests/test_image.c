@@ -564,6 +564,29 @@ static void test_index_and_cache(void)
     CHECK(cached && f && gp_image_folder_size(f) == 15 &&
           !strcmp(gp_image_folder_file(f, 10), "zebra/img00.jpg"));
     gp_image_folder_free(f);
+    /* a cache whose label is no class (edited, damaged): stale, listed
+     * again, not a label past the classes (the fuzzer's heap overflow) */
+    for (int q = 0; q < 3; q++) {
+        static const char *const bad[] = {"7", "-1", "x"};
+        snprintf(p, sizeof p, "sed -i '0,/^F\t[0-9]*\t/s//F\t%s\t/' %s/cls/.gpipe-index-train",
+                 bad[q], tmpdir);
+        CHECK(system(p) == 0);
+        CHECK_OK(gp_image_folder_open(&cfg, true, 32, 32, &f, &cached));
+        CHECK_MSG(!cached && f && gp_image_folder_size(f) == 15 &&
+                      gp_image_folder_label(f, 0) == 0,
+                  "cache with label %s: cached %d", bad[q], cached);
+        gp_image_folder_free(f);
+    }
+    /* a link back to a folder already listed: its files once, no loop */
+    snprintf(p, sizeof p, "ln -s . %s/cls/train/ant/loop && ln -s .. %s/cls/train/moth/up",
+             tmpdir, tmpdir);
+    CHECK(system(p) == 0);
+    CHECK_OK(gp_image_folder_open(&cfg, true, 32, 32, &f, &cached));
+    CHECK_MSG(f && gp_image_folder_size(f) == 15, "with looping links: %lld files",
+              f ? (long long)gp_image_folder_size(f) : -1LL);
+    gp_image_folder_free(f);
+    snprintf(p, sizeof p, "rm %s/cls/train/ant/loop %s/cls/train/moth/up", tmpdir, tmpdir);
+    CHECK(system(p) == 0);
     /* a file rewritten (its size changes): listed again */
     snprintf(p, sizeof p, "%s/cls/train/moth/img01.jpg", tmpdir);
     uint8_t *px = make_rgb(64, 64, 1);

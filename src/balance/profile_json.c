@@ -204,9 +204,10 @@ static double jitem_req(jctx *c, const gp_json_value *list, int z, const char *k
 gp_status gp_profile_load(const char *path, gp_profile *out)
 {
     memset(out, 0, sizeof *out);
-    FILE *f = fopen(path, "rb");
+    FILE *f = gp_fopen_regular(path);
     if (!f)
-        return gp_error_set(GP_ERR_IO, "cannot read profile '%s': %s", path, strerror(errno));
+        return gp_error_set(GP_ERR_IO, "cannot read profile '%s': %s", path,
+                            gp_open_strerror(errno));
     fseek(f, 0, SEEK_END);
     long len = ftell(f);
     fseek(f, 0, SEEK_SET);

@@ -146,10 +146,11 @@ gp_status gp_config_load(const char *path, const char *const *overrides, int n_o
 {
     memset(out, 0, sizeof *out);
     if (!path) return gp_error_set(GP_ERR_INVALID, "no config path given");
-    FILE *f = fopen(path, "rb");
+    FILE *f = gp_fopen_regular(path);
     if (!f) {
         int e = errno;
-        return gp_error_set(GP_ERR_IO, "%s: cannot open the config: %s", path, strerror(e));
+        return gp_error_set(GP_ERR_IO, "%s: cannot open the config: %s", path,
+                            gp_open_strerror(e));
     }
     size_t cap = 4096, len = 0;
     char *buf = malloc(cap);

@@ -114,6 +114,14 @@ gp_status gp_check_writable_dir(const char *dir, const char *what);
  * and dir when it cannot be made. */
 gp_status gp_make_dirs(const char *dir, const char *what);
 
+/* fopen(path, "rb") for an input gpipe reads (a config, dataset, weights,
+ * snapshot or profile): what is not a regular file fails at once, with
+ * errno EINVAL, instead of blocking the open (a FIFO) or reading as
+ * nothing (a folder, a device).  gp_open_strerror(e): strerror(e), or for
+ * EINVAL what that means. */
+FILE *gp_fopen_regular(const char *path);
+const char *gp_open_strerror(int e);
+
 /* ------------------------------------------------------------------------ */
 /* counter-based RNG: Philox4x32-10                                          */
 

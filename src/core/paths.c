@@ -170,3 +170,28 @@ gp_status gp_make_dirs(const char *dir, const char *what)
     }
     return GP_OK;
 }
+
+FILE *gp_fopen_regular(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return NULL;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
+        close(fd);
+        errno = EINVAL;
+        return NULL;
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        int e = errno;
+        close(fd);
+        errno = e;
+    }
+    return f;
+}
+
+const char *gp_open_strerror(int e)
+{
+    return e == EINVAL ? "not a regular file (a folder, a FIFO or a device)" : strerror(e);
+}

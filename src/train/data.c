@@ -284,9 +284,10 @@ gp_status gp_cifar10_read(const char *const *paths, int n_paths, gp_dataset *ds)
                          (long long)total);
     int64_t i = 0;
     for (int k = 0; k < n_paths && s == GP_OK; k++) {
-        FILE *f = fopen(paths[k], "rb");
+        FILE *f = gp_fopen_regular(paths[k]);
         if (!f) {
-            s = gp_error_set(GP_ERR_IO, "cannot open '%s': %s", paths[k], strerror(errno));
+            s = gp_error_set(GP_ERR_IO, "cannot open '%s': %s", paths[k],
+                             gp_open_strerror(errno));
             break;
         }
         /* Read to the end rather than trusting stat: the file may change. */

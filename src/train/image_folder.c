@@ -45,6 +45,8 @@ typedef struct folder_file {
 typedef struct folder_dir {
     char *rel; /* "" = the split folder itself */
     int64_t mt_s, mt_ns;
+    dev_t dev; /* which folder it is, whatever the path: a link back to */
+    ino_t ino; /* one listed already is not walked again */
 } folder_dir;
 
 struct gp_image_folder {
@@ -118,7 +120,8 @@ static gp_status push_dir(gp_image_folder *f, const char *rel, const struct stat
     if (!p) return gp_error_set(GP_ERR_OOM, "out of host memory listing image folders");
     f->dirs = p;
     p[f->n_dirs] = (folder_dir){.rel = strdup(rel), .mt_s = st->st_mtim.tv_sec,
-                                .mt_ns = st->st_mtim.tv_nsec};
+                                .mt_ns = st->st_mtim.tv_nsec, .dev = st->st_dev,
+                                .ino = st->st_ino};
     if (!p[f->n_dirs].rel) return gp_error_set(GP_ERR_OOM, "out of host memory");
     f->n_dirs++;
     return GP_OK;
@@ -135,7 +138,20 @@ static gp_status walk(gp_image_folder *f, const char *rel, bool recurse, strvec 
     if (!d)
         return gp_error_set(GP_ERR_IO, "%s: cannot open the folder: %s", path, strerror(errno));
     struct stat st;
-    if (fstat(dirfd(d), &st) != 0 || push_dir(f, rel, &st) != GP_OK) {
+    if (fstat(dirfd(d), &st) != 0) {
+        closedir(d);
+        return gp_error_set(GP_ERR_IO, "%s: cannot read the folder", path);
+    }
+    for (int k = 0; k < f->n_dirs; k++)
+        if (f->dirs[k].dev == st.st_dev && f->dirs[k].ino == st.st_ino) {
+            /* a link to a folder listed already (a loop such as a -> .,
+             * or a second path to it): its files once, not again */
+            GP_WARN("%s: the same folder as %s/%s (a link); not listed twice", path, f->dir,
+                    f->dirs[k].rel);
+            closedir(d);
+            return GP_OK;
+        }
+    if (push_dir(f, rel, &st) != GP_OK) {
         closedir(d);
         return gp_error_set(GP_ERR_IO, "%s: cannot read the folder", path);
     }
@@ -425,7 +441,7 @@ static int fields(char *line, char **out, int max)
  * then left for listing). */
 static bool cache_read(gp_image_folder *f, const char *path)
 {
-    FILE *fp = fopen(path, "r");
+    FILE *fp = gp_fopen_regular(path); /* a FIFO named like the cache must not block */
     if (!fp) return false;
     char *line = NULL;
     size_t cap = 0;
@@ -460,12 +476,17 @@ static bool cache_read(gp_image_folder *f, const char *path)
                 f->files = p;
             }
             folder_file *ff = &f->files[nf];
-            *ff = (folder_file){.label = atoi(fl[1]), .rel = strdup(fl[5]),
+            char *end = NULL;
+            long label = strtol(fl[1], &end, 10);
+            *ff = (folder_file){.label = (int)label, .rel = strdup(fl[5]),
                                 .mask_rel = n == 10 ? strdup(fl[9]) : NULL};
             nf++;
             f->n = nf;
             int64_t sz = -1, s_ = 0, ns = 0;
-            ok = ff->rel && (n == 6 || ff->mask_rel) &&
+            /* an edited or damaged line is a stale cache: the folder is
+             * listed again (labels are checked against the classes below) */
+            ok = end != fl[1] && !*end && label >= 0 && label < (1 << 24) &&
+                 (n == 10) == (f->segmentation != 0) && ff->rel && (n == 6 || ff->mask_rel) &&
                  stat_file(f, ff->rel, &sz, &s_, &ns) == GP_OK && sz == atoll(fl[2]) &&
                  s_ == atoll(fl[3]) && ns == atoll(fl[4]);
             ff->size = sz;
@@ -485,6 +506,8 @@ static bool cache_read(gp_image_folder *f, const char *path)
     free(line);
     fclose(fp);
     gp_error_clear();
+    for (int64_t i = 0; ok && !f->segmentation && i < nf; i++)
+        ok = f->files[i].label < (int)cls.n; /* a class the cache lists */
     if (ok && nf > 0 && (f->segmentation || cls.n > 0)) {
         f->class_names = cls.v;
         f->classes = f->segmentation ? segmentation_classes(f) : (int)cls.n;
@@ -680,12 +703,21 @@ void gp_folder_worker_destroy(gp_folder_worker *w)
 
 static gp_status read_file(gp_folder_worker *w, const char *path, size_t *len)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* non-blocking: a FIFO named like an image must not stall the open */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return gp_error_set(GP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
         close(fd);
         return gp_error_set(GP_ERR_IO, "%s: %s", path, strerror(errno));
+    }
+    /* read whole before any check: bounded, so a huge or special file is a
+     * bad file (on_bad_file decides), not the machine's memory */
+    if (!S_ISREG(st.st_mode) || st.st_size > ((off_t)1 << 30)) {
+        close(fd);
+        return gp_error_set(GP_ERR_DATA, "%s: %s; not an image gpipe reads (remove it, or set "
+                            "data.on_bad_file: skip)", path,
+                            S_ISREG(st.st_mode) ? "larger than 1 GiB" : "not a regular file");
     }
     size_t n = (size_t)st.st_size;
     if (n + 1 > w->cap) {

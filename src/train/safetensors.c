@@ -357,10 +357,10 @@ gp_status gp_st_parse(const char *name, const uint8_t *buf, size_t len, gp_st_fi
 /* path opened for reading, a regular file of *len bytes. */
 static gp_status open_regular(const char *path, FILE **out, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
+    FILE *f = gp_fopen_regular(path);
     if (!f) {
         int e = errno;
-        return gp_error_set(GP_ERR_IO, "cannot open '%s': %s", path, strerror(e));
+        return gp_error_set(GP_ERR_IO, "cannot open '%s': %s", path, gp_open_strerror(e));
     }
     struct stat st;
     if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {

@@ -550,6 +550,10 @@ gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
                 if (pass == 0) {
                     expected++;
                     ns_add(&known, name);
+                    int64_t v = 0;
+                    if (t && t->data) memcpy(&v, t->data, sizeof v);
+                    if (v < 0 || v > ((int64_t)1 << 48)) /* a count of steps */
+                        nl_add(&bad, "%s: %lld, not a count (0 .. 2^48)", name, (long long)v);
                 }
                 if (pass == 1 && !l->meta) /* little-endian host */
                     memcpy(cv[c], t->data, sizeof(int64_t));
@@ -634,7 +638,11 @@ gp_status gp_snapshot_open(const char *path, gp_st_file *f, gp_snapshot_pos *pos
                        !meta_int(f, "gpipe.epoch", &pos->epoch) ||
                        !meta_int(f, "gpipe.batch", &pos->batch) ||
                        !meta_int(f, "gpipe.batch_size", &pos->batch_size) || pos->step < 0 ||
-                       pos->epoch < 0 || pos->batch < 0 || pos->batch_size < 1))
+                       pos->epoch < 0 || pos->batch < 0 || pos->batch_size < 1 ||
+                       /* bounds that keep the arithmetic on them in 64 bits: the
+                        * header has no checksum of its own */
+                       pos->step > ((int64_t)1 << 48) || pos->epoch > ((int64_t)1 << 40) ||
+                       pos->batch > ((int64_t)1 << 40) || pos->batch_size > (1 << 24)))
         s = gp_error_set(GP_ERR_DATA, "%s: the snapshot's position (gpipe.step, epoch, batch, "
                          "batch_size) is missing or malformed", path);
     if (s != GP_OK) gp_st_free(f);

@@ -15,6 +15,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 void gp_train_metrics_step(struct gp_json_writer *w, int64_t step, int64_t epoch, double lr,
@@ -379,6 +380,23 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
      * not the run.  (The metrics file and the trace are opened here.) */
     if (opts->export_path && gp_procs_rank() == 0) /* processes: rank 0 writes it */
         GP_TRY(gp_check_writable_file(opts->export_path, "--export-weights", true));
+    if (opts->export_path && tc->snapshot.dir[0]) {
+        /* weights only, in the snapshot directory under a snapshot's name:
+         * it would replace that snapshot (momentum, the loader's place) */
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s", opts->export_path);
+        char *slash = strrchr(dir, '/');
+        const char *base = slash ? slash + 1 : opts->export_path;
+        if (slash) *(slash == dir ? slash + 1 : slash) = '\0';
+        else snprintf(dir, sizeof dir, ".");
+        struct stat a, b;
+        if (!strncmp(base, "snapshot-", 9) && stat(dir, &a) == 0 &&
+            stat(tc->snapshot.dir, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+            return gp_error_set(GP_ERR_INVALID, "--export-weights %s: a snapshot's name in "
+                                "train.snapshot.dir (%s); the export holds weights only and "
+                                "would replace that snapshot: export to another name or folder",
+                                opts->export_path, tc->snapshot.dir);
+    }
     bool snapshots = tc->snapshot.every_steps > 0 || tc->snapshot.every_minutes > 0;
     /* Processes: rank 0 checks the directory, makes it and takes its lock
      * before any other rank checks it.  The check makes a missing directory
@@ -415,21 +433,34 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         s = gp_image_folder_align_classes(test.folder, train.folder);
         if (s == GP_OK) test.classes = gp_image_folder_classes(test.folder);
     }
-    if (s == GP_OK && (train.c != cfg->model.input[0] || train.h != cfg->model.input[1] ||
-                       train.w != cfg->model.input[2]))
-        s = gp_error_set(GP_ERR_INVALID,
-                         "%s: model.input is [%lld, %lld, %lld] but %s has samples of "
-                         "[%lld, %lld, %lld]; set model.input to match the data",
-                         cfg->path, (long long)cfg->model.input[0], (long long)cfg->model.input[1],
-                         (long long)cfg->model.input[2], train.source, (long long)train.c,
-                         (long long)train.h, (long long)train.w);
+    /* both splits: evaluation uploads test samples of the model's shape */
+    for (int q = 0; q < 2 && s == GP_OK; q++) {
+        const gp_dataset *d = q ? &test : &train;
+        if (q && d->n == 0) break;
+        if (d->c != cfg->model.input[0] || d->h != cfg->model.input[1] ||
+            d->w != cfg->model.input[2])
+            s = gp_error_set(GP_ERR_INVALID,
+                             "%s: model.input is [%lld, %lld, %lld] but %s has samples of "
+                             "[%lld, %lld, %lld]; set model.input to match the data%s",
+                             cfg->path, (long long)cfg->model.input[0],
+                             (long long)cfg->model.input[1], (long long)cfg->model.input[2],
+                             d->source, (long long)d->c, (long long)d->h, (long long)d->w,
+                             q ? " (the test split must have the training split's shape)" : "");
+    }
     if (s == GP_OK) s = stop_early(opts, "while loading the data", res);
     if (s == GP_OK) s = gp_train_open(cfg, devs, &model, opts->quiet);
     if (s == GP_OK) s = stop_early(opts, "while placing the model (balance, devices)", res);
     if (s == GP_OK) n_dev = gp_pipeline_devices_total(&cfg->pipeline);
     if (s == GP_OK) s = check_targets(cfg, &model, &train);
+    /* A step splits its batch into chunks micro-batches on every replica:
+     * an epoch's last, partial batch that cannot be is dropped (said
+     * below), not a failure at the end of every epoch. */
+    int64_t min_batch = (int64_t)cfg->pipeline.chunks *
+                        (cfg->pipeline.replicas > 1 ? cfg->pipeline.replicas : 1);
+    int64_t rest = s == GP_OK ? train.n % tc->batch_size : 0;
+    bool drop_rest = rest > 0 && rest < min_batch && train.n > tc->batch_size;
     gp_loader_opts lo = {.batch_size = tc->batch_size, .shuffle = cfg->data.shuffle,
-                         .augment = true, .drop_last = false,
+                         .augment = true, .drop_last = drop_rest,
                          .masks = model.loss == GP_LOSS_BCE_WITH_LOGITS &&
                                   gp_dataset_has_masks(&train),
                          .prefetch = cfg->data.prefetch > 0 ? cfg->data.prefetch : 2,
@@ -450,6 +481,11 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
 
     int64_t per_epoch = gp_loader_batches_per_epoch(loader);
     int64_t total = tc->steps > 0 ? tc->steps : tc->epochs * per_epoch;
+    if (drop_rest && !opts->quiet)
+        GP_WARN("each epoch's last %lld sample%s (%lld %% %lld) %s fewer than pipeline.chunks "
+                "x replicas = %lld: that partial batch is dropped", (long long)rest,
+                rest == 1 ? "" : "s", (long long)train.n, (long long)tc->batch_size,
+                rest == 1 ? "is" : "are", (long long)min_batch);
     int progress = opts->progress;
     if (progress < 0) progress = isatty(STDERR_FILENO) ? 1 : 0;
     if (opts->quiet) progress = 0;
@@ -495,6 +531,14 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         gp_batch b;
         double t_wait = gp_now();
         s = gp_loader_next(loader, &b);
+        /* files skipped as bad (data.on_bad_file: skip) can leave a batch
+         * too small to split: the next batch takes its place */
+        while (s == GP_OK && b.n < min_batch) {
+            GP_WARN("step %lld: a batch of %lld samples after skipping bad files cannot be "
+                    "split into %lld micro-batches; skipping the batch", (long long)step,
+                    (long long)b.n, (long long)min_batch);
+            s = gp_loader_next(loader, &b);
+        }
         double waited = gp_now() - t_wait;
         /* processes: a batch one rank cannot read stops every rank (each
          * saves its part of the final snapshot) */
