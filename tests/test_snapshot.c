@@ -978,6 +978,51 @@ static void test_damage(void)
  * export torchgpipe's state-dict names ("layer1_0_residual.downsample.0.
  * weight", "stem2.reduce1.1.weight"), and a weights file named by layer
  * index (an earlier export) still loads into it, to the same tensors. */
+/* The header has a checksum of its own (gpipe.header_crc32): a flipped
+ * digit in the metadata (a snapshot's step, its stored config) or in a
+ * tensor's shape or offsets is refused, where only the data had one and
+ * such a change resumed silently (found by fuzzing). */
+static void test_header_checksum(void)
+{
+    gp_st_writer w = {0};
+    float v[6] = {1, 2, 3, 4, 5, 6};
+    int64_t dims[2] = {2, 3};
+    CHECK_OK(gp_st_writer_add(&w, "layer.weight", GP_ST_F32, 2, dims, v, sizeof v));
+    CHECK_OK(gp_st_writer_meta(&w, "gpipe.step", "4"));
+    CHECK_OK(gp_st_writer_meta(&w, "gpipe.config", "lr: 0.05"));
+    uint8_t *img;
+    size_t n;
+    CHECK_OK(gp_st_serialize(&w, &img, &n));
+    gp_st_writer_free(&w);
+    gp_st_file f;
+    CHECK_OK(gp_st_parse("intact", img, n, &f));
+    CHECK_OK(gp_st_verify(&f, true));
+    gp_st_free(&f);
+    static const struct {
+        const char *from, *to;
+    } flips[] = {{"\"gpipe.step\":\"4\"", "\"gpipe.step\":\"5\""},
+                 {"lr: 0.05", "lr: 1.05"},
+                 {"[2,3]", "[3,2]"}};
+    for (int q = 0; q < 3; q++) {
+        uint8_t *c = malloc(n);
+        memcpy(c, img, n);
+        char *at = NULL;
+        size_t fl = strlen(flips[q].from);
+        for (size_t k = 0; !at && k + fl <= n; k++)
+            if (!memcmp(c + k, flips[q].from, fl)) at = (char *)c + k;
+        CHECK_MSG(at != NULL, "no %s in the header", flips[q].from);
+        if (at) memcpy(at, flips[q].to, strlen(flips[q].to));
+        if (at && gp_st_parse("flipped", c, n, &f) == GP_OK) {
+            CHECK_ERR(gp_st_verify(&f, true), GP_ERR_DATA, "flipped: header checksum mismatch");
+            gp_st_free(&f);
+        } else if (at) {
+            CHECK_MSG(0, "%s: did not parse: %s", flips[q].to, gp_last_error());
+        }
+        free(c);
+    }
+    free(img);
+}
+
 static void test_module_names(void)
 {
     static const struct {
@@ -1073,6 +1118,7 @@ int main(void)
     test_fixture();
     test_round_trip();
     test_module_names();
+    test_header_checksum();
     if (access(bin, X_OK) == 0) {
         test_damage();
         test_bad_values();

@@ -462,6 +462,57 @@ const char *gp_st_meta(const gp_st_file *f, const char *key)
     return NULL;
 }
 
+/* The header's own checksum, gpipe.header_crc32 (gpipe.crc32 covers the
+ * data only): every metadata pair but those two, and every tensor's name,
+ * dtype, shape and offsets, each item's CRC-32 summed, so the order the
+ * parser keeps them in does not matter and one flipped bit anywhere in
+ * them changes it.  own_only: a read file's tensors from other parts
+ * (part >= 0) are not its header's. */
+static uint32_t header_crc(char *const *meta, int n_meta, const gp_st_tensor *t, int n,
+                           bool own_only)
+{
+    uint32_t sum = 0;
+    for (int i = 0; i < n_meta; i++) {
+        /* itself, and the data's checksum (which the data checks) */
+        if (!strcmp(meta[2 * i], "gpipe.header_crc32") || !strcmp(meta[2 * i], "gpipe.crc32"))
+            continue;
+        uint32_t c = crc_more(0, (const uint8_t *)meta[2 * i], strlen(meta[2 * i]) + 1);
+        sum += crc_more(c, (const uint8_t *)meta[2 * i + 1], strlen(meta[2 * i + 1]));
+    }
+    for (int k = 0; k < n; k++) {
+        if (own_only && t[k].part >= 0) continue;
+        char b[256];
+        int len = snprintf(b, sizeof b, "|%s|%d", t[k].dtype_name, t[k].ndim);
+        for (int d = 0; d < t[k].ndim && len > 0 && (size_t)len < sizeof b; d++)
+            len += snprintf(b + len, sizeof b - (size_t)len, "|%lld", (long long)t[k].dims[d]);
+        if (len > 0 && (size_t)len < sizeof b)
+            len += snprintf(b + len, sizeof b - (size_t)len, "|%llu|%llu",
+                            (unsigned long long)t[k].begin, (unsigned long long)t[k].end);
+        if (len < 0 || (size_t)len >= sizeof b) len = (int)strlen(b);
+        uint32_t c = crc_more(0, (const uint8_t *)t[k].name, strlen(t[k].name));
+        sum += crc_more(c, (const uint8_t *)b, (uint64_t)len);
+    }
+    return sum;
+}
+
+/* A header with gpipe.header_crc32 must match it (files from before it
+ * have none and are taken as they are). */
+static gp_status check_header_crc(const gp_st_file *f)
+{
+    const char *c = gp_st_meta(f, "gpipe.header_crc32");
+    if (!c) return GP_OK;
+    char *e;
+    errno = 0;
+    unsigned long want = strtoul(c, &e, 16);
+    if (errno || *e || e == c || want > 0xffffffffUL)
+        return gp_error_set(GP_ERR_DATA, "%s: malformed header checksum '%.20s'", f->source, c);
+    uint32_t got = header_crc(f->meta, f->n_meta, f->tensors, f->n, true);
+    if (got == (uint32_t)want) return GP_OK;
+    return gp_error_set(GP_ERR_DATA, "%s: header checksum mismatch (CRC-32 sum of the metadata "
+                        "and tensor entries is %08x, the header says %08lx): the header is "
+                        "corrupted or was edited; use an older snapshot", f->source, got, want);
+}
+
 /* The checksum gpipe.crc32 of f in *want (*has false, GP_OK, if there is
  * none and none is required). */
 static gp_status crc_of_meta(const gp_st_file *f, bool required, bool *has, unsigned long *want)
@@ -496,6 +547,7 @@ gp_status gp_st_verify_file(const gp_st_file *hdr, const char *path)
 {
     bool has;
     unsigned long want = 0;
+    GP_TRY(check_header_crc(hdr));
     GP_TRY(crc_of_meta(hdr, true, &has, &want));
     FILE *f;
     size_t len;
@@ -525,6 +577,7 @@ gp_status gp_st_verify(const gp_st_file *f, bool required)
 {
     bool has;
     unsigned long want = 0;
+    GP_TRY(check_header_crc(f));
     GP_TRY(crc_of_meta(f, required, &has, &want));
     return has ? crc_compare(f->source, crc_more(0, f->data, f->data_len), want) : GP_OK;
 }
@@ -604,6 +657,9 @@ static gp_status build_header(gp_st_writer *w, gp_json_writer *h)
     char hex[16];
     snprintf(hex, sizeof hex, "%08lx", (unsigned long)crc);
     GP_TRY(gp_st_writer_meta(w, "gpipe.crc32", hex));
+    snprintf(hex, sizeof hex, "%08lx",
+             (unsigned long)header_crc(w->meta, w->n_meta, w->tensors, w->n, false));
+    GP_TRY(gp_st_writer_meta(w, "gpipe.header_crc32", hex));
     gp_json_open_object(h, NULL);
     if (w->n_meta) {
         gp_json_open_object(h, "__metadata__");
