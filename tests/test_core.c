@@ -6,6 +6,7 @@
  */
 #include "core/core.h"
 #include "test.h"
+#include <errno.h>
 
 #include <dirent.h>
 #include <sys/stat.h>
@@ -209,6 +210,20 @@ static void test_output_paths(void)
               "train.snapshot.dir '/proc/nope': cannot create '/proc/nope'");
     snprintf(q, sizeof q, "%s/c/d", dir);
     CHECK_OK(gp_check_writable_dir(q, "train.snapshot.dir"));
+
+    /* the folder a path is in, the same folder however spelt; inputs open
+     * only as regular files (a folder or device: EINVAL at once) */
+    snprintf(q, sizeof q, "%s/./snapshot-1.st", dir);
+    CHECK(gp_path_in_dir(q, dir) && gp_path_in_dir(p, dir));
+    CHECK(!gp_path_in_dir(q, "/") && !gp_path_in_dir("/nope/x/y", dir));
+    CHECK(gp_path_in_dir("bare-name", "."));
+    int fd = gp_open_regular(p);
+    CHECK(fd >= 0);
+    if (fd >= 0) close(fd);
+    errno = 0;
+    CHECK(gp_open_regular(dir) < 0 && errno == EINVAL);
+    CHECK(gp_open_regular("/dev/null") < 0 && errno == EINVAL);
+    CHECK(gp_open_regular("/nope/x") < 0 && errno == ENOENT);
 
     /* nothing but the one file made above is left */
     CHECK_MSG(entries(dir) == 1, "%d entries in %s, expected only afile", entries(dir), dir);

@@ -54,9 +54,9 @@ static gp_status walk_root(gp_cfg_walk *w, const gp_ynode *root, gp_config *c)
                           "micro-batch needs at least one sample", c->pipeline.chunks,
                           (long long)c->train.batch_size);
     }
-    const gp_pipeline_config *pc = &c->pipeline;
     /* the interleaved schedule's shape (schedule.c checks it again): here
      * it names the line, before data or profiles are loaded */
+    const gp_pipeline_config *pc = &c->pipeline;
     if (pc->schedule == GP_SCHEDULE_INTERLEAVED && (pc->n_devices < 2 || pc->chunks % pc->n_devices)) {
         const gp_ynode *pm = gp_ymap_get(root, "pipeline");
         const gp_ynode *n = gp_ymap_get(pm, pc->n_devices < 2 ? "devices" : "chunks");

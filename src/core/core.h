@@ -114,13 +114,19 @@ gp_status gp_check_writable_dir(const char *dir, const char *what);
  * and dir when it cannot be made. */
 gp_status gp_make_dirs(const char *dir, const char *what);
 
-/* fopen(path, "rb") for an input gpipe reads (a config, dataset, weights,
- * snapshot or profile): what is not a regular file fails at once, with
- * errno EINVAL, instead of blocking the open (a FIFO) or reading as
- * nothing (a folder, a device).  gp_open_strerror(e): strerror(e), or for
+/* open(path, O_RDONLY | O_CLOEXEC) for an input gpipe reads (a config,
+ * dataset, image, weights, snapshot or profile): what is not a regular
+ * file fails at once, -1 with errno EINVAL, instead of blocking the open (a
+ * FIFO) or reading as nothing (a folder, a device).  gp_fopen_regular: the
+ * same as a FILE opened "rb".  gp_open_strerror(e): strerror(e), or for
  * EINVAL what that means. */
+int gp_open_regular(const char *path);
 FILE *gp_fopen_regular(const char *path);
 const char *gp_open_strerror(int e);
+/* Whether the folder that holds `path` (its directory part, "." for a bare
+ * name) is `dir`, the same folder on disk, whatever the spelling; false
+ * when either does not exist. */
+bool gp_path_in_dir(const char *path, const char *dir);
 
 /* ------------------------------------------------------------------------ */
 /* counter-based RNG: Philox4x32-10                                          */

@@ -171,17 +171,24 @@ gp_status gp_make_dirs(const char *dir, const char *what)
     return GP_OK;
 }
 
-FILE *gp_fopen_regular(const char *path)
+int gp_open_regular(const char *path)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) return NULL;
+    if (fd < 0) return -1;
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
         fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
         close(fd);
         errno = EINVAL;
-        return NULL;
+        return -1;
     }
+    return fd;
+}
+
+FILE *gp_fopen_regular(const char *path)
+{
+    int fd = gp_open_regular(path);
+    if (fd < 0) return NULL;
     FILE *f = fdopen(fd, "rb");
     if (!f) {
         int e = errno;
@@ -194,4 +201,12 @@ FILE *gp_fopen_regular(const char *path)
 const char *gp_open_strerror(int e)
 {
     return e == EINVAL ? "not a regular file (a folder, a FIFO or a device)" : strerror(e);
+}
+
+bool gp_path_in_dir(const char *path, const char *dir)
+{
+    char d[PATH_LEN];
+    dir_of(path, d, sizeof d);
+    struct stat a, b;
+    return stat(d, &a) == 0 && stat(dir, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
 }

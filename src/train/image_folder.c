@@ -703,21 +703,23 @@ void gp_folder_worker_destroy(gp_folder_worker *w)
 
 static gp_status read_file(gp_folder_worker *w, const char *path, size_t *len)
 {
-    /* non-blocking: a FIFO named like an image must not stall the open */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) return gp_error_set(GP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    /* a FIFO named like an image must not stall the open */
+    int fd = gp_open_regular(path);
+    if (fd < 0 && errno != EINVAL)
+        return gp_error_set(GP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) != 0) {
+    if (fd >= 0 && fstat(fd, &st) != 0) {
+        int e = errno;
         close(fd);
-        return gp_error_set(GP_ERR_IO, "%s: %s", path, strerror(errno));
+        return gp_error_set(GP_ERR_IO, "%s: %s", path, strerror(e));
     }
     /* read whole before any check: bounded, so a huge or special file is a
      * bad file (on_bad_file decides), not the machine's memory */
-    if (!S_ISREG(st.st_mode) || st.st_size > ((off_t)1 << 30)) {
-        close(fd);
+    if (fd < 0 || st.st_size > ((off_t)1 << 30)) {
+        if (fd >= 0) close(fd);
         return gp_error_set(GP_ERR_DATA, "%s: %s; not an image gpipe reads (remove it, or set "
                             "data.on_bad_file: skip)", path,
-                            S_ISREG(st.st_mode) ? "larger than 1 GiB" : "not a regular file");
+                            fd >= 0 ? "larger than 1 GiB" : "not a regular file");
     }
     size_t n = (size_t)st.st_size;
     if (n + 1 > w->cap) {

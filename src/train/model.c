@@ -316,10 +316,10 @@ gp_status gp_model_balance(const gp_config *cfg, int n, int *balance)
         balance[0] = L;
         return GP_OK;
     }
-    GP_TRY(enough_layers(cfg, n));
     gp_status s;
     /* the fast, deterministic path: estimated FLOPs, no memory limit */
     if (!strcmp(gp_model_balance_method(), "flops")) return gp_model_balance_flops(cfg, n, balance);
+    GP_TRY(enough_layers(cfg, n));
     /* What gpipe-balance --by time does, with few repetitions so that start-up
      * stays quick: profile every layer at the configured micro-batch size
      * on stage 0's kind of device, then the exact min-max partition of the

@@ -362,10 +362,11 @@ static gp_status open_regular(const char *path, FILE **out, size_t *len)
         int e = errno;
         return gp_error_set(GP_ERR_IO, "cannot open '%s': %s", path, gp_open_strerror(e));
     }
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+    struct stat st; /* a regular file (gp_fopen_regular): its size */
+    if (fstat(fileno(f), &st) != 0) {
+        int e = errno;
         fclose(f);
-        return gp_error_set(GP_ERR_IO, "'%s' is not a regular file", path);
+        return gp_error_set(GP_ERR_IO, "cannot read '%s': %s", path, strerror(e));
     }
     *out = f;
     *len = (size_t)st.st_size;

@@ -639,8 +639,8 @@ gp_status gp_snapshot_open(const char *path, gp_st_file *f, gp_snapshot_pos *pos
                        !meta_int(f, "gpipe.batch", &pos->batch) ||
                        !meta_int(f, "gpipe.batch_size", &pos->batch_size) || pos->step < 0 ||
                        pos->epoch < 0 || pos->batch < 0 || pos->batch_size < 1 ||
-                       /* bounds that keep the arithmetic on them in 64 bits: the
-                        * header has no checksum of its own */
+                       /* bounds that keep the arithmetic on them in 64 bits
+                        * (a file from before gpipe.header_crc32 is not checked) */
                        pos->step > ((int64_t)1 << 48) || pos->epoch > ((int64_t)1 << 40) ||
                        pos->batch > ((int64_t)1 << 40) || pos->batch_size > (1 << 24)))
         s = gp_error_set(GP_ERR_DATA, "%s: the snapshot's position (gpipe.step, epoch, batch, "

@@ -15,7 +15,6 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 void gp_train_metrics_step(struct gp_json_writer *w, int64_t step, int64_t epoch, double lr,
@@ -383,15 +382,9 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     if (opts->export_path && tc->snapshot.dir[0]) {
         /* weights only, in the snapshot directory under a snapshot's name:
          * it would replace that snapshot (momentum, the loader's place) */
-        char dir[4096];
-        snprintf(dir, sizeof dir, "%s", opts->export_path);
-        char *slash = strrchr(dir, '/');
+        const char *slash = strrchr(opts->export_path, '/');
         const char *base = slash ? slash + 1 : opts->export_path;
-        if (slash) *(slash == dir ? slash + 1 : slash) = '\0';
-        else snprintf(dir, sizeof dir, ".");
-        struct stat a, b;
-        if (!strncmp(base, "snapshot-", 9) && stat(dir, &a) == 0 &&
-            stat(tc->snapshot.dir, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+        if (!strncmp(base, "snapshot-", 9) && gp_path_in_dir(opts->export_path, tc->snapshot.dir))
             return gp_error_set(GP_ERR_INVALID, "--export-weights %s: a snapshot's name in "
                                 "train.snapshot.dir (%s); the export holds weights only and "
                                 "would replace that snapshot: export to another name or folder",
