@@ -803,6 +803,12 @@ static void test_overrides(void)
     const char *bad11[] = {"pipeline.chunks=0"};
     CHECK_ERR(parse_bad(k_base, bad11, 1), GP_ERR_INVALID,
               "--set pipeline.chunks=0: pipeline.chunks must be >= 1, got 0");
+    /* one line: overrides are kept and written back one per line, so a
+     * value with a line break loaded but could not be written back (what
+     * the config fuzzer found: gp_config_text_applied failed on it) */
+    const char *bad12[] = {"pipeline.chunks=2\n# a comment"};
+    CHECK_ERR(parse_bad(k_base, bad12, 1), GP_ERR_INVALID,
+              "a line break in the value; give it on one line");
 }
 
 /* gp_config_text_applied: the text with the overrides written in loads,

@@ -604,6 +604,11 @@ static gp_status override_apply(gp_ynode **root, const char *set, char **comps, 
 
 gp_status gp_ytree_override(gp_ynode **root, const char *set)
 {
+    /* one line: the overrides are kept, written into snapshots and back
+     * into configs one per line (gpipe.overrides, gp_config_text_applied) */
+    if (strpbrk(set, "\r\n"))
+        return set_err(set, "a line break in the value; give it on one line, in YAML's flow "
+                       "style (e.g. [a, b] or {k: v})");
     const char *eq = strchr(set, '=');
     if (!eq)
         return set_err(set, "expected key=value, like train.batch_size=128");
