@@ -171,6 +171,57 @@ static void test_idx_errors(void)
                   gp_last_error());
         CHECK(ds.images == NULL);
     }
+    /* A gzip file whose trailer checksum is wrong: every byte decompresses,
+     * and the message says the checksum, not "after 16 bytes". */
+    {
+        write_idx_images(tpath("crc.gz"), true, 0x803, 50, 28, 28, -1);
+        struct stat st;
+        CHECK(stat(tpath("crc.gz"), &st) == 0);
+        FILE *f = fopen(tpath("crc.gz"), "r+b");
+        CHECK(f != NULL);
+        if (f) {
+            fseek(f, (long)st.st_size - 8, SEEK_SET);
+            int c = fgetc(f);
+            fseek(f, (long)st.st_size - 8, SEEK_SET);
+            fputc(c ^ 0x5a, f);
+            fclose(f);
+        }
+        CHECK_ERR(gp_idx_read_images(tpath("crc.gz"), &ds), GP_ERR_DATA,
+                  "in its checksum, found after byte");
+        CHECK_ERR(gp_idx_read_images(tpath("crc.gz"), &ds), GP_ERR_DATA, "fetch or decompress");
+        CHECK(ds.images == NULL);
+    }
+    /* More data than the header announces (a header saying 9 images over a
+     * file of 10): an error, not 9 images read without a word. */
+    for (int gz = 0; gz < 2; gz++) {
+        const char *name = gz ? "long-images.gz" : "long-images";
+        write_idx_images(tpath(name), gz, 0x803, 10, 4, 5, -1);
+        uint8_t b[16 + 200];
+        size_t n = 0;
+        {
+            gzFile g = gzopen(tpath(name), "rb");
+            CHECK(g != NULL);
+            if (g) {
+                n = (size_t)gzread(g, b, sizeof b);
+                gzclose(g);
+            }
+        }
+        CHECK(n == sizeof b);
+        put_be32(b + 4, 9);
+        write_bytes(tpath(name), b, sizeof b, gz);
+        CHECK_ERR(gp_idx_read_images(tpath(name), &ds), GP_ERR_DATA,
+                  "goes on after the 196 bytes its header announces (16-byte header + 9 x 4 x 5 "
+                  "pixels)");
+        CHECK(ds.images == NULL);
+        write_idx_labels(tpath("long-labels"), gz, 0x801, 10, 3, -1, -1, 0);
+        uint8_t l[18] = {0};
+        for (int i = 0; i < 18; i++) l[i] = (uint8_t)(i < 8 ? 0 : (i - 8) % 3);
+        put_be32(l, 0x801);
+        put_be32(l + 4, 9);
+        write_bytes(tpath("long-labels"), l, sizeof l, gz);
+        CHECK_ERR(gp_idx_read_labels(tpath("long-labels"), &ds), GP_ERR_DATA,
+                  "goes on after the 17 bytes");
+    }
     /* A gzip header followed by garbage. */
     {
         uint8_t junk[64] = {0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3};

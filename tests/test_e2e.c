@@ -373,6 +373,52 @@ static void test_balance_profile_in(void)
              "FILE)\n", prof);
     CHECK_MSG(!strcmp(out, want), "output: %s", out);
 
+    /* A timed profile records its precision; loaded for a config in
+     * another precision it warns (tf32 on a CPU device is fp32: silent);
+     * an unknown precision is an error naming the key; a profile from
+     * before the key loads silently. */
+    {
+        char tp[512];
+        snprintf(tp, sizeof tp, "%s/prof-timed.json", tmpdir);
+        snprintf(cmd, sizeof cmd, "%s %s --reps 1 --profile-out %s", balance_bin, cfg, tp);
+        rc = run(cmd, out, sizeof out);
+        CHECK_MSG(rc == 0, "exit %d: %s", rc, out);
+        size_t n = 0;
+        char *text = gpt_read_file(tp, &n);
+        CHECK_MSG(text && strstr(text, "\"precision\": \"fp32\""), "%s", text ? text : "");
+        snprintf(cmd, sizeof cmd, "%s %s --profile-in %s --set train.precision=tf32",
+                 balance_bin, cfg, tp);
+        rc = run(cmd, out, sizeof out);
+        CHECK_MSG(rc == 0 && !strstr(out, "warning"), "exit %d: %s", rc, out);
+        snprintf(cmd, sizeof cmd, "%s %s --profile-in %s --set train.precision=bf16",
+                 balance_bin, cfg, tp);
+        rc = run(cmd, out, sizeof out);
+        snprintf(want, sizeof want, "gpipe-balance: warning: '%s' was timed in fp32; this "
+                 "config trains in bf16 (train.precision)", tp);
+        CHECK_MSG(rc == 0 && strstr(out, want), "exit %d: %s", rc, out);
+        char *bad = text ? strstr(text, "\"fp32\"") : NULL;
+        if (bad) {
+            memcpy(bad, "\"fp64\"", 6);
+            write_file(tp, text);
+            snprintf(cmd, sizeof cmd, "%s %s --profile-in %s", balance_bin, cfg, tp);
+            rc = run(cmd, out, sizeof out);
+            CHECK_MSG(rc == 3 && strstr(out, "\"precision\" must be \"fp32\""), "exit %d: %s",
+                      rc, out);
+            char *key = strstr(text, "\"precision\": \"fp64\",");
+            CHECK(key != NULL);
+            if (key) {
+                memmove(key, key + strlen("\"precision\": \"fp64\","),
+                        strlen(key + strlen("\"precision\": \"fp64\",")) + 1);
+                write_file(tp, text);
+                snprintf(cmd, sizeof cmd, "%s %s --profile-in %s --set train.precision=bf16",
+                         balance_bin, cfg, tp);
+                rc = run(cmd, out, sizeof out);
+                CHECK_MSG(rc == 0 && !strstr(out, "warning"), "exit %d: %s", rc, out);
+            }
+        }
+        free(text);
+    }
+
     /* --write keeps the schedule: the written config trains with it, and
      * an interleaved one gets a balance per stage (devices x virtual) and
      * its virtual; --devices turns a one-device config into a pipeline the

@@ -317,15 +317,24 @@ int main(int argc, char **argv)
         if (s != GP_OK) gp_profile_free(&prof);
         /* the same model on other hardware: its times are a guess, not a lie */
         int threads = gp_model_device_threads(&cfg.pipeline, 0);
-        gp_device_kind k1, k2;
+        gp_device_kind k1 = GP_DEV_CPU, k2 = GP_DEV_CPU;
         int i1, i2;
-        if (s == GP_OK && gp_device_parse(prof.device, &k1, &i1) == GP_OK &&
-            gp_device_parse(cfg.pipeline.devices[0].name, &k2, &i2) == GP_OK &&
+        bool k2_ok = gp_device_parse(cfg.pipeline.devices[0].name, &k2, &i2) == GP_OK;
+        if (s == GP_OK && k2_ok && gp_device_parse(prof.device, &k1, &i1) == GP_OK &&
             (k1 != k2 || (k1 == GP_DEV_CPU && prof.threads != threads)))
             fprintf(stderr, "gpipe-balance: warning: '%s' was timed on %s with %d thread%s; "
                     "this config's stage 0 is %s with %d: the times may not hold\n", prof_in,
                     prof.device, prof.threads, prof.threads == 1 ? "" : "s",
                     cfg.pipeline.devices[0].name, threads);
+        /* a CPU device computes FP32 under tf32 (README "Precision") */
+        int want_prec = cfg.train.precision == GP_PRECISION_TF32 && k2 == GP_DEV_CPU
+                            ? GP_PRECISION_FP32 : cfg.train.precision;
+        if (s == GP_OK && prof.timed && prof.precision >= 0 && prof.precision != want_prec)
+            fprintf(stderr, "gpipe-balance: warning: '%s' was timed in %s; this config trains "
+                    "in %s (train.precision), whose layers take other times: re-profile with "
+                    "--profile-out for a split that fits\n", prof_in,
+                    gp_precision_name((gp_precision)prof.precision),
+                    gp_precision_name((gp_precision)want_prec));
         if (s == GP_OK) gp_error_clear(); /* a device name that did not parse */
         if (s == GP_OK) {
             prof.batch = batch; /* the config's batch decides the micro-batch sizes */

@@ -125,6 +125,9 @@ typedef struct gp_profile {
     int chunks;                /* configured micro-batches */
     int first_trainable;       /* gp_layers_first_trainable */
     bool timed;                /* times measured (false: --by size) */
+    int precision;             /* gp_precision it was timed for (the config's
+                                  train.precision); -1: not recorded (a
+                                  profile saved before 2026-11-25) */
     bool bf16_copies;          /* the run's copies travel in bfloat16
                                   (pipeline.copy_precision), so what crosses a
                                   stage boundary holds half its bytes while in

@@ -690,6 +690,7 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
     out->batch = o->batch;
     out->chunks = o->chunks;
     out->timed = o->timed;
+    out->precision = o->precision;
     out->contend = o->timed && o->contend > 0 ? o->contend : 0;
     out->warmup = o->warmup < 0 ? 0 : o->warmup;
     out->reps = o->reps < 1 ? 1 : o->reps;
@@ -798,6 +799,7 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
         s = gp_device_open(out->device, &dopt, &dev);
         if (s != GP_OK) break;
         out->threads = dev->threads;
+        out->precision = (int)dev->precision; /* what it runs: a CPU's tf32 is fp32 */
         gp_device_bind_thread(dev);
         gp_allocator a0;
         gp_allocator_snapshot(&dev->alloc, &a0);

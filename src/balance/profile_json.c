@@ -70,6 +70,8 @@ static void put_profile(gp_json_writer *w, const gp_profile *p)
         gp_json_close(w);
     }
     gp_json_put_bool(w, "timed", p->timed);
+    if (p->precision >= 0)
+        gp_json_put_str(w, "precision", gp_precision_name((gp_precision)p->precision));
     gp_json_put_int(w, "warmup", p->warmup);
     gp_json_put_int(w, "reps", p->reps);
     gp_json_open_array(w, "sizes");
@@ -291,6 +293,16 @@ gp_status gp_profile_load(const char *path, gp_profile *out)
         }
     }
     out->timed = jnum_req(&c, root, "timed", "") != 0;
+    const gp_json_value *pr = gp_json_get(root, "precision"); /* absent before 2026-11-25 */
+    out->precision = -1;
+    if (c.st == GP_OK && pr) {
+        for (int q = GP_PRECISION_FP32; q <= GP_PRECISION_BF16; q++)
+            if (pr->kind == GP_JSON_STRING && !strcmp(pr->str, gp_precision_name((gp_precision)q)))
+                out->precision = q;
+        if (out->precision < 0)
+            c.st = gp_error_set(GP_ERR_DATA, "profile '%s': \"precision\" must be \"fp32\", "
+                                "\"tf32\" or \"bf16\"", path);
+    }
     out->warmup = (int)jnum_req(&c, root, "warmup", "");
     out->reps = (int)jnum_req(&c, root, "reps", "");
     const gp_json_value *sizes = jarr_req(&c, root, "sizes", -1, "");

@@ -88,6 +88,20 @@ static gzFile idx_open(const char *path, gp_status *s)
     return f;
 }
 
+#define GZ_CHUNK ((int64_t)1 << 20)
+
+/* zlib's "incorrect data check" / "incorrect length check" come from the
+ * gzip trailer: every byte decompressed, but not to what was written. */
+static gp_status gz_corrupt(const char *path, int64_t at, const char *zerr)
+{
+    bool trailer = zerr && strstr(zerr, "check");
+    return gp_error_set(GP_ERR_DATA,
+                        "%s: corrupt gzip data (zlib: %s) %s byte %lld of the uncompressed "
+                        "data; the file is damaged: fetch or decompress it again",
+                        path, zerr, trailer ? "in its checksum, found after" : "at or after",
+                        (long long)at);
+}
+
 /* Read up to `len` bytes into buf.  Returns the bytes read; sets *zerr to a
  * zlib message if the stream itself is corrupt (not merely short). */
 static int64_t gz_read_all(gzFile f, void *buf, int64_t len, const char **zerr)
@@ -95,8 +109,10 @@ static int64_t gz_read_all(gzFile f, void *buf, int64_t len, const char **zerr)
     int64_t got = 0;
     *zerr = NULL;
     while (got < len) {
+        /* 1 MiB a call: a gzread that fails loses the count of what it
+         * decoded, so a corruption is placed to within one call's bytes. */
         int64_t want = len - got;
-        if (want > (1 << 30)) want = 1 << 30;
+        if (want > GZ_CHUNK) want = GZ_CHUNK;
         int r = gzread(f, (char *)buf + got, (unsigned)want);
         if (r < 0) {
             int num = Z_OK;
@@ -139,8 +155,7 @@ static gp_status idx_read_payload(gzFile f, const char *path, int64_t hdr, int64
     }
     if (zerr) {
         free(buf);
-        return gp_error_set(GP_ERR_DATA, "%s: corrupt gzip data after %lld bytes: %s", path,
-                            (long long)(hdr + got), zerr);
+        return gz_corrupt(path, hdr + got, zerr);
     }
     if (got < len) {
         free(buf);
@@ -149,6 +164,20 @@ static gp_status idx_read_payload(gzFile f, const char *path, int64_t hdr, int64
                             "file ends after %lld",
                             path, (long long)(hdr + len), (long long)hdr, shape, what,
                             (long long)(hdr + got));
+    }
+    /* More data than the header announces: the counts are wrong (a file
+     * rewritten in place, two concatenated), and reading only the first
+     * part would train on part of it without a word. */
+    unsigned char extra;
+    int64_t more = gz_read_all(f, &extra, 1, &zerr);
+    if (zerr || more > 0) {
+        free(buf);
+        if (zerr) return gz_corrupt(path, hdr + len, zerr);
+        return gp_error_set(GP_ERR_DATA,
+                            "%s: the file goes on after the %lld bytes its header announces "
+                            "(%lld-byte header + %s %s): the header's counts do not match "
+                            "the data; is the file damaged or two files joined?",
+                            path, (long long)(hdr + len), (long long)hdr, shape, what);
     }
     *out = buf;
     return GP_OK;
@@ -161,8 +190,7 @@ static gp_status idx_header(gzFile f, const char *path, uint32_t magic, int word
     const char *zerr = NULL;
     int64_t need = 4 * (int64_t)words;
     int64_t got = gz_read_all(f, b, need, &zerr);
-    if (zerr)
-        return gp_error_set(GP_ERR_DATA, "%s: corrupt gzip data: %s", path, zerr);
+    if (zerr) return gz_corrupt(path, got, zerr);
     if (got >= 4 && be32(b) != magic)
         return gp_error_set(GP_ERR_DATA,
                             "%s: bad magic number 0x%08x, expected 0x%08x (IDX %s); is this "
