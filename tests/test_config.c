@@ -992,6 +992,13 @@ static void test_sizes(void)
     CHECK_OK(parse(cat(k_base, "pipeline:\n  memory: 1\n"), &c));
     CHECK(c.pipeline.memory == 1 && c.pipeline.devices[0].memory == 1);
     gp_config_free(&c);
+    /* the largest size there is, read exactly (a double rounds it to 2^63) */
+    CHECK_OK(parse(cat(k_base, "pipeline:\n  memory: 9223372036854775807\n"), &c));
+    CHECK(c.pipeline.memory == (size_t)INT64_MAX);
+    gp_config_free(&c);
+    CHECK_EXACT(parse_bad(cat(k_base, "pipeline:\n  memory: 9223372036854775808\n"), NULL, 0),
+                "t.yaml:10:11: pipeline.memory is too large: 9223372036854775808 is 9.223e+18 "
+                "bytes, and sizes must be below 8EiB (2^63 bytes)");
     CHECK_OK(parse(cat(k_base, "pipeline:\n  memory: 0.5KiB\n"), &c));
     CHECK(c.pipeline.memory == 512);
     gp_config_free(&c);

@@ -460,6 +460,16 @@ static void test_balance_profile_in(void)
              "gpu:1]'", balance_bin, cfg);
     rc = run(cmd, out, sizeof out);
     CHECK_MSG(rc == 2 && strstr(out, "unknown device 'gpu:1'"), "exit %d: %s", rc, out);
+    /* a bad --devices or --chunks is named as the user typed it, not as
+     * the override it becomes */
+    snprintf(cmd, sizeof cmd, "%s %s --by size --devices 200", balance_bin, cfg);
+    rc = run(cmd, out, sizeof out);
+    CHECK_MSG(rc == 2 && !strncmp(out, "gpipe-balance: --devices 200: pipeline.devices must be "
+                                       "in [1, 64]", 60), "exit %d: %s", rc, out);
+    snprintf(cmd, sizeof cmd, "%s %s --by size --chunks 17", balance_bin, cfg);
+    rc = run(cmd, out, sizeof out);
+    CHECK_MSG(rc == 2 && !strncmp(out, "gpipe-balance: --chunks 17: pipeline.chunks (17) must be "
+                                       "<= train.batch_size (16)", 80), "exit %d: %s", rc, out);
     /* replicas given as a grid come back as that grid, not as the shifted
      * list replicas: 2 would derive from the first row */
     {

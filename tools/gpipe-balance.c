@@ -270,7 +270,7 @@ int main(int argc, char **argv)
         return exit_code_for(cs);
     }
     /* The balance is what we compute: whatever list the config has is replaced. */
-    char set_dev[64], set_chunks[64];
+    char set_dev[64] = "", set_chunks[64] = "";
     sets[n_sets++] = "pipeline.balance=auto";
     if (chunks) {
         snprintf(set_chunks, sizeof set_chunks, "pipeline.chunks=%d", chunks);
@@ -300,7 +300,24 @@ int main(int argc, char **argv)
         s = gp_config_load(config, sets, n_sets, &cfg);
     }
     if (s != GP_OK) {
-        fprintf(stderr, "gpipe-balance: %s\n", gp_last_error());
+        /* --devices / --chunks reach the config as overrides: name the
+         * option the user typed, not the override it became */
+        const char *e = gp_last_error(), *opt = NULL;
+        char head[96];
+        size_t hl = 0;
+        if (devices) {
+            hl = (size_t)snprintf(head, sizeof head, "--set %s: ", set_dev);
+            if (!strncmp(e, head, hl)) opt = "--devices";
+        }
+        if (!opt && chunks) {
+            hl = (size_t)snprintf(head, sizeof head, "--set %s: ", set_chunks);
+            if (!strncmp(e, head, hl)) opt = "--chunks";
+        }
+        if (opt)
+            fprintf(stderr, "gpipe-balance: %s %d: %s\n", opt,
+                    !strcmp(opt, "--devices") ? devices : chunks, e + hl);
+        else
+            fprintf(stderr, "gpipe-balance: %s\n", e);
         free(sets);
         return exit_code_for(s);
     }

@@ -651,6 +651,17 @@ gp_status gp_cfg_parse_bytes(const gp_cfg_walk *w, const gp_ynode *n, const char
     if (bytes < 1)
         return gp_cfg_bad(w, n, "%s is %g bytes; give at least 1 byte, e.g. 512MiB, or leave "
                           "the key out for no limit", name, bytes);
+    /* A plain count of bytes is read exactly: a double rounds 2^63 - 1 up
+     * to 2^63, which would refuse the largest size there is. */
+    size_t digits = strspn(t, "0123456789"), tail = digits + strspn(t + digits, " ");
+    if (digits > 0 && digits <= 19 && !t[tail]) {
+        errno = 0;
+        unsigned long long exact = strtoull(t, NULL, 10);
+        if (errno == 0 && exact <= (unsigned long long)INT64_MAX) {
+            *out = (size_t)exact;
+            return GP_OK;
+        }
+    }
     if (!(bytes < GP_CFG_MAX_BYTES))
         return gp_cfg_bad(w, n, "%s is too large: %s is %.4g bytes, and sizes must be below "
                           "8EiB (2^63 bytes)", name, n->text, bytes);
