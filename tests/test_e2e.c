@@ -182,6 +182,52 @@ static void test_config_checks(void)
                            "--set train.steps=100, or leave the --set out for the default\n"),
               "output: %s", out);
 
+    /* A data folder whose test split has another shape than the training
+     * split (and the model): refused before training, naming the file. */
+    {
+        char dir[600], path[700];
+        snprintf(dir, sizeof dir, "%s/mixed-idx", tmpdir);
+        mkdir(dir, 0700);
+        static const struct {
+            const char *name;
+            uint32_t magic, n, side;
+        } files[] = {{"train-images-idx3-ubyte", 0x803, 8, 6},
+                     {"train-labels-idx1-ubyte", 0x801, 8, 0},
+                     {"t10k-images-idx3-ubyte", 0x803, 4, 5},
+                     {"t10k-labels-idx1-ubyte", 0x801, 4, 0}};
+        for (int q = 0; q < 4; q++) {
+            uint8_t b[16 + 8 * 36] = {0};
+            size_t len = 0;
+            uint32_t words[4] = {files[q].magic, files[q].n, files[q].side, files[q].side};
+            int nw = files[q].side ? 4 : 2;
+            for (int k = 0; k < nw; k++)
+                for (int j = 0; j < 4; j++) b[len++] = (uint8_t)(words[k] >> (24 - 8 * j));
+            len += files[q].n * (files[q].side ? files[q].side * files[q].side : 1);
+            for (size_t k = 4u * nw; k < len; k++) b[k] = (uint8_t)(files[q].side ? k : k % 3);
+            snprintf(path, sizeof path, "%s/%s", dir, files[q].name);
+            gpt_write_file(path, b, len);
+        }
+        char yaml[2048];
+        snprintf(yaml, sizeof yaml, "model:\n  input: [1, 6, 6]\n  layers: [flatten, {linear: "
+                 "{out: 3}}]\ndata: {dataset: mnist, path: %s}\ntrain: {batch_size: 4, steps: "
+                 "1}\n", dir);
+        write_file(cfg, yaml);
+        snprintf(cmd, sizeof cmd, "%s %s", bin, cfg);
+        int rc = run(cmd, out, sizeof out);
+        snprintf(want, sizeof want, "model.input is [1, 6, 6] but mnist test split "
+                 "(%s/t10k-images-idx3-ubyte) has "
+                 "samples of [1, 5, 5]; set model.input to match the data (the test split must "
+                 "have the training split's shape)", dir);
+        CHECK_MSG(rc == 2 && strstr(out, want), "exit %d: %s", rc, out);
+        /* and the training split against the model */
+        snprintf(cmd, sizeof cmd, "%s %s --set model.input=[1,5,5]", bin, cfg);
+        rc = run(cmd, out, sizeof out);
+        snprintf(want, sizeof want, "model.input is [1, 5, 5] but mnist train split "
+                 "(%s/train-images-idx3-ubyte) has "
+                 "samples of [1, 6, 6]; set model.input to match the data\n", dir);
+        CHECK_MSG(rc == 2 && strstr(out, want), "exit %d: %s", rc, out);
+    }
+
     /* What a fuzzer found (2026-11-25): each a clear error, none a crash.
      * Balance entries that wrapped an int sum to the model's layers and
      * read far past the layers; sizes whose product overflowed int64 (a
