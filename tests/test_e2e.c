@@ -154,6 +154,103 @@ static void test_cli_errors(void)
              bin, GPIPE_SOURCE_DIR);
     CHECK(run(cmd, out, sizeof out) == 2);
     CHECK_MSG(strstr(out, "train.batch_size=abc") != NULL, "output: %s", out);
+
+    /* A forgotten option value is not taken for a file named like the
+     * next option; a --set value the shell split at a blank is said so. */
+    snprintf(cmd, sizeof cmd, "cd %s && %s %s/configs/default.yaml --metrics --quiet", tmpdir,
+             bin, GPIPE_SOURCE_DIR);
+    CHECK_MSG(run(cmd, out, sizeof out) == 2 &&
+                  strstr(out, "--metrics needs a value, and '--quiet' is an option"),
+              "output: %s", out);
+    char stray[600];
+    snprintf(stray, sizeof stray, "%s/--quiet", tmpdir);
+    CHECK_MSG(access(stray, F_OK) != 0, "%s was written", stray);
+    snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --set pipeline.devices=[cpu:0, cpu:1]",
+             bin, GPIPE_SOURCE_DIR);
+    CHECK_MSG(run(cmd, out, sizeof out) == 2 && strstr(out, "and 'cpu:1]'); it follows a --set "
+                                                       "value: quote a value with blanks"),
+              "output: %s", out);
+    snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --write --simulate", balance_bin,
+             GPIPE_SOURCE_DIR);
+    CHECK_MSG(run(cmd, out, sizeof out) == 2 &&
+                  strstr(out, "--write needs a value, and '--simulate' is an option"),
+              "output: %s", out);
+    snprintf(cmd, sizeof cmd, "%s --version", balance_bin);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0 && !strncmp(out, "gpipe-balance ", 14), "output: %s",
+              out);
+    /* more stages than layers: refused before profiling (no "profiling"
+     * line); an interleaved config's virtual survives --devices */
+    snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --devices 14", balance_bin,
+             GPIPE_SOURCE_DIR);
+    CHECK_MSG(run(cmd, out, sizeof out) == 2 && !strstr(out, "profiling") &&
+                  strstr(out, "cannot split 13 layers into 14 stages"),
+              "output: %s", out);
+    snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --by size -q --devices 2 --chunks 4 "
+             "--set pipeline.schedule=interleaved --set pipeline.virtual=2", balance_bin,
+             GPIPE_SOURCE_DIR);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0 && strstr(out, "2 devices x 2 stages"),
+              "output: %s", out);
+}
+
+/* No output replaces an input: the config, the snapshot resumed from,
+ * model.init_from, another output, or a snapshot in the snapshot folder. */
+static void test_outputs_spare_inputs(void)
+{
+    char out[16384], cmd[4096], cfg[512], w[512], keep[600];
+    snprintf(cfg, sizeof cfg, "%s/spare.yaml", tmpdir);
+    snprintf(w, sizeof w, "%s/spare-w.safetensors", tmpdir);
+    write_file(cfg, "model:\n  input: [4]\n  layers: [flatten, {linear: {out: 2}}]\n"
+                    "data: {dataset: synthetic, synthetic: {train: 16, test: 8, classes: 2}}\n"
+                    "train: {batch_size: 8, steps: 2}\n");
+    snprintf(cmd, sizeof cmd, "%s %s -q --export-weights %s", bin, cfg, w);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0, "output: %s", out);
+    size_t n0 = 0, n1 = 0;
+    char *before = gpt_read_file(cfg, &n0);
+    static const char *const opts[] = {"--export-weights", "--metrics", "--trace"};
+    for (int o = 0; o < 3; o++) {
+        /* the config, spelled another way (./) */
+        snprintf(cmd, sizeof cmd, "cd %s && %s spare.yaml -q %s ./spare.yaml", tmpdir, bin,
+                 opts[o]);
+        CHECK_MSG(run(cmd, out, sizeof out) == 2 && strstr(out, "is the config (spare.yaml): "
+                                                                "writing it would replace it"),
+                  "%s: %s", opts[o], out);
+        /* model.init_from */
+        snprintf(cmd, sizeof cmd, "%s %s -q --set model.init_from=%s %s %s", bin, cfg, w,
+                 opts[o], w);
+        CHECK_MSG(run(cmd, out, sizeof out) == 2 && strstr(out, "is model.init_from"),
+                  "%s: %s", opts[o], out);
+    }
+    char *after = gpt_read_file(cfg, &n1);
+    CHECK(before && after && n0 == n1 && !memcmp(before, after, n0));
+    free(before);
+    free(after);
+    /* two outputs on one file */
+    snprintf(keep, sizeof keep, "%s/spare-m.jsonl", tmpdir);
+    snprintf(cmd, sizeof cmd, "%s %s -q --metrics %s --trace %s", bin, cfg, keep, keep);
+    CHECK_MSG(run(cmd, out, sizeof out) == 2 &&
+                  strstr(out, "--metrics and --trace name the same file"), "output: %s", out);
+    /* the snapshot resumed from, and a snapshot's name in the folder */
+    char dir[600], snap[700];
+    snprintf(dir, sizeof dir, "%s/spare-snaps", tmpdir);
+    snprintf(cmd, sizeof cmd, "%s %s -q --set train.snapshot.every_steps=1 --set "
+             "train.snapshot.dir=%s", bin, cfg, dir);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0, "output: %s", out);
+    snprintf(snap, sizeof snap, "%s/snapshot-000000002.safetensors", dir);
+    size_t s0 = 0, s1 = 0;
+    char *sb = gpt_read_file(snap, &s0);
+    snprintf(cmd, sizeof cmd, "%s -q --resume %s --metrics %s", bin, snap, snap);
+    CHECK_MSG(run(cmd, out, sizeof out) == 2 && strstr(out, "is the snapshot --resume reads"),
+              "output: %s", out);
+    snprintf(cmd, sizeof cmd, "%s %s -q --set train.snapshot.every_steps=1 --set "
+             "train.snapshot.dir=%s --set train.steps=3 --resume latest --trace %s/snapshot-"
+             "000000009.safetensors", bin, cfg, dir, dir);
+    CHECK_MSG(run(cmd, out, sizeof out) == 2 &&
+                  strstr(out, "a snapshot's name in train.snapshot.dir") &&
+                  strstr(out, "it holds no snapshot"), "output: %s", out);
+    char *sa = gpt_read_file(snap, &s1);
+    CHECK(sb && sa && s0 == s1 && s0 > 0 && !memcmp(sb, sa, s0));
+    free(sb);
+    free(sa);
 }
 
 /* Config mistakes that used to pass silently, through the binary. */
@@ -719,6 +816,7 @@ int main(void)
     test_config_checks();
     test_diverged();
     test_balance_profile_in();
+    test_outputs_spare_inputs();
     test_determinism();
     test_stages_share_device();
     if (getenv("GPIPE_SANITIZED")) {

@@ -44,7 +44,13 @@ static void usage(FILE *f)
           "  --profile-in F     use a saved profile instead of profiling\n"
           "  --reps R           timed runs per measurement, median taken (default 5)\n"
           "  --set KEY=VALUE    override a config value (as gpipe-train; repeatable)\n"
+          "  -q, --quiet        print the balance and errors only (no progress notes\n"
+          "                     or warnings)\n"
+          "  --version          print the version\n"
           "  -h, --help         this text\n"
+          "\n"
+          "environment: GPIPE_LOG=debug|info|warn|error|quiet sets log verbosity\n"
+          "(default info; --quiet is error).\n"
           "\n"
           "exit status: 0 success; 2 bad command line, config or infeasible balance;\n"
           "3 file error; 4 failure while profiling.\n",
@@ -205,7 +211,7 @@ int main(int argc, char **argv)
     int devices = 0, chunks = 0, simulate = 0, reps = 5;
     gp_balance_by by = GP_BALANCE_BY_TIME;
     const char **sets = calloc((size_t)argc + 4, sizeof *sets);
-    int n_sets = 0;
+    int n_sets = 0, set_value_at = -1, quiet = 0;
     if (!sets) return EXIT_RUNTIME;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -213,6 +219,12 @@ int main(int argc, char **argv)
             usage(stdout);
             free(sets);
             return EXIT_OK;
+        } else if (!strcmp(a, "--version")) {
+            printf("gpipe-balance %s\n", gp_version());
+            free(sets);
+            return EXIT_OK;
+        } else if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) {
+            quiet = 1;
         } else if (!strcmp(a, "--simulate")) {
             simulate = 1;
         } else if (!strcmp(a, "--devices") || !strcmp(a, "--chunks") || !strcmp(a, "--by") ||
@@ -224,6 +236,13 @@ int main(int argc, char **argv)
                 return EXIT_USAGE;
             }
             const char *v = argv[++i];
+            if (!strncmp(v, "--", 2) && v[2]) { /* "--write --simulate": a forgotten value */
+                fprintf(stderr, "gpipe-balance: %s needs a value, and '%s' is an option; see "
+                        "--help\n", a, v);
+                free(sets);
+                return EXIT_USAGE;
+            }
+            set_value_at = !strcmp(a, "--set") ? i : -1;
             char *end = NULL;
             if (!strcmp(a, "--devices") || !strcmp(a, "--chunks") || !strcmp(a, "--reps")) {
                 long x = strtol(v, &end, 10);
@@ -252,7 +271,11 @@ int main(int argc, char **argv)
         } else if (!config) {
             config = a;
         } else {
-            fprintf(stderr, "gpipe-balance: more than one config given ('%s' and '%s')\n", config, a);
+            fprintf(stderr, "gpipe-balance: more than one config given ('%s' and '%s')%s\n",
+                    config, a,
+                    set_value_at == i - 1 ? "; it follows a --set value: quote a value with "
+                                            "blanks, like --set 'pipeline.devices=[cpu:0, "
+                                            "cpu:1]', and write KEY=VALUE as one word" : "");
             free(sets);
             return EXIT_USAGE;
         }
@@ -263,6 +286,7 @@ int main(int argc, char **argv)
         free(sets);
         return EXIT_USAGE;
     }
+    if (quiet) gp_log_set_level(GP_LOG_ERROR);
     gp_status cs = check_outputs(write_path, prof_out);
     if (cs != GP_OK) {
         fprintf(stderr, "gpipe-balance: %s\n", gp_last_error());
@@ -288,7 +312,8 @@ int main(int argc, char **argv)
         snprintf(first, sizeof first, "%s", gp_last_error());
         gp_config probe;
         sets[n_sets] = "pipeline.schedule=gpipe";
-        retry = gp_config_load(config, sets, n_sets + 1, &probe) == GP_OK;
+        sets[n_sets + 1] = "pipeline.virtual=1"; /* an interleaved config's virtual too */
+        retry = gp_config_load(config, sets, n_sets + 2, &probe) == GP_OK;
         if (retry) gp_config_free(&probe);
         else gp_error_set(s, "%s", first);
     }
@@ -324,6 +349,17 @@ int main(int argc, char **argv)
     int n = cfg.pipeline.n_devices, m = cfg.pipeline.chunks;
     int64_t batch = cfg.train.batch_size, mbs = (batch + m - 1) / m;
 
+    /* every stage needs a layer: said before a profile that may take minutes */
+    int stages = n * (cfg.pipeline.virtual_stages > 1 ? cfg.pipeline.virtual_stages : 1);
+    if (stages > cfg.model.n_layers) {
+        fprintf(stderr, "gpipe-balance: cannot split %d layers into %d stages: every stage needs "
+                "at least one layer; use at most %d %s\n", cfg.model.n_layers, stages,
+                cfg.model.n_layers / (stages / n), stages > n ? "devices at this pipeline.virtual"
+                                                              : "devices");
+        gp_config_free(&cfg);
+        free(sets);
+        return EXIT_USAGE;
+    }
     gp_profile prof;
     if (prof_in) {
         s = gp_profile_load(prof_in, &prof);
@@ -339,7 +375,7 @@ int main(int argc, char **argv)
         bool k2_ok = gp_device_parse(cfg.pipeline.devices[0].name, &k2, &i2) == GP_OK;
         if (s == GP_OK && k2_ok && gp_device_parse(prof.device, &k1, &i1) == GP_OK &&
             (k1 != k2 || (k1 == GP_DEV_CPU && prof.threads != threads)))
-            fprintf(stderr, "gpipe-balance: warning: '%s' was timed on %s with %d thread%s; "
+            if (!quiet) fprintf(stderr, "gpipe-balance: warning: '%s' was timed on %s with %d thread%s; "
                     "this config's stage 0 is %s with %d: the times may not hold\n", prof_in,
                     prof.device, prof.threads, prof.threads == 1 ? "" : "s",
                     cfg.pipeline.devices[0].name, threads);
@@ -347,7 +383,7 @@ int main(int argc, char **argv)
         int want_prec = cfg.train.precision == GP_PRECISION_TF32 && k2 == GP_DEV_CPU
                             ? GP_PRECISION_FP32 : cfg.train.precision;
         if (s == GP_OK && prof.timed && prof.precision >= 0 && prof.precision != want_prec)
-            fprintf(stderr, "gpipe-balance: warning: '%s' was timed in %s; this config trains "
+            if (!quiet) fprintf(stderr, "gpipe-balance: warning: '%s' was timed in %s; this config trains "
                     "in %s (train.precision), whose layers take other times: re-profile with "
                     "--profile-out for a split that fits\n", prof_in,
                     gp_precision_name((gp_precision)prof.precision),
@@ -365,12 +401,13 @@ int main(int argc, char **argv)
             for (int q = 1; q <= 32; q *= 2)
                 if (q <= batch) mo.sizes[mo.n_sizes++] = (batch + q - 1) / q;
         }
-        fprintf(stderr, "gpipe-balance: profiling %d layers on %s at micro-batch %s%lld...\n",
+        if (!quiet)
+            fprintf(stderr, "gpipe-balance: profiling %d layers on %s at micro-batch %s%lld...\n",
                 cfg.model.n_layers, cfg.pipeline.devices[0].name, simulate ? "sizes up to " : "",
                 (long long)(simulate ? batch : mbs));
         s = gp_model_profile(&cfg, &mo, &prof);
         if (s == GP_OK && prof.contend > 0)
-            fprintf(stderr, "gpipe-balance: each layer was timed while %d other CPU device%s ran "
+            if (!quiet) fprintf(stderr, "gpipe-balance: each layer was timed while %d other CPU device%s ran "
                     "it too, as the pipeline's stages share the memory bus\n", prof.contend,
                     prof.contend > 1 ? "s" : "");
     }

@@ -152,12 +152,19 @@ static void install_stop_handlers(void)
 }
 
 
+/* A word after a --set's value that is not an option: the value was split
+ * by the shell at a blank ("--set pipeline.devices=[cpu:0, cpu:1]"). */
+#define SET_SPLIT_HINT                                                                        \
+    "; it follows a --set value: quote a value with blanks, like --set "                      \
+    "'pipeline.devices=[cpu:0, cpu:1]', and write KEY=VALUE as one word"
+
 int main(int argc, char **argv)
 {
     const char *config = NULL, *metrics = NULL, *trace = NULL, *resume = NULL, *export = NULL;
     int64_t trace_first = 0, trace_last = -1;
     const char **sets = calloc((size_t)argc, sizeof *sets);
     int n_sets = 0, dry = 0, progress = -1, quiet = 0, verbose = 0;
+    int set_value_at = -1; /* argv index of the last --set's value */
     if (!sets) return EXIT_RUNTIME;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -178,6 +185,14 @@ int main(int argc, char **argv)
                 return EXIT_USAGE;
             }
             const char *v = argv[++i];
+            if (!strncmp(v, "--", 2) && v[2]) { /* "--metrics --quiet": a forgotten value */
+                fprintf(stderr, "gpipe-train: %s needs a value, and '%s' is an option%s; see "
+                        "--help\n", a, v, strcmp(a, "--set") ? " (for a file of that name "
+                        "write ./ before it)" : "");
+                free(sets);
+                return EXIT_USAGE;
+            }
+            set_value_at = !strcmp(a, "--set") ? i : -1;
             if (!strcmp(a, "--set")) sets[n_sets++] = v;
             else if (!strcmp(a, "--metrics")) metrics = v;
             else if (!strcmp(a, "--trace")) trace = v;
@@ -210,7 +225,8 @@ int main(int argc, char **argv)
         } else if (!config) {
             config = a;
         } else {
-            fprintf(stderr, "gpipe-train: more than one config given ('%s' and '%s')\n", config, a);
+            fprintf(stderr, "gpipe-train: more than one config given ('%s' and '%s')%s\n",
+                    config, a, set_value_at == i - 1 ? SET_SPLIT_HINT : "");
             free(sets);
             return EXIT_USAGE;
         }

@@ -210,3 +210,10 @@ bool gp_path_in_dir(const char *path, const char *dir)
     struct stat a, b;
     return stat(d, &a) == 0 && stat(dir, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
 }
+
+bool gp_same_file(const char *a, const char *b)
+{
+    struct stat x, y;
+    return a && b && a[0] && b[0] && stat(a, &x) == 0 && stat(b, &y) == 0 &&
+           x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+}

@@ -353,6 +353,49 @@ gp_status gp_train_check_processes(const gp_config *cfg)
 }
 
 
+/* No output may replace an input or another output: the config, the
+ * snapshot resumed from, model.init_from, or a snapshot in the snapshot
+ * directory (an export holds weights only, a metrics file or a trace
+ * nothing of it; each would replace it, and a metrics file is truncated
+ * before the resumed snapshot is even read). */
+static gp_status check_outputs_spare_inputs(const gp_config *cfg, const gp_train_opts *opts)
+{
+    const struct {
+        const char *opt, *path;
+    } outs[3] = {{"--export-weights", opts->export_path},
+                 {"--metrics", opts->metrics_path},
+                 {"--trace", opts->trace_path}};
+    const struct {
+        const char *what, *path;
+    } ins[3] = {{"the config", cfg->path},
+                {"the snapshot --resume reads", opts->resume_path},
+                {"model.init_from", cfg->model.init_from}};
+    const char *snap_dir = cfg->train.snapshot.dir;
+    for (int o = 0; o < 3; o++) {
+        const char *out = outs[o].path;
+        if (!out || !out[0]) continue;
+        for (int k = 0; k < 3; k++)
+            if (ins[k].path && ins[k].path[0] &&
+                (!strcmp(out, ins[k].path) || gp_same_file(out, ins[k].path)))
+                return gp_error_set(GP_ERR_INVALID, "%s %s is %s (%s): writing it would "
+                                    "replace it; give the output another name", outs[o].opt,
+                                    out, ins[k].what, ins[k].path);
+        for (int q = 0; q < o; q++)
+            if (outs[q].path && (!strcmp(out, outs[q].path) || gp_same_file(out, outs[q].path)))
+                return gp_error_set(GP_ERR_INVALID, "%s and %s name the same file (%s); give "
+                                    "each its own", outs[q].opt, outs[o].opt, out);
+        const char *slash = strrchr(out, '/');
+        const char *base = slash ? slash + 1 : out;
+        if (snap_dir[0] && !strncmp(base, "snapshot-", 9) && gp_path_in_dir(out, snap_dir))
+            return gp_error_set(GP_ERR_INVALID, "%s %s: a snapshot's name in train.snapshot.dir "
+                                "(%s); %s and would replace that snapshot: write it under "
+                                "another name or folder", outs[o].opt, out, snap_dir,
+                                o == 0 ? "the export holds weights only"
+                                       : "it holds no snapshot");
+    }
+    return GP_OK;
+}
+
 gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train_result *res)
 {
     gp_train_opts defo = {.progress = -1};
@@ -379,17 +422,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
      * not the run.  (The metrics file and the trace are opened here.) */
     if (opts->export_path && gp_procs_rank() == 0) /* processes: rank 0 writes it */
         GP_TRY(gp_check_writable_file(opts->export_path, "--export-weights", true));
-    if (opts->export_path && tc->snapshot.dir[0]) {
-        /* weights only, in the snapshot directory under a snapshot's name:
-         * it would replace that snapshot (momentum, the loader's place) */
-        const char *slash = strrchr(opts->export_path, '/');
-        const char *base = slash ? slash + 1 : opts->export_path;
-        if (!strncmp(base, "snapshot-", 9) && gp_path_in_dir(opts->export_path, tc->snapshot.dir))
-            return gp_error_set(GP_ERR_INVALID, "--export-weights %s: a snapshot's name in "
-                                "train.snapshot.dir (%s); the export holds weights only and "
-                                "would replace that snapshot: export to another name or folder",
-                                opts->export_path, tc->snapshot.dir);
-    }
+    GP_TRY(check_outputs_spare_inputs(cfg, opts));
     bool snapshots = tc->snapshot.every_steps > 0 || tc->snapshot.every_minutes > 0;
     /* Processes: rank 0 checks the directory, makes it and takes its lock
      * before any other rank checks it.  The check makes a missing directory
