@@ -192,6 +192,38 @@ static void test_cli_errors(void)
               "output: %s", out);
 }
 
+/* An evaluation batch (train.eval_batch_size, 1000) that does not fit a
+ * device's capacity where training does is halved until it fits, said in
+ * a warning, and scores what a run with that batch size scores. */
+static void test_eval_fits(void)
+{
+    char out[16384], cmd[4096], cfg[512];
+    snprintf(cfg, sizeof cfg, "%s/evalfit.yaml", tmpdir);
+    write_file(cfg, "model:\n  input: [1, 28, 28]\n  layers:\n"
+                    "    - conv2d: {out: 32, kernel: 3, padding: 1}\n    - relu\n    - flatten\n"
+                    "    - linear: {out: 10}\npipeline: {memory: 40MiB}\n"
+                    "data: {dataset: synthetic, synthetic: {train: 64, test: 1000, classes: 10}}\n"
+                    "train: {batch_size: 16, steps: 4}\n");
+    snprintf(cmd, sizeof cmd, "%s %s --no-progress", bin, cfg);
+    int rc = run(cmd, out, sizeof out);
+    const char *last = NULL, *at = out;
+    while ((at = strstr(at, "evaluating in batches of "))) last = at++;
+    long bs = last ? strtol(last + strlen("evaluating in batches of "), NULL, 10) : 0;
+    const char *fin = strstr(out, "final: test loss");
+    CHECK_MSG(rc == 0 && bs >= 1 && bs < 1000 && fin &&
+                  strstr(out, "an evaluation batch did not fit (out of memory on device cpu:0"),
+              "exit %d: %.2000s", rc, out);
+    char final1[128] = "", final2[128] = "";
+    if (fin) snprintf(final1, sizeof final1, "%.*s", (int)strcspn(fin, "\n"), fin);
+    snprintf(cmd, sizeof cmd, "%s %s --no-progress --set train.eval_batch_size=%ld --set "
+             "pipeline.memory=1GiB", bin, cfg, bs);
+    rc = run(cmd, out, sizeof out);
+    fin = strstr(out, "final: test loss");
+    if (fin) snprintf(final2, sizeof final2, "%.*s", (int)strcspn(fin, "\n"), fin);
+    CHECK_MSG(rc == 0 && final1[0] && !strcmp(final1, final2) && !strstr(out, "did not fit"),
+              "'%s' against '%s' at eval_batch_size %ld", final1, final2, bs);
+}
+
 /* No output replaces an input: the config, the snapshot resumed from,
  * model.init_from, another output, or a snapshot in the snapshot folder. */
 static void test_outputs_spare_inputs(void)
@@ -817,6 +849,7 @@ int main(void)
     test_diverged();
     test_balance_profile_in();
     test_outputs_spare_inputs();
+    test_eval_fits();
     test_determinism();
     test_stages_share_device();
     if (getenv("GPIPE_SANITIZED")) {

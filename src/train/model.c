@@ -518,11 +518,10 @@ static gp_status round_bf16(gp_tensor *t)
     return s;
 }
 
-gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset *ds,
-                            double *loss, double *accuracy)
+static gp_status evaluate_at(gp_model *m, const gp_config *cfg, const gp_dataset *ds,
+                             int64_t bs, double *loss, double *accuracy)
 {
     bool bf16 = gp_config_bf16_copies(cfg);
-    int64_t bs = cfg->train.eval_batch_size > 0 ? cfg->train.eval_batch_size : 1000;
     int64_t per = ds->c * ds->h * ds->w;
     /* binary cross-entropy against masks where the data has them; the
      * loss checks that there is one target per output element */
@@ -741,4 +740,36 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset 
     *loss = loss_sum / (double)(count ? count : 1);
     *accuracy = (double)correct / (double)(count ? count : 1);
     return GP_OK;
+}
+
+/* Evaluation batches are train.eval_batch_size, which does not take part
+ * in training's memory: where one does not fit a device (a capacity, a
+ * GPU's memory), evaluation halves it until it does, says so once, and
+ * keeps the size that fitted.  Every allocation of a failed try is freed
+ * before the next.  Processes cannot retry together (a rank that ran out
+ * stops them all), so there the error says what to set. */
+gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset *ds,
+                            double *loss, double *accuracy)
+{
+    int64_t want = cfg->train.eval_batch_size > 0 ? cfg->train.eval_batch_size : 1000;
+    int64_t bs = m->eval_batch > 0 && m->eval_batch < want ? m->eval_batch : want;
+    bool procs = m->local_device >= 0;
+    for (;;) {
+        gp_status s = evaluate_at(m, cfg, ds, bs, loss, accuracy);
+        if (s == GP_OK) {
+            m->eval_batch = bs;
+            return GP_OK;
+        }
+        if (s != GP_ERR_OOM || bs <= 1 || procs)
+            return s == GP_ERR_OOM
+                       ? gp_error_wrap(s, "evaluating in batches of %lld samples (set "
+                                          "train.eval_batch_size lower)", (long long)bs)
+                       : s;
+        char why[512];
+        snprintf(why, sizeof why, "%s", gp_last_error());
+        gp_error_clear();
+        bs = (bs + 1) / 2;
+        GP_WARN("an evaluation batch did not fit (%s); evaluating in batches of %lld instead "
+                "(set train.eval_batch_size to choose)", why, (long long)bs);
+    }
 }

@@ -64,6 +64,8 @@ typedef struct gp_model {
     struct gp_comm *proc_comm;
     gp_optim *optim;       /* optimizer state and update, owned */
     int64_t step;          /* optimizer steps taken */
+    int64_t eval_batch;    /* the evaluation batch that fitted last (0: none
+                              yet; gp_model_evaluate) */
     gp_pipeline *pipe;     /* created on the first pipelined step, owned */
     bool device_time;      /* pipelined steps record device time (timelines:
                               gp_pipeline_set_device_time) */
