@@ -357,6 +357,62 @@ static void test_config_checks(void)
         CHECK_MSG(rc == 2 && strstr(out, want), "exit %d: %s", rc, out);
     }
 
+    /* MNIST and Fashion-MNIST share file names: data.dataset: mnist over
+     * files whose mean pixel is Fashion-MNIST's (73 / 255 = 0.286) warns,
+     * and the log names the files read */
+    {
+        char dir[600], path[700];
+        snprintf(dir, sizeof dir, "%s/fake-fashion", tmpdir);
+        mkdir(dir, 0700);
+        static const char *const names[4] = {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                                             "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"};
+        for (int q = 0; q < 4; q++) {
+            bool img = q % 2 == 0;
+            uint32_t words[4] = {img ? 0x803u : 0x801u, 128, 6, 6};
+            size_t len = 0, body = img ? 128 * 36 : 128;
+            uint8_t *b = calloc(16 + body, 1);
+            for (int k = 0; k < (img ? 4 : 2); k++)
+                for (int j = 0; j < 4; j++) b[len++] = (uint8_t)(words[k] >> (24 - 8 * j));
+            for (size_t k = 0; k < body; k++) b[len + k] = (uint8_t)(img ? 73 : k % 2);
+            snprintf(path, sizeof path, "%s/%s", dir, names[q]);
+            gpt_write_file(path, b, len + body);
+            free(b);
+        }
+        char yaml[2048];
+        snprintf(yaml, sizeof yaml, "model:\n  input: [1, 6, 6]\n  layers: [flatten, {linear: "
+                 "{out: 10}}]\ndata: {dataset: mnist, path: %s}\ntrain: {batch_size: 4, steps: "
+                 "1}\n", dir);
+        write_file(cfg, yaml);
+        snprintf(cmd, sizeof cmd, "%s %s --no-progress", bin, cfg);
+        int rc = run(cmd, out, sizeof out);
+        snprintf(want, sizeof want, "data: mnist train split (%s/train-images-idx3-ubyte), 128 "
+                 "samples; test: 128 samples", dir);
+        CHECK_MSG(rc == 0 && strstr(out, want) &&
+                      strstr(out, "data.dataset is mnist, but the training images' mean pixel "
+                                  "is 0.286"), "exit %d: %s", rc, out);
+        snprintf(cmd, sizeof cmd, "%s %s --no-progress --set data.dataset=fashion-mnist", bin,
+                 cfg);
+        rc = run(cmd, out, sizeof out);
+        CHECK_MSG(rc == 0 && !strstr(out, "mean pixel"), "exit %d: %s", rc, out);
+    }
+
+    /* data.mean / data.std: one value, or one per channel, not three for a
+     * one-channel dataset (they were read as far as the channels went) */
+    {
+        write_file(cfg, "model:\n  input: [1, 4, 4]\n  layers: [flatten, {linear: {out: 2}}]\n"
+                        "data: {dataset: synthetic, synthetic: {train: 8, test: 8, classes: 2}, "
+                        "mean: [0.5, 0.9, 7], std: [1, 1, 1]}\ntrain: {batch_size: 4, steps: 1}\n");
+        snprintf(cmd, sizeof cmd, "%s %s", bin, cfg);
+        int rc = run(cmd, out, sizeof out);
+        CHECK_MSG(rc == 2 && strstr(out, "data.mean and data.std have 3 values but synthetic") &&
+                      strstr(out, "has 1 channel; give one value per channel, or one for all"),
+                  "exit %d: %s", rc, out);
+        snprintf(cmd, sizeof cmd, "%s %s -q --set 'data.mean=[0.5]' --set 'data.std=[2]'", bin,
+                 cfg);
+        rc = run(cmd, out, sizeof out);
+        CHECK_MSG(rc == 0, "exit %d: %s", rc, out);
+    }
+
     /* What a fuzzer found (2026-11-25): each a clear error, none a crash.
      * Balance entries that wrapped an int sum to the model's layers and
      * read far past the layers; sizes whose product overflowed int64 (a

@@ -353,6 +353,26 @@ gp_status gp_train_check_processes(const gp_config *cfg)
 }
 
 
+/* MNIST and Fashion-MNIST come in files of the same names and shapes, so
+ * data.dataset: mnist over a Fashion-MNIST folder (a config's data.path
+ * left as it was) trains on the wrong set, normalised with the wrong
+ * statistics, without a word.  Their mean pixels (0.131 and 0.286) tell
+ * them apart; a training split far from its set's says so. */
+static void warn_other_mnist(const gp_config *cfg, const gp_dataset *ds)
+{
+    gp_dataset_kind k = cfg->data.dataset;
+    if ((k != GP_DATASET_MNIST && k != GP_DATASET_FASHION_MNIST) || !ds->images || ds->n < 100)
+        return;
+    int64_t n = ds->n * ds->c * ds->h * ds->w;
+    double sum = 0;
+    for (int64_t i = 0; i < n; i++) sum += ds->images[i];
+    double mean = sum / (double)n / 255.0, want = k == GP_DATASET_MNIST ? 0.1307 : 0.2860;
+    if (fabs(mean - want) > 0.06)
+        GP_WARN("data.dataset is %s, but the training images' mean pixel is %.3f (mnist's is "
+                "0.131, fashion-mnist's 0.286): check that data.path holds %s (read: %s)",
+                gp_dataset_name(k), mean, gp_dataset_name(k), ds->source);
+}
+
 /* No output may replace an input or another output: the config, the
  * snapshot resumed from, model.init_from, or a snapshot in the snapshot
  * directory (an export holds weights only, a metrics file or a trace
@@ -473,6 +493,12 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                              d->source, (long long)d->c, (long long)d->h, (long long)d->w,
                              q ? " (the test split must have the training split's shape)" : "");
     }
+    /* one normalisation value for every channel, or one per channel */
+    if (s == GP_OK && cfg->data.normalize && cfg->data.n_mean > 1 && cfg->data.n_mean != train.c)
+        s = gp_error_set(GP_ERR_INVALID, "%s: data.mean and data.std have %d values but %s has "
+                         "%lld channel%s; give one value per channel, or one for all", cfg->path,
+                         cfg->data.n_mean, train.source, (long long)train.c,
+                         train.c == 1 ? "" : "s");
     if (s == GP_OK) s = stop_early(opts, "while loading the data", res);
     if (s == GP_OK) s = gp_train_open(cfg, devs, &model, opts->quiet);
     if (s == GP_OK) s = stop_early(opts, "while placing the model (balance, devices)", res);
@@ -522,6 +548,10 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                 n_dev > 1 ? " and more (pipelined)" : "",
                 (long long)total, (long long)per_epoch, (long long)tc->batch_size, chunks,
                 chunks == 1 ? "" : "es");
+    if (!opts->quiet)
+        GP_INFO("data: %s, %lld samples; test: %lld samples", train.source, (long long)train.n,
+                (long long)test.n);
+    if (!opts->quiet) warn_other_mnist(cfg, &train);
     if (!opts->quiet && cfg->pipeline.replicas > 1)
         GP_INFO("data parallel: %d replicas x %d stage%s; each step's batch of %lld is split "
                 "into %d shards of about %lld", cfg->pipeline.replicas, cfg->pipeline.n_devices,
