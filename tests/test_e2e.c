@@ -175,6 +175,25 @@ static void test_cli_errors(void)
     CHECK_MSG(run(cmd, out, sizeof out) == 2 &&
                   strstr(out, "--write needs a value, and '--simulate' is an option"),
               "output: %s", out);
+    /* --trace-steps without --trace; a range past the run's steps */
+    snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --trace-steps 3", bin, GPIPE_SOURCE_DIR);
+    CHECK_MSG(run(cmd, out, sizeof out) == 2 && strstr(out, "give --trace FILE.json too"),
+              "output: %s", out);
+    {
+        char tcfg[600], tr[600];
+        snprintf(tcfg, sizeof tcfg, "%s/trsteps.yaml", tmpdir);
+        snprintf(tr, sizeof tr, "%s/trsteps.json", tmpdir);
+        write_file(tcfg, "model:\n  input: [4]\n  layers: [flatten, {linear: {out: 2}}]\n"
+                         "data: {dataset: synthetic, synthetic: {train: 16, test: 8, classes: "
+                         "2}}\ntrain: {batch_size: 8, steps: 3}\n");
+        snprintf(cmd, sizeof cmd, "%s %s --trace %s --trace-steps 100:200", bin, tcfg, tr);
+        CHECK_MSG(run(cmd, out, sizeof out) == 0 &&
+                      strstr(out, "holds no step: --trace-steps 100:200 (0-based) is outside the "
+                                  "steps this run took, 0:2"), "output: %s", out);
+        snprintf(cmd, sizeof cmd, "%s %s --trace %s --trace-steps 1:1", bin, tcfg, tr);
+        CHECK_MSG(run(cmd, out, sizeof out) == 0 && !strstr(out, "holds no step"), "output: %s",
+                  out);
+    }
     snprintf(cmd, sizeof cmd, "%s --version", balance_bin);
     CHECK_MSG(run(cmd, out, sizeof out) == 0 && !strncmp(out, "gpipe-balance ", 14), "output: %s",
               out);

@@ -231,6 +231,12 @@ int main(int argc, char **argv)
             return EXIT_USAGE;
         }
     }
+    if (!trace && (trace_first != 0 || trace_last != -1)) {
+        fputs("gpipe-train: --trace-steps chooses the steps --trace records; give --trace "
+              "FILE.json too\n", stderr);
+        free(sets);
+        return EXIT_USAGE;
+    }
     if (!config && resume && !strcmp(resume, "latest")) {
         fputs("gpipe-train: --resume latest needs the config (it names train.snapshot.dir); "
               "give CONFIG.yaml, or a snapshot's path\n", stderr);

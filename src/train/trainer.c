@@ -436,6 +436,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     gp_json_writer mw = {0}; /* the metrics record being written */
     gp_trace *trace = NULL;
     gp_snapshot_lock *snap_lock = NULL; /* the snapshot directory, held for the whole run */
+    int64_t traced = 0, run_first = -1, run_last = -1; /* steps traced; steps this run took */
     gp_status s = GP_OK;
 
     /* Every output is checked before any work: a bad path costs a second,
@@ -653,7 +654,10 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         if (trace && gp_trace_wants(trace, step)) {
             s = gp_trace_add_step(trace, model.pipe, devs, step);
             if (s != GP_OK) goto done;
+            traced++;
         }
+        if (run_first < 0) run_first = step;
+        run_last = step;
         window_samples += b.n;
         double now = gp_now();
         /* Throughput over half-second windows; until the first one closes,
@@ -784,6 +788,17 @@ done:
     if (trace) {
         gp_status ts = gp_trace_close(trace);
         if (s == GP_OK) s = ts;
+        if (s == GP_OK && traced == 0 && run_first >= 0 && !opts->quiet) {
+            char range[64];
+            if (opts->trace_last < 0)
+                snprintf(range, sizeof range, "%lld:", (long long)opts->trace_first);
+            else
+                snprintf(range, sizeof range, "%lld:%lld", (long long)opts->trace_first,
+                         (long long)opts->trace_last);
+            GP_WARN("--trace %s holds no step: --trace-steps %s (0-based) is outside the steps "
+                    "this run took, %lld:%lld", opts->trace_path, range, (long long)run_first,
+                    (long long)run_last);
+        }
     }
     if (mf && fclose(mf) != 0 && s == GP_OK)
         s = gp_error_set(GP_ERR_IO, "writing metrics file '%s' failed", opts->metrics_path);
