@@ -175,6 +175,21 @@ static void test_cli_errors(void)
     CHECK_MSG(run(cmd, out, sizeof out) == 2 &&
                   strstr(out, "--write needs a value, and '--simulate' is an option"),
               "output: %s", out);
+    /* --resume latest of a folder that does not exist (it is not made);
+     * --resume of a folder */
+    {
+        char nd[600];
+        snprintf(nd, sizeof nd, "%s/no-such-snaps", tmpdir);
+        snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --resume latest --set "
+                 "train.snapshot.every_steps=5 --set train.snapshot.dir=%s", bin, GPIPE_SOURCE_DIR,
+                 nd);
+        CHECK_MSG(run(cmd, out, sizeof out) == 3 && strstr(out, "does not exist") &&
+                      access(nd, F_OK) != 0, "output: %s", out);
+        snprintf(cmd, sizeof cmd, "%s --resume %s", bin, tmpdir);
+        CHECK_MSG(run(cmd, out, sizeof out) == 2 &&
+                      strstr(out, "is a directory; give a snapshot file, or resume the newest "
+                                  "one in it with --resume latest"), "output: %s", out);
+    }
     /* --trace-steps without --trace; a range past the run's steps */
     snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --trace-steps 3", bin, GPIPE_SOURCE_DIR);
     CHECK_MSG(run(cmd, out, sizeof out) == 2 && strstr(out, "give --trace FILE.json too"),

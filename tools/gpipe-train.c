@@ -261,7 +261,8 @@ int main(int argc, char **argv)
     }
     gp_config cfg;
     s = config ? gp_config_load(config, sets, n_sets, &cfg)
-               : gp_snapshot_read_config(resume, sets, n_sets, &cfg);
+                : gp_snapshot_resume_check(resume, "");
+    if (!config && s == GP_OK) s = gp_snapshot_read_config(resume, sets, n_sets, &cfg);
     free(sets);
     if (s != GP_OK) {
         if (gp_procs_rank() == 0) fprintf(stderr, "gpipe-train: %s\n", gp_last_error());

@@ -706,6 +706,25 @@ int gp_snapshot_count(const char *dir)
     return n;
 }
 
+gp_status gp_snapshot_resume_check(const char *resume, const char *dir)
+{
+    struct stat st;
+    if (!resume) return GP_OK;
+    if (!strcmp(resume, "latest")) {
+        if (stat(dir, &st) != 0)
+            return gp_error_set(GP_ERR_IO, "--resume latest: train.snapshot.dir '%s' does not "
+                                "exist (%s); give the directory the earlier run wrote its "
+                                "snapshots to (--set train.snapshot.dir=DIR)", dir,
+                                strerror(errno));
+        return GP_OK;
+    }
+    if (stat(resume, &st) == 0 && S_ISDIR(st.st_mode))
+        return gp_error_set(GP_ERR_INVALID, "--resume %s is a directory; give a snapshot file, "
+                            "or resume the newest one in it with --resume latest --set "
+                            "train.snapshot.dir=%s and the config", resume, resume);
+    return GP_OK;
+}
+
 gp_status gp_snapshot_latest(const char *dir, char *path, size_t len)
 {
     int64_t *steps;

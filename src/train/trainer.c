@@ -444,6 +444,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     if (opts->export_path && gp_procs_rank() == 0) /* processes: rank 0 writes it */
         GP_TRY(gp_check_writable_file(opts->export_path, "--export-weights", true));
     GP_TRY(check_outputs_spare_inputs(cfg, opts));
+    GP_TRY(gp_snapshot_resume_check(opts->resume_path, tc->snapshot.dir));
     bool snapshots = tc->snapshot.every_steps > 0 || tc->snapshot.every_minutes > 0;
     /* Processes: rank 0 checks the directory, makes it and takes its lock
      * before any other rank checks it.  The check makes a missing directory
