@@ -263,7 +263,7 @@ static void test_defaults(void)
     /* shorthands: a flat input, a device count, optimizer/schedule by name,
      * memory as bytes, a single mean/std, balance auto */
     const char *flat =
-        "model:\n  input: 784\n  layers: [{linear: {out: 10}}]\n"
+        "model:\n  input: 784\n  layers: [{linear: {out: 10}}, relu, {linear: {out: 10}}]\n"
         "pipeline: {devices: 3, memory: 4096, balance: auto}\n"
         "data: {mean: 0.5, std: 0.25}\n"
         "train: {optimizer: sgd, schedule: cosine, batch_size: 8}\n";
@@ -729,7 +729,7 @@ static const char *const k_overrides[N_OVERRIDES] = {
     "train.batch_size=128",
     "train.optimizer.lr=0.1",
     "pipeline.devices=[cpu:0,cpu:1]",
-    "pipeline.balance=[2, 3]",
+    "pipeline.balance=[2, 4]",
     "data.augment.hflip=true",
     "model.layers.0.out=16",
     "model.layers.1.momentum=0.3",
@@ -745,7 +745,7 @@ static void test_overrides(void)
     CHECK(c.train.batch_size == 128);
     CHECK_NEAR(c.train.optim.lr, 0.1, 1e-7, 0);
     CHECK(c.pipeline.n_devices == 2 && !strcmp(c.pipeline.devices[1].name, "cpu:1"));
-    CHECK(c.pipeline.n_balance == 2 && c.pipeline.balance[1] == 3);
+    CHECK(c.pipeline.n_balance == 2 && c.pipeline.balance[1] == 4);
     CHECK(c.data.hflip);
     CHECK(c.model.n_layers == 6);
     if (c.model.n_layers == 6) {
@@ -833,7 +833,7 @@ static void test_text_applied(void)
     CHECK_NEAR(w.train.optim.lr, 0.1, 1e-7, 0);
     CHECK_MSG(!strcmp(w.train.snapshot.dir, "/tmp/a: b #c, [d]"), "dir %s", w.train.snapshot.dir);
     CHECK(w.pipeline.n_devices == 2 && !strcmp(w.pipeline.devices[1].name, "cpu:1"));
-    CHECK(w.pipeline.n_balance == 2 && w.pipeline.balance[1] == 3);
+    CHECK(w.pipeline.n_balance == 2 && w.pipeline.balance[1] == 4);
     CHECK(w.model.n_layers == c.model.n_layers && w.model.n_layers == 6);
     for (int i = 0; i < w.model.n_layers && i < c.model.n_layers; i++) {
         const gp_layer_spec *a = &c.model.layers[i], *b = &w.model.layers[i];
@@ -1154,10 +1154,19 @@ static void test_empty_override(void)
         if (!m || !end) continue;
         m += strlen(pre);
         snprintf(set, sizeof set, "%s=%.*s", keys[i], (int)(end - m), m);
+        /* k_full's explicit balance fits its own layers: a model example
+         * loads with balance: auto, and an entry's example is one count,
+         * which the others need not add up with (said, file:line) */
+        const char *sets2[] = {set, "pipeline.balance=auto"};
+        bool model_key = !strncmp(keys[i], "model", 5);
         gp_config c2;
-        gp_status st = parse_set(k_full, sets, 1, &c2);
-        CHECK_MSG(st == GP_OK, "the example --set %s does not load: %s", set, gp_last_error());
-        gp_config_free(&c2);
+        gp_status st = parse_set(k_full, sets2, model_key ? 2 : 1, &c2);
+        if (!strcmp(keys[i], "pipeline.balance.0") && st != GP_OK)
+            CHECK_MSG(strstr(gp_last_error(), "pipeline.balance sums to"), "%s", gp_last_error());
+        else
+            CHECK_MSG(st == GP_OK, "the example --set %s does not load: %s", set,
+                      gp_last_error());
+        if (st == GP_OK) gp_config_free(&c2);
     }
     const char *ms[] = {"data.mean=", "data.std="};
     for (int i = 0; i < 2; i++) CHECK(parse_bad(k_full, ms + i, 1) == GP_ERR_INVALID);

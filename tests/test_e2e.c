@@ -217,7 +217,7 @@ static void test_cli_errors(void)
     snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --devices 14", balance_bin,
              GPIPE_SOURCE_DIR);
     CHECK_MSG(run(cmd, out, sizeof out) == 2 && !strstr(out, "profiling") &&
-                  strstr(out, "cannot split 13 layers into 14 stages"),
+                  strstr(out, "--devices 14: 14 stages (pipeline.devices) for a model of 13 layers"),
               "output: %s", out);
     snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --by size -q --devices 2 --chunks 4 "
              "--set pipeline.schedule=interleaved --set pipeline.virtual=2", balance_bin,

@@ -67,6 +67,31 @@ static gp_status walk_root(gp_cfg_walk *w, const gp_ynode *root, gp_config *c)
                           pc->n_devices < 2 ? "list more devices or use another schedule"
                                             : "set chunks to a multiple of the devices");
     }
+    /* stages against layers, here to name the line or --set of each
+     * (gp_model_balance checks them again for configs built in C) */
+    {
+        const gp_pipeline_config *pp = &c->pipeline;
+        const gp_ynode *pm = gp_ymap_get(root, "pipeline");
+        int L = c->model.n_layers;
+        int stages = pp->n_devices * (pp->schedule == GP_SCHEDULE_INTERLEAVED &&
+                                              pp->virtual_stages > 1 ? pp->virtual_stages : 1);
+        if (pp->n_balance > 0) {
+            int64_t sum = 0; /* entries up to INT_MAX each: no wrap */
+            for (int j = 0; j < pp->n_balance; j++) sum += pp->balance[j];
+            if (sum != L)
+                return gp_cfg_bad(w, gp_ymap_get(pm, "balance"), "pipeline.balance sums to %lld "
+                                  "layers but the model has %d; make the entries add up to %d, "
+                                  "or use balance: auto", (long long)sum, L, L);
+        }
+        if (L >= 1 && stages > L) {
+            const gp_ynode *n = gp_ymap_get(pm, stages > pp->n_devices ? "virtual" : "devices");
+            if (!n) n = gp_ymap_get(pm, "devices");
+            return gp_cfg_bad(w, n ? n : pm, "%d stages (pipeline.devices%s) for a model of %d "
+                              "layer%s: every stage needs at least one layer; use at most %d "
+                              "stages", stages, stages > pp->n_devices ? " x pipeline.virtual" : "",
+                              L, L == 1 ? "" : "s", L);
+        }
+    }
     return GP_OK;
 }
 

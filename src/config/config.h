@@ -47,6 +47,9 @@ typedef struct gp_model_config {
                              bce_with_logits takes one target per output
                              element (masks) */
     char init_from[512];  /* safetensors file; "" = fresh init */
+    char input_at[600];   /* where model.input was given ("my.yaml:3:10",
+                             "--set model.input=[3,8,8]"), for messages that
+                             compare it with the data; "" when built in C */
 } gp_model_config;
 
 /* pipeline.copy_precision: the tensors copied between stages in FP32 or

@@ -333,6 +333,7 @@ gp_status gp_cfg_parse_model(gp_cfg_walk *w, const gp_ynode *root, gp_model_conf
 
     /* input: [C, H, W], or [F] / F for flat samples */
     const gp_ynode *in = gp_ymap_get(m, "input");
+    if (in) gp_yloc(w->file, in, mc->input_at, sizeof mc->input_at);
     if (gp_cfg_absent(in))
         return gp_cfg_bad(w, in ? in : mkey, "missing model.input: the shape of one sample, like "
                           "input: [1, 28, 28] (C, H, W) or input: [784]");

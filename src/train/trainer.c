@@ -490,7 +490,8 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
             s = gp_error_set(GP_ERR_INVALID,
                              "%s: model.input is [%lld, %lld, %lld] but %s has samples of "
                              "[%lld, %lld, %lld]; set model.input to match the data%s",
-                             cfg->path, (long long)cfg->model.input[0],
+                             cfg->model.input_at[0] ? cfg->model.input_at : cfg->path,
+                             (long long)cfg->model.input[0],
                              (long long)cfg->model.input[1], (long long)cfg->model.input[2],
                              d->source, (long long)d->c, (long long)d->h, (long long)d->w,
                              q ? " (the test split must have the training split's shape)" : "");
