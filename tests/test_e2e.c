@@ -720,6 +720,20 @@ static void test_balance_profile_in(void)
     rc = run(cmd, out, sizeof out);
     CHECK_MSG(rc == 0 && strstr(out, "recommended: schedule") && strstr(out, "interl.2"),
               "interleaved --simulate: exit %d: %s", rc, out);
+    /* the recommendation comes with the options that apply it, naming its
+     * m, unless it is what the config has */
+    {
+        const char *rec = strstr(out, "recommended: schedule ");
+        const char *mq = rec ? strstr(rec, ", m = ") : NULL;
+        int m_rec = mq ? atoi(mq + 6) : 0;
+        char want_opt[700];
+        snprintf(want_opt, sizeof want_opt, "to use it: gpipe-balance %s --devices 2 --chunks %d ",
+                 cfg, m_rec);
+        CHECK_MSG(m_rec >= 1 && (strstr(out, want_opt) ||
+                                 (m_rec == 4 && strstr(rec, "schedule interleaved") &&
+                                  !strstr(out, "to use it"))),
+                  "recommendation without its options: %s", rec ? rec : out);
+    }
     /* --devices does not paper over an error in the device list */
     snprintf(cmd, sizeof cmd, "%s %s --by size --devices 3 --set 'pipeline.devices=[cpu:0, "
              "gpu:1]'", balance_bin, cfg);

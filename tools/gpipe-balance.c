@@ -578,13 +578,26 @@ int main(int argc, char **argv)
                 }
         int pick = s == GP_OK ? gp_sim_recommend_memory(r, cnt) : -1;
         char b1[32];
-        if (pick >= 0)
+        if (pick >= 0) {
+            bool ik = r[pick].schedule == GP_SCHEDULE_INTERLEAVED;
             printf("recommended: schedule %s%s, checkpoint %s, m = %d (%.1f samples/s, peak %s): "
                    "the least memory within 5%% of the best throughput that fits\n",
-                   gp_schedule_kind_name(r[pick].schedule),
-                   r[pick].schedule == GP_SCHEDULE_INTERLEAVED ? " with virtual: 2" : "",
+                   gp_schedule_kind_name(r[pick].schedule), ik ? " with virtual: 2" : "",
                    gp_checkpoint_mode_name(r[pick].checkpoint), r[pick].m, r[pick].throughput,
                    mb(gp_sim_peak(&r[pick]), b1, sizeof b1));
+            /* advice: --write keeps the config's own choices; say how to
+             * take this one instead */
+            bool same = r[pick].schedule == cfg.pipeline.schedule &&
+                        r[pick].checkpoint == cfg.pipeline.checkpoint &&
+                        r[pick].m == cfg.pipeline.chunks &&
+                        (!ik || cfg.pipeline.virtual_stages == 2);
+            if (!same)
+                printf("  to use it: gpipe-balance %s --devices %d --chunks %d --set "
+                       "pipeline.schedule=%s%s --set pipeline.checkpoint=%s --write OUT.yaml\n",
+                       config, n, r[pick].m, gp_schedule_kind_name(r[pick].schedule),
+                       ik ? " --set pipeline.virtual=2" : "",
+                       gp_checkpoint_mode_name(r[pick].checkpoint));
+        }
         else if (s == GP_OK)
             printf("no schedule, checkpoint mode and m fits device memory\n");
     }

@@ -775,15 +775,19 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         }
         if (a.peak > res->peak_bytes) res->peak_bytes = a.peak;
         if (!opts->quiet) {
-            char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32];
-            GP_INFO("%s peak memory %s: parameters %s, gradients %s, optimizer %s, "
-                    "activations %s, copies %s", devs[j]->name,
+            char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], b7[32];
+            /* each category's own peak, not the parts of the total's
+             * moment; evaluation's batches count too */
+            GP_INFO("%s peak memory %s over the run, evaluation included; each kind's own "
+                    "peak: parameters %s, gradients %s, optimizer %s, activations %s, copies "
+                    "%s, workspace %s", devs[j]->name,
                     gp_format_bytes(a.peak, b1, sizeof b1),
                     gp_format_bytes(a.peak_by[GP_MEM_PARAMS], b2, sizeof b2),
                     gp_format_bytes(a.peak_by[GP_MEM_GRADS], b3, sizeof b3),
                     gp_format_bytes(a.peak_by[GP_MEM_OPTIMIZER], b4, sizeof b4),
                     gp_format_bytes(a.peak_by[GP_MEM_ACTIVATIONS], b5, sizeof b5),
-                    gp_format_bytes(a.peak_by[GP_MEM_COPIES], b6, sizeof b6));
+                    gp_format_bytes(a.peak_by[GP_MEM_COPIES], b6, sizeof b6),
+                    gp_format_bytes(a.peak_by[GP_MEM_WORKSPACE], b7, sizeof b7));
         }
     }
 done:
