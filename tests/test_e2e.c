@@ -319,6 +319,26 @@ static void test_outputs_spare_inputs(void)
     free(sa);
 }
 
+/* An IDX file dir/name of n samples: images side x side (pixels `pixel`,
+ * or each its index mod 256 when pixel < 0) when side > 0, else labels
+ * i % classes. */
+static void write_idx(const char *dir, const char *name, int n, int side, int pixel, int classes)
+{
+    uint32_t words[4] = {side ? 0x803u : 0x801u, (uint32_t)n, (uint32_t)side, (uint32_t)side};
+    int nw = side ? 4 : 2;
+    size_t len = 0, body = (size_t)n * (size_t)(side ? side * side : 1);
+    uint8_t *b = calloc(16 + body, 1);
+    if (!b) return;
+    for (int k = 0; k < nw; k++)
+        for (int j = 0; j < 4; j++) b[len++] = (uint8_t)(words[k] >> (24 - 8 * j));
+    for (size_t k = 0; k < body; k++)
+        b[len + k] = (uint8_t)(side ? (pixel >= 0 ? (size_t)pixel : k) : k % (size_t)classes);
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    gpt_write_file(path, b, len + body);
+    free(b);
+}
+
 /* Config mistakes that used to pass silently, through the binary. */
 static void test_config_checks(void)
 {
@@ -348,28 +368,18 @@ static void test_config_checks(void)
     /* A data folder whose test split has another shape than the training
      * split (and the model): refused before training, naming the file. */
     {
-        char dir[600], path[700];
+        char dir[600];
         snprintf(dir, sizeof dir, "%s/mixed-idx", tmpdir);
         mkdir(dir, 0700);
         static const struct {
             const char *name;
-            uint32_t magic, n, side;
-        } files[] = {{"train-images-idx3-ubyte", 0x803, 8, 6},
-                     {"train-labels-idx1-ubyte", 0x801, 8, 0},
-                     {"t10k-images-idx3-ubyte", 0x803, 4, 5},
-                     {"t10k-labels-idx1-ubyte", 0x801, 4, 0}};
-        for (int q = 0; q < 4; q++) {
-            uint8_t b[16 + 8 * 36] = {0};
-            size_t len = 0;
-            uint32_t words[4] = {files[q].magic, files[q].n, files[q].side, files[q].side};
-            int nw = files[q].side ? 4 : 2;
-            for (int k = 0; k < nw; k++)
-                for (int j = 0; j < 4; j++) b[len++] = (uint8_t)(words[k] >> (24 - 8 * j));
-            len += files[q].n * (files[q].side ? files[q].side * files[q].side : 1);
-            for (size_t k = 4u * nw; k < len; k++) b[k] = (uint8_t)(files[q].side ? k : k % 3);
-            snprintf(path, sizeof path, "%s/%s", dir, files[q].name);
-            gpt_write_file(path, b, len);
-        }
+            int n, side;
+        } files[] = {{"train-images-idx3-ubyte", 8, 6},
+                     {"train-labels-idx1-ubyte", 8, 0},
+                     {"t10k-images-idx3-ubyte", 4, 5},
+                     {"t10k-labels-idx1-ubyte", 4, 0}};
+        for (int q = 0; q < 4; q++)
+            write_idx(dir, files[q].name, files[q].n, files[q].side, -1, 3);
         char yaml[2048];
         snprintf(yaml, sizeof yaml, "model:\n  input: [1, 6, 6]\n  layers: [flatten, {linear: "
                  "{out: 3}}]\ndata: {dataset: mnist, path: %s}\ntrain: {batch_size: 4, steps: "
@@ -395,23 +405,13 @@ static void test_config_checks(void)
      * files whose mean pixel is Fashion-MNIST's (73 / 255 = 0.286) warns,
      * and the log names the files read */
     {
-        char dir[600], path[700];
+        char dir[600];
         snprintf(dir, sizeof dir, "%s/fake-fashion", tmpdir);
         mkdir(dir, 0700);
-        static const char *const names[4] = {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
-                                             "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"};
-        for (int q = 0; q < 4; q++) {
-            bool img = q % 2 == 0;
-            uint32_t words[4] = {img ? 0x803u : 0x801u, 128, 6, 6};
-            size_t len = 0, body = img ? 128 * 36 : 128;
-            uint8_t *b = calloc(16 + body, 1);
-            for (int k = 0; k < (img ? 4 : 2); k++)
-                for (int j = 0; j < 4; j++) b[len++] = (uint8_t)(words[k] >> (24 - 8 * j));
-            for (size_t k = 0; k < body; k++) b[len + k] = (uint8_t)(img ? 73 : k % 2);
-            snprintf(path, sizeof path, "%s/%s", dir, names[q]);
-            gpt_write_file(path, b, len + body);
-            free(b);
-        }
+        write_idx(dir, "train-images-idx3-ubyte", 128, 6, 73, 0);
+        write_idx(dir, "train-labels-idx1-ubyte", 128, 0, 0, 2);
+        write_idx(dir, "t10k-images-idx3-ubyte", 128, 6, 73, 0);
+        write_idx(dir, "t10k-labels-idx1-ubyte", 128, 0, 0, 2);
         char yaml[2048];
         snprintf(yaml, sizeof yaml, "model:\n  input: [1, 6, 6]\n  layers: [flatten, {linear: "
                  "{out: 10}}]\ndata: {dataset: mnist, path: %s}\ntrain: {batch_size: 4, steps: "

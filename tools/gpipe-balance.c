@@ -349,17 +349,6 @@ int main(int argc, char **argv)
     int n = cfg.pipeline.n_devices, m = cfg.pipeline.chunks;
     int64_t batch = cfg.train.batch_size, mbs = (batch + m - 1) / m;
 
-    /* every stage needs a layer: said before a profile that may take minutes */
-    int stages = n * (cfg.pipeline.virtual_stages > 1 ? cfg.pipeline.virtual_stages : 1);
-    if (stages > cfg.model.n_layers) {
-        fprintf(stderr, "gpipe-balance: cannot split %d layers into %d stages: every stage needs "
-                "at least one layer; use at most %d %s\n", cfg.model.n_layers, stages,
-                cfg.model.n_layers / (stages / n), stages > n ? "devices at this pipeline.virtual"
-                                                              : "devices");
-        gp_config_free(&cfg);
-        free(sets);
-        return EXIT_USAGE;
-    }
     gp_profile prof;
     if (prof_in) {
         s = gp_profile_load(prof_in, &prof);

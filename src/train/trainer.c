@@ -378,6 +378,12 @@ static void warn_other_mnist(const gp_config *cfg, const gp_dataset *ds)
  * directory (an export holds weights only, a metrics file or a trace
  * nothing of it; each would replace it, and a metrics file is truncated
  * before the resumed snapshot is even read). */
+/* The same name, or (spelled otherwise) the same existing file. */
+static bool same_path(const char *a, const char *b)
+{
+    return a && b && a[0] && b[0] && (!strcmp(a, b) || gp_same_file(a, b));
+}
+
 static gp_status check_outputs_spare_inputs(const gp_config *cfg, const gp_train_opts *opts)
 {
     const struct {
@@ -395,13 +401,12 @@ static gp_status check_outputs_spare_inputs(const gp_config *cfg, const gp_train
         const char *out = outs[o].path;
         if (!out || !out[0]) continue;
         for (int k = 0; k < 3; k++)
-            if (ins[k].path && ins[k].path[0] &&
-                (!strcmp(out, ins[k].path) || gp_same_file(out, ins[k].path)))
+            if (same_path(out, ins[k].path))
                 return gp_error_set(GP_ERR_INVALID, "%s %s is %s (%s): writing it would "
                                     "replace it; give the output another name", outs[o].opt,
                                     out, ins[k].what, ins[k].path);
         for (int q = 0; q < o; q++)
-            if (outs[q].path && (!strcmp(out, outs[q].path) || gp_same_file(out, outs[q].path)))
+            if (same_path(out, outs[q].path))
                 return gp_error_set(GP_ERR_INVALID, "%s and %s name the same file (%s); give "
                                     "each its own", outs[q].opt, outs[o].opt, out);
         const char *slash = strrchr(out, '/');
