@@ -150,6 +150,42 @@ static void test_cli_errors(void)
     CHECK_MSG(summary_line_has(out, 1, "batchnorm") && !summary_line_has(out, 2, "in place"),
               "layer 2 (relu) first of stage 1, so not in place: %s", out);
 
+    /* The summary builds shapes only: a cuda:N config works without its
+     * GPU (a note says so, rows name the device, the counts are the
+     * model's), a model far beyond this machine's memory is described
+     * (26e9 parameters: 105 GB of weights), and a device whose capacity
+     * cannot hold its weights fails after the summary, as the run would. */
+    snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --dry-run --set "
+             "'pipeline.devices=[cuda:0, cuda:1]' --set 'pipeline.balance=[5, 8]'", bin,
+             GPIPE_SOURCE_DIR);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0 && strstr(out, "total: 824650 parameters") &&
+                  summary_line_has(out, 0, "cuda:0") && summary_line_has(out, 12, "cuda:1") &&
+                  strstr(out, "stage 1 on cuda:1: layers 5-12"),
+              "cuda config's summary: %s", out);
+    if (strstr(out, "not available here")) /* no GPU: said once, naming both */
+        CHECK_MSG(strstr(out, "note: cuda:0, cuda:1 are not available here") &&
+                      !summary_line_has(out, 0, "out nChw"),
+                  "note without a GPU: %s", out);
+    char huge[512];
+    snprintf(huge, sizeof huge, "%s/huge.yaml", tmpdir);
+    write_file(huge, "model:\n  input: [65536]\n  layers: [flatten, {linear: {out: 400000}}, "
+                     "{linear: {out: 10}}]\n");
+    snprintf(cmd, sizeof cmd, "%s %s --dry-run", bin, huge);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0 && strstr(out, "total: 26218800010 parameters"),
+              "a 26e9-parameter model's summary: %s", out);
+    snprintf(cmd, sizeof cmd, "%s %s --dry-run --set 'pipeline.devices=[cpu:0, {name: cpu:1, "
+             "memory: 64MiB}]' --set 'pipeline.balance=[2, 1]'", bin, huge);
+    int rc_huge = run(cmd, out, sizeof out);
+    CHECK_MSG(rc_huge == 0 && strstr(out, "stage 1 on cpu:1: layers 2-2"),
+              "only cpu:1 has a capacity, and its 4M parameters fit: exit %d, %s", rc_huge, out);
+    snprintf(cmd, sizeof cmd, "%s %s --dry-run --set 'pipeline.devices=[cpu:0, {name: cpu:1, "
+             "memory: 32MiB}]' --set 'pipeline.balance=[2, 1]'", bin, huge);
+    rc_huge = run(cmd, out, sizeof out);
+    CHECK_MSG(rc_huge == 4 && strstr(out, "total: 26218800010 parameters") &&
+                  strstr(out, "huge.yaml: cpu:1's stages hold 45.8 MiB of weights, gradients "
+                              "and momentum alone, more than its pipeline.memory of 32.0 MiB"),
+              "cpu:1 cannot hold its linear: exit %d, %s", rc_huge, out);
+
     snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --dry-run --set train.batch_size=abc",
              bin, GPIPE_SOURCE_DIR);
     CHECK(run(cmd, out, sizeof out) == 2);

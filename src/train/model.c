@@ -18,23 +18,31 @@
 #include <unistd.h>
 
 static gp_status build_placed(const gp_config *cfg, gp_device *const *devs, int n, int v,
-                              const int *balance, gp_model *out);
+                              const int *balance, bool meta, gp_model *out);
 
 gp_status gp_model_build(const gp_config *cfg, gp_device *dev, gp_model *out)
 {
     int balance = cfg->model.n_layers; /* one stage, whatever the schedule */
-    return build_placed(cfg, &dev, 1, 1, &balance, out);
+    return build_placed(cfg, &dev, 1, 1, &balance, false, out);
 }
 
 gp_status gp_model_build_placed(const gp_config *cfg, gp_device *const *devs, int n,
                                 const int *balance, gp_model *out)
 {
-    return build_placed(cfg, devs, n, gp_model_virtual(cfg), balance, out);
+    return build_placed(cfg, devs, n, gp_model_virtual(cfg), balance, false, out);
 }
 
-/* n devices, v stages on each (stage j on device j % n). */
+gp_status gp_model_build_meta(const gp_config *cfg, const int *balance, gp_model *out)
+{
+    gp_device *none[GP_MAX_DEVICES] = {0};
+    return build_placed(cfg, none, cfg->pipeline.n_devices, gp_model_virtual(cfg), balance, true,
+                        out);
+}
+
+/* n devices, v stages on each (stage j on device j % n); meta: every layer
+ * shapes only (gp_layer_meta), devs may be NULL. */
 static gp_status build_placed(const gp_config *cfg, gp_device *const *devs, int n, int v,
-                              const int *balance, gp_model *out)
+                              const int *balance, bool meta, gp_model *out)
 {
     memset(out, 0, sizeof *out);
     const gp_model_config *mc = &cfg->model;
@@ -78,7 +86,7 @@ static gp_status build_placed(const gp_config *cfg, gp_device *const *devs, int 
         }
         gp_shape in[1 + GP_MAX_POPS];
         gp_skip_map_inputs(&out->skips, k, &out->input, outs, in);
-        if (out->local_device >= 0 && stage % n != out->local_device)
+        if (meta || (out->local_device >= 0 && stage % n != out->local_device))
             s = gp_layer_meta(&mc->layers[k], k, in, &out->layers[k]); /* another rank's */
         else
             s = gp_layer_create(&mc->layers[k], k, in, devs[stage % n], cfg->train.seed,

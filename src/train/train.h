@@ -86,6 +86,10 @@ gp_status gp_model_build(const gp_config *cfg, gp_device *dev, gp_model *out);
  * gp_model_virtual(cfg) entries). */
 gp_status gp_model_build_placed(const gp_config *cfg, gp_device *const *devs, int n,
                                 const int *balance, gp_model *out);
+/* The same placement with every layer shapes only (gp_layer_meta: no
+ * device, nothing allocated; layers[k].dev is NULL): what --dry-run
+ * describes, whatever the size of the model or the devices it names. */
+gp_status gp_model_build_meta(const gp_config *cfg, const int *balance, gp_model *out);
 /* Frees the model, its replicas and their group (replicas.c). */
 void gp_model_free(gp_model *m);
 /* One replica's pipeline, optimizer and layers (model.c; gp_model_free
@@ -290,7 +294,11 @@ void gp_train_metrics_step(struct gp_json_writer *w, int64_t step, int64_t epoch
                            double samples_per_s, const gp_step_stats *st, bool data_parallel,
                            gp_device *const *devs, int n_dev, const int64_t *host_waits);
 
-/* Print the model summary (--dry-run) to `f`. */
+/* Print the model summary (--dry-run) to `f`: the model built as shapes
+ * (gp_model_build_meta), the devices opened only to ask their layouts
+ * and pooling workspaces (one that cannot be opened is a note, not an
+ * error).  GP_ERR_OOM, after the summary, where a device's capacity cannot
+ * hold its stages' weights, gradients and momentum. */
 gp_status gp_model_summary(const gp_config *cfg, FILE *f);
 
 #endif /* GP_TRAIN_H */

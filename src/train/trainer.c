@@ -823,6 +823,68 @@ done:
     return s;
 }
 
+/* The devices a summary asks about layouts and workspaces: each of the
+ * pipeline's first n opened as a run opens it (nothing is allocated on
+ * it), or NULL where it cannot be opened here (a cuda:N on a machine
+ * without that GPU), with a note saying what the summary leaves out. */
+static void summary_devices(const gp_config *cfg, gp_device **devs, FILE *f)
+{
+    const gp_pipeline_config *pc = &cfg->pipeline;
+    char names[512] = "", why[512] = "";
+    int missing = 0;
+    for (int j = 0; j < pc->n_devices; j++) {
+        const gp_device_spec *ds = &pc->devices[j];
+        gp_device_opts o = {.threads = gp_model_device_threads(pc, j),
+                            .capacity = ds->memory ? ds->memory : pc->memory,
+                            .precision = (gp_precision)cfg->train.precision,
+                            .deterministic = cfg->train.deterministic};
+        if (gp_device_open(ds->name, &o, &devs[j]) == GP_OK) continue;
+        devs[j] = NULL;
+        size_t used = strlen(names);
+        snprintf(names + used, sizeof names - used, "%s%s", missing ? ", " : "", ds->name);
+        if (!missing++) snprintf(why, sizeof why, "%s", gp_last_error());
+        gp_error_clear();
+    }
+    if (missing)
+        fprintf(f, "note: %s %s not available here (%s); the summary comes from the config "
+                   "alone, without the layouts and pooling workspaces %s backend would choose\n",
+                names, missing == 1 ? "is" : "are", why, missing == 1 ? "its" : "their");
+}
+
+static void summary_free(gp_model *m, gp_device **devs, int n)
+{
+    for (int k = 0; k < m->n_layers; k++) m->layers[k].dev = NULL; /* borrowed for queries */
+    gp_model_free(m);
+    close_devices(devs, n);
+}
+
+/* A device whose capacity cannot hold its stages' weights, gradients and
+ * (with momentum) optimizer state, before any activation: what building
+ * the model there would stop at, said after the summary. */
+static gp_status summary_fits(const gp_config *cfg, const gp_model *m)
+{
+    const gp_pipeline_config *pc = &cfg->pipeline;
+    int n = pc->n_devices;
+    int64_t held[GP_MAX_DEVICES] = {0};
+    for (int j = 0, f0 = 0; j < m->n_stages; f0 += m->balance[j++])
+        for (int k = f0; k < f0 + m->balance[j]; k++)
+            held[j % n] += gp_layer_param_count(&m->layers[k]);
+    size_t per = cfg->train.optim.momentum > 0 || cfg->train.optim.nesterov ? 12 : 8;
+    for (int d = 0; d < n; d++) {
+        uint64_t cap = pc->devices[d].memory ? pc->devices[d].memory : pc->memory;
+        uint64_t need = (uint64_t)held[d] * per;
+        if (!cap || need <= cap) continue;
+        char nb[32], cb[32];
+        gp_format_bytes((size_t)need, nb, sizeof nb);
+        gp_format_bytes((size_t)cap, cb, sizeof cb);
+        return gp_error_set(GP_ERR_OOM, "%s: %s's stages hold %s of weights, gradients%s alone, "
+                            "more than its pipeline.memory of %s; give it more memory, or "
+                            "spread the model over more devices", cfg->path,
+                            pc->devices[d].name, nb, per == 12 ? " and momentum" : "", cb);
+    }
+    return GP_OK;
+}
+
 gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
 {
     gp_device *devs[GP_MAX_DEVICES] = {0};
@@ -839,7 +901,16 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
         c2.pipeline.n_balance = S;
         flops_split = true;
     }
-    GP_TRY(gp_train_open(cfg, devs, &m, true));
+    int balance[GP_MAX_DEVICES];
+    GP_TRY(gp_model_balance(cfg, S, balance));
+    /* The model as shapes (gp_model_build_meta): nothing is allocated, so
+     * the summary takes no time or memory whatever the model's size, and
+     * needs none of the devices it names. */
+    GP_TRY(gp_model_build_meta(cfg, balance, &m));
+    summary_devices(cfg, devs, f);
+    /* device of each layer, by its stage (stage j on device j % n) */
+    for (int j = 0, f0 = 0; j < m.n_stages; f0 += m.balance[j++])
+        for (int k = f0; k < f0 + m.balance[j]; k++) m.layers[k].dev = devs[j % n];
     if (flops_split)
         fprintf(f, "balance: auto; shown split by estimated FLOPs (a run profiles each layer "
                    "first and may split otherwise: gpipe-balance %s --devices %d prints that "
@@ -868,8 +939,7 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
     /* one allocation: inplace[n_layers], unkept[n_layers], fused[n_layers] */
     bool *inplace = calloc(3 * (size_t)m.n_layers + 1, sizeof *inplace);
     if (!inplace) {
-        gp_model_free(&m);
-        close_devices(devs, gp_pipeline_devices_total(&cfg->pipeline));
+        summary_free(&m, devs, n);
         return gp_error_set(GP_ERR_OOM, "out of host memory");
     }
     bool *unkept = inplace + m.n_layers, *fused = unkept + m.n_layers;
@@ -909,7 +979,8 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
                      (l->ops->saved_bytes ? (double)l->ops->saved_bytes(l, b) : 0.0);
         tp += np; tf += fl; ta += act;
         sp += np; sf += fl; sa += act;
-        fprintf(f, "%4d  %-7s %-*s %-20s %12lld %14.1f %14s%s\n", k, l->dev->name, wl, nm, sh,
+        const char *dn = cfg->pipeline.devices[stage % n].name;
+        fprintf(f, "%4d  %-7s %-*s %-20s %12lld %14.1f %14s%s\n", k, dn, wl, nm, sh,
                 (long long)np, fl / 1e6, gp_format_bytes((size_t)act, ab, sizeof ab), sk);
         if (n > 1 && k - first + 1 == m.balance[stage]) {
             char pb[32], mb[32];
@@ -918,7 +989,7 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
             bool mom = cfg->train.optim.momentum > 0;
             fprintf(f, "      stage %d on %s: layers %d-%d, %lld parameters (%s), %.1f MFLOP, "
                        "~%s weights+grads%s, %s activations per batch\n",
-                    stage, l->dev->name, first, k, (long long)sp,
+                    stage, dn, first, k, (long long)sp,
                     gp_format_bytes((size_t)sp * 4, pb, sizeof pb), sf / 1e6,
                     gp_format_bytes((size_t)sp * (mom ? 12 : 8), mb, sizeof mb),
                     mom ? "+momentum" : "",
@@ -960,7 +1031,7 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
             cfg->pipeline.lockstep ? "lockstep" : "free-running",
             n > 1 && gp_config_bf16_copies(cfg) ? ", copies in bf16" : "");
     free(inplace); /* and unkept */
-    gp_model_free(&m);
-    close_devices(devs, gp_pipeline_devices_total(&cfg->pipeline));
-    return GP_OK;
+    gp_status s = summary_fits(cfg, &m);
+    summary_free(&m, devs, n);
+    return s;
 }
