@@ -4,7 +4,9 @@
  * Describes a model in YAML, places it on two CPU devices as a two-stage
  * pipeline with 4 micro-batches, and trains it with gp_run_step on a toy
  * problem generated here (which quadrant of a 4x4 image is brightest).
- * Exits non-zero unless the loss falls by half, so the test suite runs it.
+ * Evaluates it on a held-out batch (gp_run_evaluate).  Exits non-zero
+ * unless the loss falls by half and the held-out accuracy passes 90%, so
+ * the test suite runs it.
  *
  *   cc pipeline_api.c -lgpipe ...   (built by CMake as example_pipeline_api)
  */
@@ -65,6 +67,17 @@ int main(void)
             printf("step %3lld  loss %.4f  accuracy %.2f  lr %.4f\n", (long long)m.step, m.loss,
                    m.accuracy, m.lr);
     }
+    /* a held-out batch, in evaluation mode */
+    enum { TEST_N = 256 };
+    static float tx[TEST_N * 16], ty[TEST_N];
+    make_batch(&seed, tx, ty, TEST_N);
+    double test_loss, test_acc;
+    if (gp_run_evaluate(run, tx, ty, TEST_N, &test_loss, &test_acc) != GP_OK) {
+        fprintf(stderr, "example: evaluate: %s\n", gp_last_error());
+        gp_run_free(run);
+        return 1;
+    }
+    printf("held-out batch of %d: loss %.4f, accuracy %.2f\n", TEST_N, test_loss, test_acc);
     for (int j = 0; j < gp_run_devices(run); j++) {
         const char *name;
         size_t peak, cur;
@@ -74,6 +87,10 @@ int main(void)
     gp_run_free(run);
     if (!(last < 0.5 * first)) {
         fprintf(stderr, "example: loss went from %.4f to %.4f, expected it to halve\n", first, last);
+        return 1;
+    }
+    if (!(test_acc > 0.9)) {
+        fprintf(stderr, "example: held-out accuracy %.3f, expected over 0.9\n", test_acc);
         return 1;
     }
     printf("example: loss %.4f -> %.4f\n", first, last);

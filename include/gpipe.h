@@ -16,6 +16,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -93,6 +94,28 @@ gp_status gp_run_step(gp_run *run, const float *x, const float *y, int64_t n,
  * saved since the last one), closes the metrics file as valid JSON Lines,
  * and frees everything; gp_last_error() says at which step and why. */
 gp_status gp_run_train(gp_run *run, const char *metrics_path, gp_metrics *out);
+/* What gpipe-train's options do, for gp_run_train_ex.  Start from
+ * GP_TRAIN_OPTIONS_INIT (every field off) and set what you need. */
+typedef struct gp_train_options {
+    const char *metrics_path;   /* JSON Lines, one object per step and per
+                                   evaluation (README "Training"); NULL: none */
+    const char *trace_path;     /* Chrome-trace JSON timeline; NULL: none */
+    int64_t trace_first;        /* the steps it records, 0-based, from ... */
+    int64_t trace_last;         /* ... to (inclusive); < 0: to the end */
+    const char *resume;         /* a snapshot to go on from: its path, or
+                                   "latest" (the newest in train.snapshot.dir);
+                                   NULL: a fresh run */
+    const char *export_weights; /* write the final weights there (safetensors);
+                                   NULL: none */
+    int progress;               /* 1: a progress line on stderr, 0: log lines,
+                                   -1: a progress line where stderr is a terminal */
+    int quiet;                  /* nonzero: only warnings and errors */
+} gp_train_options;
+#define GP_TRAIN_OPTIONS_INIT {NULL, NULL, 0, -1, NULL, NULL, 0, 0}
+/* gp_run_train with gpipe-train's options (gp_run_train is this with
+ * metrics_path alone).  Outputs that would replace an input (the config,
+ * the snapshot resumed, each other) are refused before any work. */
+gp_status gp_run_train_ex(gp_run *run, const gp_train_options *opts, gp_metrics *out);
 /* Ask a gp_run_train under way (or the next one) to stop after the current
  * step.  `signo` (> 0) is the cause named in the message, normally the
  * signal that asked.  Async-signal-safe and thread-safe: one store to a
@@ -105,6 +128,24 @@ gp_status gp_run_train(gp_run *run, const char *metrics_path, gp_metrics *out);
  * exits at once.  The request stays: later calls to gp_run_train on this
  * run stop before their first step. */
 void gp_run_stop(gp_run *run, int signo);
+
+/* Loss and accuracy, in evaluation mode (batch norm's running statistics,
+ * no dropout), of the model gp_run_step trains, on your batch: x and y as
+ * for gp_run_step, evaluated train.eval_batch_size samples at a time (halved
+ * where that does not fit a device).  Prepares the run if needed.  (The
+ * model gp_run_train trains is its own and is freed when it returns; it
+ * evaluates on the config's test data itself.) */
+gp_status gp_run_evaluate(gp_run *run, const float *x, const float *y, int64_t n,
+                          double *loss, double *accuracy);
+/* Write the weights of the model gp_run_step trains to `path` as a
+ * safetensors file (PyTorch's state_dict names; README "Snapshots and
+ * weights"), readable by model.init_from and safetensors' loaders. */
+gp_status gp_run_export_weights(gp_run *run, const char *path);
+/* Print the model summary gpipe-train --dry-run prints (per layer: device,
+ * output shape, parameters, FLOPs, activation bytes; stages; skips) to f.
+ * Builds the model as shapes only: no weights are allocated, and a device
+ * this machine lacks is a note, not an error. */
+gp_status gp_run_summary(const gp_run *run, FILE *f);
 
 /* Devices of the pipeline and their memory high-water marks in bytes. */
 int gp_run_devices(const gp_run *run);

@@ -3,6 +3,7 @@
  * pipeline and trainer modules.
  */
 #include "gpipe.h"
+#include "train/snapshot.h"
 #include "train/train.h"
 
 #include <math.h>
@@ -71,6 +72,17 @@ gp_status gp_run_prepare(gp_run *r)
     GP_TRY(gp_train_open(&r->cfg, r->devs, &r->model, true));
     r->n_dev = gp_pipeline_devices_total(&r->cfg.pipeline);
     r->prepared = true;
+    /* model.init_from, as gpipe-train starts from it */
+    if (r->cfg.model.init_from[0]) {
+        gp_status s = gp_snapshot_init_from(&r->model, r->cfg.model.init_from);
+        if (s != GP_OK) {
+            gp_model_free(&r->model);
+            for (int j = 0; j < r->n_dev; j++) gp_device_close(r->devs[j]);
+            r->n_dev = 0;
+            r->prepared = false;
+            return s;
+        }
+    }
     return GP_OK;
 }
 
@@ -93,8 +105,27 @@ gp_status gp_run_step(gp_run *r, const float *x, const float *y, int64_t n,
 
 gp_status gp_run_train(gp_run *r, const char *metrics_path, gp_metrics *out)
 {
-    gp_train_opts o = {.metrics_path = metrics_path, .progress = 0, .quiet = false,
-                       .stop = &r->stop};
+    gp_train_options o = GP_TRAIN_OPTIONS_INIT;
+    o.metrics_path = metrics_path;
+    return gp_run_train_ex(r, &o, out);
+}
+
+gp_status gp_run_train_ex(gp_run *r, const gp_train_options *opt, gp_metrics *out)
+{
+    gp_train_options none = GP_TRAIN_OPTIONS_INIT;
+    if (!opt) opt = &none;
+    if (opt->trace_first < 0 || (opt->trace_last >= 0 && opt->trace_last < opt->trace_first))
+        return gp_error_set(GP_ERR_INVALID, "trace steps %lld to %lld: give 0 <= first <= "
+                            "last, or last < 0 for every step from first",
+                            (long long)opt->trace_first, (long long)opt->trace_last);
+    if (!opt->trace_path && (opt->trace_first != 0 || opt->trace_last >= 0))
+        return gp_error_set(GP_ERR_INVALID, "trace steps were chosen but no trace_path was "
+                            "given");
+    gp_train_opts o = {.metrics_path = opt->metrics_path, .trace_path = opt->trace_path,
+                       .trace_first = opt->trace_first, .trace_last = opt->trace_last,
+                       .progress = opt->progress < 0 ? -1 : opt->progress != 0,
+                       .quiet = opt->quiet != 0, .resume_path = opt->resume,
+                       .export_path = opt->export_weights, .stop = &r->stop};
     gp_train_result res;
     GP_TRY(gp_train_run(&r->cfg, &o, &res));
     r->last.step = res.steps;
@@ -103,6 +134,32 @@ gp_status gp_run_train(gp_run *r, const char *metrics_path, gp_metrics *out)
     r->last.test_accuracy = res.test_accuracy;
     if (out) *out = r->last;
     return GP_OK;
+}
+
+gp_status gp_run_evaluate(gp_run *r, const float *x, const float *y, int64_t n, double *loss,
+                          double *accuracy)
+{
+    GP_TRY(gp_run_prepare(r));
+    double l = 0, a = 0;
+    GP_TRY(gp_model_evaluate_host(&r->model, &r->cfg, x, y, n, &l, &a));
+    r->last.test_loss = l;
+    r->last.test_accuracy = a;
+    if (loss) *loss = l;
+    if (accuracy) *accuracy = a;
+    return GP_OK;
+}
+
+gp_status gp_run_export_weights(gp_run *r, const char *path)
+{
+    if (!path || !path[0])
+        return gp_error_set(GP_ERR_INVALID, "gp_run_export_weights needs a file path");
+    GP_TRY(gp_run_prepare(r));
+    return gp_snapshot_export(&r->model, &r->cfg, path);
+}
+
+gp_status gp_run_summary(const gp_run *r, FILE *f)
+{
+    return gp_model_summary(&r->cfg, f ? f : stdout);
 }
 
 void gp_run_stop(gp_run *r, int signo)

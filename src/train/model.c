@@ -526,15 +526,26 @@ static gp_status round_bf16(gp_tensor *t)
     return s;
 }
 
-static gp_status evaluate_at(gp_model *m, const gp_config *cfg, const gp_dataset *ds,
+/* What evaluation reads: a dataset, or the caller's batch of normalised
+ * inputs and targets (host: x (n, C, H, W), y m->targets per sample). */
+typedef struct {
+    const gp_dataset *ds;
+    const float *x, *y;
+    int64_t n;
+} eval_source;
+
+static gp_status evaluate_at(gp_model *m, const gp_config *cfg, const eval_source *src,
                              int64_t bs, double *loss, double *accuracy)
 {
     bool bf16 = gp_config_bf16_copies(cfg);
-    int64_t per = ds->c * ds->h * ds->w;
+    const gp_dataset *ds = src->ds;
+    if (!ds) bs = src->n < bs ? src->n : bs;
+    int64_t per = ds ? ds->c * ds->h * ds->w : gp_shape_numel(&m->input);
     /* binary cross-entropy against masks where the data has them; the
      * loss checks that there is one target per output element */
-    bool masks = m->loss == GP_LOSS_BCE_WITH_LOGITS && gp_dataset_has_masks(ds);
-    int64_t tps = masks ? ds->h * ds->w : 1;
+    bool masks = ds && m->loss == GP_LOSS_BCE_WITH_LOGITS && gp_dataset_has_masks(ds);
+    int64_t tps = !ds ? m->targets : masks ? ds->h * ds->w : 1;
+    int64_t total = ds ? ds->n : src->n;
     if (tps != m->targets) {
         char b[64];
         return gp_error_set(GP_ERR_INVALID, "%s: the model's output %s has %lld element%s per "
@@ -543,18 +554,20 @@ static gp_status evaluate_at(gp_model *m, const gp_config *cfg, const gp_dataset
                             m->targets == 1 ? "" : "s", ds->source, (long long)tps,
                             tps == 1 ? "" : "s", gp_loss_name(m->loss));
     }
-    float *x = malloc((size_t)(bs * per) * sizeof *x);
-    float *y = malloc((size_t)(bs * tps) * sizeof *y);
+    /* the batches are assembled here from a dataset, read in place from
+     * the caller's arrays */
+    float *x = ds ? malloc((size_t)(bs * per) * sizeof *x) : NULL;
+    float *y = ds ? malloc((size_t)(bs * tps) * sizeof *y) : NULL;
     float mean[GP_MAX_CHANNELS], std[GP_MAX_CHANNELS];
     /* skips on their way from one stage to a later one */
     gp_tensor *pend = calloc((size_t)(m->skips.n ? m->skips.n : 1), sizeof *pend);
-    if (!x || !y || !pend) {
+    if ((ds && (!x || !y)) || !pend) {
         free(x);
         free(y);
         free(pend);
         return gp_error_set(GP_ERR_OOM, "out of host memory for evaluation batches");
     }
-    gp_data_norm(&cfg->data, ds->c, mean, std);
+    if (ds) gp_data_norm(&cfg->data, ds->c, mean, std);
     /* processes: each rank runs its stages, the activations and skips of
      * a batch go to the next stages' ranks as messages (tag 1, skip t 2 + t:
      * in order between two ranks), the last stage's rank scores */
@@ -578,7 +591,7 @@ static gp_status evaluate_at(gp_model *m, const gp_config *cfg, const gp_dataset
     /* An image folder is decoded (Resize + CenterCrop) by the loader's
      * threads, in file order; in-memory data is assembled here. */
     gp_loader *ld = NULL;
-    if (ds->folder) {
+    if (ds && ds->folder) {
         gp_loader_opts o = {.batch_size = bs, .shuffle = false, .augment = false,
                             .masks = masks, .prefetch = 2, .seed = cfg->train.seed,
                             .workers = gp_data_workers(cfg),
@@ -587,11 +600,14 @@ static gp_status evaluate_at(gp_model *m, const gp_config *cfg, const gp_dataset
                                            !cfg->data.skip_bad_files};
         s = gp_loader_create(ds, &cfg->data, &o, &ld);
     }
-    int64_t n_batches = ld ? gp_loader_batches_per_epoch(ld) : (ds->n + bs - 1) / bs;
+    int64_t n_batches = ld ? gp_loader_batches_per_epoch(ld) : (total + bs - 1) / bs;
     for (int64_t bi = 0; bi < n_batches && s == GP_OK; bi++) {
-        int64_t b0 = bi * bs, n = ds->n - b0 < bs ? ds->n - b0 : bs;
+        int64_t b0 = bi * bs, n = total - b0 < bs ? total - b0 : bs;
         const float *bx = x, *by = y;
-        if (ld) {
+        if (!ds) {
+            bx = src->x + b0 * per;
+            by = src->y + b0 * tps;
+        } else if (ld) {
             gp_batch b;
             s = gp_loader_next(ld, &b);
             if (s != GP_OK) break;
@@ -756,14 +772,14 @@ static gp_status evaluate_at(gp_model *m, const gp_config *cfg, const gp_dataset
  * keeps the size that fitted.  Every allocation of a failed try is freed
  * before the next.  Processes cannot retry together (a rank that ran out
  * stops them all), so there the error says what to set. */
-gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset *ds,
-                            double *loss, double *accuracy)
+static gp_status evaluate_fit(gp_model *m, const gp_config *cfg, const eval_source *src,
+                              double *loss, double *accuracy)
 {
     int64_t want = cfg->train.eval_batch_size > 0 ? cfg->train.eval_batch_size : 1000;
     int64_t bs = m->eval_batch > 0 && m->eval_batch < want ? m->eval_batch : want;
     bool procs = m->local_device >= 0;
     for (;;) {
-        gp_status s = evaluate_at(m, cfg, ds, bs, loss, accuracy);
+        gp_status s = evaluate_at(m, cfg, src, bs, loss, accuracy);
         if (s == GP_OK) {
             m->eval_batch = bs;
             return GP_OK;
@@ -780,4 +796,22 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset 
         GP_WARN("an evaluation batch did not fit (%s); evaluating in batches of %lld instead "
                 "(set train.eval_batch_size to choose)", why, (long long)bs);
     }
+}
+
+gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset *ds,
+                            double *loss, double *accuracy)
+{
+    eval_source src = {.ds = ds};
+    return evaluate_fit(m, cfg, &src, loss, accuracy);
+}
+
+gp_status gp_model_evaluate_host(gp_model *m, const gp_config *cfg, const float *x,
+                                 const float *y, int64_t n, double *loss, double *accuracy)
+{
+    if (n < 1 || !x || !y)
+        return gp_error_set(GP_ERR_INVALID, "evaluation needs at least one sample and both "
+                            "inputs and targets (got n = %lld, x %s, y %s)", (long long)n,
+                            x ? "given" : "NULL", y ? "given" : "NULL");
+    eval_source src = {.x = x, .y = y, .n = n};
+    return evaluate_fit(m, cfg, &src, loss, accuracy);
 }

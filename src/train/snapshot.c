@@ -1133,7 +1133,7 @@ gp_status gp_snapshot_export(gp_model *m, const gp_config *cfg, const char *path
     return s;
 }
 
-static gp_status init_from(gp_model *m, const char *path)
+gp_status gp_snapshot_init_from(gp_model *m, const char *path)
 {
     gp_st_file f;
     gp_status s = gp_st_read(path, &f);
@@ -1223,7 +1223,7 @@ gp_status gp_snapshot_prepare(gp_model *m, const gp_config *cfg, const char *res
                                 "directory (a fresh run would mix with them)",
                                 tc->snapshot.dir);
         if (cfg->model.init_from[0]) {
-            GP_TRY(init_from(m, cfg->model.init_from));
+            GP_TRY(gp_snapshot_init_from(m, cfg->model.init_from));
             GP_INFO("initial weights from %s", cfg->model.init_from);
         }
         return GP_OK;

@@ -191,6 +191,9 @@ gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_
 /* Number of snapshot files in dir (0 if it does not exist).  Reads only. */
 int gp_snapshot_count(const char *dir);
 
+/* model.init_from: the weights (and batch-norm statistics) of a weights
+ * file or snapshot at `path` into m, nothing else (errors name the key). */
+gp_status gp_snapshot_init_from(gp_model *m, const char *path);
 /* Before training (gp_train_run): with `resume` (a path, or "latest" for
  * the newest complete snapshot in train.snapshot.dir) restore the model
  * from that snapshot; otherwise apply model.init_from if given.  *pos is

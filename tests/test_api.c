@@ -1,0 +1,258 @@
+/*
+ * test_api.c — the public C API (include/gpipe.h) as a program that
+ * includes nothing else uses it:
+ *   - gp_run_evaluate on the caller's batch, in evaluation mode: on a
+ *     model without dropout or batch norm it equals the loss and accuracy
+ *     of a gp_run_step's forward on the same batch (taken before that
+ *     step's update), whatever the evaluation batch size;
+ *   - gp_run_export_weights: a second run that starts from the file
+ *     (model.init_from), on one device, evaluates to the same loss;
+ *   - gp_run_summary: the placement and parameter count, for a cuda:N
+ *     config too on a machine without a GPU;
+ *   - gp_run_train_ex: metrics, a trace of the chosen steps and the export
+ *     are written; an output that would replace another is refused before
+ *     any step, and so are trace steps without a trace or out of order;
+ *   - bad arguments are GP_ERR_INVALID with a message, never a crash.
+ */
+#include "gpipe.h"
+#include "test.h"
+
+#include <stdint.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char tmpdir[256];
+
+/* Two stages, four micro-batches, no dropout and no batch norm: evaluation
+ * mode computes what training's forward computes. */
+static const char *k_yaml =
+    "model:\n"
+    "  input: [1, 4, 4]\n"
+    "  layers: [flatten, {linear: {out: 32}}, relu, {linear: {out: 32}}, relu,\n"
+    "           {linear: {out: 4}}]\n"
+    "data:\n"
+    "  dataset: synthetic\n"
+    "  synthetic: {train: 128, test: 64, classes: 4, shape: [1, 4, 4]}\n"
+    "pipeline: {devices: [cpu:0, cpu:1], chunks: 4, threads: 1}\n"
+    "train:\n"
+    "  batch_size: 32\n"
+    "  steps: 6\n"
+    "  seed: 3\n"
+    "  log_every: 0\n"
+    "  optimizer: {lr: 0.1, momentum: 0.9}\n";
+
+static void make_batch(unsigned *seed, float *x, float *y, int n)
+{
+    for (int i = 0; i < n; i++) {
+        int label = (int)(rand_r(seed) % 4);
+        for (int p = 0; p < 16; p++) {
+            int quad = (p / 8) * 2 + (p % 4) / 2;
+            x[i * 16 + p] = (float)rand_r(seed) / (float)RAND_MAX - 0.5f + (quad == label);
+        }
+        y[i] = (float)label;
+    }
+}
+
+static long file_size(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 ? (long)st.st_size : -1;
+}
+
+static char *read_text(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)(n > 0 ? n : 0) + 1);
+    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) n = 0;
+    if (s) s[n > 0 ? n : 0] = '\0';
+    fclose(f);
+    return s;
+}
+
+static int count_lines(const char *s)
+{
+    int n = 0;
+    for (; s && *s; s++) n += *s == '\n';
+    return n;
+}
+
+static void test_evaluate_and_export(void)
+{
+    enum { N = 32 };
+    float x[N * 16], y[N];
+    unsigned seed = 11;
+    gp_run *run = NULL;
+    CHECK_OK(gp_run_parse("api.yaml", k_yaml, NULL, 0, &run));
+    if (!run) return;
+    /* a few steps, so the weights are not the initial ones */
+    for (int s = 0; s < 5; s++) {
+        make_batch(&seed, x, y, N);
+        CHECK_OK(gp_run_step(run, x, y, N, 0, NULL));
+    }
+    make_batch(&seed, x, y, N);
+    double loss = -1, acc = -1;
+    CHECK_OK(gp_run_evaluate(run, x, y, N, &loss, &acc));
+    /* the same batch's forward in training mode: the step reports the
+     * loss before its update */
+    gp_metrics m;
+    CHECK_OK(gp_run_step(run, x, y, N, 0, &m));
+    CHECK_NEAR(loss, m.loss, 0.0, 1e-6);
+    CHECK_NEAR(acc, m.accuracy, 0.0, 0.0);
+    CHECK(loss > 0 && acc >= 0 && acc <= 1);
+
+    /* after the update the model changed: evaluation sees it */
+    double loss2, acc2;
+    CHECK_OK(gp_run_evaluate(run, x, y, N, &loss2, &acc2));
+    CHECK_MSG(loss2 != loss, "evaluation after a step: %.9g both times", loss);
+
+    /* export, then start a one-device run from the file: same numbers */
+    char wpath[320];
+    snprintf(wpath, sizeof wpath, "%s/w.safetensors", tmpdir);
+    CHECK_OK(gp_run_export_weights(run, wpath));
+    CHECK(file_size(wpath) > 4 * (16 * 32 + 32 * 32 + 32 * 4));
+    char o1[400];
+    snprintf(o1, sizeof o1, "model.init_from=%s", wpath);
+    const char *ov[] = {o1, "pipeline.devices=[cpu:0]", "train.eval_batch_size=5"};
+    gp_run *run2 = NULL;
+    CHECK_OK(gp_run_parse("api.yaml", k_yaml, ov, 3, &run2));
+    if (run2) {
+        double l3, a3;
+        /* batches of 5 (the last of 2) on one device against 32 at once on two */
+        CHECK_OK(gp_run_evaluate(run2, x, y, N, &l3, &a3));
+        CHECK_NEAR(l3, loss2, 0.0, 1e-6);
+        CHECK_NEAR(a3, acc2, 0.0, 0.0);
+        CHECK(gp_run_devices(run2) == 1);
+    }
+    gp_run_free(run2);
+
+    /* a missing init_from file fails the first call that builds the model */
+    const char *bad_ov[] = {"model.init_from=/nonexistent/w.safetensors"};
+    gp_run *run3 = NULL;
+    CHECK_OK(gp_run_parse("api.yaml", k_yaml, bad_ov, 1, &run3));
+    if (run3) {
+        gp_status is = gp_run_step(run3, x, y, N, 0, NULL);
+        CHECK_MSG(is == GP_ERR_IO && strstr(gp_last_error(), "model.init_from") &&
+                      strstr(gp_last_error(), "/nonexistent/w.safetensors"),
+                  "%s: %s", gp_status_name(is), gp_last_error());
+        CHECK(gp_run_devices(run3) == 0);
+    }
+    gp_run_free(run3);
+
+    /* bad arguments: a message, no crash */
+    CHECK(gp_run_evaluate(run, x, y, 0, &loss, &acc) == GP_ERR_INVALID);
+    CHECK(strstr(gp_last_error(), "at least one sample") != NULL);
+    CHECK(gp_run_evaluate(run, NULL, y, N, &loss, &acc) == GP_ERR_INVALID);
+    CHECK(gp_run_export_weights(run, "") == GP_ERR_INVALID);
+    char nodir[320];
+    snprintf(nodir, sizeof nodir, "%s/missing/w.safetensors", tmpdir);
+    gp_status es = gp_run_export_weights(run, nodir);
+    CHECK_MSG(es == GP_ERR_IO && strstr(gp_last_error(), "missing"), "%s: %s",
+              gp_status_name(es), gp_last_error());
+    gp_run_free(run);
+}
+
+static void test_summary(void)
+{
+    gp_run *run = NULL;
+    CHECK_OK(gp_run_parse("api.yaml", k_yaml, NULL, 0, &run));
+    if (!run) return;
+    char path[320];
+    snprintf(path, sizeof path, "%s/summary.txt", tmpdir);
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (!f) return;
+    CHECK_OK(gp_run_summary(run, f));
+    fclose(f);
+    char *s = read_text(path);
+    /* 16*32+32 + 32*32+32 + 32*4+4 parameters */
+    CHECK_MSG(s && strstr(s, "total: 1732 parameters") && strstr(s, "stage 1 on cpu:1"),
+              "summary: %s", s ? s : "(none)");
+    free(s);
+    CHECK(gp_run_devices(run) == 0); /* a summary opens nothing for good */
+    gp_run_free(run);
+
+    /* a GPU config is described without a GPU */
+    const char *ov[] = {"pipeline.devices=[cuda:0, cuda:1]"};
+    CHECK_OK(gp_run_parse("api.yaml", k_yaml, ov, 1, &run));
+    if (!run) return;
+    f = fopen(path, "w");
+    if (!f) return;
+    CHECK_OK(gp_run_summary(run, f));
+    fclose(f);
+    s = read_text(path);
+    CHECK_MSG(s && strstr(s, "total: 1732 parameters") && strstr(s, "stage 1 on cuda:1"),
+              "cuda summary: %s", s ? s : "(none)");
+    free(s);
+    gp_run_free(run);
+}
+
+static void test_train_ex(void)
+{
+    char met[320], trace[320], wts[320];
+    snprintf(met, sizeof met, "%s/m.jsonl", tmpdir);
+    snprintf(trace, sizeof trace, "%s/t.json", tmpdir);
+    snprintf(wts, sizeof wts, "%s/final.safetensors", tmpdir);
+    gp_run *run = NULL;
+    CHECK_OK(gp_run_parse("api.yaml", k_yaml, NULL, 0, &run));
+    if (!run) return;
+
+    gp_train_options o = GP_TRAIN_OPTIONS_INIT;
+    CHECK(o.metrics_path == NULL && o.trace_path == NULL && o.trace_first == 0 &&
+          o.trace_last < 0 && o.resume == NULL && o.export_weights == NULL &&
+          o.progress == 0 && o.quiet == 0);
+    /* refusals before any work */
+    o.trace_first = 2;
+    CHECK(gp_run_train_ex(run, &o, NULL) == GP_ERR_INVALID);
+    CHECK(strstr(gp_last_error(), "trace_path") != NULL);
+    o.trace_path = trace;
+    o.trace_first = 3;
+    o.trace_last = 1;
+    CHECK(gp_run_train_ex(run, &o, NULL) == GP_ERR_INVALID);
+    o.trace_first = 1;
+    o.trace_last = 2;
+    o.metrics_path = met;
+    o.export_weights = met; /* would replace the metrics */
+    gp_status s = gp_run_train_ex(run, &o, NULL);
+    CHECK_MSG(s != GP_OK && file_size(met) <= 0, "%s: %s", gp_status_name(s), gp_last_error());
+
+    o.export_weights = wts;
+    o.quiet = 1;
+    gp_metrics m;
+    CHECK_OK(gp_run_train_ex(run, &o, &m));
+    CHECK(m.step == 6 && m.test_accuracy >= 0 && m.test_accuracy <= 1);
+    char *ms = read_text(met);
+    /* one line per step, one per epoch's evaluation (4 steps an epoch) and
+     * the final one */
+    CHECK_MSG(ms && count_lines(ms) == 8 && strstr(ms, "\"final\":true"), "metrics: %s",
+              ms ? ms : "(none)");
+    free(ms);
+    char *ts = read_text(trace);
+    /* steps 1 and 2 only (0-based): their names appear, step 3's does not */
+    CHECK_MSG(ts && ts[0] == '{' && strstr(ts, "step 1") && strstr(ts, "step 2") &&
+                  !strstr(ts, "step 3") && !strstr(ts, "step 0"),
+              "trace: %.300s", ts ? ts : "(none)");
+    free(ts);
+    CHECK(file_size(wts) > 0);
+    gp_run_free(run);
+}
+
+int main(void)
+{
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/gpipe_apiXXXXXX");
+    if (!mkdtemp(tmpdir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    test_evaluate_and_export();
+    test_summary();
+    test_train_ex();
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
+    printf("test_api: %d passed, %d failed\n", gpt_passed, gpt_failed);
+    return gpt_failed ? 1 : 0;
+}
