@@ -260,6 +260,14 @@ static void test_cli_errors(void)
              GPIPE_SOURCE_DIR);
     CHECK_MSG(run(cmd, out, sizeof out) == 0 && strstr(out, "2 devices x 2 stages"),
               "output: %s", out);
+    /* -q keeps the tables and the answer, not the progress lines */
+    snprintf(cmd, sizeof cmd, "%s %s/configs/mlp.yaml --devices 2", balance_bin, GPIPE_SOURCE_DIR);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0 && strstr(out, "gpipe-balance: profiling 7 layers") &&
+                  strstr(out, "balance for 2 devices"), "output: %s", out);
+    snprintf(cmd, sizeof cmd, "%s %s/configs/mlp.yaml --devices 2 -q", balance_bin,
+             GPIPE_SOURCE_DIR);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0 && !strstr(out, "gpipe-balance: ") &&
+                  strstr(out, "balance for 2 devices"), "-q: %s", out);
 }
 
 /* An evaluation batch (train.eval_batch_size, 1000) that does not fit a
@@ -917,6 +925,10 @@ static void test_stages_share_device(void)
     CHECK_MSG(run(cmd, out, sizeof out) == 0, "%s", out);
     CHECK_MSG(strstr(out, "cpu:0 peak memory") && strstr(out, "[3, 5] over 2 devices"),
               "output: %s", out);
+    /* the memory line names every kind, workspace included, and what it
+     * covers */
+    CHECK_MSG(strstr(out, "over the run, evaluation included; each kind's own peak: parameters ") &&
+                  strstr(out, ", copies ") && strstr(out, ", workspace "), "output: %s", out);
     /* one thread, as each of the two stages has: oneDNN splits its sums
      * by the thread count */
     snprintf(cmd, sizeof cmd, "%s %s --quiet --set train.epochs=1 --set pipeline.chunks=4 "
