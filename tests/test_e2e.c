@@ -166,6 +166,18 @@ static void test_cli_errors(void)
         CHECK_MSG(strstr(out, "note: cuda:0, cuda:1 are not available here") &&
                       !summary_line_has(out, 0, "out nChw"),
                   "note without a GPU: %s", out);
+    /* a device that cannot be opened is named with where it was listed */
+    char gpu_cfg[512];
+    snprintf(gpu_cfg, sizeof gpu_cfg, "%s/gpu7.yaml", tmpdir);
+    write_file(gpu_cfg, "model:\n  input: [4]\n  layers: [flatten, {linear: {out: 2}}]\n"
+                        "data: {dataset: synthetic, synthetic: {train: 8, test: 8, classes: 2, "
+                        "shape: [4]}}\npipeline:\n  devices: [cpu:0, cuda:7]\n");
+    snprintf(cmd, sizeof cmd, "%s %s --set train.steps=1", bin, gpu_cfg);
+    int rc_gpu = run(cmd, out, sizeof out);
+    char want_at[600];
+    snprintf(want_at, sizeof want_at, "gpu7.yaml:6:12: pipeline.devices: ");
+    CHECK_MSG(rc_gpu == 2 && strstr(out, want_at) && strstr(out, "7"),
+              "cuda:7 listed at 6:12: exit %d, %s", rc_gpu, out);
     char huge[512];
     snprintf(huge, sizeof huge, "%s/huge.yaml", tmpdir);
     write_file(huge, "model:\n  input: [65536]\n  layers: [flatten, {linear: {out: 400000}}, "

@@ -77,6 +77,9 @@ typedef struct gp_pipeline_config {
     int replicas;         /* data-parallel replicas; default 1 (or the grid's rows) */
     gp_copy_precision copy_precision; /* what crosses a stage boundary; default
                                          auto (gp_config_bf16_copies) */
+    char devices_at[600]; /* where pipeline.devices was given ("my.yaml:9:12",
+                             "--set pipeline.devices=..."), for a device
+                             that cannot be opened; "" by default or in C */
 } gp_pipeline_config;
 
 /* Devices of all replicas: n_devices x replicas. */

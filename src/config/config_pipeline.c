@@ -261,6 +261,7 @@ gp_status gp_cfg_parse_pipeline(gp_cfg_walk *w, const gp_ynode *root, gp_pipelin
      * grid with one row of names per data-parallel replica */
     const gp_ynode *dv = gp_ymap_get(m, "devices");
     const gp_ynode *rep_node = gp_ymap_get(m, "replicas");
+    if (!gp_cfg_absent(dv)) gp_yloc(w->file, dv, pc->devices_at, sizeof pc->devices_at);
     bool grid = !gp_cfg_absent(dv) && dv->kind == GP_YNODE_SEQ && dv->n > 0 &&
                 !gp_cfg_absent(dv->items[0]) && dv->items[0]->kind == GP_YNODE_SEQ;
     if (!grid) GP_TRY(gp_cfg_get_int32(w, m, "pipeline", "replicas", 1, 1, 1024, &pc->replicas));

@@ -258,7 +258,9 @@ static gp_status open_devices(const gp_config *cfg, gp_device **devs)
         gp_status s = gp_device_open(stand_in ? "cpu" : ds->name, &o, &devs[j]);
         if (s != GP_OK) {
             for (int q = 0; q < j; q++) gp_device_close(devs[q]);
-            return s;
+            /* name where the device was listed (or the config, by default) */
+            return gp_error_wrap(s, "%s: pipeline.devices", pc->devices_at[0] ? pc->devices_at
+                                                                              : cfg->path);
         }
         if (stand_in) snprintf(devs[j]->name, sizeof devs[j]->name, "%s", ds->name);
     }
