@@ -130,14 +130,15 @@ gp_status gp_run_train_ex(gp_run *run, const gp_train_options *opts, gp_metrics 
 void gp_run_stop(gp_run *run, int signo);
 
 /* Loss and accuracy, in evaluation mode (batch norm's running statistics,
- * no dropout), of the model gp_run_step trains, on your batch: x and y as
- * for gp_run_step, evaluated train.eval_batch_size samples at a time (halved
- * where that does not fit a device).  Prepares the run if needed.  (The
- * model gp_run_train trains is its own and is freed when it returns; it
- * evaluates on the config's test data itself.) */
+ * no dropout), of the run's model on your batch: x and y as for
+ * gp_run_step, evaluated train.eval_batch_size samples at a time (halved
+ * where that does not fit a device).  The run's model is the one
+ * gp_run_step trains, or the one the last gp_run_train(_ex) trained (it
+ * stays with the run; later steps go on from it).  Prepares the run if
+ * needed. */
 gp_status gp_run_evaluate(gp_run *run, const float *x, const float *y, int64_t n,
                           double *loss, double *accuracy);
-/* Write the weights of the model gp_run_step trains to `path` as a
+/* Write the weights of the run's model (as for gp_run_evaluate) to `path` as a
  * safetensors file (PyTorch's state_dict names; README "Snapshots and
  * weights"), readable by model.init_from and safetensors' loaders. */
 gp_status gp_run_export_weights(gp_run *run, const char *path);

@@ -12,6 +12,8 @@
  *   - gp_run_train_ex: metrics, a trace of the chosen steps and the export
  *     are written; an output that would replace another is refused before
  *     any step, and so are trace steps without a trace or out of order;
+ *     the trained model stays with the run (gp_run_export_weights then
+ *     writes the same bytes as the run's own export);
  *   - bad arguments are GP_ERR_INVALID with a message, never a crash.
  */
 #include "gpipe.h"
@@ -237,6 +239,17 @@ static void test_train_ex(void)
               "trace: %.300s", ts ? ts : "(none)");
     free(ts);
     CHECK(file_size(wts) > 0);
+    /* the trained model stays with the run: its export is the same file */
+    CHECK(gp_run_devices(run) == 2);
+    char wts2[320];
+    snprintf(wts2, sizeof wts2, "%s/again.safetensors", tmpdir);
+    CHECK_OK(gp_run_export_weights(run, wts2));
+    char *w1 = read_text(wts), *w2 = read_text(wts2);
+    CHECK_MSG(w1 && w2 && file_size(wts) == file_size(wts2) &&
+                  !memcmp(w1, w2, (size_t)file_size(wts)),
+              "gp_run_export_weights after gp_run_train_ex differs from its export_weights");
+    free(w1);
+    free(w2);
     gp_run_free(run);
 }
 

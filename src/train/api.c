@@ -127,7 +127,22 @@ gp_status gp_run_train_ex(gp_run *r, const gp_train_options *opt, gp_metrics *ou
                        .quiet = opt->quiet != 0, .resume_path = opt->resume,
                        .export_path = opt->export_weights, .stop = &r->stop};
     gp_train_result res;
-    GP_TRY(gp_train_run(&r->cfg, &o, &res));
+    gp_model trained = {0};
+    gp_device *tdevs[GP_MAX_DEVICES] = {0};
+    o.keep_model = &trained;
+    o.keep_devs = tdevs;
+    gp_status s = gp_train_run(&r->cfg, &o, &res);
+    if (trained.layers) {
+        /* the run goes on with what was trained: gp_run_step,
+         * gp_run_evaluate and gp_run_export_weights see it */
+        gp_model_free(&r->model);
+        for (int j = 0; j < r->n_dev; j++) gp_device_close(r->devs[j]);
+        r->model = trained;
+        r->n_dev = gp_pipeline_devices_total(&r->cfg.pipeline);
+        memcpy(r->devs, tdevs, sizeof r->devs);
+        r->prepared = true;
+    }
+    if (s != GP_OK) return s;
     r->last.step = res.steps;
     r->last.loss = res.final_loss;
     r->last.test_loss = res.test_loss;

@@ -266,6 +266,13 @@ typedef struct gp_train_opts {
      * between the phases before the first step (data, profiling and
      * model, loader).  NULL = never stop. */
     const _Atomic int *stop;
+    /* Where a run that trained (GP_OK, or GP_ERR_STOPPED after a step)
+     * hands over its model and devices instead of freeing them: *keep_model
+     * and keep_devs[0 .. gp_pipeline_devices_total) (GP_MAX_DEVICES room),
+     * which the caller frees (gp_model_free, then gp_device_close each).
+     * Both NULL: freed here. */
+    gp_model *keep_model;
+    gp_device **keep_devs;
 } gp_train_opts;
 
 typedef struct gp_train_result {

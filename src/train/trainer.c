@@ -817,6 +817,14 @@ done:
         s = gp_error_set(GP_ERR_IO, "writing metrics file '%s' failed", opts->metrics_path);
     gp_json_writer_free(&mw);
     gp_loader_destroy(loader);
+    if (opts->keep_model && opts->keep_devs && model.layers && n_dev > 0 &&
+        (s == GP_OK || (s == GP_ERR_STOPPED && res->steps > 0))) {
+        /* handed over (the library's run keeps what it trained) */
+        *opts->keep_model = model;
+        memset(&model, 0, sizeof model);
+        memcpy(opts->keep_devs, devs, (size_t)n_dev * sizeof *devs);
+        memset(devs, 0, sizeof devs);
+    }
     gp_model_free(&model);
     close_devices(devs, n_dev);
     gp_dataset_free(&train);
