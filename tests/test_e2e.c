@@ -619,10 +619,22 @@ static void test_diverged(void)
     };
     for (int v = 0; v < 2; v++) {
         remove(w);
-        snprintf(cmd, sizeof cmd, "%s %s --no-progress %s --export-weights %s", bin, cfg,
-                 pipelines[v], w);
+        snprintf(cmd, sizeof cmd, "%s %s --no-progress --set train.log_every=1 %s "
+                 "--export-weights %s", bin, cfg, pipelines[v], w);
         int rc = run(cmd, out, sizeof out);
         CHECK_MSG(rc == 4, "variant %d: exit %d: %s", v, rc, out);
+        /* the failed step is numbered as the log numbers steps: the one
+         * after the last logged */
+        long last = 0;
+        for (const char *q = strstr(out, " step "); q; q = strstr(q + 1, " step ")) {
+            long k;
+            int used = 0;
+            if (sscanf(q, " step %ld/40%n", &k, &used) == 1 && used > 0) last = k;
+        }
+        char failed_at[64];
+        snprintf(failed_at, sizeof failed_at, "gpipe-train: step %ld (epoch 1)", last + 1);
+        CHECK_MSG(last >= 1 && strstr(out, failed_at), "variant %d: want '%s': %s", v,
+                  failed_at, out);
         /* the layer (with where the config defines it) and the tensor */
         char layer[700];
         snprintf(layer, sizeof layer, "layer 1 (batchnorm) at %s:5:7: ", cfg);

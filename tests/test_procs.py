@@ -34,7 +34,10 @@ against the same config in one process (worker threads), the oracle.
   (g) --export-weights under mpirun (with replicas too) writes the tensors
       one process writes; --dry-run under mpirun is one clear message;
   (h) an image folder (only stage 0's rank decodes images) trains as in
-      one process.
+      one process;
+  (i) SIGUSR1 sent to mpirun (passed on to every rank unchanged) stops
+      every rank after the same step with one final snapshot, said once,
+      exit 138.
 
 Needs mpirun (openmpi-bin; scripts/install-deps.sh) and a gpipe-train
 built with MPI: CTest registers this test only then.  Runs as root in CI,
@@ -466,6 +469,28 @@ def errors(tmp):
         p.kill()
         p.communicate()
         check(False, "a killed rank left the run hanging for 30 s")
+    # (i) SIGUSR1 to mpirun, which passes it on unchanged (SIGINT and
+    # SIGTERM it follows with SIGKILL 1 s later): every rank stops after
+    # the same step, the final snapshot is written, said once, exit 138
+    d = os.path.join(tmp, "snaps-usr1")
+    p = subprocess.Popen(["mpirun", "-np", "2", "--oversubscribe", BIN, cfg,
+                          "--set", "train.log_every=0", "--set", "train.snapshot.dir=" + d,
+                          "--set", "train.snapshot.every_steps=100000"],
+                         env=MPI_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(3)  # into training
+    os.kill(p.pid, signal.SIGUSR1)
+    try:
+        out, _ = p.communicate(timeout=60)
+        snaps = [f for f in os.listdir(d) if f.endswith(".safetensors")] if os.path.isdir(d) else []
+        check(p.returncode == 138 and len(snaps) == 1,
+              "SIGUSR1 to mpirun: exit %d, snapshots %s: %s" % (p.returncode, snaps, out[-800:]))
+        check(out.count("SIGUSR1: stopping after the current step") == 1 and
+              out.count("by SIGUSR1; snapshot") == 1,
+              "SIGUSR1's stop not said exactly once: " + out[-800:])
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        check(False, "SIGUSR1 to mpirun left the run going for 60 s")
 
 
 def main():

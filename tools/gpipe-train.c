@@ -74,15 +74,17 @@ static void usage(FILE *f)
           "GPIPE_CPU_STREAMS=threads; tests); GPIPE_PROCS_STAGE=1 (tests only) sends\n"
           "every message without a channel through a host copy.\n"
           "\n"
-          "signals: SIGINT (Ctrl-C), SIGTERM or SIGHUP stops after the current step: a\n"
-          "final snapshot when train.snapshot is on (else it says what was not saved),\n"
-          "the metrics and trace closed as valid files; a second signal quits at once.\n"
+          "signals: SIGINT (Ctrl-C), SIGTERM, SIGHUP or SIGUSR1 stops after the current\n"
+          "step: a final snapshot when train.snapshot is on (else it says what was not\n"
+          "saved), the metrics and trace closed as valid files; a second signal quits at\n"
+          "once.  Under mpirun send SIGUSR1 to mpirun (kill -USR1 PID): Open MPI passes\n"
+          "it on, but follows SIGINT and SIGTERM with SIGKILL 1 s later.\n"
           "\n"
           "exit status: 0 success; 2 bad command line or config; 3 data or file\n"
           "error (every output path is checked before the first step); 4 failure\n"
           "during training (out of memory, NaN loss, backend error); 128 + the\n"
           "signal's number when a signal stopped it: 130 SIGINT, 143 SIGTERM,\n"
-          "129 SIGHUP.\n",
+          "129 SIGHUP, 138 SIGUSR1.\n",
           f);
 }
 
@@ -92,6 +94,10 @@ static void usage(FILE *f)
  * signal lands on. */
 static _Atomic int stop_signal;
 _Static_assert(ATOMIC_INT_LOCK_FREE == 2, "the signal flag needs a lock-free atomic int");
+
+/* Whether this process says what a signal does (under mpirun rank 0 only,
+ * where one signal reaches every rank). */
+static volatile sig_atomic_t announce = 1;
 
 static void say(const char *s)
 {
@@ -105,12 +111,18 @@ static void on_stop_signal(int signo)
 {
     int none = 0;
     if (!atomic_compare_exchange_strong(&stop_signal, &none, signo)) {
-        say("\ngpipe-train: second signal: quitting at once\n");
+        if (announce) say("\ngpipe-train: second signal: quitting at once\n");
         _exit(128 + signo);
     }
-    say(signo == SIGINT ? "\ngpipe-train: SIGINT" : signo == SIGTERM ? "\ngpipe-train: SIGTERM"
-                                                                    : "\ngpipe-train: SIGHUP");
-    say(": stopping after the current step (send it again to quit at once)\n");
+    if (!announce) return;
+    say(signo == SIGINT    ? "\ngpipe-train: SIGINT: stopping after the current step (send it "
+                             "again to quit at once)\n"
+        : signo == SIGTERM ? "\ngpipe-train: SIGTERM: stopping after the current step (send "
+                             "it again to quit at once)\n"
+        : signo == SIGUSR1 ? "\ngpipe-train: SIGUSR1: stopping after the current step (send "
+                             "it again to quit at once)\n"
+                           : "\ngpipe-train: SIGHUP: stopping after the current step (send it "
+                             "again to quit at once)\n");
 }
 
 /* The thread that takes the stop signals (sigwait), so that no signal
@@ -136,8 +148,11 @@ static void install_stop_handlers(void)
 {
     static sigset_t set;
     sigemptyset(&set);
-    const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
-    for (int i = 0; i < 3; i++) sigaddset(&set, sigs[i]);
+    /* SIGUSR1 too: Open MPI's mpirun passes it on to every rank as it is,
+     * where it turns SIGINT and SIGTERM into a kill 1 s later */
+    const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1};
+    enum { N_SIGS = sizeof sigs / sizeof sigs[0] };
+    for (int i = 0; i < N_SIGS; i++) sigaddset(&set, sigs[i]);
     /* The handler too, for a thread that unblocks them anyway (a library's):
      * the same function, async-signal-safe; interrupted reads and writes
      * restart, as the loop only polls the flag between steps. */
@@ -146,7 +161,7 @@ static void install_stop_handlers(void)
     sa.sa_handler = on_stop_signal;
     sa.sa_flags = SA_RESTART;
     sa.sa_mask = set;
-    for (int i = 0; i < 3; i++) sigaction(sigs[i], &sa, NULL);
+    for (int i = 0; i < N_SIGS; i++) sigaction(sigs[i], &sa, NULL);
     pthread_t t;
     if (pthread_sigmask(SIG_BLOCK, &set, NULL) == 0 &&
         pthread_create(&t, NULL, signal_thread, &set) == 0)
@@ -288,6 +303,7 @@ int main(int argc, char **argv)
     }
     char rank_trace[1100];
     if (rank > 0) {
+        announce = 0;
         quiet = 1;
         progress = 0;
         metrics = NULL;

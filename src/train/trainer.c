@@ -87,6 +87,7 @@ static const char *signal_name(int sig, char *buf, size_t len)
     case SIGTERM: return "SIGTERM";
     case SIGHUP: return "SIGHUP";
     case SIGQUIT: return "SIGQUIT";
+    case SIGUSR1: return "SIGUSR1";
     default: snprintf(buf, len, "signal %d", sig); return buf;
     }
 }
@@ -601,7 +602,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
          * too small to split: the next batch takes its place */
         while (s == GP_OK && b.n < min_batch) {
             GP_WARN("step %lld: a batch of %lld samples after skipping bad files cannot be "
-                    "split into %lld micro-batches; skipping the batch", (long long)step,
+                    "split into %lld micro-batches; skipping the batch", (long long)step + 1,
                     (long long)b.n, (long long)min_batch);
             s = gp_loader_next(loader, &b);
         }
@@ -654,7 +655,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
             waits[j] = model.local_device < 0 || j == model.local_device
                            ? (int64_t)gp_dev_host_waits(devs[j]) - waits[j] : -1;
         if (s != GP_OK) {
-            gp_error_wrap(s, "step %lld (epoch %lld)", (long long)step, (long long)b.epoch + 1);
+            gp_error_wrap(s, "step %lld (epoch %lld)", (long long)step + 1, (long long)b.epoch + 1);
             goto done;
         }
         res->final_loss = st.loss;
