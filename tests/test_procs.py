@@ -434,6 +434,20 @@ def errors(tmp):
     check(rc != 0, "3 processes for 2 devices succeeded")
     check(out.count("mpirun started 3 processes but pipeline.devices lists 2 devices") == 1,
           "mismatch message not said exactly once: " + out[-800:])
+    # (c') an output one rank refuses (rank 0's export) stops every rank
+    # before any opens its own: rank 1's trace file keeps its bytes
+    tr = os.path.join(tmp, "keep.json")
+    tr1 = os.path.join(tmp, "keep.rank1.json")
+    with open(tr1, "w") as f:
+        f.write('{"old": 1}')
+    rc, out = mpirun(2, [cfg, "--quiet", "--trace", tr, "--export-weights",
+                         os.path.join(tmp, "nodir", "w.safetensors")], timeout=60)
+    with open(tr1) as f:
+        kept = f.read()
+    check(rc == 3 and "--export-weights" in out and kept == '{"old": 1}' and
+          not os.path.exists(tr),
+          "a refused export under mpirun: exit %d, rank 1's trace now %r: %s"
+          % (rc, kept[:80], out[-600:]))
     # (d) a non-finite loss on stage 1 (lr 1e38 overflows the weights)
     rc, out = mpirun(2, [cfg, "--quiet", "--set", "train.optimizer.lr=1e38",
                          "--set", "pipeline.balance=[2, 5]"], timeout=60)

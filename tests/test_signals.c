@@ -2,6 +2,7 @@
  * test_signals.c — nothing lost (issue 19): gpipe-train checks its outputs
  * before the first step, and stops cleanly on signals.
  *   - bad outputs (--export-weights under a file or in a missing directory,
+ *     a --trace that cannot be written beside a metrics file that exists,
  *     train.snapshot.dir that is a file or cannot be made, gpipe-balance
  *     --write) fail with exit 3 and a message naming the path and its flag
  *     or key, before any step (the metrics file holds none), leaving
@@ -239,6 +240,17 @@ static void test_bad_outputs(void)
         CHECK_MSG(count_lines(met) == 0, "case %zu: %d metrics lines", i, count_lines(met));
         printf("bad output %zu: exit %d after %.2f s\n", i, rc, dt);
     }
+    /* a metrics file that exists keeps its bytes when another output
+     * (the trace) is refused: every output is checked before one is
+     * opened */
+    gpt_write_file(met, "{\"old\":1}\n", 10);
+    snprintf(a, sizeof a, "%s --metrics %s --trace %s/nodir/t.json", conf, met, tmpdir);
+    int rc_t = run_train(a, log);
+    char *kept = gpt_read_file(met, NULL);
+    CHECK_MSG(rc_t == 3 && log_has(log, "--trace '") && kept && !strcmp(kept, "{\"old\":1}\n"),
+              "refused --trace: exit %d, metrics now '%s'", rc_t, kept ? kept : "(gone)");
+    free(kept);
+    unlink(met);
     tmp_path(p, sizeof p, "fresh");
     CHECK_MSG(access(p, F_OK) != 0, "%s was left behind", p);
     tmp_path(p, sizeof p, "w.st");

@@ -449,10 +449,22 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
 
     /* Every output is checked before any work: a bad path costs a second,
      * not the run.  (The metrics file and the trace are opened here.) */
+    gp_status chk = GP_OK;
     if (opts->export_path && gp_procs_rank() == 0) /* processes: rank 0 writes it */
-        GP_TRY(gp_check_writable_file(opts->export_path, "--export-weights", true));
-    GP_TRY(check_outputs_spare_inputs(cfg, opts));
-    GP_TRY(gp_snapshot_resume_check(opts->resume_path, tc->snapshot.dir));
+        chk = gp_check_writable_file(opts->export_path, "--export-weights", true);
+    if (chk == GP_OK) chk = check_outputs_spare_inputs(cfg, opts);
+    /* the files opened below, checked before either is (a metrics file
+     * emptied for a trace path that then fails would be lost) */
+    if (chk == GP_OK && opts->metrics_path)
+        chk = gp_check_writable_file(opts->metrics_path, "--metrics", false);
+    if (chk == GP_OK && opts->trace_path)
+        chk = gp_check_writable_file(opts->trace_path, "--trace", false);
+    if (chk == GP_OK) chk = gp_snapshot_resume_check(opts->resume_path, tc->snapshot.dir);
+    /* processes: no rank opens an output before every rank's are checked */
+    if (agreed(chk != GP_OK) && chk == GP_OK)
+        chk = gp_error_set(GP_ERR_IO, "another rank refused its outputs (its message says "
+                           "why); nothing was written");
+    if (chk != GP_OK) return chk;
     bool snapshots = tc->snapshot.every_steps > 0 || tc->snapshot.every_minutes > 0;
     /* Processes: rank 0 checks the directory, makes it and takes its lock
      * before any other rank checks it.  The check makes a missing directory
