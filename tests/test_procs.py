@@ -448,6 +448,25 @@ def errors(tmp):
           not os.path.exists(tr),
           "a refused export under mpirun: exit %d, rank 1's trace now %r: %s"
           % (rc, kept[:80], out[-600:]))
+    # --help and --version say themselves once, not once per rank
+    rc, out = mpirun(2, ["--version"], timeout=60)
+    check(rc == 0 and out.count("gpipe-train ") == 1, "--version under mpirun: " + out[-400:])
+    # the process count for a config with replicas: the product to match
+    rc, out = mpirun(2, [cfg, "--quiet", "--set", "pipeline.replicas=2"], timeout=60)
+    check(rc == 2 and out.count("start mpirun -np 4, or choose pipeline.devices and "
+                                "pipeline.replicas whose product (stages x replicas) is 2") == 1,
+          "-np 2 for 2 stages x 2 replicas: " + out[-600:])
+    # (c'') an evaluation batch that does not fit rank 1's device: one
+    # process halves it; ranks cannot retry together, so every rank ends
+    # with exit 4 and a message naming train.eval_batch_size
+    default = os.path.join(os.environ.get("GPIPE_SOURCE_DIR", "."), "configs", "default.yaml")
+    rc, out = mpirun(2, [default, "--quiet", "--set", "train.steps=2", "--set",
+                         "pipeline.threads=1", "--set", "pipeline.balance=[6, 7]", "--set",
+                         "pipeline.chunks=2", "--set",
+                         "pipeline.devices=[cpu:0, {name: cpu:1, memory: 20MiB}]"], timeout=120)
+    check(rc == 4 and "rank 1 of 2: evaluating in batches of 1000" in out and
+          "set train.eval_batch_size lower" in out,
+          "evaluation out of memory under mpirun: exit %d: %s" % (rc, out[-800:]))
     # (d) a non-finite loss on stage 1 (lr 1e38 overflows the weights)
     rc, out = mpirun(2, [cfg, "--quiet", "--set", "train.optimizer.lr=1e38",
                          "--set", "pipeline.balance=[2, 5]"], timeout=60)

@@ -177,6 +177,19 @@ static void install_stop_handlers(void)
     "; it follows a --set value: quote a value with blanks, like --set "                      \
     "'pipeline.devices=[cpu:0, cpu:1]', and write KEY=VALUE as one word"
 
+/* This process's rank as its launcher set it before MPI starts (Open MPI,
+ * PMIx, MPICH's PMI, Slurm's srun), 0 when none did. */
+static int launched_rank(void)
+{
+    static const char *const vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK",
+                                       "SLURM_PROCID"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && *v) return atoi(v);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *config = NULL, *metrics = NULL, *trace = NULL, *resume = NULL, *export = NULL;
@@ -188,11 +201,11 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
+            if (launched_rank() == 0) usage(stdout); /* under mpirun: once */
             free(sets);
             return EXIT_OK;
         } else if (!strcmp(a, "--version")) {
-            printf("gpipe-train %s\n", gp_version());
+            if (launched_rank() == 0) printf("gpipe-train %s\n", gp_version());
             free(sets);
             return EXIT_OK;
         } else if (!strcmp(a, "--set") || !strcmp(a, "--metrics") || !strcmp(a, "--trace") ||

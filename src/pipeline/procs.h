@@ -112,7 +112,8 @@ gp_status gp_procs_allgather_bytes(const void *mine, void *all, size_t bytes);
 /* The largest message tag this MPI allows (MPI_TAG_UB; at least 32767). */
 int gp_procs_tag_ub(void);
 /* For a failure this rank meets alone where the others cannot be told (they
- * wait for its messages): say it, naming the rank, and end every rank. */
-_Noreturn void gp_procs_fail(void);
+ * wait for its messages): say it, naming the rank, and end every rank with
+ * gpipe-train's exit status for s (2 config, 3 data or file, 4 run). */
+_Noreturn void gp_procs_fail(gp_status s);
 
 #endif

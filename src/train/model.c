@@ -744,7 +744,15 @@ static gp_status evaluate_at(gp_model *m, const gp_config *cfg, const eval_sourc
     free(reqs);
     /* processes: the other ranks wait for this one's messages; a failure
      * here cannot be told to them, only end them all */
-    if (procs && s != GP_OK) gp_procs_fail();
+    if (procs && s != GP_OK) {
+        /* (evaluate_fit halves the batch where one does not fit; ranks
+         * that wait for this one's messages cannot retry with it) */
+        if (s == GP_ERR_OOM)
+            gp_error_wrap(s, "evaluating in batches of %lld samples: under mpirun evaluation "
+                          "cannot halve its batch by itself; set train.eval_batch_size lower",
+                          (long long)bs);
+        gp_procs_fail(s);
+    }
     if (procs) { /* every rank's answer: the last stage's rank's sums */
         int last = (m->n_stages - 1) % m->n_devices;
         double v[4] = {loss_sum, (double)correct, (double)count, (double)s};

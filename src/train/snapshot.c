@@ -1020,7 +1020,8 @@ gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_
         if (s == GP_OK) s = collect(m, cfg, pos, &w, false);
         if (s == GP_OK) s = gp_st_write_atomic(&w, part);
         gp_st_writer_free(&w);
-        if (s != GP_OK) gp_error_wrap(s, "rank %d: snapshot at step %lld", me, (long long)pos->step);
+        /* (the rank is named where the failure is said) */
+        if (s != GP_OK) gp_error_wrap(s, "snapshot at step %lld", (long long)pos->step);
         int bad = s != GP_OK;
         gp_status as = gp_procs_max_int(&bad);
         if (s == GP_OK) s = as;

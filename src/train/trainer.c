@@ -345,12 +345,17 @@ gp_status gp_train_check_processes(const gp_config *cfg)
     if (N <= 1) return GP_OK;
     int total = gp_pipeline_devices_total(pc), R = pc->replicas > 1 ? pc->replicas : 1;
     if (total != N) {
-        char rep[64] = "";
+        char rep[64] = "", alt[160];
         if (R > 1) snprintf(rep, sizeof rep, " (%d stages x %d replicas)", pc->n_devices, R);
+        if (R > 1) /* the devices listed are one replica's: the product must match */
+            snprintf(alt, sizeof alt, "or choose pipeline.devices and pipeline.replicas whose "
+                     "product (stages x replicas) is %d", N);
+        else
+            snprintf(alt, sizeof alt, "or list %d devices", N);
         return gp_error_set(GP_ERR_INVALID, "%s: mpirun started %d processes but "
                             "pipeline.devices lists %d device%s%s; each process runs one device: "
-                            "start mpirun -np %d, or list %d devices", cfg->path, N, total,
-                            total == 1 ? "" : "s", rep, total, N);
+                            "start mpirun -np %d, %s", cfg->path, N, total,
+                            total == 1 ? "" : "s", rep, total, alt);
     }
     return GP_OK;
 }
