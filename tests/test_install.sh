@@ -1,0 +1,27 @@
+#!/bin/sh
+# test_install.sh BUILD_DIR SOURCE_DIR LIBDIR — gpipe installed as a user
+# installs it: `cmake --install` into a fresh prefix puts the header, the
+# library, the tools and gpipe.pc there; the shipped example then builds
+# with nothing but `cc $(pkg-config --cflags --libs gpipe)` and runs (it
+# exits non-zero unless it learns), and the installed gpipe-train runs.
+set -eu
+build=$1 src=$2 libdir=$3
+tmp=$(mktemp -d /tmp/gpipe_installXXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+prefix="$tmp/prefix"
+cmake --install "$build" --prefix "$prefix" >"$tmp/install.log"
+for f in include/gpipe.h "$libdir/libgpipe.a" "$libdir/pkgconfig/gpipe.pc" bin/gpipe-train \
+         bin/gpipe-balance; do
+  [ -f "$prefix/$f" ] || { echo "test_install: $f was not installed"; cat "$tmp/install.log"; exit 1; }
+done
+grep -q "^prefix=$prefix\$" "$prefix/$libdir/pkgconfig/gpipe.pc" || {
+  echo "test_install: gpipe.pc does not name the install prefix:"; cat "$prefix/$libdir/pkgconfig/gpipe.pc"; exit 1; }
+export PKG_CONFIG_PATH="$prefix/$libdir/pkgconfig"
+# shellcheck disable=SC2046 # the flags are words
+cc -std=c11 -D_POSIX_C_SOURCE=200809L $(pkg-config --cflags gpipe) "$src/examples/pipeline_api.c" \
+   -o "$tmp/example" $(pkg-config --libs gpipe)
+"$tmp/example" >"$tmp/example.log" || { echo "test_install: the example failed:"; cat "$tmp/example.log"; exit 1; }
+"$prefix/bin/gpipe-train" --version | grep -q "^gpipe-train " || { echo "test_install: installed gpipe-train does not run"; exit 1; }
+"$prefix/bin/gpipe-train" "$src/configs/default.yaml" --dry-run | grep -q "^total: " || {
+  echo "test_install: installed gpipe-train --dry-run failed"; exit 1; }
+echo "test_install: installed files, pkg-config build of the example, its run and the installed tools all passed"
