@@ -235,6 +235,17 @@ static void fmt_duration(double s, char *buf, size_t len)
 
 /* Open the config's devices.  CPU devices share the machine's cores: by
  * default each gets cores / devices threads (at least 1). */
+/* How device j of the config is opened: its threads, capacity, precision. */
+static gp_device_opts device_opts(const gp_config *cfg, int j)
+{
+    const gp_pipeline_config *pc = &cfg->pipeline;
+    const gp_device_spec *ds = &pc->devices[j];
+    return (gp_device_opts){.threads = gp_model_device_threads(pc, j),
+                            .capacity = ds->memory ? ds->memory : pc->memory,
+                            .precision = (gp_precision)cfg->train.precision,
+                            .deterministic = cfg->train.deterministic};
+}
+
 static gp_status open_devices(const gp_config *cfg, gp_device **devs)
 {
     const gp_pipeline_config *pc = &cfg->pipeline;
@@ -250,10 +261,7 @@ static gp_status open_devices(const gp_config *cfg, gp_device **devs)
     int mine = gp_procs_size() > 1 ? gp_procs_rank() : -1;
     for (int j = 0; j < n; j++) {
         const gp_device_spec *ds = &pc->devices[j];
-        gp_device_opts o = {.threads = gp_model_device_threads(pc, j),
-                            .capacity = ds->memory ? ds->memory : pc->memory,
-                            .precision = (gp_precision)cfg->train.precision,
-                            .deterministic = cfg->train.deterministic};
+        gp_device_opts o = device_opts(cfg, j);
         bool stand_in = mine >= 0 && j != mine;
         if (stand_in) o = (gp_device_opts){.threads = 1};
         gp_status s = gp_device_open(stand_in ? "cpu" : ds->name, &o, &devs[j]);
@@ -862,10 +870,7 @@ static void summary_devices(const gp_config *cfg, gp_device **devs, FILE *f)
     int missing = 0;
     for (int j = 0; j < pc->n_devices; j++) {
         const gp_device_spec *ds = &pc->devices[j];
-        gp_device_opts o = {.threads = gp_model_device_threads(pc, j),
-                            .capacity = ds->memory ? ds->memory : pc->memory,
-                            .precision = (gp_precision)cfg->train.precision,
-                            .deterministic = cfg->train.deterministic};
+        gp_device_opts o = device_opts(cfg, j);
         if (gp_device_open(ds->name, &o, &devs[j]) == GP_OK) continue;
         devs[j] = NULL;
         size_t used = strlen(names);
