@@ -7,7 +7,9 @@
  * message for the calling thread in gp_last_error().
  *
  * Memory: objects returned by gp_*_create / gp_*_load are freed with the
- * matching gp_*_destroy / gp_*_free, which accept NULL.
+ * matching gp_*_destroy / gp_*_free, which accept NULL.  A NULL run, NULL
+ * data or a NULL override is GP_ERR_INVALID; out-parameters (gp_metrics
+ * *out, loss, accuracy, name, peak, current) may be NULL where not wanted.
  * Threads: a gp_run is used from one thread at a time; gpipe starts its own
  * worker threads internally.
  */
@@ -84,7 +86,10 @@ gp_status gp_run_prepare(gp_run *run);
  * cross_entropy) or, with model.loss: bce_with_logits, one target in
  * [0, 1] per element of the model's output, sample after sample (a mask
  * (n, 1, H, W)).  Loss and accuracy are then per element.  The learning
- * rate follows the config's schedule over `total_steps` (0: constant lr). */
+ * rate follows the config's schedule over `total_steps` (0: no schedule,
+ * train.optimizer.lr with its lr_scaling).  A loss or parameter that is not
+ * finite (GP_ERR_NUMERIC) is found after the step's update: the run then
+ * refuses further steps, evaluation and exports (start a new one). */
 gp_status gp_run_step(gp_run *run, const float *x, const float *y, int64_t n,
                       int64_t total_steps, gp_metrics *out);
 /* Train on the config's data as gpipe-train does (metrics_path may be NULL).
@@ -95,7 +100,8 @@ gp_status gp_run_step(gp_run *run, const float *x, const float *y, int64_t n,
  * and frees everything; gp_last_error() says at which step and why. */
 gp_status gp_run_train(gp_run *run, const char *metrics_path, gp_metrics *out);
 /* What gpipe-train's options do, for gp_run_train_ex.  Start from
- * GP_TRAIN_OPTIONS_INIT (every field off) and set what you need. */
+ * GP_TRAIN_OPTIONS_INIT (every field off) and set what you need; a zeroed
+ * struct is the same (the trace steps count only with a trace_path). */
 typedef struct gp_train_options {
     const char *metrics_path;   /* JSON Lines, one object per step and per
                                    evaluation (README "Training"); NULL: none */
@@ -114,11 +120,16 @@ typedef struct gp_train_options {
 #define GP_TRAIN_OPTIONS_INIT {NULL, NULL, 0, -1, NULL, NULL, 0, 0}
 /* gp_run_train with gpipe-train's options (gp_run_train is this with
  * metrics_path alone).  Outputs that would replace an input (the config,
- * the snapshot resumed, each other) are refused before any work. */
+ * the snapshot resumed, each other) are refused before any work.  Each
+ * call trains from the start (fresh weights, model.init_from, or
+ * opts->resume), as gpipe-train does, not from the run's current model;
+ * once it trained (GP_OK, or GP_ERR_STOPPED after a step) its model
+ * replaces the run's and *out holds its last step; on any other error the
+ * run keeps the model it had. */
 gp_status gp_run_train_ex(gp_run *run, const gp_train_options *opts, gp_metrics *out);
 /* Ask a gp_run_train under way (or the next one) to stop after the current
  * step.  `signo` (> 0) is the cause named in the message, normally the
- * signal that asked.  Async-signal-safe and thread-safe: one store to a
+ * signal that asked (<= 0: "a stop request", no signal).  Async-signal-safe and thread-safe: one store to a
  * lock-free atomic, so a SIGINT / SIGTERM handler may call it (gpipe
  * installs no handler itself).  Better, as gpipe-train does: block the
  * signals before training starts (its threads inherit the mask) and take
@@ -148,7 +159,9 @@ gp_status gp_run_export_weights(gp_run *run, const char *path);
  * this machine lacks is a note, not an error. */
 gp_status gp_run_summary(const gp_run *run, FILE *f);
 
-/* Devices of the pipeline and their memory high-water marks in bytes. */
+/* Devices of the pipeline and their memory high-water marks in bytes.
+ * *name stays valid until the run's devices change (gp_run_train(_ex)
+ * replaces them) or gp_run_free. */
 int gp_run_devices(const gp_run *run);
 gp_status gp_run_device_memory(const gp_run *run, int device, const char **name,
                                size_t *peak_bytes, size_t *current_bytes);

@@ -19,6 +19,7 @@
 #include "gpipe.h"
 #include "test.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -207,9 +208,6 @@ static void test_train_ex(void)
           o.trace_last < 0 && o.resume == NULL && o.export_weights == NULL &&
           o.progress == 0 && o.quiet == 0);
     /* refusals before any work */
-    o.trace_first = 2;
-    CHECK(gp_run_train_ex(run, &o, NULL) == GP_ERR_INVALID);
-    CHECK(strstr(gp_last_error(), "trace_path") != NULL);
     o.trace_path = trace;
     o.trace_first = 3;
     o.trace_last = 1;
@@ -226,6 +224,8 @@ static void test_train_ex(void)
     gp_metrics m;
     CHECK_OK(gp_run_train_ex(run, &o, &m));
     CHECK(m.step == 6 && m.test_accuracy >= 0 && m.test_accuracy <= 1);
+    CHECK(m.accuracy > 0 && m.accuracy <= 1 && m.seconds > 0);
+    CHECK_NEAR(m.lr, 0.1, 0.0, 1e-6);
     char *ms = read_text(met);
     /* one line per step, one per epoch's evaluation (4 steps an epoch) and
      * the final one */
@@ -253,6 +253,75 @@ static void test_train_ex(void)
     gp_run_free(run);
 }
 
+/* What a run refuses, and what it says: NULL arguments, a model a
+ * non-finite step left behind, a stop without a signal, a summary that
+ * cannot be written; the learning rate without a schedule keeps its
+ * scaling; a zeroed gp_train_options is "no outputs". */
+static void test_misuse(void)
+{
+    enum { N = 32 };
+    float x[N * 16], y[N];
+    unsigned seed = 5;
+    make_batch(&seed, x, y, N);
+    double l, a;
+    CHECK(gp_run_prepare(NULL) == GP_ERR_INVALID && strstr(gp_last_error(), "NULL"));
+    CHECK(gp_run_step(NULL, x, y, N, 0, NULL) == GP_ERR_INVALID);
+    CHECK(gp_run_evaluate(NULL, x, y, N, &l, &a) == GP_ERR_INVALID);
+    CHECK(gp_run_train(NULL, NULL, NULL) == GP_ERR_INVALID);
+    CHECK(gp_run_export_weights(NULL, "w") == GP_ERR_INVALID);
+    CHECK(gp_run_summary(NULL, NULL) == GP_ERR_INVALID);
+    CHECK(gp_run_device_memory(NULL, 0, NULL, NULL, NULL) == GP_ERR_INVALID);
+    CHECK(gp_run_devices(NULL) == 0);
+    gp_run_stop(NULL, 2);
+    gp_run *run = NULL;
+    CHECK(gp_run_parse("api.yaml", NULL, NULL, 0, &run) == GP_ERR_INVALID && !run);
+    CHECK(gp_run_parse("api.yaml", k_yaml, NULL, 2, &run) == GP_ERR_INVALID && !run);
+    const char *one_null[] = {"train.seed=4", NULL};
+    CHECK(gp_run_parse("api.yaml", k_yaml, one_null, 2, &run) == GP_ERR_INVALID && !run);
+
+    /* lr_scaling without a schedule: base 0.1 x 32 / 16 */
+    const char *sc[] = {"train.lr_scaling=linear", "train.base_batch=16"};
+    CHECK_OK(gp_run_parse("api.yaml", k_yaml, sc, 2, &run));
+    if (!run) return;
+    gp_metrics m;
+    CHECK(gp_run_step(run, NULL, y, N, 0, &m) == GP_ERR_INVALID);
+    CHECK(gp_run_step(run, x, y, 0, 0, &m) == GP_ERR_INVALID);
+    CHECK_OK(gp_run_step(run, x, y, N, 0, &m));
+    CHECK_NEAR(m.lr, 0.2, 0.0, 1e-6);
+
+    /* a NaN input: the step fails after its update, and the run refuses
+     * to go on with (or write) what it left */
+    x[5] = NAN;
+    gp_status s = gp_run_step(run, x, y, N, 0, &m);
+    CHECK_MSG(s == GP_ERR_NUMERIC, "%s: %s", gp_status_name(s), gp_last_error());
+    x[5] = 0.5f;
+    CHECK(gp_run_step(run, x, y, N, 0, &m) == GP_ERR_NUMERIC &&
+          strstr(gp_last_error(), "step 2 left NaN or Inf in the model"));
+    CHECK(gp_run_evaluate(run, x, y, N, &l, &a) == GP_ERR_NUMERIC);
+    char wpath[320];
+    snprintf(wpath, sizeof wpath, "%s/nan.safetensors", tmpdir);
+    CHECK(gp_run_export_weights(run, wpath) == GP_ERR_NUMERIC && file_size(wpath) < 0);
+    gp_run_free(run);
+
+    /* a summary that cannot be written is an error */
+    CHECK_OK(gp_run_parse("api.yaml", k_yaml, NULL, 0, &run));
+    if (!run) return;
+    FILE *full = fopen("/dev/full", "w");
+    if (full) {
+        CHECK(gp_run_summary(run, full) == GP_ERR_IO);
+        fclose(full);
+    }
+    /* a zeroed options struct: no outputs; a stop asked without a signal */
+    gp_train_options z;
+    memset(&z, 0, sizeof z);
+    z.quiet = 1;
+    gp_run_stop(run, 0);
+    s = gp_run_train_ex(run, &z, &m);
+    CHECK_MSG(s == GP_ERR_STOPPED && strstr(gp_last_error(), "a stop request (gp_run_stop)"),
+              "%s: %s", gp_status_name(s), gp_last_error());
+    gp_run_free(run);
+}
+
 int main(void)
 {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/gpipe_apiXXXXXX");
@@ -263,6 +332,7 @@ int main(void)
     test_evaluate_and_export();
     test_summary();
     test_train_ex();
+    test_misuse();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);

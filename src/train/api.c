@@ -6,8 +6,10 @@
 #include "train/snapshot.h"
 #include "train/train.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,8 +20,26 @@ struct gp_run {
     gp_model model;
     bool prepared;
     gp_metrics last;
-    _Atomic int stop;   /* gp_run_stop's signal; 0 = go on */
+    _Atomic int stop;   /* gp_run_stop's signal (-1: asked without one); 0 = go on */
+    int64_t diverged;   /* the step (1-based) whose update left non-finite values
+                           in the model (GP_ERR_NUMERIC); 0 = none */
 };
+
+/* The checks every call on a run makes first. */
+#define RUN_ARG(r)                                                                     \
+    do {                                                                               \
+        if (!(r)) return gp_error_set(GP_ERR_INVALID, "%s: the run is NULL", __func__); \
+    } while (0)
+
+/* A run whose model took a non-finite update refuses to go on with it. */
+static gp_status usable(const gp_run *r, const char *what)
+{
+    if (!r->diverged) return GP_OK;
+    return gp_error_set(GP_ERR_NUMERIC, "%s: step %lld left NaN or Inf in the model (the step "
+                        "failed with that error); start a new run, from weights exported "
+                        "before it (model.init_from) if you have them", what,
+                        (long long)r->diverged);
+}
 
 /* gp_run_stop may be called from a signal handler: only a lock-free
  * atomic is safe there. */
@@ -39,10 +59,23 @@ static gp_status run_new(gp_config *cfg, gp_run **out)
     return GP_OK;
 }
 
+static gp_status check_overrides(const char *const *overrides, int n)
+{
+    if (n < 0 || (n > 0 && !overrides))
+        return gp_error_set(GP_ERR_INVALID, "overrides: %d given in %s; give n_overrides >= 0 "
+                            "strings", n, overrides ? "an array" : "a NULL array");
+    for (int i = 0; i < n; i++)
+        if (!overrides[i])
+            return gp_error_set(GP_ERR_INVALID, "override %d of %d is NULL", i, n);
+    return GP_OK;
+}
+
 gp_status gp_run_load(const char *path, const char *const *overrides, int n_overrides,
                       gp_run **out)
 {
+    if (!out) return gp_error_set(GP_ERR_INVALID, "gp_run_load: out is NULL");
     *out = NULL;
+    GP_TRY(check_overrides(overrides, n_overrides));
     gp_config cfg;
     GP_TRY(gp_config_load(path, overrides, n_overrides, &cfg));
     return run_new(&cfg, out);
@@ -51,9 +84,13 @@ gp_status gp_run_load(const char *path, const char *const *overrides, int n_over
 gp_status gp_run_parse(const char *name, const char *yaml, const char *const *overrides,
                        int n_overrides, gp_run **out)
 {
+    if (!out) return gp_error_set(GP_ERR_INVALID, "gp_run_parse: out is NULL");
     *out = NULL;
+    if (!yaml) return gp_error_set(GP_ERR_INVALID, "gp_run_parse: the YAML text is NULL");
+    GP_TRY(check_overrides(overrides, n_overrides));
     gp_config cfg;
-    GP_TRY(gp_config_parse(name, yaml, strlen(yaml), overrides, n_overrides, &cfg));
+    GP_TRY(gp_config_parse(name ? name : "<yaml>", yaml, strlen(yaml), overrides, n_overrides,
+                           &cfg));
     return run_new(&cfg, out);
 }
 
@@ -68,6 +105,7 @@ void gp_run_free(gp_run *r)
 
 gp_status gp_run_prepare(gp_run *r)
 {
+    RUN_ARG(r);
     if (r->prepared) return GP_OK;
     GP_TRY(gp_train_open(&r->cfg, r->devs, &r->model, true));
     r->n_dev = gp_pipeline_devices_total(&r->cfg.pipeline);
@@ -89,11 +127,22 @@ gp_status gp_run_prepare(gp_run *r)
 gp_status gp_run_step(gp_run *r, const float *x, const float *y, int64_t n,
                       int64_t total_steps, gp_metrics *out)
 {
+    RUN_ARG(r);
+    if (!x || !y)
+        return gp_error_set(GP_ERR_INVALID, "gp_run_step needs both inputs and targets (x %s, "
+                            "y %s)", x ? "given" : "NULL", y ? "given" : "NULL");
+    if (n < 1)
+        return gp_error_set(GP_ERR_INVALID, "gp_run_step: a batch of %lld samples; give at "
+                            "least one", (long long)n);
+    GP_TRY(usable(r, "gp_run_step"));
     GP_TRY(gp_run_prepare(r));
-    double lr = gp_lr_at(&r->cfg.train, r->model.step, total_steps > 0 ? total_steps : 1);
-    if (total_steps <= 0) lr = r->cfg.train.optim.lr;
+    /* total_steps <= 0: no schedule, the base rate (with its scaling) */
+    double lr = total_steps > 0 ? gp_lr_at(&r->cfg.train, r->model.step, total_steps)
+                                : gp_lr_base(&r->cfg.train);
     gp_step_stats st;
-    GP_TRY(gp_model_pipeline_step(&r->model, &r->cfg, x, y, n, lr, &st));
+    gp_status s = gp_model_pipeline_step(&r->model, &r->cfg, x, y, n, lr, &st);
+    if (s == GP_ERR_NUMERIC) r->diverged = r->model.step + 1;
+    if (s != GP_OK) return s;
     r->last.step = r->model.step;
     r->last.loss = st.loss;
     r->last.accuracy = st.accuracy;
@@ -112,17 +161,18 @@ gp_status gp_run_train(gp_run *r, const char *metrics_path, gp_metrics *out)
 
 gp_status gp_run_train_ex(gp_run *r, const gp_train_options *opt, gp_metrics *out)
 {
+    RUN_ARG(r);
     gp_train_options none = GP_TRAIN_OPTIONS_INIT;
     if (!opt) opt = &none;
-    if (opt->trace_first < 0 || (opt->trace_last >= 0 && opt->trace_last < opt->trace_first))
+    /* (the steps only mean something with a trace: a zeroed struct is fine) */
+    if (opt->trace_path &&
+        (opt->trace_first < 0 || (opt->trace_last >= 0 && opt->trace_last < opt->trace_first)))
         return gp_error_set(GP_ERR_INVALID, "trace steps %lld to %lld: give 0 <= first <= "
                             "last, or last < 0 for every step from first",
                             (long long)opt->trace_first, (long long)opt->trace_last);
-    if (!opt->trace_path && (opt->trace_first != 0 || opt->trace_last >= 0))
-        return gp_error_set(GP_ERR_INVALID, "trace steps were chosen but no trace_path was "
-                            "given");
     gp_train_opts o = {.metrics_path = opt->metrics_path, .trace_path = opt->trace_path,
-                       .trace_first = opt->trace_first, .trace_last = opt->trace_last,
+                       .trace_first = opt->trace_path ? opt->trace_first : 0,
+                       .trace_last = opt->trace_path ? opt->trace_last : -1,
                        .progress = opt->progress < 0 ? -1 : opt->progress != 0,
                        .quiet = opt->quiet != 0, .resume_path = opt->resume,
                        .export_path = opt->export_weights, .stop = &r->stop};
@@ -141,19 +191,25 @@ gp_status gp_run_train_ex(gp_run *r, const gp_train_options *opt, gp_metrics *ou
         r->n_dev = gp_pipeline_devices_total(&r->cfg.pipeline);
         memcpy(r->devs, tdevs, sizeof r->devs);
         r->prepared = true;
+        r->diverged = 0;
+        /* the last step's numbers, also when a stop ended it early */
+        r->last.step = res.steps;
+        r->last.loss = res.final_loss;
+        r->last.accuracy = res.final_accuracy;
+        r->last.lr = res.final_lr;
+        r->last.seconds = res.final_seconds;
+        r->last.test_loss = res.test_loss;
+        r->last.test_accuracy = res.test_accuracy;
+        if (out) *out = r->last;
     }
-    if (s != GP_OK) return s;
-    r->last.step = res.steps;
-    r->last.loss = res.final_loss;
-    r->last.test_loss = res.test_loss;
-    r->last.test_accuracy = res.test_accuracy;
-    if (out) *out = r->last;
-    return GP_OK;
+    return s;
 }
 
 gp_status gp_run_evaluate(gp_run *r, const float *x, const float *y, int64_t n, double *loss,
                           double *accuracy)
 {
+    RUN_ARG(r);
+    GP_TRY(usable(r, "gp_run_evaluate"));
     GP_TRY(gp_run_prepare(r));
     double l = 0, a = 0;
     GP_TRY(gp_model_evaluate_host(&r->model, &r->cfg, x, y, n, &l, &a));
@@ -166,6 +222,8 @@ gp_status gp_run_evaluate(gp_run *r, const float *x, const float *y, int64_t n, 
 
 gp_status gp_run_export_weights(gp_run *r, const char *path)
 {
+    RUN_ARG(r);
+    GP_TRY(usable(r, "gp_run_export_weights"));
     if (!path || !path[0])
         return gp_error_set(GP_ERR_INVALID, "gp_run_export_weights needs a file path");
     GP_TRY(gp_run_prepare(r));
@@ -174,19 +232,26 @@ gp_status gp_run_export_weights(gp_run *r, const char *path)
 
 gp_status gp_run_summary(const gp_run *r, FILE *f)
 {
-    return gp_model_summary(&r->cfg, f ? f : stdout);
+    RUN_ARG(r);
+    if (!f) f = stdout;
+    GP_TRY(gp_model_summary(&r->cfg, f));
+    if (fflush(f) != 0 || ferror(f))
+        return gp_error_set(GP_ERR_IO, "writing the summary failed: %s", strerror(errno));
+    return GP_OK;
 }
 
 void gp_run_stop(gp_run *r, int signo)
 {
-    atomic_store(&r->stop, signo > 0 ? signo : 1);
+    /* (no signal: -1, which the message calls a stop request) */
+    if (r) atomic_store(&r->stop, signo > 0 ? signo : -1);
 }
 
-int gp_run_devices(const gp_run *r) { return r->prepared ? r->n_dev : 0; }
+int gp_run_devices(const gp_run *r) { return r && r->prepared ? r->n_dev : 0; }
 
 gp_status gp_run_device_memory(const gp_run *r, int j, const char **name, size_t *peak,
                                size_t *current)
 {
+    RUN_ARG(r);
     if (!r->prepared || j < 0 || j >= r->n_dev)
         return gp_error_set(GP_ERR_INVALID, "device %d does not exist (the run has %d; call "
                             "gp_run_prepare first)", j, r->prepared ? r->n_dev : 0);

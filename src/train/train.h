@@ -33,6 +33,8 @@
  *   cosine: min_lr + (base - min_lr) * (1 + cos(pi * t)) / 2 with
  *     t = (step - warmup) / (total_steps - warmup), clamped to [0, 1]. */
 double gp_lr_at(const gp_train_config *t, int64_t step, int64_t total_steps);
+/* base: optimizer.lr, scaled by lr_scaling (the rate without a schedule). */
+double gp_lr_base(const gp_train_config *t);
 
 /* ---- the model ----------------------------------------------------------- */
 
@@ -278,6 +280,9 @@ typedef struct gp_train_opts {
 typedef struct gp_train_result {
     int64_t steps;
     double final_loss;         /* last step's training loss */
+    double final_accuracy;     /* last step's training accuracy */
+    double final_lr;           /* last step's learning rate */
+    double final_seconds;      /* last step's wall time */
     double test_loss;          /* last evaluation (NaN if none) */
     double test_accuracy;
     double seconds;

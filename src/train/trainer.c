@@ -88,6 +88,7 @@ static const char *signal_name(int sig, char *buf, size_t len)
     case SIGHUP: return "SIGHUP";
     case SIGQUIT: return "SIGQUIT";
     case SIGUSR1: return "SIGUSR1";
+    case -1: return "a stop request (gp_run_stop)";
     default: snprintf(buf, len, "signal %d", sig); return buf;
     }
 }
@@ -684,6 +685,9 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
             goto done;
         }
         res->final_loss = st.loss;
+        res->final_accuracy = st.accuracy;
+        res->final_lr = lr;
+        res->final_seconds = st.seconds;
         st.data_wait_seconds = waited;
         st.bad_files = cfg->data.skip_bad_files ? gp_loader_bad_files(loader) : -1;
         if (trace && gp_trace_wants(trace, step)) {
