@@ -178,6 +178,19 @@ static void test_output_paths(void)
     /* files: a new one, an existing one (either writer), the null device
      * written in place but not replaced, a directory, a missing directory,
      * a file where a directory should be */
+    /* one file, spelled otherwise: existing (same inode), or not yet
+     * written (the same name in the same resolved directory) */
+    char r1[300], r2[300];
+    snprintf(r1, sizeof r1, "%s/./afile", dir);
+    CHECK(gp_same_file(p, r1));
+    snprintf(r1, sizeof r1, "%s/later.json", dir);
+    snprintf(r2, sizeof r2, "%s/../%s/later.json", dir, strrchr(dir, '/') + 1);
+    CHECK(gp_same_file(r1, r2));
+    snprintf(r2, sizeof r2, "%s/other.json", dir);
+    CHECK(!gp_same_file(r1, r2));
+    CHECK(!gp_same_file(p, r1));                       /* one exists */
+    CHECK(!gp_same_file("/nonexistent/a", "/nonexistent/a/."));
+    CHECK(!gp_same_file(dir, r1));
     snprintf(q, sizeof q, "%s/new.st", dir);
     CHECK_OK(gp_check_writable_file(q, "--out", true));
     CHECK_OK(gp_check_writable_file(q, "--out", false));

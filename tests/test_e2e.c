@@ -351,6 +351,13 @@ static void test_outputs_spare_inputs(void)
     snprintf(cmd, sizeof cmd, "%s %s -q --metrics %s --trace %s", bin, cfg, keep, keep);
     CHECK_MSG(run(cmd, out, sizeof out) == 2 &&
                   strstr(out, "--metrics and --trace name the same file"), "output: %s", out);
+    /* ... spelled two ways, neither written yet (a plain name from inside
+     * the folder against the folder's path) */
+    snprintf(cmd, sizeof cmd, "cd %s && %s %s -q --metrics spare-two.jsonl --export-weights "
+             "%s/./spare-two.jsonl", tmpdir, bin, cfg, tmpdir);
+    CHECK_MSG(run(cmd, out, sizeof out) == 2 &&
+                  strstr(out, "--export-weights and --metrics name the same file"),
+              "output: %s", out);
     /* the snapshot resumed from, and a snapshot's name in the folder */
     char dir[600], snap[700];
     snprintf(dir, sizeof dir, "%s/spare-snaps", tmpdir);

@@ -127,8 +127,10 @@ const char *gp_open_strerror(int e);
  * name) is `dir`, the same folder on disk, whatever the spelling; false
  * when either does not exist. */
 bool gp_path_in_dir(const char *path, const char *dir);
-/* Whether `a` and `b` name the same existing file, whatever the spelling
- * (the same device and inode); false when either does not exist. */
+/* Whether `a` and `b` name the same file, whatever the spelling: the same
+ * device and inode where both exist; where neither does, the same name in
+ * the same (resolved) directory, so two outputs not yet written compare
+ * too; false where only one exists. */
 bool gp_same_file(const char *a, const char *b);
 
 /* ------------------------------------------------------------------------ */

@@ -9,9 +9,12 @@
  * can still be made there.  Whatever a check creates it removes before it
  * returns, so a failed (or successful) check leaves nothing behind.
  */
+#define _DEFAULT_SOURCE /* realpath */
 #include "core/core.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
 #include <fcntl.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -211,9 +214,29 @@ bool gp_path_in_dir(const char *path, const char *dir)
     return stat(d, &a) == 0 && stat(dir, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
 }
 
+/* path as its directory's resolved name and its last component: the same
+ * for every spelling of a file that need not exist ("run.jsonl",
+ * "./run.jsonl", "d/../run.jsonl"); false when the directory does not
+ * exist or the last component is not a file name. */
+static bool resolved_name(const char *path, char *out, size_t len)
+{
+    char dir[PATH_LEN], real[PATH_MAX];
+    if (strlen(path) >= PATH_LEN) return false;
+    dir_of(path, dir, sizeof dir);
+    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+    if (!base[0] || !strcmp(base, ".") || !strcmp(base, "..") || !realpath(dir, real))
+        return false;
+    snprintf(out, len, "%s/%s", strcmp(real, "/") ? real : "", base);
+    return true;
+}
+
 bool gp_same_file(const char *a, const char *b)
 {
+    if (!a || !b || !a[0] || !b[0]) return false;
     struct stat x, y;
-    return a && b && a[0] && b[0] && stat(a, &x) == 0 && stat(b, &y) == 0 &&
-           x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+    bool ea = stat(a, &x) == 0, eb = stat(b, &y) == 0;
+    if (ea && eb) return x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+    if (ea != eb) return false; /* one exists, the other does not */
+    char ra[PATH_LEN + PATH_MAX], rb[PATH_LEN + PATH_MAX];
+    return resolved_name(a, ra, sizeof ra) && resolved_name(b, rb, sizeof rb) && !strcmp(ra, rb);
 }
