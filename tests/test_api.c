@@ -279,6 +279,22 @@ static void test_misuse(void)
     const char *one_null[] = {"train.seed=4", NULL};
     CHECK(gp_run_parse("api.yaml", k_yaml, one_null, 2, &run) == GP_ERR_INVALID && !run);
 
+    /* labels: a bad one named by its row in the caller's batch (row 30 is
+     * in micro-batch 3, and in the evaluation's fourth piece of 8) */
+    const char *ev8[] = {"train.eval_batch_size=8"};
+    CHECK_OK(gp_run_parse("api.yaml", k_yaml, ev8, 1, &run));
+    if (!run) return;
+    y[30] = 7;
+    CHECK(gp_run_step(run, x, y, N, 0, NULL) == GP_ERR_DATA &&
+          strstr(gp_last_error(), "label 7 in row 30 of the batch"));
+    CHECK(gp_run_evaluate(run, x, y, N, &l, &a) == GP_ERR_DATA &&
+          strstr(gp_last_error(), "label 7 in row 30 of the batch"));
+    y[30] = 1.5f;
+    CHECK(gp_run_step(run, x, y, N, 0, NULL) == GP_ERR_DATA &&
+          strstr(gp_last_error(), "label 1.5 in row 30 of the batch is not a whole number"));
+    y[30] = 1;
+    gp_run_free(run);
+
     /* lr_scaling without a schedule: base 0.1 x 32 / 16 */
     const char *sc[] = {"train.lr_scaling=linear", "train.base_batch=16"};
     CHECK_OK(gp_run_parse("api.yaml", k_yaml, sc, 2, &run));

@@ -464,8 +464,10 @@ static void step_results(void)
     memcpy(yb, y, sizeof y);
     yb[7 + 3] = 5.0f; /* the convnet has 5 classes */
     gp_status s = gp_model_pipeline_step(&pip, &c, x, yb, BATCH, 0.05, NULL);
+    /* row 3 of micro-batch 1 is row 10 of the batch, which the message
+     * counts (the caller's batch, not the micro-batch) */
     CHECK_MSG(s == GP_ERR_DATA && strstr(gp_last_error(), "device cpu:1, stage 1, micro-batch 1") &&
-                  strstr(gp_last_error(), "label 5 in row 3"),
+                  strstr(gp_last_error(), "label 5 in row 10 of the batch"),
               "bad label: %s: %s", gp_status_name(s), gp_last_error());
     float *after = gpt_gather(&pip, GPT_VALUES, &n1);
     CHECK_MSG(before && after && n0 == n1 && memcmp(before, after, (size_t)n0 * sizeof *after) == 0,

@@ -843,6 +843,16 @@ gp_status gp_layer_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx, const gp
  * and the host's. */
 static gp_status bad_label(double v, int64_t row, int64_t cols)
 {
+    if (v >= 0 && v < (double)cols) /* in range, but no whole number (or NaN: below) */
+        return gp_error_set(GP_ERR_DATA,
+                            "label %g in row %lld of the batch is not a whole number: class "
+                            "labels are the integers 0 .. %lld; the labels are corrupt or not "
+                            "class ids", v, (long long)row, (long long)cols - 1);
+    if (v != v)
+        return gp_error_set(GP_ERR_DATA,
+                            "label NaN in row %lld of the batch: class labels are the integers "
+                            "0 .. %lld; the labels are corrupt", (long long)row,
+                            (long long)cols - 1);
     return gp_error_set(GP_ERR_DATA,
                         "label %g in row %lld of the batch is not a class index in [0, %lld): "
                         "the data has more classes than the model's last layer outputs "
@@ -850,9 +860,12 @@ static gp_status bad_label(double v, int64_t row, int64_t cols)
                         v, (long long)row, (long long)cols);
 }
 
-static gp_status bad_target(double v, int64_t at, const gp_shape *ts)
+/* at: the element within rows starting at row0 of the batch (ts: their
+ * shape); said as the batch's element and index. */
+static gp_status bad_target(double v, int64_t at, const gp_shape *ts, int64_t row0)
 {
     char where[96] = "";
+    int64_t per = ts->ndim > 0 && ts->dims[0] > 0 ? gp_shape_numel(ts) / ts->dims[0] : 1;
     if (ts->ndim > 1) { /* also as an index of the target's shape */
         size_t off = (size_t)snprintf(where, sizeof where, " (");
         int64_t rest = at;
@@ -860,7 +873,7 @@ static gp_status bad_target(double v, int64_t at, const gp_shape *ts)
             int64_t stride = 1;
             for (int e = d + 1; e < ts->ndim; e++) stride *= ts->dims[e];
             off += (size_t)snprintf(where + off, sizeof where - off, "%s%lld", d ? ", " : "",
-                                    (long long)(rest / stride));
+                                    (long long)(rest / stride + (d ? 0 : row0)));
             rest %= stride;
         }
         if (off < sizeof where) snprintf(where + off, sizeof where - off, ")");
@@ -869,7 +882,7 @@ static gp_status bad_target(double v, int64_t at, const gp_shape *ts)
                         "target %g at element %lld%s of the batch is not in [0, 1]: binary "
                         "cross-entropy takes probabilities (masks of 0 and 1); rescale "
                         "the targets or check the data",
-                        v, (long long)at, where);
+                        v, (long long)(at + row0 * per), where);
 }
 
 /* The shapes a loss takes: logits (N, classes) and N labels, or one target
@@ -914,7 +927,7 @@ static gp_status bad_on_device(gp_device *dev, gp_loss_kind k, const gp_tensor *
     GP_TRY(gp_dev_synchronize(dev));
     gp_shape ts = gp_tensor_shape(targets);
     return k == GP_LOSS_CROSS_ENTROPY ? bad_label(v, bad, logits->dims[1])
-                                      : bad_target(v, bad, &ts);
+                                      : bad_target(v, bad, &ts, 0);
 }
 
 gp_status gp_cross_entropy(gp_device *dev, const gp_tensor *logits, const gp_tensor *labels,
@@ -965,17 +978,19 @@ gp_status gp_loss_dev(gp_device *dev, gp_loss_kind k, const gp_tensor *logits,
                                  grad_scale, dl, out);
 }
 
-gp_status gp_loss_check_targets(gp_loss_kind k, const float *t, const gp_shape *out)
+gp_status gp_loss_check_targets(gp_loss_kind k, const float *t, const gp_shape *out,
+                                int64_t row0)
 {
     if (k == GP_LOSS_CROSS_ENTROPY) {
         GP_ASSERT(out->ndim == 2);
         for (int64_t r = 0; r < out->dims[0]; r++)
-            if (!gp_ew_label_ok(t[r], out->dims[1])) return bad_label(t[r], r, out->dims[1]);
+            if (!gp_ew_label_ok(t[r], out->dims[1]))
+                return bad_label(t[r], row0 + r, out->dims[1]);
         return GP_OK;
     }
     int64_t n = gp_shape_numel(out);
     for (int64_t e = 0; e < n; e++)
-        if (!gp_ew_bce_target_ok(t[e])) return bad_target(t[e], e, out);
+        if (!gp_ew_bce_target_ok(t[e])) return bad_target(t[e], e, out, row0);
     return GP_OK;
 }
 

@@ -609,7 +609,10 @@ gp_status gp_loss_dev(gp_device *dev, gp_loss_kind k, const gp_tensor *logits,
                       gp_loss_result *out);
 /* GP_ERR_DATA, worded as gp_cross_entropy's and gp_bce_with_logits', when
  * a target in host memory t is not one loss k takes; out is the shape of
- * the logits they go with (N, classes) or of the targets themselves. */
-gp_status gp_loss_check_targets(gp_loss_kind k, const float *t, const gp_shape *out);
+ * the logits they go with (N, classes) or of the targets themselves; t's
+ * first row is row row0 of the batch (a micro-batch's offset), which the
+ * message counts from. */
+gp_status gp_loss_check_targets(gp_loss_kind k, const float *t, const gp_shape *out,
+                                int64_t row0);
 
 #endif /* GP_LAYERS_H */

@@ -618,10 +618,15 @@ static gp_status evaluate_at(gp_model *m, const gp_config *cfg, const eval_sourc
             gp_data_assemble(ds, b0, n, cfg->data.normalize, mean, std, masks, x, y);
         }
         gp_tensor cur = {0}, labels = {0};
+        /* the targets checked on the host, as a step checks them: a bad
+         * one is named by its row of the whole evaluation, not of a batch */
+        gp_shape os = gp_shape_with_batch(&m->output, n);
+        if (s == GP_OK && (m->loss != GP_LOSS_CROSS_ENTROPY || os.ndim == 2))
+            s = gp_loss_check_targets(m->loss, by, &os, b0);
         /* processes: the inputs are stage 0's rank's, the labels the last
          * stage's */
-        if (!procs || m->local_device == 0 ||
-            (m->n_stages - 1) % m->n_devices == m->local_device)
+        if (s == GP_OK && (!procs || m->local_device == 0 ||
+                           (m->n_stages - 1) % m->n_devices == m->local_device))
             s = upload_chunk(m, bx, by, 0, n, &cur, &labels);
         gp_fwd_ctx ctx = {.training = false, .seed = cfg->train.seed, .step = (uint64_t)m->step,
                           .sample_offset = 0, .batch_total = n};
