@@ -289,6 +289,14 @@ static void test_misuse(void)
           strstr(gp_last_error(), "label 7 in row 30 of the batch"));
     CHECK(gp_run_evaluate(run, x, y, N, &l, &a) == GP_ERR_DATA &&
           strstr(gp_last_error(), "label 7 in row 30 of the batch"));
+    gp_run_free(run);
+    /* with replicas too: replica 1's share starts at row 16 */
+    const char *rep[] = {"train.eval_batch_size=8", "pipeline.replicas=2",
+                         "pipeline.devices=[[cpu:0, cpu:1], [cpu:2, cpu:3]]"};
+    CHECK_OK(gp_run_parse("api.yaml", k_yaml, rep, 3, &run));
+    if (!run) return;
+    CHECK(gp_run_step(run, x, y, N, 0, NULL) == GP_ERR_DATA &&
+          strstr(gp_last_error(), "label 7 in row 30 of the batch"));
     y[30] = 1.5f;
     CHECK(gp_run_step(run, x, y, N, 0, NULL) == GP_ERR_DATA &&
           strstr(gp_last_error(), "label 1.5 in row 30 of the batch is not a whole number"));
@@ -338,6 +346,38 @@ static void test_misuse(void)
     gp_run_free(run);
 }
 
+/* A model with a skip across the stages: trained by gp_run_train_ex, the
+ * run then steps on from it (the pipeline kept pointers into the model,
+ * which must stay where it was built). */
+static void test_train_then_step(void)
+{
+    static const char *yaml =
+        "model:\n"
+        "  input: [1, 4, 4]\n"
+        "  layers: [flatten, {linear: {out: 16, stash: a}}, relu, {linear: {out: 16}},\n"
+        "           {add: {pop: a}}, {linear: {out: 4}}]\n"
+        "data:\n"
+        "  dataset: synthetic\n"
+        "  synthetic: {train: 64, test: 32, classes: 4, shape: [1, 4, 4]}\n"
+        "pipeline: {devices: [cpu:0, cpu:1], balance: [3, 3], chunks: 2, threads: 1}\n"
+        "train: {batch_size: 16, steps: 3, log_every: 0, optimizer: {lr: 0.05}}\n";
+    gp_run *run = NULL;
+    CHECK_OK(gp_run_parse("skip.yaml", yaml, NULL, 0, &run));
+    if (!run) return;
+    gp_train_options o = GP_TRAIN_OPTIONS_INIT;
+    o.quiet = 1;
+    gp_metrics m;
+    CHECK_OK(gp_run_train_ex(run, &o, &m));
+    CHECK(m.step == 3);
+    enum { N = 16 };
+    float x[N * 16], y[N];
+    unsigned seed = 9;
+    make_batch(&seed, x, y, N);
+    CHECK_OK(gp_run_step(run, x, y, N, 0, &m));
+    CHECK(m.step == 4 && isfinite(m.loss));
+    gp_run_free(run);
+}
+
 int main(void)
 {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/gpipe_apiXXXXXX");
@@ -349,6 +389,7 @@ int main(void)
     test_summary();
     test_train_ex();
     test_misuse();
+    test_train_then_step();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);

@@ -21,6 +21,12 @@ export PKG_CONFIG_PATH="$prefix/$libdir/pkgconfig"
 cc -std=c11 -D_POSIX_C_SOURCE=200809L $(pkg-config --cflags gpipe) "$src/examples/pipeline_api.c" \
    -o "$tmp/example" $(pkg-config --libs gpipe)
 "$tmp/example" >"$tmp/example.log" || { echo "test_install: the example failed:"; cat "$tmp/example.log"; exit 1; }
+# the installed tools carry the rpath to the libraries the loader does not
+# search by default (Open MPI's, CUDA's), as the .pc does
+for d in $(grep -o -- '-Wl,-rpath,[^ ]*' "$prefix/$libdir/pkgconfig/gpipe.pc" | sed 's/-Wl,-rpath,//'); do
+  readelf -d "$prefix/bin/gpipe-train" | grep -E "R(UN)?PATH" | grep -q -- "$d" || {
+    echo "test_install: installed gpipe-train lacks the rpath $d"; readelf -d "$prefix/bin/gpipe-train" | grep -E "R(UN)?PATH"; exit 1; }
+done
 "$prefix/bin/gpipe-train" --version | grep -q "^gpipe-train " || { echo "test_install: installed gpipe-train does not run"; exit 1; }
 "$prefix/bin/gpipe-train" "$src/configs/default.yaml" --dry-run | grep -q "^total: " || {
   echo "test_install: installed gpipe-train --dry-run failed"; exit 1; }

@@ -901,7 +901,7 @@ static gp_status do_forward(gp_pipeline *p, int i, int j, bool ckpt, int *bad_la
         gp_shape os = gp_shape_with_batch(&p->layers[p->L - 1].out_shape, b);
         if (p->opts.loss != GP_LOSS_CROSS_ENTROPY || os.ndim == 2) /* else the loss says */
             GP_TRY(gp_loss_check_targets(p->opts.loss, p->y + p->offsets[i] * p->targets, &os,
-                                         p->offsets[i]));
+                                         p->sample_base + p->offsets[i])); /* the caller's row */
         GP_TRY(upload(p, i, EV_UP_Y));
     }
     if (j == 0) GP_TRY(await_upload(p, i, EV_UP_X));

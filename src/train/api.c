@@ -17,7 +17,7 @@ struct gp_run {
     gp_config cfg;
     gp_device *devs[GP_MAX_DEVICES];
     int n_dev;
-    gp_model model;
+    gp_model *model;    /* heap: the pipeline holds pointers into it */
     bool prepared;
     gp_metrics last;
     _Atomic int stop;   /* gp_run_stop's signal (-1: asked without one); 0 = go on */
@@ -48,11 +48,17 @@ _Static_assert(ATOMIC_INT_LOCK_FREE == 2, "gp_run_stop needs a lock-free atomic 
 static gp_status run_new(gp_config *cfg, gp_run **out)
 {
     gp_run *r = calloc(1, sizeof *r);
+    gp_model *m = r ? calloc(1, sizeof *m) : NULL;
+    if (r && !m) {
+        free(r);
+        r = NULL;
+    }
     if (!r) {
         gp_config_free(cfg);
         return gp_error_set(GP_ERR_OOM, "out of host memory");
     }
     r->cfg = *cfg;
+    r->model = m;
     r->last.test_loss = NAN;
     r->last.test_accuracy = NAN;
     *out = r;
@@ -97,7 +103,8 @@ gp_status gp_run_parse(const char *name, const char *yaml, const char *const *ov
 void gp_run_free(gp_run *r)
 {
     if (!r) return;
-    gp_model_free(&r->model);
+    gp_model_free(r->model);
+    free(r->model);
     for (int j = 0; j < r->n_dev; j++) gp_device_close(r->devs[j]);
     gp_config_free(&r->cfg);
     free(r);
@@ -107,14 +114,14 @@ gp_status gp_run_prepare(gp_run *r)
 {
     RUN_ARG(r);
     if (r->prepared) return GP_OK;
-    GP_TRY(gp_train_open(&r->cfg, r->devs, &r->model, true));
+    GP_TRY(gp_train_open(&r->cfg, r->devs, r->model, true));
     r->n_dev = gp_pipeline_devices_total(&r->cfg.pipeline);
     r->prepared = true;
     /* model.init_from, as gpipe-train starts from it */
     if (r->cfg.model.init_from[0]) {
-        gp_status s = gp_snapshot_init_from(&r->model, r->cfg.model.init_from);
+        gp_status s = gp_snapshot_init_from(r->model, r->cfg.model.init_from);
         if (s != GP_OK) {
-            gp_model_free(&r->model);
+            gp_model_free(r->model);
             for (int j = 0; j < r->n_dev; j++) gp_device_close(r->devs[j]);
             r->n_dev = 0;
             r->prepared = false;
@@ -137,13 +144,13 @@ gp_status gp_run_step(gp_run *r, const float *x, const float *y, int64_t n,
     GP_TRY(usable(r, "gp_run_step"));
     GP_TRY(gp_run_prepare(r));
     /* total_steps <= 0: no schedule, the base rate (with its scaling) */
-    double lr = total_steps > 0 ? gp_lr_at(&r->cfg.train, r->model.step, total_steps)
+    double lr = total_steps > 0 ? gp_lr_at(&r->cfg.train, r->model->step, total_steps)
                                 : gp_lr_base(&r->cfg.train);
     gp_step_stats st;
-    gp_status s = gp_model_pipeline_step(&r->model, &r->cfg, x, y, n, lr, &st);
-    if (s == GP_ERR_NUMERIC) r->diverged = r->model.step + 1;
+    gp_status s = gp_model_pipeline_step(r->model, &r->cfg, x, y, n, lr, &st);
+    if (s == GP_ERR_NUMERIC) r->diverged = r->model->step + 1;
     if (s != GP_OK) return s;
-    r->last.step = r->model.step;
+    r->last.step = r->model->step;
     r->last.loss = st.loss;
     r->last.accuracy = st.accuracy;
     r->last.lr = lr;
@@ -177,15 +184,20 @@ gp_status gp_run_train_ex(gp_run *r, const gp_train_options *opt, gp_metrics *ou
                        .quiet = opt->quiet != 0, .resume_path = opt->resume,
                        .export_path = opt->export_weights, .stop = &r->stop};
     gp_train_result res;
-    gp_model trained = {0};
+    /* built in its final place: its pipeline points into it */
+    gp_model *trained = calloc(1, sizeof *trained);
+    if (!trained) return gp_error_set(GP_ERR_OOM, "out of host memory");
     gp_device *tdevs[GP_MAX_DEVICES] = {0};
-    o.keep_model = &trained;
+    o.keep_model = trained;
     o.keep_devs = tdevs;
     gp_status s = gp_train_run(&r->cfg, &o, &res);
-    if (trained.layers) {
+    if (!trained->layers) {
+        free(trained); /* nothing kept (gp_train_run freed what it built) */
+    } else {
         /* the run goes on with what was trained: gp_run_step,
          * gp_run_evaluate and gp_run_export_weights see it */
-        gp_model_free(&r->model);
+        gp_model_free(r->model);
+        free(r->model);
         for (int j = 0; j < r->n_dev; j++) gp_device_close(r->devs[j]);
         r->model = trained;
         r->n_dev = gp_pipeline_devices_total(&r->cfg.pipeline);
@@ -212,7 +224,7 @@ gp_status gp_run_evaluate(gp_run *r, const float *x, const float *y, int64_t n, 
     GP_TRY(usable(r, "gp_run_evaluate"));
     GP_TRY(gp_run_prepare(r));
     double l = 0, a = 0;
-    GP_TRY(gp_model_evaluate_host(&r->model, &r->cfg, x, y, n, &l, &a));
+    GP_TRY(gp_model_evaluate_host(r->model, &r->cfg, x, y, n, &l, &a));
     r->last.test_loss = l;
     r->last.test_accuracy = a;
     if (loss) *loss = l;
@@ -227,7 +239,7 @@ gp_status gp_run_export_weights(gp_run *r, const char *path)
     if (!path || !path[0])
         return gp_error_set(GP_ERR_INVALID, "gp_run_export_weights needs a file path");
     GP_TRY(gp_run_prepare(r));
-    return gp_snapshot_export(&r->model, &r->cfg, path);
+    return gp_snapshot_export(r->model, &r->cfg, path);
 }
 
 gp_status gp_run_summary(const gp_run *r, FILE *f)

@@ -790,11 +790,12 @@ static gp_status evaluate_fit(gp_model *m, const gp_config *cfg, const eval_sour
 {
     int64_t want = cfg->train.eval_batch_size > 0 ? cfg->train.eval_batch_size : 1000;
     int64_t bs = m->eval_batch > 0 && m->eval_batch < want ? m->eval_batch : want;
-    bool procs = m->local_device >= 0;
+    if (!src->ds && src->n < bs) bs = src->n; /* the caller's batch is all there is */
+    bool procs = m->local_device >= 0, halved = false;
     for (;;) {
         gp_status s = evaluate_at(m, cfg, src, bs, loss, accuracy);
         if (s == GP_OK) {
-            m->eval_batch = bs;
+            if (halved) m->eval_batch = bs; /* what fits, for the next evaluations */
             return GP_OK;
         }
         if (s != GP_ERR_OOM || bs <= 1 || procs)
@@ -806,6 +807,7 @@ static gp_status evaluate_fit(gp_model *m, const gp_config *cfg, const eval_sour
         snprintf(why, sizeof why, "%s", gp_last_error());
         gp_error_clear();
         bs = (bs + 1) / 2;
+        halved = true;
         GP_WARN("an evaluation batch did not fit (%s); evaluating in batches of %lld instead "
                 "(set train.eval_batch_size to choose)", why, (long long)bs);
     }

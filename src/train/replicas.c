@@ -100,9 +100,9 @@ void gp_model_free(gp_model *m)
         free(g);
     }
     free(m->replicas);
-    gp_model_release(m); /* the pipeline first: its workers use proc_comm */
-    gp_comm_destroy(m->proc_comm);
-    m->proc_comm = NULL;
+    gp_comm *pc = m->proc_comm; /* (release clears the struct) */
+    gp_model_release(m);        /* the pipeline first: its workers use proc_comm */
+    gp_comm_destroy(pc);
 }
 
 /* From the failing worker, outside its pipeline's lock. */

@@ -452,7 +452,11 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     size_t run_peak[GP_MAX_DEVICES] = {0}, run_peak_by[GP_MAX_DEVICES][GP_MEM_COUNT] = {{0}};
     int64_t waits[GP_MAX_DEVICES] = {0}; /* host waits per device in the step */
     int n_dev = 0;
-    gp_model model = {0};
+    /* built where the caller keeps it (keep_model: its address is final, as
+     * the pipeline holds pointers into it), else here */
+    gp_model model_here = {0};
+    gp_model *mp = opts->keep_model ? opts->keep_model : &model_here;
+    memset(mp, 0, sizeof *mp);
     gp_loader *loader = NULL;
     FILE *mf = NULL;
     gp_json_writer mw = {0}; /* the metrics record being written */
@@ -537,10 +541,10 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                          cfg->data.n_mean, train.source, (long long)train.c,
                          train.c == 1 ? "" : "s");
     if (s == GP_OK) s = stop_early(opts, "while loading the data", res);
-    if (s == GP_OK) s = gp_train_open(cfg, devs, &model, opts->quiet);
+    if (s == GP_OK) s = gp_train_open(cfg, devs, mp, opts->quiet);
     if (s == GP_OK) s = stop_early(opts, "while placing the model (balance, devices)", res);
     if (s == GP_OK) n_dev = gp_pipeline_devices_total(&cfg->pipeline);
-    if (s == GP_OK) s = check_targets(cfg, &model, &train);
+    if (s == GP_OK) s = check_targets(cfg, mp, &train);
     /* A step splits its batch into chunks micro-batches on every replica:
      * an epoch's last, partial batch that cannot be is dropped (said
      * below), not a failure at the end of every epoch. */
@@ -550,15 +554,15 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     bool drop_rest = rest > 0 && rest < min_batch && train.n > tc->batch_size;
     gp_loader_opts lo = {.batch_size = tc->batch_size, .shuffle = cfg->data.shuffle,
                          .augment = true, .drop_last = drop_rest,
-                         .masks = model.loss == GP_LOSS_BCE_WITH_LOGITS &&
+                         .masks = mp->loss == GP_LOSS_BCE_WITH_LOGITS &&
                                   gp_dataset_has_masks(&train),
                          .prefetch = cfg->data.prefetch > 0 ? cfg->data.prefetch : 2,
                          .seed = tc->seed, .pin = devs[0],
                          .workers = train.folder ? gp_data_workers(cfg) : 1,
                          /* processes: only stage 0's rank needs the images */
-                         .labels_only = model.local_device > 0 && !cfg->data.skip_bad_files};
+                         .labels_only = mp->local_device > 0 && !cfg->data.skip_bad_files};
     gp_snapshot_pos pos = {0};
-    if (s == GP_OK) s = gp_snapshot_prepare(&model, cfg, opts->resume_path, train.n, snap_lock,
+    if (s == GP_OK) s = gp_snapshot_prepare(mp, cfg, opts->resume_path, train.n, snap_lock,
                                                &pos);
     lo.start_epoch = pos.epoch;
     lo.start_batch = pos.batch;
@@ -581,7 +585,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     int chunks = cfg->pipeline.chunks;
     if (!opts->quiet)
         GP_INFO("training %lld parameters on %s%s: %lld steps (%lld per epoch), batch %lld, "
-                "%d micro-batch%s", (long long)gp_model_param_count(&model), devs[0]->name,
+                "%d micro-batch%s", (long long)gp_model_param_count(mp), devs[0]->name,
                 n_dev > 1 ? " and more (pipelined)" : "",
                 (long long)total, (long long)per_epoch, (long long)tc->batch_size, chunks,
                 chunks == 1 ? "" : "es");
@@ -600,7 +604,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     bool first_window = true;
     double sps = 0, window_wait = 0, wait_share = 0;
     /* Resumed at an epoch's first batch: that epoch's evaluation is due. */
-    int64_t first_step = model.step;
+    int64_t first_step = mp->step;
     int64_t last_epoch = pos.batch > 0 ? pos.epoch : pos.epoch - 1;
     if (first_step == 0) last_epoch = -1;
     const gp_snapshot_config *snc = &tc->snapshot;
@@ -617,7 +621,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         }
         if (sig) {
             if (progress) fputc('\n', stderr);
-            s = stop_between_steps(&model, cfg, opts, sig, step, total, saved_step, &last_pos,
+            s = stop_between_steps(mp, cfg, opts, sig, step, total, saved_step, &last_pos,
                                    snap_lock, res);
             goto done;
         }
@@ -639,15 +643,15 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
             s = gp_error_set(GP_ERR_DATA, "another rank could not read batch %lld (its message "
                              "says why)", (long long)step);
         if (s != GP_OK) {
-            s = data_failure(&model, cfg, s, step, saved_step, &last_pos, snap_lock);
+            s = data_failure(mp, cfg, s, step, saved_step, &last_pos, snap_lock);
             goto done;
         }
         window_wait += waited;
         if (b.epoch != last_epoch && last_epoch >= 0 && tc->eval_each_epoch) {
             /* An epoch ended: evaluate before starting the next. */
-            s = gp_model_evaluate(&model, cfg, &test, &res->test_loss, &res->test_accuracy);
+            s = gp_model_evaluate(mp, cfg, &test, &res->test_loss, &res->test_accuracy);
             if (s != GP_OK) {
-                s = data_failure(&model, cfg, s, step, saved_step, &last_pos, snap_lock);
+                s = data_failure(mp, cfg, s, step, saved_step, &last_pos, snap_lock);
                 goto done;
             }
             if (progress) fputc('\n', stderr);
@@ -674,11 +678,11 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
             gp_allocator_reset_peak(&devs[j]->alloc);
             waits[j] = (int64_t)gp_dev_host_waits(devs[j]);
         }
-        model.device_time = trace && gp_trace_wants(trace, step); /* timelines: device time */
-        s = gp_model_pipeline_step(&model, cfg, b.x, b.y, b.n, lr, &st);
+        mp->device_time = trace && gp_trace_wants(trace, step); /* timelines: device time */
+        s = gp_model_pipeline_step(mp, cfg, b.x, b.y, b.n, lr, &st);
         /* processes: only this rank's device is counted here */
         for (int j = 0; j < n_dev; j++)
-            waits[j] = model.local_device < 0 || j == model.local_device
+            waits[j] = mp->local_device < 0 || j == mp->local_device
                            ? (int64_t)gp_dev_host_waits(devs[j]) - waits[j] : -1;
         if (s != GP_OK) {
             gp_error_wrap(s, "step %lld (epoch %lld)", (long long)step + 1, (long long)b.epoch + 1);
@@ -691,7 +695,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         st.data_wait_seconds = waited;
         st.bad_files = cfg->data.skip_bad_files ? gp_loader_bad_files(loader) : -1;
         if (trace && gp_trace_wants(trace, step)) {
-            s = gp_trace_add_step(trace, model.pipe, devs, step);
+            s = gp_trace_add_step(trace, mp->pipe, devs, step);
             if (s != GP_OK) goto done;
             traced++;
         }
@@ -731,7 +735,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                            agreed(now - last_snap >= 60.0 * snc->every_minutes);
         if ((snc->every_steps > 0 && (step + 1) % snc->every_steps == 0) || minutes_due ||
             ((snc->every_steps > 0 || snc->every_minutes > 0) && step == total - 1)) {
-            s = gp_snapshot_save(&model, cfg, &last_pos, snap_lock);
+            s = gp_snapshot_save(mp, cfg, &last_pos, snap_lock);
             if (s != GP_OK) goto done;
             last_snap = gp_now();
             saved_step = step + 1;
@@ -764,10 +768,10 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     }
     if (progress && res->steps > first_step) fputc('\n', stderr);
     if (opts->export_path) {
-        s = gp_snapshot_export(&model, cfg, opts->export_path);
+        s = gp_snapshot_export(mp, cfg, opts->export_path);
         if (s != GP_OK) goto done;
         if (!opts->quiet)
-            GP_INFO("weights after step %lld written to %s", (long long)model.step,
+            GP_INFO("weights after step %lld written to %s", (long long)mp->step,
                     opts->export_path);
         if (res->steps == first_step) goto done; /* nothing trained: a conversion */
     }
@@ -785,7 +789,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         goto done;
     }
     /* Final evaluation (the last epoch, or a steps-limited run). */
-    s = gp_model_evaluate(&model, cfg, &test, &res->test_loss, &res->test_accuracy);
+    s = gp_model_evaluate(mp, cfg, &test, &res->test_loss, &res->test_accuracy);
     if (s != GP_OK) goto done;
     if (!opts->quiet)
         GP_INFO("final: test loss %.4f, test accuracy %.2f%% after %lld steps",
@@ -802,7 +806,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         if (run_peak[j] > a.peak) a.peak = run_peak[j];
         for (int c = 0; c < GP_MEM_COUNT; c++)
             if (run_peak_by[j][c] > a.peak_by[c]) a.peak_by[c] = run_peak_by[j][c];
-        if (model.local_device >= 0) { /* processes: device j's numbers are rank j's */
+        if (mp->local_device >= 0) { /* processes: device j's numbers are rank j's */
             size_t v[1 + GP_MEM_COUNT];
             v[0] = a.peak;
             memcpy(v + 1, a.peak_by, sizeof a.peak_by);
@@ -847,15 +851,16 @@ done:
         s = gp_error_set(GP_ERR_IO, "writing metrics file '%s' failed", opts->metrics_path);
     gp_json_writer_free(&mw);
     gp_loader_destroy(loader);
-    if (opts->keep_model && opts->keep_devs && model.layers && n_dev > 0 &&
+    if (opts->keep_model && opts->keep_devs && mp->layers && n_dev > 0 &&
         (s == GP_OK || (s == GP_ERR_STOPPED && res->steps > 0))) {
-        /* handed over (the library's run keeps what it trained) */
-        *opts->keep_model = model;
-        memset(&model, 0, sizeof model);
+        /* kept by the caller (the library's run goes on with what it
+         * trained), with its devices; untraced from here */
+        mp->device_time = false;
         memcpy(opts->keep_devs, devs, (size_t)n_dev * sizeof *devs);
         memset(devs, 0, sizeof devs);
+    } else {
+        gp_model_free(mp);
     }
-    gp_model_free(&model);
     close_devices(devs, n_dev);
     gp_dataset_free(&train);
     gp_dataset_free(&test);
@@ -1023,7 +1028,7 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
             char pb[32], mb[32];
             /* parameters, gradients and momentum: 3 x 4 bytes each (plain
              * SGD keeps no momentum) */
-            bool mom = cfg->train.optim.momentum > 0;
+            bool mom = cfg->train.optim.momentum > 0 || cfg->train.optim.nesterov;
             fprintf(f, "      stage %d on %s: layers %d-%d, %lld parameters (%s), %.1f MFLOP, "
                        "~%s weights+grads%s, %s activations per batch\n",
                     stage, dn, first, k, (long long)sp,
