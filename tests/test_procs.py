@@ -506,11 +506,15 @@ def errors(tmp):
     # SIGTERM it follows with SIGKILL 1 s later): every rank stops after
     # the same step, the final snapshot is written, said once, exit 138
     d = os.path.join(tmp, "snaps-usr1")
-    p = subprocess.Popen(["mpirun", "-np", "2", "--oversubscribe", BIN, cfg,
+    met = os.path.join(tmp, "usr1.jsonl")
+    p = subprocess.Popen(["mpirun", "-np", "2", "--oversubscribe", BIN, cfg, "--metrics", met,
                           "--set", "train.log_every=0", "--set", "train.snapshot.dir=" + d,
                           "--set", "train.snapshot.every_steps=100000"],
                          env=MPI_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    time.sleep(3)  # into training
+    for _ in range(600):  # into training: a step's record written (the handlers are up)
+        time.sleep(0.1)
+        if os.path.exists(met) and os.path.getsize(met) > 0:
+            break
     os.kill(p.pid, signal.SIGUSR1)
     try:
         out, _ = p.communicate(timeout=60)
