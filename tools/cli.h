@@ -1,10 +1,11 @@
 /*
- * cli.h — what the command-line tools share: their exit codes and the map
- * from a library status to one (header-only; each tool is one program).
+ * cli.h — what the command-line tools share: their exit codes and the hint
+ * for a --set value the shell split (header-only; each tool is one program).
  */
 #ifndef GP_CLI_H
 #define GP_CLI_H
 
+#include "core/core.h"
 #include "gpipe.h"
 
 enum {
@@ -14,16 +15,13 @@ enum {
     EXIT_RUNTIME = 4  /* failure while running: out of memory, NaN, backend error */
 };
 
-static inline int exit_code_for(gp_status s)
-{
-    switch (s) {
-    case GP_OK: return EXIT_OK;
-    case GP_ERR_INVALID:
-    case GP_ERR_UNSUPPORTED: return EXIT_USAGE;
-    case GP_ERR_IO:
-    case GP_ERR_DATA: return EXIT_DATA;
-    default: return EXIT_RUNTIME;
-    }
-}
+/* A word after a --set's value that is not an option: the value was split
+ * by the shell at a blank ("--set pipeline.devices=[cpu:0, cpu:1]"). */
+#define SET_SPLIT_HINT                                                                        \
+    "; it follows a --set value: quote a value with blanks, like --set "                      \
+    "'pipeline.devices=[cpu:0, cpu:1]', and write KEY=VALUE as one word"
+
+/* The map from a library status to one of these is core's
+ * gp_status_exit_code (a failing rank under mpirun exits with it too). */
 
 #endif

@@ -273,9 +273,7 @@ int main(int argc, char **argv)
         } else {
             fprintf(stderr, "gpipe-balance: more than one config given ('%s' and '%s')%s\n",
                     config, a,
-                    set_value_at == i - 1 ? "; it follows a --set value: quote a value with "
-                                            "blanks, like --set 'pipeline.devices=[cpu:0, "
-                                            "cpu:1]', and write KEY=VALUE as one word" : "");
+                    set_value_at == i - 1 ? SET_SPLIT_HINT : "");
             free(sets);
             return EXIT_USAGE;
         }
@@ -291,7 +289,7 @@ int main(int argc, char **argv)
     if (cs != GP_OK) {
         fprintf(stderr, "gpipe-balance: %s\n", gp_last_error());
         free(sets);
-        return exit_code_for(cs);
+        return gp_status_exit_code(cs);
     }
     /* The balance is what we compute: whatever list the config has is replaced. */
     char set_dev[64] = "", set_chunks[64] = "";
@@ -344,7 +342,7 @@ int main(int argc, char **argv)
         else
             fprintf(stderr, "gpipe-balance: %s\n", e);
         free(sets);
-        return exit_code_for(s);
+        return gp_status_exit_code(s);
     }
     int n = cfg.pipeline.n_devices, m = cfg.pipeline.chunks;
     int64_t batch = cfg.train.batch_size, mbs = (batch + m - 1) / m;
@@ -405,7 +403,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "gpipe-balance: %s\n", gp_last_error());
         gp_config_free(&cfg);
         free(sets);
-        return exit_code_for(s);
+        return gp_status_exit_code(s);
     }
     if (by != GP_BALANCE_BY_SIZE && !prof.timed) by = GP_BALANCE_BY_SIZE;
 
@@ -599,5 +597,5 @@ int main(int argc, char **argv)
     gp_profile_free(&prof);
     gp_config_free(&cfg);
     free(sets);
-    return exit_code_for(s);
+    return gp_status_exit_code(s);
 }

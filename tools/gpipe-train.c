@@ -115,14 +115,23 @@ static void on_stop_signal(int signo)
         _exit(128 + signo);
     }
     if (!announce) return;
-    say(signo == SIGINT    ? "\ngpipe-train: SIGINT: stopping after the current step (send it "
-                             "again to quit at once)\n"
-        : signo == SIGTERM ? "\ngpipe-train: SIGTERM: stopping after the current step (send "
-                             "it again to quit at once)\n"
-        : signo == SIGUSR1 ? "\ngpipe-train: SIGUSR1: stopping after the current step (send "
-                             "it again to quit at once)\n"
-                           : "\ngpipe-train: SIGHUP: stopping after the current step (send it "
-                             "again to quit at once)\n");
+    /* one write (ranks and threads do not interleave within it), built
+     * with memcpy and strlen, which are async-signal-safe */
+    const char *parts[] = {"\ngpipe-train: ",
+                           signo == SIGINT    ? "SIGINT"
+                           : signo == SIGTERM ? "SIGTERM"
+                           : signo == SIGUSR1 ? "SIGUSR1"
+                                              : "SIGHUP",
+                           ": stopping after the current step (send it again to quit at once)\n"};
+    char line[128];
+    size_t n = 0;
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        size_t k = strlen(parts[i]);
+        memcpy(line + n, parts[i], k);
+        n += k;
+    }
+    line[n] = '\0';
+    say(line);
 }
 
 /* The thread that takes the stop signals (sigwait), so that no signal
@@ -170,12 +179,6 @@ static void install_stop_handlers(void)
         pthread_sigmask(SIG_UNBLOCK, &set, NULL); /* no thread: the handler takes them */
 }
 
-
-/* A word after a --set's value that is not an option: the value was split
- * by the shell at a blank ("--set pipeline.devices=[cpu:0, cpu:1]"). */
-#define SET_SPLIT_HINT                                                                        \
-    "; it follows a --set value: quote a value with blanks, like --set "                      \
-    "'pipeline.devices=[cpu:0, cpu:1]', and write KEY=VALUE as one word"
 
 /* This process's rank as its launcher set it before MPI starts (Open MPI,
  * PMIx, MPICH's PMI, Slurm's srun), 0 when none did. */
@@ -289,7 +292,7 @@ int main(int argc, char **argv)
     if (s != GP_OK) {
         fprintf(stderr, "gpipe-train: %s\n", gp_last_error());
         free(sets);
-        return exit_code_for(s);
+        return gp_status_exit_code(s);
     }
     gp_config cfg;
     s = config ? gp_config_load(config, sets, n_sets, &cfg)
@@ -299,7 +302,7 @@ int main(int argc, char **argv)
     if (s != GP_OK) {
         if (gp_procs_rank() == 0) fprintf(stderr, "gpipe-train: %s\n", gp_last_error());
         gp_procs_finalize();
-        return exit_code_for(s);
+        return gp_status_exit_code(s);
     }
     int code = EXIT_OK;
     /* mpirun -np N: one device per process (rank r runs device r); rank 0
@@ -312,7 +315,7 @@ int main(int argc, char **argv)
         if (rank == 0) fprintf(stderr, "gpipe-train: %s\n", gp_last_error());
         gp_config_free(&cfg);
         gp_procs_finalize();
-        return exit_code_for(s);
+        return gp_status_exit_code(s);
     }
     char rank_trace[1100];
     if (rank > 0) {
@@ -359,11 +362,11 @@ int main(int argc, char **argv)
          * be waiting for its messages) */
         fprintf(stderr, "gpipe-train: rank %d of %d: %s\n", rank, gp_procs_size(),
                 gp_last_error());
-        gp_procs_abort(exit_code_for(s));
+        gp_procs_abort(gp_status_exit_code(s));
     } else if (s != GP_OK && rank == 0) { /* a stop: every rank stopped at the same step */
         fprintf(stderr, "gpipe-train: %s\n", gp_last_error());
     }
     gp_config_free(&cfg);
     gp_procs_finalize();
-    return s == GP_ERR_STOPPED ? code : exit_code_for(s);
+    return s == GP_ERR_STOPPED ? code : gp_status_exit_code(s);
 }

@@ -53,6 +53,11 @@ gp_status gp_error_wrap(gp_status code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 const char *gp_error_message(void); /* this thread's last message, never NULL */
 void gp_error_clear(void);
+/* The exit status gpipe's tools give for s (the one map, which a failing
+ * rank under mpirun uses too): 0 ok, 2 bad command line or config
+ * (invalid, unsupported), 3 data or file (io, data), 4 anything during the
+ * run (out of memory, NaN, backend error, ...). */
+int gp_status_exit_code(gp_status s);
 
 #define GP_ASSERT(cond)                                                       \
     do {                                                                      \

@@ -50,6 +50,18 @@ const char *gp_error_message(void) { return tls_msg; }
 const char *gp_last_error(void) { return tls_msg; }
 void gp_error_clear(void) { tls_msg[0] = '\0'; }
 
+int gp_status_exit_code(gp_status s)
+{
+    switch (s) {
+    case GP_OK: return 0;
+    case GP_ERR_INVALID:
+    case GP_ERR_UNSUPPORTED: return 2;
+    case GP_ERR_IO:
+    case GP_ERR_DATA: return 3;
+    default: return 4;
+    }
+}
+
 const char *gp_status_name(gp_status s)
 {
     switch (s) {

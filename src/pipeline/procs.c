@@ -338,10 +338,7 @@ _Noreturn void gp_procs_fail(gp_status s)
 {
     fprintf(stderr, "gpipe-train: rank %d of %d: %s\n", g_rank, g_size, gp_error_message());
     fflush(stderr);
-    /* gpipe-train's exit status for s (tools/cli.h) */
-    gp_procs_abort(s == GP_ERR_INVALID || s == GP_ERR_UNSUPPORTED ? 2
-                   : s == GP_ERR_IO || s == GP_ERR_DATA           ? 3
-                                                                  : 4);
+    gp_procs_abort(gp_status_exit_code(s));
 }
 
 gp_status gp_procs_max_int(int *x)
@@ -612,9 +609,7 @@ int gp_procs_tag_ub(void) { return INT_MAX; }
 _Noreturn void gp_procs_fail(gp_status s)
 {
     fprintf(stderr, "gpipe-train: %s\n", gp_error_message());
-    exit(s == GP_ERR_INVALID || s == GP_ERR_UNSUPPORTED ? 2
-         : s == GP_ERR_IO || s == GP_ERR_DATA           ? 3
-                                                        : 4);
+    exit(gp_status_exit_code(s));
 }
 gp_status gp_procs_comm_create(gp_device *const *devs, int n, int color, int key, gp_comm **out)
 {
