@@ -75,6 +75,25 @@ static int gpt_passed, gpt_failed;
         }                                                                       \
     } while (0)
 
+/* The whole file at path in a malloc'ed buffer with a '\0' after its last
+ * byte (so a text file reads as a string), its length in *n unless n is
+ * NULL; NULL when it cannot be opened. */
+static inline void *gpt_read_file(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long k = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)(k > 0 ? k : 0) + 1);
+    size_t got = b ? fread(b, 1, (size_t)(k > 0 ? k : 0), f) : 0;
+    fclose(f);
+    if (!b) return NULL;
+    b[got] = '\0';
+    if (n) *n = got;
+    return b;
+}
+
 /* Print the summary line and return the exit code. */
 static inline int gpt_finish(const char *name)
 {

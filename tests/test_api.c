@@ -62,20 +62,6 @@ static long file_size(const char *path)
     return stat(path, &st) == 0 ? (long)st.st_size : -1;
 }
 
-static char *read_text(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)(n > 0 ? n : 0) + 1);
-    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) n = 0;
-    if (s) s[n > 0 ? n : 0] = '\0';
-    fclose(f);
-    return s;
-}
-
 static int count_lines(const char *s)
 {
     int n = 0;
@@ -137,24 +123,19 @@ static void test_evaluate_and_export(void)
     gp_run *run3 = NULL;
     CHECK_OK(gp_run_parse("api.yaml", k_yaml, bad_ov, 1, &run3));
     if (run3) {
-        gp_status is = gp_run_step(run3, x, y, N, 0, NULL);
-        CHECK_MSG(is == GP_ERR_IO && strstr(gp_last_error(), "model.init_from") &&
-                      strstr(gp_last_error(), "/nonexistent/w.safetensors"),
-                  "%s: %s", gp_status_name(is), gp_last_error());
+        CHECK_ERR(gp_run_step(run3, x, y, N, 0, NULL), GP_ERR_IO, "model.init_from");
+        CHECK(strstr(gp_last_error(), "/nonexistent/w.safetensors") != NULL);
         CHECK(gp_run_devices(run3) == 0);
     }
     gp_run_free(run3);
 
     /* bad arguments: a message, no crash */
-    CHECK(gp_run_evaluate(run, x, y, 0, &loss, &acc) == GP_ERR_INVALID);
-    CHECK(strstr(gp_last_error(), "at least one sample") != NULL);
+    CHECK_ERR(gp_run_evaluate(run, x, y, 0, &loss, &acc), GP_ERR_INVALID, "at least one sample");
     CHECK(gp_run_evaluate(run, NULL, y, N, &loss, &acc) == GP_ERR_INVALID);
     CHECK(gp_run_export_weights(run, "") == GP_ERR_INVALID);
     char nodir[320];
     snprintf(nodir, sizeof nodir, "%s/missing/w.safetensors", tmpdir);
-    gp_status es = gp_run_export_weights(run, nodir);
-    CHECK_MSG(es == GP_ERR_IO && strstr(gp_last_error(), "missing"), "%s: %s",
-              gp_status_name(es), gp_last_error());
+    CHECK_ERR(gp_run_export_weights(run, nodir), GP_ERR_IO, "missing");
     gp_run_free(run);
 }
 
@@ -170,7 +151,7 @@ static void test_summary(void)
     if (!f) return;
     CHECK_OK(gp_run_summary(run, f));
     fclose(f);
-    char *s = read_text(path);
+    char *s = gpt_read_file(path, NULL);
     /* 16*32+32 + 32*32+32 + 32*4+4 parameters */
     CHECK_MSG(s && strstr(s, "total: 1732 parameters") && strstr(s, "stage 1 on cpu:1"),
               "summary: %s", s ? s : "(none)");
@@ -186,7 +167,7 @@ static void test_summary(void)
     if (!f) return;
     CHECK_OK(gp_run_summary(run, f));
     fclose(f);
-    s = read_text(path);
+    s = gpt_read_file(path, NULL);
     CHECK_MSG(s && strstr(s, "total: 1732 parameters") && strstr(s, "stage 1 on cuda:1"),
               "cuda summary: %s", s ? s : "(none)");
     free(s);
@@ -226,13 +207,13 @@ static void test_train_ex(void)
     CHECK(m.step == 6 && m.test_accuracy >= 0 && m.test_accuracy <= 1);
     CHECK(m.accuracy > 0 && m.accuracy <= 1 && m.seconds > 0);
     CHECK_NEAR(m.lr, 0.1, 0.0, 1e-6);
-    char *ms = read_text(met);
+    char *ms = gpt_read_file(met, NULL);
     /* one line per step, one per epoch's evaluation (4 steps an epoch) and
      * the final one */
     CHECK_MSG(ms && count_lines(ms) == 8 && strstr(ms, "\"final\":true"), "metrics: %s",
               ms ? ms : "(none)");
     free(ms);
-    char *ts = read_text(trace);
+    char *ts = gpt_read_file(trace, NULL);
     /* steps 1 and 2 only (0-based): their names appear, step 3's does not */
     CHECK_MSG(ts && ts[0] == '{' && strstr(ts, "step 1") && strstr(ts, "step 2") &&
                   !strstr(ts, "step 3") && !strstr(ts, "step 0"),
@@ -244,7 +225,7 @@ static void test_train_ex(void)
     char wts2[320];
     snprintf(wts2, sizeof wts2, "%s/again.safetensors", tmpdir);
     CHECK_OK(gp_run_export_weights(run, wts2));
-    char *w1 = read_text(wts), *w2 = read_text(wts2);
+    char *w1 = gpt_read_file(wts, NULL), *w2 = gpt_read_file(wts2, NULL);
     CHECK_MSG(w1 && w2 && file_size(wts) == file_size(wts2) &&
                   !memcmp(w1, w2, (size_t)file_size(wts)),
               "gp_run_export_weights after gp_run_train_ex differs from its export_weights");
@@ -264,7 +245,7 @@ static void test_misuse(void)
     unsigned seed = 5;
     make_batch(&seed, x, y, N);
     double l, a;
-    CHECK(gp_run_prepare(NULL) == GP_ERR_INVALID && strstr(gp_last_error(), "NULL"));
+    CHECK_ERR(gp_run_prepare(NULL), GP_ERR_INVALID, "NULL");
     CHECK(gp_run_step(NULL, x, y, N, 0, NULL) == GP_ERR_INVALID);
     CHECK(gp_run_evaluate(NULL, x, y, N, &l, &a) == GP_ERR_INVALID);
     CHECK(gp_run_train(NULL, NULL, NULL) == GP_ERR_INVALID);
@@ -285,21 +266,19 @@ static void test_misuse(void)
     CHECK_OK(gp_run_parse("api.yaml", k_yaml, ev8, 1, &run));
     if (!run) return;
     y[30] = 7;
-    CHECK(gp_run_step(run, x, y, N, 0, NULL) == GP_ERR_DATA &&
-          strstr(gp_last_error(), "label 7 in row 30 of the batch"));
-    CHECK(gp_run_evaluate(run, x, y, N, &l, &a) == GP_ERR_DATA &&
-          strstr(gp_last_error(), "label 7 in row 30 of the batch"));
+    CHECK_ERR(gp_run_step(run, x, y, N, 0, NULL), GP_ERR_DATA, "label 7 in row 30 of the batch");
+    CHECK_ERR(gp_run_evaluate(run, x, y, N, &l, &a), GP_ERR_DATA,
+              "label 7 in row 30 of the batch");
     gp_run_free(run);
     /* with replicas too: replica 1's share starts at row 16 */
     const char *rep[] = {"train.eval_batch_size=8", "pipeline.replicas=2",
                          "pipeline.devices=[[cpu:0, cpu:1], [cpu:2, cpu:3]]"};
     CHECK_OK(gp_run_parse("api.yaml", k_yaml, rep, 3, &run));
     if (!run) return;
-    CHECK(gp_run_step(run, x, y, N, 0, NULL) == GP_ERR_DATA &&
-          strstr(gp_last_error(), "label 7 in row 30 of the batch"));
+    CHECK_ERR(gp_run_step(run, x, y, N, 0, NULL), GP_ERR_DATA, "label 7 in row 30 of the batch");
     y[30] = 1.5f;
-    CHECK(gp_run_step(run, x, y, N, 0, NULL) == GP_ERR_DATA &&
-          strstr(gp_last_error(), "label 1.5 in row 30 of the batch is not a whole number"));
+    CHECK_ERR(gp_run_step(run, x, y, N, 0, NULL), GP_ERR_DATA,
+              "label 1.5 in row 30 of the batch is not a whole number");
     y[30] = 1;
     gp_run_free(run);
 
@@ -316,11 +295,10 @@ static void test_misuse(void)
     /* a NaN input: the step fails after its update, and the run refuses
      * to go on with (or write) what it left */
     x[5] = NAN;
-    gp_status s = gp_run_step(run, x, y, N, 0, &m);
-    CHECK_MSG(s == GP_ERR_NUMERIC, "%s: %s", gp_status_name(s), gp_last_error());
+    CHECK_ERR(gp_run_step(run, x, y, N, 0, &m), GP_ERR_NUMERIC, "");
     x[5] = 0.5f;
-    CHECK(gp_run_step(run, x, y, N, 0, &m) == GP_ERR_NUMERIC &&
-          strstr(gp_last_error(), "step 2 left NaN or Inf in the model"));
+    CHECK_ERR(gp_run_step(run, x, y, N, 0, &m), GP_ERR_NUMERIC,
+              "step 2 left NaN or Inf in the model");
     CHECK(gp_run_evaluate(run, x, y, N, &l, &a) == GP_ERR_NUMERIC);
     char wpath[320];
     snprintf(wpath, sizeof wpath, "%s/nan.safetensors", tmpdir);
@@ -340,9 +318,7 @@ static void test_misuse(void)
     memset(&z, 0, sizeof z);
     z.quiet = 1;
     gp_run_stop(run, 0);
-    s = gp_run_train_ex(run, &z, &m);
-    CHECK_MSG(s == GP_ERR_STOPPED && strstr(gp_last_error(), "a stop request (gp_run_stop)"),
-              "%s: %s", gp_status_name(s), gp_last_error());
+    CHECK_ERR(gp_run_train_ex(run, &z, &m), GP_ERR_STOPPED, "a stop request (gp_run_stop)");
     gp_run_free(run);
 }
 
@@ -393,6 +369,5 @@ int main(void)
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
-    printf("test_api: %d passed, %d failed\n", gpt_passed, gpt_failed);
-    return gpt_failed ? 1 : 0;
+    return gpt_finish("test_api");
 }

@@ -402,6 +402,17 @@ static void write_idx(const char *dir, const char *name, int n, int side, int pi
     free(b);
 }
 
+/* A config at cfg that trains one step of a 6x6 linear classifier with
+ * `outs` outputs on the MNIST-named IDX files in dir. */
+static void write_idx_cfg(const char *cfg, const char *dir, int outs)
+{
+    char yaml[2048];
+    snprintf(yaml, sizeof yaml, "model:\n  input: [1, 6, 6]\n  layers: [flatten, {linear: "
+             "{out: %d}}]\ndata: {dataset: mnist, path: %s}\ntrain: {batch_size: 4, steps: "
+             "1}\n", outs, dir);
+    write_file(cfg, yaml);
+}
+
 /* Config mistakes that used to pass silently, through the binary. */
 static void test_config_checks(void)
 {
@@ -443,11 +454,7 @@ static void test_config_checks(void)
                      {"t10k-labels-idx1-ubyte", 4, 0}};
         for (int q = 0; q < 4; q++)
             write_idx(dir, files[q].name, files[q].n, files[q].side, -1, 3);
-        char yaml[2048];
-        snprintf(yaml, sizeof yaml, "model:\n  input: [1, 6, 6]\n  layers: [flatten, {linear: "
-                 "{out: 3}}]\ndata: {dataset: mnist, path: %s}\ntrain: {batch_size: 4, steps: "
-                 "1}\n", dir);
-        write_file(cfg, yaml);
+        write_idx_cfg(cfg, dir, 3);
         snprintf(cmd, sizeof cmd, "%s %s", bin, cfg);
         int rc = run(cmd, out, sizeof out);
         snprintf(want, sizeof want, "model.input is [1, 6, 6] but mnist test split "
@@ -475,11 +482,7 @@ static void test_config_checks(void)
         write_idx(dir, "train-labels-idx1-ubyte", 128, 0, 0, 2);
         write_idx(dir, "t10k-images-idx3-ubyte", 128, 6, 73, 0);
         write_idx(dir, "t10k-labels-idx1-ubyte", 128, 0, 0, 2);
-        char yaml[2048];
-        snprintf(yaml, sizeof yaml, "model:\n  input: [1, 6, 6]\n  layers: [flatten, {linear: "
-                 "{out: 10}}]\ndata: {dataset: mnist, path: %s}\ntrain: {batch_size: 4, steps: "
-                 "1}\n", dir);
-        write_file(cfg, yaml);
+        write_idx_cfg(cfg, dir, 10);
         snprintf(cmd, sizeof cmd, "%s %s --no-progress", bin, cfg);
         int rc = run(cmd, out, sizeof out);
         snprintf(want, sizeof want, "data: mnist train split (%s/train-images-idx3-ubyte), 128 "

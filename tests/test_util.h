@@ -14,7 +14,7 @@
  *   gpt_bn_moments        the naive reference for batch norm's statistics
  *   gpt_binary_path       where the build put a program (gpipe-train)
  *   gpt_make_tmpdir       a private scratch directory under /tmp
- *   gpt_read_file         a whole file into memory, '\0'-terminated
+ *   gpt_read_file         (test.h) a whole file into memory, '\0'-terminated
  *   gpt_same_files        whether two files hold the same bytes
  *   gpt_write_file        bytes into a file
  *   gpt_run_losses        the losses of a few steps of a run from a config text
@@ -433,25 +433,6 @@ static inline bool gpt_make_tmpdir(char *dir, size_t len, const char *prefix)
     if (mkdtemp(dir)) return true;
     perror("mkdtemp");
     return false;
-}
-
-/* The whole file at path in a malloc'ed buffer with a '\0' after its last
- * byte (so a text file reads as a string), its length in *n unless n is
- * NULL; NULL when it cannot be opened. */
-static inline void *gpt_read_file(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long k = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)(k > 0 ? k : 0) + 1);
-    size_t got = b ? fread(b, 1, (size_t)(k > 0 ? k : 0), f) : 0;
-    fclose(f);
-    if (!b) return NULL;
-    b[got] = '\0';
-    if (n) *n = got;
-    return b;
 }
 
 /* Whether two files hold the same bytes (and both could be read). */

@@ -37,7 +37,7 @@ gp_status gp_optim_create(gp_layer *layers, int n_layers, const gp_sgd_opts *o, 
     /* Plain SGD (mu = 0) keeps no state, as PyTorch's does: v = g' every
      * step, so the update needs no buffer and a device holds 8 bytes per
      * parameter (value, gradient) instead of 12. */
-    bool stateless = o->momentum == 0.0f && !o->nesterov;
+    bool stateless = !gp_sgd_has_state(o);
     for (int k = 0; k < n_layers; k++) {
         op->first[k] = op->n_states;
         if (stateless) continue;

@@ -30,6 +30,14 @@ typedef struct gp_sgd_opts {
     bool decay_bias_and_norm;  /* decay biases and norm parameters too */
 } gp_sgd_opts;
 
+/* Whether the update keeps a momentum buffer per parameter (12 bytes a
+ * parameter on its device with value and gradient, else 8): plain SGD
+ * (mu = 0, no Nesterov) keeps none, as PyTorch's. */
+static inline bool gp_sgd_has_state(const gp_sgd_opts *o)
+{
+    return o->momentum != 0.0f || o->nesterov;
+}
+
 typedef struct gp_optim gp_optim;
 
 /* State for every trainable parameter of layers[0 .. n_layers), zeroed, on

@@ -31,6 +31,15 @@ struct gp_run {
         if (!(r)) return gp_error_set(GP_ERR_INVALID, "%s: the run is NULL", __func__); \
     } while (0)
 
+/* The caller's batch: inputs, targets and at least one sample. */
+static gp_status batch_arg(const char *what, const float *x, const float *y, int64_t n)
+{
+    if (n >= 1 && x && y) return GP_OK;
+    return gp_error_set(GP_ERR_INVALID, "%s needs at least one sample and both inputs and "
+                        "targets (got n = %lld, x %s, y %s)", what, (long long)n,
+                        x ? "given" : "NULL", y ? "given" : "NULL");
+}
+
 /* A run whose model took a non-finite update refuses to go on with it. */
 static gp_status usable(const gp_run *r, const char *what)
 {
@@ -100,12 +109,21 @@ gp_status gp_run_parse(const char *name, const char *yaml, const char *const *ov
     return run_new(&cfg, out);
 }
 
+/* The run's model freed (the struct stays, zeroed) and its devices closed:
+ * unprepared again. */
+static void drop_model(gp_run *r)
+{
+    gp_model_free(r->model);
+    for (int j = 0; j < r->n_dev; j++) gp_device_close(r->devs[j]);
+    r->n_dev = 0;
+    r->prepared = false;
+}
+
 void gp_run_free(gp_run *r)
 {
     if (!r) return;
-    gp_model_free(r->model);
+    drop_model(r);
     free(r->model);
-    for (int j = 0; j < r->n_dev; j++) gp_device_close(r->devs[j]);
     gp_config_free(&r->cfg);
     free(r);
 }
@@ -121,10 +139,7 @@ gp_status gp_run_prepare(gp_run *r)
     if (r->cfg.model.init_from[0]) {
         gp_status s = gp_snapshot_init_from(r->model, r->cfg.model.init_from);
         if (s != GP_OK) {
-            gp_model_free(r->model);
-            for (int j = 0; j < r->n_dev; j++) gp_device_close(r->devs[j]);
-            r->n_dev = 0;
-            r->prepared = false;
+            drop_model(r);
             return s;
         }
     }
@@ -135,12 +150,7 @@ gp_status gp_run_step(gp_run *r, const float *x, const float *y, int64_t n,
                       int64_t total_steps, gp_metrics *out)
 {
     RUN_ARG(r);
-    if (!x || !y)
-        return gp_error_set(GP_ERR_INVALID, "gp_run_step needs both inputs and targets (x %s, "
-                            "y %s)", x ? "given" : "NULL", y ? "given" : "NULL");
-    if (n < 1)
-        return gp_error_set(GP_ERR_INVALID, "gp_run_step: a batch of %lld samples; give at "
-                            "least one", (long long)n);
+    GP_TRY(batch_arg("gp_run_step", x, y, n));
     GP_TRY(usable(r, "gp_run_step"));
     GP_TRY(gp_run_prepare(r));
     /* total_steps <= 0: no schedule, the base rate (with its scaling) */
@@ -196,9 +206,8 @@ gp_status gp_run_train_ex(gp_run *r, const gp_train_options *opt, gp_metrics *ou
     } else {
         /* the run goes on with what was trained: gp_run_step,
          * gp_run_evaluate and gp_run_export_weights see it */
-        gp_model_free(r->model);
+        drop_model(r);
         free(r->model);
-        for (int j = 0; j < r->n_dev; j++) gp_device_close(r->devs[j]);
         r->model = trained;
         r->n_dev = gp_pipeline_devices_total(&r->cfg.pipeline);
         memcpy(r->devs, tdevs, sizeof r->devs);
@@ -221,6 +230,7 @@ gp_status gp_run_evaluate(gp_run *r, const float *x, const float *y, int64_t n, 
                           double *accuracy)
 {
     RUN_ARG(r);
+    GP_TRY(batch_arg("gp_run_evaluate", x, y, n));
     GP_TRY(usable(r, "gp_run_evaluate"));
     GP_TRY(gp_run_prepare(r));
     double l = 0, a = 0;

@@ -539,7 +539,6 @@ static gp_status evaluate_at(gp_model *m, const gp_config *cfg, const eval_sourc
 {
     bool bf16 = gp_config_bf16_copies(cfg);
     const gp_dataset *ds = src->ds;
-    if (!ds) bs = src->n < bs ? src->n : bs;
     int64_t per = ds ? ds->c * ds->h * ds->w : gp_shape_numel(&m->input);
     /* binary cross-entropy against masks where the data has them; the
      * loss checks that there is one target per output element */
@@ -823,10 +822,7 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset 
 gp_status gp_model_evaluate_host(gp_model *m, const gp_config *cfg, const float *x,
                                  const float *y, int64_t n, double *loss, double *accuracy)
 {
-    if (n < 1 || !x || !y)
-        return gp_error_set(GP_ERR_INVALID, "evaluation needs at least one sample and both "
-                            "inputs and targets (got n = %lld, x %s, y %s)", (long long)n,
-                            x ? "given" : "NULL", y ? "given" : "NULL");
+    GP_ASSERT(n >= 1 && x && y); /* (the API checks its caller's batch) */
     eval_source src = {.x = x, .y = y, .n = n};
     return evaluate_fit(m, cfg, &src, loss, accuracy);
 }

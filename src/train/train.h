@@ -242,7 +242,8 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg,
                             const gp_dataset *ds, double *loss, double *accuracy);
 /* The same over the caller's batch: x (n, C, H, W) normalised inputs, y
  * m->targets per sample (class ids, or per-element targets), in batches of
- * train.eval_batch_size (halved where one does not fit, as above). */
+ * train.eval_batch_size (halved where one does not fit, as above); n >= 1,
+ * x and y given (gp_run_evaluate checks them). */
 gp_status gp_model_evaluate_host(gp_model *m, const gp_config *cfg, const float *x,
                                  const float *y, int64_t n, double *loss, double *accuracy);
 

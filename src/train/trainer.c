@@ -234,8 +234,6 @@ static void fmt_duration(double s, char *buf, size_t len)
     else snprintf(buf, len, "%ld:%02ld", t / 60, t % 60);
 }
 
-/* Open the config's devices.  CPU devices share the machine's cores: by
- * default each gets cores / devices threads (at least 1). */
 /* How device j of the config is opened: its threads, capacity, precision. */
 static gp_device_opts device_opts(const gp_config *cfg, int j)
 {
@@ -247,6 +245,8 @@ static gp_device_opts device_opts(const gp_config *cfg, int j)
                             .deterministic = cfg->train.deterministic};
 }
 
+/* Open the config's devices.  CPU devices share the machine's cores: by
+ * default each gets cores / devices threads (at least 1). */
 static gp_status open_devices(const gp_config *cfg, gp_device **devs)
 {
     const gp_pipeline_config *pc = &cfg->pipeline;
@@ -395,7 +395,8 @@ static void warn_other_mnist(const gp_config *cfg, const gp_dataset *ds)
  * directory (an export holds weights only, a metrics file or a trace
  * nothing of it; each would replace it, and a metrics file is truncated
  * before the resumed snapshot is even read). */
-/* The same name, or (spelled otherwise) the same existing file. */
+/* The same name, or the same file spelled otherwise (gp_same_file: existing
+ * or not yet written). */
 static bool same_path(const char *a, const char *b)
 {
     return a && b && a[0] && b[0] && (!strcmp(a, b) || gp_same_file(a, b));
@@ -900,6 +901,14 @@ static void summary_free(gp_model *m, gp_device **devs, int n)
     close_devices(devs, n);
 }
 
+/* Bytes a parameter holds on its device while training: value, gradient
+ * and, where the update keeps one, momentum (4 each). */
+static size_t state_bytes(const gp_config *cfg)
+{
+    gp_sgd_opts so = gp_model_sgd_opts(cfg);
+    return gp_sgd_has_state(&so) ? 12 : 8;
+}
+
 /* A device whose capacity cannot hold its stages' weights, gradients and
  * (with momentum) optimizer state, before any activation: what building
  * the model there would stop at, said after the summary. */
@@ -911,9 +920,9 @@ static gp_status summary_fits(const gp_config *cfg, const gp_model *m)
     for (int j = 0, f0 = 0; j < m->n_stages; f0 += m->balance[j++])
         for (int k = f0; k < f0 + m->balance[j]; k++)
             held[j % n] += gp_layer_param_count(&m->layers[k]);
-    size_t per = cfg->train.optim.momentum > 0 || cfg->train.optim.nesterov ? 12 : 8;
+    size_t per = state_bytes(cfg);
     for (int d = 0; d < n; d++) {
-        uint64_t cap = pc->devices[d].memory ? pc->devices[d].memory : pc->memory;
+        uint64_t cap = device_opts(cfg, d).capacity;
         uint64_t need = (uint64_t)held[d] * per;
         if (!cap || need <= cap) continue;
         char nb[32], cb[32];
@@ -1026,9 +1035,7 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
                 (long long)np, fl / 1e6, gp_format_bytes((size_t)act, ab, sizeof ab), sk);
         if (n > 1 && k - first + 1 == m.balance[stage]) {
             char pb[32], mb[32];
-            /* parameters, gradients and momentum: 3 x 4 bytes each (plain
-             * SGD keeps no momentum) */
-            bool mom = cfg->train.optim.momentum > 0 || cfg->train.optim.nesterov;
+            bool mom = state_bytes(cfg) == 12;
             fprintf(f, "      stage %d on %s: layers %d-%d, %lld parameters (%s), %.1f MFLOP, "
                        "~%s weights+grads%s, %s activations per batch\n",
                     stage, dn, first, k, (long long)sp,
