@@ -1306,7 +1306,7 @@ static void test_sgd_multi(gp_device *dev)
         float mu = variant == 2 ? 0.0f : 0.9f;
         int nesterov = variant == 1;
         float *w[3][P], *v[3][P], *g[P], *w0[P];
-        gp_sgd_part parts[2][P];
+        gp_update_part parts[2][P];
         for (int p = 0; p < P; p++) {
             int64_t n = len[p];
             g[p] = dalloc(dev, n);
@@ -1322,7 +1322,7 @@ static void test_sgd_multi(gp_device *dev)
             }
             bool stateless = mu == 0.0f || p == 2; /* part 2 keeps no momentum */
             for (int k = 0; k < 2; k++)
-                parts[k][p] = (gp_sgd_part){.w = w[k + 1][p], .g = g[p],
+                parts[k][p] = (gp_update_part){.w = w[k + 1][p], .g = g[p],
                                             .v = stateless ? NULL : v[k + 1][p], .n = n,
                                             .wd = wd[p]};
             CHECK_OK(gp_dev_sgd_update(dev, w[0][p], g[p], stateless ? NULL : v[0][p], n, 0.05f,
@@ -1348,6 +1348,80 @@ static void test_sgd_multi(gp_device *dev)
         CHECK(changed == P - 1);
     }
     CHECK_OK(gp_dev_sgd_multi(dev, NULL, 0, 0.05f, 0.9f, 0)); /* nothing to do */
+}
+
+/* adam_multi against a double-precision Adam (PyTorch's formula, optim.h),
+ * four steps from zero moments, Adam (L2 decay into the gradient) and
+ * AdamW (decoupled decay), parts of sizes 0 to above the parallel
+ * threshold with their own decays; and bitwise against gp_ew_adam one
+ * element at a time (the threads split the parts, not the arithmetic). */
+static void test_adam(gp_device *dev)
+{
+    enum { P = 5, T = 4 };
+    const int64_t len[P] = {3, 0, 70001, 17, 40000};
+    const float wd[P] = {0.0f, 1e-2f, 5e-2f, 0.0f, 1e-1f};
+    const double lr = 2e-3, b1 = 0.9, b2 = 0.999, eps = 1e-8;
+    for (int decoupled = 0; decoupled < 2; decoupled++) {
+        float *w[P], *m[P], *v[P], *g[T][P], *sw[P], *sm[P], *sv[P];
+        double *rw[P], *rm[P], *rv[P];
+        gp_update_part parts[P];
+        for (int p = 0; p < P; p++) {
+            int64_t n = len[p];
+            w[p] = drand(dev, n);
+            m[p] = dalloc(dev, n);
+            v[p] = dalloc(dev, n);
+            for (int t = 0; t < T; t++) g[t][p] = drand(dev, n);
+            size_t b = (size_t)(n ? n : 1) * sizeof(float);
+            sw[p] = malloc(b);
+            sm[p] = calloc(1, b);
+            sv[p] = calloc(1, b);
+            for (int64_t i = 0; i < n; i++) m[p][i] = v[p][i] = 0.0f, sw[p][i] = w[p][i];
+            rw[p] = dcopy_f(w[p], n);
+            rm[p] = calloc((size_t)(n ? n : 1), sizeof(double));
+            rv[p] = calloc((size_t)(n ? n : 1), sizeof(double));
+            parts[p] = (gp_update_part){.w = w[p], .g = NULL, .v = m[p], .v2 = v[p], .n = n,
+                                        .wd = wd[p]};
+        }
+        for (int t = 1; t <= T; t++) {
+            gp_adam_step a = {.lr = (float)lr, .beta1 = (float)b1, .beta2 = (float)b2,
+                              .eps = (float)eps, .step_size = (float)(lr / (1 - pow(b1, t))),
+                              .bc2_sqrt = (float)sqrt(1 - pow(b2, t)), .decoupled = decoupled};
+            for (int p = 0; p < P; p++) {
+                parts[p].g = g[t - 1][p];
+                for (int64_t i = 0; i < len[p]; i++) {
+                    double gg = g[t - 1][p][i];
+                    if (decoupled) rw[p][i] *= 1 - lr * wd[p];
+                    else gg += wd[p] * rw[p][i];
+                    rm[p][i] = b1 * rm[p][i] + (1 - b1) * gg;
+                    rv[p][i] = b2 * rv[p][i] + (1 - b2) * gg * gg;
+                    double mh = rm[p][i] / (1 - pow(b1, t)), vh = rv[p][i] / (1 - pow(b2, t));
+                    rw[p][i] -= lr * mh / (sqrt(vh) + eps);
+                    gp_ew_adam(&sw[p][i], g[t - 1][p][i], &sm[p][i], &sv[p][i], &a, wd[p]);
+                }
+            }
+            CHECK_OK(gp_dev_adam_multi(dev, parts, P, &a));
+        }
+        for (int p = 0; p < P; p++) {
+            char what[48];
+            snprintf(what, sizeof what, "%s part %d w", decoupled ? "adamw" : "adam", p);
+            check_close(what, w[p], rw[p], len[p], 1e-5);
+            what[strlen(what) - 1] = 'm';
+            check_close(what, m[p], rm[p], len[p], 1e-6);
+            what[strlen(what) - 1] = 'v';
+            check_close(what, v[p], rv[p], len[p], 1e-6);
+            size_t b = (size_t)len[p] * sizeof(float);
+            CHECK_MSG(!memcmp(w[p], sw[p], b) && !memcmp(m[p], sm[p], b) &&
+                      !memcmp(v[p], sv[p], b), "%s: adam_multi != gp_ew_adam element by element",
+                      what);
+            dfree(dev, w[p], len[p]);
+            dfree(dev, m[p], len[p]);
+            dfree(dev, v[p], len[p]);
+            for (int t = 0; t < T; t++) dfree(dev, g[t][p], len[p]);
+            free(sw[p]); free(sm[p]); free(sv[p]);
+            free(rw[p]); free(rm[p]); free(rv[p]);
+        }
+    }
+    CHECK_OK(gp_dev_adam_multi(dev, NULL, 0, NULL)); /* nothing to do */
 }
 
 static void test_dropout(gp_device *dev)
@@ -2290,6 +2364,7 @@ int main(void)
     test_elementwise(dev);
     test_sgd(dev);
     test_sgd_multi(dev);
+    test_adam(dev);
     test_dropout(dev);
     test_unet_ops(dev);
     test_gemm(dev);

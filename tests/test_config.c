@@ -401,6 +401,51 @@ static void test_errors(void)
     CHECK_ERR(parse_bad(cat(k_base, "train:\n  optimizer: {momentum: 0, nesterov: true}\n"),
                         NULL, 0),
               GP_ERR_INVALID, "train.optimizer.nesterov needs momentum > 0");
+    /* Adam and AdamW: PyTorch's defaults, their own keys, SGD's refused */
+    {
+        gp_config c;
+        CHECK_OK(parse(cat(k_base, "train:\n  optimizer: adamw\n"), &c));
+        CHECK(c.train.optim.kind == 2 && !strcmp(c.train.optim.type, "adamw"));
+        CHECK_NEAR(c.train.optim.lr, 1e-3, 1e-10, 0);
+        CHECK_NEAR(c.train.optim.weight_decay, 0.01, 1e-9, 0);
+        CHECK_NEAR(c.train.optim.beta1, 0.9, 1e-7, 0);
+        CHECK_NEAR(c.train.optim.beta2, 0.999, 1e-7, 0);
+        CHECK_NEAR(c.train.optim.eps, 1e-8, 1e-15, 0);
+        CHECK(c.train.optim.momentum == 0.0f && !c.train.optim.nesterov);
+        const char *d = c.defaults_applied ? c.defaults_applied : "";
+        CHECK(strstr(d, "train.optimizer.betas = [0.9, 0.999] (default)") != NULL);
+        CHECK(strstr(d, "train.optimizer.momentum") == NULL);
+        gp_config_free(&c);
+        CHECK_OK(parse(cat(k_base, "train:\n  optimizer: {type: adam, lr: 0.0003, betas: [0.8, "
+                                   "0.99], eps: 1e-6}\n"), &c));
+        CHECK(c.train.optim.kind == 1 && c.train.optim.weight_decay == 0.0f);
+        CHECK_NEAR(c.train.optim.beta1, 0.8, 1e-7, 0);
+        CHECK_NEAR(c.train.optim.beta2, 0.99, 1e-7, 0);
+        CHECK_NEAR(c.train.optim.eps, 1e-6, 1e-13, 0);
+        d = c.defaults_applied ? c.defaults_applied : "";
+        CHECK(strstr(d, "train.optimizer.betas") == NULL); /* given, not a default */
+        gp_config_free(&c);
+        CHECK_OK(parse(k_base, &c)); /* SGD records no Adam keys */
+        d = c.defaults_applied ? c.defaults_applied : "";
+        CHECK(strstr(d, "train.optimizer.betas") == NULL && strstr(d, "train.optimizer.eps") == NULL);
+        gp_config_free(&c);
+    }
+    CHECK_ERR(parse_bad(cat(k_base, "train:\n  optimizer: {type: adam, momentum: 0.9}\n"), NULL,
+                        0),
+              GP_ERR_INVALID, "t.yaml:10:37: train.optimizer.momentum is for sgd; type adam takes "
+                              "betas: [b1, b2] and eps");
+    CHECK_ERR(parse_bad(cat(k_base, "train:\n  optimizer: {betas: [0.9, 0.99]}\n"), NULL, 0),
+              GP_ERR_INVALID, "train.optimizer.betas is for adam and adamw; type sgd takes "
+                              "momentum and nesterov");
+    CHECK_ERR(parse_bad(cat(k_base, "train:\n  optimizer: {type: adamw, betas: [0.9, 1]}\n"), NULL,
+                        0),
+              GP_ERR_INVALID, "train.optimizer.betas.1");
+    CHECK_ERR(parse_bad(cat(k_base, "train:\n  optimizer: {type: adamw, betas: 0.9}\n"), NULL, 0),
+              GP_ERR_INVALID, "train.optimizer.betas must be a pair [b1, b2]");
+    CHECK_ERR(parse_bad(cat(k_base, "train:\n  optimizer: {type: adamw, eps: 0}\n"), NULL, 0),
+              GP_ERR_INVALID, "train.optimizer.eps");
+    CHECK_ERR(parse_bad(cat(k_base, "train:\n  optimizer: rmsprop\n"), NULL, 0),
+              GP_ERR_INVALID, "(allowed: sgd, adam, adamw)");
     /* unknown enum values list the allowed ones */
     CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  checkpoint: sometimes\n"), NULL, 0),
               GP_ERR_INVALID, "t.yaml:10:15: unknown value 'sometimes' for pipeline.checkpoint "

@@ -234,13 +234,13 @@ static void test_elementwise(void)
      * up, every third without momentum, each its own decay) */
     for (int nesterov = 0; nesterov < 2; nesterov++) {
         enum { P = 40 };
-        gp_sgd_part parts[2][P];
+        gp_update_part parts[2][P];
         for (int k = 0; k < 2; k++) {
             int64_t off = 0;
             for (int p = 0; p < P; p++) {
                 int64_t len = p == 5 ? 0 : (n / P) * (p % 3) / 2 + p;
                 if (off + len > n) len = n - off;
-                parts[k][p] = (gp_sgd_part){.w = x.p[k] + off, .g = g.p[k] + off,
+                parts[k][p] = (gp_update_part){.w = x.p[k] + off, .g = g.p[k] + off,
                                             .v = p % 3 ? v.p[k] + off : NULL, .n = len,
                                             .wd = 1e-4f * (float)(p % 4)};
                 off += len;
@@ -250,6 +250,34 @@ static void test_elementwise(void)
             CHECK_OK(gp_dev_sgd_multi(D2[k], parts[k], P, 0.05f, 0.9f, nesterov));
         bcheck(nesterov ? "sgd_multi nesterov w" : "sgd_multi w", &x, 1e-6);
         bcheck(nesterov ? "sgd_multi nesterov v" : "sgd_multi v", &v, 1e-6);
+    }
+    /* adam_multi: the same 40 slices, Adam and AdamW, three steps (the
+     * bias corrections of t = 1, 2, 3); the second moment from [0, 1) */
+    {
+        enum { P = 40 };
+        buf v2 = brand(n, 0, 1);
+        gp_update_part parts[2][P];
+        for (int k = 0; k < 2; k++) {
+            int64_t off = 0;
+            for (int p = 0; p < P; p++) {
+                int64_t len = p == 5 ? 0 : (n / P) * (p % 3) / 2 + p;
+                if (off + len > n) len = n - off;
+                parts[k][p] = (gp_update_part){.w = x.p[k] + off, .g = g.p[k] + off,
+                                               .v = v.p[k] + off, .v2 = v2.p[k] + off,
+                                               .n = len, .wd = 1e-2f * (float)(p % 4)};
+                off += len;
+            }
+        }
+        for (int t = 1; t <= 3; t++) {
+            gp_adam_step a = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                              .step_size = (float)(1e-3 / (1 - pow(0.9, t))),
+                              .bc2_sqrt = (float)sqrt(1 - pow(0.999, t)), .decoupled = t != 2};
+            for (int k = 0; k < 2; k++) CHECK_OK(gp_dev_adam_multi(D2[k], parts[k], P, &a));
+            bcheck("adam_multi w", &x, 1e-6);
+            bcheck("adam_multi m", &v, 1e-6);
+            bcheck("adam_multi v", &v2, 1e-6);
+        }
+        bfree(&v2);
     }
     /* dropout: the same Philox bits, so the very same mask, at any offset */
     BOTH(gp_dev_dropout_mask(D, z.p[K], n, 0.3f, 1234, 77, 5));

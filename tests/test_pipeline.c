@@ -43,10 +43,13 @@ static int transparency_failures;
  * bf16: copies in bfloat16 (pipeline.copy_precision), against the
  * sequential run rounded at the same stage boundaries (gpt_rounded_step,
  * which gpt_compare_steps takes for such a config). */
+static gp_optim_kind optimizer; /* transparency's; SGD unless adam_transparency sets it */
+
 static void transparency(bool convnet, int n, int m, gp_checkpoint_mode ck, bool lockstep,
                          gp_schedule_kind kind, bool bf16)
 {
     gp_config c = make_cfg(convnet);
+    if (optimizer != GP_OPTIM_SGD) gpt_set_adam(&c, optimizer);
     int bal[8];
     int S = gpt_set_schedule(&c, kind, n, bal); /* the reference accumulates in its order too */
     c.pipeline.chunks = m;
@@ -67,13 +70,38 @@ static void transparency(bool convnet, int n, int m, gp_checkpoint_mode ck, bool
     bool same_loss = same[0], same_grads = same[1], same_params = same[2];
     if (!(same_loss && same_grads && same_params)) transparency_failures++;
     CHECK_MSG(same_loss && same_grads && same_params,
-              "%s%s %s n=%d m=%d ckpt=%s lockstep=%d: loss %s, grads %s, params %s",
+              "%s%s%s %s n=%d m=%d ckpt=%s lockstep=%d: loss %s, grads %s, params %s",
+              optimizer == GP_OPTIM_ADAM ? "adam, " : optimizer == GP_OPTIM_ADAMW ? "adamw, " : "",
               bf16 ? "bf16 copies, " : "", gp_schedule_kind_name(kind), convnet ? "convnet" : "mlp", n, m,
               gp_checkpoint_mode_name(ck), lockstep,
               same_loss ? "same" : "DIFFER", same_grads ? "same" : "DIFFER",
               same_params ? "same" : "DIFFER");
     gp_model_free(&ref);
     gp_model_free(&pip);
+}
+
+/* Adam and AdamW (two states per parameter, the step's bias correction):
+ * every schedule, 2 and 3 devices, m in {1, 4}, every checkpoint mode,
+ * bit for bit the single-device run. */
+static void adam_transparency(void)
+{
+    int before = transparency_failures, runs = 0;
+    for (int o = GP_OPTIM_ADAM; o <= GP_OPTIM_ADAMW; o++) {
+        optimizer = (gp_optim_kind)o;
+        for (int model = 0; model < 2; model++)
+            for (int n = 2; n <= 3; n++)
+                for (int m = 1; m <= 4; m += 3)
+                    for (int ck = 0; ck < 3; ck++)
+                        for (int kd = 0; kd <= GP_SCHEDULE_INTERLEAVED; kd++) {
+                            if (kd == GP_SCHEDULE_INTERLEAVED && (n != 2 || m != 4)) continue;
+                            transparency(model == 1, n, m, (gp_checkpoint_mode)ck, true,
+                                         (gp_schedule_kind)kd, false);
+                            runs++;
+                        }
+    }
+    optimizer = GP_OPTIM_SGD;
+    printf("test_pipeline: adam, adamw: %d of %d configurations differ\n",
+           transparency_failures - before, runs);
 }
 
 /* Running statistics of the first BN after one step, chunked pipeline vs
@@ -743,6 +771,7 @@ int main(void)
                                          true);
     printf("test_pipeline: bf16 copies: %d configurations differ from the rounded oracle\n",
            transparency_failures - before);
+    adam_transparency();
     bf16_copies_effect();
     bf16_held_inputs();
     blocked_chains();

@@ -546,6 +546,10 @@ def main():
         # replicas across processes: rank r = replica r / 2, device r % 2;
         # sharded updates and the gradients' reduce-scatter over MPI
         same_run(tmp, "conv-2x2", CONV, 4, ["pipeline.replicas=2"])
+        # AdamW's two moments, sharded over the replicas' ranks (stage 0's
+        # update composed of reduce-scatter, Adam and all-gather over MPI)
+        same_run(tmp, "conv-2x2-adamw", CONV, 4, ["pipeline.replicas=2",
+                                                  "train.optimizer={type: adamw, lr: 0.002}"])
         same_run(tmp, "conv-2x2-syncbn", CONV.replace("- batchnorm", "- batchnorm: {sync: true}"),
                  4, ["pipeline.replicas=2", "pipeline.schedule=1f1b"])
         same_run(tmp, "mlp-1x3", MLP, 3, ["pipeline.devices=[cpu:0]", "pipeline.replicas=3",

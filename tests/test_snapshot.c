@@ -612,6 +612,65 @@ static void test_resume_plain_sgd(void)
     if (rc) show_log();
 }
 
+/* How many tensors of snapshot `path` have names starting with prefix; -1
+ * if it cannot be read. */
+static int tensors_named(const char *path, const char *prefix)
+{
+    gp_st_file f;
+    if (gp_st_read(path, &f) != GP_OK) return -1;
+    int n = 0;
+    for (int i = 0; i < f.n; i++) n += !strncmp(f.tensors[i].name, prefix, strlen(prefix));
+    gp_st_free(&f);
+    return n;
+}
+
+/* AdamW on 2 devices x 2 replicas (its two moments sharded, then gathered
+ * into the snapshot): the snapshot holds exp_avg.* and exp_avg_sq.* for
+ * every trainable tensor and no momentum, and resuming it from step 5
+ * gives the uninterrupted run's weights bit for bit (the bias correction
+ * goes on from the step the snapshot records).  A snapshot of one
+ * optimizer refuses to resume with the other, saying which saved it. */
+static void test_resume_adam(void)
+{
+    char a[1024], p[400];
+    make_config("w.yaml", "pipeline: {devices: 2, replicas: 2, chunks: 2}\n");
+    const char *adamw = "--set 'train.optimizer={type: adamw, lr: 0.003, weight_decay: 0.01}'";
+    snprintf(a, sizeof a, "rm -rf %s/ws", tmpdir);
+    CHECK(system(a) == 0);
+    snprintf(a, sizeof a, "%s/w.yaml %s --export-weights %s/w.st", tmpdir, adamw, tmpdir);
+    CHECK(train(a) == 0);
+    snprintf(a, sizeof a, "%s/w.yaml %s --set train.snapshot.every_steps=5 "
+             "--set train.snapshot.keep=9 --set train.snapshot.dir=%s/ws", tmpdir, adamw, tmpdir);
+    CHECK(train(a) == 0);
+    snprintf(p, sizeof p, "%s/ws/snapshot-000000005.safetensors", tmpdir);
+    int m1 = tensors_named(p, "exp_avg."), m2 = tensors_named(p, "exp_avg_sq.");
+    int mom = tensors_named(p, "momentum."), w = 0;
+    gp_st_file f; /* the trainable tensors: every weight and bias of the weights file */
+    snprintf(a, sizeof a, "%s/w.st", tmpdir);
+    if (gp_st_read(a, &f) == GP_OK) {
+        for (int i = 0; i < f.n; i++) {
+            const char *dot = strrchr(f.tensors[i].name, '.');
+            w += dot && (!strcmp(dot, ".weight") || !strcmp(dot, ".bias"));
+        }
+        gp_st_free(&f);
+    }
+    CHECK_MSG(m1 == w && m2 == w && mom == 0 && w > 0,
+              "an AdamW snapshot has %d exp_avg, %d exp_avg_sq, %d momentum tensors for %d "
+              "weights", m1, m2, mom, w);
+    snprintf(a, sizeof a, "%s/w.yaml %s --resume %s --export-weights %s/wr.st", tmpdir, adamw, p,
+             tmpdir);
+    CHECK_MSG(trains_same(a, "w.st", "wr.st", "adamw"), "AdamW: resumed weights differ");
+    /* the config's SGD with momentum on an AdamW snapshot, and back */
+    snprintf(a, sizeof a, "%s/w.yaml --resume %s", tmpdir, p);
+    CHECK(train(a) != 0 && log_has("holds Adam's state") && log_has("saved by Adam"));
+    snprintf(a, sizeof a, "%s/w.yaml --set train.steps=10 --set train.snapshot.every_steps=5 "
+             "--set train.snapshot.dir=%s/ws2", tmpdir, tmpdir);
+    CHECK(train(a) == 0);
+    snprintf(p, sizeof p, "%s/ws2/snapshot-000000005.safetensors", tmpdir);
+    snprintf(a, sizeof a, "%s/w.yaml %s --set train.steps=10 --resume %s", tmpdir, adamw, p);
+    CHECK(train(a) != 0 && log_has("holds no Adam state") && log_has("SGD with momentum"));
+}
+
 /* A 2-device snapshot resumed on 1 device: the same numbers up to rounding. */
 static void test_resume_other_placement(void)
 {
@@ -1206,7 +1265,8 @@ int main(void)
         test_resume(2, "never", 1, "zb-h1");
         test_resume(2, "except_last", 1, "interleaved");
         test_resume_other_placement();
-    test_resume_plain_sgd();
+        test_resume_plain_sgd();
+        test_resume_adam();
         test_kill();
     } else {
         CHECK_MSG(false, "%s not built", bin);

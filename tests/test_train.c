@@ -283,7 +283,7 @@ static void test_plain_sgd(void)
     bool none = true;
     for (int k = 0; k < plain.n_layers; k++)
         for (int p = 0; p < plain.layers[k].n_params; p++)
-            none = none && !gp_optim_state(plain.optim, k, p);
+            none = none && !gp_optim_state(plain.optim, k, p, 0);
     CHECK_MSG(none, "plain SGD returned a momentum tensor");
     gp_config ch = c;
     ch.train.optim.momentum = 0.9f;

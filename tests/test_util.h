@@ -327,7 +327,7 @@ static inline gp_status gpt_rounded_step(gp_model *m, const gp_config *c, const 
     for (int k = 0; k < L && s == GP_OK; k++) s = gp_layer_grads_finish(&m->layers[k]);
     for (int k = 0; k < L && s == GP_OK; k++)
         if (m->layers[k].ops->commit) s = m->layers[k].ops->commit(&m->layers[k]);
-    if (s == GP_OK) s = gp_optim_update(m->optim, 0, L, 0.05, 0, 1);
+    if (s == GP_OK) s = gp_optim_update(m->optim, 0, L, 0.05, m->step, 0, 1);
     m->step++;
     if (out) *out = gp_step_stats_of(sum, correct, count, n, 0.05, 0, 0);
     return s;
@@ -376,6 +376,21 @@ static inline void gpt_compare_steps(const gp_config *c, gp_model *ref, gp_model
     same[0] = loss;
     same[1] = grads;
     same[2] = gpt_same_values(ref, pip);
+}
+
+/* c's optimizer becomes Adam or AdamW (kind), PyTorch's betas and eps,
+ * with weight decay so that both decays are exercised. */
+static inline void gpt_set_adam(gp_config *c, gp_optim_kind kind)
+{
+    gp_optim_config *o = &c->train.optim;
+    snprintf(o->type, sizeof o->type, "%s", kind == GP_OPTIM_ADAM ? "adam" : "adamw");
+    o->kind = kind;
+    o->momentum = 0;
+    o->nesterov = false;
+    o->beta1 = 0.9f;
+    o->beta2 = 0.999f;
+    o->eps = 1e-8f;
+    o->weight_decay = 0.01f;
 }
 
 /* L layers over n stages: the first L % n stages get one more. */

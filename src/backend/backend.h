@@ -58,6 +58,7 @@
 #ifndef GP_BACKEND_H
 #define GP_BACKEND_H
 
+#include "backend/elementwise.h" /* gp_adam_step */
 #include "core/core.h"
 
 /* The layout of gp_device_iface.  Bump it whenever a slot is added, removed
@@ -106,8 +107,9 @@
  *      know where the normalised value was positive
  *  22  gp_bn_desc.add (a residual added before the relu, in the forward)
  *  23  linear_fwd (a linear layer's product, bias and relu in one call: a
- *      cuBLASLt epilogue on a GPU) */
-#define GP_DEVICE_IFACE_VERSION 23
+ *      cuBLASLt epilogue on a GPU)
+ *  24  adam_multi (Adam and AdamW), gp_update_part.v2 */
+#define GP_DEVICE_IFACE_VERSION 24
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -291,15 +293,18 @@ typedef struct gp_loss_result {
     int64_t bad; /* first bad row (xent) or element (bce), else -1 */
 } gp_loss_result;
 
-/* One tensor of a multi-tensor SGD update: w, its gradient g and momentum
- * v (NULL: plain SGD, as sgd_update) of n floats, with its weight decay. */
-typedef struct gp_sgd_part {
+/* One tensor of a multi-tensor update: w, its gradient g and its state,
+ * n floats each, with its weight decay.  SGD: v the momentum (NULL: plain
+ * SGD, as sgd_update), v2 unused.  Adam: v the first moment (exp_avg), v2
+ * the second (exp_avg_sq). */
+typedef struct gp_update_part {
     float *w;
     const float *g;
     float *v;
+    float *v2;
     int64_t n;
     float wd;
-} gp_sgd_part;
+} gp_update_part;
 
 typedef struct gp_device_iface {
     int version; /* GP_DEVICE_IFACE_VERSION */
@@ -689,7 +694,7 @@ typedef struct gp_device_iface {
      * in one pass: one kernel launch per device per step on a GPU instead
      * of one per parameter (issue 15).  NULL: gp_dev_sgd_multi calls
      * sgd_update per part. */
-    gp_status (*sgd_multi)(gp_device *dev, const gp_sgd_part *parts, int n, float lr,
+    gp_status (*sgd_multi)(gp_device *dev, const gp_update_part *parts, int n, float lr,
                            float mu, int nesterov);
     /* dropout_apply: y[i] = x[i] * mask[i] with dropout_mask's mask drawn
      * on the fly, bitwise x times the stored mask; y may be x.  Forward
@@ -738,6 +743,11 @@ typedef struct gp_device_iface {
      * makes those three calls. */
     gp_status (*linear_fwd)(gp_device *dev, int64_t n, int64_t out, int64_t in, const float *x,
                             const float *w, const float *bias, bool relu, float *y);
+    /* adam_multi: Adam or AdamW (a->decoupled) on each of the n parts, one
+     * gp_ew_adam per element, one pass (one launch on a GPU).  NULL: the
+     * device cannot run Adam (gp_dev_adam_multi says so). */
+    gp_status (*adam_multi)(gp_device *dev, const gp_update_part *parts, int n,
+                            const gp_adam_step *a);
 } gp_device_iface;
 
 #define GP_CHAN_ID_BYTES 256
@@ -1014,7 +1024,7 @@ static inline gp_status gp_dev_gemm(gp_device *dev, int trans_a, int trans_b, in
     return dev->iface->gemm(dev, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
                             ldc);
 }
-static inline gp_status gp_dev_sgd_multi(gp_device *dev, const gp_sgd_part *parts, int n,
+static inline gp_status gp_dev_sgd_multi(gp_device *dev, const gp_update_part *parts, int n,
                                          float lr, float mu, int nesterov)
 {
     if (n <= 0) return GP_OK;
@@ -1023,6 +1033,16 @@ static inline gp_status gp_dev_sgd_multi(gp_device *dev, const gp_sgd_part *part
         GP_TRY(dev->iface->sgd_update(dev, parts[i].w, parts[i].g, parts[i].v, parts[i].n, lr, mu,
                                       parts[i].wd, nesterov));
     return GP_OK;
+}
+static inline gp_status gp_dev_adam_multi(gp_device *dev, const gp_update_part *parts, int n,
+                                          const gp_adam_step *a)
+{
+    if (n <= 0) return GP_OK;
+    if (!dev->iface->adam_multi)
+        return gp_error_set(GP_ERR_UNSUPPORTED, "device %s (%s backend) has no Adam update; "
+                            "use train.optimizer.type: sgd there", dev->name,
+                            dev->iface->backend_name);
+    return dev->iface->adam_multi(dev, parts, n, a);
 }
 static inline gp_status gp_dev_gemm_wb(gp_device *dev, int trans_a, int trans_b, int64_t m,
                                        int64_t n, int64_t k, float alpha, const float *a,
@@ -1224,6 +1244,10 @@ gp_status gp_dev_all_gather(gp_device *dev, gp_comm *comm, float *buf, int64_t n
  * it is NULL.  Needs gp_dev_can_shard(dev). */
 gp_status gp_dev_sharded_sgd(gp_device *dev, gp_comm *comm, float *w, float *g, float *v,
                              int64_t n, float lr, float mu, float wd, int nesterov);
+/* Adam's sharded step, composed: reduce_scatter(g), Adam on this rank's
+ * chunk of w, m (first moment) and v (second), all_gather(w). */
+gp_status gp_dev_sharded_adam(gp_device *dev, gp_comm *comm, float *w, float *g, float *m,
+                              float *v, int64_t n, float wd, const gp_adam_step *a);
 /* Every rank of comm calls it from its own thread; it returns when all have
  * (the barrier slot, or an all-reduce of one float + synchronize). */
 gp_status gp_dev_barrier(gp_device *dev, gp_comm *comm);

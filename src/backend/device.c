@@ -459,6 +459,23 @@ gp_status gp_dev_sharded_sgd(gp_device *dev, gp_comm *comm, float *w, float *g, 
     return gp_dev_all_gather(dev, comm, w, n);
 }
 
+gp_status gp_dev_sharded_adam(gp_device *dev, gp_comm *comm, float *w, float *g, float *m,
+                              float *v, int64_t n, float wd, const gp_adam_step *a)
+{
+    int rank = gp_comm_rank(comm, dev);
+    if (rank < 0)
+        return gp_error_set(GP_ERR_INVALID, "device %s is not in this communicator", dev->name);
+    GP_TRY(gp_dev_reduce_scatter(dev, comm, g, n));
+    int64_t lo, hi;
+    gp_comm_chunk(n, comm->n, rank, &lo, &hi);
+    if (hi > lo) {
+        gp_update_part part = {.w = w + lo, .g = g + lo, .v = m + lo, .v2 = v + lo,
+                               .n = hi - lo, .wd = wd};
+        GP_TRY(gp_dev_adam_multi(dev, &part, 1, a));
+    }
+    return gp_dev_all_gather(dev, comm, w, n);
+}
+
 gp_status gp_dev_barrier(gp_device *dev, gp_comm *comm)
 {
     if (comm && comm->ops) return comm->ops->barrier(comm, dev);

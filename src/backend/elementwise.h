@@ -77,6 +77,38 @@ GP_EW_FN void gp_ew_sgd(float *w, float g, float *v, float lr, float mu,
     *w -= lr * (nesterov ? gg + mu * vv : vv);
 }
 
+/* One step of Adam or AdamW for every parameter of an update: what varies
+ * only with the step, worked out once on the host (bias corrections in
+ * double, rounded once). */
+typedef struct gp_adam_step {
+    float lr;        /* this step's learning rate */
+    float beta1, beta2, eps;
+    float step_size; /* lr / (1 - beta1^t), t the 1-based step */
+    float bc2_sqrt;  /* sqrt(1 - beta2^t) */
+    int decoupled;   /* AdamW: decay w by lr * wd; Adam: add wd * w to g */
+} gp_adam_step;
+
+/* Adam (Kingma & Ba) as PyTorch's torch.optim.Adam / AdamW compute it
+ * (amsgrad off, the eps outside the square root's bias correction):
+ *   AdamW: w *= 1 - lr * wd;   Adam: g' = g + wd * w
+ *   m = b1 * m + (1 - b1) * g';  v = b2 * v + (1 - b2) * g'^2
+ *   w -= step_size * m / (sqrt(v) / bc2_sqrt + eps)
+ * m and v start at 0. */
+GP_EW_FN void gp_ew_adam(float *w, float g, float *m, float *v, const gp_adam_step *a,
+                         float wd)
+{
+    float ww = *w;
+    if (a->decoupled)
+        ww *= 1.0f - a->lr * wd;
+    else
+        g += wd * ww;
+    float mm = a->beta1 * *m + (1.0f - a->beta1) * g;
+    float vv = a->beta2 * *v + (1.0f - a->beta2) * (g * g);
+    *m = mm;
+    *v = vv;
+    *w = ww - a->step_size * (mm / (sqrtf(vv) / a->bc2_sqrt + a->eps));
+}
+
 /* ---- dropout ------------------------------------------------------------ */
 
 /* Mask value for uniform u in [0, 1): kept elements are scaled by 1/(1-p) so

@@ -134,11 +134,14 @@ typedef struct gp_data_config {
 } gp_data_config;
 
 typedef struct gp_optim_config {
-    char type[16];            /* "sgd" */
-    float lr;                 /* default 0.01 */
-    float momentum;           /* default 0.9 */
-    bool nesterov;            /* default false */
-    float weight_decay;       /* default 0 */
+    char type[16];            /* "sgd", "adam" or "adamw" */
+    int kind;                 /* gp_optim_kind (optim.h): 0 sgd, 1 adam, 2 adamw */
+    float lr;                 /* default 0.01 (sgd), 0.001 (adam, adamw) */
+    float momentum;           /* sgd; default 0.9 (0 for adam, adamw) */
+    bool nesterov;            /* sgd; default false */
+    float beta1, beta2;       /* adam, adamw; default 0.9, 0.999 */
+    float eps;                /* adam, adamw; default 1e-8 */
+    float weight_decay;       /* default 0 (adamw: 0.01) */
     bool decay_bias_and_norm; /* apply weight decay to biases/norm params;
                                  default false (they are exempt) */
 } gp_optim_config;

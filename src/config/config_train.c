@@ -8,7 +8,7 @@
 #include <math.h>
 #include <stdio.h>
 
-static const char *const k_optim_names[] = {"sgd"};
+static const char *const k_optim_names[] = {"sgd", "adam", "adamw"}; /* gp_optim_kind order */
 static const char *const k_sched_names[] = {"constant", "step", "cosine"};
 static const char *const k_scaling_names[] = {"none", "linear"};
 /* gp_precision's order (backend.h) */
@@ -30,6 +30,28 @@ static gp_status get_typed_map(gp_cfg_walk *w, const gp_ynode *m, const char *ke
     char sect[64];
     gp_cfg_join(sect, sizeof sect, "train", key);
     return gp_cfg_check_keys(w, *map, sect);
+}
+
+/* train.optimizer.betas: [b1, b2], each in [0, 1) (Adam's moment decays). */
+static gp_status get_betas(gp_cfg_walk *w, const gp_ynode *om, float *out)
+{
+    const gp_ynode *n = gp_ymap_get(om, "betas");
+    if (gp_cfg_absent(n)) {
+        gp_cfg_note(w, "train.optimizer.betas = [%g, %g] (default)", out[0], out[1]);
+        return GP_OK;
+    }
+    if (n->kind != GP_YNODE_SEQ || n->n != 2)
+        return gp_cfg_bad(w, n, "train.optimizer.betas must be a pair [b1, b2] (PyTorch's "
+                          "default [0.9, 0.999])");
+    for (int i = 0; i < 2; i++) {
+        double d;
+        char nm[48];
+        snprintf(nm, sizeof nm, "train.optimizer.betas.%d", i);
+        GP_TRY(gp_cfg_parse_float(w, n->items[i], nm, &d));
+        GP_TRY(gp_cfg_check_range(w, n->items[i], nm, d, 0, 1, GP_CFG_HI_OPEN));
+        out[i] = (float)d;
+    }
+    return GP_OK;
 }
 
 gp_status gp_cfg_parse_train(gp_cfg_walk *w, const gp_ynode *root, gp_train_config *tc)
@@ -61,11 +83,40 @@ gp_status gp_cfg_parse_train(gp_cfg_walk *w, const gp_ynode *root, gp_train_conf
     else
         GP_TRY(gp_cfg_get_enum(w, om, os, "type", k_optim_names, GP_COUNT(k_optim_names), 0, &k));
     snprintf(tc->optim.type, sizeof tc->optim.type, "%s", k_optim_names[k]);
-    GP_TRY(gp_cfg_get_float(w, om, os, "lr", 0.01f, 0, INFINITY, 0, &tc->optim.lr));
-    GP_TRY(gp_cfg_get_float(w, om, os, "momentum", 0.9f, 0, 1, GP_CFG_HI_OPEN,
-                            &tc->optim.momentum));
-    GP_TRY(gp_cfg_get_bool(w, om, os, "nesterov", false, &tc->optim.nesterov));
-    GP_TRY(gp_cfg_get_float(w, om, os, "weight_decay", 0, 0, INFINITY, 0, &tc->optim.weight_decay));
+    tc->optim.kind = k;
+    bool sgd = k == 0;
+    /* PyTorch's defaults: SGD lr 0.01 here (PyTorch has none), Adam 1e-3
+     * with betas (0.9, 0.999) and eps 1e-8, AdamW's weight decay 0.01. */
+    GP_TRY(gp_cfg_get_float(w, om, os, "lr", sgd ? 0.01f : 0.001f, 0, INFINITY, 0,
+                            &tc->optim.lr));
+    static const char *const sgd_only[] = {"momentum", "nesterov"};
+    static const char *const adam_only[] = {"betas", "eps"};
+    for (int i = 0; i < 2; i++) {
+        const char *key = sgd ? adam_only[i] : sgd_only[i];
+        const gp_ynode *bad = gp_ymap_get(om, key);
+        if (!gp_cfg_absent(bad))
+            return gp_cfg_bad(w, bad, "train.optimizer.%s is for %s; type %s takes %s", key,
+                              sgd ? "adam and adamw" : "sgd", k_optim_names[k],
+                              sgd ? "momentum and nesterov" : "betas: [b1, b2] and eps");
+    }
+    rec = w->record;
+    w->record = rec && sgd;
+    s = gp_cfg_get_float(w, om, os, "momentum", 0.9f, 0, 1, GP_CFG_HI_OPEN,
+                                   &tc->optim.momentum);
+    if (s == GP_OK) s = gp_cfg_get_bool(w, om, os, "nesterov", false, &tc->optim.nesterov);
+    if (!sgd) tc->optim.momentum = 0, tc->optim.nesterov = false;
+    w->record = rec && !sgd;
+    float betas[2] = {0.9f, 0.999f};
+    if (s == GP_OK) s = get_betas(w, om, betas);
+    tc->optim.beta1 = betas[0];
+    tc->optim.beta2 = betas[1];
+    if (s == GP_OK)
+        s = gp_cfg_get_float(w, om, os, "eps", 1e-8f, 0, INFINITY, GP_CFG_LO_OPEN,
+                             &tc->optim.eps);
+    w->record = rec;
+    GP_TRY(s);
+    GP_TRY(gp_cfg_get_float(w, om, os, "weight_decay", k == 2 ? 0.01f : 0.0f, 0, INFINITY, 0,
+                            &tc->optim.weight_decay));
     GP_TRY(gp_cfg_get_bool(w, om, os, "decay_bias_and_norm", false,
                            &tc->optim.decay_bias_and_norm));
     if (tc->optim.nesterov && tc->optim.momentum <= 0)

@@ -1,22 +1,27 @@
 /*
- * optim.c — SGD with momentum over a model's parameters (optim.h).
+ * optim.c — SGD with momentum, Adam and AdamW over a model's parameters
+ * (optim.h).
  */
 #include "optim/optim.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 struct gp_optim {
     gp_layer *layers;      /* not owned */
     int n_layers;
-    gp_sgd_opts opts;
-    gp_tensor *state;      /* [n_states]: momentum of each trainable tensor, in
-                              layer order, owned; none without momentum */
+    gp_optim_opts opts;
+    gp_tensor *state;      /* [n_states]: the state of each trainable tensor, in
+                              layer order, `per` a tensor (SGD's momentum;
+                              Adam's exp_avg, exp_avg_sq), owned; none for
+                              plain SGD */
     int n_states;
+    int per;               /* states per trainable tensor */
     int *first;            /* [n_layers]: index of layer k's first state */
 };
 
-gp_status gp_optim_create(gp_layer *layers, int n_layers, const gp_sgd_opts *o, gp_optim **out)
+gp_status gp_optim_create(gp_layer *layers, int n_layers, const gp_optim_opts *o, gp_optim **out)
 {
     *out = NULL;
     gp_optim *op = calloc(1, sizeof *op);
@@ -24,7 +29,7 @@ gp_status gp_optim_create(gp_layer *layers, int n_layers, const gp_sgd_opts *o, 
     for (int k = 0; k < n_layers; k++)
         for (int p = 0; p < layers[k].n_params; p++) n += !layers[k].params[p].is_buffer;
     if (op) {
-        op->state = calloc((size_t)(n ? n : 1), sizeof *op->state);
+        op->state = calloc((size_t)(n ? n : 1) * 2, sizeof *op->state);
         op->first = calloc((size_t)(n_layers ? n_layers : 1), sizeof *op->first);
     }
     if (!op || !op->state || !op->first) {
@@ -37,27 +42,27 @@ gp_status gp_optim_create(gp_layer *layers, int n_layers, const gp_sgd_opts *o, 
     /* Plain SGD (mu = 0) keeps no state, as PyTorch's does: v = g' every
      * step, so the update needs no buffer and a device holds 8 bytes per
      * parameter (value, gradient) instead of 12. */
-    bool stateless = !gp_sgd_has_state(o);
+    op->per = gp_optim_states_per_param(o);
     for (int k = 0; k < n_layers; k++) {
         op->first[k] = op->n_states;
-        if (stateless) continue;
         for (int p = 0; p < layers[k].n_params; p++) {
             gp_param *pr = &layers[k].params[p];
             if (pr->is_buffer) continue;
             gp_shape sh = gp_tensor_shape(&pr->value);
-            if (!pr->value.data) { /* a layer of shapes only (gp_layer_meta): so is its state */
-                gp_tensor *st = &op->state[op->n_states++];
-                st->ndim = sh.ndim;
-                memcpy(st->dims, sh.dims, sizeof st->dims);
-                continue;
+            for (int which = 0; which < op->per; which++) {
+                gp_tensor *st = &op->state[op->n_states];
+                if (!pr->value.data) { /* a layer of shapes only (gp_layer_meta): so is its state */
+                    st->ndim = sh.ndim;
+                    memcpy(st->dims, sh.dims, sizeof st->dims);
+                } else {
+                    gp_status s = gp_tensor_zeros(st, pr->value.dev, &sh, GP_MEM_OPTIMIZER);
+                    if (s != GP_OK) {
+                        gp_optim_destroy(op);
+                        return s;
+                    }
+                }
+                op->n_states++;
             }
-            gp_status s = gp_tensor_zeros(&op->state[op->n_states], pr->value.dev, &sh,
-                                          GP_MEM_OPTIMIZER);
-            if (s != GP_OK) {
-                gp_optim_destroy(op);
-                return s;
-            }
-            op->n_states++;
         }
     }
     *out = op;
@@ -73,16 +78,24 @@ void gp_optim_destroy(gp_optim *o)
     free(o);
 }
 
-gp_tensor *gp_optim_state(gp_optim *o, int k, int p)
+gp_tensor *gp_optim_state(gp_optim *o, int k, int p, int which)
 {
     GP_ASSERT(k >= 0 && k < o->n_layers && p >= 0 && p < o->layers[k].n_params);
-    if (o->layers[k].params[p].is_buffer || o->n_states == 0) return NULL;
+    if (o->layers[k].params[p].is_buffer || which < 0 || which >= o->per) return NULL;
     int q = o->first[k];
-    for (int a = 0; a < p; a++) q += !o->layers[k].params[a].is_buffer;
-    return &o->state[q];
+    for (int a = 0; a < p; a++) q += o->layers[k].params[a].is_buffer ? 0 : o->per;
+    return &o->state[q + which];
 }
 
 bool gp_optim_has_state(const gp_optim *o) { return o->n_states > 0; }
+
+const gp_optim_opts *gp_optim_options(const gp_optim *o) { return &o->opts; }
+
+const char *gp_optim_state_name(const gp_optim_opts *o, int which)
+{
+    if (o->kind == GP_OPTIM_SGD) return which == 0 ? "momentum" : NULL;
+    return which == 0 ? "exp_avg" : which == 1 ? "exp_avg_sq" : NULL;
+}
 
 static float decay_of(const gp_optim *o, const gp_param *pr)
 {
@@ -90,7 +103,7 @@ static float decay_of(const gp_optim *o, const gp_param *pr)
 }
 
 /* fn on every trainable parameter of layers [first, first + count) with its
- * state. */
+ * states (NULL: none). */
 typedef gp_status (*param_fn)(gp_optim *o, gp_param *pr, gp_tensor *state, const void *arg);
 
 static gp_status each_param(gp_optim *o, int first, int count, param_fn fn, const void *arg)
@@ -99,40 +112,54 @@ static gp_status each_param(gp_optim *o, int first, int count, param_fn fn, cons
         gp_layer *l = &o->layers[k];
         int q = o->first[k];
         for (int p = 0; p < l->n_params; p++)
-            if (!l->params[p].is_buffer)
-                GP_TRY(fn(o, &l->params[p], o->n_states ? &o->state[q++] : NULL, arg));
+            if (!l->params[p].is_buffer) {
+                GP_TRY(fn(o, &l->params[p], o->per ? &o->state[q] : NULL, arg));
+                q += o->per;
+            }
     }
     return GP_OK;
 }
 
-/* The parts of an update gathered for one gp_dev_sgd_multi call (a whole
- * stage's update in one pass, one launch on a GPU): flushed when full or
- * when the device changes.  On the caller's stack: stages update
- * concurrently through one optimizer. */
+/* The parts of an update gathered for one gp_dev_sgd_multi or
+ * gp_dev_adam_multi call (a whole stage's update in one pass, one launch
+ * on a GPU): flushed when full or when the device changes.  On the
+ * caller's stack: stages update concurrently through one optimizer. */
 #define UPDATE_BATCH 64
 typedef struct {
     gp_device *dev;
     int n;
-    gp_sgd_part parts[UPDATE_BATCH];
+    gp_update_part parts[UPDATE_BATCH];
 } update_batch;
 
 typedef struct {
     double lr;
+    gp_adam_step adam; /* Adam's step constants (kind adam, adamw) */
     int shard, shards;
     gp_comm *comm;
     update_batch *batch;
 } update_arg;
+
+/* Adam's constants for 1-based step t. */
+static gp_adam_step adam_step(const gp_optim_opts *o, double lr, int64_t t)
+{
+    double bc1 = 1.0 - pow((double)o->beta1, (double)t);
+    double bc2 = 1.0 - pow((double)o->beta2, (double)t);
+    return (gp_adam_step){.lr = (float)lr, .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps,
+                          .step_size = (float)(lr / bc1), .bc2_sqrt = (float)sqrt(bc2),
+                          .decoupled = o->kind == GP_OPTIM_ADAMW};
+}
 
 static gp_status flush_batch(gp_optim *o, const update_arg *a)
 {
     update_batch *b = a->batch;
     int n = b->n;
     b->n = 0;
+    if (o->opts.kind != GP_OPTIM_SGD) return gp_dev_adam_multi(b->dev, b->parts, n, &a->adam);
     return gp_dev_sgd_multi(b->dev, b->parts, n, (float)a->lr, o->opts.momentum,
                             o->opts.nesterov);
 }
 
-static gp_status update_chunk(gp_optim *o, gp_param *pr, gp_tensor *v, const void *arg)
+static gp_status update_chunk(gp_optim *o, gp_param *pr, gp_tensor *st, const void *arg)
 {
     const update_arg *a = arg;
     update_batch *b = a->batch;
@@ -141,32 +168,40 @@ static gp_status update_chunk(gp_optim *o, gp_param *pr, gp_tensor *v, const voi
     if (hi <= lo) return GP_OK;
     if (b->n == UPDATE_BATCH || (b->n > 0 && b->dev != pr->value.dev)) GP_TRY(flush_batch(o, a));
     b->dev = pr->value.dev;
-    b->parts[b->n++] = (gp_sgd_part){.w = pr->value.data + lo, .g = pr->grad.data + lo,
-                                     .v = v ? v->data + lo : NULL, .n = hi - lo,
-                                     .wd = decay_of(o, pr)};
+    b->parts[b->n++] = (gp_update_part){.w = pr->value.data + lo, .g = pr->grad.data + lo,
+                                        .v = st ? st[0].data + lo : NULL,
+                                        .v2 = o->per > 1 ? st[1].data + lo : NULL,
+                                        .n = hi - lo, .wd = decay_of(o, pr)};
     return GP_OK;
 }
 
-static gp_status update_fused(gp_optim *o, gp_param *pr, gp_tensor *v, const void *arg)
+static gp_status update_fused(gp_optim *o, gp_param *pr, gp_tensor *st, const void *arg)
 {
     const update_arg *a = arg;
+    if (o->opts.kind != GP_OPTIM_SGD)
+        return gp_dev_sharded_adam(pr->value.dev, a->comm, pr->value.data, pr->grad.data,
+                                   st[0].data, st[1].data, gp_tensor_numel(&pr->value),
+                                   decay_of(o, pr), &a->adam);
     return gp_dev_sharded_sgd(pr->value.dev, a->comm, pr->value.data, pr->grad.data,
-                              v ? v->data : NULL,
+                              st ? st->data : NULL,
                               gp_tensor_numel(&pr->value), (float)a->lr, o->opts.momentum,
                               decay_of(o, pr), o->opts.nesterov);
 }
 
-gp_status gp_optim_update(gp_optim *o, int first, int count, double lr, int shard, int shards)
+gp_status gp_optim_update(gp_optim *o, int first, int count, double lr, int64_t step, int shard,
+                          int shards)
 {
     update_batch b = {.n = 0};
-    update_arg a = {.lr = lr, .shard = shard, .shards = shards, .batch = &b};
+    update_arg a = {.lr = lr, .adam = adam_step(&o->opts, lr, step + 1), .shard = shard,
+                    .shards = shards, .batch = &b};
     GP_TRY(each_param(o, first, count, update_chunk, &a));
     return flush_batch(o, &a);
 }
 
-gp_status gp_optim_update_fused(gp_optim *o, int first, int count, double lr, gp_comm *comm)
+gp_status gp_optim_update_fused(gp_optim *o, int first, int count, double lr, int64_t step,
+                                gp_comm *comm)
 {
-    update_arg a = {.lr = lr, .comm = comm};
+    update_arg a = {.lr = lr, .adam = adam_step(&o->opts, lr, step + 1), .comm = comm};
     return each_param(o, first, count, update_fused, &a);
 }
 

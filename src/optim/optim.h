@@ -1,19 +1,25 @@
 /*
  * optim.h — the optimizer: its state and its update of a range of layers.
  *
- * Owns: the optimizer state of a model's trainable parameters (SGD's
- * momentum today: one buffer per trainable tensor, on the parameter's
- * device, category OPTIMIZER; none for plain SGD, momentum 0), and the update rule.  Other rules (Adam's
- * two moments, say) add state beside the momentum; callers see only
+ * Owns: the optimizer state of a model's trainable parameters, on each
+ * parameter's device, category OPTIMIZER: SGD's momentum (one tensor per
+ * trainable tensor; none for plain SGD, momentum 0), or Adam's two moments
+ * (two per trainable tensor); and the update rules.  Callers see only
  * gp_optim and gp_optim_state.
- * May call: core, backend (the device's sgd_update and sharded_sgd slots
- * through their wrappers), layers (the parameter lists).  Knows nothing of
- * stages, schedules or replicas: the pipeline's UPDATE instructions say
- * which layers and which chunk.
+ * May call: core, backend (the device's sgd_multi, adam_multi and
+ * sharded_sgd slots through their wrappers), layers (the parameter lists).
+ * Knows nothing of stages, schedules or replicas: the pipeline's UPDATE
+ * instructions say which layers and which chunk.
  *
- * The update (PyTorch's SGD): g' = g + wd * w; v = mu * v + g';
- * w -= lr * (nesterov ? g' + mu * v : v); wd is 0 for biases and norm
- * parameters unless decay_bias_and_norm.
+ * The updates, as PyTorch's torch.optim.SGD, Adam and AdamW:
+ *   sgd:   g' = g + wd * w; v = mu * v + g';
+ *          w -= lr * (nesterov ? g' + mu * v : v)
+ *   adam:  g' = g + wd * w; m = b1 m + (1 - b1) g'; v = b2 v + (1 - b2) g'^2;
+ *          w -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+ *   adamw: as adam with g' = g, after w *= 1 - lr * wd (decoupled decay)
+ * t is the 1-based number of the step (the steps before it + 1, so a
+ * resumed run continues the bias correction where it stopped).  wd is 0
+ * for biases and norm parameters unless decay_bias_and_norm.
  *
  * Thread safety: different layer ranges may be updated from different
  * threads at once (each stage's worker updates its own layers).
@@ -23,43 +29,61 @@
 
 #include "layers/layers.h"
 
-typedef struct gp_sgd_opts {
-    float momentum;            /* mu, in [0, 1) */
-    float weight_decay;        /* wd */
-    bool nesterov;
-    bool decay_bias_and_norm;  /* decay biases and norm parameters too */
-} gp_sgd_opts;
+typedef enum gp_optim_kind { GP_OPTIM_SGD, GP_OPTIM_ADAM, GP_OPTIM_ADAMW } gp_optim_kind;
 
-/* Whether the update keeps a momentum buffer per parameter (12 bytes a
- * parameter on its device with value and gradient, else 8): plain SGD
- * (mu = 0, no Nesterov) keeps none, as PyTorch's. */
-static inline bool gp_sgd_has_state(const gp_sgd_opts *o)
+typedef struct gp_optim_opts {
+    gp_optim_kind kind;        /* 0: SGD */
+    float momentum;            /* SGD: mu, in [0, 1) */
+    bool nesterov;             /* SGD */
+    float beta1, beta2, eps;   /* Adam and AdamW */
+    float weight_decay;        /* wd */
+    bool decay_bias_and_norm;  /* decay biases and norm parameters too */
+} gp_optim_opts;
+
+/* How many state tensors the update keeps per trainable parameter, each as
+ * large as the parameter: plain SGD (mu = 0, no Nesterov) none, as
+ * PyTorch's (8 bytes a parameter on its device with value and gradient);
+ * SGD with momentum 1 (12 bytes); Adam and AdamW 2 (16 bytes). */
+static inline int gp_optim_states_per_param(const gp_optim_opts *o)
 {
-    return o->momentum != 0.0f || o->nesterov;
+    if (o->kind != GP_OPTIM_SGD) return 2;
+    return o->momentum != 0.0f || o->nesterov ? 1 : 0;
 }
+
+/* The name of state `which` as PyTorch's optimizer state calls it
+ * ("momentum_buffer" is written "momentum" in gpipe's snapshots):
+ * "momentum"; "exp_avg", "exp_avg_sq". */
+const char *gp_optim_state_name(const gp_optim_opts *o, int which);
 
 typedef struct gp_optim gp_optim;
 
 /* State for every trainable parameter of layers[0 .. n_layers), zeroed, on
  * each parameter's device.  The layers must outlive the optimizer. */
-gp_status gp_optim_create(gp_layer *layers, int n_layers, const gp_sgd_opts *o,
+gp_status gp_optim_create(gp_layer *layers, int n_layers, const gp_optim_opts *o,
                           gp_optim **out);
 void gp_optim_destroy(gp_optim *o); /* NULL is fine */
 
-/* The update of layers [first, first + count) with learning rate lr, on
- * chunk `shard` of `shards` of every parameter (gp_comm_chunk; 0 of 1: the
+/* The update of layers [first, first + count) with learning rate lr, as
+ * step `step` (the steps done before it: 0 for the first), on chunk
+ * `shard` of `shards` of every parameter (gp_comm_chunk; 0 of 1: the
  * whole tensor).  Gradients must be final (summed over micro-batches and,
  * with replicas, over the replicas in that chunk). */
-gp_status gp_optim_update(gp_optim *o, int first, int count, double lr, int shard, int shards);
+gp_status gp_optim_update(gp_optim *o, int first, int count, double lr, int64_t step, int shard,
+                          int shards);
 /* The sharded update with the gradient sum in it: for each parameter, the
  * sum of its gradients over comm's ranks, the update of this rank's chunk
  * and the all-gather of the parameter, as one collective
- * (gp_dev_sharded_sgd).  Every rank calls it with the same layers. */
-gp_status gp_optim_update_fused(gp_optim *o, int first, int count, double lr, gp_comm *comm);
+ * (gp_dev_sharded_sgd; Adam: gp_dev_sharded_adam).  Every rank calls it
+ * with the same layers. */
+gp_status gp_optim_update_fused(gp_optim *o, int first, int count, double lr, int64_t step,
+                                gp_comm *comm);
 
-/* The state tensor (momentum) of parameter p of layer k; NULL for buffers
- * and when the optimizer keeps no state (momentum 0). */
-gp_tensor *gp_optim_state(gp_optim *o, int k, int p);
+/* State tensor `which` (0 .. gp_optim_states_per_param - 1: SGD's
+ * momentum; Adam's exp_avg, exp_avg_sq) of parameter p of layer k; NULL
+ * for buffers and when the optimizer keeps no such state. */
+gp_tensor *gp_optim_state(gp_optim *o, int k, int p, int which);
+/* The options it was made with. */
+const gp_optim_opts *gp_optim_options(const gp_optim *o);
 /* Whether the optimizer keeps any state (false for plain SGD). */
 bool gp_optim_has_state(const gp_optim *o);
 /* dst's state = src's (same model shape; any devices). */

@@ -1245,11 +1245,12 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
     case GP_INSTR_UPDATE:
         if (!p->opts.optim) return GP_OK;
         if (in->fused) {
-            st = gp_optim_update_fused(p->opts.optim, first, count, p->lr, p->comms[j]);
+            st = gp_optim_update_fused(p->opts.optim, first, count, p->lr, (int64_t)p->step,
+                                       p->comms[j]);
             break; /* a collective: counted as communication */
         }
-        return gp_optim_update(p->opts.optim, first, count, p->lr, in->shard ? p->rank : 0,
-                               in->shard ? p->replicas : 1);
+        return gp_optim_update(p->opts.optim, first, count, p->lr, (int64_t)p->step,
+                               in->shard ? p->rank : 0, in->shard ? p->replicas : 1);
     case GP_INSTR_GATHER:
         /* after a sharded update: every replica's parameters of stage j
          * from their owners' chunks */

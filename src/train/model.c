@@ -115,17 +115,19 @@ static gp_status build_placed(const gp_config *cfg, gp_device *const *devs, int 
                             "target per output element (masks) set model.loss: "
                             "bce_with_logits", cfg->path, gp_shape_str(&cur, b, sizeof b));
     }
-    gp_sgd_opts so = gp_model_sgd_opts(cfg);
+    gp_optim_opts so = gp_model_optim_opts(cfg);
     gp_status st = gp_optim_create(out->layers, out->n_layers, &so, &out->optim);
     if (st != GP_OK) gp_model_release(out);
     return st;
 }
 
-gp_sgd_opts gp_model_sgd_opts(const gp_config *cfg)
+gp_optim_opts gp_model_optim_opts(const gp_config *cfg)
 {
     const gp_optim_config *o = &cfg->train.optim;
-    return (gp_sgd_opts){.momentum = o->momentum, .weight_decay = o->weight_decay,
-                         .nesterov = o->nesterov, .decay_bias_and_norm = o->decay_bias_and_norm};
+    return (gp_optim_opts){.kind = (gp_optim_kind)o->kind, .momentum = o->momentum,
+                           .nesterov = o->nesterov, .beta1 = o->beta1, .beta2 = o->beta2,
+                           .eps = o->eps, .weight_decay = o->weight_decay,
+                           .decay_bias_and_norm = o->decay_bias_and_norm};
 }
 
 gp_step_stats gp_step_stats_of(double loss_sum, int64_t correct, int64_t count, int64_t n,
@@ -484,7 +486,7 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
     for (int k = 0; k < L && s == GP_OK; k++) s = gp_layer_grads_finish(&m->layers[k]);
     for (int k = 0; k < L && s == GP_OK; k++)
         if (m->layers[k].ops->commit) s = m->layers[k].ops->commit(&m->layers[k]);
-    if (s == GP_OK) s = gp_optim_update(m->optim, 0, L, lr, 0, 1);
+    if (s == GP_OK) s = gp_optim_update(m->optim, 0, L, lr, m->step, 0, 1);
     for (int k = 0; k < L && s == GP_OK; k++)
         s = gp_layer_check_finite(&m->layers[k], "after the step");
     if (s == GP_OK) s = gp_dev_synchronize(m->dev);

@@ -314,10 +314,11 @@ gp_status gp_model_gather_momentum(gp_model *m)
     if (m->proc_comm) { /* processes: each replica's chunks from their ranks */
         for (int k = 0; k < m->n_layers; k++)
             for (int p = 0; p < m->layers[k].n_params; p++) {
-                gp_tensor *v = m->layers[k].params[p].is_buffer ? NULL
-                                                                : gp_optim_state(m->optim, k, p);
-                if (v && v->data)
-                    GP_TRY(gp_dev_all_gather(v->dev, m->proc_comm, v->data, gp_tensor_numel(v)));
+                gp_tensor *v;
+                for (int q = 0; (v = gp_optim_state(m->optim, k, p, q)); q++)
+                    if (v->data)
+                        GP_TRY(gp_dev_all_gather(v->dev, m->proc_comm, v->data,
+                                                 gp_tensor_numel(v)));
             }
         return GP_OK;
     }

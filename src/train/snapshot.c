@@ -78,6 +78,21 @@ static const char *tensor_name(char *buf, size_t len, const char *prefix, const 
     return buf;
 }
 
+/* "momentum." (SGD), "exp_avg." or "exp_avg_sq." (Adam): the prefix of
+ * optimizer state q's tensors, PyTorch's state names. */
+static const char *state_prefix(const gp_model *m, int q, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s.", gp_optim_state_name(gp_optim_options(m->optim), q));
+    return buf;
+}
+
+/* Whether a tensor name is an optimizer state's (any optimizer's). */
+static bool is_state_name(const char *tn)
+{
+    return !strncmp(tn, "momentum.", 9) || !strncmp(tn, "exp_avg.", 8) ||
+           !strncmp(tn, "exp_avg_sq.", 11);
+}
+
 static gp_status meta_i64(gp_st_writer *w, const char *key, int64_t v)
 {
     char b[32];
@@ -127,12 +142,14 @@ static gp_status collect(gp_model *m, const gp_config *cfg, const gp_snapshot_po
     if (pos) {
         for (int k = 0; k < m->n_layers && s == GP_OK; k++) {
             gp_layer *l = &m->layers[k];
-            for (int p = 0; p < l->n_params && s == GP_OK; p++) {
-                if (l->params[p].is_buffer || !gp_optim_state(m->optim, k, p)) continue;
-                tensor_name(name, sizeof name, "momentum.", m, k, nm, l->params[p].name);
-                s = add_device_tensor(w, name, gp_optim_state(m->optim, k, p),
-                                      gp_model_layer_rank(m, k), gather, &scratch, &cap);
-            }
+            for (int p = 0; p < l->n_params && s == GP_OK; p++)
+                for (int q = 0; s == GP_OK && gp_optim_state(m->optim, k, p, q); q++) {
+                    char pre[24];
+                    tensor_name(name, sizeof name, state_prefix(m, q, pre, sizeof pre), m, k, nm,
+                                l->params[p].name);
+                    s = add_device_tensor(w, name, gp_optim_state(m->optim, k, p, q),
+                                          gp_model_layer_rank(m, k), gather, &scratch, &cap);
+                }
         }
     }
     free(scratch);
@@ -488,12 +505,26 @@ gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
             gp_st_find(f, tensor_name(name, sizeof name, "", m, k0, NAME_BY_INDEX, p0)))
             nm = NAME_BY_INDEX;
     }
-    if (optimizer && gp_optim_has_state(m->optim)) { /* plain SGD's snapshot, with momentum */
-        bool any = false;
-        for (int i = 0; i < f->n && !any; i++) any = !strncmp(f->tensors[i].name, "momentum.", 9);
+    if (optimizer) { /* a snapshot resumed: its optimizer's state must be this one's */
+        bool mom = false, adam = false;
+        for (int i = 0; i < f->n; i++) {
+            mom = mom || !strncmp(f->tensors[i].name, "momentum.", 9);
+            adam = adam || !strncmp(f->tensors[i].name, "exp_avg.", 8);
+        }
         const char *kind = gp_st_meta(f, "gpipe.kind");
         bool snap = kind && !strcmp(kind, "snapshot");
-        if (!any && snap)
+        bool want_adam = gp_optim_options(m->optim)->kind != GP_OPTIM_SGD;
+        const char *saved = adam ? "Adam (train.optimizer.type: adam or adamw)"
+                            : mom ? "SGD with momentum (train.optimizer.type: sgd)"
+                                  : "plain SGD (train.optimizer.type: sgd, momentum: 0)";
+        if (snap && want_adam != adam)
+            return gp_error_set(GP_ERR_INVALID,
+                                "%s %s: it was saved by %s; resume it with that optimizer, or "
+                                "start from its weights with model.init_from", f->source,
+                                adam ? "holds Adam's state (exp_avg.*, exp_avg_sq.*)"
+                                     : "holds no Adam state (missing: exp_avg.*, exp_avg_sq.*)",
+                                saved);
+        if (snap && gp_optim_has_state(m->optim) && !want_adam && !mom)
             return gp_error_set(GP_ERR_INVALID,
                                 "%s holds no momentum (missing: momentum.*): it was saved by plain "
                                 "SGD (train.optimizer.momentum: 0); resume it with momentum 0, or "
@@ -522,20 +553,23 @@ gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
                     GP_TRY(gp_dev_synchronize(pr->value.dev));
                 }
                 if (!optimizer || pr->is_buffer) continue;
-                gp_tensor *mt = gp_optim_state(m->optim, k, p);
-                if (!mt) continue; /* plain SGD: no momentum to restore */
-                tensor_name(name, sizeof name, "momentum.", m, k, nm, pr->name);
-                if (pass == 0 && mt->data) GP_TRY(need(f, name));
-                expect(f, name, GP_ST_F32, mt->ndim, mt->dims, &missing, &bad, &t);
-                if (pass == 0) {
-                    expected++;
-                    ns_add(&known, name);
-                }
-                if (pass == 0 && t && t->data) scan_values(t, name, &values); /* (read: ours) */
-                if (pass == 1 && mt->data) {
-                    GP_TRY(gp_dev_upload(mt->dev, mt->data, (const float *)t->data,
-                                         gp_tensor_numel(mt)));
-                    GP_TRY(gp_dev_synchronize(mt->dev));
+                gp_tensor *mt; /* its optimizer states (none for plain SGD) */
+                for (int q = 0; (mt = gp_optim_state(m->optim, k, p, q)); q++) {
+                    char pre[24];
+                    tensor_name(name, sizeof name, state_prefix(m, q, pre, sizeof pre), m, k,
+                                nm, pr->name);
+                    if (pass == 0 && mt->data) GP_TRY(need(f, name));
+                    expect(f, name, GP_ST_F32, mt->ndim, mt->dims, &missing, &bad, &t);
+                    if (pass == 0) {
+                        expected++;
+                        ns_add(&known, name);
+                    }
+                    if (pass == 0 && t && t->data) scan_values(t, name, &values);
+                    if (pass == 1 && mt->data) {
+                        GP_TRY(gp_dev_upload(mt->dev, mt->data, (const float *)t->data,
+                                             gp_tensor_numel(mt)));
+                        GP_TRY(gp_dev_synchronize(mt->dev));
+                    }
                 }
             }
             const char *cn[MAX_COUNTERS];
@@ -570,7 +604,7 @@ gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
         qsort(known.v, (size_t)known.n, sizeof *known.v, cmp_str);
         for (int i = 0; i < f->n; i++) {
             const char *tn = f->tensors[i].name;
-            if (!strncmp(tn, "momentum.", 9) && (!optimizer || !gp_optim_has_state(m->optim)))
+            if (is_state_name(tn) && (!optimizer || !gp_optim_has_state(m->optim)))
                 continue; /* (a snapshot with momentum resumed as plain SGD: dropped) */
             if (!ns_has(&known, tn)) nl_add(&extra, "%s", tn);
         }

@@ -107,7 +107,7 @@ gp_status gp_model_count_params(const gp_config *cfg, int64_t *count);
  * j % n. */
 int gp_model_virtual(const gp_config *cfg);
 /* SGD options of the config. */
-gp_sgd_opts gp_model_sgd_opts(const gp_config *cfg);
+gp_optim_opts gp_model_optim_opts(const gp_config *cfg);
 /* Pipeline options of the config (chunks, checkpointing, lockstep) with
  * the model's optimizer. */
 gp_pipeline_opts gp_model_pipeline_opts(const gp_model *m, const gp_config *cfg);

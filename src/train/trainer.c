@@ -902,11 +902,20 @@ static void summary_free(gp_model *m, gp_device **devs, int n)
 }
 
 /* Bytes a parameter holds on its device while training: value, gradient
- * and, where the update keeps one, momentum (4 each). */
+ * and the update's state (SGD's momentum, Adam's two moments), 4 each. */
 static size_t state_bytes(const gp_config *cfg)
 {
-    gp_sgd_opts so = gp_model_sgd_opts(cfg);
-    return gp_sgd_has_state(&so) ? 12 : 8;
+    gp_optim_opts so = gp_model_optim_opts(cfg);
+    return 8 + 4 * (size_t)gp_optim_states_per_param(&so);
+}
+
+/* " and momentum", " and Adam's moments" or "": what state_bytes adds. */
+static const char *state_words(const gp_config *cfg, bool plus)
+{
+    gp_optim_opts so = gp_model_optim_opts(cfg);
+    int n = gp_optim_states_per_param(&so);
+    if (plus) return n == 2 ? "+adam moments" : n == 1 ? "+momentum" : "";
+    return n == 2 ? " and Adam's moments" : n == 1 ? " and momentum" : "";
 }
 
 /* A device whose capacity cannot hold its stages' weights, gradients and
@@ -931,7 +940,7 @@ static gp_status summary_fits(const gp_config *cfg, const gp_model *m)
         return gp_error_set(GP_ERR_OOM, "%s: %s's stages hold %s of weights, gradients%s alone, "
                             "more than its pipeline.memory of %s; give it more memory, or "
                             "spread the model over more devices", cfg->path,
-                            pc->devices[d].name, nb, per == 12 ? " and momentum" : "", cb);
+                            pc->devices[d].name, nb, state_words(cfg, false), cb);
     }
     return GP_OK;
 }
@@ -1035,13 +1044,12 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
                 (long long)np, fl / 1e6, gp_format_bytes((size_t)act, ab, sizeof ab), sk);
         if (n > 1 && k - first + 1 == m.balance[stage]) {
             char pb[32], mb[32];
-            bool mom = state_bytes(cfg) == 12;
             fprintf(f, "      stage %d on %s: layers %d-%d, %lld parameters (%s), %.1f MFLOP, "
                        "~%s weights+grads%s, %s activations per batch\n",
                     stage, dn, first, k, (long long)sp,
                     gp_format_bytes((size_t)sp * 4, pb, sizeof pb), sf / 1e6,
-                    gp_format_bytes((size_t)sp * (mom ? 12 : 8), mb, sizeof mb),
-                    mom ? "+momentum" : "",
+                    gp_format_bytes((size_t)sp * state_bytes(cfg), mb, sizeof mb),
+                    state_words(cfg, true),
                     gp_format_bytes((size_t)sa, ab, sizeof ab));
             stage++;
             first = k + 1;

@@ -302,8 +302,10 @@ gp_status gp_cpu_bf16_pack(gp_device *dev, uint16_t *dst, const float *src, int6
 gp_status gp_cpu_bf16_unpack(gp_device *dev, float *dst, const uint16_t *src, int64_t n);
 gp_status gp_cpu_dropout_apply(gp_device *dev, const float *x, float *y, int64_t n, float p,
                                uint64_t seed, uint64_t stream, uint64_t first);
-gp_status gp_cpu_sgd_multi(gp_device *dev, const gp_sgd_part *parts, int n, float lr, float mu,
+gp_status gp_cpu_sgd_multi(gp_device *dev, const gp_update_part *parts, int n, float lr, float mu,
                            int nesterov);
+gp_status gp_cpu_adam_multi(gp_device *dev, const gp_update_part *parts, int n,
+                            const gp_adam_step *a);
 gp_status gp_cpu_sgd_update(gp_device *dev, float *w, const float *g, float *v,
                             int64_t n, float lr, float mu, float wd, int nesterov);
 gp_status gp_cpu_gemm(gp_device *dev, int trans_a, int trans_b, int64_t m,

@@ -139,7 +139,7 @@ gp_status gp_cpu_sgd_update(gp_device *dev, float *w, const float *g, float *v,
  * threads as sgd_update splits them, without a barrier between parts):
  * one fork and join per stage and step instead of one per parameter. */
 GP_CPU_LOOPS
-gp_status gp_cpu_sgd_multi(gp_device *dev, const gp_sgd_part *parts, int n, float lr, float mu,
+gp_status gp_cpu_sgd_multi(gp_device *dev, const gp_update_part *parts, int n, float lr, float mu,
                            int nesterov)
 {
     int nt = dev->threads;
@@ -155,6 +155,27 @@ gp_status gp_cpu_sgd_multi(gp_device *dev, const gp_sgd_part *parts, int n, floa
             float t = 0.0f; /* v NULL: plain SGD, no state */
             gp_ew_sgd(&w[i], g[i], v ? &v[i] : &t, lr, mu, wd, nesterov);
         }
+    }
+    return GP_OK;
+}
+
+/* Adam's parts as sgd_multi's: one parallel region, each part split over
+ * the threads, no barrier between parts. */
+GP_CPU_LOOPS
+gp_status gp_cpu_adam_multi(gp_device *dev, const gp_update_part *parts, int n,
+                            const gp_adam_step *a)
+{
+    int nt = dev->threads;
+    int64_t total = 0;
+    for (int p = 0; p < n; p++) total += parts[p].n;
+    gp_adam_step st = *a; /* by value: the loop reads it from a register */
+#pragma omp parallel num_threads(nt) if (total >= CPU_PAR_MIN) firstprivate(st)
+    for (int p = 0; p < n; p++) {
+        float *w = parts[p].w, *m = parts[p].v, *v = parts[p].v2, wd = parts[p].wd;
+        const float *g = parts[p].g;
+        int64_t len = parts[p].n;
+#pragma omp for schedule(static) nowait
+        for (int64_t i = 0; i < len; i++) gp_ew_adam(&w[i], g[i], &m[i], &v[i], &st, wd);
     }
     return GP_OK;
 }

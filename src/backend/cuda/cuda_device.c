@@ -748,25 +748,46 @@ static gp_status cuda_sgd_update(gp_device *dev, float *w, const float *g, float
     CUDA_OP(dev, gp_cuk_sgd(s, w, g, v, n, lr, mu, wd, nesterov));
 }
 
+/* parts [first, first + t->parts) into t. */
+static void fill_table(gp_cuk_sgd_table *t, const gp_update_part *parts, int first, int n)
+{
+    t->parts = n - first < GP_CUK_SGD_PARTS ? n - first : GP_CUK_SGD_PARTS;
+    for (int i = 0; i < t->parts; i++) {
+        const gp_update_part *pt = &parts[first + i];
+        t->w[i] = pt->w;
+        t->g[i] = pt->g;
+        t->v[i] = pt->v;
+        t->v2[i] = pt->v2;
+        t->n[i] = pt->n;
+        t->wd[i] = pt->wd;
+    }
+}
+
 /* One launch per GP_CUK_SGD_PARTS parts; the pointer table goes in the
  * kernel's parameters, so nothing is uploaded. */
-static gp_status cuda_sgd_multi(gp_device *dev, const gp_sgd_part *parts, int n, float lr,
+static gp_status cuda_sgd_multi(gp_device *dev, const gp_update_part *parts, int n, float lr,
                                 float mu, int nesterov)
 {
     gp_cuk_sgd_table t;
     GP_TRY(gp_cuda_enter(dev));
     cudaStream_t s = gp_cuda_ctx_of(dev)->compute;
     for (int first = 0; first < n; first += GP_CUK_SGD_PARTS) {
-        t.parts = n - first < GP_CUK_SGD_PARTS ? n - first : GP_CUK_SGD_PARTS;
-        for (int i = 0; i < t.parts; i++) {
-            const gp_sgd_part *pt = &parts[first + i];
-            t.w[i] = pt->w;
-            t.g[i] = pt->g;
-            t.v[i] = pt->v;
-            t.n[i] = pt->n;
-            t.wd[i] = pt->wd;
-        }
+        fill_table(&t, parts, first, n);
         GP_CUDA(gp_cuk_sgd_multi(s, &t, lr, mu, nesterov));
+    }
+    return GP_OK;
+}
+
+/* As cuda_sgd_multi (compiled, not run on a GPU). */
+static gp_status cuda_adam_multi(gp_device *dev, const gp_update_part *parts, int n,
+                                 const gp_adam_step *a)
+{
+    gp_cuk_sgd_table t;
+    GP_TRY(gp_cuda_enter(dev));
+    cudaStream_t s = gp_cuda_ctx_of(dev)->compute;
+    for (int first = 0; first < n; first += GP_CUK_SGD_PARTS) {
+        fill_table(&t, parts, first, n);
+        GP_CUDA(gp_cuk_adam_multi(s, &t, *a));
     }
     return GP_OK;
 }
@@ -1629,6 +1650,7 @@ static const gp_device_iface cuda_iface = {
     .nonfinite = cuda_nonfinite,
     .sgd_update = cuda_sgd_update,
     .sgd_multi = cuda_sgd_multi,
+    .adam_multi = cuda_adam_multi,
     .dropout_apply = cuda_dropout_apply,
     .bf16_pack = cuda_bf16_pack,
     .bf16_unpack = cuda_bf16_unpack,

@@ -95,6 +95,18 @@ __global__ void k_sgd_multi(gp_cuk_sgd_table t, float lr, float mu, int nesterov
         gp_ew_sgd(&w[i], g[i], v ? &v[i] : &tmp, lr, mu, wd, nesterov);
     }
 }
+/* k_sgd_multi's walk with Adam's body. */
+__global__ void k_adam_multi(gp_cuk_sgd_table t, gp_adam_step a)
+{
+    int p = 0;
+    while (p + 1 < t.parts && blockIdx.x >= t.first[p + 1]) p++;
+    float *w = t.w[p], *m = t.v[p], *v = t.v2[p], wd = t.wd[p];
+    const float *g = t.g[p];
+    int64_t nb = t.first[p + 1] - t.first[p], n = t.n[p];
+    for (int64_t i = (int64_t)(blockIdx.x - t.first[p]) * blockDim.x + threadIdx.x; i < n;
+         i += nb * blockDim.x)
+        gp_ew_adam(&w[i], g[i], &m[i], &v[i], &a, wd);
+}
 __global__ void k_dropout(float *mask, int64_t n, float p, uint64_t seed, uint64_t stream,
                           uint64_t first)
 {
@@ -905,11 +917,10 @@ cudaError_t gp_cuk_bf16_unpack_add(cudaStream_t s, float *dst, const uint16_t *s
     GP_CUK_LAUNCH(n, k_bf16_unpack_add, dst, src, n);
 }
 
-cudaError_t gp_cuk_sgd_multi(cudaStream_t s, gp_cuk_sgd_table *t, float lr, float mu,
-                             int nesterov)
+/* Fills t's block table (part p owns blocks [first[p], first[p + 1]),
+ * as many as its size asks, capped) and returns the grid's blocks. */
+static unsigned multi_blocks(gp_cuk_sgd_table *t)
 {
-    if (t->parts <= 0) return cudaSuccess;
-    if (t->parts > GP_CUK_SGD_PARTS) return cudaErrorInvalidValue;
     unsigned blocks = 0;
     for (int i = 0; i < t->parts; i++) {
         t->first[i] = blocks;
@@ -917,7 +928,25 @@ cudaError_t gp_cuk_sgd_multi(cudaStream_t s, gp_cuk_sgd_table *t, float lr, floa
         blocks += (unsigned)(b < 1 ? 1 : b > SGD_BLOCKS_CAP ? SGD_BLOCKS_CAP : b);
     }
     t->first[t->parts] = blocks;
+    return blocks;
+}
+
+cudaError_t gp_cuk_sgd_multi(cudaStream_t s, gp_cuk_sgd_table *t, float lr, float mu,
+                             int nesterov)
+{
+    if (t->parts <= 0) return cudaSuccess;
+    if (t->parts > GP_CUK_SGD_PARTS) return cudaErrorInvalidValue;
+    unsigned blocks = multi_blocks(t);
     k_sgd_multi<<<blocks, GP_CUK_THREADS, 0, s>>>(*t, lr, mu, nesterov);
+    return cudaGetLastError();
+}
+
+cudaError_t gp_cuk_adam_multi(cudaStream_t s, gp_cuk_sgd_table *t, gp_adam_step a)
+{
+    if (t->parts <= 0) return cudaSuccess;
+    if (t->parts > GP_CUK_SGD_PARTS) return cudaErrorInvalidValue;
+    unsigned blocks = multi_blocks(t);
+    k_adam_multi<<<blocks, GP_CUK_THREADS, 0, s>>>(*t, a);
     return cudaGetLastError();
 }
 

@@ -20,6 +20,8 @@
 #include <stdint.h>
 #include <cuda_runtime_api.h>
 
+#include "backend/elementwise.h" /* gp_adam_step */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -44,7 +46,7 @@ cudaError_t gp_cuk_relu_bwd(cudaStream_t s, const float *y, const float *dy, flo
 cudaError_t gp_cuk_sgd(cudaStream_t s, float *w, const float *g, float *v, int64_t n,
                        float lr, float mu, float wd, int nesterov);
 /* The parts of one multi-tensor SGD launch, passed by value as the
- * kernel's parameter (32 x 40 bytes and the block table, well under the
+ * kernel's parameter (32 x 48 bytes and the block table, well under the
  * 4 KiB a launch takes): the caller fills w, g, v (NULL: plain SGD), n,
  * wd and parts (at most GP_CUK_SGD_PARTS); gp_cuk_sgd_multi fills first,
  * so that part p owns blocks [first[p], first[p + 1]) of the grid, as many
@@ -55,6 +57,7 @@ typedef struct gp_cuk_sgd_table {
     float *w[GP_CUK_SGD_PARTS];
     const float *g[GP_CUK_SGD_PARTS];
     float *v[GP_CUK_SGD_PARTS];
+    float *v2[GP_CUK_SGD_PARTS]; /* Adam's second moment (gp_cuk_adam_multi) */
     int64_t n[GP_CUK_SGD_PARTS];
     float wd[GP_CUK_SGD_PARTS];
     unsigned first[GP_CUK_SGD_PARTS + 1];
@@ -63,6 +66,9 @@ typedef struct gp_cuk_sgd_table {
 /* gp_cuk_sgd on each part of t in one launch. */
 cudaError_t gp_cuk_sgd_multi(cudaStream_t s, gp_cuk_sgd_table *t, float lr, float mu,
                              int nesterov);
+/* gp_ew_adam on each part of t (v the first moment, v2 the second) in one
+ * launch. */
+cudaError_t gp_cuk_adam_multi(cudaStream_t s, gp_cuk_sgd_table *t, gp_adam_step a);
 /* bfloat16 patterns from floats and back (gp_ew_bf16_bits / _value) */
 cudaError_t gp_cuk_bf16_pack(cudaStream_t s, uint16_t *dst, const float *src, int64_t n);
 cudaError_t gp_cuk_bf16_unpack(cudaStream_t s, float *dst, const uint16_t *src, int64_t n);
