@@ -76,6 +76,8 @@ typedef struct gp_metrics {
     double seconds;        /* last step's wall time */
     double test_loss;      /* last evaluation (NaN if none) */
     double test_accuracy;
+    double grad_norm;      /* last step: the gradients' global L2 norm before
+                              clipping (train.clip_grad_norm); NaN without */
 } gp_metrics;
 
 /* Open the devices and build the placed model (done by the first step if

@@ -92,6 +92,7 @@ static void test_evaluate_and_export(void)
     CHECK_NEAR(loss, m.loss, 0.0, 1e-6);
     CHECK_NEAR(acc, m.accuracy, 0.0, 0.0);
     CHECK(loss > 0 && acc >= 0 && acc <= 1);
+    CHECK(isnan(m.grad_norm)); /* no clipping: no norm */
 
     /* after the update the model changed: evaluation sees it */
     double loss2, acc2;
@@ -107,6 +108,17 @@ static void test_evaluate_and_export(void)
     snprintf(o1, sizeof o1, "model.init_from=%s", wpath);
     const char *ov[] = {o1, "pipeline.devices=[cpu:0]", "train.eval_batch_size=5"};
     gp_run *run2 = NULL;
+    /* with train.clip_grad_norm the step reports the norm it clipped */
+    const char *clip[] = {"train.clip_grad_norm=1e-4"};
+    CHECK_OK(gp_run_parse("api.yaml", k_yaml, clip, 1, &run2));
+    if (run2) {
+        gp_metrics mc;
+        CHECK_OK(gp_run_step(run2, x, y, N, 0, &mc));
+        CHECK_MSG(mc.grad_norm > 1e-4 && isfinite(mc.grad_norm), "clipped step's norm %g",
+                  mc.grad_norm);
+        gp_run_free(run2);
+        run2 = NULL;
+    }
     CHECK_OK(gp_run_parse("api.yaml", k_yaml, ov, 3, &run2));
     if (run2) {
         double l3, a3;

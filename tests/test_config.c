@@ -111,7 +111,8 @@ static const char *const k_full =
     "  base_batch: 256\n"
     "  log_every: 10\n"
     "  eval_each_epoch: false\n"
-    "  eval_batch_size: 500\n";
+    "  eval_batch_size: 500\n"
+    "  clip_grad_norm: 2.0\n";
 
 static void test_full(void)
 {
@@ -183,6 +184,7 @@ static void test_full(void)
     CHECK_NEAR(t->sched.min_lr, 0.001, 1e-9, 0);
     CHECK(t->lr_scaling == GP_LR_SCALING_LINEAR && t->base_batch == 256);
     CHECK(t->log_every == 10 && !t->eval_each_epoch && t->eval_batch_size == 500);
+    CHECK_NEAR(t->clip_grad_norm, 2.0, 1e-7, 0);
     /* everything was given (only the layer fields and synthetic defaults are
      * not), so no top-level default was applied */
     CHECK(c.defaults_applied && !strstr(c.defaults_applied, "(default)"));
@@ -446,6 +448,17 @@ static void test_errors(void)
               GP_ERR_INVALID, "train.optimizer.eps");
     CHECK_ERR(parse_bad(cat(k_base, "train:\n  optimizer: rmsprop\n"), NULL, 0),
               GP_ERR_INVALID, "(allowed: sgd, adam, adamw)");
+    {
+        gp_config c;
+        CHECK_OK(parse(k_base, &c));
+        CHECK(c.train.clip_grad_norm == 0.0f); /* off by default */
+        gp_config_free(&c);
+        CHECK_OK(parse(cat(k_base, "train:\n  clip_grad_norm: 1.5\n"), &c));
+        CHECK_NEAR(c.train.clip_grad_norm, 1.5, 1e-7, 0);
+        gp_config_free(&c);
+    }
+    CHECK_ERR(parse_bad(cat(k_base, "train:\n  clip_grad_norm: -1\n"), NULL, 0),
+              GP_ERR_INVALID, "t.yaml:10:19: train.clip_grad_norm");
     /* unknown enum values list the allowed ones */
     CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  checkpoint: sometimes\n"), NULL, 0),
               GP_ERR_INVALID, "t.yaml:10:15: unknown value 'sometimes' for pipeline.checkpoint "

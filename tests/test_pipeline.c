@@ -44,12 +44,14 @@ static int transparency_failures;
  * sequential run rounded at the same stage boundaries (gpt_rounded_step,
  * which gpt_compare_steps takes for such a config). */
 static gp_optim_kind optimizer; /* transparency's; SGD unless adam_transparency sets it */
+static float clip_norm;         /* transparency's train.clip_grad_norm; 0: off */
 
 static void transparency(bool convnet, int n, int m, gp_checkpoint_mode ck, bool lockstep,
                          gp_schedule_kind kind, bool bf16)
 {
     gp_config c = make_cfg(convnet);
     if (optimizer != GP_OPTIM_SGD) gpt_set_adam(&c, optimizer);
+    c.train.clip_grad_norm = clip_norm;
     int bal[8];
     int S = gpt_set_schedule(&c, kind, n, bal); /* the reference accumulates in its order too */
     c.pipeline.chunks = m;
@@ -70,7 +72,8 @@ static void transparency(bool convnet, int n, int m, gp_checkpoint_mode ck, bool
     bool same_loss = same[0], same_grads = same[1], same_params = same[2];
     if (!(same_loss && same_grads && same_params)) transparency_failures++;
     CHECK_MSG(same_loss && same_grads && same_params,
-              "%s%s%s %s n=%d m=%d ckpt=%s lockstep=%d: loss %s, grads %s, params %s",
+              "%s%s%s%s %s n=%d m=%d ckpt=%s lockstep=%d: loss %s, grads %s, params %s",
+              clip_norm > 0 ? "clipped, " : "",
               optimizer == GP_OPTIM_ADAM ? "adam, " : optimizer == GP_OPTIM_ADAMW ? "adamw, " : "",
               bf16 ? "bf16 copies, " : "", gp_schedule_kind_name(kind), convnet ? "convnet" : "mlp", n, m,
               gp_checkpoint_mode_name(ck), lockstep,
@@ -102,6 +105,72 @@ static void adam_transparency(void)
     optimizer = GP_OPTIM_SGD;
     printf("test_pipeline: adam, adamw: %d of %d configurations differ\n",
            transparency_failures - before, runs);
+}
+
+/* Gradient clipping (train.clip_grad_norm): the pipeline's CLIP sums the
+ * same squared norms in the same order as the one-device step, so every
+ * schedule, 2 and 3 devices, m in {1, 4}, every checkpoint mode, SGD and
+ * AdamW clip by the same factor: bit for bit the one-device run.  And
+ * directly: both report the same norm, above the limit (so clipping ran),
+ * and a limit above the norm leaves the step unclipped (bit for bit the
+ * step without clipping). */
+static void clip_transparency(void)
+{
+    int before = transparency_failures, runs = 0;
+    clip_norm = 1e-3f;
+    for (int o = 0; o < 2; o++) {
+        optimizer = o ? GP_OPTIM_ADAMW : GP_OPTIM_SGD;
+        for (int model = 0; model < 2; model++)
+            for (int n = 2; n <= 3; n++)
+                for (int m = 1; m <= 4; m += 3)
+                    for (int ck = 0; ck < 3; ck++)
+                        for (int kd = 0; kd <= GP_SCHEDULE_INTERLEAVED; kd++) {
+                            if (kd == GP_SCHEDULE_INTERLEAVED && (n != 2 || m != 4)) continue;
+                            if (o && (ck != 1 || model == 0)) continue; /* AdamW: a few */
+                            transparency(model == 1, n, m, (gp_checkpoint_mode)ck, true,
+                                         (gp_schedule_kind)kd, false);
+                            runs++;
+                        }
+    }
+    optimizer = GP_OPTIM_SGD;
+    clip_norm = 0;
+    printf("test_pipeline: clipped gradients: %d of %d configurations differ\n",
+           transparency_failures - before, runs);
+
+    float x[BATCH * 72], y[BATCH];
+    for (int lim = 0; lim < 2; lim++) {
+        gp_config c = make_cfg(true);
+        int bal[3];
+        gpt_split_even(c.model.n_layers, 3, bal);
+        c.pipeline.chunks = 4;
+        gp_model ref, pip, plain;
+        CHECK_OK(gp_model_build(&c, devs[0], &plain)); /* no clipping */
+        c.train.clip_grad_norm = lim ? 1e6f : 0.05f;
+        CHECK_OK(gp_model_build(&c, devs[0], &ref));
+        CHECK_OK(gp_model_build_placed(&c, devs, 3, bal, &pip));
+        make_batch(&c, 0, x, y);
+        gp_step_stats a, b, z;
+        CHECK_OK(gp_model_train_step(&ref, &c, x, y, BATCH, 4, 0.05, &a));
+        CHECK_OK(gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, &b));
+        gp_config c0 = c;
+        c0.train.clip_grad_norm = 0;
+        CHECK_OK(gp_model_train_step(&plain, &c0, x, y, BATCH, 4, 0.05, &z));
+        CHECK_MSG(a.grad_norm == b.grad_norm && isfinite(a.grad_norm) && isnan(z.grad_norm),
+                  "grad norm: one device %.17g, pipeline %.17g, unclipped %g", a.grad_norm,
+                  b.grad_norm, z.grad_norm);
+        bool same_pip = gpt_same_values(&ref, &pip), same_plain = gpt_same_values(&ref, &plain);
+        if (lim) /* the limit above the norm: nothing scaled */
+            CHECK_MSG(a.grad_norm < 1e6 && same_pip && same_plain,
+                      "limit above the norm %g: pipeline %s, unclipped step %s", a.grad_norm,
+                      same_pip ? "same" : "DIFFERS", same_plain ? "same" : "DIFFERS");
+        else
+            CHECK_MSG(a.grad_norm > 0.05 && same_pip && !same_plain,
+                      "norm %g over the limit 0.05: pipeline %s, unclipped step %s", a.grad_norm,
+                      same_pip ? "same" : "DIFFERS", same_plain ? "the same (not clipped?)" : "differs");
+        gp_model_free(&ref);
+        gp_model_free(&pip);
+        gp_model_free(&plain);
+    }
 }
 
 /* Running statistics of the first BN after one step, chunked pipeline vs
@@ -772,6 +841,7 @@ int main(void)
     printf("test_pipeline: bf16 copies: %d configurations differ from the rounded oracle\n",
            transparency_failures - before);
     adam_transparency();
+    clip_transparency();
     bf16_copies_effect();
     bf16_held_inputs();
     blocked_chains();

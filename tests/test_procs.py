@@ -121,7 +121,7 @@ def records(path):
         for line in f:
             r = json.loads(line, parse_float=str)
             keep = {k: r[k] for k in ("step", "loss", "accuracy", "test_loss",
-                                      "test_accuracy") if k in r}
+                                      "test_accuracy", "grad_norm") if k in r}
             out.append(keep)
     return out
 
@@ -546,6 +546,15 @@ def main():
         # replicas across processes: rank r = replica r / 2, device r % 2;
         # sharded updates and the gradients' reduce-scatter over MPI
         same_run(tmp, "conv-2x2", CONV, 4, ["pipeline.replicas=2"])
+        # gradient clipping: every rank's squared norms summed over MPI, the
+        # same factor as threads (the records carry grad_norm)
+        same_run(tmp, "conv-1f1b-clip", CONV, 2, ["pipeline.schedule=1f1b",
+                                                  "train.clip_grad_norm=0.05"])
+        norms = [r.get("grad_norm") for r in records(os.path.join(tmp, "conv-1f1b-clip-n.jsonl"))
+                 if "loss" in r]
+        check(norms and all(n is not None and float(n) > 0.05 for n in norms),
+              "clipping under mpirun: the records' grad_norm %s, not all above the limit 0.05"
+              % norms[:3])
         # AdamW's two moments, sharded over the replicas' ranks (stage 0's
         # update composed of reduce-scatter, Adam and all-gather over MPI)
         same_run(tmp, "conv-2x2-adamw", CONV, 4, ["pipeline.replicas=2",

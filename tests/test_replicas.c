@@ -430,11 +430,14 @@ static void make_batch(const gp_config *c, int step, float *x, float *y)
     gpt_make_batch(c, BATCH, step, x, y);
 }
 
+static float clip_norm; /* equivalence's train.clip_grad_norm; 0: off */
+
 /* R replicas x n stages vs the single-device run with R x chunks, with
  * optimizer `opt` (Adam's states are sharded and gathered as momentum). */
 static void equivalence(bool convnet, int R, int n, gp_schedule_kind kind, gp_optim_kind opt)
 {
     gp_config c = make_cfg(convnet, false);
+    c.train.clip_grad_norm = clip_norm;
     if (opt != GP_OPTIM_SGD) {
         gpt_set_adam(&c, opt);
         /* A convolution's bias before a batch norm has a gradient of 0
@@ -469,6 +472,11 @@ static void equivalence(bool convnet, int R, int n, gp_schedule_kind kind, gp_op
             break;
         }
         worst_loss = fmax(worst_loss, fabs(a.loss - b.loss) / fmax(fabs(a.loss), 1e-6));
+        if (clip_norm > 0) /* the norm over every replica's chunks, clipped (over the limit) */
+            CHECK_MSG(fabs(a.grad_norm - b.grad_norm) <= 1e-5 * a.grad_norm &&
+                      a.grad_norm > clip_norm,
+                      "R=%d n=%d step %d: grad norm %.9g, one device %.9g (limit %g)", R, n, step,
+                      b.grad_norm, a.grad_norm, clip_norm);
     }
     if (!ok) goto done;
     bool same_count;
@@ -1023,6 +1031,15 @@ int main(void)
             equivalence(false, R, 2, GP_SCHEDULE_GPIPE, (gp_optim_kind)o);
             equivalence(true, R, 2, GP_SCHEDULE_1F1B, (gp_optim_kind)o);
         }
+    /* gradient clipping: the global norm over every stage and replica
+     * (sharded chunks each counted once, stage 0 no longer fused) */
+    clip_norm = 0.01f;
+    for (int R = 2; R <= 3; R++) {
+        equivalence(false, R, 2, GP_SCHEDULE_GPIPE, GP_OPTIM_SGD);
+        equivalence(true, R, 2, GP_SCHEDULE_1F1B, GP_OPTIM_SGD);
+    }
+    equivalence(true, 2, 2, GP_SCHEDULE_GPIPE, GP_OPTIM_ADAMW);
+    clip_norm = 0;
     for (int R = 1; R <= MAXR; R++) sync_bn(R);
     sync_bn_model();
     sync_bn_schedules();

@@ -242,26 +242,33 @@ static void end_of_step(void)
 {
     enum { RG = GP_INSTR_REDUCE_GRADS, RS = GP_INSTR_REDUCE_STATS, BA = GP_INSTR_BARRIER,
            CO = GP_INSTR_COMMIT, UP = GP_INSTR_UPDATE, GA = GP_INSTR_GATHER,
-           CH = GP_INSTR_CHECK };
+           CH = GP_INSTR_CHECK, CL = GP_INSTR_CLIP };
     struct {
         int R;
         bool shard, update;
         int stage;     /* which stage's tail */
-        int want[8];   /* kinds, -1 ends */
+        int want[10];  /* kinds, -1 ends */
         int up_shard, up_fused, rg_shard;
+        bool clip;
     } cases[] = {
-        {1, false, true, 0, {BA, CO, UP, CH, -1}, 0, 0, 0},
-        {1, true, true, 1, {BA, CO, UP, CH, -1}, 0, 0, 0},   /* one replica: nothing to shard */
-        {1, false, false, 0, {BA, CO, CH, -1}, 0, 0, 0},
-        {2, false, true, 0, {RG, RS, BA, CO, UP, CH, -1}, 0, 0, 0},
-        {2, false, true, 2, {RG, RS, BA, CO, UP, CH, -1}, 0, 0, 0},
-        {3, true, true, 0, {RS, BA, CO, UP, CH, -1}, 1, 1, 0},       /* stage 0 fused */
-        {3, true, true, 1, {RG, RS, BA, CO, UP, GA, CH, -1}, 1, 0, 1},
-        {2, true, false, 1, {RG, RS, BA, CO, CH, -1}, 0, 0, 0}, /* no update: sum in full */
+        {1, false, true, 0, {BA, CO, UP, CH, -1}, 0, 0, 0, false},
+        {1, true, true, 1, {BA, CO, UP, CH, -1}, 0, 0, 0, false},   /* one replica: nothing to shard */
+        {1, false, false, 0, {BA, CO, CH, -1}, 0, 0, 0, false},
+        {2, false, true, 0, {RG, RS, BA, CO, UP, CH, -1}, 0, 0, 0, false},
+        {2, false, true, 2, {RG, RS, BA, CO, UP, CH, -1}, 0, 0, 0, false},
+        {3, true, true, 0, {RS, BA, CO, UP, CH, -1}, 1, 1, 0, false},       /* stage 0 fused */
+        {3, true, true, 1, {RG, RS, BA, CO, UP, GA, CH, -1}, 1, 0, 1, false},
+        {2, true, false, 1, {RG, RS, BA, CO, CH, -1}, 0, 0, 0, false}, /* no update: sum in full */
+        /* clipping: the clip after the barrier, and stage 0 not fused (the
+         * norm needs every sum before any update) */
+        {1, false, true, 0, {BA, CL, CO, UP, CH, -1}, 0, 0, 0, true},
+        {3, true, true, 0, {RG, RS, BA, CL, CO, UP, GA, CH, -1}, 1, 0, 1, true},
+        {2, true, false, 1, {RG, RS, BA, CO, CH, -1}, 0, 0, 0, true}, /* no update: no clip */
     };
     for (size_t q = 0; q < sizeof cases / sizeof cases[0]; q++) {
         gp_schedule_opts o = {.n = 3, .m = 4, .checkpoint = GP_CKPT_EXCEPT_LAST,
-                              .replicas = cases[q].R, .update = cases[q].update, .check = true};
+                              .replicas = cases[q].R, .update = cases[q].update, .check = true,
+                              .clip = cases[q].clip};
         for (int j = 0; j < 3; j++) o.shard[j] = cases[q].shard;
         gp_schedule s;
         CHECK_OK(gp_schedule_make(&o, &s));

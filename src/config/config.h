@@ -180,6 +180,9 @@ typedef struct gp_train_config {
     int64_t log_every;        /* log line every N steps; default 50 */
     bool eval_each_epoch;     /* default true */
     int64_t eval_batch_size;  /* default 1000 */
+    float clip_grad_norm;     /* > 0: the gradients of all parameters scaled
+                                 so that their global L2 norm is at most this
+                                 (PyTorch's clip_grad_norm_); 0 (default): off */
     gp_snapshot_config snapshot;
 } gp_train_config;
 

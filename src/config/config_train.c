@@ -161,6 +161,8 @@ gp_status gp_cfg_parse_train(gp_cfg_walk *w, const gp_ynode *root, gp_train_conf
     GP_TRY(gp_cfg_get_bool(w, m, "train", "eval_each_epoch", true, &tc->eval_each_epoch));
     GP_TRY(gp_cfg_get_int(w, m, "train", "eval_batch_size", 1000, 1, 1 << 24,
                           &tc->eval_batch_size));
+    GP_TRY(gp_cfg_get_float(w, m, "train", "clip_grad_norm", 0, 0, INFINITY, 0,
+                            &tc->clip_grad_norm));
 
     const gp_ynode *snm;
     GP_TRY(gp_cfg_get_map(w, m, "train", "snapshot",

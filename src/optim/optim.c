@@ -233,3 +233,27 @@ gp_status gp_optim_gather_chunks(gp_optim *dst, gp_optim *const *ranks, int R)
     }
     return GP_OK;
 }
+
+gp_status gp_clip_grad_norm(gp_layer *layers, int n_layers, float max_norm, double *norm)
+{
+    double sum = 0;
+    for (int k = 0; k < n_layers; k++)
+        for (int a = 0; a < layers[k].n_params; a++) {
+            gp_param *pr = &layers[k].params[a];
+            if (pr->is_buffer || !pr->grad.data) continue;
+            double sq;
+            GP_TRY(gp_dev_sumsq(pr->value.dev, pr->grad.data, gp_tensor_numel(&pr->value), &sq));
+            sum += sq;
+        }
+    *norm = sqrt(sum);
+    double coef = (double)max_norm / (*norm + 1e-6);
+    if (!(coef < 1.0)) return GP_OK;
+    for (int k = 0; k < n_layers; k++)
+        for (int a = 0; a < layers[k].n_params; a++) {
+            gp_param *pr = &layers[k].params[a];
+            if (pr->is_buffer || !pr->grad.data) continue;
+            GP_TRY(gp_dev_scale(pr->value.dev, pr->grad.data, (float)coef,
+                                gp_tensor_numel(&pr->value)));
+        }
+    return GP_OK;
+}

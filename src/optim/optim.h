@@ -78,6 +78,14 @@ gp_status gp_optim_update(gp_optim *o, int first, int count, double lr, int64_t 
 gp_status gp_optim_update_fused(gp_optim *o, int first, int count, double lr, int64_t step,
                                 gp_comm *comm);
 
+/* Gradient clipping on one device, PyTorch's clip_grad_norm_: the global
+ * L2 norm of every trainable gradient of layers[0 .. n_layers) (each
+ * tensor's squared norm, summed in layer order in double) into *norm, and
+ * where it exceeds max_norm every gradient scaled by max_norm / (norm +
+ * 1e-6).  The pipeline's CLIP instruction sums the same way, so both clip
+ * by the same factor. */
+gp_status gp_clip_grad_norm(gp_layer *layers, int n_layers, float max_norm, double *norm);
+
 /* State tensor `which` (0 .. gp_optim_states_per_param - 1: SGD's
  * momentum; Adam's exp_avg, exp_avg_sq) of parameter p of layer k; NULL
  * for buffers and when the optimizer keeps no such state. */

@@ -92,6 +92,13 @@ struct gp_pipeline {
      * the result, stays the same). */
     double durations[3 * GP_MAX_DEVICES];
     int tuned;                 /* steps measured so far */
+    /* Gradient clipping (opts.clip_norm > 0; made by the first step): the
+     * squared norm of every trainable tensor's gradient this step, layer
+     * c's from clip_at[c] on, each written by its stage's worker (zeroed
+     * by the step's start); grad_norm the global norm CLIP found. */
+    double *clip_sq;
+    int *clip_at;              /* [L + 1] */
+    double grad_norm;
     void (*on_fail)(void *arg);
     void *fail_arg;
     /* The skips that cross stages (stashed on one, popped on a later one). */
@@ -109,6 +116,7 @@ struct gp_pipeline {
     bool shutdown;
     int finished;              /* workers done with this step */
     int lists_ok;              /* workers at their BARRIER without error */
+    int clip_in;               /* workers whose clip_sq entries are written */
     int results_read;          /* workers that have read their step's results */
     int drained;               /* workers done freeing this step */
     bool cancelled;
@@ -260,6 +268,13 @@ static bool pred_lists_ok(gp_pipeline *p, int a, int b)
     (void)a;
     (void)b;
     return p->lists_ok >= p->n_run;
+}
+
+static bool pred_clip_in(gp_pipeline *p, int a, int b)
+{
+    (void)a;
+    (void)b;
+    return p->clip_in >= p->n_run;
 }
 
 static bool pred_results_read(gp_pipeline *p, int a, int b)
@@ -1088,6 +1103,100 @@ static gp_status barrier(worker *w, const gp_instr *in, int *bad_layer)
     return st;
 }
 
+/* CLIP (after the barrier: every gradient final and summed over the
+ * replicas): the global L2 norm of every trainable gradient of the model,
+ * and where it exceeds opts.clip_norm, device d's gradients scaled by
+ * clip_norm / (norm + 1e-6), as PyTorch's clip_grad_norm_.  The norm is
+ * the sum, in layer order and in double, of each tensor's squared norm
+ * (sumsq), as gp_clip_grad_norm sums it on one device, so a pipeline clips by
+ * the same factor bit for bit.  A sharded stage's replicas each hold the
+ * sum in their own chunk: each counts its chunk; an unsharded stage's are
+ * counted by replica 0 alone.  Over the replicas the entries are summed
+ * by an all-reduce (in FP32; processes: in double, with every rank's). */
+static gp_status clip(worker *w, int *bad_layer)
+{
+    gp_pipeline *p = w->p;
+    int d = w->j;
+    EACH_STAGE(p, q, d) {
+        bool shard = p->replicas > 1 && p->shard[q];
+        bool counts = shard || p->rank == 0; /* unsharded: replica 0 counts it (rank 0 alone) */
+        for (int c = p->first[q]; c < p->first[q] + p->count[q] && counts; c++) {
+            gp_layer *l = &p->layers[c];
+            for (int a = 0, t = p->clip_at[c]; a < l->n_params; a++) {
+                gp_param *pr = &l->params[a];
+                if (pr->is_buffer) continue;
+                double sq = 0;
+                int64_t lo = 0, hi = gp_tensor_numel(&pr->value);
+                if (shard) gp_comm_chunk(hi, p->replicas, p->rank, &lo, &hi);
+                if (pr->grad.data && hi > lo) {
+                    gp_status st = gp_dev_sumsq(p->devs[q], pr->grad.data + lo, hi - lo, &sq);
+                    if (st != GP_OK) {
+                        *bad_layer = c;
+                        return st;
+                    }
+                }
+                p->clip_sq[t++] = sq;
+            }
+        }
+        if (p->replicas > 1 && p->local < 0) { /* replicas in this process: sum them */
+            int t0 = p->clip_at[p->first[q]], t1 = p->clip_at[p->first[q] + p->count[q]];
+            if (t1 > t0) {
+                float *buf;
+                gp_device *dev = p->devs[q];
+                size_t bytes = (size_t)(t1 - t0) * sizeof *buf;
+                GP_TRY(gp_dev_alloc(dev, bytes, GP_MEM_WORKSPACE, (void **)&buf));
+                float *h = malloc(bytes);
+                gp_status st = h ? GP_OK : gp_error_set(GP_ERR_OOM, "out of host memory");
+                for (int t = t0; t < t1 && h; t++) h[t - t0] = (float)p->clip_sq[t];
+                if (st == GP_OK) st = gp_dev_upload(dev, buf, h, t1 - t0);
+                double c0 = gp_now();
+                if (st == GP_OK) st = gp_dev_allreduce(dev, p->comms[q], buf, t1 - t0);
+                w->comm_seconds += gp_now() - c0;
+                if (st == GP_OK) st = gp_dev_download(dev, h, buf, t1 - t0);
+                if (st == GP_OK) st = gp_dev_synchronize(dev);
+                for (int t = t0; t < t1 && st == GP_OK; t++) p->clip_sq[t] = h[t - t0];
+                free(h);
+                gp_dev_free(dev, buf, bytes, GP_MEM_WORKSPACE);
+                GP_TRY(st);
+            }
+        }
+    }
+    int total = p->clip_at[p->L];
+    if (p->local >= 0) { /* every rank's entries (zero where another's) */
+        double c0 = gp_now();
+        GP_TRY(gp_procs_sum_doubles(p->clip_sq, total));
+        w->comm_seconds += gp_now() - c0;
+    } else {
+        pthread_mutex_lock(&p->lock);
+        p->clip_in++;
+        pthread_cond_broadcast(&p->cond);
+        pthread_mutex_unlock(&p->lock);
+        GP_TRY(wait_for(p, pred_clip_in, 0, 0));
+    }
+    double sum = 0;
+    for (int t = 0; t < total; t++) sum += p->clip_sq[t];
+    double norm = sqrt(sum), coef = (double)p->opts.clip_norm / (norm + 1e-6);
+    if (d == (p->local >= 0 ? p->local : 0)) p->grad_norm = norm;
+    if (!(coef < 1.0)) return GP_OK; /* within the limit (or NaN: CHECK reports it) */
+    EACH_STAGE(p, q, d) {
+        bool shard = p->replicas > 1 && p->shard[q];
+        for (int c = p->first[q]; c < p->first[q] + p->count[q]; c++)
+            for (int a = 0; a < p->layers[c].n_params; a++) {
+                gp_param *pr = &p->layers[c].params[a];
+                if (pr->is_buffer || !pr->grad.data) continue;
+                int64_t lo = 0, hi = gp_tensor_numel(&pr->value);
+                if (shard) gp_comm_chunk(hi, p->replicas, p->rank, &lo, &hi);
+                if (hi <= lo) continue;
+                gp_status st = gp_dev_scale(p->devs[q], pr->grad.data + lo, (float)coef, hi - lo);
+                if (st != GP_OK) {
+                    *bad_layer = c;
+                    return st;
+                }
+            }
+    }
+    return GP_OK;
+}
+
 /* A copy instruction: wait for its source (lockstep: every computation of
  * the previous clock; otherwise `ready` of the source (i, from), its
  * forward or its backward), copy src (the other worker's, published) into
@@ -1235,6 +1344,9 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
         break;
     case GP_INSTR_BARRIER:
         return barrier(w, in, bad_layer);
+    case GP_INSTR_CLIP:
+        st = clip(w, bad_layer);
+        break; /* counted as communication, as a collective */
     case GP_INSTR_COMMIT:
         for (int c = first; c < first + count && st == GP_OK; c++)
             if (p->layers[c].ops->commit) {
@@ -1618,6 +1730,28 @@ gp_status gp_pipeline_create(gp_layer *layers, int n_layers, const gp_shape *inp
     return GP_OK;
 }
 
+/* clip_at and clip_sq (made once), clip_sq zeroed for a step. */
+static gp_status clip_tables(gp_pipeline *p)
+{
+    if (!p->clip_at) {
+        int *at = malloc((size_t)(p->L + 1) * sizeof *at), t = 0;
+        if (!at) return gp_error_set(GP_ERR_OOM, "out of host memory");
+        for (int c = 0; c < p->L; c++) {
+            at[c] = t;
+            for (int a = 0; a < p->layers[c].n_params; a++) t += !p->layers[c].params[a].is_buffer;
+        }
+        at[p->L] = t;
+        p->clip_sq = calloc((size_t)(t ? t : 1), sizeof *p->clip_sq);
+        if (!p->clip_sq) {
+            free(at);
+            return gp_error_set(GP_ERR_OOM, "out of host memory");
+        }
+        p->clip_at = at;
+    }
+    memset(p->clip_sq, 0, (size_t)(p->clip_at[p->L] ? p->clip_at[p->L] : 1) * sizeof *p->clip_sq);
+    return GP_OK;
+}
+
 static void free_step_tables(gp_pipeline *p)
 {
     gp_schedule_free(&p->sched);
@@ -1683,8 +1817,8 @@ static gp_status prepare(gp_pipeline *p, int m)
                            .virtual_stages = p->S / p->n,
                            .checkpoint = p->opts.checkpoint,
                            .replicas = p->replicas, .update = p->opts.optim != NULL,
-                           .check = !p->opts.no_check, .skips = p->edges,
-                           .n_skips = p->n_edges};
+                           .check = !p->opts.no_check, .clip = p->opts.clip_norm > 0,
+                           .skips = p->edges, .n_skips = p->n_edges};
     memcpy(so.shard, p->shard, sizeof so.shard);
     GP_TRY(gp_schedule_make(&so, &p->sched));
     p->sched_stale = false;
@@ -1766,9 +1900,12 @@ gp_status gp_pipeline_step_begin(gp_pipeline *p, const float *x, const float *y,
         p->mb[q].sent = p->mb[q].labels_sent = false;
     }
 
+    if (p->opts.clip_norm > 0) GP_TRY(clip_tables(p));
+    p->grad_norm = NAN;
     pthread_mutex_lock(&p->lock);
     p->finished = 0;
     p->lists_ok = 0;
+    p->clip_in = 0;
     p->results_read = 0;
     p->drained = 0;
     p->cancelled = false;
@@ -1912,6 +2049,7 @@ gp_status gp_pipeline_step_end(gp_pipeline *p, gp_pipeline_out *out)
         out->correct = correct;
         out->count = count;
         out->seconds = gp_now() - p->t_begin;
+        out->grad_norm = p->grad_norm;
     }
     return GP_OK;
 }
@@ -1940,6 +2078,8 @@ void gp_pipeline_destroy(gp_pipeline *p)
     free(p->pend);
     pthread_mutex_destroy(&p->lock);
     pthread_cond_destroy(&p->cond);
+    free(p->clip_sq);
+    free(p->clip_at);
     free(p->edges);
     free(p);
 }

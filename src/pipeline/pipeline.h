@@ -95,6 +95,8 @@ typedef struct gp_pipeline_opts {
      * arrives rounded to bfloat16, to nearest even, and moves half the
      * bytes (pipeline.c, "copies in bfloat16"). */
     bool bf16_copies;
+    float clip_norm;            /* > 0: CLIP scales the gradients so that their
+                                   global L2 norm is at most this (train.clip_grad_norm) */
     gp_loss_kind loss;          /* the last stage's loss (default cross-entropy:
                                    y holds one class id per sample; binary
                                    cross-entropy: one target per element of
@@ -110,6 +112,8 @@ typedef struct gp_pipeline_out {
     int64_t count;              /* targets: samples (cross-entropy) or
                                    output elements (binary cross-entropy) */
     double seconds;             /* wall time of the step */
+    double grad_norm;           /* with clip_norm: the gradients' global L2 norm
+                                   before clipping; NaN without */
 } gp_pipeline_out;
 
 /* Stage j runs layers[first_j .. first_j + balance[j]) on devs[j], for n

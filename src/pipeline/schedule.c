@@ -13,7 +13,7 @@ const char *gp_instr_kind_name(gp_instr_kind k)
     static const char *names[GP_INSTR_KIND_COUNT] = {
         "recv_act", "forward", "recv_grad", "recompute", "backward", "backward_data",
         "backward_weights", "recv_skip", "recv_skip_grad", "reduce_grads",
-        "reduce_stats", "barrier", "commit", "update", "gather", "check"};
+        "reduce_stats", "barrier", "commit", "update", "gather", "check", "clip"};
     return k >= 0 && k < GP_INSTR_KIND_COUNT ? names[k] : "?";
 }
 
@@ -54,14 +54,14 @@ static gp_instr instr(gp_instr_kind kind, int i, int j, int k, int from, bool ck
 }
 
 /* The end of device d's step (schedule.h): for each of its stages j the
- * reductions, one barrier, then each stage's commit, update, gather and
- * check. */
+ * reductions, one barrier, the clip, then each stage's commit, update,
+ * gather and check. */
 static int end_of_step(const gp_schedule_opts *o, int d, int S, int k, gp_instr *l)
 {
-    bool dp = o->replicas > 1;
+    bool dp = o->replicas > 1, clip = o->clip && o->update;
     int c = 0;
     for (int j = d; j < S; j += o->n) {
-        bool shard = dp && o->shard[j] && o->update, fused = shard && j == 0;
+        bool shard = dp && o->shard[j] && o->update, fused = shard && j == 0 && !clip;
         gp_instr e = {.i = -1, .j = j, .k = k, .from = j};
         if (dp && !fused) {
             l[c] = e;
@@ -73,8 +73,12 @@ static int end_of_step(const gp_schedule_opts *o, int d, int S, int k, gp_instr 
     l[c] = (gp_instr){.kind = GP_INSTR_BARRIER, .i = -1, .j = d, .k = k, .from = d,
                       .replicas = dp};
     c++;
+    if (clip) {
+        l[c] = (gp_instr){.kind = GP_INSTR_CLIP, .i = -1, .j = d, .k = k, .from = d};
+        c++;
+    }
     for (int j = d; j < S; j += o->n) {
-        bool shard = dp && o->shard[j] && o->update, fused = shard && j == 0;
+        bool shard = dp && o->shard[j] && o->update, fused = shard && j == 0 && !clip;
         gp_instr e = {.i = -1, .j = j, .k = k, .from = j};
         (l[c] = e, l[c++].kind = GP_INSTR_COMMIT);
         if (o->update) {
@@ -355,8 +359,8 @@ gp_status gp_schedule_make(const gp_schedule_opts *o, gp_schedule *out)
     }
     for (int d = 0; d < n && st == GP_OK; d++) {
         /* at most 2 per forward, 4 per backward, a copy per skip each; the
-         * end: 6 per stage + 1 */
-        gp_instr *l = calloc((size_t)(6 * m * v + 6 * v + 1 + 2 * m * o->n_skips), sizeof *l);
+         * end: 6 per stage + the barrier and the clip */
+        gp_instr *l = calloc((size_t)(6 * m * v + 6 * v + 2 + 2 * m * o->n_skips), sizeof *l);
         if (!l) {
             st = gp_error_set(GP_ERR_OOM, "out of host memory for the schedule");
             break;

@@ -91,6 +91,12 @@
  *                   step's data freed), then, with replicas, every
  *                   replica's stage j too: nothing updates unless every
  *                   backward of every replica succeeded.
+ *     CLIP          with clip_grad_norm, once per device after the
+ *                   barrier: the squared norms of its stages' gradients
+ *                   summed with every other device's (and replica's)
+ *                   into the global norm, and the gradients scaled down
+ *                   to the limit where they exceed it.  No stage is fused
+ *                   then (the norm needs every sum before any update).
  *     COMMIT        batch-norm running statistics of the mini-batch.
  *     UPDATE        the optimizer on stage j's layers: all of each tensor,
  *                   this replica's chunk (shard), or the fused sharded step
@@ -166,6 +172,7 @@ typedef enum gp_instr_kind {
     GP_INSTR_UPDATE,
     GP_INSTR_GATHER,
     GP_INSTR_CHECK,
+    GP_INSTR_CLIP,
     GP_INSTR_KIND_COUNT
 } gp_instr_kind;
 
@@ -245,6 +252,7 @@ typedef struct gp_schedule_opts {
                                    (their devices can: gp_dev_can_shard) */
     bool update;            /* emit UPDATE (an optimizer is attached) */
     bool check;             /* emit CHECK (the non-finite check) */
+    bool clip;              /* emit CLIP (with update: gradient clipping) */
     /* zb-h1: the order from stage j's measured times, durations[3 j + 0, 1,
      * 2] = forward, backward-data, backward-weights (seconds; NULL: one unit
      * each).  Any times give a valid order: they only move the weights

@@ -69,6 +69,7 @@ static gp_status run_new(gp_config *cfg, gp_run **out)
     r->cfg = *cfg;
     r->model = m;
     r->last.test_loss = NAN;
+    r->last.grad_norm = NAN;
     r->last.test_accuracy = NAN;
     *out = r;
     return GP_OK;
@@ -165,6 +166,7 @@ gp_status gp_run_step(gp_run *r, const float *x, const float *y, int64_t n,
     r->last.accuracy = st.accuracy;
     r->last.lr = lr;
     r->last.seconds = st.seconds;
+    r->last.grad_norm = st.grad_norm;
     if (out) *out = r->last;
     return GP_OK;
 }
@@ -219,6 +221,7 @@ gp_status gp_run_train_ex(gp_run *r, const gp_train_options *opt, gp_metrics *ou
         r->last.accuracy = res.final_accuracy;
         r->last.lr = res.final_lr;
         r->last.seconds = res.final_seconds;
+        r->last.grad_norm = res.final_grad_norm;
         r->last.test_loss = res.test_loss;
         r->last.test_accuracy = res.test_accuracy;
         if (out) *out = r->last;

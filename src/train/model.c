@@ -136,7 +136,7 @@ gp_step_stats gp_step_stats_of(double loss_sum, int64_t correct, int64_t count, 
     double c = count > 0 ? (double)count : 1.0;
     return (gp_step_stats){.loss = loss_sum / c, .accuracy = (double)correct / c,
                            .samples = n, .lr = lr, .seconds = seconds,
-                           .allreduce_seconds = comm_seconds};
+                           .allreduce_seconds = comm_seconds, .grad_norm = NAN};
 }
 
 gp_pipeline_opts gp_model_pipeline_opts(const gp_model *m, const gp_config *cfg)
@@ -149,6 +149,7 @@ gp_pipeline_opts gp_model_pipeline_opts(const gp_model *m, const gp_config *cfg)
                               .processes = m->local_device >= 0,
                               .local_device = m->local_device, .rank_base = m->rank_base,
                               .optim = m->optim, .loss = m->loss,
+                              .clip_norm = cfg->train.clip_grad_norm,
                               .bf16_copies = gp_config_bf16_copies(cfg)};
 }
 
@@ -389,7 +390,10 @@ gp_status gp_model_pipeline_step_one(gp_model *m, const gp_config *cfg, const fl
     gp_pipeline_set_device_time(m->pipe, m->device_time);
     GP_TRY(gp_pipeline_step(m->pipe, x, y, n, cfg->train.seed, (uint64_t)m->step, lr, &po));
     m->step++;
-    if (st) *st = gp_step_stats_of(po.loss_sum, po.correct, po.count, n, lr, po.seconds, 0);
+    if (st) {
+        *st = gp_step_stats_of(po.loss_sum, po.correct, po.count, n, lr, po.seconds, 0);
+        st->grad_norm = po.grad_norm;
+    }
     return GP_OK;
 }
 
@@ -486,6 +490,9 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
     for (int k = 0; k < L && s == GP_OK; k++) s = gp_layer_grads_finish(&m->layers[k]);
     for (int k = 0; k < L && s == GP_OK; k++)
         if (m->layers[k].ops->commit) s = m->layers[k].ops->commit(&m->layers[k]);
+    double norm = NAN;
+    if (s == GP_OK && cfg->train.clip_grad_norm > 0)
+        s = gp_clip_grad_norm(m->layers, L, cfg->train.clip_grad_norm, &norm);
     if (s == GP_OK) s = gp_optim_update(m->optim, 0, L, lr, m->step, 0, 1);
     for (int k = 0; k < L && s == GP_OK; k++)
         s = gp_layer_check_finite(&m->layers[k], "after the step");
@@ -495,7 +502,10 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
         return s;
     }
     m->step++;
-    if (st) *st = gp_step_stats_of(loss_sum, correct, count, n, lr, gp_now() - t0, 0);
+    if (st) {
+        *st = gp_step_stats_of(loss_sum, correct, count, n, lr, gp_now() - t0, 0);
+        st->grad_norm = norm;
+    }
     return GP_OK;
 }
 

@@ -212,7 +212,10 @@ static gp_status process_replica_step(gp_model *m, const gp_config *cfg, const f
         double c = gp_pipeline_comm_seconds(m->pipe, j % nd);
         if (c > comm) comm = c;
     }
-    if (st) *st = gp_step_stats_of(po.loss_sum, po.correct, po.count, n, lr, po.seconds, comm);
+    if (st) {
+        *st = gp_step_stats_of(po.loss_sum, po.correct, po.count, n, lr, po.seconds, comm);
+        st->grad_norm = po.grad_norm;
+    }
     return GP_OK;
 }
 
@@ -269,7 +272,7 @@ static gp_status replicated_step(gp_model *m, const gp_config *cfg, const float 
     bool failed = g->failed || begun < R;
     pthread_mutex_unlock(&g->lock);
     if (failed) group_fail(g);
-    double loss = 0, comm = 0;
+    double loss = 0, comm = 0, norm = NAN;
     int64_t correct = 0, count = 0;
     for (int r = 0; r < begun; r++) {
         gp_pipeline_out po;
@@ -278,6 +281,7 @@ static gp_status replicated_step(gp_model *m, const gp_config *cfg, const float 
             snprintf(msg[r], sizeof msg[r], "%s", gp_error_message());
             continue;
         }
+        if (r == 0) norm = po.grad_norm; /* every replica's is the same */
         loss += po.loss_sum;
         correct += po.correct;
         count += po.count;
@@ -300,7 +304,10 @@ static gp_status replicated_step(gp_model *m, const gp_config *cfg, const float 
 #ifndef NDEBUG
     if (m->step % 100 == 0) s = gp_model_check_replicas(m);
 #endif
-    if (st) *st = gp_step_stats_of(loss, correct, count, n, lr, gp_now() - t0, comm);
+    if (st) {
+        *st = gp_step_stats_of(loss, correct, count, n, lr, gp_now() - t0, comm);
+        st->grad_norm = norm;
+    }
 out:
     free(sizes);
     free(off);

@@ -168,6 +168,8 @@ typedef struct gp_step_stats {
                                  reduction; on stage 0 the whole fused
                                  sharded update) and waiting for the other
                                  replicas */
+    double grad_norm;      /* train.clip_grad_norm: the gradients' global L2
+                              norm before clipping; NaN without clipping */
     double data_wait_seconds; /* the trainer waited this long for the batch
                                  (the loader fell behind); set by the trainer */
     int64_t bad_files;     /* files skipped so far (data.on_bad_file: skip);
@@ -284,6 +286,7 @@ typedef struct gp_train_result {
     double final_accuracy;     /* last step's training accuracy */
     double final_lr;           /* last step's learning rate */
     double final_seconds;      /* last step's wall time */
+    double final_grad_norm;    /* last step's gradient norm (clipping; else NaN) */
     double test_loss;          /* last evaluation (NaN if none) */
     double test_accuracy;
     double seconds;

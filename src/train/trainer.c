@@ -31,6 +31,7 @@ void gp_train_metrics_step(struct gp_json_writer *w, int64_t step, int64_t epoch
     gp_json_put_fixed(w, "step_seconds", st->seconds, 6);
     gp_json_put_fixed(w, "data_wait_seconds", st->data_wait_seconds, 6);
     if (st->bad_files >= 0) gp_json_put_int(w, "bad_files", st->bad_files);
+    if (isfinite(st->grad_norm)) gp_json_put_num(w, "grad_norm", st->grad_norm); /* clipping */
     if (data_parallel) gp_json_put_fixed(w, "allreduce_seconds", st->allreduce_seconds, 6);
     gp_json_open_array(w, "devices");
     for (int j = 0; j < n_dev; j++) {
@@ -446,6 +447,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     memset(res, 0, sizeof *res);
     res->test_loss = NAN;
     res->test_accuracy = NAN;
+    res->final_grad_norm = NAN;
     const gp_train_config *tc = &cfg->train;
 
     gp_dataset train = {0}, test = {0};
@@ -693,6 +695,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         res->final_accuracy = st.accuracy;
         res->final_lr = lr;
         res->final_seconds = st.seconds;
+        res->final_grad_norm = st.grad_norm;
         st.data_wait_seconds = waited;
         st.bad_files = cfg->data.skip_bad_files ? gp_loader_bad_files(loader) : -1;
         if (trace && gp_trace_wants(trace, step)) {
@@ -760,9 +763,13 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         } else if (!opts->quiet && tc->log_every > 0 &&
                    ((step + 1) % tc->log_every == 0 || step == total - 1)) {
             fmt_duration(eta, e2, sizeof e2);
-            GP_INFO("epoch %lld step %lld/%lld loss %.4f acc %.1f%% lr %.4g %.0f samples/s%s "
+            char gn[48] = "";
+            if (isfinite(st.grad_norm)) /* train.clip_grad_norm: before clipping */
+                snprintf(gn, sizeof gn, " grad norm %.3g%s", st.grad_norm,
+                         st.grad_norm > tc->clip_grad_norm ? " (clipped)" : "");
+            GP_INFO("epoch %lld step %lld/%lld loss %.4f acc %.1f%% lr %.4g%s %.0f samples/s%s "
                     "ETA %s", (long long)b.epoch + 1, (long long)step + 1, (long long)total,
-                    st.loss, 100 * st.accuracy, lr, sps,
+                    st.loss, 100 * st.accuracy, lr, gn, sps,
                     wait_share >= 0.05 ? " (waiting for data)" : "", e2);
         }
         res->steps = step + 1;
