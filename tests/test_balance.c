@@ -559,6 +559,30 @@ static void test_profiler(void)
     CHECK(gr == dev->alloc.cur_by[GP_MEM_GRADS]);
     CHECK(op == dev->alloc.cur_by[GP_MEM_OPTIMIZER]);
     CHECK(p.first_trainable == 0);
+    {   /* AdamW's two moments: the profile counts (and times) what the model holds */
+        gp_config ca = cfg;
+        ca.train.optim.kind = GP_OPTIM_ADAMW;
+        ca.train.optim.momentum = 0;
+        gp_profile pa;
+        gp_model ma;
+        gp_device *da;
+        CHECK_OK(gp_device_open("cpu:1", &dopt, &da));
+        CHECK_OK(gp_model_profile(&ca, &mo, &pa));
+        CHECK_OK(gp_model_build(&ca, da, &ma));
+        size_t opa = 0;
+        double upd = 0;
+        for (int k = 0; k < pa.L; k++) {
+            opa += pa.mem[k].optim_bytes;
+            upd += pa.mem[k].update;
+        }
+        CHECK_MSG(opa == 2 * op && opa == da->alloc.cur_by[GP_MEM_OPTIMIZER] && upd > 0,
+                  "AdamW: the profile counts %zu optimizer bytes, the model holds %zu, "
+                  "momentum %zu; update %g s", opa, da->alloc.cur_by[GP_MEM_OPTIMIZER], op,
+                  upd);
+        gp_model_free(&ma);
+        gp_device_close(da);
+        gp_profile_free(&pa);
+    }
     for (int k = 0; k < p.L; k++) CHECK(p.t[k].fwd > 0 && p.t[k].copy > 0);
     /* relu after batch norm and flatten after the pool run in place: their
      * outputs are not counted as kept (relu saves nothing else) */

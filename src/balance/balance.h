@@ -157,7 +157,7 @@ typedef struct gp_profile_opts {
     int64_t batch;          /* mini-batch size (recorded) */
     int chunks;             /* configured micro-batches (recorded) */
     int optim_slots;        /* optimizer tensors per trainable parameter
-                               (SGD with momentum: 1) */
+                               (plain SGD 0, momentum 1, Adam 2) */
     uint64_t seed;
     /* CPU devices share the host's memory bus and caches: in a pipeline on
      * n CPU devices the other n - 1 compute while a layer runs.  contend =

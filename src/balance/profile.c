@@ -850,19 +850,30 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
                                  kind, idx, dev->threads, dev->precision, o->seed,
                                  sz[nz - 1]);
         }
-        /* zero grads + SGD, the per-step work of the optimizer */
+        /* zero grads + the update (SGD; Adam with two slots), the per-step
+         * work of the optimizer */
         if (s == GP_OK && out->timed) {
+            int slots = o->optim_slots < 2 ? o->optim_slots : 2;
+            gp_adam_step adam = {.lr = 0.0f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                                 .step_size = 0.0f, .bc2_sqrt = 1.0f};
             for (int r = 0; r < out->warmup + out->reps && s == GP_OK; r++) {
                 double t0 = gp_now();
                 s = gp_layer_zero_grad(&l);
                 for (int q = 0, oq = 0; q < l.n_params && s == GP_OK; q++) {
                     gp_param *pr = &l.params[q];
                     if (pr->is_buffer) continue;
-                    s = gp_dev_sgd_update(dev, pr->value.data, pr->grad.data,
-                                          n_opt ? opt[oq].data : NULL,
-                                          gp_tensor_numel(&pr->value), 0.0f,
-                                          n_opt ? 0.9f : 0.0f, 0.0f, 0);
-                    oq += o->optim_slots < 2 ? o->optim_slots : 2;
+                    int64_t np = gp_tensor_numel(&pr->value);
+                    if (slots == 2) {
+                        gp_update_part part = {.w = pr->value.data, .g = pr->grad.data,
+                                               .v = opt[oq].data, .v2 = opt[oq + 1].data,
+                                               .n = np};
+                        s = gp_dev_adam_multi(dev, &part, 1, &adam);
+                    } else {
+                        s = gp_dev_sgd_update(dev, pr->value.data, pr->grad.data,
+                                              slots ? opt[oq].data : NULL, np, 0.0f,
+                                              slots ? 0.9f : 0.0f, 0.0f, 0);
+                    }
+                    oq += slots;
                 }
                 if (s == GP_OK) s = gp_dev_synchronize(dev);
                 if (r >= out->warmup) sm.fwd[r - out->warmup] = gp_now() - t0;

@@ -139,6 +139,14 @@ gp_step_stats gp_step_stats_of(double loss_sum, int64_t correct, int64_t count, 
                            .allreduce_seconds = comm_seconds, .grad_norm = NAN};
 }
 
+/* The optimizer's state tensors per trainable parameter (the profile
+ * allocates and times them). */
+static int optim_slots(const gp_config *cfg)
+{
+    gp_optim_opts o = gp_model_optim_opts(cfg);
+    return gp_optim_states_per_param(&o);
+}
+
 gp_pipeline_opts gp_model_pipeline_opts(const gp_model *m, const gp_config *cfg)
 {
     return (gp_pipeline_opts){.chunks = cfg->pipeline.chunks, .skips = &m->skips,
@@ -229,7 +237,7 @@ gp_status gp_model_profile(const gp_config *cfg, const gp_model_profile_opts *o,
                           .deterministic = cfg->train.deterministic,
                           .warmup = o->warmup, .reps = o->reps, .timed = o->timed,
                           .batch = cfg->train.batch_size, .chunks = m,
-                          .optim_slots = cfg->train.optim.momentum > 0 ? 1 : 0,
+                          .optim_slots = optim_slots(cfg),
                           .seed = cfg->train.seed, .loss = cfg->model.loss};
     /* Every CPU device of the run (all replicas) computes at once. */
     int n_cpu = gp_pipeline_cpu_devices(pc);
