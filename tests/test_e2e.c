@@ -112,6 +112,16 @@ static void test_cli_errors(void)
     CHECK_MSG(strstr(out, "total:") && strstr(out, "conv2d") && strstr(out, "parameters"),
               "output: %s", out);
     CHECK_MSG(!strstr(out, "deterministic algorithms"), "output: %s", out);
+    CHECK_MSG(strstr(out, "optimizer: sgd (lr 0.05, momentum 0.9, nesterov, weight decay "
+                          "0.0005): 12 bytes per parameter (value, gradient, momentum)\n"),
+              "output: %s", out);
+    snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --dry-run --set train.optimizer=adamw "
+             "--set train.clip_grad_norm=2", bin, GPIPE_SOURCE_DIR);
+    CHECK(run(cmd, out, sizeof out) == 0);
+    CHECK_MSG(strstr(out, "optimizer: adamw (lr 0.001, betas [0.9, 0.999], eps 1e-08, weight "
+                          "decay 0.01): 16 bytes per parameter (value, gradient, two moments), "
+                          "gradients clipped to norm 2\n"),
+              "output: %s", out);
     /* blocked chains (gp_layers_blocked): conv 1 -> 32 through batch norm,
      * relu and max pooling to conv 32 -> 64 keeps nChw16c (AVX-512) or
      * nChw8c (AVX2), and so does the second convolution's output through

@@ -1094,6 +1094,22 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
             cfg->pipeline.chunks, gp_checkpoint_mode_name(cfg->pipeline.checkpoint),
             cfg->pipeline.lockstep ? "lockstep" : "free-running",
             n > 1 && gp_config_bf16_copies(cfg) ? ", copies in bf16" : "");
+    const gp_optim_config *oc = &cfg->train.optim;
+    char clip[64] = "";
+    if (cfg->train.clip_grad_norm > 0)
+        snprintf(clip, sizeof clip, ", gradients clipped to norm %g",
+                 (double)cfg->train.clip_grad_norm);
+    size_t per = state_bytes(cfg);
+    const char *held = per == 16 ? "value, gradient, two moments"
+                       : per == 12 ? "value, gradient, momentum" : "value, gradient";
+    if (oc->kind == GP_OPTIM_SGD)
+        fprintf(f, "optimizer: sgd (lr %g, momentum %g%s, weight decay %g): %zu bytes per "
+                   "parameter (%s)%s\n", (double)oc->lr, (double)oc->momentum,
+                oc->nesterov ? ", nesterov" : "", (double)oc->weight_decay, per, held, clip);
+    else
+        fprintf(f, "optimizer: %s (lr %g, betas [%g, %g], eps %g, weight decay %g): %zu bytes "
+                   "per parameter (%s)%s\n", oc->type, (double)oc->lr, (double)oc->beta1,
+                (double)oc->beta2, (double)oc->eps, (double)oc->weight_decay, per, held, clip);
     free(inplace); /* and unkept */
     gp_status s = summary_fits(cfg, &m);
     summary_free(&m, devs, n);
