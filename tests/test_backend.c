@@ -1165,7 +1165,7 @@ static void test_softmax_xent(gp_device *dev)
     check_close("log_softmax", y, ry, rows * cols, 1e-5);
     double loss = -1;
     int64_t correct = -1, bad = 7;
-    CHECK_OK(gp_dev_xent(dev, x, lab, rows, cols, scale, dl, &loss, &correct, &bad));
+    CHECK_OK(gp_dev_xent(dev, x, lab, rows, cols, scale, 0.0f, dl, &loss, &correct, &bad));
     CHECK_NEAR(loss, rloss, 1e-9, 1e-6);
     CHECK(correct == rcorrect);
     CHECK(correct >= rows / 5);
@@ -1173,19 +1173,57 @@ static void test_softmax_xent(gp_device *dev)
     check_close("xent dlogits", dl, rdl, rows * cols, 1e-6);
     /* Without dlogits: same loss. */
     double loss2 = -1;
-    CHECK_OK(gp_dev_xent(dev, x, lab, rows, cols, scale, NULL, &loss2, &correct, &bad));
+    CHECK_OK(gp_dev_xent(dev, x, lab, rows, cols, scale, 0.0f, NULL, &loss2, &correct, &bad));
     CHECK(loss2 == loss);
+    /* Label smoothing eps: the target (1 - eps) onehot + eps / cols, PyTorch's
+     * CrossEntropyLoss(label_smoothing=eps): against the double reference
+     * -sum_j target_j log softmax_j, its gradient (softmax - target) scale,
+     * and that gradient against central differences of the loss. */
+    {
+        const double eps = 0.1;
+        double rls = 0;
+        double *rdls = malloc(sizeof(double) * (size_t)(rows * cols));
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t j = 0; j < cols; j++) {
+                double t = (j == (int64_t)lab[r] ? 1.0 - eps : 0.0) + eps / (double)cols;
+                rls -= t * ry[r * cols + j];
+                rdls[r * cols + j] = (exp(ry[r * cols + j]) - t) * scale;
+            }
+        double ls = -1;
+        CHECK_OK(gp_dev_xent(dev, x, lab, rows, cols, scale, (float)eps, dl, &ls, &correct, &bad));
+        CHECK_NEAR(ls, rls, 1e-9, 1e-6);
+        CHECK(correct == rcorrect && bad == -1 && ls > loss); /* smoothing costs loss here */
+        check_close("xent dlogits, label smoothing", dl, rdls, rows * cols, 1e-6);
+        double worst = 0;
+        for (int64_t q = 0; q < rows * cols; q += 7) {
+            float keep = x[q];
+            const float h = 1e-2f;
+            double lp, lm;
+            x[q] = keep + h;
+            CHECK_OK(gp_dev_xent(dev, x, lab, rows, cols, scale, (float)eps, NULL, &lp, &correct,
+                                 &bad));
+            x[q] = keep - h;
+            CHECK_OK(gp_dev_xent(dev, x, lab, rows, cols, scale, (float)eps, NULL, &lm, &correct,
+                                 &bad));
+            x[q] = keep;
+            double fd = (lp - lm) / (2.0 * (double)h) * scale;
+            worst = fmax(worst, fabs(fd - dl[q]));
+        }
+        CHECK_MSG(worst <= 1e-5, "label smoothing: gradient against central differences %.3g",
+                  worst);
+        free(rdls);
+    }
     /* A bad label names its row and computes nothing. */
     lab[23] = (float)cols;
     for (int64_t i = 0; i < rows * cols; i++) dl[i] = 5.0f;
-    CHECK_OK(gp_dev_xent(dev, x, lab, rows, cols, scale, dl, &loss, &correct, &bad));
+    CHECK_OK(gp_dev_xent(dev, x, lab, rows, cols, scale, 0.0f, dl, &loss, &correct, &bad));
     CHECK(bad == 23);
     CHECK(dl[0] == 5.0f && dl[rows * cols - 1] == 5.0f);
     lab[23] = -1.0f;
-    CHECK_OK(gp_dev_xent(dev, x, lab, rows, cols, scale, NULL, &loss, &correct, &bad));
+    CHECK_OK(gp_dev_xent(dev, x, lab, rows, cols, scale, 0.0f, NULL, &loss, &correct, &bad));
     CHECK(bad == 23);
     lab[23] = 2.5f;
-    CHECK_OK(gp_dev_xent(dev, x, lab, rows, cols, scale, NULL, &loss, &correct, &bad));
+    CHECK_OK(gp_dev_xent(dev, x, lab, rows, cols, scale, 0.0f, NULL, &loss, &correct, &bad));
     CHECK(bad == 23);
     dfree(dev, x, rows * cols); dfree(dev, y, rows * cols); dfree(dev, lab, rows);
     dfree(dev, dl, rows * cols);
@@ -1850,7 +1888,7 @@ static void test_host_waits(gp_device *dev)
     calls[n++] = (wait_call){"event_sync", gp_dev_event_sync(dev, ev)};
     calls[n++] = (wait_call){"sumsq", gp_dev_sumsq(dev, d, 8, &ss)};
     calls[n++] = (wait_call){"nonfinite", gp_dev_nonfinite(dev, d, 8, &bad)};
-    calls[n++] = (wait_call){"xent", gp_dev_xent(dev, d, labels, 2, 4, 1.0f, NULL, &loss,
+    calls[n++] = (wait_call){"xent", gp_dev_xent(dev, d, labels, 2, 4, 1.0f, 0.0f, NULL, &loss,
                                                         &correct, &bad_row)};
     for (int k = 0; k < n; k++) CHECK_MSG(calls[k].st == GP_OK, "%s failed", calls[k].what);
     CHECK_MSG(gp_dev_host_waits(dev) - before == (uint64_t)n,
@@ -1984,10 +2022,10 @@ static void test_step_slots(gp_device *dev)
             int64_t correct = -1, bad_row = -2;
             gp_loss_result res = {-1, -1, -2};
             memset(dl_dev, 0, sizeof dl_dev);
-            CHECK_OK(gp_dev_xent(d, logits, labels, R, K, 0.5f, dl_host, &loss, &correct,
+            CHECK_OK(gp_dev_xent(d, logits, labels, R, K, 0.5f, 0.0f, dl_host, &loss, &correct,
                                  &bad_row));
             w0 = gp_dev_host_waits(d);
-            CHECK_OK(gp_dev_xent_dev(d, logits, labels, R, K, 0.5f, dl_dev, &res));
+            CHECK_OK(gp_dev_xent_dev(d, logits, labels, R, K, 0.5f, 0.0f, dl_dev, &res));
             CHECK(k ? gp_dev_host_waits(d) > w0 : gp_dev_host_waits(d) == w0);
             CHECK_MSG(res.bad == bad_row && res.bad == (bad ? 4 : -1) &&
                           res.loss_sum == (bad ? 0.0 : loss) && res.correct == (bad ? 0 : correct) &&

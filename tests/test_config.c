@@ -457,6 +457,21 @@ static void test_errors(void)
         CHECK_NEAR(c.train.clip_grad_norm, 1.5, 1e-7, 0);
         gp_config_free(&c);
     }
+    {
+        gp_config c;
+        const char *ls[] = {"model.label_smoothing=0.1"};
+        CHECK_OK(parse_set(k_base, ls, 1, &c));
+        CHECK_NEAR(c.model.label_smoothing, 0.1, 1e-7, 0);
+        gp_config_free(&c);
+        CHECK_OK(parse(k_base, &c));
+        CHECK(c.model.label_smoothing == 0.0f);
+        gp_config_free(&c);
+        const char *one[] = {"model.label_smoothing=1"};
+        CHECK_ERR(parse_bad(k_base, one, 1), GP_ERR_INVALID, "model.label_smoothing");
+        const char *bce[] = {"model.loss=bce_with_logits", "model.label_smoothing=0.1"};
+        CHECK_ERR(parse_bad(k_base, bce, 2), GP_ERR_INVALID,
+                  "model.label_smoothing is for model.loss: cross_entropy");
+    }
     CHECK_ERR(parse_bad(cat(k_base, "train:\n  clip_grad_norm: -1\n"), NULL, 0),
               GP_ERR_INVALID, "t.yaml:10:19: train.clip_grad_norm");
     /* unknown enum values list the allowed ones */

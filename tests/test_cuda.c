@@ -741,8 +741,8 @@ static void test_softmax_xent(void)
     bset(&lab, labels);
     double loss[2];
     int64_t correct[2], badr[2];
-    BOTH(gp_dev_xent(D, x.p[K], lab.p[K], rows, cols, 1.0f / (float)rows, dl.p[K], &loss[K],
-                     &correct[K], &badr[K]));
+    BOTH(gp_dev_xent(D, x.p[K], lab.p[K], rows, cols, 1.0f / (float)rows, 0.0f, dl.p[K],
+                     &loss[K], &correct[K], &badr[K]));
     CHECK_NEAR(loss[1], loss[0], 0, 1e-12);
     CHECK(correct[1] == correct[0]);
     CHECK(badr[0] == -1 && badr[1] == -1);
@@ -762,12 +762,17 @@ static void test_softmax_xent(void)
         for (int64_t r = 0; r < rows; r++) wl[r] = (float)(r % 3 ? (r * 37) % wc : 101);
         buf wlab = bnew(rows);
         bset(&wlab, wl);
-        BOTH(gp_dev_xent(D, wx.p[K], wlab.p[K], rows, wc, 1.0f / (float)rows, wd.p[K], &loss[K],
-                         &correct[K], &badr[K]));
+        BOTH(gp_dev_xent(D, wx.p[K], wlab.p[K], rows, wc, 1.0f / (float)rows, 0.0f, wd.p[K],
+                         &loss[K], &correct[K], &badr[K]));
         CHECK_NEAR(loss[1], loss[0], 0, 1e-12);
         CHECK_MSG(correct[1] == correct[0] && correct[0] > 0, "xent 1000 classes: %lld correct "
                   "on the GPU, %lld on the CPU", (long long)correct[1], (long long)correct[0]);
         bcheck("xent dlogits, 1000 classes", &wd, 1e-6);
+        /* label smoothing 0.1: the lanes' sums of x - max in the butterfly */
+        BOTH(gp_dev_xent(D, wx.p[K], wlab.p[K], rows, wc, 1.0f / (float)rows, 0.1f, wd.p[K],
+                         &loss[K], &correct[K], &badr[K]));
+        CHECK_NEAR(loss[1], loss[0], 0, 1e-12);
+        bcheck("xent dlogits, 1000 classes, label smoothing", &wd, 1e-6);
         free(h);
         bfree(&wx);
         bfree(&wd);
@@ -777,7 +782,7 @@ static void test_softmax_xent(void)
     labels[40] = 2.5f;
     labels[50] = (float)cols;
     bset(&lab, labels);
-    BOTH(gp_dev_xent(D, x.p[K], lab.p[K], rows, cols, 1.0f, dl.p[K], &loss[K], &correct[K],
+    BOTH(gp_dev_xent(D, x.p[K], lab.p[K], rows, cols, 1.0f, 0.0f, dl.p[K], &loss[K], &correct[K],
                      &badr[K]));
     CHECK(badr[0] == 40 && badr[1] == 40);
     bcheck("xent dlogits untouched after a bad label", &dl, 1e-6);
@@ -850,7 +855,7 @@ static void test_step_slots(void)
     bset(&lab, labels);
     buf res = bnew(6); /* one gp_loss_result */
     w0 = gp_dev_host_waits(D2[1]);
-    BOTH(gp_dev_xent_dev(D, x.p[K], lab.p[K], rows, cols, 0.5f, dl.p[K],
+    BOTH(gp_dev_xent_dev(D, x.p[K], lab.p[K], rows, cols, 0.5f, 0.0f, dl.p[K],
                          (gp_loss_result *)res.p[K]));
     CHECK(gp_dev_host_waits(D2[1]) == w0);
     gp_loss_result r[2];
@@ -871,7 +876,7 @@ static void test_step_slots(void)
     CHECK(r[0].bad >= 0 && r[1].bad == r[0].bad && r[1].loss_sum == 0.0);
     labels[33] = -1.0f;
     bset(&lab, labels);
-    BOTH(gp_dev_xent_dev(D, x.p[K], lab.p[K], rows, cols, 0.5f, NULL,
+    BOTH(gp_dev_xent_dev(D, x.p[K], lab.p[K], rows, cols, 0.5f, 0.0f, NULL,
                          (gp_loss_result *)res.p[K]));
     for (int k = 0; k < 2; k++) {
         CHECK_OK(gp_dev_download(D2[k], (float *)&r[k], res.p[k], 6));

@@ -1100,7 +1100,7 @@ static void test_cross_entropy(gp_device *dev)
     CHECK_OK(gp_tensor_alloc(&dl, dev, &ls, GP_MEM_ACTIVATIONS));
     gp_loss_out lo;
     float scale = 0.25f;
-    CHECK_OK(gp_cross_entropy(dev, &logits, &labels, scale, &dl, &lo));
+    CHECK_OK(gp_cross_entropy(dev, &logits, &labels, 0.0f, scale, &dl, &lo));
     float *dh = gpt_download(&dl);
     double loss = 0;
     int64_t correct = 0;
@@ -1132,7 +1132,7 @@ static void test_cross_entropy(gp_device *dev)
             float v = orig + (sgn ? -1e-2f : 1e-2f);
             CHECK_OK(gp_dev_upload(dev, logits.data + q, &v, 1));
             gp_loss_out o2;
-            CHECK_OK(gp_cross_entropy(dev, &logits, &labels, 1.0f, NULL, &o2));
+            CHECK_OK(gp_cross_entropy(dev, &logits, &labels, 0.0f, 1.0f, NULL, &o2));
             l2[sgn] = o2.loss_sum;
         }
         CHECK_OK(gp_dev_upload(dev, logits.data + q, &orig, 1));
@@ -1144,12 +1144,12 @@ static void test_cross_entropy(gp_device *dev)
     /* a label outside [0, K) names the row and the label */
     lab[2] = 7.0f;
     CHECK_OK(gp_dev_upload(dev, labels.data, lab, N));
-    CHECK_ERR(gp_cross_entropy(dev, &logits, &labels, 1.0f, &dl, &lo), GP_ERR_DATA,
+    CHECK_ERR(gp_cross_entropy(dev, &logits, &labels, 0.0f, 1.0f, &dl, &lo), GP_ERR_DATA,
               "label 7 in row 2");
     /* 4-D logits are refused */
     gp_shape s4 = gp_shape_4d(N, K, 1, 1);
     gp_tensor l4 = gp_tensor_reshape(&logits, &s4);
-    CHECK_ERR(gp_cross_entropy(dev, &l4, &labels, 1.0f, NULL, &lo), GP_ERR_INVALID,
+    CHECK_ERR(gp_cross_entropy(dev, &l4, &labels, 0.0f, 1.0f, NULL, &lo), GP_ERR_INVALID,
               "flatten");
     free(dh);
     gp_tensor_free(&dl);

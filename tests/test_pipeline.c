@@ -45,6 +45,7 @@ static int transparency_failures;
  * which gpt_compare_steps takes for such a config). */
 static gp_optim_kind optimizer; /* transparency's; SGD unless adam_transparency sets it */
 static float clip_norm;         /* transparency's train.clip_grad_norm; 0: off */
+static float smoothing;         /* transparency's model.label_smoothing; 0: off */
 
 static void transparency(bool convnet, int n, int m, gp_checkpoint_mode ck, bool lockstep,
                          gp_schedule_kind kind, bool bf16)
@@ -52,6 +53,7 @@ static void transparency(bool convnet, int n, int m, gp_checkpoint_mode ck, bool
     gp_config c = make_cfg(convnet);
     if (optimizer != GP_OPTIM_SGD) gpt_set_adam(&c, optimizer);
     c.train.clip_grad_norm = clip_norm;
+    c.model.label_smoothing = smoothing;
     int bal[8];
     int S = gpt_set_schedule(&c, kind, n, bal); /* the reference accumulates in its order too */
     c.pipeline.chunks = m;
@@ -72,8 +74,8 @@ static void transparency(bool convnet, int n, int m, gp_checkpoint_mode ck, bool
     bool same_loss = same[0], same_grads = same[1], same_params = same[2];
     if (!(same_loss && same_grads && same_params)) transparency_failures++;
     CHECK_MSG(same_loss && same_grads && same_params,
-              "%s%s%s%s %s n=%d m=%d ckpt=%s lockstep=%d: loss %s, grads %s, params %s",
-              clip_norm > 0 ? "clipped, " : "",
+              "%s%s%s%s%s %s n=%d m=%d ckpt=%s lockstep=%d: loss %s, grads %s, params %s",
+              smoothing > 0 ? "label smoothing, " : "", clip_norm > 0 ? "clipped, " : "",
               optimizer == GP_OPTIM_ADAM ? "adam, " : optimizer == GP_OPTIM_ADAMW ? "adamw, " : "",
               bf16 ? "bf16 copies, " : "", gp_schedule_kind_name(kind), convnet ? "convnet" : "mlp", n, m,
               gp_checkpoint_mode_name(ck), lockstep,
@@ -171,6 +173,42 @@ static void clip_transparency(void)
         gp_model_free(&pip);
         gp_model_free(&plain);
     }
+}
+
+/* Label smoothing (model.label_smoothing): the last stage's loss on the
+ * device, the one-device step's on the host path: every schedule, 2 and 3
+ * devices, m in {1, 4}, bit for bit; and the smoothed loss is not the
+ * plain one (it ran). */
+static void smoothing_transparency(void)
+{
+    int before = transparency_failures, runs = 0;
+    smoothing = 0.1f;
+    for (int n = 2; n <= 3; n++)
+        for (int m = 1; m <= 4; m += 3)
+            for (int kd = 0; kd <= GP_SCHEDULE_INTERLEAVED; kd++) {
+                if (kd == GP_SCHEDULE_INTERLEAVED && (n != 2 || m != 4)) continue;
+                transparency(true, n, m, GP_CKPT_EXCEPT_LAST, true, (gp_schedule_kind)kd, false);
+                runs++;
+            }
+    smoothing = 0;
+    printf("test_pipeline: label smoothing: %d of %d configurations differ\n",
+           transparency_failures - before, runs);
+    gp_config c = make_cfg(true);
+    int bal[2];
+    gpt_split_even(c.model.n_layers, 2, bal);
+    float x[BATCH * 72], y[BATCH];
+    make_batch(&c, 0, x, y);
+    gp_step_stats a, b;
+    gp_model plain, smooth;
+    CHECK_OK(gp_model_build_placed(&c, devs, 2, bal, &plain));
+    c.model.label_smoothing = 0.1f;
+    CHECK_OK(gp_model_build_placed(&c, devs, 2, bal, &smooth));
+    CHECK_OK(gp_model_pipeline_step(&plain, &c, x, y, BATCH, 0.05, &a));
+    CHECK_OK(gp_model_pipeline_step(&smooth, &c, x, y, BATCH, 0.05, &b));
+    CHECK_MSG(b.loss != a.loss && fabs(b.loss - a.loss) < 1.0, "loss %.9g smoothed, %.9g plain",
+              b.loss, a.loss);
+    gp_model_free(&plain);
+    gp_model_free(&smooth);
 }
 
 /* Running statistics of the first BN after one step, chunked pipeline vs
@@ -842,6 +880,7 @@ int main(void)
            transparency_failures - before);
     adam_transparency();
     clip_transparency();
+    smoothing_transparency();
     bf16_copies_effect();
     bf16_held_inputs();
     blocked_chains();

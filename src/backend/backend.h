@@ -108,8 +108,9 @@
  *  22  gp_bn_desc.add (a residual added before the relu, in the forward)
  *  23  linear_fwd (a linear layer's product, bias and relu in one call: a
  *      cuBLASLt epilogue on a GPU)
- *  24  adam_multi (Adam and AdamW), gp_update_part.v2 */
-#define GP_DEVICE_IFACE_VERSION 24
+ *  24  adam_multi (Adam and AdamW), gp_update_part.v2
+ *  25  xent and xent_dev take the label smoothing */
+#define GP_DEVICE_IFACE_VERSION 25
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -421,10 +422,13 @@ typedef struct gp_device_iface {
     /* Cross-entropy over rows of logits(rows, cols) against labels(rows)
      * (float class ids): *loss_sum = sum -log softmax[label] (double),
      * *correct = rows whose first argmax is the label; if dlogits is not NULL
-     * it is set to (softmax - onehot) * scale.  A label outside [0, cols)
-     * sets *bad_row to its row (else -1) and returns GP_OK without output. */
+     * it is set to (softmax - onehot) * scale.  With label smoothing eps
+     * (smoothing > 0) the target is smoothed (gp_ew_xent_loss_ls,
+     * gp_ew_xent_grad_ls); 0 is the plain loss, bit for bit.  A label
+     * outside [0, cols) sets *bad_row to its row (else -1) and returns
+     * GP_OK without output. */
     gp_status (*xent)(gp_device *dev, const float *logits, const float *labels,
-                      int64_t rows, int64_t cols, float scale, float *dlogits,
+                      int64_t rows, int64_t cols, float scale, float smoothing, float *dlogits,
                       double *loss_sum, int64_t *correct, int64_t *bad_row);
     /* Dropout mask: mask[i] = (u >= p) ? 1 / (1 - p) : 0 with
      * u = gp_rng_uniform(seed, stream, first + i), so the mask of any
@@ -619,8 +623,8 @@ typedef struct gp_device_iface {
      * sets out->bad (else -1) and leaves loss_sum and correct 0.  NULL: the
      * wrappers call xent / bce_logits (a host wait) and upload the result. */
     gp_status (*xent_dev)(gp_device *dev, const float *logits, const float *labels,
-                          int64_t rows, int64_t cols, float scale, float *dlogits,
-                          gp_loss_result *out);
+                          int64_t rows, int64_t cols, float scale, float smoothing,
+                          float *dlogits, gp_loss_result *out);
     gp_status (*bce_logits_dev)(gp_device *dev, const float *z, const float *t, int64_t n,
                                 float scale, float *dz, gp_loss_result *out);
     /* --- device-time markers (optional; appended last) ---
@@ -923,8 +927,8 @@ gp_status gp_dev_bn_merge(gp_device *dev, int64_t c, double *mean_acc, double *m
 gp_status gp_dev_bn_commit(gp_device *dev, int64_t c, float *rmean, float *rvar,
                            double *mean_acc, double *m2_acc, double momentum, double count);
 gp_status gp_dev_xent_dev(gp_device *dev, const float *logits, const float *labels,
-                          int64_t rows, int64_t cols, float scale, float *dlogits,
-                          gp_loss_result *out);
+                          int64_t rows, int64_t cols, float scale, float smoothing,
+                          float *dlogits, gp_loss_result *out);
 gp_status gp_dev_bce_logits_dev(gp_device *dev, const float *z, const float *t, int64_t n,
                                 float scale, float *dz, gp_loss_result *out);
 
@@ -1147,12 +1151,13 @@ static inline gp_status gp_dev_log_softmax(gp_device *dev, const float *x, float
     return dev->iface->log_softmax(dev, x, y, rows, cols);
 }
 static inline gp_status gp_dev_xent(gp_device *dev, const float *logits, const float *labels,
-                                    int64_t rows, int64_t cols, float scale, float *dlogits,
-                                    double *loss_sum, int64_t *correct, int64_t *bad_row)
+                                    int64_t rows, int64_t cols, float scale, float smoothing,
+                                    float *dlogits, double *loss_sum, int64_t *correct,
+                                    int64_t *bad_row)
 {
     gp_dev_count_wait(dev);
-    return dev->iface->xent(dev, logits, labels, rows, cols, scale, dlogits, loss_sum, correct,
-                            bad_row);
+    return dev->iface->xent(dev, logits, labels, rows, cols, scale, smoothing, dlogits, loss_sum,
+                            correct, bad_row);
 }
 static inline gp_status gp_dev_dropout_mask(gp_device *dev, float *mask, int64_t n, float p,
                                             uint64_t seed, uint64_t stream, uint64_t first)

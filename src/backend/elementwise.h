@@ -258,6 +258,39 @@ GP_EW_FN void gp_ew_xent_grad_row(const float *x, int64_t cols, int64_t label,
     for (int64_t j = 0; j < cols; j++) d[j] = gp_ew_xent_grad_one(x[j], j == label, max, lse, scale);
 }
 
+/* Label smoothing (PyTorch's CrossEntropyLoss(label_smoothing=eps)): the
+ * target is 1 - eps + eps / cols on the label and eps / cols elsewhere, so
+ * the loss is (1 - eps) (-log softmax[label]) + eps mean_j (-log softmax_j)
+ * = (1 - eps) gp_ew_xent_loss + eps (lse - shift_sum / cols), shift_sum
+ * the row's sum of x_j - max in double (gp_ew_row_shift_sum).  eps = 0:
+ * gp_ew_xent_loss exactly. */
+GP_EW_FN double gp_ew_xent_loss_ls(const float *x, int64_t label, float max, double lse,
+                                   double shift_sum, int64_t cols, float eps)
+{
+    double base = gp_ew_xent_loss(x, label, max, lse);
+    if (eps == 0.0f) return base;
+    return (1.0 - (double)eps) * base + (double)eps * (lse - shift_sum / (double)cols);
+}
+
+/* sum_j (x_j - max), in double. */
+GP_EW_FN double gp_ew_row_shift_sum(const float *x, int64_t cols, float max)
+{
+    double s = 0.0;
+    for (int64_t j = 0; j < cols; j++) s += (double)(x[j] - max);
+    return s;
+}
+
+/* The smoothed gradient's element: (softmax(x)_j - target_j) * scale;
+ * eps = 0: gp_ew_xent_grad_one exactly. */
+GP_EW_FN float gp_ew_xent_grad_ls(float xj, int is_label, float max, double lse, float scale,
+                                  float eps, int64_t cols)
+{
+    if (eps == 0.0f) return gp_ew_xent_grad_one(xj, is_label, max, lse, scale);
+    double p = exp((double)(xj - max) - lse);
+    double q = (is_label ? 1.0 - (double)eps : 0.0) + (double)eps / (double)cols;
+    return (float)((p - q) * (double)scale);
+}
+
 /* A float label is valid if it is an integer in [0, cols). */
 GP_EW_FN int gp_ew_label_ok(float label, int64_t cols)
 {

@@ -168,6 +168,7 @@ typedef struct gp_profile_opts {
     int contend;
     gp_loss_kind loss;      /* the loss timed on the last layer's output
                                (default cross-entropy) */
+    float label_smoothing;  /* its label smoothing (cross-entropy; 0: none) */
 } gp_profile_opts;
 
 /* Profile the model given by its layer specs and per-sample input (C, H, W).

@@ -645,7 +645,8 @@ static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer
                     if (s == GP_OK) s = gp_dev_synchronize(dev);
                     t0 = gp_now();
                     if (s == GP_OK)
-                        s = gp_loss(dev, o->loss, &yl, &lab, 1.0f / (float)nl, &dl, &lo);
+                        s = gp_loss(dev, o->loss, o->label_smoothing, &yl, &lab,
+                                    1.0f / (float)nl, &dl, &lo);
                     if (s == GP_OK) s = gp_dev_synchronize(dev);
                     gp_tensor_free(&lab);
                     gp_tensor_free(&yl);

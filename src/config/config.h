@@ -46,6 +46,7 @@ typedef struct gp_model_config {
     gp_loss_kind loss;    /* model.loss; default cross_entropy (class ids);
                              bce_with_logits takes one target per output
                              element (masks) */
+    float label_smoothing; /* cross_entropy's, in [0, 1); default 0 */
     char init_from[512];  /* safetensors file; "" = fresh init */
     char input_at[600];   /* where model.input was given ("my.yaml:3:10",
                              "--set model.input=[3,8,8]"), for messages that

@@ -18,7 +18,7 @@
  * keys of a device map are checked against their own lists below. */
 static const char *const k_schema[] = {
     "model", "pipeline", "data", "train",
-    "model.input", "model.layers", "model.loss", "model.init_from",
+    "model.input", "model.layers", "model.loss", "model.label_smoothing", "model.init_from",
     "model.resnet", "model.resnet.depth", "model.resnet.classes",
     "model.amoebanet", "model.amoebanet.layers", "model.amoebanet.filters",
     "model.amoebanet.classes",
@@ -65,7 +65,8 @@ static const char *const k_examples[][2] = {
     {"model.layers.#.init", "kaiming_normal_fan_out"},
     {"model.layers.#.reduction", "true"},
     {"model.layers.#.*", "{out: 64}"}, {"model.layers.#.*.*", "64"},
-    {"model.loss", "cross_entropy"}, {"model.init_from", "weights.safetensors"},
+    {"model.loss", "cross_entropy"}, {"model.label_smoothing", "0.1"},
+    {"model.init_from", "weights.safetensors"},
     {"model.resnet", "{depth: 101, classes: 1000}"}, {"model.resnet.depth", "101"},
     {"model.resnet.classes", "1000"},
     {"model.amoebanet", "{layers: 18, filters: 256, classes: 1000}"},

@@ -931,7 +931,8 @@ static gp_status bad_on_device(gp_device *dev, gp_loss_kind k, const gp_tensor *
 }
 
 gp_status gp_cross_entropy(gp_device *dev, const gp_tensor *logits, const gp_tensor *labels,
-                           float grad_scale, gp_tensor *dlogits, gp_loss_out *out)
+                           float smoothing, float grad_scale, gp_tensor *dlogits,
+                           gp_loss_out *out)
 {
     memset(out, 0, sizeof *out);
     GP_TRY(loss_shapes(dev, GP_LOSS_CROSS_ENTROPY, logits, labels, dlogits));
@@ -939,7 +940,7 @@ gp_status gp_cross_entropy(gp_device *dev, const gp_tensor *logits, const gp_ten
     double loss = 0.0;
     int64_t correct = 0, bad = -1;
     if (rows > 0)
-        GP_TRY(gp_dev_xent(dev, logits->data, labels->data, rows, cols, grad_scale,
+        GP_TRY(gp_dev_xent(dev, logits->data, labels->data, rows, cols, grad_scale, smoothing,
                            dlogits ? dlogits->data : NULL, &loss, &correct, &bad));
     if (bad >= 0) return bad_on_device(dev, GP_LOSS_CROSS_ENTROPY, logits, labels, bad);
     out->loss_sum = loss;
@@ -965,15 +966,16 @@ gp_status gp_bce_with_logits(gp_device *dev, const gp_tensor *logits, const gp_t
     return GP_OK;
 }
 
-gp_status gp_loss_dev(gp_device *dev, gp_loss_kind k, const gp_tensor *logits,
-                      const gp_tensor *targets, float grad_scale, gp_tensor *dlogits,
-                      gp_loss_result *out)
+gp_status gp_loss_dev(gp_device *dev, gp_loss_kind k, float smoothing,
+                      const gp_tensor *logits, const gp_tensor *targets, float grad_scale,
+                      gp_tensor *dlogits, gp_loss_result *out)
 {
+    GP_ASSERT(k == GP_LOSS_CROSS_ENTROPY || smoothing == 0.0f);
     GP_TRY(loss_shapes(dev, k, logits, targets, dlogits));
     float *dl = dlogits ? dlogits->data : NULL;
     if (k == GP_LOSS_CROSS_ENTROPY)
         return gp_dev_xent_dev(dev, logits->data, targets->data, logits->dims[0],
-                               logits->dims[1], grad_scale, dl, out);
+                               logits->dims[1], grad_scale, smoothing, dl, out);
     return gp_dev_bce_logits_dev(dev, logits->data, targets->data, gp_tensor_numel(logits),
                                  grad_scale, dl, out);
 }
@@ -1008,14 +1010,16 @@ int64_t gp_loss_targets_per_sample(gp_loss_kind k, const gp_shape *out)
     return gp_shape_numel(&one);
 }
 
-gp_status gp_loss(gp_device *dev, gp_loss_kind k, const gp_tensor *logits,
+gp_status gp_loss(gp_device *dev, gp_loss_kind k, float smoothing, const gp_tensor *logits,
                   const gp_tensor *targets, float grad_scale, gp_tensor *dlogits,
                   gp_loss_out *out)
 {
-    if (k == GP_LOSS_BCE_WITH_LOGITS)
+    if (k == GP_LOSS_BCE_WITH_LOGITS) {
+        GP_ASSERT(smoothing == 0.0f);
         return gp_bce_with_logits(dev, logits, targets, grad_scale, dlogits, out);
+    }
     GP_ASSERT(k == GP_LOSS_CROSS_ENTROPY);
-    return gp_cross_entropy(dev, logits, targets, grad_scale, dlogits, out);
+    return gp_cross_entropy(dev, logits, targets, smoothing, grad_scale, dlogits, out);
 }
 
 int gp_layers_first_trainable(const gp_layer *layers, int n)

@@ -552,10 +552,13 @@ typedef struct gp_loss_out {
 /* Cross-entropy (log-softmax + NLL) of logits (N, K) against labels (N)
  * (float class indices on the device).  If dlogits is non-NULL it is set to
  * (softmax - onehot) * grad_scale (use 1 / batch_total so that micro-batch
- * gradients add up to the mean over the whole mini-batch).  Labels outside
+ * gradients add up to the mean over the whole mini-batch).  smoothing > 0:
+ * label smoothing as PyTorch's CrossEntropyLoss(label_smoothing=...): the
+ * one-hot target becomes (1 - smoothing) onehot + smoothing / K, in the
+ * loss and the gradient (0: the plain loss, bit for bit).  Labels outside
  * [0, K) are an error naming the row. */
 gp_status gp_cross_entropy(gp_device *dev, const gp_tensor *logits,
-                           const gp_tensor *labels, float grad_scale,
+                           const gp_tensor *labels, float smoothing, float grad_scale,
                            gp_tensor *dlogits, gp_loss_out *out);
 
 /* Binary cross-entropy with logits (PyTorch's BCEWithLogitsLoss with
@@ -595,8 +598,9 @@ const char *gp_loss_name(gp_loss_kind k);
  * gradient of that mean over a mini-batch of batch_total samples takes
  * grad_scale = 1 / (batch_total x this). */
 int64_t gp_loss_targets_per_sample(gp_loss_kind k, const gp_shape *out);
-/* gp_cross_entropy or gp_bce_with_logits, as k says. */
-gp_status gp_loss(gp_device *dev, gp_loss_kind k, const gp_tensor *logits,
+/* gp_cross_entropy (with label smoothing `smoothing`) or
+ * gp_bce_with_logits (smoothing must be 0), as k says. */
+gp_status gp_loss(gp_device *dev, gp_loss_kind k, float smoothing, const gp_tensor *logits,
                   const gp_tensor *targets, float grad_scale, gp_tensor *dlogits,
                   gp_loss_out *out);
 /* The same loss with its results left in device memory (*out, one
@@ -604,9 +608,9 @@ gp_status gp_loss(gp_device *dev, gp_loss_kind k, const gp_tensor *logits,
  * later (the pipeline, once per step).  A bad label or target sets
  * out->bad; check the targets on the host first (gp_loss_check_targets)
  * for an error that names them before anything is computed. */
-gp_status gp_loss_dev(gp_device *dev, gp_loss_kind k, const gp_tensor *logits,
-                      const gp_tensor *targets, float grad_scale, gp_tensor *dlogits,
-                      gp_loss_result *out);
+gp_status gp_loss_dev(gp_device *dev, gp_loss_kind k, float smoothing,
+                      const gp_tensor *logits, const gp_tensor *targets, float grad_scale,
+                      gp_tensor *dlogits, gp_loss_result *out);
 /* GP_ERR_DATA, worded as gp_cross_entropy's and gp_bce_with_logits', when
  * a target in host memory t is not one loss k takes; out is the shape of
  * the logits they go with (N, classes) or of the targets themselves; t's

@@ -933,7 +933,8 @@ static gp_status do_forward(gp_pipeline *p, int i, int j, bool ckpt, int *bad_la
         GP_TRY(await_upload(p, i, EV_UP_Y));
         /* 1 / the global batch's targets: the replicas' gradients then sum
          * to the gradient of the global mean loss. */
-        st = gp_ckpt_loss_dev(dev, p->opts.loss, &s->stash.out, &s->labels,
+        st = gp_ckpt_loss_dev(dev, p->opts.loss, p->opts.label_smoothing, &s->stash.out,
+                              &s->labels,
                               (float)(1.0 / ((double)p->batch_total * (double)p->targets)),
                               &s->grad_out, loss_slot(p, i));
         gp_tensor_free(&s->labels);

@@ -97,6 +97,7 @@ typedef struct gp_pipeline_opts {
     bool bf16_copies;
     float clip_norm;            /* > 0: CLIP scales the gradients so that their
                                    global L2 norm is at most this (train.clip_grad_norm) */
+    float label_smoothing;      /* cross-entropy's (model.label_smoothing); 0: none */
     gp_loss_kind loss;          /* the last stage's loss (default cross-entropy:
                                    y holds one class id per sample; binary
                                    cross-entropy: one target per element of

@@ -104,6 +104,7 @@ static gp_status build_placed(const gp_config *cfg, gp_device *const *devs, int 
     free(outs);
     out->output = cur;
     out->loss = mc->loss;
+    out->label_smoothing = mc->label_smoothing;
     out->targets = gp_loss_targets_per_sample(mc->loss, &cur);
     /* binary cross-entropy takes any output, one target per element */
     if (mc->loss == GP_LOSS_CROSS_ENTROPY && cur.ndim != 2) {
@@ -157,6 +158,7 @@ gp_pipeline_opts gp_model_pipeline_opts(const gp_model *m, const gp_config *cfg)
                               .processes = m->local_device >= 0,
                               .local_device = m->local_device, .rank_base = m->rank_base,
                               .optim = m->optim, .loss = m->loss,
+                              .label_smoothing = m->label_smoothing,
                               .clip_norm = cfg->train.clip_grad_norm,
                               .bf16_copies = gp_config_bf16_copies(cfg)};
 }
@@ -238,7 +240,8 @@ gp_status gp_model_profile(const gp_config *cfg, const gp_model_profile_opts *o,
                           .warmup = o->warmup, .reps = o->reps, .timed = o->timed,
                           .batch = cfg->train.batch_size, .chunks = m,
                           .optim_slots = optim_slots(cfg),
-                          .seed = cfg->train.seed, .loss = cfg->model.loss};
+                          .seed = cfg->train.seed, .loss = cfg->model.loss,
+                          .label_smoothing = cfg->model.label_smoothing};
     /* Every CPU device of the run (all replicas) computes at once. */
     int n_cpu = gp_pipeline_cpu_devices(pc);
     if (!o->alone && gp_device_spec_is_cpu(&pc->devices[0]) && n_cpu > 1) po.contend = n_cpu - 1;
@@ -460,7 +463,8 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
         gp_loss_out lo = {0};
         if (s == GP_OK) s = gp_ckpt_forward(m->layers, &ctx, GP_FWD_KEEP, &mbs[i], &bad);
         if (s == GP_OK)
-            s = gp_ckpt_loss(m->dev, m->loss, &mbs[i].out, &labels, scale, &dy[i], &lo);
+            s = gp_ckpt_loss(m->dev, m->loss, m->label_smoothing, &mbs[i].out, &labels, scale,
+                             &dy[i], &lo);
         gp_tensor_free(&labels);
         loss_sum += lo.loss_sum;
         correct += lo.correct;
@@ -755,7 +759,8 @@ static gp_status evaluate_at(gp_model *m, const gp_config *cfg, const eval_sourc
             gp_tensor_free(&labels);
             labels = l2;
         }
-        if (s == GP_OK) s = gp_loss(cur.dev, m->loss, &cur, &labels, 1.0f, NULL, &lo);
+        if (s == GP_OK)
+            s = gp_loss(cur.dev, m->loss, m->label_smoothing, &cur, &labels, 1.0f, NULL, &lo);
         loss_sum += lo.loss_sum;
         correct += lo.correct;
         count += lo.count;

@@ -45,6 +45,7 @@ typedef struct gp_model {
     gp_shape output;       /* of one sample: (1, classes) for cross-entropy,
                               any shape for binary cross-entropy */
     gp_loss_kind loss;     /* model.loss */
+    float label_smoothing; /* model.label_smoothing (cross-entropy) */
     int64_t targets;       /* targets per sample (gp_loss_targets_per_sample):
                               the host batches' y holds n x this many */
     gp_skip_map skips;     /* the skip connections (stash -> pop), owned */

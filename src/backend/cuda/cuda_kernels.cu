@@ -316,8 +316,8 @@ __global__ void k_xent_first_bad(const long long *row_flag, int64_t rows,
  * entirely after a bad label. */
 #define XENT_WARPS (GP_CUK_THREADS / 32)
 __global__ void k_xent_rows(const float *logits, const float *labels, int64_t rows,
-                            int64_t cols, float scale, float *dlogits, double *row_loss,
-                            long long *row_hit, const gp_cuk_xent_out *out)
+                            int64_t cols, float scale, float eps, float *dlogits,
+                            double *row_loss, long long *row_hit, const gp_cuk_xent_out *out)
 {
     if (out->bad_row >= 0) return;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -348,14 +348,21 @@ __global__ void k_xent_rows(const float *logits, const float *labels, int64_t ro
         for (int64_t j = lane; j < cols; j += 32) sum += exp((double)(x[j] - m));
         for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
         double lse = log(sum);
+        /* label smoothing: the row's sum of x - max, as the sum above */
+        double shift = 0.0;
+        if (eps != 0.0f) {
+            for (int64_t j = lane; j < cols; j += 32) shift += (double)(x[j] - m);
+            for (int o = 16; o > 0; o >>= 1) shift += __shfl_xor_sync(0xffffffffu, shift, o);
+        }
         int64_t label = (int64_t)labels[r];
         if (lane == 0) {
-            row_loss[r] = gp_ew_xent_loss(x, label, m, lse);
+            row_loss[r] = gp_ew_xent_loss_ls(x, label, m, lse, shift, cols, eps);
             row_hit[r] = a == label;
         }
         if (dlogits)
             for (int64_t j = lane; j < cols; j += 32)
-                dlogits[r * cols + j] = gp_ew_xent_grad_one(x[j], j == label, m, lse, scale);
+                dlogits[r * cols + j] = gp_ew_xent_grad_ls(x[j], j == label, m, lse, scale, eps,
+                                                           cols);
     }
 }
 
@@ -1037,8 +1044,9 @@ cudaError_t gp_cuk_bn_commit(cudaStream_t s, float *rmean, float *rvar, double *
 }
 
 cudaError_t gp_cuk_xent(cudaStream_t s, const float *logits, const float *labels,
-                        int64_t rows, int64_t cols, float scale, float *dlogits,
-                        double *row_loss, long long *row_flag, gp_cuk_xent_out *out)
+                        int64_t rows, int64_t cols, float scale, float smoothing,
+                        float *dlogits, double *row_loss, long long *row_flag,
+                        gp_cuk_xent_out *out)
 {
     if (rows <= 0) return cudaSuccess;
     k_xent_check<<<blocks_for(rows), GP_CUK_THREADS, 0, s>>>(labels, rows, cols, row_flag);
@@ -1050,8 +1058,8 @@ cudaError_t gp_cuk_xent(cudaStream_t s, const float *logits, const float *labels
      * same stream, so in order). */
     unsigned wblocks = (unsigned)((rows + XENT_WARPS - 1) / XENT_WARPS < 65535
                                       ? (rows + XENT_WARPS - 1) / XENT_WARPS : 65535);
-    k_xent_rows<<<wblocks, GP_CUK_THREADS, 0, s>>>(logits, labels, rows, cols, scale, dlogits,
-                                                   row_loss, row_flag, out);
+    k_xent_rows<<<wblocks, GP_CUK_THREADS, 0, s>>>(logits, labels, rows, cols, scale, smoothing,
+                                                   dlogits, row_loss, row_flag, out);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     k_xent_total<<<1, GP_CUK_THREADS, 0, s>>>(row_loss, row_flag, rows, out);
     return cudaGetLastError();

@@ -146,8 +146,9 @@ typedef struct gp_cuk_xent_out {
  * and, if one is bad, writes only out->bad_row (no dlogits).
  * Scratch: row_loss (rows doubles), row_flag (rows long longs). */
 cudaError_t gp_cuk_xent(cudaStream_t s, const float *logits, const float *labels,
-                        int64_t rows, int64_t cols, float scale, float *dlogits,
-                        double *row_loss, long long *row_flag, gp_cuk_xent_out *out);
+                        int64_t rows, int64_t cols, float scale, float smoothing,
+                        float *dlogits, double *row_loss, long long *row_flag,
+                        gp_cuk_xent_out *out);
 
 /* U-Net layers (backend.h's leaky_relu_fwd/bwd, mul_rows, upsample_fwd/bwd):
  * one thread per output element; upsample_bwd sums its block in a fixed
