@@ -550,6 +550,10 @@ def main():
         # same factor as threads (the records carry grad_norm)
         same_run(tmp, "conv-1f1b-clip", CONV, 2, ["pipeline.schedule=1f1b",
                                                   "train.clip_grad_norm=0.05"])
+        # with replicas: the entries summed in double in replica order, over
+        # MPI as between the threads' replicas
+        same_run(tmp, "conv-2x2-clip", CONV, 4, ["pipeline.replicas=2",
+                                                 "train.clip_grad_norm=0.05"])
         norms = [r.get("grad_norm") for r in records(os.path.join(tmp, "conv-1f1b-clip-n.jsonl"))
                  if "loss" in r]
         check(norms and all(n is not None and float(n) > 0.05 for n in norms),

@@ -669,6 +669,38 @@ static void test_resume_adam(void)
     snprintf(p, sizeof p, "%s/ws2/snapshot-000000005.safetensors", tmpdir);
     snprintf(a, sizeof a, "%s/w.yaml %s --set train.steps=10 --resume %s", tmpdir, adamw, p);
     CHECK(train(a) != 0 && log_has("holds no Adam state") && log_has("SGD with momentum"));
+    /* The snapshot says which optimizer saved it (gpipe.optimizer): a layer
+     * named like a state ("exp_avg.weight") does not make an SGD snapshot
+     * Adam's, and an Adam model without parameters resumes its own. */
+    const char *named = "model:\n  input: [1, 8, 8]\n  layers:\n    - flatten: {name: flat}\n"
+                        "    - linear: {out: 10, name: exp_avg}\n"
+                        "data: {dataset: synthetic, synthetic: {train: 64, test: 16, shape: [1, 8, "
+                        "8]}}\ntrain: {steps: 4, batch_size: 16, log_every: 0}\n";
+    const char *bare = "model:\n  input: [1, 8, 8]\n  layers:\n    - flatten\n    - relu\n"
+                       "data: {dataset: synthetic, synthetic: {train: 64, test: 16, classes: 64, "
+                       "shape: [1, 8, 8]}}\ntrain: {steps: 4, batch_size: 16, log_every: 0, "
+                       "optimizer: adamw}\n";
+    const char *texts[] = {named, bare};
+    for (int q = 0; q < 2; q++) {
+        char cfgp[400];
+        snprintf(cfgp, sizeof cfgp, "%s/state%d.yaml", tmpdir, q);
+        FILE *cf = fopen(cfgp, "w");
+        if (cf) {
+            fputs(texts[q], cf);
+            fclose(cf);
+        }
+        snprintf(a, sizeof a, "rm -rf %s/ss%d", tmpdir, q);
+        CHECK(system(a) == 0);
+        snprintf(a, sizeof a, "%s --set train.snapshot.every_steps=2 --set train.snapshot.dir=%s/ss%d",
+                 cfgp, tmpdir, q);
+        CHECK(train(a) == 0);
+        snprintf(a, sizeof a, "%s --set train.steps=6 --set train.snapshot.every_steps=2 "
+                 "--set train.snapshot.dir=%s/ss%d --resume latest", cfgp, tmpdir, q);
+        int rc = train(a);
+        CHECK_MSG(rc == 0, "%s resumed: exit %d", q ? "an Adam model without parameters"
+                                                    : "SGD with a layer named exp_avg", rc);
+        if (rc) show_log();
+    }
 }
 
 /* A 2-device snapshot resumed on 1 device: the same numbers up to rounding. */

@@ -76,7 +76,8 @@ typedef struct gp_layer_mem {
                                kernel: 3, stride: 1, padding: 1, bias: true}" */
     size_t param_bytes;     /* category PARAMS (incl. buffers) */
     size_t grad_bytes;      /* GRADS */
-    size_t optim_bytes;     /* OPTIMIZER (one momentum per trainable tensor) */
+    size_t optim_bytes;     /* OPTIMIZER (SGD's momentum or Adam's two moments
+                               per trainable tensor) */
     size_t workspace_bytes; /* peak WORKSPACE while it ran (backend arena,
                                layer scratch) */
     double in_per_sample;   /* input bytes: what a checkpointed stage that

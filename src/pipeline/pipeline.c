@@ -99,6 +99,7 @@ struct gp_pipeline {
     double *clip_sq;
     int *clip_at;              /* [L + 1] */
     double grad_norm;
+    void *clip_buf[GP_MAX_DEVICES]; /* replicas: stage j's entries on its device */
     void (*on_fail)(void *arg);
     void *fail_arg;
     /* The skips that cross stages (stashed on one, popped on a later one). */
@@ -1104,6 +1105,37 @@ static gp_status barrier(worker *w, const gp_instr *in, int *bad_layer)
     return st;
 }
 
+/* Stage q's clip_sq entries summed over the replicas of this process, in
+ * replica order and in double, as gp_procs_sum_doubles sums the ranks'
+ * under mpirun (the other ranks' zeros add exactly), so threads and
+ * processes clip by the same factor: each replica in turn broadcasts its
+ * entries' bytes (a copy, exact) through the stage's communicator into a
+ * buffer kept for the next steps. */
+static gp_status clip_replicas(gp_pipeline *p, int q)
+{
+    int t0 = p->clip_at[p->first[q]], t1 = p->clip_at[p->first[q] + p->count[q]], k = t1 - t0;
+    if (k <= 0) return GP_OK; /* the same on every replica: none takes part */
+    gp_device *dev = p->devs[q];
+    size_t bytes = (size_t)k * sizeof(double);
+    if (!p->clip_buf[q]) GP_TRY(gp_dev_alloc(dev, bytes, GP_MEM_WORKSPACE, &p->clip_buf[q]));
+    float *buf = p->clip_buf[q];
+    int64_t nf = (int64_t)(bytes / sizeof(float)); /* the doubles' bytes, as floats */
+    double *own = malloc(2 * bytes), *got = own ? own + k : NULL;
+    if (!own) return gp_error_set(GP_ERR_OOM, "out of host memory");
+    memcpy(own, p->clip_sq + t0, bytes);
+    gp_status st = GP_OK;
+    for (int r = 0; r < p->replicas && st == GP_OK; r++) {
+        if (r == p->rank) st = gp_dev_upload(dev, buf, (const float *)own, nf);
+        if (st == GP_OK) st = gp_dev_broadcast(dev, p->comms[q], buf, nf, r);
+        if (st == GP_OK) st = gp_dev_download(dev, (float *)got, buf, nf);
+        if (st == GP_OK) st = gp_dev_synchronize(dev);
+        for (int t = 0; t < k && st == GP_OK; t++)
+            p->clip_sq[t0 + t] = r == 0 ? got[t] : p->clip_sq[t0 + t] + got[t];
+    }
+    free(own);
+    return st;
+}
+
 /* CLIP (after the barrier: every gradient final and summed over the
  * replicas): the global L2 norm of every trainable gradient of the model,
  * and where it exceeds opts.clip_norm, device d's gradients scaled by
@@ -1113,7 +1145,8 @@ static gp_status barrier(worker *w, const gp_instr *in, int *bad_layer)
  * the same factor bit for bit.  A sharded stage's replicas each hold the
  * sum in their own chunk: each counts its chunk; an unsharded stage's are
  * counted by replica 0 alone.  Over the replicas the entries are summed
- * by an all-reduce (in FP32; processes: in double, with every rank's). */
+ * in double in replica order (clip_replicas; processes: every rank's,
+ * gp_procs_sum_doubles), the same either way. */
 static gp_status clip(worker *w, int *bad_layer)
 {
     gp_pipeline *p = w->p;
@@ -1139,34 +1172,11 @@ static gp_status clip(worker *w, int *bad_layer)
                 p->clip_sq[t++] = sq;
             }
         }
-        if (p->replicas > 1 && p->local < 0) { /* replicas in this process: sum them */
-            int t0 = p->clip_at[p->first[q]], t1 = p->clip_at[p->first[q] + p->count[q]];
-            if (t1 > t0) {
-                float *buf;
-                gp_device *dev = p->devs[q];
-                size_t bytes = (size_t)(t1 - t0) * sizeof *buf;
-                GP_TRY(gp_dev_alloc(dev, bytes, GP_MEM_WORKSPACE, (void **)&buf));
-                float *h = malloc(bytes);
-                gp_status st = h ? GP_OK : gp_error_set(GP_ERR_OOM, "out of host memory");
-                for (int t = t0; t < t1 && h; t++) h[t - t0] = (float)p->clip_sq[t];
-                if (st == GP_OK) st = gp_dev_upload(dev, buf, h, t1 - t0);
-                double c0 = gp_now();
-                if (st == GP_OK) st = gp_dev_allreduce(dev, p->comms[q], buf, t1 - t0);
-                w->comm_seconds += gp_now() - c0;
-                if (st == GP_OK) st = gp_dev_download(dev, h, buf, t1 - t0);
-                if (st == GP_OK) st = gp_dev_synchronize(dev);
-                for (int t = t0; t < t1 && st == GP_OK; t++) p->clip_sq[t] = h[t - t0];
-                free(h);
-                gp_dev_free(dev, buf, bytes, GP_MEM_WORKSPACE);
-                GP_TRY(st);
-            }
-        }
+        if (p->replicas > 1 && p->local < 0) GP_TRY(clip_replicas(p, q));
     }
     int total = p->clip_at[p->L];
     if (p->local >= 0) { /* every rank's entries (zero where another's) */
-        double c0 = gp_now();
         GP_TRY(gp_procs_sum_doubles(p->clip_sq, total));
-        w->comm_seconds += gp_now() - c0;
     } else {
         pthread_mutex_lock(&p->lock);
         p->clip_in++;
@@ -2079,6 +2089,12 @@ void gp_pipeline_destroy(gp_pipeline *p)
     free(p->pend);
     pthread_mutex_destroy(&p->lock);
     pthread_cond_destroy(&p->cond);
+    for (int j = 0; j < p->S; j++)
+        if (p->clip_buf[j])
+            gp_dev_free(p->devs[j], p->clip_buf[j],
+                        (size_t)(p->clip_at[p->first[j] + p->count[j]] - p->clip_at[p->first[j]]) *
+                            sizeof(double),
+                        GP_MEM_WORKSPACE);
     free(p->clip_sq);
     free(p->clip_at);
     free(p->edges);

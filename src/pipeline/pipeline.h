@@ -96,7 +96,9 @@ typedef struct gp_pipeline_opts {
      * bytes (pipeline.c, "copies in bfloat16"). */
     bool bf16_copies;
     float clip_norm;            /* > 0: CLIP scales the gradients so that their
-                                   global L2 norm is at most this (train.clip_grad_norm) */
+                                   global L2 norm is at most this
+                                   (train.clip_grad_norm); only with an optim
+                                   (no UPDATE, no CLIP: grad_norm stays NaN) */
     float label_smoothing;      /* cross-entropy's (model.label_smoothing); 0: none */
     gp_loss_kind loss;          /* the last stage's loss (default cross-entropy:
                                    y holds one class id per sample; binary

@@ -59,7 +59,8 @@ static gp_status add_device_tensor(gp_st_writer *w, const char *name, const gp_t
  * name when every layer has one (PyTorch's nn.Sequential(OrderedDict(...)):
  * the built-in models, named as torchgpipe's modules) and its index
  * otherwise (nn.Sequential(*layers)), as PyTorch's state_dict() names them.
- * Optimizer state is "momentum.<layer>.<param>". */
+ * Optimizer state is "<state>.<layer>.<param>": "momentum" (SGD),
+ * "exp_avg" and "exp_avg_sq" (Adam), PyTorch's names. */
 typedef enum { NAME_BY_INDEX = 0, NAME_BY_NAME } naming;
 
 static naming model_naming(const gp_model *m)
@@ -84,6 +85,16 @@ static const char *state_prefix(const gp_model *m, int q, char *buf, size_t len)
 {
     snprintf(buf, len, "%s.", gp_optim_state_name(gp_optim_options(m->optim), q));
     return buf;
+}
+
+/* "gpipe.optimizer" of a snapshot: "sgd" (plain: no state),
+ * "sgd+momentum", "adam" or "adamw". */
+static const char *optimizer_tag(const gp_model *m)
+{
+    const gp_optim_opts *o = gp_optim_options(m->optim);
+    if (o->kind == GP_OPTIM_ADAM) return "adam";
+    if (o->kind == GP_OPTIM_ADAMW) return "adamw";
+    return gp_optim_states_per_param(o) ? "sgd+momentum" : "sgd";
 }
 
 /* Whether a tensor name is an optimizer state's (any optimizer's). */
@@ -169,6 +180,8 @@ static gp_status collect(gp_model *m, const gp_config *cfg, const gp_snapshot_po
     GP_TRY(gp_st_writer_meta(w, "gpipe.layers", types));
     GP_TRY(meta_i64(w, "gpipe.step", m->step));
     if (pos) {
+        /* which optimizer state the file holds (a resume checks it) */
+        GP_TRY(gp_st_writer_meta(w, "gpipe.optimizer", optimizer_tag(m)));
         GP_TRY(meta_i64(w, "gpipe.epoch", pos->epoch));
         GP_TRY(meta_i64(w, "gpipe.batch", pos->batch));
         GP_TRY(meta_i64(w, "gpipe.batch_size", pos->batch_size));
@@ -507,9 +520,15 @@ gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
     }
     if (optimizer) { /* a snapshot resumed: its optimizer's state must be this one's */
         bool mom = false, adam = false;
-        for (int i = 0; i < f->n; i++) {
-            mom = mom || !strncmp(f->tensors[i].name, "momentum.", 9);
-            adam = adam || !strncmp(f->tensors[i].name, "exp_avg.", 8);
+        const char *tag = gp_st_meta(f, "gpipe.optimizer"); /* older snapshots: none */
+        if (tag) {
+            adam = !strncmp(tag, "adam", 4);
+            mom = !strcmp(tag, "sgd+momentum");
+        } else { /* from the names (a layer named "exp_avg" would confuse this) */
+            for (int i = 0; i < f->n; i++) {
+                mom = mom || !strncmp(f->tensors[i].name, "momentum.", 9);
+                adam = adam || !strncmp(f->tensors[i].name, "exp_avg.", 8);
+            }
         }
         const char *kind = gp_st_meta(f, "gpipe.kind");
         bool snap = kind && !strcmp(kind, "snapshot");

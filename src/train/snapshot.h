@@ -15,9 +15,11 @@
  * docs/snapshots.md): "<layer>.weight", "<layer>.running_mean",
  * "<layer>.num_batches_tracked" (I64 scalar), a residual block's inner names
  * as torchvision's BasicBlock ("3.conv1.weight", "3.downsample.1.bias").
- * A snapshot adds the SGD momentum of each trainable tensor as
- * "momentum.<name>" and metadata "gpipe.*" (step, loader position, seed,
- * config text, format version, CRC-32 of the data section).
+ * A snapshot adds the optimizer's state of each trainable tensor under
+ * PyTorch's names, "momentum.<name>" (SGD) or "exp_avg.<name>" and
+ * "exp_avg_sq.<name>" (Adam), and metadata "gpipe.*" (step, loader
+ * position, seed, config text, the optimizer, format version, CRC-32 of
+ * the data section).
  *
  * Memory: gp_st_file owns the whole file image; its tensors point into it.
  * gp_st_writer owns host copies of what was added.  Both have _free.
@@ -123,15 +125,18 @@ typedef struct gp_snapshot_pos {
 } gp_snapshot_pos;
 
 /* Gather the model (parameters, buffers, batch-norm counters; with
- * `optimizer` also momentum) from its devices to the host into w, with the
+ * `optimizer` also the optimizer's state) from its devices to the host into w, with the
  * metadata of a weights file ("gpipe.kind": "weights"), or of a snapshot
  * when pos != NULL (position, seed, config text and overrides). */
 gp_status gp_snapshot_collect(gp_model *m, const gp_config *cfg, const gp_snapshot_pos *pos,
                               gp_st_writer *w);
 /* Put the tensors of f into the model.  Every name the model has must be in
  * f with dtype F32 (I64 for counters) and the same shape; with `optimizer`
- * so must "momentum.<name>" of every trainable tensor.  Names in f the model
- * does not have are an error too (except momentum.* when !optimizer).
+ * so must the optimizer's state of every trainable tensor ("momentum.<name>",
+ * or "exp_avg.<name>" and "exp_avg_sq.<name>"), and a snapshot saved by
+ * another optimizer is refused (its "gpipe.optimizer", or for older files
+ * its state's names).  Names in f the model does not have are an error too
+ * (except optimizer state when !optimizer or the run keeps none).
  * Nothing is changed unless everything matches; the message lists the
  * missing, mismatched and unexpected names (GP_ERR_INVALID).  Then the
  * values: a NaN or Inf in any tensor that would be loaded, or a negative
