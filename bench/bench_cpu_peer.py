@@ -4,7 +4,7 @@ PyTorch's on the same model, batch and thread count, in one run.
 
   bench/bench_cpu_peer.py [--isa native|avx2] [--threads 2] [--steps 15]
                           [--repeat 3] [--precision fp32|bf16] [--bin build]
-                          [CONFIG.yaml ...]
+                          [--optimizer config|sgd|adamw] [CONFIG.yaml ...]
 
 For each config (default bench/convnet.yaml and bench/mlp.yaml):
   gpipe:   build/bench_step --steps-only (whole steps back to back on a
@@ -12,6 +12,10 @@ For each config (default bench/convnet.yaml and bench/mlp.yaml):
   PyTorch: the same layers as torch.nn.Sequential (built from the YAML),
            torch.set_num_threads(--threads), SGD momentum 0.9, a random
            batch, zero_grad(set_to_none=True), forward, loss, backward, step
+--optimizer adamw: both sides train with AdamW (lr 0.001, PyTorch's
+betas, eps and weight decay 0.01; gpipe gets a copy of the config with
+train.optimizer replaced, PyTorch torch.optim.AdamW, foreach left to its
+default); sgd: SGD momentum 0.9; config (default): the config's optimizer.
 --precision bf16: gpipe's device in train.precision bf16 (convolutions on
 bf16 operands, FP32 sums and tensors), PyTorch's forward and loss under
 torch.autocast("cpu", dtype=torch.bfloat16) (its bf16 mixed precision:
@@ -123,8 +127,14 @@ def torch_step_ms(cfg, threads, steps, precision="fp32"):
     model = torch_model(cfg)
     batch = cfg["train"]["batch_size"]
     opt = cfg["train"].get("optimizer", {})
-    sgd = torch.optim.SGD(model.parameters(), lr=opt.get("lr", 0.01),
-                          momentum=opt.get("momentum", 0.9))
+    if isinstance(opt, str):
+        opt = {"type": opt}
+    if opt.get("type", "sgd") == "adamw":
+        sgd = torch.optim.AdamW(model.parameters(), lr=opt.get("lr", 0.001),
+                                weight_decay=opt.get("weight_decay", 0.01))
+    else:
+        sgd = torch.optim.SGD(model.parameters(), lr=opt.get("lr", 0.01),
+                              momentum=opt.get("momentum", 0.9))
     x = torch.rand([batch] + list(cfg["model"]["input"]))
     classes = model[-1].out_features
     y = torch.randint(0, classes, (batch,))
@@ -169,6 +179,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--bin", default=os.path.join(ROOT, "build"))
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--optimizer", choices=["config", "sgd", "adamw"], default="config")
     ap.add_argument("--_torch", help=argparse.SUPPRESS)  # child: one PyTorch measurement
     args = ap.parse_args()
     import yaml
@@ -178,6 +189,25 @@ def main():
                                          args.precision))
         return
     configs = args.configs or [os.path.join(HERE, "convnet.yaml"), os.path.join(HERE, "mlp.yaml")]
+    names = {c: os.path.relpath(c, ROOT) for c in configs}  # the table names the user's file
+    if args.optimizer != "config":  # copies with train.optimizer replaced, for both sides
+        import atexit
+        import shutil
+        import tempfile
+        tmp = tempfile.mkdtemp(prefix="bench_cpu_peer_")
+        atexit.register(shutil.rmtree, tmp, True)
+        opt = ({"type": "adamw", "lr": 0.001} if args.optimizer == "adamw"
+               else {"type": "sgd", "lr": 0.01, "momentum": 0.9})
+        copies = []
+        for c in configs:
+            with open(c) as f:
+                cfg = yaml.safe_load(f)
+            cfg["train"]["optimizer"] = opt
+            copies.append(os.path.join(tmp, "%d-%s" % (len(copies), os.path.basename(c))))
+            names[copies[-1]] = names[c]
+            with open(copies[-1], "w") as f:
+                yaml.safe_dump(cfg, f)
+        configs = copies
     blas = blas_check()
     env = dict(os.environ)
     core = None
@@ -188,11 +218,11 @@ def main():
         if core:
             env["OPENBLAS_CORETYPE"] = core
     import torch
-    print("%s; --isa %s%s; --precision %s; torch %s (%s%s); %d threads; median of %d steps, "
-          "median of %d runs"
+    print("%s; --isa %s%s; --precision %s; --optimizer %s; torch %s (%s%s); %d threads; "
+          "median of %d steps, median of %d runs"
           % (cpu_name(), args.isa, " (emulated: %s)" % " ".join("%s=%s" % kv for kv in
                                                                 AVX2_ENV.items())
-             if args.isa == "avx2" else "", args.precision, torch.__version__, os.path.basename(
+             if args.isa == "avx2" else "", args.precision, args.optimizer, torch.__version__, os.path.basename(
                  os.path.dirname(blas)), ", OPENBLAS_CORETYPE=%s, the environment's: %s"
              % (core, os.environ.get("OPENBLAS_CORETYPE", "unset")) if core else "",
              args.threads, args.steps, args.repeat))
@@ -216,7 +246,7 @@ def main():
             ts.append(float(out.stdout.strip().splitlines()[-1]))
         g, t = statistics.median(gs), statistics.median(ts)
         print("| %s, %d | %.1f | %.1f | %.1f | %.1f | **%.2f** |"
-              % (os.path.relpath(path, ROOT), batch, g, batch / g * 1e3, t, batch / t * 1e3, t / g))
+              % (names[path], batch, g, batch / g * 1e3, t, batch / t * 1e3, t / g))
         sys.stdout.flush()
 
 
