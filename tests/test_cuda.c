@@ -79,6 +79,29 @@ typedef struct {
     int64_t n;
 } buf;
 
+/* UPDATE_PARTS consecutive slices of x on each device as an update's parts: sizes
+ * from 0 up (slice 5 empty), each its own decay (wd_step x 0..3); with v2
+ * (Adam's second moment) every part has both states, without it every
+ * third part has no momentum (plain SGD). */
+enum { UPDATE_PARTS = 40 };
+static void update_slices(gp_update_part (*parts)[UPDATE_PARTS], const buf *x, const buf *g,
+                          const buf *v, const buf *v2, float wd_step)
+{
+    int64_t n = x->n;
+    for (int k = 0; k < 2; k++) {
+        int64_t off = 0;
+        for (int p = 0; p < UPDATE_PARTS; p++) {
+            int64_t len = p == 5 ? 0 : (n / UPDATE_PARTS) * (p % 3) / 2 + p;
+            if (off + len > n) len = n - off;
+            parts[k][p] = (gp_update_part){.w = x->p[k] + off, .g = g->p[k] + off,
+                                           .v = v2 || p % 3 ? v->p[k] + off : NULL,
+                                           .v2 = v2 ? v2->p[k] + off : NULL, .n = len,
+                                           .wd = wd_step * (float)(p % 4)};
+            off += len;
+        }
+    }
+}
+
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 
 static float frand(void) /* uniform in [-1, 1) */
@@ -233,46 +256,24 @@ static void test_elementwise(void)
     /* sgd_multi: 40 slices of x (two launches of up to 32 parts; sizes 0
      * up, every third without momentum, each its own decay) */
     for (int nesterov = 0; nesterov < 2; nesterov++) {
-        enum { P = 40 };
-        gp_update_part parts[2][P];
-        for (int k = 0; k < 2; k++) {
-            int64_t off = 0;
-            for (int p = 0; p < P; p++) {
-                int64_t len = p == 5 ? 0 : (n / P) * (p % 3) / 2 + p;
-                if (off + len > n) len = n - off;
-                parts[k][p] = (gp_update_part){.w = x.p[k] + off, .g = g.p[k] + off,
-                                            .v = p % 3 ? v.p[k] + off : NULL, .n = len,
-                                            .wd = 1e-4f * (float)(p % 4)};
-                off += len;
-            }
-        }
+        gp_update_part parts[2][UPDATE_PARTS];
+        update_slices(parts, &x, &g, &v, NULL, 1e-4f);
         for (int k = 0; k < 2; k++)
-            CHECK_OK(gp_dev_sgd_multi(D2[k], parts[k], P, 0.05f, 0.9f, nesterov));
+            CHECK_OK(gp_dev_sgd_multi(D2[k], parts[k], UPDATE_PARTS, 0.05f, 0.9f, nesterov));
         bcheck(nesterov ? "sgd_multi nesterov w" : "sgd_multi w", &x, 1e-6);
         bcheck(nesterov ? "sgd_multi nesterov v" : "sgd_multi v", &v, 1e-6);
     }
     /* adam_multi: the same 40 slices, Adam and AdamW, three steps (the
      * bias corrections of t = 1, 2, 3); the second moment from [0, 1) */
     {
-        enum { P = 40 };
         buf v2 = brand(n, 0, 1);
-        gp_update_part parts[2][P];
-        for (int k = 0; k < 2; k++) {
-            int64_t off = 0;
-            for (int p = 0; p < P; p++) {
-                int64_t len = p == 5 ? 0 : (n / P) * (p % 3) / 2 + p;
-                if (off + len > n) len = n - off;
-                parts[k][p] = (gp_update_part){.w = x.p[k] + off, .g = g.p[k] + off,
-                                               .v = v.p[k] + off, .v2 = v2.p[k] + off,
-                                               .n = len, .wd = 1e-2f * (float)(p % 4)};
-                off += len;
-            }
-        }
+        gp_update_part parts[2][UPDATE_PARTS];
+        update_slices(parts, &x, &g, &v, &v2, 1e-2f);
         for (int t = 1; t <= 3; t++) {
             gp_adam_step a = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
                               .step_size = (float)(1e-3 / (1 - pow(0.9, t))),
                               .bc2_sqrt = (float)sqrt(1 - pow(0.999, t)), .decoupled = t != 2};
-            for (int k = 0; k < 2; k++) CHECK_OK(gp_dev_adam_multi(D2[k], parts[k], P, &a));
+            for (int k = 0; k < 2; k++) CHECK_OK(gp_dev_adam_multi(D2[k], parts[k], UPDATE_PARTS, &a));
             bcheck("adam_multi w", &x, 1e-6);
             bcheck("adam_multi m", &v, 1e-6);
             bcheck("adam_multi v", &v2, 1e-6);

@@ -88,21 +88,33 @@ static void transparency(bool convnet, int n, int m, gp_checkpoint_mode ck, bool
 /* Adam and AdamW (two states per parameter, the step's bias correction):
  * every schedule, 2 and 3 devices, m in {1, 4}, every checkpoint mode,
  * bit for bit the single-device run. */
+/* transparency() over both models, 2 and 3 devices, m in {1, 4}, every
+ * checkpoint mode and schedule (interleaved at n = 2, m = 4 only), with the
+ * optimizer and clipping the globals hold; few: the convnet under
+ * except_last only.  Returns the number of configurations run. */
+static int transparency_grid(bool few)
+{
+    int runs = 0;
+    for (int model = 0; model < 2; model++)
+        for (int n = 2; n <= 3; n++)
+            for (int m = 1; m <= 4; m += 3)
+                for (int ck = 0; ck < 3; ck++)
+                    for (int kd = 0; kd <= GP_SCHEDULE_INTERLEAVED; kd++) {
+                        if (kd == GP_SCHEDULE_INTERLEAVED && (n != 2 || m != 4)) continue;
+                        if (few && (ck != GP_CKPT_EXCEPT_LAST || model == 0)) continue;
+                        transparency(model == 1, n, m, (gp_checkpoint_mode)ck, true,
+                                     (gp_schedule_kind)kd, false);
+                        runs++;
+                    }
+    return runs;
+}
+
 static void adam_transparency(void)
 {
     int before = transparency_failures, runs = 0;
     for (int o = GP_OPTIM_ADAM; o <= GP_OPTIM_ADAMW; o++) {
         optimizer = (gp_optim_kind)o;
-        for (int model = 0; model < 2; model++)
-            for (int n = 2; n <= 3; n++)
-                for (int m = 1; m <= 4; m += 3)
-                    for (int ck = 0; ck < 3; ck++)
-                        for (int kd = 0; kd <= GP_SCHEDULE_INTERLEAVED; kd++) {
-                            if (kd == GP_SCHEDULE_INTERLEAVED && (n != 2 || m != 4)) continue;
-                            transparency(model == 1, n, m, (gp_checkpoint_mode)ck, true,
-                                         (gp_schedule_kind)kd, false);
-                            runs++;
-                        }
+        runs += transparency_grid(false);
     }
     optimizer = GP_OPTIM_SGD;
     printf("test_pipeline: adam, adamw: %d of %d configurations differ\n",
@@ -122,17 +134,7 @@ static void clip_transparency(void)
     clip_norm = 1e-3f;
     for (int o = 0; o < 2; o++) {
         optimizer = o ? GP_OPTIM_ADAMW : GP_OPTIM_SGD;
-        for (int model = 0; model < 2; model++)
-            for (int n = 2; n <= 3; n++)
-                for (int m = 1; m <= 4; m += 3)
-                    for (int ck = 0; ck < 3; ck++)
-                        for (int kd = 0; kd <= GP_SCHEDULE_INTERLEAVED; kd++) {
-                            if (kd == GP_SCHEDULE_INTERLEAVED && (n != 2 || m != 4)) continue;
-                            if (o && (ck != 1 || model == 0)) continue; /* AdamW: a few */
-                            transparency(model == 1, n, m, (gp_checkpoint_mode)ck, true,
-                                         (gp_schedule_kind)kd, false);
-                            runs++;
-                        }
+        runs += transparency_grid(o == 1); /* AdamW: a few */
     }
     optimizer = GP_OPTIM_SGD;
     clip_norm = 0;

@@ -562,14 +562,14 @@ static void test_resume(int devices, const char *ckpt, int replicas, const char 
     CHECK_MSG(system(a) != 0, "a resume without snapshots moved some aside");
 }
 
-/* How many tensors of snapshot `path` are momentum ("momentum.*"); -1 if
- * it cannot be read. */
-static int momentum_tensors(const char *path)
+/* How many tensors of snapshot `path` have names starting with prefix; -1
+ * if it cannot be read. */
+static int tensors_named(const char *path, const char *prefix)
 {
     gp_st_file f;
     if (gp_st_read(path, &f) != GP_OK) return -1;
     int n = 0;
-    for (int i = 0; i < f.n; i++) n += !strncmp(f.tensors[i].name, "momentum.", 9);
+    for (int i = 0; i < f.n; i++) n += !strncmp(f.tensors[i].name, prefix, strlen(prefix));
     gp_st_free(&f);
     return n;
 }
@@ -591,8 +591,8 @@ static void test_resume_plain_sgd(void)
              "--set train.snapshot.keep=9 --set train.snapshot.dir=%s/zs", tmpdir, plain, tmpdir);
     CHECK(train(a) == 0);
     snprintf(p, sizeof p, "%s/zs/snapshot-000000005.safetensors", tmpdir);
-    CHECK_MSG(momentum_tensors(p) == 0, "a plain-SGD snapshot has %d momentum tensors",
-              momentum_tensors(p));
+    CHECK_MSG(tensors_named(p, "momentum.") == 0, "a plain-SGD snapshot has %d momentum tensors",
+              tensors_named(p, "momentum."));
     snprintf(a, sizeof a, "%s/z.yaml %s --resume %s --export-weights %s/zr.st", tmpdir, plain, p,
              tmpdir);
     CHECK_MSG(trains_same(a, "z.st", "zr.st", "plain SGD"), "plain SGD: resumed weights differ");
@@ -604,24 +604,12 @@ static void test_resume_plain_sgd(void)
              "--set train.snapshot.dir=%s/zm", tmpdir, tmpdir);
     CHECK(train(a) == 0);
     snprintf(p, sizeof p, "%s/zm/snapshot-000000005.safetensors", tmpdir);
-    CHECK_MSG(momentum_tensors(p) > 0, "a momentum snapshot has %d momentum tensors",
-              momentum_tensors(p));
+    CHECK_MSG(tensors_named(p, "momentum.") > 0, "a momentum snapshot has %d momentum tensors",
+              tensors_named(p, "momentum."));
     snprintf(a, sizeof a, "%s/z.yaml %s --set train.steps=10 --resume %s", tmpdir, plain, p);
     int rc = train(a);
     CHECK_MSG(rc == 0, "momentum snapshot resumed as plain SGD: exit %d", rc);
     if (rc) show_log();
-}
-
-/* How many tensors of snapshot `path` have names starting with prefix; -1
- * if it cannot be read. */
-static int tensors_named(const char *path, const char *prefix)
-{
-    gp_st_file f;
-    if (gp_st_read(path, &f) != GP_OK) return -1;
-    int n = 0;
-    for (int i = 0; i < f.n; i++) n += !strncmp(f.tensors[i].name, prefix, strlen(prefix));
-    gp_st_free(&f);
-    return n;
 }
 
 /* AdamW on 2 devices x 2 replicas (its two moments sharded, then gathered

@@ -443,17 +443,27 @@ gp_status gp_dev_all_gather(gp_device *dev, gp_comm *comm, float *buf, int64_t n
     return dev->iface->all_gather(dev, comm, buf, n);
 }
 
+/* A composed sharded update's first half: g summed over the replicas with
+ * this rank's chunk [lo, hi) left in place (the update of that chunk and
+ * the all-gather of w follow). */
+static gp_status shard_grads(gp_device *dev, gp_comm *comm, float *g, int64_t n, int64_t *lo,
+                             int64_t *hi)
+{
+    int rank = gp_comm_rank(comm, dev);
+    if (rank < 0)
+        return gp_error_set(GP_ERR_INVALID, "device %s is not in this communicator", dev->name);
+    GP_TRY(gp_dev_reduce_scatter(dev, comm, g, n));
+    gp_comm_chunk(n, comm->n, rank, lo, hi);
+    return GP_OK;
+}
+
 gp_status gp_dev_sharded_sgd(gp_device *dev, gp_comm *comm, float *w, float *g, float *v,
                              int64_t n, float lr, float mu, float wd, int nesterov)
 {
     if (dev->iface->sharded_sgd && !(comm && comm->ops))
         return dev->iface->sharded_sgd(dev, comm, w, g, v, n, lr, mu, wd, nesterov);
-    int rank = gp_comm_rank(comm, dev);
-    if (rank < 0)
-        return gp_error_set(GP_ERR_INVALID, "device %s is not in this communicator", dev->name);
-    GP_TRY(gp_dev_reduce_scatter(dev, comm, g, n));
-    int64_t lo, hi;
-    gp_comm_chunk(n, comm->n, rank, &lo, &hi);
+    int64_t lo = 0, hi = 0;
+    GP_TRY(shard_grads(dev, comm, g, n, &lo, &hi));
     if (hi > lo)
         GP_TRY(gp_dev_sgd_update(dev, w + lo, g + lo, v ? v + lo : NULL, hi - lo, lr, mu, wd,
                                  nesterov));
@@ -463,12 +473,8 @@ gp_status gp_dev_sharded_sgd(gp_device *dev, gp_comm *comm, float *w, float *g, 
 gp_status gp_dev_sharded_adam(gp_device *dev, gp_comm *comm, float *w, float *g, float *m,
                               float *v, int64_t n, float wd, const gp_adam_step *a)
 {
-    int rank = gp_comm_rank(comm, dev);
-    if (rank < 0)
-        return gp_error_set(GP_ERR_INVALID, "device %s is not in this communicator", dev->name);
-    GP_TRY(gp_dev_reduce_scatter(dev, comm, g, n));
-    int64_t lo, hi;
-    gp_comm_chunk(n, comm->n, rank, &lo, &hi);
+    int64_t lo = 0, hi = 0;
+    GP_TRY(shard_grads(dev, comm, g, n, &lo, &hi));
     if (hi > lo) {
         gp_update_part part = {.w = w + lo, .g = g + lo, .v = m + lo, .v2 = v + lo,
                                .n = hi - lo, .wd = wd};
