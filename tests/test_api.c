@@ -317,6 +317,33 @@ static void test_misuse(void)
     CHECK(gp_run_export_weights(run, wpath) == GP_ERR_NUMERIC && file_size(wpath) < 0);
     gp_run_free(run);
 
+    /* with clipping the same NaN is found before the update: the step
+     * fails saying so, the model is as it was (an export before and after
+     * are the same bytes), and the run goes on */
+    const char *clip[] = {"train.clip_grad_norm=1"};
+    CHECK_OK(gp_run_parse("api.yaml", k_yaml, clip, 1, &run));
+    if (!run) return;
+    CHECK_OK(gp_run_step(run, x, y, N, 0, &m));
+    char before[320], after[320];
+    snprintf(before, sizeof before, "%s/clip-before.safetensors", tmpdir);
+    snprintf(after, sizeof after, "%s/clip-after.safetensors", tmpdir);
+    CHECK_OK(gp_run_export_weights(run, before));
+    x[5] = NAN;
+    CHECK_ERR(gp_run_step(run, x, y, N, 0, &m), GP_ERR_NUMERIC,
+              "the gradients are not finite (global norm NaN, first in the weight of layer 1");
+    CHECK(strstr(gp_last_error(), "the update was skipped") != NULL);
+    x[5] = 0.5f;
+    CHECK_OK(gp_run_export_weights(run, after));
+    size_t nb = 0, na = 0;
+    char *wb = gpt_read_file(before, &nb), *wa = gpt_read_file(after, &na);
+    CHECK_MSG(wb && wa && nb == na && !memcmp(wb, wa, nb),
+              "the model changed in a step that failed before its update");
+    free(wb);
+    free(wa);
+    CHECK_OK(gp_run_step(run, x, y, N, 0, &m));
+    CHECK(m.step == 2 && isfinite(m.loss) && isfinite(m.grad_norm));
+    gp_run_free(run);
+
     /* a summary that cannot be written is an error */
     CHECK_OK(gp_run_parse("api.yaml", k_yaml, NULL, 0, &run));
     if (!run) return;

@@ -649,7 +649,7 @@ static void step_results(void)
         s = gp_model_pipeline_step(&pip, &c, xb, y, BATCH, 0.05, NULL);
         CHECK_MSG(s == GP_ERR_NUMERIC &&
                       strstr(gp_last_error(), "device cpu:1, stage 1, micro-batch 1") &&
-                      strstr(gp_last_error(), "the loss is nan"),
+                      strstr(gp_last_error(), "the loss is NaN"),
                   "NaN loss, run %d: %s: %s", rep, gp_status_name(s), gp_last_error());
         gp_model_free(&pip);
     }
@@ -853,6 +853,81 @@ static void blocked_chains(void)
     gp_device_close(two);
 }
 
+/* Gradients that are not finite under clipping: the pipeline's CLIP
+ * finds them before any commit or update, on every schedule, so the failed
+ * step changes nothing (parameters, batch-norm statistics, momentum: the
+ * steps after it would show a changed momentum), says so, and the steps
+ * after it equal the one-device run's, which refused the same batch (its
+ * loss is NaN), bit for bit.  Without clipping the same batch leaves NaN
+ * in the pipeline's model (found after the update), and gp_model_is_finite
+ * tells the two apart. */
+static void clip_nonfinite(void)
+{
+    float x[BATCH * 72], y[BATCH];
+    int runs = 0, differ = 0;
+    for (int kd = 0; kd <= GP_SCHEDULE_INTERLEAVED; kd++)
+        for (int n = 2; n <= 3; n++)
+            for (int m = 1; m <= 4; m += 3) {
+                if (kd == GP_SCHEDULE_INTERLEAVED && (n != 2 || m != 4)) continue;
+                gp_config c = make_cfg(true);
+                c.train.clip_grad_norm = 1e-3f;
+                c.pipeline.chunks = m;
+                int bal[8];
+                gpt_set_schedule(&c, (gp_schedule_kind)kd, n, bal);
+                gp_model ref, pip;
+                CHECK_OK(gp_model_build(&c, devs[0], &ref));
+                CHECK_OK(gp_model_build_placed(&c, devs, n, bal, &pip));
+                bool same = true;
+                for (int step = 0; step < 5; step++) {
+                    make_batch(&c, step, x, y);
+                    if (step == 2) x[5] = NAN;
+                    gp_status a = gp_model_train_step(&ref, &c, x, y, BATCH, m, 0.05, NULL);
+                    gp_status b = gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, NULL);
+                    if (step != 2) {
+                        CHECK_OK(a);
+                        CHECK_OK(b);
+                        continue;
+                    }
+                    CHECK(a == GP_ERR_NUMERIC);
+                    CHECK_MSG(b == GP_ERR_NUMERIC &&
+                                  strstr(gp_last_error(), "the gradients are not finite") &&
+                                  strstr(gp_last_error(), "the update was skipped"),
+                              "%s n=%d m=%d: %s", gp_schedule_kind_name((gp_schedule_kind)kd),
+                              n, m, gp_last_error());
+                    CHECK(gp_model_is_finite(&pip) && pip.step == 2 && ref.step == 2);
+                    same = same && gpt_same_values(&ref, &pip);
+                }
+                same = same && gpt_same_values(&ref, &pip) && pip.step == 4;
+                CHECK_MSG(same, "%s n=%d m=%d: after a step refused for NaN gradients the "
+                          "pipeline differs from the one-device run",
+                          gp_schedule_kind_name((gp_schedule_kind)kd), n, m);
+                differ += !same;
+                runs++;
+                gp_model_free(&ref);
+                gp_model_free(&pip);
+            }
+    /* without clipping: the update ran, the model holds NaN */
+    gp_config c = make_cfg(true);
+    c.pipeline.chunks = 4;
+    int bal[3];
+    gpt_split_even(c.model.n_layers, 2, bal);
+    gp_model pip;
+    CHECK_OK(gp_model_build_placed(&c, devs, 2, bal, &pip));
+    make_batch(&c, 0, x, y);
+    CHECK_OK(gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, NULL));
+    CHECK(gp_model_is_finite(&pip));
+    x[5] = NAN;
+    CHECK(gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, NULL) == GP_ERR_NUMERIC);
+    char msg[GP_ERRMSG_LEN];
+    snprintf(msg, sizeof msg, "%s", gp_last_error());
+    CHECK(!gp_model_is_finite(&pip));
+    CHECK_MSG(!strcmp(msg, gp_last_error()), "gp_model_is_finite changed the error: %s",
+              gp_last_error());
+    gp_model_free(&pip);
+    printf("test_pipeline: non-finite gradients under clipping: %d of %d configurations "
+           "differ\n", differ, runs);
+}
+
 int main(void)
 {
     unsetenv("GPIPE_CPU_KEEP_BLOCKS"); /* blocked_chains checks the plans */
@@ -882,6 +957,7 @@ int main(void)
            transparency_failures - before);
     adam_transparency();
     clip_transparency();
+    clip_nonfinite();
     smoothing_transparency();
     bf16_copies_effect();
     bf16_held_inputs();

@@ -1256,6 +1256,55 @@ static void test_module_names(void)
     gp_device_close(dev);
 }
 
+/* A step whose gradients are not finite, found by clipping before its
+ * update (lr 1e30 blows the model up within a few steps), stops the run
+ * with exit 4 and a final snapshot of the last good step K: the model a
+ * run of K steps exports, bit for bit.  Without clipping the same run
+ * finds the NaN after its update and saves nothing. */
+static void test_nonfinite_step(void)
+{
+    char a[1024], p[400];
+    make_config("n.yaml", "pipeline: {devices: 2, chunks: 2}\n");
+    const char *c = "--set train.optimizer.lr=1e30 --set train.schedule=constant";
+    for (int clip = 1; clip >= 0; clip--) {
+        snprintf(a, sizeof a, "rm -rf %s/ns", tmpdir);
+        CHECK(system(a) == 0);
+        snprintf(a, sizeof a, "%s/n.yaml %s --set train.clip_grad_norm=%d "
+                 "--set train.snapshot.every_steps=100 --set train.snapshot.dir=%s/ns",
+                 tmpdir, c, clip, tmpdir);
+        int rc = train(a);
+        CHECK_MSG(rc == 4, "a run that diverges: exit %d, not 4", rc);
+        snprintf(a, sizeof a, "ls %s/ns/snapshot-* >/dev/null 2>&1", tmpdir);
+        bool saved = system(a) == 0;
+        if (!clip) {
+            CHECK_MSG(!saved && log_has("the loss is NaN"), "without clipping the run saved a "
+                      "snapshot of a model its update made non-finite");
+            continue;
+        }
+        CHECK(log_has("the update was skipped") &&
+              log_has("go on with --resume latest once that is changed"));
+        snprintf(p, sizeof p, "%s/log.txt", tmpdir);
+        char *t = gpt_read_file(p, NULL), *at = t ? strstr(t, "stopped at step ") : NULL;
+        int k = -1;
+        if (at) sscanf(at, "stopped at step %d", &k);
+        free(t);
+        CHECK_MSG(k >= 1 && k < 24 && saved, "stopped at step %d, snapshot %s", k,
+                  saved ? "saved" : "missing");
+        if (k < 1 || !saved) {
+            show_log();
+            continue;
+        }
+        snprintf(a, sizeof a, "%s/n.yaml %s --set train.clip_grad_norm=1 --set train.steps=%d "
+                 "--export-weights %s/n_ref.st", tmpdir, c, k, tmpdir);
+        CHECK(train(a) == 0);
+        snprintf(a, sizeof a, "%s/n.yaml %s --set train.clip_grad_norm=1 --set train.steps=%d "
+                 "--resume %s/ns/snapshot-%09d.safetensors --export-weights %s/n_out.st",
+                 tmpdir, c, k, tmpdir, k, tmpdir);
+        CHECK_MSG(trains_same(a, "n_ref.st", "n_out.st", "non-finite step"),
+                  "the snapshot after a refused step is not the model of step %d", k);
+    }
+}
+
 int main(void)
 {
     gpt_binary_path(bin, sizeof bin, "gpipe-train");
@@ -1287,6 +1336,7 @@ int main(void)
         test_resume_other_placement();
         test_resume_plain_sgd();
         test_resume_adam();
+        test_nonfinite_step();
         test_kill();
     } else {
         CHECK_MSG(false, "%s not built", bin);

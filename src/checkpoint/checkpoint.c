@@ -402,8 +402,9 @@ gp_status gp_ckpt_backward_weights(gp_layer *layers, const gp_fwd_ctx *ctx, gp_s
 gp_status gp_ckpt_loss_finite(double loss_sum)
 {
     if (isfinite(loss_sum)) return GP_OK;
-    return gp_error_set(GP_ERR_NUMERIC, "the loss is %g; lower train.optimizer.lr, add warm-up, "
-                        "or check the data normalisation", loss_sum);
+    return gp_error_set(GP_ERR_NUMERIC, "the loss is %s; lower train.optimizer.lr, add warm-up, "
+                        "or check the data normalisation",
+                        isnan(loss_sum) ? "NaN" : loss_sum > 0 ? "Inf" : "-Inf");
 }
 
 /* dlogits (NULL: none) shaped as the logits. */

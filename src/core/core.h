@@ -52,6 +52,7 @@ gp_status gp_error_set(gp_status code, const char *fmt, ...)
 gp_status gp_error_wrap(gp_status code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 const char *gp_error_message(void); /* this thread's last message, never NULL */
+#define GP_ERRMSG_LEN 2048          /* its buffer, the terminating 0 included */
 void gp_error_clear(void);
 /* The exit status gpipe's tools give for s (the one map, which a failing
  * rank under mpirun uses too): 0 ok, 2 bad command line or config

@@ -12,8 +12,6 @@
 #include <stdatomic.h>
 #include <time.h>
 
-#define GP_ERRMSG_LEN 2048
-
 static _Thread_local char tls_msg[GP_ERRMSG_LEN];
 
 gp_status gp_error_set(gp_status code, const char *fmt, ...)

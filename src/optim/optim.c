@@ -234,18 +234,54 @@ gp_status gp_optim_gather_chunks(gp_optim *dst, gp_optim *const *ranks, int R)
     return GP_OK;
 }
 
+gp_status gp_clip_nonfinite(const gp_layer *layers, int n_layers, const double *sq, double norm,
+                            int *bad_layer)
+{
+    *bad_layer = -1;
+    const char *param = NULL;
+    for (int k = 0, t = 0; k < n_layers && !param; k++)
+        for (int a = 0; a < layers[k].n_params && !param; a++) {
+            if (layers[k].params[a].is_buffer) continue;
+            if (!isfinite(sq[t++])) {
+                *bad_layer = k;
+                param = layers[k].params[a].name;
+            }
+        }
+    char d[160] = "";
+    if (param) gp_layer_describe(&layers[*bad_layer], d, sizeof d);
+    return gp_error_set(GP_ERR_NUMERIC,
+                        "the gradients are not finite (global norm %s%s%s%s%s): the update was "
+                        "skipped, so the parameters, the optimizer's state and the batch-norm "
+                        "statistics are as they were before this step; lower "
+                        "train.optimizer.lr, add warm-up, or check the data",
+                        isnan(norm) ? "NaN" : "Inf", param ? ", first in the " : "",
+                        param ? param : "", param ? " of " : "", d);
+}
+
 gp_status gp_clip_grad_norm(gp_layer *layers, int n_layers, float max_norm, double *norm)
 {
-    double sum = 0;
+    int total = 0;
     for (int k = 0; k < n_layers; k++)
-        for (int a = 0; a < layers[k].n_params; a++) {
+        for (int a = 0; a < layers[k].n_params; a++) total += !layers[k].params[a].is_buffer;
+    double *sq = calloc((size_t)(total ? total : 1), sizeof *sq), sum = 0;
+    if (!sq) return gp_error_set(GP_ERR_OOM, "out of host memory");
+    gp_status s = GP_OK;
+    for (int k = 0, t = 0; k < n_layers && s == GP_OK; k++)
+        for (int a = 0; a < layers[k].n_params && s == GP_OK; a++) {
             gp_param *pr = &layers[k].params[a];
-            if (pr->is_buffer || !pr->grad.data) continue;
-            double sq;
-            GP_TRY(gp_dev_sumsq(pr->value.dev, pr->grad.data, gp_tensor_numel(&pr->value), &sq));
-            sum += sq;
+            if (pr->is_buffer) continue;
+            if (pr->grad.data)
+                s = gp_dev_sumsq(pr->value.dev, pr->grad.data, gp_tensor_numel(&pr->value),
+                                 &sq[t]);
+            sum += sq[t++];
         }
     *norm = sqrt(sum);
+    if (s == GP_OK && !isfinite(*norm)) {
+        int bad;
+        s = gp_clip_nonfinite(layers, n_layers, sq, *norm, &bad);
+    }
+    free(sq);
+    GP_TRY(s);
     double coef = (double)max_norm / (*norm + 1e-6);
     if (!(coef < 1.0)) return GP_OK;
     for (int k = 0; k < n_layers; k++)

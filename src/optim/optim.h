@@ -83,8 +83,18 @@ gp_status gp_optim_update_fused(gp_optim *o, int first, int count, double lr, in
  * tensor's squared norm, summed in layer order in double) into *norm, and
  * where it exceeds max_norm every gradient scaled by max_norm / (norm +
  * 1e-6).  The pipeline's CLIP instruction sums the same way, so both clip
- * by the same factor. */
+ * by the same factor.  A norm that is not finite (a NaN or Inf gradient)
+ * is gp_clip_nonfinite's error, before anything is scaled: the caller
+ * then skips the update, so the model stays as it was (PyTorch's
+ * error_if_nonfinite=True). */
 gp_status gp_clip_grad_norm(gp_layer *layers, int n_layers, float max_norm, double *norm);
+
+/* The error for a global gradient norm that is not finite: sq[t] the
+ * squared norms of the trainable tensors of layers[0 .. n_layers) in
+ * order (the first that is not finite is named, with its layer in
+ * *bad_layer; -1 if none is), norm the global norm.  GP_ERR_NUMERIC. */
+gp_status gp_clip_nonfinite(const gp_layer *layers, int n_layers, const double *sq, double norm,
+                            int *bad_layer);
 
 /* State tensor `which` (0 .. gp_optim_states_per_param - 1: SGD's
  * momentum; Adam's exp_avg, exp_avg_sq) of parameter p of layer k; NULL

@@ -1188,7 +1188,12 @@ static gp_status clip(worker *w, int *bad_layer)
     for (int t = 0; t < total; t++) sum += p->clip_sq[t];
     double norm = sqrt(sum), coef = (double)p->opts.clip_norm / (norm + 1e-6);
     if (d == (p->local >= 0 ? p->local : 0)) p->grad_norm = norm;
-    if (!(coef < 1.0)) return GP_OK; /* within the limit (or NaN: CHECK reports it) */
+    /* Not finite: every worker sees the same table and fails here, before
+     * any commit or update, naming the same tensor; the step's failure
+     * then leaves the model as it was (a free check: CLIP has waited
+     * anyway). */
+    if (!isfinite(norm)) return gp_clip_nonfinite(p->layers, p->L, p->clip_sq, norm, bad_layer);
+    if (!(coef < 1.0)) return GP_OK; /* within the limit */
     EACH_STAGE(p, q, d) {
         bool shard = p->replicas > 1 && p->shard[q];
         for (int c = p->first[q]; c < p->first[q] + p->count[q]; c++)
@@ -1557,7 +1562,16 @@ static gp_status run_step(worker *w)
         }
         if (st != GP_OK) {
             gp_dev_freeze_weights(dev, false);
-            return fail(p, st, in->j, in->i, bad_layer);
+            /* CLIP's error names a layer of any device (its message says
+             * which): report it with that layer's stage, so every worker's
+             * report reads the same */
+            int fj = in->j, fl = bad_layer;
+            if (in->kind == GP_INSTR_CLIP && bad_layer >= 0) {
+                for (int q = 0; q < p->S; q++)
+                    if (bad_layer >= p->first[q] && bad_layer < p->first[q] + p->count[q]) fj = q;
+                fl = -1;
+            }
+            return fail(p, st, fj, in->i, fl);
         }
         if (gp_instr_per_micro_batch(in->kind)) {
             if (p->n_pend > 0) {

@@ -500,11 +500,13 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
     free(mbs);
     free(dy);
     for (int k = 0; k < L && s == GP_OK; k++) s = gp_layer_grads_finish(&m->layers[k]);
-    for (int k = 0; k < L && s == GP_OK; k++)
-        if (m->layers[k].ops->commit) s = m->layers[k].ops->commit(&m->layers[k]);
+    /* clipping first: gradients that are not finite stop the step before
+     * the batch-norm statistics are committed (as the pipeline's CLIP does) */
     double norm = NAN;
     if (s == GP_OK && cfg->train.clip_grad_norm > 0)
         s = gp_clip_grad_norm(m->layers, L, cfg->train.clip_grad_norm, &norm);
+    for (int k = 0; k < L && s == GP_OK; k++)
+        if (m->layers[k].ops->commit) s = m->layers[k].ops->commit(&m->layers[k]);
     if (s == GP_OK) s = gp_optim_update(m->optim, 0, L, lr, m->step, 0, 1);
     for (int k = 0; k < L && s == GP_OK; k++)
         s = gp_layer_check_finite(&m->layers[k], "after the step");
@@ -519,6 +521,18 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
         st->grad_norm = norm;
     }
     return GP_OK;
+}
+
+bool gp_model_is_finite(const gp_model *m)
+{
+    char saved[GP_ERRMSG_LEN];
+    snprintf(saved, sizeof saved, "%s", gp_error_message());
+    bool finite = true;
+    for (int k = 0; k < m->n_layers && finite; k++)
+        if (m->local_device < 0 || gp_model_layer_rank(m, k) == m->local_device)
+            finite = gp_layer_check_finite(&m->layers[k], "") == GP_OK;
+    gp_error_set(GP_OK, "%s", saved); /* the message alone is kept per thread */
+    return finite;
 }
 
 /* The stage holding layer k. */

@@ -204,6 +204,12 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
  * gp_model_train_step with the same chunks (see tests/test_pipeline.c). */
 gp_status gp_model_pipeline_step(gp_model *m, const gp_config *cfg, const float *x,
                                  const float *y, int64_t n, double lr, gp_step_stats *st);
+/* Whether every parameter and buffer of the model (those on this
+ * process's devices) is finite: after a step that failed with
+ * GP_ERR_NUMERIC, true where it failed before its update (gradient
+ * clipping finds non-finite gradients first) and the model is as it was.
+ * Reads the tensors (one host wait each); keeps the thread's error. */
+bool gp_model_is_finite(const gp_model *m);
 /* That step for a model without replicas (model.c). */
 gp_status gp_model_pipeline_step_one(gp_model *m, const gp_config *cfg, const float *x,
                                      const float *y, int64_t n, double lr, gp_step_stats *st);

@@ -203,17 +203,18 @@ static gp_status stop_between_steps(gp_model *m, const gp_config *cfg, const gp_
                         by, path, unwritten);
 }
 
-/* The data failed between steps (a file that cannot be decoded, in
- * training or in an evaluation): like a stop by a signal, the steps since
- * the last snapshot are saved first, so one bad image never costs a long
- * run its work. */
-static gp_status data_failure(gp_model *m, const gp_config *cfg, gp_status err, int64_t step,
-                              int64_t saved, const gp_snapshot_pos *pos, gp_snapshot_lock *lock)
+/* The run stopped on an error that left the model as it was at step
+ * `step` (the data failed between steps, a file that cannot be decoded, in
+ * training or in an evaluation; or a step failed before its update): like
+ * a stop by a signal, the steps since the last snapshot are saved first,
+ * so one bad image or one bad step never costs a long run its work.
+ * advice: what to do to go on. */
+static gp_status failure_snapshot(gp_model *m, const gp_config *cfg, gp_status err, int64_t step,
+                                  int64_t saved, const gp_snapshot_pos *pos,
+                                  gp_snapshot_lock *lock, const char *advice)
 {
     char msg[2048], path[1100];
     snprintf(msg, sizeof msg, "%s", gp_error_message());
-    const char *hint = cfg->data.dataset == GP_DATASET_IMAGE_FOLDER && !cfg->data.skip_bad_files
-                           ? " (or set data.on_bad_file: skip)" : "";
     bool on;
     gp_status s = final_snapshot(m, cfg, step, saved, pos, lock, &on, path, sizeof path);
     if (s != GP_OK)
@@ -223,8 +224,18 @@ static gp_status data_failure(gp_model *m, const gp_config *cfg, gp_status err, 
         return gp_error_set(err, "%s; stopped at step %lld, nothing saved since step %lld "
                             "(snapshots are off: set train.snapshot.every_steps to keep a run's "
                             "progress)", msg, (long long)step, (long long)saved);
-    return gp_error_set(err, "%s; stopped at step %lld: snapshot %s holds it; fix the data%s and "
-                        "go on with --resume latest", msg, (long long)step, path, hint);
+    return gp_error_set(err, "%s; stopped at step %lld: snapshot %s holds it; %s", msg,
+                        (long long)step, path, advice);
+}
+
+static gp_status data_failure(gp_model *m, const gp_config *cfg, gp_status err, int64_t step,
+                              int64_t saved, const gp_snapshot_pos *pos, gp_snapshot_lock *lock)
+{
+    const char *advice = cfg->data.dataset == GP_DATASET_IMAGE_FOLDER && !cfg->data.skip_bad_files
+                             ? "fix the data (or set data.on_bad_file: skip) and go on with "
+                               "--resume latest"
+                             : "fix the data and go on with --resume latest";
+    return failure_snapshot(m, cfg, err, step, saved, pos, lock, advice);
 }
 
 static void fmt_duration(double s, char *buf, size_t len)
@@ -689,6 +700,13 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                            ? (int64_t)gp_dev_host_waits(devs[j]) - waits[j] : -1;
         if (s != GP_OK) {
             gp_error_wrap(s, "step %lld (epoch %lld)", (long long)step + 1, (long long)b.epoch + 1);
+            /* failed before its update (clipping found the gradients not
+             * finite): the model is step `step`'s, worth a snapshot (one
+             * process: under mpirun the other ranks are already failing) */
+            if (s == GP_ERR_NUMERIC && gp_procs_size() <= 1 && gp_model_is_finite(mp))
+                s = failure_snapshot(mp, cfg, s, step, saved_step, &last_pos, snap_lock,
+                                     "go on with --resume latest once that is changed (as it "
+                                     "is, this step would fail again)");
             goto done;
         }
         res->final_loss = st.loss;
