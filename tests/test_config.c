@@ -436,6 +436,16 @@ static void test_errors(void)
                         0),
               GP_ERR_INVALID, "t.yaml:10:37: train.optimizer.momentum is for sgd; type adam takes "
                               "betas: [b1, b2] and eps");
+    {
+        /* the type from --set over the file's momentum: both named */
+        const char *to_adam[] = {"train.optimizer.type=adam"};
+        CHECK_ERR(parse_bad(cat(k_base, "train:\n  optimizer: {momentum: 0.9}\n"), to_adam, 1),
+                  GP_ERR_INVALID, "train.optimizer.momentum is for sgd; type adam takes betas: "
+                                  "[b1, b2] and eps (the type comes from --set "
+                                  "train.optimizer.type=adam; to change the optimizer replace "
+                                  "the whole map, e.g. --set 'train.optimizer={type: adam, lr: "
+                                  "0.001}')");
+    }
     CHECK_ERR(parse_bad(cat(k_base, "train:\n  optimizer: {betas: [0.9, 0.99]}\n"), NULL, 0),
               GP_ERR_INVALID, "train.optimizer.betas is for adam and adamw; type sgd takes "
                               "momentum and nesterov");
@@ -446,6 +456,18 @@ static void test_errors(void)
               GP_ERR_INVALID, "train.optimizer.betas must be a pair [b1, b2]");
     CHECK_ERR(parse_bad(cat(k_base, "train:\n  optimizer: {type: adamw, eps: 0}\n"), NULL, 0),
               GP_ERR_INVALID, "train.optimizer.eps");
+    /* values within range as written that leave it as floats */
+    CHECK_ERR(parse_bad(cat(k_base, "train:\n  optimizer: {type: adamw, eps: 1e-50}\n"), NULL,
+                        0),
+              GP_ERR_INVALID, "train.optimizer.eps is 1e-50, which is 0 in the 32-bit float");
+    CHECK_ERR(parse_bad(cat(k_base, "train:\n  optimizer: {type: adam, betas: [0.9, "
+                                    "0.99999999]}\n"), NULL, 0),
+              GP_ERR_INVALID, "train.optimizer.betas.1 is 0.99999999, which rounds to 1 in the "
+                              "32-bit float");
+    CHECK_ERR(parse_bad(cat(k_base, "train:\n  optimizer: {momentum: 0.99999999}\n"), NULL, 0),
+              GP_ERR_INVALID, "train.optimizer.momentum is 0.99999999, which rounds to 1");
+    CHECK_ERR(parse_bad(cat(k_base, "train:\n  clip_grad_norm: 1e-50\n"), NULL, 0),
+              GP_ERR_INVALID, "train.clip_grad_norm is 1e-50, which is 0");
     CHECK_ERR(parse_bad(cat(k_base, "train:\n  optimizer: rmsprop\n"), NULL, 0),
               GP_ERR_INVALID, "(allowed: sgd, adam, adamw)");
     {
@@ -866,6 +888,11 @@ static void test_overrides(void)
     const char *bad7[] = {"model.input.0.x=3"};
     CHECK_ERR(parse_bad(k_base, bad7, 1), GP_ERR_INVALID,
               "--set model.input.0.x=3: 'model.input.0' is a single value ('1'), not a map");
+    const char *bad7b[] = {"train.optimizer=adamw", "train.optimizer.lr=0.003"};
+    CHECK_ERR(parse_bad(k_base, bad7b, 2), GP_ERR_INVALID,
+              "--set train.optimizer.lr=0.003: 'train.optimizer' is a single value ('adamw', "
+              "short for {type: adamw}), not a map; cannot set 'lr' inside it: give both as one "
+              "map, --set 'train.optimizer={type: adamw, lr: ...}'");
     const char *bad8[] = {"train..epochs=3"};
     CHECK_ERR(parse_bad(k_base, bad8, 1), GP_ERR_INVALID, "--set train..epochs=3: empty part");
     const char *bad9[] = {"=3"};

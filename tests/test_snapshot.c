@@ -439,8 +439,8 @@ static void test_bad_values(void)
         float value;
         const char *says;
     } cases[] = {
-        {"1.weight", 5, NAN, "tensor '1.weight'[5] is NaN: parameters, buffers and momentum "
-                             "must be finite; the file is corrupt or from a diverged run"},
+        {"1.weight", 5, NAN, "tensor '1.weight'[5] is NaN: parameters, buffers and optimizer "
+                             "state must be finite; the file is corrupt or from a diverged run"},
         {"5.bias", 3, -INFINITY, "tensor '5.bias'[3] is -Inf"},
         {"2.running_mean", 31, INFINITY, "tensor '2.running_mean'[31] is +Inf"},
         {"2.running_var", 17, -0.5f, "tensor '2.running_var'[17] is -0.5: a running variance "
@@ -608,7 +608,9 @@ static void test_resume_plain_sgd(void)
               tensors_named(p, "momentum."));
     snprintf(a, sizeof a, "%s/z.yaml %s --set train.steps=10 --resume %s", tmpdir, plain, p);
     int rc = train(a);
-    CHECK_MSG(rc == 0, "momentum snapshot resumed as plain SGD: exit %d", rc);
+    CHECK_MSG(rc == 0 && log_has("was saved by sgd+momentum and resumes with sgd: its momentum "
+                                 "is dropped"),
+              "momentum snapshot resumed as plain SGD: exit %d", rc);
     if (rc) show_log();
 }
 
@@ -648,6 +650,23 @@ static void test_resume_adam(void)
     snprintf(a, sizeof a, "%s/w.yaml %s --resume %s --export-weights %s/wr.st", tmpdir, adamw, p,
              tmpdir);
     CHECK_MSG(trains_same(a, "w.st", "wr.st", "adamw"), "AdamW: resumed weights differ");
+    /* a negative second moment is refused before the first step, as a
+     * negative running variance is */
+    char bad[400];
+    snprintf(bad, sizeof bad, "%s/ws/negative.safetensors", tmpdir);
+    patch_value(p, bad, "exp_avg_sq.1.weight", 3, -1.0f);
+    snprintf(a, sizeof a, "%s/w.yaml %s --resume %s", tmpdir, adamw, bad);
+    int rc_neg = train(a);
+    CHECK_MSG(rc_neg == 3 && log_has("tensor 'exp_avg_sq.1.weight'[3] is -1: Adam's second "
+                                     "moment (exp_avg_sq) must be >= 0"),
+              "a negative exp_avg_sq resumed: exit %d", rc_neg);
+    /* Adam on AdamW's snapshot: allowed, and said */
+    snprintf(a, sizeof a, "%s/w.yaml --set 'train.optimizer={type: adam, lr: 0.003}' --resume %s",
+             tmpdir, p);
+    rc_neg = train(a);
+    CHECK_MSG(rc_neg == 0 && log_has("was saved by adamw and resumes with adam: the moments "
+                                     "carry over"),
+              "adam on an adamw snapshot: exit %d", rc_neg);
     /* the config's SGD with momentum on an AdamW snapshot, and back */
     snprintf(a, sizeof a, "%s/w.yaml --resume %s", tmpdir, p);
     CHECK(train(a) != 0 && log_has("holds Adam's state") && log_has("saved by Adam"));

@@ -150,6 +150,11 @@ gp_status gp_cfg_parse_float(const gp_cfg_walk *w, const gp_ynode *n, const char
 /* lo <= v <= hi (strict per flags); hi = INFINITY for one-sided. */
 gp_status gp_cfg_check_range(const gp_cfg_walk *w, const gp_ynode *n, const char *name, double v,
                              double lo, double hi, int flags);
+/* v into *out as a float, within the range both as written and as the
+ * float holds it (a nonzero v that becomes 0, or 0.99999999 that becomes 1
+ * against a bound open at 1, is an error). */
+gp_status gp_cfg_to_float(const gp_cfg_walk *w, const gp_ynode *n, const char *name, double v,
+                          double lo, double hi, int flags, float *out);
 gp_status gp_cfg_get_float(gp_cfg_walk *w, const gp_ynode *m, const char *sect, const char *key,
                            float def, double lo, double hi, int flags, float *out);
 /* true/yes/on, false/no/off, in any case. */

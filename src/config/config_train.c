@@ -48,8 +48,7 @@ static gp_status get_betas(gp_cfg_walk *w, const gp_ynode *om, float *out)
         char nm[48];
         snprintf(nm, sizeof nm, "train.optimizer.betas.%d", i);
         GP_TRY(gp_cfg_parse_float(w, n->items[i], nm, &d));
-        GP_TRY(gp_cfg_check_range(w, n->items[i], nm, d, 0, 1, GP_CFG_HI_OPEN));
-        out[i] = (float)d;
+        GP_TRY(gp_cfg_to_float(w, n->items[i], nm, d, 0, 1, GP_CFG_HI_OPEN, &out[i]));
     }
     return GP_OK;
 }
@@ -94,10 +93,18 @@ gp_status gp_cfg_parse_train(gp_cfg_walk *w, const gp_ynode *root, gp_train_conf
     for (int i = 0; i < 2; i++) {
         const char *key = sgd ? adam_only[i] : sgd_only[i];
         const gp_ynode *bad = gp_ymap_get(om, key);
-        if (!gp_cfg_absent(bad))
-            return gp_cfg_bad(w, bad, "train.optimizer.%s is for %s; type %s takes %s", key,
-                              sgd ? "adam and adamw" : "sgd", k_optim_names[k],
-                              sgd ? "momentum and nesterov" : "betas: [b1, b2] and eps");
+        if (gp_cfg_absent(bad)) continue;
+        /* a type set by --set over the file's optimizer: the message is
+         * the file's line, the cause the override, so name both */
+        const gp_ynode *tn = ot ? ot : gp_ymap_get(om, "type");
+        char why[400] = "";
+        if (tn && tn->set && !bad->set)
+            snprintf(why, sizeof why, " (the type comes from --set %.120s; to change the "
+                     "optimizer replace the whole map, e.g. --set 'train.optimizer={type: %s, "
+                     "lr: 0.001}')", tn->set, k_optim_names[k]);
+        return gp_cfg_bad(w, bad, "train.optimizer.%s is for %s; type %s takes %s%s", key,
+                          sgd ? "adam and adamw" : "sgd", k_optim_names[k],
+                          sgd ? "momentum and nesterov" : "betas: [b1, b2] and eps", why);
     }
     rec = w->record;
     w->record = rec && sgd;

@@ -504,6 +504,24 @@ gp_status gp_cfg_check_range(const gp_cfg_walk *w, const gp_ynode *n, const char
                       (flags & GP_CFG_HI_OPEN) ? ')' : ']', v);
 }
 
+gp_status gp_cfg_to_float(const gp_cfg_walk *w, const gp_ynode *n, const char *name, double v,
+                          double lo, double hi, int flags, float *out)
+{
+    GP_TRY(gp_cfg_check_range(w, n, name, v, lo, hi, flags));
+    /* the value as it is kept, not only as written: eps 1e-50 or a beta
+     * of 0.99999999 would pass in double and become 0 or 1 */
+    float f = (float)v;
+    if (v != 0 && f == 0)
+        return gp_cfg_bad(w, n, "%s is %g, which is 0 in the 32-bit float gpipe keeps it in; "
+                          "give 0 or a value of at least 1.2e-38", name, v);
+    if (gp_cfg_check_range(w, n, name, f, lo, hi, flags) != GP_OK)
+        return gp_cfg_bad(w, n, "%s is %.9g, which rounds to %.9g in the 32-bit float gpipe "
+                          "keeps it in, outside its range; give a value further inside it",
+                          name, v, (double)f);
+    *out = f;
+    return GP_OK;
+}
+
 gp_status gp_cfg_get_float(gp_cfg_walk *w, const gp_ynode *m, const char *sect, const char *key,
                            float def, double lo, double hi, int flags, float *out)
 {
@@ -517,9 +535,7 @@ gp_status gp_cfg_get_float(gp_cfg_walk *w, const gp_ynode *m, const char *sect, 
     }
     double v;
     GP_TRY(gp_cfg_parse_float(w, n, name, &v));
-    GP_TRY(gp_cfg_check_range(w, n, name, v, lo, hi, flags));
-    *out = (float)v;
-    return GP_OK;
+    return gp_cfg_to_float(w, n, name, v, lo, hi, flags, out);
 }
 
 gp_status gp_cfg_get_bool(gp_cfg_walk *w, const gp_ynode *m, const char *sect, const char *key,

@@ -424,20 +424,23 @@ typedef struct {
     char name[128];             /* the first bad value's tensor */
     int64_t index;              /* its element, row-major */
     float value;
-    bool variance;              /* negative running variance (else non-finite) */
+    bool variance;              /* a negative running variance or second moment (else
+                                   non-finite) */
     int64_t count;              /* bad values in all */
     int tensors;                /* in this many tensors */
 } bad_values;
 
 /* Every element of the F32 tensor t must be finite; a running variance's
- * also >= 0.  A NaN here would otherwise train on silently (SGD keeps it,
- * and a running variance < 0 gives the square root of a negative number in
- * every evaluation). */
+ * and Adam's second moment's (exp_avg_sq.*) also >= 0.  A NaN here would
+ * otherwise train on silently (SGD keeps it), and a running variance < 0
+ * gives the square root of a negative number in every evaluation, a
+ * negative second moment in every Adam step. */
 static void scan_values(const gp_st_tensor *t, const char *name, bad_values *b)
 {
     size_t nl = strlen(name), vl = strlen("running_var");
-    bool variance = nl >= vl && !strcmp(name + nl - vl, "running_var") &&
-                    (nl == vl || name[nl - vl - 1] == '.');
+    bool variance = (nl >= vl && !strcmp(name + nl - vl, "running_var") &&
+                     (nl == vl || name[nl - vl - 1] == '.')) ||
+                    !strncmp(name, "exp_avg_sq.", 11);
     int64_t n = (int64_t)((t->end - t->begin) / sizeof(float)), here = 0;
     for (int64_t e = 0; e < n; e++) {
         float v;
@@ -469,8 +472,11 @@ static gp_status bad_values_error(const gp_st_file *f, const bad_values *b)
                  b->tensors, b->tensors == 1 ? "" : "s");
     return gp_error_set(GP_ERR_DATA, "%s: tensor '%s'[%lld] is %s: %s; the file is corrupt or "
                         "from a diverged run%s", f->source, b->name, (long long)b->index, val,
-                        b->variance ? "a running variance must be >= 0"
-                                    : "parameters, buffers and momentum must be finite",
+                        !b->variance ? "parameters, buffers and optimizer state must be "
+                                       "finite"
+                        : !strncmp(b->name, "exp_avg_sq.", 11)
+                            ? "Adam's second moment (exp_avg_sq) must be >= 0"
+                            : "a running variance must be >= 0",
                         more);
 }
 
@@ -533,9 +539,11 @@ gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
         const char *kind = gp_st_meta(f, "gpipe.kind");
         bool snap = kind && !strcmp(kind, "snapshot");
         bool want_adam = gp_optim_options(m->optim)->kind != GP_OPTIM_SGD;
-        const char *saved = adam ? "Adam (train.optimizer.type: adam or adamw)"
-                            : mom ? "SGD with momentum (train.optimizer.type: sgd)"
-                                  : "plain SGD (train.optimizer.type: sgd, momentum: 0)";
+        const char *saved = tag && !strcmp(tag, "adam")    ? "Adam (train.optimizer.type: adam)"
+                            : tag && !strcmp(tag, "adamw") ? "AdamW (train.optimizer.type: adamw)"
+                            : adam ? "Adam (train.optimizer.type: adam or adamw)"
+                            : mom  ? "SGD with momentum (train.optimizer.type: sgd)"
+                                   : "plain SGD (train.optimizer.type: sgd, momentum: 0)";
         if (snap && want_adam != adam)
             return gp_error_set(GP_ERR_INVALID,
                                 "%s %s: it was saved by %s; resume it with that optimizer, or "
@@ -549,6 +557,13 @@ gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
                                 "SGD (train.optimizer.momentum: 0); resume it with momentum 0, or "
                                 "start from its weights with model.init_from",
                                 f->source);
+        /* allowed, but not what the snapshot's run did: say so */
+        const char *own = optimizer_tag(m);
+        if (snap && tag && strcmp(tag, own))
+            GP_WARN("%s was saved by %s and resumes with %s: %s", f->source, tag, own,
+                    adam ? "the moments carry over, the update rule changes (Adam adds the "
+                           "weight decay to the gradient, AdamW decays the weights)"
+                         : "its momentum is dropped");
     }
     /* every name the model expects, for the names in the file it does not */
     nameset known = {0};
