@@ -1266,6 +1266,25 @@ static void test_elementwise(gp_device *dev)
         for (int64_t i = 0; i < n; i++) rs += (double)a[i] * a[i];
         CHECK_OK(gp_dev_sumsq(dev, a, n, &ss));
         CHECK_NEAR(ss, rs, 0, 1e-12);
+        {
+            /* sumsq_multi: each slice the bits sumsq gives it (a slice
+             * crossing the parallel threshold among them), and the same
+             * through the wrapper's fallback for a backend without it */
+            const float *xs[4] = {a, a + 1, a + 7, a};
+            int64_t ns[4] = {1, 6, n - 7, n};
+            double one[4], multi[4], fall[4];
+            for (int t = 0; t < 4; t++) CHECK_OK(gp_dev_sumsq(dev, xs[t], ns[t], &one[t]));
+            CHECK_OK(gp_dev_sumsq_multi(dev, xs, ns, 4, multi));
+            gp_device_iface no = *dev->iface;
+            no.sumsq_multi = NULL;
+            const gp_device_iface *own = dev->iface;
+            dev->iface = &no;
+            CHECK_OK(gp_dev_sumsq_multi(dev, xs, ns, 4, fall));
+            dev->iface = own;
+            CHECK_MSG(!memcmp(one, multi, sizeof one) && !memcmp(one, fall, sizeof one),
+                      "sumsq_multi differs from sumsq: %.17g %.17g / %.17g %.17g", one[3],
+                      multi[3], one[1], fall[1]);
+        }
         int bad = -1;
         CHECK_OK(gp_dev_nonfinite(dev, a, n, &bad));
         CHECK(bad == 0);
@@ -1879,7 +1898,7 @@ static void test_host_waits(gp_device *dev)
         const char *what;
         gp_status st;
     } wait_call;
-    wait_call calls[7];
+    wait_call calls[8];
     int n = 0;
     uint64_t before = gp_dev_host_waits(dev);
     calls[n++] = (wait_call){"upload", gp_dev_upload(dev, d, h, 8)};
@@ -1888,6 +1907,11 @@ static void test_host_waits(gp_device *dev)
     calls[n++] = (wait_call){"event_sync", gp_dev_event_sync(dev, ev)};
     calls[n++] = (wait_call){"sumsq", gp_dev_sumsq(dev, d, 8, &ss)};
     calls[n++] = (wait_call){"nonfinite", gp_dev_nonfinite(dev, d, 8, &bad)};
+    /* three tensors' sums of squares, one wait for all */
+    const float *xs3[3] = {d, d + 2, d + 5};
+    int64_t ns3[3] = {2, 3, 0};
+    double ss3[3] = {-1, -1, -1};
+    calls[n++] = (wait_call){"sumsq_multi", gp_dev_sumsq_multi(dev, xs3, ns3, 3, ss3)};
     calls[n++] = (wait_call){"xent", gp_dev_xent(dev, d, labels, 2, 4, 1.0f, 0.0f, NULL, &loss,
                                                         &correct, &bad_row)};
     for (int k = 0; k < n; k++) CHECK_MSG(calls[k].st == GP_OK, "%s failed", calls[k].what);
@@ -1895,6 +1919,8 @@ static void test_host_waits(gp_device *dev)
               "%d waiting calls counted %llu host waits", n,
               (unsigned long long)(gp_dev_host_waits(dev) - before));
     CHECK(ss == 204.0 && bad == 0 && memcmp(back, h, sizeof h) == 0);
+    CHECK_MSG(ss3[0] == 5.0 && ss3[1] == 50.0 && ss3[2] == 0.0, "sumsq_multi: %g %g %g",
+              ss3[0], ss3[1], ss3[2]);
     gp_dev_event_destroy(dev, ev);
     gp_dev_free(dev, p, sizeof h, GP_MEM_WORKSPACE);
 }

@@ -300,6 +300,18 @@ static void test_elementwise(void)
     int bad[2];
     for (int k = 0; k < 2; k++) CHECK_OK(gp_dev_sumsq(D2[k], y.p[k], n, &ss[k]));
     CHECK_NEAR(ss[1], ss[0], 0, 1e-12);
+    /* sumsq_multi (clipping's one read per stage): each slice the bits
+     * sumsq gives it on its device, and the devices agree */
+    for (int k = 0; k < 2; k++) {
+        const float *xs[3] = {y.p[k], y.p[k] + 1000, y.p[k]};
+        int64_t ns[3] = {1000, n - 1000, 0};
+        double multi[3], one[3];
+        CHECK_OK(gp_dev_sumsq_multi(D2[k], xs, ns, 3, multi));
+        for (int t = 0; t < 3; t++) CHECK_OK(gp_dev_sumsq(D2[k], xs[t], ns[t], &one[t]));
+        CHECK_MSG(!memcmp(multi, one, sizeof one), "sumsq_multi on %s differs from sumsq",
+                  D2[k]->name);
+        CHECK_NEAR(multi[0] + multi[1], ss[0], 0, 1e-12);
+    }
     for (int k = 0; k < 2; k++) CHECK_OK(gp_dev_nonfinite(D2[k], y.p[k], n, &bad[k]));
     CHECK(bad[0] == 0 && bad[1] == 0);
     float nan = NAN;

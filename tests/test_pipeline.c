@@ -155,7 +155,19 @@ static void clip_transparency(void)
         make_batch(&c, 0, x, y);
         gp_step_stats a, b, z;
         CHECK_OK(gp_model_train_step(&ref, &c, x, y, BATCH, 4, 0.05, &a));
+        uint64_t w0[3];
+        for (int j = 0; j < 3; j++) w0[j] = gp_dev_host_waits(devs[j]);
         CHECK_OK(gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, &b));
+        /* clipping's host waits: one per stage that has gradients (its
+         * squared norms read back together), beside the step's one */
+        for (int j = 0, first = 0; j < 3; first += bal[j++]) {
+            int grads = 0;
+            for (int k = first; k < first + bal[j]; k++)
+                grads = grads || gp_layer_param_count(&pip.layers[k]) > 0;
+            uint64_t waits = gp_dev_host_waits(devs[j]) - w0[j];
+            CHECK_MSG(waits == 1u + (uint64_t)grads, "device %d: %llu host waits in a clipped "
+                      "step, not %d", j, (unsigned long long)waits, 1 + grads);
+        }
         gp_config c0 = c;
         c0.train.clip_grad_norm = 0;
         CHECK_OK(gp_model_train_step(&plain, &c0, x, y, BATCH, 4, 0.05, &z));

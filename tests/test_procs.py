@@ -27,7 +27,9 @@ against the same config in one process (worker threads), the oracle.
   (c) a process count that does not match pipeline.devices fails every rank
       with one message naming both counts;
   (d) a failure on one rank (a non-finite loss on stage 1) ends every
-      rank with one message naming the rank, stage and micro-batch;
+      rank with one message naming the rank, stage and micro-batch; with
+      clipping, every rank finds the NaN gradients before the update and
+      the run ends (exit 4);
   (e) a rank killed with SIGKILL ends the run with an error within 30 s;
   (f) each rank's --trace, merged by scripts/timeline.py merge onto one
       time axis: stage 1's forward of each micro-batch after stage 0's;
@@ -473,6 +475,14 @@ def errors(tmp):
     check(rc != 0, "a non-finite loss went unnoticed")
     check(out.count("rank 1 of 2") == 1 and "stage 1" in out and "micro-batch" in out,
           "failure message does not name rank, stage and micro-batch once: " + out[-1200:])
+    # (d') the same with clipping: every rank finds the NaN gradients at
+    # the step's clip, before its update, and the run ends (exit 4, no
+    # hang); each rank says it, as each found it
+    rc, out = mpirun(2, [cfg, "--quiet", "--set", "train.optimizer.lr=1e38",
+                         "--set", "pipeline.balance=[2, 5]", "--set", "train.clip_grad_norm=1"],
+                     timeout=60)
+    check(rc == 4 and "the gradients are not finite" in out and "the update was skipped" in out,
+          "non-finite gradients under mpirun with clipping: exit %d: %s" % (rc, out[-1200:]))
     # (e) SIGKILL one rank of a long run
     big = MLP.replace("epochs: 2", "epochs: 10000")
     with open(cfg, "w") as f:

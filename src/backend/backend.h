@@ -109,8 +109,10 @@
  *  23  linear_fwd (a linear layer's product, bias and relu in one call: a
  *      cuBLASLt epilogue on a GPU)
  *  24  adam_multi (Adam and AdamW), gp_update_part.v2
- *  25  xent and xent_dev take the label smoothing */
-#define GP_DEVICE_IFACE_VERSION 25
+ *  25  xent and xent_dev take the label smoothing
+ *  26  sumsq_multi (gradient clipping's squared norms: one host wait per
+ *      stage instead of one per tensor) */
+#define GP_DEVICE_IFACE_VERSION 26
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -752,6 +754,11 @@ typedef struct gp_device_iface {
      * device cannot run Adam (gp_dev_adam_multi says so). */
     gp_status (*adam_multi)(gp_device *dev, const gp_update_part *parts, int n,
                             const gp_adam_step *a);
+    /* sumsq_multi: out[t] (host) = sumsq of xs[t] (ns[t] values), t < n,
+     * each the bits sumsq gives, read back together: one host wait for n
+     * tensors.  NULL: gp_dev_sumsq_multi calls sumsq n times. */
+    gp_status (*sumsq_multi)(gp_device *dev, const float *const *xs, const int64_t *ns, int n,
+                             double *out);
 } gp_device_iface;
 
 #define GP_CHAN_ID_BYTES 256
@@ -1008,6 +1015,17 @@ static inline gp_status gp_dev_sumsq(gp_device *dev, const float *x, int64_t n, 
 {
     gp_dev_count_wait(dev);
     return dev->iface->sumsq(dev, x, n, out);
+}
+static inline gp_status gp_dev_sumsq_multi(gp_device *dev, const float *const *xs,
+                                           const int64_t *ns, int n, double *out)
+{
+    if (n <= 0) return GP_OK;
+    if (!dev->iface->sumsq_multi) {
+        for (int t = 0; t < n; t++) GP_TRY(gp_dev_sumsq(dev, xs[t], ns[t], &out[t]));
+        return GP_OK;
+    }
+    gp_dev_count_wait(dev);
+    return dev->iface->sumsq_multi(dev, xs, ns, n, out);
 }
 static inline gp_status gp_dev_nonfinite(gp_device *dev, const float *x, int64_t n, int *out)
 {

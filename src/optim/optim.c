@@ -258,23 +258,52 @@ gp_status gp_clip_nonfinite(const gp_layer *layers, int n_layers, const double *
                         param ? param : "", param ? " of " : "", d);
 }
 
+/* n tensors of dev summed in one call, sums into sq[at[i]]. */
+static gp_status sumsq_run(gp_device *dev, const float **xs, const int64_t *ns, const int *at,
+                           int n, double *vals, double *sq)
+{
+    GP_TRY(gp_dev_sumsq_multi(dev, xs, ns, n, vals));
+    for (int i = 0; i < n; i++) sq[at[i]] = vals[i];
+    return GP_OK;
+}
+
 gp_status gp_clip_grad_norm(gp_layer *layers, int n_layers, float max_norm, double *norm)
 {
     int total = 0;
     for (int k = 0; k < n_layers; k++)
         for (int a = 0; a < layers[k].n_params; a++) total += !layers[k].params[a].is_buffer;
-    double *sq = calloc((size_t)(total ? total : 1), sizeof *sq), sum = 0;
-    if (!sq) return gp_error_set(GP_ERR_OOM, "out of host memory");
-    gp_status s = GP_OK;
+    size_t cap = (size_t)(total ? total : 1);
+    double *sq = calloc(cap, sizeof *sq), *vals = malloc(cap * sizeof *vals), sum = 0;
+    const float **xs = malloc(cap * sizeof *xs);
+    int64_t *ns = malloc(cap * sizeof *ns);
+    int *at = malloc(cap * sizeof *at);
+    gp_status s = sq && vals && xs && ns && at ? GP_OK
+                                               : gp_error_set(GP_ERR_OOM, "out of host memory");
+    /* each device's run of tensors in one gp_dev_sumsq_multi (one host
+     * wait each), the same bits as one at a time */
+    gp_device *dev = NULL;
+    int nn = 0;
     for (int k = 0, t = 0; k < n_layers && s == GP_OK; k++)
         for (int a = 0; a < layers[k].n_params && s == GP_OK; a++) {
             gp_param *pr = &layers[k].params[a];
             if (pr->is_buffer) continue;
-            if (pr->grad.data)
-                s = gp_dev_sumsq(pr->value.dev, pr->grad.data, gp_tensor_numel(&pr->value),
-                                 &sq[t]);
-            sum += sq[t++];
+            int here = t++;
+            if (!pr->grad.data) continue; /* its entry stays 0 */
+            if (nn && pr->value.dev != dev) {
+                s = sumsq_run(dev, xs, ns, at, nn, vals, sq);
+                nn = 0;
+            }
+            dev = pr->value.dev;
+            xs[nn] = pr->grad.data;
+            ns[nn] = gp_tensor_numel(&pr->value);
+            at[nn++] = here;
         }
+    if (s == GP_OK && nn) s = sumsq_run(dev, xs, ns, at, nn, vals, sq);
+    for (int t = 0; t < total && s == GP_OK; t++) sum += sq[t];
+    free(vals);
+    free(xs);
+    free(ns);
+    free(at);
     *norm = sqrt(sum);
     if (s == GP_OK && !isfinite(*norm)) {
         int bad;

@@ -98,6 +98,12 @@ struct gp_pipeline {
      * by the step's start); grad_norm the global norm CLIP found. */
     double *clip_sq;
     int *clip_at;              /* [L + 1] */
+    /* each stage's gradients to sum, from its clip_at slice on (one
+     * gp_dev_sumsq_multi per stage): their data, lengths, entries, sums */
+    const float **clip_xs;
+    int64_t *clip_ns;
+    int *clip_t;
+    double *clip_vals;
     double grad_norm;
     void *clip_buf[GP_MAX_DEVICES]; /* replicas: stage j's entries on its device */
     void (*on_fail)(void *arg);
@@ -1154,24 +1160,34 @@ static gp_status clip(worker *w, int *bad_layer)
     EACH_STAGE(p, q, d) {
         bool shard = p->replicas > 1 && p->shard[q];
         bool counts = shard || p->rank == 0; /* unsharded: replica 0 counts it (rank 0 alone) */
+        /* the stage's gradients (this replica's chunks) in one call: one
+         * host wait per stage, not per tensor; the entries of tensors
+         * without a gradient stay 0 */
+        int t0 = p->clip_at[p->first[q]], nn = 0;
+        const float **xs = p->clip_xs + t0;
+        int64_t *ns = p->clip_ns + t0;
+        int *at = p->clip_t + t0;
         for (int c = p->first[q]; c < p->first[q] + p->count[q] && counts; c++) {
             gp_layer *l = &p->layers[c];
             for (int a = 0, t = p->clip_at[c]; a < l->n_params; a++) {
                 gp_param *pr = &l->params[a];
                 if (pr->is_buffer) continue;
-                double sq = 0;
                 int64_t lo = 0, hi = gp_tensor_numel(&pr->value);
                 if (shard) gp_comm_chunk(hi, p->replicas, p->rank, &lo, &hi);
                 if (pr->grad.data && hi > lo) {
-                    gp_status st = gp_dev_sumsq(p->devs[q], pr->grad.data + lo, hi - lo, &sq);
-                    if (st != GP_OK) {
-                        *bad_layer = c;
-                        return st;
-                    }
+                    xs[nn] = pr->grad.data + lo;
+                    ns[nn] = hi - lo;
+                    at[nn++] = t;
                 }
-                p->clip_sq[t++] = sq;
+                t++;
             }
         }
+        gp_status sst = gp_dev_sumsq_multi(p->devs[q], xs, ns, nn, p->clip_vals + t0);
+        if (sst != GP_OK) {
+            *bad_layer = p->first[q];
+            return sst;
+        }
+        for (int k = 0; k < nn; k++) p->clip_sq[at[k]] = p->clip_vals[t0 + k];
         if (p->replicas > 1 && p->local < 0) GP_TRY(clip_replicas(p, q));
     }
     int total = p->clip_at[p->L];
@@ -1766,9 +1782,21 @@ static gp_status clip_tables(gp_pipeline *p)
             for (int a = 0; a < p->layers[c].n_params; a++) t += !p->layers[c].params[a].is_buffer;
         }
         at[p->L] = t;
-        p->clip_sq = calloc((size_t)(t ? t : 1), sizeof *p->clip_sq);
-        if (!p->clip_sq) {
+        size_t k = (size_t)(t ? t : 1);
+        p->clip_sq = calloc(k, sizeof *p->clip_sq);
+        p->clip_xs = malloc(k * sizeof *p->clip_xs);
+        p->clip_ns = malloc(k * sizeof *p->clip_ns);
+        p->clip_t = malloc(k * sizeof *p->clip_t);
+        p->clip_vals = malloc(k * sizeof *p->clip_vals);
+        if (!p->clip_sq || !p->clip_xs || !p->clip_ns || !p->clip_t || !p->clip_vals) {
             free(at);
+            free(p->clip_sq);
+            free(p->clip_xs);
+            free(p->clip_ns);
+            free(p->clip_t);
+            free(p->clip_vals);
+            p->clip_sq = NULL, p->clip_xs = NULL, p->clip_ns = NULL, p->clip_t = NULL;
+            p->clip_vals = NULL;
             return gp_error_set(GP_ERR_OOM, "out of host memory");
         }
         p->clip_at = at;
@@ -2111,6 +2139,10 @@ void gp_pipeline_destroy(gp_pipeline *p)
                         GP_MEM_WORKSPACE);
     free(p->clip_sq);
     free(p->clip_at);
+    free(p->clip_xs);
+    free(p->clip_ns);
+    free(p->clip_t);
+    free(p->clip_vals);
     free(p->edges);
     free(p);
 }

@@ -296,6 +296,8 @@ gp_status gp_cpu_scale(gp_device *dev, float *x, float a, int64_t n);
 gp_status gp_cpu_axpy(gp_device *dev, float a, const float *x, float *y, int64_t n);
 gp_status gp_cpu_add(gp_device *dev, const float *a, const float *b, float *y, int64_t n);
 gp_status gp_cpu_sumsq(gp_device *dev, const float *x, int64_t n, double *out);
+gp_status gp_cpu_sumsq_multi(gp_device *dev, const float *const *xs, const int64_t *ns, int n,
+                             double *out);
 gp_status gp_cpu_nonfinite(gp_device *dev, const float *x, int64_t n, int *out);
 gp_status gp_cpu_nonfinite_or(gp_device *dev, const float *x, int64_t n, float *flag);
 gp_status gp_cpu_bf16_pack(gp_device *dev, uint16_t *dst, const float *src, int64_t n);

@@ -98,6 +98,15 @@ gp_status gp_cpu_sumsq(gp_device *dev, const float *x, int64_t n, double *out)
     return GP_OK;
 }
 
+/* Each tensor as gp_cpu_sumsq sums it (the same bits): host memory is the
+ * device's, so nothing is read back. */
+gp_status gp_cpu_sumsq_multi(gp_device *dev, const float *const *xs, const int64_t *ns, int n,
+                             double *out)
+{
+    for (int t = 0; t < n; t++) GP_TRY(gp_cpu_sumsq(dev, xs[t], ns[t], &out[t]));
+    return GP_OK;
+}
+
 gp_status gp_cpu_nonfinite_or(gp_device *dev, const float *x, int64_t n, float *flag)
 {
     int bad = 0;

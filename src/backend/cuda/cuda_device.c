@@ -856,6 +856,25 @@ static gp_status cuda_sumsq(gp_device *dev, const float *x, int64_t n, double *o
     return GP_OK;
 }
 
+/* Each tensor's sum into its own double of the workspace (the kernels of
+ * cuda_sumsq, so the same bits, their partials reused in stream order),
+ * then all n read back in one copy and one wait. */
+static gp_status cuda_sumsq_multi(gp_device *dev, const float *const *xs, const int64_t *ns,
+                                  int n, double *out)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    void *ws;
+    GP_TRY(gp_cuda_enter(dev));
+    GP_TRY(gp_cuda_ws_reserve(dev, (GP_CUK_RED_BLOCKS + (size_t)n) * sizeof(double), &ws));
+    double *partials = ws, *sums = partials + GP_CUK_RED_BLOCKS;
+    for (int t = 0; t < n; t++)
+        GP_CUDA(gp_cuk_sumsq(ctx->compute, xs[t], ns[t], partials, &sums[t]));
+    GP_CUDA(cudaMemcpyAsync(out, sums, (size_t)n * sizeof *out, cudaMemcpyDeviceToHost,
+                            ctx->compute));
+    GP_CUDA(cudaStreamSynchronize(ctx->compute));
+    return GP_OK;
+}
+
 static gp_status cuda_nonfinite(gp_device *dev, const float *x, int64_t n, int *out)
 {
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
@@ -1651,6 +1670,7 @@ static const gp_device_iface cuda_iface = {
     .sgd_update = cuda_sgd_update,
     .sgd_multi = cuda_sgd_multi,
     .adam_multi = cuda_adam_multi,
+    .sumsq_multi = cuda_sumsq_multi,
     .dropout_apply = cuda_dropout_apply,
     .bf16_pack = cuda_bf16_pack,
     .bf16_unpack = cuda_bf16_unpack,
