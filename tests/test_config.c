@@ -1122,6 +1122,27 @@ static void test_sizes(void)
     gp_config_free(&c);
 }
 
+/* An override that replaces a map an earlier one set a key in warns,
+ * naming both; the other order, or unrelated keys, do not. */
+static void test_shadowed_override(void)
+{
+    gp_config c;
+    const char *lost[] = {"train.optimizer.lr=0.003", "train.optimizer=adamw"};
+    CHECK_OK(parse_set(k_base, lost, 2, &c));
+    CHECK_MSG(c.warnings && strstr(c.warnings, "--set train.optimizer=adamw: replaces "
+                                               "'train.optimizer' and with it the earlier --set "
+                                               "train.optimizer.lr=0.003; give that one after "
+                                               "this, or both as one map\n"),
+              "got \"%s\"", c.warnings);
+    CHECK(c.train.optim.lr == 0.001f); /* the later wins, as documented */
+    gp_config_free(&c);
+    const char *kept[] = {"train.optimizer={type: adamw}", "train.optimizer.lr=0.003"};
+    CHECK_OK(parse_set(k_base, kept, 2, &c));
+    CHECK_MSG(c.warnings && !c.warnings[0] && c.train.optim.lr == 0.003f, "got \"%s\"",
+              c.warnings);
+    gp_config_free(&c);
+}
+
 /* threads far above the cores: a warning at the key (an error would stop a
  * config written for a larger machine), in cfg.warnings. */
 static void test_threads_warning(void)
@@ -1406,6 +1427,7 @@ int main(void)
     test_overrides();
     test_sizes();
     test_threads_warning();
+    test_shadowed_override();
     test_empty_override();
     test_text_applied();
     test_load();

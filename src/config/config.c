@@ -95,6 +95,40 @@ static gp_status walk_root(gp_cfg_walk *w, const gp_ynode *root, gp_config *c)
     return GP_OK;
 }
 
+/* An override's key: *k and its length, blanks around it left out. */
+static size_t override_key(const char *o, const char **k)
+{
+    const char *eq = strchr(o, '=');
+    size_t n = eq ? (size_t)(eq - o) : strlen(o);
+    while (n > 0 && (*o == ' ' || *o == '\t')) o++, n--;
+    while (n > 0 && (o[n - 1] == ' ' || o[n - 1] == '\t')) n--;
+    *k = o;
+    return n;
+}
+
+/* An override that replaces a whole map an earlier one set a key inside
+ * (--set train.optimizer.lr=0.003 --set train.optimizer=adamw: the lr is
+ * gone) is a warning: the later wins, as documented, but silently losing
+ * a value someone typed is rarely meant. */
+static void warn_shadowed(gp_cfg_walk *w, const char *const *ov, int n)
+{
+    for (int j = 1; j < n && ov; j++) {
+        if (!ov[j]) continue;
+        const char *kj;
+        size_t lj = override_key(ov[j], &kj);
+        for (int i = 0; i < j && lj; i++) {
+            const char *ki;
+            if (!ov[i]) continue;
+            size_t li = override_key(ov[i], &ki);
+            if (li <= lj || strncmp(ki, kj, lj) || ki[lj] != '.') continue;
+            gp_ynode at = {.set = ov[j]};
+            gp_cfg_warn(w, &at, "replaces '%.*s' and with it the earlier --set %s; give that "
+                        "one after this, or both as one map", (int)lj, kj, ov[i]);
+            break;
+        }
+    }
+}
+
 gp_status gp_config_parse(const char *name, const char *text, size_t len,
                           const char *const *overrides, int n_overrides, gp_config *out)
 {
@@ -115,6 +149,7 @@ gp_status gp_config_parse(const char *name, const char *text, size_t len,
         }
     }
     gp_cfg_walk w = {.file = name, .record = true};
+    warn_shadowed(&w, overrides, n_overrides);
     gp_status s = walk_root(&w, root, out);
     gp_ynode_free(root);
     if (s != GP_OK) {
