@@ -207,6 +207,17 @@ static void test_cli_errors(void)
                   strstr(out, "huge.yaml: cpu:1's stages hold 45.8 MiB of weights, gradients "
                               "and momentum alone, more than its pipeline.memory of 32.0 MiB"),
               "cpu:1 cannot hold its linear: exit %d, %s", rc_huge, out);
+    /* a batch norm of 2^20 features: 24 MiB of weights, gradients and
+     * momentum, 8 MiB of running statistics: 28 MiB holds the first alone */
+    write_file(huge, "model:\n  input: [1048576]\n  layers: [flatten, batchnorm, "
+                     "{linear: {out: 10}}]\n");
+    snprintf(cmd, sizeof cmd, "%s %s --dry-run --set 'pipeline.devices=[cpu:0, {name: cpu:1, "
+             "memory: 28MiB}, cpu:2]' --set 'pipeline.balance=[1, 1, 1]'", bin, huge);
+    rc_huge = run(cmd, out, sizeof out);
+    CHECK_MSG(rc_huge == 4 && strstr(out, "huge.yaml: cpu:1's stages hold 32.0 MiB of weights, "
+                                          "gradients and momentum alone (batch-norm statistics "
+                                          "included), more than its pipeline.memory of 28.0 MiB"),
+              "cpu:1 cannot hold its batch norm's statistics: exit %d, %s", rc_huge, out);
 
     snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --dry-run --set train.batch_size=abc",
              bin, GPIPE_SOURCE_DIR);

@@ -950,22 +950,27 @@ static gp_status summary_fits(const gp_config *cfg, const gp_model *m)
 {
     const gp_pipeline_config *pc = &cfg->pipeline;
     int n = pc->n_devices;
-    int64_t held[GP_MAX_DEVICES] = {0};
+    int64_t held[GP_MAX_DEVICES] = {0}, buffers[GP_MAX_DEVICES] = {0};
     for (int j = 0, f0 = 0; j < m->n_stages; f0 += m->balance[j++])
-        for (int k = f0; k < f0 + m->balance[j]; k++)
-            held[j % n] += gp_layer_param_count(&m->layers[k]);
+        for (int k = f0; k < f0 + m->balance[j]; k++) {
+            const gp_layer *l = &m->layers[k];
+            held[j % n] += gp_layer_param_count(l);
+            for (int a = 0; a < l->n_params; a++) /* batch-norm statistics: values alone */
+                if (l->params[a].is_buffer) buffers[j % n] += gp_tensor_numel(&l->params[a].value);
+        }
     size_t per = state_bytes(cfg);
     for (int d = 0; d < n; d++) {
         uint64_t cap = device_opts(cfg, d).capacity;
-        uint64_t need = (uint64_t)held[d] * per;
+        uint64_t need = (uint64_t)held[d] * per + (uint64_t)buffers[d] * sizeof(float);
         if (!cap || need <= cap) continue;
         char nb[32], cb[32];
         gp_format_bytes((size_t)need, nb, sizeof nb);
         gp_format_bytes((size_t)cap, cb, sizeof cb);
-        return gp_error_set(GP_ERR_OOM, "%s: %s's stages hold %s of weights, gradients%s alone, "
-                            "more than its pipeline.memory of %s; give it more memory, or "
+        return gp_error_set(GP_ERR_OOM, "%s: %s's stages hold %s of weights, gradients%s alone"
+                            "%s, more than its pipeline.memory of %s; give it more memory, or "
                             "spread the model over more devices", cfg->path,
-                            pc->devices[d].name, nb, state_words(cfg, false), cb);
+                            pc->devices[d].name, nb, state_words(cfg, false),
+                            buffers[d] ? " (batch-norm statistics included)" : "", cb);
     }
     return GP_OK;
 }
