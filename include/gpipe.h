@@ -91,7 +91,10 @@ gp_status gp_run_prepare(gp_run *run);
  * rate follows the config's schedule over `total_steps` (0: no schedule,
  * train.optimizer.lr with its lr_scaling).  A loss or parameter that is not
  * finite (GP_ERR_NUMERIC) is found after the step's update: the run then
- * refuses further steps, evaluation and exports (start a new one). */
+ * refuses further steps, evaluation and exports (start a new one).  With
+ * train.clip_grad_norm, gradients that are not finite are found before
+ * the update instead: the step fails (GP_ERR_NUMERIC, "the update was
+ * skipped"), the model is as it was, and the run goes on. */
 gp_status gp_run_step(gp_run *run, const float *x, const float *y, int64_t n,
                       int64_t total_steps, gp_metrics *out);
 /* Train on the config's data as gpipe-train does (metrics_path may be NULL).

@@ -459,7 +459,12 @@ static void test_errors(void)
     /* values within range as written that leave it as floats */
     CHECK_ERR(parse_bad(cat(k_base, "train:\n  optimizer: {type: adamw, eps: 1e-50}\n"), NULL,
                         0),
-              GP_ERR_INVALID, "train.optimizer.eps is 1e-50, which is 0 in the 32-bit float");
+              GP_ERR_INVALID, "train.optimizer.eps is 1e-50, below the smallest normal value of "
+                              "the 32-bit float gpipe keeps it in (1.2e-38); give a value of at "
+                              "least 1.2e-38");
+    CHECK_ERR(parse_bad(cat(k_base, "train:\n  optimizer: {type: adamw, eps: 1e-44}\n"), NULL,
+                        0),
+              GP_ERR_INVALID, "train.optimizer.eps is 1e-44, below the smallest normal");
     CHECK_ERR(parse_bad(cat(k_base, "train:\n  optimizer: {type: adam, betas: [0.9, "
                                     "0.99999999]}\n"), NULL, 0),
               GP_ERR_INVALID, "train.optimizer.betas.1 is 0.99999999, which rounds to 1 in the "
@@ -467,7 +472,16 @@ static void test_errors(void)
     CHECK_ERR(parse_bad(cat(k_base, "train:\n  optimizer: {momentum: 0.99999999}\n"), NULL, 0),
               GP_ERR_INVALID, "train.optimizer.momentum is 0.99999999, which rounds to 1");
     CHECK_ERR(parse_bad(cat(k_base, "train:\n  clip_grad_norm: 1e-50\n"), NULL, 0),
-              GP_ERR_INVALID, "train.clip_grad_norm is 1e-50, which is 0");
+              GP_ERR_INVALID, "train.clip_grad_norm is 1e-50, below the smallest normal value "
+                              "of the 32-bit float gpipe keeps it in (1.2e-38); give 0 or a value "
+                              "of at least 1.2e-38");
+    {
+        /* pipeline.schedule is no typed map: no {type: ...} hint */
+        const char *sch[] = {"pipeline.schedule=1f1b", "pipeline.schedule.virtual=2"};
+        CHECK_ERR(parse_bad(k_base, sch, 2), GP_ERR_INVALID,
+                  "'pipeline.schedule' is a single value ('1f1b'), not a map; cannot set "
+                  "'virtual' inside it");
+    }
     CHECK_ERR(parse_bad(cat(k_base, "train:\n  optimizer: rmsprop\n"), NULL, 0),
               GP_ERR_INVALID, "(allowed: sgd, adam, adamw)");
     {

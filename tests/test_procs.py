@@ -477,7 +477,7 @@ def errors(tmp):
           "failure message does not name rank, stage and micro-batch once: " + out[-1200:])
     # (d') the same with clipping: every rank finds the NaN gradients at
     # the step's clip, before its update, and the run ends (exit 4, no
-    # hang); each rank says it, as each found it
+    # hang), said at least by the rank that aborted the others
     rc, out = mpirun(2, [cfg, "--quiet", "--set", "train.optimizer.lr=1e38",
                          "--set", "pipeline.balance=[2, 5]", "--set", "train.clip_grad_norm=1"],
                      timeout=60)

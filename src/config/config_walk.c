@@ -511,9 +511,10 @@ gp_status gp_cfg_to_float(const gp_cfg_walk *w, const gp_ynode *n, const char *n
     /* the value as it is kept, not only as written: eps 1e-50 or a beta
      * of 0.99999999 would pass in double and become 0 or 1 */
     float f = (float)v;
-    if (v != 0 && f == 0)
-        return gp_cfg_bad(w, n, "%s is %g, which is 0 in the 32-bit float gpipe keeps it in; "
-                          "give 0 or a value of at least 1.2e-38", name, v);
+    if (v != 0 && fabsf(f) < FLT_MIN) /* 0, or subnormal: a few bits of precision */
+        return gp_cfg_bad(w, n, "%s is %g, below the smallest normal value of the 32-bit float "
+                          "gpipe keeps it in (1.2e-38); give %sa value of at least 1.2e-38",
+                          name, v, lo == 0 && !(flags & GP_CFG_LO_OPEN) ? "0 or " : "");
     if (gp_cfg_check_range(w, n, name, f, lo, hi, flags) != GP_OK)
         return gp_cfg_bad(w, n, "%s is %.9g, which rounds to %.9g in the 32-bit float gpipe "
                           "keeps it in, outside its range; give a value further inside it",

@@ -593,9 +593,8 @@ static gp_status override_apply(gp_ynode **root, const char *set, char **comps, 
             gp_ynode_free(val);
             /* the typed shorthands (optimizer: adamw, schedule: cosine) are
              * {type: ...}: say how to give both */
-            size_t pl = strlen(path);
-            bool typed = node->text && ((pl >= 9 && !strcmp(path + pl - 9, "optimizer")) ||
-                                        (pl >= 8 && !strcmp(path + pl - 8, "schedule")));
+            bool typed = node->text && (!strcmp(path, "train.optimizer") ||
+                                        !strcmp(path, "train.schedule"));
             if (typed)
                 return set_err(set, "'%s' is a single value ('%.60s', short for {type: %.60s}), "
                                "not a map; cannot set '%s' inside it: give both as one map, "

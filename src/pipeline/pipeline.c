@@ -105,6 +105,8 @@ struct gp_pipeline {
     int *clip_t;
     double *clip_vals;
     double grad_norm;
+    bool refused;              /* this step failed at its CLIP, before any commit
+                                  or update (gradients not finite); under lock */
     void *clip_buf[GP_MAX_DEVICES]; /* replicas: stage j's entries on its device */
     void (*on_fail)(void *arg);
     void *fail_arg;
@@ -1208,7 +1210,12 @@ static gp_status clip(worker *w, int *bad_layer)
      * any commit or update, naming the same tensor; the step's failure
      * then leaves the model as it was (a free check: CLIP has waited
      * anyway). */
-    if (!isfinite(norm)) return gp_clip_nonfinite(p->layers, p->L, p->clip_sq, norm, bad_layer);
+    if (!isfinite(norm)) {
+        pthread_mutex_lock(&p->lock);
+        p->refused = true;
+        pthread_mutex_unlock(&p->lock);
+        return gp_clip_nonfinite(p->layers, p->L, p->clip_sq, norm, bad_layer);
+    }
     if (!(coef < 1.0)) return GP_OK; /* within the limit */
     EACH_STAGE(p, q, d) {
         bool shard = p->replicas > 1 && p->shard[q];
@@ -1582,7 +1589,7 @@ static gp_status run_step(worker *w)
              * which): report it with that layer's stage, so every worker's
              * report reads the same */
             int fj = in->j, fl = bad_layer;
-            if (in->kind == GP_INSTR_CLIP && bad_layer >= 0) {
+            if (in->kind == GP_INSTR_CLIP && st == GP_ERR_NUMERIC && bad_layer >= 0) {
                 for (int q = 0; q < p->S; q++)
                     if (bad_layer >= p->first[q] && bad_layer < p->first[q] + p->count[q]) fj = q;
                 fl = -1;
@@ -1959,6 +1966,7 @@ gp_status gp_pipeline_step_begin(gp_pipeline *p, const float *x, const float *y,
     p->finished = 0;
     p->lists_ok = 0;
     p->clip_in = 0;
+    p->refused = false;
     p->results_read = 0;
     p->drained = 0;
     p->cancelled = false;
@@ -2105,6 +2113,14 @@ gp_status gp_pipeline_step_end(gp_pipeline *p, gp_pipeline_out *out)
         out->grad_norm = p->grad_norm;
     }
     return GP_OK;
+}
+
+bool gp_pipeline_step_refused(gp_pipeline *p)
+{
+    pthread_mutex_lock(&p->lock);
+    bool r = p->refused;
+    pthread_mutex_unlock(&p->lock);
+    return r;
 }
 
 void gp_pipeline_destroy(gp_pipeline *p)

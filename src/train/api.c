@@ -161,7 +161,7 @@ gp_status gp_run_step(gp_run *r, const float *x, const float *y, int64_t n,
     gp_status s = gp_model_pipeline_step(r->model, &r->cfg, x, y, n, lr, &st);
     /* a step that failed before its update (clipping found the gradients
      * not finite) left the model as it was: the run goes on */
-    if (s == GP_ERR_NUMERIC && !gp_model_is_finite(r->model)) r->diverged = r->model->step + 1;
+    if (s == GP_ERR_NUMERIC && !r->model->refused) r->diverged = r->model->step + 1;
     if (s != GP_OK) return s;
     r->last.step = r->model->step;
     r->last.loss = st.loss;

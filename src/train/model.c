@@ -399,7 +399,9 @@ gp_status gp_model_pipeline_step_one(gp_model *m, const gp_config *cfg, const fl
     }
     gp_pipeline_out po;
     gp_pipeline_set_device_time(m->pipe, m->device_time);
-    GP_TRY(gp_pipeline_step(m->pipe, x, y, n, cfg->train.seed, (uint64_t)m->step, lr, &po));
+    gp_status s = gp_pipeline_step(m->pipe, x, y, n, cfg->train.seed, (uint64_t)m->step, lr, &po);
+    m->refused = s != GP_OK && gp_pipeline_step_refused(m->pipe);
+    GP_TRY(s);
     m->step++;
     if (st) {
         *st = gp_step_stats_of(po.loss_sum, po.correct, po.count, n, lr, po.seconds, 0);
@@ -442,6 +444,7 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
 {
     double t0 = gp_now();
     int64_t sizes[GP_MAX_CHUNKS], offs[GP_MAX_CHUNKS];
+    m->refused = false;
     GP_TRY(gp_microbatch_split(n, chunks, sizes));
     int L = m->n_layers;
     for (int k = 0; k < L; k++) gp_layer_grads_begin(&m->layers[k]);
@@ -503,8 +506,10 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
     /* clipping first: gradients that are not finite stop the step before
      * the batch-norm statistics are committed (as the pipeline's CLIP does) */
     double norm = NAN;
-    if (s == GP_OK && cfg->train.clip_grad_norm > 0)
+    if (s == GP_OK && cfg->train.clip_grad_norm > 0) {
         s = gp_clip_grad_norm(m->layers, L, cfg->train.clip_grad_norm, &norm);
+        m->refused = s == GP_ERR_NUMERIC; /* nothing committed or updated yet */
+    }
     for (int k = 0; k < L && s == GP_OK; k++)
         if (m->layers[k].ops->commit) s = m->layers[k].ops->commit(&m->layers[k]);
     if (s == GP_OK) s = gp_optim_update(m->optim, 0, L, lr, m->step, 0, 1);
@@ -521,18 +526,6 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
         st->grad_norm = norm;
     }
     return GP_OK;
-}
-
-bool gp_model_is_finite(const gp_model *m)
-{
-    char saved[GP_ERRMSG_LEN];
-    snprintf(saved, sizeof saved, "%s", gp_error_message());
-    bool finite = true;
-    for (int k = 0; k < m->n_layers && finite; k++)
-        if (m->local_device < 0 || gp_model_layer_rank(m, k) == m->local_device)
-            finite = gp_layer_check_finite(&m->layers[k], "") == GP_OK;
-    gp_error_set(GP_OK, "%s", saved); /* the message alone is kept per thread */
-    return finite;
 }
 
 /* The stage holding layer k. */

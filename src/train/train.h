@@ -67,6 +67,9 @@ typedef struct gp_model {
     struct gp_comm *proc_comm;
     gp_optim *optim;       /* optimizer state and update, owned */
     int64_t step;          /* optimizer steps taken */
+    bool refused;          /* the last step failed before any commit or update
+                              (gradient clipping found the gradients not
+                              finite): the model is as it was before it */
     int64_t eval_batch;    /* the evaluation batch that fitted last (0: none
                               yet; gp_model_evaluate) */
     gp_pipeline *pipe;     /* created on the first pipelined step, owned */
@@ -204,12 +207,6 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
  * gp_model_train_step with the same chunks (see tests/test_pipeline.c). */
 gp_status gp_model_pipeline_step(gp_model *m, const gp_config *cfg, const float *x,
                                  const float *y, int64_t n, double lr, gp_step_stats *st);
-/* Whether every parameter and buffer of the model (those on this
- * process's devices) is finite: after a step that failed with
- * GP_ERR_NUMERIC, true where it failed before its update (gradient
- * clipping finds non-finite gradients first) and the model is as it was.
- * Reads the tensors (one host wait each); keeps the thread's error. */
-bool gp_model_is_finite(const gp_model *m);
 /* That step for a model without replicas (model.c). */
 gp_status gp_model_pipeline_step_one(gp_model *m, const gp_config *cfg, const float *x,
                                      const float *y, int64_t n, double lr, gp_step_stats *st);

@@ -701,9 +701,11 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         if (s != GP_OK) {
             gp_error_wrap(s, "step %lld (epoch %lld)", (long long)step + 1, (long long)b.epoch + 1);
             /* failed before its update (clipping found the gradients not
-             * finite): the model is step `step`'s, worth a snapshot (one
-             * process: under mpirun the other ranks are already failing) */
-            if (s == GP_ERR_NUMERIC && gp_procs_size() <= 1 && gp_model_is_finite(mp))
+             * finite): the model is step `step`'s, worth a snapshot.  One
+             * process only: under mpirun the first rank to fail aborts
+             * the others (gpipe-train's failure path), which could kill
+             * them inside their part of the snapshot */
+            if (s == GP_ERR_NUMERIC && mp->refused && gp_procs_size() <= 1)
                 s = failure_snapshot(mp, cfg, s, step, saved_step, &last_pos, snap_lock,
                                      "go on with --resume latest once that is changed (as it "
                                      "is, this step would fail again)");
