@@ -22,6 +22,8 @@
  * usage: bench_models speed  [--model amoebanet|resnet|unet] [--steps N]
  *        bench_models memory [--model amoebanet|unet] [--capacity MiB]
  *                            [--schedule gpipe|1f1b|zb-h1] [--copies fp32|bf16]
+ *                            [--first LIST] [--pipelines LIST] (the grid's first
+ *                            sizes, e.g. 1-12; the rows, e.g. 1,4; --help)
  * Prints markdown tables with the processor; never fails a build.  On this
  * 2-core machine k > 2 devices share the cores: the speed table says so.
  */
@@ -36,6 +38,8 @@
 
 /* ---- models ------------------------------------------------------------------ */
 
+enum { AGRID = 24 }; /* first sizes of the memory grid, at most */
+
 typedef struct {
     const char *name;   /* --model */
     const char *label;  /* for tables */
@@ -45,7 +49,7 @@ typedef struct {
     const char *model;  /* the model: section's family line, "%d" "%d" for its two sizes */
     int a, b;           /* the speed benchmark's sizes */
     const char *sizes;  /* what (a, b) are called: "(L, D)" */
-    int agrid[10];      /* the memory benchmark's a values (0 ends), */
+    int agrid[AGRID];   /* the memory benchmark's a values (0 ends), */
     int b_lo, b_step, b_hi; /* and b values */
 } family;
 
@@ -263,19 +267,49 @@ static bool fits(const gp_config *base, int k, size_t cap, gp_schedule_kind sche
     return s == GP_OK;
 }
 
+/* --pipelines: which of the memory table's rows to run, bit k for
+ * pipeline-k (bit 0: the baseline); all by default. */
+static unsigned g_rows = ~0u;
+
+/* A list like "1-12" or "0,1,4" into out (at most max values, each in
+ * [lo, hi]); its length, or -1 if it is not one. */
+static int parse_list(const char *s, int *out, int max, int lo, int hi)
+{
+    int n = 0;
+    while (*s) {
+        char *e;
+        long a = strtol(s, &e, 10), b = a;
+        if (e == s) return -1;
+        if (*e == '-') {
+            const char *t = e + 1;
+            b = strtol(t, &e, 10);
+            if (e == t) return -1;
+        }
+        if (a < lo || b > hi || b < a) return -1;
+        for (long v = a; v <= b; v++) {
+            if (n == max) return -1;
+            out[n++] = (int)v;
+        }
+        if (*e == ',') e++;
+        else if (*e) return -1;
+        s = e;
+    }
+    return n;
+}
+
 static int memory(const family *f, size_t cap, gp_schedule_kind sched)
 {
     enum { MAX_CAND = 1024 };
     candidate cand[MAX_CAND];
     int want = 0; /* the grid's size: a grid beyond MAX_CAND is refused, not cut */
-    for (int i = 0; i < 10 && f->agrid[i]; i++) want += (f->b_hi - f->b_lo) / f->b_step + 1;
+    for (int i = 0; i < AGRID && f->agrid[i]; i++) want += (f->b_hi - f->b_lo) / f->b_step + 1;
     if (want > MAX_CAND) {
         fprintf(stderr, "bench_models: %d sizes of %s to try, at most %d: raise --step\n", want,
                 f->label, MAX_CAND);
         return 2;
     }
     int nc = 0;
-    for (int i = 0; i < 10 && f->agrid[i]; i++)
+    for (int i = 0; i < AGRID && f->agrid[i]; i++)
         for (int d = f->b_lo; d <= f->b_hi && nc < MAX_CAND; d += f->b_step) {
             gp_config c;
             if (family_cfg(f, f->agrid[i], d, true, &c) != GP_OK) continue;
@@ -301,6 +335,7 @@ static int memory(const family *f, size_t cap, gp_schedule_kind sched)
     printf("| experiment | %s | parameters | vs pipeline-1 |\n|---|---|---|---|\n", f->sizes);
     int64_t p1 = 0;
     for (int k = 0; k <= 8; k = k ? 2 * k : 1) {
+        if (!(g_rows & (1u << k))) continue;
         /* per a, the largest b that fits (a binary search: for a fixed a a
          * model grows with b), then the one with the most parameters */
         int lo = -1;
@@ -393,6 +428,23 @@ int main(int argc, char **argv)
         } else if (!strcmp(argv[i], "--step") && atoi(argv[i + 1]) > 0) { /* the grid of b */
             fam.b_step = atoi(argv[i + 1]);
             fam.b_lo = fam.b_step * ((fam.b_lo + fam.b_step - 1) / fam.b_step);
+        } else if (!strcmp(argv[i], "--first")) { /* the grid of a */
+            int got = parse_list(argv[i + 1], fam.agrid, AGRID - 1, 1, 1000);
+            if (got < 1) {
+                fprintf(stderr, "bench_models: --first takes first sizes like 1-12 or 3,6,9 "
+                        "(at most %d), not '%s'\n", AGRID - 1, argv[i + 1]);
+                return 2;
+            }
+            fam.agrid[got] = 0;
+        } else if (!strcmp(argv[i], "--pipelines")) { /* the rows */
+            int ks[8], got = parse_list(argv[i + 1], ks, 8, 0, 8);
+            g_rows = 0;
+            for (int q = 0; q < got; q++) g_rows |= 1u << ks[q];
+            if (got < 1 || (g_rows & ~((1u << 0) | (1u << 1) | (1u << 2) | (1u << 4) | (1u << 8)))) {
+                fprintf(stderr, "bench_models: --pipelines takes rows among 0 (the baseline), "
+                        "1, 2, 4 and 8, like 1,4, not '%s'\n", argv[i + 1]);
+                return 2;
+            }
         }
     }
     if (strcmp(what, "speed") && strcmp(what, "memory")) {
@@ -401,12 +453,15 @@ int main(int argc, char **argv)
              "       bench_models memory [--model amoebanet|unet] [--capacity MiB]\n"
              "                           [--schedule gpipe|1f1b|zb-h1] [--side PIXELS]\n"
              "                           [--batch N] [--step N] [--as-torchgpipe]\n"
-             "                           [--copies fp32|bf16]\n"
+             "                           [--copies fp32|bf16] [--first LIST]\n"
+             "                           [--pipelines LIST]\n"
              "  --copies bf16: the pipelines' copies in bfloat16 (pipeline.copy_precision),\n"
              "  held packed while a checkpointed stage waits for its recompute;\n"
              "  --as-torchgpipe: torchgpipe's U-Net memory setup (192x192, batch 32,\n"
              "  m = 32, except_last, SGD lr 0.1 without momentum); --step: the grid of\n"
-             "  the second size (U-Net's C, AmoebaNet's D)");
+             "  the second size (U-Net's C, AmoebaNet's D); --first: the first sizes to\n"
+             "  search (U-Net's B, AmoebaNet's L), e.g. 1-12; --pipelines: the rows to run,\n"
+             "  among 0 (the baseline), 1, 2, 4 and 8, e.g. 1,4");
         return strcmp(what, "-h") && strcmp(what, "--help") ? 2 : 0;
     }
     if (!f) {
