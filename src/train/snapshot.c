@@ -391,7 +391,8 @@ static int cmp_str(const void *a, const void *b)
 
 static bool ns_has(const nameset *ns, const char *name)
 {
-    return bsearch(&name, ns->v, (size_t)ns->n, sizeof *ns->v, cmp_str) != NULL;
+    /* (an empty set: no call, as bsearch and qsort take no NULL array) */
+    return ns->n > 0 && bsearch(&name, ns->v, (size_t)ns->n, sizeof *ns->v, cmp_str) != NULL;
 }
 
 static void ns_free(nameset *ns)
@@ -635,7 +636,7 @@ gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
             free(bad.s);
             return gp_error_set(GP_ERR_OOM, "out of host memory checking %s", f->source);
         }
-        qsort(known.v, (size_t)known.n, sizeof *known.v, cmp_str);
+        if (known.n > 0) qsort(known.v, (size_t)known.n, sizeof *known.v, cmp_str);
         for (int i = 0; i < f->n; i++) {
             const char *tn = f->tensors[i].name;
             if (is_state_name(tn) && (!optimizer || !gp_optim_has_state(m->optim)))
