@@ -48,6 +48,7 @@ so it sets Open MPI's OMPI_ALLOW_RUN_AS_ROOT{,_CONFIRM}.  Prints
 """
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -478,11 +479,23 @@ def errors(tmp):
     # (d') the same with clipping: every rank finds the NaN gradients at
     # the step's clip, before its update, and the run ends (exit 4, no
     # hang), said at least by the rank that aborted the others
+    snap = os.path.join(tmp, "nan-snaps")
     rc, out = mpirun(2, [cfg, "--quiet", "--set", "train.optimizer.lr=1e38",
-                         "--set", "pipeline.balance=[2, 5]", "--set", "train.clip_grad_norm=1"],
-                     timeout=60)
+                         "--set", "pipeline.balance=[2, 5]", "--set", "train.clip_grad_norm=1",
+                         "--set", "train.snapshot.every_steps=100",
+                         "--set", "train.snapshot.dir=" + snap], timeout=60)
     check(rc == 4 and "the gradients are not finite" in out and "the update was skipped" in out,
           "non-finite gradients under mpirun with clipping: exit %d: %s" % (rc, out[-1200:]))
+    # ... and the last good step's snapshot, every rank's part, before the
+    # abort: it resumes in one process
+    m = re.search(r"stopped at step (\d+): snapshot (\S+) holds it", out)
+    check(m is not None and os.path.exists(m.group(2)),
+          "no final snapshot after a refused step under mpirun: " + out[-800:])
+    if m:
+        rc2, out2 = run([BIN, cfg, "--quiet", "--set", "train.steps=" + m.group(1),
+                         "--set", "pipeline.balance=[2, 5]", "--set", "train.clip_grad_norm=1",
+                         "--resume", m.group(2)])
+        check(rc2 == 0, "the refused step's snapshot does not resume: " + out2[-600:])
     # (e) SIGKILL one rank of a long run
     big = MLP.replace("epochs: 2", "epochs: 10000")
     with open(cfg, "w") as f:

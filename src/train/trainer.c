@@ -217,6 +217,10 @@ static gp_status failure_snapshot(gp_model *m, const gp_config *cfg, gp_status e
     snprintf(msg, sizeof msg, "%s", gp_error_message());
     bool on;
     gp_status s = final_snapshot(m, cfg, step, saved, pos, lock, &on, path, sizeof path);
+    /* processes: every rank is here (the failure is agreed, or each rank
+     * found it alike); the run ends in an abort (gpipe-train), so no rank
+     * may go on to it before rank 0 has written the snapshot's file */
+    if (gp_procs_size() > 1) (void)agreed(0);
     if (s != GP_OK)
         return gp_error_wrap(s, "%s; stopped at step %lld, and the final snapshot failed", msg,
                              (long long)step);
@@ -701,11 +705,10 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         if (s != GP_OK) {
             gp_error_wrap(s, "step %lld (epoch %lld)", (long long)step + 1, (long long)b.epoch + 1);
             /* failed before its update (clipping found the gradients not
-             * finite): the model is step `step`'s, worth a snapshot.  One
-             * process only: under mpirun the first rank to fail aborts
-             * the others (gpipe-train's failure path), which could kill
-             * them inside their part of the snapshot */
-            if (s == GP_ERR_NUMERIC && mp->refused && gp_procs_size() <= 1)
+             * finite): the model is step `step`'s, worth a snapshot.  Under
+             * mpirun every rank refuses the step alike (they sum the same
+             * norms), so all of them save their parts together */
+            if (s == GP_ERR_NUMERIC && mp->refused)
                 s = failure_snapshot(mp, cfg, s, step, saved_step, &last_pos, snap_lock,
                                      "go on with --resume latest once that is changed (as it "
                                      "is, this step would fail again)");
