@@ -217,10 +217,11 @@ static gp_status failure_snapshot(gp_model *m, const gp_config *cfg, gp_status e
     snprintf(msg, sizeof msg, "%s", gp_error_message());
     bool on;
     gp_status s = final_snapshot(m, cfg, step, saved, pos, lock, &on, path, sizeof path);
-    /* processes: every rank is here (the failure is agreed, or each rank
-     * found it alike); the run ends in an abort (gpipe-train), so no rank
-     * may go on to it before rank 0 has written the snapshot's file */
-    if (gp_procs_size() > 1) (void)agreed(0);
+    /* processes, snapshots on: every rank is here, as the save's own
+     * exchanges need (the failure is agreed, or each rank found it alike);
+     * the run ends in an abort (gpipe-train), so no rank may go on to it
+     * before rank 0 has written the snapshot's file */
+    if (on && gp_procs_size() > 1) (void)agreed(0);
     if (s != GP_OK)
         return gp_error_wrap(s, "%s; stopped at step %lld, and the final snapshot failed", msg,
                              (long long)step);
