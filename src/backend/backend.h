@@ -756,7 +756,8 @@ typedef struct gp_device_iface {
                             const gp_adam_step *a);
     /* sumsq_multi: out[t] (host) = sumsq of xs[t] (ns[t] values), t < n,
      * each the bits sumsq gives, read back together: one host wait for n
-     * tensors.  NULL: gp_dev_sumsq_multi calls sumsq n times. */
+     * tensors.  ns[t] may be 0 (out[t] = 0; xs[t] is not read and may be
+     * NULL).  NULL: gp_dev_sumsq_multi calls sumsq n times. */
     gp_status (*sumsq_multi)(gp_device *dev, const float *const *xs, const int64_t *ns, int n,
                              double *out);
 } gp_device_iface;

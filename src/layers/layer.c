@@ -484,6 +484,21 @@ int64_t gp_layer_param_count(const gp_layer *l)
     return n;
 }
 
+int gp_layer_tensor_count(const gp_layer *l)
+{
+    int n = 0;
+    for (int p = 0; p < l->n_params; p++) n += !l->params[p].is_buffer;
+    return n;
+}
+
+int64_t gp_layer_buffer_count(const gp_layer *l)
+{
+    int64_t n = 0;
+    for (int p = 0; p < l->n_params; p++)
+        if (l->params[p].is_buffer) n += gp_tensor_numel(&l->params[p].value);
+    return n;
+}
+
 /* Channels [d0, d0 + c) of dst (N, dc, HW) = channels [s0, s0 + c) of src
  * (N, sc, HW): concatenation and its gradient's slices. */
 gp_status gp_layers_copy(gp_device *dev, float *dst, const gp_tensor *src)

@@ -486,6 +486,8 @@ gp_status gp_layers_name_nonfinite(const gp_layer *ls, int count, const char *wh
 void gp_layer_grads_begin(gp_layer *l);
 gp_status gp_layer_grads_finish(gp_layer *l);
 int64_t gp_layer_param_count(const gp_layer *l); /* trainable elements */
+int gp_layer_tensor_count(const gp_layer *l);    /* trainable tensors (params, not buffers) */
+int64_t gp_layer_buffer_count(const gp_layer *l); /* buffers' elements (batch-norm statistics) */
 /* Index of the first layer with trainable parameters (n if none).  Layers
  * before it need no backward at all, and it needs no dx: the gradient would
  * only flow into parameter-free layers and the input. */

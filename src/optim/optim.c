@@ -26,8 +26,7 @@ gp_status gp_optim_create(gp_layer *layers, int n_layers, const gp_optim_opts *o
     *out = NULL;
     gp_optim *op = calloc(1, sizeof *op);
     int n = 0;
-    for (int k = 0; k < n_layers; k++)
-        for (int p = 0; p < layers[k].n_params; p++) n += !layers[k].params[p].is_buffer;
+    for (int k = 0; k < n_layers; k++) n += gp_layer_tensor_count(&layers[k]);
     if (op) {
         op->state = calloc((size_t)(n ? n : 1) * 2, sizeof *op->state);
         op->first = calloc((size_t)(n_layers ? n_layers : 1), sizeof *op->first);
@@ -258,52 +257,36 @@ gp_status gp_clip_nonfinite(const gp_layer *layers, int n_layers, const double *
                         param ? param : "", param ? " of " : "", d);
 }
 
-/* n tensors of dev summed in one call, sums into sq[at[i]]. */
-static gp_status sumsq_run(gp_device *dev, const float **xs, const int64_t *ns, const int *at,
-                           int n, double *vals, double *sq)
-{
-    GP_TRY(gp_dev_sumsq_multi(dev, xs, ns, n, vals));
-    for (int i = 0; i < n; i++) sq[at[i]] = vals[i];
-    return GP_OK;
-}
-
 gp_status gp_clip_grad_norm(gp_layer *layers, int n_layers, float max_norm, double *norm)
 {
     int total = 0;
-    for (int k = 0; k < n_layers; k++)
-        for (int a = 0; a < layers[k].n_params; a++) total += !layers[k].params[a].is_buffer;
+    for (int k = 0; k < n_layers; k++) total += gp_layer_tensor_count(&layers[k]);
     size_t cap = (size_t)(total ? total : 1);
-    double *sq = calloc(cap, sizeof *sq), *vals = malloc(cap * sizeof *vals), sum = 0;
+    double *sq = calloc(cap, sizeof *sq), sum = 0;
     const float **xs = malloc(cap * sizeof *xs);
     int64_t *ns = malloc(cap * sizeof *ns);
-    int *at = malloc(cap * sizeof *at);
-    gp_status s = sq && vals && xs && ns && at ? GP_OK
-                                               : gp_error_set(GP_ERR_OOM, "out of host memory");
-    /* each device's run of tensors in one gp_dev_sumsq_multi (one host
-     * wait each), the same bits as one at a time */
+    gp_status s = sq && xs && ns ? GP_OK : gp_error_set(GP_ERR_OOM, "out of host memory");
+    /* each device's run of tensors [t0, t) in one gp_dev_sumsq_multi (one
+     * host wait each), the same bits as one at a time; a tensor without
+     * a gradient sums nothing */
     gp_device *dev = NULL;
-    int nn = 0;
-    for (int k = 0, t = 0; k < n_layers && s == GP_OK; k++)
+    int t0 = 0, t = 0;
+    for (int k = 0; k < n_layers && s == GP_OK; k++)
         for (int a = 0; a < layers[k].n_params && s == GP_OK; a++) {
             gp_param *pr = &layers[k].params[a];
             if (pr->is_buffer) continue;
-            int here = t++;
-            if (!pr->grad.data) continue; /* its entry stays 0 */
-            if (nn && pr->value.dev != dev) {
-                s = sumsq_run(dev, xs, ns, at, nn, vals, sq);
-                nn = 0;
+            if (t > t0 && pr->value.dev != dev) {
+                s = gp_dev_sumsq_multi(dev, xs + t0, ns + t0, t - t0, sq + t0);
+                t0 = t;
             }
             dev = pr->value.dev;
-            xs[nn] = pr->grad.data;
-            ns[nn] = gp_tensor_numel(&pr->value);
-            at[nn++] = here;
+            xs[t] = pr->grad.data;
+            ns[t++] = pr->grad.data ? gp_tensor_numel(&pr->value) : 0;
         }
-    if (s == GP_OK && nn) s = sumsq_run(dev, xs, ns, at, nn, vals, sq);
-    for (int t = 0; t < total && s == GP_OK; t++) sum += sq[t];
-    free(vals);
+    if (s == GP_OK && t > t0) s = gp_dev_sumsq_multi(dev, xs + t0, ns + t0, t - t0, sq + t0);
+    for (int q = 0; q < total && s == GP_OK; q++) sum += sq[q];
     free(xs);
     free(ns);
-    free(at);
     *norm = sqrt(sum);
     if (s == GP_OK && !isfinite(*norm)) {
         int bad;

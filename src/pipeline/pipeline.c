@@ -98,12 +98,10 @@ struct gp_pipeline {
      * by the step's start); grad_norm the global norm CLIP found. */
     double *clip_sq;
     int *clip_at;              /* [L + 1] */
-    /* each stage's gradients to sum, from its clip_at slice on (one
-     * gp_dev_sumsq_multi per stage): their data, lengths, entries, sums */
+    /* the gradient (this replica's chunk) and length behind each clip_sq
+     * entry, for one gp_dev_sumsq_multi per stage over its slice */
     const float **clip_xs;
     int64_t *clip_ns;
-    int *clip_t;
-    double *clip_vals;
     double grad_norm;
     bool refused;              /* this step failed at its CLIP, before any commit
                                   or update (gradients not finite); under lock */
@@ -1162,13 +1160,10 @@ static gp_status clip(worker *w, int *bad_layer)
     EACH_STAGE(p, q, d) {
         bool shard = p->replicas > 1 && p->shard[q];
         bool counts = shard || p->rank == 0; /* unsharded: replica 0 counts it (rank 0 alone) */
-        /* the stage's gradients (this replica's chunks) in one call: one
-         * host wait per stage, not per tensor; the entries of tensors
-         * without a gradient stay 0 */
-        int t0 = p->clip_at[p->first[q]], nn = 0;
-        const float **xs = p->clip_xs + t0;
-        int64_t *ns = p->clip_ns + t0;
-        int *at = p->clip_t + t0;
+        /* the stage's slice of clip_sq in one call (one host wait per
+         * stage, not per tensor); a tensor without a gradient, or an empty
+         * chunk, sums nothing: 0 */
+        int t0 = p->clip_at[p->first[q]], t1 = p->clip_at[p->first[q] + p->count[q]];
         for (int c = p->first[q]; c < p->first[q] + p->count[q] && counts; c++) {
             gp_layer *l = &p->layers[c];
             for (int a = 0, t = p->clip_at[c]; a < l->n_params; a++) {
@@ -1176,20 +1171,19 @@ static gp_status clip(worker *w, int *bad_layer)
                 if (pr->is_buffer) continue;
                 int64_t lo = 0, hi = gp_tensor_numel(&pr->value);
                 if (shard) gp_comm_chunk(hi, p->replicas, p->rank, &lo, &hi);
-                if (pr->grad.data && hi > lo) {
-                    xs[nn] = pr->grad.data + lo;
-                    ns[nn] = hi - lo;
-                    at[nn++] = t;
-                }
-                t++;
+                bool some = pr->grad.data && hi > lo;
+                p->clip_xs[t] = some ? pr->grad.data + lo : NULL;
+                p->clip_ns[t++] = some ? hi - lo : 0;
             }
         }
-        gp_status sst = gp_dev_sumsq_multi(p->devs[q], xs, ns, nn, p->clip_vals + t0);
-        if (sst != GP_OK) {
-            *bad_layer = p->first[q];
-            return sst;
+        if (counts) {
+            gp_status sst = gp_dev_sumsq_multi(p->devs[q], p->clip_xs + t0, p->clip_ns + t0,
+                                               t1 - t0, p->clip_sq + t0);
+            if (sst != GP_OK) {
+                *bad_layer = p->first[q];
+                return sst;
+            }
         }
-        for (int k = 0; k < nn; k++) p->clip_sq[at[k]] = p->clip_vals[t0 + k];
         if (p->replicas > 1 && p->local < 0) GP_TRY(clip_replicas(p, q));
     }
     int total = p->clip_at[p->L];
@@ -1786,24 +1780,19 @@ static gp_status clip_tables(gp_pipeline *p)
         if (!at) return gp_error_set(GP_ERR_OOM, "out of host memory");
         for (int c = 0; c < p->L; c++) {
             at[c] = t;
-            for (int a = 0; a < p->layers[c].n_params; a++) t += !p->layers[c].params[a].is_buffer;
+            t += gp_layer_tensor_count(&p->layers[c]);
         }
         at[p->L] = t;
         size_t k = (size_t)(t ? t : 1);
         p->clip_sq = calloc(k, sizeof *p->clip_sq);
         p->clip_xs = malloc(k * sizeof *p->clip_xs);
         p->clip_ns = malloc(k * sizeof *p->clip_ns);
-        p->clip_t = malloc(k * sizeof *p->clip_t);
-        p->clip_vals = malloc(k * sizeof *p->clip_vals);
-        if (!p->clip_sq || !p->clip_xs || !p->clip_ns || !p->clip_t || !p->clip_vals) {
+        if (!p->clip_sq || !p->clip_xs || !p->clip_ns) {
             free(at);
             free(p->clip_sq);
             free(p->clip_xs);
             free(p->clip_ns);
-            free(p->clip_t);
-            free(p->clip_vals);
-            p->clip_sq = NULL, p->clip_xs = NULL, p->clip_ns = NULL, p->clip_t = NULL;
-            p->clip_vals = NULL;
+            p->clip_sq = NULL, p->clip_xs = NULL, p->clip_ns = NULL;
             return gp_error_set(GP_ERR_OOM, "out of host memory");
         }
         p->clip_at = at;
@@ -2157,8 +2146,6 @@ void gp_pipeline_destroy(gp_pipeline *p)
     free(p->clip_at);
     free(p->clip_xs);
     free(p->clip_ns);
-    free(p->clip_t);
-    free(p->clip_vals);
     free(p->edges);
     free(p);
 }

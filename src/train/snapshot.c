@@ -425,8 +425,7 @@ typedef struct {
     char name[128];             /* the first bad value's tensor */
     int64_t index;              /* its element, row-major */
     float value;
-    bool variance;              /* a negative running variance or second moment (else
-                                   non-finite) */
+    const char *rule;           /* the rule it breaks */
     int64_t count;              /* bad values in all */
     int tensors;                /* in this many tensors */
 } bad_values;
@@ -439,20 +438,24 @@ typedef struct {
 static void scan_values(const gp_st_tensor *t, const char *name, bad_values *b)
 {
     size_t nl = strlen(name), vl = strlen("running_var");
-    bool variance = (nl >= vl && !strcmp(name + nl - vl, "running_var") &&
-                     (nl == vl || name[nl - vl - 1] == '.')) ||
-                    !strncmp(name, "exp_avg_sq.", 11);
+    const char *sign = nl >= vl && !strcmp(name + nl - vl, "running_var") &&
+                               (nl == vl || name[nl - vl - 1] == '.')
+                           ? "a running variance must be >= 0"
+                       : !strncmp(name, "exp_avg_sq.", 11)
+                           ? "Adam's second moment (exp_avg_sq) must be >= 0"
+                           : NULL; /* the rule for a negative value, if any */
     int64_t n = (int64_t)((t->end - t->begin) / sizeof(float)), here = 0;
     for (int64_t e = 0; e < n; e++) {
         float v;
         /* memcpy: the data section need not be 4-byte aligned in the image */
         memcpy(&v, t->data + (size_t)e * sizeof v, sizeof v);
-        if (isfinite(v) && !(variance && v < 0)) continue;
+        if (isfinite(v) && !(sign && v < 0)) continue;
         if (b->count == 0 && here == 0) {
             snprintf(b->name, sizeof b->name, "%s", name);
             b->index = e;
             b->value = v;
-            b->variance = isfinite(v);
+            b->rule = isfinite(v) ? sign
+                                  : "parameters, buffers and optimizer state must be finite";
         }
         here++;
     }
@@ -473,11 +476,7 @@ static gp_status bad_values_error(const gp_st_file *f, const bad_values *b)
                  b->tensors, b->tensors == 1 ? "" : "s");
     return gp_error_set(GP_ERR_DATA, "%s: tensor '%s'[%lld] is %s: %s; the file is corrupt or "
                         "from a diverged run%s", f->source, b->name, (long long)b->index, val,
-                        !b->variance ? "parameters, buffers and optimizer state must be "
-                                       "finite"
-                        : !strncmp(b->name, "exp_avg_sq.", 11)
-                            ? "Adam's second moment (exp_avg_sq) must be >= 0"
-                            : "a running variance must be >= 0",
+                        b->rule,
                         more);
 }
 

@@ -959,10 +959,8 @@ static gp_status summary_fits(const gp_config *cfg, const gp_model *m)
     int64_t held[GP_MAX_DEVICES] = {0}, buffers[GP_MAX_DEVICES] = {0};
     for (int j = 0, f0 = 0; j < m->n_stages; f0 += m->balance[j++])
         for (int k = f0; k < f0 + m->balance[j]; k++) {
-            const gp_layer *l = &m->layers[k];
-            held[j % n] += gp_layer_param_count(l);
-            for (int a = 0; a < l->n_params; a++) /* batch-norm statistics: values alone */
-                if (l->params[a].is_buffer) buffers[j % n] += gp_tensor_numel(&l->params[a].value);
+            held[j % n] += gp_layer_param_count(&m->layers[k]);
+            buffers[j % n] += gp_layer_buffer_count(&m->layers[k]); /* values alone */
         }
     size_t per = state_bytes(cfg);
     for (int d = 0; d < n; d++) {
