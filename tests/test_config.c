@@ -899,6 +899,9 @@ static void test_overrides(void)
     const char *bad6[] = {"model.layers.x=3"};
     CHECK_ERR(parse_bad(k_base, bad6, 1), GP_ERR_INVALID,
               "--set model.layers.x=3: 'model.layers' is a list; address an item by its index");
+    const char *bad6b[] = {"model.x=3"}; /* a file whose top level is a list */
+    CHECK_ERR(parse_bad("- model\n- train\n", bad6b, 1), GP_ERR_INVALID,
+              "--set model.x=3: the config's top level is a list, not a map with the sections");
     const char *bad7[] = {"model.input.0.x=3"};
     CHECK_ERR(parse_bad(k_base, bad7, 1), GP_ERR_INVALID,
               "--set model.input.0.x=3: 'model.input.0' is a single value ('1'), not a map");

@@ -572,6 +572,9 @@ static gp_status override_apply(gp_ynode **root, const char *set, char **comps, 
             int idx;
             if (!parse_index(c, &idx)) {
                 gp_ynode_free(val);
+                if (!path[0]) /* the file's top level: no override can mend that */
+                    return set_err(set, "the config's top level is a list, not a map with the "
+                                   "sections model, pipeline, data and train");
                 return set_err(set, "'%s' is a list; address an item by its index, "
                                "like %s.0", path, path);
             }
