@@ -912,7 +912,11 @@ static void clip_nonfinite(void)
                         CHECK_OK(b);
                         continue;
                     }
-                    CHECK(a == GP_ERR_NUMERIC);
+                    /* the one-device reference stops before its update too (at
+                     * its loss check, which comes first there) and says so */
+                    CHECK_MSG(a == GP_ERR_NUMERIC && ref.refused && values_finite(&ref),
+                              "the one-device step: status %d, refused %d, finite %d", (int)a,
+                              ref.refused, values_finite(&ref));
                     CHECK_MSG(b == GP_ERR_NUMERIC &&
                                   strstr(gp_last_error(), "the gradients are not finite") &&
                                   strstr(gp_last_error(), "the update was skipped"),

@@ -506,10 +506,11 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
     /* clipping first: gradients that are not finite stop the step before
      * the batch-norm statistics are committed (as the pipeline's CLIP does) */
     double norm = NAN;
-    if (s == GP_OK && cfg->train.clip_grad_norm > 0) {
+    if (s == GP_OK && cfg->train.clip_grad_norm > 0)
         s = gp_clip_grad_norm(m->layers, L, cfg->train.clip_grad_norm, &norm);
-        m->refused = s == GP_ERR_NUMERIC; /* nothing committed or updated yet */
-    }
+    /* nothing committed or updated yet: a NaN loss (this step checks each
+     * micro-batch's) or gradients clipping found not finite */
+    m->refused = s == GP_ERR_NUMERIC;
     for (int k = 0; k < L && s == GP_OK; k++)
         if (m->layers[k].ops->commit) s = m->layers[k].ops->commit(&m->layers[k]);
     if (s == GP_OK) s = gp_optim_update(m->optim, 0, L, lr, m->step, 0, 1);

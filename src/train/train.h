@@ -69,7 +69,8 @@ typedef struct gp_model {
     int64_t step;          /* optimizer steps taken */
     bool refused;          /* the last step failed before any commit or update
                               (gradient clipping found the gradients not
-                              finite): the model is as it was before it */
+                              finite; in gp_model_train_step also a NaN
+                              loss): the model is as it was before it */
     int64_t eval_batch;    /* the evaluation batch that fitted last (0: none
                               yet; gp_model_evaluate) */
     gp_pipeline *pipe;     /* created on the first pipelined step, owned */
