@@ -24,6 +24,7 @@
  *                            [--schedule gpipe|1f1b|zb-h1] [--copies fp32|bf16]
  *                            [--first LIST] [--pipelines LIST] (the grid's first
  *                            sizes, e.g. 1-12; the rows, e.g. 1,4; --help)
+ *                            [--checkpoint always|except_last|never]
  * Prints markdown tables with the processor; never fails a build.  On this
  * 2-core machine k > 2 devices share the cores: the speed table says so.
  */
@@ -428,6 +429,16 @@ int main(int argc, char **argv)
         } else if (!strcmp(argv[i], "--step") && atoi(argv[i + 1]) > 0) { /* the grid of b */
             fam.b_step = atoi(argv[i + 1]);
             fam.b_lo = fam.b_step * ((fam.b_lo + fam.b_step - 1) / fam.b_step);
+        } else if (!strcmp(argv[i], "--checkpoint")) { /* the pipelines' mode */
+            const char *name = argv[i + 1];
+            if (!strcmp(name, "always")) g_mem.ckpt = GP_CKPT_ALWAYS;
+            else if (!strcmp(name, "except_last")) g_mem.ckpt = GP_CKPT_EXCEPT_LAST;
+            else if (!strcmp(name, "never")) g_mem.ckpt = GP_CKPT_NEVER;
+            else {
+                fprintf(stderr, "bench_models: --checkpoint takes always, except_last or "
+                        "never, not '%s'\n", name);
+                return 2;
+            }
         } else if (!strcmp(argv[i], "--first")) { /* the grid of a */
             int got = parse_list(argv[i + 1], fam.agrid, AGRID - 1, 1, 1000);
             if (got < 1) {
@@ -454,14 +465,15 @@ int main(int argc, char **argv)
              "                           [--schedule gpipe|1f1b|zb-h1] [--side PIXELS]\n"
              "                           [--batch N] [--step N] [--as-torchgpipe]\n"
              "                           [--copies fp32|bf16] [--first LIST]\n"
-             "                           [--pipelines LIST]\n"
+             "                           [--pipelines LIST] [--checkpoint MODE]\n"
              "  --copies bf16: the pipelines' copies in bfloat16 (pipeline.copy_precision),\n"
              "  held packed while a checkpointed stage waits for its recompute;\n"
              "  --as-torchgpipe: torchgpipe's U-Net memory setup (192x192, batch 32,\n"
              "  m = 32, except_last, SGD lr 0.1 without momentum); --step: the grid of\n"
              "  the second size (U-Net's C, AmoebaNet's D); --first: the first sizes to\n"
              "  search (U-Net's B, AmoebaNet's L), e.g. 1-12; --pipelines: the rows to run,\n"
-             "  among 0 (the baseline), 1, 2, 4 and 8, e.g. 1,4");
+             "  among 0 (the baseline), 1, 2, 4 and 8, e.g. 1,4; --checkpoint: the\n"
+             "  pipelines' mode, always, except_last or never (after --as-torchgpipe, wins)");
         return strcmp(what, "-h") && strcmp(what, "--help") ? 2 : 0;
     }
     if (!f) {
