@@ -191,6 +191,21 @@ static void test_output_paths(void)
     CHECK(!gp_same_file(p, r1));                       /* one exists */
     CHECK(!gp_same_file("/nonexistent/a", "/nonexistent/a/."));
     CHECK(!gp_same_file(dir, r1));
+    /* a dangling symbolic link names the file writing it would create:
+     * relative and absolute targets, through two links */
+    char l1[300], l2[300];
+    snprintf(l1, sizeof l1, "%s/link1", dir);
+    snprintf(l2, sizeof l2, "%s/link2", dir);
+    CHECK(symlink("later.json", l1) == 0);
+    CHECK(gp_same_file(l1, r1));
+    CHECK(!gp_same_file(l1, r2));
+    CHECK(symlink(l1, l2) == 0);
+    CHECK(gp_same_file(l2, r1) && gp_same_file(l2, l1));
+    unlink(l2);
+    CHECK(symlink(r2, l2) == 0); /* absolute, to other.json */
+    CHECK(gp_same_file(l2, r2) && !gp_same_file(l2, l1));
+    unlink(l1);
+    unlink(l2);
     snprintf(q, sizeof q, "%s/new.st", dir);
     CHECK_OK(gp_check_writable_file(q, "--out", true));
     CHECK_OK(gp_check_writable_file(q, "--out", false));

@@ -220,8 +220,26 @@ bool gp_path_in_dir(const char *path, const char *dir)
  * exist or the last component is not a file name. */
 static bool resolved_name(const char *path, char *out, size_t len)
 {
-    char dir[PATH_LEN], real[PATH_MAX];
+    char dir[PATH_LEN], real[PATH_MAX], link[PATH_LEN], next[2 * PATH_LEN];
     if (strlen(path) >= PATH_LEN) return false;
+    /* a dangling symbolic link: writing it creates its target, so the
+     * name is the target's (relative to the link's directory), followed
+     * as far as the kernel would (40 links) */
+    for (int hops = 0; hops < 40; hops++) {
+        struct stat st;
+        if (lstat(path, &st) != 0 || !S_ISLNK(st.st_mode)) break;
+        ssize_t k = readlink(path, link, sizeof link - 1);
+        if (k <= 0) return false;
+        link[k] = '\0';
+        if (link[0] == '/') {
+            snprintf(next, sizeof next, "%s", link);
+        } else {
+            dir_of(path, dir, sizeof dir);
+            snprintf(next, sizeof next, "%s/%s", dir, link);
+        }
+        if (strlen(next) >= PATH_LEN) return false;
+        path = next; /* (read above before next was written: dir and link are copies) */
+    }
     dir_of(path, dir, sizeof dir);
     const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
     if (!base[0] || !strcmp(base, ".") || !strcmp(base, "..") || !realpath(dir, real))
