@@ -89,8 +89,11 @@ gp_status gp_run_prepare(gp_run *run);
  * [0, 1] per element of the model's output, sample after sample (a mask
  * (n, 1, H, W)).  Loss and accuracy are then per element.  The learning
  * rate follows the config's schedule over `total_steps` (0: no schedule,
- * train.optimizer.lr with its lr_scaling).  A loss or parameter that is not
- * finite (GP_ERR_NUMERIC) is found after the step's update: the run then
+ * train.optimizer.lr with its lr_scaling).  A NaN or Inf in x is refused
+ * before anything is computed (GP_ERR_DATA, naming its sample and index;
+ * the model is as it was and the run goes on), as a bad label or target
+ * is.  A loss or parameter that is not finite (GP_ERR_NUMERIC: a model
+ * that diverged) is found after the step's update: the run then
  * refuses further steps, evaluation and exports (start a new one).  With
  * train.clip_grad_norm, gradients that are not finite are found before
  * the update instead: the step fails (GP_ERR_NUMERIC, "the update was
@@ -151,7 +154,7 @@ void gp_run_stop(gp_run *run, int signo);
  * where that does not fit a device).  The run's model is the one
  * gp_run_step trains, or the one the last gp_run_train(_ex) trained (it
  * stays with the run; later steps go on from it).  Prepares the run if
- * needed. */
+ * needed.  A NaN or Inf in x is GP_ERR_DATA, as for gp_run_step. */
 gp_status gp_run_evaluate(gp_run *run, const float *x, const float *y, int64_t n,
                           double *loss, double *accuracy);
 /* Write the weights of the run's model (as for gp_run_evaluate) to `path` as a

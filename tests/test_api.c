@@ -304,44 +304,82 @@ static void test_misuse(void)
     CHECK_OK(gp_run_step(run, x, y, N, 0, &m));
     CHECK_NEAR(m.lr, 0.2, 0.0, 1e-6);
 
-    /* a NaN input: the step fails after its update, and the run refuses
-     * to go on with (or write) what it left */
+    /* a NaN or Inf input is refused before anything is computed, named by
+     * its sample and index; the model is as it was and the run goes on */
+    char before[320], after[320];
+    snprintf(before, sizeof before, "%s/in-before.safetensors", tmpdir);
+    snprintf(after, sizeof after, "%s/in-after.safetensors", tmpdir);
+    CHECK_OK(gp_run_export_weights(run, before));
     x[5] = NAN;
-    CHECK_ERR(gp_run_step(run, x, y, N, 0, &m), GP_ERR_NUMERIC, "");
+    CHECK_ERR(gp_run_step(run, x, y, N, 0, &m), GP_ERR_DATA,
+              "gp_run_step: input x[5] is NaN (sample 0, index (0, 1, 1) of the batch)");
+    CHECK_ERR(gp_run_evaluate(run, x, y, N, &l, &a), GP_ERR_DATA,
+              "gp_run_evaluate: input x[5] is NaN (sample 0, index (0, 1, 1) of the batch)");
     x[5] = 0.5f;
-    CHECK_ERR(gp_run_step(run, x, y, N, 0, &m), GP_ERR_NUMERIC,
-              "step 2 left NaN or Inf in the model");
+    x[30 * 16 + 14] = -INFINITY;
+    CHECK_ERR(gp_run_step(run, x, y, N, 0, &m), GP_ERR_DATA,
+              "input x[494] is -Inf (sample 30, index (0, 3, 2) of the batch)");
+    x[30 * 16 + 14] = 0.25f;
+    CHECK_OK(gp_run_export_weights(run, after));
+    size_t nb = 0, na = 0;
+    char *wb = gpt_read_file(before, &nb), *wa = gpt_read_file(after, &na);
+    CHECK_MSG(wb && wa && nb == na && !memcmp(wb, wa, nb),
+              "the model changed in a step refused for its input");
+    free(wb);
+    free(wa);
+    CHECK_OK(gp_run_step(run, x, y, N, 0, &m));
+    CHECK(m.step == 2 && isfinite(m.loss));
+    gp_run_free(run);
+
+    /* a step whose update overflows the model (lr 1e38) fails after that
+     * update (GP_ERR_NUMERIC), and the run refuses to go on with (or
+     * write) what it left */
+    const char *huge[] = {"train.optimizer.lr=1e38"};
+    CHECK_OK(gp_run_parse("api.yaml", k_yaml, huge, 1, &run));
+    if (!run) return;
+    gp_status s = GP_OK;
+    int failed = 0;
+    while (s == GP_OK && failed < 6) {
+        failed++;
+        s = gp_run_step(run, x, y, N, 0, &m);
+    }
+    CHECK_MSG(s == GP_ERR_NUMERIC, "lr 1e38: %d steps, then %s", failed, gp_status_name(s));
+    char left[64];
+    snprintf(left, sizeof left, "step %d left NaN or Inf in the model", failed);
+    CHECK_ERR(gp_run_step(run, x, y, N, 0, &m), GP_ERR_NUMERIC, left);
     CHECK(gp_run_evaluate(run, x, y, N, &l, &a) == GP_ERR_NUMERIC);
     char wpath[320];
     snprintf(wpath, sizeof wpath, "%s/nan.safetensors", tmpdir);
     CHECK(gp_run_export_weights(run, wpath) == GP_ERR_NUMERIC && file_size(wpath) < 0);
     gp_run_free(run);
 
-    /* with clipping the same NaN is found before the update: the step
+    /* with clipping the same blow-up is found before the update: the step
      * fails saying so, the model is as it was (an export before and after
-     * are the same bytes), and the run goes on */
-    const char *clip[] = {"train.clip_grad_norm=1"};
-    CHECK_OK(gp_run_parse("api.yaml", k_yaml, clip, 1, &run));
+     * are the same bytes), and the run is not refused: a later step meets
+     * the clipping check again, not the diverged run's refusal */
+    const char *clip[] = {"train.optimizer.lr=1e38", "train.clip_grad_norm=1"};
+    CHECK_OK(gp_run_parse("api.yaml", k_yaml, clip, 2, &run));
     if (!run) return;
-    CHECK_OK(gp_run_step(run, x, y, N, 0, &m));
-    char before[320], after[320];
-    snprintf(before, sizeof before, "%s/clip-before.safetensors", tmpdir);
-    snprintf(after, sizeof after, "%s/clip-after.safetensors", tmpdir);
-    CHECK_OK(gp_run_export_weights(run, before));
-    x[5] = NAN;
-    CHECK_ERR(gp_run_step(run, x, y, N, 0, &m), GP_ERR_NUMERIC,
-              "the gradients are not finite (global norm NaN, first in the weight of layer 1");
+    s = GP_OK;
+    failed = 0;
+    while (s == GP_OK && failed < 6) {
+        CHECK_OK(gp_run_export_weights(run, before));
+        failed++;
+        s = gp_run_step(run, x, y, N, 0, &m);
+    }
+    CHECK_MSG(s == GP_ERR_NUMERIC && failed > 1, "lr 1e38, clipped: %d steps, then %s", failed,
+              gp_status_name(s));
+    CHECK(strstr(gp_last_error(), "the gradients are not finite (global norm") != NULL);
     CHECK(strstr(gp_last_error(), "the update was skipped") != NULL);
-    x[5] = 0.5f;
     CHECK_OK(gp_run_export_weights(run, after));
-    size_t nb = 0, na = 0;
-    char *wb = gpt_read_file(before, &nb), *wa = gpt_read_file(after, &na);
+    wb = gpt_read_file(before, &nb);
+    wa = gpt_read_file(after, &na);
     CHECK_MSG(wb && wa && nb == na && !memcmp(wb, wa, nb),
               "the model changed in a step that failed before its update");
     free(wb);
     free(wa);
-    CHECK_OK(gp_run_step(run, x, y, N, 0, &m));
-    CHECK(m.step == 2 && isfinite(m.loss) && isfinite(m.grad_norm));
+    CHECK_ERR(gp_run_step(run, x, y, N, 0, &m), GP_ERR_NUMERIC, "the gradients are not finite");
+    CHECK(strstr(gp_last_error(), "left NaN or Inf in the model") == NULL);
     gp_run_free(run);
 
     /* a summary that cannot be written is an error */

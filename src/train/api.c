@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,51 @@ static gp_status batch_arg(const char *what, const float *x, const float *y, int
     return gp_error_set(GP_ERR_INVALID, "%s needs at least one sample and both inputs and "
                         "targets (got n = %lld, x %s, y %s)", what, (long long)n,
                         x ? "given" : "NULL", y ? "given" : "NULL");
+}
+
+/* The caller's inputs, before anything is computed: a NaN or Inf among
+ * them would reach the loss and, in a step, the update (a NaN model the
+ * run must then refuse), so it is refused here instead, named by its
+ * sample and index, and the model stays as it was.  gpipe-train's loaders
+ * make finite inputs by construction; a library caller's floats are its
+ * own.  Scanned in blocks that vectorise (an exponent of all ones is NaN
+ * or Inf), about a millisecond per 10 MiB. */
+static gp_status inputs_finite(const gp_run *r, const char *what, const float *x, int64_t n)
+{
+    const gp_shape *in = &r->model->input;
+    int64_t per = gp_shape_numel(in), total = per * n;
+    for (int64_t b0 = 0; b0 < total; b0 += 4096) {
+        int64_t b1 = b0 + 4096 < total ? b0 + 4096 : total;
+        uint32_t bad = 0;
+        for (int64_t e = b0; e < b1; e++) {
+            uint32_t bits;
+            memcpy(&bits, &x[e], sizeof bits);
+            bad |= (bits & 0x7f800000u) == 0x7f800000u;
+        }
+        if (!bad) continue;
+        int64_t e = b0;
+        while (e < b1 && isfinite(x[e])) e++;
+        GP_ASSERT(e < b1);
+        char where[96];
+        int64_t rest = e % per;
+        size_t off = (size_t)snprintf(where, sizeof where, "sample %lld, index (",
+                                      (long long)(e / per));
+        for (int d = 1; d < in->ndim && off < sizeof where; d++) { /* dims[0]: the batch, 1 */
+            int64_t stride = 1;
+            for (int f = d + 1; f < in->ndim; f++) stride *= in->dims[f];
+            off += (size_t)snprintf(where + off, sizeof where - off, "%s%lld", d > 1 ? ", " : "",
+                                    (long long)(rest / stride));
+            rest %= stride;
+        }
+        if (off < sizeof where) snprintf(where + off, sizeof where - off, ")");
+        return gp_error_set(GP_ERR_DATA,
+                            "%s: input x[%lld] is %s (%s of the batch): the model takes finite "
+                            "inputs; nothing was computed and the model is as it was (clean or "
+                            "drop that sample)",
+                            what, (long long)e, isnan(x[e]) ? "NaN" : x[e] > 0 ? "Inf" : "-Inf",
+                            where);
+    }
+    return GP_OK;
 }
 
 /* A run whose model took a non-finite update refuses to go on with it. */
@@ -154,6 +200,7 @@ gp_status gp_run_step(gp_run *r, const float *x, const float *y, int64_t n,
     GP_TRY(batch_arg("gp_run_step", x, y, n));
     GP_TRY(usable(r, "gp_run_step"));
     GP_TRY(gp_run_prepare(r));
+    GP_TRY(inputs_finite(r, "gp_run_step", x, n));
     /* total_steps <= 0: no schedule, the base rate (with its scaling) */
     double lr = total_steps > 0 ? gp_lr_at(&r->cfg.train, r->model->step, total_steps)
                                 : gp_lr_base(&r->cfg.train);
@@ -238,6 +285,7 @@ gp_status gp_run_evaluate(gp_run *r, const float *x, const float *y, int64_t n, 
     GP_TRY(batch_arg("gp_run_evaluate", x, y, n));
     GP_TRY(usable(r, "gp_run_evaluate"));
     GP_TRY(gp_run_prepare(r));
+    GP_TRY(inputs_finite(r, "gp_run_evaluate", x, n));
     double l = 0, a = 0;
     GP_TRY(gp_model_evaluate_host(r->model, &r->cfg, x, y, n, &l, &a));
     r->last.test_loss = l;
