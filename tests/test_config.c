@@ -70,20 +70,21 @@ static const char *const k_full =
     "    - linear: {in: 64, out: 10, bias: true}\n"            /* 13 */
     "  loss: cross_entropy\n"                                  /* 14 */
     "  init_from: weights.safetensors\n"                       /* 15 */
-    "pipeline:\n"                                              /* 16 */
-    "  devices:\n"                                             /* 17 */
-    "    - cpu:0\n"                                            /* 18 */
-    "    - {name: cpu:1, memory: 1GiB, threads: 2}\n"          /* 19 */
-    "  balance: [4, 6]\n"                                      /* 20 */
-    "  chunks: 4\n"                                            /* 21 */
-    "  checkpoint: always\n"                                   /* 22 */
-    "  lockstep: false\n"                                      /* 23 */
-    "  threads: 1\n"                                           /* 24 */
-    "  memory: 512MiB\n"                                       /* 25 */
-    "  replicas: 2\n"                                          /* 26 */
-    "  schedule: 1f1b\n"                                       /* 27 */
-    "  virtual: 1\n"                                           /* 28 */
-    "  copy_precision: fp32\n"                                /* 29 */
+    "  label_smoothing: 0.1\n"                                 /* 16 */
+    "pipeline:\n"                                              /* 17 */
+    "  devices:\n"                                             /* 18 */
+    "    - cpu:0\n"                                            /* 19 */
+    "    - {name: cpu:1, memory: 1GiB, threads: 2}\n"          /* 20 */
+    "  balance: [4, 6]\n"                                      /* 21 */
+    "  chunks: 4\n"                                            /* 22 */
+    "  checkpoint: always\n"                                   /* 23 */
+    "  lockstep: false\n"                                      /* 24 */
+    "  threads: 1\n"                                           /* 25 */
+    "  memory: 512MiB\n"                                       /* 26 */
+    "  replicas: 2\n"                                          /* 27 */
+    "  schedule: 1f1b\n"                                       /* 28 */
+    "  virtual: 1\n"                                           /* 29 */
+    "  copy_precision: fp32\n"                                /* 30 */
     "data:\n"
     "  dataset: cifar10\n"
     "  path: /data/cifar\n"
@@ -185,6 +186,7 @@ static void test_full(void)
     CHECK(t->lr_scaling == GP_LR_SCALING_LINEAR && t->base_batch == 256);
     CHECK(t->log_every == 10 && !t->eval_each_epoch && t->eval_batch_size == 500);
     CHECK_NEAR(t->clip_grad_norm, 2.0, 1e-7, 0);
+    CHECK_NEAR(c.model.label_smoothing, 0.1, 1e-7, 0);
     /* everything was given (only the layer fields and synthetic defaults are
      * not), so no top-level default was applied */
     CHECK(c.defaults_applied && !strstr(c.defaults_applied, "(default)"));
