@@ -89,6 +89,33 @@ static int oracle_clock(const oracle *o, const gp_instr *in)
     return o->clock[fwd ? FWD : BWD][in->i][in->j];
 }
 
+/* The checkpointing policy's question, answered from a device's list: is
+ * the next computation after (i, j)'s forward its own backward (or its
+ * data half)?  Copies and the recompute in between are not computations
+ * of another micro-batch. */
+static bool backward_next(const gp_schedule *s, int i, int j)
+{
+    int d = j % s->n;
+    for (int c = 0; c < s->count[d]; c++) {
+        const gp_instr *in = &s->list[d][c];
+        if (in->kind != GP_INSTR_FORWARD || in->i != i || in->j != j) continue;
+        for (int c2 = c + 1; c2 < s->count[d]; c2++) {
+            const gp_instr *nx = &s->list[d][c2];
+            if (nx->kind == GP_INSTR_BACKWARD || nx->kind == GP_INSTR_BACKWARD_DATA)
+                return nx->i == i && nx->j == j;
+            if (nx->kind == GP_INSTR_FORWARD || nx->kind == GP_INSTR_BACKWARD_WEIGHTS) return false;
+        }
+        return false;
+    }
+    return false;
+}
+
+/* Whether (i, j) recomputes, from the mode and the list alone. */
+static bool want_ck(gp_checkpoint_mode ck, const gp_schedule *s, int i, int j)
+{
+    return ck == GP_CKPT_ALWAYS || (ck == GP_CKPT_EXCEPT_LAST && !backward_next(s, i, j));
+}
+
 static void check_one(int n, int m, gp_checkpoint_mode ck)
 {
     gp_schedule s;
@@ -138,13 +165,18 @@ static void check_one(int n, int m, gp_checkpoint_mode ck)
                 for (int i2 = 0; i2 < in->i; i2++)
                     if (seen[GP_INSTR_BACKWARD][i2]) ok_order = 0;
             }
-            if (in->checkpointed != gp_ckpt_checkpointed(ck, in->i, j, m, n)) ok_ck = 0;
+            /* GPipe's schedule: except_last keeps the last micro-batch (the
+             * one whose backward follows its forward), on every stage */
+            bool gpipe_ck = ck == GP_CKPT_ALWAYS || (ck == GP_CKPT_EXCEPT_LAST && in->i < m - 1);
+            if (in->checkpointed != gpipe_ck || gpipe_ck != want_ck(ck, &s, in->i, j)) ok_ck = 0;
         }
         for (int i = 0; i < m; i++) {
             if (seen[GP_INSTR_FORWARD][i] != 1 || seen[GP_INSTR_BACKWARD][i] != 1) ok_once = 0;
             if (seen[GP_INSTR_RECV_ACT][i] != (j > 0)) ok_copy = 0;
             if (seen[GP_INSTR_RECV_GRAD][i] != (j < n - 1)) ok_copy = 0;
-            if (seen[GP_INSTR_RECOMPUTE][i] != (int)gp_ckpt_checkpointed(ck, i, j, m, n)) ok_ck = 0;
+            if (seen[GP_INSTR_RECOMPUTE][i] !=
+                (ck == GP_CKPT_ALWAYS || (ck == GP_CKPT_EXCEPT_LAST && i < m - 1)))
+                ok_ck = 0;
         }
     }
     /* across devices: forward (i, j) is a clock after forward (i, j-1);
@@ -394,7 +426,11 @@ static void check_kind_dur(gp_schedule_kind kind, int n, int m, gp_checkpoint_mo
             int w = at[GP_INSTR_BACKWARD_WEIGHTS][i][j];
             int r = at[GP_INSTR_RECOMPUTE][i][j], ra = at[GP_INSTR_RECV_ACT][i][j];
             int rg = at[GP_INSTR_RECV_GRAD][i][j];
-            bool want_r = gp_ckpt_checkpointed(ck, i, j, m, n);
+            bool want_r = want_ck(ck, &s, i, j);
+            /* 1F1B and ZB-H1: the last stage runs each backward right after
+             * its forward, so except_last recomputes nothing there */
+            if (kind != GP_SCHEDULE_GPIPE && ck == GP_CKPT_EXCEPT_LAST && j == n - 1 && want_r)
+                ok_once = 0;
             if (f < 0 || b < 0 || (r >= 0) != want_r || (ra >= 0) != (j > 0) ||
                 (rg >= 0) != (j < n - 1) || (w >= 0) != split ||
                 at[split ? GP_INSTR_BACKWARD : GP_INSTR_BACKWARD_DATA][i][j] >= 0)
@@ -482,8 +518,9 @@ static void check_interleaved(void)
                         continue;
                     }
                     int S = n * v;
-                    static int fk[MAX_M][64], bk[MAX_M][64], seen[2][MAX_M][64];
+                    static int fk[MAX_M][64], bk[MAX_M][64], seen[2][MAX_M][64], kept[MAX_M][64];
                     memset(seen, 0, sizeof seen);
+                    memset(kept, 0, sizeof kept); /* +1 per checkpointed forward, -1 per recompute */
                     bool ok = s.stages == S;
                     for (int d = 0; d < n; d++) {
                         int flight = 0, peak = 0, last = -1;
@@ -492,7 +529,15 @@ static void check_interleaved(void)
                             if (!gp_instr_per_micro_batch(in->kind)) continue;
                             if (in->j % n != d || in->k < last) ok = false;
                             last = in->k;
+                            if ((in->kind == GP_INSTR_FORWARD || in->kind == GP_INSTR_BACKWARD) &&
+                                in->checkpointed != want_ck((gp_checkpoint_mode)ck, &s, in->i, in->j))
+                                ok = false;
+                            if (in->kind == GP_INSTR_RECOMPUTE) {
+                                if (!want_ck((gp_checkpoint_mode)ck, &s, in->i, in->j)) ok = false;
+                                kept[in->i][in->j]--;
+                            }
                             if (in->kind == GP_INSTR_FORWARD) {
+                                kept[in->i][in->j] += want_ck((gp_checkpoint_mode)ck, &s, in->i, in->j);
                                 seen[SF][in->i][in->j]++;
                                 fk[in->i][in->j] = in->k;
                                 flight++;
@@ -513,7 +558,7 @@ static void check_interleaved(void)
                     }
                     for (int i = 0; i < m; i++)
                         for (int j = 0; j < S; j++) {
-                            if (seen[SF][i][j] != 1 || seen[SB][i][j] != 1) ok = false;
+                            if (seen[SF][i][j] != 1 || seen[SB][i][j] != 1 || kept[i][j]) ok = false;
                             if (j > 0 && fk[i][j] <= fk[i][j - 1]) ok = false;
                             if (j < S - 1 && bk[i][j] <= bk[i][j + 1]) ok = false;
                         }

@@ -206,17 +206,24 @@ static gp_status plan_open(const gp_profile *p, const gp_plan_opts *o, plan_ctx 
     c->lt = calloc((size_t)p->L, sizeof *c->lt);
     if (!c->lt) return gp_error_set(GP_ERR_OOM, "out of host memory");
     if (p->timed) gp_profile_times_at(p, c->sizes[0], c->lt, &c->loss, &c->upload);
-    for (int j = 0; j < o->n && j < GP_MAX_DEVICES; j++) { /* the checkpoint module decides */
-        int ck = 0;
-        for (int i = 0; i < o->m; i++) ck += gp_ckpt_checkpointed(o->checkpoint, i, j, o->m, o->n);
-        c->rfrac[j] = (double)ck / o->m;
-    }
     gp_schedule_opts so = {.kind = o->schedule, .n = o->n, .m = o->m,
                            .checkpoint = o->checkpoint, .replicas = 1, .update = true,
                            .check = true};
     gp_status s = gp_schedule_make(&so, &c->sched);
-    if (s != GP_OK) free(c->lt);
-    return s;
+    if (s != GP_OK) {
+        free(c->lt);
+        return s;
+    }
+    /* the share of each stage's forwards that recompute, as the schedule's
+     * instructions say (the checkpoint module decided them) */
+    for (int d = 0; d < c->sched.n; d++)
+        for (int q = 0; q < c->sched.count[d]; q++) {
+            const gp_instr *in = &c->sched.list[d][q];
+            if (in->kind == GP_INSTR_FORWARD && in->checkpointed && in->j >= 0 &&
+                in->j < GP_MAX_DEVICES)
+                c->rfrac[in->j] += 1.0 / o->m;
+        }
+    return GP_OK;
 }
 
 static void plan_close(plan_ctx *c)

@@ -7,13 +7,11 @@
 #include <math.h>
 #include <stdlib.h>
 
-bool gp_ckpt_checkpointed(gp_checkpoint_mode mode, int i, int j, int m, int n)
+bool gp_ckpt_checkpointed(gp_checkpoint_mode mode, bool backward_next)
 {
-    (void)j;
-    (void)n;
     switch (mode) {
     case GP_CKPT_ALWAYS: return true;
-    case GP_CKPT_EXCEPT_LAST: return i < m - 1;
+    case GP_CKPT_EXCEPT_LAST: return !backward_next;
     case GP_CKPT_NEVER: return false;
     }
     return false;

@@ -45,12 +45,20 @@
 
 typedef enum { GP_CKPT_ALWAYS = 0, GP_CKPT_EXCEPT_LAST, GP_CKPT_NEVER } gp_checkpoint_mode;
 
-/* The policy: whether micro-batch i of m on stage j of n keeps only its
- * stage input in forward (and recomputes before its backward).
- * except_last checkpoints every micro-batch but the last (i = m - 1), whose
- * backward follows right after its forward.  Per-stage or per-layer
- * policies would be decided here too. */
-bool gp_ckpt_checkpointed(gp_checkpoint_mode mode, int i, int j, int m, int n);
+/* The policy: whether a (micro-batch, stage) keeps only its stage input
+ * in forward (and recomputes before its backward).  backward_next: on its
+ * device the next computation after this forward is this micro-batch's
+ * own backward (the schedule knows; gp_schedule_make asks with it), so
+ * what the forward made is needed at once and no other micro-batch's
+ * activations come between: a recompute would cost a forward and save no
+ * memory.  except_last keeps exactly those.  On GPipe's schedule that is
+ * the last micro-batch on every stage, GPipe's and torchgpipe's
+ * except_last; on 1F1B and ZB-H1 it is also every micro-batch of the last
+ * stage, whose backward follows each forward (until 2026-11-25 they were
+ * checkpointed there too, and the last stage recomputed m - 1 forwards it
+ * had just run).  Per-stage or per-layer policies would be decided here
+ * too. */
+bool gp_ckpt_checkpointed(gp_checkpoint_mode mode, bool backward_next);
 
 /* What one (micro-batch, stage) holds between its forward and backward. */
 typedef struct gp_stash {

@@ -353,6 +353,17 @@ gp_status gp_schedule_make(const gp_schedule_opts *o, gp_schedule *out)
     }
     if (st == GP_OK) st = compute_orders(o, v, ord, len);
     if (st == GP_OK) st = assign_clocks(o, S, ord, len, fk, bk, wk);
+    /* the policy's question: is a forward's next computation on its
+     * device its own backward (or backward's data half)? */
+    bool *bnext = st == GP_OK ? calloc(cells, sizeof *bnext) : NULL;
+    if (st == GP_OK && !bnext) st = gp_error_set(GP_ERR_OOM, "out of host memory for the schedule");
+    for (int d = 0; d < n && st == GP_OK; d++)
+        for (int q = 0; q + 1 < len[d]; q++) {
+            op f = ord[d][q], b = ord[d][q + 1];
+            if (f.kind == GP_INSTR_FORWARD && b.i == f.i && b.j == f.j &&
+                (b.kind == GP_INSTR_BACKWARD || b.kind == GP_INSTR_BACKWARD_DATA))
+                bnext[f.i * S + f.j] = true;
+        }
     for (size_t q = 0; st == GP_OK && q < cells; q++) {
         int k = bk[q] > wk[q] ? bk[q] : wk[q];
         if (k + 1 > out->clocks) out->clocks = k + 1;
@@ -370,7 +381,7 @@ gp_status gp_schedule_make(const gp_schedule_opts *o, gp_schedule *out)
         for (int q = 0; q < len[d]; q++) {
             op e = ord[d][q];
             int i = e.i, j = e.j;
-            bool ck = gp_ckpt_checkpointed(o->checkpoint, i, j, m, S);
+            bool ck = gp_ckpt_checkpointed(o->checkpoint, bnext[i * S + j]);
             if (e.kind == GP_INSTR_FORWARD) {
                 int k = fk[i * S + j];
                 /* the activation arrives at the start of its forward's clock */
@@ -403,6 +414,7 @@ gp_status gp_schedule_make(const gp_schedule_opts *o, gp_schedule *out)
     for (int d = 0; d < n && st == GP_OK; d++)
         out->count[d] += end_of_step(o, d, S, out->clocks, out->list[d] + out->count[d]);
     for (int d = 0; d < n; d++) free(ord[d]);
+    free(bnext);
     free(fk);
     free(bk);
     free(wk);
