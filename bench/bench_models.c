@@ -25,6 +25,7 @@
  *                            [--first LIST] [--pipelines LIST] (the grid's first
  *                            sizes, e.g. 1-12; the rows, e.g. 1,4; --help)
  *                            [--checkpoint always|except_last|never]
+ *                            [--plan-only] (the planner's count alone: no step)
  * Prints markdown tables with the processor; never fails a build.  On this
  * 2-core machine k > 2 devices share the cores: the speed table says so.
  */
@@ -83,7 +84,8 @@ static struct {
     gp_checkpoint_mode ckpt;
     double lr, momentum;
     bool bf16_copies; /* --copies bf16: pipeline.copy_precision */
-} g_mem = {8, GP_CKPT_ALWAYS, 0.01, 0.9, false};
+    bool plan_only;   /* --plan-only: the planner's count decides, no step is run */
+} g_mem = {8, GP_CKPT_ALWAYS, 0.01, 0.9, false, false};
 
 static gp_status family_cfg(const family *f, int a, int b, bool mem, gp_config *c)
 {
@@ -222,7 +224,13 @@ typedef struct {
 } candidate;
 
 /* Whether the model trains one step on k devices of `cap` bytes each (k =
- * 0: the baseline on one), the pipelines on schedule `sched`. */
+ * 0: the baseline on one), the pipelines on schedule `sched`.  With
+ * --plan-only the planner's count alone decides, for one device too (a
+ * stage of the whole model; the baseline as one stage at m = 1 without
+ * checkpointing): no weights are allocated and no step is run, so a fine
+ * grid takes minutes instead of hours.  The planner errs high (its peaks
+ * are 1-2% above a real step's on U-Net at 192x192: bench/README.md), so
+ * what it admits a step fits too. */
 static bool fits(const gp_config *base, int k, size_t cap, gp_schedule_kind sched)
 {
     gp_config cfg = *base;
@@ -235,7 +243,7 @@ static bool fits(const gp_config *base, int k, size_t cap, gp_schedule_kind sche
     cfg.pipeline.copy_precision = g_mem.bf16_copies ? GP_COPY_BF16 : GP_COPY_FP32;
     cfg.pipeline.n_balance = 1;
     cfg.pipeline.balance[0] = cfg.model.n_layers;
-    if (n > 1) { /* the planner's memory balance under the capacities */
+    if (n > 1 || g_mem.plan_only) { /* the planner's memory balance under the capacities */
         gp_profile p;
         gp_model_profile_opts po = {.timed = false, .threads = 1};
         if (gp_model_profile(&cfg, &po, &p) != GP_OK) return false;
@@ -246,6 +254,7 @@ static bool fits(const gp_config *base, int k, size_t cap, gp_schedule_kind sche
         gp_profile_free(&p);
         if (s != GP_OK) return false;
         cfg.pipeline.n_balance = n;
+        if (g_mem.plan_only) return true;
     }
     gp_device *devs[GP_MAX_DEVICES];
     gp_model model;
@@ -327,12 +336,14 @@ static int memory(const family *f, size_t cap, gp_schedule_kind sched)
     gp_bench_cpu_name(cpu, sizeof cpu);
     printf("%s memory: the largest of %d sizes that trains a step; %lldx%lld, batch %lld; each "
            "device %zu MiB; pipelines on the %s schedule, m = %d, checkpoint %s, %s copies; "
-           "SGD%s; %s\n\n",
+           "SGD%s; %s%s\n\n",
            f->label, nc, (long long)f->mside, (long long)f->mside, (long long)f->mbatch,
            cap >> 20, gp_schedule_kind_name(sched), g_mem.chunks,
            g_mem.ckpt == GP_CKPT_ALWAYS ? "always" : g_mem.ckpt == GP_CKPT_NEVER ? "never"
                                                                              : "except_last",
-           g_mem.bf16_copies ? "bf16" : "fp32", g_mem.momentum > 0 ? " with momentum" : " without momentum", cpu);
+           g_mem.bf16_copies ? "bf16" : "fp32", g_mem.momentum > 0 ? " with momentum" : " without momentum", cpu,
+           g_mem.plan_only ? "; --plan-only: fits = the planner finds a split under the "
+                             "capacity (no step run)" : "");
     printf("| experiment | %s | parameters | vs pipeline-1 |\n|---|---|---|---|\n", f->sizes);
     int64_t p1 = 0;
     for (int k = 0; k <= 8; k = k ? 2 * k : 1) {
@@ -402,6 +413,8 @@ int main(int argc, char **argv)
                 return 2;
             }
             g_mem.bf16_copies = !strcmp(name, "bf16");
+        } else if (!strcmp(argv[i], "--plan-only")) {
+            g_mem.plan_only = true;
         }
     }
     const family *found = find_family(model);
@@ -466,6 +479,7 @@ int main(int argc, char **argv)
              "                           [--batch N] [--step N] [--as-torchgpipe]\n"
              "                           [--copies fp32|bf16] [--first LIST]\n"
              "                           [--pipelines LIST] [--checkpoint MODE]\n"
+             "                           [--plan-only]\n"
              "  --copies bf16: the pipelines' copies in bfloat16 (pipeline.copy_precision),\n"
              "  held packed while a checkpointed stage waits for its recompute;\n"
              "  --as-torchgpipe: torchgpipe's U-Net memory setup (192x192, batch 32,\n"
@@ -473,7 +487,9 @@ int main(int argc, char **argv)
              "  the second size (U-Net's C, AmoebaNet's D); --first: the first sizes to\n"
              "  search (U-Net's B, AmoebaNet's L), e.g. 1-12; --pipelines: the rows to run,\n"
              "  among 0 (the baseline), 1, 2, 4 and 8, e.g. 1,4; --checkpoint: the\n"
-             "  pipelines' mode, always, except_last or never (after --as-torchgpipe, wins)");
+             "  pipelines' mode, always, except_last or never (after --as-torchgpipe, wins);\n"
+             "  --plan-only: a size fits when the planner (gpipe-balance --by size) finds a\n"
+             "  split under the capacity, for every row; no step is run (fast, fine grids)");
         return strcmp(what, "-h") && strcmp(what, "--help") ? 2 : 0;
     }
     if (!f) {
