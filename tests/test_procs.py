@@ -478,13 +478,14 @@ def errors(tmp):
           "failure message does not name rank, stage and micro-batch once: " + out[-1200:])
     # (d') the same with clipping: every rank finds the NaN gradients at
     # the step's clip, before its update, and the run ends (exit 4, no
-    # hang), said at least by the rank that aborted the others
+    # hang), said once, by rank 0, for every rank (they refused alike)
     snap = os.path.join(tmp, "nan-snaps")
     rc, out = mpirun(2, [cfg, "--quiet", "--set", "train.optimizer.lr=1e38",
                          "--set", "pipeline.balance=[2, 5]", "--set", "train.clip_grad_norm=1",
                          "--set", "train.snapshot.every_steps=100",
                          "--set", "train.snapshot.dir=" + snap], timeout=60)
-    check(rc == 4 and "the gradients are not finite" in out and "the update was skipped" in out,
+    check(rc == 4 and out.count("the gradients are not finite") == 1 and
+          "gpipe-train: every rank of 2: " in out and "the update was skipped" in out,
           "non-finite gradients under mpirun with clipping: exit %d: %s" % (rc, out[-1200:]))
     # ... and the last good step's snapshot, every rank's part, before the
     # abort: it resumes in one process

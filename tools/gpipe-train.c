@@ -306,6 +306,7 @@ int main(int argc, char **argv)
         return gp_status_exit_code(s);
     }
     int code = EXIT_OK;
+    bool failed_alike = false;
     /* mpirun -np N: one device per process (rank r runs device r); rank 0
      * prints, writes the metrics, the snapshots and the export; every rank
      * writes its own trace (CONFIG's --trace path, ".rank<r>" before the
@@ -357,12 +358,26 @@ int main(int argc, char **argv)
         install_stop_handlers();
         s = gp_train_run(&cfg, &o, &r);
         if (s == GP_ERR_STOPPED) code = 128 + r.stop_signal; /* as the shell reports a kill */
+        failed_alike = r.failed_alike;
     }
-    if (s != GP_OK && s != GP_ERR_STOPPED && gp_procs_size() > 1) {
-        /* a failed rank: say which, then end every rank (the others may
-         * be waiting for its messages) */
+    if (s != GP_OK && s != GP_ERR_STOPPED && gp_procs_size() > 1 && failed_alike && rank != 0) {
+        /* every rank failed alike (a step they all refused): rank 0 says
+         * it once and ends the run; this rank waits for that, and says its
+         * own only if the end does not come */
+        for (double until = gp_now() + 20; gp_now() < until;)
+            sleep(1); /* on the clock: the abort's SIGTERM cuts a sleep short */
         fprintf(stderr, "gpipe-train: rank %d of %d: %s\n", rank, gp_procs_size(),
                 gp_last_error());
+        gp_procs_abort(gp_status_exit_code(s));
+    } else if (s != GP_OK && s != GP_ERR_STOPPED && gp_procs_size() > 1) {
+        /* a failed rank: say which, then end every rank (the others may
+         * be waiting for its messages) */
+        if (failed_alike)
+            fprintf(stderr, "gpipe-train: every rank of %d: %s\n", gp_procs_size(),
+                    gp_last_error());
+        else
+            fprintf(stderr, "gpipe-train: rank %d of %d: %s\n", rank, gp_procs_size(),
+                    gp_last_error());
         gp_procs_abort(gp_status_exit_code(s));
     } else if (s != GP_OK && rank == 0) { /* a stop: every rank stopped at the same step */
         fprintf(stderr, "gpipe-train: %s\n", gp_last_error());

@@ -297,6 +297,8 @@ typedef struct gp_train_result {
     double seconds;
     size_t peak_bytes;         /* device peak */
     int stop_signal;           /* *opts->stop when the run stopped on it, else 0 */
+    bool failed_alike;         /* processes: the error is every rank's alike (a step every
+                                  rank refused before its update), so one rank may say it */
 } gp_train_result;
 
 /* Open the config's devices (cores split among CPU devices), choose the

@@ -709,10 +709,14 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
              * finite): the model is step `step`'s, worth a snapshot.  Under
              * mpirun every rank refuses the step alike (they sum the same
              * norms), so all of them save their parts together */
-            if (s == GP_ERR_NUMERIC && mp->refused)
+            if (s == GP_ERR_NUMERIC && mp->refused) {
                 s = failure_snapshot(mp, cfg, s, step, saved_step, &last_pos, snap_lock,
                                      "go on with --resume latest once that is changed (as it "
                                      "is, this step would fail again)");
+                /* every rank summed the same norms and refused alike (a
+                 * snapshot that failed may have failed on one rank only) */
+                res->failed_alike = gp_procs_size() > 1 && s == GP_ERR_NUMERIC;
+            }
             goto done;
         }
         res->final_loss = st.loss;
