@@ -38,6 +38,7 @@ print("round %s %s: %.1f ms a step; peak %s MiB" % (sys.argv[2], sys.argv[3], 10
 PY
   done
 done | tee "$tmp/out"
+[ "${PIPESTATUS[0]}" = 0 ] || exit 1
 "$py" - "$tmp/out" <<'PY'
 import re, statistics, sys
 ms = {"A": [], "B": []}

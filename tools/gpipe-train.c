@@ -365,7 +365,7 @@ int main(int argc, char **argv)
          * it once and ends the run; this rank waits for that, and says its
          * own only if the end does not come */
         for (double until = gp_now() + 20; gp_now() < until;)
-            sleep(1); /* on the clock: the abort's SIGTERM cuts a sleep short */
+            sleep(1); /* on the clock, whatever a signal does to one sleep */
         fprintf(stderr, "gpipe-train: rank %d of %d: %s\n", rank, gp_procs_size(),
                 gp_last_error());
         gp_procs_abort(gp_status_exit_code(s));

@@ -215,7 +215,12 @@ static gp_status plan_open(const gp_profile *p, const gp_plan_opts *o, plan_ctx 
         return s;
     }
     /* the share of each stage's forwards that recompute, as the schedule's
-     * instructions say (the checkpoint module decided them) */
+     * instructions say (the checkpoint module decided them).  Interleaved
+     * plans stand in with 1F1B over all n x v stages (gp_model_plan_opts),
+     * and ZB-H1 with its untimed order: their own orders may keep a few
+     * other micro-batches (interleaved with m = n keeps none), so the
+     * recompute cost is an estimate there; memory follows the same
+     * instructions, so it is not affected */
     for (int d = 0; d < c->sched.n; d++)
         for (int q = 0; q < c->sched.count[d]; q++) {
             const gp_instr *in = &c->sched.list[d][q];

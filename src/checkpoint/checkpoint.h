@@ -53,11 +53,13 @@ typedef enum { GP_CKPT_ALWAYS = 0, GP_CKPT_EXCEPT_LAST, GP_CKPT_NEVER } gp_check
  * activations come between: a recompute would cost a forward and save no
  * memory.  except_last keeps exactly those.  On GPipe's schedule that is
  * the last micro-batch on every stage, GPipe's and torchgpipe's
- * except_last; on 1F1B and ZB-H1 it is also every micro-batch of the last
- * stage, whose backward follows each forward (until 2026-11-25 they were
- * checkpointed there too, and the last stage recomputed m - 1 forwards it
- * had just run).  Per-stage or per-layer policies would be decided here
- * too. */
+ * except_last; on 1F1B, ZB-H1 and interleaved (m > devices) it is every
+ * micro-batch of the last stage, whose backward follows each forward, and
+ * none of the earlier stages', whose last forward is followed by an
+ * earlier micro-batch's backward.  Until 2026-11-25 those schedules kept
+ * i = m - 1 everywhere: the last stage recomputed m - 1 forwards it had
+ * just run, and the others held two micro-batches' activations at once.
+ * Per-stage or per-layer policies would be decided here too. */
 bool gp_ckpt_checkpointed(gp_checkpoint_mode mode, bool backward_next);
 
 /* What one (micro-batch, stage) holds between its forward and backward. */

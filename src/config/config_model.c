@@ -384,10 +384,15 @@ gp_status gp_cfg_parse_model(gp_cfg_walk *w, const gp_ynode *root, gp_model_conf
     int loss = GP_LOSS_CROSS_ENTROPY;
     GP_TRY(gp_cfg_get_enum(w, m, "model", "loss", losses, GP_LOSS_COUNT, loss, &loss));
     mc->loss = (gp_loss_kind)loss;
-    /* listed among the defaults (--dry-run -v) as train.clip_grad_norm is:
-     * a user of a recipe with smoothing sees that this config has none */
-    GP_TRY(gp_cfg_get_float(w, m, "model", "label_smoothing", 0, 0, 1, GP_CFG_HI_OPEN,
-                            &mc->label_smoothing));
+    /* listed among the defaults (--dry-run -v) where it applies, as
+     * train.clip_grad_norm is: a user of a recipe with smoothing sees that
+     * this config has none */
+    bool rec = w->record;
+    w->record = rec && mc->loss == GP_LOSS_CROSS_ENTROPY;
+    gp_status s = gp_cfg_get_float(w, m, "model", "label_smoothing", 0, 0, 1, GP_CFG_HI_OPEN,
+                                   &mc->label_smoothing);
+    w->record = rec;
+    GP_TRY(s);
     if (mc->label_smoothing > 0 && mc->loss != GP_LOSS_CROSS_ENTROPY)
         return gp_cfg_bad(w, gp_ymap_get(m, "label_smoothing"),
                           "model.label_smoothing is for model.loss: cross_entropy (class ids); "
