@@ -228,9 +228,10 @@ typedef struct {
  * --plan-only the planner's count alone decides, for one device too (a
  * stage of the whole model; the baseline as one stage at m = 1 without
  * checkpointing): no weights are allocated and no step is run, so a fine
- * grid takes minutes instead of hours.  The planner errs high (its peaks
- * are 1-2% above a real step's on U-Net at 192x192: bench/README.md), so
- * what it admits a step fits too. */
+ * grid takes minutes instead of hours.  The planner's peaks are within 2%
+ * of a real step's either way on U-Net at 192x192 (bench/README.md), so a
+ * size it admits within that of the capacity may still fail a step: the
+ * real run decides what the tables record. */
 static bool fits(const gp_config *base, int k, size_t cap, gp_schedule_kind sched)
 {
     gp_config cfg = *base;
