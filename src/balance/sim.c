@@ -74,10 +74,17 @@ double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const 
         if (k->from < first && k->to >= first && k->to <= last) in += mm[k->from].out_per_sample;
         if (k->from >= first && k->from <= last && k->to > last) out += mm[k->from].out_per_sample;
     }
-    /* between a split backward's halves, the layers' incoming gradients:
-     * about the size of what the forward kept, less the stage output's,
-     * which arrived already */
-    double grads = fmax(keep - out, 0);
+    /* between a split backward's halves, the incoming gradients of the
+     * layers with parameters (their weights halves read them; the others'
+     * are freed as the data half goes: gp_ckpt_backward_data), less the
+     * stage output's, which arrived already (counted in out until the
+     * weights half, even where the last layer frees it sooner).  Until
+     * 2026-11-25 every layer's was held, and this was estimated as what
+     * the forward kept, which missed the in-place layers' gradients: ZB-H1
+     * on a U-Net peaked 12-25% over its plan */
+    double grads = 0;
+    for (int k = first; k < last; k++)
+        if (mm[k].param_bytes > 0) grads += mm[k].out_per_sample;
     /* bf16 copies (p->bf16_copies): what crosses a boundary is sent,
      * received and, between a checkpointed forward and its recompute, held
      * packed (h of its FP32 bytes), and widened while an instruction reads

@@ -370,6 +370,11 @@ gp_status gp_ckpt_backward_data(gp_layer *layers, const gp_fwd_ctx *ctx, gp_stas
             *bad = c;
             return st;
         }
+        /* only a layer with parameters reads its dy again (its weights
+         * half): the others' go now, not at the weights pass (a U-Net
+         * block's dropout, norm and leaky ReLU held three maps each until
+         * then; balance/sim.c counts what stays) */
+        if (c > ft && gp_layer_param_count(&layers[c]) == 0) gp_tensor_free(&s->grads[c + 1]);
     }
     s->weights_due = true;
     if (dx) { /* dL/d in leaves the stash: the previous stage copies it */
