@@ -300,7 +300,43 @@ static void test_cli_errors(void)
     snprintf(cmd, sizeof cmd, "%s %s/configs/mlp.yaml --devices 2 -q", balance_bin,
              GPIPE_SOURCE_DIR);
     CHECK_MSG(run(cmd, out, sizeof out) == 0 && !strstr(out, "gpipe-balance: ") &&
-                  strstr(out, "balance for 2 devices"), "-q: %s", out);
+                  strstr(out, "balance for 2 devices") && !strstr(out, "fwd ms"),
+              "-q (the balance, not the per-layer profile): %s", out);
+    /* outputs never replace what the run reads, nor each other */
+    char prof[300];
+    snprintf(prof, sizeof prof, "%s/mlp-size.prof.json", tmpdir);
+    snprintf(cmd, sizeof cmd, "%s %s/configs/mlp.yaml --by size -q --profile-out %s",
+             balance_bin, GPIPE_SOURCE_DIR, prof);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0, "--profile-out: %s", out);
+    snprintf(cmd, sizeof cmd, "%s %s/configs/mlp.yaml --by size --write %s/configs/mlp.yaml",
+             balance_bin, GPIPE_SOURCE_DIR, GPIPE_SOURCE_DIR);
+    CHECK_MSG(run(cmd, out, sizeof out) == 2 && strstr(out, "is the config it reads"),
+              "--write onto the config: %s", out);
+    snprintf(cmd, sizeof cmd, "%s %s/configs/mlp.yaml --profile-in %s --write %s", balance_bin,
+             GPIPE_SOURCE_DIR, prof, prof);
+    CHECK_MSG(run(cmd, out, sizeof out) == 2 && strstr(out, "is the --profile-in it reads"),
+              "--write onto --profile-in: %s", out);
+    snprintf(cmd, sizeof cmd, "cd %s && %s %s/configs/mlp.yaml --by size --write o.yaml "
+             "--profile-out ./o.yaml", tmpdir, balance_bin, GPIPE_SOURCE_DIR);
+    CHECK_MSG(run(cmd, out, sizeof out) == 2 && strstr(out, "name the same file"),
+              "--write and --profile-out on one file: %s", out);
+    /* a profile without times: said, and refused by --simulate */
+    snprintf(cmd, sizeof cmd, "%s %s/configs/mlp.yaml --profile-in %s", balance_bin,
+             GPIPE_SOURCE_DIR, prof);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0 && strstr(out, "holds no times") &&
+                  strstr(out, "by size: ["), "an untimed --profile-in: %s", out);
+    snprintf(cmd, sizeof cmd, "%s %s/configs/mlp.yaml --by size --simulate", balance_bin,
+             GPIPE_SOURCE_DIR);
+    CHECK_MSG(run(cmd, out, sizeof out) == 2 && strstr(out, "drop --by size"),
+              "--by size --simulate: %s", out);
+    /* a config that is not one is named as such, not as our override */
+    char empty[300];
+    snprintf(empty, sizeof empty, "%s/empty.yaml", tmpdir);
+    FILE *ef = fopen(empty, "w");
+    if (ef) fclose(ef);
+    snprintf(cmd, sizeof cmd, "%s %s", balance_bin, empty);
+    CHECK_MSG(run(cmd, out, sizeof out) == 2 && strstr(out, "empty.yaml:1:1: the config is empty") &&
+                  !strstr(out, "pipeline.balance=auto"), "an empty config: %s", out);
 }
 
 /* An evaluation batch (train.eval_batch_size, 1000) that does not fit a
@@ -826,8 +862,11 @@ static void test_balance_profile_in(void)
         const char *mq = rec ? strstr(rec, ", m = ") : NULL;
         int m_rec = mq ? atoi(mq + 6) : 0;
         char want_opt[700];
-        snprintf(want_opt, sizeof want_opt, "to use it: gpipe-balance %s --devices 2 --chunks %d ",
-                 cfg, m_rec);
+        /* the user's own options kept (they describe the model that was
+         * simulated), ours after them */
+        snprintf(want_opt, sizeof want_opt, "to use it: gpipe-balance %s --reps 1 --set "
+                 "pipeline.schedule=interleaved --set pipeline.memory=64MiB --devices 2 "
+                 "--chunks %d ", cfg, m_rec);
         CHECK_MSG(m_rec >= 1 && (strstr(out, want_opt) ||
                                  (m_rec == 4 && strstr(rec, "schedule interleaved") &&
                                   !strstr(out, "to use it"))),

@@ -170,12 +170,67 @@ static gp_status check_profile_sizes(const gp_profile *p, const char *path, int6
 }
 
 /* --write and --profile-out are checked before profiling (which takes
- * seconds to minutes), so a bad path fails at once; nothing is left behind. */
-static gp_status check_outputs(const char *write_path, const char *prof_out)
+ * seconds to minutes), so a bad path fails at once; nothing is left behind.
+ * Neither may replace what the run reads (the config, --profile-in) nor
+ * name the other's file: one would be lost (as gpipe-train refuses a
+ * --metrics or --trace that names its config). */
+static gp_status check_outputs(const char *write_path, const char *prof_out, const char *config,
+                               const char *prof_in)
 {
+    const struct {
+        const char *path, *opt;
+    } outs[2] = {{write_path, "--write"}, {prof_out, "--profile-out"}};
+    for (int q = 0; q < 2; q++) {
+        const char *o = outs[q].path;
+        if (!o) continue;
+        if (gp_same_file(o, config))
+            return gp_error_set(GP_ERR_INVALID, "%s %s is the config it reads: give the output "
+                                "another name", outs[q].opt, o);
+        if (prof_in && gp_same_file(o, prof_in))
+            return gp_error_set(GP_ERR_INVALID, "%s %s is the --profile-in it reads: give the "
+                                "output another name", outs[q].opt, o);
+    }
+    if (write_path && prof_out && gp_same_file(write_path, prof_out))
+        return gp_error_set(GP_ERR_INVALID, "--write and --profile-out name the same file (%s): "
+                            "give each its own", write_path);
     if (write_path) GP_TRY(gp_check_writable_file(write_path, "--write", false));
     if (prof_out) GP_TRY(gp_check_writable_file(prof_out, "--profile-out", false));
     return GP_OK;
+}
+
+/* One shell word, quoted where the shell would split or expand it. */
+static void print_word(const char *w)
+{
+    if (*w && strspn(w, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_./=:,+@%-") ==
+                  strlen(w)) {
+        printf(" %s", w);
+        return;
+    }
+    printf(" '");
+    for (const char *c = w; *c; c++) *c == '\'' ? printf("'\\''") : putchar(*c);
+    putchar('\'');
+}
+
+/* --simulate's advice as a command: the user's own arguments (config,
+ * --set overrides, --profile-in, --reps, --by, -q) with the recommended
+ * devices, chunks, schedule and checkpoint mode in place of theirs, so it
+ * balances the model that was simulated. */
+static void print_hint(int argc, char **argv, int n, int m, const char *sched, bool virt,
+                       const char *ckpt)
+{
+    printf("  to use it: gpipe-balance");
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--simulate")) continue;
+        if (!strcmp(a, "--devices") || !strcmp(a, "--chunks") || !strcmp(a, "--write") ||
+            !strcmp(a, "--profile-out")) { /* replaced below, or not wanted twice */
+            i++;
+            continue;
+        }
+        print_word(a);
+    }
+    printf(" --devices %d --chunks %d --set pipeline.schedule=%s%s --set pipeline.checkpoint=%s "
+           "--write OUT.yaml\n", n, m, sched, virt ? " --set pipeline.virtual=2" : "", ckpt);
 }
 
 static void print_balance(const char *title, const gp_profile *p, const gp_plan_opts *po,
@@ -284,8 +339,14 @@ int main(int argc, char **argv)
         free(sets);
         return EXIT_USAGE;
     }
+    if (simulate && by == GP_BALANCE_BY_SIZE) {
+        fprintf(stderr, "gpipe-balance: --simulate predicts step times and --by size profiles "
+                "none: drop --by size (--by both balances memory too)\n");
+        free(sets);
+        return EXIT_USAGE;
+    }
     if (quiet) gp_log_set_level(GP_LOG_ERROR);
-    gp_status cs = check_outputs(write_path, prof_out);
+    gp_status cs = config ? check_outputs(write_path, prof_out, config, prof_in) : GP_OK;
     if (cs != GP_OK) {
         fprintf(stderr, "gpipe-balance: %s\n", gp_last_error());
         free(sets);
@@ -293,6 +354,7 @@ int main(int argc, char **argv)
     }
     /* The balance is what we compute: whatever list the config has is replaced. */
     char set_dev[64] = "", set_chunks[64] = "";
+    int n_user = n_sets; /* the user's own --set overrides come first */
     sets[n_sets++] = "pipeline.balance=auto";
     if (chunks) {
         snprintf(set_chunks, sizeof set_chunks, "pipeline.chunks=%d", chunks);
@@ -321,6 +383,18 @@ int main(int argc, char **argv)
         snprintf(set_dev, sizeof set_dev, "pipeline.devices=%d", devices);
         sets[n_sets++] = set_dev;
         s = gp_config_load(config, sets, n_sets, &cfg);
+    }
+    if (s != GP_OK) {
+        /* an error of the config itself (empty, a list, a missing model)
+         * surfaces at the first override applied, here one of ours: read
+         * it again with the user's alone for the error they would get */
+        gp_config probe;
+        char ours[1024];
+        snprintf(ours, sizeof ours, "%s", gp_last_error());
+        if (gp_config_load(config, sets, n_user, &probe) == GP_OK) {
+            gp_config_free(&probe);
+            gp_error_set(s, "%s", ours);
+        }
     }
     if (s != GP_OK) {
         /* --devices / --chunks reach the config as overrides: name the
@@ -405,7 +479,22 @@ int main(int argc, char **argv)
         free(sets);
         return gp_status_exit_code(s);
     }
-    if (by != GP_BALANCE_BY_SIZE && !prof.timed) by = GP_BALANCE_BY_SIZE;
+    if (by != GP_BALANCE_BY_SIZE && !prof.timed) {
+        /* a --profile-in saved with --by size: no times in it */
+        if (simulate) {
+            fprintf(stderr, "gpipe-balance: '%s' holds no times (it was saved with --by size): "
+                    "--simulate needs them; profile again without --by size\n", prof_in);
+            gp_profile_free(&prof);
+            gp_config_free(&cfg);
+            free(sets);
+            return EXIT_USAGE;
+        }
+        if (!quiet)
+            fprintf(stderr, "gpipe-balance: warning: '%s' holds no times (it was saved with --by "
+                    "size): balancing by size; profile again without --by size to balance by "
+                    "time\n", prof_in);
+        by = GP_BALANCE_BY_SIZE;
+    }
 
     /* ---- the per-layer table ---- */
     int L = prof.L;
@@ -417,56 +506,58 @@ int main(int argc, char **argv)
         total_mem += (double)(prof.mem[k].param_bytes + prof.mem[k].grad_bytes +
                               prof.mem[k].optim_bytes) + prof.mem[k].keep_per_sample * (double)mbs;
     }
-    printf("%s: %d layers, batch %lld, %d chunk%s (micro-batch %lld), on %s x %d thread%s, "
-           "%s checkpointing\n\n", config, L, (long long)batch, m, m == 1 ? "" : "s",
-           (long long)mbs, prof.device, prof.threads, prof.threads == 1 ? "" : "s",
-           gp_checkpoint_mode_name(cfg.pipeline.checkpoint));
-    printf("%3s %-28s %8s %8s %8s %8s %8s %6s %10s %10s %10s %10s %6s\n", "#", "layer", "fwd ms",
-           "bwd-d ms", "bwd-w ms", "recmp ms", "copy ms", "time%", "params", "grad+opt",
-           "act kept", "workspace", "mem%");
-    for (int k = 0; k < L; k++) {
-        const gp_layer_mem *mm = &prof.mem[k];
-        char b1[32], b2[32], b3[32], b4[32], name[29];
-        const char *d = mm->desc;
-        if (!strncmp(d, "layer ", 6)) { /* "layer 3 (conv2d) at f.yaml:1:2" -> "conv2d" */
-            const char *o = strchr(d, '(');
-            d = o ? o + 1 : d;
+    if (!quiet) { /* -q: the balance and errors only */
+        printf("%s: %d layers, batch %lld, %d chunk%s (micro-batch %lld), on %s x %d thread%s, "
+               "%s checkpointing\n\n", config, L, (long long)batch, m, m == 1 ? "" : "s",
+               (long long)mbs, prof.device, prof.threads, prof.threads == 1 ? "" : "s",
+               gp_checkpoint_mode_name(cfg.pipeline.checkpoint));
+        printf("%3s %-28s %8s %8s %8s %8s %8s %6s %10s %10s %10s %10s %6s\n", "#", "layer", "fwd ms",
+               "bwd-d ms", "bwd-w ms", "recmp ms", "copy ms", "time%", "params", "grad+opt",
+               "act kept", "workspace", "mem%");
+        for (int k = 0; k < L; k++) {
+            const gp_layer_mem *mm = &prof.mem[k];
+            char b1[32], b2[32], b3[32], b4[32], name[29];
+            const char *d = mm->desc;
+            if (!strncmp(d, "layer ", 6)) { /* "layer 3 (conv2d) at f.yaml:1:2" -> "conv2d" */
+                const char *o = strchr(d, '(');
+                d = o ? o + 1 : d;
+            }
+            size_t nl = strlen(d) < sizeof name - 1 ? strlen(d) : sizeof name - 1;
+            memcpy(name, d, nl);
+            name[nl] = '\0';
+            char *cl = strchr(name, ')');
+            if (cl) *cl = '\0';
+            if (mm->fused) snprintf(name, sizeof name, "relu (fused)");
+            double mem = (double)(mm->param_bytes + mm->grad_bytes + mm->optim_bytes) +
+                         mm->keep_per_sample * (double)mbs;
+            printf("%3d %-28s %8.3f %8.3f %8.3f %8.3f %8.3f %5.1f%% %10s %10s %10s %10s %5.1f%%\n", k,
+                   name, lt[k].fwd * 1e3, lt[k].bwd_data * 1e3, lt[k].bwd_weights * 1e3,
+                   lt[k].recompute * 1e3, lt[k].copy * 1e3,
+                   total > 0 ? 100 * (lt[k].fwd + lt[k].bwd_data + lt[k].bwd_weights) / total : 0,
+                   mb((double)mm->param_bytes, b1, sizeof b1),
+                   mb((double)(mm->grad_bytes + mm->optim_bytes), b2, sizeof b2),
+                   inplace_kept(mm, mbs, b3, sizeof b3),
+                   mb((double)mm->workspace_bytes, b4, sizeof b4),
+                   total_mem > 0 ? 100 * mem / total_mem : 0);
         }
-        size_t nl = strlen(d) < sizeof name - 1 ? strlen(d) : sizeof name - 1;
-        memcpy(name, d, nl);
-        name[nl] = '\0';
-        char *cl = strchr(name, ')');
-        if (cl) *cl = '\0';
-        if (mm->fused) snprintf(name, sizeof name, "relu (fused)");
-        double mem = (double)(mm->param_bytes + mm->grad_bytes + mm->optim_bytes) +
-                     mm->keep_per_sample * (double)mbs;
-        printf("%3d %-28s %8.3f %8.3f %8.3f %8.3f %8.3f %5.1f%% %10s %10s %10s %10s %5.1f%%\n", k,
-               name, lt[k].fwd * 1e3, lt[k].bwd_data * 1e3, lt[k].bwd_weights * 1e3,
-               lt[k].recompute * 1e3, lt[k].copy * 1e3,
-               total > 0 ? 100 * (lt[k].fwd + lt[k].bwd_data + lt[k].bwd_weights) / total : 0,
-               mb((double)mm->param_bytes, b1, sizeof b1),
-               mb((double)(mm->grad_bytes + mm->optim_bytes), b2, sizeof b2),
-               inplace_kept(mm, mbs, b3, sizeof b3),
-               mb((double)mm->workspace_bytes, b4, sizeof b4),
-               total_mem > 0 ? 100 * mem / total_mem : 0);
+        for (int k = 0; k < L; k++)
+            if (prof.mem[k].inplace || prof.mem[k].unkept) {
+                printf("    *: its output is not kept for backward: it runs in place, in its "
+                       "input's memory (not as a stage's first layer), or no backward reads it "
+                       "(not as a stage's last)\n");
+                break;
+            }
+        for (int k = 0; k < L; k++)
+            if (prof.mem[k].fused) {
+                printf("    relu (fused): the batch norm before it does its forward and backward, "
+                       "so its times (measured alone) count only as a stage's first layer\n");
+                break;
+            }
+        if (prof.timed)
+            printf("    loss %.3f ms, input upload %.3f ms; fwd+bwd total %.2f ms per micro-batch\n",
+                   loss * 1e3, upload * 1e3, total * 1e3);
+        printf("\n");
     }
-    for (int k = 0; k < L; k++)
-        if (prof.mem[k].inplace || prof.mem[k].unkept) {
-            printf("    *: its output is not kept for backward: it runs in place, in its "
-                   "input's memory (not as a stage's first layer), or no backward reads it "
-                   "(not as a stage's last)\n");
-            break;
-        }
-    for (int k = 0; k < L; k++)
-        if (prof.mem[k].fused) {
-            printf("    relu (fused): the batch norm before it does its forward and backward, "
-                   "so its times (measured alone) count only as a stage's first layer\n");
-            break;
-        }
-    if (prof.timed)
-        printf("    loss %.3f ms, input upload %.3f ms; fwd+bwd total %.2f ms per micro-batch\n",
-               loss * 1e3, upload * 1e3, total * 1e3);
-    printf("\n");
 
     /* ---- the balance ---- */
     gp_plan_opts po;
@@ -579,11 +670,8 @@ int main(int argc, char **argv)
                         r[pick].m == cfg.pipeline.chunks &&
                         (!ik || cfg.pipeline.virtual_stages == 2);
             if (!same)
-                printf("  to use it: gpipe-balance %s --devices %d --chunks %d --set "
-                       "pipeline.schedule=%s%s --set pipeline.checkpoint=%s --write OUT.yaml\n",
-                       config, n, r[pick].m, gp_schedule_kind_name(r[pick].schedule),
-                       ik ? " --set pipeline.virtual=2" : "",
-                       gp_checkpoint_mode_name(r[pick].checkpoint));
+                print_hint(argc, argv, n, r[pick].m, gp_schedule_kind_name(r[pick].schedule), ik,
+                           gp_checkpoint_mode_name(r[pick].checkpoint));
         }
         else if (s == GP_OK)
             printf("no schedule, checkpoint mode and m fits device memory\n");
