@@ -847,6 +847,24 @@ static void test_balance_profile_in(void)
             CHECK_MSG(b && commas == 3, "interleaved balance of 4 stages: %s", got);
         }
     }
+    /* a pipeline-wide capacity is written once, readably, and a device's
+     * own only where it differs: a later --set pipeline.memory still
+     * reaches every other device (it used to be pinned on each, in bytes) */
+    {
+        char wr[512], got[4096];
+        snprintf(wr, sizeof wr, "%s/written-mem.yaml", tmpdir);
+        snprintf(cmd, sizeof cmd, "%s %s --by size --devices 2 --set pipeline.memory=400MiB "
+                 "--set 'pipeline.devices=[cpu:0, {name: cpu:1, memory: 1GiB}]' --write %s",
+                 balance_bin, cfg, wr);
+        rc = run(cmd, out, sizeof out);
+        size_t n = 0;
+        char *text = gpt_read_file(wr, &n);
+        snprintf(got, sizeof got, "%s", text ? text : "");
+        free(text);
+        CHECK_MSG(rc == 0 && strstr(got, "devices: [{name: \"cpu:0\"}, {name: \"cpu:1\", memory: "
+                                    "1GiB}]") && strstr(got, "\n  memory: 400MiB\n"),
+                  "capacities written: exit %d: %s", rc, got);
+    }
     /* --simulate on an interleaved config: the other schedules get a
      * balance of their own (one stage per device), and fit against whole
      * devices */

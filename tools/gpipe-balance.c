@@ -77,6 +77,16 @@ static const char *inplace_kept(const gp_layer_mem *mm, int64_t mbs, char *buf, 
  * without its top-level `pipeline:` block, then a fresh pipeline block from
  * cfg with `balance`: a balance computed for `--set train.batch_size=256`
  * is written with that batch size. */
+/* A byte count as the config reads it: 56MiB rather than 58720256 where it
+ * is a whole number of MiB or GiB. */
+static const char *yaml_size(size_t b, char *buf, size_t len)
+{
+    if (b % ((size_t)1 << 30) == 0) snprintf(buf, len, "%zuGiB", b >> 30);
+    else if (b % ((size_t)1 << 20) == 0) snprintf(buf, len, "%zuMiB", b >> 20);
+    else snprintf(buf, len, "%zu", b);
+    return buf;
+}
+
 static gp_status write_config(const char *out_path, const gp_config *cfg, const int *balance)
 {
     char *text = NULL;
@@ -98,8 +108,13 @@ static gp_status write_config(const char *out_path, const gp_config *cfg, const 
         for (int j = 0; j < pc->n_devices; j++) {
             const gp_device_spec *d = &pc->devices[r * pc->n_devices + j];
             fprintf(o, "%s{name: \"%s\"", j ? ", " : "", d->name);
-            if (d->memory) fprintf(o, ", memory: %zu", d->memory);
-            if (d->threads) fprintf(o, ", threads: %d", d->threads);
+            /* a device's own value only where it is not the pipeline's
+             * (each device takes that by default): one written on every
+             * device would outlast a later --set pipeline.memory */
+            char sz[32];
+            if (d->memory && d->memory != pc->memory)
+                fprintf(o, ", memory: %s", yaml_size(d->memory, sz, sizeof sz));
+            if (d->threads && d->threads != pc->threads) fprintf(o, ", threads: %d", d->threads);
             fputc('}', o);
         }
         if (rows > 1) fputc(']', o);
@@ -112,7 +127,8 @@ static gp_status write_config(const char *out_path, const gp_config *cfg, const 
             gp_schedule_kind_name(pc->schedule));
     if (v > 1) fprintf(o, "  virtual: %d\n", v);
     if (pc->threads) fprintf(o, "  threads: %d\n", pc->threads);
-    if (pc->memory) fprintf(o, "  memory: %zu\n", pc->memory);
+    char sz[32];
+    if (pc->memory) fprintf(o, "  memory: %s\n", yaml_size(pc->memory, sz, sizeof sz));
     if (pc->replicas > 1) fprintf(o, "  replicas: %d\n", pc->replicas);
     if (fclose(o) != 0) return gp_error_set(GP_ERR_IO, "writing '%s' failed", out_path);
     gp_config check;
