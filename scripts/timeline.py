@@ -858,9 +858,11 @@ def _unexpected(e):
     return "%s: %s%s" % (type(e).__name__, e, at)
 
 
-def check_output(path):
+def check_output(path, alone=""):
     """Before any work: matplotlib is there, knows the picture format, and
-    the path can be written (a file created to find out is removed)."""
+    the path can be written (a file created to find out is removed).
+    alone: how to get the numbers without a picture, said when matplotlib
+    is missing."""
     what = "-o %s" % path
     try:
         import matplotlib
@@ -868,7 +870,7 @@ def check_output(path):
         from matplotlib.backend_bases import FigureCanvasBase
     except ImportError as e:
         raise TraceError(what, "cannot draw: %s; run with Debian's /usr/bin/python3 and its "
-                         "python3-matplotlib (scripts/install-deps.sh)" % e)
+                         "python3-matplotlib (scripts/install-deps.sh)%s" % (e, alone))
     ext = os.path.splitext(path)[1][1:].lower()
     formats = FigureCanvasBase.get_supported_filetypes()
     if ext and ext not in formats:
@@ -968,6 +970,8 @@ def main(argv=None):
     p.add_argument("a")
     p.add_argument("b")
     p.add_argument("-o", "--output", default="compare.png")
+    p.add_argument("--no-plot", action="store_true",
+                   help="the table alone, no picture (needs no matplotlib)")
     p.add_argument("--steps", help="steps summarised (default: all recorded)")
     p.add_argument("--plot-steps", help="steps drawn (default: each trace's first)")
     p.add_argument("--size", help="WIDTHxHEIGHT pixels")
@@ -982,7 +986,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.cmd == "merge":
         n = merge(args.output, args.traces)
-        print("wrote %s: %d events from %d traces" % (args.output, n, len(args.traces)))
+        print("wrote %s: %d events from %d trace%s" % (args.output, n, len(args.traces),
+                                                        "" if len(args.traces) == 1 else "s"))
         return 0
     steps = parse_steps("--steps", args.steps)
 
@@ -1003,12 +1008,15 @@ def main(argv=None):
         return 0
     # compare
     plot_steps = parse_steps("--plot-steps", args.plot_steps)
-    check_output(args.output)
+    if not args.no_plot:
+        check_output(args.output, ", or give --no-plot for the table alone")
     ta, tb = load(args.a), load(args.b)
     ma, mb = metrics(select_steps(ta, steps)), metrics(select_steps(tb, steps))
+    print_compare(ma, mb)
+    if args.no_plot:
+        return 0
     pa = select_steps(ta, plot_steps or first_step(ta))
     pb = select_steps(tb, plot_steps or first_step(tb))
-    print_compare(ma, mb)
     save([pa, pb], ["A: " + title_of(pa, metrics(pa)), "B: " + title_of(pb, metrics(pb))],
          args.output, size or default_size([pa, pb]))
     print("wrote %s" % args.output)

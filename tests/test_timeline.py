@@ -421,6 +421,20 @@ def test_compare(tmp, lockstep_trace):
     if os.path.exists(png2):
         check(T.png_size(png2) == (1200, 120 + 60 * 2 + 45 * 4),
               "default compare PNG size %s" % (T.png_size(png2),))
+    # --no-plot: the table alone, also where matplotlib cannot be imported
+    # (pyenv's python3), whose error says so
+    no_mpl = ("import runpy, sys; sys.modules['matplotlib'] = None; sys.argv = sys.argv[1:]; "
+              "runpy.run_path(sys.argv[0], run_name='__main__')")
+    unplotted = os.path.join(tmp, "never.png")
+    r = subprocess.run([sys.executable, "-c", no_mpl, SCRIPT, "compare", lockstep_trace,
+                        free_trace, "--no-plot", "-o", unplotted], capture_output=True, text=True)
+    check(r.returncode == 0 and "B/A" in r.stdout and "bubble fraction" in r.stdout and
+          not os.path.exists(unplotted), "compare --no-plot without matplotlib: %d %s %s"
+          % (r.returncode, r.stdout[-300:], r.stderr))
+    r = subprocess.run([sys.executable, "-c", no_mpl, SCRIPT, "compare", lockstep_trace,
+                        free_trace, "-o", unplotted], capture_output=True, text=True)
+    check(r.returncode == 2 and "cannot draw" in r.stderr and "--no-plot" in r.stderr,
+          "compare without matplotlib names --no-plot: %d %s" % (r.returncode, r.stderr))
     png3 = os.path.join(tmp, "one.png")
     r = subprocess.run([sys.executable, SCRIPT, "gantt", free_trace, "-o", png3, "--steps", "2:3",
                         "--size", "800x300"], capture_output=True, text=True)
