@@ -18,6 +18,11 @@
  *     gp_layer_backward layer by layer), and the output, input gradient and
  *     parameter gradients are bit for bit the oracle's, kept, checkpointed
  *     and recomputed, and in evaluation;
+ *   - in-place activated instance norm (gp_layer_specs_link): a U-Net
+ *     unit's relu runs in place over its norm's output and the
+ *     convolution's output is kept by nobody; the bytes a kept forward
+ *     holds, and bit for bit the oracle's output and gradients, kept,
+ *     recomputed and with a stage boundary between the norm and its relu;
  *   - a non-finite loss is an error that says what to do.
  */
 #include "checkpoint/checkpoint.h"
@@ -701,6 +706,203 @@ static void residual_fused(void)
     gp_device_close(dev);
 }
 
+/* ---- in-place activated instance norm ----------------------------------------- */
+
+/* Two U-Net units, conv (no bias), dropout2d, instance_norm, leaky_relu,
+ * with the specs linked (gp_layer_specs_link): each relu runs in place over
+ * its norm's output (the norm's backward reads the relu's output), each
+ * dropout2d over its convolution's, and the convolutions' outputs are kept
+ * by nobody (gp_layers_unkept: the norm never reads its input).  A kept
+ * forward holds exactly the oracle's bytes less the in-place and unkept
+ * outputs; kept, checkpointed and recomputed, and cut into two stages
+ * between the first norm and its relu (the norm then reads its own output,
+ * its stage's output), the output, input gradient and weight gradients are
+ * bit for bit those of the layers run one by one out of place (where every
+ * norm reads its own output). */
+enum { NL = 8 };
+
+static void nl_build(gp_device *dev, gp_layer *layers)
+{
+    static const gp_layer_type t[4] = {GP_LAYER_CONV2D, GP_LAYER_DROPOUT2D,
+                                       GP_LAYER_INSTANCE_NORM, GP_LAYER_LEAKY_RELU};
+    gp_layer_spec sp[NL];
+    for (int k = 0; k < NL; k++) {
+        sp[k] = gp_layer_spec_default(t[k % 4]);
+        if (t[k % 4] == GP_LAYER_CONV2D) {
+            sp[k].out = 4;
+            sp[k].kernel = gp_hw_square(3);
+            sp[k].padding = gp_hw_square(1);
+            sp[k].bias = false;
+        }
+        if (t[k % 4] == GP_LAYER_DROPOUT2D) sp[k].p = 0.3f;
+    }
+    gp_layer_specs_link(sp, NL);
+    CHECK(sp[2].leaky_after == 0.01f && sp[6].leaky_after == 0.01f);
+    gp_shape in = gp_shape_4d(1, 3, 6, 6);
+    for (int k = 0; k < NL; k++) {
+        CHECK_OK(gp_layer_create(&sp[k], k, &in, dev, 13, &layers[k]));
+        in = layers[k].out_shape;
+    }
+}
+
+/* The oracle, out of place; returns the bytes its forward keeps. */
+static size_t nl_oracle(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *in,
+                        const gp_tensor *dy, gp_tensor *out, gp_tensor *dx)
+{
+    gp_tensor act[NL + 1];
+    gp_saved sv[NL];
+    size_t kept = 0;
+    act[0] = *in;
+    act[0].owned = false;
+    for (int c = 0; c < NL; c++) {
+        sv[c] = (gp_saved){0};
+        act[c + 1] = (gp_tensor){0};
+        CHECK_OK(gp_layer_forward(&l[c], ctx, &act[c], &act[c + 1], &sv[c]));
+        kept += gp_tensor_bytes(&act[c + 1]) + gp_saved_bytes(&sv[c]);
+    }
+    gp_shape ys = gp_tensor_shape(&act[NL]);
+    CHECK_OK(gp_tensor_alloc(out, in->dev, &ys, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_tensor_copy(out, &act[NL]));
+    gp_tensor g;
+    CHECK_OK(gp_tensor_alloc(&g, in->dev, &ys, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_tensor_copy(&g, dy));
+    for (int c = NL - 1; c >= 0; c--) {
+        gp_tensor d = {0};
+        CHECK_OK(gp_layer_backward(&l[c], ctx, &act[c], &act[c + 1], &g, &d, &sv[c]));
+        gp_tensor_free(&g);
+        g = d;
+        gp_saved_free(&sv[c]);
+    }
+    for (int c = 1; c <= NL; c++) gp_tensor_free(&act[c]);
+    *dx = g;
+    return kept;
+}
+
+/* Layers [first, first + count) as one stage from a copy of `in`: forward
+ * (kept, or checkpointed and recomputed), output into *out; then backward
+ * from a copy of dy, input gradient into *dx.  Returns the bytes the
+ * stash held after its forward (recompute) beyond its input. */
+static size_t nl_stage_fwd(gp_layer *l, int count, const gp_fwd_ctx *ctx, const gp_tensor *in,
+                           bool ckpt, gp_stash *a, gp_tensor *out)
+{
+    gp_shape xs = gp_tensor_shape(in);
+    CHECK_OK(gp_stash_init(a, count, NULL, 0));
+    CHECK_OK(gp_tensor_alloc(&a->in, in->dev, &xs, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_tensor_copy(&a->in, in));
+    int bad = -1;
+    CHECK_OK(gp_ckpt_forward(l, ctx, ckpt ? GP_FWD_INPUT : GP_FWD_KEEP, a, &bad));
+    gp_shape ys = gp_tensor_shape(&a->out);
+    CHECK_OK(gp_tensor_alloc(out, in->dev, &ys, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_tensor_copy(out, &a->out));
+    if (ckpt) CHECK_OK(gp_ckpt_recompute(l, ctx, a, &bad));
+    return gp_stash_bytes(a) - gp_tensor_bytes(&a->in);
+}
+
+static void nl_stage_bwd(gp_layer *l, const gp_fwd_ctx *ctx, gp_stash *a, const gp_tensor *dy,
+                         gp_tensor *dx)
+{
+    gp_shape ys = gp_tensor_shape(dy);
+    gp_tensor g;
+    CHECK_OK(gp_tensor_alloc(&g, dy->dev, &ys, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_tensor_copy(&g, dy));
+    int bad = -1;
+    *dx = (gp_tensor){0};
+    CHECK_OK(gp_ckpt_backward(l, ctx, a, &g, 0, dx, &bad));
+    gp_stash_release(a);
+    gp_stash_destroy(a);
+}
+
+static void norm_leaky(void)
+{
+    gp_device_opts o = {.threads = 1};
+    gp_device *dev;
+    CHECK_OK(gp_device_open("cpu:0", &o, &dev));
+    gp_layer ref[NL], run[NL];
+    nl_build(dev, ref);
+    nl_build(dev, run);
+    bool ip[NL], uk[NL];
+    gp_layers_inplace(run, NL, ip);
+    gp_layers_unkept(run, NL, ip, uk);
+    for (int c = 0; c < NL; c++)
+        CHECK_MSG(ip[c] == (c % 2 == 1) && uk[c] == (c % 4 == 0),
+                  "layer %d (%s): in place %d, unkept %d", c,
+                  gp_layer_type_name(run[c].spec.type), ip[c], uk[c]);
+    /* unlinked, the norm's backward reads its input: the convolution's
+     * output is kept (the relu still runs in place: that norm ignores y) */
+    for (int c = 0; c < NL; c++) run[c].spec.leaky_after = 0.0f;
+    gp_layers_inplace(run, NL, ip);
+    gp_layers_unkept(run, NL, ip, uk);
+    for (int c = 0; c < NL; c++)
+        CHECK_MSG(ip[c] == (c % 2 == 1) && !uk[c], "unlinked, layer %d: in place %d, unkept %d",
+                  c, ip[c], uk[c]);
+    for (int c = 2; c < NL; c += 4) run[c].spec.leaky_after = 0.01f;
+
+    gp_fwd_ctx ctx = {.training = true, .seed = 8, .step = 2, .batch_total = 2};
+    gp_shape xs = gp_shape_4d(2, 3, 6, 6), ys = gp_shape_4d(2, 4, 6, 6);
+    float h[288];
+    gp_rng_uniform_fill(4, 1, 0, h, 288);
+    for (int q = 0; q < 288; q++) h[q] = 2 * h[q] - 1;
+    gp_tensor in, dy, out_ref, dx_ref;
+    CHECK_OK(gp_tensor_alloc(&in, dev, &xs, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_dev_upload(dev, in.data, h, 216));
+    CHECK_OK(gp_tensor_alloc(&dy, dev, &ys, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_dev_upload(dev, dy.data, h, 288));
+    for (int k = 0; k < NL; k++) gp_layer_grads_begin(&ref[k]);
+    size_t oracle_kept = nl_oracle(ref, &ctx, &in, &dy, &out_ref, &dx_ref);
+    /* what a stage does not keep: the four in-place outputs (each the
+     * memory before it) and the two convolutions' */
+    size_t spared = 6 * (size_t)gp_shape_numel(&ys) * sizeof(float);
+
+    for (int mode = 0; mode < 3; mode++) { /* kept; checkpointed; two stages */
+        for (int k = 0; k < NL; k++) gp_layer_grads_begin(&run[k]);
+        gp_stash a, b;
+        gp_tensor out = {0}, mid = {0}, dmid = {0}, dx = {0};
+        if (mode < 2) {
+            size_t held = nl_stage_fwd(run, NL, &ctx, &in, mode == 1, &a, &out);
+            /* recomputed, the output it handed on is held besides */
+            if (mode == 1) held -= gp_tensor_bytes(&out);
+            CHECK_MSG(held + spared == oracle_kept,
+                      "mode %d: the stage holds %zu bytes; out of place %zu, less %zu", mode,
+                      held, oracle_kept, spared);
+            CHECK_MSG(run[2].leaky_inplace && run[6].leaky_inplace,
+                      "mode %d: the relus did not run in place", mode);
+            nl_stage_bwd(run, &ctx, &a, &dy, &dx);
+        } else {
+            /* [conv, dropout2d, norm] | [relu, conv, dropout2d, norm, relu] */
+            nl_stage_fwd(run, 3, &ctx, &in, true, &a, &mid);
+            CHECK(!run[2].leaky_inplace);
+            nl_stage_fwd(run + 3, NL - 3, &ctx, &mid, true, &b, &out);
+            CHECK(run[6].leaky_inplace);
+            nl_stage_bwd(run + 3, &ctx, &b, &dy, &dmid);
+            nl_stage_bwd(run, &ctx, &a, &dmid, &dx);
+        }
+        CHECK_MSG(same(&out, &out_ref), "mode %d: the output differs", mode);
+        CHECK_MSG(dx.data && same(&dx, &dx_ref), "mode %d: the input gradient differs", mode);
+        CHECK_MSG(same_grads(run, ref, NL, "linked norms") == 2, "mode %d: weight gradients",
+                  mode);
+        for (int k = 0; k < NL; k++) gp_layer_grads_begin(&ref[k]);
+        gp_tensor_free(&out_ref);
+        gp_tensor_free(&dx_ref);
+        nl_oracle(ref, &ctx, &in, &dy, &out_ref, &dx_ref); /* same_grads finished it */
+        gp_tensor_free(&out);
+        gp_tensor_free(&mid);
+        gp_tensor_free(&dmid);
+        gp_tensor_free(&dx);
+    }
+    gp_tensor_free(&out_ref);
+    gp_tensor_free(&dx_ref);
+    gp_tensor_free(&dy);
+    gp_tensor_free(&in);
+    CHECK_MSG(dev->alloc.cur_by[GP_MEM_ACTIVATIONS] == 0,
+              "%zu activation bytes left after the linked-norm runs",
+              (size_t)dev->alloc.cur_by[GP_MEM_ACTIVATIONS]);
+    for (int k = 0; k < NL; k++) {
+        gp_layer_destroy(&ref[k]);
+        gp_layer_destroy(&run[k]);
+    }
+    gp_device_close(dev);
+}
+
 int main(void)
 {
     policy();
@@ -708,6 +910,7 @@ int main(void)
     residual_fused();
     replay();
     inplace();
+    norm_leaky();
     bad_loss();
     return gpt_finish("test_checkpoint");
 }

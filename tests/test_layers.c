@@ -484,6 +484,15 @@ static void test_all_layers(gp_device *dev)
     cases[n] = (layer_case){spec_of(GP_LAYER_INSTANCE_NORM), gp_shape_4d(2, 3, 1, 4), X_SYM,
                             false, smooth};
     cases[n++].spec.eps = 1e-3f;
+    /* instance norm linked to the leaky relu after it (spec.leaky_after,
+     * gp_layer_specs_link): its backward from its own output, through the
+     * relu and back, never its input (the in-place form: test_checkpoint) */
+    cases[n] = (layer_case){spec_of(GP_LAYER_INSTANCE_NORM), img, X_SYM, false, smooth};
+    cases[n++].spec.leaky_after = 0.01f;
+    cases[n] = (layer_case){spec_of(GP_LAYER_INSTANCE_NORM), gp_shape_4d(2, 3, 2, 4), X_SYM,
+                            false, smooth};
+    cases[n].spec.leaky_after = 0.3f;
+    cases[n++].spec.eps = 1e-3f;
     cases[n++] = (layer_case){spec_of(GP_LAYER_UPSAMPLE), img, X_SYM, false, smooth};
     cases[n] = (layer_case){spec_of(GP_LAYER_UPSAMPLE), gp_shape_4d(2, 3, 4, 5), X_SYM, false,
                             smooth};
@@ -823,6 +832,8 @@ static void test_instance_norm(gp_device *dev)
         for (int64_t j = 0; j < S; j++)
             xh[q * S + j] = (float)(q - 7) * 3.0f + (0.5f + (float)q * 0.2f) * hrng_sym(&rng);
     gp_tensor x = gpt_upload(dev, &in, xh);
+    float *xh2 = malloc((size_t)nx * sizeof *xh2);
+    memcpy(xh2, xh, (size_t)nx * sizeof *xh2);
     gp_fwd_ctx ctx = train_ctx();
     gp_tensor y = {0};
     gp_saved sv = {0};
@@ -866,6 +877,50 @@ static void test_instance_norm(gp_device *dev)
     free(ev); free(full); free(mean); free(var); free(xh);
     gp_saved_free(&sv);
     gp_tensor_free(&y);
+
+    /* linked to a leaky relu (spec.leaky_after): the backward reads y or
+     * the relu's z over it, not x.  From y and from z (what the relu wrote
+     * over y in place) the same bits; x overwritten with NaN changes
+     * nothing; and the unlinked backward (from x) agrees to float
+     * rounding, the recovered y' being within an ulp of y */
+    for (int k = 0; k < 2; k++) {
+        float slope = k ? 0.2f : 0.01f;
+        gp_layer_spec ls = sp;
+        ls.leaky_after = slope;
+        gp_layer ll;
+        CHECK_OK(gp_layer_create(&ls, 0, &in, dev, 1, &ll));
+        gp_tensor ly = {0}, g1 = {0}, g2 = {0}, g0 = {0}, z = {0};
+        gp_saved s1 = {0}, s0 = {0};
+        CHECK_OK(gp_layer_forward(&ll, &ctx, &x, &ly, &s1));
+        float *dyh = malloc((size_t)nx * sizeof *dyh);
+        for (int64_t i = 0; i < nx; i++) dyh[i] = (float)hrng_sym(&rng);
+        gp_tensor dy = gpt_upload(dev, &in, dyh);
+        CHECK_OK(gp_layer_backward(&l, &ctx, &x, &ly, &dy, &g0, &s1)); /* from x */
+        CHECK_OK(gp_layer_backward(&ll, &ctx, &x, &ly, &dy, &g1, &s1)); /* from y */
+        CHECK_OK(gp_tensor_zeros(&z, dev, &in, GP_MEM_ACTIVATIONS));
+        CHECK_OK(gp_dev_leaky_relu_fwd(dev, ly.data, z.data, nx, slope));
+        CHECK_OK(gp_dev_fill(dev, x.data, NAN, nx));
+        ll.leaky_inplace = true;
+        CHECK_OK(gp_layer_backward(&ll, &ctx, &x, &z, &dy, &g2, &s1)); /* from z */
+        float *a0 = gpt_download(&g0), *a1 = gpt_download(&g1), *a2 = gpt_download(&g2);
+        CHECK_MSG(!memcmp(a1, a2, (size_t)nx * sizeof *a1),
+                  "slope %g: the linked backward from y and from z differ", (double)slope);
+        double err = 0, big = 0;
+        for (int64_t i = 0; i < nx; i++) {
+            err = fmax(err, fabs((double)a1[i] - a0[i]));
+            big = fmax(big, fabs((double)a0[i]));
+        }
+        CHECK_MSG(err <= 1e-5 * big && isfinite(err) && big > 0,
+                  "slope %g: linked backward %.3g from the unlinked one (max %.3g)",
+                  (double)slope, err, big);
+        CHECK_OK(gp_dev_upload(dev, x.data, xh2, nx)); /* x back for the next slope */
+        free(a0); free(a1); free(a2); free(dyh);
+        gp_tensor_free(&dy); gp_tensor_free(&g0); gp_tensor_free(&g1); gp_tensor_free(&g2);
+        gp_tensor_free(&z); gp_tensor_free(&ly);
+        gp_saved_free(&s1); gp_saved_free(&s0);
+        gp_layer_destroy(&ll);
+    }
+    free(xh2);
     gp_tensor_free(&x);
     gp_layer_destroy(&l);
 }

@@ -22,7 +22,8 @@
  *     half the range (a double-precision reference), the same for the
  *     same seed, and the loader crops and flips a mask with its image;
  *   - transparency: U-Net (depth 2, 2 convs, base 8) at 32x32 with BCE on 1,
- *     2 and 3 stages whose boundaries the skips cross, m in {1, 4}, every
+ *     2 and 3 stages whose boundaries the skips cross (one between an
+ *     instance norm and its leaky relu), m in {1, 4}, every
  *     checkpoint mode (and 1F1B, ZB-H1): per-step losses, the first step's
  *     gradients and the parameters after 3 steps equal the single-device
  *     run's bit for bit; 2 replicas x 2 stages give its parameters within
@@ -416,9 +417,14 @@ static void transparency(int n, int m, gp_checkpoint_mode ck, gp_schedule_kind k
         CHECK_MSG(0, "config: %s", gp_last_error());
         return;
     }
-    /* 2 stages: both skips cross the boundary after layer 24; 3 stages:
-     * encoder_0 crosses both (after 9 and 24), encoder_1 the second */
-    static const int b1[1] = {49}, b2[2] = {25, 24}, b3[3] = {10, 15, 24};
+    /* 2 stages: both skips cross the boundary after layer 24 (a
+     * convolution, before its dropout2d); 3 stages: encoder_0 crosses both
+     * (after 9 and 26), encoder_1 the second, which falls between an
+     * instance norm and its leaky relu (the norm reads its own output
+     * there, the relu's in place over it elsewhere: the same bits) */
+    static const int b1[1] = {49}, b2[2] = {25, 24}, b3[3] = {10, 17, 22};
+    CHECK(c.model.layers[26].type == GP_LAYER_INSTANCE_NORM &&
+          c.model.layers[26].leaky_after == 0.01f && c.model.layers[27].leaky_after == 0.0f);
     const int *bal = n == 1 ? b1 : n == 2 ? b2 : b3;
     c.pipeline.chunks = m;
     c.pipeline.checkpoint = ck;

@@ -111,8 +111,10 @@
  *  24  adam_multi (Adam and AdamW), gp_update_part.v2
  *  25  xent and xent_dev take the label smoothing
  *  26  sumsq_multi (gradient clipping's squared norms: one host wait per
- *      stage instead of one per tensor) */
-#define GP_DEVICE_IFACE_VERSION 26
+ *      stage instead of one per tensor)
+ *  27  norm_leaky_bwd (instance norm's backward from its output, or from
+ *      the leaky relu's output in place over it: in-place activated norm) */
+#define GP_DEVICE_IFACE_VERSION 27
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -760,6 +762,22 @@ typedef struct gp_device_iface {
      * NULL).  NULL: gp_dev_sumsq_multi calls sumsq n times. */
     gp_status (*sumsq_multi)(gp_device *dev, const float *const *xs, const int64_t *ns, int n,
                              double *out);
+    /* norm_leaky_bwd: the backward of a norm without affine parameters
+     * (bn_fwd_train's with gamma and beta NULL; instance norm as d = {1,
+     * N*C, H*W}, plain layout) whose output y went through a leaky relu of
+     * `slope` > 0, from that relu's output z = gp_ew_leaky_relu(y, slope)
+     * (from_z) or from y itself, never from the norm's input: with
+     * y' = gp_ew_leaky_relu_inv(z, slope) (z recomputed from y first when
+     * !from_z, so both give the same bits) and inv = 1 / sqrt(var + eps),
+     *   dx = inv (dy - sum(dy) / S - y' sum(dy y') / S)   (dx =)
+     * per channel of S values, dy the gradient at the norm's output (the
+     * relu's backward done already).  var is bn_fwd_train's.  So the relu
+     * may run in place over the norm's output and the norm's input need
+     * not be kept (InPlace-ABN's trick; layers/unet.c).  NULL: the layer
+     * keeps its input and runs bn_bwd. */
+    gp_status (*norm_leaky_bwd)(gp_device *dev, const gp_bn_desc *d, const float *yz,
+                                bool from_z, float slope, const float *var, const float *dy,
+                                float *dx);
 } gp_device_iface;
 
 #define GP_CHAN_ID_BYTES 256
@@ -1218,6 +1236,11 @@ gp_status gp_dev_leaky_relu_bwd(gp_device *dev, const float *y, const float *dy,
                                 int64_t n, float slope);
 gp_status gp_dev_mul_rows(gp_device *dev, const float *x, const float *s, float *y,
                           int64_t rows, int64_t cols);
+/* backend.h's norm_leaky_bwd; GP_ERR_UNSUPPORTED where the backend has
+ * none (gp_dev_has_norm_leaky_bwd says which). */
+bool gp_dev_has_norm_leaky_bwd(const gp_device *dev);
+gp_status gp_dev_norm_leaky_bwd(gp_device *dev, const gp_bn_desc *d, const float *yz, bool from_z,
+                                float slope, const float *var, const float *dy, float *dx);
 gp_status gp_dev_upsample_fwd(gp_device *dev, const float *x, float *y, int64_t n, int64_t c,
                               int64_t h, int64_t w, int64_t scale);
 gp_status gp_dev_upsample_bwd(gp_device *dev, const float *dy, float *dx, int64_t n, int64_t c,

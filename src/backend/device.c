@@ -619,6 +619,24 @@ gp_status gp_dev_leaky_relu_bwd(gp_device *dev, const float *y, const float *dy,
     return n > 0 ? dev->iface->leaky_relu_bwd(dev, y, dy, dx, n, slope) : GP_OK;
 }
 
+bool gp_dev_has_norm_leaky_bwd(const gp_device *dev)
+{
+    return dev->iface->norm_leaky_bwd != NULL;
+}
+
+gp_status gp_dev_norm_leaky_bwd(gp_device *dev, const gp_bn_desc *d, const float *yz, bool from_z,
+                                float slope, const float *var, const float *dy, float *dx)
+{
+    if (!dev->iface->norm_leaky_bwd) return no_unet_op(dev, "norm_leaky_bwd", "instance_norm");
+    if (!(slope > 0.0f) || d->blk || d->relu || d->add)
+        return gp_error_set(GP_ERR_INVALID,
+                            "device %s: norm_leaky_bwd takes a plain norm without relu or add "
+                            "and a slope > 0 (got slope %g)", dev->name, (double)slope);
+    return d->n * d->c * d->s > 0
+               ? dev->iface->norm_leaky_bwd(dev, d, yz, from_z, slope, var, dy, dx)
+               : GP_OK;
+}
+
 gp_status gp_dev_mul_rows(gp_device *dev, const float *x, const float *s, float *y,
                           int64_t rows, int64_t cols)
 {

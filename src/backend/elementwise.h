@@ -61,6 +61,18 @@ GP_EW_FN float gp_ew_leaky_relu_bwd(float y, float dy, float slope)
     return pos + slope * neg;
 }
 
+/* The normalised value y under leaky_relu's output z = gp_ew_leaky_relu(y,
+ * slope), slope > 0: z where z > 0, else z / slope (in-place activated
+ * instance norm, issue 22: the norm's backward reads z, which the relu
+ * wrote over y, as InPlace-ABN does).  Within an ulp of y where y <= 0,
+ * and a function of z alone, so a norm that still has y gets the same bits
+ * by computing gp_ew_leaky_relu_inv(gp_ew_leaky_relu(y, slope), slope). */
+GP_EW_FN float gp_ew_leaky_relu_inv(float z, float slope)
+{
+    float pos = z > 0.0f ? z : 0.0f, neg = z > 0.0f ? 0.0f : z;
+    return pos + neg / slope;
+}
+
 GP_EW_FN int gp_ew_nonfinite(float x) { return !isfinite(x); }
 
 /* ---- optimizer ---------------------------------------------------------- */
@@ -207,6 +219,25 @@ GP_EW_FN float gp_ew_bn_invstd(float var, float eps)
 GP_EW_FN float gp_ew_bn_biased_var(float unbiased, double cnt)
 {
     return cnt > 1.0 ? (float)((double)unbiased * ((cnt - 1.0) / cnt)) : 0.0f;
+}
+
+/* norm_leaky_bwd's coefficients (backend.h) from a channel's sums
+ * sdy = sum dy and sdyy = sum dy y' over cnt values: dx = a dy + b y' + c
+ * with a = inv, b = -inv sdyy / cnt, c = -inv sdy / cnt. */
+GP_EW_FN void gp_ew_norm_leaky_coeffs(float var, float eps, double sdy, double sdyy, double cnt,
+                                      float *a, float *b, float *c)
+{
+    double inv = 1.0 / sqrt((double)var + (double)eps);
+    *a = (float)inv;
+    *b = (float)(-inv * sdyy / cnt);
+    *c = (float)(-inv * sdy / cnt);
+}
+
+/* norm_leaky_bwd's y' from what it reads: the relu's output z, or the
+ * norm's output y through the relu and back (the same bits as from z). */
+GP_EW_FN float gp_ew_norm_leaky_y(float v, int from_z, float slope)
+{
+    return gp_ew_leaky_relu_inv(from_z ? v : gp_ew_leaky_relu(v, slope), slope);
 }
 
 GP_EW_FN float gp_ew_bn_bwd_apply(float dy, float x, float mean, float a, float b,

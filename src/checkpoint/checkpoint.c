@@ -175,6 +175,7 @@ static gp_status run_forward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_fwd_kee
     gp_layers_inplace(layers, s->count, s->inplace);
     gp_layers_unkept(layers, s->count, s->inplace, s->unkept);
     gp_layers_relu_fused(layers, s->count, s->inplace, s->fused);
+    gp_layers_norm_leaky(layers, s->count, s->inplace);
     gp_status st = GP_OK;
     for (int c = 0; c < s->count; c++) {
         gp_tensor x[1 + GP_MAX_POPS];
@@ -198,12 +199,18 @@ static gp_status run_forward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_fwd_kee
         int t = stash_of(s, c);
         gp_skip_role role = t >= 0 ? gp_stash_skip_role(s, t) : GP_SKIP_APART;
         if (keep) {
-            if (c >= 1 && s->unkept[c - 1]) { /* layer c - 1's output: its shape only */
-                gp_tensor shape = s->acts[c];
-                gp_tensor_free(&s->acts[c]);
-                shape.data = NULL;
-                shape.owned = false;
-                s->acts[c] = shape;
+            /* the memory c read, made by layer o and overwritten in place
+             * by o + 1 .. c - 1: unkept, its shapes only */
+            int o = c - 1;
+            while (o >= 1 && s->inplace[o]) o--;
+            if (c >= 1 && !ip && s->unkept[o]) {
+                gp_tensor shape = s->acts[o + 1];
+                gp_tensor_free(&s->acts[o + 1]);
+                s->acts[o + 1] = shape;
+                for (int k = o + 1; k <= c; k++) {
+                    s->acts[k].data = NULL;
+                    s->acts[k].owned = false;
+                }
             }
             s->saved[c] = sv;
             if (role == GP_SKIP_LEAVES && !recompute) {

@@ -367,6 +367,7 @@ gp_status gp_cfg_parse_model(gp_cfg_walk *w, const gp_ynode *root, gp_model_conf
     gp_skip_map map;
     GP_TRY(gp_skip_map_build(mc->layers, mc->n_layers, &map));
     gp_skip_map_free(&map);
+    gp_layer_specs_link(mc->layers, mc->n_layers); /* in-place activated instance norm */
     for (int i = 0; i < mc->n_layers && !family; i++) {
         if (!mc->layers[i].name[0]) continue;
         for (int j = 0; j < i; j++) {

@@ -614,6 +614,39 @@ gp_status gp_layer_forward_inplace(gp_layer *l, const gp_fwd_ctx *ctx, const gp_
     return st;
 }
 
+void gp_layer_specs_link(gp_layer_spec *specs, int count)
+{
+    for (int k = 0; k < count; k++) {
+        if (specs[k].type != GP_LAYER_INSTANCE_NORM) continue;
+        const gp_layer_spec *n = k + 1 < count ? &specs[k + 1] : NULL;
+        specs[k].leaky_after =
+            n && n->type == GP_LAYER_LEAKY_RELU && n->slope > 0.0f && isfinite(n->slope)
+                ? n->slope
+                : 0.0f;
+    }
+}
+
+/* An instance norm whose backward reads its output (or the leaky relu's in
+ * place over it), never its input (gp_layer_specs_link). */
+static bool norm_leaky(const gp_layer_spec *s)
+{
+    return s->type == GP_LAYER_INSTANCE_NORM && s->leaky_after > 0.0f;
+}
+
+/* Whether a layer's backward reads the values of its output y / of its main
+ * input x: its type's rule, but for the linked instance norm. */
+static bool ignores_y(const gp_layer_spec *s)
+{
+    const gp_layer_ops *o = gp_layer_ops_for(s->type);
+    return o && o->bwd_ignores_y && !norm_leaky(s);
+}
+
+static bool ignores_x(const gp_layer_spec *s)
+{
+    const gp_layer_ops *o = gp_layer_ops_for(s->type);
+    return o && (o->bwd_ignores_x || norm_leaky(s));
+}
+
 /* The rule over specs `stride` bytes apart (an array of specs, or the
  * specs inside an array of layers). */
 static void inplace_rule(const char *spec0, size_t stride, int count, bool *inplace)
@@ -625,9 +658,12 @@ static void inplace_rule(const char *spec0, size_t stride, int count, bool *inpl
         /* every earlier layer whose output shares the memory: c - 1, and
          * back through the in-place ones to the one that allocated it */
         for (int k = c - 1; ok && k >= 0; k--) {
-            const gp_layer_ops *p = gp_layer_ops_for(SPEC(k)->type);
             if (SPEC(k)->stash[0]) ok = false;
-            if (ops->inplace == GP_INPLACE_VALUES && !(p && p->bwd_ignores_y)) ok = false;
+            /* the linked norm reads the leaky relu's output in place of its own */
+            bool over_norm = k == c - 1 && norm_leaky(SPEC(k)) &&
+                             SPEC(c)->type == GP_LAYER_LEAKY_RELU &&
+                             SPEC(c)->slope == SPEC(k)->leaky_after;
+            if (ops->inplace == GP_INPLACE_VALUES && !ignores_y(SPEC(k)) && !over_norm) ok = false;
             if (!inplace[k]) break;
         }
         inplace[c] = ok;
@@ -696,14 +732,29 @@ static void unkept_rule(const char *spec0, size_t stride, int count, const bool 
                         bool *unkept)
 {
 #define SPEC(k) ((const gp_layer_spec *)(const void *)(spec0 + (size_t)(k) * stride))
+    /* Layer c's output memory, and the in-place layers' over it (their
+     * outputs are that memory), is read by no backward when c's does not
+     * read its y, the in-place ones read neither x nor y, and the first
+     * layer after them that runs out of place does not read its x.  Until
+     * 2026-11-25 no in-place layer could be in between: torchgpipe's
+     * U-Net unit conv, dropout2d (in place), instance_norm kept the
+     * convolution's output for a norm that now reads its own. */
     for (int c = 0; c < count; c++) {
         unkept[c] = false;
-        if (c + 1 >= count || inplace[c] || inplace[c + 1] || SPEC(c)->stash[0]) continue;
-        const gp_layer_ops *a = gp_layer_ops_for(SPEC(c)->type);
-        const gp_layer_ops *b = gp_layer_ops_for(SPEC(c + 1)->type);
-        unkept[c] = a && b && a->bwd_ignores_y && b->bwd_ignores_x;
+        if (inplace[c] || SPEC(c)->stash[0] || !ignores_y(SPEC(c))) continue;
+        int r = c + 1;
+        bool ok = true;
+        for (; r < count && inplace[r] && ok; r++)
+            ok = !SPEC(r)->stash[0] && ignores_x(SPEC(r)) && ignores_y(SPEC(r));
+        unkept[c] = ok && r < count && ignores_x(SPEC(r));
     }
 #undef SPEC
+}
+
+void gp_layers_norm_leaky(gp_layer *layers, int count, const bool *inplace)
+{
+    for (int c = 0; c < count; c++)
+        layers[c].leaky_inplace = norm_leaky(&layers[c].spec) && c + 1 < count && inplace[c + 1];
 }
 
 void gp_layers_unkept(const gp_layer *layers, int count, const bool *inplace, bool *unkept)

@@ -139,6 +139,11 @@ typedef struct gp_layer_spec {
     bool sync;            /* batchnorm: synchronise across replicas */
     float p;              /* dropout, dropout2d probability; default 0.5 */
     float slope;          /* leaky_relu negative slope (>= 0); default 0.01 */
+    float leaky_after;    /* instance_norm, derived (gp_layer_specs_link), never
+                             from a config: the slope (> 0) of the leaky_relu
+                             that follows it in the model, whose output its
+                             backward reads (in place over its own output)
+                             instead of its input; 0 = none */
     int64_t scale;        /* upsample factor (>= 1); default 2 */
     bool reduction;       /* amoeba_cell: a reduction cell (stride 2 on its
                              inputs' operations); default false */
@@ -330,6 +335,11 @@ struct gp_layer {
      * relu_done mean the forward only (linear.c): the relu's backward runs
      * and is not handed past. */
     bool relu_after, relu_done;
+    /* instance_norm with spec.leaky_after, in a stage whose forward ran the
+     * leaky relu after it in place over its output (gp_layers_inplace;
+     * set by gp_layers_norm_leaky each forward): its output's memory holds
+     * the relu's output, which its backward reads as such */
+    bool leaky_inplace;
     uint64_t relu_skipped, relu_bwd_skipped;
     /* a batch norm's next forward only: add this (the output's shape and
      * layout) to the normalised value and apply a relu, in the norm's own
@@ -406,9 +416,26 @@ void gp_layers_blocked(gp_layer *layers, int count);
  * 15), but not marked in fused[]: its backward still runs, on its output,
  * since a linear's backward reads no output to mask with. */
 void gp_layers_relu_fused(gp_layer *layers, int count, const bool *inplace, bool *fused);
+/* Set layers[c].leaky_inplace for a stage's forward, from its
+ * gp_layers_inplace. */
+void gp_layers_norm_leaky(gp_layer *layers, int count, const bool *inplace);
 /* The same rule on a whole model's specs (inplace from
  * gp_layer_specs_inplace): which relus cost nothing inside a stage, for the
  * balancer's profile (a stage's first layer is never fused). */
+/* In-place activated instance norm (issue 22; InPlace-ABN's trick): an
+ * instance_norm followed in the model by a leaky_relu of slope > 0 gets
+ * spec.leaky_after = that slope, and from then on its backward reads its
+ * output, or the relu's output in place over it, instead of its input
+ * (backend.h's norm_leaky_bwd, the same bits either way).  So the relu runs
+ * in place over the norm's output (gp_layers_inplace) and the norm's input
+ * is kept by nobody (gp_layers_unkept): in torchgpipe's U-Net unit conv,
+ * dropout2d, instance_norm, leaky_relu a recompute keeps one tensor where
+ * it kept two.  A model-wide property, decided before partitioning, so a
+ * stage boundary between the two changes which tensor the norm reads, not
+ * a bit of the result.  The config loader calls it on every model; sets
+ * or clears the field on every instance_norm. */
+void gp_layer_specs_link(gp_layer_spec *specs, int count);
+
 void gp_layer_specs_relu_fused(const gp_layer_spec *specs, int count, const bool *inplace,
                                bool *fused);
 /* A residual block's own fusions (residual.c: bn1 with its relu, bn2 with

@@ -21,7 +21,18 @@
  *   (1, N*C, H*W) without gamma and beta, so it runs on the backend's
  *   bn_fwd_train / bn_bwd (gp_bn_desc {n = 1, c = N*C, s = H*W}).
  *   gp_saved t[0] = mean (N*C), t[1] = biased variance (N*C).  No parameters
- *   and no running statistics, so nothing to commit.
+ *   and no running statistics, so nothing to commit.  Followed in the model
+ *   by a leaky_relu of slope > 0 (spec.leaky_after, gp_layer_specs_link:
+ *   torchgpipe's U-Net unit, conv -> dropout2d -> instance_norm ->
+ *   leaky_relu), its backward reads its output y, or the relu's output z
+ *   that overwrote y in place (leaky_inplace), and recovers y from z
+ *   (gp_ew_leaky_relu_inv) as InPlace-ABN does, never reading its input:
+ *   dx = inv (dy - mean(dy) - y mean(dy y)).  So a recompute keeps one
+ *   tensor per unit (z) where it kept two (the convolution's output, which
+ *   the dropout overwrites in place, and z), and the bits do not depend on
+ *   whether a stage boundary falls between the norm and the relu (from y
+ *   the relu's rounding is applied and undone the same way).  Recovering
+ *   y from z costs up to an ulp where y < 0, as it does InPlace-ABN.
  * upsample (nn.Upsample(scale_factor=scale), nearest): (N, C, H, W) ->
  *   (N, C, H*scale, W*scale), y[n, c, i, j] = x[n, c, i / scale, j / scale];
  *   backward sums each scale x scale block of dy.  Nothing saved.
@@ -191,6 +202,9 @@ static gp_status instance_norm_backward_data(gp_layer *l, const gp_fwd_ctx *ctx,
     int64_t n = x->dims[0];
     if (n == 0) return GP_OK;
     gp_bn_desc d = instance_desc(l, n);
+    if (l->spec.leaky_after > 0.0f) /* x is not kept: from y, or the relu's z over it */
+        return gp_dev_norm_leaky_bwd(l->dev, &d, y->data, l->leaky_inplace,
+                                     l->spec.leaky_after, s->t[1].data, dy->data, dx->data);
     return gp_dev_bn_bwd(l->dev, &d, x->data, NULL, NULL, s->t[0].data, s->t[1].data, dy->data,
                          dx->data, NULL, NULL);
 }

@@ -401,6 +401,49 @@ gp_status gp_cpu_bn_bwd(gp_device *dev, const gp_bn_desc *d, const float *x,
     return GP_OK;
 }
 
+/* ---- in-place activated instance norm's backward (backend.h's
+ * norm_leaky_bwd): y' from the relu's output (or the norm's), sums in the
+ * lanes' fixed order like the rest of this file ---------------------------- */
+
+GP_CPU_LOOPS
+static void norm_leaky_chan(const gp_bn_desc *d, const float *yz, int from_z, float slope,
+                            float var, const float *dy, float *dx, int64_t c)
+{
+    const int64_t cs = d->c * d->s, S = d->s, o = c * S, sv = S - S % BN_LANES;
+    double a1[BN_LANES] = {0}, a2[BN_LANES] = {0};
+    for (int64_t i = 0; i < d->n; i++) {
+        const float *p = yz + o + i * cs, *q = dy + o + i * cs;
+        for (int64_t j = 0; j < S; j += BN_LANES) {
+            const int cnt = j < sv ? BN_LANES : (int)(S - sv);
+#pragma omp simd
+            for (int l = 0; l < cnt; l++) {
+                double g = (double)q[j + l];
+                a1[l] += g;
+                a2[l] += g * (double)gp_ew_norm_leaky_y(p[j + l], from_z, slope);
+            }
+        }
+    }
+    float ka, kb, kc;
+    gp_ew_norm_leaky_coeffs(var, d->eps, lanes_total(a1), lanes_total(a2), (double)(d->n * S),
+                            &ka, &kb, &kc);
+    for (int64_t i = 0; i < d->n; i++) {
+        const float *p = yz + o + i * cs, *q = dy + o + i * cs;
+        float *r = dx + o + i * cs;
+#pragma omp simd
+        for (int64_t j = 0; j < S; j++)
+            r[j] = ka * q[j] + kb * gp_ew_norm_leaky_y(p[j], from_z, slope) + kc;
+    }
+}
+
+gp_status gp_cpu_norm_leaky_bwd(gp_device *dev, const gp_bn_desc *d, const float *yz,
+                                bool from_z, float slope, const float *var, const float *dy,
+                                float *dx)
+{
+    GP_TRY(gp_bn_desc_check(dev, d));
+    BN_FOR_UNITS(dev, d, c0, { norm_leaky_chan(d, yz, from_z, slope, var[c0], dy, dx, c0); });
+    return GP_OK;
+}
+
 /* ---- the step's statistics, kept on the device (backend.h's bn_merge,
  * bn_commit): C channels, a few hundred at most, so plain loops ------------ */
 

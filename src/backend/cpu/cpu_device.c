@@ -215,6 +215,7 @@ static const gp_device_iface cpu_iface = {
     .sgd_multi = gp_cpu_sgd_multi,
     .adam_multi = gp_cpu_adam_multi,
     .sumsq_multi = gp_cpu_sumsq_multi,
+    .norm_leaky_bwd = gp_cpu_norm_leaky_bwd,
     .dropout_apply = gp_cpu_dropout_apply,
     .bf16_pack = gp_cpu_bf16_pack,
     .bf16_unpack = gp_cpu_bf16_unpack,

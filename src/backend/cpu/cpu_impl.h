@@ -284,6 +284,9 @@ gp_status gp_cpu_bn_fwd_train(gp_device *dev, const gp_bn_desc *d, const float *
 gp_status gp_cpu_bn_fwd_infer(gp_device *dev, const gp_bn_desc *d, const float *x,
                               const float *gamma, const float *beta,
                               const float *mean, const float *var, float *y);
+gp_status gp_cpu_norm_leaky_bwd(gp_device *dev, const gp_bn_desc *d, const float *yz,
+                                bool from_z, float slope, const float *var, const float *dy,
+                                float *dx);
 gp_status gp_cpu_bn_bwd(gp_device *dev, const gp_bn_desc *d, const float *x,
                         const float *gamma, const float *beta, const float *mean,
                         const float *var, const float *dy, float *dx, float *dgamma,

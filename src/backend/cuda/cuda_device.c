@@ -989,6 +989,14 @@ static gp_status cuda_mul_rows(gp_device *dev, const float *x, const float *f, f
     CUDA_OP(dev, gp_cuk_mul_rows(s, x, f, y, rows, cols));
 }
 
+static gp_status cuda_norm_leaky_bwd(gp_device *dev, const gp_bn_desc *d, const float *yz,
+                                     bool from_z, float slope, const float *var, const float *dy,
+                                     float *dx)
+{
+    CUDA_OP(dev, gp_cuk_norm_leaky_bwd(s, yz, from_z, slope, var, d->eps, dy, dx, d->n, d->c,
+                                       d->s));
+}
+
 static gp_status cuda_upsample_fwd(gp_device *dev, const float *x, float *y, int64_t n,
                                    int64_t c, int64_t h, int64_t w, int64_t scale)
 {
@@ -1671,6 +1679,7 @@ static const gp_device_iface cuda_iface = {
     .sgd_multi = cuda_sgd_multi,
     .adam_multi = cuda_adam_multi,
     .sumsq_multi = cuda_sumsq_multi,
+    .norm_leaky_bwd = cuda_norm_leaky_bwd,
     .dropout_apply = cuda_dropout_apply,
     .bf16_pack = cuda_bf16_pack,
     .bf16_unpack = cuda_bf16_unpack,

@@ -609,6 +609,31 @@ __global__ void k_bn_bwd_apply(const float *x, const float *gamma, const float *
     }
 }
 
+/* Channel c of (N, C, S) per block: y' and the sums in double, then dx
+ * (backend.h's norm_leaky_bwd). */
+__global__ void k_norm_leaky_bwd(const float *yz, int from_z, float slope, const float *var,
+                                 float eps, const float *dy, float *dx, int64_t N, int64_t C,
+                                 int64_t S)
+{
+    const int64_t cnt = N * S;
+    for (int64_t c = blockIdx.x; c < C; c += gridDim.x) {
+        double sdy = 0.0, sdyy = 0.0;
+        for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x) {
+            int64_t at = bn_at(t, c, C, S);
+            double g = (double)dy[at];
+            sdy += g;
+            sdyy += g * (double)gp_ew_norm_leaky_y(yz[at], from_z, slope);
+        }
+        double a = block_sum(sdy), b = block_sum(sdyy);
+        float ka, kb, kc;
+        gp_ew_norm_leaky_coeffs(var[c], eps, a, b, (double)cnt, &ka, &kb, &kc);
+        for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x) {
+            int64_t at = bn_at(t, c, C, S);
+            dx[at] = ka * dy[at] + kb * gp_ew_norm_leaky_y(yz[at], from_z, slope) + kc;
+        }
+    }
+}
+
 inline unsigned channel_blocks(int64_t C) { return (unsigned)(C < 65535 ? C : 65535); }
 
 /* ---- batch norm over planes (S >= 32): a warp per (n, c) plane of S
@@ -1213,6 +1238,16 @@ cudaError_t gp_cuk_bn_bwd_apply(cudaStream_t s, const float *x, const float *gam
     k_bn_bwd_apply<<<channel_blocks(c), GP_CUK_THREADS, 0, s>>>(
         x, gamma, beta, relu, mean, var, dy, sums, count, eps, n, c, sp, dx, local, dgamma,
         dbeta);
+    return cudaGetLastError();
+}
+
+cudaError_t gp_cuk_norm_leaky_bwd(cudaStream_t s, const float *yz, int from_z, float slope,
+                                  const float *var, float eps, const float *dy, float *dx,
+                                  int64_t n, int64_t c, int64_t sp)
+{
+    if (c <= 0) return cudaSuccess;
+    k_norm_leaky_bwd<<<channel_blocks(c), GP_CUK_THREADS, 0, s>>>(yz, from_z, slope, var, eps,
+                                                                  dy, dx, n, c, sp);
     return cudaGetLastError();
 }
 

@@ -159,6 +159,11 @@ cudaError_t gp_cuk_leaky_relu_bwd(cudaStream_t s, const float *y, const float *d
                                   int64_t n, float slope);
 cudaError_t gp_cuk_mul_rows(cudaStream_t s, const float *x, const float *f, float *y,
                             int64_t rows, int64_t cols);
+/* backend.h's norm_leaky_bwd: a block per channel (n samples of sp values,
+ * c channels), sums in double (block_sum's fixed tree). */
+cudaError_t gp_cuk_norm_leaky_bwd(cudaStream_t s, const float *yz, int from_z, float slope,
+                                  const float *var, float eps, const float *dy, float *dx,
+                                  int64_t n, int64_t c, int64_t sp);
 /* x (planes, h, w) -> y (planes, h*scale, w*scale) and back. */
 cudaError_t gp_cuk_upsample_fwd(cudaStream_t s, const float *x, float *y, int64_t planes,
                                 int64_t h, int64_t w, int64_t scale);
