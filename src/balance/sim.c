@@ -91,7 +91,14 @@ double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const 
      * it (pipeline.c, "copies in bfloat16") */
     bool pk = p->bf16_copies;
     double h = pk ? 0.5 : 1.0;
-    double cur = stat + ws, peak = cur, pending = 0;
+    /* held_grad: the last input gradient sent back.  The previous stage
+     * copies it when it reaches its receive, which may be as late as this
+     * stage's next backward (1F1B: that stage's next forward comes first;
+     * on a loaded machine it often finishes after this stage's next
+     * backward has begun), so it is freed when the next one is made.
+     * Until 2026-11-25 it was freed after the next computation: a 2-stage
+     * U-Net's stage 1 then measured up to 1.23x its plan (test_balance) */
+    double cur = stat + ws, peak = cur, pending = 0, held_grad = 0;
     for (int c = 0; c < sched->count[d]; c++) {
         const gp_instr *in_ = &sched->list[d][c];
         if (in_->j != j && gp_instr_per_micro_batch(in_->kind)) continue;
@@ -132,7 +139,6 @@ double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const 
             cur -= keep * s + in * s + out * s;
             if (j > 0) {
                 cur += h * in * s; /* dL/d input waits for the previous stage's copy */
-                pending += h * in * s;
                 t = fmax(t, cur + send_in);
             }
             break;
@@ -143,7 +149,6 @@ double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const 
             cur += grads * s;
             if (j > 0) {
                 cur += h * in * s;
-                pending += h * in * s;
                 t = fmax(t, cur + send_in);
             }
             break;
@@ -156,11 +161,15 @@ double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const 
         if (cur > peak) peak = cur;
         if (gp_instr_computes(in_->kind)) {
             /* what the neighbours copied during this instruction is freed */
-            double keep_pending = gp_instr_gives_grad(in_->kind) && j > 0 ? h * in * s : 0;
+            double keep_pending = 0;
             if (in_->kind == GP_INSTR_FORWARD && j < n - 1 && (in_->checkpointed || pk))
                 keep_pending = h * out * s;
             cur -= pending - keep_pending;
             pending = keep_pending;
+            if (gp_instr_gives_grad(in_->kind) && j > 0) {
+                cur -= held_grad;
+                held_grad = h * in * s;
+            }
         }
     }
     return peak;
