@@ -46,6 +46,24 @@ gp_stage_times gp_stage_times_of(const gp_profile *p, const gp_layer_times *lt, 
     return st;
 }
 
+/* How many micro-batches a skip's tensor may be held for (the stages it
+ * crosses, as far as known: min(a, b), at least 1, at most SIM_HOLD - 1). */
+enum { SIM_HOLD = 64 };
+static int hold_of(int a, int b)
+{
+    int d = a < b ? a : b;
+    return d < 1 ? 1 : d >= SIM_HOLD ? SIM_HOLD - 1 : d;
+}
+
+/* Counts down one: frees what q[0] held (returns it), shifts the rest. */
+static double hold_tick(double *q)
+{
+    double f = q[0];
+    memmove(q, q + 1, (SIM_HOLD - 1) * sizeof *q);
+    q[SIM_HOLD - 1] = 0;
+    return f;
+}
+
 double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const int64_t *sizes,
                            int j, int first, int count)
 {
@@ -68,11 +86,30 @@ double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const 
     }
     double in = mm[first].in_per_sample, out = mm[last].out_per_sample;
     /* skips from an earlier stage count as more input, to a later one as
-     * more output: received, held and answered the same way */
+     * more output: received, held and answered the same way, except how
+     * long.  A skip to a stage d > 1 stages on is copied when that stage
+     * runs the micro-batch's forward, d forwards of this stage later (the
+     * micro-batches in flight between the two), so this stage holds d
+     * micro-batches' of it; likewise a skip's gradient back to a stage d
+     * before, d backwards.  d is bounded by the stages left and by the
+     * layers between (each stage has one at least): the partitioner asks
+     * for one stage at a time.  Until 2026-11-25 every skip was freed after
+     * one computation, and a 4-stage U-Net (10, 28) that planned 247.3 MiB
+     * on stage 0 needed 259.1 (its encoder skips go to stage 3). */
+    double far_out[SIM_HOLD] = {0}, far_in[SIM_HOLD] = {0}, far_out_sum = 0, far_in_sum = 0;
     for (int t = 0; t < p->n_skips; t++) {
         const gp_profile_skip *k = &p->skips[t];
-        if (k->from < first && k->to >= first && k->to <= last) in += mm[k->from].out_per_sample;
-        if (k->from >= first && k->from <= last && k->to > last) out += mm[k->from].out_per_sample;
+        double b = mm[k->from].out_per_sample;
+        if (k->from < first && k->to >= first && k->to <= last) {
+            in += b;
+            int dist = hold_of(j, first - k->from);
+            if (dist > 1) far_in[dist] += b, far_in_sum += b;
+        }
+        if (k->from >= first && k->from <= last && k->to > last) {
+            out += b;
+            int dist = hold_of(n - 1 - j, k->to - last);
+            if (dist > 1) far_out[dist] += b, far_out_sum += b;
+        }
     }
     /* between a split backward's halves, the incoming gradients of the
      * layers with parameters (their weights halves read them; the others'
@@ -91,14 +128,17 @@ double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const 
      * it (pipeline.c, "copies in bfloat16") */
     bool pk = p->bf16_copies;
     double h = pk ? 0.5 : 1.0;
-    /* held_grad: the last input gradient sent back.  The previous stage
-     * copies it when it reaches its receive, which may be as late as this
-     * stage's next backward (1F1B: that stage's next forward comes first;
-     * on a loaded machine it often finishes after this stage's next
-     * backward has begun), so it is freed when the next one is made.
+    /* The input gradient sent back: the previous stage copies it when it
+     * reaches its receive, which may be as late as this stage's next
+     * backward (1F1B: that stage's next forward comes first; on a loaded
+     * machine it often finishes after this stage's next backward has
+     * begun), so it is freed when the next one is made (bwd_hold[0]).
      * Until 2026-11-25 it was freed after the next computation: a 2-stage
      * U-Net's stage 1 then measured up to 1.23x its plan (test_balance) */
-    double cur = stat + ws, peak = cur, pending = 0, held_grad = 0;
+    double cur = stat + ws, peak = cur, pending = 0;
+    /* fwd_hold[q] is freed when q + 1 more forwards have run, bwd_hold[q]
+     * when q + 1 more backwards have made their input gradients */
+    double fwd_hold[SIM_HOLD] = {0}, bwd_hold[SIM_HOLD] = {0};
     for (int c = 0; c < sched->count[d]; c++) {
         const gp_instr *in_ = &sched->list[d][c];
         if (in_->j != j && gp_instr_per_micro_batch(in_->kind)) continue;
@@ -161,14 +201,22 @@ double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const 
         if (cur > peak) peak = cur;
         if (gp_instr_computes(in_->kind)) {
             /* what the neighbours copied during this instruction is freed */
-            double keep_pending = 0;
-            if (in_->kind == GP_INSTR_FORWARD && j < n - 1 && (in_->checkpointed || pk))
-                keep_pending = h * out * s;
-            cur -= pending - keep_pending;
+            double keep_pending = 0, far = 0;
+            if (in_->kind == GP_INSTR_FORWARD && j < n - 1 && (in_->checkpointed || pk)) {
+                far = h * far_out_sum * s; /* held longer: fwd_hold */
+                keep_pending = h * out * s - far;
+            }
+            cur -= pending - keep_pending - far;
             pending = keep_pending;
+            if (in_->kind == GP_INSTR_FORWARD) {
+                cur -= hold_tick(fwd_hold);
+                if (far > 0)
+                    for (int q = 2; q < SIM_HOLD; q++) fwd_hold[q - 1] += h * far_out[q] * s;
+            }
             if (gp_instr_gives_grad(in_->kind) && j > 0) {
-                cur -= held_grad;
-                held_grad = h * in * s;
+                cur -= hold_tick(bwd_hold);
+                bwd_hold[0] += h * (in - far_in_sum) * s;
+                for (int q = 2; q < SIM_HOLD; q++) bwd_hold[q - 1] += h * far_in[q] * s;
             }
         }
     }
