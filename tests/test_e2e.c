@@ -871,8 +871,43 @@ static void test_balance_profile_in(void)
     snprintf(cmd, sizeof cmd, "%s %s --simulate --reps 1 --chunks 4 --set "
              "pipeline.schedule=interleaved --set pipeline.memory=64MiB", balance_bin, cfg);
     rc = run(cmd, out, sizeof out);
-    CHECK_MSG(rc == 0 && strstr(out, "recommended: schedule") && strstr(out, "interl.2"),
+    CHECK_MSG(rc == 0 && strstr(out, "recommended: schedule") && strstr(out, "interl.2") &&
+                  !strstr(out, "interl.3"),
               "interleaved --simulate: exit %d: %s", rc, out);
+    {
+        /* an interleaved config's own virtual, when more than 2, is
+         * simulated besides 2 (6 stages of this 6-layer model), and a
+         * recommendation says which */
+        char o3[16384];
+        snprintf(cmd, sizeof cmd, "%s %s --simulate --reps 1 --chunks 4 --set "
+                 "pipeline.schedule=interleaved --set pipeline.virtual=3", balance_bin, cfg);
+        int r3 = run(cmd, o3, sizeof o3);
+        const char *rec = strstr(o3, "recommended: schedule ");
+        const char *hint = strstr(o3, "to use it: ");
+        char line[512] = "";
+        if (rec) snprintf(line, sizeof line, "%.*s", (int)strcspn(rec, "\n"), rec);
+        CHECK_MSG(r3 == 0 && strstr(o3, "\ninterl.2 never ") && strstr(o3, "\ninterl.3 never ") &&
+                      strstr(o3, "\ninterl.3 always ") && rec &&
+                      (!strstr(line, "interleaved") || strstr(line, "with virtual: 2") ||
+                       strstr(line, "with virtual: 3")),
+                  "virtual 3 --simulate: exit %d: %s", r3, o3);
+        /* its advice runs: the config's virtual 3 is replaced, never kept
+         * beside another schedule */
+        CHECK_MSG(!hint || (strstr(hint, "--set pipeline.virtual=") &&
+                            !strstr(hint, "pipeline.virtual=3 ") == !strstr(line, "virtual: 3") &&
+                            !strstr(hint, "schedule=interleaved --set pipeline.virtual=3 --devices")),
+                  "virtual 3 advice: %s", hint);
+        if (hint) {
+            char h2[1024];
+            snprintf(h2, sizeof h2, "%.*s", (int)strcspn(hint, "\n"), hint + 11);
+            char *w = strstr(h2, "--write OUT.yaml");
+            if (w) *w = 0; /* run it without writing */
+            snprintf(cmd, sizeof cmd, "%s%s --by size -q", balance_bin,
+                     h2 + strlen("gpipe-balance"));
+            r3 = run(cmd, o3, sizeof o3);
+            CHECK_MSG(r3 == 0, "the advice '%s' fails: exit %d: %s", cmd, r3, o3);
+        }
+    }
     /* the recommendation comes with the options that apply it, naming its
      * m, unless it is what the config has */
     {
@@ -881,10 +916,12 @@ static void test_balance_profile_in(void)
         int m_rec = mq ? atoi(mq + 6) : 0;
         char want_opt[700];
         /* the user's own options kept (they describe the model that was
-         * simulated), ours after them */
+         * simulated), but for the schedule, virtual and checkpoint, which
+         * ours replace (the config's virtual 2 would refuse another
+         * schedule, so a pipeline.virtual is always given), ours after */
         snprintf(want_opt, sizeof want_opt, "to use it: gpipe-balance %s --reps 1 --set "
-                 "pipeline.schedule=interleaved --set pipeline.memory=64MiB --devices 2 "
-                 "--chunks %d ", cfg, m_rec);
+                 "pipeline.memory=64MiB --devices 2 --chunks %d --set pipeline.schedule=", cfg,
+                 m_rec);
         CHECK_MSG(m_rec >= 1 && (strstr(out, want_opt) ||
                                  (m_rec == 4 && strstr(rec, "schedule interleaved") &&
                                   !strstr(out, "to use it"))),

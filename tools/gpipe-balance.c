@@ -32,7 +32,8 @@ static void usage(FILE *f)
           "                     timing, fast); both: time, and also show the size split\n"
           "  --simulate         predict step time, bubble, throughput and peak memory for\n"
           "                     every schedule (gpipe, 1f1b, zb-h1, interleaved with 2\n"
-          "                     stages per device), checkpoint mode and m in 1,2,4,..32,\n"
+          "                     stages per device, and with the config's pipeline.virtual\n"
+          "                     if that is more), checkpoint mode and m in 1,2,4,..32,\n"
           "                     and recommend the one with the least peak memory within\n"
           "                     5% of the best throughput that fits every device\n"
           "  --write OUT.yaml   write the config with pipeline.balance (one entry per stage:\n"
@@ -231,8 +232,8 @@ static void print_word(const char *w)
  * --set overrides, --profile-in, --reps, --by, -q) with the recommended
  * devices, chunks, schedule and checkpoint mode in place of theirs, so it
  * balances the model that was simulated. */
-static void print_hint(int argc, char **argv, int n, int m, const char *sched, bool virt,
-                       const char *ckpt)
+static void print_hint(int argc, char **argv, int n, int m, const char *sched, int virt,
+                       int cfg_virt, const char *ckpt)
 {
     printf("  to use it: gpipe-balance");
     for (int i = 1; i < argc; i++) {
@@ -243,10 +244,23 @@ static void print_hint(int argc, char **argv, int n, int m, const char *sched, b
             i++;
             continue;
         }
+        /* the user's schedule, checkpoint and virtual: ours replace them
+         * (a virtual left over from an interleaved config would refuse the
+         * schedule recommended) */
+        if (!strcmp(a, "--set") && i + 1 < argc &&
+            (!strncmp(argv[i + 1], "pipeline.schedule=", 18) ||
+             !strncmp(argv[i + 1], "pipeline.virtual=", 17) ||
+             !strncmp(argv[i + 1], "pipeline.checkpoint=", 20))) {
+            i++;
+            continue;
+        }
         print_word(a);
     }
+    char vset[48] = "";
+    if (virt > 1 || cfg_virt > 1)
+        snprintf(vset, sizeof vset, " --set pipeline.virtual=%d", virt > 1 ? virt : 1);
     printf(" --devices %d --chunks %d --set pipeline.schedule=%s%s --set pipeline.checkpoint=%s "
-           "--write OUT.yaml\n", n, m, sched, virt ? " --set pipeline.virtual=2" : "", ckpt);
+           "--write OUT.yaml\n", n, m, sched, vset, ckpt);
 }
 
 static void print_balance(const char *title, const gp_profile *p, const gp_plan_opts *po,
@@ -629,11 +643,17 @@ int main(int argc, char **argv)
         printf("%-8s %-12s %4s %10s %8s %12s %12s %5s\n", "schedule", "checkpoint", "m",
                "step ms", "bubble", "samples/s", "peak mem", "fits");
         gp_checkpoint_mode modes[3] = {GP_CKPT_ALWAYS, GP_CKPT_EXCEPT_LAST, GP_CKPT_NEVER};
-        gp_sim_result r[GP_SCHEDULE_KINDS * 3 * 6];
+        /* the schedules' rows, and a second interleaved v's */
+        gp_sim_result r[(GP_SCHEDULE_KINDS + 1) * 3 * 6];
+        int rv[(GP_SCHEDULE_KINDS + 1) * 3 * 6]; /* each row's stages per device */
         int cnt = 0;
-        /* interleaved: v = 2 stages per device, balanced over 2n stages the
-         * same way (each with half its device's memory), m multiples of n */
-        int bal2[GP_MAX_DEVICES];
+        /* interleaved: v = 2 stages per device, and the config's own v
+         * where that is more (until 2026-11-25 only 2: an interleaved
+         * config with virtual: 3 saw none of its own), each balanced over
+         * v n stages the same way (each with its share of its device's
+         * memory), m multiples of n */
+        int vs[2] = {2, v > 2 ? v : 0}, balv[2][GP_MAX_DEVICES];
+        bool il[2] = {false, false};
         /* the other schedules: one stage per device; an interleaved
          * config's own balance has n x v entries, so they get theirs */
         int bal1[GP_MAX_DEVICES];
@@ -642,41 +662,52 @@ int main(int argc, char **argv)
             s = gp_balance_plan(&prof, &pd, bal1);
             one = bal1;
         }
-        bool il = n > 1 && 2 * n <= GP_MAX_DEVICES && n <= prof.L / 2;
-        if (il) {
-            gp_plan_opts p2;
-            gp_config c2 = cfg;
-            c2.pipeline.schedule = GP_SCHEDULE_INTERLEAVED;
-            c2.pipeline.virtual_stages = 2;
-            gp_model_plan_opts(&c2, 2 * n, &p2);
-            il = gp_balance_plan(&prof, &p2, bal2) == GP_OK;
+        for (int q = 0; q < 2; q++) {
+            int vq = vs[q];
+            il[q] = vq > 1 && n > 1 && vq * n <= GP_MAX_DEVICES && vq * n <= prof.L;
+            if (!il[q]) continue;
+            gp_plan_opts pv;
+            gp_config cv = cfg;
+            cv.pipeline.schedule = GP_SCHEDULE_INTERLEAVED;
+            cv.pipeline.virtual_stages = vq;
+            gp_model_plan_opts(&cv, vq * n, &pv);
+            il[q] = gp_balance_plan(&prof, &pv, balv[q]) == GP_OK;
             gp_error_clear();
         }
-        for (int k = 0; k < GP_SCHEDULE_KINDS && s == GP_OK; k++)
+        for (int k = 0; k <= GP_SCHEDULE_KINDS && s == GP_OK; k++) {
+            /* k == GP_SCHEDULE_KINDS: interleaved again, with the config's v */
+            bool ik = k >= GP_SCHEDULE_INTERLEAVED;
+            int w = k == GP_SCHEDULE_KINDS ? 1 : 0;
+            if (ik && !il[w]) continue;
+            gp_schedule_kind kind = ik ? GP_SCHEDULE_INTERLEAVED : (gp_schedule_kind)k;
             for (int c = 0; c < 3 && s == GP_OK; c++)
                 for (int q = 1; q <= 32 && s == GP_OK; q *= 2) {
                     if (q > batch) break;
-                    bool ik = k == GP_SCHEDULE_INTERLEAVED;
-                    if (ik && (!il || q % n)) continue;
-                    s = gp_simulate_schedule(&prof, (gp_schedule_kind)k, n, ik ? 2 : 1,
-                                             ik ? bal2 : one, q, modes[c],
-                                             cfg.pipeline.lockstep, pd.capacity, &r[cnt]);
+                    if (ik && q % n) continue;
+                    s = gp_simulate_schedule(&prof, kind, n, ik ? vs[w] : 1, ik ? balv[w] : one,
+                                             q, modes[c], cfg.pipeline.lockstep, pd.capacity,
+                                             &r[cnt]);
                     if (s != GP_OK) break;
-                    char b1[32];
+                    rv[cnt] = ik ? vs[w] : 1;
+                    char b1[32], name[16];
+                    snprintf(name, sizeof name, "interl.%d", rv[cnt]);
                     printf("%-8s %-12s %4d %10.2f %7.1f%% %12.1f %12s %5s\n",
-                           ik ? "interl.2" : gp_schedule_kind_name((gp_schedule_kind)k),
+                           ik ? name : gp_schedule_kind_name(kind),
                            gp_checkpoint_mode_name(modes[c]), q, r[cnt].step * 1e3,
                            100 * r[cnt].bubble, r[cnt].throughput,
                            mb(gp_sim_peak(&r[cnt]), b1, sizeof b1), r[cnt].fits ? "yes" : "NO");
                     cnt++;
                 }
+        }
         int pick = s == GP_OK ? gp_sim_recommend_memory(r, cnt) : -1;
         char b1[32];
         if (pick >= 0) {
             bool ik = r[pick].schedule == GP_SCHEDULE_INTERLEAVED;
+            char with[32] = "";
+            if (ik) snprintf(with, sizeof with, " with virtual: %d", rv[pick]);
             printf("recommended: schedule %s%s, checkpoint %s, m = %d (%.1f samples/s, peak %s): "
                    "the least memory within 5%% of the best throughput that fits\n",
-                   gp_schedule_kind_name(r[pick].schedule), ik ? " with virtual: 2" : "",
+                   gp_schedule_kind_name(r[pick].schedule), with,
                    gp_checkpoint_mode_name(r[pick].checkpoint), r[pick].m, r[pick].throughput,
                    mb(gp_sim_peak(&r[pick]), b1, sizeof b1));
             /* advice: --write keeps the config's own choices; say how to
@@ -684,10 +715,10 @@ int main(int argc, char **argv)
             bool same = r[pick].schedule == cfg.pipeline.schedule &&
                         r[pick].checkpoint == cfg.pipeline.checkpoint &&
                         r[pick].m == cfg.pipeline.chunks &&
-                        (!ik || cfg.pipeline.virtual_stages == 2);
+                        (!ik || cfg.pipeline.virtual_stages == rv[pick]);
             if (!same)
-                print_hint(argc, argv, n, r[pick].m, gp_schedule_kind_name(r[pick].schedule), ik,
-                           gp_checkpoint_mode_name(r[pick].checkpoint));
+                print_hint(argc, argv, n, r[pick].m, gp_schedule_kind_name(r[pick].schedule),
+                           ik ? rv[pick] : 0, v, gp_checkpoint_mode_name(r[pick].checkpoint));
         }
         else if (s == GP_OK)
             printf("no schedule, checkpoint mode and m fits device memory\n");
