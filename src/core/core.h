@@ -256,6 +256,11 @@ bool gp_shape_equal(const gp_shape *a, const gp_shape *b);
 gp_shape gp_shape_with_batch(const gp_shape *s, int64_t n);
 /* "(128, 64, 28, 28)" into buf. */
 const char *gp_shape_str(const gp_shape *s, char *buf, size_t len);
+/* Element `flat` of dims [from, ndim) of s as an index, "(i, j, k)", into
+ * buf, with add0 added to its first coordinate (a row offset); messages
+ * that say where a bad value is. */
+const char *gp_shape_index_str(const gp_shape *s, int from, int64_t flat, int64_t add0,
+                               char *buf, size_t len);
 
 gp_shape gp_tensor_shape(const gp_tensor *t);
 int64_t gp_tensor_numel(const gp_tensor *t);

@@ -70,6 +70,21 @@ const char *gp_shape_str(const gp_shape *s, char *buf, size_t len)
     return buf;
 }
 
+const char *gp_shape_index_str(const gp_shape *s, int from, int64_t flat, int64_t add0,
+                               char *buf, size_t len)
+{
+    size_t off = (size_t)snprintf(buf, len, "(");
+    for (int d = from; d < s->ndim && off < len; d++) {
+        int64_t stride = 1;
+        for (int e = d + 1; e < s->ndim; e++) stride *= s->dims[e];
+        off += (size_t)snprintf(buf + off, len - off, "%s%lld", d > from ? ", " : "",
+                                (long long)(flat / stride + (d == from ? add0 : 0)));
+        flat %= stride;
+    }
+    if (off < len) snprintf(buf + off, len - off, ")");
+    return buf;
+}
+
 gp_shape gp_tensor_shape(const gp_tensor *t)
 {
     gp_shape s = {0};

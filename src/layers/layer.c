@@ -930,20 +930,10 @@ static gp_status bad_label(double v, int64_t row, int64_t cols)
  * shape); said as the batch's element and index. */
 static gp_status bad_target(double v, int64_t at, const gp_shape *ts, int64_t row0)
 {
-    char where[96] = "";
+    char where[96] = "", idx[80];
     int64_t per = ts->ndim > 0 && ts->dims[0] > 0 ? gp_shape_numel(ts) / ts->dims[0] : 1;
-    if (ts->ndim > 1) { /* also as an index of the target's shape */
-        size_t off = (size_t)snprintf(where, sizeof where, " (");
-        int64_t rest = at;
-        for (int d = 0; d < ts->ndim && off < sizeof where; d++) {
-            int64_t stride = 1;
-            for (int e = d + 1; e < ts->ndim; e++) stride *= ts->dims[e];
-            off += (size_t)snprintf(where + off, sizeof where - off, "%s%lld", d ? ", " : "",
-                                    (long long)(rest / stride + (d ? 0 : row0)));
-            rest %= stride;
-        }
-        if (off < sizeof where) snprintf(where + off, sizeof where - off, ")");
-    }
+    if (ts->ndim > 1) /* also as an index of the target's shape */
+        snprintf(where, sizeof where, " %s", gp_shape_index_str(ts, 0, at, row0, idx, sizeof idx));
     return gp_error_set(GP_ERR_DATA,
                         "target %g at element %lld%s of the batch is not in [0, 1]: binary "
                         "cross-entropy takes probabilities (masks of 0 and 1); rescale "

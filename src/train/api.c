@@ -64,18 +64,9 @@ static gp_status inputs_finite(const gp_run *r, const char *what, const float *x
         int64_t e = b0;
         while (e < b1 && isfinite(x[e])) e++;
         GP_ASSERT(e < b1);
-        char where[96];
-        int64_t rest = e % per;
-        size_t off = (size_t)snprintf(where, sizeof where, "sample %lld, index (",
-                                      (long long)(e / per));
-        for (int d = 1; d < in->ndim && off < sizeof where; d++) { /* dims[0]: the batch, 1 */
-            int64_t stride = 1;
-            for (int f = d + 1; f < in->ndim; f++) stride *= in->dims[f];
-            off += (size_t)snprintf(where + off, sizeof where - off, "%s%lld", d > 1 ? ", " : "",
-                                    (long long)(rest / stride));
-            rest %= stride;
-        }
-        if (off < sizeof where) snprintf(where + off, sizeof where - off, ")");
+        char where[128], idx[80];
+        snprintf(where, sizeof where, "sample %lld, index %s", (long long)(e / per),
+                 gp_shape_index_str(in, 1, e % per, 0, idx, sizeof idx));
         return gp_error_set(GP_ERR_DATA,
                             "%s: input x[%lld] is %s (%s of the batch): the model takes finite "
                             "inputs; nothing was computed and the model is as it was (clean or "
