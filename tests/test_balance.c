@@ -1364,6 +1364,42 @@ static void test_inplace_costs(void)
                   both_out);
         gp_schedule_free(&sched);
     }
+    {
+        /* an unkept output overwritten in place (0 unkept, 1 in place over
+         * it, 2 reads neither: conv, dropout2d, a linked instance norm): a
+         * stage that ends at the in-place layer keeps that memory as its
+         * output, as if 0 were kept.  Until 2026-11-25 (found by review)
+         * it was counted as freed */
+        gp_layer_mem m3[3], m3k[3];
+        gp_layer_times t3[3];
+        memset(m3, 0, sizeof m3);
+        memset(t3, 0, sizeof t3);
+        for (int k = 0; k < 3; k++) {
+            t3[k].fwd = t3[k].bwd_data = t3[k].bwd_weights = 1;
+            m3[k].in_per_sample = m3[k].out_per_sample = 100.0;
+            m3[k].keep_per_sample = 100.0;
+            snprintf(m3[k].spec, sizeof m3[k].spec, "relu");
+        }
+        m3[1].inplace = true;
+        m3[1].keep_per_sample = 0;
+        memcpy(m3k, m3, sizeof m3k);
+        m3[0].unkept = true;
+        m3[0].keep_per_sample = 0;
+        int b3[3];
+        gp_profile p3 = unit_profile(3, M, S, m3, t3, b3), p3k = unit_profile(3, M, S, m3k, t3, b3);
+        for (int ck = 0; ck < 3; ck++) {
+            gp_schedule sched;
+            gp_schedule_opts so = {.kind = GP_SCHEDULE_1F1B, .n = 2, .m = M,
+                                   .checkpoint = (gp_checkpoint_mode)ck, .replicas = 1,
+                                   .update = true, .check = true};
+            CHECK_OK(gp_schedule_make(&so, &sched));
+            double got = gp_stage_peak_bytes(&p3, &sched, sizes, 0, 0, 2);
+            double want = gp_stage_peak_bytes(&p3k, &sched, sizes, 0, 0, 2);
+            CHECK_MSG(got == want, "checkpoint %d: a stage ending in place over an unkept "
+                      "output holds %g, counted kept %g", ck, got, want);
+            gp_schedule_free(&sched);
+        }
+    }
     /* a fused relu (layer 1): nothing inside a stage, its own times as a
      * stage's first layer (its batch norm is on the stage before) */
     p.mem[1].fused = true;

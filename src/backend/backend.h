@@ -773,8 +773,10 @@ typedef struct gp_device_iface {
      * per channel of S values, dy the gradient at the norm's output (the
      * relu's backward done already).  var is bn_fwd_train's.  So the relu
      * may run in place over the norm's output and the norm's input need
-     * not be kept (InPlace-ABN's trick; layers/unet.c).  NULL: the layer
-     * keeps its input and runs bn_bwd. */
+     * not be kept (InPlace-ABN's trick; layers/unet.c).  Every backend
+     * has it: the layer rules (gp_layer_specs_link) free the norm's input
+     * whatever the device, so NULL fails that norm's backward with
+     * GP_ERR_UNSUPPORTED naming the device. */
     gp_status (*norm_leaky_bwd)(gp_device *dev, const gp_bn_desc *d, const float *yz,
                                 bool from_z, float slope, const float *var, const float *dy,
                                 float *dx);
@@ -1237,8 +1239,7 @@ gp_status gp_dev_leaky_relu_bwd(gp_device *dev, const float *y, const float *dy,
 gp_status gp_dev_mul_rows(gp_device *dev, const float *x, const float *s, float *y,
                           int64_t rows, int64_t cols);
 /* backend.h's norm_leaky_bwd; GP_ERR_UNSUPPORTED where the backend has
- * none (gp_dev_has_norm_leaky_bwd says which). */
-bool gp_dev_has_norm_leaky_bwd(const gp_device *dev);
+ * none. */
 gp_status gp_dev_norm_leaky_bwd(gp_device *dev, const gp_bn_desc *d, const float *yz, bool from_z,
                                 float slope, const float *var, const float *dy, float *dx);
 gp_status gp_dev_upsample_fwd(gp_device *dev, const float *x, float *y, int64_t n, int64_t c,

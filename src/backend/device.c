@@ -619,11 +619,6 @@ gp_status gp_dev_leaky_relu_bwd(gp_device *dev, const float *y, const float *dy,
     return n > 0 ? dev->iface->leaky_relu_bwd(dev, y, dy, dx, n, slope) : GP_OK;
 }
 
-bool gp_dev_has_norm_leaky_bwd(const gp_device *dev)
-{
-    return dev->iface->norm_leaky_bwd != NULL;
-}
-
 gp_status gp_dev_norm_leaky_bwd(gp_device *dev, const gp_bn_desc *d, const float *yz, bool from_z,
                                 float slope, const float *var, const float *dy, float *dx)
 {

@@ -77,7 +77,11 @@ double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const 
         /* a stage's first layer runs out of place: its input is the stage's */
         double kk = mm[k].keep_per_sample;
         if (k == first && mm[k].inplace) kk += mm[k].out_per_sample;
-        if (k == last && mm[k].unkept) kk += mm[k].out_per_sample; /* the stage output */
+        if (k == last) { /* the stage output is kept: the memory of the layer that made it */
+            int o = k; /* through the in-place layers over it (the whole model's flags) */
+            while (o > first && mm[o].inplace) o--;
+            if (mm[o].unkept) kk += mm[o].out_per_sample;
+        }
         keep += kk;
         if (mm[k].in_per_sample > in_max) in_max = mm[k].in_per_sample;
         /* a checkpointed forward holds the layer's input and what it makes */
