@@ -490,37 +490,44 @@ static void fz_build(gp_device *dev, gp_layer *layers)
     }
 }
 
-/* The oracle: out of place, layer by layer; returns the output in *out and,
- * with dy, the input gradient in *dx. */
-static void fz_oracle(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *in,
-                      const gp_tensor *dy, gp_tensor *out, gp_tensor *dx)
+/* The oracle for a chain of `count` single-input layers (at most
+ * CHAIN_MAX): out of place, layer by layer; the output in *out and, with
+ * dy, the input gradient in *dx.  Returns the bytes its forward keeps
+ * (every output and what each layer saved). */
+enum { CHAIN_MAX = 16 };
+static size_t chain_oracle(gp_layer *l, int count, const gp_fwd_ctx *ctx, const gp_tensor *in,
+                           const gp_tensor *dy, gp_tensor *out, gp_tensor *dx)
 {
-    gp_tensor act[FZ + 1];
-    gp_saved sv[FZ];
+    GP_ASSERT(count <= CHAIN_MAX);
+    gp_tensor act[CHAIN_MAX + 1];
+    gp_saved sv[CHAIN_MAX];
+    size_t kept = 0;
     act[0] = *in;
     act[0].owned = false;
-    for (int c = 0; c < FZ; c++) {
+    for (int c = 0; c < count; c++) {
         sv[c] = (gp_saved){0};
         act[c + 1] = (gp_tensor){0};
         CHECK_OK(gp_layer_forward(&l[c], ctx, &act[c], &act[c + 1], &sv[c]));
+        kept += gp_tensor_bytes(&act[c + 1]) + gp_saved_bytes(&sv[c]);
     }
-    gp_shape ys = gp_tensor_shape(&act[FZ]);
+    gp_shape ys = gp_tensor_shape(&act[count]);
     CHECK_OK(gp_tensor_alloc(out, in->dev, &ys, GP_MEM_ACTIVATIONS));
-    CHECK_OK(gp_tensor_copy(out, &act[FZ]));
+    CHECK_OK(gp_tensor_copy(out, &act[count]));
     gp_tensor g = {0};
     if (dy) {
         CHECK_OK(gp_tensor_alloc(&g, in->dev, &ys, GP_MEM_ACTIVATIONS));
         CHECK_OK(gp_tensor_copy(&g, dy));
-        for (int c = FZ - 1; c >= 0; c--) {
+        for (int c = count - 1; c >= 0; c--) {
             gp_tensor d = {0};
             CHECK_OK(gp_layer_backward(&l[c], ctx, &act[c], &act[c + 1], &g, &d, &sv[c]));
             gp_tensor_free(&g);
             g = d;
         }
     }
-    for (int c = 0; c < FZ; c++) gp_saved_free(&sv[c]);
-    for (int c = 1; c <= FZ; c++) gp_tensor_free(&act[c]);
+    for (int c = 0; c < count; c++) gp_saved_free(&sv[c]);
+    for (int c = 1; c <= count; c++) gp_tensor_free(&act[c]);
     *dx = g;
+    return kept;
 }
 
 static void fused(void)
@@ -559,7 +566,7 @@ static void fused(void)
     CHECK_OK(gp_tensor_alloc(&dy, dev, &ys, GP_MEM_ACTIVATIONS));
     CHECK_OK(gp_dev_upload(dev, dy.data, h + 100, 6));
     for (int k = 0; k < FZ; k++) gp_layer_grads_begin(&ref[k]);
-    fz_oracle(ref, &ctx, &in, &dy, &out_ref, &dx_ref);
+    chain_oracle(ref, FZ, &ctx, &in, &dy, &out_ref, &dx_ref);
 
     gp_stash a;
     CHECK_OK(gp_stash_init(&a, FZ, NULL, 0));
@@ -601,7 +608,7 @@ static void fused(void)
         gp_tensor o2, d2;
         gp_tensor_free(&out_ref);
         gp_tensor_free(&dx_ref);
-        fz_oracle(ref, &ctx, &in, &dy, &o2, &d2); /* same_grads finished the oracle's too */
+        chain_oracle(ref, FZ, &ctx, &in, &dy, &o2, &d2); /* same_grads finished the oracle's too */
         out_ref = o2;
         dx_ref = d2;
         gp_tensor_free(&dxa);
@@ -610,7 +617,7 @@ static void fused(void)
     gp_fwd_ctx ev = ctx;
     ev.training = false;
     gp_tensor oe, de;
-    fz_oracle(ref, &ev, &in, NULL, &oe, &de);
+    chain_oracle(ref, FZ, &ev, &in, NULL, &oe, &de);
     CHECK_OK(gp_tensor_alloc(&a.in, dev, &xs, GP_MEM_ACTIVATIONS));
     CHECK_OK(gp_tensor_copy(&a.in, &in));
     int bad = -1;
@@ -745,39 +752,6 @@ static void nl_build(gp_device *dev, gp_layer *layers)
     }
 }
 
-/* The oracle, out of place; returns the bytes its forward keeps. */
-static size_t nl_oracle(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *in,
-                        const gp_tensor *dy, gp_tensor *out, gp_tensor *dx)
-{
-    gp_tensor act[NL + 1];
-    gp_saved sv[NL];
-    size_t kept = 0;
-    act[0] = *in;
-    act[0].owned = false;
-    for (int c = 0; c < NL; c++) {
-        sv[c] = (gp_saved){0};
-        act[c + 1] = (gp_tensor){0};
-        CHECK_OK(gp_layer_forward(&l[c], ctx, &act[c], &act[c + 1], &sv[c]));
-        kept += gp_tensor_bytes(&act[c + 1]) + gp_saved_bytes(&sv[c]);
-    }
-    gp_shape ys = gp_tensor_shape(&act[NL]);
-    CHECK_OK(gp_tensor_alloc(out, in->dev, &ys, GP_MEM_ACTIVATIONS));
-    CHECK_OK(gp_tensor_copy(out, &act[NL]));
-    gp_tensor g;
-    CHECK_OK(gp_tensor_alloc(&g, in->dev, &ys, GP_MEM_ACTIVATIONS));
-    CHECK_OK(gp_tensor_copy(&g, dy));
-    for (int c = NL - 1; c >= 0; c--) {
-        gp_tensor d = {0};
-        CHECK_OK(gp_layer_backward(&l[c], ctx, &act[c], &act[c + 1], &g, &d, &sv[c]));
-        gp_tensor_free(&g);
-        g = d;
-        gp_saved_free(&sv[c]);
-    }
-    for (int c = 1; c <= NL; c++) gp_tensor_free(&act[c]);
-    *dx = g;
-    return kept;
-}
-
 /* Layers [first, first + count) as one stage from a copy of `in`: forward
  * (kept, or checkpointed and recomputed), output into *out; then backward
  * from a copy of dy, input gradient into *dx.  Returns the bytes the
@@ -848,7 +822,7 @@ static void norm_leaky(void)
     CHECK_OK(gp_tensor_alloc(&dy, dev, &ys, GP_MEM_ACTIVATIONS));
     CHECK_OK(gp_dev_upload(dev, dy.data, h, 288));
     for (int k = 0; k < NL; k++) gp_layer_grads_begin(&ref[k]);
-    size_t oracle_kept = nl_oracle(ref, &ctx, &in, &dy, &out_ref, &dx_ref);
+    size_t oracle_kept = chain_oracle(ref, NL, &ctx, &in, &dy, &out_ref, &dx_ref);
     /* what a stage does not keep: the four in-place outputs (each the
      * memory before it) and the two convolutions' */
     size_t spared = 6 * (size_t)gp_shape_numel(&ys) * sizeof(float);
@@ -883,7 +857,7 @@ static void norm_leaky(void)
         for (int k = 0; k < NL; k++) gp_layer_grads_begin(&ref[k]);
         gp_tensor_free(&out_ref);
         gp_tensor_free(&dx_ref);
-        nl_oracle(ref, &ctx, &in, &dy, &out_ref, &dx_ref); /* same_grads finished it */
+        chain_oracle(ref, NL, &ctx, &in, &dy, &out_ref, &dx_ref); /* same_grads finished it */
         gp_tensor_free(&out);
         gp_tensor_free(&mid);
         gp_tensor_free(&dmid);
