@@ -643,56 +643,61 @@ int main(int argc, char **argv)
         printf("%-8s %-12s %4s %10s %8s %12s %12s %5s\n", "schedule", "checkpoint", "m",
                "step ms", "bubble", "samples/s", "peak mem", "fits");
         gp_checkpoint_mode modes[3] = {GP_CKPT_ALWAYS, GP_CKPT_EXCEPT_LAST, GP_CKPT_NEVER};
-        /* the schedules' rows, and a second interleaved v's */
-        gp_sim_result r[(GP_SCHEDULE_KINDS + 1) * 3 * 6];
-        int rv[(GP_SCHEDULE_KINDS + 1) * 3 * 6]; /* each row's stages per device */
-        int cnt = 0;
-        /* interleaved: v = 2 stages per device, and the config's own v
-         * where that is more (until 2026-11-25 only 2: an interleaved
-         * config with virtual: 3 saw none of its own), each balanced over
-         * v n stages the same way (each with its share of its device's
-         * memory), m multiples of n */
-        int vs[2] = {2, v > 2 ? v : 0}, balv[2][GP_MAX_DEVICES];
-        bool il[2] = {false, false};
-        /* the other schedules: one stage per device; an interleaved
-         * config's own balance has n x v entries, so they get theirs */
-        int bal1[GP_MAX_DEVICES];
+        /* what is simulated: each schedule on one stage per device (an
+         * interleaved config's own balance has n x v entries, so they get
+         * theirs), and interleaved with v = 2 and with the config's own v
+         * where that is more (until 2026-11-25 only 2: a virtual: 3 config
+         * saw none of its own), each balanced over v n stages the same way
+         * (each with its share of its device's memory), m multiples of n */
+        int bal1[GP_MAX_DEVICES], balv[2][GP_MAX_DEVICES];
         const int *one = balance;
         if (v > 1) {
             s = gp_balance_plan(&prof, &pd, bal1);
             one = bal1;
         }
-        for (int q = 0; q < 2; q++) {
-            int vq = vs[q];
-            il[q] = vq > 1 && n > 1 && vq * n <= GP_MAX_DEVICES && vq * n <= prof.L;
-            if (!il[q]) continue;
+        struct {
+            gp_schedule_kind kind;
+            int v;
+            const int *bal;
+        } runs[GP_SCHEDULE_KINDS + 1];
+        int n_runs = 0;
+        for (int k = 0; k < GP_SCHEDULE_KINDS; k++)
+            if (k != GP_SCHEDULE_INTERLEAVED) {
+                runs[n_runs].kind = (gp_schedule_kind)k;
+                runs[n_runs].v = 1;
+                runs[n_runs++].bal = one;
+            }
+        const int vs[2] = {2, v};
+        for (int q = 0; q < (v > 2 ? 2 : 1) && s == GP_OK; q++) {
+            if (n < 2 || vs[q] * n > GP_MAX_DEVICES || vs[q] * n > prof.L) continue;
             gp_plan_opts pv;
             gp_config cv = cfg;
             cv.pipeline.schedule = GP_SCHEDULE_INTERLEAVED;
-            cv.pipeline.virtual_stages = vq;
-            gp_model_plan_opts(&cv, vq * n, &pv);
-            il[q] = gp_balance_plan(&prof, &pv, balv[q]) == GP_OK;
+            cv.pipeline.virtual_stages = vs[q];
+            gp_model_plan_opts(&cv, vs[q] * n, &pv);
+            if (gp_balance_plan(&prof, &pv, balv[q]) == GP_OK) {
+                runs[n_runs].kind = GP_SCHEDULE_INTERLEAVED;
+                runs[n_runs].v = vs[q];
+                runs[n_runs++].bal = balv[q];
+            }
             gp_error_clear();
         }
-        for (int k = 0; k <= GP_SCHEDULE_KINDS && s == GP_OK; k++) {
-            /* k == GP_SCHEDULE_KINDS: interleaved again, with the config's v */
-            bool ik = k >= GP_SCHEDULE_INTERLEAVED;
-            int w = k == GP_SCHEDULE_KINDS ? 1 : 0;
-            if (ik && !il[w]) continue;
-            gp_schedule_kind kind = ik ? GP_SCHEDULE_INTERLEAVED : (gp_schedule_kind)k;
+        gp_sim_result r[(GP_SCHEDULE_KINDS + 1) * 3 * 6];
+        int cnt = 0;
+        for (int u = 0; u < n_runs && s == GP_OK; u++) {
+            bool ik = runs[u].kind == GP_SCHEDULE_INTERLEAVED;
             for (int c = 0; c < 3 && s == GP_OK; c++)
                 for (int q = 1; q <= 32 && s == GP_OK; q *= 2) {
                     if (q > batch) break;
                     if (ik && q % n) continue;
-                    s = gp_simulate_schedule(&prof, kind, n, ik ? vs[w] : 1, ik ? balv[w] : one,
-                                             q, modes[c], cfg.pipeline.lockstep, pd.capacity,
+                    s = gp_simulate_schedule(&prof, runs[u].kind, n, runs[u].v, runs[u].bal, q,
+                                             modes[c], cfg.pipeline.lockstep, pd.capacity,
                                              &r[cnt]);
                     if (s != GP_OK) break;
-                    rv[cnt] = ik ? vs[w] : 1;
                     char b1[32], name[16];
-                    snprintf(name, sizeof name, "interl.%d", rv[cnt]);
+                    snprintf(name, sizeof name, "interl.%d", r[cnt].v);
                     printf("%-8s %-12s %4d %10.2f %7.1f%% %12.1f %12s %5s\n",
-                           ik ? name : gp_schedule_kind_name(kind),
+                           ik ? name : gp_schedule_kind_name(runs[u].kind),
                            gp_checkpoint_mode_name(modes[c]), q, r[cnt].step * 1e3,
                            100 * r[cnt].bubble, r[cnt].throughput,
                            mb(gp_sim_peak(&r[cnt]), b1, sizeof b1), r[cnt].fits ? "yes" : "NO");
@@ -704,7 +709,7 @@ int main(int argc, char **argv)
         if (pick >= 0) {
             bool ik = r[pick].schedule == GP_SCHEDULE_INTERLEAVED;
             char with[32] = "";
-            if (ik) snprintf(with, sizeof with, " with virtual: %d", rv[pick]);
+            if (ik) snprintf(with, sizeof with, " with virtual: %d", r[pick].v);
             printf("recommended: schedule %s%s, checkpoint %s, m = %d (%.1f samples/s, peak %s): "
                    "the least memory within 5%% of the best throughput that fits\n",
                    gp_schedule_kind_name(r[pick].schedule), with,
@@ -715,10 +720,10 @@ int main(int argc, char **argv)
             bool same = r[pick].schedule == cfg.pipeline.schedule &&
                         r[pick].checkpoint == cfg.pipeline.checkpoint &&
                         r[pick].m == cfg.pipeline.chunks &&
-                        (!ik || cfg.pipeline.virtual_stages == rv[pick]);
+                        (!ik || cfg.pipeline.virtual_stages == r[pick].v);
             if (!same)
                 print_hint(argc, argv, n, r[pick].m, gp_schedule_kind_name(r[pick].schedule),
-                           ik ? rv[pick] : 0, v, gp_checkpoint_mode_name(r[pick].checkpoint));
+                           r[pick].v, v, gp_checkpoint_mode_name(r[pick].checkpoint));
         }
         else if (s == GP_OK)
             printf("no schedule, checkpoint mode and m fits device memory\n");

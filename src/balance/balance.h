@@ -317,7 +317,7 @@ void gp_balance_stage_costs(const gp_profile *p, const gp_plan_opts *o, const in
 
 typedef struct gp_sim_result {
     gp_schedule_kind schedule;
-    int n, m;
+    int n, v, m;             /* devices, stages per device (1 but interleaved), micro-batches */
     gp_checkpoint_mode checkpoint;
     double step;             /* seconds per step */
     double bubble;           /* 1 - sum busy / (n * step) */

@@ -444,6 +444,7 @@ gp_status gp_simulate_schedule(const gp_profile *p, gp_schedule_kind kind, int n
     if (kind != GP_SCHEDULE_INTERLEAVED) v = 1;
     int S = n * v; /* stages; stage j on device j % n */
     out->n = n;
+    out->v = v;
     out->m = m;
     out->checkpoint = ckpt;
     if (!p->timed)
