@@ -6,10 +6,14 @@ PyTorch's on the same model, batch and thread count, in one run.
                           [--repeat 3] [--precision fp32|bf16] [--bin build]
                           [--optimizer config|sgd|adamw] [CONFIG.yaml ...]
 
-For each config (default bench/convnet.yaml and bench/mlp.yaml):
+For each config (default bench/convnet.yaml and bench/mlp.yaml; also
+bench/resnet18-32.yaml, bench/resnet50-64.yaml, bench/unet-64.yaml):
   gpipe:   build/bench_step --steps-only (whole steps back to back on a
-           random batch: forward, cross-entropy, backward, SGD momentum)
-  PyTorch: the same layers as torch.nn.Sequential (built from the YAML),
+           random batch: forward, loss, backward, SGD momentum)
+  PyTorch: the same model (bench_gpu_peer.py's twins: the layers as
+           torch.nn.Sequential, relus in place, `residual` as torchvision's
+           BasicBlock, `resnet` as torchvision's, `unet` as torchgpipe's
+           U-Net; the same parameter counts),
            torch.set_num_threads(--threads), SGD momentum 0.9, a random
            batch, zero_grad(set_to_none=True), forward, loss, backward, step
 --optimizer adamw: both sides train with AdamW (lr 0.001, PyTorch's
@@ -48,6 +52,7 @@ import subprocess
 import sys
 import time
 
+import bench_gpu_peer  # the PyTorch twins of the configs' layers
 from bench_loader import cpu_flags, cpu_name  # the processor line every CPU table carries
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -87,36 +92,10 @@ def blas_check():
 
 
 def torch_model(cfg):
-    import torch.nn as nn
-    layers = []
-    for entry in cfg["model"]["layers"]:
-        if isinstance(entry, str):
-            kind, a = entry, {}
-        else:
-            (kind, a), = entry.items()
-            a = a or {}
-        if kind == "conv2d":
-            layers.append(nn.Conv2d(a["in"], a["out"], a["kernel"], stride=a.get("stride", 1),
-                                    padding=a.get("padding", 0), bias=a.get("bias", True)))
-        elif kind == "batchnorm":
-            layers.append(None)  # channels filled in below
-        elif kind == "relu":
-            layers.append(nn.ReLU())
-        elif kind == "maxpool2d":
-            layers.append(nn.MaxPool2d(a["kernel"], a.get("stride", a["kernel"])))
-        elif kind == "flatten":
-            layers.append(nn.Flatten())
-        elif kind == "linear":
-            layers.append(nn.Linear(a["in"], a["out"]))
-        else:
-            sys.exit("bench_cpu_peer: layer %r has no PyTorch twin here" % kind)
-    channels = cfg["model"]["input"][0]
-    for i, l in enumerate(layers):
-        if l is None:
-            layers[i] = nn.BatchNorm2d(channels)
-        elif isinstance(l, nn.Conv2d):
-            channels = l.out_channels
-    return nn.Sequential(*layers)
+    """The config's layers as torch.nn.Sequential: bench_gpu_peer.py's
+    (conv2d, batchnorm, relu, maxpool2d, flatten, linear, global_avgpool,
+    and `residual` as torchvision's BasicBlock), one twin for both peers."""
+    return bench_gpu_peer.torch_model(cfg)[0]
 
 
 def torch_step_ms(cfg, threads, steps, precision="fp32"):
@@ -136,9 +115,15 @@ def torch_step_ms(cfg, threads, steps, precision="fp32"):
         sgd = torch.optim.SGD(model.parameters(), lr=opt.get("lr", 0.01),
                               momentum=opt.get("momentum", 0.9))
     x = torch.rand([batch] + list(cfg["model"]["input"]))
-    classes = model[-1].out_features
-    y = torch.randint(0, classes, (batch,))
-    loss_fn = torch.nn.CrossEntropyLoss()
+    if cfg["model"].get("loss") == "bce_with_logits":  # per-pixel 0/1, as bench_step's
+        with torch.no_grad():
+            shape = model(x[:1]).shape[1:]
+        y = (x[:, :1].expand(batch, *shape) > 0.5).float()
+        loss_fn = torch.nn.BCEWithLogitsLoss()
+    else:
+        classes = [m for m in model.modules() if isinstance(m, torch.nn.Linear)][-1].out_features
+        y = torch.randint(0, classes, (batch,))
+        loss_fn = torch.nn.CrossEntropyLoss()
     ts = []
     for s in range(steps + 3):
         t0 = time.perf_counter()

@@ -14,7 +14,9 @@ precision:
   bf16  torch.autocast("cuda", dtype=torch.bfloat16) around forward and loss
 the same layers as torch.nn.Sequential built from the YAML (conv2d,
 batchnorm, relu, maxpool2d, flatten, linear, global_avgpool, and
-`residual` as torchvision's BasicBlock), torch.backends.cudnn.benchmark =
+`residual` as torchvision's BasicBlock), or the same model family
+(`resnet` as torchvision's, `unet` as torchgpipe's U-Net, `amoebanet` as
+torchgpipe's AmoebaNet-D, each with gpipe's parameter count: family_model), torch.backends.cudnn.benchmark =
 True, SGD momentum 0.9, the batch copied from pinned host memory each step
 (non_blocking), zero_grad(set_to_none=True), forward, cross-entropy,
 backward, step, and the loss read each step (gpipe reads its once per
@@ -98,6 +100,179 @@ def read_config(path):
     return cfg
 
 
+# AmoebaNet-D's genotype as gpipe's cell runs it (src/layers/amoeba.c): (the
+# state an operation reads, the operation), two a node, and the states
+# concatenated.  "max_pool_3x3" is an average pool, as in torchgpipe.
+AMOEBA_NORMAL = [(1, "conv_1x1"), (1, "avg_3x3"), (1, "none"), (0, "conv_1x7_7x1"),
+                 (0, "conv_1x1"), (0, "conv_1x7_7x1"), (2, "avg_3x3"), (2, "none"),
+                 (1, "avg_3x3"), (5, "conv_1x1")]
+AMOEBA_NORMAL_CONCAT = [0, 3, 4, 6]
+AMOEBA_REDUCTION = [(0, "max_2x2"), (0, "avg_3x3"), (2, "none"), (1, "conv_3x3"),
+                    (2, "conv_1x7_7x1"), (2, "avg_3x3"), (3, "none"), (1, "max_2x2"),
+                    (2, "avg_3x3"), (3, "conv_1x1")]
+AMOEBA_REDUCTION_CONCAT = [4, 5, 6]
+
+
+def amoebanet(layers, filters, classes):
+    """torchgpipe's AmoebaNet-D as gpipe's family expands it
+    (src/config/config_family.c, src/layers/amoeba.c): a relu-conv-bn stem,
+    two reduction cells, then layers / 3 normal cells, a reduction, twice
+    more, and a pooled linear classifier; each cell reads the previous
+    output and the one before it."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    def rcb(cin, cout, k=(1, 1), s=(1, 1), p=(0, 0)):
+        return [nn.ReLU(), nn.Conv2d(cin, cout, k, s, p, bias=False), nn.BatchNorm2d(cout)]
+
+    class FactorizedReduce(nn.Module):
+        def __init__(self, cin, cout):
+            super().__init__()
+            self.conv1 = nn.Conv2d(cin, cout // 2, 1, 2, bias=False)
+            self.conv2 = nn.Conv2d(cin, cout // 2, 1, 2, bias=False)
+            self.bn = nn.BatchNorm2d(cout)
+
+        def forward(self, x):
+            x = F.relu(x)
+            shifted = F.pad(x[:, :, 1:, 1:], (0, 1, 0, 1))
+            return self.bn(torch.cat([self.conv1(x), self.conv2(shifted)], 1))
+
+    def op(kind, c, s):
+        if kind == "none":
+            return FactorizedReduce(c, c) if s == 2 else nn.Identity()
+        if kind == "avg_3x3":
+            return nn.AvgPool2d(3, s, 1, count_include_pad=False)
+        if kind == "max_2x2":
+            return nn.MaxPool2d(2, s)
+        if kind == "conv_1x1":
+            return nn.Sequential(*rcb(c, c, s=(s, s)))
+        if kind == "conv_3x3":
+            return nn.Sequential(*rcb(c, c // 4), *rcb(c // 4, c // 4, (3, 3), (s, s), (1, 1)),
+                                 *rcb(c // 4, c))
+        return nn.Sequential(*rcb(c, c // 4), *rcb(c // 4, c // 4, (1, 7), (1, s), (0, 3)),
+                             *rcb(c // 4, c // 4, (7, 1), (s, 1), (3, 0)), *rcb(c // 4, c))
+
+    class Cell(nn.Module):
+        def __init__(self, cx, cp, halve, c, red):
+            super().__init__()
+            self.reduce1 = nn.Sequential(*rcb(cx, c))
+            self.reduce2 = (FactorizedReduce(cp, c) if halve else
+                            nn.Sequential(*rcb(cp, c)) if cp != c else nn.Identity())
+            self.genotype = AMOEBA_REDUCTION if red else AMOEBA_NORMAL
+            self.concat = AMOEBA_REDUCTION_CONCAT if red else AMOEBA_NORMAL_CONCAT
+            self.ops = nn.ModuleList(op(kind, c, 2 if red and src < 2 else 1)
+                                     for src, kind in self.genotype)
+
+        def forward(self, x, p):
+            states = [self.reduce1(x), self.reduce2(p)]
+            for n in range(0, len(self.ops), 2):
+                a, b = self.genotype[n][0], self.genotype[n + 1][0]
+                states.append(self.ops[n](states[a]) + self.ops[n + 1](states[b]))
+            return torch.cat([states[i] for i in self.concat], 1)
+
+    class AmoebaNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            r = layers // 3
+            ch = filters // 4
+            self.stem = nn.Sequential(*rcb(3, ch, (3, 3), (2, 2), (1, 1)))
+            kinds = [True, True] + ([False] * r + [True]) * 2 + [False] * r
+            self.cells = nn.ModuleList()
+            # (channels, halved since) of the two outputs before each cell
+            prev2, prev = (ch, False), (ch, False)
+            for k, red in enumerate(kinds):
+                if red:
+                    ch *= 2
+                cp = prev2[0] if k >= 1 else prev[0]
+                cell = Cell(prev[0], cp, k >= 1 and prev[1], ch, red)
+                self.cells.append(cell)
+                out = ch * len(cell.concat)
+                prev2, prev = (prev[0], False), (out, red)
+            self.fc = nn.Linear(prev[0], classes)
+
+        def forward(self, x):
+            x = self.stem(x)
+            p = x
+            for cell in self.cells:
+                x, p = cell(x, p), x
+            return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+    return AmoebaNet()
+
+
+def family_model(cfg):
+    """The built-in families (docs/config.md) as PyTorch models:
+    `amoebanet` (above), `resnet` as torchvision's (v1.5, the stride on the 3x3, as gpipe's), `unet` as
+    torchgpipe's U-Net (benchmarks/models/unet) written as gpipe's family
+    expands it (src/config/config_family.c): per cell num_convs units of
+    3x3 conv without bias, Dropout2d(0.1), InstanceNorm2d without affine,
+    LeakyReLU(0.01) in place; max pooling down, nearest upsampling x2,
+    the skip concatenated (zero-padded right and bottom to its size), a 1x1
+    segment convolution.  Returns (model, classes) or None for a list of
+    layers.  Same parameter counts as gpipe's --dry-run."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    m = cfg["model"]
+    if "resnet" in m:
+        import torchvision
+        r = m["resnet"]
+        depth, classes = r.get("depth", 50), r.get("classes", 1000)
+        return getattr(torchvision.models, "resnet%d" % depth)(num_classes=classes), classes
+    if "amoebanet" in m:
+        a = m["amoebanet"]
+        classes = a.get("classes", 1000)
+        return amoebanet(a.get("layers", 18), a.get("filters", 256), classes), classes
+    if "unet" not in m:
+        return None
+    u = m["unet"]
+    depth, convs, base = u.get("depth", 5), u.get("num_convs", 5), u.get("base", 64)
+    cin, cout = u.get("in_channels", m["input"][0]), u.get("out_channels", 1)
+
+    def cell(ci, mid, out):
+        mods = []
+        for q in range(convs):
+            o = out if q == convs - 1 else mid
+            mods += [nn.Conv2d(ci, o, 3, padding=1, bias=False), nn.Dropout2d(0.1),
+                     nn.InstanceNorm2d(o), nn.LeakyReLU(0.01, inplace=True)]
+            ci = o
+        return nn.Sequential(*mods)
+
+    class UNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.enc, ch = nn.ModuleList(), cin
+            for i in range(depth):
+                self.enc.append(cell(ch, base << i, base << i))
+                ch = base << i
+            self.bottleneck = cell(ch, base << depth, base << (depth - 1))
+            ch = base << (depth - 1)
+            self.dec = nn.ModuleList()
+            for d in range(depth):
+                i = depth - 1 - d
+                width = base // 2 if i == 0 else base << (i - 1)
+                self.dec.append(cell(ch + (base << i), width, width))
+                ch = width
+            self.segment = nn.Conv2d(ch, cout, 1, bias=False)
+
+        def forward(self, x):
+            skips = []
+            for e in self.enc:
+                x = e(x)
+                skips.append(x)
+                x = F.max_pool2d(x, 2)
+            x = self.bottleneck(x)
+            for d, dec in enumerate(self.dec):
+                s = skips[depth - 1 - d]
+                x = F.interpolate(x, scale_factor=2, mode="nearest")
+                x = F.pad(x, (0, s.shape[3] - x.shape[3], 0, s.shape[2] - x.shape[2]))
+                x = dec(torch.cat([x, s], 1))
+            return self.segment(x)
+
+    return UNet(), None
+
+
 def torch_model(cfg):
     import torch.nn as nn
 
@@ -118,6 +293,9 @@ def torch_model(cfg):
             y = self.bn2(self.conv2(self.relu(self.bn1(self.conv1(x)))))
             return self.relu(y + (self.down(x) if self.down is not None else x))
 
+    fam = family_model(cfg)
+    if fam is not None:
+        return fam
     layers, ch = [], cfg["model"]["input"][0]
     feats = None  # features after flatten
     side = cfg["model"]["input"][1:]
@@ -172,10 +350,16 @@ def step_ms(cfg, batch, precision, device, steps, profile=0):
     opt = opt if isinstance(opt, dict) else {}
     sgd = torch.optim.SGD(model.parameters(), lr=opt.get("lr", 0.01), momentum=0.9)
     hx = torch.rand([batch] + list(cfg["model"]["input"]))
-    hy = torch.randint(0, classes, (batch,))
+    if cfg["model"].get("loss") == "bce_with_logits":  # per-pixel 0/1, as gpipe's benchmarks
+        with torch.no_grad():
+            shape = model(hx[:1].to(device)).shape[1:]
+        hy = (hx[:, :1].expand(batch, *shape) > 0.5).float().contiguous()
+        loss_fn = torch.nn.BCEWithLogitsLoss()
+    else:
+        hy = torch.randint(0, classes, (batch,))
+        loss_fn = torch.nn.CrossEntropyLoss()
     if cuda:
         hx, hy = hx.pin_memory(), hy.pin_memory()
-    loss_fn = torch.nn.CrossEntropyLoss()
     amp = (torch.autocast(device.split(":")[0], dtype=torch.bfloat16) if precision == "bf16"
            else contextlib.nullcontext())
     def one_step():

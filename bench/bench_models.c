@@ -103,20 +103,6 @@ static gp_status family_cfg(const family *f, int a, int b, bool mem, gp_config *
 
 /* ---- speed -------------------------------------------------------------------- */
 
-/* A random batch for the model: inputs uniform in [0, 1), targets class
- * ids i % 10 (cross-entropy) or per-pixel 0/1 (binary cross-entropy: the
- * input's first channel above 1/2). */
-static void model_batch(const gp_model *m, int64_t b, float **x, float **y)
-{
-    int64_t per = gp_shape_numel(&m->input), t = m->targets;
-    gp_bench_random_batch(b, per, 5, 6, x, y);
-    if (m->loss != GP_LOSS_BCE_WITH_LOGITS) return;
-    free(*y);
-    *y = malloc((size_t)(b * t) * sizeof **y);
-    for (int64_t i = 0; i < b; i++)
-        for (int64_t p = 0; p < t; p++) (*y)[i * t + p] = (*x)[i * per + p % per] > 0.5f;
-}
-
 /* Median samples per second over `steps` steps after one warm-up; k = 0:
  * the baseline (one device, the single-device step, m = 1). */
 static gp_status throughput(const gp_config *base, int k, gp_checkpoint_mode ck,
@@ -136,7 +122,7 @@ static gp_status throughput(const gp_config *base, int k, gp_checkpoint_mode ck,
     GP_TRY(gp_train_open(&cfg, devs, &model, true));
     int64_t b = cfg.train.batch_size;
     float *x, *y;
-    model_batch(&model, b, &x, &y);
+    gp_bench_model_batch(&model, b, &x, &y);
     double *ts = malloc((size_t)(steps + 1) * sizeof *ts);
     gp_status s = GP_OK;
     for (int it = 0; it <= steps && s == GP_OK; it++) {
@@ -266,7 +252,7 @@ static bool fits(const gp_config *base, int k, size_t cap, gp_schedule_kind sche
     }
     int64_t b = cfg.train.batch_size;
     float *x, *y;
-    model_batch(&model, b, &x, &y);
+    gp_bench_model_batch(&model, b, &x, &y);
     gp_status s = k ? gp_model_pipeline_step(&model, &cfg, x, y, b, 0.001, NULL)
                     : gp_model_train_step(&model, &cfg, x, y, b, 1, 0.001, NULL);
     if (s != GP_OK && s != GP_ERR_OOM) /* not a matter of size: say so */

@@ -166,7 +166,7 @@ static void bench_model(const char *path, int threads, int steps, const ceiling_
     /* Whole steps on a random batch (the data loader is measured elsewhere). */
     int64_t per = gp_shape_numel(&m.input);
     float *x, *y;
-    gp_bench_random_batch(batch, per, 5, 6, &x, &y);
+    gp_bench_model_batch(&m, batch, &x, &y);
     gp_step_stats st;
     for (int w = 0; w < 2; w++) gp_model_train_step(&m, &cfg, x, y, batch, 1, 0.01, &st);
     gp_allocator_reset_peak(&dev->alloc);

@@ -48,6 +48,20 @@ static inline void gp_bench_random_batch(int64_t b, int64_t per, uint64_t seed, 
     for (int64_t i = 0; i < b; i++) (*y)[i] = (float)(i % 10);
 }
 
+/* A random batch for the model m: inputs uniform in [0, 1), targets class
+ * ids i % 10 (cross-entropy) or per-pixel 0/1 (binary cross-entropy: the
+ * input's first channel above 1/2). */
+static inline void gp_bench_model_batch(const gp_model *m, int64_t b, float **x, float **y)
+{
+    int64_t per = gp_shape_numel(&m->input), t = m->targets;
+    gp_bench_random_batch(b, per, 5, 6, x, y);
+    if (m->loss != GP_LOSS_BCE_WITH_LOGITS) return;
+    free(*y);
+    *y = malloc((size_t)(b * t) * sizeof **y);
+    for (int64_t i = 0; i < b; i++)
+        for (int64_t p = 0; p < t; p++) (*y)[i * t + p] = (*x)[i * per + p % per] > 0.5f;
+}
+
 /* The processor, for every table of CPU numbers: "Intel(R) Xeon(R) ...
  * (avx2, avx512f)" from /proc/cpuinfo's first model name and flags, and
  * "; oneDNN limited to AVX2" when ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA)
