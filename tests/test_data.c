@@ -442,9 +442,10 @@ static void test_synthetic(void)
     CHECK_OK(gp_synthetic_make(300, 10, 1, 28, 28, 42, &b));
     CHECK_OK(gp_synthetic_make(300, 10, 1, 28, 28, 43, &c));
     CHECK(a.n == 300 && a.c == 1 && a.h == 28 && a.w == 28 && a.classes == 10);
-    CHECK(memcmp(a.images, b.images, 300 * 784) == 0 && memcmp(a.labels, b.labels, 300) == 0);
+    CHECK(memcmp(a.images, b.images, 300 * 784) == 0 &&
+          memcmp(a.labels, b.labels, 300 * sizeof *a.labels) == 0);
     CHECK(memcmp(a.images, c.images, 300 * 784) != 0);
-    CHECK(memcmp(a.labels, c.labels, 300) != 0);
+    CHECK(memcmp(a.labels, c.labels, 300 * sizeof *a.labels) != 0);
     int count[10] = {0};
     bool in_range = true;
     for (int i = 0; i < 300; i++) {
@@ -469,6 +470,40 @@ static void test_synthetic(void)
     gp_dataset_free(&c);
     CHECK_ERR(gp_synthetic_make(0, 10, 1, 28, 28, 1, &a), GP_ERR_INVALID, "synthetic");
     CHECK_ERR(gp_synthetic_make(10, 0, 1, 28, 28, 1, &a), GP_ERR_INVALID, "synthetic");
+
+    /* ImageNet's 1000 classes (configs/resnet101.yaml): labels past 255
+     * (they were bytes once, and such a config could not train), and a
+     * class's samples share its prototype: two of one class are nearer
+     * than two of different classes. */
+    enum { N1K = 4000, PER = 3 * 16 * 16 };
+    CHECK_OK(gp_synthetic_make(N1K, 1000, 3, 16, 16, 7, &a));
+    int top = 0;
+    bool ok = true;
+    for (int i = 0; i < N1K; i++) {
+        ok = ok && a.labels[i] >= 0 && a.labels[i] < 1000;
+        if (a.labels[i] > top) top = a.labels[i];
+    }
+    CHECK(ok && top >= 900);
+    int first_of[1000], ref = -1, same = -1, other = -1;
+    for (int k = 0; k < 1000; k++) first_of[k] = -1;
+    for (int i = 0; i < N1K && same < 0; i++) { /* two samples of one class past 255 */
+        int k = a.labels[i];
+        if (k > 255 && first_of[k] >= 0) ref = first_of[k], same = i;
+        first_of[k] = i;
+    }
+    for (int i = 0; i < N1K && other < 0 && ref >= 0; i++)
+        if (a.labels[i] != a.labels[ref]) other = i;
+    CHECK(same > 0 && other >= 0);
+    if (same > 0 && other >= 0) {
+        double d_same = 0, d_other = 0;
+        for (int p = 0; p < PER; p++) {
+            d_same += fabs((double)a.images[ref * PER + p] - a.images[same * PER + p]);
+            d_other += fabs((double)a.images[ref * PER + p] - a.images[other * PER + p]);
+        }
+        CHECK_MSG(d_same < 0.8 * d_other, "class %d: %.0f apart, class %d vs %d: %.0f",
+                  a.labels[ref], d_same, a.labels[ref], a.labels[other], d_other);
+    }
+    gp_dataset_free(&a);
 
     /* Through the config: split sizes, shape, and a test split of new
      * samples from the same classes.  Learnable: the nearest class mean of
@@ -632,11 +667,11 @@ static void id_dataset(gp_dataset *ds, int64_t n, int64_t h, int64_t w, int clas
     ds->w = w;
     ds->classes = classes;
     ds->images = malloc((size_t)(n * h * w));
-    ds->labels = malloc((size_t)n);
+    ds->labels = malloc(sizeof *ds->labels * (size_t)n);
     for (int64_t i = 0; i < n; i++) {
         ds->images[i * h * w] = (uint8_t)i;
         for (int64_t p = 1; p < h * w; p++) ds->images[i * h * w + p] = pixel_of(i, p);
-        ds->labels[i] = (uint8_t)(i % classes);
+        ds->labels[i] = (int32_t)(i % classes);
     }
     snprintf(ds->source, sizeof ds->source, "ids");
 }

@@ -256,6 +256,12 @@ gp_status gp_idx_read_labels(const char *path, gp_dataset *ds)
     if (s == GP_OK) s = idx_read_payload(f, path, 8, n, "labels", shape, &lb);
     gzclose(f);
     if (s != GP_OK) return s;
+    int32_t *wide = malloc(sizeof *wide * (size_t)n); /* a dataset's labels are 32-bit */
+    if (!wide) {
+        free(lb);
+        return gp_error_set(GP_ERR_OOM, "%s: cannot allocate %lld labels", path, (long long)n);
+    }
+    for (int64_t i = 0; i < n; i++) wide[i] = lb[i];
     int classes = ds->classes;
     if (classes <= 0) {
         for (int64_t i = 0; i < n; i++)
@@ -267,11 +273,13 @@ gp_status gp_idx_read_labels(const char *path, gp_dataset *ds)
                                           "classes",
                              path, lb[i], (long long)i, classes);
             free(lb);
+            free(wide);
             return s;
         }
     }
+    free(lb);
     free(ds->labels);
-    ds->labels = lb;
+    ds->labels = wide;
     ds->n = n;
     ds->classes = classes;
     return GP_OK;
@@ -304,7 +312,7 @@ gp_status gp_cifar10_read(const char *const *paths, int n_paths, gp_dataset *ds)
     }
     if (total == 0) return gp_error_set(GP_ERR_INVALID, "CIFAR-10: no files given");
     uint8_t *px = malloc((size_t)(total * CIFAR_PIXELS));
-    uint8_t *lb = malloc((size_t)total);
+    int32_t *lb = malloc(sizeof *lb * (size_t)total);
     unsigned char *rec = malloc(CIFAR_RECORD);
     gp_status s = GP_OK;
     if (!px || !lb || !rec)
@@ -385,21 +393,22 @@ gp_status gp_cifar10_read(const char *const *paths, int n_paths, gp_dataset *ds)
 static gp_status synthetic_fill(int64_t n, int classes, int64_t c, int64_t h, int64_t w,
                                 uint64_t seed, int64_t first, gp_dataset *ds)
 {
-    if (n < 1 || classes < 1 || classes > 256 || c < 1 || h < 1 || w < 1 ||
-        h > GP_DATA_MAX_SIDE || w > GP_DATA_MAX_SIDE || c > GP_DATA_MAX_SIDE ||
-        n * c * h * w > GP_DATA_MAX_BYTES)
+    if (n < 1 || classes < 1 || c < 1 || h < 1 || w < 1 || h > GP_DATA_MAX_SIDE ||
+        w > GP_DATA_MAX_SIDE || c > GP_DATA_MAX_SIDE || n * c * h * w > GP_DATA_MAX_BYTES)
         return gp_error_set(GP_ERR_INVALID,
                             "synthetic dataset: %lld samples of %d classes, shape %lld x %lld x "
-                            "%lld is out of range (n, shape >= 1, 1..256 classes, at most %lld "
-                            "bytes)",
+                            "%lld is out of range (n, classes, shape >= 1, at most %lld bytes)",
                             (long long)n, classes, (long long)c, (long long)h, (long long)w,
                             (long long)GP_DATA_MAX_BYTES);
     int64_t per = c * h * w;
     int64_t bw = (w + SYN_BLOCK - 1) / SYN_BLOCK, bh = (h + SYN_BLOCK - 1) / SYN_BLOCK;
     int64_t cells = c * bh * bw;
-    float *proto = malloc(sizeof(float) * (size_t)(cells * classes));
+    /* A sample's prototype is drawn again from its class's stream (a 16th
+     * of its noise draws) rather than kept for every class: 1000 classes
+     * of 3x224x224 would be 38 MB of prototypes. */
+    float *proto = malloc(sizeof(float) * (size_t)cells);
     uint8_t *px = malloc((size_t)(n * per));
-    uint8_t *lb = malloc((size_t)n);
+    int32_t *lb = malloc(sizeof *lb * (size_t)n);
     float *noise = malloc(sizeof(float) * (size_t)per);
     if (!proto || !px || !lb || !noise) {
         free(proto);
@@ -409,16 +418,14 @@ static gp_status synthetic_fill(int64_t n, int classes, int64_t c, int64_t h, in
         return gp_error_set(GP_ERR_INVALID, "synthetic dataset: cannot allocate %lld bytes",
                             (long long)(n * per));
     }
-    for (int k = 0; k < classes; k++)
-        gp_rng_uniform_fill(seed, gp_rng_stream((uint64_t)k, SYN_PROTO_TAG, 0), 0,
-                            proto + (int64_t)k * cells, cells);
     for (int64_t i = 0; i < n; i++) {
         uint64_t stream = gp_rng_stream((uint64_t)(first + i), SYN_SAMPLE_TAG, 0);
         int k = (int)(gp_rng_uniform(seed, stream, 0) * (float)classes);
         if (k >= classes) k = classes - 1;
-        lb[i] = (uint8_t)k;
+        lb[i] = k;
+        gp_rng_uniform_fill(seed, gp_rng_stream((uint64_t)k, SYN_PROTO_TAG, 0), 0, proto, cells);
         gp_rng_uniform_fill(seed, stream, 1, noise, per);
-        const float *pk = proto + (int64_t)k * cells;
+        const float *pk = proto;
         uint8_t *dst = px + i * per;
         for (int64_t ch = 0; ch < c; ch++)
             for (int64_t y = 0; y < h; y++)
@@ -700,7 +707,7 @@ gp_status gp_dataset_load(const gp_data_config *cfg, bool train_split, uint64_t 
     if (limit > 0 && limit < ds.n) {
         int64_t per = ds.c * ds.h * ds.w;
         uint8_t *px = realloc(ds.images, (size_t)(limit * per));
-        uint8_t *lb = realloc(ds.labels, (size_t)limit);
+        int32_t *lb = realloc(ds.labels, sizeof *lb * (size_t)limit);
         uint8_t *mk = ds.masks ? realloc(ds.masks, (size_t)(limit * ds.h * ds.w)) : NULL;
         if (px) ds.images = px; /* shrinking cannot really fail; keep the old block if it does */
         if (lb) ds.labels = lb;

@@ -2,7 +2,7 @@
  * data.h — datasets and the prefetching loader.
  *
  * A gp_dataset holds a whole split in host memory as uint8 pixels (N, C, H, W)
- * and uint8 labels (and, for segmentation, a uint8 mask (N, H, W) of 0 / 1
+ * and int32 labels (and, for segmentation, a uint8 mask (N, H, W) of 0 / 1
  * per pixel); normalisation to float happens when a batch is assembled, so
  * a 60k-image split costs 47 MB, not 188 MB.
  *
@@ -40,7 +40,7 @@ typedef struct gp_dataset {
     int64_t c, h, w;    /* per-sample shape */
     int classes;
     uint8_t *images;    /* (n, c, h, w), owned */
-    uint8_t *labels;    /* (n), owned */
+    int32_t *labels;    /* (n), owned (32-bit: ImageNet-sized class counts) */
     uint8_t *masks;     /* (n, h, w) per-pixel targets, 0 or 1, owned; NULL =
                            none (class labels only) */
     char source[512];   /* where it came from, for messages */
