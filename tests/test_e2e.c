@@ -218,6 +218,16 @@ static void test_cli_errors(void)
                                           "gradients and momentum alone (batch-norm statistics "
                                           "included), more than its pipeline.memory of 28.0 MiB"),
               "cpu:1 cannot hold its batch norm's statistics: exit %d, %s", rc_huge, out);
+    /* a real run says the same before it opens a device, not the
+     * allocator's refusal of the first tensor past the capacity (which
+     * advised micro-batches and checkpointing) */
+    snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --set train.steps=1 --set "
+             "pipeline.memory=8MiB", bin, GPIPE_SOURCE_DIR);
+    rc_huge = run(cmd, out, sizeof out);
+    CHECK_MSG(rc_huge == 4 && strstr(out, "default.yaml: cpu:0's stages hold 9.4 MiB of weights, "
+                                          "gradients and momentum alone") &&
+                  !strstr(out, "micro-batches"),
+              "a run whose weights cannot fit: exit %d, %s", rc_huge, out);
 
     snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --dry-run --set train.batch_size=abc",
              bin, GPIPE_SOURCE_DIR);

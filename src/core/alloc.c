@@ -50,7 +50,7 @@ gp_status gp_allocator_reserve(gp_allocator *a, size_t bytes, gp_mem_category ca
                             "out of memory on device %s: requested %s for %s with %s in use "
                             "(%s) of a capacity of %s; use more devices (pipeline.devices), "
                             "fewer or smaller micro-batches, checkpointing, or a larger "
-                            "memory: capacity",
+                            "capacity (pipeline.memory)",
                             a->device, gp_format_bytes(bytes, b1, sizeof b1),
                             gp_mem_category_name(cat), gp_format_bytes(cur, b2, sizeof b2),
                             n ? by : "nothing", gp_format_bytes(cap, b3, sizeof b3));

@@ -300,6 +300,8 @@ static void close_devices(gp_device **devs, int n)
     for (int j = 0; j < n; j++) gp_device_close(devs[j]);
 }
 
+static gp_status summary_fits(const gp_config *cfg, const gp_model *m);
+
 gp_status gp_train_open(const gp_config *cfg, gp_device **devs, gp_model *model, bool quiet)
 {
     int n = cfg->pipeline.n_devices, S = n * gp_model_virtual(cfg);
@@ -319,6 +321,15 @@ gp_status gp_train_open(const gp_config *cfg, gp_device **devs, gp_model *model,
     } else {
         GP_TRY(gp_model_balance(cfg, S, balance));
     }
+    /* A capacity the stages' weights, gradients and optimizer state do not
+     * fit is said as --dry-run says it, naming the device and what would
+     * help, rather than as the allocator's refusal of whichever tensor came
+     * first (which suggested micro-batches and checkpointing, no help) */
+    gp_model meta = {0};
+    gp_status fs = gp_model_build_meta(cfg, balance, &meta);
+    if (fs == GP_OK) fs = summary_fits(cfg, &meta);
+    if (meta.layers) gp_model_free(&meta);
+    GP_TRY(fs);
     GP_TRY(open_devices(cfg, devs));
     int R = cfg->pipeline.replicas > 1 ? cfg->pipeline.replicas : 1;
     gp_status s;

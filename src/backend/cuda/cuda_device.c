@@ -209,7 +209,7 @@ static gp_status cuda_alloc(gp_device *dev, size_t bytes, void **out)
                             "out of memory on device %s: cudaMalloc of %s failed with %s held "
                             "by gpipe after releasing %s of cached blocks (GPU: %s free of %s); "
                             "use more devices, fewer or smaller micro-batches, checkpointing, "
-                            "or a smaller memory: capacity to find the limit",
+                            "or a smaller capacity (pipeline.memory) to find the limit",
                             dev->name, gp_format_bytes(want, b1, sizeof b1),
                             gp_format_bytes(held, b2, sizeof b2),
                             gp_format_bytes(released, b3, sizeof b3),
