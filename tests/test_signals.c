@@ -17,7 +17,9 @@
  *     GPIPE_SNAPSHOT_SLOW_WRITE_MS): exit 130 at once, no broken snapshot;
  *   - the library: a stop asked for before gp_run_train (gp_run_stop)
  *     returns GP_ERR_STOPPED before the first step; one asked by another
- *     thread while it trains, between steps, with valid metrics.
+ *     thread while it trains, between steps, with valid metrics; one
+ *     asked during an epoch's evaluation, when it ends, before another
+ *     step.
  * GPIPE_TEST_SEED repeats a run of the random trials.
  */
 #include "core/core.h"
@@ -413,14 +415,15 @@ static void test_second_signal(void)
 typedef struct {
     gp_run *run;
     const char *metrics;
+    int lines; /* stop once the metrics file has this many */
 } stopper_arg;
 
-/* Another thread stops the run once it has taken 3 steps. */
+/* Another thread stops the run once its metrics have a->lines lines. */
 static void *stopper(void *p)
 {
     stopper_arg *a = p;
     double t0 = gp_now();
-    while (count_lines(a->metrics) < 3 && gp_now() - t0 < 60) sleep_ms(0.5);
+    while (count_lines(a->metrics) < a->lines && gp_now() - t0 < 60) sleep_ms(0.5);
     gp_run_stop(a->run, SIGINT);
     return NULL;
 }
@@ -443,7 +446,7 @@ static void test_library(void)
     /* asked by another thread while it trains: stops between steps */
     CHECK_OK(gp_run_parse("lib.yaml", k_cfg, NULL, 0, &run));
     if (!run) return;
-    stopper_arg a = {run, met};
+    stopper_arg a = {run, met, 3};
     pthread_t t;
     CHECK(pthread_create(&t, NULL, stopper, &a) == 0);
     gp_status s = gp_run_train(run, met, &m);
@@ -454,6 +457,35 @@ static void test_library(void)
              steps, TOTAL_STEPS);
     CHECK_ERR(s, GP_ERR_STOPPED, said);
     CHECK_MSG(steps >= 3 && steps < TOTAL_STEPS, "stopped after %d steps", steps);
+    gp_run_free(run);
+
+    /* asked while the first epoch's evaluation runs (a test set of 40000
+     * makes it last): stops when it ends, not after one more step.  The
+     * stopper asks once the epoch's 5th and last step is in the metrics,
+     * which is just before the evaluation begins, or in it */
+    char *slow = malloc(strlen(k_cfg) + 64);
+    char *at = slow ? strstr(strcpy(slow, k_cfg), "test: 64") : NULL;
+    CHECK(at != NULL);
+    if (!at) {
+        free(slow);
+        return;
+    }
+    memcpy(at, "test: 40000", 11);
+    strcpy(at + 11, strstr(k_cfg, "test: 64") + 8);
+    remove(met);
+    CHECK_OK(gp_run_parse("lib.yaml", slow, NULL, 0, &run));
+    free(slow);
+    if (!run) return;
+    a = (stopper_arg){run, met, 5};
+    CHECK(pthread_create(&t, NULL, stopper, &a) == 0);
+    double t0 = gp_now();
+    s = gp_run_train(run, met, &m);
+    pthread_join(t, NULL);
+    steps = check_metrics(met);
+    printf("stop during the evaluation: %d steps, %.2f s\n", steps, gp_now() - t0);
+    snprintf(said, sizeof said, "stopped at step 5 of %d by SIGINT", TOTAL_STEPS);
+    CHECK_ERR(s, GP_ERR_STOPPED, said);
+    CHECK_MSG(steps == 5, "an epoch of 5 steps, then %d", steps - 5);
     gp_run_free(run);
 }
 

@@ -99,6 +99,9 @@ _Static_assert(ATOMIC_INT_LOCK_FREE == 2, "the signal flag needs a lock-free ato
 /* Whether this process says what a signal does (under mpirun rank 0 only,
  * where one signal reaches every rank). */
 static volatile sig_atomic_t announce = 1;
+/* Whether stderr is a terminal, where the message starts a line of its own
+ * after the progress bar (set before the handlers are installed). */
+static volatile sig_atomic_t on_terminal = 0;
 
 static void say(const char *s)
 {
@@ -112,18 +115,21 @@ static void on_stop_signal(int signo)
 {
     int none = 0;
     if (!atomic_compare_exchange_strong(&stop_signal, &none, signo)) {
-        if (announce) say("\ngpipe-train: second signal: quitting at once\n");
+        if (announce)
+            say(on_terminal ? "\ngpipe-train: second signal: quitting at once\n"
+                            : "gpipe-train: second signal: quitting at once\n");
         _exit(128 + signo);
     }
     if (!announce) return;
     /* one write (ranks and threads do not interleave within it), built
      * with memcpy and strlen, which are async-signal-safe */
-    const char *parts[] = {"\ngpipe-train: ",
+    const char *parts[] = {on_terminal ? "\ngpipe-train: " : "gpipe-train: ",
                            signo == SIGINT    ? "SIGINT"
                            : signo == SIGTERM ? "SIGTERM"
                            : signo == SIGUSR1 ? "SIGUSR1"
                                               : "SIGHUP",
-                           ": stopping after the current step (send it again to quit at once)\n"};
+                           ": stopping after the current step (send it again to quit at once, "
+                           "without the final snapshot)\n"};
     char line[128];
     size_t n = 0;
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
@@ -156,6 +162,7 @@ static void *signal_thread(void *arg)
  * pipeline's workers, the loader, OpenMP's) inherits the blocked mask. */
 static void install_stop_handlers(void)
 {
+    on_terminal = isatty(STDERR_FILENO);
     static sigset_t set;
     sigemptyset(&set);
     /* SIGUSR1 too: Open MPI's mpirun passes it on to every rank as it is,

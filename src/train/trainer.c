@@ -694,6 +694,16 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                 s = metrics_line(&mw, mf, opts->metrics_path);
                 if (s != GP_OK) goto done;
             }
+            /* A stop asked during the evaluation (minutes on a large test
+             * set) is taken now, not after one more step.  The batch just
+             * read is not trained: the snapshot's position is before it,
+             * and a run resumed there evaluates this epoch again. */
+            int esig = agreed(stop_asked(opts));
+            if (esig) {
+                s = stop_between_steps(mp, cfg, opts, esig, step, total, saved_step, &last_pos,
+                                       snap_lock, res);
+                goto done;
+            }
         }
         last_epoch = b.epoch;
         double lr = gp_lr_at(tc, step, total);
