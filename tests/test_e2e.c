@@ -229,6 +229,11 @@ static void test_cli_errors(void)
                   !strstr(out, "micro-batches"),
               "a run whose weights cannot fit: exit %d, %s", rc_huge, out);
 
+    /* -v without --dry-run would have trained the whole config */
+    snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml -v", bin, GPIPE_SOURCE_DIR);
+    rc_huge = run(cmd, out, sizeof out);
+    CHECK_MSG(rc_huge == 2 && strstr(out, "give --dry-run too") && !strstr(out, "step 1"),
+              "-v alone: exit %d, %s", rc_huge, out);
     snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --dry-run --set train.batch_size=abc",
              bin, GPIPE_SOURCE_DIR);
     CHECK(run(cmd, out, sizeof out) == 2);

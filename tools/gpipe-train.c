@@ -280,6 +280,12 @@ int main(int argc, char **argv)
         free(sets);
         return EXIT_USAGE;
     }
+    if (verbose && !dry) { /* rather than a whole run the user did not mean */
+        fputs("gpipe-train: -v (--verbose) lists the defaults in --dry-run's summary; give "
+              "--dry-run too (a run's own log needs no flag; -q quiets it)\n", stderr);
+        free(sets);
+        return EXIT_USAGE;
+    }
     if (!config && resume && !strcmp(resume, "latest")) {
         fputs("gpipe-train: --resume latest needs the config (it names train.snapshot.dir); "
               "give CONFIG.yaml, or a snapshot's path\n", stderr);

@@ -733,7 +733,10 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
             if (s == GP_ERR_NUMERIC && mp->refused) {
                 s = failure_snapshot(mp, cfg, s, step, saved_step, &last_pos, snap_lock,
                                      "go on with --resume latest once that is changed (as it "
-                                     "is, this step would fail again)");
+                                     "is, this step would fail again), or, where the weights "
+                                     "have run away already (a learning rate far too large "
+                                     "moves them in one step), from an earlier snapshot "
+                                     "(--resume PATH) or from the start");
                 /* every rank summed the same norms and refused alike (a
                  * snapshot that failed may have failed on one rank only) */
                 res->failed_alike = gp_procs_size() > 1 && s == GP_ERR_NUMERIC;
