@@ -308,6 +308,17 @@ static void test_cli_errors(void)
              GPIPE_SOURCE_DIR);
     CHECK_MSG(run(cmd, out, sizeof out) == 0 && strstr(out, "2 devices x 2 stages"),
               "output: %s", out);
+    /* --by size times nothing and says so: no "profiling", no time columns
+     * (they printed 0.000 and 0.0%) */
+    snprintf(cmd, sizeof cmd, "%s %s/configs/mlp.yaml --by size --devices 2", balance_bin,
+             GPIPE_SOURCE_DIR);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0 && strstr(out, "measuring the memory of") &&
+                  !strstr(out, "profiling") && !strstr(out, "0.000") && strstr(out, "by size:"),
+              "output: %s", out);
+    /* GPIPE_LOG quiets gpipe-balance's own notes too (stderr only here) */
+    snprintf(cmd, sizeof cmd, "{ GPIPE_LOG=quiet %s %s/configs/mlp.yaml --devices 2 --reps 1 "
+             "2>&1 >/dev/null; }", balance_bin, GPIPE_SOURCE_DIR);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0 && out[0] == '\0', "stderr: %s", out);
     /* -q keeps the tables and the answer, not the progress lines */
     snprintf(cmd, sizeof cmd, "%s %s/configs/mlp.yaml --devices 2", balance_bin, GPIPE_SOURCE_DIR);
     CHECK_MSG(run(cmd, out, sizeof out) == 0 && strstr(out, "gpipe-balance: profiling 7 layers") &&

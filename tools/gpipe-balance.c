@@ -376,6 +376,9 @@ int main(int argc, char **argv)
         return EXIT_USAGE;
     }
     if (quiet) gp_log_set_level(GP_LOG_ERROR);
+    /* its own notes and warnings on stderr follow GPIPE_LOG as the
+     * library's do (-q: neither) */
+    const bool notes = gp_log_enabled(GP_LOG_INFO), warns = gp_log_enabled(GP_LOG_WARN);
     gp_status cs = config ? check_outputs(write_path, prof_out, config, prof_in) : GP_OK;
     if (cs != GP_OK) {
         fprintf(stderr, "gpipe-balance: %s\n", gp_last_error());
@@ -466,7 +469,7 @@ int main(int argc, char **argv)
         bool k2_ok = gp_device_parse(cfg.pipeline.devices[0].name, &k2, &i2) == GP_OK;
         if (s == GP_OK && k2_ok && gp_device_parse(prof.device, &k1, &i1) == GP_OK &&
             (k1 != k2 || (k1 == GP_DEV_CPU && prof.threads != threads)))
-            if (!quiet) fprintf(stderr, "gpipe-balance: warning: '%s' was timed on %s with %d thread%s; "
+            if (warns) fprintf(stderr, "gpipe-balance: warning: '%s' was timed on %s with %d thread%s; "
                     "this config's stage 0 is %s with %d: the times may not hold\n", prof_in,
                     prof.device, prof.threads, prof.threads == 1 ? "" : "s",
                     cfg.pipeline.devices[0].name, threads);
@@ -474,7 +477,7 @@ int main(int argc, char **argv)
         int want_prec = cfg.train.precision == GP_PRECISION_TF32 && k2 == GP_DEV_CPU
                             ? GP_PRECISION_FP32 : cfg.train.precision;
         if (s == GP_OK && prof.timed && prof.precision >= 0 && prof.precision != want_prec)
-            if (!quiet) fprintf(stderr, "gpipe-balance: warning: '%s' was timed in %s; this config trains "
+            if (warns) fprintf(stderr, "gpipe-balance: warning: '%s' was timed in %s; this config trains "
                     "in %s (train.precision), whose layers take other times: re-profile with "
                     "--profile-out for a split that fits\n", prof_in,
                     gp_precision_name((gp_precision)prof.precision),
@@ -492,13 +495,14 @@ int main(int argc, char **argv)
             for (int q = 1; q <= 32; q *= 2)
                 if (q <= batch) mo.sizes[mo.n_sizes++] = (batch + q - 1) / q;
         }
-        if (!quiet)
-            fprintf(stderr, "gpipe-balance: profiling %d layers on %s at micro-batch %s%lld...\n",
-                cfg.model.n_layers, cfg.pipeline.devices[0].name, simulate ? "sizes up to " : "",
-                (long long)(simulate ? batch : mbs));
+        if (notes)
+            fprintf(stderr, "gpipe-balance: %s %d layers on %s at micro-batch %s%lld...\n",
+                    mo.timed ? "profiling" : "measuring the memory of", cfg.model.n_layers,
+                    cfg.pipeline.devices[0].name, simulate ? "sizes up to " : "",
+                    (long long)(simulate ? batch : mbs));
         s = gp_model_profile(&cfg, &mo, &prof);
         if (s == GP_OK && prof.contend > 0)
-            if (!quiet) fprintf(stderr, "gpipe-balance: each layer was timed while %d other CPU device%s ran "
+            if (notes) fprintf(stderr, "gpipe-balance: each layer was timed while %d other CPU device%s ran "
                     "it too, as the pipeline's stages share the memory bus\n", prof.contend,
                     prof.contend > 1 ? "s" : "");
     }
@@ -519,7 +523,7 @@ int main(int argc, char **argv)
             free(sets);
             return EXIT_USAGE;
         }
-        if (!quiet)
+        if (warns)
             fprintf(stderr, "gpipe-balance: warning: '%s' holds no times (it was saved with --by "
                     "size): balancing by size; profile again without --by size to balance by "
                     "time\n", prof_in);
@@ -560,10 +564,17 @@ int main(int argc, char **argv)
             if (mm->fused) snprintf(name, sizeof name, "relu (fused)");
             double mem = (double)(mm->param_bytes + mm->grad_bytes + mm->optim_bytes) +
                          mm->keep_per_sample * (double)mbs;
-            printf("%3d %-28s %8.3f %8.3f %8.3f %8.3f %8.3f %5.1f%% %10s %10s %10s %10s %5.1f%%\n", k,
-                   name, lt[k].fwd * 1e3, lt[k].bwd_data * 1e3, lt[k].bwd_weights * 1e3,
-                   lt[k].recompute * 1e3, lt[k].copy * 1e3,
-                   total > 0 ? 100 * (lt[k].fwd + lt[k].bwd_data + lt[k].bwd_weights) / total : 0,
+            char times[64] = "";
+            if (prof.timed)
+                snprintf(times, sizeof times, "%8.3f %8.3f %8.3f %8.3f %8.3f %5.1f%%",
+                         lt[k].fwd * 1e3, lt[k].bwd_data * 1e3, lt[k].bwd_weights * 1e3,
+                         lt[k].recompute * 1e3, lt[k].copy * 1e3,
+                         total > 0 ? 100 * (lt[k].fwd + lt[k].bwd_data + lt[k].bwd_weights) /
+                                         total : 0);
+            else /* --by size: nothing was timed */
+                snprintf(times, sizeof times, "%8s %8s %8s %8s %8s %6s", "-", "-", "-", "-", "-",
+                         "-");
+            printf("%3d %-28s %s %10s %10s %10s %10s %5.1f%%\n", k, name, times,
                    mb((double)mm->param_bytes, b1, sizeof b1),
                    mb((double)(mm->grad_bytes + mm->optim_bytes), b2, sizeof b2),
                    inplace_kept(mm, mbs, b3, sizeof b3),

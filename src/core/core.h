@@ -88,6 +88,9 @@ typedef enum {
 /* The level is read from the environment variable GPIPE_LOG once
  * (debug|info|warn|error|quiet) unless set with gp_log_set_level. */
 void gp_log_set_level(gp_log_level level);
+/* Whether a message of this level is shown (for tools that print their
+ * own notes: they follow GPIPE_LOG too). */
+bool gp_log_enabled(gp_log_level level);
 void gp_log(gp_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 #define GP_DEBUG(...) gp_log(GP_LOG_DEBUG, __VA_ARGS__)

@@ -112,6 +112,8 @@ static int current_level(void)
     return log_level;
 }
 
+bool gp_log_enabled(gp_log_level level) { return (int)level >= current_level(); }
+
 void gp_log(gp_log_level level, const char *fmt, ...)
 {
     if ((int)level < current_level()) return;
