@@ -229,6 +229,14 @@ static void test_cli_errors(void)
                   !strstr(out, "micro-batches"),
               "a run whose weights cannot fit: exit %d, %s", rc_huge, out);
 
+    /* replicas are in the summary (it showed replica 0's devices alone) */
+    snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --dry-run --set pipeline.replicas=2 "
+             "--set 'pipeline.devices=[cpu:0, cpu:1]'", bin, GPIPE_SOURCE_DIR);
+    rc_huge = run(cmd, out, sizeof out);
+    CHECK_MSG(rc_huge == 0 && strstr(out, "pipeline: 2 device(s) x 2 data-parallel replicas (4 "
+                                          "devices, cpu:0 to cpu:3; each replica's share of the "
+                                          "batch is 32)"),
+              "replicas: exit %d, %s", rc_huge, out);
     /* -v without --dry-run would have trained the whole config */
     snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml -v", bin, GPIPE_SOURCE_DIR);
     rc_huge = run(cmd, out, sizeof out);

@@ -1145,10 +1145,23 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
                     gp_format_bytes(gp_config_bf16_copies(cfg) ? bytes / 2 : bytes, kb, sizeof kb),
                     gp_config_bf16_copies(cfg) ? " in bf16" : "");
     }
-    fprintf(f, "pipeline: %d device(s), chunks %d, checkpoint %s, %s%s\n", n,
-            cfg->pipeline.chunks, gp_checkpoint_mode_name(cfg->pipeline.checkpoint),
-            cfg->pipeline.lockstep ? "lockstep" : "free-running",
+    const gp_pipeline_config *pc = &cfg->pipeline;
+    int R = pc->replicas > 1 ? pc->replicas : 1;
+    char reps[160] = "";
+    if (R > 1) /* data parallel: the devices above are replica 0's */
+        snprintf(reps, sizeof reps, " x %d data-parallel replicas (%d devices, %s to %s; each "
+                 "replica's share of the batch is %lld)", R, gp_pipeline_devices_total(pc),
+                 pc->devices[0].name, pc->devices[gp_pipeline_devices_total(pc) - 1].name,
+                 (long long)(cfg->train.batch_size / R));
+    fprintf(f, "pipeline: %d device(s)%s, chunks %d, checkpoint %s, %s%s\n", n, reps,
+            pc->chunks, gp_checkpoint_mode_name(pc->checkpoint),
+            pc->lockstep ? "lockstep" : "free-running",
             n > 1 && gp_config_bf16_copies(cfg) ? ", copies in bf16" : "");
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int n_cpu = gp_pipeline_cpu_devices(pc);
+    if (cores >= 1 && n_cpu > cores) /* as a run warns */
+        fprintf(f, "note: %d CPU devices on %ld cores here: they will share cores and run "
+                   "slower than they would with their own\n", n_cpu, cores);
     const gp_optim_config *oc = &cfg->train.optim;
     char clip[64] = "";
     if (cfg->train.clip_grad_norm > 0)
