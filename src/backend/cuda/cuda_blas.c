@@ -43,15 +43,18 @@
  *
  * Not known without a GPU: whether cuBLASLt's relu epilogue keeps a NaN
  * (gpipe's relu does; its documentation says max(x, 0), and fmaxf(NaN, 0)
- * is 0).  test_cuda asserts that it does; should it not, the epilogue
- * becomes CUBLASLT_EPILOGUE_BIAS and the relu gpipe's kernel, so that the
- * NaN check keeps seeing what the CPU would.
+ * is 0).  So each device asks once, when it opens (gp_cuda_lt_probe_relu);
+ * where it does not, linear_fwd's epilogue is CUBLASLT_EPILOGUE_BIAS and
+ * the relu gpipe's kernel, so that the NaN check keeps seeing what the CPU
+ * would.  test_cuda asserts that a NaN survives linear_fwd's relu either
+ * way.
  *
  * Compiled, not run: written in a session without a GPU.
  */
 #include "backend/cuda/cuda_impl.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -87,6 +90,35 @@ gp_status gp_cuda_lt_init(gp_cuda_ctx *ctx)
         ctx->lt = NULL;
         ctx->lt_off = true;
     }
+    return GP_OK;
+}
+
+gp_status gp_cuda_lt_probe_relu(gp_device *dev)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    ctx->lt_relu = false; /* until a NaN is seen to survive */
+    if (ctx->lt_off || !ctx->lt) return GP_OK;
+    GP_TRY(gp_cuda_enter(dev));
+    /* x = NaN, w = 1, bias = 0, y: 16 bytes apart (cuBLASLt reads the
+     * bias in vectors) */
+    float host[16] = {0}, *buf = NULL;
+    host[0] = NAN;
+    host[4] = 1.0f;
+    GP_TRY(gp_dev_alloc(dev, sizeof host, GP_MEM_WORKSPACE, (void **)&buf));
+    bool done = false;
+    float got = 0.0f;
+    gp_status st = gp_dev_upload(dev, buf, host, 16);
+    if (st == GP_OK)
+        st = gp_cuda_lt_gemm(dev, 0, 1, 1, 1, 1, 1.0f, buf, 1, buf + 4, 1, 0.0f, buf + 12, 1,
+                             buf + 8, true, &done);
+    if (st == GP_OK && done) st = gp_dev_download(dev, &got, buf + 12, 1);
+    if (st == GP_OK) st = gp_dev_synchronize(dev);
+    gp_dev_free(dev, buf, sizeof host, GP_MEM_WORKSPACE);
+    GP_TRY(st);
+    ctx->lt_relu = done && isnan(got);
+    if (done && !ctx->lt_relu)
+        GP_DEBUG("device %s: cuBLASLt's relu epilogue made a NaN %g; a linear layer's relu runs "
+                 "as gpipe's own kernel after the product", dev->name, (double)got);
     return GP_OK;
 }
 
@@ -210,21 +242,33 @@ static gp_status mm_choose(gp_device *dev, cuda_mm *mm, float alpha, const float
     int at = 0;
     uint64_t wsmax = ws_bytes;
     uint32_t al = (uint32_t)mm->align;
-    /* the heuristics read the bias pointer's alignment from the descriptor */
+    /* the heuristics read the bias pointer's alignment from the descriptor.
+     * A refusal here, as of the descriptors (gp_cuda_lt_gemm), leaves the
+     * shape without a plan: cublasSgemm takes it, the step goes on */
+    cublasStatus_t ps = CUBLAS_STATUS_SUCCESS;
     if (mm->epi & EPI_BIAS)
-        GP_CUBLAS_GO(cublasLtMatmulDescSetAttribute(mm->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                    &bias, sizeof bias));
-    GP_CUBLAS_GO(cublasLtMatmulPreferenceCreate(&pref));
-    GP_CUBLAS_GO(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsmax, sizeof wsmax));
-    GP_CUBLAS_GO(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al, sizeof al));
-    GP_CUBLAS_GO(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al, sizeof al));
-    GP_CUBLAS_GO(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al, sizeof al));
-    GP_CUBLAS_GO(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof al));
+        ps = cublasLtMatmulDescSetAttribute(mm->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                            sizeof bias);
+    if (ps == CUBLAS_STATUS_SUCCESS) ps = cublasLtMatmulPreferenceCreate(&pref);
+    const struct {
+        cublasLtMatmulPreferenceAttributes_t attr;
+        const void *value;
+        size_t size;
+    } prefs[] = {{CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsmax, sizeof wsmax},
+                 {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al, sizeof al},
+                 {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al, sizeof al},
+                 {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al, sizeof al},
+                 {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof al}};
+    for (size_t q = 0; q < sizeof prefs / sizeof prefs[0] && ps == CUBLAS_STATUS_SUCCESS; q++)
+        ps = cublasLtMatmulPreferenceSetAttribute(pref, prefs[q].attr, prefs[q].value,
+                                                  prefs[q].size);
+    if (ps != CUBLAS_STATUS_SUCCESS) {
+        GP_WARN("device %s: cuBLASLt preferences for a product (m=%lld n=%lld k=%lld): %s; "
+                "cublasSgemm takes it", dev->name, (long long)mm->m, (long long)mm->n,
+                (long long)mm->k, cublasGetStatusString(ps));
+        st = clear_error(ctx, "cuBLASLt preferences");
+        goto fail;
+    }
     {
         cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(ctx->lt, mm->op, mm->la, mm->lb,
                                                            mm->lc, mm->lc, pref, LT_CANDIDATES,

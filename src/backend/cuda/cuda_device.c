@@ -1110,8 +1110,11 @@ static gp_status cuda_linear_fwd(gp_device *dev, int64_t n, int64_t out, int64_t
     if (!(ctx->bf16 && gp_bf16_gemm_worth(n, out, in)) && (uintptr_t)bias % 16 == 0 &&
         n <= INT_MAX && out <= INT_MAX && in <= INT_MAX)
         GP_TRY(gp_cuda_lt_gemm(dev, 0, 1, n, out, in, 1.0f, x, in, w, in, 0.0f, y, out, bias,
-                               relu, &done));
-    if (done) return GP_OK;
+                               relu && ctx->lt_relu, &done));
+    if (done) { /* an epilogue that would lose a NaN did the bias alone */
+        if (relu && !ctx->lt_relu) GP_CUDA(gp_cuk_bias_relu_rows(ctx->compute, y, NULL, n, out));
+        return GP_OK;
+    }
     GP_TRY(cuda_gemm(dev, 0, 1, n, out, in, 1.0f, x, in, w, in, 0.0f, y, out));
     if (relu) GP_CUDA(gp_cuk_bias_relu_rows(ctx->compute, y, bias, n, out));
     else if (bias) GP_CUDA(gp_cuk_add_bias_rows(ctx->compute, y, bias, n, out));
@@ -1817,6 +1820,8 @@ gp_status gp_cuda_device_create(int index, const gp_device_opts *opts, gp_device
     st = gp_dev_alloc(dev, sizeof(cuda_res), GP_MEM_WORKSPACE, &ctx->dev_res);
     if (st != GP_OK) goto fail;
     st = gp_cuda_dnn_init(ctx);
+    if (st != GP_OK) goto fail;
+    st = gp_cuda_lt_probe_relu(dev);
     if (st != GP_OK) goto fail;
     dev->chans = true;
     *out = dev;

@@ -14,7 +14,10 @@
  *  - with train.deterministic: the heuristics (cudnnGet*Algorithm_v7) rank
  *    them and the first deterministic one wins, so every run picks the same
  *    algorithm and repeats bit for bit; none that fits is an error that
- *    says so.
+ *    says so;
+ *  - while channels to other processes are open (mpirun): the heuristics'
+ *    first, untimed, any algorithm (a search synchronizes the stream, which
+ *    may wait behind a receive another process has yet to send).
  * The math type is CUDNN_FMA_MATH: plain FP32, no TF32 tensor cores, so results
  * stay within FP32 rounding of the CPU's; with precision tf32 it is
  * CUDNN_DEFAULT_MATH, which lets cuDNN use TF32 tensor cores.  dw += and db += are cuDNN's
@@ -348,7 +351,12 @@ gp_status gp_cuda_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x
         GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, gp_cuda_conv_tensor_math(ctx, cv)
                                                            ? CUDNN_DEFAULT_MATH
                                                            : CUDNN_FMA_MATH));
-        if (ctx->deterministic) {
+        /* measured unless deterministic, or while channels to other
+         * processes are open: a search synchronizes the stream, which may
+         * wait behind a receive another process has not sent yet (as
+         * cuda_blas.c and cuda_graph.c) */
+        bool measure = !ctx->deterministic && ctx->chans_open == 0;
+        if (!measure) {
             GP_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(ctx->dnn, cv->x, cv->w, cv->conv,
                                                             cv->y,
                                                             cap, &got, perf));
@@ -362,8 +370,8 @@ gp_status gp_cuda_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x
             if (sws) gp_dev_free(dev, sws, limit, GP_MEM_WORKSPACE);
             GP_CUDNN(cs);
         }
-        PICK_OR_FAIL(perf, got, !ctx->deterministic, limit, "forward", GP_CUDA_FWD, idx);
-        cv->lms[GP_CUDA_FWD] = ctx->deterministic ? -1.0f : perf[idx].time;
+        PICK_OR_FAIL(perf, got, measure, limit, "forward", GP_CUDA_FWD, idx);
+        cv->lms[GP_CUDA_FWD] = measure ? perf[idx].time : -1.0f;
         cv->fwd = perf[idx].algo;
         cv->math_fwd = gp_cuda_conv_tensor_math(ctx, cv) ? perf[idx].mathType : CUDNN_FMA_MATH;
         GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, cv->math_fwd));
@@ -412,7 +420,8 @@ gp_status gp_cuda_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const flo
         GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, gp_cuda_conv_tensor_math(ctx, cv)
                                                            ? CUDNN_DEFAULT_MATH
                                                            : CUDNN_FMA_MATH));
-        if (ctx->deterministic) {
+        bool measure = !ctx->deterministic && ctx->chans_open == 0; /* as forward's */
+        if (!measure) {
             GP_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(
                 ctx->dnn, cv->w, cv->y, cv->conv, cv->x, cap, &got, perf));
         } else {
@@ -425,9 +434,8 @@ gp_status gp_cuda_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const flo
             if (sws) gp_dev_free(dev, sws, limit, GP_MEM_WORKSPACE);
             GP_CUDNN(cs);
         }
-        PICK_OR_FAIL(perf, got, !ctx->deterministic, limit, "backward-data", GP_CUDA_BWD_DATA,
-                     idx);
-        cv->lms[GP_CUDA_BWD_DATA] = ctx->deterministic ? -1.0f : perf[idx].time;
+        PICK_OR_FAIL(perf, got, measure, limit, "backward-data", GP_CUDA_BWD_DATA, idx);
+        cv->lms[GP_CUDA_BWD_DATA] = measure ? perf[idx].time : -1.0f;
         cv->bwd_data = perf[idx].algo;
         cv->math_bwd_data = gp_cuda_conv_tensor_math(ctx, cv) ? perf[idx].mathType : CUDNN_FMA_MATH;
         GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, cv->math_bwd_data));
@@ -483,7 +491,7 @@ gp_status gp_cuda_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const 
          * for one: the heuristics */
         size_t dw_bytes = (size_t)n[1] * sizeof(float);
         void *sdw = NULL;
-        bool measure = !ctx->deterministic;
+        bool measure = !ctx->deterministic && ctx->chans_open == 0; /* as forward's */
         if (measure && cv->bf16) {
             sdw = dwo;
             dw_bytes = 0;

@@ -162,6 +162,7 @@ typedef struct gp_cuda_ctx {
     cublasHandle_t blas;          /* bound to `compute` */
     cublasLtHandle_t lt;          /* FP32 / TF32 products and their epilogues (cuda_blas.c) */
     bool lt_off;                  /* GPIPE_CUBLASLT=0: cublasSgemm and own kernels instead */
+    bool lt_relu;                 /* the relu epilogue keeps NaN (gp_cuda_lt_probe_relu) */
     struct cuda_mm *mms;          /* per-shape cuBLASLt plans (cuda_blas.c) */
     cudnnHandle_t dnn;            /* bound to `compute` */
 
@@ -240,6 +241,14 @@ static inline bool gp_cuda_conv_tensor_math(const gp_cuda_ctx *ctx, const cuda_c
 {
     return ctx->tf32 || cv->bf16;
 }
+
+/* Whether cuBLASLt's relu epilogue keeps a NaN as gpipe's relu does (its
+ * documentation says max(x, 0), which fmaxf makes 0): one 1 x 1 product
+ * of NaN with CUBLASLT_EPILOGUE_RELU_BIAS when the device opens, read back;
+ * ctx->lt_relu says.  Where it does not, linear_fwd asks cuBLASLt for the
+ * bias alone and runs gpipe's relu kernel after it, so the NaN check sees
+ * what the CPU's would. */
+gp_status gp_cuda_lt_probe_relu(gp_device *dev);
 
 /* cuda_blas.c: the cuBLASLt handle and per-shape plans. */
 typedef struct cuda_mm cuda_mm;
