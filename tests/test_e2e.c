@@ -237,6 +237,29 @@ static void test_cli_errors(void)
                                           "devices, cpu:0 to cpu:3; each replica's share of the "
                                           "batch is 32)"),
               "replicas: exit %d, %s", rc_huge, out);
+    /* an error about what an override changed names the override, not
+     * only the file's line, which reads right */
+    static const struct {
+        const char *set, *said;
+    } overridden[] = {
+        {"model.layers.3.padding=2",
+         "layer 3 (maxpool2d) at %s/configs/default.yaml:10:7 (as --set "
+         "model.layers.3.padding=2 changed it): padding = 2"},
+        {"model.layers.3={maxpool2d: {kernel: 2, padding: 2}}",
+         "layer 3 (maxpool2d) from --set model.layers.3={maxpool2d: {kernel: 2, padding: 2}}: "},
+        {"model=~", "--set model=~: missing section 'model'"},
+        {"pipeline.balance.0=100", "(as --set pipeline.balance.0=100 changed it): pipeline.balance "
+                                   "sums to"},
+    };
+    for (size_t q = 0; q < sizeof overridden / sizeof overridden[0]; q++) {
+        char said[256];
+        snprintf(said, sizeof said, overridden[q].said, GPIPE_SOURCE_DIR);
+        snprintf(cmd, sizeof cmd, "%s %s/configs/%s --dry-run --set '%s'", bin, GPIPE_SOURCE_DIR,
+                 q == 3 ? "unet.yaml" : "default.yaml", overridden[q].set);
+        rc_huge = run(cmd, out, sizeof out);
+        CHECK_MSG(rc_huge == 2 && strstr(out, said), "--set %s: exit %d, %s", overridden[q].set,
+                  rc_huge, out);
+    }
     /* -v without --dry-run would have trained the whole config */
     snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml -v", bin, GPIPE_SOURCE_DIR);
     rc_huge = run(cmd, out, sizeof out);

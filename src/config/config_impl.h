@@ -72,8 +72,14 @@ gp_ynode *gp_ymap_key(const gp_ynode *m, const char *key);
  * "model.layers.3.out" -> "64"), or NULL if there is none (config_walk.c). */
 const char *gp_cfg_example(const char *key);
 
-/* "name:line:column" or "--set <set>" for messages. */
+/* "name:line:column" or "--set <set>" for messages; a list of the file
+ * that an override changed an item of is "name:line:column (as --set
+ * <set> changed it)", so that a message about it does not send the user
+ * to a line that reads right. */
 const char *gp_yloc(const char *name, const gp_ynode *n, char *buf, size_t len);
+
+/* The first override (--set) that made n or a node inside it; NULL if none. */
+const char *gp_ynode_set_within(const gp_ynode *n);
 
 /* Restricted Damerau-Levenshtein distance (optimal string alignment),
  * capped at 99 for long strings. */

@@ -204,6 +204,9 @@ static gp_status parse_layer(gp_cfg_walk *w, const gp_ynode *item, int index, gp
         spec->column = tnode->column;
         keep_tail(spec->file, sizeof spec->file, w->file);
     }
+    /* the override that made or changed it, for the layer's messages */
+    const char *by = gp_ynode_set_within(item);
+    if (by) snprintf(spec->set, sizeof spec->set, "%s", by);
     const char *tname = gp_layer_type_name(t);
     const char *keys[16];
     int nk = layer_keys(t, keys);
@@ -324,7 +327,8 @@ gp_status gp_cfg_parse_model(gp_cfg_walk *w, const gp_ynode *root, gp_model_conf
     const gp_ynode *mkey = gp_ymap_key(root, "model");
     const gp_ynode *m = gp_ymap_get(root, "model");
     if (gp_cfg_absent(m))
-        return gp_cfg_bad(w, mkey ? mkey : root, "missing section 'model'; a config needs at least "
+        return gp_cfg_bad(w, m && m->set ? m : mkey ? mkey : root, "missing section 'model'; a "
+                          "config needs at least "
                           "model.input (the shape of one sample) and model.layers");
     if (m->kind != GP_YNODE_MAP)
         return gp_cfg_bad(w, m, "expected a map for model, with input and layers, got %s",

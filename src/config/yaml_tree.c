@@ -126,10 +126,28 @@ gp_ynode *gp_ymap_key(const gp_ynode *m, const char *key)
     return i < 0 ? NULL : m->keys[i];
 }
 
+const char *gp_ynode_set_within(const gp_ynode *n)
+{
+    if (!n) return NULL;
+    if (n->set) return n->set;
+    for (int i = 0; i < n->n; i++) {
+        const char *s = gp_ynode_set_within(n->items[i]);
+        if (s) return s;
+    }
+    return NULL;
+}
+
 const char *gp_yloc(const char *name, const gp_ynode *n, char *buf, size_t len)
 {
+    /* a list or scalar an override changed a part of (a balance entry);
+     * not a map, whose messages (a section's, the document's) are seldom
+     * about what an override inside it did */
+    const char *within = n && n->kind != GP_YNODE_MAP ? gp_ynode_set_within(n) : NULL;
     if (n && n->set)
         snprintf(buf, len, "--set %s", n->set);
+    else if (within) /* the file's node, with a part an override replaced */
+        snprintf(buf, len, "%s:%d:%d (as --set %s changed it)", name ? name : "<config>",
+                 n->line, n->column, within);
     else
         snprintf(buf, len, "%s:%d:%d", name ? name : "<config>", n ? n->line : 1,
                  n ? n->column : 1);

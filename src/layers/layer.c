@@ -155,10 +155,13 @@ const char *gp_layer_spec_describe(const gp_layer_spec *sp, int index, char *buf
     off = append(buf, len, off, ")");
     if (sp->line > 0) {
         if (sp->file[0])
-            append(buf, len, off, " at %s:%d:%d", sp->file, sp->line, sp->column);
+            off = append(buf, len, off, " at %s:%d:%d", sp->file, sp->line, sp->column);
         else
-            append(buf, len, off, " at line %d, column %d", sp->line, sp->column);
+            off = append(buf, len, off, " at line %d, column %d", sp->line, sp->column);
     }
+    if (sp->set[0]) /* the file's line may read right: the override changed it */
+        append(buf, len, off, sp->line > 0 ? " (as --set %s changed it)" : " from --set %s",
+               sp->set);
     return buf;
 }
 
@@ -169,7 +172,7 @@ const char *gp_layer_describe(const gp_layer *l, char *buf, size_t len)
 
 gp_status gp_layer_spec_error(const gp_layer *l, const char *fmt, ...)
 {
-    char msg[512], d[256];
+    char msg[512], d[400];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);

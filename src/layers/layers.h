@@ -116,6 +116,8 @@ typedef struct gp_layer_spec {
     char name[64];        /* optional user label; "" if none */
     int line, column;     /* where the config defined it (0 if not from YAML) */
     char file[128];       /* config file it came from, for messages; "" if none */
+    char set[96];         /* the --set that made or changed it ("model.layers.3.padding=2"),
+                             for messages; "" if none */
     int64_t in;           /* linear in_features / conv in_channels; 0 = infer */
     int64_t out;          /* linear out_features / conv out_channels /
                              residual, factorized_reduce (even) out_channels /
