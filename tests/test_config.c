@@ -374,7 +374,9 @@ static void test_errors(void)
     CHECK_ERR(parse_bad(cat(k_base, "train:\n  seed: -1\n"), NULL, 0), GP_ERR_INVALID,
               "expected a non-negative integer for train.seed, got '-1'");
     CHECK_ERR(parse_bad(cat(k_base, "train:\n  batch_size: 99999999999999999999\n"), NULL, 0),
-              GP_ERR_INVALID, "train.batch_size is out of range");
+              GP_ERR_INVALID, "train.batch_size must be <= 16777216, got 99999999999999999999");
+    CHECK_ERR(parse_bad(cat(k_base, "train:\n  steps: -99999999999999999999\n"), NULL, 0),
+              GP_ERR_INVALID, "train.steps must be >= ");
     CHECK_ERR(parse_bad(cat(k_base, "pipeline: [1]\n"), NULL, 0), GP_ERR_INVALID,
               "t.yaml:9:11: expected a map for pipeline, like {devices: [cpu:0, cpu:1], "
               "chunks: 4}, got a list");

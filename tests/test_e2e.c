@@ -106,6 +106,11 @@ static void test_cli_errors(void)
     snprintf(cmd, sizeof cmd, "%s %s", bin, nodata);
     CHECK(run(cmd, out, sizeof out) == 3);
     CHECK_MSG(strstr(out, "/nonexistent/fmnist") != NULL, "output: %s", out);
+    /* data.path naming a file is said so, not "cannot find .../file/train-..." */
+    snprintf(cmd, sizeof cmd, "%s %s --set data.path=%s", bin, nodata, nodata);
+    CHECK(run(cmd, out, sizeof out) == 3);
+    CHECK_MSG(strstr(out, "is a file, not the directory of the dataset's files"), "output: %s",
+              out);
 
     snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --dry-run", bin, GPIPE_SOURCE_DIR);
     CHECK(run(cmd, out, sizeof out) == 0);

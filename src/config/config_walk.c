@@ -435,6 +435,14 @@ gp_status gp_cfg_get_int(gp_cfg_walk *w, const gp_ynode *m, const char *sect, co
         gp_cfg_note(w, "%s = %lld (default)", name, (long long)def);
         return GP_OK;
     }
+    if (number_text(n)) { /* past 64 bits: say the range, as for any value outside it */
+        errno = 0;
+        char *end;
+        long long big = strtoll(n->text, &end, 10);
+        if (*end == '\0' && errno == ERANGE)
+            return gp_cfg_bad(w, n, "%s must be %s %lld, got %.40s", name, big > 0 ? "<=" : ">=",
+                              (long long)(big > 0 ? hi : lo), n->text);
+    }
     int64_t v;
     GP_TRY(gp_cfg_parse_int(w, n, name, &v));
     if (v < lo) return gp_cfg_bad(w, n, "%s must be >= %lld, got %lld", name, (long long)lo,

@@ -589,6 +589,17 @@ static gp_status find_idx(const gp_data_config *cfg, const char *dir, const char
         snprintf(out, len, "%s", raw);
         return GP_OK;
     }
+    struct stat st;
+    if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode)) /* data.path names a file */
+        return gp_error_set(GP_ERR_IO, "%s: data.path '%s' is a file, not the directory of the "
+                            "dataset's files; %s", dataset_kind_name(cfg->dataset), dir,
+                            missing_hint(cfg->dataset));
+    if (stat(gz, &st) == 0 && S_ISDIR(st.st_mode))
+        snprintf(raw, sizeof raw, "%s", gz); /* name the directory in the way */
+    if (stat(raw, &st) == 0 && S_ISDIR(st.st_mode))
+        return gp_error_set(GP_ERR_IO, "%s: '%s' is a directory, not the dataset file %s; %s",
+                            dataset_kind_name(cfg->dataset), raw, name,
+                            missing_hint(cfg->dataset));
     return gp_error_set(GP_ERR_IO, "%s: cannot find %s: tried %s and %s; %s",
                         dataset_kind_name(cfg->dataset), name, gz, raw,
                         missing_hint(cfg->dataset));

@@ -574,9 +574,13 @@ gp_status gp_image_folder_open(const gp_data_config *cfg, bool train_split, int 
     memcpy(f->scale, cfg->rrc_scale, sizeof f->scale);
     memcpy(f->ratio, cfg->rrc_ratio, sizeof f->ratio);
     struct stat st;
-    if (stat(cfg->path, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        gp_status s = gp_error_set(GP_ERR_IO, "data.path '%s': %s", cfg->path,
-                                   errno ? strerror(errno) : "not a folder");
+    int found = stat(cfg->path, &st) == 0 ? 0 : errno;
+    if (found || !S_ISDIR(st.st_mode)) {
+        gp_status s = gp_error_set(GP_ERR_IO, "data.path '%s': %s; image_folder reads a folder "
+                                   "in ImageNet's layout, train/<class>/*.jpg and "
+                                   "val/<class>/*.jpg (scripts/make-image-folder.py DIR makes a "
+                                   "small one to try)", cfg->path,
+                                   found ? strerror(found) : "not a folder");
         free(f);
         return s;
     }

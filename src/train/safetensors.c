@@ -776,8 +776,15 @@ gp_status gp_st_write_atomic(gp_st_writer *w, const char *path)
     }
     if (!ok) {
         unlink(tmp);
-        return gp_error_set(GP_ERR_IO, "writing '%s' failed: %s (disk full?); '%s' is "
-                                       "unchanged", tmp, strerror(e), path);
+        bool existed = access(path, F_OK) == 0;
+        return gp_error_set(GP_ERR_IO, "writing '%s' failed: %s%s; %s '%s'%s", tmp, strerror(e),
+                            e == ENOSPC || e == EDQUOT ? "" : " (disk full?)",
+                            existed ? "nothing replaced" : "no file written as",
+                            path, e == ENOSPC || e == EDQUOT
+                                      ? ": free space there, or write elsewhere (for snapshots "
+                                        "train.snapshot.dir, and a smaller train.snapshot.keep "
+                                        "keeps fewer)"
+                                      : "");
     }
     if (rename(tmp, path) != 0) {
         e = errno;

@@ -209,9 +209,12 @@ static gp_status stop_between_steps(gp_model *m, const gp_config *cfg, const gp_
  * a stop by a signal, the steps since the last snapshot are saved first,
  * so one bad image or one bad step never costs a long run its work.
  * advice: what to do to go on. */
+/* off_advice: what to say instead of `advice` when snapshots are off
+ * (nothing to resume), or NULL. */
 static gp_status failure_snapshot(gp_model *m, const gp_config *cfg, gp_status err, int64_t step,
                                   int64_t saved, const gp_snapshot_pos *pos,
-                                  gp_snapshot_lock *lock, const char *advice)
+                                  gp_snapshot_lock *lock, const char *advice,
+                                  const char *off_advice)
 {
     char msg[2048], path[1100];
     snprintf(msg, sizeof msg, "%s", gp_error_message());
@@ -228,7 +231,8 @@ static gp_status failure_snapshot(gp_model *m, const gp_config *cfg, gp_status e
     if (!on)
         return gp_error_set(err, "%s; stopped at step %lld, nothing saved since step %lld "
                             "(snapshots are off: set train.snapshot.every_steps to keep a run's "
-                            "progress)", msg, (long long)step, (long long)saved);
+                            "progress)%s%s", msg, (long long)step, (long long)saved,
+                            off_advice ? "; " : "", off_advice ? off_advice : "");
     return gp_error_set(err, "%s; stopped at step %lld: snapshot %s holds it; %s", msg,
                         (long long)step, path, advice);
 }
@@ -236,11 +240,12 @@ static gp_status failure_snapshot(gp_model *m, const gp_config *cfg, gp_status e
 static gp_status data_failure(gp_model *m, const gp_config *cfg, gp_status err, int64_t step,
                               int64_t saved, const gp_snapshot_pos *pos, gp_snapshot_lock *lock)
 {
-    const char *advice = cfg->data.dataset == GP_DATASET_IMAGE_FOLDER && !cfg->data.skip_bad_files
-                             ? "fix the data (or set data.on_bad_file: skip) and go on with "
-                               "--resume latest"
-                             : "fix the data and go on with --resume latest";
-    return failure_snapshot(m, cfg, err, step, saved, pos, lock, advice);
+    bool folder = cfg->data.dataset == GP_DATASET_IMAGE_FOLDER && !cfg->data.skip_bad_files;
+    const char *advice = folder ? "fix the data (or set data.on_bad_file: skip) and go on with "
+                                  "--resume latest"
+                                : "fix the data and go on with --resume latest";
+    return failure_snapshot(m, cfg, err, step, saved, pos, lock, advice,
+                            folder ? "fix the data, or set data.on_bad_file: skip" : NULL);
 }
 
 static void fmt_duration(double s, char *buf, size_t len)
@@ -736,7 +741,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                                      "is, this step would fail again), or, where the weights "
                                      "have run away already (a learning rate far too large "
                                      "moves them in one step), from an earlier snapshot "
-                                     "(--resume PATH) or from the start");
+                                     "(--resume PATH) or from the start", NULL);
                 /* every rank summed the same norms and refused alike (a
                  * snapshot that failed may have failed on one rank only) */
                 res->failed_alike = gp_procs_size() > 1 && s == GP_ERR_NUMERIC;
