@@ -244,6 +244,9 @@ static void test_defaults(void)
     CHECK(strstr(d, "data.path = /usr/share/datasets/fashion-mnist (default)\n") != NULL);
     CHECK(strstr(d, "train.optimizer.lr = 0.01 (default)\n") != NULL);
     CHECK(strstr(d, "train.epochs = 1 (default)\n") != NULL);
+    /* whether snapshots are on, and where the weights come from */
+    CHECK(strstr(d, "train.snapshot: off (default; ") != NULL);
+    CHECK(strstr(d, "model.init_from: none (default") != NULL);
     /* layer fields and options of unused features are not listed */
     CHECK(strstr(d, "layers") == NULL && strstr(d, "synthetic") == NULL);
     CHECK(strstr(d, "step_size") == NULL);

@@ -403,5 +403,6 @@ gp_status gp_cfg_parse_model(gp_cfg_walk *w, const gp_ynode *root, gp_model_conf
                           "model.label_smoothing is for model.loss: cross_entropy (class ids); "
                           "this model's loss is %s", gp_loss_name(mc->loss));
     GP_TRY(gp_cfg_get_str(w, m, "model", "init_from", "", mc->init_from, sizeof mc->init_from));
+    if (!mc->init_from[0]) gp_cfg_note(w, "model.init_from: none (default: initialised afresh)");
     return GP_OK;
 }

@@ -177,6 +177,9 @@ gp_status gp_cfg_parse_train(gp_cfg_walk *w, const gp_ynode *root, gp_train_conf
     GP_TRY(gp_cfg_check_keys(w, snm, "train.snapshot"));
     const char *sn = "train.snapshot";
     rec = w->record;
+    if (!snm) /* its keys' defaults are not listed one by one: what they add up to */
+        gp_cfg_note(w, "train.snapshot: off (default; train.snapshot.every_steps or "
+                       "every_minutes turns it on, into dir snapshots, keeping 3)");
     w->record = rec && snm;
     s = gp_cfg_get_int(w, snm, sn, "every_steps", 0, 0, INT64_MAX, &tc->snapshot.every_steps);
     if (s == GP_OK)
