@@ -618,12 +618,22 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     if (progress < 0) progress = isatty(STDERR_FILENO) ? 1 : 0;
     if (opts->quiet) progress = 0;
     int chunks = cfg->pipeline.chunks;
-    if (!opts->quiet)
-        GP_INFO("training %lld parameters on %s%s: %lld steps (%lld per epoch), batch %lld, "
+    if (!opts->quiet && mp->step >= total) /* resumed at the end: only the outputs are left */
+        GP_INFO("%lld parameters on %s%s: resumed at step %lld of %lld, nothing left to train",
+                (long long)gp_model_param_count(mp), devs[0]->name,
+                n_dev > 1 ? " and more (pipelined)" : "", (long long)mp->step, (long long)total);
+    else if (!opts->quiet) {
+        char span[96]; /* "8 steps", or a resumed run's "steps 4 to 8 of 8" */
+        if (mp->step > 0)
+            snprintf(span, sizeof span, "steps %lld to %lld of %lld", (long long)mp->step + 1,
+                     (long long)total, (long long)total);
+        else
+            snprintf(span, sizeof span, "%lld step%s", (long long)total, total == 1 ? "" : "s");
+        GP_INFO("training %lld parameters on %s%s: %s (%lld per epoch), batch %lld, "
                 "%d micro-batch%s", (long long)gp_model_param_count(mp), devs[0]->name,
-                n_dev > 1 ? " and more (pipelined)" : "",
-                (long long)total, (long long)per_epoch, (long long)tc->batch_size, chunks,
-                chunks == 1 ? "" : "es");
+                n_dev > 1 ? " and more (pipelined)" : "", span, (long long)per_epoch,
+                (long long)tc->batch_size, chunks, chunks == 1 ? "" : "es");
+    }
     if (!opts->quiet)
         GP_INFO("data: %s, %lld samples; test: %lld samples", train.source, (long long)train.n,
                 (long long)test.n);
