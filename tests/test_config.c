@@ -378,6 +378,13 @@ static void test_errors(void)
               "expected a non-negative integer for train.seed, got '-1'");
     CHECK_ERR(parse_bad(cat(k_base, "train:\n  batch_size: 99999999999999999999\n"), NULL, 0),
               GP_ERR_INVALID, "train.batch_size must be <= 16777216, got 99999999999999999999");
+    {
+        const char *dev_mem[] = {"pipeline.devices.0.memory=1MiB"};
+        CHECK_ERR(parse_bad(cat(k_base, "pipeline: {devices: [cpu:0, cpu:1]}\n"), dev_mem, 1),
+                  GP_ERR_INVALID, "--set 'pipeline.devices.0={name: cpu:0, memory: ...}'");
+    }
+    CHECK_ERR(parse_bad(cat(k_base, "train: {<<: {steps: 3}}\n"), NULL, 0), GP_ERR_INVALID,
+              "merge keys ('<<: *anchor') are not supported");
     CHECK_ERR(parse_bad(cat(k_base, "train:\n  steps: -99999999999999999999\n"), NULL, 0),
               GP_ERR_INVALID, "train.steps must be >= ");
     CHECK_ERR(parse_bad(cat(k_base, "pipeline: [1]\n"), NULL, 0), GP_ERR_INVALID,

@@ -275,6 +275,11 @@ static gp_status attach(builder *b, gp_ynode *node)
         gp_ynode_free(node);
         return build_err(b, line, col, "more than %d keys in one map", GP_YAML_MAX_MAP);
     }
+    if (!node->quoted && !strcmp(node->text, "<<")) { /* YAML 1.1's merge key */
+        gp_ynode_free(node);
+        return build_err(b, line, col, "merge keys ('<<: *anchor') are not supported: write the "
+                         "keys out, or repeat a whole value with an alias (*anchor)");
+    }
     for (int i = 0; i < top->n; i++) {
         if (!strcmp(top->keys[i]->text, node->text)) {
             char path[256];
@@ -621,6 +626,12 @@ static gp_status override_apply(gp_ynode **root, const char *set, char **comps, 
                                "not a map; cannot set '%s' inside it: give both as one map, "
                                "--set '%s={type: %.60s, %s: ...}'", path, node->text, node->text,
                                c, path, node->text, c);
+            /* a device given by its name alone: {name: ..., memory: ...} */
+            if (node->text && !strncmp(path, "pipeline.devices.", 17))
+                return set_err(set, "'%s' is a device given by its name alone ('%.60s'), not a "
+                               "map; cannot set '%s' inside it: give it as a map, --set "
+                               "'%s={name: %.60s, %s: ...}'", path, node->text, c, path,
+                               node->text, c);
             return set_err(set, "'%s' is a single value ('%.60s'), not a map; cannot "
                            "set '%s' inside it", path[0] ? path : "the config", node->text ? node->text : "", c);
         }
