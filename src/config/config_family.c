@@ -29,6 +29,7 @@ typedef struct {
     int n, cap;
     const char *file;
     int line, column;
+    const char *set; /* the --set that changed the family's sizes, or NULL */
 } spec_list;
 
 static gp_layer_spec *push(spec_list *l, gp_layer_type t, const char *name)
@@ -40,6 +41,7 @@ static gp_layer_spec *push(spec_list *l, gp_layer_type t, const char *name)
     snprintf(s->file, sizeof s->file, "%s", l->file);
     s->line = l->line;
     s->column = l->column;
+    if (l->set) snprintf(s->set, sizeof s->set, "%s", l->set);
     return s;
 }
 
@@ -202,7 +204,8 @@ static gp_status parse_amoebanet(gp_cfg_walk *w, const gp_ynode *m, gp_model_con
         return gp_cfg_bad(w, gp_ymap_get(r, "filters"), "model.amoebanet.filters must be a "
                           "multiple of 16 (the first cells have filters / 2 channels, whose "
                           "branches narrow to a quarter), got %lld", (long long)filters);
-    spec_list l = {.file = w->file, .line = rkey->line, .column = rkey->column};
+    spec_list l = {.file = w->file, .line = rkey->line, .column = rkey->column,
+                   .set = gp_ynode_set_within(r)};
     GP_TRY(amoebanet(&l, layers, filters, classes));
     mc->layers = l.specs;
     mc->n_layers = l.n;
@@ -344,7 +347,8 @@ static gp_status parse_unet(gp_cfg_walk *w, const gp_ynode *m, gp_model_config *
                           "one pixel; give a larger model.input or a smaller depth", depth,
                           depth, (long long)mc->input[1], (long long)mc->input[2],
                           (long long)bh, (long long)bw);
-    spec_list l = {.file = w->file, .line = ukey->line, .column = ukey->column};
+    spec_list l = {.file = w->file, .line = ukey->line, .column = ukey->column,
+                   .set = gp_ynode_set_within(u)};
     GP_TRY(unet(&l, depth, convs, base, out_ch));
     mc->layers = l.specs;
     mc->n_layers = l.n;
@@ -374,7 +378,8 @@ gp_status gp_cfg_parse_family(gp_cfg_walk *w, const gp_ynode *m, gp_model_config
     if (depth != 50 && depth != 101 && depth != 152)
         return gp_cfg_bad(w, gp_ymap_get(r, "depth"), "model.resnet.depth must be 50, 101 or "
                           "152 (the bottleneck ResNets), got %d", depth);
-    spec_list l = {.file = w->file, .line = rkey->line, .column = rkey->column};
+    spec_list l = {.file = w->file, .line = rkey->line, .column = rkey->column,
+                   .set = gp_ynode_set_within(r)};
     GP_TRY(resnet(&l, depth, classes));
     mc->layers = l.specs;
     mc->n_layers = l.n;

@@ -242,8 +242,9 @@ static gp_status attach(builder *b, gp_ynode *node)
 {
     if (b->depth == 0) {
         if (b->root) {
+            int line = node->line, col = node->column; /* (read before the free) */
             gp_ynode_free(node);
-            return build_err(b, node->line, node->column, "unexpected second root node");
+            return build_err(b, line, col, "unexpected second root node");
         }
         b->root = node;
         return GP_OK;
@@ -627,7 +628,7 @@ static gp_status override_apply(gp_ynode **root, const char *set, char **comps, 
                                "--set '%s={type: %.60s, %s: ...}'", path, node->text, node->text,
                                c, path, node->text, c);
             /* a device given by its name alone: {name: ..., memory: ...} */
-            if (node->text && !strncmp(path, "pipeline.devices.", 17))
+            if (node->text && !strncmp(path, "pipeline.devices.", 17) && !strchr(path + 17, '.'))
                 return set_err(set, "'%s' is a device given by its name alone ('%.60s'), not a "
                                "map; cannot set '%s' inside it: give it as a map, --set "
                                "'%s={name: %.60s, %s: ...}'", path, node->text, c, path,

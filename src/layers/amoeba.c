@@ -136,6 +136,7 @@ static gp_layer_spec *unit(const gp_layer *l, cell_plan *p, gp_layer_type t, con
     memcpy(p->prefix[p->n_child], name, sizeof name);
     snprintf(s->name, sizeof s->name, "%s", name);
     memcpy(s->file, l->spec.file, sizeof s->file);
+    memcpy(s->set, l->spec.set, sizeof s->set);
     s->line = l->spec.line;
     s->column = l->spec.column;
     s->momentum = l->spec.momentum;

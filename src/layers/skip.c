@@ -144,6 +144,7 @@ static gp_status add_init(gp_layer *l, uint64_t seed)
         gp_layer_spec s = gp_layer_spec_default(k == P_CONV ? GP_LAYER_CONV2D : GP_LAYER_BATCHNORM);
         snprintf(s.name, sizeof s.name, "%s", proj_names[k]);
         memcpy(s.file, l->spec.file, sizeof s.file);
+        memcpy(s.set, l->spec.set, sizeof s.set);
         s.line = l->spec.line;
         s.column = l->spec.column;
         s.out = l->spec.out;

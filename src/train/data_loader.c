@@ -142,7 +142,7 @@ static gp_status fill_sample(gp_loader *ld, loader_worker *wk, loader_slot *sl, 
     if (ds->folder)
         return gp_folder_sample(ds->folder, wk->fw, src, ld->opts.augment, ld->opts.seed, epoch,
                                 pos, ld->normalize, ld->mean, ld->std, x, y);
-    if (!masks && ds->labels[src] >= ds->classes)
+    if (!masks && (ds->labels[src] < 0 || ds->labels[src] >= ds->classes))
         return gp_error_set(GP_ERR_DATA, "%s: sample %lld has label %d, out of range for "
                                          "%d classes (epoch %lld, batch %lld)",
                             ds->source, (long long)src, ds->labels[src], ds->classes,

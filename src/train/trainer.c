@@ -714,6 +714,10 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
              * read is not trained: the snapshot's position is before it,
              * and a run resumed there evaluates this epoch again. */
             int esig = agreed(stop_asked(opts));
+            if (esig && step == first_step) { /* a resumed run's first evaluation: no step yet */
+                s = stop_early(opts, "during the evaluation", res);
+                goto done;
+            }
             if (esig) {
                 s = stop_between_steps(mp, cfg, opts, esig, step, total, saved_step, &last_pos,
                                        snap_lock, res);
@@ -1006,9 +1010,11 @@ static gp_status summary_fits(const gp_config *cfg, const gp_model *m)
             buffers[j % n] += gp_layer_buffer_count(&m->layers[k]); /* values alone */
         }
     size_t per = state_bytes(cfg);
-    for (int d = 0; d < n; d++) {
+    /* every replica's devices: each holds what replica 0's of its place do,
+     * and may have its own memory: */
+    for (int d = 0; d < gp_pipeline_devices_total(pc); d++) {
         uint64_t cap = device_opts(cfg, d).capacity;
-        uint64_t need = (uint64_t)held[d] * per + (uint64_t)buffers[d] * sizeof(float);
+        uint64_t need = (uint64_t)held[d % n] * per + (uint64_t)buffers[d % n] * sizeof(float);
         if (!cap || need <= cap) continue;
         char nb[32], cb[32];
         gp_format_bytes((size_t)need, nb, sizeof nb);
@@ -1017,7 +1023,7 @@ static gp_status summary_fits(const gp_config *cfg, const gp_model *m)
                             "%s, more than its pipeline.memory of %s; give it more memory, or "
                             "spread the model over more devices", cfg->path,
                             pc->devices[d].name, nb, state_words(cfg, false),
-                            buffers[d] ? " (batch-norm statistics included)" : "", cb);
+                            buffers[d % n] ? " (batch-norm statistics included)" : "", cb);
     }
     return GP_OK;
 }

@@ -99,26 +99,40 @@ gp_status gp_cuda_lt_probe_relu(gp_device *dev)
     ctx->lt_relu = false; /* until a NaN is seen to survive */
     if (ctx->lt_off || !ctx->lt) return GP_OK;
     GP_TRY(gp_cuda_enter(dev));
-    /* x = NaN, w = 1, bias = 0, y: 16 bytes apart (cuBLASLt reads the
-     * bias in vectors) */
-    float host[16] = {0}, *buf = NULL;
-    host[0] = NAN;
-    host[4] = 1.0f;
-    GP_TRY(gp_dev_alloc(dev, sizeof host, GP_MEM_WORKSPACE, (void **)&buf));
+    /* A product of a linear layer's size (cuBLASLt picks its kernels by
+     * shape: a 1 x 1 product may not run the tiles a real one does), x (P x
+     * P) ones but for a NaN in row 0, w (P x P) ones, bias zeros: row 0 of
+     * y must come out NaN, every other row P.  Each block 16-byte aligned. */
+    enum { P = 128 };
+    const int64_t nx = (int64_t)P * P, nb = P, total = 3 * nx + nb;
+    float *host = malloc(sizeof *host * (size_t)total), *buf = NULL;
+    if (!host) return gp_error_set(GP_ERR_OOM, "out of host memory");
+    for (int64_t i = 0; i < 2 * nx; i++) host[i] = 1.0f;
+    for (int64_t i = 2 * nx; i < total; i++) host[i] = 0.0f;
+    host[1] = NAN;
+    float *x = NULL, *w = NULL, *bias = NULL, *y = NULL;
+    gp_status st = gp_dev_alloc(dev, sizeof *host * (size_t)total, GP_MEM_WORKSPACE,
+                                (void **)&buf);
     bool done = false;
-    float got = 0.0f;
-    gp_status st = gp_dev_upload(dev, buf, host, 16);
+    if (st == GP_OK) {
+        x = buf, w = buf + nx, y = buf + 2 * nx, bias = buf + 3 * nx;
+        st = gp_dev_upload(dev, buf, host, total);
+    }
     if (st == GP_OK)
-        st = gp_cuda_lt_gemm(dev, 0, 1, 1, 1, 1, 1.0f, buf, 1, buf + 4, 1, 0.0f, buf + 12, 1,
-                             buf + 8, true, &done);
-    if (st == GP_OK && done) st = gp_dev_download(dev, &got, buf + 12, 1);
+        st = gp_cuda_lt_gemm(dev, 0, 1, P, P, P, 1.0f, x, P, w, P, 0.0f, y, P, bias, true, &done);
+    if (st == GP_OK && done) st = gp_dev_download(dev, host, y, nx);
     if (st == GP_OK) st = gp_dev_synchronize(dev);
-    gp_dev_free(dev, buf, sizeof host, GP_MEM_WORKSPACE);
+    if (buf) gp_dev_free(dev, buf, sizeof *host * (size_t)total, GP_MEM_WORKSPACE);
+    bool kept = done && st == GP_OK;
+    for (int64_t j = 0; kept && j < P; j++) kept = isnan(host[j]) != 0;
+    float row1 = done && st == GP_OK ? host[P] : 0.0f;
+    free(host);
     GP_TRY(st);
-    ctx->lt_relu = done && isnan(got);
+    ctx->lt_relu = kept && row1 == (float)P;
     if (done && !ctx->lt_relu)
-        GP_DEBUG("device %s: cuBLASLt's relu epilogue made a NaN %g; a linear layer's relu runs "
-                 "as gpipe's own kernel after the product", dev->name, (double)got);
+        GP_DEBUG("device %s: cuBLASLt's relu epilogue lost a NaN (or computed %g for %d); a "
+                 "linear layer's relu runs as gpipe's own kernel after the product", dev->name,
+                 (double)row1, P);
     return GP_OK;
 }
 

@@ -243,8 +243,9 @@ static inline bool gp_cuda_conv_tensor_math(const gp_cuda_ctx *ctx, const cuda_c
 }
 
 /* Whether cuBLASLt's relu epilogue keeps a NaN as gpipe's relu does (its
- * documentation says max(x, 0), which fmaxf makes 0): one 1 x 1 product
- * of NaN with CUBLASLT_EPILOGUE_RELU_BIAS when the device opens, read back;
+ * documentation says max(x, 0), which fmaxf makes 0): a 128 x 128 x 128
+ * product with a NaN, through CUBLASLT_EPILOGUE_RELU_BIAS when the device
+ * opens, read back (layer-sized: cuBLASLt picks kernels by shape);
  * ctx->lt_relu says.  Where it does not, linear_fwd asks cuBLASLt for the
  * bias alone and runs gpipe's relu kernel after it, so the NaN check sees
  * what the CPU's would. */
