@@ -399,6 +399,26 @@ static void test_cli_errors(void)
              GPIPE_SOURCE_DIR);
     CHECK_MSG(run(cmd, out, sizeof out) == 2 && strstr(out, "drop --by size"),
               "--by size --simulate: %s", out);
+    /* --simulate on a config whose own m fits no split: it says so and
+     * still simulates, recommending a setup that fits (it stopped at the
+     * plan, exit 2, with advice that did not help); --write is refused;
+     * and with nothing that fits, exit 2 */
+    snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --devices 2 --set pipeline.memory=12MiB "
+             "--simulate -q --reps 1", balance_bin, GPIPE_SOURCE_DIR);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0 && strstr(out, "at the config's m = 1: ") &&
+                  strstr(out, "recommended: schedule") && strstr(out, "--chunks"),
+              "--simulate, the config's m does not fit: %s", out);
+    char nofit[300];
+    snprintf(nofit, sizeof nofit, "%s/nofit.yaml", tmpdir);
+    snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --devices 2 --set pipeline.memory=12MiB "
+             "--simulate -q --reps 1 --write %s", balance_bin, GPIPE_SOURCE_DIR, nofit);
+    CHECK_MSG(run(cmd, out, sizeof out) == 2 && strstr(out, "not writing") &&
+                  access(nofit, F_OK) != 0,
+              "--write of a config that does not fit: %s", out);
+    snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --devices 2 --set pipeline.memory=8MiB "
+             "--simulate -q --reps 1", balance_bin, GPIPE_SOURCE_DIR);
+    CHECK_MSG(run(cmd, out, sizeof out) == 2 && strstr(out, "fits device memory either"),
+              "--simulate, nothing fits: %s", out);
     /* a config that is not one is named as such, not as our override */
     char empty[300];
     snprintf(empty, sizeof empty, "%s/empty.yaml", tmpdir);

@@ -619,7 +619,20 @@ int main(int argc, char **argv)
     pd.by = po.by;
     int balance[GP_MAX_DEVICES];
     s = gp_balance_plan(&prof, &po, balance);
-    if (s == GP_OK) {
+    /* --simulate is where a config that fits nowhere at its own m learns
+     * which m, schedule and checkpointing do fit: simulate on the split
+     * that balances time alone (each row says whether it fits) rather
+     * than stop here */
+    bool own_fits = s == GP_OK;
+    if (s == GP_ERR_INVALID && simulate && prof.timed) {
+        printf("at the config's m = %d: %s\nthe rows below are simulated on the split that "
+               "balances time alone; each says whether it fits\n\n", m, gp_last_error());
+        gp_plan_opts pu = po;
+        for (int j = 0; j < GP_MAX_DEVICES; j++) pu.capacity[j] = 0;
+        gp_error_clear();
+        s = gp_balance_plan(&prof, &pu, balance);
+    }
+    if (s == GP_OK && own_fits) {
         char title[96];
         if (v > 1)
             snprintf(title, sizeof title, "balance for %d devices x %d stages (interleaved), by %s",
@@ -664,6 +677,12 @@ int main(int argc, char **argv)
         const int *one = balance;
         if (v > 1) {
             s = gp_balance_plan(&prof, &pd, bal1);
+            if (s == GP_ERR_INVALID && !own_fits) { /* as above: time alone */
+                gp_plan_opts pu = pd;
+                for (int j = 0; j < GP_MAX_DEVICES; j++) pu.capacity[j] = 0;
+                gp_error_clear();
+                s = gp_balance_plan(&prof, &pu, bal1);
+            }
             one = bal1;
         }
         struct {
@@ -736,9 +755,16 @@ int main(int argc, char **argv)
                 print_hint(argc, argv, n, r[pick].m, gp_schedule_kind_name(r[pick].schedule),
                            r[pick].v, v, gp_checkpoint_mode_name(r[pick].checkpoint));
         }
+        else if (s == GP_OK && !own_fits) /* the config fits nowhere, nor does anything else */
+            s = gp_error_set(GP_ERR_INVALID, "no schedule, checkpoint mode and m fits device "
+                             "memory either; raise pipeline.memory or add devices");
         else if (s == GP_OK)
             printf("no schedule, checkpoint mode and m fits device memory\n");
     }
+    if (s == GP_OK && write_path && !own_fits)
+        s = gp_error_set(GP_ERR_INVALID, "not writing %s: no split fits device memory at the "
+                         "config's own m = %d (above); write the recommended setup instead",
+                         write_path, m);
     if (s == GP_OK && write_path) {
         s = write_config(write_path, &cfg, balance);
         if (s == GP_OK) printf("\nwrote %s\n", write_path);

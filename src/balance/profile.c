@@ -816,7 +816,14 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
         l.in_blk = blk[k];
         l.out_blk = blk[L + k];
         gp_layer_mem *mm = &out->mem[k];
+        /* a profile names layers by place, not by the --set that changed
+         * them (which would crowd the 96 characters out; saved profiles
+         * outlive the run's overrides) */
+        char set_note[sizeof l.spec.set];
+        memcpy(set_note, l.spec.set, sizeof set_note);
+        l.spec.set[0] = '\0';
         gp_layer_describe(&l, mm->desc, sizeof mm->desc);
+        memcpy(l.spec.set, set_note, sizeof set_note);
         gp_profile_layer_spec(&specs[k], mm->spec, sizeof mm->spec);
         gp_allocator a1;
         gp_allocator_snapshot(&dev->alloc, &a1);
