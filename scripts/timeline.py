@@ -904,9 +904,34 @@ def _head_number(head, key):
     return float(m.group(1)) if m else None
 
 
+def _check_merge_output(out, paths):
+    """The output of merge is not one of its traces, nor a rank's trace
+    already there ('merge r0.json r1.json', the output forgotten, would
+    write rank 1 alone over rank 0's)."""
+    for path in paths:
+        same = os.path.abspath(path) == os.path.abspath(out)
+        try:
+            same = same or os.path.samefile(path, out)
+        except OSError:
+            pass
+        if same:
+            raise TraceError(out, "is one of the traces to merge; the output comes first: "
+                             "merge OUTPUT.json TRACE.json TRACE.rank1.json ...")
+    try:
+        with open(out, "rb") as f:
+            head = f.read(4096).decode("utf-8", "replace")
+    except OSError:
+        return  # not there (or unreadable: the write will say)
+    if '"traceEvents"' in head and '"merged_from"' not in head:
+        raise TraceError(out, "already holds a trace that merge did not write (a rank's?); "
+                         "the output comes first: merge OUTPUT.json TRACE.json ...; remove it "
+                         "first to replace it")
+
+
 def merge(out, paths):
     """The ranks' traces -> one trace on rank 0's time axis (see the module
     docstring); returns the number of events written."""
+    _check_merge_output(out, paths)
     files = []
     for path in paths:
         data = _read_bytes(path)
@@ -967,17 +992,20 @@ def main(argv=None):
     p.add_argument("--steps", help="A:B, A, A:, :B (default: all recorded steps)")
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
     p = sub.add_parser("compare", help="two runs side by side, ratios B/A, stacked Gantt")
-    p.add_argument("a")
-    p.add_argument("b")
-    p.add_argument("-o", "--output", default="compare.png")
+    p.add_argument("a", help="run A's trace (the ratios' denominator)")
+    p.add_argument("b", help="run B's trace")
+    p.add_argument("-o", "--output", default="compare.png",
+                   help="the picture (default compare.png; .png, .svg or .pdf)")
     p.add_argument("--no-plot", action="store_true",
                    help="the table alone, no picture (needs no matplotlib)")
     p.add_argument("--steps", help="steps summarised (default: all recorded)")
     p.add_argument("--plot-steps", help="steps drawn (default: each trace's first)")
     p.add_argument("--size", help="WIDTHxHEIGHT pixels")
     p = sub.add_parser("merge", help="the ranks' traces of an mpirun run on one time axis")
-    p.add_argument("output")
-    p.add_argument("traces", nargs="+")
+    p.add_argument("output", help="the merged trace to write (not one of the traces; a "
+                   "rank's trace there is refused)")
+    p.add_argument("traces", nargs="+", help="each rank's trace, rank 0's first (run.json "
+                   "run.rank1.json ...)")
     p = sub.add_parser("gantt", help="one timeline picture")
     p.add_argument("trace")
     p.add_argument("-o", "--output", required=True)

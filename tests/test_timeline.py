@@ -567,6 +567,16 @@ def test_bad_inputs(tmp, trace):
                 "old.json", "no otherData.origin_s", "merge of a trace without its origin")
     check_fails(["merge", os.path.join(d, "m.json"), trace, trace], trace,
                 "is also in", "merge of one trace twice")
+    # the output forgotten ('merge r0.json r1.json'): a rank's trace there is
+    # not overwritten, and an output that is one of the traces is refused
+    with open(trace, "rb") as f:
+        before = f.read()
+    check_fails(["merge", trace, put("r1.json", before)], trace,
+                "already holds a trace that merge did not write", "merge over a rank's trace")
+    with open(trace, "rb") as f:
+        check(f.read() == before, "a refused merge leaves the trace there as it was")
+    check_fails(["merge", os.path.join(d, "m.json"), os.path.join(d, "m.json")], "m.json",
+                "is one of the traces to merge", "merge into one of its traces")
     check(not os.path.exists(os.path.join(d, "m.json")), "a failed merge writes no file")
     check(not os.path.exists(os.path.join(d, "g.png")) and
           not os.path.exists(os.path.join(d, "c.png")),
