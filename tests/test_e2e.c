@@ -359,6 +359,11 @@ static void test_cli_errors(void)
     CHECK_MSG(run(cmd, out, sizeof out) == 0 && strstr(out, "measuring the memory of") &&
                   !strstr(out, "profiling") && !strstr(out, "0.000") && strstr(out, "by size:"),
               "output: %s", out);
+    /* --opt=VALUE, as gpipe-train takes --set=K=V */
+    snprintf(cmd, sizeof cmd, "%s %s/configs/mlp.yaml --by=size --devices=2 "
+             "--set=pipeline.chunks=4 -q", balance_bin, GPIPE_SOURCE_DIR);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0 && strstr(out, "balance for 2 devices, by size"),
+              "--opt=VALUE: %s", out);
     /* GPIPE_LOG quiets gpipe-balance's own notes too (stderr only here) */
     snprintf(cmd, sizeof cmd, "{ GPIPE_LOG=quiet %s %s/configs/mlp.yaml --devices 2 --reps 1 "
              "2>&1 >/dev/null; }", balance_bin, GPIPE_SOURCE_DIR);
@@ -395,6 +400,11 @@ static void test_cli_errors(void)
              GPIPE_SOURCE_DIR, prof);
     CHECK_MSG(run(cmd, out, sizeof out) == 0 && strstr(out, "holds no times") &&
                   strstr(out, "by size: ["), "an untimed --profile-in: %s", out);
+    snprintf(cmd, sizeof cmd, "%s %s/configs/mlp.yaml --profile-in %s --simulate", balance_bin,
+             GPIPE_SOURCE_DIR, prof);
+    CHECK_MSG(run(cmd, out, sizeof out) == 2 && strstr(out, "holds no times") &&
+                  !strstr(out, "also needs size"),
+              "--simulate on an untimed --profile-in: %s", out);
     snprintf(cmd, sizeof cmd, "%s %s/configs/mlp.yaml --by size --simulate", balance_bin,
              GPIPE_SOURCE_DIR);
     CHECK_MSG(run(cmd, out, sizeof out) == 2 && strstr(out, "drop --by size"),

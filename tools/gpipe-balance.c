@@ -48,6 +48,7 @@ static void usage(FILE *f)
           "  -q, --quiet        print the balance and errors only (no progress notes\n"
           "                     or warnings)\n"
           "  --version          print the version\n"
+          "  (an option's value may also follow an '=': --devices=4, --set=K=V)\n"
           "  -h, --help         this text\n"
           "\n"
           "environment: GPIPE_LOG=debug|info|warn|error|quiet sets log verbosity\n"
@@ -162,6 +163,10 @@ static gp_status check_profile_sizes(const gp_profile *p, const char *path, int6
         for (int q = 1; q <= 32 && q <= batch; q *= 2) need[n++] = (batch + q - 1) / q;
     int k = gp_profile_missing_sizes(p, need, n, missing);
     if (k == 0) return GP_OK;
+    if (simulate && !p->timed) /* the sizes are not what is missing most */
+        return gp_error_set(GP_ERR_INVALID, "'%s' holds no times (it was saved with --by size): "
+                            "--simulate needs them; profile again without --by size "
+                            "(gpipe-balance CONFIG.yaml --simulate --profile-out FILE)", path);
     char have[256], lack[256];
     int off = 0;
     for (int z = 0; z < p->n_sizes && off < (int)sizeof have - 24; z++)
@@ -298,8 +303,22 @@ int main(int argc, char **argv)
     const char **sets = calloc((size_t)argc + 4, sizeof *sets);
     int n_sets = 0, set_value_at = -1, quiet = 0;
     if (!sets) return EXIT_RUNTIME;
+    static const char *const valued[] = {"--devices", "--chunks", "--by", "--write",
+                                         "--profile-out", "--profile-in", "--set", "--reps"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        /* --opt=VALUE, as gpipe-train takes --set=K=V */
+        char opt[16];
+        const char *inline_v = NULL, *eq = !strncmp(a, "--", 2) ? strchr(a, '=') : NULL;
+        if (eq && (size_t)(eq - a) < sizeof opt) {
+            memcpy(opt, a, (size_t)(eq - a));
+            opt[eq - a] = '\0';
+            for (size_t q = 0; q < sizeof valued / sizeof valued[0]; q++)
+                if (!strcmp(opt, valued[q])) {
+                    a = opt;
+                    inline_v = eq + 1;
+                }
+        }
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             free(sets);
@@ -315,19 +334,19 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--devices") || !strcmp(a, "--chunks") || !strcmp(a, "--by") ||
                    !strcmp(a, "--write") || !strcmp(a, "--profile-out") ||
                    !strcmp(a, "--profile-in") || !strcmp(a, "--set") || !strcmp(a, "--reps")) {
-            if (i + 1 >= argc) {
+            if (!inline_v && i + 1 >= argc) {
                 fprintf(stderr, "gpipe-balance: %s needs a value; see --help\n", a);
                 free(sets);
                 return EXIT_USAGE;
             }
-            const char *v = argv[++i];
-            if (!strncmp(v, "--", 2) && v[2]) { /* "--write --simulate": a forgotten value */
+            const char *v = inline_v ? inline_v : argv[++i];
+            if (!inline_v && !strncmp(v, "--", 2) && v[2]) { /* "--write --simulate": forgotten */
                 fprintf(stderr, "gpipe-balance: %s needs a value, and '%s' is an option; see "
                         "--help\n", a, v);
                 free(sets);
                 return EXIT_USAGE;
             }
-            set_value_at = !strcmp(a, "--set") ? i : -1;
+            set_value_at = !strcmp(a, "--set") && !inline_v ? i : -1;
             char *end = NULL;
             if (!strcmp(a, "--devices") || !strcmp(a, "--chunks") || !strcmp(a, "--reps")) {
                 long x = strtol(v, &end, 10);
