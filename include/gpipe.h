@@ -6,8 +6,8 @@
  * function that can fail returns a gp_status and leaves a human-readable
  * message for the calling thread in gp_last_error().
  *
- * Memory: objects returned by gp_*_create / gp_*_load are freed with the
- * matching gp_*_destroy / gp_*_free, which accept NULL.  A NULL run, NULL
+ * Memory: a gp_run from gp_run_load or gp_run_parse is freed with
+ * gp_run_free, which accepts NULL.  A NULL run, NULL
  * data or a NULL override is GP_ERR_INVALID; out-parameters (gp_metrics
  * *out, loss, accuracy, name, peak, current) may be NULL where not wanted.
  * Threads: a gp_run is used from one thread at a time; gpipe starts its own
@@ -46,7 +46,9 @@ typedef enum gp_status {
 
 /* "ok", "invalid", ... */
 const char *gp_status_name(gp_status s);
-/* The calling thread's last error message ("" if none). */
+/* The calling thread's last error message ("" if there has been none).  A
+ * call that succeeds leaves it as it was (as errno): read it after a
+ * status other than GP_OK. */
 const char *gp_last_error(void);
 /* "0.1.0" */
 const char *gp_version(void);
@@ -88,8 +90,8 @@ gp_status gp_run_prepare(gp_run *run);
  * cross_entropy) or, with model.loss: bce_with_logits, one target in
  * [0, 1] per element of the model's output, sample after sample (a mask
  * (n, 1, H, W)).  Loss and accuracy are then per element.  The learning
- * rate follows the config's schedule over `total_steps` (0: no schedule,
- * train.optimizer.lr with its lr_scaling).  A NaN or Inf in x is refused
+ * rate follows the config's schedule over `total_steps` (0 or less: no
+ * schedule, train.optimizer.lr with its lr_scaling).  A NaN or Inf in x is refused
  * before anything is computed (GP_ERR_DATA, naming its sample and index;
  * the model is as it was and the run goes on), as a bad label or target
  * is.  A loss or parameter that is not finite (GP_ERR_NUMERIC: a model
@@ -143,7 +145,7 @@ gp_status gp_run_train_ex(gp_run *run, const gp_train_options *opts, gp_metrics 
  * signals before training starts (its threads inherit the mask) and take
  * them with sigwait() on a thread of your own, so no signal interrupts a
  * computing thread.  gpipe-train then exits with 128 + the signal's
- * number (130 SIGINT, 143 SIGTERM, 129 SIGHUP); a second signal there
+ * number (130 SIGINT, 143 SIGTERM, 129 SIGHUP, 138 SIGUSR1); a second signal there
  * exits at once.  The request stays: later calls to gp_run_train on this
  * run stop before their first step. */
 void gp_run_stop(gp_run *run, int signo);

@@ -314,9 +314,12 @@ gp_status gp_run_device_memory(const gp_run *r, int j, const char **name, size_t
                                size_t *current)
 {
     RUN_ARG(r);
-    if (!r->prepared || j < 0 || j >= r->n_dev)
-        return gp_error_set(GP_ERR_INVALID, "device %d does not exist (the run has %d; call "
-                            "gp_run_prepare first)", j, r->prepared ? r->n_dev : 0);
+    if (!r->prepared)
+        return gp_error_set(GP_ERR_INVALID, "gp_run_device_memory: the run has no devices "
+                            "yet; call gp_run_prepare first");
+    if (j < 0 || j >= r->n_dev)
+        return gp_error_set(GP_ERR_INVALID, "gp_run_device_memory: device %d does not exist "
+                            "(the run has %d: 0 to %d)", j, r->n_dev, r->n_dev - 1);
     gp_allocator a;
     gp_allocator_snapshot(&r->devs[j]->alloc, &a);
     if (name) *name = r->devs[j]->name;
