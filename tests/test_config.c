@@ -383,6 +383,8 @@ static void test_errors(void)
         CHECK_ERR(parse_bad(cat(k_base, "pipeline: {devices: [cpu:0, cpu:1]}\n"), dev_mem, 1),
                   GP_ERR_INVALID, "--set 'pipeline.devices.0={name: cpu:0, memory: ...}'");
     }
+    CHECK_ERR(parse_bad(cat(k_base, "pipeline: {schedule: ZB-H1}\n"), NULL, 0), GP_ERR_INVALID,
+              "did you mean 'zb-h1'?"); /* only the case differs */
     CHECK_ERR(parse_bad(cat(k_base, "train: {<<: {steps: 3}}\n"), NULL, 0), GP_ERR_INVALID,
               "merge keys ('<<: *anchor') are not supported");
     CHECK_ERR(parse_bad(cat(k_base, "train:\n  steps: -99999999999999999999\n"), NULL, 0),

@@ -248,6 +248,8 @@ void gp_cfg_nearest(const char *word, const char *const *names, int n, char *buf
     size_t wl = strlen(word);
     int best = closest(word, names, n);
     buf[0] = '\0';
+    for (int i = 0; i < n && best < 0; i++) /* only the case differs ("ZB-H1") */
+        if (!strcasecmp(names[i], word)) best = i;
     if (best >= 0) {
         snprintf(buf, len, "; did you mean '%s'?", names[best]);
         return;
