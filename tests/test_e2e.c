@@ -413,10 +413,11 @@ static void test_cli_errors(void)
      * still simulates, recommending a setup that fits (it stopped at the
      * plan, exit 2, with advice that did not help); --write is refused;
      * and with nothing that fits, exit 2 */
-    snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --devices 2 --set pipeline.memory=12MiB "
+    snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --devices=2 --set pipeline.memory=12MiB "
              "--simulate -q --reps 1", balance_bin, GPIPE_SOURCE_DIR);
     CHECK_MSG(run(cmd, out, sizeof out) == 0 && strstr(out, "at the config's m = 1: ") &&
-                  strstr(out, "recommended: schedule") && strstr(out, "--chunks"),
+                  strstr(out, "recommended: schedule") && strstr(out, "--chunks") &&
+                  !strstr(out, "--devices=2"), /* the advice replaces --opt=VALUE forms too */
               "--simulate, the config's m does not fit: %s", out);
     char nofit[300];
     snprintf(nofit, sizeof nofit, "%s/nofit.yaml", tmpdir);

@@ -238,7 +238,7 @@ static void print_word(const char *w)
  * devices, chunks, schedule and checkpoint mode in place of theirs, so it
  * balances the model that was simulated. */
 static void print_hint(int argc, char **argv, int n, int m, const char *sched, int virt,
-                       int cfg_virt, const char *ckpt)
+                       int cfg_virt, const char *ckpt, bool lockstep)
 {
     printf("  to use it: gpipe-balance");
     for (int i = 1; i < argc; i++) {
@@ -249,6 +249,12 @@ static void print_hint(int argc, char **argv, int n, int m, const char *sched, i
             i++;
             continue;
         }
+        if (!strncmp(a, "--devices=", 10) || !strncmp(a, "--chunks=", 9) ||
+            !strncmp(a, "--write=", 8) || !strncmp(a, "--profile-out=", 14) ||
+            !strncmp(a, "--set=pipeline.schedule=", 24) ||
+            !strncmp(a, "--set=pipeline.virtual=", 23) ||
+            !strncmp(a, "--set=pipeline.checkpoint=", 26))
+            continue; /* the same, given as --opt=VALUE */
         /* the user's schedule, checkpoint and virtual: ours replace them
          * (a virtual left over from an interleaved config would refuse the
          * schedule recommended) */
@@ -266,6 +272,9 @@ static void print_hint(int argc, char **argv, int n, int m, const char *sched, i
         snprintf(vset, sizeof vset, " --set pipeline.virtual=%d", virt > 1 ? virt : 1);
     printf(" --devices %d --chunks %d --set pipeline.schedule=%s%s --set pipeline.checkpoint=%s "
            "--write OUT.yaml\n", n, m, sched, vset, ckpt);
+    if (lockstep && strcmp(sched, "gpipe"))
+        printf("  (simulated lockstep, as the config runs; %s often runs faster free-running: "
+               "add --set pipeline.lockstep=false to simulate that)\n", sched);
 }
 
 static void print_balance(const char *title, const gp_profile *p, const gp_plan_opts *po,
@@ -772,7 +781,8 @@ int main(int argc, char **argv)
                         (!ik || cfg.pipeline.virtual_stages == r[pick].v);
             if (!same)
                 print_hint(argc, argv, n, r[pick].m, gp_schedule_kind_name(r[pick].schedule),
-                           r[pick].v, v, gp_checkpoint_mode_name(r[pick].checkpoint));
+                           r[pick].v, v, gp_checkpoint_mode_name(r[pick].checkpoint),
+                           cfg.pipeline.lockstep);
         }
         else if (s == GP_OK && !own_fits) /* the config fits nowhere, nor does anything else */
             s = gp_error_set(GP_ERR_INVALID, "no schedule, checkpoint mode and m fits device "
