@@ -761,7 +761,14 @@ def rows_of(tr):
 def draw(ax, tr, title, t_origin):
     rows = rows_of(tr)
     span = max((s.end for s in tr.slices), default=0) - t_origin
+    # a device that runs several stages (interleaved) labels each slice
+    # with its stage too ("3 s2"), or its stages' micro-batches look alike
+    stages = {}
+    for s in tr.slices:
+        if s.stage >= 0 and s.kind in ("forward", "backward", "weights", "recompute"):
+            stages.setdefault(s.device, set()).add(s.stage)
     for y, (d, tracks, _) in enumerate(rows):
+        many = len(stages.get(d, ())) > 1
         for kind in KINDS:
             bars = [((s.start - t_origin) * 1e3, (s.end - s.start) * 1e3) for s in tr.slices
                     if s.device == d and s.track in tracks and s.kind == kind]
@@ -772,7 +779,9 @@ def draw(ax, tr, title, t_origin):
             if (s.device == d and s.track in tracks and s.micro_batch >= 0
                     and s.kind in ("forward", "backward", "weights", "recompute", "copy")
                     and span > 0 and (s.end - s.start) > 0.012 * span):
-                ax.text((s.start + s.end - 2 * t_origin) / 2 * 1e3, y, str(s.micro_batch),
+                text = (str(s.micro_batch) if not many or s.stage < 0 or s.kind == "copy"
+                        else "%d s%d" % (s.micro_batch, s.stage))
+                ax.text((s.start + s.end - 2 * t_origin) / 2 * 1e3, y, text,
                         ha="center", va="center", fontsize=7,
                         color="white" if s.kind != "copy" else "black")
     ax.set_yticks(range(len(rows)))
