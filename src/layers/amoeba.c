@@ -129,16 +129,11 @@ static gp_layer_spec *unit(const gp_layer *l, cell_plan *p, gp_layer_type t, con
 {
     GP_ASSERT(p->n_child < MAX_CHILD);
     gp_layer_spec *s = &p->spec[p->n_child];
-    *s = gp_layer_spec_default(t);
     char name[sizeof p->prefix[0]];
     if (j < 0) snprintf(name, sizeof name, "%s", base);
     else snprintf(name, sizeof name, "%s.%d", base, j);
     memcpy(p->prefix[p->n_child], name, sizeof name);
-    snprintf(s->name, sizeof s->name, "%s", name);
-    memcpy(s->file, l->spec.file, sizeof s->file);
-    memcpy(s->set, l->spec.set, sizeof s->set);
-    s->line = l->spec.line;
-    s->column = l->spec.column;
+    *s = gp_layers_child_spec(l, t, name);
     s->momentum = l->spec.momentum;
     s->eps = l->spec.eps;
     s->sync = l->spec.sync;

@@ -80,12 +80,8 @@ static gp_status fr_infer(const gp_layer *l, const gp_shape *in, gp_shape *out)
 
 static gp_layer_spec child_spec(const gp_layer *l, int which)
 {
-    gp_layer_spec s = gp_layer_spec_default(which == C_BN ? GP_LAYER_BATCHNORM : GP_LAYER_CONV2D);
-    snprintf(s.name, sizeof s.name, "%s", child_names[which]);
-    memcpy(s.file, l->spec.file, sizeof s.file);
-    memcpy(s.set, l->spec.set, sizeof s.set);
-    s.line = l->spec.line;
-    s.column = l->spec.column;
+    gp_layer_spec s = gp_layers_child_spec(l, which == C_BN ? GP_LAYER_BATCHNORM : GP_LAYER_CONV2D,
+                                           child_names[which]);
     s.out = which == C_BN ? l->spec.out : l->spec.out / 2;
     s.bias = false;
     s.init = l->spec.init;

@@ -336,6 +336,17 @@ gp_status gp_layers_add_param(gp_layer *l, const char *name, const gp_shape *sha
     return GP_OK;
 }
 
+gp_layer_spec gp_layers_child_spec(const gp_layer *parent, gp_layer_type t, const char *name)
+{
+    gp_layer_spec s = gp_layer_spec_default(t);
+    snprintf(s.name, sizeof s.name, "%s", name);
+    memcpy(s.file, parent->spec.file, sizeof s.file);
+    memcpy(s.set, parent->spec.set, sizeof s.set);
+    s.line = parent->spec.line;
+    s.column = parent->spec.column;
+    return s;
+}
+
 gp_status gp_layers_child_setup(gp_layer *parent, const gp_layer_spec *spec, const char *prefix,
                                 const gp_shape *in, uint64_t seed, gp_layer *child, int *first)
 {

@@ -78,6 +78,10 @@ gp_status gp_layer_setup(const gp_layer_spec *spec, int index, int param_base,
  * parent's tensors: call it before every use of the child, so whoever
  * replaces a parent's tensor is safe.  Destroying the child frees nothing
  * of the parent's. */
+/* A child's spec: type t's defaults, named `name`, at the parent's place in
+ * the config (file, line, column, and the --set that changed it), so its
+ * messages point where the parent's do. */
+gp_layer_spec gp_layers_child_spec(const gp_layer *parent, gp_layer_type t, const char *name);
 gp_status gp_layers_child_setup(gp_layer *parent, const gp_layer_spec *spec, const char *prefix,
                                 const gp_shape *in, uint64_t seed, gp_layer *child, int *first);
 void gp_layers_child_view(const gp_layer *parent, gp_layer *child, int first);

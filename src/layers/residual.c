@@ -100,12 +100,7 @@ static gp_layer_spec child_spec(const gp_layer *l, int which)
         GP_LAYER_CONV2D, GP_LAYER_BATCHNORM, GP_LAYER_RELU, GP_LAYER_CONV2D,
         GP_LAYER_BATCHNORM, GP_LAYER_CONV2D, GP_LAYER_BATCHNORM,
     };
-    gp_layer_spec s = gp_layer_spec_default(types[which]);
-    snprintf(s.name, sizeof s.name, "%s", child_names[which]);
-    memcpy(s.file, l->spec.file, sizeof s.file);
-    memcpy(s.set, l->spec.set, sizeof s.set);
-    s.line = l->spec.line;
-    s.column = l->spec.column;
+    gp_layer_spec s = gp_layers_child_spec(l, types[which], child_names[which]);
     s.out = l->spec.out;
     s.bias = false;
     s.momentum = l->spec.momentum;

@@ -141,12 +141,8 @@ static gp_status add_init(gp_layer *l, uint64_t seed)
     l->state = st;
     gp_shape in = l->pop_shape[0];
     for (int k = 0; k < P_COUNT; k++) {
-        gp_layer_spec s = gp_layer_spec_default(k == P_CONV ? GP_LAYER_CONV2D : GP_LAYER_BATCHNORM);
-        snprintf(s.name, sizeof s.name, "%s", proj_names[k]);
-        memcpy(s.file, l->spec.file, sizeof s.file);
-        memcpy(s.set, l->spec.set, sizeof s.set);
-        s.line = l->spec.line;
-        s.column = l->spec.column;
+        gp_layer_spec s = gp_layers_child_spec(l, k == P_CONV ? GP_LAYER_CONV2D : GP_LAYER_BATCHNORM,
+                                               proj_names[k]);
         s.out = l->spec.out;
         s.bias = false;
         s.kernel = gp_hw_square(1);
