@@ -267,17 +267,29 @@ static gp_device_opts device_opts(const gp_config *cfg, int j)
                             .deterministic = cfg->train.deterministic};
 }
 
+/* "N CPU devices on M cores: ..." into buf where the config's CPU devices
+ * outnumber this machine's cores (false and "" where they do not): what a
+ * run warns and --dry-run notes. */
+static bool cores_shared(const gp_pipeline_config *pc, char *buf, size_t len)
+{
+    int n_cpu = gp_pipeline_cpu_devices(pc);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores < 1) cores = 1;
+    buf[0] = '\0';
+    if (n_cpu <= cores) return false;
+    snprintf(buf, len, "%d CPU devices on %ld cores: devices will share cores and run slower "
+             "than they would with their own", n_cpu, cores);
+    return true;
+}
+
 /* Open the config's devices.  CPU devices share the machine's cores: by
  * default each gets cores / devices threads (at least 1). */
 static gp_status open_devices(const gp_config *cfg, gp_device **devs)
 {
     const gp_pipeline_config *pc = &cfg->pipeline;
-    int n = gp_pipeline_devices_total(&cfg->pipeline), n_cpu = gp_pipeline_cpu_devices(pc);
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    if (cores < 1) cores = 1;
-    if (n_cpu > cores)
-        GP_WARN("%d CPU devices on %ld cores: devices will share cores and run slower than "
-                "they would with their own", n_cpu, cores);
+    int n = gp_pipeline_devices_total(&cfg->pipeline);
+    char shared[160];
+    if (cores_shared(pc, shared, sizeof shared)) GP_WARN("%s", shared);
     /* processes: this rank opens its own device; the others' are stand-ins
      * (a host device under their names: their layers are shapes only, and
      * nothing runs on them here), so a GPU is opened by its rank alone */
@@ -1178,11 +1190,8 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
             pc->chunks, gp_checkpoint_mode_name(pc->checkpoint),
             pc->lockstep ? "lockstep" : "free-running",
             n > 1 && gp_config_bf16_copies(cfg) ? ", copies in bf16" : "");
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int n_cpu = gp_pipeline_cpu_devices(pc);
-    if (cores >= 1 && n_cpu > cores) /* as a run warns */
-        fprintf(f, "note: %d CPU devices on %ld cores here: they will share cores and run "
-                   "slower than they would with their own\n", n_cpu, cores);
+    char shared[160];
+    if (cores_shared(pc, shared, sizeof shared)) fprintf(f, "note: %s\n", shared); /* as a run */
     const gp_optim_config *oc = &cfg->train.optim;
     char clip[64] = "";
     if (cfg->train.clip_grad_norm > 0)
