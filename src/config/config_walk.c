@@ -414,16 +414,25 @@ static gp_status out_of_range(const gp_cfg_walk *w, const gp_ynode *n, const cha
                       gp_cfg_describe(n, got, sizeof got));
 }
 
-gp_status gp_cfg_parse_int(const gp_cfg_walk *w, const gp_ynode *n, const char *name, int64_t *out)
+/* An integer scalar; past 64 bits, *overflow (when given) is set and *out
+ * is the nearer end, else it is the "out of range" error. */
+static gp_status parse_ll(const gp_cfg_walk *w, const gp_ynode *n, const char *name,
+                          int64_t *out, bool *overflow)
 {
     if (!number_text(n)) return gp_cfg_expected(w, n, "an integer", name);
     errno = 0;
     char *end;
     long long v = strtoll(n->text, &end, 10);
     if (*end != '\0') return gp_cfg_expected(w, n, "an integer", name);
-    if (errno == ERANGE) return out_of_range(w, n, name);
+    if (errno == ERANGE && !overflow) return out_of_range(w, n, name);
+    if (overflow) *overflow = errno == ERANGE;
     *out = (int64_t)v;
     return GP_OK;
+}
+
+gp_status gp_cfg_parse_int(const gp_cfg_walk *w, const gp_ynode *n, const char *name, int64_t *out)
+{
+    return parse_ll(w, n, name, out, NULL);
 }
 
 gp_status gp_cfg_get_int(gp_cfg_walk *w, const gp_ynode *m, const char *sect, const char *key,
@@ -437,16 +446,12 @@ gp_status gp_cfg_get_int(gp_cfg_walk *w, const gp_ynode *m, const char *sect, co
         gp_cfg_note(w, "%s = %lld (default)", name, (long long)def);
         return GP_OK;
     }
-    if (number_text(n)) { /* past 64 bits: say the range, as for any value outside it */
-        errno = 0;
-        char *end;
-        long long big = strtoll(n->text, &end, 10);
-        if (*end == '\0' && errno == ERANGE)
-            return gp_cfg_bad(w, n, "%s must be %s %lld, got %.40s", name, big > 0 ? "<=" : ">=",
-                              (long long)(big > 0 ? hi : lo), n->text);
-    }
-    int64_t v;
-    GP_TRY(gp_cfg_parse_int(w, n, name, &v));
+    int64_t v = 0;
+    bool overflow = false;
+    GP_TRY(parse_ll(w, n, name, &v, &overflow));
+    if (overflow) /* past 64 bits: the range, as for any value outside it */
+        return gp_cfg_bad(w, n, "%s must be %s %lld, got %.40s", name, v > 0 ? "<=" : ">=",
+                          (long long)(v > 0 ? hi : lo), n->text);
     if (v < lo) return gp_cfg_bad(w, n, "%s must be >= %lld, got %lld", name, (long long)lo,
                                   (long long)v);
     if (v > hi) return gp_cfg_bad(w, n, "%s must be <= %lld, got %lld", name, (long long)hi,
