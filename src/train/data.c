@@ -257,27 +257,25 @@ gp_status gp_idx_read_labels(const char *path, gp_dataset *ds)
     gzclose(f);
     if (s != GP_OK) return s;
     int32_t *wide = malloc(sizeof *wide * (size_t)n); /* a dataset's labels are 32-bit */
-    if (!wide) {
-        free(lb);
+    if (wide)
+        for (int64_t i = 0; i < n; i++) wide[i] = lb[i];
+    free(lb);
+    if (!wide)
         return gp_error_set(GP_ERR_OOM, "%s: cannot allocate %lld labels", path, (long long)n);
-    }
-    for (int64_t i = 0; i < n; i++) wide[i] = lb[i];
     int classes = ds->classes;
     if (classes <= 0) {
         for (int64_t i = 0; i < n; i++)
-            if (lb[i] >= classes) classes = lb[i] + 1;
+            if (wide[i] >= classes) classes = wide[i] + 1;
     }
     for (int64_t i = 0; i < n; i++) {
-        if (lb[i] >= classes) {
+        if (wide[i] >= classes) {
             s = gp_error_set(GP_ERR_DATA, "%s: label %d of sample %lld is out of range for %d "
                                           "classes",
-                             path, lb[i], (long long)i, classes);
-            free(lb);
+                             path, wide[i], (long long)i, classes);
             free(wide);
             return s;
         }
     }
-    free(lb);
     free(ds->labels);
     ds->labels = wide;
     ds->n = n;
@@ -425,13 +423,12 @@ static gp_status synthetic_fill(int64_t n, int classes, int64_t c, int64_t h, in
         lb[i] = k;
         gp_rng_uniform_fill(seed, gp_rng_stream((uint64_t)k, SYN_PROTO_TAG, 0), 0, proto, cells);
         gp_rng_uniform_fill(seed, stream, 1, noise, per);
-        const float *pk = proto;
         uint8_t *dst = px + i * per;
         for (int64_t ch = 0; ch < c; ch++)
             for (int64_t y = 0; y < h; y++)
                 for (int64_t x = 0; x < w; x++) {
                     int64_t p = (ch * h + y) * w + x;
-                    float level = pk[(ch * bh + y / SYN_BLOCK) * bw + x / SYN_BLOCK];
+                    float level = proto[(ch * bh + y / SYN_BLOCK) * bw + x / SYN_BLOCK];
                     float v = SYN_PROTO_WEIGHT * level + (1.0f - SYN_PROTO_WEIGHT) * noise[p];
                     int q = (int)(v * 256.0f);
                     dst[p] = (uint8_t)(q > 255 ? 255 : q);
