@@ -233,6 +233,29 @@ static void print_word(const char *w)
     putchar('\'');
 }
 
+/* The options that take a value, as "--opt VALUE" or "--opt=VALUE". */
+static const char *const k_valued[] = {"--devices", "--chunks", "--by", "--write",
+                                       "--profile-out", "--profile-in", "--set", "--reps"};
+
+/* Argument a as an option taking a value: its name into opt ("--devices"),
+ * and its value when written "--devices=4" (else NULL: the next argument,
+ * or not an option that takes one, opt then a's own text). */
+static const char *split_valued(const char *a, char *opt, size_t len)
+{
+    snprintf(opt, len, "%s", a);
+    const char *eq = !strncmp(a, "--", 2) ? strchr(a, '=') : NULL;
+    if (!eq || (size_t)(eq - a) >= len) return NULL;
+    char name[32];
+    memcpy(name, a, (size_t)(eq - a));
+    name[eq - a] = '\0';
+    for (size_t q = 0; q < sizeof k_valued / sizeof k_valued[0]; q++)
+        if (!strcmp(name, k_valued[q])) {
+            snprintf(opt, len, "%s", name);
+            return eq + 1;
+        }
+    return NULL;
+}
+
 /* --simulate's advice as a command: the user's own arguments (config,
  * --set overrides, --profile-in, --reps, --by, -q) with the recommended
  * devices, chunks, schedule and checkpoint mode in place of theirs, so it
@@ -244,25 +267,19 @@ static void print_hint(int argc, char **argv, int n, int m, const char *sched, i
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--simulate")) continue;
-        if (!strcmp(a, "--devices") || !strcmp(a, "--chunks") || !strcmp(a, "--write") ||
-            !strcmp(a, "--profile-out")) { /* replaced below, or not wanted twice */
-            i++;
-            continue;
-        }
-        if (!strncmp(a, "--devices=", 10) || !strncmp(a, "--chunks=", 9) ||
-            !strncmp(a, "--write=", 8) || !strncmp(a, "--profile-out=", 14) ||
-            !strncmp(a, "--set=pipeline.schedule=", 24) ||
-            !strncmp(a, "--set=pipeline.virtual=", 23) ||
-            !strncmp(a, "--set=pipeline.checkpoint=", 26))
-            continue; /* the same, given as --opt=VALUE */
-        /* the user's schedule, checkpoint and virtual: ours replace them
-         * (a virtual left over from an interleaved config would refuse the
-         * schedule recommended) */
-        if (!strcmp(a, "--set") && i + 1 < argc &&
-            (!strncmp(argv[i + 1], "pipeline.schedule=", 18) ||
-             !strncmp(argv[i + 1], "pipeline.virtual=", 17) ||
-             !strncmp(argv[i + 1], "pipeline.checkpoint=", 20))) {
-            i++;
+        char opt[32];
+        const char *v = split_valued(a, opt, sizeof opt);
+        int skip = v ? 0 : 1; /* "--opt VALUE" spans two arguments */
+        if (!v && i + 1 < argc) v = argv[i + 1];
+        /* replaced below, or not wanted twice; and the user's schedule,
+         * checkpoint and virtual: ours replace them (a virtual left over
+         * from an interleaved config would refuse the schedule recommended) */
+        if (!strcmp(opt, "--devices") || !strcmp(opt, "--chunks") || !strcmp(opt, "--write") ||
+            !strcmp(opt, "--profile-out") ||
+            (!strcmp(opt, "--set") && v &&
+             (!strncmp(v, "pipeline.schedule=", 18) || !strncmp(v, "pipeline.virtual=", 17) ||
+              !strncmp(v, "pipeline.checkpoint=", 20)))) {
+            i += skip;
             continue;
         }
         print_word(a);
@@ -275,6 +292,16 @@ static void print_hint(int argc, char **argv, int n, int m, const char *sched, i
     if (lockstep && strcmp(sched, "gpipe"))
         printf("  (simulated lockstep, as the config runs; %s often runs faster free-running: "
                "add --set pipeline.lockstep=false to simulate that)\n", sched);
+}
+
+/* The balance for o with no capacity: time alone, for --simulate where
+ * no split fits at the config's own m (its rows say what fits). */
+static gp_status plan_time_alone(const gp_profile *p, const gp_plan_opts *o, int *balance)
+{
+    gp_plan_opts u = *o;
+    for (int j = 0; j < GP_MAX_DEVICES; j++) u.capacity[j] = 0;
+    gp_error_clear();
+    return gp_balance_plan(p, &u, balance);
 }
 
 static void print_balance(const char *title, const gp_profile *p, const gp_plan_opts *po,
@@ -312,22 +339,11 @@ int main(int argc, char **argv)
     const char **sets = calloc((size_t)argc + 4, sizeof *sets);
     int n_sets = 0, set_value_at = -1, quiet = 0;
     if (!sets) return EXIT_RUNTIME;
-    static const char *const valued[] = {"--devices", "--chunks", "--by", "--write",
-                                         "--profile-out", "--profile-in", "--set", "--reps"};
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
         /* --opt=VALUE, as gpipe-train takes --set=K=V */
-        char opt[16];
-        const char *inline_v = NULL, *eq = !strncmp(a, "--", 2) ? strchr(a, '=') : NULL;
-        if (eq && (size_t)(eq - a) < sizeof opt) {
-            memcpy(opt, a, (size_t)(eq - a));
-            opt[eq - a] = '\0';
-            for (size_t q = 0; q < sizeof valued / sizeof valued[0]; q++)
-                if (!strcmp(opt, valued[q])) {
-                    a = opt;
-                    inline_v = eq + 1;
-                }
-        }
+        char opt[32];
+        const char *inline_v = split_valued(argv[i], opt, sizeof opt);
+        const char *a = inline_v ? opt : argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             free(sets);
@@ -655,10 +671,7 @@ int main(int argc, char **argv)
     if (s == GP_ERR_INVALID && simulate && prof.timed) {
         printf("at the config's m = %d: %s\nthe rows below are simulated on the split that "
                "balances time alone; each says whether it fits\n\n", m, gp_last_error());
-        gp_plan_opts pu = po;
-        for (int j = 0; j < GP_MAX_DEVICES; j++) pu.capacity[j] = 0;
-        gp_error_clear();
-        s = gp_balance_plan(&prof, &pu, balance);
+        s = plan_time_alone(&prof, &po, balance);
     }
     if (s == GP_OK && own_fits) {
         char title[96];
@@ -705,12 +718,7 @@ int main(int argc, char **argv)
         const int *one = balance;
         if (v > 1) {
             s = gp_balance_plan(&prof, &pd, bal1);
-            if (s == GP_ERR_INVALID && !own_fits) { /* as above: time alone */
-                gp_plan_opts pu = pd;
-                for (int j = 0; j < GP_MAX_DEVICES; j++) pu.capacity[j] = 0;
-                gp_error_clear();
-                s = gp_balance_plan(&prof, &pu, bal1);
-            }
+            if (s == GP_ERR_INVALID && !own_fits) s = plan_time_alone(&prof, &pd, bal1);
             one = bal1;
         }
         struct {
