@@ -91,19 +91,12 @@ def blas_check():
     return real
 
 
-def torch_model(cfg):
-    """The config's layers as torch.nn.Sequential: bench_gpu_peer.py's
-    (conv2d, batchnorm, relu, maxpool2d, flatten, linear, global_avgpool,
-    and `residual` as torchvision's BasicBlock), one twin for both peers."""
-    return bench_gpu_peer.torch_model(cfg)[0]
-
-
 def torch_step_ms(cfg, threads, steps, precision="fp32"):
     import contextlib
     import torch
     torch.set_num_threads(threads)
     torch.manual_seed(5)
-    model = torch_model(cfg)
+    model, classes = bench_gpu_peer.torch_model(cfg)  # one twin for both peers
     batch = cfg["train"]["batch_size"]
     opt = cfg["train"].get("optimizer", {})
     if isinstance(opt, str):
@@ -115,15 +108,7 @@ def torch_step_ms(cfg, threads, steps, precision="fp32"):
         sgd = torch.optim.SGD(model.parameters(), lr=opt.get("lr", 0.01),
                               momentum=opt.get("momentum", 0.9))
     x = torch.rand([batch] + list(cfg["model"]["input"]))
-    if cfg["model"].get("loss") == "bce_with_logits":  # per-pixel 0/1, as bench_step's
-        with torch.no_grad():
-            shape = model(x[:1]).shape[1:]
-        y = (x[:, :1].expand(batch, *shape) > 0.5).float()
-        loss_fn = torch.nn.BCEWithLogitsLoss()
-    else:
-        classes = [m for m in model.modules() if isinstance(m, torch.nn.Linear)][-1].out_features
-        y = torch.randint(0, classes, (batch,))
-        loss_fn = torch.nn.CrossEntropyLoss()
+    y, loss_fn = bench_gpu_peer.batch_targets(cfg, model, x, classes)
     ts = []
     for s in range(steps + 3):
         t0 = time.perf_counter()

@@ -336,6 +336,19 @@ def torch_model(cfg):
     return nn.Sequential(*layers), feats
 
 
+def batch_targets(cfg, model, x, classes, device="cpu"):
+    """Targets for the random host batch x and the loss: class ids for
+    cross-entropy, or for bce_with_logits per-pixel 0/1 (the input's first
+    channel above 1/2, as gpipe's benchmarks make them).  Both peers'."""
+    import torch
+    if cfg["model"].get("loss") == "bce_with_logits":
+        with torch.no_grad():
+            shape = model(x[:1].to(device)).shape[1:]
+        y = (x[:, :1].expand(x.shape[0], *shape) > 0.5).float().contiguous()
+        return y, torch.nn.BCEWithLogitsLoss()
+    return torch.randint(0, classes, (x.shape[0],)), torch.nn.CrossEntropyLoss()
+
+
 def step_ms(cfg, batch, precision, device, steps, profile=0):
     import contextlib
     import torch
@@ -350,14 +363,7 @@ def step_ms(cfg, batch, precision, device, steps, profile=0):
     opt = opt if isinstance(opt, dict) else {}
     sgd = torch.optim.SGD(model.parameters(), lr=opt.get("lr", 0.01), momentum=0.9)
     hx = torch.rand([batch] + list(cfg["model"]["input"]))
-    if cfg["model"].get("loss") == "bce_with_logits":  # per-pixel 0/1, as gpipe's benchmarks
-        with torch.no_grad():
-            shape = model(hx[:1].to(device)).shape[1:]
-        hy = (hx[:, :1].expand(batch, *shape) > 0.5).float().contiguous()
-        loss_fn = torch.nn.BCEWithLogitsLoss()
-    else:
-        hy = torch.randint(0, classes, (batch,))
-        loss_fn = torch.nn.CrossEntropyLoss()
+    hy, loss_fn = batch_targets(cfg, model, hx, classes, device)
     if cuda:
         hx, hy = hx.pin_memory(), hy.pin_memory()
     amp = (torch.autocast(device.split(":")[0], dtype=torch.bfloat16) if precision == "bf16"
