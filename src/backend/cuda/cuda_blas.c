@@ -239,7 +239,7 @@ static gp_status mm_choose(gp_device *dev, cuda_mm *mm, float alpha, const float
                            const float *b, float beta, float *c, const float *bias)
 {
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
-    bool measure = !ctx->deterministic && ctx->chans_open == 0;
+    bool measure = gp_cuda_may_measure(ctx);
     void *ws = NULL;
     size_t ws_bytes = lt_ws_max(dev);
     if (measure) /* counted below, once the candidates are known to differ */

@@ -351,11 +351,7 @@ gp_status gp_cuda_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x
         GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, gp_cuda_conv_tensor_math(ctx, cv)
                                                            ? CUDNN_DEFAULT_MATH
                                                            : CUDNN_FMA_MATH));
-        /* measured unless deterministic, or while channels to other
-         * processes are open: a search synchronizes the stream, which may
-         * wait behind a receive another process has not sent yet (as
-         * cuda_blas.c and cuda_graph.c) */
-        bool measure = !ctx->deterministic && ctx->chans_open == 0;
+        bool measure = gp_cuda_may_measure(ctx);
         if (!measure) {
             GP_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(ctx->dnn, cv->x, cv->w, cv->conv,
                                                             cv->y,
@@ -420,7 +416,7 @@ gp_status gp_cuda_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const flo
         GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, gp_cuda_conv_tensor_math(ctx, cv)
                                                            ? CUDNN_DEFAULT_MATH
                                                            : CUDNN_FMA_MATH));
-        bool measure = !ctx->deterministic && ctx->chans_open == 0; /* as forward's */
+        bool measure = gp_cuda_may_measure(ctx);
         if (!measure) {
             GP_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(
                 ctx->dnn, cv->w, cv->y, cv->conv, cv->x, cap, &got, perf));
@@ -491,7 +487,7 @@ gp_status gp_cuda_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const 
          * for one: the heuristics */
         size_t dw_bytes = (size_t)n[1] * sizeof(float);
         void *sdw = NULL;
-        bool measure = !ctx->deterministic && ctx->chans_open == 0; /* as forward's */
+        bool measure = gp_cuda_may_measure(ctx);
         if (measure && cv->bf16) {
             sdw = dwo;
             dw_bytes = 0;

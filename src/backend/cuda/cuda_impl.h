@@ -221,6 +221,16 @@ typedef struct cuda_res {
 
 static inline gp_cuda_ctx *gp_cuda_ctx_of(gp_device *dev) { return (gp_cuda_ctx *)dev->ctx; }
 
+/* Whether algorithm choices (cuDNN's, cuBLASLt's) are measured: not with
+ * train.deterministic (heuristics, deterministic only), and not while
+ * channels to other processes are open (a timed search synchronizes the
+ * stream, which may wait behind a receive another process has yet to
+ * send; the heuristics' first then). */
+static inline bool gp_cuda_may_measure(const gp_cuda_ctx *ctx)
+{
+    return !ctx->deterministic && ctx->chans_open == 0;
+}
+
 /* Make the device current on the calling thread if it is not (cheap: a
  * thread-local read).  Every slot calls it, so an op is right even on a
  * thread that never called gp_device_bind_thread. */
