@@ -7,11 +7,16 @@
  * message for the calling thread in gp_last_error().
  *
  * Memory: a gp_run from gp_run_load or gp_run_parse is freed with
- * gp_run_free, which accepts NULL.  A NULL run, NULL
- * data or a NULL override is GP_ERR_INVALID; out-parameters (gp_metrics
- * *out, loss, accuracy, name, peak, current) may be NULL where not wanted.
- * Threads: a gp_run is used from one thread at a time; gpipe starts its own
- * worker threads internally.
+ * gp_run_free, which accepts NULL (as the functions that return nothing
+ * do: gp_run_stop, gp_run_stop_clear; gp_run_devices gives 0).  Any other
+ * call with a NULL run, NULL data or a NULL override is GP_ERR_INVALID;
+ * out-parameters (gp_metrics *out, loss, accuracy, name, peak, current)
+ * may be NULL where not wanted.
+ * Threads: a gp_run is used from one thread at a time; distinct runs may
+ * be used from distinct threads at once (each starts its own worker
+ * threads, and each CPU device takes cores / devices math threads unless
+ * pipeline.threads says otherwise, so runs side by side share the cores).
+ * gp_run_stop is the exception: any thread, or a signal handler.
  */
 #ifndef GPIPE_H
 #define GPIPE_H
@@ -34,7 +39,9 @@ typedef enum gp_status {
     GP_ERR_INVALID = 1,     /* bad argument or configuration */
     GP_ERR_IO = 2,          /* file missing, unreadable, unwritable */
     GP_ERR_DATA = 3,        /* malformed or truncated data file */
-    GP_ERR_OOM = 4,         /* a device's memory capacity was exceeded */
+    GP_ERR_OOM = 4,         /* a device's memory capacity was exceeded (or
+                               no split of the model fits the devices'
+                               capacities), or the host's memory ran out */
     GP_ERR_NUMERIC = 5,     /* NaN or Inf in the loss or gradients */
     GP_ERR_UNSUPPORTED = 6, /* feature or device not available in this build */
     GP_ERR_RUNTIME = 7,     /* a backend library call failed */
@@ -50,8 +57,13 @@ const char *gp_status_name(gp_status s);
  * call that succeeds leaves it as it was (as errno): read it after a
  * status other than GP_OK. */
 const char *gp_last_error(void);
-/* "0.1.0" */
+/* "MAJOR.MINOR.PATCH", from GPIPE_VERSION_* */
 const char *gp_version(void);
+/* How much gpipe logs on stderr, for the whole process: "debug", "info"
+ * (the default), "warn", "error" or "quiet" (nothing); NULL goes back to
+ * the environment's GPIPE_LOG.  Anything else is GP_ERR_INVALID.  Errors
+ * are returned (gp_last_error), not logged, whatever the level. */
+gp_status gp_set_log_level(const char *level);
 
 /* ---- running a configuration --------------------------------------------
  * The same path gpipe-train takes: load YAML (+ overrides), open the
@@ -83,7 +95,12 @@ typedef struct gp_metrics {
 } gp_metrics;
 
 /* Open the devices and build the placed model (done by the first step if
- * not called).  Per-sample input shape and class count are then known. */
+ * not called), from model.init_from's weights if the config names them.
+ * With pipeline.balance: auto this profiles the layers on the device (a
+ * second or so), so two runs may split a model differently where layers
+ * time alike; GPIPE_BALANCE=flops in the environment balances by estimated
+ * FLOPs instead, the same split every time.  The shapes a batch needs
+ * are known before it: gp_run_describe. */
 gp_status gp_run_prepare(gp_run *run);
 /* One pipelined optimizer step on your own batch: x is (n, C, H, W) floats
  * (already normalised), y holds n class ids as floats (model.loss:
@@ -91,10 +108,13 @@ gp_status gp_run_prepare(gp_run *run);
  * [0, 1] per element of the model's output, sample after sample (a mask
  * (n, 1, H, W)).  Loss and accuracy are then per element.  The learning
  * rate follows the config's schedule over `total_steps` (0 or less: no
- * schedule, train.optimizer.lr with its lr_scaling).  A NaN or Inf in x is refused
- * before anything is computed (GP_ERR_DATA, naming its sample and index;
- * the model is as it was and the run goes on), as a bad label or target
- * is.  A loss or parameter that is not finite (GP_ERR_NUMERIC: a model
+ * schedule, train.optimizer.lr with its lr_scaling).  x holds n x
+ * gp_run_info.input_numel floats and y n x target_numel (gp_run_describe).
+ * A NaN or Inf in x is refused before anything is computed (GP_ERR_DATA,
+ * naming its sample and index; the model is as it was and the run goes
+ * on); a bad label or target is refused by the loss, naming its device,
+ * stage and micro-batch, and the step is undone (the model as it was, the
+ * run goes on).  A loss or parameter that is not finite (GP_ERR_NUMERIC: a model
  * that diverged) is found after the step's update: the run then
  * refuses further steps, evaluation and exports (start a new one).  With
  * train.clip_grad_norm, gradients that are not finite are found before
@@ -107,7 +127,8 @@ gp_status gp_run_step(gp_run *run, const float *x, const float *y, int64_t n,
  * finishes the step under way, writes a final snapshot when the config
  * takes snapshots (train.snapshot; else the message says that nothing was
  * saved since the last one), closes the metrics file as valid JSON Lines,
- * and frees everything; gp_last_error() says at which step and why. */
+ * and keeps the model trained so far with the run (as gp_run_train_ex
+ * says); gp_last_error() says at which step and why. */
 gp_status gp_run_train(gp_run *run, const char *metrics_path, gp_metrics *out);
 /* What gpipe-train's options do, for gp_run_train_ex.  Start from
  * GP_TRAIN_OPTIONS_INIT (every field off) and set what you need; a zeroed
@@ -129,7 +150,7 @@ typedef struct gp_train_options {
 } gp_train_options;
 #define GP_TRAIN_OPTIONS_INIT {NULL, NULL, 0, -1, NULL, NULL, 0, 0}
 /* gp_run_train with gpipe-train's options (gp_run_train is this with
- * metrics_path alone).  Outputs that would replace an input (the config,
+ * metrics_path alone; opts NULL: every option off).  Outputs that would replace an input (the config,
  * the snapshot resumed, each other) are refused before any work.  Each
  * call trains from the start (fresh weights, model.init_from, or
  * opts->resume), as gpipe-train does, not from the run's current model;
@@ -149,6 +170,10 @@ gp_status gp_run_train_ex(gp_run *run, const gp_train_options *opts, gp_metrics 
  * exits at once.  The request stays: later calls to gp_run_train on this
  * run stop before their first step. */
 void gp_run_stop(gp_run *run, int signo);
+/* Withdraw a stop request (gp_run_stop's), so that the next gp_run_train
+ * on this run trains.  gp_run_step never looks at the request: a loop of
+ * your own decides itself when to stop. */
+void gp_run_stop_clear(gp_run *run);
 
 /* Loss and accuracy, in evaluation mode (batch norm's running statistics,
  * no dropout), of the run's model on your batch: x and y as for
@@ -163,13 +188,49 @@ gp_status gp_run_evaluate(gp_run *run, const float *x, const float *y, int64_t n
  * safetensors file (PyTorch's state_dict names; README "Snapshots and
  * weights"), readable by model.init_from and safetensors' loaders. */
 gp_status gp_run_export_weights(gp_run *run, const char *path);
+/* What a caller needs to size its batches and report on the run, from the
+ * config alone (shapes only: no device is opened, nothing is trained), or
+ * from the run's model once prepared.  Fields are only ever appended. */
+typedef struct gp_run_info {
+    int64_t input[3];      /* one sample's input (C, H, W) */
+    int64_t input_numel;   /* floats per sample in x: C x H x W */
+    int64_t output_numel;  /* the model's output per sample: its classes
+                              (model.loss: cross_entropy), or the elements
+                              of its map (bce_with_logits) */
+    int64_t target_numel;  /* floats per sample in y: 1 (a class id), or
+                              output_numel (bce_with_logits' targets) */
+    int64_t batch_size;    /* train.batch_size */
+    int64_t parameters;    /* trainable parameters (--dry-run's count) */
+    int64_t step;          /* optimizer steps the run's model has taken */
+    int devices;           /* devices of the pipeline, every replica's */
+} gp_run_info;
+gp_status gp_run_describe(const gp_run *run, gp_run_info *out);
+
+/* Save the run's model to `path` as a snapshot: weights, batch-norm
+ * statistics, the optimizer's state and the step count, written atomically
+ * (a crash leaves what was at `path` as it was).  For your own gp_run_step
+ * loop: gp_run_restore puts exactly this back, so the steps after it
+ * repeat bit for bit what they would have been (the data and its order are
+ * yours to keep: the snapshot records no data position, and gpipe-train
+ * --resume of it starts its data at the first batch, saying so).  One
+ * process only: a run spanning processes saves through train.snapshot. */
+gp_status gp_run_save(gp_run *run, const char *path);
+/* Restore the run's model from a snapshot (gp_run_save's or gpipe-train's):
+ * weights, statistics, optimizer state and step, all or nothing (names and
+ * shapes must match this run's model; the message lists any that do not;
+ * on an error the model is as it was).  The run's config stays this run's;
+ * a snapshot made with another train.seed is a warning.  Also the way on
+ * for a run whose model diverged (GP_ERR_NUMERIC). */
+gp_status gp_run_restore(gp_run *run, const char *path);
+
 /* Print the model summary gpipe-train --dry-run prints (per layer: device,
  * output shape, parameters, FLOPs, activation bytes; stages; skips) to f.
  * Builds the model as shapes only: no weights are allocated, and a device
- * this machine lacks is a note, not an error. */
+ * this machine lacks is a note, not an error.  f NULL: stdout. */
 gp_status gp_run_summary(const gp_run *run, FILE *f);
 
-/* Devices of the pipeline and their memory high-water marks in bytes.
+/* Devices of the pipeline (0 until the run is prepared, and after a
+ * failed gp_run_prepare) and their memory high-water marks in bytes.
  * *name stays valid until the run's devices change (gp_run_train(_ex)
  * replaces them) or gp_run_free. */
 int gp_run_devices(const gp_run *run);

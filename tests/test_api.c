@@ -14,12 +14,18 @@
  *     any step, and so are trace steps without a trace or out of order;
  *     the trained model stays with the run (gp_run_export_weights then
  *     writes the same bytes as the run's own export);
+ *   - gp_run_save / gp_run_restore: a caller's own loop resumes bit for
+ *     bit (also with replicas), and a refused restore changes nothing;
+ *     gp_run_describe sizes batches without opening a device;
  *   - bad arguments are GP_ERR_INVALID with a message, never a crash.
  */
 #include "gpipe.h"
 #include "test.h"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -396,7 +402,99 @@ static void test_misuse(void)
     z.quiet = 1;
     gp_run_stop(run, 0);
     CHECK_ERR(gp_run_train_ex(run, &z, &m), GP_ERR_STOPPED, "a stop request (gp_run_stop)");
+    CHECK_ERR(gp_run_train_ex(run, &z, &m), GP_ERR_STOPPED, "a stop request"); /* it stays */
+    gp_run_stop_clear(run);
+    CHECK_OK(gp_run_train_ex(run, &z, &m));
+    CHECK(m.step == 6);
+    gp_run_stop_clear(NULL);
     gp_run_free(run);
+
+    /* the version is the header's */
+    char ver[32];
+    snprintf(ver, sizeof ver, "%d.%d.%d", GPIPE_VERSION_MAJOR, GPIPE_VERSION_MINOR,
+             GPIPE_VERSION_PATCH);
+    CHECK_MSG(!strcmp(gp_version(), ver), "gp_version %s, header %s", gp_version(), ver);
+    CHECK_ERR(gp_set_log_level("loud"), GP_ERR_INVALID, "debug, info, warn, error or quiet");
+}
+
+/* What the run writes on stderr while `fn` runs. */
+static char *stderr_of(void (*fn)(void *), void *arg)
+{
+    char path[300];
+    snprintf(path, sizeof path, "%s/stderr.txt", tmpdir);
+    fflush(stderr);
+    int saved = dup(2);
+    FILE *f = fopen(path, "w");
+    if (saved < 0 || !f) return NULL;
+    dup2(fileno(f), 2);
+    fclose(f);
+    fn(arg);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    f = fopen(path, "r");
+    char *text = calloc(1, 65536);
+    if (f && text) text[fread(text, 1, 65535, f)] = '\0';
+    if (f) fclose(f);
+    return text;
+}
+
+typedef struct {
+    const char *snapshot;
+    int quiet;
+    gp_status s;
+} train_arg;
+
+/* k_yaml trained (8 steps), resumed from `snapshot` when given */
+static void train_quietly(void *p)
+{
+    train_arg *a = p;
+    gp_run *run = NULL;
+    static const char *ov[] = {"train.steps=8"};
+    a->s = gp_run_parse("api.yaml", k_yaml, ov, 1, &run);
+    gp_train_options o = GP_TRAIN_OPTIONS_INIT;
+    o.quiet = a->quiet;
+    o.resume = a->snapshot;
+    if (a->s == GP_OK) a->s = gp_run_train_ex(run, &o, NULL);
+    gp_run_free(run);
+}
+
+/* gp_train_options.quiet leaves warnings and errors only, also when it
+ * resumes (a library caller's own snapshot: the run says that it records
+ * no data position, a warning); gp_set_log_level("quiet") leaves nothing;
+ * the default level says what it resumed from. */
+static void test_quiet(void)
+{
+    char snap[300];
+    snprintf(snap, sizeof snap, "%s/quiet.safetensors", tmpdir);
+    gp_run *run = NULL;
+    CHECK_OK(gp_run_parse("api.yaml", k_yaml, NULL, 0, &run));
+    enum { N = 32 };
+    float x[N * 16], y[N];
+    unsigned seed = 5;
+    make_batch(&seed, x, y, N);
+    CHECK_OK(gp_run_step(run, x, y, N, 0, NULL));
+    CHECK_OK(gp_run_save(run, snap));
+    gp_run_free(run);
+
+    train_arg a = {snap, 1, GP_OK};
+    char *said = stderr_of(train_quietly, &a);
+    CHECK_OK(a.s);
+    CHECK_MSG(said && !strstr(said, "info:") && strstr(said, "records no data position"),
+              "quiet, resumed: %s", said ? said : "(nothing captured)");
+    free(said);
+    a.quiet = 0;
+    said = stderr_of(train_quietly, &a);
+    CHECK_OK(a.s);
+    CHECK_MSG(said && strstr(said, "info: resuming from") && strstr(said, snap),
+              "default level, resumed: %s", said ? said : "(nothing captured)");
+    free(said);
+    CHECK_OK(gp_set_log_level("quiet"));
+    said = stderr_of(train_quietly, &a);
+    CHECK_OK(a.s);
+    CHECK_MSG(said && !said[0], "log level quiet: %s", said ? said : "(nothing captured)");
+    free(said);
+    CHECK_OK(gp_set_log_level(NULL));
 }
 
 /* A model with a skip across the stages: trained by gp_run_train_ex, the
@@ -431,6 +529,136 @@ static void test_train_then_step(void)
     gp_run_free(run);
 }
 
+static bool same_bytes(const char *a, const char *b)
+{
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    bool same = fa && fb;
+    while (same) {
+        int ca = fgetc(fa), cb = fgetc(fb);
+        if (ca != cb) same = false;
+        if (ca == EOF) break;
+    }
+    if (fa) fclose(fa);
+    if (fb) fclose(fb);
+    return same;
+}
+
+/* Steps `from` .. `to` - 1 of a fixed sequence of batches (batch k made
+ * from seed 100 + k), each one's loss into losses[k]. */
+static void steps(gp_run *run, int from, int to, double *losses)
+{
+    enum { N = 32 };
+    float x[N * 16], y[N];
+    for (int k = from; k < to; k++) {
+        unsigned seed = 100u + (unsigned)k;
+        make_batch(&seed, x, y, N);
+        gp_metrics m;
+        gp_status s = gp_run_step(run, x, y, N, 8, &m);
+        CHECK_MSG(s == GP_OK, "step %d: %s", k, gp_last_error());
+        losses[k] = s == GP_OK ? m.loss : NAN;
+    }
+}
+
+/* gp_run_save / gp_run_restore from the caller's own loop: the steps after
+ * a restore equal, bit for bit, the uninterrupted run's (dropout, batch
+ * norm's statistics, momentum and the learning-rate schedule all carried),
+ * restored into a run that went on past the snapshot, into a fresh run,
+ * and with replicas (which a restore after steps must bring along);
+ * gp_run_describe sizes the batches from the config alone. */
+static void test_save_restore(const char *replicas)
+{
+    char yaml[1024];
+    snprintf(yaml, sizeof yaml,
+             "model:\n"
+             "  input: [1, 4, 4]\n"
+             "  layers: [flatten, {linear: {out: 32}}, batchnorm, relu, {dropout: {p: 0.2}},\n"
+             "           {linear: {out: 4}}]\n"
+             "data:\n"
+             "  dataset: synthetic\n"
+             "  synthetic: {train: 128, test: 64, classes: 4, shape: [1, 4, 4]}\n"
+             "pipeline: {devices: [cpu:0, cpu:1], chunks: 2, threads: 1, balance: [3, 3]%s}\n"
+             "train:\n"
+             "  batch_size: 32\n"
+             "  seed: 3\n"
+             "  log_every: 0\n"
+             "  schedule: cosine\n"
+             "  optimizer: {lr: 0.1, momentum: 0.9}\n",
+             replicas);
+    char snap[300], wa[300], wb[300], wc[300];
+    snprintf(snap, sizeof snap, "%s/run.safetensors", tmpdir);
+    snprintf(wa, sizeof wa, "%s/whole.safetensors", tmpdir);
+    snprintf(wb, sizeof wb, "%s/restored.safetensors", tmpdir);
+    snprintf(wc, sizeof wc, "%s/fresh.safetensors", tmpdir);
+    double whole[5], back[5], fresh[5];
+    gp_run *a = NULL, *b = NULL, *c = NULL;
+    CHECK_OK(gp_run_parse("save.yaml", yaml, NULL, 0, &a));
+    CHECK_OK(gp_run_parse("save.yaml", yaml, NULL, 0, &b));
+    CHECK_OK(gp_run_parse("save.yaml", yaml, NULL, 0, &c));
+    if (!a || !b || !c) goto out;
+
+    gp_run_info info;
+    CHECK_OK(gp_run_describe(c, &info));
+    CHECK(info.input[0] == 1 && info.input[1] == 4 && info.input[2] == 4);
+    CHECK(info.input_numel == 16 && info.output_numel == 4 && info.target_numel == 1);
+    CHECK(info.batch_size == 32 && info.step == 0);
+    /* 16x32 + 32, batch norm's 2 x 32, 32x4 + 4 */
+    CHECK_MSG(info.parameters == 16 * 32 + 32 + 64 + 32 * 4 + 4, "parameters %lld",
+              (long long)info.parameters);
+    CHECK_MSG(info.devices == (replicas[0] ? 4 : 2), "devices %d", info.devices);
+    CHECK(gp_run_devices(c) == 0); /* describing opened nothing */
+
+    steps(a, 0, 5, whole);
+    CHECK_OK(gp_run_export_weights(a, wa));
+
+    steps(b, 0, 3, back);
+    CHECK_OK(gp_run_save(b, snap));
+    steps(b, 3, 5, back); /* past the snapshot: what the restore must undo */
+    CHECK_OK(gp_run_restore(b, snap));
+    CHECK_OK(gp_run_describe(b, &info));
+    CHECK_MSG(info.step == 3, "restored to step %lld", (long long)info.step);
+    steps(b, 3, 5, back);
+    CHECK_OK(gp_run_export_weights(b, wb));
+
+    CHECK_OK(gp_run_restore(c, snap)); /* before its first step */
+    steps(c, 3, 5, fresh);
+    CHECK_OK(gp_run_export_weights(c, wc));
+    for (int k = 3; k < 5; k++)
+        CHECK_MSG(back[k] == whole[k] && fresh[k] == whole[k],
+                  "%s: step %d loss %.9g restored, %.9g fresh, %.9g whole",
+                  replicas[0] ? "replicas" : "one pipeline", k, back[k], fresh[k], whole[k]);
+    CHECK_MSG(same_bytes(wa, wb) && same_bytes(wa, wc),
+              "the restored runs' weights differ from the uninterrupted run's");
+
+    /* refusals leave the model as it was: the run steps on to the same
+     * step 5 as before */
+    if (!replicas[0]) {
+        CHECK_OK(gp_run_restore(c, snap));
+        CHECK_ERR(gp_run_restore(c, "/nonexistent/snap.safetensors"), GP_ERR_IO,
+                  "/nonexistent/snap.safetensors");
+        CHECK_ERR(gp_run_restore(c, wa), GP_ERR_DATA, "not a gpipe snapshot");
+        CHECK_ERR(gp_run_restore(c, NULL), GP_ERR_INVALID, "path");
+        CHECK_ERR(gp_run_save(c, tmpdir), GP_ERR_IO, "is a directory");
+        CHECK_ERR(gp_run_save(c, NULL), GP_ERR_INVALID, "gp_run_save");
+        CHECK_ERR(gp_run_save(NULL, snap), GP_ERR_INVALID, "NULL");
+        CHECK_ERR(gp_run_restore(NULL, snap), GP_ERR_INVALID, "NULL");
+        CHECK_ERR(gp_run_describe(NULL, &info), GP_ERR_INVALID, "NULL");
+        CHECK_ERR(gp_run_describe(c, NULL), GP_ERR_INVALID, "NULL");
+        gp_run *other = NULL;
+        CHECK_OK(gp_run_parse("other.yaml", k_yaml, NULL, 0, &other));
+        if (other) { /* another model: names and shapes do not match */
+            CHECK(gp_run_restore(other, snap) == GP_ERR_INVALID);
+            gp_run_free(other);
+        }
+        steps(c, 3, 5, fresh);
+        CHECK_MSG(fresh[4] == whole[4], "after refusals: step 4 loss %.9g, whole %.9g", fresh[4],
+                  whole[4]);
+    }
+out:
+    gp_run_free(a);
+    gp_run_free(b);
+    gp_run_free(c);
+}
+
 int main(void)
 {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/gpipe_apiXXXXXX");
@@ -443,6 +671,9 @@ int main(void)
     test_train_ex();
     test_misuse();
     test_train_then_step();
+    test_save_restore("");
+    test_save_restore(", replicas: 2");
+    test_quiet();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);

@@ -265,12 +265,12 @@ static void test_partition_tiebreak_and_errors(void)
     CHECK_ERR(gp_partition_minmax(c, 5, 6, bal), GP_ERR_INVALID, "cannot split 5 layers into 6");
     double mem[4] = {10, 90, 10, 10}, cap[2] = {60, 60};
     double cc[4] = {1, 1, 1, 1};
-    CHECK_ERR(gp_partition_minmax_mem(cc, mem, cap, 4, 2, bal), GP_ERR_INVALID,
+    CHECK_ERR(gp_partition_minmax_mem(cc, mem, cap, 4, 2, bal), GP_ERR_OOM,
               "layer 1 alone needs");
-    CHECK_ERR(gp_partition_minmax_mem(cc, mem, cap, 4, 2, bal), GP_ERR_INVALID, "over by 30 B");
+    CHECK_ERR(gp_partition_minmax_mem(cc, mem, cap, 4, 2, bal), GP_ERR_OOM, "over by 30 B");
     /* each layer fits alone but no split does */
     double mem2[4] = {40, 40, 40, 40}, cap2[2] = {70, 100};
-    CHECK_ERR(gp_partition_minmax_mem(cc, mem2, cap2, 4, 2, bal), GP_ERR_INVALID, "over by");
+    CHECK_ERR(gp_partition_minmax_mem(cc, mem2, cap2, 4, 2, bal), GP_ERR_OOM, "over by");
     /* capacity moves the split away from the cost optimum */
     double c3[4] = {1, 1, 1, 1}, m3[4] = {50, 50, 50, 50}, cap3[2] = {60, 0};
     CHECK_OK(gp_partition_minmax_mem(c3, m3, cap3, 4, 2, bal));

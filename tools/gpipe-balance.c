@@ -668,7 +668,7 @@ int main(int argc, char **argv)
      * that balances time alone (each row says whether it fits) rather
      * than stop here */
     bool own_fits = s == GP_OK;
-    if (s == GP_ERR_INVALID && simulate && prof.timed) {
+    if (s == GP_ERR_OOM && simulate && prof.timed) {
         printf("at the config's m = %d: %s\nthe rows below are simulated on the split that "
                "balances time alone; each says whether it fits\n\n", m, gp_last_error());
         s = plan_time_alone(&prof, &po, balance);
@@ -718,7 +718,7 @@ int main(int argc, char **argv)
         const int *one = balance;
         if (v > 1) {
             s = gp_balance_plan(&prof, &pd, bal1);
-            if (s == GP_ERR_INVALID && !own_fits) s = plan_time_alone(&prof, &pd, bal1);
+            if (s == GP_ERR_OOM && !own_fits) s = plan_time_alone(&prof, &pd, bal1);
             one = bal1;
         }
         struct {

@@ -264,9 +264,11 @@ typedef struct gp_partition_problem {
  * at least one layer per stage whose stages fit their capacities; among
  * those, the smallest second-largest stage; remaining ties go to the split
  * that is first in lexicographic order of balance (deterministic).  O(n L^2)
- * calls of cost and mem.  Infeasible: GP_ERR_INVALID naming the cause —
- * fewer layers than stages, a layer that alone exceeds every capacity (by
- * how much), or the stage that overflows least in the best attempt.
+ * calls of cost and mem.  Infeasible: GP_ERR_INVALID for fewer layers
+ * than stages; GP_ERR_OOM (memory capacity, as an allocation beyond it is)
+ * for a layer that alone exceeds every capacity (saying by how much) or
+ * no split that fits (naming the stage that overflows least in the best
+ * attempt).
  * out_max / out_second may be NULL. */
 gp_status gp_partition_solve(const gp_partition_problem *pb, int *balance, double *out_max,
                              double *out_second);

@@ -160,7 +160,7 @@ gp_status gp_partition_solve(const gp_partition_problem *pb, int *balance, doubl
         }
     }
     if (worst_k >= 0)
-        return gp_error_set(GP_ERR_INVALID,
+        return gp_error_set(GP_ERR_OOM,
                             "%s alone needs %s on a device but the best device holds %s: over "
                             "by %s; raise pipeline.memory or pipeline.chunks (smaller "
                             "micro-batches), or checkpoint",
@@ -171,7 +171,7 @@ gp_status gp_partition_solve(const gp_partition_problem *pb, int *balance, doubl
     int bal[GP_MAX_DEVICES];
     double over = 0;
     if (!solve_dp(pb, true, bal, &over, NULL, &oom))
-        return gp_error_set(GP_ERR_INVALID, "no split of %d layers into %d stages fits", L, n);
+        return gp_error_set(GP_ERR_OOM, "no split of %d layers into %d stages fits", L, n);
     int first = 0;
     for (int j = 0; j < n; j++) {
         double need, cap;
@@ -179,7 +179,7 @@ gp_status gp_partition_solve(const gp_partition_problem *pb, int *balance, doubl
             char nb2[160];
             name_of(pb, first, nb, sizeof nb);
             name_of(pb, first + bal[j] - 1, nb2, sizeof nb2);
-            return gp_error_set(GP_ERR_INVALID,
+            return gp_error_set(GP_ERR_OOM,
                                 "no split of %d layers into %d stages fits device memory: the "
                                 "closest one still needs %s on stage %d (%s .. %s) whose device "
                                 "holds %s: over by %s; raise pipeline.memory, add devices, or "
@@ -189,7 +189,7 @@ gp_status gp_partition_solve(const gp_partition_problem *pb, int *balance, doubl
         }
         first += bal[j];
     }
-    return gp_error_set(GP_ERR_INVALID, "no split of %d layers into %d stages fits device memory",
+    return gp_error_set(GP_ERR_OOM, "no split of %d layers into %d stages fits device memory",
                         L, n);
 }
 

@@ -77,7 +77,13 @@ const char *gp_status_name(gp_status s)
     return "unknown";
 }
 
-const char *gp_version(void) { return "0.1.0"; }
+#define GP_STR_(x) #x
+#define GP_STR(x) GP_STR_(x)
+const char *gp_version(void)
+{
+    return GP_STR(GPIPE_VERSION_MAJOR) "." GP_STR(GPIPE_VERSION_MINOR) "." GP_STR(
+        GPIPE_VERSION_PATCH);
+}
 
 _Noreturn void gp_assert_fail(const char *expr, const char *file, int line,
                               const char *func)
@@ -95,6 +101,22 @@ _Noreturn void gp_assert_fail(const char *expr, const char *file, int line,
 static _Atomic int log_level = -1;
 
 void gp_log_set_level(gp_log_level level) { log_level = (int)level; }
+
+gp_status gp_set_log_level(const char *level)
+{
+    static const char *names[] = {"debug", "info", "warn", "error", "quiet"};
+    if (!level) { /* GPIPE_LOG again, read on the next line logged */
+        log_level = -1;
+        return GP_OK;
+    }
+    for (int i = 0; i < 5; i++)
+        if (!strcmp(level, names[i])) {
+            log_level = i;
+            return GP_OK;
+        }
+    return gp_error_set(GP_ERR_INVALID, "log level '%s': give debug, info, warn, error or quiet "
+                        "(or NULL for GPIPE_LOG's)", level);
+}
 
 static int current_level(void)
 {

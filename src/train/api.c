@@ -292,6 +292,73 @@ gp_status gp_run_export_weights(gp_run *r, const char *path)
     return gp_snapshot_export(r->model, &r->cfg, path);
 }
 
+gp_status gp_run_describe(const gp_run *r, gp_run_info *out)
+{
+    RUN_ARG(r);
+    if (!out) return gp_error_set(GP_ERR_INVALID, "gp_run_describe: out is NULL");
+    memset(out, 0, sizeof *out);
+    const gp_model_config *mc = &r->cfg.model;
+    int64_t params;
+    gp_shape o;
+    if (r->prepared) {
+        params = gp_model_param_count(r->model);
+        o = r->model->output;
+    } else {
+        GP_TRY(gp_model_describe(&r->cfg, &params, &o));
+    }
+    out->input_numel = 1;
+    for (int i = 0; i < 3; i++) {
+        out->input[i] = mc->input[i];
+        out->input_numel *= mc->input[i];
+    }
+    out->output_numel = gp_shape_numel(&o);
+    out->target_numel = gp_loss_targets_per_sample(mc->loss, &o);
+    out->batch_size = r->cfg.train.batch_size;
+    out->parameters = params;
+    out->step = r->prepared ? r->model->step : 0;
+    out->devices = gp_pipeline_devices_total(&r->cfg.pipeline);
+    return GP_OK;
+}
+
+/* Snapshots of a run in processes are written by every rank together
+ * (gp_run_train_ex's train.snapshot); gp_run_save / gp_run_restore are one
+ * process's. */
+static gp_status one_process(const gp_run *r, const char *what)
+{
+    if (r->model->local_device < 0) return GP_OK;
+    return gp_error_set(GP_ERR_UNSUPPORTED, "%s: this run spans processes (mpirun); its "
+                        "snapshots are written and resumed by gp_run_train_ex (train.snapshot "
+                        "and gp_train_options.resume)", what);
+}
+
+gp_status gp_run_save(gp_run *r, const char *path)
+{
+    RUN_ARG(r);
+    GP_TRY(usable(r, "gp_run_save"));
+    GP_TRY(gp_check_writable_file(path, "gp_run_save", true));
+    GP_TRY(gp_run_prepare(r));
+    GP_TRY(one_process(r, "gp_run_save"));
+    gp_status s = gp_snapshot_save_file(r->model, &r->cfg, path);
+    if (s != GP_OK) return gp_error_wrap(s, "gp_run_save");
+    return GP_OK;
+}
+
+gp_status gp_run_restore(gp_run *r, const char *path)
+{
+    RUN_ARG(r);
+    if (!path || !path[0])
+        return gp_error_set(GP_ERR_INVALID, "gp_run_restore needs a snapshot's path");
+    GP_TRY(gp_run_prepare(r));
+    GP_TRY(one_process(r, "gp_run_restore"));
+    gp_snapshot_pos pos;
+    gp_status s = gp_snapshot_restore(r->model, &r->cfg, path, false, &pos, NULL);
+    if (s != GP_OK) return gp_error_wrap(s, "gp_run_restore");
+    /* a model that diverged is replaced whole: the run may go on */
+    r->diverged = 0;
+    r->last.step = pos.step;
+    return GP_OK;
+}
+
 gp_status gp_run_summary(const gp_run *r, FILE *f)
 {
     RUN_ARG(r);
@@ -306,6 +373,11 @@ void gp_run_stop(gp_run *r, int signo)
 {
     /* (no signal: -1, which the message calls a stop request) */
     if (r) atomic_store(&r->stop, signo > 0 ? signo : -1);
+}
+
+void gp_run_stop_clear(gp_run *r)
+{
+    if (r) atomic_store(&r->stop, 0);
 }
 
 int gp_run_devices(const gp_run *r) { return r && r->prepared ? r->n_dev : 0; }

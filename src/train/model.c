@@ -388,6 +388,28 @@ gp_status gp_model_count_params(const gp_config *cfg, int64_t *count)
     return each_layer(cfg, true, count_of, count);
 }
 
+typedef struct {
+    int64_t params;
+    gp_shape out;
+} describe_arg;
+
+static void describe_of(void *arg, int k, const gp_layer *l)
+{
+    (void)k;
+    describe_arg *a = arg;
+    a->params += gp_layer_param_count(l);
+    a->out = l->out_shape;
+}
+
+gp_status gp_model_describe(const gp_config *cfg, int64_t *params, gp_shape *output)
+{
+    describe_arg a = {0};
+    GP_TRY(each_layer(cfg, true, describe_of, &a));
+    *params = a.params;
+    *output = a.out;
+    return GP_OK;
+}
+
 gp_status gp_model_pipeline_step_one(gp_model *m, const gp_config *cfg, const float *x,
                                      const float *y, int64_t n, double lr, gp_step_stats *st)
 {

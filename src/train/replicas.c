@@ -129,6 +129,14 @@ static gp_status copy_state(gp_model *dst, const gp_model *src)
     return GP_OK;
 }
 
+gp_status gp_model_sync_replicas(gp_model *m)
+{
+    /* (before the group is made there is nothing to do: making it copies) */
+    if (!m->group) return GP_OK;
+    for (int r = 1; r < m->n_replicas; r++) GP_TRY(copy_state(replica(m, r), m));
+    return GP_OK;
+}
+
 static gp_status make_group(gp_model *m, const gp_config *cfg)
 {
     int R = m->n_replicas, n = m->n_stages;

@@ -213,6 +213,10 @@ gp_status gp_snapshot_collect(gp_model *m, const gp_config *cfg, const gp_snapsh
  * them: no snapshot, and the next run that holds the directory removes
  * them. */
 #define PARTS_KEY "gpipe.parts"
+/* A snapshot gp_run_save wrote: its loader position (epoch 0, batch 0) is
+ * not one (the caller's loop kept its own). */
+#define SAVED_BY_KEY "gpipe.saved_by"
+#define SAVED_BY_LIBRARY "gp_run_save"
 #define PARTS_SUFFIX ".parts"
 
 static void parts_dir(const char *dir, int64_t step, char *out, size_t len)
@@ -1214,6 +1218,46 @@ gp_status gp_snapshot_init_from(gp_model *m, const char *path)
     return GP_OK;
 }
 
+gp_status gp_snapshot_restore(gp_model *m, const gp_config *cfg, const char *path, bool quiet,
+                              gp_snapshot_pos *pos, bool *positioned)
+{
+    gp_st_file f;
+    GP_TRY(gp_snapshot_open(path, &f, pos));
+    gp_status s = gp_snapshot_apply(m, &f, true);
+    const char *seed = gp_st_meta(&f, "gpipe.seed");
+    char mine[32];
+    snprintf(mine, sizeof mine, "%llu", (unsigned long long)cfg->train.seed);
+    if (s == GP_OK && seed && strcmp(seed, mine))
+        GP_WARN("%s was made with train.seed = %s, this run has %s: the data order and dropout "
+                "masks from here on differ from the original run's", path, seed, mine);
+    int64_t dev = 0, chunks = 0;
+    if (s == GP_OK && !quiet && meta_int(&f, "gpipe.devices", &dev) &&
+        meta_int(&f, "gpipe.chunks", &chunks) &&
+        (dev != cfg->pipeline.n_devices || chunks != cfg->pipeline.chunks))
+        GP_INFO("resuming a %lld-device, %lld-chunk snapshot on %d device(s), %d chunk(s): "
+                "numerically equivalent, not bit for bit the original run",
+                (long long)dev, (long long)chunks, cfg->pipeline.n_devices,
+                cfg->pipeline.chunks);
+    const char *by = gp_st_meta(&f, SAVED_BY_KEY);
+    if (positioned) *positioned = !by || strcmp(by, SAVED_BY_LIBRARY);
+    gp_st_free(&f);
+    if (s != GP_OK) return s;
+    m->step = pos->step;
+    /* replicas already stepped hold the old state: replica 0's to all */
+    return gp_model_sync_replicas(m);
+}
+
+gp_status gp_snapshot_save_file(gp_model *m, const gp_config *cfg, const char *path)
+{
+    gp_snapshot_pos pos = {.step = m->step, .batch_size = cfg->train.batch_size};
+    gp_st_writer w = {0};
+    gp_status s = gp_snapshot_collect(m, cfg, &pos, &w);
+    if (s == GP_OK) s = gp_st_writer_meta(&w, SAVED_BY_KEY, SAVED_BY_LIBRARY);
+    if (s == GP_OK) s = gp_st_write_atomic(&w, path);
+    gp_st_writer_free(&w);
+    return s;
+}
+
 /* Move the snapshots of steps after `step` in the locked directory into a
  * new subdirectory "abandoned-<local time>", so that `--resume latest` can
  * only find this run's.  Renames within one file system: nothing is copied,
@@ -1277,7 +1321,7 @@ static gp_status move_later_aside(const gp_snapshot_lock *lock, int64_t step)
 }
 
 gp_status gp_snapshot_prepare(gp_model *m, const gp_config *cfg, const char *resume,
-                              int64_t train_n, const gp_snapshot_lock *lock,
+                              int64_t train_n, const gp_snapshot_lock *lock, bool quiet,
                               gp_snapshot_pos *pos)
 {
     const gp_train_config *tc = &cfg->train;
@@ -1293,33 +1337,20 @@ gp_status gp_snapshot_prepare(gp_model *m, const gp_config *cfg, const char *res
                                 tc->snapshot.dir);
         if (cfg->model.init_from[0]) {
             GP_TRY(gp_snapshot_init_from(m, cfg->model.init_from));
-            GP_INFO("initial weights from %s", cfg->model.init_from);
+            if (!quiet) GP_INFO("initial weights from %s", cfg->model.init_from);
         }
         return GP_OK;
     }
     char path[1100];
     if (!strcmp(resume, "latest")) GP_TRY(gp_snapshot_latest(tc->snapshot.dir, path, sizeof path));
     else snprintf(path, sizeof path, "%s", resume);
-    gp_st_file f;
     gp_snapshot_pos sp;
-    GP_TRY(gp_snapshot_open(path, &f, &sp));
-    gp_status s = gp_snapshot_apply(m, &f, true);
-    const char *seed = gp_st_meta(&f, "gpipe.seed");
-    char mine[32];
-    snprintf(mine, sizeof mine, "%llu", (unsigned long long)tc->seed);
-    if (s == GP_OK && seed && strcmp(seed, mine))
-        GP_WARN("%s was made with train.seed = %s, this run has %s: the data order and dropout "
-                "masks from here on differ from the original run's", path, seed, mine);
-    int64_t dev = 0, chunks = 0;
-    if (s == GP_OK && meta_int(&f, "gpipe.devices", &dev) && meta_int(&f, "gpipe.chunks", &chunks) &&
-        (dev != cfg->pipeline.n_devices || chunks != cfg->pipeline.chunks))
-        GP_INFO("resuming a %lld-device, %lld-chunk snapshot on %d device(s), %d chunk(s): "
-                "numerically equivalent, not bit for bit the original run",
-                (long long)dev, (long long)chunks, cfg->pipeline.n_devices,
-                cfg->pipeline.chunks);
-    gp_st_free(&f);
+    bool positioned;
+    gp_status s = gp_snapshot_restore(m, cfg, path, quiet, &sp, &positioned);
     if (s != GP_OK) return gp_error_wrap(s, "--resume");
-    m->step = sp.step;
+    if (!positioned)
+        GP_WARN("%s was saved by gp_run_save, which records no data position: this run's data "
+                "starts at epoch 1's first batch", path);
     int64_t per_epoch = (train_n + tc->batch_size - 1) / tc->batch_size;
     *pos = sp;
     pos->batch_size = tc->batch_size;
@@ -1334,8 +1365,9 @@ gp_status gp_snapshot_prepare(gp_model *m, const gp_config *cfg, const char *res
         pos->epoch++;
         pos->batch = 0;
     }
-    GP_INFO("resuming from %s: step %lld, epoch %lld, batch %lld", path, (long long)sp.step,
-            (long long)pos->epoch + 1, (long long)pos->batch);
+    if (!quiet)
+        GP_INFO("resuming from %s: step %lld, epoch %lld, batch %lld", path, (long long)sp.step,
+                (long long)pos->epoch + 1, (long long)pos->batch);
     /* This run's snapshots go into the directory: later ones of the run it
      * resumed from an earlier point would mix with them, be taken for the
      * newest by the next --resume latest, and be overwritten step by step. */

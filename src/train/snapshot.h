@@ -211,8 +211,19 @@ gp_status gp_snapshot_init_from(gp_model *m, const char *path);
  * the next --resume latest goes on with this run.  `lock` is
  * gp_snapshot_lock_run's (required with snapshots on). */
 gp_status gp_snapshot_prepare(gp_model *m, const gp_config *cfg, const char *resume,
-                              int64_t train_n, const gp_snapshot_lock *lock,
+                              int64_t train_n, const gp_snapshot_lock *lock, bool quiet,
                               gp_snapshot_pos *pos);
+/* Restore m from the snapshot at `path`: weights, buffers, optimizer state
+ * and step (replicas included), all or nothing (gp_snapshot_apply); warns
+ * when it was made with another train.seed.  *pos is the position it
+ * records; *positioned (may be NULL) is false for one gp_run_save wrote,
+ * whose position is not a loader's.  `quiet`: no info lines. */
+gp_status gp_snapshot_restore(gp_model *m, const gp_config *cfg, const char *path, bool quiet,
+                              gp_snapshot_pos *pos, bool *positioned);
+/* gp_run_save: the model, its optimizer state and step as a snapshot at
+ * `path` (atomically), marked as recording no loader position.  One
+ * process only (the caller checks). */
+gp_status gp_snapshot_save_file(gp_model *m, const gp_config *cfg, const char *path);
 /* Write the model's weights (no optimizer state) to `path` atomically. */
 gp_status gp_snapshot_export(gp_model *m, const gp_config *cfg, const char *path);
 

@@ -107,6 +107,9 @@ int64_t gp_model_param_count(const gp_model *m);
  * inference alone (gp_layer_meta): no device, no device memory, so a
  * model far larger than this machine's memory can be counted. */
 gp_status gp_model_count_params(const gp_config *cfg, int64_t *count);
+/* The same count and the output shape of one sample (the last layer's),
+ * from the config alone (shapes only: nothing is allocated). */
+gp_status gp_model_describe(const gp_config *cfg, int64_t *params, gp_shape *output);
 /* Stages per device: pipeline.virtual with schedule: interleaved, else 1.
  * A model built on n devices has n x this many stages, stage j on device
  * j % n. */
@@ -229,6 +232,10 @@ gp_status gp_model_build_replicated(const gp_config *cfg, gp_device *const *devs
  * replica 0; else GP_ERR_RUNTIME naming the replica and layer (a bug).
  * Debug builds run it every 100 steps. */
 gp_status gp_model_check_replicas(const gp_model *m);
+/* Replica 0's parameters, buffers, optimizer state and step copied to the
+ * other replicas (after a snapshot was loaded into replica 0 of a model
+ * that has stepped); a no-op without replicas or before the first step. */
+gp_status gp_model_sync_replicas(gp_model *m);
 /* Data parallelism with sharded updates leaves replica r's momentum current
  * only in chunk r of each tensor (the chunk it updates).  Copies every
  * chunk from its owner into replica 0's momentum, so replica 0 holds the

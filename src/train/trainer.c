@@ -610,7 +610,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                          .labels_only = mp->local_device > 0 && !cfg->data.skip_bad_files};
     gp_snapshot_pos pos = {0};
     if (s == GP_OK) s = gp_snapshot_prepare(mp, cfg, opts->resume_path, train.n, snap_lock,
-                                               &pos);
+                                               opts->quiet, &pos);
     lo.start_epoch = pos.epoch;
     lo.start_batch = pos.batch;
     if (s == GP_OK && tc->batch_size > train.n)
