@@ -37,6 +37,10 @@ against the same config in one process (worker threads), the oracle.
       one process writes; --dry-run under mpirun is one clear message;
   (h) an image folder (only stage 0's rank decodes images) trains as in
       one process;
+  (j) ranks whose configs or data differ (a config one rank cannot load,
+      a --set only one rank has, an image folder with more files on one
+      machine) end together with one message saying so, instead of
+      hanging, overflowing a message or training silently wrong;
   (i) SIGUSR1 sent to mpirun (passed on to every rank unchanged) stops
       every rank after the same step with one final snapshot, said once,
       exit 138.
@@ -49,6 +53,7 @@ so it sets Open MPI's OMPI_ALLOW_RUN_AS_ROOT{,_CONFIRM}.  Prints
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -428,6 +433,72 @@ def traces(tmp):
           "timeline.py summary of the merged trace: " + out[-500:])
 
 
+def mpmd(ranks, timeout=60):
+    """mpirun with one program line per rank: ranks is a list of
+    (working directory, args)."""
+    cmd = ["mpirun", "--oversubscribe"]
+    for q, (wdir, args) in enumerate(ranks):
+        cmd += ([":"] if q else []) + ["-np", "1", "-wdir", wdir, os.path.abspath(BIN)] + args
+    return run(cmd, timeout, MPI_ENV)
+
+
+def mismatches(tmp):
+    """Ranks that do not share their config or data end together with one
+    message that says so, instead of hanging, overflowing a message or
+    training silently wrong: a config only rank 1 cannot load (missing,
+    an unknown key), a --set only rank 1 has, and an image folder with
+    more files on rank 1's machine (a relative data.path, each rank in its
+    own working directory)."""
+    cfg = os.path.join(tmp, "mm.yaml")
+    with open(cfg, "w") as f:
+        f.write(MLP)
+    nope = os.path.join(tmp, "nope.yaml")
+    for other, said in [([nope], "cannot open the config"),
+                        ([cfg, "--set", "train.bogus=1"], "unknown key 'bogus'")]:
+        rc, out = mpmd([(tmp, [cfg, "--quiet"]), (tmp, other)])
+        check(rc not in (0, -1) and "rank 1 of 2: " in out and said in out and
+              out.count("1 of 2 ranks could not load the config (rank 1's message says why)") == 1,
+              "a config only rank 1 cannot load: exit %d: %s" % (rc, out[-800:]))
+    for sets in (["train.seed=2"], ["pipeline.chunks=4"]):
+        rc, out = mpmd([(tmp, [cfg, "--quiet"]), (tmp, [cfg, "--quiet", "--set", sets[0]])])
+        check(rc == 2 and out.count("rank 1's config is not rank 0's") == 1,
+              "--set %s on rank 1 only: exit %d: %s" % (sets[0], rc, out[-800:]))
+    src = os.environ.get("GPIPE_SOURCE_DIR", ".")
+    folder = CONV.replace("input: [1, 8, 8]", "input: [3, 16, 16]").replace(
+        "data: {dataset: synthetic, synthetic: {train: 256, test: 64, classes: 10}}",
+        "data: {dataset: image_folder, path: data, workers: 1}").replace(
+        "linear: {out: 10}", "linear: {out: 3}").replace("batch_size: 32", "batch_size: 12")
+    with open(os.path.join(tmp, "mm-folder.yaml"), "w") as f:
+        f.write(folder)
+    wdirs = []
+    for name, n in (("wA", 12), ("wB", 15)):
+        w = os.path.join(tmp, name)
+        rc, out = run(["/usr/bin/python3", os.path.join(src, "scripts", "make-image-folder.py"),
+                       os.path.join(w, "data"), "--classes", "3", "--train", str(n), "--val",
+                       "4", "--size", "20x20"])
+        check(rc == 0, "make-image-folder.py: " + out[-500:])
+        wdirs.append(w)
+    rc, out = mpmd([(w, [os.path.join(tmp, "mm-folder.yaml"), "--quiet", "--set",
+                         "pipeline.chunks=3"]) for w in wdirs])
+    check(rc == 3 and "the ranks read different data: rank 1 has 45 training samples" in out and
+          "rank 0 has 36" in out,
+          "image folders that differ between the ranks: exit %d: %s" % (rc, out[-800:]))
+    # a snapshot directory that is not shared (a relative path, each rank
+    # in its own working directory): refused before the first step, where
+    # it used to make snapshots whose parts rank 0 never saw
+    os.makedirs(os.path.join(wdirs[1], "snaps"))
+    for said in ("is not one directory for every rank: rank 0 does not see the file rank 1 wrote",
+                 "rank 1 cannot write into train.snapshot.dir 'snaps' (No such file"):
+        rc, out = mpmd([(w, [cfg, "--quiet", "--set", "train.snapshot.every_steps=2", "--set",
+                             "train.snapshot.dir=snaps"]) for w in wdirs])
+        check(rc == 3 and out.count(said) == 1 and "step 1" not in out,
+              "an unshared train.snapshot.dir: exit %d: %s" % (rc, out[-800:]))
+        own = os.path.join(wdirs[1], "snaps")
+        if os.path.isdir(own):  # (the first case's) rank 1 removed its probe
+            check(os.listdir(own) == [], "rank 1's probe left behind: %s" % os.listdir(own))
+            shutil.rmtree(own)
+
+
 def errors(tmp):
     cfg = os.path.join(tmp, "err.yaml")
     with open(cfg, "w") as f:
@@ -657,6 +728,7 @@ def main():
         snapshots(tmp)
         traces(tmp)
         errors(tmp)
+        mismatches(tmp)
     print("test_procs: %d passed, %d failed" % (passed, failed))
     return 1 if failed else 0
 

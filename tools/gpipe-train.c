@@ -6,6 +6,7 @@
  * library does the stopping; this program takes the signals, on a thread
  * of its own, and only records them.
  */
+#include "pipeline/procs.h"
 #include "train/train.h"
 #include "train/snapshot.h"
 #include "trace/trace.h"
@@ -16,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "cli.h"
 
@@ -201,6 +203,55 @@ static int launched_rank(void)
     return 0;
 }
 
+/* Under mpirun, before anything else is collective: every rank must have
+ * loaded its config, and the same one (the YAML text and the --set
+ * options; a rank that differs would hang, overflow a message or train
+ * silently wrong later).  `loaded` is this rank's load; the ranks exchange
+ * it and a checksum, so each learns the same outcome and none is left
+ * waiting.  *own: the error is this rank's own load's (to be said with its
+ * rank where not every rank failed), else it is said by rank 0. */
+static gp_status agree_on_config(gp_status loaded, gp_config *cfg, bool *own)
+{
+    int N = gp_procs_size(), me = gp_procs_rank();
+    uint32_t mine[2] = {loaded != GP_OK, 0};
+    if (loaded == GP_OK) {
+        uLong c = crc32(0L, Z_NULL, 0);
+        c = crc32(c, (const Bytef *)cfg->text, (uInt)strlen(cfg->text));
+        c = crc32(c, (const Bytef *)"\n--set\n", 7);
+        c = crc32(c, (const Bytef *)cfg->overrides, (uInt)strlen(cfg->overrides));
+        mine[1] = (uint32_t)c;
+    }
+    uint32_t *all = calloc((size_t)N * 2, sizeof *all);
+    gp_status s = all ? gp_procs_allgather_bytes(mine, all, sizeof mine)
+                      : gp_error_set(GP_ERR_OOM, "out of host memory");
+    if (s != GP_OK) { /* the exchange itself failed: nothing can be agreed */
+        fprintf(stderr, "gpipe-train: rank %d of %d: %s\n", me, N, gp_last_error());
+        gp_procs_abort(gp_status_exit_code(s));
+    }
+    int failed = 0, first_bad = -1, differs = -1;
+    for (int r = 0; r < N; r++) {
+        failed += (int)all[2 * r];
+        if (all[2 * r] && first_bad < 0) first_bad = r;
+        if (!all[2 * r] && !all[0] && all[2 * r + 1] != all[1] && differs < 0) differs = r;
+    }
+    free(all);
+    *own = loaded != GP_OK && failed < N;
+    if (loaded != GP_OK) {
+        if (failed == N) *own = false; /* alike everywhere: rank 0 says it once */
+        return loaded;
+    }
+    if (failed)
+        s = gp_error_set(GP_ERR_INVALID, "%d of %d ranks could not load the config (rank %d's "
+                         "message says why); start every rank with the same config file and "
+                         "--set options", failed, N, first_bad);
+    else if (differs >= 0)
+        s = gp_error_set(GP_ERR_INVALID, "rank %d's config is not rank 0's (the YAML text or "
+                         "the --set options differ; this rank read %s): start every rank with "
+                         "the same config file and --set options", differs, cfg->path);
+    if (s != GP_OK) gp_config_free(cfg);
+    return s;
+}
+
 int main(int argc, char **argv)
 {
     const char *config = NULL, *metrics = NULL, *trace = NULL, *resume = NULL, *export = NULL;
@@ -313,8 +364,14 @@ int main(int argc, char **argv)
                 : gp_snapshot_resume_check(resume, "");
     if (!config && s == GP_OK) s = gp_snapshot_read_config(resume, sets, n_sets, &cfg);
     free(sets);
+    bool own = true;
+    if (gp_procs_size() > 1) s = agree_on_config(s, &cfg, &own);
     if (s != GP_OK) {
-        if (gp_procs_rank() == 0) fprintf(stderr, "gpipe-train: %s\n", gp_last_error());
+        if (own && gp_procs_size() > 1) /* this rank's own file or options */
+            fprintf(stderr, "gpipe-train: rank %d of %d: %s\n", gp_procs_rank(),
+                    gp_procs_size(), gp_last_error());
+        else if (gp_procs_rank() == 0)
+            fprintf(stderr, "gpipe-train: %s\n", gp_last_error());
         gp_procs_finalize();
         return gp_status_exit_code(s);
     }

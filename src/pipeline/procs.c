@@ -223,19 +223,33 @@ gp_status gp_procs_probe(int from, int tag)
     return rc == MPI_SUCCESS ? GP_OK : mpi_error(rc, "MPI_Probe");
 }
 
+/* The next message from `peer` with `tag` on comm, before it is received:
+ * its count of `type` must be `want`.  A longer message would not fit the
+ * buffer, and Open MPI's shared-memory path writes past the buffer rather
+ * than failing with MPI_ERR_TRUNCATE; a shorter one leaves part of it
+ * stale.  Either means the ranks disagree on the model or the batch. */
+static gp_status expect_count(int peer, int tag, MPI_Comm comm, MPI_Datatype type, int want,
+                              const char *unit, const char *what)
+{
+    MPI_Status stt;
+    int rc = MPI_Probe(peer, tag, comm, &stt), got = 0;
+    if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Probe");
+    MPI_Get_count(&stt, type, &got);
+    if (got != want)
+        return gp_error_set(GP_ERR_RUNTIME, "rank %d: rank %d sent %d %s (%s %d), this rank "
+                            "expects %d: the processes disagree on the model or the batch; "
+                            "start every rank with the same config and data", g_rank, peer, got,
+                            unit, what, tag, want);
+    return GP_OK;
+}
+
 gp_status gp_procs_recv(float *data, int64_t n, int from, int tag)
 {
-    int cnt = 0, got = 0;
+    int cnt = 0;
     GP_TRY(count_of(n, &cnt));
-    MPI_Status stt;
-    int rc = MPI_Recv(data, cnt, MPI_FLOAT, from, tag, MPI_COMM_WORLD, &stt);
-    if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Recv");
-    MPI_Get_count(&stt, MPI_FLOAT, &got);
-    if (got != cnt)
-        return gp_error_set(GP_ERR_RUNTIME, "rank %d: received %d floats from rank %d (tag %d), "
-                            "expected %d: the processes disagree on the model or the batch; "
-                            "start every rank with the same config", g_rank, got, from, tag, cnt);
-    return GP_OK;
+    GP_TRY(expect_count(from, tag, MPI_COMM_WORLD, MPI_FLOAT, cnt, "floats", "tag"));
+    int rc = MPI_Recv(data, cnt, MPI_FLOAT, from, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    return rc == MPI_SUCCESS ? GP_OK : mpi_error(rc, "MPI_Recv");
 }
 
 /* `bytes` bytes to `peer` on comm, in pieces under MPI's int count, in
@@ -262,16 +276,10 @@ static gp_status recv_pieces(void *data, size_t bytes, int peer, int tag, MPI_Co
 {
     unsigned char *b = data;
     do {
-        int piece = bytes > (size_t)INT_MAX ? INT_MAX : (int)bytes, got = 0;
-        MPI_Status stt;
-        int rc = MPI_Recv(b, piece, MPI_BYTE, peer, tag, comm, &stt);
+        int piece = bytes > (size_t)INT_MAX ? INT_MAX : (int)bytes;
+        GP_TRY(expect_count(peer, tag, comm, MPI_BYTE, piece, "bytes", what));
+        int rc = MPI_Recv(b, piece, MPI_BYTE, peer, tag, comm, MPI_STATUS_IGNORE);
         if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Recv");
-        MPI_Get_count(&stt, MPI_BYTE, &got);
-        if (got != piece)
-            return gp_error_set(GP_ERR_RUNTIME, "rank %d: received %d bytes from rank %d (%s "
-                                "%d), expected %d: the processes disagree on the model or the "
-                                "batch; start every rank with the same config", g_rank, got,
-                                peer, what, tag, piece);
         b += piece;
         bytes -= (size_t)piece;
     } while (bytes > 0);

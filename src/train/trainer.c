@@ -146,6 +146,85 @@ static int agreed(int x)
     return x;
 }
 
+/* Processes: train.snapshot.dir must be one directory every rank sees (a
+ * shared file system at the same path): ranks r > 0 write their snapshot
+ * parts there and rank 0's file names them.  A node-local directory would
+ * make every snapshot unusable, found only when a resume fails.  Each rank
+ * r > 0 writes "<dir>/.gpipe-probe-rank<r>-<pid>"; rank 0 looks for every
+ * one; then each removes its own.  A probe rank 0 cannot see is every
+ * rank's error alike, before any step. */
+static gp_status check_dir_shared(const gp_config *cfg, gp_train_result *res)
+{
+    int me = gp_procs_rank(), N = gp_procs_size();
+    const char *dir = cfg->train.snapshot.dir;
+    /* per rank: its pid (the probe's name), then the errno of its write
+     * (0: written) */
+    int mine[2] = {(int)getpid(), 0}, *all = calloc((size_t)N * 2, sizeof *all);
+    if (!all) return gp_error_set(GP_ERR_OOM, "out of host memory");
+    char path[1200];
+    if (me > 0) {
+        snprintf(path, sizeof path, "%s/.gpipe-probe-rank%d-%d", dir, me, mine[0]);
+        FILE *f = fopen(path, "w");
+        if (!f || fclose(f) != 0) mine[1] = errno ? errno : EIO;
+    }
+    /* (also the barrier: every probe written before rank 0 looks) */
+    gp_status s = gp_procs_allgather_bytes(mine, all, sizeof mine);
+    int unwritten = 0, missing = 0;
+    for (int r = 1; r < N && s == GP_OK && !unwritten; r++)
+        if (all[2 * r + 1]) unwritten = r;
+    for (int r = 1; r < N && s == GP_OK && me == 0 && !unwritten && !missing; r++) {
+        snprintf(path, sizeof path, "%s/.gpipe-probe-rank%d-%d", dir, r, all[2 * r]);
+        if (access(path, F_OK) != 0) missing = r;
+    }
+    if (s == GP_OK) missing = agreed(missing);
+    if (me > 0 && !mine[1]) {
+        snprintf(path, sizeof path, "%s/.gpipe-probe-rank%d-%d", dir, me, mine[0]);
+        (void)unlink(path);
+    }
+    int err = unwritten ? all[2 * unwritten + 1] : 0;
+    free(all);
+    if (s != GP_OK || (!unwritten && !missing)) return s;
+    res->failed_alike = true;
+    if (unwritten)
+        return gp_error_set(GP_ERR_IO, "%s: rank %d cannot write into train.snapshot.dir '%s' "
+                            "(%s), which rank 0 made and writes: snapshots of a run in "
+                            "processes need one directory that every machine mounts at the "
+                            "same path (a shared file system), writable by every rank",
+                            cfg->path, unwritten, dir, strerror(err));
+    return gp_error_set(GP_ERR_IO, "%s: train.snapshot.dir '%s' is not one directory for every "
+                        "rank: rank 0 does not see the file rank %d wrote there, so its parts "
+                        "of every snapshot would be missing; give a directory that every "
+                        "machine mounts at the same path (a shared file system)",
+                        cfg->path, dir, missing);
+}
+
+/* Processes: every rank must read the same data (an image folder with
+ * more files on one machine than on another gives that rank more steps
+ * per epoch, and the ranks then wait on each other forever).  Compared
+ * once loaded: the samples of each split and the classes.  A difference is
+ * every rank's error alike. */
+static gp_status agree_on_data(const gp_dataset *train, const gp_dataset *test,
+                               gp_train_result *res)
+{
+    int N = gp_procs_size();
+    int64_t mine[3] = {train->n, test->n, train->classes}, *all = calloc((size_t)N * 3,
+                                                                          sizeof *all);
+    if (!all) return gp_error_set(GP_ERR_OOM, "out of host memory");
+    gp_status s = gp_procs_allgather_bytes(mine, all, sizeof mine);
+    for (int r = 1; r < N && s == GP_OK; r++)
+        if (memcmp(all + 3 * r, all, sizeof mine)) {
+            res->failed_alike = true;
+            s = gp_error_set(GP_ERR_DATA, "the ranks read different data: rank %d has %lld "
+                             "training samples, %lld test samples and %lld classes, rank 0 has "
+                             "%lld, %lld and %lld (data.path %s); give every machine the same "
+                             "files", r, (long long)all[3 * r], (long long)all[3 * r + 1],
+                             (long long)all[3 * r + 2], (long long)all[0], (long long)all[1],
+                             (long long)all[2], train->source);
+        }
+    free(all);
+    return s;
+}
+
 /* Checked between the phases before the first step: nothing trained yet,
  * so nothing to save. */
 static gp_status stop_early(const gp_train_opts *o, const char *during, gp_train_result *res)
@@ -542,7 +621,9 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     if (snapshots && gp_procs_size() > 1) {
         (void)agreed(0); /* rank 0 has made the directory (it aborts the run if it cannot) */
         /* the other ranks write their parts there too */
-        if (gp_procs_rank() != 0) GP_TRY(check_snapshot_dir(cfg));
+        if (gp_procs_rank() != 0) s = check_snapshot_dir(cfg);
+        if (s == GP_OK) s = check_dir_shared(cfg, res);
+        if (s != GP_OK) goto done;
     }
     if (opts->metrics_path) {
         mf = fopen(opts->metrics_path, "w");
@@ -581,6 +662,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                              d->source, (long long)d->c, (long long)d->h, (long long)d->w,
                              q ? " (the test split must have the training split's shape)" : "");
     }
+    if (s == GP_OK && gp_procs_size() > 1) s = agree_on_data(&train, &test, res);
     /* one normalisation value for every channel, or one per channel */
     if (s == GP_OK && cfg->data.normalize && cfg->data.n_mean > 1 && cfg->data.n_mean != train.c)
         s = gp_error_set(GP_ERR_INVALID, "%s: data.mean and data.std have %d values but %s has "
