@@ -630,6 +630,13 @@ static void test_errors(void)
                               "replica 0 stage 2; with replicas every stage of every replica "
                               "needs its own device, as their all-reduce (NCCL) takes one rank "
                               "per GPU");
+    /* chunks per replica: the batch splits into chunks x replicas, which
+     * the config refuses beyond the limit (the step used to, naming a
+     * chunks value the config never had) */
+    CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  devices: [cpu:0]\n  replicas: 2\n"
+                                    "  chunks: 600\n"), NULL, 0),
+              GP_ERR_INVALID, "pipeline.chunks = 600 with 2 replicas splits each batch into 1200 "
+                              "micro-batches, over the 1024 supported; lower chunks to 512");
     /* a derived replica device past the last index names what derived it */
     CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  devices: [cpu:4095]\n  replicas: 2\n"), NULL, 0),
               GP_ERR_INVALID, "t.yaml:10:12: replica 1's copy of cpu:4095 would be device index "

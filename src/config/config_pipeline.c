@@ -366,6 +366,13 @@ gp_status gp_cfg_parse_pipeline(gp_cfg_walk *w, const gp_ynode *root, gp_pipelin
         pc->n_balance = bal->n;
     }
     GP_TRY(gp_cfg_get_int32(w, m, "pipeline", "chunks", 1, 1, GP_MAX_CHUNKS, &pc->chunks));
+    /* a step splits its batch into chunks micro-batches per replica */
+    if (pc->replicas > 1 && (int64_t)pc->chunks * pc->replicas > GP_MAX_CHUNKS)
+        return gp_cfg_bad(w, gp_ymap_get(m, "chunks") ? gp_ymap_get(m, "chunks") : m,
+                          "pipeline.chunks = %d with %d replicas splits each batch into %lld "
+                          "micro-batches, over the %d supported; lower chunks to %d or fewer",
+                          pc->chunks, pc->replicas, (long long)pc->chunks * pc->replicas,
+                          GP_MAX_CHUNKS, GP_MAX_CHUNKS / pc->replicas);
     int ck = 0;
     GP_TRY(gp_cfg_get_enum(w, m, "pipeline", "checkpoint", k_ckpt_names, GP_COUNT(k_ckpt_names),
                            GP_CKPT_EXCEPT_LAST, &ck));

@@ -1828,6 +1828,7 @@ static void free_step_tables(gp_pipeline *p)
     for (int j = 0; j < p->n; j++) {
         free(p->workers[j].events);
         p->workers[j].events = NULL;
+        p->workers[j].n_events = 0; /* (gp_pipeline_events: none, not a stale count) */
         p->workers[j].cap_events = 0;
     }
     p->fwd_done = p->bwd_done = p->act_copied = p->grad_copied = NULL;

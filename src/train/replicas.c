@@ -157,14 +157,19 @@ static gp_status make_group(gp_model *m, const gp_config *cfg)
     }
     g->R = R;
     g->n = n;
-    pthread_mutex_init(&g->lock, NULL);
-    m->group = g;
     for (int j = 0; j < n; j++) {
         gp_device *grp[GP_MAX_DEVICES];
         for (int r = 0; r < R; r++) grp[r] = replica(m, r)->devs[j];
         gp_status s = gp_comm_create(grp, R, &g->comms[j]);
-        if (s != GP_OK) return gp_error_wrap(s, "communicator of stage %d", j);
+        if (s != GP_OK) { /* no half-made group: the next step makes it again */
+            for (int q = 0; q < j; q++) gp_comm_destroy(g->comms[q]);
+            free(g->pipes);
+            free(g);
+            return gp_error_wrap(s, "communicator of stage %d", j);
+        }
     }
+    pthread_mutex_init(&g->lock, NULL);
+    m->group = g;
     for (int r = 0; r < R; r++) {
         g->pipes[r] = replica(m, r)->pipe;
         gp_pipeline_join(g->pipes[r], g->comms, r, group_fail, g);

@@ -186,7 +186,12 @@ static void run_stream(gp_device *dev, cpu_chan *ch)
             while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
         }
         gp_status st = GP_OK;
-        if (ch) st = ch->failed == GP_OK ? chan_transfer(ch, it) : ch->failed;
+        if (ch) { /* (a close may have failed the channel while it waited) */
+            pthread_mutex_lock(&g_lock);
+            st = ch->failed;
+            pthread_mutex_unlock(&g_lock);
+            if (st == GP_OK) st = chan_transfer(ch, it);
+        }
         else if (it->bytes && it->dst != it->src) memcpy(it->dst, it->src, it->bytes);
         char why[sizeof ch->why] = "";
         if (st != GP_OK) snprintf(why, sizeof why, "%s", gp_last_error());
