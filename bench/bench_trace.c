@@ -60,7 +60,7 @@ static gp_status run(const gp_config *base, int m, int steps, const char *path, 
         t0 = gp_now();
         s = gp_model_pipeline_step(&model, &cfg, x, y, b, 0.001, NULL);
         double t1 = gp_now();
-        if (s == GP_OK) s = gp_trace_add_step(t, model.pipe, devs, it);
+        if (s == GP_OK) s = gp_trace_add_step(t, model.pipe, devs, it, 0, 1);
         double t2 = gp_now();
         traced[it] = t2 - t0;
         write[it] = t2 - t1;

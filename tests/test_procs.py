@@ -431,6 +431,28 @@ def traces(tmp):
     rc, out = run(["/usr/bin/python3", tl, "summary", merged])
     check(rc == 0 and "cpu:0 (stage 0)" in out and "cpu:1 (stage 1)" in out,
           "timeline.py summary of the merged trace: " + out[-500:])
+    # with replicas (2 stages x 2 replicas): each rank's device under its own
+    # name and process id, so the four traces merge (they used to clash:
+    # ranks 2 and 3 called themselves replica 0's cpu:0 and cpu:1); the
+    # same run in one process traces all four devices alike
+    tr = os.path.join(tmp, "rep.json")
+    rc, out = mpirun(4, [cfg, "--quiet", "--trace", tr, "--trace-steps", "2:3", "--set",
+                         "pipeline.replicas=2"])
+    check(rc == 0, "traces with replicas: " + out[-500:])
+    ranks = [tr] + [os.path.join(tmp, "rep.rank%d.json" % r) for r in (1, 2, 3)]
+    merged = os.path.join(tmp, "rep-merged.json")
+    rc, out = run(["/usr/bin/python3", tl, "merge", merged] + ranks)
+    check(rc == 0, "timeline.py merge with replicas: " + out[-500:])
+    one = os.path.join(tmp, "rep-one.json")
+    rc1, out1 = run([BIN, cfg, "--quiet", "--trace", one, "--trace-steps", "2:3", "--set",
+                     "pipeline.replicas=2"])
+    check(rc1 == 0, "one process with replicas, traced: " + out1[-500:])
+    names = ["cpu:0 (replica 0, stage 0)", "cpu:1 (replica 0, stage 1)",
+             "cpu:2 (replica 1, stage 0)", "cpu:3 (replica 1, stage 1)"]
+    for path in (merged, one):
+        rc, out = run(["/usr/bin/python3", tl, "summary", path])
+        check(rc == 0 and all(n in out for n in names),
+              "timeline.py summary of %s: %s" % (os.path.basename(path), out[-700:]))
 
 
 def mpmd(ranks, timeout=60):

@@ -110,35 +110,41 @@ static const char *category(const gp_event_rec *e)
 }
 
 gp_status gp_trace_add_step(gp_trace *t, const gp_pipeline *p, gp_device *const *devs,
-                            int64_t step)
+                            int64_t step, int replica, int replicas)
 {
     gp_json_writer *w = &t->w;
     int n = gp_pipeline_devices(p), S = gp_pipeline_stages(p);
+    /* replica r's devices are processes r n .. r n + n - 1 of the trace */
+    int base = replica * n;
+    if (base + n > GP_MAX_DEVICES)
+        return gp_error_set(GP_ERR_INVALID, "trace: replica %d of %d devices is past the %d "
+                            "devices a trace holds", replica, n, GP_MAX_DEVICES);
     double t_start = 1e300;
     for (int j = 0; j < n; j++) {
         int cnt;
         const gp_event_rec *ev = gp_pipeline_events(p, j, &cnt);
         if (cnt && ev[0].t0 < t_start) t_start = ev[0].t0;
-        if (!t->named[j] && cnt) { /* (under mpirun, only this process's device has events) */
-            t->named[j] = true;
-            char name[96];
-            int off = snprintf(name, sizeof name, "%s (stage%s %d", devs[j]->name,
+        if (!t->named[base + j] && cnt) { /* (under mpirun, only this process's device has events) */
+            t->named[base + j] = true;
+            char name[128], rep[32] = "";
+            if (replicas > 1) snprintf(rep, sizeof rep, "replica %d, ", replica);
+            int off = snprintf(name, sizeof name, "%s (%sstage%s %d", devs[j]->name, rep,
                                S > n ? "s" : "", j);
             for (int q = j + n; q < S && off < (int)sizeof name - 8; q += n)
                 off += snprintf(name + off, sizeof name - (size_t)off, ", %d", q);
             snprintf(name + off, sizeof name - (size_t)off, ")");
-            event(t, "process_name", NULL, "M", j);
+            event(t, "process_name", NULL, "M", base + j);
             gp_json_open_object(w, "args");
             gp_json_put_str(w, "name", name);
             gp_json_close(w);
             gp_json_close(w);
-            event(t, "process_sort_index", NULL, "M", j);
+            event(t, "process_sort_index", NULL, "M", base + j);
             gp_json_open_object(w, "args");
-            gp_json_put_int(w, "sort_index", j);
+            gp_json_put_int(w, "sort_index", base + j);
             gp_json_close(w);
             gp_json_close(w);
             for (int tid = 0; tid < 2; tid++) {
-                event(t, "thread_name", NULL, "M", j);
+                event(t, "thread_name", NULL, "M", base + j);
                 gp_json_put_int(w, "tid", tid);
                 gp_json_open_object(w, "args");
                 gp_json_put_str(w, "name", tid ? "copy" : "compute");
@@ -147,7 +153,7 @@ gp_status gp_trace_add_step(gp_trace *t, const gp_pipeline *p, gp_device *const 
             }
         }
     }
-    if (t_start < 1e300) {
+    if (t_start < 1e300 && replica == 0) { /* (one marker per step) */
         char name[32];
         snprintf(name, sizeof name, "step %lld", (long long)step);
         event(t, name, NULL, "i", 0);
@@ -169,7 +175,7 @@ gp_status gp_trace_add_step(gp_trace *t, const gp_pipeline *p, gp_device *const 
             gp_event_name(r, name, sizeof name);
             snprintf(layers, sizeof layers, "%d-%d", r->layer_first,
                      r->layer_first + r->layer_count - 1);
-            event(t, name, category(r), "X", j);
+            event(t, name, category(r), "X", base + j);
             gp_json_put_int(w, "tid", copy ? 1 : 0);
             gp_json_put_fixed(w, "ts", us(t, r->t0), 3);
             gp_json_put_fixed(w, "dur", (r->t1 - r->t0) * 1e6, 3);
@@ -191,12 +197,12 @@ gp_status gp_trace_add_step(gp_trace *t, const gp_pipeline *p, gp_device *const 
                 if (src) {
                     /* an arrow from the producing slice to this copy */
                     uint64_t id = t->next_flow++;
-                    event(t, "data", "flow", "s", r->from % n);
+                    event(t, "data", "flow", "s", base + r->from % n);
                     gp_json_put_int(w, "tid", 0);
                     gp_json_put_uint(w, "id", id);
                     gp_json_put_fixed(w, "ts", us(t, src->t1) - 0.001, 3);
                     gp_json_close(w);
-                    event(t, "data", "flow", "f", j);
+                    event(t, "data", "flow", "f", base + j);
                     gp_json_put_int(w, "tid", 1);
                     gp_json_put_str(w, "bp", "e");
                     gp_json_put_uint(w, "id", id);
@@ -204,7 +210,7 @@ gp_status gp_trace_add_step(gp_trace *t, const gp_pipeline *p, gp_device *const 
                     gp_json_close(w);
                 }
             }
-            event(t, "allocated bytes", NULL, "C", j);
+            event(t, "allocated bytes", NULL, "C", base + j);
             gp_json_put_fixed(w, "ts", us(t, r->t1), 3);
             gp_json_open_object(w, "args");
             gp_json_put_uint(w, "bytes", r->mem_after);

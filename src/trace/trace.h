@@ -34,9 +34,14 @@ typedef struct gp_trace gp_trace;
 gp_status gp_trace_open(const char *path, int64_t first, int64_t last, gp_trace **out);
 /* Whether `step` is to be recorded. */
 bool gp_trace_wants(const gp_trace *t, int64_t step);
-/* Append the last step of pipeline p (its event log) as step `step`. */
+/* Append the last step of pipeline p (its event log) as step `step`;
+ * devs[j] is its device j.  With data-parallel replicas (`replicas` > 1)
+ * each replica's pipeline is added with its index: its devices are the
+ * trace's processes replica x devices + j, named "cpu:2 (replica 1, stage
+ * 0)", so that the replicas' traces of a run in processes merge; replica
+ * 0's adds the step marker. */
 gp_status gp_trace_add_step(gp_trace *t, const gp_pipeline *p, gp_device *const *devs,
-                            int64_t step);
+                            int64_t step, int replica, int replicas);
 /* Finish the JSON and close; reports a write error. NULL is fine. */
 gp_status gp_trace_close(gp_trace *t);
 

@@ -272,7 +272,8 @@ static gp_status replicated_step(gp_model *m, const gp_config *cfg, const float 
     for (int j = 0; j < g->n; j++) gp_comm_reset(g->comms[j]); /* nobody is inside */
     g->failed = false; /* no worker runs: no lock needed */
     int begun = 0;
-    gp_pipeline_set_device_time(g->pipes[0], m->device_time); /* replica 0's is traced */
+    for (int r = 0; r < R; r++) /* every replica's is traced */
+        gp_pipeline_set_device_time(g->pipes[r], m->device_time);
     for (int r = 0; r < R; r++) {
         res[r] = gp_pipeline_step_begin(g->pipes[r], x + off[r] * per, y + off[r] * m->targets,
                                         off[r + 1] - off[r], off[r], n, cfg->train.seed,

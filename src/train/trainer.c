@@ -864,7 +864,14 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         st.data_wait_seconds = waited;
         st.bad_files = cfg->data.skip_bad_files ? gp_loader_bad_files(loader) : -1;
         if (trace && gp_trace_wants(trace, step)) {
-            s = gp_trace_add_step(trace, mp->pipe, devs, step);
+            /* every replica's devices: this process's one under mpirun, all
+             * of them in one process */
+            int R = cfg->pipeline.replicas > 1 ? cfg->pipeline.replicas : 1;
+            int rho = mp->proc_replicas > 1 ? gp_procs_rank() / mp->n_devices : 0;
+            s = gp_trace_add_step(trace, mp->pipe, mp->devs, step, rho, R);
+            for (int r = 1; r < mp->n_replicas && s == GP_OK; r++)
+                s = gp_trace_add_step(trace, mp->replicas[r - 1].pipe, mp->replicas[r - 1].devs,
+                                      step, r, R);
             if (s != GP_OK) goto done;
             traced++;
         }
