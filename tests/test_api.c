@@ -638,6 +638,7 @@ static void test_save_restore(const char *replicas)
         CHECK_ERR(gp_run_restore(c, wa), GP_ERR_DATA, "not a gpipe snapshot");
         CHECK_ERR(gp_run_restore(c, NULL), GP_ERR_INVALID, "path");
         CHECK_ERR(gp_run_save(c, tmpdir), GP_ERR_IO, "is a directory");
+        CHECK_ERR(gp_run_export_weights(c, tmpdir), GP_ERR_IO, "is a directory");
         CHECK_ERR(gp_run_save(c, NULL), GP_ERR_INVALID, "gp_run_save");
         CHECK_ERR(gp_run_save(NULL, snap), GP_ERR_INVALID, "NULL");
         CHECK_ERR(gp_run_restore(NULL, snap), GP_ERR_INVALID, "NULL");

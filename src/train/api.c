@@ -288,6 +288,9 @@ gp_status gp_run_export_weights(gp_run *r, const char *path)
     GP_TRY(usable(r, "gp_run_export_weights"));
     if (!path || !path[0])
         return gp_error_set(GP_ERR_INVALID, "gp_run_export_weights needs a file path");
+    /* (a directory, or one that cannot be written, said as such rather than
+     * as the rename of a temporary file made somewhere else) */
+    GP_TRY(gp_check_writable_file(path, "gp_run_export_weights", true));
     GP_TRY(gp_run_prepare(r));
     return gp_snapshot_export(r->model, &r->cfg, path);
 }
