@@ -113,6 +113,20 @@ def segmentation(args, rng):
             mask.save(os.path.join(dm, "%05d.png" % i))
 
 
+def wxh(text):
+    """--size: "WxH", or "N" for N x N; both at least 8 pixels."""
+    parts = text.lower().split("x")
+    try:
+        w, h = (int(parts[0]), int(parts[0])) if len(parts) == 1 else map(int, parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError("'%s': give WxH (such as 400x350) or one size N "
+                                         "for NxN" % text)
+    if len(parts) > 2 or w < 8 or h < 8:
+        raise argparse.ArgumentTypeError("'%s': give WxH (such as 400x350) or one size N "
+                                         "for NxN, each at least 8" % text)
+    return w, h
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out")
@@ -120,12 +134,12 @@ def main():
     ap.add_argument("--classes", type=int, default=10)
     ap.add_argument("--train", type=int, default=100, help="images per class (or in all)")
     ap.add_argument("--val", type=int, default=20)
-    ap.add_argument("--size", default="400x350", help="mean WxH")
+    ap.add_argument("--size", type=wxh, default=(400, 350),
+                    help="mean WxH, or N for NxN (default 400x350)")
     ap.add_argument("--quality", type=int, default=90)
     ap.add_argument("--png", type=float, default=0.1, help="share of PNG files")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    args.size = tuple(int(v) for v in args.size.split("x"))
     rng = np.random.default_rng(args.seed)
     random.seed(args.seed)
     (segmentation if args.segmentation else classification)(args, rng)

@@ -497,7 +497,7 @@ def mismatches(tmp):
         w = os.path.join(tmp, name)
         rc, out = run(["/usr/bin/python3", os.path.join(src, "scripts", "make-image-folder.py"),
                        os.path.join(w, "data"), "--classes", "3", "--train", str(n), "--val",
-                       "4", "--size", "20x20"])
+                       "4", "--size", "20"])
         check(rc == 0, "make-image-folder.py: " + out[-500:])
         wdirs.append(w)
     rc, out = mpmd([(w, [os.path.join(tmp, "mm-folder.yaml"), "--quiet", "--set",
@@ -561,7 +561,7 @@ def errors(tmp):
                          "pipeline.chunks=2", "--set",
                          "pipeline.devices=[cpu:0, {name: cpu:1, memory: 20MiB}]"], timeout=120)
     check(rc == 4 and "rank 1 of 2: evaluating in batches of 1000" in out and
-          "set train.eval_batch_size lower" in out,
+          "set train.eval_batch_size to 500 or less" in out,
           "evaluation out of memory under mpirun: exit %d: %s" % (rc, out[-800:]))
     # (d) a non-finite loss on stage 1 (lr 1e38 overflows the weights)
     rc, out = mpirun(2, [cfg, "--quiet", "--set", "train.optimizer.lr=1e38",

@@ -756,6 +756,22 @@ static void test_resume_other_placement(void)
               worst, (unsigned long long)compared);
     gp_st_free(&f1);
     gp_st_free(&f2);
+
+    /* another batch size: 5 batches of 32 seen (160 samples), batches of 24
+     * go on from batch 6 (sample 144), so 16 samples are seen again, said */
+    snprintf(a, sizeof a, "%s/p.yaml --set train.steps=5 --set train.snapshot.every_steps=5 "
+             "--set train.snapshot.dir=%s/bs", tmpdir, tmpdir);
+    CHECK(train(a) == 0);
+    snprintf(a, sizeof a, "%s/p.yaml --set train.steps=7 --set train.batch_size=24 --resume "
+             "%s/bs/snapshot-000000005.safetensors", tmpdir, tmpdir);
+    CHECK(train(a) == 0);
+    char lp[300];
+    snprintf(lp, sizeof lp, "%s/log.txt", tmpdir);
+    char *log = gpt_read_file(lp, NULL);
+    CHECK_MSG(log && strstr(log, "this run has 24: going on from epoch 1, batch 6 (its first 16 "
+                                 "samples, seen before the snapshot, again)"),
+              "batch size 32 -> 24: %s", log ? log : "(no log)");
+    free(log);
 }
 
 /* ---- one run per directory ------------------------------------------------------------ */

@@ -808,8 +808,8 @@ static gp_status evaluate_at(gp_model *m, const gp_config *cfg, const eval_sourc
          * that wait for this one's messages cannot retry with it) */
         if (s == GP_ERR_OOM)
             gp_error_wrap(s, "evaluating in batches of %lld samples: under mpirun evaluation "
-                          "cannot halve its batch by itself; set train.eval_batch_size lower",
-                          (long long)bs);
+                          "cannot halve its batch by itself; set train.eval_batch_size to %lld "
+                          "or less", (long long)bs, (long long)(bs > 1 ? bs / 2 : 1));
         gp_procs_fail(s);
     }
     if (procs) { /* every rank's answer: the last stage's rank's sums */
@@ -844,7 +844,10 @@ static gp_status evaluate_fit(gp_model *m, const gp_config *cfg, const eval_sour
 {
     int64_t want = cfg->train.eval_batch_size > 0 ? cfg->train.eval_batch_size : 1000;
     int64_t bs = m->eval_batch > 0 && m->eval_batch < want ? m->eval_batch : want;
-    if (!src->ds && src->n < bs) bs = src->n; /* the caller's batch is all there is */
+    /* the caller's batch, or the test set, is all there is: the messages
+     * below name the batch that ran */
+    int64_t all = src->ds ? src->ds->n : src->n;
+    if (all >= 1 && all < bs) bs = all;
     bool procs = m->local_device >= 0, halved = false;
     for (;;) {
         gp_status s = evaluate_at(m, cfg, src, bs, loss, accuracy);

@@ -190,6 +190,8 @@ static gp_status collect(gp_model *m, const gp_config *cfg, const gp_snapshot_po
         GP_TRY(gp_st_writer_meta(w, "gpipe.seed", seed));
         GP_TRY(meta_i64(w, "gpipe.devices", cfg->pipeline.n_devices));
         GP_TRY(meta_i64(w, "gpipe.chunks", cfg->pipeline.chunks));
+        GP_TRY(meta_i64(w, "gpipe.replicas",
+                        cfg->pipeline.replicas > 1 ? cfg->pipeline.replicas : 1));
         GP_TRY(gp_st_writer_meta(w, "gpipe.config_path", cfg->path));
         GP_TRY(gp_st_writer_meta(w, "gpipe.config", cfg->text ? cfg->text : ""));
         GP_TRY(gp_st_writer_meta(w, "gpipe.overrides", cfg->overrides ? cfg->overrides : ""));
@@ -815,8 +817,9 @@ gp_status gp_snapshot_latest(const char *dir, char *path, size_t len)
     free(steps);
     return gp_error_set(GP_ERR_IO, "no complete snapshot in '%s'%s", dir,
                         n ? " (every one there failed to verify; see the warnings)" :
-                            "; nothing to resume (set train.snapshot.every_steps or "
-                            "every_minutes to take snapshots)");
+                            "; nothing to resume (a run takes snapshots with "
+                            "train.snapshot.every_steps or every_minutes, and one stopped "
+                            "before its first leaves none: start it again without --resume)");
 }
 
 /* ---- the directory lock ------------------------------------------------ */
@@ -1230,14 +1233,20 @@ gp_status gp_snapshot_restore(gp_model *m, const gp_config *cfg, const char *pat
     if (s == GP_OK && seed && strcmp(seed, mine))
         GP_WARN("%s was made with train.seed = %s, this run has %s: the data order and dropout "
                 "masks from here on differ from the original run's", path, seed, mine);
-    int64_t dev = 0, chunks = 0;
+    int64_t dev = 0, chunks = 0, reps = 1;
+    int my_reps = cfg->pipeline.replicas > 1 ? cfg->pipeline.replicas : 1;
+    (void)meta_int(&f, "gpipe.replicas", &reps); /* (absent before 2026-11-25: 1 assumed) */
     if (s == GP_OK && !quiet && meta_int(&f, "gpipe.devices", &dev) &&
         meta_int(&f, "gpipe.chunks", &chunks) &&
-        (dev != cfg->pipeline.n_devices || chunks != cfg->pipeline.chunks))
-        GP_INFO("resuming a %lld-device, %lld-chunk snapshot on %d device(s), %d chunk(s): "
-                "numerically equivalent, not bit for bit the original run",
-                (long long)dev, (long long)chunks, cfg->pipeline.n_devices,
+        (dev != cfg->pipeline.n_devices || chunks != cfg->pipeline.chunks || reps != my_reps)) {
+        char was[64] = "", now[64] = "";
+        if (reps > 1) snprintf(was, sizeof was, " x %lld replicas", (long long)reps);
+        if (my_reps > 1) snprintf(now, sizeof now, " x %d replicas", my_reps);
+        GP_INFO("resuming a snapshot of %lld device(s)%s, %lld chunk(s) on %d device(s)%s, %d "
+                "chunk(s): numerically equivalent, not bit for bit the original run",
+                (long long)dev, was, (long long)chunks, cfg->pipeline.n_devices, now,
                 cfg->pipeline.chunks);
+    }
     const char *by = gp_st_meta(&f, SAVED_BY_KEY);
     if (positioned) *positioned = !by || strcmp(by, SAVED_BY_LIBRARY);
     gp_st_free(&f);
@@ -1355,11 +1364,19 @@ gp_status gp_snapshot_prepare(gp_model *m, const gp_config *cfg, const char *res
     *pos = sp;
     pos->batch_size = tc->batch_size;
     if (sp.batch_size != tc->batch_size) {
-        /* Go on from the first sample not yet seen in this epoch. */
-        pos->batch = sp.batch * sp.batch_size / tc->batch_size;
+        /* Go on from the batch that holds the first sample not yet seen in
+         * this epoch (the samples before it in that batch are seen again). */
+        int64_t seen = sp.batch * sp.batch_size;
+        pos->batch = seen / tc->batch_size;
+        int64_t again = seen - pos->batch * tc->batch_size;
+        char twice[96] = "";
+        if (again > 0)
+            snprintf(twice, sizeof twice, " (its first %lld sample%s, seen before the snapshot, "
+                     "again)", (long long)again, again == 1 ? "" : "s");
         GP_WARN("%s was made with train.batch_size = %lld, this run has %lld: going on from "
-                "epoch %lld, batch %lld", path, (long long)sp.batch_size,
-                (long long)tc->batch_size, (long long)pos->epoch + 1, (long long)pos->batch);
+                "epoch %lld, batch %lld%s", path, (long long)sp.batch_size,
+                (long long)tc->batch_size, (long long)pos->epoch + 1, (long long)pos->batch,
+                twice);
     }
     if (pos->batch >= per_epoch) {
         pos->epoch++;

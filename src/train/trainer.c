@@ -693,6 +693,14 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     gp_snapshot_pos pos = {0};
     if (s == GP_OK) s = gp_snapshot_prepare(mp, cfg, opts->resume_path, train.n, snap_lock,
                                                opts->quiet, &pos);
+    if (gp_procs_size() > 1) {
+        /* (every rank passes here) a snapshot every rank refuses (another
+         * model, damaged) is said once, by rank 0, not once per rank */
+        double failed = s != GP_OK;
+        if (gp_procs_sum_doubles(&failed, 1) == GP_OK && s != GP_OK &&
+            failed == (double)gp_procs_size())
+            res->failed_alike = true;
+    }
     lo.start_epoch = pos.epoch;
     lo.start_batch = pos.batch;
     if (s == GP_OK && tc->batch_size > train.n)
