@@ -114,12 +114,16 @@ gp_status gp_run_prepare(gp_run *run);
  * naming its sample and index; the model is as it was and the run goes
  * on); a bad label or target is refused by the loss, naming its device,
  * stage and micro-batch, and the step is undone (the model as it was, the
- * run goes on).  A loss or parameter that is not finite (GP_ERR_NUMERIC: a model
- * that diverged) is found after the step's update: the run then
- * refuses further steps, evaluation and exports (start a new one).  With
- * train.clip_grad_norm, gradients that are not finite are found before
- * the update instead: the step fails (GP_ERR_NUMERIC, "the update was
- * skipped"), the model is as it was, and the run goes on. */
+ * run goes on); so is any other failure before the update begins (out of
+ * memory on a device, a device error in a forward or backward).  A loss
+ * or parameter that is not finite (GP_ERR_NUMERIC: a model that diverged)
+ * is found after the step's update, and a failure while the stages or
+ * replicas update leaves some updated and others not: the run then
+ * refuses further steps, evaluation and exports until gp_run_restore (or
+ * start a new one).  With train.clip_grad_norm, gradients that are not
+ * finite are found before the update instead: the step fails
+ * (GP_ERR_NUMERIC, "the update was skipped"), the model is as it was, and
+ * the run goes on. */
 gp_status gp_run_step(gp_run *run, const float *x, const float *y, int64_t n,
                       int64_t total_steps, gp_metrics *out);
 /* Train on the config's data as gpipe-train does (metrics_path may be NULL).

@@ -457,9 +457,22 @@ static void faults(bool bf16)
             if (kd == GP_INSTR_RECV_GRAD && j == n - 1) continue;
             int i = 1;
             gp_pipeline_set_fault(pip.pipe, i, j, kd);
+            int64_t nv0;
+            float *before = gpt_gather(&pip, GPT_VALUES, &nv0);
             double t0 = gp_now();
             gp_status s = gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, NULL);
             double dt = gp_now() - t0;
+            /* before the barrier: the model as it was, and said so (the
+             * trainer then snapshots it, gp_run_step goes on) */
+            int64_t nv1;
+            float *after = gpt_gather(&pip, GPT_VALUES, &nv1);
+            CHECK_MSG(pip.refused && gp_pipeline_step_untouched(pip.pipe) && before && after &&
+                          nv0 == nv1 && !memcmp(before, after, (size_t)nv0 * sizeof *before),
+                      "fault %s at (%d,%d): refused %d, the model %s", gp_instr_kind_name(kd), i,
+                      j, pip.refused, before && after && nv0 == nv1 &&
+                      !memcmp(before, after, (size_t)nv0 * sizeof *before) ? "kept" : "changed");
+            free(before);
+            free(after);
             char want[64];
             snprintf(want, sizeof want, "device cpu:%d, stage %d, micro-batch %d", j, j, i);
             CHECK_MSG(s == GP_ERR_RUNTIME && strstr(gp_last_error(), want) &&
@@ -486,6 +499,12 @@ static void faults(bool bf16)
                           strstr(gp_last_error(), what),
                       "fault %s on stage %d: status %s, message '%s'",
                       gp_instr_kind_name(ends[q]), j, gp_status_name(s), gp_last_error());
+            /* at the barrier nothing is committed yet; in COMMIT or UPDATE
+             * the update has begun (another stage may have finished its) */
+            bool begun = ends[q] != GP_INSTR_BARRIER;
+            CHECK_MSG(pip.refused == !begun && gp_pipeline_step_untouched(pip.pipe) == !begun,
+                      "fault %s on stage %d: refused %d", gp_instr_kind_name(ends[q]), j,
+                      pip.refused);
             for (int d = 0; d < n; d++)
                 CHECK_MSG(devs[d]->alloc.cur_by[GP_MEM_ACTIVATIONS] == 0 &&
                               devs[d]->alloc.cur_by[GP_MEM_COPIES] == 0,

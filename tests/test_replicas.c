@@ -917,6 +917,10 @@ static void faults(void)
                 float *after = gpt_gather(&rep, GPT_VALUES, &n1);
                 CHECK_MSG(n0 == n1 && !memcmp(before, after, (size_t)n0 * sizeof *before),
                           "a failed step changed the parameters");
+                /* and says so: no replica began its update (gp_run_step goes
+                 * on, the trainer snapshots this model) */
+                CHECK_MSG(rep.refused, "fault %s in replica %d stage %d: not refused",
+                          gp_instr_kind_name(kinds[q]), r, j);
                 CHECK(rep.step == step0);
                 free(before);
                 free(after);

@@ -105,6 +105,10 @@ struct gp_pipeline {
     double grad_norm;
     bool refused;              /* this step failed at its CLIP, before any commit
                                   or update (gradients not finite); under lock */
+    bool mutated;              /* a COMMIT, UPDATE or GATHER of this step began:
+                                  the model is no longer the step's start (a
+                                  failure now may leave it in between); under
+                                  lock, cleared when a step begins */
     void *clip_buf[GP_MAX_DEVICES]; /* replicas: stage j's entries on its device */
     void (*on_fail)(void *arg);
     void *fail_arg;
@@ -1288,6 +1292,12 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
     gp_pipeline *p = w->p;
     int i = in->i, j = in->j, first = p->first[j], count = p->count[j];
     gp_status st = GP_OK;
+    if (in->kind == GP_INSTR_COMMIT || in->kind == GP_INSTR_UPDATE ||
+        in->kind == GP_INSTR_GATHER) { /* (before its fault: a fault there counts as begun) */
+        pthread_mutex_lock(&p->lock);
+        p->mutated = true;
+        pthread_mutex_unlock(&p->lock);
+    }
     if (p->opts.fault_j == j && p->opts.fault_i == i && p->opts.fault_kind == in->kind) {
         if (p->opts.fault_delay_ms > 0)
             nanosleep(&(struct timespec){p->opts.fault_delay_ms / 1000,
@@ -1926,6 +1936,9 @@ gp_status gp_pipeline_step_begin(gp_pipeline *p, const float *x, const float *y,
                                  uint64_t step, double lr)
 {
     GP_ASSERT(!p->running);
+    pthread_mutex_lock(&p->lock); /* (the workers are idle) */
+    p->mutated = false;           /* even if this step fails before it runs */
+    pthread_mutex_unlock(&p->lock);
     p->t_begin = gp_now();
     int m = p->opts.chunks;
     GP_TRY(gp_microbatch_split(n, m, p->sizes));
@@ -2105,10 +2118,10 @@ gp_status gp_pipeline_step_end(gp_pipeline *p, gp_pipeline_out *out)
     return GP_OK;
 }
 
-bool gp_pipeline_step_refused(gp_pipeline *p)
+bool gp_pipeline_step_untouched(gp_pipeline *p)
 {
     pthread_mutex_lock(&p->lock);
-    bool r = p->refused;
+    bool r = !p->mutated;
     pthread_mutex_unlock(&p->lock);
     return r;
 }

@@ -130,10 +130,15 @@ gp_status gp_pipeline_create(gp_layer *layers, int n_layers, const gp_shape *inp
                              const gp_pipeline_opts *opts, gp_pipeline **out);
 /* Stops and joins the workers. */
 void gp_pipeline_destroy(gp_pipeline *p);
-/* Whether the last step failed at its CLIP (clip_norm > 0 and gradients
- * that are not finite), before any batch-norm commit or update: its
- * layers and optimizer state are as they were before the step. */
-bool gp_pipeline_step_refused(gp_pipeline *p);
+/* Whether the last step (begun with gp_pipeline_step or _begin, finished
+ * or failed) changed nothing of the model: no COMMIT, UPDATE or GATHER of
+ * it began, so its layers (parameters, batch-norm statistics) and the
+ * optimizer's state are as they were before it.  True of a step that
+ * failed before its barrier (out of memory, a bad label, a device error
+ * in a forward or backward, a copy) or at its CLIP (gradients not
+ * finite); false once the update has begun, where a failure (on one stage,
+ * one replica) can leave the model in between. */
+bool gp_pipeline_step_untouched(gp_pipeline *p);
 
 /* One step on a host batch x (n, C, H, W), y (n, T) with T targets per
  * sample (opts.loss: 1 class id, or one target per output element): the

@@ -23,7 +23,10 @@ struct gp_run {
     gp_metrics last;
     _Atomic int stop;   /* gp_run_stop's signal (-1: asked without one); 0 = go on */
     int64_t diverged;   /* the step (1-based) whose update left non-finite values
-                           in the model (GP_ERR_NUMERIC); 0 = none */
+                           in the model (GP_ERR_NUMERIC), or that failed once
+                           its update had begun (the model part updated);
+                           0 = none */
+    gp_status diverged_by; /* that step's status */
 };
 
 /* The checks every call on a run makes first. */
@@ -77,10 +80,15 @@ static gp_status inputs_finite(const gp_run *r, const char *what, const float *x
 static gp_status usable(const gp_run *r, const char *what)
 {
     if (!r->diverged) return GP_OK;
+    if (r->diverged_by != GP_ERR_NUMERIC)
+        return gp_error_set(GP_ERR_INVALID, "%s: step %lld failed once its update had begun (the "
+                            "step's error said why), so some stages or replicas were updated and "
+                            "others not; restore a snapshot (gp_run_restore) or start a new run",
+                            what, (long long)r->diverged);
     return gp_error_set(GP_ERR_NUMERIC, "%s: step %lld left NaN or Inf in the model (the step "
-                        "failed with that error); start a new run, from weights exported "
-                        "before it (model.init_from) if you have them", what,
-                        (long long)r->diverged);
+                        "failed with that error); restore a snapshot (gp_run_restore) or start "
+                        "a new run, from weights exported before it (model.init_from) if you "
+                        "have them", what, (long long)r->diverged);
 }
 
 /* gp_run_stop may be called from a signal handler: only a lock-free
@@ -193,9 +201,14 @@ gp_status gp_run_step(gp_run *r, const float *x, const float *y, int64_t n,
                                 : gp_lr_base(&r->cfg.train);
     gp_step_stats st;
     gp_status s = gp_model_pipeline_step(r->model, &r->cfg, x, y, n, lr, &st);
-    /* a step that failed before its update (clipping found the gradients
-     * not finite) left the model as it was: the run goes on */
-    if (s == GP_ERR_NUMERIC && !r->model->refused) r->diverged = r->model->step + 1;
+    /* a step that failed before its update (out of memory, a bad label,
+     * clipping found the gradients not finite) left the model as it was:
+     * the run goes on; one that failed after (a non-finite update, or an
+     * error while the stages or replicas were updating) did not */
+    if (s != GP_OK && !r->model->refused) {
+        r->diverged = r->model->step + 1;
+        r->diverged_by = s;
+    }
     if (s != GP_OK) return s;
     r->last.step = r->model->step;
     r->last.loss = st.loss;

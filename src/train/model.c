@@ -414,6 +414,7 @@ gp_status gp_model_pipeline_step_one(gp_model *m, const gp_config *cfg, const fl
                                      const float *y, int64_t n, double lr, gp_step_stats *st)
 {
     GP_ASSERT(m->n_replicas <= 1);
+    m->refused = true; /* (an error before the step runs changes nothing) */
     if (!m->pipe) {
         gp_pipeline_opts po = gp_model_pipeline_opts(m, cfg);
         GP_TRY(gp_pipeline_create(m->layers, m->n_layers, &m->input, m->n_stages, m->devs,
@@ -422,7 +423,7 @@ gp_status gp_model_pipeline_step_one(gp_model *m, const gp_config *cfg, const fl
     gp_pipeline_out po;
     gp_pipeline_set_device_time(m->pipe, m->device_time);
     gp_status s = gp_pipeline_step(m->pipe, x, y, n, cfg->train.seed, (uint64_t)m->step, lr, &po);
-    m->refused = s != GP_OK && gp_pipeline_step_refused(m->pipe);
+    m->refused = s != GP_OK && gp_pipeline_step_untouched(m->pipe);
     GP_TRY(s);
     m->step++;
     if (st) {
@@ -466,7 +467,7 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
 {
     double t0 = gp_now();
     int64_t sizes[GP_MAX_CHUNKS], offs[GP_MAX_CHUNKS];
-    m->refused = false;
+    m->refused = true; /* (an error before the step runs changes nothing) */
     GP_TRY(gp_microbatch_split(n, chunks, sizes));
     int L = m->n_layers;
     for (int k = 0; k < L; k++) gp_layer_grads_begin(&m->layers[k]);
@@ -530,9 +531,10 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
     double norm = NAN;
     if (s == GP_OK && cfg->train.clip_grad_norm > 0)
         s = gp_clip_grad_norm(m->layers, L, cfg->train.clip_grad_norm, &norm);
-    /* nothing committed or updated yet: a NaN loss (this step checks each
-     * micro-batch's) or gradients clipping found not finite */
-    m->refused = s == GP_ERR_NUMERIC;
+    /* nothing committed or updated yet: whatever failed so far (a NaN loss,
+     * which this step checks per micro-batch, gradients clipping found not
+     * finite, out of memory) left the model as it was */
+    m->refused = s != GP_OK;
     for (int k = 0; k < L && s == GP_OK; k++)
         if (m->layers[k].ops->commit) s = m->layers[k].ops->commit(&m->layers[k]);
     if (s == GP_OK) s = gp_optim_update(m->optim, 0, L, lr, m->step, 0, 1);

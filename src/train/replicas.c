@@ -219,7 +219,7 @@ static gp_status process_replica_step(gp_model *m, const gp_config *cfg, const f
                                   cfg->train.seed, (uint64_t)m->step, lr));
     gp_pipeline_out po;
     gp_status se = gp_pipeline_step_end(m->pipe, &po);
-    m->refused = se != GP_OK && gp_pipeline_step_refused(m->pipe);
+    m->refused = se != GP_OK && gp_pipeline_step_untouched(m->pipe);
     GP_TRY(se);
     m->step++;
     double comm = 0;
@@ -237,7 +237,7 @@ static gp_status process_replica_step(gp_model *m, const gp_config *cfg, const f
 gp_status gp_model_pipeline_step(gp_model *m, const gp_config *cfg, const float *x,
                                  const float *y, int64_t n, double lr, gp_step_stats *st)
 {
-    m->refused = false;
+    m->refused = true; /* (an error before a step runs changes nothing) */
     if (m->n_replicas > 1) return replicated_step(m, cfg, x, y, n, lr, st);
     if (m->proc_replicas > 1) return process_replica_step(m, cfg, x, y, n, lr, st);
     return gp_model_pipeline_step_one(m, cfg, x, y, n, lr, st);
@@ -314,15 +314,13 @@ static gp_status replicated_step(gp_model *m, const gp_config *cfg, const float 
                                             res[r] != GP_ERR_CANCELLED)))
             bad = r;
     if (bad >= 0) {
-        /* refused (before any update) only if no replica got past its CLIP:
-         * every one failed, and one found the gradients not finite there
-         * (the others, then, were cancelled at or before theirs) */
-        bool all_failed = begun == R, any_refused = false;
-        for (int r = 0; r < begun; r++) {
-            all_failed = all_failed && res[r] != GP_OK;
-            any_refused = any_refused || gp_pipeline_step_refused(g->pipes[r]);
-        }
-        m->refused = res[bad] == GP_ERR_NUMERIC && all_failed && any_refused;
+        /* refused (the model as it was) only if no replica began its
+         * update: a failure before the replicas' barrier (or at CLIP) stops
+         * every replica before any commit */
+        bool untouched = true;
+        for (int r = 0; r < begun; r++)
+            untouched = untouched && gp_pipeline_step_untouched(g->pipes[r]);
+        m->refused = untouched;
         s = gp_error_set(res[bad], "replica %d: %s", bad, msg[bad]);
         goto out;
     }

@@ -68,9 +68,10 @@ typedef struct gp_model {
     gp_optim *optim;       /* optimizer state and update, owned */
     int64_t step;          /* optimizer steps taken */
     bool refused;          /* the last step failed before any commit or update
-                              (gradient clipping found the gradients not
-                              finite; in gp_model_train_step also a NaN
-                              loss): the model is as it was before it */
+                              (before the pipeline's barrier: out of memory,
+                              a bad label, a device error; at its CLIP:
+                              gradients not finite; in gp_model_train_step
+                              a NaN loss): the model is as it was before it */
     int64_t eval_batch;    /* the evaluation batch that fitted last (0: none
                               yet; gp_model_evaluate) */
     gp_pipeline *pipe;     /* created on the first pipelined step, owned */

@@ -572,6 +572,8 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     res->test_accuracy = NAN;
     res->final_grad_norm = NAN;
     const gp_train_config *tc = &cfg->train;
+    const char *fail_env = getenv("GPIPE_TEST_FAIL_STEP");
+    int64_t fail_step = fail_env ? strtoll(fail_env, NULL, 10) : -1;
 
     gp_dataset train = {0}, test = {0};
     gp_device *devs[GP_MAX_DEVICES] = {0};
@@ -840,6 +842,11 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
             waits[j] = (int64_t)gp_dev_host_waits(devs[j]);
         }
         mp->device_time = trace && gp_trace_wants(trace, step); /* timelines: device time */
+        /* test hook (tests/test_snapshot.c): GPIPE_TEST_FAIL_STEP=N fails
+         * step N (0-based) in stage 0's first forward, as a device error
+         * there would */
+        if (fail_step >= 0 && step == fail_step && mp->pipe)
+            gp_pipeline_set_fault(mp->pipe, 0, 0, GP_INSTR_FORWARD);
         s = gp_model_pipeline_step(mp, cfg, b.x, b.y, b.n, lr, &st);
         /* processes: only this rank's device is counted here */
         for (int j = 0; j < n_dev; j++)
@@ -851,7 +858,15 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
              * finite): the model is step `step`'s, worth a snapshot.  Under
              * mpirun every rank refuses the step alike (they sum the same
              * norms), so all of them save their parts together */
-            if (s == GP_ERR_NUMERIC && mp->refused) {
+            if (s != GP_ERR_NUMERIC && mp->refused && gp_procs_size() == 1) {
+                /* any other failure before the update (out of memory, a
+                 * device error): the model is step `step`'s too, so the
+                 * work since the last snapshot is kept.  (Under mpirun the
+                 * failing rank ends the others: they cannot save with it.) */
+                s = failure_snapshot(mp, cfg, s, step, saved_step, &last_pos, snap_lock,
+                                     "go on with --resume latest once that is fixed (this "
+                                     "step's batch comes first)", NULL);
+            } else if (s == GP_ERR_NUMERIC && mp->refused) {
                 s = failure_snapshot(mp, cfg, s, step, saved_step, &last_pos, snap_lock,
                                      "go on with --resume latest once that is changed (as it "
                                      "is, this step would fail again), or, where the weights "
