@@ -15,6 +15,9 @@
  *     writes it, and synchronize waits for the device's channels;
  *   - a transport failure is reported by the device's synchronize and by
  *     the next call on the channel, naming the channel, not a hang;
+ *   - a channel closed after a failure cancels the receive under way, so
+ *     synchronize and the free of its buffer return (they waited forever
+ *     for a peer that would never send);
  *   - a device without streams run by threads has no channels.
  *
  * The pipeline's use of channels across processes (bit-equal losses on
@@ -54,7 +57,23 @@ static void wire_destroy(wire *w)
     pthread_cond_destroy(&w->cond);
 }
 
-static gp_status wire_send(void *arg, const void *buf, size_t bytes)
+/* A wait on the wire that gives up once the channel is cancelled (as the
+ * process transport's polling does): 1 ms at a time.  True: cancelled. */
+static bool wire_wait(wire *w, const _Atomic int *cancel)
+{
+    if (cancel && *cancel) return true;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 1000000;
+    if (ts.tv_nsec >= 1000000000) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000;
+    }
+    pthread_cond_timedwait(&w->cond, &w->lock, &ts);
+    return false;
+}
+
+static gp_status wire_send(void *arg, const void *buf, size_t bytes, const _Atomic int *cancel)
 {
     wire *w = arg;
     pthread_mutex_lock(&w->lock);
@@ -63,13 +82,18 @@ static gp_status wire_send(void *arg, const void *buf, size_t bytes)
         pthread_mutex_unlock(&w->lock);
         return gp_error_set(GP_ERR_RUNTIME, "the wire is cut");
     }
-    while (w->full) pthread_cond_wait(&w->cond, &w->lock);
+    while (w->full)
+        if (wire_wait(w, cancel)) {
+            pthread_mutex_unlock(&w->lock);
+            return gp_error_set(GP_ERR_CANCELLED, "the send was cancelled");
+        }
     w->buf = buf;
     w->bytes = bytes;
     w->full = true;
     w->taken = false;
     pthread_cond_broadcast(&w->cond);
-    while (!w->taken) pthread_cond_wait(&w->cond, &w->lock); /* the rendezvous */
+    while (!w->taken) pthread_cond_wait(&w->cond, &w->lock); /* the rendezvous (the
+                                                                  test's peers all come) */
     w->full = false;
     w->sends++;
     pthread_cond_broadcast(&w->cond);
@@ -77,11 +101,15 @@ static gp_status wire_send(void *arg, const void *buf, size_t bytes)
     return GP_OK;
 }
 
-static gp_status wire_recv(void *arg, void *buf, size_t bytes)
+static gp_status wire_recv(void *arg, void *buf, size_t bytes, const _Atomic int *cancel)
 {
     wire *w = arg;
     pthread_mutex_lock(&w->lock);
-    while (!w->full || w->taken) pthread_cond_wait(&w->cond, &w->lock);
+    while (!w->full || w->taken)
+        if (wire_wait(w, cancel)) {
+            pthread_mutex_unlock(&w->lock);
+            return gp_error_set(GP_ERR_CANCELLED, "the receive was cancelled");
+        }
     gp_status st = GP_OK;
     if (w->bytes != bytes) st = gp_error_set(GP_ERR_RUNTIME, "%zu bytes, want %zu", w->bytes, bytes);
     else memcpy(buf, w->buf, bytes);
@@ -246,6 +274,41 @@ out:
     wire_destroy(&ba);
 }
 
+/* A failure while a receive waits for a peer that will never send (it
+ * waits in turn for something this side dropped): closing the channel with
+ * abort cancels the receive under way, so the device's synchronize and the
+ * free of the receive's buffer return instead of waiting for it forever
+ * (the failing process must get on to ending the run). */
+static void test_abort_under_way(gp_device *b)
+{
+    wire w;
+    wire_init(&w);
+    gp_chan_desc d = desc(false, &w, "activations of stage 0 -> 1");
+    void *in = NULL;
+    CHECK_OK(gp_dev_chan_open(b, &d, &in));
+    if (!in) return;
+    enum { M = 64 };
+    size_t bytes = M * sizeof(float);
+    void *dst = NULL, *got = NULL;
+    CHECK_OK(gp_dev_alloc(b, bytes, GP_MEM_COPIES, &dst));
+    CHECK_OK(gp_dev_event_create(b, &got));
+    CHECK_OK(gp_dev_chan_recv(b, in, dst, M, got));
+    struct timespec nap = {0, 20000000}; /* the copy delay, then its transfer waits */
+    nanosleep(&nap, NULL);
+    double t0 = gp_now();
+    gp_dev_chan_close(b, in, true);
+    /* (the abort is the failure's echo, said already: synchronize need
+     * not say it again; before, each of these three waited forever) */
+    (void)gp_dev_synchronize(b);
+    gp_dev_event_destroy(b, got);
+    gp_dev_free(b, dst, bytes, GP_MEM_COPIES);
+    double dt = gp_now() - t0;
+    CHECK_MSG(dt < 5.0, "an aborted channel's receive held the device for %.1f s", dt);
+    CHECK(b->alloc.cur_by[GP_MEM_COPIES] == 0);
+    gp_error_clear();
+    wire_destroy(&w);
+}
+
 int main(void)
 {
     gp_log_set_level(GP_LOG_WARN);
@@ -273,6 +336,7 @@ int main(void)
         CHECK(gp_dev_has_chans(a) && gp_dev_has_chans(b));
         test_flows(a, b);
         CHECK(a->alloc.cur_by[GP_MEM_ACTIVATIONS] == 0 && b->alloc.cur_by[GP_MEM_COPIES] == 0);
+        test_abort_under_way(b);
     }
     gp_device_close(a);
     gp_device_close(b);

@@ -789,9 +789,13 @@ typedef struct gp_chan_desc {
     unsigned char id[GP_CHAN_ID_BYTES]; /* chan_id's bytes (the sender's) */
     size_t id_bytes;
     /* the host transport, for a backend whose memory is host memory: a
-     * blocking rendezvous send / exact receive of `bytes` on this channel */
-    gp_status (*host_send)(void *arg, const void *buf, size_t bytes);
-    gp_status (*host_recv)(void *arg, void *buf, size_t bytes);
+     * blocking rendezvous send / exact receive of `bytes` on this channel,
+     * which gives up (GP_ERR_CANCELLED) once *cancel (the channel's, set
+     * when it is closed after a failure) is nonzero: a transfer whose peer
+     * will never come must not hold the failing process back from ending
+     * the run */
+    gp_status (*host_send)(void *arg, const void *buf, size_t bytes, const _Atomic int *cancel);
+    gp_status (*host_recv)(void *arg, void *buf, size_t bytes, const _Atomic int *cancel);
     void *arg;
     char name[96]; /* for messages: "activations of stage 1 -> 2" */
 } gp_chan_desc;

@@ -598,16 +598,16 @@ static int flow_from(const gp_pipeline *p, int to, int slot)
     return -1;
 }
 
-static gp_status chan_host_send(void *arg, const void *buf, size_t bytes)
+static gp_status chan_host_send(void *arg, const void *buf, size_t bytes, const _Atomic int *cancel)
 {
     const struct chan_peer *c = arg;
-    return gp_procs_chan_send(buf, bytes, c->peer, c->tag);
+    return gp_procs_chan_send(buf, bytes, c->peer, c->tag, cancel);
 }
 
-static gp_status chan_host_recv(void *arg, void *buf, size_t bytes)
+static gp_status chan_host_recv(void *arg, void *buf, size_t bytes, const _Atomic int *cancel)
 {
     const struct chan_peer *c = arg;
-    return gp_procs_chan_recv(buf, bytes, c->peer, c->tag);
+    return gp_procs_chan_recv(buf, bytes, c->peer, c->tag, cancel);
 }
 
 /* abort (after a failure): without waiting for what is queued; a transfer
@@ -670,8 +670,8 @@ static gp_status open_chans(gp_pipeline *p)
             /* on the channels' communicator, under a tag past every
              * channel's own */
             if (st == GP_OK)
-                st = send ? gp_procs_chan_send(&msg, sizeof msg, peer, n_flows)
-                          : gp_procs_chan_recv(&msg, sizeof msg, peer, n_flows);
+                st = send ? gp_procs_chan_send(&msg, sizeof msg, peer, n_flows, NULL)
+                          : gp_procs_chan_recv(&msg, sizeof msg, peer, n_flows, NULL);
             if (st == GP_OK && msg.bytes > sizeof d.id)
                 st = gp_error_set(GP_ERR_RUNTIME, "rank %d sent a channel id of %llu bytes",
                                   peer, (unsigned long long)msg.bytes);

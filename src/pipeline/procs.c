@@ -228,12 +228,46 @@ gp_status gp_procs_probe(int from, int tag)
  * buffer, and Open MPI's shared-memory path writes past the buffer rather
  * than failing with MPI_ERR_TRUNCATE; a shorter one leaves part of it
  * stale.  Either means the ranks disagree on the model or the batch. */
+/* A channel transfer that gives up: the step failed here, and the peer
+ * may never come (it waits for what this process dropped). */
+static gp_status cancelled(int peer, int tag)
+{
+    return gp_error_set(GP_ERR_CANCELLED, "rank %d: the transfer with rank %d on channel %d "
+                        "was cancelled after a failure", g_rank, peer, tag);
+}
+
+/* Between polls of a cancel flag: short enough not to slow a transfer
+ * much, long enough not to take a core from the computing threads. */
+static void poll_pause(void)
+{
+    struct timespec ts = {0, 20000};
+    nanosleep(&ts, NULL);
+}
+
+/* MPI_Probe, or with a cancel flag MPI_Iprobe until a message is there or
+ * the flag is set. */
+static gp_status probe(int peer, int tag, MPI_Comm comm, const _Atomic int *cancel,
+                       MPI_Status *stt)
+{
+    if (!cancel) {
+        int rc = MPI_Probe(peer, tag, comm, stt);
+        return rc == MPI_SUCCESS ? GP_OK : mpi_error(rc, "MPI_Probe");
+    }
+    for (;;) {
+        int there = 0, rc = MPI_Iprobe(peer, tag, comm, &there, stt);
+        if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Iprobe");
+        if (there) return GP_OK;
+        if (*cancel) return cancelled(peer, tag);
+        poll_pause();
+    }
+}
+
 static gp_status expect_count(int peer, int tag, MPI_Comm comm, MPI_Datatype type, int want,
-                              const char *unit, const char *what)
+                              const char *unit, const char *what, const _Atomic int *cancel)
 {
     MPI_Status stt;
-    int rc = MPI_Probe(peer, tag, comm, &stt), got = 0;
-    if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Probe");
+    int got = 0;
+    GP_TRY(probe(peer, tag, comm, cancel, &stt));
     MPI_Get_count(&stt, type, &got);
     if (got != want)
         return gp_error_set(GP_ERR_RUNTIME, "rank %d: rank %d sent %d %s (%s %d), this rank "
@@ -247,21 +281,47 @@ gp_status gp_procs_recv(float *data, int64_t n, int from, int tag)
 {
     int cnt = 0;
     GP_TRY(count_of(n, &cnt));
-    GP_TRY(expect_count(from, tag, MPI_COMM_WORLD, MPI_FLOAT, cnt, "floats", "tag"));
+    GP_TRY(expect_count(from, tag, MPI_COMM_WORLD, MPI_FLOAT, cnt, "floats", "tag", NULL));
     int rc = MPI_Recv(data, cnt, MPI_FLOAT, from, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
     return rc == MPI_SUCCESS ? GP_OK : mpi_error(rc, "MPI_Recv");
 }
 
+/* A synchronous send that gives up once *cancel is set: MPI_Issend, then
+ * MPI_Test until it is received.  Given up, the request is left to MPI
+ * (MPI_Request_free): the process is about to end the run, and a
+ * cancelled send is deprecated in MPI 4. */
+static gp_status ssend_or_cancel(const void *b, int n, int peer, int tag, MPI_Comm comm,
+                                 const _Atomic int *cancel)
+{
+    MPI_Request req;
+    int rc = MPI_Issend(b, n, MPI_BYTE, peer, tag, comm, &req);
+    if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Issend");
+    for (;;) {
+        int done = 0;
+        rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Test");
+        if (done) return GP_OK;
+        if (*cancel) {
+            MPI_Request_free(&req);
+            return cancelled(peer, tag);
+        }
+        poll_pause();
+    }
+}
+
 /* `bytes` bytes to `peer` on comm, in pieces under MPI's int count, in
- * order (same source and tag); sync: MPI_Ssend (ends once received). */
+ * order (same source and tag); sync: MPI_Ssend (ends once received), which
+ * gives up once *cancel is set (cancel non-NULL). */
 static gp_status send_pieces(const void *data, size_t bytes, int peer, int tag, MPI_Comm comm,
-                             bool sync)
+                             bool sync, const _Atomic int *cancel)
 {
     const unsigned char *b = data;
     do {
         int piece = bytes > (size_t)INT_MAX ? INT_MAX : (int)bytes;
-        int rc = sync ? MPI_Ssend(b, piece, MPI_BYTE, peer, tag, comm)
-                      : MPI_Send(b, piece, MPI_BYTE, peer, tag, comm);
+        if (sync && cancel) GP_TRY(ssend_or_cancel(b, piece, peer, tag, comm, cancel));
+        int rc = sync && cancel ? MPI_SUCCESS
+                 : sync         ? MPI_Ssend(b, piece, MPI_BYTE, peer, tag, comm)
+                                : MPI_Send(b, piece, MPI_BYTE, peer, tag, comm);
         if (rc != MPI_SUCCESS) return mpi_error(rc, sync ? "MPI_Ssend" : "MPI_Send");
         b += piece;
         bytes -= (size_t)piece;
@@ -270,14 +330,16 @@ static gp_status send_pieces(const void *data, size_t bytes, int peer, int tag, 
 }
 
 /* Exactly `bytes` bytes from `peer` on comm, as send_pieces sent them;
- * `what` names the tag in the message ("tag", "channel"). */
+ * `what` names the tag in the message ("tag", "channel").  With cancel, it
+ * waits for each piece by polling, and gives up once *cancel is set (a
+ * piece that has arrived is then received at once). */
 static gp_status recv_pieces(void *data, size_t bytes, int peer, int tag, MPI_Comm comm,
-                             const char *what)
+                             const char *what, const _Atomic int *cancel)
 {
     unsigned char *b = data;
     do {
         int piece = bytes > (size_t)INT_MAX ? INT_MAX : (int)bytes;
-        GP_TRY(expect_count(peer, tag, comm, MPI_BYTE, piece, "bytes", what));
+        GP_TRY(expect_count(peer, tag, comm, MPI_BYTE, piece, "bytes", what, cancel));
         int rc = MPI_Recv(b, piece, MPI_BYTE, peer, tag, comm, MPI_STATUS_IGNORE);
         if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Recv");
         b += piece;
@@ -288,22 +350,24 @@ static gp_status recv_pieces(void *data, size_t bytes, int peer, int tag, MPI_Co
 
 gp_status gp_procs_send_bytes(const void *data, size_t bytes, int to, int tag)
 {
-    return send_pieces(data, bytes, to, tag, MPI_COMM_WORLD, false);
+    return send_pieces(data, bytes, to, tag, MPI_COMM_WORLD, false, NULL);
 }
 
 gp_status gp_procs_recv_bytes(void *data, size_t bytes, int from, int tag)
 {
-    return recv_pieces(data, bytes, from, tag, MPI_COMM_WORLD, "tag");
+    return recv_pieces(data, bytes, from, tag, MPI_COMM_WORLD, "tag", NULL);
 }
 
-gp_status gp_procs_chan_send(const void *buf, size_t bytes, int peer, int tag)
+gp_status gp_procs_chan_send(const void *buf, size_t bytes, int peer, int tag,
+                             const _Atomic int *cancel)
 {
-    return send_pieces(buf, bytes, peer, tag, g_chan_comm, true);
+    return send_pieces(buf, bytes, peer, tag, g_chan_comm, true, cancel);
 }
 
-gp_status gp_procs_chan_recv(void *buf, size_t bytes, int peer, int tag)
+gp_status gp_procs_chan_recv(void *buf, size_t bytes, int peer, int tag,
+                             const _Atomic int *cancel)
 {
-    return recv_pieces(buf, bytes, peer, tag, g_chan_comm, "channel");
+    return recv_pieces(buf, bytes, peer, tag, g_chan_comm, "channel", cancel);
 }
 
 gp_status gp_procs_allgather_bytes(const void *mine, void *all, size_t bytes)
@@ -578,14 +642,16 @@ gp_status gp_procs_bcast(void *data, size_t bytes, int root)
     (void)data, (void)bytes, (void)root;
     return none();
 }
-gp_status gp_procs_chan_send(const void *buf, size_t bytes, int peer, int tag)
+gp_status gp_procs_chan_send(const void *buf, size_t bytes, int peer, int tag,
+                             const _Atomic int *cancel)
 {
-    (void)buf, (void)bytes, (void)peer, (void)tag;
+    (void)buf, (void)bytes, (void)peer, (void)tag, (void)cancel;
     return none();
 }
-gp_status gp_procs_chan_recv(void *buf, size_t bytes, int peer, int tag)
+gp_status gp_procs_chan_recv(void *buf, size_t bytes, int peer, int tag,
+                             const _Atomic int *cancel)
 {
-    (void)buf, (void)bytes, (void)peer, (void)tag;
+    (void)buf, (void)bytes, (void)peer, (void)tag, (void)cancel;
     return none();
 }
 gp_status gp_procs_allgather_bytes(const void *mine, void *all, size_t bytes)

@@ -104,8 +104,13 @@ gp_status gp_procs_max_doubles(double *v, int n);
  * the rendezvous NCCL's point-to-point has on a GPU, so a channel order
  * that would deadlock there deadlocks in the tests; the receive wants
  * exactly `bytes`. */
-gp_status gp_procs_chan_send(const void *buf, size_t bytes, int peer, int tag);
-gp_status gp_procs_chan_recv(void *buf, size_t bytes, int peer, int tag);
+/* cancel (may be NULL): polled while the transfer waits; once nonzero it
+ * gives up with GP_ERR_CANCELLED (a receive is cancelled, a send left to
+ * MPI: the process is about to end the run). */
+gp_status gp_procs_chan_send(const void *buf, size_t bytes, int peer, int tag,
+                             const _Atomic int *cancel);
+gp_status gp_procs_chan_recv(void *buf, size_t bytes, int peer, int tag,
+                             const _Atomic int *cancel);
 /* Every rank's `bytes` bytes at mine, in rank order, into all (size x
  * bytes); a collective over every rank. */
 gp_status gp_procs_allgather_bytes(const void *mine, void *all, size_t bytes);

@@ -144,13 +144,14 @@ struct cpu_chan {
     bool stop;            /* under g_lock */
     gp_status failed;     /* the transport's first error (under g_lock) */
     char why[256];
+    _Atomic int cancel;   /* closed after a failure: a transfer under way gives up */
 };
 
 /* The transfer of a channel item, outside g_lock. */
 static gp_status chan_transfer(cpu_chan *ch, copy_item *it)
 {
-    return it->src ? ch->d.host_send(ch->d.arg, it->src, it->bytes)
-                   : ch->d.host_recv(ch->d.arg, it->dst, it->bytes);
+    return it->src ? ch->d.host_send(ch->d.arg, it->src, it->bytes, &ch->cancel)
+                   : ch->d.host_recv(ch->d.arg, it->dst, it->bytes, &ch->cancel);
 }
 
 /* The loop of a stream's thread: a device's copy stream (ch NULL) or a
@@ -510,6 +511,9 @@ void gp_cpu_chan_close(gp_device *dev, void *chp, bool abort)
         ch->failed = GP_ERR_CANCELLED;
         snprintf(ch->why, sizeof ch->why, "closed after a failure");
     }
+    /* and a transfer under way gives up: its peer may never come (it waits
+     * for what was queued here), and the step's cleanup waits for it */
+    if (abort) ch->cancel = 1;
     pthread_cond_broadcast(&g_cond);
     bool idle = true;
     for (copy_item *it = g_head; it && idle; it = it->next) idle = it->stream != ch;
