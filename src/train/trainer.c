@@ -1034,7 +1034,10 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                     gp_format_bytes(a.peak_by[GP_MEM_WORKSPACE], b7, sizeof b7));
         }
     }
-done:
+done:;
+    /* the run's error, kept: closing the trace or the metrics below may
+     * set a message of its own, which must not replace the cause */
+    char *cause = s != GP_OK ? strdup(gp_error_message()) : NULL;
     if (trace) {
         gp_status ts = gp_trace_close(trace);
         if (s == GP_OK) s = ts;
@@ -1068,6 +1071,8 @@ done:
     gp_dataset_free(&train);
     gp_dataset_free(&test);
     gp_snapshot_lock_release(snap_lock);
+    if (cause && strcmp(cause, gp_error_message())) gp_error_set(s, "%s", cause);
+    free(cause);
     return s;
 }
 
