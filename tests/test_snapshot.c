@@ -1012,6 +1012,14 @@ static void test_resume_older(void)
     snprintf(a, sizeof a, "test $(ls -d %s/abandoned-* | wc -l) -eq 1", dir);
     CHECK(system(a) == 0);
     CHECK(gp_snapshot_count(dir) == 5);
+    /* resumed at its last step (step 8 of a run of 8): nothing to train, so
+     * nothing is moved aside (the later 12 .. 20 stay where they are) */
+    gp_snapshot_path(dir, 8, p, sizeof p);
+    snprintf(a, sizeof a, "%s/o.yaml %s --set train.steps=8 --resume %s", tmpdir, sets, p);
+    CHECK(train(a) == 0);
+    CHECK(log_has("nothing left to train"));
+    CHECK(!log_has("later snapshot"));
+    CHECK(gp_snapshot_count(dir) == 5);
     for (int k = 3; k <= 6; k++) free(orig[k]);
 }
 
