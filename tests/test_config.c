@@ -1174,11 +1174,11 @@ static void test_shadowed_override(void)
                                                "train.optimizer.lr=0.003; give that one after "
                                                "this, or both as one map\n"),
               "got \"%s\"", c.warnings);
-    CHECK(c.train.optim.lr == 0.001f); /* the later wins, as documented */
+    CHECK(c.train.optim.lr == 0.001); /* the later wins, as documented */
     gp_config_free(&c);
     const char *kept[] = {"train.optimizer={type: adamw}", "train.optimizer.lr=0.003"};
     CHECK_OK(parse_set(k_base, kept, 2, &c));
-    CHECK_MSG(c.warnings && !c.warnings[0] && c.train.optim.lr == 0.003f, "got \"%s\"",
+    CHECK_MSG(c.warnings && !c.warnings[0] && c.train.optim.lr == 0.003, "got \"%s\"",
               c.warnings);
     gp_config_free(&c);
 }

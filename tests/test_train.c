@@ -18,8 +18,8 @@ static gp_train_config base_cfg(void)
     memset(&t, 0, sizeof t);
     t.batch_size = 64;
     t.base_batch = 64;
-    t.optim.lr = 0.1f;
-    t.sched.gamma = 0.1f;
+    t.optim.lr = 0.1;
+    t.sched.gamma = 0.1;
     return t;
 }
 
@@ -27,15 +27,15 @@ static void test_schedules(void)
 {
     gp_train_config t = base_cfg();
     t.sched.kind = GP_SCHED_CONSTANT;
-    CHECK_NEAR(gp_lr_at(&t, 0, 100), 0.1, 1e-7, 0);
-    CHECK_NEAR(gp_lr_at(&t, 99, 100), 0.1, 1e-7, 0);
+    /* the rate as written, in double (as PyTorch's), not 0.1f's 0.10000000149 */
+    CHECK(gp_lr_at(&t, 0, 100) == 0.1 && gp_lr_at(&t, 99, 100) == 0.1);
 
     /* warm-up 10 steps from 0: step 0 -> 0, step 5 -> 0.05, step 10 -> 0.1 */
     t.sched.warmup_steps = 10;
     CHECK_NEAR(gp_lr_at(&t, 0, 100), 0.0, 1e-7, 0);
     CHECK_NEAR(gp_lr_at(&t, 5, 100), 0.05, 1e-7, 0);
     CHECK_NEAR(gp_lr_at(&t, 10, 100), 0.1, 1e-7, 0);
-    t.sched.warmup_start = 0.1f; /* from 0.01 to 0.1 */
+    t.sched.warmup_start = 0.1; /* from 0.01 to 0.1 */
     CHECK_NEAR(gp_lr_at(&t, 5, 100), 0.01 + 0.09 * 0.5, 1e-7, 0);
 
     /* step: every 30 steps after warm-up, times 0.1 */

@@ -137,7 +137,7 @@ typedef struct gp_data_config {
 typedef struct gp_optim_config {
     char type[16];            /* "sgd", "adam" or "adamw" */
     int kind;                 /* gp_optim_kind (optim.h): 0 sgd, 1 adam, 2 adamw */
-    float lr;                 /* default 0.01 (sgd), 0.001 (adam, adamw) */
+    double lr;                /* default 0.01 (sgd), 0.001 (adam, adamw) */
     float momentum;           /* sgd; default 0.9 (0 for adam, adamw) */
     bool nesterov;            /* sgd; default false */
     float beta1, beta2;       /* adam, adamw; default 0.9, 0.999 */
@@ -150,10 +150,10 @@ typedef struct gp_optim_config {
 typedef struct gp_sched_config {
     gp_sched_kind kind;       /* default constant */
     int64_t warmup_steps;     /* linear warm-up from warmup_start * lr */
-    float warmup_start;       /* default 0 */
+    double warmup_start;      /* default 0 */
     int64_t step_size;        /* step: decay every step_size steps */
-    float gamma;              /* step: factor; default 0.1 */
-    float min_lr;             /* cosine: floor; default 0 */
+    double gamma;             /* step: factor; default 0.1 */
+    double min_lr;            /* cosine: floor; default 0 */
 } gp_sched_config;
 
 /* Snapshots (docs/snapshots.md): taken between steps when either trigger

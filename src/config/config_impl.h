@@ -163,6 +163,13 @@ gp_status gp_cfg_to_float(const gp_cfg_walk *w, const gp_ynode *n, const char *n
                           double lo, double hi, int flags, float *out);
 gp_status gp_cfg_get_float(gp_cfg_walk *w, const gp_ynode *m, const char *sect, const char *key,
                            float def, double lo, double hi, int flags, float *out);
+/* The same checks (the value must survive as a 32-bit float, which the
+ * kernels take), the value kept as written, in double: a learning rate of
+ * 0.1 is 0.1 in the schedule's arithmetic and the metrics, as in PyTorch,
+ * not 0.10000000149. */
+gp_status gp_cfg_get_double(gp_cfg_walk *w, const gp_ynode *m, const char *sect,
+                            const char *key, double def, double lo, double hi, int flags,
+                            double *out);
 /* true/yes/on, false/no/off, in any case. */
 gp_status gp_cfg_get_bool(gp_cfg_walk *w, const gp_ynode *m, const char *sect, const char *key,
                           bool def, bool *out);

@@ -86,8 +86,8 @@ gp_status gp_cfg_parse_train(gp_cfg_walk *w, const gp_ynode *root, gp_train_conf
     bool sgd = k == 0;
     /* PyTorch's defaults: SGD lr 0.01 here (PyTorch has none), Adam 1e-3
      * with betas (0.9, 0.999) and eps 1e-8, AdamW's weight decay 0.01. */
-    GP_TRY(gp_cfg_get_float(w, om, os, "lr", sgd ? 0.01f : 0.001f, 0, INFINITY, 0,
-                            &tc->optim.lr));
+    GP_TRY(gp_cfg_get_double(w, om, os, "lr", sgd ? 0.01 : 0.001, 0, INFINITY, 0,
+                             &tc->optim.lr));
     static const char *const sgd_only[] = {"momentum", "nesterov"};
     static const char *const adam_only[] = {"betas", "eps"};
     for (int i = 0; i < 2; i++) {
@@ -140,16 +140,16 @@ gp_status gp_cfg_parse_train(gp_cfg_walk *w, const gp_ynode *root, gp_train_conf
                                GP_SCHED_CONSTANT, &k));
     tc->sched.kind = (gp_sched_kind)k;
     GP_TRY(gp_cfg_get_int(w, sm, ss, "warmup_steps", 0, 0, INT64_MAX, &tc->sched.warmup_steps));
-    GP_TRY(gp_cfg_get_float(w, sm, ss, "warmup_start", 0, 0, 1, 0, &tc->sched.warmup_start));
+    GP_TRY(gp_cfg_get_double(w, sm, ss, "warmup_start", 0, 0, 1, 0, &tc->sched.warmup_start));
     rec = w->record;
     w->record = rec && tc->sched.kind == GP_SCHED_STEP;
     s = gp_cfg_get_int(w, sm, ss, "step_size", 1000, 1, INT64_MAX, &tc->sched.step_size);
     if (s == GP_OK)
-        s = gp_cfg_get_float(w, sm, ss, "gamma", 0.1f, 0, INFINITY, GP_CFG_LO_OPEN,
-                             &tc->sched.gamma);
+        s = gp_cfg_get_double(w, sm, ss, "gamma", 0.1, 0, INFINITY, GP_CFG_LO_OPEN,
+                              &tc->sched.gamma);
     w->record = rec && tc->sched.kind == GP_SCHED_COSINE;
     if (s == GP_OK)
-        s = gp_cfg_get_float(w, sm, ss, "min_lr", 0, 0, INFINITY, 0, &tc->sched.min_lr);
+        s = gp_cfg_get_double(w, sm, ss, "min_lr", 0, 0, INFINITY, 0, &tc->sched.min_lr);
     w->record = rec;
     GP_TRY(s);
 
