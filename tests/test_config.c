@@ -281,6 +281,16 @@ static void test_defaults(void)
     CHECK(c.pipeline.n_balance == 0);
     CHECK(c.data.n_mean == 1 && c.data.mean[0] == 0.5f && c.data.std[0] == 0.25f);
     CHECK(c.train.sched.kind == GP_SCHED_COSINE);
+    CHECK_MSG(c.warnings && !strstr(c.warnings, "0-255"), "warnings: %s", c.warnings);
+    gp_config_free(&c);
+    /* statistics on the 0-255 scale: valid, most likely a mistake (the
+     * pixels are in [0, 1]): a warning with the value to give */
+    const char *big = "model:\n  input: [3, 8, 8]\n  layers: [flatten, {linear: {out: 10}}]\n"
+                      "data: {mean: [124, 116, 104], std: [0.2, 0.2, 0.2]}\n";
+    CHECK_OK(parse(big, &c));
+    CHECK_MSG(c.warnings && strstr(c.warnings, "data.mean has 124, which looks like the 0-255 "
+                                               "scale") && strstr(c.warnings, "0.4863"),
+              "warnings: %s", c.warnings);
     gp_config_free(&c);
 
     /* anchors and aliases */

@@ -59,8 +59,21 @@ static void write_jpeg(const char *path, const uint8_t *px, int w, int h, int pf
 }
 
 /* A PNG of color type ct and bit depth, rows given as raw bytes. */
+static void write_png_trns(const char *path, const uint8_t *rows, int w, int h, int ct,
+                           int depth, const png_color *palette, int n_palette,
+                           const png_byte *trns, int n_trns);
+
 static void write_png(const char *path, const uint8_t *rows, int w, int h, int ct, int depth,
                       const png_color *palette, int n_palette)
+{
+    write_png_trns(path, rows, w, h, ct, depth, palette, n_palette, NULL, 0);
+}
+
+/* With a palette's transparency (tRNS: one alpha per palette entry), as
+ * pngquant and optipng write. */
+static void write_png_trns(const char *path, const uint8_t *rows, int w, int h, int ct,
+                           int depth, const png_color *palette, int n_palette,
+                           const png_byte *trns, int n_trns)
 {
     FILE *f = fopen(path, "wb");
     png_structp p = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
@@ -75,6 +88,7 @@ static void write_png(const char *path, const uint8_t *rows, int w, int h, int c
     png_set_IHDR(p, info, (png_uint_32)w, (png_uint_32)h, depth, ct, PNG_INTERLACE_NONE,
                  PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
     if (palette) png_set_PLTE(p, info, palette, n_palette);
+    if (trns) png_set_tRNS(p, info, trns, n_trns, NULL);
     png_write_info(p, info);
     int ch = ct == PNG_COLOR_TYPE_RGB ? 3 : ct == PNG_COLOR_TYPE_RGBA ? 4
              : ct == PNG_COLOR_TYPE_GRAY_ALPHA ? 2 : 1;
@@ -262,6 +276,44 @@ static void test_decode(void)
         CHECK(ok);
     }
     if (decode_file(cd, "dec/pal.png", 1, 1, &im)) CHECK(im.c == 1 && max_diff(im.px, pal, n) == 0);
+    /* a palette with transparency: its colours, the alpha dropped (it was
+     * refused: "4 channels after conversion"); as a mask, the index */
+    png_byte alphas[5] = {0, 128, 255, 64, 32};
+    path_of(p, sizeof p, "dec/pal_trns.png");
+    write_png_trns(p, pal, w, h, PNG_COLOR_TYPE_PALETTE, 8, colours, 5, alphas, 5);
+    if (decode_file(cd, "dec/pal_trns.png", 3, 1, &im)) {
+        bool ok = im.c == 3;
+        for (size_t i = 0; i < n && ok; i++)
+            ok = im.px[3 * i] == colours[pal[i]].red && im.px[3 * i + 1] == colours[pal[i]].green &&
+                 im.px[3 * i + 2] == colours[pal[i]].blue;
+        CHECK_MSG(ok, "a palette PNG with tRNS decoded to other colours");
+    }
+    if (decode_file(cd, "dec/pal_trns.png", 1, 1, &im))
+        CHECK(im.c == 1 && max_diff(im.px, pal, n) == 0);
+    /* a 16-bit gray mask keeps its values (0, 1, 2 .. clipped at 255), where
+     * the high byte made a 0/1 mask all 0; as an image, the high byte */
+    uint8_t *g16 = malloc(n * 2), *want16 = malloc(n), *hi16 = malloc(n);
+    for (size_t i = 0; i < n; i++) {
+        unsigned v = (unsigned)(i % 4 == 3 ? 300 + i : i % 4); /* 0, 1, 2, then >= 300 */
+        g16[2 * i] = (uint8_t)(v >> 8);                      /* big-endian */
+        g16[2 * i + 1] = (uint8_t)v;
+        want16[i] = (uint8_t)(v > 255 ? 255 : v);
+        hi16[i] = (uint8_t)(v >> 8);
+    }
+    path_of(p, sizeof p, "dec/gray16.png");
+    write_png(p, g16, w, h, PNG_COLOR_TYPE_GRAY, 16, NULL, 0);
+    if (decode_file(cd, "dec/gray16.png", 1, 1, &im))
+        CHECK_MSG(im.c == 1 && im.w == w && max_diff(im.px, want16, n) == 0,
+                  "a 16-bit mask: %d channel(s), %d wide, off by up to %d", im.c, im.w,
+                  max_diff(im.px, want16, n));
+    if (decode_file(cd, "dec/gray16.png", 3, 1, &im)) {
+        bool ok = im.c == 3;
+        for (size_t i = 0; i < n && ok; i++) ok = im.px[3 * i] == hi16[i];
+        CHECK(ok);
+    }
+    free(g16);
+    free(want16);
+    free(hi16);
 
     /* bad files: truncated JPEG and PNG, not an image at all, empty */
     const char *bad[][2] = {{"dec/rgb.jpg", "dec/trunc.jpg"}, {"dec/rgb.png", "dec/trunc.png"}};
@@ -559,6 +611,22 @@ static void test_index_and_cache(void)
     gp_image_folder_free(f);
     snprintf(p, sizeof p, "%s/cls/.gpipe-index-train", tmpdir);
     CHECK_MSG(access(p, R_OK) == 0, "no index cache at %s", p);
+    /* data.train_limit: 3 of the 15 spread over the listing, one of each
+     * class (the first 3 were all ants), and 6: two of each */
+    for (int keep = 3; keep <= 6; keep += 3) {
+        gp_data_config lc = cfg;
+        lc.train_limit = keep;
+        gp_dataset ds = {0};
+        CHECK_OK(gp_dataset_load(&lc, true, 0, &ds));
+        int per_class[3] = {0};
+        for (int64_t i = 0; ds.folder && i < ds.n; i++)
+            per_class[gp_image_folder_label(ds.folder, i)]++;
+        CHECK_MSG(ds.n == keep && per_class[0] == keep / 3 && per_class[1] == keep / 3 &&
+                      per_class[2] == keep / 3,
+                  "train_limit %d: %lld files, per class %d %d %d", keep, (long long)ds.n,
+                  per_class[0], per_class[1], per_class[2]);
+        gp_dataset_free(&ds);
+    }
     /* again: from the cache, the same index */
     CHECK_OK(gp_image_folder_open(&cfg, true, 32, 32, &f, &cached));
     CHECK(cached && f && gp_image_folder_size(f) == 15 &&
@@ -888,6 +956,59 @@ static void test_segmentation_masks(void)
     CHECK(saw255);
     free(b);
     gp_dataset_free(&ds);
+
+    /* the same masks as JPEGs (0/255, quality 75: faint values around every
+     * edge): binary takes 128 and up for 1, so they agree with their
+     * images as the PNGs do (any value but 0 made the edges' ringing 1) */
+    mkdirs("segj/train/images");
+    mkdirs("segj/train/masks");
+    for (int i = 0; i < 6; i++) {
+        int w = 80 + 10 * i, h = 60 + 8 * i;
+        uint8_t *px = malloc((size_t)w * (size_t)h * 3), *mk = malloc((size_t)w * (size_t)h);
+        for (int y = 0; y < h; y++)
+            for (int x = 0; x < w; x++) {
+                bool on = (x / 4 + y / 4) % 2 == 0; /* fine checks: edges everywhere */
+                mk[y * w + x] = on ? 255 : 0;
+                memset(px + ((size_t)y * (size_t)w + (size_t)x) * 3, on ? 255 : 0, 3);
+            }
+        char p[700];
+        snprintf(p, sizeof p, "%s/segj/train/images/s%d.png", tmpdir, i);
+        write_png(p, px, w, h, PNG_COLOR_TYPE_RGB, 8, NULL, 0);
+        snprintf(p, sizeof p, "%s/segj/train/masks/s%d.jpg", tmpdir, i);
+        write_jpeg(p, mk, w, h, TJPF_GRAY, 75, TJSAMP_GRAY);
+        free(px);
+        free(mk);
+    }
+    cfg = folder_cfg("segj", 32);
+    cfg.layout = GP_LAYOUT_SEGMENTATION;
+    cfg.normalize = false;
+    cfg.rrc = false; /* the whole picture: resized, the checks still have edges */
+    CHECK_OK(gp_dataset_load(&cfg, true, 0, &ds));
+    float *j = ds.folder ? all_batches(&ds, &cfg, 2, 3, 0, 0, 2, true, ns) : NULL;
+    agree = total = 0;
+    for (int k = 0; j && k < 2; k++)
+        for (int64_t i = 0; i < ns[k]; i++) {
+            const float *x = j + (size_t)(k * 3 * (per + hw)) + (size_t)(i * per);
+            const float *y = j + (size_t)(k * 3 * (per + hw)) + (size_t)(3 * per) + (size_t)(i * hw);
+            for (int64_t p = 0; p < hw; p++, total++) agree += (x[p] > 0.5f) == (y[p] > 0.5f);
+        }
+    CHECK_MSG(total > 0 && agree >= total * 95 / 100, "JPEG masks agree with their images on "
+              "%lld of %lld pixels", (long long)agree, (long long)total);
+    free(j);
+    gp_dataset_free(&ds);
+
+    /* two images of one stem would share its mask: refused, naming both */
+    char p2[700], q2[1600];
+    snprintf(p2, sizeof p2, "%s/seg/train/images/s0.png", tmpdir);
+    snprintf(q2, sizeof q2, "cp %s %s/seg/train/images/s0.jpg", p2, tmpdir);
+    CHECK(system(q2) == 0);
+    cfg = folder_cfg("seg", 32);
+    cfg.layout = GP_LAYOUT_SEGMENTATION;
+    CHECK_ERR(gp_dataset_load(&cfg, true, 0, &ds), GP_ERR_DATA,
+              "images/s0.jpg and images/s0.png have the same name");
+    gp_dataset_free(&ds);
+    snprintf(q2, sizeof q2, "rm %s/seg/train/images/s0.jpg", tmpdir);
+    CHECK(system(q2) == 0);
 }
 
 static void test_bad_files_in_loader(void)

@@ -165,6 +165,19 @@ gp_status gp_cfg_parse_data(gp_cfg_walk *w, const gp_ynode *root, const gp_model
             return gp_cfg_bad(w, sd, "data.std has %d value%s but data.mean has %d; give one per "
                               "channel for both", ns, ns == 1 ? "" : "s", nm);
         dc->n_mean = nm;
+        /* pixels are scaled to [0, 1] before they are normalised: statistics
+         * on the 0-255 scale (as some recipes write them) would leave every
+         * input near -mean/std, and the model learns nothing */
+        for (int c = 0; c < nm; c++)
+            if (dc->mean[c] > 1 || dc->std[c] > 1) {
+                bool m_big = dc->mean[c] > 1;
+                double v = m_big ? dc->mean[c] : dc->std[c];
+                gp_cfg_warn(w, m_big ? mean : sd, "data.%s has %g, which looks like the 0-255 "
+                            "scale: gpipe scales pixels to [0, 1] before normalising, so give "
+                            "data.mean and data.std on that scale (%g / 255 = %.4g)",
+                            m_big ? "mean" : "std", v, v, v / 255);
+                break;
+            }
     }
 
     const gp_ynode *aug;

@@ -693,8 +693,8 @@ gp_status gp_dataset_load(const gp_data_config *cfg, bool train_split, uint64_t 
         bool cached = false;
         s = gp_image_folder_open(cfg, train_split, (int)sh[1], (int)sh[2], &ds.folder, &cached);
         if (s != GP_OK) break;
+        gp_image_folder_keep(ds.folder, limit); /* (spread over the classes) */
         ds.n = gp_image_folder_size(ds.folder);
-        if (limit > 0 && limit < ds.n) ds.n = limit;
         ds.c = 3;
         ds.h = sh[1];
         ds.w = sh[2];

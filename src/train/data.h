@@ -104,6 +104,11 @@ void gp_image_folder_free(gp_image_folder *f);
  * train/ lacks is an error naming it.  Segmentation: nothing to do. */
 gp_status gp_image_folder_align_classes(gp_image_folder *val, const gp_image_folder *train);
 int64_t gp_image_folder_size(const gp_image_folder *f);
+/* data.train_limit / test_limit on a folder: keep `keep` of its files
+ * spread evenly over the sorted listing (file floor(i n / keep)), so every
+ * class keeps its share; the first `keep` would be the first classes
+ * alone.  keep <= 0 or >= the size: all. */
+void gp_image_folder_keep(gp_image_folder *f, int64_t keep);
 int gp_image_folder_classes(const gp_image_folder *f);
 bool gp_image_folder_segmentation(const gp_image_folder *f);
 const char *gp_image_folder_dir(const gp_image_folder *f);

@@ -188,19 +188,28 @@ static gp_status decode_png(const uint8_t *buf, size_t len, const char *path, in
     int ct = png_get_color_type(p, info), depth = png_get_bit_depth(p, info);
     /* To 8 bits per sample as Pillow reads: 16-bit keeps the high byte,
      * 1/2/4-bit gray is scaled up, a palette expands to its colours
-     * (masks keep the index), alpha and transparency are dropped. */
-    if (depth == 16) png_set_strip_16(p);
+     * (masks keep the index), alpha and transparency are dropped.  A
+     * 16-bit mask keeps its values instead (clipped at 255, as Pillow's
+     * I;16 to L): its high byte would make 0/1 masks all 0. */
+    bool mask16 = depth == 16 && channels == 1;
+    if (depth == 16 && !mask16) png_set_strip_16(p);
+    if (mask16) png_set_swap(p); /* (the samples little-endian, read as uint16) */
     bool palette_index = channels == 1 && ct == PNG_COLOR_TYPE_PALETTE;
     if (ct == PNG_COLOR_TYPE_PALETTE && !palette_index) png_set_palette_to_rgb(p);
     if (depth < 8 && !palette_index) png_set_expand_gray_1_2_4_to_8(p);
     if (depth < 8 && palette_index) png_set_packing(p);
-    if (ct & PNG_COLOR_MASK_ALPHA) png_set_strip_alpha(p);
+    /* alpha, and a palette's transparency (tRNS), which the expansion to
+     * RGB turns into alpha (pngquant and optipng write such files) */
+    bool trns = png_get_valid(p, info, PNG_INFO_tRNS) != 0;
+    if ((ct & PNG_COLOR_MASK_ALPHA) || (trns && ct == PNG_COLOR_TYPE_PALETTE && !palette_index))
+        png_set_strip_alpha(p);
     bool gray = ct == PNG_COLOR_TYPE_GRAY || ct == PNG_COLOR_TYPE_GRAY_ALPHA;
     if (gray && channels == 3) png_set_gray_to_rgb(p);
     png_set_interlace_handling(p);
     png_read_update_info(p, info);
     int got = (int)png_get_channels(p, info);
-    gp_status rs = image_reserve(out, w, h, got, path);
+    /* (a 16-bit mask: twice the bytes, as many samples) */
+    gp_status rs = image_reserve(out, mask16 ? 2 * w : w, h, got, path);
     if (rs != GP_OK) {
         png_destroy_read_struct(&p, &info, NULL);
         return rs;
@@ -210,11 +219,20 @@ static gp_status decode_png(const uint8_t *buf, size_t len, const char *path, in
         png_destroy_read_struct(&p, &info, NULL);
         return gp_error_set(GP_ERR_OOM, "%s: out of host memory", path);
     }
-    for (int y = 0; y < h; y++) rows[y] = out->px + (size_t)y * (size_t)w * (size_t)got;
+    size_t row_bytes = (size_t)w * (size_t)got * (mask16 ? 2 : 1);
+    for (int y = 0; y < h; y++) rows[y] = out->px + (size_t)y * row_bytes;
     png_read_image(p, rows);
     png_read_end(p, NULL);
     free(rows);
     png_destroy_read_struct(&p, &info, NULL);
+    if (mask16) { /* in place, forwards: sample i's 2 bytes are at 2i >= i */
+        size_t n = (size_t)w * (size_t)h * (size_t)got;
+        for (size_t i = 0; i < n; i++) {
+            unsigned v = (unsigned)out->px[2 * i] | (unsigned)out->px[2 * i + 1] << 8;
+            out->px[i] = (uint8_t)(v > 255 ? 255 : v);
+        }
+        out->w = w;
+    }
     if (got == 3 && channels == 1) rgb_to_mask(out);
     if (out->c != channels)
         return gp_error_set(GP_ERR_DATA, "%s: PNG with %d channels after conversion, expected %d",

@@ -315,6 +315,19 @@ static gp_status list_segmentation(gp_image_folder *f)
     if (s == GP_OK) {
         sv_sort(&im, 0, cmp_str);
         sv_sort(&mk, 0, cmp_stem);
+        /* two images of one stem (a.jpg, a.png) would both take a's mask */
+        char **by_stem = malloc((size_t)im.n * sizeof *by_stem);
+        if (!by_stem) s = gp_error_set(GP_ERR_OOM, "out of host memory");
+        if (s == GP_OK) {
+            memcpy(by_stem, im.v, (size_t)im.n * sizeof *by_stem);
+            qsort(by_stem, (size_t)im.n, sizeof *by_stem, cmp_stem);
+        }
+        for (int64_t i = 1; s == GP_OK && i < im.n; i++)
+            if (cmp_stem(&by_stem[i - 1], &by_stem[i]) == 0)
+                s = gp_error_set(GP_ERR_DATA, "%s: images %s and %s have the same name, so they "
+                                 "would share one mask; rename one", f->dir, by_stem[i - 1],
+                                 by_stem[i]);
+        free(by_stem);
         for (int64_t i = 1; s == GP_OK && i < mk.n; i++)
             if (cmp_stem(&mk.v[i - 1], &mk.v[i]) == 0)
                 s = gp_error_set(GP_ERR_DATA, "%s: masks %s and %s have the same name; keep one",
@@ -615,6 +628,12 @@ gp_status gp_image_folder_open(const gp_data_config *cfg, bool train_split, int 
         gp_image_folder_free(f);
         return s;
     }
+    /* a segmentation folder read as classes trains "image or mask?" */
+    if (!f->segmentation && f->classes == 2 && !strcmp(f->class_names[0], "images") &&
+        !strcmp(f->class_names[1], "masks"))
+        GP_WARN("%s: its two classes are 'images' and 'masks', which is a segmentation folder's "
+                "layout; to learn the masks set data.layout: segmentation (and model.loss: "
+                "bce_with_logits)", f->dir);
     if (cached) *cached = hit;
     *out = f;
     return GP_OK;
@@ -656,6 +675,23 @@ gp_status gp_image_folder_align_classes(gp_image_folder *val, const gp_image_fol
     }
     val->classes = train->classes;
     return GP_OK;
+}
+
+void gp_image_folder_keep(gp_image_folder *f, int64_t keep)
+{
+    if (keep <= 0 || keep >= f->n) return;
+    /* file floor(i n / keep) for i < keep: increasing, so the kept ones
+     * move down in place (k <= j), and the others are freed */
+    int64_t n = f->n, next = 0;
+    for (int64_t j = 0; j < n; j++) {
+        bool kept = next < keep && j == next * n / keep;
+        if (kept) f->files[next++] = f->files[j];
+        else {
+            free(f->files[j].rel);
+            free(f->files[j].mask_rel);
+        }
+    }
+    f->n = keep;
 }
 
 int64_t gp_image_folder_size(const gp_image_folder *f) { return f->n; }
@@ -858,10 +894,14 @@ gp_status gp_folder_sample(const gp_image_folder *f, gp_folder_worker *w, int64_
                             "(%s/%s)", path, mw, mh, iw, ih, f->dir, ff->rel);
     GP_TRY(gp_image_decode(w->codec, w->buf, len, path, 1, 1, &w->mask));
     gp_image_resample_nearest(w->mask.px, mw, mh, 1, &box, w->mout, ow, oh);
+    /* binary: any value but 0 is 1, except in a JPEG mask, whose lossy
+     * compression leaves faint values around every edge: there 1 is 128
+     * or more (a 0/255 mask's half-way) */
+    int one = len >= 2 && w->buf[0] == 0xFF && w->buf[1] == 0xD8 ? 128 : 1;
     for (int yy = 0; yy < oh; yy++)
         for (int xx = 0; xx < ow; xx++) {
             uint8_t v = w->mout[(size_t)yy * (size_t)ow + (size_t)xx];
-            float t = f->masks_binary ? (v != 0) : (float)v;
+            float t = f->masks_binary ? (v >= one) : (float)v;
             y[(int64_t)yy * ow + (flip ? ow - 1 - xx : xx)] = t;
         }
     return GP_OK;
