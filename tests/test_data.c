@@ -150,15 +150,15 @@ static void test_idx_errors(void)
     /* 16 + 10*4*5 = 216 bytes expected; 150 present (raw and gzip). */
     write_idx_images(tpath("tr-images"), false, 0x803, 10, 4, 5, 150);
     CHECK_ERR(gp_idx_read_images(tpath("tr-images"), &ds), GP_ERR_DATA,
-              "expected 216 bytes (16-byte header + 10 x 4 x 5 pixels), file ends after 150");
+              "expected 216 bytes (16-byte header + 10 x 4 x 5 pixels), its data ends after 150");
     write_idx_images(tpath("tr-images.gz"), true, 0x803, 10, 4, 5, 150);
     CHECK_ERR(gp_idx_read_images(tpath("tr-images.gz"), &ds), GP_ERR_DATA,
-              "file ends after 150");
+              "its data ends after 150");
     write_idx_images(tpath("tr-head"), false, 0x803, 10, 4, 5, 10);
     CHECK_ERR(gp_idx_read_images(tpath("tr-head"), &ds), GP_ERR_DATA, "truncated header");
     write_idx_labels(tpath("tr-labels"), true, 0x801, 10, 3, 12, -1, 0);
     CHECK_ERR(gp_idx_read_labels(tpath("tr-labels"), &ds), GP_ERR_DATA,
-              "expected 18 bytes (8-byte header + 10 labels), file ends after 12");
+              "expected 18 bytes (8-byte header + 10 labels), its data ends after 12");
 
     /* A gzip file cut short inside its compressed stream. */
     {
@@ -250,7 +250,7 @@ static void test_idx_errors(void)
         put_be32(h + 8, 1);
         put_be32(h + 12, 1);
         write_bytes(tpath("huge"), h, 16, false);
-        CHECK_ERR(gp_idx_read_images(tpath("huge"), &ds), GP_ERR_DATA, "file ends after 16");
+        CHECK_ERR(gp_idx_read_images(tpath("huge"), &ds), GP_ERR_DATA, "its data ends after 16");
     }
 
     /* Count mismatch and label range, against images read first. */

@@ -95,6 +95,9 @@ static gzFile idx_open(const char *path, gp_status *s)
 static gp_status gz_corrupt(const char *path, int64_t at, const char *zerr)
 {
     bool trailer = zerr && strstr(zerr, "check");
+    /* (gzerror puts the path first, which the message says already) */
+    size_t pl = strlen(path);
+    if (zerr && !strncmp(zerr, path, pl) && !strncmp(zerr + pl, ": ", 2)) zerr += pl + 2;
     return gp_error_set(GP_ERR_DATA,
                         "%s: corrupt gzip data (zlib: %s) %s byte %lld of the uncompressed "
                         "data; the file is damaged: fetch or decompress it again",
@@ -161,7 +164,7 @@ static gp_status idx_read_payload(gzFile f, const char *path, int64_t hdr, int64
         free(buf);
         return gp_error_set(GP_ERR_DATA,
                             "%s: truncated: expected %lld bytes (%lld-byte header + %s %s), "
-                            "file ends after %lld",
+                            "its data ends after %lld (uncompressed, for a .gz)",
                             path, (long long)(hdr + len), (long long)hdr, shape, what,
                             (long long)(hdr + got));
     }

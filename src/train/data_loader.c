@@ -315,7 +315,8 @@ gp_status gp_loader_create(const gp_dataset *ds, const gp_data_config *cfg,
                             (long long)batches);
     if (opts->masks && !gp_dataset_has_masks(ds))
         return gp_error_set(GP_ERR_INVALID, "loader: masks are asked for but %s has none "
-                            "(data.synthetic.masks: true makes them)", ds->source);
+                            "(an image folder has them with data.layout: segmentation, "
+                            "synthetic data with data.synthetic.masks: true)", ds->source);
     if (ds->folder && gp_image_folder_segmentation(ds->folder) && !opts->masks)
         return gp_error_set(GP_ERR_INVALID, "%s holds segmentation masks, the targets of "
                             "model.loss: bce_with_logits; set it", ds->source);

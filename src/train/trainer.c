@@ -125,7 +125,8 @@ static gp_status check_targets(const gp_config *cfg, const gp_model *m, const gp
                         "output element, but the model's output is %s per sample (%lld "
                         "elements) and %s has one class id per sample; end the model with "
                         "linear {out: 1} for labels 0 and 1, or give the data masks "
-                        "(data.synthetic.masks: true)", cfg->path, b, (long long)m->targets,
+                        "(an image folder: data.layout: segmentation; synthetic data: "
+                        "data.synthetic.masks: true)", cfg->path, b, (long long)m->targets,
                         ds->source);
 }
 
