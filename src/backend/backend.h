@@ -668,7 +668,8 @@ typedef struct gp_device_iface {
      * enqueue a receive of n floats into buf (just allocated) behind the
      * compute stream's work so far and record `done` behind it; the reader
      * waits for done.  chan_close: the end closed (abort: without waiting
-     * for what is queued, after a failure).  CUDA: a 2-rank NCCL communicator and a
+     * for what is queued, after a failure, and a transfer under way given
+     * up; either way nothing of the channel runs once it returns).  CUDA: a 2-rank NCCL communicator and a
      * stream per channel (ncclSend / ncclRecv).  CPU (streams = threads
      * only): a thread per channel running d->host_send / d->host_recv, the
      * process transport's blocking rendezvous (procs.c).  NULL: the

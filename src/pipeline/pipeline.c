@@ -611,14 +611,16 @@ static gp_status chan_host_recv(void *arg, void *buf, size_t bytes, const _Atomi
 }
 
 /* abort (after a failure): without waiting for what is queued; a transfer
- * under way may still read its transport argument, so those stay. */
+ * under way gives up (the CPU's host transport polls the channel's cancel
+ * flag; NCCL's communicator is aborted), so each channel is done with its
+ * transport argument when its close returns. */
 static void close_chans(gp_pipeline *p, bool abort)
 {
     if (!p->chans) return;
     gp_device *dev = p->devs[p->local];
     for (int q = 0; q < p->n_chans; q++) gp_dev_chan_close(dev, p->chans[q], abort);
     free(p->chans);
-    if (!abort) free(p->chan_peers);
+    free(p->chan_peers);
     p->chans = NULL;
     p->chan_peers = NULL;
 }

@@ -515,16 +515,9 @@ void gp_cpu_chan_close(gp_device *dev, void *chp, bool abort)
      * for what was queued here), and the step's cleanup waits for it */
     if (abort) ch->cancel = 1;
     pthread_cond_broadcast(&g_cond);
-    bool idle = true;
-    for (copy_item *it = g_head; it && idle; it = it->next) idle = it->stream != ch;
     pthread_mutex_unlock(&g_lock);
-    if (abort && !idle) {
-        /* a transfer under way whose peer is gone may never return: leave
-         * the thread, and the channel and transport argument it reads, to
-         * the process's end (a failure across processes ends them all) */
-        pthread_detach(ch->thread);
-        return;
-    }
+    /* (a transfer under way gives up on the cancel: the host transports
+     * poll it, so the thread ends whether or not its peer ever comes) */
     pthread_join(ch->thread, NULL);
     free(ch);
 }
