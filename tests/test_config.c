@@ -647,6 +647,12 @@ static void test_errors(void)
                                     "  chunks: 600\n"), NULL, 0),
               GP_ERR_INVALID, "pipeline.chunks = 600 with 2 replicas splits each batch into 1200 "
                               "micro-batches, over the 1024 supported; lower chunks to 512");
+    /* every replica's every micro-batch needs a sample (the run looped
+     * forever skipping batches of 4 it could not split into 8) */
+    CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  devices: [cpu:0]\n  replicas: 2\n"
+                                    "  chunks: 4\ntrain:\n  batch_size: 4\n"), NULL, 0),
+              GP_ERR_INVALID, "pipeline.chunks x pipeline.replicas (4 x 2 = 8) must be <= "
+                              "train.batch_size (4)");
     /* a derived replica device past the last index names what derived it */
     CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  devices: [cpu:4095]\n  replicas: 2\n"), NULL, 0),
               GP_ERR_INVALID, "t.yaml:10:12: replica 1's copy of cpu:4095 would be device index "

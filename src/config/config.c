@@ -46,13 +46,19 @@ static gp_status walk_root(gp_cfg_walk *w, const gp_ynode *root, gp_config *c)
     GP_TRY(gp_cfg_parse_train(w, root, &c->train));
 
     /* cross-field checks */
-    if (c->pipeline.chunks > c->train.batch_size) {
+    int reps = c->pipeline.replicas > 1 ? c->pipeline.replicas : 1;
+    if ((int64_t)c->pipeline.chunks * reps > c->train.batch_size) {
         const gp_ynode *pm = gp_ymap_get(root, "pipeline");
         const gp_ynode *n = gp_ymap_get(pm, "chunks");
         if (!n) n = gp_ymap_get(gp_ymap_get(root, "train"), "batch_size");
-        return gp_cfg_bad(w, n, "pipeline.chunks (%d) must be <= train.batch_size (%lld): every "
-                          "micro-batch needs at least one sample", c->pipeline.chunks,
-                          (long long)c->train.batch_size);
+        if (reps == 1)
+            return gp_cfg_bad(w, n, "pipeline.chunks (%d) must be <= train.batch_size (%lld): "
+                              "every micro-batch needs at least one sample", c->pipeline.chunks,
+                              (long long)c->train.batch_size);
+        return gp_cfg_bad(w, n, "pipeline.chunks x pipeline.replicas (%d x %d = %lld) must be <= "
+                          "train.batch_size (%lld): every replica's every micro-batch needs at "
+                          "least one sample", c->pipeline.chunks, reps,
+                          (long long)c->pipeline.chunks * reps, (long long)c->train.batch_size);
     }
     /* the interleaved schedule's shape (schedule.c checks it again): here
      * it names the line, before data or profiles are loaded */

@@ -779,8 +779,20 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         double t_wait = gp_now();
         s = gp_loader_next(loader, &b);
         /* files skipped as bad (data.on_bad_file: skip) can leave a batch
-         * too small to split: the next batch takes its place */
-        while (s == GP_OK && b.n < min_batch) {
+         * too small to split: the next batch takes its place, for an epoch
+         * at most (a batch too small for any other reason, or an epoch of
+         * them, would make this loop forever) */
+        for (int64_t tries = 0; s == GP_OK && b.n < min_batch; tries++) {
+            if (!cfg->data.skip_bad_files || tries >= per_epoch) {
+                s = gp_error_set(GP_ERR_DATA, "step %lld: a batch of %lld samples cannot be "
+                                 "split into pipeline.chunks x replicas = %lld micro-batches%s",
+                                 (long long)step + 1, (long long)b.n, (long long)min_batch,
+                                 cfg->data.skip_bad_files
+                                     ? ", and neither could the epoch's other batches after "
+                                       "skipping bad files: most of the data is bad"
+                                     : "; raise train.batch_size or lower pipeline.chunks");
+                break;
+            }
             GP_WARN("step %lld: a batch of %lld samples after skipping bad files cannot be "
                     "split into %lld micro-batches; skipping the batch", (long long)step + 1,
                     (long long)b.n, (long long)min_batch);
