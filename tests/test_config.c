@@ -360,6 +360,10 @@ static void test_errors(void)
               "t.yaml:10:3: unknown key 'chunks' in train; did you mean 'pipeline.chunks'?");
     CHECK_ERR(parse_bad(cat(k_base, "trian:\n  epochs: 3\n"), NULL, 0), GP_ERR_INVALID,
               "t.yaml:9:1: unknown key 'trian' at the top level; did you mean 'train'?");
+    /* a name that differs only in case is the suggestion, before a typo of
+     * another ("adam" is as near to "adamW" as "adamw" is) */
+    CHECK_ERR(parse_bad(cat(k_base, "train:\n  optimizer: adamW\n"), NULL, 0), GP_ERR_INVALID,
+              "did you mean 'adamw'?");
     CHECK_ERR(parse_bad(cat(k_base, "train:\n  optimizer: {type: sgd, lr: 1, mom: 0.9}\n"),
                         NULL, 0),
               GP_ERR_INVALID, "t.yaml:10:33: unknown key 'mom' in train.optimizer; did you "
@@ -381,6 +385,9 @@ static void test_errors(void)
     CHECK_ERR(parse_bad(cat(k_base, "train:\n  optimizer: {lr: fast}\n"), NULL, 0),
               GP_ERR_INVALID, "t.yaml:10:19: expected a number for train.optimizer.lr, got 'fast'");
     CHECK_ERR(parse_bad(cat(k_base, "train:\n  optimizer: {lr: 1e999}\n"), NULL, 0),
+              GP_ERR_INVALID, "train.optimizer.lr is 1e999, beyond the 32-bit float gpipe keeps "
+                              "it in");
+    CHECK_ERR(parse_bad(cat(k_base, "train:\n  optimizer: {lr: inf}\n"), NULL, 0),
               GP_ERR_INVALID, "expected a finite number for train.optimizer.lr");
     CHECK_ERR(parse_bad(cat(k_base, "data:\n  shuffle: maybe\n"), NULL, 0), GP_ERR_INVALID,
               "t.yaml:10:12: expected true or false for data.shuffle, got 'maybe'");

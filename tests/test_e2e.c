@@ -1247,6 +1247,29 @@ static void test_accuracy(void)
  * ResNet-101 and AmoebaNet-D could not, once: the synthetic set held its
  * labels in bytes and refused more than 256 classes, which --dry-run did
  * not show. */
+/* A flat input (model.input: F, F channels of 1 x 1) trains on synthetic
+ * data, normalised by one mean and std for every channel (it was refused:
+ * "normalisation supports at most 4" channels); a per-channel list cannot
+ * cover them, and says so. */
+static void test_flat_input(void)
+{
+    char out[8192], cmd[2048], cfg[512];
+    snprintf(cfg, sizeof cfg, "%s/flat.yaml", tmpdir);
+    write_file(cfg, "model:\n  input: 64\n  layers: [flatten, {linear: {out: 32}}, relu, "
+                    "{linear: {out: 10}}]\n"
+                    "data: {dataset: synthetic, synthetic: {train: 256, test: 64}}\n"
+                    "pipeline: {devices: 2, chunks: 2, threads: 1}\n"
+                    "train: {batch_size: 32, steps: 16, log_every: 0}\n");
+    snprintf(cmd, sizeof cmd, "%s %s --no-progress", bin, cfg);
+    int rc = run(cmd, out, sizeof out);
+    CHECK_MSG(rc == 0 && strstr(out, "final: test loss"), "a flat input: exit %d: %.1500s", rc,
+              out);
+    snprintf(cmd, sizeof cmd, "%s %s --no-progress --set data.mean=[0.5,0.5,0.5,0.5,0.5] "
+             "--set data.std=[0.2,0.2,0.2,0.2,0.2]", bin, cfg);
+    rc = run(cmd, out, sizeof out);
+    CHECK_MSG(rc == 2, "5 means for a flat input: exit %d: %.1500s", rc, out);
+}
+
 static void test_shipped_models_train(void)
 {
     static const struct {
@@ -1283,6 +1306,7 @@ int main(void)
     test_determinism();
     test_stages_share_device();
     test_shipped_models_train();
+    test_flat_input();
     if (getenv("GPIPE_SANITIZED")) {
         /* Under sanitizers the training run takes ~20x longer; its accuracy
          * is checked in the normal build. */

@@ -246,10 +246,13 @@ void gp_cfg_nearest(const char *word, const char *const *names, int n, char *buf
                     size_t len)
 {
     size_t wl = strlen(word);
-    int best = closest(word, names, n);
+    int best = -1;
     buf[0] = '\0';
-    for (int i = 0; i < n && best < 0; i++) /* only the case differs ("ZB-H1") */
+    /* only the case differs ("ZB-H1", "adamW"): that name, before any typo
+     * of another ("adam" is 1 edit from "adamW", as "adamw" is) */
+    for (int i = 0; i < n && best < 0; i++)
         if (!strcasecmp(names[i], word)) best = i;
+    if (best < 0) best = closest(word, names, n);
     if (best >= 0) {
         snprintf(buf, len, "; did you mean '%s'?", names[best]);
         return;
@@ -498,8 +501,12 @@ gp_status gp_cfg_parse_float(const gp_cfg_walk *w, const gp_ynode *n, const char
     char *end;
     double v = strtod(n->text, &end);
     if (*end != '\0') return gp_cfg_expected(w, n, "a number", name);
+    /* written as digits (1e300): too large; else inf, .inf, nan */
+    bool digits = isdigit((unsigned char)n->text[strspn(n->text, "+-.")]);
+    if (!isfinite(v) && !digits) return gp_cfg_expected(w, n, "a finite number", name);
     if (!isfinite(v) || fabs(v) > FLT_MAX)
-        return gp_cfg_expected(w, n, "a finite number", name);
+        return gp_cfg_bad(w, n, "%s is %s, beyond the 32-bit float gpipe keeps it in (at most "
+                          "3.4e38 in size); give a smaller value", name, n->text);
     *out = v;
     return GP_OK;
 }

@@ -25,6 +25,10 @@ void gp_data_norm_affine(bool normalize, const float *mean, const float *std, in
 {
     *a = 1.0f / 255.0f;
     *b = 0.0f;
+    /* channels past the per-channel table (a flat input of F features is F
+     * channels of 1 x 1) share its last entry: the loader allows that only
+     * where all channels have one mean and std */
+    if (c >= GP_MAX_CHANNELS) c = GP_MAX_CHANNELS - 1;
     if (normalize) {
         *a = 1.0f / (255.0f * std[c]);
         *b = -mean[c] / std[c];

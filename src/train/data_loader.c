@@ -320,10 +320,13 @@ gp_status gp_loader_create(const gp_dataset *ds, const gp_data_config *cfg,
     if (ds->folder && gp_image_folder_segmentation(ds->folder) && !opts->masks)
         return gp_error_set(GP_ERR_INVALID, "%s holds segmentation masks, the targets of "
                             "model.loss: bce_with_logits; set it", ds->source);
-    if (ds->c > GP_MAX_CHANNELS && cfg && cfg->normalize)
-        return gp_error_set(GP_ERR_INVALID, "loader: %s has %lld channels; normalisation "
-                                            "supports at most %d",
-                            ds->source, (long long)ds->c, GP_MAX_CHANNELS);
+    /* more channels than a per-channel list can hold (a flat input is F
+     * channels of 1 x 1): one mean and std for all of them, or none */
+    if (ds->c > GP_MAX_CHANNELS && cfg && cfg->normalize && cfg->n_mean > 1)
+        return gp_error_set(GP_ERR_INVALID, "%s has %lld channels, more than data.mean and "
+                            "data.std can list (%d); give one value of each for all channels, "
+                            "or data.normalize: false", ds->source, (long long)ds->c,
+                            GP_MAX_CHANNELS);
 
     gp_loader *ld = calloc(1, sizeof *ld);
     if (!ld) return gp_error_set(GP_ERR_INVALID, "loader: out of host memory");
