@@ -127,6 +127,12 @@ static void test_cli_errors(void)
                           "decay 0.01): 16 bytes per parameter (value, gradient, two moments), "
                           "gradients clipped to norm 2\n"),
               "output: %s", out);
+    /* with lr_scaling, the rate the run starts from (it showed the config's) */
+    snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --dry-run --set train.lr_scaling=linear "
+             "--set train.base_batch=32", bin, GPIPE_SOURCE_DIR);
+    CHECK(run(cmd, out, sizeof out) == 0);
+    CHECK_MSG(strstr(out, "optimizer: sgd (lr 0.1 (0.05 x batch 64 / base_batch 32), "),
+              "output: %s", out);
     /* blocked chains (gp_layers_blocked): conv 1 -> 32 through batch norm,
      * relu and max pooling to conv 32 -> 64 keeps nChw16c (AVX-512) or
      * nChw8c (AVX2), and so does the second convolution's output through

@@ -226,8 +226,10 @@ static gp_status fail(gp_pipeline *p, gp_status s, int j, int i, int layer)
     if (i >= 0) off += snprintf(ctx + off, sizeof ctx - (size_t)off, ", micro-batch %d", i);
     if (layer >= 0) {
         char d[160];
-        snprintf(ctx + off, sizeof ctx - (size_t)off, ", %s",
-                 gp_layer_describe(&p->layers[layer], d, sizeof d));
+        gp_layer_describe(&p->layers[layer], d, sizeof d);
+        /* (not twice: a layer's own error starts with it already) */
+        if (strncmp(gp_error_message(), d, strlen(d)))
+            snprintf(ctx + off, sizeof ctx - (size_t)off, ", %s", d);
     }
     pthread_mutex_lock(&p->lock);
     bool first = !p->cancelled;

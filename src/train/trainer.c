@@ -866,7 +866,17 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
             waits[j] = mp->local_device < 0 || j == mp->local_device
                            ? (int64_t)gp_dev_host_waits(devs[j]) - waits[j] : -1;
         if (s != GP_OK) {
-            gp_error_wrap(s, "step %lld (epoch %lld)", (long long)step + 1, (long long)b.epoch + 1);
+            /* an epoch's partial last batch fails where full ones did not
+             * (batch norm with one value per channel in a micro-batch):
+             * say it is that batch */
+            char part[160] = "";
+            if (b.n < tc->batch_size)
+                snprintf(part, sizeof part, ", its last batch: %lld samples, the %lld of %lld "
+                         "training samples that a batch of %lld leaves over",
+                         (long long)b.n, (long long)(train.n % tc->batch_size),
+                         (long long)train.n, (long long)tc->batch_size);
+            gp_error_wrap(s, "step %lld (epoch %lld%s)", (long long)step + 1,
+                          (long long)b.epoch + 1, part);
             /* failed before its update (clipping found the gradients not
              * finite): the model is step `step`'s, worth a snapshot.  Under
              * mpirun every rank refuses the step alike (they sum the same
@@ -1330,13 +1340,20 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
     size_t per = state_bytes(cfg);
     const char *held = per == 16 ? "value, gradient, two moments"
                        : per == 12 ? "value, gradient, momentum" : "value, gradient";
+    /* the rate the run starts from: with lr_scaling, the config's scaled */
+    char lr[96];
+    double base = gp_lr_base(&cfg->train);
+    if (base != oc->lr)
+        snprintf(lr, sizeof lr, "lr %g (%g x batch %lld / base_batch %lld)", base, oc->lr,
+                 (long long)cfg->train.batch_size, (long long)cfg->train.base_batch);
+    else snprintf(lr, sizeof lr, "lr %g", oc->lr);
     if (oc->kind == GP_OPTIM_SGD)
-        fprintf(f, "optimizer: sgd (lr %g, momentum %g%s, weight decay %g): %zu bytes per "
-                   "parameter (%s)%s\n", (double)oc->lr, (double)oc->momentum,
+        fprintf(f, "optimizer: sgd (%s, momentum %g%s, weight decay %g): %zu bytes per "
+                   "parameter (%s)%s\n", lr, (double)oc->momentum,
                 oc->nesterov ? ", nesterov" : "", (double)oc->weight_decay, per, held, clip);
     else
-        fprintf(f, "optimizer: %s (lr %g, betas [%g, %g], eps %g, weight decay %g): %zu bytes "
-                   "per parameter (%s)%s\n", oc->type, (double)oc->lr, (double)oc->beta1,
+        fprintf(f, "optimizer: %s (%s, betas [%g, %g], eps %g, weight decay %g): %zu bytes "
+                   "per parameter (%s)%s\n", oc->type, lr, (double)oc->beta1,
                 (double)oc->beta2, (double)oc->eps, (double)oc->weight_decay, per, held, clip);
     free(inplace); /* and unkept */
     gp_status s = summary_fits(cfg, &m);
