@@ -1247,12 +1247,6 @@ static void test_accuracy(void)
     }
 }
 
-/* Each shipped model config trains a step as shipped but for its size: its
- * own data section (1000 synthetic classes for ResNet and AmoebaNet), its
- * pipeline and checkpointing, at an input and depth that run in seconds.
- * ResNet-101 and AmoebaNet-D could not, once: the synthetic set held its
- * labels in bytes and refused more than 256 classes, which --dry-run did
- * not show. */
 /* A flat input (model.input: F, F channels of 1 x 1) trains on synthetic
  * data, normalised by one mean and std for every channel (it was refused:
  * "normalisation supports at most 4" channels); a per-channel list cannot
@@ -1276,6 +1270,12 @@ static void test_flat_input(void)
     CHECK_MSG(rc == 2, "5 means for a flat input: exit %d: %.1500s", rc, out);
 }
 
+/* Each shipped model config trains a step as shipped but for its size: its
+ * own data section (1000 synthetic classes for ResNet and AmoebaNet), its
+ * pipeline and checkpointing, at an input and depth that run in seconds.
+ * ResNet-101 and AmoebaNet-D could not, once: the synthetic set held its
+ * labels in bytes and refused more than 256 classes, which --dry-run did
+ * not show. */
 static void test_shipped_models_train(void)
 {
     static const struct {
