@@ -1290,6 +1290,11 @@ static void test_empty_override(void)
     CHECK_EXACT(parse_bad(k_base, e3, 1),
                 "--set model.layers.4.out=: empty value; give a value, e.g. --set "
                 "model.layers.4.out=64, or leave the --set out for the default");
+    /* a YAML document marker is no value either (it meant the default) */
+    const char *e5[] = {"train.steps=---"};
+    CHECK_EXACT(parse_bad(k_base, e5, 1),
+                "--set train.steps=---: empty value; give a value, e.g. --set train.steps=100, or "
+                "leave the --set out for the default");
     const char *e4[] = {"no.such.key="};
     CHECK_EXACT(parse_bad(k_base, e4, 1),
                 "--set no.such.key=: empty value; give a value after '=', or leave the --set "

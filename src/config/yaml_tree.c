@@ -669,7 +669,11 @@ gp_status gp_ytree_override(gp_ynode **root, const char *set)
     key[klen] = '\0';
     /* "train.steps=" would parse as YAML null, "not given", and quietly
      * mean the default: a value was forgotten. */
-    if (eq[1 + strspn(eq + 1, " \t\r\n")] == '\0') {
+    /* so would "---" or "..." (YAML's document markers, no value at all) */
+    const char *v0 = eq + 1 + strspn(eq + 1, " \t\r\n");
+    bool marker = (!strncmp(v0, "---", 3) || !strncmp(v0, "...", 3)) &&
+                  v0[3 + strspn(v0 + 3, " \t\r\n")] == '\0';
+    if (*v0 == '\0' || marker) {
         const char *ex = gp_cfg_example(key);
         gp_status s = ex ? set_err(set, "empty value; give a value, e.g. --set %s=%s, or leave "
                                    "the --set out for the default", key, ex)
