@@ -505,6 +505,18 @@ def mismatches(tmp):
     check(rc == 3 and "the ranks read different data: rank 1 has 45 training samples" in out and
           "rank 0 has 36" in out,
           "image folders that differ between the ranks: exit %d: %s" % (rc, out[-800:]))
+    # one rank's data missing (its working directory has none): that rank's
+    # own message, whichever rank it is (the others' exchange of the data's
+    # sizes used to meet another collective and replace it with an MPI
+    # error)
+    empty = os.path.join(tmp, "wEmpty")
+    os.makedirs(empty, exist_ok=True)
+    for ranks, bad in (([wdirs[0], empty], 1), ([empty, wdirs[0]], 0)):
+        rc, out = mpmd([(w, [os.path.join(tmp, "mm-folder.yaml"), "--quiet", "--set",
+                             "pipeline.chunks=3"]) for w in ranks])
+        check(rc == 3 and ("rank %d of 2: data.path 'data': No such file" % bad) in out and
+              "MPI_Allgather" not in out and "every rank" not in out,
+              "rank %d without its data: exit %d: %s" % (bad, rc, out[-800:]))
     # a snapshot directory that is not shared (a relative path, each rank
     # in its own working directory): refused before the first step, where
     # it used to make snapshots whose parts rank 0 never saw

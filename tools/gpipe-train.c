@@ -376,7 +376,7 @@ int main(int argc, char **argv)
         return gp_status_exit_code(s);
     }
     int code = EXIT_OK;
-    bool failed_alike = false;
+    bool failed_alike = false, other_failed = false;
     /* mpirun -np N: one device per process (rank r runs device r); rank 0
      * prints, writes the metrics, the snapshots and the export; every rank
      * writes its own trace (CONFIG's --trace path, ".rank<r>" before the
@@ -429,11 +429,14 @@ int main(int argc, char **argv)
         s = gp_train_run(&cfg, &o, &r);
         if (s == GP_ERR_STOPPED) code = 128 + r.stop_signal; /* as the shell reports a kill */
         failed_alike = r.failed_alike;
+        other_failed = r.other_failed;
     }
-    if (s != GP_OK && s != GP_ERR_STOPPED && gp_procs_size() > 1 && failed_alike && rank != 0) {
+    if (s != GP_OK && s != GP_ERR_STOPPED && gp_procs_size() > 1 &&
+        ((failed_alike && rank != 0) || other_failed)) {
         /* every rank failed alike (a step they all refused): rank 0 says
-         * it once and ends the run; this rank waits for that, and says its
-         * own only if the end does not come */
+         * it once and ends the run; or another rank failed (it says why and
+         * ends the run): this rank waits for that, and says its own only if
+         * the end does not come */
         for (double until = gp_now() + 20; gp_now() < until;)
             sleep(1); /* on the clock, whatever a signal does to one sleep */
         fprintf(stderr, "gpipe-train: rank %d of %d: %s\n", rank, gp_procs_size(),

@@ -223,11 +223,6 @@ gp_status gp_procs_probe(int from, int tag)
     return rc == MPI_SUCCESS ? GP_OK : mpi_error(rc, "MPI_Probe");
 }
 
-/* The next message from `peer` with `tag` on comm, before it is received:
- * its count of `type` must be `want`.  A longer message would not fit the
- * buffer, and Open MPI's shared-memory path writes past the buffer rather
- * than failing with MPI_ERR_TRUNCATE; a shorter one leaves part of it
- * stale.  Either means the ranks disagree on the model or the batch. */
 /* A channel transfer that gives up: the step failed here, and the peer
  * may never come (it waits for what this process dropped). */
 static gp_status cancelled(int peer, int tag)
@@ -262,6 +257,11 @@ static gp_status probe(int peer, int tag, MPI_Comm comm, const _Atomic int *canc
     }
 }
 
+/* The next message from `peer` with `tag` on comm, before it is received:
+ * its count of `type` must be `want`.  A longer message would not fit the
+ * buffer, and Open MPI's shared-memory path writes past the buffer rather
+ * than failing with MPI_ERR_TRUNCATE; a shorter one leaves part of it
+ * stale.  Either means the ranks disagree on the model or the batch. */
 static gp_status expect_count(int peer, int tag, MPI_Comm comm, MPI_Datatype type, int want,
                               const char *unit, const char *what, const _Atomic int *cancel)
 {

@@ -205,7 +205,11 @@ gp_status gp_run_step(gp_run *r, const float *x, const float *y, int64_t n,
      * clipping found the gradients not finite) left the model as it was:
      * the run goes on; one that failed after (a non-finite update, or an
      * error while the stages or replicas were updating) did not */
-    if (s != GP_OK && !r->model->refused) {
+    /* (a run across processes goes on only from a refusal every rank met
+     * alike: after another failure the peers were not told, and a send
+     * given up may still be matched by their next receive) */
+    bool procs = r->model->local_device >= 0;
+    if (s != GP_OK && (!r->model->refused || (procs && s != GP_ERR_NUMERIC))) {
         r->diverged = r->model->step + 1;
         r->diverged_by = s;
     }

@@ -189,9 +189,10 @@ static gp_status decode_png(const uint8_t *buf, size_t len, const char *path, in
     /* To 8 bits per sample as Pillow reads: 16-bit keeps the high byte,
      * 1/2/4-bit gray is scaled up, a palette expands to its colours
      * (masks keep the index), alpha and transparency are dropped.  A
-     * 16-bit mask keeps its values instead (clipped at 255, as Pillow's
-     * I;16 to L): its high byte would make 0/1 masks all 0. */
-    bool mask16 = depth == 16 && channels == 1;
+     * 16-bit gray mask keeps its values instead (clipped at 255, as
+     * Pillow's I;16 to L): its high byte would make 0/1 masks all 0. */
+    bool mask16 = depth == 16 && channels == 1 &&
+                  (ct == PNG_COLOR_TYPE_GRAY || ct == PNG_COLOR_TYPE_GRAY_ALPHA);
     if (depth == 16 && !mask16) png_set_strip_16(p);
     if (mask16) png_set_swap(p); /* (the samples little-endian, read as uint16) */
     bool palette_index = channels == 1 && ct == PNG_COLOR_TYPE_PALETTE;

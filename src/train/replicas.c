@@ -325,6 +325,7 @@ static gp_status replicated_step(gp_model *m, const gp_config *cfg, const float 
         goto out;
     }
     for (int r = 0; r < R; r++) replica(m, r)->step++;
+    m->refused = false; /* updated: a failure from here on is past the update */
 #ifndef NDEBUG
     if (m->step % 100 == 0) s = gp_model_check_replicas(m);
 #endif

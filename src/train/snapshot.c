@@ -1388,9 +1388,12 @@ gp_status gp_snapshot_prepare(gp_model *m, const gp_config *cfg, const char *res
     /* This run's snapshots go into the directory: later ones of the run it
      * resumed from an earlier point would mix with them, be taken for the
      * newest by the next --resume latest, and be overwritten step by step.
-     * A run that will train nothing (resumed at or past its last step:
-     * per_epoch is at most the loader's, so this total is too) writes none,
-     * and leaves them where they are. */
+     * A run that will train nothing (resumed at or past its last step)
+     * writes none, and leaves them where they are.  per_epoch here rounds
+     * up, so this total is at least the run's (the loader drops a partial
+     * batch too small to split): past it, certainly nothing is left; a run
+     * that drops that batch and resumes between the two totals moves them
+     * aside as before. */
     int64_t total = tc->steps > 0 ? tc->steps : tc->epochs * per_epoch;
     if (snapping && gp_procs_rank() == 0 && sp.step < total) { /* processes: the writer */
         GP_ASSERT(lock && !strcmp(lock->dir, tc->snapshot.dir));

@@ -307,6 +307,8 @@ typedef struct gp_train_result {
     int stop_signal;           /* *opts->stop when the run stopped on it, else 0 */
     bool failed_alike;         /* processes: the error is every rank's alike (a step every
                                   rank refused before its update), so one rank may say it */
+    bool other_failed;         /* processes: this rank's error is another rank's failure
+                                  (which that rank says, then ends the run) */
 } gp_train_result;
 
 /* Open the config's devices (cores split among CPU devices), choose the

@@ -203,23 +203,36 @@ static gp_status check_dir_shared(const gp_config *cfg, gp_train_result *res)
  * more files on one machine than on another gives that rank more steps
  * per epoch, and the ranks then wait on each other forever).  Compared
  * once loaded: the samples of each split and the classes.  A difference is
- * every rank's error alike. */
-static gp_status agree_on_data(const gp_dataset *train, const gp_dataset *test,
-                               gp_train_result *res)
+ * every rank's error alike.  Every rank comes here, whether its own load
+ * succeeded (`loaded`) or not: one that failed keeps its error (it says
+ * it and ends the run), the others learn that another rank failed. */
+static gp_status agree_on_data(gp_status loaded, const gp_dataset *train,
+                               const gp_dataset *test, gp_train_result *res)
 {
     int N = gp_procs_size();
-    int64_t mine[3] = {train->n, test->n, train->classes}, *all = calloc((size_t)N * 3,
-                                                                          sizeof *all);
-    if (!all) return gp_error_set(GP_ERR_OOM, "out of host memory");
+    bool ok = loaded == GP_OK;
+    int64_t mine[4] = {ok ? train->n : -1, ok ? test->n : -1, ok ? train->classes : -1, !ok},
+            *all = calloc((size_t)N * 4, sizeof *all);
+    if (!all) return ok ? gp_error_set(GP_ERR_OOM, "out of host memory") : loaded;
     gp_status s = gp_procs_allgather_bytes(mine, all, sizeof mine);
+    if (!ok) { /* (its own message stands, whatever the exchange did) */
+        free(all);
+        return loaded;
+    }
+    for (int r = 0; r < N && s == GP_OK; r++)
+        if (all[4 * r + 3]) {
+            res->other_failed = true;
+            s = gp_error_set(GP_ERR_DATA, "rank %d could not load its data (its message says "
+                             "why)", r);
+        }
     for (int r = 1; r < N && s == GP_OK; r++)
-        if (memcmp(all + 3 * r, all, sizeof mine)) {
+        if (memcmp(all + 4 * r, all, 3 * sizeof *all)) {
             res->failed_alike = true;
             s = gp_error_set(GP_ERR_DATA, "the ranks read different data: rank %d has %lld "
                              "training samples, %lld test samples and %lld classes, rank 0 has "
                              "%lld, %lld and %lld (data.path %s); give every machine the same "
-                             "files", r, (long long)all[3 * r], (long long)all[3 * r + 1],
-                             (long long)all[3 * r + 2], (long long)all[0], (long long)all[1],
+                             "files", r, (long long)all[4 * r], (long long)all[4 * r + 1],
+                             (long long)all[4 * r + 2], (long long)all[0], (long long)all[1],
                              (long long)all[2], train->source);
         }
     free(all);
@@ -665,7 +678,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                              d->source, (long long)d->c, (long long)d->h, (long long)d->w,
                              q ? " (the test split must have the training split's shape)" : "");
     }
-    if (s == GP_OK && gp_procs_size() > 1) s = agree_on_data(&train, &test, res);
+    if (gp_procs_size() > 1) s = agree_on_data(s, &train, &test, res); /* (every rank) */
     /* one normalisation value for every channel, or one per channel */
     if (s == GP_OK && cfg->data.normalize && cfg->data.n_mean > 1 && cfg->data.n_mean != train.c)
         s = gp_error_set(GP_ERR_INVALID, "%s: data.mean and data.std have %d values but %s has "
@@ -694,12 +707,14 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                          /* processes: only stage 0's rank needs the images */
                          .labels_only = mp->local_device > 0 && !cfg->data.skip_bad_files};
     gp_snapshot_pos pos = {0};
+    bool before = s == GP_OK;
     if (s == GP_OK) s = gp_snapshot_prepare(mp, cfg, opts->resume_path, train.n, snap_lock,
                                                opts->quiet, &pos);
     if (gp_procs_size() > 1) {
         /* (every rank passes here) a snapshot every rank refuses (another
-         * model, damaged) is said once, by rank 0, not once per rank */
-        double failed = s != GP_OK;
+         * model, damaged) is said once, by rank 0, not once per rank; a
+         * failure from before (one rank's data) is not this */
+        double failed = before && s != GP_OK;
         if (gp_procs_sum_doubles(&failed, 1) == GP_OK && s != GP_OK &&
             failed == (double)gp_procs_size())
             res->failed_alike = true;
