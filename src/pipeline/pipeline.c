@@ -103,8 +103,6 @@ struct gp_pipeline {
     const float **clip_xs;
     int64_t *clip_ns;
     double grad_norm;
-    bool refused;              /* this step failed at its CLIP, before any commit
-                                  or update (gradients not finite); under lock */
     bool mutated;              /* a COMMIT, UPDATE or GATHER of this step began:
                                   the model is no longer the step's start (a
                                   failure now may leave it in between); under
@@ -1212,12 +1210,7 @@ static gp_status clip(worker *w, int *bad_layer)
      * any commit or update, naming the same tensor; the step's failure
      * then leaves the model as it was (a free check: CLIP has waited
      * anyway). */
-    if (!isfinite(norm)) {
-        pthread_mutex_lock(&p->lock);
-        p->refused = true;
-        pthread_mutex_unlock(&p->lock);
-        return gp_clip_nonfinite(p->layers, p->L, p->clip_sq, norm, bad_layer);
-    }
+    if (!isfinite(norm)) return gp_clip_nonfinite(p->layers, p->L, p->clip_sq, norm, bad_layer);
     if (!(coef < 1.0)) return GP_OK; /* within the limit */
     EACH_STAGE(p, q, d) {
         bool shard = p->replicas > 1 && p->shard[q];
@@ -1973,7 +1966,6 @@ gp_status gp_pipeline_step_begin(gp_pipeline *p, const float *x, const float *y,
     p->finished = 0;
     p->lists_ok = 0;
     p->clip_in = 0;
-    p->refused = false;
     p->results_read = 0;
     p->drained = 0;
     p->cancelled = false;

@@ -441,7 +441,7 @@ gp_status gp_train_open(const gp_config *cfg, gp_device **devs, gp_model *model,
     if (meta.layers) gp_model_free(&meta);
     GP_TRY(fs);
     GP_TRY(open_devices(cfg, devs));
-    int R = cfg->pipeline.replicas > 1 ? cfg->pipeline.replicas : 1;
+    int R = gp_pipeline_replicas(&cfg->pipeline);
     gp_status s;
     if (gp_procs_size() > 1 && R > 1) {
         /* processes: this rank's replica only, its data-parallel group over
@@ -490,7 +490,7 @@ gp_status gp_train_check_processes(const gp_config *cfg)
     int N = gp_procs_size();
     const gp_pipeline_config *pc = &cfg->pipeline;
     if (N <= 1) return GP_OK;
-    int total = gp_pipeline_devices_total(pc), R = pc->replicas > 1 ? pc->replicas : 1;
+    int total = gp_pipeline_devices_total(pc), R = gp_pipeline_replicas(pc);
     if (total != N) {
         char rep[64] = "", alt[160];
         if (R > 1) snprintf(rep, sizeof rep, " (%d stages x %d replicas)", pc->n_devices, R);
@@ -694,7 +694,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
      * an epoch's last, partial batch that cannot be is dropped (said
      * below), not a failure at the end of every epoch. */
     int64_t min_batch = (int64_t)cfg->pipeline.chunks *
-                        (cfg->pipeline.replicas > 1 ? cfg->pipeline.replicas : 1);
+                        gp_pipeline_replicas(&cfg->pipeline);
     int64_t rest = s == GP_OK ? train.n % tc->batch_size : 0;
     bool drop_rest = rest > 0 && rest < min_batch && train.n > tc->batch_size;
     gp_loader_opts lo = {.batch_size = tc->batch_size, .shuffle = cfg->data.shuffle,
@@ -892,25 +892,25 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                          (long long)train.n, (long long)tc->batch_size);
             gp_error_wrap(s, "step %lld (epoch %lld%s)", (long long)step + 1,
                           (long long)b.epoch + 1, part);
-            /* failed before its update (clipping found the gradients not
-             * finite): the model is step `step`'s, worth a snapshot.  Under
-             * mpirun every rank refuses the step alike (they sum the same
-             * norms), so all of them save their parts together */
-            if (s != GP_ERR_NUMERIC && mp->refused && gp_procs_size() == 1) {
-                /* any other failure before the update (out of memory, a
-                 * device error): the model is step `step`'s too, so the
-                 * work since the last snapshot is kept.  (Under mpirun the
-                 * failing rank ends the others: they cannot save with it.) */
+            /* failed before its update (out of memory, a device error, or
+             * clipping found the gradients not finite): the model is step
+             * `step`'s, worth a snapshot, so the work since the last one is
+             * kept.  Under mpirun only the clip refusal: every rank refuses
+             * that step alike (they sum the same norms), so all of them save
+             * their parts together, where another failing rank ends the
+             * others before they could */
+            bool numeric = s == GP_ERR_NUMERIC;
+            if (mp->refused && (numeric || gp_procs_size() == 1)) {
                 s = failure_snapshot(mp, cfg, s, step, saved_step, &last_pos, snap_lock,
-                                     "go on with --resume latest once that is fixed (this "
-                                     "step's batch comes first)", NULL);
-            } else if (s == GP_ERR_NUMERIC && mp->refused) {
-                s = failure_snapshot(mp, cfg, s, step, saved_step, &last_pos, snap_lock,
-                                     "go on with --resume latest once that is changed (as it "
-                                     "is, this step would fail again), or, where the weights "
-                                     "have run away already (a learning rate far too large "
-                                     "moves them in one step), from an earlier snapshot "
-                                     "(--resume PATH) or from the start", NULL);
+                                     numeric ? "go on with --resume latest once that is changed "
+                                               "(as it is, this step would fail again), or, "
+                                               "where the weights have run away already (a "
+                                               "learning rate far too large moves them in one "
+                                               "step), from an earlier snapshot (--resume "
+                                               "PATH) or from the start"
+                                             : "go on with --resume latest once that is fixed "
+                                               "(this step's batch comes first)",
+                                     NULL);
                 /* every rank summed the same norms and refused alike (a
                  * snapshot that failed may have failed on one rank only) */
                 res->failed_alike = gp_procs_size() > 1 && s == GP_ERR_NUMERIC;
@@ -927,7 +927,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         if (trace && gp_trace_wants(trace, step)) {
             /* every replica's devices: this process's one under mpirun, all
              * of them in one process */
-            int R = cfg->pipeline.replicas > 1 ? cfg->pipeline.replicas : 1;
+            int R = gp_pipeline_replicas(&cfg->pipeline);
             int rho = mp->proc_replicas > 1 ? gp_procs_rank() / mp->n_devices : 0;
             s = gp_trace_add_step(trace, mp->pipe, mp->devs, step, rho, R);
             for (int r = 1; r < mp->n_replicas && s == GP_OK; r++)
@@ -1334,7 +1334,7 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
                     gp_config_bf16_copies(cfg) ? " in bf16" : "");
     }
     const gp_pipeline_config *pc = &cfg->pipeline;
-    int R = pc->replicas > 1 ? pc->replicas : 1;
+    int R = gp_pipeline_replicas(pc);
     char reps[160] = "";
     if (R > 1) /* data parallel: the devices above are replica 0's */
         snprintf(reps, sizeof reps, " x %d data-parallel replicas (%d devices, %s to %s; each "
