@@ -103,7 +103,7 @@ static gp_status write_config(const char *out_path, const gp_config *cfg, const 
     const gp_pipeline_config *pc = &cfg->pipeline;
     /* with replicas, a row per replica: the devices each one was given,
      * not the shifted list replicas: R would derive */
-    int rows = pc->replicas > 1 ? pc->replicas : 1;
+    int rows = gp_pipeline_replicas(pc);
     fputs("\n# pipeline section written by gpipe-balance\npipeline:\n  devices: [", o);
     for (int r = 0; r < rows; r++) {
         if (rows > 1) fputs(r ? ", [" : "[", o);

@@ -46,7 +46,7 @@ static gp_status walk_root(gp_cfg_walk *w, const gp_ynode *root, gp_config *c)
     GP_TRY(gp_cfg_parse_train(w, root, &c->train));
 
     /* cross-field checks */
-    int reps = c->pipeline.replicas > 1 ? c->pipeline.replicas : 1;
+    int reps = gp_pipeline_replicas(&c->pipeline);
     if ((int64_t)c->pipeline.chunks * reps > c->train.batch_size) {
         const gp_ynode *pm = gp_ymap_get(root, "pipeline");
         const gp_ynode *n = gp_ymap_get(pm, "chunks");

@@ -83,10 +83,15 @@ typedef struct gp_pipeline_config {
                              that cannot be opened; "" by default or in C */
 } gp_pipeline_config;
 
+/* Data-parallel replicas, at least 1 (a zeroed struct's 0 is 1). */
+static inline int gp_pipeline_replicas(const gp_pipeline_config *pc)
+{
+    return pc->replicas > 1 ? pc->replicas : 1;
+}
 /* Devices of all replicas: n_devices x replicas. */
 static inline int gp_pipeline_devices_total(const gp_pipeline_config *pc)
 {
-    return pc->n_devices * (pc->replicas > 1 ? pc->replicas : 1);
+    return pc->n_devices * gp_pipeline_replicas(pc);
 }
 /* Whether a device spec names a CPU device, and how many of all replicas'
  * devices do (they share the machine's cores). */

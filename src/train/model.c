@@ -63,7 +63,7 @@ static gp_status build_placed(const gp_config *cfg, gp_device *const *devs, int 
     out->n_devices = n;
     /* under mpirun (gp_train_check_processes: one device per rank, rank r
      * running device r % n of replica r / n) */
-    int R = cfg->pipeline.replicas > 1 ? cfg->pipeline.replicas : 1, N = gp_procs_size();
+    int R = gp_pipeline_replicas(&cfg->pipeline), N = gp_procs_size();
     out->local_device = N > 1 && N == n * R ? gp_procs_rank() % n : -1;
     out->rank_base = N > 1 && N == n * R ? gp_procs_rank() / n * n : 0;
     for (int j = 0; j < S; j++) {
@@ -376,17 +376,6 @@ int64_t gp_model_param_count(const gp_model *m)
     return n;
 }
 
-static void count_of(void *arg, int k, const gp_layer *l)
-{
-    (void)k;
-    *(int64_t *)arg += gp_layer_param_count(l);
-}
-
-gp_status gp_model_count_params(const gp_config *cfg, int64_t *count)
-{
-    *count = 0;
-    return each_layer(cfg, true, count_of, count);
-}
 
 typedef struct {
     int64_t params;
@@ -408,6 +397,13 @@ gp_status gp_model_describe(const gp_config *cfg, int64_t *params, gp_shape *out
     *params = a.params;
     *output = a.out;
     return GP_OK;
+}
+
+gp_status gp_model_count_params(const gp_config *cfg, int64_t *count)
+{
+    gp_shape out;
+    *count = 0;
+    return gp_model_describe(cfg, count, &out);
 }
 
 gp_status gp_model_pipeline_step_one(gp_model *m, const gp_config *cfg, const float *x,

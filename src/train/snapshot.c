@@ -190,8 +190,7 @@ static gp_status collect(gp_model *m, const gp_config *cfg, const gp_snapshot_po
         GP_TRY(gp_st_writer_meta(w, "gpipe.seed", seed));
         GP_TRY(meta_i64(w, "gpipe.devices", cfg->pipeline.n_devices));
         GP_TRY(meta_i64(w, "gpipe.chunks", cfg->pipeline.chunks));
-        GP_TRY(meta_i64(w, "gpipe.replicas",
-                        cfg->pipeline.replicas > 1 ? cfg->pipeline.replicas : 1));
+        GP_TRY(meta_i64(w, "gpipe.replicas", gp_pipeline_replicas(&cfg->pipeline)));
         GP_TRY(gp_st_writer_meta(w, "gpipe.config_path", cfg->path));
         GP_TRY(gp_st_writer_meta(w, "gpipe.config", cfg->text ? cfg->text : ""));
         GP_TRY(gp_st_writer_meta(w, "gpipe.overrides", cfg->overrides ? cfg->overrides : ""));
@@ -1234,7 +1233,7 @@ gp_status gp_snapshot_restore(gp_model *m, const gp_config *cfg, const char *pat
         GP_WARN("%s was made with train.seed = %s, this run has %s: the data order and dropout "
                 "masks from here on differ from the original run's", path, seed, mine);
     int64_t dev = 0, chunks = 0, reps = 1;
-    int my_reps = cfg->pipeline.replicas > 1 ? cfg->pipeline.replicas : 1;
+    int my_reps = gp_pipeline_replicas(&cfg->pipeline);
     (void)meta_int(&f, "gpipe.replicas", &reps); /* (absent before 2026-11-25: 1 assumed) */
     if (s == GP_OK && !quiet && meta_int(&f, "gpipe.devices", &dev) &&
         meta_int(&f, "gpipe.chunks", &chunks) &&
