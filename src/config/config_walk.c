@@ -545,22 +545,6 @@ gp_status gp_cfg_to_float(const gp_cfg_walk *w, const gp_ynode *n, const char *n
     return GP_OK;
 }
 
-gp_status gp_cfg_get_float(gp_cfg_walk *w, const gp_ynode *m, const char *sect, const char *key,
-                           float def, double lo, double hi, int flags, float *out)
-{
-    char name[256];
-    gp_cfg_join(name, sizeof name, sect, key);
-    const gp_ynode *n = gp_ymap_get(m, key);
-    if (gp_cfg_absent(n)) {
-        *out = def;
-        gp_cfg_note(w, "%s = %g (default)", name, (double)def);
-        return GP_OK;
-    }
-    double v;
-    GP_TRY(gp_cfg_parse_float(w, n, name, &v));
-    return gp_cfg_to_float(w, n, name, v, lo, hi, flags, out);
-}
-
 gp_status gp_cfg_get_double(gp_cfg_walk *w, const gp_ynode *m, const char *sect,
                             const char *key, double def, double lo, double hi, int flags,
                             double *out)
@@ -578,6 +562,16 @@ gp_status gp_cfg_get_double(gp_cfg_walk *w, const gp_ynode *m, const char *sect,
     GP_TRY(gp_cfg_parse_float(w, n, name, &v));
     GP_TRY(gp_cfg_to_float(w, n, name, v, lo, hi, flags, &f)); /* (what the kernels get) */
     *out = v;
+    return GP_OK;
+}
+
+gp_status gp_cfg_get_float(gp_cfg_walk *w, const gp_ynode *m, const char *sect, const char *key,
+                           float def, double lo, double hi, int flags, float *out)
+{
+    /* (gp_cfg_get_double checks the value as this float; it is that value) */
+    double v;
+    GP_TRY(gp_cfg_get_double(w, m, sect, key, def, lo, hi, flags, &v));
+    *out = (float)v;
     return GP_OK;
 }
 

@@ -102,34 +102,35 @@ static _Atomic int log_level = -1;
 
 void gp_log_set_level(gp_log_level level) { log_level = (int)level; }
 
+/* The level a name (GPIPE_LOG's, gp_set_log_level's) gives, in
+ * gp_log_level's order; -1 for no level's name. */
+static int level_named(const char *name)
+{
+    static const char *const names[] = {"debug", "info", "warn", "error", "quiet"};
+    for (int i = 0; name && i < 5; i++)
+        if (!strcmp(name, names[i])) return i;
+    return -1;
+}
+
 gp_status gp_set_log_level(const char *level)
 {
-    static const char *names[] = {"debug", "info", "warn", "error", "quiet"};
     if (!level) { /* GPIPE_LOG again, read on the next line logged */
         log_level = -1;
         return GP_OK;
     }
-    for (int i = 0; i < 5; i++)
-        if (!strcmp(level, names[i])) {
-            log_level = i;
-            return GP_OK;
-        }
-    return gp_error_set(GP_ERR_INVALID, "log level '%s': give debug, info, warn, error or quiet "
-                        "(or NULL for GPIPE_LOG's)", level);
+    int lv = level_named(level);
+    if (lv < 0)
+        return gp_error_set(GP_ERR_INVALID, "log level '%s': give debug, info, warn, error or "
+                            "quiet (or NULL for GPIPE_LOG's)", level);
+    log_level = lv;
+    return GP_OK;
 }
 
 static int current_level(void)
 {
     if (log_level < 0) {
-        const char *e = getenv("GPIPE_LOG");
-        int lv = GP_LOG_INFO;
-        if (e) {
-            if (!strcmp(e, "debug")) lv = GP_LOG_DEBUG;
-            else if (!strcmp(e, "warn")) lv = GP_LOG_WARN;
-            else if (!strcmp(e, "error")) lv = GP_LOG_ERROR;
-            else if (!strcmp(e, "quiet")) lv = GP_LOG_QUIET;
-        }
-        log_level = lv;
+        int lv = level_named(getenv("GPIPE_LOG"));
+        log_level = lv < 0 ? GP_LOG_INFO : lv; /* unset or no level's name: info */
     }
     return log_level;
 }

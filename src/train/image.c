@@ -49,10 +49,6 @@ static bool is_png(const uint8_t *b, size_t len)
     return len >= 8 && memcmp(b, sig, 8) == 0;
 }
 
-static bool is_jpeg(const uint8_t *b, size_t len)
-{
-    return len >= 3 && b[0] == 0xff && b[1] == 0xd8 && b[2] == 0xff;
-}
 
 /* Pillow's CMYK -> RGB (Convert.c cmyk2rgb): each channel (255 - K) less
  * ink x (255 - K) / 255, rounded as its MULDIV255. */
@@ -259,7 +255,7 @@ gp_status gp_image_probe(gp_image_codec *cd, const uint8_t *buf, size_t len, con
         *h = (int)ph;
         return GP_OK;
     }
-    if (!is_jpeg(buf, len))
+    if (!gp_image_is_jpeg(buf, len))
         return gp_error_set(GP_ERR_DATA, "%s: neither a JPEG nor a PNG (the first bytes are "
                             "not either signature)", path);
     int sub, cs;
@@ -278,7 +274,7 @@ gp_status gp_image_decode(gp_image_codec *cd, const uint8_t *buf, size_t len, co
 {
     GP_ASSERT(channels == 1 || channels == 3);
     if (is_png(buf, len)) return decode_png(buf, len, path, channels, out);
-    if (!is_jpeg(buf, len))
+    if (!gp_image_is_jpeg(buf, len))
         return gp_error_set(GP_ERR_DATA, "%s: neither a JPEG nor a PNG (the first bytes are "
                             "not either signature)", path);
     int w = 0, h = 0, sub, cs;
@@ -356,7 +352,7 @@ gp_status gp_image_decode_region(gp_image_codec *cd, const uint8_t *buf, size_t 
                                  gp_image *out, int *ox, int *oy, int *fw, int *fh)
 {
     *ox = *oy = 0;
-    if (!is_jpeg(buf, len)) {
+    if (!gp_image_is_jpeg(buf, len)) {
         GP_TRY(gp_image_decode(cd, buf, len, path, 3, denom, out));
         *fw = out->w;
         *fh = out->h;
@@ -474,7 +470,7 @@ gp_status gp_image_decode(gp_image_codec *cd, const uint8_t *buf, size_t len, co
                           int channels, int denom, gp_image *out)
 {
     (void)cd, (void)buf, (void)len, (void)path, (void)channels, (void)denom, (void)out;
-    (void)is_png, (void)is_jpeg, (void)cmyk_channel, (void)rgb_to_mask, (void)image_reserve;
+    (void)is_png, (void)cmyk_channel, (void)rgb_to_mask, (void)image_reserve;
     return unsupported();
 }
 

@@ -69,6 +69,11 @@ gp_status gp_image_decode_region(gp_image_codec *cd, const uint8_t *buf, size_t 
                                  const char *path, int denom, int rx, int ry, int rw, int rh,
                                  gp_image *out, int *ox, int *oy, int *fw, int *fh);
 /* Pixels of a scaled decode: ceil(size / denom), as libjpeg computes. */
+/* Whether the bytes start as a JPEG does (SOI and a marker). */
+static inline bool gp_image_is_jpeg(const uint8_t *b, size_t len)
+{
+    return len >= 3 && b[0] == 0xff && b[1] == 0xd8 && b[2] == 0xff;
+}
 static inline int gp_image_scaled(int size, int denom) { return (size + denom - 1) / denom; }
 
 /* ---- transforms -------------------------------------------------------- */

@@ -227,6 +227,15 @@ static int cmp_stem(const void *a, const void *b)
     return c ? c : (lx > ly) - (lx < ly);
 }
 
+/* In names sorted by stem (cmp_stem): the first i >= 1 whose name has the
+ * stem of the one before it, else 0. */
+static int64_t same_stem_at(char *const *v, int64_t n)
+{
+    for (int64_t i = 1; i < n; i++)
+        if (cmp_stem(&v[i - 1], &v[i]) == 0) return i;
+    return 0;
+}
+
 static gp_status list_classification(gp_image_folder *f)
 {
     DIR *d = opendir(f->dir);
@@ -318,20 +327,20 @@ static gp_status list_segmentation(gp_image_folder *f)
         /* two images of one stem (a.jpg, a.png) would both take a's mask */
         char **by_stem = malloc((size_t)im.n * sizeof *by_stem);
         if (!by_stem) s = gp_error_set(GP_ERR_OOM, "out of host memory");
+        int64_t i = 0;
         if (s == GP_OK) {
             memcpy(by_stem, im.v, (size_t)im.n * sizeof *by_stem);
             qsort(by_stem, (size_t)im.n, sizeof *by_stem, cmp_stem);
+            i = same_stem_at(by_stem, im.n);
         }
-        for (int64_t i = 1; s == GP_OK && i < im.n; i++)
-            if (cmp_stem(&by_stem[i - 1], &by_stem[i]) == 0)
-                s = gp_error_set(GP_ERR_DATA, "%s: images %s and %s have the same name, so they "
-                                 "would share one mask; rename one", f->dir, by_stem[i - 1],
-                                 by_stem[i]);
+        if (i)
+            s = gp_error_set(GP_ERR_DATA, "%s: images %s and %s have the same name, so they "
+                             "would share one mask; rename one", f->dir, by_stem[i - 1],
+                             by_stem[i]);
         free(by_stem);
-        for (int64_t i = 1; s == GP_OK && i < mk.n; i++)
-            if (cmp_stem(&mk.v[i - 1], &mk.v[i]) == 0)
-                s = gp_error_set(GP_ERR_DATA, "%s: masks %s and %s have the same name; keep one",
-                                 f->dir, mk.v[i - 1], mk.v[i]);
+        if (s == GP_OK && (i = same_stem_at(mk.v, mk.n)))
+            s = gp_error_set(GP_ERR_DATA, "%s: masks %s and %s have the same name; keep one",
+                             f->dir, mk.v[i - 1], mk.v[i]);
     }
     if (s == GP_OK) {
         f->files = calloc((size_t)im.n, sizeof *f->files);
@@ -897,7 +906,7 @@ gp_status gp_folder_sample(const gp_image_folder *f, gp_folder_worker *w, int64_
     /* binary: any value but 0 is 1, except in a JPEG mask, whose lossy
      * compression leaves faint values around every edge: there 1 is 128
      * or more (a 0/255 mask's half-way) */
-    int one = len >= 2 && w->buf[0] == 0xFF && w->buf[1] == 0xD8 ? 128 : 1;
+    int one = gp_image_is_jpeg(w->buf, len) ? 128 : 1;
     for (int yy = 0; yy < oh; yy++)
         for (int xx = 0; xx < ow; xx++) {
             uint8_t v = w->mout[(size_t)yy * (size_t)ow + (size_t)xx];
