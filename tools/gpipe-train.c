@@ -235,11 +235,8 @@ static gp_status agree_on_config(gp_status loaded, gp_config *cfg, bool *own)
         if (!all[2 * r] && !all[0] && all[2 * r + 1] != all[1] && differs < 0) differs = r;
     }
     free(all);
-    *own = loaded != GP_OK && failed < N;
-    if (loaded != GP_OK) {
-        if (failed == N) *own = false; /* alike everywhere: rank 0 says it once */
-        return loaded;
-    }
+    *own = loaded != GP_OK && failed < N; /* (alike everywhere: rank 0 says it once) */
+    if (loaded != GP_OK) return loaded;
     if (failed)
         s = gp_error_set(GP_ERR_INVALID, "%d of %d ranks could not load the config (rank %d's "
                          "message says why); start every rank with the same config file and "

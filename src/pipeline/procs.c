@@ -318,11 +318,13 @@ static gp_status send_pieces(const void *data, size_t bytes, int peer, int tag, 
     const unsigned char *b = data;
     do {
         int piece = bytes > (size_t)INT_MAX ? INT_MAX : (int)bytes;
-        if (sync && cancel) GP_TRY(ssend_or_cancel(b, piece, peer, tag, comm, cancel));
-        int rc = sync && cancel ? MPI_SUCCESS
-                 : sync         ? MPI_Ssend(b, piece, MPI_BYTE, peer, tag, comm)
-                                : MPI_Send(b, piece, MPI_BYTE, peer, tag, comm);
-        if (rc != MPI_SUCCESS) return mpi_error(rc, sync ? "MPI_Ssend" : "MPI_Send");
+        if (sync && cancel) {
+            GP_TRY(ssend_or_cancel(b, piece, peer, tag, comm, cancel));
+        } else {
+            int rc = sync ? MPI_Ssend(b, piece, MPI_BYTE, peer, tag, comm)
+                          : MPI_Send(b, piece, MPI_BYTE, peer, tag, comm);
+            if (rc != MPI_SUCCESS) return mpi_error(rc, sync ? "MPI_Ssend" : "MPI_Send");
+        }
         b += piece;
         bytes -= (size_t)piece;
     } while (bytes > 0);
