@@ -1206,6 +1206,48 @@ static void test_shadowed_override(void)
     gp_config_free(&c);
 }
 
+/* Keys that the chosen schedule or lr_scaling does not read: a warning at
+ * each (the run would silently train on a schedule the user did not
+ * write), the values still parsed; none when every key is used. */
+static void test_ignored_schedule_keys(void)
+{
+    gp_config c;
+    CHECK_OK(parse(cat(k_base, "train:\n"                                          /* 9 */
+                               "  schedule: {type: cosine, step_size: 5, gamma: 0.5,\n" /* 10 */
+                               "             warmup_start: 0.1}\n"                 /* 11 */
+                               "  base_batch: 64\n"),                              /* 12 */
+                   &c));
+    const char *want =
+        "t.yaml:10:39: train.schedule.step_size is ignored: only type step uses it, and the "
+        "schedule is cosine\n"
+        "t.yaml:10:49: train.schedule.gamma is ignored: only type step uses it, and the "
+        "schedule is cosine\n"
+        "t.yaml:11:28: train.schedule.warmup_start is ignored: warmup_steps is 0, so there is "
+        "no warmup; give warmup_steps too\n"
+        "t.yaml:12:15: train.base_batch is ignored: it scales the learning rate only with "
+        "train.lr_scaling: linear (lr_scaling is none)\n";
+    CHECK_MSG(c.warnings && !strcmp(c.warnings, want), "got \"%s\"\n  want \"%s\"",
+              c.warnings, want);
+    CHECK(c.train.sched.kind == GP_SCHED_COSINE && c.train.sched.step_size == 5);
+    gp_config_free(&c);
+    /* min_lr on a step schedule; the type changed by --set names the --set */
+    const char *set[] = {"train.schedule.type=step"};
+    CHECK_OK(parse_set(cat(k_base, "train:\n  schedule: {type: cosine, min_lr: 0.001}\n"), set,
+                       1, &c));
+    CHECK_MSG(c.warnings && strstr(c.warnings, "t.yaml:10:36: train.schedule.min_lr is ignored: "
+                                               "only type cosine uses it, and the schedule is "
+                                               "step\n"),
+              "got \"%s\"", c.warnings);
+    gp_config_free(&c);
+    /* every key used: no warning */
+    CHECK_OK(parse(cat(k_base, "train:\n  schedule: {type: step, step_size: 5, gamma: 0.5, "
+                               "warmup_steps: 3, warmup_start: 0.1}\n  lr_scaling: linear\n"
+                               "  base_batch: 64\n"),
+                   &c));
+    CHECK_MSG(c.warnings && !c.warnings[0], "warnings: %s", c.warnings);
+    gp_config_free(&c);
+}
+
 /* threads far above the cores: a warning at the key (an error would stop a
  * config written for a larger machine), in cfg.warnings. */
 static void test_threads_warning(void)
@@ -1496,6 +1538,7 @@ int main(void)
     test_sizes();
     test_threads_warning();
     test_shadowed_override();
+    test_ignored_schedule_keys();
     test_empty_override();
     test_text_applied();
     test_load();

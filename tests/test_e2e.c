@@ -719,6 +719,19 @@ static void test_config_checks(void)
                               "pipeline.chunks x replicas = 4: that partial batch is dropped") &&
                   strstr(out, "8 steps (4 per epoch)"),
               "partial batch: %.900s", out);
+    /* A warmup as long as the run: said once, before the first step; not
+     * with one step to spare */
+    snprintf(cmd, sizeof cmd, "%s %s --no-progress --set train.steps=3 "
+             "--set 'train.schedule={type: cosine, warmup_steps: 3}'", bin, cfg);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0 &&
+                  strstr(out, "train.schedule.warmup_steps = 3 is not below the run's 3 steps: "
+                              "the learning rate never reaches its base rate (0.01) and the "
+                              "schedule after the warmup never starts; lower warmup_steps"),
+              "warmup as long as the run: %.900s", out);
+    snprintf(cmd, sizeof cmd, "%s %s --no-progress --set train.steps=3 "
+             "--set 'train.schedule={type: cosine, warmup_steps: 2}'", bin, cfg);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0 && !strstr(out, "warmup_steps ="),
+              "warmup shorter than the run: %.900s", out);
     /* --export-weights under a snapshot's name in the snapshot folder */
     char snaps[300], cmd2[4096];
     snprintf(snaps, sizeof snaps, "%.280s/snapx", tmpdir);

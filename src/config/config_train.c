@@ -152,6 +152,25 @@ gp_status gp_cfg_parse_train(gp_cfg_walk *w, const gp_ynode *root, gp_train_conf
         s = gp_cfg_get_double(w, sm, ss, "min_lr", 0, 0, INFINITY, 0, &tc->sched.min_lr);
     w->record = rec;
     GP_TRY(s);
+    /* A key that another schedule type reads is ignored here; most often
+     * the type was changed (by --set, say) and its old keys stayed, and
+     * the run would train on a schedule the user did not expect. */
+    static const struct {
+        const char *key;
+        gp_sched_kind kind;
+    } k_sched_keys[] = {{"step_size", GP_SCHED_STEP}, {"gamma", GP_SCHED_STEP},
+                        {"min_lr", GP_SCHED_COSINE}};
+    for (int i = 0; i < GP_COUNT(k_sched_keys); i++) {
+        const gp_ynode *n = gp_ymap_get(sm, k_sched_keys[i].key);
+        if (!gp_cfg_absent(n) && tc->sched.kind != k_sched_keys[i].kind)
+            gp_cfg_warn(w, n, "train.schedule.%s is ignored: only type %s uses it, and the "
+                        "schedule is %s", k_sched_keys[i].key,
+                        k_sched_names[k_sched_keys[i].kind], k_sched_names[tc->sched.kind]);
+    }
+    const gp_ynode *wsn = gp_ymap_get(sm, "warmup_start");
+    if (!gp_cfg_absent(wsn) && tc->sched.warmup_steps == 0)
+        gp_cfg_warn(w, wsn, "train.schedule.warmup_start is ignored: warmup_steps is 0, so "
+                    "there is no warmup; give warmup_steps too");
 
     GP_TRY(gp_cfg_get_enum(w, m, "train", "lr_scaling", k_scaling_names, GP_COUNT(k_scaling_names),
                            GP_LR_SCALING_NONE, &k));
@@ -161,9 +180,13 @@ gp_status gp_cfg_parse_train(gp_cfg_walk *w, const gp_ynode *root, gp_train_conf
     s = gp_cfg_get_int(w, m, "train", "base_batch", tc->batch_size, 1, 1 << 24, &tc->base_batch);
     w->record = rec;
     GP_TRY(s);
-    if (gp_cfg_absent(gp_ymap_get(m, "base_batch")) && tc->lr_scaling == GP_LR_SCALING_LINEAR)
+    const gp_ynode *bbn = gp_ymap_get(m, "base_batch");
+    if (gp_cfg_absent(bbn) && tc->lr_scaling == GP_LR_SCALING_LINEAR)
         gp_cfg_note(w, "train.base_batch = %lld (default: train.batch_size)",
                     (long long)tc->base_batch);
+    else if (!gp_cfg_absent(bbn) && tc->lr_scaling != GP_LR_SCALING_LINEAR)
+        gp_cfg_warn(w, bbn, "train.base_batch is ignored: it scales the learning rate only "
+                    "with train.lr_scaling: linear (lr_scaling is none)");
     GP_TRY(gp_cfg_get_int(w, m, "train", "log_every", 50, 0, INT64_MAX, &tc->log_every));
     GP_TRY(gp_cfg_get_bool(w, m, "train", "eval_each_epoch", true, &tc->eval_each_epoch));
     GP_TRY(gp_cfg_get_int(w, m, "train", "eval_batch_size", 1000, 1, 1 << 24,

@@ -734,6 +734,12 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                 "x replicas = %lld: that partial batch is dropped", (long long)rest,
                 rest == 1 ? "" : "s", (long long)train.n, (long long)tc->batch_size,
                 rest == 1 ? "is" : "are", (long long)min_batch);
+    if (tc->sched.warmup_steps >= total && total > 0 && !opts->quiet)
+        GP_WARN("train.schedule.warmup_steps = %lld is not below the run's %lld step%s: the "
+                "learning rate never reaches its base rate (%g)%s; lower warmup_steps",
+                (long long)tc->sched.warmup_steps, (long long)total, total == 1 ? "" : "s",
+                gp_lr_base(tc), tc->sched.kind == GP_SCHED_CONSTANT ? "" :
+                " and the schedule after the warmup never starts");
     int progress = opts->progress;
     if (progress < 0) progress = isatty(STDERR_FILENO) ? 1 : 0;
     if (opts->quiet) progress = 0;
