@@ -292,6 +292,20 @@ static void loss_target_errors(void)
     /* one logit against a mask of 64 pixels */
     snprintf(text, sizeof text, linear, 1, 2, ", masks: true");
     CHECK_ERR(train_text(text, &r), GP_ERR_INVALID, "a mask (1, 1, 8, 8)");
+    /* said from the shapes, before the model is placed: devices far too
+     * small for it (an out-of-memory if placement came first), and
+     * cross-entropy with fewer outputs than classes */
+    snprintf(text, sizeof text, "%spipeline: {devices: 2, memory: 1KiB}\n", linear);
+    char text2[1024];
+    snprintf(text2, sizeof text2, text, 10, 2, ", masks: true");
+    CHECK_ERR(train_text(text2, &r), GP_ERR_INVALID, "compares the output with the masks");
+    snprintf(text2, sizeof text2,
+             "model:\n  input: [3, 8, 8]\n  layers: [flatten, {linear: {out: 3}}]\n"
+             "data: {dataset: synthetic, synthetic: {train: 16, test: 8, classes: 5}}\n"
+             "train: {batch_size: 4, steps: 2}\npipeline: {devices: 2, memory: 1KiB}\n");
+    CHECK_ERR(train_text(text2, &r), GP_ERR_INVALID,
+              "the model has 3 outputs but the data has 5 classes; make the last linear "
+              "layer's out 5");
     /* class ids 0..9 are not probabilities: the loss names the element */
     snprintf(text, sizeof text, linear, 1, 10, "");
     CHECK_ERR(train_text(text, &r), GP_ERR_DATA, "is not in [0, 1]");

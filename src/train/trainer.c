@@ -99,18 +99,27 @@ static const char *signal_name(int sig, char *buf, size_t len)
  * element, the masks (one per pixel of an output of the input's size) or,
  * for a one-element output, the class id (0 or 1: the loss names any
  * other). */
-static gp_status check_targets(const gp_config *cfg, const gp_model *m, const gp_dataset *ds)
+/* From the config's shapes alone, before the model is placed: a mismatch
+ * is said before `balance: auto` spends its profile (minutes on a large
+ * model) or any device memory.  A cross-entropy model whose output is not
+ * (batch, classes) is left to gp_train_open, which names its last layer. */
+static gp_status check_targets(const gp_config *cfg, const gp_dataset *ds)
 {
+    int64_t params;
+    gp_shape out;
+    GP_TRY(gp_model_describe(cfg, &params, &out));
+    gp_loss_kind loss = cfg->model.loss;
+    int64_t targets = gp_loss_targets_per_sample(loss, &out);
     char b[64];
-    gp_shape_str(&m->output, b, sizeof b);
-    if (m->loss == GP_LOSS_CROSS_ENTROPY) {
-        if (m->output.dims[1] >= ds->classes) return GP_OK;
+    gp_shape_str(&out, b, sizeof b);
+    if (loss == GP_LOSS_CROSS_ENTROPY) {
+        if (out.ndim != 2 || out.dims[1] >= ds->classes) return GP_OK;
         return gp_error_set(GP_ERR_INVALID, "%s: the model has %lld outputs but the data has %d "
                             "classes; make the last linear layer's out %d", cfg->path,
-                            (long long)m->output.dims[1], ds->classes, ds->classes);
+                            (long long)out.dims[1], ds->classes, ds->classes);
     }
     if (gp_dataset_has_masks(ds)) {
-        const gp_shape *o = &m->output;
+        const gp_shape *o = &out;
         if (o->ndim == 4 && o->dims[1] == 1 && o->dims[2] == ds->h && o->dims[3] == ds->w)
             return GP_OK;
         return gp_error_set(GP_ERR_INVALID, "%s: model.loss bce_with_logits compares the "
@@ -120,13 +129,13 @@ static gp_status check_targets(const gp_config *cfg, const gp_model *m, const gp
                             "conv2d {out: 1})", cfg->path, ds->source, b, (long long)ds->h,
                             (long long)ds->w);
     }
-    if (m->targets == 1) return GP_OK;
+    if (targets == 1) return GP_OK;
     return gp_error_set(GP_ERR_INVALID, "%s: model.loss bce_with_logits takes one target per "
                         "output element, but the model's output is %s per sample (%lld "
                         "elements) and %s has one class id per sample; end the model with "
                         "linear {out: 1} for labels 0 and 1, or give the data masks "
                         "(an image folder: data.layout: segmentation; synthetic data: "
-                        "data.synthetic.masks: true)", cfg->path, b, (long long)m->targets,
+                        "data.synthetic.masks: true)", cfg->path, b, (long long)targets,
                         ds->source);
 }
 
@@ -685,11 +694,11 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                          "%lld channel%s; give one value per channel, or one for all", cfg->path,
                          cfg->data.n_mean, train.source, (long long)train.c,
                          train.c == 1 ? "" : "s");
+    if (s == GP_OK) s = check_targets(cfg, &train);
     if (s == GP_OK) s = stop_early(opts, "while loading the data", res);
     if (s == GP_OK) s = gp_train_open(cfg, devs, mp, opts->quiet);
     if (s == GP_OK) s = stop_early(opts, "while placing the model (balance, devices)", res);
     if (s == GP_OK) n_dev = gp_pipeline_devices_total(&cfg->pipeline);
-    if (s == GP_OK) s = check_targets(cfg, mp, &train);
     /* A step splits its batch into chunks micro-batches on every replica:
      * an epoch's last, partial batch that cannot be is dropped (said
      * below), not a failure at the end of every epoch. */
