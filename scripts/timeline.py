@@ -90,10 +90,13 @@ COLORS = {
 }
 LABELS = {"end": "end of step", "weights": "backward-weights (zero bubble)"}
 NAME_RE = re.compile(r"^(?P<k>[FBRW])(?P<i>\d+) s(?P<j>\d+)$")
-COPY_RE = re.compile(r"^copy (?P<what>[ag])(?P<i>\d+) s(?P<src>\d+)->s(?P<dst>\d+)$")
-# The end of the step (src/pipeline/schedule.c, gp_instr_name).
-END_RE = re.compile(r"^(?P<what>all-reduce|reduce-scatter|reduce_stats|barrier|commit|"
-                    r"update(?: \((?:fused|shard)\))?|gather) s(?P<j>\d+)$")
+# Copies: an activation (a), a gradient (g), a skip's tensor (k) and its
+# gradient (kg).  The names are src/pipeline/schedule.c's gp_instr_name.
+COPY_RE = re.compile(r"^copy (?P<what>a|g|k|kg)(?P<i>\d+) s(?P<src>\d+)->s(?P<dst>\d+)$")
+# The end of the step: reductions, the all-finite check of the gradients,
+# the clip, the update and what follows it.
+END_RE = re.compile(r"^(?P<what>all-reduce|reduce-scatter|reduce_stats|barrier|commit|check|"
+                    r"clip|update(?: \((?:fused|shard)\))?|gather) s(?P<j>\d+)$")
 
 
 class TraceError(Exception):

@@ -22,7 +22,10 @@
       mid-number, random) reads up to its last complete event with one
       warning line whose count equals the complete events before the cut
       (one event per line in gpipe's writer: the oracle), monotone in the
-      offset, and the metrics of the steps it keeps equal the whole file's.
+      offset, and the metrics of the steps it keeps equal the whole file's;
+  (g) a run with a skip across two stages and clipping writes no slice name
+      the script does not know, one skip copy per micro-batch, and every
+      copy counts in its device's copy time.
 
 Runs with Debian's /usr/bin/python3 (matplotlib from python3-matplotlib).
 Needs GPIPE_BINARY_DIR (set by CTest) for gpipe-train.  Prints
@@ -194,6 +197,59 @@ def test_real_run(tmp):
     check(r.returncode == 0 and "cpu:1 (stage 1)" in r.stdout and "per-step wall ms" in r.stdout
           and "overlap factor" in r.stdout, "summary CLI output:\n" + r.stdout + r.stderr)
     return trace
+
+
+# A skip from stage 0 to stage 2 and a clipped update: the run writes every
+# kind of slice a CPU pipeline has (copy k / kg, check, clip among them).
+SKIP_CONFIG = """
+model:
+  input: [1, 8, 8]
+  layers:
+    - identity: {stash: id1}
+    - conv2d: {out: 1, kernel: 3, padding: 1}
+    - relu
+    - conv2d: {out: 1, kernel: 3, padding: 1}
+    - add: {pop: [id1]}
+    - flatten
+    - linear: {out: 10}
+pipeline: {devices: 3, chunks: 2, balance: [1, 2, 4]}
+data: {dataset: synthetic, synthetic: {train: 64, test: 8, shape: [1, 8, 8]}}
+train: {steps: 3, batch_size: 8, clip_grad_norm: 1.0}
+"""
+
+
+def test_every_name_known(tmp):
+    """Every instruction slice gpipe-train writes is one timeline.py knows:
+    a name it ignored would count that time as idle (skip copies and the
+    check / clip instructions were, until 2026-11-25)."""
+    cfg = os.path.join(tmp, "skip.yaml")
+    with open(cfg, "w") as f:
+        f.write(SKIP_CONFIG)
+    trace = os.path.join(tmp, "skip.json")
+    r = subprocess.run([os.path.join(BIN, "gpipe-train"), cfg, "--trace", trace,
+                        "--no-progress"], capture_output=True, text=True)
+    check(r.returncode == 0, "skip run exits 0: %s" % r.stderr[-600:])
+    if r.returncode != 0:
+        return
+    with open(trace) as f:
+        events = json.load(f)["traceEvents"]
+    names = {e["name"] for e in events if e.get("ph") == "X"}
+    unknown = sorted(n for n in names if T.parse_name(n) is None)
+    check(not unknown, "every slice name parses: unknown %s" % unknown)
+    for want in ("copy k0 s0->s2", "copy kg0 s2->s0", "check s0", "clip s2"):
+        check(want in names, "the run wrote %r (names: %s)" % (want, sorted(names)[:40]))
+    tr = T.read_trace(trace)
+    skips = sorted((s.step, s.micro_batch, s.src, s.dst) for s in tr.slices
+                   if s.kind == "copy" and s.name.startswith("copy k") and
+                   not s.name.startswith("copy kg"))
+    check(skips == [(t, i, 0, 2) for t in range(3) for i in range(2)],
+          "one skip copy s0->s2 per micro-batch and step: %s" % skips)
+    # a device's copy time is all its copy slices, the skips' included
+    m = T.metrics(tr)
+    for j, d in m["devices"].items():
+        want = sum(s.end - s.start for s in tr.slices if s.device == j and s.kind == "copy")
+        check(close(d["copy"], want) and want > 0,
+              "device %d: copy %.6g s = its copy slices' %.6g s" % (j, d["copy"], want))
 
 
 # ----------------------------------------------------- (b) built schedules --
@@ -744,6 +800,10 @@ def main():
             test_schedules(tmp)
         except Exception as e:
             check(False, "schedules raised %r" % e)
+        try:
+            test_every_name_known(tmp)
+        except Exception as e:
+            check(False, "every name known raised %r" % e)
         trace = None
         try:
             trace = test_real_run(tmp)
