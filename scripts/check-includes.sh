@@ -257,6 +257,10 @@ def main(argv):
         sys.stderr.write("usage: scripts/check-includes.sh [SRC_DIR | --self-test]\n")
         return 2
     src = argv[1] if len(argv) == 2 else os.path.join(os.environ["GP_ROOT"], "src")
+    if not os.path.isdir(src):
+        sys.stderr.write("check-includes.sh: %s is not a directory; give the source tree "
+                         "(default: src/ of the repository)\n" % src)
+        return 2
     return 1 if check(src, sys.stdout) else 0
 
 

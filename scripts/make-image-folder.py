@@ -5,7 +5,7 @@ the loader benchmark.
 
   make-image-folder.py OUT [--classes 10] [--train 100] [--val 20]
                            [--size 400x350] [--quality 90] [--png 0.1]
-  make-image-folder.py OUT --segmentation [--train 64] [--val 16] ...
+  make-image-folder.py OUT --segmentation [--train 100] [--val 20] ...
 
 Classification: OUT/{train,val}/class_NN/img_NNNNN.jpg (a share --png of them
 PNG). Each class is a hue and a shape (disc, square, ring, bar...) drawn at a

@@ -436,6 +436,13 @@ static void test_cli_errors(void)
              "--simulate -q --reps 1", balance_bin, GPIPE_SOURCE_DIR);
     CHECK_MSG(run(cmd, out, sizeof out) == 2 && strstr(out, "fits device memory either"),
               "--simulate, nothing fits: %s", out);
+    /* no split fits: an infeasible balance, exit 2 as --help says (it was 4,
+     * the exit status of a failure while profiling) */
+    snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --devices 2 --set pipeline.memory=2MiB "
+             "--by size -q", balance_bin, GPIPE_SOURCE_DIR);
+    CHECK_MSG(run(cmd, out, sizeof out) == 2 && strstr(out, "alone needs") &&
+                  strstr(out, "raise pipeline.memory"),
+              "--by size, no split fits: %s", out);
     /* a config that is not one is named as such, not as our override */
     char empty[300];
     snprintf(empty, sizeof empty, "%s/empty.yaml", tmpdir);

@@ -811,5 +811,9 @@ int main(int argc, char **argv)
     gp_profile_free(&prof);
     gp_config_free(&cfg);
     free(sets);
-    return gp_status_exit_code(s);
+    /* Past the profile, an out-of-memory is the planner's: no split fits
+     * the capacities.  That is the config's to change (an infeasible
+     * balance, 2), not a failure of this run (4, as the library's
+     * GP_ERR_OOM maps) */
+    return s == GP_ERR_OOM ? 2 : gp_status_exit_code(s);
 }
