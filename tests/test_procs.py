@@ -485,6 +485,31 @@ def mismatches(tmp):
         rc, out = mpmd([(tmp, [cfg, "--quiet"]), (tmp, [cfg, "--quiet", "--set", sets[0]])])
         check(rc == 2 and out.count("rank 1's config is not rank 0's") == 1,
               "--set %s on rank 1 only: exit %d: %s" % (sets[0], rc, out[-800:]))
+    # --dry-run, --export-weights or another --resume on one rank only: said
+    # before any work (they waited forever for each other)
+    w = os.path.join(tmp, "mm-w.safetensors")
+    for extra, said in ((["--dry-run"], "--dry-run not given"),
+                        (["--export-weights", w], "--export-weights not given"),
+                        (["--resume", os.path.join(tmp, "snapshot-000000002.safetensors")],
+                         "--resume not given")):
+        rc, out = mpmd([(tmp, [cfg, "--quiet"]), (tmp, [cfg, "--quiet"] + extra)])
+        check(rc == 2 and out.count("rank 1's --dry-run, --resume or --export-weights is not "
+                                    "rank 0's (rank 0 has ") == 1 and said in out,
+              "%s on rank 1 only: exit %d: %s" % (extra[0], rc, out[-800:]))
+    check(not os.path.exists(w), "no export written when the ranks disagree")
+    # a device that only rank 1 cannot open (no such GPU here): its own
+    # message, and every rank ends (rank 1 went on into the next collective
+    # while rank 0 waited in another); with replicas too, where the ranks'
+    # communicator is made after the devices are open
+    for devs in ("[cpu:0, cuda:0]", "[[cpu:0], [cuda:0]]"):
+        rc, out = mpmd([(tmp, [cfg, "--quiet", "--set", "pipeline.devices=" + devs,
+                               "--set", "pipeline.balance=auto"])] * 2, timeout=90)
+        check(rc not in (0, -1) and out.count("rank 1 of 2: ") == 1 and "cuda:0" in out,
+              "a device rank 1 cannot open, %s: exit %d: %s" % (devs, rc, out[-800:]))
+    # a failure every rank meets alike after placing the model: said once
+    rc, out = mpirun(2, [cfg, "--quiet", "--set", "train.batch_size=512"], timeout=90)
+    check(rc == 2 and out.count("exceeds the") == 1 and "every rank of 2: " in out,
+          "batch larger than the data, on every rank: exit %d: %s" % (rc, out[-800:]))
     src = os.environ.get("GPIPE_SOURCE_DIR", ".")
     folder = CONV.replace("input: [1, 8, 8]", "input: [3, 16, 16]").replace(
         "data: {dataset: synthetic, synthetic: {train: 256, test: 64, classes: 10}}",

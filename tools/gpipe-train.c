@@ -103,6 +103,10 @@ _Static_assert(ATOMIC_INT_LOCK_FREE == 2, "the signal flag needs a lock-free ato
 /* Whether this process says what a signal does (under mpirun rank 0 only,
  * where one signal reaches every rank). */
 static volatile sig_atomic_t announce = 1;
+/* Set once the run has failed and this rank waits for mpirun to end every
+ * rank: the SIGTERM that ending brings is not a user's stop, and saying
+ * "stopping after the current step" after the error misled. */
+static volatile sig_atomic_t ending = 0;
 /* Whether stderr is a terminal, where the message starts a line of its own
  * after the progress bar (set before the handlers are installed). */
 static volatile sig_atomic_t on_terminal = 0;
@@ -117,6 +121,7 @@ static void say(const char *s)
  * Only async-signal-safe calls: atomics, strlen, write, _exit. */
 static void on_stop_signal(int signo)
 {
+    if (ending) _exit(128 + signo);
     int none = 0;
     if (!atomic_compare_exchange_strong(&stop_signal, &none, signo)) {
         if (announce)
@@ -211,11 +216,16 @@ static int launched_rank(void)
  * silently wrong later).  `loaded` is this rank's load; the ranks exchange
  * it and a checksum, so each learns the same outcome and none is left
  * waiting.  *own: the error is this rank's own load's (to be said with its
- * rank where not every rank failed), else it is said by rank 0. */
-static gp_status agree_on_config(gp_status loaded, gp_config *cfg, bool *own)
+ * rank where not every rank failed), else it is said by rank 0.  `run`
+ * describes the options that decide what the ranks do together
+ * (--dry-run, --resume, --export-weights): one rank given --dry-run or
+ * --export-weights alone, or another snapshot to resume, waited forever
+ * for the others. */
+static gp_status agree_on_config(gp_status loaded, gp_config *cfg, const char *run, bool *own)
 {
     int N = gp_procs_size(), me = gp_procs_rank();
-    uint32_t mine[2] = {loaded != GP_OK, 0};
+    uint32_t mine[3] = {loaded != GP_OK, 0, (uint32_t)crc32(0L, (const Bytef *)run,
+                                                             (uInt)strlen(run))};
     if (loaded == GP_OK) {
         uLong c = crc32(0L, Z_NULL, 0);
         c = crc32(c, (const Bytef *)cfg->text, (uInt)strlen(cfg->text));
@@ -223,18 +233,19 @@ static gp_status agree_on_config(gp_status loaded, gp_config *cfg, bool *own)
         c = crc32(c, (const Bytef *)cfg->overrides, (uInt)strlen(cfg->overrides));
         mine[1] = (uint32_t)c;
     }
-    uint32_t *all = calloc((size_t)N * 2, sizeof *all);
+    uint32_t *all = calloc((size_t)N * 3, sizeof *all);
     gp_status s = all ? gp_procs_allgather_bytes(mine, all, sizeof mine)
                       : gp_error_set(GP_ERR_OOM, "out of host memory");
     if (s != GP_OK) { /* the exchange itself failed: nothing can be agreed */
         fprintf(stderr, "gpipe-train: rank %d of %d: %s\n", me, N, gp_last_error());
         gp_procs_abort(gp_status_exit_code(s));
     }
-    int failed = 0, first_bad = -1, differs = -1;
+    int failed = 0, first_bad = -1, differs = -1, runs_differ = -1;
     for (int r = 0; r < N; r++) {
-        failed += (int)all[2 * r];
-        if (all[2 * r] && first_bad < 0) first_bad = r;
-        if (!all[2 * r] && !all[0] && all[2 * r + 1] != all[1] && differs < 0) differs = r;
+        failed += (int)all[3 * r];
+        if (all[3 * r] && first_bad < 0) first_bad = r;
+        if (!all[3 * r] && !all[0] && all[3 * r + 1] != all[1] && differs < 0) differs = r;
+        if (all[3 * r + 2] != all[2] && runs_differ < 0) runs_differ = r;
     }
     free(all);
     *own = loaded != GP_OK && failed < N; /* (alike everywhere: rank 0 says it once) */
@@ -247,6 +258,10 @@ static gp_status agree_on_config(gp_status loaded, gp_config *cfg, bool *own)
         s = gp_error_set(GP_ERR_INVALID, "rank %d's config is not rank 0's (the YAML text or "
                          "the --set options differ; this rank read %s): start every rank with "
                          "the same config file and --set options", differs, cfg->path);
+    else if (runs_differ >= 0)
+        s = gp_error_set(GP_ERR_INVALID, "rank %d's --dry-run, --resume or --export-weights is "
+                         "not rank 0's (rank 0 has %s): start every rank with the same options",
+                         runs_differ, run);
     if (s != GP_OK) gp_config_free(cfg);
     return s;
 }
@@ -364,7 +379,13 @@ int main(int argc, char **argv)
     if (!config && s == GP_OK) s = gp_snapshot_read_config(resume, sets, n_sets, &cfg);
     free(sets);
     bool own = true;
-    if (gp_procs_size() > 1) s = agree_on_config(s, &cfg, &own);
+    if (gp_procs_size() > 1) {
+        char run[2200];
+        snprintf(run, sizeof run, "--dry-run %s, --resume %.1000s, --export-weights %s",
+                 dry ? "given" : "not given", resume ? resume : "not given",
+                 export ? "given" : "not given");
+        s = agree_on_config(s, &cfg, run, &own);
+    }
     if (s != GP_OK) {
         if (own && gp_procs_size() > 1) /* this rank's own file or options */
             fprintf(stderr, "gpipe-train: rank %d of %d: %s\n", gp_procs_rank(),
@@ -436,6 +457,7 @@ int main(int argc, char **argv)
          * it once and ends the run; or another rank failed (it says why and
          * ends the run): this rank waits for that, and says its own only if
          * the end does not come */
+        ending = 1;
         for (double until = gp_now() + 20; gp_now() < until;)
             sleep(1); /* on the clock, whatever a signal does to one sleep */
         fprintf(stderr, "gpipe-train: rank %d of %d: %s\n", rank, gp_procs_size(),
@@ -444,6 +466,7 @@ int main(int argc, char **argv)
     } else if (s != GP_OK && s != GP_ERR_STOPPED && gp_procs_size() > 1) {
         /* a failed rank: say which, then end every rank (the others may
          * be waiting for its messages) */
+        ending = 1;
         if (failed_alike)
             fprintf(stderr, "gpipe-train: every rank of %d: %s\n", gp_procs_size(),
                     gp_last_error());

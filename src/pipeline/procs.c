@@ -699,3 +699,36 @@ gp_status gp_procs_sum_doubles(double *v, int n)
     return none();
 }
 #endif
+
+/* ---- agreeing on a phase's outcome (either build) ---------------------- */
+
+gp_status gp_procs_agree(gp_status s, const char *during, bool *other_failed, bool *all_failed)
+{
+    int N = gp_procs_size();
+    if (N <= 1) return s;
+    int own = s != GP_OK && s != GP_ERR_CANCELLED;
+    int *all = calloc((size_t)N, sizeof *all);
+    if (!all) gp_procs_fail(gp_error_set(GP_ERR_OOM, "out of host memory"));
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", gp_error_message()); /* the exchange may set its own */
+    gp_status x = gp_procs_allgather_bytes(&own, all, sizeof own);
+    if (x != GP_OK) { /* nothing can be agreed: end the run, saying both */
+        free(all);
+        gp_procs_fail(gp_error_wrap(x, "while agreeing on %s%s%s", during,
+                                    s != GP_OK ? ", after its own error: " : "",
+                                    s != GP_OK ? msg : ""));
+    }
+    int first = -1, n_own = 0;
+    for (int r = 0; r < N; r++)
+        if (all[r]) {
+            n_own++;
+            if (first < 0) first = r;
+        }
+    free(all);
+    if (n_own == N && all_failed) *all_failed = true;
+    if (own || n_own == 0) return s;
+    if (other_failed) *other_failed = true;
+    if (s == GP_ERR_CANCELLED) return s; /* its own words for the same */
+    return gp_error_set(GP_ERR_CANCELLED, "rank %d of %d failed %s (its message says why)", first,
+                        N, during);
+}

@@ -114,6 +114,16 @@ gp_status gp_procs_chan_recv(void *buf, size_t bytes, int peer, int tag,
 /* Every rank's `bytes` bytes at mine, in rank order, into all (size x
  * bytes); a collective over every rank. */
 gp_status gp_procs_allgather_bytes(const void *mine, void *all, size_t bytes);
+/* A phase's outcome, agreed (a collective over every rank: each calls it
+ * after the phase, whatever its status s).  A rank whose own failure it is
+ * (s neither GP_OK nor GP_ERR_CANCELLED) gets s back.  Where another rank
+ * failed on its own, a rank that did not gets GP_ERR_CANCELLED, "rank r of
+ * N failed <during> (its message says why)" naming the lowest such rank
+ * (a rank already cancelled keeps its message), and *other_failed = true.
+ * Every rank failing on its own sets *all_failed (flags may be NULL).
+ * Afterwards every rank's status is GP_OK or none is, so the collectives
+ * after it are reached by every rank or by none.  One process: s. */
+gp_status gp_procs_agree(gp_status s, const char *during, bool *other_failed, bool *all_failed);
 /* The largest message tag this MPI allows (MPI_TAG_UB; at least 32767). */
 int gp_procs_tag_ub(void);
 /* For a failure this rank meets alone where the others cannot be told (they

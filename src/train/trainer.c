@@ -248,6 +248,18 @@ static gp_status agree_on_data(gp_status loaded, const gp_dataset *train,
     return s;
 }
 
+/* Processes (every rank passes here, whatever s): one rank's failure in a
+ * phase before the first step is every rank's, so the collectives after it
+ * are reached by all or by none (gp_procs_agree; a failing rank used to go
+ * on into the next collective while the others waited in another).  The
+ * others stop with GP_ERR_CANCELLED and res->other_failed, so gpipe-train
+ * lets the failed rank say why; every rank failing is res->failed_alike,
+ * said once by rank 0.  One process: s. */
+static gp_status agree_phase(gp_status s, const char *during, gp_train_result *res)
+{
+    return gp_procs_agree(s, during, &res->other_failed, &res->failed_alike);
+}
+
 /* Checked between the phases before the first step: nothing trained yet,
  * so nothing to save. */
 static gp_status stop_early(const gp_train_opts *o, const char *during, gp_train_result *res)
@@ -448,8 +460,16 @@ gp_status gp_train_open(const gp_config *cfg, gp_device **devs, gp_model *model,
     gp_status fs = gp_model_build_meta(cfg, balance, &meta);
     if (fs == GP_OK) fs = summary_fits(cfg, &meta);
     if (meta.layers) gp_model_free(&meta);
-    GP_TRY(fs);
-    GP_TRY(open_devices(cfg, devs));
+    GP_TRY(fs); /* (alike on every rank: the same config, the same count) */
+    gp_status os = open_devices(cfg, devs);
+    /* processes: a rank whose device does not open ends here with every
+     * rank, before the communicator below that all must make together */
+    if (gp_procs_size() > 1) {
+        bool opened = os == GP_OK;
+        os = gp_procs_agree(os, "while opening its device", NULL, NULL);
+        if (os != GP_OK && opened) close_devices(devs, gp_pipeline_devices_total(&cfg->pipeline));
+    }
+    GP_TRY(os);
     int R = gp_pipeline_replicas(&cfg->pipeline);
     gp_status s;
     if (gp_procs_size() > 1 && R > 1) {
@@ -630,9 +650,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         chk = gp_check_writable_file(opts->trace_path, "--trace", false);
     if (chk == GP_OK) chk = gp_snapshot_resume_check(opts->resume_path, tc->snapshot.dir);
     /* processes: no rank opens an output before every rank's are checked */
-    if (agreed(chk != GP_OK) && chk == GP_OK)
-        chk = gp_error_set(GP_ERR_IO, "another rank refused its outputs (its message says "
-                           "why); nothing was written");
+    chk = agree_phase(chk, "checking its outputs; nothing was written", res);
     if (chk != GP_OK) return chk;
     bool snapshots = tc->snapshot.every_steps > 0 || tc->snapshot.every_minutes > 0;
     /* Processes: rank 0 checks the directory, makes it and takes its lock
@@ -696,9 +714,12 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                          train.c == 1 ? "" : "s");
     if (s == GP_OK) s = check_targets(cfg, &train);
     if (s == GP_OK) s = stop_early(opts, "while loading the data", res);
-    if (s == GP_OK) s = gp_train_open(cfg, devs, mp, opts->quiet);
+    if (s == GP_OK) {
+        s = gp_train_open(cfg, devs, mp, opts->quiet);
+        if (s == GP_OK) n_dev = gp_pipeline_devices_total(&cfg->pipeline);
+        s = agree_phase(s, "while placing the model (balance, devices)", res);
+    }
     if (s == GP_OK) s = stop_early(opts, "while placing the model (balance, devices)", res);
-    if (s == GP_OK) n_dev = gp_pipeline_devices_total(&cfg->pipeline);
     /* A step splits its batch into chunks micro-batches on every replica:
      * an epoch's last, partial batch that cannot be is dropped (said
      * below), not a failure at the end of every epoch. */
@@ -716,24 +737,22 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                          /* processes: only stage 0's rank needs the images */
                          .labels_only = mp->local_device > 0 && !cfg->data.skip_bad_files};
     gp_snapshot_pos pos = {0};
-    bool before = s == GP_OK;
-    if (s == GP_OK) s = gp_snapshot_prepare(mp, cfg, opts->resume_path, train.n, snap_lock,
-                                               opts->quiet, &pos);
-    if (gp_procs_size() > 1) {
-        /* (every rank passes here) a snapshot every rank refuses (another
-         * model, damaged) is said once, by rank 0, not once per rank; a
-         * failure from before (one rank's data) is not this */
-        double failed = before && s != GP_OK;
-        if (gp_procs_sum_doubles(&failed, 1) == GP_OK && s != GP_OK &&
-            failed == (double)gp_procs_size())
-            res->failed_alike = true;
+    if (s == GP_OK) { /* (a snapshot every rank refuses, another model or damaged, is said
+                       * once, by rank 0) */
+        s = gp_snapshot_prepare(mp, cfg, opts->resume_path, train.n, snap_lock, opts->quiet,
+                                &pos);
+        s = agree_phase(s, "while reading the snapshot to resume", res);
     }
     lo.start_epoch = pos.epoch;
     lo.start_batch = pos.batch;
-    if (s == GP_OK && tc->batch_size > train.n)
-        s = gp_error_set(GP_ERR_INVALID, "%s: train.batch_size = %lld exceeds the %lld training "
-                         "samples", cfg->path, (long long)tc->batch_size, (long long)train.n);
-    if (s == GP_OK) s = gp_loader_create(&train, &cfg->data, &lo, &loader);
+    if (s == GP_OK) {
+        if (tc->batch_size > train.n)
+            s = gp_error_set(GP_ERR_INVALID, "%s: train.batch_size = %lld exceeds the %lld "
+                             "training samples", cfg->path, (long long)tc->batch_size,
+                             (long long)train.n);
+        if (s == GP_OK) s = gp_loader_create(&train, &cfg->data, &lo, &loader);
+        s = agree_phase(s, "while starting its data loader", res);
+    }
     if (s != GP_OK) goto done;
 
     int64_t per_epoch = gp_loader_batches_per_epoch(loader);
