@@ -19,6 +19,7 @@
 #include "core/core.h"
 #include "test_util.h"
 
+#include <dirent.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -739,6 +740,98 @@ static void test_config_checks(void)
              "--set 'train.schedule={type: cosine, warmup_steps: 2}'", bin, cfg);
     CHECK_MSG(run(cmd, out, sizeof out) == 0 && !strstr(out, "warmup_steps ="),
               "warmup shorter than the run: %.900s", out);
+    /* The log's reader gone (`| head`, a tee a hangup ended): the run goes
+     * on to its end and its snapshot instead of dying of SIGPIPE at the next
+     * log line (exit 141, the work since the last snapshot lost) */
+    char pipecfg[300], pipesnap[300];
+    snprintf(pipecfg, sizeof pipecfg, "%.280s/pipe.yaml", tmpdir);
+    snprintf(pipesnap, sizeof pipesnap, "%.280s/pipesnaps", tmpdir);
+    char pipetext[600];
+    snprintf(pipetext, sizeof pipetext,
+             "model:\n  input: [1, 4, 4]\n  layers: [flatten, {linear: {out: 300}}, "
+             "{linear: {out: 3}}]\ndata: {dataset: synthetic, synthetic: {train: 64, test: 8, "
+             "classes: 3, shape: [1, 4, 4]}}\ntrain: {batch_size: 8, steps: 40, log_every: 1, "
+             "snapshot: {every_steps: 100, dir: %s}}\n", pipesnap);
+    write_file(pipecfg, pipetext);
+    snprintf(cmd, sizeof cmd, "bash -c '%s %s --no-progress 2>&1 | head -c 1 >/dev/null; "
+             "exit ${PIPESTATUS[0]}'", bin, pipecfg);
+    char snap40[400];
+    snprintf(snap40, sizeof snap40, "%s/snapshot-000000040.safetensors", pipesnap);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0 && access(snap40, F_OK) == 0,
+              "a run whose log reader went away: %.600s", out);
+    /* A resumed run goes on in the metrics file the first run wrote: the
+     * records after the resumed step are dropped (and the epoch's
+     * evaluation it does again), and the file ends as the uninterrupted
+     * run's does, record for record (timings aside). The run fails at step
+     * 14 (a test hook) and resumes from its snapshot of step 8, an epoch's
+     * end; before, the resumed run emptied the file */
+    char mcfg[300], mdir[300], mfull[300], mpart[300], msnap[400];
+    snprintf(mcfg, sizeof mcfg, "%.280s/mres.yaml", tmpdir);
+    snprintf(mdir, sizeof mdir, "%.280s/mres-snaps", tmpdir);
+    snprintf(mfull, sizeof mfull, "%.280s/mres-full.jsonl", tmpdir);
+    snprintf(mpart, sizeof mpart, "%.280s/mres-part.jsonl", tmpdir);
+    snprintf(msnap, sizeof msnap, "%s/snapshot-000000008.safetensors", mdir);
+    char mtext[700];
+    snprintf(mtext, sizeof mtext,
+             "model:\n  input: [1, 4, 4]\n  layers: [flatten, {linear: {out: 16}}, relu, "
+             "{linear: {out: 3}}]\ndata: {dataset: synthetic, synthetic: {train: 64, test: 8, "
+             "classes: 3, shape: [1, 4, 4]}}\npipeline: {devices: 2, chunks: 2, balance: [2, 2]}\n"
+             "train: {batch_size: 8, steps: 20, seed: 5, snapshot: {every_steps: 4, dir: %s}}\n",
+             mdir);
+    write_file(mcfg, mtext);
+    snprintf(cmd, sizeof cmd, "%s %s --no-progress --metrics %s --set train.snapshot.every_steps=0",
+             bin, mcfg, mfull);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0, "metrics, uninterrupted: %.600s", out);
+    snprintf(cmd, sizeof cmd, "GPIPE_TEST_FAIL_STEP=13 %s %s --no-progress --metrics %s", bin,
+             mcfg, mpart);
+    CHECK_MSG(run(cmd, out, sizeof out) == 4, "metrics, a failed run: %.600s", out);
+    snprintf(cmd, sizeof cmd, "%s %s --no-progress --metrics %s --resume %s", bin, mcfg, mpart,
+             msnap);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0, "metrics, resumed: %.600s", out);
+    char *fa = gpt_read_file(mfull, NULL), *fb = gpt_read_file(mpart, NULL);
+    /* each step's record up to its first timing field (the evaluations'
+     * have none) */
+    char *files[2] = {fa, fb};
+    for (int q = 0; q < 2 && files[q]; q++) {
+        char *w = files[q];
+        for (char *r = files[q]; *r;) {
+            char *nl = strchr(r, '\n');
+            size_t len = nl ? (size_t)(nl - r) + 1 : strlen(r);
+            char *cut = strstr(r, ",\"samples_per_s\"");
+            if (cut && cut < r + len) { /* the line's text before it, and its end */
+                memmove(w, r, (size_t)(cut - r));
+                w += cut - r;
+                *w++ = '\n';
+            } else {
+                memmove(w, r, len);
+                w += len;
+            }
+            r += len;
+        }
+        *w = '\0';
+    }
+    int lines = 0;
+    for (const char *q = fa ? fa : ""; (q = strchr(q, '\n')); q++) lines++;
+    CHECK_MSG(fa && fb && lines == 20 + 2 + 1 && !strcmp(fa, fb),
+              "resumed metrics (%d records) differ from the uninterrupted run's:\n%.1500s\n"
+              "---\n%.1500s", lines, fa ? fa : "(none)", fb ? fb : "(none)");
+    free(fa);
+    free(fb);
+    /* A file-size limit (ulimit -f) below a snapshot: the writer says so and
+     * names the snapshot still there, instead of dying of SIGXFSZ (exit 153)
+     * with a partial temporary file */
+    snprintf(cmd, sizeof cmd, "bash -c 'ulimit -f 20; %s %s --no-progress --resume latest "
+             "--set train.steps=50 --set train.snapshot.every_steps=5'", bin, pipecfg);
+    int frc = run(cmd, out, sizeof out);
+    CHECK_MSG(frc == 3 && strstr(out, "snapshot at step 45: writing") &&
+                  strstr(out, "(a file-size limit: ulimit -f); the newest snapshot there, of "
+                              "step 40, is as it was"),
+              "a snapshot over the file-size limit: exit %d: %.900s", frc, out);
+    DIR *pd = opendir(pipesnap);
+    int tmps = 0;
+    for (struct dirent *e; pd && (e = readdir(pd));) tmps += strstr(e->d_name, ".tmp") != NULL;
+    if (pd) closedir(pd);
+    CHECK_MSG(pd && tmps == 0, "%d temporary files left in %s", tmps, pipesnap);
     /* --export-weights under a snapshot's name in the snapshot folder */
     char snaps[300], cmd2[4096];
     snprintf(snaps, sizeof snaps, "%.280s/snapx", tmpdir);

@@ -188,6 +188,13 @@ static void install_stop_handlers(void)
     sa.sa_flags = SA_RESTART;
     sa.sa_mask = set;
     for (int i = 0; i < N_SIGS; i++) sigaction(sigs[i], &sa, NULL);
+    /* A log reader that went away (`... 2>&1 | tee log` whose tee a hangup
+     * ended first, `| head`) or a file-size limit (ulimit -f) would end the
+     * process by SIGPIPE or SIGXFSZ at its next write, before the final
+     * snapshot.  Ignored, the write fails instead (EPIPE: that log line is
+     * lost; EFBIG: the snapshot's writer says so and keeps the last one) */
+    signal(SIGPIPE, SIG_IGN);
+    signal(SIGXFSZ, SIG_IGN);
     pthread_t t;
     if (pthread_sigmask(SIG_BLOCK, &set, NULL) == 0 &&
         pthread_create(&t, NULL, signal_thread, &set) == 0)

@@ -777,14 +777,17 @@ gp_status gp_st_write_atomic(gp_st_writer *w, const char *path)
     if (!ok) {
         unlink(tmp);
         bool existed = access(path, F_OK) == 0;
-        return gp_error_set(GP_ERR_IO, "writing '%s' failed: %s%s; %s '%s'%s", tmp, strerror(e),
-                            e == ENOSPC || e == EDQUOT ? "" : " (disk full?)",
-                            existed ? "nothing replaced" : "no file written as",
-                            path, e == ENOSPC || e == EDQUOT
-                                      ? ": free space there, or write elsewhere (for snapshots "
-                                        "train.snapshot.dir, and a smaller train.snapshot.keep "
-                                        "keeps fewer)"
-                                      : "");
+        /* what to do about the two a user can act on: the disk or quota
+         * full, and a file-size limit (ulimit -f, with SIGXFSZ ignored) */
+        const char *what = e == ENOSPC || e == EDQUOT
+                               ? ": free space there (older snapshots can go: a run prunes "
+                                 "them only after its next snapshot is written), or write "
+                                 "elsewhere (train.snapshot.dir)"
+                           : e == EFBIG ? ": the file is larger than this process may write "
+                                          "(a file-size limit: ulimit -f)"
+                                        : "";
+        return gp_error_set(GP_ERR_IO, "writing '%s' failed: %s; %s '%s'%s", tmp, strerror(e),
+                            existed ? "nothing replaced" : "no file written as", path, what);
     }
     if (rename(tmp, path) != 0) {
         e = errno;

@@ -1126,7 +1126,22 @@ gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_
     }
     if (s == GP_OK) s = gp_st_write_atomic(&w, path);
     gp_st_writer_free(&w);
-    if (s != GP_OK) return gp_error_wrap(s, "snapshot at step %lld", (long long)pos->step);
+    if (s != GP_OK) { /* say what is still there to resume from */
+        int64_t *steps, newest = -1;
+        int n = list_steps(sc->dir, &steps);
+        for (int i = 0; i < n && newest < 0; i++)
+            if (steps[i] < pos->step) newest = steps[i];
+        free(steps);
+        char *why = strdup(gp_error_message());
+        char tail[160] = "";
+        if (newest >= 0)
+            snprintf(tail, sizeof tail, "; the newest snapshot there, of step %lld, is as it "
+                     "was", (long long)newest);
+        gp_error_set(s, "snapshot at step %lld: %s%s", (long long)pos->step,
+                     why ? why : "out of host memory", tail);
+        free(why);
+        return s;
+    }
     /* Only now that the new one is complete: drop the older ones beyond
      * `keep`, with their parts.  Snapshots of later steps are not counted or
      * touched (there are none: gp_snapshot_prepare moved those of a resumed

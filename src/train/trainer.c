@@ -76,6 +76,37 @@ static gp_status metrics_line(gp_json_writer *w, FILE *f, const char *path)
     return GP_OK;
 }
 
+/* A resumed run's metrics go on in the file it is given, as the run it
+ * resumes left it: the records of steps after `step` (this run takes them
+ * again) are dropped, with an evaluation at `step` where this run does it
+ * again (it resumes at an epoch's start: redo_eval), and a last line cut
+ * short by a kill; the rest is kept and the new records follow (the file
+ * is open for appending).  Before, the file was emptied and a resumed run's
+ * metrics began at the step it resumed from. */
+static gp_status metrics_resume(FILE *f, const char *path, int64_t step, bool redo_eval)
+{
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    off_t at = 0, keep = 0;
+    rewind(f);
+    while ((n = getline(&line, &cap, f)) > 0) {
+        const char *p = strstr(line, "\"step\":");
+        long long v = p ? strtoll(p + 7, NULL, 10) : -1;
+        bool eval = !strncmp(line, "{\"eval\":true", 12);
+        if (line[n - 1] != '\n' || v > step || (eval && redo_eval && v >= step)) break;
+        at += n;
+        keep = at;
+    }
+    free(line);
+    bool ok = !ferror(f) && fflush(f) == 0 && ftruncate(fileno(f), keep) == 0 &&
+              fseeko(f, 0, SEEK_END) == 0;
+    if (!ok)
+        return gp_error_set(GP_ERR_IO, "--metrics '%s': cannot go on with it after the steps "
+                            "the resumed snapshot holds: %s", path, strerror(errno));
+    return GP_OK;
+}
+
 /* ---- stopping on request (gp_train_opts.stop) ----------------------------- */
 
 /* 0, or the signal that asked the run to stop. */
@@ -669,7 +700,8 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         if (s != GP_OK) goto done;
     }
     if (opts->metrics_path) {
-        mf = fopen(opts->metrics_path, "w");
+        /* (a resumed run appends, after metrics_resume's cut) */
+        mf = fopen(opts->metrics_path, opts->resume_path ? "a+" : "w");
         if (!mf) {
             s = gp_error_set(GP_ERR_IO, "--metrics '%s' cannot be written: %s; check the "
                              "directory exists and is writable", opts->metrics_path,
@@ -746,7 +778,10 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     lo.start_epoch = pos.epoch;
     lo.start_batch = pos.batch;
     if (s == GP_OK) {
-        if (tc->batch_size > train.n)
+        if (mf && opts->resume_path) /* (processes: rank 0's alone) */
+            s = metrics_resume(mf, opts->metrics_path, mp->step,
+                               pos.batch == 0 && mp->step > 0 && tc->eval_each_epoch);
+        if (s == GP_OK && tc->batch_size > train.n)
             s = gp_error_set(GP_ERR_INVALID, "%s: train.batch_size = %lld exceeds the %lld "
                              "training samples", cfg->path, (long long)tc->batch_size,
                              (long long)train.n);
