@@ -394,6 +394,15 @@ def snapshots(tmp):
         check(len(got) == 12 and got[0]["step"] == 5 and all(want[r["step"]] == r for r in got),
               "resume after a lost snapshot file: not from step 4 as the whole run: %s"
               % got[:1])
+    # a part copied over from another snapshot (step 4's as step 8's): it
+    # verifies on its own, but names its step, and is refused (it was
+    # resumed, mixing two steps' weights)
+    shutil.copyfile(os.path.join(d, "snapshot-000000004.parts", "rank1.safetensors"),
+                    os.path.join(d, "snapshot-000000008.parts", "rank1.safetensors"))
+    rc, out = mpirun(2, [cfg, "--quiet", "--resume",
+                         os.path.join(d, "snapshot-000000008.safetensors")] + sets)
+    check(rc == 3 and "it holds step 4, the snapshot step 8 (a part of another snapshot)" in out,
+          "a part of another step: exit %d: %s" % (rc, out[-800:]))
 
 
 def traces(tmp):

@@ -1020,6 +1020,13 @@ static void test_resume_older(void)
     CHECK(log_has("nothing left to train"));
     CHECK(!log_has("later snapshot"));
     CHECK(gp_snapshot_count(dir) == 5);
+    /* resumed past the run's end (step 8 of a run of 4): a warning that
+     * says how to go on, not an info line */
+    snprintf(a, sizeof a, "%s/o.yaml %s --set train.steps=4 --resume %s", tmpdir, sets, p);
+    CHECK(train(a) == 0);
+    CHECK(log_has("warning: ") && log_has("resumed at step 8, past this run's 4 steps") &&
+          log_has("raise train.steps or train.epochs to go on"));
+    CHECK(gp_snapshot_count(dir) == 5);
     for (int k = 3; k <= 6; k++) free(orig[k]);
 }
 

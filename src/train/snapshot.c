@@ -165,7 +165,9 @@ static gp_status collect(gp_model *m, const gp_config *cfg, const gp_snapshot_po
     }
     free(scratch);
     GP_TRY(s);
-    if (me != 0) return GP_OK; /* processes: rank 0 has the metadata */
+    /* processes: rank 0 has the metadata; a part names its step, so that a
+     * part copied over from another snapshot is refused, not mixed in */
+    if (me != 0) return pos && !gather ? meta_i64(w, "gpipe.step", m->step) : GP_OK;
     /* "format": "pt" is what safetensors.torch writes; loaders look for it. */
     GP_TRY(gp_st_writer_meta(w, "format", "pt"));
     GP_TRY(gp_st_writer_meta(w, "gpipe.kind", pos ? "snapshot" : "weights"));
@@ -226,10 +228,12 @@ static void parts_dir(const char *dir, int64_t step, char *out, size_t len)
 }
 
 /* Remove a parts directory and what is in it (best effort, warned). */
-static void remove_parts(const char *pdir)
+/* Whether pdir, a parts directory, is gone (false: not a directory, or
+ * not all of it could be deleted, said in a warning). */
+static bool remove_parts(const char *pdir)
 {
     DIR *d = opendir(pdir);
-    if (!d) return;
+    if (!d) return false;
     struct dirent *e;
     while ((e = readdir(d))) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
@@ -238,13 +242,17 @@ static void remove_parts(const char *pdir)
         if (unlink(p) != 0) GP_WARN("cannot delete %s: %s", p, strerror(errno));
     }
     closedir(d);
-    if (rmdir(pdir) != 0) GP_WARN("cannot delete %s: %s", pdir, strerror(errno));
+    if (rmdir(pdir) == 0) return true;
+    GP_WARN("cannot delete %s: %s", pdir, strerror(errno));
+    return false;
 }
 
 /* The parts a snapshot names, their headers read and their tensors
  * appended to f's (data NULL, part = its index): a process reads a part
  * whole only when one of its layers needs a tensor of it (load_part).  A
  * file written by one process names none. */
+static bool meta_int(const gp_st_file *f, const char *key, int64_t *v);
+
 static gp_status attach_parts(const char *path, gp_st_file *f)
 {
     const char *list = gp_st_meta(f, PARTS_KEY);
@@ -273,6 +281,11 @@ static gp_status attach_parts(const char *path, gp_st_file *f)
         /* checked now, streamed (so --resume latest passes over a snapshot
          * with a damaged part), held only when needed */
         if (s == GP_OK) s = gp_st_verify_file(part, full);
+        int64_t step, part_step; /* (parts from before 2026-11-25 name none) */
+        if (s == GP_OK && meta_int(f, "gpipe.step", &step) &&
+            meta_int(part, "gpipe.step", &part_step) && part_step != step)
+            s = gp_error_set(GP_ERR_DATA, "it holds step %lld, the snapshot step %lld (a part "
+                             "of another snapshot)", (long long)part_step, (long long)step);
         if (s != GP_OK)
             return gp_error_wrap(s, "%s: its part %s (written by another process of the run "
                                  "under mpirun) cannot be used; resume from an older "
@@ -907,8 +920,7 @@ static void remove_temporaries(const char *dir)
         snprintf(pdir, sizeof pdir, "%s/%s", dir, e->d_name);
         snprintf(snap, sizeof snap, "%s/%.*s" SNAP_SUFFIX, dir, (int)(nl - sl), e->d_name);
         if (access(snap, F_OK) == 0) continue;
-        remove_parts(pdir);
-        removed++;
+        removed += remove_parts(pdir); /* (a file of that name is not a run's: left) */
     }
     if (d) closedir(d);
     if (removed)

@@ -807,7 +807,13 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     if (progress < 0) progress = isatty(STDERR_FILENO) ? 1 : 0;
     if (opts->quiet) progress = 0;
     int chunks = cfg->pipeline.chunks;
-    if (!opts->quiet && mp->step >= total) /* resumed at the end: only the outputs are left */
+    if (!opts->quiet && mp->step > total) /* most likely not what was meant */
+        GP_WARN("%lld parameters on %s%s: resumed at step %lld, past this run's %lld steps "
+                "(train.steps, or train.epochs x %lld per epoch): nothing is trained; raise "
+                "train.steps or train.epochs to go on", (long long)gp_model_param_count(mp),
+                devs[0]->name, n_dev > 1 ? " and more (pipelined)" : "", (long long)mp->step,
+                (long long)total, (long long)per_epoch);
+    else if (!opts->quiet && mp->step == total) /* resumed at the end: the outputs are left */
         GP_INFO("%lld parameters on %s%s: resumed at step %lld of %lld, nothing left to train",
                 (long long)gp_model_param_count(mp), devs[0]->name,
                 n_dev > 1 ? " and more (pipelined)" : "", (long long)mp->step, (long long)total);
