@@ -1248,6 +1248,41 @@ static void test_ignored_schedule_keys(void)
     gp_config_free(&c);
 }
 
+/* Data settings that do nothing or do harm, said at their keys: a crop
+ * padding most of the sample's side (a crop of it is mostly zeros), mean
+ * and std with normalisation off, a synthetic section for another dataset;
+ * prefetch 0 (it became 2) is an error. */
+static void test_data_warnings(void)
+{
+    gp_config c;
+    CHECK_OK(parse(cat(k_base, "data:\n  augment: {crop_padding: 14}\n"), &c)); /* line 10 */
+    const char *want = "t.yaml:10:27: data.augment.crop_padding = 14 on 28 x 28 samples: a crop "
+                       "shifted that far is up to 75% zeros; a few pixels are usual (4 on "
+                       "CIFAR's 32 x 32)\n";
+    CHECK_MSG(c.warnings && !strcmp(c.warnings, want), "got \"%s\"\n  want \"%s\"",
+              c.warnings, want);
+    CHECK(c.data.crop_padding == 14); /* a warning: the value stands */
+    gp_config_free(&c);
+    CHECK_OK(parse(cat(k_base, "data:\n  augment: {crop_padding: 8}\n"), &c));
+    CHECK_MSG(c.warnings && strstr(c.warnings, "up to 49% zeros"), "got \"%s\"", c.warnings);
+    gp_config_free(&c);
+    CHECK_OK(parse(cat(k_base, "data:\n  augment: {crop_padding: 4}\n"), &c));
+    CHECK_MSG(c.warnings && !c.warnings[0], "crop_padding 4 of 28: \"%s\"", c.warnings);
+    gp_config_free(&c);
+    CHECK_OK(parse(cat(k_base, "data: {normalize: false, mean: 0.5, std: 0.25}\n"), &c));
+    CHECK_MSG(c.warnings && !strcmp(c.warnings, "t.yaml:9:32: data.mean and data.std are "
+                                                "ignored: data.normalize is false\n"),
+              "got \"%s\"", c.warnings);
+    gp_config_free(&c);
+    CHECK_OK(parse(cat(k_base, "data: {dataset: mnist, synthetic: {train: 10}}\n"), &c));
+    CHECK_MSG(c.warnings && strstr(c.warnings, "data.synthetic is ignored: data.dataset is "
+                                               "mnist\n"),
+              "got \"%s\"", c.warnings);
+    gp_config_free(&c);
+    CHECK_ERR(parse(cat(k_base, "data: {prefetch: 0}\n"), &c), GP_ERR_INVALID,
+              "data.prefetch must be >= 1, got 0");
+}
+
 /* threads far above the cores: a warning at the key (an error would stop a
  * config written for a larger machine), in cfg.warnings. */
 static void test_threads_warning(void)
@@ -1539,6 +1574,7 @@ int main(void)
     test_threads_warning();
     test_shadowed_override();
     test_ignored_schedule_keys();
+    test_data_warnings();
     test_empty_override();
     test_text_applied();
     test_load();

@@ -172,7 +172,8 @@ static void test_idx_errors(void)
         CHECK(ds.images == NULL);
     }
     /* A gzip file whose trailer checksum is wrong: every byte decompresses,
-     * and the message says the checksum, not "after 16 bytes". */
+     * and the message says the checksum, and no byte (it would be where
+     * the last read began, not where the damage is). */
     {
         write_idx_images(tpath("crc.gz"), true, 0x803, 50, 28, 28, -1);
         struct stat st;
@@ -187,7 +188,9 @@ static void test_idx_errors(void)
             fclose(f);
         }
         CHECK_ERR(gp_idx_read_images(tpath("crc.gz"), &ds), GP_ERR_DATA,
-                  "in its checksum, found after byte");
+                  "the data does not match the file's checksum");
+        /* (no byte named: the count it gave was that of the last read's start) */
+        CHECK_MSG(!strstr(gp_last_error(), "after byte"), "%s", gp_last_error());
         CHECK_ERR(gp_idx_read_images(tpath("crc.gz"), &ds), GP_ERR_DATA, "fetch or decompress");
         CHECK(ds.images == NULL);
     }

@@ -178,6 +178,8 @@ gp_status gp_cfg_parse_data(gp_cfg_walk *w, const gp_ynode *root, const gp_model
                             m_big ? "mean" : "std", v, v, v / 255);
                 break;
             }
+        if (!dc->normalize)
+            gp_cfg_warn(w, mean, "data.mean and data.std are ignored: data.normalize is false");
     }
 
     const gp_ynode *aug;
@@ -191,9 +193,23 @@ gp_status gp_cfg_parse_data(gp_cfg_walk *w, const gp_ynode *root, const gp_model
                           "data.augment.random_resized_crop instead");
     /* torchvision's ImageNet recipe flips; the small in-memory sets do not
      * unless asked */
+    /* a shift of up to p pixels each way leaves up to 1 - (H-p)(W-p)/HW of
+     * a sample zeros: at a quarter of the side, over 40%; at the side, all
+     * of it (the recipes pad 4 of CIFAR's 32) */
+    int64_t side = mc->input[1] < mc->input[2] ? mc->input[1] : mc->input[2];
+    if (dc->crop_padding > 0 && mc->input[1] > 1 && mc->input[2] > 1 &&
+        4 * (int64_t)dc->crop_padding > side) {
+        int64_t p = dc->crop_padding, h = mc->input[1], wd = mc->input[2];
+        double blank =
+            p >= side ? 1.0 : 1.0 - (double)(h - p) * (double)(wd - p) / (double)(h * wd);
+        gp_cfg_warn(w, gp_ymap_get(aug, "crop_padding"), "data.augment.crop_padding = %lld "
+                    "on %lld x %lld samples: a crop shifted that far is up to %.0f%% zeros; "
+                    "a few pixels are usual (4 on CIFAR's 32 x 32)", (long long)p,
+                    (long long)h, (long long)wd, 100 * blank);
+    }
     GP_TRY(gp_cfg_get_bool(w, aug, as, "hflip", folder, &dc->hflip));
     GP_TRY(parse_folder(w, m, aug, folder, dc));
-    GP_TRY(gp_cfg_get_int32(w, m, "data", "prefetch", 2, 0, 1024, &dc->prefetch));
+    GP_TRY(gp_cfg_get_int32(w, m, "data", "prefetch", 2, 1, 1024, &dc->prefetch));
     GP_TRY(gp_cfg_get_int(w, m, "data", "train_limit", 0, 0, INT64_MAX, &dc->train_limit));
     GP_TRY(gp_cfg_get_int(w, m, "data", "test_limit", 0, 0, INT64_MAX, &dc->test_limit));
 
@@ -201,6 +217,9 @@ gp_status gp_cfg_parse_data(gp_cfg_walk *w, const gp_ynode *root, const gp_model
     GP_TRY(gp_cfg_get_map(w, m, "data", "synthetic", "{train: 1024, test: 256, classes: 10}",
                           &syn));
     GP_TRY(gp_cfg_check_keys(w, syn, "data.synthetic"));
+    if (syn && dc->dataset != GP_DATASET_SYNTHETIC)
+        gp_cfg_warn(w, syn, "data.synthetic is ignored: data.dataset is %s",
+                    k_dataset_names[dc->dataset]);
     bool rec = w->record;
     w->record = rec && dc->dataset == GP_DATASET_SYNTHETIC;
     const char *ss = "data.synthetic";

@@ -98,11 +98,17 @@ static gp_status gz_corrupt(const char *path, int64_t at, const char *zerr)
     /* (gzerror puts the path first, which the message says already) */
     size_t pl = strlen(path);
     if (zerr && !strncmp(zerr, path, pl) && !strncmp(zerr + pl, ": ", 2)) zerr += pl + 2;
+    /* a checksum found wrong says nothing of where: the count of what the
+     * failing read decoded is lost with it, so no byte is named */
+    if (trailer)
+        return gp_error_set(GP_ERR_DATA,
+                            "%s: corrupt gzip data (zlib: %s): the data does not match the "
+                            "file's checksum, so some byte of it is wrong; the file is damaged: "
+                            "fetch or decompress it again", path, zerr);
     return gp_error_set(GP_ERR_DATA,
-                        "%s: corrupt gzip data (zlib: %s) %s byte %lld of the uncompressed "
-                        "data; the file is damaged: fetch or decompress it again",
-                        path, zerr, trailer ? "in its checksum, found after" : "at or after",
-                        (long long)at);
+                        "%s: corrupt gzip data (zlib: %s) at or after byte %lld of the "
+                        "uncompressed data; the file is damaged: fetch or decompress it again",
+                        path, zerr, (long long)at);
 }
 
 /* Read up to `len` bytes into buf.  Returns the bytes read; sets *zerr to a

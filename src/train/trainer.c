@@ -160,7 +160,12 @@ static gp_status check_targets(const gp_config *cfg, const gp_dataset *ds)
                             "conv2d {out: 1})", cfg->path, ds->source, b, (long long)ds->h,
                             (long long)ds->w);
     }
-    if (targets == 1) return GP_OK;
+    if (targets == 1 && ds->classes <= 2) return GP_OK;
+    if (targets == 1) /* one logit is a yes / no: ids past 1 fail at the first batch */
+        return gp_error_set(GP_ERR_INVALID, "%s: model.loss bce_with_logits with one output "
+                            "takes class ids 0 and 1, but %s has %d classes; for %d classes use "
+                            "model.loss: cross_entropy with a last linear layer of out %d",
+                            cfg->path, ds->source, ds->classes, ds->classes, ds->classes);
     return gp_error_set(GP_ERR_INVALID, "%s: model.loss bce_with_logits takes one target per "
                         "output element, but the model's output is %s per sample (%lld "
                         "elements) and %s has one class id per sample; end the model with "
