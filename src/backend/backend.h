@@ -1164,6 +1164,7 @@ static inline gp_status gp_dev_bn_fwd_train(gp_device *dev, const gp_bn_desc *d,
                                             const float *beta, float *y, float *mean,
                                             float *var)
 {
+    if (d->blk && !dev->iface->act_block) return gp_dev_no_blocks(dev, "batch norm");
     return dev->iface->bn_fwd_train(dev, d, x, gamma, beta, y, mean, var);
 }
 static inline gp_status gp_dev_bn_fwd_infer(gp_device *dev, const gp_bn_desc *d,
@@ -1171,6 +1172,7 @@ static inline gp_status gp_dev_bn_fwd_infer(gp_device *dev, const gp_bn_desc *d,
                                             const float *beta, const float *mean,
                                             const float *var, float *y)
 {
+    if (d->blk && !dev->iface->act_block) return gp_dev_no_blocks(dev, "batch norm");
     return dev->iface->bn_fwd_infer(dev, d, x, gamma, beta, mean, var, y);
 }
 static inline gp_status gp_dev_bn_bwd(gp_device *dev, const gp_bn_desc *d, const float *x,
@@ -1178,6 +1180,7 @@ static inline gp_status gp_dev_bn_bwd(gp_device *dev, const gp_bn_desc *d, const
                                       const float *var, const float *dy, float *dx,
                                       float *dgamma, float *dbeta)
 {
+    if (d->blk && !dev->iface->act_block) return gp_dev_no_blocks(dev, "batch norm");
     return dev->iface->bn_bwd(dev, d, x, gamma, beta, mean, var, dy, dx, dgamma, dbeta);
 }
 static inline gp_status gp_dev_relu_fwd(gp_device *dev, const float *x, float *y, int64_t n)
