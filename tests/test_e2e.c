@@ -727,6 +727,36 @@ static void test_config_checks(void)
                               "pipeline.chunks x replicas = 4: that partial batch is dropped") &&
                   strstr(out, "8 steps (4 per epoch)"),
               "partial batch: %.900s", out);
+    /* Prefetched batches beyond the machine's memory: refused before the
+     * first step (overcommit let the allocation through, and the OOM killer
+     * ended the run later without a word); the batch is sized from this
+     * machine's memory */
+    {
+        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        double ram = (double)pages * (double)page;
+        long long b = (long long)(ram / (1025.0 * 17 * 4)) + 1; /* 16 floats + 1 label each */
+        if (pages > 0 && page > 0 && b < 100000000) {
+            char big[600];
+            snprintf(big, sizeof big,
+                     "model:\n  input: [1, 4, 4]\n  layers: [flatten, {linear: {out: 3}}]\n"
+                     "data: {dataset: synthetic, prefetch: 1024, synthetic: {train: %lld, "
+                     "test: 8, classes: 3, shape: [1, 4, 4]}}\n"
+                     "train: {batch_size: %lld, steps: 1}\n", b, b);
+            write_file(cfg, big);
+            snprintf(cmd, sizeof cmd, "%s %s --no-progress", bin, cfg);
+            CHECK_MSG(run(cmd, out, sizeof out) == 2 &&
+                          strstr(out, "data.prefetch = 1024 keeps 1025 batches of ") &&
+                          strstr(out, "more than this machine's"),
+                      "prefetch beyond the machine's memory: %.600s", out);
+        } else {
+            CHECK_MSG(false, "cannot size the prefetch check: %ld pages of %ld bytes", pages,
+                      page);
+        }
+        write_file(cfg, "model:\n  input: [1, 4, 4]\n  layers: [flatten, {linear: {out: 3}}]\n"
+                        "pipeline: {chunks: 4}\ndata: {dataset: synthetic, synthetic: {train: 33, "
+                        "test: 8, classes: 3, shape: [1, 4, 4]}}\n"
+                        "train: {batch_size: 8, epochs: 2}\n");
+    }
     /* A warmup as long as the run: said once, before the first step; not
      * with one step to spare */
     snprintf(cmd, sizeof cmd, "%s %s --no-progress --set train.steps=3 "

@@ -23,6 +23,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define LOADER_ERRMSG 2048
 
@@ -348,6 +349,32 @@ gp_status gp_loader_create(const gp_dataset *ds, const gp_data_config *cfg,
     ld->next_index = opts->start_batch;
     ld->perm_epoch = -1;
     ld->n_slots = ld->opts.prefetch + 1;
+    /* The slots are host memory the kernel promises and may not have
+     * (overcommit): more than the machine holds ends the run later, by the
+     * OOM killer, with no word; half of it is likely to. */
+    double slot_bytes = 4.0 * (double)bs * (double)(ld->per + ld->targets);
+    double want = slot_bytes * ld->n_slots;
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    double ram = pages > 0 && page > 0 ? (double)pages * (double)page : 0;
+    if (ram > 0 && want > ram / 2) {
+        char b1[32], b2[32];
+        gp_format_bytes((size_t)want, b1, sizeof b1);
+        gp_format_bytes((size_t)ram, b2, sizeof b2);
+        if (want > ram) {
+            gp_status e = gp_error_set(GP_ERR_INVALID, "data.prefetch = %d keeps %d batches of %lld "
+                                       "samples in host memory, %s, more than this machine's "
+                                       "%s; lower data.prefetch (or train.batch_size)",
+                                       ld->opts.prefetch, ld->n_slots, (long long)bs, b1, b2);
+            pthread_cond_destroy(&ld->work);
+            pthread_cond_destroy(&ld->filled);
+            pthread_mutex_destroy(&ld->lock);
+            free(ld);
+            return e;
+        }
+        GP_WARN("data.prefetch = %d keeps %d batches of %lld samples in host memory, %s, over "
+                "half of this machine's %s; lower data.prefetch if the run is killed for "
+                "memory", ld->opts.prefetch, ld->n_slots, (long long)bs, b1, b2);
+    }
     ld->n_workers = opts->workers > 0 ? opts->workers : 1;
     ld->slots = calloc((size_t)ld->n_slots, sizeof *ld->slots);
     ld->workers = calloc((size_t)ld->n_workers, sizeof *ld->workers);
