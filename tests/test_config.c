@@ -1279,6 +1279,11 @@ static void test_data_warnings(void)
                                                "mnist\n"),
               "got \"%s\"", c.warnings);
     gp_config_free(&c);
+    /* the dataset changed by --set: the config's synthetic section is as meant */
+    const char *real[] = {"data.dataset=mnist"};
+    CHECK_OK(parse_set(cat(k_base, "data: {synthetic: {train: 10}}\n"), real, 1, &c));
+    CHECK_MSG(c.warnings && !c.warnings[0], "got \"%s\"", c.warnings);
+    gp_config_free(&c);
     CHECK_ERR(parse(cat(k_base, "data: {prefetch: 0}\n"), &c), GP_ERR_INVALID,
               "data.prefetch must be >= 1, got 0");
 }

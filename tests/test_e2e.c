@@ -70,6 +70,31 @@ static char *metrics_without_timing(const char *path)
     return s;
 }
 
+/* A --metrics file with each step's record cut before its first timing
+ * field (the evaluations' have none), for comparing two runs. */
+static char *metrics_records(const char *path)
+{
+    char *t = gpt_read_file(path, NULL);
+    if (!t) return NULL;
+    char *w = t;
+    for (char *r = t; *r;) {
+        char *nl = strchr(r, '\n');
+        size_t len = nl ? (size_t)(nl - r) + 1 : strlen(r);
+        char *cut = strstr(r, ",\"samples_per_s\"");
+        if (cut && cut < r + len) { /* the line's text before it, and its end */
+            memmove(w, r, (size_t)(cut - r));
+            w += cut - r;
+            *w++ = '\n';
+        } else {
+            memmove(w, r, len);
+            w += len;
+        }
+        r += len;
+    }
+    *w = '\0';
+    return t;
+}
+
 /* Whether the --dry-run summary's row of layer k contains `what`. */
 static bool summary_line_has(const char *out, int k, const char *what)
 {
@@ -818,35 +843,68 @@ static void test_config_checks(void)
     snprintf(cmd, sizeof cmd, "%s %s --no-progress --metrics %s --resume %s", bin, mcfg, mpart,
              msnap);
     CHECK_MSG(run(cmd, out, sizeof out) == 0, "metrics, resumed: %.600s", out);
-    char *fa = gpt_read_file(mfull, NULL), *fb = gpt_read_file(mpart, NULL);
-    /* each step's record up to its first timing field (the evaluations'
-     * have none) */
-    char *files[2] = {fa, fb};
-    for (int q = 0; q < 2 && files[q]; q++) {
-        char *w = files[q];
-        for (char *r = files[q]; *r;) {
-            char *nl = strchr(r, '\n');
-            size_t len = nl ? (size_t)(nl - r) + 1 : strlen(r);
-            char *cut = strstr(r, ",\"samples_per_s\"");
-            if (cut && cut < r + len) { /* the line's text before it, and its end */
-                memmove(w, r, (size_t)(cut - r));
-                w += cut - r;
-                *w++ = '\n';
-            } else {
-                memmove(w, r, len);
-                w += len;
-            }
-            r += len;
-        }
-        *w = '\0';
-    }
+    char *fa = metrics_records(mfull), *fb = metrics_records(mpart);
     int lines = 0;
     for (const char *q = fa ? fa : ""; (q = strchr(q, '\n')); q++) lines++;
     CHECK_MSG(fa && fb && lines == 20 + 2 + 1 && !strcmp(fa, fb),
               "resumed metrics (%d records) differ from the uninterrupted run's:\n%.1500s\n"
               "---\n%.1500s", lines, fa ? fa : "(none)", fb ? fb : "(none)");
+    /* resumed at its last step (20, mid-epoch): exporting only writes no
+     * record; training on writes the final evaluation again, in place of
+     * the old one (one final record either way) */
+    snprintf(cmd, sizeof cmd, "%s %s --no-progress --metrics %s --resume latest "
+             "--export-weights %s/mres.safetensors", bin, mcfg, mpart, tmpdir);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0, "metrics, an export at the end: %.600s", out);
+    free(fb);
+    fb = metrics_records(mpart);
+    CHECK_MSG(fa && fb && !strcmp(fa, fb), "an export at the end changed the metrics:\n%.1500s",
+              fb ? fb : "(none)");
+    snprintf(cmd, sizeof cmd, "%s %s --no-progress --metrics %s --resume latest", bin, mcfg,
+             mpart);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0, "metrics, resumed at the end: %.600s", out);
+    free(fb);
+    fb = metrics_records(mpart);
+    CHECK_MSG(fa && fb && !strcmp(fa, fb), "a resume at the end left the metrics:\n%.1500s",
+              fb ? fb : "(none)");
     free(fa);
     free(fb);
+    /* resumed with the metrics on a pipe or a device: written, not read back
+     * (a pipe waited forever for input; /dev/null failed its truncation) */
+    snprintf(cmd, sizeof cmd, "bash -c 'timeout 60 %s %s --no-progress --metrics /dev/stdout "
+             "--resume latest --set train.steps=21 | cat >/dev/null; exit ${PIPESTATUS[0]}'",
+             bin, mcfg);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0, "metrics on a pipe when resuming: %.600s", out);
+    snprintf(cmd, sizeof cmd, "timeout 60 %s %s --no-progress --metrics /dev/null --resume "
+             "latest --set train.steps=22", bin, mcfg);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0 && !strstr(out, "cannot go on"),
+              "metrics on /dev/null when resuming: %.600s", out);
+    /* The metrics file over a file-size limit: the steps are kept as a
+     * failure's are, in a final snapshot, and the message says what it was */
+    char lcfg[300], ldir[300], lmet[300];
+    snprintf(lcfg, sizeof lcfg, "%.280s/lim.yaml", tmpdir);
+    snprintf(ldir, sizeof ldir, "%.280s/lim-snaps", tmpdir);
+    snprintf(lmet, sizeof lmet, "%.280s/lim.jsonl", tmpdir);
+    char ltext[1000];
+    snprintf(ltext, sizeof ltext,
+             "model:\n  input: [1, 4, 4]\n  layers: [flatten, {linear: {out: 3}}]\n"
+             "data: {dataset: synthetic, synthetic: {train: 64, test: 8, classes: 3, "
+             "shape: [1, 4, 4]}}\ntrain: {batch_size: 8, steps: 400, snapshot: "
+             "{every_steps: 1000, dir: %s}}\n", ldir);
+    write_file(lcfg, ltext);
+    snprintf(cmd, sizeof cmd, "bash -c 'ulimit -f 24; %s %s --no-progress --metrics %s'", bin,
+             lcfg, lmet);
+    int lrc = run(cmd, out, sizeof out);
+    CHECK_MSG(lrc == 3 && strstr(out, "writing metrics file") &&
+                  strstr(out, "File too large") && strstr(out, "snapshot ") &&
+                  strstr(out, "holds it; make room for the metrics file"),
+              "metrics over a file-size limit: exit %d: %.900s", lrc, out);
+    int nsnap = 0;
+    DIR *ld = opendir(ldir);
+    for (struct dirent *e; ld && (e = readdir(ld));)
+        nsnap += !strncmp(e->d_name, "snapshot-", 9) && strstr(e->d_name, ".safetensors") &&
+                 !strstr(e->d_name, ".tmp");
+    if (ld) closedir(ld);
+    CHECK_MSG(nsnap == 1, "%d snapshots in %s", nsnap, ldir);
     /* A file-size limit (ulimit -f) below a snapshot: the writer says so and
      * names the snapshot still there, instead of dying of SIGXFSZ (exit 153)
      * with a partial temporary file */

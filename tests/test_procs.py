@@ -506,14 +506,14 @@ def mismatches(tmp):
                                     "rank 0's (rank 0 has ") == 1 and said in out,
               "%s on rank 1 only: exit %d: %s" % (extra[0], rc, out[-800:]))
     check(not os.path.exists(w), "no export written when the ranks disagree")
-    # a device that only rank 1 cannot open (no such GPU here): its own
+    # a device that only rank 1 cannot open (no such GPU): its own
     # message, and every rank ends (rank 1 went on into the next collective
     # while rank 0 waited in another); with replicas too, where the ranks'
     # communicator is made after the devices are open
-    for devs in ("[cpu:0, cuda:0]", "[[cpu:0], [cuda:0]]"):
+    for devs in ("[cpu:0, cuda:99]", "[[cpu:0], [cuda:99]]"):  # (no machine has a GPU 99)
         rc, out = mpmd([(tmp, [cfg, "--quiet", "--set", "pipeline.devices=" + devs,
                                "--set", "pipeline.balance=auto"])] * 2, timeout=90)
-        check(rc not in (0, -1) and out.count("rank 1 of 2: ") == 1 and "cuda:0" in out,
+        check(rc not in (0, -1) and out.count("rank 1 of 2: ") == 1 and "cuda:99" in out,
               "a device rank 1 cannot open, %s: exit %d: %s" % (devs, rc, out[-800:]))
     # a failure every rank meets alike after placing the model: said once
     rc, out = mpirun(2, [cfg, "--quiet", "--set", "train.batch_size=512"], timeout=90)

@@ -217,7 +217,10 @@ gp_status gp_cfg_parse_data(gp_cfg_walk *w, const gp_ynode *root, const gp_model
     GP_TRY(gp_cfg_get_map(w, m, "data", "synthetic", "{train: 1024, test: 256, classes: 10}",
                           &syn));
     GP_TRY(gp_cfg_check_keys(w, syn, "data.synthetic"));
-    if (syn && dc->dataset != GP_DATASET_SYNTHETIC)
+    /* (not where --set changed the dataset: a config's synthetic section
+     * for trying it out, then real data, is as meant) */
+    const gp_ynode *dsn = gp_ymap_get(m, "dataset");
+    if (syn && dc->dataset != GP_DATASET_SYNTHETIC && !(dsn && dsn->set))
         gp_cfg_warn(w, syn, "data.synthetic is ignored: data.dataset is %s",
                     k_dataset_names[dc->dataset]);
     bool rec = w->record;

@@ -15,6 +15,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 void gp_train_metrics_step(struct gp_json_writer *w, int64_t step, int64_t epoch, double lr,
@@ -71,20 +72,27 @@ static void metrics_eval(gp_json_writer *w, int64_t step, int64_t epoch, double 
 static gp_status metrics_line(gp_json_writer *w, FILE *f, const char *path)
 {
     gp_json_put_raw(w, "\n");
+    errno = 0;
     if (!gp_json_flush(w, f) || fflush(f) != 0)
-        return gp_error_set(GP_ERR_IO, "writing metrics file '%s' failed (disk full?)", path);
+        return gp_error_set(GP_ERR_IO, "writing metrics file '%s' failed: %s", path,
+                            errno ? strerror(errno) : "a write error");
     return GP_OK;
 }
 
 /* A resumed run's metrics go on in the file it is given, as the run it
  * resumes left it: the records of steps after `step` (this run takes them
- * again) are dropped, with an evaluation at `step` where this run does it
- * again (it resumes at an epoch's start: redo_eval), and a last line cut
- * short by a kill; the rest is kept and the new records follow (the file
- * is open for appending).  Before, the file was emptied and a resumed run's
- * metrics began at the step it resumed from. */
-static gp_status metrics_resume(FILE *f, const char *path, int64_t step, bool redo_eval)
+ * again) are dropped, and so are the evaluations at `step` that this run
+ * writes again (drop_final: the final one; drop_epoch: the epoch's, when
+ * it resumes at an epoch's start), and a last line cut short by a kill;
+ * the rest is kept and the new records follow (the file is open for
+ * appending).  A regular file only: a pipe or a terminal is not read.
+ * Before, the file was emptied and a resumed run's metrics began at the
+ * step it resumed from. */
+static gp_status metrics_resume(FILE *f, const char *path, int64_t step, bool drop_final,
+                                bool drop_epoch)
 {
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) return GP_OK;
     char *line = NULL;
     size_t cap = 0;
     ssize_t n;
@@ -93,8 +101,11 @@ static gp_status metrics_resume(FILE *f, const char *path, int64_t step, bool re
     while ((n = getline(&line, &cap, f)) > 0) {
         const char *p = strstr(line, "\"step\":");
         long long v = p ? strtoll(p + 7, NULL, 10) : -1;
-        bool eval = !strncmp(line, "{\"eval\":true", 12);
-        if (line[n - 1] != '\n' || v > step || (eval && redo_eval && v >= step)) break;
+        bool eval = !strncmp(line, "{\"eval\":true", 12),
+             final = eval && strstr(line, "\"final\":true");
+        if (line[n - 1] != '\n' || v > step ||
+            (eval && v == step && (final ? drop_final : drop_epoch)))
+            break;
         at += n;
         keep = at;
     }
@@ -705,8 +716,12 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         if (s != GP_OK) goto done;
     }
     if (opts->metrics_path) {
-        /* (a resumed run appends, after metrics_resume's cut) */
-        mf = fopen(opts->metrics_path, opts->resume_path ? "a+" : "w");
+        /* (a resumed run appends to a file, after metrics_resume's cut;
+         * a pipe or a device is written as before) */
+        struct stat ms;
+        bool append = opts->resume_path &&
+                      (stat(opts->metrics_path, &ms) != 0 || S_ISREG(ms.st_mode));
+        mf = fopen(opts->metrics_path, append ? "a+" : "w");
         if (!mf) {
             s = gp_error_set(GP_ERR_IO, "--metrics '%s' cannot be written: %s; check the "
                              "directory exists and is writable", opts->metrics_path,
@@ -783,14 +798,21 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     lo.start_epoch = pos.epoch;
     lo.start_batch = pos.batch;
     if (s == GP_OK) {
-        if (mf && opts->resume_path) /* (processes: rank 0's alone) */
-            s = metrics_resume(mf, opts->metrics_path, mp->step,
-                               pos.batch == 0 && mp->step > 0 && tc->eval_each_epoch);
-        if (s == GP_OK && tc->batch_size > train.n)
+        if (tc->batch_size > train.n)
             s = gp_error_set(GP_ERR_INVALID, "%s: train.batch_size = %lld exceeds the %lld "
                              "training samples", cfg->path, (long long)tc->batch_size,
                              (long long)train.n);
         if (s == GP_OK) s = gp_loader_create(&train, &cfg->data, &lo, &loader);
+        if (s == GP_OK && mf && opts->resume_path) { /* (processes: rank 0's alone) */
+            int64_t n = tc->steps > 0 ? tc->steps
+                                      : tc->epochs * gp_loader_batches_per_epoch(loader);
+            /* what this run writes again at its first step: the final
+             * evaluation, unless it only exports (nothing left to train);
+             * the epoch's, resumed at an epoch's start with steps left */
+            bool trains = mp->step < n;
+            s = metrics_resume(mf, opts->metrics_path, mp->step, trains || !opts->export_path,
+                               trains && pos.batch == 0 && mp->step > 0 && tc->eval_each_epoch);
+        }
         s = agree_phase(s, "while starting its data loader", res);
     }
     if (s != GP_OK) goto done;
@@ -802,7 +824,8 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                 "x replicas = %lld: that partial batch is dropped", (long long)rest,
                 rest == 1 ? "" : "s", (long long)train.n, (long long)tc->batch_size,
                 rest == 1 ? "is" : "are", (long long)min_batch);
-    if (tc->sched.warmup_steps >= total && total > 0 && !opts->quiet)
+    if (tc->sched.warmup_steps >= total && total > 0 && tc->sched.warmup_start < 1 &&
+        !opts->quiet)
         GP_WARN("train.schedule.warmup_steps = %lld is not below the run's %lld step%s: the "
                 "learning rate never reaches its base rate (%g)%s; lower warmup_steps",
                 (long long)tc->sched.warmup_steps, (long long)total, total == 1 ? "" : "s",
@@ -1034,12 +1057,6 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
             window_wait = 0;
             first_window = false;
         }
-        if (mf) {
-            gp_train_metrics_step(&mw, step + 1, b.epoch + 1, lr, sps, &st,
-                                  cfg->pipeline.replicas > 1, devs, n_dev, waits);
-            s = metrics_line(&mw, mf, opts->metrics_path);
-            if (s != GP_OK) goto done;
-        }
         /* Between steps, the pipeline drained: the loader's next batch is
          * the one after b. */
         last_pos = (gp_snapshot_pos){.step = step + 1, .epoch = b.epoch, .batch = b.index + 1,
@@ -1047,6 +1064,19 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         if (last_pos.batch >= per_epoch) {
             last_pos.epoch++;
             last_pos.batch = 0;
+        }
+        if (mf) {
+            gp_train_metrics_step(&mw, step + 1, b.epoch + 1, lr, sps, &st,
+                                  cfg->pipeline.replicas > 1, devs, n_dev, waits);
+            s = metrics_line(&mw, mf, opts->metrics_path);
+            /* a full disk or a file-size limit: the step's work is saved
+             * as a failure's is (processes: rank 0 alone writes metrics,
+             * and its failure ends every rank) */
+            if (s != GP_OK && gp_procs_size() == 1)
+                s = failure_snapshot(mp, cfg, s, step + 1, saved_step, &last_pos, snap_lock,
+                                     "make room for the metrics file (or give --metrics "
+                                     "another path) and go on with --resume latest", NULL);
+            if (s != GP_OK) goto done;
         }
         bool minutes_due = snc->every_minutes > 0 &&
                            agreed(now - last_snap >= 60.0 * snc->every_minutes);
