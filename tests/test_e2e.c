@@ -70,6 +70,12 @@ static char *metrics_without_timing(const char *path)
     return s;
 }
 
+/* tmpdir/name into buf. */
+static void in_tmp(char *buf, size_t len, const char *name)
+{
+    snprintf(buf, len, "%.200s/%s", tmpdir, name);
+}
+
 /* A --metrics file with each step's record cut before its first timing
  * field (the evaluations' have none), for comparing two runs. */
 static char *metrics_records(const char *path)
@@ -821,10 +827,10 @@ static void test_config_checks(void)
      * 14 (a test hook) and resumes from its snapshot of step 8, an epoch's
      * end; before, the resumed run emptied the file */
     char mcfg[300], mdir[300], mfull[300], mpart[300], msnap[400];
-    snprintf(mcfg, sizeof mcfg, "%.280s/mres.yaml", tmpdir);
-    snprintf(mdir, sizeof mdir, "%.280s/mres-snaps", tmpdir);
-    snprintf(mfull, sizeof mfull, "%.280s/mres-full.jsonl", tmpdir);
-    snprintf(mpart, sizeof mpart, "%.280s/mres-part.jsonl", tmpdir);
+    in_tmp(mcfg, sizeof mcfg, "mres.yaml");
+    in_tmp(mdir, sizeof mdir, "mres-snaps");
+    in_tmp(mfull, sizeof mfull, "mres-full.jsonl");
+    in_tmp(mpart, sizeof mpart, "mres-part.jsonl");
     snprintf(msnap, sizeof msnap, "%s/snapshot-000000008.safetensors", mdir);
     char mtext[700];
     snprintf(mtext, sizeof mtext,
@@ -881,9 +887,9 @@ static void test_config_checks(void)
     /* The metrics file over a file-size limit: the steps are kept as a
      * failure's are, in a final snapshot, and the message says what it was */
     char lcfg[300], ldir[300], lmet[300];
-    snprintf(lcfg, sizeof lcfg, "%.280s/lim.yaml", tmpdir);
-    snprintf(ldir, sizeof ldir, "%.280s/lim-snaps", tmpdir);
-    snprintf(lmet, sizeof lmet, "%.280s/lim.jsonl", tmpdir);
+    in_tmp(lcfg, sizeof lcfg, "lim.yaml");
+    in_tmp(ldir, sizeof ldir, "lim-snaps");
+    in_tmp(lmet, sizeof lmet, "lim.jsonl");
     char ltext[1000];
     snprintf(ltext, sizeof ltext,
              "model:\n  input: [1, 4, 4]\n  layers: [flatten, {linear: {out: 3}}]\n"
