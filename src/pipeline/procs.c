@@ -714,7 +714,7 @@ gp_status gp_procs_agree(gp_status s, const char *during, bool *other_failed, bo
     gp_status x = gp_procs_allgather_bytes(&own, all, sizeof own);
     if (x != GP_OK) { /* nothing can be agreed: end the run, saying both */
         free(all);
-        gp_procs_fail(gp_error_wrap(x, "while agreeing on %s%s%s", during,
+        gp_procs_fail(gp_error_wrap(x, "agreeing on how every rank fared %s%s%s", during,
                                     s != GP_OK ? ", after its own error: " : "",
                                     s != GP_OK ? msg : ""));
     }

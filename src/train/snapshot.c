@@ -1420,7 +1420,7 @@ gp_status gp_snapshot_prepare(gp_model *m, const gp_config *cfg, const char *res
      * batch too small to split): past it, certainly nothing is left; a run
      * that drops that batch and resumes between the two totals moves them
      * aside as before. */
-    int64_t total = tc->steps > 0 ? tc->steps : tc->epochs * per_epoch;
+    int64_t total = gp_train_total_steps(tc, per_epoch);
     if (snapping && gp_procs_rank() == 0 && sp.step < total) { /* processes: the writer */
         GP_ASSERT(lock && !strcmp(lock->dir, tc->snapshot.dir));
         GP_TRY(move_later_aside(lock, sp.step));

@@ -35,6 +35,12 @@
 double gp_lr_at(const gp_train_config *t, int64_t step, int64_t total_steps);
 /* base: optimizer.lr, scaled by lr_scaling (the rate without a schedule). */
 double gp_lr_base(const gp_train_config *t);
+/* The steps a run of this config takes in all: train.steps, or its epochs
+ * of per_epoch batches. */
+static inline int64_t gp_train_total_steps(const gp_train_config *t, int64_t per_epoch)
+{
+    return t->steps > 0 ? t->steps : t->epochs * per_epoch;
+}
 
 /* ---- the model ----------------------------------------------------------- */
 

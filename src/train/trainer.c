@@ -804,8 +804,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                              (long long)train.n);
         if (s == GP_OK) s = gp_loader_create(&train, &cfg->data, &lo, &loader);
         if (s == GP_OK && mf && opts->resume_path) { /* (processes: rank 0's alone) */
-            int64_t n = tc->steps > 0 ? tc->steps
-                                      : tc->epochs * gp_loader_batches_per_epoch(loader);
+            int64_t n = gp_train_total_steps(tc, gp_loader_batches_per_epoch(loader));
             /* what this run writes again at its first step: the final
              * evaluation, unless it only exports (nothing left to train);
              * the epoch's, resumed at an epoch's start with steps left */
@@ -818,7 +817,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     if (s != GP_OK) goto done;
 
     int64_t per_epoch = gp_loader_batches_per_epoch(loader);
-    int64_t total = tc->steps > 0 ? tc->steps : tc->epochs * per_epoch;
+    int64_t total = gp_train_total_steps(tc, per_epoch);
     if (drop_rest && !opts->quiet)
         GP_WARN("each epoch's last %lld sample%s (%lld %% %lld) %s fewer than pipeline.chunks "
                 "x replicas = %lld: that partial batch is dropped", (long long)rest,
