@@ -758,6 +758,19 @@ static void test_config_checks(void)
                               "pipeline.chunks x replicas = 4: that partial batch is dropped") &&
                   strstr(out, "8 steps (4 per epoch)"),
               "partial batch: %.900s", out);
+    /* A data limit beyond the split: all of it is used, with a word; not
+     * for a limit within it */
+    snprintf(cmd, sizeof cmd, "%s %s --no-progress --set train.steps=1 --set "
+             "data.train_limit=40 --set data.test_limit=8", bin, cfg);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0 &&
+                  strstr(out, "data.train_limit = 40 is more than the 33 samples of ") &&
+                  strstr(out, "; all 33 are used") && !strstr(out, "data.test_limit"),
+              "train_limit beyond the data: %.900s", out);
+    snprintf(cmd, sizeof cmd, "%s %s --no-progress --set train.steps=1 --set "
+             "data.train_limit=32 --set data.test_limit=9", bin, cfg);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0 && !strstr(out, "data.train_limit") &&
+                  strstr(out, "data.test_limit = 9 is more than the 8 samples of "),
+              "test_limit beyond the data: %.900s", out);
     /* Prefetched batches beyond the machine's memory: refused before the
      * first step (overcommit let the allocation through, and the OOM killer
      * ended the run later without a word); the batch is sized from this

@@ -757,6 +757,16 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                              d->source, (long long)d->c, (long long)d->h, (long long)d->w,
                              q ? " (the test split must have the training split's shape)" : "");
     }
+    /* A limit beyond a split keeps all of it: said, since the config reads
+     * as N samples and the run trains on fewer (rank 0: every rank loads) */
+    for (int q = 0; q < 2 && s == GP_OK && gp_procs_rank() == 0; q++) {
+        int64_t lim = q ? cfg->data.test_limit : cfg->data.train_limit;
+        const gp_dataset *d = q ? &test : &train;
+        if (lim > d->n)
+            GP_WARN("%s: data.%s_limit = %lld is more than the %lld samples of %s; all %lld "
+                    "are used", cfg->path, q ? "test" : "train", (long long)lim,
+                    (long long)d->n, d->source, (long long)d->n);
+    }
     if (gp_procs_size() > 1) s = agree_on_data(s, &train, &test, res); /* (every rank) */
     /* one normalisation value for every channel, or one per channel */
     if (s == GP_OK && cfg->data.normalize && cfg->data.n_mean > 1 && cfg->data.n_mean != train.c)
