@@ -31,6 +31,7 @@ export GP_ROOT
 exec /usr/bin/python3 - "$@" <<'PY'
 import os
 import re
+import shutil
 import sys
 import tempfile
 
@@ -200,8 +201,11 @@ def self_test():
         def write(self, s):
             self.text += s
 
+    made = []
+
     def tree(files):
         d = tempfile.mkdtemp(prefix="gp-check-includes-")
+        made.append(d)
         for rel, body in files.items():
             p = os.path.join(d, rel)
             os.makedirs(os.path.dirname(p), exist_ok=True)
@@ -243,6 +247,8 @@ def self_test():
     for w in want:
         if w not in b.text:
             failed.append("missing from the report: %s\nreport:\n%s" % (w, b.text))
+    for d in made:
+        shutil.rmtree(d, ignore_errors=True)
     for f in failed:
         sys.stderr.write("check-includes self-test: " + f + "\n")
     print("check-includes self-test: %s" % ("FAILED" if failed else

@@ -1,27 +1,31 @@
 #!/usr/bin/env bash
 # Install the Debian packages gpipe needs to build, test and train, if any
-# are missing.  As root it runs apt-get; otherwise it prints the exact
-# command to run and fails, so nothing is half-installed silently.
+# are missing.  As root it runs apt-get; otherwise through sudo where sudo
+# needs no password, else it prints the exact commands to run and fails, so
+# nothing is half-installed silently.
 #   scripts/install-deps.sh            build + train + test dependencies
-#   scripts/install-deps.sh --ci       also what CI needs (sanitizer runtimes)
+#   scripts/install-deps.sh --ci       also what CI needs (sanitizer runtimes,
+#                                      clang and its OpenMP for the fuzzers)
 #   scripts/install-deps.sh --bench    also the benchmarks' peers: Debian's
 #                                      PyTorch and torchvision, and OpenBLAS
 #                                      (without libopenblas0-pthread PyTorch's
 #                                      linear layers run on the reference BLAS,
 #                                      40x slower: no fair peer)
+# The options combine (--ci --bench).  CI's CUDA stage needs the CUDA
+# toolkit with cuBLAS, cuDNN and NCCL besides, which Debian 12 does not
+# package: .ci/run says so before it starts.
 set -euo pipefail
 pkgs=(cmake make gcc g++ pkgconf libyaml-dev zlib1g-dev libdnnl-dev libturbojpeg0-dev libjpeg62-turbo-dev
       libpng-dev openmpi-bin libopenmpi-dev
-      python3-matplotlib python3-pil
+      python3-matplotlib python3-pil python3-numpy python3-venv
       dataset-fashion-mnist)
-if [[ "${1:-}" == "--ci" ]]; then
-  pkgs+=(clang libclang-rt-14-dev valgrind)
-elif [[ "${1:-}" == "--bench" ]]; then
-  pkgs+=(python3-torch python3-torchvision python3-yaml libopenblas0-pthread)
-elif [[ -n "${1:-}" ]]; then
-  echo "usage: scripts/install-deps.sh [--ci | --bench]" >&2
-  exit 2
-fi
+for arg in "$@"; do
+  case "$arg" in
+    --ci) pkgs+=(clang libclang-rt-14-dev libomp-14-dev) ;;
+    --bench) pkgs+=(python3-torch python3-torchvision python3-yaml libopenblas0-pthread) ;;
+    *) echo "usage: scripts/install-deps.sh [--ci] [--bench]" >&2; exit 2 ;;
+  esac
+done
 missing=()
 for p in "${pkgs[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
@@ -31,13 +35,21 @@ done
 if ((${#missing[@]} == 0)); then
   exit 0
 fi
-echo "gpipe: installing missing packages: ${missing[*]}" >&2
+echo "gpipe: missing packages: ${missing[*]}" >&2
+# (wait for a package manager already at work, as on a VM that has just
+# booted into unattended-upgrades, rather than fail on its lock)
+apt=(apt-get -o DPkg::Lock::Timeout=600)
+install=("${apt[@]}" install -y -qq --no-install-recommends "${missing[@]}")
 if [[ $(id -u) -eq 0 ]]; then
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+  sudo=()
+elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+  sudo=(sudo -n)
 else
-  echo "gpipe: not root; run this, then try again:" >&2
-  echo "  sudo apt-get install -y ${missing[*]}" >&2
+  echo "gpipe: not root (and sudo asks a password); run these, then try again:" >&2
+  echo "  sudo apt-get update" >&2
+  echo "  sudo apt-get install -y --no-install-recommends ${missing[*]}" >&2
   exit 1
 fi
+echo "gpipe: installing them${sudo:+ with sudo}" >&2
+"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive "${apt[@]}" update -qq
+"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive "${install[@]}" >&2

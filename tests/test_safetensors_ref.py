@@ -14,7 +14,8 @@ safetensors library, and used outside gpipe.
 4. A snapshot's extra momentum.* tensors and __metadata__ are readable too.
 
 Needs numpy and safetensors: taken from the interpreter running this script
-if it has them, else from a venv made under GPIPE_BINARY_DIR with pip (PyPI);
+if it has them, else from a venv made under GPIPE_BINARY_DIR (Debian's numpy,
+safetensors pinned, with pip from PyPI);
 exits 77 (skipped) if neither works or Fashion-MNIST is not installed.  torch
 is deliberately not used (too heavy for CI); the forward pass is 15 lines.
 """
@@ -30,6 +31,7 @@ SKIP = 77
 SRC = os.environ.get("GPIPE_SOURCE_DIR", os.path.join(os.path.dirname(__file__), ".."))
 BIN = os.environ.get("GPIPE_BINARY_DIR", os.path.join(SRC, "build"))
 DATA = "/usr/share/datasets/fashion-mnist"
+SAFETENSORS = "safetensors==0.8.0"
 
 
 def ensure_libs():
@@ -45,16 +47,19 @@ def ensure_libs():
     venv = os.path.join(BIN, "st-venv")
     py = os.path.join(venv, "bin", "python")
     if not os.path.exists(py):
-        r = subprocess.run(["/usr/bin/python3", "-m", "venv", venv], capture_output=True)
+        # (Debian's numpy through the system's packages; only safetensors,
+        # at the version this test was written against, from PyPI)
+        r = subprocess.run(["/usr/bin/python3", "-m", "venv", "--system-site-packages", venv],
+                           capture_output=True)
         if r.returncode != 0:
             print("test_safetensors_ref: skipped: cannot make a venv:", r.stderr.decode()[-300:])
             sys.exit(SKIP)
     r = subprocess.run([py, "-c", "import numpy, safetensors"], capture_output=True)
     if r.returncode != 0:
-        r = subprocess.run([py, "-m", "pip", "install", "-q", "safetensors", "numpy"],
+        r = subprocess.run([py, "-m", "pip", "install", "-q", SAFETENSORS, "numpy"],
                            capture_output=True)
         if r.returncode != 0:
-            print("test_safetensors_ref: skipped: pip install safetensors numpy failed:",
+            print("test_safetensors_ref: skipped: pip install %s numpy failed:" % SAFETENSORS,
                   r.stderr.decode()[-300:])
             sys.exit(SKIP)
     env = dict(os.environ, GPIPE_ST_REEXEC="1")
