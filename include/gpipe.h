@@ -84,6 +84,8 @@ void gp_run_free(gp_run *run);
 
 typedef struct gp_metrics {
     int64_t step;          /* optimizer steps taken so far */
+    /* loss, accuracy, lr, seconds: NaN where no step ran (a new or just
+     * restored run; a gp_run_train resumed at or past its end) */
     double loss;           /* last step: mean training loss */
     double accuracy;       /* last step: training accuracy */
     double lr;             /* last step's learning rate */
@@ -150,7 +152,8 @@ typedef struct gp_train_options {
                                    NULL: none */
     int progress;               /* 1: a progress line on stderr, 0: log lines,
                                    -1: a progress line where stderr is a terminal */
-    int quiet;                  /* nonzero: only warnings and errors */
+    int quiet;                  /* nonzero: only warnings and errors (no
+                                   progress, no info lines) */
 } gp_train_options;
 #define GP_TRAIN_OPTIONS_INIT {NULL, NULL, 0, -1, NULL, NULL, 0, 0}
 /* gp_run_train with gpipe-train's options (gp_run_train is this with

@@ -497,6 +497,58 @@ static void test_quiet(void)
     CHECK_OK(gp_set_log_level(NULL));
 }
 
+typedef struct {
+    const char *snapshot;
+    gp_metrics m;
+    gp_status s;
+} past_end_arg;
+
+static void train_past_end(void *p)
+{
+    past_end_arg *a = p;
+    gp_run *run = NULL;
+    static const char *ov[] = {"train.steps=1"};
+    a->s = gp_run_parse("api.yaml", k_yaml, ov, 1, &run);
+    gp_train_options o = GP_TRAIN_OPTIONS_INIT;
+    o.quiet = 1;
+    o.resume = a->snapshot;
+    if (a->s == GP_OK) a->s = gp_run_train_ex(run, &o, &a->m);
+    gp_run_free(run);
+}
+
+/* A run resumed past its end trains nothing: quiet still says so (a
+ * warning), and its metrics have no last step (NaN, not a loss of 0 that
+ * reads as a perfect model). */
+static void test_past_end(void)
+{
+    char snap[300];
+    snprintf(snap, sizeof snap, "%s/past-end.safetensors", tmpdir);
+    gp_run *run = NULL;
+    CHECK_OK(gp_run_parse("api.yaml", k_yaml, NULL, 0, &run));
+    if (!run) return;
+    gp_metrics m;
+    enum { N = 32 };
+    float x[N * 16], y[N];
+    unsigned seed = 9;
+    make_batch(&seed, x, y, N);
+    CHECK_OK(gp_run_step(run, x, y, N, 0, NULL));
+    CHECK_OK(gp_run_step(run, x, y, N, 0, &m));
+    CHECK(m.step == 2 && isfinite(m.loss) && isfinite(m.lr));
+    CHECK_OK(gp_run_save(run, snap));
+    gp_run_free(run);
+
+    past_end_arg a = {.snapshot = snap};
+    char *said = stderr_of(train_past_end, &a);
+    CHECK_OK(a.s);
+    CHECK_MSG(said && strstr(said, "warning:") &&
+                  strstr(said, "resumed at step 2, past this run's 1 steps"),
+              "quiet, resumed past the end: %s", said ? said : "(nothing captured)");
+    CHECK_MSG(a.m.step == 2 && isnan(a.m.loss) && isnan(a.m.accuracy) && isnan(a.m.lr),
+              "resumed past the end: step %lld loss %g accuracy %g", (long long)a.m.step,
+              a.m.loss, a.m.accuracy);
+    free(said);
+}
+
 /* A model with a skip across the stages: trained by gp_run_train_ex, the
  * run then steps on from it (the pipeline kept pointers into the model,
  * which must stay where it was built). */
@@ -706,6 +758,7 @@ int main(void)
     test_save_restore("");
     test_save_restore(", replicas: 2");
     test_quiet();
+    test_past_end();
     test_step_after_oom();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);

@@ -95,6 +95,14 @@ static gp_status usable(const gp_run *r, const char *what)
  * atomic is safe there. */
 _Static_assert(ATOMIC_INT_LOCK_FREE == 2, "gp_run_stop needs a lock-free atomic int");
 
+/* The metrics of a run at `step` before a step of its own (new, or just
+ * restored): NaN for what only a step or an evaluation gives. */
+static void no_step_yet(gp_metrics *m, int64_t step)
+{
+    *m = (gp_metrics){.step = step, .loss = NAN, .accuracy = NAN, .lr = NAN, .seconds = NAN,
+                      .test_loss = NAN, .test_accuracy = NAN, .grad_norm = NAN};
+}
+
 static gp_status run_new(gp_config *cfg, gp_run **out)
 {
     gp_run *r = calloc(1, sizeof *r);
@@ -109,9 +117,7 @@ static gp_status run_new(gp_config *cfg, gp_run **out)
     }
     r->cfg = *cfg;
     r->model = m;
-    r->last.test_loss = NAN;
-    r->last.grad_norm = NAN;
-    r->last.test_accuracy = NAN;
+    no_step_yet(&r->last, 0);
     *out = r;
     return GP_OK;
 }
@@ -375,7 +381,7 @@ gp_status gp_run_restore(gp_run *r, const char *path)
     if (s != GP_OK) return gp_error_wrap(s, "gp_run_restore");
     /* a model that diverged is replaced whole: the run may go on */
     r->diverged = 0;
-    r->last.step = pos.step;
+    no_step_yet(&r->last, pos.step);
     return GP_OK;
 }
 

@@ -658,6 +658,9 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     gp_train_opts defo = {.progress = -1};
     if (!opts) opts = &defo;
     memset(res, 0, sizeof *res);
+    /* (a run that takes no step, resumed at or past its end, has no last
+     * step: NaN, not a loss of 0 that reads as a perfect model) */
+    res->final_loss = res->final_accuracy = res->final_lr = res->final_seconds = NAN;
     res->test_loss = NAN;
     res->test_accuracy = NAN;
     res->final_grad_norm = NAN;
@@ -828,13 +831,12 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
 
     int64_t per_epoch = gp_loader_batches_per_epoch(loader);
     int64_t total = gp_train_total_steps(tc, per_epoch);
-    if (drop_rest && !opts->quiet)
+    if (drop_rest)
         GP_WARN("each epoch's last %lld sample%s (%lld %% %lld) %s fewer than pipeline.chunks "
                 "x replicas = %lld: that partial batch is dropped", (long long)rest,
                 rest == 1 ? "" : "s", (long long)train.n, (long long)tc->batch_size,
                 rest == 1 ? "is" : "are", (long long)min_batch);
-    if (tc->sched.warmup_steps >= total && total > 0 && tc->sched.warmup_start < 1 &&
-        !opts->quiet)
+    if (tc->sched.warmup_steps >= total && total > 0 && tc->sched.warmup_start < 1)
         GP_WARN("train.schedule.warmup_steps = %lld is not below the run's %lld step%s: the "
                 "learning rate never reaches its base rate (%g)%s; lower warmup_steps",
                 (long long)tc->sched.warmup_steps, (long long)total, total == 1 ? "" : "s",
@@ -844,7 +846,8 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     if (progress < 0) progress = isatty(STDERR_FILENO) ? 1 : 0;
     if (opts->quiet) progress = 0;
     int chunks = cfg->pipeline.chunks;
-    if (!opts->quiet && mp->step > total) /* most likely not what was meant */
+    /* (warnings whether quiet or not: quiet keeps warnings and errors) */
+    if (mp->step > total) /* most likely not what was meant */
         GP_WARN("%lld parameters on %s%s: resumed at step %lld, past this run's %lld steps "
                 "(train.steps, or train.epochs x %lld per epoch): nothing is trained; raise "
                 "train.steps or train.epochs to go on", (long long)gp_model_param_count(mp),
@@ -869,7 +872,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     if (!opts->quiet)
         GP_INFO("data: %s, %lld samples; test: %lld samples", train.source, (long long)train.n,
                 (long long)test.n);
-    if (!opts->quiet) warn_other_mnist(cfg, &train);
+    warn_other_mnist(cfg, &train);
     if (!opts->quiet && cfg->pipeline.replicas > 1)
         GP_INFO("data parallel: %d replicas x %d stage%s; each step's batch of %lld is split "
                 "into %d shards of about %lld", cfg->pipeline.replicas, cfg->pipeline.n_devices,
@@ -1198,7 +1201,7 @@ done:;
     if (trace) {
         gp_status ts = gp_trace_close(trace);
         if (s == GP_OK) s = ts;
-        if (s == GP_OK && traced == 0 && run_first >= 0 && !opts->quiet) {
+        if (s == GP_OK && traced == 0 && run_first >= 0) {
             char range[64];
             if (opts->trace_last < 0)
                 snprintf(range, sizeof range, "%lld:", (long long)opts->trace_first);
