@@ -549,6 +549,54 @@ static void test_past_end(void)
     free(said);
 }
 
+/* OpenMP's, declared here rather than through omp.h: the test is built
+ * without -fopenmp and links the runtime through libgpipe */
+int omp_get_max_threads(void);
+void omp_set_num_threads(int n);
+
+/* A CPU device sets the OpenMP thread count of the thread that runs its
+ * ops, the caller's included (pipeline.threads: 1 here): every entry point
+ * puts the caller's own count back. */
+static void test_caller_threads(void)
+{
+    omp_set_num_threads(3);
+    gp_run *run = NULL;
+    CHECK_OK(gp_run_parse("api.yaml", k_yaml, NULL, 0, &run));
+    if (!run) return;
+    enum { N = 32 };
+    float x[N * 16], y[N];
+    unsigned seed = 4;
+    make_batch(&seed, x, y, N);
+    FILE *devnull = fopen("/dev/null", "w");
+    gp_run_info info;
+    struct {
+        const char *what;
+        gp_status s;
+    } call[6];
+    int k = 0;
+    call[k].what = "gp_run_summary", call[k++].s = gp_run_summary(run, devnull);
+    call[k].what = "gp_run_prepare", call[k++].s = gp_run_prepare(run);
+    call[k].what = "gp_run_step", call[k++].s = gp_run_step(run, x, y, N, 0, NULL);
+    call[k].what = "gp_run_evaluate", call[k++].s = gp_run_evaluate(run, x, y, N, NULL, NULL);
+    call[k].what = "gp_run_describe", call[k++].s = gp_run_describe(run, &info);
+    gp_train_options o = GP_TRAIN_OPTIONS_INIT;
+    o.quiet = 1;
+    call[k].what = "gp_run_train_ex", call[k++].s = gp_run_train_ex(run, &o, NULL);
+    for (int i = 0; i < k; i++) CHECK_MSG(call[i].s == GP_OK, "%s failed", call[i].what);
+    int after = omp_get_max_threads();
+    CHECK_MSG(after == 3, "the caller's OpenMP threads: 3 before, %d after", after);
+    gp_run_free(run);
+    after = omp_get_max_threads();
+    CHECK_MSG(after == 3, "after gp_run_free: %d OpenMP threads, not 3", after);
+    run = NULL;
+    CHECK_OK(gp_run_parse("api.yaml", k_yaml, NULL, 0, &run));
+    CHECK_OK(gp_run_step(run, x, y, N, 0, NULL)); /* (prepares on its own) */
+    after = omp_get_max_threads();
+    CHECK_MSG(after == 3, "after a first gp_run_step: %d OpenMP threads, not 3", after);
+    gp_run_free(run);
+    if (devnull) fclose(devnull);
+}
+
 /* A model with a skip across the stages: trained by gp_run_train_ex, the
  * run then steps on from it (the pipeline kept pointers into the model,
  * which must stay where it was built). */
@@ -759,6 +807,7 @@ int main(void)
     test_save_restore(", replicas: 2");
     test_quiet();
     test_past_end();
+    test_caller_threads();
     test_step_after_oom();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);

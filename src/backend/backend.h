@@ -886,6 +886,12 @@ void gp_device_format(gp_device_kind kind, int index, char *out, size_t len);
 gp_status gp_device_open(const char *spec, const gp_device_opts *opts,
                          gp_device **out);
 void gp_device_close(gp_device *dev);
+/* The calling thread's OpenMP thread count, and putting it back: a CPU
+ * device sets it to its own threads on whichever thread runs its ops (its
+ * worker, or the library's caller), which a program's own parallel loops
+ * would then inherit; the public API restores the caller's. */
+int gp_caller_threads(void);
+void gp_caller_threads_restore(int threads);
 
 /* For backends' constructors: the device-independent part of a new device,
  * and where a backend is admitted.  Refuses (GP_ERR_UNSUPPORTED, naming the

@@ -170,13 +170,15 @@ static void drop_model(gp_run *r)
 void gp_run_free(gp_run *r)
 {
     if (!r) return;
+    int threads = gp_caller_threads(); /* (closing a device may run its ops here) */
     drop_model(r);
     free(r->model);
     gp_config_free(&r->cfg);
     free(r);
+    gp_caller_threads_restore(threads);
 }
 
-gp_status gp_run_prepare(gp_run *r)
+static gp_status run_prepare(gp_run *r)
 {
     RUN_ARG(r);
     if (r->prepared) return GP_OK;
@@ -194,8 +196,8 @@ gp_status gp_run_prepare(gp_run *r)
     return GP_OK;
 }
 
-gp_status gp_run_step(gp_run *r, const float *x, const float *y, int64_t n,
-                      int64_t total_steps, gp_metrics *out)
+static gp_status run_step(gp_run *r, const float *x, const float *y, int64_t n,
+                          int64_t total_steps, gp_metrics *out)
 {
     RUN_ARG(r);
     GP_TRY(batch_arg("gp_run_step", x, y, n));
@@ -237,7 +239,7 @@ gp_status gp_run_train(gp_run *r, const char *metrics_path, gp_metrics *out)
     return gp_run_train_ex(r, &o, out);
 }
 
-gp_status gp_run_train_ex(gp_run *r, const gp_train_options *opt, gp_metrics *out)
+static gp_status run_train_ex(gp_run *r, const gp_train_options *opt, gp_metrics *out)
 {
     RUN_ARG(r);
     gp_train_options none = GP_TRAIN_OPTIONS_INIT;
@@ -288,8 +290,8 @@ gp_status gp_run_train_ex(gp_run *r, const gp_train_options *opt, gp_metrics *ou
     return s;
 }
 
-gp_status gp_run_evaluate(gp_run *r, const float *x, const float *y, int64_t n, double *loss,
-                          double *accuracy)
+static gp_status run_evaluate(gp_run *r, const float *x, const float *y, int64_t n,
+                              double *loss, double *accuracy)
 {
     RUN_ARG(r);
     GP_TRY(batch_arg("gp_run_evaluate", x, y, n));
@@ -305,7 +307,7 @@ gp_status gp_run_evaluate(gp_run *r, const float *x, const float *y, int64_t n, 
     return GP_OK;
 }
 
-gp_status gp_run_export_weights(gp_run *r, const char *path)
+static gp_status run_export_weights(gp_run *r, const char *path)
 {
     RUN_ARG(r);
     GP_TRY(usable(r, "gp_run_export_weights"));
@@ -318,7 +320,7 @@ gp_status gp_run_export_weights(gp_run *r, const char *path)
     return gp_snapshot_export(r->model, &r->cfg, path);
 }
 
-gp_status gp_run_describe(const gp_run *r, gp_run_info *out)
+static gp_status run_describe(const gp_run *r, gp_run_info *out)
 {
     RUN_ARG(r);
     if (!out) return gp_error_set(GP_ERR_INVALID, "gp_run_describe: out is NULL");
@@ -357,7 +359,7 @@ static gp_status one_process(const gp_run *r, const char *what)
                         "and gp_train_options.resume)", what);
 }
 
-gp_status gp_run_save(gp_run *r, const char *path)
+static gp_status run_save(gp_run *r, const char *path)
 {
     RUN_ARG(r);
     GP_TRY(usable(r, "gp_run_save"));
@@ -369,7 +371,7 @@ gp_status gp_run_save(gp_run *r, const char *path)
     return GP_OK;
 }
 
-gp_status gp_run_restore(gp_run *r, const char *path)
+static gp_status run_restore(gp_run *r, const char *path)
 {
     RUN_ARG(r);
     if (!path || !path[0])
@@ -385,7 +387,7 @@ gp_status gp_run_restore(gp_run *r, const char *path)
     return GP_OK;
 }
 
-gp_status gp_run_summary(const gp_run *r, FILE *f)
+static gp_status run_summary(const gp_run *r, FILE *f)
 {
     RUN_ARG(r);
     if (!f) f = stdout;
@@ -424,4 +426,64 @@ gp_status gp_run_device_memory(const gp_run *r, int j, const char **name, size_t
     if (peak) *peak = a.peak;
     if (current) *current = a.current;
     return GP_OK;
+}
+
+/* ---- the public entry points ----------------------------------------------
+ * A CPU device sets the OpenMP thread count of whichever thread runs its
+ * ops, the caller's too (opening devices, profiling, a step's first stage):
+ * each entry point that may run one puts the caller's count back, so the
+ * program's own parallel loops keep the threads they had. */
+#define CALLER_THREADS(call)                                                  \
+    do {                                                                      \
+        int threads_ = gp_caller_threads();                                   \
+        gp_status s_ = (call);                                                \
+        gp_caller_threads_restore(threads_);                                  \
+        return s_;                                                            \
+    } while (0)
+
+gp_status gp_run_prepare(gp_run *r)
+{
+    CALLER_THREADS(run_prepare(r));
+}
+
+gp_status gp_run_step(gp_run *r, const float *x, const float *y, int64_t n,
+                      int64_t total_steps, gp_metrics *out)
+{
+    CALLER_THREADS(run_step(r, x, y, n, total_steps, out));
+}
+
+gp_status gp_run_train_ex(gp_run *r, const gp_train_options *opt, gp_metrics *out)
+{
+    CALLER_THREADS(run_train_ex(r, opt, out));
+}
+
+gp_status gp_run_evaluate(gp_run *r, const float *x, const float *y, int64_t n, double *loss,
+                          double *accuracy)
+{
+    CALLER_THREADS(run_evaluate(r, x, y, n, loss, accuracy));
+}
+
+gp_status gp_run_export_weights(gp_run *r, const char *path)
+{
+    CALLER_THREADS(run_export_weights(r, path));
+}
+
+gp_status gp_run_describe(const gp_run *r, gp_run_info *out)
+{
+    CALLER_THREADS(run_describe(r, out));
+}
+
+gp_status gp_run_save(gp_run *r, const char *path)
+{
+    CALLER_THREADS(run_save(r, path));
+}
+
+gp_status gp_run_restore(gp_run *r, const char *path)
+{
+    CALLER_THREADS(run_restore(r, path));
+}
+
+gp_status gp_run_summary(const gp_run *r, FILE *f)
+{
+    CALLER_THREADS(run_summary(r, f));
 }

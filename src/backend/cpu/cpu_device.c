@@ -38,6 +38,13 @@ void gp_cpu_enter(gp_device *dev)
 
 static void cpu_bind_thread(gp_device *dev) { omp_set_num_threads(dev->threads); }
 
+int gp_caller_threads(void) { return omp_get_max_threads(); }
+
+void gp_caller_threads_restore(int threads)
+{
+    if (threads > 0 && omp_get_max_threads() != threads) omp_set_num_threads(threads);
+}
+
 /* ---- memory --------------------------------------------------------------- */
 
 /* Block sizes are rounded so that nearly equal requests (uneven
