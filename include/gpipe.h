@@ -16,7 +16,11 @@
  * be used from distinct threads at once (each starts its own worker
  * threads, and each CPU device takes cores / devices math threads unless
  * pipeline.threads says otherwise, so runs side by side share the cores).
- * gp_run_stop is the exception: any thread, or a signal handler.
+ * gp_run_stop is the exception: any thread, or a signal handler.  A call
+ * leaves the calling thread's OpenMP thread count as it found it, though a
+ * CPU device may run its ops on that thread meanwhile.  Opening a CPU
+ * device turns oneDNN's process-wide primitive cache off (each device
+ * keeps its own primitives), for any other oneDNN user in the process too.
  */
 #ifndef GPIPE_H
 #define GPIPE_H
