@@ -549,6 +549,28 @@ static void test_past_end(void)
     free(said);
 }
 
+/* gp_run_save and gp_run_export_weights refuse to write over the run's
+ * config file (gp_run_train_ex refused the same; these replaced it). */
+static void test_outputs_spare_config(void)
+{
+    char cfg[300];
+    snprintf(cfg, sizeof cfg, "%s/spare.yaml", tmpdir);
+    FILE *f = fopen(cfg, "w");
+    CHECK(f != NULL);
+    if (!f) return;
+    fputs(k_yaml, f);
+    fclose(f);
+    gp_run *run = NULL;
+    CHECK_OK(gp_run_load(cfg, NULL, 0, &run));
+    if (!run) return;
+    CHECK_ERR(gp_run_export_weights(run, cfg), GP_ERR_INVALID, "is the run's config");
+    CHECK_ERR(gp_run_save(run, cfg), GP_ERR_INVALID, "is the run's config");
+    gp_run_free(run);
+    run = NULL;
+    CHECK_OK(gp_run_load(cfg, NULL, 0, &run)); /* still the YAML it was */
+    gp_run_free(run);
+}
+
 /* OpenMP's, declared here rather than through omp.h: the test is built
  * without -fopenmp and links the runtime through libgpipe */
 int omp_get_max_threads(void);
@@ -808,6 +830,7 @@ int main(void)
     test_quiet();
     test_past_end();
     test_caller_threads();
+    test_outputs_spare_config();
     test_step_after_oom();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);

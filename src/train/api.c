@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 struct gp_run {
     gp_config cfg;
@@ -307,6 +308,24 @@ static gp_status run_evaluate(gp_run *r, const float *x, const float *y, int64_t
     return GP_OK;
 }
 
+/* An output of gp_run_save or gp_run_export_weights must not replace the
+ * run's inputs (gp_run_train_ex refuses the same for its outputs): the
+ * config file, model.init_from.  (A config parsed from text has no file.) */
+static gp_status spares_inputs(const gp_run *r, const char *path, const char *what)
+{
+    const struct {
+        const char *what, *path;
+    } ins[2] = {{"the run's config", r->cfg.path}, {"model.init_from", r->cfg.model.init_from}};
+    for (int k = 0; k < 2; k++) {
+        const char *in = ins[k].path;
+        if (in[0] && (!strcmp(path, in) || gp_same_file(path, in)) && access(in, F_OK) == 0)
+            return gp_error_set(GP_ERR_INVALID, "%s: %s is %s (%s): writing it would replace "
+                                "it; give the output another name", what, path, ins[k].what,
+                                in);
+    }
+    return GP_OK;
+}
+
 static gp_status run_export_weights(gp_run *r, const char *path)
 {
     RUN_ARG(r);
@@ -315,6 +334,7 @@ static gp_status run_export_weights(gp_run *r, const char *path)
         return gp_error_set(GP_ERR_INVALID, "gp_run_export_weights needs a file path");
     /* (a directory, or one that cannot be written, said as such rather than
      * as the rename of a temporary file made somewhere else) */
+    GP_TRY(spares_inputs(r, path, "gp_run_export_weights"));
     GP_TRY(gp_check_writable_file(path, "gp_run_export_weights", true));
     GP_TRY(gp_run_prepare(r));
     return gp_snapshot_export(r->model, &r->cfg, path);
@@ -363,6 +383,7 @@ static gp_status run_save(gp_run *r, const char *path)
 {
     RUN_ARG(r);
     GP_TRY(usable(r, "gp_run_save"));
+    if (path && path[0]) GP_TRY(spares_inputs(r, path, "gp_run_save"));
     GP_TRY(gp_check_writable_file(path, "gp_run_save", true));
     GP_TRY(gp_run_prepare(r));
     GP_TRY(one_process(r, "gp_run_save"));
