@@ -571,6 +571,33 @@ static void test_outputs_spare_config(void)
     gp_run_free(run);
 }
 
+/* A model its loss cannot take (cross_entropy after a convolution) is said
+ * as such by gp_run_describe (which reported success) and by the first
+ * step (which failed while profiling, and said so). */
+static void test_output_loss_mismatch(void)
+{
+    static const char *yaml =
+        "model:\n"
+        "  input: [1, 4, 4]\n"
+        "  layers: [{conv2d: {out: 4, kernel: 1}}, relu, {conv2d: {out: 4, kernel: 1}}]\n"
+        "data: {dataset: synthetic, synthetic: {train: 32, test: 8, classes: 4, "
+        "shape: [1, 4, 4]}}\n"
+        "pipeline: {devices: [cpu:0, cpu:1], threads: 1}\n"
+        "train: {batch_size: 8, steps: 1}\n";
+    gp_run *run = NULL;
+    CHECK_OK(gp_run_parse("ce.yaml", yaml, NULL, 0, &run));
+    if (!run) return;
+    gp_run_info info;
+    CHECK_ERR(gp_run_describe(run, &info), GP_ERR_INVALID,
+              "the model's output is (4, 4, 4) per sample but cross_entropy needs (N, classes)");
+    float x[8 * 16] = {0}, y[8] = {0};
+    gp_status s = gp_run_step(run, x, y, 8, 0, NULL);
+    CHECK_MSG(s == GP_ERR_INVALID && strstr(gp_last_error(), "end the model with flatten") &&
+                  !strstr(gp_last_error(), "profiling"),
+              "step: %s: %s", gp_status_name(s), gp_last_error());
+    gp_run_free(run);
+}
+
 /* OpenMP's, declared here rather than through omp.h: the test is built
  * without -fopenmp and links the runtime through libgpipe */
 int omp_get_max_threads(void);
@@ -831,6 +858,7 @@ int main(void)
     test_past_end();
     test_caller_threads();
     test_outputs_spare_config();
+    test_output_loss_mismatch();
     test_step_after_oom();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);

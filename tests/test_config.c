@@ -1246,6 +1246,24 @@ static void test_ignored_schedule_keys(void)
                    &c));
     CHECK_MSG(c.warnings && !c.warnings[0], "warnings: %s", c.warnings);
     gp_config_free(&c);
+    /* cosine's floor above the rate it decays from (SGD's default 0.01):
+     * it would rise to it; at or below it, or with the rate scaled up past
+     * it, no word */
+    CHECK_OK(parse(cat(k_base, "train:\n  schedule: {type: cosine, min_lr: 5}\n"), &c));
+    CHECK_MSG(c.warnings && !strcmp(c.warnings, "t.yaml:10:36: train.schedule.min_lr = 5 is "
+                                                "above the learning rate it decays from "
+                                                "(0.01): the cosine schedule rises to it "
+                                                "instead; give a min_lr below the rate\n"),
+              "got \"%s\"", c.warnings);
+    gp_config_free(&c);
+    CHECK_OK(parse(cat(k_base, "train:\n  schedule: {type: cosine, min_lr: 0.01}\n"), &c));
+    CHECK_MSG(c.warnings && !c.warnings[0], "min_lr at the rate: %s", c.warnings);
+    gp_config_free(&c);
+    CHECK_OK(parse(cat(k_base, "train:\n  schedule: {type: cosine, min_lr: 0.02}\n"
+                               "  lr_scaling: linear\n  base_batch: 1\n"),
+                   &c));
+    CHECK_MSG(c.warnings && !c.warnings[0], "min_lr below the scaled rate: %s", c.warnings);
+    gp_config_free(&c);
 }
 
 /* Data settings that do nothing or do harm, said at their keys: a crop

@@ -187,6 +187,16 @@ gp_status gp_cfg_parse_train(gp_cfg_walk *w, const gp_ynode *root, gp_train_conf
     else if (!gp_cfg_absent(bbn) && tc->lr_scaling != GP_LR_SCALING_LINEAR)
         gp_cfg_warn(w, bbn, "train.base_batch is ignored: it scales the learning rate only "
                     "with train.lr_scaling: linear (lr_scaling is none)");
+    /* cosine's floor above the rate it decays from: it rises instead (as
+     * gp_lr_base scales the rate; config sits below train) */
+    double base = tc->optim.lr;
+    if (tc->lr_scaling == GP_LR_SCALING_LINEAR && tc->base_batch > 0)
+        base *= (double)tc->batch_size / (double)tc->base_batch;
+    const gp_ynode *mln = gp_ymap_get(sm, "min_lr");
+    if (!gp_cfg_absent(mln) && tc->sched.kind == GP_SCHED_COSINE && tc->sched.min_lr > base)
+        gp_cfg_warn(w, mln, "train.schedule.min_lr = %g is above the learning rate it decays "
+                    "from (%g): the cosine schedule rises to it instead; give a min_lr below "
+                    "the rate", tc->sched.min_lr, base);
     GP_TRY(gp_cfg_get_int(w, m, "train", "log_every", 50, 0, INT64_MAX, &tc->log_every));
     GP_TRY(gp_cfg_get_bool(w, m, "train", "eval_each_epoch", true, &tc->eval_each_epoch));
     GP_TRY(gp_cfg_get_int(w, m, "train", "eval_batch_size", 1000, 1, 1 << 24,

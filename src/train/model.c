@@ -39,6 +39,24 @@ gp_status gp_model_build_meta(const gp_config *cfg, const int *balance, gp_model
                         out);
 }
 
+/* The loss takes the model's output: cross_entropy needs (N, classes);
+ * binary cross-entropy takes any output, one target per element. */
+static gp_status loss_takes_output(const gp_config *cfg, const gp_shape *out)
+{
+    if (cfg->model.loss != GP_LOSS_CROSS_ENTROPY || out->ndim == 2) return GP_OK;
+    char b[64];
+    gp_shape one = *out; /* (per sample: without the batch dimension) */
+    if (one.ndim > 1) {
+        one.ndim--;
+        memmove(one.dims, one.dims + 1, sizeof one.dims[0] * (size_t)one.ndim);
+    }
+    return gp_error_set(GP_ERR_INVALID,
+                        "%s: the model's output is %s per sample but cross_entropy needs "
+                        "(N, classes); end the model with flatten and linear, or for one "
+                        "target per output element (masks) set model.loss: "
+                        "bce_with_logits", cfg->path, gp_shape_str(&one, b, sizeof b));
+}
+
 /* n devices, v stages on each (stage j on device j % n); meta: every layer
  * shapes only (gp_layer_meta), devs may be NULL. */
 static gp_status build_placed(const gp_config *cfg, gp_device *const *devs, int n, int v,
@@ -106,15 +124,10 @@ static gp_status build_placed(const gp_config *cfg, gp_device *const *devs, int 
     out->loss = mc->loss;
     out->label_smoothing = mc->label_smoothing;
     out->targets = gp_loss_targets_per_sample(mc->loss, &cur);
-    /* binary cross-entropy takes any output, one target per element */
-    if (mc->loss == GP_LOSS_CROSS_ENTROPY && cur.ndim != 2) {
-        char b[64];
+    gp_status ls = loss_takes_output(cfg, &cur);
+    if (ls != GP_OK) {
         gp_model_release(out);
-        return gp_error_set(GP_ERR_INVALID,
-                            "%s: the model's output is %s per sample but cross_entropy needs "
-                            "(N, classes); end the model with flatten and linear, or for one "
-                            "target per output element (masks) set model.loss: "
-                            "bce_with_logits", cfg->path, gp_shape_str(&cur, b, sizeof b));
+        return ls;
     }
     gp_optim_opts so = gp_model_optim_opts(cfg);
     gp_status st = gp_optim_create(out->layers, out->n_layers, &so, &out->optim);
@@ -396,7 +409,7 @@ gp_status gp_model_describe(const gp_config *cfg, int64_t *params, gp_shape *out
     GP_TRY(each_layer(cfg, true, describe_of, &a));
     *params = a.params;
     *output = a.out;
-    return GP_OK;
+    return loss_takes_output(cfg, &a.out);
 }
 
 gp_status gp_model_count_params(const gp_config *cfg, int64_t *count)

@@ -484,6 +484,11 @@ gp_status gp_train_open(const gp_config *cfg, gp_device **devs, gp_model *model,
 {
     int n = cfg->pipeline.n_devices, S = n * gp_model_virtual(cfg);
     int balance[GP_MAX_DEVICES];
+    /* a model its loss cannot take is said as such, not as a failure of
+     * whatever first runs it (balance: auto's profile) */
+    int64_t params;
+    gp_shape output;
+    GP_TRY(gp_model_describe(cfg, &params, &output));
     if (gp_procs_size() > 1) {
         /* processes: rank 0 balances (profiling once), every rank takes
          * its split, or its failure */
