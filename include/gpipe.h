@@ -21,6 +21,12 @@
  * CPU device may run its ops on that thread meanwhile.  Opening a CPU
  * device turns oneDNN's process-wide primitive cache off (each device
  * keeps its own primitives), for any other oneDNN user in the process too.
+ *
+ * Processes: a gp_run runs in one process.  A program started by mpirun
+ * or srun as several processes is refused (gp_run_prepare and
+ * gp_run_train_ex say so) rather than have each train its own copy and
+ * write the same files; stages in separate processes are gpipe-train's
+ * (README, "Stages in separate processes (mpirun)").
  */
 #ifndef GPIPE_H
 #define GPIPE_H
@@ -223,8 +229,7 @@ gp_status gp_run_describe(const gp_run *run, gp_run_info *out);
  * loop: gp_run_restore puts exactly this back, so the steps after it
  * repeat bit for bit what they would have been (the data and its order are
  * yours to keep: the snapshot records no data position, and gpipe-train
- * --resume of it starts its data at the first batch, saying so).  One
- * process only: a run spanning processes saves through train.snapshot. */
+ * --resume of it starts its data at the first batch, saying so). */
 gp_status gp_run_save(gp_run *run, const char *path);
 /* Restore the run's model from a snapshot (gp_run_save's or gpipe-train's):
  * weights, statistics, optimizer state and step, all or nothing (names and

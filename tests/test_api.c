@@ -598,6 +598,22 @@ static void test_output_loss_mismatch(void)
     gp_run_free(run);
 }
 
+/* A library program started by mpirun as several processes: refused
+ * (each trained its own copy and wrote the same files); one of one is not */
+static void test_many_processes(void)
+{
+    gp_run *run = NULL;
+    CHECK_OK(gp_run_parse("api.yaml", k_yaml, NULL, 0, &run));
+    if (!run) return;
+    setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+    CHECK_ERR(gp_run_prepare(run), GP_ERR_UNSUPPORTED, "one of several processes (mpirun or srun)");
+    CHECK_ERR(gp_run_train_ex(run, NULL, NULL), GP_ERR_UNSUPPORTED, "a gp_run does not span");
+    setenv("OMPI_COMM_WORLD_SIZE", "1", 1);
+    CHECK_OK(gp_run_prepare(run));
+    unsetenv("OMPI_COMM_WORLD_SIZE");
+    gp_run_free(run);
+}
+
 /* OpenMP's, declared here rather than through omp.h: the test is built
  * without -fopenmp and links the runtime through libgpipe */
 int omp_get_max_threads(void);
@@ -859,6 +875,7 @@ int main(void)
     test_caller_threads();
     test_outputs_spare_config();
     test_output_loss_mismatch();
+    test_many_processes();
     test_step_after_oom();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);

@@ -74,6 +74,17 @@ bool gp_procs_launched(void)
     return false;
 }
 
+bool gp_procs_launched_many(void)
+{
+    static const char *const sizes[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"};
+    for (size_t q = 0; q < sizeof sizes / sizeof *sizes; q++) {
+        const char *v = getenv(sizes[q]);
+        if (v) return atoi(v) > 1;
+    }
+    const char *rank = getenv("PMIX_RANK");
+    return rank && atoi(rank) != 0;
+}
+
 #ifdef GPIPE_HAVE_MPI
 #include <mpi.h>
 

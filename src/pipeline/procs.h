@@ -30,6 +30,10 @@
 /* Whether a launcher (Open MPI's mpirun, or a PMI/PMIx one such as Slurm's
  * srun) started this process as one of several. */
 bool gp_procs_launched(void);
+/* Launched as one of several processes: the launcher's size variable says
+ * more than one (OMPI_COMM_WORLD_SIZE, PMI_SIZE), or, where only a rank is
+ * given (PMIX_RANK), this is not rank 0. */
+bool gp_procs_launched_many(void);
 /* Whether this build can run under mpirun. */
 bool gp_procs_available(void);
 /* MPI_Init_thread when launched (else nothing, rank 0 of 1).  Idempotent. */

@@ -179,10 +179,24 @@ void gp_run_free(gp_run *r)
     gp_caller_threads_restore(threads);
 }
 
+/* A program of the library's started by mpirun or srun as several
+ * processes: each would train a whole copy and write the same files.  (A
+ * run spans processes under gpipe-train, which joins them first.) */
+static gp_status not_many_processes(const char *what)
+{
+    if (gp_procs_size() > 1 || !gp_procs_launched_many()) return GP_OK;
+    return gp_error_set(GP_ERR_UNSUPPORTED, "%s: this program was started as one of several "
+                        "processes (mpirun or srun), and a gp_run does not span processes: "
+                        "each would train its own copy and write the same files; start one "
+                        "process, or run gpipe-train under mpirun for stages in separate "
+                        "processes", what);
+}
+
 static gp_status run_prepare(gp_run *r)
 {
     RUN_ARG(r);
     if (r->prepared) return GP_OK;
+    GP_TRY(not_many_processes("gp_run_prepare"));
     GP_TRY(gp_train_open(&r->cfg, r->devs, r->model, true));
     r->n_dev = gp_pipeline_devices_total(&r->cfg.pipeline);
     r->prepared = true;
@@ -243,6 +257,7 @@ gp_status gp_run_train(gp_run *r, const char *metrics_path, gp_metrics *out)
 static gp_status run_train_ex(gp_run *r, const gp_train_options *opt, gp_metrics *out)
 {
     RUN_ARG(r);
+    GP_TRY(not_many_processes("gp_run_train_ex"));
     gp_train_options none = GP_TRAIN_OPTIONS_INIT;
     if (!opt) opt = &none;
     /* (the steps only mean something with a trace: a zeroed struct is fine) */
