@@ -599,12 +599,20 @@ static void test_output_loss_mismatch(void)
 }
 
 /* A library program started by mpirun as several processes: refused
- * (each trained its own copy and wrote the same files); one of one is not */
+ * (each trained its own copy and wrote the same files); one of one is not.
+ * An empty config or resume path: GP_ERR_INVALID (they were I/O errors
+ * about a file '' while an empty output path was invalid). */
 static void test_many_processes(void)
 {
     gp_run *run = NULL;
     CHECK_OK(gp_run_parse("api.yaml", k_yaml, NULL, 0, &run));
     if (!run) return;
+    /* an empty path is a bad argument, as an empty output path is */
+    gp_run *none = NULL;
+    CHECK_ERR(gp_run_load("", NULL, 0, &none), GP_ERR_INVALID, "the path is empty");
+    gp_train_options o = GP_TRAIN_OPTIONS_INIT;
+    o.resume = "";
+    CHECK_ERR(gp_run_train_ex(run, &o, NULL), GP_ERR_INVALID, "resume is empty");
     setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
     CHECK_ERR(gp_run_prepare(run), GP_ERR_UNSUPPORTED, "one of several processes (mpirun or srun)");
     CHECK_ERR(gp_run_train_ex(run, NULL, NULL), GP_ERR_UNSUPPORTED, "a gp_run does not span");

@@ -139,6 +139,8 @@ gp_status gp_run_load(const char *path, const char *const *overrides, int n_over
 {
     if (!out) return gp_error_set(GP_ERR_INVALID, "gp_run_load: out is NULL");
     *out = NULL;
+    if (path && !path[0]) /* (as an empty output path is: not a file that is missing) */
+        return gp_error_set(GP_ERR_INVALID, "gp_run_load: the path is empty; give a config file");
     GP_TRY(check_overrides(overrides, n_overrides));
     gp_config cfg;
     GP_TRY(gp_config_load(path, overrides, n_overrides, &cfg));
@@ -260,6 +262,9 @@ static gp_status run_train_ex(gp_run *r, const gp_train_options *opt, gp_metrics
     GP_TRY(not_many_processes("gp_run_train_ex"));
     gp_train_options none = GP_TRAIN_OPTIONS_INIT;
     if (!opt) opt = &none;
+    if (opt->resume && !opt->resume[0])
+        return gp_error_set(GP_ERR_INVALID, "gp_run_train_ex: resume is empty; give a "
+                            "snapshot's path, \"latest\", or NULL for a fresh run");
     /* (the steps only mean something with a trace: a zeroed struct is fine) */
     if (opt->trace_path &&
         (opt->trace_first < 0 || (opt->trace_last >= 0 && opt->trace_last < opt->trace_first)))
