@@ -65,7 +65,9 @@ typedef enum gp_status {
 const char *gp_status_name(gp_status s);
 /* The calling thread's last error message ("" if there has been none).  A
  * call that succeeds leaves it as it was (as errno): read it after a
- * status other than GP_OK. */
+ * status other than GP_OK.  Messages name what the caller gave as the
+ * library takes it ("override train.steps=...", gp_train_options.resume),
+ * not as gpipe-train's flags (--set, --resume). */
 const char *gp_last_error(void);
 /* "MAJOR.MINOR.PATCH", from GPIPE_VERSION_* */
 const char *gp_version(void);

@@ -613,6 +613,22 @@ static void test_many_processes(void)
     gp_train_options o = GP_TRAIN_OPTIONS_INIT;
     o.resume = "";
     CHECK_ERR(gp_run_train_ex(run, &o, NULL), GP_ERR_INVALID, "resume is empty");
+    /* messages name gp_train_options' fields and overrides, not
+     * gpipe-train's flags */
+    char same[300];
+    snprintf(same, sizeof same, "%s/same.out", tmpdir);
+    o.resume = NULL;
+    o.metrics_path = o.trace_path = same;
+    CHECK_ERR(gp_run_train_ex(run, &o, NULL), GP_ERR_INVALID,
+              "gp_train_options.metrics_path and gp_train_options.trace_path name the same "
+              "file");
+    o.metrics_path = o.trace_path = NULL;
+    o.resume = tmpdir;
+    CHECK_ERR(gp_run_train_ex(run, &o, NULL), GP_ERR_INVALID,
+              "gp_train_options.resume = \"latest\" and train.snapshot.dir=");
+    const char *bad[] = {"train.steps="};
+    CHECK_ERR(gp_run_parse("api.yaml", k_yaml, bad, 1, &none), GP_ERR_INVALID,
+              "override train.steps=: empty value");
     setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
     CHECK_ERR(gp_run_prepare(run), GP_ERR_UNSUPPORTED, "one of several processes (mpirun or srun)");
     CHECK_ERR(gp_run_train_ex(run, NULL, NULL), GP_ERR_UNSUPPORTED, "a gp_run does not span");

@@ -1583,9 +1583,26 @@ static void test_fuzz(void)
     CHECK_ERR(parse_bad(k_base, ls, 1), GP_ERR_INVALID, "the key has more than 64 parts");
 }
 
+/* The library's callers give overrides, not --set: its messages say so
+ * until a tool calls gp_names_use_flags(), as gpipe-train does first
+ * (the tests below then check the tools' wording). */
+static void test_override_names(void)
+{
+    gp_config c;
+    const char *empty[] = {"train.steps="};
+    CHECK_ERR(parse_set(k_base, empty, 1, &c), GP_ERR_INVALID,
+              "override train.steps=: empty value; give a value, e.g. override "
+              "train.steps=100, or leave the override out for the default");
+    gp_names_use_flags();
+    CHECK_ERR(parse_set(k_base, empty, 1, &c), GP_ERR_INVALID,
+              "--set train.steps=: empty value; give a value, e.g. --set train.steps=100, or "
+              "leave the --set out for the default");
+}
+
 int main(void)
 {
     gp_log_set_level(GP_LOG_ERROR); /* warnings are checked in gp_config.warnings */
+    test_override_names(); /* (first: it switches to the tools' names) */
     test_full();
     test_defaults();
     test_skips();

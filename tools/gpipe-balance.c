@@ -338,6 +338,7 @@ int main(int argc, char **argv)
     gp_balance_by by = GP_BALANCE_BY_TIME;
     const char **sets = calloc((size_t)argc + 4, sizeof *sets);
     int n_sets = 0, set_value_at = -1, quiet = 0;
+    gp_names_use_flags(); /* messages name --set */
     if (!sets) return EXIT_RUNTIME;
     for (int i = 1; i < argc; i++) {
         /* --opt=VALUE, as gpipe-train takes --set=K=V */

@@ -280,6 +280,7 @@ int main(int argc, char **argv)
     const char **sets = calloc((size_t)argc, sizeof *sets);
     int n_sets = 0, dry = 0, progress = -1, quiet = 0, verbose = 0;
     int set_value_at = -1; /* argv index of the last --set's value */
+    gp_names_use_flags(); /* messages name --set, --resume, ... */
     if (!sets) return EXIT_RUNTIME;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];

@@ -128,8 +128,9 @@ static void warn_shadowed(gp_cfg_walk *w, const char *const *ov, int n)
             size_t li = override_key(ov[i], &ki);
             if (li <= lj || strncmp(ki, kj, lj) || ki[lj] != '.') continue;
             gp_ynode at = {.set = ov[j]};
-            gp_cfg_warn(w, &at, "replaces '%.*s' and with it the earlier --set %s; give that "
-                        "one after this, or both as one map", (int)lj, kj, ov[i]);
+            gp_cfg_warn(w, &at, "replaces '%.*s' and with it the earlier %s %s; give that "
+                        "one after this, or both as one map", (int)lj, kj,
+                        gp_opt_name(GP_OPT_SET), ov[i]);
             break;
         }
     }

@@ -99,9 +99,10 @@ gp_status gp_cfg_parse_train(gp_cfg_walk *w, const gp_ynode *root, gp_train_conf
         const gp_ynode *tn = ot ? ot : gp_ymap_get(om, "type");
         char why[400] = "";
         if (tn && tn->set && !bad->set)
-            snprintf(why, sizeof why, " (the type comes from --set %.120s; to change the "
-                     "optimizer replace the whole map, e.g. --set 'train.optimizer={type: %s, "
-                     "lr: 0.001}')", tn->set, k_optim_names[k]);
+            snprintf(why, sizeof why, " (the type comes from %s %.120s; to change the "
+                     "optimizer replace the whole map, e.g. %s 'train.optimizer={type: %s, "
+                     "lr: 0.001}')", gp_opt_name(GP_OPT_SET), tn->set, gp_opt_name(GP_OPT_SET),
+                     k_optim_names[k]);
         return gp_cfg_bad(w, bad, "train.optimizer.%s is for %s; type %s takes %s%s", key,
                           sgd ? "adam and adamw" : "sgd", k_optim_names[k],
                           sgd ? "momentum and nesterov" : "betas: [b1, b2] and eps", why);

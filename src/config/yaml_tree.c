@@ -144,10 +144,10 @@ const char *gp_yloc(const char *name, const gp_ynode *n, char *buf, size_t len)
      * about what an override inside it did */
     const char *within = n && n->kind != GP_YNODE_MAP ? gp_ynode_set_within(n) : NULL;
     if (n && n->set)
-        snprintf(buf, len, "--set %s", n->set);
+        snprintf(buf, len, "%s %s", gp_opt_name(GP_OPT_SET), n->set);
     else if (within) /* the file's node, with a part an override replaced */
-        snprintf(buf, len, "%s:%d:%d (as --set %s changed it)", name ? name : "<config>",
-                 n->line, n->column, within);
+        snprintf(buf, len, "%s:%d:%d (as %s %s changed it)", name ? name : "<config>",
+                 n->line, n->column, gp_opt_name(GP_OPT_SET), within);
     else
         snprintf(buf, len, "%s:%d:%d", name ? name : "<config>", n ? n->line : 1,
                  n ? n->column : 1);
@@ -210,8 +210,8 @@ static gp_status build_err(const builder *b, int line, int col, const char *fmt,
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     if (b->set)
-        return gp_error_set(GP_ERR_INVALID, "--set %s: %s (at column %d of the value)",
-                            b->set, msg, col);
+        return gp_error_set(GP_ERR_INVALID, "%s %s: %s (at column %d of the value)",
+                            gp_opt_name(GP_OPT_SET), b->set, msg, col);
     return gp_error_set(GP_ERR_INVALID, "%s:%d:%d: %s", b->name, line, col, msg);
 }
 
@@ -514,7 +514,7 @@ static gp_status set_err(const char *set, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    return gp_error_set(GP_ERR_INVALID, "--set %s: %s", set, msg);
+    return gp_error_set(GP_ERR_INVALID, "%s %s: %s", gp_opt_name(GP_OPT_SET), set, msg);
 }
 
 static bool parse_index(const char *s, int *out)
@@ -625,14 +625,14 @@ static gp_status override_apply(gp_ynode **root, const char *set, char **comps, 
             if (typed)
                 return set_err(set, "'%s' is a single value ('%.60s', short for {type: %.60s}), "
                                "not a map; cannot set '%s' inside it: give both as one map, "
-                               "--set '%s={type: %.60s, %s: ...}'", path, node->text, node->text,
-                               c, path, node->text, c);
+                               "%s '%s={type: %.60s, %s: ...}'", path, node->text, node->text,
+                               c, gp_opt_name(GP_OPT_SET), path, node->text, c);
             /* a device given by its name alone: {name: ..., memory: ...} */
             if (node->text && !strncmp(path, "pipeline.devices.", 17) && !strchr(path + 17, '.'))
                 return set_err(set, "'%s' is a device given by its name alone ('%.60s'), not a "
-                               "map; cannot set '%s' inside it: give it as a map, --set "
-                               "'%s={name: %.60s, %s: ...}'", path, node->text, c, path,
-                               node->text, c);
+                               "map; cannot set '%s' inside it: give it as a map, %s "
+                               "'%s={name: %.60s, %s: ...}'", path, node->text, c,
+                               gp_opt_name(GP_OPT_SET), path, node->text, c);
             return set_err(set, "'%s' is a single value ('%.60s'), not a map; cannot "
                            "set '%s' inside it", path[0] ? path : "the config", node->text ? node->text : "", c);
         }
@@ -675,10 +675,11 @@ gp_status gp_ytree_override(gp_ynode **root, const char *set)
                   v0[3 + strspn(v0 + 3, " \t\r\n")] == '\0';
     if (*v0 == '\0' || marker) {
         const char *ex = gp_cfg_example(key);
-        gp_status s = ex ? set_err(set, "empty value; give a value, e.g. --set %s=%s, or leave "
-                                   "the --set out for the default", key, ex)
+        const char *o = gp_opt_name(GP_OPT_SET);
+        gp_status s = ex ? set_err(set, "empty value; give a value, e.g. %s %s=%s, or leave "
+                                   "the %s out for the default", o, key, ex, o)
                          : set_err(set, "empty value; give a value after '=', or leave the "
-                                   "--set out for the default");
+                                   "%s out for the default", o);
         free(key);
         return s;
     }
@@ -702,7 +703,8 @@ gp_status gp_ytree_override(gp_ynode **root, const char *set)
         p = dot + 1;
     }
     gp_ynode *val = NULL;
-    if (s == GP_OK) s = gp_ytree_parse("--set", set, eq + 1, strlen(eq + 1), &val);
+    if (s == GP_OK)
+        s = gp_ytree_parse(gp_opt_name(GP_OPT_SET), set, eq + 1, strlen(eq + 1), &val);
     if (s == GP_OK) {
         if (!*root) {
             *root = set_map(set);

@@ -52,6 +52,22 @@ gp_status gp_error_set(gp_status code, const char *fmt, ...)
 gp_status gp_error_wrap(gp_status code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 const char *gp_error_message(void); /* this thread's last message, never NULL */
+/* How messages name what a run was given: by default the library's names
+ * (an override, gp_train_options' fields), and gpipe-train's and
+ * gpipe-balance's flags (--set, --resume, ...) once a tool has called
+ * gp_names_use_flags(), before anything else.  Process-wide. */
+typedef enum gp_opt {
+    GP_OPT_SET,           /* "--set" / "override" */
+    GP_OPT_RESUME,        /* "--resume" / "gp_train_options.resume" */
+    GP_OPT_RESUME_LATEST, /* "--resume latest" / its "latest" */
+    GP_OPT_METRICS,
+    GP_OPT_TRACE,
+    GP_OPT_TRACE_STEPS,
+    GP_OPT_EXPORT,
+    GP_OPT_COUNT
+} gp_opt;
+void gp_names_use_flags(void);
+const char *gp_opt_name(gp_opt o);
 #define GP_ERRMSG_LEN 2048          /* its buffer, the terminating 0 included */
 void gp_error_clear(void);
 /* The exit status gpipe's tools give for s (the one map, which a failing

@@ -23,6 +23,27 @@ gp_status gp_error_set(gp_status code, const char *fmt, ...)
     return code;
 }
 
+static atomic_bool g_flags;
+
+void gp_names_use_flags(void) { atomic_store(&g_flags, true); }
+
+const char *gp_opt_name(gp_opt o)
+{
+    static const char *const flags[GP_OPT_COUNT] = {
+        "--set", "--resume", "--resume latest", "--metrics", "--trace", "--trace-steps",
+        "--export-weights"};
+    static const char *const library[GP_OPT_COUNT] = {
+        "override",
+        "gp_train_options.resume",
+        "gp_train_options.resume = \"latest\"",
+        "gp_train_options.metrics_path",
+        "gp_train_options.trace_path",
+        "gp_train_options.trace_first:trace_last",
+        "gp_train_options.export_weights"};
+    if ((unsigned)o >= GP_OPT_COUNT) return "?";
+    return (atomic_load(&g_flags) ? flags : library)[o];
+}
+
 gp_status gp_error_wrap(gp_status code, const char *fmt, ...)
 {
     char prefix[GP_ERRMSG_LEN];

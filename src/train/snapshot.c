@@ -798,16 +798,17 @@ gp_status gp_snapshot_resume_check(const char *resume, const char *dir)
     if (!resume) return GP_OK;
     if (!strcmp(resume, "latest")) {
         if (stat(dir, &st) != 0)
-            return gp_error_set(GP_ERR_IO, "--resume latest: train.snapshot.dir '%s' does not "
-                                "exist (%s); give the directory the earlier run wrote its "
-                                "snapshots to (--set train.snapshot.dir=DIR)", dir,
-                                strerror(errno));
+            return gp_error_set(GP_ERR_IO, "%s: train.snapshot.dir '%s' does not exist (%s); "
+                                "give the directory the earlier run wrote its snapshots to "
+                                "(%s train.snapshot.dir=DIR)", gp_opt_name(GP_OPT_RESUME_LATEST),
+                                dir, strerror(errno), gp_opt_name(GP_OPT_SET));
         return GP_OK;
     }
     if (stat(resume, &st) == 0 && S_ISDIR(st.st_mode))
-        return gp_error_set(GP_ERR_INVALID, "--resume %s is a directory; give a snapshot file, "
-                            "or resume the newest one in it with --resume latest --set "
-                            "train.snapshot.dir=%s and the config", resume, resume);
+        return gp_error_set(GP_ERR_INVALID, "%s %s is a directory; give a snapshot file, or "
+                            "resume the newest one in it with %s and train.snapshot.dir=%s in "
+                            "the config", gp_opt_name(GP_OPT_RESUME), resume,
+                            gp_opt_name(GP_OPT_RESUME_LATEST), resume);
     return GP_OK;
 }
 
@@ -831,7 +832,7 @@ gp_status gp_snapshot_latest(const char *dir, char *path, size_t len)
                         n ? " (every one there failed to verify; see the warnings)" :
                             "; nothing to resume (a run takes snapshots with "
                             "train.snapshot.every_steps or every_minutes, and one stopped "
-                            "before its first leaves none: start it again without --resume)");
+                            "before its first leaves none: start it again without resuming)");
 }
 
 /* ---- the directory lock ------------------------------------------------ */
@@ -1348,9 +1349,10 @@ static gp_status move_later_aside(const gp_snapshot_lock *lock, int64_t step)
     if (later == 1) snprintf(which, sizeof which, "step %lld", (long long)steps[0]);
     else snprintf(which, sizeof which, "steps %lld to %lld", (long long)steps[later - 1],
                   (long long)steps[0]);
-    GP_INFO("moved %d later snapshot%s (%s) to %s/ so that --resume latest goes on with this "
-            "run from step %lld; delete that directory once you do not need them", later,
-            later == 1 ? "" : "s", which, sub, (long long)step);
+    GP_INFO("moved %d later snapshot%s (%s) to %s/ so that %s goes on with this run from "
+            "step %lld; delete that directory once you do not need them", later,
+            later == 1 ? "" : "s", which, sub, gp_opt_name(GP_OPT_RESUME_LATEST),
+            (long long)step);
     free(steps);
     return GP_OK;
 }
@@ -1367,9 +1369,9 @@ gp_status gp_snapshot_prepare(gp_model *m, const gp_config *cfg, const char *res
         if (snapping && gp_snapshot_count(tc->snapshot.dir) > 0)
             return gp_error_set(GP_ERR_INVALID,
                                 "'%s' already holds snapshots of an earlier run; continue it "
-                                "with --resume latest, or set train.snapshot.dir to another "
-                                "directory (a fresh run would mix with them)",
-                                tc->snapshot.dir);
+                                "with %s, or set train.snapshot.dir to another directory (a "
+                                "fresh run would mix with them)", tc->snapshot.dir,
+                                gp_opt_name(GP_OPT_RESUME_LATEST));
         if (cfg->model.init_from[0]) {
             GP_TRY(gp_snapshot_init_from(m, cfg->model.init_from));
             if (!quiet) GP_INFO("initial weights from %s", cfg->model.init_from);
@@ -1382,7 +1384,7 @@ gp_status gp_snapshot_prepare(gp_model *m, const gp_config *cfg, const char *res
     gp_snapshot_pos sp;
     bool positioned;
     gp_status s = gp_snapshot_restore(m, cfg, path, quiet, &sp, &positioned);
-    if (s != GP_OK) return gp_error_wrap(s, "--resume");
+    if (s != GP_OK) return gp_error_wrap(s, "%s", gp_opt_name(GP_OPT_RESUME));
     if (!positioned)
         GP_WARN("%s was saved by gp_run_save, which records no data position: this run's data "
                 "starts at epoch 1's first batch", path);

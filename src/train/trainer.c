@@ -113,8 +113,9 @@ static gp_status metrics_resume(FILE *f, const char *path, int64_t step, bool dr
     bool ok = !ferror(f) && fflush(f) == 0 && ftruncate(fileno(f), keep) == 0 &&
               fseeko(f, 0, SEEK_END) == 0;
     if (!ok)
-        return gp_error_set(GP_ERR_IO, "--metrics '%s': cannot go on with it after the steps "
-                            "the resumed snapshot holds: %s", path, strerror(errno));
+        return gp_error_set(GP_ERR_IO, "%s '%s': cannot go on with it after the steps the "
+                            "resumed snapshot holds: %s", gp_opt_name(GP_OPT_METRICS), path,
+                            strerror(errno));
     return GP_OK;
 }
 
@@ -347,8 +348,8 @@ static gp_status stop_between_steps(gp_model *m, const gp_config *cfg, const gp_
     const char *by = signal_name(sig, b, sizeof b);
     res->stop_signal = sig;
     if (o->export_path)
-        snprintf(unwritten, sizeof unwritten, "; --export-weights '%s' not written (the run did "
-                 "not finish)", o->export_path);
+        snprintf(unwritten, sizeof unwritten, "; %s '%s' not written (the run did not finish)",
+                 gp_opt_name(GP_OPT_EXPORT), o->export_path);
     bool on;
     gp_status s = final_snapshot(m, cfg, step, saved, pos, lock, &on, path, sizeof path);
     if (s != GP_OK)
@@ -360,8 +361,8 @@ static gp_status stop_between_steps(gp_model *m, const gp_config *cfg, const gp_
                             "to keep a run's progress)%s", (long long)step, (long long)total, by,
                             (long long)saved, unwritten);
     return gp_error_set(GP_ERR_STOPPED, "stopped at step %lld of %lld by %s; snapshot %s holds "
-                        "it: go on with --resume latest%s", (long long)step, (long long)total,
-                        by, path, unwritten);
+                        "it: go on with %s%s", (long long)step, (long long)total, by, path,
+                        gp_opt_name(GP_OPT_RESUME_LATEST), unwritten);
 }
 
 /* The run stopped on an error that left the model as it was at step
@@ -402,9 +403,9 @@ static gp_status data_failure(gp_model *m, const gp_config *cfg, gp_status err, 
                               int64_t saved, const gp_snapshot_pos *pos, gp_snapshot_lock *lock)
 {
     bool folder = cfg->data.dataset == GP_DATASET_IMAGE_FOLDER && !cfg->data.skip_bad_files;
-    const char *advice = folder ? "fix the data (or set data.on_bad_file: skip) and go on with "
-                                  "--resume latest"
-                                : "fix the data and go on with --resume latest";
+    char advice[160];
+    snprintf(advice, sizeof advice, "fix the data%s and go on with %s",
+             folder ? " (or set data.on_bad_file: skip)" : "", gp_opt_name(GP_OPT_RESUME_LATEST));
     return failure_snapshot(m, cfg, err, step, saved, pos, lock, advice,
                             folder ? "fix the data, or set data.on_bad_file: skip" : NULL);
 }
@@ -625,13 +626,15 @@ static gp_status check_outputs_spare_inputs(const gp_config *cfg, const gp_train
 {
     const struct {
         const char *opt, *path;
-    } outs[3] = {{"--export-weights", opts->export_path},
-                 {"--metrics", opts->metrics_path},
-                 {"--trace", opts->trace_path}};
+    } outs[3] = {{gp_opt_name(GP_OPT_EXPORT), opts->export_path},
+                 {gp_opt_name(GP_OPT_METRICS), opts->metrics_path},
+                 {gp_opt_name(GP_OPT_TRACE), opts->trace_path}};
+    char reads[80];
+    snprintf(reads, sizeof reads, "the snapshot %s reads", gp_opt_name(GP_OPT_RESUME));
     const struct {
         const char *what, *path;
     } ins[3] = {{"the config", cfg->path},
-                {"the snapshot --resume reads", opts->resume_path},
+                {reads, opts->resume_path},
                 {"model.init_from", cfg->model.init_from}};
     const char *snap_dir = cfg->train.snapshot.dir;
     for (int o = 0; o < 3; o++) {
@@ -695,14 +698,14 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
      * not the run.  (The metrics file and the trace are opened here.) */
     gp_status chk = GP_OK;
     if (opts->export_path && gp_procs_rank() == 0) /* processes: rank 0 writes it */
-        chk = gp_check_writable_file(opts->export_path, "--export-weights", true);
+        chk = gp_check_writable_file(opts->export_path, gp_opt_name(GP_OPT_EXPORT), true);
     if (chk == GP_OK) chk = check_outputs_spare_inputs(cfg, opts);
     /* the files opened below, checked before either is (a metrics file
      * emptied for a trace path that then fails would be lost) */
     if (chk == GP_OK && opts->metrics_path)
-        chk = gp_check_writable_file(opts->metrics_path, "--metrics", false);
+        chk = gp_check_writable_file(opts->metrics_path, gp_opt_name(GP_OPT_METRICS), false);
     if (chk == GP_OK && opts->trace_path)
-        chk = gp_check_writable_file(opts->trace_path, "--trace", false);
+        chk = gp_check_writable_file(opts->trace_path, gp_opt_name(GP_OPT_TRACE), false);
     if (chk == GP_OK) chk = gp_snapshot_resume_check(opts->resume_path, tc->snapshot.dir);
     /* processes: no rank opens an output before every rank's are checked */
     chk = agree_phase(chk, "checking its outputs; nothing was written", res);
@@ -731,16 +734,16 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                       (stat(opts->metrics_path, &ms) != 0 || S_ISREG(ms.st_mode));
         mf = fopen(opts->metrics_path, append ? "a+" : "w");
         if (!mf) {
-            s = gp_error_set(GP_ERR_IO, "--metrics '%s' cannot be written: %s; check the "
-                             "directory exists and is writable", opts->metrics_path,
-                             strerror(errno));
+            s = gp_error_set(GP_ERR_IO, "%s '%s' cannot be written: %s; check the directory "
+                             "exists and is writable", gp_opt_name(GP_OPT_METRICS),
+                             opts->metrics_path, strerror(errno));
             goto done;
         }
     }
     if (opts->trace_path) {
         s = gp_trace_open(opts->trace_path, opts->trace_first, opts->trace_last, &trace);
         if (s != GP_OK) {
-            gp_error_wrap(s, "--trace");
+            gp_error_wrap(s, "%s", gp_opt_name(GP_OPT_TRACE));
             goto done;
         }
     }
@@ -1021,15 +1024,17 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
              * others before they could */
             bool numeric = s == GP_ERR_NUMERIC;
             if (mp->refused && (numeric || gp_procs_size() == 1)) {
-                s = failure_snapshot(mp, cfg, s, step, saved_step, &last_pos, snap_lock,
-                                     numeric ? "go on with --resume latest once that is changed "
-                                               "(as it is, this step would fail again), or, "
-                                               "where the weights have run away already (a "
-                                               "learning rate far too large moves them in one "
-                                               "step), from an earlier snapshot (--resume "
-                                               "PATH) or from the start"
-                                             : "go on with --resume latest once that is fixed "
-                                               "(this step's batch comes first)",
+                char advice[480];
+                if (numeric)
+                    snprintf(advice, sizeof advice, "go on with %s once that is changed (as it "
+                             "is, this step would fail again), or, where the weights have run "
+                             "away already (a learning rate far too large moves them in one "
+                             "step), from an earlier snapshot (%s PATH) or from the start",
+                             gp_opt_name(GP_OPT_RESUME_LATEST), gp_opt_name(GP_OPT_RESUME));
+                else
+                    snprintf(advice, sizeof advice, "go on with %s once that is fixed (this "
+                             "step's batch comes first)", gp_opt_name(GP_OPT_RESUME_LATEST));
+                s = failure_snapshot(mp, cfg, s, step, saved_step, &last_pos, snap_lock, advice,
                                      NULL);
                 /* every rank summed the same norms and refused alike (a
                  * snapshot that failed may have failed on one rank only) */
@@ -1089,10 +1094,14 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
             /* a full disk or a file-size limit: the step's work is saved
              * as a failure's is (processes: rank 0 alone writes metrics,
              * and its failure ends every rank) */
-            if (s != GP_OK && gp_procs_size() == 1)
+            if (s != GP_OK && gp_procs_size() == 1) {
+                char advice[200];
+                snprintf(advice, sizeof advice, "make room for the metrics file (or give %s "
+                         "another path) and go on with %s", gp_opt_name(GP_OPT_METRICS),
+                         gp_opt_name(GP_OPT_RESUME_LATEST));
                 s = failure_snapshot(mp, cfg, s, step + 1, saved_step, &last_pos, snap_lock,
-                                     "make room for the metrics file (or give --metrics "
-                                     "another path) and go on with --resume latest", NULL);
+                                     advice, NULL);
+            }
             if (s != GP_OK) goto done;
         }
         bool minutes_due = snc->every_minutes > 0 &&
@@ -1213,8 +1222,9 @@ done:;
             else
                 snprintf(range, sizeof range, "%lld:%lld", (long long)opts->trace_first,
                          (long long)opts->trace_last);
-            GP_WARN("--trace %s holds no step: --trace-steps %s (0-based) is outside the steps "
-                    "this run took, %lld:%lld", opts->trace_path, range, (long long)run_first,
+            GP_WARN("%s %s holds no step: %s %s (0-based) is outside the steps this run took, "
+                    "%lld:%lld", gp_opt_name(GP_OPT_TRACE), opts->trace_path,
+                    gp_opt_name(GP_OPT_TRACE_STEPS), range, (long long)run_first,
                     (long long)run_last);
         }
     }
