@@ -758,6 +758,23 @@ static void test_config_checks(void)
                               "pipeline.chunks x replicas = 4: that partial batch is dropped") &&
                   strstr(out, "8 steps (4 per epoch)"),
               "partial batch: %.900s", out);
+    /* An evaluation that is not finite after finite training (one step at
+     * a rate that blows the weights up): said, once, with the causes */
+    {
+        char ncfg[512];
+        in_tmp(ncfg, sizeof ncfg, "evalnan.yaml");
+        write_file(ncfg, "model:\n  input: [1, 4, 4]\n  layers: [flatten, {linear: {out: 8}}, "
+                         "batchnorm, relu, {linear: {out: 3}}]\n"
+                         "data: {dataset: synthetic, synthetic: {train: 32, test: 8, classes: 3, "
+                         "shape: [1, 4, 4]}}\n"
+                         "train: {batch_size: 8, steps: 1, optimizer: {lr: 1e30}}\n");
+        snprintf(cmd, sizeof cmd, "%s %s --no-progress", bin, ncfg);
+        int rc = run(cmd, out, sizeof out);
+        const char *w = strstr(out, "warning: the test loss is NaN (training's last loss ");
+        CHECK_MSG(rc == 0 && w && strstr(w, "Batch norm evaluates with its running statistics") &&
+                      !strstr(w + 1, "warning: the test loss"),
+                  "evaluation not finite: exit %d: %.900s", rc, out);
+    }
     /* A data limit beyond the split: all of it is used, with a word; not
      * for a limit within it */
     snprintf(cmd, sizeof cmd, "%s %s --no-progress --set train.steps=1 --set "

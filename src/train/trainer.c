@@ -595,6 +595,21 @@ gp_status gp_train_check_processes(const gp_config *cfg)
  * left as it was) trains on the wrong set, normalised with the wrong
  * statistics, without a word.  Their mean pixels (0.131 and 0.286) tell
  * them apart; a training split far from its set's says so. */
+/* An evaluation whose loss is not finite while training's were (a NaN
+ * training loss ends the run): said once, with the usual causes, rather
+ * than printed as a test loss of nan. */
+static void warn_eval_not_finite(double test_loss, double train_loss, bool *said)
+{
+    if (isfinite(test_loss) || *said) return;
+    *said = true;
+    GP_WARN("the test loss is %s (training's last loss %.4g): the model's outputs in evaluation "
+            "mode are not finite. Batch norm evaluates with its running statistics, which "
+            "micro-batches of one or two samples estimate badly (raise train.batch_size or "
+            "lower pipeline.chunks); weights grown too large overflow too (lower "
+            "train.optimizer.lr)", isnan(test_loss) ? "NaN" : test_loss > 0 ? "+inf" : "-inf",
+            train_loss);
+}
+
 static void warn_other_mnist(const gp_config *cfg, const gp_dataset *ds)
 {
     gp_dataset_kind k = cfg->data.dataset;
@@ -888,6 +903,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                 cfg->pipeline.replicas, (long long)(tc->batch_size / cfg->pipeline.replicas));
 
     double t_start = gp_now(), window_t = t_start, last_snap = t_start;
+    bool eval_nan_said = false;
     int64_t window_samples = 0;
     bool first_window = true;
     double sps = 0, window_wait = 0, wait_share = 0;
@@ -955,6 +971,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                 goto done;
             }
             if (progress) fputc('\n', stderr);
+            warn_eval_not_finite(res->test_loss, res->final_loss, &eval_nan_said);
             if (!opts->quiet)
                 GP_INFO("epoch %lld: test loss %.4f, test accuracy %.2f%%",
                         (long long)last_epoch + 1, res->test_loss, 100 * res->test_accuracy);
@@ -1168,6 +1185,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     /* Final evaluation (the last epoch, or a steps-limited run). */
     s = gp_model_evaluate(mp, cfg, &test, &res->test_loss, &res->test_accuracy);
     if (s != GP_OK) goto done;
+    warn_eval_not_finite(res->test_loss, res->final_loss, &eval_nan_said);
     if (!opts->quiet)
         GP_INFO("final: test loss %.4f, test accuracy %.2f%% after %lld steps",
                 res->test_loss, 100 * res->test_accuracy, (long long)res->steps);
