@@ -16,7 +16,10 @@
  * be used from distinct threads at once (each starts its own worker
  * threads, and each CPU device takes cores / devices math threads unless
  * pipeline.threads says otherwise, so runs side by side share the cores).
- * gp_run_stop is the exception: any thread, or a signal handler.  A call
+ * gp_run_stop is the exception: any thread, or a signal handler.  A run
+ * prepared (its devices open) belongs to its process: in a child of fork()
+ * its calls fail with GP_ERR_INVALID and gp_run_free leaves the parent's
+ * threads and devices alone; fork before gp_run_prepare.  A call
  * leaves the calling thread's OpenMP thread count as it found it, though a
  * CPU device may run its ops on that thread meanwhile.  Opening a CPU
  * device turns oneDNN's process-wide primitive cache off (each device

@@ -28,6 +28,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static char tmpdir[256];
@@ -638,6 +639,38 @@ static void test_many_processes(void)
     gp_run_free(run);
 }
 
+/* A prepared run used in a child of fork(): refused (a step there waited
+ * for ever on worker threads the child does not have), and freed there
+ * without waiting for them; the parent's run goes on. */
+static void test_fork(void)
+{
+    gp_run *run = NULL;
+    CHECK_OK(gp_run_parse("api.yaml", k_yaml, NULL, 0, &run));
+    if (!run) return;
+    enum { N = 32 };
+    float x[N * 16], y[N];
+    unsigned seed = 6;
+    make_batch(&seed, x, y, N);
+    CHECK_OK(gp_run_step(run, x, y, N, 0, NULL));
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(30); /* (a hang ends the child, and the check below fails) */
+        gp_status s = gp_run_step(run, x, y, N, 0, NULL);
+        int ok = s == GP_ERR_INVALID && strstr(gp_last_error(), "a child of fork()");
+        gp_run_free(run);
+        _exit(ok ? 0 : 1);
+    }
+    CHECK(pid > 0);
+    int st = 0;
+    if (pid > 0) waitpid(pid, &st, 0);
+    CHECK_MSG(pid > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+              "the child: %s %d", WIFEXITED(st) ? "exit" : "signal",
+              WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+    CHECK_OK(gp_run_step(run, x, y, N, 0, NULL));
+    gp_run_free(run);
+}
+
 /* OpenMP's, declared here rather than through omp.h: the test is built
  * without -fopenmp and links the runtime through libgpipe */
 int omp_get_max_threads(void);
@@ -900,6 +933,7 @@ int main(void)
     test_outputs_spare_config();
     test_output_loss_mismatch();
     test_many_processes();
+    test_fork();
     test_step_after_oom();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);

@@ -21,6 +21,7 @@ struct gp_run {
     int n_dev;
     gp_model *model;    /* heap: the pipeline holds pointers into it */
     bool prepared;
+    pid_t prepared_by;  /* the process that prepared it: its worker threads */
     gp_metrics last;
     _Atomic int stop;   /* gp_run_stop's signal (-1: asked without one); 0 = go on */
     int64_t diverged;   /* the step (1-based) whose update left non-finite values
@@ -78,8 +79,20 @@ static gp_status inputs_finite(const gp_run *r, const char *what, const float *x
 }
 
 /* A run whose model took a non-finite update refuses to go on with it. */
+/* A prepared run's worker threads are its process's: a child of fork()
+ * has none, and a step there waited for ever. */
+static gp_status same_process(const gp_run *r, const char *what)
+{
+    if (!r->prepared || r->prepared_by == getpid()) return GP_OK;
+    return gp_error_set(GP_ERR_INVALID, "%s: this run was prepared by process %ld, and this is "
+                        "another (a child of fork()), which has none of its worker threads; "
+                        "make a new run in this process, or fork before gp_run_prepare",
+                        what, (long)r->prepared_by);
+}
+
 static gp_status usable(const gp_run *r, const char *what)
 {
+    GP_TRY(same_process(r, what));
     if (!r->diverged) return GP_OK;
     if (r->diverged_by != GP_ERR_NUMERIC)
         return gp_error_set(GP_ERR_INVALID, "%s: step %lld failed once its update had begun (the "
@@ -174,8 +187,12 @@ void gp_run_free(gp_run *r)
 {
     if (!r) return;
     int threads = gp_caller_threads(); /* (closing a device may run its ops here) */
-    drop_model(r);
-    free(r->model);
+    /* in a child of fork() the model's threads and devices are the
+     * parent's: leave them (joining them would wait for ever) */
+    if (!r->prepared || r->prepared_by == getpid()) {
+        drop_model(r);
+        free(r->model);
+    }
     gp_config_free(&r->cfg);
     free(r);
     gp_caller_threads_restore(threads);
@@ -202,6 +219,7 @@ static gp_status run_prepare(gp_run *r)
     GP_TRY(gp_train_open(&r->cfg, r->devs, r->model, true));
     r->n_dev = gp_pipeline_devices_total(&r->cfg.pipeline);
     r->prepared = true;
+    r->prepared_by = getpid();
     /* model.init_from, as gpipe-train starts from it */
     if (r->cfg.model.init_from[0]) {
         gp_status s = gp_snapshot_init_from(r->model, r->cfg.model.init_from);
@@ -259,6 +277,7 @@ gp_status gp_run_train(gp_run *r, const char *metrics_path, gp_metrics *out)
 static gp_status run_train_ex(gp_run *r, const gp_train_options *opt, gp_metrics *out)
 {
     RUN_ARG(r);
+    GP_TRY(same_process(r, "gp_run_train_ex"));
     GP_TRY(not_many_processes("gp_run_train_ex"));
     gp_train_options none = GP_TRAIN_OPTIONS_INIT;
     if (!opt) opt = &none;
@@ -296,6 +315,7 @@ static gp_status run_train_ex(gp_run *r, const gp_train_options *opt, gp_metrics
         r->n_dev = gp_pipeline_devices_total(&r->cfg.pipeline);
         memcpy(r->devs, tdevs, sizeof r->devs);
         r->prepared = true;
+        r->prepared_by = getpid();
         r->diverged = 0;
         /* the last step's numbers, also when a stop ended it early */
         r->last.step = res.steps;
@@ -417,6 +437,7 @@ static gp_status run_restore(gp_run *r, const char *path)
     RUN_ARG(r);
     if (!path || !path[0])
         return gp_error_set(GP_ERR_INVALID, "gp_run_restore needs a snapshot's path");
+    GP_TRY(same_process(r, "gp_run_restore"));
     GP_TRY(gp_run_prepare(r));
     GP_TRY(one_process(r, "gp_run_restore"));
     gp_snapshot_pos pos;
