@@ -444,6 +444,8 @@ typedef struct {
     const char *snapshot;
     int quiet;
     gp_status s;
+    const char *steps; /* the train.steps override; NULL: train.steps=8 */
+    gp_metrics m;      /* what the run reports */
 } train_arg;
 
 /* k_yaml trained (8 steps), resumed from `snapshot` when given */
@@ -451,12 +453,12 @@ static void train_quietly(void *p)
 {
     train_arg *a = p;
     gp_run *run = NULL;
-    static const char *ov[] = {"train.steps=8"};
+    const char *ov[] = {a->steps ? a->steps : "train.steps=8"};
     a->s = gp_run_parse("api.yaml", k_yaml, ov, 1, &run);
     gp_train_options o = GP_TRAIN_OPTIONS_INIT;
     o.quiet = a->quiet;
     o.resume = a->snapshot;
-    if (a->s == GP_OK) a->s = gp_run_train_ex(run, &o, NULL);
+    if (a->s == GP_OK) a->s = gp_run_train_ex(run, &o, &a->m);
     gp_run_free(run);
 }
 
@@ -478,7 +480,7 @@ static void test_quiet(void)
     CHECK_OK(gp_run_save(run, snap));
     gp_run_free(run);
 
-    train_arg a = {snap, 1, GP_OK};
+    train_arg a = {.snapshot = snap, .quiet = 1};
     char *said = stderr_of(train_quietly, &a);
     CHECK_OK(a.s);
     CHECK_MSG(said && !strstr(said, "info:") && strstr(said, "records no data position"),
@@ -496,25 +498,6 @@ static void test_quiet(void)
     CHECK_MSG(said && !said[0], "log level quiet: %s", said ? said : "(nothing captured)");
     free(said);
     CHECK_OK(gp_set_log_level(NULL));
-}
-
-typedef struct {
-    const char *snapshot;
-    gp_metrics m;
-    gp_status s;
-} past_end_arg;
-
-static void train_past_end(void *p)
-{
-    past_end_arg *a = p;
-    gp_run *run = NULL;
-    static const char *ov[] = {"train.steps=1"};
-    a->s = gp_run_parse("api.yaml", k_yaml, ov, 1, &run);
-    gp_train_options o = GP_TRAIN_OPTIONS_INIT;
-    o.quiet = 1;
-    o.resume = a->snapshot;
-    if (a->s == GP_OK) a->s = gp_run_train_ex(run, &o, &a->m);
-    gp_run_free(run);
 }
 
 /* A run resumed past its end trains nothing: quiet still says so (a
@@ -538,8 +521,8 @@ static void test_past_end(void)
     CHECK_OK(gp_run_save(run, snap));
     gp_run_free(run);
 
-    past_end_arg a = {.snapshot = snap};
-    char *said = stderr_of(train_past_end, &a);
+    train_arg a = {.snapshot = snap, .quiet = 1, .steps = "train.steps=1"};
+    char *said = stderr_of(train_quietly, &a);
     CHECK_OK(a.s);
     CHECK_MSG(said && strstr(said, "warning:") &&
                   strstr(said, "resumed at step 2, past this run's 1 steps"),
