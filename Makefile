@@ -3,19 +3,23 @@
 #   make test       build and run the whole test suite (ctest)
 #   make build      just build (build/)
 #   make bench      build and run the benchmarks (bench/README.md)
-BUILD ?= build
+# Paths from this file's folder, so `make -C DIR` and `make -f DIR/Makefile`
+# work from anywhere (CONFIG and BUILD given on the command line are taken
+# as given, relative to where make runs).
+ROOT := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
+BUILD ?= $(ROOT)/build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
-CONFIG ?= configs/default.yaml
+CONFIG ?= $(ROOT)/configs/default.yaml
 
 .PHONY: all deps build train test bench clean
 all: build
 
 deps:
-	@scripts/install-deps.sh
+	@$(ROOT)/scripts/install-deps.sh
 
 build: deps
-	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
+	@cmake -S $(ROOT) -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
 train: build
