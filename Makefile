@@ -3,10 +3,11 @@
 #   make test       build and run the whole test suite (ctest)
 #   make build      just build (build/)
 #   make bench      build and run the benchmarks (bench/README.md)
-# Paths from this file's folder, so `make -C DIR` and `make -f DIR/Makefile`
-# work from anywhere (CONFIG and BUILD given on the command line are taken
-# as given, relative to where make runs).
-ROOT := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
+# Paths from this file's folder (relative as make was given it: "." from
+# the checkout, so a checkout whose path has blanks builds there), so that
+# `make -f DIR/Makefile` works from elsewhere too.  CONFIG and BUILD given on
+# the command line are taken as given, relative to where make runs.
+ROOT := $(patsubst %/,%,$(dir $(lastword $(MAKEFILE_LIST))))
 BUILD ?= $(ROOT)/build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
@@ -16,20 +17,20 @@ CONFIG ?= $(ROOT)/configs/default.yaml
 all: build
 
 deps:
-	@$(ROOT)/scripts/install-deps.sh
+	@"$(ROOT)/scripts/install-deps.sh"
 
 build: deps
-	@cmake -S $(ROOT) -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
-	@cmake --build $(BUILD) -j $(JOBS)
+	@cmake -S "$(ROOT)" -B "$(BUILD)" -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
+	@cmake --build "$(BUILD)" -j $(JOBS)
 
 train: build
-	$(BUILD)/gpipe-train $(CONFIG)
+	"$(BUILD)/gpipe-train" $(CONFIG)
 
 test: build
-	cd $(BUILD) && ctest --output-on-failure -j 1
+	cd "$(BUILD)" && ctest --output-on-failure -j 1
 
 bench: build
-	$(BUILD)/bench_step
+	"$(BUILD)/bench_step"
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf "$(BUILD)"

@@ -18,18 +18,21 @@
  * pipeline.threads says otherwise, so runs side by side share the cores).
  * gp_run_stop is the exception: any thread, or a signal handler.  A run
  * prepared (its devices open) belongs to its process: in a child of fork()
- * its calls fail with GP_ERR_INVALID and gp_run_free leaves the parent's
- * threads and devices alone; fork before gp_run_prepare.  A call
+ * the calls that use its devices or threads (prepare, step, evaluate,
+ * train, save, restore, export, device memory) fail with GP_ERR_INVALID,
+ * and gp_run_free leaves the parent's threads and devices alone; fork
+ * before gp_run_prepare.  A call
  * leaves the calling thread's OpenMP thread count as it found it, though a
  * CPU device may run its ops on that thread meanwhile.  Opening a CPU
  * device turns oneDNN's process-wide primitive cache off (each device
  * keeps its own primitives), for any other oneDNN user in the process too.
  *
- * Processes: a gp_run runs in one process.  A program started by mpirun
- * or srun as several processes is refused (gp_run_prepare and
- * gp_run_train_ex say so) rather than have each train its own copy and
- * write the same files; stages in separate processes are gpipe-train's
- * (README, "Stages in separate processes (mpirun)").
+ * Processes: a gp_run runs in one process.  In a program started by
+ * mpirun or srun as several processes each trains its own copy (a sweep;
+ * give each process its own output paths), and the first gp_run_prepare
+ * or gp_run_train_ex warns that the run does not span them; stages in
+ * separate processes are gpipe-train's (README, "Stages in separate
+ * processes (mpirun)").
  */
 #ifndef GPIPE_H
 #define GPIPE_H

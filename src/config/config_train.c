@@ -98,11 +98,13 @@ gp_status gp_cfg_parse_train(gp_cfg_walk *w, const gp_ynode *root, gp_train_conf
          * the file's line, the cause the override, so name both */
         const gp_ynode *tn = ot ? ot : gp_ymap_get(om, "type");
         char why[400] = "";
-        if (tn && tn->set && !bad->set)
+        if (tn && tn->set && !bad->set) {
+            char v[96], ex[128];
+            snprintf(v, sizeof v, "train.optimizer={type: %s, lr: 0.001}", k_optim_names[k]);
             snprintf(why, sizeof why, " (the type comes from %s %.120s; to change the "
-                     "optimizer replace the whole map, e.g. %s 'train.optimizer={type: %s, "
-                     "lr: 0.001}')", gp_opt_name(GP_OPT_SET), tn->set, gp_opt_name(GP_OPT_SET),
-                     k_optim_names[k]);
+                     "optimizer replace the whole map, e.g. %s)", gp_opt_name(GP_OPT_SET),
+                     tn->set, gp_opt_value(GP_OPT_SET, v, ex, sizeof ex));
+        }
         return gp_cfg_bad(w, bad, "train.optimizer.%s is for %s; type %s takes %s%s", key,
                           sgd ? "adam and adamw" : "sgd", k_optim_names[k],
                           sgd ? "momentum and nesterov" : "betas: [b1, b2] and eps", why);

@@ -622,17 +622,22 @@ static gp_status override_apply(gp_ynode **root, const char *set, char **comps, 
              * {type: ...}: say how to give both */
             bool typed = node->text && (!strcmp(path, "train.optimizer") ||
                                         !strcmp(path, "train.schedule"));
-            if (typed)
+            char v[300], ex[340];
+            if (typed) {
+                snprintf(v, sizeof v, "%s={type: %.60s, %s: ...}", path, node->text, c);
                 return set_err(set, "'%s' is a single value ('%.60s', short for {type: %.60s}), "
                                "not a map; cannot set '%s' inside it: give both as one map, "
-                               "%s '%s={type: %.60s, %s: ...}'", path, node->text, node->text,
-                               c, gp_opt_name(GP_OPT_SET), path, node->text, c);
+                               "%s", path, node->text, node->text, c,
+                               gp_opt_value(GP_OPT_SET, v, ex, sizeof ex));
+            }
             /* a device given by its name alone: {name: ..., memory: ...} */
-            if (node->text && !strncmp(path, "pipeline.devices.", 17) && !strchr(path + 17, '.'))
+            if (node->text && !strncmp(path, "pipeline.devices.", 17) &&
+                !strchr(path + 17, '.')) {
+                snprintf(v, sizeof v, "%s={name: %.60s, %s: ...}", path, node->text, c);
                 return set_err(set, "'%s' is a device given by its name alone ('%.60s'), not a "
-                               "map; cannot set '%s' inside it: give it as a map, %s "
-                               "'%s={name: %.60s, %s: ...}'", path, node->text, c,
-                               gp_opt_name(GP_OPT_SET), path, node->text, c);
+                               "map; cannot set '%s' inside it: give it as a map, %s", path,
+                               node->text, c, gp_opt_value(GP_OPT_SET, v, ex, sizeof ex));
+            }
             return set_err(set, "'%s' is a single value ('%.60s'), not a map; cannot "
                            "set '%s' inside it", path[0] ? path : "the config", node->text ? node->text : "", c);
         }

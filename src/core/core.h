@@ -68,6 +68,10 @@ typedef enum gp_opt {
 } gp_opt;
 void gp_names_use_flags(void);
 const char *gp_opt_name(gp_opt o);
+/* The option given a value, as its caller would write it: --resume DIR,
+ * --set 'k={a: 1}' (quoted for a shell where needed); for the library
+ * gp_train_options.resume = "DIR", override "k={a: 1}".  Into buf. */
+const char *gp_opt_value(gp_opt o, const char *value, char *buf, size_t len);
 #define GP_ERRMSG_LEN 2048          /* its buffer, the terminating 0 included */
 void gp_error_clear(void);
 /* The exit status gpipe's tools give for s (the one map, which a failing

@@ -44,6 +44,18 @@ const char *gp_opt_name(gp_opt o)
     return (atomic_load(&g_flags) ? flags : library)[o];
 }
 
+const char *gp_opt_value(gp_opt o, const char *value, char *buf, size_t len)
+{
+    const char *name = gp_opt_name(o);
+    if (atomic_load(&g_flags)) {
+        bool quote = strpbrk(value, " \t{}[]*?;&|<>()$\"'\\`#~!") != NULL;
+        snprintf(buf, len, quote ? "%s '%s'" : "%s %s", name, value);
+    } else {
+        snprintf(buf, len, o == GP_OPT_SET ? "%s \"%s\"" : "%s = \"%s\"", name, value);
+    }
+    return buf;
+}
+
 gp_status gp_error_wrap(gp_status code, const char *fmt, ...)
 {
     char prefix[GP_ERRMSG_LEN];

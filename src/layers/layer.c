@@ -160,8 +160,8 @@ const char *gp_layer_spec_describe(const gp_layer_spec *sp, int index, char *buf
             off = append(buf, len, off, " at line %d, column %d", sp->line, sp->column);
     }
     if (sp->set[0]) /* the file's line may read right: the override changed it */
-        append(buf, len, off, sp->line > 0 ? " (as --set %s changed it)" : " from --set %s",
-               sp->set);
+        append(buf, len, off, sp->line > 0 ? " (as %s %s changed it)" : " from %s %s",
+               gp_opt_name(GP_OPT_SET), sp->set);
     return buf;
 }
 

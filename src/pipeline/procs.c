@@ -76,7 +76,8 @@ bool gp_procs_launched(void)
 
 bool gp_procs_launched_many(void)
 {
-    static const char *const sizes[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"};
+    static const char *const sizes[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
+                                        "SLURM_STEP_NUM_TASKS"};
     for (size_t q = 0; q < sizeof sizes / sizeof *sizes; q++) {
         const char *v = getenv(sizes[q]);
         if (v) return atoi(v) > 1;

@@ -31,8 +31,8 @@
  * srun) started this process as one of several. */
 bool gp_procs_launched(void);
 /* Launched as one of several processes: the launcher's size variable says
- * more than one (OMPI_COMM_WORLD_SIZE, PMI_SIZE), or, where only a rank is
- * given (PMIX_RANK), this is not rank 0. */
+ * more than one (OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_STEP_NUM_TASKS), or,
+ * where only a rank is given (PMIX_RANK), this is not rank 0. */
 bool gp_procs_launched_many(void);
 /* Whether this build can run under mpirun. */
 bool gp_procs_available(void);

@@ -199,23 +199,27 @@ void gp_run_free(gp_run *r)
 }
 
 /* A program of the library's started by mpirun or srun as several
- * processes: each would train a whole copy and write the same files.  (A
- * run spans processes under gpipe-train, which joins them first.) */
-static gp_status not_many_processes(const char *what)
+ * processes: each trains a whole copy, which is what a sweep wants and a
+ * surprise to one who meant a pipeline over the processes (whose outputs
+ * then overwrite each other).  Said once a process.  (A run spans
+ * processes under gpipe-train, which joins them first.) */
+static void say_many_processes(void)
 {
-    if (gp_procs_size() > 1 || !gp_procs_launched_many()) return GP_OK;
-    return gp_error_set(GP_ERR_UNSUPPORTED, "%s: this program was started as one of several "
-                        "processes (mpirun or srun), and a gp_run does not span processes: "
-                        "each would train its own copy and write the same files; start one "
-                        "process, or run gpipe-train under mpirun for stages in separate "
-                        "processes", what);
+    static atomic_bool said;
+    if (gp_procs_size() > 1 || !gp_procs_launched_many() || atomic_exchange(&said, true))
+        return;
+    GP_WARN("this program was started as one of several processes (mpirun or srun), and a "
+            "gp_run does not span processes: each process trains its own copy of the model, "
+            "and outputs given the same path in each overwrite each other; for stages in "
+            "separate processes run gpipe-train under mpirun");
 }
 
 static gp_status run_prepare(gp_run *r)
 {
     RUN_ARG(r);
+    GP_TRY(same_process(r, "gp_run_prepare"));
     if (r->prepared) return GP_OK;
-    GP_TRY(not_many_processes("gp_run_prepare"));
+    say_many_processes();
     GP_TRY(gp_train_open(&r->cfg, r->devs, r->model, true));
     r->n_dev = gp_pipeline_devices_total(&r->cfg.pipeline);
     r->prepared = true;
@@ -278,7 +282,7 @@ static gp_status run_train_ex(gp_run *r, const gp_train_options *opt, gp_metrics
 {
     RUN_ARG(r);
     GP_TRY(same_process(r, "gp_run_train_ex"));
-    GP_TRY(not_many_processes("gp_run_train_ex"));
+    say_many_processes();
     gp_train_options none = GP_TRAIN_OPTIONS_INIT;
     if (!opt) opt = &none;
     if (opt->resume && !opt->resume[0])
@@ -350,7 +354,8 @@ static gp_status run_evaluate(gp_run *r, const float *x, const float *y, int64_t
 
 /* An output of gp_run_save or gp_run_export_weights must not replace the
  * run's inputs (gp_run_train_ex refuses the same for its outputs): the
- * config file, model.init_from.  (A config parsed from text has no file.) */
+ * config file, model.init_from.  (A config parsed from text is named by
+ * its caller: a file of that name that exists is spared too.) */
 static gp_status spares_inputs(const gp_run *r, const char *path, const char *what)
 {
     const struct {
@@ -476,6 +481,7 @@ gp_status gp_run_device_memory(const gp_run *r, int j, const char **name, size_t
                                size_t *current)
 {
     RUN_ARG(r);
+    GP_TRY(same_process(r, "gp_run_device_memory")); /* (its lock may be held) */
     if (!r->prepared)
         return gp_error_set(GP_ERR_INVALID, "gp_run_device_memory: the run has no devices "
                             "yet; call gp_run_prepare first");

@@ -804,11 +804,14 @@ gp_status gp_snapshot_resume_check(const char *resume, const char *dir)
                                 dir, strerror(errno), gp_opt_name(GP_OPT_SET));
         return GP_OK;
     }
-    if (stat(resume, &st) == 0 && S_ISDIR(st.st_mode))
-        return gp_error_set(GP_ERR_INVALID, "%s %s is a directory; give a snapshot file, or "
+    if (stat(resume, &st) == 0 && S_ISDIR(st.st_mode)) {
+        char given[1200];
+        return gp_error_set(GP_ERR_INVALID, "%s is a directory; give a snapshot file, or "
                             "resume the newest one in it with %s and train.snapshot.dir=%s in "
-                            "the config", gp_opt_name(GP_OPT_RESUME), resume,
+                            "the config",
+                            gp_opt_value(GP_OPT_RESUME, resume, given, sizeof given),
                             gp_opt_name(GP_OPT_RESUME_LATEST), resume);
+    }
     return GP_OK;
 }
 

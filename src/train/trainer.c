@@ -145,7 +145,8 @@ static const char *signal_name(int sig, char *buf, size_t len)
 /* From the config's shapes alone, before the model is placed: a mismatch
  * is said before `balance: auto` spends its profile (minutes on a large
  * model) or any device memory.  A cross-entropy model whose output is not
- * (batch, classes) is left to gp_train_open, which names its last layer. */
+ * (batch, classes) is gp_model_describe's to say (gp_train_open asks it
+ * too, for the library's callers). */
 static gp_status check_targets(const gp_config *cfg, const gp_dataset *ds)
 {
     int64_t params;
@@ -1042,15 +1043,18 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
             bool numeric = s == GP_ERR_NUMERIC;
             if (mp->refused && (numeric || gp_procs_size() == 1)) {
                 char advice[480];
-                if (numeric)
+                if (numeric) {
+                    char earlier[80];
                     snprintf(advice, sizeof advice, "go on with %s once that is changed (as it "
                              "is, this step would fail again), or, where the weights have run "
                              "away already (a learning rate far too large moves them in one "
-                             "step), from an earlier snapshot (%s PATH) or from the start",
-                             gp_opt_name(GP_OPT_RESUME_LATEST), gp_opt_name(GP_OPT_RESUME));
-                else
+                             "step), from an earlier snapshot (%s) or from the start",
+                             gp_opt_name(GP_OPT_RESUME_LATEST),
+                             gp_opt_value(GP_OPT_RESUME, "PATH", earlier, sizeof earlier));
+                } else {
                     snprintf(advice, sizeof advice, "go on with %s once that is fixed (this "
                              "step's batch comes first)", gp_opt_name(GP_OPT_RESUME_LATEST));
+                }
                 s = failure_snapshot(mp, cfg, s, step, saved_step, &last_pos, snap_lock, advice,
                                      NULL);
                 /* every rank summed the same norms and refused alike (a
@@ -1240,10 +1244,11 @@ done:;
             else
                 snprintf(range, sizeof range, "%lld:%lld", (long long)opts->trace_first,
                          (long long)opts->trace_last);
-            GP_WARN("%s %s holds no step: %s %s (0-based) is outside the steps this run took, "
-                    "%lld:%lld", gp_opt_name(GP_OPT_TRACE), opts->trace_path,
-                    gp_opt_name(GP_OPT_TRACE_STEPS), range, (long long)run_first,
-                    (long long)run_last);
+            char tp[1100], steps_at[128];
+            GP_WARN("%s holds no step: %s (0-based) is outside the steps this run took, "
+                    "%lld:%lld", gp_opt_value(GP_OPT_TRACE, opts->trace_path, tp, sizeof tp),
+                    gp_opt_value(GP_OPT_TRACE_STEPS, range, steps_at, sizeof steps_at),
+                    (long long)run_first, (long long)run_last);
         }
     }
     if (mf && fclose(mf) != 0 && s == GP_OK)
