@@ -191,6 +191,9 @@ typedef struct gp_train_config {
                                  (PyTorch's clip_grad_norm_); 0 (default): off */
     gp_snapshot_config snapshot;
 } gp_train_config;
+/* base: optimizer.lr, scaled by lr_scaling (the rate without a schedule;
+ * train/lr_schedule.c's schedules start from it). */
+double gp_lr_base(const gp_train_config *t);
 
 typedef struct gp_config {
     char path[512];           /* file it came from */

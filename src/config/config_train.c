@@ -53,6 +53,14 @@ static gp_status get_betas(gp_cfg_walk *w, const gp_ynode *om, float *out)
     return GP_OK;
 }
 
+double gp_lr_base(const gp_train_config *t)
+{
+    double base = t->optim.lr;
+    if (t->lr_scaling == GP_LR_SCALING_LINEAR && t->base_batch > 0)
+        base *= (double)t->batch_size / (double)t->base_batch;
+    return base;
+}
+
 gp_status gp_cfg_parse_train(gp_cfg_walk *w, const gp_ynode *root, gp_train_config *tc)
 {
     const gp_ynode *m;
@@ -190,11 +198,8 @@ gp_status gp_cfg_parse_train(gp_cfg_walk *w, const gp_ynode *root, gp_train_conf
     else if (!gp_cfg_absent(bbn) && tc->lr_scaling != GP_LR_SCALING_LINEAR)
         gp_cfg_warn(w, bbn, "train.base_batch is ignored: it scales the learning rate only "
                     "with train.lr_scaling: linear (lr_scaling is none)");
-    /* cosine's floor above the rate it decays from: it rises instead (as
-     * gp_lr_base scales the rate; config sits below train) */
-    double base = tc->optim.lr;
-    if (tc->lr_scaling == GP_LR_SCALING_LINEAR && tc->base_batch > 0)
-        base *= (double)tc->batch_size / (double)tc->base_batch;
+    /* cosine's floor above the rate it decays from: it rises instead */
+    double base = gp_lr_base(tc);
     const gp_ynode *mln = gp_ymap_get(sm, "min_lr");
     if (!gp_cfg_absent(mln) && tc->sched.kind == GP_SCHED_COSINE && tc->sched.min_lr > base)
         gp_cfg_warn(w, mln, "train.schedule.min_lr = %g is above the learning rate it decays "

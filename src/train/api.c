@@ -78,18 +78,20 @@ static gp_status inputs_finite(const gp_run *r, const char *what, const float *x
     return GP_OK;
 }
 
-/* A run whose model took a non-finite update refuses to go on with it. */
-/* A prepared run's worker threads are its process's: a child of fork()
- * has none, and a step there waited for ever. */
+/* A prepared run's worker threads and devices are its process's: a child
+ * of fork() has none, and a step there waited for ever. */
+static bool in_own_process(const gp_run *r) { return !r->prepared || r->prepared_by == getpid(); }
+
 static gp_status same_process(const gp_run *r, const char *what)
 {
-    if (!r->prepared || r->prepared_by == getpid()) return GP_OK;
+    if (in_own_process(r)) return GP_OK;
     return gp_error_set(GP_ERR_INVALID, "%s: this run was prepared by process %ld, and this is "
                         "another (a child of fork()), which has none of its worker threads; "
                         "make a new run in this process, or fork before gp_run_prepare",
                         what, (long)r->prepared_by);
 }
 
+/* A run whose model took a non-finite update refuses to go on with it. */
 static gp_status usable(const gp_run *r, const char *what)
 {
     GP_TRY(same_process(r, what));
@@ -189,7 +191,7 @@ void gp_run_free(gp_run *r)
     int threads = gp_caller_threads(); /* (closing a device may run its ops here) */
     /* in a child of fork() the model's threads and devices are the
      * parent's: leave them (joining them would wait for ever) */
-    if (!r->prepared || r->prepared_by == getpid()) {
+    if (in_own_process(r)) {
         drop_model(r);
         free(r->model);
     }

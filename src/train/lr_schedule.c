@@ -5,14 +5,6 @@
 
 #include <math.h>
 
-double gp_lr_base(const gp_train_config *t)
-{
-    double base = t->optim.lr;
-    if (t->lr_scaling == GP_LR_SCALING_LINEAR && t->base_batch > 0)
-        base *= (double)t->batch_size / (double)t->base_batch;
-    return base;
-}
-
 double gp_lr_at(const gp_train_config *t, int64_t step, int64_t total_steps)
 {
     double base = gp_lr_base(t);

@@ -227,9 +227,9 @@ static void parts_dir(const char *dir, int64_t step, char *out, size_t len)
     snprintf(out, len, "%s/" SNAP_PREFIX "%09lld" PARTS_SUFFIX, dir, (long long)step);
 }
 
-/* Remove a parts directory and what is in it (best effort, warned). */
-/* Whether pdir, a parts directory, is gone (false: not a directory, or
- * not all of it could be deleted, said in a warning). */
+/* Remove a parts directory and what is in it (best effort, warned):
+ * whether pdir is gone (false: not a directory, or not all of it could be
+ * deleted, said in a warning). */
 static bool remove_parts(const char *pdir)
 {
     DIR *d = opendir(pdir);
@@ -247,12 +247,12 @@ static bool remove_parts(const char *pdir)
     return false;
 }
 
+static bool meta_int(const gp_st_file *f, const char *key, int64_t *v);
+
 /* The parts a snapshot names, their headers read and their tensors
  * appended to f's (data NULL, part = its index): a process reads a part
  * whole only when one of its layers needs a tensor of it (load_part).  A
  * file written by one process names none. */
-static bool meta_int(const gp_st_file *f, const char *key, int64_t *v);
-
 static gp_status attach_parts(const char *path, gp_st_file *f)
 {
     const char *list = gp_st_meta(f, PARTS_KEY);

@@ -33,8 +33,7 @@
  *   cosine: min_lr + (base - min_lr) * (1 + cos(pi * t)) / 2 with
  *     t = (step - warmup) / (total_steps - warmup), clamped to [0, 1]. */
 double gp_lr_at(const gp_train_config *t, int64_t step, int64_t total_steps);
-/* base: optimizer.lr, scaled by lr_scaling (the rate without a schedule). */
-double gp_lr_base(const gp_train_config *t);
+/* (gp_lr_base, the rate it starts from: config/config.h) */
 /* The steps a run of this config takes in all: train.steps, or its epochs
  * of per_epoch batches. */
 static inline int64_t gp_train_total_steps(const gp_train_config *t, int64_t per_epoch)

@@ -590,12 +590,6 @@ gp_status gp_train_check_processes(const gp_config *cfg)
     return GP_OK;
 }
 
-
-/* MNIST and Fashion-MNIST come in files of the same names and shapes, so
- * data.dataset: mnist over a Fashion-MNIST folder (a config's data.path
- * left as it was) trains on the wrong set, normalised with the wrong
- * statistics, without a word.  Their mean pixels (0.131 and 0.286) tell
- * them apart; a training split far from its set's says so. */
 /* An evaluation whose loss is not finite while training's were (a NaN
  * training loss ends the run): said once, with the usual causes, rather
  * than printed as a test loss of nan. */
@@ -611,6 +605,11 @@ static void warn_eval_not_finite(double test_loss, double train_loss, bool *said
             train_loss);
 }
 
+/* MNIST and Fashion-MNIST come in files of the same names and shapes, so
+ * data.dataset: mnist over a Fashion-MNIST folder (a config's data.path
+ * left as it was) trains on the wrong set, normalised with the wrong
+ * statistics, without a word.  Their mean pixels (0.131 and 0.286) tell
+ * them apart; a training split far from its set's says so. */
 static void warn_other_mnist(const gp_config *cfg, const gp_dataset *ds)
 {
     gp_dataset_kind k = cfg->data.dataset;
