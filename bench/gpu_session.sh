@@ -1,20 +1,30 @@
 #!/usr/bin/env bash
-# gpu_session.sh — everything a session lent a GPU machine should run, in
-# parts that each fit one `run` call (at most 10 minutes each, 30 in all):
+# gpu_session.sh — everything a session lent a GPU machine should run.
 #
-#   here, once:   ../shared/gpu/prepare.sh && bash bench/gpu_loader.sh --stage
-#   there, one `run` per part, with carry: [".device"]:
-#     bash .device/build.sh && . /tmp/gpu-env && bash bench/gpu_session.sh tests
-#     bash .device/build.sh && . /tmp/gpu-env && bash bench/gpu_session.sh bars
-#     bash .device/build.sh && . /tmp/gpu-env && bash bench/gpu_session.sh loader
-#     bash .device/build.sh && . /tmp/gpu-env && bash bench/gpu_session.sh accuracy
+# A drawn session now has 15 minutes of device time in all (starting the
+# machine, the build, idle waits included; at most 10 minutes a call), so
+# the first call does the most in one go:
 #
+#   here, once:   ../shared/gpu/prepare.sh
+#   there, with carry: [".device"], timeout_s 600:
+#     COMMIT=<short hash here> bash .device/build.sh && . /tmp/gpu-env && bash bench/gpu_session.sh first
+#
+# first:  in priority order, each part only while enough of BUDGET seconds
+#         (default 420, counted from the part's start, so after the build)
+#         is left, and a line for each part skipped: `ctest -L gpu`; issue
+#         15's precision table (fp32 / tf32 / bf16, cuBLASLt, PyTorch
+#         beside it: gpu_bars.sh with PARTS=precision); the bf16 accuracy
+#         check; test_cuda under compute-sanitizer memcheck.  Its summary
+#         ends with the seconds each part took, for planning the next call.
+#
+# The parts alone, one `run` each where time allows:
 # tests:  `ctest -L gpu` (test_cuda; test_cuda_2gpu skips with one GPU), then
 #         test_cuda under compute-sanitizer memcheck (leaks too), then
 #         configs/default.yaml on cuda:0 for one epoch (accuracy).
 # bars:   bench/gpu_bars.sh (issue 14's bars; issue 15's fp32 / measured /
-#         tf32 table).
-# loader: bench/gpu_loader.sh (issue 23's GPU bar).
+#         tf32 / bf16 table).
+# loader: bench/gpu_loader.sh (issue 23's GPU bar; run
+#         `bash bench/gpu_loader.sh --stage` here first).
 # accuracy: bench/precision_accuracy.py on cuda:0 (issue 15 item 6:
 #         configs/default.yaml, 3 epochs, fp32 / bf16 / fp32 with
 #         train.deterministic as the yardstick).
@@ -24,7 +34,9 @@
 # that instead.
 # Logs go to $OUT (what the device tool brings back) or /tmp/gpu-session;
 # the last lines of each part are a summary to paste into bench/README.md
-# with the commit.
+# with the commit.  BIN=build DEV=cpu:0 SCALE=32 STEPS=4 bash
+# bench/gpu_session.sh first checks the script on a CPU (the GPU tests
+# skip there and say so).
 set -uo pipefail
 part=${1:-}
 BIN=${BIN:-/tmp/gpu-build}
@@ -34,21 +46,59 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
 echo "gpu_session $part: commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}, $(date -u +%FT%TZ)"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true
+DEV=${DEV:-cuda:0}
+since() { echo $((SECONDS - $1)); }
+gpu_tests() {
+  (cd "$BIN" && ctest -L gpu --output-on-failure) > "$OUT/ctest-gpu.log" 2>&1
+  echo "ctest -L gpu: exit $?"; grep -E "tests passed|Failed|Skipped|\*\*\*" "$OUT/ctest-gpu.log" | tail -5
+  grep -E "^test_cuda: [0-9]+ passed" "$OUT/ctest-gpu.log" || grep -E "passed, [0-9]+ failed" "$OUT/ctest-gpu.log" | tail -2
+}
+memcheck() { # seconds
+  local cs
+  cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+  if [ -z "$cs" ]; then echo "memcheck: compute-sanitizer not found"; return; fi
+  timeout "$1" "$cs" --tool memcheck --leak-check full "$BIN/tests/test_cuda" > "$OUT/memcheck.log" 2>&1
+  local rc=$?
+  echo "memcheck: exit $rc$([ $rc = 124 ] && echo " (stopped after $1 s: not a verdict)")"
+  grep -E "ERROR SUMMARY|LEAK SUMMARY|passed, [0-9]+ failed" "$OUT/memcheck.log" | tail -3
+}
 case "$part" in
-  tests)
-    (cd "$BIN" && ctest -L gpu --output-on-failure) > "$OUT/ctest-gpu.log" 2>&1
-    echo "ctest -L gpu: exit $?"; grep -E "tests passed|Failed|Skipped|\*\*\*" "$OUT/ctest-gpu.log" | tail -5
-    grep -E "^test_cuda: [0-9]+ passed" "$OUT/ctest-gpu.log" || grep -E "passed, [0-9]+ failed" "$OUT/ctest-gpu.log" | tail -2
-    CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
-    if [ -n "$CS" ]; then
-      timeout 400 "$CS" --tool memcheck --leak-check full "$BIN/tests/test_cuda" \
-        > "$OUT/memcheck.log" 2>&1
-      echo "memcheck: exit $?"; grep -E "ERROR SUMMARY|LEAK SUMMARY|passed, [0-9]+ failed" "$OUT/memcheck.log" | tail -3
+  first)
+    budget=${BUDGET:-420}
+    start=$SECONDS
+    timings=
+    t=$SECONDS; gpu_tests; timings="$timings tests $(since $t) s;"
+    if [ $((budget - (SECONDS - start))) -ge 200 ]; then
+      t=$SECONDS
+      PARTS=precision OUT="$OUT/bars" BIN="$BIN" DEV="$DEV" bash bench/gpu_bars.sh 2>&1 | tee "$OUT/bars.md"
+      echo "precision table: exit ${PIPESTATUS[0]}"
+      timings="$timings precision table $(since $t) s;"
     else
-      echo "memcheck: compute-sanitizer not found"
+      echo "precision table: skipped, $((budget - (SECONDS - start))) s of $budget left"
     fi
+    left=$((budget - (SECONDS - start)))
+    if [ "$left" -ge 120 ]; then
+      t=$SECONDS
+      timeout "$((left - 30))" python3 bench/precision_accuracy.py --bin "$BIN" --device "$DEV" \
+        --out "$OUT/accuracy" 2>&1 | tee "$OUT/accuracy.md"
+      echo "accuracy: exit ${PIPESTATUS[0]}"
+      timings="$timings accuracy $(since $t) s;"
+    else
+      echo "accuracy: skipped, $left s of $budget left"
+    fi
+    left=$((budget - (SECONDS - start)))
+    if [ "$left" -ge 60 ]; then
+      t=$SECONDS; memcheck "$((left - 10))"; timings="$timings memcheck $(since $t) s;"
+    else
+      echo "memcheck: skipped, $left s of $budget left"
+    fi
+    echo "first: took$timings $((SECONDS - start)) s in all of a budget of $budget"
+    ;;
+  tests)
+    gpu_tests
+    memcheck 400
     timeout 150 "$BIN/gpipe-train" configs/default.yaml --quiet --set train.epochs=1 \
-      --set 'pipeline.devices=[cuda:0]' --set "train.snapshot.dir=/tmp/gpu-session-snapshots" \
+      --set "pipeline.devices=[$DEV]" --set "train.snapshot.dir=/tmp/gpu-session-snapshots" \
       --metrics "$OUT/default.jsonl" > "$OUT/default.log" 2>&1
     echo "default.yaml, 1 epoch on cuda:0: exit $?"; grep -o '"test_accuracy":[0-9.]*' "$OUT/default.jsonl" | tail -1
     ;;
@@ -59,9 +109,9 @@ case "$part" in
     OUT="$OUT/loader" BIN="$BIN" bash bench/gpu_loader.sh 2>&1 | tee "$OUT/loader.md"
     ;;
   accuracy)
-    timeout 560 python3 bench/precision_accuracy.py --bin "$BIN" --device cuda:0 \
+    timeout 560 python3 bench/precision_accuracy.py --bin "$BIN" --device "$DEV" \
       --out "$OUT/accuracy" 2>&1 | tee "$OUT/accuracy.md"
     ;;
   *)
-    echo "usage: gpu_session.sh tests|bars|loader|accuracy"; exit 2 ;;
+    echo "usage: gpu_session.sh first|tests|bars|loader|accuracy"; exit 2 ;;
 esac
