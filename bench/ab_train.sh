@@ -31,11 +31,14 @@ for r in $(seq 1 "$rounds"); do
     "$py" - "$tmp/$side.$r.jsonl" "$r" "$side" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"step_seconds"' in l]
+if not rows:
+    sys.exit("round %s %s: no steps in %s" % (sys.argv[2], sys.argv[3], sys.argv[1]))
 t = [x["step_seconds"] for x in rows][2:] or [x["step_seconds"] for x in rows]
 peaks = [max(x["devices"][d]["peak_bytes"] for x in rows) / 2**20 for d in range(len(rows[0]["devices"]))]
 print("round %s %s: %.1f ms a step; peak %s MiB" % (sys.argv[2], sys.argv[3], 1000 * statistics.median(t),
       " / ".join("%.1f" % p for p in peaks)))
 PY
+    [ $? = 0 ] || exit 1
   done
 done | tee "$tmp/out"
 [ "${PIPESTATUS[0]}" = 0 ] || exit 1

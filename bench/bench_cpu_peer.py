@@ -152,6 +152,8 @@ def main():
     ap.add_argument("--optimizer", choices=["config", "sgd", "adamw"], default="config")
     ap.add_argument("--_torch", help=argparse.SUPPRESS)  # child: one PyTorch measurement
     args = ap.parse_args()
+    if args.threads < 1 or args.steps < 1 or args.repeat < 1:
+        ap.error("--threads, --steps and --repeat must be at least 1")
     import yaml
     if args._torch:
         with open(args._torch) as f:
@@ -212,7 +214,10 @@ def main():
             out = subprocess.run([sys.executable, os.path.abspath(__file__), "--_torch", path,
                                   "--threads", str(args.threads), "--steps", str(args.steps),
                                   "--precision", args.precision],
-                                 capture_output=True, text=True, env=env, check=True)
+                                 capture_output=True, text=True, env=env)
+            if out.returncode != 0:
+                sys.exit("bench_cpu_peer.py: the PyTorch run of %s failed (exit %d):\n%s"
+                         % (path, out.returncode, out.stderr.strip()))
             ts.append(float(out.stdout.strip().splitlines()[-1]))
         g, t = statistics.median(gs), statistics.median(ts)
         print("| %s, %d | %.1f | %.1f | %.1f | %.1f | **%.2f** |"

@@ -3,7 +3,8 @@
 torchvision transforms, on the same JPEGs, with the same number of workers.
 
   bench/bench_loader.py [--dir /tmp/gpipe-imagenet-like] [--images 1024]
-                        [--workers 1 2] [--batches 40] [--bin build]
+                        [--workers 1 2] [--batches 40] [--batch 64]
+                        [--repeat 3] [--bin build]
 
 Writes (once) --images JPEGs of ImageNet-like size and quality
 (scripts/make-image-folder.py: 500x375 +-25%, quality 90, 4:2:0), then
@@ -78,8 +79,11 @@ def torch_rate(root, workers, batches, batch):
 
 def gpipe_rate(binary, root, workers, batches, batch):
     out = subprocess.run([binary, root, "--workers", str(workers), "--batches", str(batches),
-                          "--batch", str(batch)], capture_output=True, text=True, check=True)
+                          "--batch", str(batch)], capture_output=True, text=True)
     m = re.search(r"([0-9.]+) images/s", out.stdout)
+    if out.returncode != 0 or not m:
+        sys.exit("bench_loader.py: %s failed (exit %d):\n%s" % (binary, out.returncode,
+                                                                  (out.stderr or out.stdout).strip()))
     return float(m.group(1))
 
 
@@ -94,6 +98,13 @@ def main():
     ap.add_argument("--repeat", type=int, default=3,
                     help="runs of each, alternating; the medians are reported")
     args = ap.parse_args()
+    if args.images < 8:
+        ap.error("--images %d: at least 8 (one a class)" % args.images)
+    if min(args.workers) < 1 or args.batches < 1 or args.batch < 1 or args.repeat < 1:
+        ap.error("--workers, --batches, --batch and --repeat must be at least 1")
+    binary = os.path.join(args.bin, "bench_loader")
+    if not os.access(binary, os.X_OK):
+        ap.error("no %s: build first (cmake --build build), or give --bin" % binary)
     if not os.path.isdir(os.path.join(args.dir, "train")):
         subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make-image-folder.py"),
                         args.dir, "--classes", "8", "--train", str(args.images // 8),
@@ -101,6 +112,10 @@ def main():
                        check=True)
     files = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(args.dir, "train"))
              for f in fs if f.endswith(".jpg")]
+    if len(files) < args.batch:
+        sys.exit("bench_loader.py: %d JPEGs in %s/train, fewer than a batch of %d: remove the "
+                 "folder (it is written again with --images) or give a smaller --batch"
+                 % (len(files), args.dir, args.batch))
     mean_kb = sum(os.path.getsize(f) for f in files) / len(files) / 1024
     import torch
     import torchvision
@@ -111,7 +126,6 @@ def main():
     print("| workers | gpipe images/s | PyTorch DataLoader images/s | gpipe / PyTorch | "
           "gpipe per worker | PyTorch per worker |")
     print("|---|---|---|---|---|---|")
-    binary = os.path.join(args.bin, "bench_loader")
     for w in args.workers:
         gs, ts = [], []
         for _ in range(args.repeat):

@@ -41,18 +41,35 @@ def main():
     args = sys.argv[1:]
     steps, rounds, cfg = 20, 3, os.path.join(ROOT, "bench", "convnet.yaml")
     copies = ["fp32"]
+    def value(flag):
+        if not args:
+            sys.exit("bench_procs: %s needs a value (--help lists the options)" % flag)
+        return args.pop(0)
+
+    def count(flag, least):
+        v = value(flag)
+        if not v.isdigit() or int(v) < least:
+            sys.exit("bench_procs: %s %s: a whole number, at least %d" % (flag, v, least))
+        return int(v)
+
     while args:
         a = args.pop(0)
         if a == "--steps":
-            steps = int(args.pop(0))
+            steps = count(a, 4)  # each run's first 3 are left out
         elif a == "--rounds":
-            rounds = int(args.pop(0))
+            rounds = count(a, 1)
         elif a == "--copies":
-            c = args.pop(0)
+            c = value(a)
+            if c not in ("fp32", "bf16", "both"):
+                sys.exit("bench_procs: --copies %s: fp32, bf16 or both" % c)
             copies = ["fp32", "bf16"] if c == "both" else [c]
         elif a in ("-h", "--help"):
             print(__doc__)
             return
+        elif a.startswith("-"):
+            sys.exit("bench_procs: unknown option %s (--help lists them)" % a)
+        elif not os.path.isfile(a):
+            sys.exit("bench_procs: no config file %s" % a)
         else:
             cfg = a
     sets = ["--set", "pipeline.devices=[cpu:0, cpu:1]", "--set", "pipeline.threads=1",

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # gpu_bars.sh — issue 14's bars on one GPU, in one call, for a session that
-# is lent a GPU machine (its 30 minutes go further when nothing is typed
+# is lent a GPU machine (its device time goes further when nothing is typed
 # there by hand):
 #
 #   bash .device/build.sh && . /tmp/gpu-env && bash bench/gpu_bars.sh
@@ -15,9 +15,9 @@
 # (lockstep: false) beside it with the two timelines compared.  Steps 3.. of 12 are
 # timed (the first ones pick algorithms and warm the caching allocator).
 # Prints a Markdown table; traces and metrics go to $OUT (the device tool's
-# folder that comes back) or /tmp/gpu-bars.  DEV=cpu:0 SCALE=32 STEPS=4
-# runs the same on a CPU with batches / 32, to check the script itself;
-# PARTS=precision runs only issue 15's part below.
+# folder that comes back) or /tmp/gpu-bars.  BIN=build DEV=cpu:0 SCALE=32
+# STEPS=4 runs the same on a CPU with batches / 32, to check the script
+# itself; PARTS=precision runs only issue 15's part below.
 # Last, issue 15's fp32 against tf32 on the five configs of its table, and
 # fp32 with train.deterministic (cuDNN's heuristic choice, as at 82fd00b)
 # against the default measured choice; the mlp's products on cuBLASLt
@@ -25,13 +25,24 @@
 # (bench/bench_gpu_peer.py: fp32, tf32, bf16 autocast) with gpipe's times
 # beside it.
 set -euo pipefail
+if [ $# -gt 0 ]; then sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 2; fi
+cd "$(dirname "$0")/.."
 BIN=${BIN:-/tmp/gpu-build}
 OUT=${OUT:-/tmp/gpu-bars}
 STEPS=${STEPS:-12}
 DEV=${DEV:-cuda:0}
 SCALE=${SCALE:-1}
+[ -x "$BIN/gpipe-train" ] ||
+  { echo "gpu_bars: no $BIN/gpipe-train: set BIN to a build folder (on a CPU: BIN=build)"; exit 2; }
+[ "$STEPS" -ge 3 ] || { echo "gpu_bars: STEPS=$STEPS: at least 3 (steps 3.. are timed)"; exit 2; }
 mkdir -p "$OUT"
-PY=$(command -v python3)
+PY=$(command -v python3) # the tables need only the standard library
+# the peer needs PyTorch: the GPU machine's python3 has it, Debian's
+# /usr/bin/python3 has its own where python3-torch is installed
+PEER_PY=
+for p in python3 /usr/bin/python3; do
+  if "$p" -c "import torch" 2>/dev/null; then PEER_PY=$p; break; fi
+done
 train() { # name config batch devices chunks [extra --set ...]
   local name=$1 cfg=$2 batch=$(($3 / SCALE)) devs=${4//cuda:0/$DEV} m=$5
   shift 5
@@ -41,7 +52,7 @@ train() { # name config batch devices chunks [extra --set ...]
     --metrics "$OUT/$name.jsonl" "$@" > "$OUT/$name.log" 2>&1 ||
     { echo "gpu_bars: $name failed:"; tail -5 "$OUT/$name.log"; return 1; }
 }
-median() { # metrics file -> "median_step_ms max_host_waits"
+median() { # metrics file -> "median_step_ms max_host_waits"; a failure ends the script
   "$PY" - "$1" <<'EOF'
 import json, statistics, sys
 steps = [json.loads(l) for l in open(sys.argv[1]) if '"step_seconds"' in l]
@@ -50,6 +61,7 @@ w = [d.get("host_waits", -1) for s in steps[2:] for d in s["devices"]]
 print("%.2f %d" % (statistics.median(t) * 1e3, max(w)))
 EOF
 }
+ratio() { "$PY" -c "print('%.2f' % ($1 / $2))"; }
 echo "gpu_bars: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}"
 if [ "${PARTS:-all}" != precision ]; then
 echo
@@ -60,23 +72,23 @@ for spec in "resnet18 bench/resnet18-32.yaml 2048" "convnet bench/convnet.yaml 8
   read -r model cfg batch <<< "$spec"
   train "$model-$batch-m1" "$cfg" "$batch" "[cuda:0]" 1
   train "$model-$batch-m8" "$cfg" "$batch" "[cuda:0]" 8
-  read -r t1 w1 <<< "$(median "$OUT/$model-$batch-m1.jsonl")"
-  read -r t8 w8 <<< "$(median "$OUT/$model-$batch-m8.jsonl")"
-  echo "| $model, $batch | $t1 | $t8 | $("$PY" -c "print('%.2f' % ($t8 / $t1))") | $w1, $w8 |"
+  mt=$(median "$OUT/$model-$batch-m1.jsonl"); read -r t1 w1 <<< "$mt"
+  mt=$(median "$OUT/$model-$batch-m8.jsonl"); read -r t8 w8 <<< "$mt"
+  echo "| $model, $batch | $t1 | $t8 | $(ratio "$t8" "$t1") | $w1, $w8 |"
 done
 echo
 train resnet18-2048-2stages bench/resnet18-32.yaml 2048 "[cuda:0, cuda:0]" 8 \
   --trace "$OUT/resnet18-2048-2stages.json" --trace-steps "$((STEPS / 2)):$((STEPS / 2 + 1))"
-read -r t2 w2 <<< "$(median "$OUT/resnet18-2048-2stages.jsonl")"
-read -r t1 _ <<< "$(median "$OUT/resnet18-2048-m1.jsonl")"
+mt=$(median "$OUT/resnet18-2048-2stages.jsonl"); read -r t2 w2 <<< "$mt"
+mt=$(median "$OUT/resnet18-2048-m1.jsonl"); read -r t1 _ <<< "$mt"
 echo "2 stages on one GPU, ResNet-18 batch 2048, m = 8: $t2 ms against 1 stage at m = 1 $t1 ms:" \
-     "$("$PY" -c "print('%.2f' % ($t2 / $t1))")x (bar: <= 1.10); host waits $w2"
+     "$(ratio "$t2" "$t1")x (bar: <= 1.10); host waits $w2"
 "$PY" scripts/timeline.py summary "$OUT/resnet18-2048-2stages.json" || true
 # issue 14 item 2: lockstep keeps its meaning; the same 2 stages free-running
 train resnet18-2048-2stages-free bench/resnet18-32.yaml 2048 "[cuda:0, cuda:0]" 8 \
   --set pipeline.lockstep=false \
   --trace "$OUT/resnet18-2048-2stages-free.json" --trace-steps "$((STEPS / 2)):$((STEPS / 2 + 1))"
-read -r tfree wfree <<< "$(median "$OUT/resnet18-2048-2stages-free.jsonl")"
+mt=$(median "$OUT/resnet18-2048-2stages-free.jsonl"); read -r tfree wfree <<< "$mt"
 echo "the same, free-running (lockstep: false): $tfree ms against lockstep $t2 ms; host waits $wfree"
 "$PY" scripts/timeline.py summary "$OUT/resnet18-2048-2stages-free.json" || true
 # the picture side by side, where matplotlib is there
@@ -102,14 +114,13 @@ for spec in "mlp bench/mlp.yaml 256" "mlp bench/mlp.yaml 2048" "convnet bench/co
   # bf16 where the device has it (a CPU without bf16 instructions refuses)
   tb=-
   if train "$model-$batch-bf16" "$cfg" "$batch" "[cuda:0]" 1 --set train.precision=bf16; then
-    read -r tb _ <<< "$(median "$OUT/$model-$batch-bf16.jsonl")"
+    mt=$(median "$OUT/$model-$batch-bf16.jsonl"); read -r tb _ <<< "$mt"
   fi
-  read -r td _ <<< "$(median "$OUT/$model-$batch-det.jsonl")"
-  read -r tf _ <<< "$(median "$OUT/$model-$batch-fp32.jsonl")"
-  read -r tt _ <<< "$(median "$OUT/$model-$batch-tf32.jsonl")"
-  echo "| $model, $batch | $td | $tf | $("$PY" -c "print('%.2f' % ($tf / $td))") | $tt |" \
-       "$("$PY" -c "print('%.2f' % ($tt / $tf))") | $tb |" \
-       "$([ "$tb" = - ] && echo - || "$PY" -c "print('%.2f' % ($tb / $tf))") |"
+  mt=$(median "$OUT/$model-$batch-det.jsonl"); read -r td _ <<< "$mt"
+  mt=$(median "$OUT/$model-$batch-fp32.jsonl"); read -r tf _ <<< "$mt"
+  mt=$(median "$OUT/$model-$batch-tf32.jsonl"); read -r tt _ <<< "$mt"
+  echo "| $model, $batch | $td | $tf | $(ratio "$tf" "$td") | $tt | $(ratio "$tt" "$tf") | $tb |" \
+       "$([ "$tb" = - ] && echo - || ratio "$tb" "$tf") |"
   b=$((batch / SCALE))
   printf "%s %d fp32 %s\n%s %d tf32 %s\n" "$cfg" "$b" "$tf" "$cfg" "$b" "$tt" >> "$OUT/gpipe-times.txt"
   [ "$tb" = - ] || printf "%s %d bf16 %s\n" "$cfg" "$b" "$tb" >> "$OUT/gpipe-times.txt"
@@ -125,15 +136,18 @@ for batch in 256 2048; do
   GPIPE_CUBLASLT=0 train "mlp-$batch-fp32-classic" bench/mlp.yaml "$batch" "[cuda:0]" 1
   GPIPE_CUBLASLT=0 train "mlp-$batch-tf32-classic" bench/mlp.yaml "$batch" "[cuda:0]" 1 \
     --set train.precision=tf32
-  read -r fc _ <<< "$(median "$OUT/mlp-$batch-fp32-classic.jsonl")"
-  read -r fl _ <<< "$(median "$OUT/mlp-$batch-fp32.jsonl")"
-  read -r tc _ <<< "$(median "$OUT/mlp-$batch-tf32-classic.jsonl")"
-  read -r tl _ <<< "$(median "$OUT/mlp-$batch-tf32.jsonl")"
-  echo "| mlp, $batch | $fc | $fl | $("$PY" -c "print('%.2f' % ($fl / $fc))") | $tc | $tl |" \
-       "$("$PY" -c "print('%.2f' % ($tl / $tc))") |"
+  mt=$(median "$OUT/mlp-$batch-fp32-classic.jsonl"); read -r fc _ <<< "$mt"
+  mt=$(median "$OUT/mlp-$batch-fp32.jsonl"); read -r fl _ <<< "$mt"
+  mt=$(median "$OUT/mlp-$batch-tf32-classic.jsonl"); read -r tc _ <<< "$mt"
+  mt=$(median "$OUT/mlp-$batch-tf32.jsonl"); read -r tl _ <<< "$mt"
+  echo "| mlp, $batch | $fc | $fl | $(ratio "$fl" "$fc") | $tc | $tl | $(ratio "$tl" "$tc") |"
 done
 # PyTorch on the same GPU, the same five configs, fp32 / tf32 / bf16
 # autocast, beside gpipe's (issue 15's bars: PyTorch / gpipe >= 1.10)
 echo
-"$PY" bench/bench_gpu_peer.py --device "$DEV" --steps "$STEPS" --gpipe "$OUT/gpipe-times.txt" \
-  $peer_runs 2>&1 || echo "(no PyTorch peer: bench_gpu_peer.py failed)"
+if [ -z "$PEER_PY" ]; then
+  echo "(no PyTorch peer: neither python3 nor /usr/bin/python3 imports torch)"
+else
+  "$PEER_PY" bench/bench_gpu_peer.py --device "$DEV" --steps "$STEPS" --gpipe "$OUT/gpipe-times.txt" \
+    $peer_runs 2>&1 || echo "(no PyTorch peer: bench_gpu_peer.py failed)"
+fi

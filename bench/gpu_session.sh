@@ -97,10 +97,12 @@ case "$part" in
   tests)
     gpu_tests
     memcheck 400
+    snaps=$(mktemp -d /tmp/gpu-session-snapshots.XXXXXX)
     timeout 150 "$BIN/gpipe-train" configs/default.yaml --quiet --set train.epochs=1 \
-      --set "pipeline.devices=[$DEV]" --set "train.snapshot.dir=/tmp/gpu-session-snapshots" \
+      --set "pipeline.devices=[$DEV]" --set "train.snapshot.dir=$snaps" \
       --metrics "$OUT/default.jsonl" > "$OUT/default.log" 2>&1
-    echo "default.yaml, 1 epoch on cuda:0: exit $?"; grep -o '"test_accuracy":[0-9.]*' "$OUT/default.jsonl" | tail -1
+    echo "default.yaml, 1 epoch on $DEV: exit $?"; grep -o '"test_accuracy":[0-9.]*' "$OUT/default.jsonl" | tail -1
+    rm -rf "$snaps"
     ;;
   bars)
     OUT="$OUT/bars" BIN="$BIN" bash bench/gpu_bars.sh 2>&1 | tee "$OUT/bars.md"

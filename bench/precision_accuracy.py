@@ -58,8 +58,12 @@ def run(args, name, sets):
     for s in sets + args.set:
         cmd += ["--set", s]
     t0 = time.time()
-    with open(log, "w") as f:
-        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
+    try:
+        with open(log, "w") as f:
+            rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
+    except OSError as e:
+        sys.exit("precision_accuracy: cannot run %s: %s (--bin names the build folder)"
+                 % (cmd[0], e.strerror))
     if rc != 0:
         sys.stderr.write("precision_accuracy: the %s run failed (exit %d):\n%s" %
                          (name, rc, "".join(open(log).readlines()[-5:])))
@@ -90,11 +94,14 @@ def window_diff(ref, other, w):
     return worst
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--bin", default="build", help="where gpipe-train is")
+    ap.add_argument("--bin", default=os.path.join(ROOT, "build"), help="where gpipe-train is")
     ap.add_argument("--device", default="cuda:0")
-    ap.add_argument("--config", default="configs/default.yaml")
+    ap.add_argument("--config", default=os.path.join(ROOT, "configs", "default.yaml"))
     ap.add_argument("--out", default="/tmp/precision-accuracy")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--min-accuracy", type=float, default=0.91)

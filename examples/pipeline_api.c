@@ -8,7 +8,10 @@
  * unless the loss falls by half and the held-out accuracy passes 90%, so
  * the test suite runs it.
  *
- *   cc pipeline_api.c -lgpipe ...   (built by CMake as example_pipeline_api)
+ * Built by CMake as example_pipeline_api (the test suite runs it); against
+ * an installed gpipe:
+ *
+ *   cc pipeline_api.c $(pkg-config --cflags --libs gpipe) -o pipeline_api
  */
 #include <gpipe.h>
 
@@ -42,8 +45,13 @@ static void make_batch(unsigned *seed, float *x, float *y, int n)
     }
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc > 1) {
+        fprintf(stderr, "usage: %s (no arguments): trains a two-stage pipeline on a toy problem "
+                        "and exits 1 unless it learned it\n", argv[0]);
+        return 2;
+    }
     gp_run *run;
     if (gp_run_parse("example", yaml, NULL, 0, &run) != GP_OK) {
         fprintf(stderr, "example: %s\n", gp_last_error());
@@ -81,7 +89,11 @@ int main(void)
     for (int j = 0; j < gp_run_devices(run); j++) {
         const char *name;
         size_t peak, cur;
-        gp_run_device_memory(run, j, &name, &peak, &cur);
+        if (gp_run_device_memory(run, j, &name, &peak, &cur) != GP_OK) {
+            fprintf(stderr, "example: device %d: %s\n", j, gp_last_error());
+            gp_run_free(run);
+            return 1;
+        }
         printf("%s: peak %zu bytes, now %zu bytes\n", name, peak, cur);
     }
     gp_run_free(run);
