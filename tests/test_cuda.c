@@ -419,6 +419,24 @@ static void test_linear_fwd(const char *tag, bool searches)
                           D2[k]->name, (long long)nans, (long long)out);
             }
             free(row);
+            if (has_bias) {
+                /* the same shape with a bias only 16-byte aligned (a view
+                 * 4 floats into a block): cuBLASLt's heuristics read the
+                 * bias pointer's alignment, so the plan chosen for the
+                 * 256-aligned bias above must not be reused for it
+                 * (cuda_blas.c, balign) */
+                buf bb = brand(out + 4, -1, 1), xx = brand(n * in, -1, 1); /* x has a NaN */
+                uint64_t searched = D2[1]->algo_searches;
+                BOTH(gp_dev_linear_fwd(D, n, out, in, xx.p[K], w.p[K], bb.p[K] + 4, relu,
+                                       y.p[K]));
+                uint64_t made = D2[1]->algo_searches - searched;
+                CHECK_MSG(searches ? made >= 1 && made <= 2 : made == 0,
+                          "%s with a 16-byte aligned bias: %llu searches", what,
+                          (unsigned long long)made);
+                snprintf(what + strlen(what), sizeof what - strlen(what), ", bias 16-byte aligned");
+                bcheck(what, &y, 1e-5);
+                bfree(&bb); bfree(&xx);
+            }
             bfree(&x); bfree(&w); bfree(&b); bfree(&y);
         }
 }

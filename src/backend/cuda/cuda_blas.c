@@ -11,7 +11,8 @@
  * result (n of them).
  *
  * Algorithms.  Each product shape (transposes, sizes, leading dimensions,
- * operand alignment, epilogue, whether C accumulates) gets one cuda_mm:
+ * operand alignment, the bias pointer's own alignment, epilogue, whether C
+ * accumulates) gets one cuda_mm:
  * its descriptors and the algorithm, chosen on its first call among
  * cublasLtMatmulAlgoGetHeuristic's first LT_CANDIDATES within a workspace
  * of LT_WS_MAX (cuBLAS's recommendation for Hopper; less on a device whose
@@ -67,6 +68,11 @@ enum { EPI_NONE = 0, EPI_BIAS = 1, EPI_RELU = 2 }; /* bits */
 struct cuda_mm {
     /* the shape */
     int ta, tb, epi, align;
+    /* the bias pointer's alignment (up to 256; 0 without one): the
+     * heuristics read it from the descriptor's pointer, and no preference
+     * caps it as MIN_ALIGNMENT_* caps A's, B's and C's, so an algorithm
+     * chosen for one bias is reused only for biases aligned as well */
+    int balign;
     bool acc; /* beta != 0: C is read */
     int64_t m, n, k, lda, ldb, ldc;
     /* the plan */
@@ -160,6 +166,12 @@ static int alignment(const void *a, const void *b, const void *c, const void *bi
 {
     uintptr_t u = (uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)bias;
     return u % 16 == 0 ? 16 : 4;
+}
+
+static int bias_alignment(const void *bias)
+{
+    uintptr_t u = (uintptr_t)bias | 256;
+    return bias ? (int)(u & (~u + 1)) : 0; /* the lowest set bit */
 }
 
 /* The descriptors of mm's shape (mm->op etc. NULL on entry). */
@@ -366,7 +378,8 @@ static cuda_mm *mm_find(gp_cuda_ctx *ctx, const cuda_mm *key)
 {
     for (cuda_mm *mm = ctx->mms; mm; mm = mm->next)
         if (mm->ta == key->ta && mm->tb == key->tb && mm->epi == key->epi &&
-            mm->align == key->align && mm->acc == key->acc && mm->m == key->m &&
+            mm->align == key->align && mm->balign == key->balign && mm->acc == key->acc &&
+            mm->m == key->m &&
             mm->n == key->n && mm->k == key->k && mm->lda == key->lda && mm->ldb == key->ldb &&
             mm->ldc == key->ldc)
             return mm;
@@ -382,7 +395,8 @@ gp_status gp_cuda_lt_gemm(gp_device *dev, int ta, int tb, int64_t m, int64_t n, 
     *done = false;
     if (ctx->lt_off || !ctx->lt || m <= 0 || n <= 0 || k <= 0) return GP_OK;
     cuda_mm key = {.ta = ta, .tb = tb, .epi = (bias ? EPI_BIAS : 0) | (relu ? EPI_RELU : 0),
-                   .align = alignment(a, b, c, bias), .acc = beta != 0.0f, .m = m, .n = n,
+                   .align = alignment(a, b, c, bias), .balign = bias_alignment(bias),
+                   .acc = beta != 0.0f, .m = m, .n = n,
                    .k = k, .lda = lda, .ldb = ldb, .ldc = ldc};
     cuda_mm *mm = mm_find(ctx, &key);
     if (!mm) {

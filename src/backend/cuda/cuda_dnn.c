@@ -27,7 +27,7 @@
  * Precision bf16, for a convolution worth it (gp_bf16_conv_worth; else
  * FP32 as above): the operands are packed into bf16 copies
  * (gp_cuda_bf16_reserve) and cuDNN runs its BFLOAT16 configuration (bf16
- * x, w, y; FP32 compute; CUDNN_DEFAULT_MATH, tensor cores), GEMM-style
+ * x, w, y; FP32 compute; CUDNN_TENSOR_OP_MATH, tensor cores), GEMM-style
  * algorithms only (bf16_algo_ok).  Its bf16 result is widened: y with the
  * bias in one kernel, dx as is; backward-filter writes the gradient's bf16
  * part (beta 0), added to dw in FP32.  The bias gradient sums the FP32 dy.
@@ -162,8 +162,7 @@ static gp_status conv_build(gp_device *dev, const gp_conv_desc *d, cuda_conv *cv
                                              (int)d->sw, 1, 1, CUDNN_CROSS_CORRELATION,
                                              CUDNN_DATA_FLOAT));
     /* precision tf32 or bf16: cuDNN may use tensor cores (its default math) */
-    GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, gp_cuda_conv_tensor_math(ctx, cv) ? CUDNN_DEFAULT_MATH
-                                                                             : CUDNN_FMA_MATH));
+    GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, gp_cuda_conv_math(ctx, cv)));
     int n, c, h, w;
     GP_CUDNN(cudnnGetConvolution2dForwardOutputDim(cv->conv, cv->x, cv->w, &n, &c, &h, &w));
     if (n != d->n || c != d->k || h != d->oh || w != d->ow)
@@ -348,9 +347,7 @@ gp_status gp_cuda_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x
         if (cap < 1 || cap > CUDA_ALGO_CAP) cap = CUDA_ALGO_CAP;
         size_t limit = gp_cuda_ws_limit(dev);
         /* tf32, bf16: every algorithm, tensor cores included, is a candidate */
-        GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, gp_cuda_conv_tensor_math(ctx, cv)
-                                                           ? CUDNN_DEFAULT_MATH
-                                                           : CUDNN_FMA_MATH));
+        GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, gp_cuda_conv_math(ctx, cv)));
         bool measure = gp_cuda_may_measure(ctx);
         if (!measure) {
             GP_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(ctx->dnn, cv->x, cv->w, cv->conv,
@@ -413,9 +410,7 @@ gp_status gp_cuda_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const flo
         if (cap < 1 || cap > CUDA_ALGO_CAP) cap = CUDA_ALGO_CAP;
         size_t limit = gp_cuda_ws_limit(dev);
         /* tf32, bf16: every algorithm, tensor cores included, is a candidate */
-        GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, gp_cuda_conv_tensor_math(ctx, cv)
-                                                           ? CUDNN_DEFAULT_MATH
-                                                           : CUDNN_FMA_MATH));
+        GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, gp_cuda_conv_math(ctx, cv)));
         bool measure = gp_cuda_may_measure(ctx);
         if (!measure) {
             GP_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(
@@ -479,9 +474,7 @@ gp_status gp_cuda_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const 
         if (cap < 1 || cap > CUDA_ALGO_CAP) cap = CUDA_ALGO_CAP;
         size_t limit = gp_cuda_ws_limit(dev);
         /* tf32, bf16: every algorithm, tensor cores included, is a candidate */
-        GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, gp_cuda_conv_tensor_math(ctx, cv)
-                                                           ? CUDNN_DEFAULT_MATH
-                                                           : CUDNN_FMA_MATH));
+        GP_CUDNN(cudnnSetConvolutionMathType(cv->conv, gp_cuda_conv_math(ctx, cv)));
         /* the search writes its dw (beta 0): into a scratch tensor, not the
          * gradient this call adds to (bf16: the bf16 part is one); no room
          * for one: the heuristics */

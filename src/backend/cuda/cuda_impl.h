@@ -252,6 +252,17 @@ static inline bool gp_cuda_conv_tensor_math(const gp_cuda_ctx *ctx, const cuda_c
     return ctx->tf32 || cv->bf16;
 }
 
+/* The math type a convolution's algorithm search allows: CUDNN_FMA_MATH
+ * for exact FP32; CUDNN_DEFAULT_MATH for tf32 (TF32 tensor cores on FP32
+ * data, as PyTorch sets it); CUDNN_TENSOR_OP_MATH for bf16 operands, as
+ * PyTorch sets it for half-width data (cuDNN's documentation ties the
+ * default's tensor cores to TF32 and does not say it admits them for
+ * bf16). */
+static inline cudnnMathType_t gp_cuda_conv_math(const gp_cuda_ctx *ctx, const cuda_conv *cv)
+{
+    return cv->bf16 ? CUDNN_TENSOR_OP_MATH : ctx->tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+}
+
 /* Whether cuBLASLt's relu epilogue keeps a NaN as gpipe's relu does (its
  * documentation says max(x, 0), which fmaxf makes 0): a 128 x 128 x 128
  * product with a NaN, through CUBLASLT_EPILOGUE_RELU_BIAS when the device
