@@ -135,14 +135,16 @@ static gp_status bn_init(gp_layer *l, uint64_t seed)
 {
     int64_t c = l->in_shape.dims[1];
     bn_state *st = calloc(1, sizeof *st);
-    if (st) {
-        st->c = c;
+    /* the merge's host scratch only where the layer runs: a shape-only
+     * layer (--dry-run, the planner) allocates nothing of its size */
+    if (st && !l->meta) {
         st->h_acc = calloc((size_t)(2 * c), sizeof(double));
         st->h_mean = calloc((size_t)c, sizeof(float));
         st->h_var = calloc((size_t)c, sizeof(float));
     }
+    if (st) st->c = c;
     l->state = st;
-    if (!st || !st->h_acc || !st->h_mean || !st->h_var)
+    if (!st || (!l->meta && (!st->h_acc || !st->h_mean || !st->h_var)))
         return gp_error_set(GP_ERR_OOM, "out of host memory for batch-norm statistics");
     /* counted with the parameters: state of the layer for its lifetime, as
      * the running statistics are (and so in the balancer's profile) */
