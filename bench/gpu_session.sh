@@ -67,31 +67,27 @@ case "$part" in
     budget=${BUDGET:-420}
     start=$SECONDS
     timings=
-    t=$SECONDS; gpu_tests; timings="$timings tests $(since $t) s;"
-    if [ $((budget - (SECONDS - start))) -ge 200 ]; then
-      t=$SECONDS
+    left() { echo $((budget - (SECONDS - start))); }
+    part() { # name seconds-it-needs command...: run while that much of the budget is left
+      local name=$1 need=$2 t=$SECONDS
+      shift 2
+      if [ "$(left)" -lt "$need" ]; then echo "$name: skipped, $(left) s of $budget left"; return; fi
+      "$@"
+      timings="$timings $name $(since $t) s;"
+    }
+    precision_table() {
       PARTS=precision OUT="$OUT/bars" BIN="$BIN" DEV="$DEV" bash bench/gpu_bars.sh 2>&1 | tee "$OUT/bars.md"
       echo "precision table: exit ${PIPESTATUS[0]}"
-      timings="$timings precision table $(since $t) s;"
-    else
-      echo "precision table: skipped, $((budget - (SECONDS - start))) s of $budget left"
-    fi
-    left=$((budget - (SECONDS - start)))
-    if [ "$left" -ge 120 ]; then
-      t=$SECONDS
-      timeout "$((left - 30))" python3 bench/precision_accuracy.py --bin "$BIN" --device "$DEV" \
+    }
+    accuracy() {
+      timeout "$(($(left) - 30))" python3 bench/precision_accuracy.py --bin "$BIN" --device "$DEV" \
         --out "$OUT/accuracy" 2>&1 | tee "$OUT/accuracy.md"
       echo "accuracy: exit ${PIPESTATUS[0]}"
-      timings="$timings accuracy $(since $t) s;"
-    else
-      echo "accuracy: skipped, $left s of $budget left"
-    fi
-    left=$((budget - (SECONDS - start)))
-    if [ "$left" -ge 60 ]; then
-      t=$SECONDS; memcheck "$((left - 10))"; timings="$timings memcheck $(since $t) s;"
-    else
-      echo "memcheck: skipped, $left s of $budget left"
-    fi
+    }
+    part tests 0 gpu_tests
+    part "precision table" 200 precision_table
+    part accuracy 120 accuracy
+    part memcheck 60 memcheck "$(($(left) - 10))"
     echo "first: took$timings $((SECONDS - start)) s in all of a budget of $budget"
     ;;
   tests)
