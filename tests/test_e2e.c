@@ -143,6 +143,31 @@ static void test_cli_errors(void)
     CHECK(run(cmd, out, sizeof out) == 3);
     CHECK_MSG(strstr(out, "is a file, not the directory of the dataset's files"), "output: %s",
               out);
+    /* --dry-run reads no data but says whether the files are there: a
+     * note with what a run would stop at, or where they are */
+    snprintf(cmd, sizeof cmd, "%s %s --dry-run", bin, nodata);
+    CHECK(run(cmd, out, sizeof out) == 0);
+    CHECK_MSG(strstr(out, "total:") && strstr(out, "note: data: fashion-mnist: cannot find "
+                                                   "train-images-idx3-ubyte") &&
+                  strstr(out, "/nonexistent/fmnist") && strstr(out, "(a run would stop there)"),
+              "output: %s", out);
+    char idxdir[512], idxfile[640];
+    snprintf(idxdir, sizeof idxdir, "%s/idx-files", tmpdir);
+    CHECK(mkdir(idxdir, 0755) == 0);
+    static const char *const idx_names[4] = {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                                             "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"};
+    for (int k = 0; k < 4; k++) {
+        snprintf(idxfile, sizeof idxfile, "%s/%s%s", idxdir, idx_names[k], k == 3 ? "" : ".gz");
+        write_file(idxfile, "not read by a dry run");
+    }
+    snprintf(cmd, sizeof cmd, "%s %s --dry-run --set data.path=%s", bin, nodata, idxdir);
+    CHECK(run(cmd, out, sizeof out) == 0);
+    snprintf(idxfile, sizeof idxfile, "data: fashion-mnist, the 4 IDX files (some gzip) in %s\n",
+             idxdir);
+    CHECK_MSG(strstr(out, idxfile) && !strstr(out, "note: data"), "output: %s", out);
+    snprintf(cmd, sizeof cmd, "%s %s --dry-run --set data.dataset=synthetic", bin, nodata);
+    CHECK(run(cmd, out, sizeof out) == 0);
+    CHECK_MSG(strstr(out, "data: synthetic, made from the seed\n"), "output: %s", out);
 
     snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --dry-run", bin, GPIPE_SOURCE_DIR);
     CHECK(run(cmd, out, sizeof out) == 0);

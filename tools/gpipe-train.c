@@ -443,6 +443,13 @@ int main(int argc, char **argv)
     }
     if (dry) {
         s = gp_model_summary(&cfg, stdout);
+        char where[1200];
+        if (s == GP_OK && gp_dataset_locate(&cfg.data, where, sizeof where) == GP_OK)
+            printf("data: %s\n", where);
+        else if (s == GP_OK) { /* a summary of the model all the same */
+            printf("note: data: %s (a run would stop there)\n", gp_last_error());
+            gp_error_clear();
+        }
         if (s == GP_OK && verbose)
             printf("defaults applied (keys the config left out):\n%s",
                    cfg.defaults_applied && cfg.defaults_applied[0] ? cfg.defaults_applied

@@ -12,6 +12,7 @@
  * them.  On failure a reader leaves its output unchanged.
  */
 #include "train/data.h"
+#include "train/image.h"
 #include "train/train.h"
 
 #include <errno.h>
@@ -625,13 +626,15 @@ static gp_status load_idx(const gp_data_config *cfg, const char *dir, bool train
     return gp_idx_read_labels(lpath, ds);
 }
 
-static gp_status load_cifar(const gp_data_config *cfg, const char *dir, bool train,
-                            gp_dataset *ds)
+/* The split's batch files: names[0..*n) under base; GP_ERR_IO naming what
+ * is missing. */
+static gp_status cifar_files(const gp_data_config *cfg, const char *dir, bool train,
+                             char base[1024], char names[5][1100], int *n)
 {
     /* The tarball unpacks into cifar-10-batches-bin/; accept the directory
      * itself or its parent. */
-    char base[1024], probe[1100];
-    snprintf(base, sizeof base, "%s", dir);
+    char probe[1100];
+    snprintf(base, 1024, "%s", dir);
     snprintf(probe, sizeof probe, "%s/%s", base, train ? "data_batch_1.bin" : "test_batch.bin");
     if (!file_exists(probe)) {
         char sub[1024];
@@ -641,23 +644,83 @@ static gp_status load_cifar(const gp_data_config *cfg, const char *dir, bool tra
             return gp_error_set(GP_ERR_IO, "cifar10: cannot find %s in %s or %s; %s",
                                 train ? "data_batch_1.bin" : "test_batch.bin", dir, sub,
                                 missing_hint(cfg->dataset));
-        snprintf(base, sizeof base, "%s", sub);
+        snprintf(base, 1024, "%s", sub);
     }
-    char names[5][1100];
-    const char *paths[5];
-    int n = train ? 5 : 1;
-    for (int k = 0; k < n; k++) {
-        if (train) snprintf(names[k], sizeof names[k], "%s/data_batch_%d.bin", base, k + 1);
-        else snprintf(names[k], sizeof names[k], "%s/test_batch.bin", base);
+    *n = train ? 5 : 1;
+    for (int k = 0; k < *n; k++) {
+        if (train) snprintf(names[k], 1100, "%s/data_batch_%d.bin", base, k + 1);
+        else snprintf(names[k], 1100, "%s/test_batch.bin", base);
         if (!file_exists(names[k]))
             return gp_error_set(GP_ERR_IO, "cifar10: cannot find %s; %s", names[k],
                                 missing_hint(cfg->dataset));
-        paths[k] = names[k];
     }
+    return GP_OK;
+}
+
+static gp_status load_cifar(const gp_data_config *cfg, const char *dir, bool train,
+                            gp_dataset *ds)
+{
+    char base[1024], names[5][1100];
+    const char *paths[5];
+    int n;
+    GP_TRY(cifar_files(cfg, dir, train, base, names, &n));
+    for (int k = 0; k < n; k++) paths[k] = names[k];
     GP_TRY(gp_cifar10_read(paths, n, ds));
     snprintf(ds->source, sizeof ds->source, "%.400s/%s", base,
              train ? "data_batch_{1..5}.bin" : "test_batch.bin");
     return GP_OK;
+}
+
+gp_status gp_dataset_locate(const gp_data_config *cfg, char *where, size_t len)
+{
+    const char *dir = cfg->path[0] ? cfg->path : default_dir(cfg->dataset);
+    const char *kind = dataset_kind_name(cfg->dataset);
+    switch (cfg->dataset) {
+    case GP_DATASET_SYNTHETIC:
+        snprintf(where, len, "synthetic, made from the seed");
+        return GP_OK;
+    case GP_DATASET_MNIST:
+    case GP_DATASET_FASHION_MNIST: {
+        static const char *const names[4] = {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                                             "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"};
+        char path[1024];
+        int gz = 0;
+        for (int k = 0; k < 4; k++) {
+            GP_TRY(find_idx(cfg, dir, names[k], path, sizeof path));
+            gz += strlen(path) > 3 && !strcmp(path + strlen(path) - 3, ".gz");
+        }
+        snprintf(where, len, "%s, the 4 IDX files%s in %.900s", kind,
+                 gz == 4 ? " (gzip)" : gz ? " (some gzip)" : "", dir);
+        return GP_OK;
+    }
+    case GP_DATASET_CIFAR10: {
+        char base[1024], names[5][1100];
+        int n;
+        GP_TRY(cifar_files(cfg, dir, true, base, names, &n));
+        GP_TRY(cifar_files(cfg, dir, false, base, names, &n));
+        snprintf(where, len, "cifar10, data_batch_{1..5}.bin and test_batch.bin in %.900s", base);
+        return GP_OK;
+    }
+    case GP_DATASET_IMAGE_FOLDER: {
+        if (!gp_image_supported()) {
+            gp_image_codec *cd;
+            return gp_image_codec_create(&cd); /* the "built without" message */
+        }
+        struct stat st;
+        for (int k = 0; k < 2; k++) {
+            char sub[1100];
+            snprintf(sub, sizeof sub, "%s/%s", cfg->path, k ? "val" : "train");
+            int e = stat(sub, &st) == 0 ? 0 : errno;
+            if (e || !S_ISDIR(st.st_mode))
+                return gp_error_set(GP_ERR_IO, "image_folder: %s: %s; it reads train/ and val/ "
+                                    "under data.path", sub, e ? strerror(e) : "not a folder");
+        }
+        snprintf(where, len, "image_folder, %.900s/train and val (listed when a run starts)",
+                 cfg->path);
+        return GP_OK;
+    }
+    }
+    return gp_error_set(GP_ERR_INVALID, "unknown dataset kind %d", (int)cfg->dataset);
 }
 
 gp_status gp_dataset_load(const gp_data_config *cfg, bool train_split, uint64_t seed,

@@ -59,6 +59,12 @@ gp_status gp_dataset_load(const gp_data_config *cfg, bool train_split,
                           uint64_t seed, gp_dataset *out);
 void gp_dataset_free(gp_dataset *ds);
 
+/* Whether the files cfg's splits would be read from are there, without
+ * reading them (--dry-run): GP_OK with `where` saying what was found, or
+ * the error gp_dataset_load would stop with.  An image folder's train/ and
+ * val/ are checked as folders, not listed. */
+gp_status gp_dataset_locate(const gp_data_config *cfg, char *where, size_t len);
+
 /* The individual readers (also used by tests and fuzzers). */
 gp_status gp_idx_read_images(const char *path, gp_dataset *ds);
 gp_status gp_idx_read_labels(const char *path, gp_dataset *ds);
