@@ -1641,9 +1641,40 @@ static void test_schedule_memory(void)
     }
 }
 
+/* With data-parallel replicas the planner sizes one replica's pipeline:
+ * the step splits train.batch_size R x chunks ways (replicas.c), so a
+ * replica's batch is batch / R and its micro-batch batch / (R chunks).
+ * Sized by the whole batch, balance: auto and gpipe-balance counted R
+ * times the activations and refused configs that fit. */
+static void test_replica_batch(void)
+{
+    static const char *yaml =
+        "model:\n  input: [1, 8, 8]\n  layers: [flatten, {linear: {out: 16}}, relu,\n"
+        "                              {linear: {out: 10}}]\n"
+        "pipeline: {devices: [cpu:0, cpu:1], replicas: 3, chunks: 2, threads: 1}\n"
+        "data: {dataset: synthetic}\n"
+        "train: {batch_size: 61}\n";
+    gp_config cfg;
+    CHECK_OK(gp_config_parse("r.yaml", yaml, strlen(yaml), NULL, 0, &cfg));
+    CHECK(gp_config_replica_batch(&cfg) == 21); /* 61 over 3, rounded up */
+    gp_model_profile_opts mo = {.warmup = 0, .reps = 1, .timed = false, .threads = 1};
+    gp_profile p;
+    CHECK_OK(gp_model_profile(&cfg, &mo, &p));
+    /* the largest micro-batch a step makes: 61 in 6 -> 11, 10, 10, 10, 10, 10 */
+    int64_t sizes[6];
+    CHECK_OK(gp_microbatch_split(61, 6, sizes));
+    CHECK_MSG(p.batch == 21 && p.chunks == 2 && p.n_sizes == 1 && p.sizes[0] == sizes[0],
+              "profile batch %lld, chunks %d, %d sizes, first %lld; want 21, 2, 1, %lld",
+              (long long)p.batch, p.chunks, p.n_sizes, (long long)p.sizes[0],
+              (long long)sizes[0]);
+    gp_profile_free(&p);
+    gp_config_free(&cfg);
+}
+
 int main(void)
 {
     gp_log_set_level(GP_LOG_WARN);
+    test_replica_batch();
     test_profile_search();
     test_partition_bruteforce();
     test_partition_tiebreak_and_errors();

@@ -18,10 +18,11 @@ static void usage(FILE *f)
     fputs("usage: gpipe-balance CONFIG.yaml [options]\n"
           "\n"
           "Profile every layer of CONFIG.yaml's model at the configured micro-batch size\n"
-          "(train.batch_size / pipeline.chunks) on the kind of device stage 0 uses, and\n"
-          "print the best balance: the exact min-max split of the time each stage adds to\n"
-          "the pipeline (forward, backward, recompute when checkpointed, boundary copies),\n"
-          "with every device's memory capacity as a constraint.\n"
+          "(train.batch_size / pipeline.replicas / pipeline.chunks) on the kind of device\n"
+          "stage 0 uses, and print the best balance: the exact min-max split of the time\n"
+          "each stage adds to the pipeline (forward, backward, recompute when\n"
+          "checkpointed, boundary copies), with every device's memory capacity as a\n"
+          "constraint.\n"
           "\n"
           "options:\n"
           "  --devices N        balance for N devices (default: the config's devices;\n"
@@ -149,7 +150,8 @@ static gp_status write_config(const char *out_path, const gp_config *cfg, const 
 }
 
 /* A saved profile's times hold at the micro-batch sizes it measured: the
- * balance needs the config's (batch / chunks, rounded up), --simulate those
+ * balance needs the config's (a replica's batch / chunks, rounded up: the
+ * batch is train.batch_size over the replicas), --simulate those
  * of m = 1, 2, 4, .. 32 as well (what --profile-out --simulate measures).
  * Other sizes would be extrapolated from the ones measured, which is no
  * measurement; refuse, naming the sizes. */
@@ -178,13 +180,13 @@ static gp_status check_profile_sizes(const gp_profile *p, const char *path, int6
                         (long long)missing[z]);
     if (missing[0] == need[0])
         return gp_error_set(GP_ERR_INVALID, "profile '%s' was measured at micro-batch size%s %s, "
-                            "but this config runs micro-batch %lld (train.batch_size %lld / "
+                            "but this config runs micro-batch %lld (a replica's batch %lld / "
                             "pipeline.chunks %d, rounded up); profile this config again "
                             "(gpipe-balance CONFIG.yaml%s --profile-out FILE)", path,
                             p->n_sizes == 1 ? "" : "s", have, (long long)need[0],
                             (long long)batch, m, simulate ? " --simulate" : "");
     return gp_error_set(GP_ERR_INVALID, "profile '%s' was measured at micro-batch size%s %s, but "
-                        "--simulate also needs size%s %s (train.batch_size %lld over m = 1, 2, "
+                        "--simulate also needs size%s %s (a replica's batch %lld over m = 1, 2, "
                         "4, .. 32 micro-batches); profile with --simulate (gpipe-balance "
                         "CONFIG.yaml --simulate --profile-out FILE)", path,
                         p->n_sizes == 1 ? "" : "s", have, k == 1 ? "" : "s", lack,
@@ -497,7 +499,13 @@ int main(int argc, char **argv)
         return gp_status_exit_code(s);
     }
     int n = cfg.pipeline.n_devices, m = cfg.pipeline.chunks;
-    int64_t batch = cfg.train.batch_size, mbs = (batch + m - 1) / m;
+    int R = gp_pipeline_replicas(&cfg.pipeline);
+    /* one replica's pipeline is what is balanced and simulated */
+    int64_t batch = gp_config_replica_batch(&cfg), mbs = (batch + m - 1) / m;
+    char per_replica[96] = "";
+    if (R > 1)
+        snprintf(per_replica, sizeof per_replica, " (train.batch_size %lld over %d replicas)",
+                 (long long)cfg.train.batch_size, R);
 
     gp_profile prof;
     if (prof_in) {
@@ -586,8 +594,8 @@ int main(int argc, char **argv)
                               prof.mem[k].optim_bytes) + prof.mem[k].keep_per_sample * (double)mbs;
     }
     if (!quiet) { /* -q: the balance and errors only */
-        printf("%s: %d layers, batch %lld, %d chunk%s (micro-batch %lld), on %s x %d thread%s, "
-               "%s checkpointing\n\n", config, L, (long long)batch, m, m == 1 ? "" : "s",
+        printf("%s: %d layers, batch %lld%s, %d chunk%s (micro-batch %lld), on %s x %d thread%s, "
+               "%s checkpointing\n\n", config, L, (long long)batch, per_replica, m, m == 1 ? "" : "s",
                (long long)mbs, prof.device, prof.threads, prof.threads == 1 ? "" : "s",
                gp_checkpoint_mode_name(cfg.pipeline.checkpoint));
         printf("%3s %-28s %8s %8s %8s %8s %8s %6s %10s %10s %10s %10s %6s\n", "#", "layer", "fwd ms",
@@ -704,8 +712,10 @@ int main(int argc, char **argv)
 
     /* ---- the simulator ---- */
     if (s == GP_OK && simulate && prof.timed) {
-        printf("\nsimulated steps with this balance (%s):\n",
-               cfg.pipeline.lockstep ? "lockstep" : "free-running");
+        printf("\nsimulated steps with this balance (%s%s):\n",
+               cfg.pipeline.lockstep ? "lockstep" : "free-running",
+               R > 1 ? "; one replica's pipeline and samples/s, without the replicas' "
+                       "exchanges" : "");
         printf("%-8s %-12s %4s %10s %8s %12s %12s %5s\n", "schedule", "checkpoint", "m",
                "step ms", "bubble", "samples/s", "peak mem", "fits");
         gp_checkpoint_mode modes[3] = {GP_CKPT_ALWAYS, GP_CKPT_EXCEPT_LAST, GP_CKPT_NEVER};

@@ -216,6 +216,17 @@ typedef struct gp_config {
     char *overrides;
 } gp_config;
 
+/* The batch one replica's pipeline splits into pipeline.chunks
+ * micro-batches: train.batch_size over pipeline.replicas, rounded up (a
+ * step splits the batch R x chunks ways, replica by replica), so its
+ * micro-batches are at most ceil(batch / (R chunks)).  What the planner,
+ * the profile and the simulator size a pipeline by. */
+static inline int64_t gp_config_replica_batch(const gp_config *cfg)
+{
+    int R = gp_pipeline_replicas(&cfg->pipeline);
+    return (cfg->train.batch_size + R - 1) / R;
+}
+
 /* Load and validate.  overrides[i] is "a.b.c=value". */
 gp_status gp_config_load(const char *path, const char *const *overrides,
                          int n_overrides, gp_config *out);

@@ -245,13 +245,13 @@ gp_status gp_model_profile(const gp_config *cfg, const gp_model_profile_opts *o,
 {
     const gp_pipeline_config *pc = &cfg->pipeline;
     int m = pc->chunks;
-    int64_t mb = (cfg->train.batch_size + m - 1) / m;
+    int64_t batch = gp_config_replica_batch(cfg), mb = (batch + m - 1) / m; /* one replica's */
     gp_profile_opts po = {.device = pc->devices[0].name,
                           .threads = o->threads > 0 ? o->threads : gp_model_device_threads(pc, 0),
                           .precision = cfg->train.precision, /* timed as it trains */
                           .deterministic = cfg->train.deterministic,
                           .warmup = o->warmup, .reps = o->reps, .timed = o->timed,
-                          .batch = cfg->train.batch_size, .chunks = m,
+                          .batch = batch, .chunks = m,
                           .optim_slots = optim_slots(cfg),
                           .seed = cfg->train.seed, .loss = cfg->model.loss,
                           .label_smoothing = cfg->model.label_smoothing};
@@ -318,7 +318,7 @@ gp_status gp_model_balance_flops(const gp_config *cfg, int n, int *balance)
     int L = cfg->model.n_layers;
     double *costs = malloc((size_t)(L > 0 ? L : 1) * sizeof *costs);
     if (!costs) return gp_error_set(GP_ERR_OOM, "out of host memory");
-    int64_t mb = cfg->train.batch_size / cfg->pipeline.chunks;
+    int64_t mb = gp_config_replica_batch(cfg) / cfg->pipeline.chunks;
     gp_status s = gp_model_costs(cfg, mb > 0 ? mb : 1, costs);
     if (s == GP_OK) {
         s = gp_partition_minmax(costs, L, n, balance);
