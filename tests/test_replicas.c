@@ -431,6 +431,9 @@ static void make_batch(const gp_config *c, int step, float *x, float *y)
 }
 
 static float clip_norm; /* equivalence's train.clip_grad_norm; 0: off */
+/* host waits of replica 0's first device in a clipped step, by R (the
+ * mlp on gpipe's schedule; 0: not measured) */
+static uint64_t clip_waits[8];
 
 /* R replicas x n stages vs the single-device run with R x chunks, with
  * optimizer `opt` (Adam's states are sharded and gathered as momentum). */
@@ -479,7 +482,11 @@ static void equivalence(bool convnet, int R, int n, gp_schedule_kind kind, gp_op
             continue;
         }
         gp_status s1 = gp_model_train_step(&ref, &c, x, y, BATCH, R * c.pipeline.chunks, 0.05, &a);
+        uint64_t w0 = gp_dev_host_waits(devs[0]);
         gp_status s2 = gp_model_pipeline_step(&rep, &c, x, y, BATCH, 0.05, &b);
+        if (clip_norm > 0 && step == 3 && !convnet && kind == GP_SCHEDULE_GPIPE &&
+            opt == GP_OPTIM_SGD && R < 8)
+            clip_waits[R] = gp_dev_host_waits(devs[0]) - w0;
         if (s1 != GP_OK || s2 != GP_OK) {
             CHECK_MSG(0, "step: %s", gp_last_error());
             ok = false;
@@ -1058,6 +1065,12 @@ int main(void)
     }
     equivalence(true, 2, 2, GP_SCHEDULE_GPIPE, GP_OPTIM_ADAMW);
     clip_norm = 0;
+    /* the replicas exchange their squared norms in one all-gather: a
+     * clipped step's host waits do not grow with the replicas (they were
+     * 2R + 3 with a broadcast from each) */
+    CHECK_MSG(clip_waits[2] > 0 && clip_waits[3] == clip_waits[2],
+              "host waits of a clipped step: %llu with 2 replicas, %llu with 3",
+              (unsigned long long)clip_waits[2], (unsigned long long)clip_waits[3]);
     for (int R = 1; R <= MAXR; R++) sync_bn(R);
     sync_bn_model();
     sync_bn_schedules();

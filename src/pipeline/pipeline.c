@@ -108,6 +108,7 @@ struct gp_pipeline {
                                   failure now may leave it in between); under
                                   lock, cleared when a step begins */
     void *clip_buf[GP_MAX_DEVICES]; /* replicas: stage j's entries on its device */
+    size_t clip_buf_size[GP_MAX_DEVICES]; /* its bytes (clip_buf_bytes when made) */
     void (*on_fail)(void *arg);
     void *fail_arg;
     /* The skips that cross stages (stashed on one, popped on a later one). */
@@ -1117,26 +1118,61 @@ static gp_status barrier(worker *w, const gp_instr *in, int *bad_layer)
     return st;
 }
 
+/* Whether stage q's replicas exchange their clip entries in one
+ * all-gather (the backend or the comm has one) rather than R broadcasts. */
+static bool clip_gathers(const gp_pipeline *p, int q)
+{
+    const gp_comm *c = p->comms[q];
+    return (c && c->ops && c->ops->all_gather) || gp_dev_can_shard(p->devs[q]);
+}
+
+/* The bytes of stage q's clip buffer: its entries' doubles, for every
+ * replica where they are all-gathered. */
+static size_t clip_buf_bytes(const gp_pipeline *p, int q)
+{
+    size_t k = (size_t)(p->clip_at[p->first[q] + p->count[q]] - p->clip_at[p->first[q]]);
+    return k * sizeof(double) * (clip_gathers(p, q) ? (size_t)p->replicas : 1);
+}
+
 /* Stage q's clip_sq entries summed over the replicas of this process, in
  * replica order and in double, as gp_procs_sum_doubles sums the ranks'
  * under mpirun (the other ranks' zeros add exactly), so threads and
- * processes clip by the same factor: each replica in turn broadcasts its
- * entries' bytes (a copy, exact) through the stage's communicator into a
- * buffer kept for the next steps. */
+ * processes clip by the same factor.  The entries travel as bytes (a
+ * copy, exact) through a buffer kept for the next steps: one all-gather
+ * of every replica's, read back at once (three host waits whatever R),
+ * or, on a backend without one, a broadcast from each replica in turn
+ * (2R + 1). */
 static gp_status clip_replicas(gp_pipeline *p, int q)
 {
     int t0 = p->clip_at[p->first[q]], t1 = p->clip_at[p->first[q] + p->count[q]], k = t1 - t0;
     if (k <= 0) return GP_OK; /* the same on every replica: none takes part */
     gp_device *dev = p->devs[q];
+    int R = p->replicas;
+    bool gather = clip_gathers(p, q);
     size_t bytes = (size_t)k * sizeof(double);
-    if (!p->clip_buf[q]) GP_TRY(gp_dev_alloc(dev, bytes, GP_MEM_WORKSPACE, &p->clip_buf[q]));
+    if (!p->clip_buf[q]) {
+        p->clip_buf_size[q] = clip_buf_bytes(p, q);
+        GP_TRY(gp_dev_alloc(dev, p->clip_buf_size[q], GP_MEM_WORKSPACE, &p->clip_buf[q]));
+    }
     float *buf = p->clip_buf[q];
     int64_t nf = (int64_t)(bytes / sizeof(float)); /* the doubles' bytes, as floats */
-    double *own = malloc(2 * bytes), *got = own ? own + k : NULL;
+    /* own, then what arrives: every replica's (gather) or one at a time */
+    double *own = malloc((gather ? (size_t)R + 1 : 2) * bytes), *got = own ? own + k : NULL;
     if (!own) return gp_error_set(GP_ERR_OOM, "out of host memory");
     memcpy(own, p->clip_sq + t0, bytes);
     gp_status st = GP_OK;
-    for (int r = 0; r < p->replicas && st == GP_OK; r++) {
+    if (gather) {
+        /* chunk r of the R nf floats (gp_comm_chunk) is replica r's */
+        st = gp_dev_upload(dev, buf + (int64_t)p->rank * nf, (const float *)own, nf);
+        if (st == GP_OK) st = gp_dev_all_gather(dev, p->comms[q], buf, (int64_t)R * nf);
+        if (st == GP_OK) st = gp_dev_download(dev, (float *)got, buf, (int64_t)R * nf);
+        if (st == GP_OK) st = gp_dev_synchronize(dev);
+        for (int r = 0; r < R && st == GP_OK; r++)
+            for (int t = 0; t < k; t++)
+                p->clip_sq[t0 + t] =
+                    r == 0 ? got[t] : p->clip_sq[t0 + t] + got[(size_t)r * (size_t)k + (size_t)t];
+    }
+    for (int r = 0; !gather && r < R && st == GP_OK; r++) {
         if (r == p->rank) st = gp_dev_upload(dev, buf, (const float *)own, nf);
         if (st == GP_OK) st = gp_dev_broadcast(dev, p->comms[q], buf, nf, r);
         if (st == GP_OK) st = gp_dev_download(dev, (float *)got, buf, nf);
@@ -2148,10 +2184,7 @@ void gp_pipeline_destroy(gp_pipeline *p)
     pthread_cond_destroy(&p->cond);
     for (int j = 0; j < p->S; j++)
         if (p->clip_buf[j])
-            gp_dev_free(p->devs[j], p->clip_buf[j],
-                        (size_t)(p->clip_at[p->first[j] + p->count[j]] - p->clip_at[p->first[j]]) *
-                            sizeof(double),
-                        GP_MEM_WORKSPACE);
+            gp_dev_free(p->devs[j], p->clip_buf[j], p->clip_buf_size[j], GP_MEM_WORKSPACE);
     free(p->clip_sq);
     free(p->clip_at);
     free(p->clip_xs);
