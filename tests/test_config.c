@@ -660,6 +660,17 @@ static void test_errors(void)
                                     "  chunks: 4\ntrain:\n  batch_size: 4\n"), NULL, 0),
               GP_ERR_INVALID, "pipeline.chunks x pipeline.replicas (4 x 2 = 8) must be <= "
                               "train.batch_size (4)");
+    /* too many replicas: said at the replicas key (or its --set), with the most that fit */
+    CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  devices: [cpu:0, cpu:1]\n  replicas: 33\n"),
+                        NULL, 0),
+              GP_ERR_INVALID, "t.yaml:11:13: pipeline.replicas = 33 of 2 devices makes 66 "
+                              "devices; at most 64 are supported in all: give at most 32 replicas "
+                              "of 2 devices");
+    {
+        const char *sets[] = {"pipeline.replicas=40"};
+        CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  devices: [cpu:0, cpu:1]\n"), sets, 1),
+                  GP_ERR_INVALID, "--set pipeline.replicas=40: pipeline.replicas = 40 of 2 devices");
+    }
     /* a derived replica device past the last index names what derived it */
     CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  devices: [cpu:4095]\n  replicas: 2\n"), NULL, 0),
               GP_ERR_INVALID, "t.yaml:10:12: replica 1's copy of cpu:4095 would be device index "

@@ -139,12 +139,15 @@ static gp_status parse_device_grid(gp_cfg_walk *w, const gp_ynode *dv, const gp_
 /* replicas: R with a plain device list: replica r runs on the listed
  * devices with their indices shifted by r x (devices listed), so
  * [cpu:0, cpu:1] with replicas: 2 adds [cpu:2, cpu:3]. */
-static gp_status derive_replicas(gp_cfg_walk *w, const gp_ynode *at, gp_pipeline_config *pc)
+static gp_status derive_replicas(gp_cfg_walk *w, const gp_ynode *at, const gp_ynode *rep_at,
+                                 gp_pipeline_config *pc)
 {
     int n = pc->n_devices;
     if ((int64_t)n * pc->replicas > GP_MAX_DEVICES)
-        return gp_cfg_bad(w, at, "%d replicas of %d devices are %d devices; at most %d are "
-                          "supported", pc->replicas, n, n * pc->replicas, GP_MAX_DEVICES);
+        return gp_cfg_bad(w, rep_at, "pipeline.replicas = %d of %d device%s makes %d devices; at "
+                          "most %d are supported in all: give at most %d replicas of %d "
+                          "device%s", pc->replicas, n, n == 1 ? "" : "s", n * pc->replicas,
+                          GP_MAX_DEVICES, GP_MAX_DEVICES / n, n, n == 1 ? "" : "s");
     for (int r = 1; r < pc->replicas; r++)
         for (int j = 0; j < n; j++) {
             gp_device_kind kind;
@@ -304,7 +307,8 @@ gp_status gp_cfg_parse_pipeline(gp_cfg_walk *w, const gp_ynode *root, gp_pipelin
             GP_TRY(parse_device(w, dv->items[j], j, pc));
         }
     }
-    if (!grid && pc->replicas > 1) GP_TRY(derive_replicas(w, dv ? dv : m, pc));
+    if (!grid && pc->replicas > 1)
+        GP_TRY(derive_replicas(w, dv ? dv : m, gp_cfg_absent(rep_node) ? m : rep_node, pc));
 
     /* the schedule, and for interleaving the stages per device */
     static const char *const k_schedules[] = {"gpipe", "1f1b", "zb-h1", "interleaved"};
