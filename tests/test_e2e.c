@@ -1560,6 +1560,36 @@ static void test_shipped_models_train(void)
     }
 }
 
+/* A resume that splits each batch another number of ways warns when the
+ * model has batch norm, which normalises every micro-batch by its own
+ * statistics (more than rounding changes); the same split does not. */
+static void test_resume_batch_norm(void)
+{
+    char cfg[400], dir[400], text[800], cmd[2000], out[8192];
+    snprintf(cfg, sizeof cfg, "%s/bn-resume.yaml", tmpdir);
+    snprintf(dir, sizeof dir, "%s/bn-snaps", tmpdir);
+    snprintf(text, sizeof text,
+             "model:\n  input: [1, 4, 4]\n  layers: [flatten, {linear: {out: 8}}, batchnorm, "
+             "relu, {linear: {out: 3}}]\ndata: {dataset: synthetic, synthetic: {train: 32, test: 8, "
+             "classes: 3, shape: [1, 4, 4]}}\npipeline: {chunks: 2}\n"
+             "train: {batch_size: 8, steps: 2, eval_each_epoch: false, snapshot: {every_steps: 2, "
+             "dir: %s}}\n", dir);
+    write_file(cfg, text);
+    snprintf(cmd, sizeof cmd, "%s %s --no-progress -q", bin, cfg);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0, "output: %.600s", out);
+    snprintf(cmd, sizeof cmd, "%s %s --no-progress --resume latest --set train.steps=3 "
+             "--set pipeline.chunks=4 --set train.snapshot.every_steps=0", bin, cfg);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0 &&
+                  strstr(out, "batch norm normalised micro-batches of about 4 samples in the "
+                              "original run (2 chunk(s) x 1 replica(s)) and now of about 2") &&
+                  strstr(out, "pipeline.chunks x pipeline.replicas = 2 to keep them"),
+              "output: %.1500s", out);
+    snprintf(cmd, sizeof cmd, "%s %s --no-progress --resume latest --set train.steps=3 "
+             "--set train.snapshot.every_steps=0", bin, cfg);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0 && !strstr(out, "batch norm normalised"),
+              "output: %.1500s", out);
+}
+
 int main(void)
 {
     gpt_binary_path(bin, sizeof bin, "gpipe-train");
@@ -1575,6 +1605,7 @@ int main(void)
     test_stages_share_device();
     test_shipped_models_train();
     test_flat_input();
+    test_resume_batch_norm();
     if (getenv("GPIPE_SANITIZED")) {
         /* Under sanitizers the training run takes ~20x longer; its accuracy
          * is checked in the normal build. */

@@ -156,8 +156,10 @@ static gp_status write_config(const char *out_path, const gp_config *cfg, const 
  * Other sizes would be extrapolated from the ones measured, which is no
  * measurement; refuse, naming the sizes. */
 static gp_status check_profile_sizes(const gp_profile *p, const char *path, int64_t batch,
-                                     int m, int simulate)
+                                     int m, int R, int simulate)
 {
+    /* what `batch` is: the config's, or with replicas one replica's share */
+    const char *whose = R > 1 ? "a replica's batch" : "train.batch_size";
     int64_t need[8], missing[8];
     int n = 0;
     need[n++] = (batch + m - 1) / m;
@@ -180,16 +182,16 @@ static gp_status check_profile_sizes(const gp_profile *p, const char *path, int6
                         (long long)missing[z]);
     if (missing[0] == need[0])
         return gp_error_set(GP_ERR_INVALID, "profile '%s' was measured at micro-batch size%s %s, "
-                            "but this config runs micro-batch %lld (a replica's batch %lld / "
+                            "but this config runs micro-batch %lld (%s %lld / "
                             "pipeline.chunks %d, rounded up); profile this config again "
                             "(gpipe-balance CONFIG.yaml%s --profile-out FILE)", path,
-                            p->n_sizes == 1 ? "" : "s", have, (long long)need[0],
+                            p->n_sizes == 1 ? "" : "s", have, (long long)need[0], whose,
                             (long long)batch, m, simulate ? " --simulate" : "");
     return gp_error_set(GP_ERR_INVALID, "profile '%s' was measured at micro-batch size%s %s, but "
-                        "--simulate also needs size%s %s (a replica's batch %lld over m = 1, 2, "
+                        "--simulate also needs size%s %s (%s %lld over m = 1, 2, "
                         "4, .. 32 micro-batches); profile with --simulate (gpipe-balance "
                         "CONFIG.yaml --simulate --profile-out FILE)", path,
-                        p->n_sizes == 1 ? "" : "s", have, k == 1 ? "" : "s", lack,
+                        p->n_sizes == 1 ? "" : "s", have, k == 1 ? "" : "s", lack, whose,
                         (long long)batch);
 }
 
@@ -513,7 +515,7 @@ int main(int argc, char **argv)
         if (s == GP_OK)
             s = gp_profile_check_model(&prof, prof_in, cfg.model.layers, cfg.model.n_layers,
                                        cfg.model.input);
-        if (s == GP_OK) s = check_profile_sizes(&prof, prof_in, batch, m, simulate);
+        if (s == GP_OK) s = check_profile_sizes(&prof, prof_in, batch, m, R, simulate);
         if (s != GP_OK) gp_profile_free(&prof);
         /* the same model on other hardware: its times are a guess, not a lie */
         int threads = gp_model_device_threads(&cfg.pipeline, 0);

@@ -1251,6 +1251,18 @@ gp_status gp_snapshot_init_from(gp_model *m, const char *path)
     return GP_OK;
 }
 
+/* Whether a layer of m keeps batch-norm running statistics. */
+static bool has_batch_norm(const gp_model *m)
+{
+    for (int k = 0; k < m->n_layers; k++)
+        for (int a = 0; a < m->layers[k].n_params; a++) {
+            const gp_param *pr = &m->layers[k].params[a];
+            size_t n = strlen(pr->name);
+            if (pr->is_buffer && n >= 12 && !strcmp(pr->name + n - 12, "running_mean")) return true;
+        }
+    return false;
+}
+
 gp_status gp_snapshot_restore(gp_model *m, const gp_config *cfg, const char *path, bool quiet,
                               gp_snapshot_pos *pos, bool *positioned)
 {
@@ -1276,6 +1288,18 @@ gp_status gp_snapshot_restore(gp_model *m, const gp_config *cfg, const char *pat
                 "chunk(s): numerically equivalent, not bit for bit the original run",
                 (long long)dev, was, (long long)chunks, cfg->pipeline.n_devices, now,
                 cfg->pipeline.chunks);
+        /* Batch norm normalises each micro-batch with its own statistics:
+         * split another number of ways, a step computes another function,
+         * which is more than rounding. */
+        int64_t was_mb = chunks * reps, now_mb = (int64_t)cfg->pipeline.chunks * my_reps;
+        if (was_mb != now_mb && has_batch_norm(m))
+            GP_WARN("batch norm normalised micro-batches of about %lld samples in the original "
+                    "run (%lld chunk(s) x %lld replica(s)) and now of about %lld: training goes "
+                    "on along another path, not only in rounding; give pipeline.chunks x "
+                    "pipeline.replicas = %lld to keep them",
+                    (long long)(cfg->train.batch_size / was_mb), (long long)chunks,
+                    (long long)reps, (long long)(cfg->train.batch_size / now_mb),
+                    (long long)was_mb);
     }
     const char *by = gp_st_meta(&f, SAVED_BY_KEY);
     if (positioned) *positioned = !by || strcmp(by, SAVED_BY_LIBRARY);
