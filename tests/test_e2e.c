@@ -302,9 +302,15 @@ static void test_cli_errors(void)
              "--set 'pipeline.devices=[cpu:0, cpu:1]'", bin, GPIPE_SOURCE_DIR);
     rc_huge = run(cmd, out, sizeof out);
     CHECK_MSG(rc_huge == 0 && strstr(out, "pipeline: 2 device(s) x 2 data-parallel replicas (4 "
-                                          "devices, cpu:0 to cpu:3; each replica's share of the "
-                                          "batch is 32)"),
+                                          "devices: cpu:0, cpu:1, cpu:2, cpu:3; each replica's "
+                                          "share of the batch is 32)"),
               "replicas: exit %d, %s", rc_huge, out);
+    /* a grid need not run in order: every device is named, not a range */
+    snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --dry-run --set 'pipeline.devices="
+             "[[cpu:3, cpu:1], [cpu:0, cpu:7]]'", bin, GPIPE_SOURCE_DIR);
+    rc_huge = run(cmd, out, sizeof out);
+    CHECK_MSG(rc_huge == 0 && strstr(out, "(4 devices: cpu:3, cpu:1, cpu:0, cpu:7;"),
+              "a grid: exit %d, %s", rc_huge, out);
     /* an error about what an override changed names the override, not
      * only the file's line, which reads right */
     static const struct {

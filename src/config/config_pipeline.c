@@ -115,8 +115,8 @@ static gp_status parse_device_grid(gp_cfg_walk *w, const gp_ynode *dv, const gp_
         GP_TRY(gp_cfg_parse_int(w, rep_node, "pipeline.replicas", &r));
         if (r != rows)
             return gp_cfg_bad(w, rep_node, "pipeline.replicas = %lld but pipeline.devices has "
-                              "%d rows (one per replica); drop replicas or make them agree",
-                              (long long)r, rows);
+                              "%d row%s (one per replica); drop replicas or make them agree",
+                              (long long)r, rows, rows == 1 ? "" : "s");
     }
     pc->replicas = rows;
     pc->n_devices = cols;

@@ -1494,12 +1494,22 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
     }
     const gp_pipeline_config *pc = &cfg->pipeline;
     int R = gp_pipeline_replicas(pc);
-    char reps[160] = "";
-    if (R > 1) /* data parallel: the devices above are replica 0's */
-        snprintf(reps, sizeof reps, " x %d data-parallel replicas (%d devices, %s to %s; each "
-                 "replica's share of the batch is %lld)", R, gp_pipeline_devices_total(pc),
-                 pc->devices[0].name, pc->devices[gp_pipeline_devices_total(pc) - 1].name,
+    char reps[256] = "";
+    if (R > 1) { /* data parallel: the devices above are replica 0's */
+        int total = gp_pipeline_devices_total(pc), at = 0;
+        char all[96] = "";
+        /* every device where they fit (a grid need not run in order),
+         * else the first and the last */
+        for (int d = 0; d < total && at < (int)sizeof all; d++)
+            at += snprintf(all + at, sizeof all - (size_t)at, "%s%s", d ? ", " : "",
+                           pc->devices[d].name);
+        if (at >= (int)sizeof all)
+            snprintf(all, sizeof all, "%s to %s", pc->devices[0].name,
+                     pc->devices[total - 1].name);
+        snprintf(reps, sizeof reps, " x %d data-parallel replicas (%d devices: %s; each "
+                 "replica's share of the batch is %lld)", R, total, all,
                  (long long)(cfg->train.batch_size / R));
+    }
     fprintf(f, "pipeline: %d device(s)%s, chunks %d, checkpoint %s, %s%s\n", n, reps,
             pc->chunks, gp_checkpoint_mode_name(pc->checkpoint),
             pc->lockstep ? "lockstep" : "free-running",
