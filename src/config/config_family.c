@@ -180,14 +180,15 @@ static gp_status amoebanet(spec_list *l, int layers, int64_t filters, int64_t cl
 static gp_status parse_amoebanet(gp_cfg_walk *w, const gp_ynode *m, gp_model_config *mc,
                                  bool *found)
 {
-    const gp_ynode *r = gp_ymap_get(m, "amoebanet");
-    if (gp_cfg_absent(r)) return GP_OK;
-    const gp_ynode *rkey = gp_ymap_key(m, "amoebanet");
-    if (!gp_cfg_absent(gp_ymap_get(m, "layers")) || !gp_cfg_absent(gp_ymap_get(m, "resnet")))
+    /* given with no value (`amoebanet:`), as a map-valued key: an empty
+     * map, every option its default */
+    const gp_ynode *r = gp_ymap_get(m, "amoebanet"), *rkey = gp_ymap_key(m, "amoebanet");
+    if (!rkey) return GP_OK;
+    if (!gp_cfg_absent(gp_ymap_get(m, "layers")) || gp_ymap_key(m, "resnet"))
         return gp_cfg_bad(w, rkey, "model has amoebanet and %s; give one: amoebanet expands "
                           "into the layers",
                           gp_cfg_absent(gp_ymap_get(m, "layers")) ? "resnet" : "layers");
-    if (r->kind != GP_YNODE_MAP)
+    if (!gp_cfg_absent(r) && r->kind != GP_YNODE_MAP)
         return gp_cfg_bad(w, r, "model.amoebanet must be a map, like {layers: 18, filters: "
                           "256, classes: 1000}");
     GP_TRY(gp_cfg_check_keys(w, r, "model.amoebanet"));
@@ -312,10 +313,10 @@ static gp_status parse_unet(gp_cfg_walk *w, const gp_ynode *m, gp_model_config *
     const gp_ynode *u = gp_ymap_get(m, "unet"), *ukey = gp_ymap_key(m, "unet");
     static const char *const others[] = {"layers", "resnet", "amoebanet"};
     for (int q = 0; q < GP_COUNT(others); q++)
-        if (!gp_cfg_absent(gp_ymap_get(m, others[q])))
+        if (q ? gp_ymap_key(m, others[q]) != NULL : !gp_cfg_absent(gp_ymap_get(m, others[q])))
             return gp_cfg_bad(w, ukey, "model has both %s and unet; give one: unet expands into "
                               "the layers", others[q]);
-    if (u->kind != GP_YNODE_MAP)
+    if (!gp_cfg_absent(u) && u->kind != GP_YNODE_MAP)
         return gp_cfg_bad(w, u, "model.unet must be a map, like {depth: 5, num_convs: 5, "
                           "base: 64}");
     GP_TRY(gp_cfg_check_keys(w, u, "model.unet"));
@@ -359,16 +360,17 @@ static gp_status parse_unet(gp_cfg_walk *w, const gp_ynode *m, gp_model_config *
 gp_status gp_cfg_parse_family(gp_cfg_walk *w, const gp_ynode *m, gp_model_config *mc, bool *found)
 {
     *found = false;
-    if (!gp_cfg_absent(gp_ymap_get(m, "unet"))) return parse_unet(w, m, mc, found);
+    /* a family given with no value (`resnet:`) is an empty map, as every
+     * map-valued key's null is: all its options take their defaults */
+    if (gp_ymap_key(m, "unet")) return parse_unet(w, m, mc, found);
     GP_TRY(parse_amoebanet(w, m, mc, found));
     if (*found) return GP_OK;
-    const gp_ynode *r = gp_ymap_get(m, "resnet");
-    if (gp_cfg_absent(r)) return GP_OK;
-    const gp_ynode *rkey = gp_ymap_key(m, "resnet");
+    const gp_ynode *r = gp_ymap_get(m, "resnet"), *rkey = gp_ymap_key(m, "resnet");
+    if (!rkey) return GP_OK;
     if (!gp_cfg_absent(gp_ymap_get(m, "layers")))
         return gp_cfg_bad(w, rkey, "model has both layers and resnet; give one: resnet expands "
                           "into the layers");
-    if (r->kind != GP_YNODE_MAP)
+    if (!gp_cfg_absent(r) && r->kind != GP_YNODE_MAP)
         return gp_cfg_bad(w, r, "model.resnet must be a map, like {depth: 101, classes: 1000}");
     GP_TRY(gp_cfg_check_keys(w, r, "model.resnet"));
     int depth = 0;
