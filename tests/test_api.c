@@ -573,7 +573,8 @@ static void test_output_loss_mismatch(void)
     if (!run) return;
     gp_run_info info;
     CHECK_ERR(gp_run_describe(run, &info), GP_ERR_INVALID,
-              "the model's output is (4, 4, 4) per sample but cross_entropy needs (N, classes)");
+              "ce.yaml: the model's output is (4, 4, 4) per sample but cross_entropy "
+              "(model.loss's default) needs (N, classes)");
     float x[8 * 16] = {0}, y[8] = {0};
     gp_status s = gp_run_step(run, x, y, 8, 0, NULL);
     CHECK_MSG(s == GP_ERR_INVALID && strstr(gp_last_error(), "end the model with flatten") &&

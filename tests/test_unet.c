@@ -304,8 +304,16 @@ static void loss_target_errors(void)
              "data: {dataset: synthetic, synthetic: {train: 16, test: 8, classes: 5}}\n"
              "train: {batch_size: 4, steps: 2}\npipeline: {devices: 2, memory: 1KiB}\n");
     CHECK_ERR(train_text(text2, &r), GP_ERR_INVALID,
-              "the model has 3 outputs but the data has 5 classes; make the last linear "
-              "layer's out 5");
+              "layer 1 (linear) at t.yaml:3:22: the model has 3 outputs but the data has 5 "
+              "classes; make this layer's out 5");
+    /* a built-in model is told by its classes option, at its key */
+    snprintf(text2, sizeof text2,
+             "model:\n  input: [3, 32, 32]\n  amoebanet: {layers: 3, filters: 16, classes: 3}\n"
+             "data: {dataset: synthetic, synthetic: {train: 16, test: 8, classes: 5, "
+             "shape: [3, 32, 32]}}\ntrain: {batch_size: 4, steps: 2}\n");
+    CHECK_ERR(train_text(text2, &r), GP_ERR_INVALID,
+              "t.yaml:3:3: model.amoebanet has 3 classes but the data has 5; set "
+              "model.amoebanet.classes: 5");
     /* class ids 0..9 are not a yes / no: said from the data's classes before
      * training (it was the loss's "target 5 is not in [0, 1]" at the first
      * batch, which suggested rescaling the targets); the loss's own check of

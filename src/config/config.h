@@ -51,6 +51,10 @@ typedef struct gp_model_config {
     char input_at[600];   /* where model.input was given ("my.yaml:3:10",
                              "--set model.input=[3,8,8]"), for messages that
                              compare it with the data; "" when built in C */
+    char loss_at[600];    /* where model.loss was given; "" when defaulted */
+    char family[16];      /* the built-in model the layers came from
+                             ("resnet", "amoebanet", "unet"); "" for a list */
+    char family_at[600];  /* where it was given */
 } gp_model_config;
 
 /* pipeline.copy_precision: the tensors copied between stages in FP32 or

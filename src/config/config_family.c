@@ -29,8 +29,43 @@ typedef struct {
     int n, cap;
     const char *file;
     int line, column;
-    const char *set; /* the --set that changed the family's sizes, or NULL */
+    const char *set; /* the --sets that changed the family's options, or NULL */
 } spec_list;
+
+/* Every override inside the family's map, each once, joined by " and "
+ * ("model.amoebanet.layers=3 and model.amoebanet.filters=131072"): any of
+ * them may be what a layer's error is about, so a message names them all
+ * (naming the first alone blamed one for another's size).  NULL when the
+ * map came from the file alone; cut short with "and others" where the
+ * spec's field would not hold them. */
+static void family_sets(const gp_ynode *n, char *buf, size_t len, size_t field)
+{
+    if (!n) return;
+    if (n->set && !strstr(buf, n->set)) {
+        size_t at = strlen(buf), add = strlen(n->set) + (at ? 5 : 0);
+        if (at + add < field && at + add < len)
+            snprintf(buf + at, len - at, "%s%s", at ? " and " : "", n->set);
+        else if (at && !strstr(buf, " and others") && at + 11 < len)
+            snprintf(buf + at, len - at, " and others");
+    }
+    for (int i = 0; i < n->n; i++) family_sets(n->items[i], buf, len, field);
+}
+
+/* The family's name and where it was given, for messages about the
+ * expanded model as a whole (the classes the data has). */
+static void found_at(const gp_cfg_walk *w, gp_model_config *mc, const char *family,
+                     const gp_ynode *key)
+{
+    snprintf(mc->family, sizeof mc->family, "%s", family);
+    gp_yloc(w->file, key, mc->family_at, sizeof mc->family_at);
+}
+
+static const char *family_set(const gp_ynode *n, char *buf, size_t len)
+{
+    buf[0] = '\0';
+    family_sets(n, buf, len, sizeof ((gp_layer_spec *)0)->set - 12);
+    return buf[0] ? buf : NULL;
+}
 
 static gp_layer_spec *push(spec_list *l, gp_layer_type t, const char *name)
 {
@@ -205,11 +240,13 @@ static gp_status parse_amoebanet(gp_cfg_walk *w, const gp_ynode *m, gp_model_con
         return gp_cfg_bad(w, gp_ymap_get(r, "filters"), "model.amoebanet.filters must be a "
                           "multiple of 16 (the first cells have filters / 2 channels, whose "
                           "branches narrow to a quarter), got %lld", (long long)filters);
+    char sets[sizeof ((gp_layer_spec *)0)->set];
     spec_list l = {.file = w->file, .line = rkey->line, .column = rkey->column,
-                   .set = gp_ynode_set_within(r)};
+                   .set = family_set(r, sets, sizeof sets)};
     GP_TRY(amoebanet(&l, layers, filters, classes));
     mc->layers = l.specs;
     mc->n_layers = l.n;
+    found_at(w, mc, "amoebanet", rkey);
     *found = true;
     return GP_OK;
 }
@@ -348,11 +385,13 @@ static gp_status parse_unet(gp_cfg_walk *w, const gp_ynode *m, gp_model_config *
                           "one pixel; give a larger model.input or a smaller depth", depth,
                           depth, (long long)mc->input[1], (long long)mc->input[2],
                           (long long)bh, (long long)bw);
+    char sets[sizeof ((gp_layer_spec *)0)->set];
     spec_list l = {.file = w->file, .line = ukey->line, .column = ukey->column,
-                   .set = gp_ynode_set_within(u)};
+                   .set = family_set(u, sets, sizeof sets)};
     GP_TRY(unet(&l, depth, convs, base, out_ch));
     mc->layers = l.specs;
     mc->n_layers = l.n;
+    found_at(w, mc, "unet", ukey);
     *found = true;
     return GP_OK;
 }
@@ -380,11 +419,13 @@ gp_status gp_cfg_parse_family(gp_cfg_walk *w, const gp_ynode *m, gp_model_config
     if (depth != 50 && depth != 101 && depth != 152)
         return gp_cfg_bad(w, gp_ymap_get(r, "depth"), "model.resnet.depth must be 50, 101 or "
                           "152 (the bottleneck ResNets), got %d", depth);
+    char sets[sizeof ((gp_layer_spec *)0)->set];
     spec_list l = {.file = w->file, .line = rkey->line, .column = rkey->column,
-                   .set = gp_ynode_set_within(r)};
+                   .set = family_set(r, sets, sizeof sets)};
     GP_TRY(resnet(&l, depth, classes));
     mc->layers = l.specs;
     mc->n_layers = l.n;
+    found_at(w, mc, "resnet", rkey);
     *found = true;
     return GP_OK;
 }

@@ -389,6 +389,8 @@ gp_status gp_cfg_parse_model(gp_cfg_walk *w, const gp_ynode *root, gp_model_conf
     int loss = GP_LOSS_CROSS_ENTROPY;
     GP_TRY(gp_cfg_get_enum(w, m, "model", "loss", losses, GP_LOSS_COUNT, loss, &loss));
     mc->loss = (gp_loss_kind)loss;
+    const gp_ynode *ln = gp_ymap_get(m, "loss");
+    if (!gp_cfg_absent(ln)) gp_yloc(w->file, ln, mc->loss_at, sizeof mc->loss_at);
     /* listed among the defaults (--dry-run -v) where it applies, as
      * train.clip_grad_norm is: a user of a recipe with smoothing sees that
      * this config has none */

@@ -50,11 +50,13 @@ static gp_status loss_takes_output(const gp_config *cfg, const gp_shape *out)
         one.ndim--;
         memmove(one.dims, one.dims + 1, sizeof one.dims[0] * (size_t)one.ndim);
     }
+    const char *at = cfg->model.loss_at[0] ? cfg->model.loss_at : cfg->path;
     return gp_error_set(GP_ERR_INVALID,
-                        "%s: the model's output is %s per sample but cross_entropy needs "
+                        "%s: the model's output is %s per sample but cross_entropy%s needs "
                         "(N, classes); end the model with flatten and linear, or for one "
                         "target per output element (masks) set model.loss: "
-                        "bce_with_logits", cfg->path, gp_shape_str(&one, b, sizeof b));
+                        "bce_with_logits", at, gp_shape_str(&one, b, sizeof b),
+                        cfg->model.loss_at[0] ? "" : " (model.loss's default)");
 }
 
 /* n devices, v stages on each (stage j on device j % n); meta: every layer

@@ -158,8 +158,22 @@ static gp_status check_targets(const gp_config *cfg, const gp_dataset *ds)
     gp_shape_str(&out, b, sizeof b);
     if (loss == GP_LOSS_CROSS_ENTROPY) {
         if (out.ndim != 2 || out.dims[1] >= ds->classes) return GP_OK;
+        const gp_model_config *mc = &cfg->model;
+        if (mc->family[0] && strcmp(mc->family, "unet"))
+            return gp_error_set(GP_ERR_INVALID, "%s: model.%s has %lld classes but the data has "
+                                "%d; set model.%s.classes: %d", mc->family_at, mc->family,
+                                (long long)out.dims[1], ds->classes, mc->family, ds->classes);
+        /* the last layer that sets its outputs: a linear one */
+        int k = mc->n_layers - 1;
+        while (k > 0 && mc->layers[k].type != GP_LAYER_LINEAR) k--;
+        char d[400];
+        if (mc->layers[k].type == GP_LAYER_LINEAR)
+            return gp_error_set(GP_ERR_INVALID, "%s: the model has %lld outputs but the data has "
+                                "%d classes; make this layer's out %d",
+                                gp_layer_spec_describe(&mc->layers[k], k, d, sizeof d),
+                                (long long)out.dims[1], ds->classes, ds->classes);
         return gp_error_set(GP_ERR_INVALID, "%s: the model has %lld outputs but the data has %d "
-                            "classes; make the last linear layer's out %d", cfg->path,
+                            "classes; end it with a linear layer of out %d", cfg->path,
                             (long long)out.dims[1], ds->classes, ds->classes);
     }
     if (gp_dataset_has_masks(ds)) {
