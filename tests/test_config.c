@@ -802,6 +802,24 @@ static void test_family_null(void)
             if (sb == GP_OK) gp_config_free(&b);
         }
     }
+    /* a built-in model's layers name every override of the family (any
+     * may be what an error about one of them is about), and where it is */
+    {
+        const char *sets[] = {"model.amoebanet.layers=3", "model.amoebanet.filters=32"};
+        gp_config c;
+        gp_status s = parse_set("model:\n  input: [3, 32, 32]\n  amoebanet: {classes: 10}\n",
+                                sets, 2, &c);
+        CHECK_OK(s);
+        if (s == GP_OK) {
+            CHECK_MSG(c.model.n_layers > 0 &&
+                          !strcmp(c.model.layers[c.model.n_layers - 1].set,
+                                  "model.amoebanet.layers=3 and model.amoebanet.filters=32"),
+                      "the family's layers say they were changed by '%s'",
+                      c.model.n_layers ? c.model.layers[c.model.n_layers - 1].set : "");
+            CHECK(!strcmp(c.model.family, "amoebanet") && !strcmp(c.model.family_at, "t.yaml:3:3"));
+            gp_config_free(&c);
+        }
+    }
     /* and with layers too, it is still two models */
     CHECK_ERR(parse_bad("model:\n  input: [3, 64, 64]\n  layers: [flatten]\n  resnet:\n", NULL, 0),
               GP_ERR_INVALID, "t.yaml:4:3: model has both layers and resnet");
