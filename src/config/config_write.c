@@ -134,6 +134,24 @@ static void set_top(const char *set, char *key, size_t len)
 
 #define MAX_TOUCHED 64
 
+/* Whether the file's lines can be copied section by section: every
+ * top-level key plain and at the start of its line, and lines that end in
+ * LF (or CR LF).  A root map indented, in flow style or with quoted keys,
+ * or a file with lone CR line ends, is written whole from the tree
+ * instead (its comments and layout lost, its content kept). */
+static bool layout_kept(const char *text, const gp_ynode *root)
+{
+    if (root->kind != GP_YNODE_MAP) return root->kind == GP_YNODE_NULL;
+    for (int i = 0; i < root->n; i++) {
+        const gp_ynode *k = root->keys[i];
+        if (k->column != 1 || k->quoted || k->set || !k->text || strchr(k->text, ':'))
+            return false;
+    }
+    for (const char *p = text; *p; p++)
+        if (*p == '\r' && p[1] != '\n') return false;
+    return true;
+}
+
 gp_status gp_config_text_applied(const gp_config *c, const char *drop, char **out)
 {
     *out = NULL;
@@ -167,9 +185,27 @@ gp_status gp_config_text_applied(const gp_config *c, const char *drop, char **ou
         gp_ynode_free(root);
         return s;
     }
+    /* (the tree is parsed again to see the file's own layout: the
+     * overrides may have added keys that the file does not have) */
+    gp_ynode *file_root = NULL;
+    bool keep = gp_ytree_parse("<config>", NULL, text, strlen(text), &file_root) == GP_OK &&
+                layout_kept(text, file_root);
+    gp_ynode_free(file_root);
+    if (!keep) {
+        fprintf(o, "# written from %s with the overrides applied (its layout could not be kept: "
+                   "a top-level key indented, quoted or in flow style, or lone CR line ends)\n",
+                c->path[0] ? c->path : "the config");
+        for (int i = 0; root->kind == GP_YNODE_MAP && i < root->n; i++) {
+            if (drop && !strcmp(root->keys[i]->text ? root->keys[i]->text : "", drop)) continue;
+            put_scalar(o, root->keys[i], false);
+            fputc(':', o);
+            put_value(o, root->items[i], 0);
+        }
+        nt = 0; /* every section is written: none again below */
+    }
     /* the file's lines, less the touched and dropped sections */
     bool skipping = false;
-    for (const char *p = text; *p;) {
+    for (const char *p = text; keep && *p;) {
         const char *e = strchr(p, '\n');
         size_t n = e ? (size_t)(e - p) + 1 : strlen(p);
         char line[128], key[64];
