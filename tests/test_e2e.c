@@ -1594,6 +1594,17 @@ static void test_resume_batch_norm(void)
              "--set train.snapshot.every_steps=0", bin, cfg);
     CHECK_MSG(run(cmd, out, sizeof out) == 0 && !strstr(out, "batch norm normalised"),
               "output: %.1500s", out);
+    /* micro-batches of one sample give a batch norm on (N, 8) one value per
+     * channel, which stops the first step: --dry-run says so from the shapes */
+    snprintf(cmd, sizeof cmd, "%s %s --dry-run --set pipeline.chunks=8", bin, cfg);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0 &&
+                  strstr(out, "note: layer 2 (batchnorm) at ") &&
+                  strstr(out, "the smallest micro-batch (train.batch_size 8 in 8) has 1 sample(s) "
+                              "of 1 value(s) per channel"),
+              "output: %.1500s", out);
+    snprintf(cmd, sizeof cmd, "%s %s --dry-run --set pipeline.chunks=4", bin, cfg);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0 && !strstr(out, "batch norm needs"),
+              "output: %.1500s", out);
 }
 
 int main(void)

@@ -1479,6 +1479,27 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
             sp = 0; sf = 0; sa = 0;
         }
     }
+    /* A batch norm that a micro-batch gives one value per channel stops
+     * the first step (batchnorm.c); the shapes say so now.  Synchronised
+     * ones count every replica's micro-batch. */
+    int64_t parts = (int64_t)cfg->pipeline.chunks * gp_pipeline_replicas(&cfg->pipeline);
+    int64_t mb_min = parts > 0 ? b / parts : b;
+    for (int k = 0; k < m.n_layers; k++) {
+        const gp_layer *l = &m.layers[k];
+        if (l->spec.type != GP_LAYER_BATCHNORM) continue;
+        int64_t per = 1;
+        for (int d = 2; d < l->in_shape.ndim; d++) per *= l->in_shape.dims[d];
+        int64_t n_mb = l->spec.sync ? mb_min * gp_pipeline_replicas(&cfg->pipeline) : mb_min;
+        if (n_mb * per >= 2) continue;
+        char d[400];
+        fprintf(f, "note: %s: training batch norm needs more than one value per channel, but "
+                   "the smallest micro-batch (train.batch_size %lld in %lld) has %lld sample(s) "
+                   "of %lld value(s) per channel: a run stops at its first step; use fewer "
+                   "pipeline.chunks or a larger batch\n",
+                gp_layer_describe(l, d, sizeof d), (long long)b, (long long)parts,
+                (long long)n_mb, (long long)per);
+        break;
+    }
     char ab[32], pb[32];
     fprintf(f, "total: %lld parameters (%s), %.1f MFLOP forward per batch (%.1f per step "
                "with backward), %s of activations per batch\n",
