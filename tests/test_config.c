@@ -820,6 +820,22 @@ static void test_family_null(void)
             gp_config_free(&c);
         }
     }
+    /* AmoebaNet's input: each side a multiple of 32 (or one less), said at
+     * the family with the nearest that works */
+    CHECK_ERR(parse_bad("model:\n  input: [3, 28, 48]\n  amoebanet: {layers: 3, filters: 16}\n",
+                        NULL, 0),
+              GP_ERR_INVALID, "t.yaml:3:3: model.amoebanet needs model.input's height and width "
+                              "to be multiples of 32 (its stem halves them and four reduction "
+                              "cells halve them again, each an even size), but the input is 28 x "
+                              "48; 32 x 64 is the nearest");
+    for (int side = 31; side <= 32; side++) {
+        char t[160];
+        snprintf(t, sizeof t, "model:\n  input: [3, %d, 64]\n  amoebanet: {layers: 3, "
+                 "filters: 16}\n", side);
+        gp_config c;
+        CHECK_OK(parse(t, &c));
+        gp_config_free(&c);
+    }
     /* and with layers too, it is still two models */
     CHECK_ERR(parse_bad("model:\n  input: [3, 64, 64]\n  layers: [flatten]\n  resnet:\n", NULL, 0),
               GP_ERR_INVALID, "t.yaml:4:3: model has both layers and resnet");

@@ -212,6 +212,13 @@ static gp_status amoebanet(spec_list *l, int layers, int64_t filters, int64_t cl
     return GP_OK;
 }
 
+/* The multiple of 32 nearest to v, at least 32. */
+static int64_t nearest32(int64_t v)
+{
+    int64_t r = (v + 16) / 32 * 32;
+    return r < 32 ? 32 : r;
+}
+
 static gp_status parse_amoebanet(gp_cfg_walk *w, const gp_ynode *m, gp_model_config *mc,
                                  bool *found)
 {
@@ -240,6 +247,17 @@ static gp_status parse_amoebanet(gp_cfg_walk *w, const gp_ynode *m, gp_model_con
         return gp_cfg_bad(w, gp_ymap_get(r, "filters"), "model.amoebanet.filters must be a "
                           "multiple of 16 (the first cells have filters / 2 channels, whose "
                           "branches narrow to a quarter), got %lld", (long long)filters);
+    /* The stem's stride-2 convolution takes H to ceil(H / 2), and the four
+     * reduction cells after it each halve an even size: H / 2 rounded up a
+     * multiple of 16, i.e. H a multiple of 32 (or one less).  Said here,
+     * at the family, rather than at the first cell whose size is odd. */
+    int64_t h = mc->input[1], wd = mc->input[2];
+    if ((h + 1) / 2 % 16 || (wd + 1) / 2 % 16)
+        return gp_cfg_bad(w, rkey, "model.amoebanet needs model.input's height and width to be "
+                          "multiples of 32 (its stem halves them and four reduction cells halve "
+                          "them again, each an even size), but the input is %lld x %lld; %lld x "
+                          "%lld is the nearest", (long long)h, (long long)wd,
+                          (long long)nearest32(h), (long long)nearest32(wd));
     char sets[sizeof ((gp_layer_spec *)0)->set];
     spec_list l = {.file = w->file, .line = rkey->line, .column = rkey->column,
                    .set = family_set(r, sets, sizeof sets)};
