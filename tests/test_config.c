@@ -579,7 +579,8 @@ static void test_errors(void)
                         0),
               GP_ERR_INVALID, "t.yaml:4:7: layer 0 has 2 keys ('linear', 'out')");
     CHECK_ERR(parse_bad("model:\n  input: [4]\n  layers:\n    - linear: 3\n", NULL, 0),
-              GP_ERR_INVALID, "t.yaml:4:15: options of layer 0 (linear) must be a map");
+              GP_ERR_INVALID, "t.yaml:4:15: options of layer 0 (linear) must be a map, like "
+                              "{out: 3}, got '3'");
     CHECK_ERR(parse_bad("model:\n  input: [4]\n  layers:\n    - [relu]\n", NULL, 0),
               GP_ERR_INVALID, "t.yaml:4:7: expected a layer type or {type: {options}}");
     CHECK_ERR(parse_bad("model:\n  input: [4]\n  layers:\n    - relu: {name: a}\n"

@@ -211,9 +211,16 @@ static gp_status parse_layer(gp_cfg_walk *w, const gp_ynode *item, int index, gp
     const char *keys[16];
     int nk = layer_keys(t, keys);
     if (gp_cfg_absent(opts)) opts = NULL;
-    if (opts && opts->kind != GP_YNODE_MAP)
-        return gp_cfg_bad(w, opts, "options of layer %d (%s) must be a map, like {%s: ...}, got %s",
-                          index, tname, keys[0], gp_cfg_describe(opts, got, sizeof got));
+    if (opts && opts->kind != GP_YNODE_MAP) {
+        /* `linear: 10` most likely meant its out */
+        const char *key = keys[0];
+        for (int q = 0; q < nk; q++)
+            if (!strcmp(keys[q], "out")) key = "out";
+        bool scalar = opts->kind == GP_YNODE_SCALAR && opts->text && opts->text[0];
+        return gp_cfg_bad(w, opts, "options of layer %d (%s) must be a map, like {%s: %s}, got %s",
+                          index, tname, key, scalar ? opts->text : "...",
+                          gp_cfg_describe(opts, got, sizeof got));
+    }
     char what[96], sect[64];
     snprintf(what, sizeof what, "layer %d (%s)", index, tname);
     snprintf(sect, sizeof sect, "model.layers.%d", index);
