@@ -578,6 +578,13 @@ static void test_errors(void)
     CHECK_ERR(parse_bad("model:\n  input: [4]\n  layers:\n    - linear:\n      out: 3\n", NULL,
                         0),
               GP_ERR_INVALID, "t.yaml:4:7: layer 0 has 2 keys ('linear', 'out')");
+    /* an empty stash name is refused as an empty pop is */
+    CHECK_ERR(parse_bad("model:\n  input: [4]\n  layers: [{linear: {out: 4, stash: ''}}]\n",
+                        NULL, 0),
+              GP_ERR_INVALID, "model.layers.0.stash is empty; give the stash a name");
+    CHECK_ERR(parse_bad("model:\n  input: [4]\n  layers: [{linear: {out: 4, stash: a}}, "
+                        "{add: {pop: []}}]\n", NULL, 0),
+              GP_ERR_INVALID, "model.layers.1.pop lists no name; give the name of a stash");
     CHECK_ERR(parse_bad("model:\n  input: [4]\n  layers:\n    - linear: 3\n", NULL, 0),
               GP_ERR_INVALID, "t.yaml:4:15: options of layer 0 (linear) must be a map, like "
                               "{out: 3}, got '3'");

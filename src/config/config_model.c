@@ -83,8 +83,11 @@ static gp_status parse_pops(gp_cfg_walk *w, const gp_ynode *opts, const char *se
     const gp_ynode *one = p;
     int n = 1;
     if (p->kind == GP_YNODE_SEQ) {
-        if (p->n < 1 || p->n > GP_MAX_POPS)
-            return gp_cfg_bad(w, p, "%s lists %d names; a layer pops 1 to %d", name, p->n,
+        if (p->n < 1)
+            return gp_cfg_bad(w, p, "%s lists no name; give the name of a stash, like pop: "
+                              "skip1 (or leave pop out)", name);
+        if (p->n > GP_MAX_POPS)
+            return gp_cfg_bad(w, p, "%s lists %d names; a layer pops at most %d", name, p->n,
                               GP_MAX_POPS);
         n = p->n;
     }
@@ -274,6 +277,10 @@ static gp_status parse_layer(gp_cfg_walk *w, const gp_ynode *item, int index, gp
         GP_TRY(gp_cfg_get_int(w, opts, sect, "scale", spec->scale, 1, 1 << 16, &spec->scale));
     GP_TRY(gp_cfg_get_str(w, opts, sect, "name", "", spec->name, sizeof spec->name));
     GP_TRY(gp_cfg_get_str(w, opts, sect, "stash", "", spec->stash, sizeof spec->stash));
+    const gp_ynode *sn = gp_ymap_get(opts, "stash");
+    if (!gp_cfg_absent(sn) && !spec->stash[0]) /* as an empty pop is */
+        return gp_cfg_bad(w, sn, "%s.stash is empty; give the stash a name, like stash: skip1 "
+                          "(or leave stash out)", sect);
     if (has_key(keys, nk, "pop")) GP_TRY(parse_pops(w, opts, sect, spec));
     /* an AmoebaNet cell's pop is optional (the first cell has no cell
      * before the previous one: it takes its input twice) */
