@@ -687,6 +687,11 @@ static void test_errors(void)
                         NULL, 0),
               GP_ERR_INVALID, "device 'cuda:1' is used by replica 0 stage 1 and by replica 1 "
                               "stage 0");
+    /* a stage's replicas on one kind of device (their all-reduce takes one
+     * backend): said from the config, not at the first step */
+    CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  devices: [[cpu:0, cuda:0], [cpu:1, cpu:2]]\n"),
+                        NULL, 0),
+              GP_ERR_INVALID, "stage 1 is on cuda:0 in replica 0 but on cpu:2 in replica 1");
     CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  devices: [gpu:0]\n"), NULL, 0), GP_ERR_INVALID,
               "t.yaml:10:13: pipeline.devices.0: unknown device 'gpu:0'");
     CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  devices: [{memory: 1GiB}]\n"), NULL, 0),

@@ -95,6 +95,16 @@ static gp_status check_all_distinct(const gp_cfg_walk *w, const gp_ynode *at,
                                   "on one device work without replicas)", pc->devices[a].name,
                                   b / pc->n_devices, b % pc->n_devices, a / pc->n_devices,
                                   a % pc->n_devices);
+        /* a stage's replicas all-reduce through one communicator, which
+         * takes one backend (gp_comm_create): said here, not at the first
+         * step */
+        int j = a % pc->n_devices;
+        if (a >= pc->n_devices && kinds[a] != kinds[j])
+            return gp_cfg_bad(w, at, "stage %d is on %s in replica 0 but on %s in replica %d: a "
+                              "stage's replicas reduce their gradients together, which needs one "
+                              "kind of device; put each stage on the same kind (all cpu:N or all "
+                              "cuda:N) in every replica", j, pc->devices[j].name,
+                              pc->devices[a].name, a / pc->n_devices);
     }
     return GP_OK;
 }
