@@ -144,7 +144,7 @@ static bool layout_kept(const char *text, const gp_ynode *root)
     if (root->kind != GP_YNODE_MAP) return root->kind == GP_YNODE_NULL;
     for (int i = 0; i < root->n; i++) {
         const gp_ynode *k = root->keys[i];
-        if (k->column != 1 || k->quoted || k->set || !k->text || strchr(k->text, ':'))
+        if (k->column != 1 || k->quoted || !k->text || strchr(k->text, ':'))
             return false;
     }
     for (const char *p = text; *p; p++)
@@ -158,6 +158,7 @@ gp_status gp_config_text_applied(const gp_config *c, const char *drop, char **ou
     const char *text = c->text ? c->text : "";
     gp_ynode *root = NULL;
     GP_TRY(gp_ytree_parse(c->path[0] ? c->path : "<config>", NULL, text, strlen(text), &root));
+    bool keep = layout_kept(text, root); /* the file's own tree, before the overrides */
     char touched[MAX_TOUCHED][64];
     int nt = 0;
     gp_status s = GP_OK;
@@ -185,12 +186,6 @@ gp_status gp_config_text_applied(const gp_config *c, const char *drop, char **ou
         gp_ynode_free(root);
         return s;
     }
-    /* (the tree is parsed again to see the file's own layout: the
-     * overrides may have added keys that the file does not have) */
-    gp_ynode *file_root = NULL;
-    bool keep = gp_ytree_parse("<config>", NULL, text, strlen(text), &file_root) == GP_OK &&
-                layout_kept(text, file_root);
-    gp_ynode_free(file_root);
     if (!keep) {
         fprintf(o, "# written from %s with the overrides applied (its layout could not be kept: "
                    "a top-level key indented, quoted or in flow style, or lone CR line ends)\n",
