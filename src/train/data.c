@@ -612,15 +612,23 @@ static gp_status find_idx(const gp_data_config *cfg, const char *dir, const char
                         missing_hint(cfg->dataset));
 }
 
+/* A split's images and labels file (find_idx each). */
+static gp_status idx_files(const gp_data_config *cfg, const char *dir, bool train,
+                           char ipath[1024], char lpath[1024])
+{
+    const char *prefix = train ? "train" : "t10k";
+    char iname[64], lname[64];
+    snprintf(iname, sizeof iname, "%s-images-idx3-ubyte", prefix);
+    snprintf(lname, sizeof lname, "%s-labels-idx1-ubyte", prefix);
+    GP_TRY(find_idx(cfg, dir, iname, ipath, 1024));
+    return find_idx(cfg, dir, lname, lpath, 1024);
+}
+
 static gp_status load_idx(const gp_data_config *cfg, const char *dir, bool train,
                           gp_dataset *ds)
 {
-    const char *prefix = train ? "train" : "t10k";
-    char iname[64], lname[64], ipath[1024], lpath[1024];
-    snprintf(iname, sizeof iname, "%s-images-idx3-ubyte", prefix);
-    snprintf(lname, sizeof lname, "%s-labels-idx1-ubyte", prefix);
-    GP_TRY(find_idx(cfg, dir, iname, ipath, sizeof ipath));
-    GP_TRY(find_idx(cfg, dir, lname, lpath, sizeof lpath));
+    char ipath[1024], lpath[1024];
+    GP_TRY(idx_files(cfg, dir, train, ipath, lpath));
     ds->classes = MNIST_CLASSES;
     GP_TRY(gp_idx_read_images(ipath, ds));
     return gp_idx_read_labels(lpath, ds);
@@ -681,14 +689,12 @@ gp_status gp_dataset_locate(const gp_data_config *cfg, char *where, size_t len)
         return GP_OK;
     case GP_DATASET_MNIST:
     case GP_DATASET_FASHION_MNIST: {
-        static const char *const names[4] = {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
-                                             "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"};
-        char path[1024];
+        char path[4][1024];
         int gz = 0;
-        for (int k = 0; k < 4; k++) {
-            GP_TRY(find_idx(cfg, dir, names[k], path, sizeof path));
-            gz += strlen(path) > 3 && !strcmp(path + strlen(path) - 3, ".gz");
-        }
+        GP_TRY(idx_files(cfg, dir, true, path[0], path[1]));
+        GP_TRY(idx_files(cfg, dir, false, path[2], path[3]));
+        for (int k = 0; k < 4; k++)
+            gz += strlen(path[k]) > 3 && !strcmp(path[k] + strlen(path[k]) - 3, ".gz");
         snprintf(where, len, "%s, the 4 IDX files%s in %.900s", kind,
                  gz == 4 ? " (gzip)" : gz ? " (some gzip)" : "", dir);
         return GP_OK;
