@@ -1251,15 +1251,12 @@ gp_status gp_snapshot_init_from(gp_model *m, const char *path)
     return GP_OK;
 }
 
-/* Whether a layer of m keeps batch-norm running statistics. */
+/* Whether a layer of m keeps batch-norm running statistics: its buffers
+ * (batch norm's, a composite's children's included, are the only ones). */
 static bool has_batch_norm(const gp_model *m)
 {
     for (int k = 0; k < m->n_layers; k++)
-        for (int a = 0; a < m->layers[k].n_params; a++) {
-            const gp_param *pr = &m->layers[k].params[a];
-            size_t n = strlen(pr->name);
-            if (pr->is_buffer && n >= 12 && !strcmp(pr->name + n - 12, "running_mean")) return true;
-        }
+        if (gp_layer_buffer_count(&m->layers[k]) > 0) return true;
     return false;
 }
 
