@@ -29,42 +29,52 @@ typedef struct {
     int n, cap;
     const char *file;
     int line, column;
-    const char *set; /* the --sets that changed the family's options, or NULL */
+    /* the --sets that changed the family's options ("" if none) */
+    char set[sizeof ((gp_layer_spec *)0)->set];
 } spec_list;
 
 /* Every override inside the family's map, each once, joined by " and "
- * ("model.amoebanet.layers=3 and model.amoebanet.filters=131072"): any of
- * them may be what a layer's error is about, so a message names them all
- * (naming the first alone blamed one for another's size).  NULL when the
- * map came from the file alone; cut short with "and others" where the
- * spec's field would not hold them. */
-static void family_sets(const gp_ynode *n, char *buf, size_t len, size_t field)
+ * into buf ("model.amoebanet.layers=3 and model.amoebanet.filters=131072"):
+ * any of them may be what a layer's error is about, so a message names
+ * them all (naming the first alone blamed one for another's size).  buf
+ * stays as it was when the map came from the file alone; where it would
+ * not hold them all, the list ends in " and others" (room for which is
+ * kept: OTHERS bytes). */
+enum { OTHERS = sizeof " and others" };
+static void family_sets(const gp_ynode *n, char *buf, size_t len)
 {
     if (!n) return;
     if (n->set && !strstr(buf, n->set)) {
         size_t at = strlen(buf), add = strlen(n->set) + (at ? 5 : 0);
-        if (at + add < field && at + add < len)
+        if (at + add + OTHERS <= len)
             snprintf(buf + at, len - at, "%s%s", at ? " and " : "", n->set);
-        else if (at && !strstr(buf, " and others") && at + 11 < len)
+        else if (at && !strstr(buf, " and others"))
             snprintf(buf + at, len - at, " and others");
     }
-    for (int i = 0; i < n->n; i++) family_sets(n->items[i], buf, len, field);
+    for (int i = 0; i < n->n; i++) family_sets(n->items[i], buf, len);
 }
 
-/* The family's name and where it was given, for messages about the
- * expanded model as a whole (the classes the data has). */
-static void found_at(const gp_cfg_walk *w, gp_model_config *mc, const char *family,
-                     const gp_ynode *key)
+/* The expansion of the family given at `key` with options `map`: its
+ * layers carry the key's place and the family's overrides. */
+static void list_start(spec_list *l, const gp_cfg_walk *w, const gp_ynode *key,
+                       const gp_ynode *map)
 {
+    *l = (spec_list){.file = w->file, .line = key->line, .column = key->column};
+    family_sets(map, l->set, sizeof l->set);
+}
+
+/* The expanded layers are the model's; the family's name and where it was
+ * given are kept for messages about the model as a whole (the classes the
+ * data has). */
+static gp_status expanded(const gp_cfg_walk *w, gp_model_config *mc, const spec_list *l,
+                          const char *family, const gp_ynode *key, bool *found)
+{
+    mc->layers = l->specs;
+    mc->n_layers = l->n;
     snprintf(mc->family, sizeof mc->family, "%s", family);
     gp_yloc(w->file, key, mc->family_at, sizeof mc->family_at);
-}
-
-static const char *family_set(const gp_ynode *n, char *buf, size_t len)
-{
-    buf[0] = '\0';
-    family_sets(n, buf, len, sizeof ((gp_layer_spec *)0)->set - 12);
-    return buf[0] ? buf : NULL;
+    *found = true;
+    return GP_OK;
 }
 
 static gp_layer_spec *push(spec_list *l, gp_layer_type t, const char *name)
@@ -76,7 +86,7 @@ static gp_layer_spec *push(spec_list *l, gp_layer_type t, const char *name)
     snprintf(s->file, sizeof s->file, "%s", l->file);
     s->line = l->line;
     s->column = l->column;
-    if (l->set) snprintf(s->set, sizeof s->set, "%s", l->set);
+    snprintf(s->set, sizeof s->set, "%s", l->set);
     return s;
 }
 
@@ -258,15 +268,10 @@ static gp_status parse_amoebanet(gp_cfg_walk *w, const gp_ynode *m, gp_model_con
                           "them again, each an even size), but the input is %lld x %lld; %lld x "
                           "%lld is the nearest", (long long)h, (long long)wd,
                           (long long)nearest32(h), (long long)nearest32(wd));
-    char sets[sizeof ((gp_layer_spec *)0)->set];
-    spec_list l = {.file = w->file, .line = rkey->line, .column = rkey->column,
-                   .set = family_set(r, sets, sizeof sets)};
+    spec_list l;
+    list_start(&l, w, rkey, r);
     GP_TRY(amoebanet(&l, layers, filters, classes));
-    mc->layers = l.specs;
-    mc->n_layers = l.n;
-    found_at(w, mc, "amoebanet", rkey);
-    *found = true;
-    return GP_OK;
+    return expanded(w, mc, &l, "amoebanet", rkey, found);
 }
 
 /* ---- U-Net ------------------------------------------------------------------
@@ -403,15 +408,10 @@ static gp_status parse_unet(gp_cfg_walk *w, const gp_ynode *m, gp_model_config *
                           "one pixel; give a larger model.input or a smaller depth", depth,
                           depth, (long long)mc->input[1], (long long)mc->input[2],
                           (long long)bh, (long long)bw);
-    char sets[sizeof ((gp_layer_spec *)0)->set];
-    spec_list l = {.file = w->file, .line = ukey->line, .column = ukey->column,
-                   .set = family_set(u, sets, sizeof sets)};
+    spec_list l;
+    list_start(&l, w, ukey, u);
     GP_TRY(unet(&l, depth, convs, base, out_ch));
-    mc->layers = l.specs;
-    mc->n_layers = l.n;
-    found_at(w, mc, "unet", ukey);
-    *found = true;
-    return GP_OK;
+    return expanded(w, mc, &l, "unet", ukey, found);
 }
 
 gp_status gp_cfg_parse_family(gp_cfg_walk *w, const gp_ynode *m, gp_model_config *mc, bool *found)
@@ -437,13 +437,8 @@ gp_status gp_cfg_parse_family(gp_cfg_walk *w, const gp_ynode *m, gp_model_config
     if (depth != 50 && depth != 101 && depth != 152)
         return gp_cfg_bad(w, gp_ymap_get(r, "depth"), "model.resnet.depth must be 50, 101 or "
                           "152 (the bottleneck ResNets), got %d", depth);
-    char sets[sizeof ((gp_layer_spec *)0)->set];
-    spec_list l = {.file = w->file, .line = rkey->line, .column = rkey->column,
-                   .set = family_set(r, sets, sizeof sets)};
+    spec_list l;
+    list_start(&l, w, rkey, r);
     GP_TRY(resnet(&l, depth, classes));
-    mc->layers = l.specs;
-    mc->n_layers = l.n;
-    found_at(w, mc, "resnet", rkey);
-    *found = true;
-    return GP_OK;
+    return expanded(w, mc, &l, "resnet", rkey, found);
 }
