@@ -108,7 +108,8 @@ struct gp_pipeline {
                                   failure now may leave it in between); under
                                   lock, cleared when a step begins */
     void *clip_buf[GP_MAX_DEVICES]; /* replicas: stage j's entries on its device */
-    size_t clip_buf_size[GP_MAX_DEVICES]; /* its bytes (clip_buf_bytes when made) */
+    size_t clip_buf_size[GP_MAX_DEVICES]; /* its bytes, kept: clip_buf_bytes asks the
+                                             communicator, which may be gone when it is freed */
     void (*on_fail)(void *arg);
     void *fail_arg;
     /* The skips that cross stages (stashed on one, popped on a later one). */
@@ -1171,14 +1172,15 @@ static gp_status clip_replicas(gp_pipeline *p, int q)
             for (int t = 0; t < k; t++)
                 p->clip_sq[t0 + t] =
                     r == 0 ? got[t] : p->clip_sq[t0 + t] + got[(size_t)r * (size_t)k + (size_t)t];
-    }
-    for (int r = 0; !gather && r < R && st == GP_OK; r++) {
-        if (r == p->rank) st = gp_dev_upload(dev, buf, (const float *)own, nf);
-        if (st == GP_OK) st = gp_dev_broadcast(dev, p->comms[q], buf, nf, r);
-        if (st == GP_OK) st = gp_dev_download(dev, (float *)got, buf, nf);
-        if (st == GP_OK) st = gp_dev_synchronize(dev);
-        for (int t = 0; t < k && st == GP_OK; t++)
-            p->clip_sq[t0 + t] = r == 0 ? got[t] : p->clip_sq[t0 + t] + got[t];
+    } else {
+        for (int r = 0; r < R && st == GP_OK; r++) {
+            if (r == p->rank) st = gp_dev_upload(dev, buf, (const float *)own, nf);
+            if (st == GP_OK) st = gp_dev_broadcast(dev, p->comms[q], buf, nf, r);
+            if (st == GP_OK) st = gp_dev_download(dev, (float *)got, buf, nf);
+            if (st == GP_OK) st = gp_dev_synchronize(dev);
+            for (int t = 0; t < k && st == GP_OK; t++)
+                p->clip_sq[t0 + t] = r == 0 ? got[t] : p->clip_sq[t0 + t] + got[t];
+        }
     }
     free(own);
     return st;
