@@ -782,31 +782,27 @@ static void test_unet_layers(void)
               "unknown layer type 'leaky_rel'; did you mean 'leaky_relu'?");
 }
 
-/* What AmoebaNet-D and torchvision's ResNet need (torchgpipe's
- * benchmarks/models): per-axis kernel, stride and padding as [h, w],
- * avgpool2d's count_include_pad, conv init, factorized_reduce; defaults;
- * bad values named by file:line:column, also through --set. */
-/* A built-in model named with no value (`resnet:`) is an empty map, as
- * any map-valued key's null is: every option its default.  It was
- * "missing model.layers". */
-static void test_family_null(void)
+/* The built-in models' config: a family named with no value (`resnet:`)
+ * is an empty map, as any map-valued key's null is, every option its
+ * default (it was "missing model.layers"); its layers carry every
+ * override of the family; AmoebaNet's input size is checked at the
+ * family; and a family with layers is two models. */
+static void test_families(void)
 {
-    static const struct {
-        const char *family;
-    } fam[] = {{"resnet"}, {"amoebanet"}, {"unet"}};
+    static const char *const fam[] = {"resnet", "amoebanet", "unet"};
     for (int q = 0; q < (int)(sizeof fam / sizeof fam[0]); q++) {
         char with_null[256], with_empty[256];
         snprintf(with_null, sizeof with_null, "model:\n  input: [3, 64, 64]\n  %s:\n%s",
-                 fam[q].family, q == 2 ? "  loss: bce_with_logits\n" : "");
+                 fam[q], strcmp(fam[q], "unet") ? "" : "  loss: bce_with_logits\n");
         snprintf(with_empty, sizeof with_empty, "model:\n  input: [3, 64, 64]\n  %s: {}\n%s",
-                 fam[q].family, q == 2 ? "  loss: bce_with_logits\n" : "");
+                 fam[q], strcmp(fam[q], "unet") ? "" : "  loss: bce_with_logits\n");
         gp_config a, b;
         gp_status sa = parse(with_null, &a), sb = parse(with_empty, &b);
-        CHECK_MSG(sa == GP_OK && sb == GP_OK, "%s: with no value: %s", fam[q].family,
+        CHECK_MSG(sa == GP_OK && sb == GP_OK, "%s: with no value: %s", fam[q],
                   sa == GP_OK && sb != GP_OK ? "({} failed)" : gp_last_error());
         if (sa == GP_OK && sb == GP_OK) {
             CHECK_MSG(a.model.n_layers == b.model.n_layers && a.model.n_layers > 0,
-                      "%s: %d layers with no value, %d with {}", fam[q].family, a.model.n_layers,
+                      "%s: %d layers with no value, %d with {}", fam[q], a.model.n_layers,
                       b.model.n_layers);
             gp_config_free(&a);
             gp_config_free(&b);
@@ -854,6 +850,10 @@ static void test_family_null(void)
               GP_ERR_INVALID, "t.yaml:4:3: model has both layers and resnet");
 }
 
+/* What AmoebaNet-D and torchvision's ResNet need (torchgpipe's
+ * benchmarks/models): per-axis kernel, stride and padding as [h, w],
+ * avgpool2d's count_include_pad, conv init, factorized_reduce; defaults;
+ * bad values named by file:line:column, also through --set. */
 static void test_amoebanet_layers(void)
 {
     static const char *const text =
@@ -1725,7 +1725,7 @@ int main(void)
     test_errors();
     test_unet_layers();
     test_amoebanet_layers();
-    test_family_null();
+    test_families();
     test_overrides();
     test_sizes();
     test_threads_warning();
