@@ -30,7 +30,7 @@ static void fill_random(gp_device *dev, gp_tensor *t, uint64_t stream)
     float *h = malloc((size_t)n * sizeof *h);
     gp_rng_uniform_fill(1, stream, 0, h, n);
     for (int64_t i = 0; i < n; i++) h[i] = h[i] * 2 - 1;
-    gp_dev_upload(dev, t->data, h, n);
+    gp_dev_upload(dev, gp_f32(t), h, n);
     free(h);
 }
 

@@ -216,12 +216,12 @@ static void fd(const char *what, gp_layer *l, const gp_tensor *x, gp_tensor *t, 
         double best = INFINITY, best_num = 0;
         for (int e = 0; e < 4 && fabs(best) > 5e-3 + 2e-2 * fabs(best_num); e++) {
             float v = o + steps[e];
-            CHECK_OK(gp_dev_upload(t->dev, t->data + i, &v, 1));
+            CHECK_OK(gp_dev_upload(t->dev, gp_f32(t) + i, &v, 1));
             double lp = loss_of(l, &k_fd_ctx, x, r);
             v = o - steps[e];
-            CHECK_OK(gp_dev_upload(t->dev, t->data + i, &v, 1));
+            CHECK_OK(gp_dev_upload(t->dev, gp_f32(t) + i, &v, 1));
             double lm = loss_of(l, &k_fd_ctx, x, r);
-            CHECK_OK(gp_dev_upload(t->dev, t->data + i, &o, 1));
+            CHECK_OK(gp_dev_upload(t->dev, gp_f32(t) + i, &o, 1));
             double step = (double)(float)(o + steps[e]) - (double)(float)(o - steps[e]);
             double num = (lp - lm) / step;
             if (fabs(an[i] - num) < fabs(best)) {

@@ -1856,9 +1856,9 @@ static void test_copies(gp_device *d0, gp_device *d1)
     CHECK_OK(gp_tensor_alloc(&b, d1, &s, GP_MEM_COPIES));
     float host[13 * 17], back[13 * 17];
     for (int i = 0; i < 13 * 17; i++) host[i] = frand();
-    CHECK_OK(gp_dev_upload(d0, a.data, host, 13 * 17));
+    CHECK_OK(gp_dev_upload(d0, gp_f32(&a), host, 13 * 17));
     CHECK_OK(gp_tensor_copy(&b, &a));
-    CHECK_OK(gp_dev_download(d1, back, b.data, 13 * 17));
+    CHECK_OK(gp_dev_download(d1, back, gp_f32(&b), 13 * 17));
     CHECK(memcmp(host, back, sizeof host) == 0);
     CHECK(d1->alloc.cur_by[GP_MEM_COPIES] == sizeof host);
     CHECK_OK(gp_dev_synchronize(d1));

@@ -76,7 +76,7 @@ static void upload_random(gp_device *dev, gp_tensor *t, const gp_shape *sh, uint
     gp_rng_uniform_fill(7, stream, 0, h, n);
     for (int64_t q = 0; q < n; q++) h[q] = 2 * h[q] - 1;
     CHECK_OK(gp_tensor_alloc(t, dev, sh, cat));
-    CHECK_OK(gp_dev_upload(dev, t->data, h, n));
+    CHECK_OK(gp_dev_upload(dev, gp_f32(t), h, n));
 }
 
 static bool same(const gp_tensor *a, const gp_tensor *b)
@@ -84,8 +84,8 @@ static bool same(const gp_tensor *a, const gp_tensor *b)
     int64_t n = gp_tensor_numel(a);
     if (n != gp_tensor_numel(b)) return false;
     float *x = malloc((size_t)n * sizeof *x), *y = malloc((size_t)n * sizeof *y);
-    CHECK_OK(gp_dev_download(a->dev, x, a->data, n));
-    CHECK_OK(gp_dev_download(b->dev, y, b->data, n));
+    CHECK_OK(gp_dev_download(a->dev, x, gp_f32(a), n));
+    CHECK_OK(gp_dev_download(b->dev, y, gp_f32(b), n));
     CHECK_OK(gp_dev_synchronize(a->dev));
     bool eq = !memcmp(x, y, (size_t)n * sizeof *x);
     free(x);
@@ -159,7 +159,7 @@ static void replay(void)
         ev.training = false;
         size_t e0 = gp_allocator_current(&dev->alloc);
         CHECK_OK(gp_ckpt_forward(kept, &ev, GP_FWD_NOTHING, &e, &bad));
-        CHECK_MSG(gp_stash_bytes(&e) == gp_tensor_bytes(&e.out) && !e.in.data &&
+        CHECK_MSG(gp_stash_bytes(&e) == gp_tensor_bytes(&e.out) && !gp_tensor_mem(&e.in) &&
                       gp_allocator_current(&dev->alloc) + in_b == e0 + gp_tensor_bytes(&e.out),
                   "an evaluation stash holds %zu bytes, want only its output's %zu",
                   gp_stash_bytes(&e), gp_tensor_bytes(&e.out));
@@ -177,7 +177,7 @@ static void replay(void)
     upload_random(dev, &dyb, &ys, 2, GP_MEM_ACTIVATIONS);
     CHECK_OK(gp_ckpt_backward(kept, &ctx, &a, &dya, 0, &dxa, &bad));
     CHECK_OK(gp_ckpt_backward(ckpt, &ctx, &b, &dyb, 0, &dxb, &bad));
-    CHECK_MSG(dxa.data && same(&dxa, &dxb), "input gradients differ after the recompute");
+    CHECK_MSG(gp_tensor_mem(&dxa) && same(&dxa, &dxb), "input gradients differ after the recompute");
     /* two linear layers' and batch norm's weight and bias */
     CHECK(same_grads(kept, ckpt, L, "after the recompute") == 6);
     /* batch norm counted one forward's statistics, not the recompute's too */
@@ -214,14 +214,14 @@ static void bad_loss(void)
     float h[6] = {1, NAN, 0, 0, 1, 2}, y[2] = {0, 2};
     CHECK_OK(gp_tensor_alloc(&logits, dev, &ls, GP_MEM_ACTIVATIONS));
     CHECK_OK(gp_tensor_alloc(&labels, dev, &ys, GP_MEM_ACTIVATIONS));
-    CHECK_OK(gp_dev_upload(dev, logits.data, h, 6));
-    CHECK_OK(gp_dev_upload(dev, labels.data, y, 2));
+    CHECK_OK(gp_dev_upload(dev, gp_f32(&logits), h, 6));
+    CHECK_OK(gp_dev_upload(dev, gp_f32(&labels), y, 2));
     gp_loss_out lo = {0};
     CHECK_ERR(gp_ckpt_loss(dev, GP_LOSS_CROSS_ENTROPY, 0.0f, &logits, &labels, 0.5f, &dl, &lo),
               GP_ERR_NUMERIC, "lower train.optimizer.lr");
     gp_tensor_free(&dl);
     h[1] = 0;
-    CHECK_OK(gp_dev_upload(dev, logits.data, h, 6));
+    CHECK_OK(gp_dev_upload(dev, gp_f32(&logits), h, 6));
     CHECK_OK(gp_ckpt_loss(dev, GP_LOSS_CROSS_ENTROPY, 0.0f, &logits, &labels, 0.5f, &dl, &lo));
     /* -log softmax, in double: row 0 label 0 of (1, 0, 0); row 1 label 2 of (0, 1, 2) */
     double want = -(1 - log(exp(1) + 2)) - (2 - log(1 + exp(1) + exp(2)));
@@ -297,7 +297,7 @@ static void ip_oracle_backward(gp_layer *l, const gp_fwd_ctx *ctx, gp_tensor *ac
     CHECK_OK(gp_tensor_copy(&g, dy));
     for (int c = IPL - 1; c >= 0; c--) {
         if (c == IP_SKIP_FROM)
-            CHECK_OK(gp_dev_axpy(g.dev, 1.0f, skip_g.data, g.data, gp_tensor_numel(&g)));
+            CHECK_OK(gp_dev_axpy(g.dev, 1.0f, gp_f32(&skip_g), gp_f32(&g), gp_tensor_numel(&g)));
         gp_tensor x[2] = {act[c], act[IP_SKIP_FROM + 1]}, d[2] = {{0}};
         CHECK_OK(gp_layer_backward(&l[c], ctx, x, &act[c + 1], &g, d, &sv[c]));
         if (c == IP_SKIP_TO) skip_g = d[1];
@@ -365,7 +365,7 @@ static void inplace(void)
     for (int q = 0; q < 216; q++) h[q] = 2 * h[q] - 1;
     gp_tensor in;
     CHECK_OK(gp_tensor_alloc(&in, dev, &xs, GP_MEM_ACTIVATIONS));
-    CHECK_OK(gp_dev_upload(dev, in.data, h, 216));
+    CHECK_OK(gp_dev_upload(dev, gp_f32(&in), h, 216));
 
     /* the oracle's forward and backward */
     gp_tensor act[IPL + 1], dx_ref = {0};
@@ -381,7 +381,7 @@ static void inplace(void)
     CHECK_OK(gp_tensor_copy(&out_ref, &act[IPL]));
     CHECK_OK(gp_tensor_alloc(&dy, dev, &ys, GP_MEM_ACTIVATIONS));
     gp_rng_uniform_fill(7, 2, 0, h, gp_shape_numel(&ys));
-    CHECK_OK(gp_dev_upload(dev, dy.data, h, gp_shape_numel(&ys)));
+    CHECK_OK(gp_dev_upload(dev, gp_f32(&dy), h, gp_shape_numel(&ys)));
 
     /* kept: the stash holds the oracle's bytes less the in-place outputs */
     gp_stash a;
@@ -395,14 +395,14 @@ static void inplace(void)
     CHECK_MSG(held + inplace_bytes == oracle_kept,
               "a kept forward holds %zu bytes; the out-of-place one %zu, less %zu in place "
               "or unkept", held, oracle_kept, inplace_bytes);
-    CHECK(!a.acts[8].data && gp_tensor_numel(&a.acts[8]) == gp_tensor_numel(&act[8]));
+    CHECK(!gp_tensor_mem(&a.acts[8]) && gp_tensor_numel(&a.acts[8]) == gp_tensor_numel(&act[8]));
     CHECK_MSG(same(&a.out, &out_ref), "kept in place: the output differs");
     gp_tensor dya = {0}, dxa = {0};
     CHECK_OK(gp_tensor_alloc(&dya, dev, &ys, GP_MEM_ACTIVATIONS));
     CHECK_OK(gp_tensor_copy(&dya, &dy));
     CHECK_OK(gp_ckpt_backward(run, &ctx, &a, &dya, 0, &dxa, &bad));
     ip_oracle_backward(ref, &ctx, act, sv, &dy, &dx_ref);
-    CHECK_MSG(dxa.data && same(&dxa, &dx_ref), "kept in place: the input gradient differs");
+    CHECK_MSG(gp_tensor_mem(&dxa) && same(&dxa, &dx_ref), "kept in place: the input gradient differs");
     /* two convolutions' and the linear layer's weight and bias */
     CHECK(same_grads(run, ref, IPL, "kept in place, against out of place") == 6);
     gp_tensor_free(&dxa);
@@ -422,7 +422,7 @@ static void inplace(void)
     CHECK_OK(gp_tensor_alloc(&dya, dev, &ys, GP_MEM_ACTIVATIONS));
     CHECK_OK(gp_tensor_copy(&dya, &dy));
     CHECK_OK(gp_ckpt_backward(run, &ctx, &a, &dya, 0, &dxa, &bad));
-    CHECK_MSG(dxa.data && same(&dxa, &dx_ref), "recomputed in place: the input gradient differs");
+    CHECK_MSG(gp_tensor_mem(&dxa) && same(&dxa, &dx_ref), "recomputed in place: the input gradient differs");
     ip_grads_begin(ref); /* the oracle's gradients again: same_grads finished both */
     ip_oracle_forward(ref, &ctx, &in, act, sv);
     gp_tensor dxr2 = {0};
@@ -562,9 +562,9 @@ static void fused(void)
     for (int q = 0; q < 216; q++) h[q] = 2 * h[q] - 1;
     gp_tensor in, dy, out_ref, dx_ref;
     CHECK_OK(gp_tensor_alloc(&in, dev, &xs, GP_MEM_ACTIVATIONS));
-    CHECK_OK(gp_dev_upload(dev, in.data, h, 216));
+    CHECK_OK(gp_dev_upload(dev, gp_f32(&in), h, 216));
     CHECK_OK(gp_tensor_alloc(&dy, dev, &ys, GP_MEM_ACTIVATIONS));
-    CHECK_OK(gp_dev_upload(dev, dy.data, h + 100, 6));
+    CHECK_OK(gp_dev_upload(dev, gp_f32(&dy), h + 100, 6));
     for (int k = 0; k < FZ; k++) gp_layer_grads_begin(&ref[k]);
     chain_oracle(ref, FZ, &ctx, &in, &dy, &out_ref, &dx_ref);
 
@@ -600,7 +600,7 @@ static void fused(void)
                   (unsigned long long)(run[2].relu_bwd_skipped - bk2),
                   (unsigned long long)(run[4].relu_bwd_skipped - bk4),
                   (unsigned long long)(run[6].relu_bwd_skipped - bk6));
-        CHECK_MSG(dxa.data && same(&dxa, &dx_ref), "fused, mode %d: the input gradient differs",
+        CHECK_MSG(gp_tensor_mem(&dxa) && same(&dxa, &dx_ref), "fused, mode %d: the input gradient differs",
                   mode);
         /* two convolutions, two norms and two linear layers: weight and bias */
         CHECK_MSG(same_grads(run, ref, FZ, "fused") == 12, "fused, mode %d: gradients", mode);
@@ -666,9 +666,9 @@ static void residual_fused(void)
         for (int64_t i = 0; i < nx; i += 7) h[i] = 0.0f;
         gp_tensor x, dy, y[2], dx[2];
         CHECK_OK(gp_tensor_alloc(&x, dev, &in, GP_MEM_ACTIVATIONS));
-        CHECK_OK(gp_dev_upload(dev, x.data, h, nx));
+        CHECK_OK(gp_dev_upload(dev, gp_f32(&x), h, nx));
         CHECK_OK(gp_tensor_alloc(&dy, dev, &ys, GP_MEM_ACTIVATIONS));
-        CHECK_OK(gp_dev_upload(dev, dy.data, h + nx, ny));
+        CHECK_OK(gp_dev_upload(dev, gp_f32(&dy), h + nx, ny));
         gp_fwd_ctx ctx = {.training = true, .seed = 5, .step = 1, .batch_total = 3};
         for (int k = 0; k < 2; k++) {
             gp_saved sv = {0};
@@ -686,7 +686,7 @@ static void residual_fused(void)
                   "%s: the parameters compared", what);
         int pos = 0, zero = 0;
         float *hy = malloc((size_t)ny * sizeof *hy);
-        CHECK_OK(gp_dev_download(dev, hy, y[1].data, ny));
+        CHECK_OK(gp_dev_download(dev, hy, gp_f32(&y[1]), ny));
         for (int64_t i = 0; i < ny; i++) pos += hy[i] > 0, zero += hy[i] == 0;
         CHECK_MSG(pos > ny / 8 && zero > ny / 8, "%s: %d positive, %d zero of %lld", what, pos,
                   zero, (long long)ny);
@@ -818,9 +818,9 @@ static void norm_leaky(void)
     for (int q = 0; q < 288; q++) h[q] = 2 * h[q] - 1;
     gp_tensor in, dy, out_ref, dx_ref;
     CHECK_OK(gp_tensor_alloc(&in, dev, &xs, GP_MEM_ACTIVATIONS));
-    CHECK_OK(gp_dev_upload(dev, in.data, h, 216));
+    CHECK_OK(gp_dev_upload(dev, gp_f32(&in), h, 216));
     CHECK_OK(gp_tensor_alloc(&dy, dev, &ys, GP_MEM_ACTIVATIONS));
-    CHECK_OK(gp_dev_upload(dev, dy.data, h, 288));
+    CHECK_OK(gp_dev_upload(dev, gp_f32(&dy), h, 288));
     for (int k = 0; k < NL; k++) gp_layer_grads_begin(&ref[k]);
     size_t oracle_kept = chain_oracle(ref, NL, &ctx, &in, &dy, &out_ref, &dx_ref);
     /* what a stage does not keep: the four in-place outputs (each the
@@ -851,7 +851,7 @@ static void norm_leaky(void)
             nl_stage_bwd(run, &ctx, &a, &dmid, &dx);
         }
         CHECK_MSG(same(&out, &out_ref), "mode %d: the output differs", mode);
-        CHECK_MSG(dx.data && same(&dx, &dx_ref), "mode %d: the input gradient differs", mode);
+        CHECK_MSG(gp_tensor_mem(&dx) && same(&dx, &dx_ref), "mode %d: the input gradient differs", mode);
         CHECK_MSG(same_grads(run, ref, NL, "linked norms") == 2, "mode %d: weight gradients",
                   mode);
         for (int k = 0; k < NL; k++) gp_layer_grads_begin(&ref[k]);

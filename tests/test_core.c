@@ -10,6 +10,8 @@
 
 #include <dirent.h>
 #include <sys/stat.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static void test_philox(void)
@@ -138,9 +140,38 @@ static void test_shapes_and_errors(void)
     CHECK(t.dims[0] == 2 && t.dims[3] == 7 && !gp_shape_equal(&s, &t));
     char buf[64];
     CHECK(!strcmp(gp_shape_str(&s, buf, sizeof buf), "(8, 3, 5, 7)"));
-    gp_tensor x = {.data = (float *)0x1000, .ndim = 4, .dims = {8, 3, 5, 7}};
+    gp_tensor x = {.mem = (gp_mem *)0x1000, .ndim = 4, .dims = {8, 3, 5, 7}};
     gp_tensor v = gp_tensor_slice(&x, 2, 3);
-    CHECK(v.dims[0] == 3 && v.data == (float *)0x1000 + 2 * 105 && !v.owned);
+    CHECK(v.dims[0] == 3 && gp_f32(&v) == (float *)0x1000 + 2 * 105 && !v.owned);
+    CHECK(v.dtype == GP_F32 && gp_tensor_bytes(&v) == 3 * 105 * sizeof(float));
+    /* a bf16 tensor: half the bytes, its slices step by 2-byte values, its
+     * views keep the element type */
+    gp_tensor h = x;
+    h.dtype = GP_BF16;
+    CHECK(gp_tensor_bytes(&h) == 8 * 105 * 2 && gp_dtype_size(GP_BF16) == 2);
+    gp_tensor hv = gp_tensor_slice(&h, 2, 3);
+    CHECK(hv.dtype == GP_BF16 && gp_bf16(&hv) == (uint16_t *)0x1000 + 2 * 105);
+    CHECK(gp_tensor_bytes(&hv) == 3 * 105 * 2);
+    gp_shape flat = gp_shape_2d(8, 105);
+    gp_tensor hr = gp_tensor_reshape(&h, &flat);
+    CHECK(hr.dtype == GP_BF16 && hr.ndim == 2 && gp_tensor_mem(&hr) == gp_tensor_mem(&h));
+    CHECK(!strcmp(gp_dtype_name(GP_BF16), "bf16") && !strcmp(gp_dtype_name(GP_F32), "fp32"));
+    /* reading bf16 values as floats (or floats as bf16) stops at the call */
+    for (int as_f32 = 0; as_f32 < 2; as_f32++) {
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid == 0) {
+            (void)!freopen("/dev/null", "w", stderr);
+            gp_tensor w = as_f32 ? h : x;
+            volatile void *p = as_f32 ? (void *)gp_f32(&w) : (void *)gp_bf16(&w);
+            (void)p;
+            _exit(0);
+        }
+        int st = 0;
+        CHECK(pid > 0 && waitpid(pid, &st, 0) == pid);
+        CHECK_MSG(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT, "gp_%s on a %s tensor did not stop",
+                  as_f32 ? "f32" : "bf16", as_f32 ? "bf16" : "fp32");
+    }
 
     CHECK(gp_error_set(GP_ERR_DATA, "bad %d", 42) == GP_ERR_DATA);
     CHECK(!strcmp(gp_last_error(), "bad 42"));

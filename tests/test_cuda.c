@@ -980,23 +980,23 @@ static void test_copies(gp_device *g0, gp_device *g1)
     CHECK_OK(gp_tensor_alloc(&a, g0, &sh, GP_MEM_ACTIVATIONS));
     CHECK_OK(gp_tensor_alloc(&b, g0, &sh, GP_MEM_ACTIVATIONS));
     CHECK_OK(gp_tensor_alloc(&c, g1, &sh, GP_MEM_COPIES));
-    CHECK_OK(gp_dev_upload(g0, a.data, h, n));
+    CHECK_OK(gp_dev_upload(g0, gp_f32(&a), h, n));
     CHECK_OK(gp_tensor_copy(&b, &a)); /* d2d */
     CHECK_OK(gp_tensor_copy(&c, &b)); /* peer (or d2d when g1 == g0) */
     memset(back, 0, (size_t)n * sizeof(float));
-    CHECK_OK(gp_dev_download(g1, back, c.data, n));
+    CHECK_OK(gp_dev_download(g1, back, gp_f32(&c), n));
     CHECK_OK(gp_dev_synchronize(g1));
     CHECK_MSG(!memcmp(back, h, (size_t)n * sizeof(float)), "%s -> %s -> %s round trip differs",
               g0->name, g0->name, g1->name);
     /* Events: record after a fill on g0, wait on g1, then copy back. */
     void *ev = NULL;
     CHECK_OK(gp_dev_event_create(g0, &ev));
-    CHECK_OK(gp_dev_fill(g0, b.data, 7.0f, n));
+    CHECK_OK(gp_dev_fill(g0, gp_f32(&b), 7.0f, n));
     CHECK_OK(gp_dev_event_record(g0, ev));
     CHECK_OK(gp_dev_event_wait(g1, ev));
     CHECK_OK(gp_tensor_copy(&c, &b));
     CHECK_OK(gp_dev_event_sync(g0, ev));
-    CHECK_OK(gp_dev_download(g1, back, c.data, n));
+    CHECK_OK(gp_dev_download(g1, back, gp_f32(&c), n));
     int ok = 1;
     for (int64_t i = 0; i < n; i++) ok &= back[i] == 7.0f;
     CHECK_MSG(ok, "copy after an event wait did not see the fill");
@@ -1006,15 +1006,15 @@ static void test_copies(gp_device *g0, gp_device *g1)
      * not reach the copy (the stream-ordered free). */
     void *done = NULL;
     CHECK_OK(gp_dev_event_create(g1, &done));
-    CHECK_OK(gp_dev_fill(g0, b.data, -2.5f, n));
+    CHECK_OK(gp_dev_fill(g0, gp_f32(&b), -2.5f, n));
     CHECK_OK(gp_dev_event_record(g0, ev));
-    CHECK_OK(gp_dev_copy_async(g1, c.data, g0, b.data, (size_t)n * sizeof(float), ev, done));
+    CHECK_OK(gp_dev_copy_async(g1, gp_f32(&c), g0, gp_f32(&b), (size_t)n * sizeof(float), ev, done));
     gp_tensor_free(&b);
     CHECK_OK(gp_tensor_alloc(&b, g0, &sh, GP_MEM_ACTIVATIONS));
-    CHECK_OK(gp_dev_fill(g0, b.data, 99.0f, n));
+    CHECK_OK(gp_dev_fill(g0, gp_f32(&b), 99.0f, n));
     CHECK_OK(gp_dev_event_wait(g1, done));
-    CHECK_OK(gp_dev_scale(g1, c.data, 2.0f, n)); /* compute after the copy */
-    CHECK_OK(gp_dev_download(g1, back, c.data, n));
+    CHECK_OK(gp_dev_scale(g1, gp_f32(&c), 2.0f, n)); /* compute after the copy */
+    CHECK_OK(gp_dev_download(g1, back, gp_f32(&c), n));
     CHECK_OK(gp_dev_synchronize(g1));
     ok = 1;
     for (int64_t i = 0; i < n; i++) ok &= back[i] == -5.0f;
@@ -1220,7 +1220,7 @@ static float *to_host(const gp_tensor *t)
 {
     int64_t n = gp_tensor_numel(t);
     float *h = malloc((size_t)(n ? n : 1) * sizeof *h);
-    if (gp_dev_download(t->dev, h, t->data, n) != GP_OK) CHECK_MSG(0, "%s", gp_last_error());
+    if (gp_dev_download(t->dev, h, gp_f32(t), n) != GP_OK) CHECK_MSG(0, "%s", gp_last_error());
     return h;
 }
 
@@ -1342,8 +1342,8 @@ static void test_layers(gp_device *cpu, gp_device *gpu)
             gp_device_bind_thread(dv[k]);
             CHECK_OK(gp_tensor_alloc(&x[k], dv[k], &xs, GP_MEM_ACTIVATIONS));
             CHECK_OK(gp_tensor_alloc(&dy[k], dv[k], &ys, GP_MEM_ACTIVATIONS));
-            CHECK_OK(gp_dev_upload(dv[k], x[k].data, hx, nx));
-            CHECK_OK(gp_dev_upload(dv[k], dy[k].data, hdy, ny));
+            CHECK_OK(gp_dev_upload(dv[k], gp_f32(&x[k]), hx, nx));
+            CHECK_OK(gp_dev_upload(dv[k], gp_f32(&dy[k]), hdy, ny));
             CHECK_OK(gp_layer_zero_grad(&l[k]));
             CHECK_OK(gp_layer_forward(&l[k], &ctx, &x[k], &y[k], &sv[k]));
             CHECK_OK(gp_layer_backward(&l[k], &ctx, &x[k], &y[k], &dy[k], &dx[k], &sv[k]));
@@ -1423,7 +1423,7 @@ static float *all_params(gp_model *m, int64_t *count, unsigned char **is_buffer)
         for (int p = 0; p < m->layers[k].n_params; p++) {
             gp_tensor *t = &m->layers[k].params[p].value;
             int64_t c = gp_tensor_numel(t);
-            if (gp_dev_download(t->dev, at, t->data, c) != GP_OK) CHECK_MSG(0, "%s", gp_last_error());
+            if (gp_dev_download(t->dev, at, gp_f32(t), c) != GP_OK) CHECK_MSG(0, "%s", gp_last_error());
             if (kind) memset(kind + (at - h), m->layers[k].params[p].is_buffer, (size_t)c);
             at += c;
         }

@@ -181,12 +181,12 @@ static void fd_check(const char *what, gp_layer *l, const gp_fwd_ctx *ctx, const
         int64_t i = n <= 64 ? q : (int64_t)(hrng_unit(rng) * (double)n);
         float orig = h[i];
         float v = (float)(orig + tol->eps);
-        CHECK_OK(gp_dev_upload(t->dev, t->data + i, &v, 1));
+        CHECK_OK(gp_dev_upload(t->dev, gp_f32(t) + i, &v, 1));
         double lp = loss_of(l, ctx, x, r);
         v = (float)(orig - tol->eps);
-        CHECK_OK(gp_dev_upload(t->dev, t->data + i, &v, 1));
+        CHECK_OK(gp_dev_upload(t->dev, gp_f32(t) + i, &v, 1));
         double lm = loss_of(l, ctx, x, r);
-        CHECK_OK(gp_dev_upload(t->dev, t->data + i, &orig, 1));
+        CHECK_OK(gp_dev_upload(t->dev, gp_f32(t) + i, &orig, 1));
         /* the float perturbation actually applied */
         double step = (double)(float)(orig + tol->eps) - (double)(float)(orig - tol->eps);
         double num = (lp - lm) / step;
@@ -362,7 +362,7 @@ static void check_layer(gp_device *dev, const layer_case *lc, int index, hrng *r
             if (l.params[p].is_buffer) continue;
             want[p] = gpt_download(&l.params[p].grad);
             gp_tensor *g = &l.params[p].grad;
-            CHECK_OK(gp_dev_fill(dev, g->data, NAN, gp_tensor_numel(g)));
+            CHECK_OK(gp_dev_fill(dev, gp_f32(g), NAN, gp_tensor_numel(g)));
         }
         gp_layer_grads_begin(&l);
         CHECK(l.grads_stale);
@@ -377,7 +377,7 @@ static void check_layer(gp_device *dev, const layer_case *lc, int index, hrng *r
                       "%s %s: overwrite-on-first-backward differs from zero + accumulate%s", tn,
                       l.params[p].name, l.ops->overwrites_grads ? "" : " (zeroing fallback)");
             /* No backward at all in a step: grads_finish zeroes them. */
-            CHECK_OK(gp_dev_fill(dev, l.params[p].grad.data, NAN,
+            CHECK_OK(gp_dev_fill(dev, gp_f32(&l.params[p].grad), NAN,
                                  gp_tensor_numel(&l.params[p].grad)));
             free(g);
             free(want[p]);
@@ -898,8 +898,8 @@ static void test_instance_norm(gp_device *dev)
         CHECK_OK(gp_layer_backward(&l, &ctx, &x, &ly, &dy, &g0, &s1)); /* from x */
         CHECK_OK(gp_layer_backward(&ll, &ctx, &x, &ly, &dy, &g1, &s1)); /* from y */
         CHECK_OK(gp_tensor_zeros(&z, dev, &in, GP_MEM_ACTIVATIONS));
-        CHECK_OK(gp_dev_leaky_relu_fwd(dev, ly.data, z.data, nx, slope));
-        CHECK_OK(gp_dev_fill(dev, x.data, NAN, nx));
+        CHECK_OK(gp_dev_leaky_relu_fwd(dev, gp_f32(&ly), gp_f32(&z), nx, slope));
+        CHECK_OK(gp_dev_fill(dev, gp_f32(&x), NAN, nx));
         ll.leaky_inplace = true;
         CHECK_OK(gp_layer_backward(&ll, &ctx, &x, &z, &dy, &g2, &s1)); /* from z */
         float *a0 = gpt_download(&g0), *a1 = gpt_download(&g1), *a2 = gpt_download(&g2);
@@ -913,7 +913,7 @@ static void test_instance_norm(gp_device *dev)
         CHECK_MSG(err <= 1e-5 * big && isfinite(err) && big > 0,
                   "slope %g: linked backward %.3g from the unlinked one (max %.3g)",
                   (double)slope, err, big);
-        CHECK_OK(gp_dev_upload(dev, x.data, xh2, nx)); /* x back for the next slope */
+        CHECK_OK(gp_dev_upload(dev, gp_f32(&x), xh2, nx)); /* x back for the next slope */
         free(a0); free(a1); free(a2); free(dyh);
         gp_tensor_free(&dy); gp_tensor_free(&g0); gp_tensor_free(&g1); gp_tensor_free(&g2);
         gp_tensor_free(&z); gp_tensor_free(&ly);
@@ -1185,12 +1185,12 @@ static void test_cross_entropy(gp_device *dev)
         double l2[2];
         for (int sgn = 0; sgn < 2; sgn++) {
             float v = orig + (sgn ? -1e-2f : 1e-2f);
-            CHECK_OK(gp_dev_upload(dev, logits.data + q, &v, 1));
+            CHECK_OK(gp_dev_upload(dev, gp_f32(&logits) + q, &v, 1));
             gp_loss_out o2;
             CHECK_OK(gp_cross_entropy(dev, &logits, &labels, 0.0f, 1.0f, NULL, &o2));
             l2[sgn] = o2.loss_sum;
         }
-        CHECK_OK(gp_dev_upload(dev, logits.data + q, &orig, 1));
+        CHECK_OK(gp_dev_upload(dev, gp_f32(&logits) + q, &orig, 1));
         double step = (double)(orig + 1e-2f) - (double)(orig - 1e-2f);
         double num = scale * (l2[0] - l2[1]) / step;
         fd_ok &= fabs(num - dh[q]) < 1e-3;
@@ -1198,7 +1198,7 @@ static void test_cross_entropy(gp_device *dev)
     CHECK(fd_ok);
     /* a label outside [0, K) names the row and the label */
     lab[2] = 7.0f;
-    CHECK_OK(gp_dev_upload(dev, labels.data, lab, N));
+    CHECK_OK(gp_dev_upload(dev, gp_f32(&labels), lab, N));
     CHECK_ERR(gp_cross_entropy(dev, &logits, &labels, 0.0f, 1.0f, &dl, &lo), GP_ERR_DATA,
               "label 7 in row 2");
     /* 4-D logits are refused */
@@ -1258,12 +1258,12 @@ static void test_bce(gp_device *dev)
         double l2[2];
         for (int sgn = 0; sgn < 2; sgn++) {
             float v = orig + (sgn ? -1e-2f : 1e-2f);
-            CHECK_OK(gp_dev_upload(dev, z.data + q, &v, 1));
+            CHECK_OK(gp_dev_upload(dev, gp_f32(&z) + q, &v, 1));
             gp_loss_out o2;
             CHECK_OK(gp_bce_with_logits(dev, &z, &t, 1.0f, NULL, &o2));
             l2[sgn] = o2.loss_sum;
         }
-        CHECK_OK(gp_dev_upload(dev, z.data + q, &orig, 1));
+        CHECK_OK(gp_dev_upload(dev, gp_f32(&z) + q, &orig, 1));
         double step = (double)(orig + 1e-2f) - (double)(orig - 1e-2f);
         double num = scale * (l2[0] - l2[1]) / step;
         fworst = fmax(fworst, fabs(num - dh[q]) / (1e-4 * scale + fabs(num)));
@@ -1285,8 +1285,8 @@ static void test_bce(gp_device *dev)
      * writes nothing */
     th[40] = 1.5f;
     th[50] = -1.0f;
-    CHECK_OK(gp_dev_upload(dev, t.data, th, n));
-    CHECK_OK(gp_dev_fill(dev, dz.data, 7.0f, n));
+    CHECK_OK(gp_dev_upload(dev, gp_f32(&t), th, n));
+    CHECK_OK(gp_dev_fill(dev, gp_f32(&dz), 7.0f, n));
     CHECK_ERR(gp_bce_with_logits(dev, &z, &t, 1.0f, &dz, &lo), GP_ERR_DATA,
               "target 1.5 at element 40 (1, 0, 0, 5) of the batch is not in [0, 1]");
     CHECK(lo.count == 0 && lo.loss_sum == 0.0);
@@ -1294,7 +1294,7 @@ static void test_bce(gp_device *dev)
     CHECK(dbad[0] == 7.0f && dbad[n - 1] == 7.0f);
     free(dbad);
     th[40] = NAN;
-    CHECK_OK(gp_dev_upload(dev, t.data, th, n));
+    CHECK_OK(gp_dev_upload(dev, gp_f32(&t), th, n));
     CHECK_ERR(gp_bce_with_logits(dev, &z, &t, 1.0f, NULL, &lo), GP_ERR_DATA,
               "target nan at element 40");
     /* logits and targets must match in size */
@@ -1580,7 +1580,7 @@ static void test_errors(gp_device *dev)
     gp_fwd_ctx ctx = train_ctx();
     CHECK_ERR(gp_layer_forward(&l, &ctx, &x, &y, &sv), GP_ERR_INVALID,
               "input has shape (2, 783) but the layer was built for (N, 784)");
-    CHECK(y.data == NULL);
+    CHECK(gp_tensor_mem(&y) == NULL);
     gp_tensor_free(&x);
     gp_layer_destroy(&l);
 
@@ -1891,9 +1891,9 @@ static void test_relu_nonfinite(gp_device *dev)
     gp_tensor x, y;
     CHECK_OK(gp_tensor_alloc(&x, dev, &sh, GP_MEM_ACTIVATIONS));
     CHECK_OK(gp_tensor_alloc(&y, dev, &sh, GP_MEM_ACTIVATIONS));
-    CHECK_OK(gp_dev_upload(dev, x.data, h, 6));
-    CHECK_OK(gp_dev_relu_fwd(dev, x.data, y.data, 6));
-    CHECK_OK(gp_dev_download(dev, o, y.data, 6));
+    CHECK_OK(gp_dev_upload(dev, gp_f32(&x), h, 6));
+    CHECK_OK(gp_dev_relu_fwd(dev, gp_f32(&x), gp_f32(&y), 6));
+    CHECK_OK(gp_dev_download(dev, o, gp_f32(&y), 6));
     CHECK_OK(gp_dev_synchronize(dev));
     CHECK(isnan(o[0]) && isnan(o[1]));
     CHECK(o[2] == INFINITY && o[3] == 0.0f && o[4] == 0.0f && o[5] == 3.0f);
@@ -1909,9 +1909,9 @@ static void test_leaky_relu_nonfinite(gp_device *dev)
     gp_tensor x, y;
     CHECK_OK(gp_tensor_alloc(&x, dev, &sh, GP_MEM_ACTIVATIONS));
     CHECK_OK(gp_tensor_alloc(&y, dev, &sh, GP_MEM_ACTIVATIONS));
-    CHECK_OK(gp_dev_upload(dev, x.data, h, 6));
-    CHECK_OK(gp_dev_leaky_relu_fwd(dev, x.data, y.data, 6, 0.25f));
-    CHECK_OK(gp_dev_download(dev, o, y.data, 6));
+    CHECK_OK(gp_dev_upload(dev, gp_f32(&x), h, 6));
+    CHECK_OK(gp_dev_leaky_relu_fwd(dev, gp_f32(&x), gp_f32(&y), 6, 0.25f));
+    CHECK_OK(gp_dev_download(dev, o, gp_f32(&y), 6));
     CHECK_OK(gp_dev_synchronize(dev));
     CHECK(isnan(o[0]) && isnan(o[1]));
     CHECK(o[2] == INFINITY && o[3] == -INFINITY && o[4] == -0.5f && o[5] == 3.0f);

@@ -247,8 +247,8 @@ static void deferred_bn(int m)
         found = true;
         float va[16], vb[16];
         int64_t cnt = gp_tensor_numel(&a->params[p].value);
-        gp_dev_download(a->dev, va, a->params[p].value.data, cnt);
-        gp_dev_download(b->dev, vb, b->params[p].value.data, cnt);
+        gp_dev_download(a->dev, va, gp_f32(&a->params[p].value), cnt);
+        gp_dev_download(b->dev, vb, gp_f32(&b->params[p].value), cnt);
         double maxd = 0;
         for (int64_t q = 0; q < cnt; q++) maxd = fmax(maxd, fabs((double)va[q] - vb[q]));
         CHECK_MSG(maxd <= 1e-5, "m=%d %s differs by %g", m, a->params[p].name, maxd);
@@ -584,7 +584,7 @@ static void nonfinite_state(void)
         for (int p = 0; p < m->layers[k].n_params; p++)
             if (!strcmp(m->layers[k].params[p].name, "running_var")) {
                 float bad[3] = {1.0f, 1.0f, NAN};
-                CHECK_OK(gp_dev_upload(m->layers[k].dev, m->layers[k].params[p].value.data, bad, 3));
+                CHECK_OK(gp_dev_upload(m->layers[k].dev, gp_f32(&m->layers[k].params[p].value), bad, 3));
             }
         gp_status s = which ? gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, NULL)
                             : gp_model_train_step(&ref, &c, x, y, BATCH, 2, 0.05, NULL);
@@ -981,11 +981,11 @@ static void clip_nonfinite(void)
     float nan = NAN;
     double norm = 0;
     if (before && after && ng > 3) {
-        CHECK_OK(gp_dev_upload(devs[0], g->data + 3, &nan, 1));
-        CHECK_OK(gp_dev_download(devs[0], before, g2->data, ng2));
+        CHECK_OK(gp_dev_upload(devs[0], gp_f32(g) + 3, &nan, 1));
+        CHECK_OK(gp_dev_download(devs[0], before, gp_f32(g2), ng2));
         CHECK_ERR(gp_clip_grad_norm(one.layers, one.n_layers, 1e-3f, &norm), GP_ERR_NUMERIC,
                   "the gradients are not finite (global norm NaN, first in the weight of layer");
-        CHECK_OK(gp_dev_download(devs[0], after, g2->data, ng2));
+        CHECK_OK(gp_dev_download(devs[0], after, gp_f32(g2), ng2));
         CHECK_MSG(isnan(norm) && !memcmp(before, after, (size_t)ng2 * sizeof *after),
                   "a refused clip scaled the gradients (norm %g)", norm);
     }

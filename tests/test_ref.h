@@ -75,7 +75,7 @@ static inline double *download_d(const gp_tensor *t)
 static inline void set_param(gp_layer *l, int p, const float *h)
 {
     gp_tensor *v = &l->params[p].value;
-    CHECK_OK(gp_dev_upload(l->dev, v->data, h, gp_tensor_numel(v)));
+    CHECK_OK(gp_dev_upload(l->dev, gp_f32(v), h, gp_tensor_numel(v)));
 }
 
 static inline gp_fwd_ctx train_ctx(void)

@@ -105,7 +105,7 @@ static void collectives(void)
                 for (int r = 0; r < R; r++) {
                     gp_shape sh = {1, {n > 0 ? n : 1, 0, 0, 0}};
                     CHECK_OK(gp_tensor_alloc(&t[r], devs[r], &sh, GP_MEM_WORKSPACE));
-                    job[r] = (coll_job){comm, devs[r], r, R, n, kind, R - 1, GP_OK, t[r].data};
+                    job[r] = (coll_job){comm, devs[r], r, R, n, kind, R - 1, GP_OK, gp_f32(&t[r])};
                     pthread_create(&th[r], NULL, coll_thread, &job[r]);
                 }
                 for (int r = 0; r < R; r++) pthread_join(th[r], NULL);
@@ -524,8 +524,8 @@ static void equivalence(bool convnet, int R, int n, gp_schedule_kind kind, gp_op
         int64_t lo, hi, n0 = gp_tensor_numel(m0);
         gp_comm_chunk(n0, R, 0, &lo, &hi);
         float *h0 = malloc((size_t)n0 * sizeof *h0), *h1 = malloc((size_t)n0 * sizeof *h1);
-        gp_dev_download(m0->dev, h0, m0->data, n0);
-        gp_dev_download(m1->dev, h1, m1->data, n0);
+        gp_dev_download(m0->dev, h0, gp_f32(m0), n0);
+        gp_dev_download(m1->dev, h1, gp_f32(m1), n0);
         int64_t moved0 = 0, moved1 = 0;
         for (int64_t q = lo; q < hi; q++) {
             moved0 += h0[q] != 0.0f;
@@ -549,8 +549,8 @@ static void equivalence(bool convnet, int R, int n, gp_schedule_kind kind, gp_op
             if (!ma || !mb || gp_tensor_numel(ma) != gp_tensor_numel(mb)) continue;
             int64_t cnt = gp_tensor_numel(ma);
             float *a = malloc((size_t)cnt * sizeof *a), *b = malloc((size_t)cnt * sizeof *b);
-            gp_dev_download(ma->dev, a, ma->data, cnt);
-            gp_dev_download(mb->dev, b, mb->data, cnt);
+            gp_dev_download(ma->dev, a, gp_f32(ma), cnt);
+            gp_dev_download(mb->dev, b, gp_f32(mb), cnt);
             for (int64_t e = 0; e < cnt; e++)
                 worst_m = fmax(worst_m, fabs((double)a[e] - b[e]) / fmax(fabs((double)a[e]), 1e-2));
             free(a);
@@ -593,14 +593,14 @@ static void *bn_thread(void *arg)
     gp_fwd_ctx ctx = {.training = true, .step = 7, .sample_offset = 0, .batch_total = n,
                       .comm = b->comm, .rank = b->rank};
     gp_status s = gp_tensor_alloc(&x, dev, &sh, GP_MEM_ACTIVATIONS);
-    if (s == GP_OK) s = gp_dev_upload(dev, x.data, b->x, cnt);
+    if (s == GP_OK) s = gp_dev_upload(dev, gp_f32(&x), b->x, cnt);
     if (s == GP_OK) s = gp_layer_forward(b->l, &ctx, &x, &y, &sv);
-    if (s == GP_OK) s = gp_dev_download(dev, b->y, y.data, cnt);
+    if (s == GP_OK) s = gp_dev_download(dev, b->y, gp_f32(&y), cnt);
     if (s == GP_OK && b->dx) {
         s = gp_tensor_alloc(&dy, dev, &sh, GP_MEM_ACTIVATIONS);
-        if (s == GP_OK) s = gp_dev_upload(dev, dy.data, b->dy, cnt);
+        if (s == GP_OK) s = gp_dev_upload(dev, gp_f32(&dy), b->dy, cnt);
         if (s == GP_OK) s = gp_layer_backward(b->l, &ctx, &x, &y, &dy, &dx, &sv);
-        if (s == GP_OK) s = gp_dev_download(dev, b->dx, dx.data, cnt);
+        if (s == GP_OK) s = gp_dev_download(dev, b->dx, gp_f32(&dx), cnt);
     }
     gp_saved_free(&sv);
     gp_tensor_free(&x);
@@ -645,8 +645,8 @@ static void sync_bn(int R)
     float gam[BN_C] = {1.5f, 0.7f, -1.1f}, bet[BN_C] = {0.1f, -0.2f, 0.3f};
     for (int r = 0; r <= R; r++) {
         gp_layer *l = r < R ? &ls[r] : &ref;
-        gp_dev_upload(l->dev, l->params[0].value.data, gam, BN_C);
-        gp_dev_upload(l->dev, l->params[1].value.data, bet, BN_C);
+        gp_dev_upload(l->dev, gp_f32(&l->params[0].value), gam, BN_C);
+        gp_dev_upload(l->dev, gp_f32(&l->params[1].value), bet, BN_C);
     }
     int total = 0, offs[MAXR + 1] = {0};
     for (int r = 0; r < R; r++) offs[r + 1] = offs[r] + bn_n[r] * BN_C * BN_HW, total += bn_n[r];
@@ -673,12 +673,12 @@ static void sync_bn(int R)
         gp_fwd_ctx ctx = {.training = true, .batch_total = total};
         CHECK_OK(gp_tensor_alloc(&x, dev, &sh, GP_MEM_ACTIVATIONS));
         CHECK_OK(gp_tensor_alloc(&dy, dev, &sh, GP_MEM_ACTIVATIONS));
-        gp_dev_upload(dev, x.data, X, offs[R]);
-        gp_dev_upload(dev, dy.data, DY, offs[R]);
+        gp_dev_upload(dev, gp_f32(&x), X, offs[R]);
+        gp_dev_upload(dev, gp_f32(&dy), DY, offs[R]);
         CHECK_OK(gp_layer_forward(&ref, &ctx, &x, &y, &sv));
         CHECK_OK(gp_layer_backward(&ref, &ctx, &x, &y, &dy, &dx, &sv));
-        gp_dev_download(dev, Yr, y.data, offs[R]);
-        gp_dev_download(dev, DXr, dx.data, offs[R]);
+        gp_dev_download(dev, Yr, gp_f32(&y), offs[R]);
+        gp_dev_download(dev, DXr, gp_f32(&dx), offs[R]);
         gp_saved_free(&sv);
         gp_tensor_free(&x); gp_tensor_free(&y); gp_tensor_free(&dy); gp_tensor_free(&dx);
     }
@@ -692,12 +692,12 @@ static void sync_bn(int R)
     /* parameter gradients: the replicas' shares add up to the whole */
     float g[BN_C], b[BN_C], gs[BN_C] = {0}, bs[BN_C] = {0};
     for (int r = 0; r < R; r++) {
-        gp_dev_download(ls[r].dev, g, ls[r].params[0].grad.data, BN_C);
-        gp_dev_download(ls[r].dev, b, ls[r].params[1].grad.data, BN_C);
+        gp_dev_download(ls[r].dev, g, gp_f32(&ls[r].params[0].grad), BN_C);
+        gp_dev_download(ls[r].dev, b, gp_f32(&ls[r].params[1].grad), BN_C);
         for (int c = 0; c < BN_C; c++) gs[c] += g[c], bs[c] += b[c];
     }
-    gp_dev_download(ref.dev, g, ref.params[0].grad.data, BN_C);
-    gp_dev_download(ref.dev, b, ref.params[1].grad.data, BN_C);
+    gp_dev_download(ref.dev, g, gp_f32(&ref.params[0].grad), BN_C);
+    gp_dev_download(ref.dev, b, gp_f32(&ref.params[1].grad), BN_C);
     for (int c = 0; c < BN_C; c++) {
         CHECK_NEAR(gs[c], g[c], 1e-4, 1e-4);
         CHECK_NEAR(bs[c], b[c], 1e-4, 1e-4);

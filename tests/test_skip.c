@@ -145,12 +145,12 @@ static void fd(const char *what, gp_layer *l, const gp_tensor *x, gp_tensor *t, 
     const float eps = 1e-2f;
     for (int64_t i = 0; i < n; i++) {
         float o = h[i], v = o + eps;
-        CHECK_OK(gp_dev_upload(t->dev, t->data + i, &v, 1));
+        CHECK_OK(gp_dev_upload(t->dev, gp_f32(t) + i, &v, 1));
         double lp = loss_of(l, &k_fd_ctx, x, r);
         v = o - eps;
-        CHECK_OK(gp_dev_upload(t->dev, t->data + i, &v, 1));
+        CHECK_OK(gp_dev_upload(t->dev, gp_f32(t) + i, &v, 1));
         double lm = loss_of(l, &k_fd_ctx, x, r);
-        CHECK_OK(gp_dev_upload(t->dev, t->data + i, &o, 1));
+        CHECK_OK(gp_dev_upload(t->dev, gp_f32(t) + i, &o, 1));
         double step = (double)(float)(o + eps) - (double)(float)(o - eps);
         double num = (lp - lm) / step;
         if (fabs(an[i] - num) > 3e-3 + 1e-2 * fabs(num) && bad++ < 3)
@@ -191,7 +191,7 @@ static void check_pop_layer(gp_device *dev, gp_layer_spec sp, gp_shape xs, gp_sh
         P[p] = malloc((size_t)n * sizeof *P[p]);
         for (int64_t i = 0; i < n; i++)
             P[p][i] = h[i] = (float)(strstr(l.params[p].name, "var") ? 0.5 + unit() : unit() - 0.3);
-        CHECK_OK(gp_dev_upload(dev, l.params[p].value.data, h, n));
+        CHECK_OK(gp_dev_upload(dev, gp_f32(&l.params[p].value), h, n));
         free(h);
     }
     gp_fwd_ctx ctx = {.training = true, .recompute = true, .seed = 5};
@@ -438,8 +438,8 @@ static void checkpoint_skips(void)
     CHECK_OK(gp_ckpt_recompute(m.layers, &ctx, &ck, &bad));
     for (int k = 1; k <= C0; k++) {
         /* an output no backward reads is kept as its shape alone, by both */
-        bool kept = ck.acts[k].data != NULL;
-        CHECK_MSG(kept == (keep.acts[k].data != NULL) &&
+        bool kept = gp_tensor_mem(&ck.acts[k]) != NULL;
+        CHECK_MSG(kept == (gp_tensor_mem(&keep.acts[k]) != NULL) &&
                       gp_tensor_numel(&ck.acts[k]) == gp_tensor_numel(&keep.acts[k]) &&
                       (!kept || same_tensor(&ck.acts[k], &keep.acts[k])),
                   "recomputed output of layer %d differs", k - 1);
@@ -499,12 +499,12 @@ static void model_gradients(void)
         for (int64_t i = 0; i < gp_tensor_numel(w) && i < 12; i++) {
             const float eps = 1e-3f; /* small: relu and max-pool kinks */
             float o = h[i], v = o + eps;
-            CHECK_OK(gp_dev_upload(m.dev, w->data + i, &v, 1));
+            CHECK_OK(gp_dev_upload(m.dev, gp_f32(w) + i, &v, 1));
             double lp = model_loss(&m, x, y, B, false);
             v = o - eps;
-            CHECK_OK(gp_dev_upload(m.dev, w->data + i, &v, 1));
+            CHECK_OK(gp_dev_upload(m.dev, gp_f32(w) + i, &v, 1));
             double lm = model_loss(&m, x, y, B, false);
-            CHECK_OK(gp_dev_upload(m.dev, w->data + i, &o, 1));
+            CHECK_OK(gp_dev_upload(m.dev, gp_f32(w) + i, &o, 1));
             double num = (lp - lm) / ((double)(float)(o + eps) - (double)(float)(o - eps));
             total++;
             if (fabs(g[i] - num) > 2e-3 + 2e-2 * fabs(num)) {
@@ -517,6 +517,72 @@ static void model_gradients(void)
         free(h);
     }
     CHECK_MSG(bad == 0, "%d of %d model gradients off the finite differences", bad, total);
+    gp_model_free(&m);
+}
+
+/* ---- gradients handed on without a copy ---------------------------------------------- */
+
+/* One forward and backward of the whole model (make_cfg) on one device,
+ * whole (split false) or as backward-data then backward-weights; returns
+ * the bytes copied within the device during the backward, and layer 0's
+ * weight gradient in *g0 (malloc'd). */
+static uint64_t backward_copies(gp_model *m, bool split, float **g0)
+{
+    enum { B = 4 };
+    float x[B * 128], y[B];
+    gp_config c = make_cfg();
+    gpt_make_batch(&c, B, 2, x, y);
+    gp_fwd_ctx ctx = {.training = true, .seed = 3, .step = 1, .batch_total = B};
+    gp_stash s;
+    CHECK_OK(gp_stash_init(&s, m->n_layers, &m->skips, 0));
+    gp_shape xs = gp_shape_4d(B, 2, 8, 8), ls = {1, {B, 0, 0, 0}};
+    s.in = gpt_upload(m->dev, &xs, x);
+    gp_tensor labels = gpt_upload(m->dev, &ls, y), dl = {0};
+    int bad = -1;
+    CHECK_OK(gp_ckpt_forward(m->layers, &ctx, GP_FWD_KEEP, &s, &bad));
+    gp_loss_out lo = {0};
+    CHECK_OK(gp_ckpt_loss(m->dev, GP_LOSS_CROSS_ENTROPY, 0.0f, &s.out, &labels, 1.0f, &dl, &lo));
+    for (int k = 0; k < m->n_layers; k++) gp_layer_grads_begin(&m->layers[k]);
+    uint64_t before = gp_dev_d2d_bytes(m->dev);
+    if (split) {
+        CHECK_OK(gp_ckpt_backward_data(m->layers, &ctx, &s, &dl, 0, NULL, &bad));
+        CHECK_OK(gp_ckpt_backward_weights(m->layers, &ctx, &s, 0, false, &bad));
+    } else {
+        CHECK_OK(gp_ckpt_backward(m->layers, &ctx, &s, &dl, 0, NULL, &bad));
+    }
+    uint64_t moved = gp_dev_d2d_bytes(m->dev) - before;
+    for (int k = 0; k < m->n_layers; k++) CHECK_OK(gp_layer_grads_finish(&m->layers[k]));
+    *g0 = gpt_download(&m->layers[0].params[0].grad);
+    gp_tensor_free(&labels);
+    gp_stash_destroy(&s);
+    return moved;
+}
+
+/* Identity, flatten and add hand their output's gradient on as their
+ * input's (gp_layer_backward_take): the only copy left in the model's
+ * backward is the one an add without projection makes for its popped
+ * input (layer 4, skip b), and in the split backward also the projecting
+ * add's (layer 8), whose weights half reads its dy again.  Before, every
+ * one of them copied (4 adds' and identities' copies and flatten's). */
+static void grads_handed_on(void)
+{
+    gp_config c = make_cfg();
+    gp_model m;
+    CHECK_OK(gp_model_build(&c, devs[0], &m));
+    float *whole = NULL, *split = NULL;
+    uint64_t cw = backward_copies(&m, false, &whole);
+    uint64_t cs = backward_copies(&m, true, &split);
+    const uint64_t b4 = 4 * 4 * 8 * 8 * sizeof(float); /* layer 4's output, batch 4 */
+    const uint64_t b8 = 4 * 6 * 4 * 4 * sizeof(float); /* layer 8's */
+    CHECK_MSG(cw == b4, "the whole backward copied %llu bytes within the device, want %llu "
+              "(the add's popped gradient alone)", (unsigned long long)cw, (unsigned long long)b4);
+    CHECK_MSG(cs == b4 + b8, "the split backward copied %llu bytes, want %llu",
+              (unsigned long long)cs, (unsigned long long)(b4 + b8));
+    int64_t n = gp_tensor_numel(&m.layers[0].params[0].grad);
+    CHECK_MSG(memcmp(whole, split, (size_t)n * sizeof *whole) == 0,
+              "the split backward's gradients differ from the whole backward's");
+    free(whole);
+    free(split);
     gp_model_free(&m);
 }
 
@@ -684,7 +750,7 @@ static void resnet_family(void)
         for (int t = 0; q == 0 && t < 2; t++) {
             int64_t n = gp_tensor_numel(ws[t]);
             float *h = malloc((size_t)n * sizeof *h);
-            CHECK_OK(gp_dev_download(ws[t]->dev, h, ws[t]->data, n));
+            CHECK_OK(gp_dev_download(ws[t]->dev, h, gp_f32(ws[t]), n));
             CHECK_OK(gp_dev_synchronize(ws[t]->dev));
             double m2 = 0;
             for (int64_t i = 0; i < n; i++) m2 += (double)h[i] * h[i];
@@ -749,6 +815,7 @@ int main(void)
     skip_map();
     checkpoint_skips();
     model_gradients();
+    grads_handed_on();
     portals();
     bool sanitized = getenv("GPIPE_SANITIZED") != NULL;
     resnet_family();

@@ -205,9 +205,9 @@ static void test_fixture(void)
     CHECK_OK(gp_st_parse("fixture", file, n, &f));
     CHECK_OK(gp_snapshot_apply(&m, &f, false));
     float got[12];
-    CHECK_OK(gp_dev_download(dev, got, m.layers[1].params[0].value.data, 12));
+    CHECK_OK(gp_dev_download(dev, got, gp_f32(&m.layers[1].params[0].value), 12));
     CHECK(!memcmp(got, d.weight, sizeof d.weight));
-    CHECK_OK(gp_dev_download(dev, got, m.layers[2].params[3].value.data, 3));
+    CHECK_OK(gp_dev_download(dev, got, gp_f32(&m.layers[2].params[3].value), 3));
     CHECK(!memcmp(got, d.rv, sizeof d.rv));
     const char *cn[4];
     int64_t *cv[4];

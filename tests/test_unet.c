@@ -226,7 +226,7 @@ static void meta_counts(const char *text)
         for (int p = 0; same && p < l.n_params; p++) {
             const gp_param *a = &l.params[p], *b = &m.layers[k].params[p];
             same = !strcmp(a->name, b->name) && a->is_buffer == b->is_buffer &&
-                   a->value.data == NULL && gp_tensor_numel(&a->value) ==
+                   gp_tensor_mem(&a->value) == NULL && gp_tensor_numel(&a->value) ==
                    gp_tensor_numel(&b->value);
         }
         gp_layer_destroy(&l);

@@ -155,7 +155,7 @@ static inline float *gpt_gather(gp_model *m, gpt_gather_what what, int64_t *coun
             if ((what == GPT_TRAINED || what == GPT_TRAINED_GRADS) && pr->is_buffer) continue;
             gp_tensor *t = what == GPT_GRADS || what == GPT_TRAINED_GRADS ? &pr->grad : &pr->value;
             int64_t c = gp_tensor_numel(&pr->value);
-            if (t->data) CHECK_OK(gp_dev_download(t->dev, h + off, t->data, c));
+            if (gp_tensor_mem(t)) CHECK_OK(gp_dev_download(t->dev, h + off, gp_f32(t), c));
             off += c;
         }
     *count = n;
@@ -196,7 +196,7 @@ static inline gp_tensor gpt_upload(gp_device *dev, const gp_shape *s, const floa
 {
     gp_tensor t;
     CHECK_OK(gp_tensor_alloc(&t, dev, s, GP_MEM_ACTIVATIONS));
-    CHECK_OK(gp_dev_upload(dev, t.data, h, gp_shape_numel(s)));
+    CHECK_OK(gp_dev_upload(dev, gp_f32(&t), h, gp_shape_numel(s)));
     return t;
 }
 
@@ -205,7 +205,7 @@ static inline float *gpt_download(const gp_tensor *t)
 {
     int64_t n = gp_tensor_numel(t);
     float *h = calloc((size_t)(n ? n : 1), sizeof *h);
-    if (n) CHECK_OK(gp_dev_download(t->dev, h, t->data, n));
+    if (n) CHECK_OK(gp_dev_download(t->dev, h, gp_f32(t), n));
     CHECK_OK(gp_dev_synchronize(t->dev));
     return h;
 }

@@ -845,6 +845,11 @@ struct gp_device {
      * cuDNN's backend descriptors where they beat the legacy algorithm,
      * cuda_graph.c); on the device's thread only. */
     uint64_t graph_plans;
+    /* Bytes moved by copies within the device (gp_dev_copy_d2d): what a
+     * step spends on copies that compute nothing (a test's measure of the
+     * gradients handed on without one, gp_layer_backward_take).  Atomic,
+     * as host_waits; read with gp_dev_d2d_bytes. */
+    uint64_t d2d_bytes;
 };
 
 static inline void gp_dev_count_wait(struct gp_device *dev)
@@ -979,7 +984,12 @@ gp_status gp_dev_bce_logits_dev(gp_device *dev, const float *z, const float *t, 
 static inline gp_status gp_dev_copy_d2d(gp_device *dev, void *dst, const void *src,
                                         size_t bytes)
 {
+    __atomic_fetch_add(&dev->d2d_bytes, (uint64_t)bytes, __ATOMIC_RELAXED);
     return dev->iface->copy_d2d(dev, dst, src, bytes);
+}
+static inline uint64_t gp_dev_d2d_bytes(const struct gp_device *dev)
+{
+    return __atomic_load_n(&dev->d2d_bytes, __ATOMIC_RELAXED);
 }
 static inline gp_status gp_dev_synchronize(gp_device *dev)
 {
@@ -1268,16 +1278,20 @@ gp_status gp_dev_bce_logits(gp_device *dev, const float *z, const float *t, int6
  * The half of gp_tensor that needs a device: memory through gp_dev_alloc,
  * so every byte is accounted.  Shapes, views and sizes are in core. */
 
-/* Allocate an uninitialised tensor on `dev`. */
+/* Allocate an uninitialised tensor of floats on `dev`. */
 gp_status gp_tensor_alloc(gp_tensor *t, gp_device *dev, const gp_shape *shape,
                           gp_mem_category cat);
-/* Allocate and zero. */
+/* Allocate an uninitialised tensor of element type `dtype` on `dev`: its
+ * gp_tensor_bytes, accounted under `cat`. */
+gp_status gp_tensor_alloc_as(gp_tensor *t, gp_device *dev, const gp_shape *shape,
+                             gp_dtype dtype, gp_mem_category cat);
+/* Allocate and zero (floats). */
 gp_status gp_tensor_zeros(gp_tensor *t, gp_device *dev, const gp_shape *shape,
                           gp_mem_category cat);
 /* Free if owned; always leaves t empty.  NULL and empty tensors are fine. */
 void gp_tensor_free(gp_tensor *t);
-/* Copy between tensors on any devices (same numel): peer copy where the
- * backend has one, else staged through host memory. */
+/* Copy between tensors on any devices (same numel and element type): peer
+ * copy where the backend has one, else staged through host memory. */
 gp_status gp_tensor_copy(gp_tensor *dst, const gp_tensor *src);
 
 /* A communicator over n devices of one backend, created once per group

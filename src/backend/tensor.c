@@ -12,12 +12,19 @@
 gp_status gp_tensor_alloc(gp_tensor *t, gp_device *dev, const gp_shape *shape,
                           gp_mem_category cat)
 {
+    return gp_tensor_alloc_as(t, dev, shape, GP_F32, cat);
+}
+
+gp_status gp_tensor_alloc_as(gp_tensor *t, gp_device *dev, const gp_shape *shape,
+                             gp_dtype dtype, gp_mem_category cat)
+{
     memset(t, 0, sizeof *t);
     int64_t n = gp_shape_numel(shape);
     GP_ASSERT(n >= 0);
     void *p = NULL;
-    if (n > 0) GP_TRY(gp_dev_alloc(dev, (size_t)n * sizeof(float), cat, &p));
-    t->data = p;
+    if (n > 0) GP_TRY(gp_dev_alloc(dev, (size_t)n * gp_dtype_size(dtype), cat, &p));
+    t->mem = p;
+    t->dtype = dtype;
     t->ndim = shape->ndim;
     memcpy(t->dims, shape->dims, sizeof t->dims);
     t->dev = dev;
@@ -32,7 +39,7 @@ gp_status gp_tensor_zeros(gp_tensor *t, gp_device *dev, const gp_shape *shape,
     GP_TRY(gp_tensor_alloc(t, dev, shape, cat));
     int64_t n = gp_tensor_numel(t);
     if (n > 0) {
-        gp_status s = gp_dev_fill(dev, t->data, 0.0f, n);
+        gp_status s = gp_dev_fill(dev, gp_f32(t), 0.0f, n);
         if (s != GP_OK) {
             gp_tensor_free(t);
             return s;
@@ -44,8 +51,8 @@ gp_status gp_tensor_zeros(gp_tensor *t, gp_device *dev, const gp_shape *shape,
 void gp_tensor_free(gp_tensor *t)
 {
     if (!t) return;
-    if (t->owned && t->data)
-        gp_dev_free(t->dev, t->data, gp_tensor_bytes(t), t->cat);
+    if (t->owned && t->mem)
+        gp_dev_free(t->dev, t->mem, gp_tensor_bytes(t), t->cat);
     memset(t, 0, sizeof *t);
 }
 
@@ -76,8 +83,8 @@ static gp_status copy_between(gp_device *dd, void *dst, gp_device *sd, const voi
 
 gp_status gp_tensor_copy(gp_tensor *dst, const gp_tensor *src)
 {
-    GP_ASSERT(gp_tensor_numel(dst) == gp_tensor_numel(src));
-    return copy_between(dst->dev, dst->data, src->dev, src->data, gp_tensor_bytes(src));
+    GP_ASSERT(gp_tensor_numel(dst) == gp_tensor_numel(src) && dst->dtype == src->dtype);
+    return copy_between(dst->dev, dst->mem, src->dev, src->mem, gp_tensor_bytes(src));
 }
 
 gp_status gp_dev_copy_async(gp_device *dev, void *dst, gp_device *src_dev, const void *src,

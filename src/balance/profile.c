@@ -247,7 +247,7 @@ static gp_status fill_random(gp_tensor *t, uint64_t seed, uint64_t stream, float
     int64_t n = gp_tensor_numel(t);
     gp_rng_uniform_fill(seed, stream, 0, host, n);
     for (int64_t q = 0; q < n; q++) host[q] = 2.0f * host[q] - 1.0f;
-    return gp_dev_upload(t->dev, t->data, host, n);
+    return gp_dev_upload(t->dev, gp_f32(t), host, n);
 }
 
 static size_t act_bytes_now(gp_allocator *a)
@@ -354,7 +354,15 @@ static void *contender_main(void *arg)
         gp_tensor y = {0}, dx[1 + GP_MAX_POPS] = {{0}};
         gp_saved sv = {0};
         if (s == GP_OK) s = gp_layer_forward(&l, &ctx, x, &y, &sv);
-        if (s == GP_OK) s = gp_layer_backward(&l, &ctx, x, &y, &dy, dx, &sv);
+        /* as the stage runs it: a layer that hands dy on takes it (no
+         * copy), and the next repetition gets it back */
+        if (s == GP_OK) s = gp_layer_backward_take(&l, &ctx, x, &y, &dy, dx, false, &sv);
+        if (s == GP_OK && !gp_tensor_mem(&dy) && gp_tensor_mem(&dx[0])) {
+            gp_shape ys = gp_tensor_shape(&y);
+            dy = gp_tensor_reshape(&dx[0], &ys);
+            dy.owned = true;
+            dx[0] = (gp_tensor){0};
+        }
         if (s == GP_OK) s = gp_dev_synchronize(dev);
         gp_saved_free(&sv);
         gp_tensor_free(&y);
@@ -640,7 +648,7 @@ static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer
                     s = gp_tensor_alloc(&lab, dev, &ls, GP_MEM_ACTIVATIONS);
                     if (s == GP_OK) s = gp_tensor_alloc(&yl, dev, &ys, GP_MEM_ACTIVATIONS);
                     if (s == GP_OK) s = gp_tensor_alloc(&dl, dev, &ys, GP_MEM_ACTIVATIONS);
-                    if (s == GP_OK) s = gp_dev_upload(dev, lab.data, host, nl);
+                    if (s == GP_OK) s = gp_dev_upload(dev, gp_f32(&lab), host, nl);
                     if (s == GP_OK) s = fill_random(&yl, o->seed, 99, host);
                     if (s == GP_OK) s = gp_dev_synchronize(dev);
                     t0 = gp_now();
@@ -652,8 +660,8 @@ static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer
                     gp_tensor_free(&yl);
                     gp_tensor_free(&dl);
                 } else {
-                    s = gp_dev_upload(dev, x[0].data, host, b * per);
-                    if (s == GP_OK) s = gp_dev_upload(dev, dx[0].data, host, b);
+                    s = gp_dev_upload(dev, gp_f32(&x[0]), host, b * per);
+                    if (s == GP_OK) s = gp_dev_upload(dev, gp_f32(&dx[0]), host, b);
                     if (s == GP_OK) s = gp_dev_synchronize(dev);
                 }
                 if (r >= warm) v[r - warm] = gp_now() - t0;
@@ -872,13 +880,13 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
                     if (pr->is_buffer) continue;
                     int64_t np = gp_tensor_numel(&pr->value);
                     if (slots == 2) {
-                        gp_update_part part = {.w = pr->value.data, .g = pr->grad.data,
-                                               .v = opt[oq].data, .v2 = opt[oq + 1].data,
+                        gp_update_part part = {.w = gp_f32(&pr->value), .g = gp_f32(&pr->grad),
+                                               .v = gp_f32(&opt[oq]), .v2 = gp_f32(&opt[oq + 1]),
                                                .n = np};
                         s = gp_dev_adam_multi(dev, &part, 1, &adam);
                     } else {
-                        s = gp_dev_sgd_update(dev, pr->value.data, pr->grad.data,
-                                              slots ? opt[oq].data : NULL, np, 0.0f,
+                        s = gp_dev_sgd_update(dev, gp_f32(&pr->value), gp_f32(&pr->grad),
+                                              slots ? gp_f32(&opt[oq]) : NULL, np, 0.0f,
                                               slots ? 0.9f : 0.0f, 0.0f, 0);
                     }
                     oq += slots;

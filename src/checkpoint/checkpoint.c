@@ -146,7 +146,7 @@ static int layer_inputs(const gp_stash *s, int c, const gp_tensor *main, gp_tens
         if (t < 0) break;
         int from = s->skips->skips[t].from - s->first;
         x[n] = from >= 0 ? s->acts[from + 1] : s->skip_in[t];
-        GP_ASSERT(x[n].data || gp_tensor_numel(&x[n]) == 0);
+        GP_ASSERT(gp_tensor_mem(&x[n]) || gp_tensor_numel(&x[n]) == 0);
         x[n++].owned = false;
     }
     return n;
@@ -208,7 +208,7 @@ static gp_status run_forward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_fwd_kee
                 gp_tensor_free(&s->acts[o + 1]);
                 s->acts[o + 1] = shape;
                 for (int k = o + 1; k <= c; k++) {
-                    s->acts[k].data = NULL;
+                    s->acts[k].mem = NULL;
                     s->acts[k].owned = false;
                 }
             }
@@ -270,7 +270,7 @@ static gp_status run_forward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_fwd_kee
 gp_status gp_ckpt_forward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_fwd_keep keep,
                           gp_stash *s, int *bad)
 {
-    GP_ASSERT(!s->live && !s->out.data);
+    GP_ASSERT(!s->live && !gp_tensor_mem(&s->out));
     return run_forward(layers, ctx, keep, false, s, bad);
 }
 
@@ -290,26 +290,33 @@ static gp_status add_stash_grad(gp_layer *l, gp_stash *s, int c, gp_tensor *g)
     if (t < 0) return GP_OK;
     gp_tensor *sg = gp_stash_skip_role(s, t) == GP_SKIP_INSIDE ? &s->skip_din[t]
                                                                 : &s->skip_dout[t];
-    if (!sg->data)
+    if (!gp_tensor_mem(sg))
         return gp_error_set(GP_ERR_RUNTIME, "no gradient arrived for the skip '%s' it stashes",
                             s->skips->skips[t].name);
     int64_t n = gp_tensor_numel(g);
-    gp_status st = n ? gp_dev_axpy(l->dev, 1.0f, sg->data, g->data, n) : GP_OK;
+    gp_status st = n ? gp_dev_axpy(l->dev, 1.0f, gp_f32(sg), gp_f32(g), n) : GP_OK;
     gp_tensor_free(sg);
     return st;
 }
 
 /* Layer c's backward (whole, or its data half), its input gradients
- * distributed: dx[0] into *gin, the pops' into skip_din. */
+ * distributed: dx[0] into *gin, the pops' into skip_din.  *g is the
+ * caller's and read by nobody after this layer (the whole backward, or a
+ * data half of a layer without parameters, whose weights half reads
+ * nothing): a layer that hands it on unchanged takes it as dx[0]
+ * (gp_layer_backward_take), leaving *g empty, instead of copying it. */
 static gp_status layer_backward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_stash *s, int c,
-                                bool half, const gp_tensor *g, bool want_dx, gp_tensor *gin)
+                                bool half, gp_tensor *g, bool want_dx, gp_tensor *gin)
 {
     gp_tensor x[1 + GP_MAX_POPS], dx[1 + GP_MAX_POPS] = {{0}};
     int nx = layer_inputs(s, c, &s->acts[c], x);
-    gp_status st = half ? gp_layer_backward_data(&layers[c], ctx, x, &s->acts[c + 1], g,
-                                                 want_dx ? dx : NULL, &s->saved[c])
-                        : gp_layer_backward(&layers[c], ctx, x, &s->acts[c + 1], g,
-                                            want_dx ? dx : NULL, &s->saved[c]);
+    gp_status st;
+    if (!half || gp_layer_param_count(&layers[c]) == 0)
+        st = gp_layer_backward_take(&layers[c], ctx, x, &s->acts[c + 1], g, want_dx ? dx : NULL,
+                                    half, &s->saved[c]);
+    else
+        st = gp_layer_backward_data(&layers[c], ctx, x, &s->acts[c + 1], g, want_dx ? dx : NULL,
+                                    &s->saved[c]);
     if (st != GP_OK || !want_dx) return st;
     *gin = dx[0];
     for (int q = 1; q < nx; q++) {

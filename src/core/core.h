@@ -242,20 +242,60 @@ struct gp_device;
 
 #define GP_MAX_DIMS 4
 
-/* A dense float32 tensor, row-major, logical layout NCHW for 4-D, (N, F) for
- * 2-D.  `data` is device memory of `dev`.  A tensor either owns its memory
- * (owned == true: allocated through the device's allocator, freed by
- * gp_tensor_free) or is a view into another tensor's memory.  Core only
- * describes tensors and makes views; allocating, zeroing, freeing and
- * copying need the device and live in backend/backend.h (backend/tensor.c). */
+/* The element type of a tensor's values.  FP32 is 0, so a tensor made by
+ * zeroing a struct holds floats, as every tensor did before bf16 storage. */
+typedef enum gp_dtype {
+    GP_F32 = 0, /* IEEE binary32 */
+    GP_BF16,    /* bfloat16: the high half of a binary32, 16-bit patterns
+                   (gp_ew_bf16_bits / gp_ew_bf16_value round and widen) */
+    GP_DTYPE_COUNT
+} gp_dtype;
+/* Bytes one value takes: 4, 2. */
+size_t gp_dtype_size(gp_dtype d);
+/* "fp32", "bf16" (the names --dry-run and messages use). */
+const char *gp_dtype_name(gp_dtype d);
+
+/* A tensor's storage: `dtype` values in device memory.  The type is never
+ * completed, so the compiler refuses to read it as floats (or anything
+ * else) directly: code reads a tensor through gp_f32 or gp_bf16, which
+ * check the element type, and moves its bytes through gp_tensor_mem. */
+typedef struct gp_mem gp_mem;
+
+/* A dense tensor, row-major, logical layout NCHW for 4-D, (N, F) for 2-D,
+ * of one element type.  `mem` is device memory of `dev`, gp_tensor_bytes
+ * long.  A tensor either owns its memory (owned == true: allocated through
+ * the device's allocator, freed by gp_tensor_free) or is a view into
+ * another tensor's memory.  Core only describes tensors and makes views;
+ * allocating, zeroing, freeing and copying need the device and live in
+ * backend/backend.h (backend/tensor.c). */
 typedef struct gp_tensor {
-    float *data;
+    gp_mem *mem;
+    gp_dtype dtype;
     int ndim;
     int64_t dims[GP_MAX_DIMS];
     struct gp_device *dev;
     gp_mem_category cat; /* accounting category when owned */
     bool owned;
 } gp_tensor;
+
+/* The values of a tensor of floats (NULL for an empty one).  Asserts the
+ * element type: a bf16 tensor read as floats stops at the call, not at a
+ * wrong result. */
+static inline float *gp_f32(const gp_tensor *t)
+{
+    GP_ASSERT(t->dtype == GP_F32);
+    return (float *)(void *)t->mem;
+}
+/* The 16-bit patterns of a bf16 tensor (NULL for an empty one); asserts
+ * the element type. */
+static inline uint16_t *gp_bf16(const gp_tensor *t)
+{
+    GP_ASSERT(t->dtype == GP_BF16);
+    return (uint16_t *)(void *)t->mem;
+}
+/* A tensor's storage as bytes, whatever its element type: for what moves,
+ * frees or compares memory without reading values. */
+static inline void *gp_tensor_mem(const gp_tensor *t) { return t->mem; }
 
 /* Shapes without storage, for shape inference. */
 typedef struct gp_shape {
@@ -287,6 +327,7 @@ const char *gp_shape_index_str(const gp_shape *s, int from, int64_t flat, int64_
 
 gp_shape gp_tensor_shape(const gp_tensor *t);
 int64_t gp_tensor_numel(const gp_tensor *t);
+/* numel times the element type's size. */
 size_t gp_tensor_bytes(const gp_tensor *t);
 /* A non-owning view of rows [first, first+count) along dims[0]. */
 gp_tensor gp_tensor_slice(const gp_tensor *t, int64_t first, int64_t count);

@@ -101,7 +101,22 @@ int64_t gp_tensor_numel(const gp_tensor *t)
     return n;
 }
 
-size_t gp_tensor_bytes(const gp_tensor *t) { return (size_t)gp_tensor_numel(t) * sizeof(float); }
+size_t gp_dtype_size(gp_dtype d)
+{
+    GP_ASSERT(d >= 0 && d < GP_DTYPE_COUNT);
+    return d == GP_BF16 ? 2 : 4;
+}
+
+const char *gp_dtype_name(gp_dtype d)
+{
+    GP_ASSERT(d >= 0 && d < GP_DTYPE_COUNT);
+    return d == GP_BF16 ? "bf16" : "fp32";
+}
+
+size_t gp_tensor_bytes(const gp_tensor *t)
+{
+    return (size_t)gp_tensor_numel(t) * gp_dtype_size(t->dtype);
+}
 
 gp_tensor gp_tensor_slice(const gp_tensor *t, int64_t first, int64_t count)
 {
@@ -109,7 +124,8 @@ gp_tensor gp_tensor_slice(const gp_tensor *t, int64_t first, int64_t count)
     gp_tensor v = *t;
     int64_t row = 1;
     for (int i = 1; i < t->ndim; i++) row *= t->dims[i];
-    v.data = t->data ? t->data + first * row : NULL;
+    v.mem = t->mem ? (gp_mem *)((char *)t->mem + (size_t)(first * row) * gp_dtype_size(t->dtype))
+                   : NULL;
     v.dims[0] = count;
     v.owned = false;
     return v;

@@ -454,14 +454,14 @@ static gp_status cell_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tenso
         gp_tensor *sum = tensor_at(s, st, p->n_child + 2 + t);
         gp_shape hs = gp_tensor_shape(h[0]);
         r = gp_tensor_alloc(sum, dev, &hs, GP_MEM_ACTIVATIONS);
-        if (r == GP_OK && n) r = gp_dev_add(dev, h[0]->data, h[1]->data, sum->data,
+        if (r == GP_OK && n) r = gp_dev_add(dev, gp_f32(h[0]), gp_f32(h[1]), gp_f32(sum),
                                             gp_tensor_numel(sum));
         states[2 + t] = sum;
     }
     int64_t yc = y->dims[1], hw = y->dims[2] * y->dims[3], off = 0;
     for (int q = 0; q < p->n_concat && r == GP_OK; q++) {
         const gp_tensor *a = states[p->concat[q]];
-        r = gp_layers_copy_channels(dev, y->data, yc, off, a->data, a->dims[1], 0, n, a->dims[1],
+        r = gp_layers_copy_channels(dev, gp_f32(y), yc, off, gp_f32(a), a->dims[1], 0, n, a->dims[1],
                                     hw);
         off += a->dims[1];
     }
@@ -477,12 +477,12 @@ static gp_status cell_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tenso
 /* *acc += *g, taking g over if acc is empty; g is freed either way. */
 static gp_status accumulate(gp_device *dev, gp_tensor *acc, gp_tensor *g)
 {
-    if (!acc->data && !acc->ndim) {
+    if (!gp_tensor_mem(acc) && !acc->ndim) {
         *acc = *g;
         *g = (gp_tensor){0};
         return GP_OK;
     }
-    gp_status r = gp_tensor_numel(g) ? gp_dev_axpy(dev, 1.0f, g->data, acc->data,
+    gp_status r = gp_tensor_numel(g) ? gp_dev_axpy(dev, 1.0f, gp_f32(g), gp_f32(acc),
                                                    gp_tensor_numel(g))
                                      : GP_OK;
     gp_tensor_free(g);
@@ -503,7 +503,7 @@ static gp_status back_chain(gp_layer *l, cell_state *st, const gp_fwd_ctx *ctx, 
         gp_shape ds = gp_tensor_shape(dy);
         GP_TRY(gp_tensor_alloc(g, l->dev, &ds, GP_MEM_ACTIVATIONS));
         size_t b = gp_tensor_bytes(dy);
-        return b ? gp_dev_copy_d2d(l->dev, g->data, dy->data, b) : GP_OK;
+        return b ? gp_dev_copy_d2d(l->dev, gp_f32(g), gp_f32(dy), b) : GP_OK;
     }
     gp_tensor cur = *dy;
     cur.owned = false; /* lent */
@@ -551,7 +551,7 @@ static gp_status cell_backward_all(gp_layer *l, const gp_fwd_ctx *ctx, const gp_
         gp_tensor g = {0};
         r = gp_tensor_alloc(&g, dev, &ks, GP_MEM_ACTIVATIONS);
         if (r == GP_OK)
-            r = gp_layers_copy_channels(dev, g.data, ks.dims[1], 0, dy->data, yc, off, n,
+            r = gp_layers_copy_channels(dev, gp_f32(&g), ks.dims[1], 0, gp_f32(dy), yc, off, n,
                                         ks.dims[1], hw);
         if (r == GP_OK) r = accumulate(dev, &ds[k], &g);
         gp_tensor_free(&g);
@@ -560,7 +560,7 @@ static gp_status cell_backward_all(gp_layer *l, const gp_fwd_ctx *ctx, const gp_
     /* the nodes, last first; each sum's gradient to both of its operations */
     for (int t = N_NODES - 1; t >= 0 && r == GP_OK; t--) {
         gp_tensor *dsum = &ds[2 + t];
-        if (!dsum->data && !dsum->ndim) continue; /* unused state: no gradient */
+        if (!gp_tensor_mem(dsum) && !dsum->ndim) continue; /* unused state: no gradient */
         for (int q = 0; q < 2 && r == GP_OK; q++) {
             int ci = 2 + 2 * t + q;
             gp_tensor g;
@@ -575,19 +575,19 @@ static gp_status cell_backward_all(gp_layer *l, const gp_fwd_ctx *ctx, const gp_
     gp_tensor g[2];
     memset(g, 0, sizeof g);
     for (int ci = 0; ci < 2 && r == GP_OK; ci++) {
-        if (!ds[ci].data && !ds[ci].ndim) continue;
+        if (!gp_tensor_mem(&ds[ci]) && !ds[ci].ndim) continue;
         r = back_chain(l, st, ctx, ci, chain_in(st, ci, x, l->n_in, states), &ds[ci],
                        dx != NULL, s, &g[ci]);
     }
     if (r == GP_OK && dx) {
         for (int q = 0; q < l->n_in && r == GP_OK; q++) {
             int64_t e = gp_tensor_numel(&dx[q]);
-            if (e) r = gp_dev_fill(dev, dx[q].data, 0.0f, e);
+            if (e) r = gp_dev_fill(dev, gp_f32(&dx[q]), 0.0f, e);
         }
         for (int ci = 0; ci < 2 && r == GP_OK; ci++) {
             gp_tensor *d = &dx[ci == 1 && l->n_in > 1 ? 1 : 0];
             int64_t e = gp_tensor_numel(d);
-            if (g[ci].data && e) r = gp_dev_axpy(dev, 1.0f, g[ci].data, d->data, e);
+            if (gp_tensor_mem(&g[ci]) && e) r = gp_dev_axpy(dev, 1.0f, gp_f32(&g[ci]), gp_f32(d), e);
         }
     }
     for (int k = 0; k < MAX_STATES; k++) gp_tensor_free(&ds[k]);

@@ -227,16 +227,16 @@ static gp_status gather_stats(gp_layer *l, gp_comm *comm, int rank, double count
     gp_tensor buf;
     gp_shape bs = {1, {R * K, 0, 0, 0}};
     GP_TRY(gp_tensor_alloc(&buf, dev, &bs, GP_MEM_WORKSPACE));
-    float *slot = buf.data + rank * K;
+    float *slot = gp_f32(&buf) + rank * K;
     float cnt = (float)count;
-    gp_status s = gp_dev_fill(dev, buf.data, 0.0f, R * K);
+    gp_status s = gp_dev_fill(dev, gp_f32(&buf), 0.0f, R * K);
     if (s == GP_OK) s = gp_dev_upload(dev, slot, &cnt, 1);
     if (s == GP_OK && a) s = gp_dev_copy_d2d(dev, slot + 1, a, (size_t)C * sizeof(float));
     if (s == GP_OK && a) s = gp_dev_copy_d2d(dev, slot + 1 + C, b, (size_t)C * sizeof(float));
     if (s == GP_OK && !a) s = gp_dev_upload(dev, slot + 1, ha, C);
     if (s == GP_OK && !a) s = gp_dev_upload(dev, slot + 1 + C, hb, C);
-    if (s == GP_OK) s = gp_dev_allreduce(dev, comm, buf.data, R * K);
-    if (s == GP_OK) s = gp_dev_download(dev, st->h_gather, buf.data, R * K);
+    if (s == GP_OK) s = gp_dev_allreduce(dev, comm, gp_f32(&buf), R * K);
+    if (s == GP_OK) s = gp_dev_download(dev, st->h_gather, gp_f32(&buf), R * K);
     if (s == GP_OK) s = gp_dev_synchronize(dev);
     gp_tensor_free(&buf);
     return s;
@@ -309,13 +309,13 @@ static gp_status bn_forward_sync(gp_layer *l, const gp_fwd_ctx *ctx, const gp_te
     int64_t fresh = 0; /* values per channel to merge into the accumulator */
     if (!ctx->recompute || !merged) {
         GP_ASSERT(!ctx->recompute); /* a recompute follows its forward in the same step */
-        if (d.n > 0) GP_TRY(gp_dev_bn_stats(dev, &d, x->data, s->t[0].data, s->t[1].data));
+        if (d.n > 0) GP_TRY(gp_dev_bn_stats(dev, &d, gp_f32(x), gp_f32(&s->t[0]), gp_f32(&s->t[1])));
         else {
-            GP_TRY(gp_dev_fill(dev, s->t[0].data, 0.0f, C));
-            GP_TRY(gp_dev_fill(dev, s->t[1].data, 0.0f, C));
+            GP_TRY(gp_dev_fill(dev, gp_f32(&s->t[0]), 0.0f, C));
+            GP_TRY(gp_dev_fill(dev, gp_f32(&s->t[1]), 0.0f, C));
         }
-        GP_TRY(gather_stats(l, ctx->comm, ctx->rank, (double)(d.n * d.s), s->t[0].data,
-                            s->t[1].data, NULL, NULL));
+        GP_TRY(gather_stats(l, ctx->comm, ctx->rank, (double)(d.n * d.s), gp_f32(&s->t[0]),
+                            gp_f32(&s->t[1]), NULL, NULL));
         /* Merge the ranks in rank order: var * count is each rank's M2. */
         int64_t K = 1 + 2 * C;
         double na = 0;
@@ -351,15 +351,15 @@ static gp_status bn_forward_sync(gp_layer *l, const gp_fwd_ctx *ctx, const gp_te
         free(m2);
         GP_TRY(e);
     }
-    GP_TRY(gp_dev_upload(dev, s->t[0].data, merged, C));
-    GP_TRY(gp_dev_upload(dev, s->t[1].data, merged + C, C));
+    GP_TRY(gp_dev_upload(dev, gp_f32(&s->t[0]), merged, C));
+    GP_TRY(gp_dev_upload(dev, gp_f32(&s->t[1]), merged + C, C));
     /* The step's accumulator gets the replicas' micro-batches together:
      * the same statistics, so the same accumulator on every replica. */
-    if (fresh > 0) GP_TRY(merge_acc(l, fresh, s->t[0].data, s->t[1].data));
+    if (fresh > 0) GP_TRY(merge_acc(l, fresh, gp_f32(&s->t[0]), gp_f32(&s->t[1])));
     if (d.n == 0) return GP_OK;
-    const float *gamma = l->params[P_WEIGHT].value.data, *beta = l->params[P_BIAS].value.data;
-    return gp_dev_bn_fwd_infer(dev, &fd, x->data, gamma, beta, s->t[0].data, s->t[1].data,
-                               y->data);
+    const float *gamma = gp_f32(&l->params[P_WEIGHT].value), *beta = gp_f32(&l->params[P_BIAS].value);
+    return gp_dev_bn_fwd_infer(dev, &fd, gp_f32(x), gamma, beta, gp_f32(&s->t[0]), gp_f32(&s->t[1]),
+                               gp_f32(y));
 }
 
 /* dx (may be NULL) and this rank's dgamma/dbeta share, with the sums
@@ -379,19 +379,19 @@ static gp_status bn_backward_sync(gp_layer *l, const gp_fwd_ctx *ctx, const gp_t
     gp_tensor sums;
     gp_shape ss = {1, {4 * C, 0, 0, 0}};
     GP_TRY(gp_tensor_alloc(&sums, dev, &ss, GP_MEM_WORKSPACE));
-    float *local = sums.data, *global = sums.data + 2 * C;
+    float *local = gp_f32(&sums), *global = gp_f32(&sums) + 2 * C;
     gp_status e = GP_OK;
-    const float *gamma = l->params[P_WEIGHT].value.data, *beta = l->params[P_BIAS].value.data;
+    const float *gamma = gp_f32(&l->params[P_WEIGHT].value), *beta = gp_f32(&l->params[P_BIAS].value);
     if (d.n > 0)
-        e = gp_dev_bn_bwd_sums(dev, &d, x->data, gamma, beta, s->t[0].data, s->t[1].data,
-                               dy->data, local);
+        e = gp_dev_bn_bwd_sums(dev, &d, gp_f32(x), gamma, beta, gp_f32(&s->t[0]), gp_f32(&s->t[1]),
+                               gp_f32(dy), local);
     else e = gp_dev_fill(dev, local, 0.0f, 2 * C);
     if (e == GP_OK) e = gp_dev_copy_d2d(dev, global, local, (size_t)(2 * C) * sizeof(float));
     if (e == GP_OK) e = gp_dev_allreduce(dev, ctx->comm, global, 2 * C);
     if (e == GP_OK && d.n > 0)
-        e = gp_dev_bn_bwd_apply(dev, &d, x->data, gamma, beta, s->t[0].data, s->t[1].data,
-                                dy->data, global, count, dx, local,
-                                l->params[P_WEIGHT].grad.data, l->params[P_BIAS].grad.data);
+        e = gp_dev_bn_bwd_apply(dev, &d, gp_f32(x), gamma, beta, gp_f32(&s->t[0]), gp_f32(&s->t[1]),
+                                gp_f32(dy), global, count, dx, local,
+                                gp_f32(&l->params[P_WEIGHT].grad), gp_f32(&l->params[P_BIAS].grad));
     gp_tensor_free(&sums);
     return e;
 }
@@ -402,13 +402,13 @@ static gp_status bn_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor 
     if (bn_synced(l, ctx)) return bn_forward_sync(l, ctx, x, y, s);
     gp_device *dev = l->dev;
     gp_bn_desc d = bn_fwd_desc(l, x->dims[0]);
-    const float *gamma = l->params[P_WEIGHT].value.data, *beta = l->params[P_BIAS].value.data;
+    const float *gamma = gp_f32(&l->params[P_WEIGHT].value), *beta = gp_f32(&l->params[P_BIAS].value);
     if (!ctx->training) {
         s->flags |= GP_SAVED_EVAL;
         if (d.n == 0) return GP_OK;
-        return gp_dev_bn_fwd_infer(dev, &d, x->data, gamma, beta,
-                                   l->params[P_RMEAN].value.data,
-                                   l->params[P_RVAR].value.data, y->data);
+        return gp_dev_bn_fwd_infer(dev, &d, gp_f32(x), gamma, beta,
+                                   gp_f32(&l->params[P_RMEAN].value),
+                                   gp_f32(&l->params[P_RVAR].value), gp_f32(y));
     }
     if (d.n * d.s < 2)
         return gp_layer_spec_error(l,
@@ -419,10 +419,10 @@ static gp_status bn_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor 
     gp_shape cs = {1, {d.c, 0, 0, 0}};
     GP_TRY(gp_layers_saved_alloc(s, 0, dev, &cs));
     GP_TRY(gp_layers_saved_alloc(s, 1, dev, &cs));
-    GP_TRY(gp_dev_bn_fwd_train(dev, &d, x->data, gamma, beta, y->data, s->t[0].data,
-                               s->t[1].data));
+    GP_TRY(gp_dev_bn_fwd_train(dev, &d, gp_f32(x), gamma, beta, gp_f32(y), gp_f32(&s->t[0]),
+                               gp_f32(&s->t[1])));
     if (ctx->recompute) return GP_OK; /* statistics were merged the first time */
-    return merge_acc(l, d.n * d.s, s->t[0].data, s->t[1].data);
+    return merge_acc(l, d.n * d.s, gp_f32(&s->t[0]), gp_f32(&s->t[1]));
 }
 
 static gp_status bn_backward_all(gp_layer *l, const gp_tensor *x, const gp_tensor *dy,
@@ -431,11 +431,11 @@ static gp_status bn_backward_all(gp_layer *l, const gp_tensor *x, const gp_tenso
     if (s->flags & GP_SAVED_EVAL)
         return gp_layer_spec_error(l, "backward after an eval-mode forward: batch norm "
                                       "saved no batch statistics (run forward with training)");
-    GP_ASSERT(s->t[0].data && s->t[1].data);
+    GP_ASSERT(gp_tensor_mem(&s->t[0]) && gp_tensor_mem(&s->t[1]));
     gp_bn_desc d = bn_desc(l, x->dims[0]);
-    return gp_dev_bn_bwd(l->dev, &d, x->data, l->params[P_WEIGHT].value.data,
-                         l->params[P_BIAS].value.data, s->t[0].data, s->t[1].data, dy->data, dx,
-                         l->params[P_WEIGHT].grad.data, l->params[P_BIAS].grad.data);
+    return gp_dev_bn_bwd(l->dev, &d, gp_f32(x), gp_f32(&l->params[P_WEIGHT].value),
+                         gp_f32(&l->params[P_BIAS].value), gp_f32(&s->t[0]), gp_f32(&s->t[1]), gp_f32(dy), dx,
+                         gp_f32(&l->params[P_WEIGHT].grad), gp_f32(&l->params[P_BIAS].grad));
 }
 
 static gp_status bn_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
@@ -443,9 +443,9 @@ static gp_status bn_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_t
                                   gp_saved *s)
 {
     if (bn_synced(l, ctx) && !(s->flags & GP_SAVED_EVAL))
-        GP_TRY(bn_backward_sync(l, ctx, x, dy, dx->data, s));
+        GP_TRY(bn_backward_sync(l, ctx, x, dy, gp_f32(dx), s));
     else
-        GP_TRY(bn_backward_all(l, x, dy, dx->data, s));
+        GP_TRY(bn_backward_all(l, x, dy, gp_f32(dx), s));
     s->flags |= GP_SAVED_WEIGHTS_DONE;
     return GP_OK;
 }
@@ -460,7 +460,7 @@ static gp_status bn_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx, const g
     gp_tensor scratch;
     gp_shape xs = gp_tensor_shape(x);
     GP_TRY(gp_tensor_alloc(&scratch, l->dev, &xs, GP_MEM_WORKSPACE));
-    gp_status st = bn_backward_all(l, x, dy, scratch.data, s);
+    gp_status st = bn_backward_all(l, x, dy, gp_f32(&scratch), s);
     gp_tensor_free(&scratch);
     return st;
 }
@@ -471,8 +471,8 @@ static gp_status bn_commit(gp_layer *l)
     if (st->acc_count == 0) return GP_OK; /* no training forward this step */
     GP_ASSERT(st->acc_count >= 2);
     /* on the device: the running statistics, and the accumulator zeroed */
-    GP_TRY(gp_dev_bn_commit(l->dev, st->c, l->params[P_RMEAN].value.data,
-                            l->params[P_RVAR].value.data, st->acc, st->acc + st->c,
+    GP_TRY(gp_dev_bn_commit(l->dev, st->c, gp_f32(&l->params[P_RMEAN].value),
+                            gp_f32(&l->params[P_RVAR].value), st->acc, st->acc + st->c,
                             (double)l->spec.momentum, (double)st->acc_count));
     st->batches_tracked++;
     st->n_sync = 0;

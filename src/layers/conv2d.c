@@ -109,8 +109,8 @@ static gp_status conv_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tenso
 {
     if (x->dims[0] == 0) return GP_OK;
     gp_conv_desc d = gp_conv2d_desc(l, x->dims[0]);
-    return gp_dev_conv_fwd(l->dev, &d, x->data, l->params[0].value.data,
-                           l->spec.bias ? l->params[1].value.data : NULL, y->data);
+    return gp_dev_conv_fwd(l->dev, &d, gp_f32(x), gp_f32(&l->params[0].value),
+                           l->spec.bias ? gp_f32(&l->params[1].value) : NULL, gp_f32(y));
 }
 
 static gp_status conv_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
@@ -119,7 +119,7 @@ static gp_status conv_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp
 {
     if (x->dims[0] == 0) return GP_OK;
     gp_conv_desc d = gp_conv2d_desc(l, x->dims[0]);
-    return gp_dev_conv_bwd_data(l->dev, &d, l->params[0].value.data, dy->data, dx->data);
+    return gp_dev_conv_bwd_data(l->dev, &d, gp_f32(&l->params[0].value), gp_f32(dy), gp_f32(dx));
 }
 
 static gp_status conv_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
@@ -127,9 +127,9 @@ static gp_status conv_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx, const
 {
     if (x->dims[0] == 0) return GP_OK;
     gp_conv_desc d = gp_conv2d_desc(l, x->dims[0]);
-    return gp_dev_conv_bwd_weights(l->dev, &d, x->data, dy->data,
-                                   l->params[0].grad.data,
-                                   l->spec.bias ? l->params[1].grad.data : NULL);
+    return gp_dev_conv_bwd_weights(l->dev, &d, gp_f32(x), gp_f32(dy),
+                                   gp_f32(&l->params[0].grad),
+                                   l->spec.bias ? gp_f32(&l->params[1].grad) : NULL);
 }
 
 static double conv_flops(const gp_layer *l, int64_t n)

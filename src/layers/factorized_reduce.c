@@ -204,14 +204,14 @@ static gp_status fr_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor 
     FR_TRY(gp_layers_saved_alloc(s, S_XS, dev, &subs));
     FR_TRY(gp_layers_saved_alloc(s, S_CAT, dev, &ys));
     FR_TRY(gp_tensor_alloc(&half, dev, &hs, GP_MEM_ACTIVATIONS));
-    FR_TRY(gp_dev_relu_fwd(dev, x->data, s->t[S_R].data, gp_tensor_numel(x)));
+    FR_TRY(gp_dev_relu_fwd(dev, gp_f32(x), gp_f32(&s->t[S_R]), gp_tensor_numel(x)));
     if (oh * 2 != h || ow * 2 != w) /* odd sizes: the last row / column is padding */
-        FR_TRY(gp_dev_fill(dev, s->t[S_XS].data, 0.0f, gp_shape_numel(&subs)));
-    FR_TRY(odd_pixels(dev, s->t[S_R].data, s->t[S_XS].data, n, c, h, w, oh, ow, false));
+        FR_TRY(gp_dev_fill(dev, gp_f32(&s->t[S_XS]), 0.0f, gp_shape_numel(&subs)));
+    FR_TRY(odd_pixels(dev, gp_f32(&s->t[S_R]), gp_f32(&s->t[S_XS]), n, c, h, w, oh, ow, false));
     FR_TRY(child_fwd(st, C_CONV1, ctx, &s->t[S_R], &half, s, -1));
-    FR_TRY(gp_layers_copy_channels(dev, s->t[S_CAT].data, k, 0, half.data, k / 2, 0, n, k / 2, oh * ow));
+    FR_TRY(gp_layers_copy_channels(dev, gp_f32(&s->t[S_CAT]), k, 0, gp_f32(&half), k / 2, 0, n, k / 2, oh * ow));
     FR_TRY(child_fwd(st, C_CONV2, ctx, &s->t[S_XS], &half, s, -1));
-    FR_TRY(gp_layers_copy_channels(dev, s->t[S_CAT].data, k, k / 2, half.data, k / 2, 0, n, k / 2,
+    FR_TRY(gp_layers_copy_channels(dev, gp_f32(&s->t[S_CAT]), k, k / 2, gp_f32(&half), k / 2, 0, n, k / 2,
                          oh * ow));
     FR_TRY(child_fwd(st, C_BN, ctx, &s->t[S_CAT], y, s, S_BN));
 done:
@@ -236,7 +236,7 @@ static gp_status fr_backward_all(gp_layer *l, const gp_fwd_ctx *ctx, const gp_te
     if (s->flags & GP_SAVED_EVAL)
         return gp_layer_spec_error(l, "backward after an eval-mode forward: the layer saved "
                                       "nothing (run forward with training)");
-    GP_ASSERT(s->t[S_R].data && s->t[S_XS].data && s->t[S_CAT].data);
+    GP_ASSERT(gp_tensor_mem(&s->t[S_R]) && gp_tensor_mem(&s->t[S_XS]) && gp_tensor_mem(&s->t[S_CAT]));
     sync_all(l, st);
     gp_shape ys = gp_tensor_shape(dy), hs = gp_shape_4d(n, k / 2, oh, ow);
     gp_shape subs = gp_shape_4d(n, c, oh, ow);
@@ -248,16 +248,16 @@ static gp_status fr_backward_all(gp_layer *l, const gp_fwd_ctx *ctx, const gp_te
     /* g = d cat (the convolutions have weights: always needed) */
     FR_TRY(child_bwd(st, C_BN, ctx, &s->t[S_CAT], dy, &g, s, S_BN));
     /* conv1: dx = its input gradient (every element written) */
-    FR_TRY(gp_layers_copy_channels(dev, gh.data, k / 2, 0, g.data, k, 0, n, k / 2, oh * ow));
+    FR_TRY(gp_layers_copy_channels(dev, gp_f32(&gh), k / 2, 0, gp_f32(&g), k, 0, n, k / 2, oh * ow));
     FR_TRY(child_bwd(st, C_CONV1, ctx, &s->t[S_R], &gh, dx, s, -1));
     /* conv2: its input gradient into dx's odd pixels, which conv1 left 0 */
-    FR_TRY(gp_layers_copy_channels(dev, gh.data, k / 2, 0, g.data, k, k / 2, n, k / 2, oh * ow));
+    FR_TRY(gp_layers_copy_channels(dev, gp_f32(&gh), k / 2, 0, gp_f32(&g), k, k / 2, n, k / 2, oh * ow));
     if (dx) FR_TRY(gp_tensor_alloc(&dsub, dev, &subs, GP_MEM_ACTIVATIONS));
     FR_TRY(child_bwd(st, C_CONV2, ctx, &s->t[S_XS], &gh, dx ? &dsub : NULL, s, -1));
     if (dx) {
-        FR_TRY(odd_pixels(dev, dx->data, dsub.data, n, c, h, w, oh, ow, true));
+        FR_TRY(odd_pixels(dev, gp_f32(dx), gp_f32(&dsub), n, c, h, w, oh, ow, true));
         /* relu: in place, per element (backend/elementwise.h) */
-        FR_TRY(gp_dev_relu_bwd(dev, s->t[S_R].data, dx->data, dx->data, gp_tensor_numel(dx)));
+        FR_TRY(gp_dev_relu_bwd(dev, gp_f32(&s->t[S_R]), gp_f32(dx), gp_f32(dx), gp_tensor_numel(dx)));
     }
 done:
 #undef FR_TRY

@@ -401,7 +401,7 @@ static gp_status init_random(gp_layer *l, int p, uint64_t seed, float scale, boo
         gp_rng_uniform_fill(seed, stream, 0, h, n);
         for (int64_t i = 0; i < n; i++) h[i] = (2.0f * h[i] - 1.0f) * scale;
     }
-    gp_status s = gp_dev_upload(l->dev, t->data, h, n);
+    gp_status s = gp_dev_upload(l->dev, gp_f32(t), h, n);
     if (s == GP_OK) s = gp_dev_synchronize(l->dev); /* h is freed next */
     free(h);
     return s;
@@ -421,7 +421,7 @@ gp_status gp_layers_fill_param(gp_layer *l, int p, float v)
 {
     if (l->meta) return GP_OK;
     gp_tensor *t = &l->params[p].value;
-    return gp_dev_fill(l->dev, t->data, v, gp_tensor_numel(t));
+    return gp_dev_fill(l->dev, gp_f32(t), v, gp_tensor_numel(t));
 }
 
 gp_status gp_layer_zero_grad(gp_layer *l)
@@ -430,7 +430,7 @@ gp_status gp_layer_zero_grad(gp_layer *l)
         gp_tensor *g = &l->params[p].grad;
         int64_t n = gp_tensor_numel(g);
         if (l->params[p].is_buffer || n == 0) continue;
-        GP_TRY(gp_dev_fill(g->dev, g->data, 0.0f, n));
+        GP_TRY(gp_dev_fill(g->dev, gp_f32(g), 0.0f, n));
     }
     l->grads_stale = false;
     return GP_OK;
@@ -443,11 +443,11 @@ gp_status gp_layer_check_finite(const gp_layer *l, const char *when)
         int64_t n = gp_tensor_numel(t);
         int bad = 0;
         if (n == 0) continue;
-        GP_TRY(gp_dev_nonfinite(t->dev, t->data, n, &bad));
+        GP_TRY(gp_dev_nonfinite(t->dev, gp_f32(t), n, &bad));
         if (!bad) continue;
         float *h = malloc((size_t)n * sizeof *h);
         if (!h) return gp_error_set(GP_ERR_OOM, "out of host memory");
-        gp_status s = gp_dev_download(t->dev, h, t->data, n);
+        gp_status s = gp_dev_download(t->dev, h, gp_f32(t), n);
         if (s == GP_OK) s = gp_dev_synchronize(t->dev);
         int64_t at = 0;
         while (s == GP_OK && at < n - 1 && isfinite(h[at])) at++;
@@ -471,7 +471,7 @@ gp_status gp_layers_flag_nonfinite(const gp_layer *ls, int count, gp_device *dev
         if (ls[k].meta || ls[k].dev != dev) continue;
         for (int p = 0; p < ls[k].n_params; p++) {
             const gp_tensor *t = &ls[k].params[p].value;
-            GP_TRY(gp_dev_nonfinite_or(dev, t->data, gp_tensor_numel(t), flag));
+            GP_TRY(gp_dev_nonfinite_or(dev, gp_f32(t), gp_tensor_numel(t), flag));
         }
     }
     return GP_OK;
@@ -518,8 +518,8 @@ int64_t gp_layer_buffer_count(const gp_layer *l)
 gp_status gp_layers_copy(gp_device *dev, float *dst, const gp_tensor *src)
 {
     size_t bytes = gp_tensor_bytes(src);
-    if (bytes == 0 || dst == src->data) return GP_OK;
-    return gp_dev_copy_d2d(dev, dst, src->data, bytes);
+    if (bytes == 0 || dst == gp_tensor_mem(src)) return GP_OK;
+    return gp_dev_copy_d2d(dev, dst, gp_f32(src), bytes);
 }
 
 gp_status gp_layers_copy_channels(gp_device *dev, float *dst, int64_t dc, int64_t d0,
@@ -536,7 +536,7 @@ gp_status gp_layers_copy_channels(gp_device *dev, float *dst, int64_t dc, int64_
 
 gp_status gp_layers_saved_alloc(gp_saved *s, int slot, gp_device *dev, const gp_shape *shape)
 {
-    GP_ASSERT(slot >= 0 && slot < GP_SAVED_MAX && s->t[slot].data == NULL);
+    GP_ASSERT(slot >= 0 && slot < GP_SAVED_MAX && gp_tensor_mem(&s->t[slot]) == NULL);
     return gp_tensor_alloc(&s->t[slot], dev, shape, GP_MEM_ACTIVATIONS);
 }
 
@@ -582,9 +582,18 @@ static gp_status check_input(const gp_layer *l, const gp_tensor *x)
 }
 
 /* dx[q] allocated like x[q], for every input; all freed on failure. */
-static gp_status alloc_dx(const gp_layer *l, const gp_tensor *x, gp_tensor *dx)
+/* dx[0] as a view of *take (shaped as x) where the layer hands dy on
+ * unchanged and *take owns its memory; the others allocated. */
+static gp_status alloc_dx(const gp_layer *l, const gp_tensor *x, gp_tensor *dx,
+                          const gp_tensor *take)
 {
-    for (int q = 0; q < l->n_in; q++) {
+    int from = 0;
+    if (take && l->ops->dx_is_dy && take->owned && gp_tensor_numel(take) == gp_tensor_numel(x)) {
+        gp_shape xs = gp_tensor_shape(&x[0]);
+        dx[0] = gp_tensor_reshape(take, &xs);
+        from = 1;
+    }
+    for (int q = from; q < l->n_in; q++) {
         gp_shape xs = gp_tensor_shape(&x[q]);
         gp_status st = gp_tensor_alloc(&dx[q], l->dev, &xs, GP_MEM_ACTIVATIONS);
         if (st != GP_OK) {
@@ -597,7 +606,16 @@ static gp_status alloc_dx(const gp_layer *l, const gp_tensor *x, gp_tensor *dx)
 
 static void free_dx(const gp_layer *l, gp_tensor *dx)
 {
-    for (int q = 0; q < l->n_in; q++) gp_tensor_free(&dx[q]);
+    for (int q = 0; q < l->n_in; q++) gp_tensor_free(&dx[q]); /* a view: only emptied */
+}
+
+/* After a successful backward: a dx[0] that is a view of *take becomes
+ * the owner of take's memory, and *take is left empty. */
+static void took(gp_tensor *dx, gp_tensor *take)
+{
+    if (!take || !dx[0].mem || dx[0].owned || dx[0].mem != take->mem) return;
+    dx[0].owned = true;
+    *take = (gp_tensor){0};
 }
 
 gp_status gp_layer_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
@@ -851,9 +869,9 @@ void gp_layer_specs_inplace(const gp_layer_spec *specs, int count, bool *inplace
     inplace_rule((const char *)specs, sizeof *specs, count, inplace);
 }
 
-gp_status gp_layer_backward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
-                            const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
-                            gp_saved *s)
+static gp_status backward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                         const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx, gp_saved *s,
+                         gp_tensor *take)
 {
     GP_ASSERT(gp_tensor_numel(dy) == gp_tensor_numel(y));
     gp_fwd_ctx c = *ctx;
@@ -864,7 +882,7 @@ gp_status gp_layer_backward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor 
     }
     ctx = &c;
     if (dx) {
-        GP_TRY(alloc_dx(l, x, dx));
+        GP_TRY(alloc_dx(l, x, dx, take));
         gp_status st = l->ops->backward_data(l, ctx, x, y, dy, dx, s);
         if (st != GP_OK) {
             free_dx(l, dx);
@@ -879,7 +897,15 @@ gp_status gp_layer_backward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor 
         }
     }
     l->grads_stale = false;
+    if (dx) took(dx, take);
     return GP_OK;
+}
+
+gp_status gp_layer_backward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                            const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
+                            gp_saved *s)
+{
+    return backward(l, ctx, x, y, dy, dx, s, NULL);
 }
 
 /* The split backward accumulates from the first micro-batch on (stale
@@ -893,19 +919,35 @@ static gp_status split_begin(gp_layer *l)
     return GP_OK;
 }
 
-gp_status gp_layer_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
-                                 const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
-                                 gp_saved *s)
+static gp_status backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                              const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx, gp_saved *s,
+                              gp_tensor *take)
 {
     GP_ASSERT(gp_tensor_numel(dy) == gp_tensor_numel(y));
     GP_TRY(split_begin(l));
     gp_fwd_ctx c = *ctx;
     c.grads_overwrite = false;
     if (!dx) return GP_OK;
-    GP_TRY(alloc_dx(l, x, dx));
+    GP_TRY(alloc_dx(l, x, dx, take));
     gp_status st = l->ops->backward_data(l, &c, x, y, dy, dx, s);
     if (st != GP_OK) free_dx(l, dx);
+    else took(dx, take);
     return st;
+}
+
+gp_status gp_layer_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                 const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
+                                 gp_saved *s)
+{
+    return backward_data(l, ctx, x, y, dy, dx, s, NULL);
+}
+
+gp_status gp_layer_backward_take(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                 const gp_tensor *y, gp_tensor *dy, gp_tensor *dx,
+                                 bool data_only, gp_saved *s)
+{
+    return data_only ? backward_data(l, ctx, x, y, dy, dx, s, dy)
+                     : backward(l, ctx, x, y, dy, dx, s, dy);
 }
 
 gp_status gp_layer_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
@@ -993,7 +1035,7 @@ static gp_status bad_on_device(gp_device *dev, gp_loss_kind k, const gp_tensor *
                                const gp_tensor *targets, int64_t bad)
 {
     float v = NAN;
-    GP_TRY(gp_dev_download(dev, &v, targets->data + bad, 1));
+    GP_TRY(gp_dev_download(dev, &v, gp_f32(targets) + bad, 1));
     GP_TRY(gp_dev_synchronize(dev));
     gp_shape ts = gp_tensor_shape(targets);
     return k == GP_LOSS_CROSS_ENTROPY ? bad_label(v, bad, logits->dims[1])
@@ -1010,8 +1052,8 @@ gp_status gp_cross_entropy(gp_device *dev, const gp_tensor *logits, const gp_ten
     double loss = 0.0;
     int64_t correct = 0, bad = -1;
     if (rows > 0)
-        GP_TRY(gp_dev_xent(dev, logits->data, labels->data, rows, cols, grad_scale, smoothing,
-                           dlogits ? dlogits->data : NULL, &loss, &correct, &bad));
+        GP_TRY(gp_dev_xent(dev, gp_f32(logits), gp_f32(labels), rows, cols, grad_scale, smoothing,
+                           dlogits ? gp_f32(dlogits) : NULL, &loss, &correct, &bad));
     if (bad >= 0) return bad_on_device(dev, GP_LOSS_CROSS_ENTROPY, logits, labels, bad);
     out->loss_sum = loss;
     out->correct = correct;
@@ -1027,8 +1069,8 @@ gp_status gp_bce_with_logits(gp_device *dev, const gp_tensor *logits, const gp_t
     int64_t n = gp_tensor_numel(logits);
     double loss = 0.0;
     int64_t correct = 0, bad = -1;
-    GP_TRY(gp_dev_bce_logits(dev, logits->data, targets->data, n, grad_scale,
-                             dlogits ? dlogits->data : NULL, &loss, &correct, &bad));
+    GP_TRY(gp_dev_bce_logits(dev, gp_f32(logits), gp_f32(targets), n, grad_scale,
+                             dlogits ? gp_f32(dlogits) : NULL, &loss, &correct, &bad));
     if (bad >= 0) return bad_on_device(dev, GP_LOSS_BCE_WITH_LOGITS, logits, targets, bad);
     out->loss_sum = loss;
     out->correct = correct;
@@ -1042,11 +1084,11 @@ gp_status gp_loss_dev(gp_device *dev, gp_loss_kind k, float smoothing,
 {
     GP_ASSERT(k == GP_LOSS_CROSS_ENTROPY || smoothing == 0.0f);
     GP_TRY(loss_shapes(dev, k, logits, targets, dlogits));
-    float *dl = dlogits ? dlogits->data : NULL;
+    float *dl = dlogits ? gp_f32(dlogits) : NULL;
     if (k == GP_LOSS_CROSS_ENTROPY)
-        return gp_dev_xent_dev(dev, logits->data, targets->data, logits->dims[0],
+        return gp_dev_xent_dev(dev, gp_f32(logits), gp_f32(targets), logits->dims[0],
                                logits->dims[1], grad_scale, smoothing, dl, out);
-    return gp_dev_bce_logits_dev(dev, logits->data, targets->data, gp_tensor_numel(logits),
+    return gp_dev_bce_logits_dev(dev, gp_f32(logits), gp_f32(targets), gp_tensor_numel(logits),
                                  grad_scale, dl, out);
 }
 

@@ -296,6 +296,11 @@ typedef struct gp_layer_ops {
      * bwd_ignores_y on the layer before, nobody's backward needs that
      * layer's output (gp_layers_unkept). */
     bool bwd_ignores_x;
+    /* backward_data's dx[0] is dy's values unchanged (identity, flatten,
+     * add): gp_layer_backward_take hands dy itself on as dx[0], and
+     * backward_data then finds dx[0] sharing dy's memory (gp_layers_copy of
+     * a tensor onto itself is nothing). */
+    bool dx_is_dy;
 } gp_layer_ops;
 
 struct gp_layer {
@@ -490,6 +495,15 @@ gp_status gp_layer_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_te
                                  gp_saved *s);
 gp_status gp_layer_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                                     const gp_tensor *y, const gp_tensor *dy, gp_saved *s);
+/* gp_layer_backward (data_only: gp_layer_backward_data) for a caller that
+ * owns dy and will not read it again: where the layer hands dy on
+ * unchanged (ops->dx_is_dy) and dy owns its memory, dx[0] becomes dy
+ * itself, shaped as x, and *dy is left empty, so no device copy moves the
+ * gradient; otherwise as the plain call, *dy untouched.  On error *dy is
+ * untouched and dx empty. */
+gp_status gp_layer_backward_take(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                 const gp_tensor *y, gp_tensor *dy, gp_tensor *dx,
+                                 bool data_only, gp_saved *s);
 gp_status gp_layer_zero_grad(gp_layer *l);
 /* GP_ERR_NUMERIC naming the tensor and the first element if any parameter
  * or buffer (running statistics) of l holds a NaN or an infinity; `when`

@@ -57,9 +57,9 @@ static gp_status linear_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_ten
     if (n == 0) return GP_OK;
     /* the product, the bias and (relu_after: the in-place relu that
      * follows, gp_layers_relu_fused) the relu in one device call */
-    return gp_dev_linear_fwd(dev, n, out, in, x->data, l->params[0].value.data,
-                             l->spec.bias ? l->params[1].value.data : NULL, l->relu_after,
-                             y->data);
+    return gp_dev_linear_fwd(dev, n, out, in, gp_f32(x), gp_f32(&l->params[0].value),
+                             l->spec.bias ? gp_f32(&l->params[1].value) : NULL, l->relu_after,
+                             gp_f32(y));
 }
 
 static gp_status linear_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
@@ -70,8 +70,8 @@ static gp_status linear_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const 
     int64_t n = x->dims[0], in = x->dims[1], out = l->spec.out;
     if (n == 0) return GP_OK;
     /* dx(N, in) = dy(N, out) W(out, in) */
-    return gp_dev_gemm_wb(dev, 0, 0, n, in, out, 1.0f, dy->data, out,
-                          l->params[0].value.data, in, 0.0f, dx->data, in);
+    return gp_dev_gemm_wb(dev, 0, 0, n, in, out, 1.0f, gp_f32(dy), out,
+                          gp_f32(&l->params[0].value), in, 0.0f, gp_f32(dx), in);
 }
 
 static gp_status linear_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx,
@@ -84,11 +84,11 @@ static gp_status linear_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx,
         return ctx->grads_overwrite ? gp_layer_zero_grad(l) : GP_OK;
     /* dW(out, in) += dy^T(out, N) x(N, in); = on the step's first backward */
     bool fresh = ctx->grads_overwrite;
-    GP_TRY(gp_dev_gemm(dev, 1, 0, out, in, n, 1.0f, dy->data, out, x->data, in,
-                       fresh ? 0.0f : 1.0f, l->params[0].grad.data, in));
+    GP_TRY(gp_dev_gemm(dev, 1, 0, out, in, n, 1.0f, gp_f32(dy), out, gp_f32(x), in,
+                       fresh ? 0.0f : 1.0f, gp_f32(&l->params[0].grad), in));
     if (l->spec.bias) {
-        if (fresh) GP_TRY(gp_dev_fill(dev, l->params[1].grad.data, 0.0f, out));
-        GP_TRY(gp_dev_sum_rows(dev, dy->data, l->params[1].grad.data, n, out));
+        if (fresh) GP_TRY(gp_dev_fill(dev, gp_f32(&l->params[1].grad), 0.0f, out));
+        GP_TRY(gp_dev_sum_rows(dev, gp_f32(dy), gp_f32(&l->params[1].grad), n, out));
     }
     return GP_OK;
 }

@@ -121,7 +121,7 @@ static gp_status pool_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tenso
         s->ws_bytes = ws;
         s->ws_dev = dev;
     }
-    return gp_dev_pool_fwd(dev, &d, x->data, y->data, s->ws);
+    return gp_dev_pool_fwd(dev, &d, gp_f32(x), gp_f32(y), s->ws);
 }
 
 static gp_status pool_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
@@ -130,7 +130,7 @@ static gp_status pool_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp
 {
     if (x->dims[0] == 0) return GP_OK;
     gp_pool_desc d = pool_desc(l, x->dims[0]);
-    return gp_dev_pool_bwd(l->dev, &d, x->data, y->data, dy->data, dx->data, s->ws);
+    return gp_dev_pool_bwd(l->dev, &d, gp_f32(x), gp_f32(y), gp_f32(dy), gp_f32(dx), s->ws);
 }
 
 static double pool_flops(const gp_layer *l, int64_t n)

@@ -240,7 +240,7 @@ static gp_status res_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor
         RES_TRY(child_fwd(st, C_DCONV, ctx, x, &s->t[S_AD], s, -1));
         RES_TRY(child_fwd(st, C_DBN, ctx, &s->t[S_AD], &dbn_out, s, S_DBN));
     }
-    const float *sc = st->has_down ? dbn_out.data : x->data;
+    const float *sc = st->has_down ? gp_f32(&dbn_out) : gp_f32(x);
     if (st->fuse_add && n) { /* y = relu(bn2(a2) + shortcut) in bn2's pass */
         st->child[C_BN2].fwd_add = sc;
         r = child_fwd(st, C_BN2, ctx, &s->t[S_A2], y, s, S_BN2);
@@ -248,7 +248,7 @@ static gp_status res_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor
         RES_TRY(r);
     } else {
         RES_TRY(child_fwd(st, C_BN2, ctx, &s->t[S_A2], y, s, S_BN2));
-        if (n) RES_TRY(gp_dev_add(dev, y->data, sc, y->data, n));
+        if (n) RES_TRY(gp_dev_add(dev, gp_f32(y), sc, gp_f32(y), n));
         RES_TRY(child_fwd(st, C_RELU, ctx, y, y, s, -1));
     }
 done:
@@ -271,7 +271,7 @@ static gp_status res_backward_all(gp_layer *l, const gp_fwd_ctx *ctx, const gp_t
     if (s->flags & GP_SAVED_EVAL)
         return gp_layer_spec_error(l, "backward after an eval-mode forward: the block saved "
                                       "nothing (run forward with training)");
-    GP_ASSERT(s->t[S_A1].data && s->t[S_R1].data && s->t[S_A2].data);
+    GP_ASSERT(gp_tensor_mem(&s->t[S_A1]) && gp_tensor_mem(&s->t[S_R1]) && gp_tensor_mem(&s->t[S_A2]));
     sync_all(l, st);
     gp_shape ms = gp_tensor_shape(y);
     gp_shape xs = gp_tensor_shape(x);
@@ -296,9 +296,9 @@ static gp_status res_backward_all(gp_layer *l, const gp_fwd_ctx *ctx, const gp_t
         if (dx) RES_TRY(gp_tensor_alloc(&tx, dev, &xs, GP_MEM_ACTIVATIONS));
         RES_TRY(child_bwd(st, C_DCONV, ctx, x, NULL, &t1, dx ? &tx : NULL, s, -1));
         if (dx && gp_tensor_numel(dx))
-            RES_TRY(gp_dev_axpy(dev, 1.0f, tx.data, dx->data, gp_tensor_numel(dx)));
+            RES_TRY(gp_dev_axpy(dev, 1.0f, gp_f32(&tx), gp_f32(dx), gp_tensor_numel(dx)));
     } else if (dx && gp_tensor_numel(dx)) {
-        RES_TRY(gp_dev_axpy(dev, 1.0f, g.data, dx->data, gp_tensor_numel(dx)));
+        RES_TRY(gp_dev_axpy(dev, 1.0f, gp_f32(&g), gp_f32(dx), gp_tensor_numel(dx)));
     }
 done:
 #undef RES_TRY

@@ -38,11 +38,11 @@ static gp_status relu_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tenso
 {
     int64_t n = gp_tensor_numel(x);
     if (n == 0) return GP_OK;
-    if (l->relu_done && x->data == y->data) { /* the batch norm before did it */
+    if (l->relu_done && gp_tensor_mem(x) == gp_tensor_mem(y)) { /* the batch norm before did it */
         l->relu_skipped++;
         return GP_OK;
     }
-    return gp_dev_relu_fwd(l->dev, x->data, y->data, n);
+    return gp_dev_relu_fwd(l->dev, gp_f32(x), gp_f32(y), n);
 }
 
 static gp_status relu_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
@@ -51,7 +51,7 @@ static gp_status relu_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp
 {
     int64_t n = gp_tensor_numel(x);
     if (n == 0) return GP_OK;
-    return gp_dev_relu_bwd(l->dev, y->data, dy->data, dx->data, n);
+    return gp_dev_relu_bwd(l->dev, gp_f32(y), gp_f32(dy), gp_f32(dx), n);
 }
 
 static double numel_flops(const gp_layer *l, int64_t n)
@@ -83,14 +83,14 @@ static gp_status flatten_infer(const gp_layer *l, const gp_shape *in, gp_shape *
 static gp_status flatten_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                                  gp_tensor *y, gp_saved *s)
 {
-    return gp_layers_copy(l->dev, y->data, x);
+    return gp_layers_copy(l->dev, gp_f32(y), x);
 }
 
 static gp_status flatten_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                                        const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
                                        gp_saved *s)
 {
-    return gp_layers_copy(l->dev, dx->data, dy);
+    return gp_layers_copy(l->dev, gp_f32(dx), dy);
 }
 
 static double zero_flops(const gp_layer *l, int64_t n) { return 0.0; }
@@ -105,6 +105,7 @@ const gp_layer_ops gp_flatten_ops = {
     .inplace = GP_INPLACE_VIEW,
     .bwd_ignores_y = true,
     .bwd_ignores_x = true,
+    .dx_is_dy = true,
 };
 
 /* ---- dropout ------------------------------------------------------------- */
@@ -124,14 +125,14 @@ static gp_status dropout_masked(const gp_layer *l, const gp_fwd_ctx *ctx, const 
 {
     int64_t per_sample = gp_shape_numel(&l->in_shape);
     uint64_t stream = gp_rng_stream(ctx->step, (uint64_t)l->index, GP_RNG_TAG_DROPOUT);
-    return gp_dev_dropout_apply(l->dev, in->data, out->data, gp_tensor_numel(in), l->spec.p,
+    return gp_dev_dropout_apply(l->dev, gp_f32(in), gp_f32(out), gp_tensor_numel(in), l->spec.p,
                                 ctx->seed, stream, (uint64_t)(ctx->sample_offset * per_sample));
 }
 
 static gp_status dropout_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                                  gp_tensor *y, gp_saved *s)
 {
-    if (!ctx->training || l->spec.p == 0.0f) return gp_layers_copy(l->dev, y->data, x);
+    if (!ctx->training || l->spec.p == 0.0f) return gp_layers_copy(l->dev, gp_f32(y), x);
     return dropout_masked(l, ctx, x, y);
 }
 
@@ -140,7 +141,7 @@ static gp_status dropout_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const
                                        gp_saved *s)
 {
     if (!ctx->training || l->spec.p == 0.0f) /* identity forward */
-        return gp_layers_copy(l->dev, dx->data, dy);
+        return gp_layers_copy(l->dev, gp_f32(dx), dy);
     return dropout_masked(l, ctx, dy, dx);
 }
 

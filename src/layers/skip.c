@@ -49,7 +49,7 @@ static gp_status id_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor 
 {
     (void)ctx;
     (void)s;
-    return gp_layers_copy(l->dev, y->data, x);
+    return gp_layers_copy(l->dev, gp_f32(y), x);
 }
 
 static gp_status id_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
@@ -60,7 +60,7 @@ static gp_status id_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_t
     (void)x;
     (void)y;
     (void)s;
-    return gp_layers_copy(l->dev, dx->data, dy);
+    return gp_layers_copy(l->dev, gp_f32(dx), dy);
 }
 
 static double zero_flops(const gp_layer *l, int64_t n)
@@ -80,6 +80,7 @@ const gp_layer_ops gp_identity_ops = {
     .inplace = GP_INPLACE_VIEW,
     .bwd_ignores_y = true,
     .bwd_ignores_x = true,
+    .dx_is_dy = true,
 };
 
 /* ---- add --------------------------------------------------------------------- */
@@ -171,7 +172,7 @@ static gp_status add_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor
                              gp_saved *s)
 {
     int64_t n = gp_tensor_numel(y);
-    if (!projects(l)) return n ? gp_dev_add(l->dev, x[0].data, x[1].data, y->data, n) : GP_OK;
+    if (!projects(l)) return n ? gp_dev_add(l->dev, gp_f32(&x[0]), gp_f32(&x[1]), gp_f32(y), n) : GP_OK;
     add_state *st = l->state;
     sync_child(l, st, P_CONV);
     sync_child(l, st, P_BN);
@@ -186,7 +187,7 @@ static gp_status add_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor
     bs.t[0] = bs.t[1] = (gp_tensor){0};
     gp_saved_free(&bs);
     GP_TRY(r);
-    if (n) GP_TRY(gp_dev_add(l->dev, y->data, x[0].data, y->data, n));
+    if (n) GP_TRY(gp_dev_add(l->dev, gp_f32(y), gp_f32(&x[0]), gp_f32(y), n));
     if (!ctx->training) {
         gp_saved_free(s); /* eval: no backward will come */
         s->flags |= GP_SAVED_EVAL;
@@ -227,8 +228,8 @@ static gp_status add_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_
                                    gp_saved *s)
 {
     (void)y;
-    GP_TRY(gp_layers_copy(l->dev, dx[0].data, dy));
-    if (!projects(l)) return gp_layers_copy(l->dev, dx[1].data, dy);
+    GP_TRY(gp_layers_copy(l->dev, gp_f32(&dx[0]), dy));
+    if (!projects(l)) return gp_layers_copy(l->dev, gp_f32(&dx[1]), dy);
     GP_TRY(proj_backward(l, ctx, x, dy, &dx[1], s));
     s->flags |= GP_SAVED_WEIGHTS_DONE;
     return GP_OK;
@@ -308,6 +309,7 @@ const gp_layer_ops gp_add_ops = {
     .pops = 1,
     .bwd_ignores_y = true, /* reads x, dy and what it saved */
     .bwd_ignores_x = true,
+    .dx_is_dy = true,
 };
 
 /* ---- concat ------------------------------------------------------------------ */
@@ -363,9 +365,9 @@ static gp_status concat_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_ten
     dims4(&as, ad);
     dims4(&bs, bd);
     if ((ad[2] != yd[2] || ad[3] != yd[3]) && gp_tensor_numel(y))
-        GP_TRY(gp_dev_fill(l->dev, y->data, 0.0f, gp_tensor_numel(y))); /* the padding */
-    GP_TRY(box(l->dev, y->data, yd, 0, x[0].data, ad, true));
-    return box(l->dev, y->data, yd, ad[1], x[1].data, bd, true);
+        GP_TRY(gp_dev_fill(l->dev, gp_f32(y), 0.0f, gp_tensor_numel(y))); /* the padding */
+    GP_TRY(box(l->dev, gp_f32(y), yd, 0, gp_f32(&x[0]), ad, true));
+    return box(l->dev, gp_f32(y), yd, ad[1], gp_f32(&x[1]), bd, true);
 }
 
 static gp_status concat_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
@@ -380,8 +382,8 @@ static gp_status concat_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const 
     dims4(&ys, yd);
     dims4(&as, ad);
     dims4(&bs, bd);
-    GP_TRY(box(l->dev, dy->data, yd, 0, dx[0].data, ad, false));
-    return box(l->dev, dy->data, yd, ad[1], dx[1].data, bd, false);
+    GP_TRY(box(l->dev, gp_f32(dy), yd, 0, gp_f32(&dx[0]), ad, false));
+    return box(l->dev, gp_f32(dy), yd, ad[1], gp_f32(&dx[1]), bd, false);
 }
 
 const gp_layer_ops gp_concat_ops = {

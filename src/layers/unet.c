@@ -74,14 +74,14 @@ static gp_status leaky_infer(const gp_layer *l, const gp_shape *in, gp_shape *ou
 static gp_status leaky_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                                gp_tensor *y, gp_saved *s)
 {
-    return gp_dev_leaky_relu_fwd(l->dev, x->data, y->data, gp_tensor_numel(x), l->spec.slope);
+    return gp_dev_leaky_relu_fwd(l->dev, gp_f32(x), gp_f32(y), gp_tensor_numel(x), l->spec.slope);
 }
 
 static gp_status leaky_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                                      const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
                                      gp_saved *s)
 {
-    return gp_dev_leaky_relu_bwd(l->dev, y->data, dy->data, dx->data, gp_tensor_numel(x),
+    return gp_dev_leaky_relu_bwd(l->dev, gp_f32(y), gp_f32(dy), gp_f32(dx), gp_tensor_numel(x),
                                  l->spec.slope);
 }
 
@@ -113,24 +113,24 @@ static gp_status dropout2d_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_
                                    gp_tensor *y, gp_saved *s)
 {
     gp_device *dev = l->dev;
-    if (!ctx->training || l->spec.p == 0.0f) return gp_layers_copy(dev, y->data, x);
+    if (!ctx->training || l->spec.p == 0.0f) return gp_layers_copy(dev, gp_f32(y), x);
     const int64_t N = x->dims[0], C = x->dims[1], plane = x->dims[2] * x->dims[3];
     if (N * C * plane == 0) return GP_OK;
     gp_shape ms = gp_shape_2d(N, C);
     GP_TRY(gp_layers_saved_alloc(s, 0, dev, &ms));
     uint64_t stream = gp_rng_stream(ctx->step, (uint64_t)l->index, GP_RNG_TAG_DROPOUT2D);
-    GP_TRY(gp_dev_dropout_mask(dev, s->t[0].data, N * C, l->spec.p, ctx->seed, stream,
+    GP_TRY(gp_dev_dropout_mask(dev, gp_f32(&s->t[0]), N * C, l->spec.p, ctx->seed, stream,
                                (uint64_t)(ctx->sample_offset * C)));
-    return gp_dev_mul_rows(dev, x->data, s->t[0].data, y->data, N * C, plane);
+    return gp_dev_mul_rows(dev, gp_f32(x), gp_f32(&s->t[0]), gp_f32(y), N * C, plane);
 }
 
 static gp_status dropout2d_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                                          const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
                                          gp_saved *s)
 {
-    if (!s->t[0].data) return gp_layers_copy(l->dev, dx->data, dy); /* identity forward */
+    if (!gp_tensor_mem(&s->t[0])) return gp_layers_copy(l->dev, gp_f32(dx), dy); /* identity forward */
     const int64_t N = x->dims[0], C = x->dims[1], plane = x->dims[2] * x->dims[3];
-    return gp_dev_mul_rows(l->dev, dy->data, s->t[0].data, dx->data, N * C, plane);
+    return gp_dev_mul_rows(l->dev, gp_f32(dy), gp_f32(&s->t[0]), gp_f32(dx), N * C, plane);
 }
 
 static size_t dropout2d_saved_bytes(const gp_layer *l, int64_t n)
@@ -191,8 +191,8 @@ static gp_status instance_norm_forward(gp_layer *l, const gp_fwd_ctx *ctx, const
     GP_TRY(gp_layers_saved_alloc(s, 0, dev, &st));
     GP_TRY(gp_layers_saved_alloc(s, 1, dev, &st));
     /* gamma, beta NULL: 1 and 0 (backend.h) */
-    return gp_dev_bn_fwd_train(dev, &d, x->data, NULL, NULL, y->data, s->t[0].data,
-                               s->t[1].data);
+    return gp_dev_bn_fwd_train(dev, &d, gp_f32(x), NULL, NULL, gp_f32(y), gp_f32(&s->t[0]),
+                               gp_f32(&s->t[1]));
 }
 
 static gp_status instance_norm_backward_data(gp_layer *l, const gp_fwd_ctx *ctx,
@@ -203,10 +203,10 @@ static gp_status instance_norm_backward_data(gp_layer *l, const gp_fwd_ctx *ctx,
     if (n == 0) return GP_OK;
     gp_bn_desc d = instance_desc(l, n);
     if (l->spec.leaky_after > 0.0f) /* x is not kept: from y, or the relu's z over it */
-        return gp_dev_norm_leaky_bwd(l->dev, &d, y->data, l->leaky_inplace,
-                                     l->spec.leaky_after, s->t[1].data, dy->data, dx->data);
-    return gp_dev_bn_bwd(l->dev, &d, x->data, NULL, NULL, s->t[0].data, s->t[1].data, dy->data,
-                         dx->data, NULL, NULL);
+        return gp_dev_norm_leaky_bwd(l->dev, &d, gp_f32(y), l->leaky_inplace,
+                                     l->spec.leaky_after, gp_f32(&s->t[1]), gp_f32(dy), gp_f32(dx));
+    return gp_dev_bn_bwd(l->dev, &d, gp_f32(x), NULL, NULL, gp_f32(&s->t[0]), gp_f32(&s->t[1]), gp_f32(dy),
+                         gp_f32(dx), NULL, NULL);
 }
 
 static double instance_norm_flops(const gp_layer *l, int64_t n)
@@ -255,7 +255,7 @@ static gp_status upsample_infer(const gp_layer *l, const gp_shape *in, gp_shape 
 static gp_status upsample_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                                   gp_tensor *y, gp_saved *s)
 {
-    return gp_dev_upsample_fwd(l->dev, x->data, y->data, x->dims[0], x->dims[1], x->dims[2],
+    return gp_dev_upsample_fwd(l->dev, gp_f32(x), gp_f32(y), x->dims[0], x->dims[1], x->dims[2],
                                x->dims[3], l->spec.scale);
 }
 
@@ -263,7 +263,7 @@ static gp_status upsample_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, cons
                                         const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
                                         gp_saved *s)
 {
-    return gp_dev_upsample_bwd(l->dev, dy->data, dx->data, x->dims[0], x->dims[1], x->dims[2],
+    return gp_dev_upsample_bwd(l->dev, gp_f32(dy), gp_f32(dx), x->dims[0], x->dims[1], x->dims[2],
                                x->dims[3], l->spec.scale);
 }
 

@@ -50,7 +50,7 @@ gp_status gp_optim_create(gp_layer *layers, int n_layers, const gp_optim_opts *o
             gp_shape sh = gp_tensor_shape(&pr->value);
             for (int which = 0; which < op->per; which++) {
                 gp_tensor *st = &op->state[op->n_states];
-                if (!pr->value.data) { /* a layer of shapes only (gp_layer_meta): so is its state */
+                if (!gp_tensor_mem(&pr->value)) { /* a layer of shapes only (gp_layer_meta): so is its state */
                     st->ndim = sh.ndim;
                     memcpy(st->dims, sh.dims, sizeof st->dims);
                 } else {
@@ -167,9 +167,9 @@ static gp_status update_chunk(gp_optim *o, gp_param *pr, gp_tensor *st, const vo
     if (hi <= lo) return GP_OK;
     if (b->n == UPDATE_BATCH || (b->n > 0 && b->dev != pr->value.dev)) GP_TRY(flush_batch(o, a));
     b->dev = pr->value.dev;
-    b->parts[b->n++] = (gp_update_part){.w = pr->value.data + lo, .g = pr->grad.data + lo,
-                                        .v = st ? st[0].data + lo : NULL,
-                                        .v2 = o->per > 1 ? st[1].data + lo : NULL,
+    b->parts[b->n++] = (gp_update_part){.w = gp_f32(&pr->value) + lo, .g = gp_f32(&pr->grad) + lo,
+                                        .v = st ? gp_f32(&st[0]) + lo : NULL,
+                                        .v2 = o->per > 1 ? gp_f32(&st[1]) + lo : NULL,
                                         .n = hi - lo, .wd = decay_of(o, pr)};
     return GP_OK;
 }
@@ -178,11 +178,11 @@ static gp_status update_fused(gp_optim *o, gp_param *pr, gp_tensor *st, const vo
 {
     const update_arg *a = arg;
     if (o->opts.kind != GP_OPTIM_SGD)
-        return gp_dev_sharded_adam(pr->value.dev, a->comm, pr->value.data, pr->grad.data,
-                                   st[0].data, st[1].data, gp_tensor_numel(&pr->value),
+        return gp_dev_sharded_adam(pr->value.dev, a->comm, gp_f32(&pr->value), gp_f32(&pr->grad),
+                                   gp_f32(&st[0]), gp_f32(&st[1]), gp_tensor_numel(&pr->value),
                                    decay_of(o, pr), &a->adam);
-    return gp_dev_sharded_sgd(pr->value.dev, a->comm, pr->value.data, pr->grad.data,
-                              st ? st->data : NULL,
+    return gp_dev_sharded_sgd(pr->value.dev, a->comm, gp_f32(&pr->value), gp_f32(&pr->grad),
+                              st ? gp_f32(st) : NULL,
                               gp_tensor_numel(&pr->value), (float)a->lr, o->opts.momentum,
                               decay_of(o, pr), o->opts.nesterov);
 }
@@ -280,8 +280,8 @@ gp_status gp_clip_grad_norm(gp_layer *layers, int n_layers, float max_norm, doub
                 t0 = t;
             }
             dev = pr->value.dev;
-            xs[t] = pr->grad.data;
-            ns[t++] = pr->grad.data ? gp_tensor_numel(&pr->value) : 0;
+            xs[t] = gp_f32(&pr->grad);
+            ns[t++] = gp_tensor_mem(&pr->grad) ? gp_tensor_numel(&pr->value) : 0;
         }
     if (s == GP_OK && t > t0) s = gp_dev_sumsq_multi(dev, xs + t0, ns + t0, t - t0, sq + t0);
     for (int q = 0; q < total && s == GP_OK; q++) sum += sq[q];
@@ -299,8 +299,8 @@ gp_status gp_clip_grad_norm(gp_layer *layers, int n_layers, float max_norm, doub
     for (int k = 0; k < n_layers; k++)
         for (int a = 0; a < layers[k].n_params; a++) {
             gp_param *pr = &layers[k].params[a];
-            if (pr->is_buffer || !pr->grad.data) continue;
-            GP_TRY(gp_dev_scale(pr->value.dev, pr->grad.data, (float)coef,
+            if (pr->is_buffer || !gp_tensor_mem(&pr->grad)) continue;
+            GP_TRY(gp_dev_scale(pr->value.dev, gp_f32(&pr->grad), (float)coef,
                                 gp_tensor_numel(&pr->value)));
         }
     return GP_OK;

@@ -413,12 +413,12 @@ static gp_status pack_one(gp_pipeline *p, int i, int j, int slot, gp_tensor *t, 
     gp_tensor *pk = packed_of(p, i, j, slot);
     int64_t n = gp_tensor_numel(t);
     gp_shape sh = packed_shape(n);
-    GP_ASSERT(!pk->data && t->data);
+    GP_ASSERT(!gp_tensor_mem(pk) && gp_tensor_mem(t));
     GP_TRY(gp_tensor_alloc(pk, p->devs[j], &sh, GP_MEM_COPIES));
     /* an odd count leaves half a float unwritten: zeros, so the bytes that
      * travel are the same every run */
-    if (n % 2) GP_TRY(gp_dev_fill(p->devs[j], pk->data + n / 2, 0.0f, 1));
-    GP_TRY(gp_dev_bf16_pack(p->devs[j], (uint16_t *)pk->data, t->data, n));
+    if (n % 2) GP_TRY(gp_dev_fill(p->devs[j], gp_f32(pk) + n / 2, 0.0f, 1));
+    GP_TRY(gp_dev_bf16_pack(p->devs[j], (uint16_t *)gp_tensor_mem(pk), gp_f32(t), n));
     if (drop && t->owned) gp_tensor_free(t);
     return GP_OK;
 }
@@ -465,7 +465,7 @@ static gp_status unpack_staged(gp_pipeline *p, int i, int j, int slot, bool keep
     gp_tensor *sg = staged_of(p, i, j, slot), *dst = slot_tensor(p, i, j, slot);
     gp_shape sh = slot_shape(p, i, j, slot);
     GP_TRY(gp_tensor_alloc(dst, p->devs[j], &sh, GP_MEM_COPIES));
-    GP_TRY(gp_dev_bf16_unpack(p->devs[j], dst->data, (const uint16_t *)sg->data,
+    GP_TRY(gp_dev_bf16_unpack(p->devs[j], gp_f32(dst), (const uint16_t *)gp_tensor_mem(sg),
                               gp_shape_numel(&sh)));
     if (!keep) gp_tensor_free(sg); /* the device keeps the block until the unpack has read it */
     return GP_OK;
@@ -484,13 +484,13 @@ static bool held_slot(int slot) { return slot == 0 || (slot >= 2 && slot % 2 == 
 static void drop_held(gp_pipeline *p, int i, int j)
 {
     for (int q = 0; p->staged && q < COPY_SLOTS(p); q++)
-        if (held_slot(q) && staged_of(p, i, j, q)->data) gp_tensor_free(slot_tensor(p, i, j, q));
+        if (held_slot(q) && gp_tensor_mem(staged_of(p, i, j, q))) gp_tensor_free(slot_tensor(p, i, j, q));
 }
 
 static gp_status unhold(gp_pipeline *p, int i, int j)
 {
     for (int q = 0; p->staged && q < COPY_SLOTS(p); q++)
-        if (held_slot(q) && staged_of(p, i, j, q)->data) GP_TRY(unpack_staged(p, i, j, q, false));
+        if (held_slot(q) && gp_tensor_mem(staged_of(p, i, j, q))) GP_TRY(unpack_staged(p, i, j, q, false));
     return GP_OK;
 }
 
@@ -514,7 +514,7 @@ static gp_status await_copies(gp_pipeline *p, int i, int j, bool hold)
     if (waited && p->device_time && p->mark_at[j])
         GP_TRY(gp_dev_mark(p->devs[j], false, p->mark_at[j]));
     for (int q = 0; p->staged && q < COPY_SLOTS(p); q++)
-        if (staged_of(p, i, j, q)->data) GP_TRY(unpack_staged(p, i, j, q, hold && held_slot(q)));
+        if (gp_tensor_mem(staged_of(p, i, j, q))) GP_TRY(unpack_staged(p, i, j, q, hold && held_slot(q)));
     return GP_OK;
 }
 
@@ -722,7 +722,7 @@ static gp_status send_tensor(gp_pipeline *p, const gp_tensor *t, int to, int tag
         GP_TRY(gp_dev_event_create(t->dev, &ps->ev));
         ps->chan = true;
         ps->dev = t->dev;
-        gp_status st = gp_dev_chan_send(t->dev, ch, t->data, gp_tensor_numel(t), after, ps->ev);
+        gp_status st = gp_dev_chan_send(t->dev, ch, gp_f32(t), gp_tensor_numel(t), after, ps->ev);
         if (st != GP_OK) {
             gp_dev_event_destroy(t->dev, ps->ev);
             return st;
@@ -731,7 +731,7 @@ static gp_status send_tensor(gp_pipeline *p, const gp_tensor *t, int to, int tag
         return GP_OK;
     }
     GP_TRY(gp_dev_synchronize(t->dev)); /* the data is written */
-    GP_TRY(gp_procs_isend_dev(t->dev, t->data, gp_tensor_numel(t), p->rank_base + to % p->n, tag,
+    GP_TRY(gp_procs_isend_dev(t->dev, gp_f32(t), gp_tensor_numel(t), p->rank_base + to % p->n, tag,
                               &ps->req));
     ps->flag = flag;
     p->n_pend++;
@@ -828,7 +828,7 @@ static gp_status receive_remote(gp_pipeline *p, const gp_instr *in, gp_event_rec
         GP_TRY(recv_target(p, i, j, slot, &dst));
         ev->t1 = gp_now();
         ev->bytes = gp_tensor_bytes(dst);
-        GP_TRY(gp_dev_chan_recv(p->devs[j], ch, dst->data, gp_tensor_numel(dst), done));
+        GP_TRY(gp_dev_chan_recv(p->devs[j], ch, gp_f32(dst), gp_tensor_numel(dst), done));
         cell_pending(p, i, j)[slot] = done != NULL;
         return GP_OK;
     }
@@ -838,7 +838,7 @@ static gp_status receive_remote(gp_pipeline *p, const gp_instr *in, gp_event_rec
     if (st == GP_OK) st = recv_target(p, i, j, slot, &dst);
     if (st != GP_OK) return st;
     ev->bytes = gp_tensor_bytes(dst);
-    return gp_procs_recv_dev(p->devs[j], dst->data, gp_tensor_numel(dst), from, tag);
+    return gp_procs_recv_dev(p->devs[j], gp_f32(dst), gp_tensor_numel(dst), from, tag);
 }
 
 /* ---- the work of one instruction --------------------------------------- */
@@ -895,7 +895,7 @@ static gp_status upload(gp_pipeline *p, int i, int what)
     void *ev;
     GP_TRY(cell_event(p, i, j, what, &ev));
     GP_TRY(gp_tensor_alloc(t, dev, &sh, GP_MEM_ACTIVATIONS));
-    GP_TRY(gp_dev_upload_async(dev, t->data, src, gp_shape_numel(&sh), ev));
+    GP_TRY(gp_dev_upload_async(dev, gp_f32(t), src, gp_shape_numel(&sh), ev));
     *sent = true;
     return GP_OK;
 }
@@ -989,8 +989,8 @@ static void sweep(gp_pipeline *p, int d)
             if (p->packed) { /* the packed forms, once copied (their sources may be views) */
                 gp_tensor *po = packed_of(p, i, j, 0), *pg = packed_of(p, i, j, 1);
                 pthread_mutex_lock(&p->lock);
-                bool go_out = j + 1 < S && po->data && FLAG(p, act_copied, i, j + 1);
-                bool go_gin = j > 0 && pg->data && FLAG(p, grad_copied, i, j - 1);
+                bool go_out = j + 1 < S && gp_tensor_mem(po) && FLAG(p, act_copied, i, j + 1);
+                bool go_gin = j > 0 && gp_tensor_mem(pg) && FLAG(p, grad_copied, i, j - 1);
                 pthread_mutex_unlock(&p->lock);
                 if (go_out) gp_tensor_free(po);
                 if (go_gin) gp_tensor_free(pg);
@@ -1003,7 +1003,7 @@ static void sweep(gp_pipeline *p, int d)
                                               ? copy_slot(GP_INSTR_RECV_SKIP, k->id)
                                               : copy_slot(GP_INSTR_RECV_SKIP_GRAD, k->id))
                                           : NULL;
-                if (!t->data && !(pk && pk->data)) continue;
+                if (!gp_tensor_mem(t) && !(pk && gp_tensor_mem(pk))) continue;
                 pthread_mutex_lock(&p->lock);
                 bool done = k->from == j ? SKIP_FLAG(p, skip_copied, i, k->id)
                                          : SKIP_FLAG(p, skipg_copied, i, k->id);
@@ -1063,13 +1063,13 @@ static gp_status stage_collective(gp_pipeline *p, int j, coll_op op)
         gp_layer *l = &p->layers[c];
         for (int q = 0; q < l->n_params; q++) {
             gp_param *pr = &l->params[q];
-            if (pr->is_buffer || !pr->grad.data) continue;
+            if (pr->is_buffer || !gp_tensor_mem(&pr->grad)) continue;
             gp_device *dev = p->devs[j];
             gp_comm *comm = p->comms[j];
             int64_t n = gp_tensor_numel(&pr->value);
-            GP_TRY(op == COLL_ALLREDUCE        ? gp_dev_allreduce(dev, comm, pr->grad.data, n)
-                   : op == COLL_REDUCE_SCATTER ? gp_dev_reduce_scatter(dev, comm, pr->grad.data, n)
-                                               : gp_dev_all_gather(dev, comm, pr->value.data, n));
+            GP_TRY(op == COLL_ALLREDUCE        ? gp_dev_allreduce(dev, comm, gp_f32(&pr->grad), n)
+                   : op == COLL_REDUCE_SCATTER ? gp_dev_reduce_scatter(dev, comm, gp_f32(&pr->grad), n)
+                                               : gp_dev_all_gather(dev, comm, gp_f32(&pr->value), n));
         }
     }
     return GP_OK;
@@ -1215,8 +1215,8 @@ static gp_status clip(worker *w, int *bad_layer)
                 if (pr->is_buffer) continue;
                 int64_t lo = 0, hi = gp_tensor_numel(&pr->value);
                 if (shard) gp_comm_chunk(hi, p->replicas, p->rank, &lo, &hi);
-                bool some = pr->grad.data && hi > lo;
-                p->clip_xs[t] = some ? pr->grad.data + lo : NULL;
+                bool some = gp_tensor_mem(&pr->grad) && hi > lo;
+                p->clip_xs[t] = some ? gp_f32(&pr->grad) + lo : NULL;
                 p->clip_ns[t++] = some ? hi - lo : 0;
             }
         }
@@ -1255,11 +1255,11 @@ static gp_status clip(worker *w, int *bad_layer)
         for (int c = p->first[q]; c < p->first[q] + p->count[q]; c++)
             for (int a = 0; a < p->layers[c].n_params; a++) {
                 gp_param *pr = &p->layers[c].params[a];
-                if (pr->is_buffer || !pr->grad.data) continue;
+                if (pr->is_buffer || !gp_tensor_mem(&pr->grad)) continue;
                 int64_t lo = 0, hi = gp_tensor_numel(&pr->value);
                 if (shard) gp_comm_chunk(hi, p->replicas, p->rank, &lo, &hi);
                 if (hi <= lo) continue;
-                gp_status st = gp_dev_scale(p->devs[q], pr->grad.data + lo, (float)coef, hi - lo);
+                gp_status st = gp_dev_scale(p->devs[q], gp_f32(&pr->grad) + lo, (float)coef, hi - lo);
                 if (st != GP_OK) {
                     *bad_layer = c;
                     return st;
@@ -1301,7 +1301,7 @@ static gp_status receive(gp_pipeline *p, const gp_instr *in, gp_event_rec *ev, p
                             gp_tensor_bytes(dst), gp_tensor_bytes(src));
     ev->bytes = gp_tensor_bytes(src);
     if (p->device_time) GP_TRY(gp_dev_mark(dev, true, &ev->m0)); /* the copy stream got here */
-    st = gp_dev_copy_async(dev, dst->data, src->dev, src->data, gp_tensor_bytes(src), after, done);
+    st = gp_dev_copy_async(dev, gp_f32(dst), src->dev, gp_f32(src), gp_tensor_bytes(src), after, done);
     if (st != GP_OK) return st;
     cell_pending(p, in->i, in->j)[slot] = done != NULL;
     publish(p, copied, -1);

@@ -457,8 +457,8 @@ static gp_status upload_chunk(gp_model *m, const float *x, const float *y, int64
     GP_ASSERT(gp_shape_numel(&ys) == n * t);
     GP_TRY(gp_tensor_alloc(xt, m->dev, &xs, GP_MEM_ACTIVATIONS));
     gp_status s = gp_tensor_alloc(yt, m->dev, &ys, GP_MEM_ACTIVATIONS);
-    if (s == GP_OK) s = gp_dev_upload(m->dev, xt->data, x + first * per, n * per);
-    if (s == GP_OK) s = gp_dev_upload(m->dev, yt->data, y + first * t, n * t);
+    if (s == GP_OK) s = gp_dev_upload(m->dev, gp_f32(xt), x + first * per, n * per);
+    if (s == GP_OK) s = gp_dev_upload(m->dev, gp_f32(yt), y + first * t, n * t);
     if (s != GP_OK) {
         gp_tensor_free(xt);
         gp_tensor_free(yt);
@@ -587,8 +587,8 @@ static gp_status round_bf16(gp_tensor *t)
     void *pk = NULL;
     if (n == 0) return GP_OK;
     GP_TRY(gp_dev_alloc(t->dev, bytes, GP_MEM_COPIES, &pk));
-    gp_status s = gp_dev_bf16_pack(t->dev, pk, t->data, n);
-    if (s == GP_OK) s = gp_dev_bf16_unpack(t->dev, t->data, pk, n);
+    gp_status s = gp_dev_bf16_pack(t->dev, pk, gp_f32(t), n);
+    if (s == GP_OK) s = gp_dev_bf16_unpack(t->dev, gp_f32(t), pk, n);
     gp_dev_free(t->dev, pk, bytes, GP_MEM_COPIES);
     return s;
 }
@@ -704,7 +704,7 @@ static gp_status evaluate_at(gp_model *m, const gp_config *cfg, const eval_sourc
                 gp_shape cs = gp_shape_with_batch(&m->layers[first].in_shape, n);
                 s = gp_tensor_alloc(&cur, m->devs[j], &cs, GP_MEM_COPIES);
                 if (s == GP_OK)
-                    s = gp_procs_recv_dev(m->devs[j], cur.data, gp_tensor_numel(&cur),
+                    s = gp_procs_recv_dev(m->devs[j], gp_f32(&cur), gp_tensor_numel(&cur),
                                           m->rank_base + (j - 1) % m->n_devices, 1);
             }
             if (s != GP_OK) break;
@@ -719,7 +719,7 @@ static gp_status evaluate_at(gp_model *m, const gp_config *cfg, const eval_sourc
                     gp_shape ks = gp_shape_with_batch(&m->layers[from].out_shape, n);
                     s = gp_tensor_alloc(&st.skip_in[t], m->devs[j], &ks, GP_MEM_COPIES);
                     if (s == GP_OK)
-                        s = gp_procs_recv_dev(m->devs[j], st.skip_in[t].data,
+                        s = gp_procs_recv_dev(m->devs[j], gp_f32(&st.skip_in[t]),
                                               gp_tensor_numel(&st.skip_in[t]),
                                               m->rank_base + a % m->n_devices, 2 + t);
                     continue;
@@ -760,10 +760,10 @@ static gp_status evaluate_at(gp_model *m, const gp_config *cfg, const eval_sourc
                                           waiting: a rank may take them in another order */
                 for (int t = 0; t < m->skips.n && s == GP_OK; t++) {
                     int b = stage_of(m, m->skips.skips[t].to);
-                    if (!pend[t].data || b % m->n_devices == m->local_device) continue;
+                    if (!gp_tensor_mem(&pend[t]) || b % m->n_devices == m->local_device) continue;
                     sent[n_sent] = pend[t];
                     pend[t] = (gp_tensor){0};
-                    s = gp_procs_isend_dev(sent[n_sent].dev, sent[n_sent].data,
+                    s = gp_procs_isend_dev(sent[n_sent].dev, gp_f32(&sent[n_sent]),
                                            gp_tensor_numel(&sent[n_sent]),
                                            m->rank_base + b % m->n_devices, 2 + t, &reqs[n_sent]);
                     n_sent++;
@@ -772,7 +772,7 @@ static gp_status evaluate_at(gp_model *m, const gp_config *cfg, const eval_sourc
                     (j + 1) % m->n_devices != m->local_device) {
                     sent[n_sent] = cur;
                     cur = (gp_tensor){0};
-                    s = gp_procs_isend_dev(sent[n_sent].dev, sent[n_sent].data,
+                    s = gp_procs_isend_dev(sent[n_sent].dev, gp_f32(&sent[n_sent]),
                                            gp_tensor_numel(&sent[n_sent]),
                                            m->rank_base + (j + 1) % m->n_devices, 1,
                                            &reqs[n_sent]);

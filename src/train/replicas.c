@@ -348,8 +348,8 @@ gp_status gp_model_gather_momentum(gp_model *m)
             for (int p = 0; p < m->layers[k].n_params; p++) {
                 gp_tensor *v;
                 for (int q = 0; (v = gp_optim_state(m->optim, k, p, q)); q++)
-                    if (v->data)
-                        GP_TRY(gp_dev_all_gather(v->dev, m->proc_comm, v->data,
+                    if (gp_tensor_mem(v))
+                        GP_TRY(gp_dev_all_gather(v->dev, m->proc_comm, gp_f32(v),
                                                  gp_tensor_numel(v)));
             }
         return GP_OK;
@@ -371,7 +371,7 @@ static gp_status layer_hash(const gp_model *m, int k, uint64_t *out)
         int64_t c = gp_tensor_numel(t);
         float *buf = malloc((size_t)(c > 0 ? c : 1) * sizeof *buf);
         if (!buf) return gp_error_set(GP_ERR_OOM, "out of host memory");
-        gp_status s = gp_dev_download(t->dev, buf, t->data, c);
+        gp_status s = gp_dev_download(t->dev, buf, gp_f32(t), c);
         if (s == GP_OK) s = gp_dev_synchronize(t->dev);
         const unsigned char *b = (const unsigned char *)buf;
         for (size_t q = 0; s == GP_OK && q < (size_t)c * sizeof *buf; q++) {

@@ -44,7 +44,7 @@ static gp_status add_device_tensor(gp_st_writer *w, const char *name, const gp_t
         *cap = (size_t)n;
     }
     if (me == owner) {
-        GP_TRY(gp_dev_download(t->dev, *scratch, t->data, n));
+        GP_TRY(gp_dev_download(t->dev, *scratch, gp_f32(t), n));
         GP_TRY(gp_dev_synchronize(t->dev));
         if (me != 0 && gather)
             return gp_procs_send_bytes(*scratch, (size_t)n * sizeof(float), 0, 0);
@@ -592,15 +592,15 @@ gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
                 gp_param *pr = &l->params[p];
                 const gp_st_tensor *t;
                 tensor_name(name, sizeof name, "", m, k, nm, pr->name);
-                if (pass == 0 && pr->value.data) GP_TRY(need(f, name)); /* this process's */
+                if (pass == 0 && gp_tensor_mem(&pr->value)) GP_TRY(need(f, name)); /* this process's */
                 expect(f, name, GP_ST_F32, pr->value.ndim, pr->value.dims, &missing, &bad, &t);
                 if (pass == 0) {
                     expected++;
                     ns_add(&known, name);
                 }
                 if (pass == 0 && t && t->data) scan_values(t, name, &values); /* (read: ours) */
-                if (pass == 1 && pr->value.data) { /* processes: not another rank's */
-                    GP_TRY(gp_dev_upload(pr->value.dev, pr->value.data, (const float *)t->data,
+                if (pass == 1 && gp_tensor_mem(&pr->value)) { /* processes: not another rank's */
+                    GP_TRY(gp_dev_upload(pr->value.dev, gp_f32(&pr->value), (const float *)t->data,
                                          gp_tensor_numel(&pr->value)));
                     GP_TRY(gp_dev_synchronize(pr->value.dev));
                 }
@@ -610,15 +610,15 @@ gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
                     char pre[24];
                     tensor_name(name, sizeof name, state_prefix(m, q, pre, sizeof pre), m, k,
                                 nm, pr->name);
-                    if (pass == 0 && mt->data) GP_TRY(need(f, name));
+                    if (pass == 0 && gp_tensor_mem(mt)) GP_TRY(need(f, name));
                     expect(f, name, GP_ST_F32, mt->ndim, mt->dims, &missing, &bad, &t);
                     if (pass == 0) {
                         expected++;
                         ns_add(&known, name);
                     }
                     if (pass == 0 && t && t->data) scan_values(t, name, &values);
-                    if (pass == 1 && mt->data) {
-                        GP_TRY(gp_dev_upload(mt->dev, mt->data, (const float *)t->data,
+                    if (pass == 1 && gp_tensor_mem(mt)) {
+                        GP_TRY(gp_dev_upload(mt->dev, gp_f32(mt), (const float *)t->data,
                                              gp_tensor_numel(mt)));
                         GP_TRY(gp_dev_synchronize(mt->dev));
                     }
