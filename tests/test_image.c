@@ -1053,6 +1053,105 @@ static void test_bad_files_in_loader(void)
     gp_dataset_free(&ds);
 }
 
+/* A progressive JPEG whose header declares w x h pixels: a 64 x 64 picture
+ * written progressive, its SOF2 segment's size patched (the scans carry far
+ * fewer pixels, but libjpeg sizes its whole-image coefficient buffers from
+ * the header alone). */
+static void write_declared_progressive(const char *path, int w, int h)
+{
+    uint8_t *px = make_rgb(64, 64, 2);
+    tjhandle t = tjInitCompress();
+    unsigned char *out = NULL;
+    unsigned long len = 0;
+    int rc = tjCompress2(t, px, 64, 0, 64, TJPF_RGB, &out, &len, TJSAMP_444, 90,
+                         TJFLAG_PROGRESSIVE);
+    CHECK_MSG(rc == 0, "tjCompress2 progressive: %s", tjGetErrorStr2(t));
+    bool patched = false;
+    for (unsigned long p = 2; rc == 0 && p + 9 <= len && out[p] == 0xff;) {
+        if (out[p + 1] == 0xc2) { /* FF C2 len(2) precision(1) height(2) width(2) */
+            out[p + 5] = (uint8_t)(h >> 8);
+            out[p + 6] = (uint8_t)h;
+            out[p + 7] = (uint8_t)(w >> 8);
+            out[p + 8] = (uint8_t)w;
+            patched = true;
+            break;
+        }
+        p += 2 + ((unsigned long)out[p + 2] << 8 | out[p + 3]);
+    }
+    CHECK_MSG(patched, "no SOF2 marker in the progressive JPEG written for %s", path);
+    if (patched) gpt_write_file(path, out, len);
+    tjFree(out);
+    tjDestroy(t);
+    free(px);
+}
+
+/* A progressive JPEG's header past GP_IMAGE_MAX_PIXELS is a bad file at
+ * every entry (probe, whole and DCT-scaled decode, region decode), before
+ * libjpeg allocates for it, and the loader treats it as one: an error
+ * naming it, or a counted skip. */
+static void test_declared_size_limit(void)
+{
+    const char *classes[] = {"a", "b"};
+    make_class_folder("huge", "train", classes, 2, 3);
+    char p[700];
+    snprintf(p, sizeof p, "%s/huge/train/b/img01.jpg", tmpdir);
+    /* 10240 x 10240: 105 megapixels declared, 1280 x 1280 at 1/8 */
+    write_declared_progressive(p, 10240, 10240);
+    size_t len = 0;
+    uint8_t *b = slurp(p, &len);
+    gp_image_codec *cd = NULL;
+    CHECK_OK(gp_image_codec_create(&cd));
+    gp_image im = {0};
+    int w = 0, h = 0, ox, oy, fw, fh;
+    if (b && cd) {
+        CHECK(gp_image_probe(cd, b, len, p, &w, &h) == GP_ERR_DATA && message_has(p) &&
+              message_has("10240 x 10240") && message_has("100000000"));
+        for (int denom = 1; denom <= 8; denom *= 2)
+            CHECK_MSG(gp_image_decode(cd, b, len, p, 3, denom, &im) == GP_ERR_DATA &&
+                          message_has("10240 x 10240"),
+                      "decode at 1/%d", denom);
+        CHECK(gp_image_decode_region(cd, b, len, p, 8, 0, 0, 64, 64, &im, &ox, &oy, &fw, &fh) ==
+                  GP_ERR_DATA &&
+              message_has("10240 x 10240"));
+    }
+    free(b);
+    /* a progressive JPEG of an honest size still decodes */
+    snprintf(p, sizeof p, "%s/huge/progressive-ok.jpg", tmpdir);
+    write_declared_progressive(p, 64, 64);
+    b = slurp(p, &len);
+    if (b && cd) {
+        CHECK_OK(gp_image_probe(cd, b, len, p, &w, &h));
+        CHECK_OK(gp_image_decode(cd, b, len, p, 3, 1, &im));
+        CHECK(im.w == 64 && im.h == 64);
+    }
+    free(b);
+    gp_image_free(&im);
+    gp_image_codec_destroy(cd);
+
+    gp_data_config cfg = folder_cfg("huge", 16);
+    gp_dataset ds = {0};
+    CHECK_OK(gp_dataset_load(&cfg, true, 0, &ds));
+    if (!ds.folder) return;
+    gp_loader_opts o = {.batch_size = 6, .shuffle = false, .augment = true, .prefetch = 1,
+                        .workers = 2};
+    gp_loader *ld = NULL;
+    gp_batch bt;
+    CHECK_OK(gp_loader_create(&ds, &cfg, &o, &ld));
+    CHECK(ld && gp_loader_next(ld, &bt) == GP_ERR_DATA && message_has("huge/train/b/img01.jpg") &&
+          message_has("limit"));
+    gp_loader_destroy(ld);
+    cfg.skip_bad_files = true;
+    ld = NULL;
+    CHECK_OK(gp_loader_create(&ds, &cfg, &o, &ld));
+    if (ld) {
+        CHECK_OK(gp_loader_next(ld, &bt));
+        CHECK_MSG(bt.n == 5, "on_bad_file: skip: %lld samples of 6", (long long)bt.n);
+        CHECK(gp_loader_bad_files(ld) == 1);
+    }
+    gp_loader_destroy(ld);
+    gp_dataset_free(&ds);
+}
+
 /* Training on an image folder through the library: a run resumed from a
  * mid-epoch snapshot gives the same losses, bit for bit, as the run that
  * went on; and a bad file met mid-run saves a snapshot first. */
@@ -1229,6 +1328,7 @@ int main(void)
     test_loader_threads_and_resume();
     test_segmentation_masks();
     test_bad_files_in_loader();
+    test_declared_size_limit();
     test_config_keys();
     test_train_resume();
     if (!gpt_failed) {
