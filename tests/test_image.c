@@ -18,9 +18,11 @@
 #include "train/image.h"
 #include "train/train.h"
 
+#include <fcntl.h>
 #include <stdatomic.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #ifdef GPIPE_HAVE_IMAGES
 #include <png.h>
@@ -692,6 +694,129 @@ static void test_index_and_cache(void)
     gp_dataset_free(&ds);
 }
 
+/* Runs gp_image_folder_open with stderr (gpipe's log) into log, up to
+ * logcap bytes, '\0'-terminated. */
+static gp_status open_logged(const gp_data_config *cfg, gp_image_folder **f, bool *cached,
+                             char *log, size_t logcap)
+{
+    char p[700];
+    snprintf(p, sizeof p, "%s/open.log", tmpdir);
+    fflush(stderr);
+    int saved = dup(2), fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    CHECK(saved >= 0 && fd >= 0);
+    dup2(fd, 2);
+    close(fd);
+    gp_status s = gp_image_folder_open(cfg, true, 32, 32, f, cached);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    size_t n = 0;
+    char *t = gpt_read_file(p, &n);
+    snprintf(log, logcap, "%s", t ? t : "");
+    free(t);
+    return s;
+}
+
+/* Replace the cache's last line (count and CRC-32) by one that matches the
+ * lines before it, as a cache edited with care would have. */
+static char *resum_cache(const char *text)
+{
+    size_t n = strlen(text);
+    char *out = malloc(n + 64);
+    const char *e = strstr(text, "\nE\t");
+    size_t body = e ? (size_t)(e - text) + 1 : n;
+    memcpy(out, text, body);
+    long long files = 0;
+    for (const char *q = text; q < text + body; q = strchr(q, '\n') + 1)
+        files += q[0] == 'F';
+    uLong crc = crc32(crc32(0, NULL, 0), (const Bytef *)text, (uInt)body);
+    snprintf(out + body, 64, "E\t%lld\t%08lx\n", files, (unsigned long)crc);
+    return out;
+}
+
+/* A damaged index cache is stale: listed again (and said so, once), never
+ * trained from.  Each damage as found in the wild (the cache cut at a line
+ * boundary, a label changed by one digit, a line twice, a class line
+ * added), and the last three again with the end line re-summed, so that
+ * the labels derived from the class folders, the order and uniqueness of
+ * the files and every class having files are what catch them. */
+static void test_cache_damage(void)
+{
+    const char *classes[] = {"ant", "moth"};
+    make_class_folder("dmg", "train", classes, 2, 3);
+    gp_data_config cfg = folder_cfg("dmg", 32);
+    gp_image_folder *f = NULL;
+    bool cached = true;
+    CHECK_OK(gp_image_folder_open(&cfg, true, 32, 32, &f, &cached));
+    gp_image_folder_free(f);
+    char cpath[700];
+    snprintf(cpath, sizeof cpath, "%s/dmg/.gpipe-index-train", tmpdir);
+    char *good = gpt_read_file(cpath, NULL);
+    CHECK(good && strstr(good, "\nE\t6\t"));
+    if (!good) return;
+    CHECK_OK(gp_image_folder_open(&cfg, true, 32, 32, &f, &cached));
+    CHECK(cached && f && gp_image_folder_size(f) == 6);
+    gp_image_folder_free(f);
+    enum { CUT, LABEL, TWICE, CLASS, N_DAMAGE };
+    static const char *const what[] = {"cut at a line boundary", "a label changed",
+                                       "a line twice", "a class line added"};
+    const char *moth = strstr(good, "\nF\t1\t") + 1; /* moth's first file */
+    size_t n = strlen(good);
+    for (int resum = 0; resum < 2; resum++)
+        for (int d = resum ? LABEL : CUT; d < N_DAMAGE; d++) {
+            char *bad = calloc(1, n + 64);
+            if (d == CUT) { /* the end line and moth's last two files gone */
+                const char *cut = good + n - 1;
+                for (int k = 0; k < 3; k++)
+                    while (*--cut != '\n') {}
+                memcpy(bad, good, (size_t)(cut - good) + 1);
+            } else if (d == LABEL) { /* moth's first file labelled ant */
+                memcpy(bad, good, n);
+                bad[moth - good + 2] = '0';
+            } else if (d == TWICE) { /* moth's first file twice */
+                size_t at = (size_t)(moth - good), ln = strcspn(moth, "\n") + 1;
+                memcpy(bad, good, at + ln);
+                memcpy(bad + at + ln, moth, n - at);
+            } else { /* a third class, after moth */
+                const char *c = strstr(good, "C\tmoth\n") + strlen("C\tmoth\n");
+                size_t at = (size_t)(c - good);
+                memcpy(bad, good, at);
+                memcpy(bad + at, "C\tzebra\n", strlen("C\tzebra\n"));
+                memcpy(bad + at + strlen("C\tzebra\n"), c, n - at);
+            }
+            if (resum) {
+                char *r = resum_cache(bad);
+                free(bad);
+                bad = r;
+            }
+            gpt_write_file(cpath, bad, strlen(bad));
+            free(bad);
+            char log[4096];
+            f = NULL;
+            CHECK_OK(open_logged(&cfg, &f, &cached, log, sizeof log));
+            int64_t size = f ? gp_image_folder_size(f) : -1;
+            int classes_n = f ? gp_image_folder_classes(f) : -1;
+            bool labels = f != NULL;
+            for (int64_t i = 0; f && i < size; i++)
+                labels = labels && gp_image_folder_label(f, i) ==
+                                       (strncmp(gp_image_folder_file(f, i), "ant/", 4) ? 1 : 0);
+            CHECK_MSG(!cached && size == 6 && classes_n == 2 && labels,
+                      "cache %s%s: cached %d, %lld files in %d classes, labels %s", what[d],
+                      resum ? " (re-summed)" : "", cached, (long long)size, classes_n,
+                      labels ? "right" : "wrong");
+            const char *said = strstr(log, "the index cache is damaged");
+            CHECK_MSG(said && strstr(log, cpath) && !strstr(said + 1, "the index cache is damaged"),
+                      "cache %s%s: the log says: %s", what[d], resum ? " (re-summed)" : "", log);
+            gp_image_folder_free(f);
+            /* rewritten whole */
+            char *again = gpt_read_file(cpath, NULL);
+            CHECK_MSG(again && !strcmp(again, good), "cache %s: not rewritten as it was",
+                      what[d]);
+            free(again);
+        }
+    free(good);
+}
+
 /* The evaluation split takes the training split's class indices. */
 static void test_class_alignment(void)
 {
@@ -1323,6 +1448,7 @@ int main(void)
     test_resample();
     test_crop_geometry();
     test_index_and_cache();
+    test_cache_damage();
     test_bad_folders();
     test_class_alignment();
     test_loader_threads_and_resume();
