@@ -876,6 +876,31 @@ static void test_bad_folders(void)
     /* no val split */
     CHECK(gp_image_folder_open(&cfg, false, 32, 32, &f, NULL) == GP_ERR_IO &&
           message_has("empty/val"));
+    /* a class folder that is another class's through a link: refused as
+     * that, naming the link, whichever of the two sorts first (not "a
+     * class folder with no images") */
+    const char *two[] = {"cat", "dog"};
+    make_class_folder("alias", "train", two, 2, 2);
+    snprintf(p, sizeof p, "ln -s cat %s/alias/train/kitty", tmpdir);
+    CHECK(system(p) == 0);
+    cfg = folder_cfg("alias", 32);
+    CHECK(gp_image_folder_open(&cfg, true, 32, 32, &f, NULL) == GP_ERR_DATA && !f &&
+          message_has("alias/train/kitty: class folder 'kitty' is a link to ") &&
+          message_has("alias/train/cat (class 'cat')") && message_has("same images") &&
+          !strstr(gp_last_error(), "no images"));
+    snprintf(p, sizeof p, "rm %s/alias/train/kitty && ln -s dog %s/alias/train/bear", tmpdir,
+             tmpdir);
+    CHECK(system(p) == 0);
+    CHECK(gp_image_folder_open(&cfg, true, 32, 32, &f, NULL) == GP_ERR_DATA && !f &&
+          message_has("alias/train/dog: class folder 'dog' is the folder linked to by ") &&
+          message_has("alias/train/bear (class 'bear')") && !strstr(gp_last_error(), "no images"));
+    /* a link inside a class to another class: the same */
+    snprintf(p, sizeof p, "rm %s/alias/train/bear && ln -s ../dog %s/alias/train/cat/more", tmpdir,
+             tmpdir);
+    CHECK(system(p) == 0);
+    CHECK(gp_image_folder_open(&cfg, true, 32, 32, &f, NULL) == GP_ERR_DATA && !f &&
+          message_has("'dog' is the folder linked to by ") &&
+          message_has("alias/train/cat/more (class 'cat')"));
     /* segmentation: an image without its mask, a mask without its image */
     mkdirs("seg1/train/images");
     mkdirs("seg1/train/masks");

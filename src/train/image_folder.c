@@ -239,6 +239,32 @@ static int64_t same_stem_at(char *const *v, int64_t n)
     return 0;
 }
 
+/* A class folder that is a folder listed already, through a link (to
+ * another class, to a folder inside one, or to the split folder), would
+ * give two classes the same images: refused, naming both and the link. */
+static gp_status class_alias(const gp_image_folder *f, const char *cls)
+{
+    char full[2048];
+    snprintf(full, sizeof full, "%s/%s", f->dir, cls);
+    struct stat st, lst;
+    if (stat(full, &st) != 0) return GP_OK; /* the walk reports it */
+    for (int k = 0; k < f->n_dirs; k++) {
+        if (f->dirs[k].dev != st.st_dev || f->dirs[k].ino != st.st_ino) continue;
+        const char *other = f->dirs[k].rel;
+        if (!other[0])
+            return gp_error_set(GP_ERR_DATA, "%s: class folder '%s' is a link to the split "
+                                "folder %s itself; remove the link", full, cls, f->dir);
+        int n = (int)strcspn(other, "/");
+        bool link = lstat(full, &lst) == 0 && S_ISLNK(lst.st_mode);
+        return gp_error_set(GP_ERR_DATA, "%s: class folder '%s' %s %s/%s (class '%.*s'), so two "
+                            "classes would hold the same images; gpipe refuses that: remove the "
+                            "link, or copy the folder if both classes are meant to have them",
+                            full, cls, link ? "is a link to" : "is the folder linked to by",
+                            f->dir, other, n, other);
+    }
+    return GP_OK;
+}
+
 static gp_status list_classification(gp_image_folder *f)
 {
     DIR *d = opendir(f->dir);
@@ -272,7 +298,8 @@ static gp_status list_classification(gp_image_folder *f)
     int64_t ignored = 0;
     for (int64_t c = 0; s == GP_OK && c < cls.n; c++) {
         int64_t before = files.n;
-        s = walk(f, cls.v[c], true, &files, &ignored);
+        s = class_alias(f, cls.v[c]);
+        if (s == GP_OK) s = walk(f, cls.v[c], true, &files, &ignored);
         if (s == GP_OK && files.n == before)
             s = gp_error_set(GP_ERR_DATA, "%s/%s: class folder with no images (.jpg, .jpeg or "
                              ".png); add images or remove the folder", f->dir, cls.v[c]);
