@@ -1466,6 +1466,51 @@ static void test_train_resume(void)
               gp_last_error());
 }
 
+/* A bad file met by the final evaluation is reported as training's and
+ * an epoch's evaluation's are: where the run stopped, the snapshot that
+ * holds it, and on_bad_file: skip; once the file is fixed, the run resumed
+ * from that snapshot evaluates and ends well. */
+static void test_final_eval_bad_file(void)
+{
+    char p[2000];
+    snprintf(p, sizeof p, "cp -r %s/cls %s/cls3 && rm -f %s/cls3/.gpipe-index-*", tmpdir, tmpdir,
+             tmpdir);
+    CHECK(system(p) == 0);
+    char bad[700], saved[700];
+    snprintf(bad, sizeof bad, "%s/cls3/val/moth/img01.jpg", tmpdir);
+    snprintf(saved, sizeof saved, "%s/cls3/img01.jpg.good", tmpdir);
+    snprintf(p, sizeof p, "cp %s %s", bad, saved);
+    CHECK(system(p) == 0);
+    gpt_write_file(bad, "broken", 6);
+    char yaml[2048];
+    snprintf(yaml, sizeof yaml,
+             "model:\n  input: [3, 16, 16]\n  layers:\n"
+             "    - conv2d: {out: 4, kernel: 3, padding: 1}\n    - relu\n"
+             "    - global_avgpool\n    - flatten\n    - linear: {out: 3}\n"
+             "data: {dataset: image_folder, path: %s/cls3, workers: 2}\n"
+             "train: {steps: 3, batch_size: 4, eval_each_epoch: false,\n"
+             "        snapshot: {every_steps: 2, keep: 9, dir: %s/snaps3}}\n",
+             tmpdir, tmpdir);
+    char snap[700];
+    snprintf(snap, sizeof snap, "%s/snaps3/snapshot-000000003.safetensors", tmpdir);
+    gp_status s = run_yaml(yaml, NULL, NULL);
+    CHECK(s == GP_ERR_DATA && message_has(bad) && message_has("stopped at step 3") &&
+          message_has(snap) && message_has("data.on_bad_file: skip"));
+    CHECK_MSG(access(snap, R_OK) == 0, "no snapshot of step 3 after the final evaluation's bad "
+              "file: %s", gp_last_error());
+    /* snapshots off: what is lost, and the skip, are said */
+    char off[2048];
+    snprintf(off, sizeof off, "%.*s", (int)(strstr(yaml, ",\n        snapshot") - yaml), yaml);
+    strcat(off, "}\n");
+    s = run_yaml(off, NULL, NULL);
+    CHECK(s == GP_ERR_DATA && message_has(bad) && message_has("stopped at step 3") &&
+          message_has("snapshots are off") && message_has("data.on_bad_file: skip"));
+    /* fixed: the resumed run has nothing left to train and evaluates */
+    snprintf(p, sizeof p, "cp %s %s", saved, bad);
+    CHECK(system(p) == 0);
+    CHECK_OK(run_yaml(yaml, snap, NULL));
+}
+
 int main(void)
 {
     if (!gpt_make_tmpdir(tmpdir, sizeof tmpdir, "gpipe-image")) return 1;
@@ -1482,6 +1527,7 @@ int main(void)
     test_declared_size_limit();
     test_config_keys();
     test_train_resume();
+    test_final_eval_bad_file();
     if (!gpt_failed) {
         char cmd[400];
         snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
