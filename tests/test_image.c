@@ -18,9 +18,11 @@
 #include "train/image.h"
 #include "train/train.h"
 
+#include <fcntl.h>
 #include <stdatomic.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #ifdef GPIPE_HAVE_IMAGES
 #include <png.h>
@@ -692,6 +694,129 @@ static void test_index_and_cache(void)
     gp_dataset_free(&ds);
 }
 
+/* Runs gp_image_folder_open with stderr (gpipe's log) into log, up to
+ * logcap bytes, '\0'-terminated. */
+static gp_status open_logged(const gp_data_config *cfg, gp_image_folder **f, bool *cached,
+                             char *log, size_t logcap)
+{
+    char p[700];
+    snprintf(p, sizeof p, "%s/open.log", tmpdir);
+    fflush(stderr);
+    int saved = dup(2), fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    CHECK(saved >= 0 && fd >= 0);
+    dup2(fd, 2);
+    close(fd);
+    gp_status s = gp_image_folder_open(cfg, true, 32, 32, f, cached);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    size_t n = 0;
+    char *t = gpt_read_file(p, &n);
+    snprintf(log, logcap, "%s", t ? t : "");
+    free(t);
+    return s;
+}
+
+/* Replace the cache's last line (count and CRC-32) by one that matches the
+ * lines before it, as a cache edited with care would have. */
+static char *resum_cache(const char *text)
+{
+    size_t n = strlen(text);
+    char *out = malloc(n + 64);
+    const char *e = strstr(text, "\nE\t");
+    size_t body = e ? (size_t)(e - text) + 1 : n;
+    memcpy(out, text, body);
+    long long files = 0;
+    for (const char *q = text; q < text + body; q = strchr(q, '\n') + 1)
+        files += q[0] == 'F';
+    uLong crc = crc32(crc32(0, NULL, 0), (const Bytef *)text, (uInt)body);
+    snprintf(out + body, 64, "E\t%lld\t%08lx\n", files, (unsigned long)crc);
+    return out;
+}
+
+/* A damaged index cache is stale: listed again (and said so, once), never
+ * trained from.  Each damage as found in the wild (the cache cut at a line
+ * boundary, a label changed by one digit, a line twice, a class line
+ * added), and the last three again with the end line re-summed, so that
+ * the labels derived from the class folders, the order and uniqueness of
+ * the files and every class having files are what catch them. */
+static void test_cache_damage(void)
+{
+    const char *classes[] = {"ant", "moth"};
+    make_class_folder("dmg", "train", classes, 2, 3);
+    gp_data_config cfg = folder_cfg("dmg", 32);
+    gp_image_folder *f = NULL;
+    bool cached = true;
+    CHECK_OK(gp_image_folder_open(&cfg, true, 32, 32, &f, &cached));
+    gp_image_folder_free(f);
+    char cpath[700];
+    snprintf(cpath, sizeof cpath, "%s/dmg/.gpipe-index-train", tmpdir);
+    char *good = gpt_read_file(cpath, NULL);
+    CHECK(good && strstr(good, "\nE\t6\t"));
+    if (!good) return;
+    CHECK_OK(gp_image_folder_open(&cfg, true, 32, 32, &f, &cached));
+    CHECK(cached && f && gp_image_folder_size(f) == 6);
+    gp_image_folder_free(f);
+    enum { CUT, LABEL, TWICE, CLASS, N_DAMAGE };
+    static const char *const what[] = {"cut at a line boundary", "a label changed",
+                                       "a line twice", "a class line added"};
+    const char *moth = strstr(good, "\nF\t1\t") + 1; /* moth's first file */
+    size_t n = strlen(good);
+    for (int resum = 0; resum < 2; resum++)
+        for (int d = resum ? LABEL : CUT; d < N_DAMAGE; d++) {
+            char *bad = calloc(1, n + 64);
+            if (d == CUT) { /* the end line and moth's last two files gone */
+                const char *cut = good + n - 1;
+                for (int k = 0; k < 3; k++)
+                    while (*--cut != '\n') {}
+                memcpy(bad, good, (size_t)(cut - good) + 1);
+            } else if (d == LABEL) { /* moth's first file labelled ant */
+                memcpy(bad, good, n);
+                bad[moth - good + 2] = '0';
+            } else if (d == TWICE) { /* moth's first file twice */
+                size_t at = (size_t)(moth - good), ln = strcspn(moth, "\n") + 1;
+                memcpy(bad, good, at + ln);
+                memcpy(bad + at + ln, moth, n - at);
+            } else { /* a third class, after moth */
+                const char *c = strstr(good, "C\tmoth\n") + strlen("C\tmoth\n");
+                size_t at = (size_t)(c - good);
+                memcpy(bad, good, at);
+                memcpy(bad + at, "C\tzebra\n", strlen("C\tzebra\n"));
+                memcpy(bad + at + strlen("C\tzebra\n"), c, n - at);
+            }
+            if (resum) {
+                char *r = resum_cache(bad);
+                free(bad);
+                bad = r;
+            }
+            gpt_write_file(cpath, bad, strlen(bad));
+            free(bad);
+            char log[4096];
+            f = NULL;
+            CHECK_OK(open_logged(&cfg, &f, &cached, log, sizeof log));
+            int64_t size = f ? gp_image_folder_size(f) : -1;
+            int classes_n = f ? gp_image_folder_classes(f) : -1;
+            bool labels = f != NULL;
+            for (int64_t i = 0; f && i < size; i++)
+                labels = labels && gp_image_folder_label(f, i) ==
+                                       (strncmp(gp_image_folder_file(f, i), "ant/", 4) ? 1 : 0);
+            CHECK_MSG(!cached && size == 6 && classes_n == 2 && labels,
+                      "cache %s%s: cached %d, %lld files in %d classes, labels %s", what[d],
+                      resum ? " (re-summed)" : "", cached, (long long)size, classes_n,
+                      labels ? "right" : "wrong");
+            const char *said = strstr(log, "the index cache is damaged");
+            CHECK_MSG(said && strstr(log, cpath) && !strstr(said + 1, "the index cache is damaged"),
+                      "cache %s%s: the log says: %s", what[d], resum ? " (re-summed)" : "", log);
+            gp_image_folder_free(f);
+            /* rewritten whole */
+            char *again = gpt_read_file(cpath, NULL);
+            CHECK_MSG(again && !strcmp(again, good), "cache %s: not rewritten as it was",
+                      what[d]);
+            free(again);
+        }
+    free(good);
+}
+
 /* The evaluation split takes the training split's class indices. */
 static void test_class_alignment(void)
 {
@@ -751,6 +876,31 @@ static void test_bad_folders(void)
     /* no val split */
     CHECK(gp_image_folder_open(&cfg, false, 32, 32, &f, NULL) == GP_ERR_IO &&
           message_has("empty/val"));
+    /* a class folder that is another class's through a link: refused as
+     * that, naming the link, whichever of the two sorts first (not "a
+     * class folder with no images") */
+    const char *two[] = {"cat", "dog"};
+    make_class_folder("alias", "train", two, 2, 2);
+    snprintf(p, sizeof p, "ln -s cat %s/alias/train/kitty", tmpdir);
+    CHECK(system(p) == 0);
+    cfg = folder_cfg("alias", 32);
+    CHECK(gp_image_folder_open(&cfg, true, 32, 32, &f, NULL) == GP_ERR_DATA && !f &&
+          message_has("alias/train/kitty: class folder 'kitty' is a link to ") &&
+          message_has("alias/train/cat (class 'cat')") && message_has("same images") &&
+          !strstr(gp_last_error(), "no images"));
+    snprintf(p, sizeof p, "rm %s/alias/train/kitty && ln -s dog %s/alias/train/bear", tmpdir,
+             tmpdir);
+    CHECK(system(p) == 0);
+    CHECK(gp_image_folder_open(&cfg, true, 32, 32, &f, NULL) == GP_ERR_DATA && !f &&
+          message_has("alias/train/dog: class folder 'dog' is the folder linked to by ") &&
+          message_has("alias/train/bear (class 'bear')") && !strstr(gp_last_error(), "no images"));
+    /* a link inside a class to another class: the same */
+    snprintf(p, sizeof p, "rm %s/alias/train/bear && ln -s ../dog %s/alias/train/cat/more", tmpdir,
+             tmpdir);
+    CHECK(system(p) == 0);
+    CHECK(gp_image_folder_open(&cfg, true, 32, 32, &f, NULL) == GP_ERR_DATA && !f &&
+          message_has("'dog' is the folder linked to by ") &&
+          message_has("alias/train/cat/more (class 'cat')"));
     /* segmentation: an image without its mask, a mask without its image */
     mkdirs("seg1/train/images");
     mkdirs("seg1/train/masks");
@@ -1053,6 +1203,105 @@ static void test_bad_files_in_loader(void)
     gp_dataset_free(&ds);
 }
 
+/* A progressive JPEG whose header declares w x h pixels: a 64 x 64 picture
+ * written progressive, its SOF2 segment's size patched (the scans carry far
+ * fewer pixels, but libjpeg sizes its whole-image coefficient buffers from
+ * the header alone). */
+static void write_declared_progressive(const char *path, int w, int h)
+{
+    uint8_t *px = make_rgb(64, 64, 2);
+    tjhandle t = tjInitCompress();
+    unsigned char *out = NULL;
+    unsigned long len = 0;
+    int rc = tjCompress2(t, px, 64, 0, 64, TJPF_RGB, &out, &len, TJSAMP_444, 90,
+                         TJFLAG_PROGRESSIVE);
+    CHECK_MSG(rc == 0, "tjCompress2 progressive: %s", tjGetErrorStr2(t));
+    bool patched = false;
+    for (unsigned long p = 2; rc == 0 && p + 9 <= len && out[p] == 0xff;) {
+        if (out[p + 1] == 0xc2) { /* FF C2 len(2) precision(1) height(2) width(2) */
+            out[p + 5] = (uint8_t)(h >> 8);
+            out[p + 6] = (uint8_t)h;
+            out[p + 7] = (uint8_t)(w >> 8);
+            out[p + 8] = (uint8_t)w;
+            patched = true;
+            break;
+        }
+        p += 2 + ((unsigned long)out[p + 2] << 8 | out[p + 3]);
+    }
+    CHECK_MSG(patched, "no SOF2 marker in the progressive JPEG written for %s", path);
+    if (patched) gpt_write_file(path, out, len);
+    tjFree(out);
+    tjDestroy(t);
+    free(px);
+}
+
+/* A progressive JPEG's header past GP_IMAGE_MAX_PIXELS is a bad file at
+ * every entry (probe, whole and DCT-scaled decode, region decode), before
+ * libjpeg allocates for it, and the loader treats it as one: an error
+ * naming it, or a counted skip. */
+static void test_declared_size_limit(void)
+{
+    const char *classes[] = {"a", "b"};
+    make_class_folder("huge", "train", classes, 2, 3);
+    char p[700];
+    snprintf(p, sizeof p, "%s/huge/train/b/img01.jpg", tmpdir);
+    /* 10240 x 10240: 105 megapixels declared, 1280 x 1280 at 1/8 */
+    write_declared_progressive(p, 10240, 10240);
+    size_t len = 0;
+    uint8_t *b = slurp(p, &len);
+    gp_image_codec *cd = NULL;
+    CHECK_OK(gp_image_codec_create(&cd));
+    gp_image im = {0};
+    int w = 0, h = 0, ox, oy, fw, fh;
+    if (b && cd) {
+        CHECK(gp_image_probe(cd, b, len, p, &w, &h) == GP_ERR_DATA && message_has(p) &&
+              message_has("10240 x 10240") && message_has("100000000"));
+        for (int denom = 1; denom <= 8; denom *= 2)
+            CHECK_MSG(gp_image_decode(cd, b, len, p, 3, denom, &im) == GP_ERR_DATA &&
+                          message_has("10240 x 10240"),
+                      "decode at 1/%d", denom);
+        CHECK(gp_image_decode_region(cd, b, len, p, 8, 0, 0, 64, 64, &im, &ox, &oy, &fw, &fh) ==
+                  GP_ERR_DATA &&
+              message_has("10240 x 10240"));
+    }
+    free(b);
+    /* a progressive JPEG of an honest size still decodes */
+    snprintf(p, sizeof p, "%s/huge/progressive-ok.jpg", tmpdir);
+    write_declared_progressive(p, 64, 64);
+    b = slurp(p, &len);
+    if (b && cd) {
+        CHECK_OK(gp_image_probe(cd, b, len, p, &w, &h));
+        CHECK_OK(gp_image_decode(cd, b, len, p, 3, 1, &im));
+        CHECK(im.w == 64 && im.h == 64);
+    }
+    free(b);
+    gp_image_free(&im);
+    gp_image_codec_destroy(cd);
+
+    gp_data_config cfg = folder_cfg("huge", 16);
+    gp_dataset ds = {0};
+    CHECK_OK(gp_dataset_load(&cfg, true, 0, &ds));
+    if (!ds.folder) return;
+    gp_loader_opts o = {.batch_size = 6, .shuffle = false, .augment = true, .prefetch = 1,
+                        .workers = 2};
+    gp_loader *ld = NULL;
+    gp_batch bt;
+    CHECK_OK(gp_loader_create(&ds, &cfg, &o, &ld));
+    CHECK(ld && gp_loader_next(ld, &bt) == GP_ERR_DATA && message_has("huge/train/b/img01.jpg") &&
+          message_has("limit"));
+    gp_loader_destroy(ld);
+    cfg.skip_bad_files = true;
+    ld = NULL;
+    CHECK_OK(gp_loader_create(&ds, &cfg, &o, &ld));
+    if (ld) {
+        CHECK_OK(gp_loader_next(ld, &bt));
+        CHECK_MSG(bt.n == 5, "on_bad_file: skip: %lld samples of 6", (long long)bt.n);
+        CHECK(gp_loader_bad_files(ld) == 1);
+    }
+    gp_loader_destroy(ld);
+    gp_dataset_free(&ds);
+}
+
 /* Training on an image folder through the library: a run resumed from a
  * mid-epoch snapshot gives the same losses, bit for bit, as the run that
  * went on; and a bad file met mid-run saves a snapshot first. */
@@ -1217,6 +1466,51 @@ static void test_train_resume(void)
               gp_last_error());
 }
 
+/* A bad file met by the final evaluation is reported as training's and
+ * an epoch's evaluation's are: where the run stopped, the snapshot that
+ * holds it, and on_bad_file: skip; once the file is fixed, the run resumed
+ * from that snapshot evaluates and ends well. */
+static void test_final_eval_bad_file(void)
+{
+    char p[2000];
+    snprintf(p, sizeof p, "cp -r %s/cls %s/cls3 && rm -f %s/cls3/.gpipe-index-*", tmpdir, tmpdir,
+             tmpdir);
+    CHECK(system(p) == 0);
+    char bad[700], saved[700];
+    snprintf(bad, sizeof bad, "%s/cls3/val/moth/img01.jpg", tmpdir);
+    snprintf(saved, sizeof saved, "%s/cls3/img01.jpg.good", tmpdir);
+    snprintf(p, sizeof p, "cp %s %s", bad, saved);
+    CHECK(system(p) == 0);
+    gpt_write_file(bad, "broken", 6);
+    char yaml[2048];
+    snprintf(yaml, sizeof yaml,
+             "model:\n  input: [3, 16, 16]\n  layers:\n"
+             "    - conv2d: {out: 4, kernel: 3, padding: 1}\n    - relu\n"
+             "    - global_avgpool\n    - flatten\n    - linear: {out: 3}\n"
+             "data: {dataset: image_folder, path: %s/cls3, workers: 2}\n"
+             "train: {steps: 3, batch_size: 4, eval_each_epoch: false,\n"
+             "        snapshot: {every_steps: 2, keep: 9, dir: %s/snaps3}}\n",
+             tmpdir, tmpdir);
+    char snap[700];
+    snprintf(snap, sizeof snap, "%s/snaps3/snapshot-000000003.safetensors", tmpdir);
+    gp_status s = run_yaml(yaml, NULL, NULL);
+    CHECK(s == GP_ERR_DATA && message_has(bad) && message_has("stopped at step 3") &&
+          message_has(snap) && message_has("data.on_bad_file: skip"));
+    CHECK_MSG(access(snap, R_OK) == 0, "no snapshot of step 3 after the final evaluation's bad "
+              "file: %s", gp_last_error());
+    /* snapshots off: what is lost, and the skip, are said */
+    char off[2048];
+    snprintf(off, sizeof off, "%.*s", (int)(strstr(yaml, ",\n        snapshot") - yaml), yaml);
+    strcat(off, "}\n");
+    s = run_yaml(off, NULL, NULL);
+    CHECK(s == GP_ERR_DATA && message_has(bad) && message_has("stopped at step 3") &&
+          message_has("snapshots are off") && message_has("data.on_bad_file: skip"));
+    /* fixed: the resumed run has nothing left to train and evaluates */
+    snprintf(p, sizeof p, "cp %s %s", saved, bad);
+    CHECK(system(p) == 0);
+    CHECK_OK(run_yaml(yaml, snap, NULL));
+}
+
 int main(void)
 {
     if (!gpt_make_tmpdir(tmpdir, sizeof tmpdir, "gpipe-image")) return 1;
@@ -1224,13 +1518,16 @@ int main(void)
     test_resample();
     test_crop_geometry();
     test_index_and_cache();
+    test_cache_damage();
     test_bad_folders();
     test_class_alignment();
     test_loader_threads_and_resume();
     test_segmentation_masks();
     test_bad_files_in_loader();
+    test_declared_size_limit();
     test_config_keys();
     test_train_resume();
+    test_final_eval_bad_file();
     if (!gpt_failed) {
         char cmd[400];
         snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);

@@ -103,6 +103,21 @@ void gp_image_codec_destroy(gp_image_codec *cd)
     free(cd);
 }
 
+/* A JPEG's size as its header declares it, refused past
+ * GP_IMAGE_MAX_PIXELS before libjpeg allocates for it: a progressive (or
+ * multi-scan) file makes libjpeg hold the whole image's DCT coefficients,
+ * whatever scale it is decoded at, so checking the scaled output only lets
+ * a 30000 x 30000 file of 3.5 MB take 2 GB in one decode thread. */
+static gp_status jpeg_size_ok(int64_t w, int64_t h, const char *path)
+{
+    if (w >= 1 && h >= 1 && w <= 65535 && h <= 65535 && w * h <= GP_IMAGE_MAX_PIXELS)
+        return GP_OK;
+    return gp_error_set(GP_ERR_DATA, "%s: JPEG header gives %lld x %lld pixels, outside gpipe's "
+                        "limit of 1 to %lld pixels per image (decoding it would hold the whole "
+                        "image in memory); shrink or remove the file", path, (long long)w,
+                        (long long)h, (long long)GP_IMAGE_MAX_PIXELS);
+}
+
 /* A TurboJPEG handle is not reliable after a failed call (libjpeg-turbo
  * 2.1 can then report a later file's header wrongly): a new one replaces
  * it after every failure. */
@@ -263,10 +278,8 @@ gp_status gp_image_probe(gp_image_codec *cd, const uint8_t *buf, size_t len, con
     if (tjDecompressHeader3(cd->dec, buf, (unsigned long)len, w, h, &sub, &cs) != 0)
         return tj_failed(cd, gp_error_set(GP_ERR_DATA, "%s: unreadable JPEG header: %s", path,
                                           tjGetErrorStr2(cd->dec)));
-    if (*w < 1 || *h < 1 || *w > 65535 || *h > 65535)
-        return tj_failed(cd, gp_error_set(GP_ERR_DATA, "%s: JPEG header gives %d x %d pixels",
-                                          path, *w, *h));
-    return GP_OK;
+    gp_status s = jpeg_size_ok(*w, *h, path);
+    return s == GP_OK ? s : tj_failed(cd, s);
 }
 
 gp_status gp_image_decode(gp_image_codec *cd, const uint8_t *buf, size_t len, const char *path,
@@ -281,6 +294,7 @@ gp_status gp_image_decode(gp_image_codec *cd, const uint8_t *buf, size_t len, co
     if (tjDecompressHeader3(cd->dec, buf, (unsigned long)len, &w, &h, &sub, &cs) != 0)
         return tj_failed(cd, gp_error_set(GP_ERR_DATA, "%s: unreadable JPEG header: %s", path,
                                           tjGetErrorStr2(cd->dec)));
+    GP_TRY(jpeg_size_ok(w, h, path));
     if (denom != 1 && denom != 2 && denom != 4 && denom != 8) denom = 1;
     int sw = gp_image_scaled(w, denom), sh = gp_image_scaled(h, denom);
     /* A truncated file is an error, as it is to Pillow: libjpeg's warning
@@ -373,6 +387,11 @@ gp_status gp_image_decode_region(gp_image_codec *cd, const uint8_t *buf, size_t 
     }
     jpeg_mem_src(&ci, buf, (unsigned long)len);
     jpeg_read_header(&ci, TRUE);
+    gp_status ss = jpeg_size_ok(ci.image_width, ci.image_height, path);
+    if (ss != GP_OK) {
+        jpeg_destroy_decompress(&ci);
+        return ss;
+    }
     if (ci.jpeg_color_space == JCS_CMYK || ci.jpeg_color_space == JCS_YCCK) {
         /* rare: the whole image through the CMYK conversion */
         jpeg_destroy_decompress(&ci);

@@ -38,7 +38,9 @@ typedef struct gp_image {
 void gp_image_free(gp_image *im);
 
 /* The largest image decoded (a hostile header cannot ask for more memory):
- * 100 megapixels, 300 MB as RGB. */
+ * 100 megapixels, 300 MB as RGB, as the header declares them, whatever the
+ * scale a JPEG would be decoded at (a progressive JPEG's decoder holds the
+ * whole image's coefficients even for a 1/8 decode). */
 #define GP_IMAGE_MAX_PIXELS ((int64_t)100 * 1000 * 1000)
 
 /* True when gpipe was built with libturbojpeg and libpng. */
@@ -49,8 +51,8 @@ gp_status gp_image_codec_create(gp_image_codec **out);
 void gp_image_codec_destroy(gp_image_codec *cd);
 
 /* Width and height of the JPEG or PNG in buf (len bytes), from its header.
- * `path` names the file in errors (GP_ERR_DATA: not a JPEG or PNG, or a
- * corrupt header). */
+ * `path` names the file in errors (GP_ERR_DATA: not a JPEG or PNG, a
+ * corrupt header, or a JPEG past GP_IMAGE_MAX_PIXELS). */
 gp_status gp_image_probe(gp_image_codec *cd, const uint8_t *buf, size_t len, const char *path,
                          int *w, int *h);
 /* Decode to `channels` (3 or 1) at 1/denom scale (1, 2, 4 or 8; a PNG is

@@ -15,9 +15,11 @@
  *
  * The cache: a text file, <path>/.gpipe-index-<split> (or under
  * data.cache_dir, or ~/.cache/gpipe when <path> is read-only), holding the
- * folders' modification times and every file's size and time.  It is used
- * only when all of them still match; otherwise the folder is listed again
- * and the cache rewritten.
+ * folders' modification times and every file's size and time, and ending
+ * in the number of files and a CRC-32 of every line before it.  It is used
+ * only when all of them still match and the index is whole (files unique
+ * and in order, each label its class folder's, every class with files);
+ * otherwise the folder is listed again and the cache rewritten.
  */
 #define _DEFAULT_SOURCE /* DT_DIR, strcasecmp */
 #include "train/data.h"
@@ -33,6 +35,7 @@
 #include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 typedef struct folder_file {
     char *rel;      /* path under the split folder (owned) */
@@ -236,6 +239,32 @@ static int64_t same_stem_at(char *const *v, int64_t n)
     return 0;
 }
 
+/* A class folder that is a folder listed already, through a link (to
+ * another class, to a folder inside one, or to the split folder), would
+ * give two classes the same images: refused, naming both and the link. */
+static gp_status class_alias(const gp_image_folder *f, const char *cls)
+{
+    char full[2048];
+    snprintf(full, sizeof full, "%s/%s", f->dir, cls);
+    struct stat st, lst;
+    if (stat(full, &st) != 0) return GP_OK; /* the walk reports it */
+    for (int k = 0; k < f->n_dirs; k++) {
+        if (f->dirs[k].dev != st.st_dev || f->dirs[k].ino != st.st_ino) continue;
+        const char *other = f->dirs[k].rel;
+        if (!other[0])
+            return gp_error_set(GP_ERR_DATA, "%s: class folder '%s' is a link to the split "
+                                "folder %s itself; remove the link", full, cls, f->dir);
+        int n = (int)strcspn(other, "/");
+        bool link = lstat(full, &lst) == 0 && S_ISLNK(lst.st_mode);
+        return gp_error_set(GP_ERR_DATA, "%s: class folder '%s' %s %s/%s (class '%.*s'), so two "
+                            "classes would hold the same images; gpipe refuses that: remove the "
+                            "link, or copy the folder if both classes are meant to have them",
+                            full, cls, link ? "is a link to" : "is the folder linked to by",
+                            f->dir, other, n, other);
+    }
+    return GP_OK;
+}
+
 static gp_status list_classification(gp_image_folder *f)
 {
     DIR *d = opendir(f->dir);
@@ -269,7 +298,8 @@ static gp_status list_classification(gp_image_folder *f)
     int64_t ignored = 0;
     for (int64_t c = 0; s == GP_OK && c < cls.n; c++) {
         int64_t before = files.n;
-        s = walk(f, cls.v[c], true, &files, &ignored);
+        s = class_alias(f, cls.v[c]);
+        if (s == GP_OK) s = walk(f, cls.v[c], true, &files, &ignored);
         if (s == GP_OK && files.n == before)
             s = gp_error_set(GP_ERR_DATA, "%s/%s: class folder with no images (.jpg, .jpeg or "
                              ".png); add images or remove the folder", f->dir, cls.v[c]);
@@ -380,7 +410,9 @@ static gp_status list_segmentation(gp_image_folder *f)
 
 /* ---- the cache --------------------------------------------------------- */
 
-#define CACHE_MAGIC "gpipe-image-index 1"
+/* (version 2 ends in the count and checksum line) */
+#define CACHE_MAGIC_STEM "gpipe-image-index "
+#define CACHE_MAGIC CACHE_MAGIC_STEM "2"
 
 static void cache_path(const gp_data_config *cfg, const char *split, const char *dir, char *out,
                        size_t len, bool fallback)
@@ -403,6 +435,22 @@ static void cache_path(const gp_data_config *cfg, const char *split, const char 
     }
 }
 
+/* One line of the cache, its bytes added to *crc; false if it does not fit
+ * (no line of a listing is that long) or cannot be written. */
+static bool cache_put(FILE *fp, uLong *crc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static bool cache_put(FILE *fp, uLong *crc, const char *fmt, ...)
+{
+    char line[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= sizeof line) return false;
+    *crc = crc32(*crc, (const Bytef *)line, (uInt)n);
+    return fwrite(line, 1, (size_t)n, fp) == (size_t)n;
+}
+
 static gp_status cache_write(const gp_image_folder *f, const char *path)
 {
     char tmp[1200];
@@ -420,21 +468,28 @@ static gp_status cache_write(const gp_image_folder *f, const char *path)
     }
     FILE *fp = fopen(tmp, "w");
     if (!fp) return GP_ERR_IO;
-    fprintf(fp, "%s\t%d\t%s\n", CACHE_MAGIC, f->segmentation, f->dir);
-    for (int i = 0; i < f->n_dirs; i++)
-        fprintf(fp, "D\t%lld\t%lld\t%s\n", (long long)f->dirs[i].mt_s,
-                (long long)f->dirs[i].mt_ns, f->dirs[i].rel);
-    for (int c = 0; c < f->classes && f->class_names; c++) fprintf(fp, "C\t%s\n", f->class_names[c]);
-    for (int64_t i = 0; i < f->n; i++) {
+    uLong crc = crc32(0, NULL, 0);
+    bool ok = cache_put(fp, &crc, "%s\t%d\t%s\n", CACHE_MAGIC, f->segmentation, f->dir);
+    for (int i = 0; ok && i < f->n_dirs; i++)
+        ok = cache_put(fp, &crc, "D\t%lld\t%lld\t%s\n", (long long)f->dirs[i].mt_s,
+                       (long long)f->dirs[i].mt_ns, f->dirs[i].rel);
+    for (int c = 0; ok && c < f->classes && f->class_names; c++)
+        ok = cache_put(fp, &crc, "C\t%s\n", f->class_names[c]);
+    for (int64_t i = 0; ok && i < f->n; i++) {
         const folder_file *ff = &f->files[i];
-        fprintf(fp, "F\t%d\t%lld\t%lld\t%lld\t%s", ff->label, (long long)ff->size,
-                (long long)ff->mt_s, (long long)ff->mt_ns, ff->rel);
         if (ff->mask_rel)
-            fprintf(fp, "\t%lld\t%lld\t%lld\t%s", (long long)ff->msize, (long long)ff->mmt_s,
-                    (long long)ff->mmt_ns, ff->mask_rel);
-        fputc('\n', fp);
+            ok = cache_put(fp, &crc, "F\t%d\t%lld\t%lld\t%lld\t%s\t%lld\t%lld\t%lld\t%s\n",
+                           ff->label, (long long)ff->size, (long long)ff->mt_s,
+                           (long long)ff->mt_ns, ff->rel, (long long)ff->msize,
+                           (long long)ff->mmt_s, (long long)ff->mmt_ns, ff->mask_rel);
+        else
+            ok = cache_put(fp, &crc, "F\t%d\t%lld\t%lld\t%lld\t%s\n", ff->label,
+                           (long long)ff->size, (long long)ff->mt_s, (long long)ff->mt_ns,
+                           ff->rel);
     }
-    bool ok = !ferror(fp);
+    /* the end: a cache cut anywhere, or edited, does not match it */
+    if (ok) fprintf(fp, "E\t%lld\t%08lx\n", (long long)f->n, (unsigned long)crc);
+    ok = ok && !ferror(fp);
     ok = fclose(fp) == 0 && ok;
     if (!ok || rename(tmp, path) != 0) {
         unlink(tmp);
@@ -458,35 +513,90 @@ static int fields(char *line, char **out, int max)
     return n;
 }
 
-/* Read the cache at path into f if it is there and still matches every
- * folder's time and every file's size and time; false otherwise (f is
- * then left for listing). */
-static bool cache_read(gp_image_folder *f, const char *path)
+/* The class a cached file's path names: its first folder among the
+ * sorted class names, else -1. */
+static int cache_class_of(const strvec *cls, const char *rel)
 {
+    size_t k = strcspn(rel, "/");
+    if (!rel[k]) return -1;
+    int64_t lo = 0, hi = cls->n;
+    while (lo < hi) {
+        int64_t mid = (lo + hi) / 2;
+        int c = strncmp(cls->v[mid], rel, k);
+        if (c == 0 && cls->v[mid][k]) c = 1; /* a longer name sorts after */
+        if (c == 0) return (int)mid;
+        if (c < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return -1;
+}
+
+/* Read the cache at path into f if it is there, whole, and still matches
+ * every folder's time and every file's size and time; false otherwise (f
+ * is then left for listing).  *damaged says why when the cache is not as
+ * gpipe wrote it (cut, edited, a line twice) rather than out of date: its
+ * labels must be its class folders' indices, classes sorted and unique,
+ * every class with files, files unique and in the listing's order (by
+ * class; by name for segmentation), and the last line the number of files
+ * and the CRC-32 of every line before it. */
+static bool cache_read(gp_image_folder *f, const char *path, const char **damaged)
+{
+    *damaged = NULL;
     FILE *fp = gp_fopen_regular(path); /* a FIFO named like the cache must not block */
     if (!fp) return false;
     char *line = NULL;
     size_t cap = 0;
     ssize_t len;
-    bool ok = true;
+    bool ok = true, ended = false;
+    const char *why = NULL;
+    uLong crc = crc32(0, NULL, 0);
     int64_t nf = 0, capf = 0;
     strvec cls = {0};
     char want[1200];
     snprintf(want, sizeof want, "%s\t%d\t%s", CACHE_MAGIC, f->segmentation, f->dir);
-    if ((len = getline(&line, &cap, fp)) <= 0 || (line[len - 1] = '\0', strcmp(line, want)))
+    if ((len = getline(&line, &cap, fp)) <= 0) {
         ok = false;
+        why = "empty";
+    } else {
+        crc = crc32(crc, (const Bytef *)line, (uInt)len);
+        line[len - 1] = '\0';
+        /* another version's cache, or another folder's: out of date */
+        if (strcmp(line, want)) ok = false;
+        if (!ok && strncmp(line, CACHE_MAGIC_STEM, strlen(CACHE_MAGIC_STEM)))
+            why = "not an index gpipe writes";
+    }
     while (ok && (len = getline(&line, &cap, fp)) > 0) {
-        if (line[len - 1] == '\n') line[len - 1] = '\0';
+        if (ended || line[len - 1] != '\n') {
+            ok = false;
+            why = ended ? "lines after its end" : "cut short";
+            break;
+        }
+        if (line[0] != 'E') crc = crc32(crc, (const Bytef *)line, (uInt)len);
+        line[len - 1] = '\0';
         char *fl[10] = {0};
         int n = fields(line, fl, 10);
-        if (fl[0][0] == 'D' && n == 4) {
+        if (fl[0][0] == 'E' && n == 3) {
+            char *end = NULL;
+            long long count = strtoll(fl[1], &end, 10);
+            unsigned long sum = strtoul(fl[2], NULL, 16);
+            ended = true;
+            if (end == fl[1] || *end || count != nf || sum != (unsigned long)crc) {
+                ok = false;
+                why = "its file count or checksum does not match its lines";
+            }
+        } else if (fl[0][0] == 'D' && n == 4) {
             char full[2048];
             snprintf(full, sizeof full, "%s%s%s", f->dir, fl[3][0] ? "/" : "", fl[3]);
             struct stat st;
             ok = stat(full, &st) == 0 && st.st_mtim.tv_sec == atoll(fl[1]) &&
                  st.st_mtim.tv_nsec == atoll(fl[2]) && push_dir(f, fl[3], &st) == GP_OK;
         } else if (fl[0][0] == 'C' && n == 2) {
-            ok = sv_push(&cls, fl[1]) == GP_OK;
+            if (nf > 0 || (cls.n > 0 && strcmp(cls.v[cls.n - 1], fl[1]) >= 0)) {
+                ok = false;
+                why = "classes out of order or listed twice";
+            } else {
+                ok = sv_push(&cls, fl[1]) == GP_OK;
+            }
         } else if (fl[0][0] == 'F' && (n == 6 || n == 10)) {
             if (nf == capf) {
                 capf = capf ? 2 * capf : 1024;
@@ -504,11 +614,20 @@ static bool cache_read(gp_image_folder *f, const char *path)
                                 .mask_rel = n == 10 ? strdup(fl[9]) : NULL};
             nf++;
             f->n = nf;
+            const folder_file *prev = nf > 1 ? ff - 1 : NULL;
+            /* the label is the class folder's (segmentation: always 0),
+             * the files in the listing's order */
+            int derived = f->segmentation ? 0 : ff->rel ? cache_class_of(&cls, ff->rel) : -1;
+            if (end == fl[1] || *end || label != derived || (n == 10) != (f->segmentation != 0)) {
+                ok = false;
+                why = "a label that is not its class folder's, or a malformed line";
+            } else if (prev && (f->segmentation ? strcmp(prev->rel, ff->rel) >= 0
+                                                : prev->label > ff->label)) {
+                ok = false;
+                why = "files out of order or listed twice";
+            }
             int64_t sz = -1, s_ = 0, ns = 0;
-            /* an edited or damaged line is a stale cache: the folder is
-             * listed again (labels are checked against the classes below) */
-            ok = end != fl[1] && !*end && label >= 0 && label < (1 << 24) &&
-                 (n == 10) == (f->segmentation != 0) && ff->rel && (n == 6 || ff->mask_rel) &&
+            ok = ok && ff->rel && (n == 6 || ff->mask_rel) &&
                  stat_file(f, ff->rel, &sz, &s_, &ns) == GP_OK && sz == atoll(fl[2]) &&
                  s_ == atoll(fl[3]) && ns == atoll(fl[4]);
             ff->size = sz;
@@ -523,13 +642,38 @@ static bool cache_read(gp_image_folder *f, const char *path)
             }
         } else {
             ok = false;
+            why = "a line gpipe does not write";
         }
+    }
+    if (ok && !ended) {
+        ok = false;
+        why = "cut short";
     }
     free(line);
     fclose(fp);
     gp_error_clear();
-    for (int64_t i = 0; ok && !f->segmentation && i < nf; i++)
-        ok = f->files[i].label < (int)cls.n; /* a class the cache lists */
+    /* every class has files (the listing refuses an empty class), and no
+     * file is there twice */
+    int64_t with_files = 0; /* (labels ascend: each new one is a class) */
+    for (int64_t i = 0; ok && i < nf; i++)
+        with_files += i == 0 || f->files[i].label != f->files[i - 1].label;
+    if (ok && !f->segmentation && with_files != cls.n) {
+        ok = false;
+        why = "a class with no files";
+    }
+    if (ok && !f->segmentation && nf > 1) {
+        char **names = malloc(sizeof *names * (size_t)nf);
+        ok = names != NULL;
+        for (int64_t i = 0; ok && i < nf; i++) names[i] = f->files[i].rel;
+        if (ok) qsort(names, (size_t)nf, sizeof *names, cmp_str);
+        for (int64_t i = 1; ok && i < nf; i++)
+            if (!strcmp(names[i - 1], names[i])) {
+                ok = false;
+                why = "a file listed twice";
+            }
+        free(names);
+    }
+    if (!ok) *damaged = why;
     if (ok && nf > 0 && (f->segmentation || cls.n > 0)) {
         f->class_names = cls.v;
         f->classes = f->segmentation ? segmentation_classes(f) : (int)cls.n;
@@ -609,8 +753,13 @@ gp_status gp_image_folder_open(const gp_data_config *cfg, bool train_split, int 
     char cpath[1100], cfall[1100];
     cache_path(cfg, split, f->dir, cpath, sizeof cpath, false);
     cache_path(cfg, split, f->dir, cfall, sizeof cfall, true);
-    bool hit = cache_read(f, cpath) || (!cfg->cache_dir[0] && cache_read(f, cfall));
+    const char *damaged = NULL, *fall_damaged = NULL;
+    bool hit = cache_read(f, cpath, &damaged) ||
+               (!cfg->cache_dir[0] && cache_read(f, cfall, &fall_damaged));
     gp_status s = GP_OK;
+    if (!hit && (damaged || fall_damaged))
+        GP_INFO("%s: the index cache is damaged (%s); listing the folder again",
+                damaged ? cpath : cfall, damaged ? damaged : fall_damaged);
     if (!hit) {
         /* a big folder takes a while the first time: say what is going on */
         GP_INFO("indexing %s (once: the index is cached)", f->dir);

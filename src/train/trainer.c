@@ -1201,7 +1201,10 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     }
     /* Final evaluation (the last epoch, or a steps-limited run). */
     s = gp_model_evaluate(mp, cfg, &test, &res->test_loss, &res->test_accuracy);
-    if (s != GP_OK) goto done;
+    if (s != GP_OK) { /* as an epoch's: where it stopped, what holds it, what to do */
+        s = data_failure(mp, cfg, s, mp->step, saved_step, &last_pos, snap_lock);
+        goto done;
+    }
     warn_eval_not_finite(res->test_loss, res->final_loss, &eval_nan_said);
     if (!opts->quiet)
         GP_INFO("final: test loss %.4f, test accuracy %.2f%% after %lld steps",

@@ -20,7 +20,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
      * 100 M) decode into buffers of 64-400 MB: a few of those live at once
      * under ASan's quarantine pass libFuzzer's 2 GB RSS limit (CI found
      * one, 2026-11-24) without exercising more of the parsers; above the
-     * limit the decode is still tried, and refused before it allocates. */
+     * limit the probe refuses a JPEG by its header, and a PNG's decode is
+     * still tried, and refused before it allocates. */
     if (s == GP_OK && (int64_t)w * h > ((int64_t)16 << 20) &&
         (int64_t)w * h <= GP_IMAGE_MAX_PIXELS)
         return 0;
