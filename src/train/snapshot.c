@@ -196,6 +196,7 @@ static gp_status collect(gp_model *m, const gp_config *cfg, const gp_snapshot_po
         GP_TRY(gp_st_writer_meta(w, "gpipe.config_path", cfg->path));
         GP_TRY(gp_st_writer_meta(w, "gpipe.config", cfg->text ? cfg->text : ""));
         GP_TRY(gp_st_writer_meta(w, "gpipe.overrides", cfg->overrides ? cfg->overrides : ""));
+        if (pos->metrics) GP_TRY(gp_st_writer_meta(w, "gpipe.metrics_record", pos->metrics));
     }
     return GP_OK;
 }
@@ -1415,6 +1416,15 @@ gp_status gp_snapshot_prepare(gp_model *m, const gp_config *cfg, const char *res
     int64_t per_epoch = (train_n + tc->batch_size - 1) / tc->batch_size;
     *pos = sp;
     pos->batch_size = tc->batch_size;
+    /* the metrics record a full disk kept from its file (the header alone:
+     * the restore has freed the file) */
+    pos->metrics = NULL;
+    gp_st_file hdr;
+    if (gp_st_read_header(path, &hdr) == GP_OK) {
+        const char *rec = gp_st_meta(&hdr, "gpipe.metrics_record");
+        if (rec) pos->metrics = strdup(rec);
+        gp_st_free(&hdr);
+    }
     if (sp.batch_size != tc->batch_size) {
         /* Go on from the batch that holds the first sample not yet seen in
          * this epoch (the samples before it in that batch are seen again). */

@@ -68,15 +68,44 @@ static void metrics_eval(gp_json_writer *w, int64_t step, int64_t epoch, double 
     gp_json_close(w);
 }
 
-/* The record in w as one line of the metrics file. */
+/* The record in w as one line of the metrics file, whole or not at all: a
+ * write that fails part way (a full disk, ulimit -f) is cut back to the
+ * last whole record, where it had left a torn line that a resumed run
+ * drops, and the record's text stays in w (w->text, without its newline)
+ * for the final snapshot to keep (gp_snapshot_pos.metrics); the caller
+ * empties w.  Written with write(2), past stdio, so no buffered rest of
+ * it is written by the fclose at the end. */
 static gp_status metrics_line(gp_json_writer *w, FILE *f, const char *path)
 {
-    gp_json_put_raw(w, "\n");
+    if (w->oom)
+        return gp_error_set(GP_ERR_OOM, "writing metrics file '%s' failed: out of host memory",
+                            path);
+    struct stat sb;
+    int fd = fileno(f);
+    bool regular = fflush(f) == 0 && fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode);
     errno = 0;
-    if (!gp_json_flush(w, f) || fflush(f) != 0)
-        return gp_error_set(GP_ERR_IO, "writing metrics file '%s' failed: %s", path,
-                            errno ? strerror(errno) : "a write error");
-    return GP_OK;
+    size_t done = 0;
+    const char nl = '\n';
+    while (done <= w->len) { /* the text, then its newline */
+        bool last = done == w->len;
+        ssize_t k = write(fd, last ? &nl : w->text + done, last ? 1 : w->len - done);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) break;
+        done += (size_t)k;
+    }
+    if (done == w->len + 1) {
+        w->len = 0; /* (emptied, as gp_json_flush leaves it) */
+        if (w->text) w->text[0] = '\0';
+        return GP_OK;
+    }
+    int err = errno ? errno : EIO;
+    /* (the file is this run's alone; a pipe or a device is left as it is) */
+    bool cut = regular && ftruncate(fd, sb.st_size) == 0 &&
+               lseek(fd, sb.st_size, SEEK_SET) == sb.st_size;
+    return gp_error_set(GP_ERR_IO, "writing metrics file '%s' failed: %s%s", path,
+                        strerror(err), !regular ? ""
+                        : cut ? " (cut back to its last whole record)"
+                              : "; its last line is torn (a resumed run drops it)");
 }
 
 /* A resumed run's metrics go on in the file it is given, as the run it
@@ -84,12 +113,13 @@ static gp_status metrics_line(gp_json_writer *w, FILE *f, const char *path)
  * again) are dropped, and so are the evaluations at `step` that this run
  * writes again (drop_final: the final one; drop_epoch: the epoch's, when
  * it resumes at an epoch's start), and a last line cut short by a kill;
- * the rest is kept and the new records follow (the file is open for
- * appending).  A regular file only: a pipe or a terminal is not read.
+ * the rest is kept, then `lost` (the snapshot's kept record of step
+ * `step`, or NULL) where the file lacks it, and the new records follow
+ * (the file is open for appending).  A regular file only: a pipe or a terminal is not read.
  * Before, the file was emptied and a resumed run's metrics began at the
  * step it resumed from. */
 static gp_status metrics_resume(FILE *f, const char *path, int64_t step, bool drop_final,
-                                bool drop_epoch)
+                                bool drop_epoch, const char *lost)
 {
     struct stat sb;
     if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) return GP_OK;
@@ -97,6 +127,7 @@ static gp_status metrics_resume(FILE *f, const char *path, int64_t step, bool dr
     size_t cap = 0;
     ssize_t n;
     off_t at = 0, keep = 0;
+    bool has_step = false; /* the record of step `step` is there */
     rewind(f);
     while ((n = getline(&line, &cap, f)) > 0) {
         const char *p = strstr(line, "\"step\":");
@@ -106,12 +137,20 @@ static gp_status metrics_resume(FILE *f, const char *path, int64_t step, bool dr
         if (line[n - 1] != '\n' || v > step ||
             (eval && v == step && (final ? drop_final : drop_epoch)))
             break;
+        has_step |= !eval && v == step;
         at += n;
         keep = at;
     }
     free(line);
     bool ok = !ferror(f) && fflush(f) == 0 && ftruncate(fileno(f), keep) == 0 &&
               fseeko(f, 0, SEEK_END) == 0;
+    /* The snapshot kept the record of its step that the file could not
+     * take (it stopped the run): written now, in its place after the
+     * records before it.  (Its own step, checked: a record of another
+     * step has no place here.) */
+    const char *ls = lost ? strstr(lost, "\"step\":") : NULL;
+    if (ok && ls && !has_step && strtoll(ls + 7, NULL, 10) == step)
+        ok = fprintf(f, "%s\n", lost) > 0 && fflush(f) == 0;
     if (!ok)
         return gp_error_set(GP_ERR_IO, "%s '%s': cannot go on with it after the steps the "
                             "resumed snapshot holds: %s", gp_opt_name(GP_OPT_METRICS), path,
@@ -860,10 +899,13 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
              * the epoch's, resumed at an epoch's start with steps left */
             bool trains = mp->step < n;
             s = metrics_resume(mf, opts->metrics_path, mp->step, trains || !opts->export_path,
-                               trains && pos.batch == 0 && mp->step > 0 && tc->eval_each_epoch);
+                               trains && pos.batch == 0 && mp->step > 0 && tc->eval_each_epoch,
+                               pos.metrics);
         }
         s = agree_phase(s, "while starting its data loader", res);
     }
+    free(pos.metrics); /* (written again, or not wanted) */
+    pos.metrics = NULL;
     if (s != GP_OK) goto done;
 
     int64_t per_epoch = gp_loader_batches_per_epoch(loader);
@@ -1133,8 +1175,12 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                 snprintf(advice, sizeof advice, "make room for the metrics file (or give %s "
                          "another path) and go on with %s", gp_opt_name(GP_OPT_METRICS),
                          gp_opt_name(GP_OPT_RESUME_LATEST));
+                /* the snapshot keeps the step's record, which the resumed
+                 * run writes (metrics_resume) */
+                last_pos.metrics = mw.text;
                 s = failure_snapshot(mp, cfg, s, step + 1, saved_step, &last_pos, snap_lock,
                                      advice, NULL);
+                last_pos.metrics = NULL;
             }
             if (s != GP_OK) goto done;
         }

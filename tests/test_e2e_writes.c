@@ -1,0 +1,136 @@
+/*
+ * test_e2e_writes.c — gpipe-train's and gpipe-balance's outputs when they
+ * cannot be written (issue 51, "writes that tear or lose work"), through
+ * the real binaries, the full disk made by a file-size limit (ulimit -f;
+ * both binaries ignore SIGXFSZ):
+ *   - a metrics file that cannot grow is cut back to its last whole
+ *     record, and the final snapshot keeps the step's record, which
+ *     --resume latest writes: the records equal an uninterrupted run's.
+ */
+#include "core/core.h"
+#include "test_util.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char tmpdir[256];
+static char bin[512];
+static char balance_bin[512];
+
+/* Run a shell command; return its exit status and capture its output. */
+static int run(const char *cmd, char *out, size_t len)
+{
+    char full[4200];
+    snprintf(full, sizeof full, "%s 2>&1", cmd);
+    FILE *p = popen(full, "r");
+    if (!p) return -1;
+    size_t n = fread(out, 1, len - 1, p);
+    out[n] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void write_file(const char *path, const char *text)
+{
+    gpt_write_file(path, text, strlen(text));
+}
+
+/* tmpdir/name into buf. */
+static void in_tmp(char *buf, size_t len, const char *name)
+{
+    snprintf(buf, len, "%.200s/%s", tmpdir, name);
+}
+
+/* A --metrics file with each step's record cut before its first timing
+ * field (the evaluations' have none), for comparing two runs. */
+static char *metrics_records(const char *path)
+{
+    char *t = gpt_read_file(path, NULL);
+    if (!t) return NULL;
+    char *w = t;
+    for (char *r = t; *r;) {
+        char *nl = strchr(r, '\n');
+        size_t len = nl ? (size_t)(nl - r) + 1 : strlen(r);
+        char *cut = strstr(r, ",\"samples_per_s\"");
+        if (cut && cut < r + len) {
+            memmove(w, r, (size_t)(cut - r));
+            w += cut - r;
+            *w++ = '\n';
+        } else {
+            memmove(w, r, len);
+            w += len;
+        }
+        r += len;
+    }
+    *w = '\0';
+    return t;
+}
+
+static int count_lines(const char *s)
+{
+    int n = 0;
+    for (const char *q = s ? s : ""; (q = strchr(q, '\n')); q++) n++;
+    return n;
+}
+
+/* Issue 51, item 8: the metrics file over a file-size limit.  Before, the
+ * failed record stayed as a torn last line, the final snapshot held its
+ * step, and the resumed run dropped the torn line: that step's record was
+ * gone for good. */
+static void test_metrics_full(void)
+{
+    char cfg[300], dir[300], full[300], part[300], cmd[4096], out[8192];
+    in_tmp(cfg, sizeof cfg, "m.yaml");
+    in_tmp(dir, sizeof dir, "m-snaps");
+    in_tmp(full, sizeof full, "m-full.jsonl");
+    in_tmp(part, sizeof part, "m-part.jsonl");
+    char text[1000];
+    snprintf(text, sizeof text,
+             "model:\n  input: [1, 4, 4]\n  layers: [flatten, {linear: {out: 3}}]\n"
+             "data: {dataset: synthetic, synthetic: {train: 64, test: 8, classes: 3, "
+             "shape: [1, 4, 4]}}\ntrain: {batch_size: 8, steps: 120, seed: 3, "
+             "eval_each_epoch: false, snapshot: {every_steps: 1000, dir: %s}}\n", dir);
+    write_file(cfg, text);
+    snprintf(cmd, sizeof cmd, "%s %s --no-progress --metrics %s --set "
+             "train.snapshot.every_steps=0", bin, cfg, full);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0, "metrics, uninterrupted: %.600s", out);
+    /* 24 KiB hold some 60 of the 120 steps' records */
+    snprintf(cmd, sizeof cmd, "bash -c 'ulimit -f 24; %s %s --no-progress --metrics %s'", bin,
+             cfg, part);
+    int rc = run(cmd, out, sizeof out);
+    CHECK_MSG(rc == 3 && strstr(out, "writing metrics file") && strstr(out, "File too large") &&
+                  strstr(out, "cut back to its last whole record") &&
+                  strstr(out, "holds it; make room for the metrics file"),
+              "metrics over a file-size limit: exit %d: %.900s", rc, out);
+    size_t n = 0;
+    char *cut = gpt_read_file(part, &n);
+    CHECK_MSG(cut && n > 0 && n < 24 * 1024 && cut[n - 1] == '\n',
+              "the metrics file after the failed write (%zu bytes) ends in a torn line: "
+              "...%.200s", n, cut && n > 200 ? cut + n - 200 : cut ? cut : "(none)");
+    int kept = count_lines(cut);
+    free(cut);
+    snprintf(cmd, sizeof cmd, "%s %s --no-progress --metrics %s --resume latest", bin, cfg,
+             part);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0, "metrics, resumed: %.600s", out);
+    char *fa = metrics_records(full), *fb = metrics_records(part);
+    CHECK_MSG(kept > 10 && kept < 120, "%d records before the limit", kept);
+    CHECK_MSG(fa && fb && count_lines(fa) == 120 + 1 && !strcmp(fa, fb),
+              "the resumed metrics (%d records) differ from the uninterrupted run's:\n%.1500s\n"
+              "---\n%.1500s", count_lines(fb), fa ? fa : "(none)", fb ? fb : "(none)");
+    free(fa);
+    free(fb);
+}
+
+int main(void)
+{
+    gpt_binary_path(bin, sizeof bin, "gpipe-train");
+    gpt_binary_path(balance_bin, sizeof balance_bin, "gpipe-balance");
+    if (!gpt_make_tmpdir(tmpdir, sizeof tmpdir, "gpipe-writes-")) return 1;
+    test_metrics_full();
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
+    return gpt_finish("test_e2e_writes");
+}
