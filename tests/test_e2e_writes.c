@@ -5,7 +5,9 @@
  * both binaries ignore SIGXFSZ):
  *   - a metrics file that cannot grow is cut back to its last whole
  *     record, and the final snapshot keeps the step's record, which
- *     --resume latest writes: the records equal an uninterrupted run's.
+ *     --resume latest writes: the records equal an uninterrupted run's;
+ *   - a trace that cannot grow stops the run as the metrics file does:
+ *     a final snapshot of the step, named with the reason.
  */
 #include "core/core.h"
 #include "test_util.h"
@@ -123,12 +125,51 @@ static void test_metrics_full(void)
     free(fb);
 }
 
+/* Issue 51, item 9: a trace over a file-size limit.  Before, the run
+ * ended without a final snapshot, and the message gave neither the
+ * reason nor the step; a metrics file's failure in the same place saves
+ * one, and so does the trace's now. */
+static void test_trace_full(void)
+{
+    char cfg[300], dir[300], tr[300], cmd[4096], out[8192];
+    in_tmp(cfg, sizeof cfg, "t.yaml");
+    in_tmp(dir, sizeof dir, "t-snaps");
+    in_tmp(tr, sizeof tr, "t.json");
+    char text[1000];
+    snprintf(text, sizeof text,
+             "model:\n  input: [1, 4, 4]\n  layers: [flatten, {linear: {out: 3}}]\n"
+             "data: {dataset: synthetic, synthetic: {train: 64, test: 8, classes: 3, "
+             "shape: [1, 4, 4]}}\ntrain: {batch_size: 8, steps: 200, seed: 3, "
+             "snapshot: {every_steps: 1000, dir: %s}}\n", dir);
+    write_file(cfg, text);
+    snprintf(cmd, sizeof cmd, "bash -c 'ulimit -f 16; %s %s --no-progress --trace %s'", bin,
+             cfg, tr);
+    int rc = run(cmd, out, sizeof out);
+    CHECK_MSG(rc == 3 && strstr(out, "writing trace file") && strstr(out, "File too large") &&
+                  strstr(out, "; stopped at step ") && strstr(out, "snapshot ") &&
+                  strstr(out, "holds it; make room for the trace"),
+              "a trace over a file-size limit: exit %d: %.900s", rc, out);
+    /* the snapshot the message names is there, and the run goes on from it */
+    const char *at = strstr(out, "; stopped at step ");
+    long step = at ? strtol(at + 18, NULL, 10) : -1;
+    char snap[400];
+    snprintf(snap, sizeof snap, "%s/snapshot-%09ld.safetensors", dir, step);
+    struct stat sb;
+    CHECK_MSG(step > 0 && step < 200 && stat(snap, &sb) == 0 && strstr(out, snap),
+              "no snapshot %s of the step the trace stopped at: %.600s", snap, out);
+    snprintf(cmd, sizeof cmd, "%s %s --no-progress --resume latest", bin, cfg);
+    rc = run(cmd, out, sizeof out);
+    CHECK_MSG(rc == 0 && strstr(out, "resuming from") && strstr(out, "after 200 steps"),
+              "resumed after a full trace: exit %d: %.600s", rc, out);
+}
+
 int main(void)
 {
     gpt_binary_path(bin, sizeof bin, "gpipe-train");
     gpt_binary_path(balance_bin, sizeof balance_bin, "gpipe-balance");
     if (!gpt_make_tmpdir(tmpdir, sizeof tmpdir, "gpipe-writes-")) return 1;
     test_metrics_full();
+    test_trace_full();
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);

@@ -1125,6 +1125,14 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         res->final_grad_norm = st.grad_norm;
         st.data_wait_seconds = waited;
         st.bad_files = cfg->data.skip_bad_files ? gp_loader_bad_files(loader) : -1;
+        /* Between steps, the pipeline drained: the loader's next batch is
+         * the one after b. */
+        last_pos = (gp_snapshot_pos){.step = step + 1, .epoch = b.epoch, .batch = b.index + 1,
+                                     .batch_size = tc->batch_size};
+        if (last_pos.batch >= per_epoch) {
+            last_pos.epoch++;
+            last_pos.batch = 0;
+        }
         if (trace && gp_trace_wants(trace, step)) {
             /* every replica's devices: this process's one under mpirun, all
              * of them in one process */
@@ -1134,6 +1142,19 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
             for (int r = 1; r < mp->n_replicas && s == GP_OK; r++)
                 s = gp_trace_add_step(trace, mp->replicas[r - 1].pipe, mp->replicas[r - 1].devs,
                                       step, r, R);
+            /* a full disk or a file-size limit: the step's work is saved
+             * as the metrics file's failure saves it (processes: the rank
+             * that failed ends every rank, so none saves) */
+            if (s != GP_OK && gp_procs_size() == 1) {
+                char advice[240];
+                snprintf(advice, sizeof advice, "make room for the trace (or give %s another "
+                         "path, or leave it out) and go on with %s", gp_opt_name(GP_OPT_TRACE),
+                         gp_opt_name(GP_OPT_RESUME_LATEST));
+                s = failure_snapshot(mp, cfg, s, step + 1, saved_step, &last_pos, snap_lock,
+                                     advice, NULL);
+            } else if (s != GP_OK) {
+                gp_error_wrap(s, "step %lld", (long long)step + 1);
+            }
             if (s != GP_OK) goto done;
             traced++;
         }
@@ -1154,14 +1175,6 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
             window_samples = 0;
             window_wait = 0;
             first_window = false;
-        }
-        /* Between steps, the pipeline drained: the loader's next batch is
-         * the one after b. */
-        last_pos = (gp_snapshot_pos){.step = step + 1, .epoch = b.epoch, .batch = b.index + 1,
-                                     .batch_size = tc->batch_size};
-        if (last_pos.batch >= per_epoch) {
-            last_pos.epoch++;
-            last_pos.batch = 0;
         }
         if (mf) {
             gp_train_metrics_step(&mw, step + 1, b.epoch + 1, lr, sps, &st,
