@@ -7,7 +7,9 @@
  *     record, and the final snapshot keeps the step's record, which
  *     --resume latest writes: the records equal an uninterrupted run's;
  *   - a trace that cannot grow stops the run as the metrics file does:
- *     a final snapshot of the step, named with the reason.
+ *     a final snapshot of the step, named with the reason;
+ *   - gpipe-balance's --profile-out and --write leave an old file as it
+ *     was, and make no new one, when they cannot be written whole.
  */
 #include "core/core.h"
 #include "test_util.h"
@@ -163,6 +165,68 @@ static void test_trace_full(void)
               "resumed after a full trace: exit %d: %.600s", rc, out);
 }
 
+/* No temporary file ".<name>.tmp.*" left in tmpdir. */
+static int tmp_files_left(void)
+{
+    int n = 0;
+    DIR *d = opendir(tmpdir);
+    for (struct dirent *e; d && (e = readdir(d));) n += strstr(e->d_name, ".tmp.") != NULL;
+    if (d) closedir(d);
+    return n;
+}
+
+/* Issue 51, item 10: gpipe-balance's --profile-out and --write over a
+ * file-size limit.  Before, both were written in place: a good profile
+ * became a torn file of the limit's size, a balanced config a fragment
+ * (here, with no byte allowed, an empty file), and a new profile was left
+ * behind torn.  Now each is written beside and renamed over, as
+ * snapshots are: the old file is as it was, a new one is not made. */
+static void test_balance_outputs_full(void)
+{
+    char prof[300], conf[300], fresh[300], cmd[4096], out[8192];
+    in_tmp(prof, sizeof prof, "b-prof.json");
+    in_tmp(conf, sizeof conf, "b-conf.yaml");
+    in_tmp(fresh, sizeof fresh, "b-new.json");
+    const char *mlp = GPIPE_SOURCE_DIR "/configs/mlp.yaml";
+    snprintf(cmd, sizeof cmd, "%s %s --by size -q --devices 2 --profile-out %s --write %s",
+             balance_bin, mlp, prof, conf);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0, "gpipe-balance, no limit: %.600s", out);
+    size_t np = 0, nc = 0;
+    char *p0 = gpt_read_file(prof, &np), *c0 = gpt_read_file(conf, &nc);
+    /* the profile is larger than the 1 KiB the limit below lets through */
+    CHECK_MSG(p0 && np > 1024 && c0 && nc > 0, "the first outputs: %zu and %zu bytes", np, nc);
+    snprintf(cmd, sizeof cmd, "bash -c 'ulimit -f 1; %s %s --by size -q --devices 2 "
+             "--profile-out %s'", balance_bin, mlp, prof);
+    int rc = run(cmd, out, sizeof out);
+    CHECK_MSG(rc == 3 && strstr(out, "File too large") && strstr(out, "nothing replaced") &&
+                  strstr(out, "ulimit -f"),
+              "--profile-out over a file-size limit: exit %d: %.600s", rc, out);
+    char *p1 = gpt_read_file(prof, NULL);
+    CHECK_MSG(p0 && p1 && !strcmp(p0, p1), "the profile changed under a failed --profile-out: "
+              "%zu bytes now", p1 ? strlen(p1) : 0);
+    snprintf(cmd, sizeof cmd, "bash -c 'ulimit -f 0; %s %s --by size -q --devices 2 "
+             "--write %s'", balance_bin, mlp, conf);
+    rc = run(cmd, out, sizeof out);
+    CHECK_MSG(rc == 3 && strstr(out, "--write") && strstr(out, "File too large") &&
+                  strstr(out, "nothing replaced"),
+              "--write over a file-size limit: exit %d: %.600s", rc, out);
+    char *c1 = gpt_read_file(conf, NULL);
+    CHECK_MSG(c0 && c1 && !strcmp(c0, c1), "the config changed under a failed --write: %.300s",
+              c1 ? c1 : "(gone)");
+    snprintf(cmd, sizeof cmd, "bash -c 'ulimit -f 1; %s %s --by size -q --devices 2 "
+             "--profile-out %s'", balance_bin, mlp, fresh);
+    rc = run(cmd, out, sizeof out);
+    struct stat sb;
+    CHECK_MSG(rc == 3 && strstr(out, "no file written as") && stat(fresh, &sb) != 0,
+              "a new --profile-out over a file-size limit: exit %d, %s: %.600s", rc,
+              stat(fresh, &sb) == 0 ? "a torn file left" : "no file", out);
+    CHECK_MSG(tmp_files_left() == 0, "%d temporary files left in %s", tmp_files_left(), tmpdir);
+    free(p0);
+    free(p1);
+    free(c0);
+    free(c1);
+}
+
 int main(void)
 {
     gpt_binary_path(bin, sizeof bin, "gpipe-train");
@@ -170,6 +234,7 @@ int main(void)
     if (!gpt_make_tmpdir(tmpdir, sizeof tmpdir, "gpipe-writes-")) return 1;
     test_metrics_full();
     test_trace_full();
+    test_balance_outputs_full();
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);

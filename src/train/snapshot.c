@@ -1142,6 +1142,7 @@ gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_
         else s = gp_st_writer_meta(&w, PARTS_KEY, list);
     }
     if (s == GP_OK) s = gp_st_write_atomic(&w, path);
+    int e = errno;
     gp_st_writer_free(&w);
     if (s != GP_OK) { /* say what is still there to resume from */
         int64_t *steps, newest = -1;
@@ -1150,10 +1151,14 @@ gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_
             if (steps[i] < pos->step) newest = steps[i];
         free(steps);
         char *why = strdup(gp_error_message());
-        char tail[160] = "";
+        char tail[320] = "";
         if (newest >= 0)
             snprintf(tail, sizeof tail, "; the newest snapshot there, of step %lld, is as it "
                      "was", (long long)newest);
+        /* (the disk full: the snapshots there are what a user can free) */
+        if (s == GP_ERR_IO && (e == ENOSPC || e == EDQUOT) && newest >= 0)
+            snprintf(tail + strlen(tail), sizeof tail - strlen(tail), "; older snapshots can "
+                     "go (a run prunes them only after its next snapshot is written)");
         gp_error_set(s, "snapshot at step %lld: %s%s", (long long)pos->step,
                      why ? why : "out of host memory", tail);
         free(why);
