@@ -9,7 +9,10 @@
  *   - a trace that cannot grow stops the run as the metrics file does:
  *     a final snapshot of the step, named with the reason;
  *   - gpipe-balance's --profile-out and --write leave an old file as it
- *     was, and make no new one, when they cannot be written whole.
+ *     was, and make no new one, when they cannot be written whole;
+ *   - --export-weights that fails says where the weights still are (the
+ *     final snapshot, and the command that converts it) or that they are
+ *     lost (snapshots off).
  */
 #include "core/core.h"
 #include "test_util.h"
@@ -17,6 +20,7 @@
 #include <dirent.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static char tmpdir[256];
@@ -227,6 +231,101 @@ static void test_balance_outputs_full(void)
     free(c1);
 }
 
+/* `cmd` started with its output in `log`: the pid is gpipe-train's own
+ * (sh and env exec it in turn), for a test to act on the run while it
+ * goes.  `cmd` may start with VAR=value words (env sets them). */
+static pid_t start(const char *cmd, const char *log)
+{
+    char full[4500];
+    snprintf(full, sizeof full, "exec env %s >%s 2>&1", cmd, log);
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", full, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* Wait (up to 60 s) until a name in `dir` contains `part`: true when it
+ * does. */
+static bool wait_for_name(const char *dir, const char *part)
+{
+    for (int t = 0; t < 6000; t++) {
+        DIR *d = opendir(dir);
+        bool found = false;
+        for (struct dirent *e; d && (e = readdir(d));) found |= strstr(e->d_name, part) != NULL;
+        if (d) closedir(d);
+        if (found) return true;
+        nanosleep(&(struct timespec){0, 10000000}, NULL);
+    }
+    return false;
+}
+
+/* The exit status of pid (-1 when it did not exit normally). */
+static int finish(pid_t pid)
+{
+    int st = 0;
+    if (waitpid(pid, &st, 0) != pid) return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Issue 51, item 11: --export-weights that cannot be written.  Before,
+ * the only advice was the snapshot writer's (prune older snapshots, set
+ * train.snapshot.dir), with snapshots off nothing said that the trained
+ * weights were gone, and with snapshots on nothing named the snapshot that
+ * holds them or how to convert it. */
+static void test_export_fails(void)
+{
+    char cfg[300], dir[300], exdir[300], ex[400], log[300], cmd[4096], out[8192];
+    in_tmp(cfg, sizeof cfg, "x.yaml");
+    in_tmp(dir, sizeof dir, "x-snaps");
+    in_tmp(exdir, sizeof exdir, "x-out");
+    in_tmp(log, sizeof log, "x.log");
+    snprintf(ex, sizeof ex, "%s/w.safetensors", exdir);
+    /* 16.6k weights (66 KiB): over a 16 KiB file-size limit */
+    char text[1000];
+    snprintf(text, sizeof text,
+             "model:\n  input: [1, 16, 16]\n  layers: [flatten, {linear: {out: 64}}, relu, "
+             "{linear: {out: 3}}]\ndata: {dataset: synthetic, synthetic: {train: 64, test: 8, "
+             "classes: 3, shape: [1, 16, 16]}}\ntrain: {batch_size: 8, steps: 10, seed: 3, "
+             "snapshot: {every_steps: 0, dir: %s}}\n", dir);
+    write_file(cfg, text);
+    CHECK(mkdir(exdir, 0755) == 0);
+    /* snapshots off: the weights are lost, and the message says so */
+    snprintf(cmd, sizeof cmd, "bash -c 'ulimit -f 16; %s %s --no-progress --export-weights %s'",
+             bin, cfg, ex);
+    int rc = run(cmd, out, sizeof out);
+    CHECK_MSG(rc == 3 && strstr(out, "File too large") &&
+                  strstr(out, "the trained weights (step 10) are lost: snapshots are off") &&
+                  strstr(out, "train.snapshot.every_steps") && !strstr(out, "older snapshots"),
+              "an export that fails, snapshots off: exit %d: %.900s", rc, out);
+    /* snapshots on: the export's folder goes while the final snapshot is
+     * written (slowly), so the snapshot is there and the export fails */
+    snprintf(cmd, sizeof cmd, "GPIPE_SNAPSHOT_SLOW_WRITE_MS=1500 %s %s --no-progress --set "
+             "train.snapshot.every_steps=1000 --export-weights %s", bin, cfg, ex);
+    pid_t pid = start(cmd, log);
+    CHECK_MSG(wait_for_name(dir, ".tmp."), "no snapshot was being written in %s", dir);
+    CHECK(rmdir(exdir) == 0);
+    rc = finish(pid);
+    char *o = gpt_read_file(log, NULL);
+    char snap[700], conv[800];
+    snprintf(snap, sizeof snap, "the weights of step 10 are in snapshot %s/snapshot-000000010."
+             "safetensors", dir);
+    snprintf(conv, sizeof conv, "write them from it with --resume latest --export-weights %s", ex);
+    CHECK_MSG(rc == 3 && o && strstr(o, "No such file or directory") && strstr(o, snap) &&
+                  strstr(o, conv) && !strstr(o, "older snapshots"),
+              "an export that fails, snapshots on: exit %d: %.900s", rc, o ? o : "(no log)");
+    free(o);
+    /* and the conversion it names writes them */
+    CHECK(mkdir(exdir, 0755) == 0);
+    snprintf(cmd, sizeof cmd, "%s %s --no-progress --set train.snapshot.every_steps=1000 "
+             "--resume latest --export-weights %s", bin, cfg, ex);
+    rc = run(cmd, out, sizeof out);
+    struct stat sb;
+    CHECK_MSG(rc == 0 && stat(ex, &sb) == 0 && sb.st_size > 16 * 1024,
+              "the conversion the message names: exit %d: %.600s", rc, out);
+}
+
 int main(void)
 {
     gpt_binary_path(bin, sizeof bin, "gpipe-train");
@@ -235,6 +334,7 @@ int main(void)
     test_metrics_full();
     test_trace_full();
     test_balance_outputs_full();
+    test_export_fails();
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);

@@ -690,6 +690,43 @@ static bool same_path(const char *a, const char *b)
     return a && b && a[0] && b[0] && (!strcmp(a, b) || gp_same_file(a, b));
 }
 
+/* --export-weights failed (err, its message set) after the run reached
+ * step `step`: say where the weights still are, and how to write them
+ * once there is room: the final snapshot (snapshots on: the last step
+ * saves one), the snapshot a conversion read (`trained` false), or
+ * nowhere (snapshots off: the run's work is lost, and nothing else said
+ * so). */
+static gp_status export_failed(const gp_config *cfg, const gp_train_opts *opts, gp_status err,
+                               int64_t step, int64_t saved, bool trained)
+{
+    const gp_snapshot_config *snc = &cfg->train.snapshot;
+    bool on = snc->every_steps > 0 || snc->every_minutes > 0;
+    char msg[2048], snap[1100] = "", flag[1200], from[1200];
+    snprintf(msg, sizeof msg, "%s", gp_error_message());
+    gp_opt_value(GP_OPT_EXPORT, opts->export_path, flag, sizeof flag);
+    snprintf(from, sizeof from, "%s", gp_opt_name(GP_OPT_RESUME_LATEST));
+    if (!trained && opts->resume_path && strcmp(opts->resume_path, "latest")) {
+        snprintf(snap, sizeof snap, "%s", opts->resume_path);
+        gp_opt_value(GP_OPT_RESUME, snap, from, sizeof from);
+    } else if ((!trained && opts->resume_path) || (on && saved == step)) {
+        gp_snapshot_path(snc->dir, step, snap, sizeof snap);
+    }
+    struct stat sb;
+    if (snap[0] && stat(snap, &sb) == 0)
+        return gp_error_set(err, "%s; the weights of step %lld are in snapshot %s: once that is "
+                            "fixed, write them from it with %s %s (it trains nothing again)", msg,
+                            (long long)step, snap, from, flag);
+    if (!trained) return err;
+    if (on)
+        return gp_error_set(err, "%s; the trained weights (step %lld) are lost: the final "
+                            "snapshot is not there either; make room (or give %s another path) "
+                            "and train again", msg, (long long)step, gp_opt_name(GP_OPT_EXPORT));
+    return gp_error_set(err, "%s; the trained weights (step %lld) are lost: snapshots are off, so "
+                        "nothing else holds them; make room (or give %s another path) and train "
+                        "again, with train.snapshot.every_steps set to keep a run's weights",
+                        msg, (long long)step, gp_opt_name(GP_OPT_EXPORT));
+}
+
 static gp_status check_outputs_spare_inputs(const gp_config *cfg, const gp_train_opts *opts)
 {
     const struct {
@@ -1239,7 +1276,10 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     if (progress && res->steps > first_step) fputc('\n', stderr);
     if (opts->export_path) {
         s = gp_snapshot_export(mp, cfg, opts->export_path);
-        if (s != GP_OK) goto done;
+        if (s != GP_OK) {
+            s = export_failed(cfg, opts, s, mp->step, saved_step, res->steps > first_step);
+            goto done;
+        }
         if (!opts->quiet)
             GP_INFO("weights after step %lld written to %s", (long long)mp->step,
                     opts->export_path);
