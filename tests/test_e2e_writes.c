@@ -12,12 +12,17 @@
  *     was, and make no new one, when they cannot be written whole;
  *   - --export-weights that fails says where the weights still are (the
  *     final snapshot, and the command that converts it) or that they are
- *     lost (snapshots off).
+ *     lost (snapshots off);
+ *   - a snapshot that meets too many open files says to raise ulimit -n
+ *     and names the newest snapshot that is there.
  */
+#define _GNU_SOURCE /* prlimit */
 #include "core/core.h"
 #include "test_util.h"
 
 #include <dirent.h>
+#include <errno.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -326,6 +331,56 @@ static void test_export_fails(void)
               "the conversion the message names: exit %d: %.600s", rc, out);
 }
 
+/* Issue 51, item 16: too many open files while a snapshot is written.
+ * Before, the advice was "check that the directory exists and is
+ * writable", and the snapshots that were saved went unnamed (the
+ * directory could not be listed either).  The run's file limit is lowered
+ * (prlimit) to what it holds once its first snapshot is written, so a
+ * later one cannot open its file. */
+static void test_snapshot_emfile(void)
+{
+    char cfg[300], dir[300], log[300], cmd[4096];
+    in_tmp(cfg, sizeof cfg, "f.yaml");
+    in_tmp(dir, sizeof dir, "f-snaps");
+    in_tmp(log, sizeof log, "f.log");
+    char text[1000];
+    snprintf(text, sizeof text,
+             "model:\n  input: [1, 4, 4]\n  layers: [flatten, {linear: {out: 3}}]\n"
+             "data: {dataset: synthetic, synthetic: {train: 64, test: 8, classes: 3, "
+             "shape: [1, 4, 4]}}\ntrain: {batch_size: 8, steps: 30, seed: 3, "
+             "snapshot: {every_steps: 5, keep: 10, dir: %s}}\n", dir);
+    write_file(cfg, text);
+    snprintf(cmd, sizeof cmd, "GPIPE_SNAPSHOT_SLOW_WRITE_MS=700 %s %s --no-progress", bin, cfg);
+    pid_t pid = start(cmd, log);
+    CHECK_MSG(wait_for_name(dir, "snapshot-000000005.safetensors"), "no first snapshot in %s",
+              dir);
+    /* stdin, stdout, stderr and the lock file, and no more */
+    struct rlimit rl = {4, 4};
+    CHECK_MSG(prlimit(pid, RLIMIT_NOFILE, &rl, NULL) == 0, "prlimit: %s", strerror(errno));
+    int rc = finish(pid);
+    char *o = gpt_read_file(log, NULL);
+    /* the newest whole snapshot: 5, or 10 when its file was open already */
+    int64_t newest = 0;
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        long long v;
+        if (sscanf(e->d_name, "snapshot-%lld.safetensors", &v) == 1 && !strstr(e->d_name, ".tmp")
+            && v > newest)
+            newest = v;
+    }
+    if (d) closedir(d);
+    char named[700];
+    snprintf(named, sizeof named, "snapshot %s/snapshot-%09lld.safetensors, of step %lld, is as "
+             "it was: go on from it with --resume latest", dir, (long long)newest,
+             (long long)newest);
+    CHECK_MSG(rc == 3 && o && strstr(o, "Too many open files") && strstr(o, "ulimit -n") &&
+                  strstr(o, "raise that limit") && !strstr(o, "exists and is writable") &&
+                  newest >= 5 && strstr(o, named),
+              "a snapshot with too many open files: exit %d, newest snapshot %lld: %.900s", rc,
+              (long long)newest, o ? o : "(no log)");
+    free(o);
+}
+
 int main(void)
 {
     gpt_binary_path(bin, sizeof bin, "gpipe-train");
@@ -335,6 +390,7 @@ int main(void)
     test_trace_full();
     test_balance_outputs_full();
     test_export_fails();
+    test_snapshot_emfile();
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);

@@ -278,14 +278,14 @@ const char *gp_write_advice(int e, char *buf, size_t len)
     case EMFILE:
         if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
             snprintf(buf, len, ": this process has open all the %llu files it may (ulimit -n); "
-                     "raise that limit and run again", (unsigned long long)rl.rlim_cur);
+                     "raise that limit", (unsigned long long)rl.rlim_cur);
         else
             snprintf(buf, len, ": this process has open all the files it may (ulimit -n); "
-                     "raise that limit and run again");
+                     "raise that limit");
         break;
     case ENFILE:
         snprintf(buf, len, ": the system has open all the files it may (fs.file-max); close "
-                 "other programs' files or raise that limit, and run again");
+                 "other programs' files or raise that limit");
         break;
     case EROFS: snprintf(buf, len, ": a read-only file system; write elsewhere"); break;
     case EACCES:

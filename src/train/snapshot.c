@@ -1141,20 +1141,32 @@ gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_
             s = gp_error_set(GP_ERR_INVALID, "too many processes (%d) to name their parts", N);
         else s = gp_st_writer_meta(&w, PARTS_KEY, list);
     }
+    /* what is there to resume from, listed before the write: the failure
+     * may be one of too many open files, which listing would meet too */
+    int64_t *before, newest = -1;
+    errno = 0;
+    int n_before = list_steps(sc->dir, &before);
+    int unlisted = n_before == 0 ? errno : 0; /* (opendir's) */
+    for (int i = 0; i < n_before && newest < 0; i++)
+        if (before[i] < pos->step) newest = before[i];
+    free(before);
     if (s == GP_OK) s = gp_st_write_atomic(&w, path);
     int e = errno;
     gp_st_writer_free(&w);
     if (s != GP_OK) { /* say what is still there to resume from */
-        int64_t *steps, newest = -1;
-        int n = list_steps(sc->dir, &steps);
-        for (int i = 0; i < n && newest < 0; i++)
-            if (steps[i] < pos->step) newest = steps[i];
-        free(steps);
         char *why = strdup(gp_error_message());
-        char tail[320] = "";
-        if (newest >= 0)
+        char tail[1300] = "";
+        if (newest >= 0) {
+            char np[1100];
+            gp_snapshot_path(sc->dir, newest, np, sizeof np);
             snprintf(tail, sizeof tail, "; the newest snapshot there, of step %lld, is as it "
-                     "was", (long long)newest);
+                     "was (%s)", (long long)newest, np);
+        } else if (unlisted) {
+            snprintf(tail, sizeof tail, "; the snapshots there could not be listed (%s)",
+                     strerror(unlisted));
+        } else {
+            snprintf(tail, sizeof tail, "; no earlier snapshot is there");
+        }
         /* (the disk full: the snapshots there are what a user can free) */
         if (s == GP_ERR_IO && (e == ENOSPC || e == EDQUOT) && newest >= 0)
             snprintf(tail + strlen(tail), sizeof tail - strlen(tail), "; older snapshots can "

@@ -381,6 +381,24 @@ static gp_status stop_early(const gp_train_opts *o, const char *during, gp_train
  * off (*on false), else a snapshot of `step` unless the newest already is
  * that step (saved == step); path names it.  A failed save is its
  * status. */
+/* A snapshot that failed (err, its message set): where the message does
+ * not name one already, the newest this run saved or resumed from (step
+ * `saved`), if it is still there.  The snapshot's own message names the
+ * newest it finds in the directory, but a directory that cannot be listed
+ * (too many open files, which failed the snapshot too) says nothing of
+ * them; stat(2) needs no file descriptor. */
+static gp_status name_saved(const gp_config *cfg, gp_status err, int64_t saved)
+{
+    char path[1100], msg[2048];
+    struct stat sb;
+    if (saved <= 0) return err;
+    gp_snapshot_path(cfg->train.snapshot.dir, saved, path, sizeof path);
+    snprintf(msg, sizeof msg, "%s", gp_error_message());
+    if (strstr(msg, path) || stat(path, &sb) != 0) return err;
+    return gp_error_set(err, "%s; snapshot %s, of step %lld, is as it was: go on from it with %s",
+                        msg, path, (long long)saved, gp_opt_name(GP_OPT_RESUME_LATEST));
+}
+
 static gp_status final_snapshot(gp_model *m, const gp_config *cfg, int64_t step, int64_t saved,
                                 const gp_snapshot_pos *pos, gp_snapshot_lock *lock, bool *on,
                                 char *path, size_t len)
@@ -388,7 +406,10 @@ static gp_status final_snapshot(gp_model *m, const gp_config *cfg, int64_t step,
     const gp_snapshot_config *snc = &cfg->train.snapshot;
     *on = snc->every_steps > 0 || snc->every_minutes > 0;
     if (!*on) return GP_OK;
-    if (saved < step) GP_TRY(gp_snapshot_save(m, cfg, pos, lock));
+    if (saved < step) {
+        gp_status s = gp_snapshot_save(m, cfg, pos, lock);
+        if (s != GP_OK) return name_saved(cfg, s, saved);
+    }
     gp_snapshot_path(snc->dir, step, path, len);
     return GP_OK;
 }
@@ -1239,7 +1260,10 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         if ((snc->every_steps > 0 && (step + 1) % snc->every_steps == 0) || minutes_due ||
             ((snc->every_steps > 0 || snc->every_minutes > 0) && step == total - 1)) {
             s = gp_snapshot_save(mp, cfg, &last_pos, snap_lock);
-            if (s != GP_OK) goto done;
+            if (s != GP_OK) {
+                s = name_saved(cfg, s, saved_step);
+                goto done;
+            }
             last_snap = gp_now();
             saved_step = step + 1;
         }
