@@ -8,6 +8,7 @@
 #include "train/train.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -94,11 +95,15 @@ static gp_status write_config(const char *out_path, const gp_config *cfg, const 
 {
     char *text = NULL;
     GP_TRY(gp_config_text_applied(cfg, "pipeline", &text));
-    FILE *o = fopen(out_path, "w");
-    if (!o) {
+    /* whole or not at all: a full disk leaves a config already there as it
+     * was (it was written in place, and left a fragment) */
+    gp_atomic_file a;
+    gp_status s = gp_atomic_open(out_path, &a);
+    if (s != GP_OK) {
         free(text);
-        return gp_error_set(GP_ERR_IO, "cannot write '%s': %s", out_path, strerror(errno));
+        return gp_error_wrap(s, "--write");
     }
+    FILE *o = a.f;
     fputs(text, o);
     free(text);
     const gp_pipeline_config *pc = &cfg->pipeline;
@@ -133,9 +138,10 @@ static gp_status write_config(const char *out_path, const gp_config *cfg, const 
     char sz[32];
     if (pc->memory) fprintf(o, "  memory: %s\n", yaml_size(pc->memory, sz, sizeof sz));
     if (pc->replicas > 1) fprintf(o, "  replicas: %d\n", pc->replicas);
-    if (fclose(o) != 0) return gp_error_set(GP_ERR_IO, "writing '%s' failed", out_path);
+    s = gp_atomic_commit(&a, ferror(o) ? (errno ? errno : EIO) : 0);
+    if (s != GP_OK) return gp_error_wrap(s, "--write");
     gp_config check;
-    gp_status s = gp_config_load(out_path, NULL, 0, &check);
+    s = gp_config_load(out_path, NULL, 0, &check);
     if (s != GP_OK) return gp_error_wrap(s, "the written config '%s' does not load", out_path);
     bool same = check.pipeline.n_balance == stages && check.pipeline.schedule == pc->schedule &&
                 check.pipeline.replicas == pc->replicas;
@@ -219,8 +225,9 @@ static gp_status check_outputs(const char *write_path, const char *prof_out, con
     if (write_path && prof_out && gp_same_file(write_path, prof_out))
         return gp_error_set(GP_ERR_INVALID, "--write and --profile-out name the same file (%s): "
                             "give each its own", write_path);
-    if (write_path) GP_TRY(gp_check_writable_file(write_path, "--write", false));
-    if (prof_out) GP_TRY(gp_check_writable_file(prof_out, "--profile-out", false));
+    /* (both written beside and renamed over) */
+    if (write_path) GP_TRY(gp_check_writable_file(write_path, "--write", true));
+    if (prof_out) GP_TRY(gp_check_writable_file(prof_out, "--profile-out", true));
     return GP_OK;
 }
 
@@ -343,6 +350,9 @@ int main(int argc, char **argv)
     const char **sets = calloc((size_t)argc + 4, sizeof *sets);
     int n_sets = 0, set_value_at = -1, quiet = 0;
     gp_names_use_flags(); /* messages name --set */
+    /* a file-size limit (ulimit -f) makes a write that passes it fail, said
+     * with its reason, instead of killing the process */
+    signal(SIGXFSZ, SIG_IGN);
     if (!sets) return EXIT_RUNTIME;
     for (int i = 1; i < argc; i++) {
         /* --opt=VALUE, as gpipe-train takes --set=K=V */

@@ -119,21 +119,24 @@ static void put_profile(gp_json_writer *w, const gp_profile *p)
 
 gp_status gp_profile_save(const gp_profile *p, const char *path)
 {
-    FILE *f = fopen(path, "w");
-    if (!f)
-        return gp_error_set(GP_ERR_IO, "cannot write profile '%s': %s; check the directory "
-                            "exists and is writable", path, strerror(errno));
     /* the top level and each layer on a line of its own */
     gp_json_writer w = {.pretty = 2};
     put_profile(&w, p);
-    bool ok = gp_json_flush(&w, f);
-    bool oom = w.oom;
+    if (w.oom) {
+        gp_json_writer_free(&w);
+        return gp_error_set(GP_ERR_OOM, "out of host memory writing profile '%s'", path);
+    }
+    /* whole or not at all: a full disk leaves an older profile there as it
+     * was (it was written in place, and left torn) */
+    gp_atomic_file a;
+    gp_status s = gp_atomic_open(path, &a);
+    if (s == GP_OK) {
+        bool ok = gp_json_flush(&w, a.f);
+        s = gp_atomic_commit(&a, ok ? 0 : errno ? errno : EIO);
+    }
     gp_json_writer_free(&w);
-    if (fclose(f) != 0) ok = false;
-    if (oom) return gp_error_set(GP_ERR_OOM, "out of host memory writing profile '%s'", path);
-    if (!ok)
-        return gp_error_set(GP_ERR_IO, "writing profile '%s' failed: %s", path, strerror(errno));
-    return GP_OK;
+    if (s != GP_OK) gp_error_wrap(s, "profile");
+    return s;
 }
 
 /* ---- reader ---------------------------------------------------------------- */

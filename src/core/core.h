@@ -143,6 +143,32 @@ gp_status gp_check_writable_dir(const char *dir, const char *what);
  * and dir when it cannot be made. */
 gp_status gp_make_dirs(const char *dir, const char *what);
 
+/* A file written whole or not at all (snapshots, weight files, and
+ * gpipe-balance's profile and config): gp_atomic_open creates a temporary
+ * file beside `path` (".<name>.tmp.<pid>" in its directory), the caller
+ * writes a->f, and gp_atomic_commit flushes and fsyncs it, renames it over
+ * `path` and fsyncs the directory.  `err`: 0, or the errno the caller's own
+ * writes failed with; then, or when the flush, fsync or rename fails, the
+ * temporary file is removed and `path` is as it was.  gp_atomic_abort
+ * removes it too (a caller that gives up before writing it all).  A
+ * failure is GP_ERR_IO naming the file, the reason and what to do about
+ * the ones a user can act on (a full disk or quota, a file-size limit,
+ * too many open files, a read-only file system); a->err and errno hold the
+ * cause. */
+typedef struct gp_atomic_file {
+    FILE *f;
+    int err;                    /* errno of the failure, or 0 */
+    char path[1024], tmp[1200], dir[1024];
+} gp_atomic_file;
+gp_status gp_atomic_open(const char *path, gp_atomic_file *a);
+gp_status gp_atomic_commit(gp_atomic_file *a, int err);
+void gp_atomic_abort(gp_atomic_file *a);
+/* What to do about errno e when a file cannot be written, as a tail for a
+ * message (": the disk or the quota is full; free space there, ..."): a
+ * full disk, a file-size limit, too many open files, a read-only or
+ * missing directory; "" for the rest. */
+const char *gp_write_advice(int e, char *buf, size_t len);
+
 /* open(path, O_RDONLY | O_CLOEXEC) for an input gpipe reads (a config,
  * dataset, image, weights, snapshot or profile): what is not a regular
  * file fails at once, -1 with errno EINVAL, instead of blocking the open (a

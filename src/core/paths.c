@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <fcntl.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -257,4 +258,119 @@ bool gp_same_file(const char *a, const char *b)
     if (ea != eb) return false; /* one exists, the other does not */
     char ra[PATH_LEN + PATH_MAX], rb[PATH_LEN + PATH_MAX];
     return resolved_name(a, ra, sizeof ra) && resolved_name(b, rb, sizeof rb) && !strcmp(ra, rb);
+}
+
+/* ---- files written whole or not at all (gp_atomic_*) ---------------------- */
+
+const char *gp_write_advice(int e, char *buf, size_t len)
+{
+    struct rlimit rl;
+    switch (e) {
+    case ENOSPC:
+    case EDQUOT:
+        snprintf(buf, len, ": the disk or the quota is full; free space there, or write "
+                 "elsewhere");
+        break;
+    case EFBIG:
+        snprintf(buf, len, ": the file is larger than this process may write (a file-size "
+                 "limit: ulimit -f)");
+        break;
+    case EMFILE:
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+            snprintf(buf, len, ": this process has open all the %llu files it may (ulimit -n); "
+                     "raise that limit", (unsigned long long)rl.rlim_cur);
+        else
+            snprintf(buf, len, ": this process has open all the files it may (ulimit -n); "
+                     "raise that limit");
+        break;
+    case ENFILE:
+        snprintf(buf, len, ": the system has open all the files it may (fs.file-max); close "
+                 "other programs' files or raise that limit");
+        break;
+    case EROFS: snprintf(buf, len, ": a read-only file system; write elsewhere"); break;
+    case EACCES:
+    case EPERM:
+    case ENOENT:
+    case ENOTDIR:
+        snprintf(buf, len, "; check that the directory exists and is writable");
+        break;
+    default: buf[0] = '\0';
+    }
+    return buf;
+}
+
+gp_status gp_atomic_open(const char *path, gp_atomic_file *a)
+{
+    memset(a, 0, sizeof *a);
+    const char *slash = strrchr(path, '/');
+    if (strlen(path) >= sizeof a->path)
+        return gp_error_set(GP_ERR_INVALID, "path too long: '%.80s...'", path);
+    snprintf(a->path, sizeof a->path, "%s", path);
+    if (slash) {
+        snprintf(a->dir, sizeof a->dir, "%.*s", (int)(slash - path) + (slash == path), path);
+        snprintf(a->tmp, sizeof a->tmp, "%.*s/.%s.tmp.%ld", (int)(slash - path), path,
+                 slash + 1, (long)getpid());
+    } else {
+        snprintf(a->dir, sizeof a->dir, ".");
+        snprintf(a->tmp, sizeof a->tmp, ".%s.tmp.%ld", path, (long)getpid());
+    }
+    int fd = open(a->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd >= 0 && !(a->f = fdopen(fd, "wb"))) {
+        a->err = errno;
+        close(fd);
+        unlink(a->tmp);
+    } else if (fd < 0) {
+        a->err = errno;
+    }
+    if (a->f) return GP_OK;
+    char why[200];
+    gp_status s = gp_error_set(GP_ERR_IO, "cannot create '%s' (to be renamed '%s'): %s%s",
+                               a->tmp, path, strerror(a->err),
+                               gp_write_advice(a->err, why, sizeof why));
+    errno = a->err;
+    return s;
+}
+
+void gp_atomic_abort(gp_atomic_file *a)
+{
+    if (!a->f) return;
+    fclose(a->f);
+    a->f = NULL;
+    unlink(a->tmp);
+}
+
+gp_status gp_atomic_commit(gp_atomic_file *a, int err)
+{
+    GP_ASSERT(a->f);
+    int e = err;
+    if (!e && ferror(a->f)) e = EIO;
+    if (!e && fflush(a->f) != 0) e = errno;
+    if (!e && fsync(fileno(a->f)) != 0) e = errno;
+    if (fclose(a->f) != 0 && !e) e = errno;
+    a->f = NULL;
+    if (!e && rename(a->tmp, a->path) != 0) {
+        e = errno;
+        unlink(a->tmp);
+        char why[200];
+        gp_status s = gp_error_set(GP_ERR_IO, "cannot rename '%s' to '%s': %s%s", a->tmp,
+                                   a->path, strerror(e), gp_write_advice(e, why, sizeof why));
+        a->err = errno = e;
+        return s;
+    }
+    if (e) {
+        unlink(a->tmp);
+        bool existed = access(a->path, F_OK) == 0;
+        char why[200];
+        gp_status s = gp_error_set(GP_ERR_IO, "writing '%s' failed: %s; %s '%s'%s", a->tmp,
+                                   strerror(e), existed ? "nothing replaced" : "no file written as",
+                                   a->path, gp_write_advice(e, why, sizeof why));
+        a->err = errno = e;
+        return s;
+    }
+    int dfd = open(a->dir, O_RDONLY | O_CLOEXEC);
+    if (dfd >= 0) {
+        fsync(dfd); /* the rename itself is durable from here */
+        close(dfd);
+    }
+    return GP_OK;
 }

@@ -9,6 +9,7 @@
 #include "core/json.h"
 #include "pipeline/procs.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,11 +34,15 @@ static void event(gp_trace *t, const char *name, const char *cat, const char *ph
     gp_json_put_int(&t->w, "pid", pid);
 }
 
-/* The events so far to the file. */
+/* The events so far to the file; a failure says why (a full disk, a
+ * file-size limit). */
 static gp_status flush(gp_trace *t)
 {
+    errno = 0;
     if (!gp_json_flush(&t->w, t->f) || fflush(t->f) != 0)
-        return gp_error_set(GP_ERR_IO, "writing trace file '%s' failed", t->path);
+        return gp_error_set(GP_ERR_IO, "writing trace file '%s' failed: %s", t->path,
+                            t->w.oom ? "out of host memory"
+                            : errno ? strerror(errno) : "a write error");
     return GP_OK;
 }
 

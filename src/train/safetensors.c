@@ -723,37 +723,18 @@ static void sleep_ms(long ms)
 
 gp_status gp_st_write_atomic(gp_st_writer *w, const char *path)
 {
-    char dir[1024], tmp[1200];
-    const char *slash = strrchr(path, '/');
-    if (strlen(path) >= sizeof dir)
-        return gp_error_set(GP_ERR_INVALID, "path too long: '%.80s...'", path);
-    if (slash) {
-        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path) + (slash == path), path);
-        snprintf(tmp, sizeof tmp, "%s/.%s.tmp.%ld", dir, slash + 1, (long)getpid());
-    } else {
-        snprintf(dir, sizeof dir, ".");
-        snprintf(tmp, sizeof tmp, ".%s.tmp.%ld", path, (long)getpid());
-    }
     gp_json_writer h = {0};
     GP_TRY(build_header(w, &h));
     long slow = 0;
     const char *env = getenv("GPIPE_SNAPSHOT_SLOW_WRITE_MS");
     if (env) slow = strtol(env, NULL, 10);
-
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) {
-        int e = errno;
+    gp_atomic_file a;
+    gp_status s = gp_atomic_open(path, &a);
+    if (s != GP_OK) {
         gp_json_writer_free(&h);
-        return gp_error_set(GP_ERR_IO, "cannot create '%s': %s; check that the directory "
-                                       "exists and is writable", tmp, strerror(e));
+        return s;
     }
-    FILE *f = fdopen(fd, "wb");
-    if (!f) {
-        close(fd);
-        unlink(tmp);
-        gp_json_writer_free(&h);
-        return gp_error_set(GP_ERR_IO, "cannot write '%s'", tmp);
-    }
+    FILE *f = a.f;
     uint8_t lb[8];
     le64(lb, h.len);
     bool ok = fwrite(lb, 1, 8, f) == 8 && fwrite(h.text, 1, h.len, f) == h.len;
@@ -766,38 +747,5 @@ gp_status gp_st_write_atomic(gp_st_writer *w, const char *path)
             sleep_ms(slow);
         }
     }
-    int e = errno;
-    ok = ok && fflush(f) == 0;
-    ok = ok && fsync(fileno(f)) == 0;
-    if (!ok) e = errno;
-    if (fclose(f) != 0 && ok) {
-        ok = false;
-        e = errno;
-    }
-    if (!ok) {
-        unlink(tmp);
-        bool existed = access(path, F_OK) == 0;
-        /* what to do about the two a user can act on: the disk or quota
-         * full, and a file-size limit (ulimit -f, with SIGXFSZ ignored) */
-        const char *what = e == ENOSPC || e == EDQUOT
-                               ? ": free space there (older snapshots can go: a run prunes "
-                                 "them only after its next snapshot is written), or write "
-                                 "elsewhere (train.snapshot.dir)"
-                           : e == EFBIG ? ": the file is larger than this process may write "
-                                          "(a file-size limit: ulimit -f)"
-                                        : "";
-        return gp_error_set(GP_ERR_IO, "writing '%s' failed: %s; %s '%s'%s", tmp, strerror(e),
-                            existed ? "nothing replaced" : "no file written as", path, what);
-    }
-    if (rename(tmp, path) != 0) {
-        e = errno;
-        unlink(tmp);
-        return gp_error_set(GP_ERR_IO, "cannot rename '%s' to '%s': %s", tmp, path, strerror(e));
-    }
-    int dfd = open(dir, O_RDONLY);
-    if (dfd >= 0) {
-        fsync(dfd); /* the rename itself is durable from here */
-        close(dfd);
-    }
-    return GP_OK;
+    return gp_atomic_commit(&a, ok ? 0 : errno ? errno : EIO);
 }

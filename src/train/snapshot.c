@@ -196,6 +196,7 @@ static gp_status collect(gp_model *m, const gp_config *cfg, const gp_snapshot_po
         GP_TRY(gp_st_writer_meta(w, "gpipe.config_path", cfg->path));
         GP_TRY(gp_st_writer_meta(w, "gpipe.config", cfg->text ? cfg->text : ""));
         GP_TRY(gp_st_writer_meta(w, "gpipe.overrides", cfg->overrides ? cfg->overrides : ""));
+        if (pos->metrics) GP_TRY(gp_st_writer_meta(w, "gpipe.metrics_record", pos->metrics));
     }
     return GP_OK;
 }
@@ -1140,19 +1141,36 @@ gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_
             s = gp_error_set(GP_ERR_INVALID, "too many processes (%d) to name their parts", N);
         else s = gp_st_writer_meta(&w, PARTS_KEY, list);
     }
+    /* what is there to resume from, listed before the write: the failure
+     * may be one of too many open files, which listing would meet too */
+    int64_t *before, newest = -1;
+    errno = 0;
+    int n_before = list_steps(sc->dir, &before);
+    int unlisted = n_before == 0 ? errno : 0; /* (opendir's) */
+    for (int i = 0; i < n_before && newest < 0; i++)
+        if (before[i] < pos->step) newest = before[i];
+    free(before);
     if (s == GP_OK) s = gp_st_write_atomic(&w, path);
+    int e = errno;
     gp_st_writer_free(&w);
     if (s != GP_OK) { /* say what is still there to resume from */
-        int64_t *steps, newest = -1;
-        int n = list_steps(sc->dir, &steps);
-        for (int i = 0; i < n && newest < 0; i++)
-            if (steps[i] < pos->step) newest = steps[i];
-        free(steps);
         char *why = strdup(gp_error_message());
-        char tail[160] = "";
-        if (newest >= 0)
+        char tail[1300] = "";
+        if (newest >= 0) {
+            char np[1100];
+            gp_snapshot_path(sc->dir, newest, np, sizeof np);
             snprintf(tail, sizeof tail, "; the newest snapshot there, of step %lld, is as it "
-                     "was", (long long)newest);
+                     "was (%s)", (long long)newest, np);
+        } else if (unlisted) {
+            snprintf(tail, sizeof tail, "; the snapshots there could not be listed (%s)",
+                     strerror(unlisted));
+        } else {
+            snprintf(tail, sizeof tail, "; no earlier snapshot is there");
+        }
+        /* (the disk full: the snapshots there are what a user can free) */
+        if (s == GP_ERR_IO && (e == ENOSPC || e == EDQUOT) && newest >= 0)
+            snprintf(tail + strlen(tail), sizeof tail - strlen(tail), "; older snapshots can "
+                     "go (a run prunes them only after its next snapshot is written)");
         gp_error_set(s, "snapshot at step %lld: %s%s", (long long)pos->step,
                      why ? why : "out of host memory", tail);
         free(why);
@@ -1415,6 +1433,15 @@ gp_status gp_snapshot_prepare(gp_model *m, const gp_config *cfg, const char *res
     int64_t per_epoch = (train_n + tc->batch_size - 1) / tc->batch_size;
     *pos = sp;
     pos->batch_size = tc->batch_size;
+    /* the metrics record a full disk kept from its file (the header alone:
+     * the restore has freed the file) */
+    pos->metrics = NULL;
+    gp_st_file hdr;
+    if (gp_st_read_header(path, &hdr) == GP_OK) {
+        const char *rec = gp_st_meta(&hdr, "gpipe.metrics_record");
+        if (rec) pos->metrics = strdup(rec);
+        gp_st_free(&hdr);
+    }
     if (sp.batch_size != tc->batch_size) {
         /* Go on from the batch that holds the first sample not yet seen in
          * this epoch (the samples before it in that batch are seen again). */

@@ -122,6 +122,12 @@ typedef struct gp_snapshot_pos {
     int64_t step;               /* optimizer steps done */
     int64_t epoch, batch;       /* the loader's next batch */
     int64_t batch_size;         /* to map the position if the batch size changed */
+    /* The --metrics record of step `step` that its file could not take (a
+     * full disk, ulimit -f), kept in the snapshot ("gpipe.metrics_record")
+     * for the run that resumes it to write again.  gp_snapshot_save reads
+     * it (NULL: none); gp_snapshot_prepare sets it (malloc'd, the caller
+     * frees it) and nothing else does. */
+    char *metrics;
 } gp_snapshot_pos;
 
 /* Gather the model (parameters, buffers, batch-norm counters; with
@@ -208,7 +214,8 @@ gp_status gp_snapshot_init_from(gp_model *m, const char *path);
  * (they would be mixed with, and pruned by, the new run's).  A resumed run
  * with snapshots on moves the snapshots of later steps in its directory
  * into "<dir>/abandoned-<YYYYmmdd-HHMMSS>/" (one info line says so), so
- * the next --resume latest goes on with this run.  `lock` is
+ * the next --resume latest goes on with this run.  pos->metrics is the
+ * snapshot's kept metrics record, or NULL.  `lock` is
  * gp_snapshot_lock_run's (required with snapshots on). */
 gp_status gp_snapshot_prepare(gp_model *m, const gp_config *cfg, const char *resume,
                               int64_t train_n, const gp_snapshot_lock *lock, bool quiet,

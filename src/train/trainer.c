@@ -68,15 +68,44 @@ static void metrics_eval(gp_json_writer *w, int64_t step, int64_t epoch, double 
     gp_json_close(w);
 }
 
-/* The record in w as one line of the metrics file. */
+/* The record in w as one line of the metrics file, whole or not at all: a
+ * write that fails part way (a full disk, ulimit -f) is cut back to the
+ * last whole record, where it had left a torn line that a resumed run
+ * drops, and the record's text stays in w (w->text, without its newline)
+ * for the final snapshot to keep (gp_snapshot_pos.metrics); the caller
+ * empties w.  Written with write(2), past stdio, so no buffered rest of
+ * it is written by the fclose at the end. */
 static gp_status metrics_line(gp_json_writer *w, FILE *f, const char *path)
 {
-    gp_json_put_raw(w, "\n");
+    if (w->oom)
+        return gp_error_set(GP_ERR_OOM, "writing metrics file '%s' failed: out of host memory",
+                            path);
+    struct stat sb;
+    int fd = fileno(f);
+    bool regular = fflush(f) == 0 && fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode);
     errno = 0;
-    if (!gp_json_flush(w, f) || fflush(f) != 0)
-        return gp_error_set(GP_ERR_IO, "writing metrics file '%s' failed: %s", path,
-                            errno ? strerror(errno) : "a write error");
-    return GP_OK;
+    size_t done = 0;
+    const char nl = '\n';
+    while (done <= w->len) { /* the text, then its newline */
+        bool last = done == w->len;
+        ssize_t k = write(fd, last ? &nl : w->text + done, last ? 1 : w->len - done);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) break;
+        done += (size_t)k;
+    }
+    if (done == w->len + 1) {
+        w->len = 0; /* (emptied, as gp_json_flush leaves it) */
+        if (w->text) w->text[0] = '\0';
+        return GP_OK;
+    }
+    int err = errno ? errno : EIO;
+    /* (the file is this run's alone; a pipe or a device is left as it is) */
+    bool cut = regular && ftruncate(fd, sb.st_size) == 0 &&
+               lseek(fd, sb.st_size, SEEK_SET) == sb.st_size;
+    return gp_error_set(GP_ERR_IO, "writing metrics file '%s' failed: %s%s", path,
+                        strerror(err), !regular ? ""
+                        : cut ? " (cut back to its last whole record)"
+                              : "; its last line is torn (a resumed run drops it)");
 }
 
 /* A resumed run's metrics go on in the file it is given, as the run it
@@ -84,12 +113,13 @@ static gp_status metrics_line(gp_json_writer *w, FILE *f, const char *path)
  * again) are dropped, and so are the evaluations at `step` that this run
  * writes again (drop_final: the final one; drop_epoch: the epoch's, when
  * it resumes at an epoch's start), and a last line cut short by a kill;
- * the rest is kept and the new records follow (the file is open for
- * appending).  A regular file only: a pipe or a terminal is not read.
+ * the rest is kept, then `lost` (the snapshot's kept record of step
+ * `step`, or NULL) where the file lacks it, and the new records follow
+ * (the file is open for appending).  A regular file only: a pipe or a terminal is not read.
  * Before, the file was emptied and a resumed run's metrics began at the
  * step it resumed from. */
 static gp_status metrics_resume(FILE *f, const char *path, int64_t step, bool drop_final,
-                                bool drop_epoch)
+                                bool drop_epoch, const char *lost)
 {
     struct stat sb;
     if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) return GP_OK;
@@ -97,6 +127,7 @@ static gp_status metrics_resume(FILE *f, const char *path, int64_t step, bool dr
     size_t cap = 0;
     ssize_t n;
     off_t at = 0, keep = 0;
+    bool has_step = false; /* the record of step `step` is there */
     rewind(f);
     while ((n = getline(&line, &cap, f)) > 0) {
         const char *p = strstr(line, "\"step\":");
@@ -106,12 +137,20 @@ static gp_status metrics_resume(FILE *f, const char *path, int64_t step, bool dr
         if (line[n - 1] != '\n' || v > step ||
             (eval && v == step && (final ? drop_final : drop_epoch)))
             break;
+        has_step |= !eval && v == step;
         at += n;
         keep = at;
     }
     free(line);
     bool ok = !ferror(f) && fflush(f) == 0 && ftruncate(fileno(f), keep) == 0 &&
               fseeko(f, 0, SEEK_END) == 0;
+    /* The snapshot kept the record of its step that the file could not
+     * take (it stopped the run): written now, in its place after the
+     * records before it.  (Its own step, checked: a record of another
+     * step has no place here.) */
+    const char *ls = lost ? strstr(lost, "\"step\":") : NULL;
+    if (ok && ls && !has_step && strtoll(ls + 7, NULL, 10) == step)
+        ok = fprintf(f, "%s\n", lost) > 0 && fflush(f) == 0;
     if (!ok)
         return gp_error_set(GP_ERR_IO, "%s '%s': cannot go on with it after the steps the "
                             "resumed snapshot holds: %s", gp_opt_name(GP_OPT_METRICS), path,
@@ -342,6 +381,24 @@ static gp_status stop_early(const gp_train_opts *o, const char *during, gp_train
  * off (*on false), else a snapshot of `step` unless the newest already is
  * that step (saved == step); path names it.  A failed save is its
  * status. */
+/* A snapshot that failed (err, its message set): where the message does
+ * not name one already, the newest this run saved or resumed from (step
+ * `saved`), if it is still there.  The snapshot's own message names the
+ * newest it finds in the directory, but a directory that cannot be listed
+ * (too many open files, which failed the snapshot too) says nothing of
+ * them; stat(2) needs no file descriptor. */
+static gp_status name_saved(const gp_config *cfg, gp_status err, int64_t saved)
+{
+    char path[1100], msg[2048];
+    struct stat sb;
+    if (saved <= 0) return err;
+    gp_snapshot_path(cfg->train.snapshot.dir, saved, path, sizeof path);
+    snprintf(msg, sizeof msg, "%s", gp_error_message());
+    if (strstr(msg, path) || stat(path, &sb) != 0) return err;
+    return gp_error_set(err, "%s; snapshot %s, of step %lld, is as it was: go on from it with %s",
+                        msg, path, (long long)saved, gp_opt_name(GP_OPT_RESUME_LATEST));
+}
+
 static gp_status final_snapshot(gp_model *m, const gp_config *cfg, int64_t step, int64_t saved,
                                 const gp_snapshot_pos *pos, gp_snapshot_lock *lock, bool *on,
                                 char *path, size_t len)
@@ -349,7 +406,10 @@ static gp_status final_snapshot(gp_model *m, const gp_config *cfg, int64_t step,
     const gp_snapshot_config *snc = &cfg->train.snapshot;
     *on = snc->every_steps > 0 || snc->every_minutes > 0;
     if (!*on) return GP_OK;
-    if (saved < step) GP_TRY(gp_snapshot_save(m, cfg, pos, lock));
+    if (saved < step) {
+        gp_status s = gp_snapshot_save(m, cfg, pos, lock);
+        if (s != GP_OK) return name_saved(cfg, s, saved);
+    }
     gp_snapshot_path(snc->dir, step, path, len);
     return GP_OK;
 }
@@ -651,6 +711,43 @@ static bool same_path(const char *a, const char *b)
     return a && b && a[0] && b[0] && (!strcmp(a, b) || gp_same_file(a, b));
 }
 
+/* --export-weights failed (err, its message set) after the run reached
+ * step `step`: say where the weights still are, and how to write them
+ * once there is room: the final snapshot (snapshots on: the last step
+ * saves one), the snapshot a conversion read (`trained` false), or
+ * nowhere (snapshots off: the run's work is lost, and nothing else said
+ * so). */
+static gp_status export_failed(const gp_config *cfg, const gp_train_opts *opts, gp_status err,
+                               int64_t step, int64_t saved, bool trained)
+{
+    const gp_snapshot_config *snc = &cfg->train.snapshot;
+    bool on = snc->every_steps > 0 || snc->every_minutes > 0;
+    char msg[2048], snap[1100] = "", flag[1200], from[1200];
+    snprintf(msg, sizeof msg, "%s", gp_error_message());
+    gp_opt_value(GP_OPT_EXPORT, opts->export_path, flag, sizeof flag);
+    snprintf(from, sizeof from, "%s", gp_opt_name(GP_OPT_RESUME_LATEST));
+    if (!trained && opts->resume_path && strcmp(opts->resume_path, "latest")) {
+        snprintf(snap, sizeof snap, "%s", opts->resume_path);
+        gp_opt_value(GP_OPT_RESUME, snap, from, sizeof from);
+    } else if ((!trained && opts->resume_path) || (on && saved == step)) {
+        gp_snapshot_path(snc->dir, step, snap, sizeof snap);
+    }
+    struct stat sb;
+    if (snap[0] && stat(snap, &sb) == 0)
+        return gp_error_set(err, "%s; the weights of step %lld are in snapshot %s: once that is "
+                            "fixed, write them from it with %s %s (it trains nothing again)", msg,
+                            (long long)step, snap, from, flag);
+    if (!trained) return err;
+    if (on)
+        return gp_error_set(err, "%s; the trained weights (step %lld) are lost: the final "
+                            "snapshot is not there either; make room (or give %s another path) "
+                            "and train again", msg, (long long)step, gp_opt_name(GP_OPT_EXPORT));
+    return gp_error_set(err, "%s; the trained weights (step %lld) are lost: snapshots are off, so "
+                        "nothing else holds them; make room (or give %s another path) and train "
+                        "again, with train.snapshot.every_steps set to keep a run's weights",
+                        msg, (long long)step, gp_opt_name(GP_OPT_EXPORT));
+}
+
 static gp_status check_outputs_spare_inputs(const gp_config *cfg, const gp_train_opts *opts)
 {
     const struct {
@@ -860,10 +957,13 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
              * the epoch's, resumed at an epoch's start with steps left */
             bool trains = mp->step < n;
             s = metrics_resume(mf, opts->metrics_path, mp->step, trains || !opts->export_path,
-                               trains && pos.batch == 0 && mp->step > 0 && tc->eval_each_epoch);
+                               trains && pos.batch == 0 && mp->step > 0 && tc->eval_each_epoch,
+                               pos.metrics);
         }
         s = agree_phase(s, "while starting its data loader", res);
     }
+    free(pos.metrics); /* (written again, or not wanted) */
+    pos.metrics = NULL;
     if (s != GP_OK) goto done;
 
     int64_t per_epoch = gp_loader_batches_per_epoch(loader);
@@ -1083,6 +1183,14 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         res->final_grad_norm = st.grad_norm;
         st.data_wait_seconds = waited;
         st.bad_files = cfg->data.skip_bad_files ? gp_loader_bad_files(loader) : -1;
+        /* Between steps, the pipeline drained: the loader's next batch is
+         * the one after b. */
+        last_pos = (gp_snapshot_pos){.step = step + 1, .epoch = b.epoch, .batch = b.index + 1,
+                                     .batch_size = tc->batch_size};
+        if (last_pos.batch >= per_epoch) {
+            last_pos.epoch++;
+            last_pos.batch = 0;
+        }
         if (trace && gp_trace_wants(trace, step)) {
             /* every replica's devices: this process's one under mpirun, all
              * of them in one process */
@@ -1092,6 +1200,19 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
             for (int r = 1; r < mp->n_replicas && s == GP_OK; r++)
                 s = gp_trace_add_step(trace, mp->replicas[r - 1].pipe, mp->replicas[r - 1].devs,
                                       step, r, R);
+            /* a full disk or a file-size limit: the step's work is saved
+             * as the metrics file's failure saves it (processes: the rank
+             * that failed ends every rank, so none saves) */
+            if (s != GP_OK && gp_procs_size() == 1) {
+                char advice[240];
+                snprintf(advice, sizeof advice, "make room for the trace (or give %s another "
+                         "path, or leave it out) and go on with %s", gp_opt_name(GP_OPT_TRACE),
+                         gp_opt_name(GP_OPT_RESUME_LATEST));
+                s = failure_snapshot(mp, cfg, s, step + 1, saved_step, &last_pos, snap_lock,
+                                     advice, NULL);
+            } else if (s != GP_OK) {
+                gp_error_wrap(s, "step %lld", (long long)step + 1);
+            }
             if (s != GP_OK) goto done;
             traced++;
         }
@@ -1113,14 +1234,6 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
             window_wait = 0;
             first_window = false;
         }
-        /* Between steps, the pipeline drained: the loader's next batch is
-         * the one after b. */
-        last_pos = (gp_snapshot_pos){.step = step + 1, .epoch = b.epoch, .batch = b.index + 1,
-                                     .batch_size = tc->batch_size};
-        if (last_pos.batch >= per_epoch) {
-            last_pos.epoch++;
-            last_pos.batch = 0;
-        }
         if (mf) {
             gp_train_metrics_step(&mw, step + 1, b.epoch + 1, lr, sps, &st,
                                   cfg->pipeline.replicas > 1, devs, n_dev, waits);
@@ -1133,8 +1246,12 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                 snprintf(advice, sizeof advice, "make room for the metrics file (or give %s "
                          "another path) and go on with %s", gp_opt_name(GP_OPT_METRICS),
                          gp_opt_name(GP_OPT_RESUME_LATEST));
+                /* the snapshot keeps the step's record, which the resumed
+                 * run writes (metrics_resume) */
+                last_pos.metrics = mw.text;
                 s = failure_snapshot(mp, cfg, s, step + 1, saved_step, &last_pos, snap_lock,
                                      advice, NULL);
+                last_pos.metrics = NULL;
             }
             if (s != GP_OK) goto done;
         }
@@ -1143,7 +1260,10 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         if ((snc->every_steps > 0 && (step + 1) % snc->every_steps == 0) || minutes_due ||
             ((snc->every_steps > 0 || snc->every_minutes > 0) && step == total - 1)) {
             s = gp_snapshot_save(mp, cfg, &last_pos, snap_lock);
-            if (s != GP_OK) goto done;
+            if (s != GP_OK) {
+                s = name_saved(cfg, s, saved_step);
+                goto done;
+            }
             last_snap = gp_now();
             saved_step = step + 1;
         }
@@ -1180,7 +1300,10 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     if (progress && res->steps > first_step) fputc('\n', stderr);
     if (opts->export_path) {
         s = gp_snapshot_export(mp, cfg, opts->export_path);
-        if (s != GP_OK) goto done;
+        if (s != GP_OK) {
+            s = export_failed(cfg, opts, s, mp->step, saved_step, res->steps > first_step);
+            goto done;
+        }
         if (!opts->quiet)
             GP_INFO("weights after step %lld written to %s", (long long)mp->step,
                     opts->export_path);
