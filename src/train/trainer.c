@@ -505,6 +505,10 @@ gp_status gp_train_open(const gp_config *cfg, gp_device **devs, gp_model *model,
     int64_t params;
     gp_shape output;
     GP_TRY(gp_model_describe(cfg, &params, &output));
+    /* processes: from here on a rank that stops answering ends the run
+     * after pipeline.peer_timeout (rank 0 profiles, the others wait) */
+    gp_procs_watch(cfg->pipeline.peer_timeout > 0 ? cfg->pipeline.peer_timeout
+                                                  : GP_PEER_TIMEOUT_DEFAULT, n, S);
     if (gp_procs_size() > 1) {
         /* processes: rank 0 balances (profiling once), every rank takes
          * its split, or its failure */
@@ -931,7 +935,22 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     int64_t saved_step = first_step;
     gp_snapshot_pos last_pos = pos;
     res->steps = first_step;
+    /* what the watchdog says is kept when a rank stops answering: no
+     * snapshot of that step can be made (the silent rank holds its
+     * stages), so the newest one is what a resume takes */
+    bool snaps_on = snc->every_steps > 0 || snc->every_minutes > 0;
+    if (!snaps_on)
+        gp_procs_watch_note("Snapshots are off, so nothing of this run is saved: set "
+                            "train.snapshot.every_steps to keep a run's progress.");
+    else if (first_step > 0)
+        gp_procs_watch_note("Nothing after step %lld is saved: the snapshot this run resumed "
+                            "from holds step %lld; go on with %s.", (long long)first_step,
+                            (long long)first_step, gp_opt_name(GP_OPT_RESUME_LATEST));
+    else
+        gp_procs_watch_note("No snapshot of this run is written yet (train.snapshot in %s), so "
+                            "nothing of it is saved.", cfg->path);
     for (int64_t step = first_step; step < total; step++) {
+        gp_procs_watch_phase("step %lld of %lld", (long long)step + 1, (long long)total);
         int sig = agreed(stop_asked(opts));
         if (sig && step == first_step) {
             s = stop_early(opts, "while starting", res);
@@ -979,6 +998,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         window_wait += waited;
         if (b.epoch != last_epoch && last_epoch >= 0 && tc->eval_each_epoch) {
             /* An epoch ended: evaluate before starting the next. */
+            gp_procs_watch_phase("the evaluation after epoch %lld", (long long)last_epoch + 1);
             s = gp_model_evaluate(mp, cfg, &test, &res->test_loss, &res->test_accuracy);
             if (s != GP_OK) {
                 s = data_failure(mp, cfg, s, step, saved_step, &last_pos, snap_lock);
@@ -1142,10 +1162,16 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                            agreed(now - last_snap >= 60.0 * snc->every_minutes);
         if ((snc->every_steps > 0 && (step + 1) % snc->every_steps == 0) || minutes_due ||
             ((snc->every_steps > 0 || snc->every_minutes > 0) && step == total - 1)) {
+            gp_procs_watch_phase("the snapshot of step %lld", (long long)step + 1);
             s = gp_snapshot_save(mp, cfg, &last_pos, snap_lock);
             if (s != GP_OK) goto done;
             last_snap = gp_now();
             saved_step = step + 1;
+            char sp[1100];
+            gp_snapshot_path(snc->dir, saved_step, sp, sizeof sp);
+            gp_procs_watch_note("Nothing after step %lld is saved: snapshot %s holds step %lld; "
+                                "go on with %s.", (long long)saved_step, sp,
+                                (long long)saved_step, gp_opt_name(GP_OPT_RESUME_LATEST));
         }
         double elapsed = now - t_start;
         double eta = elapsed / (double)(step + 1 - first_step) * (double)(total - step - 1);
@@ -1200,6 +1226,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         goto done;
     }
     /* Final evaluation (the last epoch, or a steps-limited run). */
+    gp_procs_watch_phase("the final evaluation");
     s = gp_model_evaluate(mp, cfg, &test, &res->test_loss, &res->test_accuracy);
     if (s != GP_OK) goto done;
     warn_eval_not_finite(res->test_loss, res->final_loss, &eval_nan_said);
