@@ -39,7 +39,8 @@ against the same config in one process (worker threads), the oracle.
       one process;
   (j) ranks whose configs or data differ (a config one rank cannot load,
       a --set only one rank has, an image folder with more files on one
-      machine) end together with one message saying so, instead of
+      machine, or with the same count but an image in another class)
+      end together with one message saying so, instead of
       hanging, overflowing a message or training silently wrong;
   (i) SIGUSR1 sent to mpirun (passed on to every rank unchanged) stops
       every rank after the same step with one final snapshot, said once,
@@ -542,6 +543,22 @@ def mismatches(tmp):
     check(rc == 3 and "the ranks read different data: rank 1 has 45 training samples" in out and
           "rank 0 has 36" in out,
           "image folders that differ between the ranks: exit %d: %s" % (rc, out[-800:]))
+    # the same counts, but one image moved to another class on rank 1's
+    # copy: the ranks' index hashes differ, and the first sample that
+    # differs is named with both ranks' file and class (it trained
+    # silently wrong)
+    moved = os.path.join(tmp, "wMoved")
+    shutil.copytree(wdirs[0], moved)
+    tr = os.path.join(moved, "data", "train")
+    os.rename(os.path.join(tr, "class_00", "img_00011.jpg"),
+              os.path.join(tr, "class_01", "img_00099.jpg"))
+    rc, out = mpmd([(w, [os.path.join(tmp, "mm-folder.yaml"), "--quiet", "--set",
+                         "pipeline.chunks=3"]) for w in (wdirs[0], moved)])
+    check(rc == 3 and out.count("the ranks read different data: rank 1's training split has "
+                                "the same 36 samples and classes as rank 0's but differs at "
+                                "sample 11 of the index: rank 1 has 'class_01/img_00000.jpg' in "
+                                "class 1, rank 0 has 'class_00/img_00011.jpg' in class 0") == 1,
+          "an image in another class on rank 1 only: exit %d: %s" % (rc, out[-800:]))
     # one rank's data missing (its working directory has none): that rank's
     # own message, whichever rank it is (the others' exchange of the data's
     # sizes used to meet another collective and replace it with an MPI

@@ -271,20 +271,112 @@ static gp_status check_dir_shared(const gp_config *cfg, gp_train_result *res)
                         cfg->path, dir, missing);
 }
 
+/* 64-bit FNV-1a of n bytes, on from h. */
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t k = 0; k < n; k++) h = (h ^ b[k]) * 0x100000001b3ull;
+    return h;
+}
+
+/* Sample i of ds as the ranks compare it: an image folder's file (its
+ * path under the split's folder) and label; an array's pixels, label and
+ * mask. */
+static uint64_t sample_hash(const gp_dataset *ds, int64_t i)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    int32_t label = ds->folder ? gp_image_folder_label(ds->folder, i)
+                               : ds->labels ? ds->labels[i] : -1;
+    h = fnv1a(h, &label, sizeof label);
+    if (ds->folder) {
+        const char *f = gp_image_folder_file(ds->folder, i);
+        return fnv1a(h, f, strlen(f));
+    }
+    size_t px = (size_t)(ds->c * ds->h * ds->w), hw = (size_t)(ds->h * ds->w);
+    if (ds->images) h = fnv1a(h, ds->images + (size_t)i * px, px);
+    if (ds->masks) h = fnv1a(h, ds->masks + (size_t)i * hw, hw);
+    return h;
+}
+
+static uint64_t split_hash(const gp_dataset *ds)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int64_t i = 0; i < ds->n; i++) {
+        uint64_t x = sample_hash(ds, i);
+        h = fnv1a(h, &x, sizeof x);
+    }
+    return h;
+}
+
+/* "'cat/3.jpg' in class 1", "sample 7 in class 2" */
+static void describe_sample(const gp_dataset *ds, int64_t i, char *buf, size_t len)
+{
+    int label = ds->folder ? gp_image_folder_label(ds->folder, i)
+                           : ds->labels ? ds->labels[i] : -1;
+    if (ds->folder)
+        snprintf(buf, len, "'%s' in class %d", gp_image_folder_file(ds->folder, i), label);
+    else
+        snprintf(buf, len, "sample %lld (class %d)", (long long)i, label);
+}
+
+/* The counts agree but split q's hashes do not (rank `r` the first that
+ * differs): where.  Rank 0's per-sample hashes go to every rank, each
+ * finds its first sample that differs and says what it has there; every
+ * rank calls this (a collective).  The message is every rank's. */
+static gp_status split_differs(const gp_dataset *ds, int q, int r, int64_t n)
+{
+    int me = gp_procs_rank(), N = gp_procs_size();
+    uint64_t *ref = malloc((size_t)(n > 0 ? n : 1) * sizeof *ref);
+    enum { DESC = 400 };
+    struct { int64_t at; char desc[DESC]; } mine = {-1, ""}, *all = calloc((size_t)N, sizeof *all);
+    if (!ref || !all) {
+        free(ref);
+        free(all);
+        return gp_error_set(GP_ERR_OOM, "out of host memory");
+    }
+    for (int64_t i = 0; i < n && me == 0; i++) ref[i] = sample_hash(ds, i);
+    gp_status s = gp_procs_bcast(ref, (size_t)n * sizeof *ref, 0);
+    for (int64_t i = 0; i < n && s == GP_OK && mine.at < 0; i++)
+        if (sample_hash(ds, i) != ref[i]) mine.at = i;
+    if (mine.at >= 0) describe_sample(ds, mine.at, mine.desc, sizeof mine.desc);
+    if (s == GP_OK) s = gp_procs_allgather_bytes(&mine, all, sizeof mine);
+    free(ref);
+    if (s == GP_OK) {
+        int64_t at = all[r].at;
+        char zero[DESC] = "";
+        if (me == 0 && at >= 0) describe_sample(ds, at, zero, sizeof zero);
+        /* (rank 0 says it: every rank's error alike) */
+        s = gp_error_set(GP_ERR_DATA, "the ranks read different data: rank %d's %s split has "
+                         "the same %lld samples and classes as rank 0's but differs at sample "
+                         "%lld of the index: rank %d has %s, rank 0 has %s (data.path %s); give "
+                         "every machine the same files", r, q ? "test" : "training",
+                         (long long)n, (long long)at, r, all[r].desc,
+                         me == 0 ? zero : "another", ds->source);
+    }
+    free(all);
+    return s;
+}
+
 /* Processes: every rank must read the same data (an image folder with
  * more files on one machine than on another gives that rank more steps
- * per epoch, and the ranks then wait on each other forever).  Compared
- * once loaded: the samples of each split and the classes.  A difference is
- * every rank's error alike.  Every rank comes here, whether its own load
- * succeeded (`loaded`) or not: one that failed keeps its error (it says
- * it and ends the run), the others learn that another rank failed. */
+ * per epoch, and the ranks then wait on each other forever; one with an
+ * image in another class, or another image, trains silently wrong).
+ * Compared once loaded: the samples of each split, the classes, and a
+ * hash of each split's index (an image folder's files and labels; an
+ * array's pixels, labels and masks), naming the first rank and sample
+ * that differ.  A difference is every rank's error alike.  Every rank
+ * comes here, whether its own load succeeded (`loaded`) or not: one that
+ * failed keeps its error (it says it and ends the run), the others learn
+ * that another rank failed. */
 static gp_status agree_on_data(gp_status loaded, const gp_dataset *train,
                                const gp_dataset *test, gp_train_result *res)
 {
     int N = gp_procs_size();
     bool ok = loaded == GP_OK;
-    int64_t mine[4] = {ok ? train->n : -1, ok ? test->n : -1, ok ? train->classes : -1, !ok},
-            *all = calloc((size_t)N * 4, sizeof *all);
+    enum { K = 6 };
+    int64_t mine[K] = {ok ? train->n : -1, ok ? test->n : -1, ok ? train->classes : -1, !ok,
+                       ok ? (int64_t)split_hash(train) : 0, ok ? (int64_t)split_hash(test) : 0},
+            *all = calloc((size_t)N * K, sizeof *all);
     if (!all) return ok ? gp_error_set(GP_ERR_OOM, "out of host memory") : loaded;
     gp_status s = gp_procs_allgather_bytes(mine, all, sizeof mine);
     if (!ok) { /* (its own message stands, whatever the exchange did) */
@@ -292,21 +384,29 @@ static gp_status agree_on_data(gp_status loaded, const gp_dataset *train,
         return loaded;
     }
     for (int r = 0; r < N && s == GP_OK; r++)
-        if (all[4 * r + 3]) {
+        if (all[K * r + 3]) {
             res->other_failed = true;
             s = gp_error_set(GP_ERR_DATA, "rank %d could not load its data (its message says "
                              "why)", r);
         }
     for (int r = 1; r < N && s == GP_OK; r++)
-        if (memcmp(all + 4 * r, all, 3 * sizeof *all)) {
+        if (memcmp(all + K * r, all, 3 * sizeof *all)) {
             res->failed_alike = true;
             s = gp_error_set(GP_ERR_DATA, "the ranks read different data: rank %d has %lld "
                              "training samples, %lld test samples and %lld classes, rank 0 has "
                              "%lld, %lld and %lld (data.path %s); give every machine the same "
-                             "files", r, (long long)all[4 * r], (long long)all[4 * r + 1],
-                             (long long)all[4 * r + 2], (long long)all[0], (long long)all[1],
+                             "files", r, (long long)all[K * r], (long long)all[K * r + 1],
+                             (long long)all[K * r + 2], (long long)all[0], (long long)all[1],
                              (long long)all[2], train->source);
         }
+    /* the counts agree on every rank (or every rank has said otherwise) */
+    for (int q = 0; q < 2 && s == GP_OK; q++)
+        for (int r = 1; r < N; r++)
+            if (all[K * r + 4 + q] != all[4 + q]) {
+                res->failed_alike = true;
+                s = split_differs(q ? test : train, q, r, all[q]);
+                break;
+            }
     free(all);
     return s;
 }
