@@ -47,7 +47,9 @@ against the same config in one process (worker threads), the oracle.
       exit 138;
   (k) a rank stopped (SIGSTOP) rather than killed ends every rank after
       pipeline.peer_timeout, the rank that waited naming it, its stage
-      and what it waited for, and the newest snapshot, which resumes.
+      and what it waited for, and the newest snapshot, which resumes;
+  (l) a file bad on rank 1's copy only, under data.on_bad_file: skip: the
+      message names the batch it shrank (the epoch's first) and the file.
 
 Needs mpirun (openmpi-bin; scripts/install-deps.sh) and a gpipe-train
 built with MPI: CTest registers this test only then.  Runs as root in CI,
@@ -713,6 +715,38 @@ def errors(tmp):
         check(False, "SIGUSR1 to mpirun left the run going for 60 s")
 
 
+def bad_file_one_rank(tmp):
+    """(l) a file bad only on rank 1's copy, under data.on_bad_file: skip:
+    rank 1's first batch shrinks, and its message names that batch (the
+    epoch's first, not "its last batch ... that a batch of 4 leaves over")
+    and the file it skipped."""
+    src = os.environ.get("GPIPE_SOURCE_DIR", ".")
+    a, b = os.path.join(tmp, "badA"), os.path.join(tmp, "badB")
+    rc, out = run(["/usr/bin/python3", os.path.join(src, "scripts", "make-image-folder.py"),
+                   os.path.join(a, "data"), "--classes", "2", "--train", "3", "--val", "2",
+                   "--size", "20"])
+    check(rc == 0, "make-image-folder.py: " + out[-500:])
+    if rc:
+        return
+    shutil.copytree(a, b)
+    with open(os.path.join(b, "data", "train", "class_00", "img_00001.jpg"), "w") as f:
+        f.write("not a JPEG")
+    cfg = os.path.join(tmp, "bad1.yaml")
+    with open(cfg, "w") as f:  # unshuffled: the bad file is in the epoch's first batch
+        f.write(MLP.replace("input: [1, 8, 8]", "input: [3, 16, 16]").replace(
+            "data: {dataset: synthetic, synthetic: {train: 256, test: 64, classes: 10}}",
+            "data: {dataset: image_folder, path: data, workers: 1, on_bad_file: skip, "
+            "shuffle: false}").replace("linear: {out: 10}", "linear: {out: 2}").replace(
+            "batch_size: 32", "batch_size: 4").replace("chunks: 4", "chunks: 2"))
+    rc, out = mpmd([(w, [cfg, "--quiet", "--set", "pipeline.balance=[4, 3]"]) for w in (a, b)])
+    check(rc == 4 and out.count("rank 1 of 2: step 1 (epoch 1, its batch 1 of 2: 3 samples, 1 "
+                                "fewer after skipping the bad file "
+                                "data/train/class_00/img_00001.jpg (data.on_bad_file: skip); "
+                                "under mpirun every rank must skip the same files") == 1 and
+          "its last batch" not in out,
+          "a file bad on rank 1's copy only: exit %d: %s" % (rc, out[-800:]))
+
+
 def rank_of(pid):
     """The MPI rank of a process mpirun started (its environment), or -1."""
     try:
@@ -909,6 +943,7 @@ def main():
         traces(tmp)
         errors(tmp)
         mismatches(tmp)
+        bad_file_one_rank(tmp)
         stopped_peer(tmp)
     print("test_procs: %d passed, %d failed" % (passed, failed))
     return 1 if failed else 0

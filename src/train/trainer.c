@@ -1157,9 +1157,22 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         if (s != GP_OK) {
             /* an epoch's partial last batch fails where full ones did not
              * (batch norm with one value per channel in a micro-batch):
-             * say it is that batch */
-            char part[160] = "";
-            if (b.n < tc->batch_size)
+             * say it is that batch; one that bad files shrank (any batch
+             * of the epoch), which files (under mpirun a file bad on one
+             * rank's copy only leaves the ranks' batches different) */
+            char part[1600] = "";
+            if (b.skipped > 0 && train.folder)
+                snprintf(part, sizeof part, ", its batch %lld of %lld: %lld samples, %lld fewer "
+                         "after skipping %s %s/%s (data.on_bad_file: skip)%s",
+                         (long long)b.index + 1, (long long)per_epoch, (long long)b.n,
+                         (long long)b.skipped,
+                         b.skipped == 1 ? "the bad file" : "bad files, the first",
+                         gp_image_folder_dir(train.folder),
+                         gp_image_folder_file(train.folder, b.skipped_first),
+                         gp_procs_size() > 1 ? "; under mpirun every rank must skip the same "
+                                               "files: give every machine the same copy of "
+                                               "the data" : "");
+            else if (b.n < tc->batch_size)
                 snprintf(part, sizeof part, ", its last batch: %lld samples, the %lld of %lld "
                          "training samples that a batch of %lld leaves over",
                          (long long)b.n, (long long)(train.n % tc->batch_size),
