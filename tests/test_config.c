@@ -85,6 +85,7 @@ static const char *const k_full =
     "  schedule: 1f1b\n"                                       /* 28 */
     "  virtual: 1\n"                                           /* 29 */
     "  copy_precision: fp32\n"                                /* 30 */
+    "  peer_timeout: 300\n"                                   /* 31 */
     "data:\n"
     "  dataset: cifar10\n"
     "  path: /data/cifar\n"
@@ -157,6 +158,7 @@ static void test_full(void)
     CHECK(p->threads == 1 && p->memory == ((size_t)512 << 20) && p->replicas == 2);
     /* fp32 copies asked for: precision bf16 would otherwise make them bf16 */
     CHECK(p->copy_precision == GP_COPY_FP32 && !gp_config_bf16_copies(&c));
+    CHECK(p->peer_timeout == 300);
 
     const gp_data_config *d = &c.data;
     CHECK(d->dataset == GP_DATASET_CIFAR10 && !strcmp(d->path, "/data/cifar"));
@@ -222,6 +224,7 @@ static void test_defaults(void)
     CHECK(c.train.seed == 0 && !strcmp(c.train.optim.type, "sgd"));
     CHECK(c.train.precision == 0 && !c.train.deterministic);
     CHECK(c.pipeline.copy_precision == GP_COPY_AUTO && !gp_config_bf16_copies(&c));
+    CHECK(c.pipeline.peer_timeout == GP_PEER_TIMEOUT_DEFAULT);
     c.train.precision = GP_PRECISION_BF16; /* auto follows the precision */
     CHECK(gp_config_bf16_copies(&c));
     c.train.precision = GP_PRECISION_TF32;
@@ -550,6 +553,15 @@ static void test_errors(void)
     CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  copy_precision: fp16\n"), NULL, 0),
               GP_ERR_INVALID, "t.yaml:10:19: unknown value 'fp16' for pipeline.copy_precision "
                               "(allowed: auto, fp32, bf16)");
+    /* the watchdog's timeout (processes): seconds, > 0 */
+    CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  peer_timeout: 0\n"), NULL, 0),
+              GP_ERR_INVALID, "t.yaml:10:17: pipeline.peer_timeout");
+    {
+        gp_config c;
+        CHECK_OK(parse(cat(k_base, "pipeline:\n  peer_timeout: 2.5\n"), &c));
+        CHECK(c.pipeline.peer_timeout == 2.5);
+        gp_config_free(&c);
+    }
     CHECK_ERR(parse_bad(cat(k_base, "train:\n  schedule: {type: cosin}\n"), NULL, 0),
               GP_ERR_INVALID, "(allowed: constant, step, cosine); did you mean 'cosine'?");
     CHECK_ERR(parse_bad(cat(k_base, "data:\n  dataset: fashion_mnist\n"), NULL, 0),

@@ -39,11 +39,17 @@ against the same config in one process (worker threads), the oracle.
       one process;
   (j) ranks whose configs or data differ (a config one rank cannot load,
       a --set only one rank has, an image folder with more files on one
-      machine) end together with one message saying so, instead of
+      machine, or with the same count but an image in another class)
+      end together with one message saying so, instead of
       hanging, overflowing a message or training silently wrong;
   (i) SIGUSR1 sent to mpirun (passed on to every rank unchanged) stops
       every rank after the same step with one final snapshot, said once,
-      exit 138.
+      exit 138;
+  (k) a rank stopped (SIGSTOP) rather than killed ends every rank after
+      pipeline.peer_timeout, the rank that waited naming it, its stage
+      and what it waited for, and the newest snapshot, which resumes;
+  (l) a file bad on rank 1's copy only, under data.on_bad_file: skip: the
+      message names the batch it shrank (the epoch's first) and the file.
 
 Needs mpirun (openmpi-bin; scripts/install-deps.sh) and a gpipe-train
 built with MPI: CTest registers this test only then.  Runs as root in CI,
@@ -539,6 +545,22 @@ def mismatches(tmp):
     check(rc == 3 and "the ranks read different data: rank 1 has 45 training samples" in out and
           "rank 0 has 36" in out,
           "image folders that differ between the ranks: exit %d: %s" % (rc, out[-800:]))
+    # the same counts, but one image moved to another class on rank 1's
+    # copy: the ranks' index hashes differ, and the first sample that
+    # differs is named with both ranks' file and class (it trained
+    # silently wrong)
+    moved = os.path.join(tmp, "wMoved")
+    shutil.copytree(wdirs[0], moved)
+    tr = os.path.join(moved, "data", "train")
+    os.rename(os.path.join(tr, "class_00", "img_00011.jpg"),
+              os.path.join(tr, "class_01", "img_00099.jpg"))
+    rc, out = mpmd([(w, [os.path.join(tmp, "mm-folder.yaml"), "--quiet", "--set",
+                         "pipeline.chunks=3"]) for w in (wdirs[0], moved)])
+    check(rc == 3 and out.count("the ranks read different data: rank 1's training split has "
+                                "the same 36 samples and classes as rank 0's but differs at "
+                                "sample 11 of the index: rank 1 has 'class_01/img_00000.jpg' in "
+                                "class 1, rank 0 has 'class_00/img_00011.jpg' in class 0") == 1,
+          "an image in another class on rank 1 only: exit %d: %s" % (rc, out[-800:]))
     # one rank's data missing (its working directory has none): that rank's
     # own message, whichever rank it is (the others' exchange of the data's
     # sizes used to meet another collective and replace it with an MPI
@@ -693,6 +715,130 @@ def errors(tmp):
         check(False, "SIGUSR1 to mpirun left the run going for 60 s")
 
 
+def bad_file_one_rank(tmp):
+    """(l) a file bad only on rank 1's copy, under data.on_bad_file: skip:
+    rank 1's first batch shrinks, and its message names that batch (the
+    epoch's first, not "its last batch ... that a batch of 4 leaves over")
+    and the file it skipped."""
+    src = os.environ.get("GPIPE_SOURCE_DIR", ".")
+    a, b = os.path.join(tmp, "badA"), os.path.join(tmp, "badB")
+    rc, out = run(["/usr/bin/python3", os.path.join(src, "scripts", "make-image-folder.py"),
+                   os.path.join(a, "data"), "--classes", "2", "--train", "3", "--val", "2",
+                   "--size", "20"])
+    check(rc == 0, "make-image-folder.py: " + out[-500:])
+    if rc:
+        return
+    shutil.copytree(a, b)
+    with open(os.path.join(b, "data", "train", "class_00", "img_00001.jpg"), "w") as f:
+        f.write("not a JPEG")
+    cfg = os.path.join(tmp, "bad1.yaml")
+    with open(cfg, "w") as f:  # unshuffled: the bad file is in the epoch's first batch
+        f.write(MLP.replace("input: [1, 8, 8]", "input: [3, 16, 16]").replace(
+            "data: {dataset: synthetic, synthetic: {train: 256, test: 64, classes: 10}}",
+            "data: {dataset: image_folder, path: data, workers: 1, on_bad_file: skip, "
+            "shuffle: false}").replace("linear: {out: 10}", "linear: {out: 2}").replace(
+            "batch_size: 32", "batch_size: 4").replace("chunks: 4", "chunks: 2"))
+    rc, out = mpmd([(w, [cfg, "--quiet", "--set", "pipeline.balance=[4, 3]"]) for w in (a, b)])
+    check(rc == 4 and out.count("rank 1 of 2: step 1 (epoch 1, its batch 1 of 2: 3 samples, 1 "
+                                "fewer after skipping the bad file "
+                                "data/train/class_00/img_00001.jpg (data.on_bad_file: skip); "
+                                "under mpirun every rank must skip the same files") == 1 and
+          "its last batch" not in out,
+          "a file bad on rank 1's copy only: exit %d: %s" % (rc, out[-800:]))
+
+
+def rank_of(pid):
+    """The MPI rank of a process mpirun started (its environment), or -1."""
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+        return int(env.get(b"OMPI_COMM_WORLD_RANK", b"-1"))
+    except (OSError, ValueError):
+        return -1
+
+
+def running(pid):
+    """Whether pid is a process that is not a zombie."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def stopped_peer(tmp):
+    """(k) a rank stopped rather than killed (SIGSTOP: a hung file system
+    or GPU looks the same to the others) ends the run after
+    pipeline.peer_timeout, with one message from the rank that waited
+    naming the silent rank, its stage and what was waited for, and the
+    newest snapshot, which a resume takes (nothing lost but the steps
+    since); the stopped rank is ended with the others."""
+    cfg = os.path.join(tmp, "stop.yaml")
+    with open(cfg, "w") as f:
+        f.write(MLP.replace("epochs: 2", "epochs: 10000"))
+    d = os.path.join(tmp, "snaps-stop")
+    met = os.path.join(tmp, "stop.jsonl")
+    p = subprocess.Popen(["mpirun", "-np", "2", "--oversubscribe", BIN, cfg, "--quiet",
+                          "--metrics", met, "--set", "pipeline.peer_timeout=3",
+                          "--set", "pipeline.balance=[4, 3]",
+                          "--set", "train.snapshot.every_steps=4",
+                          "--set", "train.snapshot.dir=" + d],
+                         env=MPI_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    kids = []
+    for _ in range(600):  # the ranks, and training under way (a snapshot written)
+        time.sleep(0.1)
+        ps = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True)
+        kids = [int(x) for x in ps.stdout.split()]
+        if len(kids) == 2 and os.path.isdir(d) and any(
+                f.endswith(".safetensors") for f in os.listdir(d)):
+            break
+    one = [k for k in kids if rank_of(k) == 1]
+    check(len(one) == 1, "did not find rank 1 of mpirun %d: %s" % (p.pid, kids))
+    if not one:
+        p.kill()
+        p.communicate()
+        return
+    os.kill(one[0], signal.SIGSTOP)
+    t0 = time.time()
+    try:
+        out, _ = p.communicate(timeout=60)
+        took = time.time() - t0
+        time.sleep(0.5)
+        alive = [k for k in kids if running(k)]
+        check(not alive, "ranks %s outlived the run (rank 1 stopped: %s)" % (alive, one))
+        check(p.returncode not in (0, 138) and took >= 3,
+              "a stopped rank: exit %d after %.1f s: %s" % (p.returncode, took, out[-800:]))
+        # what rank 0 waited for: stage 1's message, or (stopped between
+        # steps) a collective, whose silent rank the heartbeats name
+        check(out.count("rank 0 (stage 0) of 2: no word from rank 1 (stage 1) for ") == 1 and
+              re.search(r"waiting for (stage 1's input's gradient for micro-batch \d+ of stage "
+                        r"0 \(MPI_Probe, tag \d+\)|every rank \(MPI_\w+\)) during step \d+ "
+                        r"of 80000: rank 1 \(stage 1\) has stopped answering", out) and
+              "pipeline.peer_timeout = 3 s" in out,
+              "a stopped rank: the message does not name rank 1, stage 1 and what rank 0 "
+              "waited for, once: " + out[-1200:])
+        m = re.search(r"snapshot (\S+) holds step (\d+); go on with --resume latest", out)
+        snaps = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))
+        check(m is not None and os.path.basename(m.group(1)) == snaps[-1],
+              "a stopped rank: the newest snapshot %s not named: %s" % (snaps[-1:], out[-1200:]))
+        if m:  # it resumes, in one process
+            rc, out2 = run([BIN, cfg, "--quiet", "--resume", m.group(1), "--set",
+                            "train.steps=%d" % (int(m.group(2)) + 2)])
+            check(rc == 0, "the snapshot named after a stopped rank does not resume: "
+                  + out2[-600:])
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        check(False, "a stopped rank left the run hanging for 60 s (pipeline.peer_timeout 3 s)")
+    finally:  # nothing left running: the stopped rank woken, every rank ended
+        for k in kids:
+            try:
+                os.kill(k, signal.SIGCONT)
+                os.kill(k, signal.SIGKILL)
+            except OSError:
+                pass
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         same_run(tmp, "mlp-gpipe-always", MLP, 2, ["pipeline.checkpoint=always"])
@@ -797,6 +943,8 @@ def main():
         traces(tmp)
         errors(tmp)
         mismatches(tmp)
+        bad_file_one_rank(tmp)
+        stopped_peer(tmp)
     print("test_procs: %d passed, %d failed" % (passed, failed))
     return 1 if failed else 0
 

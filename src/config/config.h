@@ -82,10 +82,18 @@ typedef struct gp_pipeline_config {
     int replicas;         /* data-parallel replicas; default 1 (or the grid's rows) */
     gp_copy_precision copy_precision; /* what crosses a stage boundary; default
                                          auto (gp_config_bf16_copies) */
+    double peer_timeout;  /* processes: seconds a rank waits for another before
+                             every rank is stopped (procs.h, the watchdog);
+                             0 = GP_PEER_TIMEOUT_DEFAULT */
     char devices_at[600]; /* where pipeline.devices was given ("my.yaml:9:12",
                              "--set pipeline.devices=..."), for a device
                              that cannot be opened; "" by default or in C */
 } gp_pipeline_config;
+
+/* pipeline.peer_timeout's default, seconds: longer than any wait a healthy
+ * run has (one rank profiling balance: auto or writing a snapshot while
+ * the others wait). */
+#define GP_PEER_TIMEOUT_DEFAULT 600.0
 
 /* Data-parallel replicas, at least 1 (a zeroed struct's 0 is 1). */
 static inline int gp_pipeline_replicas(const gp_pipeline_config *pc)

@@ -396,6 +396,8 @@ gp_status gp_cfg_parse_pipeline(gp_cfg_walk *w, const gp_ynode *root, gp_pipelin
     GP_TRY(gp_cfg_get_enum(w, m, "pipeline", "copy_precision", k_copy_names,
                            GP_COUNT(k_copy_names), GP_COPY_AUTO, &cp));
     pc->copy_precision = (gp_copy_precision)cp;
+    GP_TRY(gp_cfg_get_double(w, m, "pipeline", "peer_timeout", GP_PEER_TIMEOUT_DEFAULT, 0, 1e7,
+                             GP_CFG_LO_OPEN, &pc->peer_timeout));
     check_threads(w, m, dv, grid, pc);
     return GP_OK;
 }

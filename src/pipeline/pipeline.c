@@ -833,6 +833,10 @@ static gp_status receive_remote(gp_pipeline *p, const gp_instr *in, gp_event_rec
         return GP_OK;
     }
     int from = p->rank_base + in->from % p->n, tag = msg_tag(p, i, j, what, in->skip);
+    static const char *const k_what[] = {"output", "input's gradient", "skip",
+                                         "skip's gradient"};
+    gp_procs_wait_for("stage %d's %s for micro-batch %d of stage %d", in->from, k_what[what], i,
+                      j);
     gp_status st = gp_procs_probe(from, tag);
     ev->t1 = gp_now();
     if (st == GP_OK) st = recv_target(p, i, j, slot, &dst);

@@ -4,6 +4,8 @@
 #include "pipeline/procs.h"
 
 #include <limits.h>
+#include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -141,6 +143,256 @@ static gp_status mpi_error(int rc, const char *what)
     return gp_error_set(GP_ERR_RUNTIME, "rank %d: %s failed: %s", g_rank, what, msg);
 }
 
+/* ---- the watchdog: a peer that stops answering -------------------------- */
+
+/* MPI notices a process that ends (mpirun then ends the run), not one that
+ * stops (SIGSTOP, Ctrl-Z, a hung file system or GPU): the others would wait
+ * for it for ever.  Every wait on other ranks (a receive, a probe, a
+ * synchronous send, a collective) is therefore listed here while it lasts,
+ * and a thread looks at the list: a wait longer than the timeout
+ * (pipeline.peer_timeout, gp_procs_watch) says what it waited for and ends
+ * every rank (MPI_Abort), as the failure of a rank does.  The list and the
+ * texts are guarded by g_wd_mu; a wait's own text is its thread's. */
+typedef struct wd_wait {
+    struct wd_wait *next;
+    double since;  /* gp_now() when it began */
+    int peer;      /* the rank waited for; -1: every rank (a collective) */
+    char what[400];
+} wd_wait;
+
+static pthread_mutex_t g_wd_mu = PTHREAD_MUTEX_INITIALIZER;
+static wd_wait *g_wd_waits;
+static double g_wd_timeout;           /* seconds; 0 until gp_procs_watch */
+static int g_wd_devices, g_wd_stages; /* to name a rank's stages */
+static char g_wd_phase[160], g_wd_note[1200];
+static pthread_t g_wd_thread;
+static bool g_wd_started;
+static _Atomic int g_wd_quit;
+static _Thread_local char tl_wait_for[200]; /* gp_procs_wait_for's text */
+
+void gp_procs_wait_for(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(tl_wait_for, sizeof tl_wait_for, fmt, ap);
+    va_end(ap);
+}
+
+/* A wait on `peer` (-1: every rank) begins, for `what` ("a message") or
+ * what gp_procs_wait_for said, in the MPI call `fmt` ("MPI_Probe, tag 5"):
+ * "stage 1's output for micro-batch 2 of stage 2 (MPI_Probe, tag 5)". */
+static void wait_begin(wd_wait *w, int peer, const char *what, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void wait_begin(wd_wait *w, int peer, const char *what, const char *fmt, ...)
+{
+    char call[120];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(call, sizeof call, fmt, ap);
+    va_end(ap);
+    w->since = gp_now();
+    w->peer = peer;
+    snprintf(w->what, sizeof w->what, "%s (%s)", *tl_wait_for ? tl_wait_for : what, call);
+    tl_wait_for[0] = '\0'; /* (the text is for one wait) */
+    pthread_mutex_lock(&g_wd_mu);
+    w->next = g_wd_waits;
+    g_wd_waits = w;
+    pthread_mutex_unlock(&g_wd_mu);
+}
+
+static void wait_end(wd_wait *w)
+{
+    pthread_mutex_lock(&g_wd_mu);
+    for (wd_wait **p = &g_wd_waits; *p; p = &(*p)->next)
+        if (*p == w) {
+            *p = w->next;
+            break;
+        }
+    pthread_mutex_unlock(&g_wd_mu);
+}
+
+/* "rank 1 (stage 1)", "rank 3 (replica 1, stages 1 and 3)" */
+static void name_rank(int r, char *buf, size_t len)
+{
+    int n = g_wd_devices;
+    if (n < 1) {
+        snprintf(buf, len, "rank %d", r);
+        return;
+    }
+    int d = r % n, stages = 0, used = snprintf(buf, len, "rank %d (", r);
+    if (g_size > n && used < (int)len)
+        used += snprintf(buf + used, len - (size_t)used, "replica %d, ", r / n);
+    for (int j = d; j < g_wd_stages; j += n) stages++;
+    for (int j = d, q = 0; j < g_wd_stages && used < (int)len; j += n, q++)
+        used += snprintf(buf + used, len - (size_t)used, "%s%d",
+                         q == 0 ? (stages > 1 ? "stages " : "stage ")
+                                : (q == stages - 1 ? " and " : ", "), j);
+    if (used < (int)len) snprintf(buf + used, len - (size_t)used, ")");
+}
+
+/* Heartbeats, on a communicator of their own: each rank's watchdog tells
+ * every other, twice a second, that it runs and whether it is waiting on
+ * others itself.  A rank whose beats stop is stopped as a whole (or its
+ * machine is); one that beats but sends nothing is hung inside (a file
+ * system, a device).  That names the rank a collective waits for, which
+ * MPI does not say.  At most one beat is in flight to each rank. */
+static MPI_Comm g_hb_comm = MPI_COMM_NULL;
+static double *g_hb_heard;  /* per rank: gp_now() of its last beat */
+static int *g_hb_waiting;   /* per rank: its last beat's "waiting on others" */
+static int *g_hb_out;       /* per rank: the beat in flight to it */
+static MPI_Request *g_hb_req;
+
+static void heartbeats(double now, bool send)
+{
+    for (;;) { /* every beat that came */
+        int there = 0, v = 0;
+        MPI_Status st;
+        if (MPI_Iprobe(MPI_ANY_SOURCE, 0, g_hb_comm, &there, &st) != MPI_SUCCESS || !there) break;
+        if (MPI_Recv(&v, 1, MPI_INT, st.MPI_SOURCE, 0, g_hb_comm, MPI_STATUS_IGNORE) !=
+            MPI_SUCCESS)
+            break;
+        g_hb_heard[st.MPI_SOURCE] = now;
+        g_hb_waiting[st.MPI_SOURCE] = v;
+    }
+    for (int r = 0; r < g_size && send; r++) {
+        int done = 1;
+        if (r == g_rank) continue;
+        if (g_hb_req[r] != MPI_REQUEST_NULL) MPI_Test(&g_hb_req[r], &done, MPI_STATUS_IGNORE);
+        if (!done) continue;
+        g_hb_out[r] = g_wd_waits != NULL;
+        MPI_Isend(&g_hb_out[r], 1, MPI_INT, r, 0, g_hb_comm, &g_hb_req[r]);
+    }
+}
+
+/* A collective waited too long: the rank whose beats stopped longest ago
+ * (stopped as a whole), else the first that is not waiting on others
+ * (hung inside), else -1. */
+static int silent_rank(double now)
+{
+    int worst = -1;
+    for (int r = 0; r < g_size; r++)
+        if (r != g_rank && now - g_hb_heard[r] > 2 &&
+            (worst < 0 || g_hb_heard[r] < g_hb_heard[worst]))
+            worst = r;
+    for (int r = 0; r < g_size && worst < 0; r++)
+        if (r != g_rank && !g_hb_waiting[r]) worst = r;
+    return worst;
+}
+
+static void *watchdog(void *arg)
+{
+    (void)arg;
+    double last = gp_now(), beat = 0;
+    while (!g_wd_quit) {
+        struct timespec ts = {0, 100 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&g_wd_mu);
+        double now = gp_now();
+        /* a sleep of 0.1 s that took seconds: this process was the one
+         * stopped (and is now continued), so its waits, and what it heard,
+         * start again */
+        if (now - last > 2) {
+            for (wd_wait *w = g_wd_waits; w; w = w->next) w->since = now;
+            for (int r = 0; r < g_size; r++) g_hb_heard[r] = now;
+        }
+        last = now;
+        heartbeats(now, now - beat >= 0.5);
+        if (now - beat >= 0.5) beat = now;
+        const wd_wait *old = NULL;
+        for (const wd_wait *w = g_wd_waits; w; w = w->next)
+            if (!old || w->since < old->since) old = w;
+        if (!old || now - old->since < g_wd_timeout) {
+            pthread_mutex_unlock(&g_wd_mu);
+            continue;
+        }
+        char me[160], peer[160] = "", what[sizeof old->what], phase[sizeof g_wd_phase],
+            note[sizeof g_wd_note];
+        int who = old->peer >= 0 ? old->peer : silent_rank(now);
+        bool gone = who >= 0 && now - g_hb_heard[who] > 2;
+        name_rank(g_rank, me, sizeof me);
+        if (who >= 0) name_rank(who, peer, sizeof peer);
+        double waited = now - old->since;
+        snprintf(what, sizeof what, "%s", old->what);
+        snprintf(phase, sizeof phase, "%s", g_wd_phase);
+        snprintf(note, sizeof note, "%s", g_wd_note);
+        pthread_mutex_unlock(&g_wd_mu);
+        fprintf(stderr, "gpipe-train: %s of %d: no word from %s for %.0f s, waiting for %s%s%s: "
+                "%s %s; every rank is stopped.%s%s (pipeline.peer_timeout = %g s is how long a "
+                "rank waits for another)\n",
+                me, g_size, who >= 0 ? peer : "another rank", waited, what,
+                *phase ? " during " : "", phase, who >= 0 ? peer : "a rank",
+                gone ? "has stopped answering without ending (stopped by SIGSTOP or Ctrl-Z, or "
+                       "its machine hung)"
+                     : "runs but sends nothing (hung in a file system or a device, or waiting "
+                       "for another rank)",
+                *note ? " " : "", note, g_wd_timeout);
+        fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, gp_status_exit_code(GP_ERR_RUNTIME));
+        return NULL; /* (not reached: MPI_Abort ends the process) */
+    }
+    return NULL;
+}
+
+void gp_procs_watch(double seconds, int n_devices, int n_stages)
+{
+    if (!g_active || g_size < 2 || !(seconds > 0)) return;
+    pthread_mutex_lock(&g_wd_mu);
+    g_wd_timeout = seconds;
+    g_wd_devices = n_devices;
+    g_wd_stages = n_stages;
+    pthread_mutex_unlock(&g_wd_mu);
+    if (g_wd_started || g_hb_comm == MPI_COMM_NULL) return;
+    size_t N = (size_t)g_size;
+    if (!g_hb_heard) {
+        g_hb_heard = malloc(N * sizeof *g_hb_heard);
+        g_hb_waiting = calloc(N, sizeof *g_hb_waiting);
+        g_hb_out = calloc(N, sizeof *g_hb_out);
+        g_hb_req = malloc(N * sizeof *g_hb_req);
+        if (!g_hb_heard || !g_hb_waiting || !g_hb_out || !g_hb_req) return; /* (no watchdog) */
+        for (size_t r = 0; r < N; r++) g_hb_req[r] = MPI_REQUEST_NULL;
+    }
+    double now = gp_now();
+    for (size_t r = 0; r < N; r++) g_hb_heard[r] = now;
+    g_wd_quit = 0;
+    g_wd_started = pthread_create(&g_wd_thread, NULL, watchdog, NULL) == 0;
+}
+
+void gp_procs_watch_phase(const char *fmt, ...)
+{
+    if (!g_wd_started) return;
+    va_list ap;
+    va_start(ap, fmt);
+    pthread_mutex_lock(&g_wd_mu);
+    vsnprintf(g_wd_phase, sizeof g_wd_phase, fmt, ap);
+    pthread_mutex_unlock(&g_wd_mu);
+    va_end(ap);
+}
+
+void gp_procs_watch_note(const char *fmt, ...)
+{
+    if (!g_wd_started) return;
+    va_list ap;
+    va_start(ap, fmt);
+    pthread_mutex_lock(&g_wd_mu);
+    vsnprintf(g_wd_note, sizeof g_wd_note, fmt, ap);
+    pthread_mutex_unlock(&g_wd_mu);
+    va_end(ap);
+}
+
+/* Before MPI_Finalize: the thread ends, a beat still in flight is left to
+ * MPI (its buffer stays, as the process is about to end). */
+static void watch_stop(void)
+{
+    if (g_wd_started) {
+        g_wd_quit = 1;
+        pthread_join(g_wd_thread, NULL);
+        g_wd_started = false;
+    }
+    for (int r = 0; g_hb_req && r < g_size; r++)
+        if (g_hb_req[r] != MPI_REQUEST_NULL) MPI_Request_free(&g_hb_req[r]);
+    if (g_hb_comm != MPI_COMM_NULL) MPI_Comm_free(&g_hb_comm);
+}
+
 gp_status gp_procs_init(void)
 {
     read_stage_env();
@@ -157,6 +409,9 @@ gp_status gp_procs_init(void)
     rc = MPI_Comm_dup(MPI_COMM_WORLD, &g_chan_comm);
     if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Comm_dup");
     MPI_Comm_set_errhandler(g_chan_comm, MPI_ERRORS_RETURN);
+    rc = MPI_Comm_dup(MPI_COMM_WORLD, &g_hb_comm);
+    if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Comm_dup");
+    MPI_Comm_set_errhandler(g_hb_comm, MPI_ERRORS_RETURN);
     if (provided < MPI_THREAD_MULTIPLE)
         return gp_error_set(GP_ERR_RUNTIME, "this MPI library gives thread level %d, not "
                             "MPI_THREAD_MULTIPLE, which gpipe's worker threads need; use Open "
@@ -167,6 +422,7 @@ gp_status gp_procs_init(void)
 void gp_procs_finalize(void)
 {
     if (!g_active) return;
+    watch_stop();
     if (g_chan_comm != MPI_COMM_NULL) MPI_Comm_free(&g_chan_comm);
     MPI_Finalize();
     g_active = false;
@@ -201,6 +457,7 @@ gp_status gp_procs_isend(const float *data, int64_t n, int to, int tag, gp_procs
         return mpi_error(rc, "MPI_Isend");
     }
     req->impl = r; /* req->host: the caller's (gp_procs_isend_dev) */
+    req->peer = to;
     return GP_OK;
 }
 
@@ -221,7 +478,10 @@ gp_status gp_procs_test(gp_procs_req *req, bool *done)
 
 gp_status gp_procs_wait(gp_procs_req *req)
 {
+    wd_wait w;
+    wait_begin(&w, req->peer, "the receive of a message sent", "MPI_Wait");
     int rc = MPI_Wait(req->impl, MPI_STATUS_IGNORE);
+    wait_end(&w);
     free(req->impl);
     req->impl = NULL;
     free(req->host);
@@ -231,7 +491,10 @@ gp_status gp_procs_wait(gp_procs_req *req)
 
 gp_status gp_procs_probe(int from, int tag)
 {
+    wd_wait w;
+    wait_begin(&w, from, "a message", "MPI_Probe, tag %d", tag);
     int rc = MPI_Probe(from, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    wait_end(&w);
     return rc == MPI_SUCCESS ? GP_OK : mpi_error(rc, "MPI_Probe");
 }
 
@@ -256,17 +519,26 @@ static void poll_pause(void)
 static gp_status probe(int peer, int tag, MPI_Comm comm, const _Atomic int *cancel,
                        MPI_Status *stt)
 {
+    wd_wait w;
+    wait_begin(&w, peer, "a message", "%s, tag %d", cancel ? "MPI_Iprobe" : "MPI_Probe", tag);
+    gp_status s = GP_OK;
     if (!cancel) {
         int rc = MPI_Probe(peer, tag, comm, stt);
-        return rc == MPI_SUCCESS ? GP_OK : mpi_error(rc, "MPI_Probe");
+        if (rc != MPI_SUCCESS) s = mpi_error(rc, "MPI_Probe");
+    } else {
+        for (;;) {
+            int there = 0, rc = MPI_Iprobe(peer, tag, comm, &there, stt);
+            if (rc != MPI_SUCCESS) s = mpi_error(rc, "MPI_Iprobe");
+            if (rc != MPI_SUCCESS || there) break;
+            if (*cancel) {
+                s = cancelled(peer, tag);
+                break;
+            }
+            poll_pause();
+        }
     }
-    for (;;) {
-        int there = 0, rc = MPI_Iprobe(peer, tag, comm, &there, stt);
-        if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Iprobe");
-        if (there) return GP_OK;
-        if (*cancel) return cancelled(peer, tag);
-        poll_pause();
-    }
+    wait_end(&w);
+    return s;
 }
 
 /* The next message from `peer` with `tag` on comm, before it is received:
@@ -294,7 +566,10 @@ gp_status gp_procs_recv(float *data, int64_t n, int from, int tag)
     int cnt = 0;
     GP_TRY(count_of(n, &cnt));
     GP_TRY(expect_count(from, tag, MPI_COMM_WORLD, MPI_FLOAT, cnt, "floats", "tag", NULL));
+    wd_wait w;
+    wait_begin(&w, from, "the rest of a message", "MPI_Recv, tag %d", tag);
     int rc = MPI_Recv(data, cnt, MPI_FLOAT, from, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    wait_end(&w);
     return rc == MPI_SUCCESS ? GP_OK : mpi_error(rc, "MPI_Recv");
 }
 
@@ -308,17 +583,23 @@ static gp_status ssend_or_cancel(const void *b, int n, int peer, int tag, MPI_Co
     MPI_Request req;
     int rc = MPI_Issend(b, n, MPI_BYTE, peer, tag, comm, &req);
     if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Issend");
+    wd_wait w;
+    wait_begin(&w, peer, "the receive of a message sent", "MPI_Issend, channel %d", tag);
+    gp_status s = GP_OK;
     for (;;) {
         int done = 0;
         rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-        if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Test");
-        if (done) return GP_OK;
+        if (rc != MPI_SUCCESS) s = mpi_error(rc, "MPI_Test");
+        if (rc != MPI_SUCCESS || done) break;
         if (*cancel) {
             MPI_Request_free(&req);
-            return cancelled(peer, tag);
+            s = cancelled(peer, tag);
+            break;
         }
         poll_pause();
     }
+    wait_end(&w);
+    return s;
 }
 
 /* `bytes` bytes to `peer` on comm, in pieces under MPI's int count, in
@@ -333,8 +614,12 @@ static gp_status send_pieces(const void *data, size_t bytes, int peer, int tag, 
         if (sync && cancel) {
             GP_TRY(ssend_or_cancel(b, piece, peer, tag, comm, cancel));
         } else {
+            wd_wait w;
+            wait_begin(&w, peer, "the receive of a message sent", "%s, tag %d",
+                       sync ? "MPI_Ssend" : "MPI_Send", tag);
             int rc = sync ? MPI_Ssend(b, piece, MPI_BYTE, peer, tag, comm)
                           : MPI_Send(b, piece, MPI_BYTE, peer, tag, comm);
+            wait_end(&w);
             if (rc != MPI_SUCCESS) return mpi_error(rc, sync ? "MPI_Ssend" : "MPI_Send");
         }
         b += piece;
@@ -354,7 +639,10 @@ static gp_status recv_pieces(void *data, size_t bytes, int peer, int tag, MPI_Co
     do {
         int piece = bytes > (size_t)INT_MAX ? INT_MAX : (int)bytes;
         GP_TRY(expect_count(peer, tag, comm, MPI_BYTE, piece, "bytes", what, cancel));
+        wd_wait w;
+        wait_begin(&w, peer, "the rest of a message", "MPI_Recv, %s %d", what, tag);
         int rc = MPI_Recv(b, piece, MPI_BYTE, peer, tag, comm, MPI_STATUS_IGNORE);
+        wait_end(&w);
         if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Recv");
         b += piece;
         bytes -= (size_t)piece;
@@ -388,8 +676,11 @@ gp_status gp_procs_allgather_bytes(const void *mine, void *all, size_t bytes)
 {
     if (bytes > INT_MAX)
         return gp_error_set(GP_ERR_INVALID, "an all-gather of %zu bytes per rank", bytes);
+    wd_wait w;
+    wait_begin(&w, -1, "every rank", "MPI_Allgather");
     int rc = MPI_Allgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE,
                            MPI_COMM_WORLD);
+    wait_end(&w);
     return rc == MPI_SUCCESS ? GP_OK : mpi_error(rc, "MPI_Allgather");
 }
 
@@ -398,7 +689,10 @@ gp_status gp_procs_bcast(void *data, size_t bytes, int root)
     unsigned char *b = data;
     while (bytes > 0) { /* in pieces under MPI's int count */
         int piece = bytes > (size_t)INT_MAX ? INT_MAX : (int)bytes;
+        wd_wait w;
+        wait_begin(&w, root, "a broadcast", "MPI_Bcast from rank %d", root);
         int rc = MPI_Bcast(b, piece, MPI_BYTE, root, MPI_COMM_WORLD);
+        wait_end(&w);
         if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Bcast");
         b += piece;
         bytes -= (size_t)piece;
@@ -408,7 +702,10 @@ gp_status gp_procs_bcast(void *data, size_t bytes, int root)
 
 gp_status gp_procs_max_doubles(double *v, int n)
 {
+    wd_wait w;
+    wait_begin(&w, -1, "every rank", "MPI_Allreduce");
     int rc = MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    wait_end(&w);
     return rc == MPI_SUCCESS ? GP_OK : mpi_error(rc, "MPI_Allreduce");
 }
 
@@ -429,7 +726,10 @@ _Noreturn void gp_procs_fail(gp_status s)
 
 gp_status gp_procs_max_int(int *x)
 {
+    wd_wait w;
+    wait_begin(&w, -1, "every rank", "MPI_Allreduce");
     int rc = MPI_Allreduce(MPI_IN_PLACE, x, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    wait_end(&w);
     return rc == MPI_SUCCESS ? GP_OK : mpi_error(rc, "MPI_Allreduce");
 }
 
@@ -467,7 +767,10 @@ static gp_status rs_host(mpi_group *g, float *h, int64_t n)
     }
     float *t = malloc((size_t)(R * mine > 0 ? R * mine : 1) * sizeof *t);
     if (!t) return gp_error_set(GP_ERR_OOM, "out of host memory for a reduce-scatter");
+    wd_wait w;
+    wait_begin(&w, -1, "every rank", "a reduce-scatter, MPI_Alltoallv");
     int rc = MPI_Alltoallv(h, scnt, sdsp, MPI_FLOAT, t, rcnt, rdsp, MPI_FLOAT, g->comm);
+    wait_end(&w);
     if (rc == MPI_SUCCESS)
         for (int e = 0; e < mine; e++) {
             float x = t[e];
@@ -482,7 +785,10 @@ static gp_status ag_host(mpi_group *g, float *h, int64_t n)
 {
     int cnt[GP_MAX_DEVICES], dsp[GP_MAX_DEVICES];
     GP_TRY(chunk_counts(g, n, cnt, dsp));
+    wd_wait w;
+    wait_begin(&w, -1, "every rank", "an all-gather, MPI_Allgatherv");
     int rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, h, cnt, dsp, MPI_FLOAT, g->comm);
+    wait_end(&w);
     return rc == MPI_SUCCESS ? GP_OK : mpi_error(rc, "MPI_Allgatherv");
 }
 
@@ -516,7 +822,10 @@ static gp_status op_broadcast(gp_comm *c, gp_device *dev, float *buf, int64_t n,
     if (n > INT_MAX) return gp_error_set(GP_ERR_INVALID, "a broadcast of %lld floats is over "
                                          "MPI's %d", (long long)n, INT_MAX);
     GP_TRY(host_in(dev, buf, n, true, &h));
+    wd_wait w;
+    wait_begin(&w, -1, "every rank", "a broadcast, MPI_Bcast");
     int rc = MPI_Bcast(h, (int)n, MPI_FLOAT, root, g->comm);
+    wait_end(&w);
     return host_out(dev, buf, n, h, rc == MPI_SUCCESS ? GP_OK : mpi_error(rc, "MPI_Bcast"));
 }
 
@@ -524,7 +833,10 @@ static gp_status op_barrier(gp_comm *c, gp_device *dev)
 {
     mpi_group *g = c->ctx;
     GP_TRY(gp_dev_synchronize(dev));
+    wd_wait w;
+    wait_begin(&w, -1, "every rank", "MPI_Barrier");
     int rc = MPI_Barrier(g->comm);
+    wait_end(&w);
     return rc == MPI_SUCCESS ? GP_OK : mpi_error(rc, "MPI_Barrier");
 }
 
@@ -558,7 +870,10 @@ gp_status gp_procs_comm_create(gp_device *const *devs, int n, int color, int key
         free(d);
         return gp_error_set(GP_ERR_OOM, "out of host memory");
     }
+    wd_wait w;
+    wait_begin(&w, -1, "every rank", "MPI_Comm_split");
     int rc = MPI_Comm_split(MPI_COMM_WORLD, color, key, &g->comm);
+    wait_end(&w);
     if (rc != MPI_SUCCESS) {
         free(c);
         free(g);
@@ -590,7 +905,10 @@ gp_status gp_procs_sum_doubles(double *v, int n)
 {
     double *all = malloc((size_t)n * (size_t)g_size * sizeof *all);
     if (!all) return gp_error_set(GP_ERR_OOM, "out of host memory");
+    wd_wait w;
+    wait_begin(&w, -1, "every rank", "MPI_Allgather");
     int rc = MPI_Allgather(v, n, MPI_DOUBLE, all, n, MPI_DOUBLE, MPI_COMM_WORLD);
+    wait_end(&w);
     if (rc == MPI_SUCCESS)
         for (int k = 0; k < n; k++) {
             double x = all[k];
@@ -694,6 +1012,13 @@ gp_status gp_procs_max_doubles(double *v, int n)
     return none();
 }
 int gp_procs_tag_ub(void) { return INT_MAX; }
+void gp_procs_watch(double seconds, int n_devices, int n_stages)
+{
+    (void)seconds, (void)n_devices, (void)n_stages;
+}
+void gp_procs_watch_phase(const char *fmt, ...) { (void)fmt; }
+void gp_procs_watch_note(const char *fmt, ...) { (void)fmt; }
+void gp_procs_wait_for(const char *fmt, ...) { (void)fmt; }
 _Noreturn void gp_procs_fail(gp_status s)
 {
     fprintf(stderr, "gpipe-train: %s\n", gp_error_message());

@@ -57,6 +57,7 @@ double gp_procs_clock_offset(void);
 typedef struct gp_procs_req {
     void *impl;  /* MPI_Request, allocated */
     float *host; /* gp_procs_isend_dev's host copy, freed with the request */
+    int peer;    /* the rank it goes to (the watchdog names it) */
 } gp_procs_req;
 
 /* Send n floats to `to` with `tag` without waiting; *req completes it. */
@@ -128,6 +129,23 @@ gp_status gp_procs_allgather_bytes(const void *mine, void *all, size_t bytes);
  * Afterwards every rank's status is GP_OK or none is, so the collectives
  * after it are reached by every rank or by none.  One process: s. */
 gp_status gp_procs_agree(gp_status s, const char *during, bool *other_failed, bool *all_failed);
+/* The watchdog.  MPI ends the run when a process ends, not when one stops
+ * answering (SIGSTOP, a hung file system or device): every wait on other
+ * ranks here (receives, probes, synchronous sends, collectives) is watched,
+ * and one longer than `seconds` (pipeline.peer_timeout) says which rank and
+ * stages it waited for, and for what, and ends every rank (MPI_Abort, exit
+ * status 4).  gp_procs_watch starts it (MPI builds, several ranks; again:
+ * new values); n_devices and n_stages name each rank's stages (rank r runs
+ * device r mod n_devices of replica r div n_devices).  Thread-safe. */
+void gp_procs_watch(double seconds, int n_devices, int n_stages);
+/* What the ranks are doing ("step 12 of 400"), said with a wait that
+ * lasts. */
+void gp_procs_watch_phase(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* What is saved and how to go on, said last with a wait that lasts. */
+void gp_procs_watch_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* What the calling thread's next wait is for, in words ("stage 1's
+ * gradient of micro-batch 3"); the text serves that one wait. */
+void gp_procs_wait_for(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* The largest message tag this MPI allows (MPI_TAG_UB; at least 32767). */
 int gp_procs_tag_ub(void);
 /* For a failure this rank meets alone where the others cannot be told (they

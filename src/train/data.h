@@ -153,6 +153,8 @@ typedef struct gp_batch {
     int64_t epoch;      /* 0-based */
     int64_t index;      /* batch index within the epoch */
     int64_t first;      /* position of its first sample within the epoch */
+    int64_t skipped;    /* bad files dropped from it (data.on_bad_file: skip) */
+    int64_t skipped_first; /* the dataset index of the first of them; -1: none */
 } gp_batch;
 
 typedef struct gp_loader_opts {

@@ -33,6 +33,7 @@ typedef struct loader_slot {
     int64_t *src;       /* (batch_size) the dataset index of each sample */
     unsigned char *bad; /* (batch_size) skipped as a bad file */
     int64_t n, epoch, index, first;
+    int64_t skipped, skipped_first; /* gp_batch's, set when it closes */
     /* guarded by the loader's lock */
     int64_t claimed, done;
     bool ready;
@@ -206,10 +207,15 @@ static void open_batch(gp_loader *ld)
  * files, keeping the others in order. */
 static void close_batch(gp_loader *ld, loader_slot *sl)
 {
+    sl->skipped = 0;
+    sl->skipped_first = -1;
     if (sl->err == GP_OK) {
         int64_t k = 0;
         for (int64_t i = 0; i < sl->n; i++) {
-            if (sl->bad[i]) continue;
+            if (sl->bad[i]) {
+                if (sl->skipped++ == 0) sl->skipped_first = sl->src[i];
+                continue;
+            }
             if (k != i) {
                 memmove(sl->x + k * ld->per, sl->x + i * ld->per, sizeof(float) * (size_t)ld->per);
                 memmove(sl->y + k * ld->targets, sl->y + i * ld->targets,
@@ -457,6 +463,8 @@ gp_status gp_loader_next(gp_loader *ld, gp_batch *out)
     out->epoch = sl->epoch;
     out->index = sl->index;
     out->first = sl->first;
+    out->skipped = sl->skipped;
+    out->skipped_first = sl->skipped_first;
     return GP_OK;
 }
 

@@ -310,20 +310,112 @@ static gp_status check_dir_shared(const gp_config *cfg, gp_train_result *res)
                         cfg->path, dir, missing);
 }
 
+/* 64-bit FNV-1a of n bytes, on from h. */
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t k = 0; k < n; k++) h = (h ^ b[k]) * 0x100000001b3ull;
+    return h;
+}
+
+/* Sample i of ds as the ranks compare it: an image folder's file (its
+ * path under the split's folder) and label; an array's pixels, label and
+ * mask. */
+static uint64_t sample_hash(const gp_dataset *ds, int64_t i)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    int32_t label = ds->folder ? gp_image_folder_label(ds->folder, i)
+                               : ds->labels ? ds->labels[i] : -1;
+    h = fnv1a(h, &label, sizeof label);
+    if (ds->folder) {
+        const char *f = gp_image_folder_file(ds->folder, i);
+        return fnv1a(h, f, strlen(f));
+    }
+    size_t px = (size_t)(ds->c * ds->h * ds->w), hw = (size_t)(ds->h * ds->w);
+    if (ds->images) h = fnv1a(h, ds->images + (size_t)i * px, px);
+    if (ds->masks) h = fnv1a(h, ds->masks + (size_t)i * hw, hw);
+    return h;
+}
+
+static uint64_t split_hash(const gp_dataset *ds)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int64_t i = 0; i < ds->n; i++) {
+        uint64_t x = sample_hash(ds, i);
+        h = fnv1a(h, &x, sizeof x);
+    }
+    return h;
+}
+
+/* "'cat/3.jpg' in class 1", "sample 7 in class 2" */
+static void describe_sample(const gp_dataset *ds, int64_t i, char *buf, size_t len)
+{
+    int label = ds->folder ? gp_image_folder_label(ds->folder, i)
+                           : ds->labels ? ds->labels[i] : -1;
+    if (ds->folder)
+        snprintf(buf, len, "'%s' in class %d", gp_image_folder_file(ds->folder, i), label);
+    else
+        snprintf(buf, len, "sample %lld (class %d)", (long long)i, label);
+}
+
+/* The counts agree but split q's hashes do not (rank `r` the first that
+ * differs): where.  Rank 0's per-sample hashes go to every rank, each
+ * finds its first sample that differs and says what it has there; every
+ * rank calls this (a collective).  The message is every rank's. */
+static gp_status split_differs(const gp_dataset *ds, int q, int r, int64_t n)
+{
+    int me = gp_procs_rank(), N = gp_procs_size();
+    uint64_t *ref = malloc((size_t)(n > 0 ? n : 1) * sizeof *ref);
+    enum { DESC = 400 };
+    struct { int64_t at; char desc[DESC]; } mine = {-1, ""}, *all = calloc((size_t)N, sizeof *all);
+    if (!ref || !all) {
+        free(ref);
+        free(all);
+        return gp_error_set(GP_ERR_OOM, "out of host memory");
+    }
+    for (int64_t i = 0; i < n && me == 0; i++) ref[i] = sample_hash(ds, i);
+    gp_status s = gp_procs_bcast(ref, (size_t)n * sizeof *ref, 0);
+    for (int64_t i = 0; i < n && s == GP_OK && mine.at < 0; i++)
+        if (sample_hash(ds, i) != ref[i]) mine.at = i;
+    if (mine.at >= 0) describe_sample(ds, mine.at, mine.desc, sizeof mine.desc);
+    if (s == GP_OK) s = gp_procs_allgather_bytes(&mine, all, sizeof mine);
+    free(ref);
+    if (s == GP_OK) {
+        int64_t at = all[r].at;
+        char zero[DESC] = "";
+        if (me == 0 && at >= 0) describe_sample(ds, at, zero, sizeof zero);
+        /* (rank 0 says it: every rank's error alike) */
+        s = gp_error_set(GP_ERR_DATA, "the ranks read different data: rank %d's %s split has "
+                         "the same %lld samples and classes as rank 0's but differs at sample "
+                         "%lld of the index: rank %d has %s, rank 0 has %s (data.path %s); give "
+                         "every machine the same files", r, q ? "test" : "training",
+                         (long long)n, (long long)at, r, all[r].desc,
+                         me == 0 ? zero : "another", ds->source);
+    }
+    free(all);
+    return s;
+}
+
 /* Processes: every rank must read the same data (an image folder with
  * more files on one machine than on another gives that rank more steps
- * per epoch, and the ranks then wait on each other forever).  Compared
- * once loaded: the samples of each split and the classes.  A difference is
- * every rank's error alike.  Every rank comes here, whether its own load
- * succeeded (`loaded`) or not: one that failed keeps its error (it says
- * it and ends the run), the others learn that another rank failed. */
+ * per epoch, and the ranks then wait on each other forever; one with an
+ * image in another class, or another image, trains silently wrong).
+ * Compared once loaded: the samples of each split, the classes, and a
+ * hash of each split's index (an image folder's files and labels; an
+ * array's pixels, labels and masks), naming the first rank and sample
+ * that differ.  A difference is every rank's error alike.  Every rank
+ * comes here, whether its own load succeeded (`loaded`) or not: one that
+ * failed keeps its error (it says it and ends the run), the others learn
+ * that another rank failed. */
 static gp_status agree_on_data(gp_status loaded, const gp_dataset *train,
                                const gp_dataset *test, gp_train_result *res)
 {
     int N = gp_procs_size();
     bool ok = loaded == GP_OK;
-    int64_t mine[4] = {ok ? train->n : -1, ok ? test->n : -1, ok ? train->classes : -1, !ok},
-            *all = calloc((size_t)N * 4, sizeof *all);
+    enum { K = 6 };
+    int64_t mine[K] = {ok ? train->n : -1, ok ? test->n : -1, ok ? train->classes : -1, !ok,
+                       ok ? (int64_t)split_hash(train) : 0, ok ? (int64_t)split_hash(test) : 0},
+            *all = calloc((size_t)N * K, sizeof *all);
     if (!all) return ok ? gp_error_set(GP_ERR_OOM, "out of host memory") : loaded;
     gp_status s = gp_procs_allgather_bytes(mine, all, sizeof mine);
     if (!ok) { /* (its own message stands, whatever the exchange did) */
@@ -331,21 +423,29 @@ static gp_status agree_on_data(gp_status loaded, const gp_dataset *train,
         return loaded;
     }
     for (int r = 0; r < N && s == GP_OK; r++)
-        if (all[4 * r + 3]) {
+        if (all[K * r + 3]) {
             res->other_failed = true;
             s = gp_error_set(GP_ERR_DATA, "rank %d could not load its data (its message says "
                              "why)", r);
         }
     for (int r = 1; r < N && s == GP_OK; r++)
-        if (memcmp(all + 4 * r, all, 3 * sizeof *all)) {
+        if (memcmp(all + K * r, all, 3 * sizeof *all)) {
             res->failed_alike = true;
             s = gp_error_set(GP_ERR_DATA, "the ranks read different data: rank %d has %lld "
                              "training samples, %lld test samples and %lld classes, rank 0 has "
                              "%lld, %lld and %lld (data.path %s); give every machine the same "
-                             "files", r, (long long)all[4 * r], (long long)all[4 * r + 1],
-                             (long long)all[4 * r + 2], (long long)all[0], (long long)all[1],
+                             "files", r, (long long)all[K * r], (long long)all[K * r + 1],
+                             (long long)all[K * r + 2], (long long)all[0], (long long)all[1],
                              (long long)all[2], train->source);
         }
+    /* the counts agree on every rank (or every rank has said otherwise) */
+    for (int q = 0; q < 2 && s == GP_OK; q++)
+        for (int r = 1; r < N; r++)
+            if (all[K * r + 4 + q] != all[4 + q]) {
+                res->failed_alike = true;
+                s = split_differs(q ? test : train, q, r, all[q]);
+                break;
+            }
     free(all);
     return s;
 }
@@ -565,6 +665,10 @@ gp_status gp_train_open(const gp_config *cfg, gp_device **devs, gp_model *model,
     int64_t params;
     gp_shape output;
     GP_TRY(gp_model_describe(cfg, &params, &output));
+    /* processes: from here on a rank that stops answering ends the run
+     * after pipeline.peer_timeout (rank 0 profiles, the others wait) */
+    gp_procs_watch(cfg->pipeline.peer_timeout > 0 ? cfg->pipeline.peer_timeout
+                                                  : GP_PEER_TIMEOUT_DEFAULT, n, S);
     if (gp_procs_size() > 1) {
         /* processes: rank 0 balances (profiling once), every rank takes
          * its split, or its failure */
@@ -1031,7 +1135,22 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     int64_t saved_step = first_step;
     gp_snapshot_pos last_pos = pos;
     res->steps = first_step;
+    /* what the watchdog says is kept when a rank stops answering: no
+     * snapshot of that step can be made (the silent rank holds its
+     * stages), so the newest one is what a resume takes */
+    bool snaps_on = snc->every_steps > 0 || snc->every_minutes > 0;
+    if (!snaps_on)
+        gp_procs_watch_note("Snapshots are off, so nothing of this run is saved: set "
+                            "train.snapshot.every_steps to keep a run's progress.");
+    else if (first_step > 0)
+        gp_procs_watch_note("Nothing after step %lld is saved: the snapshot this run resumed "
+                            "from holds step %lld; go on with %s.", (long long)first_step,
+                            (long long)first_step, gp_opt_name(GP_OPT_RESUME_LATEST));
+    else
+        gp_procs_watch_note("No snapshot of this run is written yet (train.snapshot in %s), so "
+                            "nothing of it is saved.", cfg->path);
     for (int64_t step = first_step; step < total; step++) {
+        gp_procs_watch_phase("step %lld of %lld", (long long)step + 1, (long long)total);
         int sig = agreed(stop_asked(opts));
         if (sig && step == first_step) {
             s = stop_early(opts, "while starting", res);
@@ -1079,6 +1198,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         window_wait += waited;
         if (b.epoch != last_epoch && last_epoch >= 0 && tc->eval_each_epoch) {
             /* An epoch ended: evaluate before starting the next. */
+            gp_procs_watch_phase("the evaluation after epoch %lld", (long long)last_epoch + 1);
             s = gp_model_evaluate(mp, cfg, &test, &res->test_loss, &res->test_accuracy);
             if (s != GP_OK) {
                 s = data_failure(mp, cfg, s, step, saved_step, &last_pos, snap_lock);
@@ -1137,9 +1257,22 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         if (s != GP_OK) {
             /* an epoch's partial last batch fails where full ones did not
              * (batch norm with one value per channel in a micro-batch):
-             * say it is that batch */
-            char part[160] = "";
-            if (b.n < tc->batch_size)
+             * say it is that batch; one that bad files shrank (any batch
+             * of the epoch), which files (under mpirun a file bad on one
+             * rank's copy only leaves the ranks' batches different) */
+            char part[1600] = "";
+            if (b.skipped > 0 && train.folder)
+                snprintf(part, sizeof part, ", its batch %lld of %lld: %lld samples, %lld fewer "
+                         "after skipping %s %s/%s (data.on_bad_file: skip)%s",
+                         (long long)b.index + 1, (long long)per_epoch, (long long)b.n,
+                         (long long)b.skipped,
+                         b.skipped == 1 ? "the bad file" : "bad files, the first",
+                         gp_image_folder_dir(train.folder),
+                         gp_image_folder_file(train.folder, b.skipped_first),
+                         gp_procs_size() > 1 ? "; under mpirun every rank must skip the same "
+                                               "files: give every machine the same copy of "
+                                               "the data" : "");
+            else if (b.n < tc->batch_size)
                 snprintf(part, sizeof part, ", its last batch: %lld samples, the %lld of %lld "
                          "training samples that a batch of %lld leaves over",
                          (long long)b.n, (long long)(train.n % tc->batch_size),
@@ -1259,6 +1392,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                            agreed(now - last_snap >= 60.0 * snc->every_minutes);
         if ((snc->every_steps > 0 && (step + 1) % snc->every_steps == 0) || minutes_due ||
             ((snc->every_steps > 0 || snc->every_minutes > 0) && step == total - 1)) {
+            gp_procs_watch_phase("the snapshot of step %lld", (long long)step + 1);
             s = gp_snapshot_save(mp, cfg, &last_pos, snap_lock);
             if (s != GP_OK) {
                 s = name_saved(cfg, s, saved_step);
@@ -1266,6 +1400,11 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
             }
             last_snap = gp_now();
             saved_step = step + 1;
+            char sp[1100];
+            gp_snapshot_path(snc->dir, saved_step, sp, sizeof sp);
+            gp_procs_watch_note("Nothing after step %lld is saved: snapshot %s holds step %lld; "
+                                "go on with %s.", (long long)saved_step, sp,
+                                (long long)saved_step, gp_opt_name(GP_OPT_RESUME_LATEST));
         }
         double elapsed = now - t_start;
         double eta = elapsed / (double)(step + 1 - first_step) * (double)(total - step - 1);
@@ -1323,6 +1462,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         goto done;
     }
     /* Final evaluation (the last epoch, or a steps-limited run). */
+    gp_procs_watch_phase("the final evaluation");
     s = gp_model_evaluate(mp, cfg, &test, &res->test_loss, &res->test_accuracy);
     if (s != GP_OK) { /* as an epoch's: where it stopped, what holds it, what to do */
         s = data_failure(mp, cfg, s, mp->step, saved_step, &last_pos, snap_lock);
