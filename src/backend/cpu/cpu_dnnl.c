@@ -544,7 +544,11 @@ static int conv_mode(const gp_cpu_ctx *ctx, const gp_conv_desc *d)
      * input to a blocked output.  Alone (its output reordered to plain) it
      * is about as fast as the gemm path; when its output stays blocked
      * (gp_layers_blocked) it saves the reorders of the largest maps
-     * (bench/README.md, "Blocked layouts across a stage").  The choice
+     * (bench/README.md, "Blocked layouts across a stage").  Its
+     * backward-weights with AVX2 is the gemm path on a plain dy, which
+     * reorders the blocked one: oneDNN's jit:avx2 reads a plain source
+     * only with exactly 3 input channels (AVX-512's with 1 to 3), and a
+     * blocked source would reorder x instead (test_backend).  The choice
      * depends on nothing but the shape and the device's precision, so the
      * bits are the same whatever the partition or GPIPE_CPU_KEEP_BLOCKS. */
     return conv_bf16(ctx, d) ? CONV_PLAIN : CONV_FIRST;
