@@ -12,11 +12,17 @@
 # and NCCL_LIBRARY can be set directly.  CMAKE_CUDA_ARCHITECTURES defaults
 # to "80;90" (A100, H100).
 #
-# When built, the backend's objects go into libgpipe (an OBJECT library, so
-# gpipe stays one static library), gpipe links the CUDA libraries publicly,
-# and GPIPE_CUDA=1 is defined for src/backend/device.c, where the backend is
-# registered, and for the sources that include src/pipeline/nvtx.h (NVTX
-# ranges); nowhere else.  GPIPE_CUDA_BUILT tells tests/CMakeLists.txt.
+# When built, the backend is a plugin, libgpipe-cuda.so (the MODULE
+# gpipe_cuda, beside the tools in the build, in <libdir>/gpipe installed),
+# which alone links the CUDA libraries: src/backend/device.c loads it when
+# a cuda: device is opened, so a CPU run does not map the CUDA libraries
+# (about 1 GB of address space: it starts under a small `ulimit -v`).  The
+# plugin calls back into the program's gpipe, so programs that link gpipe
+# export its symbols (an INTERFACE link option, --export-dynamic; the .pc
+# and gpipeConfig.cmake say it too).  GPIPE_CUDA=1 is defined for
+# src/backend/device.c and for the sources that include
+# src/pipeline/nvtx.h (NVTX ranges, header-only); nowhere else.
+# GPIPE_CUDA_BUILT tells tests/CMakeLists.txt.
 set(GPIPE_CUDA_BUILT OFF)
 if(GPIPE_CUDA STREQUAL "OFF")
   message(STATUS "gpipe: CUDA backend off (GPIPE_CUDA=OFF)")
@@ -95,7 +101,9 @@ message(STATUS "gpipe: CUDA backend ON (CUDA ${CUDAToolkit_VERSION}, cuDNN ${CUD
 
 file(GLOB GPIPE_CUDA_SOURCES CONFIGURE_DEPENDS
      ${PROJECT_SOURCE_DIR}/src/backend/cuda/*.c ${PROJECT_SOURCE_DIR}/src/backend/cuda/*.cu)
-add_library(gpipe_cuda OBJECT ${GPIPE_CUDA_SOURCES})
+add_library(gpipe_cuda MODULE ${GPIPE_CUDA_SOURCES})
+set_target_properties(gpipe_cuda PROPERTIES OUTPUT_NAME gpipe-cuda PREFIX lib
+                      LIBRARY_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR})
 target_include_directories(gpipe_cuda PRIVATE ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src)
 # Library headers are system headers: their warnings are not ours.
 target_include_directories(gpipe_cuda SYSTEM PRIVATE ${CUDNN_INCLUDE_DIR} ${NCCL_INCLUDE_DIR}
@@ -114,17 +122,23 @@ target_compile_options(gpipe_cuda PRIVATE
     $<$<COMPILE_LANGUAGE:C>:${GPIPE_WARN}>
     $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=${_gp_nvcc_host} ${_gp_nvcc_dev}>)
 
-target_sources(gpipe PRIVATE $<TARGET_OBJECTS:gpipe_cuda>)
-# gpipe was created before CUDA was enabled, so it did not pick up the list.
-set_target_properties(gpipe PROPERTIES CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}"
-                      CUDA_RUNTIME_LIBRARY Shared)
 set_target_properties(gpipe_cuda PROPERTIES CUDA_RUNTIME_LIBRARY Shared)
-target_link_libraries(gpipe PUBLIC CUDA::cudart CUDA::cublas CUDA::cublasLt ${CUDNN_LIBRARY} ${NCCL_LIBRARY})
+target_link_libraries(gpipe_cuda PRIVATE CUDA::cudart CUDA::cublas CUDA::cublasLt ${CUDNN_LIBRARY}
+                      ${NCCL_LIBRARY} ${CMAKE_DL_LIBS})
+# (every program that links gpipe can load the plugin: it exports gpipe's
+# functions, and the library brings dlopen)
+add_dependencies(gpipe gpipe_cuda)
+target_link_libraries(gpipe PUBLIC ${CMAKE_DL_LIBS})
+target_link_options(gpipe INTERFACE "LINKER:--export-dynamic")
+include(GNUInstallDirs)
 set_property(SOURCE ${PROJECT_SOURCE_DIR}/src/backend/device.c APPEND PROPERTY
-             COMPILE_DEFINITIONS GPIPE_CUDA=1)
+             COMPILE_DEFINITIONS GPIPE_CUDA=1 GPIPE_CUDA_PLUGIN_NAME="libgpipe-cuda.so"
+             GPIPE_CUDA_PLUGIN_LIBDIR="${CMAKE_INSTALL_LIBDIR}"
+             GPIPE_CUDA_PLUGIN_INSTALLED="${CMAKE_INSTALL_FULL_LIBDIR}/gpipe/libgpipe-cuda.so")
 # The NVTX ranges of src/pipeline/nvtx.h are on where GPIPE_CUDA is
-# defined: define it for the library sources that include that header (the
-# toolkit's include directory comes with CUDA::cudart).
+# defined: define it for the library sources that include that header
+# (NVTX 3 is header-only: the toolkit's include directory).
+target_include_directories(gpipe SYSTEM PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
 foreach(_gp_src ${GPIPE_SOURCES})
   file(STRINGS "${_gp_src}" _gp_nvtx REGEX "#include \"pipeline/nvtx.h\"")
   if(_gp_nvtx)

@@ -1538,6 +1538,54 @@ static void test_flat_input(void)
     CHECK_MSG(rc == 2, "5 means for a flat input: exit %d: %.1500s", rc, out);
 }
 
+/* A CPU run does not map the CUDA libraries (about 1 GB of address space;
+ * the CUDA backend is a plugin that only a cuda: device loads), so a small
+ * model on two CPU devices trains under the `ulimit -v` README gives, 256
+ * MiB, in a build with the CUDA backend too (it failed to start, unable to
+ * map libcublasLt), and a model that does not fit the limit is an error
+ * that names it; a cuda: device under that limit says that it could not
+ * load the backend and names `ulimit -v`.  Not under the sanitizers, whose
+ * shadow memory takes terabytes of address space. */
+static void test_small_address_space(void)
+{
+    if (getenv("GPIPE_SANITIZED")) {
+        printf("test_e2e: sanitizer build: the address-space limit is left to the normal build\n");
+        return;
+    }
+    char out[8192], cmd[2048], cfg[512], plugin[600];
+    snprintf(cfg, sizeof cfg, "%s/as.yaml", tmpdir);
+    write_file(cfg, "model:\n  input: [1, 8, 8]\n  layers: [flatten, {linear: {out: 32}}, relu, "
+                    "{linear: {out: 10}}]\n"
+                    "data: {dataset: synthetic, synthetic: {train: 256, test: 64}}\n"
+                    "pipeline: {devices: 2, chunks: 2}\n"
+                    "train: {batch_size: 32, steps: 8, log_every: 0}\n");
+    snprintf(cmd, sizeof cmd, "ulimit -v 262144 && %s %s --no-progress", bin, cfg);
+    int rc = run(cmd, out, sizeof out);
+    CHECK_MSG(rc == 0 && strstr(out, "final: test loss"), "a CPU run under ulimit -v 256 MiB: "
+              "exit %d: %.1500s", rc, out);
+    /* a model the limit cannot hold (a 256 MiB weight): the error says the
+     * limit, not only that host memory ran out */
+    char big[512];
+    snprintf(big, sizeof big, "%s/as-big.yaml", tmpdir);
+    write_file(big, "model:\n  input: [1, 64, 64]\n  layers: [flatten, {linear: {out: 16384}}, "
+                    "relu, {linear: {out: 10}}]\n"
+                    "data: {dataset: synthetic, synthetic: {train: 64, test: 32}}\n"
+                    "train: {batch_size: 16, steps: 2, log_every: 0}\n");
+    snprintf(cmd, sizeof cmd, "ulimit -v 262144 && %s %s --no-progress", bin, big);
+    rc = run(cmd, out, sizeof out);
+    CHECK_MSG(rc != 0 && rc < 128 && strstr(out, "out of host memory") &&
+              strstr(out, "address space is limited to 256 MiB (ulimit -v)"),
+              "a model over ulimit -v 256 MiB: exit %d: %.1500s", rc, out);
+    snprintf(plugin, sizeof plugin, "%s/libgpipe-cuda.so", GPIPE_BINARY_DIR);
+    if (access(plugin, F_OK) != 0) return; /* (built without the CUDA backend) */
+    snprintf(cmd, sizeof cmd, "ulimit -v 262144 && %s %s --no-progress "
+             "--set 'pipeline.devices=[cuda:0]'", bin, cfg);
+    rc = run(cmd, out, sizeof out);
+    CHECK_MSG(rc != 0 && strstr(out, "device 'cuda:0': cannot load the CUDA backend") &&
+              strstr(out, "libgpipe-cuda.so") && strstr(out, "ulimit -v"),
+              "cuda:0 under ulimit -v 256 MiB: exit %d: %.1500s", rc, out);
+}
+
 /* Each shipped model config trains a step as shipped but for its size: its
  * own data section (1000 synthetic classes for ResNet and AmoebaNet), its
  * pipeline and checkpointing, at an input and depth that run in seconds.
@@ -1623,6 +1671,7 @@ int main(void)
     test_shipped_models_train();
     test_flat_input();
     test_resume_batch_norm();
+    test_small_address_space();
     if (getenv("GPIPE_SANITIZED")) {
         /* Under sanitizers the training run takes ~20x longer; its accuracy
          * is checked in the normal build. */

@@ -55,6 +55,20 @@ for d in $(grep -o -- '-Wl,-rpath,[^ ]*' "$prefix/$libdir/pkgconfig/gpipe.pc" | 
   readelf -d "$prefix/bin/gpipe-train" | grep -E "R(UN)?PATH" | grep -q -- "$d" || {
     echo "test_install: installed gpipe-train lacks the rpath $d"; readelf -d "$prefix/bin/gpipe-train" | grep -E "R(UN)?PATH"; exit 1; }
 done
+# The CUDA backend, where built, is a plugin the installed tools find in
+# <libdir>/gpipe beside their bin/ (the prefix given here, not the
+# configured one): cuda:0 then gets as far as asking for the GPU.
+if [ -f "$build/libgpipe-cuda.so" ]; then
+  [ -f "$prefix/$libdir/gpipe/libgpipe-cuda.so" ] || {
+    echo "test_install: $libdir/gpipe/libgpipe-cuda.so was not installed"; exit 1; }
+  printf '%s\n' 'model: {input: [1, 8, 8], layers: [flatten, {linear: {out: 10}}]}' \
+    'data: {dataset: synthetic, synthetic: {train: 32, test: 16}}' \
+    'train: {batch_size: 16, steps: 1, log_every: 0}' 'pipeline: {devices: [cuda:0]}' >"$tmp/cuda.yaml"
+  if ! "$prefix/bin/gpipe-train" "$tmp/cuda.yaml" --no-progress >"$tmp/cuda.log" 2>&1 &&
+     ! grep -q "no CUDA device 0" "$tmp/cuda.log"; then
+    echo "test_install: installed gpipe-train does not find its CUDA plugin:"; cat "$tmp/cuda.log"; exit 1
+  fi
+fi
 "$prefix/bin/gpipe-train" --version | grep -q "^gpipe-train " || { echo "test_install: installed gpipe-train does not run"; exit 1; }
 "$prefix/bin/gpipe-train" "$src/configs/default.yaml" --dry-run | grep -q "^total: " || {
   echo "test_install: installed gpipe-train --dry-run failed"; exit 1; }

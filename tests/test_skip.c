@@ -731,8 +731,8 @@ static void resnet_family(void)
                   want[q].depth, (long long)gp_model_param_count(&m), (long long)want[q].params);
         gp_layer *r = &m.layers[13];
         CHECK(r->spec.type == GP_LAYER_ADD && !strcmp(r->spec.name, "layer1_0_residual"));
-        CHECK(r->n_params == 5 && !strcmp(r->params[0].name, "downsample.0.weight") &&
-              !strcmp(r->params[4].name, "downsample.1.running_var"));
+        CHECK(r->n_params == 5 && !strcmp(r->params[0].name, "module.downsample.0.weight") &&
+              !strcmp(r->params[4].name, "module.downsample.1.running_var"));
         CHECK(m.skips.n == (want[q].layers - 7) / 11);
         /* torchvision's init: every conv and projection kaiming_normal_
          * (fan_out, relu); the stem's 64x3x7x7 and layer1_0's projection

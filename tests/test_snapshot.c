@@ -24,9 +24,14 @@
  *     only under the lock;
  *   - resuming an older snapshot moves the later ones to abandoned-<time>/
  *     byte for byte, and --resume latest then goes on with the resumed
- *     run's own snapshots.
+ *     run's own snapshots;
+ *   - the built-in ResNet against a state dict with torchgpipe's exact
+ *     keys (written here from its model's structure): loaded strictly,
+ *     exported back to the same keys and values; gpipe's earlier names of
+ *     the projection shortcut (without "module.") still load and resume.
  */
 #include "core/core.h"
+#include "core/json.h"
 #include "train/snapshot.h"
 #include "test_util.h"
 
@@ -1230,8 +1235,8 @@ static void test_damage(void)
 
 /* A model whose every layer has a name is named as PyTorch names an
  * nn.Sequential(OrderedDict(...)): the built-in ResNet-50 and AmoebaNet-D
- * export torchgpipe's state-dict names ("layer1_0_residual.downsample.0.
- * weight", "stem2.reduce1.1.weight"), and a weights file named by layer
+ * export torchgpipe's state-dict names ("layer1_0_residual.module.
+ * downsample.0.weight", "stem2.reduce1.1.weight"), and a weights file named by layer
  * index (an earlier export) still loads into it, to the same tensors. */
 /* The header has a checksum of its own (gpipe.header_crc32): a flipped
  * digit in the metadata (a snapshot's step, its stored config) or in a
@@ -1287,7 +1292,8 @@ static void test_module_names(void)
     } cases[] = {
         {"resnet: {depth: 50, classes: 10}", 32,
          {"conv1.weight", "bn1.num_batches_tracked", "layer1_0_conv1.weight",
-          "layer1_0_residual.downsample.0.weight", "layer4_2_bn3.running_var", "fc.bias"}},
+          "layer1_0_residual.module.downsample.0.weight", "layer4_2_bn3.running_var",
+          "fc.bias"}},
         {"amoebanet: {layers: 3, filters: 16, classes: 10}", 32,
          {"stem1.conv.weight", "stem1.bn.num_batches_tracked", "stem2.reduce1.1.weight",
           "stem3.reduce2.conv1.weight", "cell1_normal1.operations.5.module.11.running_mean",
@@ -1363,6 +1369,317 @@ static void test_module_names(void)
     gp_device_close(dev);
 }
 
+/* ---- torchgpipe's ResNet ------------------------------------------------------ */
+
+/* One tensor of a state dict: name, I64 scalar or F32 of shape dims. */
+typedef struct {
+    char name[128];
+    bool i64;
+    int ndim;
+    int64_t dims[4];
+} tg_key;
+
+static int tg_add(tg_key *k, int n, const char *name, int ndim, int64_t d0, int64_t d1,
+                  int64_t d2, int64_t d3)
+{
+    snprintf(k[n].name, sizeof k[n].name, "%s", name);
+    k[n].i64 = ndim < 0;
+    k[n].ndim = ndim < 0 ? 0 : ndim;
+    int64_t d[4] = {d0, d1, d2, d3};
+    memcpy(k[n].dims, d, sizeof d);
+    return n + 1;
+}
+
+/* A BatchNorm2d(c) called `pre`: its five state-dict entries. */
+static int tg_bn(tg_key *k, int n, const char *pre, int64_t c)
+{
+    static const char *const what[4] = {"weight", "bias", "running_mean", "running_var"};
+    char b[64];
+    for (int i = 0; i < 4; i++) {
+        snprintf(b, sizeof b, "%s.%s", pre, what[i]);
+        n = tg_add(k, n, b, 1, c, 0, 0, 0);
+    }
+    snprintf(b, sizeof b, "%s.num_batches_tracked", pre);
+    return tg_add(k, n, b, -1, 0, 0, 0, 0);
+}
+
+/* The keys, in order, of torchgpipe's benchmark ResNet's state_dict()
+ * (benchmarks/models/resnet: build_resnet(blocks, classes), flattened by
+ * flatten_sequential), written from that code's structure, not from
+ * gpipe's: "layerS_B_" per bottleneck, whose Residual is @skippable, so its
+ * projection lives under "residual.module.downsample".  Returns how many
+ * (at most 640). */
+static int tg_resnet_keys(const int blocks[4], int64_t classes, tg_key *k)
+{
+    int n = tg_add(k, 0, "conv1.weight", 4, 64, 3, 7, 7);
+    n = tg_bn(k, n, "bn1", 64);
+    int64_t inplanes = 64;
+    for (int s = 0; s < 4; s++) {
+        int64_t planes = (int64_t)64 << s;
+        for (int b = 0; b < blocks[s]; b++) {
+            char pre[24], nm[96];
+            snprintf(pre, sizeof pre, "layer%d_%d_", s + 1, b);
+            snprintf(nm, sizeof nm, "%sconv1.weight", pre);
+            n = tg_add(k, n, nm, 4, planes, inplanes, 1, 1);
+            snprintf(nm, sizeof nm, "%sbn1", pre);
+            n = tg_bn(k, n, nm, planes);
+            snprintf(nm, sizeof nm, "%sconv2.weight", pre);
+            n = tg_add(k, n, nm, 4, planes, planes, 3, 3);
+            snprintf(nm, sizeof nm, "%sbn2", pre);
+            n = tg_bn(k, n, nm, planes);
+            snprintf(nm, sizeof nm, "%sconv3.weight", pre);
+            n = tg_add(k, n, nm, 4, 4 * planes, planes, 1, 1);
+            snprintf(nm, sizeof nm, "%sbn3", pre);
+            n = tg_bn(k, n, nm, 4 * planes);
+            if (b == 0) { /* stride 2, or 64 -> 256: torchvision's downsample */
+                snprintf(nm, sizeof nm, "%sresidual.module.downsample.0.weight", pre);
+                n = tg_add(k, n, nm, 4, 4 * planes, inplanes, 1, 1);
+                snprintf(nm, sizeof nm, "%sresidual.module.downsample.1", pre);
+                n = tg_bn(k, n, nm, 4 * planes);
+            }
+            inplanes = 4 * planes;
+        }
+    }
+    n = tg_add(k, n, "fc.weight", 2, classes, 2048, 0, 0);
+    return tg_add(k, n, "fc.bias", 1, classes, 0, 0, 0);
+}
+
+static int64_t tg_numel(const tg_key *k)
+{
+    int64_t e = 1;
+    for (int d = 0; d < k->ndim; d++) e *= k->dims[d];
+    return e;
+}
+
+/* gpipe's names before 2026-11-26: the projection without "module.". */
+static void tg_old_name(const char *name, char *out, size_t len)
+{
+    const char *at = strstr(name, ".module.downsample.");
+    if (at) snprintf(out, len, "%.*s%s", (int)(at - name), name, at + 7);
+    else snprintf(out, len, "%s", name);
+}
+
+/* gp_config of the built-in ResNet at 32 x 32, 10 classes. */
+static void tg_resnet_cfg(int depth, gp_config *c)
+{
+    char y[512];
+    snprintf(y, sizeof y,
+             "model:\n  input: [3, 32, 32]\n  resnet: {depth: %d, classes: 10}\n"
+             "data: {dataset: synthetic, synthetic: {train: 8, test: 8, classes: 10}}\n"
+             "train: {batch_size: 4}\n", depth);
+    CHECK_OK(gp_config_parse("tg.yaml", y, strlen(y), NULL, 0, c));
+}
+
+/* The state dict of keys[0 .. n) with deterministic values (running
+ * variances positive, counters 7), under torchgpipe's names or, with `old`,
+ * gpipe's earlier ones, written to path. */
+static void tg_write(const tg_key *keys, int n, bool old, const char *path)
+{
+    gp_st_writer w = {0};
+    for (int i = 0; i < n; i++) {
+        char nm[96];
+        if (old) tg_old_name(keys[i].name, nm, sizeof nm);
+        else snprintf(nm, sizeof nm, "%s", keys[i].name);
+        if (keys[i].i64) {
+            int64_t v = 7 + i;
+            CHECK_OK(gp_st_writer_add(&w, nm, GP_ST_I64, 0, NULL, &v, sizeof v));
+            continue;
+        }
+        int64_t e = tg_numel(&keys[i]);
+        float *v = malloc((size_t)e * sizeof *v);
+        bool var = strstr(nm, "running_var") != NULL;
+        for (int64_t j = 0; j < e; j++) {
+            float x = (float)((j * 7919 + (int64_t)i * 104729) % 2001) / 1000.0f - 1.0f;
+            v[j] = var ? 1.0f + x * x : 0.05f * x;
+        }
+        CHECK_OK(gp_st_writer_add(&w, nm, GP_ST_F32, keys[i].ndim, keys[i].dims, v,
+                                  (size_t)e * sizeof *v));
+        free(v);
+    }
+    CHECK_OK(gp_st_write_atomic(&w, path));
+    gp_st_writer_free(&w);
+}
+
+/* The built-in ResNet's weights cross to and from torchgpipe's own
+ * (benchmarks/models/resnet), as README says: a state dict with exactly
+ * torchgpipe's keys loads strictly (nothing missing, nothing extra) into
+ * gpipe's ResNet-101 (names and shapes, on the model built as shapes) and
+ * ResNet-50 (values), and ResNet-50's export has exactly those keys with
+ * the values loaded, bit for bit; so load_state_dict(strict=True) takes it
+ * back.  torchgpipe keeps the @skippable Residual as `.module`, so the
+ * projection shortcuts are "layerS_0_residual.module.downsample.*", which
+ * gpipe wrote without "module." before: files with those names (exports
+ * and snapshots of earlier versions) still load, to the same tensors. */
+static void test_torchgpipe_resnet(void)
+{
+    static const int b101[4] = {3, 4, 23, 3}, b50[4] = {3, 4, 6, 3};
+    tg_key *keys = malloc(640 * sizeof *keys);
+    /* ResNet-101: the keys (626: 24 of them the projections') as a header
+     * over a sparse data section, against the model built as shapes */
+    int n = tg_resnet_keys(b101, 10, keys);
+    CHECK(n == 626);
+    gp_json_writer h = {0};
+    gp_json_open_object(&h, NULL);
+    uint64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        uint64_t len = keys[i].i64 ? 8 : (uint64_t)tg_numel(&keys[i]) * 4;
+        gp_json_open_object(&h, keys[i].name);
+        gp_json_put_str(&h, "dtype", keys[i].i64 ? "I64" : "F32");
+        gp_json_open_array(&h, "shape");
+        for (int d = 0; d < keys[i].ndim; d++) gp_json_put_int(&h, NULL, keys[i].dims[d]);
+        gp_json_close(&h);
+        gp_json_open_array(&h, "data_offsets");
+        gp_json_put_int(&h, NULL, (int64_t)off);
+        gp_json_put_int(&h, NULL, (int64_t)(off + len));
+        gp_json_close(&h);
+        gp_json_close(&h);
+        off += len;
+    }
+    gp_json_close(&h);
+    char p101[300];
+    snprintf(p101, sizeof p101, "%s/tg101.safetensors", tmpdir);
+    size_t hl = strlen(h.text);
+    uint8_t len8[8];
+    for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)hl >> (8 * i));
+    FILE *fp = fopen(p101, "wb");
+    CHECK(fp && fwrite(len8, 1, 8, fp) == 8 &&
+          fwrite(h.text, 1, hl, fp) == hl);
+    if (fp) fclose(fp);
+    gp_json_writer_free(&h);
+    CHECK(truncate(p101, (off_t)(8 + hl + off)) == 0);
+    gp_st_file f;
+    CHECK_OK(gp_st_read_header(p101, &f));
+    gp_config c;
+    tg_resnet_cfg(101, &c);
+    gp_model m = {0};
+    int whole[1] = {c.model.n_layers}; /* (one device) */
+    CHECK_OK(gp_model_build_meta(&c, whole, &m));
+    CHECK_OK(gp_snapshot_apply(&m, &f, false));
+    gp_model_free(&m);
+    gp_config_free(&c);
+    gp_st_free(&f);
+    unlink(p101);
+
+    /* ResNet-50 with values: torchgpipe -> gpipe -> torchgpipe */
+    n = tg_resnet_keys(b50, 10, keys);
+    char tg[300], old[300], ea[300], eb[300];
+    snprintf(tg, sizeof tg, "%s/tg50.safetensors", tmpdir);
+    snprintf(old, sizeof old, "%s/tg50-old.safetensors", tmpdir);
+    snprintf(ea, sizeof ea, "%s/tg50-a.safetensors", tmpdir);
+    snprintf(eb, sizeof eb, "%s/tg50-b.safetensors", tmpdir);
+    tg_write(keys, n, false, tg);
+    tg_write(keys, n, true, old);
+    gp_device *dev;
+    gp_device_opts o = {.threads = 1};
+    CHECK_OK(gp_device_open("cpu:0", &o, &dev));
+    tg_resnet_cfg(50, &c);
+    gp_model a, b;
+    CHECK_OK(gp_model_build(&c, dev, &a));
+    c.train.seed += 1;
+    CHECK_OK(gp_model_build(&c, dev, &b));
+    gp_status sa = gp_snapshot_init_from(&a, tg);
+    CHECK_MSG(sa == GP_OK, "torchgpipe's ResNet-50 state dict did not load: %s", gp_last_error());
+    if (sa != GP_OK) n = 0; /* (nothing to compare) */
+    CHECK_OK(gp_snapshot_export(&a, &c, ea));
+    gp_st_file in, out;
+    CHECK_OK(gp_st_read(tg, &in));
+    CHECK_OK(gp_st_read(ea, &out));
+    CHECK_MSG(!n || out.n == n, "the export has %d tensors, torchgpipe's ResNet-50 %d", out.n,
+              n);
+    int same = 0;
+    for (int i = 0; i < n; i++) {
+        const gp_st_tensor *x = gp_st_find(&in, keys[i].name), *y = gp_st_find(&out, keys[i].name);
+        CHECK_MSG(y != NULL, "the export has no '%s'", keys[i].name);
+        if (!x || !y) continue;
+        bool eq = x->dtype == y->dtype && x->ndim == y->ndim &&
+                  !memcmp(x->dims, y->dims, sizeof x->dims[0] * (size_t)x->ndim) &&
+                  x->end - x->begin == y->end - y->begin &&
+                  !memcmp(x->data, y->data, (size_t)(x->end - x->begin));
+        CHECK_MSG(eq, "'%s' exported is not the tensor loaded", keys[i].name);
+        same += eq;
+    }
+    CHECK(same == n);
+    gp_st_free(&in);
+    gp_st_free(&out);
+    /* gpipe's earlier names load to the same tensors */
+    CHECK_OK(gp_snapshot_init_from(&b, old));
+    CHECK_OK(gp_snapshot_export(&b, &c, eb));
+    CHECK_MSG(gpt_same_files(ea, eb), "the earlier names did not load to the same tensors");
+    gp_model_free(&a);
+    gp_model_free(&b);
+    gp_config_free(&c);
+    gp_device_close(dev);
+    unlink(tg);
+    unlink(old);
+    unlink(ea);
+    unlink(eb);
+    free(keys);
+}
+
+/* A snapshot written before the projection shortcut took torchgpipe's
+ * "module." (its names, momentum's included, rewritten so here) resumes,
+ * with a note, bit for bit as the uninterrupted run, and the snapshots the
+ * resumed run saves carry the new names. */
+static void test_resume_old_names(void)
+{
+    char cfg[2048], a[4096], p[1100], dir[300];
+    snprintf(cfg, sizeof cfg,
+             "model:\n"
+             "  input: [1, 8, 8]\n"
+             "  layers:\n"
+             "    - conv2d: {out: 4, kernel: 3, padding: 1}\n"
+             "    - identity: {stash: s}\n"
+             "    - conv2d: {out: 8, kernel: 3, stride: 2, padding: 1, bias: false}\n"
+             "    - batchnorm\n"
+             "    - add: {pop: s, out: 8, stride: 2}\n"
+             "    - relu\n"
+             "    - flatten\n"
+             "    - linear: {out: 10}\n"
+             "%s", strstr(k_mlp, "data:\n"));
+    snprintf(p, sizeof p, "%s/on.yaml", tmpdir);
+    gpt_write_file(p, cfg, strlen(cfg));
+    snprintf(dir, sizeof dir, "%s/ons", tmpdir);
+    snprintf(a, sizeof a, "rm -rf %s", dir);
+    CHECK(system(a) == 0);
+    snprintf(a, sizeof a, "%s/on.yaml --export-weights %s/onref.st", tmpdir, tmpdir);
+    CHECK(train(a) == 0);
+    snprintf(a, sizeof a, "%s/on.yaml --set train.snapshot.every_steps=8 "
+             "--set train.snapshot.dir=%s", tmpdir, dir);
+    CHECK(train(a) == 0);
+    /* step 8's snapshot as an earlier gpipe wrote it */
+    gp_snapshot_path(dir, 8, p, sizeof p);
+    gp_st_file f;
+    CHECK_OK(gp_st_read(p, &f));
+    gp_st_writer w = {0};
+    int renamed = 0;
+    for (int i = 0; i < f.n; i++) {
+        char nm[256];
+        tg_old_name(f.tensors[i].name, nm, sizeof nm);
+        renamed += strcmp(nm, f.tensors[i].name) != 0;
+        CHECK_OK(gp_st_writer_add(&w, nm, f.tensors[i].dtype, f.tensors[i].ndim, f.tensors[i].dims,
+                                  f.tensors[i].data, f.tensors[i].end - f.tensors[i].begin));
+    }
+    for (int i = 0; i < f.n_meta; i++)
+        if (strcmp(f.meta[2 * i], "gpipe.crc32") && strcmp(f.meta[2 * i], "gpipe.header_crc32"))
+            CHECK_OK(gp_st_writer_meta(&w, f.meta[2 * i], f.meta[2 * i + 1]));
+    /* conv, the norm's 4 tensors and its counter, momentum of 3 */
+    CHECK_MSG(renamed == 9, "%d names of the projection in the snapshot, not 9", renamed);
+    gp_st_free(&f);
+    CHECK_OK(gp_st_write_atomic(&w, p));
+    gp_st_writer_free(&w);
+    snprintf(a, sizeof a, "%s/on.yaml --resume %s --export-weights %s/onres.st "
+             "--set train.snapshot.every_steps=8 --set train.snapshot.dir=%s", tmpdir, p,
+             tmpdir, dir);
+    CHECK_MSG(trains_same(a, "onref.st", "onres.st", "old names"),
+              "a snapshot with the earlier names resumed to other weights");
+    CHECK(log_has("names 9 tensor(s) of projection shortcuts as gpipe did before 2026-11-26") &&
+          log_has("'4.downsample.0.weight' as '4.module.downsample.0.weight'"));
+    gp_snapshot_path(dir, 16, p, sizeof p);
+    CHECK(tensors_named(p, "4.module.downsample.") == 6 &&
+          tensors_named(p, "momentum.4.module.downsample.") == 3 &&
+          tensors_named(p, "4.downsample.") == 0);
+}
+
 /* A step whose gradients are not finite, found by clipping before its
  * update (lr 1e30 blows the model up within a few steps), stops the run
  * with exit 4 and a final snapshot of the last good step K: the model a
@@ -1422,6 +1739,7 @@ int main(void)
     test_fixture();
     test_round_trip();
     test_module_names();
+    test_torchgpipe_resnet();
     test_header_checksum();
     if (access(bin, X_OK) == 0) {
         test_damage();
@@ -1444,6 +1762,7 @@ int main(void)
         test_failure_snapshot();
         test_resume_plain_sgd();
         test_resume_adam();
+        test_resume_old_names();
         test_nonfinite_step();
         test_kill();
     } else {

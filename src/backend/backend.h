@@ -916,8 +916,9 @@ const char *gp_cpu_loops_isa(void);
 gp_status gp_cpu_device_create(int index, const gp_device_opts *opts,
                                gp_device **out);
 /* The CUDA backend's constructor (backend/cuda; only in builds with
- * GPIPE_CUDA).  Fails with GP_ERR_UNSUPPORTED when device `index` does not
- * exist (no GPU, no driver). */
+ * GPIPE_CUDA, in the plugin libgpipe-cuda.so, which gp_device_open loads).
+ * Fails with GP_ERR_UNSUPPORTED when device `index` does not exist (no GPU,
+ * no driver). */
 gp_status gp_cuda_device_create(int index, const gp_device_opts *opts,
                                 gp_device **out);
 /* NCCL communicator over CUDA devices (backend/cuda). */

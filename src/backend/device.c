@@ -2,15 +2,26 @@
  * device.c — device names, opening devices, and the wrappers layers call
  * (accounting, fallbacks for optional interface slots).
  *
- * Backend registration: the CUDA backend is compiled in only when CMake
- * found the toolkit, cuDNN and NCCL (cmake/cuda.cmake), which then defines
- * GPIPE_CUDA for this file alone.
+ * Backend registration: the CUDA backend is built only when CMake found
+ * the toolkit, cuDNN and NCCL (cmake/cuda.cmake), which then defines
+ * GPIPE_CUDA for this file alone.  It is a plugin, libgpipe-cuda.so, that
+ * this file loads (dlopen) when a cuda: device is first opened: the CUDA
+ * libraries it links (about 1 GB of address space, cuBLASLt alone 540 MB)
+ * are then mapped only by runs that use a GPU, so a CPU run starts under
+ * a `ulimit -v` of a few hundred MB.  The plugin calls back into the
+ * program's gpipe (the library's INTERFACE link option --export-dynamic).
  */
 #include "backend/backend.h"
 #include "backend/elementwise.h"
 
 #include <stdlib.h>
 #include <string.h>
+#ifdef GPIPE_CUDA
+#include <dlfcn.h>
+#include <limits.h>
+#include <pthread.h>
+#include <unistd.h>
+#endif
 
 gp_status gp_device_parse(const char *spec, gp_device_kind *kind, int *index)
 {
@@ -46,6 +57,86 @@ void gp_device_format(gp_device_kind kind, int index, char *out, size_t len)
     snprintf(out, len, "%s:%d", kind == GP_DEV_CPU ? "cpu" : "cuda", index);
 }
 
+#ifdef GPIPE_CUDA
+/* The CUDA plugin, loaded once (`once`) by the first cuda: device or
+ * communicator: its two entry points, or why it did not load.  Never
+ * unloaded (the CUDA libraries do not support it). */
+static struct {
+    pthread_once_t once;
+    gp_status (*device_create)(int, const gp_device_opts *, gp_device **);
+    gp_status (*comm_create)(gp_device **, int, gp_comm **);
+    char why[2048];
+} cuda_plugin = {.once = PTHREAD_ONCE_INIT};
+
+/* dlopen one candidate path; false with its error appended to why. */
+static bool cuda_try(const char *path)
+{
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    const char *err = NULL;
+    if (h) {
+        /* (a function pointer from dlsym's void *, as POSIX allows) */
+        void *create = dlsym(h, "gp_cuda_device_create"), *comm = dlsym(h, "gp_cuda_comm_create");
+        memcpy(&cuda_plugin.device_create, &create, sizeof create);
+        memcpy(&cuda_plugin.comm_create, &comm, sizeof comm);
+        if (create && comm) return true;
+        err = "it lacks gp_cuda_device_create or gp_cuda_comm_create";
+    } else {
+        err = dlerror();
+    }
+    size_t n = strlen(cuda_plugin.why);
+    snprintf(cuda_plugin.why + n, sizeof cuda_plugin.why - n, "%s%s: %s", n ? "; " : "", path,
+             err ? err : "cannot be loaded");
+    cuda_plugin.device_create = NULL;
+    cuda_plugin.comm_create = NULL;
+    return false;
+}
+
+/* $GPIPE_CUDA_PLUGIN when set; else the first that exists of: beside the
+ * program (the build's tools), one folder up (the build's tests/), in
+ * <libdir>/gpipe beside the program's bin/ (an install moved elsewhere),
+ * and where it was to be installed. */
+static void cuda_load(void)
+{
+    const char *env = getenv("GPIPE_CUDA_PLUGIN");
+    if (env && *env) {
+        (void)cuda_try(env);
+        return;
+    }
+    char exe[PATH_MAX], p[PATH_MAX + 128];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    char *slash = NULL;
+    if (n > 0) {
+        exe[n] = '\0';
+        slash = strrchr(exe, '/');
+    }
+    if (slash) {
+        *slash = '\0';
+        static const char *const near[] = {"/", "/../", "/../" GPIPE_CUDA_PLUGIN_LIBDIR "/gpipe/"};
+        for (size_t i = 0; i < sizeof near / sizeof *near; i++) {
+            snprintf(p, sizeof p, "%s%s" GPIPE_CUDA_PLUGIN_NAME, exe, near[i]);
+            if (access(p, F_OK) == 0) {
+                (void)cuda_try(p);
+                return;
+            }
+        }
+    }
+    (void)cuda_try(GPIPE_CUDA_PLUGIN_INSTALLED);
+}
+
+/* The plugin's entry points, or an error for device `spec`. */
+static gp_status cuda_plugin_ready(const char *spec)
+{
+    pthread_once(&cuda_plugin.once, cuda_load);
+    if (cuda_plugin.device_create) return GP_OK;
+    return gp_error_set(GP_ERR_UNSUPPORTED,
+                        "device '%s': cannot load the CUDA backend (%s); a cuda: device needs "
+                        "the CUDA libraries, which take about 1 GB of address space (check "
+                        "`ulimit -v`), and the plugin where it was built or installed (or "
+                        "named by GPIPE_CUDA_PLUGIN); cpu:N devices need neither",
+                        spec, cuda_plugin.why);
+}
+#endif
+
 gp_status gp_device_open(const char *spec, const gp_device_opts *opts, gp_device **out)
 {
     gp_device_kind kind = GP_DEV_CPU;
@@ -55,7 +146,9 @@ gp_status gp_device_open(const char *spec, const gp_device_opts *opts, gp_device
     if (!opts) opts = &def;
     if (kind == GP_DEV_CPU) return gp_cpu_device_create(index, opts, out);
 #ifdef GPIPE_CUDA
-    return gp_cuda_device_create(index, opts, out);
+    *out = NULL;
+    GP_TRY(cuda_plugin_ready(spec));
+    return cuda_plugin.device_create(index, opts, out);
 #else
     return gp_error_set(GP_ERR_UNSUPPORTED,
                         "device '%s': this gpipe was built without the CUDA backend; "
@@ -389,7 +482,10 @@ gp_status gp_comm_create(gp_device **devs, int n, gp_comm **out)
                                 "communicator over %s and %s: every device of a group must "
                                 "use the same backend", devs[0]->name, devs[r]->name);
 #ifdef GPIPE_CUDA
-    if (devs[0]->kind == GP_DEV_CUDA) return gp_cuda_comm_create(devs, n, out);
+    if (devs[0]->kind == GP_DEV_CUDA) { /* (a cuda device exists: the plugin is loaded) */
+        GP_TRY(cuda_plugin_ready(devs[0]->name));
+        return cuda_plugin.comm_create(devs, n, out);
+    }
 #endif
     if (devs[0]->kind == GP_DEV_CPU) return gp_cpu_comm_create(devs, n, out);
     return gp_error_set(GP_ERR_UNSUPPORTED,

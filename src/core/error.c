@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <stdatomic.h>
+#include <sys/resource.h>
 #include <time.h>
 
 static _Thread_local char tls_msg[GP_ERRMSG_LEN];
@@ -20,6 +21,16 @@ gp_status gp_error_set(gp_status code, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(tls_msg, sizeof tls_msg, fmt, ap);
     va_end(ap);
+    /* Host memory refused under an address-space limit (`ulimit -v`) is
+     * the limit more often than the machine: say so. */
+    struct rlimit as;
+    if (code == GP_ERR_OOM && strstr(tls_msg, "host memory") && getrlimit(RLIMIT_AS, &as) == 0 &&
+        as.rlim_cur != RLIM_INFINITY) {
+        size_t n = strlen(tls_msg);
+        snprintf(tls_msg + n, sizeof tls_msg - n, "; this process's address space is limited to "
+                 "%llu MiB (ulimit -v): raise the limit, or give the run less to hold",
+                 (unsigned long long)(as.rlim_cur >> 20));
+    }
     return code;
 }
 

@@ -9,9 +9,12 @@
  *   would dangle.  ResNet's bottleneck stashes its input from one.
  * add: y = x + s, s the popped tensor, or with `out` (torchvision's
  *   projection shortcut, torchgpipe's Residual(downsample)) y = x +
- *   bn(conv1x1_stride(s)): parameters "downsample.0.weight" (conv, no
- *   bias), "downsample.1.{weight,bias,running_mean,running_var}" (batch
- *   norm), as torchvision names them.  The projection's children are the
+ *   bn(conv1x1_stride(s)): parameters "module.downsample.0.weight" (conv,
+ *   no bias), "module.downsample.1.{weight,bias,running_mean,running_var,
+ *   num_batches_tracked}" (batch norm), as torchgpipe's state dict names
+ *   them: its @skippable wrapper keeps the Residual as `.module`.  (gpipe
+ *   named them without "module." before 2026-11-26; gp_snapshot_apply still
+ *   loads such files.)  The projection's children are the
  *   stand-alone conv2d and batchnorm layers (the same code), holding views
  *   of the layer's parameters like residual.c's.
  *   gp_saved: t[0] conv output, t[1], t[2] the norm's batch mean and var.
@@ -86,7 +89,7 @@ const gp_layer_ops gp_identity_ops = {
 /* ---- add --------------------------------------------------------------------- */
 
 enum { P_CONV = 0, P_BN, P_COUNT };
-static const char *const proj_names[P_COUNT] = {"downsample.0", "downsample.1"};
+static const char *const proj_names[P_COUNT] = {"module.downsample.0", "module.downsample.1"};
 
 typedef struct {
     gp_layer child[P_COUNT];
@@ -286,7 +289,7 @@ static int add_counters(gp_layer *l, const char **names, int64_t **values, int m
     add_state *st = l->state;
     if (!st) return 0;
     if (max > 0) {
-        names[0] = "downsample.1.num_batches_tracked";
+        names[0] = "module.downsample.1.num_batches_tracked";
         values[0] = gp_batchnorm_counter(&st->child[P_BN]);
     }
     return 1;

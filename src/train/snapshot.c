@@ -524,14 +524,33 @@ static void expect(const gp_st_file *f, const char *name, gp_st_dtype dtype, int
     *out = t;
 }
 
+/* Tensor `what` of layer k, as f names it, into name (256 bytes).  gpipe
+ * named an add layer's projection shortcut without torchgpipe's "module."
+ * ("layer1_0_residual.downsample.0.weight") before 2026-11-26: a name
+ * starting "<layer>.module." that f lacks is looked for there without it
+ * (snapshots and exports of older versions go on loading); *old counts the
+ * names found so, and `first` (512 bytes) says the first. */
+static const char *file_name(const gp_st_file *f, char *name, const char *prefix,
+                             const gp_model *m, int k, naming nm, const char *what, int *old,
+                             char *first)
+{
+    tensor_name(name, 256, prefix, m, k, nm, what);
+    if (strncmp(what, "module.", 7) || gp_st_find(f, name)) return name;
+    char was[256];
+    tensor_name(was, sizeof was, prefix, m, k, nm, what + 7);
+    if (!gp_st_find(f, was)) return name;
+    if ((*old)++ == 0) snprintf(first, 512, "'%s' as '%s'", was, name);
+    return memcpy(name, was, sizeof was);
+}
+
 gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
 {
     /* Pass 1 checks every name and value; pass 2 uploads.  So a failed
      * load leaves the model as it was. */
     namelist missing = {0}, bad = {0}, extra = {0};
     bad_values values = {0};
-    char name[256];
-    int expected = 0;
+    char name[256], first_old[512] = "";
+    int expected = 0, old = 0;
     /* The model's own naming; a file by layer index (from before the
      * layers had names, or made so) loads too. */
     naming nm = model_naming(m);
@@ -592,7 +611,7 @@ gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
             for (int p = 0; p < l->n_params; p++) {
                 gp_param *pr = &l->params[p];
                 const gp_st_tensor *t;
-                tensor_name(name, sizeof name, "", m, k, nm, pr->name);
+                file_name(f, name, "", m, k, nm, pr->name, &old, first_old);
                 if (pass == 0 && gp_tensor_mem(&pr->value)) GP_TRY(need(f, name)); /* this process's */
                 expect(f, name, GP_ST_F32, pr->value.ndim, pr->value.dims, &missing, &bad, &t);
                 if (pass == 0) {
@@ -609,8 +628,8 @@ gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
                 gp_tensor *mt; /* its optimizer states (none for plain SGD) */
                 for (int q = 0; (mt = gp_optim_state(m->optim, k, p, q)); q++) {
                     char pre[24];
-                    tensor_name(name, sizeof name, state_prefix(m, q, pre, sizeof pre), m, k,
-                                nm, pr->name);
+                    file_name(f, name, state_prefix(m, q, pre, sizeof pre), m, k, nm, pr->name,
+                              &old, first_old);
                     if (pass == 0 && gp_tensor_mem(mt)) GP_TRY(need(f, name));
                     expect(f, name, GP_ST_F32, mt->ndim, mt->dims, &missing, &bad, &t);
                     if (pass == 0) {
@@ -631,7 +650,7 @@ gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
             GP_ASSERT(nc <= MAX_COUNTERS);
             for (int c = 0; c < nc; c++) {
                 const gp_st_tensor *t;
-                tensor_name(name, sizeof name, "", m, k, nm, cn[c]);
+                file_name(f, name, "", m, k, nm, cn[c], &old, first_old);
                 if (pass == 0 && !l->meta) GP_TRY(need(f, name));
                 expect(f, name, GP_ST_I64, 0, NULL, &missing, &bad, &t);
                 if (pass == 0) {
@@ -687,6 +706,11 @@ gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
     free(missing.s);
     free(bad.s);
     free(extra.s);
+    if (old) /* (counted in both passes) */
+        GP_INFO("%s names %d tensor(s) of projection shortcuts as gpipe did before 2026-11-26, "
+                "without torchgpipe's 'module.': loaded by their old names (%s, ...); weights "
+                "exported and snapshots saved from now on have torchgpipe's names", f->source,
+                old / 2, first_old);
     return GP_OK;
 }
 

@@ -14,7 +14,9 @@
  * Names follow PyTorch's state_dict() of the equivalent nn.Sequential (see
  * docs/snapshots.md): "<layer>.weight", "<layer>.running_mean",
  * "<layer>.num_batches_tracked" (I64 scalar), a residual block's inner names
- * as torchvision's BasicBlock ("3.conv1.weight", "3.downsample.1.bias").
+ * as torchvision's BasicBlock ("3.conv1.weight", "3.downsample.1.bias"), an
+ * add layer's projection as torchgpipe's @skippable Residual
+ * ("layer1_0_residual.module.downsample.0.weight").
  * A snapshot adds the optimizer's state of each trainable tensor under
  * PyTorch's names, "momentum.<name>" (SGD) or "exp_avg.<name>" and
  * "exp_avg_sq.<name>" (Adam), and metadata "gpipe.*" (step, loader
