@@ -5,7 +5,8 @@
       writes a trace that parses, with exactly one forward and one backward
       slice per (micro-batch, stage) per recorded step, copies between the
       right devices, and per-step wall times consistent with the executor's
-      own step_seconds from --metrics;
+      own step_seconds from --metrics; no event has a key twice, and each
+      slice's args "clock" is the schedule's clock number;
   (b) the Nsight Systems SQLite reader on a database built here following
       the documented export schema (StringIds, NVTX_EVENTS,
       CUPTI_ACTIVITY_KIND_KERNEL / _MEMCPY / _RUNTIME), with known ranges
@@ -129,6 +130,35 @@ def wall_ratios(trace, metrics):
     return ratios, vals[len(vals) // 2] if vals else 0.0
 
 
+def check_args(trace, m):
+    """No event has a key twice (a JSON reader keeps only the last, so a
+    second "clock" hid the schedule's clock number); every slice's "clock"
+    is the schedule's number (GPipe: forward (i, j) at clock i + j), and a
+    slice on device time says so under "time" with its "issued_us"."""
+    dups = []
+
+    def no_dups(pairs):
+        keys = [k for k, _ in pairs]
+        dups.extend(k for k in set(keys) if keys.count(k) > 1)
+        return dict(pairs)
+
+    with open(trace) as f:
+        events = json.load(f, object_pairs_hook=no_dups)["traceEvents"]
+    check(not dups, "no key twice in one event: %s" % sorted(set(dups)))
+    slices = [e for e in events if e.get("ph") == "X"]
+    check(len(slices) > 0, "the trace has slices")
+    bad = [e["name"] for e in slices if type(e["args"].get("clock")) is not int]
+    check(not bad, "every slice's clock is a number: %s" % bad[:5])
+    fwd = [e for e in slices if e.get("cat") == "forward"]
+    check(len(fwd) == 4 * m * 2, "%d forward slices" % len(fwd))
+    off = [e["name"] for e in fwd
+           if e["args"].get("clock") != e["args"]["micro_batch"] + e["args"]["stage"]]
+    check(not off, "forward (i, j) at clock i + j: %s" % off[:5])
+    timed = [e for e in slices if "issued_us" in e["args"]]
+    check(len(timed) > 0 and all(e["args"].get("time") == "device" for e in timed),
+          "%d slices on device time, each with \"time\": \"device\"" % len(timed))
+
+
 def test_real_run(tmp):
     # Timing on a shared machine: the executor's step also holds work outside
     # the instructions (waking workers, freeing, page faults of fresh memory)
@@ -146,6 +176,7 @@ def test_real_run(tmp):
               % (attempt, MIN_WALL_RATIO))
     with open(trace) as f:
         json.load(f)  # strict JSON, as Perfetto needs
+    check_args(trace, 4)
     tr = T.read_trace(trace)
     m, n = 4, 2
     check(tr.steps() == [1, 2, 3, 4], "recorded steps 1..4 (got %s)" % tr.steps())
