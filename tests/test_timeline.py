@@ -26,7 +26,11 @@
       offset, and the metrics of the steps it keeps equal the whole file's;
   (g) a run with a skip across two stages and clipping writes no slice name
       the script does not know, one skip copy per micro-batch, and every
-      copy counts in its device's copy time.
+      copy counts in its device's copy time;
+  (h) one slice of the real trace moved far outside its step (ts -1e9 or
+      1e300 us, or a dur of 1e300) is left out with one warning line that
+      names it, and the metrics equal those of the file without that
+      event; the real trace itself gets no such warning.
 
 Runs with Debian's /usr/bin/python3 (matplotlib from python3-matplotlib).
 Needs GPIPE_BINARY_DIR (set by CTest) for gpipe-train.  Prints
@@ -702,6 +706,56 @@ def test_bad_inputs(tmp, trace):
               "--steps %s -> steps %s: %s" % (spec, want, err))
 
 
+# ------------------------------------------------- (h) one bad timestamp --
+STRAY_RE = re.compile(r"^timeline\.py: (.*): warning: traceEvents\[(\d+)\] \((.*), step (\d+)\) "
+                      r"runs .* far outside the rest of its step .*left out of the metrics$")
+
+
+def test_stray(tmp, trace):
+    with open(trace) as f:
+        doc = json.load(f)
+    rc, out, err = run_script(["summary", trace, "--json"])
+    check(rc == 0 and err == "", "the real trace: no warning: %r" % err)
+    ev = doc["traceEvents"]
+    xs = [n for n, e in enumerate(ev) if e.get("ph") == "X" and e["name"].startswith("F")]
+    pick = xs[len(xs) // 2]   # a forward in the middle of the file
+    # Oracle: the same file without that event.
+    without = dict(doc, traceEvents=ev[:pick] + ev[pick + 1:])
+    clean = os.path.join(tmp, "without.json")
+    with open(clean, "w") as f:
+        json.dump(without, f)
+    rc, out, err = run_script(["summary", clean, "--json"])
+    check(rc == 0 and err == "", "the trace without one slice reads: %r" % err)
+    want = json.loads(out) if rc == 0 else None
+    for key, value in (("ts", -1e9), ("ts", 1e300), ("dur", 1e300)):
+        bad = json.loads(json.dumps(doc))
+        bad["traceEvents"][pick][key] = value
+        path = os.path.join(tmp, "stray.json")
+        with open(path, "w") as f:
+            json.dump(bad, f)
+        what = "%s %g on traceEvents[%d]" % (key, value, pick)
+        rc, out, err = run_script(["summary", path, "--json"])
+        lines = err.splitlines()
+        m = STRAY_RE.match(lines[0]) if len(lines) == 1 else None
+        check(rc == 0 and m is not None, "%s: one warning line: rc %d %r" % (what, rc, err))
+        if m:
+            check(m[1] == path and int(m[2]) == pick and json.loads(m[3]) == ev[pick]["name"]
+                  and int(m[4]) == ev[pick]["args"]["step"],
+                  "%s: the warning names the file, the event, its slice and step: %s"
+                  % (what, lines[0]))
+        if rc != 0 or want is None:
+            continue
+        got = json.loads(out)
+        check(got["steps"] == want["steps"], "%s: steps %s" % (what, got["steps"]))
+        for k, w in want["step_wall"].items():
+            check(close(got["step_wall"][k], w), "%s: step %s wall %g, without the slice %g"
+                  % (what, k, got["step_wall"][k], w))
+        for d, row in want["devices"].items():
+            for col in ("busy", "bubble", "forward"):
+                check(close(got["devices"][d][col], row[col]), "%s: %s %s %g, want %g"
+                      % (what, row["name"], col, got["devices"][d][col], row[col]))
+
+
 # ------------------------------------------------------ (f) cut-off traces --
 WARN_RE = re.compile(r"^timeline\.py: (.*): warning: cut off .*read (\d+) complete events; (.*)$")
 
@@ -841,7 +895,7 @@ def main():
         except Exception as e:
             check(False, "real run raised %r" % e)
         if trace:
-            for test in (test_compare, test_bad_inputs, test_cut):
+            for test in (test_compare, test_bad_inputs, test_cut, test_stray):
                 try:
                     test(tmp, trace)
                 except Exception as e:
