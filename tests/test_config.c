@@ -360,6 +360,24 @@ static void test_errors(void)
               "t.yaml:10:3: unknown key 'chunks' in train; did you mean 'pipeline.chunks'?");
     CHECK_ERR(parse_bad(cat(k_base, "trian:\n  epochs: 3\n"), NULL, 0), GP_ERR_INVALID,
               "t.yaml:9:1: unknown key 'trian' at the top level; did you mean 'train'?");
+    /* a look-alike letter from another alphabet, or an invisible one: the
+     * name looks right, so the message says which character is not ASCII */
+    CHECK_ERR(parse_bad(cat(k_base, "tr\xd0\xb0in:\n  epochs: 3\n"), NULL, 0), GP_ERR_INVALID,
+              "t.yaml:9:1: unknown key 'tr\xd0\xb0in' at the top level; did you mean 'train'? Its "
+              "character 3 is U+0430 CYRILLIC SMALL LETTER A (looks like 'a'), not ASCII");
+    CHECK_ERR(parse_bad(cat(k_base, "train:\n  epochs\xe2\x80\x8b: 3\n"), NULL, 0),
+              GP_ERR_INVALID, "t.yaml:10:3: unknown key 'epochs\xe2\x80\x8b' in train; did you "
+              "mean 'epochs'? Its character 7 is U+200B ZERO WIDTH SPACE (looks like nothing), "
+              "not ASCII");
+    CHECK_ERR(parse_bad(cat(k_base, "train:\n  optimizer: \xd0\xb0" "damw\n"), NULL, 0),
+              GP_ERR_INVALID, "Its character 1 is U+0430 CYRILLIC SMALL LETTER A (looks like "
+                              "'a'), not ASCII");
+    CHECK_ERR(parse_bad("model:\n  input: [4]\n  layers:\n    - r\xd0\xb5lu\n", NULL, 0),
+              GP_ERR_INVALID, "Its character 2 is U+0435 CYRILLIC SMALL LETTER IE (looks like "
+                              "'e'), not ASCII");
+    CHECK_ERR(parse_bad("model:\n  input: [4]\n  layers:\n    - relu: {st\xef\xbd\x81sh: x}\n",
+                        NULL, 0),
+              GP_ERR_INVALID, "character 3 is U+FF41 (a fullwidth 'a'), not ASCII");
     /* a name that differs only in case is the suggestion, before a typo of
      * another ("adam" is as near to "adamW" as "adamw" is) */
     CHECK_ERR(parse_bad(cat(k_base, "train:\n  optimizer: adamW\n"), NULL, 0), GP_ERR_INVALID,
