@@ -635,6 +635,23 @@ static void test_errors(void)
     CHECK_ERR(parse_bad("model:\n  input: [1]\n  layers: []\n", NULL, 0), GP_ERR_INVALID,
               "t.yaml:3:11: model.layers is empty");
     CHECK_ERR(parse_bad("", NULL, 0), GP_ERR_INVALID, "t.yaml:1:1: the config is empty");
+    /* with overrides too: the file is empty, not the last override wrong */
+    {
+        const char *steps[] = {"train.steps=3"}, *input[] = {"model.input=[4]"};
+        CHECK_ERR(parse_bad("# only a comment\n", steps, 1), GP_ERR_INVALID,
+                  "t.yaml:1:1: the config is empty; it needs at least model.input and "
+                  "model.layers (no --set gives a model)");
+        CHECK_ERR(parse_bad("", steps, 1), GP_ERR_INVALID, "t.yaml:1:1: the config is empty;");
+        CHECK_ERR(parse_bad("\n# a\n\n", input, 1), GP_ERR_INVALID,
+                  "t.yaml:1:1: the config is empty, and the --set values alone do not make "
+                  "one: --set model.input=[4]: missing model.layers");
+        /* overrides that make a whole config still do */
+        const char *whole[] = {"model.input=[4]", "model.layers=[flatten]",
+                               "data.dataset=synthetic"};
+        gp_config c;
+        CHECK_OK(parse_set("", whole, 3, &c));
+        gp_config_free(&c);
+    }
     CHECK_ERR(parse_bad("- 1\n", NULL, 0), GP_ERR_INVALID, "t.yaml:1:1: expected a map");
     CHECK_ERR(parse_bad("a: 1\n---\nb: 2\n", NULL, 0), GP_ERR_INVALID,
               "t.yaml:2:1: a config is one YAML document");
