@@ -1309,10 +1309,29 @@ static void test_balance_profile_in(void)
     CHECK_MSG(rc == 2 && strstr(out, "unknown device 'gpu:1'"), "exit %d: %s", rc, out);
     /* a bad --devices or --chunks is named as the user typed it, not as
      * the override it becomes */
-    snprintf(cmd, sizeof cmd, "%s %s --by size --devices 200", balance_bin, cfg);
-    rc = run(cmd, out, sizeof out);
-    CHECK_MSG(rc == 2 && !strncmp(out, "gpipe-balance: --devices 200: pipeline.devices must be "
-                                       "in [1, 64]", 60), "exit %d: %s", rc, out);
+    /* out of range or not a number: the message states that option's limit */
+    static const struct {
+        const char *arg, *want;
+    } range[] = {
+        {"--devices 100000", "--devices '100000': expected an integer from 1 to 64 (64 is the "
+                             "most devices a pipeline has)\n"},
+        {"--devices 65", "--devices '65': expected an integer from 1 to 64"},
+        {"--chunks 1025", "--chunks '1025': expected an integer from 1 to 1024 (1024 is the most "
+                          "micro-batches a step has)\n"},
+        {"--reps 100000000", "--reps '100000000': expected an integer from 1 to 4096 (4096 is the "
+                             "most timed runs per measurement)\n"},
+        {"--reps 99999999999999999999999", "--reps '99999999999999999999999': expected an integer "
+                                           "from 1 to 4096"},
+        {"--reps=0", "--reps '0': expected an integer from 1 to 4096"},
+        {"--chunks ''", "--chunks '': expected an integer from 1 to 1024"},
+    };
+    for (size_t q = 0; q < sizeof range / sizeof range[0]; q++) {
+        snprintf(cmd, sizeof cmd, "%s %s --by size %s", balance_bin, cfg, range[q].arg);
+        rc = run(cmd, out, sizeof out);
+        CHECK_MSG(rc == 2 && !strncmp(out, "gpipe-balance: ", 15) &&
+                      !strncmp(out + 15, range[q].want, strlen(range[q].want)),
+                  "%s: exit %d: %s", range[q].arg, rc, out);
+    }
     snprintf(cmd, sizeof cmd, "%s %s --by size --chunks 17", balance_bin, cfg);
     rc = run(cmd, out, sizeof out);
     CHECK_MSG(rc == 2 && !strncmp(out, "gpipe-balance: --chunks 17: pipeline.chunks (17) must be "
