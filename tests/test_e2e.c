@@ -741,10 +741,45 @@ static void test_config_checks(void)
         CHECK_MSG(rc == 2 && strstr(out, "data.mean and data.std have 3 values but synthetic") &&
                       strstr(out, "has 1 channel; give one value per channel, or one for all"),
                   "exit %d: %s", rc, out);
+        /* named where they were given: the file's line, or the --set */
+        snprintf(want, sizeof want, "gpipe-train: %s:4:", cfg); /* (the error, not a warning) */
+        CHECK_MSG(strstr(out, want), "data.mean at its line: %s", out);
         snprintf(cmd, sizeof cmd, "%s %s -q --set 'data.mean=[0.5]' --set 'data.std=[2]'", bin,
                  cfg);
         rc = run(cmd, out, sizeof out);
         CHECK_MSG(rc == 0, "exit %d: %s", rc, out);
+        snprintf(cmd, sizeof cmd, "%s %s -q --set 'data.mean=[0.5, 0.5]' --set 'data.std=[1, 1]'",
+                 bin, cfg);
+        rc = run(cmd, out, sizeof out);
+        CHECK_MSG(rc == 2 && !strncmp(out, "gpipe-train: --set data.mean=[0.5, 0.5]: data.mean "
+                                           "and data.std have 2 values", 68),
+                  "data.mean from --set: exit %d: %s", rc, out);
+        snprintf(cmd, sizeof cmd, "%s %s -q --set 'data.std=[1, 1, 2]'", bin, cfg);
+        rc = run(cmd, out, sizeof out);
+        CHECK_MSG(rc == 2 && !strncmp(out, "gpipe-train: --set data.std=[1, 1, 2]: data.mean "
+                                           "and data.std have 3 values", 66),
+                  "data.std from --set: exit %d: %s", rc, out);
+    }
+
+    /* synthetic samples too big for a split are named by the keys that
+     * made them: model.input (the shape's default), data.synthetic.shape,
+     * the sample count */
+    {
+        write_file(cfg, "model:\n  input: [3, 40000, 40000]\n  layers: [global_avgpool, flatten, "
+                        "{linear: {out: 2}}]\ndata: {dataset: synthetic, synthetic: {train: 8, "
+                        "test: 8, classes: 2}}\ntrain: {batch_size: 4, steps: 1}\n");
+        snprintf(cmd, sizeof cmd, "%s %s", bin, cfg);
+        int rc = run(cmd, out, sizeof out);
+        CHECK_MSG(rc == 2 && strstr(out, "data.synthetic.train = 8 samples of model.input [3, "
+                                         "40000, 40000] (data.synthetic.shape follows it unless "
+                                         "given) are more than a split may hold"),
+                  "model.input too big: exit %d: %s", rc, out);
+        snprintf(cmd, sizeof cmd, "%s %s --set model.input=[3,4,4] --set "
+                 "'data.synthetic.shape=[3, 20000, 20000]'", bin, cfg);
+        rc = run(cmd, out, sizeof out);
+        CHECK_MSG(rc == 2 && strstr(out, "data.synthetic.train = 8 samples of "
+                                         "data.synthetic.shape [3, 20000, 20000] are more than"),
+                  "data.synthetic.shape too big: exit %d: %s", rc, out);
     }
 
     /* What a fuzzer found (2026-11-25): each a clear error, none a crash.
