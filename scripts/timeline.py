@@ -28,6 +28,11 @@ Inputs (detected by content, not by extension):
     the time it waited (no separate "wait" slice); the GPU memcpy shows the
     transfer itself.
 
+A slice that lies far outside the rest of its step (more than a second,
+and more than ten times the rest's span, before or after them: a bad
+timestamp) is left out of the metrics and the pictures, with a warning
+that names it.
+
 A trace cut off by a crash (gpipe-train killed while writing it: the JSON
 ends anywhere, mid-event or mid-string) is read up to its last complete
 event, with a warning.  Its last step is left out of the metrics, since its
@@ -127,6 +132,7 @@ class Slice:
     dst: int = -1
     bytes: int = 0
     gtid: int = 0        # nsys: the thread that pushed the range
+    ref: str = ""        # where it is in the file, for messages ("traceEvents[12]")
 
 
 @dataclass
@@ -138,6 +144,7 @@ class Trace:
     events: int = 0          # events (JSON) or rows (SQLite) read
     cut_off: bool = False    # the JSON ended before its last event did
     partial_step: int = -1   # cut off: the last step, which may be incomplete
+    left_out: list = field(default_factory=list)  # slices with bad times (leave_out_strays)
 
     def steps(self):
         return sorted({s.step for s in self.slices if s.step >= 0})
@@ -350,7 +357,7 @@ def read_gpipe_json(path, data):
             device=dev, track="copy" if field_of(n, e, e, "tid", int, 0) == 1 else "compute",
             kind=kind, name=name, start=t0, end=t0 + dur,
             step=field_of(n, e, args, "step", int, -1), micro_batch=i, stage=j, src=src,
-            dst=dst, bytes=field_of(n, e, args, "bytes", int, 0)))
+            dst=dst, bytes=field_of(n, e, args, "bytes", int, 0), ref="traceEvents[%d]" % n))
         tr.devices.setdefault(dev, "device %d" % dev)
     steps = tr.steps()
     if cut and not closed and steps and last_step <= steps[-1]:
@@ -538,6 +545,7 @@ def read_trace(path):
         tr, what = read_nsys_sqlite(path), "NVTX ranges, kernels and memcpys"
     else:
         tr, what = read_gpipe_json(path, data), "events"
+    leave_out_strays(tr)
     if not any(s.step >= 0 for s in tr.slices):
         if tr.cut_off:
             raise TraceError(path, "cut off after %d complete events, before its first "
@@ -545,6 +553,60 @@ def read_trace(path):
         raise TraceError(path, "no pipeline steps: none of its %s (%d) is one of gpipe's slices "
                          "(F0 s0, B0 s0, copy a0 s0->s1, ...) with a step" % (what, tr.events))
     return tr
+
+
+# A slice further than this from the rest of its step (before their first
+# start or after their last end) is a bad timestamp: the larger of a second
+# and ten times the rest's span.  A step's slices all lie in one executor
+# step, one after another, so no stall of a busy machine puts one that far.
+STRAY_MIN_S = 1.0
+STRAY_SPANS = 10.0
+
+
+def leave_out_strays(tr):
+    """Slices whose times lie far outside the rest of their step (a bad
+    timestamp: one slice at -1e9 or 1e300 us would make that step's wall,
+    and every bubble, absurd) move from tr.slices to tr.left_out as
+    (slice, rest_start, rest_end), the most distant first, until none is
+    left; the command line warns about them."""
+    by_step = {}
+    for s in tr.slices:
+        if s.step >= 0:
+            by_step.setdefault(s.step, []).append(s)
+    strays = set()
+    for sl in by_step.values():
+        while len(sl) > 2:
+            starts = sorted(range(len(sl)), key=lambda q: sl[q].start)[:2]
+            ends = sorted(range(len(sl)), key=lambda q: -sl[q].end)[:2]
+            worst = None
+            for q, s in enumerate(sl):
+                lo = sl[starts[1] if q == starts[0] else starts[0]].start
+                hi = sl[ends[1] if q == ends[0] else ends[0]].end
+                gap = max(lo - s.start, s.end - hi)
+                if gap > max(STRAY_MIN_S, STRAY_SPANS * (hi - lo)):
+                    if worst is None or gap > worst[0]:
+                        worst = (gap, q, lo, hi)
+            if worst is None:
+                break
+            _, q, lo, hi = worst
+            tr.left_out.append((sl[q], lo, hi))
+            strays.add(id(sl[q]))
+            del sl[q]
+    if strays:
+        tr.slices = [s for s in tr.slices if id(s) not in strays]
+
+
+def stray_note(tr):
+    """One line about tr.left_out, naming its first slice, or None."""
+    if not tr.left_out:
+        return None
+    s, lo, hi = tr.left_out[0]
+    more = len(tr.left_out) - 1
+    return ("%s (%s, step %d) runs %.6g .. %.6g ms, far outside the rest of its step "
+            "(%.3f .. %.3f ms): a bad timestamp, left out of the metrics%s"
+            % (s.ref or "a slice", json.dumps(s.name), s.step, s.start * 1e3, s.end * 1e3,
+               lo * 1e3, hi * 1e3, " with %d more such slice%s" % (more, "s" if more > 1 else "")
+               if more else ""))
 
 
 def complete_steps(tr):
@@ -571,6 +633,9 @@ def load(path):
         raise
     except Exception as e:   # a reader's bug, or an input nobody foresaw
         raise TraceError(path, "cannot read: %s" % _unexpected(e))
+    note = stray_note(tr)
+    if note:
+        print("timeline.py: %s: warning: %s" % (path, note), file=sys.stderr)
     if tr.cut_off:
         tr, note = complete_steps(tr)
         print("timeline.py: %s: warning: cut off (did the run stop before closing it?): read "

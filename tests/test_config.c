@@ -363,6 +363,24 @@ static void test_errors(void)
               "t.yaml:10:3: unknown key 'chunks' in train; did you mean 'pipeline.chunks'?");
     CHECK_ERR(parse_bad(cat(k_base, "trian:\n  epochs: 3\n"), NULL, 0), GP_ERR_INVALID,
               "t.yaml:9:1: unknown key 'trian' at the top level; did you mean 'train'?");
+    /* a look-alike letter from another alphabet, or an invisible one: the
+     * name looks right, so the message says which character is not ASCII */
+    CHECK_ERR(parse_bad(cat(k_base, "tr\xd0\xb0in:\n  epochs: 3\n"), NULL, 0), GP_ERR_INVALID,
+              "t.yaml:9:1: unknown key 'tr\xd0\xb0in' at the top level; did you mean 'train'? Its "
+              "character 3 is U+0430 CYRILLIC SMALL LETTER A (looks like 'a'), not ASCII");
+    CHECK_ERR(parse_bad(cat(k_base, "train:\n  epochs\xe2\x80\x8b: 3\n"), NULL, 0),
+              GP_ERR_INVALID, "t.yaml:10:3: unknown key 'epochs\xe2\x80\x8b' in train; did you "
+              "mean 'epochs'? Its character 7 is U+200B ZERO WIDTH SPACE (looks like nothing), "
+              "not ASCII");
+    CHECK_ERR(parse_bad(cat(k_base, "train:\n  optimizer: \xd0\xb0" "damw\n"), NULL, 0),
+              GP_ERR_INVALID, "Its character 1 is U+0430 CYRILLIC SMALL LETTER A (looks like "
+                              "'a'), not ASCII");
+    CHECK_ERR(parse_bad("model:\n  input: [4]\n  layers:\n    - r\xd0\xb5lu\n", NULL, 0),
+              GP_ERR_INVALID, "Its character 2 is U+0435 CYRILLIC SMALL LETTER IE (looks like "
+                              "'e'), not ASCII");
+    CHECK_ERR(parse_bad("model:\n  input: [4]\n  layers:\n    - relu: {st\xef\xbd\x81sh: x}\n",
+                        NULL, 0),
+              GP_ERR_INVALID, "character 3 is U+FF41 (a fullwidth 'a'), not ASCII");
     /* a name that differs only in case is the suggestion, before a typo of
      * another ("adam" is as near to "adamW" as "adamw" is) */
     CHECK_ERR(parse_bad(cat(k_base, "train:\n  optimizer: adamW\n"), NULL, 0), GP_ERR_INVALID,
@@ -629,6 +647,23 @@ static void test_errors(void)
     CHECK_ERR(parse_bad("model:\n  input: [1]\n  layers: []\n", NULL, 0), GP_ERR_INVALID,
               "t.yaml:3:11: model.layers is empty");
     CHECK_ERR(parse_bad("", NULL, 0), GP_ERR_INVALID, "t.yaml:1:1: the config is empty");
+    /* with overrides too: the file is empty, not the last override wrong */
+    {
+        const char *steps[] = {"train.steps=3"}, *input[] = {"model.input=[4]"};
+        CHECK_ERR(parse_bad("# only a comment\n", steps, 1), GP_ERR_INVALID,
+                  "t.yaml:1:1: the config is empty; it needs at least model.input and "
+                  "model.layers (no --set gives a model)");
+        CHECK_ERR(parse_bad("", steps, 1), GP_ERR_INVALID, "t.yaml:1:1: the config is empty;");
+        CHECK_ERR(parse_bad("\n# a\n\n", input, 1), GP_ERR_INVALID,
+                  "t.yaml:1:1: the config is empty, and the --set values alone do not make "
+                  "one: --set model.input=[4]: missing model.layers");
+        /* overrides that make a whole config still do */
+        const char *whole[] = {"model.input=[4]", "model.layers=[flatten]",
+                               "data.dataset=synthetic"};
+        gp_config c;
+        CHECK_OK(parse_set("", whole, 3, &c));
+        gp_config_free(&c);
+    }
     CHECK_ERR(parse_bad("- 1\n", NULL, 0), GP_ERR_INVALID, "t.yaml:1:1: expected a map");
     CHECK_ERR(parse_bad("a: 1\n---\nb: 2\n", NULL, 0), GP_ERR_INVALID,
               "t.yaml:2:1: a config is one YAML document");

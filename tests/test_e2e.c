@@ -741,10 +741,45 @@ static void test_config_checks(void)
         CHECK_MSG(rc == 2 && strstr(out, "data.mean and data.std have 3 values but synthetic") &&
                       strstr(out, "has 1 channel; give one value per channel, or one for all"),
                   "exit %d: %s", rc, out);
+        /* named where they were given: the file's line, or the --set */
+        snprintf(want, sizeof want, "gpipe-train: %s:4:", cfg); /* (the error, not a warning) */
+        CHECK_MSG(strstr(out, want), "data.mean at its line: %s", out);
         snprintf(cmd, sizeof cmd, "%s %s -q --set 'data.mean=[0.5]' --set 'data.std=[2]'", bin,
                  cfg);
         rc = run(cmd, out, sizeof out);
         CHECK_MSG(rc == 0, "exit %d: %s", rc, out);
+        snprintf(cmd, sizeof cmd, "%s %s -q --set 'data.mean=[0.5, 0.5]' --set 'data.std=[1, 1]'",
+                 bin, cfg);
+        rc = run(cmd, out, sizeof out);
+        CHECK_MSG(rc == 2 && !strncmp(out, "gpipe-train: --set data.mean=[0.5, 0.5]: data.mean "
+                                           "and data.std have 2 values", 68),
+                  "data.mean from --set: exit %d: %s", rc, out);
+        snprintf(cmd, sizeof cmd, "%s %s -q --set 'data.std=[1, 1, 2]'", bin, cfg);
+        rc = run(cmd, out, sizeof out);
+        CHECK_MSG(rc == 2 && !strncmp(out, "gpipe-train: --set data.std=[1, 1, 2]: data.mean "
+                                           "and data.std have 3 values", 66),
+                  "data.std from --set: exit %d: %s", rc, out);
+    }
+
+    /* synthetic samples too big for a split are named by the keys that
+     * made them: model.input (the shape's default), data.synthetic.shape,
+     * the sample count */
+    {
+        write_file(cfg, "model:\n  input: [3, 40000, 40000]\n  layers: [global_avgpool, flatten, "
+                        "{linear: {out: 2}}]\ndata: {dataset: synthetic, synthetic: {train: 8, "
+                        "test: 8, classes: 2}}\ntrain: {batch_size: 4, steps: 1}\n");
+        snprintf(cmd, sizeof cmd, "%s %s", bin, cfg);
+        int rc = run(cmd, out, sizeof out);
+        CHECK_MSG(rc == 2 && strstr(out, "data.synthetic.train = 8 samples of model.input [3, "
+                                         "40000, 40000] (data.synthetic.shape follows it unless "
+                                         "given) are more than a split may hold"),
+                  "model.input too big: exit %d: %s", rc, out);
+        snprintf(cmd, sizeof cmd, "%s %s --set model.input=[3,4,4] --set "
+                 "'data.synthetic.shape=[3, 20000, 20000]'", bin, cfg);
+        rc = run(cmd, out, sizeof out);
+        CHECK_MSG(rc == 2 && strstr(out, "data.synthetic.train = 8 samples of "
+                                         "data.synthetic.shape [3, 20000, 20000] are more than"),
+                  "data.synthetic.shape too big: exit %d: %s", rc, out);
     }
 
     /* What a fuzzer found (2026-11-25): each a clear error, none a crash.
@@ -1309,10 +1344,29 @@ static void test_balance_profile_in(void)
     CHECK_MSG(rc == 2 && strstr(out, "unknown device 'gpu:1'"), "exit %d: %s", rc, out);
     /* a bad --devices or --chunks is named as the user typed it, not as
      * the override it becomes */
-    snprintf(cmd, sizeof cmd, "%s %s --by size --devices 200", balance_bin, cfg);
-    rc = run(cmd, out, sizeof out);
-    CHECK_MSG(rc == 2 && !strncmp(out, "gpipe-balance: --devices 200: pipeline.devices must be "
-                                       "in [1, 64]", 60), "exit %d: %s", rc, out);
+    /* out of range or not a number: the message states that option's limit */
+    static const struct {
+        const char *arg, *want;
+    } range[] = {
+        {"--devices 100000", "--devices '100000': expected an integer from 1 to 64 (64 is the "
+                             "most devices a pipeline has)\n"},
+        {"--devices 65", "--devices '65': expected an integer from 1 to 64"},
+        {"--chunks 1025", "--chunks '1025': expected an integer from 1 to 1024 (1024 is the most "
+                          "micro-batches a step has)\n"},
+        {"--reps 100000000", "--reps '100000000': expected an integer from 1 to 4096 (4096 is the "
+                             "most timed runs per measurement)\n"},
+        {"--reps 99999999999999999999999", "--reps '99999999999999999999999': expected an integer "
+                                           "from 1 to 4096"},
+        {"--reps=0", "--reps '0': expected an integer from 1 to 4096"},
+        {"--chunks ''", "--chunks '': expected an integer from 1 to 1024"},
+    };
+    for (size_t q = 0; q < sizeof range / sizeof range[0]; q++) {
+        snprintf(cmd, sizeof cmd, "%s %s --by size %s", balance_bin, cfg, range[q].arg);
+        rc = run(cmd, out, sizeof out);
+        CHECK_MSG(rc == 2 && !strncmp(out, "gpipe-balance: ", 15) &&
+                      !strncmp(out + 15, range[q].want, strlen(range[q].want)),
+                  "%s: exit %d: %s", range[q].arg, rc, out);
+    }
     snprintf(cmd, sizeof cmd, "%s %s --by size --chunks 17", balance_bin, cfg);
     rc = run(cmd, out, sizeof out);
     CHECK_MSG(rc == 2 && !strncmp(out, "gpipe-balance: --chunks 17: pipeline.chunks (17) must be "

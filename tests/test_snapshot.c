@@ -22,6 +22,8 @@
  *     a running one holds exits 3 naming the first's pid, and the first
  *     finishes with every snapshot intact; dead writers' temporaries go
  *     only under the lock;
+ *   - a resume with a changed parameter-free layer or option (relu ->
+ *     leaky_relu, a dropout's p, one layer more) is warned, naming it;
  *   - resuming an older snapshot moves the later ones to abandoned-<time>/
  *     byte for byte, and --resume latest then goes on with the resumed
  *     run's own snapshots;
@@ -777,6 +779,57 @@ static void test_resume_other_placement(void)
                                  "samples, seen before the snapshot, again)"),
               "batch size 32 -> 24: %s", log ? log : "(no log)");
     free(log);
+}
+
+/* A resume whose model differs only where no tensor shows it (k_mlp's
+ * relu at layer 3 made leaky_relu, its dropout's p 0.2 made 0.5) loads the
+ * same tensors into another model: it is warned, naming the layer, where
+ * the config has it and both versions; the same config resumes without
+ * that warning. */
+static void test_resume_changed_layers(void)
+{
+    char a[4096];
+    make_config("cl.yaml", "");
+    snprintf(a, sizeof a, "rm -rf %s/cl", tmpdir);
+    CHECK(system(a) == 0);
+    snprintf(a, sizeof a, "%s/cl.yaml --set train.steps=4 --set train.snapshot.every_steps=4 "
+             "--set train.snapshot.dir=%s/cl", tmpdir, tmpdir);
+    CHECK(train(a) == 0);
+    static const struct {
+        const char *set, *warning; /* (NULL: no warning about the layers) */
+    } cases[] = {
+        {"", NULL},
+        {"--set model.layers.3=leaky_relu",
+         "was made with other layers (6, this run has 6): layer 3 (leaky_relu) from --set "
+         "model.layers.3=leaky_relu: a leaky_relu here, a relu in the snapshot's run"},
+        {"--set model.layers.4.p=0.5",
+         "was made with other layer options: layer 4 (dropout) at "},
+        {"--set model.layers.6=relu",
+         "was made with other layers (6, this run has 7): layer 6 (relu) from --set "
+         "model.layers.6=relu: a relu here, none in the snapshot's run"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        snprintf(a, sizeof a, "%s/cl.yaml --set train.steps=6 %s --resume "
+                 "%s/cl/snapshot-000000004.safetensors", tmpdir, cases[c].set, tmpdir);
+        int rc = train(a);
+        CHECK_MSG(rc == 0, "resume %s: exit %d", cases[c].set, rc);
+        char lp[300];
+        snprintf(lp, sizeof lp, "%s/log.txt", tmpdir);
+        char *log = gpt_read_file(lp, NULL);
+        bool warned = log && strstr(log, "now train another model");
+        if (!cases[c].warning) {
+            CHECK_MSG(!warned, "the same layers resume without a warning: %s", log ? log : "");
+        } else {
+            CHECK_MSG(warned && strstr(log, cases[c].warning),
+                      "resume %s: expected \"%s\" in %s", cases[c].set, cases[c].warning,
+                      log ? log : "(no log)");
+        }
+        if (c == 2) /* where the config has it, and both values */
+            CHECK_MSG(log && strstr(log, "/cl.yaml:8:7 (as --set model.layers.4.p=0.5 changed it) "
+                                         "has p=0.5, the snapshot's run had p=0.2:"),
+                      "dropout p 0.2 -> 0.5: both named: %s", log ? log : "");
+        free(log);
+    }
 }
 
 /* Whether two weights files hold the same tensors, bit for bit. */
@@ -1759,6 +1812,7 @@ int main(void)
         test_resume(2, "never", 1, "zb-h1");
         test_resume(2, "except_last", 1, "interleaved");
         test_resume_other_placement();
+        test_resume_changed_layers();
         test_failure_snapshot();
         test_resume_plain_sgd();
         test_resume_adam();

@@ -5,7 +5,8 @@
       writes a trace that parses, with exactly one forward and one backward
       slice per (micro-batch, stage) per recorded step, copies between the
       right devices, and per-step wall times consistent with the executor's
-      own step_seconds from --metrics;
+      own step_seconds from --metrics; no event has a key twice, and each
+      slice's args "clock" is the schedule's clock number;
   (b) the Nsight Systems SQLite reader on a database built here following
       the documented export schema (StringIds, NVTX_EVENTS,
       CUPTI_ACTIVITY_KIND_KERNEL / _MEMCPY / _RUNTIME), with known ranges
@@ -25,7 +26,11 @@
       offset, and the metrics of the steps it keeps equal the whole file's;
   (g) a run with a skip across two stages and clipping writes no slice name
       the script does not know, one skip copy per micro-batch, and every
-      copy counts in its device's copy time.
+      copy counts in its device's copy time;
+  (h) one slice of the real trace moved far outside its step (ts -1e9 or
+      1e300 us, or a dur of 1e300) is left out with one warning line that
+      names it, and the metrics equal those of the file without that
+      event; the real trace itself gets no such warning.
 
 Runs with Debian's /usr/bin/python3 (matplotlib from python3-matplotlib).
 Needs GPIPE_BINARY_DIR (set by CTest) for gpipe-train.  Prints
@@ -129,6 +134,35 @@ def wall_ratios(trace, metrics):
     return ratios, vals[len(vals) // 2] if vals else 0.0
 
 
+def check_args(trace, m):
+    """No event has a key twice (a JSON reader keeps only the last, so a
+    second "clock" hid the schedule's clock number); every slice's "clock"
+    is the schedule's number (GPipe: forward (i, j) at clock i + j), and a
+    slice on device time says so under "time" with its "issued_us"."""
+    dups = []
+
+    def no_dups(pairs):
+        keys = [k for k, _ in pairs]
+        dups.extend(k for k in set(keys) if keys.count(k) > 1)
+        return dict(pairs)
+
+    with open(trace) as f:
+        events = json.load(f, object_pairs_hook=no_dups)["traceEvents"]
+    check(not dups, "no key twice in one event: %s" % sorted(set(dups)))
+    slices = [e for e in events if e.get("ph") == "X"]
+    check(len(slices) > 0, "the trace has slices")
+    bad = [e["name"] for e in slices if type(e["args"].get("clock")) is not int]
+    check(not bad, "every slice's clock is a number: %s" % bad[:5])
+    fwd = [e for e in slices if e.get("cat") == "forward"]
+    check(len(fwd) == 4 * m * 2, "%d forward slices" % len(fwd))
+    off = [e["name"] for e in fwd
+           if e["args"].get("clock") != e["args"]["micro_batch"] + e["args"]["stage"]]
+    check(not off, "forward (i, j) at clock i + j: %s" % off[:5])
+    timed = [e for e in slices if "issued_us" in e["args"]]
+    check(len(timed) > 0 and all(e["args"].get("time") == "device" for e in timed),
+          "%d slices on device time, each with \"time\": \"device\"" % len(timed))
+
+
 def test_real_run(tmp):
     # Timing on a shared machine: the executor's step also holds work outside
     # the instructions (waking workers, freeing, page faults of fresh memory)
@@ -146,6 +180,7 @@ def test_real_run(tmp):
               % (attempt, MIN_WALL_RATIO))
     with open(trace) as f:
         json.load(f)  # strict JSON, as Perfetto needs
+    check_args(trace, 4)
     tr = T.read_trace(trace)
     m, n = 4, 2
     check(tr.steps() == [1, 2, 3, 4], "recorded steps 1..4 (got %s)" % tr.steps())
@@ -671,6 +706,56 @@ def test_bad_inputs(tmp, trace):
               "--steps %s -> steps %s: %s" % (spec, want, err))
 
 
+# ------------------------------------------------- (h) one bad timestamp --
+STRAY_RE = re.compile(r"^timeline\.py: (.*): warning: traceEvents\[(\d+)\] \((.*), step (\d+)\) "
+                      r"runs .* far outside the rest of its step .*left out of the metrics$")
+
+
+def test_stray(tmp, trace):
+    with open(trace) as f:
+        doc = json.load(f)
+    rc, out, err = run_script(["summary", trace, "--json"])
+    check(rc == 0 and err == "", "the real trace: no warning: %r" % err)
+    ev = doc["traceEvents"]
+    xs = [n for n, e in enumerate(ev) if e.get("ph") == "X" and e["name"].startswith("F")]
+    pick = xs[len(xs) // 2]   # a forward in the middle of the file
+    # Oracle: the same file without that event.
+    without = dict(doc, traceEvents=ev[:pick] + ev[pick + 1:])
+    clean = os.path.join(tmp, "without.json")
+    with open(clean, "w") as f:
+        json.dump(without, f)
+    rc, out, err = run_script(["summary", clean, "--json"])
+    check(rc == 0 and err == "", "the trace without one slice reads: %r" % err)
+    want = json.loads(out) if rc == 0 else None
+    for key, value in (("ts", -1e9), ("ts", 1e300), ("dur", 1e300)):
+        bad = json.loads(json.dumps(doc))
+        bad["traceEvents"][pick][key] = value
+        path = os.path.join(tmp, "stray.json")
+        with open(path, "w") as f:
+            json.dump(bad, f)
+        what = "%s %g on traceEvents[%d]" % (key, value, pick)
+        rc, out, err = run_script(["summary", path, "--json"])
+        lines = err.splitlines()
+        m = STRAY_RE.match(lines[0]) if len(lines) == 1 else None
+        check(rc == 0 and m is not None, "%s: one warning line: rc %d %r" % (what, rc, err))
+        if m:
+            check(m[1] == path and int(m[2]) == pick and json.loads(m[3]) == ev[pick]["name"]
+                  and int(m[4]) == ev[pick]["args"]["step"],
+                  "%s: the warning names the file, the event, its slice and step: %s"
+                  % (what, lines[0]))
+        if rc != 0 or want is None:
+            continue
+        got = json.loads(out)
+        check(got["steps"] == want["steps"], "%s: steps %s" % (what, got["steps"]))
+        for k, w in want["step_wall"].items():
+            check(close(got["step_wall"][k], w), "%s: step %s wall %g, without the slice %g"
+                  % (what, k, got["step_wall"][k], w))
+        for d, row in want["devices"].items():
+            for col in ("busy", "bubble", "forward"):
+                check(close(got["devices"][d][col], row[col]), "%s: %s %s %g, want %g"
+                      % (what, row["name"], col, got["devices"][d][col], row[col]))
+
+
 # ------------------------------------------------------ (f) cut-off traces --
 WARN_RE = re.compile(r"^timeline\.py: (.*): warning: cut off .*read (\d+) complete events; (.*)$")
 
@@ -810,7 +895,7 @@ def main():
         except Exception as e:
             check(False, "real run raised %r" % e)
         if trace:
-            for test in (test_compare, test_bad_inputs, test_cut):
+            for test in (test_compare, test_bad_inputs, test_cut, test_stray):
                 try:
                     test(tmp, trace)
                 except Exception as e:

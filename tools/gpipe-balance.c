@@ -14,6 +14,9 @@
 
 #include "cli.h"
 
+/* (the text below states them) */
+_Static_assert(GP_MAX_DEVICES == 64 && GP_MAX_CHUNKS == 1024, "update gpipe-balance --help");
+
 static void usage(FILE *f)
 {
     fputs("usage: gpipe-balance CONFIG.yaml [options]\n"
@@ -26,9 +29,9 @@ static void usage(FILE *f)
           "constraint.\n"
           "\n"
           "options:\n"
-          "  --devices N        balance for N devices (default: the config's devices;\n"
-          "                     a different N means cpu:0 .. cpu:N-1)\n"
-          "  --chunks M         micro-batches per mini-batch (pipeline.chunks)\n"
+          "  --devices N        balance for N devices, 1 to 64 (default: the config's\n"
+          "                     devices; a different N means cpu:0 .. cpu:N-1)\n"
+          "  --chunks M         micro-batches per mini-batch (pipeline.chunks), 1 to 1024\n"
           "  --by time|size|both  time: balance profiled time (default); size: balance\n"
           "                     memory (parameters, optimizer state, activations; no\n"
           "                     timing, fast); both: time, and also show the size split\n"
@@ -45,7 +48,8 @@ static void usage(FILE *f)
           "                     checked by loading it\n"
           "  --profile-out F    save the profile as JSON\n"
           "  --profile-in F     use a saved profile instead of profiling\n"
-          "  --reps R           timed runs per measurement, median taken (default 5)\n"
+          "  --reps R           timed runs per measurement, median taken (default 5;\n"
+          "                     at most 4096)\n"
           "  --set KEY=VALUE    override a config value (as gpipe-train; repeatable)\n"
           "  -q, --quiet        print the balance and errors only (no progress notes\n"
           "                     or warnings)\n"
@@ -389,9 +393,18 @@ int main(int argc, char **argv)
             set_value_at = !strcmp(a, "--set") && !inline_v ? i : -1;
             char *end = NULL;
             if (!strcmp(a, "--devices") || !strcmp(a, "--chunks") || !strcmp(a, "--reps")) {
+                /* the most devices in a pipeline, micro-batches in a step,
+                 * timed runs (more would take hours for nothing) */
+                long most = !strcmp(a, "--devices") ? GP_MAX_DEVICES
+                            : !strcmp(a, "--chunks") ? GP_MAX_CHUNKS : 4096;
+                const char *what = !strcmp(a, "--devices") ? "the most devices a pipeline has"
+                                   : !strcmp(a, "--chunks") ? "the most micro-batches a step has"
+                                                            : "the most timed runs per measurement";
+                errno = 0;
                 long x = strtol(v, &end, 10);
-                if (*end || x < 1 || x > 4096) {
-                    fprintf(stderr, "gpipe-balance: %s '%s': expected a positive integer\n", a, v);
+                if (end == v || *end || errno || x < 1 || x > most) {
+                    fprintf(stderr, "gpipe-balance: %s '%s': expected an integer from 1 to %ld "
+                            "(%ld is %s)\n", a, v, most, most, what);
                     free(sets);
                     return EXIT_USAGE;
                 }

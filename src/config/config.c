@@ -147,18 +147,32 @@ gp_status gp_config_parse(const char *name, const char *text, size_t len,
                             "most %zu characters)", name, sizeof out->path - 1);
     gp_ynode *root = NULL;
     GP_TRY(gp_ytree_parse(name, NULL, text ? text : "", len, &root));
+    /* An empty (or comment-only) file with overrides: what is missing is
+     * the file's, not the last override's, which the walk would name. */
+    bool empty = root->kind == GP_YNODE_NULL, set = false;
     for (int i = 0; i < n_overrides; i++) {
         if (!overrides || !overrides[i]) continue;
+        set = true;
         gp_status s = gp_ytree_override(&root, overrides[i]);
         if (s != GP_OK) {
             gp_ynode_free(root);
             return s;
         }
     }
+    empty = empty && set;
+    if (empty && gp_cfg_absent(gp_ymap_get(root, "model"))) {
+        gp_ynode_free(root);
+        return gp_error_set(GP_ERR_INVALID, "%s:1:1: the config is empty; it needs at least "
+                            "model.input and model.layers (no %s gives a model)",
+                            name, gp_opt_name(GP_OPT_SET));
+    }
     gp_cfg_walk w = {.file = name, .record = true};
     warn_shadowed(&w, overrides, n_overrides);
     gp_status s = walk_root(&w, root, out);
     gp_ynode_free(root);
+    if (s != GP_OK && empty)
+        gp_error_wrap(s, "%s:1:1: the config is empty, and the %s values alone do not make "
+                      "one", name, gp_opt_name(GP_OPT_SET));
     if (s != GP_OK) {
         free(w.defaults);
         free(w.warnings);

@@ -118,6 +118,9 @@ typedef struct gp_data_config {
     float mean[GP_MAX_CHANNELS]; /* per channel; default dataset statistics */
     float std[GP_MAX_CHANNELS];
     int n_mean;               /* 0 = dataset default */
+    char mean_at[160];        /* where data.mean and data.std were given, for messages:
+                                 "f.yaml:9:9", or "--set data.mean=[...]" where one was
+                                 set by an override; "" for the default */
     int crop_padding;         /* random crop with this zero padding; 0 = off */
     bool hflip;               /* random horizontal flip */
     int prefetch;             /* batches queued ahead; default 2 */

@@ -165,6 +165,7 @@ gp_status gp_cfg_parse_data(gp_cfg_walk *w, const gp_ynode *root, const gp_model
             return gp_cfg_bad(w, sd, "data.std has %d value%s but data.mean has %d; give one per "
                               "channel for both", ns, ns == 1 ? "" : "s", nm);
         dc->n_mean = nm;
+        gp_yloc(w->file, !mean->set && sd->set ? sd : mean, dc->mean_at, sizeof dc->mean_at);
         /* pixels are scaled to [0, 1] before they are normalised: statistics
          * on the 0-255 scale (as some recipes write them) would leave every
          * input near -mean/std, and the model learns nothing */

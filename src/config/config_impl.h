@@ -128,6 +128,11 @@ void gp_cfg_join(char *buf, size_t len, const char *sect, const char *key);
 /* "; did you mean 'x'?" for the name of names[0..n) nearest to `word`
  * (a typo, an abbreviation, a part), or "". */
 void gp_cfg_nearest(const char *word, const char *const *names, int n, char *buf, size_t len);
+/* Appends to buf, where `word` has a character outside ASCII, "; its
+ * character 3 is U+0430 CYRILLIC SMALL LETTER A (looks like 'a'), not
+ * ASCII" (" Its ..." after a "did you mean 'x'?"): a look-alike letter
+ * that makes a right-looking name unknown. */
+void gp_cfg_non_ascii(const char *word, char *buf, size_t len);
 /* "a, b, c" */
 void gp_cfg_list_names(const char *const *names, int n, char *buf, size_t len);
 

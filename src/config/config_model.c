@@ -197,6 +197,7 @@ static gp_status parse_layer(gp_cfg_walk *w, const gp_ynode *item, int index, gp
             names[i] = gp_layer_type_name((gp_layer_type)i);
         char hint[160], list[512];
         gp_cfg_nearest(tnode->text, names, GP_LAYER_TYPE_COUNT, hint, sizeof hint);
+        gp_cfg_non_ascii(tnode->text, hint, sizeof hint);
         gp_cfg_list_names(names, GP_LAYER_TYPE_COUNT, list, sizeof list);
         return gp_cfg_bad(w, tnode, "unknown layer type %s%s (layer types: %s)",
                           gp_cfg_describe(tnode, got, sizeof got), hint, list);

@@ -268,6 +268,76 @@ void gp_cfg_nearest(const char *word, const char *const *names, int n, char *buf
     }
 }
 
+void gp_cfg_non_ascii(const char *word, char *buf, size_t len)
+{
+    const unsigned char *p = (const unsigned char *)word;
+    int chr = 1; /* 1-based, as a reader counts */
+    while (*p && *p < 0x80) p++, chr++;
+    if (!*p) return;
+    /* decode one UTF-8 sequence (libyaml has checked a file's; an override
+     * comes from the shell as it is) */
+    unsigned cp = 0;
+    int more = *p >= 0xF0 ? 3 : *p >= 0xE0 ? 2 : *p >= 0xC0 ? 1 : -1;
+    if (more > 0) {
+        cp = *p & (0x3Fu >> more);
+        for (int i = 1; i <= more; i++) {
+            if ((p[i] & 0xC0) != 0x80) {
+                more = -1;
+                break;
+            }
+            cp = cp << 6 | (p[i] & 0x3Fu);
+        }
+    }
+    size_t used = strlen(buf);
+    if (used >= len) return;
+    if (more < 0) {
+        snprintf(buf + used, len - used, "%s byte %d (0x%02X) is not ASCII, nor UTF-8",
+                 used && buf[used - 1] == '?' ? " Its" : "; its",
+                 (int)(p - (const unsigned char *)word) + 1, *p);
+        return;
+    }
+    /* the characters that pass for ASCII ones in a key or a name */
+    static const struct {
+        unsigned cp;
+        const char *name, *like;
+    } alike[] = {
+        {0x00A0, "NO-BREAK SPACE", "a space"},
+        {0x00AD, "SOFT HYPHEN", "nothing"},
+        {0x0131, "LATIN SMALL LETTER DOTLESS I", "'i'"},
+        {0x03B1, "GREEK SMALL LETTER ALPHA", "'a'"},
+        {0x03B9, "GREEK SMALL LETTER IOTA", "'i'"},
+        {0x03BD, "GREEK SMALL LETTER NU", "'v'"},
+        {0x03BF, "GREEK SMALL LETTER OMICRON", "'o'"},
+        {0x03C1, "GREEK SMALL LETTER RHO", "'p'"},
+        {0x0430, "CYRILLIC SMALL LETTER A", "'a'"},
+        {0x0435, "CYRILLIC SMALL LETTER IE", "'e'"},
+        {0x043E, "CYRILLIC SMALL LETTER O", "'o'"},
+        {0x0440, "CYRILLIC SMALL LETTER ER", "'p'"},
+        {0x0441, "CYRILLIC SMALL LETTER ES", "'c'"},
+        {0x0443, "CYRILLIC SMALL LETTER U", "'y'"},
+        {0x0445, "CYRILLIC SMALL LETTER HA", "'x'"},
+        {0x0455, "CYRILLIC SMALL LETTER DZE", "'s'"},
+        {0x0456, "CYRILLIC SMALL LETTER BYELORUSSIAN-UKRAINIAN I", "'i'"},
+        {0x0458, "CYRILLIC SMALL LETTER JE", "'j'"},
+        {0x200B, "ZERO WIDTH SPACE", "nothing"},
+        {0x200C, "ZERO WIDTH NON-JOINER", "nothing"},
+        {0x200D, "ZERO WIDTH JOINER", "nothing"},
+        {0x2010, "HYPHEN", "'-'"},
+        {0x2011, "NON-BREAKING HYPHEN", "'-'"},
+        {0x2013, "EN DASH", "'-'"},
+        {0x2212, "MINUS SIGN", "'-'"},
+        {0xFEFF, "ZERO WIDTH NO-BREAK SPACE", "nothing"},
+    };
+    char name[96] = "";
+    for (int i = 0; i < GP_COUNT(alike); i++)
+        if (alike[i].cp == cp)
+            snprintf(name, sizeof name, " %s (looks like %s)", alike[i].name, alike[i].like);
+    if (!name[0] && cp >= 0xFF01 && cp <= 0xFF5E) /* FULLWIDTH ... */
+        snprintf(name, sizeof name, " (a fullwidth '%c')", (char)(cp - 0xFF01 + 0x21));
+    snprintf(buf + used, len - used, "%s character %d is U+%04X%s, not ASCII",
+             used && buf[used - 1] == '?' ? " Its" : "; its", chr, cp, name);
+}
+
 void gp_cfg_list_names(const char *const *names, int n, char *buf, size_t len)
 {
     size_t used = 0;
@@ -367,6 +437,7 @@ static gp_status unknown_key(const gp_cfg_walk *w, const gp_ynode *key, const ch
             snprintf(hint, sizeof hint, "; the keys %s are: %s", where, names);
         }
     }
+    gp_cfg_non_ascii(k, hint, sizeof hint);
     return gp_cfg_bad(w, key, "unknown key '%.80s' %s%s", k, where, hint);
 }
 
@@ -394,6 +465,7 @@ gp_status gp_cfg_check_keys_list(const gp_cfg_walk *w, const gp_ynode *m, const 
         if (ok) continue;
         char hint[160], names[512];
         gp_cfg_nearest(k, keys, n, hint, sizeof hint);
+        gp_cfg_non_ascii(k, hint, sizeof hint);
         gp_cfg_list_names(keys, n, names, sizeof names);
         return gp_cfg_bad(w, m->keys[i], "unknown option '%.80s' for %s%s (it takes: %s)", k, what,
                           hint, names);
@@ -638,7 +710,10 @@ gp_status gp_cfg_parse_enum(const gp_cfg_walk *w, const gp_ynode *n, const char 
     }
     char list[256], hint[160] = "";
     gp_cfg_list_names(names, count, list, sizeof list);
-    if (n->kind == GP_YNODE_SCALAR) gp_cfg_nearest(n->text, names, count, hint, sizeof hint);
+    if (n->kind == GP_YNODE_SCALAR) {
+        gp_cfg_nearest(n->text, names, count, hint, sizeof hint);
+        gp_cfg_non_ascii(n->text, hint, sizeof hint);
+    }
     if (n->kind != GP_YNODE_SCALAR)
         return gp_cfg_bad(w, n, "expected one of %s for %s, got %s", list, name,
                           gp_cfg_describe(n, got, sizeof got));

@@ -193,7 +193,7 @@ gp_status gp_trace_add_step(gp_trace *t, const gp_pipeline *p, gp_device *const 
             gp_json_put_uint(w, "bytes", r->bytes);
             if (r->device_time) { /* ts is the device's; when the host issued it */
                 gp_json_put_fixed(w, "issued_us", us(t, r->h0), 3);
-                gp_json_put_str(w, "clock", "device");
+                gp_json_put_str(w, "time", "device");
             }
             gp_json_close(w);
             gp_json_close(w);

@@ -11,8 +11,9 @@
  * pipeline recorded it (gp_pipeline_set_device_time, which gpipe-train
  * turns on for traced steps): when the device's stream ran the
  * instruction, the wait being the time the copy stream waited for the
- * producer, with args "clock": "device" and "issued_us" (when the host
- * issued it); elsewhere host time.  Flow arrows go from the slice that
+ * producer, with args "time": "device" and "issued_us" (when the host
+ * issued it); elsewhere host time.  (args "clock" is the schedule's clock
+ * number k, on every slice.)  Flow arrows go from the slice that
  * produced a copied tensor to the copy that consumed it.  Each step begins
  * with a global instant event; a counter per device tracks allocated bytes.
  *

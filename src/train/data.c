@@ -743,10 +743,30 @@ gp_status gp_dataset_load(const gp_data_config *cfg, bool train_split, uint64_t 
     case GP_DATASET_SYNTHETIC: {
         int64_t n = train_split ? cfg->synthetic_train : cfg->synthetic_test;
         if (n <= 0) n = train_split ? 1024 : 256;
-        if (limit > 0 && limit < n) n = limit;
+        bool limited = limit > 0 && limit < n;
+        if (limited) n = limit;
         int classes = cfg->synthetic_classes > 0 ? cfg->synthetic_classes : 10;
         const int64_t *sh = cfg->synthetic_shape;
         bool given = sh[0] > 0 || sh[1] > 0 || sh[2] > 0;
+        /* too big for a split: named by the keys that made it (the
+         * shape is model.input's unless data.synthetic.shape is given) */
+        if (given && sh[0] > 0 && sh[1] > 0 && sh[2] > 0 &&
+            (sh[0] > GP_DATA_MAX_SIDE || sh[1] > GP_DATA_MAX_SIDE || sh[2] > GP_DATA_MAX_SIDE ||
+             sh[0] * sh[1] * sh[2] > GP_DATA_MAX_BYTES / n)) {
+            bool model = !memcmp(sh, cfg->image_shape, 3 * sizeof *sh);
+            s = gp_error_set(GP_ERR_INVALID, "%s = %lld samples of %s [%lld, %lld, %lld]%s are "
+                             "more than a split may hold (%lld bytes, sides up to %d); give a "
+                             "smaller %s or fewer samples",
+                             limited ? (train_split ? "data.train_limit" : "data.test_limit")
+                             : train_split ? "data.synthetic.train" : "data.synthetic.test",
+                             (long long)n, model ? "model.input" : "data.synthetic.shape",
+                             (long long)sh[0], (long long)sh[1], (long long)sh[2],
+                             model ? " (data.synthetic.shape follows it unless given)" : "",
+                             (long long)GP_DATA_MAX_BYTES, GP_DATA_MAX_SIDE,
+                             model ? "model.input (or a data.synthetic.shape)"
+                                   : "data.synthetic.shape");
+            break;
+        }
         s = synthetic_fill(n, classes, given ? sh[0] : GP_SYNTHETIC_C,
                            given ? sh[1] : GP_SYNTHETIC_H, given ? sh[2] : GP_SYNTHETIC_W, seed,
                            train_split ? 0 : SYN_TEST_FIRST, &ds);

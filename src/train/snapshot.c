@@ -111,6 +111,59 @@ static gp_status meta_i64(gp_st_writer *w, const char *key, int64_t v)
     return gp_st_writer_meta(w, key, b);
 }
 
+/* The layers' types, "flatten,linear,relu" (gpipe.layers; cut short past
+ * 2000 characters, the same way every time). */
+static void layer_types(const gp_model *m, char *types, size_t len)
+{
+    int off = 0;
+    types[0] = '\0';
+    for (int k = 0; k < m->n_layers && off < (int)len - 24; k++)
+        off += snprintf(types + off, len - (size_t)off, "%s%s", k ? "," : "",
+                        gp_layer_type_name(m->layers[k].spec.type));
+}
+
+/* v in the fewest digits that read back as the same float ("0.2", not
+ * %.9g's "0.200000003"). */
+static const char *float_str(float v, char *buf, size_t len)
+{
+    for (int prec = 6; prec <= 9; prec++) {
+        snprintf(buf, len, "%.*g", prec, (double)v);
+        if (strtof(buf, NULL) == v) break;
+    }
+    return buf;
+}
+
+/* The options that change what a layer computes without changing a
+ * tensor's shape, "4 dropout p=0.2;6 leaky_relu slope=0.01"
+ * (gpipe.layer_options): a resume compares them, since the tensors would
+ * load into the changed model without a word. */
+static void layer_options(const gp_model *m, char *buf, size_t len)
+{
+    size_t off = 0;
+    buf[0] = '\0';
+    for (int k = 0; k < m->n_layers && off + 80 < len; k++) {
+        const gp_layer_spec *sp = &m->layers[k].spec;
+        char opt[64], x[24], y[24];
+        switch (sp->type) {
+        case GP_LAYER_DROPOUT:
+        case GP_LAYER_DROPOUT2D: snprintf(opt, sizeof opt, "p=%s", float_str(sp->p, x, 24)); break;
+        case GP_LAYER_LEAKY_RELU:
+            snprintf(opt, sizeof opt, "slope=%s", float_str(sp->slope, x, 24));
+            break;
+        case GP_LAYER_BATCHNORM:
+            snprintf(opt, sizeof opt, "momentum=%s eps=%s", float_str(sp->momentum, x, 24),
+                     float_str(sp->eps, y, 24));
+            break;
+        case GP_LAYER_INSTANCE_NORM:
+            snprintf(opt, sizeof opt, "eps=%s", float_str(sp->eps, x, 24));
+            break;
+        default: continue;
+        }
+        off += (size_t)snprintf(buf + off, len - off, "%s%d %s %s", off ? ";" : "", k,
+                                gp_layer_type_name(sp->type), opt);
+    }
+}
+
 /* Every tensor of the model into w, then the metadata.  Processes: with
  * `gather` rank 0 writes the whole model (the others send theirs and
  * return); without, each rank's w gets its own layers' tensors, and rank 0's
@@ -174,11 +227,7 @@ static gp_status collect(gp_model *m, const gp_config *cfg, const gp_snapshot_po
     GP_TRY(meta_i64(w, "gpipe.format_version", GP_SNAPSHOT_FORMAT_VERSION));
     GP_TRY(gp_st_writer_meta(w, "gpipe.version", gp_version()));
     char types[2048];
-    int off = 0;
-    types[0] = '\0';
-    for (int k = 0; k < m->n_layers && off < (int)sizeof types - 24; k++)
-        off += snprintf(types + off, sizeof types - (size_t)off, "%s%s", k ? "," : "",
-                        gp_layer_type_name(m->layers[k].spec.type));
+    layer_types(m, types, sizeof types);
     GP_TRY(gp_st_writer_meta(w, "gpipe.layers", types));
     GP_TRY(meta_i64(w, "gpipe.step", m->step));
     if (pos) {
@@ -190,6 +239,9 @@ static gp_status collect(gp_model *m, const gp_config *cfg, const gp_snapshot_po
         char seed[32];
         snprintf(seed, sizeof seed, "%llu", (unsigned long long)cfg->train.seed);
         GP_TRY(gp_st_writer_meta(w, "gpipe.seed", seed));
+        char opts[4096];
+        layer_options(m, opts, sizeof opts);
+        GP_TRY(gp_st_writer_meta(w, "gpipe.layer_options", opts));
         GP_TRY(meta_i64(w, "gpipe.devices", cfg->pipeline.n_devices));
         GP_TRY(meta_i64(w, "gpipe.chunks", cfg->pipeline.chunks));
         GP_TRY(meta_i64(w, "gpipe.replicas", gp_pipeline_replicas(&cfg->pipeline)));
@@ -1302,6 +1354,75 @@ static bool has_batch_norm(const gp_model *m)
     return false;
 }
 
+/* Item `k` of a list of items separated by `sep` ("" past its end), into
+ * buf. */
+static const char *list_item(const char *list, char sep, int k, char *buf, size_t len)
+{
+    for (; k > 0 && list; k--) {
+        list = strchr(list, sep);
+        if (list) list++;
+    }
+    const char *end = list ? strchr(list, sep) : NULL;
+    snprintf(buf, len, "%.*s", list ? (end ? (int)(end - list) : (int)strlen(list)) : 0,
+             list ? list : "");
+    return buf;
+}
+
+static int list_count(const char *list, char sep)
+{
+    if (!*list) return 0;
+    int n = 1;
+    for (; *list; list++) n += *list == sep;
+    return n;
+}
+
+/* A changed parameter-free layer (relu -> leaky_relu, one added or taken
+ * away) or a layer's option (a dropout's p) loads the same tensors and
+ * goes on with another model: say so, naming the first difference, as for
+ * a changed seed.  Snapshots before gpipe.layer_options have no options to
+ * compare. */
+static void warn_changed_layers(const gp_model *m, const gp_st_file *f, const char *path)
+{
+    const char *was = gp_st_meta(f, "gpipe.layers");
+    char now[2048], a[96], b[96], where[400];
+    layer_types(m, now, sizeof now);
+    if (was && strcmp(was, now)) {
+        int n_was = list_count(was, ','), k = 0;
+        while (!strcmp(list_item(was, ',', k, a, sizeof a), list_item(now, ',', k, b, sizeof b)))
+            k++;
+        if (k < m->n_layers)
+            gp_layer_describe(&m->layers[k], where, sizeof where);
+        else
+            snprintf(where, sizeof where, "layer %d", k);
+        GP_WARN("%s was made with other layers (%d, this run has %d): %s: %s%s here, %s%s in the "
+                "snapshot's run. Its weights now train another model; put model.layers back as "
+                "they were to go on with the same one",
+                path, n_was, m->n_layers, where, b[0] ? "a " : "none", b,
+                a[0] ? "a " : "none", a);
+        return;
+    }
+    const char *was_opts = gp_st_meta(f, "gpipe.layer_options");
+    if (!was_opts) return;
+    char opts[4096];
+    layer_options(m, opts, sizeof opts);
+    if (!strcmp(was_opts, opts)) return;
+    int k = 0;
+    while (!strcmp(list_item(was_opts, ';', k, a, sizeof a),
+                   list_item(opts, ';', k, b, sizeof b)))
+        k++;
+    int layer = atoi(b[0] ? b : a);
+    if (layer >= 0 && layer < m->n_layers)
+        gp_layer_describe(&m->layers[layer], where, sizeof where);
+    else
+        snprintf(where, sizeof where, "layer %d", layer);
+    const char *bo = strchr(strchr(b, ' ') ? strchr(b, ' ') + 1 : b, ' ');
+    const char *ao = strchr(strchr(a, ' ') ? strchr(a, ' ') + 1 : a, ' ');
+    GP_WARN("%s was made with other layer options: %s has %s, the snapshot's run had %s: "
+            "the snapshot's weights now train another model; put the option back to go on "
+            "with the same one",
+            path, where, bo ? bo + 1 : "(none)", ao ? ao + 1 : "(none)");
+}
+
 gp_status gp_snapshot_restore(gp_model *m, const gp_config *cfg, const char *path, bool quiet,
                               gp_snapshot_pos *pos, bool *positioned)
 {
@@ -1314,6 +1435,7 @@ gp_status gp_snapshot_restore(gp_model *m, const gp_config *cfg, const char *pat
     if (s == GP_OK && seed && strcmp(seed, mine))
         GP_WARN("%s was made with train.seed = %s, this run has %s: the data order and dropout "
                 "masks from here on differ from the original run's", path, seed, mine);
+    if (s == GP_OK) warn_changed_layers(m, &f, path);
     int64_t dev = 0, chunks = 0, reps = 1;
     int my_reps = gp_pipeline_replicas(&cfg->pipeline);
     (void)meta_int(&f, "gpipe.replicas", &reps); /* (absent before 2026-11-25: 1 assumed) */

@@ -1012,7 +1012,8 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     /* one normalisation value for every channel, or one per channel */
     if (s == GP_OK && cfg->data.normalize && cfg->data.n_mean > 1 && cfg->data.n_mean != train.c)
         s = gp_error_set(GP_ERR_INVALID, "%s: data.mean and data.std have %d values but %s has "
-                         "%lld channel%s; give one value per channel, or one for all", cfg->path,
+                         "%lld channel%s; give one value per channel, or one for all",
+                         cfg->data.mean_at[0] ? cfg->data.mean_at : cfg->path,
                          cfg->data.n_mean, train.source, (long long)train.c,
                          train.c == 1 ? "" : "s");
     if (s == GP_OK) s = check_targets(cfg, &train);
