@@ -1958,6 +1958,80 @@ static void test_nonfinite_or(gp_device *dev)
     }
 }
 
+/* nonfinite_or_many: one flag over many tensors, batched by
+ * GP_NONFINITE_BATCH in the wrapper, with empty tensors among them: for a
+ * NaN or an infinity in each position of 150 tensors (across three
+ * batches) the flag is set, for none it stays 0; on the slot, on the
+ * wrapper's fallback (slot NULL) and on the counting shim, which checks
+ * that the wrapper hands the slot full batches of non-empty tensors. */
+static int many_calls, many_tensors;
+static gp_status (*many_real)(gp_device *, const float *const *, const int64_t *, int, float *);
+static gp_status count_many(gp_device *dev, const float *const *xs, const int64_t *ns, int count,
+                            float *flag)
+{
+    many_calls++;
+    many_tensors += count;
+    for (int i = 0; i < count; i++) CHECK(ns[i] > 0);
+    CHECK(count >= 1 && count <= GP_NONFINITE_BATCH);
+    return many_real(dev, xs, ns, count, flag);
+}
+
+static void test_nonfinite_or_many(gp_device *dev)
+{
+    enum { T = 150, N = 37 };
+    gp_device_iface bare = *dev->iface, counted = *dev->iface;
+    bare.nonfinite_or_many = NULL;
+    many_real = dev->iface->nonfinite_or_many;
+    CHECK(many_real != NULL);
+    counted.nonfinite_or_many = count_many;
+    gp_device fake = *dev, shim = *dev;
+    fake.iface = &bare;
+    shim.iface = &counted;
+    gp_device *all[3] = {dev, &fake, &shim};
+    static float vals[T][N];
+    const float *xs[T];
+    int64_t ns[T];
+    int nonempty = 0;
+    for (int t = 0; t < T; t++) {
+        for (int i = 0; i < N; i++) vals[t][i] = (float)(t - i);
+        xs[t] = vals[t];
+        ns[t] = t % 7 == 3 ? 0 : N - t % 5; /* some empty, lengths vary */
+        nonempty += ns[t] > 0;
+    }
+    for (int k = 0; k < 3; k++) {
+        float flag = -1.0f;
+        CHECK_OK(gp_dev_fill(all[k], &flag, 0.0f, 1));
+        many_calls = many_tensors = 0;
+        CHECK_OK(gp_dev_nonfinite_or_many(all[k], xs, ns, T, &flag));
+        CHECK_MSG(flag == 0.0f, "device %d: finite tensors set the flag", k);
+        if (k == 2)
+            CHECK_MSG(many_tensors == nonempty &&
+                          many_calls == (nonempty + GP_NONFINITE_BATCH - 1) / GP_NONFINITE_BATCH,
+                      "%d tensors in %d calls, want %d in full batches", many_tensors, many_calls,
+                      nonempty);
+        int missed = 0;
+        for (int t = 0; t < T; t++) {
+            if (ns[t] == 0) continue;
+            int64_t at = (t * 11) % ns[t];
+            float keep = vals[t][at];
+            vals[t][at] = t % 2 ? NAN : -INFINITY;
+            CHECK_OK(gp_dev_fill(all[k], &flag, 0.0f, 1));
+            CHECK_OK(gp_dev_nonfinite_or_many(all[k], xs, ns, T, &flag));
+            missed += flag != 1.0f;
+            vals[t][at] = keep;
+        }
+        CHECK_MSG(missed == 0, "device %d: %d of the nonfinite values were missed", k, missed);
+        /* a value past a tensor's length is not its */
+        vals[0][N - 1] = NAN;
+        ns[0] = N - 1;
+        CHECK_OK(gp_dev_fill(all[k], &flag, 0.0f, 1));
+        CHECK_OK(gp_dev_nonfinite_or_many(all[k], xs, ns, T, &flag));
+        CHECK(flag == 0.0f);
+        vals[0][N - 1] = (float)(1 - N);
+        ns[0] = N;
+    }
+}
+
 /* The slots of a step without host waits (iface 13), each against an
  * oracle, with its host waits counted, on the backend's slot and on the
  * wrapper's fallback (the slot NULL):
@@ -2461,6 +2535,7 @@ int main(void)
     test_marks(dev);
     test_host_waits(dev);
     test_nonfinite_or(dev);
+    test_nonfinite_or_many(dev);
     test_step_slots(dev);
 
     test_memory();

@@ -320,6 +320,27 @@ static void test_elementwise(void)
         CHECK_OK(gp_dev_nonfinite(D2[k], y.p[k], n, &bad[k]));
     }
     CHECK(bad[0] != 0 && bad[1] != 0);
+    /* nonfinite_or_many (the step's NaN check of every parameter in one
+     * launch a batch): 70 finite slices, one of them empty, leave the flag;
+     * a 71st holding the NaN, past the first batch's end, sets it; on both
+     * devices */
+    buf flag = bnew(1);
+    for (int k = 0; k < 2; k++) {
+        const float *xs[71];
+        int64_t ns[71];
+        for (int t = 0; t < 70; t++) xs[t] = y.p[k] + 10 * t, ns[t] = t == 5 ? 0 : 10;
+        xs[70] = y.p[k] + n - 2, ns[70] = 2;
+        float got[2];
+        for (int c = 0; c < 2; c++) {
+            CHECK_OK(gp_dev_fill(D2[k], flag.p[k], 0.0f, 1));
+            CHECK_OK(gp_dev_nonfinite_or_many(D2[k], xs, ns, 70 + c, flag.p[k]));
+            CHECK_OK(gp_dev_download(D2[k], &got[c], flag.p[k], 1));
+            CHECK_OK(gp_dev_synchronize(D2[k]));
+        }
+        CHECK_MSG(got[0] == 0.0f && got[1] == 1.0f, "nonfinite_or_many on %s: %g %g, want 0 1",
+                  D2[k]->name, (double)got[0], (double)got[1]);
+    }
+    bfree(&flag);
 
     /* rows x cols */
     const int64_t rows = 301, cols = 67;

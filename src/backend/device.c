@@ -247,6 +247,28 @@ gp_status gp_dev_nonfinite_or(gp_device *dev, const float *x, int64_t n, float *
     return bad ? gp_dev_fill(dev, flag, 1.0f, 1) : GP_OK;
 }
 
+gp_status gp_dev_nonfinite_or_many(gp_device *dev, const float *const *xs, const int64_t *ns,
+                                   int count, float *flag)
+{
+    if (!dev->iface->nonfinite_or_many) {
+        for (int i = 0; i < count; i++) GP_TRY(gp_dev_nonfinite_or(dev, xs[i], ns[i], flag));
+        return GP_OK;
+    }
+    const float *bx[GP_NONFINITE_BATCH];
+    int64_t bn[GP_NONFINITE_BATCH];
+    int k = 0;
+    for (int i = 0; i < count; i++) {
+        if (ns[i] <= 0) continue;
+        bx[k] = xs[i];
+        bn[k++] = ns[i];
+        if (k == GP_NONFINITE_BATCH) {
+            GP_TRY(dev->iface->nonfinite_or_many(dev, bx, bn, k, flag));
+            k = 0;
+        }
+    }
+    return k ? dev->iface->nonfinite_or_many(dev, bx, bn, k, flag) : GP_OK;
+}
+
 gp_status gp_dev_upload_async(gp_device *dev, float *dst, const float *src, int64_t n,
                               void *done)
 {

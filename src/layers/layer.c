@@ -467,14 +467,31 @@ gp_status gp_layer_check_finite(const gp_layer *l, const char *when)
 
 gp_status gp_layers_flag_nonfinite(const gp_layer *ls, int count, gp_device *dev, float *flag)
 {
+    /* every parameter of the device's layers in one table: one launch per
+     * GP_NONFINITE_BATCH tensors (gp_dev_nonfinite_or_many) */
+    int n = 0;
+    for (int k = 0; k < count; k++)
+        if (!ls[k].meta && ls[k].dev == dev) n += ls[k].n_params;
+    if (n == 0) return GP_OK;
+    const float **xs = malloc((size_t)n * sizeof *xs);
+    int64_t *ns = malloc((size_t)n * sizeof *ns);
+    if (!xs || !ns) {
+        free(xs);
+        free(ns);
+        return gp_error_set(GP_ERR_OOM, "out of host memory");
+    }
+    int i = 0;
     for (int k = 0; k < count; k++) {
         if (ls[k].meta || ls[k].dev != dev) continue;
-        for (int p = 0; p < ls[k].n_params; p++) {
-            const gp_tensor *t = &ls[k].params[p].value;
-            GP_TRY(gp_dev_nonfinite_or(dev, gp_f32(t), gp_tensor_numel(t), flag));
+        for (int p = 0; p < ls[k].n_params; p++, i++) {
+            xs[i] = gp_f32(&ls[k].params[p].value);
+            ns[i] = gp_tensor_numel(&ls[k].params[p].value);
         }
     }
-    return GP_OK;
+    gp_status st = gp_dev_nonfinite_or_many(dev, xs, ns, n, flag);
+    free(xs);
+    free(ns);
+    return st;
 }
 
 gp_status gp_layers_name_nonfinite(const gp_layer *ls, int count, const char *when)

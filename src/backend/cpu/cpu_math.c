@@ -115,6 +115,14 @@ gp_status gp_cpu_nonfinite_or(gp_device *dev, const float *x, int64_t n, float *
     return GP_OK;
 }
 
+gp_status gp_cpu_nonfinite_or_many(gp_device *dev, const float *const *xs, const int64_t *ns,
+                                   int count, float *flag)
+{
+    for (int i = 0; i < count && *flag == 0.0f; i++)
+        GP_TRY(gp_cpu_nonfinite_or(dev, xs[i], ns[i], flag));
+    return GP_OK;
+}
+
 GP_CPU_LOOPS
 gp_status gp_cpu_nonfinite(gp_device *dev, const float *x, int64_t n, int *out)
 {

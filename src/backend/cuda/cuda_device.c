@@ -893,6 +893,21 @@ static gp_status cuda_nonfinite_or(gp_device *dev, const float *x, int64_t n, fl
     return GP_OK;
 }
 
+static gp_status cuda_nonfinite_or_many(gp_device *dev, const float *const *xs, const int64_t *ns,
+                                        int count, float *flag)
+{
+    _Static_assert(GP_CUK_TABLE == GP_NONFINITE_BATCH, "one table a launch");
+    GP_ASSERT(count >= 0 && count <= GP_NONFINITE_BATCH);
+    gp_cuk_tensor_table t = {.count = count};
+    for (int i = 0; i < count; i++) {
+        t.x[i] = xs[i];
+        t.n[i] = ns[i];
+    }
+    GP_TRY(gp_cuda_enter(dev));
+    GP_CUDA(gp_cuk_nonfinite_or_many(gp_cuda_ctx_of(dev)->compute, &t, flag));
+    return GP_OK;
+}
+
 static gp_status cuda_xent(gp_device *dev, const float *logits, const float *labels,
                            int64_t rows, int64_t cols, float scale, float smoothing,
                            float *dlogits, double *loss_sum, int64_t *correct, int64_t *bad_row)
@@ -1723,6 +1738,7 @@ static const gp_device_iface cuda_iface = {
     .bce_logits = cuda_bce_logits,
     .copy_async = cuda_copy_async,
     .nonfinite_or = cuda_nonfinite_or,
+    .nonfinite_or_many = cuda_nonfinite_or_many,
     .upload_async = cuda_upload_async,
     .bn_merge = cuda_bn_merge,
     .bn_commit = cuda_bn_commit,

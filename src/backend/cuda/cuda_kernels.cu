@@ -287,6 +287,17 @@ __global__ void k_nonfinite_or(const float *x, int64_t n, float *flag)
     if (bad) *flag = 1.0f; /* every writer stores the same value */
 }
 
+/* Up to GP_NONFINITE_BATCH tensors, one per blockIdx.y; the table rides
+ * in the kernel's parameters, so nothing is uploaded for it. */
+__global__ void k_nonfinite_or_many(gp_cuk_tensor_table t, float *flag)
+{
+    const float *x = t.x[blockIdx.y];
+    int64_t n = t.n[blockIdx.y];
+    int bad = 0;
+    GP_CUK_LOOP(i, n) bad |= gp_ew_nonfinite(x[i]);
+    if (bad) *flag = 1.0f; /* every writer stores the same value */
+}
+
 /* ---- cross-entropy -------------------------------------------------------- */
 
 __global__ void k_xent_check(const float *labels, int64_t rows, int64_t cols,
@@ -1054,6 +1065,17 @@ cudaError_t gp_cuk_nonfinite(cudaStream_t s, const float *x, int64_t n, int *fla
 cudaError_t gp_cuk_nonfinite_or(cudaStream_t s, const float *x, int64_t n, float *flag)
 {
     GP_CUK_LAUNCH(n, k_nonfinite_or, x, n, flag);
+}
+
+cudaError_t gp_cuk_nonfinite_or_many(cudaStream_t s, const gp_cuk_tensor_table *t, float *flag)
+{
+    if (t->count <= 0) return cudaSuccess;
+    int64_t most = 0;
+    for (int i = 0; i < t->count; i++) most = t->n[i] > most ? t->n[i] : most;
+    unsigned bx = blocks_for(most);
+    if (bx > 1024) bx = 1024; /* the grid-stride loop covers the rest */
+    k_nonfinite_or_many<<<dim3(bx, (unsigned)t->count), GP_CUK_THREADS, 0, s>>>(*t, flag);
+    return cudaGetLastError();
 }
 
 cudaError_t gp_cuk_bn_merge(cudaStream_t s, double *mean_acc, double *m2_acc, double na,

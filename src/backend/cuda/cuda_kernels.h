@@ -126,6 +126,16 @@ cudaError_t gp_cuk_sumsq(cudaStream_t s, const float *x, int64_t n, double *part
 cudaError_t gp_cuk_nonfinite(cudaStream_t s, const float *x, int64_t n, int *flag);
 /* flag (one float on the device) = 1 if any x is NaN or Inf; else untouched. */
 cudaError_t gp_cuk_nonfinite_or(cudaStream_t s, const float *x, int64_t n, float *flag);
+/* The NaN check of up to GP_CUK_TABLE tensors in one launch (the table by
+ * value, in the kernel's parameters: 1 KiB of the 4 KiB allowed);
+ * GP_NONFINITE_BATCH (backend.h) is the same number. */
+#define GP_CUK_TABLE 64
+typedef struct gp_cuk_tensor_table {
+    const float *x[GP_CUK_TABLE];
+    int64_t n[GP_CUK_TABLE];
+    int count;
+} gp_cuk_tensor_table;
+cudaError_t gp_cuk_nonfinite_or_many(cudaStream_t s, const gp_cuk_tensor_table *t, float *flag);
 
 /* backend.h's bn_merge and bn_commit, one thread per channel
  * (elementwise.h's gp_ew_bn_merge, gp_ew_bn_commit). */
