@@ -1958,6 +1958,87 @@ static void test_nonfinite_or(gp_device *dev)
     }
 }
 
+/* Every (dst, src) offset pair of a box, in the copy's order, into out
+ * (room for n); returns how many. */
+static int64_t box_pairs(const int64_t ds[4], const int64_t ss[4], const int64_t d[4],
+                         int64_t (*out)[2], int64_t room)
+{
+    int64_t k = 0;
+    for (int64_t a = 0; a < d[0]; a++)
+        for (int64_t b = 0; b < d[1]; b++)
+            for (int64_t c = 0; c < d[2]; c++)
+                for (int64_t e = 0; e < d[3]; e++) {
+                    if (k < room) {
+                        out[k][0] = a * ds[0] + b * ds[1] + c * ds[2] + e * ds[3];
+                        out[k][1] = a * ss[0] + b * ss[1] + c * ss[2] + e * ss[3];
+                    }
+                    k++;
+                }
+    return k;
+}
+
+/* gp_box_collapse: the collapsed box visits the very same (dst, src)
+ * pairs in the same order as the box it came from, for concatenation
+ * slices, padding, size-1 axes and strides that merge on one side only;
+ * the axes it leaves are the fewest (a concat slice: 2, a whole tensor: 1,
+ * a padded copy: 3); and gp_dev_copy_box, which copies the collapsed box,
+ * writes what a loop over the original writes and nothing else. */
+static void test_box_collapse(gp_device *dev)
+{
+    enum { ROOM = 4096 };
+    static int64_t want[ROOM][2], got[ROOM][2];
+    struct {
+        int64_t ds[4], ss[4], d[4];
+        int axes;
+    } cases[] = {
+        /* concat: src (3, 4, 5, 6) into channels 2..5 of dst (3, 10, 5, 6) */
+        {{600, 30, 6, 1}, {120, 30, 6, 1}, {3, 4, 5, 6}, 2},
+        /* a whole tensor */
+        {{120, 30, 6, 1}, {120, 30, 6, 1}, {3, 4, 5, 6}, 1},
+        /* zero padding at the right and bottom: (3, 4, 5, 6) into (3, 4, 6, 7) */
+        {{168, 42, 7, 1}, {120, 30, 6, 1}, {3, 4, 5, 6}, 3},
+        /* size-1 axes around a contiguous row */
+        {{0, 0, 9, 1}, {0, 0, 9, 1}, {1, 1, 1, 9}, 1},
+        /* 2-D features: (4, 7) into columns 3..9 of (4, 12) */
+        {{0, 0, 12, 1}, {0, 0, 7, 1}, {1, 1, 4, 7}, 2},
+        /* contiguous on the source only: no merge */
+        {{7, 1, 0, 0}, {1, 4, 0, 0}, {4, 7, 1, 1}, 2},
+        /* a transposed inner pair on one side */
+        {{60, 1, 10, 0}, {60, 6, 1, 0}, {2, 10, 6, 1}, 3},
+        /* one element */
+        {{5, 3, 2, 1}, {9, 4, 3, 1}, {1, 1, 1, 1}, 1},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int64_t ds[4], ss[4], d[4];
+        int axes = gp_box_collapse(cases[c].ds, cases[c].ss, cases[c].d, ds, ss, d);
+        int64_t nw = box_pairs(cases[c].ds, cases[c].ss, cases[c].d, want, ROOM);
+        int64_t ng = box_pairs(ds, ss, d, got, ROOM);
+        CHECK_MSG(nw == ng && nw <= ROOM && !memcmp(want, got, (size_t)nw * sizeof want[0]),
+                  "box %zu: the collapsed box visits other pairs (%lld, %lld values)", c,
+                  (long long)nw, (long long)ng);
+        CHECK_MSG(axes == cases[c].axes, "box %zu collapsed to %d axes, want %d", c, axes,
+                  cases[c].axes);
+        /* the copy itself on this device */
+        int64_t dmax = 0, smax = 0;
+        for (int64_t k = 0; k < nw; k++) {
+            if (want[k][0] > dmax) dmax = want[k][0];
+            if (want[k][1] > smax) smax = want[k][1];
+        }
+        float *src = malloc((size_t)(smax + 1) * sizeof *src);
+        float *dst = malloc((size_t)(dmax + 2) * sizeof *dst);
+        float *ref = malloc((size_t)(dmax + 2) * sizeof *ref);
+        for (int64_t k = 0; k <= smax; k++) src[k] = (float)k + 0.5f;
+        for (int64_t k = 0; k <= dmax + 1; k++) dst[k] = ref[k] = -1.0f;
+        for (int64_t k = 0; k < nw; k++) ref[want[k][0]] = src[want[k][1]];
+        CHECK_OK(gp_dev_copy_box(dev, dst, cases[c].ds, src, cases[c].ss, cases[c].d));
+        CHECK_MSG(!memcmp(dst, ref, (size_t)(dmax + 2) * sizeof *dst),
+                  "box %zu: copy_box wrote other values", c);
+        free(src), free(dst), free(ref);
+    }
+    int64_t ds[4], ss[4], d[4];
+    CHECK(gp_box_collapse(cases[0].ds, cases[0].ss, (int64_t[4]){3, 0, 5, 6}, ds, ss, d) == 0);
+}
+
 /* nonfinite_or_many: one flag over many tensors, batched by
  * GP_NONFINITE_BATCH in the wrapper, with empty tensors among them: for a
  * NaN or an infinity in each position of 150 tensors (across three
@@ -2536,6 +2617,7 @@ int main(void)
     test_host_waits(dev);
     test_nonfinite_or(dev);
     test_nonfinite_or_many(dev);
+    test_box_collapse(dev);
     test_step_slots(dev);
 
     test_memory();

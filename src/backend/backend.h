@@ -1260,6 +1260,18 @@ static inline gp_status gp_dev_mul(gp_device *dev, const float *a, const float *
     return dev->iface->mul(dev, a, b, y, n);
 }
 
+/* The same copy with as few axes as it has: axes of one element dropped,
+ * and an axis merged into the next inner one wherever both sides are
+ * contiguous across them, the result right-aligned in the 4 (leading axes
+ * of size 1, stride 0).  A concatenation's slice of (N, C, H, W) becomes N
+ * rows of C H W contiguous values.  Returns the axes left (0 for an empty
+ * box, left as it was). */
+int gp_box_collapse(const int64_t ds[4], const int64_t ss[4], const int64_t dims[4],
+                    int64_t ods[4], int64_t oss[4], int64_t odims[4]);
+
+/* The copy_box slot on the box gp_box_collapse makes, so that a backend
+ * sees a concatenation's rows as rows (the CPU one memcpy a row, a GPU a
+ * 2-D memcpy) rather than dividing per element. */
 static inline gp_status gp_dev_copy_box(gp_device *dev, float *dst, const int64_t dst_stride[4],
                                         const float *src, const int64_t src_stride[4],
                                         const int64_t dims[4])
@@ -1267,7 +1279,9 @@ static inline gp_status gp_dev_copy_box(gp_device *dev, float *dst, const int64_
     if (!dev->iface->copy_box)
         return gp_error_set(GP_ERR_UNSUPPORTED, "the %s backend cannot copy strided boxes",
                             dev->iface->backend_name);
-    return dev->iface->copy_box(dev, dst, dst_stride, src, src_stride, dims);
+    int64_t ds[4], ss[4], d[4];
+    if (gp_box_collapse(dst_stride, src_stride, dims, ds, ss, d) == 0) return GP_OK;
+    return dev->iface->copy_box(dev, dst, ds, src, ss, d);
 }
 /* The U-Net slots above; GP_ERR_UNSUPPORTED (naming the device, its
  * backend and the op) when a slot is NULL.  Nothing is called for zero

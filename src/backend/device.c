@@ -247,6 +247,39 @@ gp_status gp_dev_nonfinite_or(gp_device *dev, const float *x, int64_t n, float *
     return bad ? gp_dev_fill(dev, flag, 1.0f, 1) : GP_OK;
 }
 
+int gp_box_collapse(const int64_t ds[4], const int64_t ss[4], const int64_t dims[4],
+                    int64_t ods[4], int64_t oss[4], int64_t odims[4])
+{
+    for (int q = 0; q < 4; q++) {
+        ods[q] = ds[q], oss[q] = ss[q], odims[q] = dims[q];
+        if (dims[q] <= 0) return 0;
+    }
+    /* from the innermost axis out: (dim, dst stride, src stride) */
+    int64_t cd[4], cs[4], cn[4];
+    int k = 0;
+    for (int q = 3; q >= 0; q--) {
+        if (dims[q] == 1) continue;
+        if (k > 0 && ds[q] == cd[k - 1] * cn[k - 1] && ss[q] == cs[k - 1] * cn[k - 1]) {
+            cn[k - 1] *= dims[q];
+            continue;
+        }
+        cd[k] = ds[q], cs[k] = ss[q], cn[k] = dims[q];
+        k++;
+    }
+    if (k == 0) { /* one element */
+        cd[0] = 1, cs[0] = 1, cn[0] = 1;
+        k = 1;
+    }
+    for (int q = 0; q < 4; q++) {
+        int from = 3 - q; /* slot q holds axis `from` counted from the inside */
+        bool axis = from < k;
+        odims[q] = axis ? cn[from] : 1;
+        ods[q] = axis ? cd[from] : 0;
+        oss[q] = axis ? cs[from] : 0;
+    }
+    return k;
+}
+
 gp_status gp_dev_nonfinite_or_many(gp_device *dev, const float *const *xs, const int64_t *ns,
                                    int count, float *flag)
 {

@@ -69,20 +69,20 @@ gp_status gp_cpu_copy_box(gp_device *dev, float *dst, const int64_t ds[4], const
                           const int64_t ss[4], const int64_t dims[4])
 {
     int nt = dev->threads;
-    int64_t planes = dims[0] * dims[1];
-    bool rows = ds[3] == 1 && ss[3] == 1;
-#pragma omp parallel for schedule(static) num_threads(nt) if (planes * dims[2] * dims[3] >= CPU_PAR_MIN)
-    for (int64_t p = 0; p < planes; p++) {
+    /* rows of dims[3] values, split among the threads by row (the box comes
+     * collapsed, gp_box_collapse: a concatenation's slice is a few long
+     * contiguous rows, one memcpy each) */
+    int64_t nrows = dims[0] * dims[1] * dims[2];
+    bool contiguous = ds[3] == 1 && ss[3] == 1;
+#pragma omp parallel for schedule(static) num_threads(nt) if (nrows > 1 && nrows * dims[3] >= CPU_PAR_MIN)
+    for (int64_t r = 0; r < nrows; r++) {
+        int64_t c = r % dims[2], p = r / dims[2];
         int64_t a = p / dims[1], b = p % dims[1];
-        float *d0 = dst + a * ds[0] + b * ds[1];
-        const float *s0 = src + a * ss[0] + b * ss[1];
-        for (int64_t c = 0; c < dims[2]; c++) {
-            float *d = d0 + c * ds[2];
-            const float *s = s0 + c * ss[2];
-            if (rows) memcpy(d, s, (size_t)dims[3] * sizeof *d);
-            else
-                for (int64_t e = 0; e < dims[3]; e++) d[e * ds[3]] = s[e * ss[3]];
-        }
+        float *d = dst + a * ds[0] + b * ds[1] + c * ds[2];
+        const float *s = src + a * ss[0] + b * ss[1] + c * ss[2];
+        if (contiguous) memcpy(d, s, (size_t)dims[3] * sizeof *d);
+        else
+            for (int64_t e = 0; e < dims[3]; e++) d[e * ds[3]] = s[e * ss[3]];
     }
     return GP_OK;
 }

@@ -728,6 +728,18 @@ static gp_status cuda_mul(gp_device *dev, const float *a, const float *b, float 
 static gp_status cuda_copy_box(gp_device *dev, float *dst, const int64_t ds[4], const float *src,
                                const int64_t ss[4], const int64_t dims[4])
 {
+    /* gp_dev_copy_box collapsed the box: rows of contiguous values on both
+     * sides (a concatenation's slice) are one 2-D copy, no index math */
+    if (dims[0] == 1 && dims[1] == 1 && ds[3] == 1 && ss[3] == 1 &&
+        (dims[2] == 1 || (ds[2] >= dims[3] && ss[2] >= dims[3]))) {
+        size_t w = (size_t)dims[3] * sizeof(float);
+        size_t dp = dims[2] == 1 ? w : (size_t)ds[2] * sizeof(float);
+        size_t sp = dims[2] == 1 ? w : (size_t)ss[2] * sizeof(float);
+        GP_TRY(gp_cuda_enter(dev));
+        GP_CUDA(cudaMemcpy2DAsync(dst, dp, src, sp, w, (size_t)dims[2], cudaMemcpyDeviceToDevice,
+                                  gp_cuda_ctx_of(dev)->compute));
+        return GP_OK;
+    }
     CUDA_OP(dev, gp_cuk_copy_box(s, dst, ds, src, ss, dims));
 }
 
