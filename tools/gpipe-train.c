@@ -47,6 +47,12 @@ static void usage(FILE *f)
           "                     and host_waits)\n"
           "                     and one per evaluation (test_loss,\n"
           "                     test_accuracy); README \"Training\" says each\n"
+          "  --tensorboard DIR  (or --tensorboard=DIR; config: train.tensorboard) write\n"
+          "                     TensorBoard event files into DIR as the run goes: every\n"
+          "                     number of --metrics (train/loss, test/accuracy, lr,\n"
+          "                     throughput/samples_per_s, memory/<device>/peak_bytes, ...);\n"
+          "                     a run replaces DIR's event files, a resumed one goes on\n"
+          "                     in them (docs/config.md, train.tensorboard)\n"
           "  --trace FILE.json  write a timeline of every device (Chrome trace format:\n"
           "                     open in Perfetto or chrome://tracing; scripts/timeline.py\n"
           "                     summarises and compares traces)\n"
@@ -68,7 +74,7 @@ static void usage(FILE *f)
           "\n"
           "processes: mpirun -np N gpipe-train CONFIG.yaml runs one device per process\n"
           "(N = pipeline.devices x pipeline.replicas; rank r runs device r mod n of replica\n"
-          "r div n); rank 0 prints and writes --metrics; a snapshot is rank 0's file and\n"
+          "r div n); rank 0 prints and writes --metrics and --tensorboard; a snapshot is rank 0's file and\n"
           "the other ranks' parts beside it (snapshot-<step>.parts/rank<r>.safetensors), so\n"
           "train.snapshot.dir must be one directory every rank sees; each rank writes its\n"
           "own --trace (FILE.rank<r>.json; scripts/timeline.py merge joins them)\n"
@@ -277,6 +283,7 @@ static gp_status agree_on_config(gp_status loaded, gp_config *cfg, const char *r
 int main(int argc, char **argv)
 {
     const char *config = NULL, *metrics = NULL, *trace = NULL, *resume = NULL, *export = NULL;
+    const char *tensorboard = NULL;
     int64_t trace_first = 0, trace_last = -1;
     const char **sets = calloc((size_t)argc, sizeof *sets);
     int n_sets = 0, dry = 0, progress = -1, quiet = 0, verbose = 0;
@@ -295,7 +302,7 @@ int main(int argc, char **argv)
             return EXIT_OK;
         } else if (!strcmp(a, "--set") || !strcmp(a, "--metrics") || !strcmp(a, "--trace") ||
                    !strcmp(a, "--trace-steps") || !strcmp(a, "--resume") ||
-                   !strcmp(a, "--export-weights")) {
+                   !strcmp(a, "--export-weights") || !strcmp(a, "--tensorboard")) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "gpipe-train: %s needs a value; see --help\n", a);
                 free(sets);
@@ -315,6 +322,7 @@ int main(int argc, char **argv)
             else if (!strcmp(a, "--trace")) trace = v;
             else if (!strcmp(a, "--resume")) resume = v;
             else if (!strcmp(a, "--export-weights")) export = v;
+            else if (!strcmp(a, "--tensorboard")) tensorboard = v;
             else if (!gp_trace_parse_range(v, &trace_first, &trace_last)) {
                 fprintf(stderr, "gpipe-train: --trace-steps '%s': expected A:B with 0 <= A <= B "
                                 "(or A:, :B, A)\n", v);
@@ -325,6 +333,8 @@ int main(int argc, char **argv)
             sets[n_sets++] = a + 6;
         } else if (!strncmp(a, "--metrics=", 10)) {
             metrics = a + 10;
+        } else if (!strncmp(a, "--tensorboard=", 14)) {
+            tensorboard = a + 14;
         } else if (!strcmp(a, "--dry-run")) {
             dry = 1;
         } else if (!strcmp(a, "--progress")) {
@@ -459,6 +469,7 @@ int main(int argc, char **argv)
                            .trace_first = trace_first, .trace_last = trace_last,
                            .progress = progress, .quiet = quiet,
                            .resume_path = resume, .export_path = export,
+                           .tensorboard_dir = tensorboard,
                            .stop = &stop_signal};
         gp_train_result r;
         install_stop_handlers();

@@ -205,6 +205,7 @@ typedef struct gp_train_config {
                                  so that their global L2 norm is at most this
                                  (PyTorch's clip_grad_norm_); 0 (default): off */
     gp_snapshot_config snapshot;
+    char tensorboard[512];    /* TensorBoard event files' directory; "" (default): none */
 } gp_train_config;
 /* base: optimizer.lr, scaled by lr_scaling (the rate without a schedule;
  * train/lr_schedule.c's schedules start from it). */

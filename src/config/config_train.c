@@ -211,6 +211,8 @@ gp_status gp_cfg_parse_train(gp_cfg_walk *w, const gp_ynode *root, gp_train_conf
                           &tc->eval_batch_size));
     GP_TRY(gp_cfg_get_float(w, m, "train", "clip_grad_norm", 0, 0, INFINITY, 0,
                             &tc->clip_grad_norm));
+    GP_TRY(gp_cfg_get_str(w, m, "train", "tensorboard", "", tc->tensorboard,
+                          sizeof tc->tensorboard));
 
     const gp_ynode *snm;
     GP_TRY(gp_cfg_get_map(w, m, "train", "snapshot",

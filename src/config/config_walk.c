@@ -45,6 +45,7 @@ static const char *const k_schema[] = {
     "train.lr_scaling", "train.base_batch", "train.log_every", "train.eval_each_epoch",
     "train.eval_batch_size", "train.clip_grad_norm", "train.precision", "train.deterministic", "train.snapshot", "train.snapshot.every_steps",
     "train.snapshot.every_minutes", "train.snapshot.keep", "train.snapshot.dir",
+    "train.tensorboard",
 };
 #define N_SCHEMA ((int)(sizeof k_schema / sizeof k_schema[0]))
 
@@ -115,6 +116,7 @@ static const char *const k_examples[][2] = {
     {"train.snapshot", "{every_steps: 500}"},
     {"train.snapshot.every_steps", "500"}, {"train.snapshot.every_minutes", "10"},
     {"train.snapshot.keep", "3"}, {"train.snapshot.dir", "snapshots"},
+    {"train.tensorboard", "runs/exp1"},
 };
 
 /* Does the dotted key match the pattern ('#' an index, '*' any part)? */

@@ -280,6 +280,8 @@ typedef struct gp_train_opts {
     const char *resume_path;   /* snapshot to go on from; "latest" = the newest
                                   in train.snapshot.dir; NULL = a fresh run */
     const char *export_path;   /* write the final weights (safetensors); NULL = none */
+    const char *tensorboard_dir; /* TensorBoard event files (train/tensorboard.h);
+                                    NULL = train.tensorboard's ("" = none) */
     /* Stop between steps once *stop is non-zero: a signal handler or
      * another thread stores the signal's number there (lock-free atomic,
      * so async-signal-safe).  The step under way finishes; then a final

@@ -6,6 +6,7 @@
  */
 #include "train/train.h"
 #include "train/snapshot.h"
+#include "train/tensorboard.h"
 #include "trace/trace.h"
 #include "core/json.h"
 
@@ -106,6 +107,19 @@ static gp_status metrics_line(gp_json_writer *w, FILE *f, const char *path)
                         strerror(err), !regular ? ""
                         : cut ? " (cut back to its last whole record)"
                               : "; its last line is torn (a resumed run drops it)");
+}
+
+/* The record in w to the TensorBoard events (tb, first) and the metrics
+ * file (f), either of them NULL when not wanted; as metrics_line, the
+ * record's text stays in w when either fails (*tb_failed says which). */
+static gp_status record_line(gp_json_writer *w, FILE *f, const char *path, gp_tboard *tb,
+                             bool *tb_failed)
+{
+    gp_status s = tb ? gp_tboard_record(tb, w->text, w->len) : GP_OK;
+    if (tb_failed) *tb_failed = s != GP_OK;
+    if (s == GP_OK && f) return metrics_line(w, f, path);
+    if (s == GP_OK) w->len = 0; /* (emptied, as metrics_line leaves it) */
+    return s;
 }
 
 /* A resumed run's metrics go on in the file it is given, as the run it
@@ -919,6 +933,10 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     gp_loader *loader = NULL;
     FILE *mf = NULL;
     gp_json_writer mw = {0}; /* the metrics record being written */
+    gp_tboard *tb = NULL;    /* TensorBoard's event file (processes: rank 0's) */
+    const char *tb_dir = opts->tensorboard_dir ? opts->tensorboard_dir : cfg->train.tensorboard;
+    const char *tb_what = opts->tensorboard_dir ? "--tensorboard" : "train.tensorboard";
+    if (!tb_dir[0] || gp_procs_rank() != 0) tb_dir = NULL;
     gp_trace *trace = NULL;
     gp_snapshot_lock *snap_lock = NULL; /* the snapshot directory, held for the whole run */
     int64_t traced = 0, run_first = -1, run_last = -1; /* steps traced; steps this run took */
@@ -936,6 +954,7 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         chk = gp_check_writable_file(opts->metrics_path, gp_opt_name(GP_OPT_METRICS), false);
     if (chk == GP_OK && opts->trace_path)
         chk = gp_check_writable_file(opts->trace_path, gp_opt_name(GP_OPT_TRACE), false);
+    if (chk == GP_OK && tb_dir) chk = gp_check_writable_dir(tb_dir, tb_what);
     if (chk == GP_OK) chk = gp_snapshot_resume_check(opts->resume_path, tc->snapshot.dir);
     /* processes: no rank opens an output before every rank's are checked */
     chk = agree_phase(chk, "checking its outputs; nothing was written", res);
@@ -1055,16 +1074,22 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                              "training samples", cfg->path, (long long)tc->batch_size,
                              (long long)train.n);
         if (s == GP_OK) s = gp_loader_create(&train, &cfg->data, &lo, &loader);
-        if (s == GP_OK && mf && opts->resume_path) { /* (processes: rank 0's alone) */
+        bool drop_final = false, drop_epoch = false;
+        if (s == GP_OK && (mf || tb_dir) && opts->resume_path) { /* (processes: rank 0's) */
             int64_t n = gp_train_total_steps(tc, gp_loader_batches_per_epoch(loader));
             /* what this run writes again at its first step: the final
              * evaluation, unless it only exports (nothing left to train);
              * the epoch's, resumed at an epoch's start with steps left */
             bool trains = mp->step < n;
-            s = metrics_resume(mf, opts->metrics_path, mp->step, trains || !opts->export_path,
-                               trains && pos.batch == 0 && mp->step > 0 && tc->eval_each_epoch,
-                               pos.metrics);
+            drop_final = trains || !opts->export_path;
+            drop_epoch = trains && pos.batch == 0 && mp->step > 0 && tc->eval_each_epoch;
+            if (mf)
+                s = metrics_resume(mf, opts->metrics_path, mp->step, drop_final, drop_epoch,
+                                   pos.metrics);
         }
+        if (s == GP_OK && tb_dir) /* (cut back as the metrics file is) */
+            s = gp_tboard_open(tb_dir, tb_what, opts->resume_path ? mp->step : -1,
+                               drop_final || drop_epoch, pos.metrics, &tb);
         s = agree_phase(s, "while starting its data loader", res);
     }
     free(pos.metrics); /* (written again, or not wanted) */
@@ -1210,10 +1235,10 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
             if (!opts->quiet)
                 GP_INFO("epoch %lld: test loss %.4f, test accuracy %.2f%%",
                         (long long)last_epoch + 1, res->test_loss, 100 * res->test_accuracy);
-            if (mf) {
+            if (mf || tb) {
                 metrics_eval(&mw, step, last_epoch + 1, res->test_loss, res->test_accuracy,
                              false);
-                s = metrics_line(&mw, mf, opts->metrics_path);
+                s = record_line(&mw, mf, opts->metrics_path, tb, NULL);
                 if (s != GP_OK) goto done;
             }
             /* A stop asked during the evaluation (minutes on a large test
@@ -1368,17 +1393,20 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
             window_wait = 0;
             first_window = false;
         }
-        if (mf) {
+        if (mf || tb) {
             gp_train_metrics_step(&mw, step + 1, b.epoch + 1, lr, sps, &st,
                                   cfg->pipeline.replicas > 1, devs, n_dev, waits);
-            s = metrics_line(&mw, mf, opts->metrics_path);
+            bool tb_failed = false;
+            s = record_line(&mw, mf, opts->metrics_path, tb, &tb_failed);
             /* a full disk or a file-size limit: the step's work is saved
              * as a failure's is (processes: rank 0 alone writes metrics,
              * and its failure ends every rank) */
             if (s != GP_OK && gp_procs_size() == 1) {
                 char advice[200];
-                snprintf(advice, sizeof advice, "make room for the metrics file (or give %s "
-                         "another path) and go on with %s", gp_opt_name(GP_OPT_METRICS),
+                snprintf(advice, sizeof advice, "make room for the %s (or give %s "
+                         "another path) and go on with %s",
+                         tb_failed ? "TensorBoard event file" : "metrics file",
+                         tb_failed ? tb_what : gp_opt_name(GP_OPT_METRICS),
                          gp_opt_name(GP_OPT_RESUME_LATEST));
                 /* the snapshot keeps the step's record, which the resumed
                  * run writes (metrics_resume) */
@@ -1473,9 +1501,9 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     if (!opts->quiet)
         GP_INFO("final: test loss %.4f, test accuracy %.2f%% after %lld steps",
                 res->test_loss, 100 * res->test_accuracy, (long long)res->steps);
-    if (mf) {
+    if (mf || tb) {
         metrics_eval(&mw, res->steps, last_epoch + 1, res->test_loss, res->test_accuracy, true);
-        s = metrics_line(&mw, mf, opts->metrics_path);
+        s = record_line(&mw, mf, opts->metrics_path, tb, NULL);
         if (s != GP_OK) goto done;
     }
     res->seconds = gp_now() - t_start;
@@ -1531,6 +1559,8 @@ done:;
                     (long long)run_first, (long long)run_last);
         }
     }
+    gp_status tbs = gp_tboard_close(tb);
+    if (s == GP_OK) s = tbs;
     if (mf && fclose(mf) != 0 && s == GP_OK)
         s = gp_error_set(GP_ERR_IO, "writing metrics file '%s' failed", opts->metrics_path);
     gp_json_writer_free(&mw);
