@@ -312,7 +312,7 @@ def stats(run, warmup=None):
     return {
         "name": run.name, "path": run.path, "steps": len(st),
         "first_step": st[0]["step"], "last_step": st[-1]["step"],
-        "epochs": int(max(r["epoch"] for r in st)) if _finite(r["epoch"] for r in st) else None,
+        "epochs": int(max(_finite(r["epoch"] for r in st) or [0])) or None,
         "restarts": run.restarts, "warmup_steps": w,
         "final_loss": st[-1]["loss"],
         "final_test_accuracy": final["test_accuracy"] if final else None,

@@ -24,7 +24,8 @@ files written here with known values, and on a real gpipe-train run.
       written, --size abc) exits 2 with one line on stderr naming the file
       or argument, never a traceback;
   (f) a last line cut short (a file copied mid-write) is left out with one
-      warning, the records before it read.
+      warning, the records before it read;
+  (g) null (NaN) epochs and losses among numbers.
 
 Runs with Debian's /usr/bin/python3 (matplotlib from python3-matplotlib).
 Needs GPIPE_BINARY_DIR (set by CTest) for gpipe-train.  Prints
@@ -387,6 +388,22 @@ def test_torn(tmp):
         check(s["steps"] == 10 and s["last_step"] == 10, "the torn line is left out")
 
 
+def test_nulls(tmp):
+    """NaN is written as null: a null epoch or loss among numbers is read
+    as NaN and left out of maxima, not a crash (int(max(NaN, 1)) was)."""
+    rng = random.Random(5)
+    recs = [step_record(s, rng) for s in range(1, 6)]
+    recs[0]["epoch"] = None
+    recs[-1]["loss"] = None
+    p = os.path.join(tmp, "nulls.jsonl")
+    write(p, recs)
+    r = script("summary", p, "--json")
+    check(r.returncode == 0, "nulls: summary exits 0: %r" % r.stderr)
+    s = (out_json(r) or [{}])[0]
+    check(s.get("epochs") == 1 and s.get("final_loss", 0) is None,
+          "nulls: epochs from the numbers, a NaN final loss as null: %r" % s)
+
+
 def main():
     def guarded(fn, *args):
         """A part that raises (metrics.py printed no JSON, or none of what
@@ -403,6 +420,7 @@ def main():
         guarded(test_real, tmp)
         guarded(test_bad, tmp, pa)
         guarded(test_torn, tmp)
+        guarded(test_nulls, tmp)
     print("test_metrics: %d passed, %d failed" % (passed, failed))
     return 1 if failed else 0
 
