@@ -506,8 +506,11 @@ def render(runs, out, size):
                     w = max(2, len(xs) // 50)
                     ax.plot(xs, running_mean(ys, w), style, color=c, linewidth=1.2,
                             label=name)
+                elif "o" in style:   # evaluations: few points, drawn to stand out
+                    ax.plot(xs, ys, style, color=c, linewidth=1.2, markersize=6,
+                            markeredgecolor="black", zorder=3, label=name)
                 else:
-                    ax.plot(xs, ys, style, color=c, linewidth=1.2, markersize=4, label=name)
+                    ax.plot(xs, ys, style, color=c, linewidth=1.2, label=name)
                 lines.append({"run": run.name, "label": label, "points": len(xs)})
         if lines:
             ax.legend(fontsize=7, loc="best")
