@@ -127,7 +127,7 @@ def _number(path, n, rec, key, required):
         if required:
             raise MetricsError(path, "line %d: a step's record without \"%s\" (it has %s): not "
                                "a gpipe --metrics record, or a damaged one"
-                               % (n, key, ", ".join(sorted(rec)) or "no keys"))
+                               % (n, key, ", ".join(sorted(rec))[:120] or "no keys"))
         return None
     v = rec[key]
     if v is None:
@@ -386,22 +386,30 @@ def verdict(a, b):
     """Which of A, B is faster by median samples/s after warm-up, by how
     much, and the spread: -> (one line, dict for --json)."""
     ma, mb = a["samples_per_s_median"], b["samples_per_s_median"]
-    if not ma or not mb:
+    if ma is None or mb is None:
         return "no samples/s to compare", {"faster": None}
     fast, slow = (b, a) if mb >= ma else (a, b)
     fl, sl = ("B", "A") if mb >= ma else ("A", "B")
-    ratio = fast["samples_per_s_median"] / slow["samples_per_s_median"]
-    lo = fast["samples_per_s_p25"] / slow["samples_per_s_p75"]
-    hi = fast["samples_per_s_p75"] / slow["samples_per_s_p25"]
+
+    def div(x, y):   # 0 samples/s (a foreign writer's; gpipe never writes 0)
+        return x / y if y > 0 else (1.0 if x == y else math.inf)
+    ratio = div(fast["samples_per_s_median"], slow["samples_per_s_median"])
+    lo = div(fast["samples_per_s_p25"], slow["samples_per_s_p75"])
+    hi = div(fast["samples_per_s_p75"], slow["samples_per_s_p25"])
     overlap = fast["samples_per_s_p25"] <= slow["samples_per_s_p75"]
     if ma == mb:
         line = "A and B are as fast: median %.1f samples/s after warm-up" % ma
         fl = None
+    elif not math.isfinite(ratio):
+        line = ("%s (%s) is faster: %s (%s) has a median of 0 samples/s after warm-up"
+                % (fl, fast["name"], sl, slow["name"]))
     else:
-        line = ("%s (%s) is %.3fx as fast as %s (%s): median %.1f vs %.1f samples/s after "
-                "warm-up; the ratio of their middle halves spans %.3fx..%.3fx"
-                % (fl, fast["name"], ratio, sl, slow["name"], fast["samples_per_s_median"],
-                   slow["samples_per_s_median"], lo, hi))
+        def x(v):
+            return "%.3fx" % v if math.isfinite(v) else "no bound"
+        line = ("%s (%s) is %s as fast as %s (%s): median %.1f vs %.1f samples/s after "
+                "warm-up; the ratio of their middle halves spans %s..%s"
+                % (fl, fast["name"], x(ratio), sl, slow["name"], fast["samples_per_s_median"],
+                   slow["samples_per_s_median"], x(lo), x(hi)))
     if overlap:
         line += "; within the spread (the runs' middle halves overlap)"
     return line, {"faster": fl, "ratio": ratio, "ratio_low": lo, "ratio_high": hi,
