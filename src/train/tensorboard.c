@@ -4,7 +4,9 @@
  */
 #include "train/tensorboard.h"
 #include "core/json.h"
+#ifdef GPIPE_HAVE_TENSORBOARD
 #include "tensorboard.pb-c.h" /* generated from tensorboard.proto by protoc-c */
+#endif
 
 #include <dirent.h>
 #include <errno.h>
@@ -55,6 +57,34 @@ uint32_t gp_tboard_masked_crc(const void *data, size_t len)
     uint32_t c = crc32c(data, len);
     return ((c >> 15) | (c << 17)) + 0xa282ead8u;
 }
+
+#ifndef GPIPE_HAVE_TENSORBOARD
+/* Built without protobuf-c (GPIPE_TENSORBOARD, CMakeLists.txt): the rest
+ * of gpipe is whole, and --tensorboard says what is missing. */
+gp_status gp_tboard_open(const char *dir, const char *what, int64_t resume_step,
+                         bool drop_evals, const char *lost, gp_tboard **out)
+{
+    (void)dir, (void)resume_step, (void)drop_evals, (void)lost;
+    *out = NULL;
+    return gp_error_set(GP_ERR_UNSUPPORTED,
+                        "%s: this gpipe was built without TensorBoard event files (protobuf-c "
+                        "was missing): install libprotobuf-c-dev and protobuf-c-compiler "
+                        "(scripts/install-deps.sh) and build again, or leave %s out (--metrics "
+                        "writes the same numbers)", what, what);
+}
+
+gp_status gp_tboard_record(gp_tboard *tb, const char *json, size_t len)
+{
+    (void)tb, (void)json, (void)len;
+    return gp_error_set(GP_ERR_UNSUPPORTED, "no TensorBoard event file is open");
+}
+
+gp_status gp_tboard_close(gp_tboard *tb)
+{
+    (void)tb;
+    return GP_OK;
+}
+#else
 
 static void put_le(uint8_t *p, uint64_t v, int bytes)
 {
@@ -379,3 +409,4 @@ gp_status gp_tboard_close(gp_tboard *tb)
     free(tb);
     return s;
 }
+#endif /* GPIPE_HAVE_TENSORBOARD */
