@@ -452,11 +452,14 @@ static void checkpoint_skips(void)
 
 /* ---- the gradient through the skips, against finite differences ----------------------- */
 
-/* The summed loss of one forward of the whole model; with grads, also the
- * backward (gradients of every parameter, not scaled). */
-static double model_loss(gp_model *m, const float *x, const float *y, int64_t b, bool grads)
+/* The summed loss of one forward of the whole model; with `backward` 1 also
+ * the backward (gradients of every parameter, not scaled), with 2 the same
+ * as backward-data then backward-weights; *copied (NULL: not wanted) gets
+ * the bytes the backward copied within the device. */
+static double model_run(gp_model *m, const float *x, const float *y, int64_t b, int backward,
+                        uint64_t *copied)
 {
-    gp_fwd_ctx ctx = {.training = true, .recompute = !grads, .seed = 3, .step = 1,
+    gp_fwd_ctx ctx = {.training = true, .recompute = !backward, .seed = 3, .step = 1,
                       .batch_total = b};
     gp_stash s;
     CHECK_OK(gp_stash_init(&s, m->n_layers, &m->skips, 0));
@@ -464,18 +467,30 @@ static double model_loss(gp_model *m, const float *x, const float *y, int64_t b,
     s.in = gpt_upload(m->dev, &xs, x);
     gp_tensor labels = gpt_upload(m->dev, &ls, y), dl = {0};
     int bad = -1;
-    CHECK_OK(gp_ckpt_forward(m->layers, &ctx, grads ? GP_FWD_KEEP : GP_FWD_INPUT, &s, &bad));
+    CHECK_OK(gp_ckpt_forward(m->layers, &ctx, backward ? GP_FWD_KEEP : GP_FWD_INPUT, &s, &bad));
     gp_loss_out lo = {0};
     CHECK_OK(gp_ckpt_loss(m->dev, GP_LOSS_CROSS_ENTROPY, 0.0f, &s.out, &labels, 1.0f,
-                          grads ? &dl : NULL, &lo));
-    if (grads) {
+                          backward ? &dl : NULL, &lo));
+    if (backward) {
         for (int k = 0; k < m->n_layers; k++) gp_layer_grads_begin(&m->layers[k]);
-        CHECK_OK(gp_ckpt_backward(m->layers, &ctx, &s, &dl, 0, NULL, &bad));
+        uint64_t before = gp_dev_d2d_bytes(m->dev);
+        if (backward == 2) {
+            CHECK_OK(gp_ckpt_backward_data(m->layers, &ctx, &s, &dl, 0, NULL, &bad));
+            CHECK_OK(gp_ckpt_backward_weights(m->layers, &ctx, &s, 0, false, &bad));
+        } else {
+            CHECK_OK(gp_ckpt_backward(m->layers, &ctx, &s, &dl, 0, NULL, &bad));
+        }
+        if (copied) *copied = gp_dev_d2d_bytes(m->dev) - before;
         for (int k = 0; k < m->n_layers; k++) CHECK_OK(gp_layer_grads_finish(&m->layers[k]));
     }
     gp_tensor_free(&labels);
     gp_stash_destroy(&s);
     return lo.loss_sum;
+}
+
+static double model_loss(gp_model *m, const float *x, const float *y, int64_t b, bool grads)
+{
+    return model_run(m, x, y, b, grads ? 1 : 0, NULL);
 }
 
 static void model_gradients(void)
@@ -532,29 +547,9 @@ static uint64_t backward_copies(gp_model *m, bool split, float **g0)
     float x[B * 128], y[B];
     gp_config c = make_cfg();
     gpt_make_batch(&c, B, 2, x, y);
-    gp_fwd_ctx ctx = {.training = true, .seed = 3, .step = 1, .batch_total = B};
-    gp_stash s;
-    CHECK_OK(gp_stash_init(&s, m->n_layers, &m->skips, 0));
-    gp_shape xs = gp_shape_4d(B, 2, 8, 8), ls = {1, {B, 0, 0, 0}};
-    s.in = gpt_upload(m->dev, &xs, x);
-    gp_tensor labels = gpt_upload(m->dev, &ls, y), dl = {0};
-    int bad = -1;
-    CHECK_OK(gp_ckpt_forward(m->layers, &ctx, GP_FWD_KEEP, &s, &bad));
-    gp_loss_out lo = {0};
-    CHECK_OK(gp_ckpt_loss(m->dev, GP_LOSS_CROSS_ENTROPY, 0.0f, &s.out, &labels, 1.0f, &dl, &lo));
-    for (int k = 0; k < m->n_layers; k++) gp_layer_grads_begin(&m->layers[k]);
-    uint64_t before = gp_dev_d2d_bytes(m->dev);
-    if (split) {
-        CHECK_OK(gp_ckpt_backward_data(m->layers, &ctx, &s, &dl, 0, NULL, &bad));
-        CHECK_OK(gp_ckpt_backward_weights(m->layers, &ctx, &s, 0, false, &bad));
-    } else {
-        CHECK_OK(gp_ckpt_backward(m->layers, &ctx, &s, &dl, 0, NULL, &bad));
-    }
-    uint64_t moved = gp_dev_d2d_bytes(m->dev) - before;
-    for (int k = 0; k < m->n_layers; k++) CHECK_OK(gp_layer_grads_finish(&m->layers[k]));
+    uint64_t moved = 0;
+    model_run(m, x, y, B, split ? 2 : 1, &moved);
     *g0 = gpt_download(&m->layers[0].params[0].grad);
-    gp_tensor_free(&labels);
-    gp_stash_destroy(&s);
     return moved;
 }
 
