@@ -35,14 +35,7 @@ static char balance_bin[512];
 /* Run a shell command; return its exit status and capture its output. */
 static int run(const char *cmd, char *out, size_t len)
 {
-    char full[4200];
-    snprintf(full, sizeof full, "%s 2>&1", cmd);
-    FILE *p = popen(full, "r");
-    if (!p) return -1;
-    size_t n = fread(out, 1, len - 1, p);
-    out[n] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return gpt_run_cmd(cmd, out, len);
 }
 
 static void write_file(const char *path, const char *text)
@@ -54,31 +47,6 @@ static void write_file(const char *path, const char *text)
 static void in_tmp(char *buf, size_t len, const char *name)
 {
     snprintf(buf, len, "%.200s/%s", tmpdir, name);
-}
-
-/* A --metrics file with each step's record cut before its first timing
- * field (the evaluations' have none), for comparing two runs. */
-static char *metrics_records(const char *path)
-{
-    char *t = gpt_read_file(path, NULL);
-    if (!t) return NULL;
-    char *w = t;
-    for (char *r = t; *r;) {
-        char *nl = strchr(r, '\n');
-        size_t len = nl ? (size_t)(nl - r) + 1 : strlen(r);
-        char *cut = strstr(r, ",\"samples_per_s\"");
-        if (cut && cut < r + len) {
-            memmove(w, r, (size_t)(cut - r));
-            w += cut - r;
-            *w++ = '\n';
-        } else {
-            memmove(w, r, len);
-            w += len;
-        }
-        r += len;
-    }
-    *w = '\0';
-    return t;
 }
 
 static int count_lines(const char *s)
@@ -127,7 +95,7 @@ static void test_metrics_full(void)
     snprintf(cmd, sizeof cmd, "%s %s --no-progress --metrics %s --resume latest", bin, cfg,
              part);
     CHECK_MSG(run(cmd, out, sizeof out) == 0, "metrics, resumed: %.600s", out);
-    char *fa = metrics_records(full), *fb = metrics_records(part);
+    char *fa = gpt_metrics_records(full), *fb = gpt_metrics_records(part);
     CHECK_MSG(kept > 10 && kept < 120, "%d records before the limit", kept);
     CHECK_MSG(fa && fb && count_lines(fa) == 120 + 1 && !strcmp(fa, fb),
               "the resumed metrics (%d records) differ from the uninterrupted run's:\n%.1500s\n"
