@@ -49,6 +49,22 @@ static void in_tmp(char *buf, size_t len, const char *name)
     snprintf(buf, len, "%.200s/%s", tmpdir, name);
 }
 
+/* The config of a small run into cfg: a 4x4 input through one linear layer,
+ * 64 synthetic samples in batches of 8, `steps` steps, seed 3; `train`
+ * adds keys to train ("" or "key: value, "), `snapshot` the snapshot's
+ * keys but its dir. */
+static void write_small_cfg(const char *cfg, int steps, const char *train, const char *snapshot,
+                            const char *dir)
+{
+    char text[1000];
+    snprintf(text, sizeof text,
+             "model:\n  input: [1, 4, 4]\n  layers: [flatten, {linear: {out: 3}}]\n"
+             "data: {dataset: synthetic, synthetic: {train: 64, test: 8, classes: 3, "
+             "shape: [1, 4, 4]}}\ntrain: {batch_size: 8, steps: %d, seed: 3, %s"
+             "snapshot: {%s, dir: %s}}\n", steps, train, snapshot, dir);
+    write_file(cfg, text);
+}
+
 static int count_lines(const char *s)
 {
     int n = 0;
@@ -67,13 +83,7 @@ static void test_metrics_full(void)
     in_tmp(dir, sizeof dir, "m-snaps");
     in_tmp(full, sizeof full, "m-full.jsonl");
     in_tmp(part, sizeof part, "m-part.jsonl");
-    char text[1000];
-    snprintf(text, sizeof text,
-             "model:\n  input: [1, 4, 4]\n  layers: [flatten, {linear: {out: 3}}]\n"
-             "data: {dataset: synthetic, synthetic: {train: 64, test: 8, classes: 3, "
-             "shape: [1, 4, 4]}}\ntrain: {batch_size: 8, steps: 120, seed: 3, "
-             "eval_each_epoch: false, snapshot: {every_steps: 1000, dir: %s}}\n", dir);
-    write_file(cfg, text);
+    write_small_cfg(cfg, 120, "eval_each_epoch: false, ", "every_steps: 1000", dir);
     snprintf(cmd, sizeof cmd, "%s %s --no-progress --metrics %s --set "
              "train.snapshot.every_steps=0", bin, cfg, full);
     CHECK_MSG(run(cmd, out, sizeof out) == 0, "metrics, uninterrupted: %.600s", out);
@@ -114,13 +124,7 @@ static void test_trace_full(void)
     in_tmp(cfg, sizeof cfg, "t.yaml");
     in_tmp(dir, sizeof dir, "t-snaps");
     in_tmp(tr, sizeof tr, "t.json");
-    char text[1000];
-    snprintf(text, sizeof text,
-             "model:\n  input: [1, 4, 4]\n  layers: [flatten, {linear: {out: 3}}]\n"
-             "data: {dataset: synthetic, synthetic: {train: 64, test: 8, classes: 3, "
-             "shape: [1, 4, 4]}}\ntrain: {batch_size: 8, steps: 200, seed: 3, "
-             "snapshot: {every_steps: 1000, dir: %s}}\n", dir);
-    write_file(cfg, text);
+    write_small_cfg(cfg, 200, "", "every_steps: 1000", dir);
     snprintf(cmd, sizeof cmd, "bash -c 'ulimit -f 16; %s %s --no-progress --trace %s'", bin,
              cfg, tr);
     int rc = run(cmd, out, sizeof out);
@@ -311,13 +315,7 @@ static void test_snapshot_emfile(void)
     in_tmp(cfg, sizeof cfg, "f.yaml");
     in_tmp(dir, sizeof dir, "f-snaps");
     in_tmp(log, sizeof log, "f.log");
-    char text[1000];
-    snprintf(text, sizeof text,
-             "model:\n  input: [1, 4, 4]\n  layers: [flatten, {linear: {out: 3}}]\n"
-             "data: {dataset: synthetic, synthetic: {train: 64, test: 8, classes: 3, "
-             "shape: [1, 4, 4]}}\ntrain: {batch_size: 8, steps: 30, seed: 3, "
-             "snapshot: {every_steps: 5, keep: 10, dir: %s}}\n", dir);
-    write_file(cfg, text);
+    write_small_cfg(cfg, 30, "", "every_steps: 5, keep: 10", dir);
     snprintf(cmd, sizeof cmd, "GPIPE_SNAPSHOT_SLOW_WRITE_MS=700 %s %s --no-progress", bin, cfg);
     pid_t pid = start(cmd, log);
     CHECK_MSG(wait_for_name(dir, "snapshot-000000005.safetensors"), "no first snapshot in %s",
