@@ -59,9 +59,12 @@ import math
 import os
 import re
 import statistics
-import struct
 import sys
-import traceback
+
+# the shared command-line code beside this file, wherever it is run from
+# (runpy.run_path, another folder)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gp_script_common import ScriptError, check_output, parser_raising, run_cli  # noqa: E402
 
 TRAIN_KEYS = ("step", "epoch", "loss", "accuracy", "lr", "samples_per_s", "step_seconds")
 EVAL_KEYS = ("step", "epoch", "test_loss", "test_accuracy")
@@ -70,16 +73,9 @@ PANELS = ("loss", "accuracy", "learning rate", "samples/s", "data wait (ms)", "g
           "peak memory (MiB)")
 
 
-class MetricsError(Exception):
+class MetricsError(ScriptError):
     """A problem the user can fix (a bad file or argument).  The command
     line prints it as one line, "metrics.py: SUBJECT: PROBLEM", and exits 2."""
-
-    def __init__(self, subject, problem):
-        super().__init__(subject, problem)
-        self.subject, self.problem = subject, problem
-
-    def __str__(self):
-        return "%s: %s" % (self.subject, self.problem) if self.subject else self.problem
 
 
 class Run:
@@ -551,58 +547,7 @@ def parse_size(spec):
     return int(m[1]), int(m[2])
 
 
-def png_size(path):
-    with open(path, "rb") as f:
-        head = f.read(24)
-    if head[:8] != b"\x89PNG\r\n\x1a\n" or head[12:16] != b"IHDR":
-        raise ValueError("%s is not a PNG" % path)
-    return struct.unpack(">II", head[16:24])
-
-
 # ---------------------------------------------------------------------- CLI --
-class _Parser(argparse.ArgumentParser):
-    """argparse's usage errors as one line, like every other error here."""
-
-    def error(self, message):
-        raise MetricsError(None, "%s (%s -h for usage)" % (message, self.prog))
-
-
-def _unexpected(e):
-    where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
-    at = " (%s line %d)" % (os.path.basename(where.filename), where.lineno) if where else ""
-    return "%s: %s%s" % (type(e).__name__, e, at)
-
-
-def check_output(path):
-    """Before any file is read: matplotlib is there, knows the picture
-    format, and the path can be written (a file made to find out is removed)."""
-    what = "-o %s" % path
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        from matplotlib.backend_bases import FigureCanvasBase
-    except ImportError as e:
-        raise MetricsError(what, "cannot draw: %s; run with Debian's /usr/bin/python3 and its "
-                           "python3-matplotlib (scripts/install-deps.sh); summary and compare "
-                           "need no matplotlib" % e)
-    ext = os.path.splitext(path)[1][1:].lower()
-    formats = FigureCanvasBase.get_supported_filetypes()
-    if ext and ext not in formats:
-        raise MetricsError(what, "cannot write: unknown picture format .%s (one of: %s)"
-                           % (ext, ", ".join(sorted(formats))))
-    existed = os.path.lexists(path)
-    try:
-        with open(path, "ab"):
-            pass
-    except OSError as e:
-        raise MetricsError(what, "cannot write: %s" % (e.strerror or e))
-    if not existed:
-        try:
-            os.remove(path)
-        except OSError:
-            pass
-
-
 def _clean(v):
     """NaN/Inf as null, so --json output is JSON."""
     if isinstance(v, float) and not math.isfinite(v):
@@ -615,7 +560,7 @@ def _clean(v):
 
 
 def main(argv=None):
-    ap = _Parser(prog="metrics.py", description=__doc__.split("\n")[0],
+    ap = parser_raising(MetricsError)(prog="metrics.py", description=__doc__.split("\n")[0],
                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("plot", help="loss, accuracy, lr, samples/s, data wait, grad norm and "
@@ -641,7 +586,7 @@ def main(argv=None):
         raise MetricsError("--warmup %d" % args.warmup, "expected a number of steps >= 0")
     if args.cmd == "plot":
         size = parse_size(args.size)
-        check_output(args.output)
+        check_output(args.output, MetricsError, "; summary and compare need no matplotlib")
         runs = load(args.runs)
         try:
             drawn = render(runs, args.output, size)
@@ -668,30 +613,8 @@ def main(argv=None):
 
 
 def cli(argv=None):
-    """main() with every failure as one line on stderr: exit 2 for a bad
-    input or argument, and for anything unforeseen (with its type and line
-    here, to report); never a traceback."""
-    def fail(msg, rc=2):
-        print("metrics.py: " + msg.replace("\n", "\\n"), file=sys.stderr)
-        return rc
-    try:
-        rc = main(argv)
-        if sys.stdout is not None:
-            sys.stdout.flush()
-        return rc
-    except MetricsError as e:
-        return fail(str(e))
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
-    except KeyboardInterrupt:
-        return fail("interrupted", 130)
-    except OSError as e:
-        return fail("%s: cannot write: %s" % (e.filename or "stdout", e.strerror or e))
-    except RecursionError:
-        return fail("input nested too deeply to be a gpipe metrics file")
-    except Exception as e:
-        return fail("unexpected error, please report: %s" % _unexpected(e))
+    return run_cli("metrics.py", main, argv,
+                   nested="input nested too deeply to be a gpipe metrics file")
 
 
 if __name__ == "__main__":

@@ -73,11 +73,16 @@ import math
 import os
 import re
 import sqlite3
-import struct
 import sys
-import traceback
 import urllib.request
 from dataclasses import dataclass, field
+
+# the shared command-line code beside this file, wherever it is run from
+# (runpy.run_path, another folder)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# (png_size too: tests/test_timeline.py reads its PNGs with it)
+from gp_script_common import (ScriptError, check_output, parser_raising,  # noqa: E402,F401
+                              png_size, run_cli, unexpected)
 
 KINDS = ("forward", "backward", "weights", "recompute", "copy", "wait", "end", "barrier",
          "kernel")
@@ -104,16 +109,9 @@ END_RE = re.compile(r"^(?P<what>all-reduce|reduce-scatter|reduce_stats|barrier|c
                     r"clip|update(?: \((?:fused|shard)\))?|gather) s(?P<j>\d+)$")
 
 
-class TraceError(Exception):
+class TraceError(ScriptError):
     """A problem the user can fix (a bad file or argument).  The command line
     prints it as one line, "timeline.py: SUBJECT: PROBLEM", and exits 2."""
-
-    def __init__(self, subject, problem):
-        super().__init__(subject, problem)
-        self.subject, self.problem = subject, problem
-
-    def __str__(self):
-        return "%s: %s" % (self.subject, self.problem) if self.subject else self.problem
 
 
 # --------------------------------------------------------------- the model --
@@ -632,7 +630,7 @@ def load(path):
     except TraceError:
         raise
     except Exception as e:   # a reader's bug, or an input nobody foresaw
-        raise TraceError(path, "cannot read: %s" % _unexpected(e))
+        raise TraceError(path, "cannot read: %s" % unexpected(e))
     note = stray_note(tr)
     if note:
         print("timeline.py: %s: warning: %s" % (path, note), file=sys.stderr)
@@ -906,14 +904,6 @@ def parse_size(spec):
     return int(m[1]), int(m[2])
 
 
-def png_size(path):
-    with open(path, "rb") as f:
-        head = f.read(24)
-    if head[:8] != b"\x89PNG\r\n\x1a\n" or head[12:16] != b"IHDR":
-        raise ValueError("%s is not a PNG" % path)
-    return struct.unpack(">II", head[16:24])
-
-
 def title_of(tr, m):
     return "%s — %d step(s) %s, mean step %s ms, overlap %.2f" % (
         os.path.basename(tr.path), len(m["steps"]), _steps_str(m["steps"]),
@@ -921,58 +911,13 @@ def title_of(tr, m):
 
 
 # ---------------------------------------------------------------------- CLI --
-class _Parser(argparse.ArgumentParser):
-    """argparse's usage errors as one line, like every other error here."""
-
-    def error(self, message):
-        raise TraceError(None, "%s (%s -h for usage)" % (message, self.prog))
-
-
-def _unexpected(e):
-    """An exception nobody foresaw, in one line: type, message and where."""
-    where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
-    at = " (%s line %d)" % (os.path.basename(where.filename), where.lineno) if where else ""
-    return "%s: %s%s" % (type(e).__name__, e, at)
-
-
-def check_output(path, alone=""):
-    """Before any work: matplotlib is there, knows the picture format, and
-    the path can be written (a file created to find out is removed).
-    alone: how to get the numbers without a picture, said when matplotlib
-    is missing."""
-    what = "-o %s" % path
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        from matplotlib.backend_bases import FigureCanvasBase
-    except ImportError as e:
-        raise TraceError(what, "cannot draw: %s; run with Debian's /usr/bin/python3 and its "
-                         "python3-matplotlib (scripts/install-deps.sh)%s" % (e, alone))
-    ext = os.path.splitext(path)[1][1:].lower()
-    formats = FigureCanvasBase.get_supported_filetypes()
-    if ext and ext not in formats:
-        raise TraceError(what, "cannot write: unknown picture format .%s (one of: %s)"
-                         % (ext, ", ".join(sorted(formats))))
-    existed = os.path.lexists(path)
-    try:
-        with open(path, "ab"):
-            pass
-    except OSError as e:
-        raise TraceError(what, "cannot write: %s" % (e.strerror or e))
-    if not existed:
-        try:
-            os.remove(path)
-        except OSError:
-            pass
-
-
 def save(traces, titles, out, size):
     try:
         render(traces, titles, out, size)
     except OSError as e:
         raise TraceError("-o %s" % out, "cannot write: %s" % (e.strerror or e))
     except Exception as e:
-        raise TraceError("-o %s" % out, "cannot draw: %s" % _unexpected(e))
+        raise TraceError("-o %s" % out, "cannot draw: %s" % unexpected(e))
 
 
 
@@ -1061,7 +1006,7 @@ def main(argv=None):
     """The command line; raises TraceError for a bad input or argument (cli()
     prints it).  Arguments and the output path are checked before any trace
     is read."""
-    ap = _Parser(prog="timeline.py", description=__doc__.split("\n")[0],
+    ap = parser_raising(TraceError)(prog="timeline.py", description=__doc__.split("\n")[0],
                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("summary", help="per-device busy/idle/bubble/copy/wait, step walls")
@@ -1105,7 +1050,7 @@ def main(argv=None):
         return 0
     size = parse_size(args.size)
     if args.cmd == "gantt":
-        check_output(args.output)
+        check_output(args.output, TraceError)
         tr = load(args.trace)
         tr = select_steps(tr, steps or first_step(tr))
         save([tr], [title_of(tr, metrics(tr))], args.output, size or default_size([tr]))
@@ -1114,7 +1059,7 @@ def main(argv=None):
     # compare
     plot_steps = parse_steps("--plot-steps", args.plot_steps)
     if not args.no_plot:
-        check_output(args.output, ", or give --no-plot for the table alone")
+        check_output(args.output, TraceError, ", or give --no-plot for the table alone")
     ta, tb = load(args.a), load(args.b)
     ma, mb = metrics(select_steps(ta, steps)), metrics(select_steps(tb, steps))
     print_compare(ma, mb)
@@ -1129,31 +1074,7 @@ def main(argv=None):
 
 
 def cli(argv=None):
-    """main() with every failure as one line on stderr: exit 2 for a bad
-    input or argument, and for anything unforeseen (with its type and line
-    here, to report); never a traceback."""
-    def fail(msg, rc=2):
-        print("timeline.py: " + msg.replace("\n", "\\n"), file=sys.stderr)
-        return rc
-    try:
-        rc = main(argv)
-        if sys.stdout is not None:   # None: started with stdout closed
-            sys.stdout.flush()
-        return rc
-    except TraceError as e:
-        return fail(str(e))
-    except BrokenPipeError:
-        # The reader of stdout went away (| head): say nothing more there.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
-    except KeyboardInterrupt:
-        return fail("interrupted", 130)
-    except OSError as e:
-        # Files are opened where they are named (TraceError); one without a
-        # name is stdout (a full disk, a closed descriptor).
-        return fail("%s: cannot write: %s" % (e.filename or "stdout", e.strerror or e))
-    except Exception as e:
-        return fail("unexpected error, please report: %s" % _unexpected(e))
+    return run_cli("timeline.py", main, argv)
 
 
 if __name__ == "__main__":

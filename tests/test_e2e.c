@@ -31,14 +31,7 @@ static char balance_bin[512];
 /* Run a shell command; return its exit status and capture its output. */
 static int run(const char *cmd, char *out, size_t len)
 {
-    char full[4200]; /* the command (at most 4096) and " 2>&1" */
-    snprintf(full, sizeof full, "%s 2>&1", cmd);
-    FILE *p = popen(full, "r");
-    if (!p) return -1;
-    size_t n = fread(out, 1, len - 1, p);
-    out[n] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return gpt_run_cmd(cmd, out, len);
 }
 
 static void write_file(const char *path, const char *text)
@@ -74,31 +67,6 @@ static char *metrics_without_timing(const char *path)
 static void in_tmp(char *buf, size_t len, const char *name)
 {
     snprintf(buf, len, "%.200s/%s", tmpdir, name);
-}
-
-/* A --metrics file with each step's record cut before its first timing
- * field (the evaluations' have none), for comparing two runs. */
-static char *metrics_records(const char *path)
-{
-    char *t = gpt_read_file(path, NULL);
-    if (!t) return NULL;
-    char *w = t;
-    for (char *r = t; *r;) {
-        char *nl = strchr(r, '\n');
-        size_t len = nl ? (size_t)(nl - r) + 1 : strlen(r);
-        char *cut = strstr(r, ",\"samples_per_s\"");
-        if (cut && cut < r + len) { /* the line's text before it, and its end */
-            memmove(w, r, (size_t)(cut - r));
-            w += cut - r;
-            *w++ = '\n';
-        } else {
-            memmove(w, r, len);
-            w += len;
-        }
-        r += len;
-    }
-    *w = '\0';
-    return t;
 }
 
 /* Whether the --dry-run summary's row of layer k contains `what`. */
@@ -945,7 +913,7 @@ static void test_config_checks(void)
     snprintf(cmd, sizeof cmd, "%s %s --no-progress --metrics %s --resume %s", bin, mcfg, mpart,
              msnap);
     CHECK_MSG(run(cmd, out, sizeof out) == 0, "metrics, resumed: %.600s", out);
-    char *fa = metrics_records(mfull), *fb = metrics_records(mpart);
+    char *fa = gpt_metrics_records(mfull), *fb = gpt_metrics_records(mpart);
     int lines = 0;
     for (const char *q = fa ? fa : ""; (q = strchr(q, '\n')); q++) lines++;
     CHECK_MSG(fa && fb && lines == 20 + 2 + 1 && !strcmp(fa, fb),
@@ -958,14 +926,14 @@ static void test_config_checks(void)
              "--export-weights %s/mres.safetensors", bin, mcfg, mpart, tmpdir);
     CHECK_MSG(run(cmd, out, sizeof out) == 0, "metrics, an export at the end: %.600s", out);
     free(fb);
-    fb = metrics_records(mpart);
+    fb = gpt_metrics_records(mpart);
     CHECK_MSG(fa && fb && !strcmp(fa, fb), "an export at the end changed the metrics:\n%.1500s",
               fb ? fb : "(none)");
     snprintf(cmd, sizeof cmd, "%s %s --no-progress --metrics %s --resume latest", bin, mcfg,
              mpart);
     CHECK_MSG(run(cmd, out, sizeof out) == 0, "metrics, resumed at the end: %.600s", out);
     free(fb);
-    fb = metrics_records(mpart);
+    fb = gpt_metrics_records(mpart);
     CHECK_MSG(fa && fb && !strcmp(fa, fb), "a resume at the end left the metrics:\n%.1500s",
               fb ? fb : "(none)");
     free(fa);

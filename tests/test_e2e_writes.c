@@ -35,14 +35,7 @@ static char balance_bin[512];
 /* Run a shell command; return its exit status and capture its output. */
 static int run(const char *cmd, char *out, size_t len)
 {
-    char full[4200];
-    snprintf(full, sizeof full, "%s 2>&1", cmd);
-    FILE *p = popen(full, "r");
-    if (!p) return -1;
-    size_t n = fread(out, 1, len - 1, p);
-    out[n] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return gpt_run_cmd(cmd, out, len);
 }
 
 static void write_file(const char *path, const char *text)
@@ -56,29 +49,20 @@ static void in_tmp(char *buf, size_t len, const char *name)
     snprintf(buf, len, "%.200s/%s", tmpdir, name);
 }
 
-/* A --metrics file with each step's record cut before its first timing
- * field (the evaluations' have none), for comparing two runs. */
-static char *metrics_records(const char *path)
+/* The config of a small run into cfg: a 4x4 input through one linear layer,
+ * 64 synthetic samples in batches of 8, `steps` steps, seed 3; `train`
+ * adds keys to train ("" or "key: value, "), `snapshot` the snapshot's
+ * keys but its dir. */
+static void write_small_cfg(const char *cfg, int steps, const char *train, const char *snapshot,
+                            const char *dir)
 {
-    char *t = gpt_read_file(path, NULL);
-    if (!t) return NULL;
-    char *w = t;
-    for (char *r = t; *r;) {
-        char *nl = strchr(r, '\n');
-        size_t len = nl ? (size_t)(nl - r) + 1 : strlen(r);
-        char *cut = strstr(r, ",\"samples_per_s\"");
-        if (cut && cut < r + len) {
-            memmove(w, r, (size_t)(cut - r));
-            w += cut - r;
-            *w++ = '\n';
-        } else {
-            memmove(w, r, len);
-            w += len;
-        }
-        r += len;
-    }
-    *w = '\0';
-    return t;
+    char text[1000];
+    snprintf(text, sizeof text,
+             "model:\n  input: [1, 4, 4]\n  layers: [flatten, {linear: {out: 3}}]\n"
+             "data: {dataset: synthetic, synthetic: {train: 64, test: 8, classes: 3, "
+             "shape: [1, 4, 4]}}\ntrain: {batch_size: 8, steps: %d, seed: 3, %s"
+             "snapshot: {%s, dir: %s}}\n", steps, train, snapshot, dir);
+    write_file(cfg, text);
 }
 
 static int count_lines(const char *s)
@@ -99,13 +83,7 @@ static void test_metrics_full(void)
     in_tmp(dir, sizeof dir, "m-snaps");
     in_tmp(full, sizeof full, "m-full.jsonl");
     in_tmp(part, sizeof part, "m-part.jsonl");
-    char text[1000];
-    snprintf(text, sizeof text,
-             "model:\n  input: [1, 4, 4]\n  layers: [flatten, {linear: {out: 3}}]\n"
-             "data: {dataset: synthetic, synthetic: {train: 64, test: 8, classes: 3, "
-             "shape: [1, 4, 4]}}\ntrain: {batch_size: 8, steps: 120, seed: 3, "
-             "eval_each_epoch: false, snapshot: {every_steps: 1000, dir: %s}}\n", dir);
-    write_file(cfg, text);
+    write_small_cfg(cfg, 120, "eval_each_epoch: false, ", "every_steps: 1000", dir);
     snprintf(cmd, sizeof cmd, "%s %s --no-progress --metrics %s --set "
              "train.snapshot.every_steps=0", bin, cfg, full);
     CHECK_MSG(run(cmd, out, sizeof out) == 0, "metrics, uninterrupted: %.600s", out);
@@ -127,7 +105,7 @@ static void test_metrics_full(void)
     snprintf(cmd, sizeof cmd, "%s %s --no-progress --metrics %s --resume latest", bin, cfg,
              part);
     CHECK_MSG(run(cmd, out, sizeof out) == 0, "metrics, resumed: %.600s", out);
-    char *fa = metrics_records(full), *fb = metrics_records(part);
+    char *fa = gpt_metrics_records(full), *fb = gpt_metrics_records(part);
     CHECK_MSG(kept > 10 && kept < 120, "%d records before the limit", kept);
     CHECK_MSG(fa && fb && count_lines(fa) == 120 + 1 && !strcmp(fa, fb),
               "the resumed metrics (%d records) differ from the uninterrupted run's:\n%.1500s\n"
@@ -146,13 +124,7 @@ static void test_trace_full(void)
     in_tmp(cfg, sizeof cfg, "t.yaml");
     in_tmp(dir, sizeof dir, "t-snaps");
     in_tmp(tr, sizeof tr, "t.json");
-    char text[1000];
-    snprintf(text, sizeof text,
-             "model:\n  input: [1, 4, 4]\n  layers: [flatten, {linear: {out: 3}}]\n"
-             "data: {dataset: synthetic, synthetic: {train: 64, test: 8, classes: 3, "
-             "shape: [1, 4, 4]}}\ntrain: {batch_size: 8, steps: 200, seed: 3, "
-             "snapshot: {every_steps: 1000, dir: %s}}\n", dir);
-    write_file(cfg, text);
+    write_small_cfg(cfg, 200, "", "every_steps: 1000", dir);
     snprintf(cmd, sizeof cmd, "bash -c 'ulimit -f 16; %s %s --no-progress --trace %s'", bin,
              cfg, tr);
     int rc = run(cmd, out, sizeof out);
@@ -343,13 +315,7 @@ static void test_snapshot_emfile(void)
     in_tmp(cfg, sizeof cfg, "f.yaml");
     in_tmp(dir, sizeof dir, "f-snaps");
     in_tmp(log, sizeof log, "f.log");
-    char text[1000];
-    snprintf(text, sizeof text,
-             "model:\n  input: [1, 4, 4]\n  layers: [flatten, {linear: {out: 3}}]\n"
-             "data: {dataset: synthetic, synthetic: {train: 64, test: 8, classes: 3, "
-             "shape: [1, 4, 4]}}\ntrain: {batch_size: 8, steps: 30, seed: 3, "
-             "snapshot: {every_steps: 5, keep: 10, dir: %s}}\n", dir);
-    write_file(cfg, text);
+    write_small_cfg(cfg, 30, "", "every_steps: 5, keep: 10", dir);
     snprintf(cmd, sizeof cmd, "GPIPE_SNAPSHOT_SLOW_WRITE_MS=700 %s %s --no-progress", bin, cfg);
     pid_t pid = start(cmd, log);
     CHECK_MSG(wait_for_name(dir, "snapshot-000000005.safetensors"), "no first snapshot in %s",

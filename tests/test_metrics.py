@@ -39,28 +39,14 @@ import subprocess
 import sys
 import tempfile
 
+from gpt_util import check, close, finish
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.environ.get("GPIPE_SOURCE_DIR", os.path.dirname(HERE))
 BIN = os.environ.get("GPIPE_BINARY_DIR", os.path.join(SRC, "build"))
 SCRIPT = os.path.join(SRC, "scripts", "metrics.py")
 PANELS = ["loss", "accuracy", "learning rate", "samples/s", "data wait (ms)", "grad norm",
           "peak memory (MiB)"]
-
-passed = failed = 0
-
-
-def check(cond, what):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL: %s" % what)
-
-
-def close(a, b, tol=1e-9):
-    return a is not None and b is not None and abs(a - b) <= tol * max(1.0, abs(a), abs(b))
-
 
 def script(*args):
     return subprocess.run(["/usr/bin/python3", SCRIPT] + list(args), capture_output=True,
@@ -431,8 +417,7 @@ def main():
         guarded(test_bad, tmp, pa)
         guarded(test_torn, tmp)
         guarded(test_nulls, tmp)
-    print("test_metrics: %d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return finish("test_metrics")
 
 
 if __name__ == "__main__":

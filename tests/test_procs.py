@@ -66,6 +66,8 @@ import sys
 import tempfile
 import time
 
+from gpt_util import check, finish
+
 BIN = os.path.join(os.environ.get("GPIPE_BINARY_DIR", "build"), "gpipe-train")
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1")
@@ -77,16 +79,6 @@ ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
 MPI_ENV = dict(ENV)
 if os.environ.get("GPIPE_SANITIZED"):
     MPI_ENV["ASAN_OPTIONS"] = os.environ.get("ASAN_OPTIONS", "") + ":detect_leaks=0"
-passed = failed = 0
-
-
-def check(cond, what):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL:", what, flush=True)
 
 
 def run(cmd, timeout=120, env=ENV):
@@ -945,8 +937,7 @@ def main():
         mismatches(tmp)
         bad_file_one_rank(tmp)
         stopped_peer(tmp)
-    print("test_procs: %d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return finish("test_procs")
 
 
 if __name__ == "__main__":

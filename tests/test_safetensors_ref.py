@@ -27,43 +27,12 @@ import subprocess
 import sys
 import tempfile
 
-SKIP = 77
+from gpt_util import SKIP, check, ensure_libs, finish
+
 SRC = os.environ.get("GPIPE_SOURCE_DIR", os.path.join(os.path.dirname(__file__), ".."))
 BIN = os.environ.get("GPIPE_BINARY_DIR", os.path.join(SRC, "build"))
 DATA = "/usr/share/datasets/fashion-mnist"
 SAFETENSORS = "safetensors==0.8.0"
-
-
-def ensure_libs():
-    try:
-        import numpy  # noqa: F401
-        import safetensors  # noqa: F401
-        return
-    except ImportError:
-        pass
-    if os.environ.get("GPIPE_ST_REEXEC"):
-        print("test_safetensors_ref: skipped: numpy/safetensors missing in the venv")
-        sys.exit(SKIP)
-    venv = os.path.join(BIN, "st-venv")
-    py = os.path.join(venv, "bin", "python")
-    if not os.path.exists(py):
-        # (Debian's numpy through the system's packages; only safetensors,
-        # at the version this test was written against, from PyPI)
-        r = subprocess.run(["/usr/bin/python3", "-m", "venv", "--system-site-packages", venv],
-                           capture_output=True)
-        if r.returncode != 0:
-            print("test_safetensors_ref: skipped: cannot make a venv:", r.stderr.decode()[-300:])
-            sys.exit(SKIP)
-    r = subprocess.run([py, "-c", "import numpy, safetensors"], capture_output=True)
-    if r.returncode != 0:
-        r = subprocess.run([py, "-m", "pip", "install", "-q", SAFETENSORS, "numpy"],
-                           capture_output=True)
-        if r.returncode != 0:
-            print("test_safetensors_ref: skipped: pip install %s numpy failed:" % SAFETENSORS,
-                  r.stderr.decode()[-300:])
-            sys.exit(SKIP)
-    env = dict(os.environ, GPIPE_ST_REEXEC="1")
-    sys.exit(subprocess.run([py, __file__] + sys.argv[1:], env=env).returncode)
 
 
 def read_idx(path):
@@ -106,7 +75,10 @@ train:
 
 
 def main():
-    ensure_libs()
+    ensure_libs("test_safetensors_ref", ["numpy", "safetensors"], os.path.join(BIN, "st-venv"),
+                # (Debian's numpy through the system's packages; only safetensors,
+                # at the version this test was written against, from PyPI)
+                [SAFETENSORS, "numpy"], "GPIPE_ST_REEXEC")
     import numpy as np
     from safetensors import safe_open
     from safetensors.numpy import load_file
@@ -114,17 +86,6 @@ def main():
     if not os.path.exists(os.path.join(DATA, "t10k-images-idx3-ubyte.gz")):
         print("test_safetensors_ref: skipped: Fashion-MNIST is not installed in", DATA)
         return SKIP
-    failed = 0
-    passed = 0
-
-    def check(cond, what):
-        nonlocal failed, passed
-        if cond:
-            passed += 1
-        else:
-            failed += 1
-            print("FAILED:", what)
-
     with tempfile.TemporaryDirectory() as tmp:
         cfg = os.path.join(tmp, "mlp.yaml")
         with open(cfg, "w") as f:
@@ -181,8 +142,7 @@ def main():
             meta = f.metadata()
         check(meta.get("gpipe.step") == "60" and "dropout" in meta.get("gpipe.config", ""),
               "snapshot metadata")
-    print("test_safetensors_ref: %d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return finish("test_safetensors_ref")
 
 
 if __name__ == "__main__":

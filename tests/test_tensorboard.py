@@ -39,39 +39,12 @@ import subprocess
 import sys
 import tempfile
 
-SKIP = 77
+from gpt_util import SKIP, ensure_libs
+
 SRC = os.environ.get("GPIPE_SOURCE_DIR", os.path.join(os.path.dirname(__file__), ".."))
 BIN = os.environ.get("GPIPE_BINARY_DIR", os.path.join(SRC, "build"))
 TENSORBOARD = "tensorboard==2.21.0"
 TRAIN = os.path.join(BIN, "gpipe-train")
-
-
-def ensure_libs():
-    try:
-        import tensorboard  # noqa: F401
-        return
-    except ImportError:
-        pass
-    if os.environ.get("GPIPE_TB_REEXEC"):
-        print("test_tensorboard: skipped: tensorboard missing in the venv")
-        sys.exit(SKIP)
-    venv = os.path.join(BIN, "tb-venv")
-    py = os.path.join(venv, "bin", "python")
-    if not os.path.exists(py):
-        r = subprocess.run(["/usr/bin/python3", "-m", "venv", "--system-site-packages", venv],
-                           capture_output=True)
-        if r.returncode != 0:
-            print("test_tensorboard: skipped: cannot make a venv:", r.stderr.decode()[-300:])
-            sys.exit(SKIP)
-    r = subprocess.run([py, "-c", "import tensorboard"], capture_output=True)
-    if r.returncode != 0:
-        r = subprocess.run([py, "-m", "pip", "install", "-q", TENSORBOARD], capture_output=True)
-        if r.returncode != 0:
-            print("test_tensorboard: skipped: pip install %s failed:" % TENSORBOARD,
-                  r.stderr.decode()[-300:])
-            sys.exit(SKIP)
-    env = dict(os.environ, GPIPE_TB_REEXEC="1")
-    sys.exit(subprocess.run([py, __file__] + sys.argv[1:], env=env).returncode)
 
 
 failures = []
@@ -251,7 +224,8 @@ def without_protobuf():
 def main():
     if os.environ.get("GPIPE_HAVE_TENSORBOARD", "ON").upper() in ("OFF", "0", "FALSE", "NO"):
         without_protobuf()
-    ensure_libs()
+    ensure_libs("test_tensorboard", ["tensorboard"], os.path.join(BIN, "tb-venv"), [TENSORBOARD],
+                "GPIPE_TB_REEXEC")
     tmp = tempfile.mkdtemp(prefix="gp-tb-")
     try:
         cfg = os.path.join(tmp, "c.yaml")

@@ -54,22 +54,7 @@ BIN = os.environ.get("GPIPE_BINARY_DIR", os.path.join(SRC, "build"))
 SCRIPT = os.path.join(SRC, "scripts", "timeline.py")
 sys.path.insert(0, os.path.join(SRC, "scripts"))
 import timeline as T  # noqa: E402
-
-passed = failed = 0
-
-
-def check(cond, what):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL: %s" % what)
-
-
-def close(a, b, tol=1e-9):
-    return abs(a - b) <= tol * max(1.0, abs(a), abs(b))
-
+from gpt_util import check, close, finish  # noqa: E402
 
 # ------------------------------------------------------------ (a) real run --
 CONFIG = """\
@@ -900,8 +885,7 @@ def main():
                     test(tmp, trace)
                 except Exception as e:
                     check(False, "%s raised %r" % (test.__name__, e))
-    print("test_timeline: %d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return finish("test_timeline")
 
 
 if __name__ == "__main__":

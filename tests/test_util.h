@@ -17,14 +17,16 @@
  *   gpt_read_file         (test.h) a whole file into memory, '\0'-terminated
  *   gpt_same_files        whether two files hold the same bytes
  *   gpt_write_file        bytes into a file
+ *   gpt_run_cmd           a shell command's exit status and output
+ *   gpt_metrics_records   a --metrics file without its timing fields, to compare runs
  *   gpt_run_losses        the losses of a few steps of a run from a config text
  *
  * Everything is static inline (a program uses what it needs; the rest
  * costs nothing and warns about nothing).  Include it instead of test.h,
- * in one .c file per test program, like test.h.  Memory: gpt_gather and
- * gpt_read_file return malloc'ed memory the caller frees; gpt_model_cfg's
- * config points into the caller's spec array.  Not thread-safe: CHECK's
- * counters are plain ints.
+ * in one .c file per test program, like test.h.  Memory: gpt_gather,
+ * gpt_read_file and gpt_metrics_records return malloc'ed memory the caller
+ * frees; gpt_model_cfg's config points into the caller's spec array.  Not
+ * thread-safe: CHECK's counters are plain ints.
  */
 #ifndef GP_TEST_UTIL_H
 #define GP_TEST_UTIL_H
@@ -33,6 +35,8 @@
 #include "gpipe.h"
 #include "train/train.h"
 #include "test.h"
+
+#include <sys/wait.h>
 
 /* Most parameters of one layer a test keeps host copies of (an AmoebaNet
  * cell has about 70). */
@@ -471,6 +475,47 @@ static inline void gpt_write_file(const char *path, const void *data, size_t n)
     }
     fwrite(data, 1, n, f);
     fclose(f);
+}
+
+/* Run a shell command (stderr into stdout); its exit status (-1 when it
+ * could not run or did not exit), its output in out (len bytes at most,
+ * '\0'-terminated). */
+static inline int gpt_run_cmd(const char *cmd, char *out, size_t len)
+{
+    char full[4200]; /* the command (at most 4096) and " 2>&1" */
+    snprintf(full, sizeof full, "%s 2>&1", cmd);
+    FILE *p = popen(full, "r");
+    if (!p) return -1;
+    size_t n = fread(out, 1, len - 1, p);
+    out[n] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* A --metrics file with each step's record cut before its first timing
+ * field (the evaluations' have none), for comparing two runs; NULL when
+ * it cannot be read. */
+static inline char *gpt_metrics_records(const char *path)
+{
+    char *t = gpt_read_file(path, NULL);
+    if (!t) return NULL;
+    char *w = t;
+    for (char *r = t; *r;) {
+        char *nl = strchr(r, '\n');
+        size_t len = nl ? (size_t)(nl - r) + 1 : strlen(r);
+        char *cut = strstr(r, ",\"samples_per_s\"");
+        if (cut && cut < r + len) { /* the line's text before it, and its end */
+            memmove(w, r, (size_t)(cut - r));
+            w += cut - r;
+            *w++ = '\n';
+        } else {
+            memmove(w, r, len);
+            w += len;
+        }
+        r += len;
+    }
+    *w = '\0';
+    return t;
 }
 
 /* The losses of `steps` training steps (loss[0 .. steps)) of the run a

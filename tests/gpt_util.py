@@ -1,0 +1,72 @@
+"""gpt_util.py — what the Python tests share, as tests/test_util.h is for
+the C ones: a check that counts passes and failures, its last line and
+exit status, a relative closeness test, and a venv for a test whose
+packages the interpreter lacks.
+
+Imported by the tests from their own folder (Python puts a script's
+folder first on sys.path, in a venv's interpreter too); not a test itself.
+"""
+import importlib
+import os
+import subprocess
+import sys
+
+SKIP = 77   # CTest's SKIP_RETURN_CODE for the tests that set it
+
+passed = failed = 0
+
+
+def check(cond, what):
+    """Count a check; a failed one is printed as "FAIL: what"."""
+    global passed, failed
+    if cond:
+        passed += 1
+    else:
+        failed += 1
+        print("FAIL: %s" % what, flush=True)
+
+
+def finish(name):
+    """The last line, "NAME: N passed, N failed", and the exit status: 1 on
+    any failure."""
+    print("%s: %d passed, %d failed" % (name, passed, failed))
+    return 1 if failed else 0
+
+
+def close(a, b, tol=1e-9):
+    return a is not None and b is not None and abs(a - b) <= tol * max(1.0, abs(a), abs(b))
+
+
+def ensure_libs(name, imports, venv, packages, reexec):
+    """Returns where `imports` (a list of module names) import here; else
+    runs the test again (sys.argv) under a venv at venv (made with the
+    system's packages, `packages` installed into it with pip from PyPI)
+    and exits with its status.  Exits SKIP, saying why, where the venv
+    cannot be made or still lacks them.  reexec: the environment variable
+    that marks the second run."""
+    try:
+        for m in imports:
+            importlib.import_module(m)
+        return
+    except ImportError:
+        pass
+    if os.environ.get(reexec):
+        print("%s: skipped: %s missing in the venv" % (name, "/".join(imports)))
+        sys.exit(SKIP)
+    py = os.path.join(venv, "bin", "python")
+    if not os.path.exists(py):
+        r = subprocess.run(["/usr/bin/python3", "-m", "venv", "--system-site-packages", venv],
+                           capture_output=True)
+        if r.returncode != 0:
+            print("%s: skipped: cannot make a venv:" % name, r.stderr.decode()[-300:])
+            sys.exit(SKIP)
+    r = subprocess.run([py, "-c", "import " + ", ".join(imports)], capture_output=True)
+    if r.returncode != 0:
+        r = subprocess.run([py, "-m", "pip", "install", "-q"] + packages, capture_output=True)
+        if r.returncode != 0:
+            print("%s: skipped: pip install %s failed:" % (name, " ".join(packages)),
+                  r.stderr.decode()[-300:])
+            sys.exit(SKIP)
+    env = dict(os.environ, **{reexec: "1"})
+    sys.exit(subprocess.run([py, os.path.abspath(sys.argv[0])] + sys.argv[1:],
+                            env=env).returncode)
