@@ -316,7 +316,11 @@ static void test_snapshot_emfile(void)
     in_tmp(dir, sizeof dir, "f-snaps");
     in_tmp(log, sizeof log, "f.log");
     write_small_cfg(cfg, 30, "", "every_steps: 5, keep: 10", dir);
-    snprintf(cmd, sizeof cmd, "GPIPE_SNAPSHOT_SLOW_WRITE_MS=700 %s %s --no-progress", bin, cfg);
+    /* (under AddressSanitizer the leak check at exit reads /proc, which 4
+     * descriptors do not allow: it is left out of this one run) */
+    snprintf(cmd, sizeof cmd,
+             "ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0 "
+             "GPIPE_SNAPSHOT_SLOW_WRITE_MS=700 %s %s --no-progress", bin, cfg);
     pid_t pid = start(cmd, log);
     CHECK_MSG(wait_for_name(dir, "snapshot-000000005.safetensors"), "no first snapshot in %s",
               dir);

@@ -532,7 +532,7 @@ int main(int argc, char **argv)
         snprintf(per_replica, sizeof per_replica, " (train.batch_size %lld over %d replicas)",
                  (long long)cfg.train.batch_size, R);
 
-    gp_profile prof;
+    gp_profile prof = {0};
     if (prof_in) {
         s = gp_profile_load(prof_in, &prof);
         if (s == GP_OK)
@@ -587,6 +587,7 @@ int main(int argc, char **argv)
     if (s == GP_OK && prof_out) s = gp_profile_save(&prof, prof_out);
     if (s != GP_OK) {
         fprintf(stderr, "gpipe-balance: %s\n", gp_last_error());
+        gp_profile_free(&prof); /* a save that failed leaves the profile whole */
         gp_config_free(&cfg);
         free(sets);
         return gp_status_exit_code(s);
