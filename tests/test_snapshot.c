@@ -9,7 +9,8 @@
  *     random points (GPIPE_SNAPSHOT_SLOW_WRITE_MS makes most kills land
  *     inside a snapshot write); the newest snapshot always verifies, and
  *     resuming to the end exports a weights file byte-identical to an
- *     uninterrupted run's;
+ *     uninterrupted run's; the same at 20 random moments of snapshots
+ *     written in the background, which let the next steps run;
  *   - resume equivalence for 1 and 2 devices and every checkpoint mode
  *     (bitwise), and across device counts (numerically equal);
  *   - corrupted (checksum) and truncated snapshots are refused, `latest`
@@ -37,6 +38,7 @@
 #include "train/snapshot.h"
 #include "test_util.h"
 
+#include <dirent.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -1154,6 +1156,187 @@ static void test_kill(void)
     CHECK(resumed >= 1);
 }
 
+/* Kill -9 at 20 random moments of a run whose snapshots are written in the
+ * background (each write pausing 60 ms halfway, while the next steps run):
+ * the newest snapshot always loads and --resume latest ends bit for bit as
+ * the uninterrupted run.  A kill that finds a snapshot's temporary file and
+ * a metrics record of a later step shows training went on during the
+ * write; at least one of the 20 must (a write in the foreground never
+ * lets a step run before its rename). */
+static void test_kill_background(void)
+{
+    char a[4096], dir[300], met[300], conf[300], setdir[400];
+    make_config("kb.yaml", "pipeline: {devices: 2, chunks: 2}\n");
+    snprintf(a, sizeof a, "%s/kb.yaml --export-weights %s/kbref.st", tmpdir, tmpdir);
+    CHECK(train(a) == 0);
+    unsigned seed = (unsigned)time(NULL) ^ (unsigned)getpid();
+    const char *env = getenv("GPIPE_TEST_SEED");
+    if (env) seed = (unsigned)strtoul(env, NULL, 10);
+    srand(seed);
+    int trials = 20, overlapped = 0, resumed = 0;
+    for (int trial = 0; trial < trials; trial++) {
+        snprintf(dir, sizeof dir, "%s/kbs%d", tmpdir, trial);
+        snprintf(met, sizeof met, "%s/kb%d.jsonl", tmpdir, trial);
+        snprintf(a, sizeof a, "rm -rf %s %s", dir, met);
+        CHECK(system(a) == 0);
+        snprintf(conf, sizeof conf, "%s/kb.yaml", tmpdir);
+        snprintf(setdir, sizeof setdir, "train.snapshot.dir=%s", dir);
+        long delay_ms = 30 + rand() % 700;
+        pid_t pid = fork();
+        if (pid == 0) {
+            setenv("GPIPE_SNAPSHOT_SLOW_WRITE_MS", "60", 1);
+            FILE *nul = freopen("/dev/null", "w", stderr);
+            (void)nul;
+            execl(bin, bin, conf, "--quiet", "--no-progress", "--metrics", met, "--set",
+                  "train.snapshot.every_steps=3", "--set", setdir, (char *)NULL);
+            _exit(127);
+        }
+        struct timespec ts = {delay_ms / 1000, (delay_ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+        kill(pid, SIGKILL);
+        int st;
+        waitpid(pid, &st, 0);
+        /* the step of a write the kill interrupted, from its temporary file */
+        long long in_write = -1, last = -1;
+        DIR *d = opendir(dir);
+        for (struct dirent *e; d && (e = readdir(d));)
+            if (strstr(e->d_name, ".tmp.")) sscanf(e->d_name, ".snapshot-%lld", &in_write);
+        if (d) closedir(d);
+        char *mt = gpt_read_file(met, NULL);
+        for (const char *q = mt; q && (q = strstr(q, "{\"step\":"));) {
+            long long v = strtoll(q + 8, NULL, 10);
+            if (strstr(q, "\"step_seconds\"") && v > last) last = v;
+            q += 8;
+        }
+        free(mt);
+        bool during = in_write >= 0 && last > in_write;
+        overlapped += during;
+        int have = gp_snapshot_count(dir);
+        if (have > 0) {
+            char latest[1100];
+            CHECK_OK(gp_snapshot_latest(dir, latest, sizeof latest));
+            gp_st_file f;
+            gp_snapshot_pos pos;
+            CHECK_OK(gp_snapshot_open(latest, &f, &pos));
+            gp_st_free(&f);
+            resumed++;
+        }
+        printf("background kill %d: after %ld ms (%s), %d snapshot(s), writing step %lld, "
+               "step %lld recorded%s\n", trial, delay_ms, WIFSIGNALED(st) ? "killed" : "had finished",
+               have, in_write, last, during ? ": training went on during the write" : "");
+        snprintf(a, sizeof a, "%s --set %s --set train.snapshot.every_steps=3 %s "
+                 "--export-weights %s/kbout.st", conf, setdir, have > 0 ? "--resume latest" : "",
+                 tmpdir);
+        char what[64];
+        snprintf(what, sizeof what, "background trial %d (seed %u)", trial, seed);
+        CHECK_MSG(trains_same(a, "kbref.st", "kbout.st", what),
+                  "%s: resumed weights differ from the uninterrupted run's", what);
+    }
+    printf("background kill test (seed %u): %d of %d resumed from a snapshot, %d killed while "
+           "steps ran during a write\n", seed, resumed, trials, overlapped);
+    CHECK(resumed >= 1);
+    CHECK_MSG(overlapped >= 1, "no kill found a step recorded after the snapshot being written: "
+              "snapshots are not written in the background");
+}
+
+/* A snapshot written in the background that fails (a file-size limit,
+ * ulimit -f, below the snapshot but above the metrics file): the run goes
+ * on while it is written, then stops with exit 3 as a failed snapshot
+ * always has, naming the step and the file; nothing is left half written. */
+static void test_background_write_fails(void)
+{
+    char a[4096], dir[300], met[300];
+    make_config("bf.yaml", "");
+    snprintf(dir, sizeof dir, "%s/bfs", tmpdir);
+    snprintf(met, sizeof met, "%s/bf.jsonl", tmpdir);
+    snprintf(a, sizeof a, "bash -c 'ulimit -f 12; GPIPE_SNAPSHOT_SLOW_WRITE_MS=100 %s %s/bf.yaml "
+             "--no-progress --metrics %s --set train.snapshot.every_steps=3 --set "
+             "train.snapshot.dir=%s' >%s/log.txt 2>&1", bin, tmpdir, met, dir, tmpdir);
+    int st = system(a), rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    char want[1200];
+    snprintf(want, sizeof want, "the snapshot of step 3 (%s/snapshot-000000003.safetensors)", dir);
+    CHECK_MSG(rc == 3, "a failed background write: exit %d", rc);
+    CHECK(log_has(want));
+    CHECK(log_has("file-size limit"));
+    long long last = -1;
+    char *mt = gpt_read_file(met, NULL);
+    for (const char *q = mt; q && (q = strstr(q, "{\"step\":"));) {
+        long long v = strtoll(q + 8, NULL, 10);
+        if (v > last) last = v;
+        q += 8;
+    }
+    free(mt);
+    CHECK_MSG(last > 3 && last < 24, "steps recorded up to %lld: the run should go on during "
+              "the write of step 3 and stop after it failed", last);
+    int left = 0;
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));)
+        left += !strncmp(e->d_name, "snapshot-", 9) || strstr(e->d_name, ".tmp.") != NULL;
+    if (d) closedir(d);
+    CHECK_MSG(left == 0, "%d snapshot or temporary files left in %s", left, dir);
+}
+
+/* SIGTERM while a snapshot is written in the background (each write
+ * pausing 1.5 s): the stop waits for the write in flight and says so,
+ * naming it, then saves the step it stopped at (unless that is the one in
+ * flight); the one waited for loads and --resume latest ends bit for bit. */
+static void test_stop_waits_for_write(void)
+{
+    char a[4096], dir[300], conf[300], setdir[400], logp[300], tmpname[400] = "";
+    make_config("sw.yaml", "");
+    snprintf(conf, sizeof conf, "%s/sw.yaml", tmpdir);
+    snprintf(a, sizeof a, "%s --export-weights %s/swref.st", conf, tmpdir);
+    CHECK(train(a) == 0);
+    snprintf(dir, sizeof dir, "%s/sws", tmpdir);
+    snprintf(setdir, sizeof setdir, "train.snapshot.dir=%s", dir);
+    snprintf(logp, sizeof logp, "%s/log.txt", tmpdir);
+    pid_t pid = fork();
+    if (pid == 0) {
+        setenv("GPIPE_SNAPSHOT_SLOW_WRITE_MS", "1500", 1);
+        FILE *er = freopen(logp, "w", stderr);
+        (void)er;
+        execl(bin, bin, conf, "--no-progress", "--set", "train.snapshot.every_steps=3", "--set",
+              setdir, (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 1000 && !tmpname[0]; i++) { /* until the write of step 3 is under way */
+        DIR *d = opendir(dir);
+        for (struct dirent *e; d && (e = readdir(d));)
+            if (strstr(e->d_name, ".tmp.")) snprintf(tmpname, sizeof tmpname, "%s", e->d_name);
+        if (d) closedir(d);
+        struct timespec ts = {0, 5000000L};
+        nanosleep(&ts, NULL);
+    }
+    CHECK_MSG(!strncmp(tmpname, ".snapshot-000000003", 19), "no write of step 3 seen (%s)",
+              tmpname);
+    kill(pid, SIGTERM);
+    int st;
+    waitpid(pid, &st, 0);
+    CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 143, "stopped by SIGTERM: status %d", st);
+    /* (the write of step 3 may have been followed by later ones by then:
+     * the steps run while it is written) */
+    char want[1200];
+    snprintf(want, sizeof want, "gpipe: info: waiting for the snapshot of step ");
+    CHECK(log_has(want));
+    char *lt = gpt_read_file(logp, NULL);
+    const char *w = lt ? strstr(lt, want) : NULL;
+    long long ws = w ? strtoll(w + strlen(want), NULL, 10) : -1;
+    char ps[1100], named[1300];
+    gp_snapshot_path(dir, ws, ps, sizeof ps);
+    snprintf(named, sizeof named, "to be written (%s)\n", ps);
+    CHECK_MSG(ws >= 3 && strstr(w, named) && strstr(w, "by SIGTERM; snapshot "),
+              "the stop's wait for step %lld: %s", ws, lt ? lt : "(no log)");
+    free(lt);
+    gp_st_file f;
+    gp_snapshot_pos pos;
+    CHECK_OK(gp_snapshot_open(ps, &f, &pos));
+    gp_st_free(&f);
+    snprintf(a, sizeof a, "%s --set %s --set train.snapshot.every_steps=3 --resume latest "
+             "--export-weights %s/swout.st", conf, setdir, tmpdir);
+    CHECK_MSG(trains_same(a, "swref.st", "swout.st", "resume after a stop during a write"),
+              "resumed weights differ from the uninterrupted run's");
+}
+
 /* ---- damaged snapshots ---------------------------------------------------------------- */
 
 static void test_damage(void)
@@ -1819,6 +2002,9 @@ int main(void)
         test_resume_old_names();
         test_nonfinite_step();
         test_kill();
+        test_kill_background();
+        test_background_write_fails();
+        test_stop_waits_for_write();
     } else {
         CHECK_MSG(false, "%s not built", bin);
     }

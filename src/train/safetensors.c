@@ -585,23 +585,34 @@ gp_status gp_st_verify(const gp_st_file *f, bool required)
 
 /* ---- the writer ----------------------------------------------------------- */
 
-gp_status gp_st_writer_add(gp_st_writer *w, const char *name, gp_st_dtype dtype, int ndim,
-                           const int64_t *dims, const void *data, size_t bytes)
+gp_status gp_st_writer_slot(gp_st_writer *w, const char *name, gp_st_dtype dtype, int ndim,
+                            const int64_t *dims, size_t bytes, void **data)
 {
     GP_ASSERT(ndim >= 0 && ndim <= GP_ST_MAX_DIMS && dtype != GP_ST_OTHER);
     if (!grow(&w->tensors, &w->cap, w->n + 1, sizeof *w->tensors))
         return gp_error_set(GP_ERR_OOM, "out of host memory");
     gp_st_tensor *t = &w->tensors[w->n];
+    char *nm = NULL;
+    uint8_t *buf = NULL;
+    if (w->n < w->n_kept) { /* the last write's tensor here: its buffer, if it fits */
+        if (t->end - t->begin == bytes && !strcmp(t->name, name)) {
+            nm = t->name;
+            buf = (uint8_t *)t->data;
+        } else {
+            free(t->name);
+            free((void *)t->data);
+        }
+    }
     memset(t, 0, sizeof *t);
-    t->name = strdup(name);
-    uint8_t *copy = malloc(bytes ? bytes : 1);
-    if (!t->name || !copy) {
-        free(t->name);
-        free(copy);
+    if (!nm) nm = strdup(name);
+    if (!buf) buf = malloc(bytes ? bytes : 1);
+    if (!nm || !buf) {
+        free(nm);
+        free(buf);
         return gp_error_set(GP_ERR_OOM, "out of host memory gathering '%s'", name);
     }
-    memcpy(copy, data, bytes);
-    t->data = copy;
+    t->name = nm;
+    t->data = buf;
     t->dtype = dtype;
     snprintf(t->dtype_name, sizeof t->dtype_name, "%s", dtype_name(dtype));
     t->ndim = ndim;
@@ -610,7 +621,26 @@ gp_status gp_st_writer_add(gp_st_writer *w, const char *name, gp_st_dtype dtype,
     t->end = w->data_len + bytes;
     w->data_len = t->end;
     w->n++;
+    *data = buf;
     return GP_OK;
+}
+
+gp_status gp_st_writer_add(gp_st_writer *w, const char *name, gp_st_dtype dtype, int ndim,
+                           const int64_t *dims, const void *data, size_t bytes)
+{
+    void *dst;
+    GP_TRY(gp_st_writer_slot(w, name, dtype, ndim, dims, bytes, &dst));
+    memcpy(dst, data, bytes);
+    return GP_OK;
+}
+
+void gp_st_writer_reuse(gp_st_writer *w)
+{
+    if (w->n > w->n_kept) w->n_kept = w->n;
+    w->n = 0;
+    w->data_len = 0;
+    for (int i = 0; i < 2 * w->n_meta; i++) free(w->meta[i]);
+    w->n_meta = 0;
 }
 
 gp_status gp_st_writer_meta(gp_st_writer *w, const char *key, const char *value)
@@ -638,7 +668,7 @@ gp_status gp_st_writer_meta(gp_st_writer *w, const char *key, const char *value)
 void gp_st_writer_free(gp_st_writer *w)
 {
     if (!w) return;
-    for (int i = 0; i < w->n; i++) {
+    for (int i = 0; i < (w->n > w->n_kept ? w->n : w->n_kept); i++) {
         free(w->tensors[i].name);
         free((void *)w->tensors[i].data);
     }

@@ -16,6 +16,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -37,6 +40,13 @@ static gp_status add_device_tensor(gp_st_writer *w, const char *name, const gp_t
     int me = gp_procs_size() > 1 ? gp_procs_rank() : 0;
     if (me != owner && (me != 0 || !gather)) return GP_OK;
     int64_t n = gp_tensor_numel(t);
+    if (me == owner && (me == 0 || !gather)) { /* its own: straight into w's buffer */
+        void *dst;
+        GP_TRY(gp_st_writer_slot(w, name, GP_ST_F32, t->ndim, t->dims, (size_t)n * sizeof(float),
+                                 &dst));
+        GP_TRY(gp_dev_download(t->dev, dst, gp_f32(t), n));
+        return gp_dev_synchronize(t->dev);
+    }
     if ((size_t)n > *cap) {
         float *ns = realloc(*scratch, (size_t)n * sizeof *ns);
         if (!ns) return gp_error_set(GP_ERR_OOM, "out of host memory gathering '%s'", name);
@@ -920,6 +930,25 @@ gp_status gp_snapshot_latest(const char *dir, char *path, size_t len)
 #define LOCK_NAME ".gpipe.lock"
 #define LOCK_INFO_MAX 400
 
+/* A run's snapshot writer: the host copies of the newest snapshot (kept
+ * from one snapshot to the next) and the thread that writes them.  The
+ * thread that drives the run starts a write and waits for it; the writer
+ * thread only reads w and dir and sets status and msg, which the driving
+ * thread reads after pthread_join.  `finished` is set by the writer last
+ * (release), so a poll that sees it joins without waiting. */
+struct snap_writer {
+    gp_st_writer w;             /* the snapshot being written, or the last one's buffers */
+    pthread_t thread;
+    bool in_flight;             /* started, not joined */
+    atomic_bool finished;       /* the writer thread is done with it */
+    int64_t step;
+    int keep;
+    char dir[1024];
+    char path[1100];
+    gp_status status;           /* the write's; msg its message */
+    char msg[2048];
+};
+
 struct gp_snapshot_lock {
     int fd;                     /* the lock file, flock()ed until released; -1 where the
                                  * file system has no locks (warned) */
@@ -927,6 +956,8 @@ struct gp_snapshot_lock {
     char made[1024];            /* the outermost directory this run created for
                                    dir ("" if dir existed): removed again if the run
                                    ends without a snapshot in it */
+    struct snap_writer *bg;     /* the run's writer thread (gp_snapshot_save_async), made
+                                   at its first snapshot; NULL before */
 };
 
 /* The outermost missing ancestor of dir (dir itself if only it is
@@ -1142,6 +1173,12 @@ static void unmake_dir(const gp_snapshot_lock *l)
 void gp_snapshot_lock_release(gp_snapshot_lock *l)
 {
     if (!l) return;
+    if (l->bg) { /* a run that ends on another error: its snapshot in flight is written
+                  * first, and a failure of it is said, not lost */
+        if (gp_snapshot_wait(l, false) != GP_OK) GP_WARN("%s", gp_error_message());
+        gp_st_writer_free(&l->bg->w);
+        free(l->bg);
+    }
     if (l->fd >= 0) {
         /* Empty it first, so a stale pid is never reported (the kernel
          * drops the lock of a process that dies, not the line). */
@@ -1152,12 +1189,77 @@ void gp_snapshot_lock_release(gp_snapshot_lock *l)
     free(l);
 }
 
+/* Write w as the snapshot of `step` at path (in dir), then prune the older
+ * ones beyond `keep`: the write of gp_snapshot_save, in the thread that
+ * calls it or in a run's writer thread (gp_snapshot_save_async).  s: how
+ * gathering w went (a failure is said as the write's). */
+static gp_status write_and_prune(gp_status s, gp_st_writer *w, const char *dir, int keep,
+                                 int64_t step, const char *path)
+{
+    /* what is there to resume from, listed before the write: the failure
+     * may be one of too many open files, which listing would meet too */
+    int64_t *before, newest = -1;
+    errno = 0;
+    int n_before = list_steps(dir, &before);
+    int unlisted = n_before == 0 ? errno : 0; /* (opendir's) */
+    for (int i = 0; i < n_before && newest < 0; i++)
+        if (before[i] < step) newest = before[i];
+    free(before);
+    if (s == GP_OK) s = gp_st_write_atomic(w, path);
+    int e = errno;
+    if (s != GP_OK) { /* say what is still there to resume from */
+        char *why = strdup(gp_error_message());
+        char tail[1300] = "";
+        if (newest >= 0) {
+            char np[1100];
+            gp_snapshot_path(dir, newest, np, sizeof np);
+            snprintf(tail, sizeof tail, "; the newest snapshot there, of step %lld, is as it "
+                     "was (%s)", (long long)newest, np);
+        } else if (unlisted) {
+            snprintf(tail, sizeof tail, "; the snapshots there could not be listed (%s)",
+                     strerror(unlisted));
+        } else {
+            snprintf(tail, sizeof tail, "; no earlier snapshot is there");
+        }
+        /* (the disk full: the snapshots there are what a user can free) */
+        if (s == GP_ERR_IO && (e == ENOSPC || e == EDQUOT) && newest >= 0)
+            snprintf(tail + strlen(tail), sizeof tail - strlen(tail), "; older snapshots can "
+                     "go (a run prunes them only after its next snapshot is written)");
+        gp_error_set(s, "snapshot at step %lld: %s%s", (long long)step,
+                     why ? why : "out of host memory", tail);
+        free(why);
+        return s;
+    }
+    /* Only now that the new one is complete: drop the older ones beyond
+     * `keep`, with their parts.  Snapshots of later steps are not counted or
+     * touched (there are none: gp_snapshot_prepare moved those of a resumed
+     * run aside). */
+    int64_t *steps;
+    int n = list_steps(dir, &steps), kept = 1;
+    for (int i = 0; i < n; i++) {
+        if (steps[i] >= step) continue;
+        if (kept < keep) {
+            kept++;
+            continue;
+        }
+        char old[1100], oldp[1100];
+        gp_snapshot_path(dir, steps[i], old, sizeof old);
+        if (unlink(old) != 0) GP_WARN("cannot delete old snapshot %s: %s", old, strerror(errno));
+        parts_dir(dir, steps[i], oldp, sizeof oldp);
+        remove_parts(oldp);
+    }
+    free(steps);
+    GP_DEBUG("snapshot %s", path);
+    return GP_OK;
+}
+
 /* ---- saving ------------------------------------------------------------------ */
 
 gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_pos *pos,
                            const gp_snapshot_lock *lock)
 {
     const gp_snapshot_config *sc = &cfg->train.snapshot;
+    GP_TRY(gp_snapshot_wait(lock, false)); /* the one in flight (of an earlier step) first */
     int me = m->local_device >= 0 ? gp_procs_rank() : 0;
     int N = m->local_device >= 0 ? gp_procs_size() : 1;
     char path[1100], pdir[1100];
@@ -1217,61 +1319,84 @@ gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_
             s = gp_error_set(GP_ERR_INVALID, "too many processes (%d) to name their parts", N);
         else s = gp_st_writer_meta(&w, PARTS_KEY, list);
     }
-    /* what is there to resume from, listed before the write: the failure
-     * may be one of too many open files, which listing would meet too */
-    int64_t *before, newest = -1;
-    errno = 0;
-    int n_before = list_steps(sc->dir, &before);
-    int unlisted = n_before == 0 ? errno : 0; /* (opendir's) */
-    for (int i = 0; i < n_before && newest < 0; i++)
-        if (before[i] < pos->step) newest = before[i];
-    free(before);
-    if (s == GP_OK) s = gp_st_write_atomic(&w, path);
-    int e = errno;
+    s = write_and_prune(s, &w, sc->dir, sc->keep, pos->step, path);
     gp_st_writer_free(&w);
-    if (s != GP_OK) { /* say what is still there to resume from */
-        char *why = strdup(gp_error_message());
-        char tail[1300] = "";
-        if (newest >= 0) {
-            char np[1100];
-            gp_snapshot_path(sc->dir, newest, np, sizeof np);
-            snprintf(tail, sizeof tail, "; the newest snapshot there, of step %lld, is as it "
-                     "was (%s)", (long long)newest, np);
-        } else if (unlisted) {
-            snprintf(tail, sizeof tail, "; the snapshots there could not be listed (%s)",
-                     strerror(unlisted));
-        } else {
-            snprintf(tail, sizeof tail, "; no earlier snapshot is there");
-        }
-        /* (the disk full: the snapshots there are what a user can free) */
-        if (s == GP_ERR_IO && (e == ENOSPC || e == EDQUOT) && newest >= 0)
-            snprintf(tail + strlen(tail), sizeof tail - strlen(tail), "; older snapshots can "
-                     "go (a run prunes them only after its next snapshot is written)");
-        gp_error_set(s, "snapshot at step %lld: %s%s", (long long)pos->step,
-                     why ? why : "out of host memory", tail);
-        free(why);
-        return s;
+    return s;
+}
+
+/* ---- in the background ------------------------------------------------------- */
+
+
+static void *writer_main(void *arg)
+{
+    struct snap_writer *bg = arg;
+    bg->status = write_and_prune(GP_OK, &bg->w, bg->dir, bg->keep, bg->step, bg->path);
+    if (bg->status != GP_OK) snprintf(bg->msg, sizeof bg->msg, "%s", gp_error_message());
+    atomic_store_explicit(&bg->finished, true, memory_order_release);
+    return NULL;
+}
+
+int64_t gp_snapshot_in_flight(const gp_snapshot_lock *lock, char *path, size_t len)
+{
+    if (!lock || !lock->bg || !lock->bg->in_flight) return -1;
+    if (path) snprintf(path, len, "%s", lock->bg->path);
+    return lock->bg->step;
+}
+
+gp_status gp_snapshot_wait(const gp_snapshot_lock *lock, bool say)
+{
+    struct snap_writer *bg = lock ? lock->bg : NULL;
+    if (!bg || !bg->in_flight) return GP_OK;
+    if (say && !atomic_load_explicit(&bg->finished, memory_order_acquire))
+        GP_INFO("waiting for the snapshot of step %lld to be written (%s)", (long long)bg->step,
+                bg->path);
+    pthread_join(bg->thread, NULL);
+    bg->in_flight = false;
+    if (bg->status == GP_OK) return GP_OK;
+    return gp_error_set(bg->status, "the snapshot of step %lld (%s), written in the "
+                        "background, failed: %s", (long long)bg->step, bg->path, bg->msg);
+}
+
+gp_status gp_snapshot_poll(const gp_snapshot_lock *lock)
+{
+    struct snap_writer *bg = lock ? lock->bg : NULL;
+    if (!bg || !bg->in_flight || !atomic_load_explicit(&bg->finished, memory_order_acquire))
+        return GP_OK;
+    return gp_snapshot_wait(lock, false);
+}
+
+gp_status gp_snapshot_save_async(gp_model *m, const gp_config *cfg, const gp_snapshot_pos *pos,
+                                 gp_snapshot_lock *lock)
+{
+    /* processes: the parts, then the file that names them, agreed between
+     * the ranks as gp_snapshot_save does, in the foreground */
+    if (!lock || (m->local_device >= 0 && gp_procs_size() > 1))
+        return gp_snapshot_save(m, cfg, pos, lock);
+    const gp_snapshot_config *sc = &cfg->train.snapshot;
+    GP_ASSERT(!strcmp(lock->dir, sc->dir));
+    GP_TRY(gp_snapshot_wait(lock, false)); /* at most one write in flight */
+    if (!lock->bg) {
+        lock->bg = calloc(1, sizeof *lock->bg);
+        if (!lock->bg) return gp_error_set(GP_ERR_OOM, "out of host memory for a snapshot");
     }
-    /* Only now that the new one is complete: drop the older ones beyond
-     * `keep`, with their parts.  Snapshots of later steps are not counted or
-     * touched (there are none: gp_snapshot_prepare moved those of a resumed
-     * run aside). */
-    int64_t *steps;
-    int n = list_steps(sc->dir, &steps), kept = 1;
-    for (int i = 0; i < n; i++) {
-        if (steps[i] >= pos->step) continue;
-        if (kept < sc->keep) {
-            kept++;
-            continue;
-        }
-        char old[1100], oldp[1100];
-        gp_snapshot_path(sc->dir, steps[i], old, sizeof old);
-        if (unlink(old) != 0) GP_WARN("cannot delete old snapshot %s: %s", old, strerror(errno));
-        parts_dir(sc->dir, steps[i], oldp, sizeof oldp);
-        remove_parts(oldp);
+    struct snap_writer *bg = lock->bg;
+    gp_st_writer_reuse(&bg->w);
+    bg->step = pos->step;
+    bg->keep = sc->keep;
+    snprintf(bg->dir, sizeof bg->dir, "%s", sc->dir);
+    gp_snapshot_path(sc->dir, pos->step, bg->path, sizeof bg->path);
+    gp_status s = gp_make_dirs(sc->dir, "snapshot directory");
+    if (s == GP_OK) s = collect(m, cfg, pos, &bg->w, true); /* the copy off the devices */
+    if (s != GP_OK) return write_and_prune(s, &bg->w, bg->dir, bg->keep, bg->step, bg->path);
+    atomic_store(&bg->finished, false);
+    bg->status = GP_OK;
+    bg->msg[0] = '\0';
+    int e = pthread_create(&bg->thread, NULL, writer_main, bg);
+    if (e != 0) { /* no thread: written here, as before */
+        GP_DEBUG("no snapshot writer thread (%s): writing in the foreground", strerror(e));
+        return write_and_prune(GP_OK, &bg->w, bg->dir, bg->keep, bg->step, bg->path);
     }
-    free(steps);
-    GP_DEBUG("snapshot %s", path);
+    bg->in_flight = true;
     return GP_OK;
 }
 

@@ -102,11 +102,22 @@ typedef struct gp_st_writer {
     char **meta;
     int n_meta, meta_cap;
     uint64_t data_len;
+    int n_kept;                 /* tensors[0 .. n_kept) hold the buffers of the
+                                   write before gp_st_writer_reuse (owned) */
 } gp_st_writer;
 
 /* Copy `bytes` of host data as tensor `name` (dtype F32 or I64). */
 gp_status gp_st_writer_add(gp_st_writer *w, const char *name, gp_st_dtype dtype, int ndim,
                            const int64_t *dims, const void *data, size_t bytes);
+/* Add tensor `name` of `bytes` and return its buffer, for the caller to
+ * fill (a device's tensor downloaded straight into it). */
+gp_status gp_st_writer_slot(gp_st_writer *w, const char *name, gp_st_dtype dtype, int ndim,
+                            const int64_t *dims, size_t bytes, void **data);
+/* Empty w for the next file, keeping the tensors' buffers: the k-th tensor
+ * added next reuses the k-th buffer when its name and size are the same
+ * (a snapshot's host copies, kept from one snapshot to the next, so that
+ * copying them is a memcpy into pages already there). */
+void gp_st_writer_reuse(gp_st_writer *w);
 gp_status gp_st_writer_meta(gp_st_writer *w, const char *key, const char *value);
 /* Write to `path` atomically: a temporary file in the same directory,
  * fsync, rename over `path`, fsync of the directory.  Adds "gpipe.crc32"
@@ -201,6 +212,26 @@ void gp_snapshot_path(const char *dir, int64_t step, char *path, size_t len);
  * `lock` is that directory's (a bug otherwise). */
 gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_pos *pos,
                            const gp_snapshot_lock *lock);
+/* gp_snapshot_save with the write in the background: here the model is
+ * copied off its devices into host buffers that `lock` keeps from one
+ * snapshot to the next; a thread then writes, fsyncs, renames and prunes
+ * while training goes on.  At most one write is in flight: one still
+ * under way is waited for first, and its failure is this call's status
+ * (nothing new is started then).  Under mpirun (the parts, then the file
+ * that names them), without a lock, or where no thread can be started, it
+ * writes in the foreground, as gp_snapshot_save.  gp_snapshot_save and
+ * gp_snapshot_lock_release wait for the write in flight too. */
+gp_status gp_snapshot_save_async(gp_model *m, const gp_config *cfg, const gp_snapshot_pos *pos,
+                                 gp_snapshot_lock *lock);
+/* Wait for the lock's write in flight, if any (NULL: none); its status,
+ * a failure naming the step and the file.  `say`: an info line says that
+ * the run waits, and for which file, if it is not written yet. */
+gp_status gp_snapshot_wait(const gp_snapshot_lock *lock, bool say);
+/* Without waiting: GP_OK while the write in flight is under way or when
+ * it was written; its failure once it is known (gp_snapshot_wait's). */
+gp_status gp_snapshot_poll(const gp_snapshot_lock *lock);
+/* The step of the write in flight (its file into path), or -1. */
+int64_t gp_snapshot_in_flight(const gp_snapshot_lock *lock, char *path, size_t len);
 /* Number of snapshot files in dir (0 if it does not exist).  Reads only. */
 int gp_snapshot_count(const char *dir);
 

@@ -520,6 +520,10 @@ static gp_status final_snapshot(gp_model *m, const gp_config *cfg, int64_t step,
     const gp_snapshot_config *snc = &cfg->train.snapshot;
     *on = snc->every_steps > 0 || snc->every_minutes > 0;
     if (!*on) return GP_OK;
+    if (gp_snapshot_wait(lock, true) != GP_OK) { /* said, and written again below */
+        GP_WARN("%s; writing a snapshot of step %lld now", gp_error_message(), (long long)step);
+        saved = -1;
+    }
     if (saved < step) {
         gp_status s = gp_snapshot_save(m, cfg, pos, lock);
         if (s != GP_OK) return name_saved(cfg, s, saved);
@@ -1159,6 +1163,9 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     /* The newest snapshot (or the start) and where the loader stood after
      * the last step: what a stop between steps saves. */
     int64_t saved_step = first_step;
+    /* saved_step's, or while it is written in the background, the one
+     * before: the newest known to be on disk, which a failed write names */
+    int64_t written_step = first_step;
     gp_snapshot_pos last_pos = pos;
     res->steps = first_step;
     /* what the watchdog says is kept when a rank stops answering: no
@@ -1186,6 +1193,12 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
             if (progress) fputc('\n', stderr);
             s = stop_between_steps(mp, cfg, opts, sig, step, total, saved_step, &last_pos,
                                    snap_lock, res);
+            goto done;
+        }
+        /* a snapshot written in the background that failed stops the run,
+         * as one written in the foreground always has */
+        if ((s = gp_snapshot_poll(snap_lock)) != GP_OK) {
+            s = name_saved(cfg, s, written_step);
             goto done;
         }
         gp_batch b;
@@ -1422,9 +1435,11 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         if ((snc->every_steps > 0 && (step + 1) % snc->every_steps == 0) || minutes_due ||
             ((snc->every_steps > 0 || snc->every_minutes > 0) && step == total - 1)) {
             gp_procs_watch_phase("the snapshot of step %lld", (long long)step + 1);
-            s = gp_snapshot_save(mp, cfg, &last_pos, snap_lock);
+            s = gp_snapshot_wait(snap_lock, false); /* the one before: on disk, or failed */
+            if (s == GP_OK) written_step = saved_step;
+            if (s == GP_OK) s = gp_snapshot_save_async(mp, cfg, &last_pos, snap_lock);
             if (s != GP_OK) {
-                s = name_saved(cfg, s, saved_step);
+                s = name_saved(cfg, s, written_step);
                 goto done;
             }
             last_snap = gp_now();
@@ -1466,6 +1481,10 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         res->steps = step + 1;
     }
     if (progress && res->steps > first_step) fputc('\n', stderr);
+    if ((s = gp_snapshot_wait(snap_lock, false)) != GP_OK) { /* the last one written */
+        s = name_saved(cfg, s, written_step);
+        goto done;
+    }
     if (opts->export_path) {
         s = gp_snapshot_export(mp, cfg, opts->export_path);
         if (s != GP_OK) {
