@@ -46,6 +46,7 @@ static int transparency_failures;
 static gp_optim_kind optimizer; /* transparency's; SGD unless adam_transparency sets it */
 static float clip_norm;         /* transparency's train.clip_grad_norm; 0: off */
 static float smoothing;         /* transparency's model.label_smoothing; 0: off */
+static gp_act_storage act;      /* transparency's train.activations; auto (FP32) */
 
 static void transparency(bool convnet, int n, int m, gp_checkpoint_mode ck, bool lockstep,
                          gp_schedule_kind kind, bool bf16)
@@ -54,6 +55,7 @@ static void transparency(bool convnet, int n, int m, gp_checkpoint_mode ck, bool
     if (optimizer != GP_OPTIM_SGD) gpt_set_adam(&c, optimizer);
     c.train.clip_grad_norm = clip_norm;
     c.model.label_smoothing = smoothing;
+    c.train.activations = act;
     int bal[8];
     int S = gpt_set_schedule(&c, kind, n, bal); /* the reference accumulates in its order too */
     c.pipeline.chunks = m;
@@ -74,7 +76,8 @@ static void transparency(bool convnet, int n, int m, gp_checkpoint_mode ck, bool
     bool same_loss = same[0], same_grads = same[1], same_params = same[2];
     if (!(same_loss && same_grads && same_params)) transparency_failures++;
     CHECK_MSG(same_loss && same_grads && same_params,
-              "%s%s%s%s%s %s n=%d m=%d ckpt=%s lockstep=%d: loss %s, grads %s, params %s",
+              "%s%s%s%s%s%s %s n=%d m=%d ckpt=%s lockstep=%d: loss %s, grads %s, params %s",
+              act == GP_ACT_BF16 ? "bf16 activations, " : "",
               smoothing > 0 ? "label smoothing, " : "", clip_norm > 0 ? "clipped, " : "",
               optimizer == GP_OPTIM_ADAM ? "adam, " : optimizer == GP_OPTIM_ADAMW ? "adamw, " : "",
               bf16 ? "bf16 copies, " : "", gp_schedule_kind_name(kind), convnet ? "convnet" : "mlp", n, m,
@@ -107,6 +110,31 @@ static int transparency_grid(bool few)
                         runs++;
                     }
     return runs;
+}
+
+/* Activations stored in bf16 (train.activations: bf16, FP32 math: the
+ * storage-only mode every CPU runs): every layer output, gradient, skip
+ * and copy is rounded where the one-device run rounds it, so every
+ * schedule, 2 to 4 devices, every checkpoint mode (a recompute against
+ * the reference's kept forward), lockstep or not, gives the one-device
+ * run's losses, gradients and parameters bit for bit, with no rounded
+ * oracle: the stage boundaries add no rounding of their own. */
+static void bf16_storage_transparency(void)
+{
+    int before = transparency_failures, runs = 0;
+    act = GP_ACT_BF16;
+    for (int model = 0; model < 2; model++)
+        for (int n = 2; n <= 4; n++)
+            for (int ck = 0; ck < 3; ck++)
+                for (int kd = 0; kd <= GP_SCHEDULE_INTERLEAVED; kd++) {
+                    if (kd == GP_SCHEDULE_INTERLEAVED && n != 2) continue;
+                    transparency(model == 1, n, n == 3 ? 3 : 4, (gp_checkpoint_mode)ck,
+                                 (n + ck) % 2 == 0, (gp_schedule_kind)kd, false);
+                    runs++;
+                }
+    act = GP_ACT_AUTO;
+    printf("test_pipeline: bf16 activations: %d of %d configurations differ\n",
+           transparency_failures - before, runs);
 }
 
 static void adam_transparency(void)
@@ -346,6 +374,63 @@ static void bf16_copies_effect(void)
     CHECK_MSG(bytes[0] > 0 && 2 * bytes[1] == bytes[0],
               "bf16 copies moved %lld bytes, fp32 copies %lld: want half", (long long)bytes[1],
               (long long)bytes[0]);
+}
+
+/* Activations stored in bf16 do something: the loss moves off FP32's by
+ * rounding (slightly), what crosses between stages is half the bytes with
+ * nothing packed for it (the copies are the tensors as they are), and on
+ * one device the activations' peak of a step that keeps 7 micro-batches'
+ * forwards (GPipe's order, no checkpointing) is well under FP32's: what a
+ * layer widens for its FP32 kernels lives only while it runs.  Not half:
+ * this model's input stays FP32 up to its first layer, and max pooling
+ * keeps 32-bit indices, 0.69x in all (what a whole model keeps:
+ * bench/README.md, "bf16 activations"). */
+static void bf16_storage_effect(void)
+{
+    double loss[2];
+    int64_t bytes[2] = {0, 0};
+    size_t peak[2] = {0, 0};
+    for (int b = 0; b < 2; b++) {
+        gp_config c = make_cfg(true);
+        int bal[2];
+        gpt_split_even(c.model.n_layers, 2, bal);
+        c.pipeline.chunks = 2;
+        c.train.activations = b ? GP_ACT_BF16 : GP_ACT_FP32;
+        CHECK(gp_config_act_dtype(&c) == (b ? GP_BF16 : GP_F32) && !gp_config_bf16_copies(&c));
+        gp_model pip, one;
+        CHECK_OK(gp_model_build_placed(&c, devs, 2, bal, &pip));
+        float x[BATCH * 72], y[BATCH];
+        make_batch(&c, 0, x, y);
+        gp_step_stats st;
+        CHECK_OK(gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, &st));
+        loss[b] = st.loss;
+        int ne = 0;
+        const gp_event_rec *ev = NULL;
+        for (int j = 0; j < 2; j++) {
+            ev = gp_pipeline_events(pip.pipe, j, &ne);
+            for (int e = 0; ev && e < ne; e++) bytes[b] += (int64_t)ev[e].bytes;
+        }
+        gp_model_free(&pip);
+        c.pipeline.chunks = 7;
+        c.pipeline.checkpoint = GP_CKPT_NEVER;
+        CHECK_OK(gp_model_build(&c, devs[0], &one));
+        CHECK_OK(gp_model_train_step(&one, &c, x, y, BATCH, 7, 0.05, NULL)); /* warm */
+        gp_allocator_reset_peak(&devs[0]->alloc);
+        CHECK_OK(gp_model_train_step(&one, &c, x, y, BATCH, 7, 0.05, NULL));
+        peak[b] = devs[0]->alloc.peak_by[GP_MEM_ACTIVATIONS];
+        gp_model_free(&one);
+    }
+    CHECK_MSG(loss[0] != loss[1] && fabs(loss[0] - loss[1]) < 1e-2 * fabs(loss[0]),
+              "bf16 activations: loss %.9g against fp32's %.9g: should differ, slightly", loss[1],
+              loss[0]);
+    CHECK_MSG(bytes[0] > 0 && 2 * bytes[1] == bytes[0],
+              "bf16 activations: copies moved %lld bytes, fp32 %lld: want half",
+              (long long)bytes[1], (long long)bytes[0]);
+    printf("test_pipeline: activation peak (1 device, m=7, never): fp32 %zu, bf16 %zu bytes "
+           "(%.3f)\n", peak[0], peak[1], peak[0] ? (double)peak[1] / (double)peak[0] : 0.0);
+    CHECK_MSG(peak[0] > 0 && (double)peak[1] <= 0.75 * (double)peak[0],
+              "bf16 activations: peak %zu bytes against fp32's %zu: want at most 0.75x", peak[1],
+              peak[0]);
 }
 
 /* bf16 copies hold what a checkpointed forward keeps for its recompute (the
@@ -1023,6 +1108,8 @@ int main(void)
                                          true);
     printf("test_pipeline: bf16 copies: %d configurations differ from the rounded oracle\n",
            transparency_failures - before);
+    bf16_storage_transparency();
+    bf16_storage_effect();
     adam_transparency();
     clip_transparency();
     clip_nonfinite();

@@ -1324,6 +1324,17 @@ void gp_tensor_free(gp_tensor *t);
 /* Copy between tensors on any devices (same numel and element type): peer
  * copy where the backend has one, else staged through host memory. */
 gp_status gp_tensor_copy(gp_tensor *dst, const gp_tensor *src);
+/* dst = src converted to dst's element type, on their one device's compute
+ * stream (bf16_pack rounds to nearest even, bf16_unpack widens exactly; the
+ * same type is a device copy).  Same numel; an empty src converts to
+ * nothing. */
+gp_status gp_tensor_convert(gp_tensor *dst, const gp_tensor *src);
+/* *out = src as element type `dtype` (category `cat`): src itself, a view
+ * (owned false), when it already is; else a new tensor converted from it,
+ * or, where src has no memory (a shape kept without its values), a view
+ * with the shape alone.  What gp_layer's storage adapter and the losses
+ * widen bf16 activations into. */
+gp_status gp_tensor_as(gp_tensor *out, const gp_tensor *src, gp_dtype dtype, gp_mem_category cat);
 
 /* A communicator over n devices of one backend, created once per group
  * (ncclCommInitAll on CUDA, cpu_comm.c on the CPU).  GP_ERR_UNSUPPORTED for

@@ -21,12 +21,22 @@ gp_status gp_tensor_alloc_as(gp_tensor *t, gp_device *dev, const gp_shape *shape
     memset(t, 0, sizeof *t);
     int64_t n = gp_shape_numel(shape);
     GP_ASSERT(n >= 0);
-    void *p = NULL;
-    if (n > 0) GP_TRY(gp_dev_alloc(dev, (size_t)n * gp_dtype_size(dtype), cat, &p));
-    t->mem = p;
     t->dtype = dtype;
     t->ndim = shape->ndim;
     memcpy(t->dims, shape->dims, sizeof t->dims);
+    size_t bytes = gp_tensor_storage_bytes(t);
+    void *p = NULL;
+    if (n > 0) GP_TRY(gp_dev_alloc(dev, bytes, cat, &p));
+    /* the half word an odd bf16 count leaves: zeros (core.h) */
+    if (n > 0 && bytes != gp_tensor_bytes(t)) {
+        gp_status s = gp_dev_fill(dev, (float *)p + bytes / 4 - 1, 0.0f, 1);
+        if (s != GP_OK) {
+            gp_dev_free(dev, p, bytes, cat);
+            memset(t, 0, sizeof *t);
+            return s;
+        }
+    }
+    t->mem = p;
     t->dev = dev;
     t->cat = cat;
     t->owned = true;
@@ -52,7 +62,7 @@ void gp_tensor_free(gp_tensor *t)
 {
     if (!t) return;
     if (t->owned && t->mem)
-        gp_dev_free(t->dev, t->mem, gp_tensor_bytes(t), t->cat);
+        gp_dev_free(t->dev, t->mem, gp_tensor_storage_bytes(t), t->cat);
     memset(t, 0, sizeof *t);
 }
 
@@ -85,6 +95,30 @@ gp_status gp_tensor_copy(gp_tensor *dst, const gp_tensor *src)
 {
     GP_ASSERT(gp_tensor_numel(dst) == gp_tensor_numel(src) && dst->dtype == src->dtype);
     return copy_between(dst->dev, dst->mem, src->dev, src->mem, gp_tensor_bytes(src));
+}
+
+gp_status gp_tensor_convert(gp_tensor *dst, const gp_tensor *src)
+{
+    int64_t n = gp_tensor_numel(src);
+    GP_ASSERT(gp_tensor_numel(dst) == n && dst->dev == src->dev);
+    if (n == 0 || dst->mem == src->mem) return GP_OK;
+    if (dst->dtype == src->dtype) return gp_dev_copy_d2d(dst->dev, dst->mem, src->mem, gp_tensor_bytes(src));
+    if (dst->dtype == GP_BF16) return gp_dev_bf16_pack(dst->dev, gp_bf16(dst), gp_f32(src), n);
+    return gp_dev_bf16_unpack(dst->dev, gp_f32(dst), gp_bf16(src), n);
+}
+
+gp_status gp_tensor_as(gp_tensor *out, const gp_tensor *src, gp_dtype dtype, gp_mem_category cat)
+{
+    *out = *src;
+    out->owned = false;
+    if (src->dtype == dtype) return GP_OK;
+    out->dtype = dtype;
+    if (!src->mem) return GP_OK; /* the shape alone */
+    gp_shape sh = gp_tensor_shape(src);
+    GP_TRY(gp_tensor_alloc_as(out, src->dev, &sh, dtype, cat));
+    gp_status s = gp_tensor_convert(out, src);
+    if (s != GP_OK) gp_tensor_free(out);
+    return s;
 }
 
 gp_status gp_dev_copy_async(gp_device *dev, void *dst, gp_device *src_dev, const void *src,

@@ -225,7 +225,7 @@ static gp_status run_forward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_fwd_kee
         if (role == GP_SKIP_LEAVES) {
             if (c + 1 == s->count) { /* also the stage output: a copy of its own */
                 gp_shape ys = gp_tensor_shape(&y);
-                st = gp_tensor_alloc(&s->skip_out[t], y.dev, &ys, GP_MEM_ACTIVATIONS);
+                st = gp_tensor_alloc_as(&s->skip_out[t], y.dev, &ys, y.dtype, GP_MEM_ACTIVATIONS);
                 if (st == GP_OK) st = gp_tensor_copy(&s->skip_out[t], &y);
             } else { /* it owns y; the next layer reads a view */
                 s->skip_out[t] = y;
@@ -293,8 +293,7 @@ static gp_status add_stash_grad(gp_layer *l, gp_stash *s, int c, gp_tensor *g)
     if (!gp_tensor_mem(sg))
         return gp_error_set(GP_ERR_RUNTIME, "no gradient arrived for the skip '%s' it stashes",
                             s->skips->skips[t].name);
-    int64_t n = gp_tensor_numel(g);
-    gp_status st = n ? gp_dev_axpy(l->dev, 1.0f, gp_f32(sg), gp_f32(g), n) : GP_OK;
+    gp_status st = gp_layers_accumulate(l->dev, g, sg);
     gp_tensor_free(sg);
     return st;
 }
@@ -424,12 +423,12 @@ gp_status gp_ckpt_loss_finite(double loss_sum)
                         isnan(loss_sum) ? "NaN" : loss_sum > 0 ? "Inf" : "-Inf");
 }
 
-/* dlogits (NULL: none) shaped as the logits. */
+/* dlogits (NULL: none) shaped as the logits, of their element type. */
 static gp_status alloc_dlogits(gp_device *dev, const gp_tensor *logits, gp_tensor *dlogits)
 {
     if (!dlogits) return GP_OK;
     gp_shape os = gp_tensor_shape(logits);
-    return gp_tensor_alloc(dlogits, dev, &os, GP_MEM_ACTIVATIONS);
+    return gp_tensor_alloc_as(dlogits, dev, &os, logits->dtype, GP_MEM_ACTIVATIONS);
 }
 
 gp_status gp_ckpt_loss(gp_device *dev, gp_loss_kind k, float smoothing,

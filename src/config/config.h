@@ -191,6 +191,9 @@ typedef struct gp_train_config {
     int64_t batch_size;       /* default 64 */
     uint64_t seed;            /* default 0 */
     int precision;            /* gp_precision: fp32 (default), tf32, bf16 */
+    int activations;          /* gp_act_storage: what every layer output, its
+                                 gradient, skip and copy between stages is
+                                 stored as; default auto (gp_config_act_dtype) */
     bool deterministic;       /* algorithms that repeat bit for bit (CUDA: cuDNN's
                                  heuristics, deterministic only); default false:
                                  the fastest measured */
@@ -261,7 +264,15 @@ void gp_config_free(gp_config *c);
 gp_status gp_config_text_applied(const gp_config *c, const char *drop, char **out);
 
 const char *gp_checkpoint_mode_name(gp_checkpoint_mode m);
-/* Whether c's pipeline copies travel in bfloat16 (copy_precision resolved). */
+/* train.activations: auto (bf16 exactly when train.precision is bf16),
+ * fp32, bf16 (with precision fp32 or tf32: FP32 math with one rounding at
+ * each layer output, the storage-only mode). */
+typedef enum { GP_ACT_AUTO = 0, GP_ACT_FP32, GP_ACT_BF16 } gp_act_storage;
+/* The element type c's activations are stored in (activations resolved). */
+gp_dtype gp_config_act_dtype(const gp_config *c);
+/* Whether c's pipeline copies are packed to bfloat16 to travel
+ * (copy_precision resolved): never where the activations are stored in
+ * bf16 already, which travel as they are. */
 bool gp_config_bf16_copies(const gp_config *c);
 const char *gp_dataset_name(gp_dataset_kind k);
 

@@ -21,8 +21,16 @@ const char *gp_checkpoint_mode_name(gp_checkpoint_mode m)
     return (unsigned)m < (unsigned)GP_COUNT(k_ckpt_names) ? k_ckpt_names[m] : "?";
 }
 
+gp_dtype gp_config_act_dtype(const gp_config *c)
+{
+    if (c->train.activations == GP_ACT_AUTO)
+        return c->train.precision == GP_PRECISION_BF16 ? GP_BF16 : GP_F32;
+    return c->train.activations == GP_ACT_BF16 ? GP_BF16 : GP_F32;
+}
+
 bool gp_config_bf16_copies(const gp_config *c)
 {
+    if (gp_config_act_dtype(c) == GP_BF16) return false;
     if (c->pipeline.copy_precision == GP_COPY_AUTO) return c->train.precision == GP_PRECISION_BF16;
     return c->pipeline.copy_precision == GP_COPY_BF16;
 }

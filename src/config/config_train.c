@@ -13,6 +13,8 @@ static const char *const k_sched_names[] = {"constant", "step", "cosine"};
 static const char *const k_scaling_names[] = {"none", "linear"};
 /* gp_precision's order (backend.h) */
 static const char *const k_precision_names[] = {"fp32", "tf32", "bf16"};
+/* gp_act_storage's order (config.h) */
+static const char *const k_act_names[] = {"auto", "fp32", "bf16"};
 
 /* `key: name` is shorthand for `key: {type: name}`. */
 static gp_status get_typed_map(gp_cfg_walk *w, const gp_ynode *m, const char *key,
@@ -79,6 +81,8 @@ gp_status gp_cfg_parse_train(gp_cfg_walk *w, const gp_ynode *root, gp_train_conf
     GP_TRY(gp_cfg_get_u64(w, m, "train", "seed", 0, &tc->seed));
     GP_TRY(gp_cfg_get_enum(w, m, "train", "precision", k_precision_names,
                            GP_COUNT(k_precision_names), 0, &tc->precision));
+    GP_TRY(gp_cfg_get_enum(w, m, "train", "activations", k_act_names, GP_COUNT(k_act_names), 0,
+                           &tc->activations));
     GP_TRY(gp_cfg_get_bool(w, m, "train", "deterministic", false, &tc->deterministic));
 
     const gp_ynode *om, *ot;

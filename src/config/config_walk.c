@@ -43,7 +43,7 @@ static const char *const k_schema[] = {
     "train.schedule.warmup_steps", "train.schedule.warmup_start",
     "train.schedule.step_size", "train.schedule.gamma", "train.schedule.min_lr",
     "train.lr_scaling", "train.base_batch", "train.log_every", "train.eval_each_epoch",
-    "train.eval_batch_size", "train.clip_grad_norm", "train.precision", "train.deterministic", "train.snapshot", "train.snapshot.every_steps",
+    "train.eval_batch_size", "train.clip_grad_norm", "train.precision", "train.activations", "train.deterministic", "train.snapshot", "train.snapshot.every_steps",
     "train.snapshot.every_minutes", "train.snapshot.keep", "train.snapshot.dir",
     "train.tensorboard",
 };
@@ -112,6 +112,7 @@ static const char *const k_examples[][2] = {
     {"train.base_batch", "256"}, {"train.log_every", "50"}, {"train.eval_each_epoch", "true"},
     {"train.eval_batch_size", "1000"}, {"train.clip_grad_norm", "1.0"},
     {"train.precision", "bf16"},
+    {"train.activations", "bf16"},
     {"train.deterministic", "true"},
     {"train.snapshot", "{every_steps: 500}"},
     {"train.snapshot.every_steps", "500"}, {"train.snapshot.every_minutes", "10"},

@@ -355,6 +355,14 @@ gp_shape gp_tensor_shape(const gp_tensor *t);
 int64_t gp_tensor_numel(const gp_tensor *t);
 /* numel times the element type's size. */
 size_t gp_tensor_bytes(const gp_tensor *t);
+/* What an owned tensor's allocation takes: gp_tensor_bytes rounded up to
+ * whole 4-byte words, so that every transport (device copies, channels,
+ * MPI messages), which moves floats, moves a bf16 tensor of an odd count
+ * too.  The allocator zeroes the half word an odd bf16 count leaves, so
+ * the bytes that travel are the same every run. */
+size_t gp_tensor_storage_bytes(const gp_tensor *t);
+/* gp_tensor_storage_bytes in 4-byte words: the count a transport moves. */
+int64_t gp_tensor_words(const gp_tensor *t);
 /* A non-owning view of rows [first, first+count) along dims[0]. */
 gp_tensor gp_tensor_slice(const gp_tensor *t, int64_t first, int64_t count);
 /* A non-owning view with another shape of the same element count. */

@@ -118,6 +118,10 @@ size_t gp_tensor_bytes(const gp_tensor *t)
     return (size_t)gp_tensor_numel(t) * gp_dtype_size(t->dtype);
 }
 
+size_t gp_tensor_storage_bytes(const gp_tensor *t) { return (gp_tensor_bytes(t) + 3) & ~(size_t)3; }
+
+int64_t gp_tensor_words(const gp_tensor *t) { return (int64_t)(gp_tensor_storage_bytes(t) / 4); }
+
 gp_tensor gp_tensor_slice(const gp_tensor *t, int64_t first, int64_t count)
 {
     GP_ASSERT(t->ndim >= 1 && first >= 0 && count >= 0 && first + count <= t->dims[0]);

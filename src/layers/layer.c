@@ -532,11 +532,11 @@ int64_t gp_layer_buffer_count(const gp_layer *l)
 
 /* Channels [d0, d0 + c) of dst (N, dc, HW) = channels [s0, s0 + c) of src
  * (N, sc, HW): concatenation and its gradient's slices. */
-gp_status gp_layers_copy(gp_device *dev, float *dst, const gp_tensor *src)
+gp_status gp_layers_copy(gp_device *dev, void *dst, const gp_tensor *src)
 {
     size_t bytes = gp_tensor_bytes(src);
     if (bytes == 0 || dst == gp_tensor_mem(src)) return GP_OK;
-    return gp_dev_copy_d2d(dev, dst, gp_f32(src), bytes);
+    return gp_dev_copy_d2d(dev, dst, gp_tensor_mem(src), bytes);
 }
 
 gp_status gp_layers_copy_channels(gp_device *dev, float *dst, int64_t dc, int64_t d0,
@@ -598,21 +598,23 @@ static gp_status check_input(const gp_layer *l, const gp_tensor *x)
     return GP_OK;
 }
 
-/* dx[q] allocated like x[q], for every input; all freed on failure. */
-/* dx[0] as a view of *take (shaped as x) where the layer hands dy on
- * unchanged and *take owns its memory; the others allocated. */
+/* dx[q] allocated like x[q] (its shape and element type), for every
+ * input; all freed on failure.  dx[0] as a view of *take (shaped as x)
+ * where the layer hands dy on unchanged and *take owns its memory, of x's
+ * element type; the others allocated. */
 static gp_status alloc_dx(const gp_layer *l, const gp_tensor *x, gp_tensor *dx,
                           const gp_tensor *take)
 {
     int from = 0;
-    if (take && l->ops->dx_is_dy && take->owned && gp_tensor_numel(take) == gp_tensor_numel(x)) {
+    if (take && l->ops->dx_is_dy && take->owned && take->dtype == x[0].dtype &&
+        gp_tensor_numel(take) == gp_tensor_numel(x)) {
         gp_shape xs = gp_tensor_shape(&x[0]);
         dx[0] = gp_tensor_reshape(take, &xs);
         from = 1;
     }
     for (int q = from; q < l->n_in; q++) {
         gp_shape xs = gp_tensor_shape(&x[q]);
-        gp_status st = gp_tensor_alloc(&dx[q], l->dev, &xs, GP_MEM_ACTIVATIONS);
+        gp_status st = gp_tensor_alloc_as(&dx[q], l->dev, &xs, x[q].dtype, GP_MEM_ACTIVATIONS);
         if (st != GP_OK) {
             for (int r = 0; r < q; r++) gp_tensor_free(&dx[r]);
             return st;
@@ -635,15 +637,110 @@ static void took(gp_tensor *dx, gp_tensor *take)
     *take = (gp_tensor){0};
 }
 
+/* ---- the storage adapter (gp_layer.out_dtype, layers.h) ---------------- */
+
+gp_status gp_layers_accumulate(gp_device *dev, gp_tensor *g, const gp_tensor *sg)
+{
+    int64_t n = gp_tensor_numel(g);
+    GP_ASSERT(gp_tensor_numel(sg) == n && g->dtype == sg->dtype);
+    if (n == 0) return GP_OK;
+    if (g->dtype == GP_F32) return gp_dev_axpy(dev, 1.0f, gp_f32(sg), gp_f32(g), n);
+    gp_tensor gf, sf = {0};
+    GP_TRY(gp_tensor_as(&gf, g, GP_F32, GP_MEM_ACTIVATIONS));
+    gp_status st = gp_tensor_as(&sf, sg, GP_F32, GP_MEM_ACTIVATIONS);
+    if (st == GP_OK) st = gp_dev_axpy(dev, 1.0f, gp_f32(&sf), gp_f32(&gf), n);
+    if (st == GP_OK) st = gp_tensor_convert(g, &gf);
+    gp_tensor_free(&sf);
+    gp_tensor_free(&gf);
+    return st;
+}
+
+/* Whether layer l runs through the adapter for inputs x: its output or an
+ * input is not FP32, and its ops cannot take them as they are. */
+static bool adapts(const gp_layer *l, const gp_tensor *x)
+{
+    bool f32 = l->out_dtype == GP_F32, same = true;
+    for (int q = 0; q < l->n_in; q++) {
+        f32 = f32 && x[q].dtype == GP_F32;
+        same = same && x[q].dtype == l->out_dtype;
+    }
+    return !f32 && !(l->ops->any_dtype && same);
+}
+
+static void free_all(gp_tensor *t, int n)
+{
+    for (int q = 0; q < n; q++) gp_tensor_free(&t[q]);
+}
+
+/* wide[q] = t[q] as FP32 (views where they are; shapes alone where
+ * `shape_only` says the layer reads no values), freed by free_all. */
+static gp_status widen(const gp_tensor *t, int n, const bool *shape_only, gp_tensor *wide)
+{
+    for (int q = 0; q < n; q++) {
+        gp_status st = GP_OK;
+        if (shape_only && shape_only[q]) {
+            wide[q] = t[q];
+            wide[q].mem = NULL;
+            wide[q].owned = false;
+            wide[q].dtype = GP_F32;
+        } else {
+            st = gp_tensor_as(&wide[q], &t[q], GP_F32, GP_MEM_ACTIVATIONS);
+        }
+        if (st != GP_OK) {
+            free_all(wide, q);
+            return st;
+        }
+    }
+    return GP_OK;
+}
+
+/* *out = the FP32 *f (owned, consumed either way) as element type dt: f
+ * itself when dt is FP32, else rounded into a new tensor. */
+static gp_status narrow(gp_tensor *f, gp_dtype dt, gp_tensor *out)
+{
+    if (dt == GP_F32) {
+        *out = *f;
+        *f = (gp_tensor){0};
+        return GP_OK;
+    }
+    gp_status st = gp_tensor_as(out, f, dt, GP_MEM_ACTIVATIONS);
+    gp_tensor_free(f);
+    return st;
+}
+
+static gp_status forward_wide(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                              const gp_shape *ys, gp_tensor *y, gp_saved *s)
+{
+    gp_tensor xf[1 + GP_MAX_POPS], yf = {0};
+    GP_TRY(widen(x, l->n_in, NULL, xf));
+    gp_status st = gp_tensor_alloc(&yf, l->dev, ys, GP_MEM_ACTIVATIONS);
+    if (st == GP_OK) st = l->ops->forward(l, ctx, xf, &yf, s);
+    free_all(xf, l->n_in);
+    if (st == GP_OK) return narrow(&yf, l->out_dtype, y);
+    gp_tensor_free(&yf);
+    return st;
+}
+
 gp_status gp_layer_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                            gp_tensor *y, gp_saved *s)
 {
     GP_TRY(check_input(l, x));
     gp_shape ys = gp_shape_with_batch(&l->out_shape, x->dims[0]);
-    GP_TRY(gp_tensor_alloc(y, l->dev, &ys, GP_MEM_ACTIVATIONS));
+    if (adapts(l, x)) return forward_wide(l, ctx, x, &ys, y, s);
+    GP_TRY(gp_tensor_alloc_as(y, l->dev, &ys, l->out_dtype, GP_MEM_ACTIVATIONS));
     gp_status st = l->ops->forward(l, ctx, x, y, s);
     if (st != GP_OK) gp_tensor_free(y);
     return st;
+}
+
+/* A view of t with shape `sh` (the same element count). */
+static gp_tensor view_as(const gp_tensor *t, const gp_shape *sh)
+{
+    gp_tensor v = *t;
+    v.ndim = sh->ndim;
+    for (int i = 0; i < sh->ndim; i++) v.dims[i] = sh->dims[i];
+    v.owned = false;
+    return v;
 }
 
 gp_status gp_layer_forward_inplace(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
@@ -653,11 +750,23 @@ gp_status gp_layer_forward_inplace(gp_layer *l, const gp_fwd_ctx *ctx, const gp_
     GP_TRY(check_input(l, x));
     gp_shape ys = gp_shape_with_batch(&l->out_shape, x->dims[0]);
     GP_ASSERT(gp_shape_numel(&ys) == gp_tensor_numel(x));
-    gp_tensor v = *x;
-    v.ndim = ys.ndim;
-    for (int i = 0; i < ys.ndim; i++) v.dims[i] = ys.dims[i];
-    v.owned = false;
-    *y = v;
+    /* a relu whose batch norm did its work (gp_layers_relu_fused) has
+     * nothing to widen or round either */
+    if (adapts(l, x) && !l->relu_done) {
+        /* the values widened, the layer run in place over them, rounded
+         * back into x's memory: the output's own storage */
+        GP_ASSERT(x[0].dtype == l->out_dtype);
+        gp_tensor xf;
+        GP_TRY(widen(x, 1, NULL, &xf));
+        gp_tensor yf = view_as(&xf, &ys);
+        gp_status st = l->ops->forward(l, ctx, &xf, &yf, s);
+        *y = view_as(x, &ys);
+        if (st == GP_OK) st = gp_tensor_convert(y, &yf);
+        gp_tensor_free(&xf);
+        if (st != GP_OK) *y = (gp_tensor){0};
+        return st;
+    }
+    *y = view_as(x, &ys);
     gp_status st = l->ops->forward(l, ctx, x, y, s);
     if (st != GP_OK) *y = (gp_tensor){0};
     return st;
@@ -886,6 +995,61 @@ void gp_layer_specs_inplace(const gp_layer_spec *specs, int count, bool *inplace
     inplace_rule((const char *)specs, sizeof *specs, count, inplace);
 }
 
+/* The halves of a backward as asked (dx NULL: no data half; `weights`:
+ * the weights half), on tensors the layer's ops take as they are. */
+static gp_status run_backward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                              const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
+                              gp_saved *s, gp_tensor *take, bool weights)
+{
+    if (dx) {
+        GP_TRY(alloc_dx(l, x, dx, take));
+        gp_status st = l->ops->backward_data(l, ctx, x, y, dy, dx, s);
+        if (st != GP_OK) {
+            free_dx(l, dx);
+            return st;
+        }
+    }
+    if (weights && l->ops->backward_weights) {
+        gp_status st = l->ops->backward_weights(l, ctx, x, y, dy, s);
+        if (st != GP_OK) {
+            if (dx) free_dx(l, dx);
+            return st;
+        }
+    }
+    if (dx) took(dx, take);
+    return GP_OK;
+}
+
+/* run_backward through the storage adapter where the layer needs it: x, y
+ * and dy widened (the values its backward reads: the main input's shape
+ * alone under bwd_ignores_x, y's under bwd_ignores_y), each input's
+ * gradient rounded to that input's type.  Nothing is handed on (take). */
+static gp_status backward_as(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                             const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx, gp_saved *s,
+                             gp_tensor *take, bool weights)
+{
+    if (!adapts(l, x)) return run_backward(l, ctx, x, y, dy, dx, s, take, weights);
+    bool xs[1 + GP_MAX_POPS] = {l->ops->bwd_ignores_x}, ys = l->ops->bwd_ignores_y;
+    gp_tensor xf[1 + GP_MAX_POPS], yf, dyf, dxf[1 + GP_MAX_POPS] = {{0}};
+    GP_TRY(widen(x, l->n_in, xs, xf));
+    gp_status st = widen(y, 1, &ys, &yf);
+    if (st == GP_OK) {
+        st = widen(dy, 1, NULL, &dyf);
+        if (st == GP_OK) {
+            st = run_backward(l, ctx, xf, &yf, &dyf, dx ? dxf : NULL, s, NULL, weights);
+            for (int q = 0; dx && q < l->n_in; q++) {
+                if (st == GP_OK) st = narrow(&dxf[q], x[q].dtype, &dx[q]);
+                if (st != GP_OK) free_all(dx, q);
+                gp_tensor_free(&dxf[q]);
+            }
+            gp_tensor_free(&dyf);
+        }
+        gp_tensor_free(&yf);
+    }
+    free_all(xf, l->n_in);
+    return st;
+}
+
 static gp_status backward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                          const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx, gp_saved *s,
                          gp_tensor *take)
@@ -897,24 +1061,8 @@ static gp_status backward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x
         if (l->ops->overwrites_grads) c.grads_overwrite = true;
         else GP_TRY(gp_layer_zero_grad(l));
     }
-    ctx = &c;
-    if (dx) {
-        GP_TRY(alloc_dx(l, x, dx, take));
-        gp_status st = l->ops->backward_data(l, ctx, x, y, dy, dx, s);
-        if (st != GP_OK) {
-            free_dx(l, dx);
-            return st;
-        }
-    }
-    if (l->ops->backward_weights) {
-        gp_status st = l->ops->backward_weights(l, ctx, x, y, dy, s);
-        if (st != GP_OK) {
-            if (dx) free_dx(l, dx);
-            return st;
-        }
-    }
+    GP_TRY(backward_as(l, &c, x, y, dy, dx, s, take, true));
     l->grads_stale = false;
-    if (dx) took(dx, take);
     return GP_OK;
 }
 
@@ -945,11 +1093,7 @@ static gp_status backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tens
     gp_fwd_ctx c = *ctx;
     c.grads_overwrite = false;
     if (!dx) return GP_OK;
-    GP_TRY(alloc_dx(l, x, dx, take));
-    gp_status st = l->ops->backward_data(l, &c, x, y, dy, dx, s);
-    if (st != GP_OK) free_dx(l, dx);
-    else took(dx, take);
-    return st;
+    return backward_as(l, &c, x, y, dy, dx, s, take, false);
 }
 
 gp_status gp_layer_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
@@ -973,7 +1117,8 @@ gp_status gp_layer_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx, const gp
     GP_TRY(split_begin(l));
     gp_fwd_ctx c = *ctx;
     c.grads_overwrite = false;
-    return l->ops->backward_weights ? l->ops->backward_weights(l, &c, x, y, dy, s) : GP_OK;
+    if (!l->ops->backward_weights) return GP_OK;
+    return backward_as(l, &c, x, y, dy, NULL, s, NULL, true);
 }
 
 /* ---- the loss ------------------------------------------------------------ */
@@ -1095,11 +1240,39 @@ gp_status gp_bce_with_logits(gp_device *dev, const gp_tensor *logits, const gp_t
     return GP_OK;
 }
 
+/* The losses on bf16 logits (activation storage, gp_layer.out_dtype):
+ * widened to FP32, the loss, its sums and the gradient computed in FP32,
+ * the gradient rounded once into the bf16 dlogits.  `res` (device
+ * results) or `out` (host results). */
+static gp_status loss_wide(gp_device *dev, gp_loss_kind k, float smoothing,
+                           const gp_tensor *logits, const gp_tensor *targets, float grad_scale,
+                           gp_tensor *dlogits, gp_loss_result *res, gp_loss_out *out)
+{
+    gp_tensor lf, df = {0};
+    GP_TRY(gp_tensor_as(&lf, logits, GP_F32, GP_MEM_ACTIVATIONS));
+    gp_status st = GP_OK;
+    if (dlogits) st = gp_tensor_as(&df, dlogits, GP_F32, GP_MEM_ACTIVATIONS);
+    if (st == GP_OK)
+        st = res ? gp_loss_dev(dev, k, smoothing, &lf, targets, grad_scale, dlogits ? &df : NULL, res)
+                 : gp_loss(dev, k, smoothing, &lf, targets, grad_scale, dlogits ? &df : NULL, out);
+    if (st == GP_OK && dlogits) st = gp_tensor_convert(dlogits, &df);
+    gp_tensor_free(&df);
+    gp_tensor_free(&lf);
+    return st;
+}
+
+static bool loss_f32(const gp_tensor *logits, const gp_tensor *dlogits)
+{
+    return logits->dtype == GP_F32 && (!dlogits || dlogits->dtype == GP_F32);
+}
+
 gp_status gp_loss_dev(gp_device *dev, gp_loss_kind k, float smoothing,
                       const gp_tensor *logits, const gp_tensor *targets, float grad_scale,
                       gp_tensor *dlogits, gp_loss_result *out)
 {
     GP_ASSERT(k == GP_LOSS_CROSS_ENTROPY || smoothing == 0.0f);
+    if (!loss_f32(logits, dlogits))
+        return loss_wide(dev, k, smoothing, logits, targets, grad_scale, dlogits, out, NULL);
     GP_TRY(loss_shapes(dev, k, logits, targets, dlogits));
     float *dl = dlogits ? gp_f32(dlogits) : NULL;
     if (k == GP_LOSS_CROSS_ENTROPY)
@@ -1143,6 +1316,8 @@ gp_status gp_loss(gp_device *dev, gp_loss_kind k, float smoothing, const gp_tens
                   const gp_tensor *targets, float grad_scale, gp_tensor *dlogits,
                   gp_loss_out *out)
 {
+    if (!loss_f32(logits, dlogits))
+        return loss_wide(dev, k, smoothing, logits, targets, grad_scale, dlogits, NULL, out);
     if (k == GP_LOSS_BCE_WITH_LOGITS) {
         GP_ASSERT(smoothing == 0.0f);
         return gp_bce_with_logits(dev, logits, targets, grad_scale, dlogits, out);

@@ -301,6 +301,11 @@ typedef struct gp_layer_ops {
      * backward_data then finds dx[0] sharing dy's memory (gp_layers_copy of
      * a tensor onto itself is nothing). */
     bool dx_is_dy;
+    /* forward and backward move values without reading them (identity,
+     * flatten): they run on tensors of any one element type as they are,
+     * where the storage adapter (gp_layer's out_dtype) would widen and
+     * round them for nothing. */
+    bool any_dtype;
 } gp_layer_ops;
 
 struct gp_layer {
@@ -353,6 +358,19 @@ struct gp_layer {
      * pass (gp_bn_desc.add): a residual block's sum and final relu, set by
      * the block around its second norm's forward (residual.c) */
     const float *fwd_add;
+    /* The element type of the layer's output, its dy and, where its input
+     * has it, its dx (activation storage, train.activations; GP_F32 from
+     * gp_layer_create).  A layer whose output or any input is bf16 runs
+     * through the storage adapter of the gp_layer_* wrappers unless its
+     * ops are any_dtype: its bf16 inputs (x, y, dy) widened to FP32, its
+     * FP32 kernels run, its output rounded once to out_dtype and each
+     * input's gradient rounded to that input's type.  What backward needs
+     * beyond x and y (gp_saved) stays FP32; so do a composite layer's
+     * children (residual, amoeba_cell), which see FP32 inside it.  The
+     * values are those of FP32 math with one rounding at each layer output
+     * and each gradient a layer hands back (PyTorch autocast's contract for
+     * the layers it leaves in FP32). */
+    gp_dtype out_dtype;
 };
 
 /* Make a layer of spec->type with `index`, infer shapes from `in` (batch
@@ -504,6 +522,10 @@ gp_status gp_layer_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx, const gp
 gp_status gp_layer_backward_take(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                                  const gp_tensor *y, gp_tensor *dy, gp_tensor *dx,
                                  bool data_only, gp_saved *s);
+/* *g += *sg, two gradients of one activation (a stashed output's: the
+ * next layer's and its pop's), of one element type: FP32 adds in place;
+ * bf16 widens both, adds in FP32 and rounds the sum once into g. */
+gp_status gp_layers_accumulate(gp_device *dev, gp_tensor *g, const gp_tensor *sg);
 gp_status gp_layer_zero_grad(gp_layer *l);
 /* GP_ERR_NUMERIC naming the tensor and the first element if any parameter
  * or buffer (running statistics) of l holds a NaN or an infinity; `when`

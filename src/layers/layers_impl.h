@@ -114,10 +114,10 @@ gp_status gp_layers_copy_channels(gp_device *dev, float *dst, int64_t dc, int64_
                                   const float *src, int64_t sc, int64_t s0, int64_t n, int64_t c,
                                   int64_t hw);
 
-/* dst = src's values, as many floats as src holds: the identity layers'
+/* dst = src's values, as many bytes as src holds (any element type): the identity layers'
  * forward (identity, flatten, the dropouts in eval) and their backward.
  * dst at src's own memory (a layer run in place) is nothing to do. */
-gp_status gp_layers_copy(gp_device *dev, float *dst, const gp_tensor *src);
+gp_status gp_layers_copy(gp_device *dev, void *dst, const gp_tensor *src);
 
 /* Allocate s->t[slot] on dev (category ACTIVATIONS). */
 gp_status gp_layers_saved_alloc(gp_saved *s, int slot, gp_device *dev,

@@ -83,14 +83,14 @@ static gp_status flatten_infer(const gp_layer *l, const gp_shape *in, gp_shape *
 static gp_status flatten_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                                  gp_tensor *y, gp_saved *s)
 {
-    return gp_layers_copy(l->dev, gp_f32(y), x);
+    return gp_layers_copy(l->dev, gp_tensor_mem(y), x);
 }
 
 static gp_status flatten_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                                        const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
                                        gp_saved *s)
 {
-    return gp_layers_copy(l->dev, gp_f32(dx), dy);
+    return gp_layers_copy(l->dev, gp_tensor_mem(dx), dy);
 }
 
 static double zero_flops(const gp_layer *l, int64_t n) { return 0.0; }
@@ -106,6 +106,7 @@ const gp_layer_ops gp_flatten_ops = {
     .bwd_ignores_y = true,
     .bwd_ignores_x = true,
     .dx_is_dy = true,
+    .any_dtype = true,
 };
 
 /* ---- dropout ------------------------------------------------------------- */
@@ -132,7 +133,7 @@ static gp_status dropout_masked(const gp_layer *l, const gp_fwd_ctx *ctx, const 
 static gp_status dropout_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                                  gp_tensor *y, gp_saved *s)
 {
-    if (!ctx->training || l->spec.p == 0.0f) return gp_layers_copy(l->dev, gp_f32(y), x);
+    if (!ctx->training || l->spec.p == 0.0f) return gp_layers_copy(l->dev, gp_tensor_mem(y), x);
     return dropout_masked(l, ctx, x, y);
 }
 
@@ -141,7 +142,7 @@ static gp_status dropout_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const
                                        gp_saved *s)
 {
     if (!ctx->training || l->spec.p == 0.0f) /* identity forward */
-        return gp_layers_copy(l->dev, gp_f32(dx), dy);
+        return gp_layers_copy(l->dev, gp_tensor_mem(dx), dy);
     return dropout_masked(l, ctx, dy, dx);
 }
 

@@ -52,7 +52,7 @@ static gp_status id_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor 
 {
     (void)ctx;
     (void)s;
-    return gp_layers_copy(l->dev, gp_f32(y), x);
+    return gp_layers_copy(l->dev, gp_tensor_mem(y), x);
 }
 
 static gp_status id_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
@@ -63,7 +63,7 @@ static gp_status id_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_t
     (void)x;
     (void)y;
     (void)s;
-    return gp_layers_copy(l->dev, gp_f32(dx), dy);
+    return gp_layers_copy(l->dev, gp_tensor_mem(dx), dy);
 }
 
 static double zero_flops(const gp_layer *l, int64_t n)
@@ -84,6 +84,7 @@ const gp_layer_ops gp_identity_ops = {
     .bwd_ignores_y = true,
     .bwd_ignores_x = true,
     .dx_is_dy = true,
+    .any_dtype = true,
 };
 
 /* ---- add --------------------------------------------------------------------- */
@@ -231,8 +232,8 @@ static gp_status add_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_
                                    gp_saved *s)
 {
     (void)y;
-    GP_TRY(gp_layers_copy(l->dev, gp_f32(&dx[0]), dy));
-    if (!projects(l)) return gp_layers_copy(l->dev, gp_f32(&dx[1]), dy);
+    GP_TRY(gp_layers_copy(l->dev, gp_tensor_mem(&dx[0]), dy));
+    if (!projects(l)) return gp_layers_copy(l->dev, gp_tensor_mem(&dx[1]), dy);
     GP_TRY(proj_backward(l, ctx, x, dy, &dx[1], s));
     s->flags |= GP_SAVED_WEIGHTS_DONE;
     return GP_OK;

@@ -113,7 +113,7 @@ static gp_status dropout2d_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_
                                    gp_tensor *y, gp_saved *s)
 {
     gp_device *dev = l->dev;
-    if (!ctx->training || l->spec.p == 0.0f) return gp_layers_copy(dev, gp_f32(y), x);
+    if (!ctx->training || l->spec.p == 0.0f) return gp_layers_copy(dev, gp_tensor_mem(y), x);
     const int64_t N = x->dims[0], C = x->dims[1], plane = x->dims[2] * x->dims[3];
     if (N * C * plane == 0) return GP_OK;
     gp_shape ms = gp_shape_2d(N, C);
@@ -128,7 +128,7 @@ static gp_status dropout2d_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, con
                                          const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
                                          gp_saved *s)
 {
-    if (!gp_tensor_mem(&s->t[0])) return gp_layers_copy(l->dev, gp_f32(dx), dy); /* identity forward */
+    if (!gp_tensor_mem(&s->t[0])) return gp_layers_copy(l->dev, gp_tensor_mem(dx), dy); /* identity forward */
     const int64_t N = x->dims[0], C = x->dims[1], plane = x->dims[2] * x->dims[3];
     return gp_dev_mul_rows(l->dev, gp_f32(dy), gp_f32(&s->t[0]), gp_f32(dx), N * C, plane);
 }

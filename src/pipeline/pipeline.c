@@ -401,6 +401,18 @@ static gp_shape slot_shape(const gp_pipeline *p, int i, int j, int slot)
     return gp_shape_with_batch(one, p->sizes[i]);
 }
 
+/* The element type of what cell (i, j) receives through `slot`: that of
+ * the layer output it is (or whose gradient it is): the previous stage's
+ * last layer's, the stage's own last layer's, or the stashing layer's
+ * (train.activations). */
+static gp_dtype slot_dtype(const gp_pipeline *p, int j, int slot)
+{
+    int k = slot == 0   ? p->first[j] - 1
+            : slot == 1 ? p->first[j] + p->count[j] - 1
+                        : p->opts.skips->skips[(slot - 2) / 2].from;
+    return k >= 0 ? p->layers[k].out_dtype : GP_F32;
+}
+
 /* A tensor of n values packed: ceil(n / 2) floats' bytes, which every
  * transport moves as floats. */
 static gp_shape packed_shape(int64_t n) { return (gp_shape){1, {(n + 1) / 2}}; }
@@ -453,8 +465,9 @@ static gp_status recv_target(gp_pipeline *p, int i, int j, int slot, gp_tensor *
     if (p->opts.bf16_copies) {
         *dst = staged_of(p, i, j, slot);
         sh = packed_shape(gp_shape_numel(&sh));
+        return gp_tensor_alloc(*dst, p->devs[j], &sh, GP_MEM_COPIES);
     }
-    return gp_tensor_alloc(*dst, p->devs[j], &sh, GP_MEM_COPIES);
+    return gp_tensor_alloc_as(*dst, p->devs[j], &sh, slot_dtype(p, j, slot), GP_MEM_COPIES);
 }
 
 /* bf16 copies: what arrived through `slot` of (i, j), unpacked into the
@@ -722,7 +735,8 @@ static gp_status send_tensor(gp_pipeline *p, const gp_tensor *t, int to, int tag
         GP_TRY(gp_dev_event_create(t->dev, &ps->ev));
         ps->chan = true;
         ps->dev = t->dev;
-        gp_status st = gp_dev_chan_send(t->dev, ch, gp_f32(t), gp_tensor_numel(t), after, ps->ev);
+        gp_status st = gp_dev_chan_send(t->dev, ch, (float *)gp_tensor_mem(t), gp_tensor_words(t),
+                                        after, ps->ev);
         if (st != GP_OK) {
             gp_dev_event_destroy(t->dev, ps->ev);
             return st;
@@ -731,7 +745,8 @@ static gp_status send_tensor(gp_pipeline *p, const gp_tensor *t, int to, int tag
         return GP_OK;
     }
     GP_TRY(gp_dev_synchronize(t->dev)); /* the data is written */
-    GP_TRY(gp_procs_isend_dev(t->dev, gp_f32(t), gp_tensor_numel(t), p->rank_base + to % p->n, tag,
+    GP_TRY(gp_procs_isend_dev(t->dev, (float *)gp_tensor_mem(t), gp_tensor_words(t),
+                              p->rank_base + to % p->n, tag,
                               &ps->req));
     ps->flag = flag;
     p->n_pend++;
@@ -828,7 +843,8 @@ static gp_status receive_remote(gp_pipeline *p, const gp_instr *in, gp_event_rec
         GP_TRY(recv_target(p, i, j, slot, &dst));
         ev->t1 = gp_now();
         ev->bytes = gp_tensor_bytes(dst);
-        GP_TRY(gp_dev_chan_recv(p->devs[j], ch, gp_f32(dst), gp_tensor_numel(dst), done));
+        GP_TRY(gp_dev_chan_recv(p->devs[j], ch, (float *)gp_tensor_mem(dst), gp_tensor_words(dst),
+                                done));
         cell_pending(p, i, j)[slot] = done != NULL;
         return GP_OK;
     }
@@ -842,7 +858,8 @@ static gp_status receive_remote(gp_pipeline *p, const gp_instr *in, gp_event_rec
     if (st == GP_OK) st = recv_target(p, i, j, slot, &dst);
     if (st != GP_OK) return st;
     ev->bytes = gp_tensor_bytes(dst);
-    return gp_procs_recv_dev(p->devs[j], gp_f32(dst), gp_tensor_numel(dst), from, tag);
+    return gp_procs_recv_dev(p->devs[j], (float *)gp_tensor_mem(dst), gp_tensor_words(dst), from,
+                             tag);
 }
 
 /* ---- the work of one instruction --------------------------------------- */
@@ -1305,7 +1322,8 @@ static gp_status receive(gp_pipeline *p, const gp_instr *in, gp_event_rec *ev, p
                             gp_tensor_bytes(dst), gp_tensor_bytes(src));
     ev->bytes = gp_tensor_bytes(src);
     if (p->device_time) GP_TRY(gp_dev_mark(dev, true, &ev->m0)); /* the copy stream got here */
-    st = gp_dev_copy_async(dev, gp_f32(dst), src->dev, gp_f32(src), gp_tensor_bytes(src), after, done);
+    st = gp_dev_copy_async(dev, gp_tensor_mem(dst), src->dev, gp_tensor_mem(src), gp_tensor_bytes(src),
+                           after, done);
     if (st != GP_OK) return st;
     cell_pending(p, in->i, in->j)[slot] = done != NULL;
     publish(p, copied, -1);

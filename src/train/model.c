@@ -116,6 +116,7 @@ static gp_status build_placed(const gp_config *cfg, gp_device *const *devs, int 
             gp_model_release(out);
             return s;
         }
+        out->layers[k].out_dtype = gp_config_act_dtype(cfg); /* train.activations */
         in_stage++;
         out->n_layers = k + 1;
         outs[k] = out->layers[k].out_shape;
@@ -702,9 +703,10 @@ static gp_status evaluate_at(gp_model *m, const gp_config *cfg, const eval_sourc
                 /* the previous stage's output, from its rank */
                 gp_tensor_free(&cur);
                 gp_shape cs = gp_shape_with_batch(&m->layers[first].in_shape, n);
-                s = gp_tensor_alloc(&cur, m->devs[j], &cs, GP_MEM_COPIES);
+                s = gp_tensor_alloc_as(&cur, m->devs[j], &cs, m->layers[first - 1].out_dtype,
+                                       GP_MEM_COPIES);
                 if (s == GP_OK)
-                    s = gp_procs_recv_dev(m->devs[j], gp_f32(&cur), gp_tensor_numel(&cur),
+                    s = gp_procs_recv_dev(m->devs[j], (float *)gp_tensor_mem(&cur), gp_tensor_words(&cur),
                                           m->rank_base + (j - 1) % m->n_devices, 1);
             }
             if (s != GP_OK) break;
@@ -717,22 +719,23 @@ static gp_status evaluate_at(gp_model *m, const gp_config *cfg, const eval_sourc
                 int from = m->skips.skips[t].from, a = stage_of(m, from);
                 if (procs && a % m->n_devices != m->local_device) {
                     gp_shape ks = gp_shape_with_batch(&m->layers[from].out_shape, n);
-                    s = gp_tensor_alloc(&st.skip_in[t], m->devs[j], &ks, GP_MEM_COPIES);
+                    s = gp_tensor_alloc_as(&st.skip_in[t], m->devs[j], &ks,
+                                           m->layers[from].out_dtype, GP_MEM_COPIES);
                     if (s == GP_OK)
-                        s = gp_procs_recv_dev(m->devs[j], gp_f32(&st.skip_in[t]),
-                                              gp_tensor_numel(&st.skip_in[t]),
+                        s = gp_procs_recv_dev(m->devs[j], (float *)gp_tensor_mem(&st.skip_in[t]),
+                                              gp_tensor_words(&st.skip_in[t]),
                                               m->rank_base + a % m->n_devices, 2 + t);
                     continue;
                 }
                 gp_shape ks = gp_tensor_shape(&pend[t]);
-                s = gp_tensor_alloc(&st.skip_in[t], m->devs[j], &ks, GP_MEM_COPIES);
+                s = gp_tensor_alloc_as(&st.skip_in[t], m->devs[j], &ks, pend[t].dtype, GP_MEM_COPIES);
                 if (s == GP_OK) s = gp_tensor_copy(&st.skip_in[t], &pend[t]);
                 gp_tensor_free(&pend[t]);
             }
             if (s == GP_OK && cur.dev != m->devs[j]) {
                 /* a stage boundary: move the activation to the next device */
                 gp_shape cs = gp_tensor_shape(&cur);
-                s = gp_tensor_alloc(&st.in, m->devs[j], &cs, GP_MEM_COPIES);
+                s = gp_tensor_alloc_as(&st.in, m->devs[j], &cs, cur.dtype, GP_MEM_COPIES);
                 if (s == GP_OK) s = gp_tensor_copy(&st.in, &cur);
                 gp_tensor_free(&cur);
             } else {
@@ -763,8 +766,8 @@ static gp_status evaluate_at(gp_model *m, const gp_config *cfg, const eval_sourc
                     if (!gp_tensor_mem(&pend[t]) || b % m->n_devices == m->local_device) continue;
                     sent[n_sent] = pend[t];
                     pend[t] = (gp_tensor){0};
-                    s = gp_procs_isend_dev(sent[n_sent].dev, gp_f32(&sent[n_sent]),
-                                           gp_tensor_numel(&sent[n_sent]),
+                    s = gp_procs_isend_dev(sent[n_sent].dev, (float *)gp_tensor_mem(&sent[n_sent]),
+                                           gp_tensor_words(&sent[n_sent]),
                                            m->rank_base + b % m->n_devices, 2 + t, &reqs[n_sent]);
                     n_sent++;
                 }
@@ -772,8 +775,8 @@ static gp_status evaluate_at(gp_model *m, const gp_config *cfg, const eval_sourc
                     (j + 1) % m->n_devices != m->local_device) {
                     sent[n_sent] = cur;
                     cur = (gp_tensor){0};
-                    s = gp_procs_isend_dev(sent[n_sent].dev, gp_f32(&sent[n_sent]),
-                                           gp_tensor_numel(&sent[n_sent]),
+                    s = gp_procs_isend_dev(sent[n_sent].dev, (float *)gp_tensor_mem(&sent[n_sent]),
+                                           gp_tensor_words(&sent[n_sent]),
                                            m->rank_base + (j + 1) % m->n_devices, 1,
                                            &reqs[n_sent]);
                     n_sent++;
