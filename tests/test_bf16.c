@@ -1,0 +1,328 @@
+/*
+ * test_bf16.c — activations stored in bfloat16 (train.activations: bf16;
+ * gp_layer.out_dtype, layers.h), on a CPU device, FP32 math: the storage
+ * contract every backend keeps, checked layer by layer.
+ *
+ *   - conversions: gp_tensor_convert rounds as gp_ew_bf16_bits (which
+ *     test_backend checks against a reference) and widens exactly; an odd
+ *     bf16 count is stored in whole words whose last half is zero;
+ *     gp_tensor_as is a view where nothing changes, a shape where there are
+ *     no values;
+ *   - the storage adapter, for every kind of layer (element-wise, norms,
+ *     pools, products, the layers that pop, upsample, dropout, a composite
+ *     residual block): forward on bf16 inputs gives bit for bit the FP32
+ *     layer's output on the widened inputs, rounded once; backward gives
+ *     each input's gradient as the FP32 backward's on the widened x, stored
+ *     y and dy, rounded once, and the parameters' gradients bit for bit;
+ *     in place (relu over its input's memory) the same values;
+ *   - the layers that move values without reading them (identity,
+ *     flatten) take bf16 as it is: the same bits, no rounding;
+ *   - the losses on bf16 logits: the FP32 loss of the widened logits, its
+ *     gradient rounded once; two gradients of one activation added in FP32
+ *     and rounded once (gp_layers_accumulate).
+ */
+#include "layers/layers_impl.h"
+#include "backend/elementwise.h"
+#include "test_util.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static gp_device *dev;
+
+/* n values in (-2, 2), some of them with more than bf16's 8 bits. */
+static void randn_host(float *h, int64_t n, uint32_t seed)
+{
+    uint32_t s = seed * 2654435761u + 1u;
+    for (int64_t i = 0; i < n; i++) {
+        s = s * 1664525u + 1013904223u;
+        h[i] = ((float)(s >> 8) / (float)(1u << 24)) * 4.0f - 2.0f;
+    }
+}
+
+/* A bf16 tensor of shape sh holding random values rounded. */
+static gp_tensor rand_bf16(const gp_shape *sh, uint32_t seed)
+{
+    int64_t n = gp_shape_numel(sh);
+    float *h = malloc((size_t)(n ? n : 1) * sizeof *h);
+    randn_host(h, n, seed);
+    gp_tensor f = gpt_upload(dev, sh, h), b;
+    CHECK_OK(gp_tensor_as(&b, &f, GP_BF16, GP_MEM_ACTIVATIONS));
+    gp_tensor_free(&f);
+    free(h);
+    return b;
+}
+
+/* t's values as floats on the host (widened where bf16). */
+static float *values(const gp_tensor *t)
+{
+    gp_tensor f;
+    CHECK_OK(gp_tensor_as(&f, t, GP_F32, GP_MEM_ACTIVATIONS));
+    float *h = gpt_download(&f);
+    gp_tensor_free(&f);
+    return h;
+}
+
+/* Elements where the bf16 tensor b does not hold f's FP32 values rounded
+ * to nearest even. */
+static int64_t rounded_mismatches(const gp_tensor *b, const gp_tensor *f)
+{
+    CHECK(b->dtype == GP_BF16 && f->dtype == GP_F32);
+    int64_t n = gp_tensor_numel(f), bad = 0;
+    float *hb = values(b), *hf = gpt_download(f);
+    for (int64_t i = 0; i < n; i++) {
+        float r = gp_ew_bf16_value(gp_ew_bf16_bits(hf[i]));
+        if (memcmp(&r, &hb[i], sizeof r) != 0) bad++;
+    }
+    free(hb);
+    free(hf);
+    return bad;
+}
+
+static bool same_bits(const gp_tensor *a, const gp_tensor *b)
+{
+    if (gp_tensor_numel(a) != gp_tensor_numel(b) || a->dtype != b->dtype) return false;
+    CHECK_OK(gp_dev_synchronize(dev));
+    return memcmp(gp_tensor_mem(a), gp_tensor_mem(b), gp_tensor_bytes(a)) == 0; /* host memory */
+}
+
+static void conversions(void)
+{
+    float h[7] = {1.0f, 1.00390625f, 1.01171875f, -3.3f, 0.0f, -0.0f, 65504.7f};
+    gp_shape sh = {1, {7}};
+    gp_tensor f = gpt_upload(dev, &sh, h), b, w, v;
+    CHECK_OK(gp_tensor_as(&b, &f, GP_BF16, GP_MEM_ACTIVATIONS));
+    CHECK(b.owned && b.dtype == GP_BF16 && gp_tensor_bytes(&b) == 14);
+    CHECK(gp_tensor_storage_bytes(&b) == 16 && gp_tensor_words(&b) == 4);
+    CHECK_OK(gp_dev_synchronize(dev));
+    const uint16_t *bits = gp_bf16(&b);
+    int bad = 0;
+    for (int i = 0; i < 7; i++) bad += bits[i] != gp_ew_bf16_bits(h[i]);
+    CHECK_MSG(bad == 0, "%d of 7 values rounded otherwise than gp_ew_bf16_bits", bad);
+    CHECK_MSG(bits[7] == 0, "the half word after an odd count holds %#x, not zero", bits[7]);
+    CHECK(bits[1] == 0x3f80 && bits[2] == 0x3f82); /* a tie to even, and one above it */
+    CHECK_OK(gp_tensor_as(&w, &b, GP_F32, GP_MEM_ACTIVATIONS));
+    float *hw = gpt_download(&w);
+    for (int i = 0; i < 7; i++) bad += hw[i] != gp_ew_bf16_value(bits[i]);
+    CHECK_MSG(bad == 0, "%d of 7 values widened otherwise than exactly", bad);
+    free(hw);
+    CHECK_OK(gp_tensor_as(&v, &b, GP_BF16, GP_MEM_ACTIVATIONS)); /* nothing to change: a view */
+    CHECK(!v.owned && gp_tensor_mem(&v) == gp_tensor_mem(&b));
+    gp_tensor shape = b;
+    shape.mem = NULL;
+    shape.owned = false;
+    CHECK_OK(gp_tensor_as(&v, &shape, GP_F32, GP_MEM_ACTIVATIONS)); /* no values: the shape */
+    CHECK(!v.owned && !gp_tensor_mem(&v) && v.dtype == GP_F32 && gp_tensor_numel(&v) == 7);
+    gp_tensor_free(&w);
+    gp_tensor_free(&b);
+    gp_tensor_free(&f);
+}
+
+/* One layer of `spec` on inputs of batch-1 shapes in[0 .. n_in), batch
+ * `batch`: the bf16 layer (through the adapter) against the same layer in
+ * FP32 on the widened inputs. */
+static void adapter_case(const char *what, gp_layer_spec spec, const gp_shape *in, int n_in,
+                         int64_t batch)
+{
+    gp_layer lb, lf;
+    if (gp_layer_create(&spec, 2, in, dev, 11, &lb) != GP_OK ||
+        gp_layer_create(&spec, 2, in, dev, 11, &lf) != GP_OK) {
+        CHECK_MSG(0, "%s: %s", what, gp_last_error());
+        return;
+    }
+    lb.out_dtype = GP_BF16;
+    gp_tensor xb[1 + GP_MAX_POPS], xw[1 + GP_MAX_POPS], yb, yf, yw, dyb, dyw;
+    gp_tensor dxb[1 + GP_MAX_POPS] = {{0}}, dxf[1 + GP_MAX_POPS] = {{0}};
+    for (int q = 0; q < n_in; q++) {
+        gp_shape s = gp_shape_with_batch(&in[q], batch);
+        xb[q] = rand_bf16(&s, 3u + (uint32_t)q);
+        CHECK_OK(gp_tensor_as(&xw[q], &xb[q], GP_F32, GP_MEM_ACTIVATIONS));
+    }
+    gp_fwd_ctx ctx = {.training = true, .seed = 5, .step = 1, .batch_total = batch};
+    gp_saved sb = {0}, sf = {0};
+    CHECK_OK(gp_layer_forward(&lb, &ctx, xb, &yb, &sb));
+    CHECK_OK(gp_layer_forward(&lf, &ctx, xw, &yf, &sf));
+    int64_t bad = rounded_mismatches(&yb, &yf);
+    CHECK_MSG(bad == 0, "%s forward: %lld of %lld outputs are not the FP32 output rounded", what,
+              (long long)bad, (long long)gp_tensor_numel(&yf));
+    gp_shape ys = gp_tensor_shape(&yb);
+    dyb = rand_bf16(&ys, 9);
+    CHECK_OK(gp_tensor_as(&dyw, &dyb, GP_F32, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_tensor_as(&yw, &yb, GP_F32, GP_MEM_ACTIVATIONS)); /* what backward reads: y stored */
+    CHECK_OK(gp_layer_backward(&lb, &ctx, xb, &yb, &dyb, dxb, &sb));
+    CHECK_OK(gp_layer_backward(&lf, &ctx, xw, &yw, &dyw, dxf, &sf));
+    for (int q = 0; q < n_in; q++) {
+        bad = rounded_mismatches(&dxb[q], &dxf[q]);
+        CHECK_MSG(bad == 0, "%s backward: %lld of %lld of input %d's gradient are not the FP32 "
+                  "gradient rounded", what, (long long)bad, (long long)gp_tensor_numel(&dxf[q]), q);
+    }
+    for (int p = 0; p < lb.n_params; p++) {
+        if (lb.params[p].is_buffer) continue;
+        CHECK_MSG(same_bits(&lb.params[p].grad, &lf.params[p].grad),
+                  "%s backward: the gradient of %s differs from FP32's on the same values", what,
+                  lb.params[p].name);
+    }
+    for (int q = 0; q < n_in; q++) {
+        gp_tensor_free(&xb[q]);
+        gp_tensor_free(&xw[q]);
+        gp_tensor_free(&dxb[q]);
+        gp_tensor_free(&dxf[q]);
+    }
+    gp_tensor_free(&yb);
+    gp_tensor_free(&yf);
+    gp_tensor_free(&yw);
+    gp_tensor_free(&dyb);
+    gp_tensor_free(&dyw);
+    gp_saved_free(&sb);
+    gp_saved_free(&sf);
+    gp_layer_destroy(&lb);
+    gp_layer_destroy(&lf);
+}
+
+static void adapter_layers(void)
+{
+    gp_shape map = gp_shape_4d(1, 5, 7, 9), vec = gp_shape_2d(1, 37);
+    gp_shape two[2] = {map, map};
+    gp_layer_spec s;
+    adapter_case("relu", gp_layer_spec_default(GP_LAYER_RELU), &map, 1, 3);
+    s = gp_layer_spec_default(GP_LAYER_LEAKY_RELU);
+    s.slope = 0.2f;
+    adapter_case("leaky_relu", s, &map, 1, 3);
+    adapter_case("batchnorm", gp_layer_spec_default(GP_LAYER_BATCHNORM), &map, 1, 3);
+    adapter_case("instance_norm", gp_layer_spec_default(GP_LAYER_INSTANCE_NORM), &map, 1, 3);
+    s = gp_layer_spec_default(GP_LAYER_MAXPOOL2D);
+    s.kernel = gp_hw_square(3);
+    s.stride = gp_hw_square(2);
+    s.padding = gp_hw_square(1);
+    adapter_case("maxpool2d", s, &map, 1, 3);
+    s.type = GP_LAYER_AVGPOOL2D;
+    adapter_case("avgpool2d", s, &map, 1, 3);
+    adapter_case("global_avgpool", gp_layer_spec_default(GP_LAYER_GLOBAL_AVGPOOL), &map, 1, 3);
+    s = gp_layer_spec_default(GP_LAYER_DROPOUT);
+    s.p = 0.3f;
+    adapter_case("dropout", s, &vec, 1, 4);
+    s = gp_layer_spec_default(GP_LAYER_UPSAMPLE);
+    adapter_case("upsample", s, &map, 1, 2);
+    s = gp_layer_spec_default(GP_LAYER_LINEAR);
+    s.out = 19;
+    adapter_case("linear", s, &vec, 1, 5);
+    s = gp_layer_spec_default(GP_LAYER_CONV2D);
+    s.out = 6;
+    s.kernel = gp_hw_square(3);
+    s.padding = gp_hw_square(1);
+    adapter_case("conv2d", s, &map, 1, 3);
+    s = gp_layer_spec_default(GP_LAYER_ADD);
+    s.n_pop = 1;
+    snprintf(s.pop[0], sizeof s.pop[0], "a");
+    adapter_case("add", s, two, 2, 3);
+    s.type = GP_LAYER_CONCAT;
+    adapter_case("concat", s, two, 2, 3);
+    s = gp_layer_spec_default(GP_LAYER_RESIDUAL);
+    s.out = 8;
+    s.stride = gp_hw_square(2);
+    adapter_case("residual", s, &map, 1, 2);
+}
+
+/* Layers that move values without reading them take bf16 as it is, and a
+ * relu in place rounds into its input's memory. */
+static void as_they_are(void)
+{
+    gp_shape map = gp_shape_4d(1, 3, 4, 5);
+    for (int k = 0; k < 2; k++) {
+        gp_layer_spec spec = gp_layer_spec_default(k ? GP_LAYER_FLATTEN : GP_LAYER_IDENTITY);
+        gp_layer l;
+        CHECK_OK(gp_layer_create(&spec, 0, &map, dev, 1, &l));
+        l.out_dtype = GP_BF16;
+        gp_shape xs = gp_shape_with_batch(&map, 2);
+        gp_tensor x = rand_bf16(&xs, 4), y, dx = {0};
+        gp_fwd_ctx ctx = {.training = true, .batch_total = 2};
+        gp_saved s = {0};
+        CHECK_OK(gp_layer_forward(&l, &ctx, &x, &y, &s));
+        CHECK_MSG(y.dtype == GP_BF16 && gp_tensor_numel(&y) == gp_tensor_numel(&x) &&
+                      memcmp(gp_tensor_mem(&y), gp_tensor_mem(&x), gp_tensor_bytes(&x)) == 0,
+                  "%s: bf16 out is not bf16 in, bit for bit", gp_layer_type_name(spec.type));
+        gp_shape ys = gp_tensor_shape(&y);
+        gp_tensor dy = rand_bf16(&ys, 6);
+        CHECK_OK(gp_layer_backward(&l, &ctx, &x, &y, &dy, &dx, &s));
+        CHECK_MSG(dx.dtype == GP_BF16 &&
+                      memcmp(gp_tensor_mem(&dx), gp_tensor_mem(&dy), gp_tensor_bytes(&dy)) == 0,
+                  "%s: bf16 dx is not bf16 dy, bit for bit", gp_layer_type_name(spec.type));
+        gp_tensor_free(&dx);
+        gp_tensor_free(&dy);
+        gp_tensor_free(&y);
+        gp_tensor_free(&x);
+        gp_saved_free(&s);
+        gp_layer_destroy(&l);
+    }
+    gp_layer_spec rs = gp_layer_spec_default(GP_LAYER_RELU);
+    gp_layer l;
+    CHECK_OK(gp_layer_create(&rs, 0, &map, dev, 1, &l));
+    l.out_dtype = GP_BF16;
+    gp_shape xs = gp_shape_with_batch(&map, 2);
+    gp_tensor x = rand_bf16(&xs, 8), xw, y, yf;
+    CHECK_OK(gp_tensor_as(&xw, &x, GP_F32, GP_MEM_ACTIVATIONS));
+    gp_fwd_ctx ctx = {.training = true, .batch_total = 2};
+    gp_saved s = {0};
+    l.out_dtype = GP_F32;
+    CHECK_OK(gp_layer_forward(&l, &ctx, &xw, &yf, &s));
+    l.out_dtype = GP_BF16;
+    CHECK_OK(gp_layer_forward_inplace(&l, &ctx, &x, &y, &s));
+    CHECK(gp_tensor_mem(&y) == gp_tensor_mem(&x) && !y.owned && y.dtype == GP_BF16);
+    CHECK_MSG(rounded_mismatches(&y, &yf) == 0, "relu in place: not the FP32 relu rounded");
+    gp_tensor_free(&yf);
+    gp_tensor_free(&xw);
+    gp_tensor_free(&x);
+    gp_saved_free(&s);
+    gp_layer_destroy(&l);
+}
+
+/* The losses on bf16 logits, and gradients added up. */
+static void losses_and_sums(void)
+{
+    gp_shape ls = gp_shape_2d(6, 7), ts = {1, {6}};
+    gp_tensor lb = rand_bf16(&ls, 12), lw, db, dw;
+    float lab[6] = {0, 3, 6, 2, 2, 5};
+    gp_tensor t = gpt_upload(dev, &ts, lab);
+    CHECK_OK(gp_tensor_as(&lw, &lb, GP_F32, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_tensor_alloc_as(&db, dev, &ls, GP_BF16, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_tensor_alloc(&dw, dev, &ls, GP_MEM_ACTIVATIONS));
+    gp_loss_out ob = {0}, ow = {0};
+    CHECK_OK(gp_loss(dev, GP_LOSS_CROSS_ENTROPY, 0.1f, &lb, &t, 0.25f, &db, &ob));
+    CHECK_OK(gp_loss(dev, GP_LOSS_CROSS_ENTROPY, 0.1f, &lw, &t, 0.25f, &dw, &ow));
+    CHECK_MSG(ob.loss_sum == ow.loss_sum && ob.correct == ow.correct && ob.count == 6,
+              "cross-entropy on bf16 logits: %.17g (%lld right) against %.17g (%lld) on the "
+              "widened ones", ob.loss_sum, (long long)ob.correct, ow.loss_sum, (long long)ow.correct);
+    CHECK_MSG(rounded_mismatches(&db, &dw) == 0, "cross-entropy on bf16 logits: the gradient is "
+              "not the FP32 gradient rounded");
+    /* g += sg in bf16: the FP32 sum of the two, rounded */
+    gp_tensor g = rand_bf16(&ls, 21), sg = rand_bf16(&ls, 22), gw, sw;
+    CHECK_OK(gp_tensor_as(&gw, &g, GP_F32, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_tensor_as(&sw, &sg, GP_F32, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_layers_accumulate(dev, &g, &sg));
+    CHECK_OK(gp_layers_accumulate(dev, &gw, &sw));
+    CHECK_MSG(rounded_mismatches(&g, &gw) == 0, "bf16 gradients added: not the FP32 sum rounded");
+    int64_t moved = 0;
+    float *a = values(&g), *b = values(&sg);
+    for (int i = 0; i < 42; i++) moved += a[i] != b[i];
+    CHECK_MSG(moved > 30, "bf16 gradients added: %lld of 42 values changed", (long long)moved);
+    free(a);
+    free(b);
+    gp_tensor *all[] = {&lb, &lw, &db, &dw, &t, &g, &sg, &gw, &sw};
+    for (size_t k = 0; k < sizeof all / sizeof *all; k++) gp_tensor_free(all[k]);
+}
+
+int main(void)
+{
+    gpt_open_cpu_devices(&dev, 1, 1);
+    conversions();
+    adapter_layers();
+    as_they_are();
+    losses_and_sums();
+    /* every byte came back (the backend's own scratch arena aside) */
+    for (int c = 0; c < GP_MEM_COUNT; c++)
+        CHECK_MSG(c == GP_MEM_WORKSPACE || dev->alloc.cur_by[c] == 0, "leaked %zu bytes of %s",
+                  dev->alloc.cur_by[c], gp_mem_category_name((gp_mem_category)c));
+    gp_device_close(dev);
+    return gpt_finish("test_bf16");
+}
