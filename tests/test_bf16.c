@@ -191,6 +191,10 @@ static void adapter_layers(void)
     adapter_case("leaky_relu", s, &map, 1, 3);
     adapter_case("batchnorm", gp_layer_spec_default(GP_LAYER_BATCHNORM), &map, 1, 3);
     adapter_case("instance_norm", gp_layer_spec_default(GP_LAYER_INSTANCE_NORM), &map, 1, 3);
+    /* linked to a leaky relu after it: its backward reads y, not x */
+    s = gp_layer_spec_default(GP_LAYER_INSTANCE_NORM);
+    s.leaky_after = 0.2f;
+    adapter_case("instance_norm (leaky_after)", s, &map, 1, 3);
     s = gp_layer_spec_default(GP_LAYER_MAXPOOL2D);
     s.kernel = gp_hw_square(3);
     s.stride = gp_hw_square(2);

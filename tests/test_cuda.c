@@ -1879,6 +1879,63 @@ static void test_bf16_training(void)
     free(x);
 }
 
+/* Activations stored in bf16 with FP32 math (train.activations: bf16, the
+ * storage-only mode) on the GPU: two stages on cuda:0 give the one-stage
+ * run's losses bit for bit (the stage boundary rounds nothing the layers
+ * did not; deterministic algorithms on both), and both stay within 1e-2 of
+ * the same mode on the CPU, whose FP32 kernels differ (not bit for bit:
+ * a different sum can round to a neighbouring bf16), and differ from the
+ * GPU's FP32 storage (the rounding happened). */
+static void test_bf16_storage(void)
+{
+    static const char *yaml =
+        "model:\n  input: [3, 16, 16]\n  layers:\n"
+        "    - conv2d: {out: 16, kernel: 3, padding: 1}\n    - batchnorm\n    - relu\n"
+        "    - conv2d: {out: 32, kernel: 3, padding: 1}\n    - relu\n    - maxpool2d: {kernel: 2}\n"
+        "    - flatten\n    - linear: {out: 64}\n    - relu\n    - dropout: {p: 0.2}\n"
+        "    - linear: {out: 10}\n"
+        "data: {dataset: synthetic, synthetic: {train: 64, test: 16, classes: 10}}\n"
+        "train: {batch_size: 32, seed: 5, deterministic: true, optimizer: {lr: 0.05, "
+        "momentum: 0.9}}\n"
+        "pipeline: {devices: [cpu:0], threads: 2, chunks: 2, balance: [5, 6]}\n";
+    enum { B = 32, STEPS = 6, NPIX = 3 * 16 * 16 };
+    float *x = malloc(sizeof(float) * B * NPIX), y[B];
+    for (int i = 0; i < B * NPIX; i++) x[i] = 0.5f * frand();
+    for (int i = 0; i < B; i++) y[i] = (float)(i % 10);
+    static const char *runs[4][2] = {{"train.activations=bf16", "pipeline.devices=[cpu:0]"},
+                                     {"train.activations=bf16", "pipeline.devices=[cuda:0]"},
+                                     {"train.activations=bf16", "pipeline.devices=[cuda:0, cuda:0]"},
+                                     {"train.activations=fp32", "pipeline.devices=[cuda:0]"}};
+    double loss[4][STEPS];
+    for (int r = 0; r < 4; r++) {
+        /* one device takes every layer: no balance */
+        const char *sets[3] = {runs[r][0], runs[r][1], "pipeline.balance=auto"};
+        gp_status st = gpt_run_losses(yaml, sets, r == 2 ? 2 : 3, x, y, B, STEPS, loss[r]);
+        CHECK_MSG(st == GP_OK, "%s %s: %s", runs[r][0], runs[r][1], gp_last_error());
+        if (st != GP_OK) {
+            free(x);
+            return;
+        }
+    }
+    bool same12 = true, same13 = true;
+    double worst = 0;
+    for (int k = 0; k < STEPS; k++) {
+        same12 &= loss[1][k] == loss[2][k];
+        same13 &= loss[1][k] == loss[3][k];
+        worst = fmax(worst, fabs(loss[1][k] - loss[0][k]) / fabs(loss[0][k]));
+    }
+    CHECK_MSG(same12, "bf16 activations: two stages on cuda:0 differ from one (first %.9g / %.9g)",
+              loss[2][0], loss[1][0]);
+    CHECK_MSG(!same13, "bf16 activations on cuda:0: the same losses as fp32 storage (%.9g)",
+              loss[3][0]);
+    CHECK_MSG(worst <= 1e-2 && loss[1][STEPS - 1] < loss[1][0],
+              "bf16 activations: cuda:0 %.3g relative from cpu:0 (at most 1e-2), first %.4f "
+              "last %.4f", worst, loss[1][0], loss[1][STEPS - 1]);
+    printf("test_cuda: bf16 activations: cuda:0 within %.3g of cpu:0 over %d steps; 2 stages on "
+           "cuda:0 %s\n", worst, STEPS, same12 ? "bit for bit the one-stage run" : "DIFFER");
+    free(x);
+}
+
 /* Another handle of cuda:0 (opts, and the environment variable env = value
  * while it opens; NULLs: none) in D2[1]'s place, bound to this thread;
  * variant_close gives the place back to gpu. */
@@ -1981,6 +2038,7 @@ int main(int argc, char **argv)
     test_bf16_ops(cpu, NULL);
     test_bf16_ops(cpu, "force");
     test_bf16_training();
+    test_bf16_storage();
     gp_device_bind_thread(gpu);
     /* One GPU's share of the copies and the pipeline: device-to-device, and
      * a 1-stage pipeline on cuda:0 against the CPU.  The 2-GPU parts are

@@ -928,6 +928,15 @@ def main():
                                                      "pipeline.checkpoint=never",
                                                      "pipeline.balance=[6, 6]",
                                                      "pipeline.copy_precision=bf16"], chans=True)
+        # activations stored in bf16 (train.activations): the bf16 tensors
+        # themselves as MPI messages (in whole 4-byte words), staged and on
+        # channels, evaluation's messages too: the same bits as threads
+        same_run(tmp, "mlp-act-bf16", MLP, 2, ["pipeline.balance=[4, 3]",
+                                               "train.activations=bf16"])
+        same_run(tmp, "unet-4-act-bf16-staged", UNET, 4, [ubal, "train.activations=bf16"],
+                 stage=True)
+        same_run(tmp, "unet-4-act-bf16-chan", UNET, 4, [ubal, "train.activations=bf16"],
+                 chans=True)
         same_device_names(tmp)
         exports(tmp)
         image_folders(tmp)

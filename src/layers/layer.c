@@ -1022,14 +1022,15 @@ static gp_status run_backward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tenso
 
 /* run_backward through the storage adapter where the layer needs it: x, y
  * and dy widened (the values its backward reads: the main input's shape
- * alone under bwd_ignores_x, y's under bwd_ignores_y), each input's
+ * alone where it ignores x, y's where it ignores y, ignores_x / ignores_y:
+ * the linked instance norm reads its output), each input's
  * gradient rounded to that input's type.  Nothing is handed on (take). */
 static gp_status backward_as(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                              const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx, gp_saved *s,
                              gp_tensor *take, bool weights)
 {
     if (!adapts(l, x)) return run_backward(l, ctx, x, y, dy, dx, s, take, weights);
-    bool xs[1 + GP_MAX_POPS] = {l->ops->bwd_ignores_x}, ys = l->ops->bwd_ignores_y;
+    bool xs[1 + GP_MAX_POPS] = {ignores_x(&l->spec)}, ys = ignores_y(&l->spec);
     gp_tensor xf[1 + GP_MAX_POPS], yf, dyf, dxf[1 + GP_MAX_POPS] = {{0}};
     GP_TRY(widen(x, l->n_in, xs, xf));
     gp_status st = widen(y, 1, &ys, &yf);
