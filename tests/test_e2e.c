@@ -82,6 +82,23 @@ static bool summary_line_has(const char *out, int k, const char *what)
     return w && (size_t)(w - l) < n;
 }
 
+/* The bytes of "total: ... X MiB of activations per batch" in a --dry-run
+ * summary (-1 if absent). */
+static double summary_activations(const char *out)
+{
+    const char *t = strstr(out, "\ntotal: ");
+    const char *e = t ? strstr(t, " of activations per batch") : NULL;
+    if (!e) return -1;
+    const char *c = e;
+    while (c > t && c[-1] != ',') c--;
+    double v;
+    char unit[8];
+    if (sscanf(c, " %lf %7s", &v, unit) != 2) return -1;
+    double k = !strcmp(unit, "B") ? 1 : !strcmp(unit, "KiB") ? 1024 : !strcmp(unit, "MiB") ? 1048576
+             : !strcmp(unit, "GiB") ? 1073741824.0 : -1;
+    return k < 0 ? -1 : v * k;
+}
+
 static void test_cli_errors(void)
 {
     char out[16384], cmd[2048];
@@ -170,6 +187,20 @@ static void test_cli_errors(void)
                   summary_line_has(out, 3, "out nChw") && summary_line_has(out, 6, "out nChw") &&
                   !summary_line_has(out, 7, "out nChw"),
               "blocked chains 0..4 and 4..7: %s", out);
+    /* activations stored in bf16 (train.activations): the layer outputs
+     * counted at 2 bytes, what layers keep beside them (pooling indices,
+     * batch-norm statistics) at 4, and the summary says so */
+    snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --dry-run", bin, GPIPE_SOURCE_DIR);
+    CHECK(run(cmd, out, sizeof out) == 0);
+    double a32 = summary_activations(out);
+    snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --dry-run --set train.activations=bf16",
+             bin, GPIPE_SOURCE_DIR);
+    CHECK(run(cmd, out, sizeof out) == 0);
+    double a16 = summary_activations(out);
+    CHECK_MSG(a32 > 0 && a16 > 0.45 * a32 && a16 < 0.6 * a32 &&
+                  strstr(out, "checkpoint except_last, lockstep, activations in bf16\n"),
+              "--dry-run in bf16: %.0f bytes of activations against fp32's %.0f: %s", a16, a32,
+              out);
     snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --dry-run --set train.deterministic=true",
              bin, GPIPE_SOURCE_DIR);
     CHECK(run(cmd, out, sizeof out) == 0);

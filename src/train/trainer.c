@@ -1774,7 +1774,9 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
         int64_t np = gp_layer_param_count(l);
         double fl = l->ops->flops(l, b);
         bool own = !inplace[k] && !unkept[k]; /* the output is kept for backward */
-        double act = (own ? (double)gp_shape_numel(&os) * (double)b * 4.0 : 0.0) +
+        double act = (own ? (double)gp_shape_numel(&os) * (double)b *
+                                (double)gp_dtype_size(l->out_dtype) /* train.activations */
+                          : 0.0) +
                      (l->ops->saved_bytes ? (double)l->ops->saved_bytes(l, b) : 0.0);
         tp += np; tf += fl; ta += act;
         sp += np; sf += fl; sa += act;
@@ -1832,7 +1834,7 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
         }
         char kb[32];
         gp_shape ks = m.layers[k->from].out_shape;
-        size_t bytes = (size_t)gp_shape_numel(&ks) * sizeof(float);
+        size_t bytes = (size_t)gp_shape_numel(&ks) * gp_dtype_size(m.layers[k->from].out_dtype);
         if (s_from == s_to)
             fprintf(f, "skip '%s': layer %d -> %d, inside stage %d (%s per sample)\n", k->name,
                     k->from, k->to, s_from, gp_format_bytes(bytes, kb, sizeof kb));
@@ -1861,10 +1863,11 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
                  "replica's share of the batch is %lld)", R, total, all,
                  (long long)(cfg->train.batch_size / R));
     }
-    fprintf(f, "pipeline: %d device(s)%s, chunks %d, checkpoint %s, %s%s\n", n, reps,
+    fprintf(f, "pipeline: %d device(s)%s, chunks %d, checkpoint %s, %s%s%s\n", n, reps,
             pc->chunks, gp_checkpoint_mode_name(pc->checkpoint),
             pc->lockstep ? "lockstep" : "free-running",
-            n > 1 && gp_config_bf16_copies(cfg) ? ", copies in bf16" : "");
+            n > 1 && gp_config_bf16_copies(cfg) ? ", copies in bf16" : "",
+            gp_config_act_dtype(cfg) == GP_BF16 ? ", activations in bf16" : "");
     char shared[160];
     if (cores_shared(pc, shared, sizeof shared)) fprintf(f, "note: %s\n", shared); /* as a run */
     const gp_optim_config *oc = &cfg->train.optim;
