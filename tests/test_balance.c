@@ -1070,17 +1070,22 @@ static bool simulator_attempt(bool last)
     cfg.pipeline.n_balance = 2;
     cfg.pipeline.balance[0] = bal[0];
     cfg.pipeline.balance[1] = bal[1];
-    /* the last two with copies in bf16: held and in flight at half size */
-    int ms[7] = {1, 4, 8, 4, 4, 8, 4};
-    gp_checkpoint_mode modes[7] = {GP_CKPT_EXCEPT_LAST, GP_CKPT_EXCEPT_LAST, GP_CKPT_EXCEPT_LAST,
+    /* 5 and 6 with copies in bf16: held and in flight at half size; 7 and
+     * 8 with activations stored in bf16 (train.activations: every layer
+     * output at half size, the input and the FP32 widened while a layer
+     * runs as they are) */
+    int ms[9] = {1, 4, 8, 4, 4, 8, 4, 8, 4};
+    gp_checkpoint_mode modes[9] = {GP_CKPT_EXCEPT_LAST, GP_CKPT_EXCEPT_LAST, GP_CKPT_EXCEPT_LAST,
                                    GP_CKPT_ALWAYS,      GP_CKPT_NEVER,       GP_CKPT_ALWAYS,
-                                   GP_CKPT_NEVER};
-    for (int q = 0; q < 7; q++) {
-        bool bf16 = q >= 5;
+                                   GP_CKPT_NEVER,       GP_CKPT_NEVER,       GP_CKPT_ALWAYS};
+    for (int q = 0; q < 9; q++) {
+        bool bf16 = q == 5 || q == 6, act = q >= 7;
         cfg.pipeline.chunks = ms[q];
         cfg.pipeline.checkpoint = modes[q];
         cfg.pipeline.copy_precision = bf16 ? GP_COPY_BF16 : GP_COPY_FP32;
+        cfg.train.activations = act ? GP_ACT_BF16 : GP_ACT_FP32;
         p.bf16_copies = bf16;
+        p.act_dtype = act ? GP_BF16 : GP_F32;
         gp_sim_result r;
         CHECK_OK(gp_simulate(&p, 2, bal, ms[q], cfg.pipeline.checkpoint, true, NULL, &r));
         if (bf16 && modes[q] == GP_CKPT_ALWAYS) {
@@ -1118,7 +1123,7 @@ static bool simulator_attempt(bool last)
             double got = (double)devs[j]->alloc.peak, want = r.peak_bytes[j];
             printf("test_balance: m = %d, %s%s, device %d: simulated peak %.2f MiB, measured %.2f "
                    "MiB (ratio %.3f)\n", ms[q], gp_checkpoint_mode_name(modes[q]),
-                   bf16 ? ", bf16 copies" : "", j, want / 1048576.0,
+                   bf16 ? ", bf16 copies" : act ? ", bf16 activations" : "", j, want / 1048576.0,
                    got / 1048576.0, want / got);
             /* a little conservative is the safe side (fits = really fits).
              * The measured peak counts the copies in flight, which depend

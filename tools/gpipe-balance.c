@@ -540,6 +540,9 @@ int main(int argc, char **argv)
                                        cfg.model.input);
         if (s == GP_OK) s = check_profile_sizes(&prof, prof_in, batch, m, R, simulate);
         if (s != GP_OK) gp_profile_free(&prof);
+        /* facts of this run, not of the profile (balance.h) */
+        prof.bf16_copies = gp_config_bf16_copies(&cfg);
+        prof.act_dtype = (int)gp_config_act_dtype(&cfg);
         /* the same model on other hardware: its times are a guess, not a lie */
         int threads = gp_model_device_threads(&cfg.pipeline, 0);
         gp_device_kind k1 = GP_DEV_CPU, k2 = GP_DEV_CPU;

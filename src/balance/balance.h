@@ -136,6 +136,14 @@ typedef struct gp_profile {
                                   run, not measured nor saved (gp_model_profile
                                   sets it from the config; set it again on a
                                   loaded profile) */
+    int act_dtype;             /* gp_dtype the run stores activations in
+                               (train.activations): the profile measures
+                               FP32 layer outputs, and the simulator counts
+                               each at this size (bf16: half; the model
+                               input and what a layer keeps beside its
+                               output stay FP32).  A fact of the run like
+                               bf16_copies, not saved: set on a loaded
+                               profile too */
     int warmup, reps;
     int n_sizes;               /* micro-batch sizes measured, ascending */
     int64_t sizes[GP_PROFILE_MAX_SIZES];

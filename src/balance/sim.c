@@ -64,6 +64,24 @@ static double hold_tick(double *q)
     return f;
 }
 
+/* Layer k's activation sizes at the run's storage (p->act_dtype): every
+ * layer output at its element's size, the model input (layer 0's input)
+ * FP32, and what a layer keeps beside its output (gp_saved, measured with
+ * it) as measured. */
+typedef struct {
+    double in, out, keep;
+} stored_mem;
+
+static stored_mem stored(const gp_profile *p, int k)
+{
+    const gp_layer_mem *m = &p->mem[k];
+    double h = p->act_dtype == GP_BF16 ? 0.5 : 1.0;
+    stored_mem s = {k == 0 ? m->in_per_sample : h * m->in_per_sample, h * m->out_per_sample,
+                    m->keep_per_sample};
+    if (!m->inplace && !m->unkept) s.keep = fmax(s.keep - (1 - h) * m->out_per_sample, 0.0);
+    return s;
+}
+
 double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const int64_t *sizes,
                            int j, int first, int count)
 {
@@ -75,20 +93,23 @@ double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const 
         stat += (double)(mm[k].param_bytes + mm[k].grad_bytes + mm[k].optim_bytes);
         if ((double)mm[k].workspace_bytes > ws) ws = (double)mm[k].workspace_bytes;
         /* a stage's first layer runs out of place: its input is the stage's */
-        double kk = mm[k].keep_per_sample;
-        if (k == first && mm[k].inplace) kk += mm[k].out_per_sample;
+        stored_mem sk = stored(p, k);
+        double kk = sk.keep;
+        if (k == first && mm[k].inplace) kk += sk.out;
         if (k == last) { /* the stage output is kept: the memory of the layer that made it */
             int o = k; /* through the in-place layers over it (the whole model's flags) */
             while (o > first && mm[o].inplace) o--;
-            if (mm[o].unkept) kk += mm[o].out_per_sample;
+            if (mm[o].unkept) kk += stored(p, o).out;
         }
         keep += kk;
+        /* (at FP32 bytes: a layer whose activations are stored in bf16
+         * widens its input and gradients to FP32 while it runs) */
         if (mm[k].in_per_sample > in_max) in_max = mm[k].in_per_sample;
         /* a checkpointed forward holds the layer's input and what it makes */
-        double t = mm[k].in_per_sample + kk;
+        double t = sk.in + kk;
         if (t > ck_max) ck_max = t;
     }
-    double in = mm[first].in_per_sample, out = mm[last].out_per_sample;
+    double in = stored(p, first).in, out = stored(p, last).out;
     /* skips from an earlier stage count as more input, to a later one as
      * more output: received, held and answered the same way, except how
      * long.  A skip to a stage d > 1 stages on is copied when that stage
@@ -103,7 +124,7 @@ double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const 
     double far_out[SIM_HOLD] = {0}, far_in[SIM_HOLD] = {0}, far_out_sum = 0, far_in_sum = 0;
     for (int t = 0; t < p->n_skips; t++) {
         const gp_profile_skip *k = &p->skips[t];
-        double b = mm[k->from].out_per_sample;
+        double b = stored(p, k->from).out;
         if (k->from < first && k->to >= first && k->to <= last) {
             in += b;
             int dist = hold_of(j, first - k->from);
@@ -125,7 +146,7 @@ double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const 
      * on a U-Net peaked 12-25% over its plan */
     double grads = 0;
     for (int k = first; k < last; k++)
-        if (mm[k].param_bytes > 0) grads += mm[k].out_per_sample;
+        if (mm[k].param_bytes > 0) grads += stored(p, k).out;
     /* bf16 copies (p->bf16_copies): what crosses a boundary is sent,
      * received and, between a checkpointed forward and its recompute, held
      * packed (h of its FP32 bytes), and widened while an instruction reads

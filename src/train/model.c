@@ -270,6 +270,7 @@ gp_status gp_model_profile(const gp_config *cfg, const gp_model_profile_opts *o,
     }
     GP_TRY(gp_profile_run(cfg->model.layers, cfg->model.n_layers, cfg->model.input, &po, out));
     out->bf16_copies = gp_config_bf16_copies(cfg);
+    out->act_dtype = (int)gp_config_act_dtype(cfg);
     return GP_OK;
 }
 
