@@ -22,9 +22,10 @@ True, SGD momentum 0.9, the batch copied from pinned host memory each step
 backward, step, and the loss read each step (gpipe reads its once per
 step too).  Median of --steps after 3 warm-ups, in ms.
 
---gpipe FILE: lines "CONFIG BATCH PRECISION MS" (gpu_bars.sh writes
-them) add gpipe's column and the ratio PyTorch / gpipe (above 1: gpipe
-faster).  PyYAML is used where installed; the GPU machines' PyTorch may
+--gpipe FILE: lines "CONFIG BATCH PRECISION MS [PEAK_BYTES]" (gpu_bars.sh
+writes them) add gpipe's column and the ratio PyTorch / gpipe (above 1:
+gpipe faster), and gpipe's peak device memory beside PyTorch's
+(torch.cuda.max_memory_allocated over the timed run).  PyYAML is used where installed; the GPU machines' PyTorch may
 come without it, so a small reader of these flat configs stands in.
 --profile N: N more steps under torch.profiler after the timed ones, and
 its table of kernels by their own device time (where PyTorch's step goes).
@@ -379,6 +380,8 @@ def step_ms(cfg, batch, precision, device, steps, profile=0):
         loss.item()  # reads the loss: waits for the step
 
     ts = []
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
     for s in range(steps + 3):
         if cuda:
             torch.cuda.synchronize()
@@ -402,7 +405,8 @@ def step_ms(cfg, batch, precision, device, steps, profile=0):
                 break
             except Exception:  # the key's name changed between versions
                 continue
-    return statistics.median(ts) * 1e3
+    peak = torch.cuda.max_memory_allocated(device) if cuda else 0
+    return statistics.median(ts) * 1e3, peak
 
 
 def main():
@@ -420,25 +424,28 @@ def main():
     if args.gpipe and os.path.exists(args.gpipe):
         for line in open(args.gpipe):
             f = line.split()
-            if len(f) == 4:
-                gp[(os.path.normpath(f[0]), int(f[1]), f[2])] = float(f[3])
+            if len(f) in (4, 5):
+                gp[(os.path.normpath(f[0]), int(f[1]), f[2])] = (
+                    float(f[3]), float(f[4]) if len(f) == 5 else 0.0)
     name = (torch.cuda.get_device_name(torch.device(args.device)) if args.device.startswith("cuda")
             else "CPU")
     print("PyTorch %s on %s (%s); cudnn.benchmark; median of %d steps"
           % (torch.__version__, args.device, name, args.steps))
     print()
-    print("| model, batch | precision | PyTorch ms | gpipe ms | PyTorch / gpipe |")
-    print("|---|---|---|---|---|")
+    print("| model, batch | precision | PyTorch ms | gpipe ms | PyTorch / gpipe "
+          "| peak GB PyTorch | peak GB gpipe |")
+    print("|---|---|---|---|---|---|---|")
     for run in args.runs or DEFAULT:
         path, batch = run.rsplit(":", 1)
         batch = int(batch)
         cfg = read_config(os.path.join(ROOT, path) if not os.path.isabs(path) else path)
         for prec in args.precisions.split(","):
-            t = step_ms(cfg, batch, prec, args.device, args.steps, args.profile)
-            g = gp.get((os.path.normpath(path), batch, prec))
-            print("| %s, %d | %s | %.2f | %s | %s |"
+            t, peak = step_ms(cfg, batch, prec, args.device, args.steps, args.profile)
+            g, gpeak = gp.get((os.path.normpath(path), batch, prec), (0.0, 0.0))
+            print("| %s, %d | %s | %.2f | %s | %s | %.2f | %s |"
                   % (path, batch, prec, t, "%.2f" % g if g else "-",
-                     "**%.2f**" % (t / g) if g else "-"))
+                     "**%.2f**" % (t / g) if g else "-", peak / 1e9,
+                     "%.2f" % (gpeak / 1e9) if gpeak else "-"))
             sys.stdout.flush()
 
 

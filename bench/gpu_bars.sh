@@ -17,7 +17,8 @@
 # Prints a Markdown table; traces and metrics go to $OUT (the device tool's
 # folder that comes back) or /tmp/gpu-bars.  BIN=build DEV=cpu:0 SCALE=32
 # STEPS=4 runs the same on a CPU with batches / 32, to check the script
-# itself; PARTS=precision runs only issue 15's part below.
+# itself; PARTS=precision runs only issue 15's part below; PARTS=bf16 only
+# issue 50's table (just below).
 # Last, issue 15's fp32 against tf32 on the five configs of its table, and
 # fp32 with train.deterministic (cuDNN's heuristic choice, as at 82fd00b)
 # against the default measured choice; the mlp's products on cuBLASLt
@@ -52,17 +53,61 @@ train() { # name config batch devices chunks [extra --set ...]
     --metrics "$OUT/$name.jsonl" "$@" > "$OUT/$name.log" 2>&1 ||
     { echo "gpu_bars: $name failed:"; tail -5 "$OUT/$name.log"; return 1; }
 }
-median() { # metrics file -> "median_step_ms max_host_waits"; a failure ends the script
+median() { # metrics file -> "median_step_ms max_host_waits peak_bytes"; a failure ends the script
   "$PY" - "$1" <<'EOF'
 import json, statistics, sys
 steps = [json.loads(l) for l in open(sys.argv[1]) if '"step_seconds"' in l]
 t = [s["step_seconds"] for s in steps[2:]]
 w = [d.get("host_waits", -1) for s in steps[2:] for d in s["devices"]]
-print("%.2f %d" % (statistics.median(t) * 1e3, max(w)))
+p = [d.get("peak_bytes", 0) for s in steps for d in s["devices"]]
+print("%.2f %d %d" % (statistics.median(t) * 1e3, max(w), max(p)))
 EOF
 }
 ratio() { "$PY" -c "print('%.2f' % ($1 / $2))"; }
 echo "gpu_bars: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}"
+if [ "${PARTS:-all}" = bf16 ]; then
+# Issue 50's table: the seeds' models (and three small ones) at the
+# issue's batches, one stage, m = 1: TF32, bf16 (activations stored in
+# bf16, train.activations auto) and bf16 with FP32 activations (the
+# contract before issue 50), each with its peak device memory, and
+# PyTorch's TF32 and bf16 autocast beside them with theirs.
+echo "gpu_bars bf16: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}"
+echo "| model, batch | tf32 ms | bf16 ms | bf16 fp32-activations ms | peak GB tf32 / bf16 / bf16 fp32-act |"
+echo "|---|---|---|---|---|"
+rm -f "$OUT/gpipe-times.txt"
+peer_runs=
+for spec in ${BF16_RUNS:-configs/resnet101.yaml:128 configs/unet.yaml:32 configs/amoebanet-d.yaml:64 bench/resnet18-32.yaml:256 bench/convnet.yaml:1024 bench/mlp.yaml:2048}; do
+  cfg=${spec%:*}; batch=${spec#*:}; model=$(basename "$cfg" .yaml)
+  t=(); p=()
+  for v in tf32 bf16 bf16a32; do
+    case $v in
+      tf32) sets=(--set train.precision=tf32) ;;
+      bf16) sets=(--set train.precision=bf16) ;;
+      bf16a32) sets=(--set train.precision=bf16 --set train.activations=fp32) ;;
+    esac
+    if train "$model-$batch-$v" "$cfg" "$batch" "[cuda:0]" 1 "${sets[@]}"; then
+      read -r ms _ pk <<< "$(median "$OUT/$model-$batch-$v.jsonl")"
+    else
+      ms=-; pk=0
+    fi
+    t+=("$ms"); p+=("$pk")
+  done
+  echo "| $model, $batch | ${t[0]} | ${t[1]} | ${t[2]} |" \
+       "$("$PY" -c "import sys; print(' / '.join('%.2f' % (int(x) / 1e9) for x in sys.argv[1:]))" "${p[@]}") |"
+  b=$((batch / SCALE))
+  [ "${t[0]}" = - ] || echo "$cfg $b tf32 ${t[0]} ${p[0]}" >> "$OUT/gpipe-times.txt"
+  [ "${t[1]}" = - ] || echo "$cfg $b bf16 ${t[1]} ${p[1]}" >> "$OUT/gpipe-times.txt"
+  peer_runs="$peer_runs $cfg:$b"
+done
+echo
+if [ -z "$PEER_PY" ]; then
+  echo "(no PyTorch peer: neither python3 nor /usr/bin/python3 imports torch)"
+else
+  "$PEER_PY" bench/bench_gpu_peer.py --device "$DEV" --steps "$STEPS" --precisions tf32,bf16 \
+    --gpipe "$OUT/gpipe-times.txt" $peer_runs 2>&1 || echo "(no PyTorch peer: bench_gpu_peer.py failed)"
+fi
+exit 0
+fi
 if [ "${PARTS:-all}" != precision ]; then
 echo
 echo "| model, batch | m = 1 ms | m = 8 ms | m = 8 / m = 1 | host waits (max per device per step) |"
