@@ -571,6 +571,46 @@ static void test_resume(int devices, const char *ckpt, int replicas, const char 
     CHECK_MSG(system(a) != 0, "a resume without snapshots moved some aside");
 }
 
+/* Activations stored in bf16 (train.activations): a snapshot holds the
+ * FP32 masters (every tensor F32 or the I64 counters, nothing 16-bit),
+ * and a run resumed from step 5 gives the uninterrupted run's weights bit
+ * for bit, on 2 stages with checkpointing. */
+static void test_resume_bf16(void)
+{
+    char a[1024], p[400];
+    make_config("b.yaml", "pipeline: {devices: 2, chunks: 4, checkpoint: always}\n");
+    const char *bf = "--set train.activations=bf16";
+    snprintf(a, sizeof a, "rm -rf %s/b16s", tmpdir);
+    CHECK(system(a) == 0);
+    snprintf(a, sizeof a, "%s/b.yaml %s --export-weights %s/b.st", tmpdir, bf, tmpdir);
+    CHECK(train(a) == 0);
+    snprintf(a, sizeof a, "%s/b.yaml %s --set train.snapshot.every_steps=5 "
+             "--set train.snapshot.keep=9 --set train.snapshot.dir=%s/b16s", tmpdir, bf, tmpdir);
+    CHECK(train(a) == 0);
+    snprintf(p, sizeof p, "%s/b16s/snapshot-000000005.safetensors", tmpdir);
+    gp_st_file f;
+    CHECK_OK(gp_st_read(p, &f));
+    int odd = 0, weights = 0;
+    for (int i = 0; i < f.n; i++) {
+        odd += f.tensors[i].dtype != GP_ST_F32 && f.tensors[i].dtype != GP_ST_I64;
+        weights += strstr(f.tensors[i].name, "weight") != NULL && f.tensors[i].dtype == GP_ST_F32;
+    }
+    gp_st_free(&f);
+    CHECK_MSG(odd == 0 && weights > 0, "a bf16-activation snapshot holds %d tensors neither F32 "
+              "nor I64, and %d F32 weights", odd, weights);
+    snprintf(a, sizeof a, "%s/b.yaml %s --resume %s --export-weights %s/br.st", tmpdir, bf, p,
+             tmpdir);
+    CHECK_MSG(trains_same(a, "b.st", "br.st", "bf16 activations"),
+              "bf16 activations: resumed weights differ");
+    /* and the activations did change the run: FP32 storage trains others */
+    snprintf(a, sizeof a, "%s/b.yaml --export-weights %s/b32.st", tmpdir, tmpdir);
+    CHECK(train(a) == 0);
+    char x[400], y[400];
+    snprintf(x, sizeof x, "%s/b.st", tmpdir);
+    snprintf(y, sizeof y, "%s/b32.st", tmpdir);
+    CHECK_MSG(!gpt_same_files(x, y), "bf16 activations trained the FP32 run's weights");
+}
+
 /* How many tensors of snapshot `path` have names starting with prefix; -1
  * if it cannot be read. */
 static int tensors_named(const char *path, const char *prefix)
@@ -1994,6 +2034,7 @@ int main(void)
         test_resume(2, "except_last", 1, "1f1b");
         test_resume(2, "never", 1, "zb-h1");
         test_resume(2, "except_last", 1, "interleaved");
+        test_resume_bf16();
         test_resume_other_placement();
         test_resume_changed_layers();
         test_failure_snapshot();
