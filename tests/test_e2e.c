@@ -67,6 +67,8 @@ static void test_cli_errors(void)
     snprintf(cmd, sizeof cmd, "%s --help", bin);
     CHECK(run(cmd, out, sizeof out) == 0);
     CHECK(strstr(out, "--dry-run") && strstr(out, "--metrics") && strstr(out, "exit status"));
+    /* next to --metrics: what reads its files */
+    CHECK(strstr(out, "scripts/metrics.py plots, summarises and compares") != NULL);
 
     snprintf(cmd, sizeof cmd, "%s", bin);
     CHECK(run(cmd, out, sizeof out) == 2);
