@@ -47,7 +47,8 @@ against the same config in one process (worker threads), the oracle.
       exit 138;
   (k) a rank stopped (SIGSTOP) rather than killed ends every rank after
       pipeline.peer_timeout, the rank that waited naming it, its stage
-      and what it waited for, and the newest snapshot, which resumes;
+      and what it waited for (the micro-batch too, on channels as with
+      messages), and the newest snapshot, which resumes;
   (l) a file bad on rank 1's copy only, under data.on_bad_file: skip: the
       message names the batch it shrank (the epoch's first) and the file.
 
@@ -758,24 +759,30 @@ def running(pid):
         return False
 
 
-def stopped_peer(tmp):
+def stopped_peer(tmp, chans=False):
     """(k) a rank stopped rather than killed (SIGSTOP: a hung file system
     or GPU looks the same to the others) ends the run after
     pipeline.peer_timeout, with one message from the rank that waited
     naming the silent rank, its stage and what was waited for, and the
     newest snapshot, which a resume takes (nothing lost but the steps
-    since); the stopped rank is ended with the others."""
-    cfg = os.path.join(tmp, "stop.yaml")
+    since); the stopped rank is ended with the others.  With chans, every
+    flow on a channel (its thread waits in MPI): what was waited for names
+    the micro-batch as a message's does."""
+    name = "stop-chan" if chans else "stop"
+    cfg = os.path.join(tmp, name + ".yaml")
     with open(cfg, "w") as f:
         f.write(MLP.replace("epochs: 2", "epochs: 10000"))
-    d = os.path.join(tmp, "snaps-stop")
-    met = os.path.join(tmp, "stop.jsonl")
+    d = os.path.join(tmp, "snaps-" + name)
+    met = os.path.join(tmp, name + ".jsonl")
     p = subprocess.Popen(["mpirun", "-np", "2", "--oversubscribe", BIN, cfg, "--quiet",
                           "--metrics", met, "--set", "pipeline.peer_timeout=3",
                           "--set", "pipeline.balance=[4, 3]",
-                          "--set", "train.snapshot.every_steps=4",
+                          # on channels, fewer snapshots (their collectives): the stop
+                          # lands in a step's transfers more often
+                          "--set", "train.snapshot.every_steps=%d" % (40 if chans else 4),
                           "--set", "train.snapshot.dir=" + d],
-                         env=MPI_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                         env=dict(MPI_ENV, **CHAN_ENV) if chans else MPI_ENV,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     kids = []
     for _ in range(600):  # the ranks, and training under way (a snapshot written)
         time.sleep(0.1)
@@ -800,15 +807,24 @@ def stopped_peer(tmp):
         check(not alive, "ranks %s outlived the run (rank 1 stopped: %s)" % (alive, one))
         check(p.returncode not in (0, 138) and took >= 3,
               "a stopped rank: exit %d after %.1f s: %s" % (p.returncode, took, out[-800:]))
-        # what rank 0 waited for: stage 1's message, or (stopped between
-        # steps) a collective, whose silent rank the heartbeats name
+        # what rank 0 waited for: stage 1's message during a step, or
+        # (stopped between steps, or in a snapshot's or an evaluation's
+        # exchange) a collective, whose silent rank the heartbeats name; on
+        # channels, stage 1's gradient or the receive of stage 0's output
+        # (a rendezvous send), of a micro-batch too
+        waited = (r"stage 1's input's gradient for micro-batch \d+ of stage 0 \(MPI_Probe, "
+                  r"tag \d+\)")
+        if chans:
+            waited = (r"(stage 1's input's gradient for micro-batch \d+ of stage 0|the receive "
+                      r"by stage 1 of stage 0's output for micro-batch \d+) \(MPI_\w+, "
+                      r"(tag|channel) \d+\)")
         check(out.count("rank 0 (stage 0) of 2: no word from rank 1 (stage 1) for ") == 1 and
-              re.search(r"waiting for (stage 1's input's gradient for micro-batch \d+ of stage "
-                        r"0 \(MPI_Probe, tag \d+\)|every rank \(MPI_\w+\)) during step \d+ "
-                        r"of 80000: rank 1 \(stage 1\) has stopped answering", out) and
+              re.search(r"waiting for (%s during step \d+ of 80000|every rank \(MPI_\w+\) "
+                        r"during [^:]+): rank 1 \(stage 1\) has stopped answering" % waited,
+                        out) and
               "pipeline.peer_timeout = 3 s" in out,
-              "a stopped rank: the message does not name rank 1, stage 1 and what rank 0 "
-              "waited for, once: " + out[-1200:])
+              "a stopped rank%s: the message does not name rank 1, stage 1 and what rank 0 "
+              "waited for, once: %s" % (" (channels)" if chans else "", out[-1200:]))
         m = re.search(r"snapshot (\S+) holds step (\d+); go on with --resume latest", out)
         snaps = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))
         check(m is not None and os.path.basename(m.group(1)) == snaps[-1],
@@ -937,6 +953,7 @@ def main():
         mismatches(tmp)
         bad_file_one_rank(tmp)
         stopped_peer(tmp)
+        stopped_peer(tmp, chans=True)
     return finish("test_procs")
 
 
