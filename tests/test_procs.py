@@ -80,6 +80,24 @@ ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
 MPI_ENV = dict(ENV)
 if os.environ.get("GPIPE_SANITIZED"):
     MPI_ENV["ASAN_OPTIONS"] = os.environ.get("ASAN_OPTIONS", "") + ":detect_leaks=0"
+# Under ThreadSanitizer (CI's TSan stage; CMake passes GPIPE_SANITIZE): the
+# processes under mpirun read tests/tsan_mpi.supp, which leaves out the
+# reports from inside Open MPI (not built with TSan; the file says why).
+# Each run is several times slower there, so the runs below that exercise
+# no thread the others do not are left out (main() says which, and why).
+TSAN = "thread" in os.environ.get("GPIPE_SANITIZE", "")
+if TSAN:
+    MPI_ENV["TSAN_OPTIONS"] = (os.environ.get("TSAN_OPTIONS", "") + ":suppressions=" +
+                               os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                            "tsan_mpi.supp"))
+# The runs of same_run kept under ThreadSanitizer: one per way the ranks'
+# threads talk (messages from the workers, replicas' collectives, staged
+# host copies, channels run by stream threads, with skips across several
+# boundaries); every run has the watchdog's thread.  The other runs differ
+# in the model or the schedule, not in the threads, and the unsanitized and
+# AddressSanitizer stages run them all.
+TSAN_RUNS = ("mlp-gpipe-always", "conv-2x2", "unet-4-staged", "mlp-chan", "unet-4-chan")
+tsan_left = []
 
 
 def run(cmd, timeout=120, env=ENV):
@@ -199,6 +217,9 @@ pipeline:
 
 
 def same_run(tmp, name, cfg_text, n, sets=(), stage=False, chans=False):
+    if TSAN and name not in TSAN_RUNS:
+        tsan_left.append(name)
+        return
     cfg = os.path.join(tmp, name + ".yaml")
     with open(cfg, "w") as f:
         f.write(cfg_text)
@@ -871,11 +892,12 @@ def main():
         # MPI as between the threads' replicas
         same_run(tmp, "conv-2x2-clip", CONV, 4, ["pipeline.replicas=2",
                                                  "train.clip_grad_norm=0.05"])
-        norms = [r.get("grad_norm") for r in records(os.path.join(tmp, "conv-1f1b-clip-n.jsonl"))
-                 if "loss" in r]
-        check(norms and all(n is not None and float(n) > 0.05 for n in norms),
-              "clipping under mpirun: the records' grad_norm %s, not all above the limit 0.05"
-              % norms[:3])
+        if "conv-1f1b-clip" not in tsan_left:
+            norms = [r.get("grad_norm")
+                     for r in records(os.path.join(tmp, "conv-1f1b-clip-n.jsonl")) if "loss" in r]
+            check(norms and all(n is not None and float(n) > 0.05 for n in norms),
+                  "clipping under mpirun: the records' grad_norm %s, not all above the limit "
+                  "0.05" % norms[:3])
         # AdamW's two moments, sharded over the replicas' ranks (stage 0's
         # update composed of reduce-scatter, Adam and all-gather over MPI)
         same_run(tmp, "conv-2x2-adamw", CONV, 4, ["pipeline.replicas=2",
@@ -944,16 +966,23 @@ def main():
                                                      "pipeline.checkpoint=never",
                                                      "pipeline.balance=[6, 6]",
                                                      "pipeline.copy_precision=bf16"], chans=True)
-        same_device_names(tmp)
-        exports(tmp)
-        image_folders(tmp)
-        snapshots(tmp)
-        traces(tmp)
+        if not TSAN:
+            same_device_names(tmp)
+            exports(tmp)
+            image_folders(tmp)
+            snapshots(tmp)
+            traces(tmp)
         errors(tmp)
-        mismatches(tmp)
-        bad_file_one_rank(tmp)
+        if not TSAN:
+            mismatches(tmp)
+            bad_file_one_rank(tmp)
         stopped_peer(tmp)
         stopped_peer(tmp, chans=True)
+    if TSAN:
+        print("test_procs: under ThreadSanitizer, left out as slow there and with no thread "
+              "the runs kept lack: same_run %s; same_device_names, exports, image_folders, "
+              "snapshots, traces, mismatches, bad_file_one_rank (all run in the other "
+              "stages)" % ", ".join(tsan_left))
     return finish("test_procs")
 
 

@@ -48,11 +48,24 @@
 static char tmpdir[256];
 static char bin[512];
 
+/* Under ThreadSanitizer (CI runs this test there: the snapshot writer's
+ * thread) every gpipe-train here gets one math thread per device: oneDNN's
+ * OpenMP threads meet at libgomp's barriers, which are not instrumented, so
+ * TSan takes their hand-offs for races (it stopped a conv run in
+ * test_resume_old_names).  gpipe's own threads (workers, the loader, the
+ * snapshot writer) all still run. */
+#ifdef __SANITIZE_THREAD__
+#define TSAN_SET " --set pipeline.threads=1"
+#else
+#define TSAN_SET ""
+#endif
+
 /* Run gpipe-train with args (a shell fragment); returns the exit status. */
 static int train(const char *args)
 {
     char cmd[8192];
-    snprintf(cmd, sizeof cmd, "%s %s --no-progress >%s/log.txt 2>&1", bin, args, tmpdir);
+    snprintf(cmd, sizeof cmd, "%s %s --no-progress" TSAN_SET " >%s/log.txt 2>&1", bin, args,
+             tmpdir);
     int st = system(cmd);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
@@ -67,6 +80,10 @@ static pid_t spawn_train(const char *slow_ms, const char *err_path, const char *
     const char *argv[24] = {bin};
     int c = 1;
     for (int q = 0; q < n && c < 20; q++) argv[c++] = args[q];
+#ifdef __SANITIZE_THREAD__
+    argv[c++] = "--set";
+    argv[c++] = "pipeline.threads=1";
+#endif
     argv[c] = NULL;
     setenv("GPIPE_SNAPSHOT_SLOW_WRITE_MS", slow_ms, 1);
     FILE *er = freopen(err_path, "w", stderr);
@@ -1102,6 +1119,8 @@ static void test_resume_older(void)
     for (int k = 3; k <= 6; k++) free(orig[k]);
 }
 
+#ifndef __SANITIZE_THREAD__ /* (left out there: main says why) */
+
 /* ---- the kill test ---------------------------------------------------------------- */
 
 /* The kill tests' random moments: from GPIPE_TEST_SEED when set (to replay
@@ -1249,6 +1268,8 @@ static void test_kill_background(void)
               "snapshots are not written in the background");
 }
 
+#endif
+
 /* A snapshot written in the background that fails (a file-size limit,
  * ulimit -f, below the snapshot but above the metrics file): the run goes
  * on while it is written, then stops with exit 3 as a failed snapshot
@@ -1261,7 +1282,7 @@ static void test_background_write_fails(void)
     snprintf(met, sizeof met, "%s/bf.jsonl", tmpdir);
     snprintf(a, sizeof a, "bash -c 'ulimit -f 12; GPIPE_SNAPSHOT_SLOW_WRITE_MS=100 %s %s/bf.yaml "
              "--no-progress --metrics %s --set train.snapshot.every_steps=3 --set "
-             "train.snapshot.dir=%s' >%s/log.txt 2>&1", bin, tmpdir, met, dir, tmpdir);
+             "train.snapshot.dir=%s" TSAN_SET "' >%s/log.txt 2>&1", bin, tmpdir, met, dir, tmpdir);
     int st = system(a), rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
     char want[1200];
     snprintf(want, sizeof want, "the snapshot of step 3 (%s/snapshot-000000003.safetensors)", dir);
@@ -2005,8 +2026,18 @@ int main(void)
         test_resume_adam();
         test_resume_old_names();
         test_nonfinite_step();
+#ifdef __SANITIZE_THREAD__
+        /* Under ThreadSanitizer (CI runs this test there for the snapshot
+         * writer's thread) the kill tests are left out: their runs are
+         * SIGKILLed with stderr dropped and no exit status to read, so a
+         * report from one would go unseen, and their resumes are runs with
+         * background snapshots that the tests around them make already. */
+        printf("kill tests left out under ThreadSanitizer: a SIGKILLed run's report goes "
+               "unseen (the unsanitized and AddressSanitizer runs have them)\n");
+#else
         test_kill();
         test_kill_background();
+#endif
         test_background_write_fails();
         test_stop_waits_for_write();
     } else {
