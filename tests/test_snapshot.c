@@ -1999,8 +1999,20 @@ int main(void)
     double t0 = gp_now();
     test_fixture();
     test_round_trip();
-    test_module_names();
-    test_torchgpipe_resnet();
+#ifdef __SANITIZE_THREAD__
+    bool tsan = true;
+#else
+    bool tsan = false;
+#endif
+    if (tsan) {
+        /* Under ThreadSanitizer: torchgpipe's names on in-process ResNets,
+         * one device of one thread (nothing for TSan to watch), were 55 of
+         * this test's 86 s there; the other stages run them. */
+        printf("ResNet name tests left out under ThreadSanitizer: one thread, in this process\n");
+    } else {
+        test_module_names();
+        test_torchgpipe_resnet();
+    }
     test_header_checksum();
     if (access(bin, X_OK) == 0) {
         test_damage();
