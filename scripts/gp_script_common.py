@@ -1,8 +1,9 @@
 """gp_script_common.py — what scripts/metrics.py and scripts/timeline.py
 share: the one-line error a user can fix (ScriptError, exit 2), argparse's
 usage errors as such a line, the check of an -o picture before any work,
-a PNG's size, and the command line's wrapper that turns every failure into
-one line on stderr, never a traceback.
+a PNG's size, the table `compare` prints of two runs, and the command
+line's wrapper that turns every failure into one line on stderr, never a
+traceback.
 
 Imported by the scripts from their own folder (Python puts a script's
 folder first on sys.path); not a script itself.
@@ -80,6 +81,28 @@ def png_size(path):
     if head[:8] != b"\x89PNG\r\n\x1a\n" or head[12:16] != b"IHDR":
         raise ValueError("%s is not a PNG" % path)
     return struct.unpack(">II", head[16:24])
+
+
+def print_compare_table(rows_a, rows_b, cell, ratio, heads=("A", "B"), out=None):
+    """The table `compare` prints: a line per metric, rows_a's labels (each
+    row's first item) in their order, then those only rows_b has; columns
+    A and B hold cell(row) ("-" without a row), B/A holds ratio(row_a,
+    row_b) (either may be None).  The columns are as wide as their widest
+    value or heading, 14 at least."""
+    out = out or sys.stdout
+    la = {r[0]: r for r in rows_a}
+    lb = {r[0]: r for r in rows_b}
+    labels = [r[0] for r in rows_a] + [r[0] for r in rows_b if r[0] not in la]
+    lines = []
+    for lab in labels:
+        x, y = la.get(lab), lb.get(lab)
+        lines.append((lab, "-" if x is None else cell(x), "-" if y is None else cell(y),
+                      ratio(x, y)))
+    w = max(len(x) for x in labels + ["metric"])
+    cw = max([14, len(heads[0]), len(heads[1])] + [len(c) for l in lines for c in l[1:3]])
+    print("%-*s %*s %*s %8s" % (w, "metric", cw, heads[0], cw, heads[1], "B/A"), file=out)
+    for lab, va, vb, r in lines:
+        print("%-*s %*s %*s %8s" % (w, lab, cw, va, cw, vb, r), file=out)
 
 
 def run_cli(prog, main, argv=None, nested=None):

@@ -64,7 +64,8 @@ import sys
 # the shared command-line code beside this file, wherever it is run from
 # (runpy.run_path, another folder)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gp_script_common import ScriptError, check_output, parser_raising, run_cli  # noqa: E402
+from gp_script_common import (ScriptError, check_output, parser_raising,  # noqa: E402
+                              print_compare_table, run_cli)
 
 TRAIN_KEYS = ("step", "epoch", "loss", "accuracy", "lr", "samples_per_s", "step_seconds")
 EVAL_KEYS = ("step", "epoch", "test_loss", "test_accuracy")
@@ -414,24 +415,14 @@ def verdict(a, b):
 
 def print_compare(a, b, out=None):
     out = out or sys.stdout
-    ra, rb = rows(a), rows(b)
-    la = {r[0]: r for r in ra}
-    lb = {r[0]: r for r in rb}
-    labels = [r[0] for r in ra] + [r[0] for r in rb if r[0] not in la]
     print("A = %s (%s)\nB = %s (%s)" % (a["name"], a["path"], b["name"], b["path"]), file=out)
-    w = max(len(x) for x in labels + ["metric"])
 
-    def short(r):
-        return "-" if r is None else r[1].split(" (")[0]
-    cw = max([14] + [len(short(x)) for x in ra + rb])
-    print("%-*s %*s %*s %8s" % (w, "metric", cw, "A", cw, "B", "B/A"), file=out)
-    for lab in labels:
-        x, y = la.get(lab), lb.get(lab)
-        ratio = "-"
+    def ratio(x, y):
         if x and y and x[2] and y[2] is not None and not math.isnan(x[2]) \
                 and not math.isnan(y[2]):
-            ratio = "%.3f" % (y[2] / x[2])
-        print("%-*s %*s %*s %8s" % (w, lab, cw, short(x), cw, short(y), ratio), file=out)
+            return "%.3f" % (y[2] / x[2])
+        return "-"
+    print_compare_table(rows(a), rows(b), lambda r: r[1].split(" (")[0], ratio, out=out)
     line, _ = verdict(a, b)
     print(line, file=out)
 

@@ -82,7 +82,7 @@ from dataclasses import dataclass, field
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # (png_size too: tests/test_timeline.py reads its PNGs with it)
 from gp_script_common import (ScriptError, check_output, parser_raising,  # noqa: E402,F401
-                              png_size, run_cli, unexpected)
+                              png_size, print_compare_table, run_cli, unexpected)
 
 KINDS = ("forward", "backward", "weights", "recompute", "copy", "wait", "end", "barrier",
          "kernel")
@@ -793,23 +793,11 @@ def _steps_str(steps):
 
 def print_compare(ma, mb, out=None):
     out = out or sys.stdout
-    ra, rb = metric_rows(ma), metric_rows(mb)
-    la = {r[0]: r for r in ra}
-    lb = {r[0]: r for r in rb}
-    labels = [r[0] for r in ra] + [r[0] for r in rb if r[0] not in la]
     na, nb = os.path.basename(ma["path"]), os.path.basename(mb["path"])
-    w = max(len(x) for x in labels + ["metric"])
     print("A = %s\nB = %s" % (ma["path"], mb["path"]), file=out)
-    ha, hb = "A " + na[:30], "B " + nb[:30]
-    cw = max(14, len(ha), len(hb))
-    print("%-*s %*s %*s %8s" % (w, "metric", cw, ha, cw, hb, "B/A"), file=out)
-    for lab in labels:
-        a, b = la.get(lab), lb.get(lab)
-        kind = (a or b)[2]
-        va = _fmt(a[1], kind) if a else "-"
-        vb = _fmt(b[1], kind) if b else "-"
-        ratio = "%.3f" % (b[1] / a[1]) if a and b and a[1] != 0 else "-"
-        print("%-*s %*s %*s %8s" % (w, lab, cw, va, cw, vb, ratio), file=out)
+    print_compare_table(metric_rows(ma), metric_rows(mb), lambda r: _fmt(r[1], r[2]),
+                        lambda a, b: "%.3f" % (b[1] / a[1]) if a and b and a[1] != 0 else "-",
+                        ("A " + na[:30], "B " + nb[:30]), out)
 
 
 # -------------------------------------------------------------------- plots --

@@ -17,27 +17,12 @@
  *     other micro-batch sizes, naming the difference.
  */
 #include "core/core.h"
-#include "test_util.h"
+#include "test_e2e_util.h"
 
 #include <dirent.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-static char tmpdir[256];
-static char bin[512];
-static char balance_bin[512];
-
-/* Run a shell command; return its exit status and capture its output. */
-static int run(const char *cmd, char *out, size_t len)
-{
-    return gpt_run_cmd(cmd, out, len);
-}
-
-static void write_file(const char *path, const char *text)
-{
-    gpt_write_file(path, text, strlen(text));
-}
 
 /* Remove `"key":value,` fields whose values depend on timing. */
 static void strip_field(char *s, const char *key)
@@ -61,12 +46,6 @@ static char *metrics_without_timing(const char *path)
     strip_field(s, "step_seconds");
     strip_field(s, "data_wait_seconds");
     return s;
-}
-
-/* tmpdir/name into buf. */
-static void in_tmp(char *buf, size_t len, const char *name)
-{
-    snprintf(buf, len, "%.200s/%s", tmpdir, name);
 }
 
 /* Whether the --dry-run summary's row of layer k contains `what`. */
@@ -105,6 +84,8 @@ static void test_cli_errors(void)
     snprintf(cmd, sizeof cmd, "%s --help", bin);
     CHECK(run(cmd, out, sizeof out) == 0);
     CHECK(strstr(out, "--dry-run") && strstr(out, "--metrics") && strstr(out, "exit status"));
+    /* next to --metrics: what reads its files */
+    CHECK(strstr(out, "scripts/metrics.py plots, summarises and compares") != NULL);
 
     snprintf(cmd, sizeof cmd, "%s", bin);
     CHECK(run(cmd, out, sizeof out) == 2);
@@ -1710,9 +1691,7 @@ static void test_resume_batch_norm(void)
 
 int main(void)
 {
-    gpt_binary_path(bin, sizeof bin, "gpipe-train");
-    gpt_binary_path(balance_bin, sizeof balance_bin, "gpipe-balance");
-    if (!gpt_make_tmpdir(tmpdir, sizeof tmpdir, "gpipe-e2e-")) return 1;
+    if (!e2e_start("gpipe-e2e-")) return 1;
     test_cli_errors();
     test_config_checks();
     test_diverged();

@@ -18,7 +18,7 @@
  */
 #define _GNU_SOURCE /* prlimit */
 #include "core/core.h"
-#include "test_util.h"
+#include "test_e2e_util.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -27,27 +27,6 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-
-static char tmpdir[256];
-static char bin[512];
-static char balance_bin[512];
-
-/* Run a shell command; return its exit status and capture its output. */
-static int run(const char *cmd, char *out, size_t len)
-{
-    return gpt_run_cmd(cmd, out, len);
-}
-
-static void write_file(const char *path, const char *text)
-{
-    gpt_write_file(path, text, strlen(text));
-}
-
-/* tmpdir/name into buf. */
-static void in_tmp(char *buf, size_t len, const char *name)
-{
-    snprintf(buf, len, "%.200s/%s", tmpdir, name);
-}
 
 /* The config of a small run into cfg: a 4x4 input through one linear layer,
  * 64 synthetic samples in batches of 8, `steps` steps, seed 3; `train`
@@ -353,9 +332,7 @@ static void test_snapshot_emfile(void)
 
 int main(void)
 {
-    gpt_binary_path(bin, sizeof bin, "gpipe-train");
-    gpt_binary_path(balance_bin, sizeof balance_bin, "gpipe-balance");
-    if (!gpt_make_tmpdir(tmpdir, sizeof tmpdir, "gpipe-writes-")) return 1;
+    if (!e2e_start("gpipe-writes-")) return 1;
     test_metrics_full();
     test_trace_full();
     test_balance_outputs_full();

@@ -48,13 +48,48 @@
 static char tmpdir[256];
 static char bin[512];
 
+/* Under ThreadSanitizer (CI runs this test there: the snapshot writer's
+ * thread) every gpipe-train here gets one math thread per device: oneDNN's
+ * OpenMP threads meet at libgomp's barriers, which are not instrumented, so
+ * TSan takes their hand-offs for races (it stopped a conv run in
+ * test_resume_old_names).  gpipe's own threads (workers, the loader, the
+ * snapshot writer) all still run. */
+#ifdef __SANITIZE_THREAD__
+#define TSAN_SET " --set pipeline.threads=1"
+#else
+#define TSAN_SET ""
+#endif
+
 /* Run gpipe-train with args (a shell fragment); returns the exit status. */
 static int train(const char *args)
 {
     char cmd[8192];
-    snprintf(cmd, sizeof cmd, "%s %s --no-progress >%s/log.txt 2>&1", bin, args, tmpdir);
+    snprintf(cmd, sizeof cmd, "%s %s --no-progress" TSAN_SET " >%s/log.txt 2>&1", bin, args,
+             tmpdir);
     int st = system(cmd);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Starts gpipe-train with the arguments args[0..n) in a child process,
+ * each snapshot write pausing slow_ms halfway (GPIPE_SNAPSHOT_SLOW_WRITE_MS)
+ * and its stderr into err_path (/dev/null to drop it); returns its pid. */
+static pid_t spawn_train(const char *slow_ms, const char *err_path, const char *const *args, int n)
+{
+    pid_t pid = fork();
+    if (pid != 0) return pid;
+    const char *argv[24] = {bin};
+    int c = 1;
+    for (int q = 0; q < n && c < 20; q++) argv[c++] = args[q];
+#ifdef __SANITIZE_THREAD__
+    argv[c++] = "--set";
+    argv[c++] = "pipeline.threads=1";
+#endif
+    argv[c] = NULL;
+    setenv("GPIPE_SNAPSHOT_SLOW_WRITE_MS", slow_ms, 1);
+    FILE *er = freopen(err_path, "w", stderr);
+    (void)er;
+    execv(bin, (char *const *)argv);
+    _exit(127);
 }
 
 static void show_log(void)
@@ -976,15 +1011,9 @@ static void test_two_runs(void)
     snprintf(setdir, sizeof setdir, "train.snapshot.dir=%s", dir);
     snprintf(lockf, sizeof lockf, "%s/.gpipe.lock", dir);
     /* the first: 6 snapshots, each write pausing 300 ms, all kept */
-    pid_t first = fork();
-    if (first == 0) {
-        setenv("GPIPE_SNAPSHOT_SLOW_WRITE_MS", "300", 1);
-        FILE *nul = freopen("/dev/null", "w", stderr);
-        (void)nul;
-        execl(bin, bin, conf, "--quiet", "--set", "train.snapshot.every_steps=4", "--set",
-              "train.snapshot.keep=10", "--set", setdir, (char *)NULL);
-        _exit(127);
-    }
+    const char *args[] = {conf, "--quiet", "--set", "train.snapshot.every_steps=4", "--set",
+                          "train.snapshot.keep=10", "--set", setdir};
+    pid_t first = spawn_train("300", "/dev/null", args, (int)(sizeof args / sizeof *args));
     /* it holds the lock once its line is in the lock file */
     bool held = false;
     for (int i = 0; i < 1000 && !held; i++) {
@@ -1130,66 +1159,92 @@ static void test_resume_older(void)
     for (int k = 3; k <= 6; k++) free(orig[k]);
 }
 
+#ifndef __SANITIZE_THREAD__ /* (left out there: main says why) */
+
 /* ---- the kill test ---------------------------------------------------------------- */
 
-static void test_kill(void)
+/* The kill tests' random moments: from GPIPE_TEST_SEED when set (to replay
+ * a failure), else from the time and pid; printed with each result. */
+static unsigned kill_seed(void)
 {
-    char a[4096], out[300], dir[300];
-    make_config("k.yaml", "pipeline: {devices: 2, chunks: 2}\n");
-    snprintf(a, sizeof a, "%s/k.yaml --export-weights %s/kref.st", tmpdir, tmpdir);
-    CHECK(train(a) == 0);
-    snprintf(out, sizeof out, "%s/kout.st", tmpdir);
     unsigned seed = (unsigned)time(NULL) ^ (unsigned)getpid();
     const char *env = getenv("GPIPE_TEST_SEED");
     if (env) seed = (unsigned)strtoul(env, NULL, 10);
     srand(seed);
+    return seed;
+}
+
+/* One trial of a kill test: gpipe-train with args[0..n) (its snapshots in
+ * dir, emptied first), each snapshot write pausing slow_ms halfway, is
+ * SIGKILLed after delay_ms; *killed says whether the kill found it running.
+ * Returns how many snapshots it left; the newest must load. */
+static int kill_trial(const char *dir, const char *slow_ms, long delay_ms,
+                      const char *const *args, int n, bool *killed)
+{
+    char a[700];
+    snprintf(a, sizeof a, "rm -rf %s", dir);
+    CHECK(system(a) == 0);
+    pid_t pid = spawn_train(slow_ms, "/dev/null", args, n);
+    struct timespec ts = {delay_ms / 1000, (delay_ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+    kill(pid, SIGKILL);
+    int st;
+    waitpid(pid, &st, 0);
+    *killed = WIFSIGNALED(st);
+    int have = gp_snapshot_count(dir);
+    if (have > 0) {
+        char latest[1100];
+        CHECK_OK(gp_snapshot_latest(dir, latest, sizeof latest));
+        gp_st_file f;
+        gp_snapshot_pos pos;
+        CHECK_OK(gp_snapshot_open(latest, &f, &pos));
+        gp_st_free(&f);
+    }
+    return have;
+}
+
+/* After a kill trial: conf resumed from the newest snapshot in `setdir`
+ * (a --set), or run from the start if `have` is 0, to the end, must export
+ * tmpdir/out bit for bit as the uninterrupted run's tmpdir/ref. */
+static void resume_after_kill(const char *conf, const char *setdir, const char *every, int have,
+                              const char *ref, const char *out, const char *what)
+{
+    char a[4096];
+    snprintf(a, sizeof a, "%s --set %s --set train.snapshot.every_steps=%s %s --export-weights "
+             "%s/%s", conf, setdir, every, have > 0 ? "--resume latest" : "", tmpdir, out);
+    CHECK_MSG(trains_same(a, ref, out, what),
+              "%s: resumed weights differ from the uninterrupted run's", what);
+}
+
+static void test_kill(void)
+{
+    char a[4096], dir[300], conf[300], setdir[400];
+    make_config("k.yaml", "pipeline: {devices: 2, chunks: 2}\n");
+    snprintf(conf, sizeof conf, "%s/k.yaml", tmpdir);
+    snprintf(a, sizeof a, "%s --export-weights %s/kref.st", conf, tmpdir);
+    CHECK(train(a) == 0);
+    unsigned seed = kill_seed();
     int trials = 5, mid_write = 0, resumed = 0;
     for (int trial = 0; trial < trials; trial++) {
         snprintf(dir, sizeof dir, "%s/ks%d", tmpdir, trial);
-        snprintf(a, sizeof a, "rm -rf %s", dir);
-        CHECK(system(a) == 0);
-        char conf[300], setdir[400];
-        snprintf(conf, sizeof conf, "%s/k.yaml", tmpdir);
         snprintf(setdir, sizeof setdir, "train.snapshot.dir=%s", dir);
         /* every step, each write pausing 25 ms halfway; the run takes ~1 s */
         long delay_ms = 50 + rand() % 500;
-        pid_t pid = fork();
-        if (pid == 0) {
-            setenv("GPIPE_SNAPSHOT_SLOW_WRITE_MS", "25", 1);
-            FILE *nul = freopen("/dev/null", "w", stderr);
-            (void)nul;
-            execl(bin, bin, conf, "--quiet", "--set", "train.snapshot.every_steps=1", "--set",
-                  setdir, (char *)NULL);
-            _exit(127);
-        }
-        struct timespec ts = {delay_ms / 1000, (delay_ms % 1000) * 1000000L};
-        nanosleep(&ts, NULL);
-        kill(pid, SIGKILL);
-        int st;
-        waitpid(pid, &st, 0);
-        bool killed = WIFSIGNALED(st);
+        const char *args[] = {conf, "--quiet", "--set", "train.snapshot.every_steps=1", "--set",
+                              setdir};
+        bool killed;
+        int have = kill_trial(dir, "25", delay_ms, args, (int)(sizeof args / sizeof *args),
+                              &killed);
+        resumed += have > 0;
         /* a temporary file left behind = the kill landed inside a write */
         snprintf(a, sizeof a, "ls -a %s 2>/dev/null | grep -q '\\.tmp\\.'", dir);
         bool in_write = system(a) == 0;
         mid_write += in_write;
-        char latest[1100];
-        int have = gp_snapshot_count(dir);
-        if (have > 0) {
-            CHECK_OK(gp_snapshot_latest(dir, latest, sizeof latest));
-            gp_st_file f;
-            gp_snapshot_pos pos;
-            CHECK_OK(gp_snapshot_open(latest, &f, &pos));
-            gp_st_free(&f);
-            resumed++;
-        }
         printf("kill trial %d: after %ld ms (%s), %d snapshot(s)%s\n", trial, delay_ms,
                killed ? "killed" : "had finished", have, in_write ? ", inside a write" : "");
-        snprintf(a, sizeof a, "%s/k.yaml --set %s --set train.snapshot.every_steps=1 %s "
-                 "--export-weights %s", tmpdir, setdir, have > 0 ? "--resume latest" : "", out);
         char what[64];
         snprintf(what, sizeof what, "trial %d (seed %u)", trial, seed);
-        CHECK_MSG(trains_same(a, "kref.st", "kout.st", what),
-                  "%s: resumed weights differ from the uninterrupted run's", what);
+        resume_after_kill(conf, setdir, "1", have, "kref.st", "kout.st", what);
     }
     printf("kill test (seed %u): %d of %d trials resumed from a snapshot, %d killed inside a "
            "snapshot write\n", seed, resumed, trials, mid_write);
@@ -1207,35 +1262,23 @@ static void test_kill_background(void)
 {
     char a[4096], dir[300], met[300], conf[300], setdir[400];
     make_config("kb.yaml", "pipeline: {devices: 2, chunks: 2}\n");
-    snprintf(a, sizeof a, "%s/kb.yaml --export-weights %s/kbref.st", tmpdir, tmpdir);
+    snprintf(conf, sizeof conf, "%s/kb.yaml", tmpdir);
+    snprintf(a, sizeof a, "%s --export-weights %s/kbref.st", conf, tmpdir);
     CHECK(train(a) == 0);
-    unsigned seed = (unsigned)time(NULL) ^ (unsigned)getpid();
-    const char *env = getenv("GPIPE_TEST_SEED");
-    if (env) seed = (unsigned)strtoul(env, NULL, 10);
-    srand(seed);
+    unsigned seed = kill_seed();
     int trials = 20, overlapped = 0, resumed = 0;
     for (int trial = 0; trial < trials; trial++) {
         snprintf(dir, sizeof dir, "%s/kbs%d", tmpdir, trial);
         snprintf(met, sizeof met, "%s/kb%d.jsonl", tmpdir, trial);
-        snprintf(a, sizeof a, "rm -rf %s %s", dir, met);
-        CHECK(system(a) == 0);
-        snprintf(conf, sizeof conf, "%s/kb.yaml", tmpdir);
+        remove(met);
         snprintf(setdir, sizeof setdir, "train.snapshot.dir=%s", dir);
         long delay_ms = 30 + rand() % 700;
-        pid_t pid = fork();
-        if (pid == 0) {
-            setenv("GPIPE_SNAPSHOT_SLOW_WRITE_MS", "60", 1);
-            FILE *nul = freopen("/dev/null", "w", stderr);
-            (void)nul;
-            execl(bin, bin, conf, "--quiet", "--no-progress", "--metrics", met, "--set",
-                  "train.snapshot.every_steps=3", "--set", setdir, (char *)NULL);
-            _exit(127);
-        }
-        struct timespec ts = {delay_ms / 1000, (delay_ms % 1000) * 1000000L};
-        nanosleep(&ts, NULL);
-        kill(pid, SIGKILL);
-        int st;
-        waitpid(pid, &st, 0);
+        const char *args[] = {conf, "--quiet", "--no-progress", "--metrics", met, "--set",
+                              "train.snapshot.every_steps=3", "--set", setdir};
+        bool killed;
+        int have = kill_trial(dir, "60", delay_ms, args, (int)(sizeof args / sizeof *args),
+                              &killed);
+        resumed += have > 0;
         /* the step of a write the kill interrupted, from its temporary file */
         long long in_write = -1, last = -1;
         DIR *d = opendir(dir);
@@ -1251,26 +1294,12 @@ static void test_kill_background(void)
         free(mt);
         bool during = in_write >= 0 && last > in_write;
         overlapped += during;
-        int have = gp_snapshot_count(dir);
-        if (have > 0) {
-            char latest[1100];
-            CHECK_OK(gp_snapshot_latest(dir, latest, sizeof latest));
-            gp_st_file f;
-            gp_snapshot_pos pos;
-            CHECK_OK(gp_snapshot_open(latest, &f, &pos));
-            gp_st_free(&f);
-            resumed++;
-        }
         printf("background kill %d: after %ld ms (%s), %d snapshot(s), writing step %lld, "
-               "step %lld recorded%s\n", trial, delay_ms, WIFSIGNALED(st) ? "killed" : "had finished",
+               "step %lld recorded%s\n", trial, delay_ms, killed ? "killed" : "had finished",
                have, in_write, last, during ? ": training went on during the write" : "");
-        snprintf(a, sizeof a, "%s --set %s --set train.snapshot.every_steps=3 %s "
-                 "--export-weights %s/kbout.st", conf, setdir, have > 0 ? "--resume latest" : "",
-                 tmpdir);
         char what[64];
         snprintf(what, sizeof what, "background trial %d (seed %u)", trial, seed);
-        CHECK_MSG(trains_same(a, "kbref.st", "kbout.st", what),
-                  "%s: resumed weights differ from the uninterrupted run's", what);
+        resume_after_kill(conf, setdir, "3", have, "kbref.st", "kbout.st", what);
     }
     printf("background kill test (seed %u): %d of %d resumed from a snapshot, %d killed while "
            "steps ran during a write\n", seed, resumed, trials, overlapped);
@@ -1278,6 +1307,8 @@ static void test_kill_background(void)
     CHECK_MSG(overlapped >= 1, "no kill found a step recorded after the snapshot being written: "
               "snapshots are not written in the background");
 }
+
+#endif
 
 /* A snapshot written in the background that fails (a file-size limit,
  * ulimit -f, below the snapshot but above the metrics file): the run goes
@@ -1291,7 +1322,7 @@ static void test_background_write_fails(void)
     snprintf(met, sizeof met, "%s/bf.jsonl", tmpdir);
     snprintf(a, sizeof a, "bash -c 'ulimit -f 12; GPIPE_SNAPSHOT_SLOW_WRITE_MS=100 %s %s/bf.yaml "
              "--no-progress --metrics %s --set train.snapshot.every_steps=3 --set "
-             "train.snapshot.dir=%s' >%s/log.txt 2>&1", bin, tmpdir, met, dir, tmpdir);
+             "train.snapshot.dir=%s" TSAN_SET "' >%s/log.txt 2>&1", bin, tmpdir, met, dir, tmpdir);
     int st = system(a), rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
     char want[1200];
     snprintf(want, sizeof want, "the snapshot of step 3 (%s/snapshot-000000003.safetensors)", dir);
@@ -1330,15 +1361,9 @@ static void test_stop_waits_for_write(void)
     snprintf(dir, sizeof dir, "%s/sws", tmpdir);
     snprintf(setdir, sizeof setdir, "train.snapshot.dir=%s", dir);
     snprintf(logp, sizeof logp, "%s/log.txt", tmpdir);
-    pid_t pid = fork();
-    if (pid == 0) {
-        setenv("GPIPE_SNAPSHOT_SLOW_WRITE_MS", "1500", 1);
-        FILE *er = freopen(logp, "w", stderr);
-        (void)er;
-        execl(bin, bin, conf, "--no-progress", "--set", "train.snapshot.every_steps=3", "--set",
-              setdir, (char *)NULL);
-        _exit(127);
-    }
+    const char *args[] = {conf, "--no-progress", "--set", "train.snapshot.every_steps=3", "--set",
+                          setdir};
+    pid_t pid = spawn_train("1500", logp, args, (int)(sizeof args / sizeof *args));
     for (int i = 0; i < 1000 && !tmpname[0]; i++) { /* until the write of step 3 is under way */
         DIR *d = opendir(dir);
         for (struct dirent *e; d && (e = readdir(d));)
@@ -2014,8 +2039,20 @@ int main(void)
     double t0 = gp_now();
     test_fixture();
     test_round_trip();
-    test_module_names();
-    test_torchgpipe_resnet();
+#ifdef __SANITIZE_THREAD__
+    bool tsan = true;
+#else
+    bool tsan = false;
+#endif
+    if (tsan) {
+        /* Under ThreadSanitizer: torchgpipe's names on in-process ResNets,
+         * one device of one thread (nothing for TSan to watch), were 55 of
+         * this test's 86 s there; the other stages run them. */
+        printf("ResNet name tests left out under ThreadSanitizer: one thread, in this process\n");
+    } else {
+        test_module_names();
+        test_torchgpipe_resnet();
+    }
     test_header_checksum();
     if (access(bin, X_OK) == 0) {
         test_damage();
@@ -2042,8 +2079,18 @@ int main(void)
         test_resume_adam();
         test_resume_old_names();
         test_nonfinite_step();
+#ifdef __SANITIZE_THREAD__
+        /* Under ThreadSanitizer (CI runs this test there for the snapshot
+         * writer's thread) the kill tests are left out: their runs are
+         * SIGKILLed with stderr dropped and no exit status to read, so a
+         * report from one would go unseen, and their resumes are runs with
+         * background snapshots that the tests around them make already. */
+        printf("kill tests left out under ThreadSanitizer: a SIGKILLed run's report goes "
+               "unseen (the unsanitized and AddressSanitizer runs have them)\n");
+#else
         test_kill();
         test_kill_background();
+#endif
         test_background_write_fails();
         test_stop_waits_for_write();
     } else {

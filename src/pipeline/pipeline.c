@@ -30,6 +30,7 @@
 #include "pipeline/procs.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -185,6 +186,14 @@ struct gp_pipeline {
     void **chans;
     struct chan_peer {
         int peer, tag;
+        int from, to, what;        /* the flow: stages, k_what's index */
+        /* the micro-batches of the transfers enqueued on it, in order: the
+         * worker appends (chan_next), the channel's thread takes each as
+         * its transfer starts, to name it if the peer stops answering; a
+         * step queues at most GP_MAX_CHUNKS on a flow */
+        int mb[GP_MAX_CHUNKS];
+        _Atomic unsigned long long queued; /* written by the worker only */
+        unsigned long long taken;          /* the channel's thread's own */
     } *chan_peers;
     int n_chans;
     double t_begin;            /* gp_now() at gp_pipeline_step_begin */
@@ -613,15 +622,40 @@ static int flow_from(const gp_pipeline *p, int to, int slot)
     return -1;
 }
 
+/* What a flow carries, by its slot's kind (MSG_*), in the watchdog's
+ * words. */
+static const char *const k_what[] = {"output", "input's gradient", "skip", "skip's gradient"};
+
+/* The micro-batch of the transfer a CPU channel's thread starts now (the
+ * one chan_next queued first and no transfer took yet); -1 if unknown. */
+static int chan_take(struct chan_peer *c)
+{
+    unsigned long long q = atomic_load_explicit(&c->queued, memory_order_acquire);
+    if (c->taken >= q) return -1;
+    int i = q - c->taken <= GP_MAX_CHUNKS ? c->mb[c->taken % GP_MAX_CHUNKS] : -1;
+    c->taken++;
+    return i;
+}
+
+/* The host transport of CPU channels, on the channel's thread; the wait is
+ * named for the watchdog as receive_remote names a message's. */
 static gp_status chan_host_send(void *arg, const void *buf, size_t bytes, const _Atomic int *cancel)
 {
-    const struct chan_peer *c = arg;
+    struct chan_peer *c = arg;
+    int i = chan_take(c);
+    if (i >= 0)
+        gp_procs_wait_for("the receive by stage %d of stage %d's %s for micro-batch %d", c->to,
+                          c->from, k_what[c->what], i);
     return gp_procs_chan_send(buf, bytes, c->peer, c->tag, cancel);
 }
 
 static gp_status chan_host_recv(void *arg, void *buf, size_t bytes, const _Atomic int *cancel)
 {
-    const struct chan_peer *c = arg;
+    struct chan_peer *c = arg;
+    int i = chan_take(c);
+    if (i >= 0)
+        gp_procs_wait_for("stage %d's %s for micro-batch %d of stage %d", c->from,
+                          k_what[c->what], i, c->to);
     return gp_procs_chan_recv(buf, bytes, c->peer, c->tag, cancel);
 }
 
@@ -671,7 +705,8 @@ static gp_status open_chans(gp_pipeline *p)
         if (peer < 0 || peer >= size || !chan_between(&mine, &cards[peer])) continue;
         gp_chan_desc d = {.sender = send, .host_send = chan_host_send,
                           .host_recv = chan_host_recv, .arg = &p->chan_peers[q]};
-        p->chan_peers[q] = (struct chan_peer){.peer = peer, .tag = q};
+        p->chan_peers[q] = (struct chan_peer){.peer = peer, .tag = q, .from = from, .to = to,
+                                              .what = slot < 2 ? slot : 2 + slot % 2};
         static const char *const what[] = {"activations", "gradients"};
         if (slot < 2) snprintf(d.name, sizeof d.name, "%s of stage %d -> %d", what[slot], from, to);
         else snprintf(d.name, sizeof d.name, "skip %d%s of stage %d -> %d", (slot - 2) / 2,
@@ -710,10 +745,20 @@ static gp_status open_chans(gp_pipeline *p)
     return st;
 }
 
-/* The channel of the flow into stage `to` through `slot`, or NULL. */
-static void *chan_of(const gp_pipeline *p, int to, int slot)
+/* The channel of the flow into stage `to` through `slot`, or NULL; a
+ * channel's next transfer, about to be enqueued, is micro-batch i's (its
+ * thread names it: chan_take). */
+static void *chan_next(gp_pipeline *p, int to, int slot, int i)
 {
-    return p->chans ? p->chans[to * COPY_SLOTS(p) + slot] : NULL;
+    int q = to * COPY_SLOTS(p) + slot;
+    void *ch = p->chans ? p->chans[q] : NULL;
+    if (ch) {
+        struct chan_peer *c = &p->chan_peers[q];
+        unsigned long long n = atomic_load_explicit(&c->queued, memory_order_relaxed);
+        c->mb[n % GP_MAX_CHUNKS] = i;
+        atomic_store_explicit(&c->queued, n + 1, memory_order_release);
+    }
+    return ch;
 }
 
 static gp_status send_tensor(gp_pipeline *p, const gp_tensor *t, int to, int tag, bool *flag,
@@ -768,23 +813,23 @@ static gp_status post_sends(gp_pipeline *p, int i, int j, bool fwd)
     if (fwd && j + 1 < p->S && remote(p, j + 1))
         GP_TRY(send_tensor(p, OUTGOING(0, &s->stash.out), j + 1,
                            msg_tag(p, i, j + 1, MSG_ACT, 0), &FLAG(p, act_copied, i, j + 1),
-                           chan_of(p, j + 1, 0), after));
+                           chan_next(p, j + 1, 0, i), after));
     if (!fwd && j > 0 && remote(p, j - 1))
         GP_TRY(send_tensor(p, OUTGOING(1, &s->grad_in), j - 1,
                            msg_tag(p, i, j - 1, MSG_GRAD, 0), &FLAG(p, grad_copied, i, j - 1),
-                           chan_of(p, j - 1, 1), after));
+                           chan_next(p, j - 1, 1, i), after));
     for (int e = 0; e < p->n_edges; e++) {
         const gp_skip_edge *k = &p->edges[e];
         int ks = copy_slot(GP_INSTR_RECV_SKIP, k->id), kg = copy_slot(GP_INSTR_RECV_SKIP_GRAD, k->id);
         if (fwd && k->from == j && remote(p, k->to))
             GP_TRY(send_tensor(p, OUTGOING(ks, &s->stash.skip_out[k->id]), k->to,
                                msg_tag(p, i, k->to, MSG_SKIP, k->id),
-                               &SKIP_FLAG(p, skip_copied, i, k->id), chan_of(p, k->to, ks),
+                               &SKIP_FLAG(p, skip_copied, i, k->id), chan_next(p, k->to, ks, i),
                                after));
         if (!fwd && k->to == j && remote(p, k->from))
             GP_TRY(send_tensor(p, OUTGOING(kg, &s->stash.skip_din[k->id]), k->from,
                                msg_tag(p, i, k->from, MSG_SKIP_GRAD, k->id),
-                               &SKIP_FLAG(p, skipg_copied, i, k->id), chan_of(p, k->from, kg),
+                               &SKIP_FLAG(p, skipg_copied, i, k->id), chan_next(p, k->from, kg, i),
                                after));
     }
 #undef OUTGOING
@@ -835,7 +880,7 @@ static gp_status receive_remote(gp_pipeline *p, const gp_instr *in, gp_event_rec
 {
     int i = in->i, j = in->j;
     int slot = copy_slot(in->kind, in->skip);
-    void *ch = chan_of(p, j, slot);
+    void *ch = chan_next(p, j, slot, i);
     gp_tensor *dst;
     if (ch) { /* enqueued; the reader waits for `done` (await_copies) */
         void *done = NULL;
@@ -849,8 +894,6 @@ static gp_status receive_remote(gp_pipeline *p, const gp_instr *in, gp_event_rec
         return GP_OK;
     }
     int from = p->rank_base + in->from % p->n, tag = msg_tag(p, i, j, what, in->skip);
-    static const char *const k_what[] = {"output", "input's gradient", "skip",
-                                         "skip's gradient"};
     gp_procs_wait_for("stage %d's %s for micro-batch %d of stage %d", in->from, k_what[what], i,
                       j);
     gp_status st = gp_procs_probe(from, tag);

@@ -315,7 +315,12 @@ static void *watchdog(void *arg)
         snprintf(what, sizeof what, "%s", old->what);
         snprintf(phase, sizeof phase, "%s", g_wd_phase);
         snprintf(note, sizeof note, "%s", g_wd_note);
-        pthread_mutex_unlock(&g_wd_mu);
+        /* g_wd_mu stays held until the process ends: MPI_Abort does not
+         * stop this process's other threads at once (mpirun continues a
+         * stopped rank, then sends SIGTERM, then SIGKILL), and the run must
+         * not go on past what the message says is saved.  Every wait on
+         * another rank, a snapshot's agreement first among them, begins and
+         * ends under the lock, so no thread gets past its next one. */
         fprintf(stderr, "gpipe-train: %s of %d: no word from %s for %.0f s, waiting for %s%s%s: "
                 "%s %s; every rank is stopped.%s%s (pipeline.peer_timeout = %g s is how long a "
                 "rank waits for another)\n",

@@ -1268,6 +1268,8 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                                        snap_lock, res);
                 goto done;
             }
+            /* the step's own waits are the step's, not the evaluation's */
+            gp_procs_watch_phase("step %lld of %lld", (long long)step + 1, (long long)total);
         }
         last_epoch = b.epoch;
         double lr = gp_lr_at(tc, step, total);
