@@ -1994,6 +1994,221 @@ static gp_status summary_fits(const gp_config *cfg, const gp_model *m)
     return GP_OK;
 }
 
+/* What the summary's table adds up: every layer's, and the stage's so far. */
+typedef struct summary_sums {
+    int64_t params;
+    double flops;           /* forward, per batch */
+    double act;             /* activation bytes kept for backward, per batch */
+} summary_sums;
+
+/* The per-layer notes after a row of the table into sk: its window, what
+ * it stashes and pops, and what its stage does with it (run in place, not
+ * kept, fused, blocked). */
+static void summary_layer_notes(const gp_layer *l, bool inplace, bool unkept, bool fused,
+                                char *sk, size_t len)
+{
+    char win[160];
+    sk[0] = '\0';
+    if (gp_layer_window_str(&l->spec, win, sizeof win)[0]) snprintf(sk, len, "  %s", win);
+    if (l->spec.stash[0])
+        snprintf(sk + strlen(sk), len - strlen(sk), "  stash %s", l->spec.stash);
+    for (int q = 0; q < l->spec.n_pop; q++)
+        snprintf(sk + strlen(sk), len - strlen(sk), "  pop %s", l->spec.pop[q]);
+    if (inplace) snprintf(sk + strlen(sk), len - strlen(sk), "  in place");
+    if (fused) /* gp_layers_relu_fused: the norm before computed it */
+        snprintf(sk + strlen(sk), len - strlen(sk), "  fused into the norm");
+    else if (l->relu_done) /* its forward is the linear's epilogue */
+        snprintf(sk + strlen(sk), len - strlen(sk), "  forward fused into the linear");
+    if (unkept) snprintf(sk + strlen(sk), len - strlen(sk), "  not kept");
+    if (l->out_blk) /* gp_layers_blocked: the convolutions' own layout */
+        snprintf(sk + strlen(sk), len - strlen(sk), "  out nChw%lldc", (long long)l->out_blk);
+}
+
+/* The layer column as wide as its longest entry ("amoeba_cell
+ * cell5_normal6", "conv2d layer3_22_conv2"), 16 to 79. */
+static int summary_name_width(const gp_model *m)
+{
+    int wl = 16;
+    for (int k = 0; k < m->n_layers; k++) {
+        int w = (int)(strlen(gp_layer_type_name(m->layers[k].spec.type)) + 1 +
+                      strlen(m->layers[k].spec.name));
+        if (w > wl) wl = w < 79 ? w : 79;
+    }
+    return wl;
+}
+
+/* The table: a row per layer, and with several devices a line per stage;
+ * the whole model's sums into *tot. */
+static gp_status summary_layers(const gp_config *cfg, gp_model *m, FILE *f, summary_sums *tot)
+{
+    int n = cfg->pipeline.n_devices, wl = summary_name_width(m);
+    int64_t b = cfg->train.batch_size;
+    fprintf(f, "%4s  %-7s %-*s %-20s %12s %14s %14s\n", "#", "device", wl, "layer",
+            "output (per sample)", "params", "fwd MFLOP/b", "act. bytes/b");
+    summary_sums sg = {0}; /* the stage's */
+    int stage = 0, first = 0;
+    /* which layers run in place in their stage: their output is no extra */
+    /* one allocation: inplace[n_layers], unkept[n_layers], fused[n_layers] */
+    bool *inplace = calloc(3 * (size_t)m->n_layers + 1, sizeof *inplace);
+    if (!inplace) return gp_error_set(GP_ERR_OOM, "out of host memory");
+    bool *unkept = inplace + m->n_layers, *fused = unkept + m->n_layers;
+    for (int j = 0, f0 = 0; j < m->n_stages; f0 += m->balance[j++]) {
+        gp_layers_blocked(m->layers + f0, m->balance[j]);
+        gp_layers_inplace(m->layers + f0, m->balance[j], inplace + f0);
+        gp_layers_unkept(m->layers + f0, m->balance[j], inplace + f0, unkept + f0);
+        gp_layers_relu_fused(m->layers + f0, m->balance[j], inplace + f0, fused + f0);
+    }
+    for (int k = 0; k < m->n_layers; k++) {
+        gp_layer *l = &m->layers[k];
+        char sh[64], nm[80], ab[32], sk[256];
+        gp_shape os = l->out_shape;
+        gp_shape_str(&os, sh, sizeof sh);
+        snprintf(nm, sizeof nm, "%s%s%s", gp_layer_type_name(l->spec.type),
+                 l->spec.name[0] ? " " : "", l->spec.name);
+        summary_layer_notes(l, inplace[k], unkept[k], fused[k], sk, sizeof sk);
+        int64_t np = gp_layer_param_count(l);
+        double fl = l->ops->flops(l, b);
+        bool own = !inplace[k] && !unkept[k]; /* the output is kept for backward */
+        double act = (own ? (double)gp_shape_numel(&os) * (double)b * 4.0 : 0.0) +
+                     (l->ops->saved_bytes ? (double)l->ops->saved_bytes(l, b) : 0.0);
+        tot->params += np; tot->flops += fl; tot->act += act;
+        sg.params += np; sg.flops += fl; sg.act += act;
+        const char *dn = cfg->pipeline.devices[stage % n].name;
+        fprintf(f, "%4d  %-7s %-*s %-20s %12lld %14.1f %14s%s\n", k, dn, wl, nm, sh,
+                (long long)np, fl / 1e6, gp_format_bytes((size_t)act, ab, sizeof ab), sk);
+        if (n > 1 && k - first + 1 == m->balance[stage]) {
+            char pb[32], mb[32];
+            fprintf(f, "      stage %d on %s: layers %d-%d, %lld parameters (%s), %.1f MFLOP, "
+                       "~%s weights+grads%s, %s activations per batch\n",
+                    stage, dn, first, k, (long long)sg.params,
+                    gp_format_bytes((size_t)sg.params * 4, pb, sizeof pb), sg.flops / 1e6,
+                    gp_format_bytes((size_t)sg.params * state_bytes(cfg), mb, sizeof mb),
+                    state_words(cfg, true),
+                    gp_format_bytes((size_t)sg.act, ab, sizeof ab));
+            stage++;
+            first = k + 1;
+            sg = (summary_sums){0};
+        }
+    }
+    free(inplace); /* and unkept, fused */
+    return GP_OK;
+}
+
+/* A batch norm that a micro-batch gives one value per channel stops the
+ * first step (batchnorm.c); the shapes say so now.  Synchronised ones
+ * count every replica's micro-batch. */
+static void summary_batchnorm_note(const gp_config *cfg, const gp_model *m, FILE *f)
+{
+    int64_t b = cfg->train.batch_size;
+    int64_t parts = (int64_t)cfg->pipeline.chunks * gp_pipeline_replicas(&cfg->pipeline);
+    int64_t mb_min = parts > 0 ? b / parts : b;
+    for (int k = 0; k < m->n_layers; k++) {
+        const gp_layer *l = &m->layers[k];
+        if (l->spec.type != GP_LAYER_BATCHNORM) continue;
+        int64_t per = 1;
+        for (int d = 2; d < l->in_shape.ndim; d++) per *= l->in_shape.dims[d];
+        int64_t n_mb = l->spec.sync ? mb_min * gp_pipeline_replicas(&cfg->pipeline) : mb_min;
+        if (n_mb * per >= 2) continue;
+        char d[400];
+        fprintf(f, "note: %s: training batch norm needs more than one value per channel, but "
+                   "the smallest micro-batch (train.batch_size %lld in %lld) has %lld sample(s) "
+                   "of %lld value(s) per channel: a run stops at its first step; use fewer "
+                   "pipeline.chunks or a larger batch\n",
+                gp_layer_describe(l, d, sizeof d), (long long)b, (long long)parts,
+                (long long)n_mb, (long long)per);
+        break;
+    }
+}
+
+/* The skips, and the stage boundaries they cross (copied straight from
+ * the stash's stage to the pop's, once per micro-batch). */
+static void summary_skips(const gp_config *cfg, const gp_model *m, FILE *f)
+{
+    for (int t = 0; t < m->skips.n; t++) {
+        const gp_skip *k = &m->skips.skips[t];
+        int s_from = 0, s_to = 0;
+        for (int a = 0, f0 = 0; a < m->n_stages; f0 += m->balance[a++]) {
+            if (k->from >= f0 && k->from < f0 + m->balance[a]) s_from = a;
+            if (k->to >= f0 && k->to < f0 + m->balance[a]) s_to = a;
+        }
+        char kb[32];
+        gp_shape ks = m->layers[k->from].out_shape;
+        size_t bytes = (size_t)gp_shape_numel(&ks) * sizeof(float);
+        if (s_from == s_to)
+            fprintf(f, "skip '%s': layer %d -> %d, inside stage %d (%s per sample)\n", k->name,
+                    k->from, k->to, s_from, gp_format_bytes(bytes, kb, sizeof kb));
+        else
+            fprintf(f, "skip '%s': layer %d -> %d, stage %d -> %d: crosses %d boundar%s, copied "
+                       "straight across (%s per sample%s)\n", k->name, k->from, k->to, s_from,
+                    s_to, s_to - s_from, s_to - s_from == 1 ? "y" : "ies",
+                    gp_format_bytes(gp_config_bf16_copies(cfg) ? bytes / 2 : bytes, kb, sizeof kb),
+                    gp_config_bf16_copies(cfg) ? " in bf16" : "");
+    }
+}
+
+/* The pipeline's line: devices (and replicas), chunks, checkpointing,
+ * schedule, copies; and the note a run warns when CPU devices share cores. */
+static void summary_pipeline(const gp_config *cfg, FILE *f)
+{
+    const gp_pipeline_config *pc = &cfg->pipeline;
+    int n = pc->n_devices, R = gp_pipeline_replicas(pc);
+    char reps[256] = "";
+    if (R > 1) { /* data parallel: the devices above are replica 0's */
+        int total = gp_pipeline_devices_total(pc), at = 0;
+        char all[96] = "";
+        /* every device where they fit (a grid need not run in order),
+         * else the first and the last */
+        for (int d = 0; d < total && at < (int)sizeof all; d++)
+            at += snprintf(all + at, sizeof all - (size_t)at, "%s%s", d ? ", " : "",
+                           pc->devices[d].name);
+        if (at >= (int)sizeof all)
+            snprintf(all, sizeof all, "%s to %s", pc->devices[0].name,
+                     pc->devices[total - 1].name);
+        snprintf(reps, sizeof reps, " x %d data-parallel replicas (%d devices: %s; each "
+                 "replica's share of the batch is %lld)", R, total, all,
+                 (long long)(cfg->train.batch_size / R));
+    }
+    fprintf(f, "pipeline: %d device(s)%s, chunks %d, checkpoint %s, %s%s\n", n, reps,
+            pc->chunks, gp_checkpoint_mode_name(pc->checkpoint),
+            pc->lockstep ? "lockstep" : "free-running",
+            n > 1 && gp_config_bf16_copies(cfg) ? ", copies in bf16" : "");
+    char shared[160];
+    if (cores_shared(pc, shared, sizeof shared)) fprintf(f, "note: %s\n", shared); /* as a run */
+}
+
+/* The optimizer's line: its settings, the rate the run starts from, and
+ * the bytes each parameter holds. */
+static void summary_optimizer(const gp_config *cfg, FILE *f)
+{
+    const gp_optim_config *oc = &cfg->train.optim;
+    char clip[64] = "";
+    if (cfg->train.clip_grad_norm > 0)
+        snprintf(clip, sizeof clip, ", gradients clipped to norm %g",
+                 (double)cfg->train.clip_grad_norm);
+    size_t per = state_bytes(cfg);
+    const char *held = per == 16 ? "value, gradient, two moments"
+                       : per == 12 ? "value, gradient, momentum" : "value, gradient";
+    /* the rate the run starts from: with lr_scaling, the config's scaled */
+    char lr[96];
+    double base = gp_lr_base(&cfg->train);
+    if (base != oc->lr)
+        snprintf(lr, sizeof lr, "lr %g (%g x batch %lld / base_batch %lld)", base, oc->lr,
+                 (long long)cfg->train.batch_size, (long long)cfg->train.base_batch);
+    else snprintf(lr, sizeof lr, "lr %g", oc->lr);
+    if (oc->kind == GP_OPTIM_SGD)
+        fprintf(f, "optimizer: sgd (%s, momentum %g%s, weight decay %g): %zu bytes per "
+                   "parameter (%s)%s\n", lr, (double)oc->momentum,
+                oc->nesterov ? ", nesterov" : "", (double)oc->weight_decay, per, held, clip);
+    else
+        fprintf(f, "optimizer: %s (%s, betas [%g, %g], eps %g, weight decay %g): %zu bytes "
+                   "per parameter (%s)%s\n", oc->type, lr, (double)oc->beta1,
+                (double)oc->beta2, (double)oc->eps, (double)oc->weight_decay, per, held, clip);
+}
+
+/* --dry-run: the model as shapes, on the devices that can be asked about
+ * layouts, printed as a table (summary_layers) between the model's line
+ * and the pipeline's and optimizer's; then whether the stages' state fits
+ * the devices' memory (summary_fits), as a run would check it. */
 gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
 {
     gp_device *devs[GP_MAX_DEVICES] = {0};
@@ -2024,184 +2239,28 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
         fprintf(f, "balance: auto; shown split by estimated FLOPs (a run profiles each layer "
                    "first and may split otherwise: gpipe-balance %s --devices %d prints that "
                    "split)\n", cfg0->path, S);
-    int64_t b = cfg->train.batch_size;
     fprintf(f, "model: %d layers, input %lld x %lld x %lld, batch %lld, on %d device%s%s%s%s\n",
             m.n_layers, (long long)cfg->model.input[0], (long long)cfg->model.input[1],
-            (long long)cfg->model.input[2], (long long)b, n, n == 1 ? "" : "s",
-            cfg->train.precision ? ", precision " : "",
+            (long long)cfg->model.input[2], (long long)cfg->train.batch_size, n,
+            n == 1 ? "" : "s", cfg->train.precision ? ", precision " : "",
             cfg->train.precision ? gp_precision_name((gp_precision)cfg->train.precision) : "",
             cfg->train.deterministic ? ", deterministic algorithms" : "");
-    /* the layer column as wide as its longest entry ("amoeba_cell
-     * cell5_normal6", "conv2d layer3_22_conv2") */
-    int wl = 16;
-    for (int k = 0; k < m.n_layers; k++) {
-        int w = (int)(strlen(gp_layer_type_name(m.layers[k].spec.type)) + 1 +
-                      strlen(m.layers[k].spec.name));
-        if (w > wl) wl = w < 79 ? w : 79;
-    }
-    fprintf(f, "%4s  %-7s %-*s %-20s %12s %14s %14s\n", "#", "device", wl, "layer",
-            "output (per sample)", "params", "fwd MFLOP/b", "act. bytes/b");
-    int64_t tp = 0, sp = 0;
-    double tf = 0, ta = 0, sf = 0, sa = 0;
-    int stage = 0, first = 0;
-    /* which layers run in place in their stage: their output is no extra */
-    /* one allocation: inplace[n_layers], unkept[n_layers], fused[n_layers] */
-    bool *inplace = calloc(3 * (size_t)m.n_layers + 1, sizeof *inplace);
-    if (!inplace) {
+    summary_sums tot = {0};
+    gp_status s = summary_layers(cfg, &m, f, &tot);
+    if (s != GP_OK) {
         summary_free(&m, devs, n);
-        return gp_error_set(GP_ERR_OOM, "out of host memory");
+        return s;
     }
-    bool *unkept = inplace + m.n_layers, *fused = unkept + m.n_layers;
-    for (int j = 0, f0 = 0; j < m.n_stages; f0 += m.balance[j++]) {
-        gp_layers_blocked(m.layers + f0, m.balance[j]);
-        gp_layers_inplace(m.layers + f0, m.balance[j], inplace + f0);
-        gp_layers_unkept(m.layers + f0, m.balance[j], inplace + f0, unkept + f0);
-        gp_layers_relu_fused(m.layers + f0, m.balance[j], inplace + f0, fused + f0);
-    }
-    for (int k = 0; k < m.n_layers; k++) {
-        gp_layer *l = &m.layers[k];
-        char sh[64], nm[80], ab[32];
-        gp_shape os = l->out_shape;
-        gp_shape_str(&os, sh, sizeof sh);
-        snprintf(nm, sizeof nm, "%s%s%s", gp_layer_type_name(l->spec.type),
-                 l->spec.name[0] ? " " : "", l->spec.name);
-        char sk[256] = "", win[160];
-        if (gp_layer_window_str(&l->spec, win, sizeof win)[0])
-            snprintf(sk, sizeof sk, "  %s", win);
-        if (l->spec.stash[0])
-            snprintf(sk + strlen(sk), sizeof sk - strlen(sk), "  stash %s", l->spec.stash);
-        for (int q = 0; q < l->spec.n_pop; q++)
-            snprintf(sk + strlen(sk), sizeof sk - strlen(sk), "  pop %s", l->spec.pop[q]);
-        if (inplace[k]) snprintf(sk + strlen(sk), sizeof sk - strlen(sk), "  in place");
-        if (fused[k]) /* gp_layers_relu_fused: the norm before computed it */
-            snprintf(sk + strlen(sk), sizeof sk - strlen(sk), "  fused into the norm");
-        else if (l->relu_done) /* its forward is the linear's epilogue */
-            snprintf(sk + strlen(sk), sizeof sk - strlen(sk), "  forward fused into the linear");
-        if (unkept[k]) snprintf(sk + strlen(sk), sizeof sk - strlen(sk), "  not kept");
-        if (l->out_blk) /* gp_layers_blocked: the convolutions' own layout */
-            snprintf(sk + strlen(sk), sizeof sk - strlen(sk), "  out nChw%lldc",
-                     (long long)l->out_blk);
-        int64_t np = gp_layer_param_count(l);
-        double fl = l->ops->flops(l, b);
-        bool own = !inplace[k] && !unkept[k]; /* the output is kept for backward */
-        double act = (own ? (double)gp_shape_numel(&os) * (double)b * 4.0 : 0.0) +
-                     (l->ops->saved_bytes ? (double)l->ops->saved_bytes(l, b) : 0.0);
-        tp += np; tf += fl; ta += act;
-        sp += np; sf += fl; sa += act;
-        const char *dn = cfg->pipeline.devices[stage % n].name;
-        fprintf(f, "%4d  %-7s %-*s %-20s %12lld %14.1f %14s%s\n", k, dn, wl, nm, sh,
-                (long long)np, fl / 1e6, gp_format_bytes((size_t)act, ab, sizeof ab), sk);
-        if (n > 1 && k - first + 1 == m.balance[stage]) {
-            char pb[32], mb[32];
-            fprintf(f, "      stage %d on %s: layers %d-%d, %lld parameters (%s), %.1f MFLOP, "
-                       "~%s weights+grads%s, %s activations per batch\n",
-                    stage, dn, first, k, (long long)sp,
-                    gp_format_bytes((size_t)sp * 4, pb, sizeof pb), sf / 1e6,
-                    gp_format_bytes((size_t)sp * state_bytes(cfg), mb, sizeof mb),
-                    state_words(cfg, true),
-                    gp_format_bytes((size_t)sa, ab, sizeof ab));
-            stage++;
-            first = k + 1;
-            sp = 0; sf = 0; sa = 0;
-        }
-    }
-    /* A batch norm that a micro-batch gives one value per channel stops
-     * the first step (batchnorm.c); the shapes say so now.  Synchronised
-     * ones count every replica's micro-batch. */
-    int64_t parts = (int64_t)cfg->pipeline.chunks * gp_pipeline_replicas(&cfg->pipeline);
-    int64_t mb_min = parts > 0 ? b / parts : b;
-    for (int k = 0; k < m.n_layers; k++) {
-        const gp_layer *l = &m.layers[k];
-        if (l->spec.type != GP_LAYER_BATCHNORM) continue;
-        int64_t per = 1;
-        for (int d = 2; d < l->in_shape.ndim; d++) per *= l->in_shape.dims[d];
-        int64_t n_mb = l->spec.sync ? mb_min * gp_pipeline_replicas(&cfg->pipeline) : mb_min;
-        if (n_mb * per >= 2) continue;
-        char d[400];
-        fprintf(f, "note: %s: training batch norm needs more than one value per channel, but "
-                   "the smallest micro-batch (train.batch_size %lld in %lld) has %lld sample(s) "
-                   "of %lld value(s) per channel: a run stops at its first step; use fewer "
-                   "pipeline.chunks or a larger batch\n",
-                gp_layer_describe(l, d, sizeof d), (long long)b, (long long)parts,
-                (long long)n_mb, (long long)per);
-        break;
-    }
+    summary_batchnorm_note(cfg, &m, f);
     char ab[32], pb[32];
     fprintf(f, "total: %lld parameters (%s), %.1f MFLOP forward per batch (%.1f per step "
                "with backward), %s of activations per batch\n",
-            (long long)tp, gp_format_bytes((size_t)tp * 4, pb, sizeof pb), tf / 1e6, 3 * tf / 1e6,
-            gp_format_bytes((size_t)ta, ab, sizeof ab));
-    /* the skips, and the stage boundaries they cross (copied straight from
-     * the stash's stage to the pop's, once per micro-batch) */
-    for (int t = 0; t < m.skips.n; t++) {
-        const gp_skip *k = &m.skips.skips[t];
-        int s_from = 0, s_to = 0;
-        for (int a = 0, f0 = 0; a < m.n_stages; f0 += m.balance[a++]) {
-            if (k->from >= f0 && k->from < f0 + m.balance[a]) s_from = a;
-            if (k->to >= f0 && k->to < f0 + m.balance[a]) s_to = a;
-        }
-        char kb[32];
-        gp_shape ks = m.layers[k->from].out_shape;
-        size_t bytes = (size_t)gp_shape_numel(&ks) * sizeof(float);
-        if (s_from == s_to)
-            fprintf(f, "skip '%s': layer %d -> %d, inside stage %d (%s per sample)\n", k->name,
-                    k->from, k->to, s_from, gp_format_bytes(bytes, kb, sizeof kb));
-        else
-            fprintf(f, "skip '%s': layer %d -> %d, stage %d -> %d: crosses %d boundar%s, copied "
-                       "straight across (%s per sample%s)\n", k->name, k->from, k->to, s_from,
-                    s_to, s_to - s_from, s_to - s_from == 1 ? "y" : "ies",
-                    gp_format_bytes(gp_config_bf16_copies(cfg) ? bytes / 2 : bytes, kb, sizeof kb),
-                    gp_config_bf16_copies(cfg) ? " in bf16" : "");
-    }
-    const gp_pipeline_config *pc = &cfg->pipeline;
-    int R = gp_pipeline_replicas(pc);
-    char reps[256] = "";
-    if (R > 1) { /* data parallel: the devices above are replica 0's */
-        int total = gp_pipeline_devices_total(pc), at = 0;
-        char all[96] = "";
-        /* every device where they fit (a grid need not run in order),
-         * else the first and the last */
-        for (int d = 0; d < total && at < (int)sizeof all; d++)
-            at += snprintf(all + at, sizeof all - (size_t)at, "%s%s", d ? ", " : "",
-                           pc->devices[d].name);
-        if (at >= (int)sizeof all)
-            snprintf(all, sizeof all, "%s to %s", pc->devices[0].name,
-                     pc->devices[total - 1].name);
-        snprintf(reps, sizeof reps, " x %d data-parallel replicas (%d devices: %s; each "
-                 "replica's share of the batch is %lld)", R, total, all,
-                 (long long)(cfg->train.batch_size / R));
-    }
-    fprintf(f, "pipeline: %d device(s)%s, chunks %d, checkpoint %s, %s%s\n", n, reps,
-            pc->chunks, gp_checkpoint_mode_name(pc->checkpoint),
-            pc->lockstep ? "lockstep" : "free-running",
-            n > 1 && gp_config_bf16_copies(cfg) ? ", copies in bf16" : "");
-    char shared[160];
-    if (cores_shared(pc, shared, sizeof shared)) fprintf(f, "note: %s\n", shared); /* as a run */
-    const gp_optim_config *oc = &cfg->train.optim;
-    char clip[64] = "";
-    if (cfg->train.clip_grad_norm > 0)
-        snprintf(clip, sizeof clip, ", gradients clipped to norm %g",
-                 (double)cfg->train.clip_grad_norm);
-    size_t per = state_bytes(cfg);
-    const char *held = per == 16 ? "value, gradient, two moments"
-                       : per == 12 ? "value, gradient, momentum" : "value, gradient";
-    /* the rate the run starts from: with lr_scaling, the config's scaled */
-    char lr[96];
-    double base = gp_lr_base(&cfg->train);
-    if (base != oc->lr)
-        snprintf(lr, sizeof lr, "lr %g (%g x batch %lld / base_batch %lld)", base, oc->lr,
-                 (long long)cfg->train.batch_size, (long long)cfg->train.base_batch);
-    else snprintf(lr, sizeof lr, "lr %g", oc->lr);
-    if (oc->kind == GP_OPTIM_SGD)
-        fprintf(f, "optimizer: sgd (%s, momentum %g%s, weight decay %g): %zu bytes per "
-                   "parameter (%s)%s\n", lr, (double)oc->momentum,
-                oc->nesterov ? ", nesterov" : "", (double)oc->weight_decay, per, held, clip);
-    else
-        fprintf(f, "optimizer: %s (%s, betas [%g, %g], eps %g, weight decay %g): %zu bytes "
-                   "per parameter (%s)%s\n", oc->type, lr, (double)oc->beta1,
-                (double)oc->beta2, (double)oc->eps, (double)oc->weight_decay, per, held, clip);
-    free(inplace); /* and unkept */
-    gp_status s = summary_fits(cfg, &m);
+            (long long)tot.params, gp_format_bytes((size_t)tot.params * 4, pb, sizeof pb),
+            tot.flops / 1e6, 3 * tot.flops / 1e6, gp_format_bytes((size_t)tot.act, ab, sizeof ab));
+    summary_skips(cfg, &m, f);
+    summary_pipeline(cfg, f);
+    summary_optimizer(cfg, f);
+    s = summary_fits(cfg, &m);
     summary_free(&m, devs, n);
     return s;
 }
