@@ -3,6 +3,7 @@
  * on a terminal or log lines otherwise, JSON Lines metrics (core/json.h's
  * writer: escaped strings, NaN as null), stopping cleanly between steps on
  * request (a signal), and the model summary printed by --dry-run.
+ * "the training loop" below maps gp_train_run, step by step.
  */
 #include "train/train.h"
 #include "train/snapshot.h"
@@ -488,13 +489,6 @@ static gp_status stop_early(const gp_train_opts *o, const char *during, gp_train
                         "trained", signal_name(sig, b, sizeof b), during);
 }
 
-/* Stopped between steps after `step` steps, `pos` being the loader's place
- * then: a final snapshot unless the newest one (step `saved`) is of this
- * step already, or say what is lost when snapshots are off. */
-/* What a run that stops between steps saves: nothing when snapshots are
- * off (*on false), else a snapshot of `step` unless the newest already is
- * that step (saved == step); path names it.  A failed save is its
- * status. */
 /* A snapshot that failed (err, its message set): where the message does
  * not name one already, the newest this run saved or resumed from (step
  * `saved`), if it is still there.  The snapshot's own message names the
@@ -513,6 +507,10 @@ static gp_status name_saved(const gp_config *cfg, gp_status err, int64_t saved)
                         msg, path, (long long)saved, gp_opt_name(GP_OPT_RESUME_LATEST));
 }
 
+/* What a run that stops between steps saves: nothing when snapshots are
+ * off (*on false), else a snapshot of `step` unless the newest already is
+ * that step (saved == step); path names it.  A failed save is its
+ * status. */
 static gp_status final_snapshot(gp_model *m, const gp_config *cfg, int64_t step, int64_t saved,
                                 const gp_snapshot_pos *pos, gp_snapshot_lock *lock, bool *on,
                                 char *path, size_t len)
@@ -532,6 +530,9 @@ static gp_status final_snapshot(gp_model *m, const gp_config *cfg, int64_t step,
     return GP_OK;
 }
 
+/* Stopped between steps after `step` steps, `pos` being the loader's place
+ * then: a final snapshot unless the newest one (step `saved`) is of this
+ * step already, or say what is lost when snapshots are off. */
 static gp_status stop_between_steps(gp_model *m, const gp_config *cfg, const gp_train_opts *o,
                                     int sig, int64_t step, int64_t total, int64_t saved,
                                     const gp_snapshot_pos *pos, gp_snapshot_lock *lock,
