@@ -683,10 +683,40 @@ static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer
     return s;
 }
 
-gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[3],
-                         const gp_profile_opts *o, gp_profile *out)
+/* One gp_profile_run: the options as run, the device profiled and its
+ * peer, the model's plan (shapes, skips, what runs in place, layouts) and
+ * the buffers every layer's measurement shares.  Each layer then goes
+ * through profile_one_layer: its device opened, the layer built, its
+ * memory counted (profile_layer_memory), its optimizer state allocated
+ * and its update timed (profile_update), forward and backward timed
+ * (profile_layer), and its notes (in place, not kept, fused) recorded. */
+typedef struct profile_run {
+    const gp_layer_spec *specs;
+    int L;
+    const gp_profile_opts *o;
+    gp_profile_opts oo;         /* o with the warm-up and repetitions as run */
+    gp_profile *out;
+    gp_device_opts dopt;        /* how each layer's device is opened */
+    gp_device_kind kind;        /* the device profiled (out->device) */
+    int idx;
+    gp_device *peer;            /* the next device: it receives the boundary copies */
+    gp_shape input_shape;       /* the model's input, per sample */
+    gp_skip_map map;
+    gp_shape *outs;             /* (L) each layer's output shape, as built */
+    bool *inplace, *unkept, *fused; /* (L) each: what its stage makes of it */
+    int64_t *blk;               /* (2L) each layer's input, then output, block (0: plain) */
+    double *pool;               /* the samples' one allocation */
+    samples sm;                 /* the timings of one measurement */
+    float *host;                /* inputs on the host, as large as the largest layer's yet */
+    evictor ev;                 /* cold caches between timings */
+    bool seen_trainable;        /* a layer with parameters was profiled */
+} profile_run;
+
+/* The options checked and written into out, the micro-batch sizes
+ * ascending and unique, and out's tables allocated. */
+static gp_status profile_begin(const gp_layer_spec *specs, int L, const int64_t input[3],
+                               const gp_profile_opts *o, gp_profile *out)
 {
-    memset(out, 0, sizeof *out);
     if (L < 1) return gp_error_set(GP_ERR_INVALID, "nothing to profile: the model has no layers");
     if (o->n_sizes < 1 || o->n_sizes > GP_PROFILE_MAX_SIZES)
         return gp_error_set(GP_ERR_INVALID, "profile: give 1..%d micro-batch sizes",
@@ -728,217 +758,272 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
         gp_profile_free(out);
         return gp_error_set(GP_ERR_OOM, "out of host memory for the profile");
     }
-    gp_profile_opts oo = *o;
-    oo.warmup = out->warmup;
-    oo.reps = out->reps;
-    gp_device_opts dopt = {.threads = o->threads, .capacity = 0,
-                           .precision = (gp_precision)o->precision,
-                           .deterministic = o->deterministic};
+    return GP_OK;
+}
 
-    /* A second device receives the boundary copies. */
-    gp_device_kind kind;
-    int idx;
-    GP_TRY(gp_device_parse(out->device, &kind, &idx));
+/* A second device receives the boundary copies: the next one of the
+ * profiled kind, or another of the same where there is none. */
+static gp_status profile_open_peer(profile_run *r)
+{
     char peer_name[40];
-    gp_device_format(kind, idx + 1, peer_name, sizeof peer_name);
-    gp_device *peer = NULL;
-    if (gp_device_open(peer_name, &dopt, &peer) != GP_OK) {
-        gp_error_clear();
-        gp_status s = gp_device_open(out->device, &dopt, &peer);
-        if (s != GP_OK) {
-            gp_profile_free(out);
-            return s;
-        }
-    }
-    int64_t maxb = sz[nz - 1];
-    samples sm;
-    size_t reps = (size_t)out->reps + (size_t)out->warmup + 1;
-    double *pool = calloc(6 * reps, sizeof *pool);
-    sm = (samples){pool, pool + reps, pool + 2 * reps, pool + 3 * reps, pool + 4 * reps,
-                   pool + 5 * reps};
-    float *host = NULL;
-    gp_shape input_shape = gp_shape_4d(1, input[0], input[1], input[2]);
-    gp_skip_map map = {0};
-    gp_shape *outs = malloc((size_t)L * sizeof *outs);
-    bool *inplace = calloc((size_t)L, sizeof *inplace), *unkept = calloc((size_t)L, sizeof *unkept);
-    bool *fused = calloc((size_t)L, sizeof *fused);
-    int64_t *blk = calloc(2 * (size_t)L, sizeof *blk);
+    gp_device_format(r->kind, r->idx + 1, peer_name, sizeof peer_name);
+    if (gp_device_open(peer_name, &r->dopt, &r->peer) == GP_OK) return GP_OK;
+    gp_error_clear();
+    r->peer = NULL;
+    return gp_device_open(r->out->device, &r->dopt, &r->peer);
+}
+
+/* The model's plan before any layer is measured: which layer reads which
+ * (skips), what runs in place, is not kept or is fused, and the layouts
+ * the stages would choose; and the buffers the measurements share. */
+static gp_status profile_plan(profile_run *r)
+{
+    const gp_layer_spec *specs = r->specs;
+    int L = r->L;
+    size_t reps = (size_t)r->out->reps + (size_t)r->out->warmup + 1;
+    double *pool = r->pool = calloc(6 * reps, sizeof *pool);
+    r->sm = (samples){pool, pool + reps, pool + 2 * reps, pool + 3 * reps, pool + 4 * reps,
+                      pool + 5 * reps};
+    r->outs = malloc((size_t)L * sizeof *r->outs);
+    r->inplace = calloc((size_t)L, sizeof *r->inplace);
+    r->unkept = calloc((size_t)L, sizeof *r->unkept);
+    r->fused = calloc((size_t)L, sizeof *r->fused);
+    r->blk = calloc(2 * (size_t)L, sizeof *r->blk);
     gp_status s = GP_OK;
-    if (!pool || !outs || !inplace || !unkept || !fused || !blk)
+    if (!pool || !r->outs || !r->inplace || !r->unkept || !r->fused || !r->blk)
         s = gp_error_set(GP_ERR_OOM, "out of host memory");
-    if (s == GP_OK) s = gp_skip_map_build(specs, L, &map);
-    if (s == GP_OK) gp_layer_specs_inplace(specs, L, inplace);
-    if (s == GP_OK) gp_layer_specs_unkept(specs, L, inplace, unkept);
-    if (s == GP_OK) gp_layer_specs_relu_fused(specs, L, inplace, fused);
-    if (s == GP_OK) plan_blocks(specs, L, &map, &input_shape, peer, blk, blk + L);
-    /* Cold caches: the model's parameter and gradient bytes, from a pass
-     * that builds each layer once (CPU devices, timed profiles). */
-    evictor ev = {0};
-    if (s == GP_OK && out->timed && kind == GP_DEV_CPU) {
-        size_t total = 0;
-        for (int k = 0; k < L && s == GP_OK; k++) {
-            gp_layer l;
-            memset(&l, 0, sizeof l);
-            gp_shape in[1 + GP_MAX_POPS];
-            gp_skip_map_inputs(&map, k, &input_shape, outs, in);
-            s = gp_layer_create(&specs[k], k, in, peer, o->seed, &l);
-            if (s != GP_OK) break;
-            total += 2 * (size_t)gp_layer_param_count(&l) * sizeof(float);
-            outs[k] = l.out_shape;
-            gp_layer_destroy(&l);
-        }
-        if (s == GP_OK && total >= ((size_t)4 << 20)) {
-            ev.bytes = total;
-            ev.buf = malloc(total);
-            if (!ev.buf) s = gp_error_set(GP_ERR_OOM, "out of host memory (%zu bytes) for the "
-                                          "profile's cache eviction", total);
-            else memset(ev.buf, 1, total);
-        }
-        /* errors here name the layer in the main pass below */
-        if (s != GP_OK && s != GP_ERR_OOM) {
-            gp_error_clear();
-            s = GP_OK;
-        }
-    }
-    out->evict_bytes = (int64_t)ev.bytes;
-    bool seen_trainable = false;
-    out->first_trainable = L;
-    for (int k = 0; k < L && s == GP_OK; k++) {
-        gp_device *dev = NULL;
-        s = gp_device_open(out->device, &dopt, &dev);
-        if (s != GP_OK) break;
-        out->threads = dev->threads;
-        out->precision = (int)dev->precision; /* what it runs: a CPU's tf32 is fp32 */
-        gp_device_bind_thread(dev);
-        gp_allocator a0;
-        gp_allocator_snapshot(&dev->alloc, &a0);
+    if (s == GP_OK) s = gp_skip_map_build(specs, L, &r->map);
+    if (s == GP_OK) gp_layer_specs_inplace(specs, L, r->inplace);
+    if (s == GP_OK) gp_layer_specs_unkept(specs, L, r->inplace, r->unkept);
+    if (s == GP_OK) gp_layer_specs_relu_fused(specs, L, r->inplace, r->fused);
+    if (s == GP_OK)
+        plan_blocks(specs, L, &r->map, &r->input_shape, r->peer, r->blk, r->blk + L);
+    return s;
+}
+
+/* Cold caches: the model's parameter and gradient bytes, from a pass that
+ * builds each layer once (CPU devices, timed profiles). */
+static gp_status profile_eviction(profile_run *r)
+{
+    gp_status s = GP_OK;
+    if (!r->out->timed || r->kind != GP_DEV_CPU) return GP_OK;
+    size_t total = 0;
+    for (int k = 0; k < r->L && s == GP_OK; k++) {
         gp_layer l;
         memset(&l, 0, sizeof l);
         gp_shape in[1 + GP_MAX_POPS];
-        gp_skip_map_inputs(&map, k, &input_shape, outs, in);
-        s = gp_layer_create(&specs[k], k, in, dev, o->seed, &l);
-        if (s != GP_OK) {
-            gp_device_close(dev);
-            break;
-        }
-        l.in_blk = blk[k];
-        l.out_blk = blk[L + k];
-        gp_layer_mem *mm = &out->mem[k];
-        /* a profile names layers by place, not by the --set that changed
-         * them (which would crowd the 96 characters out; saved profiles
-         * outlive the run's overrides) */
-        char set_note[sizeof l.spec.set];
-        memcpy(set_note, l.spec.set, sizeof set_note);
-        l.spec.set[0] = '\0';
-        gp_layer_describe(&l, mm->desc, sizeof mm->desc);
-        memcpy(l.spec.set, set_note, sizeof set_note);
-        gp_profile_layer_spec(&specs[k], mm->spec, sizeof mm->spec);
-        gp_allocator a1;
-        gp_allocator_snapshot(&dev->alloc, &a1);
-        mm->param_bytes = a1.cur_by[GP_MEM_PARAMS] - a0.cur_by[GP_MEM_PARAMS];
-        mm->grad_bytes = a1.cur_by[GP_MEM_GRADS] - a0.cur_by[GP_MEM_GRADS];
-        mm->in_per_sample = (double)gp_shape_numel(&l.in_shape) * sizeof(float);
-        mm->out_per_sample = (double)gp_shape_numel(&l.out_shape) * sizeof(float);
-        mm->flops_per_sample = l.ops->flops(&l, 1);
-        bool ft = false;
-        if (!seen_trainable && gp_layer_param_count(&l) > 0) {
-            seen_trainable = ft = true;
-            out->first_trainable = k;
-        }
-        /* optimizer state as the trainer keeps it */
-        gp_tensor *opt = calloc((size_t)(2 * l.n_params + 1), sizeof *opt);
-        int n_opt = 0;
-        if (!opt) s = gp_error_set(GP_ERR_OOM, "out of host memory profiling layer %d", k);
-        for (int q = 0; q < l.n_params && s == GP_OK; q++) {
-            if (l.params[q].is_buffer) continue;
-            gp_shape ps = gp_tensor_shape(&l.params[q].value);
-            for (int r = 0; r < o->optim_slots && r < 2 && s == GP_OK; r++)
-                s = gp_tensor_zeros(&opt[n_opt++], dev, &ps, GP_MEM_OPTIMIZER);
-        }
-        gp_allocator a2;
-        gp_allocator_snapshot(&dev->alloc, &a2);
-        mm->optim_bytes = a2.cur_by[GP_MEM_OPTIMIZER] - a0.cur_by[GP_MEM_OPTIMIZER];
-        /* the other devices' load while this layer is timed */
-        contention ct;
-        memset(&ct, 0, sizeof ct);
-        if (s == GP_OK && out->contend > 0) {
-            s = contention_start(&ct, out->contend, &specs[k], k, in,
-                                 kind, idx, dev->threads, dev->precision, o->seed,
-                                 sz[nz - 1]);
-        }
-        /* zero grads + the update (SGD; Adam with two slots), the per-step
-         * work of the optimizer */
-        if (s == GP_OK && out->timed) {
-            int slots = o->optim_slots < 2 ? o->optim_slots : 2;
-            gp_adam_step adam = {.lr = 0.0f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
-                                 .step_size = 0.0f, .bc2_sqrt = 1.0f};
-            for (int r = 0; r < out->warmup + out->reps && s == GP_OK; r++) {
-                double t0 = gp_now();
-                s = gp_layer_zero_grad(&l);
-                for (int q = 0, oq = 0; q < l.n_params && s == GP_OK; q++) {
-                    gp_param *pr = &l.params[q];
-                    if (pr->is_buffer) continue;
-                    int64_t np = gp_tensor_numel(&pr->value);
-                    if (slots == 2) {
-                        gp_update_part part = {.w = gp_f32(&pr->value), .g = gp_f32(&pr->grad),
-                                               .v = gp_f32(&opt[oq]), .v2 = gp_f32(&opt[oq + 1]),
-                                               .n = np};
-                        s = gp_dev_adam_multi(dev, &part, 1, &adam);
-                    } else {
-                        s = gp_dev_sgd_update(dev, gp_f32(&pr->value), gp_f32(&pr->grad),
-                                              slots ? gp_f32(&opt[oq]) : NULL, np, 0.0f,
-                                              slots ? 0.9f : 0.0f, 0.0f, 0);
-                    }
-                    oq += slots;
-                }
-                if (s == GP_OK) s = gp_dev_synchronize(dev);
-                if (r >= out->warmup) sm.fwd[r - out->warmup] = gp_now() - t0;
-            }
-            if (s == GP_OK) mm->update = median(sm.fwd, out->reps);
-        }
-        if (s == GP_OK) {
-            int64_t need = gp_shape_numel(&l.in_shape);
-            int64_t n2 = gp_shape_numel(&l.out_shape);
-            if (n2 > need) need = n2;
-            for (int q = 0; q < l.n_in - 1; q++)
-                if (gp_shape_numel(&l.pop_shape[q]) > need) need = gp_shape_numel(&l.pop_shape[q]);
-            free(host);
-            host = malloc((size_t)(need * maxb + maxb) * sizeof *host);
-            if (!host) s = gp_error_set(GP_ERR_OOM, "out of host memory");
-        }
-        if (s == GP_OK)
-            s = profile_layer(out, &oo, &l, dev, peer, k, ft, k == L - 1, &sm, host, &ct, &ev);
-        gp_status cs = contention_stop(&ct);
-        if (s == GP_OK) s = cs;
-        if (s == GP_OK) mm->fused = fused[k];
-        if (s == GP_OK && (inplace[k] || unkept[k])) {
-            /* measured alone, the output counted: in place it is no extra,
-             * unkept a backward does not keep it */
-            mm->inplace = inplace[k];
-            mm->unkept = unkept[k];
-            mm->keep_per_sample = fmax(mm->keep_per_sample - mm->out_per_sample, 0.0);
-        }
-        if (s != GP_OK) {
-            char d[160];
-            s = gp_error_wrap(s, "profiling %s on %s", gp_layer_describe(&l, d, sizeof d),
-                              dev->name);
-        }
-        for (int q = 0; q < n_opt; q++) gp_tensor_free(&opt[q]);
-        free(opt);
-        outs[k] = l.out_shape;
+        gp_skip_map_inputs(&r->map, k, &r->input_shape, r->outs, in);
+        s = gp_layer_create(&r->specs[k], k, in, r->peer, r->o->seed, &l);
+        if (s != GP_OK) break;
+        total += 2 * (size_t)gp_layer_param_count(&l) * sizeof(float);
+        r->outs[k] = l.out_shape;
         gp_layer_destroy(&l);
-        gp_device_close(dev);
     }
-    free(host);
-    free(pool);
-    free(outs);
-    free(inplace);
-    free(unkept);
-    free(fused);
-    free(blk);
-    gp_skip_map_free(&map);
-    free(ev.buf);
-    gp_device_close(peer);
+    if (s == GP_OK && total >= ((size_t)4 << 20)) {
+        r->ev.bytes = total;
+        r->ev.buf = malloc(total);
+        if (!r->ev.buf) s = gp_error_set(GP_ERR_OOM, "out of host memory (%zu bytes) for the "
+                                         "profile's cache eviction", total);
+        else memset(r->ev.buf, 1, total);
+    }
+    /* errors here name the layer in the main pass below */
+    if (s != GP_OK && s != GP_ERR_OOM) {
+        gp_error_clear();
+        s = GP_OK;
+    }
+    return s;
+}
+
+/* Layer k's description and spec, and the bytes its parameters and
+ * gradients took on its device (a0: the device's counters before it was
+ * built). */
+static void profile_layer_memory(profile_run *r, gp_layer *l, gp_device *dev, int k,
+                                 const gp_allocator *a0)
+{
+    gp_layer_mem *mm = &r->out->mem[k];
+    /* a profile names layers by place, not by the --set that changed them
+     * (which would crowd the 96 characters out; saved profiles outlive the
+     * run's overrides) */
+    char set_note[sizeof l->spec.set];
+    memcpy(set_note, l->spec.set, sizeof set_note);
+    l->spec.set[0] = '\0';
+    gp_layer_describe(l, mm->desc, sizeof mm->desc);
+    memcpy(l->spec.set, set_note, sizeof set_note);
+    gp_profile_layer_spec(&r->specs[k], mm->spec, sizeof mm->spec);
+    gp_allocator a1;
+    gp_allocator_snapshot(&dev->alloc, &a1);
+    mm->param_bytes = a1.cur_by[GP_MEM_PARAMS] - a0->cur_by[GP_MEM_PARAMS];
+    mm->grad_bytes = a1.cur_by[GP_MEM_GRADS] - a0->cur_by[GP_MEM_GRADS];
+    mm->in_per_sample = (double)gp_shape_numel(&l->in_shape) * sizeof(float);
+    mm->out_per_sample = (double)gp_shape_numel(&l->out_shape) * sizeof(float);
+    mm->flops_per_sample = l->ops->flops(l, 1);
+}
+
+/* Zero grads + the update (SGD; Adam with two slots), the per-step work
+ * of the optimizer, timed over layer l's parameters with its state opt. */
+static gp_status profile_update(profile_run *r, gp_layer *l, gp_device *dev, gp_tensor *opt,
+                                gp_layer_mem *mm)
+{
+    gp_profile *out = r->out;
+    gp_status s = GP_OK;
+    int slots = r->o->optim_slots < 2 ? r->o->optim_slots : 2;
+    gp_adam_step adam = {.lr = 0.0f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                         .step_size = 0.0f, .bc2_sqrt = 1.0f};
+    for (int q = 0; q < out->warmup + out->reps && s == GP_OK; q++) {
+        double t0 = gp_now();
+        s = gp_layer_zero_grad(l);
+        for (int p = 0, oq = 0; p < l->n_params && s == GP_OK; p++) {
+            gp_param *pr = &l->params[p];
+            if (pr->is_buffer) continue;
+            int64_t np = gp_tensor_numel(&pr->value);
+            if (slots == 2) {
+                gp_update_part part = {.w = gp_f32(&pr->value), .g = gp_f32(&pr->grad),
+                                       .v = gp_f32(&opt[oq]), .v2 = gp_f32(&opt[oq + 1]),
+                                       .n = np};
+                s = gp_dev_adam_multi(dev, &part, 1, &adam);
+            } else {
+                s = gp_dev_sgd_update(dev, gp_f32(&pr->value), gp_f32(&pr->grad),
+                                      slots ? gp_f32(&opt[oq]) : NULL, np, 0.0f,
+                                      slots ? 0.9f : 0.0f, 0.0f, 0);
+            }
+            oq += slots;
+        }
+        if (s == GP_OK) s = gp_dev_synchronize(dev);
+        if (q >= out->warmup) r->sm.fwd[q - out->warmup] = gp_now() - t0;
+    }
+    if (s == GP_OK) mm->update = median(r->sm.fwd, out->reps);
+    return s;
+}
+
+/* The host buffer as large as layer l's largest input, output or popped
+ * skip at the largest micro-batch. */
+static gp_status profile_host_buffer(profile_run *r, const gp_layer *l)
+{
+    int64_t maxb = r->out->sizes[r->out->n_sizes - 1];
+    int64_t need = gp_shape_numel(&l->in_shape);
+    int64_t n2 = gp_shape_numel(&l->out_shape);
+    if (n2 > need) need = n2;
+    for (int q = 0; q < l->n_in - 1; q++)
+        if (gp_shape_numel(&l->pop_shape[q]) > need) need = gp_shape_numel(&l->pop_shape[q]);
+    free(r->host);
+    r->host = malloc((size_t)(need * maxb + maxb) * sizeof *r->host);
+    if (!r->host) return gp_error_set(GP_ERR_OOM, "out of host memory");
+    return GP_OK;
+}
+
+/* Layer k measured on a device of its own, built on the device, opened
+ * for it and closed after it, so every allocator counter is its alone. */
+static gp_status profile_one_layer(profile_run *r, int k)
+{
+    gp_profile *out = r->out;
+    const gp_profile_opts *o = r->o;
+    gp_device *dev = NULL;
+    GP_TRY(gp_device_open(out->device, &r->dopt, &dev));
+    out->threads = dev->threads;
+    out->precision = (int)dev->precision; /* what it runs: a CPU's tf32 is fp32 */
+    gp_device_bind_thread(dev);
+    gp_allocator a0;
+    gp_allocator_snapshot(&dev->alloc, &a0);
+    gp_layer l;
+    memset(&l, 0, sizeof l);
+    gp_shape in[1 + GP_MAX_POPS];
+    gp_skip_map_inputs(&r->map, k, &r->input_shape, r->outs, in);
+    gp_status s = gp_layer_create(&r->specs[k], k, in, dev, o->seed, &l);
+    if (s != GP_OK) {
+        gp_device_close(dev);
+        return s;
+    }
+    l.in_blk = r->blk[k];
+    l.out_blk = r->blk[r->L + k];
+    gp_layer_mem *mm = &out->mem[k];
+    profile_layer_memory(r, &l, dev, k, &a0);
+    bool ft = false;
+    if (!r->seen_trainable && gp_layer_param_count(&l) > 0) {
+        r->seen_trainable = ft = true;
+        out->first_trainable = k;
+    }
+    /* optimizer state as the trainer keeps it */
+    gp_tensor *opt = calloc((size_t)(2 * l.n_params + 1), sizeof *opt);
+    int n_opt = 0;
+    if (!opt) s = gp_error_set(GP_ERR_OOM, "out of host memory profiling layer %d", k);
+    for (int q = 0; q < l.n_params && s == GP_OK; q++) {
+        if (l.params[q].is_buffer) continue;
+        gp_shape ps = gp_tensor_shape(&l.params[q].value);
+        for (int p = 0; p < o->optim_slots && p < 2 && s == GP_OK; p++)
+            s = gp_tensor_zeros(&opt[n_opt++], dev, &ps, GP_MEM_OPTIMIZER);
+    }
+    gp_allocator a2;
+    gp_allocator_snapshot(&dev->alloc, &a2);
+    mm->optim_bytes = a2.cur_by[GP_MEM_OPTIMIZER] - a0.cur_by[GP_MEM_OPTIMIZER];
+    /* the other devices' load while this layer is timed */
+    contention ct;
+    memset(&ct, 0, sizeof ct);
+    if (s == GP_OK && out->contend > 0) {
+        s = contention_start(&ct, out->contend, &r->specs[k], k, in, r->kind, r->idx,
+                             dev->threads, dev->precision, o->seed,
+                             out->sizes[out->n_sizes - 1]);
+    }
+    if (s == GP_OK && out->timed) s = profile_update(r, &l, dev, opt, mm);
+    if (s == GP_OK) s = profile_host_buffer(r, &l);
+    if (s == GP_OK)
+        s = profile_layer(out, &r->oo, &l, dev, r->peer, k, ft, k == r->L - 1, &r->sm, r->host,
+                          &ct, &r->ev);
+    gp_status cs = contention_stop(&ct);
+    if (s == GP_OK) s = cs;
+    if (s == GP_OK) mm->fused = r->fused[k];
+    if (s == GP_OK && (r->inplace[k] || r->unkept[k])) {
+        /* measured alone, the output counted: in place it is no extra,
+         * unkept a backward does not keep it */
+        mm->inplace = r->inplace[k];
+        mm->unkept = r->unkept[k];
+        mm->keep_per_sample = fmax(mm->keep_per_sample - mm->out_per_sample, 0.0);
+    }
+    if (s != GP_OK) {
+        char d[160];
+        s = gp_error_wrap(s, "profiling %s on %s", gp_layer_describe(&l, d, sizeof d),
+                          dev->name);
+    }
+    for (int q = 0; q < n_opt; q++) gp_tensor_free(&opt[q]);
+    free(opt);
+    r->outs[k] = l.out_shape;
+    gp_layer_destroy(&l);
+    gp_device_close(dev);
+    return s;
+}
+
+gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[3],
+                         const gp_profile_opts *o, gp_profile *out)
+{
+    memset(out, 0, sizeof *out);
+    GP_TRY(profile_begin(specs, L, input, o, out));
+    profile_run r = {.specs = specs, .L = L, .o = o, .oo = *o, .out = out,
+                     .input_shape = gp_shape_4d(1, input[0], input[1], input[2])};
+    r.oo.warmup = out->warmup;
+    r.oo.reps = out->reps;
+    r.dopt = (gp_device_opts){.threads = o->threads, .capacity = 0,
+                              .precision = (gp_precision)o->precision,
+                              .deterministic = o->deterministic};
+    GP_TRY(gp_device_parse(out->device, &r.kind, &r.idx));
+    gp_status s = profile_open_peer(&r);
+    if (s != GP_OK) {
+        gp_profile_free(out);
+        return s;
+    }
+    s = profile_plan(&r);
+    if (s == GP_OK) s = profile_eviction(&r);
+    out->evict_bytes = (int64_t)r.ev.bytes;
+    out->first_trainable = L;
+    for (int k = 0; k < L && s == GP_OK; k++) s = profile_one_layer(&r, k);
+    free(r.host);
+    free(r.pool);
+    free(r.outs);
+    free(r.inplace);
+    free(r.unkept);
+    free(r.fused);
+    free(r.blk);
+    gp_skip_map_free(&r.map);
+    free(r.ev.buf);
+    gp_device_close(r.peer);
     if (s != GP_OK) gp_profile_free(out);
     return s;
 }

@@ -300,17 +300,18 @@ int64_t gp_loader_bad_files(const gp_loader *ld)
 
 int64_t gp_loader_batches_per_epoch(const gp_loader *ld) { return ld->batches; }
 
-gp_status gp_loader_create(const gp_dataset *ds, const gp_data_config *cfg,
-                           const gp_loader_opts *opts, gp_loader **out)
+/* The dataset, the options and the config checked before anything is
+ * allocated; *batches_out: the batches in an epoch. */
+static gp_status loader_check(const gp_dataset *ds, const gp_data_config *cfg,
+                              const gp_loader_opts *opts, int64_t *batches_out)
 {
-    *out = NULL;
     if (!ds || (!ds->folder && (!ds->images || !ds->labels)) || ds->n < 1)
         return gp_error_set(GP_ERR_INVALID, "loader: the dataset is empty");
     if (opts->batch_size < 1)
         return gp_error_set(GP_ERR_INVALID, "loader: batch size %lld must be >= 1",
                             (long long)opts->batch_size);
     int64_t bs = opts->batch_size;
-    int64_t batches = opts->drop_last ? ds->n / bs : (ds->n + bs - 1) / bs;
+    int64_t batches = *batches_out = opts->drop_last ? ds->n / bs : (ds->n + bs - 1) / bs;
     if (batches < 1)
         return gp_error_set(GP_ERR_INVALID, "loader: batch size %lld exceeds the %lld samples "
                                             "of %s and drop_last leaves no batch",
@@ -334,7 +335,15 @@ gp_status gp_loader_create(const gp_dataset *ds, const gp_data_config *cfg,
                             "data.std can list (%d); give one value of each for all channels, "
                             "or data.normalize: false", ds->source, (long long)ds->c,
                             GP_MAX_CHANNELS);
+    return GP_OK;
+}
 
+gp_status gp_loader_create(const gp_dataset *ds, const gp_data_config *cfg,
+                           const gp_loader_opts *opts, gp_loader **out)
+{
+    *out = NULL;
+    int64_t bs = opts->batch_size, batches = 0;
+    GP_TRY(loader_check(ds, cfg, opts, &batches));
     gp_loader *ld = calloc(1, sizeof *ld);
     if (!ld) return gp_error_set(GP_ERR_INVALID, "loader: out of host memory");
     pthread_mutex_init(&ld->lock, NULL);

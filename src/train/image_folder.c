@@ -531,6 +531,74 @@ static int cache_class_of(const strvec *cls, const char *rel)
     return -1;
 }
 
+/* File ff of a cache's F line (fields fl, n of them: 10 with a mask) as
+ * it is now: its size and time (and its mask's) into ff; false where they
+ * are not the line's, or it is gone. */
+static bool cache_file_current(const gp_image_folder *f, folder_file *ff, char **fl, int n)
+{
+    int64_t sz = -1, s_ = 0, ns = 0;
+    bool ok = ff->rel && (n == 6 || ff->mask_rel) &&
+              stat_file(f, ff->rel, &sz, &s_, &ns) == GP_OK && sz == atoll(fl[2]) &&
+              s_ == atoll(fl[3]) && ns == atoll(fl[4]);
+    ff->size = sz;
+    ff->mt_s = s_;
+    ff->mt_ns = ns;
+    if (ok && n == 10) {
+        ok = stat_file(f, ff->mask_rel, &sz, &s_, &ns) == GP_OK && sz == atoll(fl[6]) &&
+             s_ == atoll(fl[7]) && ns == atoll(fl[8]);
+        ff->msize = sz;
+        ff->mmt_s = s_;
+        ff->mmt_ns = ns;
+    }
+    return ok;
+}
+
+/* A cache read line by line whose lines each passed: every class has
+ * files (the listing refuses an empty class), and no file is there twice;
+ * false with *why otherwise (or out of host memory). */
+static bool cache_whole(const gp_image_folder *f, const strvec *cls, int64_t nf,
+                        const char **why)
+{
+    bool ok = true;
+    int64_t with_files = 0; /* (labels ascend: each new one is a class) */
+    for (int64_t i = 0; i < nf; i++)
+        with_files += i == 0 || f->files[i].label != f->files[i - 1].label;
+    if (!f->segmentation && with_files != cls->n) {
+        ok = false;
+        *why = "a class with no files";
+    }
+    if (ok && !f->segmentation && nf > 1) {
+        char **names = malloc(sizeof *names * (size_t)nf);
+        ok = names != NULL;
+        for (int64_t i = 0; ok && i < nf; i++) names[i] = f->files[i].rel;
+        if (ok) qsort(names, (size_t)nf, sizeof *names, cmp_str);
+        for (int64_t i = 1; ok && i < nf; i++)
+            if (!strcmp(names[i - 1], names[i])) {
+                ok = false;
+                *why = "a file listed twice";
+            }
+        free(names);
+    }
+    return ok;
+}
+
+/* What a cache that was not used left in f (its first nf files, its
+ * folders) freed: f is then listed afresh. */
+static void cache_discard(gp_image_folder *f, int64_t nf)
+{
+    for (int64_t i = 0; i < nf; i++) {
+        free(f->files[i].rel);
+        free(f->files[i].mask_rel);
+    }
+    free(f->files);
+    f->files = NULL;
+    f->n = 0;
+    for (int i = 0; i < f->n_dirs; i++) free(f->dirs[i].rel);
+    free(f->dirs);
+    f->dirs = NULL;
+    f->n_dirs = 0;
+}
+
 /* Read the cache at path into f if it is there, whole, and still matches
  * every folder's time and every file's size and time; false otherwise (f
  * is then left for listing).  *damaged says why when the cache is not as
@@ -626,20 +694,7 @@ static bool cache_read(gp_image_folder *f, const char *path, const char **damage
                 ok = false;
                 why = "files out of order or listed twice";
             }
-            int64_t sz = -1, s_ = 0, ns = 0;
-            ok = ok && ff->rel && (n == 6 || ff->mask_rel) &&
-                 stat_file(f, ff->rel, &sz, &s_, &ns) == GP_OK && sz == atoll(fl[2]) &&
-                 s_ == atoll(fl[3]) && ns == atoll(fl[4]);
-            ff->size = sz;
-            ff->mt_s = s_;
-            ff->mt_ns = ns;
-            if (ok && n == 10) {
-                ok = stat_file(f, ff->mask_rel, &sz, &s_, &ns) == GP_OK && sz == atoll(fl[6]) &&
-                     s_ == atoll(fl[7]) && ns == atoll(fl[8]);
-                ff->msize = sz;
-                ff->mmt_s = s_;
-                ff->mmt_ns = ns;
-            }
+            ok = ok && cache_file_current(f, ff, fl, n);
         } else {
             ok = false;
             why = "a line gpipe does not write";
@@ -652,27 +707,7 @@ static bool cache_read(gp_image_folder *f, const char *path, const char **damage
     free(line);
     fclose(fp);
     gp_error_clear();
-    /* every class has files (the listing refuses an empty class), and no
-     * file is there twice */
-    int64_t with_files = 0; /* (labels ascend: each new one is a class) */
-    for (int64_t i = 0; ok && i < nf; i++)
-        with_files += i == 0 || f->files[i].label != f->files[i - 1].label;
-    if (ok && !f->segmentation && with_files != cls.n) {
-        ok = false;
-        why = "a class with no files";
-    }
-    if (ok && !f->segmentation && nf > 1) {
-        char **names = malloc(sizeof *names * (size_t)nf);
-        ok = names != NULL;
-        for (int64_t i = 0; ok && i < nf; i++) names[i] = f->files[i].rel;
-        if (ok) qsort(names, (size_t)nf, sizeof *names, cmp_str);
-        for (int64_t i = 1; ok && i < nf; i++)
-            if (!strcmp(names[i - 1], names[i])) {
-                ok = false;
-                why = "a file listed twice";
-            }
-        free(names);
-    }
+    if (ok) ok = cache_whole(f, &cls, nf, &why);
     if (!ok) *damaged = why;
     if (ok && nf > 0 && (f->segmentation || cls.n > 0)) {
         f->class_names = cls.v;
@@ -680,17 +715,7 @@ static bool cache_read(gp_image_folder *f, const char *path, const char **damage
         return true;
     }
     sv_free(&cls);
-    for (int64_t i = 0; i < nf; i++) {
-        free(f->files[i].rel);
-        free(f->files[i].mask_rel);
-    }
-    free(f->files);
-    f->files = NULL;
-    f->n = 0;
-    for (int i = 0; i < f->n_dirs; i++) free(f->dirs[i].rel);
-    free(f->dirs);
-    f->dirs = NULL;
-    f->n_dirs = 0;
+    cache_discard(f, nf);
     return false;
 }
 

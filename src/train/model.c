@@ -603,250 +603,341 @@ typedef struct {
     int64_t n;
 } eval_source;
 
-static gp_status evaluate_at(gp_model *m, const gp_config *cfg, const eval_source *src,
-                             int64_t bs, double *loss, double *accuracy)
+/* One evaluation: what it reads, the buffers its batches are assembled
+ * in, what is on its way between stages, and the sums it scores.  Each
+ * batch runs stage after stage (eval_batch: eval_inputs, then eval_stage
+ * per stage, then eval_score); under mpirun each rank runs its own stages
+ * and passes activations and skips on as messages (tag 1, skip t 2 + t:
+ * in order between two ranks), and the last stage's rank scores. */
+typedef struct eval_run {
+    gp_model *m;
+    const gp_config *cfg;
+    const eval_source *src;
+    int64_t bs;             /* samples per batch */
+    int64_t per, tps;       /* input floats and targets per sample */
+    int64_t total;          /* samples evaluated */
+    bool masks;             /* binary cross-entropy against the dataset's masks */
+    bool bf16;              /* pipeline.copy_precision: rounded where stages meet */
+    bool procs;             /* under mpirun: this rank runs its stages only */
+    /* a dataset's batch, assembled here (NULL: read in place from the
+     * caller's arrays) */
+    float *x, *y;
+    float mean[GP_MAX_CHANNELS], std[GP_MAX_CHANNELS];
+    gp_loader *ld;          /* an image folder's decoding threads, or NULL */
+    gp_tensor *pend;        /* (skips.n) skips on their way from one stage to a later one */
+    /* processes: a batch's sends in flight, at most every skip and one
+     * activation per stage */
+    gp_tensor *sent;
+    gp_procs_req *reqs;
+    int n_sent;
+    double loss_sum;        /* the scores so far (the last stage's rank's) */
+    int64_t correct, count;
+} eval_run;
+
+static void eval_free(eval_run *e)
 {
-    bool bf16 = gp_config_bf16_copies(cfg);
-    const gp_dataset *ds = src->ds;
-    int64_t per = ds ? ds->c * ds->h * ds->w : gp_shape_numel(&m->input);
-    /* binary cross-entropy against masks where the data has them; the
-     * loss checks that there is one target per output element */
-    bool masks = ds && m->loss == GP_LOSS_BCE_WITH_LOGITS && gp_dataset_has_masks(ds);
-    int64_t tps = !ds ? m->targets : masks ? ds->h * ds->w : 1;
-    int64_t total = ds ? ds->n : src->n;
-    if (tps != m->targets) {
+    free(e->sent);
+    free(e->reqs);
+    free(e->x);
+    free(e->y);
+    free(e->pend);
+}
+
+/* The targets checked against the model's output, and the host buffers
+ * an evaluation needs (nothing to free when it fails). */
+static gp_status eval_alloc(eval_run *e)
+{
+    gp_model *m = e->m;
+    const gp_dataset *ds = e->src->ds;
+    if (e->tps != m->targets) {
         char b[64];
         return gp_error_set(GP_ERR_INVALID, "%s: the model's output %s has %lld element%s per "
-                            "sample but %s has %lld target%s per sample for %s", cfg->path,
+                            "sample but %s has %lld target%s per sample for %s", e->cfg->path,
                             gp_shape_str(&m->output, b, sizeof b), (long long)m->targets,
-                            m->targets == 1 ? "" : "s", ds->source, (long long)tps,
-                            tps == 1 ? "" : "s", gp_loss_name(m->loss));
+                            m->targets == 1 ? "" : "s", ds->source, (long long)e->tps,
+                            e->tps == 1 ? "" : "s", gp_loss_name(m->loss));
     }
     /* the batches are assembled here from a dataset, read in place from
      * the caller's arrays */
-    float *x = ds ? malloc((size_t)(bs * per) * sizeof *x) : NULL;
-    float *y = ds ? malloc((size_t)(bs * tps) * sizeof *y) : NULL;
-    float mean[GP_MAX_CHANNELS], std[GP_MAX_CHANNELS];
-    /* skips on their way from one stage to a later one */
-    gp_tensor *pend = calloc((size_t)(m->skips.n ? m->skips.n : 1), sizeof *pend);
-    if ((ds && (!x || !y)) || !pend) {
-        free(x);
-        free(y);
-        free(pend);
+    e->x = ds ? malloc((size_t)(e->bs * e->per) * sizeof *e->x) : NULL;
+    e->y = ds ? malloc((size_t)(e->bs * e->tps) * sizeof *e->y) : NULL;
+    e->pend = calloc((size_t)(m->skips.n ? m->skips.n : 1), sizeof *e->pend);
+    if ((ds && (!e->x || !e->y)) || !e->pend) {
+        eval_free(e);
         return gp_error_set(GP_ERR_OOM, "out of host memory for evaluation batches");
     }
-    if (ds) gp_data_norm(&cfg->data, ds->c, mean, std);
-    /* processes: each rank runs its stages, the activations and skips of
-     * a batch go to the next stages' ranks as messages (tag 1, skip t 2 + t:
-     * in order between two ranks), the last stage's rank scores */
-    bool procs = m->local_device >= 0;
-    /* a batch's sends in flight: at most every skip and one activation per
-     * stage */
-    int max_sent = m->skips.n + m->n_stages, n_sent = 0;
-    gp_tensor *sent = procs ? calloc((size_t)max_sent, sizeof *sent) : NULL;
-    gp_procs_req *reqs = procs ? calloc((size_t)max_sent, sizeof *reqs) : NULL;
-    if (procs && (!sent || !reqs)) {
-        free(sent);
-        free(reqs);
-        free(x);
-        free(y);
-        free(pend);
+    if (ds) gp_data_norm(&e->cfg->data, ds->c, e->mean, e->std);
+    int max_sent = m->skips.n + m->n_stages;
+    e->sent = e->procs ? calloc((size_t)max_sent, sizeof *e->sent) : NULL;
+    e->reqs = e->procs ? calloc((size_t)max_sent, sizeof *e->reqs) : NULL;
+    if (e->procs && (!e->sent || !e->reqs)) {
+        eval_free(e);
         return gp_error_set(GP_ERR_OOM, "out of host memory for evaluation batches");
     }
-    double loss_sum = 0;
-    int64_t correct = 0, count = 0;
+    return GP_OK;
+}
+
+/* An image folder is decoded (Resize + CenterCrop) by the loader's
+ * threads, in file order; in-memory data is assembled by eval_inputs. */
+static gp_status eval_start_loader(eval_run *e)
+{
+    const gp_dataset *ds = e->src->ds;
+    const gp_config *cfg = e->cfg;
+    if (!ds || !ds->folder) return GP_OK;
+    gp_loader_opts o = {.batch_size = e->bs, .shuffle = false, .augment = false,
+                        .masks = e->masks, .prefetch = 2, .seed = cfg->train.seed,
+                        .workers = gp_data_workers(cfg),
+                        /* processes: only stage 0's rank needs the images */
+                        .labels_only = e->procs && e->m->local_device > 0 &&
+                                       !cfg->data.skip_bad_files};
+    return gp_loader_create(ds, &cfg->data, &o, &e->ld);
+}
+
+/* Batch bi's inputs and targets on the host (*n samples from sample b0):
+ * the caller's arrays, the loader's batch, or assembled from the dataset. */
+static gp_status eval_inputs(eval_run *e, int64_t b0, int64_t *n, const float **bx,
+                             const float **by)
+{
+    const gp_dataset *ds = e->src->ds;
+    *bx = e->x;
+    *by = e->y;
+    if (!ds) {
+        *bx = e->src->x + b0 * e->per;
+        *by = e->src->y + b0 * e->tps;
+    } else if (e->ld) {
+        gp_batch b;
+        GP_TRY(gp_loader_next(e->ld, &b));
+        *bx = b.x;
+        *by = b.y;
+        *n = b.n;
+    } else {
+        gp_data_assemble(ds, b0, *n, e->cfg->data.normalize, e->mean, e->std, e->masks, e->x,
+                         e->y);
+    }
+    return GP_OK;
+}
+
+/* The skips that arrive at stage j, moved from the stage that stashed
+ * them (processes: received from its rank when another runs it). */
+static gp_status eval_skips_arrive(eval_run *e, gp_stash *st, int j, int64_t n)
+{
+    gp_model *m = e->m;
     gp_status s = GP_OK;
-    /* An image folder is decoded (Resize + CenterCrop) by the loader's
-     * threads, in file order; in-memory data is assembled here. */
-    gp_loader *ld = NULL;
-    if (ds && ds->folder) {
-        gp_loader_opts o = {.batch_size = bs, .shuffle = false, .augment = false,
-                            .masks = masks, .prefetch = 2, .seed = cfg->train.seed,
-                            .workers = gp_data_workers(cfg),
-                            /* processes: only stage 0's rank needs the images */
-                            .labels_only = procs && m->local_device > 0 &&
-                                           !cfg->data.skip_bad_files};
-        s = gp_loader_create(ds, &cfg->data, &o, &ld);
-    }
-    int64_t n_batches = ld ? gp_loader_batches_per_epoch(ld) : (total + bs - 1) / bs;
-    for (int64_t bi = 0; bi < n_batches && s == GP_OK; bi++) {
-        int64_t b0 = bi * bs, n = total - b0 < bs ? total - b0 : bs;
-        const float *bx = x, *by = y;
-        if (!ds) {
-            bx = src->x + b0 * per;
-            by = src->y + b0 * tps;
-        } else if (ld) {
-            gp_batch b;
-            s = gp_loader_next(ld, &b);
-            if (s != GP_OK) break;
-            bx = b.x;
-            by = b.y;
-            n = b.n;
-        } else {
-            gp_data_assemble(ds, b0, n, cfg->data.normalize, mean, std, masks, x, y);
-        }
-        gp_tensor cur = {0}, labels = {0};
-        /* the targets checked on the host, as a step checks them: a bad
-         * one is named by its row of the whole evaluation, not of a batch */
-        gp_shape os = gp_shape_with_batch(&m->output, n);
-        if (s == GP_OK && (m->loss != GP_LOSS_CROSS_ENTROPY || os.ndim == 2))
-            s = gp_loss_check_targets(m->loss, by, &os, b0);
-        /* processes: the inputs are stage 0's rank's, the labels the last
-         * stage's */
-        if (s == GP_OK && (!procs || m->local_device == 0 ||
-                           (m->n_stages - 1) % m->n_devices == m->local_device))
-            s = upload_chunk(m, bx, by, 0, n, &cur, &labels);
-        gp_fwd_ctx ctx = {.training = false, .seed = cfg->train.seed, .step = (uint64_t)m->step,
-                          .sample_offset = 0, .batch_total = n};
-        for (int j = 0, first = 0; j < m->n_stages && s == GP_OK; first += m->balance[j++]) {
-            if (procs && j % m->n_devices != m->local_device) continue; /* another rank's */
-            if (procs && j > 0 && (j - 1) % m->n_devices != m->local_device) {
-                /* the previous stage's output, from its rank */
-                gp_tensor_free(&cur);
-                gp_shape cs = gp_shape_with_batch(&m->layers[first].in_shape, n);
-                s = gp_tensor_alloc_as(&cur, m->devs[j], &cs, m->layers[first - 1].out_dtype,
-                                       GP_MEM_COPIES);
-                if (s == GP_OK)
-                    s = gp_procs_recv_dev(m->devs[j], (float *)gp_tensor_mem(&cur), gp_tensor_words(&cur),
-                                          m->rank_base + (j - 1) % m->n_devices, 1);
-            }
-            if (s != GP_OK) break;
-            gp_stash st;
-            s = gp_stash_init(&st, m->balance[j], &m->skips, first);
-            /* the skips that arrive, moved from the stage that stashed them
-             * (processes: received from its rank when another runs it) */
-            for (int t = 0; t < m->skips.n && s == GP_OK; t++) {
-                if (gp_stash_skip_role(&st, t) != GP_SKIP_ARRIVES) continue;
-                int from = m->skips.skips[t].from, a = stage_of(m, from);
-                if (procs && a % m->n_devices != m->local_device) {
-                    gp_shape ks = gp_shape_with_batch(&m->layers[from].out_shape, n);
-                    s = gp_tensor_alloc_as(&st.skip_in[t], m->devs[j], &ks,
-                                           m->layers[from].out_dtype, GP_MEM_COPIES);
-                    if (s == GP_OK)
-                        s = gp_procs_recv_dev(m->devs[j], (float *)gp_tensor_mem(&st.skip_in[t]),
-                                              gp_tensor_words(&st.skip_in[t]),
-                                              m->rank_base + a % m->n_devices, 2 + t);
-                    continue;
-                }
-                gp_shape ks = gp_tensor_shape(&pend[t]);
-                s = gp_tensor_alloc_as(&st.skip_in[t], m->devs[j], &ks, pend[t].dtype, GP_MEM_COPIES);
-                if (s == GP_OK) s = gp_tensor_copy(&st.skip_in[t], &pend[t]);
-                gp_tensor_free(&pend[t]);
-            }
-            if (s == GP_OK && cur.dev != m->devs[j]) {
-                /* a stage boundary: move the activation to the next device */
-                gp_shape cs = gp_tensor_shape(&cur);
-                s = gp_tensor_alloc_as(&st.in, m->devs[j], &cs, cur.dtype, GP_MEM_COPIES);
-                if (s == GP_OK) s = gp_tensor_copy(&st.in, &cur);
-                gp_tensor_free(&cur);
-            } else {
-                st.in = cur;
-            }
-            cur = (gp_tensor){0};
-            if (bf16 && j > 0) { /* what crossed a stage boundary, as training sees it */
-                if (s == GP_OK) s = round_bf16(&st.in);
-                for (int t = 0; t < m->skips.n && s == GP_OK; t++)
-                    if (gp_stash_skip_role(&st, t) == GP_SKIP_ARRIVES) s = round_bf16(&st.skip_in[t]);
-            }
-            int bad;
-            if (s == GP_OK) s = gp_ckpt_forward(m->layers + first, &ctx, GP_FWD_NOTHING, &st, &bad);
-            if (s == GP_OK) {
-                cur = st.out;
-                st.out = (gp_tensor){0};
-                for (int t = 0; t < m->skips.n; t++)
-                    if (gp_stash_skip_role(&st, t) == GP_SKIP_LEAVES) {
-                        pend[t] = st.skip_out[t];
-                        st.skip_out[t] = (gp_tensor){0};
-                    }
-            }
-            gp_stash_destroy(&st);
-            if (procs && s == GP_OK) { /* to the ranks of the stages after, not
-                                          waiting: a rank may take them in another order */
-                for (int t = 0; t < m->skips.n && s == GP_OK; t++) {
-                    int b = stage_of(m, m->skips.skips[t].to);
-                    if (!gp_tensor_mem(&pend[t]) || b % m->n_devices == m->local_device) continue;
-                    sent[n_sent] = pend[t];
-                    pend[t] = (gp_tensor){0};
-                    s = gp_procs_isend_dev(sent[n_sent].dev, (float *)gp_tensor_mem(&sent[n_sent]),
-                                           gp_tensor_words(&sent[n_sent]),
-                                           m->rank_base + b % m->n_devices, 2 + t, &reqs[n_sent]);
-                    n_sent++;
-                }
-                if (s == GP_OK && j + 1 < m->n_stages &&
-                    (j + 1) % m->n_devices != m->local_device) {
-                    sent[n_sent] = cur;
-                    cur = (gp_tensor){0};
-                    s = gp_procs_isend_dev(sent[n_sent].dev, (float *)gp_tensor_mem(&sent[n_sent]),
-                                           gp_tensor_words(&sent[n_sent]),
-                                           m->rank_base + (j + 1) % m->n_devices, 1,
-                                           &reqs[n_sent]);
-                    n_sent++;
-                }
-            }
-        }
-        for (int q = 0; q < n_sent; q++) { /* this batch's sends done, their tensors freed */
-            gp_status ws = gp_procs_wait(&reqs[q]);
-            if (s == GP_OK) s = ws;
-            gp_tensor_free(&sent[q]);
-        }
-        n_sent = 0;
-        if (procs && (m->n_stages - 1) % m->n_devices != m->local_device) {
-            /* the loss is the last stage's rank's */
-            gp_tensor_free(&cur);
-            gp_tensor_free(&labels);
-            for (int t = 0; t < m->skips.n; t++) gp_tensor_free(&pend[t]);
+    for (int t = 0; t < m->skips.n && s == GP_OK; t++) {
+        if (gp_stash_skip_role(st, t) != GP_SKIP_ARRIVES) continue;
+        int from = m->skips.skips[t].from, a = stage_of(m, from);
+        if (e->procs && a % m->n_devices != m->local_device) {
+            gp_shape ks = gp_shape_with_batch(&m->layers[from].out_shape, n);
+            s = gp_tensor_alloc_as(&st->skip_in[t], m->devs[j], &ks, m->layers[from].out_dtype,
+                                   GP_MEM_COPIES);
+            if (s == GP_OK)
+                s = gp_procs_recv_dev(m->devs[j], (float *)gp_tensor_mem(&st->skip_in[t]),
+                                      gp_tensor_words(&st->skip_in[t]),
+                                      m->rank_base + a % m->n_devices, 2 + t);
             continue;
         }
-        gp_loss_out lo = {0};
-        if (s == GP_OK && labels.dev != cur.dev) {
-            gp_tensor l2;
-            gp_shape lsh = gp_tensor_shape(&labels);
-            s = gp_tensor_alloc(&l2, cur.dev, &lsh, GP_MEM_COPIES);
-            if (s == GP_OK) s = gp_tensor_copy(&l2, &labels);
-            gp_tensor_free(&labels);
-            labels = l2;
-        }
-        if (s == GP_OK)
-            s = gp_loss(cur.dev, m->loss, m->label_smoothing, &cur, &labels, 1.0f, NULL, &lo);
-        loss_sum += lo.loss_sum;
-        correct += lo.correct;
-        count += lo.count;
-        gp_tensor_free(&cur);
-        gp_tensor_free(&labels);
-        for (int t = 0; t < m->skips.n; t++) gp_tensor_free(&pend[t]);
+        gp_shape ks = gp_tensor_shape(&e->pend[t]);
+        s = gp_tensor_alloc_as(&st->skip_in[t], m->devs[j], &ks, e->pend[t].dtype, GP_MEM_COPIES);
+        if (s == GP_OK) s = gp_tensor_copy(&st->skip_in[t], &e->pend[t]);
+        gp_tensor_free(&e->pend[t]);
     }
-    gp_loader_destroy(ld);
-    free(sent);
-    free(reqs);
-    /* processes: the other ranks wait for this one's messages; a failure
-     * here cannot be told to them, only end them all */
-    if (procs && s != GP_OK) {
+    return s;
+}
+
+/* Processes: stage j's skips and output sent on to the ranks of the
+ * stages after, not waiting: a rank may take them in another order. */
+static gp_status eval_send_on(eval_run *e, int j, gp_tensor *cur)
+{
+    gp_model *m = e->m;
+    gp_status s = GP_OK;
+    for (int t = 0; t < m->skips.n && s == GP_OK; t++) {
+        int b = stage_of(m, m->skips.skips[t].to);
+        if (!gp_tensor_mem(&e->pend[t]) || b % m->n_devices == m->local_device) continue;
+        e->sent[e->n_sent] = e->pend[t];
+        e->pend[t] = (gp_tensor){0};
+        s = gp_procs_isend_dev(e->sent[e->n_sent].dev, (float *)gp_tensor_mem(&e->sent[e->n_sent]),
+                               gp_tensor_words(&e->sent[e->n_sent]),
+                               m->rank_base + b % m->n_devices, 2 + t, &e->reqs[e->n_sent]);
+        e->n_sent++;
+    }
+    if (s == GP_OK && j + 1 < m->n_stages && (j + 1) % m->n_devices != m->local_device) {
+        e->sent[e->n_sent] = *cur;
+        *cur = (gp_tensor){0};
+        s = gp_procs_isend_dev(e->sent[e->n_sent].dev, (float *)gp_tensor_mem(&e->sent[e->n_sent]),
+                               gp_tensor_words(&e->sent[e->n_sent]),
+                               m->rank_base + (j + 1) % m->n_devices, 1, &e->reqs[e->n_sent]);
+        e->n_sent++;
+    }
+    return s;
+}
+
+/* Stage j (its layers from `first`) forward on its device: *cur, the
+ * previous stage's output (processes: received from its rank), in; its
+ * output out, the skips it stashes into e->pend. */
+static gp_status eval_stage(eval_run *e, int j, int first, const gp_fwd_ctx *ctx, int64_t n,
+                            gp_tensor *cur)
+{
+    gp_model *m = e->m;
+    gp_status s = GP_OK;
+    if (e->procs && j > 0 && (j - 1) % m->n_devices != m->local_device) {
+        /* the previous stage's output, from its rank */
+        gp_tensor_free(cur);
+        gp_shape cs = gp_shape_with_batch(&m->layers[first].in_shape, n);
+        s = gp_tensor_alloc_as(cur, m->devs[j], &cs, m->layers[first - 1].out_dtype,
+                               GP_MEM_COPIES);
+        if (s == GP_OK)
+            s = gp_procs_recv_dev(m->devs[j], (float *)gp_tensor_mem(cur), gp_tensor_words(cur),
+                                  m->rank_base + (j - 1) % m->n_devices, 1);
+    }
+    if (s != GP_OK) return s;
+    gp_stash st;
+    s = gp_stash_init(&st, m->balance[j], &m->skips, first);
+    if (s == GP_OK) s = eval_skips_arrive(e, &st, j, n);
+    if (s == GP_OK && cur->dev != m->devs[j]) {
+        /* a stage boundary: move the activation to the next device */
+        gp_shape cs = gp_tensor_shape(cur);
+        s = gp_tensor_alloc_as(&st.in, m->devs[j], &cs, cur->dtype, GP_MEM_COPIES);
+        if (s == GP_OK) s = gp_tensor_copy(&st.in, cur);
+        gp_tensor_free(cur);
+    } else {
+        st.in = *cur;
+    }
+    *cur = (gp_tensor){0};
+    if (e->bf16 && j > 0) { /* what crossed a stage boundary, as training sees it */
+        if (s == GP_OK) s = round_bf16(&st.in);
+        for (int t = 0; t < m->skips.n && s == GP_OK; t++)
+            if (gp_stash_skip_role(&st, t) == GP_SKIP_ARRIVES) s = round_bf16(&st.skip_in[t]);
+    }
+    int bad;
+    if (s == GP_OK) s = gp_ckpt_forward(m->layers + first, ctx, GP_FWD_NOTHING, &st, &bad);
+    if (s == GP_OK) {
+        *cur = st.out;
+        st.out = (gp_tensor){0};
+        for (int t = 0; t < m->skips.n; t++)
+            if (gp_stash_skip_role(&st, t) == GP_SKIP_LEAVES) {
+                e->pend[t] = st.skip_out[t];
+                st.skip_out[t] = (gp_tensor){0};
+            }
+    }
+    gp_stash_destroy(&st);
+    if (e->procs && s == GP_OK) s = eval_send_on(e, j, cur);
+    return s;
+}
+
+/* The batch's loss and correct predictions added to the sums, with the
+ * labels moved to the output's device first. */
+static gp_status eval_score(eval_run *e, gp_status s, gp_tensor *cur, gp_tensor *labels)
+{
+    gp_loss_out lo = {0};
+    if (s == GP_OK && labels->dev != cur->dev) {
+        gp_tensor l2;
+        gp_shape lsh = gp_tensor_shape(labels);
+        s = gp_tensor_alloc(&l2, cur->dev, &lsh, GP_MEM_COPIES);
+        if (s == GP_OK) s = gp_tensor_copy(&l2, labels);
+        gp_tensor_free(labels);
+        *labels = l2;
+    }
+    if (s == GP_OK)
+        s = gp_loss(cur->dev, e->m->loss, e->m->label_smoothing, cur, labels, 1.0f, NULL, &lo);
+    e->loss_sum += lo.loss_sum;
+    e->correct += lo.correct;
+    e->count += lo.count;
+    return s;
+}
+
+/* Batch bi through every stage (this rank's, under mpirun), scored by the
+ * last stage's. */
+static gp_status eval_batch(eval_run *e, int64_t bi)
+{
+    gp_model *m = e->m;
+    int64_t b0 = bi * e->bs, n = e->total - b0 < e->bs ? e->total - b0 : e->bs;
+    const float *bx, *by;
+    gp_status s = eval_inputs(e, b0, &n, &bx, &by);
+    if (s != GP_OK) return s;
+    gp_tensor cur = {0}, labels = {0};
+    /* the targets checked on the host, as a step checks them: a bad one is
+     * named by its row of the whole evaluation, not of a batch */
+    gp_shape os = gp_shape_with_batch(&m->output, n);
+    if (s == GP_OK && (m->loss != GP_LOSS_CROSS_ENTROPY || os.ndim == 2))
+        s = gp_loss_check_targets(m->loss, by, &os, b0);
+    /* processes: the inputs are stage 0's rank's, the labels the last
+     * stage's */
+    if (s == GP_OK && (!e->procs || m->local_device == 0 ||
+                       (m->n_stages - 1) % m->n_devices == m->local_device))
+        s = upload_chunk(m, bx, by, 0, n, &cur, &labels);
+    gp_fwd_ctx ctx = {.training = false, .seed = e->cfg->train.seed, .step = (uint64_t)m->step,
+                      .sample_offset = 0, .batch_total = n};
+    for (int j = 0, first = 0; j < m->n_stages && s == GP_OK; first += m->balance[j++]) {
+        if (e->procs && j % m->n_devices != m->local_device) continue; /* another rank's */
+        s = eval_stage(e, j, first, &ctx, n, &cur);
+    }
+    for (int q = 0; q < e->n_sent; q++) { /* this batch's sends done, their tensors freed */
+        gp_status ws = gp_procs_wait(&e->reqs[q]);
+        if (s == GP_OK) s = ws;
+        gp_tensor_free(&e->sent[q]);
+    }
+    e->n_sent = 0;
+    /* the loss is the last stage's rank's */
+    if (!e->procs || (m->n_stages - 1) % m->n_devices == m->local_device)
+        s = eval_score(e, s, &cur, &labels);
+    gp_tensor_free(&cur);
+    gp_tensor_free(&labels);
+    for (int t = 0; t < m->skips.n; t++) gp_tensor_free(&e->pend[t]);
+    return s;
+}
+
+/* Processes: every rank's answer is the last stage's rank's sums; the
+ * other ranks wait for this one's messages, so a failure here cannot be
+ * told to them, only end them all. */
+static gp_status eval_agree(eval_run *e, gp_status s)
+{
+    gp_model *m = e->m;
+    if (!e->procs) return s;
+    if (s != GP_OK) {
         /* (evaluate_fit halves the batch where one does not fit; ranks
          * that wait for this one's messages cannot retry with it) */
         if (s == GP_ERR_OOM)
             gp_error_wrap(s, "evaluating in batches of %lld samples: under mpirun evaluation "
                           "cannot halve its batch by itself; set train.eval_batch_size to %lld "
-                          "or less", (long long)bs, (long long)(bs > 1 ? bs / 2 : 1));
+                          "or less", (long long)e->bs, (long long)(e->bs > 1 ? e->bs / 2 : 1));
         gp_procs_fail(s);
     }
-    if (procs) { /* every rank's answer: the last stage's rank's sums */
-        int last = (m->n_stages - 1) % m->n_devices;
-        double v[4] = {loss_sum, (double)correct, (double)count, (double)s};
-        gp_status got = gp_procs_bcast(v, sizeof v, last);
-        if (s == GP_OK) s = got;
-        loss_sum = v[0];
-        correct = (int64_t)v[1];
-        count = (int64_t)v[2];
-        if (s == GP_OK && v[3] != 0)
-            s = gp_error_set((gp_status)v[3], "evaluation failed on rank %d (its message "
-                             "says why)", last);
-    }
-    free(x);
-    free(y);
-    free(pend);
+    int last = (m->n_stages - 1) % m->n_devices;
+    double v[4] = {e->loss_sum, (double)e->correct, (double)e->count, (double)s};
+    gp_status got = gp_procs_bcast(v, sizeof v, last);
+    if (s == GP_OK) s = got;
+    e->loss_sum = v[0];
+    e->correct = (int64_t)v[1];
+    e->count = (int64_t)v[2];
+    if (s == GP_OK && v[3] != 0)
+        s = gp_error_set((gp_status)v[3], "evaluation failed on rank %d (its message "
+                         "says why)", last);
+    return s;
+}
+
+/* The mean loss and the accuracy over src, in batches of bs. */
+static gp_status evaluate_at(gp_model *m, const gp_config *cfg, const eval_source *src,
+                             int64_t bs, double *loss, double *accuracy)
+{
+    const gp_dataset *ds = src->ds;
+    /* binary cross-entropy against masks where the data has them; the
+     * loss checks that there is one target per output element */
+    bool masks = ds && m->loss == GP_LOSS_BCE_WITH_LOGITS && gp_dataset_has_masks(ds);
+    eval_run e = {.m = m, .cfg = cfg, .src = src, .bs = bs, .masks = masks,
+                  .per = ds ? ds->c * ds->h * ds->w : gp_shape_numel(&m->input),
+                  .tps = !ds ? m->targets : masks ? ds->h * ds->w : 1,
+                  .total = ds ? ds->n : src->n, .bf16 = gp_config_bf16_copies(cfg),
+                  .procs = m->local_device >= 0};
+    GP_TRY(eval_alloc(&e));
+    gp_status s = eval_start_loader(&e);
+    int64_t n_batches = e.ld ? gp_loader_batches_per_epoch(e.ld) : (e.total + bs - 1) / bs;
+    for (int64_t bi = 0; bi < n_batches && s == GP_OK; bi++) s = eval_batch(&e, bi);
+    gp_loader_destroy(e.ld);
+    s = eval_agree(&e, s);
+    eval_free(&e);
     if (s != GP_OK) return s;
-    *loss = loss_sum / (double)(count ? count : 1);
-    *accuracy = (double)correct / (double)(count ? count : 1);
+    *loss = e.loss_sum / (double)(e.count ? e.count : 1);
+    *accuracy = (double)e.correct / (double)(e.count ? e.count : 1);
     return GP_OK;
 }
 

@@ -605,16 +605,11 @@ static const char *file_name(const gp_st_file *f, char *name, const char *prefix
     return memcpy(name, was, sizeof was);
 }
 
-gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
+/* The names the file uses: the model's own naming, or by layer index (a
+ * file from before the layers had names, or made so), which loads too. */
+static naming file_naming(gp_model *m, gp_st_file *f)
 {
-    /* Pass 1 checks every name and value; pass 2 uploads.  So a failed
-     * load leaves the model as it was. */
-    namelist missing = {0}, bad = {0}, extra = {0};
-    bad_values values = {0};
-    char name[256], first_old[512] = "";
-    int expected = 0, old = 0;
-    /* The model's own naming; a file by layer index (from before the
-     * layers had names, or made so) loads too. */
+    char name[256];
     naming nm = model_naming(m);
     int k0 = 0;
     while (k0 < m->n_layers && m->layers[k0].n_params == 0) k0++;
@@ -624,47 +619,90 @@ gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
             gp_st_find(f, tensor_name(name, sizeof name, "", m, k0, NAME_BY_INDEX, p0)))
             nm = NAME_BY_INDEX;
     }
-    if (optimizer) { /* a snapshot resumed: its optimizer's state must be this one's */
-        bool mom = false, adam = false;
-        const char *tag = gp_st_meta(f, "gpipe.optimizer"); /* older snapshots: none */
-        if (tag) {
-            adam = !strncmp(tag, "adam", 4);
-            mom = !strcmp(tag, "sgd+momentum");
-        } else { /* from the names (a layer named "exp_avg" would confuse this) */
-            for (int i = 0; i < f->n; i++) {
-                mom = mom || !strncmp(f->tensors[i].name, "momentum.", 9);
-                adam = adam || !strncmp(f->tensors[i].name, "exp_avg.", 8);
-            }
+    return nm;
+}
+
+/* A snapshot resumed: its optimizer's state must be this one's (Adam's
+ * moments for Adam, momentum for SGD with momentum); a change the state
+ * allows is said. */
+static gp_status check_optimizer_state(gp_model *m, gp_st_file *f)
+{
+    bool mom = false, adam = false;
+    const char *tag = gp_st_meta(f, "gpipe.optimizer"); /* older snapshots: none */
+    if (tag) {
+        adam = !strncmp(tag, "adam", 4);
+        mom = !strcmp(tag, "sgd+momentum");
+    } else { /* from the names (a layer named "exp_avg" would confuse this) */
+        for (int i = 0; i < f->n; i++) {
+            mom = mom || !strncmp(f->tensors[i].name, "momentum.", 9);
+            adam = adam || !strncmp(f->tensors[i].name, "exp_avg.", 8);
         }
-        const char *kind = gp_st_meta(f, "gpipe.kind");
-        bool snap = kind && !strcmp(kind, "snapshot");
-        bool want_adam = gp_optim_options(m->optim)->kind != GP_OPTIM_SGD;
-        const char *saved = tag && !strcmp(tag, "adam")    ? "Adam (train.optimizer.type: adam)"
-                            : tag && !strcmp(tag, "adamw") ? "AdamW (train.optimizer.type: adamw)"
-                            : adam ? "Adam (train.optimizer.type: adam or adamw)"
-                            : mom  ? "SGD with momentum (train.optimizer.type: sgd)"
-                                   : "plain SGD (train.optimizer.type: sgd, momentum: 0)";
-        if (snap && want_adam != adam)
-            return gp_error_set(GP_ERR_INVALID,
-                                "%s %s: it was saved by %s; resume it with that optimizer, or "
-                                "start from its weights with model.init_from", f->source,
-                                adam ? "holds Adam's state (exp_avg.*, exp_avg_sq.*)"
-                                     : "holds no Adam state (missing: exp_avg.*, exp_avg_sq.*)",
-                                saved);
-        if (snap && gp_optim_has_state(m->optim) && !want_adam && !mom)
-            return gp_error_set(GP_ERR_INVALID,
-                                "%s holds no momentum (missing: momentum.*): it was saved by plain "
-                                "SGD (train.optimizer.momentum: 0); resume it with momentum 0, or "
-                                "start from its weights with model.init_from",
-                                f->source);
-        /* allowed, but not what the snapshot's run did: say so */
-        const char *own = optimizer_tag(m);
-        if (snap && tag && strcmp(tag, own))
-            GP_WARN("%s was saved by %s and resumes with %s: %s", f->source, tag, own,
-                    adam ? "the moments carry over, the update rule changes (Adam adds the "
-                           "weight decay to the gradient, AdamW decays the weights)"
-                         : "its momentum is dropped");
     }
+    const char *kind = gp_st_meta(f, "gpipe.kind");
+    bool snap = kind && !strcmp(kind, "snapshot");
+    bool want_adam = gp_optim_options(m->optim)->kind != GP_OPTIM_SGD;
+    const char *saved = tag && !strcmp(tag, "adam")    ? "Adam (train.optimizer.type: adam)"
+                        : tag && !strcmp(tag, "adamw") ? "AdamW (train.optimizer.type: adamw)"
+                        : adam ? "Adam (train.optimizer.type: adam or adamw)"
+                        : mom  ? "SGD with momentum (train.optimizer.type: sgd)"
+                               : "plain SGD (train.optimizer.type: sgd, momentum: 0)";
+    if (snap && want_adam != adam)
+        return gp_error_set(GP_ERR_INVALID,
+                            "%s %s: it was saved by %s; resume it with that optimizer, or "
+                            "start from its weights with model.init_from", f->source,
+                            adam ? "holds Adam's state (exp_avg.*, exp_avg_sq.*)"
+                                 : "holds no Adam state (missing: exp_avg.*, exp_avg_sq.*)",
+                            saved);
+    if (snap && gp_optim_has_state(m->optim) && !want_adam && !mom)
+        return gp_error_set(GP_ERR_INVALID,
+                            "%s holds no momentum (missing: momentum.*): it was saved by plain "
+                            "SGD (train.optimizer.momentum: 0); resume it with momentum 0, or "
+                            "start from its weights with model.init_from",
+                            f->source);
+    /* allowed, but not what the snapshot's run did: say so */
+    const char *own = optimizer_tag(m);
+    if (snap && tag && strcmp(tag, own))
+        GP_WARN("%s was saved by %s and resumes with %s: %s", f->source, tag, own,
+                adam ? "the moments carry over, the update rule changes (Adam adds the "
+                       "weight decay to the gradient, AdamW decays the weights)"
+                     : "its momentum is dropped");
+    return GP_OK;
+}
+
+/* The file's names do not fit the model: what is missing, mismatched and
+ * not in the model, said at once (the lists freed). */
+static gp_status names_mismatch(const gp_model *m, const gp_st_file *f, int expected,
+                                namelist *missing, namelist *bad, namelist *extra)
+{
+    char a[2048], b[2048], c[2048];
+    const char *types = gp_st_meta(f, "gpipe.layers");
+    gp_status s = gp_error_set(
+        GP_ERR_INVALID,
+        "%s does not fit this model (%d layers, %d tensors expected)%s%s%s%s%s%s%s%s%s",
+        f->source, m->n_layers, expected, missing->count ? "; missing: " : "",
+        missing->count ? nl_str(missing, a, sizeof a) : "",
+        bad->count ? "; mismatched: " : "", bad->count ? nl_str(bad, b, sizeof b) : "",
+        extra->count ? "; not in the model: " : "",
+        extra->count ? nl_str(extra, c, sizeof c) : "",
+        types ? ". The file was made from the layers [" : "", types ? types : "",
+        types ? "]; check model.layers matches" : "");
+    free(missing->s);
+    free(bad->s);
+    free(extra->s);
+    return s;
+}
+
+gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
+{
+    /* Pass 1 checks every name and value; pass 2 uploads.  So a failed
+     * load leaves the model as it was. */
+    namelist missing = {0}, bad = {0}, extra = {0};
+    bad_values values = {0};
+    char name[256], first_old[512] = "";
+    int expected = 0, old = 0;
+    /* The model's own naming; a file by layer index loads too. */
+    naming nm = file_naming(m, f);
+    if (optimizer) GP_TRY(check_optimizer_state(m, f));
     /* every name the model expects, for the names in the file it does not */
     nameset known = {0};
     for (int pass = 0; pass < 2; pass++) {
@@ -743,24 +781,8 @@ gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
             if (!ns_has(&known, tn)) nl_add(&extra, "%s", tn);
         }
         ns_free(&known);
-        if (missing.count || bad.count || extra.count) {
-            char a[2048], b[2048], c[2048];
-            const char *types = gp_st_meta(f, "gpipe.layers");
-            gp_status s = gp_error_set(
-                GP_ERR_INVALID,
-                "%s does not fit this model (%d layers, %d tensors expected)%s%s%s%s%s%s%s%s%s",
-                f->source, m->n_layers, expected, missing.count ? "; missing: " : "",
-                missing.count ? nl_str(&missing, a, sizeof a) : "",
-                bad.count ? "; mismatched: " : "", bad.count ? nl_str(&bad, b, sizeof b) : "",
-                extra.count ? "; not in the model: " : "",
-                extra.count ? nl_str(&extra, c, sizeof c) : "",
-                types ? ". The file was made from the layers [" : "", types ? types : "",
-                types ? "]; check model.layers matches" : "");
-            free(missing.s);
-            free(bad.s);
-            free(extra.s);
-            return s;
-        }
+        if (missing.count || bad.count || extra.count)
+            return names_mismatch(m, f, expected, &missing, &bad, &extra);
         /* The names fit (a mismatch is the message that helps most); now
          * the values. */
         if (values.count) return bad_values_error(f, &values);

@@ -3,6 +3,7 @@
  * on a terminal or log lines otherwise, JSON Lines metrics (core/json.h's
  * writer: escaped strings, NaN as null), stopping cleanly between steps on
  * request (a signal), and the model summary printed by --dry-run.
+ * "the training loop" below maps gp_train_run, step by step.
  */
 #include "train/train.h"
 #include "train/snapshot.h"
@@ -488,13 +489,6 @@ static gp_status stop_early(const gp_train_opts *o, const char *during, gp_train
                         "trained", signal_name(sig, b, sizeof b), during);
 }
 
-/* Stopped between steps after `step` steps, `pos` being the loader's place
- * then: a final snapshot unless the newest one (step `saved`) is of this
- * step already, or say what is lost when snapshots are off. */
-/* What a run that stops between steps saves: nothing when snapshots are
- * off (*on false), else a snapshot of `step` unless the newest already is
- * that step (saved == step); path names it.  A failed save is its
- * status. */
 /* A snapshot that failed (err, its message set): where the message does
  * not name one already, the newest this run saved or resumed from (step
  * `saved`), if it is still there.  The snapshot's own message names the
@@ -513,6 +507,10 @@ static gp_status name_saved(const gp_config *cfg, gp_status err, int64_t saved)
                         msg, path, (long long)saved, gp_opt_name(GP_OPT_RESUME_LATEST));
 }
 
+/* What a run that stops between steps saves: nothing when snapshots are
+ * off (*on false), else a snapshot of `step` unless the newest already is
+ * that step (saved == step); path names it.  A failed save is its
+ * status. */
 static gp_status final_snapshot(gp_model *m, const gp_config *cfg, int64_t step, int64_t saved,
                                 const gp_snapshot_pos *pos, gp_snapshot_lock *lock, bool *on,
                                 char *path, size_t len)
@@ -532,6 +530,9 @@ static gp_status final_snapshot(gp_model *m, const gp_config *cfg, int64_t step,
     return GP_OK;
 }
 
+/* Stopped between steps after `step` steps, `pos` being the loader's place
+ * then: a final snapshot unless the newest one (step `saved`) is of this
+ * step already, or say what is lost when snapshots are off. */
 static gp_status stop_between_steps(gp_model *m, const gp_config *cfg, const gp_train_opts *o,
                                     int sig, int64_t step, int64_t total, int64_t saved,
                                     const gp_snapshot_pos *pos, gp_snapshot_lock *lock,
@@ -909,10 +910,140 @@ static gp_status check_outputs_spare_inputs(const gp_config *cfg, const gp_train
     return GP_OK;
 }
 
-gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train_result *res)
+/* ---- the training loop ------------------------------------------------------
+ *
+ * Reading the trainer: gp_train_run is a loop over steps between a start
+ * and an end, each part its own function below, in this order:
+ *
+ *   run_check_outputs        every output checked, the snapshot directory
+ *                            locked (nothing written yet)
+ *   run_open_outputs         the metrics file and the trace opened
+ *   run_load_data            both splits loaded and checked against the model
+ *   run_place_model          balanced, devices opened, the model built
+ *   run_start_loader         a resumed snapshot read, the loader started, the
+ *                            metrics file and TensorBoard cut back to it
+ *   run_plan                 the run's length, and what it says of it
+ *   run_begin_steps          the clocks, and what a stop saves so far
+ *   each step:
+ *     stop_if_asked          a signal: the final snapshot, then stop
+ *     background_write_ok    a snapshot written in the background failed
+ *     wait_for_batch         the loader's next batch
+ *     evaluate_if_epoch_ended  train.eval_each_epoch's evaluation, decided here
+ *     take_step              forward, backward and update on every stage
+ *     trace_step             the step's timeline, when --trace wants it
+ *     count_throughput       samples/s and the share spent waiting for data
+ *     record_step            the --metrics and TensorBoard record
+ *     snapshot_if_due        train.snapshot.every_steps / every_minutes / the
+ *                            last step
+ *     report_progress        the progress bar, or a log line
+ *   run_finish               the last snapshot written, --export-weights, a
+ *                            stop after the last step, the final evaluation,
+ *                            the memory report
+ *   run_close                everything closed; the run's error kept
+ *
+ * A stop asked by a signal saves in stop_between_steps (a final snapshot,
+ * unless the newest is of this step); a failure after the first step saves
+ * in failure_snapshot (data_failure for data and evaluations), so a stop
+ * or one bad batch never costs a run its work.  Under mpirun every call
+ * of agreed() is a collective: every rank makes them in the same order. */
+
+/* The run's files besides snapshots, and how progress is shown. */
+typedef struct run_outputs {
+    FILE *metrics;          /* --metrics, or NULL */
+    gp_json_writer record;  /* the metrics record being written */
+    gp_tboard *tb;          /* TensorBoard's event file (processes: rank 0's), or NULL */
+    const char *tb_dir;     /* where it goes: NULL when not wanted or not this rank's */
+    const char *tb_what;    /* the flag or key that named it, for messages */
+    gp_trace *trace;        /* --trace, or NULL */
+    int64_t traced;         /* steps the trace holds */
+    int progress;           /* 1: the progress bar on stderr; 0: log lines */
+} run_outputs;
+
+/* Where the run's work is saved: what a stop, a failure and the next
+ * snapshot need. */
+typedef struct run_saves {
+    gp_snapshot_lock *lock; /* the snapshot directory, held for the whole run */
+    bool on;                /* train.snapshot.every_steps or every_minutes is set */
+    /* Where the loader stood after the last step (before the first: the
+     * resumed snapshot's place): what a stop between steps saves. */
+    gp_snapshot_pos pos;
+    int64_t saved_step;     /* the newest snapshot's step (or the first step) */
+    /* saved_step's, or while it is written in the background, the one
+     * before: the newest known to be on disk, which a failed write names */
+    int64_t written_step;
+    double last_time;       /* gp_now() at the newest snapshot (or the start) */
+} run_saves;
+
+/* Throughput over half-second windows; until the first one closes, over
+ * this run's steps so far, so no record reads 0 samples/s. */
+typedef struct run_window {
+    double start;           /* gp_now() when the window opened */
+    int64_t samples;        /* samples trained in it */
+    double wait;            /* seconds spent waiting for batches in it */
+    bool first;             /* the run's first window, still open */
+    double sps;             /* samples/s of the last window closed (or so far) */
+    double wait_share;      /* the share of that time spent waiting for data */
+} run_window;
+
+/* The devices, and the memory and waits measured on them. */
+typedef struct run_devices {
+    gp_device *devs[GP_MAX_DEVICES]; /* every replica's, replica-major */
+    int n;                           /* opened: gp_pipeline_devices_total */
+    /* the run's peaks (the allocators' are reset every step, so the
+     * metrics' are per step): the total, and each kind's own */
+    size_t peak[GP_MAX_DEVICES], peak_by[GP_MAX_DEVICES][GP_MEM_COUNT];
+    int64_t waits[GP_MAX_DEVICES];   /* host waits per device in the step (-1: another rank's) */
+} run_devices;
+
+/* What one gp_train_run holds from its start to its end. */
+typedef struct train_run {
+    const gp_config *cfg;
+    const gp_train_config *tc;  /* &cfg->train */
+    const gp_train_opts *opts;
+    gp_train_result *res;       /* the caller's, filled in as the run goes */
+    gp_dataset train, test;
+    run_devices dev;
+    /* built where the caller keeps it (keep_model: its address is final, as
+     * the pipeline holds pointers into it), else in model_here */
+    gp_model model_here;
+    gp_model *mp;
+    gp_loader *loader;
+    run_outputs out;
+    run_saves saves;
+    run_window window;
+    /* the run's shape (run_start_loader, run_plan) */
+    int64_t min_batch;          /* pipeline.chunks x replicas: the smallest batch a step splits */
+    int64_t rest;               /* the samples an epoch's full batches leave over */
+    bool drop_rest;             /* too few to split: the loader drops them */
+    int64_t per_epoch, total;   /* steps in an epoch, and in the run */
+    int64_t first_step;         /* 0, or the step a resumed run starts from */
+    /* the epoch of the last batch trained (-1: none yet): an evaluation is
+     * due when the next batch's epoch differs */
+    int64_t last_epoch;
+    bool eval_nan_said;         /* a test loss that is not finite was warned of */
+    double t_start;             /* gp_now() when the first step began */
+    int64_t run_first, run_last; /* the steps this run took (-1: none) */
+    int64_t fail_step;          /* GPIPE_TEST_FAIL_STEP (tests/test_snapshot.c), or -1 */
+} train_run;
+
+/* One step's batch, and what taking it measured. */
+typedef struct train_step {
+    int64_t step;           /* 0-based: the step taken is step + 1 of total */
+    gp_batch b;
+    double waited;          /* seconds spent waiting for b */
+    double lr;
+    gp_step_stats st;
+    double now;             /* gp_now() after the step (and its trace) */
+} train_step;
+
+static void run_init(train_run *r, const gp_config *cfg, const gp_train_opts *opts,
+                     gp_train_result *res)
 {
-    gp_train_opts defo = {.progress = -1};
-    if (!opts) opts = &defo;
+    memset(r, 0, sizeof *r);
+    r->cfg = cfg;
+    r->tc = &cfg->train;
+    r->opts = opts;
+    r->res = res;
     memset(res, 0, sizeof *res);
     /* (a run that takes no step, resumed at or past its end, has no last
      * step: NaN, not a loss of 0 that reads as a perfect model) */
@@ -920,34 +1051,24 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     res->test_loss = NAN;
     res->test_accuracy = NAN;
     res->final_grad_norm = NAN;
-    const gp_train_config *tc = &cfg->train;
     const char *fail_env = getenv("GPIPE_TEST_FAIL_STEP");
-    int64_t fail_step = fail_env ? strtoll(fail_env, NULL, 10) : -1;
+    r->fail_step = fail_env ? strtoll(fail_env, NULL, 10) : -1;
+    r->mp = opts->keep_model ? opts->keep_model : &r->model_here;
+    memset(r->mp, 0, sizeof *r->mp);
+    r->out.tb_dir = opts->tensorboard_dir ? opts->tensorboard_dir : cfg->train.tensorboard;
+    r->out.tb_what = opts->tensorboard_dir ? "--tensorboard" : "train.tensorboard";
+    if (!r->out.tb_dir[0] || gp_procs_rank() != 0) r->out.tb_dir = NULL;
+    r->saves.on = r->tc->snapshot.every_steps > 0 || r->tc->snapshot.every_minutes > 0;
+    r->run_first = r->run_last = -1;
+}
 
-    gp_dataset train = {0}, test = {0};
-    gp_device *devs[GP_MAX_DEVICES] = {0};
-    size_t run_peak[GP_MAX_DEVICES] = {0}, run_peak_by[GP_MAX_DEVICES][GP_MEM_COUNT] = {{0}};
-    int64_t waits[GP_MAX_DEVICES] = {0}; /* host waits per device in the step */
-    int n_dev = 0;
-    /* built where the caller keeps it (keep_model: its address is final, as
-     * the pipeline holds pointers into it), else here */
-    gp_model model_here = {0};
-    gp_model *mp = opts->keep_model ? opts->keep_model : &model_here;
-    memset(mp, 0, sizeof *mp);
-    gp_loader *loader = NULL;
-    FILE *mf = NULL;
-    gp_json_writer mw = {0}; /* the metrics record being written */
-    gp_tboard *tb = NULL;    /* TensorBoard's event file (processes: rank 0's) */
-    const char *tb_dir = opts->tensorboard_dir ? opts->tensorboard_dir : cfg->train.tensorboard;
-    const char *tb_what = opts->tensorboard_dir ? "--tensorboard" : "train.tensorboard";
-    if (!tb_dir[0] || gp_procs_rank() != 0) tb_dir = NULL;
-    gp_trace *trace = NULL;
-    gp_snapshot_lock *snap_lock = NULL; /* the snapshot directory, held for the whole run */
-    int64_t traced = 0, run_first = -1, run_last = -1; /* steps traced; steps this run took */
-    gp_status s = GP_OK;
-
-    /* Every output is checked before any work: a bad path costs a second,
-     * not the run.  (The metrics file and the trace are opened here.) */
+/* Every output is checked before any work: a bad path costs a second, not
+ * the run; then the snapshot directory is taken.  Nothing is open yet, so
+ * a failure here has nothing to close. */
+static gp_status run_check_outputs(train_run *r)
+{
+    const gp_config *cfg = r->cfg;
+    const gp_train_opts *opts = r->opts;
     gp_status chk = GP_OK;
     if (opts->export_path && gp_procs_rank() == 0) /* processes: rank 0 writes it */
         chk = gp_check_writable_file(opts->export_path, gp_opt_name(GP_OPT_EXPORT), true);
@@ -958,26 +1079,32 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         chk = gp_check_writable_file(opts->metrics_path, gp_opt_name(GP_OPT_METRICS), false);
     if (chk == GP_OK && opts->trace_path)
         chk = gp_check_writable_file(opts->trace_path, gp_opt_name(GP_OPT_TRACE), false);
-    if (chk == GP_OK && tb_dir) chk = gp_check_writable_dir(tb_dir, tb_what);
-    if (chk == GP_OK) chk = gp_snapshot_resume_check(opts->resume_path, tc->snapshot.dir);
+    if (chk == GP_OK && r->out.tb_dir) chk = gp_check_writable_dir(r->out.tb_dir, r->out.tb_what);
+    if (chk == GP_OK) chk = gp_snapshot_resume_check(opts->resume_path, r->tc->snapshot.dir);
     /* processes: no rank opens an output before every rank's are checked */
-    chk = agree_phase(chk, "checking its outputs; nothing was written", res);
+    chk = agree_phase(chk, "checking its outputs; nothing was written", r->res);
     if (chk != GP_OK) return chk;
-    bool snapshots = tc->snapshot.every_steps > 0 || tc->snapshot.every_minutes > 0;
     /* Processes: rank 0 checks the directory, makes it and takes its lock
      * before any other rank checks it.  The check makes a missing directory
      * and removes it again, so checked on every rank at once it could
      * remove the directory under rank 0's lock file. */
-    if (snapshots && gp_procs_rank() == 0) GP_TRY(check_snapshot_dir(cfg));
+    if (r->saves.on && gp_procs_rank() == 0) GP_TRY(check_snapshot_dir(cfg));
     /* Then: a second run on the same snapshot directory stops here. */
-    s = gp_snapshot_lock_run(cfg, opts->resume_path, &snap_lock);
-    if (s != GP_OK) return s;
-    if (snapshots && gp_procs_size() > 1) {
+    return gp_snapshot_lock_run(cfg, opts->resume_path, &r->saves.lock);
+}
+
+/* The snapshot directory on every rank, then the metrics file and the
+ * trace opened. */
+static gp_status run_open_outputs(train_run *r)
+{
+    const gp_train_opts *opts = r->opts;
+    gp_status s = GP_OK;
+    if (r->saves.on && gp_procs_size() > 1) {
         (void)agreed(0); /* rank 0 has made the directory (it aborts the run if it cannot) */
         /* the other ranks write their parts there too */
-        if (gp_procs_rank() != 0) s = check_snapshot_dir(cfg);
-        if (s == GP_OK) s = check_dir_shared(cfg, res);
-        if (s != GP_OK) goto done;
+        if (gp_procs_rank() != 0) s = check_snapshot_dir(r->cfg);
+        if (s == GP_OK) s = check_dir_shared(r->cfg, r->res);
+        if (s != GP_OK) return s;
     }
     if (opts->metrics_path) {
         /* (a resumed run appends to a file, after metrics_resume's cut;
@@ -985,30 +1112,34 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         struct stat ms;
         bool append = opts->resume_path &&
                       (stat(opts->metrics_path, &ms) != 0 || S_ISREG(ms.st_mode));
-        mf = fopen(opts->metrics_path, append ? "a+" : "w");
-        if (!mf) {
-            s = gp_error_set(GP_ERR_IO, "%s '%s' cannot be written: %s; check the directory "
-                             "exists and is writable", gp_opt_name(GP_OPT_METRICS),
-                             opts->metrics_path, strerror(errno));
-            goto done;
-        }
+        r->out.metrics = fopen(opts->metrics_path, append ? "a+" : "w");
+        if (!r->out.metrics)
+            return gp_error_set(GP_ERR_IO, "%s '%s' cannot be written: %s; check the directory "
+                                "exists and is writable", gp_opt_name(GP_OPT_METRICS),
+                                opts->metrics_path, strerror(errno));
     }
     if (opts->trace_path) {
-        s = gp_trace_open(opts->trace_path, opts->trace_first, opts->trace_last, &trace);
-        if (s != GP_OK) {
-            gp_error_wrap(s, "%s", gp_opt_name(GP_OPT_TRACE));
-            goto done;
-        }
+        s = gp_trace_open(opts->trace_path, opts->trace_first, opts->trace_last, &r->out.trace);
+        if (s != GP_OK) gp_error_wrap(s, "%s", gp_opt_name(GP_OPT_TRACE));
     }
-    s = gp_dataset_load(&cfg->data, true, tc->seed, &train);
-    if (s == GP_OK) s = gp_dataset_load(&cfg->data, false, tc->seed, &test);
-    if (s == GP_OK && train.folder && test.folder) {
-        s = gp_image_folder_align_classes(test.folder, train.folder);
-        if (s == GP_OK) test.classes = gp_image_folder_classes(test.folder);
+    return s;
+}
+
+/* Both splits loaded, of the model's input shape (evaluation uploads test
+ * samples too), agreed between the ranks, and their targets checked. */
+static gp_status run_load_data(train_run *r)
+{
+    const gp_config *cfg = r->cfg;
+    gp_dataset *train = &r->train, *test = &r->test;
+    gp_status s = gp_dataset_load(&cfg->data, true, r->tc->seed, train);
+    if (s == GP_OK) s = gp_dataset_load(&cfg->data, false, r->tc->seed, test);
+    if (s == GP_OK && train->folder && test->folder) {
+        s = gp_image_folder_align_classes(test->folder, train->folder);
+        if (s == GP_OK) test->classes = gp_image_folder_classes(test->folder);
     }
     /* both splits: evaluation uploads test samples of the model's shape */
     for (int q = 0; q < 2 && s == GP_OK; q++) {
-        const gp_dataset *d = q ? &test : &train;
+        const gp_dataset *d = q ? test : train;
         if (q && d->n == 0) break;
         if (d->c != cfg->model.input[0] || d->h != cfg->model.input[1] ||
             d->w != cfg->model.input[2])
@@ -1025,108 +1156,141 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
      * as N samples and the run trains on fewer (rank 0: every rank loads) */
     for (int q = 0; q < 2 && s == GP_OK && gp_procs_rank() == 0; q++) {
         int64_t lim = q ? cfg->data.test_limit : cfg->data.train_limit;
-        const gp_dataset *d = q ? &test : &train;
+        const gp_dataset *d = q ? test : train;
         if (lim > d->n)
             GP_WARN("%s: data.%s_limit = %lld is more than the %lld samples of %s; all %lld "
                     "are used", cfg->path, q ? "test" : "train", (long long)lim,
                     (long long)d->n, d->source, (long long)d->n);
     }
-    if (gp_procs_size() > 1) s = agree_on_data(s, &train, &test, res); /* (every rank) */
+    if (gp_procs_size() > 1) s = agree_on_data(s, train, test, r->res); /* (every rank) */
     /* one normalisation value for every channel, or one per channel */
-    if (s == GP_OK && cfg->data.normalize && cfg->data.n_mean > 1 && cfg->data.n_mean != train.c)
+    if (s == GP_OK && cfg->data.normalize && cfg->data.n_mean > 1 && cfg->data.n_mean != train->c)
         s = gp_error_set(GP_ERR_INVALID, "%s: data.mean and data.std have %d values but %s has "
                          "%lld channel%s; give one value per channel, or one for all",
                          cfg->data.mean_at[0] ? cfg->data.mean_at : cfg->path,
-                         cfg->data.n_mean, train.source, (long long)train.c,
-                         train.c == 1 ? "" : "s");
-    if (s == GP_OK) s = check_targets(cfg, &train);
-    if (s == GP_OK) s = stop_early(opts, "while loading the data", res);
-    if (s == GP_OK) {
-        s = gp_train_open(cfg, devs, mp, opts->quiet);
-        if (s == GP_OK) n_dev = gp_pipeline_devices_total(&cfg->pipeline);
-        s = agree_phase(s, "while placing the model (balance, devices)", res);
+                         cfg->data.n_mean, train->source, (long long)train->c,
+                         train->c == 1 ? "" : "s");
+    if (s == GP_OK) s = check_targets(cfg, train);
+    if (s == GP_OK) s = stop_early(r->opts, "while loading the data", r->res);
+    return s;
+}
+
+/* Balanced, the devices opened and the model built on them. */
+static gp_status run_place_model(train_run *r)
+{
+    gp_status s = gp_train_open(r->cfg, r->dev.devs, r->mp, r->opts->quiet);
+    if (s == GP_OK) r->dev.n = gp_pipeline_devices_total(&r->cfg->pipeline);
+    s = agree_phase(s, "while placing the model (balance, devices)", r->res);
+    if (s == GP_OK) s = stop_early(r->opts, "while placing the model (balance, devices)", r->res);
+    return s;
+}
+
+/* A resumed run's metrics file and TensorBoard events cut back to the
+ * snapshot's step (processes: rank 0's), then the events opened. */
+static gp_status resume_records(train_run *r)
+{
+    const gp_train_opts *opts = r->opts;
+    const gp_train_config *tc = r->tc;
+    gp_model *mp = r->mp;
+    gp_status s = GP_OK;
+    bool drop_final = false, drop_epoch = false;
+    if ((r->out.metrics || r->out.tb_dir) && opts->resume_path) { /* (processes: rank 0's) */
+        int64_t n = gp_train_total_steps(tc, gp_loader_batches_per_epoch(r->loader));
+        /* what this run writes again at its first step: the final
+         * evaluation, unless it only exports (nothing left to train);
+         * the epoch's, resumed at an epoch's start with steps left */
+        bool trains = mp->step < n;
+        drop_final = trains || !opts->export_path;
+        drop_epoch = trains && r->saves.pos.batch == 0 && mp->step > 0 && tc->eval_each_epoch;
+        if (r->out.metrics)
+            s = metrics_resume(r->out.metrics, opts->metrics_path, mp->step, drop_final,
+                               drop_epoch, r->saves.pos.metrics);
     }
-    if (s == GP_OK) s = stop_early(opts, "while placing the model (balance, devices)", res);
+    if (s == GP_OK && r->out.tb_dir) /* (cut back as the metrics file is) */
+        s = gp_tboard_open(r->out.tb_dir, r->out.tb_what, opts->resume_path ? mp->step : -1,
+                           drop_final || drop_epoch, r->saves.pos.metrics, &r->out.tb);
+    return s;
+}
+
+/* The snapshot to resume read into the model (r->saves.pos: where it
+ * stopped), and the loader started there. */
+static gp_status run_start_loader(train_run *r)
+{
+    const gp_config *cfg = r->cfg;
+    const gp_train_config *tc = r->tc;
+    gp_model *mp = r->mp;
     /* A step splits its batch into chunks micro-batches on every replica:
      * an epoch's last, partial batch that cannot be is dropped (said
      * below), not a failure at the end of every epoch. */
-    int64_t min_batch = (int64_t)cfg->pipeline.chunks *
-                        gp_pipeline_replicas(&cfg->pipeline);
-    int64_t rest = s == GP_OK ? train.n % tc->batch_size : 0;
-    bool drop_rest = rest > 0 && rest < min_batch && train.n > tc->batch_size;
+    r->min_batch = (int64_t)cfg->pipeline.chunks * gp_pipeline_replicas(&cfg->pipeline);
+    r->rest = r->train.n % tc->batch_size;
+    r->drop_rest = r->rest > 0 && r->rest < r->min_batch && r->train.n > tc->batch_size;
     gp_loader_opts lo = {.batch_size = tc->batch_size, .shuffle = cfg->data.shuffle,
-                         .augment = true, .drop_last = drop_rest,
+                         .augment = true, .drop_last = r->drop_rest,
                          .masks = mp->loss == GP_LOSS_BCE_WITH_LOGITS &&
-                                  gp_dataset_has_masks(&train),
+                                  gp_dataset_has_masks(&r->train),
                          .prefetch = cfg->data.prefetch > 0 ? cfg->data.prefetch : 2,
-                         .seed = tc->seed, .pin = devs[0],
-                         .workers = train.folder ? gp_data_workers(cfg) : 1,
+                         .seed = tc->seed, .pin = r->dev.devs[0],
+                         .workers = r->train.folder ? gp_data_workers(cfg) : 1,
                          /* processes: only stage 0's rank needs the images */
                          .labels_only = mp->local_device > 0 && !cfg->data.skip_bad_files};
-    gp_snapshot_pos pos = {0};
-    if (s == GP_OK) { /* (a snapshot every rank refuses, another model or damaged, is said
-                       * once, by rank 0) */
-        s = gp_snapshot_prepare(mp, cfg, opts->resume_path, train.n, snap_lock, opts->quiet,
-                                &pos);
-        s = agree_phase(s, "while reading the snapshot to resume", res);
-    }
-    lo.start_epoch = pos.epoch;
-    lo.start_batch = pos.batch;
+    /* (a snapshot every rank refuses, another model or damaged, is said
+     * once, by rank 0) */
+    gp_status s = gp_snapshot_prepare(mp, cfg, r->opts->resume_path, r->train.n, r->saves.lock,
+                                      r->opts->quiet, &r->saves.pos);
+    s = agree_phase(s, "while reading the snapshot to resume", r->res);
+    lo.start_epoch = r->saves.pos.epoch;
+    lo.start_batch = r->saves.pos.batch;
     if (s == GP_OK) {
-        if (tc->batch_size > train.n)
+        if (tc->batch_size > r->train.n)
             s = gp_error_set(GP_ERR_INVALID, "%s: train.batch_size = %lld exceeds the %lld "
                              "training samples", cfg->path, (long long)tc->batch_size,
-                             (long long)train.n);
-        if (s == GP_OK) s = gp_loader_create(&train, &cfg->data, &lo, &loader);
-        bool drop_final = false, drop_epoch = false;
-        if (s == GP_OK && (mf || tb_dir) && opts->resume_path) { /* (processes: rank 0's) */
-            int64_t n = gp_train_total_steps(tc, gp_loader_batches_per_epoch(loader));
-            /* what this run writes again at its first step: the final
-             * evaluation, unless it only exports (nothing left to train);
-             * the epoch's, resumed at an epoch's start with steps left */
-            bool trains = mp->step < n;
-            drop_final = trains || !opts->export_path;
-            drop_epoch = trains && pos.batch == 0 && mp->step > 0 && tc->eval_each_epoch;
-            if (mf)
-                s = metrics_resume(mf, opts->metrics_path, mp->step, drop_final, drop_epoch,
-                                   pos.metrics);
-        }
-        if (s == GP_OK && tb_dir) /* (cut back as the metrics file is) */
-            s = gp_tboard_open(tb_dir, tb_what, opts->resume_path ? mp->step : -1,
-                               drop_final || drop_epoch, pos.metrics, &tb);
-        s = agree_phase(s, "while starting its data loader", res);
+                             (long long)r->train.n);
+        if (s == GP_OK) s = gp_loader_create(&r->train, &cfg->data, &lo, &r->loader);
+        if (s == GP_OK) s = resume_records(r);
+        s = agree_phase(s, "while starting its data loader", r->res);
     }
-    free(pos.metrics); /* (written again, or not wanted) */
-    pos.metrics = NULL;
-    if (s != GP_OK) goto done;
+    free(r->saves.pos.metrics); /* (written again, or not wanted) */
+    r->saves.pos.metrics = NULL;
+    return s;
+}
 
-    int64_t per_epoch = gp_loader_batches_per_epoch(loader);
-    int64_t total = gp_train_total_steps(tc, per_epoch);
-    if (drop_rest)
+/* The run's length, warnings about it, and what it is about to train
+ * (quiet keeps the warnings: warnings and errors are always said). */
+static void run_plan(train_run *r)
+{
+    const gp_config *cfg = r->cfg;
+    const gp_train_config *tc = r->tc;
+    const gp_train_opts *opts = r->opts;
+    gp_model *mp = r->mp;
+    int64_t per_epoch = r->per_epoch = gp_loader_batches_per_epoch(r->loader);
+    int64_t total = r->total = gp_train_total_steps(tc, per_epoch);
+    if (r->drop_rest)
         GP_WARN("each epoch's last %lld sample%s (%lld %% %lld) %s fewer than pipeline.chunks "
-                "x replicas = %lld: that partial batch is dropped", (long long)rest,
-                rest == 1 ? "" : "s", (long long)train.n, (long long)tc->batch_size,
-                rest == 1 ? "is" : "are", (long long)min_batch);
+                "x replicas = %lld: that partial batch is dropped", (long long)r->rest,
+                r->rest == 1 ? "" : "s", (long long)r->train.n, (long long)tc->batch_size,
+                r->rest == 1 ? "is" : "are", (long long)r->min_batch);
     if (tc->sched.warmup_steps >= total && total > 0 && tc->sched.warmup_start < 1)
         GP_WARN("train.schedule.warmup_steps = %lld is not below the run's %lld step%s: the "
                 "learning rate never reaches its base rate (%g)%s; lower warmup_steps",
                 (long long)tc->sched.warmup_steps, (long long)total, total == 1 ? "" : "s",
                 gp_lr_base(tc), tc->sched.kind == GP_SCHED_CONSTANT ? "" :
                 " and the schedule after the warmup never starts");
-    int progress = opts->progress;
-    if (progress < 0) progress = isatty(STDERR_FILENO) ? 1 : 0;
-    if (opts->quiet) progress = 0;
-    int chunks = cfg->pipeline.chunks;
+    r->out.progress = opts->progress;
+    if (r->out.progress < 0) r->out.progress = isatty(STDERR_FILENO) ? 1 : 0;
+    if (opts->quiet) r->out.progress = 0;
+    int chunks = cfg->pipeline.chunks, n_dev = r->dev.n;
+    const char *dev0 = r->dev.devs[0]->name;
     /* (warnings whether quiet or not: quiet keeps warnings and errors) */
     if (mp->step > total) /* most likely not what was meant */
         GP_WARN("%lld parameters on %s%s: resumed at step %lld, past this run's %lld steps "
                 "(train.steps, or train.epochs x %lld per epoch): nothing is trained; raise "
                 "train.steps or train.epochs to go on", (long long)gp_model_param_count(mp),
-                devs[0]->name, n_dev > 1 ? " and more (pipelined)" : "", (long long)mp->step,
+                dev0, n_dev > 1 ? " and more (pipelined)" : "", (long long)mp->step,
                 (long long)total, (long long)per_epoch);
     else if (!opts->quiet && mp->step == total) /* resumed at the end: the outputs are left */
         GP_INFO("%lld parameters on %s%s: resumed at step %lld of %lld, nothing left to train",
-                (long long)gp_model_param_count(mp), devs[0]->name,
+                (long long)gp_model_param_count(mp), dev0,
                 n_dev > 1 ? " and more (pipelined)" : "", (long long)mp->step, (long long)total);
     else if (!opts->quiet) {
         char span[96]; /* "8 steps", or a resumed run's "steps 4 to 8 of 8" */
@@ -1136,405 +1300,481 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
         else
             snprintf(span, sizeof span, "%lld step%s", (long long)total, total == 1 ? "" : "s");
         GP_INFO("training %lld parameters on %s%s: %s (%lld per epoch), batch %lld, "
-                "%d micro-batch%s", (long long)gp_model_param_count(mp), devs[0]->name,
+                "%d micro-batch%s", (long long)gp_model_param_count(mp), dev0,
                 n_dev > 1 ? " and more (pipelined)" : "", span, (long long)per_epoch,
                 (long long)tc->batch_size, chunks, chunks == 1 ? "" : "es");
     }
     if (!opts->quiet)
-        GP_INFO("data: %s, %lld samples; test: %lld samples", train.source, (long long)train.n,
-                (long long)test.n);
-    warn_other_mnist(cfg, &train);
+        GP_INFO("data: %s, %lld samples; test: %lld samples", r->train.source,
+                (long long)r->train.n, (long long)r->test.n);
+    warn_other_mnist(cfg, &r->train);
     if (!opts->quiet && cfg->pipeline.replicas > 1)
         GP_INFO("data parallel: %d replicas x %d stage%s; each step's batch of %lld is split "
                 "into %d shards of about %lld", cfg->pipeline.replicas, cfg->pipeline.n_devices,
                 cfg->pipeline.n_devices == 1 ? "" : "s", (long long)tc->batch_size,
                 cfg->pipeline.replicas, (long long)(tc->batch_size / cfg->pipeline.replicas));
+}
 
-    double t_start = gp_now(), window_t = t_start, last_snap = t_start;
-    bool eval_nan_said = false;
-    int64_t window_samples = 0;
-    bool first_window = true;
-    double sps = 0, window_wait = 0, wait_share = 0;
+/* The clocks started, the first step and epoch known, and what the
+ * watchdog says is kept when a rank stops answering: no snapshot of that
+ * step can be made (the silent rank holds its stages), so the newest one
+ * is what a resume takes. */
+static void run_begin_steps(train_run *r)
+{
+    r->t_start = r->window.start = r->saves.last_time = gp_now();
+    r->window.first = true;
     /* Resumed at an epoch's first batch: that epoch's evaluation is due. */
-    int64_t first_step = mp->step;
-    int64_t last_epoch = pos.batch > 0 ? pos.epoch : pos.epoch - 1;
-    if (first_step == 0) last_epoch = -1;
-    const gp_snapshot_config *snc = &tc->snapshot;
-    /* The newest snapshot (or the start) and where the loader stood after
-     * the last step: what a stop between steps saves. */
-    int64_t saved_step = first_step;
-    /* saved_step's, or while it is written in the background, the one
-     * before: the newest known to be on disk, which a failed write names */
-    int64_t written_step = first_step;
-    gp_snapshot_pos last_pos = pos;
-    res->steps = first_step;
-    /* what the watchdog says is kept when a rank stops answering: no
-     * snapshot of that step can be made (the silent rank holds its
-     * stages), so the newest one is what a resume takes */
-    bool snaps_on = snc->every_steps > 0 || snc->every_minutes > 0;
-    if (!snaps_on)
+    r->first_step = r->mp->step;
+    r->last_epoch = r->saves.pos.batch > 0 ? r->saves.pos.epoch : r->saves.pos.epoch - 1;
+    if (r->first_step == 0) r->last_epoch = -1;
+    r->saves.saved_step = r->saves.written_step = r->first_step;
+    r->res->steps = r->first_step;
+    if (!r->saves.on)
         gp_procs_watch_note("Snapshots are off, so nothing of this run is saved: set "
                             "train.snapshot.every_steps to keep a run's progress.");
-    else if (first_step > 0)
+    else if (r->first_step > 0)
         gp_procs_watch_note("Nothing after step %lld is saved: the snapshot this run resumed "
-                            "from holds step %lld; go on with %s.", (long long)first_step,
-                            (long long)first_step, gp_opt_name(GP_OPT_RESUME_LATEST));
+                            "from holds step %lld; go on with %s.", (long long)r->first_step,
+                            (long long)r->first_step, gp_opt_name(GP_OPT_RESUME_LATEST));
     else
         gp_procs_watch_note("No snapshot of this run is written yet (train.snapshot in %s), so "
-                            "nothing of it is saved.", cfg->path);
-    for (int64_t step = first_step; step < total; step++) {
-        gp_procs_watch_phase("step %lld of %lld", (long long)step + 1, (long long)total);
-        int sig = agreed(stop_asked(opts));
-        if (sig && step == first_step) {
-            s = stop_early(opts, "while starting", res);
-            goto done;
+                            "nothing of it is saved.", r->cfg->path);
+}
+
+/* A stop asked by a signal, taken between steps: before the first, nothing
+ * to save; after it, the final snapshot (stop_between_steps). */
+static gp_status stop_if_asked(train_run *r, int64_t step)
+{
+    int sig = agreed(stop_asked(r->opts));
+    if (sig && step == r->first_step) return stop_early(r->opts, "while starting", r->res);
+    if (!sig) return GP_OK;
+    if (r->out.progress) fputc('\n', stderr);
+    return stop_between_steps(r->mp, r->cfg, r->opts, sig, step, r->total, r->saves.saved_step,
+                              &r->saves.pos, r->saves.lock, r->res);
+}
+
+/* A snapshot written in the background that failed stops the run, as one
+ * written in the foreground always has. */
+static gp_status background_write_ok(train_run *r)
+{
+    gp_status s = gp_snapshot_poll(r->saves.lock);
+    return s == GP_OK ? GP_OK : name_saved(r->cfg, s, r->saves.written_step);
+}
+
+/* The loader's next batch, one a step can split into micro-batches; a
+ * batch that cannot be read (on any rank) saves the work and stops. */
+static gp_status wait_for_batch(train_run *r, train_step *t)
+{
+    const gp_config *cfg = r->cfg;
+    int64_t step = t->step;
+    double t_wait = gp_now();
+    gp_status s = gp_loader_next(r->loader, &t->b);
+    /* files skipped as bad (data.on_bad_file: skip) can leave a batch
+     * too small to split: the next batch takes its place, for an epoch
+     * at most (a batch too small for any other reason, or an epoch of
+     * them, would make this loop forever) */
+    for (int64_t tries = 0; s == GP_OK && t->b.n < r->min_batch; tries++) {
+        if (!cfg->data.skip_bad_files || tries >= r->per_epoch) {
+            s = gp_error_set(GP_ERR_DATA, "step %lld: a batch of %lld samples cannot be "
+                             "split into pipeline.chunks x replicas = %lld micro-batches%s",
+                             (long long)step + 1, (long long)t->b.n, (long long)r->min_batch,
+                             cfg->data.skip_bad_files
+                                 ? ", and neither could the epoch's other batches after "
+                                   "skipping bad files: most of the data is bad"
+                                 : "; raise train.batch_size or lower pipeline.chunks");
+            break;
         }
-        if (sig) {
-            if (progress) fputc('\n', stderr);
-            s = stop_between_steps(mp, cfg, opts, sig, step, total, saved_step, &last_pos,
-                                   snap_lock, res);
-            goto done;
-        }
-        /* a snapshot written in the background that failed stops the run,
-         * as one written in the foreground always has */
-        if ((s = gp_snapshot_poll(snap_lock)) != GP_OK) {
-            s = name_saved(cfg, s, written_step);
-            goto done;
-        }
-        gp_batch b;
-        double t_wait = gp_now();
-        s = gp_loader_next(loader, &b);
-        /* files skipped as bad (data.on_bad_file: skip) can leave a batch
-         * too small to split: the next batch takes its place, for an epoch
-         * at most (a batch too small for any other reason, or an epoch of
-         * them, would make this loop forever) */
-        for (int64_t tries = 0; s == GP_OK && b.n < min_batch; tries++) {
-            if (!cfg->data.skip_bad_files || tries >= per_epoch) {
-                s = gp_error_set(GP_ERR_DATA, "step %lld: a batch of %lld samples cannot be "
-                                 "split into pipeline.chunks x replicas = %lld micro-batches%s",
-                                 (long long)step + 1, (long long)b.n, (long long)min_batch,
-                                 cfg->data.skip_bad_files
-                                     ? ", and neither could the epoch's other batches after "
-                                       "skipping bad files: most of the data is bad"
-                                     : "; raise train.batch_size or lower pipeline.chunks");
-                break;
-            }
-            GP_WARN("step %lld: a batch of %lld samples after skipping bad files cannot be "
-                    "split into %lld micro-batches; skipping the batch", (long long)step + 1,
-                    (long long)b.n, (long long)min_batch);
-            s = gp_loader_next(loader, &b);
-        }
-        double waited = gp_now() - t_wait;
-        /* processes: a batch one rank cannot read stops every rank (each
-         * saves its part of the final snapshot) */
-        if (agreed(s != GP_OK) && s == GP_OK)
-            s = gp_error_set(GP_ERR_DATA, "another rank could not read batch %lld (its message "
-                             "says why)", (long long)step);
-        if (s != GP_OK) {
-            s = data_failure(mp, cfg, s, step, saved_step, &last_pos, snap_lock);
-            goto done;
-        }
-        window_wait += waited;
-        if (b.epoch != last_epoch && last_epoch >= 0 && tc->eval_each_epoch) {
-            /* An epoch ended: evaluate before starting the next. */
-            gp_procs_watch_phase("the evaluation after epoch %lld", (long long)last_epoch + 1);
-            s = gp_model_evaluate(mp, cfg, &test, &res->test_loss, &res->test_accuracy);
-            if (s != GP_OK) {
-                s = data_failure(mp, cfg, s, step, saved_step, &last_pos, snap_lock);
-                goto done;
-            }
-            if (progress) fputc('\n', stderr);
-            warn_eval_not_finite(res->test_loss, res->final_loss, &eval_nan_said);
-            if (!opts->quiet)
-                GP_INFO("epoch %lld: test loss %.4f, test accuracy %.2f%%",
-                        (long long)last_epoch + 1, res->test_loss, 100 * res->test_accuracy);
-            if (mf || tb) {
-                metrics_eval(&mw, step, last_epoch + 1, res->test_loss, res->test_accuracy,
-                             false);
-                s = record_line(&mw, mf, opts->metrics_path, tb, NULL);
-                if (s != GP_OK) goto done;
-            }
-            /* A stop asked during the evaluation (minutes on a large test
-             * set) is taken now, not after one more step.  The batch just
-             * read is not trained: the snapshot's position is before it,
-             * and a run resumed there evaluates this epoch again. */
-            int esig = agreed(stop_asked(opts));
-            if (esig && step == first_step) { /* a resumed run's first evaluation: no step yet */
-                s = stop_early(opts, "during the evaluation", res);
-                goto done;
-            }
-            if (esig) {
-                s = stop_between_steps(mp, cfg, opts, esig, step, total, saved_step, &last_pos,
-                                       snap_lock, res);
-                goto done;
-            }
-            /* the step's own waits are the step's, not the evaluation's */
-            gp_procs_watch_phase("step %lld of %lld", (long long)step + 1, (long long)total);
-        }
-        last_epoch = b.epoch;
-        double lr = gp_lr_at(tc, step, total);
-        gp_step_stats st;
-        /* Peaks in the metrics are per step; the run's peak is kept apart. */
-        for (int j = 0; j < n_dev; j++) {
-            gp_allocator a;
-            gp_allocator_snapshot(&devs[j]->alloc, &a);
-            run_peak[j] = a.peak > run_peak[j] ? a.peak : run_peak[j];
-            for (int c = 0; c < GP_MEM_COUNT; c++)
-                if (a.peak_by[c] > run_peak_by[j][c]) run_peak_by[j][c] = a.peak_by[c];
-            gp_allocator_reset_peak(&devs[j]->alloc);
-            waits[j] = (int64_t)gp_dev_host_waits(devs[j]);
-        }
-        mp->device_time = trace && gp_trace_wants(trace, step); /* timelines: device time */
-        /* test hook (tests/test_snapshot.c): GPIPE_TEST_FAIL_STEP=N fails
-         * step N (0-based) in stage 0's first forward, as a device error
-         * there would */
-        if (fail_step >= 0 && step == fail_step && mp->pipe)
-            gp_pipeline_set_fault(mp->pipe, 0, 0, GP_INSTR_FORWARD);
-        s = gp_model_pipeline_step(mp, cfg, b.x, b.y, b.n, lr, &st);
-        /* processes: only this rank's device is counted here */
-        for (int j = 0; j < n_dev; j++)
-            waits[j] = mp->local_device < 0 || j == mp->local_device
-                           ? (int64_t)gp_dev_host_waits(devs[j]) - waits[j] : -1;
-        if (s != GP_OK) {
-            /* an epoch's partial last batch fails where full ones did not
-             * (batch norm with one value per channel in a micro-batch):
-             * say it is that batch; one that bad files shrank (any batch
-             * of the epoch), which files (under mpirun a file bad on one
-             * rank's copy only leaves the ranks' batches different) */
-            char part[1600] = "";
-            if (b.skipped > 0 && train.folder)
-                snprintf(part, sizeof part, ", its batch %lld of %lld: %lld samples, %lld fewer "
-                         "after skipping %s %s/%s (data.on_bad_file: skip)%s",
-                         (long long)b.index + 1, (long long)per_epoch, (long long)b.n,
-                         (long long)b.skipped,
-                         b.skipped == 1 ? "the bad file" : "bad files, the first",
-                         gp_image_folder_dir(train.folder),
-                         gp_image_folder_file(train.folder, b.skipped_first),
-                         gp_procs_size() > 1 ? "; under mpirun every rank must skip the same "
-                                               "files: give every machine the same copy of "
-                                               "the data" : "");
-            else if (b.n < tc->batch_size)
-                snprintf(part, sizeof part, ", its last batch: %lld samples, the %lld of %lld "
-                         "training samples that a batch of %lld leaves over",
-                         (long long)b.n, (long long)(train.n % tc->batch_size),
-                         (long long)train.n, (long long)tc->batch_size);
-            gp_error_wrap(s, "step %lld (epoch %lld%s)", (long long)step + 1,
-                          (long long)b.epoch + 1, part);
-            /* failed before its update (out of memory, a device error, or
-             * clipping found the gradients not finite): the model is step
-             * `step`'s, worth a snapshot, so the work since the last one is
-             * kept.  Under mpirun only the clip refusal: every rank refuses
-             * that step alike (they sum the same norms), so all of them save
-             * their parts together, where another failing rank ends the
-             * others before they could */
-            bool numeric = s == GP_ERR_NUMERIC;
-            if (mp->refused && (numeric || gp_procs_size() == 1)) {
-                char advice[480];
-                if (numeric) {
-                    char earlier[80];
-                    snprintf(advice, sizeof advice, "go on with %s once that is changed (as it "
-                             "is, this step would fail again), or, where the weights have run "
-                             "away already (a learning rate far too large moves them in one "
-                             "step), from an earlier snapshot (%s) or from the start",
-                             gp_opt_name(GP_OPT_RESUME_LATEST),
-                             gp_opt_value(GP_OPT_RESUME, "PATH", earlier, sizeof earlier));
-                } else {
-                    snprintf(advice, sizeof advice, "go on with %s once that is fixed (this "
-                             "step's batch comes first)", gp_opt_name(GP_OPT_RESUME_LATEST));
-                }
-                s = failure_snapshot(mp, cfg, s, step, saved_step, &last_pos, snap_lock, advice,
-                                     NULL);
-                /* every rank summed the same norms and refused alike (a
-                 * snapshot that failed may have failed on one rank only) */
-                res->failed_alike = gp_procs_size() > 1 && s == GP_ERR_NUMERIC;
-            }
-            goto done;
-        }
-        res->final_loss = st.loss;
-        res->final_accuracy = st.accuracy;
-        res->final_lr = lr;
-        res->final_seconds = st.seconds;
-        res->final_grad_norm = st.grad_norm;
-        st.data_wait_seconds = waited;
-        st.bad_files = cfg->data.skip_bad_files ? gp_loader_bad_files(loader) : -1;
-        /* Between steps, the pipeline drained: the loader's next batch is
-         * the one after b. */
-        last_pos = (gp_snapshot_pos){.step = step + 1, .epoch = b.epoch, .batch = b.index + 1,
-                                     .batch_size = tc->batch_size};
-        if (last_pos.batch >= per_epoch) {
-            last_pos.epoch++;
-            last_pos.batch = 0;
-        }
-        if (trace && gp_trace_wants(trace, step)) {
-            /* every replica's devices: this process's one under mpirun, all
-             * of them in one process */
-            int R = gp_pipeline_replicas(&cfg->pipeline);
-            int rho = mp->proc_replicas > 1 ? gp_procs_rank() / mp->n_devices : 0;
-            s = gp_trace_add_step(trace, mp->pipe, mp->devs, step, rho, R);
-            for (int r = 1; r < mp->n_replicas && s == GP_OK; r++)
-                s = gp_trace_add_step(trace, mp->replicas[r - 1].pipe, mp->replicas[r - 1].devs,
-                                      step, r, R);
-            /* a full disk or a file-size limit: the step's work is saved
-             * as the metrics file's failure saves it (processes: the rank
-             * that failed ends every rank, so none saves) */
-            if (s != GP_OK && gp_procs_size() == 1) {
-                char advice[240];
-                snprintf(advice, sizeof advice, "make room for the trace (or give %s another "
-                         "path, or leave it out) and go on with %s", gp_opt_name(GP_OPT_TRACE),
-                         gp_opt_name(GP_OPT_RESUME_LATEST));
-                s = failure_snapshot(mp, cfg, s, step + 1, saved_step, &last_pos, snap_lock,
-                                     advice, NULL);
-            } else if (s != GP_OK) {
-                gp_error_wrap(s, "step %lld", (long long)step + 1);
-            }
-            if (s != GP_OK) goto done;
-            traced++;
-        }
-        if (run_first < 0) run_first = step;
-        run_last = step;
-        window_samples += b.n;
-        double now = gp_now();
-        /* Throughput over half-second windows; until the first one closes,
-         * over this run's steps so far (at the first step, its own wall
-         * time with its batch's fetch), so no record reads 0 samples/s. */
-        bool window_closes = now - window_t > 0.5 || step == total - 1;
-        if ((window_closes || first_window) && now > window_t) {
-            sps = (double)window_samples / (now - window_t);
-            wait_share = window_wait / (now - window_t);
-        }
-        if (window_closes) {
-            window_t = now;
-            window_samples = 0;
-            window_wait = 0;
-            first_window = false;
-        }
-        if (mf || tb) {
-            gp_train_metrics_step(&mw, step + 1, b.epoch + 1, lr, sps, &st,
-                                  cfg->pipeline.replicas > 1, devs, n_dev, waits);
-            bool tb_failed = false;
-            s = record_line(&mw, mf, opts->metrics_path, tb, &tb_failed);
-            /* a full disk or a file-size limit: the step's work is saved
-             * as a failure's is (processes: rank 0 alone writes metrics,
-             * and its failure ends every rank) */
-            if (s != GP_OK && gp_procs_size() == 1) {
-                char advice[200];
-                snprintf(advice, sizeof advice, "make room for the %s (or give %s "
-                         "another path) and go on with %s",
-                         tb_failed ? "TensorBoard event file" : "metrics file",
-                         tb_failed ? tb_what : gp_opt_name(GP_OPT_METRICS),
-                         gp_opt_name(GP_OPT_RESUME_LATEST));
-                /* the snapshot keeps the step's record, which the resumed
-                 * run writes (metrics_resume) */
-                last_pos.metrics = mw.text;
-                s = failure_snapshot(mp, cfg, s, step + 1, saved_step, &last_pos, snap_lock,
-                                     advice, NULL);
-                last_pos.metrics = NULL;
-            }
-            if (s != GP_OK) goto done;
-        }
-        bool minutes_due = snc->every_minutes > 0 &&
-                           agreed(now - last_snap >= 60.0 * snc->every_minutes);
-        if ((snc->every_steps > 0 && (step + 1) % snc->every_steps == 0) || minutes_due ||
-            ((snc->every_steps > 0 || snc->every_minutes > 0) && step == total - 1)) {
-            gp_procs_watch_phase("the snapshot of step %lld", (long long)step + 1);
-            s = gp_snapshot_wait(snap_lock, false); /* the one before: on disk, or failed */
-            if (s == GP_OK) written_step = saved_step;
-            if (s == GP_OK) s = gp_snapshot_save_async(mp, cfg, &last_pos, snap_lock);
-            if (s != GP_OK) {
-                s = name_saved(cfg, s, written_step);
-                goto done;
-            }
-            last_snap = gp_now();
-            saved_step = step + 1;
-            char sp[1100];
-            gp_snapshot_path(snc->dir, saved_step, sp, sizeof sp);
-            gp_procs_watch_note("Nothing after step %lld is saved: snapshot %s holds step %lld; "
-                                "go on with %s.", (long long)saved_step, sp,
-                                (long long)saved_step, gp_opt_name(GP_OPT_RESUME_LATEST));
-        }
-        double elapsed = now - t_start;
-        double eta = elapsed / (double)(step + 1 - first_step) * (double)(total - step - 1);
-        char e1[32], e2[32];
-        if (progress) {
-            fmt_duration(elapsed, e1, sizeof e1);
-            fmt_duration(eta, e2, sizeof e2);
-            /* a loader that falls behind shows, as the share of the
-             * time spent waiting for batches */
-            char wb[48] = "";
-            if (wait_share >= 0.05)
-                snprintf(wb, sizeof wb, "  waiting for data %.0f%%", 100 * wait_share);
-            fprintf(stderr, "\r\033[Kepoch %lld step %lld/%lld  loss %.4f  acc %5.1f%%  "
-                            "lr %.4g  %.0f samples/s%s  %s elapsed, ETA %s",
-                    (long long)b.epoch + 1, (long long)step + 1, (long long)total, st.loss,
-                    100 * st.accuracy, lr, sps, wb, e1, e2);
-            fflush(stderr);
-        } else if (!opts->quiet && tc->log_every > 0 &&
-                   ((step + 1) % tc->log_every == 0 || step == total - 1)) {
-            fmt_duration(eta, e2, sizeof e2);
-            char gn[48] = "";
-            if (isfinite(st.grad_norm)) /* train.clip_grad_norm: before clipping */
-                snprintf(gn, sizeof gn, " grad norm %.3g%s", st.grad_norm,
-                         st.grad_norm > tc->clip_grad_norm ? " (clipped)" : "");
-            GP_INFO("epoch %lld step %lld/%lld loss %.4f acc %.1f%% lr %.4g%s %.0f samples/s%s "
-                    "ETA %s", (long long)b.epoch + 1, (long long)step + 1, (long long)total,
-                    st.loss, 100 * st.accuracy, lr, gn, sps,
-                    wait_share >= 0.05 ? " (waiting for data)" : "", e2);
-        }
-        res->steps = step + 1;
+        GP_WARN("step %lld: a batch of %lld samples after skipping bad files cannot be "
+                "split into %lld micro-batches; skipping the batch", (long long)step + 1,
+                (long long)t->b.n, (long long)r->min_batch);
+        s = gp_loader_next(r->loader, &t->b);
     }
-    if (progress && res->steps > first_step) fputc('\n', stderr);
-    if ((s = gp_snapshot_wait(snap_lock, false)) != GP_OK) { /* the last one written */
-        s = name_saved(cfg, s, written_step);
-        goto done;
-    }
-    if (opts->export_path) {
-        s = gp_snapshot_export(mp, cfg, opts->export_path);
-        if (s != GP_OK) {
-            s = export_failed(cfg, opts, s, mp->step, saved_step, res->steps > first_step);
-            goto done;
-        }
-        if (!opts->quiet)
-            GP_INFO("weights after step %lld written to %s", (long long)mp->step,
-                    opts->export_path);
-        if (res->steps == first_step) goto done; /* nothing trained: a conversion */
-    }
-    int late = agreed(stop_asked(opts));
-    if (late && res->steps > first_step) {
-        /* Every step ran (and the last snapshot, and the export, are
-         * written): only the final evaluation is left out. */
-        char b[32];
-        res->stop_signal = late;
-        s = gp_error_set(GP_ERR_STOPPED, "stopped by %s after the last step (%lld): the run is "
-                         "complete%s, only the final evaluation was skipped",
-                         signal_name(late, b, sizeof b), (long long)res->steps,
-                         snc->every_steps > 0 || snc->every_minutes > 0
-                             ? " and its last snapshot written" : "");
-        goto done;
-    }
-    /* Final evaluation (the last epoch, or a steps-limited run). */
-    gp_procs_watch_phase("the final evaluation");
-    s = gp_model_evaluate(mp, cfg, &test, &res->test_loss, &res->test_accuracy);
-    if (s != GP_OK) { /* as an epoch's: where it stopped, what holds it, what to do */
-        s = data_failure(mp, cfg, s, mp->step, saved_step, &last_pos, snap_lock);
-        goto done;
-    }
-    warn_eval_not_finite(res->test_loss, res->final_loss, &eval_nan_said);
+    t->waited = gp_now() - t_wait;
+    /* processes: a batch one rank cannot read stops every rank (each
+     * saves its part of the final snapshot) */
+    if (agreed(s != GP_OK) && s == GP_OK)
+        s = gp_error_set(GP_ERR_DATA, "another rank could not read batch %lld (its message "
+                         "says why)", (long long)step);
+    if (s != GP_OK)
+        return data_failure(r->mp, cfg, s, step, r->saves.saved_step, &r->saves.pos,
+                            r->saves.lock);
+    r->window.wait += t->waited;
+    return GP_OK;
+}
+
+/* An epoch ended (train.eval_each_epoch): evaluate before the next one's
+ * first step, record it, and take a stop asked during the evaluation. */
+static gp_status evaluate_if_epoch_ended(train_run *r, const train_step *t)
+{
+    const gp_train_opts *opts = r->opts;
+    gp_train_result *res = r->res;
+    int64_t step = t->step;
+    bool ended = t->b.epoch != r->last_epoch && r->last_epoch >= 0 && r->tc->eval_each_epoch;
+    int64_t epoch = r->last_epoch;
+    r->last_epoch = t->b.epoch;
+    if (!ended) return GP_OK;
+    gp_procs_watch_phase("the evaluation after epoch %lld", (long long)epoch + 1);
+    gp_status s = gp_model_evaluate(r->mp, r->cfg, &r->test, &res->test_loss,
+                                    &res->test_accuracy);
+    if (s != GP_OK)
+        return data_failure(r->mp, r->cfg, s, step, r->saves.saved_step, &r->saves.pos,
+                            r->saves.lock);
+    if (r->out.progress) fputc('\n', stderr);
+    warn_eval_not_finite(res->test_loss, res->final_loss, &r->eval_nan_said);
     if (!opts->quiet)
+        GP_INFO("epoch %lld: test loss %.4f, test accuracy %.2f%%", (long long)epoch + 1,
+                res->test_loss, 100 * res->test_accuracy);
+    if (r->out.metrics || r->out.tb) {
+        metrics_eval(&r->out.record, step, epoch + 1, res->test_loss, res->test_accuracy, false);
+        s = record_line(&r->out.record, r->out.metrics, opts->metrics_path, r->out.tb, NULL);
+        if (s != GP_OK) return s;
+    }
+    /* A stop asked during the evaluation (minutes on a large test set) is
+     * taken now, not after one more step.  The batch just read is not
+     * trained: the snapshot's position is before it, and a run resumed
+     * there evaluates this epoch again. */
+    int esig = agreed(stop_asked(opts));
+    if (esig && step == r->first_step) /* a resumed run's first evaluation: no step yet */
+        return stop_early(opts, "during the evaluation", res);
+    if (esig)
+        return stop_between_steps(r->mp, r->cfg, opts, esig, step, r->total,
+                                  r->saves.saved_step, &r->saves.pos, r->saves.lock, res);
+    return GP_OK;
+}
+
+/* Before a step: the run's peaks kept (the metrics' are per step, so the
+ * allocators' are reset) and the host waits counted from here. */
+static void devices_before_step(run_devices *d)
+{
+    for (int j = 0; j < d->n; j++) {
+        gp_allocator a;
+        gp_allocator_snapshot(&d->devs[j]->alloc, &a);
+        d->peak[j] = a.peak > d->peak[j] ? a.peak : d->peak[j];
+        for (int c = 0; c < GP_MEM_COUNT; c++)
+            if (a.peak_by[c] > d->peak_by[j][c]) d->peak_by[j][c] = a.peak_by[c];
+        gp_allocator_reset_peak(&d->devs[j]->alloc);
+        d->waits[j] = (int64_t)gp_dev_host_waits(d->devs[j]);
+    }
+}
+
+/* A step that failed (s): said with its batch, and where it failed before
+ * its update (out of memory, a device error, or clipping found the
+ * gradients not finite) the model is step `step`'s, worth a snapshot, so
+ * the work since the last one is kept.  Under mpirun only the clip
+ * refusal: every rank refuses that step alike (they sum the same norms),
+ * so all of them save their parts together, where another failing rank
+ * ends the others before they could. */
+static gp_status step_failed(train_run *r, const train_step *t, gp_status s)
+{
+    const gp_train_config *tc = r->tc;
+    const gp_batch *b = &t->b;
+    /* an epoch's partial last batch fails where full ones did not (batch
+     * norm with one value per channel in a micro-batch): say it is that
+     * batch; one that bad files shrank (any batch of the epoch), which
+     * files (under mpirun a file bad on one rank's copy only leaves the
+     * ranks' batches different) */
+    char part[1600] = "";
+    if (b->skipped > 0 && r->train.folder)
+        snprintf(part, sizeof part, ", its batch %lld of %lld: %lld samples, %lld fewer "
+                 "after skipping %s %s/%s (data.on_bad_file: skip)%s",
+                 (long long)b->index + 1, (long long)r->per_epoch, (long long)b->n,
+                 (long long)b->skipped,
+                 b->skipped == 1 ? "the bad file" : "bad files, the first",
+                 gp_image_folder_dir(r->train.folder),
+                 gp_image_folder_file(r->train.folder, b->skipped_first),
+                 gp_procs_size() > 1 ? "; under mpirun every rank must skip the same "
+                                       "files: give every machine the same copy of "
+                                       "the data" : "");
+    else if (b->n < tc->batch_size)
+        snprintf(part, sizeof part, ", its last batch: %lld samples, the %lld of %lld "
+                 "training samples that a batch of %lld leaves over",
+                 (long long)b->n, (long long)(r->train.n % tc->batch_size),
+                 (long long)r->train.n, (long long)tc->batch_size);
+    gp_error_wrap(s, "step %lld (epoch %lld%s)", (long long)t->step + 1,
+                  (long long)b->epoch + 1, part);
+    bool numeric = s == GP_ERR_NUMERIC;
+    if (!r->mp->refused || (!numeric && gp_procs_size() > 1)) return s;
+    char advice[480];
+    if (numeric) {
+        char earlier[80];
+        snprintf(advice, sizeof advice, "go on with %s once that is changed (as it "
+                 "is, this step would fail again), or, where the weights have run "
+                 "away already (a learning rate far too large moves them in one "
+                 "step), from an earlier snapshot (%s) or from the start",
+                 gp_opt_name(GP_OPT_RESUME_LATEST),
+                 gp_opt_value(GP_OPT_RESUME, "PATH", earlier, sizeof earlier));
+    } else {
+        snprintf(advice, sizeof advice, "go on with %s once that is fixed (this "
+                 "step's batch comes first)", gp_opt_name(GP_OPT_RESUME_LATEST));
+    }
+    s = failure_snapshot(r->mp, r->cfg, s, t->step, r->saves.saved_step, &r->saves.pos,
+                         r->saves.lock, advice, NULL);
+    /* every rank summed the same norms and refused alike (a snapshot that
+     * failed may have failed on one rank only) */
+    r->res->failed_alike = gp_procs_size() > 1 && s == GP_ERR_NUMERIC;
+    return s;
+}
+
+/* The step: forward, backward and update on every stage, then what it
+ * measured kept, and the loader's place after it (what a stop saves). */
+static gp_status take_step(train_run *r, train_step *t)
+{
+    const gp_train_config *tc = r->tc;
+    gp_model *mp = r->mp;
+    int64_t step = t->step;
+    t->lr = gp_lr_at(tc, step, r->total);
+    devices_before_step(&r->dev);
+    mp->device_time = r->out.trace && gp_trace_wants(r->out.trace, step); /* timelines */
+    /* test hook (tests/test_snapshot.c): GPIPE_TEST_FAIL_STEP=N fails step
+     * N (0-based) in stage 0's first forward, as a device error there
+     * would */
+    if (r->fail_step >= 0 && step == r->fail_step && mp->pipe)
+        gp_pipeline_set_fault(mp->pipe, 0, 0, GP_INSTR_FORWARD);
+    gp_status s = gp_model_pipeline_step(mp, r->cfg, t->b.x, t->b.y, t->b.n, t->lr, &t->st);
+    /* processes: only this rank's device is counted here */
+    for (int j = 0; j < r->dev.n; j++)
+        r->dev.waits[j] = mp->local_device < 0 || j == mp->local_device
+                              ? (int64_t)gp_dev_host_waits(r->dev.devs[j]) - r->dev.waits[j]
+                              : -1;
+    if (s != GP_OK) return step_failed(r, t, s);
+    gp_train_result *res = r->res;
+    res->final_loss = t->st.loss;
+    res->final_accuracy = t->st.accuracy;
+    res->final_lr = t->lr;
+    res->final_seconds = t->st.seconds;
+    res->final_grad_norm = t->st.grad_norm;
+    t->st.data_wait_seconds = t->waited;
+    t->st.bad_files = r->cfg->data.skip_bad_files ? gp_loader_bad_files(r->loader) : -1;
+    /* Between steps, the pipeline drained: the loader's next batch is the
+     * one after b. */
+    gp_snapshot_pos *pos = &r->saves.pos;
+    *pos = (gp_snapshot_pos){.step = step + 1, .epoch = t->b.epoch, .batch = t->b.index + 1,
+                             .batch_size = tc->batch_size};
+    if (pos->batch >= r->per_epoch) {
+        pos->epoch++;
+        pos->batch = 0;
+    }
+    return GP_OK;
+}
+
+/* The step's timeline (--trace, the steps it wants): every replica's
+ * devices, this process's one under mpirun, all of them in one process. */
+static gp_status trace_step(train_run *r, train_step *t)
+{
+    gp_model *mp = r->mp;
+    int64_t step = t->step;
+    if (r->out.trace && gp_trace_wants(r->out.trace, step)) {
+        int R = gp_pipeline_replicas(&r->cfg->pipeline);
+        int rho = mp->proc_replicas > 1 ? gp_procs_rank() / mp->n_devices : 0;
+        gp_status s = gp_trace_add_step(r->out.trace, mp->pipe, mp->devs, step, rho, R);
+        for (int q = 1; q < mp->n_replicas && s == GP_OK; q++)
+            s = gp_trace_add_step(r->out.trace, mp->replicas[q - 1].pipe,
+                                  mp->replicas[q - 1].devs, step, q, R);
+        /* a full disk or a file-size limit: the step's work is saved as
+         * the metrics file's failure saves it (processes: the rank that
+         * failed ends every rank, so none saves) */
+        if (s != GP_OK && gp_procs_size() == 1) {
+            char advice[240];
+            snprintf(advice, sizeof advice, "make room for the trace (or give %s another "
+                     "path, or leave it out) and go on with %s", gp_opt_name(GP_OPT_TRACE),
+                     gp_opt_name(GP_OPT_RESUME_LATEST));
+            s = failure_snapshot(mp, r->cfg, s, step + 1, r->saves.saved_step, &r->saves.pos,
+                                 r->saves.lock, advice, NULL);
+        } else if (s != GP_OK) {
+            gp_error_wrap(s, "step %lld", (long long)step + 1);
+        }
+        if (s != GP_OK) return s;
+        r->out.traced++;
+    }
+    if (r->run_first < 0) r->run_first = step;
+    r->run_last = step;
+    return GP_OK;
+}
+
+/* Throughput over half-second windows; until the first one closes, over
+ * this run's steps so far (at the first step, its own wall time with its
+ * batch's fetch), so no record reads 0 samples/s. */
+static void count_throughput(train_run *r, train_step *t)
+{
+    run_window *w = &r->window;
+    w->samples += t->b.n;
+    double now = t->now = gp_now();
+    bool window_closes = now - w->start > 0.5 || t->step == r->total - 1;
+    if ((window_closes || w->first) && now > w->start) {
+        w->sps = (double)w->samples / (now - w->start);
+        w->wait_share = w->wait / (now - w->start);
+    }
+    if (window_closes) {
+        w->start = now;
+        w->samples = 0;
+        w->wait = 0;
+        w->first = false;
+    }
+}
+
+/* The step's --metrics record and TensorBoard scalars.  A full disk or a
+ * file-size limit saves the step's work as a failure's is (processes:
+ * rank 0 alone writes them, and its failure ends every rank). */
+static gp_status record_step(train_run *r, const train_step *t)
+{
+    run_outputs *o = &r->out;
+    if (!o->metrics && !o->tb) return GP_OK;
+    gp_train_metrics_step(&o->record, t->step + 1, t->b.epoch + 1, t->lr, r->window.sps, &t->st,
+                          r->cfg->pipeline.replicas > 1, r->dev.devs, r->dev.n, r->dev.waits);
+    bool tb_failed = false;
+    gp_status s = record_line(&o->record, o->metrics, r->opts->metrics_path, o->tb, &tb_failed);
+    if (s != GP_OK && gp_procs_size() == 1) {
+        char advice[200];
+        snprintf(advice, sizeof advice, "make room for the %s (or give %s "
+                 "another path) and go on with %s",
+                 tb_failed ? "TensorBoard event file" : "metrics file",
+                 tb_failed ? o->tb_what : gp_opt_name(GP_OPT_METRICS),
+                 gp_opt_name(GP_OPT_RESUME_LATEST));
+        /* the snapshot keeps the step's record, which the resumed run
+         * writes (metrics_resume) */
+        r->saves.pos.metrics = o->record.text;
+        s = failure_snapshot(r->mp, r->cfg, s, t->step + 1, r->saves.saved_step, &r->saves.pos,
+                             r->saves.lock, advice, NULL);
+        r->saves.pos.metrics = NULL;
+    }
+    return s;
+}
+
+/* A snapshot when one is due: every_steps, every_minutes (agreed between
+ * the ranks), or the last step with either set.  It is copied off the
+ * devices now and written in the background, after the one before is on
+ * disk (at most one write in flight). */
+static gp_status snapshot_if_due(train_run *r, const train_step *t)
+{
+    const gp_snapshot_config *snc = &r->tc->snapshot;
+    run_saves *sv = &r->saves;
+    int64_t step = t->step;
+    bool minutes_due = snc->every_minutes > 0 &&
+                       agreed(t->now - sv->last_time >= 60.0 * snc->every_minutes);
+    if (!((snc->every_steps > 0 && (step + 1) % snc->every_steps == 0) || minutes_due ||
+          ((snc->every_steps > 0 || snc->every_minutes > 0) && step == r->total - 1)))
+        return GP_OK;
+    gp_procs_watch_phase("the snapshot of step %lld", (long long)step + 1);
+    gp_status s = gp_snapshot_wait(sv->lock, false); /* the one before: on disk, or failed */
+    if (s == GP_OK) sv->written_step = sv->saved_step;
+    if (s == GP_OK) s = gp_snapshot_save_async(r->mp, r->cfg, &sv->pos, sv->lock);
+    if (s != GP_OK) return name_saved(r->cfg, s, sv->written_step);
+    sv->last_time = gp_now();
+    sv->saved_step = step + 1;
+    char sp[1100];
+    gp_snapshot_path(snc->dir, sv->saved_step, sp, sizeof sp);
+    gp_procs_watch_note("Nothing after step %lld is saved: snapshot %s holds step %lld; "
+                        "go on with %s.", (long long)sv->saved_step, sp,
+                        (long long)sv->saved_step, gp_opt_name(GP_OPT_RESUME_LATEST));
+    return GP_OK;
+}
+
+/* The progress bar on a terminal, or a log line every train.log_every
+ * steps (and the last) otherwise. */
+static void report_progress(const train_run *r, const train_step *t)
+{
+    const gp_train_config *tc = r->tc;
+    const gp_step_stats *st = &t->st;
+    int64_t step = t->step, total = r->total;
+    double wait_share = r->window.wait_share;
+    double elapsed = t->now - r->t_start;
+    double eta = elapsed / (double)(step + 1 - r->first_step) * (double)(total - step - 1);
+    char e1[32], e2[32];
+    if (r->out.progress) {
+        fmt_duration(elapsed, e1, sizeof e1);
+        fmt_duration(eta, e2, sizeof e2);
+        /* a loader that falls behind shows, as the share of the time spent
+         * waiting for batches */
+        char wb[48] = "";
+        if (wait_share >= 0.05)
+            snprintf(wb, sizeof wb, "  waiting for data %.0f%%", 100 * wait_share);
+        fprintf(stderr, "\r\033[Kepoch %lld step %lld/%lld  loss %.4f  acc %5.1f%%  "
+                        "lr %.4g  %.0f samples/s%s  %s elapsed, ETA %s",
+                (long long)t->b.epoch + 1, (long long)step + 1, (long long)total, st->loss,
+                100 * st->accuracy, t->lr, r->window.sps, wb, e1, e2);
+        fflush(stderr);
+    } else if (!r->opts->quiet && tc->log_every > 0 &&
+               ((step + 1) % tc->log_every == 0 || step == total - 1)) {
+        fmt_duration(eta, e2, sizeof e2);
+        char gn[48] = "";
+        if (isfinite(st->grad_norm)) /* train.clip_grad_norm: before clipping */
+            snprintf(gn, sizeof gn, " grad norm %.3g%s", st->grad_norm,
+                     st->grad_norm > tc->clip_grad_norm ? " (clipped)" : "");
+        GP_INFO("epoch %lld step %lld/%lld loss %.4f acc %.1f%% lr %.4g%s %.0f samples/s%s "
+                "ETA %s", (long long)t->b.epoch + 1, (long long)step + 1, (long long)total,
+                st->loss, 100 * st->accuracy, t->lr, gn, r->window.sps,
+                wait_share >= 0.05 ? " (waiting for data)" : "", e2);
+    }
+}
+
+/* --export-weights after the last step; *converted: the run trained
+ * nothing (resumed at its end), so the export was all it did. */
+static gp_status export_weights(train_run *r, bool *converted)
+{
+    const gp_train_opts *opts = r->opts;
+    *converted = false;
+    if (!opts->export_path) return GP_OK;
+    gp_status s = gp_snapshot_export(r->mp, r->cfg, opts->export_path);
+    if (s != GP_OK)
+        return export_failed(r->cfg, opts, s, r->mp->step, r->saves.saved_step,
+                             r->res->steps > r->first_step);
+    if (!opts->quiet)
+        GP_INFO("weights after step %lld written to %s", (long long)r->mp->step,
+                opts->export_path);
+    *converted = r->res->steps == r->first_step; /* nothing trained: a conversion */
+    return GP_OK;
+}
+
+/* A stop asked after the last step: every step ran (and the last
+ * snapshot, and the export, are written): only the final evaluation is
+ * left out. */
+static gp_status stop_after_last_step(train_run *r)
+{
+    int late = agreed(stop_asked(r->opts));
+    if (!late || r->res->steps <= r->first_step) return GP_OK;
+    char b[32];
+    r->res->stop_signal = late;
+    return gp_error_set(GP_ERR_STOPPED, "stopped by %s after the last step (%lld): the run is "
+                        "complete%s, only the final evaluation was skipped",
+                        signal_name(late, b, sizeof b), (long long)r->res->steps,
+                        r->saves.on ? " and its last snapshot written" : "");
+}
+
+/* The final evaluation (the last epoch's, or a steps-limited run's), said
+ * and recorded. */
+static gp_status final_evaluation(train_run *r)
+{
+    gp_train_result *res = r->res;
+    gp_procs_watch_phase("the final evaluation");
+    gp_status s = gp_model_evaluate(r->mp, r->cfg, &r->test, &res->test_loss,
+                                    &res->test_accuracy);
+    if (s != GP_OK) /* as an epoch's: where it stopped, what holds it, what to do */
+        return data_failure(r->mp, r->cfg, s, r->mp->step, r->saves.saved_step, &r->saves.pos,
+                            r->saves.lock);
+    warn_eval_not_finite(res->test_loss, res->final_loss, &r->eval_nan_said);
+    if (!r->opts->quiet)
         GP_INFO("final: test loss %.4f, test accuracy %.2f%% after %lld steps",
                 res->test_loss, 100 * res->test_accuracy, (long long)res->steps);
-    if (mf || tb) {
-        metrics_eval(&mw, res->steps, last_epoch + 1, res->test_loss, res->test_accuracy, true);
-        s = record_line(&mw, mf, opts->metrics_path, tb, NULL);
-        if (s != GP_OK) goto done;
+    if (r->out.metrics || r->out.tb) {
+        metrics_eval(&r->out.record, res->steps, r->last_epoch + 1, res->test_loss,
+                     res->test_accuracy, true);
+        s = record_line(&r->out.record, r->out.metrics, r->opts->metrics_path, r->out.tb, NULL);
     }
-    res->seconds = gp_now() - t_start;
-    for (int j = 0; j < n_dev; j++) {
+    return s;
+}
+
+/* Each device's peak memory over the run, evaluation included, into
+ * res->peak_bytes and said (processes: device j's numbers are rank j's). */
+static void report_peaks(train_run *r)
+{
+    run_devices *d = &r->dev;
+    for (int j = 0; j < d->n; j++) {
         gp_allocator a;
-        gp_allocator_snapshot(&devs[j]->alloc, &a);
-        if (run_peak[j] > a.peak) a.peak = run_peak[j];
+        gp_allocator_snapshot(&d->devs[j]->alloc, &a);
+        if (d->peak[j] > a.peak) a.peak = d->peak[j];
         for (int c = 0; c < GP_MEM_COUNT; c++)
-            if (run_peak_by[j][c] > a.peak_by[c]) a.peak_by[c] = run_peak_by[j][c];
-        if (mp->local_device >= 0) { /* processes: device j's numbers are rank j's */
+            if (d->peak_by[j][c] > a.peak_by[c]) a.peak_by[c] = d->peak_by[j][c];
+        if (r->mp->local_device >= 0) { /* processes: device j's numbers are rank j's */
             size_t v[1 + GP_MEM_COUNT];
             v[0] = a.peak;
             memcpy(v + 1, a.peak_by, sizeof a.peak_by);
@@ -1542,14 +1782,14 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
             a.peak = v[0];
             memcpy(a.peak_by, v + 1, sizeof a.peak_by);
         }
-        if (a.peak > res->peak_bytes) res->peak_bytes = a.peak;
-        if (!opts->quiet) {
+        if (a.peak > r->res->peak_bytes) r->res->peak_bytes = a.peak;
+        if (!r->opts->quiet) {
             char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], b7[32];
             /* each category's own peak, not the parts of the total's
              * moment; evaluation's batches count too */
             GP_INFO("%s peak memory %s over the run, evaluation included; each kind's own "
                     "peak: parameters %s, gradients %s, optimizer %s, activations %s, copies "
-                    "%s, workspace %s", devs[j]->name,
+                    "%s, workspace %s", d->devs[j]->name,
                     gp_format_bytes(a.peak, b1, sizeof b1),
                     gp_format_bytes(a.peak_by[GP_MEM_PARAMS], b2, sizeof b2),
                     gp_format_bytes(a.peak_by[GP_MEM_GRADS], b3, sizeof b3),
@@ -1559,50 +1799,119 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
                     gp_format_bytes(a.peak_by[GP_MEM_WORKSPACE], b7, sizeof b7));
         }
     }
-done:;
+}
+
+/* After the last step: its snapshot on disk, the export, a stop asked
+ * meanwhile, the final evaluation and the memory report. */
+static gp_status run_finish(train_run *r)
+{
+    if (r->out.progress && r->res->steps > r->first_step) fputc('\n', stderr);
+    gp_status s = gp_snapshot_wait(r->saves.lock, false); /* the last one written */
+    if (s != GP_OK) return name_saved(r->cfg, s, r->saves.written_step);
+    bool converted;
+    s = export_weights(r, &converted);
+    if (s != GP_OK || converted) return s;
+    if ((s = stop_after_last_step(r)) != GP_OK) return s;
+    if ((s = final_evaluation(r)) != GP_OK) return s;
+    r->res->seconds = gp_now() - r->t_start;
+    report_peaks(r);
+    return GP_OK;
+}
+
+/* A trace that holds no step (--trace-steps outside the steps taken):
+ * said, since the file is written and reads as empty. */
+static void warn_trace_empty(const train_run *r)
+{
+    const gp_train_opts *opts = r->opts;
+    char range[64];
+    if (opts->trace_last < 0)
+        snprintf(range, sizeof range, "%lld:", (long long)opts->trace_first);
+    else
+        snprintf(range, sizeof range, "%lld:%lld", (long long)opts->trace_first,
+                 (long long)opts->trace_last);
+    char tp[1100], steps_at[128];
+    GP_WARN("%s holds no step: %s (0-based) is outside the steps this run took, "
+            "%lld:%lld", gp_opt_value(GP_OPT_TRACE, opts->trace_path, tp, sizeof tp),
+            gp_opt_value(GP_OPT_TRACE_STEPS, range, steps_at, sizeof steps_at),
+            (long long)r->run_first, (long long)r->run_last);
+}
+
+/* Everything the run opened closed (the model and its devices handed to
+ * the caller instead where it keeps them); the run's status, s, or the
+ * first failure closing the outputs. */
+static gp_status run_close(train_run *r, gp_status s)
+{
+    const gp_train_opts *opts = r->opts;
+    gp_model *mp = r->mp;
     /* the run's error, kept: closing the trace or the metrics below may
      * set a message of its own, which must not replace the cause */
     char *cause = s != GP_OK ? strdup(gp_error_message()) : NULL;
-    if (trace) {
-        gp_status ts = gp_trace_close(trace);
+    if (r->out.trace) {
+        gp_status ts = gp_trace_close(r->out.trace);
         if (s == GP_OK) s = ts;
-        if (s == GP_OK && traced == 0 && run_first >= 0) {
-            char range[64];
-            if (opts->trace_last < 0)
-                snprintf(range, sizeof range, "%lld:", (long long)opts->trace_first);
-            else
-                snprintf(range, sizeof range, "%lld:%lld", (long long)opts->trace_first,
-                         (long long)opts->trace_last);
-            char tp[1100], steps_at[128];
-            GP_WARN("%s holds no step: %s (0-based) is outside the steps this run took, "
-                    "%lld:%lld", gp_opt_value(GP_OPT_TRACE, opts->trace_path, tp, sizeof tp),
-                    gp_opt_value(GP_OPT_TRACE_STEPS, range, steps_at, sizeof steps_at),
-                    (long long)run_first, (long long)run_last);
-        }
+        if (s == GP_OK && r->out.traced == 0 && r->run_first >= 0) warn_trace_empty(r);
     }
-    gp_status tbs = gp_tboard_close(tb);
+    gp_status tbs = gp_tboard_close(r->out.tb);
     if (s == GP_OK) s = tbs;
-    if (mf && fclose(mf) != 0 && s == GP_OK)
+    if (r->out.metrics && fclose(r->out.metrics) != 0 && s == GP_OK)
         s = gp_error_set(GP_ERR_IO, "writing metrics file '%s' failed", opts->metrics_path);
-    gp_json_writer_free(&mw);
-    gp_loader_destroy(loader);
-    if (opts->keep_model && opts->keep_devs && mp->layers && n_dev > 0 &&
-        (s == GP_OK || (s == GP_ERR_STOPPED && res->steps > 0))) {
+    gp_json_writer_free(&r->out.record);
+    gp_loader_destroy(r->loader);
+    if (opts->keep_model && opts->keep_devs && mp->layers && r->dev.n > 0 &&
+        (s == GP_OK || (s == GP_ERR_STOPPED && r->res->steps > 0))) {
         /* kept by the caller (the library's run goes on with what it
          * trained), with its devices; untraced from here */
         mp->device_time = false;
-        memcpy(opts->keep_devs, devs, (size_t)n_dev * sizeof *devs);
-        memset(devs, 0, sizeof devs);
+        memcpy(opts->keep_devs, r->dev.devs, (size_t)r->dev.n * sizeof *r->dev.devs);
+        memset(r->dev.devs, 0, sizeof r->dev.devs);
     } else {
         gp_model_free(mp);
     }
-    close_devices(devs, n_dev);
-    gp_dataset_free(&train);
-    gp_dataset_free(&test);
-    gp_snapshot_lock_release(snap_lock);
+    close_devices(r->dev.devs, r->dev.n);
+    gp_dataset_free(&r->train);
+    gp_dataset_free(&r->test);
+    gp_snapshot_lock_release(r->saves.lock);
     if (cause && strcmp(cause, gp_error_message())) gp_error_set(s, "%s", cause);
     free(cause);
     return s;
+}
+
+gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train_result *res)
+{
+    gp_train_opts defo = {.progress = -1};
+    train_run r;
+    run_init(&r, cfg, opts ? opts : &defo, res);
+    gp_status s = run_check_outputs(&r);
+    if (s != GP_OK) return s; /* (nothing opened yet) */
+    s = run_open_outputs(&r);
+    if (s == GP_OK) s = run_load_data(&r);
+    if (s == GP_OK) s = run_place_model(&r);
+    if (s == GP_OK) s = run_start_loader(&r);
+    if (s == GP_OK) {
+        run_plan(&r);
+        run_begin_steps(&r);
+    }
+    for (int64_t step = r.first_step; s == GP_OK && step < r.total; step++) {
+        gp_procs_watch_phase("step %lld of %lld", (long long)step + 1, (long long)r.total);
+        train_step t = {.step = step};
+        s = stop_if_asked(&r, step);
+        if (s == GP_OK) s = background_write_ok(&r);
+        if (s == GP_OK) s = wait_for_batch(&r, &t);
+        if (s == GP_OK) s = evaluate_if_epoch_ended(&r, &t);
+        if (s == GP_OK) s = take_step(&r, &t);
+        if (s == GP_OK) s = trace_step(&r, &t);
+        if (s == GP_OK) {
+            count_throughput(&r, &t);
+            s = record_step(&r, &t);
+        }
+        if (s == GP_OK) s = snapshot_if_due(&r, &t);
+        if (s == GP_OK) {
+            report_progress(&r, &t);
+            res->steps = step + 1;
+        }
+    }
+    if (s == GP_OK) s = run_finish(&r);
+    return run_close(&r, s);
 }
 
 /* The devices a summary asks about layouts and workspaces: each of the
@@ -1686,6 +1995,224 @@ static gp_status summary_fits(const gp_config *cfg, const gp_model *m)
     return GP_OK;
 }
 
+/* What the summary's table adds up: every layer's, and the stage's so far. */
+typedef struct summary_sums {
+    int64_t params;
+    double flops;           /* forward, per batch */
+    double act;             /* activation bytes kept for backward, per batch */
+} summary_sums;
+
+/* The per-layer notes after a row of the table into sk: its window, what
+ * it stashes and pops, and what its stage does with it (run in place, not
+ * kept, fused, blocked). */
+static void summary_layer_notes(const gp_layer *l, bool inplace, bool unkept, bool fused,
+                                char *sk, size_t len)
+{
+    char win[160];
+    sk[0] = '\0';
+    if (gp_layer_window_str(&l->spec, win, sizeof win)[0]) snprintf(sk, len, "  %s", win);
+    if (l->spec.stash[0])
+        snprintf(sk + strlen(sk), len - strlen(sk), "  stash %s", l->spec.stash);
+    for (int q = 0; q < l->spec.n_pop; q++)
+        snprintf(sk + strlen(sk), len - strlen(sk), "  pop %s", l->spec.pop[q]);
+    if (inplace) snprintf(sk + strlen(sk), len - strlen(sk), "  in place");
+    if (fused) /* gp_layers_relu_fused: the norm before computed it */
+        snprintf(sk + strlen(sk), len - strlen(sk), "  fused into the norm");
+    else if (l->relu_done) /* its forward is the linear's epilogue */
+        snprintf(sk + strlen(sk), len - strlen(sk), "  forward fused into the linear");
+    if (unkept) snprintf(sk + strlen(sk), len - strlen(sk), "  not kept");
+    if (l->out_blk) /* gp_layers_blocked: the convolutions' own layout */
+        snprintf(sk + strlen(sk), len - strlen(sk), "  out nChw%lldc", (long long)l->out_blk);
+}
+
+/* The layer column as wide as its longest entry ("amoeba_cell
+ * cell5_normal6", "conv2d layer3_22_conv2"), 16 to 79. */
+static int summary_name_width(const gp_model *m)
+{
+    int wl = 16;
+    for (int k = 0; k < m->n_layers; k++) {
+        int w = (int)(strlen(gp_layer_type_name(m->layers[k].spec.type)) + 1 +
+                      strlen(m->layers[k].spec.name));
+        if (w > wl) wl = w < 79 ? w : 79;
+    }
+    return wl;
+}
+
+/* The table: a row per layer, and with several devices a line per stage;
+ * the whole model's sums into *tot. */
+static gp_status summary_layers(const gp_config *cfg, gp_model *m, FILE *f, summary_sums *tot)
+{
+    int n = cfg->pipeline.n_devices, wl = summary_name_width(m);
+    int64_t b = cfg->train.batch_size;
+    fprintf(f, "%4s  %-7s %-*s %-20s %12s %14s %14s\n", "#", "device", wl, "layer",
+            "output (per sample)", "params", "fwd MFLOP/b", "act. bytes/b");
+    summary_sums sg = {0}; /* the stage's */
+    int stage = 0, first = 0;
+    /* which layers run in place in their stage: their output is no extra */
+    /* one allocation: inplace[n_layers], unkept[n_layers], fused[n_layers] */
+    bool *inplace = calloc(3 * (size_t)m->n_layers + 1, sizeof *inplace);
+    if (!inplace) return gp_error_set(GP_ERR_OOM, "out of host memory");
+    bool *unkept = inplace + m->n_layers, *fused = unkept + m->n_layers;
+    for (int j = 0, f0 = 0; j < m->n_stages; f0 += m->balance[j++]) {
+        gp_layers_blocked(m->layers + f0, m->balance[j]);
+        gp_layers_inplace(m->layers + f0, m->balance[j], inplace + f0);
+        gp_layers_unkept(m->layers + f0, m->balance[j], inplace + f0, unkept + f0);
+        gp_layers_relu_fused(m->layers + f0, m->balance[j], inplace + f0, fused + f0);
+    }
+    for (int k = 0; k < m->n_layers; k++) {
+        gp_layer *l = &m->layers[k];
+        char sh[64], nm[80], ab[32], sk[256];
+        gp_shape os = l->out_shape;
+        gp_shape_str(&os, sh, sizeof sh);
+        snprintf(nm, sizeof nm, "%s%s%s", gp_layer_type_name(l->spec.type),
+                 l->spec.name[0] ? " " : "", l->spec.name);
+        summary_layer_notes(l, inplace[k], unkept[k], fused[k], sk, sizeof sk);
+        int64_t np = gp_layer_param_count(l);
+        double fl = l->ops->flops(l, b);
+        bool own = !inplace[k] && !unkept[k]; /* the output is kept for backward */
+        double act = (own ? (double)gp_shape_numel(&os) * (double)b *
+                                (double)gp_dtype_size(l->out_dtype) /* train.activations */
+                          : 0.0) +
+                     (l->ops->saved_bytes ? (double)l->ops->saved_bytes(l, b) : 0.0);
+        tot->params += np; tot->flops += fl; tot->act += act;
+        sg.params += np; sg.flops += fl; sg.act += act;
+        const char *dn = cfg->pipeline.devices[stage % n].name;
+        fprintf(f, "%4d  %-7s %-*s %-20s %12lld %14.1f %14s%s\n", k, dn, wl, nm, sh,
+                (long long)np, fl / 1e6, gp_format_bytes((size_t)act, ab, sizeof ab), sk);
+        if (n > 1 && k - first + 1 == m->balance[stage]) {
+            char pb[32], mb[32];
+            fprintf(f, "      stage %d on %s: layers %d-%d, %lld parameters (%s), %.1f MFLOP, "
+                       "~%s weights+grads%s, %s activations per batch\n",
+                    stage, dn, first, k, (long long)sg.params,
+                    gp_format_bytes((size_t)sg.params * 4, pb, sizeof pb), sg.flops / 1e6,
+                    gp_format_bytes((size_t)sg.params * state_bytes(cfg), mb, sizeof mb),
+                    state_words(cfg, true),
+                    gp_format_bytes((size_t)sg.act, ab, sizeof ab));
+            stage++;
+            first = k + 1;
+            sg = (summary_sums){0};
+        }
+    }
+    free(inplace); /* and unkept, fused */
+    return GP_OK;
+}
+
+/* A batch norm that a micro-batch gives one value per channel stops the
+ * first step (batchnorm.c); the shapes say so now.  Synchronised ones
+ * count every replica's micro-batch. */
+static void summary_batchnorm_note(const gp_config *cfg, const gp_model *m, FILE *f)
+{
+    int64_t b = cfg->train.batch_size;
+    int64_t parts = (int64_t)cfg->pipeline.chunks * gp_pipeline_replicas(&cfg->pipeline);
+    int64_t mb_min = parts > 0 ? b / parts : b;
+    for (int k = 0; k < m->n_layers; k++) {
+        const gp_layer *l = &m->layers[k];
+        if (l->spec.type != GP_LAYER_BATCHNORM) continue;
+        int64_t per = 1;
+        for (int d = 2; d < l->in_shape.ndim; d++) per *= l->in_shape.dims[d];
+        int64_t n_mb = l->spec.sync ? mb_min * gp_pipeline_replicas(&cfg->pipeline) : mb_min;
+        if (n_mb * per >= 2) continue;
+        char d[400];
+        fprintf(f, "note: %s: training batch norm needs more than one value per channel, but "
+                   "the smallest micro-batch (train.batch_size %lld in %lld) has %lld sample(s) "
+                   "of %lld value(s) per channel: a run stops at its first step; use fewer "
+                   "pipeline.chunks or a larger batch\n",
+                gp_layer_describe(l, d, sizeof d), (long long)b, (long long)parts,
+                (long long)n_mb, (long long)per);
+        break;
+    }
+}
+
+/* The skips, and the stage boundaries they cross (copied straight from
+ * the stash's stage to the pop's, once per micro-batch). */
+static void summary_skips(const gp_config *cfg, const gp_model *m, FILE *f)
+{
+    for (int t = 0; t < m->skips.n; t++) {
+        const gp_skip *k = &m->skips.skips[t];
+        int s_from = 0, s_to = 0;
+        for (int a = 0, f0 = 0; a < m->n_stages; f0 += m->balance[a++]) {
+            if (k->from >= f0 && k->from < f0 + m->balance[a]) s_from = a;
+            if (k->to >= f0 && k->to < f0 + m->balance[a]) s_to = a;
+        }
+        char kb[32];
+        gp_shape ks = m->layers[k->from].out_shape;
+        size_t bytes = (size_t)gp_shape_numel(&ks) * gp_dtype_size(m->layers[k->from].out_dtype);
+        if (s_from == s_to)
+            fprintf(f, "skip '%s': layer %d -> %d, inside stage %d (%s per sample)\n", k->name,
+                    k->from, k->to, s_from, gp_format_bytes(bytes, kb, sizeof kb));
+        else
+            fprintf(f, "skip '%s': layer %d -> %d, stage %d -> %d: crosses %d boundar%s, copied "
+                       "straight across (%s per sample%s)\n", k->name, k->from, k->to, s_from,
+                    s_to, s_to - s_from, s_to - s_from == 1 ? "y" : "ies",
+                    gp_format_bytes(gp_config_bf16_copies(cfg) ? bytes / 2 : bytes, kb, sizeof kb),
+                    gp_config_bf16_copies(cfg) ? " in bf16" : "");
+    }
+}
+
+/* The pipeline's line: devices (and replicas), chunks, checkpointing,
+ * schedule, copies; and the note a run warns when CPU devices share cores. */
+static void summary_pipeline(const gp_config *cfg, FILE *f)
+{
+    const gp_pipeline_config *pc = &cfg->pipeline;
+    int n = pc->n_devices, R = gp_pipeline_replicas(pc);
+    char reps[256] = "";
+    if (R > 1) { /* data parallel: the devices above are replica 0's */
+        int total = gp_pipeline_devices_total(pc), at = 0;
+        char all[96] = "";
+        /* every device where they fit (a grid need not run in order),
+         * else the first and the last */
+        for (int d = 0; d < total && at < (int)sizeof all; d++)
+            at += snprintf(all + at, sizeof all - (size_t)at, "%s%s", d ? ", " : "",
+                           pc->devices[d].name);
+        if (at >= (int)sizeof all)
+            snprintf(all, sizeof all, "%s to %s", pc->devices[0].name,
+                     pc->devices[total - 1].name);
+        snprintf(reps, sizeof reps, " x %d data-parallel replicas (%d devices: %s; each "
+                 "replica's share of the batch is %lld)", R, total, all,
+                 (long long)(cfg->train.batch_size / R));
+    }
+    fprintf(f, "pipeline: %d device(s)%s, chunks %d, checkpoint %s, %s%s%s\n", n, reps,
+            pc->chunks, gp_checkpoint_mode_name(pc->checkpoint),
+            pc->lockstep ? "lockstep" : "free-running",
+            n > 1 && gp_config_bf16_copies(cfg) ? ", copies in bf16" : "",
+            gp_config_act_dtype(cfg) == GP_BF16 ? ", activations in bf16" : "");
+    char shared[160];
+    if (cores_shared(pc, shared, sizeof shared)) fprintf(f, "note: %s\n", shared); /* as a run */
+}
+
+/* The optimizer's line: its settings, the rate the run starts from, and
+ * the bytes each parameter holds. */
+static void summary_optimizer(const gp_config *cfg, FILE *f)
+{
+    const gp_optim_config *oc = &cfg->train.optim;
+    char clip[64] = "";
+    if (cfg->train.clip_grad_norm > 0)
+        snprintf(clip, sizeof clip, ", gradients clipped to norm %g",
+                 (double)cfg->train.clip_grad_norm);
+    size_t per = state_bytes(cfg);
+    const char *held = per == 16 ? "value, gradient, two moments"
+                       : per == 12 ? "value, gradient, momentum" : "value, gradient";
+    /* the rate the run starts from: with lr_scaling, the config's scaled */
+    char lr[96];
+    double base = gp_lr_base(&cfg->train);
+    if (base != oc->lr)
+        snprintf(lr, sizeof lr, "lr %g (%g x batch %lld / base_batch %lld)", base, oc->lr,
+                 (long long)cfg->train.batch_size, (long long)cfg->train.base_batch);
+    else snprintf(lr, sizeof lr, "lr %g", oc->lr);
+    if (oc->kind == GP_OPTIM_SGD)
+        fprintf(f, "optimizer: sgd (%s, momentum %g%s, weight decay %g): %zu bytes per "
+                   "parameter (%s)%s\n", lr, (double)oc->momentum,
+                oc->nesterov ? ", nesterov" : "", (double)oc->weight_decay, per, held, clip);
+    else
+        fprintf(f, "optimizer: %s (%s, betas [%g, %g], eps %g, weight decay %g): %zu bytes "
+                   "per parameter (%s)%s\n", oc->type, lr, (double)oc->beta1,
+                (double)oc->beta2, (double)oc->eps, (double)oc->weight_decay, per, held, clip);
+}
+
+/* --dry-run: the model as shapes, on the devices that can be asked about
+ * layouts, printed as a table (summary_layers) between the model's line
+ * and the pipeline's and optimizer's; then whether the stages' state fits
+ * the devices' memory (summary_fits), as a run would check it. */
 gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
 {
     gp_device *devs[GP_MAX_DEVICES] = {0};
@@ -1716,187 +2243,28 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
         fprintf(f, "balance: auto; shown split by estimated FLOPs (a run profiles each layer "
                    "first and may split otherwise: gpipe-balance %s --devices %d prints that "
                    "split)\n", cfg0->path, S);
-    int64_t b = cfg->train.batch_size;
     fprintf(f, "model: %d layers, input %lld x %lld x %lld, batch %lld, on %d device%s%s%s%s\n",
             m.n_layers, (long long)cfg->model.input[0], (long long)cfg->model.input[1],
-            (long long)cfg->model.input[2], (long long)b, n, n == 1 ? "" : "s",
-            cfg->train.precision ? ", precision " : "",
+            (long long)cfg->model.input[2], (long long)cfg->train.batch_size, n,
+            n == 1 ? "" : "s", cfg->train.precision ? ", precision " : "",
             cfg->train.precision ? gp_precision_name((gp_precision)cfg->train.precision) : "",
             cfg->train.deterministic ? ", deterministic algorithms" : "");
-    /* the layer column as wide as its longest entry ("amoeba_cell
-     * cell5_normal6", "conv2d layer3_22_conv2") */
-    int wl = 16;
-    for (int k = 0; k < m.n_layers; k++) {
-        int w = (int)(strlen(gp_layer_type_name(m.layers[k].spec.type)) + 1 +
-                      strlen(m.layers[k].spec.name));
-        if (w > wl) wl = w < 79 ? w : 79;
-    }
-    fprintf(f, "%4s  %-7s %-*s %-20s %12s %14s %14s\n", "#", "device", wl, "layer",
-            "output (per sample)", "params", "fwd MFLOP/b", "act. bytes/b");
-    int64_t tp = 0, sp = 0;
-    double tf = 0, ta = 0, sf = 0, sa = 0;
-    int stage = 0, first = 0;
-    /* which layers run in place in their stage: their output is no extra */
-    /* one allocation: inplace[n_layers], unkept[n_layers], fused[n_layers] */
-    bool *inplace = calloc(3 * (size_t)m.n_layers + 1, sizeof *inplace);
-    if (!inplace) {
+    summary_sums tot = {0};
+    gp_status s = summary_layers(cfg, &m, f, &tot);
+    if (s != GP_OK) {
         summary_free(&m, devs, n);
-        return gp_error_set(GP_ERR_OOM, "out of host memory");
+        return s;
     }
-    bool *unkept = inplace + m.n_layers, *fused = unkept + m.n_layers;
-    for (int j = 0, f0 = 0; j < m.n_stages; f0 += m.balance[j++]) {
-        gp_layers_blocked(m.layers + f0, m.balance[j]);
-        gp_layers_inplace(m.layers + f0, m.balance[j], inplace + f0);
-        gp_layers_unkept(m.layers + f0, m.balance[j], inplace + f0, unkept + f0);
-        gp_layers_relu_fused(m.layers + f0, m.balance[j], inplace + f0, fused + f0);
-    }
-    for (int k = 0; k < m.n_layers; k++) {
-        gp_layer *l = &m.layers[k];
-        char sh[64], nm[80], ab[32];
-        gp_shape os = l->out_shape;
-        gp_shape_str(&os, sh, sizeof sh);
-        snprintf(nm, sizeof nm, "%s%s%s", gp_layer_type_name(l->spec.type),
-                 l->spec.name[0] ? " " : "", l->spec.name);
-        char sk[256] = "", win[160];
-        if (gp_layer_window_str(&l->spec, win, sizeof win)[0])
-            snprintf(sk, sizeof sk, "  %s", win);
-        if (l->spec.stash[0])
-            snprintf(sk + strlen(sk), sizeof sk - strlen(sk), "  stash %s", l->spec.stash);
-        for (int q = 0; q < l->spec.n_pop; q++)
-            snprintf(sk + strlen(sk), sizeof sk - strlen(sk), "  pop %s", l->spec.pop[q]);
-        if (inplace[k]) snprintf(sk + strlen(sk), sizeof sk - strlen(sk), "  in place");
-        if (fused[k]) /* gp_layers_relu_fused: the norm before computed it */
-            snprintf(sk + strlen(sk), sizeof sk - strlen(sk), "  fused into the norm");
-        else if (l->relu_done) /* its forward is the linear's epilogue */
-            snprintf(sk + strlen(sk), sizeof sk - strlen(sk), "  forward fused into the linear");
-        if (unkept[k]) snprintf(sk + strlen(sk), sizeof sk - strlen(sk), "  not kept");
-        if (l->out_blk) /* gp_layers_blocked: the convolutions' own layout */
-            snprintf(sk + strlen(sk), sizeof sk - strlen(sk), "  out nChw%lldc",
-                     (long long)l->out_blk);
-        int64_t np = gp_layer_param_count(l);
-        double fl = l->ops->flops(l, b);
-        bool own = !inplace[k] && !unkept[k]; /* the output is kept for backward */
-        double act = (own ? (double)gp_shape_numel(&os) * (double)b *
-                                (double)gp_dtype_size(l->out_dtype) /* train.activations */
-                          : 0.0) +
-                     (l->ops->saved_bytes ? (double)l->ops->saved_bytes(l, b) : 0.0);
-        tp += np; tf += fl; ta += act;
-        sp += np; sf += fl; sa += act;
-        const char *dn = cfg->pipeline.devices[stage % n].name;
-        fprintf(f, "%4d  %-7s %-*s %-20s %12lld %14.1f %14s%s\n", k, dn, wl, nm, sh,
-                (long long)np, fl / 1e6, gp_format_bytes((size_t)act, ab, sizeof ab), sk);
-        if (n > 1 && k - first + 1 == m.balance[stage]) {
-            char pb[32], mb[32];
-            fprintf(f, "      stage %d on %s: layers %d-%d, %lld parameters (%s), %.1f MFLOP, "
-                       "~%s weights+grads%s, %s activations per batch\n",
-                    stage, dn, first, k, (long long)sp,
-                    gp_format_bytes((size_t)sp * 4, pb, sizeof pb), sf / 1e6,
-                    gp_format_bytes((size_t)sp * state_bytes(cfg), mb, sizeof mb),
-                    state_words(cfg, true),
-                    gp_format_bytes((size_t)sa, ab, sizeof ab));
-            stage++;
-            first = k + 1;
-            sp = 0; sf = 0; sa = 0;
-        }
-    }
-    /* A batch norm that a micro-batch gives one value per channel stops
-     * the first step (batchnorm.c); the shapes say so now.  Synchronised
-     * ones count every replica's micro-batch. */
-    int64_t parts = (int64_t)cfg->pipeline.chunks * gp_pipeline_replicas(&cfg->pipeline);
-    int64_t mb_min = parts > 0 ? b / parts : b;
-    for (int k = 0; k < m.n_layers; k++) {
-        const gp_layer *l = &m.layers[k];
-        if (l->spec.type != GP_LAYER_BATCHNORM) continue;
-        int64_t per = 1;
-        for (int d = 2; d < l->in_shape.ndim; d++) per *= l->in_shape.dims[d];
-        int64_t n_mb = l->spec.sync ? mb_min * gp_pipeline_replicas(&cfg->pipeline) : mb_min;
-        if (n_mb * per >= 2) continue;
-        char d[400];
-        fprintf(f, "note: %s: training batch norm needs more than one value per channel, but "
-                   "the smallest micro-batch (train.batch_size %lld in %lld) has %lld sample(s) "
-                   "of %lld value(s) per channel: a run stops at its first step; use fewer "
-                   "pipeline.chunks or a larger batch\n",
-                gp_layer_describe(l, d, sizeof d), (long long)b, (long long)parts,
-                (long long)n_mb, (long long)per);
-        break;
-    }
+    summary_batchnorm_note(cfg, &m, f);
     char ab[32], pb[32];
     fprintf(f, "total: %lld parameters (%s), %.1f MFLOP forward per batch (%.1f per step "
                "with backward), %s of activations per batch\n",
-            (long long)tp, gp_format_bytes((size_t)tp * 4, pb, sizeof pb), tf / 1e6, 3 * tf / 1e6,
-            gp_format_bytes((size_t)ta, ab, sizeof ab));
-    /* the skips, and the stage boundaries they cross (copied straight from
-     * the stash's stage to the pop's, once per micro-batch) */
-    for (int t = 0; t < m.skips.n; t++) {
-        const gp_skip *k = &m.skips.skips[t];
-        int s_from = 0, s_to = 0;
-        for (int a = 0, f0 = 0; a < m.n_stages; f0 += m.balance[a++]) {
-            if (k->from >= f0 && k->from < f0 + m.balance[a]) s_from = a;
-            if (k->to >= f0 && k->to < f0 + m.balance[a]) s_to = a;
-        }
-        char kb[32];
-        gp_shape ks = m.layers[k->from].out_shape;
-        size_t bytes = (size_t)gp_shape_numel(&ks) * gp_dtype_size(m.layers[k->from].out_dtype);
-        if (s_from == s_to)
-            fprintf(f, "skip '%s': layer %d -> %d, inside stage %d (%s per sample)\n", k->name,
-                    k->from, k->to, s_from, gp_format_bytes(bytes, kb, sizeof kb));
-        else
-            fprintf(f, "skip '%s': layer %d -> %d, stage %d -> %d: crosses %d boundar%s, copied "
-                       "straight across (%s per sample%s)\n", k->name, k->from, k->to, s_from,
-                    s_to, s_to - s_from, s_to - s_from == 1 ? "y" : "ies",
-                    gp_format_bytes(gp_config_bf16_copies(cfg) ? bytes / 2 : bytes, kb, sizeof kb),
-                    gp_config_bf16_copies(cfg) ? " in bf16" : "");
-    }
-    const gp_pipeline_config *pc = &cfg->pipeline;
-    int R = gp_pipeline_replicas(pc);
-    char reps[256] = "";
-    if (R > 1) { /* data parallel: the devices above are replica 0's */
-        int total = gp_pipeline_devices_total(pc), at = 0;
-        char all[96] = "";
-        /* every device where they fit (a grid need not run in order),
-         * else the first and the last */
-        for (int d = 0; d < total && at < (int)sizeof all; d++)
-            at += snprintf(all + at, sizeof all - (size_t)at, "%s%s", d ? ", " : "",
-                           pc->devices[d].name);
-        if (at >= (int)sizeof all)
-            snprintf(all, sizeof all, "%s to %s", pc->devices[0].name,
-                     pc->devices[total - 1].name);
-        snprintf(reps, sizeof reps, " x %d data-parallel replicas (%d devices: %s; each "
-                 "replica's share of the batch is %lld)", R, total, all,
-                 (long long)(cfg->train.batch_size / R));
-    }
-    fprintf(f, "pipeline: %d device(s)%s, chunks %d, checkpoint %s, %s%s%s\n", n, reps,
-            pc->chunks, gp_checkpoint_mode_name(pc->checkpoint),
-            pc->lockstep ? "lockstep" : "free-running",
-            n > 1 && gp_config_bf16_copies(cfg) ? ", copies in bf16" : "",
-            gp_config_act_dtype(cfg) == GP_BF16 ? ", activations in bf16" : "");
-    char shared[160];
-    if (cores_shared(pc, shared, sizeof shared)) fprintf(f, "note: %s\n", shared); /* as a run */
-    const gp_optim_config *oc = &cfg->train.optim;
-    char clip[64] = "";
-    if (cfg->train.clip_grad_norm > 0)
-        snprintf(clip, sizeof clip, ", gradients clipped to norm %g",
-                 (double)cfg->train.clip_grad_norm);
-    size_t per = state_bytes(cfg);
-    const char *held = per == 16 ? "value, gradient, two moments"
-                       : per == 12 ? "value, gradient, momentum" : "value, gradient";
-    /* the rate the run starts from: with lr_scaling, the config's scaled */
-    char lr[96];
-    double base = gp_lr_base(&cfg->train);
-    if (base != oc->lr)
-        snprintf(lr, sizeof lr, "lr %g (%g x batch %lld / base_batch %lld)", base, oc->lr,
-                 (long long)cfg->train.batch_size, (long long)cfg->train.base_batch);
-    else snprintf(lr, sizeof lr, "lr %g", oc->lr);
-    if (oc->kind == GP_OPTIM_SGD)
-        fprintf(f, "optimizer: sgd (%s, momentum %g%s, weight decay %g): %zu bytes per "
-                   "parameter (%s)%s\n", lr, (double)oc->momentum,
-                oc->nesterov ? ", nesterov" : "", (double)oc->weight_decay, per, held, clip);
-    else
-        fprintf(f, "optimizer: %s (%s, betas [%g, %g], eps %g, weight decay %g): %zu bytes "
-                   "per parameter (%s)%s\n", oc->type, lr, (double)oc->beta1,
-                (double)oc->beta2, (double)oc->eps, (double)oc->weight_decay, per, held, clip);
-    free(inplace); /* and unkept */
-    gp_status s = summary_fits(cfg, &m);
+            (long long)tot.params, gp_format_bytes((size_t)tot.params * 4, pb, sizeof pb),
+            tot.flops / 1e6, 3 * tot.flops / 1e6, gp_format_bytes((size_t)tot.act, ab, sizeof ab));
+    summary_skips(cfg, &m, f);
+    summary_pipeline(cfg, f);
+    summary_optimizer(cfg, f);
+    s = summary_fits(cfg, &m);
     summary_free(&m, devs, n);
     return s;
 }
