@@ -85,7 +85,7 @@ for spec in ${BF16_RUNS:-configs/resnet101.yaml:128 configs/unet.yaml:32 configs
       bf16) sets=(--set train.precision=bf16) ;;
       bf16a32) sets=(--set train.precision=bf16 --set train.activations=fp32) ;;
     esac
-    if train "$model-$batch-$v" "$cfg" "$batch" "[cuda:0]" 1 "${sets[@]}"; then
+    if train "$model-$batch-$v" "$cfg" "$batch" "[cuda:0]" 1 --set pipeline.balance=auto "${sets[@]}"; then
       read -r ms _ pk <<< "$(median "$OUT/$model-$batch-$v.jsonl")"
     else
       ms=-; pk=0

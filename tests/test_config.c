@@ -114,7 +114,8 @@ static const char *const k_full =
     "  log_every: 10\n"
     "  eval_each_epoch: false\n"
     "  eval_batch_size: 500\n"
-    "  clip_grad_norm: 2.0\n";
+    "  clip_grad_norm: 2.0\n"
+    "  activations: bf16\n";
 
 static void test_full(void)
 {
@@ -188,6 +189,7 @@ static void test_full(void)
     CHECK(t->lr_scaling == GP_LR_SCALING_LINEAR && t->base_batch == 256);
     CHECK(t->log_every == 10 && !t->eval_each_epoch && t->eval_batch_size == 500);
     CHECK_NEAR(t->clip_grad_norm, 2.0, 1e-7, 0);
+    CHECK(t->activations == GP_ACT_BF16 && gp_config_act_dtype(&c) == GP_BF16);
     CHECK_NEAR(c.model.label_smoothing, 0.1, 1e-7, 0);
     /* everything was given (only the layer fields and synthetic defaults are
      * not), so no top-level default was applied */
@@ -229,6 +231,17 @@ static void test_defaults(void)
     CHECK(gp_config_bf16_copies(&c));
     c.train.precision = GP_PRECISION_TF32;
     CHECK(!gp_config_bf16_copies(&c));
+    /* train.activations: auto stores FP32 (under bf16 too, until the
+     * layers have bf16 kernels); bf16 stores bf16 under any precision, and
+     * then nothing is packed to travel */
+    CHECK(c.train.activations == GP_ACT_AUTO && gp_config_act_dtype(&c) == GP_F32);
+    c.train.precision = GP_PRECISION_BF16;
+    CHECK(gp_config_act_dtype(&c) == GP_F32 && gp_config_bf16_copies(&c));
+    c.train.activations = GP_ACT_BF16;
+    CHECK(gp_config_act_dtype(&c) == GP_BF16 && !gp_config_bf16_copies(&c));
+    c.train.precision = 0;
+    CHECK(gp_config_act_dtype(&c) == GP_BF16 && !gp_config_bf16_copies(&c));
+    c.train.activations = GP_ACT_AUTO;
     c.train.precision = 0;
     CHECK_NEAR(c.train.optim.lr, 0.01, 1e-9, 0);
     CHECK_NEAR(c.train.optim.momentum, 0.9, 1e-7, 0);
@@ -568,6 +581,13 @@ static void test_errors(void)
     CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  checkpoint: sometimes\n"), NULL, 0),
               GP_ERR_INVALID, "t.yaml:10:15: unknown value 'sometimes' for pipeline.checkpoint "
                               "(allowed: always, except_last, never)");
+    CHECK_ERR(parse_bad(cat(k_base, "train:\n  activations: fp16\n"), NULL, 0),
+              GP_ERR_INVALID, "t.yaml:10:16: unknown value 'fp16' for train.activations "
+                              "(allowed: auto, fp32, bf16)");
+    gp_config ca;
+    CHECK_OK(parse(cat(k_base, "train:\n  activations: bf16\n"), &ca));
+    CHECK(ca.train.activations == GP_ACT_BF16 && gp_config_act_dtype(&ca) == GP_BF16);
+    gp_config_free(&ca);
     CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  copy_precision: fp16\n"), NULL, 0),
               GP_ERR_INVALID, "t.yaml:10:19: unknown value 'fp16' for pipeline.copy_precision "
                               "(allowed: auto, fp32, bf16)");
