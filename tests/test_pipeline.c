@@ -343,30 +343,37 @@ static void schedules_agree(void)
 
 /* bf16 copies change the numbers (against FP32 copies), slightly, and
  * move half the bytes (the copy events of the step's timeline). */
+/* One step of config c (the convnet) on 2 stages of 2 micro-batches: its
+ * loss, and the bytes its copies between the stages moved. */
+static void two_stage_step(gp_config *c, double *loss, int64_t *bytes)
+{
+    int bal[2];
+    gpt_split_even(c->model.n_layers, 2, bal);
+    c->pipeline.chunks = 2;
+    gp_model pip;
+    CHECK_OK(gp_model_build_placed(c, devs, 2, bal, &pip));
+    float x[BATCH * 72], y[BATCH];
+    make_batch(c, 0, x, y);
+    gp_step_stats st = {0};
+    CHECK_OK(gp_model_pipeline_step(&pip, c, x, y, BATCH, 0.05, &st));
+    *loss = st.loss;
+    *bytes = 0;
+    for (int j = 0; j < 2; j++) {
+        int ne = 0;
+        const gp_event_rec *ev = gp_pipeline_events(pip.pipe, j, &ne);
+        for (int e = 0; ev && e < ne; e++) *bytes += (int64_t)ev[e].bytes;
+    }
+    gp_model_free(&pip);
+}
+
 static void bf16_copies_effect(void)
 {
     double loss[2];
     int64_t bytes[2] = {0, 0};
     for (int b = 0; b < 2; b++) {
         gp_config c = make_cfg(true);
-        int bal[2];
-        gpt_split_even(c.model.n_layers, 2, bal);
-        c.pipeline.chunks = 2;
         c.pipeline.copy_precision = b ? GP_COPY_BF16 : GP_COPY_FP32;
-        gp_model pip;
-        CHECK_OK(gp_model_build_placed(&c, devs, 2, bal, &pip));
-        float x[BATCH * 72], y[BATCH];
-        make_batch(&c, 0, x, y);
-        gp_step_stats st;
-        CHECK_OK(gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, &st));
-        loss[b] = st.loss;
-        int ne = 0;
-        const gp_event_rec *ev = NULL;
-        for (int j = 0; j < 2; j++) {
-            ev = gp_pipeline_events(pip.pipe, j, &ne);
-            for (int e = 0; ev && e < ne; e++) bytes[b] += (int64_t)ev[e].bytes;
-        }
-        gp_model_free(&pip);
+        two_stage_step(&c, &loss[b], &bytes[b]);
     }
     CHECK_MSG(loss[0] != loss[1] && fabs(loss[0] - loss[1]) < 1e-2 * fabs(loss[0]),
               "bf16 copies: loss %.9g against fp32 copies' %.9g: should differ, slightly",
@@ -392,25 +399,12 @@ static void bf16_storage_effect(void)
     size_t peak[2] = {0, 0};
     for (int b = 0; b < 2; b++) {
         gp_config c = make_cfg(true);
-        int bal[2];
-        gpt_split_even(c.model.n_layers, 2, bal);
-        c.pipeline.chunks = 2;
         c.train.activations = b ? GP_ACT_BF16 : GP_ACT_FP32;
         CHECK(gp_config_act_dtype(&c) == (b ? GP_BF16 : GP_F32) && !gp_config_bf16_copies(&c));
-        gp_model pip, one;
-        CHECK_OK(gp_model_build_placed(&c, devs, 2, bal, &pip));
+        two_stage_step(&c, &loss[b], &bytes[b]);
+        gp_model one;
         float x[BATCH * 72], y[BATCH];
         make_batch(&c, 0, x, y);
-        gp_step_stats st;
-        CHECK_OK(gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, &st));
-        loss[b] = st.loss;
-        int ne = 0;
-        const gp_event_rec *ev = NULL;
-        for (int j = 0; j < 2; j++) {
-            ev = gp_pipeline_events(pip.pipe, j, &ne);
-            for (int e = 0; ev && e < ne; e++) bytes[b] += (int64_t)ev[e].bytes;
-        }
-        gp_model_free(&pip);
         c.pipeline.chunks = 7;
         c.pipeline.checkpoint = GP_CKPT_NEVER;
         CHECK_OK(gp_model_build(&c, devs[0], &one));

@@ -606,6 +606,24 @@ static void test_resume(int devices, const char *ckpt, int replicas, const char 
     CHECK_MSG(system(a) != 0, "a resume without snapshots moved some aside");
 }
 
+/* For the resume tests: config `yaml` (in tmpdir) with --set arguments
+ * `sets` trained once to the end, its weights exported to tmpdir/`ref`,
+ * and once more with a snapshot every 5 steps (9 kept) in tmpdir/`dir`,
+ * emptied first. */
+static void reference_and_snapshots(const char *yaml, const char *sets, const char *ref,
+                                    const char *dir)
+{
+    char a[1024];
+    snprintf(a, sizeof a, "rm -rf %s/%s", tmpdir, dir);
+    CHECK(system(a) == 0);
+    snprintf(a, sizeof a, "%s/%s %s --export-weights %s/%s", tmpdir, yaml, sets, tmpdir, ref);
+    CHECK(train(a) == 0);
+    snprintf(a, sizeof a, "%s/%s %s --set train.snapshot.every_steps=5 "
+             "--set train.snapshot.keep=9 --set train.snapshot.dir=%s/%s", tmpdir, yaml, sets,
+             tmpdir, dir);
+    CHECK(train(a) == 0);
+}
+
 /* Activations stored in bf16 (train.activations): a snapshot holds the
  * FP32 masters (every tensor F32 or the I64 counters, nothing 16-bit),
  * and a run resumed from step 5 gives the uninterrupted run's weights bit
@@ -615,13 +633,7 @@ static void test_resume_bf16(void)
     char a[1024], p[400];
     make_config("b.yaml", "pipeline: {devices: 2, chunks: 4, checkpoint: always}\n");
     const char *bf = "--set train.activations=bf16";
-    snprintf(a, sizeof a, "rm -rf %s/b16s", tmpdir);
-    CHECK(system(a) == 0);
-    snprintf(a, sizeof a, "%s/b.yaml %s --export-weights %s/b.st", tmpdir, bf, tmpdir);
-    CHECK(train(a) == 0);
-    snprintf(a, sizeof a, "%s/b.yaml %s --set train.snapshot.every_steps=5 "
-             "--set train.snapshot.keep=9 --set train.snapshot.dir=%s/b16s", tmpdir, bf, tmpdir);
-    CHECK(train(a) == 0);
+    reference_and_snapshots("b.yaml", bf, "b.st", "b16s");
     snprintf(p, sizeof p, "%s/b16s/snapshot-000000005.safetensors", tmpdir);
     gp_st_file f;
     CHECK_OK(gp_st_read(p, &f));
@@ -709,13 +721,7 @@ static void test_resume_adam(void)
     char a[1024], p[400];
     make_config("w.yaml", "pipeline: {devices: 2, replicas: 2, chunks: 2}\n");
     const char *adamw = "--set 'train.optimizer={type: adamw, lr: 0.003, weight_decay: 0.01}'";
-    snprintf(a, sizeof a, "rm -rf %s/ws", tmpdir);
-    CHECK(system(a) == 0);
-    snprintf(a, sizeof a, "%s/w.yaml %s --export-weights %s/w.st", tmpdir, adamw, tmpdir);
-    CHECK(train(a) == 0);
-    snprintf(a, sizeof a, "%s/w.yaml %s --set train.snapshot.every_steps=5 "
-             "--set train.snapshot.keep=9 --set train.snapshot.dir=%s/ws", tmpdir, adamw, tmpdir);
-    CHECK(train(a) == 0);
+    reference_and_snapshots("w.yaml", adamw, "w.st", "ws");
     snprintf(p, sizeof p, "%s/ws/snapshot-000000005.safetensors", tmpdir);
     int m1 = tensors_named(p, "exp_avg."), m2 = tensors_named(p, "exp_avg_sq.");
     int mom = tensors_named(p, "momentum."), w = 0;
