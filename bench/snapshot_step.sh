@@ -23,7 +23,7 @@
 # other jobs' load does not change the way it changes wall-clock steps).
 # Benchmarks print; they never fail a build.
 set -uo pipefail
-if [ $# -lt 2 ]; then sed -n 2,26p "$0"; exit 2; fi
+if [ $# -lt 2 ]; then sed -n 2,24p "$0"; exit 2; fi
 a=$1 b=$2 rounds=${3:-2} batch=${4:-64} steps=${5:-14}
 py=/usr/bin/python3 # Debian's: the stdlib is all this needs
 tmp=$(mktemp -d)
