@@ -14,11 +14,16 @@
 # images of 224x224 (3 x 134 M per sample against 3 x 8 x 7.8 G), so the
 # copy weighs on it as it would on configs/resnet101.yaml's step.
 # Prints, per build, the median interval of a plain step, of the step that
-# takes a snapshot and of the step after it (which shares the machine with
-# a background writer), and the ratio snapshot / plain measured within the
-# same runs.  Benchmarks print; they never fail a build.
+# takes a snapshot (the first of a run, at step 4, apart: it allocates the
+# host buffers the later ones reuse) and of the step after it (which
+# shares the machine with a background writer), and the ratio snapshot /
+# plain measured within the same runs; per run, the load average when it
+# started and the CPU time it took (user + system, its own threads and the
+# kernel's work for them: what the snapshots cost the machine, which the
+# other jobs' load does not change the way it changes wall-clock steps).
+# Benchmarks print; they never fail a build.
 set -uo pipefail
-if [ $# -lt 2 ]; then sed -n 2,20p "$0"; exit 2; fi
+if [ $# -lt 2 ]; then sed -n 2,24p "$0"; exit 2; fi
 a=$1 b=$2 rounds=${3:-2} batch=${4:-64} steps=${5:-14}
 py=/usr/bin/python3 # Debian's: the stdlib is all this needs
 tmp=$(mktemp -d)
@@ -45,12 +50,16 @@ pipeline:
   chunks: 4
 EOF
 "$py" - "$a" "$b" "$rounds" "$tmp" <<'PY'
-import json, statistics, subprocess, sys, time
+import json, os, resource, statistics, subprocess, sys, time
 a, b, rounds, tmp = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-res = {"A": {"plain": [], "snap": [], "after": []}, "B": {"plain": [], "snap": [], "after": []}}
+res = {"A": {"plain": [], "first": [], "snap": [], "after": []},
+       "B": {"plain": [], "first": [], "snap": [], "after": []}}
+cpu = {"A": [], "B": []}
 for r in range(1, rounds + 1):
     for side, binary in (("A", a), ("B", b)):
         d = "%s/snaps-%s-%d" % (tmp, side, r)
+        load = os.getloadavg()[0]
+        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
         p = subprocess.Popen([binary, tmp + "/m.yaml", "-q", "--no-progress", "--metrics",
                               "/dev/stdout", "--set", "train.snapshot.dir=" + d],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -62,19 +71,25 @@ for r in range(1, rounds + 1):
         err = p.stderr.read()
         if p.wait() != 0:
             sys.exit("round %d %s: %s failed: %s" % (r, side, binary, err.strip()[-400:]))
+        ru2 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu[side].append(ru2.ru_utime - ru.ru_utime + ru2.ru_stime - ru.ru_stime)
         # interval s: from step s's record to step s+1's; s % 4 == 0 took a snapshot
         iv = {s: at[s + 1] - at[s] for s in at if s + 1 in at and s >= 2}
         for s, t in iv.items():
-            kind = "snap" if s % 4 == 0 else "after" if s % 4 == 1 else "plain"
+            kind = ("first" if s == 4 else "snap") if s % 4 == 0 else "after" if s % 4 == 1 else "plain"
             res[side][kind].append(t)
-        print("round %d %s: plain %s ms; snapshot steps %s ms" % (r, side,
+        print("round %d %s (load %.1f): %.1f s CPU; plain %s ms; snapshot steps %s ms" % (r, side,
+              load, cpu[side][-1],
               " ".join("%.0f" % (1000 * t) for s, t in sorted(iv.items()) if s % 4 in (2, 3)),
               " ".join("%.0f" % (1000 * t) for s, t in sorted(iv.items()) if s % 4 == 0)),
               flush=True)
 for side, binary in (("A", a), ("B", b)):
     m = {k: statistics.median(v) for k, v in res[side].items()}
-    print("%s (%s): plain step %.0f ms, step with a snapshot %.0f ms (%.2fx; +%.0f ms), "
-          "the step after it %.0f ms (%.2fx)" % (side, binary, 1000 * m["plain"], 1000 * m["snap"],
-          m["snap"] / m["plain"], 1000 * (m["snap"] - m["plain"]), 1000 * m["after"],
+    print("%s (%s): plain step %.0f ms, step with a snapshot %.0f ms (%.2fx; +%.0f ms; the "
+          "first of a run %.2fx), the step after it %.0f ms (%.2fx)" % (side, binary,
+          1000 * m["plain"], 1000 * m["snap"], m["snap"] / m["plain"],
+          1000 * (m["snap"] - m["plain"]), m["first"] / m["plain"], 1000 * m["after"],
           m["after"] / m["plain"]))
+print("CPU per run (user + system, median): A %.1f s, B %.1f s" % (statistics.median(cpu["A"]),
+      statistics.median(cpu["B"])))
 PY

@@ -28,18 +28,24 @@
  *   - resuming an older snapshot moves the later ones to abandoned-<time>/
  *     byte for byte, and --resume latest then goes on with the resumed
  *     run's own snapshots;
+ *   - a file of more than 8 MiB (a snapshot's size) is written around the
+ *     page cache (O_DIRECT) where the file system takes it: byte for byte
+ *     the in-memory serialisation, and none of it left in the page cache;
  *   - the built-in ResNet against a state dict with torchgpipe's exact
  *     keys (written here from its model's structure): loaded strictly,
  *     exported back to the same keys and values; gpipe's earlier names of
  *     the projection shortcut (without "module.") still load and resume.
  */
+#define _GNU_SOURCE /* O_DIRECT, mincore */
 #include "core/core.h"
 #include "core/json.h"
 #include "train/snapshot.h"
 #include "test_util.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -1590,6 +1596,93 @@ static void test_header_checksum(void)
     free(img);
 }
 
+/* Whether the file system of dir takes an O_DIRECT write (tmpfs before
+ * Linux 6.6 does not, for one): a probe file. */
+static bool takes_direct(const char *dir)
+{
+    char p[400];
+    snprintf(p, sizeof p, "%s/direct-probe", dir);
+    int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644);
+    bool ok = false;
+    void *b = aligned_alloc(4096, 4096);
+    if (fd >= 0 && b) {
+        memset(b, 0, 4096);
+        ok = pwrite(fd, b, 4096, 0) == 4096;
+    }
+    if (fd >= 0) close(fd);
+    free(b);
+    unlink(p);
+    return ok;
+}
+
+/* A snapshot-sized file (over 8 MiB of data, tensors and header of
+ * unaligned lengths, so chunks and the padded last block cut through
+ * them) is written as gp_st_serialize lays it out, and, where the file
+ * system takes O_DIRECT, around the page cache: its pages are not cached
+ * after the write (a write through stdio leaves them all there). */
+static void test_large_write_direct(void)
+{
+    gp_st_writer w = {0};
+    static const int64_t sizes[3] = {1000003, 1500001, 77}; /* floats: ~10 MB */
+    uint32_t x = 12345;
+    for (int t = 0; t < 3; t++) {
+        float *v = malloc((size_t)sizes[t] * sizeof *v);
+        for (int64_t k = 0; k < sizes[t]; k++) {
+            x = x * 1664525u + 1013904223u;
+            v[k] = (float)(x >> 8) / (float)(1u << 24) - 0.5f;
+        }
+        char name[32];
+        snprintf(name, sizeof name, "layer%d.weight", t);
+        CHECK_OK(gp_st_writer_add(&w, name, GP_ST_F32, 1, &sizes[t], v,
+                                  (size_t)sizes[t] * sizeof *v));
+        free(v);
+    }
+    int64_t steps = 7;
+    CHECK_OK(gp_st_writer_add(&w, "layer0.num_batches_tracked", GP_ST_I64, 0, NULL, &steps,
+                              sizeof steps));
+    CHECK_OK(gp_st_writer_meta(&w, "gpipe.step", "123"));
+    char path[400];
+    snprintf(path, sizeof path, "%s/large.safetensors", tmpdir);
+    CHECK_OK(gp_st_write_atomic(&w, path));
+    /* the page cache first: reading the file below brings it in */
+    bool direct = takes_direct(tmpdir);
+    int fd = open(path, O_RDONLY);
+    struct stat st;
+    CHECK(fd >= 0 && fstat(fd, &st) == 0);
+    if (fd >= 0 && direct) {
+        size_t pages = ((size_t)st.st_size + 4095) / 4096, cached = 0;
+        void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+        unsigned char *vec = malloc(pages);
+        CHECK(map != MAP_FAILED && vec && mincore(map, (size_t)st.st_size, vec) == 0);
+        for (size_t k = 0; vec && k < pages; k++) cached += vec[k] & 1;
+        CHECK_MSG(cached <= pages / 10, "%zu of the %zu pages of %s in the page cache after an "
+                  "O_DIRECT write", cached, pages, path);
+        if (map != MAP_FAILED) munmap(map, (size_t)st.st_size);
+        free(vec);
+    } else if (fd >= 0) {
+        printf("large write: %s takes no O_DIRECT; written through the page cache "
+               "(contents checked, the cache not)\n", tmpdir);
+    }
+    if (fd >= 0) close(fd);
+    uint8_t *img;
+    size_t n, len = 0;
+    CHECK_OK(gp_st_serialize(&w, &img, &n));
+    uint8_t *file = (uint8_t *)gpt_read_file(path, &len);
+    CHECK_MSG(file && len == n && !memcmp(file, img, n), "%s: %zu bytes, not the %zu of its "
+              "serialisation%s", path, len, n, file && len == n ? " (same length)" : "");
+    gp_st_file f;
+    if (file && gp_st_parse(path, file, len, &f) == GP_OK) {
+        CHECK_OK(gp_st_verify(&f, true));
+        gp_st_free(&f);
+    } else {
+        CHECK_MSG(0, "%s does not parse: %s", path, gp_last_error());
+    }
+    free(file);
+    free(img);
+    gp_st_writer_free(&w);
+    unlink(path);
+}
+
 static void test_module_names(void)
 {
     static const struct {
@@ -2060,6 +2153,7 @@ int main(void)
         test_torchgpipe_resnet();
     }
     test_header_checksum();
+    test_large_write_direct();
     if (access(bin, X_OK) == 0) {
         test_damage();
         test_bad_values();
