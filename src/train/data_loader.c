@@ -364,8 +364,8 @@ gp_status gp_loader_create(const gp_dataset *ds, const gp_data_config *cfg,
     ld->hflip = cfg ? cfg->hflip : false;
     ld->skip_bad = cfg ? cfg->skip_bad_files : false;
     if (ld->normalize) gp_data_norm(cfg, ds->c, ld->mean, ld->std);
-    /* tokens: T next-token targets per sample */
     ld->per = ds->c * ds->h * ds->w;
+    /* tokens: the next token of each of the T positions */
     ld->targets = ds->tokens ? ds->c : opts->masks ? ds->h * ds->w : 1;
     ld->batches = batches;
     ld->next_epoch = opts->start_epoch;
