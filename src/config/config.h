@@ -27,7 +27,8 @@
 #define GP_MAX_CHANNELS 4
 
 typedef enum { GP_DATASET_SYNTHETIC = 0, GP_DATASET_MNIST, GP_DATASET_FASHION_MNIST,
-               GP_DATASET_CIFAR10, GP_DATASET_IMAGE_FOLDER } gp_dataset_kind;
+               GP_DATASET_CIFAR10, GP_DATASET_IMAGE_FOLDER,
+               GP_DATASET_TOKENS /* llm.c token files (data.h) */ } gp_dataset_kind;
 typedef enum { GP_LAYOUT_CLASSIFICATION = 0, GP_LAYOUT_SEGMENTATION } gp_data_layout;
 typedef enum { GP_SCHED_CONSTANT = 0, GP_SCHED_STEP, GP_SCHED_COSINE } gp_sched_kind;
 typedef enum { GP_LR_SCALING_NONE = 0, GP_LR_SCALING_LINEAR } gp_lr_scaling;

@@ -9,7 +9,7 @@
 #include <string.h>
 
 static const char *const k_dataset_names[] = {"synthetic", "mnist", "fashion-mnist",
-                                              "cifar10", "image_folder"};
+                                              "cifar10", "image_folder", "tokens"};
 static const char *const k_layouts[] = {"classification", "segmentation"};
 static const char *const k_mask_kinds[] = {"binary", "index"};
 static const char *const k_bad_file[] = {"error", "skip"};
@@ -27,6 +27,7 @@ static const char *default_path(gp_dataset_kind k)
     case GP_DATASET_CIFAR10: return "data/cifar-10-batches-bin";
     case GP_DATASET_SYNTHETIC: return "";
     case GP_DATASET_IMAGE_FOLDER: return "";
+    case GP_DATASET_TOKENS: return "";
     }
     return "";
 }
@@ -143,13 +144,23 @@ gp_status gp_cfg_parse_data(gp_cfg_walk *w, const gp_ynode *root, const gp_model
     if (folder && !dc->path[0])
         return gp_cfg_bad(w, m, "data.dataset image_folder needs data.path: the folder that "
                           "holds train/ and val/");
+    if (dc->dataset == GP_DATASET_TOKENS && !dc->path[0])
+        return gp_cfg_bad(w, m, "data.dataset tokens needs data.path: the folder that holds "
+                          "<name>_train.bin and <name>_val.bin (scripts/tokenize.py writes "
+                          "them), or the _train.bin file itself");
+    if (dc->dataset == GP_DATASET_TOKENS && (mc->input[1] != 1 || mc->input[2] != 1))
+        return gp_cfg_bad(w, gp_ymap_get(gp_ymap_get(root, "model"), "input"),
+                          "data.dataset tokens serves windows of T tokens: model.input must "
+                          "be [T] (the sequence length), got [%lld, %lld, %lld]",
+                          (long long)mc->input[0], (long long)mc->input[1],
+                          (long long)mc->input[2]);
     GP_TRY(gp_cfg_get_bool(w, m, "data", "shuffle", true, &dc->shuffle));
     GP_TRY(gp_cfg_get_bool(w, m, "data", "normalize", true, &dc->normalize));
 
     const gp_ynode *mean = gp_ymap_get(m, "mean"), *sd = gp_ymap_get(m, "std");
     if (gp_cfg_absent(mean) && gp_cfg_absent(sd)) {
         dc->n_mean = 0;
-        if (dc->normalize)
+        if (dc->normalize && dc->dataset != GP_DATASET_TOKENS) /* (tokens are ids) */
             gp_cfg_note(w, "data.mean, data.std = statistics of %s (default)",
                         gp_dataset_name(dc->dataset));
     } else if (gp_cfg_absent(mean) || gp_cfg_absent(sd)) {

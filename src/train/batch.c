@@ -39,6 +39,17 @@ void gp_data_assemble(const gp_dataset *ds, int64_t first, int64_t n, bool norma
                       const float *mean, const float *std, bool masks, float *x, float *y)
 {
     GP_ASSERT(!masks || ds->masks);
+    if (ds->tokens) { /* window k: input tokens k (T + 1) + t, targets the next */
+        int64_t T = ds->c;
+        for (int64_t i = 0; i < n; i++) {
+            const uint16_t *t = ds->tokens + (first + i) * (T + 1);
+            for (int64_t p = 0; p < T; p++) {
+                x[i * T + p] = (float)t[p];
+                y[i * T + p] = (float)t[p + 1];
+            }
+        }
+        return;
+    }
     int64_t hw = ds->h * ds->w, per = ds->c * hw;
     for (int64_t i = 0; i < n; i++) {
         const uint8_t *src = ds->images + (first + i) * per;

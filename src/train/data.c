@@ -38,6 +38,7 @@ static const char *dataset_kind_name(gp_dataset_kind k)
     case GP_DATASET_FASHION_MNIST: return "fashion-mnist";
     case GP_DATASET_CIFAR10: return "cifar10";
     case GP_DATASET_IMAGE_FOLDER: return "image_folder";
+    case GP_DATASET_TOKENS: return "tokens";
     }
     return "unknown";
 }
@@ -69,6 +70,7 @@ void gp_dataset_free(gp_dataset *ds)
     free(ds->images);
     free(ds->labels);
     free(ds->masks);
+    free(ds->tokens);
     memset(ds, 0, sizeof *ds);
 }
 
@@ -725,6 +727,12 @@ gp_status gp_dataset_locate(const gp_data_config *cfg, char *where, size_t len)
                  cfg->path);
         return GP_OK;
     }
+    case GP_DATASET_TOKENS: {
+        char train[1024], val[1024];
+        GP_TRY(gp_tokens_files(cfg->path, train, val));
+        snprintf(where, len, "tokens, %.500s and %.500s", train, val);
+        return GP_OK;
+    }
     }
     return gp_error_set(GP_ERR_INVALID, "unknown dataset kind %d", (int)cfg->dataset);
 }
@@ -800,6 +808,20 @@ gp_status gp_dataset_load(const gp_data_config *cfg, bool train_split, uint64_t 
         snprintf(ds.source, sizeof ds.source, "%.480s", gp_image_folder_dir(ds.folder));
         GP_DEBUG("%s: %lld images, %d classes (index %s)", ds.source, (long long)ds.n,
                  ds.classes, cached ? "from its cache" : "listed and cached");
+        *out = ds;
+        return GP_OK;
+    }
+    case GP_DATASET_TOKENS: {
+        /* model.input is [T] (config_data.c checks it); windows of T + 1 */
+        char paths[2][1024];
+        s = gp_tokens_files(cfg->path, paths[0], paths[1]);
+        if (s == GP_OK) s = gp_tokens_read(paths[train_split ? 0 : 1], cfg->image_shape[0], &ds);
+        if (s == GP_OK && limit > 0 && limit < ds.n) ds.n = limit; /* the first windows */
+        if (s != GP_OK) break;
+        char src[sizeof ds.source];
+        memcpy(src, ds.source, sizeof src);
+        snprintf(ds.source, sizeof ds.source, "tokens %s split (%.400s)",
+                 train_split ? "train" : "validation", src);
         *out = ds;
         return GP_OK;
     }

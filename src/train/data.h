@@ -9,7 +9,8 @@
  * Readers: MNIST / Fashion-MNIST IDX files (gzip through zlib, or raw: both
  * "x-idx3-ubyte" and "x-idx3-ubyte.gz" are tried), CIFAR-10 binary batches
  * (data_batch_1..5.bin, test_batch.bin), and a synthetic, learnable dataset
- * made from the seed, with learnable masks when asked (gp_data_make_masks).  A corrupt or truncated file gives GP_ERR_DATA with a
+ * made from the seed, with learnable masks when asked (gp_data_make_masks),
+ * and llm.c's token files (data.dataset: tokens, below).  A corrupt or truncated file gives GP_ERR_DATA with a
  * message naming the file and what was wrong (bad magic, wrong dimensions,
  * short read at byte N, label out of range); a missing one GP_ERR_IO with the
  * path tried and how to get the data.
@@ -48,6 +49,15 @@ typedef struct gp_dataset {
      * (images, labels and masks are NULL; c, h, w the crop's shape);
      * owned.  Its bad-file marks are the one mutable part of a dataset. */
     gp_image_folder *folder;
+    /* data.dataset: tokens: the split's token stream (n_tokens), owned;
+     * NULL otherwise.  Sample k is the window tokens[k (T + 1) ..
+     * k (T + 1) + T] (T = c, h = w = 1): input its first T tokens, targets
+     * the T after each; n = n_tokens / (T + 1) windows, so an epoch reads
+     * every token once (the remainder of the last window, fewer than T + 1
+     * tokens, never).  images and labels are NULL; classes is the largest
+     * token id + 1. */
+    uint16_t *tokens;
+    int64_t n_tokens;
 } gp_dataset;
 
 /* Per-pixel targets: an in-memory mask array, or a segmentation folder. */
@@ -69,6 +79,21 @@ gp_status gp_dataset_locate(const gp_data_config *cfg, char *where, size_t len);
 gp_status gp_idx_read_images(const char *path, gp_dataset *ds);
 gp_status gp_idx_read_labels(const char *path, gp_dataset *ds);
 gp_status gp_cifar10_read(const char *const *paths, int n_paths, gp_dataset *ds);
+/* An llm.c token file: a header of 256 little-endian int32 (magic
+ * GP_TOKENS_MAGIC, version GP_TOKENS_VERSION, token count, the rest 0),
+ * then that many little-endian uint16 tokens; read whole into ds->tokens
+ * and cut into windows of seq_len + 1.  A bad magic or version, a short
+ * header, a count that disagrees with the file's size either way, or fewer
+ * tokens than one window is GP_ERR_DATA naming the file and what to do. */
+#define GP_TOKENS_MAGIC 20240520
+#define GP_TOKENS_VERSION 1
+#define GP_TOKENS_HEADER 256 /* int32 words */
+gp_status gp_tokens_read(const char *path, int64_t seq_len, gp_dataset *ds);
+/* The split files data.path names (data.dataset: tokens): a folder holding
+ * exactly one <name>_train.bin (or train.bin) and one <name>_val.bin (or
+ * val.bin), or a file <name>_train.bin whose <name>_val.bin lies beside it.
+ * GP_ERR_IO naming what is missing or ambiguous. */
+gp_status gp_tokens_files(const char *path, char train[1024], char val[1024]);
 gp_status gp_synthetic_make(int64_t n, int classes, int64_t c, int64_t h,
                             int64_t w, uint64_t seed, gp_dataset *ds);
 /* Segmentation targets made from the images (data.synthetic.masks): pixel
@@ -148,7 +173,8 @@ int gp_data_workers(const gp_config *cfg);
 typedef struct gp_batch {
     float *x;           /* (n, c, h, w) normalised, owned by the loader */
     float *y;           /* (n) class ids as floats, or with masks (n, h, w)
-                           targets 0 / 1; owned by the loader */
+                           targets 0 / 1, or for tokens (n, T) the next
+                           token of each position; owned by the loader */
     int64_t n;          /* samples in this batch (the last may be short) */
     int64_t epoch;      /* 0-based */
     int64_t index;      /* batch index within the epoch */

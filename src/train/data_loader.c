@@ -137,6 +137,10 @@ static gp_status fill_sample(gp_loader *ld, loader_worker *wk, loader_slot *sl, 
     int64_t src = sl->src[i], pos = sl->first + i, epoch = sl->epoch;
     float *x = sl->x + i * ld->per, *y = sl->y + i * ld->targets;
     bool masks = ld->opts.masks;
+    if (ds->tokens) { /* no normalisation or augmentation: ids as floats */
+        gp_data_assemble(ds, src, 1, false, NULL, NULL, false, x, y);
+        return GP_OK;
+    }
     if (ds->folder && ld->opts.labels_only && !gp_image_folder_segmentation(ds->folder)) {
         y[0] = (float)gp_image_folder_label(ds->folder, src);
         return GP_OK;
@@ -305,7 +309,7 @@ int64_t gp_loader_batches_per_epoch(const gp_loader *ld) { return ld->batches; }
 static gp_status loader_check(const gp_dataset *ds, const gp_data_config *cfg,
                               const gp_loader_opts *opts, int64_t *batches_out)
 {
-    if (!ds || (!ds->folder && (!ds->images || !ds->labels)) || ds->n < 1)
+    if (!ds || (!ds->folder && !ds->tokens && (!ds->images || !ds->labels)) || ds->n < 1)
         return gp_error_set(GP_ERR_INVALID, "loader: the dataset is empty");
     if (opts->batch_size < 1)
         return gp_error_set(GP_ERR_INVALID, "loader: batch size %lld must be >= 1",
@@ -321,6 +325,9 @@ static gp_status loader_check(const gp_dataset *ds, const gp_data_config *cfg,
                                             "out of range (%lld batches per epoch)",
                             (long long)opts->start_epoch, (long long)opts->start_batch,
                             (long long)batches);
+    if (opts->masks && ds->tokens)
+        return gp_error_set(GP_ERR_INVALID, "loader: %s holds tokens, whose targets are the "
+                            "next tokens, not masks", ds->source);
     if (opts->masks && !gp_dataset_has_masks(ds))
         return gp_error_set(GP_ERR_INVALID, "loader: masks are asked for but %s has none "
                             "(an image folder has them with data.layout: segmentation, "
@@ -330,7 +337,7 @@ static gp_status loader_check(const gp_dataset *ds, const gp_data_config *cfg,
                             "model.loss: bce_with_logits; set it", ds->source);
     /* more channels than a per-channel list can hold (a flat input is F
      * channels of 1 x 1): one mean and std for all of them, or none */
-    if (ds->c > GP_MAX_CHANNELS && cfg && cfg->normalize && cfg->n_mean > 1)
+    if (ds->c > GP_MAX_CHANNELS && !ds->tokens && cfg && cfg->normalize && cfg->n_mean > 1)
         return gp_error_set(GP_ERR_INVALID, "%s has %lld channels, more than data.mean and "
                             "data.std can list (%d); give one value of each for all channels, "
                             "or data.normalize: false", ds->source, (long long)ds->c,
@@ -352,13 +359,14 @@ gp_status gp_loader_create(const gp_dataset *ds, const gp_data_config *cfg,
     ld->ds = ds;
     ld->opts = *opts;
     if (ld->opts.prefetch < 1) ld->opts.prefetch = cfg && cfg->prefetch > 0 ? cfg->prefetch : 2;
-    ld->normalize = cfg ? cfg->normalize : false;
+    ld->normalize = cfg && !ds->tokens ? cfg->normalize : false;
     ld->crop_padding = cfg && cfg->crop_padding > 0 ? cfg->crop_padding : 0;
     ld->hflip = cfg ? cfg->hflip : false;
     ld->skip_bad = cfg ? cfg->skip_bad_files : false;
     if (ld->normalize) gp_data_norm(cfg, ds->c, ld->mean, ld->std);
     ld->per = ds->c * ds->h * ds->w;
-    ld->targets = opts->masks ? ds->h * ds->w : 1;
+    /* tokens: the next token of each of the T positions */
+    ld->targets = ds->tokens ? ds->c : opts->masks ? ds->h * ds->w : 1;
     ld->batches = batches;
     ld->next_epoch = opts->start_epoch;
     ld->next_index = opts->start_batch;

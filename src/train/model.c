@@ -925,7 +925,7 @@ static gp_status evaluate_at(gp_model *m, const gp_config *cfg, const eval_sourc
     bool masks = ds && m->loss == GP_LOSS_BCE_WITH_LOGITS && gp_dataset_has_masks(ds);
     eval_run e = {.m = m, .cfg = cfg, .src = src, .bs = bs, .masks = masks,
                   .per = ds ? ds->c * ds->h * ds->w : gp_shape_numel(&m->input),
-                  .tps = !ds ? m->targets : masks ? ds->h * ds->w : 1,
+                  .tps = !ds ? m->targets : masks ? ds->h * ds->w : ds->tokens ? ds->c : 1,
                   .total = ds ? ds->n : src->n, .bf16 = gp_config_bf16_copies(cfg),
                   .procs = m->local_device >= 0};
     GP_TRY(eval_alloc(&e));

@@ -210,6 +210,15 @@ static gp_status check_targets(const gp_config *cfg, const gp_dataset *ds)
     int64_t targets = gp_loss_targets_per_sample(loss, &out);
     char b[64];
     gp_shape_str(&out, b, sizeof b);
+    if (ds->tokens) { /* (n, T) next tokens: one target per position */
+        if (targets == ds->c) return GP_OK;
+        return gp_error_set(GP_ERR_INVALID, "%s: data.dataset tokens gives %lld next-token "
+                            "targets per sample (one per position of model.input [%lld]), but "
+                            "model.loss %s on the model's output %s takes %lld; end the model "
+                            "with logits for every position, (T, vocabulary) per sample",
+                            cfg->path, (long long)ds->c, (long long)ds->c, gp_loss_name(loss),
+                            b, (long long)targets);
+    }
     if (loss == GP_LOSS_CROSS_ENTROPY) {
         if (out.ndim != 2 || out.dims[1] >= ds->classes) return GP_OK;
         const gp_model_config *mc = &cfg->model;
@@ -348,6 +357,7 @@ static uint64_t sample_hash(const gp_dataset *ds, int64_t i)
     }
     size_t px = (size_t)(ds->c * ds->h * ds->w), hw = (size_t)(ds->h * ds->w);
     if (ds->images) h = fnv1a(h, ds->images + (size_t)i * px, px);
+    if (ds->tokens) h = fnv1a(h, ds->tokens + (size_t)i * (px + 1), 2 * (px + 1)); /* its window */
     if (ds->masks) h = fnv1a(h, ds->masks + (size_t)i * hw, hw);
     return h;
 }

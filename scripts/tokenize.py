@@ -1,0 +1,206 @@
+#!/usr/bin/python3
+"""tokenize.py — text files into llm.c's token files, the data of
+gpipe-train's `data.dataset: tokens`, and back.
+
+  scripts/tokenize.py encode -o DIR [--name NAME] [--val FRACTION]
+                      [--encoding bytes|gpt2] TEXT...
+      writes DIR/NAME_train.bin and DIR/NAME_val.bin: the texts joined in
+      the order given, as tokens; the last FRACTION of the tokens (default
+      0.1) is the validation split, the rest the training split.
+  scripts/tokenize.py decode [--encoding bytes|gpt2] FILE.bin
+      writes the file's tokens as text to stdout.
+  scripts/tokenize.py encodings
+      says which encodings this machine has.
+
+A token file is a header of 256 little-endian int32 (magic 20240520,
+version 1, the token count, the rest 0), then the tokens as little-endian
+uint16: what llm.c's dev/data scripts write and train_gpt2 reads.
+
+Encodings: `bytes` (the default) is byte-level, a vocabulary of 256: each
+byte of the file is a token, so any file encodes and decode(encode(f)) is
+f exactly; nothing to download.  `gpt2` is GPT-2's BPE (50257 tokens)
+through tiktoken, only where tiktoken is installed and its GPT-2 files are
+already in its cache (TIKTOKEN_CACHE_DIR): this script never downloads, and
+says so when they are missing.  Like llm.c, gpt2 puts <|endoftext|> (50256)
+before each file.
+
+A corpus every Debian machine has: the licence texts of base-files,
+    scripts/tokenize.py encode -o data/licenses --name licenses \\
+        /usr/share/common-licenses/*
+(303 kB of English: 303,076 byte tokens, 10% of them for validation).
+
+Errors are one line on stderr naming the file or option, exit 2.
+Runs with Debian's /usr/bin/python3; tiktoken is optional.
+"""
+import os
+import struct
+import sys
+
+# This file's name is the standard library's tokenize, which linecache and
+# traceback import: with this folder first on the path they would import
+# this script in its place.  The library's is imported first, from the path
+# without this folder; then the folder comes back for gp_script_common.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_PATH = sys.path[:]
+sys.path[:] = [d for d in sys.path if os.path.abspath(d or ".") != _HERE]
+import tokenize  # noqa: E402,F401
+import traceback  # noqa: E402,F401
+sys.path[:] = [_HERE] + _PATH
+from gp_script_common import ScriptError, parser_raising, run_cli  # noqa: E402
+
+MAGIC = 20240520
+VERSION = 1
+HEADER_WORDS = 256
+GPT2_EOT = 50256
+
+
+class TokError(ScriptError):
+    pass
+
+
+def gpt2_encoding():
+    """tiktoken's GPT-2 encoding from its cache, or a TokError saying why
+    not; tiktoken's downloader is replaced by a refusal first."""
+    try:
+        import tiktoken
+        import tiktoken.load
+    except ImportError:
+        raise TokError("--encoding gpt2", "tiktoken is not installed (pip install tiktoken, "
+                       "and put its GPT-2 files in TIKTOKEN_CACHE_DIR); use --encoding bytes")
+
+    def refuse(blobpath):
+        raise TokError("--encoding gpt2", "tiktoken's GPT-2 file %s is not in its cache "
+                       "(TIKTOKEN_CACHE_DIR=%s) and this script does not download; copy the "
+                       "cache from a machine that has it, or use --encoding bytes"
+                       % (blobpath, os.environ.get("TIKTOKEN_CACHE_DIR", "unset")))
+    tiktoken.load.read_file = refuse
+    return tiktoken.get_encoding("gpt2")
+
+
+def read_input(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except IsADirectoryError:
+        raise TokError(path, "is a directory; name the text files in it")
+    except OSError as e:
+        raise TokError(path, "cannot read: %s" % (e.strerror or e))
+
+
+def encode_files(paths, encoding):
+    toks = []
+    enc = gpt2_encoding() if encoding == "gpt2" else None
+    for p in paths:
+        data = read_input(p)
+        if enc is None:
+            toks.extend(data)
+            continue
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise TokError(p, "not UTF-8 at byte %d (GPT-2's BPE takes text); use --encoding "
+                           "bytes for any file" % e.start)
+        toks.append(GPT2_EOT)
+        toks.extend(enc.encode_ordinary(text))
+    return toks
+
+
+def write_tokens(path, toks):
+    header = [0] * HEADER_WORDS
+    header[0], header[1], header[2] = MAGIC, VERSION, len(toks)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<%di" % HEADER_WORDS, *header))
+        f.write(struct.pack("<%dH" % len(toks), *toks))
+
+
+def read_tokens(path):
+    """The tokens of a token file, checked as gpipe's reader checks it."""
+    data = read_input(path)
+    if len(data) < 4 * HEADER_WORDS:
+        raise TokError(path, "truncated header: %d of %d bytes" % (len(data), 4 * HEADER_WORDS))
+    magic, version, n = struct.unpack_from("<3i", data)
+    if magic != MAGIC:
+        raise TokError(path, "bad magic %d, expected %d: not a token file" % (magic, MAGIC))
+    if version != VERSION:
+        raise TokError(path, "version %d, this script reads version %d" % (version, VERSION))
+    want = 4 * HEADER_WORDS + 2 * n
+    if n < 0 or len(data) != want:
+        raise TokError(path, "its header counts %d tokens (%d bytes with the header) but the "
+                       "file has %d bytes" % (n, want, len(data)))
+    return list(struct.unpack_from("<%dH" % n, data, 4 * HEADER_WORDS))
+
+
+def decode_tokens(toks, encoding, path):
+    if encoding == "gpt2":
+        enc = gpt2_encoding()
+        return enc.decode([t for t in toks if t != GPT2_EOT]).encode("utf-8")
+    bad = [t for t in toks if t > 255]
+    if bad:
+        raise TokError(path, "token %d is not a byte: the file is not byte-level (try "
+                       "--encoding gpt2)" % bad[0])
+    return bytes(toks)
+
+
+def cmd_encode(a):
+    if not 0 < a.val < 1:
+        raise TokError("--val", "%g must be between 0 and 1 (the validation fraction)" % a.val)
+    if "/" in a.name:
+        raise TokError("--name", "'%s' names a file in -o's folder; no '/'" % a.name)
+    toks = encode_files(a.text, a.encoding)
+    n_val = int(round(len(toks) * a.val))
+    if n_val < 1 or n_val >= len(toks):
+        raise TokError(None, "%d tokens in all: too few to split %g of them off for "
+                       "validation; give more text" % (len(toks), a.val))
+    try:
+        os.makedirs(a.output, exist_ok=True)
+    except OSError as e:
+        raise TokError(a.output, "cannot make the output folder: %s" % (e.strerror or e))
+    train = os.path.join(a.output, "%s_train.bin" % a.name)
+    val = os.path.join(a.output, "%s_val.bin" % a.name)
+    cut = len(toks) - n_val
+    for path, part in ((train, toks[:cut]), (val, toks[cut:])):
+        try:
+            write_tokens(path, part)
+        except OSError as e:
+            raise TokError(path, "cannot write: %s" % (e.strerror or e))
+    print("%s: %d tokens, %s: %d tokens (%s, largest id %d)"
+          % (train, cut, val, n_val, a.encoding, max(toks)))
+    return 0
+
+
+def cmd_decode(a):
+    out = decode_tokens(read_tokens(a.file), a.encoding, a.file)
+    sys.stdout.buffer.write(out)
+    return 0
+
+
+def cmd_encodings(a):
+    print("bytes: yes (byte-level, 256 tokens)")
+    try:
+        gpt2_encoding()
+        print("gpt2: yes (tiktoken, cached)")
+    except TokError as e:
+        print("gpt2: no: %s" % e.problem)
+    return 0
+
+
+def main(argv=None):
+    p = parser_raising(TokError)(prog="tokenize.py", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("encode", help="text files -> NAME_train.bin and NAME_val.bin")
+    e.add_argument("text", nargs="+", help="text files, joined in this order")
+    e.add_argument("-o", "--output", required=True, help="the folder to write the splits in")
+    e.add_argument("--name", default="tokens", help="file name prefix (default tokens)")
+    e.add_argument("--val", type=float, default=0.1,
+                   help="the fraction of the tokens, from the end, for validation (0.1)")
+    e.add_argument("--encoding", choices=("bytes", "gpt2"), default="bytes")
+    d = sub.add_parser("decode", help="a token file -> text on stdout")
+    d.add_argument("file")
+    d.add_argument("--encoding", choices=("bytes", "gpt2"), default="bytes")
+    sub.add_parser("encodings", help="which encodings this machine has")
+    a = p.parse_args(argv)
+    return {"encode": cmd_encode, "decode": cmd_decode, "encodings": cmd_encodings}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli("tokenize.py", main))

@@ -1,0 +1,186 @@
+/*
+ * tokens.c — data.dataset: tokens, llm.c's token files: a header of 256
+ * little-endian int32 (magic 20240520, version 1, token count), then the
+ * tokens as little-endian uint16 (GPT-2's 50257 ids, or bytes).
+ * scripts/tokenize.py writes them from text.
+ *
+ * A split is read whole with stdio, as the other in-memory readers do: a
+ * tiny corpus is a few MB and GPT-2's fineweb shards 200 MB, so the copy
+ * costs little, and a file that changes under a run cannot change what it
+ * trains on.  The header is checked against the file's size before the
+ * tokens are allocated, so a corrupt count cannot ask for unbounded memory.
+ *
+ * Memory: the dataset owns its tokens (gp_dataset_free).  On failure the
+ * output is left unchanged.
+ */
+#include "train/data.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define TOKENS_WHAT "write it again with scripts/tokenize.py (or llm.c's data scripts)"
+
+static int32_t le32(const unsigned char *b)
+{
+    return (int32_t)((uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
+                     (uint32_t)b[3] << 24);
+}
+
+/* The header's checks, given the file's size in bytes: *count the tokens. */
+static gp_status tokens_header(const char *path, const unsigned char *hdr, int64_t got,
+                               int64_t size, int64_t seq_len, int64_t *count)
+{
+    const int64_t hb = 4 * GP_TOKENS_HEADER;
+    if (got >= 4 && le32(hdr) != GP_TOKENS_MAGIC)
+        return gp_error_set(GP_ERR_DATA, "%s: bad magic %d, expected %d: not an llm.c token "
+                            "file (a header of 256 int32, then uint16 tokens); %s", path,
+                            le32(hdr), GP_TOKENS_MAGIC, TOKENS_WHAT);
+    if (got < hb)
+        return gp_error_set(GP_ERR_DATA, "%s: truncated header: %lld of %lld bytes; %s", path,
+                            (long long)got, (long long)hb, TOKENS_WHAT);
+    int32_t version = le32(hdr + 4), n = le32(hdr + 8);
+    if (version != GP_TOKENS_VERSION)
+        return gp_error_set(GP_ERR_DATA, "%s: version %d, this reader takes version %d (uint16 "
+                            "tokens: GPT-2's vocabulary or bytes; llm.c's version 2 holds "
+                            "uint32 LLaMA-3 tokens); %s", path, version, GP_TOKENS_VERSION,
+                            TOKENS_WHAT);
+    if (n < 0)
+        return gp_error_set(GP_ERR_DATA, "%s: the header's token count is %d, negative; the "
+                            "file is damaged: %s", path, n, TOKENS_WHAT);
+    int64_t want = hb + 2 * (int64_t)n;
+    if (size < want)
+        return gp_error_set(GP_ERR_DATA, "%s: truncated: its header counts %d tokens (%lld "
+                            "bytes with the header) but the file has %lld bytes; %s", path, n,
+                            (long long)want, (long long)size, TOKENS_WHAT);
+    if (size > want)
+        return gp_error_set(GP_ERR_DATA, "%s: the file goes on after the %d tokens its header "
+                            "counts (%lld bytes with the header, the file has %lld): the count "
+                            "does not match the data; is the file damaged or two files joined? "
+                            "%s", path, n, (long long)want, (long long)size, TOKENS_WHAT);
+    if ((int64_t)n < seq_len + 1)
+        return gp_error_set(GP_ERR_DATA, "%s: %d tokens, fewer than one window of model.input "
+                            "+ 1 = %lld; give a shorter sequence (model.input: [T]) or more "
+                            "text", path, n, (long long)(seq_len + 1));
+    *count = n;
+    return GP_OK;
+}
+
+gp_status gp_tokens_read(const char *path, int64_t seq_len, gp_dataset *ds)
+{
+    if (seq_len < 1)
+        return gp_error_set(GP_ERR_INVALID, "%s: sequence length %lld must be >= 1", path,
+                            (long long)seq_len);
+    FILE *f = gp_fopen_regular(path);
+    if (!f)
+        return gp_error_set(GP_ERR_IO, "cannot open '%s': %s", path, gp_open_strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0) {
+        gp_status s = gp_error_set(GP_ERR_IO, "cannot stat '%s': %s", path, strerror(errno));
+        fclose(f);
+        return s;
+    }
+    unsigned char hdr[4 * GP_TOKENS_HEADER];
+    int64_t got = (int64_t)fread(hdr, 1, sizeof hdr, f);
+    int64_t n = 0;
+    gp_status s = tokens_header(path, hdr, got, (int64_t)st.st_size, seq_len, &n);
+    uint16_t *tok = NULL;
+    if (s == GP_OK) {
+        tok = malloc(sizeof *tok * (size_t)n);
+        if (!tok)
+            s = gp_error_set(GP_ERR_OOM, "%s: cannot allocate %lld tokens", path, (long long)n);
+    }
+    if (s == GP_OK) {
+        size_t r = fread(tok, sizeof *tok, (size_t)n, f);
+        if ((int64_t)r != n)
+            s = gp_error_set(GP_ERR_DATA, "%s: truncated while reading: %zu of %lld tokens "
+                             "(did the file change?); %s", path, r, (long long)n, TOKENS_WHAT);
+    }
+    fclose(f);
+    if (s != GP_OK) {
+        free(tok);
+        return s;
+    }
+    int maxid = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const unsigned char *b = (const unsigned char *)&tok[i];
+        tok[i] = (uint16_t)(b[0] | b[1] << 8); /* little-endian on any host */
+        if (tok[i] > maxid) maxid = tok[i];
+    }
+    free(ds->tokens);
+    ds->tokens = tok;
+    ds->n_tokens = n;
+    ds->n = n / (seq_len + 1);
+    ds->c = seq_len;
+    ds->h = ds->w = 1;
+    ds->classes = maxid + 1;
+    snprintf(ds->source, sizeof ds->source, "%s", path);
+    return GP_OK;
+}
+
+static bool ends_with(const char *s, const char *suf)
+{
+    size_t ls = strlen(s), lf = strlen(suf);
+    return ls >= lf && !strcmp(s + ls - lf, suf);
+}
+
+/* "train.bin" or "<name>_train.bin" (kind "train" or "val"). */
+static bool split_name(const char *name, const char *kind)
+{
+    char bare[16], under[16];
+    snprintf(bare, sizeof bare, "%s.bin", kind);
+    snprintf(under, sizeof under, "_%s.bin", kind);
+    return !strcmp(name, bare) || ends_with(name, under);
+}
+
+gp_status gp_tokens_files(const char *path, char train[1024], char val[1024])
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return gp_error_set(GP_ERR_IO, "tokens: data.path '%s': %s; make the token files with "
+                            "scripts/tokenize.py", path, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) {
+        if (!ends_with(path, "train.bin"))
+            return gp_error_set(GP_ERR_IO, "tokens: data.path '%s' is a file but not a "
+                                "<name>_train.bin; name the training split's file or its "
+                                "folder", path);
+        size_t stem = strlen(path) - strlen("train.bin");
+        snprintf(train, 1024, "%s", path);
+        snprintf(val, 1024, "%.*sval.bin", (int)stem, path);
+        if (stat(val, &st) != 0 || !S_ISREG(st.st_mode))
+            return gp_error_set(GP_ERR_IO, "tokens: the validation split %s beside %s is "
+                                "missing; scripts/tokenize.py writes both", val, path);
+        return GP_OK;
+    }
+    DIR *d = opendir(path);
+    if (!d)
+        return gp_error_set(GP_ERR_IO, "tokens: cannot list data.path '%s': %s", path,
+                            strerror(errno));
+    int nt = 0, nv = 0;
+    char first[2][256] = {"", ""}, second[2][256] = {"", ""};
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        for (int k = 0; k < 2; k++) {
+            if (!split_name(e->d_name, k ? "val" : "train")) continue;
+            int *cnt = k ? &nv : &nt;
+            snprintf(*cnt == 0 ? first[k] : second[k], 256, "%s", e->d_name);
+            (*cnt)++;
+        }
+    }
+    closedir(d);
+    for (int k = 0; k < 2; k++) {
+        int cnt = k ? nv : nt;
+        const char *kind = k ? "val" : "train";
+        if (cnt == 0)
+            return gp_error_set(GP_ERR_IO, "tokens: no <name>_%s.bin (or %s.bin) in %s; write "
+                                "the splits with scripts/tokenize.py", kind, kind, path);
+        if (cnt > 1)
+            return gp_error_set(GP_ERR_IO, "tokens: %d %s splits in %s (%s, %s%s): the reader "
+                                "takes one; point data.path at one <name>_train.bin",
+                                cnt, kind, path, first[k], second[k], cnt > 2 ? ", ..." : "");
+        snprintf(k ? val : train, 1024, "%.700s/%.255s", path, first[k]);
+    }
+    return GP_OK;
+}

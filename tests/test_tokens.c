@@ -1,0 +1,285 @@
+/*
+ * test_tokens.c — data.dataset: tokens (src/train/tokens.c): llm.c token
+ * files written here byte by byte, their windows through the loader
+ * (sequential and shuffled, resumed mid-epoch), the split files data.path
+ * names, the config's checks, and every damaged file the reader refuses.
+ *
+ * The oracle for a window is the token array the test wrote: window k of
+ * T + 1 tokens starts at k (T + 1), input its first T, targets the T after.
+ */
+#include "config/config.h"
+#include "train/data.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "test.h"
+#include "test_util.h"
+
+static char tmpdir[256];
+
+/* A token file: header words magic, version, count (as given), then `n`
+ * tokens little-endian, then `extra` zero bytes. */
+static void write_tokens(const char *path, const uint16_t *tok, int64_t n, int32_t magic,
+                         int32_t version, int32_t count, int64_t extra)
+{
+    size_t len = 1024 + 2 * (size_t)n + (size_t)extra;
+    unsigned char *b = calloc(1, len);
+    int32_t words[3] = {magic, version, count};
+    for (int k = 0; k < 3; k++)
+        for (int j = 0; j < 4; j++) b[4 * k + j] = (unsigned char)((uint32_t)words[k] >> (8 * j));
+    for (int64_t i = 0; i < n; i++) {
+        b[1024 + 2 * i] = (unsigned char)(tok[i] & 0xff);
+        b[1024 + 2 * i + 1] = (unsigned char)(tok[i] >> 8);
+    }
+    gpt_write_file(path, b, len);
+    free(b);
+}
+
+static uint16_t token_at(int64_t i) { return (uint16_t)((i * 7919 + 3) % 65536); }
+
+static void make_stream(uint16_t *tok, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) tok[i] = token_at(i);
+}
+
+/* The window a batch row holds, from its first input token; -1 if the row
+ * is not exactly a window of the stream (inputs and targets). */
+static int64_t row_window(const float *x, const float *y, int64_t T, int64_t windows)
+{
+    for (int64_t k = 0; k < windows; k++) {
+        if (x[0] != (float)token_at(k * (T + 1))) continue;
+        for (int64_t t = 0; t < T; t++)
+            if (x[t] != (float)token_at(k * (T + 1) + t) ||
+                y[t] != (float)token_at(k * (T + 1) + t + 1))
+                return -1;
+        return k;
+    }
+    return -1;
+}
+
+static void path_in(char *out, size_t len, const char *sub)
+{
+    snprintf(out, len, "%s/%s", tmpdir, sub);
+}
+
+static void test_read_and_windows(void)
+{
+    const int64_t N = 23, T = 4; /* 4 windows of 5; 3 tokens left over */
+    uint16_t tok[23];
+    make_stream(tok, N);
+    tok[7] = 65535; /* the largest id survives as a float */
+    char p[512];
+    path_in(p, sizeof p, "w_train.bin");
+    write_tokens(p, tok, N, 20240520, 1, (int32_t)N, 0);
+    gp_dataset ds = {0};
+    CHECK_OK(gp_tokens_read(p, T, &ds));
+    CHECK(ds.n == N / (T + 1));
+    CHECK(ds.n_tokens == N);
+    CHECK(ds.c == T && ds.h == 1 && ds.w == 1);
+    CHECK(ds.classes == 65536);
+    for (int64_t i = 0; i < N; i++) CHECK(ds.tokens[i] == tok[i]);
+    float x[8], y[8];
+    gp_data_assemble(&ds, 1, 2, true, NULL, NULL, false, x, y);
+    bool ok = true;
+    for (int64_t i = 0; i < 2; i++)
+        for (int64_t t = 0; t < T; t++) {
+            ok &= x[i * T + t] == (float)tok[(1 + i) * (T + 1) + t];
+            ok &= y[i * T + t] == (float)tok[(1 + i) * (T + 1) + t + 1];
+        }
+    CHECK_MSG(ok, "windows 1 and 2 are not tokens 5..9 and 10..14");
+    CHECK(y[1] == 65535.0f); /* tok[7] as window 1's target 1 */
+    gp_dataset_free(&ds);
+}
+
+/* All batches of `epochs` epochs: the window each row holds. */
+static void loader_windows(const gp_dataset *ds, bool shuffle, uint64_t seed, int64_t bs,
+                           int64_t start_epoch, int64_t start_batch, int64_t batches,
+                           int64_t *out)
+{
+    gp_data_config cfg = {.normalize = true};
+    gp_loader_opts o = {.batch_size = bs, .shuffle = shuffle, .prefetch = 3, .seed = seed,
+                        .start_epoch = start_epoch, .start_batch = start_batch, .workers = 2};
+    gp_loader *ld = NULL;
+    CHECK_OK(gp_loader_create(ds, &cfg, &o, &ld));
+    if (!ld) return;
+    for (int64_t b = 0; b < batches; b++) {
+        gp_batch bt;
+        CHECK_OK(gp_loader_next(ld, &bt));
+        for (int64_t i = 0; i < bs; i++)
+            out[b * bs + i] = i < bt.n ? row_window(bt.x + i * ds->c, bt.y + i * ds->c, ds->c,
+                                                    ds->n)
+                                       : -2;
+    }
+    gp_loader_destroy(ld);
+}
+
+static void test_loader(void)
+{
+    const int64_t T = 6, W = 40, N = W * (T + 1) + 5, bs = 4, per_epoch = W / bs;
+    uint16_t *tok = malloc(sizeof *tok * (size_t)N);
+    make_stream(tok, N);
+    char p[512];
+    path_in(p, sizeof p, "l_train.bin");
+    write_tokens(p, tok, N, 20240520, 1, (int32_t)N, 0);
+    free(tok);
+    gp_dataset ds = {0};
+    CHECK_OK(gp_tokens_read(p, T, &ds));
+    CHECK(ds.n == W);
+
+    /* sequential: window k is sample k, in order, epoch after epoch */
+    int64_t seq[2 * 40];
+    loader_windows(&ds, false, 1, bs, 0, 0, 2 * per_epoch, seq);
+    bool inorder = true;
+    for (int64_t k = 0; k < 2 * W; k++) inorder &= seq[k] == k % W;
+    CHECK_MSG(inorder, "sequential windows out of order");
+
+    /* shuffled: each epoch visits every window once, not in file order,
+     * in another order the next epoch; the same again for the same seed */
+    int64_t a[3 * 40], b[3 * 40], c[3 * 40];
+    loader_windows(&ds, true, 7, bs, 0, 0, 3 * per_epoch, a);
+    loader_windows(&ds, true, 7, bs, 0, 0, 3 * per_epoch, b);
+    loader_windows(&ds, true, 8, bs, 0, 0, 3 * per_epoch, c);
+    CHECK(!memcmp(a, b, sizeof a));
+    CHECK(memcmp(a, c, sizeof a) != 0);
+    for (int e = 0; e < 3; e++) {
+        int seen[40] = {0};
+        bool perm = true;
+        for (int64_t k = 0; k < W; k++) {
+            int64_t w = a[e * W + k];
+            perm &= w >= 0 && w < W && !seen[w]++;
+        }
+        CHECK_MSG(perm, "epoch %d does not visit each window once", e);
+    }
+    CHECK(memcmp(a, seq, sizeof(int64_t) * (size_t)W) != 0);
+    CHECK(memcmp(a, a + W, sizeof(int64_t) * (size_t)W) != 0);
+
+    /* resumed at epoch 1, batch 3 (where a snapshot records the loader):
+     * exactly the batches the uninterrupted run had from there */
+    int64_t r[2 * 40];
+    int64_t from = per_epoch + 3, left = 2 * per_epoch - 3;
+    loader_windows(&ds, true, 7, bs, 1, 3, left, r);
+    CHECK_MSG(!memcmp(r, a + from * bs, sizeof(int64_t) * (size_t)(left * bs)),
+              "the resumed loader's windows differ from the run it resumes");
+
+    /* masks are not the targets of tokens */
+    gp_data_config cfg = {0};
+    gp_loader_opts o = {.batch_size = 2, .masks = true, .prefetch = 1};
+    gp_loader *ld = NULL;
+    CHECK_ERR(gp_loader_create(&ds, &cfg, &o, &ld), GP_ERR_INVALID, "next tokens");
+    gp_dataset_free(&ds);
+}
+
+static void test_errors(void)
+{
+    uint16_t tok[40];
+    make_stream(tok, 40);
+    char p[512];
+    gp_dataset ds = {0};
+    path_in(p, sizeof p, "bad.bin");
+
+    write_tokens(p, tok, 40, 20240521, 1, 40, 0);
+    CHECK_ERR(gp_tokens_read(p, 4, &ds), GP_ERR_DATA, "bad magic 20240521, expected 20240520");
+    CHECK_ERR(gp_tokens_read(p, 4, &ds), GP_ERR_DATA, p);
+    CHECK_ERR(gp_tokens_read(p, 4, &ds), GP_ERR_DATA, "scripts/tokenize.py");
+    write_tokens(p, tok, 40, 20240520, 2, 40, 0);
+    CHECK_ERR(gp_tokens_read(p, 4, &ds), GP_ERR_DATA, "version 2");
+    /* the header cut short */
+    write_tokens(p, tok, 0, 20240520, 1, 0, 0);
+    if (truncate(p, 600) != 0) perror("truncate");
+    CHECK_ERR(gp_tokens_read(p, 4, &ds), GP_ERR_DATA, "truncated header: 600 of 1024");
+    /* fewer tokens than counted: the file was cut */
+    write_tokens(p, tok, 39, 20240520, 1, 40, 0);
+    CHECK_ERR(gp_tokens_read(p, 4, &ds), GP_ERR_DATA, "truncated: its header counts 40 tokens");
+    /* an odd byte short */
+    write_tokens(p, tok, 40, 20240520, 1, 40, 0);
+    if (truncate(p, 1024 + 79) != 0) perror("truncate");
+    CHECK_ERR(gp_tokens_read(p, 4, &ds), GP_ERR_DATA, "truncated");
+    /* more than counted */
+    write_tokens(p, tok, 40, 20240520, 1, 38, 0);
+    CHECK_ERR(gp_tokens_read(p, 4, &ds), GP_ERR_DATA, "goes on after the 38 tokens");
+    write_tokens(p, tok, 40, 20240520, 1, -3, 0);
+    CHECK_ERR(gp_tokens_read(p, 4, &ds), GP_ERR_DATA, "negative");
+    /* not one window */
+    write_tokens(p, tok, 10, 20240520, 1, 10, 0);
+    CHECK_ERR(gp_tokens_read(p, 10, &ds), GP_ERR_DATA, "fewer than one window");
+    CHECK_OK(gp_tokens_read(p, 9, &ds)); /* exactly one */
+    CHECK(ds.n == 1);
+    gp_dataset_free(&ds);
+    path_in(p, sizeof p, "none.bin");
+    CHECK_ERR(gp_tokens_read(p, 4, &ds), GP_ERR_IO, "none.bin");
+    CHECK(ds.tokens == NULL); /* failures leave the output as it was */
+}
+
+static void test_files_and_config(void)
+{
+    uint16_t tok[64];
+    make_stream(tok, 64);
+    char d[512], p[700], t[1024], v[1024];
+    path_in(d, sizeof d, "corpus");
+    mkdir(d, 0700);
+    CHECK_ERR(gp_tokens_files(d, t, v), GP_ERR_IO, "no <name>_train.bin");
+    snprintf(p, sizeof p, "%s/shake_train.bin", d);
+    write_tokens(p, tok, 64, 20240520, 1, 64, 0);
+    CHECK_ERR(gp_tokens_files(d, t, v), GP_ERR_IO, "no <name>_val.bin");
+    CHECK_ERR(gp_tokens_files(p, t, v), GP_ERR_IO, "shake_val.bin");
+    snprintf(p, sizeof p, "%s/shake_val.bin", d);
+    write_tokens(p, tok, 20, 20240520, 1, 20, 0);
+    CHECK_OK(gp_tokens_files(d, t, v));
+    CHECK(strstr(t, "/corpus/shake_train.bin") && strstr(v, "/corpus/shake_val.bin"));
+    CHECK_ERR(gp_tokens_files(p, t, v), GP_ERR_IO, "not a <name>_train.bin");
+    snprintf(p, sizeof p, "%s/shake_train.bin", d);
+    CHECK_OK(gp_tokens_files(p, t, v));
+    CHECK(strstr(v, "/corpus/shake_val.bin") != NULL);
+
+    /* through the config: model.input [T] is the window */
+    char yaml[1400];
+    snprintf(yaml, sizeof yaml,
+             "model: {input: [7], layers: [flatten, {linear: {out: 4}}]}\n"
+             "data: {dataset: tokens, path: '%s'}\n", d);
+    gp_config cfg;
+    CHECK_OK(gp_config_parse("tok.yaml", yaml, strlen(yaml), NULL, 0, &cfg));
+    gp_dataset tr = {0}, va = {0};
+    CHECK_OK(gp_dataset_load(&cfg.data, true, 1, &tr));
+    CHECK_OK(gp_dataset_load(&cfg.data, false, 1, &va));
+    CHECK(tr.n == 64 / 8 && tr.c == 7 && va.n == 20 / 8);
+    CHECK(strstr(va.source, "validation") && strstr(va.source, "shake_val.bin"));
+    char where[2048];
+    CHECK_OK(gp_dataset_locate(&cfg.data, where, sizeof where));
+    CHECK(strstr(where, "shake_train.bin") != NULL);
+    gp_dataset_free(&tr);
+    gp_dataset_free(&va);
+    cfg.data.train_limit = 3;
+    CHECK_OK(gp_dataset_load(&cfg.data, true, 1, &tr));
+    CHECK(tr.n == 3);
+    gp_dataset_free(&tr);
+    gp_config_free(&cfg);
+
+    const char *img = "model: {input: [1, 7, 7], layers: [flatten, {linear: {out: 4}}]}\n"
+                      "data: {dataset: tokens, path: /nonexistent}\n";
+    CHECK_ERR(gp_config_parse("img.yaml", img, strlen(img), NULL, 0, &cfg), GP_ERR_INVALID,
+              "model.input must be [T]");
+    CHECK_ERR(gp_config_parse("img.yaml", img, strlen(img), NULL, 0, &cfg), GP_ERR_INVALID,
+              "img.yaml:1:");
+    const char *nopath = "model: {input: [7], layers: [flatten, {linear: {out: 4}}]}\n"
+                         "data: {dataset: tokens}\n";
+    CHECK_ERR(gp_config_parse("np.yaml", nopath, strlen(nopath), NULL, 0, &cfg), GP_ERR_INVALID,
+              "needs data.path");
+    /* two training splits in one folder: which one is not guessed */
+    snprintf(p, sizeof p, "%s/other_train.bin", d);
+    write_tokens(p, tok, 64, 20240520, 1, 64, 0);
+    CHECK_ERR(gp_tokens_files(d, t, v), GP_ERR_IO, "2 train splits");
+}
+
+int main(void)
+{
+    if (!gpt_make_tmpdir(tmpdir, sizeof tmpdir, "gp_test_tokens_")) return 1;
+    test_read_and_windows();
+    test_loader();
+    test_errors();
+    test_files_and_config();
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
+    return gpt_finish("test_tokens");
+}
