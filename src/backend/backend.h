@@ -803,8 +803,9 @@ typedef struct gp_device_iface {
      * (attn_fwd's) and dy (b, t, c); the probabilities recomputed tile by
      * tile.  Both are deterministic: each (batch row, head) is computed by
      * one thread in a fixed order, so any split of b and any thread count
-     * give the same bits.  CPU: cpu_attention.c.  NULL: the gp_dev_attn_*
-     * wrappers return GP_ERR_UNSUPPORTED naming the device. */
+     * give the same bits.  CPU: cpu_attention.c; CUDA: cuda_kernels.cu (a
+     * thread per row, the same rule, not the CPU's bits).  NULL: the
+     * gp_dev_attn_* wrappers return GP_ERR_UNSUPPORTED naming the device. */
     gp_status (*attn_fwd)(gp_device *dev, const float *x, float *y, float *lse, int64_t b,
                           int64_t t, int64_t heads, int64_t c);
     gp_status (*attn_bwd)(gp_device *dev, const float *x, const float *y, const float *lse,
