@@ -29,12 +29,14 @@
  *         pooling, xent and bce gradients, upsample backward (the GPU sums
  *         a block in double, the CPU in float)
  *   1e-12 sumsq, xent and bce loss (double accumulation, another order)
- *   1e-5  gemm (another summation order over k; cuBLASLt's measured algorithm,
+ *   1e-5  attention forward (y and log-sum-exp: one thread per row against
+ *         the CPU's tiles, which rescale in another order),
+ *         gemm (another summation order over k; cuBLASLt's measured algorithm,
  *         the heuristics' first, and cublasSgemm), linear_fwd (the same
  *         with the bias and relu as cuBLASLt's epilogue or gpipe's kernel,
  *         a NaN kept by the relu), log-softmax, batch norm
  *         forward (y, mean, biased var), inference
- *   1e-4  convolutions (cuDNN may pick Winograd or FFT algorithms; checked
+ *   1e-4  attention backward (dq, dk, dv), convolutions (cuDNN may pick Winograd or FFT algorithms; checked
  *         with the measured choice and again on a train.deterministic
  *         handle, with the searches each made: 3 per shape, then 0; none)
  *         and batch norm backward (dx, dgamma +=, dbeta +=), also SyncBN's
@@ -248,6 +250,20 @@ static void test_elementwise(void)
     BOTH(gp_dev_upsample_bwd(D, y.p[K], us.p[K], 2, 3, 37, 41, 3));
     bcheck("upsample_bwd", &us, 1e-6);
     bfree(&us);
+    { /* causal attention, (2, 70, 3C = 36), 3 heads of 4 */
+        buf ax = brand(2 * 70 * 36, -2, 2), ady = brand(2 * 70 * 12, -1, 1);
+        buf ay = bjunk(2 * 70 * 12), al = bjunk(2 * 3 * 70), adx = bjunk(2 * 70 * 36);
+        BOTH(gp_dev_attn_fwd(D, ax.p[K], ay.p[K], al.p[K], 2, 70, 3, 12));
+        bcheck("attn_fwd y", &ay, 1e-5);
+        bcheck("attn_fwd lse", &al, 1e-5);
+        BOTH(gp_dev_attn_bwd(D, ax.p[K], ay.p[K], al.p[K], ady.p[K], adx.p[K], 2, 70, 3, 12));
+        bcheck("attn_bwd", &adx, 1e-4);
+        bfree(&ax);
+        bfree(&ady);
+        bfree(&ay);
+        bfree(&al);
+        bfree(&adx);
+    }
     for (int nesterov = 0; nesterov < 2; nesterov++) {
         BOTH(gp_dev_sgd_update(D, x.p[K], g.p[K], v.p[K], n, 0.05f, 0.9f, 1e-4f, nesterov));
         bcheck(nesterov ? "sgd nesterov w" : "sgd w", &x, 1e-6);

@@ -17,6 +17,9 @@
  *     stops the step on every worker, names device, stage and micro-batch,
  *     returns promptly, frees the step's memory, and the next step works;
  *     out of memory on a capped device names the device.
+ *   - causal self-attention: a stack with an attention layer on 2 devices
+ *     (every cut, checkpoint mode, GPipe and 1F1B) equals the one-device
+ *     run bit for bit (attention_transparency);
  * Runs under ThreadSanitizer in CI (label "threads").
  */
 #include "pipeline/pipeline.h"
@@ -1075,6 +1078,59 @@ static void clip_nonfinite(void)
            "differ\n", differ, runs);
 }
 
+/* A stack around causal self-attention (layers/attention.c) on 2 devices,
+ * every cut, every checkpoint mode, m in {1, 3, 4}, GPipe and 1F1B: the
+ * losses, first gradients and final parameters bit for bit the one-device
+ * run's.  Input (1, 8, 12) is (T = 8, 3C = 12); a 1x3 convolution along
+ * the last axis stands in for the linear layer to 3C (it trains, so the
+ * attention's dx crosses a cut back to it), then attention with 2 heads,
+ * flatten and a linear head. */
+static void attention_transparency(void)
+{
+    gp_config c = make_cfg(false);
+    int n = 0;
+    specs[n] = gp_layer_spec_default(GP_LAYER_CONV2D);
+    specs[n].out = 1; specs[n].kernel = (gp_hw){1, 3}; specs[n].padding = (gp_hw){0, 1}; n++;
+    specs[n] = gp_layer_spec_default(GP_LAYER_ATTENTION); specs[n].heads = 2; n++;
+    specs[n++] = gp_layer_spec_default(GP_LAYER_FLATTEN);
+    specs[n] = gp_layer_spec_default(GP_LAYER_LINEAR); specs[n].out = 5; n++;
+    c.model.n_layers = n;
+    c.model.input[0] = 1; c.model.input[1] = 8; c.model.input[2] = 12;
+    const int bals[3][2] = {{1, 3}, {2, 2}, {3, 1}}, ms[] = {1, 3, 4};
+    const gp_schedule_kind kinds[] = {GP_SCHEDULE_GPIPE, GP_SCHEDULE_1F1B};
+    int runs = 0, differ = 0;
+    for (int b = 0; b < 3; b++)
+        for (int mi = 0; mi < 3; mi++)
+            for (int ck = 0; ck < 3; ck++)
+                for (int kd = 0; kd < 2; kd++) {
+                    c.pipeline.schedule = kinds[kd];
+                    c.pipeline.virtual_stages = 1;
+                    c.pipeline.chunks = ms[mi];
+                    c.pipeline.checkpoint = (gp_checkpoint_mode)ck;
+                    gp_model ref, pip;
+                    int bal[2] = {bals[b][0], bals[b][1]};
+                    if (gp_model_build(&c, devs[0], &ref) != GP_OK ||
+                        gp_model_build_placed(&c, devs, 2, bal, &pip) != GP_OK) {
+                        CHECK_MSG(0, "attention build: %s", gp_last_error());
+                        return;
+                    }
+                    bool same[3];
+                    gpt_compare_steps(&c, &ref, &pip, BATCH, 3, same);
+                    runs++;
+                    if (!(same[0] && same[1] && same[2])) {
+                        differ++;
+                        fprintf(stderr, "attention [%d, %d] m=%d ckpt=%s %s: loss %s, grads %s, "
+                                "params %s\n", bal[0], bal[1], ms[mi],
+                                gp_checkpoint_mode_name((gp_checkpoint_mode)ck),
+                                gp_schedule_kind_name(kinds[kd]), same[0] ? "same" : "DIFFER",
+                                same[1] ? "same" : "DIFFER", same[2] ? "same" : "DIFFER");
+                    }
+                    gp_model_free(&ref);
+                    gp_model_free(&pip);
+                }
+    CHECK_MSG(differ == 0, "attention stack: %d of %d configurations differ", differ, runs);
+}
+
 int main(void)
 {
     unsetenv("GPIPE_CPU_KEEP_BLOCKS"); /* blocked_chains checks the plans */
@@ -1111,6 +1167,7 @@ int main(void)
     bf16_copies_effect();
     bf16_held_inputs();
     blocked_chains();
+    attention_transparency();
     schedules_agree();
     interleaved();
     deferred_bn(2);

@@ -113,8 +113,10 @@
  *  26  sumsq_multi (gradient clipping's squared norms: one host wait per
  *      stage instead of one per tensor)
  *  27  norm_leaky_bwd (instance norm's backward from its output, or from
- *      the leaky relu's output in place over it: in-place activated norm) */
-#define GP_DEVICE_IFACE_VERSION 27
+ *      the leaky relu's output in place over it: in-place activated norm)
+ *  28  attn_fwd, attn_bwd (causal multi-head self-attention, the fused
+ *      kernel of the attention layer) */
+#define GP_DEVICE_IFACE_VERSION 28
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -789,6 +791,26 @@ typedef struct gp_device_iface {
      * tensor. */
     gp_status (*nonfinite_or_many)(gp_device *dev, const float *const *xs, const int64_t *ns,
                                    int count, float *flag);
+    /* --- causal multi-head self-attention (optional; appended last) ---
+     * attn_fwd: x (b, t, 3c) holds q, k, v side by side on its last axis
+     * (GPT-2's c_attn output); head h's q is x[., ., h d .. (h + 1) d), its
+     * k the same at c + h d, its v at 2c + h d, d = c / heads.  Writes
+     * y (b, t, c) = softmax(q k^T / sqrt(d), causal: key j <= query i) v
+     * per head, heads side by side, and lse (b, heads, t), each row's
+     * log-sum-exp of its scaled scores (NULL: not written, eval).  Never
+     * holds a t x t matrix: tiles of queries and keys, online softmax.
+     * attn_bwd: dx (b, t, 3c) = (overwritten) dq, dk, dv, from x, y, lse
+     * (attn_fwd's) and dy (b, t, c); the probabilities recomputed tile by
+     * tile.  Both are deterministic: each (batch row, head) is computed by
+     * one thread in a fixed order, so any split of b and any thread count
+     * give the same bits.  CPU: cpu_attention.c; CUDA: cuda_kernels.cu (a
+     * thread per row, the same rule, not the CPU's bits).  NULL: the
+     * gp_dev_attn_* wrappers return GP_ERR_UNSUPPORTED naming the device. */
+    gp_status (*attn_fwd)(gp_device *dev, const float *x, float *y, float *lse, int64_t b,
+                          int64_t t, int64_t heads, int64_t c);
+    gp_status (*attn_bwd)(gp_device *dev, const float *x, const float *y, const float *lse,
+                          const float *dy, float *dx, int64_t b, int64_t t, int64_t heads,
+                          int64_t c);
 } gp_device_iface;
 
 /* The most tensors one nonfinite_or_many launch takes (its table travels
@@ -1293,6 +1315,14 @@ gp_status gp_dev_leaky_relu_bwd(gp_device *dev, const float *y, const float *dy,
                                 int64_t n, float slope);
 gp_status gp_dev_mul_rows(gp_device *dev, const float *x, const float *s, float *y,
                           int64_t rows, int64_t cols);
+/* backend.h's attn_fwd / attn_bwd; GP_ERR_UNSUPPORTED naming the device
+ * where the backend has none, GP_ERR_INVALID for sizes that do not fit
+ * (heads must divide c); nothing is called for b t = 0. */
+gp_status gp_dev_attn_fwd(gp_device *dev, const float *x, float *y, float *lse, int64_t b,
+                          int64_t t, int64_t heads, int64_t c);
+gp_status gp_dev_attn_bwd(gp_device *dev, const float *x, const float *y, const float *lse,
+                          const float *dy, float *dx, int64_t b, int64_t t, int64_t heads,
+                          int64_t c);
 /* backend.h's norm_leaky_bwd; GP_ERR_UNSUPPORTED where the backend has
  * none. */
 gp_status gp_dev_norm_leaky_bwd(gp_device *dev, const gp_bn_desc *d, const float *yz, bool from_z,

@@ -770,6 +770,37 @@ gp_status gp_dev_leaky_relu_bwd(gp_device *dev, const float *y, const float *dy,
     return n > 0 ? dev->iface->leaky_relu_bwd(dev, y, dy, dx, n, slope) : GP_OK;
 }
 
+static gp_status attn_check(gp_device *dev, const char *op, int64_t b, int64_t t,
+                            int64_t heads, int64_t c)
+{
+    if (!(dev->iface->attn_fwd && dev->iface->attn_bwd))
+        return gp_error_set(GP_ERR_UNSUPPORTED,
+                            "device %s: the %s backend has no causal attention kernel (%s), "
+                            "which the attention layer needs; place the attention layers on a "
+                            "CPU device for now", dev->name, dev->iface->backend_name, op);
+    if (b < 0 || t < 0 || heads < 1 || c < 1 || c % heads)
+        return gp_error_set(GP_ERR_INVALID,
+                            "device %s: %s takes b, t >= 0 and heads >= 1 dividing c (got b %lld, "
+                            "t %lld, heads %lld, c %lld)", dev->name, op, (long long)b,
+                            (long long)t, (long long)heads, (long long)c);
+    return GP_OK;
+}
+
+gp_status gp_dev_attn_fwd(gp_device *dev, const float *x, float *y, float *lse, int64_t b,
+                          int64_t t, int64_t heads, int64_t c)
+{
+    GP_TRY(attn_check(dev, "attn_fwd", b, t, heads, c));
+    return b * t > 0 ? dev->iface->attn_fwd(dev, x, y, lse, b, t, heads, c) : GP_OK;
+}
+
+gp_status gp_dev_attn_bwd(gp_device *dev, const float *x, const float *y, const float *lse,
+                          const float *dy, float *dx, int64_t b, int64_t t, int64_t heads,
+                          int64_t c)
+{
+    GP_TRY(attn_check(dev, "attn_bwd", b, t, heads, c));
+    return b * t > 0 ? dev->iface->attn_bwd(dev, x, y, lse, dy, dx, b, t, heads, c) : GP_OK;
+}
+
 gp_status gp_dev_norm_leaky_bwd(gp_device *dev, const gp_bn_desc *d, const float *yz, bool from_z,
                                 float slope, const float *var, const float *dy, float *dx)
 {

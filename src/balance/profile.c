@@ -90,6 +90,9 @@ const char *gp_profile_layer_spec(const gp_layer_spec *s, char *buf, size_t len)
     case GP_LAYER_UPSAMPLE: /* the output size */
         snprintf(buf, len, "%s {scale: %lld}", t, (long long)s->scale);
         break;
+    case GP_LAYER_ATTENTION: /* the work per head */
+        snprintf(buf, len, "%s {heads: %lld}", t, (long long)s->heads);
+        break;
     default:
         snprintf(buf, len, "%s", t);
         break;

@@ -45,6 +45,9 @@ static int layer_keys(gp_layer_type t, const char **keys)
     case GP_LAYER_UPSAMPLE:
         keys[n++] = "scale";
         break;
+    case GP_LAYER_ATTENTION:
+        keys[n++] = "heads";
+        break;
     case GP_LAYER_RESIDUAL: /* momentum, eps, sync: of its batch norms; init: its convs */
         keys[n++] = "out"; keys[n++] = "stride";
         keys[n++] = "momentum"; keys[n++] = "eps"; keys[n++] = "sync"; keys[n++] = "init";
@@ -276,6 +279,8 @@ static gp_status parse_layer(gp_cfg_walk *w, const gp_ynode *item, int index, gp
                                 &spec->slope));
     if (has_key(keys, nk, "scale"))
         GP_TRY(gp_cfg_get_int(w, opts, sect, "scale", spec->scale, 1, 1 << 16, &spec->scale));
+    if (has_key(keys, nk, "heads"))
+        GP_TRY(gp_cfg_get_int(w, opts, sect, "heads", spec->heads, 1, 1 << 16, &spec->heads));
     GP_TRY(gp_cfg_get_str(w, opts, sect, "name", "", spec->name, sizeof spec->name));
     GP_TRY(gp_cfg_get_str(w, opts, sect, "stash", "", spec->stash, sizeof spec->stash));
     const gp_ynode *sn = gp_ymap_get(opts, "stash");

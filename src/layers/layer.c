@@ -19,6 +19,7 @@ static const char *const type_names[GP_LAYER_TYPE_COUNT] = {
     "identity", "add", "concat",
     "leaky_relu", "dropout2d", "instance_norm", "upsample",
     "factorized_reduce", "amoeba_cell",
+    "attention",
 };
 
 static const char *const init_names[GP_INIT_COUNT] = {"default", "kaiming_normal_fan_out"};
@@ -68,6 +69,7 @@ gp_layer_spec gp_layer_spec_default(gp_layer_type type)
     s.p = 0.5f;
     s.slope = 0.01f;
     s.scale = 2;
+    s.heads = 1;
     return s;
 }
 
@@ -93,6 +95,7 @@ const gp_layer_ops *gp_layer_ops_for(gp_layer_type t)
     case GP_LAYER_UPSAMPLE: return &gp_upsample_ops;
     case GP_LAYER_FACTORIZED_REDUCE: return &gp_factorized_reduce_ops;
     case GP_LAYER_AMOEBA_CELL: return &gp_amoeba_cell_ops;
+    case GP_LAYER_ATTENTION: return &gp_attention_ops;
     default: return NULL;
     }
 }
@@ -123,6 +126,9 @@ const char *gp_layer_window_str(const gp_layer_spec *s, char *buf, size_t len)
         break;
     case GP_LAYER_AMOEBA_CELL:
         if (s->reduction) snprintf(buf, len, "{reduction: true}");
+        break;
+    case GP_LAYER_ATTENTION:
+        snprintf(buf, len, "{heads: %lld}", (long long)s->heads);
         break;
     default:
         break;

@@ -64,6 +64,7 @@ typedef enum gp_layer_type {
     GP_LAYER_UPSAMPLE,
     GP_LAYER_FACTORIZED_REDUCE,
     GP_LAYER_AMOEBA_CELL,
+    GP_LAYER_ATTENTION,
     GP_LAYER_TYPE_COUNT
 } gp_layer_type;
 
@@ -149,6 +150,7 @@ typedef struct gp_layer_spec {
     int64_t scale;        /* upsample factor (>= 1); default 2 */
     bool reduction;       /* amoeba_cell: a reduction cell (stride 2 on its
                              inputs' operations); default false */
+    int64_t heads;        /* attention: heads (>= 1, dividing C); default 1 */
     /* Skip connections (torchgpipe's stash / pop; docs/config.md): the
      * layer's output is also kept under the name `stash` ("" none) until
      * the one layer that pops it; a layer that pops takes the popped
@@ -165,7 +167,8 @@ gp_layer_spec gp_layer_spec_default(gp_layer_type type);
  * (--dry-run): "{kernel: [1, 7], stride: 1, padding: [0, 3]}" for conv2d
  * and the pools (the pools' stride resolved; count_include_pad: false and
  * a non-default init added where set), "{init: ...}" for the composite
- * layers with a non-default init, "" for everything else.  Returns buf. */
+ * layers with a non-default init, "{heads: H}" for attention, "" for
+ * everything else.  Returns buf. */
 const char *gp_layer_window_str(const gp_layer_spec *s, char *buf, size_t len);
 
 /* A trainable parameter or a buffer (running statistics). */

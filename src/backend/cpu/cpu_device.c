@@ -281,6 +281,8 @@ static const gp_device_iface cpu_iface = {
     .event_query = gp_cpu_event_query,
     .gemm_wb = gp_cpu_gemm_wb,
     .linear_fwd = gp_cpu_linear_fwd,
+    .attn_fwd = gp_cpu_attn_fwd,
+    .attn_bwd = gp_cpu_attn_bwd,
 };
 
 static cpu_conv_layout conv_layout_from_env(void)

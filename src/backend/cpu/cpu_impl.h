@@ -355,6 +355,13 @@ gp_status gp_cpu_upsample_fwd(gp_device *dev, const float *x, float *y, int64_t 
                               int64_t h, int64_t w, int64_t scale);
 gp_status gp_cpu_upsample_bwd(gp_device *dev, const float *dy, float *dx, int64_t n,
                               int64_t c, int64_t h, int64_t w, int64_t scale);
+/* cpu_attention.c: causal multi-head self-attention (backend.h's attn_fwd
+ * and attn_bwd), blocked, with an online softmax. */
+gp_status gp_cpu_attn_fwd(gp_device *dev, const float *x, float *y, float *lse, int64_t b,
+                          int64_t t, int64_t heads, int64_t c);
+gp_status gp_cpu_attn_bwd(gp_device *dev, const float *x, const float *y, const float *lse,
+                          const float *dy, float *dx, int64_t b, int64_t t, int64_t heads,
+                          int64_t c);
 
 /* cpu_comm.c: collectives between the devices' worker threads. */
 gp_status gp_cpu_allreduce(gp_device *dev, gp_comm *comm, float *buf, int64_t n);

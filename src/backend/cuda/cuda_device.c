@@ -1036,6 +1036,19 @@ static gp_status cuda_upsample_bwd(gp_device *dev, const float *dy, float *dx, i
     CUDA_OP(dev, gp_cuk_upsample_bwd(s, dy, dx, n * c, h, w, scale));
 }
 
+static gp_status cuda_attn_fwd(gp_device *dev, const float *x, float *y, float *lse, int64_t b,
+                               int64_t t, int64_t heads, int64_t c)
+{
+    CUDA_OP(dev, gp_cuk_attn_fwd(s, x, y, lse, b, t, heads, c));
+}
+
+static gp_status cuda_attn_bwd(gp_device *dev, const float *x, const float *y, const float *lse,
+                               const float *dy, float *dx, int64_t b, int64_t t, int64_t heads,
+                               int64_t c)
+{
+    CUDA_OP(dev, gp_cuk_attn_bwd(s, x, y, lse, dy, dx, b, t, heads, c));
+}
+
 static gp_status cuda_bce_logits(gp_device *dev, const float *z, const float *t, int64_t n,
                                  float scale, float *dz, double *loss_sum, int64_t *correct,
                                  int64_t *bad)
@@ -1747,6 +1760,8 @@ static const gp_device_iface cuda_iface = {
     .mul_rows = cuda_mul_rows,
     .upsample_fwd = cuda_upsample_fwd,
     .upsample_bwd = cuda_upsample_bwd,
+    .attn_fwd = cuda_attn_fwd,
+    .attn_bwd = cuda_attn_bwd,
     .bce_logits = cuda_bce_logits,
     .copy_async = cuda_copy_async,
     .nonfinite_or = cuda_nonfinite_or,

@@ -1,0 +1,114 @@
+/*
+ * attention.c — causal multi-head self-attention, `attention: {heads: H}`.
+ *
+ * Input (N, ..., T, 3C): q, k and v side by side on the last axis, as
+ * GPT-2's c_attn (a linear layer to 3C) makes them; every axis before the
+ * last two is a batch axis.  Output (N, ..., T, C):
+ *   y_h = softmax(q_h k_h^T / sqrt(C / H), key j <= query i) v_h
+ * for each head h (columns [h C/H, (h+1) C/H) of each third), the heads
+ * side by side, ready for c_proj.  The projections around it are ordinary
+ * linear layers, so a Transformer block partitions and checkpoints like
+ * any chain of layers; this layer has no parameters.
+ *
+ * The kernel is the device's (backend.h's attn_fwd / attn_bwd; CPU:
+ * cpu_attention.c, blocked with an online softmax, never a T x T matrix).
+ * Saved for backward: each row's log-sum-exp, (N', H, T) floats (N' the
+ * product of the batch axes), O(N T H) and not O(N T^2); backward reads x,
+ * y and it, and recomputes the probabilities.  The kernel's results do not
+ * depend on the micro-batch split, the thread count or a recompute.
+ */
+#include "layers/layers_impl.h"
+
+static gp_status attention_infer(const gp_layer *l, const gp_shape *in, gp_shape *out)
+{
+    char b[96];
+    if (in->ndim < 3)
+        return gp_layer_spec_error(l,
+                                   "expected input (N, T, 3C) (q, k, v side by side on the last "
+                                   "axis) but got %s; put a linear layer to 3C before it",
+                                   gp_layers_shape_n(in, b, sizeof b));
+    int64_t w = in->dims[in->ndim - 1];
+    if (w % 3)
+        return gp_layer_spec_error(l,
+                                   "the last axis of %s has %lld values, not a multiple of 3 "
+                                   "(q, k and v of C each); make the layer before it give 3C",
+                                   gp_layers_shape_n(in, b, sizeof b), (long long)w);
+    if (l->spec.heads < 1 || (w / 3) % l->spec.heads)
+        return gp_layer_spec_error(l,
+                                   "heads = %lld does not divide C = %lld (the input %s is 3C "
+                                   "wide); choose heads that divide C",
+                                   (long long)l->spec.heads, (long long)(w / 3),
+                                   gp_layers_shape_n(in, b, sizeof b));
+    *out = *in;
+    out->dims[in->ndim - 1] = w / 3;
+    return GP_OK;
+}
+
+static gp_status attention_init(gp_layer *l, uint64_t seed) { return GP_OK; }
+
+/* x's batch rows (every axis but the last two), T and C. */
+static void attention_sizes(const gp_tensor *x, int64_t *rows, int64_t *t, int64_t *c)
+{
+    int nd = x->ndim;
+    *t = x->dims[nd - 2];
+    *c = x->dims[nd - 1] / 3;
+    *rows = 1;
+    for (int k = 0; k < nd - 2; k++) *rows *= x->dims[k];
+}
+
+static gp_status attention_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                   gp_tensor *y, gp_saved *s)
+{
+    int64_t rows, t, c, heads = l->spec.heads;
+    attention_sizes(x, &rows, &t, &c);
+    if (rows * t == 0) return GP_OK;
+    float *lse = NULL;
+    if (ctx->training) { /* the rows' log-sum-exp, for backward */
+        gp_shape ls = {3, {rows, heads, t, 0}};
+        GP_TRY(gp_layers_saved_alloc(s, 0, l->dev, &ls));
+        lse = gp_f32(&s->t[0]);
+    }
+    return gp_dev_attn_fwd(l->dev, gp_f32(x), gp_f32(y), lse, rows, t, heads, c);
+}
+
+static gp_status attention_backward_data(gp_layer *l, const gp_fwd_ctx *ctx,
+                                         const gp_tensor *x, const gp_tensor *y,
+                                         const gp_tensor *dy, gp_tensor *dx, gp_saved *s)
+{
+    int64_t rows, t, c;
+    attention_sizes(x, &rows, &t, &c);
+    if (rows * t == 0) return GP_OK;
+    GP_ASSERT(gp_tensor_mem(&s->t[0]) != NULL); /* backward after a training forward only */
+    return gp_dev_attn_bwd(l->dev, gp_f32(x), gp_f32(y), gp_f32(&s->t[0]), gp_f32(dy),
+                           gp_f32(dx), rows, t, l->spec.heads, c);
+}
+
+/* Per batch row: T (T + 1) / 2 (query, key) pairs, each a d-long dot product
+ * for the score and a d-long update of the output per head, i.e. 4 C FLOPs
+ * a pair over the heads. */
+static double attention_flops(const gp_layer *l, int64_t n)
+{
+    const gp_shape *in = &l->in_shape;
+    double t = (double)in->dims[in->ndim - 2], c = (double)(in->dims[in->ndim - 1] / 3);
+    double rows = (double)n;
+    for (int k = 1; k < in->ndim - 2; k++) rows *= (double)in->dims[k];
+    return rows * t * (t + 1) / 2 * 4 * c;
+}
+
+static size_t attention_saved_bytes(const gp_layer *l, int64_t n)
+{
+    const gp_shape *in = &l->in_shape;
+    int64_t rows = n;
+    for (int k = 1; k < in->ndim - 2; k++) rows *= in->dims[k];
+    return (size_t)(rows * l->spec.heads * in->dims[in->ndim - 2]) * sizeof(float);
+}
+
+const gp_layer_ops gp_attention_ops = {
+    .type = GP_LAYER_ATTENTION,
+    .infer = attention_infer,
+    .init = attention_init,
+    .forward = attention_forward,
+    .backward_data = attention_backward_data,
+    .flops = attention_flops,
+    .saved_bytes = attention_saved_bytes,
+};
