@@ -9,8 +9,8 @@
  *     gp_tensor_as is a view where nothing changes, a shape where there are
  *     no values;
  *   - the storage adapter, for every kind of layer (element-wise, norms,
- *     pools, products, the layers that pop, upsample, dropout, a composite
- *     residual block): forward on bf16 inputs gives bit for bit the FP32
+ *     pools, products, the layers that pop, upsample, dropout, causal
+ *     attention, a composite residual block): forward on bf16 inputs gives bit for bit the FP32
  *     layer's output on the widened inputs, rounded once; backward gives
  *     each input's gradient as the FP32 backward's on the widened x, stored
  *     y and dy, rounded once, and the parameters' gradients bit for bit;
@@ -222,6 +222,10 @@ static void adapter_layers(void)
     adapter_case("add", s, two, 2, 3);
     s.type = GP_LAYER_CONCAT;
     adapter_case("concat", s, two, 2, 3);
+    s = gp_layer_spec_default(GP_LAYER_ATTENTION);
+    s.heads = 2;
+    gp_shape qkv = gp_shape_4d(1, 1, 7, 12); /* T = 7, 3C = 12: head dim 2 */
+    adapter_case("attention", s, &qkv, 1, 3);
     s = gp_layer_spec_default(GP_LAYER_RESIDUAL);
     s.out = 8;
     s.stride = gp_hw_square(2);
