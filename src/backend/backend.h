@@ -113,8 +113,10 @@
  *  26  sumsq_multi (gradient clipping's squared norms: one host wait per
  *      stage instead of one per tensor)
  *  27  norm_leaky_bwd (instance norm's backward from its output, or from
- *      the leaky relu's output in place over it: in-place activated norm) */
-#define GP_DEVICE_IFACE_VERSION 27
+ *      the leaky relu's output in place over it: in-place activated norm)
+ *  28  gelu_fwd, gelu_bwd (GPT-2's tanh GELU)
+ *  29  layer_norm_fwd, layer_norm_bwd_data, layer_norm_bwd_weights */
+#define GP_DEVICE_IFACE_VERSION 29
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -789,6 +791,36 @@ typedef struct gp_device_iface {
      * tensor. */
     gp_status (*nonfinite_or_many)(gp_device *dev, const float *const *xs, const int64_t *ns,
                                    int count, float *flag);
+    /* --- Transformer layers (optional; appended last) ---
+     * gelu_fwd: y = gp_ew_gelu(x) (GPT-2's tanh form), element by element;
+     * y may be x.  gelu_bwd: dx = gp_ew_gelu_bwd(x, dy), from the input x
+     * (dx =).  CPU: cpu_math.c (loops over elementwise.h, as relu's: the
+     * same float operations as the CUDA kernels, where oneDNN's
+     * eltwise_gelu_tanh would round its own way); CUDA: cuda_kernels.cu.
+     * NULL: the gp_dev_* wrappers return GP_ERR_UNSUPPORTED naming the
+     * device and the layer. */
+    gp_status (*gelu_fwd)(gp_device *dev, const float *x, float *y, int64_t n);
+    gp_status (*gelu_bwd)(gp_device *dev, const float *x, const float *dy, float *dx, int64_t n);
+    /* layer_norm_fwd: each of the `rows` rows of x (rows, c) normalised
+     * over its c values (biased variance, the sums in double), then
+     * y = (x - mean) * rstd * w + b, w and b (c); mean and rstd (rows) are
+     * written in FP32 for the backward (rstd = gp_ew_ln_rstd).
+     * layer_norm_bwd_data: dx (rows, c) = rstd (g - mean(g) - xhat
+     * mean(g xhat)) per row, g = dy w, xhat = (x - mean) rstd (dx =).
+     * layer_norm_bwd_weights: dw += sum over rows of dy xhat, db += sum of
+     * dy (each column's sum in double, in row order: no atomics).  CPU:
+     * cpu_math.c (loops, a row or a column per task); CUDA: cuda_kernels.cu
+     * (a block per row; a thread per column for the weights).  NULL: the
+     * gp_dev_* wrappers return GP_ERR_UNSUPPORTED naming the device. */
+    gp_status (*layer_norm_fwd)(gp_device *dev, const float *x, const float *w, const float *b,
+                                float *y, float *mean, float *rstd, int64_t rows, int64_t c,
+                                float eps);
+    gp_status (*layer_norm_bwd_data)(gp_device *dev, const float *x, const float *w,
+                                     const float *mean, const float *rstd, const float *dy,
+                                     float *dx, int64_t rows, int64_t c);
+    gp_status (*layer_norm_bwd_weights)(gp_device *dev, const float *x, const float *mean,
+                                        const float *rstd, const float *dy, float *dw,
+                                        float *db, int64_t rows, int64_t c);
 } gp_device_iface;
 
 /* The most tensors one nonfinite_or_many launch takes (its table travels
@@ -1293,6 +1325,20 @@ gp_status gp_dev_leaky_relu_bwd(gp_device *dev, const float *y, const float *dy,
                                 int64_t n, float slope);
 gp_status gp_dev_mul_rows(gp_device *dev, const float *x, const float *s, float *y,
                           int64_t rows, int64_t cols);
+/* The Transformer slots (gelu_*, layer_norm_*); GP_ERR_UNSUPPORTED (naming the device,
+ * its backend and the op) when a slot is NULL; nothing is called for zero
+ * elements (rows or c 0). */
+gp_status gp_dev_gelu_fwd(gp_device *dev, const float *x, float *y, int64_t n);
+gp_status gp_dev_gelu_bwd(gp_device *dev, const float *x, const float *dy, float *dx, int64_t n);
+gp_status gp_dev_layer_norm_fwd(gp_device *dev, const float *x, const float *w, const float *b,
+                                float *y, float *mean, float *rstd, int64_t rows, int64_t c,
+                                float eps);
+gp_status gp_dev_layer_norm_bwd_data(gp_device *dev, const float *x, const float *w,
+                                     const float *mean, const float *rstd, const float *dy,
+                                     float *dx, int64_t rows, int64_t c);
+gp_status gp_dev_layer_norm_bwd_weights(gp_device *dev, const float *x, const float *mean,
+                                        const float *rstd, const float *dy, float *dw, float *db,
+                                        int64_t rows, int64_t c);
 /* backend.h's norm_leaky_bwd; GP_ERR_UNSUPPORTED where the backend has
  * none. */
 gp_status gp_dev_norm_leaky_bwd(gp_device *dev, const gp_bn_desc *d, const float *yz, bool from_z,

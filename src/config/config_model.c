@@ -40,6 +40,7 @@ static int layer_keys(gp_layer_type t, const char **keys)
         keys[n++] = "slope";
         break;
     case GP_LAYER_INSTANCE_NORM:
+    case GP_LAYER_LAYER_NORM:
         keys[n++] = "eps";
         break;
     case GP_LAYER_UPSAMPLE:

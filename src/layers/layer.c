@@ -19,6 +19,7 @@ static const char *const type_names[GP_LAYER_TYPE_COUNT] = {
     "identity", "add", "concat",
     "leaky_relu", "dropout2d", "instance_norm", "upsample",
     "factorized_reduce", "amoeba_cell",
+    "gelu", "layer_norm",
 };
 
 static const char *const init_names[GP_INIT_COUNT] = {"default", "kaiming_normal_fan_out"};
@@ -93,6 +94,8 @@ const gp_layer_ops *gp_layer_ops_for(gp_layer_type t)
     case GP_LAYER_UPSAMPLE: return &gp_upsample_ops;
     case GP_LAYER_FACTORIZED_REDUCE: return &gp_factorized_reduce_ops;
     case GP_LAYER_AMOEBA_CELL: return &gp_amoeba_cell_ops;
+    case GP_LAYER_GELU: return &gp_gelu_ops;
+    case GP_LAYER_LAYER_NORM: return &gp_layer_norm_ops;
     default: return NULL;
     }
 }

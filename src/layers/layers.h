@@ -64,6 +64,8 @@ typedef enum gp_layer_type {
     GP_LAYER_UPSAMPLE,
     GP_LAYER_FACTORIZED_REDUCE,
     GP_LAYER_AMOEBA_CELL,
+    GP_LAYER_GELU,
+    GP_LAYER_LAYER_NORM,
     GP_LAYER_TYPE_COUNT
 } gp_layer_type;
 

@@ -1,0 +1,109 @@
+/*
+ * transformer.c — the layers a GPT-2 block needs besides linear and gelu
+ * (issue 53): layer_norm.
+ *
+ * layer_norm: PyTorch's nn.LayerNorm(C) over the last dimension of (N, C)
+ *   or (N, T, C) inputs: every row of C values normalised by its own mean
+ *   and biased variance (statistics in FP32, their sums in double), then
+ *   scaled by weight (C, init 1) and shifted by bias (C, init 0).  Training
+ *   and eval compute the same (no running statistics).  Saves each row's
+ *   mean and 1 / sqrt(var + eps) (2 floats a row); backward reads x too.
+ *   backward_data (dx =) and backward_weights (dW +=) are separate passes,
+ *   so a weights-only backward (the first stage) reads no w.
+ */
+#include "layers/layers_impl.h"
+
+#include <math.h>
+
+/* ---- layer_norm ----------------------------------------------------------- */
+
+static int64_t ln_rows(const gp_tensor *x)
+{
+    int64_t c = x->dims[x->ndim - 1];
+    return c > 0 ? gp_tensor_numel(x) / c : 0;
+}
+
+static gp_status layer_norm_infer(const gp_layer *l, const gp_shape *in, gp_shape *out)
+{
+    char b[96];
+    if (!(l->spec.eps > 0.0f) || isinf(l->spec.eps))
+        return gp_layer_spec_error(l, "eps = %g must be a finite number > 0 (default 1e-5)",
+                                   (double)l->spec.eps);
+    if (in->ndim != 2 && in->ndim != 3)
+        return gp_layer_spec_error(l,
+                                   "layer_norm normalises the last dimension of (N, C) or "
+                                   "(N, T, C) inputs, but got %s; for images use batchnorm or "
+                                   "instance_norm",
+                                   gp_layers_shape_n(in, b, sizeof b));
+    *out = *in;
+    return GP_OK;
+}
+
+static gp_status layer_norm_init(gp_layer *l, uint64_t seed)
+{
+    gp_shape cs = {1, {l->in_shape.dims[l->in_shape.ndim - 1], 0, 0, 0}};
+    GP_TRY(gp_layers_add_param(l, "weight", &cs, false, true));
+    GP_TRY(gp_layers_fill_param(l, 0, 1.0f));
+    GP_TRY(gp_layers_add_param(l, "bias", &cs, false, true));
+    return gp_layers_fill_param(l, 1, 0.0f);
+}
+
+static gp_status layer_norm_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                    gp_tensor *y, gp_saved *s)
+{
+    int64_t rows = ln_rows(x), c = x->dims[x->ndim - 1];
+    if (rows == 0) return GP_OK;
+    gp_shape st = gp_shape_2d(rows, 1);
+    GP_TRY(gp_layers_saved_alloc(s, 0, l->dev, &st)); /* mean (rows) */
+    GP_TRY(gp_layers_saved_alloc(s, 1, l->dev, &st)); /* rstd (rows) */
+    return gp_dev_layer_norm_fwd(l->dev, gp_f32(x), gp_f32(&l->params[0].value),
+                                 gp_f32(&l->params[1].value), gp_f32(y), gp_f32(&s->t[0]),
+                                 gp_f32(&s->t[1]), rows, c, l->spec.eps);
+}
+
+static gp_status layer_norm_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                          const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
+                                          gp_saved *s)
+{
+    int64_t rows = ln_rows(x), c = x->dims[x->ndim - 1];
+    if (rows == 0) return GP_OK;
+    return gp_dev_layer_norm_bwd_data(l->dev, gp_f32(x), gp_f32(&l->params[0].value),
+                                      gp_f32(&s->t[0]), gp_f32(&s->t[1]), gp_f32(dy), gp_f32(dx),
+                                      rows, c);
+}
+
+static gp_status layer_norm_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx,
+                                             const gp_tensor *x, const gp_tensor *y,
+                                             const gp_tensor *dy, gp_saved *s)
+{
+    int64_t rows = ln_rows(x), c = x->dims[x->ndim - 1];
+    if (rows == 0) return GP_OK;
+    return gp_dev_layer_norm_bwd_weights(l->dev, gp_f32(x), gp_f32(&s->t[0]), gp_f32(&s->t[1]),
+                                         gp_f32(dy), gp_f32(&l->params[0].grad),
+                                         gp_f32(&l->params[1].grad), rows, c);
+}
+
+static double layer_norm_flops(const gp_layer *l, int64_t n)
+{
+    /* statistics (3 per element) and the affine normalisation (4) */
+    return 7.0 * (double)n * (double)gp_shape_numel(&l->out_shape);
+}
+
+static size_t layer_norm_saved_bytes(const gp_layer *l, int64_t n)
+{
+    const gp_shape *in = &l->in_shape;
+    int64_t per = gp_shape_numel(in) / (in->dims[0] * in->dims[in->ndim - 1]);
+    return 2 * (size_t)(n * per) * sizeof(float);
+}
+
+const gp_layer_ops gp_layer_norm_ops = {
+    .type = GP_LAYER_LAYER_NORM,
+    .infer = layer_norm_infer,
+    .init = layer_norm_init,
+    .forward = layer_norm_forward,
+    .backward_data = layer_norm_backward_data,
+    .backward_weights = layer_norm_backward_weights,
+    .flops = layer_norm_flops,
+    .saved_bytes = layer_norm_saved_bytes,
+    .bwd_ignores_y = true,
+};
