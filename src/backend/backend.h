@@ -115,8 +115,9 @@
  *  27  norm_leaky_bwd (instance norm's backward from its output, or from
  *      the leaky relu's output in place over it: in-place activated norm)
  *  28  gelu_fwd, gelu_bwd (GPT-2's tanh GELU)
- *  29  layer_norm_fwd, layer_norm_bwd_data, layer_norm_bwd_weights */
-#define GP_DEVICE_IFACE_VERSION 29
+ *  29  layer_norm_fwd, layer_norm_bwd_data, layer_norm_bwd_weights
+ *  30  embed_fwd, embed_bwd (token and position embeddings) */
+#define GP_DEVICE_IFACE_VERSION 30
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -821,6 +822,20 @@ typedef struct gp_device_iface {
     gp_status (*layer_norm_bwd_weights)(gp_device *dev, const float *x, const float *mean,
                                         const float *rstd, const float *dy, float *dw,
                                         float *db, int64_t rows, int64_t c);
+    /* embed_fwd: y (n, t, c) = wte[ids[r]] + wpe[r % t] for each of the
+     * n*t rows r, ids (n, t) token ids stored as floats, wte (vocab, c),
+     * wpe (>= t, c).  *bad (host) = the first r whose id is not a whole
+     * number in [0, vocab) (NaN included), else -1; y is then not written.
+     * A GPU waits for that flag (one host wait per call, as xent's).
+     * embed_bwd: dwte[ids[r]] += dy[r], dwpe[r % t] += dy[r] (dW +=), each
+     * column summed in row order (no atomics: the same bits every run);
+     * the ids are those embed_fwd accepted.  CPU: cpu_math.c; CUDA:
+     * cuda_kernels.cu.  NULL: GP_ERR_UNSUPPORTED from the wrappers. */
+    gp_status (*embed_fwd)(gp_device *dev, const float *ids, const float *wte, const float *wpe,
+                           float *y, int64_t n, int64_t t, int64_t c, int64_t vocab,
+                           int64_t *bad);
+    gp_status (*embed_bwd)(gp_device *dev, const float *ids, const float *dy, float *dwte,
+                           float *dwpe, int64_t n, int64_t t, int64_t c);
 } gp_device_iface;
 
 /* The most tensors one nonfinite_or_many launch takes (its table travels
@@ -1325,7 +1340,7 @@ gp_status gp_dev_leaky_relu_bwd(gp_device *dev, const float *y, const float *dy,
                                 int64_t n, float slope);
 gp_status gp_dev_mul_rows(gp_device *dev, const float *x, const float *s, float *y,
                           int64_t rows, int64_t cols);
-/* The Transformer slots (gelu_*, layer_norm_*); GP_ERR_UNSUPPORTED (naming the device,
+/* The Transformer slots (gelu_*, layer_norm_*, embed_*); GP_ERR_UNSUPPORTED (naming the device,
  * its backend and the op) when a slot is NULL; nothing is called for zero
  * elements (rows or c 0). */
 gp_status gp_dev_gelu_fwd(gp_device *dev, const float *x, float *y, int64_t n);
@@ -1339,6 +1354,11 @@ gp_status gp_dev_layer_norm_bwd_data(gp_device *dev, const float *x, const float
 gp_status gp_dev_layer_norm_bwd_weights(gp_device *dev, const float *x, const float *mean,
                                         const float *rstd, const float *dy, float *dw, float *db,
                                         int64_t rows, int64_t c);
+gp_status gp_dev_embed_fwd(gp_device *dev, const float *ids, const float *wte, const float *wpe,
+                           float *y, int64_t n, int64_t t, int64_t c, int64_t vocab,
+                           int64_t *bad);
+gp_status gp_dev_embed_bwd(gp_device *dev, const float *ids, const float *dy, float *dwte,
+                           float *dwpe, int64_t n, int64_t t, int64_t c);
 /* backend.h's norm_leaky_bwd; GP_ERR_UNSUPPORTED where the backend has
  * none. */
 gp_status gp_dev_norm_leaky_bwd(gp_device *dev, const gp_bn_desc *d, const float *yz, bool from_z,

@@ -813,6 +813,24 @@ gp_status gp_dev_layer_norm_bwd_weights(gp_device *dev, const float *x, const fl
     return dev->iface->layer_norm_bwd_weights(dev, x, mean, rstd, dy, dw, db, rows, c);
 }
 
+gp_status gp_dev_embed_fwd(gp_device *dev, const float *ids, const float *wte, const float *wpe,
+                           float *y, int64_t n, int64_t t, int64_t c, int64_t vocab,
+                           int64_t *bad)
+{
+    *bad = -1;
+    if (!dev->iface->embed_fwd) return no_unet_op(dev, "embed_fwd", "embedding");
+    if (n <= 0 || t <= 0 || c <= 0) return GP_OK;
+    return dev->iface->embed_fwd(dev, ids, wte, wpe, y, n, t, c, vocab, bad);
+}
+
+gp_status gp_dev_embed_bwd(gp_device *dev, const float *ids, const float *dy, float *dwte,
+                           float *dwpe, int64_t n, int64_t t, int64_t c)
+{
+    if (!dev->iface->embed_bwd) return no_unet_op(dev, "embed_bwd", "embedding");
+    if (n <= 0 || t <= 0 || c <= 0) return GP_OK;
+    return dev->iface->embed_bwd(dev, ids, dy, dwte, dwpe, n, t, c);
+}
+
 gp_status gp_dev_norm_leaky_bwd(gp_device *dev, const gp_bn_desc *d, const float *yz, bool from_z,
                                 float slope, const float *var, const float *dy, float *dx)
 {

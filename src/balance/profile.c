@@ -638,13 +638,15 @@ static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer
             for (int r = 0; r < warm + reps && s == GP_OK; r++) {
                 double t0 = gp_now();
                 if (last) {
-                    /* the model's loss: class ids, or a 0 / 1 target per logit */
+                    /* the model's loss: class ids (one per position of an
+                     * (N, T, classes) output), or a 0 / 1 target per logit */
                     bool ce = o->loss == GP_LOSS_CROSS_ENTROPY;
-                    gp_shape ls = ce ? (gp_shape){1, {b, 0, 0, 0}} : ys;
+                    gp_shape ls = gp_loss_targets_shape(o->loss, &l->out_shape, b);
                     int64_t nl = gp_shape_numel(&ls);
+                    int64_t cls = l->out_shape.dims[l->out_shape.ndim - 1];
                     gp_tensor lab = {0}, yl = {0}, dl = {0};
                     gp_loss_out lo;
-                    for (int64_t q = 0; q < nl; q++) host[q] = (float)(q % (ce ? per : 2));
+                    for (int64_t q = 0; q < nl; q++) host[q] = (float)(q % (ce ? cls : 2));
                     s = gp_tensor_alloc(&lab, dev, &ls, GP_MEM_ACTIVATIONS);
                     if (s == GP_OK) s = gp_tensor_alloc(&yl, dev, &ys, GP_MEM_ACTIVATIONS);
                     if (s == GP_OK) s = gp_tensor_alloc(&dl, dev, &ys, GP_MEM_ACTIVATIONS);

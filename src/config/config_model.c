@@ -46,6 +46,9 @@ static int layer_keys(gp_layer_type t, const char **keys)
     case GP_LAYER_UPSAMPLE:
         keys[n++] = "scale";
         break;
+    case GP_LAYER_EMBEDDING:
+        keys[n++] = "vocab"; keys[n++] = "dim"; keys[n++] = "positions";
+        break;
     case GP_LAYER_RESIDUAL: /* momentum, eps, sync: of its batch norms; init: its convs */
         keys[n++] = "out"; keys[n++] = "stride";
         keys[n++] = "momentum"; keys[n++] = "eps"; keys[n++] = "sync"; keys[n++] = "init";
@@ -277,6 +280,17 @@ static gp_status parse_layer(gp_cfg_walk *w, const gp_ynode *item, int index, gp
                                 &spec->slope));
     if (has_key(keys, nk, "scale"))
         GP_TRY(gp_cfg_get_int(w, opts, sect, "scale", spec->scale, 1, 1 << 16, &spec->scale));
+    if (t == GP_LAYER_EMBEDDING) { /* token ids are floats: exact below 2^24 */
+        const int64_t ids = (int64_t)1 << 24;
+        GP_TRY(gp_cfg_get_int(w, opts, sect, "vocab", spec->vocab, 1, ids, &spec->vocab));
+        GP_TRY(gp_cfg_get_int(w, opts, sect, "dim", spec->dim, 1, big, &spec->dim));
+        GP_TRY(gp_cfg_get_int(w, opts, sect, "positions", spec->positions, 1, ids,
+                              &spec->positions));
+        if (spec->vocab < 1 || spec->dim < 1 || spec->positions < 1)
+            return gp_cfg_bad(w, tnode, "layer %d (embedding) needs 'vocab', 'dim' and "
+                              "'positions', like `- embedding: {vocab: 256, dim: 64, positions: "
+                              "128}`", index);
+    }
     GP_TRY(gp_cfg_get_str(w, opts, sect, "name", "", spec->name, sizeof spec->name));
     GP_TRY(gp_cfg_get_str(w, opts, sect, "stash", "", spec->stash, sizeof spec->stash));
     const gp_ynode *sn = gp_ymap_get(opts, "stash");

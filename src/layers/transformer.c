@@ -1,6 +1,6 @@
 /*
  * transformer.c — the layers a GPT-2 block needs besides linear and gelu
- * (issue 53): layer_norm.
+ * (issue 53): layer_norm and embedding.
  *
  * layer_norm: PyTorch's nn.LayerNorm(C) over the last dimension of (N, C)
  *   or (N, T, C) inputs: every row of C values normalised by its own mean
@@ -10,6 +10,20 @@
  *   mean and 1 / sqrt(var + eps) (2 floats a row); backward reads x too.
  *   backward_data (dx =) and backward_weights (dW +=) are separate passes,
  *   so a weights-only backward (the first stage) reads no w.
+ * embedding: GPT-2's token and position embeddings as one layer (wte +
+ *   wpe, as llm.c's encoder: one layer keeps a Transformer's first stage a
+ *   plain chain, and the position table needs the same T as the tokens).
+ *   Input (N, T) token ids stored as floats (model.input [T], which
+ *   arrives as (N, T, 1, 1)) (exact below 2^24, the most
+ *   `vocab` takes), output (N, T, dim) = wte[id] + wpe[position].
+ *   Parameters wte.weight (vocab, dim), normal(0, 0.02), and wpe.weight
+ *   (positions, dim), normal(0, 0.01), as llm.c initialises them (the names
+ *   are Hugging Face GPT-2's without its "transformer." prefix).  The input
+ *   is data, so there is no dx: the layer must be the model's first, and
+ *   backward_data (asked only where a dx is wanted) refuses.  Backward is
+ *   a scatter-add into the gradients (embed_bwd).  An id that is not a
+ *   whole number in [0, vocab) fails the forward with the layer, the
+ *   sample's row in the mini-batch and the position.
  */
 #include "layers/layers_impl.h"
 
@@ -105,5 +119,99 @@ const gp_layer_ops gp_layer_norm_ops = {
     .backward_weights = layer_norm_backward_weights,
     .flops = layer_norm_flops,
     .saved_bytes = layer_norm_saved_bytes,
+    .bwd_ignores_y = true,
+};
+
+/* ---- embedding ------------------------------------------------------------- */
+
+static gp_status embedding_infer(const gp_layer *l, const gp_shape *in, gp_shape *out)
+{
+    char b[96];
+    const gp_layer_spec *sp = &l->spec;
+    if (l->index != 0)
+        return gp_layer_spec_error(l,
+                                   "an embedding takes token ids, the model's input data, so it "
+                                   "must be the model's first layer (it is layer %d)",
+                                   l->index);
+    if (sp->vocab < 1 || sp->vocab > ((int64_t)1 << 24) || sp->dim < 1 || sp->positions < 1)
+        return gp_layer_spec_error(l,
+                                   "vocab = %lld (in [1, 2^24]: ids are floats), dim = %lld "
+                                   "and positions = %lld must be given and >= 1, like "
+                                   "{embedding: {vocab: 256, dim: 64, positions: 128}}",
+                                   (long long)sp->vocab, (long long)sp->dim,
+                                   (long long)sp->positions);
+    /* model.input [T] reaches the first layer as (N, T, 1, 1) */
+    bool ids = in->ndim == 2 || (in->ndim == 4 && in->dims[2] == 1 && in->dims[3] == 1);
+    if (!ids)
+        return gp_layer_spec_error(l,
+                                   "expected token ids (N, T) but got %s; set model.input to "
+                                   "[T], the sequence length",
+                                   gp_layers_shape_n(in, b, sizeof b));
+    if (in->dims[1] > sp->positions)
+        return gp_layer_spec_error(l,
+                                   "the input has %lld positions but positions = %lld; raise "
+                                   "positions to at least the sequence length",
+                                   (long long)in->dims[1], (long long)sp->positions);
+    *out = (gp_shape){3, {in->dims[0], in->dims[1], sp->dim, 0}};
+    return GP_OK;
+}
+
+static gp_status embedding_init(gp_layer *l, uint64_t seed)
+{
+    gp_shape te = gp_shape_2d(l->spec.vocab, l->spec.dim);
+    gp_shape pe = gp_shape_2d(l->spec.positions, l->spec.dim);
+    GP_TRY(gp_layers_add_param(l, "wte.weight", &te, false, false));
+    GP_TRY(gp_layers_init_normal(l, 0, seed, 0.02f));
+    GP_TRY(gp_layers_add_param(l, "wpe.weight", &pe, false, false));
+    return gp_layers_init_normal(l, 1, seed, 0.01f);
+}
+
+static gp_status embedding_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                   gp_tensor *y, gp_saved *s)
+{
+    int64_t n = x->dims[0], t = x->dims[1], bad = -1;
+    GP_TRY(gp_dev_embed_fwd(l->dev, gp_f32(x), gp_f32(&l->params[0].value),
+                            gp_f32(&l->params[1].value), gp_f32(y), n, t, l->spec.dim,
+                            l->spec.vocab, &bad));
+    if (bad < 0) return GP_OK;
+    float v = 0.0f;
+    GP_TRY(gp_dev_download(l->dev, &v, gp_f32(x) + bad, 1)); /* the message's id */
+    return gp_layer_spec_error(l,
+                               "token id %g at row %lld of the mini-batch, position %lld, is "
+                               "not a whole number in [0, %lld) (vocab); the data's tokens "
+                               "need a larger vocab, or they are not token ids",
+                               (double)v, (long long)(ctx->sample_offset + bad / t),
+                               (long long)(bad % t), (long long)l->spec.vocab);
+}
+
+static gp_status embedding_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                         const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
+                                         gp_saved *s)
+{
+    return gp_layer_spec_error(l, "token ids have no gradient: an embedding must be the "
+                                  "model's first layer, whose input gradient nobody asks for");
+}
+
+static gp_status embedding_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx,
+                                            const gp_tensor *x, const gp_tensor *y,
+                                            const gp_tensor *dy, gp_saved *s)
+{
+    return gp_dev_embed_bwd(l->dev, gp_f32(x), gp_f32(dy), gp_f32(&l->params[0].grad),
+                            gp_f32(&l->params[1].grad), x->dims[0], x->dims[1], l->spec.dim);
+}
+
+static double embedding_flops(const gp_layer *l, int64_t n)
+{
+    return (double)n * (double)gp_shape_numel(&l->out_shape); /* one add per element */
+}
+
+const gp_layer_ops gp_embedding_ops = {
+    .type = GP_LAYER_EMBEDDING,
+    .infer = embedding_infer,
+    .init = embedding_init,
+    .forward = embedding_forward,
+    .backward_data = embedding_backward_data,
+    .backward_weights = embedding_backward_weights,
+    .flops = embedding_flops,
     .bwd_ignores_y = true,
 };

@@ -548,6 +548,50 @@ gp_status gp_cpu_layer_norm_bwd_weights(gp_device *dev, const float *x, const fl
     return GP_OK;
 }
 
+/* ---- Transformer: token and position embeddings --------------------------- */
+
+gp_status gp_cpu_embed_fwd(gp_device *dev, const float *ids, const float *wte, const float *wpe,
+                           float *y, int64_t n, int64_t t, int64_t c, int64_t vocab,
+                           int64_t *bad)
+{
+    int64_t rows = n * t;
+    *bad = -1;
+    for (int64_t r = 0; r < rows; r++) /* !(in range) also catches NaN */
+        if (!(ids[r] >= 0.0f && ids[r] < (float)vocab) || ids[r] != floorf(ids[r])) {
+            *bad = r;
+            return GP_OK;
+        }
+    int nt = dev->threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * c >= CPU_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *e = wte + (int64_t)ids[r] * c, *p = wpe + (r % t) * c;
+        for (int64_t j = 0; j < c; j++) y[r * c + j] = e[j] + p[j];
+    }
+    return GP_OK;
+}
+
+/* A block of columns per task, every row in order within it: two tasks
+ * never add into the same element, and each sum has one order. */
+gp_status gp_cpu_embed_bwd(gp_device *dev, const float *ids, const float *dy, float *dwte,
+                           float *dwpe, int64_t n, int64_t t, int64_t c)
+{
+    const int64_t blk = 16, nb = (c + blk - 1) / blk;
+    int nt = dev->threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (n * t * c >= CPU_PAR_MIN)
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t j0 = b * blk, j1 = j0 + blk < c ? j0 + blk : c;
+        for (int64_t r = 0; r < n * t; r++) {
+            float *e = dwte + (int64_t)ids[r] * c, *p = dwpe + (r % t) * c;
+            const float *g = dy + r * c;
+            for (int64_t j = j0; j < j1; j++) {
+                e[j] += g[j];
+                p[j] += g[j];
+            }
+        }
+    }
+    return GP_OK;
+}
+
 /* ---- U-Net: leaky relu, per-row scaling, binary cross-entropy ------------- */
 
 GP_CPU_LOOPS

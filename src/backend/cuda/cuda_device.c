@@ -1030,6 +1030,33 @@ static gp_status cuda_layer_norm_bwd_weights(gp_device *dev, const float *x, con
     CUDA_OP(dev, gp_cuk_layer_norm_bwd_weights(s, x, mean, rstd, dy, dw, db, rows, c));
 }
 
+/* The ids' check writes the first bad row into a workspace word, read
+ * back after a wait (as xent's result), then the sum runs where all are
+ * good. */
+static gp_status cuda_embed_fwd(gp_device *dev, const float *ids, const float *wte,
+                                const float *wpe, float *y, int64_t n, int64_t t, int64_t c,
+                                int64_t vocab, int64_t *bad)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    void *ws;
+    long long first = -1;
+    GP_TRY(gp_cuda_enter(dev));
+    GP_TRY(gp_cuda_ws_reserve(dev, sizeof(long long), &ws));
+    GP_CUDA(gp_cuk_embed_check(ctx->compute, ids, n * t, vocab, (long long *)ws));
+    GP_CUDA(cudaMemcpyAsync(&first, ws, sizeof first, cudaMemcpyDeviceToHost, ctx->compute));
+    GP_CUDA(cudaStreamSynchronize(ctx->compute));
+    *bad = first;
+    if (first >= 0) return GP_OK;
+    GP_CUDA(gp_cuk_embed_fwd(ctx->compute, ids, wte, wpe, y, n, t, c));
+    return GP_OK;
+}
+
+static gp_status cuda_embed_bwd(gp_device *dev, const float *ids, const float *dy, float *dwte,
+                                float *dwpe, int64_t n, int64_t t, int64_t c)
+{
+    CUDA_OP(dev, gp_cuk_embed_bwd(s, ids, dy, dwte, dwpe, n, t, c));
+}
+
 static gp_status cuda_leaky_relu_fwd(gp_device *dev, const float *x, float *y, int64_t n,
                                      float slope)
 {
@@ -1779,6 +1806,8 @@ static const gp_device_iface cuda_iface = {
     .layer_norm_fwd = cuda_layer_norm_fwd,
     .layer_norm_bwd_data = cuda_layer_norm_bwd_data,
     .layer_norm_bwd_weights = cuda_layer_norm_bwd_weights,
+    .embed_fwd = cuda_embed_fwd,
+    .embed_bwd = cuda_embed_bwd,
     .leaky_relu_fwd = cuda_leaky_relu_fwd,
     .leaky_relu_bwd = cuda_leaky_relu_bwd,
     .mul_rows = cuda_mul_rows,

@@ -714,6 +714,39 @@ __global__ void k_layer_norm_bwd_weights(const float *x, const float *mean, cons
     }
 }
 
+/* ---- token and position embeddings (backend.h's embed_*) ------------------- */
+
+__global__ void k_embed_check(const float *ids, int64_t rows, int64_t vocab, long long *first)
+{
+    GP_CUK_LOOP(r, rows) {
+        float v = ids[r];
+        if (!(v >= 0.0f && v < (float)vocab) || v != floorf(v)) atomicMin(first, (long long)r);
+    }
+}
+__global__ void k_embed_none(long long *first, long long rows)
+{
+    if (*first >= rows) *first = -1;
+}
+__global__ void k_embed_fwd(const float *ids, const float *wte, const float *wpe, float *y,
+                            int64_t rows, int64_t t, int64_t c)
+{
+    GP_CUK_LOOP(e, rows * c) {
+        int64_t r = e / c, j = e % c;
+        y[e] = wte[(int64_t)ids[r] * c + j] + wpe[(r % t) * c + j];
+    }
+}
+__global__ void k_embed_bwd(const float *ids, const float *dy, float *dwte, float *dwpe,
+                            int64_t rows, int64_t t, int64_t c)
+{
+    GP_CUK_LOOP(j, c) {
+        for (int64_t r = 0; r < rows; r++) {
+            float g = dy[r * c + j];
+            dwte[(int64_t)ids[r] * c + j] += g;
+            dwpe[(r % t) * c + j] += g;
+        }
+    }
+}
+
 inline unsigned channel_blocks(int64_t C) { return (unsigned)(C < 65535 ? C : 65535); }
 
 /* ---- batch norm over planes (S >= 32): a warp per (n, c) plane of S
@@ -1368,6 +1401,29 @@ cudaError_t gp_cuk_layer_norm_bwd_weights(cudaStream_t s, const float *x, const 
                                           float *db, int64_t rows, int64_t c)
 {
     GP_CUK_LAUNCH(c, k_layer_norm_bwd_weights, x, mean, rstd, dy, dw, db, rows, c);
+}
+
+cudaError_t gp_cuk_embed_check(cudaStream_t s, const float *ids, int64_t rows, int64_t vocab,
+                               long long *first)
+{
+    long long none = (long long)rows; /* above every row: "none" after the min */
+    cudaError_t e = cudaMemcpyAsync(first, &none, sizeof none, cudaMemcpyHostToDevice, s);
+    if (e != cudaSuccess) return e;
+    if (rows > 0) k_embed_check<<<blocks_for(rows), GP_CUK_THREADS, 0, s>>>(ids, rows, vocab, first);
+    k_embed_none<<<1, 1, 0, s>>>(first, (long long)rows);
+    return cudaGetLastError();
+}
+
+cudaError_t gp_cuk_embed_fwd(cudaStream_t s, const float *ids, const float *wte, const float *wpe,
+                             float *y, int64_t n, int64_t t, int64_t c)
+{
+    GP_CUK_LAUNCH(n * t * c, k_embed_fwd, ids, wte, wpe, y, n * t, t, c);
+}
+
+cudaError_t gp_cuk_embed_bwd(cudaStream_t s, const float *ids, const float *dy, float *dwte,
+                             float *dwpe, int64_t n, int64_t t, int64_t c)
+{
+    GP_CUK_LAUNCH(c, k_embed_bwd, ids, dy, dwte, dwpe, n * t, t, c);
 }
 
 cudaError_t gp_cuk_norm_leaky_bwd(cudaStream_t s, const float *yz, int from_z, float slope,
