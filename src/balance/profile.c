@@ -250,6 +250,21 @@ static gp_status fill_random(gp_tensor *t, uint64_t seed, uint64_t stream, float
     return gp_dev_upload(t->dev, gp_f32(t), host, n);
 }
 
+/* Input q of layer l: random values, or for an embedding's ids random
+ * whole numbers in [0, vocab) (its forward refuses anything else). */
+static gp_status fill_input(const gp_layer *l, int q, gp_tensor *t, uint64_t seed,
+                            uint64_t stream, float *host)
+{
+    if (l->spec.type != GP_LAYER_EMBEDDING || q != 0) return fill_random(t, seed, stream, host);
+    int64_t n = gp_tensor_numel(t);
+    gp_rng_uniform_fill(seed, stream, 0, host, n);
+    for (int64_t i = 0; i < n; i++) {
+        float v = floorf(host[i] * (float)l->spec.vocab);
+        host[i] = v < (float)(l->spec.vocab - 1) ? v : (float)(l->spec.vocab - 1);
+    }
+    return gp_dev_upload(t->dev, gp_f32(t), host, n);
+}
+
 static size_t act_bytes_now(gp_allocator *a)
 {
     gp_allocator s;
@@ -346,7 +361,7 @@ static void *contender_main(void *arg)
             host = malloc((size_t)most * sizeof *host);
             if (s == GP_OK && !host) s = gp_error_set(GP_ERR_OOM, "out of host memory");
             for (int q = 0; q < l.n_in && s == GP_OK; q++)
-                s = fill_random(&x[q], c->seed, 7001 + 17u * (uint64_t)q, host);
+                s = fill_input(&l, q, &x[q], c->seed, 7001 + 17u * (uint64_t)q, host);
             if (s == GP_OK) s = fill_random(&dy, c->seed, 7002, host);
             have = b;
         }
@@ -528,8 +543,8 @@ static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer
             gp_shape qs = q ? gp_shape_with_batch(&l->pop_shape[q - 1], b) : xs;
             s = gp_tensor_alloc(&x[q], dev, &qs, GP_MEM_ACTIVATIONS);
             if (s == GP_OK) s = gp_tensor_alloc(&dx[q], dev, &qs, GP_MEM_ACTIVATIONS);
-            if (s == GP_OK) s = fill_random(&x[q], o->seed, (uint64_t)k * 2 + 7919u * (uint64_t)q,
-                                            host);
+            if (s == GP_OK)
+                s = fill_input(l, q, &x[q], o->seed, (uint64_t)k * 2 + 7919u * (uint64_t)q, host);
         }
         if (s == GP_OK) s = gp_tensor_alloc(&dy, dev, &ys, GP_MEM_ACTIVATIONS);
         if (s == GP_OK) s = gp_tensor_alloc(&cp, peer, &ys, GP_MEM_COPIES);

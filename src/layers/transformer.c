@@ -19,8 +19,10 @@
  *   Parameters wte.weight (vocab, dim), normal(0, 0.02), and wpe.weight
  *   (positions, dim), normal(0, 0.01), as llm.c initialises them (the names
  *   are Hugging Face GPT-2's without its "transformer." prefix).  The input
- *   is data, so there is no dx: the layer must be the model's first, and
- *   backward_data (asked only where a dx is wanted) refuses.  Backward is
+ *   is data, so there is no dx: the layer must be the model's first (the
+ *   first stage asks no dx of it), and backward_data, which only a caller
+ *   outside the pipeline asks (the profiler times every layer's), writes
+ *   zeros: ids are constants.  Backward is
  *   a scatter-add into the gradients (embed_bwd).  An id that is not a
  *   whole number in [0, vocab) fails the forward with the layer, the
  *   sample's row in the mini-batch and the position.
@@ -188,8 +190,7 @@ static gp_status embedding_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, con
                                          const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
                                          gp_saved *s)
 {
-    return gp_layer_spec_error(l, "token ids have no gradient: an embedding must be the "
-                                  "model's first layer, whose input gradient nobody asks for");
+    return gp_dev_fill(l->dev, gp_f32(dx), 0.0f, gp_tensor_numel(dx));
 }
 
 static gp_status embedding_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx,
