@@ -124,7 +124,8 @@ typedef struct gp_metrics {
 gp_status gp_run_prepare(gp_run *run);
 /* One pipelined optimizer step on your own batch: x is (n, C, H, W) floats
  * (already normalised), y holds n class ids as floats (model.loss:
- * cross_entropy) or, with model.loss: bce_with_logits, one target in
+ * cross_entropy; n x T of them, sample after sample, for a model whose
+ * output is (N, T, classes), with x then n x T token ids) or, with model.loss: bce_with_logits, one target in
  * [0, 1] per element of the model's output, sample after sample (a mask
  * (n, 1, H, W)).  Loss and accuracy are then per element.  The learning
  * rate follows the config's schedule over `total_steps` (0 or less: no
@@ -222,8 +223,10 @@ typedef struct gp_run_info {
     int64_t output_numel;  /* the model's output per sample: its classes
                               (model.loss: cross_entropy), or the elements
                               of its map (bce_with_logits) */
-    int64_t target_numel;  /* floats per sample in y: 1 (a class id), or
-                              output_numel (bce_with_logits' targets) */
+    int64_t target_numel;  /* floats per sample in y: 1 (a class id), T (a
+                              class id per position of an (N, T, classes)
+                              output), or output_numel (bce_with_logits'
+                              targets) */
     int64_t batch_size;    /* train.batch_size */
     int64_t parameters;    /* trainable parameters (--dry-run's count) */
     int64_t step;          /* optimizer steps the run's model has taken */

@@ -57,7 +57,9 @@ static void ref_forward(const gp_layer *l, double **P, bool train, const gp_fwd_
     int64_t nx = gp_shape_numel(xs);
     switch (sp->type) {
     case GP_LAYER_LINEAR:
-        ref_linear(xs->dims[0], xs->dims[1], sp->out, x, P[0], sp->bias ? P[1] : NULL, y);
+        /* (N, T, in): the N*T positions are the rows */
+        ref_linear(nx / xs->dims[xs->ndim - 1], xs->dims[xs->ndim - 1], sp->out, x, P[0],
+                   sp->bias ? P[1] : NULL, y);
         break;
     case GP_LAYER_CONV2D: {
         geom g = geom_of(xs, sp->out, sp->kernel, sp->stride, sp->padding);
@@ -156,6 +158,23 @@ static void ref_forward(const gp_layer *l, double **P, bool train, const gp_fwd_
     case GP_LAYER_UPSAMPLE:
         ref_upsample(xs->dims[0] * xs->dims[1], xs->dims[2], xs->dims[3], sp->scale, x, y);
         break;
+    case GP_LAYER_GELU: /* GPT-2's tanh form, in double */
+        for (int64_t i = 0; i < nx; i++)
+            y[i] = 0.5 * x[i] *
+                   (1.0 + tanh(sqrt(2.0 / acos(-1.0)) * (x[i] + 0.044715 * x[i] * x[i] * x[i])));
+        break;
+    case GP_LAYER_LAYER_NORM: { /* each row of the last dimension, biased variance */
+        int64_t c = xs->dims[xs->ndim - 1];
+        for (int64_t r = 0; r < nx / c; r++) {
+            const double *xr = x + r * c;
+            double m = 0, v = 0;
+            for (int64_t j = 0; j < c; j++) m += xr[j] / (double)c;
+            for (int64_t j = 0; j < c; j++) v += (xr[j] - m) * (xr[j] - m) / (double)c;
+            for (int64_t j = 0; j < c; j++)
+                y[r * c + j] = (xr[j] - m) / sqrt(v + (double)sp->eps) * P[0][j] + P[1][j];
+        }
+        break;
+    }
     default: CHECK(!"unknown layer type");
     }
 }
@@ -542,6 +561,28 @@ static void test_all_layers(gp_device *dev)
     cases[n] = (layer_case){spec_of(GP_LAYER_FACTORIZED_REDUCE), gp_shape_4d(4, 3, 1, 5), X_AWAY,
                             true, kinky};
     cases[n++].spec.out = 2;
+    /* gelu: 4-D, 2-D and (N, T, C) (a Transformer's MLP) */
+    cases[n++] = (layer_case){spec_of(GP_LAYER_GELU), img, X_SYM, false, smooth};
+    cases[n++] = (layer_case){spec_of(GP_LAYER_GELU), gp_shape_2d(5, 11), X_SYM, false, smooth};
+    cases[n++] = (layer_case){spec_of(GP_LAYER_GELU), (gp_shape){3, {2, 7, 5, 0}}, X_SYM, false,
+                              smooth};
+    /* layer_norm: (N, C), (N, T, C) with odd sizes, random weight and bias;
+     * a wide eps; a row of 1 value (y = bias, dx = 0) */
+    cases[n++] = (layer_case){spec_of(GP_LAYER_LAYER_NORM), gp_shape_2d(3, 7), X_SYM, true, smooth};
+    cases[n++] = (layer_case){spec_of(GP_LAYER_LAYER_NORM), (gp_shape){3, {3, 5, 9, 0}}, X_SYM,
+                              true, smooth};
+    cases[n] = (layer_case){spec_of(GP_LAYER_LAYER_NORM), (gp_shape){3, {2, 3, 4, 0}}, X_SYM, true,
+                            smooth};
+    cases[n++].spec.eps = 1e-2f;
+    cases[n++] = (layer_case){spec_of(GP_LAYER_LAYER_NORM), gp_shape_2d(4, 1), X_SYM, true, smooth};
+    /* linear on (N, T, C): every position through the same weights */
+    cases[n] = (layer_case){spec_of(GP_LAYER_LINEAR), (gp_shape){3, {3, 5, 7, 0}}, X_SYM, false,
+                            smooth};
+    cases[n++].spec.out = 4;
+    cases[n] = (layer_case){spec_of(GP_LAYER_LINEAR), (gp_shape){3, {2, 1, 6, 0}}, X_SYM, false,
+                            smooth};
+    cases[n].spec.out = 9;
+    cases[n++].spec.bias = false;
     CHECK((size_t)n <= sizeof cases / sizeof *cases);
     for (int k = 0; k < n; k++) check_layer(dev, &cases[k], k, &rng);
 }
@@ -1461,8 +1502,15 @@ static void test_errors(gp_device *dev)
     gp_layer_spec li = spec_of(GP_LAYER_LINEAR);
     li.out = 10;
     CHECK_ERR(gp_layer_create(&li, 4, &img, dev, 1, &l), GP_ERR_INVALID,
-              "layer 4 (linear): expected 2-D input (N, features) but got (N, 1, 28, 28); add a "
-              "flatten");
+              "layer 4 (linear): expected input (N, features) or (N, T, features) but got "
+              "(N, 1, 28, 28); add a flatten");
+    gp_layer_spec ln = spec_of(GP_LAYER_LAYER_NORM);
+    CHECK_ERR(gp_layer_create(&ln, 2, &img, dev, 1, &l), GP_ERR_INVALID,
+              "layer 2 (layer_norm): layer_norm normalises the last dimension of (N, C) or "
+              "(N, T, C) inputs, but got (N, 1, 28, 28)");
+    ln.eps = 0.0f;
+    CHECK_ERR(gp_layer_create(&ln, 2, &flat, dev, 1, &l), GP_ERR_INVALID,
+              "eps = 0 must be a finite number > 0");
     li.in = 100;
     CHECK_ERR(gp_layer_create(&li, 4, &flat, dev, 1, &l), GP_ERR_INVALID,
               "in = 100 but the input has 784 features");

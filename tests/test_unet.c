@@ -260,8 +260,9 @@ static void config_errors(void)
     CHECK_OK(unet_cfg(2, 2, 8, 32, "  loss: cross_entropy\n", NULL, &c));
     gp_model m;
     CHECK_ERR(gp_model_build(&c, devs[0], &m), GP_ERR_INVALID,
-              "cross_entropy needs (N, classes); end the model with flatten and linear, or for "
-              "one target per output element (masks) set model.loss: bce_with_logits");
+              "cross_entropy needs (N, classes) or (N, T, classes); end the model with flatten "
+              "and linear, or for one target per output element (masks) set model.loss: "
+              "bce_with_logits");
     gp_config_free(&c);
 }
 

@@ -115,8 +115,11 @@
  *  27  norm_leaky_bwd (instance norm's backward from its output, or from
  *      the leaky relu's output in place over it: in-place activated norm)
  *  28  attn_fwd, attn_bwd (causal multi-head self-attention, the fused
- *      kernel of the attention layer) */
-#define GP_DEVICE_IFACE_VERSION 28
+ *      kernel of the attention layer)
+ *  29  gelu_fwd, gelu_bwd (GPT-2's tanh GELU)
+ *  30  layer_norm_fwd, layer_norm_bwd_data, layer_norm_bwd_weights
+ *  31  embed_fwd, embed_bwd (token and position embeddings) */
+#define GP_DEVICE_IFACE_VERSION 31
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -811,6 +814,50 @@ typedef struct gp_device_iface {
     gp_status (*attn_bwd)(gp_device *dev, const float *x, const float *y, const float *lse,
                           const float *dy, float *dx, int64_t b, int64_t t, int64_t heads,
                           int64_t c);
+    /* --- Transformer layers (optional; appended last) ---
+     * gelu_fwd: y = gp_ew_gelu(x) (GPT-2's tanh form), element by element;
+     * y may be x.  gelu_bwd: dx = gp_ew_gelu_bwd(x, dy), from the input x
+     * (dx =).  CPU: cpu_math.c (loops over elementwise.h, as relu's: the
+     * same float operations as the CUDA kernels, where oneDNN's
+     * eltwise_gelu_tanh would round its own way); CUDA: cuda_kernels.cu.
+     * NULL: the gp_dev_* wrappers return GP_ERR_UNSUPPORTED naming the
+     * device and the layer. */
+    gp_status (*gelu_fwd)(gp_device *dev, const float *x, float *y, int64_t n);
+    gp_status (*gelu_bwd)(gp_device *dev, const float *x, const float *dy, float *dx, int64_t n);
+    /* layer_norm_fwd: each of the `rows` rows of x (rows, c) normalised
+     * over its c values (biased variance, the sums in double), then
+     * y = (x - mean) * rstd * w + b, w and b (c); mean and rstd (rows) are
+     * written in FP32 for the backward (rstd = gp_ew_ln_rstd).
+     * layer_norm_bwd_data: dx (rows, c) = rstd (g - mean(g) - xhat
+     * mean(g xhat)) per row, g = dy w, xhat = (x - mean) rstd (dx =).
+     * layer_norm_bwd_weights: dw += sum over rows of dy xhat, db += sum of
+     * dy (each column's sum in double, in row order: no atomics).  CPU:
+     * cpu_math.c (loops, a row or a column per task); CUDA: cuda_kernels.cu
+     * (a block per row; a thread per column for the weights).  NULL: the
+     * gp_dev_* wrappers return GP_ERR_UNSUPPORTED naming the device. */
+    gp_status (*layer_norm_fwd)(gp_device *dev, const float *x, const float *w, const float *b,
+                                float *y, float *mean, float *rstd, int64_t rows, int64_t c,
+                                float eps);
+    gp_status (*layer_norm_bwd_data)(gp_device *dev, const float *x, const float *w,
+                                     const float *mean, const float *rstd, const float *dy,
+                                     float *dx, int64_t rows, int64_t c);
+    gp_status (*layer_norm_bwd_weights)(gp_device *dev, const float *x, const float *mean,
+                                        const float *rstd, const float *dy, float *dw,
+                                        float *db, int64_t rows, int64_t c);
+    /* embed_fwd: y (n, t, c) = wte[ids[r]] + wpe[r % t] for each of the
+     * n*t rows r, ids (n, t) token ids stored as floats, wte (vocab, c),
+     * wpe (>= t, c).  *bad (host) = the first r whose id is not a whole
+     * number in [0, vocab) (NaN included), else -1; y is then not written.
+     * A GPU waits for that flag (one host wait per call, as xent's).
+     * embed_bwd: dwte[ids[r]] += dy[r], dwpe[r % t] += dy[r] (dW +=), each
+     * column summed in row order (no atomics: the same bits every run);
+     * the ids are those embed_fwd accepted.  CPU: cpu_math.c; CUDA:
+     * cuda_kernels.cu.  NULL: GP_ERR_UNSUPPORTED from the wrappers. */
+    gp_status (*embed_fwd)(gp_device *dev, const float *ids, const float *wte, const float *wpe,
+                           float *y, int64_t n, int64_t t, int64_t c, int64_t vocab,
+                           int64_t *bad);
+    gp_status (*embed_bwd)(gp_device *dev, const float *ids, const float *dy, float *dwte,
+                           float *dwpe, int64_t n, int64_t t, int64_t c);
 } gp_device_iface;
 
 /* The most tensors one nonfinite_or_many launch takes (its table travels
@@ -1323,6 +1370,25 @@ gp_status gp_dev_attn_fwd(gp_device *dev, const float *x, float *y, float *lse, 
 gp_status gp_dev_attn_bwd(gp_device *dev, const float *x, const float *y, const float *lse,
                           const float *dy, float *dx, int64_t b, int64_t t, int64_t heads,
                           int64_t c);
+/* The Transformer slots (gelu_*, layer_norm_*, embed_*); GP_ERR_UNSUPPORTED (naming the device,
+ * its backend and the op) when a slot is NULL; nothing is called for zero
+ * elements (rows or c 0). */
+gp_status gp_dev_gelu_fwd(gp_device *dev, const float *x, float *y, int64_t n);
+gp_status gp_dev_gelu_bwd(gp_device *dev, const float *x, const float *dy, float *dx, int64_t n);
+gp_status gp_dev_layer_norm_fwd(gp_device *dev, const float *x, const float *w, const float *b,
+                                float *y, float *mean, float *rstd, int64_t rows, int64_t c,
+                                float eps);
+gp_status gp_dev_layer_norm_bwd_data(gp_device *dev, const float *x, const float *w,
+                                     const float *mean, const float *rstd, const float *dy,
+                                     float *dx, int64_t rows, int64_t c);
+gp_status gp_dev_layer_norm_bwd_weights(gp_device *dev, const float *x, const float *mean,
+                                        const float *rstd, const float *dy, float *dw, float *db,
+                                        int64_t rows, int64_t c);
+gp_status gp_dev_embed_fwd(gp_device *dev, const float *ids, const float *wte, const float *wpe,
+                           float *y, int64_t n, int64_t t, int64_t c, int64_t vocab,
+                           int64_t *bad);
+gp_status gp_dev_embed_bwd(gp_device *dev, const float *ids, const float *dy, float *dwte,
+                           float *dwpe, int64_t n, int64_t t, int64_t c);
 /* backend.h's norm_leaky_bwd; GP_ERR_UNSUPPORTED where the backend has
  * none. */
 gp_status gp_dev_norm_leaky_bwd(gp_device *dev, const gp_bn_desc *d, const float *yz, bool from_z,

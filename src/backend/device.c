@@ -801,6 +801,67 @@ gp_status gp_dev_attn_bwd(gp_device *dev, const float *x, const float *y, const 
     return b * t > 0 ? dev->iface->attn_bwd(dev, x, y, lse, dy, dx, b, t, heads, c) : GP_OK;
 }
 
+/* ---- the Transformer slots ------------------------------------------------ */
+
+gp_status gp_dev_gelu_fwd(gp_device *dev, const float *x, float *y, int64_t n)
+{
+    if (!dev->iface->gelu_fwd) return no_unet_op(dev, "gelu_fwd", "gelu");
+    return n > 0 ? dev->iface->gelu_fwd(dev, x, y, n) : GP_OK;
+}
+
+gp_status gp_dev_gelu_bwd(gp_device *dev, const float *x, const float *dy, float *dx, int64_t n)
+{
+    if (!dev->iface->gelu_bwd) return no_unet_op(dev, "gelu_bwd", "gelu");
+    return n > 0 ? dev->iface->gelu_bwd(dev, x, dy, dx, n) : GP_OK;
+}
+
+gp_status gp_dev_layer_norm_fwd(gp_device *dev, const float *x, const float *w, const float *b,
+                                float *y, float *mean, float *rstd, int64_t rows, int64_t c,
+                                float eps)
+{
+    if (!dev->iface->layer_norm_fwd) return no_unet_op(dev, "layer_norm_fwd", "layer_norm");
+    if (rows <= 0 || c <= 0) return GP_OK;
+    return dev->iface->layer_norm_fwd(dev, x, w, b, y, mean, rstd, rows, c, eps);
+}
+
+gp_status gp_dev_layer_norm_bwd_data(gp_device *dev, const float *x, const float *w,
+                                     const float *mean, const float *rstd, const float *dy,
+                                     float *dx, int64_t rows, int64_t c)
+{
+    if (!dev->iface->layer_norm_bwd_data)
+        return no_unet_op(dev, "layer_norm_bwd_data", "layer_norm");
+    if (rows <= 0 || c <= 0) return GP_OK;
+    return dev->iface->layer_norm_bwd_data(dev, x, w, mean, rstd, dy, dx, rows, c);
+}
+
+gp_status gp_dev_layer_norm_bwd_weights(gp_device *dev, const float *x, const float *mean,
+                                        const float *rstd, const float *dy, float *dw, float *db,
+                                        int64_t rows, int64_t c)
+{
+    if (!dev->iface->layer_norm_bwd_weights)
+        return no_unet_op(dev, "layer_norm_bwd_weights", "layer_norm");
+    if (rows <= 0 || c <= 0) return GP_OK;
+    return dev->iface->layer_norm_bwd_weights(dev, x, mean, rstd, dy, dw, db, rows, c);
+}
+
+gp_status gp_dev_embed_fwd(gp_device *dev, const float *ids, const float *wte, const float *wpe,
+                           float *y, int64_t n, int64_t t, int64_t c, int64_t vocab,
+                           int64_t *bad)
+{
+    *bad = -1;
+    if (!dev->iface->embed_fwd) return no_unet_op(dev, "embed_fwd", "embedding");
+    if (n <= 0 || t <= 0 || c <= 0) return GP_OK;
+    return dev->iface->embed_fwd(dev, ids, wte, wpe, y, n, t, c, vocab, bad);
+}
+
+gp_status gp_dev_embed_bwd(gp_device *dev, const float *ids, const float *dy, float *dwte,
+                           float *dwpe, int64_t n, int64_t t, int64_t c)
+{
+    if (!dev->iface->embed_bwd) return no_unet_op(dev, "embed_bwd", "embedding");
+    if (n <= 0 || t <= 0 || c <= 0) return GP_OK;
+    return dev->iface->embed_bwd(dev, ids, dy, dwte, dwpe, n, t, c);
+}
+
 gp_status gp_dev_norm_leaky_bwd(gp_device *dev, const gp_bn_desc *d, const float *yz, bool from_z,
                                 float slope, const float *var, const float *dy, float *dx)
 {

@@ -61,6 +61,34 @@ GP_EW_FN float gp_ew_leaky_relu_bwd(float y, float dy, float slope)
     return pos + slope * neg;
 }
 
+/* GELU in GPT-2's tanh form (PyTorch's approximate='tanh'):
+ * y = 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))).  A NaN stays NaN;
+ * tanhf saturates at +-1, so large |x| gives x or -0. */
+#define GP_EW_GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
+#define GP_EW_GELU_C 0.044715f
+GP_EW_FN float gp_ew_gelu(float x)
+{
+    float t = tanhf(GP_EW_GELU_K * (x + GP_EW_GELU_C * x * x * x));
+    return 0.5f * x * (1.0f + t);
+}
+
+/* dx = dy * gelu'(x), from the input x (the output does not determine it:
+ * gelu is not monotonic below -0.75). */
+GP_EW_FN float gp_ew_gelu_bwd(float x, float dy)
+{
+    float t = tanhf(GP_EW_GELU_K * (x + GP_EW_GELU_C * x * x * x));
+    float du = GP_EW_GELU_K * (1.0f + 3.0f * GP_EW_GELU_C * x * x);
+    return dy * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
+}
+
+/* Layer norm's 1 / sqrt(var + eps) of a row, from its biased variance (in
+ * double: the row's sums are), rounded once; mean and rstd are kept in FP32
+ * for the backward (backend.h's layer_norm_*). */
+GP_EW_FN float gp_ew_ln_rstd(double var, float eps)
+{
+    return (float)(1.0 / sqrt(var + (double)eps));
+}
+
 /* The normalised value y under leaky_relu's output z = gp_ew_leaky_relu(y,
  * slope), slope > 0: z where z > 0, else z / slope (in-place activated
  * instance norm, issue 22: the norm's backward reads z, which the relu

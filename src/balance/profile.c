@@ -253,6 +253,21 @@ static gp_status fill_random(gp_tensor *t, uint64_t seed, uint64_t stream, float
     return gp_dev_upload(t->dev, gp_f32(t), host, n);
 }
 
+/* Input q of layer l: random values, or for an embedding's ids random
+ * whole numbers in [0, vocab) (its forward refuses anything else). */
+static gp_status fill_input(const gp_layer *l, int q, gp_tensor *t, uint64_t seed,
+                            uint64_t stream, float *host)
+{
+    if (l->spec.type != GP_LAYER_EMBEDDING || q != 0) return fill_random(t, seed, stream, host);
+    int64_t n = gp_tensor_numel(t);
+    gp_rng_uniform_fill(seed, stream, 0, host, n);
+    for (int64_t i = 0; i < n; i++) {
+        float v = floorf(host[i] * (float)l->spec.vocab);
+        host[i] = v < (float)(l->spec.vocab - 1) ? v : (float)(l->spec.vocab - 1);
+    }
+    return gp_dev_upload(t->dev, gp_f32(t), host, n);
+}
+
 static size_t act_bytes_now(gp_allocator *a)
 {
     gp_allocator s;
@@ -349,7 +364,7 @@ static void *contender_main(void *arg)
             host = malloc((size_t)most * sizeof *host);
             if (s == GP_OK && !host) s = gp_error_set(GP_ERR_OOM, "out of host memory");
             for (int q = 0; q < l.n_in && s == GP_OK; q++)
-                s = fill_random(&x[q], c->seed, 7001 + 17u * (uint64_t)q, host);
+                s = fill_input(&l, q, &x[q], c->seed, 7001 + 17u * (uint64_t)q, host);
             if (s == GP_OK) s = fill_random(&dy, c->seed, 7002, host);
             have = b;
         }
@@ -531,8 +546,8 @@ static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer
             gp_shape qs = q ? gp_shape_with_batch(&l->pop_shape[q - 1], b) : xs;
             s = gp_tensor_alloc(&x[q], dev, &qs, GP_MEM_ACTIVATIONS);
             if (s == GP_OK) s = gp_tensor_alloc(&dx[q], dev, &qs, GP_MEM_ACTIVATIONS);
-            if (s == GP_OK) s = fill_random(&x[q], o->seed, (uint64_t)k * 2 + 7919u * (uint64_t)q,
-                                            host);
+            if (s == GP_OK)
+                s = fill_input(l, q, &x[q], o->seed, (uint64_t)k * 2 + 7919u * (uint64_t)q, host);
         }
         if (s == GP_OK) s = gp_tensor_alloc(&dy, dev, &ys, GP_MEM_ACTIVATIONS);
         if (s == GP_OK) s = gp_tensor_alloc(&cp, peer, &ys, GP_MEM_COPIES);
@@ -641,13 +656,15 @@ static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer
             for (int r = 0; r < warm + reps && s == GP_OK; r++) {
                 double t0 = gp_now();
                 if (last) {
-                    /* the model's loss: class ids, or a 0 / 1 target per logit */
+                    /* the model's loss: class ids (one per position of an
+                     * (N, T, classes) output), or a 0 / 1 target per logit */
                     bool ce = o->loss == GP_LOSS_CROSS_ENTROPY;
-                    gp_shape ls = ce ? (gp_shape){1, {b, 0, 0, 0}} : ys;
+                    gp_shape ls = gp_loss_targets_shape(o->loss, &l->out_shape, b);
                     int64_t nl = gp_shape_numel(&ls);
+                    int64_t cls = l->out_shape.dims[l->out_shape.ndim - 1];
                     gp_tensor lab = {0}, yl = {0}, dl = {0};
                     gp_loss_out lo;
-                    for (int64_t q = 0; q < nl; q++) host[q] = (float)(q % (ce ? per : 2));
+                    for (int64_t q = 0; q < nl; q++) host[q] = (float)(q % (ce ? cls : 2));
                     s = gp_tensor_alloc(&lab, dev, &ls, GP_MEM_ACTIVATIONS);
                     if (s == GP_OK) s = gp_tensor_alloc(&yl, dev, &ys, GP_MEM_ACTIVATIONS);
                     if (s == GP_OK) s = gp_tensor_alloc(&dl, dev, &ys, GP_MEM_ACTIVATIONS);

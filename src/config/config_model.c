@@ -40,6 +40,7 @@ static int layer_keys(gp_layer_type t, const char **keys)
         keys[n++] = "slope";
         break;
     case GP_LAYER_INSTANCE_NORM:
+    case GP_LAYER_LAYER_NORM:
         keys[n++] = "eps";
         break;
     case GP_LAYER_UPSAMPLE:
@@ -47,6 +48,9 @@ static int layer_keys(gp_layer_type t, const char **keys)
         break;
     case GP_LAYER_ATTENTION:
         keys[n++] = "heads";
+        break;
+    case GP_LAYER_EMBEDDING:
+        keys[n++] = "vocab"; keys[n++] = "dim"; keys[n++] = "positions";
         break;
     case GP_LAYER_RESIDUAL: /* momentum, eps, sync: of its batch norms; init: its convs */
         keys[n++] = "out"; keys[n++] = "stride";
@@ -281,6 +285,17 @@ static gp_status parse_layer(gp_cfg_walk *w, const gp_ynode *item, int index, gp
         GP_TRY(gp_cfg_get_int(w, opts, sect, "scale", spec->scale, 1, 1 << 16, &spec->scale));
     if (has_key(keys, nk, "heads"))
         GP_TRY(gp_cfg_get_int(w, opts, sect, "heads", spec->heads, 1, 1 << 16, &spec->heads));
+    if (t == GP_LAYER_EMBEDDING) { /* token ids are floats: exact below 2^24 */
+        const int64_t ids = (int64_t)1 << 24;
+        GP_TRY(gp_cfg_get_int(w, opts, sect, "vocab", spec->vocab, 1, ids, &spec->vocab));
+        GP_TRY(gp_cfg_get_int(w, opts, sect, "dim", spec->dim, 1, big, &spec->dim));
+        GP_TRY(gp_cfg_get_int(w, opts, sect, "positions", spec->positions, 1, ids,
+                              &spec->positions));
+        if (spec->vocab < 1 || spec->dim < 1 || spec->positions < 1)
+            return gp_cfg_bad(w, tnode, "layer %d (embedding) needs 'vocab', 'dim' and "
+                              "'positions', like `- embedding: {vocab: 256, dim: 64, positions: "
+                              "128}`", index);
+    }
     GP_TRY(gp_cfg_get_str(w, opts, sect, "name", "", spec->name, sizeof spec->name));
     GP_TRY(gp_cfg_get_str(w, opts, sect, "stash", "", spec->stash, sizeof spec->stash));
     const gp_ynode *sn = gp_ymap_get(opts, "stash");

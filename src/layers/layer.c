@@ -20,6 +20,7 @@ static const char *const type_names[GP_LAYER_TYPE_COUNT] = {
     "leaky_relu", "dropout2d", "instance_norm", "upsample",
     "factorized_reduce", "amoeba_cell",
     "attention",
+    "gelu", "layer_norm", "embedding",
 };
 
 static const char *const init_names[GP_INIT_COUNT] = {"default", "kaiming_normal_fan_out"};
@@ -96,6 +97,9 @@ const gp_layer_ops *gp_layer_ops_for(gp_layer_type t)
     case GP_LAYER_FACTORIZED_REDUCE: return &gp_factorized_reduce_ops;
     case GP_LAYER_AMOEBA_CELL: return &gp_amoeba_cell_ops;
     case GP_LAYER_ATTENTION: return &gp_attention_ops;
+    case GP_LAYER_GELU: return &gp_gelu_ops;
+    case GP_LAYER_LAYER_NORM: return &gp_layer_norm_ops;
+    case GP_LAYER_EMBEDDING: return &gp_embedding_ops;
     default: return NULL;
     }
 }
@@ -1168,19 +1172,28 @@ static gp_status bad_target(double v, int64_t at, const gp_shape *ts, int64_t ro
 
 /* The shapes a loss takes: logits (N, classes) and N labels, or one target
  * per logit. */
+/* Cross-entropy's rows: every sample of (N, classes), every position of
+ * (N, T, classes); its classes are the last dimension. */
+static int64_t xent_cols(const gp_tensor *logits) { return logits->dims[logits->ndim - 1]; }
+static int64_t xent_rows(const gp_tensor *logits)
+{
+    int64_t c = xent_cols(logits);
+    return c > 0 ? gp_tensor_numel(logits) / c : 0;
+}
+
 static gp_status loss_shapes(gp_device *dev, gp_loss_kind k, const gp_tensor *logits,
                              const gp_tensor *targets, const gp_tensor *dlogits)
 {
     if (k == GP_LOSS_CROSS_ENTROPY) {
-        if (logits->ndim != 2) {
+        if (logits->ndim != 2 && logits->ndim != 3) {
             char b[96];
             gp_shape ls = gp_tensor_shape(logits);
             return gp_error_set(GP_ERR_INVALID,
-                                "cross_entropy needs logits (N, classes) but got %s; end the "
-                                "model with flatten and a linear layer",
+                                "cross_entropy needs logits (N, classes) or (N, T, classes) but "
+                                "got %s; end the model with flatten and a linear layer",
                                 gp_shape_str(&ls, b, sizeof b));
         }
-        GP_ASSERT(gp_tensor_numel(targets) == logits->dims[0]);
+        GP_ASSERT(gp_tensor_numel(targets) == xent_rows(logits));
     } else {
         GP_ASSERT(k == GP_LOSS_BCE_WITH_LOGITS);
         if (gp_tensor_numel(targets) != gp_tensor_numel(logits)) {
@@ -1207,7 +1220,7 @@ static gp_status bad_on_device(gp_device *dev, gp_loss_kind k, const gp_tensor *
     GP_TRY(gp_dev_download(dev, &v, gp_f32(targets) + bad, 1));
     GP_TRY(gp_dev_synchronize(dev));
     gp_shape ts = gp_tensor_shape(targets);
-    return k == GP_LOSS_CROSS_ENTROPY ? bad_label(v, bad, logits->dims[1])
+    return k == GP_LOSS_CROSS_ENTROPY ? bad_label(v, bad, xent_cols(logits))
                                       : bad_target(v, bad, &ts, 0);
 }
 
@@ -1217,7 +1230,7 @@ gp_status gp_cross_entropy(gp_device *dev, const gp_tensor *logits, const gp_ten
 {
     memset(out, 0, sizeof *out);
     GP_TRY(loss_shapes(dev, GP_LOSS_CROSS_ENTROPY, logits, labels, dlogits));
-    int64_t rows = logits->dims[0], cols = logits->dims[1];
+    int64_t rows = xent_rows(logits), cols = xent_cols(logits);
     double loss = 0.0;
     int64_t correct = 0, bad = -1;
     if (rows > 0)
@@ -1283,8 +1296,8 @@ gp_status gp_loss_dev(gp_device *dev, gp_loss_kind k, float smoothing,
     GP_TRY(loss_shapes(dev, k, logits, targets, dlogits));
     float *dl = dlogits ? gp_f32(dlogits) : NULL;
     if (k == GP_LOSS_CROSS_ENTROPY)
-        return gp_dev_xent_dev(dev, gp_f32(logits), gp_f32(targets), logits->dims[0],
-                               logits->dims[1], grad_scale, smoothing, dl, out);
+        return gp_dev_xent_dev(dev, gp_f32(logits), gp_f32(targets), xent_rows(logits),
+                               xent_cols(logits), grad_scale, smoothing, dl, out);
     return gp_dev_bce_logits_dev(dev, gp_f32(logits), gp_f32(targets), gp_tensor_numel(logits),
                                  grad_scale, dl, out);
 }
@@ -1292,11 +1305,12 @@ gp_status gp_loss_dev(gp_device *dev, gp_loss_kind k, float smoothing,
 gp_status gp_loss_check_targets(gp_loss_kind k, const float *t, const gp_shape *out,
                                 int64_t row0)
 {
-    if (k == GP_LOSS_CROSS_ENTROPY) {
-        GP_ASSERT(out->ndim == 2);
-        for (int64_t r = 0; r < out->dims[0]; r++)
-            if (!gp_ew_label_ok(t[r], out->dims[1]))
-                return bad_label(t[r], row0 + r, out->dims[1]);
+    if (k == GP_LOSS_CROSS_ENTROPY) { /* (N, classes) or (N, T, classes): rows N or N*T */
+        GP_ASSERT(out->ndim == 2 || out->ndim == 3);
+        int64_t cols = out->dims[out->ndim - 1], rows = gp_shape_numel(out) / cols;
+        int64_t per = rows / out->dims[0]; /* row0 counts samples */
+        for (int64_t r = 0; r < rows; r++)
+            if (!gp_ew_label_ok(t[r], cols)) return bad_label(t[r], row0 * per + r, cols);
         return GP_OK;
     }
     int64_t n = gp_shape_numel(out);
@@ -1314,9 +1328,16 @@ const char *gp_loss_name(gp_loss_kind k)
 
 int64_t gp_loss_targets_per_sample(gp_loss_kind k, const gp_shape *out)
 {
-    if (k != GP_LOSS_BCE_WITH_LOGITS) return 1;
     gp_shape one = gp_shape_with_batch(out, 1);
+    if (k != GP_LOSS_BCE_WITH_LOGITS) /* a class id per row: 1, or T of (N, T, classes) */
+        return out->ndim == 3 ? out->dims[1] : 1;
     return gp_shape_numel(&one);
+}
+
+gp_shape gp_loss_targets_shape(gp_loss_kind k, const gp_shape *out, int64_t n)
+{
+    if (k == GP_LOSS_BCE_WITH_LOGITS) return gp_shape_with_batch(out, n);
+    return out->ndim == 3 ? gp_shape_2d(n, out->dims[1]) : (gp_shape){1, {n, 0, 0, 0}};
 }
 
 gp_status gp_loss(gp_device *dev, gp_loss_kind k, float smoothing, const gp_tensor *logits,

@@ -65,6 +65,9 @@ typedef enum gp_layer_type {
     GP_LAYER_FACTORIZED_REDUCE,
     GP_LAYER_AMOEBA_CELL,
     GP_LAYER_ATTENTION,
+    GP_LAYER_GELU,
+    GP_LAYER_LAYER_NORM,
+    GP_LAYER_EMBEDDING,
     GP_LAYER_TYPE_COUNT
 } gp_layer_type;
 
@@ -151,6 +154,10 @@ typedef struct gp_layer_spec {
     bool reduction;       /* amoeba_cell: a reduction cell (stride 2 on its
                              inputs' operations); default false */
     int64_t heads;        /* attention: heads (>= 1, dividing C); default 1 */
+    int64_t vocab;        /* embedding: token ids in [0, vocab); 0 = not given (error) */
+    int64_t dim;          /* embedding: the width of its output; 0 = not given (error) */
+    int64_t positions;    /* embedding: rows of its position table (>= T);
+                             0 = not given (error) */
     /* Skip connections (torchgpipe's stash / pop; docs/config.md): the
      * layer's output is also kept under the name `stash` ("" none) until
      * the one layer that pops it; a layer that pops takes the popped
@@ -620,7 +627,9 @@ typedef struct gp_loss_out {
 } gp_loss_out;
 
 /* Cross-entropy (log-softmax + NLL) of logits (N, K) against labels (N)
- * (float class indices on the device).  If dlogits is non-NULL it is set to
+ * (float class indices on the device), or of logits (N, T, K) against
+ * labels (N, T): every position a row (count N*T; a language model's next
+ * token).  If dlogits is non-NULL it is set to
  * (softmax - onehot) * grad_scale (use 1 / batch_total so that micro-batch
  * gradients add up to the mean over the whole mini-batch).  smoothing > 0:
  * label smoothing as PyTorch's CrossEntropyLoss(label_smoothing=...): the
@@ -662,12 +671,18 @@ typedef enum gp_loss_kind {
 /* "cross_entropy", "bce_with_logits" (the names used in YAML). */
 const char *gp_loss_name(gp_loss_kind k);
 /* Target floats per sample for a model whose output for one sample has
- * shape `out`: 1 (the class id) for cross-entropy, every output element for
+ * shape `out` (with its batch dimension): 1 (the class id) for cross-entropy
+ * on (N, classes), T for cross-entropy on (N, T, classes) (a class id per
+ * position, every position a row of the loss), every output element for
  * binary cross-entropy.  A batch of n samples has n times as many, sample
  * after sample; the mean loss divides loss_sum by them all, and the
  * gradient of that mean over a mini-batch of batch_total samples takes
  * grad_scale = 1 / (batch_total x this). */
 int64_t gp_loss_targets_per_sample(gp_loss_kind k, const gp_shape *out);
+/* The targets' shape for n samples of that output: (n) class ids, (n, T)
+ * for an (N, T, classes) output, or the output's own shape for n
+ * (bce_with_logits). */
+gp_shape gp_loss_targets_shape(gp_loss_kind k, const gp_shape *out, int64_t n);
 /* gp_cross_entropy (with label smoothing `smoothing`) or
  * gp_bce_with_logits (smoothing must be 0), as k says. */
 gp_status gp_loss(gp_device *dev, gp_loss_kind k, float smoothing, const gp_tensor *logits,
@@ -683,7 +698,8 @@ gp_status gp_loss_dev(gp_device *dev, gp_loss_kind k, float smoothing,
                       gp_tensor *dlogits, gp_loss_result *out);
 /* GP_ERR_DATA, worded as gp_cross_entropy's and gp_bce_with_logits', when
  * a target in host memory t is not one loss k takes; out is the shape of
- * the logits they go with (N, classes) or of the targets themselves; t's
+ * the logits they go with ((N, classes) or (N, T, classes), whose row
+ * r * T + p the message counts) or of the targets themselves; t's
  * first row is row row0 of the batch (a micro-batch's offset), which the
  * message counts from. */
 gp_status gp_loss_check_targets(gp_loss_kind k, const float *t, const gp_shape *out,

@@ -58,6 +58,9 @@ extern const gp_layer_ops gp_upsample_ops;       /* unet.c */
 extern const gp_layer_ops gp_factorized_reduce_ops; /* factorized_reduce.c */
 extern const gp_layer_ops gp_amoeba_cell_ops;       /* amoeba.c */
 extern const gp_layer_ops gp_attention_ops;         /* attention.c */
+extern const gp_layer_ops gp_gelu_ops;              /* simple.c */
+extern const gp_layer_ops gp_layer_norm_ops;        /* transformer.c */
+extern const gp_layer_ops gp_embedding_ops;         /* transformer.c */
 
 /* gp_layer_create without the error prefix, with the RNG numbering of the
  * first parameter given (composite layers build children with it).  `in`

@@ -2,8 +2,10 @@
  * linear.c — fully connected layer, y = x W^T + b.
  *
  * Parameters (PyTorch layout): weight (out, in), bias (out) when spec.bias.
- * Input (N, in), output (N, out); 4-D input is refused with a hint to add a
- * flatten layer.  Saves nothing: backward needs only x (kept by the caller).
+ * Input (N, in), output (N, out); or (N, T, in) -> (N, T, out), every
+ * position through the same weights (a Transformer's projections and LM
+ * head): the N*T positions are the rows of one product, as nn.Linear does.
+ * 4-D input is refused with a hint to add a flatten layer.  Saves nothing: backward needs only x (kept by the caller).
  * Followed in its stage by a relu in place (gp_layers_relu_fused), the
  * forward applies the relu too (relu_after: in the product's epilogue on a
  * GPU, the same pass as the bias on a CPU) and the relu's forward does
@@ -16,27 +18,29 @@
 static gp_status linear_infer(const gp_layer *l, const gp_shape *in, gp_shape *out)
 {
     char b[96];
-    if (in->ndim != 2)
+    if (in->ndim != 2 && in->ndim != 3)
         return gp_layer_spec_error(l,
-                                   "expected 2-D input (N, features) but got %s; add a flatten "
-                                   "layer before this linear layer",
+                                   "expected input (N, features) or (N, T, features) but got "
+                                   "%s; add a flatten layer before this linear layer",
                                    gp_layers_shape_n(in, b, sizeof b));
     if (l->spec.out <= 0)
         return gp_layer_spec_error(l, "out (the number of output features) is missing; "
                                       "write e.g. {linear: {out: 10}}");
-    if (l->spec.in > 0 && l->spec.in != in->dims[1])
+    int64_t f = in->dims[in->ndim - 1];
+    if (l->spec.in > 0 && l->spec.in != f)
         return gp_layer_spec_error(l,
                                    "in = %lld but the input has %lld features %s; remove 'in' "
                                    "(it is inferred) or fix the layers before it",
-                                   (long long)l->spec.in, (long long)in->dims[1],
+                                   (long long)l->spec.in, (long long)f,
                                    gp_layers_shape_n(in, b, sizeof b));
-    *out = gp_shape_2d(in->dims[0], l->spec.out);
+    *out = *in;
+    out->dims[in->ndim - 1] = l->spec.out;
     return GP_OK;
 }
 
 static gp_status linear_init(gp_layer *l, uint64_t seed)
 {
-    int64_t in = l->in_shape.dims[1], out = l->spec.out;
+    int64_t in = l->in_shape.dims[l->in_shape.ndim - 1], out = l->spec.out;
     gp_shape ws = gp_shape_2d(out, in);
     float bound = 1.0f / sqrtf((float)in); /* kaiming_uniform(a = sqrt(5)) */
     GP_TRY(gp_layers_add_param(l, "weight", &ws, false, false));
@@ -53,7 +57,9 @@ static gp_status linear_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_ten
                                 gp_tensor *y, gp_saved *s)
 {
     gp_device *dev = l->dev;
-    int64_t n = x->dims[0], in = x->dims[1], out = l->spec.out;
+    /* n rows: N, or N*T positions of (N, T, in) */
+    int64_t in = x->dims[x->ndim - 1], out = l->spec.out;
+    int64_t n = in > 0 ? gp_tensor_numel(x) / in : 0;
     if (n == 0) return GP_OK;
     /* the product, the bias and (relu_after: the in-place relu that
      * follows, gp_layers_relu_fused) the relu in one device call */
@@ -67,7 +73,9 @@ static gp_status linear_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const 
                                       gp_saved *s)
 {
     gp_device *dev = l->dev;
-    int64_t n = x->dims[0], in = x->dims[1], out = l->spec.out;
+    /* n rows: N, or N*T positions of (N, T, in) */
+    int64_t in = x->dims[x->ndim - 1], out = l->spec.out;
+    int64_t n = in > 0 ? gp_tensor_numel(x) / in : 0;
     if (n == 0) return GP_OK;
     /* dx(N, in) = dy(N, out) W(out, in) */
     return gp_dev_gemm_wb(dev, 0, 0, n, in, out, 1.0f, gp_f32(dy), out,
@@ -79,7 +87,9 @@ static gp_status linear_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx,
                                          const gp_tensor *dy, gp_saved *s)
 {
     gp_device *dev = l->dev;
-    int64_t n = x->dims[0], in = x->dims[1], out = l->spec.out;
+    /* n rows: N, or N*T positions of (N, T, in) */
+    int64_t in = x->dims[x->ndim - 1], out = l->spec.out;
+    int64_t n = in > 0 ? gp_tensor_numel(x) / in : 0;
     if (n == 0) /* nothing to add; a fresh step's gradients are zero */
         return ctx->grads_overwrite ? gp_layer_zero_grad(l) : GP_OK;
     /* dW(out, in) += dy^T(out, N) x(N, in); = on the step's first backward */
@@ -95,8 +105,11 @@ static gp_status linear_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx,
 
 static double linear_flops(const gp_layer *l, int64_t n)
 {
-    double in = (double)l->in_shape.dims[1], out = (double)l->spec.out;
-    return 2.0 * (double)n * in * out + (l->spec.bias ? (double)n * out : 0.0);
+    /* rows: N, or N*T positions */
+    const gp_shape *is = &l->in_shape;
+    double in = (double)is->dims[is->ndim - 1], out = (double)l->spec.out;
+    double rows = (double)n * (double)(gp_shape_numel(is) / is->dims[is->ndim - 1]);
+    return 2.0 * rows * in * out + (l->spec.bias ? rows * out : 0.0);
 }
 
 const gp_layer_ops gp_linear_ops = {

@@ -2,6 +2,9 @@
  * simple.c — layers without parameters that act element by element or only
  * on the shape: relu, flatten, dropout.
  *
+ * gelu: GPT-2's tanh form (gp_ew_gelu), any shape.  Its derivative is not
+ *   a function of y (gelu is not monotonic), so backward reads x, which
+ *   its caller keeps: nothing saved, and never in place.
  * relu: backward uses y (relu's output), so nothing is saved.  After a
  *   batch norm that does its work (gp_layers_relu_fused), in place, the
  *   forward does nothing (the norm's applies the relu), and the stage's
@@ -68,6 +71,37 @@ const gp_layer_ops gp_relu_ops = {
     .flops = numel_flops,
     .inplace = GP_INPLACE_VALUES,
     .bwd_ignores_x = true,
+};
+
+/* ---- gelu ---------------------------------------------------------------- */
+
+static gp_status gelu_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                              gp_tensor *y, gp_saved *s)
+{
+    return gp_dev_gelu_fwd(l->dev, gp_f32(x), gp_f32(y), gp_tensor_numel(x));
+}
+
+static gp_status gelu_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                    const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
+                                    gp_saved *s)
+{
+    return gp_dev_gelu_bwd(l->dev, gp_f32(x), gp_f32(dy), gp_f32(dx), gp_tensor_numel(x));
+}
+
+/* tanh counted as one operation: about 8 per element */
+static double gelu_flops(const gp_layer *l, int64_t n)
+{
+    return 8.0 * (double)n * (double)gp_shape_numel(&l->out_shape);
+}
+
+const gp_layer_ops gp_gelu_ops = {
+    .type = GP_LAYER_GELU,
+    .infer = same_infer,
+    .init = no_init,
+    .forward = gelu_forward,
+    .backward_data = gelu_backward_data,
+    .flops = gelu_flops,
+    .bwd_ignores_y = true,
 };
 
 /* ---- flatten ------------------------------------------------------------- */

@@ -950,9 +950,7 @@ static gp_status upload(gp_pipeline *p, int i, int what)
         src = p->x + p->offsets[i] * gp_shape_numel(&p->input);
     } else {
         t = &s->labels;
-        sh = (gp_shape){1, {b, 0, 0, 0}};
-        if (p->opts.loss != GP_LOSS_CROSS_ENTROPY)
-            sh = gp_shape_with_batch(&p->layers[p->L - 1].out_shape, b);
+        sh = gp_loss_targets_shape(p->opts.loss, &p->layers[p->L - 1].out_shape, b);
         GP_ASSERT(gp_shape_numel(&sh) == b * p->targets);
         src = p->y + p->offsets[i] * p->targets;
     }
@@ -993,7 +991,8 @@ static gp_status do_forward(gp_pipeline *p, int i, int j, bool ckpt, int *bad_la
          * i is computed (the device's loss would only flag them at the
          * step's end), and on their way to the device during the forward. */
         gp_shape os = gp_shape_with_batch(&p->layers[p->L - 1].out_shape, b);
-        if (p->opts.loss != GP_LOSS_CROSS_ENTROPY || os.ndim == 2) /* else the loss says */
+        bool ids = os.ndim == 2 || os.ndim == 3; /* else the loss says */
+        if (p->opts.loss != GP_LOSS_CROSS_ENTROPY || ids)
             GP_TRY(gp_loss_check_targets(p->opts.loss, p->y + p->offsets[i] * p->targets, &os,
                                          p->sample_base + p->offsets[i])); /* the caller's row */
         GP_TRY(upload(p, i, EV_UP_Y));

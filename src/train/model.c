@@ -39,11 +39,13 @@ gp_status gp_model_build_meta(const gp_config *cfg, const int *balance, gp_model
                         out);
 }
 
-/* The loss takes the model's output: cross_entropy needs (N, classes);
+/* The loss takes the model's output: cross_entropy needs (N, classes) or
+ * (N, T, classes) (a class per position: a language model's next token);
  * binary cross-entropy takes any output, one target per element. */
 static gp_status loss_takes_output(const gp_config *cfg, const gp_shape *out)
 {
-    if (cfg->model.loss != GP_LOSS_CROSS_ENTROPY || out->ndim == 2) return GP_OK;
+    if (cfg->model.loss != GP_LOSS_CROSS_ENTROPY || out->ndim == 2 || out->ndim == 3)
+        return GP_OK;
     char b[64];
     gp_shape one = *out; /* (per sample: without the batch dimension) */
     if (one.ndim > 1) {
@@ -53,7 +55,7 @@ static gp_status loss_takes_output(const gp_config *cfg, const gp_shape *out)
     const char *at = cfg->model.loss_at[0] ? cfg->model.loss_at : cfg->path;
     return gp_error_set(GP_ERR_INVALID,
                         "%s: the model's output is %s per sample but cross_entropy%s needs "
-                        "(N, classes); end the model with flatten and linear, or for one "
+                        "(N, classes) or (N, T, classes); end the model with flatten and linear, or for one "
                         "target per output element (masks) set model.loss: "
                         "bce_with_logits", at, gp_shape_str(&one, b, sizeof b),
                         cfg->model.loss_at[0] ? "" : " (model.loss's default)");
@@ -453,8 +455,7 @@ static gp_status upload_chunk(gp_model *m, const float *x, const float *y, int64
                               int64_t n, gp_tensor *xt, gp_tensor *yt)
 {
     gp_shape xs = gp_shape_with_batch(&m->input, n);
-    gp_shape ys = {1, {n, 0, 0, 0}};
-    if (m->loss != GP_LOSS_CROSS_ENTROPY) ys = gp_shape_with_batch(&m->output, n);
+    gp_shape ys = gp_loss_targets_shape(m->loss, &m->output, n);
     int64_t per = gp_shape_numel(&m->input), t = m->targets;
     GP_ASSERT(gp_shape_numel(&ys) == n * t);
     GP_TRY(gp_tensor_alloc(xt, m->dev, &xs, GP_MEM_ACTIVATIONS));
@@ -858,7 +859,7 @@ static gp_status eval_batch(eval_run *e, int64_t bi)
     /* the targets checked on the host, as a step checks them: a bad one is
      * named by its row of the whole evaluation, not of a batch */
     gp_shape os = gp_shape_with_batch(&m->output, n);
-    if (s == GP_OK && (m->loss != GP_LOSS_CROSS_ENTROPY || os.ndim == 2))
+    if (s == GP_OK && (m->loss != GP_LOSS_CROSS_ENTROPY || os.ndim == 2 || os.ndim == 3))
         s = gp_loss_check_targets(m->loss, by, &os, b0);
     /* processes: the inputs are stage 0's rank's, the labels the last
      * stage's */

@@ -165,6 +165,7 @@ static void layer_options(const gp_model *m, char *buf, size_t len)
                      float_str(sp->eps, y, 24));
             break;
         case GP_LAYER_INSTANCE_NORM:
+        case GP_LAYER_LAYER_NORM:
             snprintf(opt, sizeof opt, "eps=%s", float_str(sp->eps, x, 24));
             break;
         default: continue;

@@ -335,6 +335,22 @@ gp_status gp_cpu_dropout_mask(gp_device *dev, float *mask, int64_t n, float p,
                               uint64_t seed, uint64_t stream, uint64_t first);
 gp_status gp_cpu_mul(gp_device *dev, const float *a, const float *b, float *y,
                      int64_t n);
+gp_status gp_cpu_gelu_fwd(gp_device *dev, const float *x, float *y, int64_t n);
+gp_status gp_cpu_gelu_bwd(gp_device *dev, const float *x, const float *dy, float *dx, int64_t n);
+gp_status gp_cpu_layer_norm_fwd(gp_device *dev, const float *x, const float *w, const float *b,
+                                float *y, float *mean, float *rstd, int64_t rows, int64_t c,
+                                float eps);
+gp_status gp_cpu_layer_norm_bwd_data(gp_device *dev, const float *x, const float *w,
+                                     const float *mean, const float *rstd, const float *dy,
+                                     float *dx, int64_t rows, int64_t c);
+gp_status gp_cpu_layer_norm_bwd_weights(gp_device *dev, const float *x, const float *mean,
+                                        const float *rstd, const float *dy, float *dw,
+                                        float *db, int64_t rows, int64_t c);
+gp_status gp_cpu_embed_fwd(gp_device *dev, const float *ids, const float *wte, const float *wpe,
+                           float *y, int64_t n, int64_t t, int64_t c, int64_t vocab,
+                           int64_t *bad);
+gp_status gp_cpu_embed_bwd(gp_device *dev, const float *ids, const float *dy, float *dwte,
+                           float *dwpe, int64_t n, int64_t t, int64_t c);
 gp_status gp_cpu_leaky_relu_fwd(gp_device *dev, const float *x, float *y, int64_t n,
                                 float slope);
 gp_status gp_cpu_leaky_relu_bwd(gp_device *dev, const float *y, const float *dy, float *dx,

@@ -461,6 +461,137 @@ gp_status gp_cpu_bf16_unpack(gp_device *dev, float *dst, const uint16_t *src, in
     return GP_OK;
 }
 
+/* ---- Transformer: GELU ----------------------------------------------------- */
+
+GP_CPU_LOOPS
+gp_status gp_cpu_gelu_fwd(gp_device *dev, const float *x, float *y, int64_t n)
+{
+    int nt = dev->threads;
+#pragma omp parallel for simd schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) y[i] = gp_ew_gelu(x[i]);
+    return GP_OK;
+}
+
+GP_CPU_LOOPS
+gp_status gp_cpu_gelu_bwd(gp_device *dev, const float *x, const float *dy, float *dx, int64_t n)
+{
+    int nt = dev->threads;
+#pragma omp parallel for simd schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) dx[i] = gp_ew_gelu_bwd(x[i], dy[i]);
+    return GP_OK;
+}
+
+/* ---- Transformer: layer norm (a row per task; the weights a column per task) */
+
+GP_CPU_LOOPS
+gp_status gp_cpu_layer_norm_fwd(gp_device *dev, const float *x, const float *w, const float *b,
+                                float *y, float *mean, float *rstd, int64_t rows, int64_t c,
+                                float eps)
+{
+    int nt = dev->threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * c >= CPU_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * c;
+        float *yr = y + r * c;
+        double s = 0.0, v = 0.0;
+        for (int64_t j = 0; j < c; j++) s += (double)xr[j];
+        double m = s / (double)c;
+        for (int64_t j = 0; j < c; j++) v += ((double)xr[j] - m) * ((double)xr[j] - m);
+        float mf = (float)m, rs = gp_ew_ln_rstd(v / (double)c, eps);
+        for (int64_t j = 0; j < c; j++) yr[j] = (xr[j] - mf) * rs * w[j] + b[j];
+        mean[r] = mf;
+        rstd[r] = rs;
+    }
+    return GP_OK;
+}
+
+GP_CPU_LOOPS
+gp_status gp_cpu_layer_norm_bwd_data(gp_device *dev, const float *x, const float *w,
+                                     const float *mean, const float *rstd, const float *dy,
+                                     float *dx, int64_t rows, int64_t c)
+{
+    int nt = dev->threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * c >= CPU_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * c, *gr = dy + r * c;
+        float mf = mean[r], rs = rstd[r];
+        double sg = 0.0, sgx = 0.0;
+        for (int64_t j = 0; j < c; j++) {
+            float g = gr[j] * w[j];
+            sg += (double)g;
+            sgx += (double)g * (double)((xr[j] - mf) * rs);
+        }
+        float a = (float)(sg / (double)c), bb = (float)(sgx / (double)c);
+        for (int64_t j = 0; j < c; j++)
+            dx[r * c + j] = rs * (gr[j] * w[j] - a - (xr[j] - mf) * rs * bb);
+    }
+    return GP_OK;
+}
+
+GP_CPU_LOOPS
+gp_status gp_cpu_layer_norm_bwd_weights(gp_device *dev, const float *x, const float *mean,
+                                        const float *rstd, const float *dy, float *dw,
+                                        float *db, int64_t rows, int64_t c)
+{
+    int nt = dev->threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * c >= CPU_PAR_MIN)
+    for (int64_t j = 0; j < c; j++) {
+        double sw = 0.0, sb = 0.0;
+        for (int64_t r = 0; r < rows; r++) {
+            float g = dy[r * c + j];
+            sw += (double)g * (double)((x[r * c + j] - mean[r]) * rstd[r]);
+            sb += (double)g;
+        }
+        dw[j] += (float)sw;
+        db[j] += (float)sb;
+    }
+    return GP_OK;
+}
+
+/* ---- Transformer: token and position embeddings --------------------------- */
+
+gp_status gp_cpu_embed_fwd(gp_device *dev, const float *ids, const float *wte, const float *wpe,
+                           float *y, int64_t n, int64_t t, int64_t c, int64_t vocab,
+                           int64_t *bad)
+{
+    int64_t rows = n * t;
+    *bad = -1;
+    for (int64_t r = 0; r < rows; r++) /* !(in range) also catches NaN */
+        if (!(ids[r] >= 0.0f && ids[r] < (float)vocab) || ids[r] != floorf(ids[r])) {
+            *bad = r;
+            return GP_OK;
+        }
+    int nt = dev->threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * c >= CPU_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *e = wte + (int64_t)ids[r] * c, *p = wpe + (r % t) * c;
+        for (int64_t j = 0; j < c; j++) y[r * c + j] = e[j] + p[j];
+    }
+    return GP_OK;
+}
+
+/* A block of columns per task, every row in order within it: two tasks
+ * never add into the same element, and each sum has one order. */
+gp_status gp_cpu_embed_bwd(gp_device *dev, const float *ids, const float *dy, float *dwte,
+                           float *dwpe, int64_t n, int64_t t, int64_t c)
+{
+    const int64_t blk = 16, nb = (c + blk - 1) / blk;
+    int nt = dev->threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (n * t * c >= CPU_PAR_MIN)
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t j0 = b * blk, j1 = j0 + blk < c ? j0 + blk : c;
+        for (int64_t r = 0; r < n * t; r++) {
+            float *e = dwte + (int64_t)ids[r] * c, *p = dwpe + (r % t) * c;
+            const float *g = dy + r * c;
+            for (int64_t j = j0; j < j1; j++) {
+                e[j] += g[j];
+                p[j] += g[j];
+            }
+        }
+    }
+    return GP_OK;
+}
+
 /* ---- U-Net: leaky relu, per-row scaling, binary cross-entropy ------------- */
 
 GP_CPU_LOOPS

@@ -998,6 +998,65 @@ static gp_status cuda_bn_commit(gp_device *dev, int64_t c, float *rmean, float *
 /* ---- U-Net layers and loss ----------------------------------------------------------
  * Sizes were checked (and empty calls dropped) by the gp_dev_* wrappers. */
 
+static gp_status cuda_gelu_fwd(gp_device *dev, const float *x, float *y, int64_t n)
+{
+    CUDA_OP(dev, gp_cuk_gelu_fwd(s, x, y, n));
+}
+
+static gp_status cuda_gelu_bwd(gp_device *dev, const float *x, const float *dy, float *dx,
+                               int64_t n)
+{
+    CUDA_OP(dev, gp_cuk_gelu_bwd(s, x, dy, dx, n));
+}
+
+static gp_status cuda_layer_norm_fwd(gp_device *dev, const float *x, const float *w,
+                                     const float *b, float *y, float *mean, float *rstd,
+                                     int64_t rows, int64_t c, float eps)
+{
+    CUDA_OP(dev, gp_cuk_layer_norm_fwd(s, x, w, b, y, mean, rstd, rows, c, eps));
+}
+
+static gp_status cuda_layer_norm_bwd_data(gp_device *dev, const float *x, const float *w,
+                                          const float *mean, const float *rstd, const float *dy,
+                                          float *dx, int64_t rows, int64_t c)
+{
+    CUDA_OP(dev, gp_cuk_layer_norm_bwd_data(s, x, w, mean, rstd, dy, dx, rows, c));
+}
+
+static gp_status cuda_layer_norm_bwd_weights(gp_device *dev, const float *x, const float *mean,
+                                             const float *rstd, const float *dy, float *dw,
+                                             float *db, int64_t rows, int64_t c)
+{
+    CUDA_OP(dev, gp_cuk_layer_norm_bwd_weights(s, x, mean, rstd, dy, dw, db, rows, c));
+}
+
+/* The ids' check writes the first bad row into a workspace word, read
+ * back after a wait (as xent's result), then the sum runs where all are
+ * good. */
+static gp_status cuda_embed_fwd(gp_device *dev, const float *ids, const float *wte,
+                                const float *wpe, float *y, int64_t n, int64_t t, int64_t c,
+                                int64_t vocab, int64_t *bad)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    void *ws;
+    long long first = -1;
+    GP_TRY(gp_cuda_enter(dev));
+    GP_TRY(gp_cuda_ws_reserve(dev, sizeof(long long), &ws));
+    GP_CUDA(gp_cuk_embed_check(ctx->compute, ids, n * t, vocab, (long long *)ws));
+    GP_CUDA(cudaMemcpyAsync(&first, ws, sizeof first, cudaMemcpyDeviceToHost, ctx->compute));
+    GP_CUDA(cudaStreamSynchronize(ctx->compute));
+    *bad = first;
+    if (first >= 0) return GP_OK;
+    GP_CUDA(gp_cuk_embed_fwd(ctx->compute, ids, wte, wpe, y, n, t, c));
+    return GP_OK;
+}
+
+static gp_status cuda_embed_bwd(gp_device *dev, const float *ids, const float *dy, float *dwte,
+                                float *dwpe, int64_t n, int64_t t, int64_t c)
+{
+    CUDA_OP(dev, gp_cuk_embed_bwd(s, ids, dy, dwte, dwpe, n, t, c));
+}
+
 static gp_status cuda_leaky_relu_fwd(gp_device *dev, const float *x, float *y, int64_t n,
                                      float slope)
 {
@@ -1755,6 +1814,13 @@ static const gp_device_iface cuda_iface = {
     .bn_bwd_sums = gp_cuda_bn_bwd_sums,
     .bn_bwd_apply = gp_cuda_bn_bwd_apply,
     .copy_box = cuda_copy_box,
+    .gelu_fwd = cuda_gelu_fwd,
+    .gelu_bwd = cuda_gelu_bwd,
+    .layer_norm_fwd = cuda_layer_norm_fwd,
+    .layer_norm_bwd_data = cuda_layer_norm_bwd_data,
+    .layer_norm_bwd_weights = cuda_layer_norm_bwd_weights,
+    .embed_fwd = cuda_embed_fwd,
+    .embed_bwd = cuda_embed_bwd,
     .leaky_relu_fwd = cuda_leaky_relu_fwd,
     .leaky_relu_bwd = cuda_leaky_relu_bwd,
     .mul_rows = cuda_mul_rows,

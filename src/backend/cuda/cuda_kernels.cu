@@ -407,6 +407,17 @@ __global__ void k_bn_commit(float *rmean, float *rvar, double *mean_acc, double 
     GP_CUK_LOOP(k, c) gp_ew_bn_commit(&rmean[k], &rvar[k], &mean_acc[k], &m2_acc[k], m, count);
 }
 
+/* ---- Transformer layers -------------------------------------------------------- */
+
+__global__ void k_gelu_fwd(const float *x, float *y, int64_t n)
+{
+    GP_CUK_LOOP(i, n) y[i] = gp_ew_gelu(x[i]);
+}
+__global__ void k_gelu_bwd(const float *x, const float *dy, float *dx, int64_t n)
+{
+    GP_CUK_LOOP(i, n) dx[i] = gp_ew_gelu_bwd(x[i], dy[i]);
+}
+
 /* ---- U-Net layers ------------------------------------------------------------- */
 
 __global__ void k_leaky_relu_fwd(const float *x, float *y, int64_t n, float slope)
@@ -744,6 +755,97 @@ __global__ void k_norm_leaky_bwd(const float *yz, int from_z, float slope, const
         for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x) {
             int64_t at = bn_at(t, c, C, S);
             dx[at] = ka * dy[at] + kb * gp_ew_norm_leaky_y(yz[at], from_z, slope) + kc;
+        }
+    }
+}
+
+/* ---- layer norm: a block per row (backend.h's layer_norm_*) ---------------- */
+
+__global__ void k_layer_norm_fwd(const float *x, const float *w, const float *b, float *y,
+                                 float *mean, float *rstd, int64_t rows, int64_t c, float eps)
+{
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float *xr = x + r * c;
+        double s = 0.0;
+        for (int64_t j = threadIdx.x; j < c; j += blockDim.x) s += (double)xr[j];
+        double m = block_sum(s) / (double)c, v = 0.0;
+        for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
+            v += ((double)xr[j] - m) * ((double)xr[j] - m);
+        v = block_sum(v) / (double)c;
+        float mf = (float)m, rs = gp_ew_ln_rstd(v, eps);
+        for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
+            y[r * c + j] = (xr[j] - mf) * rs * w[j] + b[j];
+        if (threadIdx.x == 0) {
+            mean[r] = mf;
+            rstd[r] = rs;
+        }
+    }
+}
+
+__global__ void k_layer_norm_bwd_data(const float *x, const float *w, const float *mean,
+                                      const float *rstd, const float *dy, float *dx, int64_t rows,
+                                      int64_t c)
+{
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float *xr = x + r * c, *gr = dy + r * c;
+        float mf = mean[r], rs = rstd[r];
+        double sg = 0.0, sgx = 0.0;
+        for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+            float g = gr[j] * w[j];
+            sg += (double)g;
+            sgx += (double)g * (double)((xr[j] - mf) * rs);
+        }
+        float a = (float)(block_sum(sg) / (double)c), bb = (float)(block_sum(sgx) / (double)c);
+        for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
+            dx[r * c + j] = rs * (gr[j] * w[j] - a - (xr[j] - mf) * rs * bb);
+    }
+}
+
+__global__ void k_layer_norm_bwd_weights(const float *x, const float *mean, const float *rstd,
+                                         const float *dy, float *dw, float *db, int64_t rows,
+                                         int64_t c)
+{
+    GP_CUK_LOOP(j, c) {
+        double sw = 0.0, sb = 0.0;
+        for (int64_t r = 0; r < rows; r++) {
+            float g = dy[r * c + j];
+            sw += (double)g * (double)((x[r * c + j] - mean[r]) * rstd[r]);
+            sb += (double)g;
+        }
+        dw[j] += (float)sw;
+        db[j] += (float)sb;
+    }
+}
+
+/* ---- token and position embeddings (backend.h's embed_*) ------------------- */
+
+__global__ void k_embed_check(const float *ids, int64_t rows, int64_t vocab, long long *first)
+{
+    GP_CUK_LOOP(r, rows) {
+        float v = ids[r];
+        if (!(v >= 0.0f && v < (float)vocab) || v != floorf(v)) atomicMin(first, (long long)r);
+    }
+}
+__global__ void k_embed_none(long long *first, long long rows)
+{
+    if (*first >= rows) *first = -1;
+}
+__global__ void k_embed_fwd(const float *ids, const float *wte, const float *wpe, float *y,
+                            int64_t rows, int64_t t, int64_t c)
+{
+    GP_CUK_LOOP(e, rows * c) {
+        int64_t r = e / c, j = e % c;
+        y[e] = wte[(int64_t)ids[r] * c + j] + wpe[(r % t) * c + j];
+    }
+}
+__global__ void k_embed_bwd(const float *ids, const float *dy, float *dwte, float *dwpe,
+                            int64_t rows, int64_t t, int64_t c)
+{
+    GP_CUK_LOOP(j, c) {
+        for (int64_t r = 0; r < rows; r++) {
+            float g = dy[r * c + j];
+            dwte[(int64_t)ids[r] * c + j] += g;
+            dwpe[(r % t) * c + j] += g;
         }
     }
 }
@@ -1215,6 +1317,17 @@ cudaError_t gp_cuk_xent(cudaStream_t s, const float *logits, const float *labels
     return cudaGetLastError();
 }
 
+cudaError_t gp_cuk_gelu_fwd(cudaStream_t s, const float *x, float *y, int64_t n)
+{
+    GP_CUK_LAUNCH(n, k_gelu_fwd, x, y, n);
+}
+
+cudaError_t gp_cuk_gelu_bwd(cudaStream_t s, const float *x, const float *dy, float *dx,
+                            int64_t n)
+{
+    GP_CUK_LAUNCH(n, k_gelu_bwd, x, dy, dx, n);
+}
+
 cudaError_t gp_cuk_leaky_relu_fwd(cudaStream_t s, const float *x, float *y, int64_t n,
                                   float slope)
 {
@@ -1383,6 +1496,56 @@ cudaError_t gp_cuk_bn_bwd_apply(cudaStream_t s, const float *x, const float *gam
         x, gamma, beta, relu, mean, var, dy, sums, count, eps, n, c, sp, dx, local, dgamma,
         dbeta);
     return cudaGetLastError();
+}
+
+cudaError_t gp_cuk_layer_norm_fwd(cudaStream_t s, const float *x, const float *w, const float *b,
+                                  float *y, float *mean, float *rstd, int64_t rows, int64_t c,
+                                  float eps)
+{
+    if (rows <= 0) return cudaSuccess;
+    k_layer_norm_fwd<<<channel_blocks(rows), GP_CUK_THREADS, 0, s>>>(x, w, b, y, mean, rstd,
+                                                                     rows, c, eps);
+    return cudaGetLastError();
+}
+
+cudaError_t gp_cuk_layer_norm_bwd_data(cudaStream_t s, const float *x, const float *w,
+                                       const float *mean, const float *rstd, const float *dy,
+                                       float *dx, int64_t rows, int64_t c)
+{
+    if (rows <= 0) return cudaSuccess;
+    k_layer_norm_bwd_data<<<channel_blocks(rows), GP_CUK_THREADS, 0, s>>>(x, w, mean, rstd, dy,
+                                                                          dx, rows, c);
+    return cudaGetLastError();
+}
+
+cudaError_t gp_cuk_layer_norm_bwd_weights(cudaStream_t s, const float *x, const float *mean,
+                                          const float *rstd, const float *dy, float *dw,
+                                          float *db, int64_t rows, int64_t c)
+{
+    GP_CUK_LAUNCH(c, k_layer_norm_bwd_weights, x, mean, rstd, dy, dw, db, rows, c);
+}
+
+cudaError_t gp_cuk_embed_check(cudaStream_t s, const float *ids, int64_t rows, int64_t vocab,
+                               long long *first)
+{
+    long long none = (long long)rows; /* above every row: "none" after the min */
+    cudaError_t e = cudaMemcpyAsync(first, &none, sizeof none, cudaMemcpyHostToDevice, s);
+    if (e != cudaSuccess) return e;
+    if (rows > 0) k_embed_check<<<blocks_for(rows), GP_CUK_THREADS, 0, s>>>(ids, rows, vocab, first);
+    k_embed_none<<<1, 1, 0, s>>>(first, (long long)rows);
+    return cudaGetLastError();
+}
+
+cudaError_t gp_cuk_embed_fwd(cudaStream_t s, const float *ids, const float *wte, const float *wpe,
+                             float *y, int64_t n, int64_t t, int64_t c)
+{
+    GP_CUK_LAUNCH(n * t * c, k_embed_fwd, ids, wte, wpe, y, n * t, t, c);
+}
+
+cudaError_t gp_cuk_embed_bwd(cudaStream_t s, const float *ids, const float *dy, float *dwte,
+                             float *dwpe, int64_t n, int64_t t, int64_t c)
+{
+    GP_CUK_LAUNCH(c, k_embed_bwd, ids, dy, dwte, dwpe, n * t, t, c);
 }
 
 cudaError_t gp_cuk_norm_leaky_bwd(cudaStream_t s, const float *yz, int from_z, float slope,

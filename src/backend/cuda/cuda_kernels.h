@@ -160,6 +160,34 @@ cudaError_t gp_cuk_xent(cudaStream_t s, const float *logits, const float *labels
                         float *dlogits, double *row_loss, long long *row_flag,
                         gp_cuk_xent_out *out);
 
+/* Transformer layers (backend.h's gelu_fwd/bwd): one thread per element. */
+cudaError_t gp_cuk_gelu_fwd(cudaStream_t s, const float *x, float *y, int64_t n);
+cudaError_t gp_cuk_gelu_bwd(cudaStream_t s, const float *x, const float *dy, float *dx,
+                            int64_t n);
+
+/* backend.h's layer_norm_*: a block per row (its sums in double through a
+ * fixed tree), a thread per column for the weights (rows in order). */
+cudaError_t gp_cuk_layer_norm_fwd(cudaStream_t s, const float *x, const float *w, const float *b,
+                                  float *y, float *mean, float *rstd, int64_t rows, int64_t c,
+                                  float eps);
+cudaError_t gp_cuk_layer_norm_bwd_data(cudaStream_t s, const float *x, const float *w,
+                                       const float *mean, const float *rstd, const float *dy,
+                                       float *dx, int64_t rows, int64_t c);
+cudaError_t gp_cuk_layer_norm_bwd_weights(cudaStream_t s, const float *x, const float *mean,
+                                          const float *rstd, const float *dy, float *dw,
+                                          float *db, int64_t rows, int64_t c);
+
+/* backend.h's embed_fwd/bwd: embed_check writes into *first (device) the
+ * first row whose id is not a whole number in [0, vocab), or -1; embed_fwd
+ * a thread per output element; embed_bwd a thread per column, the rows in
+ * order (no atomics). */
+cudaError_t gp_cuk_embed_check(cudaStream_t s, const float *ids, int64_t rows, int64_t vocab,
+                               long long *first);
+cudaError_t gp_cuk_embed_fwd(cudaStream_t s, const float *ids, const float *wte, const float *wpe,
+                             float *y, int64_t n, int64_t t, int64_t c);
+cudaError_t gp_cuk_embed_bwd(cudaStream_t s, const float *ids, const float *dy, float *dwte,
+                             float *dwpe, int64_t n, int64_t t, int64_t c);
+
 /* U-Net layers (backend.h's leaky_relu_fwd/bwd, mul_rows, upsample_fwd/bwd):
  * one thread per output element; upsample_bwd sums its block in a fixed
  * order (no atomics). */

@@ -1,0 +1,218 @@
+/*
+ * transformer.c — the layers a GPT-2 block needs besides linear and gelu
+ * (issue 53): layer_norm and embedding.
+ *
+ * layer_norm: PyTorch's nn.LayerNorm(C) over the last dimension of (N, C)
+ *   or (N, T, C) inputs: every row of C values normalised by its own mean
+ *   and biased variance (statistics in FP32, their sums in double), then
+ *   scaled by weight (C, init 1) and shifted by bias (C, init 0).  Training
+ *   and eval compute the same (no running statistics).  Saves each row's
+ *   mean and 1 / sqrt(var + eps) (2 floats a row); backward reads x too.
+ *   backward_data (dx =) and backward_weights (dW +=) are separate passes,
+ *   so a weights-only backward (the first stage) reads no w.
+ * embedding: GPT-2's token and position embeddings as one layer (wte +
+ *   wpe, as llm.c's encoder: one layer keeps a Transformer's first stage a
+ *   plain chain, and the position table needs the same T as the tokens).
+ *   Input (N, T) token ids stored as floats (model.input [T], which
+ *   arrives as (N, T, 1, 1)) (exact below 2^24, the most
+ *   `vocab` takes), output (N, T, dim) = wte[id] + wpe[position].
+ *   Parameters wte.weight (vocab, dim), normal(0, 0.02), and wpe.weight
+ *   (positions, dim), normal(0, 0.01), as llm.c initialises them (the names
+ *   are Hugging Face GPT-2's without its "transformer." prefix).  The input
+ *   is data, so there is no dx: the layer must be the model's first (the
+ *   first stage asks no dx of it), and backward_data, which only a caller
+ *   outside the pipeline asks (the profiler times every layer's), writes
+ *   zeros: ids are constants.  Backward is
+ *   a scatter-add into the gradients (embed_bwd).  An id that is not a
+ *   whole number in [0, vocab) fails the forward with the layer, the
+ *   sample's row in the mini-batch and the position.
+ */
+#include "layers/layers_impl.h"
+
+#include <math.h>
+
+/* ---- layer_norm ----------------------------------------------------------- */
+
+static int64_t ln_rows(const gp_tensor *x)
+{
+    int64_t c = x->dims[x->ndim - 1];
+    return c > 0 ? gp_tensor_numel(x) / c : 0;
+}
+
+static gp_status layer_norm_infer(const gp_layer *l, const gp_shape *in, gp_shape *out)
+{
+    char b[96];
+    if (!(l->spec.eps > 0.0f) || isinf(l->spec.eps))
+        return gp_layer_spec_error(l, "eps = %g must be a finite number > 0 (default 1e-5)",
+                                   (double)l->spec.eps);
+    if (in->ndim != 2 && in->ndim != 3)
+        return gp_layer_spec_error(l,
+                                   "layer_norm normalises the last dimension of (N, C) or "
+                                   "(N, T, C) inputs, but got %s; for images use batchnorm or "
+                                   "instance_norm",
+                                   gp_layers_shape_n(in, b, sizeof b));
+    *out = *in;
+    return GP_OK;
+}
+
+static gp_status layer_norm_init(gp_layer *l, uint64_t seed)
+{
+    gp_shape cs = {1, {l->in_shape.dims[l->in_shape.ndim - 1], 0, 0, 0}};
+    GP_TRY(gp_layers_add_param(l, "weight", &cs, false, true));
+    GP_TRY(gp_layers_fill_param(l, 0, 1.0f));
+    GP_TRY(gp_layers_add_param(l, "bias", &cs, false, true));
+    return gp_layers_fill_param(l, 1, 0.0f);
+}
+
+static gp_status layer_norm_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                    gp_tensor *y, gp_saved *s)
+{
+    int64_t rows = ln_rows(x), c = x->dims[x->ndim - 1];
+    if (rows == 0) return GP_OK;
+    gp_shape st = gp_shape_2d(rows, 1);
+    GP_TRY(gp_layers_saved_alloc(s, 0, l->dev, &st)); /* mean (rows) */
+    GP_TRY(gp_layers_saved_alloc(s, 1, l->dev, &st)); /* rstd (rows) */
+    return gp_dev_layer_norm_fwd(l->dev, gp_f32(x), gp_f32(&l->params[0].value),
+                                 gp_f32(&l->params[1].value), gp_f32(y), gp_f32(&s->t[0]),
+                                 gp_f32(&s->t[1]), rows, c, l->spec.eps);
+}
+
+static gp_status layer_norm_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                          const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
+                                          gp_saved *s)
+{
+    int64_t rows = ln_rows(x), c = x->dims[x->ndim - 1];
+    if (rows == 0) return GP_OK;
+    return gp_dev_layer_norm_bwd_data(l->dev, gp_f32(x), gp_f32(&l->params[0].value),
+                                      gp_f32(&s->t[0]), gp_f32(&s->t[1]), gp_f32(dy), gp_f32(dx),
+                                      rows, c);
+}
+
+static gp_status layer_norm_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx,
+                                             const gp_tensor *x, const gp_tensor *y,
+                                             const gp_tensor *dy, gp_saved *s)
+{
+    int64_t rows = ln_rows(x), c = x->dims[x->ndim - 1];
+    if (rows == 0) return GP_OK;
+    return gp_dev_layer_norm_bwd_weights(l->dev, gp_f32(x), gp_f32(&s->t[0]), gp_f32(&s->t[1]),
+                                         gp_f32(dy), gp_f32(&l->params[0].grad),
+                                         gp_f32(&l->params[1].grad), rows, c);
+}
+
+static double layer_norm_flops(const gp_layer *l, int64_t n)
+{
+    /* statistics (3 per element) and the affine normalisation (4) */
+    return 7.0 * (double)n * (double)gp_shape_numel(&l->out_shape);
+}
+
+static size_t layer_norm_saved_bytes(const gp_layer *l, int64_t n)
+{
+    const gp_shape *in = &l->in_shape;
+    int64_t per = gp_shape_numel(in) / (in->dims[0] * in->dims[in->ndim - 1]);
+    return 2 * (size_t)(n * per) * sizeof(float);
+}
+
+const gp_layer_ops gp_layer_norm_ops = {
+    .type = GP_LAYER_LAYER_NORM,
+    .infer = layer_norm_infer,
+    .init = layer_norm_init,
+    .forward = layer_norm_forward,
+    .backward_data = layer_norm_backward_data,
+    .backward_weights = layer_norm_backward_weights,
+    .flops = layer_norm_flops,
+    .saved_bytes = layer_norm_saved_bytes,
+    .bwd_ignores_y = true,
+};
+
+/* ---- embedding ------------------------------------------------------------- */
+
+static gp_status embedding_infer(const gp_layer *l, const gp_shape *in, gp_shape *out)
+{
+    char b[96];
+    const gp_layer_spec *sp = &l->spec;
+    if (l->index != 0)
+        return gp_layer_spec_error(l,
+                                   "an embedding takes token ids, the model's input data, so it "
+                                   "must be the model's first layer (it is layer %d)",
+                                   l->index);
+    if (sp->vocab < 1 || sp->vocab > ((int64_t)1 << 24) || sp->dim < 1 || sp->positions < 1)
+        return gp_layer_spec_error(l,
+                                   "vocab = %lld (in [1, 2^24]: ids are floats), dim = %lld "
+                                   "and positions = %lld must be given and >= 1, like "
+                                   "{embedding: {vocab: 256, dim: 64, positions: 128}}",
+                                   (long long)sp->vocab, (long long)sp->dim,
+                                   (long long)sp->positions);
+    /* model.input [T] reaches the first layer as (N, T, 1, 1) */
+    bool ids = in->ndim == 2 || (in->ndim == 4 && in->dims[2] == 1 && in->dims[3] == 1);
+    if (!ids)
+        return gp_layer_spec_error(l,
+                                   "expected token ids (N, T) but got %s; set model.input to "
+                                   "[T], the sequence length",
+                                   gp_layers_shape_n(in, b, sizeof b));
+    if (in->dims[1] > sp->positions)
+        return gp_layer_spec_error(l,
+                                   "the input has %lld positions but positions = %lld; raise "
+                                   "positions to at least the sequence length",
+                                   (long long)in->dims[1], (long long)sp->positions);
+    *out = (gp_shape){3, {in->dims[0], in->dims[1], sp->dim, 0}};
+    return GP_OK;
+}
+
+static gp_status embedding_init(gp_layer *l, uint64_t seed)
+{
+    gp_shape te = gp_shape_2d(l->spec.vocab, l->spec.dim);
+    gp_shape pe = gp_shape_2d(l->spec.positions, l->spec.dim);
+    GP_TRY(gp_layers_add_param(l, "wte.weight", &te, false, false));
+    GP_TRY(gp_layers_init_normal(l, 0, seed, 0.02f));
+    GP_TRY(gp_layers_add_param(l, "wpe.weight", &pe, false, false));
+    return gp_layers_init_normal(l, 1, seed, 0.01f);
+}
+
+static gp_status embedding_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                   gp_tensor *y, gp_saved *s)
+{
+    int64_t n = x->dims[0], t = x->dims[1], bad = -1;
+    GP_TRY(gp_dev_embed_fwd(l->dev, gp_f32(x), gp_f32(&l->params[0].value),
+                            gp_f32(&l->params[1].value), gp_f32(y), n, t, l->spec.dim,
+                            l->spec.vocab, &bad));
+    if (bad < 0) return GP_OK;
+    float v = 0.0f;
+    GP_TRY(gp_dev_download(l->dev, &v, gp_f32(x) + bad, 1)); /* the message's id */
+    return gp_layer_spec_error(l,
+                               "token id %g at row %lld of the mini-batch, position %lld, is "
+                               "not a whole number in [0, %lld) (vocab); the data's tokens "
+                               "need a larger vocab, or they are not token ids",
+                               (double)v, (long long)(ctx->sample_offset + bad / t),
+                               (long long)(bad % t), (long long)l->spec.vocab);
+}
+
+static gp_status embedding_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                         const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
+                                         gp_saved *s)
+{
+    return gp_dev_fill(l->dev, gp_f32(dx), 0.0f, gp_tensor_numel(dx));
+}
+
+static gp_status embedding_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx,
+                                            const gp_tensor *x, const gp_tensor *y,
+                                            const gp_tensor *dy, gp_saved *s)
+{
+    return gp_dev_embed_bwd(l->dev, gp_f32(x), gp_f32(dy), gp_f32(&l->params[0].grad),
+                            gp_f32(&l->params[1].grad), x->dims[0], x->dims[1], l->spec.dim);
+}
+
+static double embedding_flops(const gp_layer *l, int64_t n)
+{
+    return (double)n * (double)gp_shape_numel(&l->out_shape); /* one add per element */
+}
+
+const gp_layer_ops gp_embedding_ops = {
+    .type = GP_LAYER_EMBEDDING,
+    .infer = embedding_infer,
+    .init = embedding_init,
+    .forward = embedding_forward,
+    .backward_data = embedding_backward_data,
+    .backward_weights = embedding_backward_weights,
+    .flops = embedding_flops,
+    .bwd_ignores_y = true,
+};
