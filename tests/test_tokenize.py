@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""test_tokenize.py — scripts/tokenize.py (encode, decode, encodings).
+"""test_tokenize.py — scripts/tokenize_text.py (encode, decode, encodings).
 
   (a) byte-level round trip: files holding every byte value, UTF-8 text and
       an empty line encode and decode back to their concatenation exactly;
@@ -30,7 +30,7 @@ from gpt_util import check, finish
 SRC = os.environ.get("GPIPE_SOURCE_DIR",
                      os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.environ.get("GPIPE_BINARY_DIR", os.path.join(SRC, "build"))
-SCRIPT = os.path.join(SRC, "scripts", "tokenize.py")
+SCRIPT = os.path.join(SRC, "scripts", "tokenize_text.py")
 
 
 def script(*args):
@@ -159,7 +159,20 @@ def test_gpt2(tmp):
     check(got == open(text, "rb").read(), "gpt2 round trip")
 
 
+def test_no_stdlib_names():
+    """No script in scripts/ is named as a standard-library module: the
+    folder is first on a script's path, so linecache's `import tokenize`
+    (behind every traceback) took scripts/tokenize.py once and broke
+    metrics.py and timeline.py."""
+    names = getattr(sys, "stdlib_module_names", None)
+    check(names is not None, "this Python (%s) lists no stdlib_module_names" % sys.version)
+    clash = [f for f in sorted(os.listdir(os.path.join(SRC, "scripts")))
+             if f.endswith(".py") and names and f[:-3] in names]
+    check(not clash, "scripts named as standard-library modules: %s" % clash)
+
+
 def main():
+    test_no_stdlib_names()
     with tempfile.TemporaryDirectory(prefix="gpipe-tokenize-") as tmp:
         out = test_bytes(tmp)
         lic = test_corpus(tmp)

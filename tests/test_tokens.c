@@ -181,7 +181,7 @@ static void test_errors(void)
     write_tokens(p, tok, 40, 20240521, 1, 40, 0);
     CHECK_ERR(gp_tokens_read(p, 4, &ds), GP_ERR_DATA, "bad magic 20240521, expected 20240520");
     CHECK_ERR(gp_tokens_read(p, 4, &ds), GP_ERR_DATA, p);
-    CHECK_ERR(gp_tokens_read(p, 4, &ds), GP_ERR_DATA, "scripts/tokenize.py");
+    CHECK_ERR(gp_tokens_read(p, 4, &ds), GP_ERR_DATA, "scripts/tokenize_text.py");
     write_tokens(p, tok, 40, 20240520, 2, 40, 0);
     CHECK_ERR(gp_tokens_read(p, 4, &ds), GP_ERR_DATA, "version 2");
     /* the header cut short */

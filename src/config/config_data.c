@@ -146,7 +146,7 @@ gp_status gp_cfg_parse_data(gp_cfg_walk *w, const gp_ynode *root, const gp_model
                           "holds train/ and val/");
     if (dc->dataset == GP_DATASET_TOKENS && !dc->path[0])
         return gp_cfg_bad(w, m, "data.dataset tokens needs data.path: the folder that holds "
-                          "<name>_train.bin and <name>_val.bin (scripts/tokenize.py writes "
+                          "<name>_train.bin and <name>_val.bin (scripts/tokenize_text.py writes "
                           "them), or the _train.bin file itself");
     if (dc->dataset == GP_DATASET_TOKENS && (mc->input[1] != 1 || mc->input[2] != 1))
         return gp_cfg_bad(w, gp_ymap_get(gp_ymap_get(root, "model"), "input"),

@@ -2,7 +2,7 @@
  * tokens.c — data.dataset: tokens, llm.c's token files: a header of 256
  * little-endian int32 (magic 20240520, version 1, token count), then the
  * tokens as little-endian uint16 (GPT-2's 50257 ids, or bytes).
- * scripts/tokenize.py writes them from text.
+ * scripts/tokenize_text.py writes them from text.
  *
  * A split is read whole with stdio, as the other in-memory readers do: a
  * tiny corpus is a few MB and GPT-2's fineweb shards 200 MB, so the copy
@@ -21,7 +21,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#define TOKENS_WHAT "write it again with scripts/tokenize.py (or llm.c's data scripts)"
+#define TOKENS_WHAT "write it again with scripts/tokenize_text.py (or llm.c's data scripts)"
 
 static int32_t le32(const unsigned char *b)
 {
@@ -140,7 +140,7 @@ gp_status gp_tokens_files(const char *path, char train[1024], char val[1024])
     struct stat st;
     if (stat(path, &st) != 0)
         return gp_error_set(GP_ERR_IO, "tokens: data.path '%s': %s; make the token files with "
-                            "scripts/tokenize.py", path, strerror(errno));
+                            "scripts/tokenize_text.py", path, strerror(errno));
     if (!S_ISDIR(st.st_mode)) {
         if (!ends_with(path, "train.bin"))
             return gp_error_set(GP_ERR_IO, "tokens: data.path '%s' is a file but not a "
@@ -151,7 +151,7 @@ gp_status gp_tokens_files(const char *path, char train[1024], char val[1024])
         snprintf(val, 1024, "%.*sval.bin", (int)stem, path);
         if (stat(val, &st) != 0 || !S_ISREG(st.st_mode))
             return gp_error_set(GP_ERR_IO, "tokens: the validation split %s beside %s is "
-                                "missing; scripts/tokenize.py writes both", val, path);
+                                "missing; scripts/tokenize_text.py writes both", val, path);
         return GP_OK;
     }
     DIR *d = opendir(path);
@@ -175,7 +175,7 @@ gp_status gp_tokens_files(const char *path, char train[1024], char val[1024])
         const char *kind = k ? "val" : "train";
         if (cnt == 0)
             return gp_error_set(GP_ERR_IO, "tokens: no <name>_%s.bin (or %s.bin) in %s; write "
-                                "the splits with scripts/tokenize.py", kind, kind, path);
+                                "the splits with scripts/tokenize_text.py", kind, kind, path);
         if (cnt > 1)
             return gp_error_set(GP_ERR_IO, "tokens: %d %s splits in %s (%s, %s%s): the reader "
                                 "takes one; point data.path at one <name>_train.bin",

@@ -1,15 +1,15 @@
 #!/usr/bin/python3
-"""tokenize.py — text files into llm.c's token files, the data of
+"""tokenize_text.py — text files into llm.c's token files, the data of
 gpipe-train's `data.dataset: tokens`, and back.
 
-  scripts/tokenize.py encode -o DIR [--name NAME] [--val FRACTION]
+  scripts/tokenize_text.py encode -o DIR [--name NAME] [--val FRACTION]
                       [--encoding bytes|gpt2] TEXT...
       writes DIR/NAME_train.bin and DIR/NAME_val.bin: the texts joined in
       the order given, as tokens; the last FRACTION of the tokens (default
       0.1) is the validation split, the rest the training split.
-  scripts/tokenize.py decode [--encoding bytes|gpt2] FILE.bin
+  scripts/tokenize_text.py decode [--encoding bytes|gpt2] FILE.bin
       writes the file's tokens as text to stdout.
-  scripts/tokenize.py encodings
+  scripts/tokenize_text.py encodings
       says which encodings this machine has.
 
 A token file is a header of 256 little-endian int32 (magic 20240520,
@@ -25,7 +25,7 @@ says so when they are missing.  Like llm.c, gpt2 puts <|endoftext|> (50256)
 before each file.
 
 A corpus every Debian machine has: the licence texts of base-files,
-    scripts/tokenize.py encode -o data/licenses --name licenses \\
+    scripts/tokenize_text.py encode -o data/licenses --name licenses \\
         /usr/share/common-licenses/*
 (303 kB of English: 303,076 byte tokens, 10% of them for validation).
 
@@ -36,17 +36,7 @@ import os
 import struct
 import sys
 
-# This file's name is the standard library's tokenize, which linecache and
-# traceback import: with this folder first on the path they would import
-# this script in its place.  The library's is imported first, from the path
-# without this folder; then the folder comes back for gp_script_common.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_PATH = sys.path[:]
-sys.path[:] = [d for d in sys.path if os.path.abspath(d or ".") != _HERE]
-import tokenize  # noqa: E402,F401
-import traceback  # noqa: E402,F401
-sys.path[:] = [_HERE] + _PATH
-from gp_script_common import ScriptError, parser_raising, run_cli  # noqa: E402
+from gp_script_common import ScriptError, parser_raising, run_cli
 
 MAGIC = 20240520
 VERSION = 1
@@ -185,7 +175,7 @@ def cmd_encodings(a):
 
 
 def main(argv=None):
-    p = parser_raising(TokError)(prog="tokenize.py", description=__doc__.split("\n\n")[0])
+    p = parser_raising(TokError)(prog="tokenize_text.py", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     e = sub.add_parser("encode", help="text files -> NAME_train.bin and NAME_val.bin")
     e.add_argument("text", nargs="+", help="text files, joined in this order")
@@ -203,4 +193,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli("tokenize.py", main))
+    sys.exit(run_cli("tokenize_text.py", main))
