@@ -309,12 +309,12 @@ static void test_elementwise(void)
      * has been through the updates above by now, equal within 1e-6 only,
      * and a value that close to a bf16 rounding boundary rounds to either
      * neighbour (an H200 saw one element of 2^14 do so at e937221) */
-    buf pk = bjunk((n + 1) / 2), xs = brand(n, -2, 2);
-    BOTH(gp_dev_bf16_pack(D, (uint16_t *)pk.p[K], xs.p[K], n));
+    buf pk = bjunk((n + 1) / 2), xp = brand(n, -2, 2);
+    BOTH(gp_dev_bf16_pack(D, (uint16_t *)pk.p[K], xp.p[K], n));
     BOTH(gp_dev_bf16_unpack(D, z.p[K], (const uint16_t *)pk.p[K], n));
     bcheck("bf16_pack + bf16_unpack", &z, 0);
     bfree(&pk);
-    bfree(&xs);
+    bfree(&xp);
 
     double ss[2];
     int bad[2];
