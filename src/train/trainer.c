@@ -1449,6 +1449,8 @@ static gp_status evaluate_if_epoch_ended(train_run *r, const train_step *t)
     if (esig)
         return stop_between_steps(r->mp, r->cfg, opts, esig, step, r->total,
                                   r->saves.saved_step, &r->saves.pos, r->saves.lock, res);
+    /* the step's own waits are the step's, not the evaluation's */
+    gp_procs_watch_phase("step %lld of %lld", (long long)step + 1, (long long)r->total);
     return GP_OK;
 }
 
