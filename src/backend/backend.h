@@ -817,9 +817,11 @@ typedef struct gp_device_iface {
     /* --- Transformer layers (optional; appended last) ---
      * gelu_fwd: y = gp_ew_gelu(x) (GPT-2's tanh form), element by element;
      * y may be x.  gelu_bwd: dx = gp_ew_gelu_bwd(x, dy), from the input x
-     * (dx =).  CPU: cpu_math.c (loops over elementwise.h, as relu's: the
-     * same float operations as the CUDA kernels, where oneDNN's
-     * eltwise_gelu_tanh would round its own way); CUDA: cuda_kernels.cu.
+     * (dx =).  CPU: oneDNN's eltwise gelu_tanh (cpu_dnnl.c; until
+     * 2026-11-26 a loop over elementwise.h's tanhf, the CUDA kernels' float
+     * operations, but ~20x slower: its values differ from them by an ulp
+     * or two, within what test_layers and test_cuda allow); CUDA:
+     * cuda_kernels.cu.
      * NULL: the gp_dev_* wrappers return GP_ERR_UNSUPPORTED naming the
      * device and the layer. */
     gp_status (*gelu_fwd)(gp_device *dev, const float *x, float *y, int64_t n);

@@ -860,3 +860,71 @@ gp_status gp_cpu_log_softmax(gp_device *dev, const float *x, float *y, int64_t r
     void *p[2] = {(void *)x, y};
     return op_run(dev, op, p);
 }
+
+/* ---- GELU (GPT-2's tanh form) ---------------------------------------------------
+ * oneDNN's eltwise gelu_tanh, forward and backward (from the input), JIT'd
+ * for the ISA it finds: the plain loop over tanhf (cpu_math.c's before
+ * 2026-11-26) took 24 ns an element on an AVX2 EPYC, oneDNN's ~1 (bench/README.md,
+ * "GELU").  Its values differ from gp_ew_gelu's by an ulp or two (its own
+ * tanh), within the tolerance test_layers holds every backend's gelu to. */
+
+typedef struct {
+    int64_t n;
+    int backward;
+} gelu_desc;
+
+static gp_status build_gelu(gp_cpu_ctx *ctx, cpu_op *op, const void *desc)
+{
+    const gelu_desc *g = desc;
+    gp_status st = GP_OK;
+    dnnl_memory_desc_t md;
+    dnnl_eltwise_desc_t fd, bd;
+    dnnl_primitive_desc_t hint = NULL;
+    size_t temp = 0;
+    GP_TRY(md_init(&md, 1, &g->n, dnnl_a));
+    GP_DNNL(dnnl_eltwise_forward_desc_init(&fd, dnnl_forward_training, dnnl_eltwise_gelu_tanh,
+                                           &md, 0.0f, 0.0f));
+    if (!g->backward) {
+        GP_TRY(op_create_pd(ctx, op, &fd, NULL));
+        GP_TRY(op_add_arg(ctx, op, DNNL_ARG_SRC, 0, CPU_ARG_IN, &md, &temp));
+        GP_TRY(op_add_arg(ctx, op, DNNL_ARG_DST, 1, CPU_ARG_OUT, &md, &temp));
+    } else {
+        GP_TRY(make_hint_pd(ctx, &fd, &hint));
+        GP_DNNL(dnnl_eltwise_backward_desc_init(&bd, dnnl_eltwise_gelu_tanh, &md, &md, 0.0f,
+                                                0.0f));
+        GP_TRY(op_create_pd(ctx, op, &bd, hint));
+        GP_TRY(op_add_arg(ctx, op, DNNL_ARG_SRC, 0, CPU_ARG_IN, &md, &temp));
+        GP_TRY(op_add_arg(ctx, op, DNNL_ARG_DIFF_DST, 1, CPU_ARG_IN, &md, &temp));
+        GP_TRY(op_add_arg(ctx, op, DNNL_ARG_DIFF_SRC, 2, CPU_ARG_OUT, &md, &temp));
+    }
+    st = op_finish(ctx, op, temp);
+fail:
+    if (hint) dnnl_primitive_desc_destroy(hint);
+    return st;
+}
+
+static gp_status gelu_op(gp_device *dev, int64_t n, int backward, cpu_op **op)
+{
+    cpu_key key = {{backward ? CPU_OP_GELU_BWD : CPU_OP_GELU_FWD, n, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                    0, 0, 0, 0}};
+    gelu_desc g = {n, backward};
+    return op_get(dev, &key, build_gelu, &g, backward ? "a GELU backward" : "a GELU", op);
+}
+
+gp_status gp_cpu_gelu_fwd(gp_device *dev, const float *x, float *y, int64_t n)
+{
+    if (n == 0) return GP_OK;
+    cpu_op *op = NULL;
+    GP_TRY(gelu_op(dev, n, 0, &op));
+    void *p[2] = {(void *)x, y};
+    return op_run(dev, op, p);
+}
+
+gp_status gp_cpu_gelu_bwd(gp_device *dev, const float *x, const float *dy, float *dx, int64_t n)
+{
+    if (n == 0) return GP_OK;
+    cpu_op *op = NULL;
+    GP_TRY(gelu_op(dev, n, 1, &op));
+    void *p[3] = {(void *)x, (void *)dy, dx};
+    return op_run(dev, op, p);
+}

@@ -74,7 +74,9 @@ typedef enum {
     CPU_OP_CONV_BWD_DATA,
     CPU_OP_CONV_BWD_WEIGHTS,
     CPU_OP_LOG_SOFTMAX,
-    CPU_OP_MATMUL_BF16
+    CPU_OP_MATMUL_BF16,
+    CPU_OP_GELU_FWD,
+    CPU_OP_GELU_BWD
 } cpu_op_kind;
 
 #define CPU_KEY_LEN 16

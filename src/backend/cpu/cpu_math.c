@@ -461,26 +461,6 @@ gp_status gp_cpu_bf16_unpack(gp_device *dev, float *dst, const uint16_t *src, in
     return GP_OK;
 }
 
-/* ---- Transformer: GELU ----------------------------------------------------- */
-
-GP_CPU_LOOPS
-gp_status gp_cpu_gelu_fwd(gp_device *dev, const float *x, float *y, int64_t n)
-{
-    int nt = dev->threads;
-#pragma omp parallel for simd schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN)
-    for (int64_t i = 0; i < n; i++) y[i] = gp_ew_gelu(x[i]);
-    return GP_OK;
-}
-
-GP_CPU_LOOPS
-gp_status gp_cpu_gelu_bwd(gp_device *dev, const float *x, const float *dy, float *dx, int64_t n)
-{
-    int nt = dev->threads;
-#pragma omp parallel for simd schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN)
-    for (int64_t i = 0; i < n; i++) dx[i] = gp_ew_gelu_bwd(x[i], dy[i]);
-    return GP_OK;
-}
-
 /* ---- Transformer: layer norm (a row per task; the weights a column per task) */
 
 GP_CPU_LOOPS
