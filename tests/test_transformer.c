@@ -372,6 +372,143 @@ static void test_tiny_model(void)
     gp_run_free(run);
 }
 
+/* ---- sampling: gp_run_predict and gpipe-sample ------------------------------ */
+
+/* The tiny task with attention, so that the stride, seen in earlier
+ * positions, decides the next token: a per-position model cannot. */
+static const char *k_sampler =
+    "model:\n"
+    "  input: [8]\n"
+    "  layers:\n"
+    "    - embedding: {vocab: 13, dim: 24, positions: 8}\n"
+    "    - layer_norm\n"
+    "    - linear: {out: 72}\n"
+    "    - attention: {heads: 2}\n"
+    "    - linear: {out: 48}\n"
+    "    - gelu\n"
+    "    - linear: {out: 13}\n"
+    "  loss: cross_entropy\n"
+    "data:\n"
+    "  dataset: synthetic\n"
+    "  synthetic: {train: 64, test: 16, classes: 13, shape: [8]}\n"
+    "pipeline: {devices: [cpu:0], threads: 2}\n"
+    "train:\n"
+    "  batch_size: 16\n"
+    "  seed: 3\n"
+    "  log_every: 0\n"
+    "  optimizer: {type: adam, lr: 0.01}\n";
+
+/* gpipe-sample's output (exit status returned) for the config at cfg. */
+static int sample_cmd(const char *cfg, const char *args, char *out, size_t len)
+{
+    char bin[1024], cmd[4096];
+    gpt_binary_path(bin, sizeof bin, "gpipe-sample");
+    snprintf(cmd, sizeof cmd, "%s %s %s", bin, cfg, args);
+    int rc = gpt_run_cmd(cmd, out, len);
+    size_t n = strlen(out);
+    while (n && (out[n - 1] == '\n' || out[n - 1] == ' ')) out[--n] = '\0';
+    return rc;
+}
+
+static void test_sample(void)
+{
+    char dir[64];
+    if (!gpt_make_tmpdir(dir, sizeof dir, "gp_sample")) {
+        CHECK_MSG(false, "no temporary directory");
+        return;
+    }
+    char cfg[128], snap[128], w[128], args[512], out[4096];
+    snprintf(cfg, sizeof cfg, "%s/sampler.yaml", dir);
+    snprintf(snap, sizeof snap, "%s/snap.safetensors", dir);
+    snprintf(w, sizeof w, "%s/w.safetensors", dir);
+    gpt_write_file(cfg, k_sampler, strlen(k_sampler));
+    gp_run *run = NULL;
+    CHECK_OK(gp_run_load(cfg, NULL, 0, &run));
+    if (!run) return;
+    float x[TB * TT], y[TB * TT];
+    unsigned seed = 11;
+    gp_metrics m = {0};
+    for (int s = 0; s < 300; s++) {
+        tiny_batch(&seed, x, y);
+        CHECK_OK(gp_run_step(run, x, y, TB, 0, &m));
+    }
+    CHECK_MSG(m.loss < 0.3, "the sampler's model did not learn its task: loss %.3f", m.loss);
+    CHECK_OK(gp_run_save(run, snap));
+    CHECK_OK(gp_run_export_weights(run, w));
+    /* the outputs gp_run_predict gives are the model's: their argmax at
+     * every position is the next token of the sequence, for most of them */
+    tiny_batch(&seed, x, y);
+    static float one[TB * TT * TV], two[TB * TT * TV];
+    CHECK_OK(gp_run_predict(run, x, TB, one));
+    int right = 0;
+    for (int i = 0; i < TB * TT; i++) {
+        int best = 0;
+        for (int v = 1; v < TV; v++)
+            if (one[i * TV + v] > one[i * TV + best]) best = v;
+        right += best == (int)y[i];
+    }
+    CHECK_MSG(right >= TB * TT * 8 / 10, "predict: %d of %d next tokens right", right, TB * TT);
+    CHECK_ERR(gp_run_predict(run, x, 0, one), GP_ERR_INVALID, "at least one sample");
+    gp_run_free(run);
+    /* through two stages (and bf16 activations, widened on the way out):
+     * the one-device outputs bit for bit; bf16 within its rounding */
+    const char *ov[3] = {"pipeline.devices=[cpu:0, cpu:1]", "pipeline.balance=[3, 4]", NULL};
+    run = NULL;
+    CHECK_OK(gp_run_load(cfg, ov, 2, &run));
+    if (run) {
+        CHECK_OK(gp_run_restore(run, snap));
+        CHECK_OK(gp_run_predict(run, x, TB, two));
+        CHECK_MSG(!memcmp(one, two, sizeof one), "predict on two stages differs from one device");
+        gp_run_free(run);
+    }
+    const char *ovb[4] = {"pipeline.devices=[cpu:0, cpu:1]", "pipeline.balance=[3, 4]",
+                          "train.activations=bf16", NULL};
+    run = NULL;
+    CHECK_OK(gp_run_load(cfg, ovb, 3, &run));
+    if (run) {
+        CHECK_OK(gp_run_restore(run, snap));
+        CHECK_OK(gp_run_predict(run, x, TB, two));
+        double worst = 0;
+        for (int i = 0; i < TB * TT * TV; i++)
+            worst = fmax(worst, fabs((double)one[i] - two[i]) / (1.0 + fabs((double)one[i])));
+        CHECK_MSG(worst > 0 && worst < 0.05, "bf16 activations: predict differs by %g", worst);
+        gp_run_free(run);
+    }
+
+    /* gpipe-sample, greedy, from a snapshot and from the weights file:
+     * the sequence counts on by its stride (1 here, 2 below) */
+    snprintf(args, sizeof args, "--snapshot %s --prompt-ids '2 3 4' --temperature 0 --tokens 4 "
+             "--ids", snap);
+    CHECK_MSG(sample_cmd(cfg, args, out, sizeof out) == 0 && !strcmp(out, "5 6 7 8"),
+              "greedy sample after 2 3 4: '%s'", out);
+    snprintf(args, sizeof args, "--weights %s --prompt-ids 1,3,5 --temperature 0 --tokens 3 "
+             "--ids", w);
+    CHECK_MSG(sample_cmd(cfg, args, out, sizeof out) == 0 && !strcmp(out, "7 9 11"),
+              "greedy sample after 1 3 5: '%s'", out);
+    /* a directory: its newest snapshot; seeded draws repeat */
+    char first[4096];
+    snprintf(args, sizeof args, "--snapshot %s --prompt-ids 0 --temperature 1.5 --top-k 5 "
+             "--seed 9 --tokens 20 --ids", snap);
+    CHECK(sample_cmd(cfg, args, first, sizeof first) == 0);
+    CHECK(sample_cmd(cfg, args, out, sizeof out) == 0);
+    CHECK_MSG(!strcmp(first, out) && strlen(out) >= 39, "seeded samples: '%s' then '%s'", first,
+              out);
+    /* errors: what to give, and a prompt of bytes for a 13-token model */
+    CHECK(sample_cmd(cfg, "--tokens 3", out, sizeof out) == 2 && strstr(out, "--snapshot PATH"));
+    snprintf(args, sizeof args, "--snapshot %s --prompt abc", snap);
+    CHECK_MSG(sample_cmd(cfg, args, out, sizeof out) == 2 && strstr(out, "--prompt-ids"),
+              "bytes for a 13-token model: '%s'", out);
+    snprintf(args, sizeof args, "--snapshot %s --prompt-ids '2 13'", snap);
+    CHECK_MSG(sample_cmd(cfg, args, out, sizeof out) == 2 && strstr(out, "[0, 13)"),
+              "an id past the vocabulary: '%s'", out);
+    snprintf(args, sizeof args, "--weights %s/none.safetensors", dir);
+    CHECK_MSG(sample_cmd(cfg, args, out, sizeof out) == 3 && strstr(out, "none.safetensors"),
+              "a missing weights file: '%s'", out);
+    char rm[256];
+    snprintf(rm, sizeof rm, "rm -rf %s", dir);
+    CHECK(system(rm) == 0);
+}
+
 int main(void)
 {
     gp_device *dev = NULL;
@@ -390,5 +527,6 @@ int main(void)
     }
     gp_device_close(dev);
     test_tiny_model();
+    test_sample();
     return gpt_finish("test_transformer");
 }
