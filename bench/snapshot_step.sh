@@ -21,10 +21,15 @@
 # started and the CPU time it took (user + system, its own threads and the
 # kernel's work for them: what the snapshots cost the machine, which the
 # other jobs' load does not change the way it changes wall-clock steps).
+# DEVICES (default "[cpu:0, cpu:1]") and THREADS (math threads per device,
+# default 0: cores / devices) place the stages: "DEVICES=[cpu:0]" with one thread leaves a
+# 2-core machine's other core to the writer, as a GPU host leaves the
+# writer its idle cores.
 # Benchmarks print; they never fail a build.
 set -uo pipefail
 if [ $# -lt 2 ]; then sed -n 2,24p "$0"; exit 2; fi
 a=$1 b=$2 rounds=${3:-2} batch=${4:-64} steps=${5:-14}
+devices=${DEVICES:-[cpu:0, cpu:1]} threads=${THREADS:-0}
 py=/usr/bin/python3 # Debian's: the stdlib is all this needs
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -46,7 +51,8 @@ train:
   optimizer: {lr: 0.01, momentum: 0.9}
   snapshot: {every_steps: 4, keep: 2}
 pipeline:
-  devices: [cpu:0, cpu:1]
+  devices: $devices
+  threads: $threads
   chunks: 4
 EOF
 "$py" - "$a" "$b" "$rounds" "$tmp" <<'PY'
