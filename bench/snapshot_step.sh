@@ -27,7 +27,7 @@
 # writer its idle cores.
 # Benchmarks print; they never fail a build.
 set -uo pipefail
-if [ $# -lt 2 ]; then sed -n 2,24p "$0"; exit 2; fi
+if [ $# -lt 2 ]; then sed -n 2,28p "$0"; exit 2; fi
 a=$1 b=$2 rounds=${3:-2} batch=${4:-64} steps=${5:-14}
 devices=${DEVICES:-[cpu:0, cpu:1]} threads=${THREADS:-0}
 py=/usr/bin/python3 # Debian's: the stdlib is all this needs
