@@ -118,6 +118,12 @@ const char *gp_conv_init_name(gp_conv_init i);
 typedef struct gp_layer_spec {
     gp_layer_type type;
     char name[64];        /* optional user label; "" if none */
+    char tie[64];         /* linear: the name of an earlier layer whose
+                             (out, in) weight this layer's weight is
+                             (GPT-2's LM head tied to the embedding's
+                             wte.weight: `tie: transformer`); "" if none.
+                             One parameter, wherever the two layers'
+                             stages are (README, "Tied weights") */
     int line, column;     /* where the config defined it (0 if not from YAML) */
     char file[128];       /* config file it came from, for messages; "" if none */
     char set[96];         /* the --set that made or changed it ("model.layers.3.padding=2"),
