@@ -186,6 +186,8 @@ static void test_one_device(gp_device *dev)
     free(after);
     gp_model_free(&m);
     gp_model_free(&u);
+    gp_config_free(&c);
+    gp_config_free(&cu);
 }
 
 /* ---- transparency ------------------------------------------------------- */
@@ -249,6 +251,7 @@ static void test_transparency(gp_device **devs)
                     runs++;
                     gp_model_free(&ref);
                     gp_model_free(&pip);
+                    gp_config_free(&c);
                 }
     CHECK(runs > 50);
 }
@@ -308,6 +311,7 @@ static void test_clip_replicas(gp_device **devs)
     CHECK(same_tensor(&owner_of(&rep.replicas[0])->value, &replica_of(&rep.replicas[0])->value));
     gp_model_free(&ref);
     gp_model_free(&rep);
+    gp_config_free(&c);
 }
 
 /* ---- snapshots ---------------------------------------------------------- */
@@ -358,6 +362,8 @@ static void test_snapshot(gp_device **devs)
     CHECK_MSG(gpt_same_values(&a, &b), "the resumed run continues bit for bit");
     gp_model_free(&a);
     gp_model_free(&b);
+    gp_config_free(&c);
+    gp_config_free(&c2);
     remove(path);
     rmdir(dir);
 }
@@ -374,6 +380,7 @@ static void expect_error(const char *what, const char *yaml, const char *want1,
     const char *msg = gp_last_error();
     CHECK_MSG(s == GP_ERR_INVALID && strstr(msg, want1) && strstr(msg, want2),
               "%s: got %d '%s', wanted '%s' and '%s'", what, (int)s, msg, want1, want2);
+    gp_config_free(&c);
 }
 
 static void test_errors(void)
