@@ -19,6 +19,9 @@ against the same config in one process (worker threads), the oracle.
       (pipeline.copy_precision) as messages, staged and on channels; replicas
       across processes (2 stages x 2 replicas = 4 ranks, with SyncBN and
       1F1B too; 1 stage x 3 replicas) against the same replicas as threads;
+      tied weights (the embedding on rank 0, the LM head on the last, 2 and
+      3 ranks, messages and channels), and their snapshot resumed in the
+      other layout;
   (b) a snapshot written by a 2-process run (rank 0's file naming rank 1's
       part) resumes in one process with the same later losses as the
       uninterrupted run, and one written by a single process resumes under
@@ -62,6 +65,7 @@ import os
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -214,6 +218,89 @@ pipeline:
   threads: 1
   chunks: 2
 """
+
+
+TIED = """model:
+  input: [6]
+  layers:
+    - embedding: {name: transformer, vocab: 11, dim: 16, positions: 6}
+    - layer_norm
+    - linear: {out: 32}
+    - gelu
+    - linear: {out: 16}
+    - layer_norm: {eps: 1.0e-6}
+    - linear: {name: lm_head, out: 11, bias: false, tie: transformer}
+data: {dataset: tokens, path: '%s'}
+train: {epochs: 2, batch_size: 12, seed: 3, optimizer: {type: adam, lr: 0.01}}
+pipeline:
+  devices: [cpu:0, cpu:1]
+  threads: 1
+  chunks: 4
+  balance: [3, 4]
+"""
+
+
+def token_files(tmp):
+    """llm.c token files (tiny_train.bin, tiny_val.bin) of sequences that
+    count up by 1 or 2 modulo 11, a pattern the tied model learns."""
+    d = os.path.join(tmp, "tokens")
+    os.makedirs(d, exist_ok=True)
+    state = 7
+    for split, n in (("train", 2000), ("val", 400)):
+        toks = []
+        while len(toks) < n:
+            state = (state * 1103515245 + 12345) % (1 << 31)
+            a, step = state % 11, 1 + (state >> 8) % 2
+            toks += [(a + step * p) % 11 for p in range(8)]
+        toks = toks[:n]
+        with open(os.path.join(d, "tiny_%s.bin" % split), "wb") as f:
+            f.write(struct.pack("<256i", *([20240520, 1, n] + [0] * 253)))
+            f.write(struct.pack("<%dH" % n, *toks))
+    return d
+
+
+def tied(tmp):
+    """Tied weights across processes (README "Tied weights"): the LM head
+    on the last rank shares the embedding's wte.weight on rank 0, its
+    gradient sent to rank 0 and the updated weight sent back each step;
+    a snapshot stores it once and resumes in the other layout."""
+    text = TIED % token_files(tmp)
+    same_run(tmp, "tied-2", text, 2)
+    same_run(tmp, "tied-3-1f1b", text, 3, ["pipeline.devices=[cpu:0, cpu:1, cpu:2]",
+                                           "pipeline.balance=[2, 3, 2]",
+                                           "pipeline.schedule=1f1b"])
+    same_run(tmp, "tied-2-chan", text, 2, chans=True)
+    if TSAN:
+        return
+    cfg = os.path.join(tmp, "tied-snap.yaml")
+    with open(cfg, "w") as f:
+        f.write(text)
+    full = os.path.join(tmp, "tied-full.jsonl")
+    rc, out = run([BIN, cfg, "--quiet", "--metrics", full, "--set", "train.steps=16"])
+    check(rc == 0, "tied snapshots: the whole run: " + out[-500:])
+    want = {r["step"]: r for r in records(full) if "loss" in r}
+    for first, second in ((2, 1), (1, 2)):
+        d = os.path.join(tmp, "tied-snaps-%d%d" % (first, second))
+        sets = ["--set", "train.snapshot.dir=" + d, "--set", "train.snapshot.every_steps=8",
+                "--set", "train.steps=16"]
+        cmd = [cfg, "--quiet"] + sets[:-2] + ["--set", "train.steps=8"]
+        rc, out = mpirun(2, cmd) if first == 2 else run([BIN] + cmd)
+        check(rc == 0, "tied snapshots: first half on %d process(es): %s" % (first, out[-500:]))
+        part = os.path.join(tmp, "tied-part-%d%d.jsonl" % (first, second))
+        cmd = [cfg, "--quiet", "--resume", "latest", "--metrics", part] + sets
+        rc, out = mpirun(2, cmd) if second == 2 else run([BIN] + cmd)
+        check(rc == 0, "tied snapshots: resumed on %d process(es): %s" % (second, out[-500:]))
+        if rc:
+            continue
+        got = [r for r in records(part) if "loss" in r]
+        check(len(got) == 8 and all(want.get(r["step"]) == r for r in got),
+              "tied snapshots %d -> %d processes: resumed steps differ from the whole run: "
+              "%s / %s" % (first, second, got[:1], [want.get(r["step"]) for r in got[:1]]))
+        if first == 1:
+            names = st_tensors(os.path.join(d, "snapshot-000000008.safetensors"))
+            # (by layer index: not every layer has a name)
+            check("0.wte.weight" in names and not any(x.endswith("6.weight") for x in names),
+                  "tied snapshot: the tied weight once, as its owner's: %s" % sorted(names))
 
 
 def same_run(tmp, name, cfg_text, n, sets=(), stage=False, chans=False):
@@ -977,6 +1064,7 @@ def main():
                  stage=True)
         same_run(tmp, "unet-4-act-bf16-chan", UNET, 4, [ubal, "train.activations=bf16"],
                  chans=True)
+        tied(tmp)
         if not TSAN:
             same_device_names(tmp)
             exports(tmp)

@@ -894,7 +894,7 @@ static gp_status profile_update(profile_run *r, gp_layer *l, gp_device *dev, gp_
         s = gp_layer_zero_grad(l);
         for (int p = 0, oq = 0; p < l->n_params && s == GP_OK; p++) {
             gp_param *pr = &l->params[p];
-            if (pr->is_buffer) continue;
+            if (!gp_param_trained(pr)) continue; /* (a tied replica: its owner's update) */
             int64_t np = gp_tensor_numel(&pr->value);
             if (slots == 2) {
                 gp_update_part part = {.w = gp_f32(&pr->value), .g = gp_f32(&pr->grad),
@@ -967,7 +967,7 @@ static gp_status profile_one_layer(profile_run *r, int k)
     int n_opt = 0;
     if (!opt) s = gp_error_set(GP_ERR_OOM, "out of host memory profiling layer %d", k);
     for (int q = 0; q < l.n_params && s == GP_OK; q++) {
-        if (l.params[q].is_buffer) continue;
+        if (!gp_param_trained(&l.params[q])) continue; /* no state for a tied replica */
         gp_shape ps = gp_tensor_shape(&l.params[q].value);
         for (int p = 0; p < o->optim_slots && p < 2 && s == GP_OK; p++)
             s = gp_tensor_zeros(&opt[n_opt++], dev, &ps, GP_MEM_OPTIMIZER);

@@ -16,6 +16,7 @@ static int layer_keys(gp_layer_type t, const char **keys)
     switch (t) {
     case GP_LAYER_LINEAR:
         keys[n++] = "in"; keys[n++] = "out"; keys[n++] = "bias";
+        keys[n++] = "tie"; /* the layer whose weight it shares */
         break;
     case GP_LAYER_CONV2D:
         keys[n++] = "in"; keys[n++] = "out"; keys[n++] = "kernel";
@@ -298,6 +299,8 @@ static gp_status parse_layer(gp_cfg_walk *w, const gp_ynode *item, int index, gp
     }
     GP_TRY(gp_cfg_get_str(w, opts, sect, "name", "", spec->name, sizeof spec->name));
     GP_TRY(gp_cfg_get_str(w, opts, sect, "stash", "", spec->stash, sizeof spec->stash));
+    if (has_key(keys, nk, "tie"))
+        GP_TRY(gp_cfg_get_str(w, opts, sect, "tie", "", spec->tie, sizeof spec->tie));
     const gp_ynode *sn = gp_ymap_get(opts, "stash");
     if (!gp_cfg_absent(sn) && !spec->stash[0]) /* as an empty pop is */
         return gp_cfg_bad(w, sn, "%s.stash is empty; give the stash a name, like stash: skip1 "

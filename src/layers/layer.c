@@ -525,10 +525,18 @@ int64_t gp_layer_param_count(const gp_layer *l)
     return n;
 }
 
+int64_t gp_layer_tied_count(const gp_layer *l)
+{
+    int64_t n = 0;
+    for (int p = 0; p < l->n_params; p++)
+        if (l->params[p].tied) n += gp_tensor_numel(&l->params[p].value);
+    return n;
+}
+
 int gp_layer_tensor_count(const gp_layer *l)
 {
     int n = 0;
-    for (int p = 0; p < l->n_params; p++) n += !l->params[p].is_buffer;
+    for (int p = 0; p < l->n_params; p++) n += gp_param_trained(&l->params[p]);
     return n;
 }
 

@@ -118,6 +118,12 @@ const char *gp_conv_init_name(gp_conv_init i);
 typedef struct gp_layer_spec {
     gp_layer_type type;
     char name[64];        /* optional user label; "" if none */
+    char tie[64];         /* linear: the name of an earlier layer whose
+                             (out, in) weight this layer's weight is
+                             (GPT-2's LM head tied to the embedding's
+                             wte.weight: `tie: transformer`); "" if none.
+                             One parameter, wherever the two layers'
+                             stages are (README, "Tied weights") */
     int line, column;     /* where the config defined it (0 if not from YAML) */
     char file[128];       /* config file it came from, for messages; "" if none */
     char set[96];         /* the --set that made or changed it ("model.layers.3.padding=2"),
@@ -186,7 +192,21 @@ typedef struct gp_param {
     gp_tensor grad;       /* same shape, category GRADS; empty for buffers */
     bool no_decay;        /* biases and norm parameters */
     bool is_buffer;       /* not trained (running_mean, running_var) */
+    /* A replica of an earlier layer's parameter (spec.tie: a linear's
+     * weight tied to an embedding's wte.weight or a linear's weight): the
+     * owner, params[tie_param] of layer tie_layer, is the parameter; this
+     * one is its bit-identical copy on this layer's device with its own
+     * gradient.  The trainer adds the gradient into the owner's each step,
+     * updates the owner alone and copies it back (gp_layers_tie_*): no
+     * optimizer state, no snapshot entry, not counted, clipped or decayed
+     * (gp_param_trained is false). */
+    bool tied;
+    int tie_layer, tie_param; /* tied: the owner; set by gp_layers_tie */
 } gp_param;
+
+/* Whether the optimizer trains p: it has state, counts in the global norm
+ * and in the parameter counts (not a buffer, not a tied replica). */
+static inline bool gp_param_trained(const gp_param *p) { return !p->is_buffer && !p->tied; }
 
 /* Everything forward and backward may depend on besides the data. */
 typedef struct gp_fwd_ctx {
@@ -560,8 +580,15 @@ gp_status gp_layers_name_nonfinite(const gp_layer *ls, int count, const char *wh
  * gradients equal zero_grad + the same backwards, bit for bit. */
 void gp_layer_grads_begin(gp_layer *l);
 gp_status gp_layer_grads_finish(gp_layer *l);
-int64_t gp_layer_param_count(const gp_layer *l); /* trainable elements */
-int gp_layer_tensor_count(const gp_layer *l);    /* trainable tensors (params, not buffers) */
+/* Elements with a gradient (every parameter but the buffers, tied replicas
+ * included: they take a value and a gradient on the layer's device and
+ * need its backward); gp_layer_tied_count of them are tied replicas, which
+ * parameter counts leave out (their owners count them). */
+int64_t gp_layer_param_count(const gp_layer *l);
+int64_t gp_layer_tied_count(const gp_layer *l);
+/* Tensors the optimizer trains (gp_param_trained: not buffers, not tied
+ * replicas): the optimizer's and the global norm's tables. */
+int gp_layer_tensor_count(const gp_layer *l);
 int64_t gp_layer_buffer_count(const gp_layer *l); /* buffers' elements (batch-norm statistics) */
 /* Index of the first layer with trainable parameters (n if none).  Layers
  * before it need no backward at all, and it needs no dx: the gradient would
@@ -581,6 +608,42 @@ const char *gp_layer_spec_describe(const gp_layer_spec *s, int index, char *buf,
 
 /* The ops table of each type (layers/<type>.c). */
 const gp_layer_ops *gp_layer_ops_for(gp_layer_type t);
+
+/* ---- tied weights (tie.c) ---------------------------------------------------
+ *
+ * A linear layer with spec.tie names an earlier layer whose weight its own
+ * weight is: an embedding (its wte.weight, (vocab, dim)) or a linear (its
+ * weight, (out, in)) of the linear's (out, in) shape.  The earlier layer
+ * owns the parameter (master value, optimizer state, snapshot entry); the
+ * tying layer's weight is a replica (gp_param.tied) on its own device with
+ * its own gradient.  A step sums the replicas' gradients into the owner's
+ * (in the order of the tying layers, after the replicas' all-reduce),
+ * updates the owner alone and copies it back into every replica, so every
+ * copy stays bit for bit the owner whatever the stages' placement. */
+
+/* Check every spec's tie against the specs before it (in[k]: layer k's main
+ * input shape, for batch 1) and set owner[k] to the index of the layer
+ * layer k ties to, -1 for none.  GP_ERR_INVALID naming both layers
+ * (file:line:column) and what to change: an unknown name, a later layer or
+ * itself, an owner that is neither an embedding nor a linear, an owner that
+ * itself ties, or shapes that differ. */
+gp_status gp_layer_specs_ties(const gp_layer_spec *specs, const gp_shape *in, int count,
+                              int *owner);
+/* gp_layer_specs_ties over built (or meta) layers, and each replica's
+ * tie_layer / tie_param set to its owner's. */
+gp_status gp_layers_tie(gp_layer *layers, int count);
+/* Whether any layer holds a tied replica. */
+bool gp_layers_have_ties(const gp_layer *layers, int count);
+/* Every replica's value := its owner's (device copies; waits for them):
+ * after the owners were initialised, loaded (model.init_from, --resume)
+ * or updated outside a pipeline step.  Replicas or owners of meta layers
+ * (another process's) are skipped. */
+gp_status gp_layers_tie_sync(gp_layer *layers, int count);
+/* One device, no pipeline: every owner's gradient += its replicas'
+ * gradients, in the order of the tying layers (the order a pipeline sums
+ * them in).  Layers may sit on different devices (copied through a
+ * workspace on the owner's). */
+gp_status gp_layers_tie_grads(gp_layer *layers, int count);
 
 /* ---- skip connections ------------------------------------------------- */
 

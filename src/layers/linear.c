@@ -45,6 +45,9 @@ static gp_status linear_init(gp_layer *l, uint64_t seed)
     float bound = 1.0f / sqrtf((float)in); /* kaiming_uniform(a = sqrt(5)) */
     GP_TRY(gp_layers_add_param(l, "weight", &ws, false, false));
     GP_TRY(gp_layers_init_uniform(l, 0, seed, bound));
+    /* tie: a replica of the owner's weight, which gp_layers_tie_sync copies
+     * in once the owner is initialised (its own draw here is overwritten) */
+    l->params[0].tied = l->spec.tie[0] != '\0';
     if (l->spec.bias) {
         gp_shape bs = {1, {out, 0, 0, 0}};
         GP_TRY(gp_layers_add_param(l, "bias", &bs, false, true));

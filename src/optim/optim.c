@@ -46,7 +46,7 @@ gp_status gp_optim_create(gp_layer *layers, int n_layers, const gp_optim_opts *o
         op->first[k] = op->n_states;
         for (int p = 0; p < layers[k].n_params; p++) {
             gp_param *pr = &layers[k].params[p];
-            if (pr->is_buffer) continue;
+            if (!gp_param_trained(pr)) continue; /* (a tied replica: its owner's state) */
             gp_shape sh = gp_tensor_shape(&pr->value);
             for (int which = 0; which < op->per; which++) {
                 gp_tensor *st = &op->state[op->n_states];
@@ -80,9 +80,9 @@ void gp_optim_destroy(gp_optim *o)
 gp_tensor *gp_optim_state(gp_optim *o, int k, int p, int which)
 {
     GP_ASSERT(k >= 0 && k < o->n_layers && p >= 0 && p < o->layers[k].n_params);
-    if (o->layers[k].params[p].is_buffer || which < 0 || which >= o->per) return NULL;
+    if (!gp_param_trained(&o->layers[k].params[p]) || which < 0 || which >= o->per) return NULL;
     int q = o->first[k];
-    for (int a = 0; a < p; a++) q += o->layers[k].params[a].is_buffer ? 0 : o->per;
+    for (int a = 0; a < p; a++) q += gp_param_trained(&o->layers[k].params[a]) ? o->per : 0;
     return &o->state[q + which];
 }
 
@@ -111,7 +111,7 @@ static gp_status each_param(gp_optim *o, int first, int count, param_fn fn, cons
         gp_layer *l = &o->layers[k];
         int q = o->first[k];
         for (int p = 0; p < l->n_params; p++)
-            if (!l->params[p].is_buffer) {
+            if (gp_param_trained(&l->params[p])) {
                 GP_TRY(fn(o, &l->params[p], o->per ? &o->state[q] : NULL, arg));
                 q += o->per;
             }
@@ -240,7 +240,7 @@ gp_status gp_clip_nonfinite(const gp_layer *layers, int n_layers, const double *
     const char *param = NULL;
     for (int k = 0, t = 0; k < n_layers && !param; k++)
         for (int a = 0; a < layers[k].n_params && !param; a++) {
-            if (layers[k].params[a].is_buffer) continue;
+            if (!gp_param_trained(&layers[k].params[a])) continue;
             if (!isfinite(sq[t++])) {
                 *bad_layer = k;
                 param = layers[k].params[a].name;
@@ -274,7 +274,7 @@ gp_status gp_clip_grad_norm(gp_layer *layers, int n_layers, float max_norm, doub
     for (int k = 0; k < n_layers && s == GP_OK; k++)
         for (int a = 0; a < layers[k].n_params && s == GP_OK; a++) {
             gp_param *pr = &layers[k].params[a];
-            if (pr->is_buffer) continue;
+            if (!gp_param_trained(pr)) continue;
             if (t > t0 && pr->value.dev != dev) {
                 s = gp_dev_sumsq_multi(dev, xs + t0, ns + t0, t - t0, sq + t0);
                 t0 = t;
@@ -299,7 +299,7 @@ gp_status gp_clip_grad_norm(gp_layer *layers, int n_layers, float max_norm, doub
     for (int k = 0; k < n_layers; k++)
         for (int a = 0; a < layers[k].n_params; a++) {
             gp_param *pr = &layers[k].params[a];
-            if (pr->is_buffer || !gp_tensor_mem(&pr->grad)) continue;
+            if (!gp_param_trained(pr) || !gp_tensor_mem(&pr->grad)) continue;
             GP_TRY(gp_dev_scale(pr->value.dev, gp_f32(&pr->grad), (float)coef,
                                 gp_tensor_numel(&pr->value)));
         }

@@ -204,6 +204,22 @@ struct gp_pipeline {
                                        record_done (both its worker's alone) */
     bool running;              /* between a successful begin and its end;
                                   written by the caller under lock */
+    /* Tied weights (layers.h; "tied weights" below): one entry per tied
+     * replica, in layer order; made at create, read-only after. */
+    struct tie {
+        int c, q;              /* the replica: layers[c].params[q] */
+        int oc, oq;            /* its owner */
+        int js, jo;            /* their stages */
+        void *grad_ev;         /* replica's device: its gradient final (BARRIER) */
+        void *got_ev;          /* owner's device: that gradient copied into tmp */
+        void *upd_ev;          /* owner's device: the owner updated (its list's end) */
+        void *back_ev;         /* replica's device: the value copied back */
+        gp_tensor tmp;         /* owner's device: the replica's gradient, brought
+                                  over (category GRADS; kept across steps) */
+    } *ties;
+    int n_ties;
+    bool *tie_updated;         /* [n_ties]: its owner is updated this step;
+                                  guarded by lock, cleared at the step's begin */
 };
 
 #define MB(p, i, j) (&(p)->mb[(size_t)(i) * (size_t)(p)->S + (size_t)(j)])
@@ -297,6 +313,12 @@ static bool pred_clip_in(gp_pipeline *p, int a, int b)
     (void)a;
     (void)b;
     return p->clip_in >= p->n_run;
+}
+
+static bool pred_tie_updated(gp_pipeline *p, int t, int b)
+{
+    (void)b;
+    return p->tie_updated[t];
 }
 
 static bool pred_results_read(gp_pipeline *p, int a, int b)
@@ -1144,6 +1166,194 @@ static gp_status reduce_grads(gp_pipeline *p, int j, bool shard, int *bad_layer)
     return stage_collective(p, j, shard ? COLL_REDUCE_SCATTER : COLL_ALLREDUCE);
 }
 
+/* ---- tied weights ----------------------------------------------------------
+ *
+ * A tied replica (gp_param.tied) lives on its layer's stage, the owner on
+ * its own; both have a gradient.  Each step:
+ *
+ *   BARRIER, replica's device: its gradient final (after the replicas'
+ *            all-reduce, REDUCE_GRADS): grad_ev recorded, or, under
+ *            mpirun with the owner on another rank, the gradient sent.
+ *   BARRIER, owner's device, once every worker (and replica) is through:
+ *            owner.grad += replica.grad for each tie in layer order, the
+ *            replica's gradient brought over behind grad_ev into tmp
+ *            (copy stream, got_ev), or received; the same operation on the
+ *            same values wherever the two stages are, so every placement
+ *            sums the same bits as the one-device step (gp_layers_tie_grads).
+ *   CLIP, UPDATE see the owner only (the replica is not trained).
+ *   the list's end, owner's device: upd_ev recorded, tie_updated set (or
+ *            the value sent); replica's device: the owner's value copied
+ *            into the replica behind upd_ev (back_ev, which the replica's
+ *            stream waits for before anything of the next step reads it).
+ *
+ * No event of a tie is waited on by the host: the replica's next step
+ * writes its gradient only after back_ev, which comes after the owner's
+ * update, which came after the copy of that gradient (got_ev), so nothing
+ * is overwritten before it is read.  Sharded updates are off with ties
+ * (gp_pipeline_join): a fused stage's gradient is not summed before its
+ * update, so the replica's could not be added. */
+
+/* The message tags of tie t (gradient, value), past the step's messages'
+ * (msg_tag; prepare checks the MPI's limit for both). */
+static int tie_tag(const gp_pipeline *p, int t, int value)
+{
+    return p->m * p->S * (2 + 2 * p->K) + 2 * t + value;
+}
+
+static gp_status tie_event(gp_device *dev, void **ev)
+{
+    return *ev ? GP_OK : gp_dev_event_create(dev, ev);
+}
+
+/* Under mpirun: tensor t's floats sent to the rank of stage `to` (waited
+ * for), or received from the rank of stage `from`. */
+static gp_status tie_send(gp_pipeline *p, const gp_tensor *t, int to, int tag)
+{
+    gp_procs_req req;
+    GP_TRY(gp_dev_synchronize(t->dev)); /* the data is written */
+    GP_TRY(gp_procs_isend_dev(t->dev, (float *)gp_tensor_mem(t), gp_tensor_numel(t),
+                              p->rank_base + to % p->n, tag, &req));
+    return gp_procs_wait(&req);
+}
+
+static gp_status tie_recv(gp_pipeline *p, gp_tensor *t, int from, int tag)
+{
+    return gp_procs_recv_dev(t->dev, gp_f32(t), gp_tensor_numel(t), p->rank_base + from % p->n,
+                             tag);
+}
+
+/* BARRIER, before this worker says its list is through: the replicas of
+ * device d's stages have their final gradients. */
+static gp_status tie_grads_ready(gp_pipeline *p, int d)
+{
+    for (int t = 0; t < p->n_ties; t++) {
+        struct tie *e = &p->ties[t];
+        if (e->js % p->n != d || e->jo % p->n == d) continue; /* (same device: in order) */
+        gp_param *r = &p->layers[e->c].params[e->q];
+        if (remote(p, e->jo)) {
+            GP_TRY(tie_send(p, &r->grad, e->jo, tie_tag(p, t, 0)));
+            continue;
+        }
+        GP_TRY(tie_event(p->devs[e->js], &e->grad_ev));
+        if (e->grad_ev) GP_TRY(gp_dev_event_record(p->devs[e->js], e->grad_ev));
+    }
+    return GP_OK;
+}
+
+/* BARRIER, every worker through: device d's owners' gradients += their
+ * replicas', in layer order. */
+static gp_status tie_grads_sum(gp_pipeline *p, int d)
+{
+    for (int t = 0; t < p->n_ties; t++) {
+        struct tie *e = &p->ties[t];
+        if (e->jo % p->n != d) continue;
+        gp_device *dev = p->devs[e->jo];
+        gp_param *o = &p->layers[e->oc].params[e->oq], *r = &p->layers[e->c].params[e->q];
+        int64_t n = gp_tensor_numel(&o->value);
+        const float *g = NULL;
+        if (e->js % p->n == d) {
+            g = gp_f32(&r->grad); /* the same device and stream */
+        } else {
+            if (!gp_tensor_mem(&e->tmp)) {
+                gp_shape sh = gp_tensor_shape(&o->value);
+                GP_TRY(gp_tensor_alloc(&e->tmp, dev, &sh, GP_MEM_GRADS));
+            }
+            if (remote(p, e->js)) {
+                GP_TRY(tie_recv(p, &e->tmp, e->js, tie_tag(p, t, 0)));
+            } else {
+                GP_TRY(tie_event(dev, &e->got_ev));
+                GP_TRY(gp_dev_copy_async(dev, gp_tensor_mem(&e->tmp), r->grad.dev,
+                                         gp_tensor_mem(&r->grad), gp_tensor_bytes(&e->tmp),
+                                         e->grad_ev, e->got_ev));
+                if (e->got_ev) GP_TRY(gp_dev_event_wait(dev, e->got_ev));
+            }
+            g = gp_f32(&e->tmp);
+        }
+        GP_TRY(gp_dev_add(dev, gp_f32(&o->grad), g, gp_f32(&o->grad), n));
+    }
+    return GP_OK;
+}
+
+/* The end of device d's list: its owners' values handed on (updated, or
+ * as they were without an update), and its replicas set from them. */
+static gp_status tie_values(gp_pipeline *p, int d)
+{
+    for (int t = 0; t < p->n_ties; t++) { /* owners first: no worker waits on itself */
+        struct tie *e = &p->ties[t];
+        if (e->jo % p->n != d) continue;
+        gp_param *o = &p->layers[e->oc].params[e->oq];
+        if (remote(p, e->js)) {
+            GP_TRY(tie_send(p, &o->value, e->js, tie_tag(p, t, 1)));
+            continue;
+        }
+        GP_TRY(tie_event(p->devs[e->jo], &e->upd_ev));
+        if (e->upd_ev) GP_TRY(gp_dev_event_record(p->devs[e->jo], e->upd_ev));
+        publish(p, &p->tie_updated[t], -1);
+    }
+    for (int t = 0; t < p->n_ties; t++) {
+        struct tie *e = &p->ties[t];
+        if (e->js % p->n != d) continue;
+        gp_device *dev = p->devs[e->js];
+        gp_param *o = &p->layers[e->oc].params[e->oq], *r = &p->layers[e->c].params[e->q];
+        if (remote(p, e->jo)) {
+            GP_TRY(tie_recv(p, &r->value, e->jo, tie_tag(p, t, 1)));
+            continue;
+        }
+        /* (the same device: published above; its copy stream still waits
+         * for the update on its compute stream) */
+        GP_TRY(wait_for(p, pred_tie_updated, t, 0));
+        GP_TRY(tie_event(dev, &e->back_ev));
+        GP_TRY(gp_dev_copy_async(dev, gp_tensor_mem(&r->value), o->value.dev,
+                                 gp_tensor_mem(&o->value), gp_tensor_bytes(&r->value), e->upd_ev,
+                                 e->back_ev));
+        if (e->back_ev) GP_TRY(gp_dev_event_wait(dev, e->back_ev));
+    }
+    return GP_OK;
+}
+
+/* The ties among the pipeline's layers (layers' tie_layer set by
+ * gp_layers_tie), in layer order. */
+static gp_status tie_table(gp_pipeline *p)
+{
+    int n = 0;
+    for (int c = 0; c < p->L; c++)
+        for (int q = 0; q < p->layers[c].n_params; q++) n += p->layers[c].params[q].tied;
+    if (n == 0) return GP_OK;
+    p->ties = calloc((size_t)n, sizeof *p->ties);
+    p->tie_updated = calloc((size_t)n, sizeof *p->tie_updated);
+    if (!p->ties || !p->tie_updated) return gp_error_set(GP_ERR_OOM, "out of host memory");
+    for (int c = 0; c < p->L; c++)
+        for (int q = 0; q < p->layers[c].n_params; q++) {
+            const gp_param *r = &p->layers[c].params[q];
+            if (!r->tied) continue;
+            struct tie *e = &p->ties[p->n_ties++];
+            e->c = c;
+            e->q = q;
+            e->oc = r->tie_layer;
+            e->oq = r->tie_param;
+            for (int j = 0; j < p->S; j++) {
+                if (c >= p->first[j] && c < p->first[j] + p->count[j]) e->js = j;
+                if (e->oc >= p->first[j] && e->oc < p->first[j] + p->count[j]) e->jo = j;
+            }
+        }
+    return GP_OK;
+}
+
+static void tie_free(gp_pipeline *p)
+{
+    for (int t = 0; t < p->n_ties; t++) {
+        struct tie *e = &p->ties[t];
+        gp_device *ds = p->devs[e->js], *dw = p->devs[e->jo];
+        if (e->grad_ev) gp_dev_event_destroy(ds, e->grad_ev);
+        if (e->back_ev) gp_dev_event_destroy(ds, e->back_ev);
+        if (e->got_ev) gp_dev_event_destroy(dw, e->got_ev);
+        if (e->upd_ev) gp_dev_event_destroy(dw, e->upd_ev);
+        gp_tensor_free(&e->tmp);
+    }
+    free(p->ties);
+    free(p->tie_updated);
+}
+
 /* BARRIER: the step's data flow is over on stage j (outgoing tensors
  * copied, everything freed), every stage of this pipeline got through its
  * list, and, over the replicas, every replica's stage j did too.  Worker j
@@ -1170,16 +1380,19 @@ static gp_status barrier(worker *w, const gp_instr *in, int *bad_layer)
         }
     }
     drain(p, d);
+    GP_TRY(tie_grads_ready(p, d));
     pthread_mutex_lock(&p->lock);
     p->lists_ok++;
     pthread_cond_broadcast(&p->cond);
     pthread_mutex_unlock(&p->lock);
     GP_TRY(wait_for(p, pred_lists_ok, 0, 0));
-    if (!in->replicas) return GP_OK;
-    double t0 = gp_now();
-    gp_status st = gp_dev_barrier(p->devs[j], p->comms[j]);
-    w->comm_seconds += gp_now() - t0;
-    return st;
+    if (in->replicas) {
+        double t0 = gp_now();
+        gp_status st = gp_dev_barrier(p->devs[j], p->comms[j]);
+        w->comm_seconds += gp_now() - t0;
+        GP_TRY(st);
+    }
+    return tie_grads_sum(p, d); /* every backward of every replica is through */
 }
 
 /* Whether stage q's replicas exchange their clip entries in one
@@ -1275,7 +1488,7 @@ static gp_status clip(worker *w, int *bad_layer)
             gp_layer *l = &p->layers[c];
             for (int a = 0, t = p->clip_at[c]; a < l->n_params; a++) {
                 gp_param *pr = &l->params[a];
-                if (pr->is_buffer) continue;
+                if (!gp_param_trained(pr)) continue; /* (clip_at counts these) */
                 int64_t lo = 0, hi = gp_tensor_numel(&pr->value);
                 if (shard) gp_comm_chunk(hi, p->replicas, p->rank, &lo, &hi);
                 bool some = gp_tensor_mem(&pr->grad) && hi > lo;
@@ -1318,7 +1531,7 @@ static gp_status clip(worker *w, int *bad_layer)
         for (int c = p->first[q]; c < p->first[q] + p->count[q]; c++)
             for (int a = 0; a < p->layers[c].n_params; a++) {
                 gp_param *pr = &p->layers[c].params[a];
-                if (pr->is_buffer || !gp_tensor_mem(&pr->grad)) continue;
+                if (!gp_param_trained(pr) || !gp_tensor_mem(&pr->grad)) continue;
                 int64_t lo = 0, hi = gp_tensor_numel(&pr->value);
                 if (shard) gp_comm_chunk(hi, p->replicas, p->rank, &lo, &hi);
                 if (hi <= lo) continue;
@@ -1711,6 +1924,7 @@ static gp_status run_step(worker *w)
         }
     }
     gp_status st = gp_dev_freeze_weights(dev, false);
+    if (st == GP_OK && p->n_ties) st = tie_values(p, j); /* tied weights: after the update */
     if (st != GP_OK) return fail(p, st, j, -1, -1);
     return read_results(w);
 }
@@ -1832,12 +2046,19 @@ gp_status gp_pipeline_create(gp_layer *layers, int n_layers, const gp_shape *inp
         p->count[j] = balance[j];
         f += balance[j];
     }
+    gp_status ts = tie_table(p); /* tied weights */
+    if (ts != GP_OK) {
+        tie_free(p);
+        free(p);
+        return ts;
+    }
     const gp_skip_map *sk = opts->skips;
     if (sk && sk->n > 0) {
         GP_ASSERT(sk->n_layers == n_layers);
         p->K = sk->n;
         p->edges = calloc((size_t)sk->n, sizeof *p->edges);
         if (!p->edges) {
+            tie_free(p);
             free(p);
             return gp_error_set(GP_ERR_OOM, "out of host memory");
         }
@@ -1852,6 +2073,7 @@ gp_status gp_pipeline_create(gp_layer *layers, int n_layers, const gp_shape *inp
         gp_status cs = open_chans(p);
         if (cs != GP_OK) {
             free(p->edges);
+            tie_free(p);
             free(p);
             return cs;
         }
@@ -1873,6 +2095,7 @@ gp_status gp_pipeline_create(gp_layer *layers, int n_layers, const gp_shape *inp
             pthread_cond_destroy(&p->cond);
             close_chans(p, true);
             free(p->edges);
+            tie_free(p);
             free(p);
             return gp_error_set(GP_ERR_RUNTIME, "could not start worker thread %d", j);
         }
@@ -1966,11 +2189,13 @@ static gp_status prepare(gp_pipeline *p, int m)
         return GP_OK;
     }
     free_step_tables(p);
-    if (p->local >= 0 && (double)m * p->S * (2 + 2 * p->K) > (double)gp_procs_tag_ub())
+    if (p->local >= 0 &&
+        (double)m * p->S * (2 + 2 * p->K) + 2 * p->n_ties > (double)gp_procs_tag_ub())
         return gp_error_set(GP_ERR_INVALID, "%d micro-batches x %d stages x %d skips need "
                             "message tags up to %.0f, over this MPI's limit %d; use fewer "
                             "micro-batches (pipeline.chunks)", m, p->S, p->K,
-                            (double)m * p->S * (2 + 2 * p->K), gp_procs_tag_ub());
+                            (double)m * p->S * (2 + 2 * p->K) + 2 * p->n_ties,
+                            gp_procs_tag_ub());
     gp_schedule_opts so = {.kind = p->opts.schedule, .n = p->n, .m = m,
                            .durations = p->tuned > 0 ? p->durations : NULL,
                            .virtual_stages = p->S / p->n,
@@ -2070,6 +2295,7 @@ gp_status gp_pipeline_step_begin(gp_pipeline *p, const float *x, const float *y,
     p->clip_in = 0;
     p->results_read = 0;
     p->drained = 0;
+    if (p->n_ties) memset(p->tie_updated, 0, (size_t)p->n_ties * sizeof *p->tie_updated);
     p->cancelled = false;
     p->status = GP_OK;
     p->message[0] = '\0';
@@ -2256,6 +2482,7 @@ void gp_pipeline_destroy(gp_pipeline *p)
     free(p->clip_xs);
     free(p->clip_ns);
     free(p->edges);
+    tie_free(p);
     free(p);
 }
 
@@ -2285,7 +2512,8 @@ void gp_pipeline_join(gp_pipeline *p, gp_comm *const *comms, int rank,
     p->rank = rank;
     p->replicas = comms && comms[0] ? comms[0]->n : 1;
     /* Shard the update where every stage's device can (gp_dev_can_shard). */
-    for (int j = 0; j < p->S; j++) p->shard[j] = p->replicas > 1 && gp_dev_can_shard(p->devs[j]);
+    for (int j = 0; j < p->S; j++)
+        p->shard[j] = p->replicas > 1 && gp_dev_can_shard(p->devs[j]) && !p->n_ties;
     p->sched_stale = true;
     p->on_fail = on_fail;
     p->fail_arg = arg;

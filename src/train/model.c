@@ -125,6 +125,14 @@ static gp_status build_placed(const gp_config *cfg, gp_device *const *devs, int 
     }
     gp_shape cur = outs[mc->n_layers - 1];
     free(outs);
+    /* tied weights: each replica starts as its owner (gp_layers_tie_sync;
+     * again after model.init_from and --resume, which load owners only) */
+    s = gp_layers_tie(out->layers, out->n_layers);
+    if (s == GP_OK && !meta) s = gp_model_tie_sync(out);
+    if (s != GP_OK) {
+        gp_model_release(out);
+        return s;
+    }
     out->output = cur;
     out->loss = mc->loss;
     out->label_smoothing = mc->label_smoothing;
@@ -193,11 +201,14 @@ static gp_status each_layer(const gp_config *cfg, bool params,
     gp_skip_map map;
     GP_TRY(gp_skip_map_build(cfg->model.layers, L, &map));
     gp_shape *outs = malloc((size_t)(L ? L : 1) * sizeof *outs);
-    gp_status s = outs ? GP_OK : gp_error_set(GP_ERR_OOM, "out of host memory");
+    gp_shape *ins = malloc((size_t)(L ? L : 1) * sizeof *ins); /* main inputs, for the ties */
+    int *owner = malloc((size_t)(L ? L : 1) * sizeof *owner);
+    gp_status s = outs && ins && owner ? GP_OK : gp_error_set(GP_ERR_OOM, "out of host memory");
     for (int k = 0; k < L && s == GP_OK; k++) {
         gp_layer l;
         gp_shape in[1 + GP_MAX_POPS];
         gp_skip_map_inputs(&map, k, &input, outs, in);
+        ins[k] = in[0];
         s = params ? gp_layer_meta(&cfg->model.layers[k], k, in, &l)
                    : gp_layer_shapes(&cfg->model.layers[k], k, in, &l);
         if (s != GP_OK) break;
@@ -205,7 +216,11 @@ static gp_status each_layer(const gp_config *cfg, bool params,
         outs[k] = l.out_shape;
         if (params) gp_layer_destroy(&l);
     }
+    /* ties checked as the built model checks them (gp_layers_tie) */
+    if (s == GP_OK) s = gp_layer_specs_ties(cfg->model.layers, ins, L, owner);
     free(outs);
+    free(ins);
+    free(owner);
     gp_skip_map_free(&map);
     return s;
 }
@@ -391,7 +406,8 @@ void gp_model_release(gp_model *m)
 int64_t gp_model_param_count(const gp_model *m)
 {
     int64_t n = 0;
-    for (int k = 0; k < m->n_layers; k++) n += gp_layer_param_count(&m->layers[k]);
+    for (int k = 0; k < m->n_layers; k++) /* a tied weight once, as its owner's */
+        n += gp_layer_param_count(&m->layers[k]) - gp_layer_tied_count(&m->layers[k]);
     return n;
 }
 
@@ -405,7 +421,7 @@ static void describe_of(void *arg, int k, const gp_layer *l)
 {
     (void)k;
     describe_arg *a = arg;
-    a->params += gp_layer_param_count(l);
+    a->params += gp_layer_param_count(l) - gp_layer_tied_count(l); /* tied: the owner's */
     a->out = l->out_shape;
 }
 
@@ -540,6 +556,9 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
     free(mbs);
     free(dy);
     for (int k = 0; k < L && s == GP_OK; k++) s = gp_layer_grads_finish(&m->layers[k]);
+    /* tied weights: the replicas' gradients into their owners', in layer
+     * order, as the pipeline sums them after its barrier */
+    if (s == GP_OK) s = gp_layers_tie_grads(m->layers, L);
     /* clipping first: gradients that are not finite stop the step before
      * the batch-norm statistics are committed (as the pipeline's CLIP does) */
     double norm = NAN;
@@ -552,6 +571,7 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
     for (int k = 0; k < L && s == GP_OK; k++)
         if (m->layers[k].ops->commit) s = m->layers[k].ops->commit(&m->layers[k]);
     if (s == GP_OK) s = gp_optim_update(m->optim, 0, L, lr, m->step, 0, 1);
+    if (s == GP_OK) s = gp_layers_tie_sync(m->layers, L); /* the updated owners */
     for (int k = 0; k < L && s == GP_OK; k++)
         s = gp_layer_check_finite(&m->layers[k], "after the step");
     if (s == GP_OK) s = gp_dev_synchronize(m->dev);
@@ -578,6 +598,42 @@ static int stage_of(const gp_model *m, int k)
 int gp_model_layer_rank(const gp_model *m, int k)
 {
     return m->local_device < 0 ? 0 : stage_of(m, k) % m->n_devices;
+}
+
+gp_status gp_model_tie_sync(gp_model *m)
+{
+    GP_TRY(gp_layers_tie_sync(m->layers, m->n_layers)); /* the ties within this process */
+    if (m->local_device < 0) return GP_OK;
+    int me = gp_procs_rank();
+    for (int k = 0; k < m->n_layers; k++) {
+        gp_layer *l = &m->layers[k];
+        for (int q = 0; q < l->n_params; q++) {
+            gp_param *r = &l->params[q];
+            if (!r->tied) continue;
+            int ro = m->rank_base + gp_model_layer_rank(m, r->tie_layer);
+            int rr = m->rank_base + gp_model_layer_rank(m, k);
+            if (ro == rr || (me != ro && me != rr)) continue;
+            /* tag 0 between the two, in layer order (as the snapshot's parts) */
+            gp_tensor *v = me == ro ? &m->layers[r->tie_layer].params[r->tie_param].value
+                                    : &r->value;
+            int64_t n = gp_tensor_numel(v);
+            float *h = malloc((size_t)(n ? n : 1) * sizeof *h);
+            if (!h) return gp_error_set(GP_ERR_OOM, "out of host memory");
+            gp_status s = GP_OK;
+            if (me == ro) {
+                s = gp_dev_download(v->dev, h, gp_f32(v), n);
+                if (s == GP_OK) s = gp_dev_synchronize(v->dev);
+                if (s == GP_OK) s = gp_procs_send_bytes(h, (size_t)n * sizeof *h, rr, 0);
+            } else {
+                s = gp_procs_recv_bytes(h, (size_t)n * sizeof *h, ro, 0);
+                if (s == GP_OK) s = gp_dev_upload(v->dev, gp_f32(v), h, n);
+                if (s == GP_OK) s = gp_dev_synchronize(v->dev);
+            }
+            free(h);
+            GP_TRY(s);
+        }
+    }
+    return GP_OK;
 }
 
 /* t rounded to bfloat16 in place, on its device (pipeline.copy_precision:

@@ -195,6 +195,7 @@ static gp_status collect(gp_model *m, const gp_config *cfg, const gp_snapshot_po
         gp_layer *l = &m->layers[k];
         int owner = gp_model_layer_rank(m, k);
         for (int p = 0; p < l->n_params && s == GP_OK; p++) {
+            if (l->params[p].tied) continue; /* stored once, under its owner's name */
             tensor_name(name, sizeof name, "", m, k, nm, l->params[p].name);
             s = add_device_tensor(w, name, &l->params[p].value, owner, gather, &scratch, &cap);
         }
@@ -712,6 +713,7 @@ gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
             for (int p = 0; p < l->n_params; p++) {
                 gp_param *pr = &l->params[p];
                 const gp_st_tensor *t;
+                if (pr->tied) continue; /* its owner's entry; gp_model_tie_sync below */
                 file_name(f, name, "", m, k, nm, pr->name, &old, first_old);
                 if (pass == 0 && gp_tensor_mem(&pr->value)) GP_TRY(need(f, name)); /* this process's */
                 expect(f, name, GP_ST_F32, pr->value.ndim, pr->value.dims, &missing, &bad, &t);
@@ -796,7 +798,7 @@ gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
                 "without torchgpipe's 'module.': loaded by their old names (%s, ...); weights "
                 "exported and snapshots saved from now on have torchgpipe's names", f->source,
                 old / 2, first_old);
-    return GP_OK;
+    return gp_model_tie_sync(m); /* tied replicas: their owners, as loaded */
 }
 
 /* ---- snapshot files ------------------------------------------------------------ */

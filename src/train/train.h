@@ -247,6 +247,12 @@ gp_status gp_model_sync_replicas(gp_model *m);
  * chunk from its owner into replica 0's momentum, so replica 0 holds the
  * whole optimizer state (snapshots read it).  No-op without replicas. */
 gp_status gp_model_gather_momentum(gp_model *m);
+/* Tied weights (layers.h): every replica of this model's layers set to its
+ * owner's value, under mpirun the owner's rank sending it to the
+ * replica's (every rank calls it); after the model was built, loaded from
+ * a snapshot or model.init_from.  The pipeline keeps them equal from then
+ * on. */
+gp_status gp_model_tie_sync(gp_model *m);
 /* Processes: the rank that trains layer k (0 without processes). */
 int gp_model_layer_rank(const gp_model *m, int k);
 /* Under mpirun (gp_procs_size() > 1): whether the config can run one

@@ -1983,9 +1983,11 @@ static gp_status summary_fits(const gp_config *cfg, const gp_model *m)
     const gp_pipeline_config *pc = &cfg->pipeline;
     int n = pc->n_devices;
     int64_t held[GP_MAX_DEVICES] = {0}, buffers[GP_MAX_DEVICES] = {0};
+    int64_t tied[GP_MAX_DEVICES] = {0}; /* tied replicas: value and gradient, no state */
     for (int j = 0, f0 = 0; j < m->n_stages; f0 += m->balance[j++])
         for (int k = f0; k < f0 + m->balance[j]; k++) {
-            held[j % n] += gp_layer_param_count(&m->layers[k]);
+            tied[j % n] += gp_layer_tied_count(&m->layers[k]);
+            held[j % n] += gp_layer_param_count(&m->layers[k]) - gp_layer_tied_count(&m->layers[k]);
             buffers[j % n] += gp_layer_buffer_count(&m->layers[k]); /* values alone */
         }
     size_t per = state_bytes(cfg);
@@ -1993,7 +1995,8 @@ static gp_status summary_fits(const gp_config *cfg, const gp_model *m)
      * and may have its own memory: */
     for (int d = 0; d < gp_pipeline_devices_total(pc); d++) {
         uint64_t cap = device_opts(cfg, d).capacity;
-        uint64_t need = (uint64_t)held[d % n] * per + (uint64_t)buffers[d % n] * sizeof(float);
+        uint64_t need = (uint64_t)held[d % n] * per + (uint64_t)buffers[d % n] * sizeof(float) +
+                        (uint64_t)tied[d % n] * 2 * sizeof(float);
         if (!cap || need <= cap) continue;
         char nb[32], cb[32];
         gp_format_bytes((size_t)need, nb, sizeof nb);
@@ -2027,6 +2030,8 @@ static void summary_layer_notes(const gp_layer *l, bool inplace, bool unkept, bo
         snprintf(sk + strlen(sk), len - strlen(sk), "  stash %s", l->spec.stash);
     for (int q = 0; q < l->spec.n_pop; q++)
         snprintf(sk + strlen(sk), len - strlen(sk), "  pop %s", l->spec.pop[q]);
+    if (l->spec.tie[0]) /* its weight is counted with its owner's */
+        snprintf(sk + strlen(sk), len - strlen(sk), "  weight tied to %s", l->spec.tie);
     if (inplace) snprintf(sk + strlen(sk), len - strlen(sk), "  in place");
     if (fused) /* gp_layers_relu_fused: the norm before computed it */
         snprintf(sk + strlen(sk), len - strlen(sk), "  fused into the norm");
@@ -2059,6 +2064,7 @@ static gp_status summary_layers(const gp_config *cfg, gp_model *m, FILE *f, summ
     fprintf(f, "%4s  %-7s %-*s %-20s %12s %14s %14s\n", "#", "device", wl, "layer",
             "output (per sample)", "params", "fwd MFLOP/b", "act. bytes/b");
     summary_sums sg = {0}; /* the stage's */
+    int64_t sg_tied = 0;   /* the stage's tied copies: a value and a gradient each */
     int stage = 0, first = 0;
     /* which layers run in place in their stage: their output is no extra */
     /* one allocation: inplace[n_layers], unkept[n_layers], fused[n_layers] */
@@ -2079,7 +2085,7 @@ static gp_status summary_layers(const gp_config *cfg, gp_model *m, FILE *f, summ
         snprintf(nm, sizeof nm, "%s%s%s", gp_layer_type_name(l->spec.type),
                  l->spec.name[0] ? " " : "", l->spec.name);
         summary_layer_notes(l, inplace[k], unkept[k], fused[k], sk, sizeof sk);
-        int64_t np = gp_layer_param_count(l);
+        int64_t np = gp_layer_param_count(l) - gp_layer_tied_count(l); /* tied: its owner's */
         double fl = l->ops->flops(l, b);
         bool own = !inplace[k] && !unkept[k]; /* the output is kept for backward */
         double act = (own ? (double)gp_shape_numel(&os) * (double)b *
@@ -2088,6 +2094,7 @@ static gp_status summary_layers(const gp_config *cfg, gp_model *m, FILE *f, summ
                      (l->ops->saved_bytes ? (double)l->ops->saved_bytes(l, b) : 0.0);
         tot->params += np; tot->flops += fl; tot->act += act;
         sg.params += np; sg.flops += fl; sg.act += act;
+        sg_tied += gp_layer_tied_count(l);
         const char *dn = cfg->pipeline.devices[stage % n].name;
         fprintf(f, "%4d  %-7s %-*s %-20s %12lld %14.1f %14s%s\n", k, dn, wl, nm, sh,
                 (long long)np, fl / 1e6, gp_format_bytes((size_t)act, ab, sizeof ab), sk);
@@ -2097,12 +2104,14 @@ static gp_status summary_layers(const gp_config *cfg, gp_model *m, FILE *f, summ
                        "~%s weights+grads%s, %s activations per batch\n",
                     stage, dn, first, k, (long long)sg.params,
                     gp_format_bytes((size_t)sg.params * 4, pb, sizeof pb), sg.flops / 1e6,
-                    gp_format_bytes((size_t)sg.params * state_bytes(cfg), mb, sizeof mb),
+                    gp_format_bytes((size_t)sg.params * state_bytes(cfg) +
+                                        (size_t)sg_tied * 2 * sizeof(float), mb, sizeof mb),
                     state_words(cfg, true),
                     gp_format_bytes((size_t)sg.act, ab, sizeof ab));
             stage++;
             first = k + 1;
             sg = (summary_sums){0};
+            sg_tied = 0;
         }
     }
     free(inplace); /* and unkept, fused */
