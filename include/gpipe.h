@@ -210,13 +210,6 @@ void gp_run_stop_clear(gp_run *run);
  * needed.  A NaN or Inf in x is GP_ERR_DATA, as for gp_run_step. */
 gp_status gp_run_evaluate(gp_run *run, const float *x, const float *y, int64_t n,
                           double *loss, double *accuracy);
-/* The run's model's output for x (n samples, as gp_run_step takes them),
- * in evaluation mode, computed through the pipeline's stages on their
- * devices, into out: n x gp_run_info.output_numel floats (logits: for a
- * language model (N, T, vocab), every position's).  FP32 whatever
- * train.activations stores.  Prepares the run if needed; one process
- * only.  gpipe-sample's forward. */
-gp_status gp_run_predict(gp_run *run, const float *x, int64_t n, float *out);
 /* Write the weights of the run's model (as for gp_run_evaluate) to `path` as a
  * safetensors file (PyTorch's state_dict names; README "Snapshots and
  * weights"), readable by model.init_from and safetensors' loaders. */

@@ -439,20 +439,6 @@ static gp_status run_save(gp_run *r, const char *path)
     return GP_OK;
 }
 
-static gp_status run_predict(gp_run *r, const float *x, int64_t n, float *out)
-{
-    RUN_ARG(r);
-    if (n < 1 || !x || !out)
-        return gp_error_set(GP_ERR_INVALID, "gp_run_predict needs at least one sample, its "
-                            "inputs and room for its outputs (got n = %lld, x %s, out %s)",
-                            (long long)n, x ? "given" : "NULL", out ? "given" : "NULL");
-    GP_TRY(usable(r, "gp_run_predict"));
-    GP_TRY(gp_run_prepare(r));
-    GP_TRY(one_process(r, "gp_run_predict"));
-    GP_TRY(inputs_finite(r, "gp_run_predict", x, n));
-    return gp_model_predict(r->model, &r->cfg, x, n, out);
-}
-
 static gp_status run_restore(gp_run *r, const char *path)
 {
     RUN_ARG(r);
@@ -545,11 +531,6 @@ gp_status gp_run_evaluate(gp_run *r, const float *x, const float *y, int64_t n, 
                           double *accuracy)
 {
     CALLER_THREADS(run_evaluate(r, x, y, n, loss, accuracy));
-}
-
-gp_status gp_run_predict(gp_run *r, const float *x, int64_t n, float *out)
-{
-    CALLER_THREADS(run_predict(r, x, n, out));
 }
 
 gp_status gp_run_export_weights(gp_run *r, const char *path)

@@ -689,8 +689,6 @@ typedef struct eval_run {
     int n_sent;
     double loss_sum;        /* the scores so far (the last stage's rank's) */
     int64_t correct, count;
-    float *out;             /* gp_model_predict: each sample's output, in FP32, instead
-                               of scores (NULL: score) */
 } eval_run;
 
 static void eval_free(eval_run *e)
@@ -904,26 +902,6 @@ static gp_status eval_score(eval_run *e, gp_status s, gp_tensor *cur, gp_tensor 
     return s;
 }
 
-/* gp_model_predict: the batch's outputs (samples b0 ..) downloaded into
- * e->out as FP32, widened from bf16 where the activations are. */
-static gp_status eval_keep(eval_run *e, gp_status s, gp_tensor *cur, int64_t b0)
-{
-    if (s != GP_OK) return s;
-    gp_tensor wide = {0};
-    const gp_tensor *f = cur;
-    if (cur->dtype != GP_F32) {
-        gp_shape cs = gp_tensor_shape(cur);
-        s = gp_tensor_alloc(&wide, cur->dev, &cs, GP_MEM_ACTIVATIONS);
-        if (s == GP_OK) s = gp_tensor_convert(&wide, cur);
-        f = &wide;
-    }
-    int64_t per = gp_shape_numel(&e->m->output);
-    if (s == GP_OK)
-        s = gp_dev_download(f->dev, e->out + b0 * per, gp_f32(f), gp_tensor_numel(f));
-    gp_tensor_free(&wide);
-    return s;
-}
-
 /* Batch bi through every stage (this rank's, under mpirun), scored by the
  * last stage's. */
 static gp_status eval_batch(eval_run *e, int64_t bi)
@@ -937,8 +915,7 @@ static gp_status eval_batch(eval_run *e, int64_t bi)
     /* the targets checked on the host, as a step checks them: a bad one is
      * named by its row of the whole evaluation, not of a batch */
     gp_shape os = gp_shape_with_batch(&m->output, n);
-    if (s == GP_OK && !e->out &&
-        (m->loss != GP_LOSS_CROSS_ENTROPY || os.ndim == 2 || os.ndim == 3))
+    if (s == GP_OK && (m->loss != GP_LOSS_CROSS_ENTROPY || os.ndim == 2 || os.ndim == 3))
         s = gp_loss_check_targets(m->loss, by, &os, b0);
     /* processes: the inputs are stage 0's rank's, the labels the last
      * stage's */
@@ -958,9 +935,7 @@ static gp_status eval_batch(eval_run *e, int64_t bi)
     }
     e->n_sent = 0;
     /* the loss is the last stage's rank's */
-    if (e->out)
-        s = eval_keep(e, s, &cur, b0);
-    else if (!e->procs || (m->n_stages - 1) % m->n_devices == m->local_device)
+    if (!e->procs || (m->n_stages - 1) % m->n_devices == m->local_device)
         s = eval_score(e, s, &cur, &labels);
     gp_tensor_free(&cur);
     gp_tensor_free(&labels);
@@ -1065,31 +1040,6 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset 
 {
     eval_source src = {.ds = ds};
     return evaluate_fit(m, cfg, &src, loss, accuracy);
-}
-
-gp_status gp_model_predict(gp_model *m, const gp_config *cfg, const float *x, int64_t n,
-                           float *out)
-{
-    GP_ASSERT(n >= 1 && x && out);
-    if (m->local_device >= 0)
-        return gp_error_set(GP_ERR_UNSUPPORTED, "predicting under mpirun: run it in one process "
-                            "(the same pipeline.devices place the stages on this machine)");
-    /* the loss never runs: zero targets fill upload_chunk's labels */
-    float *zeros = calloc((size_t)(n * m->targets), sizeof *zeros);
-    if (!zeros) return gp_error_set(GP_ERR_OOM, "out of host memory for %lld samples' targets",
-                                    (long long)n);
-    eval_source src = {.x = x, .y = zeros, .n = n};
-    int64_t bs = cfg->train.eval_batch_size > 0 ? cfg->train.eval_batch_size : 1000;
-    eval_run e = {.m = m, .cfg = cfg, .src = &src, .bs = bs < n ? bs : n, .out = out,
-                  .per = gp_shape_numel(&m->input), .tps = m->targets, .total = n,
-                  .bf16 = gp_config_bf16_copies(cfg), .procs = false};
-    gp_status s = eval_alloc(&e); /* (frees what it took when it fails) */
-    if (s == GP_OK) {
-        for (int64_t bi = 0; s == GP_OK && bi * e.bs < n; bi++) s = eval_batch(&e, bi);
-        eval_free(&e);
-    }
-    free(zeros);
-    return s;
 }
 
 gp_status gp_model_evaluate_host(gp_model *m, const gp_config *cfg, const float *x,

@@ -272,13 +272,6 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg,
  * x and y given (gp_run_evaluate checks them). */
 gp_status gp_model_evaluate_host(gp_model *m, const gp_config *cfg, const float *x,
                                  const float *y, int64_t n, double *loss, double *accuracy);
-/* The model's output for x (n samples, as gp_model_evaluate_host takes
- * them), in evaluation mode, through its stages on their devices, into out
- * (n x the output's elements, FP32 whatever train.activations stores):
- * gpipe-sample's logits.  One process only (GP_ERR_UNSUPPORTED under
- * mpirun). */
-gp_status gp_model_predict(gp_model *m, const gp_config *cfg, const float *x, int64_t n,
-                           float *out);
 
 /* ---- the training loop --------------------------------------------------- */
 
