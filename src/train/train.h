@@ -266,6 +266,12 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg,
  * x and y given (gp_run_evaluate checks them). */
 gp_status gp_model_evaluate_host(gp_model *m, const gp_config *cfg, const float *x,
                                  const float *y, int64_t n, double *loss, double *accuracy);
+/* The model's outputs (logits) for n samples x (host, as for
+ * gp_model_evaluate_host) in evaluation mode, through the stages as
+ * evaluation runs them, into out (host, n x the output's elements, FP32;
+ * bf16 activations widened).  One process only. */
+gp_status gp_model_forward_host(gp_model *m, const gp_config *cfg, const float *x, int64_t n,
+                                float *out);
 
 /* ---- the training loop --------------------------------------------------- */
 
