@@ -15,7 +15,7 @@ the standard library and torch.
         random weights (every tensor, biases and norms included, so a
         tensor put in the wrong place shows) into OUTDIR/twin.safetensors
         (Hugging Face's layout and names, without "transformer.", with the
-        attn.bias mask buffers and, for --head own, lm_head.weight) and
+        attn.bias mask buffers and, but for --head copy, lm_head.weight) and
         OUTDIR/twin.bin (llm.c's version 3 checkpoint, vocabulary padded to
         a multiple of 128); and the weights rounded to bfloat16 as
         twin-bf16.safetensors (BF16) and twin-bf16.bin (llm.c's version 5),
@@ -282,7 +282,10 @@ def cmd_init(a):
     hf = []
     for k, v in sd.items():
         if k == "lm_head.weight":
-            if a.head == "own":
+            # own: its own weight; tied: wte's, written out as a state_dict
+            # saved whole holds it (save_pretrained leaves it out, as the
+            # copy head's file does: the reader's other path)
+            if a.head != "copy":
                 hf.append((k, v))
             continue
         hf.append((k[len("transformer."):], v))

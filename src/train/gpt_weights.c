@@ -15,7 +15,8 @@
  * state_dict has none, GPT2LMHeadModel's has it); c_attn, c_proj and c_fc
  * are Conv1D modules whose weights are stored (in, out), transposed here;
  * the attn.bias / attn.masked_bias buffers (the causal mask) are dropped;
- * no lm_head.weight means the head is tied to wte.  Such a file is known
+ * no lm_head.weight means the head is tied to wte (and one equal to wte's
+ * is dropped for a model whose head is tied).  Such a file is known
  * by its h.0.attn.c_attn.weight of shape (C, 3C), where gpipe's is (3C, C).
  *
  * llm.c (train_gpt2.c's gpt2_build_from_checkpoint): 256 little-endian
@@ -137,6 +138,18 @@ bool gp_gpt_is_hf(const gp_st_file *f)
     return t && t->ndim == 2 && t->dims[1] == 3 * t->dims[0];
 }
 
+/* Whether lm_head.weight t of f is wte's bits, for a model whose head has
+ * no weight of its own (tied): a state_dict saved whole holds it twice. */
+static bool tied_copy(const gp_model *m, const gp_st_file *f, const gp_st_tensor *t)
+{
+    const gp_st_tensor *wte = gp_st_find(f, "wte.weight");
+    if (!wte) wte = gp_st_find(f, TX "wte.weight");
+    return !gp_snapshot_model_has(m, "lm_head.weight", NULL, NULL) && wte && wte->data &&
+           t->data && t->end - t->begin == wte->end - wte->begin &&
+           !strcmp(t->dtype_name, wte->dtype_name) &&
+           !memcmp(t->data, wte->data, (size_t)(t->end - t->begin));
+}
+
 /* A Hugging Face GPT-2 file f as gpipe's names and layouts, into out. */
 static gp_status from_hf(const gp_model *m, const gp_st_file *f, gp_st_file *out)
 {
@@ -152,6 +165,7 @@ static gp_status from_hf(const gp_model *m, const gp_st_file *f, gp_st_file *out
             continue; /* the causal mask, a buffer: the attention layer is causal */
         if (!strcmp(base, "lm_head.weight")) {
             head = true;
+            if (tied_copy(m, f, t)) continue; /* a tied head written out: it is wte */
             snprintf(name, sizeof name, "lm_head.weight");
         } else {
             snprintf(name, sizeof name, TX "%s", base);
