@@ -22,8 +22,9 @@ learnable rule with noise, llm.c's token format, windows of T + 1 = 17):
    BF16 files (llm.c's version 5, Hugging Face's BF16 tensors) read as the
    FP32 files of the same values;
 3. errors: --export-format llmc for a run that trains an untied lm_head is
-   refused before any step; a cut-short llm.c file and a mis-shaped Hugging
-   Face tensor are refused naming the file and the tensor.
+   refused before any step; a cut-short llm.c file (exit 3) and a
+   mis-shaped Hugging Face tensor (exit 2) are refused naming the file and
+   the tensor (exact exit codes: a sanitizer's abort is not a refusal).
 
 TIED is the one switch for the tied head (lm_head's weight shared with
 wte, `tie: transformer`) once tied weights are acted on; untied, the head
@@ -248,7 +249,7 @@ def errors(d, hf, llmc):
     with open(llmc, "rb") as a, open(cut, "wb") as b:
         b.write(a.read()[:-4])
     rc, log = gpipe(config(d, cut), "-q")
-    check(rc != 0 and "cut.bin" in log and "cut short" in log, "a cut-short llm.c file: %s" % log)
+    check(rc == 3 and "cut.bin" in log and "cut short" in log, "a cut-short llm.c file: %s" % log)
     bad = os.path.join(d, "bad.safetensors")
     t = read_safetensors(hf)
     header, blobs, off = {}, [], 0
@@ -263,7 +264,7 @@ def errors(d, hf, llmc):
     with open(bad, "wb") as f:
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
     rc, log = gpipe(config(d, bad), "-q")
-    check(rc != 0 and "bad.safetensors" in log and "transformer.h.1.mlp.c_fc.weight" in log,
+    check(rc == 2 and "bad.safetensors" in log and "transformer.h.1.mlp.c_fc.weight" in log,
           "a mis-shaped Hugging Face tensor is named: %s" % log)
 
 
