@@ -264,7 +264,8 @@ def errors(d, hf, llmc):
     with open(bad, "wb") as f:
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
     rc, log = gpipe(config(d, bad), "-q")
-    check(rc == 2 and "bad.safetensors" in log and "transformer.h.1.mlp.c_fc.weight" in log,
+    check(rc == 2 and "bad.safetensors" in log and "'h.1.mlp.c_fc.weight' is (32, 64)" in log
+          and "transformer.h.1.mlp.c_fc.weight takes (in 32, out 128)" in log,
           "a mis-shaped Hugging Face tensor is named: %s" % log)
 
 

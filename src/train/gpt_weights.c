@@ -150,6 +150,24 @@ static bool tied_copy(const gp_model *m, const gp_st_file *f, const gp_st_tensor
            !memcmp(t->data, wte->data, (size_t)(t->end - t->begin));
 }
 
+/* A Conv1D weight t, (in, out), against the model's `name`, (out, in):
+ * a mismatch named in the file's own layout (gp_snapshot_apply would name
+ * the transposed shape). */
+static gp_status conv1d_fits(const gp_model *m, const gp_st_file *f, const gp_st_tensor *t,
+                             const char *name)
+{
+    int nd = 0;
+    int64_t d[GP_ST_MAX_DIMS] = {0};
+    if (!gp_snapshot_model_has(m, name, &nd, d) || nd != 2 || t->ndim != 2 ||
+        (t->dims[0] == d[1] && t->dims[1] == d[0]))
+        return GP_OK; /* (a missing or other tensor: gp_snapshot_apply lists it) */
+    return gp_error_set(GP_ERR_INVALID, "%s: tensor '%s' is (%lld, %lld), a Conv1D weight (in, "
+                        "out), but this model's %s takes (in %lld, out %lld): the file is of "
+                        "another GPT-2 size; set the model's dimensions to the file's", f->source,
+                        t->name, (long long)t->dims[0], (long long)t->dims[1], name,
+                        (long long)d[1], (long long)d[0]);
+}
+
 /* A Hugging Face GPT-2 file f as gpipe's names and layouts, into out. */
 static gp_status from_hf(const gp_model *m, const gp_st_file *f, gp_st_file *out)
 {
@@ -171,7 +189,9 @@ static gp_status from_hf(const gp_model *m, const gp_st_file *f, gp_st_file *out
             snprintf(name, sizeof name, TX "%s", base);
         }
         if (!strcmp(base, "wte.weight")) wte = t;
-        s = add_converted(&w, f, t, name, rest && conv1d_weight(rest));
+        bool conv = rest && conv1d_weight(rest);
+        if (conv) s = conv1d_fits(m, f, t, name);
+        if (s == GP_OK) s = add_converted(&w, f, t, name, conv);
     }
     /* no lm_head.weight: tied to wte (save_pretrained leaves it out) */
     if (s == GP_OK && !head && wte && gp_snapshot_model_has(m, "lm_head.weight", NULL, NULL))
