@@ -210,6 +210,11 @@ void gp_run_stop_clear(gp_run *run);
  * needed.  A NaN or Inf in x is GP_ERR_DATA, as for gp_run_step. */
 gp_status gp_run_evaluate(gp_run *run, const float *x, const float *y, int64_t n,
                           double *loss, double *accuracy);
+/* The run's model's outputs for n samples x (as for gp_run_evaluate, in
+ * evaluation mode, through its stages) into out: n x output_numel floats
+ * (gp_run_describe), the logits before the loss.  A language model's
+ * next-token logits, for sampling (gpipe-sample).  One process only. */
+gp_status gp_run_predict(gp_run *run, const float *x, int64_t n, float *out);
 /* Write the weights of the run's model (as for gp_run_evaluate) to `path` as a
  * safetensors file (PyTorch's state_dict names; README "Snapshots and
  * weights"), readable by model.init_from and safetensors' loaders. */

@@ -5,7 +5,9 @@
 # nothing is half-installed silently.
 #   scripts/install-deps.sh            build + train + test dependencies
 #   scripts/install-deps.sh --ci       also what CI needs (sanitizer runtimes,
-#                                      clang and its OpenMP for the fuzzers)
+#                                      clang and its OpenMP for the fuzzers,
+#                                      Debian's PyTorch for test_gpt_parity's
+#                                      twin)
 #   scripts/install-deps.sh --bench    also the benchmarks' peers: Debian's
 #                                      PyTorch and torchvision, and OpenBLAS
 #                                      (without libopenblas0-pthread PyTorch's
@@ -21,7 +23,7 @@ pkgs=(cmake make gcc g++ pkgconf libyaml-dev libprotobuf-c-dev protobuf-c-compil
       dataset-fashion-mnist)
 for arg in "$@"; do
   case "$arg" in
-    --ci) pkgs+=(clang libclang-rt-14-dev libomp-14-dev) ;;
+    --ci) pkgs+=(clang libclang-rt-14-dev libomp-14-dev python3-torch) ;;
     --bench) pkgs+=(python3-torch python3-torchvision python3-yaml libopenblas0-pthread) ;;
     *) echo "usage: scripts/install-deps.sh [--ci] [--bench]" >&2; exit 2 ;;
   esac

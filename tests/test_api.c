@@ -5,6 +5,8 @@
  *     model without dropout or batch norm it equals the loss and accuracy
  *     of a gp_run_step's forward on the same batch (taken before that
  *     step's update), whatever the evaluation batch size;
+ *   - gp_run_predict: the logits whose cross-entropy and accuracy are
+ *     gp_run_evaluate's, the same on one device in other batches;
  *   - gp_run_export_weights: a second run that starts from the file
  *     (model.init_from), on one device, evaluates to the same loss;
  *   - gp_run_summary: the placement and parameter count, for a cuda:N
@@ -106,6 +108,29 @@ static void test_evaluate_and_export(void)
     CHECK_OK(gp_run_evaluate(run, x, y, N, &loss2, &acc2));
     CHECK_MSG(loss2 != loss, "evaluation after a step: %.9g both times", loss);
 
+    /* gp_run_predict: the logits evaluation scores, through both stages
+     * (their cross-entropy and accuracy, in double here, are evaluate's) */
+    float logits[N * 4];
+    CHECK_OK(gp_run_predict(run, x, N, logits));
+    double ce = 0;
+    int right = 0;
+    for (int i = 0; i < N; i++) {
+        const float *z = logits + i * 4;
+        double mx = z[0], se = 0;
+        int best = 0;
+        for (int c = 1; c < 4; c++) {
+            if (z[c] > mx) mx = z[c];
+            if (z[c] > z[best]) best = c;
+        }
+        for (int c = 0; c < 4; c++) se += exp(z[c] - mx);
+        ce += mx + log(se) - z[(int)y[i]];
+        right += best == (int)y[i];
+    }
+    CHECK_NEAR(ce / N, loss2, 0.0, 1e-6);
+    CHECK_NEAR((double)right / N, acc2, 0.0, 0.0);
+    CHECK_ERR(gp_run_predict(run, x, 0, logits), GP_ERR_INVALID, "at least one sample");
+    CHECK(gp_run_predict(run, x, N, NULL) == GP_ERR_INVALID);
+
     /* export, then start a one-device run from the file: same numbers */
     char wpath[320];
     snprintf(wpath, sizeof wpath, "%s/w.safetensors", tmpdir);
@@ -133,6 +158,13 @@ static void test_evaluate_and_export(void)
         CHECK_OK(gp_run_evaluate(run2, x, y, N, &l3, &a3));
         CHECK_NEAR(l3, loss2, 0.0, 1e-6);
         CHECK_NEAR(a3, acc2, 0.0, 0.0);
+        /* and its logits, in batches of 5 on one device: the two stages' */
+        float logits1[N * 4];
+        CHECK_OK(gp_run_predict(run2, x, N, logits1));
+        double worst = 0;
+        for (int k = 0; k < N * 4; k++)
+            worst = fmax(worst, fabs((double)logits1[k] - (double)logits[k]));
+        CHECK_MSG(worst <= 1e-5, "gp_run_predict on one device differs by %g", worst);
         CHECK(gp_run_devices(run2) == 1);
     }
     gp_run_free(run2);

@@ -13,7 +13,7 @@ trap 'rm -rf "$tmp"' EXIT
 prefix="$tmp/prefix"
 cmake --install "$build" --prefix "$prefix" >"$tmp/install.log"
 for f in include/gpipe.h "$libdir/libgpipe.a" "$libdir/pkgconfig/gpipe.pc" bin/gpipe-train \
-         bin/gpipe-balance "$libdir/cmake/gpipe/gpipeConfig.cmake" \
+         bin/gpipe-balance bin/gpipe-sample "$libdir/cmake/gpipe/gpipeConfig.cmake" \
          "$libdir/cmake/gpipe/gpipeConfigVersion.cmake"; do
   [ -f "$prefix/$f" ] || { echo "test_install: $f was not installed"; cat "$tmp/install.log"; exit 1; }
 done

@@ -68,6 +68,11 @@ static void usage(FILE *f)
           "                     write the final weights, named as PyTorch's state_dict()\n"
           "                     of the equivalent nn.Sequential (docs/snapshots.md); with\n"
           "                     --resume and no steps left it just converts the snapshot\n"
+          "  --export-format F  what --export-weights writes: gpipe (the default), hf\n"
+          "                     (Hugging Face's GPT-2 model.safetensors: Conv1D weights\n"
+          "                     transposed) or llmc (llm.c's gpt2_124M.bin layout, FP32,\n"
+          "                     the head tied to wte); hf and llmc need a GPT-2 whose\n"
+          "                     layers are named as Hugging Face's (docs/config.md)\n"
           "  --progress         force the one-line progress bar (default on a terminal)\n"
           "  --no-progress      plain log lines every train.log_every steps\n"
           "  -q, --quiet        only errors\n"
@@ -288,7 +293,7 @@ int main(int argc, char **argv)
     const char *tensorboard = NULL;
     int64_t trace_first = 0, trace_last = -1;
     const char **sets = calloc((size_t)argc, sizeof *sets);
-    int n_sets = 0, dry = 0, progress = -1, quiet = 0, verbose = 0;
+    int n_sets = 0, dry = 0, progress = -1, quiet = 0, verbose = 0, export_format = 0;
     int set_value_at = -1; /* argv index of the last --set's value */
     gp_names_use_flags(); /* messages name --set, --resume, ... */
     if (!sets) return EXIT_RUNTIME;
@@ -304,7 +309,8 @@ int main(int argc, char **argv)
             return EXIT_OK;
         } else if (!strcmp(a, "--set") || !strcmp(a, "--metrics") || !strcmp(a, "--trace") ||
                    !strcmp(a, "--trace-steps") || !strcmp(a, "--resume") ||
-                   !strcmp(a, "--export-weights") || !strcmp(a, "--tensorboard")) {
+                   !strcmp(a, "--export-weights") || !strcmp(a, "--tensorboard") ||
+                   !strcmp(a, "--export-format")) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "gpipe-train: %s needs a value; see --help\n", a);
                 free(sets);
@@ -325,6 +331,16 @@ int main(int argc, char **argv)
             else if (!strcmp(a, "--resume")) resume = v;
             else if (!strcmp(a, "--export-weights")) export = v;
             else if (!strcmp(a, "--tensorboard")) tensorboard = v;
+            else if (!strcmp(a, "--export-format")) {
+                export_format = !strcmp(v, "gpipe") ? 0 : !strcmp(v, "hf") ? 1
+                              : !strcmp(v, "llmc") ? 2 : -1;
+                if (export_format < 0) {
+                    fprintf(stderr, "gpipe-train: --export-format '%s': expected gpipe, hf or "
+                            "llmc\n", v);
+                    free(sets);
+                    return EXIT_USAGE;
+                }
+            }
             else if (!gp_trace_parse_range(v, &trace_first, &trace_last)) {
                 fprintf(stderr, "gpipe-train: --trace-steps '%s': expected A:B with 0 <= A <= B "
                                 "(or A:, :B, A)\n", v);
@@ -363,6 +379,12 @@ int main(int argc, char **argv)
     if (!trace && (trace_first != 0 || trace_last != -1)) {
         fputs("gpipe-train: --trace-steps chooses the steps --trace records; give --trace "
               "FILE.json too\n", stderr);
+        free(sets);
+        return EXIT_USAGE;
+    }
+    if (!export && export_format) {
+        fputs("gpipe-train: --export-format chooses what --export-weights writes; give "
+              "--export-weights OUT too\n", stderr);
         free(sets);
         return EXIT_USAGE;
     }
@@ -471,6 +493,7 @@ int main(int argc, char **argv)
                            .trace_first = trace_first, .trace_last = trace_last,
                            .progress = progress, .quiet = quiet,
                            .resume_path = resume, .export_path = export,
+                           .export_format = export_format,
                            .tensorboard_dir = tensorboard,
                            .stop = &stop_signal};
         gp_train_result r;

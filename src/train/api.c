@@ -354,6 +354,19 @@ static gp_status run_evaluate(gp_run *r, const float *x, const float *y, int64_t
     return GP_OK;
 }
 
+static gp_status run_predict(gp_run *r, const float *x, int64_t n, float *out)
+{
+    RUN_ARG(r);
+    if (n < 1 || !x || !out)
+        return gp_error_set(GP_ERR_INVALID, "gp_run_predict needs at least one sample, inputs "
+                            "and an output buffer (got n = %lld, x %s, out %s)", (long long)n,
+                            x ? "given" : "NULL", out ? "given" : "NULL");
+    GP_TRY(usable(r, "gp_run_predict"));
+    GP_TRY(gp_run_prepare(r));
+    GP_TRY(inputs_finite(r, "gp_run_predict", x, n));
+    return gp_model_forward_host(r->model, &r->cfg, x, n, out);
+}
+
 /* An output of gp_run_save or gp_run_export_weights must not replace the
  * run's inputs (gp_run_train_ex refuses the same for its outputs): the
  * config file, model.init_from.  (A config parsed from text is named by
@@ -531,6 +544,11 @@ gp_status gp_run_evaluate(gp_run *r, const float *x, const float *y, int64_t n, 
                           double *accuracy)
 {
     CALLER_THREADS(run_evaluate(r, x, y, n, loss, accuracy));
+}
+
+gp_status gp_run_predict(gp_run *r, const float *x, int64_t n, float *out)
+{
+    CALLER_THREADS(run_predict(r, x, n, out));
 }
 
 gp_status gp_run_export_weights(gp_run *r, const char *path)

@@ -689,6 +689,8 @@ typedef struct eval_run {
     int n_sent;
     double loss_sum;        /* the scores so far (the last stage's rank's) */
     int64_t correct, count;
+    float *logits;          /* forward only (gp_model_forward_host): each batch's
+                               outputs go here, (total, output) FP32, unscored */
 } eval_run;
 
 static void eval_free(eval_run *e)
@@ -902,6 +904,22 @@ static gp_status eval_score(eval_run *e, gp_status s, gp_tensor *cur, gp_tensor 
     return s;
 }
 
+/* Forward only: the last stage's output of the batch of n samples from
+ * sample b0 to the host, widened to FP32 where it is bf16. */
+static gp_status eval_logits(eval_run *e, gp_tensor *cur, int64_t b0, int64_t n)
+{
+    int64_t per = gp_shape_numel(&e->m->output), k = n * per;
+    float *dst = e->logits + b0 * per;
+    if (cur->dtype == GP_F32) return gp_dev_download(cur->dev, dst, gp_f32(cur), k);
+    gp_tensor w;
+    gp_shape sh = gp_tensor_shape(cur);
+    GP_TRY(gp_tensor_alloc(&w, cur->dev, &sh, GP_MEM_COPIES));
+    gp_status s = gp_dev_bf16_unpack(cur->dev, gp_f32(&w), gp_tensor_mem(cur), k);
+    if (s == GP_OK) s = gp_dev_download(w.dev, dst, gp_f32(&w), k);
+    gp_tensor_free(&w);
+    return s;
+}
+
 /* Batch bi through every stage (this rank's, under mpirun), scored by the
  * last stage's. */
 static gp_status eval_batch(eval_run *e, int64_t bi)
@@ -935,7 +953,9 @@ static gp_status eval_batch(eval_run *e, int64_t bi)
     }
     e->n_sent = 0;
     /* the loss is the last stage's rank's */
-    if (!e->procs || (m->n_stages - 1) % m->n_devices == m->local_device)
+    if (e->logits && s == GP_OK)
+        s = eval_logits(e, &cur, b0, n);
+    else if (!e->logits && (!e->procs || (m->n_stages - 1) % m->n_devices == m->local_device))
         s = eval_score(e, s, &cur, &labels);
     gp_tensor_free(&cur);
     gp_tensor_free(&labels);
@@ -974,7 +994,7 @@ static gp_status eval_agree(eval_run *e, gp_status s)
 
 /* The mean loss and the accuracy over src, in batches of bs. */
 static gp_status evaluate_at(gp_model *m, const gp_config *cfg, const eval_source *src,
-                             int64_t bs, double *loss, double *accuracy)
+                             int64_t bs, double *loss, double *accuracy, float *logits)
 {
     const gp_dataset *ds = src->ds;
     /* binary cross-entropy against masks where the data has them; the
@@ -984,7 +1004,7 @@ static gp_status evaluate_at(gp_model *m, const gp_config *cfg, const eval_sourc
                   .per = ds ? ds->c * ds->h * ds->w : gp_shape_numel(&m->input),
                   .tps = !ds ? m->targets : masks ? ds->h * ds->w : ds->tokens ? ds->c : 1,
                   .total = ds ? ds->n : src->n, .bf16 = gp_config_bf16_copies(cfg),
-                  .procs = m->local_device >= 0};
+                  .procs = m->local_device >= 0, .logits = logits};
     GP_TRY(eval_alloc(&e));
     gp_status s = eval_start_loader(&e);
     int64_t n_batches = e.ld ? gp_loader_batches_per_epoch(e.ld) : (e.total + bs - 1) / bs;
@@ -1005,7 +1025,7 @@ static gp_status evaluate_at(gp_model *m, const gp_config *cfg, const eval_sourc
  * before the next.  Processes cannot retry together (a rank that ran out
  * stops them all), so there the error says what to set. */
 static gp_status evaluate_fit(gp_model *m, const gp_config *cfg, const eval_source *src,
-                              double *loss, double *accuracy)
+                              double *loss, double *accuracy, float *logits)
 {
     int64_t want = cfg->train.eval_batch_size > 0 ? cfg->train.eval_batch_size : 1000;
     int64_t bs = m->eval_batch > 0 && m->eval_batch < want ? m->eval_batch : want;
@@ -1015,7 +1035,7 @@ static gp_status evaluate_fit(gp_model *m, const gp_config *cfg, const eval_sour
     if (all >= 1 && all < bs) bs = all;
     bool procs = m->local_device >= 0, halved = false;
     for (;;) {
-        gp_status s = evaluate_at(m, cfg, src, bs, loss, accuracy);
+        gp_status s = evaluate_at(m, cfg, src, bs, loss, accuracy, logits);
         if (s == GP_OK) {
             if (halved) m->eval_batch = bs; /* what fits, for the next evaluations */
             return GP_OK;
@@ -1039,7 +1059,7 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg, const gp_dataset 
                             double *loss, double *accuracy)
 {
     eval_source src = {.ds = ds};
-    return evaluate_fit(m, cfg, &src, loss, accuracy);
+    return evaluate_fit(m, cfg, &src, loss, accuracy, NULL);
 }
 
 gp_status gp_model_evaluate_host(gp_model *m, const gp_config *cfg, const float *x,
@@ -1047,5 +1067,22 @@ gp_status gp_model_evaluate_host(gp_model *m, const gp_config *cfg, const float 
 {
     GP_ASSERT(n >= 1 && x && y); /* (the API checks its caller's batch) */
     eval_source src = {.x = x, .y = y, .n = n};
-    return evaluate_fit(m, cfg, &src, loss, accuracy);
+    return evaluate_fit(m, cfg, &src, loss, accuracy, NULL);
+}
+
+gp_status gp_model_forward_host(gp_model *m, const gp_config *cfg, const float *x, int64_t n,
+                                float *out)
+{
+    GP_ASSERT(n >= 1 && x && out);
+    if (m->local_device >= 0)
+        return gp_error_set(GP_ERR_UNSUPPORTED, "a forward pass to the host runs in one "
+                            "process: run it without mpirun");
+    /* the targets upload_chunk moves are not read: class 0 everywhere */
+    float *y = calloc((size_t)(n * m->targets), sizeof *y);
+    if (!y) return gp_error_set(GP_ERR_OOM, "out of host memory");
+    eval_source src = {.x = x, .y = y, .n = n};
+    double loss, acc;
+    gp_status s = evaluate_fit(m, cfg, &src, &loss, &acc, out);
+    free(y);
+    return s;
 }

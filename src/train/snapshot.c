@@ -1483,12 +1483,31 @@ gp_status gp_snapshot_export(gp_model *m, const gp_config *cfg, const char *path
     return s;
 }
 
+bool gp_snapshot_model_has(const gp_model *m, const char *name, int *ndim, int64_t *dims)
+{
+    char tn[256];
+    const naming nm = model_naming(m);
+    for (int k = 0; k < m->n_layers; k++) {
+        const gp_layer *l = &m->layers[k];
+        for (int p = 0; p < l->n_params; p++) {
+            if (strcmp(tensor_name(tn, sizeof tn, "", m, k, nm, l->params[p].name), name))
+                continue;
+            const gp_tensor *t = &l->params[p].value;
+            if (ndim) *ndim = t->ndim;
+            if (dims) memcpy(dims, t->dims, (size_t)t->ndim * sizeof *dims);
+            return true;
+        }
+    }
+    return false;
+}
+
 gp_status gp_snapshot_init_from(gp_model *m, const char *path)
 {
     gp_st_file f;
-    gp_status s = gp_st_read(path, &f);
-    if (s == GP_OK) s = gp_st_verify(&f, false);
-    if (s == GP_OK) s = attach_parts(path, &f); /* a snapshot of a run in processes */
+    bool converted; /* GPT-2's weights from Hugging Face or llm.c */
+    gp_status s = gp_gpt_read(m, path, &f, &converted);
+    if (s == GP_OK && !converted) s = gp_st_verify(&f, false);
+    if (s == GP_OK && !converted) s = attach_parts(path, &f); /* a run in processes' */
     if (s == GP_OK) s = gp_snapshot_apply(m, &f, false);
     gp_st_free(&f);
     if (s != GP_OK) return gp_error_wrap(s, "model.init_from");

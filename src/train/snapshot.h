@@ -266,5 +266,34 @@ gp_status gp_snapshot_restore(gp_model *m, const gp_config *cfg, const char *pat
 gp_status gp_snapshot_save_file(gp_model *m, const gp_config *cfg, const char *path);
 /* Write the model's weights (no optimizer state) to `path` atomically. */
 gp_status gp_snapshot_export(gp_model *m, const gp_config *cfg, const char *path);
+/* Whether m has a tensor of that name, as snapshots name them (a
+ * parameter or buffer); its shape into ndim, dims (may be NULL). */
+bool gp_snapshot_model_has(const gp_model *m, const char *name, int *ndim, int64_t *dims);
+
+/* ---- GPT-2's weights as other programs write them (gpt_weights.c) ------ */
+
+typedef enum {
+    GP_WEIGHTS_GPIPE = 0, /* gpipe's safetensors (--export-weights) */
+    GP_WEIGHTS_HF,        /* Hugging Face's GPT-2 model.safetensors */
+    GP_WEIGHTS_LLMC       /* llm.c's gpt2_124M.bin checkpoint (FP32) */
+} gp_weights_format;
+
+/* Whether the file at path starts with llm.c's checkpoint magic. */
+bool gp_gpt_is_llmc(const char *path);
+/* Whether f is a Hugging Face GPT-2 file (h.0.attn.c_attn.weight, with or
+ * without "transformer.", stored (C, 3C) as Conv1D does). */
+bool gp_gpt_is_hf(const gp_st_file *f);
+/* model.init_from's read: an llm.c checkpoint or a Hugging Face GPT-2 file
+ * converted to gpipe's names and layouts for m (*converted), else the
+ * safetensors file as it is.  Errors name path and the tensor. */
+gp_status gp_gpt_read(const gp_model *m, const char *path, gp_st_file *f, bool *converted);
+/* gp_snapshot_export in format fmt (hf, llmc: the model must be a GPT-2
+ * named as Hugging Face's modules; llmc: its head tied or equal to wte). */
+gp_status gp_gpt_export(gp_model *m, const gp_config *cfg, const char *path,
+                        gp_weights_format fmt);
+/* Before a run that will export in fmt: whether m can be written so (its
+ * names; llmc: one number of heads, and no head of its own when the run
+ * `trains`, which would make it differ from wte), said before any step. */
+gp_status gp_gpt_export_check(const gp_model *m, gp_weights_format fmt, bool trains);
 
 #endif /* GP_SNAPSHOT_H */

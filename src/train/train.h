@@ -272,6 +272,12 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg,
  * x and y given (gp_run_evaluate checks them). */
 gp_status gp_model_evaluate_host(gp_model *m, const gp_config *cfg, const float *x,
                                  const float *y, int64_t n, double *loss, double *accuracy);
+/* The model's outputs (logits) for n samples x (host, as for
+ * gp_model_evaluate_host) in evaluation mode, through the stages as
+ * evaluation runs them, into out (host, n x the output's elements, FP32;
+ * bf16 activations widened).  One process only. */
+gp_status gp_model_forward_host(gp_model *m, const gp_config *cfg, const float *x, int64_t n,
+                                float *out);
 
 /* ---- the training loop --------------------------------------------------- */
 
@@ -286,6 +292,8 @@ typedef struct gp_train_opts {
     const char *resume_path;   /* snapshot to go on from; "latest" = the newest
                                   in train.snapshot.dir; NULL = a fresh run */
     const char *export_path;   /* write the final weights (safetensors); NULL = none */
+    int export_format;         /* gp_weights_format (snapshot.h): 0 = gpipe's names,
+                                  1 = Hugging Face's GPT-2, 2 = llm.c's checkpoint */
     const char *tensorboard_dir; /* TensorBoard event files (train/tensorboard.h);
                                     NULL = train.tensorboard's ("" = none) */
     /* Stop between steps once *stop is non-zero: a signal handler or

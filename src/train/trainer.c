@@ -1258,6 +1258,10 @@ static gp_status run_start_loader(train_run *r)
                              (long long)r->train.n);
         if (s == GP_OK) s = gp_loader_create(&r->train, &cfg->data, &lo, &r->loader);
         if (s == GP_OK) s = resume_records(r);
+        if (s == GP_OK && r->opts->export_path) /* a GPT-2 format that cannot hold it */
+            s = gp_gpt_export_check(mp, (gp_weights_format)r->opts->export_format,
+                                    mp->step < gp_train_total_steps(
+                                                   tc, gp_loader_batches_per_epoch(r->loader)));
         s = agree_phase(s, "while starting its data loader", r->res);
     }
     free(r->saves.pos.metrics); /* (written again, or not wanted) */
@@ -1726,7 +1730,8 @@ static gp_status export_weights(train_run *r, bool *converted)
     const gp_train_opts *opts = r->opts;
     *converted = false;
     if (!opts->export_path) return GP_OK;
-    gp_status s = gp_snapshot_export(r->mp, r->cfg, opts->export_path);
+    gp_status s = gp_gpt_export(r->mp, r->cfg, opts->export_path,
+                                (gp_weights_format)opts->export_format);
     if (s != GP_OK)
         return export_failed(r->cfg, opts, s, r->mp->step, r->saves.saved_step,
                              r->res->steps > r->first_step);

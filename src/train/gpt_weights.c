@@ -1,0 +1,552 @@
+/*
+ * gpt_weights.c — GPT-2's weight files as other programs write them, read
+ * by model.init_from and written by --export-format: Hugging Face's
+ * model.safetensors and llm.c's checkpoint (gpt2_124M.bin).
+ *
+ * gpipe's own names for a GPT-2 whose layers are named as Hugging Face's
+ * modules (docs/config.md): "transformer.wte.weight" (V, C),
+ * "transformer.wpe.weight" (maxT, C), per block i "transformer.h.i.ln_1.*",
+ * "transformer.h.i.attn.c_attn.*" (3C, C), "transformer.h.i.attn.c_proj.*"
+ * (C, C), "transformer.h.i.ln_2.*", "transformer.h.i.mlp.c_fc.*" (4C, C),
+ * "transformer.h.i.mlp.c_proj.*" (C, 4C), "transformer.ln_f.*", and an
+ * untied head's "lm_head.weight" (V, C).  Linear weights are (out, in).
+ *
+ * Hugging Face: the same names, with or without "transformer." (GPT2Model's
+ * state_dict has none, GPT2LMHeadModel's has it); c_attn, c_proj and c_fc
+ * are Conv1D modules whose weights are stored (in, out), transposed here;
+ * the attn.bias / attn.masked_bias buffers (the causal mask) are dropped;
+ * no lm_head.weight means the head is tied to wte (and one equal to wte's
+ * is dropped for a model whose head is tied).  Such a file is known
+ * by its h.0.attn.c_attn.weight of shape (C, 3C), where gpipe's is (3C, C).
+ *
+ * llm.c (train_gpt2.c's gpt2_build_from_checkpoint): 256 little-endian
+ * int32 (magic 20240326, version 3 = FP32 or 5 = BF16, maxT, V, L, NH, C,
+ * Vp), then 16 arrays, each over all L layers where it is per layer: wte
+ * (Vp, C) (the vocabulary padded to Vp with zero rows), wpe (maxT, C),
+ * ln1w ln1b (L, C), qkvw (L, 3C, C), qkvb (L, 3C), attprojw (L, C, C),
+ * attprojb (L, C), ln2w ln2b (L, C), fcw (L, 4C, C), fcb (L, 4C), fcprojw
+ * (L, C, 4C), fcprojb (L, C), lnfw lnfb (C).  Its weights are (out, in), as
+ * gpipe's; its head is always wte's.
+ *
+ * Reading converts into a gp_st_file with gpipe's names, which
+ * gp_snapshot_apply then checks against the model (missing, unexpected
+ * and mis-shaped names, NaN) as for any weights file.  Everything is on
+ * the host; the thread that drives the model calls these between steps.
+ */
+#include "train/snapshot.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LLMC_MAGIC 20240326
+#define LLMC_HEADER 256
+#define LLMC_PAD 128 /* llm.c pads the vocabulary to a multiple of 128 */
+#define TX "transformer."
+
+/* The four Conv1D weights of a block, by their name after "h.<i>.". */
+static bool conv1d_weight(const char *block_rest)
+{
+    return !strcmp(block_rest, "attn.c_attn.weight") || !strcmp(block_rest, "attn.c_proj.weight") ||
+           !strcmp(block_rest, "mlp.c_fc.weight") || !strcmp(block_rest, "mlp.c_proj.weight");
+}
+
+/* For a name without "transformer.": what follows "h.<i>." (NULL if it is
+ * not a block's tensor). */
+static const char *block_rest(const char *base)
+{
+    if (strncmp(base, "h.", 2)) return NULL;
+    const char *p = base + 2;
+    if (*p < '0' || *p > '9') return NULL;
+    while (*p >= '0' && *p <= '9') p++;
+    return *p == '.' ? p + 1 : NULL;
+}
+
+static const char *strip_tx(const char *name)
+{
+    return strncmp(name, TX, strlen(TX)) ? name : name + strlen(TX);
+}
+
+/* One value of t as a float (F32 or BF16, little-endian, maybe unaligned). */
+static float value_at(const gp_st_tensor *t, bool bf16, int64_t i)
+{
+    float v;
+    if (bf16) {
+        uint16_t h;
+        memcpy(&h, t->data + 2 * i, 2);
+        uint32_t u = (uint32_t)h << 16;
+        memcpy(&v, &u, 4);
+    } else {
+        memcpy(&v, t->data + 4 * i, 4);
+    }
+    return v;
+}
+
+static int64_t numel(int ndim, const int64_t *dims)
+{
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++) n *= dims[d];
+    return n;
+}
+
+/* Add tensor t of f as `name`, in FP32, transposed when `transpose` (2-D:
+ * (a, b) -> (b, a)). */
+static gp_status add_converted(gp_st_writer *w, const gp_st_file *f, const gp_st_tensor *t,
+                               const char *name, bool transpose)
+{
+    bool bf16 = !strcmp(t->dtype_name, "BF16");
+    if (t->dtype != GP_ST_F32 && !bf16)
+        return gp_error_set(GP_ERR_DATA, "%s: tensor '%s' is %s; GPT-2's weights are read as F32 "
+                            "or BF16: save them as float32 (model.float()) and try again",
+                            f->source, t->name, t->dtype_name);
+    if (transpose && t->ndim != 2)
+        return gp_error_set(GP_ERR_DATA, "%s: tensor '%s' has %d dimensions; a Conv1D weight is "
+                            "(in, out)", f->source, t->name, t->ndim);
+    int64_t dims[GP_ST_MAX_DIMS];
+    memcpy(dims, t->dims, sizeof dims);
+    if (transpose) dims[0] = t->dims[1], dims[1] = t->dims[0];
+    int64_t n = numel(t->ndim, t->dims);
+    float *out;
+    GP_TRY(gp_st_writer_slot(w, name, GP_ST_F32, t->ndim, dims, (size_t)n * sizeof(float),
+                             (void **)&out));
+    if (transpose) {
+        int64_t a = t->dims[0], b = t->dims[1];
+        for (int64_t r = 0; r < a; r++)
+            for (int64_t c = 0; c < b; c++) out[c * a + r] = value_at(t, bf16, r * b + c);
+    } else {
+        for (int64_t i = 0; i < n; i++) out[i] = value_at(t, bf16, i);
+    }
+    return GP_OK;
+}
+
+/* The file w holds, parsed into out (named `source` in its messages). */
+static gp_status writer_to_file(gp_st_writer *w, const char *source, gp_st_file *out)
+{
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    GP_TRY(gp_st_serialize(w, &buf, &len));
+    gp_status s = gp_st_parse(source, buf, len, out);
+    free(buf);
+    return s;
+}
+
+bool gp_gpt_is_hf(const gp_st_file *f)
+{
+    const gp_st_tensor *t = gp_st_find(f, "h.0.attn.c_attn.weight");
+    if (!t) t = gp_st_find(f, TX "h.0.attn.c_attn.weight");
+    return t && t->ndim == 2 && t->dims[1] == 3 * t->dims[0];
+}
+
+/* Whether lm_head.weight t of f is wte's bits, for a model whose head has
+ * no weight of its own (tied): a state_dict saved whole holds it twice. */
+static bool tied_copy(const gp_model *m, const gp_st_file *f, const gp_st_tensor *t)
+{
+    const gp_st_tensor *wte = gp_st_find(f, "wte.weight");
+    if (!wte) wte = gp_st_find(f, TX "wte.weight");
+    return !gp_snapshot_model_has(m, "lm_head.weight", NULL, NULL) && wte && wte->data &&
+           t->data && t->end - t->begin == wte->end - wte->begin &&
+           !strcmp(t->dtype_name, wte->dtype_name) &&
+           !memcmp(t->data, wte->data, (size_t)(t->end - t->begin));
+}
+
+/* A Conv1D weight t, (in, out), against the model's `name`, (out, in):
+ * a mismatch named in the file's own layout (gp_snapshot_apply would name
+ * the transposed shape). */
+static gp_status conv1d_fits(const gp_model *m, const gp_st_file *f, const gp_st_tensor *t,
+                             const char *name)
+{
+    int nd = 0;
+    int64_t d[GP_ST_MAX_DIMS] = {0};
+    if (!gp_snapshot_model_has(m, name, &nd, d) || nd != 2 || t->ndim != 2 ||
+        (t->dims[0] == d[1] && t->dims[1] == d[0]))
+        return GP_OK; /* (a missing or other tensor: gp_snapshot_apply lists it) */
+    return gp_error_set(GP_ERR_INVALID, "%s: tensor '%s' is (%lld, %lld), a Conv1D weight (in, "
+                        "out), but this model's %s takes (in %lld, out %lld): the file is of "
+                        "another GPT-2 size; set the model's dimensions to the file's", f->source,
+                        t->name, (long long)t->dims[0], (long long)t->dims[1], name,
+                        (long long)d[1], (long long)d[0]);
+}
+
+/* A Hugging Face GPT-2 file f as gpipe's names and layouts, into out. */
+static gp_status from_hf(const gp_model *m, const gp_st_file *f, gp_st_file *out)
+{
+    gp_st_writer w = {0};
+    gp_status s = GP_OK;
+    const gp_st_tensor *wte = NULL;
+    bool head = false;
+    char name[300];
+    for (int i = 0; i < f->n && s == GP_OK; i++) {
+        const gp_st_tensor *t = &f->tensors[i];
+        const char *base = strip_tx(t->name), *rest = block_rest(base);
+        if (rest && (!strcmp(rest, "attn.bias") || !strcmp(rest, "attn.masked_bias")))
+            continue; /* the causal mask, a buffer: the attention layer is causal */
+        if (!strcmp(base, "lm_head.weight")) {
+            head = true;
+            if (tied_copy(m, f, t)) continue; /* a tied head written out: it is wte */
+            snprintf(name, sizeof name, "lm_head.weight");
+        } else {
+            snprintf(name, sizeof name, TX "%s", base);
+        }
+        if (!strcmp(base, "wte.weight")) wte = t;
+        bool conv = rest && conv1d_weight(rest);
+        if (conv) s = conv1d_fits(m, f, t, name);
+        if (s == GP_OK) s = add_converted(&w, f, t, name, conv);
+    }
+    /* no lm_head.weight: tied to wte (save_pretrained leaves it out) */
+    if (s == GP_OK && !head && wte && gp_snapshot_model_has(m, "lm_head.weight", NULL, NULL))
+        s = add_converted(&w, f, wte, "lm_head.weight", false);
+    if (s == GP_OK) s = writer_to_file(&w, f->source, out);
+    gp_st_writer_free(&w);
+    return s;
+}
+
+static int32_t le32(const uint8_t *b)
+{
+    return (int32_t)((uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
+                     (uint32_t)b[3] << 24);
+}
+
+typedef struct llmc_dims {
+    int64_t maxT, V, L, NH, C, Vp;
+} llmc_dims;
+
+/* The 16 arrays of llm.c's checkpoint, in its order: gpipe's name (with
+ * %d for the block; NULL for wte, taken apart), per block or not, and the
+ * shape of one block's (or the whole) array. */
+typedef struct llmc_array {
+    const char *name;
+    bool per_block;
+    int64_t rows, cols; /* cols 0: 1-D */
+} llmc_array;
+
+static int llmc_arrays(const llmc_dims *d, llmc_array a[16])
+{
+    int64_t C = d->C;
+    const llmc_array t[16] = {
+        {NULL, false, d->Vp, C},
+        {TX "wpe.weight", false, d->maxT, C},
+        {TX "h.%d.ln_1.weight", true, C, 0},
+        {TX "h.%d.ln_1.bias", true, C, 0},
+        {TX "h.%d.attn.c_attn.weight", true, 3 * C, C},
+        {TX "h.%d.attn.c_attn.bias", true, 3 * C, 0},
+        {TX "h.%d.attn.c_proj.weight", true, C, C},
+        {TX "h.%d.attn.c_proj.bias", true, C, 0},
+        {TX "h.%d.ln_2.weight", true, C, 0},
+        {TX "h.%d.ln_2.bias", true, C, 0},
+        {TX "h.%d.mlp.c_fc.weight", true, 4 * C, C},
+        {TX "h.%d.mlp.c_fc.bias", true, 4 * C, 0},
+        {TX "h.%d.mlp.c_proj.weight", true, C, 4 * C},
+        {TX "h.%d.mlp.c_proj.bias", true, C, 0},
+        {TX "ln_f.weight", false, C, 0},
+        {TX "ln_f.bias", false, C, 0},
+    };
+    memcpy(a, t, sizeof t);
+    return 16;
+}
+
+static int64_t array_numel(const llmc_array *a) { return a->rows * (a->cols ? a->cols : 1); }
+
+/* The heads of m's attention layers: NH, or -1 where they differ or
+ * there are none. */
+static int64_t model_heads(const gp_model *m)
+{
+    int64_t h = -1;
+    for (int k = 0; k < m->n_layers; k++) {
+        if (m->layers[k].spec.type != GP_LAYER_ATTENTION) continue;
+        if (h >= 0 && h != m->layers[k].spec.heads) return -1;
+        h = m->layers[k].spec.heads;
+    }
+    return h;
+}
+
+/* wte's first `rows` rows of the llm.c array at p as tensor `name`. */
+static gp_status add_llmc(gp_st_writer *w, const char *name, const uint8_t *p, bool bf16, int ndim,
+                          const int64_t *dims)
+{
+    gp_st_tensor t = {.dtype = bf16 ? GP_ST_OTHER : GP_ST_F32, .ndim = ndim, .data = p};
+    snprintf(t.dtype_name, sizeof t.dtype_name, "%s", bf16 ? "BF16" : "F32");
+    memcpy(t.dims, dims, (size_t)ndim * sizeof *dims);
+    t.name = (char *)name;
+    gp_st_file f = {0};
+    snprintf(f.source, sizeof f.source, "llm.c");
+    return add_converted(w, &f, &t, name, false);
+}
+
+/* An llm.c checkpoint (its bytes in buf) as gpipe's names, into out. */
+static gp_status from_llmc(const gp_model *m, const char *path, const uint8_t *buf, size_t len,
+                           gp_st_file *out)
+{
+    const char *what = "an llm.c GPT-2 checkpoint (train_gpt2.py's write_model)";
+    if (len < 4 * LLMC_HEADER)
+        return gp_error_set(GP_ERR_DATA, "%s: %zu bytes, shorter than the 1024-byte header of %s",
+                            path, len, what);
+    int32_t version = le32(buf + 4);
+    if (version != 3 && version != 5)
+        return gp_error_set(GP_ERR_DATA, "%s: version %d; %s is version 3 (FP32) or 5 (BF16): "
+                            "write it again with llm.c's train_gpt2.py", path, version, what);
+    llmc_dims d = {le32(buf + 8), le32(buf + 12), le32(buf + 16), le32(buf + 20),
+                   le32(buf + 24), le32(buf + 28)};
+    if (d.maxT < 1 || d.V < 1 || d.L < 1 || d.NH < 1 || d.C < 1 || d.Vp < d.V || d.C % d.NH)
+        return gp_error_set(GP_ERR_DATA, "%s: header maxT %lld, V %lld, L %lld, NH %lld, C %lld, "
+                            "Vp %lld: each must be >= 1, Vp >= V and NH must divide C; the file "
+                            "is damaged or not %s", path, (long long)d.maxT, (long long)d.V,
+                            (long long)d.L, (long long)d.NH, (long long)d.C, (long long)d.Vp,
+                            what);
+    llmc_array a[16];
+    int na = llmc_arrays(&d, a);
+    size_t esz = version == 3 ? 4 : 2;
+    int64_t total = 0;
+    for (int q = 0; q < na; q++) total += array_numel(&a[q]) * (a[q].per_block ? d.L : 1);
+    size_t want = 4 * LLMC_HEADER + (size_t)total * esz;
+    if (len != want)
+        return gp_error_set(GP_ERR_DATA, "%s: %zu bytes, but its header (L %lld, C %lld, V %lld "
+                            "padded to %lld, maxT %lld, %s) makes %zu: the file is cut short or "
+                            "damaged; download or write it again", path, len, (long long)d.L,
+                            (long long)d.C, (long long)d.V, (long long)d.Vp, (long long)d.maxT,
+                            esz == 4 ? "FP32" : "BF16", want);
+    int64_t heads = model_heads(m);
+    if (heads > 0 && heads != d.NH)
+        return gp_error_set(GP_ERR_INVALID, "%s: the checkpoint's model has %lld heads, this "
+                            "model's attention layers %lld: set heads to %lld", path,
+                            (long long)d.NH, (long long)heads, (long long)d.NH);
+    /* wte: the model's rows (V, or the padded Vp), V when it has none */
+    int ndim = 0;
+    int64_t mdims[GP_ST_MAX_DIMS] = {0}, rows = d.V;
+    if (gp_snapshot_model_has(m, TX "wte.weight", &ndim, mdims) && ndim == 2 &&
+        (mdims[0] == d.V || mdims[0] == d.Vp))
+        rows = mdims[0];
+    gp_st_writer w = {0};
+    gp_status s = GP_OK;
+    const uint8_t *p = buf + 4 * LLMC_HEADER, *wte = p;
+    char name[300];
+    for (int q = 0; q < na && s == GP_OK; q++) {
+        int64_t dims[2] = {a[q].rows, a[q].cols}, n = array_numel(&a[q]);
+        int nd = a[q].cols ? 2 : 1;
+        if (!a[q].name) { /* wte */
+            dims[0] = rows;
+            s = add_llmc(&w, TX "wte.weight", p, esz == 2, 2, dims);
+            p += (size_t)n * esz;
+            continue;
+        }
+        for (int64_t b = 0; b < (a[q].per_block ? d.L : 1) && s == GP_OK; b++) {
+            snprintf(name, sizeof name, a[q].name, (int)b);
+            s = add_llmc(&w, name, p, esz == 2, nd, dims);
+            p += (size_t)n * esz;
+        }
+    }
+    if (s == GP_OK && gp_snapshot_model_has(m, "lm_head.weight", NULL, NULL)) {
+        int64_t dims[2] = {rows, d.C}; /* llm.c's head is wte */
+        s = add_llmc(&w, "lm_head.weight", wte, esz == 2, 2, dims);
+    }
+    if (s == GP_OK) s = writer_to_file(&w, path, out);
+    gp_st_writer_free(&w);
+    return s;
+}
+
+/* The whole file at path, malloc'd. */
+static gp_status read_all(const char *path, uint8_t **buf, size_t *len)
+{
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return gp_error_set(GP_ERR_IO, "cannot open '%s': %s; check the path", path,
+                            strerror(errno));
+    gp_status s = GP_OK;
+    long n = -1;
+    if (fseek(fp, 0, SEEK_END) == 0) n = ftell(fp);
+    if (n < 0 || fseek(fp, 0, SEEK_SET) != 0) {
+        s = gp_error_set(GP_ERR_IO, "cannot read '%s': not a regular file", path);
+    } else if (!(*buf = malloc((size_t)n + 1))) {
+        s = gp_error_set(GP_ERR_OOM, "out of host memory reading '%s' (%ld bytes)", path, n);
+    } else if (fread(*buf, 1, (size_t)n, fp) != (size_t)n) {
+        s = gp_error_set(GP_ERR_IO, "cannot read '%s': %s", path, strerror(errno));
+        free(*buf);
+    }
+    fclose(fp);
+    *len = (size_t)n;
+    return s;
+}
+
+bool gp_gpt_is_llmc(const char *path)
+{
+    FILE *fp = fopen(path, "rb");
+    uint8_t b[4];
+    bool yes = fp && fread(b, 1, 4, fp) == 4 && le32(b) == LLMC_MAGIC;
+    if (fp) fclose(fp);
+    return yes;
+}
+
+gp_status gp_gpt_read(const gp_model *m, const char *path, gp_st_file *f, bool *converted)
+{
+    *converted = false;
+    memset(f, 0, sizeof *f); /* what the caller frees, whatever fails */
+    if (gp_gpt_is_llmc(path)) {
+        uint8_t *buf = NULL;
+        size_t len = 0;
+        GP_TRY(read_all(path, &buf, &len));
+        gp_status s = from_llmc(m, path, buf, len, f);
+        free(buf);
+        *converted = s == GP_OK;
+        return s;
+    }
+    GP_TRY(gp_st_read(path, f));
+    if (!gp_gpt_is_hf(f)) return GP_OK;
+    gp_st_file g = {0};
+    gp_status s = gp_st_verify(f, false); /* gpipe's hf export carries a CRC */
+    if (s == GP_OK) s = from_hf(m, f, &g);
+    gp_st_free(f);
+    memset(f, 0, sizeof *f);
+    if (s != GP_OK) return s;
+    *f = g;
+    *converted = true;
+    return GP_OK;
+}
+
+/* ---- export -------------------------------------------------------------- */
+
+/* t of g, which must be there (F32), for an export to `fmt`. */
+static gp_status need(const gp_st_file *g, const char *name, const char *fmt, int ndim,
+                      const gp_st_tensor **t)
+{
+    *t = gp_st_find(g, name);
+    if (!*t || (*t)->dtype != GP_ST_F32 || (*t)->ndim != ndim)
+        return gp_error_set(GP_ERR_INVALID, "%s needs a GPT-2 whose layers are named as Hugging "
+                            "Face's modules (docs/config.md, \"GPT-2's weights\"), but this model "
+                            "has no %d-D tensor '%s'", fmt, ndim, name);
+    return GP_OK;
+}
+
+static gp_status export_hf(const gp_st_file *g, const char *path)
+{
+    const char *fmt = "--export-format hf";
+    const gp_st_tensor *t;
+    GP_TRY(need(g, TX "h.0.attn.c_attn.weight", fmt, 2, &t));
+    gp_st_writer w = {0};
+    gp_status s = gp_st_writer_meta(&w, "format", "pt");
+    for (int i = 0; i < g->n && s == GP_OK; i++) {
+        t = &g->tensors[i];
+        const char *rest = block_rest(strip_tx(t->name));
+        if (strncmp(t->name, TX, strlen(TX)) && strcmp(t->name, "lm_head.weight"))
+            s = gp_error_set(GP_ERR_INVALID, "%s: tensor '%s' is not one of GPT-2's (they are "
+                             "transformer.* and lm_head.weight); name the layers as Hugging "
+                             "Face's modules, or export with --export-format gpipe", fmt, t->name);
+        else
+            s = add_converted(&w, g, t, t->name, rest && conv1d_weight(rest));
+    }
+    if (s == GP_OK) s = gp_st_write_atomic(&w, path);
+    gp_st_writer_free(&w);
+    return s;
+}
+
+static gp_status write_f32(FILE *fp, const float *v, int64_t n)
+{
+    return fwrite(v, sizeof *v, (size_t)n, fp) == (size_t)n ? GP_OK : GP_ERR_IO;
+}
+
+static gp_status export_llmc(const gp_model *m, const gp_st_file *g, const char *path)
+{
+    const char *fmt = "--export-format llmc";
+    const gp_st_tensor *wte, *wpe, *t;
+    GP_TRY(need(g, TX "wte.weight", fmt, 2, &wte));
+    GP_TRY(need(g, TX "wpe.weight", fmt, 2, &wpe));
+    llmc_dims d = {.maxT = wpe->dims[0], .V = wte->dims[0], .C = wte->dims[1],
+                   .NH = model_heads(m)};
+    d.Vp = (d.V + LLMC_PAD - 1) / LLMC_PAD * LLMC_PAD;
+    char name[300];
+    for (d.L = 0;; d.L++) {
+        snprintf(name, sizeof name, TX "h.%lld.ln_1.weight", (long long)d.L);
+        if (!gp_st_find(g, name)) break;
+    }
+    if (d.L < 1 || d.NH < 1)
+        return gp_error_set(GP_ERR_INVALID, "%s needs a GPT-2 (blocks named transformer.h.<i>, "
+                            "attention layers with one number of heads); this model has %lld "
+                            "blocks and %s", fmt, (long long)d.L,
+                            d.NH < 1 ? "no single number of heads" : "them");
+    const gp_st_tensor *head = gp_st_find(g, "lm_head.weight");
+    if (head && (head->end - head->begin != wte->end - wte->begin ||
+                 memcmp(head->data, wte->data, (size_t)(wte->end - wte->begin))))
+        return gp_error_set(GP_ERR_INVALID, "%s: llm.c's checkpoint has no head of its own "
+                            "(GPT-2's is tied to wte), but this model's lm_head.weight differs "
+                            "from transformer.wte.weight; tie them (tie: transformer) or "
+                            "export with --export-format hf", fmt);
+    if (wpe->dims[1] != d.C)
+        return gp_error_set(GP_ERR_INVALID, "%s: wpe is %lld wide, wte %lld", fmt,
+                            (long long)wpe->dims[1], (long long)d.C);
+    llmc_array a[16];
+    int na = llmc_arrays(&d, a);
+    /* every array is there, with its shape, before anything is written */
+    for (int q = 1; q < na; q++)
+        for (int64_t b = 0; b < (a[q].per_block ? d.L : 1); b++) {
+            snprintf(name, sizeof name, a[q].name, (int)b);
+            GP_TRY(need(g, name, fmt, a[q].cols ? 2 : 1, &t));
+            if (t->dims[0] != a[q].rows || (a[q].cols && t->dims[1] != a[q].cols))
+                return gp_error_set(GP_ERR_INVALID, "%s: '%s' is not the shape of GPT-2's (C = "
+                                    "%lld: (%lld%s%lld)); the model is not a GPT-2", fmt, name,
+                                    (long long)d.C, (long long)a[q].rows, a[q].cols ? ", " : "",
+                                    (long long)a[q].cols);
+        }
+    int32_t hdr[LLMC_HEADER] = {LLMC_MAGIC, 3, (int32_t)d.maxT, (int32_t)d.V, (int32_t)d.L,
+                                (int32_t)d.NH, (int32_t)d.C, (int32_t)d.Vp};
+    gp_atomic_file af;
+    GP_TRY(gp_atomic_open(path, &af));
+    gp_status s = fwrite(hdr, sizeof hdr, 1, af.f) == 1 ? GP_OK : GP_ERR_IO;
+    if (s == GP_OK) s = write_f32(af.f, (const float *)wte->data, d.V * d.C);
+    for (int64_t r = d.V; r < d.Vp && s == GP_OK; r++) { /* the padding rows: zeros */
+        static const float zero[1] = {0};
+        for (int64_t c = 0; c < d.C && s == GP_OK; c++) s = write_f32(af.f, zero, 1);
+    }
+    for (int q = 1; q < na && s == GP_OK; q++)
+        for (int64_t b = 0; b < (a[q].per_block ? d.L : 1) && s == GP_OK; b++) {
+            snprintf(name, sizeof name, a[q].name, (int)b);
+            t = gp_st_find(g, name);
+            s = write_f32(af.f, (const float *)t->data, array_numel(&a[q]));
+        }
+    return gp_atomic_commit(&af, s == GP_OK ? 0 : EIO);
+}
+
+gp_status gp_gpt_export_check(const gp_model *m, gp_weights_format fmt, bool trains)
+{
+    if (fmt == GP_WEIGHTS_GPIPE) return GP_OK;
+    const char *f = fmt == GP_WEIGHTS_HF ? "--export-format hf" : "--export-format llmc";
+    const char *names[3] = {TX "wte.weight", TX "wpe.weight", TX "h.0.attn.c_attn.weight"};
+    for (int q = 0; q < 3; q++)
+        if (!gp_snapshot_model_has(m, names[q], NULL, NULL))
+            return gp_error_set(GP_ERR_INVALID, "%s needs a GPT-2 whose layers are named as "
+                                "Hugging Face's modules (docs/config.md, \"GPT-2's weights\"), "
+                                "but this model has no tensor '%s'", f, names[q]);
+    for (int k = 0; k < m->n_layers; k++) {
+        const char *ln = m->layers[k].spec.name;
+        if (m->layers[k].n_params > 0 && strncmp(ln, TX, strlen(TX)) && strcmp(ln, "lm_head") &&
+            strcmp(ln, "transformer"))
+            return gp_error_set(GP_ERR_INVALID, "%s: layer %d '%s' has parameters but is not "
+                                "one of GPT-2's modules (transformer.*, lm_head); the file "
+                                "could not hold it: export with --export-format gpipe", f, k, ln);
+    }
+    if (fmt == GP_WEIGHTS_LLMC && model_heads(m) < 1)
+        return gp_error_set(GP_ERR_INVALID, "%s: llm.c's header holds one number of heads, and "
+                            "this model's attention layers have none or several", f);
+    if (fmt == GP_WEIGHTS_LLMC && trains && gp_snapshot_model_has(m, "lm_head.weight", NULL, NULL))
+        return gp_error_set(GP_ERR_INVALID, "%s: llm.c's checkpoint has no head of its own "
+                            "(GPT-2's is tied to wte), and this model's lm_head has a weight of "
+                            "its own that training would make differ from wte's; tie it (tie: "
+                            "transformer) or use --export-format hf", f);
+    return GP_OK;
+}
+
+gp_status gp_gpt_export(gp_model *m, const gp_config *cfg, const char *path,
+                        gp_weights_format fmt)
+{
+    if (fmt == GP_WEIGHTS_GPIPE) return gp_snapshot_export(m, cfg, path);
+    /* processes: every other rank sends its tensors to rank 0 */
+    if (m->local_device >= 0 && gp_procs_rank() != 0)
+        return gp_snapshot_collect(m, cfg, NULL, NULL);
+    gp_st_writer w = {0};
+    gp_st_file g = {0};
+    gp_status s = gp_snapshot_collect(m, cfg, NULL, &w);
+    if (s == GP_OK) s = writer_to_file(&w, path, &g);
+    gp_st_writer_free(&w);
+    if (s == GP_OK) s = fmt == GP_WEIGHTS_HF ? export_hf(&g, path) : export_llmc(m, &g, path);
+    gp_st_free(&g);
+    if (s != GP_OK) gp_error_wrap(s, "exporting weights to %s", path);
+    return s;
+}

@@ -1,0 +1,361 @@
+/*
+ * gpipe-sample — text from a language model: the model of a config, with
+ * the weights of a snapshot (--resume) or of a weights file (--weights:
+ * gpipe's, Hugging Face's GPT-2 or llm.c's, as model.init_from reads
+ * them), continues a prompt one token at a time, on the config's devices
+ * and stages (gp_run_predict: a forward pass through the pipeline as
+ * evaluation runs it).
+ *
+ * Each new token is drawn from the last position's logits divided by the
+ * temperature, cut to the top k, through a softmax in double; temperature
+ * 0 takes the most likely token (the lowest id among equals).  The draws
+ * come from a splitmix64 stream seeded with --seed, so the same command
+ * prints the same text.  The context is the last T tokens (model.input
+ * [T]); a shorter one is padded after its end with id 0, which causal
+ * attention keeps from the positions before it.  No cache: every token
+ * is a forward pass over T positions, which is what a small model needs.
+ *
+ * Tokens: byte-level (a vocabulary of 256: the prompt's bytes, the output
+ * printed as bytes) by default there; otherwise --prompt-ids and ids out,
+ * and --out writes the tokens as an llm.c token file for
+ * scripts/tokenize_text.py decode (GPT-2's BPE where tiktoken's encoding
+ * file is on the machine).
+ */
+#include "core/core.h"
+#include "gpipe.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+#define MAX_SETS 64
+
+static void usage(FILE *f)
+{
+    fputs("usage: gpipe-sample CONFIG.yaml [options]\n"
+          "Continue a prompt with the config's language model (model.input [T], an output\n"
+          "(T, vocabulary)), through its pipeline.\n"
+          "  --resume SNAPSHOT   the weights of a snapshot (train.snapshot writes them)\n"
+          "  --weights FILE      a weights file instead (model.init_from: gpipe's, Hugging\n"
+          "                      Face's GPT-2 model.safetensors or llm.c's gpt2_124M.bin)\n"
+          "                      without either: the config's model.init_from, or fresh\n"
+          "  --prompt TEXT       the prompt's bytes (byte-level models: vocabulary 256)\n"
+          "  --prompt-ids I,J,.. the prompt as token ids (any vocabulary)\n"
+          "  --tokens N          tokens to generate (default 64)\n"
+          "  --temperature X     >= 0 (default 1); 0 = always the most likely token\n"
+          "  --top-k K           draw among the K most likely only (default 0: all)\n"
+          "  --seed S            the draws' seed (default 1): the same seed, the same text\n"
+          "  --samples N         continuations, side by side in one batch (default 1)\n"
+          "  --ids               print token ids, not bytes\n"
+          "  --out FILE.bin      also write prompt + continuation as an llm.c token file\n"
+          "                      (scripts/tokenize_text.py decode FILE.bin prints it)\n"
+          "  --set KEY=VALUE     override a config value (repeatable)\n"
+          "  -q, --quiet         only errors\n"
+          "  -h, --help          this text\n",
+          f);
+}
+
+typedef struct sample_opts {
+    const char *config, *resume, *weights, *prompt, *prompt_ids, *out;
+    const char *sets[MAX_SETS + 1];
+    int n_sets;
+    int64_t tokens, top_k, samples;
+    double temperature;
+    uint64_t seed;
+    int ids, quiet;
+} sample_opts;
+
+static uint64_t splitmix64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* A number from "--opt VALUE" in [lo, hi]; false (said) otherwise. */
+static bool parse_num(const char *opt, const char *v, double lo, double hi, double *out)
+{
+    char *end;
+    double x = strtod(v, &end);
+    if (end == v || *end || !(x >= lo && x <= hi)) {
+        fprintf(stderr, "gpipe-sample: %s '%s': expected a number in [%g, %g]\n", opt, v, lo,
+                hi);
+        return false;
+    }
+    *out = x;
+    return true;
+}
+
+static int parse_args(int argc, char **argv, sample_opts *o)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return EXIT_OK + 100;
+        }
+        if (!strcmp(a, "--ids")) { o->ids = 1; continue; }
+        if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) { o->quiet = 1; continue; }
+        if (a[0] != '-') {
+            if (o->config) {
+                fprintf(stderr, "gpipe-sample: a second config '%s' (after '%s'); see --help\n",
+                        a, o->config);
+                return EXIT_USAGE;
+            }
+            o->config = a;
+            continue;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "gpipe-sample: %s needs a value; see --help\n", a);
+            return EXIT_USAGE;
+        }
+        const char *v = argv[++i];
+        double x = 0;
+        bool ok = true;
+        if (!strcmp(a, "--resume")) o->resume = v;
+        else if (!strcmp(a, "--weights")) o->weights = v;
+        else if (!strcmp(a, "--prompt")) o->prompt = v;
+        else if (!strcmp(a, "--prompt-ids")) o->prompt_ids = v;
+        else if (!strcmp(a, "--out")) o->out = v;
+        else if (!strcmp(a, "--set")) {
+            if (o->n_sets == MAX_SETS) {
+                fprintf(stderr, "gpipe-sample: more than %d --set\n", MAX_SETS);
+                return EXIT_USAGE;
+            }
+            o->sets[o->n_sets++] = v;
+        } else if (!strcmp(a, "--tokens")) {
+            if ((ok = parse_num(a, v, 1, 1e7, &x))) o->tokens = (int64_t)x;
+        } else if (!strcmp(a, "--top-k")) {
+            if ((ok = parse_num(a, v, 0, 1e9, &x))) o->top_k = (int64_t)x;
+        } else if (!strcmp(a, "--samples")) {
+            if ((ok = parse_num(a, v, 1, 4096, &x))) o->samples = (int64_t)x;
+        } else if (!strcmp(a, "--seed")) {
+            if ((ok = parse_num(a, v, 0, 9e15, &x))) o->seed = (uint64_t)x;
+        } else if (!strcmp(a, "--temperature")) {
+            if ((ok = parse_num(a, v, 0, 1e6, &x))) o->temperature = x;
+        } else {
+            fprintf(stderr, "gpipe-sample: unknown option '%s'; see --help\n", a);
+            return EXIT_USAGE;
+        }
+        if (!ok) return EXIT_USAGE;
+    }
+    if (!o->config) {
+        fputs("gpipe-sample: give the model's CONFIG.yaml; see --help\n", stderr);
+        return EXIT_USAGE;
+    }
+    if (o->resume && o->weights) {
+        fputs("gpipe-sample: --resume and --weights both give the weights: give one\n", stderr);
+        return EXIT_USAGE;
+    }
+    if (!o->prompt == !o->prompt_ids) {
+        fputs(o->prompt ? "gpipe-sample: --prompt and --prompt-ids both give the prompt: give "
+                          "one\n"
+                        : "gpipe-sample: give the prompt: --prompt TEXT or --prompt-ids I,J,...\n",
+              stderr);
+        return EXIT_USAGE;
+    }
+    return EXIT_OK;
+}
+
+/* The prompt's ids into ids (room for cap), *n of them; vocab checks them. */
+static int prompt_tokens(const sample_opts *o, int64_t vocab, int64_t *ids, int64_t cap,
+                         int64_t *n)
+{
+    *n = 0;
+    if (o->prompt) {
+        if (vocab != 256) {
+            fprintf(stderr, "gpipe-sample: --prompt gives bytes, for a byte-level model "
+                    "(vocabulary 256); this model's vocabulary is %lld: give --prompt-ids "
+                    "(scripts/tokenize_text.py encode makes ids from text)\n", (long long)vocab);
+            return EXIT_USAGE;
+        }
+        for (const unsigned char *p = (const unsigned char *)o->prompt; *p && *n < cap; p++)
+            ids[(*n)++] = *p;
+    } else {
+        for (const char *p = o->prompt_ids; *p && *n < cap;) {
+            char *end;
+            long long v = strtoll(p, &end, 10);
+            if (end == p || v < 0 || v >= vocab || (*end && *end != ',')) {
+                fprintf(stderr, "gpipe-sample: --prompt-ids '%s': expected ids in [0, %lld) "
+                        "separated by commas\n", o->prompt_ids, (long long)vocab);
+                return EXIT_USAGE;
+            }
+            ids[(*n)++] = v;
+            p = *end ? end + 1 : end;
+        }
+    }
+    if (*n == 0) {
+        fputs("gpipe-sample: the prompt is empty; give at least one token\n", stderr);
+        return EXIT_USAGE;
+    }
+    return EXIT_OK;
+}
+
+/* One token from logits (V) by temperature and top-k; idx is scratch (V). */
+static int64_t draw(const float *logits, int64_t V, const sample_opts *o, uint64_t *rng,
+                    int64_t *idx, double *p)
+{
+    int64_t best = 0;
+    for (int64_t v = 1; v < V; v++)
+        if (logits[v] > logits[best]) best = v;
+    if (o->temperature == 0 || o->top_k == 1) return best;
+    /* the top k: a threshold, the k-th largest (ties kept in id order) */
+    int64_t k = o->top_k > 0 && o->top_k < V ? o->top_k : V, n = 0;
+    for (int64_t v = 0; v < V; v++) idx[v] = v;
+    for (int64_t i = 0; i < k; i++) { /* partial selection: the k largest to the front */
+        int64_t m = i;
+        for (int64_t j = i + 1; j < V; j++)
+            if (logits[idx[j]] > logits[idx[m]]) m = j;
+        int64_t t = idx[i];
+        idx[i] = idx[m];
+        idx[m] = t;
+    }
+    double mx = logits[best], sum = 0;
+    for (n = 0; n < k; n++) sum += p[n] = exp(((double)logits[idx[n]] - mx) / o->temperature);
+    double u = (double)(splitmix64(rng) >> 11) * 0x1.0p-53 * sum, c = 0;
+    for (int64_t i = 0; i < k; i++) {
+        c += p[i];
+        if (u < c) return idx[i];
+    }
+    return idx[k - 1];
+}
+
+static int write_tokens(const char *path, const int64_t *ids, int64_t n)
+{
+    FILE *f = fopen(path, "wb");
+    int32_t hdr[256] = {20240520, 1, (int32_t)n};
+    bool ok = f && fwrite(hdr, sizeof hdr, 1, f) == 1;
+    for (int64_t i = 0; ok && i < n; i++) {
+        uint16_t t = (uint16_t)ids[i];
+        ok = fwrite(&t, 2, 1, f) == 1;
+    }
+    if (f && fclose(f) != 0) ok = false;
+    if (!ok) fprintf(stderr, "gpipe-sample: cannot write '%s'; check the path\n", path);
+    return ok ? EXIT_OK : EXIT_RUNTIME;
+}
+
+typedef struct sampler {
+    gp_run *run;
+    int64_t T, V, S;
+    int64_t *ids; /* (S, len + tokens) */
+    int64_t len, cap;
+    float *x, *y; /* (S, T) inputs, (S, T, V) logits */
+    int64_t *idx;
+    double *p;
+} sampler;
+
+/* Tokens len .. cap-1 of every sample, one forward pass each. */
+static gp_status generate(sampler *s, const sample_opts *o)
+{
+    uint64_t rng = o->seed;
+    for (; s->len < s->cap; s->len++) {
+        int64_t w0 = s->len > s->T ? s->len - s->T : 0, w = s->len - w0;
+        for (int64_t q = 0; q < s->S; q++)
+            for (int64_t t = 0; t < s->T; t++)
+                s->x[q * s->T + t] = t < w ? (float)s->ids[q * s->cap + w0 + t] : 0.0f;
+        GP_TRY(gp_run_predict(s->run, s->x, s->S, s->y));
+        for (int64_t q = 0; q < s->S; q++)
+            s->ids[q * s->cap + s->len] =
+                draw(s->y + (q * s->T + w - 1) * s->V, s->V, o, &rng, s->idx, s->p);
+    }
+    return GP_OK;
+}
+
+static void print_samples(const sampler *s, const sample_opts *o, int64_t n_prompt)
+{
+    for (int64_t q = 0; q < s->S; q++) {
+        if (s->S > 1) printf("%s--- sample %lld ---\n", q ? "\n" : "", (long long)q);
+        for (int64_t i = 0; i < s->cap; i++) {
+            int64_t t = s->ids[q * s->cap + i];
+            if (o->ids || s->V != 256) printf("%s%lld", i ? (i == n_prompt ? " | " : " ") : "",
+                                             (long long)t);
+            else putchar((int)t);
+        }
+        putchar('\n');
+    }
+}
+
+static int run_sampler(const sample_opts *o)
+{
+    const char *sets[MAX_SETS + 2];
+    char init[1100];
+    int n = 0;
+    for (int i = 0; i < o->n_sets; i++) sets[n++] = o->sets[i];
+    if (o->weights) {
+        snprintf(init, sizeof init, "model.init_from=%s", o->weights);
+        sets[n++] = init;
+    }
+    if (o->quiet) gp_set_log_level("warn");
+    sampler s = {0};
+    gp_status st = gp_run_load(o->config, sets, n, &s.run);
+    gp_run_info info;
+    if (st == GP_OK) st = gp_run_prepare(s.run);
+    if (st == GP_OK && o->resume) st = gp_run_restore(s.run, o->resume);
+    if (st == GP_OK) st = gp_run_describe(s.run, &info);
+    if (st != GP_OK) {
+        fprintf(stderr, "gpipe-sample: %s\n", gp_last_error());
+        gp_run_free(s.run);
+        return gp_status_exit_code(st);
+    }
+    s.T = info.input_numel;
+    s.V = info.target_numel == s.T && s.T > 0 ? info.output_numel / s.T : 0;
+    if (info.input[1] != 1 || info.input[2] != 1 || s.V < 1 ||
+        info.output_numel != s.T * s.V) {
+        fprintf(stderr, "gpipe-sample: %s is not a language model: it needs model.input [T] "
+                "and an output (T, vocabulary) with a target per position\n", o->config);
+        gp_run_free(s.run);
+        return EXIT_USAGE;
+    }
+    s.S = o->samples;
+    int64_t room = (int64_t)strlen(o->prompt ? o->prompt : o->prompt_ids) + 1, np = 0;
+    int64_t *prompt = malloc((size_t)room * sizeof *prompt);
+    int code = prompt ? prompt_tokens(o, s.V, prompt, room, &np) : EXIT_RUNTIME;
+    s.len = np;
+    s.cap = np + o->tokens;
+    s.ids = calloc((size_t)(s.S * s.cap), sizeof *s.ids);
+    s.x = malloc((size_t)(s.S * s.T) * sizeof *s.x);
+    s.y = malloc((size_t)(s.S * s.T * s.V) * sizeof *s.y);
+    s.idx = malloc((size_t)s.V * sizeof *s.idx);
+    s.p = malloc((size_t)s.V * sizeof *s.p);
+    if (code == EXIT_OK && !(s.ids && s.x && s.y && s.idx && s.p)) {
+        fputs("gpipe-sample: out of host memory\n", stderr);
+        code = EXIT_RUNTIME;
+    }
+    if (code == EXIT_OK) {
+        for (int64_t q = 0; q < s.S; q++)
+            memcpy(s.ids + q * s.cap, prompt, (size_t)np * sizeof *s.ids);
+        st = generate(&s, o);
+        if (st != GP_OK) {
+            fprintf(stderr, "gpipe-sample: %s\n", gp_last_error());
+            code = gp_status_exit_code(st);
+        }
+    }
+    free(prompt);
+    if (code == EXIT_OK) print_samples(&s, o, np);
+    if (code == EXIT_OK && s.V != 256 && !o->out && !o->quiet)
+        fprintf(stderr, "gpipe-sample: these are token ids (a vocabulary of %lld, not bytes): "
+                "--out FILE.bin writes them for scripts/tokenize_text.py decode, which decodes "
+                "GPT-2's BPE where tiktoken's encoding file is on this machine\n",
+                (long long)s.V);
+    if (code == EXIT_OK && o->out) code = write_tokens(o->out, s.ids, s.cap);
+    free(s.ids);
+    free(s.x);
+    free(s.y);
+    free(s.idx);
+    free(s.p);
+    gp_run_free(s.run);
+    return code;
+}
+
+int main(int argc, char **argv)
+{
+    sample_opts o = {.tokens = 64, .temperature = 1.0, .seed = 1, .samples = 1};
+    int code = parse_args(argc, argv, &o);
+    if (code == EXIT_OK + 100) return EXIT_OK;
+    if (code != EXIT_OK) return code;
+    return run_sampler(&o);
+}
