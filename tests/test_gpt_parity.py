@@ -48,7 +48,7 @@ BIN = os.environ.get("GPIPE_BINARY_DIR", os.path.join(SRC, "build"))
 TWIN = os.path.join(SRC, "tests", "gpt_twin.py")
 NAME = "test_gpt_parity"
 
-TIED = False          # the tied head: set once `tie:` is acted on (issue 53, point 2)
+TIED = True           # the tied head (issue 53, point 2): lm_head shares wte.weight
 HEAD = "tied" if TIED else "own"
 V, C, L, H, P, T = 61, 32, 2, 4, 24, 16
 B, STEPS, LR, MU = 4, 20, 0.1, 0.9

@@ -1490,6 +1490,7 @@ bool gp_snapshot_model_has(const gp_model *m, const char *name, int *ndim, int64
     for (int k = 0; k < m->n_layers; k++) {
         const gp_layer *l = &m->layers[k];
         for (int p = 0; p < l->n_params; p++) {
+            if (l->params[p].tied) continue; /* its owner's tensor, named as the owner's */
             if (strcmp(tensor_name(tn, sizeof tn, "", m, k, nm, l->params[p].name), name))
                 continue;
             const gp_tensor *t = &l->params[p].value;
