@@ -20,7 +20,7 @@
  *           succeed.
  *
  * usage: bench_models speed  [--model amoebanet|resnet|unet] [--steps N]
- *        bench_models memory [--model amoebanet|unet] [--capacity MiB]
+ *        bench_models memory [--model amoebanet|unet|gpt] [--capacity MiB]
  *                            [--schedule gpipe|1f1b|zb-h1] [--copies fp32|bf16]
  *                            [--first LIST] [--pipelines LIST] (the grid's first
  *                            sizes, e.g. 1-12; the rows, e.g. 1,4; --help)
@@ -66,7 +66,15 @@ static const family k_families[] = {
     {"unet", "U-Net", 64, 32, 64, 8,
      "unet: {depth: 5, num_convs: %d, base: %d}\n  loss: bce_with_logits", 2, 16,
      "(B, C)", {1, 2, 3, 4, 5, 6, 8, 10, 12}, 8, 8, 128},
+    /* GPT-2 (L, C): L blocks of width C (heads of 64, as GPT-2's), its
+     * 50,257-token vocabulary and tied LM head; side is T, the tokens of a
+     * sequence (128 here, GPT-2's 1024 with --side); the memory grid
+     * searches depth at GPT-2 small's width */
+    {"gpt", "GPT-2", 128, 8, 128, 8, "", 12, 768, "(L, C)",
+     {1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 80, 96, 128, 160, 192}, 768, 64, 768},
 };
+
+static bool is_gpt(const family *f) { return !strcmp(f->name, "gpt"); }
 
 static const family *find_family(const char *name)
 {
@@ -92,6 +100,17 @@ static gp_status family_cfg(const family *f, int a, int b, bool mem, gp_config *
     int64_t side = mem ? f->mside : f->side, batch = mem ? f->mbatch : f->batch;
     double lr = mem ? g_mem.lr : 0.01, mu = mem ? g_mem.momentum : 0.9;
     char model[160], text[1024];
+    if (is_gpt(f)) { /* token ids in, a class per position out */
+        snprintf(text, sizeof text,
+                 "model:\n  input: [%lld]\n"
+                 "  gpt: {layers: %d, width: %d, heads: %d, positions: %lld, vocab: 50257}\n"
+                 "data: {dataset: synthetic, synthetic: {train: %lld, test: 8, classes: 50257, "
+                 "shape: [%lld]}}\n"
+                 "train: {batch_size: %lld, seed: 1, optimizer: {lr: %g, momentum: %g}}\n",
+                 (long long)side, a, b, b / 64 > 0 ? b / 64 : 1, (long long)side,
+                 (long long)batch, (long long)side, (long long)batch, lr, mu);
+        return gp_config_parse("bench_models.yaml", text, strlen(text), NULL, 0, c);
+    }
     snprintf(model, sizeof model, f->model, a, b);
     snprintf(text, sizeof text,
              "model:\n  input: [3, %lld, %lld]\n  %s\n"
@@ -459,9 +478,9 @@ int main(int argc, char **argv)
         }
     }
     if (strcmp(what, "speed") && strcmp(what, "memory")) {
-        puts("usage: bench_models speed  [--model amoebanet|resnet|unet] [--steps N]\n"
+        puts("usage: bench_models speed  [--model amoebanet|resnet|unet|gpt] [--steps N]\n"
              "                           [--size A B] [--batch N] [--side PIXELS]\n"
-             "       bench_models memory [--model amoebanet|unet] [--capacity MiB]\n"
+             "       bench_models memory [--model amoebanet|unet|gpt] [--capacity MiB]\n"
              "                           [--schedule gpipe|1f1b|zb-h1] [--side PIXELS]\n"
              "                           [--batch N] [--step N] [--as-torchgpipe]\n"
              "                           [--copies fp32|bf16] [--first LIST]\n"

@@ -50,11 +50,21 @@ static inline void gp_bench_random_batch(int64_t b, int64_t per, uint64_t seed, 
 
 /* A random batch for the model m: inputs uniform in [0, 1), targets class
  * ids i % 10 (cross-entropy) or per-pixel 0/1 (binary cross-entropy: the
- * input's first channel above 1/2). */
+ * input's first channel above 1/2); a language model (an embedding first)
+ * gets token ids and a target id per position. */
 static inline void gp_bench_model_batch(const gp_model *m, int64_t b, float **x, float **y)
 {
     int64_t per = gp_shape_numel(&m->input), t = m->targets;
     gp_bench_random_batch(b, per, 5, 6, x, y);
+    if (m->n_layers > 0 && m->layers[0].spec.type == GP_LAYER_EMBEDDING) {
+        /* a language model: token ids in, the next position's id out */
+        int64_t v = m->layers[0].spec.vocab;
+        free(*y);
+        *y = malloc((size_t)(b * t) * sizeof **y);
+        for (int64_t i = 0; i < b * per; i++) (*x)[i] = (float)((i * 7919) % v);
+        for (int64_t i = 0; i < b * t; i++) (*y)[i] = (float)((i * 7919 + 7919) % v);
+        return;
+    }
     if (m->loss != GP_LOSS_BCE_WITH_LOGITS) return;
     free(*y);
     *y = malloc((size_t)(b * t) * sizeof **y);

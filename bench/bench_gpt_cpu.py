@@ -1,0 +1,160 @@
+#!/usr/bin/python3
+"""bench_gpt_cpu.py — a GPT's training tokens per second on CPU devices,
+gpipe against PyTorch eager on the same cores (issue 53's CPU speed bar:
+configs/tiny-gpt.yaml at least 1.2x PyTorch 1.13 with OpenBLAS, FP32).
+
+    bench/bench_gpt_cpu.py [--config configs/tiny-gpt.yaml] [--steps 20]
+                           [--threads 2] [--rounds 2]
+
+PyTorch: tests/gpt_twin.py's GPT (Hugging Face's GPT-2 layout: Conv1D
+projections, pre-norm blocks, causal attention written out as nanoGPT and
+HF's eager path do in 1.13, which has no fused attention), built from the
+config's model.gpt sizes, torch.set_num_threads(--threads), AdamW with the
+config's betas, weight decay and lr, gradient clipping where the config
+clips, random tokens (B, T + 1) each step, the loss read each step.
+gpipe: gpipe-train on the same config with train.steps = --steps, its
+--metrics step_seconds, on the config's devices and on one device with all
+--threads (whichever is faster is what a user would pick), the token files
+of scripts/tokenize_text.py (byte-level, made in a temporary directory
+from /usr/share/common-licenses when the model's vocabulary is 256;
+otherwise data.path as the config has it).  Median step after 3 warm-up
+steps; tokens per second = batch x T / median; rounds alternate the
+programs, and the ratio is taken within each round.
+
+Debian's interpreter on purpose: torch is python3-torch, whose linear layers
+need libopenblas0-pthread (scripts/install-deps.sh --bench installs it).
+Prints; never fails a build.
+"""
+import argparse
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+from bench_cpu_peer import blas_check  # noqa: E402  (refuses the reference BLAS)
+from bench_loader import cpu_flags, cpu_name  # noqa: E402
+
+
+def load_cfg(path):
+    import yaml
+    with open(path) as f:
+        cfg = yaml.safe_load(f)
+    g = cfg["model"]["gpt"]
+    t = cfg["model"]["input"][0]
+    opt = cfg["train"].get("optimizer", {})
+    return {"layers": g.get("layers", 12), "heads": g.get("heads", 12),
+            "width": g.get("width", 768), "positions": g.get("positions", 1024),
+            "vocab": g.get("vocab", 50257), "tie": g.get("tie", True), "T": t,
+            "batch": cfg["train"]["batch_size"], "lr": opt.get("lr", 0.001),
+            "betas": tuple(opt.get("betas", (0.9, 0.999))), "eps": opt.get("eps", 1e-8),
+            "wd": opt.get("weight_decay", 0.01),
+            "clip": cfg["train"].get("clip_grad_norm", 0.0),
+            "devices": cfg.get("pipeline", {}).get("devices", ["cpu:0"])}
+
+
+def torch_tokens_per_s(c, threads, steps):
+    import torch
+    import torch.nn.functional as F
+    import gpt_twin
+    torch.set_num_threads(threads)
+    torch.manual_seed(1)
+    model = gpt_twin.GPT(c["vocab"], c["width"], c["layers"], c["heads"], c["positions"],
+                         "tied" if c["tie"] else "own")
+    with torch.no_grad():  # GPT-2's init; layer norms stay 1 and 0
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.02)
+            elif not name.split(".")[-2].startswith("ln"):
+                p.zero_()
+    opt = torch.optim.AdamW(model.parameters(), lr=c["lr"], betas=c["betas"], eps=c["eps"],
+                            weight_decay=c["wd"])
+    b, t, times = c["batch"], c["T"], []
+    for s in range(steps + 3):
+        data = torch.randint(0, c["vocab"], (b, t + 1))
+        t0 = time.perf_counter()
+        logits = model(data[:, :t])
+        loss = F.cross_entropy(logits.reshape(-1, c["vocab"]), data[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if c["clip"] > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), c["clip"])
+        opt.step()
+        loss.item()
+        if s >= 3:
+            times.append(time.perf_counter() - t0)
+    return b * t / statistics.median(times)
+
+
+def token_files(c, tmp):
+    """data.path for the run: byte-level files made here for vocabulary 256."""
+    if c["vocab"] != 256:
+        return None
+    out = os.path.join(tmp, "tok")
+    subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "tokenize_text.py"), "encode",
+                    "-o", out, "--name", "licenses"] + sorted(glob.glob(
+                        "/usr/share/common-licenses/*")), check=True, capture_output=True)
+    return out
+
+
+def gpipe_tokens_per_s(binary, config, c, steps, sets, tmp):
+    m = os.path.join(tmp, "m.jsonl")
+    cmd = [binary, config, "--metrics", m, "--no-progress", "-q",
+           "--set", "train.steps=%d" % (steps + 3), "--set", "train.eval_each_epoch=false",
+           "--set", "train.schedule={type: constant}"] + sum((["--set", s] for s in sets), [])
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if r.returncode != 0:
+        sys.exit("bench_gpt_cpu: %s failed:\n%s" % (" ".join(cmd), r.stderr[-2000:]))
+    recs = [json.loads(line) for line in open(m) if line.strip()]
+    times = [x["step_seconds"] for x in recs if "step_seconds" in x][3:]
+    return c["batch"] * c["T"] / statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default=os.path.join(ROOT, "configs", "tiny-gpt.yaml"))
+    ap.add_argument("--binary", default=os.path.join(ROOT, "build", "gpipe-train"))
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=2)
+    a = ap.parse_args()
+    blas = blas_check()
+    c = load_cfg(a.config)
+    isa, _ = cpu_flags()
+    print("%s (%s); %d threads; BLAS %s; OPENBLAS_CORETYPE=%s" % (
+        cpu_name(), isa, a.threads, blas, os.environ.get("OPENBLAS_CORETYPE", "-")))
+    print("GPT: %d layers, %d heads, width %d, T %d, vocabulary %d, %s head; batch %d; FP32, "
+          "AdamW" % (c["layers"], c["heads"], c["width"], c["T"], c["vocab"],
+                     "tied" if c["tie"] else "untied", c["batch"]))
+    with tempfile.TemporaryDirectory() as tmp:
+        data = token_files(c, tmp)
+        base = ["data.path=%s" % data] if data else []
+        n = len(c["devices"]) if isinstance(c["devices"], list) else int(c["devices"])
+        per = max(1, a.threads // n)
+        layouts = [("%d devices x %d thread%s" % (n, per, "s" if per > 1 else ""),
+                    base + ["pipeline.threads=%d" % per]),
+                   ("1 device x %d threads" % a.threads,
+                    base + ["pipeline.devices=[cpu:0]", "pipeline.threads=%d" % a.threads,
+                            "pipeline.balance=auto"])]
+        print("\n| round | PyTorch tokens/s | " + " | ".join(
+            "gpipe %s | ratio" % name for name, _ in layouts) + " |")
+        print("|---|---|" + "---|---|" * len(layouts))
+        for r in range(1, a.rounds + 1):
+            pt = torch_tokens_per_s(c, a.threads, a.steps)
+            row = "| %d | %.0f |" % (r, pt)
+            for _, sets in layouts:
+                g = gpipe_tokens_per_s(a.binary, a.config, c, a.steps, sets, tmp)
+                row += " %.0f | %.2fx |" % (g, g / pt)
+            print(row, flush=True)
+
+
+if __name__ == "__main__":
+    main()
