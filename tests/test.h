@@ -94,6 +94,24 @@ static inline void *gpt_read_file(const char *path, size_t *n)
     return b;
 }
 
+/* The sanitizer a test runs under, from GPIPE_SANITIZED, which CI's
+ * sanitizer stages set (.ci/run): "address" (AddressSanitizer + UBSan) or
+ * "thread" (ThreadSanitizer); any other non-empty value (the "1" that CI
+ * set before, or a script's own) says sanitized without saying which.
+ * The tests thin their largest grids under a sanitizer, and leave parts
+ * with no thread of their own out under ThreadSanitizer; the unsanitized
+ * build runs everything, and each test says what it left out. */
+typedef enum { GPT_SAN_NONE, GPT_SAN_UNKNOWN, GPT_SAN_ADDRESS, GPT_SAN_THREAD } gpt_san;
+
+static inline gpt_san gpt_sanitizer(void)
+{
+    const char *s = getenv("GPIPE_SANITIZED");
+    if (!s || !*s) return GPT_SAN_NONE;
+    if (!strcmp(s, "address")) return GPT_SAN_ADDRESS;
+    if (!strcmp(s, "thread")) return GPT_SAN_THREAD;
+    return GPT_SAN_UNKNOWN;
+}
+
 /* Print the summary line and return the exit code. */
 static inline int gpt_finish(const char *name)
 {

@@ -605,8 +605,11 @@ typedef struct gp_device_iface {
      * (ours) on the copy stream and record `done` (NULL: none) behind it;
      * the reader waits for `done` (gp_dev_event_wait).  src must stay
      * valid and unchanged until the device is synchronized (the step's
-     * end).  NULL: gp_dev_upload_async uploads synchronously (a host wait)
-     * and records `done` on the compute stream. */
+     * end).  bytes 0 copies nothing and records `done` on the copy stream
+     * behind what is queued there (the executor puts a copy's `done` behind
+     * its device-time end marker so).  NULL: gp_dev_upload_async uploads
+     * synchronously (a host wait; none for 0 bytes) and records `done` on
+     * the compute stream. */
     gp_status (*upload_async)(gp_device *dev, void *dst, const void *src, size_t bytes,
                               void *done);
     /* bn_merge: Chan's parallel merge of a micro-batch's per-channel

@@ -307,7 +307,7 @@ gp_status gp_dev_upload_async(gp_device *dev, float *dst, const float *src, int6
 {
     if (dev->iface->upload_async)
         return dev->iface->upload_async(dev, dst, src, (size_t)n * sizeof(float), done);
-    GP_TRY(gp_dev_upload(dev, dst, src, n));
+    if (n > 0) GP_TRY(gp_dev_upload(dev, dst, src, n));
     return done ? gp_dev_event_record(dev, done) : GP_OK;
 }
 

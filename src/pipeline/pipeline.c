@@ -1577,8 +1577,18 @@ static gp_status receive(gp_pipeline *p, const gp_instr *in, gp_event_rec *ev, p
                             gp_tensor_bytes(dst), gp_tensor_bytes(src));
     ev->bytes = gp_tensor_bytes(src);
     if (p->device_time) GP_TRY(gp_dev_mark(dev, true, &ev->m0)); /* the copy stream got here */
+    /* Device time: the copy's end marker goes on the copy stream ahead of
+     * `done`, which a zero-byte upload_async then records there (backend.h),
+     * so the reader that waits for `done` starts after the marker.  Marked
+     * after `done` (run_step's marker), the reader could start before the
+     * copy stream reached the marker: test_pipeline_streams' device_time
+     * saw a consumer start before its copy ended in about 1 run in 5. */
     st = gp_dev_copy_async(dev, gp_tensor_mem(dst), src->dev, gp_tensor_mem(src), gp_tensor_bytes(src),
-                           after, done);
+                           after, p->device_time ? NULL : done);
+    if (st == GP_OK && p->device_time) {
+        st = gp_dev_mark(dev, true, &ev->m1);
+        if (st == GP_OK && done) st = gp_dev_upload_async(dev, NULL, NULL, 0, done);
+    }
     if (st != GP_OK) return st;
     cell_pending(p, in->i, in->j)[slot] = done != NULL;
     publish(p, copied, -1);

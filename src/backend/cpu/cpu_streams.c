@@ -181,7 +181,8 @@ static void run_stream(gp_device *dev, cpu_chan *ch)
             continue;
         }
         pthread_mutex_unlock(&g_lock);
-        if (ctx->copy_delay_us > 0) {
+        /* (a zero-byte item only records `done`: it has nothing to hold back) */
+        if (ctx->copy_delay_us > 0 && (ch || it->bytes)) {
             struct timespec ts = {ctx->copy_delay_us / 1000000,
                                   (ctx->copy_delay_us % 1000000) * 1000L};
             while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
