@@ -388,10 +388,19 @@ void gp_model_release(gp_model *m)
     memset(m, 0, sizeof *m);
 }
 
+int64_t gp_model_layer_params(const gp_layer *l)
+{
+    int64_t n = gp_layer_param_count(l);
+    if (!l->spec.tie[0]) return n;
+    for (int p = 0; p < l->n_params; p++) /* a tie without its own weight subtracts none */
+        if (!strcmp(l->params[p].name, "weight")) n -= gp_tensor_numel(&l->params[p].value);
+    return n;
+}
+
 int64_t gp_model_param_count(const gp_model *m)
 {
     int64_t n = 0;
-    for (int k = 0; k < m->n_layers; k++) n += gp_layer_param_count(&m->layers[k]);
+    for (int k = 0; k < m->n_layers; k++) n += gp_model_layer_params(&m->layers[k]);
     return n;
 }
 
@@ -405,7 +414,7 @@ static void describe_of(void *arg, int k, const gp_layer *l)
 {
     (void)k;
     describe_arg *a = arg;
-    a->params += gp_layer_param_count(l);
+    a->params += gp_model_layer_params(l);
     a->out = l->out_shape;
 }
 
