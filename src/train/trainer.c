@@ -1431,7 +1431,11 @@ static gp_status evaluate_if_epoch_ended(train_run *r, const train_step *t)
                             r->saves.lock);
     if (r->out.progress) fputc('\n', stderr);
     warn_eval_not_finite(res->test_loss, res->final_loss, &r->eval_nan_said);
-    if (!opts->quiet)
+    if (!opts->quiet && r->test.tokens)
+        GP_INFO("epoch %lld: validation loss %.4f nats per token (%.4f bits), next-token "
+                "accuracy %.2f%%", (long long)epoch + 1, res->test_loss,
+                res->test_loss / log(2.0), 100 * res->test_accuracy);
+    else if (!opts->quiet)
         GP_INFO("epoch %lld: test loss %.4f, test accuracy %.2f%%", (long long)epoch + 1,
                 res->test_loss, 100 * res->test_accuracy);
     if (r->out.metrics || r->out.tb) {
@@ -1764,7 +1768,11 @@ static gp_status final_evaluation(train_run *r)
         return data_failure(r->mp, r->cfg, s, r->mp->step, r->saves.saved_step, &r->saves.pos,
                             r->saves.lock);
     warn_eval_not_finite(res->test_loss, res->final_loss, &r->eval_nan_said);
-    if (!r->opts->quiet)
+    if (!r->opts->quiet && r->test.tokens) /* a language model: per token, in its units */
+        GP_INFO("final: validation loss %.4f nats per token (%.4f bits), next-token accuracy "
+                "%.2f%% after %lld steps", res->test_loss, res->test_loss / log(2.0),
+                100 * res->test_accuracy, (long long)res->steps);
+    else if (!r->opts->quiet)
         GP_INFO("final: test loss %.4f, test accuracy %.2f%% after %lld steps",
                 res->test_loss, 100 * res->test_accuracy, (long long)res->steps);
     if (r->out.metrics || r->out.tb) {
