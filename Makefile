@@ -1,5 +1,7 @@
 # A thin wrapper over CMake; every target installs missing packages first.
 #   make train      build Release and train configs/default.yaml
+#   make train-gpt  tokenize Debian's licence texts (data/licenses/) and train
+#                   configs/tiny-gpt.yaml on them (README, "Transformers")
 #   make test       build and run the whole test suite (ctest)
 #   make build      just build (build/)
 #   make bench      build and run the benchmarks (bench/README.md)
@@ -13,7 +15,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 CONFIG ?= $(ROOT)/configs/default.yaml
 
-.PHONY: all deps build train test bench clean
+.PHONY: all deps build train train-gpt test bench clean
 all: build
 
 deps:
@@ -25,6 +27,16 @@ build: deps
 
 train: build
 	"$(BUILD)/gpipe-train" $(CONFIG)
+
+# The byte-level token files configs/tiny-gpt.yaml reads (data.path
+# data/licenses, relative to where gpipe-train runs: the checkout's root).
+LICENSES := $(ROOT)/data/licenses/licenses_train.bin
+$(LICENSES):
+	/usr/bin/python3 "$(ROOT)/scripts/tokenize_text.py" encode -o "$(ROOT)/data/licenses" \
+	    --name licenses /usr/share/common-licenses/*
+
+train-gpt: build $(LICENSES)
+	cd "$(ROOT)" && "$(abspath $(BUILD))/gpipe-train" configs/tiny-gpt.yaml
 
 test: build
 	cd "$(BUILD)" && ctest --output-on-failure -j 1

@@ -1018,10 +1018,11 @@ static void test_amoebanet_layers(void)
     snprintf(buf, sizeof buf, "%s    - conv2d: {out: 8, kernel: 3, init: xavier}\n", head);
     CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID,
               "t.yaml:4:41: unknown value 'xavier' for model.layers.0.init (allowed: default, "
-              "kaiming_normal_fan_out)");
+              "kaiming_normal_fan_out, normal)");
     snprintf(buf, sizeof buf, "%s    - linear: {out: 8, init: kaiming_normal_fan_out}\n", head);
     CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID,
-              "unknown option 'init' for layer 0 (linear)");
+              "t.yaml:4:30: model.layers.0.init: a linear layer takes default (PyTorch's "
+              "nn.Linear) or normal (GPT-2's, with std), not kaiming_normal_fan_out");
     snprintf(buf, sizeof buf, "%s    - factorized_reduce: {out: 7}\n", head);
     CHECK_ERR(parse_bad(buf, NULL, 0), GP_ERR_INVALID,
               "t.yaml:4:32: layer 0 (factorized_reduce): out = 7 must be even");

@@ -6,7 +6,8 @@
       the header's words (magic 20240520, version 1, the count, 253 zeros)
       and the split (the last round(n x --val) tokens are validation) are
       read back here with struct, not through the script;
-  (b) the corpus the docs name, /usr/share/common-licenses, round trips;
+  (b) the corpus the docs name, /usr/share/common-licenses, round trips,
+      and the unigram entropy encode prints is the one computed here;
   (c) gpipe's reader takes the files: gpipe-train --dry-run finds both
       splits, and a run reads them and stops at the loss check (a model
       without per-position logits), not at the data;
@@ -19,7 +20,9 @@
 Runs with Debian's /usr/bin/python3.
 """
 import glob
+import math
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -92,6 +95,14 @@ def test_corpus(tmp):
     got = b"".join(script("decode", os.path.join(out, "licenses_%s.bin" % s)).stdout
                    for s in ("train", "val"))
     check(got == text, "the licences round trip (%d bytes, got %d)" % (len(text), len(got)))
+    # the unigram entropy it prints, against the bytes' own (in double here)
+    counts = {}
+    for b in text:
+        counts[b] = counts.get(b, 0) + 1
+    h = -sum(c / len(text) * math.log(c / len(text)) for c in counts.values())
+    said = re.search(rb"unigram entropy: ([0-9.]+) nats per token over the corpus", r.stdout)
+    check(said is not None and abs(float(said.group(1)) - h) < 1e-4,
+          "encode's unigram entropy %r, computed here %.4f" % (said and said.group(1), h))
     return out
 
 

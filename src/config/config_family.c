@@ -1,7 +1,7 @@
 /*
  * config_family.c — built-in model families: `model.resnet`,
  * `model.amoebanet`, `model.unet` (the models GPipe and torchgpipe are
- * measured on)
+ * measured on) and `model.gpt` (GPT-2, the model pipelines train today)
  * expands into the plain layer list a user could have written, with the
  * sizes as values `--set` changes (`--set model.resnet.depth=152`).
  *
@@ -21,6 +21,7 @@
  */
 #include "config/config_impl.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -414,11 +415,159 @@ static gp_status parse_unet(gp_cfg_walk *w, const gp_ynode *m, gp_model_config *
     return expanded(w, mc, &l, "unet", ukey, found);
 }
 
+/* ---- GPT-2 ----------------------------------------------------------------
+ *
+ * GPT-2 (Radford et al. 2019; Hugging Face's GPT2LMHeadModel, llm.c's
+ * train_gpt2.c) as gpipe's own layers, each named as Hugging Face's module
+ * so a parameter's name is its key in GPT-2's state_dict:
+ *
+ *   transformer                  embedding (wte.weight, wpe.weight)
+ *   [transformer.drop            dropout, only when dropout > 0]
+ *   per block i (transformer.h.i.):
+ *     ln_1, attn.c_attn (linear 3C), attn (attention, no parameters),
+ *     attn.c_proj (linear C), [attn.resid_dropout], attn.residual (add),
+ *     ln_2, mlp.c_fc (linear 4C), mlp.gelu, mlp.c_proj (linear C),
+ *     [mlp.dropout], mlp.residual (add)
+ *   transformer.ln_f, lm_head (linear vocab, no bias, tie: transformer)
+ *
+ * The adds are gpipe's and have no parameters (Hugging Face's block adds
+ * inline).  Residuals are skips on the layers that already produce the
+ * block's input: the embedding (or the dropout after it) stashes "h0.in",
+ * block i's first add pops "hi.in" and stashes "hi.mid", its second pops
+ * that and stashes "h(i+1).in" for the next block: no identity layers,
+ * as an AmoebaNet cell pops one name and stashes another.  The attention
+ * probabilities have no dropout here (attention is one fused layer).
+ *
+ * Init as GPT-2 and llm.c: linear weights normal(0, 0.02), the two
+ * residual projections (attn.c_proj, mlp.c_proj) normal(0, 0.02 /
+ * sqrt(2 * layers)), biases 0 (init: normal); layer norms 1 and 0 and the
+ * embedding's own (wte 0.02, wpe 0.01) are the layers' defaults. */
+
+static gp_layer_spec *gpt_linear(spec_list *l, const char *name, int64_t out, float std)
+{
+    gp_layer_spec *c = push(l, GP_LAYER_LINEAR, name);
+    c->out = out;
+    c->init = GP_INIT_NORMAL;
+    c->std = std;
+    return c;
+}
+
+/* An add that pops `pop` and (stash non-empty) stashes its sum as `stash`. */
+static void gpt_residual(spec_list *l, const char *name, const char *pop, const char *stash)
+{
+    gp_layer_spec *a = push(l, GP_LAYER_ADD, name);
+    snprintf(a->pop[0], sizeof a->pop[0], "%s", pop);
+    a->n_pop = 1;
+    snprintf(a->stash, sizeof a->stash, "%s", stash);
+}
+
+static gp_status gpt(spec_list *l, int layers, int64_t heads, int64_t width, int64_t positions,
+                     int64_t vocab, float dropout, bool tie)
+{
+    int drop = dropout > 0.0f;
+    l->cap = 1 + drop + layers * (10 + 2 * drop) + 2;
+    l->specs = calloc((size_t)l->cap, sizeof *l->specs);
+    if (!l->specs) return gp_error_set(GP_ERR_OOM, "out of memory expanding model.gpt");
+    float std = 0.02f, proj_std = (float)(0.02 / sqrt(2.0 * layers));
+    gp_layer_spec *emb = push(l, GP_LAYER_EMBEDDING, "transformer");
+    emb->vocab = vocab;
+    emb->dim = width;
+    emb->positions = positions;
+    gp_layer_spec *in = emb; /* the layer whose output is block 0's input */
+    if (drop) {
+        in = push(l, GP_LAYER_DROPOUT, "transformer.drop");
+        in->p = dropout;
+    }
+    snprintf(in->stash, sizeof in->stash, "h0.in");
+    for (int i = 0; i < layers; i++) {
+        char pre[32], nm[64], s_in[GP_SKIP_NAME], s_mid[GP_SKIP_NAME], s_next[GP_SKIP_NAME];
+        snprintf(pre, sizeof pre, "transformer.h.%d", i);
+        snprintf(s_in, sizeof s_in, "h%d.in", i);
+        snprintf(s_mid, sizeof s_mid, "h%d.mid", i);
+        /* the last block's output goes to ln_f only */
+        snprintf(s_next, sizeof s_next, "%s", "");
+        if (i + 1 < layers) snprintf(s_next, sizeof s_next, "h%d.in", i + 1);
+#define NAME(x) (snprintf(nm, sizeof nm, "%s.%s", pre, x), nm)
+        push(l, GP_LAYER_LAYER_NORM, NAME("ln_1"));
+        gpt_linear(l, NAME("attn.c_attn"), 3 * width, std);
+        push(l, GP_LAYER_ATTENTION, NAME("attn"))->heads = heads;
+        gpt_linear(l, NAME("attn.c_proj"), width, proj_std);
+        if (drop) push(l, GP_LAYER_DROPOUT, NAME("attn.resid_dropout"))->p = dropout;
+        gpt_residual(l, NAME("attn.residual"), s_in, s_mid);
+        push(l, GP_LAYER_LAYER_NORM, NAME("ln_2"));
+        gpt_linear(l, NAME("mlp.c_fc"), 4 * width, std);
+        push(l, GP_LAYER_GELU, NAME("mlp.gelu"));
+        gpt_linear(l, NAME("mlp.c_proj"), width, proj_std);
+        if (drop) push(l, GP_LAYER_DROPOUT, NAME("mlp.dropout"))->p = dropout;
+        gpt_residual(l, NAME("mlp.residual"), s_mid, s_next);
+#undef NAME
+    }
+    push(l, GP_LAYER_LAYER_NORM, "transformer.ln_f");
+    gp_layer_spec *head = gpt_linear(l, "lm_head", vocab, std);
+    head->bias = false;
+    if (tie) snprintf(head->tie, sizeof head->tie, "%s", emb->name);
+    GP_ASSERT(l->n == l->cap);
+    return GP_OK;
+}
+
+/* model.gpt: {layers, heads, width, positions, vocab, dropout, tie}. */
+static gp_status parse_gpt(gp_cfg_walk *w, const gp_ynode *m, gp_model_config *mc, bool *found)
+{
+    const gp_ynode *g = gp_ymap_get(m, "gpt"), *gkey = gp_ymap_key(m, "gpt");
+    static const char *const others[] = {"layers", "resnet", "amoebanet", "unet"};
+    for (int q = 0; q < GP_COUNT(others); q++)
+        if (q ? gp_ymap_key(m, others[q]) != NULL : !gp_cfg_absent(gp_ymap_get(m, others[q])))
+            return gp_cfg_bad(w, gkey, "model has both %s and gpt; give one: gpt expands into "
+                              "the layers", others[q]);
+    if (!gp_cfg_absent(g) && g->kind != GP_YNODE_MAP)
+        return gp_cfg_bad(w, g, "model.gpt must be a map, like {layers: 12, heads: 12, width: "
+                          "768}");
+    GP_TRY(gp_cfg_check_keys(w, g, "model.gpt"));
+    const char *gs = "model.gpt";
+    int layers = 0;
+    int64_t heads = 0, width = 0, positions = 0, vocab = 0;
+    float dropout = 0.0f;
+    bool tie = true;
+    GP_TRY(gp_cfg_get_int32(w, g, gs, "layers", 12, 1, 10000, &layers));
+    GP_TRY(gp_cfg_get_int(w, g, gs, "heads", 12, 1, 1 << 16, &heads));
+    GP_TRY(gp_cfg_get_int(w, g, gs, "width", 768, 1, (int64_t)1 << 20, &width));
+    GP_TRY(gp_cfg_get_int(w, g, gs, "positions", 1024, 1, (int64_t)1 << 24, &positions));
+    /* token ids are floats in the pipeline: exact below 2^24 */
+    GP_TRY(gp_cfg_get_int(w, g, gs, "vocab", 50257, 1, (int64_t)1 << 24, &vocab));
+    GP_TRY(gp_cfg_get_float(w, g, gs, "dropout", 0.0f, 0, 1, GP_CFG_HI_OPEN, &dropout));
+    GP_TRY(gp_cfg_get_bool(w, g, gs, "tie", true, &tie));
+    const gp_ynode *hn = gp_ymap_get(g, "heads"), *wn = gp_ymap_get(g, "width");
+    if (width % heads != 0)
+        return gp_cfg_bad(w, hn ? hn : wn ? wn : gkey, "model.gpt.heads = %lld does not divide "
+                          "model.gpt.width = %lld: each head takes width / heads features; "
+                          "give heads a divisor of width (GPT-2: 768 / 12, medium 1024 / 16, "
+                          "large 1280 / 20, XL 1600 / 25)", (long long)heads, (long long)width);
+    /* model.input is [T]: the sequence length, which the position table
+     * must cover */
+    int64_t T = mc->input[0];
+    const gp_ynode *inn = gp_ymap_get(m, "input");
+    if (mc->input[1] != 1 || mc->input[2] != 1)
+        return gp_cfg_bad(w, inn ? inn : gkey, "model.gpt reads token ids: model.input must be [T], the "
+                          "sequence length, like input: [1024], not %lld x %lld x %lld",
+                          (long long)mc->input[0], (long long)mc->input[1],
+                          (long long)mc->input[2]);
+    if (T > positions)
+        return gp_cfg_bad(w, gp_ymap_get(g, "positions") ? gp_ymap_get(g, "positions") : gkey,
+                          "model.gpt.positions = %lld is shorter than the sequence, model.input "
+                          "[%lld]; give positions >= %lld (or a shorter model.input)",
+                          (long long)positions, (long long)T, (long long)T);
+    spec_list l;
+    list_start(&l, w, gkey, g);
+    GP_TRY(gpt(&l, layers, heads, width, positions, vocab, dropout, tie));
+    return expanded(w, mc, &l, "gpt", gkey, found);
+}
+
 gp_status gp_cfg_parse_family(gp_cfg_walk *w, const gp_ynode *m, gp_model_config *mc, bool *found)
 {
     *found = false;
     /* a family given with no value (`resnet:`) is an empty map, as every
      * map-valued key's null is: all its options take their defaults */
+    if (gp_ymap_key(m, "gpt")) return parse_gpt(w, m, mc, found);
     if (gp_ymap_key(m, "unet")) return parse_unet(w, m, mc, found);
     GP_TRY(parse_amoebanet(w, m, mc, found));
     if (*found) return GP_OK;

@@ -17,11 +17,12 @@ static int layer_keys(gp_layer_type t, const char **keys)
     case GP_LAYER_LINEAR:
         keys[n++] = "in"; keys[n++] = "out"; keys[n++] = "bias";
         keys[n++] = "tie"; /* the layer whose weight it shares */
+        keys[n++] = "init"; keys[n++] = "std";
         break;
     case GP_LAYER_CONV2D:
         keys[n++] = "in"; keys[n++] = "out"; keys[n++] = "kernel";
         keys[n++] = "stride"; keys[n++] = "padding"; keys[n++] = "bias";
-        keys[n++] = "init";
+        keys[n++] = "init"; keys[n++] = "std";
         break;
     case GP_LAYER_BATCHNORM:
         keys[n++] = "momentum"; keys[n++] = "eps"; keys[n++] = "sync";
@@ -268,7 +269,14 @@ static gp_status parse_layer(gp_cfg_walk *w, const gp_ynode *item, int index, gp
         int v = (int)spec->init;
         GP_TRY(gp_cfg_get_enum(w, opts, sect, "init", inits, GP_INIT_COUNT, v, &v));
         spec->init = (gp_conv_init)v;
+        if (t == GP_LAYER_LINEAR && v != GP_INIT_DEFAULT && v != GP_INIT_NORMAL)
+            return gp_cfg_bad(w, gp_ymap_get(opts, "init"), "%s.init: a linear layer takes "
+                              "default (PyTorch's nn.Linear) or normal (GPT-2's, with std), "
+                              "not %s", sect, gp_conv_init_name(spec->init));
     }
+    if (has_key(keys, nk, "std")) /* init: normal's */
+        GP_TRY(gp_cfg_get_float(w, opts, sect, "std", spec->std, 0, INFINITY, GP_CFG_LO_OPEN,
+                                &spec->std));
     if (has_key(keys, nk, "momentum"))
         GP_TRY(gp_cfg_get_float(w, opts, sect, "momentum", spec->momentum, 0, 1, 0,
                                 &spec->momentum));
@@ -388,8 +396,8 @@ gp_status gp_cfg_parse_model(gp_cfg_walk *w, const gp_ynode *root, gp_model_conf
         if (gp_cfg_absent(ls))
             return gp_cfg_bad(w, ls ? ls : mkey, "missing model.layers: a list of layers, like "
                               "layers: [flatten, {linear: {out: 10}}] (or a built-in model: "
-                              "resnet: {depth: 101}, amoebanet: {layers: 18, filters: 256} "
-                              "or unet: {depth: 5, base: 64})");
+                              "resnet: {depth: 101}, amoebanet: {layers: 18, filters: 256}, "
+                              "unet: {depth: 5, base: 64} or gpt: {layers: 12})");
         if (ls->kind != GP_YNODE_SEQ)
             return gp_cfg_bad(w, ls, "expected a list for model.layers, got %s",
                               gp_cfg_describe(ls, got, sizeof got));

@@ -94,12 +94,15 @@ static gp_status conv_init(gp_layer *l, uint64_t seed)
     GP_TRY(gp_layers_add_param(l, "weight", &ws, false, false));
     if (l->spec.init == GP_INIT_KAIMING_NORMAL_FAN_OUT) /* gain sqrt(2) over fan_out */
         GP_TRY(gp_layers_init_normal(l, 0, seed, (float)sqrt(2.0 / (double)(k * kh * kw))));
+    else if (l->spec.init == GP_INIT_NORMAL)
+        GP_TRY(gp_layers_init_normal(l, 0, seed, l->spec.std));
     else
         GP_TRY(gp_layers_init_uniform(l, 0, seed, bound));
     if (l->spec.bias) {
         gp_shape bs = {1, {k, 0, 0, 0}};
         GP_TRY(gp_layers_add_param(l, "bias", &bs, false, true));
-        GP_TRY(gp_layers_init_uniform(l, 1, seed, bound));
+        if (l->spec.init == GP_INIT_NORMAL) GP_TRY(gp_layers_fill_param(l, 1, 0.0f));
+        else GP_TRY(gp_layers_init_uniform(l, 1, seed, bound));
     }
     return GP_OK;
 }

@@ -23,7 +23,8 @@ static const char *const type_names[GP_LAYER_TYPE_COUNT] = {
     "gelu", "layer_norm", "embedding",
 };
 
-static const char *const init_names[GP_INIT_COUNT] = {"default", "kaiming_normal_fan_out"};
+static const char *const init_names[GP_INIT_COUNT] = {"default", "kaiming_normal_fan_out",
+                                                          "normal"};
 
 const char *gp_conv_init_name(gp_conv_init i)
 {
@@ -65,6 +66,7 @@ gp_layer_spec gp_layer_spec_default(gp_layer_type type)
     s.bias = true;
     s.count_include_pad = true;
     s.init = GP_INIT_DEFAULT;
+    s.std = 0.02f;
     s.momentum = 0.1f;
     s.eps = 1e-5f;
     s.p = 0.5f;
@@ -127,6 +129,12 @@ const char *gp_layer_window_str(const gp_layer_spec *s, char *buf, size_t len)
     case GP_LAYER_ADD:
     case GP_LAYER_FACTORIZED_REDUCE:
         if (init) snprintf(buf, len, "{init: %s}", init);
+        break;
+    case GP_LAYER_LINEAR: /* GPT-2's init, and the layer whose weight it is */
+        if (s->init == GP_INIT_NORMAL)
+            snprintf(buf, len, "{init: normal, std: %g%s%s}", (double)s->std,
+                     s->tie[0] ? ", tie: " : "", s->tie);
+        else if (s->tie[0]) snprintf(buf, len, "{tie: %s}", s->tie);
         break;
     case GP_LAYER_AMOEBA_CELL:
         if (s->reduction) snprintf(buf, len, "{reduction: true}");

@@ -100,17 +100,19 @@ static inline bool gp_hw_is_square(gp_hw v) { return v.h == v.w; }
  * same).  Returns buf. */
 const char *gp_hw_str(gp_hw v, char *buf, size_t len);
 
-/* How conv2d initialises its weight (the bias, if any, is always PyTorch's
- * uniform(+-1/sqrt(fan_in))). */
+/* How conv2d and linear initialise their weight (the bias, if any, is
+ * PyTorch's uniform(+-1/sqrt(fan_in)), but 0 under GP_INIT_NORMAL). */
 typedef enum gp_conv_init {
     GP_INIT_DEFAULT = 0,          /* PyTorch's default: kaiming_uniform_(a = sqrt(5)),
                                      i.e. uniform(+-1/sqrt(C * KH * KW)) */
     GP_INIT_KAIMING_NORMAL_FAN_OUT, /* torchvision's ResNet: kaiming_normal_(mode =
                                      'fan_out', nonlinearity = 'relu'), i.e.
                                      normal(0, sqrt(2 / (K * KH * KW))) */
+    GP_INIT_NORMAL,               /* GPT-2's (and llm.c's): weight normal(0, spec.std),
+                                     bias 0 (linear, conv2d) */
     GP_INIT_COUNT
 } gp_conv_init;
-/* "default", "kaiming_normal_fan_out" (the names used in YAML). */
+/* "default", "kaiming_normal_fan_out", "normal" (the names used in YAML). */
 const char *gp_conv_init_name(gp_conv_init i);
 
 /* What a config says about one layer.  Fields a type does not use are
@@ -144,7 +146,8 @@ typedef struct gp_layer_spec {
                              divisor (PyTorch's default); default true */
     gp_conv_init init;    /* conv2d and the convolutions inside residual, add
                              (projection) and factorized_reduce; default
-                             GP_INIT_DEFAULT */
+                             GP_INIT_DEFAULT; linear: default or normal */
+    float std;            /* init: normal's standard deviation; default 0.02 */
     float momentum;       /* batchnorm (and the norms inside residual, add,
                              factorized_reduce); default 0.1 (PyTorch) */
     float eps;            /* batchnorm, instance_norm; default 1e-5 */

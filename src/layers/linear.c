@@ -1,7 +1,9 @@
 /*
  * linear.c — fully connected layer, y = x W^T + b.
  *
- * Parameters (PyTorch layout): weight (out, in), bias (out) when spec.bias.
+ * Parameters (PyTorch layout): weight (out, in), bias (out) when spec.bias;
+ * initialised as PyTorch's nn.Linear, or (init: normal) as GPT-2's:
+ * weight normal(0, spec.std), bias 0.
  * Input (N, in), output (N, out); or (N, T, in) -> (N, T, out), every
  * position through the same weights (a Transformer's projections and LM
  * head): the N*T positions are the rows of one product, as nn.Linear does.
@@ -43,15 +45,19 @@ static gp_status linear_init(gp_layer *l, uint64_t seed)
     int64_t in = l->in_shape.dims[l->in_shape.ndim - 1], out = l->spec.out;
     gp_shape ws = gp_shape_2d(out, in);
     float bound = 1.0f / sqrtf((float)in); /* kaiming_uniform(a = sqrt(5)) */
+    /* init: normal is GPT-2's (llm.c's): weight normal(0, std), bias 0 */
+    bool normal = l->spec.init == GP_INIT_NORMAL;
     GP_TRY(gp_layers_add_param(l, "weight", &ws, false, false));
-    GP_TRY(gp_layers_init_uniform(l, 0, seed, bound));
+    if (normal) GP_TRY(gp_layers_init_normal(l, 0, seed, l->spec.std));
+    else GP_TRY(gp_layers_init_uniform(l, 0, seed, bound));
     /* tie: a replica of the owner's weight, which gp_layers_tie_sync copies
      * in once the owner is initialised (its own draw here is overwritten) */
     l->params[0].tied = l->spec.tie[0] != '\0';
     if (l->spec.bias) {
         gp_shape bs = {1, {out, 0, 0, 0}};
         GP_TRY(gp_layers_add_param(l, "bias", &bs, false, true));
-        GP_TRY(gp_layers_init_uniform(l, 1, seed, bound));
+        if (normal) GP_TRY(gp_layers_fill_param(l, 1, 0.0f));
+        else GP_TRY(gp_layers_init_uniform(l, 1, seed, bound));
     }
     return GP_OK;
 }

@@ -403,11 +403,15 @@ void gp_model_release(gp_model *m)
     memset(m, 0, sizeof *m);
 }
 
+int64_t gp_model_layer_params(const gp_layer *l)
+{
+    return gp_layer_param_count(l) - gp_layer_tied_count(l); /* a tied weight: its owner's */
+}
+
 int64_t gp_model_param_count(const gp_model *m)
 {
     int64_t n = 0;
-    for (int k = 0; k < m->n_layers; k++) /* a tied weight once, as its owner's */
-        n += gp_layer_param_count(&m->layers[k]) - gp_layer_tied_count(&m->layers[k]);
+    for (int k = 0; k < m->n_layers; k++) n += gp_model_layer_params(&m->layers[k]);
     return n;
 }
 
@@ -421,7 +425,7 @@ static void describe_of(void *arg, int k, const gp_layer *l)
 {
     (void)k;
     describe_arg *a = arg;
-    a->params += gp_layer_param_count(l) - gp_layer_tied_count(l); /* tied: the owner's */
+    a->params += gp_model_layer_params(l);
     a->out = l->out_shape;
 }
 

@@ -109,6 +109,12 @@ void gp_model_free(gp_model *m);
  * calls it for each). */
 void gp_model_release(gp_model *m);
 int64_t gp_model_param_count(const gp_model *m);
+/* The trainable parameters layer l adds to the model's count: its own,
+ * less a weight it ties to an earlier layer (spec.tie: GPT-2's lm_head
+ * holds the embedding's wte.weight, which the embedding counts), so a
+ * tied weight is counted once (GPT-2 124M: 124,439,808).  Every count of
+ * a model's parameters goes through it. */
+int64_t gp_model_layer_params(const gp_layer *l);
 /* The trainable parameters the config's model would have, from shape
  * inference alone (gp_layer_meta): no device, no device memory, so a
  * model far larger than this machine's memory can be counted. */

@@ -1435,7 +1435,11 @@ static gp_status evaluate_if_epoch_ended(train_run *r, const train_step *t)
                             r->saves.lock);
     if (r->out.progress) fputc('\n', stderr);
     warn_eval_not_finite(res->test_loss, res->final_loss, &r->eval_nan_said);
-    if (!opts->quiet)
+    if (!opts->quiet && r->test.tokens)
+        GP_INFO("epoch %lld: validation loss %.4f nats per token (%.4f bits), next-token "
+                "accuracy %.2f%%", (long long)epoch + 1, res->test_loss,
+                res->test_loss / log(2.0), 100 * res->test_accuracy);
+    else if (!opts->quiet)
         GP_INFO("epoch %lld: test loss %.4f, test accuracy %.2f%%", (long long)epoch + 1,
                 res->test_loss, 100 * res->test_accuracy);
     if (r->out.metrics || r->out.tb) {
@@ -1769,7 +1773,11 @@ static gp_status final_evaluation(train_run *r)
         return data_failure(r->mp, r->cfg, s, r->mp->step, r->saves.saved_step, &r->saves.pos,
                             r->saves.lock);
     warn_eval_not_finite(res->test_loss, res->final_loss, &r->eval_nan_said);
-    if (!r->opts->quiet)
+    if (!r->opts->quiet && r->test.tokens) /* a language model: per token, in its units */
+        GP_INFO("final: validation loss %.4f nats per token (%.4f bits), next-token accuracy "
+                "%.2f%% after %lld steps", res->test_loss, res->test_loss / log(2.0),
+                100 * res->test_accuracy, (long long)res->steps);
+    else if (!r->opts->quiet)
         GP_INFO("final: test loss %.4f, test accuracy %.2f%% after %lld steps",
                 res->test_loss, 100 * res->test_accuracy, (long long)res->steps);
     if (r->out.metrics || r->out.tb) {
@@ -2090,7 +2098,7 @@ static gp_status summary_layers(const gp_config *cfg, gp_model *m, FILE *f, summ
         snprintf(nm, sizeof nm, "%s%s%s", gp_layer_type_name(l->spec.type),
                  l->spec.name[0] ? " " : "", l->spec.name);
         summary_layer_notes(l, inplace[k], unkept[k], fused[k], sk, sizeof sk);
-        int64_t np = gp_layer_param_count(l) - gp_layer_tied_count(l); /* tied: its owner's */
+        int64_t np = gp_model_layer_params(l);
         double fl = l->ops->flops(l, b);
         bool own = !inplace[k] && !unkept[k]; /* the output is kept for backward */
         double act = (own ? (double)gp_shape_numel(&os) * (double)b *
@@ -2235,6 +2243,35 @@ static void summary_optimizer(const gp_config *cfg, FILE *f)
                 (double)oc->beta2, (double)oc->eps, (double)oc->weight_decay, per, held, clip);
 }
 
+/* A language model's line (one that starts with an embedding: model.gpt,
+ * or layers written so): the parameters, the tied weight counted once; the
+ * training FLOPs per token as llm.c's and PaLM's estimate (appendix B),
+ * 6 N + 12 L H Q T: 6 N for the forward and backward of every weight's
+ * multiply-add per token, and 12 x T x the width H Q of each of the L
+ * attention layers for its scores and weighted sum (counted over the full
+ * T x T, as PaLM does, not the causal half); and the activation bytes one
+ * sequence keeps for backward (the table's total over the batch). */
+static void summary_lm(const gp_config *cfg, const gp_model *m, const summary_sums *tot, FILE *f)
+{
+    if (!m->n_layers || m->layers[0].spec.type != GP_LAYER_EMBEDDING) return;
+    int64_t T = cfg->model.input[0], attn = 0;
+    int L = 0;
+    for (int k = 0; k < m->n_layers; k++) {
+        const gp_layer *l = &m->layers[k];
+        if (l->spec.type != GP_LAYER_ATTENTION) continue;
+        L++;
+        attn += l->out_shape.dims[l->out_shape.ndim - 1]; /* H Q: its width */
+    }
+    double six_n = 6.0 * (double)tot->params, att = 12.0 * (double)attn * (double)T;
+    char ab[32];
+    double per_seq = cfg->train.batch_size > 0 ? tot->act / (double)cfg->train.batch_size : 0;
+    fprintf(f, "language model: %lld parameters (a tied weight counted once); %.1f MFLOP per "
+               "token to train (6N + 12 L H Q T: 6N = %.1f, %d attention layers at T = %lld: "
+               "%.1f); %s of activations per sequence of %lld tokens\n",
+            (long long)tot->params, (six_n + att) / 1e6, six_n / 1e6, L, (long long)T,
+            att / 1e6, gp_format_bytes((size_t)per_seq, ab, sizeof ab), (long long)T);
+}
+
 /* --dry-run: the model as shapes, on the devices that can be asked about
  * layouts, printed as a table (summary_layers) between the model's line
  * and the pipeline's and optimizer's; then whether the stages' state fits
@@ -2287,6 +2324,7 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
                "with backward), %s of activations per batch\n",
             (long long)tot.params, gp_format_bytes((size_t)tot.params * 4, pb, sizeof pb),
             tot.flops / 1e6, 3 * tot.flops / 1e6, gp_format_bytes((size_t)tot.act, ab, sizeof ab));
+    summary_lm(cfg, &m, &tot, f);
     summary_skips(cfg, &m, f);
     summary_pipeline(cfg, f);
     summary_optimizer(cfg, f);
