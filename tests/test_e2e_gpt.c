@@ -7,7 +7,7 @@
  * validation loss (nats per byte on the last 10% of the corpus) compared
  * with the unigram entropy of the corpus, computed here from the token
  * files in double: the loss of a model that knows only how often each byte
- * occurs.  The model must get at least 0.5 nat below it (the full run, in
+ * occurs.  The model must get at least 0.4 nat below it (the full run, in
  * bench/README.md, gets more than 1.0 below), and below the validation
  * split's own cross-entropy under the training split's byte frequencies.
  *
@@ -74,25 +74,39 @@ int main(void)
            "frequencies %.4f\n", h, x);
 
     /* the shipped config, shortened: 200 steps of 16 sequences (of the full
-     * run's 330 of 32), the warmup shortened with it.  150 steps reached
-     * 2.6869, 0.017 inside the bar: too close for other processors' sums */
+     * run's 330 of 32), the warmup shortened with it.  Under a sanitizer
+     * (CI's ASan + UBSan stage, several times slower) 20 steps: what they
+     * check is the code the run goes through, and its loss must still come
+     * below a uniform guess's, log 256 (the learning is the plain stage's
+     * to check) */
+    bool san = gpt_sanitizer() != GPT_SAN_NONE;
+    int steps = san ? 20 : 200;
     gpt_binary_path(bin, sizeof bin, "gpipe-train");
     snprintf(cmd, sizeof cmd, "'%s' '%s/configs/tiny-gpt.yaml' --set data.path='%s' "
-             "--set train.steps=200 --set train.batch_size=16 "
-             "--set train.schedule.warmup_steps=20", bin, GPIPE_SOURCE_DIR, dir);
+             "--set train.steps=%d --set train.batch_size=16 "
+             "--set train.schedule.warmup_steps=%d", bin, GPIPE_SOURCE_DIR, dir, steps,
+             san ? 5 : 20);
     rc = gpt_run_cmd(cmd, out, sizeof out);
     CHECK_MSG(rc == 0, "tiny-gpt: exit %d: %s", rc, out);
     const char *fin = strstr(out, "final: validation loss ");
     double loss = NAN, bits = NAN;
     CHECK_MSG(fin && sscanf(fin, "final: validation loss %lf nats per token (%lf bits)", &loss,
                             &bits) == 2, "no final validation loss in:\n%s", out);
-    printf("validation loss after 200 steps: %.4f nats per byte (%.4f below the entropy)\n",
-           loss, h - loss);
+    printf("validation loss after %d steps: %.4f nats per byte (%.4f below the entropy)\n",
+           steps, loss, h - loss);
     CHECK_NEAR(bits, loss / log(2.0), 1e-3, 0);
-    CHECK_MSG(loss < h - 0.5, "validation loss %.4f is not 0.5 nat below the unigram entropy "
-              "%.4f", loss, h);
-    CHECK_MSG(loss < x - 0.5, "validation loss %.4f is not 0.5 nat below the unigram "
-              "cross-entropy %.4f", loss, x);
+    if (san) {
+        CHECK_MSG(loss < log(256.0), "validation loss %.4f after %d steps is not below a "
+                  "uniform guess's %.4f", loss, steps, log(256.0));
+        printf("under a sanitizer: %d steps, the learning bar left to the plain build\n", steps);
+    } else {
+        /* 0.4 nat: 200 steps reached 0.56 below on an AVX2 EPYC (150 steps
+         * 0.517): room for other processors' sums */
+        CHECK_MSG(loss < h - 0.4, "validation loss %.4f is not 0.4 nat below the unigram "
+                  "entropy %.4f", loss, h);
+        CHECK_MSG(loss < x - 0.4, "validation loss %.4f is not 0.4 nat below the unigram "
+                  "cross-entropy %.4f", loss, x);
+    }
 
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     CHECK(system(cmd) == 0);
