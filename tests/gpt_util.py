@@ -8,6 +8,7 @@ folder first on sys.path, in a venv's interpreter too); not a test itself.
 """
 import importlib
 import os
+import struct
 import subprocess
 import sys
 
@@ -31,6 +32,15 @@ def finish(name):
     any failure."""
     print("%s: %d passed, %d failed" % (name, passed, failed))
     return 1 if failed else 0
+
+
+def write_tokens(path, toks):
+    """An llm.c token file (data.dataset: tokens): a 256-int32 header
+    (magic 20240520, version 1, the count), then the tokens as uint16."""
+    hdr = [0] * 256
+    hdr[:3] = [20240520, 1, len(toks)]
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", *hdr) + struct.pack("<%dH" % len(toks), *toks))
 
 
 def close(a, b, tol=1e-9):

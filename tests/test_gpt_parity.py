@@ -41,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 
-from gpt_util import check, close, finish
+from gpt_util import check, close, finish, write_tokens
 
 SRC = os.environ.get("GPIPE_SOURCE_DIR", os.path.join(os.path.dirname(__file__), ".."))
 BIN = os.environ.get("GPIPE_BINARY_DIR", os.path.join(SRC, "build"))
@@ -54,12 +54,6 @@ V, C, L, H, P, T = 61, 32, 2, 4, 24, 16
 B, STEPS, LR, MU = 4, 20, 0.1, 0.9
 VAL = 8
 
-
-def write_tokens(path, toks):
-    hdr = [0] * 256
-    hdr[:3] = [20240520, 1, len(toks)]
-    with open(path, "wb") as f:
-        f.write(struct.pack("<256i", *hdr) + struct.pack("<%dH" % len(toks), *toks))
 
 
 def make_tokens(d):

@@ -21,24 +21,17 @@ next) learns it; then gpipe-sample, from the run's snapshot:
   and --prompt-ids together.
 """
 import os
-import struct
 import subprocess
 import sys
 import tempfile
 
-from gpt_util import check, finish
+from gpt_util import check, finish, write_tokens
 
 SRC = os.environ.get("GPIPE_SOURCE_DIR", os.path.join(os.path.dirname(__file__), ".."))
 BIN = os.environ.get("GPIPE_BINARY_DIR", os.path.join(SRC, "build"))
 PATTERN = b"abcdefghij "
 C = 32
 
-
-def write_tokens(path, data):
-    hdr = [0] * 256
-    hdr[:3] = [20240520, 1, len(data)]
-    with open(path, "wb") as f:
-        f.write(struct.pack("<256i", *hdr) + struct.pack("<%dH" % len(data), *data))
 
 
 def config(d):
