@@ -105,8 +105,14 @@ static bool same_tensor(const gp_tensor *a, const gp_tensor *b)
     return same;
 }
 
-static gp_param *owner_of(gp_model *m) { return &m->layers[0].params[0]; }   /* wte.weight */
-static gp_param *replica_of(gp_model *m) { return &m->layers[6].params[0]; } /* lm_head.weight */
+/* The LM head's index: 6 in k_cfg; test_gpt_transparency sets the GPT
+ * family's */
+static int g_head = 6;
+static gp_param *owner_of(gp_model *m) { return &m->layers[0].params[0]; } /* wte.weight */
+static gp_param *replica_of(gp_model *m) /* lm_head.weight */
+{
+    return &m->layers[g_head].params[0];
+}
 
 /* ---- one device: the gradient sum against the untied twin ---------------- */
 
@@ -192,68 +198,115 @@ static void test_one_device(gp_device *dev)
 
 /* ---- transparency ------------------------------------------------------- */
 
+/* One configuration of yaml on n devices against one device: three steps'
+ * losses, the first step's gradients and the parameters after them bit
+ * for bit, and the tied copy equal to its owner. */
+static void transparency_one(gp_device **devs, const char *yaml, int n, gp_schedule_kind kind,
+                             int ck, int bf)
+{
+    gp_config c;
+    const char *sets[1] = {bf ? "train.activations=bf16" : "train.activations=fp32"};
+    if (!parse(yaml, sets, 1, &c)) return;
+    int bal[GP_MAX_DEVICES];
+    int S = gpt_set_schedule(&c, kind, n, bal);
+    c.pipeline.checkpoint = (gp_checkpoint_mode)ck;
+    c.pipeline.chunks = n == 3 ? 6 : 4; /* interleaved: a multiple of n */
+    gp_model ref, pip;
+    CHECK_OK(gp_model_build(&c, devs[0], &ref));
+    CHECK_OK(gp_model_build_placed(&c, devs, n, bal, &pip));
+    CHECK(pip.n_stages == S);
+    /* the embedding on stage 0, the head on the last */
+    CHECK(pip.layers[0].dev == devs[0] && pip.layers[g_head].dev == devs[(S - 1) % n]);
+    float x[BATCH * T], y[BATCH * T];
+    bool loss = true, grads = true, ok = true;
+    for (int s = 0; s < 3 && ok; s++) {
+        batch(s, x, y);
+        gp_step_stats a, b;
+        ok = gp_model_train_step(&ref, &c, x, y, BATCH, c.pipeline.chunks, 0.01, &a) == GP_OK &&
+             gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.01, &b) == GP_OK;
+        CHECK_MSG(ok, "%d stages %s checkpoint %d bf16 %d: %s", S, gp_schedule_kind_name(kind),
+                  ck, bf, gp_last_error());
+        if (!ok) break;
+        loss = loss && a.loss == b.loss;
+        if (s == 0) {
+            int64_t na, nb;
+            float *ga = gpt_gather(&ref, GPT_GRADS, &na);
+            float *gb = gpt_gather(&pip, GPT_GRADS, &nb);
+            grads = na == nb && !memcmp(ga, gb, (size_t)na * sizeof *ga);
+            free(ga);
+            free(gb);
+        }
+    }
+    if (ok) {
+        CHECK_MSG(loss && grads && gpt_same_values(&ref, &pip),
+                  "%d stages on %d devices, %s, checkpoint %d, bf16 activations %d: losses %s, "
+                  "gradients %s, values %s", S, n, gp_schedule_kind_name(kind), ck, bf,
+                  loss ? "equal" : "differ", grads ? "equal" : "differ",
+                  gpt_same_values(&ref, &pip) ? "equal" : "differ");
+        CHECK(same_tensor(&owner_of(&pip)->value, &replica_of(&pip)->value));
+    }
+    gp_model_free(&ref);
+    gp_model_free(&pip);
+    gp_config_free(&c);
+}
+
+static const gp_schedule_kind k_kinds[] = {GP_SCHEDULE_GPIPE, GP_SCHEDULE_1F1B,
+                                           GP_SCHEDULE_ZB_H1, GP_SCHEDULE_INTERLEAVED};
+
 static void test_transparency(gp_device **devs)
 {
-    static const gp_schedule_kind kinds[] = {GP_SCHEDULE_GPIPE, GP_SCHEDULE_1F1B,
-                                             GP_SCHEDULE_ZB_H1, GP_SCHEDULE_INTERLEAVED};
     int runs = 0;
     for (int bf = 0; bf < 2; bf++)
         for (int n = 1; n <= 4; n++)
             for (int sk = 0; sk < 4; sk++)
                 for (int ck = 0; ck < 3; ck++) {
-                    gp_schedule_kind kind = kinds[sk];
+                    gp_schedule_kind kind = k_kinds[sk];
                     if (n == 1 && kind != GP_SCHEDULE_GPIPE) continue;
                     if (kind == GP_SCHEDULE_INTERLEAVED && 2 * n > 7) continue; /* a layer a stage */
-                    gp_config c;
-                    const char *sets[1] = {bf ? "train.activations=bf16"
-                                              : "train.activations=fp32"};
-                    if (!parse(k_cfg, sets, 1, &c)) return;
-                    int bal[GP_MAX_DEVICES];
-                    int S = gpt_set_schedule(&c, kind, n, bal);
-                    c.pipeline.checkpoint = (gp_checkpoint_mode)ck;
-                    c.pipeline.chunks = n == 3 ? 6 : 4; /* interleaved: a multiple of n */
-                    gp_model ref, pip;
-                    CHECK_OK(gp_model_build(&c, devs[0], &ref));
-                    CHECK_OK(gp_model_build_placed(&c, devs, n, bal, &pip));
-                    CHECK(pip.n_stages == S);
-                    /* the embedding on stage 0, the head on the last */
-                    CHECK(pip.layers[0].dev == devs[0] && pip.layers[6].dev == devs[(S - 1) % n]);
-                    float x[BATCH * T], y[BATCH * T];
-                    bool loss = true, grads = true, ok = true;
-                    for (int s = 0; s < 3 && ok; s++) {
-                        batch(s, x, y);
-                        gp_step_stats a, b;
-                        ok = gp_model_train_step(&ref, &c, x, y, BATCH, c.pipeline.chunks, 0.01,
-                                                 &a) == GP_OK &&
-                             gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.01, &b) == GP_OK;
-                        CHECK_MSG(ok, "%d stages %s checkpoint %d bf16 %d: %s", S,
-                                  gp_schedule_kind_name(kind), ck, bf, gp_last_error());
-                        if (!ok) break;
-                        loss = loss && a.loss == b.loss;
-                        if (s == 0) {
-                            int64_t na, nb;
-                            float *ga = gpt_gather(&ref, GPT_GRADS, &na);
-                            float *gb = gpt_gather(&pip, GPT_GRADS, &nb);
-                            grads = na == nb && !memcmp(ga, gb, (size_t)na * sizeof *ga);
-                            free(ga);
-                            free(gb);
-                        }
-                    }
-                    if (ok) {
-                        CHECK_MSG(loss && grads && gpt_same_values(&ref, &pip),
-                                  "%d stages on %d devices, %s, checkpoint %d, bf16 "
-                                  "activations %d: losses %s, gradients %s, values %s",
-                                  S, n, gp_schedule_kind_name(kind), ck, bf,
-                                  loss ? "equal" : "differ", grads ? "equal" : "differ",
-                                  gpt_same_values(&ref, &pip) ? "equal" : "differ");
-                        CHECK(same_tensor(&owner_of(&pip)->value, &replica_of(&pip)->value));
-                    }
+                    transparency_one(devs, k_cfg, n, kind, ck, bf);
                     runs++;
-                    gp_model_free(&ref);
-                    gp_model_free(&pip);
-                    gp_config_free(&c);
                 }
     CHECK(runs > 50);
+}
+
+/* GPT-2 itself (model.gpt, two blocks: attention, the residual skips that
+ * cross stages, the tied head on the last stage) on 2 to 4 devices, every
+ * schedule and checkpoint mode, FP32 and bf16 activations: issue 53's
+ * transparency bar.  Under a sanitizer FP32 only. */
+static const char *k_gpt =
+    "model:\n"
+    "  input: [6]\n"
+    "  gpt: {layers: 2, heads: 2, width: 16, positions: 6, vocab: 11}\n"
+    "  loss: cross_entropy\n"
+    "data:\n"
+    "  dataset: synthetic\n"
+    "  synthetic: {train: 64, test: 16, classes: 11, shape: [6]}\n"
+    "pipeline: {devices: [cpu:0], chunks: 4}\n"
+    "train:\n"
+    "  batch_size: 12\n"
+    "  seed: 5\n"
+    "  log_every: 0\n"
+    "  optimizer: {type: adamw, lr: 0.01, weight_decay: 0.1}\n";
+
+static void test_gpt_transparency(gp_device **devs)
+{
+    gp_config c;
+    if (!parse(k_gpt, NULL, 0, &c)) return;
+    g_head = c.model.n_layers - 1;
+    CHECK(g_head == 22 && !strcmp(c.model.layers[g_head].name, "lm_head") &&
+          !strcmp(c.model.layers[g_head].tie, "transformer"));
+    gp_config_free(&c);
+    bool san = gpt_sanitizer() != GPT_SAN_NONE;
+    int runs = 0;
+    for (int bf = 0; bf < (san ? 1 : 2); bf++)
+        for (int n = 2; n <= 4; n++)
+            for (int sk = 0; sk < 4; sk++)
+                for (int ck = 0; ck < 3; ck++) {
+                    transparency_one(devs, k_gpt, n, k_kinds[sk], ck, bf);
+                    runs++;
+                }
+    CHECK(runs == (san ? 36 : 72));
+    g_head = 6;
 }
 
 /* ---- gradient clipping and data parallelism ----------------------------- */
@@ -421,6 +474,7 @@ int main(void)
     test_errors();
     test_one_device(devs[0]);
     test_transparency(devs);
+    test_gpt_transparency(devs);
     test_clip_replicas(devs);
     test_snapshot(devs);
     for (int j = 0; j < 5; j++) gp_device_close(devs[j]);
