@@ -78,7 +78,8 @@ static void test_metrics_full(void)
     char *cut = gpt_read_file(part, &n);
     CHECK_MSG(cut && n > 0 && n < 24 * 1024 && cut[n - 1] == '\n',
               "the metrics file after the failed write (%zu bytes) ends in a torn line: "
-              "...%.200s", n, cut && n > 200 ? cut + n - 200 : cut ? cut : "(none)");
+              "...%.200s\nthe run said: %.900s", n,
+              cut && n > 200 ? cut + n - 200 : cut ? cut : "(none)", out);
     int kept = count_lines(cut);
     free(cut);
     snprintf(cmd, sizeof cmd, "%s %s --no-progress --metrics %s --resume latest", bin, cfg,

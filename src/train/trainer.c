@@ -76,34 +76,41 @@ static void metrics_eval(gp_json_writer *w, int64_t step, int64_t epoch, double 
  * drops, and the record's text stays in w (w->text, without its newline)
  * for the final snapshot to keep (gp_snapshot_pos.metrics); the caller
  * empties w.  Written with write(2), past stdio, so no buffered rest of
- * it is written by the fclose at the end. */
+ * it is written by the fclose at the end; the text and its newline in one
+ * call (the newline in the place of the text's '\0' meanwhile), so that a
+ * record that fills the file to its limit exactly is one short write, not
+ * a whole text and a refused newline; and the cut is checked (fstat), not
+ * taken on ftruncate's word. */
 static gp_status metrics_line(gp_json_writer *w, FILE *f, const char *path)
 {
     if (w->oom)
         return gp_error_set(GP_ERR_OOM, "writing metrics file '%s' failed: out of host memory",
                             path);
-    struct stat sb;
+    struct stat sb, after;
     int fd = fileno(f);
     bool regular = fflush(f) == 0 && fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode);
     errno = 0;
-    size_t done = 0;
-    const char nl = '\n';
-    while (done <= w->len) { /* the text, then its newline */
-        bool last = done == w->len;
-        ssize_t k = write(fd, last ? &nl : w->text + done, last ? 1 : w->len - done);
+    size_t done = 0, n = w->len + 1;
+    char empty[1] = "";
+    char *text = w->text ? w->text : empty; /* (NUL-terminated: text[len] is there) */
+    text[w->len] = '\n';
+    while (done < n) {
+        ssize_t k = write(fd, text + done, n - done);
         if (k < 0 && errno == EINTR) continue;
         if (k <= 0) break;
         done += (size_t)k;
     }
-    if (done == w->len + 1) {
+    text[w->len] = '\0';
+    if (done == n) {
         w->len = 0; /* (emptied, as gp_json_flush leaves it) */
-        if (w->text) w->text[0] = '\0';
+        text[0] = '\0';
         return GP_OK;
     }
     int err = errno ? errno : EIO;
     /* (the file is this run's alone; a pipe or a device is left as it is) */
     bool cut = regular && ftruncate(fd, sb.st_size) == 0 &&
-               lseek(fd, sb.st_size, SEEK_SET) == sb.st_size;
+               lseek(fd, sb.st_size, SEEK_SET) == sb.st_size && fstat(fd, &after) == 0 &&
+               after.st_size == sb.st_size;
     return gp_error_set(GP_ERR_IO, "writing metrics file '%s' failed: %s%s", path,
                         strerror(err), !regular ? ""
                         : cut ? " (cut back to its last whole record)"
