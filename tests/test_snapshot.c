@@ -612,6 +612,24 @@ static void test_resume(int devices, const char *ckpt, int replicas, const char 
     CHECK_MSG(system(a) != 0, "a resume without snapshots moved some aside");
 }
 
+/* The copy off CPU devices that a snapshot in the background makes on its
+ * writer thread, after the step, while the next step's forward and
+ * backward run (GPIPE_SNAPSHOT_SLOW_COPY_MS holds it back 150 ms, long
+ * past the next step's update): what it holds is still the state of its
+ * own step, so the run resumed from it ends as the uninterrupted one, bit
+ * for bit, on one device (the model's own step) and on two (the
+ * pipeline's COMMIT and UPDATE wait at the model's gate).  Before, the
+ * copy was made in the step's boundary (85 ms of a 0.5-s step for
+ * ResNet-101's state). */
+static void test_resume_deferred_copy(void)
+{
+    setenv("GPIPE_SNAPSHOT_SLOW_COPY_MS", "150", 1);
+    test_resume(1, "never", 1, "gpipe");
+    test_resume(2, "except_last", 1, "gpipe");
+    test_resume(2, "never", 1, "zb-h1");
+    unsetenv("GPIPE_SNAPSHOT_SLOW_COPY_MS");
+}
+
 /* For the resume tests: config `yaml` (in tmpdir) with --set arguments
  * `sets` trained once to the end, its weights exported to tmpdir/`ref`,
  * and once more with a snapshot every 5 steps (9 kept) in tmpdir/`dir`,
@@ -2171,6 +2189,7 @@ int main(void)
         test_resume(2, "except_last", 1, "1f1b");
         test_resume(2, "never", 1, "zb-h1");
         test_resume(2, "except_last", 1, "interleaved");
+        test_resume_deferred_copy();
         test_resume_bf16();
         test_resume_other_placement();
         test_resume_changed_layers();

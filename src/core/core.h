@@ -368,4 +368,22 @@ gp_tensor gp_tensor_slice(const gp_tensor *t, int64_t first, int64_t count);
 /* A non-owning view with another shape of the same element count. */
 gp_tensor gp_tensor_reshape(const gp_tensor *t, const gp_shape *shape);
 
+/* ------------------------------------------------------------------------ */
+/* gates                                                                     */
+
+/* A gate one thread closes and another opens, and others wait at: a
+ * snapshot's copy of the model's state, made in the background while the
+ * next step's forward and backward run, closes the model's gate until it
+ * has read every tensor; whatever writes that state (the update, batch
+ * norm's commit, a load, freeing the model) waits for it to open.  Opening
+ * signals under the mutex, so a waiter may destroy the gate as soon as its
+ * wait returns.  gp_gate_new returns NULL when out of memory. */
+typedef struct gp_gate gp_gate;
+gp_gate *gp_gate_new(void);
+void gp_gate_free(gp_gate *g); /* (after waiting for it to open) */
+void gp_gate_close(gp_gate *g);
+void gp_gate_open(gp_gate *g);
+/* Until g is open (NULL: at once); whether it was closed on arrival. */
+bool gp_gate_wait(gp_gate *g);
+
 #endif /* GP_CORE_H */

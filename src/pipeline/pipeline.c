@@ -1619,6 +1619,7 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
         pthread_mutex_lock(&p->lock);
         p->mutated = true;
         pthread_mutex_unlock(&p->lock);
+        gp_gate_wait(p->opts.state_gate); /* a snapshot's copy of the state */
     }
     if (p->opts.fault_j == j && p->opts.fault_i == i && p->opts.fault_kind == in->kind) {
         if (p->opts.fault_delay_ms > 0)

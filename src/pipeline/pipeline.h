@@ -95,6 +95,10 @@ typedef struct gp_pipeline_opts {
      * arrives rounded to bfloat16, to nearest even, and moves half the
      * bytes (pipeline.c, "copies in bfloat16"). */
     bool bf16_copies;
+    /* The model's gate (gp_model.gate; NULL: none): COMMIT, UPDATE and
+     * GATHER, which write the state a snapshot holds, wait at it while a
+     * snapshot copies that state in the background. */
+    gp_gate *state_gate;
     float clip_norm;            /* > 0: CLIP scales the gradients so that their
                                    global L2 norm is at most this
                                    (train.clip_grad_norm); only with an optim

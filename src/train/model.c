@@ -395,12 +395,19 @@ gp_status gp_model_balance(const gp_config *cfg, int n, int *balance)
 void gp_model_release(gp_model *m)
 {
     if (!m) return;
+    gp_gate_free(m->gate); /* a snapshot's copy of the state, first */
     gp_pipeline_destroy(m->pipe);
     gp_optim_destroy(m->optim);
     for (int k = 0; k < m->n_layers; k++) gp_layer_destroy(&m->layers[k]);
     free(m->layers);
     gp_skip_map_free(&m->skips);
     memset(m, 0, sizeof *m);
+}
+
+gp_gate *gp_model_gate(gp_model *m)
+{
+    if (!m->gate) m->gate = gp_gate_new();
+    return m->gate;
 }
 
 int64_t gp_model_layer_params(const gp_layer *l)
@@ -452,6 +459,8 @@ gp_status gp_model_pipeline_step_one(gp_model *m, const gp_config *cfg, const fl
     m->refused = true; /* (an error before the step runs changes nothing) */
     if (!m->pipe) {
         gp_pipeline_opts po = gp_model_pipeline_opts(m, cfg);
+        po.state_gate = gp_model_gate(m);
+        if (!po.state_gate) return gp_error_set(GP_ERR_OOM, "out of host memory");
         GP_TRY(gp_pipeline_create(m->layers, m->n_layers, &m->input, m->n_stages, m->devs,
                                   m->balance, &po, &m->pipe));
     }
@@ -572,6 +581,7 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
      * which this step checks per micro-batch, gradients clipping found not
      * finite, out of memory) left the model as it was */
     m->refused = s != GP_OK;
+    gp_gate_wait(m->gate); /* a snapshot's copy of the state in the background */
     for (int k = 0; k < L && s == GP_OK; k++)
         if (m->layers[k].ops->commit) s = m->layers[k].ops->commit(&m->layers[k]);
     if (s == GP_OK) s = gp_optim_update(m->optim, 0, L, lr, m->step, 0, 1);

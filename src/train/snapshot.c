@@ -30,12 +30,40 @@
 
 /* ---- gather ------------------------------------------------------------ */
 
+/* The copies off the devices a snapshot in the background makes on its
+ * writer thread (deferred: the model's tensors are host memory, and its
+ * gate holds back whatever writes them until the copies are made). */
+typedef struct {
+    void *dst;
+    const void *src;
+    size_t bytes;
+} snap_copy;
+
+typedef struct {
+    snap_copy *items;
+    int n, cap;
+} snap_copies;
+
+static gp_status defer_copy(snap_copies *c, void *dst, const void *src, size_t bytes)
+{
+    if (c->n == c->cap) {
+        int cap = c->cap ? 2 * c->cap : 256;
+        snap_copy *ni = realloc(c->items, (size_t)cap * sizeof *ni);
+        if (!ni) return gp_error_set(GP_ERR_OOM, "out of host memory for a snapshot");
+        c->items = ni;
+        c->cap = cap;
+    }
+    c->items[c->n++] = (snap_copy){dst, src, bytes};
+    return GP_OK;
+}
+
 /* Tensor t of a layer that rank `owner` trains into the writer.  With
  * processes, every rank walks the same tensors in the same order: with
  * `gather`, the owner sends its copy to rank 0, which writes it (w is NULL
  * elsewhere); without, each rank adds its own tensors to its own part. */
 static gp_status add_device_tensor(gp_st_writer *w, const char *name, const gp_tensor *t,
-                                   int owner, bool gather, float **scratch, size_t *cap)
+                                   int owner, bool gather, float **scratch, size_t *cap,
+                                   snap_copies *defer)
 {
     int me = gp_procs_size() > 1 ? gp_procs_rank() : 0;
     if (me != owner && (me != 0 || !gather)) return GP_OK;
@@ -44,6 +72,7 @@ static gp_status add_device_tensor(gp_st_writer *w, const char *name, const gp_t
         void *dst;
         GP_TRY(gp_st_writer_slot(w, name, GP_ST_F32, t->ndim, t->dims, (size_t)n * sizeof(float),
                                  &dst));
+        if (defer) return defer_copy(defer, dst, gp_f32(t), (size_t)n * sizeof(float));
         GP_TRY(gp_dev_download(t->dev, dst, gp_f32(t), n));
         return gp_dev_synchronize(t->dev);
     }
@@ -179,8 +208,11 @@ static void layer_options(const gp_model *m, char *buf, size_t len)
  * `gather` rank 0 writes the whole model (the others send theirs and
  * return); without, each rank's w gets its own layers' tensors, and rank 0's
  * the metadata too: the parts of a snapshot (gp_snapshot_save). */
+/* The model's tensors and the run's position into w; with `defer`, the
+ * tensors' bytes are not copied but listed there, for the writer thread
+ * (gp_snapshot_save_async). */
 static gp_status collect(gp_model *m, const gp_config *cfg, const gp_snapshot_pos *pos,
-                         gp_st_writer *w, bool gather)
+                         gp_st_writer *w, bool gather, snap_copies *defer)
 {
     /* Replicas with sharded updates each hold their own chunk of the
      * momentum: assemble it in replica 0, which is what is written. */
@@ -197,7 +229,8 @@ static gp_status collect(gp_model *m, const gp_config *cfg, const gp_snapshot_po
         for (int p = 0; p < l->n_params && s == GP_OK; p++) {
             if (l->params[p].tied) continue; /* stored once, under its owner's name */
             tensor_name(name, sizeof name, "", m, k, nm, l->params[p].name);
-            s = add_device_tensor(w, name, &l->params[p].value, owner, gather, &scratch, &cap);
+            s = add_device_tensor(w, name, &l->params[p].value, owner, gather, &scratch, &cap,
+                                  defer);
         }
         const char *cn[MAX_COUNTERS];
         int64_t *cv[MAX_COUNTERS];
@@ -224,7 +257,8 @@ static gp_status collect(gp_model *m, const gp_config *cfg, const gp_snapshot_po
                     tensor_name(name, sizeof name, state_prefix(m, q, pre, sizeof pre), m, k, nm,
                                 l->params[p].name);
                     s = add_device_tensor(w, name, gp_optim_state(m->optim, k, p, q),
-                                          gp_model_layer_rank(m, k), gather, &scratch, &cap);
+                                          gp_model_layer_rank(m, k), gather, &scratch, &cap,
+                                          defer);
                 }
         }
     }
@@ -268,7 +302,7 @@ static gp_status collect(gp_model *m, const gp_config *cfg, const gp_snapshot_po
 gp_status gp_snapshot_collect(gp_model *m, const gp_config *cfg, const gp_snapshot_pos *pos,
                               gp_st_writer *w)
 {
-    return collect(m, cfg, pos, w, true);
+    return collect(m, cfg, pos, w, true, NULL);
 }
 
 /* ---- parts (processes) ---------------------------------------------------- */
@@ -698,6 +732,7 @@ gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
 {
     /* Pass 1 checks every name and value; pass 2 uploads.  So a failed
      * load leaves the model as it was. */
+    gp_gate_wait(m->gate); /* a snapshot's copy of the state, first */
     namelist missing = {0}, bad = {0}, extra = {0};
     bad_values values = {0};
     char name[256], first_old[512] = "";
@@ -963,6 +998,11 @@ gp_status gp_snapshot_latest(const char *dir, char *path, size_t len)
  * (release), so a poll that sees it joins without waiting. */
 struct snap_writer {
     gp_st_writer w;             /* the snapshot being written, or the last one's buffers */
+    snap_copies copies;         /* deferred: the model's tensors into w's buffers, first */
+    gp_gate *gate;              /* deferred: the model's, opened once they are copied */
+    long slow_copy_ms;          /* tests: the deferred copy first sleeps this long
+                                   (GPIPE_SNAPSHOT_SLOW_COPY_MS), so that the next
+                                   step reaches its update before it is made */
     pthread_t thread;
     bool in_flight;             /* started, not joined */
     atomic_bool finished;       /* the writer thread is done with it */
@@ -1202,6 +1242,7 @@ void gp_snapshot_lock_release(gp_snapshot_lock *l)
                   * first, and a failure of it is said, not lost */
         if (gp_snapshot_wait(l, false) != GP_OK) GP_WARN("%s", gp_error_message());
         gp_st_writer_free(&l->bg->w);
+        free(l->bg->copies.items);
         free(l->bg);
     }
     if (l->fd >= 0) {
@@ -1311,7 +1352,7 @@ gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_
                 close(dfd);
             }
         }
-        if (s == GP_OK) s = collect(m, cfg, pos, &w, false);
+        if (s == GP_OK) s = collect(m, cfg, pos, &w, false, NULL);
         if (s == GP_OK) s = gp_st_write_atomic(&w, part);
         gp_st_writer_free(&w);
         /* (the rank is named where the failure is said) */
@@ -1332,7 +1373,7 @@ gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_
             s = gp_error_set(GP_ERR_IO, "another rank could not write its part (its message "
                              "says why); no snapshot was made");
     }
-    if (s == GP_OK) s = collect(m, cfg, pos, &w, N == 1);
+    if (s == GP_OK) s = collect(m, cfg, pos, &w, N == 1, NULL);
     if (s == GP_OK && N > 1 && m->n_devices > 1) {
         char list[4096];
         int off = 0;
@@ -1352,9 +1393,26 @@ gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_
 /* ---- in the background ------------------------------------------------------- */
 
 
+/* The deferred copies off the devices, then the model's gate open: its
+ * next commit and update may write what they read. */
+static void copy_state(struct snap_writer *bg)
+{
+    if (bg->gate && bg->slow_copy_ms > 0)
+        nanosleep(&(struct timespec){bg->slow_copy_ms / 1000, bg->slow_copy_ms % 1000 * 1000000L},
+                  NULL);
+    for (int i = 0; i < bg->copies.n; i++) {
+        const snap_copy *c = &bg->copies.items[i];
+        memcpy(c->dst, c->src, c->bytes);
+    }
+    bg->copies.n = 0;
+    if (bg->gate) gp_gate_open(bg->gate);
+    bg->gate = NULL; /* (the model's: not touched again) */
+}
+
 static void *writer_main(void *arg)
 {
     struct snap_writer *bg = arg;
+    copy_state(bg);
     bg->status = write_and_prune(GP_OK, &bg->w, bg->dir, bg->keep, bg->step, bg->path);
     if (bg->status != GP_OK) snprintf(bg->msg, sizeof bg->msg, "%s", gp_error_message());
     atomic_store_explicit(&bg->finished, true, memory_order_release);
@@ -1390,6 +1448,18 @@ gp_status gp_snapshot_poll(const gp_snapshot_lock *lock)
     return gp_snapshot_wait(lock, false);
 }
 
+/* Whether a snapshot in the background may copy m's state on its writer
+ * thread, after the step: every device's memory is the host's (CPU
+ * devices), one process, no replicas (whose updates and momentum
+ * gathering have no gate). */
+static bool can_defer(const gp_model *m)
+{
+    if (m->local_device >= 0 || m->n_replicas > 1 || m->n_devices < 1) return false;
+    for (int j = 0; j < m->n_devices; j++)
+        if (!m->devs[j] || m->devs[j]->kind != GP_DEV_CPU) return false;
+    return true;
+}
+
 gp_status gp_snapshot_save_async(gp_model *m, const gp_config *cfg, const gp_snapshot_pos *pos,
                                  gp_snapshot_lock *lock)
 {
@@ -1411,14 +1481,32 @@ gp_status gp_snapshot_save_async(gp_model *m, const gp_config *cfg, const gp_sna
     snprintf(bg->dir, sizeof bg->dir, "%s", sc->dir);
     gp_snapshot_path(sc->dir, pos->step, bg->path, sizeof bg->path);
     gp_status s = gp_make_dirs(sc->dir, "snapshot directory");
-    if (s == GP_OK) s = collect(m, cfg, pos, &bg->w, true); /* the copy off the devices */
-    if (s != GP_OK) return write_and_prune(s, &bg->w, bg->dir, bg->keep, bg->step, bg->path);
+    /* The copy off the devices: here, or (deferred) on the writer thread
+     * while the next step's forward and backward run, its commit and
+     * update held at the model's gate until it is made. */
+    bg->copies.n = 0;
+    bg->gate = s == GP_OK && can_defer(m) ? gp_model_gate(m) : NULL;
+    for (int j = 0; bg->gate && s == GP_OK && j < m->n_devices; j++)
+        s = gp_dev_synchronize(m->devs[j]); /* (the step's last writes done) */
+    if (s == GP_OK) s = collect(m, cfg, pos, &bg->w, true, bg->gate ? &bg->copies : NULL);
+    if (s != GP_OK) {
+        bg->gate = NULL;
+        return write_and_prune(s, &bg->w, bg->dir, bg->keep, bg->step, bg->path);
+    }
+    if (bg->gate) {
+        GP_DEBUG("snapshot of step %lld: %d tensors copied in the background",
+                 (long long)pos->step, bg->copies.n);
+        const char *slow = getenv("GPIPE_SNAPSHOT_SLOW_COPY_MS");
+        bg->slow_copy_ms = slow ? strtol(slow, NULL, 10) : 0;
+        gp_gate_close(bg->gate);
+    }
     atomic_store(&bg->finished, false);
     bg->status = GP_OK;
     bg->msg[0] = '\0';
     int e = pthread_create(&bg->thread, NULL, writer_main, bg);
     if (e != 0) { /* no thread: written here, as before */
         GP_DEBUG("no snapshot writer thread (%s): writing in the foreground", strerror(e));
+        copy_state(bg);
         return write_and_prune(GP_OK, &bg->w, bg->dir, bg->keep, bg->step, bg->path);
     }
     bg->in_flight = true;

@@ -90,6 +90,12 @@ typedef struct gp_model {
     struct gp_model *replicas;       /* [R - 1], owned */
     struct gp_replica_group *group;  /* communicators, failure state; owned,
                                         made on the first step */
+    /* Closed while a snapshot's copy of the state (parameters, optimizer
+     * state, running statistics) is made in the background, during the
+     * next step's forward and backward (snapshot.c); the step's commit and
+     * update, a load and gp_model_release wait for it.  Owned; NULL until
+     * the first pipelined step or deferred snapshot (gp_model_gate). */
+    gp_gate *gate;
 } gp_model;
 
 /* Build every layer from the config on one device (shapes inferred in
@@ -108,6 +114,8 @@ void gp_model_free(gp_model *m);
 /* One replica's pipeline, optimizer and layers (model.c; gp_model_free
  * calls it for each). */
 void gp_model_release(gp_model *m);
+/* m's gate (gp_model.gate), made on the first call; NULL out of memory. */
+gp_gate *gp_model_gate(gp_model *m);
 int64_t gp_model_param_count(const gp_model *m);
 /* The trainable parameters layer l adds to the model's count: its own,
  * less a weight it ties to an earlier layer (spec.tie: GPT-2's lm_head
