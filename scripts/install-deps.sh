@@ -17,7 +17,7 @@
 # toolkit with cuBLAS, cuDNN and NCCL besides, which Debian 12 does not
 # package: .ci/run says so before it starts.
 set -euo pipefail
-pkgs=(cmake make gcc g++ pkgconf libyaml-dev libprotobuf-c-dev protobuf-c-compiler zlib1g-dev libdnnl-dev libturbojpeg0-dev libjpeg62-turbo-dev
+pkgs=(cmake make gcc g++ pkgconf libyaml-dev libprotobuf-c-dev protobuf-c-compiler zlib1g-dev libisal-dev libdnnl-dev libturbojpeg0-dev libjpeg62-turbo-dev
       libpng-dev openmpi-bin libopenmpi-dev
       python3-matplotlib python3-pil python3-numpy python3-venv
       dataset-fashion-mnist)
