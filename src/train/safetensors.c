@@ -66,6 +66,8 @@ static uint32_t crc_more(uint32_t crc, const uint8_t *p, uint64_t n)
 #endif
 }
 
+uint32_t gp_st_crc(uint32_t crc, const void *p, uint64_t n) { return crc_more(crc, p, n); }
+
 /* The little-endian 64-bit number at b: a file's header length. */
 static uint64_t get_le64(const uint8_t *b)
 {
@@ -606,6 +608,7 @@ gp_status gp_st_writer_slot(gp_st_writer *w, const char *name, gp_st_dtype dtype
     if (!grow(&w->tensors, &w->cap, w->n + 1, sizeof *w->tensors))
         return gp_error_set(GP_ERR_OOM, "out of host memory");
     gp_st_tensor *t = &w->tensors[w->n];
+    w->crc_known = false;
     char *nm = NULL;
     uint8_t *buf = NULL;
     if (w->n < w->n_kept) { /* the last write's tensor here: its buffer, if it fits */
@@ -653,6 +656,7 @@ void gp_st_writer_reuse(gp_st_writer *w)
     if (w->n > w->n_kept) w->n_kept = w->n;
     w->n = 0;
     w->data_len = 0;
+    w->crc_known = false;
     for (int i = 0; i < 2 * w->n_meta; i++) free(w->meta[i]);
     w->n_meta = 0;
 }
@@ -696,8 +700,8 @@ void gp_st_writer_free(gp_st_writer *w)
  * the data went into the metadata. */
 static gp_status build_header(gp_st_writer *w, gp_json_writer *h)
 {
-    uint32_t crc = 0;
-    for (int i = 0; i < w->n; i++)
+    uint32_t crc = w->crc_known ? w->crc : 0;
+    for (int i = 0; i < w->n && !w->crc_known; i++)
         crc = crc_more(crc, w->tensors[i].data, w->tensors[i].end - w->tensors[i].begin);
     char hex[16];
     snprintf(hex, sizeof hex, "%08lx", (unsigned long)crc);

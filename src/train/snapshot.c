@@ -1393,19 +1393,37 @@ gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_
 /* ---- in the background ------------------------------------------------------- */
 
 
-/* The deferred copies off the devices, then the model's gate open: its
- * next commit and update may write what they read. */
+/* The deferred copies off the devices, each 4 MiB chunk's CRC-32 taken
+ * while it is still in the cache (the file's checksum without a pass of
+ * its own over the data: gp_st_writer.crc), then the model's gate open:
+ * its next commit and update may write what they read. */
 static void copy_state(struct snap_writer *bg)
 {
-    if (bg->gate && bg->slow_copy_ms > 0)
+    if (!bg->gate) return;
+    if (bg->slow_copy_ms > 0)
         nanosleep(&(struct timespec){bg->slow_copy_ms / 1000, bg->slow_copy_ms % 1000 * 1000000L},
                   NULL);
-    for (int i = 0; i < bg->copies.n; i++) {
-        const snap_copy *c = &bg->copies.items[i];
-        memcpy(c->dst, c->src, c->bytes);
+    const size_t chunk = (size_t)4 << 20;
+    gp_st_writer *w = &bg->w;
+    uint32_t crc = 0;
+    int k = 0; /* the copies are in the order of the tensors they fill */
+    for (int i = 0; i < w->n; i++) {
+        uint8_t *dst = (uint8_t *)w->tensors[i].data;
+        size_t bytes = (size_t)(w->tensors[i].end - w->tensors[i].begin);
+        const snap_copy *c = k < bg->copies.n && bg->copies.items[k].dst == dst
+                                 ? &bg->copies.items[k++] : NULL;
+        GP_ASSERT(!c || c->bytes == bytes);
+        for (size_t off = 0; off < bytes; off += chunk) {
+            size_t n = bytes - off < chunk ? bytes - off : chunk;
+            if (c) memcpy(dst + off, (const uint8_t *)c->src + off, n);
+            crc = gp_st_crc(crc, dst + off, n);
+        }
     }
+    GP_ASSERT(k == bg->copies.n);
+    w->crc = crc;
+    w->crc_known = true;
     bg->copies.n = 0;
-    if (bg->gate) gp_gate_open(bg->gate);
+    gp_gate_open(bg->gate);
     bg->gate = NULL; /* (the model's: not touched again) */
 }
 

@@ -104,7 +104,17 @@ typedef struct gp_st_writer {
     uint64_t data_len;
     int n_kept;                 /* tensors[0 .. n_kept) hold the buffers of the
                                    write before gp_st_writer_reuse (owned) */
+    bool crc_known;             /* crc is the data's CRC-32, computed by the
+                                   caller as it filled the buffers (a snapshot's
+                                   writer thread: gp_st_crc over each chunk it
+                                   copies, while it is in the cache); cleared by
+                                   every slot and by gp_st_writer_reuse */
+    uint32_t crc;
 } gp_st_writer;
+
+/* zlib's CRC-32 `crc` carried on over n more bytes (0 to start); ISA-L's
+ * where the build has it, the same value. */
+uint32_t gp_st_crc(uint32_t crc, const void *p, uint64_t n);
 
 /* Copy `bytes` of host data as tensor `name` (dtype F32 or I64). */
 gp_status gp_st_writer_add(gp_st_writer *w, const char *name, gp_st_dtype dtype, int ndim,
