@@ -25,7 +25,9 @@
  *     the padded rows stay exactly 0; ids past V are errors as without
  *     padding; a snapshot holds Vp rows and resumes bit for bit; Hugging
  *     Face and llm.c exports of a padded model load into the unpadded one
- *     and the other way round; gpipe-sample never draws a padding id; the
+ *     and the other way round, and a larger vocabulary's file whose rows
+ *     number the padded model's is refused; evaluation and
+ *     gp_run_describe read V; gpipe-sample never draws a padding id; the
  *     parameter count is the unpadded one, the padding said apart.
  */
 #include "config/config.h"
@@ -675,6 +677,33 @@ static void pad_round_trip(gp_device *dev, bool tie, gp_weights_format fmt, bool
     remove(path);
 }
 
+/* A file of a larger vocabulary whose rows happen to number the padded
+ * model's Vp (16 tokens into 11 padded to 16) is refused, naming the
+ * tensor and what to set, not taken as the padding. */
+static void pad_larger_vocab(gp_device *dev, const char *dir)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/v16.hf", dir);
+    const char *text = "model:\n  input: [6]\n  gpt: {layers: 2, heads: 2, width: 16, "
+                       "positions: 6, vocab: 16}\ntrain: {batch_size: 12, seed: 5}\n";
+    gp_config c16, cp;
+    CHECK_OK(gp_config_parse("v16.yaml", text, strlen(text), NULL, 0, &c16));
+    if (!pad_cfg(true, true, true, &cp)) return;
+    gp_model a, b;
+    CHECK_OK(gp_model_build(&c16, dev, &a));
+    CHECK_OK(gp_model_build(&cp, dev, &b));
+    CHECK_OK(gp_gpt_export(&a, &c16, path, GP_WEIGHTS_HF));
+    CHECK_ERR(gp_snapshot_init_from(&b, path), GP_ERR_INVALID,
+              "tensor 'transformer.wte.weight' has 16 rows, and those past this model's "
+              "vocabulary of 11 are not 0: the file's vocabulary is larger; set "
+              "model.gpt.vocab to the file's");
+    gp_model_free(&a);
+    gp_model_free(&b);
+    gp_config_free(&c16);
+    gp_config_free(&cp);
+    remove(path);
+}
+
 /* gpipe-sample on a padded model draws among the V real tokens only: a
  * fresh model's logits are near 0, and the padding's are exactly 0, so a
  * draw over all Vp would take a padding id about a third of the time. */
@@ -751,6 +780,7 @@ static void vocab_pad(gp_device **devs)
             pad_round_trip(devs[0], tie, GP_WEIGHTS_HF, from_padded, dir);
             if (tie) pad_round_trip(devs[0], tie, GP_WEIGHTS_LLMC, from_padded, dir);
         }
+    pad_larger_vocab(devs[0], dir);
     pad_sample(devs[0], dir);
     rmdir(dir);
     pad_dry_run();

@@ -34,8 +34,9 @@
  * header says V), so reading takes the file's first V rows and zeros the
  * model's rows past them, and writing cuts back to V (and llm.c's 128):
  * an export of a padded model loads into an unpadded one, and the other
- * way round.  A file whose rows past the model's V are not zero is left
- * as it is (gp_snapshot_apply names the mismatch): those are tokens.
+ * way round.  A file whose rows past the model's V are not zero holds
+ * tokens: a padded model refuses it, and for an unpadded one
+ * gp_snapshot_apply names the mismatched shape.
  *
  * Reading converts into a gp_st_file with gpipe's names, which
  * gp_snapshot_apply then checks against the model (missing, unexpected
@@ -152,12 +153,20 @@ static gp_status add_vocab(gp_st_writer *w, const gp_model *m, const gp_st_file 
     int nd = 0;
     int64_t d[GP_ST_MAX_DIMS] = {0}, V = model_vocab(m);
     bool bf16 = !strcmp(t->dtype_name, "BF16");
-    bool fits = V > 0 && gp_snapshot_model_has(m, name, &nd, d) && nd == 2 && t->ndim == 2 &&
-                t->dims[1] == d[1] && t->dims[0] != d[0] && t->dims[0] >= V && V <= d[0] &&
-                (t->dtype == GP_ST_F32 || bf16);
-    for (int64_t i = V * t->dims[1]; fits && i < t->dims[0] * t->dims[1]; i++)
-        fits = value_at(t, bf16, i) == 0.0f; /* the file's own padding only */
-    if (!fits) return add_converted(w, f, t, name, false);
+    bool shaped = V > 0 && gp_snapshot_model_has(m, name, &nd, d) && nd == 2 && t->ndim == 2 &&
+                  t->dims[1] == d[1] && t->dims[0] >= V && V <= d[0] &&
+                  (t->dtype == GP_ST_F32 || bf16);
+    bool zero = shaped; /* the file's rows past V: its own padding only */
+    for (int64_t i = V * t->dims[1]; zero && i < t->dims[0] * t->dims[1]; i++)
+        zero = value_at(t, bf16, i) == 0.0f;
+    /* a padded model would take a larger vocabulary's rows as its padding
+     * where the sizes happen to agree: tokens the loss never reads */
+    if (shaped && !zero && V < d[0])
+        return gp_error_set(GP_ERR_INVALID, "%s: tensor '%s' has %lld rows, and those past this "
+                            "model's vocabulary of %lld are not 0: the file's vocabulary is "
+                            "larger; set model.gpt.vocab to the file's (vocab_pad pads it)",
+                            f->source, t->name, (long long)t->dims[0], (long long)V);
+    if (!shaped || !zero || t->dims[0] == d[0]) return add_converted(w, f, t, name, false);
     float *out;
     GP_TRY(gp_st_writer_slot(w, name, GP_ST_F32, 2, d, (size_t)(d[0] * d[1]) * sizeof(float),
                              (void **)&out));
