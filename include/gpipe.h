@@ -213,7 +213,9 @@ gp_status gp_run_evaluate(gp_run *run, const float *x, const float *y, int64_t n
 /* The run's model's outputs for n samples x (as for gp_run_evaluate, in
  * evaluation mode, through its stages) into out: n x output_numel floats
  * (gp_run_describe), the logits before the loss.  A language model's
- * next-token logits, for sampling (gpipe-sample).  One process only. */
+ * next-token logits, for sampling (gpipe-sample); a padded vocabulary's
+ * (model.gpt.vocab_pad) past gp_run_info.classes are no tokens.  One
+ * process only. */
 gp_status gp_run_predict(gp_run *run, const float *x, int64_t n, float *out);
 /* Write the weights of the run's model (as for gp_run_evaluate) to `path` as a
  * safetensors file (PyTorch's state_dict names; README "Snapshots and
@@ -236,6 +238,12 @@ typedef struct gp_run_info {
     int64_t parameters;    /* trainable parameters (--dry-run's count) */
     int64_t step;          /* optimizer steps the run's model has taken */
     int devices;           /* devices of the pipeline, every replica's */
+    int64_t classes;       /* model.loss: cross_entropy: the classes it reads of
+                              the output's last dimension, the first ones: all
+                              of them, or of a padded vocabulary
+                              (model.gpt.vocab_pad) the real ones (a logit past
+                              them is no token: sample below this); 0 for
+                              bce_with_logits */
 } gp_run_info;
 gp_status gp_run_describe(const gp_run *run, gp_run_info *out);
 

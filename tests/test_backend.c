@@ -1219,6 +1219,50 @@ static void test_softmax_xent(gp_device *dev)
                   worst);
         free(rdls);
     }
+    /* Rows ld = cols + 5 apart (a padded vocabulary, model.gpt.vocab_pad):
+     * the first cols columns give the compact rows' loss, hits and
+     * gradient bit for bit, with and without smoothing and with the
+     * results on the device, though the padding holds the row's largest
+     * values; the gradient's padding columns are 0. */
+    {
+        const int64_t ld = cols + 5;
+        float *xp = dalloc(dev, rows * ld), *dp = dalloc(dev, rows * ld);
+        float *dc = dalloc(dev, rows * cols);
+        gp_loss_result *res = (gp_loss_result *)dalloc(dev, 8);
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t j = 0; j < ld; j++) xp[r * ld + j] = j < cols ? x[r * cols + j] : 100.0f;
+        for (int q = 0; q < 3; q++) {
+            float eps = q == 1 ? 0.1f : 0.0f;
+            double lc = -1, lp = -2;
+            int64_t cc = -1, cp = -2, bc = 7, bp = 7;
+            for (int64_t i = 0; i < rows * ld; i++) dp[i] = 5.0f;
+            CHECK_OK(gp_dev_xent(dev, x, lab, rows, cols, scale, eps, dc, &lc, &cc, &bc));
+            if (q < 2) {
+                CHECK_OK(gp_dev_xent_ld(dev, xp, lab, rows, cols, ld, scale, eps, dp, &lp, &cp,
+                                        &bp));
+            } else {
+                CHECK_OK(gp_dev_xent_dev_ld(dev, xp, lab, rows, cols, ld, scale, eps, dp, res));
+                CHECK_OK(gp_dev_synchronize(dev));
+                lp = res->loss_sum;
+                cp = res->correct;
+                bp = res->bad;
+            }
+            int grad_bad = 0, pad_bad = 0;
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t j = 0; j < ld; j++) {
+                    if (j < cols) grad_bad += memcmp(&dp[r * ld + j], &dc[r * cols + j], 4) != 0;
+                    else pad_bad += dp[r * ld + j] != 0.0f;
+                }
+            CHECK_MSG(lp == lc && cp == cc && bp == -1 && bc == -1 && grad_bad == 0 &&
+                          pad_bad == 0,
+                      "xent with ld %lld (%s): loss %.17g against %.17g, hits %lld against "
+                      "%lld, %d gradients differ, %d padding gradients not 0", (long long)ld,
+                      q == 0 ? "plain" : q == 1 ? "smoothing" : "xent_dev", lp, lc,
+                      (long long)cp, (long long)cc, grad_bad, pad_bad);
+        }
+        dfree(dev, xp, rows * ld); dfree(dev, dp, rows * ld); dfree(dev, dc, rows * cols);
+        dfree(dev, (float *)res, 8);
+    }
     /* A bad label names its row and computes nothing. */
     lab[23] = (float)cols;
     for (int64_t i = 0; i < rows * cols; i++) dl[i] = 5.0f;

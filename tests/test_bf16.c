@@ -296,8 +296,8 @@ static void losses_and_sums(void)
     CHECK_OK(gp_tensor_alloc_as(&db, dev, &ls, GP_BF16, GP_MEM_ACTIVATIONS));
     CHECK_OK(gp_tensor_alloc(&dw, dev, &ls, GP_MEM_ACTIVATIONS));
     gp_loss_out ob = {0}, ow = {0};
-    CHECK_OK(gp_loss(dev, GP_LOSS_CROSS_ENTROPY, 0.1f, &lb, &t, 0.25f, &db, &ob));
-    CHECK_OK(gp_loss(dev, GP_LOSS_CROSS_ENTROPY, 0.1f, &lw, &t, 0.25f, &dw, &ow));
+    CHECK_OK(gp_loss(dev, GP_LOSS_CROSS_ENTROPY, 0.1f, 0, &lb, &t, 0.25f, &db, &ob));
+    CHECK_OK(gp_loss(dev, GP_LOSS_CROSS_ENTROPY, 0.1f, 0, &lw, &t, 0.25f, &dw, &ow));
     CHECK_MSG(ob.loss_sum == ow.loss_sum && ob.correct == ow.correct && ob.count == 6,
               "cross-entropy on bf16 logits: %.17g (%lld right) against %.17g (%lld) on the "
               "widened ones", ob.loss_sum, (long long)ob.correct, ow.loss_sum, (long long)ow.correct);

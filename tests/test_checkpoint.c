@@ -217,12 +217,13 @@ static void bad_loss(void)
     CHECK_OK(gp_dev_upload(dev, gp_f32(&logits), h, 6));
     CHECK_OK(gp_dev_upload(dev, gp_f32(&labels), y, 2));
     gp_loss_out lo = {0};
-    CHECK_ERR(gp_ckpt_loss(dev, GP_LOSS_CROSS_ENTROPY, 0.0f, &logits, &labels, 0.5f, &dl, &lo),
+    CHECK_ERR(gp_ckpt_loss(dev, GP_LOSS_CROSS_ENTROPY, 0.0f, 0, &logits, &labels, 0.5f, &dl,
+                           &lo),
               GP_ERR_NUMERIC, "lower train.optimizer.lr");
     gp_tensor_free(&dl);
     h[1] = 0;
     CHECK_OK(gp_dev_upload(dev, gp_f32(&logits), h, 6));
-    CHECK_OK(gp_ckpt_loss(dev, GP_LOSS_CROSS_ENTROPY, 0.0f, &logits, &labels, 0.5f, &dl, &lo));
+    CHECK_OK(gp_ckpt_loss(dev, GP_LOSS_CROSS_ENTROPY, 0.0f, 0, &logits, &labels, 0.5f, &dl, &lo));
     /* -log softmax, in double: row 0 label 0 of (1, 0, 0); row 1 label 2 of (0, 1, 2) */
     double want = -(1 - log(exp(1) + 2)) - (2 - log(1 + exp(1) + exp(2)));
     CHECK_NEAR(lo.loss_sum, want, 1e-5, 1e-6);

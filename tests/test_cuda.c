@@ -845,6 +845,19 @@ static void test_softmax_xent(void)
                          &loss[K], &correct[K], &badr[K]));
         CHECK_NEAR(loss[1], loss[0], 0, 1e-12);
         bcheck("xent dlogits, 1000 classes, label smoothing", &wd, 1e-6);
+        /* a padded vocabulary (model.gpt.vocab_pad): rows ld = 1000 floats
+         * apart of which the first 976 are classes; the gradient's 24
+         * padding columns are 0 on both */
+        float pl[67];
+        for (int64_t r = 0; r < rows; r++) pl[r] = (float)((r * 37) % 976);
+        buf plab = bnew(rows);
+        bset(&plab, pl);
+        BOTH(gp_dev_xent_ld(D, wx.p[K], plab.p[K], rows, 976, wc, 1.0f / (float)rows, 0.0f,
+                            wd.p[K], &loss[K], &correct[K], &badr[K]));
+        CHECK_NEAR(loss[1], loss[0], 0, 1e-12);
+        CHECK(correct[1] == correct[0] && badr[0] == -1 && badr[1] == -1);
+        bcheck("xent dlogits, 976 classes of rows of 1000", &wd, 1e-6);
+        bfree(&plab);
         free(h);
         bfree(&wx);
         bfree(&wd);

@@ -17,13 +17,26 @@
  *   - `gpipe-train --dry-run` prints that count, the FLOPs per token as
  *     6N + 12 L H Q T computed here, and the activations per sequence;
  *   - bad options, each named by file:line:column (or its --set) with
- *     what to change.
+ *     what to change;
+ *   - vocab_pad (llm.c's Vp): wte.weight and lm_head get Vp rows whose
+ *     first V start as the unpadded model's and the rest at 0; 20 steps'
+ *     losses equal the unpadded model's (tied and untied, AdamW and SGD
+ *     with momentum, both with weight decay; 1 device and 3 stages) and
+ *     the padded rows stay exactly 0; ids past V are errors as without
+ *     padding; a snapshot holds Vp rows and resumes bit for bit; Hugging
+ *     Face and llm.c exports of a padded model load into the unpadded one
+ *     and the other way round, and a larger vocabulary's file whose rows
+ *     number the padded model's is refused; evaluation and
+ *     gp_run_describe read V; gpipe-sample never draws a padding id; the
+ *     parameter count is the unpadded one, the padding said apart.
  */
 #include "config/config.h"
+#include "train/snapshot.h"
 #include "train/train.h"
 #include "test_util.h"
 
 #include <math.h>
+#include <unistd.h>
 
 static gp_status gpt_cfg(const char *opts, const char *input, const char *const *sets, int n,
                          gp_config *c)
@@ -230,12 +243,14 @@ static void names_and_counts(void)
     }
 }
 
-/* --dry-run's language-model line for configs/gpt2.yaml. */
+/* --dry-run's language-model line for configs/gpt2.yaml, unpadded (its
+ * vocab_pad: 128 set back to 1; pad_dry_run has it padded). */
 static void dry_run(void)
 {
     char bin[600], cmd[1400], out[1 << 16];
     gpt_binary_path(bin, sizeof bin, "gpipe-train");
-    snprintf(cmd, sizeof cmd, "'%s' '%s/configs/gpt2.yaml' --dry-run", bin, GPIPE_SOURCE_DIR);
+    snprintf(cmd, sizeof cmd, "'%s' '%s/configs/gpt2.yaml' --dry-run --set model.gpt.vocab_pad=1",
+             bin, GPIPE_SOURCE_DIR);
     int rc = gpt_run_cmd(cmd, out, sizeof out);
     CHECK_MSG(rc == 0, "--dry-run exited %d: %s", rc, out);
     /* 6N + 12 L H Q T: N = 124,439,808, L = 12, H Q = 768, T = 1024 */
@@ -245,7 +260,8 @@ static void dry_run(void)
              "once); %.1f MFLOP per token to train", flops / 1e6);
     CHECK_MSG(strstr(out, want) != NULL, "no \"%s\" in:\n%s", want, out);
     CHECK(strstr(out, "of activations per sequence of 1024 tokens") != NULL);
-    CHECK(strstr(out, "total: 124439808 parameters") != NULL);
+    CHECK(strstr(out, "total: 124439808 parameters (") != NULL);
+    CHECK(strstr(out, "padded") == NULL);
     /* the head's row shows no weight of its own, and its tie */
     CHECK(strstr(out, "{init: normal, std: 0.02, tie: transformer}") != NULL);
 }
@@ -319,15 +335,470 @@ static void init_normal(gp_device *dev)
     }
 }
 
+/* ---- model.gpt.vocab_pad ---------------------------------------------------
+ *
+ * A small GPT-2 of vocabulary PV = 11 padded to a multiple of 8 (Vp = 16:
+ * 5 padding rows), against the same model unpadded. */
+enum { PV = 11, PVP = 16, PC = 16, PT = 6, PB = 12, PSTEPS = 20 };
+
+/* The config: tie "true" or "false", optimizer adamw or sgd (with
+ * momentum), both with weight decay, and vocab_pad given or not. */
+static bool pad_cfg(bool tie, bool adam, bool pad, gp_config *c)
+{
+    char text[1024];
+    snprintf(text, sizeof text,
+             "model:\n"
+             "  input: [6]\n"
+             "  gpt: {layers: 2, heads: 2, width: 16, positions: 6, vocab: 11, tie: %s%s}\n"
+             "data:\n"
+             "  dataset: synthetic\n"
+             "  synthetic: {train: 64, test: 16, classes: 11, shape: [6]}\n"
+             "pipeline: {devices: [cpu:0], chunks: 3}\n"
+             "train:\n"
+             "  batch_size: 12\n"
+             "  seed: 5\n"
+             "  log_every: 0\n"
+             "  optimizer: {type: %s, lr: 0.01, weight_decay: 0.1}\n",
+             tie ? "true" : "false", pad ? ", vocab_pad: 8" : "",
+             adam ? "adamw" : "sgd, momentum: 0.9");
+    gp_status s = gp_config_parse("pad.yaml", text, strlen(text), NULL, 0, c);
+    CHECK_MSG(s == GP_OK, "config: %s", gp_last_error());
+    return s == GP_OK;
+}
+
+/* Token ids and next-token targets below PV (a counting pattern). */
+static void pad_batch(int step, float *x, float *y)
+{
+    unsigned seed = 300u + (unsigned)step;
+    for (int i = 0; i < PB; i++) {
+        int a = (int)(rand_r(&seed) % PV), d = 1 + (int)(rand_r(&seed) % 3);
+        for (int p = 0; p < PT; p++) {
+            x[i * PT + p] = (float)((a + d * p) % PV);
+            y[i * PT + p] = (float)((a + d * (p + 1)) % PV);
+        }
+    }
+}
+
+/* c's model on 1 device or over 3 stages (devs[0..2]). */
+static gp_status pad_build(gp_config *c, gp_device **devs, int n, gp_model *m)
+{
+    if (n == 1) return gp_model_build(c, devs[0], m);
+    int bal[GP_MAX_DEVICES];
+    gpt_set_schedule(c, GP_SCHEDULE_GPIPE, n, bal);
+    return gp_model_build_placed(c, devs, n, bal, m);
+}
+
+static gp_status pad_step(gp_model *m, gp_config *c, int n, int step, double lr,
+                          gp_step_stats *st)
+{
+    float x[PB * PT], y[PB * PT];
+    pad_batch(step, x, y);
+    if (n == 1) return gp_model_train_step(m, c, x, y, PB, c->pipeline.chunks, lr, st);
+    return gp_model_pipeline_step(m, c, x, y, PB, lr, st);
+}
+
+/* The vocabulary tensors of a GPT model: wte.weight, and an untied
+ * lm_head's weight (NULL when tied). */
+static gp_tensor *pad_wte(gp_model *m) { return &m->layers[0].params[0].value; }
+static gp_tensor *pad_head(gp_model *m)
+{
+    gp_param *p = &m->layers[m->n_layers - 1].params[0];
+    return p->tied ? NULL : &p->value;
+}
+
+/* Whether t's rows from `from` on are all exactly 0. */
+static bool rows_zero(const gp_tensor *t, int64_t from)
+{
+    float *h = gpt_download(t);
+    int64_t per = gp_tensor_numel(t) / t->dims[0];
+    bool zero = true;
+    for (int64_t i = from * per; i < gp_tensor_numel(t); i++) zero = zero && h[i] == 0.0f;
+    free(h);
+    return zero;
+}
+
+/* Whether a's first `rows` rows are b's first, bit for bit. */
+static bool rows_same(const gp_tensor *a, const gp_tensor *b, int64_t rows)
+{
+    float *ha = gpt_download(a), *hb = gpt_download(b);
+    bool same = a->dims[1] == b->dims[1] &&
+                !memcmp(ha, hb, (size_t)(rows * a->dims[1]) * sizeof *ha);
+    free(ha);
+    free(hb);
+    return same;
+}
+
+static bool tensor_equal(const gp_tensor *a, const gp_tensor *b)
+{
+    float *ha = gpt_download(a), *hb = gpt_download(b);
+    bool same = gp_tensor_numel(a) == gp_tensor_numel(b) &&
+                !memcmp(ha, hb, (size_t)gp_tensor_numel(a) * sizeof *ha);
+    free(ha);
+    free(hb);
+    return same;
+}
+
+/* Every parameter of p (padded) equal to u's (unpadded), the vocabulary
+ * tensors in their first PV rows, bit for bit. */
+static bool pad_same_params(gp_model *p, gp_model *u)
+{
+    bool same = p->n_layers == u->n_layers;
+    for (int k = 0; same && k < p->n_layers; k++)
+        for (int q = 0; same && q < p->layers[k].n_params; q++) {
+            gp_tensor *a = &p->layers[k].params[q].value, *b = &u->layers[k].params[q].value;
+            bool vocab = (k == 0 && q == 0) || k == p->n_layers - 1;
+            same = vocab ? rows_same(a, b, PV) : tensor_equal(a, b);
+        }
+    return same;
+}
+
+/* Padded against unpadded: the same first rows at init and the padding at
+ * 0, then PSTEPS steps whose losses agree to 1e-5 relative (*bitwise
+ * says whether every one was equal bit for bit), the padding still
+ * exactly 0. */
+static void pad_parity_one(gp_device **devs, bool tie, bool adam, int n, bool *bitwise)
+{
+    gp_config cp, cu;
+    if (!pad_cfg(tie, adam, true, &cp) || !pad_cfg(tie, adam, false, &cu)) return;
+    gp_model p, u;
+    gp_status s1 = pad_build(&cp, devs, n, &p), s2 = pad_build(&cu, devs, n, &u);
+    CHECK_OK(s1);
+    CHECK_OK(s2);
+    if (s1 != GP_OK || s2 != GP_OK) return;
+    const char *what = tie ? "tied" : "untied";
+    const char *opt = adam ? "adamw" : "sgd";
+    CHECK_MSG(pad_wte(&p)->dims[0] == PVP && pad_wte(&u)->dims[0] == PV &&
+                  p.output.dims[p.output.ndim - 1] == PVP && p.classes == PV && u.classes == 0,
+              "%s: wte %lld rows (want %d), logits %lld wide, classes %lld", what,
+              (long long)pad_wte(&p)->dims[0], PVP,
+              (long long)p.output.dims[p.output.ndim - 1], (long long)p.classes);
+    CHECK_MSG(pad_same_params(&p, &u), "%s, %d stage(s): the padded model starts as the unpadded "
+              "one in its first %d rows", what, n, PV);
+    CHECK_MSG(rows_zero(pad_wte(&p), PV) && (tie || rows_zero(pad_head(&p), PV)),
+              "%s: the padding rows start at 0", what);
+    CHECK(gp_model_param_count(&p) == gp_model_param_count(&u));
+    double worst = 0;
+    bool ok = true;
+    for (int step = 0; step < PSTEPS && ok; step++) {
+        gp_step_stats a, b;
+        ok = pad_step(&p, &cp, n, step, 0.01, &a) == GP_OK &&
+             pad_step(&u, &cu, n, step, 0.01, &b) == GP_OK;
+        CHECK_MSG(ok, "%s %s, %d stage(s), step %d: %s", what, opt, n, step, gp_last_error());
+        if (!ok) break;
+        worst = fmax(worst, fabs(a.loss - b.loss) / fabs(b.loss));
+        *bitwise = *bitwise && a.loss == b.loss;
+    }
+    CHECK_MSG(ok && worst <= 1e-5, "%s %s, %d stage(s): per-step losses differ by %.3g relative "
+              "(the bar: 1e-5)", what, opt, n, worst);
+    CHECK_MSG(rows_zero(pad_wte(&p), PV) && (tie || rows_zero(pad_head(&p), PV)),
+              "%s %s, %d stage(s): the padding rows stay exactly 0 over %d steps", what, opt, n,
+              PSTEPS);
+    /* the padding's gradients, the last step's, are 0 too */
+    gp_param *wp = &p.layers[0].params[0];
+    CHECK_MSG(rows_zero(&wp->grad, PV), "%s %s: wte's padding rows get no gradient", what, opt);
+    gp_model_free(&p);
+    gp_model_free(&u);
+    gp_config_free(&cp);
+    gp_config_free(&cu);
+}
+
+static void pad_parity(gp_device **devs)
+{
+    bool bitwise = true;
+    int runs = 0;
+    for (int tie = 0; tie < 2; tie++)
+        for (int adam = 0; adam < 2; adam++)
+            for (int n = 1; n <= 3; n += 2, runs++) pad_parity_one(devs, tie, adam, n, &bitwise);
+    CHECK(runs == 8);
+    printf("vocab_pad: %d runs of %d steps, the losses %s\n", runs, PSTEPS,
+           bitwise ? "bit for bit the unpadded model's" : "within 1e-5 of the unpadded model's");
+}
+
+/* An id past V is an error with padding as without: as an input (the
+ * embedding's) and as a target (the loss's), each naming V. */
+static void pad_bad_ids(gp_device *dev)
+{
+    gp_config c;
+    if (!pad_cfg(true, true, true, &c)) return;
+    gp_model m;
+    gp_status s = gp_model_build(&c, dev, &m);
+    CHECK_OK(s);
+    if (s != GP_OK) return;
+    float x[PB * PT], y[PB * PT];
+    pad_batch(0, x, y);
+    x[7] = 12; /* below Vp = 16, past V = 11 */
+    s = gp_model_train_step(&m, &c, x, y, PB, 3, 0.01, NULL);
+    CHECK_MSG(s != GP_OK && strstr(gp_last_error(), "token id 12") &&
+                  strstr(gp_last_error(), "[0, 11)"),
+              "an input id past V: %d '%s'", (int)s, gp_last_error());
+    pad_batch(0, x, y);
+    y[7] = 13;
+    s = gp_model_train_step(&m, &c, x, y, PB, 3, 0.01, NULL);
+    CHECK_MSG(s == GP_ERR_DATA && strstr(gp_last_error(), "label 13") &&
+                  strstr(gp_last_error(), "[0, 11)"),
+              "a target id past V: %d '%s'", (int)s, gp_last_error());
+    gp_model_free(&m);
+    gp_config_free(&c);
+}
+
+/* Evaluation (gp_run_evaluate: the loss and accuracy over V) and
+ * gp_run_describe (classes V of Vp logits) of a padded run against the
+ * unpadded one, after the same steps. */
+static void pad_evaluate(void)
+{
+    static const char *const yaml[2] = {
+        "model:\n  input: [6]\n  gpt: {layers: 2, heads: 2, width: 16, positions: 6, "
+        "vocab: 11}\npipeline: {devices: [cpu:0, cpu:1], chunks: 2}\n"
+        "train: {batch_size: 12, seed: 5, optimizer: {type: adamw, lr: 0.01}}\n",
+        "model:\n  input: [6]\n  gpt: {layers: 2, heads: 2, width: 16, positions: 6, "
+        "vocab: 11, vocab_pad: 8}\npipeline: {devices: [cpu:0, cpu:1], chunks: 2}\n"
+        "train: {batch_size: 12, seed: 5, optimizer: {type: adamw, lr: 0.01}}\n"};
+    double loss[2] = {0}, acc[2] = {0};
+    gp_run_info info[2] = {0};
+    float x[PB * PT], y[PB * PT];
+    for (int q = 0; q < 2; q++) {
+        gp_run *run = NULL;
+        gp_status s = gp_run_parse("pad.yaml", yaml[q], NULL, 0, &run);
+        for (int step = 0; step < 3 && s == GP_OK; step++) {
+            pad_batch(step, x, y);
+            s = gp_run_step(run, x, y, PB, 0, NULL);
+        }
+        pad_batch(7, x, y);
+        if (s == GP_OK) s = gp_run_evaluate(run, x, y, PB, &loss[q], &acc[q]);
+        if (s == GP_OK) s = gp_run_describe(run, &info[q]);
+        CHECK_MSG(s == GP_OK, "run %d: %s", q, gp_last_error());
+        gp_run_free(run);
+    }
+    CHECK_MSG(fabs(loss[1] - loss[0]) <= 1e-5 * loss[0] && acc[1] == acc[0],
+              "evaluation: padded loss %.9g accuracy %g, unpadded %.9g %g", loss[1], acc[1],
+              loss[0], acc[0]);
+    CHECK_MSG(info[0].classes == PV && info[1].classes == PV &&
+                  info[1].output_numel == PT * PVP && info[1].parameters == info[0].parameters,
+              "describe: classes %lld and %lld, output %lld", (long long)info[0].classes,
+              (long long)info[1].classes, (long long)info[1].output_numel);
+}
+
+/* A snapshot of a padded model holds the Vp rows, and resuming from it
+ * (into a model that started from other values) goes on bit for bit. */
+static void pad_snapshot(gp_device **devs, const char *dir)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/pad.snapshot", dir);
+    gp_config c, c2;
+    if (!pad_cfg(false, true, true, &c) || !pad_cfg(false, true, true, &c2)) return;
+    c2.train.seed = 9;
+    gp_model a, b;
+    CHECK_OK(pad_build(&c, devs, 3, &a));
+    CHECK_OK(pad_build(&c2, devs, 3, &b));
+    for (int step = 0; step < 3; step++) CHECK_OK(pad_step(&a, &c, 3, step, 0.01, NULL));
+    CHECK_OK(gp_snapshot_save_file(&a, &c, path));
+    gp_st_file f;
+    CHECK_OK(gp_st_read(path, &f));
+    const gp_st_tensor *t = gp_st_find(&f, "transformer.wte.weight");
+    CHECK_MSG(t && t->ndim == 2 && t->dims[0] == PVP, "the snapshot's wte has %lld rows, want %d",
+              t ? (long long)t->dims[0] : -1LL, PVP);
+    gp_st_free(&f);
+    gp_snapshot_pos pos;
+    CHECK_OK(gp_snapshot_restore(&b, &c, path, true, &pos, NULL));
+    bool same = true;
+    for (int step = 3; step < 6; step++) {
+        gp_step_stats sa, sb;
+        CHECK_OK(pad_step(&a, &c, 3, step, 0.01, &sa));
+        CHECK_OK(pad_step(&b, &c, 3, step, 0.01, &sb));
+        same = same && sa.loss == sb.loss;
+    }
+    CHECK_MSG(same && gpt_same_values(&a, &b), "the resumed padded run goes on bit for bit");
+    gp_model_free(&a);
+    gp_model_free(&b);
+    gp_config_free(&c);
+    gp_config_free(&c2);
+    remove(path);
+}
+
+/* from's weights exported in fmt, loaded (model.init_from) into `to`:
+ * every parameter equal in the first PV rows, `to`'s padding 0. */
+static void pad_round_trip(gp_device *dev, bool tie, gp_weights_format fmt, bool from_padded,
+                           const char *dir)
+{
+    static const char *const names[] = {"gpipe", "hf", "llmc"};
+    char path[600];
+    snprintf(path, sizeof path, "%s/w.%s", dir, names[fmt]);
+    gp_config cf, ct;
+    if (!pad_cfg(tie, true, from_padded, &cf) || !pad_cfg(tie, true, !from_padded, &ct)) return;
+    ct.train.seed = 9; /* other initial values, all overwritten */
+    gp_model f, t;
+    CHECK_OK(gp_model_build(&cf, dev, &f));
+    CHECK_OK(gp_model_build(&ct, dev, &t));
+    for (int step = 0; step < 2; step++) CHECK_OK(pad_step(&f, &cf, 1, step, 0.01, NULL));
+    gp_status s = gp_gpt_export(&f, &cf, path, fmt);
+    CHECK_MSG(s == GP_OK, "%s export: %s", names[fmt], gp_last_error());
+    if (s == GP_OK && fmt == GP_WEIGHTS_HF) { /* GPT-2's V rows, padded or not */
+        gp_st_file h;
+        CHECK_OK(gp_st_read(path, &h));
+        const gp_st_tensor *w = gp_st_find(&h, "transformer.wte.weight");
+        const gp_st_tensor *hd = gp_st_find(&h, "lm_head.weight");
+        CHECK_MSG(w && w->dims[0] == PV && (tie ? !hd : hd && hd->dims[0] == PV),
+                  "the hf file's wte has %lld rows, want %d", w ? (long long)w->dims[0] : -1LL,
+                  PV);
+        gp_st_free(&h);
+    }
+    if (s == GP_OK && fmt == GP_WEIGHTS_LLMC) { /* header: V 11, llm.c's Vp 128 */
+        size_t len = 0;
+        uint8_t *b = gpt_read_file(path, &len);
+        int32_t hdr[8] = {0};
+        if (b && len >= sizeof hdr) memcpy(hdr, b, sizeof hdr);
+        CHECK_MSG(hdr[3] == PV && hdr[7] == 128, "the llm.c header says V %d, Vp %d", hdr[3],
+                  hdr[7]);
+        free(b);
+    }
+    if (s == GP_OK) {
+        s = gp_snapshot_init_from(&t, path);
+        CHECK_MSG(s == GP_OK, "%s, %s: the %s model's export into the %s model: %s", names[fmt],
+                  tie ? "tied" : "untied", from_padded ? "padded" : "unpadded",
+                  from_padded ? "unpadded" : "padded", gp_last_error());
+    }
+    if (s == GP_OK) {
+        CHECK_MSG(from_padded ? pad_same_params(&f, &t) : pad_same_params(&t, &f),
+                  "%s, %s: the weights went across", names[fmt], tie ? "tied" : "untied");
+        gp_model *pm = from_padded ? &f : &t;
+        CHECK_MSG(rows_zero(pad_wte(pm), PV) && (tie || rows_zero(pad_head(pm), PV)),
+                  "%s: the padding rows are 0", names[fmt]);
+        /* the same loss on a batch (one step at lr 0) */
+        gp_step_stats a, b;
+        CHECK_OK(pad_step(&f, &cf, 1, 5, 0.0, &a));
+        CHECK_OK(pad_step(&t, &ct, 1, 5, 0.0, &b));
+        CHECK_MSG(fabs(a.loss - b.loss) <= 1e-5 * fabs(a.loss), "%s: losses %.9g and %.9g",
+                  names[fmt], a.loss, b.loss);
+    }
+    gp_model_free(&f);
+    gp_model_free(&t);
+    gp_config_free(&cf);
+    gp_config_free(&ct);
+    remove(path);
+}
+
+/* A file of a larger vocabulary whose rows happen to number the padded
+ * model's Vp (16 tokens into 11 padded to 16) is refused, naming the
+ * tensor and what to set, not taken as the padding. */
+static void pad_larger_vocab(gp_device *dev, const char *dir)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/v16.hf", dir);
+    const char *text = "model:\n  input: [6]\n  gpt: {layers: 2, heads: 2, width: 16, "
+                       "positions: 6, vocab: 16}\ntrain: {batch_size: 12, seed: 5}\n";
+    gp_config c16, cp;
+    CHECK_OK(gp_config_parse("v16.yaml", text, strlen(text), NULL, 0, &c16));
+    if (!pad_cfg(true, true, true, &cp)) return;
+    gp_model a, b;
+    CHECK_OK(gp_model_build(&c16, dev, &a));
+    CHECK_OK(gp_model_build(&cp, dev, &b));
+    CHECK_OK(gp_gpt_export(&a, &c16, path, GP_WEIGHTS_HF));
+    CHECK_ERR(gp_snapshot_init_from(&b, path), GP_ERR_INVALID,
+              "tensor 'transformer.wte.weight' has 16 rows, and those past this model's "
+              "vocabulary of 11 are not 0: the file's vocabulary is larger; set "
+              "model.gpt.vocab to the file's");
+    gp_model_free(&a);
+    gp_model_free(&b);
+    gp_config_free(&c16);
+    gp_config_free(&cp);
+    remove(path);
+}
+
+/* gpipe-sample on a padded model draws among the V real tokens only: a
+ * fresh model's logits are near 0, and the padding's are exactly 0, so a
+ * draw over all Vp would take a padding id about a third of the time. */
+static void pad_sample(gp_device *dev, const char *dir)
+{
+    char yaml[600], w[600], bin[600], cmd[2400], out[1 << 15];
+    snprintf(yaml, sizeof yaml, "%s/pad.yaml", dir);
+    snprintf(w, sizeof w, "%s/pad.safetensors", dir);
+    gp_config c;
+    if (!pad_cfg(true, true, true, &c)) return;
+    gp_model m;
+    CHECK_OK(gp_model_build(&c, dev, &m));
+    CHECK_OK(gp_gpt_export(&m, &c, w, GP_WEIGHTS_GPIPE));
+    gp_model_free(&m);
+    gp_config_free(&c);
+    const char *text = "model:\n  input: [6]\n  gpt: {layers: 2, heads: 2, width: 16, "
+                       "positions: 6, vocab: 11, vocab_pad: 8}\n"
+                       "pipeline: {devices: [cpu:0]}\ntrain: {batch_size: 4, seed: 5}\n";
+    gpt_write_file(yaml, text, strlen(text));
+    gpt_binary_path(bin, sizeof bin, "gpipe-sample");
+    snprintf(cmd, sizeof cmd, "'%s' '%s' --weights '%s' --prompt-ids 1,2 --tokens 40 "
+             "--samples 4 --temperature 1 --ids -q", bin, yaml, w);
+    int rc = gpt_run_cmd(cmd, out, sizeof out);
+    CHECK_MSG(rc == 0, "gpipe-sample exited %d: %s", rc, out);
+    int ids = 0, past = 0;
+    for (char *p = out; *p;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p) {
+            p++;
+            continue;
+        }
+        ids++;
+        past += v >= PV;
+        p = end;
+    }
+    CHECK_MSG(ids >= 4 * 42 && past == 0, "%d of %d sampled ids are padding (>= %d): %s", past,
+              ids, PV, out);
+    remove(yaml);
+    remove(w);
+}
+
+/* --dry-run of configs/gpt2.yaml as it is (vocab_pad: 128): the
+ * parameters as unpadded, the padding said apart, the FLOPs at Vp. */
+static void pad_dry_run(void)
+{
+    char bin[600], cmd[1400], out[1 << 16];
+    gpt_binary_path(bin, sizeof bin, "gpipe-train");
+    snprintf(cmd, sizeof cmd, "'%s' '%s/configs/gpt2.yaml' --dry-run", bin, GPIPE_SOURCE_DIR);
+    int rc = gpt_run_cmd(cmd, out, sizeof out);
+    CHECK_MSG(rc == 0, "--dry-run exited %d: %s", rc, out);
+    double flops = 6.0 * (124439808.0 + 47.0 * 768) + 12.0 * 12 * 768 * 1024;
+    char want[200];
+    snprintf(want, sizeof want, "language model: 124439808 parameters (a tied weight counted "
+             "once) + 36096 in 47 padded vocabulary rows; %.1f MFLOP per token", flops / 1e6);
+    CHECK_MSG(strstr(out, want) != NULL, "no \"%s\" in:\n%s", want, out);
+    CHECK(strstr(out, "total: 124439808 parameters + 36096 padded") != NULL);
+    CHECK(strstr(out, "(1, 1024, 50304)") != NULL && strstr(out, "+ 47 padded rows") != NULL);
+}
+
+static void vocab_pad(gp_device **devs)
+{
+    pad_parity(devs);
+    pad_bad_ids(devs[0]);
+    pad_evaluate();
+    char dir[256];
+    if (!gpt_make_tmpdir(dir, sizeof dir, "gpipe-vpad")) {
+        CHECK_MSG(0, "no scratch directory");
+        return;
+    }
+    pad_snapshot(devs, dir);
+    for (int from_padded = 0; from_padded < 2; from_padded++)
+        for (int tie = 0; tie < 2; tie++) {
+            pad_round_trip(devs[0], tie, GP_WEIGHTS_HF, from_padded, dir);
+            if (tie) pad_round_trip(devs[0], tie, GP_WEIGHTS_LLMC, from_padded, dir);
+        }
+    pad_larger_vocab(devs[0], dir);
+    pad_sample(devs[0], dir);
+    rmdir(dir);
+    pad_dry_run();
+    CHECK_ERR(gpt_cfg("{vocab_pad: 0}", "[64]", NULL, 0, NULL), GP_ERR_INVALID,
+              "g.yaml:3:20: model.gpt.vocab_pad must be >= 1, got 0");
+}
+
 int main(void)
 {
     gp_log_set_level(GP_LOG_ERROR);
-    gp_device *dev = NULL;
-    gpt_open_cpu_devices(&dev, 1, 1);
-    if (dev) {
-        init_normal(dev);
-        gp_device_close(dev);
+    gp_device *devs[3] = {0};
+    gpt_open_cpu_devices(devs, 3, 1);
+    if (devs[0]) {
+        init_normal(devs[0]);
+        vocab_pad(devs);
     }
+    for (int j = 0; j < 3; j++)
+        if (devs[j]) gp_device_close(devs[j]);
     expansion();
     names_and_counts();
     dry_run();

@@ -469,7 +469,7 @@ static double model_run(gp_model *m, const float *x, const float *y, int64_t b, 
     int bad = -1;
     CHECK_OK(gp_ckpt_forward(m->layers, &ctx, backward ? GP_FWD_KEEP : GP_FWD_INPUT, &s, &bad));
     gp_loss_out lo = {0};
-    CHECK_OK(gp_ckpt_loss(m->dev, GP_LOSS_CROSS_ENTROPY, 0.0f, &s.out, &labels, 1.0f,
+    CHECK_OK(gp_ckpt_loss(m->dev, GP_LOSS_CROSS_ENTROPY, 0.0f, 0, &s.out, &labels, 1.0f,
                           backward ? &dl : NULL, &lo));
     if (backward) {
         for (int k = 0; k < m->n_layers; k++) gp_layer_grads_begin(&m->layers[k]);

@@ -268,10 +268,10 @@ static void test_xent_3d(gp_device *dev)
     CHECK_OK(gp_dev_upload(dev, gp_f32(&lt), t, N * T));
     CHECK_ERR(gp_cross_entropy(dev, &lz, &lt, 0.0f, scale, NULL, &o3), GP_ERR_DATA,
               "label 9 in row 9 of the batch is not a class index in [0, 9)");
-    CHECK_ERR(gp_loss_check_targets(GP_LOSS_CROSS_ENTROPY, t, &zs, 0), GP_ERR_DATA,
+    CHECK_ERR(gp_loss_check_targets(GP_LOSS_CROSS_ENTROPY, 0, t, &zs, 0), GP_ERR_DATA,
               "label 9 in row 9 of the batch");
-    CHECK_ERR(gp_loss_check_targets(GP_LOSS_CROSS_ENTROPY, t + T, &(gp_shape){3, {2, T, V, 0}},
-                                    1),
+    CHECK_ERR(gp_loss_check_targets(GP_LOSS_CROSS_ENTROPY, 0, t + T,
+                                    &(gp_shape){3, {2, T, V, 0}}, 1),
               GP_ERR_DATA, "label 9 in row 9 of the batch");
     free(g);
     free(g2);

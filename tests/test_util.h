@@ -287,8 +287,8 @@ static inline gp_status gpt_rounded_step(gp_model *m, const gp_config *c, const 
         gp_shape ys = {1, {sizes[i], 0, 0, 0}};
         gp_tensor labels = gpt_upload(m->dev, &ys, y + at);
         gp_loss_out lo = {0};
-        s = gp_ckpt_loss(m->dev, m->loss, m->label_smoothing, &st[i][S - 1].out, &labels,
-                         (float)(1.0 / (double)n), &dy[i], &lo);
+        s = gp_ckpt_loss(m->dev, m->loss, m->label_smoothing, m->classes, &st[i][S - 1].out,
+                         &labels, (float)(1.0 / (double)n), &dy[i], &lo);
         gp_tensor_free(&labels);
         sum += lo.loss_sum;
         correct += lo.correct;

@@ -14,6 +14,8 @@
  * [T]); a shorter one is padded after its end with id 0, which causal
  * attention keeps from the positions before it.  No cache: every token
  * is a forward pass over T positions, which is what a small model needs.
+ * A padded vocabulary (model.gpt.vocab_pad) draws among its real tokens
+ * (gp_run_info.classes), never a padding logit.
  *
  * Tokens: byte-level (a vocabulary of 256: the prompt's bytes, the output
  * printed as bytes) by default there; otherwise --prompt-ids and ids out,
@@ -241,9 +243,10 @@ static int write_tokens(const char *path, const int64_t *ids, int64_t n)
 typedef struct sampler {
     gp_run *run;
     int64_t T, V, S;
+    int64_t Vp; /* the logits' row: V and (model.gpt.vocab_pad) padding past it */
     int64_t *ids; /* (S, len + tokens) */
     int64_t len, cap;
-    float *x, *y; /* (S, T) inputs, (S, T, V) logits */
+    float *x, *y; /* (S, T) inputs, (S, T, Vp) logits */
     int64_t *idx;
     double *p;
 } sampler;
@@ -260,7 +263,7 @@ static gp_status generate(sampler *s, const sample_opts *o)
         GP_TRY(gp_run_predict(s->run, s->x, s->S, s->y));
         for (int64_t q = 0; q < s->S; q++)
             s->ids[q * s->cap + s->len] =
-                draw(s->y + (q * s->T + w - 1) * s->V, s->V, o, &rng, s->idx, s->p);
+                draw(s->y + (q * s->T + w - 1) * s->Vp, s->V, o, &rng, s->idx, s->p);
     }
     return GP_OK;
 }
@@ -302,9 +305,11 @@ static int run_sampler(const sample_opts *o)
         return gp_status_exit_code(st);
     }
     s.T = info.input_numel;
-    s.V = info.target_numel == s.T && s.T > 0 ? info.output_numel / s.T : 0;
+    s.Vp = info.target_numel == s.T && s.T > 0 ? info.output_numel / s.T : 0;
+    /* a padded vocabulary's logits past V are no tokens: drawn among V */
+    s.V = info.classes > 0 && info.classes < s.Vp ? info.classes : s.Vp;
     if (info.input[1] != 1 || info.input[2] != 1 || s.V < 1 ||
-        info.output_numel != s.T * s.V) {
+        info.output_numel != s.T * s.Vp) {
         fprintf(stderr, "gpipe-sample: %s is not a language model: it needs model.input [T] "
                 "and an output (T, vocabulary) with a target per position\n", o->config);
         gp_run_free(s.run);
@@ -318,7 +323,7 @@ static int run_sampler(const sample_opts *o)
     s.cap = np + o->tokens;
     s.ids = calloc((size_t)(s.S * s.cap), sizeof *s.ids);
     s.x = malloc((size_t)(s.S * s.T) * sizeof *s.x);
-    s.y = malloc((size_t)(s.S * s.T * s.V) * sizeof *s.y);
+    s.y = malloc((size_t)(s.S * s.T * s.Vp) * sizeof *s.y);
     s.idx = malloc((size_t)s.V * sizeof *s.idx);
     s.p = malloc((size_t)s.V * sizeof *s.p);
     if (code == EXIT_OK && !(s.ids && s.x && s.y && s.idx && s.p)) {

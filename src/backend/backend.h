@@ -118,8 +118,11 @@
  *      kernel of the attention layer)
  *  29  gelu_fwd, gelu_bwd (GPT-2's tanh GELU)
  *  30  layer_norm_fwd, layer_norm_bwd_data, layer_norm_bwd_weights
- *  31  embed_fwd, embed_bwd (token and position embeddings) */
-#define GP_DEVICE_IFACE_VERSION 31
+ *  31  embed_fwd, embed_bwd (token and position embeddings)
+ *  32  xent and xent_dev take the rows' stride `ld` (>= cols): a padded
+ *      vocabulary's logits (model.gpt.vocab_pad) are read in their first
+ *      cols columns and the gradient's padding columns are zeroed */
+#define GP_DEVICE_IFACE_VERSION 32
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -435,10 +438,13 @@ typedef struct gp_device_iface {
      * (smoothing > 0) the target is smoothed (gp_ew_xent_loss_ls,
      * gp_ew_xent_grad_ls); 0 is the plain loss, bit for bit.  A label
      * outside [0, cols) sets *bad_row to its row (else -1) and returns
-     * GP_OK without output. */
+     * GP_OK without output.  Rows are ld >= cols floats apart in logits
+     * and dlogits: the columns [cols, ld) of logits take no part (no
+     * probability, not an argmax) and those of dlogits are set to 0 (a
+     * padded vocabulary, model.gpt.vocab_pad). */
     gp_status (*xent)(gp_device *dev, const float *logits, const float *labels,
-                      int64_t rows, int64_t cols, float scale, float smoothing, float *dlogits,
-                      double *loss_sum, int64_t *correct, int64_t *bad_row);
+                      int64_t rows, int64_t cols, int64_t ld, float scale, float smoothing,
+                      float *dlogits, double *loss_sum, int64_t *correct, int64_t *bad_row);
     /* Dropout mask: mask[i] = (u >= p) ? 1 / (1 - p) : 0 with
      * u = gp_rng_uniform(seed, stream, first + i), so the mask of any
      * sub-range equals the same range of the whole (micro-batch splits and
@@ -635,7 +641,7 @@ typedef struct gp_device_iface {
      * sets out->bad (else -1) and leaves loss_sum and correct 0.  NULL: the
      * wrappers call xent / bce_logits (a host wait) and upload the result. */
     gp_status (*xent_dev)(gp_device *dev, const float *logits, const float *labels,
-                          int64_t rows, int64_t cols, float scale, float smoothing,
+                          int64_t rows, int64_t cols, int64_t ld, float scale, float smoothing,
                           float *dlogits, gp_loss_result *out);
     gp_status (*bce_logits_dev)(gp_device *dev, const float *z, const float *t, int64_t n,
                                 float scale, float *dz, gp_loss_result *out);
@@ -1061,9 +1067,17 @@ gp_status gp_dev_bn_merge(gp_device *dev, int64_t c, double *mean_acc, double *m
                           double na, double nb, const float *mean, const float *var);
 gp_status gp_dev_bn_commit(gp_device *dev, int64_t c, float *rmean, float *rvar,
                            double *mean_acc, double *m2_acc, double momentum, double count);
-gp_status gp_dev_xent_dev(gp_device *dev, const float *logits, const float *labels,
-                          int64_t rows, int64_t cols, float scale, float smoothing,
-                          float *dlogits, gp_loss_result *out);
+gp_status gp_dev_xent_dev_ld(gp_device *dev, const float *logits, const float *labels,
+                             int64_t rows, int64_t cols, int64_t ld, float scale,
+                             float smoothing, float *dlogits, gp_loss_result *out);
+/* Rows of cols floats (no padding). */
+static inline gp_status gp_dev_xent_dev(gp_device *dev, const float *logits, const float *labels,
+                                        int64_t rows, int64_t cols, float scale,
+                                        float smoothing, float *dlogits, gp_loss_result *out)
+{
+    return gp_dev_xent_dev_ld(dev, logits, labels, rows, cols, cols, scale, smoothing, dlogits,
+                              out);
+}
 gp_status gp_dev_bce_logits_dev(gp_device *dev, const float *z, const float *t, int64_t n,
                                 float scale, float *dz, gp_loss_result *out);
 
@@ -1304,14 +1318,23 @@ static inline gp_status gp_dev_log_softmax(gp_device *dev, const float *x, float
 {
     return dev->iface->log_softmax(dev, x, y, rows, cols);
 }
+static inline gp_status gp_dev_xent_ld(gp_device *dev, const float *logits,
+                                       const float *labels, int64_t rows, int64_t cols,
+                                       int64_t ld, float scale, float smoothing, float *dlogits,
+                                       double *loss_sum, int64_t *correct, int64_t *bad_row)
+{
+    gp_dev_count_wait(dev);
+    return dev->iface->xent(dev, logits, labels, rows, cols, ld, scale, smoothing, dlogits,
+                            loss_sum, correct, bad_row);
+}
+/* Rows of cols floats (no padding). */
 static inline gp_status gp_dev_xent(gp_device *dev, const float *logits, const float *labels,
                                     int64_t rows, int64_t cols, float scale, float smoothing,
                                     float *dlogits, double *loss_sum, int64_t *correct,
                                     int64_t *bad_row)
 {
-    gp_dev_count_wait(dev);
-    return dev->iface->xent(dev, logits, labels, rows, cols, scale, smoothing, dlogits, loss_sum,
-                            correct, bad_row);
+    return gp_dev_xent_ld(dev, logits, labels, rows, cols, cols, scale, smoothing, dlogits,
+                          loss_sum, correct, bad_row);
 }
 static inline gp_status gp_dev_dropout_mask(gp_device *dev, float *mask, int64_t n, float p,
                                             uint64_t seed, uint64_t stream, uint64_t first)

@@ -501,18 +501,18 @@ static gp_status loss_result_up(gp_device *dev, gp_loss_result *out, double loss
     return dev->iface->copy_h2d(dev, out, &r, sizeof r);
 }
 
-gp_status gp_dev_xent_dev(gp_device *dev, const float *logits, const float *labels,
-                          int64_t rows, int64_t cols, float scale, float smoothing,
-                          float *dlogits, gp_loss_result *out)
+gp_status gp_dev_xent_dev_ld(gp_device *dev, const float *logits, const float *labels,
+                             int64_t rows, int64_t cols, int64_t ld, float scale,
+                             float smoothing, float *dlogits, gp_loss_result *out)
 {
     if (dev->iface->xent_dev && rows > 0)
-        return dev->iface->xent_dev(dev, logits, labels, rows, cols, scale, smoothing, dlogits,
-                                    out);
+        return dev->iface->xent_dev(dev, logits, labels, rows, cols, ld, scale, smoothing,
+                                    dlogits, out);
     double loss = 0.0;
     int64_t correct = 0, bad = -1;
     if (rows > 0)
-        GP_TRY(gp_dev_xent(dev, logits, labels, rows, cols, scale, smoothing, dlogits, &loss,
-                           &correct, &bad));
+        GP_TRY(gp_dev_xent_ld(dev, logits, labels, rows, cols, ld, scale, smoothing, dlogits,
+                              &loss, &correct, &bad));
     return loss_result_up(dev, out, loss, correct, bad);
 }
 

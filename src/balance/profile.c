@@ -261,9 +261,10 @@ static gp_status fill_input(const gp_layer *l, int q, gp_tensor *t, uint64_t see
     if (l->spec.type != GP_LAYER_EMBEDDING || q != 0) return fill_random(t, seed, stream, host);
     int64_t n = gp_tensor_numel(t);
     gp_rng_uniform_fill(seed, stream, 0, host, n);
+    int64_t vocab = gp_layer_spec_valid_rows(&l->spec, l->spec.vocab); /* not the padding */
     for (int64_t i = 0; i < n; i++) {
-        float v = floorf(host[i] * (float)l->spec.vocab);
-        host[i] = v < (float)(l->spec.vocab - 1) ? v : (float)(l->spec.vocab - 1);
+        float v = floorf(host[i] * (float)vocab);
+        host[i] = v < (float)(vocab - 1) ? v : (float)(vocab - 1);
     }
     return gp_dev_upload(t->dev, gp_f32(t), host, n);
 }
@@ -673,7 +674,7 @@ static gp_status profile_layer(gp_profile *p, const gp_profile_opts *o, gp_layer
                     if (s == GP_OK) s = gp_dev_synchronize(dev);
                     t0 = gp_now();
                     if (s == GP_OK)
-                        s = gp_loss(dev, o->loss, o->label_smoothing, &yl, &lab,
+                        s = gp_loss(dev, o->loss, o->label_smoothing, 0, &yl, &lab,
                                     1.0f / (float)nl, &dl, &lo);
                     if (s == GP_OK) s = gp_dev_synchronize(dev);
                     gp_tensor_free(&lab);

@@ -431,19 +431,19 @@ static gp_status alloc_dlogits(gp_device *dev, const gp_tensor *logits, gp_tenso
     return gp_tensor_alloc_as(dlogits, dev, &os, logits->dtype, GP_MEM_ACTIVATIONS);
 }
 
-gp_status gp_ckpt_loss(gp_device *dev, gp_loss_kind k, float smoothing,
+gp_status gp_ckpt_loss(gp_device *dev, gp_loss_kind k, float smoothing, int64_t classes,
                        const gp_tensor *logits, const gp_tensor *targets, float grad_scale,
                        gp_tensor *dlogits, gp_loss_out *lo)
 {
     GP_TRY(alloc_dlogits(dev, logits, dlogits));
-    GP_TRY(gp_loss(dev, k, smoothing, logits, targets, grad_scale, dlogits, lo));
+    GP_TRY(gp_loss(dev, k, smoothing, classes, logits, targets, grad_scale, dlogits, lo));
     return gp_ckpt_loss_finite(lo->loss_sum);
 }
 
-gp_status gp_ckpt_loss_dev(gp_device *dev, gp_loss_kind k, float smoothing,
+gp_status gp_ckpt_loss_dev(gp_device *dev, gp_loss_kind k, float smoothing, int64_t classes,
                            const gp_tensor *logits, const gp_tensor *targets, float grad_scale,
                            gp_tensor *dlogits, gp_loss_result *out)
 {
     GP_TRY(alloc_dlogits(dev, logits, dlogits));
-    return gp_loss_dev(dev, k, smoothing, logits, targets, grad_scale, dlogits, out);
+    return gp_loss_dev(dev, k, smoothing, classes, logits, targets, grad_scale, dlogits, out);
 }

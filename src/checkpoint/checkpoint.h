@@ -170,13 +170,13 @@ gp_status gp_ckpt_backward_weights(gp_layer *layers, const gp_fwd_ctx *ctx, gp_s
  * with dlogits (allocated here, category ACTIVATIONS; NULL: none) scaled by
  * grad_scale.  A non-finite loss is GP_ERR_NUMERIC saying what to try; the
  * caller adds where it happened. */
-gp_status gp_ckpt_loss(gp_device *dev, gp_loss_kind k, float smoothing,
+gp_status gp_ckpt_loss(gp_device *dev, gp_loss_kind k, float smoothing, int64_t classes,
                        const gp_tensor *logits, const gp_tensor *targets, float grad_scale,
                        gp_tensor *dlogits, gp_loss_out *lo);
 /* The same with the results left on the device (gp_loss_dev): no host
  * wait; the caller checks that the loss is finite when it reads them,
  * with gp_ckpt_loss_finite. */
-gp_status gp_ckpt_loss_dev(gp_device *dev, gp_loss_kind k, float smoothing,
+gp_status gp_ckpt_loss_dev(gp_device *dev, gp_loss_kind k, float smoothing, int64_t classes,
                            const gp_tensor *logits, const gp_tensor *targets, float grad_scale,
                            gp_tensor *dlogits, gp_loss_result *out);
 /* GP_OK, or the GP_ERR_NUMERIC of a loss that is not finite, saying what

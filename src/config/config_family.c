@@ -430,6 +430,13 @@ static gp_status parse_unet(gp_cfg_walk *w, const gp_ynode *m, gp_model_config *
  *     [mlp.dropout], mlp.residual (add)
  *   transformer.ln_f, lm_head (linear vocab, no bias, tie: transformer)
  *
+ * vocab_pad > 1 pads the vocabulary as llm.c does (Vp: vocab rounded up to
+ * a multiple of vocab_pad, 50257 -> 50304 with 64 or 128), where the GPU's
+ * matmuls run faster on the rounder size: wte.weight and lm_head get Vp
+ * rows, those past vocab start at 0 (spec.valid_rows), the model's output
+ * is Vp logits a position of which the loss reads the first vocab
+ * (gp_model.classes), and so the padding never gets a gradient.
+ *
  * The adds are gpipe's and have no parameters (Hugging Face's block adds
  * inline).  Residuals are skips on the layers that already produce the
  * block's input: the embedding (or the dropout after it) stashes "h0.in",
@@ -462,15 +469,17 @@ static void gpt_residual(spec_list *l, const char *name, const char *pop, const 
 }
 
 static gp_status gpt(spec_list *l, int layers, int64_t heads, int64_t width, int64_t positions,
-                     int64_t vocab, float dropout, bool tie)
+                     int64_t vocab, int64_t vocab_pad, float dropout, bool tie)
 {
+    int64_t vp = (vocab + vocab_pad - 1) / vocab_pad * vocab_pad; /* llm.c's Vp */
     int drop = dropout > 0.0f;
     l->cap = 1 + drop + layers * (10 + 2 * drop) + 2;
     l->specs = calloc((size_t)l->cap, sizeof *l->specs);
     if (!l->specs) return gp_error_set(GP_ERR_OOM, "out of memory expanding model.gpt");
     float std = 0.02f, proj_std = (float)(0.02 / sqrt(2.0 * layers));
     gp_layer_spec *emb = push(l, GP_LAYER_EMBEDDING, "transformer");
-    emb->vocab = vocab;
+    emb->vocab = vp;
+    emb->valid_rows = vp > vocab ? vocab : 0;
     emb->dim = width;
     emb->positions = positions;
     gp_layer_spec *in = emb; /* the layer whose output is block 0's input */
@@ -503,14 +512,15 @@ static gp_status gpt(spec_list *l, int layers, int64_t heads, int64_t width, int
 #undef NAME
     }
     push(l, GP_LAYER_LAYER_NORM, "transformer.ln_f");
-    gp_layer_spec *head = gpt_linear(l, "lm_head", vocab, std);
+    gp_layer_spec *head = gpt_linear(l, "lm_head", vp, std);
+    head->valid_rows = emb->valid_rows;
     head->bias = false;
     if (tie) snprintf(head->tie, sizeof head->tie, "%s", emb->name);
     GP_ASSERT(l->n == l->cap);
     return GP_OK;
 }
 
-/* model.gpt: {layers, heads, width, positions, vocab, dropout, tie}. */
+/* model.gpt: {layers, heads, width, positions, vocab, vocab_pad, dropout, tie}. */
 static gp_status parse_gpt(gp_cfg_walk *w, const gp_ynode *m, gp_model_config *mc, bool *found)
 {
     const gp_ynode *g = gp_ymap_get(m, "gpt"), *gkey = gp_ymap_key(m, "gpt");
@@ -525,7 +535,7 @@ static gp_status parse_gpt(gp_cfg_walk *w, const gp_ynode *m, gp_model_config *m
     GP_TRY(gp_cfg_check_keys(w, g, "model.gpt"));
     const char *gs = "model.gpt";
     int layers = 0;
-    int64_t heads = 0, width = 0, positions = 0, vocab = 0;
+    int64_t heads = 0, width = 0, positions = 0, vocab = 0, vocab_pad = 1;
     float dropout = 0.0f;
     bool tie = true;
     GP_TRY(gp_cfg_get_int32(w, g, gs, "layers", 12, 1, 10000, &layers));
@@ -534,6 +544,12 @@ static gp_status parse_gpt(gp_cfg_walk *w, const gp_ynode *m, gp_model_config *m
     GP_TRY(gp_cfg_get_int(w, g, gs, "positions", 1024, 1, (int64_t)1 << 24, &positions));
     /* token ids are floats in the pipeline: exact below 2^24 */
     GP_TRY(gp_cfg_get_int(w, g, gs, "vocab", 50257, 1, (int64_t)1 << 24, &vocab));
+    GP_TRY(gp_cfg_get_int(w, g, gs, "vocab_pad", 1, 1, (int64_t)1 << 16, &vocab_pad));
+    if ((vocab + vocab_pad - 1) / vocab_pad * vocab_pad > ((int64_t)1 << 24))
+        return gp_cfg_bad(w, gp_ymap_get(g, "vocab_pad"), "model.gpt.vocab_pad = %lld rounds "
+                          "model.gpt.vocab = %lld past 2^24 rows (token ids are floats); give "
+                          "a smaller vocab_pad (llm.c pads GPT-2's 50257 to 50304 with 64 or "
+                          "128)", (long long)vocab_pad, (long long)vocab);
     GP_TRY(gp_cfg_get_float(w, g, gs, "dropout", 0.0f, 0, 1, GP_CFG_HI_OPEN, &dropout));
     GP_TRY(gp_cfg_get_bool(w, g, gs, "tie", true, &tie));
     const gp_ynode *hn = gp_ymap_get(g, "heads"), *wn = gp_ymap_get(g, "width");
@@ -558,7 +574,7 @@ static gp_status parse_gpt(gp_cfg_walk *w, const gp_ynode *m, gp_model_config *m
                           (long long)positions, (long long)T, (long long)T);
     spec_list l;
     list_start(&l, w, gkey, g);
-    GP_TRY(gpt(&l, layers, heads, width, positions, vocab, dropout, tie));
+    GP_TRY(gpt(&l, layers, heads, width, positions, vocab, vocab_pad, dropout, tie));
     return expanded(w, mc, &l, "gpt", gkey, found);
 }
 

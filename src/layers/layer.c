@@ -442,6 +442,14 @@ gp_status gp_layers_fill_param(gp_layer *l, int p, float v)
     return gp_dev_fill(l->dev, gp_f32(t), v, gp_tensor_numel(t));
 }
 
+gp_status gp_layers_zero_rows(gp_layer *l, int p, int64_t first)
+{
+    gp_tensor *t = &l->params[p].value;
+    int64_t rows = t->dims[0], per = rows > 0 ? gp_tensor_numel(t) / rows : 0;
+    if (l->meta || first >= rows) return GP_OK;
+    return gp_dev_fill(l->dev, gp_f32(t) + first * per, 0.0f, (rows - first) * per);
+}
+
 gp_status gp_layer_zero_grad(gp_layer *l)
 {
     for (int p = 0; p < l->n_params; p++) {
@@ -1227,36 +1235,52 @@ static gp_status loss_shapes(gp_device *dev, gp_loss_kind k, const gp_tensor *lo
     return GP_OK;
 }
 
-/* A bad label or target the device reported at `bad`: its value, read
- * back, in the error. */
-static gp_status bad_on_device(gp_device *dev, gp_loss_kind k, const gp_tensor *logits,
+/* A bad label (of `classes`) or target the device reported at `bad`: its
+ * value, read back, in the error. */
+static gp_status bad_on_device(gp_device *dev, gp_loss_kind k, int64_t classes,
                                const gp_tensor *targets, int64_t bad)
 {
     float v = NAN;
     GP_TRY(gp_dev_download(dev, &v, gp_f32(targets) + bad, 1));
     GP_TRY(gp_dev_synchronize(dev));
     gp_shape ts = gp_tensor_shape(targets);
-    return k == GP_LOSS_CROSS_ENTROPY ? bad_label(v, bad, xent_cols(logits))
+    return k == GP_LOSS_CROSS_ENTROPY ? bad_label(v, bad, classes)
                                       : bad_target(v, bad, &ts, 0);
+}
+
+/* The classes a cross-entropy reads of logits whose rows are `cols` wide:
+ * the first `classes` (a padded vocabulary), or all of them (0). */
+static int64_t xent_classes(int64_t classes, int64_t cols)
+{
+    GP_ASSERT(classes <= cols);
+    return classes > 0 ? classes : cols;
+}
+
+static gp_status xent_valid(gp_device *dev, int64_t classes, const gp_tensor *logits,
+                            const gp_tensor *labels, float smoothing, float grad_scale,
+                            gp_tensor *dlogits, gp_loss_out *out)
+{
+    memset(out, 0, sizeof *out);
+    GP_TRY(loss_shapes(dev, GP_LOSS_CROSS_ENTROPY, logits, labels, dlogits));
+    int64_t rows = xent_rows(logits), ld = xent_cols(logits), cols = xent_classes(classes, ld);
+    double loss = 0.0;
+    int64_t correct = 0, bad = -1;
+    if (rows > 0)
+        GP_TRY(gp_dev_xent_ld(dev, gp_f32(logits), gp_f32(labels), rows, cols, ld, grad_scale,
+                              smoothing, dlogits ? gp_f32(dlogits) : NULL, &loss, &correct,
+                              &bad));
+    if (bad >= 0) return bad_on_device(dev, GP_LOSS_CROSS_ENTROPY, cols, labels, bad);
+    out->loss_sum = loss;
+    out->correct = correct;
+    out->count = rows;
+    return GP_OK;
 }
 
 gp_status gp_cross_entropy(gp_device *dev, const gp_tensor *logits, const gp_tensor *labels,
                            float smoothing, float grad_scale, gp_tensor *dlogits,
                            gp_loss_out *out)
 {
-    memset(out, 0, sizeof *out);
-    GP_TRY(loss_shapes(dev, GP_LOSS_CROSS_ENTROPY, logits, labels, dlogits));
-    int64_t rows = xent_rows(logits), cols = xent_cols(logits);
-    double loss = 0.0;
-    int64_t correct = 0, bad = -1;
-    if (rows > 0)
-        GP_TRY(gp_dev_xent(dev, gp_f32(logits), gp_f32(labels), rows, cols, grad_scale, smoothing,
-                           dlogits ? gp_f32(dlogits) : NULL, &loss, &correct, &bad));
-    if (bad >= 0) return bad_on_device(dev, GP_LOSS_CROSS_ENTROPY, logits, labels, bad);
-    out->loss_sum = loss;
-    out->correct = correct;
-    out->count = rows;
-    return GP_OK;
+    return xent_valid(dev, 0, logits, labels, smoothing, grad_scale, dlogits, out);
 }
 
 gp_status gp_bce_with_logits(gp_device *dev, const gp_tensor *logits, const gp_tensor *targets,
@@ -1269,7 +1293,7 @@ gp_status gp_bce_with_logits(gp_device *dev, const gp_tensor *logits, const gp_t
     int64_t correct = 0, bad = -1;
     GP_TRY(gp_dev_bce_logits(dev, gp_f32(logits), gp_f32(targets), n, grad_scale,
                              dlogits ? gp_f32(dlogits) : NULL, &loss, &correct, &bad));
-    if (bad >= 0) return bad_on_device(dev, GP_LOSS_BCE_WITH_LOGITS, logits, targets, bad);
+    if (bad >= 0) return bad_on_device(dev, GP_LOSS_BCE_WITH_LOGITS, 0, targets, bad);
     out->loss_sum = loss;
     out->correct = correct;
     out->count = n;
@@ -1280,7 +1304,7 @@ gp_status gp_bce_with_logits(gp_device *dev, const gp_tensor *logits, const gp_t
  * widened to FP32, the loss, its sums and the gradient computed in FP32,
  * the gradient rounded once into the bf16 dlogits.  `res` (device
  * results) or `out` (host results). */
-static gp_status loss_wide(gp_device *dev, gp_loss_kind k, float smoothing,
+static gp_status loss_wide(gp_device *dev, gp_loss_kind k, float smoothing, int64_t classes,
                            const gp_tensor *logits, const gp_tensor *targets, float grad_scale,
                            gp_tensor *dlogits, gp_loss_result *res, gp_loss_out *out)
 {
@@ -1289,8 +1313,10 @@ static gp_status loss_wide(gp_device *dev, gp_loss_kind k, float smoothing,
     gp_status st = GP_OK;
     if (dlogits) st = gp_tensor_as(&df, dlogits, GP_F32, GP_MEM_ACTIVATIONS);
     if (st == GP_OK)
-        st = res ? gp_loss_dev(dev, k, smoothing, &lf, targets, grad_scale, dlogits ? &df : NULL, res)
-                 : gp_loss(dev, k, smoothing, &lf, targets, grad_scale, dlogits ? &df : NULL, out);
+        st = res ? gp_loss_dev(dev, k, smoothing, classes, &lf, targets, grad_scale,
+                               dlogits ? &df : NULL, res)
+                 : gp_loss(dev, k, smoothing, classes, &lf, targets, grad_scale,
+                           dlogits ? &df : NULL, out);
     if (st == GP_OK && dlogits) st = gp_tensor_convert(dlogits, &df);
     gp_tensor_free(&df);
     gp_tensor_free(&lf);
@@ -1302,29 +1328,32 @@ static bool loss_f32(const gp_tensor *logits, const gp_tensor *dlogits)
     return logits->dtype == GP_F32 && (!dlogits || dlogits->dtype == GP_F32);
 }
 
-gp_status gp_loss_dev(gp_device *dev, gp_loss_kind k, float smoothing,
+gp_status gp_loss_dev(gp_device *dev, gp_loss_kind k, float smoothing, int64_t classes,
                       const gp_tensor *logits, const gp_tensor *targets, float grad_scale,
                       gp_tensor *dlogits, gp_loss_result *out)
 {
-    GP_ASSERT(k == GP_LOSS_CROSS_ENTROPY || smoothing == 0.0f);
+    GP_ASSERT(k == GP_LOSS_CROSS_ENTROPY || (smoothing == 0.0f && classes == 0));
     if (!loss_f32(logits, dlogits))
-        return loss_wide(dev, k, smoothing, logits, targets, grad_scale, dlogits, out, NULL);
+        return loss_wide(dev, k, smoothing, classes, logits, targets, grad_scale, dlogits, out,
+                         NULL);
     GP_TRY(loss_shapes(dev, k, logits, targets, dlogits));
     float *dl = dlogits ? gp_f32(dlogits) : NULL;
+    int64_t ld = xent_cols(logits);
     if (k == GP_LOSS_CROSS_ENTROPY)
-        return gp_dev_xent_dev(dev, gp_f32(logits), gp_f32(targets), xent_rows(logits),
-                               xent_cols(logits), grad_scale, smoothing, dl, out);
+        return gp_dev_xent_dev_ld(dev, gp_f32(logits), gp_f32(targets), xent_rows(logits),
+                                  xent_classes(classes, ld), ld, grad_scale, smoothing, dl, out);
     return gp_dev_bce_logits_dev(dev, gp_f32(logits), gp_f32(targets), gp_tensor_numel(logits),
                                  grad_scale, dl, out);
 }
 
-gp_status gp_loss_check_targets(gp_loss_kind k, const float *t, const gp_shape *out,
-                                int64_t row0)
+gp_status gp_loss_check_targets(gp_loss_kind k, int64_t classes, const float *t,
+                                const gp_shape *out, int64_t row0)
 {
     if (k == GP_LOSS_CROSS_ENTROPY) { /* (N, classes) or (N, T, classes): rows N or N*T */
         GP_ASSERT(out->ndim == 2 || out->ndim == 3);
-        int64_t cols = out->dims[out->ndim - 1], rows = gp_shape_numel(out) / cols;
+        int64_t ld = out->dims[out->ndim - 1], rows = gp_shape_numel(out) / ld;
         int64_t per = rows / out->dims[0]; /* row0 counts samples */
+        int64_t cols = xent_classes(classes, ld);
         for (int64_t r = 0; r < rows; r++)
             if (!gp_ew_label_ok(t[r], cols)) return bad_label(t[r], row0 * per + r, cols);
         return GP_OK;
@@ -1356,18 +1385,19 @@ gp_shape gp_loss_targets_shape(gp_loss_kind k, const gp_shape *out, int64_t n)
     return out->ndim == 3 ? gp_shape_2d(n, out->dims[1]) : (gp_shape){1, {n, 0, 0, 0}};
 }
 
-gp_status gp_loss(gp_device *dev, gp_loss_kind k, float smoothing, const gp_tensor *logits,
-                  const gp_tensor *targets, float grad_scale, gp_tensor *dlogits,
-                  gp_loss_out *out)
+gp_status gp_loss(gp_device *dev, gp_loss_kind k, float smoothing, int64_t classes,
+                  const gp_tensor *logits, const gp_tensor *targets, float grad_scale,
+                  gp_tensor *dlogits, gp_loss_out *out)
 {
     if (!loss_f32(logits, dlogits))
-        return loss_wide(dev, k, smoothing, logits, targets, grad_scale, dlogits, NULL, out);
+        return loss_wide(dev, k, smoothing, classes, logits, targets, grad_scale, dlogits, NULL,
+                         out);
     if (k == GP_LOSS_BCE_WITH_LOGITS) {
-        GP_ASSERT(smoothing == 0.0f);
+        GP_ASSERT(smoothing == 0.0f && classes == 0);
         return gp_bce_with_logits(dev, logits, targets, grad_scale, dlogits, out);
     }
     GP_ASSERT(k == GP_LOSS_CROSS_ENTROPY);
-    return gp_cross_entropy(dev, logits, targets, smoothing, grad_scale, dlogits, out);
+    return xent_valid(dev, classes, logits, targets, smoothing, grad_scale, dlogits, out);
 }
 
 int gp_layers_first_trainable(const gp_layer *layers, int n)

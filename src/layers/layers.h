@@ -167,6 +167,14 @@ typedef struct gp_layer_spec {
     int64_t dim;          /* embedding: the width of its output; 0 = not given (error) */
     int64_t positions;    /* embedding: rows of its position table (>= T);
                              0 = not given (error) */
+    int64_t valid_rows;   /* embedding, linear: of the weight's rows (vocab,
+                             out), the real ones; those past them are padding
+                             (model.gpt.vocab_pad: llm.c's Vp, a vocabulary
+                             rounded up for the GPU's matmuls) that start at 0:
+                             an embedding takes ids below valid_rows, and a
+                             linear's outputs past it are logits no loss reads
+                             (gp_loss's classes), so they get no gradient and
+                             stay 0.  0 (default): every row is real */
     /* Skip connections (torchgpipe's stash / pop; docs/config.md): the
      * layer's output is also kept under the name `stash` ("" none) until
      * the one layer that pops it; a layer that pops takes the popped
@@ -175,6 +183,13 @@ typedef struct gp_layer_spec {
     char pop[GP_MAX_POPS][GP_SKIP_NAME];
     int n_pop;
 } gp_layer_spec;
+
+/* The real rows of an embedding's (vocab) or a linear's (out) weight:
+ * spec.valid_rows, or all `rows` without padding. */
+static inline int64_t gp_layer_spec_valid_rows(const gp_layer_spec *s, int64_t rows)
+{
+    return s->valid_rows > 0 && s->valid_rows < rows ? s->valid_rows : rows;
+}
 
 /* A spec of `type` with every default filled in. */
 gp_layer_spec gp_layer_spec_default(gp_layer_type type);
@@ -750,16 +765,20 @@ int64_t gp_loss_targets_per_sample(gp_loss_kind k, const gp_shape *out);
  * (bce_with_logits). */
 gp_shape gp_loss_targets_shape(gp_loss_kind k, const gp_shape *out, int64_t n);
 /* gp_cross_entropy (with label smoothing `smoothing`) or
- * gp_bce_with_logits (smoothing must be 0), as k says. */
-gp_status gp_loss(gp_device *dev, gp_loss_kind k, float smoothing, const gp_tensor *logits,
-                  const gp_tensor *targets, float grad_scale, gp_tensor *dlogits,
-                  gp_loss_out *out);
+ * gp_bce_with_logits (smoothing must be 0), as k says.  classes > 0 (cross-
+ * entropy only): the logits' last dimension is a padded vocabulary
+ * (model.gpt.vocab_pad) of which the loss reads the first `classes`: the
+ * softmax, the argmax and the labels' range are over them, and dlogits is 0
+ * in the columns past them; 0: every column. */
+gp_status gp_loss(gp_device *dev, gp_loss_kind k, float smoothing, int64_t classes,
+                  const gp_tensor *logits, const gp_tensor *targets, float grad_scale,
+                  gp_tensor *dlogits, gp_loss_out *out);
 /* The same loss with its results left in device memory (*out, one
  * gp_loss_result of dev): enqueued, no host wait; the caller reads them
  * later (the pipeline, once per step).  A bad label or target sets
  * out->bad; check the targets on the host first (gp_loss_check_targets)
  * for an error that names them before anything is computed. */
-gp_status gp_loss_dev(gp_device *dev, gp_loss_kind k, float smoothing,
+gp_status gp_loss_dev(gp_device *dev, gp_loss_kind k, float smoothing, int64_t classes,
                       const gp_tensor *logits, const gp_tensor *targets, float grad_scale,
                       gp_tensor *dlogits, gp_loss_result *out);
 /* GP_ERR_DATA, worded as gp_cross_entropy's and gp_bce_with_logits', when
@@ -767,8 +786,8 @@ gp_status gp_loss_dev(gp_device *dev, gp_loss_kind k, float smoothing,
  * the logits they go with ((N, classes) or (N, T, classes), whose row
  * r * T + p the message counts) or of the targets themselves; t's
  * first row is row row0 of the batch (a micro-batch's offset), which the
- * message counts from. */
-gp_status gp_loss_check_targets(gp_loss_kind k, const float *t, const gp_shape *out,
-                                int64_t row0);
+ * message counts from; classes > 0: the class ids' range (gp_loss's). */
+gp_status gp_loss_check_targets(gp_loss_kind k, int64_t classes, const float *t,
+                                const gp_shape *out, int64_t row0);
 
 #endif /* GP_LAYERS_H */

@@ -110,6 +110,10 @@ gp_status gp_layers_init_uniform(gp_layer *l, int p, uint64_t seed, float bound)
 gp_status gp_layers_init_normal(gp_layer *l, int p, uint64_t seed, float std);
 /* params[p] = v everywhere. */
 gp_status gp_layers_fill_param(gp_layer *l, int p, float v);
+/* params[p]'s rows (of its first dimension) from `first` on set to 0: a
+ * padded vocabulary's rows (spec.valid_rows).  Nothing when first is
+ * every row. */
+gp_status gp_layers_zero_rows(gp_layer *l, int p, int64_t first);
 
 /* Channels [d0, d0 + c) of dst (N, dc, HW) = channels [s0, s0 + c) of src
  * (N, sc, HW), one strided copy: concatenation along channels and the

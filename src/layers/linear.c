@@ -3,7 +3,9 @@
  *
  * Parameters (PyTorch layout): weight (out, in), bias (out) when spec.bias;
  * initialised as PyTorch's nn.Linear, or (init: normal) as GPT-2's:
- * weight normal(0, spec.std), bias 0.
+ * weight normal(0, spec.std), bias 0.  A padded LM head (spec.valid_rows <
+ * out, model.gpt.vocab_pad) has its weight's rows (and bias) past
+ * valid_rows at 0: the logits no loss reads.
  * Input (N, in), output (N, out); or (N, T, in) -> (N, T, out), every
  * position through the same weights (a Transformer's projections and LM
  * head): the N*T positions are the rows of one product, as nn.Linear does.
@@ -53,11 +55,14 @@ static gp_status linear_init(gp_layer *l, uint64_t seed)
     /* tie: a replica of the owner's weight, which gp_layers_tie_sync copies
      * in once the owner is initialised (its own draw here is overwritten) */
     l->params[0].tied = l->spec.tie[0] != '\0';
+    int64_t valid = gp_layer_spec_valid_rows(&l->spec, out);
+    GP_TRY(gp_layers_zero_rows(l, 0, valid));
     if (l->spec.bias) {
         gp_shape bs = {1, {out, 0, 0, 0}};
         GP_TRY(gp_layers_add_param(l, "bias", &bs, false, true));
         if (normal) GP_TRY(gp_layers_fill_param(l, 1, 0.0f));
         else GP_TRY(gp_layers_init_uniform(l, 1, seed, bound));
+        GP_TRY(gp_layers_zero_rows(l, 1, valid));
     }
     return GP_OK;
 }

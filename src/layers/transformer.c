@@ -25,7 +25,10 @@
  *   zeros: ids are constants.  Backward is
  *   a scatter-add into the gradients (embed_bwd).  An id that is not a
  *   whole number in [0, vocab) fails the forward with the layer, the
- *   sample's row in the mini-batch and the position.
+ *   sample's row in the mini-batch and the position.  A padded vocabulary
+ *   (spec.valid_rows < vocab, model.gpt.vocab_pad) has wte rows past
+ *   valid_rows that start at 0, and the ids must be below valid_rows: the
+ *   padding rows are then never read, and their gradient stays 0.
  */
 #include "layers/layers_impl.h"
 
@@ -164,6 +167,9 @@ static gp_status embedding_init(gp_layer *l, uint64_t seed)
     gp_shape pe = gp_shape_2d(l->spec.positions, l->spec.dim);
     GP_TRY(gp_layers_add_param(l, "wte.weight", &te, false, false));
     GP_TRY(gp_layers_init_normal(l, 0, seed, 0.02f));
+    /* the padding rows start at 0 (the real ones draw what they would
+     * without padding: the draw is by element) */
+    GP_TRY(gp_layers_zero_rows(l, 0, gp_layer_spec_valid_rows(&l->spec, l->spec.vocab)));
     GP_TRY(gp_layers_add_param(l, "wpe.weight", &pe, false, false));
     return gp_layers_init_normal(l, 1, seed, 0.01f);
 }
@@ -172,9 +178,10 @@ static gp_status embedding_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_
                                    gp_tensor *y, gp_saved *s)
 {
     int64_t n = x->dims[0], t = x->dims[1], bad = -1;
+    int64_t vocab = gp_layer_spec_valid_rows(&l->spec, l->spec.vocab);
     GP_TRY(gp_dev_embed_fwd(l->dev, gp_f32(x), gp_f32(&l->params[0].value),
-                            gp_f32(&l->params[1].value), gp_f32(y), n, t, l->spec.dim,
-                            l->spec.vocab, &bad));
+                            gp_f32(&l->params[1].value), gp_f32(y), n, t, l->spec.dim, vocab,
+                            &bad));
     if (bad < 0) return GP_OK;
     float v = 0.0f;
     GP_TRY(gp_dev_download(l->dev, &v, gp_f32(x) + bad, 1)); /* the message's id */
@@ -183,7 +190,7 @@ static gp_status embedding_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_
                                "not a whole number in [0, %lld) (vocab); the data's tokens "
                                "need a larger vocab, or they are not token ids",
                                (double)v, (long long)(ctx->sample_offset + bad / t),
-                               (long long)(bad % t), (long long)l->spec.vocab);
+                               (long long)(bad % t), (long long)vocab);
 }
 
 static gp_status embedding_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,

@@ -1015,7 +1015,8 @@ static gp_status do_forward(gp_pipeline *p, int i, int j, bool ckpt, int *bad_la
         gp_shape os = gp_shape_with_batch(&p->layers[p->L - 1].out_shape, b);
         bool ids = os.ndim == 2 || os.ndim == 3; /* else the loss says */
         if (p->opts.loss != GP_LOSS_CROSS_ENTROPY || ids)
-            GP_TRY(gp_loss_check_targets(p->opts.loss, p->y + p->offsets[i] * p->targets, &os,
+            GP_TRY(gp_loss_check_targets(p->opts.loss, p->opts.classes,
+                                         p->y + p->offsets[i] * p->targets, &os,
                                          p->sample_base + p->offsets[i])); /* the caller's row */
         GP_TRY(upload(p, i, EV_UP_Y));
     }
@@ -1033,8 +1034,8 @@ static gp_status do_forward(gp_pipeline *p, int i, int j, bool ckpt, int *bad_la
         GP_TRY(await_upload(p, i, EV_UP_Y));
         /* 1 / the global batch's targets: the replicas' gradients then sum
          * to the gradient of the global mean loss. */
-        st = gp_ckpt_loss_dev(dev, p->opts.loss, p->opts.label_smoothing, &s->stash.out,
-                              &s->labels,
+        st = gp_ckpt_loss_dev(dev, p->opts.loss, p->opts.label_smoothing, p->opts.classes,
+                              &s->stash.out, &s->labels,
                               (float)(1.0 / ((double)p->batch_total * (double)p->targets)),
                               &s->grad_out, loss_slot(p, i));
         gp_tensor_free(&s->labels);

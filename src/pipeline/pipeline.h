@@ -104,6 +104,8 @@ typedef struct gp_pipeline_opts {
                                    (train.clip_grad_norm); only with an optim
                                    (no UPDATE, no CLIP: grad_norm stays NaN) */
     float label_smoothing;      /* cross-entropy's (model.label_smoothing); 0: none */
+    int64_t classes;            /* cross-entropy's: the logits it reads of a padded
+                                   vocabulary (gp_loss); 0: all */
     gp_loss_kind loss;          /* the last stage's loss (default cross-entropy:
                                    y holds one class id per sample; binary
                                    cross-entropy: one target per element of

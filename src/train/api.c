@@ -425,6 +425,8 @@ static gp_status run_describe(const gp_run *r, gp_run_info *out)
     out->parameters = params;
     out->step = r->prepared ? r->model->step : 0;
     out->devices = gp_pipeline_devices_total(&r->cfg.pipeline);
+    int64_t cls = gp_model_config_classes(mc);
+    out->classes = mc->loss != GP_LOSS_CROSS_ENTROPY ? 0 : cls > 0 ? cls : o.dims[o.ndim - 1];
     return GP_OK;
 }
 

@@ -28,6 +28,16 @@
  * (L, C, 4C), fcprojb (L, C), lnfw lnfb (C).  Its weights are (out, in), as
  * gpipe's; its head is always wte's.
  *
+ * A padded vocabulary (model.gpt.vocab_pad: wte.weight and lm_head.weight
+ * of Vp rows, the real V first): both formats hold GPT-2's V rows
+ * (Hugging Face) or llm.c's own padding to a multiple of 128 (llm.c's
+ * header says V), so reading takes the file's first V rows and zeros the
+ * model's rows past them, and writing cuts back to V (and llm.c's 128):
+ * an export of a padded model loads into an unpadded one, and the other
+ * way round.  A file whose rows past the model's V are not zero holds
+ * tokens: a padded model refuses it, and for an unpadded one
+ * gp_snapshot_apply names the mismatched shape.
+ *
  * Reading converts into a gp_st_file with gpipe's names, which
  * gp_snapshot_apply then checks against the model (missing, unexpected
  * and mis-shaped names, NaN) as for any weights file.  Everything is on
@@ -120,6 +130,50 @@ static gp_status add_converted(gp_st_writer *w, const gp_st_file *f, const gp_st
     return GP_OK;
 }
 
+/* The real rows of m's vocabulary (its embedding's valid rows), or -1
+ * without an embedding first. */
+static int64_t model_vocab(const gp_model *m)
+{
+    if (m->n_layers < 1 || m->layers[0].spec.type != GP_LAYER_EMBEDDING) return -1;
+    return gp_layer_spec_valid_rows(&m->layers[0].spec, m->layers[0].spec.vocab);
+}
+
+static bool vocab_tensor(const char *name)
+{
+    return !strcmp(name, TX "wte.weight") || !strcmp(name, "lm_head.weight");
+}
+
+/* Tensor t of f (rows, C) as m's `name` (wte.weight or lm_head.weight) of
+ * model rows (a padded vocabulary, or none): the first V (model_vocab)
+ * rows of t and zeros after them, where t has them all and nothing but
+ * zeros past them; else t as it is, for gp_snapshot_apply to judge. */
+static gp_status add_vocab(gp_st_writer *w, const gp_model *m, const gp_st_file *f,
+                           const gp_st_tensor *t, const char *name)
+{
+    int nd = 0;
+    int64_t d[GP_ST_MAX_DIMS] = {0}, V = model_vocab(m);
+    bool bf16 = !strcmp(t->dtype_name, "BF16");
+    bool shaped = V > 0 && gp_snapshot_model_has(m, name, &nd, d) && nd == 2 && t->ndim == 2 &&
+                  t->dims[1] == d[1] && t->dims[0] >= V && V <= d[0] &&
+                  (t->dtype == GP_ST_F32 || bf16);
+    bool zero = shaped; /* the file's rows past V: its own padding only */
+    for (int64_t i = V * t->dims[1]; zero && i < t->dims[0] * t->dims[1]; i++)
+        zero = value_at(t, bf16, i) == 0.0f;
+    /* a padded model would take a larger vocabulary's rows as its padding
+     * where the sizes happen to agree: tokens the loss never reads */
+    if (shaped && !zero && V < d[0])
+        return gp_error_set(GP_ERR_INVALID, "%s: tensor '%s' has %lld rows, and those past this "
+                            "model's vocabulary of %lld are not 0: the file's vocabulary is "
+                            "larger; set model.gpt.vocab to the file's (vocab_pad pads it)",
+                            f->source, t->name, (long long)t->dims[0], (long long)V);
+    if (!shaped || !zero || t->dims[0] == d[0]) return add_converted(w, f, t, name, false);
+    float *out;
+    GP_TRY(gp_st_writer_slot(w, name, GP_ST_F32, 2, d, (size_t)(d[0] * d[1]) * sizeof(float),
+                             (void **)&out));
+    for (int64_t i = 0; i < d[0] * d[1]; i++) out[i] = i < V * d[1] ? value_at(t, bf16, i) : 0.0f;
+    return GP_OK;
+}
+
 /* The file w holds, parsed into out (named `source` in its messages). */
 static gp_status writer_to_file(gp_st_writer *w, const char *source, gp_st_file *out)
 {
@@ -191,11 +245,12 @@ static gp_status from_hf(const gp_model *m, const gp_st_file *f, gp_st_file *out
         if (!strcmp(base, "wte.weight")) wte = t;
         bool conv = rest && conv1d_weight(rest);
         if (conv) s = conv1d_fits(m, f, t, name);
-        if (s == GP_OK) s = add_converted(&w, f, t, name, conv);
+        if (s == GP_OK) s = vocab_tensor(name) ? add_vocab(&w, m, f, t, name)
+                                               : add_converted(&w, f, t, name, conv);
     }
     /* no lm_head.weight: tied to wte (save_pretrained leaves it out) */
     if (s == GP_OK && !head && wte && gp_snapshot_model_has(m, "lm_head.weight", NULL, NULL))
-        s = add_converted(&w, f, wte, "lm_head.weight", false);
+        s = add_vocab(&w, m, f, wte, "lm_head.weight");
     if (s == GP_OK) s = writer_to_file(&w, f->source, out);
     gp_st_writer_free(&w);
     return s;
@@ -260,9 +315,10 @@ static int64_t model_heads(const gp_model *m)
     return h;
 }
 
-/* wte's first `rows` rows of the llm.c array at p as tensor `name`. */
-static gp_status add_llmc(gp_st_writer *w, const char *name, const uint8_t *p, bool bf16, int ndim,
-                          const int64_t *dims)
+/* The llm.c array at p, of shape dims, as tensor `name` (wte and
+ * lm_head.weight fitted to the model's vocabulary rows: add_vocab). */
+static gp_status add_llmc(gp_st_writer *w, const gp_model *m, const char *name,
+                          const uint8_t *p, bool bf16, int ndim, const int64_t *dims)
 {
     gp_st_tensor t = {.dtype = bf16 ? GP_ST_OTHER : GP_ST_F32, .ndim = ndim, .data = p};
     snprintf(t.dtype_name, sizeof t.dtype_name, "%s", bf16 ? "BF16" : "F32");
@@ -270,7 +326,8 @@ static gp_status add_llmc(gp_st_writer *w, const char *name, const uint8_t *p, b
     t.name = (char *)name;
     gp_st_file f = {0};
     snprintf(f.source, sizeof f.source, "llm.c");
-    return add_converted(w, &f, &t, name, false);
+    return vocab_tensor(name) ? add_vocab(w, m, &f, &t, name)
+                              : add_converted(w, &f, &t, name, false);
 }
 
 /* An llm.c checkpoint (its bytes in buf) as gpipe's names, into out. */
@@ -310,12 +367,9 @@ static gp_status from_llmc(const gp_model *m, const char *path, const uint8_t *b
         return gp_error_set(GP_ERR_INVALID, "%s: the checkpoint's model has %lld heads, this "
                             "model's attention layers %lld: set heads to %lld", path,
                             (long long)d.NH, (long long)heads, (long long)d.NH);
-    /* wte: the model's rows (V, or the padded Vp), V when it has none */
-    int ndim = 0;
-    int64_t mdims[GP_ST_MAX_DIMS] = {0}, rows = d.V;
-    if (gp_snapshot_model_has(m, TX "wte.weight", &ndim, mdims) && ndim == 2 &&
-        (mdims[0] == d.V || mdims[0] == d.Vp))
-        rows = mdims[0];
+    /* wte: the file's V rows (add_llmc fits them to the model's rows, a
+     * padded vocabulary's or V) */
+    int64_t rows = d.V;
     gp_st_writer w = {0};
     gp_status s = GP_OK;
     const uint8_t *p = buf + 4 * LLMC_HEADER, *wte = p;
@@ -325,19 +379,19 @@ static gp_status from_llmc(const gp_model *m, const char *path, const uint8_t *b
         int nd = a[q].cols ? 2 : 1;
         if (!a[q].name) { /* wte */
             dims[0] = rows;
-            s = add_llmc(&w, TX "wte.weight", p, esz == 2, 2, dims);
+            s = add_llmc(&w, m, TX "wte.weight", p, esz == 2, 2, dims);
             p += (size_t)n * esz;
             continue;
         }
         for (int64_t b = 0; b < (a[q].per_block ? d.L : 1) && s == GP_OK; b++) {
             snprintf(name, sizeof name, a[q].name, (int)b);
-            s = add_llmc(&w, name, p, esz == 2, nd, dims);
+            s = add_llmc(&w, m, name, p, esz == 2, nd, dims);
             p += (size_t)n * esz;
         }
     }
     if (s == GP_OK && gp_snapshot_model_has(m, "lm_head.weight", NULL, NULL)) {
         int64_t dims[2] = {rows, d.C}; /* llm.c's head is wte */
-        s = add_llmc(&w, "lm_head.weight", wte, esz == 2, 2, dims);
+        s = add_llmc(&w, m, "lm_head.weight", wte, esz == 2, 2, dims);
     }
     if (s == GP_OK) s = writer_to_file(&w, path, out);
     gp_st_writer_free(&w);
@@ -416,7 +470,18 @@ static gp_status need(const gp_st_file *g, const char *name, const char *fmt, in
     return GP_OK;
 }
 
-static gp_status export_hf(const gp_st_file *g, const char *path)
+/* A vocabulary tensor (wte.weight, lm_head.weight) cut to the first V
+ * rows of a padded model (model_vocab): what GPT-2's V-row files hold.
+ * Others as they are. */
+static gp_st_tensor vocab_cut(const gp_model *m, const gp_st_tensor *t)
+{
+    gp_st_tensor c = *t;
+    int64_t V = model_vocab(m);
+    if (vocab_tensor(t->name) && t->ndim == 2 && V > 0 && V < t->dims[0]) c.dims[0] = V;
+    return c;
+}
+
+static gp_status export_hf(const gp_model *m, const gp_st_file *g, const char *path)
 {
     const char *fmt = "--export-format hf";
     const gp_st_tensor *t;
@@ -430,8 +495,10 @@ static gp_status export_hf(const gp_st_file *g, const char *path)
             s = gp_error_set(GP_ERR_INVALID, "%s: tensor '%s' is not one of GPT-2's (they are "
                              "transformer.* and lm_head.weight); name the layers as Hugging "
                              "Face's modules, or export with --export-format gpipe", fmt, t->name);
-        else
-            s = add_converted(&w, g, t, t->name, rest && conv1d_weight(rest));
+        else {
+            gp_st_tensor c = vocab_cut(m, t); /* a padded vocabulary: GPT-2's V rows */
+            s = add_converted(&w, g, &c, t->name, rest && conv1d_weight(rest));
+        }
     }
     if (s == GP_OK) s = gp_st_write_atomic(&w, path);
     gp_st_writer_free(&w);
@@ -449,7 +516,8 @@ static gp_status export_llmc(const gp_model *m, const gp_st_file *g, const char 
     const gp_st_tensor *wte, *wpe, *t;
     GP_TRY(need(g, TX "wte.weight", fmt, 2, &wte));
     GP_TRY(need(g, TX "wpe.weight", fmt, 2, &wpe));
-    llmc_dims d = {.maxT = wpe->dims[0], .V = wte->dims[0], .C = wte->dims[1],
+    /* V: a padded vocabulary's real rows; llm.c pads them again its way */
+    llmc_dims d = {.maxT = wpe->dims[0], .V = vocab_cut(m, wte).dims[0], .C = wte->dims[1],
                    .NH = model_heads(m)};
     d.Vp = (d.V + LLMC_PAD - 1) / LLMC_PAD * LLMC_PAD;
     char name[300];
@@ -545,7 +613,7 @@ gp_status gp_gpt_export(gp_model *m, const gp_config *cfg, const char *path,
     gp_status s = gp_snapshot_collect(m, cfg, NULL, &w);
     if (s == GP_OK) s = writer_to_file(&w, path, &g);
     gp_st_writer_free(&w);
-    if (s == GP_OK) s = fmt == GP_WEIGHTS_HF ? export_hf(&g, path) : export_llmc(m, &g, path);
+    if (s == GP_OK) s = fmt == GP_WEIGHTS_HF ? export_hf(m, &g, path) : export_llmc(m, &g, path);
     gp_st_free(&g);
     if (s != GP_OK) gp_error_wrap(s, "exporting weights to %s", path);
     return s;

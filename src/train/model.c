@@ -39,6 +39,13 @@ gp_status gp_model_build_meta(const gp_config *cfg, const int *balance, gp_model
                         out);
 }
 
+int64_t gp_model_config_classes(const gp_model_config *mc)
+{
+    const gp_layer_spec *last = mc->n_layers > 0 ? &mc->layers[mc->n_layers - 1] : NULL;
+    if (mc->loss != GP_LOSS_CROSS_ENTROPY || !last || last->type != GP_LAYER_LINEAR) return 0;
+    return last->valid_rows > 0 && last->valid_rows < last->out ? last->valid_rows : 0;
+}
+
 /* The loss takes the model's output: cross_entropy needs (N, classes) or
  * (N, T, classes) (a class per position: a language model's next token);
  * binary cross-entropy takes any output, one target per element. */
@@ -136,6 +143,7 @@ static gp_status build_placed(const gp_config *cfg, gp_device *const *devs, int 
     out->output = cur;
     out->loss = mc->loss;
     out->label_smoothing = mc->label_smoothing;
+    out->classes = gp_model_config_classes(mc);
     out->targets = gp_loss_targets_per_sample(mc->loss, &cur);
     gp_status ls = loss_takes_output(cfg, &cur);
     if (ls != GP_OK) {
@@ -185,6 +193,7 @@ gp_pipeline_opts gp_model_pipeline_opts(const gp_model *m, const gp_config *cfg)
                               .local_device = m->local_device, .rank_base = m->rank_base,
                               .optim = m->optim, .loss = m->loss,
                               .label_smoothing = m->label_smoothing,
+                              .classes = m->classes,
                               .clip_norm = cfg->train.clip_grad_norm,
                               .bf16_copies = gp_config_bf16_copies(cfg)};
 }
@@ -410,9 +419,27 @@ gp_gate *gp_model_gate(gp_model *m)
     return m->gate;
 }
 
+int64_t gp_model_layer_padding(const gp_layer *l, int64_t *rows)
+{
+    int64_t n = 0, r = 0;
+    bool emb = l->spec.type == GP_LAYER_EMBEDDING, lin = l->spec.type == GP_LAYER_LINEAR;
+    if ((emb || lin) && l->spec.valid_rows > 0) {
+        /* wte.weight or weight, then (linear) bias: rows of the first dimension */
+        for (int p = 0; p < (emb ? 1 : l->n_params); p++) {
+            const gp_tensor *t = &l->params[p].value;
+            int64_t all = t->dims[0], pad = all - gp_layer_spec_valid_rows(&l->spec, all);
+            if (p == 0) r = pad;
+            if (!l->params[p].tied && all > 0) n += pad * (gp_tensor_numel(t) / all);
+        }
+    }
+    if (rows) *rows = r;
+    return n;
+}
+
 int64_t gp_model_layer_params(const gp_layer *l)
 {
-    return gp_layer_param_count(l) - gp_layer_tied_count(l); /* a tied weight: its owner's */
+    /* a tied weight: its owner's; a padded vocabulary's rows: no one's */
+    return gp_layer_param_count(l) - gp_layer_tied_count(l) - gp_model_layer_padding(l, NULL);
 }
 
 int64_t gp_model_param_count(const gp_model *m)
@@ -532,8 +559,8 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
         gp_loss_out lo = {0};
         if (s == GP_OK) s = gp_ckpt_forward(m->layers, &ctx, GP_FWD_KEEP, &mbs[i], &bad);
         if (s == GP_OK)
-            s = gp_ckpt_loss(m->dev, m->loss, m->label_smoothing, &mbs[i].out, &labels, scale,
-                             &dy[i], &lo);
+            s = gp_ckpt_loss(m->dev, m->loss, m->label_smoothing, m->classes, &mbs[i].out,
+                             &labels, scale, &dy[i], &lo);
         gp_tensor_free(&labels);
         loss_sum += lo.loss_sum;
         correct += lo.correct;
@@ -911,7 +938,8 @@ static gp_status eval_score(eval_run *e, gp_status s, gp_tensor *cur, gp_tensor 
         *labels = l2;
     }
     if (s == GP_OK)
-        s = gp_loss(cur->dev, e->m->loss, e->m->label_smoothing, cur, labels, 1.0f, NULL, &lo);
+        s = gp_loss(cur->dev, e->m->loss, e->m->label_smoothing, e->m->classes, cur, labels, 1.0f,
+                    NULL, &lo);
     e->loss_sum += lo.loss_sum;
     e->correct += lo.correct;
     e->count += lo.count;
@@ -948,7 +976,7 @@ static gp_status eval_batch(eval_run *e, int64_t bi)
      * named by its row of the whole evaluation, not of a batch */
     gp_shape os = gp_shape_with_batch(&m->output, n);
     if (s == GP_OK && (m->loss != GP_LOSS_CROSS_ENTROPY || os.ndim == 2 || os.ndim == 3))
-        s = gp_loss_check_targets(m->loss, by, &os, b0);
+        s = gp_loss_check_targets(m->loss, m->classes, by, &os, b0);
     /* processes: the inputs are stage 0's rank's, the labels the last
      * stage's */
     if (s == GP_OK && (!e->procs || m->local_device == 0 ||

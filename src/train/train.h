@@ -51,6 +51,9 @@ typedef struct gp_model {
                               any shape for binary cross-entropy */
     gp_loss_kind loss;     /* model.loss */
     float label_smoothing; /* model.label_smoothing (cross-entropy) */
+    int64_t classes;       /* cross-entropy: the logits it reads, the first of
+                              the output's last dimension (the last layer's
+                              spec.valid_rows: a padded vocabulary); 0: all */
     int64_t targets;       /* targets per sample (gp_loss_targets_per_sample):
                               the host batches' y holds n x this many */
     gp_skip_map skips;     /* the skip connections (stash -> pop), owned */
@@ -121,8 +124,15 @@ int64_t gp_model_param_count(const gp_model *m);
  * less a weight it ties to an earlier layer (spec.tie: GPT-2's lm_head
  * holds the embedding's wte.weight, which the embedding counts), so a
  * tied weight is counted once (GPT-2 124M: 124,439,808).  Every count of
- * a model's parameters goes through it. */
+ * a model's parameters goes through it.  A padded vocabulary's rows
+ * (model.gpt.vocab_pad) are not counted either, as Hugging Face counts
+ * GPT-2: they are gp_model_layer_padding's. */
 int64_t gp_model_layer_params(const gp_layer *l);
+/* The elements of layer l's own (untied) parameters in a padded
+ * vocabulary's rows (spec.valid_rows): held, updated (they stay 0) and
+ * multiplied like any other, but no parameter of the model the padding
+ * stands for.  Its padded rows: *rows (NULL: not asked). */
+int64_t gp_model_layer_padding(const gp_layer *l, int64_t *rows);
 /* The trainable parameters the config's model would have, from shape
  * inference alone (gp_layer_meta): no device, no device memory, so a
  * model far larger than this machine's memory can be counted. */
@@ -209,6 +219,11 @@ typedef struct gp_step_stats {
  * mean loss and the accuracy are per target (pixel accuracy for masks). */
 gp_step_stats gp_step_stats_of(double loss_sum, int64_t correct, int64_t count, int64_t n,
                                double lr, double seconds, double comm_seconds);
+
+/* The logits a cross-entropy reads (gp_model.classes): the last layer's
+ * real rows where it is a padded LM head (model.gpt.vocab_pad), else 0
+ * (all). */
+int64_t gp_model_config_classes(const gp_model_config *mc);
 
 /* One optimizer step on a host batch (x: (n, C, H, W), y: (n, m->targets):
  * class ids, or one target in [0, 1] per output element, sample after

@@ -2032,7 +2032,10 @@ static gp_status summary_fits(const gp_config *cfg, const gp_model *m)
 
 /* What the summary's table adds up: every layer's, and the stage's so far. */
 typedef struct summary_sums {
-    int64_t params;
+    int64_t params;         /* as Hugging Face counts them (gp_model_layer_params) */
+    int64_t pad;            /* a padded vocabulary's elements (model.gpt.vocab_pad):
+                               held and multiplied, not counted */
+    int64_t pad_rows;
     double flops;           /* forward, per batch */
     double act;             /* activation bytes kept for backward, per batch */
 } summary_sums;
@@ -2052,6 +2055,10 @@ static void summary_layer_notes(const gp_layer *l, bool inplace, bool unkept, bo
         snprintf(sk + strlen(sk), len - strlen(sk), "  pop %s", l->spec.pop[q]);
     if (l->spec.tie[0]) /* its weight is counted with its owner's */
         snprintf(sk + strlen(sk), len - strlen(sk), "  weight tied to %s", l->spec.tie);
+    int64_t pad_rows = 0;
+    gp_model_layer_padding(l, &pad_rows);
+    if (pad_rows > 0) /* model.gpt.vocab_pad: not in the params column */
+        snprintf(sk + strlen(sk), len - strlen(sk), "  + %lld padded rows", (long long)pad_rows);
     if (inplace) snprintf(sk + strlen(sk), len - strlen(sk), "  in place");
     if (fused) /* gp_layers_relu_fused: the norm before computed it */
         snprintf(sk + strlen(sk), len - strlen(sk), "  fused into the norm");
@@ -2105,7 +2112,7 @@ static gp_status summary_layers(const gp_config *cfg, gp_model *m, FILE *f, summ
         snprintf(nm, sizeof nm, "%s%s%s", gp_layer_type_name(l->spec.type),
                  l->spec.name[0] ? " " : "", l->spec.name);
         summary_layer_notes(l, inplace[k], unkept[k], fused[k], sk, sizeof sk);
-        int64_t np = gp_model_layer_params(l);
+        int64_t np = gp_model_layer_params(l), pr = 0, pad = gp_model_layer_padding(l, &pr);
         double fl = l->ops->flops(l, b);
         bool own = !inplace[k] && !unkept[k]; /* the output is kept for backward */
         double act = (own ? (double)gp_shape_numel(&os) * (double)b *
@@ -2114,6 +2121,8 @@ static gp_status summary_layers(const gp_config *cfg, gp_model *m, FILE *f, summ
                      (l->ops->saved_bytes ? (double)l->ops->saved_bytes(l, b) : 0.0);
         tot->params += np; tot->flops += fl; tot->act += act;
         sg.params += np; sg.flops += fl; sg.act += act;
+        tot->pad += pad; sg.pad += pad;
+        if (pad > 0 && pr > tot->pad_rows) tot->pad_rows = pr;
         sg_tied += gp_layer_tied_count(l);
         const char *dn = cfg->pipeline.devices[stage % n].name;
         fprintf(f, "%4d  %-7s %-*s %-20s %12lld %14.1f %14s%s\n", k, dn, wl, nm, sh,
@@ -2123,8 +2132,9 @@ static gp_status summary_layers(const gp_config *cfg, gp_model *m, FILE *f, summ
             fprintf(f, "      stage %d on %s: layers %d-%d, %lld parameters (%s), %.1f MFLOP, "
                        "~%s weights+grads%s, %s activations per batch\n",
                     stage, dn, first, k, (long long)sg.params,
-                    gp_format_bytes((size_t)sg.params * 4, pb, sizeof pb), sg.flops / 1e6,
-                    gp_format_bytes((size_t)sg.params * state_bytes(cfg) +
+                    gp_format_bytes((size_t)(sg.params + sg.pad) * 4, pb, sizeof pb),
+                    sg.flops / 1e6,
+                    gp_format_bytes((size_t)(sg.params + sg.pad) * state_bytes(cfg) +
                                         (size_t)sg_tied * 2 * sizeof(float), mb, sizeof mb),
                     state_words(cfg, true),
                     gp_format_bytes((size_t)sg.act, ab, sizeof ab));
@@ -2269,13 +2279,18 @@ static void summary_lm(const gp_config *cfg, const gp_model *m, const summary_su
         L++;
         attn += l->out_shape.dims[l->out_shape.ndim - 1]; /* H Q: its width */
     }
-    double six_n = 6.0 * (double)tot->params, att = 12.0 * (double)attn * (double)T;
+    /* 6N at the padded vocabulary's size: its rows are multiplied too */
+    double six_n = 6.0 * (double)(tot->params + tot->pad), att = 12.0 * (double)attn * (double)T;
     char ab[32];
     double per_seq = cfg->train.batch_size > 0 ? tot->act / (double)cfg->train.batch_size : 0;
-    fprintf(f, "language model: %lld parameters (a tied weight counted once); %.1f MFLOP per "
+    char pad[96] = "";
+    if (tot->pad > 0)
+        snprintf(pad, sizeof pad, " + %lld in %lld padded vocabulary rows", (long long)tot->pad,
+                 (long long)tot->pad_rows);
+    fprintf(f, "language model: %lld parameters (a tied weight counted once)%s; %.1f MFLOP per "
                "token to train (6N + 12 L H Q T: 6N = %.1f, %d attention layers at T = %lld: "
                "%.1f); %s of activations per sequence of %lld tokens\n",
-            (long long)tot->params, (six_n + att) / 1e6, six_n / 1e6, L, (long long)T,
+            (long long)tot->params, pad, (six_n + att) / 1e6, six_n / 1e6, L, (long long)T,
             att / 1e6, gp_format_bytes((size_t)per_seq, ab, sizeof ab), (long long)T);
 }
 
@@ -2326,10 +2341,13 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
         return s;
     }
     summary_batchnorm_note(cfg, &m, f);
-    char ab[32], pb[32];
-    fprintf(f, "total: %lld parameters (%s), %.1f MFLOP forward per batch (%.1f per step "
+    char ab[32], pb[32], pad[64] = "";
+    if (tot.pad > 0) /* the bytes are the padded rows' too */
+        snprintf(pad, sizeof pad, " + %lld padded", (long long)tot.pad);
+    fprintf(f, "total: %lld parameters%s (%s), %.1f MFLOP forward per batch (%.1f per step "
                "with backward), %s of activations per batch\n",
-            (long long)tot.params, gp_format_bytes((size_t)tot.params * 4, pb, sizeof pb),
+            (long long)tot.params, pad,
+            gp_format_bytes((size_t)(tot.params + tot.pad) * 4, pb, sizeof pb),
             tot.flops / 1e6, 3 * tot.flops / 1e6, gp_format_bytes((size_t)tot.act, ab, sizeof ab));
     summary_lm(cfg, &m, &tot, f);
     summary_skips(cfg, &m, f);

@@ -331,8 +331,8 @@ gp_status gp_cpu_relu_fwd(gp_device *dev, const float *x, float *y, int64_t n);
 gp_status gp_cpu_relu_bwd(gp_device *dev, const float *y, const float *dy,
                           float *dx, int64_t n);
 gp_status gp_cpu_xent(gp_device *dev, const float *logits, const float *labels,
-                      int64_t rows, int64_t cols, float scale, float smoothing, float *dlogits,
-                      double *loss_sum, int64_t *correct, int64_t *bad_row);
+                      int64_t rows, int64_t cols, int64_t ld, float scale, float smoothing,
+                      float *dlogits, double *loss_sum, int64_t *correct, int64_t *bad_row);
 gp_status gp_cpu_dropout_mask(gp_device *dev, float *mask, int64_t n, float p,
                               uint64_t seed, uint64_t stream, uint64_t first);
 gp_status gp_cpu_mul(gp_device *dev, const float *a, const float *b, float *y,
@@ -364,7 +364,7 @@ gp_status gp_cpu_bce_logits(gp_device *dev, const float *z, const float *t, int6
                             int64_t *bad);
 /* The two losses with their results in device memory (here host memory). */
 gp_status gp_cpu_xent_dev(gp_device *dev, const float *logits, const float *labels,
-                          int64_t rows, int64_t cols, float scale, float smoothing,
+                          int64_t rows, int64_t cols, int64_t ld, float scale, float smoothing,
                           float *dlogits, gp_loss_result *out);
 gp_status gp_cpu_bce_logits_dev(gp_device *dev, const float *z, const float *t, int64_t n,
                                 float scale, float *dz, gp_loss_result *out);

@@ -366,8 +366,8 @@ gp_status gp_cpu_gemm_wb(gp_device *dev, int trans_a, int trans_b, int64_t m, in
 
 GP_CPU_LOOPS
 gp_status gp_cpu_xent(gp_device *dev, const float *logits, const float *labels,
-                      int64_t rows, int64_t cols, float scale, float smoothing, float *dlogits,
-                      double *loss_sum, int64_t *correct, int64_t *bad_row)
+                      int64_t rows, int64_t cols, int64_t ld, float scale, float smoothing,
+                      float *dlogits, double *loss_sum, int64_t *correct, int64_t *bad_row)
 {
     *loss_sum = 0.0;
     *correct = 0;
@@ -384,20 +384,21 @@ gp_status gp_cpu_xent(gp_device *dev, const float *logits, const float *labels,
 #pragma omp parallel for schedule(static) num_threads(nt) if (rows * cols >= CPU_PAR_MIN) \
     reduction(+ : loss, hits)
     for (int64_t r = 0; r < rows; r++) {
-        const float *x = logits + r * cols;
+        const float *x = logits + r * ld;
         int64_t label = (int64_t)labels[r], argmax;
         float max = gp_ew_row_max(x, cols, &argmax);
         double lse = gp_ew_row_logsumexp(x, cols, max);
         if (smoothing == 0.0f) {
             loss += gp_ew_xent_loss(x, label, max, lse);
-            if (dlogits) gp_ew_xent_grad_row(x, cols, label, max, lse, scale, dlogits + r * cols);
+            if (dlogits) gp_ew_xent_grad_row(x, cols, label, max, lse, scale, dlogits + r * ld);
         } else {
             double shift = gp_ew_row_shift_sum(x, cols, max);
             loss += gp_ew_xent_loss_ls(x, label, max, lse, shift, cols, smoothing);
             for (int64_t j = 0; dlogits && j < cols; j++)
-                dlogits[r * cols + j] =
+                dlogits[r * ld + j] =
                     gp_ew_xent_grad_ls(x[j], j == label, max, lse, scale, smoothing, cols);
         }
+        for (int64_t j = cols; dlogits && j < ld; j++) dlogits[r * ld + j] = 0.0f; /* padding */
         hits += argmax == label;
     }
     *loss_sum = loss;
@@ -648,13 +649,13 @@ static gp_status loss_result(gp_status s, double loss, int64_t correct, int64_t 
 }
 
 gp_status gp_cpu_xent_dev(gp_device *dev, const float *logits, const float *labels,
-                          int64_t rows, int64_t cols, float scale, float smoothing,
+                          int64_t rows, int64_t cols, int64_t ld, float scale, float smoothing,
                           float *dlogits, gp_loss_result *out)
 {
     double loss = 0.0;
     int64_t correct = 0, bad = -1;
-    gp_status s = gp_cpu_xent(dev, logits, labels, rows, cols, scale, smoothing, dlogits, &loss,
-                              &correct, &bad);
+    gp_status s = gp_cpu_xent(dev, logits, labels, rows, cols, ld, scale, smoothing, dlogits,
+                              &loss, &correct, &bad);
     return loss_result(s, loss, correct, bad, out);
 }
 

@@ -921,7 +921,7 @@ static gp_status cuda_nonfinite_or_many(gp_device *dev, const float *const *xs, 
 }
 
 static gp_status cuda_xent(gp_device *dev, const float *logits, const float *labels,
-                           int64_t rows, int64_t cols, float scale, float smoothing,
+                           int64_t rows, int64_t cols, int64_t ld, float scale, float smoothing,
                            float *dlogits, double *loss_sum, int64_t *correct, int64_t *bad_row)
 {
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
@@ -935,7 +935,7 @@ static gp_status cuda_xent(gp_device *dev, const float *logits, const float *lab
     GP_TRY(gp_cuda_ws_reserve(dev, (size_t)rows * (sizeof(double) + sizeof(long long)), &ws));
     double *row_loss = ws;
     long long *row_flag = (long long *)(row_loss + rows);
-    GP_CUDA(gp_cuk_xent(ctx->compute, logits, labels, rows, cols, scale, smoothing, dlogits,
+    GP_CUDA(gp_cuk_xent(ctx->compute, logits, labels, rows, cols, ld, scale, smoothing, dlogits,
                         row_loss, row_flag, &((cuda_res *)ctx->dev_res)->xent));
     GP_TRY(read_results(ctx, &r));
     *bad_row = r.xent.bad_row;
@@ -957,14 +957,14 @@ _Static_assert(sizeof(gp_loss_result) == sizeof(gp_cuk_xent_out) &&
                "gp_loss_result and the kernels' result structs must share a layout");
 
 static gp_status cuda_xent_dev(gp_device *dev, const float *logits, const float *labels,
-                               int64_t rows, int64_t cols, float scale, float smoothing,
-                               float *dlogits, gp_loss_result *out)
+                               int64_t rows, int64_t cols, int64_t ld, float scale,
+                               float smoothing, float *dlogits, gp_loss_result *out)
 {
     void *ws;
     GP_TRY(gp_cuda_enter(dev));
     GP_TRY(gp_cuda_ws_reserve(dev, (size_t)rows * (sizeof(double) + sizeof(long long)), &ws));
     double *row_loss = ws;
-    GP_CUDA(gp_cuk_xent(gp_cuda_ctx_of(dev)->compute, logits, labels, rows, cols, scale,
+    GP_CUDA(gp_cuk_xent(gp_cuda_ctx_of(dev)->compute, logits, labels, rows, cols, ld, scale,
                         smoothing, dlogits, row_loss, (long long *)(row_loss + rows),
                         (gp_cuk_xent_out *)out));
     return GP_OK;

@@ -324,17 +324,18 @@ __global__ void k_xent_first_bad(const long long *row_flag, int64_t rows,
  * to it within double rounding), and each lane writes its columns of the
  * gradient with the CPU's per-element formula (gp_ew_xent_grad_one).  A
  * NaN logit makes the sum, and so the loss, NaN, as on the CPU.  Skipped
- * entirely after a bad label. */
+ * entirely after a bad label.  Rows are ld floats apart; a padded
+ * vocabulary's columns [cols, ld) are not read, and their gradient is 0. */
 #define XENT_WARPS (GP_CUK_THREADS / 32)
 __global__ void k_xent_rows(const float *logits, const float *labels, int64_t rows,
-                            int64_t cols, float scale, float eps, float *dlogits,
+                            int64_t cols, int64_t ld, float scale, float eps, float *dlogits,
                             double *row_loss, long long *row_hit, const gp_cuk_xent_out *out)
 {
     if (out->bad_row >= 0) return;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int64_t r = (int64_t)blockIdx.x * XENT_WARPS + warp; r < rows;
          r += (int64_t)gridDim.x * XENT_WARPS) {
-        const float *x = logits + r * cols;
+        const float *x = logits + r * ld;
         float m = -INFINITY;
         int64_t a = cols; /* none: loses every tie */
         for (int64_t j = lane; j < cols; j += 32) {
@@ -370,10 +371,12 @@ __global__ void k_xent_rows(const float *logits, const float *labels, int64_t ro
             row_loss[r] = gp_ew_xent_loss_ls(x, label, m, lse, shift, cols, eps);
             row_hit[r] = a == label;
         }
-        if (dlogits)
+        if (dlogits) {
             for (int64_t j = lane; j < cols; j += 32)
-                dlogits[r * cols + j] = gp_ew_xent_grad_ls(x[j], j == label, m, lse, scale, eps,
-                                                           cols);
+                dlogits[r * ld + j] = gp_ew_xent_grad_ls(x[j], j == label, m, lse, scale, eps,
+                                                         cols);
+            for (int64_t j = cols + lane; j < ld; j += 32) dlogits[r * ld + j] = 0.0f;
+        }
     }
 }
 
@@ -1296,7 +1299,7 @@ cudaError_t gp_cuk_bn_commit(cudaStream_t s, float *rmean, float *rvar, double *
 }
 
 cudaError_t gp_cuk_xent(cudaStream_t s, const float *logits, const float *labels,
-                        int64_t rows, int64_t cols, float scale, float smoothing,
+                        int64_t rows, int64_t cols, int64_t ld, float scale, float smoothing,
                         float *dlogits, double *row_loss, long long *row_flag,
                         gp_cuk_xent_out *out)
 {
@@ -1310,8 +1313,8 @@ cudaError_t gp_cuk_xent(cudaStream_t s, const float *logits, const float *labels
      * same stream, so in order). */
     unsigned wblocks = (unsigned)((rows + XENT_WARPS - 1) / XENT_WARPS < 65535
                                       ? (rows + XENT_WARPS - 1) / XENT_WARPS : 65535);
-    k_xent_rows<<<wblocks, GP_CUK_THREADS, 0, s>>>(logits, labels, rows, cols, scale, smoothing,
-                                                   dlogits, row_loss, row_flag, out);
+    k_xent_rows<<<wblocks, GP_CUK_THREADS, 0, s>>>(logits, labels, rows, cols, ld, scale,
+                                                   smoothing, dlogits, row_loss, row_flag, out);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     k_xent_total<<<1, GP_CUK_THREADS, 0, s>>>(row_loss, row_flag, rows, out);
     return cudaGetLastError();

@@ -153,10 +153,11 @@ typedef struct gp_cuk_xent_out {
 } gp_cuk_xent_out;
 
 /* Row-wise cross-entropy (backend.h's xent): validates every label first
- * and, if one is bad, writes only out->bad_row (no dlogits).
+ * and, if one is bad, writes only out->bad_row (no dlogits).  Rows are ld
+ * floats apart; the gradient's columns [cols, ld) are set to 0.
  * Scratch: row_loss (rows doubles), row_flag (rows long longs). */
 cudaError_t gp_cuk_xent(cudaStream_t s, const float *logits, const float *labels,
-                        int64_t rows, int64_t cols, float scale, float smoothing,
+                        int64_t rows, int64_t cols, int64_t ld, float scale, float smoothing,
                         float *dlogits, double *row_loss, long long *row_flag,
                         gp_cuk_xent_out *out);
 
