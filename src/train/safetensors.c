@@ -48,8 +48,8 @@ static const char *dtype_name(gp_st_dtype d) { return d == GP_ST_I64 ? "I64" : "
 
 /* `crc` carried on over n more bytes (crc = 0 to start): zlib's CRC-32,
  * through ISA-L's carry-less multiplication where it was found at build
- * time (the same value, chained the same way; tests/test_snapshot.c
- * checks the two against each other). */
+ * time (the same value, chained the same way; test_large_write_direct
+ * checks a file's against a bitwise oracle). */
 static uint32_t crc_more(uint32_t crc, const uint8_t *p, uint64_t n)
 {
 #ifdef GPIPE_HAVE_ISAL

@@ -207,10 +207,9 @@ static void layer_options(const gp_model *m, char *buf, size_t len)
 /* Every tensor of the model into w, then the metadata.  Processes: with
  * `gather` rank 0 writes the whole model (the others send theirs and
  * return); without, each rank's w gets its own layers' tensors, and rank 0's
- * the metadata too: the parts of a snapshot (gp_snapshot_save). */
-/* The model's tensors and the run's position into w; with `defer`, the
- * tensors' bytes are not copied but listed there, for the writer thread
- * (gp_snapshot_save_async). */
+ * the metadata too: the parts of a snapshot (gp_snapshot_save).  With
+ * `defer`, the tensors' bytes are not copied but listed there, for the
+ * writer thread to copy (gp_snapshot_save_async). */
 static gp_status collect(gp_model *m, const gp_config *cfg, const gp_snapshot_pos *pos,
                          gp_st_writer *w, bool gather, snap_copies *defer)
 {
