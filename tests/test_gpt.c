@@ -369,14 +369,7 @@ static bool pad_cfg(bool tie, bool adam, bool pad, gp_config *c)
 /* Token ids and next-token targets below PV (a counting pattern). */
 static void pad_batch(int step, float *x, float *y)
 {
-    unsigned seed = 300u + (unsigned)step;
-    for (int i = 0; i < PB; i++) {
-        int a = (int)(rand_r(&seed) % PV), d = 1 + (int)(rand_r(&seed) % 3);
-        for (int p = 0; p < PT; p++) {
-            x[i * PT + p] = (float)((a + d * p) % PV);
-            y[i * PT + p] = (float)((a + d * (p + 1)) % PV);
-        }
-    }
+    gpt_counting_tokens(300u + (unsigned)step, PB, PT, PV, x, y);
 }
 
 /* c's model on 1 device or over 3 stages (devs[0..2]). */

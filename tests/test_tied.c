@@ -76,14 +76,7 @@ static bool parse(const char *yaml, const char *const *sets, int n, gp_config *c
 /* Token ids and next-token targets (a counting pattern, as test_transformer's). */
 static void batch(int step, float *x, float *y)
 {
-    unsigned seed = 100u + (unsigned)step;
-    for (int i = 0; i < BATCH; i++) {
-        int a = (int)(rand_r(&seed) % V), d = 1 + (int)(rand_r(&seed) % 3);
-        for (int p = 0; p < T; p++) {
-            x[i * T + p] = (float)((a + d * p) % V);
-            y[i * T + p] = (float)((a + d * (p + 1)) % V);
-        }
-    }
+    gpt_counting_tokens(100u + (unsigned)step, BATCH, T, V, x, y);
 }
 
 static float *download(const gp_tensor *t)

@@ -6,6 +6,7 @@
  *   gpt_open_cpu_devices  cpu:0..count-1, the caller closes them
  *   gpt_model_cfg         the small MLP and convnet the pipeline tests train
  *   gpt_make_batch        a deterministic batch per step
+ *   gpt_counting_tokens   token sequences that count, and their next tokens
  *   gpt_make_masks        0 / 1 targets for binary cross-entropy
  *   gpt_gather            a model's parameters (or gradients) on the host
  *   gpt_param_diff        the largest relative difference of two models' parameters
@@ -111,6 +112,21 @@ static inline gp_config gpt_model_cfg(gp_layer_spec *specs, bool convnet, bool s
     c.pipeline.chunks = 1;
     c.pipeline.lockstep = true;
     return c;
+}
+
+/* `rows` token sequences of length T over a vocabulary of V that count,
+ * a, a + d, a + 2d, ... (mod V), into x, and each position's next token
+ * into y: a pattern a language model learns in a few steps; a and d (1 to
+ * 3) drawn from `seed`. */
+static inline void gpt_counting_tokens(unsigned seed, int rows, int T, int V, float *x, float *y)
+{
+    for (int i = 0; i < rows; i++) {
+        int a = (int)(rand_r(&seed) % (unsigned)V), d = 1 + (int)(rand_r(&seed) % 3);
+        for (int p = 0; p < T; p++) {
+            x[i * T + p] = (float)((a + d * p) % V);
+            y[i * T + p] = (float)((a + d * (p + 1)) % V);
+        }
+    }
 }
 
 /* Batch `step` for c's input shape: x (batch, C, H, W) uniform in [-1, 1)
