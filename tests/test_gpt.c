@@ -421,16 +421,6 @@ static bool rows_same(const gp_tensor *a, const gp_tensor *b, int64_t rows)
     return same;
 }
 
-static bool tensor_equal(const gp_tensor *a, const gp_tensor *b)
-{
-    float *ha = gpt_download(a), *hb = gpt_download(b);
-    bool same = gp_tensor_numel(a) == gp_tensor_numel(b) &&
-                !memcmp(ha, hb, (size_t)gp_tensor_numel(a) * sizeof *ha);
-    free(ha);
-    free(hb);
-    return same;
-}
-
 /* Every parameter of p (padded) equal to u's (unpadded), the vocabulary
  * tensors in their first PV rows, bit for bit. */
 static bool pad_same_params(gp_model *p, gp_model *u)
@@ -440,7 +430,7 @@ static bool pad_same_params(gp_model *p, gp_model *u)
         for (int q = 0; same && q < p->layers[k].n_params; q++) {
             gp_tensor *a = &p->layers[k].params[q].value, *b = &u->layers[k].params[q].value;
             bool vocab = (k == 0 && q == 0) || k == p->n_layers - 1;
-            same = vocab ? rows_same(a, b, PV) : tensor_equal(a, b);
+            same = vocab ? rows_same(a, b, PV) : gpt_same_tensor(a, b);
         }
     return same;
 }

@@ -73,29 +73,10 @@ static bool parse(const char *yaml, const char *const *sets, int n, gp_config *c
     return s == GP_OK;
 }
 
-/* Token ids and next-token targets (a counting pattern, as test_transformer's). */
+/* Token ids and next-token targets (a counting pattern). */
 static void batch(int step, float *x, float *y)
 {
     gpt_counting_tokens(100u + (unsigned)step, BATCH, T, V, x, y);
-}
-
-static float *download(const gp_tensor *t)
-{
-    int64_t n = gp_tensor_numel(t);
-    float *h = calloc((size_t)(n ? n : 1), sizeof *h);
-    CHECK_OK(gp_dev_download(t->dev, h, gp_f32(t), n));
-    CHECK_OK(gp_dev_synchronize(t->dev));
-    return h;
-}
-
-static bool same_tensor(const gp_tensor *a, const gp_tensor *b)
-{
-    float *ha = download(a), *hb = download(b);
-    bool same = gp_tensor_numel(a) == gp_tensor_numel(b) &&
-                !memcmp(ha, hb, (size_t)gp_tensor_numel(a) * sizeof *ha);
-    free(ha);
-    free(hb);
-    return same;
 }
 
 /* The LM head's index: 6 in k_cfg; test_gpt_transparency sets the GPT
@@ -126,7 +107,7 @@ static void test_one_device(gp_device *dev)
     CHECK(gp_model_param_count(&m) == pt && gp_model_param_count(&u) == pu);
     gp_param *o = owner_of(&m), *r = replica_of(&m);
     CHECK(r->tied && r->tie_layer == 0 && r->tie_param == 0 && !o->tied);
-    CHECK_MSG(same_tensor(&o->value, &r->value), "the replica starts as the owner");
+    CHECK_MSG(gpt_same_tensor(&o->value, &r->value), "the replica starts as the owner");
     CHECK_MSG(gp_optim_state(m.optim, 6, 0, 0) == NULL && gp_optim_state(m.optim, 0, 0, 0),
               "the replica has no optimizer state, the owner has");
     /* the twin starts from the tied model's values, its head from wte */
@@ -145,7 +126,7 @@ static void test_one_device(gp_device *dev)
         for (int q = 0; q < m.layers[k].n_params; q++) {
             gp_param *pr = &m.layers[k].params[q];
             if (pr->is_buffer) continue;
-            float *g = download(&pr->grad);
+            float *g = gpt_download(&pr->grad);
             for (int64_t e = 0; e < gp_tensor_numel(&pr->grad); e++)
                 *(pr->tied ? &sq_tied : &sq) += (double)g[e] * g[e];
             free(g);
@@ -156,8 +137,9 @@ static void test_one_device(gp_device *dev)
               a.grad_norm, sqrt(sq), sqrt(sq + sq_tied));
     CHECK_OK(gp_model_train_step(&u, &cu, x, y, BATCH, 4, 0.0, &b));
     CHECK_MSG(a.loss == b.loss, "equal weights, equal loss: %.9g %.9g", a.loss, b.loss);
-    float *gw = download(&u.layers[0].params[0].grad), *gh = download(&u.layers[6].params[0].grad);
-    float *go = download(&o->grad), *gr = download(&r->grad);
+    float *gw = gpt_download(&u.layers[0].params[0].grad),
+          *gh = gpt_download(&u.layers[6].params[0].grad);
+    float *go = gpt_download(&o->grad), *gr = gpt_download(&r->grad);
     int bad = 0, nonzero = 0;
     for (int q = 0; q < V * D; q++) {
         float want = gw[q] + gh[q]; /* the owner's += the replica's, in FP32 */
@@ -173,13 +155,13 @@ static void test_one_device(gp_device *dev)
     free(go);
     free(gr);
     /* Adam steps: owner and replica stay one value; the update moved it */
-    float *before = download(&o->value);
+    float *before = gpt_download(&o->value);
     for (int s = 1; s <= 3; s++) {
         batch(s, x, y);
         CHECK_OK(gp_model_train_step(&m, &c, x, y, BATCH, 4, 0.01, &a));
-        CHECK_MSG(same_tensor(&o->value, &r->value), "step %d: replica equals owner", s);
+        CHECK_MSG(gpt_same_tensor(&o->value, &r->value), "step %d: replica equals owner", s);
     }
-    float *after = download(&o->value);
+    float *after = gpt_download(&o->value);
     CHECK_MSG(memcmp(before, after, (size_t)V * D * sizeof *before) != 0, "the owner was updated");
     free(before);
     free(after);
@@ -236,7 +218,7 @@ static void transparency_one(gp_device **devs, const char *yaml, int n, gp_sched
                   "gradients %s, values %s", S, n, gp_schedule_kind_name(kind), ck, bf,
                   loss ? "equal" : "differ", grads ? "equal" : "differ",
                   gpt_same_values(&ref, &pip) ? "equal" : "differ");
-        CHECK(same_tensor(&owner_of(&pip)->value, &replica_of(&pip)->value));
+        CHECK(gpt_same_tensor(&owner_of(&pip)->value, &replica_of(&pip)->value));
     }
     gp_model_free(&ref);
     gp_model_free(&pip);
@@ -353,8 +335,9 @@ static void test_clip_replicas(gp_device **devs)
               "2 replicas x 2 stages: parameters differ by %.3g relative, loss by %.3g", worst,
               worst_loss);
     CHECK_OK(gp_model_check_replicas(&rep));
-    CHECK(same_tensor(&owner_of(&rep)->value, &replica_of(&rep)->value));
-    CHECK(same_tensor(&owner_of(&rep.replicas[0])->value, &replica_of(&rep.replicas[0])->value));
+    CHECK(gpt_same_tensor(&owner_of(&rep)->value, &replica_of(&rep)->value));
+    CHECK(gpt_same_tensor(&owner_of(&rep.replicas[0])->value,
+                          &replica_of(&rep.replicas[0])->value));
     gp_model_free(&ref);
     gp_model_free(&rep);
     gp_config_free(&c);
@@ -377,7 +360,8 @@ static void test_snapshot(gp_device **devs)
     gp_model a, b;
     CHECK_OK(gp_model_build_placed(&c, devs, 2, bal, &a));
     CHECK_OK(gp_model_build_placed(&c2, devs, 2, bal, &b));
-    CHECK_MSG(!same_tensor(&owner_of(&a)->value, &owner_of(&b)->value), "other seeds, other values");
+    CHECK_MSG(!gpt_same_tensor(&owner_of(&a)->value, &owner_of(&b)->value),
+              "other seeds, other values");
     float x[BATCH * T], y[BATCH * T];
     for (int s = 0; s < 2; s++) {
         batch(s, x, y);
@@ -395,7 +379,7 @@ static void test_snapshot(gp_device **devs)
     gp_st_free(&f);
     gp_snapshot_pos pos;
     CHECK_OK(gp_snapshot_restore(&b, &c, path, true, &pos, NULL));
-    CHECK_MSG(same_tensor(&owner_of(&b)->value, &replica_of(&b)->value),
+    CHECK_MSG(gpt_same_tensor(&owner_of(&b)->value, &replica_of(&b)->value),
               "the resumed replica is the resumed owner");
     CHECK(gpt_same_values(&a, &b));
     gp_step_stats sa, sb;

@@ -9,6 +9,7 @@
  *   gpt_counting_tokens   token sequences that count, and their next tokens
  *   gpt_make_masks        0 / 1 targets for binary cross-entropy
  *   gpt_gather            a model's parameters (or gradients) on the host
+ *   gpt_same_tensor       whether two tensors hold the same values, bit for bit
  *   gpt_param_diff        the largest relative difference of two models' parameters
  *   gpt_set_schedule      a schedule, its stages per device and an even split
  *   gpt_split_even        layers per stage, as even as can be
@@ -228,6 +229,17 @@ static inline float *gpt_download(const gp_tensor *t)
     if (n) CHECK_OK(gp_dev_download(t->dev, h, gp_f32(t), n));
     CHECK_OK(gp_dev_synchronize(t->dev));
     return h;
+}
+
+/* Whether a and b hold the same values, bit for bit. */
+static inline bool gpt_same_tensor(const gp_tensor *a, const gp_tensor *b)
+{
+    float *ha = gpt_download(a), *hb = gpt_download(b);
+    bool same = gp_tensor_numel(a) == gp_tensor_numel(b) &&
+                !memcmp(ha, hb, (size_t)gp_tensor_numel(a) * sizeof *ha);
+    free(ha);
+    free(hb);
+    return same;
 }
 
 /* ---- the oracle of copies in bfloat16 ------------------------------------ */
