@@ -1849,6 +1849,48 @@ static void test_bf16_ops(gp_device *cpu, const char *graph)
         bfree(&x); bfree(&w); bfree(&dy); bfree(&bb); bfree(&y); bfree(&dx); bfree(&dw);
         bfree(&db);
     }
+    /* Causal attention under bf16 (cuda_sdpa.c): on sm_90 and later cuDNN's
+     * fused scaled-dot-product attention runs both directions, on operands
+     * and probabilities rounded to bf16, so each differs from the CPU's
+     * FP32 by more than FP32 would (1e-4) and less than 2e-2; its backward
+     * repeats bit for bit; the saved log-sum-exp is FP32 either way.  t =
+     * 200 is not a multiple of any tile; d = 64 as in GPT-2. */
+    {
+        const int64_t ab = 2, at = 200, ah = 2, ac = 128;
+        buf ax = brand(ab * at * 3 * ac, -2, 2), ady = brand(ab * at * ac, -1, 1);
+        buf ay = bjunk(ab * at * ac), al = bjunk(ab * ah * at), adx = bjunk(ab * at * 3 * ac);
+        uint64_t fused = g->attn_fused;
+        BOTH(gp_dev_attn_fwd(D, ax.p[K], ay.p[K], al.p[K], ab, at, ah, ac));
+        BOTH(gp_dev_attn_bwd(D, ax.p[K], ay.p[K], al.p[K], ady.p[K], adx.p[K], ab, at, ah, ac));
+        uint64_t ran = g->attn_fused - fused;
+        const buf *out[3] = {&ay, &al, &adx};
+        static const char *const nm[3] = {"y", "lse", "dx"};
+        for (int q = 0; q < 3; q++) {
+            double e = bdiff(out[q]);
+            double lo = ran == 2 && q != 1 ? 1e-4 : 0; /* lse: FP32 sums of rounded q, k */
+            CHECK_MSG(e >= lo && e < 2e-2, "bf16 attention %s%s (%s): %.3g x (1 + max) from "
+                      "the CPU's FP32, want in [%.0g, 2e-2)", nm[q], tag,
+                      ran ? "cuDNN fused" : "own kernel", e, lo);
+        }
+        if (g->arch >= 90)
+            CHECK_MSG(ran == 2, "bf16 attention on sm_%d: cuDNN's fused SDPA ran %llu of 2 "
+                      "calls (the log's warning says why)", g->arch, (unsigned long long)ran);
+        /* the backward again, into a second buffer: the same bits */
+        buf adx2 = bjunk(ab * at * 3 * ac);
+        CHECK_OK(gp_dev_attn_bwd(g, ax.p[1], ay.p[1], al.p[1], ady.p[1], adx2.p[1], ab, at, ah,
+                                 ac));
+        size_t bytes = (size_t)adx.n * sizeof(float);
+        float *h1 = malloc(bytes), *h2 = malloc(bytes);
+        CHECK_OK(gp_dev_download(g, h1, adx.p[1], adx.n));
+        CHECK_OK(gp_dev_download(g, h2, adx2.p[1], adx.n));
+        CHECK_OK(gp_dev_synchronize(g));
+        CHECK_MSG(memcmp(h1, h2, bytes) == 0,
+                  "bf16 attention backward%s: two calls on the same operands differ", tag);
+        free(h1);
+        free(h2);
+        bfree(&adx2);
+        bfree(&ax); bfree(&ady); bfree(&ay); bfree(&al); bfree(&adx);
+    }
     uint64_t plans = g->graph_plans; /* the bf16 convolution's */
     /* 1 input channel, 3x3: 9 products an output, too few for bf16
      * (gp_bf16_conv_worth): FP32, as the CPU's, where bf16 operands would

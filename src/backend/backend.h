@@ -937,6 +937,13 @@ struct gp_device {
      * cuDNN's backend descriptors where they beat the legacy algorithm,
      * cuda_graph.c); on the device's thread only. */
     uint64_t graph_plans;
+    /* Attention calls (attn_fwd, attn_bwd) a fused library kernel ran
+     * (CUDA: cuDNN's scaled-dot-product attention, cuda_sdpa.c); on the
+     * device's thread only. */
+    uint64_t attn_fused;
+    /* A GPU's compute capability, major * 10 + minor (90: Hopper); 0 for
+     * a CPU device. */
+    int arch;
     /* Bytes moved by copies within the device (gp_dev_copy_d2d): what a
      * step spends on copies that compute nothing (a test's measure of the
      * gradients handed on without one, gp_layer_backward_take).  Atomic,

@@ -1098,6 +1098,10 @@ static gp_status cuda_upsample_bwd(gp_device *dev, const float *dy, float *dx, i
 static gp_status cuda_attn_fwd(gp_device *dev, const float *x, float *y, float *lse, int64_t b,
                                int64_t t, int64_t heads, int64_t c)
 {
+    bool done = false;
+    GP_TRY(gp_cuda_enter(dev));
+    GP_TRY(gp_cuda_sdpa_fwd(dev, x, y, lse, b, t, heads, c, &done));
+    if (done) return GP_OK;
     CUDA_OP(dev, gp_cuk_attn_fwd(s, x, y, lse, b, t, heads, c));
 }
 
@@ -1105,6 +1109,10 @@ static gp_status cuda_attn_bwd(gp_device *dev, const float *x, const float *y, c
                                const float *dy, float *dx, int64_t b, int64_t t, int64_t heads,
                                int64_t c)
 {
+    bool done = false;
+    GP_TRY(gp_cuda_enter(dev));
+    GP_TRY(gp_cuda_sdpa_bwd(dev, x, y, lse, dy, dx, b, t, heads, c, &done));
+    if (done) return GP_OK;
     CUDA_OP(dev, gp_cuk_attn_bwd(s, x, y, lse, dy, dx, b, t, heads, c));
 }
 
@@ -1571,6 +1579,7 @@ static void cuda_destroy(gp_device *dev)
         if (ctx->copy) (void)cudaStreamSynchronize(ctx->copy);
         gp_cuda_dnn_destroy(ctx);
         gp_cuda_lt_destroy(ctx);
+        gp_cuda_sdpa_destroy(ctx);
         gp_dev_free(dev, ctx->ws, ctx->ws_bytes, GP_MEM_WORKSPACE);
         gp_dev_free(dev, ctx->bws, ctx->bws_bytes, GP_MEM_WORKSPACE);
         gp_dev_free(dev, ctx->dev_res, sizeof(cuda_res), GP_MEM_WORKSPACE);
@@ -1889,15 +1898,19 @@ gp_status gp_cuda_device_create(int index, const gp_device_opts *opts, gp_device
     ctx->legacy_conv = legacy && strcmp(legacy, "0") != 0;
     const char *graph = getenv("GPIPE_CUDNN_GRAPH");
     ctx->graph_force = graph && strcmp(graph, "force") == 0;
+    const char *sdpa = getenv("GPIPE_CUDNN_SDPA");
+    ctx->sdpa_off = sdpa && strcmp(sdpa, "0") == 0;
     dev->precision = opts->precision;
 
     GP_CUDA_GO(cudaSetDevice(index));
+    int major = 0, minor = 0;
+    GP_CUDA_GO(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index));
+    GP_CUDA_GO(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, index));
+    ctx->sm = major * 10 + minor;
+    dev->arch = ctx->sm;
     if (ctx->bf16) {
         /* bf16 tensor cores came with Ampere (sm_80); cuBLAS and cuDNN
          * would emulate them slower than FP32 before */
-        int major = 0, minor = 0;
-        GP_CUDA_GO(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index));
-        GP_CUDA_GO(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, index));
         if (major < 8) {
             st = gp_error_set(GP_ERR_UNSUPPORTED,
                               "GPU cuda:%d (sm_%d%d) has no bf16 tensor cores (sm_80 and later "

@@ -148,6 +148,9 @@ typedef struct gp_cuda_ctx {
                                      operands rounded to bfloat16, FP32 sums (tensor cores) */
     bool legacy_conv;             /* GPIPE_CUDNN_LEGACY=1: no graph API for convolutions */
     bool graph_force;             /* GPIPE_CUDNN_GRAPH=force: its plan wherever one builds */
+    bool sdpa_off;                /* GPIPE_CUDNN_SDPA=0: attention on gpipe's own kernels */
+    int sm;                       /* compute capability, major * 10 + minor */
+    struct cuda_sdpa *sdpas;      /* per-shape fused attention plans (cuda_sdpa.c) */
     bool deterministic;           /* train.deterministic: cuDNN algorithms by heuristics,
                                      deterministic only; else measured (cudnnFind) */
     int chans_open;               /* channels (chan_open) open on this device */
@@ -242,7 +245,7 @@ gp_status gp_cuda_ws_reserve(gp_device *dev, size_t bytes, void **out);
 /* Precision bf16: out[i] = room for counts[i] bfloat16 values, i < n,
  * each 256-byte aligned, in one buffer apart from the workspace (valid
  * until the next call; accounted as GP_MEM_WORKSPACE). */
-#define GP_CUDA_BF16_PARTS 3
+#define GP_CUDA_BF16_PARTS 5
 gp_status gp_cuda_bf16_reserve(gp_device *dev, const int64_t *counts, int n, uint16_t **out);
 
 /* Tensor-core math may be used for a convolution: precision tf32 (TF32
@@ -287,6 +290,17 @@ gp_status gp_cuda_lt_gemm(gp_device *dev, int ta, int tb, int64_t m, int64_t n, 
                           float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
                           float beta, float *c, int64_t ldc, const float *bias, bool relu,
                           bool *done);
+
+/* cuda_sdpa.c: causal self-attention (backend.h's attn_fwd / attn_bwd)
+ * through cuDNN's fused scaled-dot-product attention under precision
+ * bf16 on sm_90+.  *done false: nothing ran (not allowed here, no plan, a
+ * failed launch); the caller runs gpipe's own kernels. */
+gp_status gp_cuda_sdpa_fwd(gp_device *dev, const float *x, float *y, float *lse, int64_t b,
+                           int64_t t, int64_t heads, int64_t c, bool *done);
+gp_status gp_cuda_sdpa_bwd(gp_device *dev, const float *x, const float *y, const float *lse,
+                           const float *dy, float *dx, int64_t b, int64_t t, int64_t heads,
+                           int64_t c, bool *done);
+void gp_cuda_sdpa_destroy(gp_cuda_ctx *ctx);
 
 /* cuda_dnn.c: create / destroy the shared descriptors and the conv cache. */
 gp_status gp_cuda_dnn_init(gp_cuda_ctx *ctx);
