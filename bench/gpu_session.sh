@@ -5,14 +5,17 @@
 # machine, the build, idle waits included; at most 10 minutes a call), so
 # the first call does the most in one go:
 #
-#   here, once:   ../shared/gpu/prepare.sh
+#   here, once:   ../shared/gpu/prepare.sh; fetch github:karpathy/llm.c and
+#                 github:NVIDIA/cudnn-frontend; bash bench/prepare_peers.sh
 #   there, with carry: [".device"], timeout_s 600:
 #     COMMIT=<short hash here> bash .device/build.sh && . /tmp/gpu-env && bash bench/gpu_session.sh first
 #
 # first:  in priority order, each part only while enough of BUDGET seconds
 #         (default 420, counted from the part's start, so after the build)
 #         is left, and a line for each part skipped: `ctest -L gpu`; issue
-#         15's precision table (fp32 / tf32 / bf16, cuBLASLt, PyTorch
+#         53's GPT-2 table (bench_gpt_gpu.py: gpipe, PyTorch eager,
+#         torch.compile, llm.c; its first GPU run of cuDNN's fused
+#         attention is in the ctest part); issue 15's precision table (fp32 / tf32 / bf16, cuBLASLt, PyTorch
 #         beside it: gpu_bars.sh with PARTS=precision); the bf16 accuracy
 #         check; test_cuda under compute-sanitizer memcheck.  Its summary
 #         ends with the seconds each part took, for planning the next call.
@@ -21,6 +24,7 @@
 # tests:  `ctest -L gpu` (test_cuda; test_cuda_2gpu skips with one GPU), then
 #         test_cuda under compute-sanitizer memcheck (leaks too), then
 #         configs/default.yaml on cuda:0 for one epoch (accuracy).
+# gpt:    bench/bench_gpt_gpu.py (issue 53's GPT-2 speed bar).
 # bars:   bench/gpu_bars.sh (issue 14's bars; issue 15's fp32 / measured /
 #         tf32 / bf16 table).
 # loader: bench/gpu_loader.sh (issue 23's GPU bar; run
@@ -84,7 +88,13 @@ case "$part" in
         --out "$OUT/accuracy" 2>&1 | tee "$OUT/accuracy.md"
       echo "accuracy: exit ${PIPESTATUS[0]}"
     }
+    gpt_table() {
+      timeout "$(($(left) - 20))" python3 bench/bench_gpt_gpu.py --bin "$BIN" --device "$DEV" \
+        --out "$OUT/gpt" 2>&1 | tee "$OUT/gpt.md"
+      echo "gpt table: exit ${PIPESTATUS[0]}"
+    }
     part tests 0 gpu_tests
+    part "gpt table" 180 gpt_table
     part "precision table" 200 precision_table
     part accuracy 120 accuracy
     part memcheck 60 memcheck "$(($(left) - 10))"
@@ -100,6 +110,10 @@ case "$part" in
     echo "default.yaml, 1 epoch on $DEV: exit $?"; grep -o '"test_accuracy":[0-9.]*' "$OUT/default.jsonl" | tail -1
     rm -rf "$snaps"
     ;;
+  gpt)
+    timeout 560 python3 bench/bench_gpt_gpu.py --bin "$BIN" --device "$DEV" --out "$OUT/gpt" 2>&1 |
+      tee "$OUT/gpt.md"
+    ;;
   bars)
     OUT="$OUT/bars" BIN="$BIN" bash bench/gpu_bars.sh 2>&1 | tee "$OUT/bars.md"
     ;;
@@ -111,5 +125,5 @@ case "$part" in
       --out "$OUT/accuracy" 2>&1 | tee "$OUT/accuracy.md"
     ;;
   *)
-    echo "usage: gpu_session.sh first|tests|bars|loader|accuracy"; exit 2 ;;
+    echo "usage: gpu_session.sh first|tests|gpt|bars|loader|accuracy"; exit 2 ;;
 esac

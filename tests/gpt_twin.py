@@ -47,6 +47,10 @@ import torch.nn.functional as F
 
 LLMC_MAGIC = 20240326
 TOKENS_MAGIC = 20240520
+# The attention written out (the parity tests' oracle, and PyTorch 1.13's
+# only path) or, set True by bench/bench_gpt_gpu.py, torch's fused
+# scaled_dot_product_attention, what a PyTorch 2 user's GPU run takes.
+FUSED_ATTENTION = False
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
@@ -74,10 +78,14 @@ class Attention(nn.Module):
         hs = c // self.heads
         q, k, v = self.c_attn(x).split(c, dim=2)
         q, k, v = (z.view(n, t, self.heads, hs).transpose(1, 2) for z in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
-        mask = torch.ones(t, t, dtype=torch.bool).tril()
-        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-        y = (att @ v).transpose(1, 2).contiguous().view(n, t, c)
+        if FUSED_ATTENTION:  # PyTorch 2's fused kernel (flash attention on a GPU)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
+            mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+            att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+            y = att @ v
+        y = y.transpose(1, 2).contiguous().view(n, t, c)
         return self.c_proj(y)
 
 
@@ -117,7 +125,7 @@ class GPT(nn.Module):
 
     def forward(self, idx):
         t = idx.shape[1]
-        x = self.transformer.wte(idx) + self.transformer.wpe(torch.arange(t))
+        x = self.transformer.wte(idx) + self.transformer.wpe(torch.arange(t, device=idx.device))
         for b in self.transformer.h:
             x = b(x)
         return self.lm_head(self.transformer.ln_f(x))
