@@ -502,7 +502,6 @@ static void sdpa_build(gp_device *dev, cuda_sdpa *a, int dir)
     if (chosen >= 0) {
         p->graph = graph;
         p->cfg = cfg[chosen];
-        dev->graph_plans++;
         GP_DEBUG("device %s: attention %s b=%lld t=%lld heads=%lld c=%lld: cuDNN fused SDPA, "
                  "workspace %lld MiB", dev->name, dir_name[dir], (long long)a->b,
                  (long long)a->t, (long long)a->heads, (long long)a->c,
@@ -579,7 +578,6 @@ static gp_status sdpa_run(gp_device *dev, cuda_sdpa *a, int dir, const int64_t *
                 "kernel takes it", dev->name, dir_name[dir], (long long)a->b, (long long)a->t,
                 cudnnGetErrorString(s));
         plan_free(p);
-        dev->graph_plans--;
         (void)cudaGetLastError(); /* a failed launch's error is this call's, not the next's */
         *done = false;
         return GP_OK;
