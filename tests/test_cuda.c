@@ -1891,6 +1891,49 @@ static void test_bf16_ops(gp_device *cpu, const char *graph)
         bfree(&adx2);
         bfree(&ax); bfree(&ady); bfree(&ay); bfree(&al); bfree(&adx);
     }
+    /* Weights kept in bf16 while frozen (gp_cuda_weights_bf16): a linear
+     * layer's forward and backward-data products and a convolution give
+     * frozen the bits they give unfrozen, each weight is rounded once for
+     * all the calls of a freeze, and the next freeze, after the weights
+     * changed, rounds the new ones. */
+    {
+        const int64_t n = 64, in = 256, out = 96;
+        CHECK(gp_bf16_gemm_worth(n, out, in) && gp_bf16_gemm_worth(n, in, out));
+        buf x = brand(n * in, -1, 1), w = brand(out * in, -1, 1), bias = brand(out, -1, 1);
+        buf dy = brand(n * out, -1, 1), y0 = bjunk(n * out), y1 = bjunk(n * out);
+        buf dx0 = bjunk(n * in), dx1 = bjunk(n * in);
+        buf cx = brand(nx, -1, 1), cw = brand(nw, -1, 1), cb = brand(24, -1, 1);
+        buf cy0 = bjunk(ny), cy1 = bjunk(ny);
+        for (int epoch = 0; epoch < 2; epoch++) {
+            if (epoch) { /* the weights change between steps */
+                CHECK_OK(gp_dev_scale(g, w.p[1], 1.5f, w.n));
+                CHECK_OK(gp_dev_scale(g, cw.p[1], -0.75f, cw.n));
+            }
+            CHECK_OK(gp_dev_linear_fwd(g, n, out, in, x.p[1], w.p[1], bias.p[1], false, y0.p[1]));
+            CHECK_OK(gp_dev_gemm_wb(g, 0, 0, n, in, out, 1.0f, dy.p[1], out, w.p[1], in, 0.0f,
+                                    dx0.p[1], in));
+            CHECK_OK(gp_dev_conv_fwd(g, &d, cx.p[1], cw.p[1], cb.p[1], cy0.p[1]));
+            uint64_t kept = g->weights_kept;
+            CHECK_OK(gp_dev_freeze_weights(g, true));
+            for (int rep = 0; rep < 2; rep++) {
+                CHECK_OK(gp_dev_linear_fwd(g, n, out, in, x.p[1], w.p[1], bias.p[1], false,
+                                           y1.p[1]));
+                CHECK_OK(gp_dev_gemm_wb(g, 0, 0, n, in, out, 1.0f, dy.p[1], out, w.p[1], in,
+                                        0.0f, dx1.p[1], in));
+                CHECK_OK(gp_dev_conv_fwd(g, &d, cx.p[1], cw.p[1], cb.p[1], cy1.p[1]));
+            }
+            unsigned long long made = (unsigned long long)(g->weights_kept - kept);
+            CHECK_MSG(made == 2, "bf16 weights kept in freeze %d: %llu copies for 2 weights",
+                      epoch + 1, made);
+            CHECK_OK(gp_dev_freeze_weights(g, false));
+            CHECK_MSG(bsame(y0.p[1], y1.p[1], y0.n) && bsame(dx0.p[1], dx1.p[1], dx0.n) &&
+                          bsame(cy0.p[1], cy1.p[1], cy0.n),
+                      "bf16 products with kept weights (freeze %d) differ from packed ones",
+                      epoch + 1);
+        }
+        bfree(&x); bfree(&w); bfree(&bias); bfree(&dy); bfree(&y0); bfree(&y1); bfree(&dx0);
+        bfree(&dx1); bfree(&cx); bfree(&cw); bfree(&cb); bfree(&cy0); bfree(&cy1);
+    }
     uint64_t plans = g->graph_plans; /* the bf16 convolution's */
     /* 1 input channel, 3x3: 9 products an output, too few for bf16
      * (gp_bf16_conv_worth): FP32, as the CPU's, where bf16 operands would

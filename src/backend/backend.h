@@ -941,6 +941,11 @@ struct gp_device {
      * (CUDA: cuDNN's scaled-dot-product attention, cuda_sdpa.c); on the
      * device's thread only. */
     uint64_t attn_fused;
+    /* Weight tensors a backend rounded into a copy kept while the weights
+     * are frozen (CUDA under bf16: gp_cuda_weights_bf16, once a step per
+     * weight whatever the calls and micro-batches); on the device's
+     * thread only. */
+    uint64_t weights_kept;
     /* A GPU's compute capability, major * 10 + minor (90: Hopper); 0 for
      * a CPU device. */
     int arch;

@@ -316,6 +316,54 @@ gp_status gp_cuda_bf16_reserve(gp_device *dev, const int64_t *counts, int n, uin
     return GP_OK;
 }
 
+/* A weight tensor's bf16 copy, kept while frozen (gp_cuda_weights_bf16). */
+typedef struct cuda_wcopy {
+    const float *w;
+    int64_t n;
+    uint16_t *copy;
+} cuda_wcopy;
+
+gp_status gp_cuda_weights_bf16(gp_device *dev, const float *w, int64_t n, const uint16_t **out)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    *out = NULL;
+    if (!dev->weights_frozen || dev->alloc.capacity != 0 || n <= 0) return GP_OK;
+    for (int i = 0; i < ctx->n_wcopies; i++)
+        if (ctx->wcopies[i].w == w && ctx->wcopies[i].n == n) {
+            *out = ctx->wcopies[i].copy;
+            return GP_OK;
+        }
+    if (ctx->n_wcopies == ctx->cap_wcopies) {
+        int cap = ctx->cap_wcopies ? 2 * ctx->cap_wcopies : 64;
+        cuda_wcopy *grown = realloc(ctx->wcopies, (size_t)cap * sizeof *grown);
+        if (!grown) return GP_OK; /* no room to remember it: packed per call */
+        ctx->wcopies = grown;
+        ctx->cap_wcopies = cap;
+    }
+    void *copy = NULL;
+    if (gp_dev_alloc(dev, (size_t)n * sizeof(uint16_t), GP_MEM_WORKSPACE, &copy) != GP_OK) {
+        gp_error_clear(); /* no memory to keep it: packed into scratch per call */
+        return GP_OK;
+    }
+    GP_CUDA(gp_cuk_bf16_pack(ctx->compute, copy, w, n));
+    ctx->wcopies[ctx->n_wcopies++] = (cuda_wcopy){w, n, copy};
+    dev->weights_kept++;
+    *out = copy;
+    return GP_OK;
+}
+
+gp_status gp_cuda_weights_thaw(gp_device *dev)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    if (!ctx || ctx->n_wcopies == 0) return GP_OK;
+    GP_TRY(gp_cuda_enter(dev));
+    for (int i = 0; i < ctx->n_wcopies; i++) /* stream-ordered: after the products using them */
+        gp_dev_free(dev, ctx->wcopies[i].copy, (size_t)ctx->wcopies[i].n * sizeof(uint16_t),
+                    GP_MEM_WORKSPACE);
+    ctx->n_wcopies = 0;
+    return GP_OK;
+}
+
 /* ---- transfers ----------------------------------------------------------------- */
 
 /* `waiter` waits for everything issued to `on` so far. */
@@ -1155,9 +1203,9 @@ static gp_status cuda_bce_logits(gp_device *dev, const float *z, const float *t,
  * into dense bf16 copies (leading dimension = their columns) and
  * cublasGemmEx multiplies them on bf16 tensor cores into the FP32 C with
  * FP32 sums (CUBLAS_COMPUTE_32F). */
-static gp_status cuda_gemm(gp_device *dev, int trans_a, int trans_b, int64_t m, int64_t n,
-                           int64_t k, float alpha, const float *a, int64_t lda, const float *b,
-                           int64_t ldb, float beta, float *c, int64_t ldc)
+static gp_status gemm_b(gp_device *dev, int trans_a, int trans_b, int64_t m, int64_t n,
+                        int64_t k, float alpha, const float *a, int64_t lda, const float *b,
+                        int64_t ldb, float beta, float *c, int64_t ldc, bool b_weights)
 {
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     if (m == 0 || n == 0) return GP_OK;
@@ -1177,9 +1225,14 @@ static gp_status cuda_gemm(gp_device *dev, int trans_a, int trans_b, int64_t m, 
         int64_t ar = trans_a ? k : m, ac = trans_a ? m : k, br = trans_b ? n : k,
                 bc = trans_b ? k : n, cnt[2] = {ar * ac, br * bc};
         uint16_t *p[2];
-        GP_TRY(gp_cuda_bf16_reserve(dev, cnt, 2, p));
+        const uint16_t *kept = NULL; /* B's copy for the step, where B is dense weights */
+        if (b_weights && ldb == bc) GP_TRY(gp_cuda_weights_bf16(dev, b, br * bc, &kept));
+        GP_TRY(gp_cuda_bf16_reserve(dev, cnt, kept ? 1 : 2, p));
         GP_CUDA(gp_cuk_bf16_pack2d(ctx->compute, p[0], a, ar, ac, lda));
-        GP_CUDA(gp_cuk_bf16_pack2d(ctx->compute, p[1], b, br, bc, ldb));
+        if (kept)
+            p[1] = (uint16_t *)kept;
+        else
+            GP_CUDA(gp_cuk_bf16_pack2d(ctx->compute, p[1], b, br, bc, ldb));
         gp_cuda_nvtx_push("gemm");
         GP_CUBLAS(cublasGemmEx(ctx->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                                trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n, (int)m, (int)k, &alpha,
@@ -1198,6 +1251,22 @@ static gp_status cuda_gemm(gp_device *dev, int trans_a, int trans_b, int64_t m, 
                           (int)ldb, a, (int)lda, &beta, c, (int)ldc));
     gp_cuda_nvtx_pop();
     return GP_OK;
+}
+
+static gp_status cuda_gemm(gp_device *dev, int trans_a, int trans_b, int64_t m, int64_t n,
+                           int64_t k, float alpha, const float *a, int64_t lda, const float *b,
+                           int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    return gemm_b(dev, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, false);
+}
+
+/* gemm_wb: B is a layer's weights; under bf16 their copy kept for the step
+ * (gp_cuda_weights_bf16). */
+static gp_status cuda_gemm_wb(gp_device *dev, int trans_a, int trans_b, int64_t m, int64_t n,
+                              int64_t k, float alpha, const float *a, int64_t lda,
+                              const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    return gemm_b(dev, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, true);
 }
 
 /* linear_fwd: in FP32 and TF32 the product with the bias and relu as its
@@ -1222,7 +1291,7 @@ static gp_status cuda_linear_fwd(gp_device *dev, int64_t n, int64_t out, int64_t
         if (relu && !ctx->lt_relu) GP_CUDA(gp_cuk_bias_relu_rows(ctx->compute, y, NULL, n, out));
         return GP_OK;
     }
-    GP_TRY(cuda_gemm(dev, 0, 1, n, out, in, 1.0f, x, in, w, in, 0.0f, y, out));
+    GP_TRY(cuda_gemm_wb(dev, 0, 1, n, out, in, 1.0f, x, in, w, in, 0.0f, y, out));
     if (relu) GP_CUDA(gp_cuk_bias_relu_rows(ctx->compute, y, bias, n, out));
     else if (bias) GP_CUDA(gp_cuk_add_bias_rows(ctx->compute, y, bias, n, out));
     return GP_OK;
@@ -1580,6 +1649,8 @@ static void cuda_destroy(gp_device *dev)
         gp_cuda_dnn_destroy(ctx);
         gp_cuda_lt_destroy(ctx);
         gp_cuda_sdpa_destroy(ctx);
+        (void)gp_cuda_weights_thaw(dev); /* a device closed while frozen */
+        free(ctx->wcopies);
         gp_dev_free(dev, ctx->ws, ctx->ws_bytes, GP_MEM_WORKSPACE);
         gp_dev_free(dev, ctx->bws, ctx->bws_bytes, GP_MEM_WORKSPACE);
         gp_dev_free(dev, ctx->dev_res, sizeof(cuda_res), GP_MEM_WORKSPACE);
@@ -1795,6 +1866,7 @@ static const gp_device_iface cuda_iface = {
     .bf16_pack = cuda_bf16_pack,
     .bf16_unpack = cuda_bf16_unpack,
     .gemm = cuda_gemm,
+    .gemm_wb = cuda_gemm_wb,
     .add_bias_rows = cuda_add_bias_rows,
     .linear_fwd = cuda_linear_fwd,
     .sum_rows = cuda_sum_rows,
@@ -1889,6 +1961,7 @@ gp_status gp_cuda_device_create(int index, const gp_device_opts *opts, gp_device
         return st;
     }
     dev->ctx = ctx;
+    dev->on_weights_thaw = gp_cuda_weights_thaw;
     ctx->ordinal = index;
     pthread_mutex_init(&ctx->lock, NULL);
     ctx->tf32 = opts->precision == GP_PRECISION_TF32;

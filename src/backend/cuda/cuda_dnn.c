@@ -319,9 +319,16 @@ static gp_status conv_tensors(gp_device *dev, const cuda_conv *cv, const float *
     for (int i = 0; i < 3; i++) t[i] = (void *)p[i];
     if (!cv->bf16) return GP_OK;
     uint16_t *bp[3];
+    /* the weights as an input (forward, backward-data): their copy for the
+     * step where one may be kept (gp_cuda_weights_bf16) */
+    const uint16_t *kept = NULL;
+    if (in >> 1 & 1) GP_TRY(gp_cuda_weights_bf16(dev, p[1], n[1], &kept));
     GP_TRY(gp_cuda_bf16_reserve(dev, n, 3, bp));
     for (int i = 0; i < 3; i++) {
-        if (in >> i & 1) GP_CUDA(gp_cuk_bf16_pack(gp_cuda_ctx_of(dev)->compute, bp[i], p[i], n[i]));
+        if (i == 1 && kept)
+            bp[i] = (uint16_t *)kept;
+        else if (in >> i & 1)
+            GP_CUDA(gp_cuk_bf16_pack(gp_cuda_ctx_of(dev)->compute, bp[i], p[i], n[i]));
         t[i] = bp[i];
     }
     return GP_OK;
