@@ -285,6 +285,86 @@ static void as_they_are(void)
     gp_layer_destroy(&l);
 }
 
+/* Activations on bf16 storage without the adapter (act_bf16): the CPU's
+ * relu and leaky relu kernels give, on special values too (signed zeros,
+ * infinities, NaN, subnormals, bf16's largest), the bits of the FP32 slot
+ * on the widened values rounded once; GELU is left to the adapter (its
+ * FP32 slot is oneDNN's); and a relu layer on bf16 allocates no FP32
+ * temporary (its activations' peak is its output, where the adapter's
+ * would add 4 bytes a value twice). */
+static void native_activations(void)
+{
+    CHECK(gp_dev_act_bf16_has(dev, GP_ACT_RELU) && gp_dev_act_bf16_has(dev, GP_ACT_LEAKY_RELU));
+    CHECK(!gp_dev_act_bf16_has(dev, GP_ACT_GELU));
+    CHECK(gp_dev_act_bf16(dev, GP_ACT_GELU, NULL, NULL, NULL, 4, 0.0f) == GP_ERR_UNSUPPORTED);
+    gp_error_clear();
+    enum { N = 4099 }; /* odd, past the threads' split */
+    static uint16_t x[N], dy[N], out[N];
+    static float xf[N], dyf[N], yf[N];
+    static const uint16_t special[] = {0x0000, 0x8000, 0x7f80, 0xff80, 0x7fc0, 0xffc1, 0x0001,
+                                       0x8001, 0x7f7f, 0xff7f, 0x3f80, 0xbf80};
+    uint32_t r = 12345u;
+    for (int i = 0; i < N; i++) {
+        r = r * 1664525u + 1013904223u;
+        x[i] = i < (int)(sizeof special / sizeof *special) ? special[i] : (uint16_t)(r >> 16);
+        r = r * 1664525u + 1013904223u;
+        dy[i] = (uint16_t)(r >> 16);
+        xf[i] = gp_ew_bf16_value(x[i]);
+        dyf[i] = gp_ew_bf16_value(dy[i]);
+    }
+    for (int kind = 0; kind < 2; kind++)
+        for (int bwd = 0; bwd < 2; bwd++) {
+            gp_act_kind k = kind ? GP_ACT_LEAKY_RELU : GP_ACT_RELU;
+            float slope = kind ? 0.2f : 0.0f;
+            CHECK_OK(gp_dev_act_bf16(dev, k, x, bwd ? dy : NULL, out, N, slope));
+            if (!bwd && kind) CHECK_OK(gp_dev_leaky_relu_fwd(dev, xf, yf, N, slope));
+            if (!bwd && !kind) CHECK_OK(gp_dev_relu_fwd(dev, xf, yf, N));
+            if (bwd && kind) CHECK_OK(gp_dev_leaky_relu_bwd(dev, xf, dyf, yf, N, slope));
+            if (bwd && !kind) CHECK_OK(gp_dev_relu_bwd(dev, xf, dyf, yf, N));
+            CHECK_OK(gp_dev_synchronize(dev));
+            int bad = 0, first = -1;
+            for (int i = 0; i < N; i++)
+                if (out[i] != gp_ew_bf16_bits(yf[i])) {
+                    bad++;
+                    if (first < 0) first = i;
+                }
+            CHECK_MSG(bad == 0, "bf16 %s %s: %d of %d differ from the FP32 slot rounded "
+                      "(first at %d: x %#x)", kind ? "leaky_relu" : "relu",
+                      bwd ? "backward" : "forward", bad, N, first, first >= 0 ? x[first] : 0);
+        }
+    /* in place (out = xy) gives the same bits */
+    memcpy(out, x, sizeof out);
+    CHECK_OK(gp_dev_act_bf16(dev, GP_ACT_RELU, out, NULL, out, N, 0.0f));
+    CHECK_OK(gp_dev_relu_fwd(dev, xf, yf, N));
+    int bad = 0;
+    for (int i = 0; i < N; i++) bad += out[i] != gp_ew_bf16_bits(yf[i]);
+    CHECK_MSG(bad == 0, "bf16 relu in place: %d of %d differ", bad, N);
+    /* the layer: no FP32 temporaries */
+    gp_shape map = gp_shape_4d(1, 8, 16, 16);
+    gp_layer_spec rs = gp_layer_spec_default(GP_LAYER_RELU);
+    gp_layer l;
+    CHECK_OK(gp_layer_create(&rs, 0, &map, dev, 1, &l));
+    l.out_dtype = GP_BF16;
+    gp_shape xs = gp_shape_with_batch(&map, 4);
+    gp_tensor xt = rand_bf16(&xs, 21), y, dyt = rand_bf16(&xs, 22), dx = {0};
+    gp_fwd_ctx ctx = {.training = true, .batch_total = 4};
+    gp_saved sv = {0};
+    size_t before = dev->alloc.cur_by[GP_MEM_ACTIVATIONS], bytes = gp_tensor_bytes(&xt);
+    gp_allocator_reset_peak(&dev->alloc);
+    CHECK_OK(gp_layer_forward(&l, &ctx, &xt, &y, &sv));
+    CHECK_OK(gp_layer_backward(&l, &ctx, &xt, &y, &dyt, &dx, &sv));
+    size_t peak = dev->alloc.peak_by[GP_MEM_ACTIVATIONS] - before;
+    CHECK_MSG(peak <= 2 * bytes, "a bf16 relu's forward and backward peaked at %zu bytes of "
+              "activations over its input's %zu: the adapter's FP32 temporaries", peak, bytes);
+    CHECK(y.dtype == GP_BF16 && dx.dtype == GP_BF16);
+    gp_tensor_free(&dx);
+    gp_tensor_free(&dyt);
+    gp_tensor_free(&y);
+    gp_tensor_free(&xt);
+    gp_saved_free(&sv);
+    gp_layer_destroy(&l);
+}
+
 /* The losses on bf16 logits, and gradients added up. */
 static void losses_and_sums(void)
 {
@@ -326,6 +406,7 @@ int main(void)
     conversions();
     adapter_layers();
     as_they_are();
+    native_activations();
     losses_and_sums();
     /* every byte came back (the backend's own scratch arena aside) */
     for (int c = 0; c < GP_MEM_COUNT; c++)

@@ -1934,6 +1934,51 @@ static void test_bf16_ops(gp_device *cpu, const char *graph)
         bfree(&x); bfree(&w); bfree(&bias); bfree(&dy); bfree(&y0); bfree(&y1); bfree(&dx0);
         bfree(&dx1); bfree(&cx); bfree(&cw); bfree(&cb); bfree(&cy0); bfree(&cy1);
     }
+    /* Activations on bf16 storage (act_bf16), on random 16-bit patterns
+     * (NaNs, infinities and subnormals among them): for every kind the
+     * bits of the GPU's FP32 kernel on the widened values rounded once
+     * (what the storage adapter gives), and for relu and leaky relu the
+     * CPU's bits. */
+    {
+        enum { AN = 8192 }; /* bf16 values: AN / 2 floats' room */
+        buf bx = brand(AN / 2, -1, 1), bdy = brand(AN / 2, -1, 1), bo = bjunk(AN / 2);
+        buf bo2 = bjunk(AN / 2), wx = bjunk(AN), wdy = bjunk(AN), wy = bjunk(AN);
+        CHECK(gp_dev_act_bf16_has(g, GP_ACT_GELU));
+        for (int kind = 0; kind < GP_ACT_COUNT; kind++)
+            for (int bwd = 0; bwd < 2; bwd++) {
+                gp_act_kind k = (gp_act_kind)kind;
+                float slope = k == GP_ACT_LEAKY_RELU ? 0.2f : 0.0f;
+                uint16_t *x1 = (uint16_t *)bx.p[1], *dy1 = bwd ? (uint16_t *)bdy.p[1] : NULL;
+                CHECK_OK(gp_dev_act_bf16(g, k, x1, dy1, (uint16_t *)bo.p[1], AN, slope));
+                CHECK_OK(gp_dev_bf16_unpack(g, wx.p[1], x1, AN));
+                CHECK_OK(gp_dev_bf16_unpack(g, wdy.p[1], (uint16_t *)bdy.p[1], AN));
+                if (k == GP_ACT_RELU)
+                    CHECK_OK(bwd ? gp_dev_relu_bwd(g, wx.p[1], wdy.p[1], wy.p[1], AN)
+                                 : gp_dev_relu_fwd(g, wx.p[1], wy.p[1], AN));
+                else if (k == GP_ACT_LEAKY_RELU)
+                    CHECK_OK(bwd ? gp_dev_leaky_relu_bwd(g, wx.p[1], wdy.p[1], wy.p[1], AN, slope)
+                                 : gp_dev_leaky_relu_fwd(g, wx.p[1], wy.p[1], AN, slope));
+                else
+                    CHECK_OK(bwd ? gp_dev_gelu_bwd(g, wx.p[1], wdy.p[1], wy.p[1], AN)
+                                 : gp_dev_gelu_fwd(g, wx.p[1], wy.p[1], AN));
+                CHECK_OK(gp_dev_bf16_pack(g, (uint16_t *)bo2.p[1], wy.p[1], AN));
+                CHECK_MSG(bsame(bo.p[1], bo2.p[1], AN / 2), "bf16 activation %d %s on the GPU: "
+                          "not its FP32 kernel's values rounded", kind, bwd ? "bwd" : "fwd");
+                if (k == GP_ACT_GELU) continue; /* the CPU's GELU is oneDNN's, via the adapter */
+                CHECK_OK(gp_dev_act_bf16(cpu, k, (uint16_t *)bx.p[0],
+                                         bwd ? (uint16_t *)bdy.p[0] : NULL, (uint16_t *)bo.p[0],
+                                         AN, slope));
+                float *h[2] = {malloc(AN * 2), malloc(AN * 2)};
+                CHECK_OK(gp_dev_download(cpu, h[0], bo.p[0], AN / 2));
+                CHECK_OK(gp_dev_download(g, h[1], bo.p[1], AN / 2));
+                CHECK_OK(gp_dev_synchronize(g));
+                CHECK_MSG(!memcmp(h[0], h[1], AN * 2), "bf16 activation %d %s: the GPU's bits "
+                          "differ from the CPU's", kind, bwd ? "bwd" : "fwd");
+                free(h[0]);
+                free(h[1]);
+            }
+        bfree(&bx); bfree(&bdy); bfree(&bo); bfree(&bo2); bfree(&wx); bfree(&wdy); bfree(&wy);
+    }
     uint64_t plans = g->graph_plans; /* the bf16 convolution's */
     /* 1 input channel, 3x3: 9 products an output, too few for bf16
      * (gp_bf16_conv_worth): FP32, as the CPU's, where bf16 operands would

@@ -121,10 +121,15 @@
  *  31  embed_fwd, embed_bwd (token and position embeddings)
  *  32  xent and xent_dev take the rows' stride `ld` (>= cols): a padded
  *      vocabulary's logits (model.gpt.vocab_pad) are read in their first
- *      cols columns and the gradient's padding columns are zeroed */
-#define GP_DEVICE_IFACE_VERSION 32
+ *      cols columns and the gradient's padding columns are zeroed
+ *  33  act_bf16, act_bf16_kinds (relu, leaky relu and GELU on bf16 storage
+ *      in one pass, without the storage adapter) */
+#define GP_DEVICE_IFACE_VERSION 33
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
+
+/* The activations act_bf16 computes (bit k of act_bf16_kinds: kind k). */
+typedef enum { GP_ACT_RELU = 0, GP_ACT_LEAKY_RELU, GP_ACT_GELU, GP_ACT_COUNT } gp_act_kind;
 
 /* The math a device's convolutions and matrix products run in
  * (train.precision).  FP32: exact single precision (the default, and what
@@ -869,6 +874,23 @@ typedef struct gp_device_iface {
                            int64_t *bad);
     gp_status (*embed_bwd)(gp_device *dev, const float *ids, const float *dy, float *dwte,
                            float *dwpe, int64_t n, int64_t t, int64_t c);
+    /* --- activations on bf16 storage (optional; appended last) ---
+     * act_bf16: an activation of kind `kind` on bf16 values (16-bit
+     * patterns: train.activations: bf16) in one pass, FP32 math on the
+     * widened values and one rounding of each result, as elementwise.h's
+     * gp_ew_* compute them:
+     *   forward  (dy NULL):  out[i] = bits(f(value(xy[i])))
+     *   backward:            out[i] = bits(f'(value(xy[i]), value(dy[i])))
+     * with xy the output y for relu and leaky relu (their backward reads
+     * it) and the input x for GELU; slope is the leaky relu's.  The bits
+     * are the storage adapter's (widen, the FP32 slot, round once) without
+     * its two extra passes and FP32 temporaries.  out may be xy.
+     * act_bf16_kinds: bit k set where act_bf16 takes kind k; a kind left
+     * out goes through the adapter (CPU: GELU, whose FP32 slot is oneDNN's
+     * and rounds its own way).  NULL / 0: every kind through the adapter. */
+    gp_status (*act_bf16)(gp_device *dev, gp_act_kind kind, const uint16_t *xy,
+                          const uint16_t *dy, uint16_t *out, int64_t n, float slope);
+    unsigned act_bf16_kinds;
 } gp_device_iface;
 
 /* The most tensors one nonfinite_or_many launch takes (its table travels
@@ -1413,6 +1435,14 @@ gp_status gp_dev_attn_bwd(gp_device *dev, const float *x, const float *y, const 
 /* The Transformer slots (gelu_*, layer_norm_*, embed_*); GP_ERR_UNSUPPORTED (naming the device,
  * its backend and the op) when a slot is NULL; nothing is called for zero
  * elements (rows or c 0). */
+/* Whether act_bf16 takes `kind` on dev (else the storage adapter runs it). */
+static inline bool gp_dev_act_bf16_has(const gp_device *dev, gp_act_kind kind)
+{
+    return dev->iface->act_bf16 && (dev->iface->act_bf16_kinds >> kind & 1u);
+}
+/* act_bf16 (backend.h); GP_ERR_UNSUPPORTED where gp_dev_act_bf16_has is false. */
+gp_status gp_dev_act_bf16(gp_device *dev, gp_act_kind kind, const uint16_t *xy,
+                          const uint16_t *dy, uint16_t *out, int64_t n, float slope);
 gp_status gp_dev_gelu_fwd(gp_device *dev, const float *x, float *y, int64_t n);
 gp_status gp_dev_gelu_bwd(gp_device *dev, const float *x, const float *dy, float *dx, int64_t n);
 gp_status gp_dev_layer_norm_fwd(gp_device *dev, const float *x, const float *w, const float *b,

@@ -803,6 +803,17 @@ gp_status gp_dev_attn_bwd(gp_device *dev, const float *x, const float *y, const 
 
 /* ---- the Transformer slots ------------------------------------------------ */
 
+gp_status gp_dev_act_bf16(gp_device *dev, gp_act_kind kind, const uint16_t *xy,
+                          const uint16_t *dy, uint16_t *out, int64_t n, float slope)
+{
+    static const char *const names[GP_ACT_COUNT] = {"relu", "leaky_relu", "gelu"};
+    if (!gp_dev_act_bf16_has(dev, kind))
+        return gp_error_set(GP_ERR_UNSUPPORTED, "device %s (%s backend) has no bf16 %s; the "
+                            "storage adapter runs it", dev->name, dev->iface->backend_name,
+                            (unsigned)kind < GP_ACT_COUNT ? names[kind] : "activation");
+    return n > 0 ? dev->iface->act_bf16(dev, kind, xy, dy, out, n, slope) : GP_OK;
+}
+
 gp_status gp_dev_gelu_fwd(gp_device *dev, const float *x, float *y, int64_t n)
 {
     if (!dev->iface->gelu_fwd) return no_unet_op(dev, "gelu_fwd", "gelu");

@@ -690,7 +690,8 @@ gp_status gp_layers_accumulate(gp_device *dev, gp_tensor *g, const gp_tensor *sg
 }
 
 /* Whether layer l runs through the adapter for inputs x: its output or an
- * input is not FP32, and its ops cannot take them as they are. */
+ * input is not FP32, and its ops cannot take them as they are (any
+ * dtype, or bf16 where its device has the kernels: takes_bf16). */
 static bool adapts(const gp_layer *l, const gp_tensor *x)
 {
     bool f32 = l->out_dtype == GP_F32, same = true;
@@ -698,7 +699,10 @@ static bool adapts(const gp_layer *l, const gp_tensor *x)
         f32 = f32 && x[q].dtype == GP_F32;
         same = same && x[q].dtype == l->out_dtype;
     }
-    return !f32 && !(l->ops->any_dtype && same);
+    if (f32) return false;
+    bool takes = l->ops->any_dtype ||
+                 (l->out_dtype == GP_BF16 && l->ops->takes_bf16 && l->ops->takes_bf16(l));
+    return !(takes && same);
 }
 
 static void free_all(gp_tensor *t, int n)

@@ -354,6 +354,11 @@ typedef struct gp_layer_ops {
      * where the storage adapter (gp_layer's out_dtype) would widen and
      * round them for nothing. */
     bool any_dtype;
+    /* Layers whose kernels take bf16 storage on some devices (relu, leaky
+     * relu, GELU: gp_dev_act_bf16_has): true where layer l's forward and
+     * backward take bf16 tensors as they are on its device, bit for bit
+     * what the adapter would give.  NULL: any_dtype says. */
+    bool (*takes_bf16)(const gp_layer *l);
 } gp_layer_ops;
 
 struct gp_layer {
@@ -410,7 +415,7 @@ struct gp_layer {
      * has it, its dx (activation storage, train.activations; GP_F32 from
      * gp_layer_create).  A layer whose output or any input is bf16 runs
      * through the storage adapter of the gp_layer_* wrappers unless its
-     * ops are any_dtype: its bf16 inputs (x, y, dy) widened to FP32, its
+     * ops are any_dtype or takes_bf16 says so: its bf16 inputs (x, y, dy) widened to FP32, its
      * FP32 kernels run, its output rounded once to out_dtype and each
      * input's gradient rounded to that input's type.  What backward needs
      * beyond x and y (gp_saved) stays FP32; so do a composite layer's

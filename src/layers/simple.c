@@ -45,6 +45,8 @@ static gp_status relu_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tenso
         l->relu_skipped++;
         return GP_OK;
     }
+    if (x->dtype == GP_BF16) /* bf16 storage, in one pass (takes_bf16) */
+        return gp_dev_act_bf16(l->dev, GP_ACT_RELU, gp_bf16(x), NULL, gp_bf16(y), n, 0.0f);
     return gp_dev_relu_fwd(l->dev, gp_f32(x), gp_f32(y), n);
 }
 
@@ -54,8 +56,13 @@ static gp_status relu_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp
 {
     int64_t n = gp_tensor_numel(x);
     if (n == 0) return GP_OK;
+    if (y->dtype == GP_BF16)
+        return gp_dev_act_bf16(l->dev, GP_ACT_RELU, gp_bf16(y), gp_bf16(dy), gp_bf16(dx), n,
+                               0.0f);
     return gp_dev_relu_bwd(l->dev, gp_f32(y), gp_f32(dy), gp_f32(dx), n);
 }
+
+static bool relu_takes_bf16(const gp_layer *l) { return gp_dev_act_bf16_has(l->dev, GP_ACT_RELU); }
 
 static double numel_flops(const gp_layer *l, int64_t n)
 {
@@ -71,6 +78,7 @@ const gp_layer_ops gp_relu_ops = {
     .flops = numel_flops,
     .inplace = GP_INPLACE_VALUES,
     .bwd_ignores_x = true,
+    .takes_bf16 = relu_takes_bf16,
 };
 
 /* ---- gelu ---------------------------------------------------------------- */
@@ -78,6 +86,9 @@ const gp_layer_ops gp_relu_ops = {
 static gp_status gelu_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                               gp_tensor *y, gp_saved *s)
 {
+    if (x->dtype == GP_BF16) /* bf16 storage, in one pass (takes_bf16) */
+        return gp_dev_act_bf16(l->dev, GP_ACT_GELU, gp_bf16(x), NULL, gp_bf16(y),
+                               gp_tensor_numel(x), 0.0f);
     return gp_dev_gelu_fwd(l->dev, gp_f32(x), gp_f32(y), gp_tensor_numel(x));
 }
 
@@ -85,8 +96,13 @@ static gp_status gelu_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp
                                     const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
                                     gp_saved *s)
 {
+    if (x->dtype == GP_BF16)
+        return gp_dev_act_bf16(l->dev, GP_ACT_GELU, gp_bf16(x), gp_bf16(dy), gp_bf16(dx),
+                               gp_tensor_numel(x), 0.0f);
     return gp_dev_gelu_bwd(l->dev, gp_f32(x), gp_f32(dy), gp_f32(dx), gp_tensor_numel(x));
 }
+
+static bool gelu_takes_bf16(const gp_layer *l) { return gp_dev_act_bf16_has(l->dev, GP_ACT_GELU); }
 
 /* tanh counted as one operation: about 8 per element */
 static double gelu_flops(const gp_layer *l, int64_t n)
@@ -102,6 +118,7 @@ const gp_layer_ops gp_gelu_ops = {
     .backward_data = gelu_backward_data,
     .flops = gelu_flops,
     .bwd_ignores_y = true,
+    .takes_bf16 = gelu_takes_bf16,
 };
 
 /* ---- flatten ------------------------------------------------------------- */

@@ -74,6 +74,9 @@ static gp_status leaky_infer(const gp_layer *l, const gp_shape *in, gp_shape *ou
 static gp_status leaky_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                                gp_tensor *y, gp_saved *s)
 {
+    if (x->dtype == GP_BF16) /* bf16 storage, in one pass (takes_bf16) */
+        return gp_dev_act_bf16(l->dev, GP_ACT_LEAKY_RELU, gp_bf16(x), NULL, gp_bf16(y),
+                               gp_tensor_numel(x), l->spec.slope);
     return gp_dev_leaky_relu_fwd(l->dev, gp_f32(x), gp_f32(y), gp_tensor_numel(x), l->spec.slope);
 }
 
@@ -81,8 +84,16 @@ static gp_status leaky_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const g
                                      const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
                                      gp_saved *s)
 {
+    if (y->dtype == GP_BF16)
+        return gp_dev_act_bf16(l->dev, GP_ACT_LEAKY_RELU, gp_bf16(y), gp_bf16(dy), gp_bf16(dx),
+                               gp_tensor_numel(x), l->spec.slope);
     return gp_dev_leaky_relu_bwd(l->dev, gp_f32(y), gp_f32(dy), gp_f32(dx), gp_tensor_numel(x),
                                  l->spec.slope);
+}
+
+static bool leaky_takes_bf16(const gp_layer *l)
+{
+    return gp_dev_act_bf16_has(l->dev, GP_ACT_LEAKY_RELU);
 }
 
 const gp_layer_ops gp_leaky_relu_ops = {
@@ -94,6 +105,7 @@ const gp_layer_ops gp_leaky_relu_ops = {
     .flops = numel_flops,
     .inplace = GP_INPLACE_VALUES,
     .bwd_ignores_x = true,
+    .takes_bf16 = leaky_takes_bf16,
 };
 
 /* ---- dropout2d ------------------------------------------------------------- */

@@ -266,6 +266,9 @@ static const gp_device_iface cpu_iface = {
     .embed_bwd = gp_cpu_embed_bwd,
     .leaky_relu_fwd = gp_cpu_leaky_relu_fwd,
     .leaky_relu_bwd = gp_cpu_leaky_relu_bwd,
+    .act_bf16 = gp_cpu_act_bf16,
+    /* GELU stays with the adapter: its FP32 slot is oneDNN's gelu_tanh */
+    .act_bf16_kinds = 1u << GP_ACT_RELU | 1u << GP_ACT_LEAKY_RELU,
     .mul_rows = gp_cpu_mul_rows,
     .upsample_fwd = gp_cpu_upsample_fwd,
     .upsample_bwd = gp_cpu_upsample_bwd,

@@ -337,6 +337,8 @@ gp_status gp_cpu_dropout_mask(gp_device *dev, float *mask, int64_t n, float p,
                               uint64_t seed, uint64_t stream, uint64_t first);
 gp_status gp_cpu_mul(gp_device *dev, const float *a, const float *b, float *y,
                      int64_t n);
+gp_status gp_cpu_act_bf16(gp_device *dev, gp_act_kind kind, const uint16_t *xy,
+                          const uint16_t *dy, uint16_t *out, int64_t n, float slope);
 gp_status gp_cpu_gelu_fwd(gp_device *dev, const float *x, float *y, int64_t n);
 gp_status gp_cpu_gelu_bwd(gp_device *dev, const float *x, const float *dy, float *dx, int64_t n);
 gp_status gp_cpu_layer_norm_fwd(gp_device *dev, const float *x, const float *w, const float *b,

@@ -595,6 +595,34 @@ gp_status gp_cpu_leaky_relu_bwd(gp_device *dev, const float *y, const float *dy,
     return GP_OK;
 }
 
+/* act_bf16 (backend.h): relu and leaky relu, elementwise.h's functions on
+ * the widened values, rounded once (the adapter's bits in one pass). */
+GP_CPU_LOOPS
+gp_status gp_cpu_act_bf16(gp_device *dev, gp_act_kind kind, const uint16_t *xy,
+                          const uint16_t *dy, uint16_t *out, int64_t n, float slope)
+{
+    int nt = dev->threads;
+    bool lk = kind == GP_ACT_LEAKY_RELU;
+    if (kind != GP_ACT_RELU && !lk)
+        return gp_error_set(GP_ERR_UNSUPPORTED, "device %s: no bf16 kernel for activation %d",
+                            dev->name, (int)kind);
+    if (!dy) {
+#pragma omp parallel for simd schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN)
+        for (int64_t i = 0; i < n; i++) {
+            float x = gp_ew_bf16_value(xy[i]);
+            out[i] = gp_ew_bf16_bits(lk ? gp_ew_leaky_relu(x, slope) : gp_ew_relu(x));
+        }
+    } else {
+#pragma omp parallel for simd schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN)
+        for (int64_t i = 0; i < n; i++) {
+            float y = gp_ew_bf16_value(xy[i]), g = gp_ew_bf16_value(dy[i]);
+            out[i] = gp_ew_bf16_bits(lk ? gp_ew_leaky_relu_bwd(y, g, slope)
+                                        : gp_ew_relu_bwd(y, g));
+        }
+    }
+    return GP_OK;
+}
+
 GP_CPU_LOOPS
 gp_status gp_cpu_mul_rows(gp_device *dev, const float *x, const float *s, float *y,
                           int64_t rows, int64_t cols)

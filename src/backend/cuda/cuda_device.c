@@ -1046,6 +1046,12 @@ static gp_status cuda_bn_commit(gp_device *dev, int64_t c, float *rmean, float *
 /* ---- U-Net layers and loss ----------------------------------------------------------
  * Sizes were checked (and empty calls dropped) by the gp_dev_* wrappers. */
 
+static gp_status cuda_act_bf16(gp_device *dev, gp_act_kind kind, const uint16_t *xy,
+                               const uint16_t *dy, uint16_t *out, int64_t n, float slope)
+{
+    CUDA_OP(dev, gp_cuk_act_bf16(s, (int)kind, xy, dy, out, n, slope));
+}
+
 static gp_status cuda_gelu_fwd(gp_device *dev, const float *x, float *y, int64_t n)
 {
     CUDA_OP(dev, gp_cuk_gelu_fwd(s, x, y, n));
@@ -1867,6 +1873,8 @@ static const gp_device_iface cuda_iface = {
     .bf16_unpack = cuda_bf16_unpack,
     .gemm = cuda_gemm,
     .gemm_wb = cuda_gemm_wb,
+    .act_bf16 = cuda_act_bf16,
+    .act_bf16_kinds = 1u << GP_ACT_RELU | 1u << GP_ACT_LEAKY_RELU | 1u << GP_ACT_GELU,
     .add_bias_rows = cuda_add_bias_rows,
     .linear_fwd = cuda_linear_fwd,
     .sum_rows = cuda_sum_rows,

@@ -421,6 +421,25 @@ __global__ void k_gelu_bwd(const float *x, const float *dy, float *dx, int64_t n
     GP_CUK_LOOP(i, n) dx[i] = gp_ew_gelu_bwd(x[i], dy[i]);
 }
 
+/* act_bf16 (backend.h): the activations on bf16 storage, the FP32 kernels'
+ * functions on the widened values, rounded once: the adapter's bits. */
+__global__ void k_act_bf16(int kind, const uint16_t *xy, const uint16_t *dy, uint16_t *out,
+                           int64_t n, float slope)
+{
+    GP_CUK_LOOP(i, n) {
+        float v = gp_ew_bf16_value(xy[i]), r;
+        if (!dy)
+            r = kind == 0 ? gp_ew_relu(v) : kind == 1 ? gp_ew_leaky_relu(v, slope) : gp_ew_gelu(v);
+        else {
+            float g = gp_ew_bf16_value(dy[i]);
+            r = kind == 0   ? gp_ew_relu_bwd(v, g)
+                : kind == 1 ? gp_ew_leaky_relu_bwd(v, g, slope)
+                            : gp_ew_gelu_bwd(v, g);
+        }
+        out[i] = gp_ew_bf16_bits(r);
+    }
+}
+
 /* ---- U-Net layers ------------------------------------------------------------- */
 
 __global__ void k_leaky_relu_fwd(const float *x, float *y, int64_t n, float slope)
@@ -1318,6 +1337,12 @@ cudaError_t gp_cuk_xent(cudaStream_t s, const float *logits, const float *labels
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     k_xent_total<<<1, GP_CUK_THREADS, 0, s>>>(row_loss, row_flag, rows, out);
     return cudaGetLastError();
+}
+
+cudaError_t gp_cuk_act_bf16(cudaStream_t s, int kind, const uint16_t *xy, const uint16_t *dy,
+                            uint16_t *out, int64_t n, float slope)
+{
+    GP_CUK_LAUNCH(n, k_act_bf16, kind, xy, dy, out, n, slope);
 }
 
 cudaError_t gp_cuk_gelu_fwd(cudaStream_t s, const float *x, float *y, int64_t n)
