@@ -24,7 +24,7 @@
  *     with momentum, both with weight decay; 1 device and 3 stages) and
  *     the padded rows stay exactly 0; ids past V are errors as without
  *     padding; a snapshot holds Vp rows and resumes bit for bit; Hugging
- *     Face and llm.c exports of a padded model load into the unpadded one
+ *     Face, llm.c and gpipe exports of a padded model load into the unpadded one
  *     and the other way round, and a larger vocabulary's file whose rows
  *     number the padded model's is refused; evaluation and
  *     gp_run_describe read V; gpipe-sample never draws a padding id; the
@@ -583,6 +583,19 @@ static void pad_snapshot(gp_device **devs, const char *dir)
     gp_st_free(&f);
     gp_snapshot_pos pos;
     CHECK_OK(gp_snapshot_restore(&b, &c, path, true, &pos, NULL));
+    /* the same snapshot (Vp rows) as model.init_from of the unpadded
+     * model: the restored model's weights, its first PV rows */
+    gp_config cu;
+    if (pad_cfg(false, true, false, &cu)) {
+        gp_model u;
+        CHECK_OK(pad_build(&cu, devs, 3, &u));
+        gp_status s = gp_snapshot_init_from(&u, path);
+        CHECK_MSG(s == GP_OK, "the padded snapshot into the unpadded model: %s", gp_last_error());
+        CHECK_MSG(s != GP_OK || pad_same_params(&b, &u),
+                  "the padded snapshot's weights went across");
+        gp_model_free(&u);
+        gp_config_free(&cu);
+    }
     bool same = true;
     for (int step = 3; step < 6; step++) {
         gp_step_stats sa, sb;
@@ -761,6 +774,7 @@ static void vocab_pad(gp_device **devs)
     for (int from_padded = 0; from_padded < 2; from_padded++)
         for (int tie = 0; tie < 2; tie++) {
             pad_round_trip(devs[0], tie, GP_WEIGHTS_HF, from_padded, dir);
+            pad_round_trip(devs[0], tie, GP_WEIGHTS_GPIPE, from_padded, dir);
             if (tie) pad_round_trip(devs[0], tie, GP_WEIGHTS_LLMC, from_padded, dir);
         }
     pad_larger_vocab(devs[0], dir);

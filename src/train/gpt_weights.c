@@ -430,6 +430,72 @@ bool gp_gpt_is_llmc(const char *path)
     return yes;
 }
 
+/* t of f copied as it is (a counter: I64), under its own name. */
+static gp_status add_raw(gp_st_writer *w, const gp_st_tensor *t)
+{
+    if (t->dtype == GP_ST_OTHER)
+        return gp_error_set(GP_ERR_DATA, "tensor '%s' is %s, which gpipe does not load", t->name,
+                            t->dtype_name);
+    void *out;
+    GP_TRY(gp_st_writer_slot(w, t->name, t->dtype, t->ndim, t->dims, (size_t)(t->end - t->begin),
+                             &out));
+    memcpy(out, t->data, (size_t)(t->end - t->begin));
+    return GP_OK;
+}
+
+/* Whether f, gpipe's own file of a GPT, holds a vocabulary tensor whose
+ * rows are not m's: one of them padded (model.gpt.vocab_pad), the other
+ * not, or padded otherwise. */
+static bool vocab_rows_differ(const gp_model *m, const gp_st_file *f)
+{
+    if (model_vocab(m) <= 0) return false;
+    for (int i = 0; i < f->n; i++) {
+        const gp_st_tensor *t = &f->tensors[i];
+        int nd = 0;
+        int64_t d[GP_ST_MAX_DIMS] = {0};
+        if (vocab_tensor(t->name) && t->ndim == 2 &&
+            gp_snapshot_model_has(m, t->name, &nd, d) && nd == 2 && d[1] == t->dims[1] &&
+            d[0] != t->dims[0])
+            return true;
+    }
+    return false;
+}
+
+/* gpipe's own file (an export or a snapshot) of a GPT whose vocabulary
+ * rows are not m's (vocab_rows_differ): wte.weight and lm_head.weight
+ * given m's rows as Hugging Face's files are (add_vocab: the first V, and
+ * zeros past them, which the file's rows past V must be), every other
+ * tensor and the metadata as they are, after the file's checksum is
+ * checked (the copy carries none).  A snapshot of a run in processes
+ * (its parts apart) is left as it is. */
+static gp_status own_vocab(const gp_model *m, gp_st_file *f, bool *converted)
+{
+    if (!vocab_rows_differ(m, f) || gp_st_meta(f, "gpipe.parts")) return GP_OK;
+    GP_TRY(gp_st_verify(f, false));
+    gp_st_writer w = {0};
+    gp_status s = GP_OK;
+    for (int i = 0; i < f->n_meta && s == GP_OK; i++) {
+        const char *key = f->meta[2 * i];
+        if (strcmp(key, "gpipe.crc32") && strcmp(key, "gpipe.header_crc32"))
+            s = gp_st_writer_meta(&w, key, f->meta[2 * i + 1]);
+    }
+    for (int i = 0; i < f->n && s == GP_OK; i++) {
+        const gp_st_tensor *t = &f->tensors[i];
+        bool fl = t->dtype == GP_ST_F32 || !strcmp(t->dtype_name, "BF16");
+        s = vocab_tensor(t->name) ? add_vocab(&w, m, f, t, t->name)
+            : fl                  ? add_converted(&w, f, t, t->name, false)
+                                  : add_raw(&w, t);
+    }
+    gp_st_file g = {0};
+    if (s == GP_OK) s = writer_to_file(&w, f->source, &g);
+    gp_st_writer_free(&w);
+    if (s != GP_OK) return s;
+    gp_st_free(f);
+    *f = g;
+    *converted = true;
+    return GP_OK;
+}
+
 gp_status gp_gpt_read(const gp_model *m, const char *path, gp_st_file *f, bool *converted)
 {
     *converted = false;
@@ -444,7 +510,7 @@ gp_status gp_gpt_read(const gp_model *m, const char *path, gp_st_file *f, bool *
         return s;
     }
     GP_TRY(gp_st_read(path, f));
-    if (!gp_gpt_is_hf(f)) return GP_OK;
+    if (!gp_gpt_is_hf(f)) return own_vocab(m, f, converted);
     gp_st_file g = {0};
     gp_status s = gp_st_verify(f, false); /* gpipe's hf export carries a CRC */
     if (s == GP_OK) s = from_hf(m, f, &g);
