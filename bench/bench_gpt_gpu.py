@@ -21,8 +21,11 @@ per token (gpipe-train --dry-run's 6N + 12 L C T, the same number for
 every column) / the GPU's dense bf16 peak (H100 / H200 SXM: 989 TFLOPS).
 
 - gpipe: gpipe-train configs/gpt2.yaml on one device, train.precision bf16
-  (activations as `auto` stores them), one micro-batch, no checkpointing
-  (what the others do), its --metrics step_seconds and peak_bytes.
+  (activations as `auto` stores them: FP32 on a GPU today), one
+  micro-batch, no checkpointing (what the others do), its --metrics
+  step_seconds and peak_bytes; and again with train.activations bf16
+  (PyTorch autocast's memory; most layers still behind the storage
+  adapter), a row of its own.
 - PyTorch: tests/gpt_twin.py's GPT (Hugging Face's layout) with torch's
   fused scaled_dot_product_attention, torch.autocast(bfloat16), AdamW
   fused=True, TF32 allowed for what autocast leaves in FP32, the loss read
@@ -97,19 +100,21 @@ def flops_per_token(binary, seq):
     return float(m.group(1)) * 1e6 if m else 0.0
 
 
-def gpipe_run(a, data):
-    m = os.path.join(a.out, "gpipe.jsonl")
+def gpipe_run(a, data, activations="auto"):
+    tag = "gpipe" if activations == "auto" else "gpipe-" + activations
+    m = os.path.join(a.out, tag + ".jsonl")
     cmd = [os.path.join(a.bin, "gpipe-train"), os.path.join(ROOT, "configs", "gpt2.yaml"),
            "--quiet", "--metrics", m,
            "--set", "pipeline.devices=[%s]" % a.device, "--set", "pipeline.chunks=1",
            "--set", "pipeline.checkpoint=never", "--set", "train.precision=%s" % a.precision,
            "--set", "train.batch_size=%d" % a.batch, "--set", "model.input=[%d]" % a.seq,
            "--set", "train.steps=%d" % (a.steps + WARM), "--set", "data.path=%s" % data,
-           "--set", "data.shuffle=false", "--set", "train.eval_each_epoch=false"]
-    with open(os.path.join(a.out, "gpipe.log"), "w") as log:
+           "--set", "data.shuffle=false", "--set", "train.eval_each_epoch=false",
+           "--set", "train.activations=%s" % activations]
+    with open(os.path.join(a.out, tag + ".log"), "w") as log:
         r = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     if r.returncode != 0:
-        tail = open(os.path.join(a.out, "gpipe.log")).read()[-1500:]
+        tail = open(os.path.join(a.out, tag + ".log")).read()[-1500:]
         return None, "gpipe-train exit %d: %s" % (r.returncode, tail)
     recs = [json.loads(line) for line in open(m) if '"step_seconds"' in line]
     ts = [x["step_seconds"] for x in recs][WARM:]
@@ -253,7 +258,7 @@ def main():
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--precision", default="bf16",
                     help="gpipe's train.precision (fp32 checks the script on a CPU)")
-    ap.add_argument("--only", default="gpipe,eager,compile,llmc")
+    ap.add_argument("--only", default="gpipe,gpipe-bf16,eager,compile,llmc")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     only = set(a.only.split(","))
@@ -275,10 +280,11 @@ def main():
               fpt / 1e6, peak / 1e12), flush=True)
     rows = []
     runs = [("gpipe", lambda: gpipe_run(a, train)),
+            ("gpipe, bf16 activations", lambda: gpipe_run(a, train, "bf16")),
             ("PyTorch eager", lambda: torch_run(a, False)),
             ("torch.compile", lambda: torch_run(a, True)),
             ("llm.c", lambda: llmc_run(a, train, val))]
-    keys = ["gpipe", "eager", "compile", "llmc"]
+    keys = ["gpipe", "gpipe-bf16", "eager", "compile", "llmc"]
     res = {}
     for key, (label, fn) in zip(keys, runs):
         if key not in only:
@@ -302,7 +308,7 @@ def main():
         tps = a.batch * a.seq / (r["ms"] / 1e3)
         mfu = "%.1f%%" % (100 * tps * fpt / peak) if peak and fpt else "-"
         gb = "%.2f" % (r["peak"] / 1e9) if r["peak"] else "-"
-        ratio = "%.2fx" % (r["ms"] / g["ms"]) if g and label != "gpipe" else ""
+        ratio = "%.2fx" % (r["ms"] / g["ms"]) if g and not label.startswith("gpipe") else ""
         extra = " (%s)" % r["note"] if "note" in r else ""
         extra += " (first step %.0f s)" % r["first_s"] if label == "torch.compile" else ""
         print("| %s%s | %.1f | %.0f | %s | %s | %s |" % (label, extra, r["ms"], tps, mfu, gb,
