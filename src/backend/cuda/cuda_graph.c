@@ -171,10 +171,8 @@ static cudnnStatus_t op_graph(gp_cuda_ctx *ctx, const cuda_conv *cv, int dir, in
     return s;
 }
 
-/* Engine configurations the heuristics offer in `mode`, appended to cfg
- * (cap in all). */
-static void heuristics(cudnnBackendDescriptor_t graph, cudnnBackendHeurMode_t mode,
-                       cudnnBackendDescriptor_t *cfg, int *n, int cap)
+void gp_cuda_graph_heuristics(cudnnBackendDescriptor_t graph, cudnnBackendHeurMode_t mode,
+                              cudnnBackendDescriptor_t *cfg, int *n, int cap)
 {
     cudnnBackendDescriptor_t heur = NULL;
     int64_t count = 0, got = 0;
@@ -249,8 +247,8 @@ static bool engine_ok(gp_cuda_ctx *ctx, const cuda_conv *cv, cudnnBackendDescrip
     return true;
 }
 
-static cudnnStatus_t make_plan(gp_cuda_ctx *ctx, cudnnBackendDescriptor_t cfg,
-                               cudnnBackendDescriptor_t *plan, int64_t *ws)
+cudnnStatus_t gp_cuda_graph_plan(gp_cuda_ctx *ctx, cudnnBackendDescriptor_t cfg,
+                                 cudnnBackendDescriptor_t *plan, int64_t *ws)
 {
     int64_t got = 0;
     cudnnStatus_t s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, plan);
@@ -355,8 +353,8 @@ static gp_status choose(gp_device *dev, cuda_conv *cv, int dir, int ai, int64_t 
     cudnnBackendDescriptor_t graph = NULL, cfg[2 * GRAPH_CANDIDATES];
     int n = 0;
     if (op_graph(ctx, cv, dir, align, &graph)) return GP_OK;
-    heuristics(graph, CUDNN_HEUR_MODE_A, cfg, &n, GRAPH_CANDIDATES);
-    heuristics(graph, CUDNN_HEUR_MODE_FALLBACK, cfg, &n, 2 * GRAPH_CANDIDATES);
+    gp_cuda_graph_heuristics(graph, CUDNN_HEUR_MODE_A, cfg, &n, GRAPH_CANDIDATES);
+    gp_cuda_graph_heuristics(graph, CUDNN_HEUR_MODE_FALLBACK, cfg, &n, 2 * GRAPH_CANDIDATES);
     size_t limit = gp_cuda_ws_limit(dev);
     /* timed, unless there is no room for a scratch dw or no events (never
      * deterministic: gp_cuda_graph_conv keeps the legacy choice then) */
@@ -386,7 +384,7 @@ static gp_status choose(gp_device *dev, cuda_conv *cv, int dir, int ai, int64_t 
     for (int i = 0; i < n; i++) {
         int64_t eng, ws = 0;
         cudnnBackendDescriptor_t plan = NULL;
-        if (!engine_ok(ctx, cv, cfg[i], &eng) || make_plan(ctx, cfg[i], &plan, &ws)) continue;
+        if (!engine_ok(ctx, cv, cfg[i], &eng) || gp_cuda_graph_plan(ctx, cfg[i], &plan, &ws)) continue;
         if ((uint64_t)ws > limit || (measure && ws > 0 && !sws)) {
             destroy(&plan);
             continue;

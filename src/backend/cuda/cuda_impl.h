@@ -307,6 +307,15 @@ gp_status gp_cuda_lt_gemm(gp_device *dev, int ta, int tb, int64_t m, int64_t n, 
                           float beta, float *c, int64_t ldc, const float *bias, bool relu,
                           bool *done);
 
+/* cuda_graph.c's pieces of cuDNN's graph API that cuda_sdpa.c shares:
+ * the engine configurations the heuristics offer for `graph` in `mode`,
+ * appended to cfg (cap in all, *n counting them); and cfg's execution
+ * plan with its workspace size (*plan NULL on failure). */
+void gp_cuda_graph_heuristics(cudnnBackendDescriptor_t graph, cudnnBackendHeurMode_t mode,
+                              cudnnBackendDescriptor_t *cfg, int *n, int cap);
+cudnnStatus_t gp_cuda_graph_plan(gp_cuda_ctx *ctx, cudnnBackendDescriptor_t cfg,
+                                 cudnnBackendDescriptor_t *plan, int64_t *ws);
+
 /* cuda_sdpa.c: causal self-attention (backend.h's attn_fwd / attn_bwd)
  * through cuDNN's fused scaled-dot-product attention under precision
  * bf16 on sm_90+.  *done false: nothing ran (not allowed here, no plan, a

@@ -401,43 +401,6 @@ void gp_cuda_sdpa_destroy(gp_cuda_ctx *ctx)
 
 static const char *const dir_name[2] = {"forward", "backward"};
 
-/* The heuristics' engine configurations (mode A, then the fallback list),
- * at most cap. */
-static int sdpa_configs(cudnnBackendDescriptor_t graph, cudnnBackendDescriptor_t *cfg, int cap)
-{
-    int n = 0;
-    static const cudnnBackendHeurMode_t modes[2] = {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK};
-    for (int m = 0; m < 2 && n < cap; m++) {
-        cudnnBackendDescriptor_t heur = NULL;
-        int64_t count = 0, got = 0;
-        if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, &heur) ||
-            cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH,
-                                     CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph) ||
-            cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1,
-                                     &modes[m]) ||
-            cudnnBackendFinalize(heur) ||
-            cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                     CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, NULL)) {
-            if (heur) cudnnBackendDestroyDescriptor(heur);
-            continue;
-        }
-        if (count > cap - n) count = cap - n;
-        int64_t made = 0;
-        while (made < count &&
-               cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &cfg[n + made]) ==
-                   CUDNN_STATUS_SUCCESS)
-            made++;
-        if (made == 0 ||
-            cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                     CUDNN_TYPE_BACKEND_DESCRIPTOR, made, &got, &cfg[n]))
-            got = 0;
-        for (int64_t j = got; j < made; j++) cudnnBackendDestroyDescriptor(cfg[n + j]);
-        n += (int)got;
-        cudnnBackendDestroyDescriptor(heur);
-    }
-    return n;
-}
-
 #define SDPA_CANDIDATES 8
 
 /* Build direction dir's plan for shape a into a->dir[dir] (left NULL
@@ -470,29 +433,21 @@ static void sdpa_build(gp_device *dev, cuda_sdpa *a, int dir)
             g.what = "the operation graph";
         }
     }
-    if (g.s == CUDNN_STATUS_SUCCESS) n = sdpa_configs(graph, cfg, 2 * SDPA_CANDIDATES);
+    if (g.s == CUDNN_STATUS_SUCCESS) {
+        gp_cuda_graph_heuristics(graph, CUDNN_HEUR_MODE_A, cfg, &n, SDPA_CANDIDATES);
+        gp_cuda_graph_heuristics(graph, CUDNN_HEUR_MODE_FALLBACK, cfg, &n, 2 * SDPA_CANDIDATES);
+    }
     size_t limit = gp_cuda_ws_limit(dev);
     int chosen = -1;
     for (int i = 0; i < n && chosen < 0; i++) {
         cudnnBackendDescriptor_t plan = NULL;
-        int64_t ws = 0, got = 0;
-        cudnnStatus_t s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR,
-                                                       &plan);
-        if (!s)
-            s = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE,
-                                         CUDNN_TYPE_HANDLE, 1, &ctx->dnn);
-        if (!s)
-            s = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
-                                         CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg[i]);
-        if (!s) s = cudnnBackendFinalize(plan);
-        if (!s)
-            s = cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                         CUDNN_TYPE_INT64, 1, &got, &ws);
-        if (!s && (uint64_t)ws <= limit) {
+        int64_t ws = 0;
+        if (gp_cuda_graph_plan(ctx, cfg[i], &plan, &ws) != CUDNN_STATUS_SUCCESS) continue;
+        if ((uint64_t)ws <= limit) {
             p->plan = plan;
             p->ws = ws;
             chosen = i;
-        } else if (plan) {
+        } else {
             cudnnBackendDestroyDescriptor(plan);
         }
     }
