@@ -1979,6 +1979,46 @@ static void test_bf16_ops(gp_device *cpu, const char *graph)
             }
         bfree(&bx); bfree(&bdy); bfree(&bo); bfree(&bo2); bfree(&wx); bfree(&wdy); bfree(&wy);
     }
+    /* Attention on bf16 storage (attn_fwd_bf16 / attn_bwd_bf16): the bits
+     * of the FP32 slots on the widened operands rounded (the storage
+     * adapter's), with cuDNN's fused attention taking the bf16 operands as
+     * they are on sm_90 and later. */
+    {
+        const int64_t ab = 2, at = 200, ah = 2, ac = 128;
+        const int64_t qx = ab * at * 3 * ac, qy = ab * at * ac, nl = ab * ah * at;
+        buf fx = brand(qx, -2, 2), fdy = brand(qy, -1, 1), fy = bjunk(qy), fdx = bjunk(qx);
+        buf xb = bjunk(qx / 2), dyb = bjunk(qy / 2), yb = bjunk(qy / 2), dxb = bjunk(qx / 2);
+        buf yb2 = bjunk(qy / 2), dxb2 = bjunk(qx / 2), l1 = bjunk(nl), l2 = bjunk(nl);
+        uint16_t *X = (uint16_t *)xb.p[1], *DY = (uint16_t *)dyb.p[1], *Y = (uint16_t *)yb.p[1];
+        /* the operands in bf16, and their widened values as the FP32 inputs */
+        CHECK_OK(gp_dev_bf16_pack(g, X, fx.p[1], qx));
+        CHECK_OK(gp_dev_bf16_pack(g, DY, fdy.p[1], qy));
+        CHECK_OK(gp_dev_bf16_unpack(g, fx.p[1], X, qx));
+        CHECK_OK(gp_dev_bf16_unpack(g, fdy.p[1], DY, qy));
+        uint64_t fused = g->attn_fused;
+        CHECK(gp_dev_attn_bf16_has(g));
+        CHECK_OK(gp_dev_attn_fwd_bf16(g, X, Y, l1.p[1], ab, at, ah, ac));
+        CHECK_OK(gp_dev_attn_bwd_bf16(g, X, Y, l1.p[1], DY, (uint16_t *)dxb.p[1], ab, at, ah,
+                                      ac));
+        uint64_t ran = g->attn_fused - fused;
+        /* the adapter's way: FP32 slots on the widened values, rounded */
+        CHECK_OK(gp_dev_attn_fwd(g, fx.p[1], fy.p[1], l2.p[1], ab, at, ah, ac));
+        CHECK_OK(gp_dev_bf16_pack(g, (uint16_t *)yb2.p[1], fy.p[1], qy));
+        CHECK_OK(gp_dev_bf16_unpack(g, fy.p[1], (uint16_t *)yb2.p[1], qy)); /* y as stored */
+        CHECK_OK(gp_dev_attn_bwd(g, fx.p[1], fy.p[1], l2.p[1], fdy.p[1], fdx.p[1], ab, at, ah,
+                                 ac));
+        CHECK_OK(gp_dev_bf16_pack(g, (uint16_t *)dxb2.p[1], fdx.p[1], qx));
+        CHECK_MSG(bsame(yb.p[1], yb2.p[1], qy / 2) && bsame(l1.p[1], l2.p[1], nl),
+                  "bf16 attention forward (%s): not the FP32 slot's rounded",
+                  ran ? "cuDNN fused" : "own kernel");
+        CHECK_MSG(bsame(dxb.p[1], dxb2.p[1], qx / 2), "bf16 attention backward (%s): not the "
+                  "FP32 slot's rounded", ran ? "cuDNN fused" : "own kernel");
+        if (g->arch >= 90)
+            CHECK_MSG(ran == 2, "bf16 attention on bf16 storage, sm_%d: the fused path ran %llu "
+                      "of 2 calls", g->arch, (unsigned long long)ran);
+        bfree(&fx); bfree(&fdy); bfree(&fy); bfree(&fdx); bfree(&xb); bfree(&dyb); bfree(&yb);
+        bfree(&dxb); bfree(&yb2); bfree(&dxb2); bfree(&l1); bfree(&l2);
+    }
     uint64_t plans = g->graph_plans; /* the bf16 convolution's */
     /* 1 input channel, 3x3: 9 products an output, too few for bf16
      * (gp_bf16_conv_worth): FP32, as the CPU's, where bf16 operands would

@@ -123,7 +123,8 @@
  *      vocabulary's logits (model.gpt.vocab_pad) are read in their first
  *      cols columns and the gradient's padding columns are zeroed
  *  33  act_bf16, act_bf16_kinds (relu, leaky relu and GELU on bf16 storage
- *      in one pass, without the storage adapter) */
+ *      in one pass, without the storage adapter), attn_fwd_bf16,
+ *      attn_bwd_bf16 (attention on bf16 storage) */
 #define GP_DEVICE_IFACE_VERSION 33
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
@@ -891,6 +892,18 @@ typedef struct gp_device_iface {
     gp_status (*act_bf16)(gp_device *dev, gp_act_kind kind, const uint16_t *xy,
                           const uint16_t *dy, uint16_t *out, int64_t n, float slope);
     unsigned act_bf16_kinds;
+    /* attn_fwd_bf16, attn_bwd_bf16: attn_fwd / attn_bwd with x, y, dy and
+     * dx in bf16 (lse FP32), bit for bit the storage adapter's (x widened,
+     * attn_fwd, y rounded; the same for the backward's dx), without its
+     * passes where the kernel reads bf16 itself (CUDA: cuDNN's fused
+     * attention, whose operands are bf16 anyway; elsewhere it widens and
+     * rounds inside).  NULL: the attention layer goes through the adapter
+     * on bf16 storage. */
+    gp_status (*attn_fwd_bf16)(gp_device *dev, const uint16_t *x, uint16_t *y, float *lse,
+                               int64_t b, int64_t t, int64_t heads, int64_t c);
+    gp_status (*attn_bwd_bf16)(gp_device *dev, const uint16_t *x, const uint16_t *y,
+                               const float *lse, const uint16_t *dy, uint16_t *dx, int64_t b,
+                               int64_t t, int64_t heads, int64_t c);
 } gp_device_iface;
 
 /* The most tensors one nonfinite_or_many launch takes (its table travels
@@ -1443,6 +1456,17 @@ static inline bool gp_dev_act_bf16_has(const gp_device *dev, gp_act_kind kind)
 /* act_bf16 (backend.h); GP_ERR_UNSUPPORTED where gp_dev_act_bf16_has is false. */
 gp_status gp_dev_act_bf16(gp_device *dev, gp_act_kind kind, const uint16_t *xy,
                           const uint16_t *dy, uint16_t *out, int64_t n, float slope);
+/* attn_fwd_bf16 / attn_bwd_bf16 (backend.h); GP_ERR_UNSUPPORTED naming the
+ * device where the backend has none (gp_dev_attn_bf16_has says). */
+static inline bool gp_dev_attn_bf16_has(const gp_device *dev)
+{
+    return dev->iface->attn_fwd_bf16 && dev->iface->attn_bwd_bf16;
+}
+gp_status gp_dev_attn_fwd_bf16(gp_device *dev, const uint16_t *x, uint16_t *y, float *lse,
+                               int64_t b, int64_t t, int64_t heads, int64_t c);
+gp_status gp_dev_attn_bwd_bf16(gp_device *dev, const uint16_t *x, const uint16_t *y,
+                               const float *lse, const uint16_t *dy, uint16_t *dx, int64_t b,
+                               int64_t t, int64_t heads, int64_t c);
 gp_status gp_dev_gelu_fwd(gp_device *dev, const float *x, float *y, int64_t n);
 gp_status gp_dev_gelu_bwd(gp_device *dev, const float *x, const float *dy, float *dx, int64_t n);
 gp_status gp_dev_layer_norm_fwd(gp_device *dev, const float *x, const float *w, const float *b,

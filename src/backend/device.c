@@ -801,6 +801,27 @@ gp_status gp_dev_attn_bwd(gp_device *dev, const float *x, const float *y, const 
     return b * t > 0 ? dev->iface->attn_bwd(dev, x, y, lse, dy, dx, b, t, heads, c) : GP_OK;
 }
 
+gp_status gp_dev_attn_fwd_bf16(gp_device *dev, const uint16_t *x, uint16_t *y, float *lse,
+                               int64_t b, int64_t t, int64_t heads, int64_t c)
+{
+    GP_TRY(attn_check(dev, "attn_fwd", b, t, heads, c));
+    if (!gp_dev_attn_bf16_has(dev))
+        return gp_error_set(GP_ERR_UNSUPPORTED, "device %s (%s backend) has no bf16 attention; "
+                            "the storage adapter runs it", dev->name, dev->iface->backend_name);
+    return b * t > 0 ? dev->iface->attn_fwd_bf16(dev, x, y, lse, b, t, heads, c) : GP_OK;
+}
+
+gp_status gp_dev_attn_bwd_bf16(gp_device *dev, const uint16_t *x, const uint16_t *y,
+                               const float *lse, const uint16_t *dy, uint16_t *dx, int64_t b,
+                               int64_t t, int64_t heads, int64_t c)
+{
+    GP_TRY(attn_check(dev, "attn_bwd", b, t, heads, c));
+    if (!gp_dev_attn_bf16_has(dev))
+        return gp_error_set(GP_ERR_UNSUPPORTED, "device %s (%s backend) has no bf16 attention; "
+                            "the storage adapter runs it", dev->name, dev->iface->backend_name);
+    return b * t > 0 ? dev->iface->attn_bwd_bf16(dev, x, y, lse, dy, dx, b, t, heads, c) : GP_OK;
+}
+
 /* ---- the Transformer slots ------------------------------------------------ */
 
 gp_status gp_dev_act_bf16(gp_device *dev, gp_act_kind kind, const uint16_t *xy,

@@ -68,6 +68,8 @@ static gp_status attention_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_
         GP_TRY(gp_layers_saved_alloc(s, 0, l->dev, &ls));
         lse = gp_f32(&s->t[0]);
     }
+    if (x->dtype == GP_BF16) /* bf16 storage, without the adapter (takes_bf16) */
+        return gp_dev_attn_fwd_bf16(l->dev, gp_bf16(x), gp_bf16(y), lse, rows, t, heads, c);
     return gp_dev_attn_fwd(l->dev, gp_f32(x), gp_f32(y), lse, rows, t, heads, c);
 }
 
@@ -79,9 +81,14 @@ static gp_status attention_backward_data(gp_layer *l, const gp_fwd_ctx *ctx,
     attention_sizes(x, &rows, &t, &c);
     if (rows * t == 0) return GP_OK;
     GP_ASSERT(gp_tensor_mem(&s->t[0]) != NULL); /* backward after a training forward only */
+    if (x->dtype == GP_BF16)
+        return gp_dev_attn_bwd_bf16(l->dev, gp_bf16(x), gp_bf16(y), gp_f32(&s->t[0]),
+                                    gp_bf16(dy), gp_bf16(dx), rows, t, l->spec.heads, c);
     return gp_dev_attn_bwd(l->dev, gp_f32(x), gp_f32(y), gp_f32(&s->t[0]), gp_f32(dy),
                            gp_f32(dx), rows, t, l->spec.heads, c);
 }
+
+static bool attention_takes_bf16(const gp_layer *l) { return gp_dev_attn_bf16_has(l->dev); }
 
 /* Per batch row: T (T + 1) / 2 (query, key) pairs, each a d-long dot product
  * for the score and a d-long update of the output per head, i.e. 4 C FLOPs
@@ -108,6 +115,7 @@ const gp_layer_ops gp_attention_ops = {
     .infer = attention_infer,
     .init = attention_init,
     .forward = attention_forward,
+    .takes_bf16 = attention_takes_bf16,
     .backward_data = attention_backward_data,
     .flops = attention_flops,
     .saved_bytes = attention_saved_bytes,

@@ -325,6 +325,13 @@ gp_status gp_cuda_sdpa_fwd(gp_device *dev, const float *x, float *y, float *lse,
 gp_status gp_cuda_sdpa_bwd(gp_device *dev, const float *x, const float *y, const float *lse,
                            const float *dy, float *dx, int64_t b, int64_t t, int64_t heads,
                            int64_t c, bool *done);
+/* The same on bf16 storage (attn_fwd_bf16 / attn_bwd_bf16): the operands
+ * as they are, nothing packed or widened. */
+gp_status gp_cuda_sdpa_fwd_bf16(gp_device *dev, const uint16_t *x, uint16_t *y, float *lse,
+                                int64_t b, int64_t t, int64_t heads, int64_t c, bool *done);
+gp_status gp_cuda_sdpa_bwd_bf16(gp_device *dev, const uint16_t *x, const uint16_t *y,
+                                const float *lse, const uint16_t *dy, uint16_t *dx, int64_t b,
+                                int64_t t, int64_t heads, int64_t c, bool *done);
 void gp_cuda_sdpa_destroy(gp_cuda_ctx *ctx);
 
 /* cuda_dnn.c: create / destroy the shared descriptors and the conv cache. */

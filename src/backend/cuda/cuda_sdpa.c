@@ -542,6 +542,32 @@ static gp_status sdpa_run(gp_device *dev, cuda_sdpa *a, int dir, const int64_t *
     return GP_OK;
 }
 
+/* The forward on bf16 operands: xb (b, t, 3c) -> ob (b, t, c) and stats. */
+static gp_status fwd_run(gp_device *dev, cuda_sdpa *a, const uint16_t *xb, uint16_t *ob,
+                         float *stats, int64_t heads, int64_t c, bool *done)
+{
+    float scale = 1.0f / sqrtf((float)(c / heads)), neginf = -INFINITY;
+    int64_t uid[7] = {U_Q, U_K, U_V, U_O, U_STATS, U_SCALE, U_NEGINF};
+    void *ptr[7] = {(void *)xb, (void *)(xb + c), (void *)(xb + 2 * c), ob, stats, &scale,
+                    &neginf};
+    return sdpa_run(dev, a, 0, uid, ptr, 7, done);
+}
+
+/* The backward on bf16 operands into dxb (b, t, 3c); dsum: b heads t
+ * floats of scratch. */
+static gp_status bwd_run(gp_device *dev, cuda_sdpa *a, const uint16_t *xb, const uint16_t *ob,
+                         const float *lse, const uint16_t *dob, uint16_t *dxb, float *dsum,
+                         int64_t heads, int64_t c, bool *done)
+{
+    float scale = 1.0f / sqrtf((float)(c / heads)), neginf = -INFINITY, one = 1.0f;
+    int64_t uid[13] = {U_Q, U_K, U_V, U_O, U_DO, U_STATS, U_DQ, U_DK, U_DV, U_DSUM,
+                       U_SCALE, U_NEGINF, U_ONE};
+    void *ptr[13] = {(void *)xb, (void *)(xb + c), (void *)(xb + 2 * c), (void *)ob,
+                     (void *)dob, (void *)lse, dxb, dxb + c, dxb + 2 * c, dsum, &scale, &neginf,
+                     &one};
+    return sdpa_run(dev, a, 1, uid, ptr, 13, done);
+}
+
 gp_status gp_cuda_sdpa_fwd(gp_device *dev, const float *x, float *y, float *lse, int64_t b,
                            int64_t t, int64_t heads, int64_t c, bool *done)
 {
@@ -556,11 +582,7 @@ gp_status gp_cuda_sdpa_fwd(gp_device *dev, const float *x, float *y, float *lse,
     uint16_t *part[3];
     GP_TRY(gp_cuda_bf16_reserve(dev, cnt, 3, part));
     GP_CUDA(gp_cuk_bf16_pack(ctx->compute, part[0], x, cnt[0]));
-    float scale = 1.0f / sqrtf((float)(c / heads)), neginf = -INFINITY;
-    int64_t uid[7] = {U_Q, U_K, U_V, U_O, U_STATS, U_SCALE, U_NEGINF};
-    void *ptr[7] = {part[0], part[0] + c, part[0] + 2 * c, part[1],
-                    lse ? (void *)lse : (void *)part[2], &scale, &neginf};
-    GP_TRY(sdpa_run(dev, a, 0, uid, ptr, 7, done));
+    GP_TRY(fwd_run(dev, a, part[0], part[1], lse ? lse : (float *)part[2], heads, c, done));
     if (*done) GP_CUDA(gp_cuk_bf16_unpack(ctx->compute, y, part[1], cnt[1]));
     return GP_OK;
 }
@@ -581,12 +603,35 @@ gp_status gp_cuda_sdpa_bwd(gp_device *dev, const float *x, const float *y, const
     GP_CUDA(gp_cuk_bf16_pack(ctx->compute, part[0], x, cnt[0]));
     GP_CUDA(gp_cuk_bf16_pack(ctx->compute, part[1], y, cnt[1]));
     GP_CUDA(gp_cuk_bf16_pack(ctx->compute, part[2], dy, cnt[2]));
-    float scale = 1.0f / sqrtf((float)(c / heads)), neginf = -INFINITY, one = 1.0f;
-    int64_t uid[13] = {U_Q, U_K, U_V, U_O, U_DO, U_STATS, U_DQ, U_DK, U_DV, U_DSUM,
-                       U_SCALE, U_NEGINF, U_ONE};
-    void *ptr[13] = {part[0], part[0] + c, part[0] + 2 * c, part[1], part[2], (void *)lse,
-                     part[3], part[3] + c, part[3] + 2 * c, part[4], &scale, &neginf, &one};
-    GP_TRY(sdpa_run(dev, a, 1, uid, ptr, 13, done));
+    GP_TRY(bwd_run(dev, a, part[0], part[1], lse, part[2], part[3], (float *)part[4], heads, c,
+                   done));
     if (*done) GP_CUDA(gp_cuk_bf16_unpack(ctx->compute, dx, part[3], cnt[3]));
     return GP_OK;
+}
+
+gp_status gp_cuda_sdpa_fwd_bf16(gp_device *dev, const uint16_t *x, uint16_t *y, float *lse,
+                                int64_t b, int64_t t, int64_t heads, int64_t c, bool *done)
+{
+    *done = false;
+    if (!sdpa_allowed(gp_cuda_ctx_of(dev), heads, c)) return GP_OK;
+    cuda_sdpa *a = sdpa_find(dev, b, t, heads, c, 0);
+    if (!a) return GP_OK;
+    uint16_t *stats = NULL; /* where the caller keeps none (evaluation) */
+    int64_t cnt = 2 * b * heads * t;
+    if (!lse) GP_TRY(gp_cuda_bf16_reserve(dev, &cnt, 1, &stats));
+    return fwd_run(dev, a, x, y, lse ? lse : (float *)stats, heads, c, done);
+}
+
+gp_status gp_cuda_sdpa_bwd_bf16(gp_device *dev, const uint16_t *x, const uint16_t *y,
+                                const float *lse, const uint16_t *dy, uint16_t *dx, int64_t b,
+                                int64_t t, int64_t heads, int64_t c, bool *done)
+{
+    *done = false;
+    if (!sdpa_allowed(gp_cuda_ctx_of(dev), heads, c)) return GP_OK;
+    cuda_sdpa *a = sdpa_find(dev, b, t, heads, c, 1);
+    if (!a) return GP_OK;
+    uint16_t *dsum;
+    int64_t cnt = 2 * b * heads * t;
+    GP_TRY(gp_cuda_bf16_reserve(dev, &cnt, 1, &dsum));
+    return bwd_run(dev, a, x, y, lse, dy, dx, (float *)dsum, heads, c, done);
 }
