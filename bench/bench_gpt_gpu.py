@@ -28,7 +28,8 @@ every column) / the GPU's dense bf16 peak (H100 / H200 SXM: 989 TFLOPS).
   adapter), a row of its own.
 - PyTorch: tests/gpt_twin.py's GPT (Hugging Face's layout) with torch's
   fused scaled_dot_product_attention, torch.autocast(bfloat16), AdamW
-  fused=True, TF32 allowed for what autocast leaves in FP32, the loss read
+  fused=True, TF32 allowed for what autocast leaves in FP32, the loss over
+  the first 50,257 of the 50,304 logits (as gpipe and llm.c take it), read
   each step; peak = torch.cuda.max_memory_allocated.  torch.compile: the
   same model compiled (its compile time printed apart, not timed).
 - llm.c: train_gpt2cu from --peers/llm.c, built here (make USE_CUDNN=1
@@ -148,7 +149,9 @@ def torch_run(a, compiled):
         t0 = time.perf_counter()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             logits = run(data[:, :a.seq])
-            loss = F.cross_entropy(logits.float().view(-1, VOCAB_PAD), data[:, 1:].reshape(-1))
+            # over the V real tokens' logits, as gpipe and llm.c take it
+            loss = F.cross_entropy(logits[..., :VOCAB].float().reshape(-1, VOCAB),
+                                   data[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -163,12 +166,12 @@ def torch_run(a, compiled):
             "first_s": compile_s}, ""
 
 
-def link_paths():
+def link_paths(work):
     """(cuDNN's include dir, a dir of the .so names llm.c links with -l):
     libcudnn.so for the libcudnn.so.9 gpipe's build uses, and
     libnvidia-ml.so for the driver's libnvidia-ml.so.1 (or the toolkit's
     stub), which llm.c links for its GPU-utilisation log."""
-    lib = tempfile.mkdtemp(prefix="llmc-lib-")
+    lib = tempfile.mkdtemp(prefix="llmc-lib-", dir=work)
     inc = ""
     for d in os.environ.get("LD_LIBRARY_PATH", "").split(":"):
         so = os.path.join(d, "libcudnn.so.9")
@@ -213,7 +216,7 @@ def llmc_run(a, train, val):
     shutil.rmtree(work, ignore_errors=True)
     shutil.copytree(src, work)
     cuda13_patch(os.path.join(work, "llmc", "cuda_utils.cuh"))
-    inc, lib = link_paths()
+    inc, lib = link_paths(a.work)
     env = dict(os.environ)
     env["CPATH"] = ":".join(x for x in (inc, env.get("CPATH", "")) if x)
     env["LIBRARY_PATH"] = ":".join(x for x in (lib, env.get("LIBRARY_PATH", "")) if x)
@@ -278,14 +281,17 @@ def main():
           "steps after %d; %.1f MFLOP per token; peak %.0f TFLOPS" % (
               name, os.environ.get("COMMIT", "?"), VOCAB_PAD, a.batch, a.seq, a.steps, WARM,
               fpt / 1e6, peak / 1e12), flush=True)
-    rows = []
     runs = [("gpipe", lambda: gpipe_run(a, train)),
             ("gpipe, bf16 activations", lambda: gpipe_run(a, train, "bf16")),
             ("PyTorch eager", lambda: torch_run(a, False)),
             ("torch.compile", lambda: torch_run(a, True)),
             ("llm.c", lambda: llmc_run(a, train, val))]
     keys = ["gpipe", "gpipe-bf16", "eager", "compile", "llmc"]
-    res = {}
+    # each row printed as its program finishes: a run cut short by a
+    # timeout keeps the rows it finished
+    print("\n| program | step ms | tokens/s | MFU | peak GB | gpipe / it |")
+    print("|---|---|---|---|---|---|", flush=True)
+    g = None
     for key, (label, fn) in zip(keys, runs):
         if key not in only:
             continue
@@ -294,25 +300,20 @@ def main():
             r, why = fn()
         except Exception as e:  # a peer's failure is a row, not the end of the table
             r, why = None, "%s: %s" % (type(e).__name__, e)
-        res[key] = r
-        print("  %s: %s (%.0f s)" % (label, "%.2f ms" % r["ms"] if r else why,
-                                     time.time() - t0), flush=True)
-        rows.append((label, r, why))
-    print("\n| program | step ms | tokens/s | MFU | peak GB | gpipe / it |")
-    print("|---|---|---|---|---|---|")
-    g = res.get("gpipe")
-    for label, r, why in rows:
+        if key == "gpipe":
+            g = r
         if not r:
-            print("| %s | failed: %s | | | | |" % (label, why.replace("\n", " ")[:200]))
+            print("| %s | failed: %s | | | | |" % (label, why.replace("\n", " ")[:200]),
+                  flush=True)
             continue
         tps = a.batch * a.seq / (r["ms"] / 1e3)
         mfu = "%.1f%%" % (100 * tps * fpt / peak) if peak and fpt else "-"
         gb = "%.2f" % (r["peak"] / 1e9) if r["peak"] else "-"
-        ratio = "%.2fx" % (r["ms"] / g["ms"]) if g and not label.startswith("gpipe") else ""
+        ratio = "%.2fx" % (r["ms"] / g["ms"]) if g and not key.startswith("gpipe") else ""
         extra = " (%s)" % r["note"] if "note" in r else ""
-        extra += " (first step %.0f s)" % r["first_s"] if label == "torch.compile" else ""
-        print("| %s%s | %.1f | %.0f | %s | %s | %s |" % (label, extra, r["ms"], tps, mfu, gb,
-                                                         ratio))
+        extra += " (first step %.0f s)" % r["first_s"] if key == "compile" else ""
+        print("| %s%s | %.1f | %.0f | %s | %s | %s | (%.0f s)" % (
+            label, extra, r["ms"], tps, mfu, gb, ratio, time.time() - t0), flush=True)
     shutil.rmtree(a.work, ignore_errors=True)
 
 

@@ -14,8 +14,9 @@
 #         (default 420, counted from the part's start, so after the build)
 #         is left, and a line for each part skipped: `ctest -L gpu`; issue
 #         53's GPT-2 table (bench_gpt_gpu.py: gpipe, PyTorch eager,
-#         torch.compile, llm.c; its first GPU run of cuDNN's fused
-#         attention is in the ctest part); issue 15's precision table (fp32 / tf32 / bf16, cuBLASLt, PyTorch
+#         torch.compile; llm.c, whose build takes minutes, in the `gpt`
+#         part's own call; the first GPU run of cuDNN's fused attention is
+#         in the ctest part); issue 15's precision table (fp32 / tf32 / bf16, cuBLASLt, PyTorch
 #         beside it: gpu_bars.sh with PARTS=precision); the bf16 accuracy
 #         check; test_cuda under compute-sanitizer memcheck.  Its summary
 #         ends with the seconds each part took, for planning the next call.
@@ -24,7 +25,8 @@
 # tests:  `ctest -L gpu` (test_cuda; test_cuda_2gpu skips with one GPU), then
 #         test_cuda under compute-sanitizer memcheck (leaks too), then
 #         configs/default.yaml on cuda:0 for one epoch (accuracy).
-# gpt:    bench/bench_gpt_gpu.py (issue 53's GPT-2 speed bar).
+# gpt:    bench/bench_gpt_gpu.py, every column, llm.c's build included
+#         (issue 53's GPT-2 speed bar; rows print as they finish).
 # bars:   bench/gpu_bars.sh (issue 14's bars; issue 15's fp32 / measured /
 #         tf32 / bf16 table).
 # loader: bench/gpu_loader.sh (issue 23's GPU bar; run
@@ -88,9 +90,9 @@ case "$part" in
         --out "$OUT/accuracy" 2>&1 | tee "$OUT/accuracy.md"
       echo "accuracy: exit ${PIPESTATUS[0]}"
     }
-    gpt_table() {
+    gpt_table() { # llm.c's build takes minutes: `gpu_session.sh gpt`, a call of its own
       timeout "$(($(left) - 20))" python3 bench/bench_gpt_gpu.py --bin "$BIN" --device "$DEV" \
-        --out "$OUT/gpt" 2>&1 | tee "$OUT/gpt.md"
+        --only gpipe,gpipe-bf16,eager,compile --out "$OUT/gpt" 2>&1 | tee "$OUT/gpt.md"
       echo "gpt table: exit ${PIPESTATUS[0]}"
     }
     part tests 0 gpu_tests

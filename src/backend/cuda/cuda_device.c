@@ -321,6 +321,7 @@ typedef struct cuda_wcopy {
     const float *w;
     int64_t n;
     uint16_t *copy;
+    uint64_t epoch; /* the freeze it was made in (dev->weights_epoch) */
 } cuda_wcopy;
 
 gp_status gp_cuda_weights_bf16(gp_device *dev, const float *w, int64_t n, const uint16_t **out)
@@ -328,8 +329,10 @@ gp_status gp_cuda_weights_bf16(gp_device *dev, const float *w, int64_t n, const 
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     *out = NULL;
     if (!dev->weights_frozen || dev->alloc.capacity != 0 || n <= 0) return GP_OK;
-    for (int i = 0; i < ctx->n_wcopies; i++)
-        if (ctx->wcopies[i].w == w && ctx->wcopies[i].n == n) {
+    for (int i = 0; i < ctx->n_wcopies; i++) /* this freeze's only: a thaw that failed
+                                                  to free them never serves old weights */
+        if (ctx->wcopies[i].w == w && ctx->wcopies[i].n == n &&
+            ctx->wcopies[i].epoch == dev->weights_epoch) {
             *out = ctx->wcopies[i].copy;
             return GP_OK;
         }
@@ -345,8 +348,13 @@ gp_status gp_cuda_weights_bf16(gp_device *dev, const float *w, int64_t n, const 
         gp_error_clear(); /* no memory to keep it: packed into scratch per call */
         return GP_OK;
     }
-    GP_CUDA(gp_cuk_bf16_pack(ctx->compute, copy, w, n));
-    ctx->wcopies[ctx->n_wcopies++] = (cuda_wcopy){w, n, copy};
+    cudaError_t e = gp_cuk_bf16_pack(ctx->compute, copy, w, n);
+    if (e != cudaSuccess) {
+        gp_dev_free(dev, copy, (size_t)n * sizeof(uint16_t), GP_MEM_WORKSPACE);
+        return gp_cuda_fail("CUDA", (int)e, cudaGetErrorString(e), "gp_cuk_bf16_pack", __func__,
+                            __FILE__, __LINE__);
+    }
+    ctx->wcopies[ctx->n_wcopies++] = (cuda_wcopy){w, n, copy, dev->weights_epoch};
     dev->weights_kept++;
     *out = copy;
     return GP_OK;
@@ -356,12 +364,13 @@ gp_status gp_cuda_weights_thaw(gp_device *dev)
 {
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     if (!ctx || ctx->n_wcopies == 0) return GP_OK;
-    GP_TRY(gp_cuda_enter(dev));
-    for (int i = 0; i < ctx->n_wcopies; i++) /* stream-ordered: after the products using them */
+    gp_status st = gp_cuda_enter(dev);
+    for (int i = 0; st == GP_OK && i < ctx->n_wcopies; i++) /* stream-ordered: after the
+                                                              products using them */
         gp_dev_free(dev, ctx->wcopies[i].copy, (size_t)ctx->wcopies[i].n * sizeof(uint16_t),
                     GP_MEM_WORKSPACE);
-    ctx->n_wcopies = 0;
-    return GP_OK;
+    ctx->n_wcopies = 0; /* (entries carry their epoch too: none outlives its freeze) */
+    return st;
 }
 
 /* ---- transfers ----------------------------------------------------------------- */

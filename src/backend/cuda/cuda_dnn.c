@@ -323,7 +323,8 @@ static gp_status conv_tensors(gp_device *dev, const cuda_conv *cv, const float *
      * step where one may be kept (gp_cuda_weights_bf16) */
     const uint16_t *kept = NULL;
     if (in >> 1 & 1) GP_TRY(gp_cuda_weights_bf16(dev, p[1], n[1], &kept));
-    GP_TRY(gp_cuda_bf16_reserve(dev, n, 3, bp));
+    int64_t room[3] = {n[0], kept ? 0 : n[1], n[2]}; /* no scratch for a kept weight */
+    GP_TRY(gp_cuda_bf16_reserve(dev, room, 3, bp));
     for (int i = 0; i < 3; i++) {
         if (i == 1 && kept)
             bp[i] = (uint16_t *)kept;

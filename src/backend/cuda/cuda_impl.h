@@ -318,7 +318,7 @@ cudnnStatus_t gp_cuda_graph_plan(gp_cuda_ctx *ctx, cudnnBackendDescriptor_t cfg,
 
 /* cuda_sdpa.c: causal self-attention (backend.h's attn_fwd / attn_bwd)
  * through cuDNN's fused scaled-dot-product attention under precision
- * bf16 on sm_90+.  *done false: nothing ran (not allowed here, no plan, a
+ * bf16 on Hopper (sm_90).  *done false: nothing ran (not allowed here, no plan, a
  * failed launch); the caller runs gpipe's own kernels. */
 gp_status gp_cuda_sdpa_fwd(gp_device *dev, const float *x, float *y, float *lse, int64_t b,
                            int64_t t, int64_t heads, int64_t c, bool *done);

@@ -20,8 +20,8 @@
  *             dK = dS^T Q; dQ = dS K
  *
  * Stats is backend.h's lse (b, heads, t): the log-sum-exp of each row's
- * scaled scores, so the two paths share a saved state and either
- * direction may fall back alone.  dQ is written by its product directly
+ * scaled scores, the saved state of both paths (but the fused forward's
+ * is of bf16 q and k, so a shape takes both fused directions or none).  dQ is written by its product directly
  * (cudnn-frontend's "dP workspace" form, which it forces for a
  * deterministic backward on Hopper) rather than summed with atomics into
  * an FP32 accumulator, so the backward repeats bit for bit.
@@ -30,11 +30,13 @@
  * operands, and bf16 is the precision whose contract (operands rounded to
  * bfloat16, FP32 sums: backend.h) it keeps — the probabilities P are
  * rounded to bf16 before the second product, as every flash-attention
- * kernel does.  Hopper or later (sm_90: the deterministic backward form
- * above is the frontend's for Hopper), head size d a multiple of 8 up to
- * 128, c a multiple of 8 (16-byte aligned operands).  Otherwise, where a
- * graph does not build or its plan fails, or with GPIPE_CUDNN_SDPA=0 (an
- * A/B), cuda_kernels.cu's own kernels compute it, in FP32.
+ * kernel does.  Hopper only (sm_90: the deterministic backward form
+ * above is the frontend's for Hopper; Blackwell's needs engine knobs),
+ * head size d a multiple of 8 up to 128, c a multiple of 8 (16-byte
+ * aligned operands).  Otherwise, where a shape's graphs do not build (both
+ * directions then go to the own kernels, so that a backward reads the
+ * log-sum-exp of its own kind), its plan fails, or with GPIPE_CUDNN_SDPA=0
+ * (an A/B), cuda_kernels.cu's own kernels compute it, in FP32.
  *
  * Layout.  x (b, t, 3c) holds q, k, v side by side; its bf16 copy is Q,
  * K, V at offsets 0, c, 2c, as 4-D (b, heads, t, d) tensors with strides
@@ -61,8 +63,10 @@
 #include <string.h>
 
 /* A graph's descriptors: tensors, operation-level descriptors (pointwise,
- * matmul, reduction) and operations, each destroyed with the graph. */
-#define SG_MAX 64
+ * matmul, reduction) and operations, each destroyed with the graph (the
+ * backward makes 69: 30 tensors, 18 operations of two descriptors and 3
+ * reshapes). */
+#define SG_MAX 128
 
 typedef struct sdpa_graph {
     cudnnBackendDescriptor_t d[SG_MAX]; /* every descriptor made, in order */
@@ -135,7 +139,13 @@ static cudnnBackendDescriptor_t sg_tensor(sdpa_graph *g, int64_t uid, cudnnDataT
 static void sg_op(sdpa_graph *g, cudnnBackendDescriptor_t op)
 {
     SG(g, cudnnBackendFinalize(op));
-    if (g->s == CUDNN_STATUS_SUCCESS) g->op[g->nop++] = op;
+    if (g->s != CUDNN_STATUS_SUCCESS) return;
+    if (g->nop == SG_MAX / 2) {
+        g->s = CUDNN_STATUS_INTERNAL_ERROR;
+        g->what = "too many operations";
+        return;
+    }
+    g->op[g->nop++] = op;
 }
 
 /* y = mode(x[, b[, t]]) computed in `prec`; axis for GEN_INDEX (else < 0). */
@@ -371,12 +381,15 @@ static void build_bwd(sdpa_graph *g, const sdpa_shape *h)
 typedef struct sdpa_plan {
     cudnnBackendDescriptor_t plan, graph, cfg; /* plan keeps graph and cfg alive */
     int64_t ws;
-    bool tried; /* built, or failed to: not tried again */
 } sdpa_plan;
 
+/* One shape's plans: both directions or neither (sdpa_find), so that the
+ * log-sum-exp a forward saves is always read by a backward of the same
+ * kind (the fused forward's comes from bf16 q and k). */
 typedef struct cuda_sdpa {
     int64_t b, t, heads, c;
     sdpa_plan dir[2]; /* forward, backward */
+    bool tried;       /* built, or failed to: not tried again */
     struct cuda_sdpa *next;
 } cuda_sdpa;
 
@@ -464,7 +477,8 @@ static void sdpa_build(gp_device *dev, cuda_sdpa *a, int dir)
     } else {
         if (graph) cudnnBackendDestroyDescriptor(graph);
         GP_WARN("device %s: cuDNN's fused attention (%s, b=%lld t=%lld heads=%lld c=%lld) did "
-                "not build (%s%s%s; %d engine configurations); gpipe's own kernel takes it",
+                "not build (%s%s%s; %d engine configurations); gpipe's own kernels take this "
+                "shape, both directions",
                 dev->name, dir_name[dir], (long long)a->b, (long long)a->t,
                 (long long)a->heads, (long long)a->c,
                 g.s ? cudnnGetErrorString(g.s) : "no plan within the workspace limit",
@@ -472,16 +486,33 @@ static void sdpa_build(gp_device *dev, cuda_sdpa *a, int dir)
     }
 }
 
-/* Whether the fused path may take (t, heads, c) on this device. */
+/* Whether the fused path may take (t, heads, c) on this device: Hopper
+ * only (sm_90), where cudnn-frontend's deterministic backward is the dQ
+ * form built here; on Blackwell it needs engine knobs this file does not
+ * set, so a repeatable backward is not known there. */
 static bool sdpa_allowed(gp_cuda_ctx *ctx, int64_t heads, int64_t c)
 {
-    if (!ctx->bf16 || ctx->sdpa_off || ctx->sm < 90 || heads <= 0 || c % heads) return false;
+    if (!ctx->bf16 || ctx->sdpa_off || ctx->sm / 10 != 9 || heads <= 0 || c % heads)
+        return false;
     int64_t d = c / heads;
     return d % 8 == 0 && d <= 128 && c % 8 == 0;
 }
 
-static cuda_sdpa *sdpa_find(gp_device *dev, int64_t b, int64_t t, int64_t heads, int64_t c,
-                            int dir)
+/* Scratch the fused path needs and cannot get (`call` failed): the own
+ * kernel, which needs none, takes this call (*done stays false). */
+#define SCRATCH(call)                                                            \
+    do {                                                                         \
+        if ((call) != GP_OK) {                                                   \
+            GP_DEBUG("cuDNN fused attention: no room for its scratch (%s); the own " \
+                     "kernel takes this call", gp_last_error());                 \
+            gp_error_clear();                                                    \
+            return GP_OK;                                                        \
+        }                                                                        \
+    } while (0)
+
+/* Shape (b, t, heads, c)'s plans, built on its first call in either
+ * direction: NULL unless both build. */
+static cuda_sdpa *sdpa_find(gp_device *dev, int64_t b, int64_t t, int64_t heads, int64_t c)
 {
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     cuda_sdpa *a = ctx->sdpas;
@@ -496,22 +527,26 @@ static cuda_sdpa *sdpa_find(gp_device *dev, int64_t b, int64_t t, int64_t heads,
         a->next = ctx->sdpas;
         ctx->sdpas = a;
     }
-    if (!a->dir[dir].tried) {
-        a->dir[dir].tried = true;
-        sdpa_build(dev, a, dir);
+    if (!a->tried) {
+        a->tried = true;
+        sdpa_build(dev, a, 0);
+        if (a->dir[0].plan) sdpa_build(dev, a, 1);
+        if (!a->dir[1].plan) plan_free(&a->dir[0]);
     }
-    return a->dir[dir].plan ? a : NULL;
+    return a->dir[0].plan && a->dir[1].plan ? a : NULL;
 }
 
-/* Run plan with the (uid, pointer) pairs; a failure drops the plan (the
- * own kernel takes the shape from then on) and returns false. */
+/* Run plan with the (uid, pointer) pairs; a failure drops both of the
+ * shape's plans (the own kernels take it from then on; a backward that
+ * fails after a fused forward is the one call that mixes them) and says
+ * *done false. */
 static gp_status sdpa_run(gp_device *dev, cuda_sdpa *a, int dir, const int64_t *uid,
                           void *const *ptr, int n, bool *done)
 {
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     sdpa_plan *p = &a->dir[dir];
     void *ws = NULL;
-    if (p->ws) GP_TRY(gp_cuda_ws_reserve(dev, (size_t)p->ws, &ws));
+    if (p->ws) SCRATCH(gp_cuda_ws_reserve(dev, (size_t)p->ws, &ws));
     cudnnBackendDescriptor_t vp = NULL;
     cudnnStatus_t s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp);
     if (!s)
@@ -530,9 +565,10 @@ static gp_status sdpa_run(gp_device *dev, cuda_sdpa *a, int dir, const int64_t *
     if (vp) cudnnBackendDestroyDescriptor(vp);
     if (s != CUDNN_STATUS_SUCCESS) {
         GP_WARN("device %s: cuDNN's fused attention (%s, b=%lld t=%lld) failed: %s; gpipe's own "
-                "kernel takes it", dev->name, dir_name[dir], (long long)a->b, (long long)a->t,
-                cudnnGetErrorString(s));
-        plan_free(p);
+                "kernels take this shape", dev->name, dir_name[dir], (long long)a->b,
+                (long long)a->t, cudnnGetErrorString(s));
+        plan_free(&a->dir[0]);
+        plan_free(&a->dir[1]);
         (void)cudaGetLastError(); /* a failed launch's error is this call's, not the next's */
         *done = false;
         return GP_OK;
@@ -574,13 +610,13 @@ gp_status gp_cuda_sdpa_fwd(gp_device *dev, const float *x, float *y, float *lse,
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     *done = false;
     if (!sdpa_allowed(ctx, heads, c)) return GP_OK;
-    cuda_sdpa *a = sdpa_find(dev, b, t, heads, c, 0);
+    cuda_sdpa *a = sdpa_find(dev, b, t, heads, c);
     if (!a) return GP_OK;
     /* parts: x's bf16 copy, O, and Stats where the caller keeps none
      * (evaluation: 2 halves per float) */
     int64_t cnt[3] = {b * t * 3 * c, b * t * c, lse ? 1 : 2 * b * heads * t};
     uint16_t *part[3];
-    GP_TRY(gp_cuda_bf16_reserve(dev, cnt, 3, part));
+    SCRATCH(gp_cuda_bf16_reserve(dev, cnt, 3, part));
     GP_CUDA(gp_cuk_bf16_pack(ctx->compute, part[0], x, cnt[0]));
     GP_TRY(fwd_run(dev, a, part[0], part[1], lse ? lse : (float *)part[2], heads, c, done));
     if (*done) GP_CUDA(gp_cuk_bf16_unpack(ctx->compute, y, part[1], cnt[1]));
@@ -594,12 +630,12 @@ gp_status gp_cuda_sdpa_bwd(gp_device *dev, const float *x, const float *y, const
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     *done = false;
     if (!sdpa_allowed(ctx, heads, c)) return GP_OK;
-    cuda_sdpa *a = sdpa_find(dev, b, t, heads, c, 1);
+    cuda_sdpa *a = sdpa_find(dev, b, t, heads, c);
     if (!a) return GP_OK;
     /* parts: x, O, dO in bf16, dQ dK dV in bf16, and D (FP32) */
     int64_t cnt[5] = {b * t * 3 * c, b * t * c, b * t * c, b * t * 3 * c, 2 * b * heads * t};
     uint16_t *part[5];
-    GP_TRY(gp_cuda_bf16_reserve(dev, cnt, 5, part));
+    SCRATCH(gp_cuda_bf16_reserve(dev, cnt, 5, part));
     GP_CUDA(gp_cuk_bf16_pack(ctx->compute, part[0], x, cnt[0]));
     GP_CUDA(gp_cuk_bf16_pack(ctx->compute, part[1], y, cnt[1]));
     GP_CUDA(gp_cuk_bf16_pack(ctx->compute, part[2], dy, cnt[2]));
@@ -614,11 +650,11 @@ gp_status gp_cuda_sdpa_fwd_bf16(gp_device *dev, const uint16_t *x, uint16_t *y, 
 {
     *done = false;
     if (!sdpa_allowed(gp_cuda_ctx_of(dev), heads, c)) return GP_OK;
-    cuda_sdpa *a = sdpa_find(dev, b, t, heads, c, 0);
+    cuda_sdpa *a = sdpa_find(dev, b, t, heads, c);
     if (!a) return GP_OK;
     uint16_t *stats = NULL; /* where the caller keeps none (evaluation) */
     int64_t cnt = 2 * b * heads * t;
-    if (!lse) GP_TRY(gp_cuda_bf16_reserve(dev, &cnt, 1, &stats));
+    if (!lse) SCRATCH(gp_cuda_bf16_reserve(dev, &cnt, 1, &stats));
     return fwd_run(dev, a, x, y, lse ? lse : (float *)stats, heads, c, done);
 }
 
@@ -628,10 +664,10 @@ gp_status gp_cuda_sdpa_bwd_bf16(gp_device *dev, const uint16_t *x, const uint16_
 {
     *done = false;
     if (!sdpa_allowed(gp_cuda_ctx_of(dev), heads, c)) return GP_OK;
-    cuda_sdpa *a = sdpa_find(dev, b, t, heads, c, 1);
+    cuda_sdpa *a = sdpa_find(dev, b, t, heads, c);
     if (!a) return GP_OK;
     uint16_t *dsum;
     int64_t cnt = 2 * b * heads * t;
-    GP_TRY(gp_cuda_bf16_reserve(dev, &cnt, 1, &dsum));
+    SCRATCH(gp_cuda_bf16_reserve(dev, &cnt, 1, &dsum));
     return bwd_run(dev, a, x, y, lse, dy, dx, (float *)dsum, heads, c, done);
 }
