@@ -333,6 +333,9 @@ gp_status gp_cuda_sdpa_bwd_bf16(gp_device *dev, const uint16_t *x, const uint16_
                                 const float *lse, const uint16_t *dy, uint16_t *dx, int64_t b,
                                 int64_t t, int64_t heads, int64_t c, bool *done);
 void gp_cuda_sdpa_destroy(gp_cuda_ctx *ctx);
+/* cuda_sdpa.c's test hook (tests/test_cuda_graphs.c, no GPU needed). */
+int gp_cuda_sdpa_graph_check(int64_t b, int64_t t, int64_t heads, int64_t c, int dir,
+                             int *n_ops, int *n_desc, char *why, size_t len);
 
 /* cuda_dnn.c: create / destroy the shared descriptors and the conv cache. */
 gp_status gp_cuda_dnn_init(gp_cuda_ctx *ctx);

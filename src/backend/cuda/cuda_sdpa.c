@@ -59,6 +59,7 @@
 #include "backend/cuda/cuda_impl.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -375,6 +376,42 @@ static void build_bwd(sdpa_graph *g, const sdpa_shape *h)
     cudnnBackendDescriptor_t k = sg_tensor(g, 0, BF16, h->qkv_dim, h->qkv_str, false);
     sg_reshape(g, kt, k);
     sg_matmul(g, ds, k, dq);
+}
+
+/* Test hook (tests/test_cuda_graphs.c, which needs no GPU): shape (b, t,
+ * heads, c)'s graph of direction dir (0 forward, 1 backward) built and its
+ * operation graph finalized without a handle, as far as cuDNN checks
+ * without a device; *n_ops its operations, *n_desc its descriptors, and the
+ * first failing call in why.  Returns the cudnnStatus_t (0: it built). */
+int gp_cuda_sdpa_graph_check(int64_t b, int64_t t, int64_t heads, int64_t c, int dir,
+                             int *n_ops, int *n_desc, char *why, size_t len)
+{
+    sdpa_graph g = {.next_uid = U_VIRTUAL};
+    sdpa_shape h;
+    shape_of(&h, b, t, heads, c);
+    if (dir == 0)
+        build_fwd(&g, &h);
+    else
+        build_bwd(&g, &h);
+    *n_ops = g.nop;
+    *n_desc = g.nd;
+    cudnnBackendDescriptor_t graph = NULL;
+    if (g.s == CUDNN_STATUS_SUCCESS) {
+        cudnnStatus_t s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR,
+                                                       &graph);
+        if (!s)
+            s = cudnnBackendSetAttribute(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS,
+                                         CUDNN_TYPE_BACKEND_DESCRIPTOR, g.nop, g.op);
+        if (!s) s = cudnnBackendFinalize(graph);
+        if (s) {
+            g.s = s;
+            g.what = "the operation graph";
+        }
+    }
+    if (why && len) snprintf(why, len, "%s", g.s ? g.what : "");
+    if (graph) cudnnBackendDestroyDescriptor(graph);
+    sg_free(&g);
+    return (int)g.s;
 }
 
 /* One direction's plan for one shape. */
