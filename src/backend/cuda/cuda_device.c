@@ -1234,7 +1234,6 @@ static gp_status cuda_attn_bwd_bf16(gp_device *dev, const uint16_t *x, const uin
     return st;
 }
 
-
 static gp_status cuda_bce_logits(gp_device *dev, const float *z, const float *t, int64_t n,
                                  float scale, float *dz, double *loss_sum, int64_t *correct,
                                  int64_t *bad)
