@@ -13,10 +13,11 @@
 # first:  in priority order, each part only while enough of BUDGET seconds
 #         (default 420, counted from the part's start, so after the build)
 #         is left, and a line for each part skipped: `ctest -L gpu`; issue
-#         53's GPT-2 table (bench_gpt_gpu.py: gpipe, PyTorch eager,
-#         torch.compile; llm.c, whose build takes minutes, in the `gpt`
-#         part's own call; the first GPU run of cuDNN's fused attention is
-#         in the ctest part); issue 15's precision table (fp32 / tf32 / bf16, cuBLASLt, PyTorch
+#         53's GPT-2 bar (bench_gpt_gpu.py: gpipe, PyTorch eager and
+#         llm.c, built there in a minute or two; torch.compile and bf16
+#         activations in the `gpt` part's own call; the first GPU run of
+#         cuDNN's fused attention is in the ctest part); issue 15's
+#         precision table (fp32 / tf32 / bf16, cuBLASLt, PyTorch
 #         beside it: gpu_bars.sh with PARTS=precision); the bf16 accuracy
 #         check; test_cuda under compute-sanitizer memcheck.  Its summary
 #         ends with the seconds each part took, for planning the next call.
@@ -90,13 +91,13 @@ case "$part" in
         --out "$OUT/accuracy" 2>&1 | tee "$OUT/accuracy.md"
       echo "accuracy: exit ${PIPESTATUS[0]}"
     }
-    gpt_table() { # llm.c's build takes minutes: `gpu_session.sh gpt`, a call of its own
+    gpt_table() { # the bar's columns; torch.compile and bf16 activations: `gpu_session.sh gpt`
       timeout "$(($(left) - 20))" python3 bench/bench_gpt_gpu.py --bin "$BIN" --device "$DEV" \
-        --only gpipe,gpipe-bf16,eager,compile --out "$OUT/gpt" 2>&1 | tee "$OUT/gpt.md"
+        --only gpipe,eager,llmc --out "$OUT/gpt" 2>&1 | tee "$OUT/gpt.md"
       echo "gpt table: exit ${PIPESTATUS[0]}"
     }
     part tests 0 gpu_tests
-    part "gpt table" 180 gpt_table
+    part "gpt table" 200 gpt_table
     part "precision table" 200 precision_table
     part accuracy 120 accuracy
     part memcheck 60 memcheck "$(($(left) - 10))"
