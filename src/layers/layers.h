@@ -415,8 +415,9 @@ struct gp_layer {
      * has it, its dx (activation storage, train.activations; GP_F32 from
      * gp_layer_create).  A layer whose output or any input is bf16 runs
      * through the storage adapter of the gp_layer_* wrappers unless its
-     * ops are any_dtype or takes_bf16 says so: its bf16 inputs (x, y, dy) widened to FP32, its
-     * FP32 kernels run, its output rounded once to out_dtype and each
+     * ops are any_dtype or takes_bf16 says so: its bf16 inputs (x, y,
+     * dy) widened to FP32, its FP32 kernels run, its output rounded once
+     * to out_dtype and each
      * input's gradient rounded to that input's type.  What backward needs
      * beyond x and y (gp_saved) stays FP32; so do a composite layer's
      * children (residual, amoeba_cell), which see FP32 inside it.  The

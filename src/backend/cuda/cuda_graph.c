@@ -384,7 +384,8 @@ static gp_status choose(gp_device *dev, cuda_conv *cv, int dir, int ai, int64_t 
     for (int i = 0; i < n; i++) {
         int64_t eng, ws = 0;
         cudnnBackendDescriptor_t plan = NULL;
-        if (!engine_ok(ctx, cv, cfg[i], &eng) || gp_cuda_graph_plan(ctx, cfg[i], &plan, &ws)) continue;
+        if (!engine_ok(ctx, cv, cfg[i], &eng) || gp_cuda_graph_plan(ctx, cfg[i], &plan, &ws))
+            continue;
         if ((uint64_t)ws > limit || (measure && ws > 0 && !sws)) {
             destroy(&plan);
             continue;

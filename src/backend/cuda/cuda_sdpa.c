@@ -21,10 +21,11 @@
  *
  * Stats is backend.h's lse (b, heads, t): the log-sum-exp of each row's
  * scaled scores, the saved state of both paths (but the fused forward's
- * is of bf16 q and k, so a shape takes both fused directions or none).  dQ is written by its product directly
- * (cudnn-frontend's "dP workspace" form, which it forces for a
- * deterministic backward on Hopper) rather than summed with atomics into
- * an FP32 accumulator, so the backward repeats bit for bit.
+ * is of bf16 q and k, so a shape takes both fused directions or none).
+ * dQ is written by its product directly (cudnn-frontend's "dP workspace"
+ * form, which it forces for a deterministic backward on Hopper) rather
+ * than summed with atomics into an FP32 accumulator, so the backward
+ * repeats bit for bit.
  *
  * When.  Precision bf16 only: cuDNN's fused attention takes FP16 or BF16
  * operands, and bf16 is the precision whose contract (operands rounded to
