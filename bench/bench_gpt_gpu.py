@@ -48,7 +48,6 @@ import os
 import re
 import shutil
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -57,9 +56,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+import tokenize_text  # noqa: E402  (the llm.c token files gpipe reads)
 
 VOCAB, VOCAB_PAD, LAYERS, HEADS, WIDTH, POSITIONS = 50257, 50304, 12, 12, 768, 1024
-TOKENS_MAGIC = 20240520
 WARM = 3
 
 
@@ -83,13 +84,10 @@ def peak_flops(name):
 
 
 def write_tokens(path, n, seed):
+    """n random GPT-2 ids in an llm.c token file (tokenize_text.py's writer)."""
     import random
     rng = random.Random(seed)
-    with open(path, "wb") as f:
-        header = [0] * 256
-        header[0], header[1], header[2] = TOKENS_MAGIC, 1, n
-        f.write(struct.pack("<256i", *header))
-        f.write(struct.pack("<%dH" % n, *(rng.randrange(VOCAB) for _ in range(n))))
+    tokenize_text.write_tokens(path, [rng.randrange(VOCAB) for _ in range(n)])
 
 
 def flops_per_token(binary, seq):
