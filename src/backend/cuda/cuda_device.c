@@ -1179,15 +1179,6 @@ static gp_status cuda_attn_bwd(gp_device *dev, const float *x, const float *y, c
     CUDA_OP(dev, gp_cuk_attn_bwd(s, x, y, lse, dy, dx, b, t, heads, c));
 }
 
-/* A launch's error as gp_status (the bf16 attention's adapter-like path,
- * which frees its scratch on every way out). */
-static gp_status launched(cudaError_t e)
-{
-    if (e == cudaSuccess) return GP_OK;
-    return gp_cuda_fail("CUDA", (int)e, cudaGetErrorString(e), "a conversion kernel", __func__,
-                        __FILE__, __LINE__);
-}
-
 /* attn_fwd_bf16 / attn_bwd_bf16: cuDNN's fused attention on the bf16
  * operands as they are; where it does not run, the adapter's way inside
  * (widened into FP32 scratch, the FP32 slot, rounded), the same bits. */
@@ -1198,14 +1189,13 @@ static gp_status cuda_attn_fwd_bf16(gp_device *dev, const uint16_t *x, uint16_t 
     GP_TRY(gp_cuda_enter(dev));
     GP_TRY(gp_cuda_sdpa_fwd_bf16(dev, x, y, lse, b, t, heads, c, &done));
     if (done) return GP_OK;
-    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     int64_t nx = b * t * 3 * c, ny = b * t * c;
     void *xf = NULL, *yf = NULL;
     GP_TRY(gp_dev_alloc(dev, (size_t)nx * sizeof(float), GP_MEM_ACTIVATIONS, &xf));
     gp_status st = gp_dev_alloc(dev, (size_t)ny * sizeof(float), GP_MEM_ACTIVATIONS, &yf);
-    if (st == GP_OK) st = launched(gp_cuk_bf16_unpack(ctx->compute, xf, x, nx));
+    if (st == GP_OK) st = cuda_bf16_unpack(dev, xf, x, nx);
     if (st == GP_OK) st = cuda_attn_fwd(dev, xf, yf, lse, b, t, heads, c);
-    if (st == GP_OK) st = launched(gp_cuk_bf16_pack(ctx->compute, y, yf, ny));
+    if (st == GP_OK) st = cuda_bf16_pack(dev, y, yf, ny);
     if (yf) gp_dev_free(dev, yf, (size_t)ny * sizeof(float), GP_MEM_ACTIVATIONS);
     gp_dev_free(dev, xf, (size_t)nx * sizeof(float), GP_MEM_ACTIVATIONS);
     return st;
@@ -1219,17 +1209,16 @@ static gp_status cuda_attn_bwd_bf16(gp_device *dev, const uint16_t *x, const uin
     GP_TRY(gp_cuda_enter(dev));
     GP_TRY(gp_cuda_sdpa_bwd_bf16(dev, x, y, lse, dy, dx, b, t, heads, c, &done));
     if (done) return GP_OK;
-    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     int64_t nx = b * t * 3 * c, ny = b * t * c;
     size_t bytes = (size_t)(2 * nx + 2 * ny) * sizeof(float);
     void *buf = NULL; /* x, dx (b, t, 3c), y, dy (b, t, c), widened */
     GP_TRY(gp_dev_alloc(dev, bytes, GP_MEM_ACTIVATIONS, &buf));
     float *xf = buf, *dxf = xf + nx, *yf = dxf + nx, *dyf = yf + ny;
-    gp_status st = launched(gp_cuk_bf16_unpack(ctx->compute, xf, x, nx));
-    if (st == GP_OK) st = launched(gp_cuk_bf16_unpack(ctx->compute, yf, y, ny));
-    if (st == GP_OK) st = launched(gp_cuk_bf16_unpack(ctx->compute, dyf, dy, ny));
+    gp_status st = cuda_bf16_unpack(dev, xf, x, nx);
+    if (st == GP_OK) st = cuda_bf16_unpack(dev, yf, y, ny);
+    if (st == GP_OK) st = cuda_bf16_unpack(dev, dyf, dy, ny);
     if (st == GP_OK) st = cuda_attn_bwd(dev, xf, yf, lse, dyf, dxf, b, t, heads, c);
-    if (st == GP_OK) st = launched(gp_cuk_bf16_pack(ctx->compute, dx, dxf, nx));
+    if (st == GP_OK) st = cuda_bf16_pack(dev, dx, dxf, nx);
     gp_dev_free(dev, buf, bytes, GP_MEM_ACTIVATIONS);
     return st;
 }
