@@ -138,6 +138,14 @@ static cudnnBackendDescriptor_t sg_tensor(sdpa_graph *g, int64_t uid, cudnnDataT
     return t;
 }
 
+/* d's descriptor attribute `attr` = v (an operand, the operation's own
+ * descriptor). */
+static void sg_link(sdpa_graph *g, cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t attr,
+                    cudnnBackendDescriptor_t v)
+{
+    SG(g, cudnnBackendSetAttribute(d, attr, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &v));
+}
+
 static void sg_op(sdpa_graph *g, cudnnBackendDescriptor_t op)
 {
     SG(g, cudnnBackendFinalize(op));
@@ -164,18 +172,13 @@ static void sg_pw(sdpa_graph *g, cudnnPointwiseMode_t mode, cudnnDataType_t prec
         SG(g, cudnnBackendSetAttribute(pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis));
     SG(g, cudnnBackendFinalize(pw));
     cudnnBackendDescriptor_t op = sg_new(g, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
-    SG(g, cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR,
-                                   CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &pw));
-    SG(g, cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC,
-                                   CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x));
+    sg_link(g, op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw);
+    sg_link(g, op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x);
     if (b)
-        SG(g, cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC,
-                                       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b));
+        sg_link(g, op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b);
     if (t)
-        SG(g, cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC,
-                                       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &t));
-    SG(g, cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC,
-                                   CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y));
+        sg_link(g, op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t);
+    sg_link(g, op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
     sg_op(g, op);
 }
 
@@ -188,14 +191,10 @@ static void sg_matmul(sdpa_graph *g, cudnnBackendDescriptor_t a, cudnnBackendDes
     SG(g, cudnnBackendSetAttribute(mm, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &ct));
     SG(g, cudnnBackendFinalize(mm));
     cudnnBackendDescriptor_t op = sg_new(g, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
-    SG(g, cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC,
-                                   CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a));
-    SG(g, cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC,
-                                   CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b));
-    SG(g, cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC,
-                                   CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c));
-    SG(g, cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_MATMUL_DESC,
-                                   CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &mm));
+    sg_link(g, op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, a);
+    sg_link(g, op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, b);
+    sg_link(g, op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, c);
+    sg_link(g, op, CUDNN_ATTR_OPERATION_MATMUL_DESC, mm);
     sg_op(g, op);
 }
 
@@ -211,12 +210,9 @@ static void sg_reduce(sdpa_graph *g, cudnnReduceTensorOp_t mode, cudnnBackendDes
                                    &ct));
     SG(g, cudnnBackendFinalize(rd));
     cudnnBackendDescriptor_t op = sg_new(g, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
-    SG(g, cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC,
-                                   CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x));
-    SG(g, cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC,
-                                   CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y));
-    SG(g, cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC,
-                                   CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &rd));
+    sg_link(g, op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x);
+    sg_link(g, op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y);
+    sg_link(g, op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, rd);
     sg_op(g, op);
 }
 
@@ -224,10 +220,8 @@ static void sg_reduce(sdpa_graph *g, cudnnReduceTensorOp_t mode, cudnnBackendDes
 static void sg_reshape(sdpa_graph *g, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y)
 {
     cudnnBackendDescriptor_t op = sg_new(g, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
-    SG(g, cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC,
-                                   CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x));
-    SG(g, cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC,
-                                   CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y));
+    sg_link(g, op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x);
+    sg_link(g, op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y);
     sg_op(g, op);
 }
 
