@@ -365,6 +365,251 @@ static void native_activations(void)
     gp_layer_destroy(&l);
 }
 
+/* One batch-norm layer on bf16 storage through its own slots (no
+ * adapter): forward (training or inference) and, training, backward with
+ * dx and without (the first layer's scratch), against the same layer in
+ * FP32 on the widened values: outputs and dx the FP32 ones rounded, the
+ * statistics and the parameters' gradients bit for bit; and no FP32 copy
+ * of a whole tensor among the activations (the adapter's would be 4 bytes
+ * a value). */
+static void native_bn_case(const char *what, gp_shape in, int64_t batch, int64_t blk,
+                           bool relu, bool training)
+{
+    gp_layer_spec spec = gp_layer_spec_default(GP_LAYER_BATCHNORM);
+    gp_layer lb, lf;
+    CHECK_OK(gp_layer_create(&spec, 1, &in, dev, 7, &lb));
+    CHECK_OK(gp_layer_create(&spec, 1, &in, dev, 7, &lf));
+    lb.out_dtype = GP_BF16;
+    lb.in_blk = lb.out_blk = lf.in_blk = lf.out_blk = blk;
+    lb.relu_after = lf.relu_after = relu;
+    if (!training) { /* running statistics that are not 0 and 1 */
+        gp_shape cs = {1, {in.dims[1], 0, 0, 0}};
+        for (int p = 2; p < 4; p++) {
+            gp_tensor r = rand_bf16(&cs, 40u + (uint32_t)p), rf;
+            CHECK_OK(gp_tensor_as(&rf, &r, GP_F32, GP_MEM_ACTIVATIONS));
+            float *h = values(&rf);
+            for (int64_t c = 0; c < in.dims[1]; c++) h[c] = p == 3 ? 0.5f + h[c] * h[c] : h[c];
+            CHECK_OK(gp_dev_upload(dev, gp_f32(&lb.params[p].value), h, in.dims[1]));
+            CHECK_OK(gp_dev_upload(dev, gp_f32(&lf.params[p].value), h, in.dims[1]));
+            free(h);
+            gp_tensor_free(&rf);
+            gp_tensor_free(&r);
+        }
+    }
+    gp_shape xs = gp_shape_with_batch(&in, batch);
+    gp_tensor xb = rand_bf16(&xs, 31), dyb = rand_bf16(&xs, 32), xw, dyw, yb, yf, dxb = {0},
+              dxf = {0};
+    CHECK_OK(gp_tensor_as(&xw, &xb, GP_F32, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_tensor_as(&dyw, &dyb, GP_F32, GP_MEM_ACTIVATIONS));
+    gp_fwd_ctx ctx = {.training = training, .seed = 5, .step = 1, .batch_total = batch};
+    gp_saved sb = {0}, sf = {0};
+    size_t before = dev->alloc.cur_by[GP_MEM_ACTIVATIONS], bytes = gp_tensor_bytes(&xb);
+    gp_allocator_reset_peak(&dev->alloc);
+    CHECK_OK(gp_layer_forward(&lb, &ctx, &xb, &yb, &sb));
+    if (training) CHECK_OK(gp_layer_backward(&lb, &ctx, &xb, &yb, &dyb, &dxb, &sb));
+    size_t peak = dev->alloc.peak_by[GP_MEM_ACTIVATIONS] - before;
+    size_t stats = training ? 2 * (size_t)in.dims[1] * sizeof(float) : 0; /* mean, var */
+    CHECK_MSG(peak <= 2 * bytes + stats, "%s: the bf16 norm peaked at %zu bytes of activations "
+              "over its input's %zu (y, dx and %zu of statistics): FP32 temporaries", what, peak,
+              bytes, stats);
+    CHECK(yb.dtype == GP_BF16 && (!training || dxb.dtype == GP_BF16));
+    CHECK_OK(gp_layer_forward(&lf, &ctx, &xw, &yf, &sf));
+    int64_t bad = rounded_mismatches(&yb, &yf);
+    CHECK_MSG(bad == 0, "%s forward: %lld of %lld outputs are not the FP32 output rounded",
+              what, (long long)bad, (long long)gp_tensor_numel(&yf));
+    if (training) {
+        for (int k = 0; k < 2; k++)
+            CHECK_MSG(same_bits(&sb.t[k], &sf.t[k]), "%s: the batch %s differs from FP32's",
+                      what, k ? "variance" : "mean");
+        gp_tensor yw;
+        CHECK_OK(gp_tensor_as(&yw, &yb, GP_F32, GP_MEM_ACTIVATIONS));
+        CHECK_OK(gp_layer_backward(&lf, &ctx, &xw, &yw, &dyw, &dxf, &sf));
+        bad = rounded_mismatches(&dxb, &dxf);
+        CHECK_MSG(bad == 0, "%s backward: %lld of %lld of dx are not the FP32 dx rounded", what,
+                  (long long)bad, (long long)gp_tensor_numel(&dxf));
+        for (int p = 0; p < 2; p++)
+            CHECK_MSG(same_bits(&lb.params[p].grad, &lf.params[p].grad),
+                      "%s backward: the gradient of %s differs from FP32's", what,
+                      lb.params[p].name);
+        /* no dx (the model's first layer): the same parameter gradients
+         * again, added to the first ones */
+        gp_saved s2b = {0}, s2f = {0};
+        gp_tensor y2b, y2f;
+        CHECK_OK(gp_layer_forward(&lb, &ctx, &xb, &y2b, &s2b));
+        CHECK_OK(gp_layer_forward(&lf, &ctx, &xw, &y2f, &s2f));
+        CHECK_OK(gp_layer_backward(&lb, &ctx, &xb, &y2b, &dyb, NULL, &s2b));
+        CHECK_OK(gp_layer_backward(&lf, &ctx, &xw, &y2f, &dyw, NULL, &s2f));
+        gp_tensor_free(&y2b);
+        gp_tensor_free(&y2f);
+        gp_saved_free(&s2b);
+        gp_saved_free(&s2f);
+        for (int p = 0; p < 2; p++)
+            CHECK_MSG(same_bits(&lb.params[p].grad, &lf.params[p].grad),
+                      "%s backward without dx: the gradient of %s differs from FP32's", what,
+                      lb.params[p].name);
+        gp_tensor_free(&yw);
+    }
+    gp_tensor *all[] = {&xb, &dyb, &xw, &dyw, &yb, &yf, &dxb, &dxf};
+    for (size_t k = 0; k < sizeof all / sizeof *all; k++) gp_tensor_free(all[k]);
+    gp_saved_free(&sb);
+    gp_saved_free(&sf);
+    gp_layer_destroy(&lb);
+    gp_layer_destroy(&lf);
+}
+
+/* Batch norm takes bf16 storage through bn_*_bf16 on a CPU device: small
+ * maps and many channels (several channels a task), a map larger than a
+ * task's 64 Ki values (a channel a task, the threads splitting the
+ * channels), the blocked layouts, the relu after it, inference. */
+static void native_norms(void)
+{
+    CHECK(gp_dev_bn_bf16_has(dev));
+    native_bn_case("batchnorm (3, 70, 5, 7)", gp_shape_4d(1, 70, 5, 7), 3, 0, false, true);
+    native_bn_case("batchnorm (2, 5, 190, 190)", gp_shape_4d(1, 5, 190, 190), 2, 0, false, true);
+    native_bn_case("batchnorm 1-d (9, 300)", gp_shape_2d(1, 300), 9, 0, false, true);
+    native_bn_case("batchnorm + relu", gp_shape_4d(1, 24, 9, 11), 4, 0, true, true);
+    native_bn_case("batchnorm nChw8c", gp_shape_4d(1, 24, 9, 11), 4, 8, false, true);
+    native_bn_case("batchnorm nChw16c + relu", gp_shape_4d(1, 48, 13, 13), 5, 16, true, true);
+    native_bn_case("batchnorm, inference", gp_shape_4d(1, 24, 9, 11), 4, 0, false, false);
+    native_bn_case("batchnorm nChw8c + relu, inference", gp_shape_4d(1, 16, 6, 6), 3, 8, true,
+                   false);
+    /* the slot refuses a residual sum, whose blocks keep FP32 inside */
+    gp_bn_desc d = {.n = 1, .c = 1, .s = 2, .eps = 1e-5f, .add = (const float *)&d};
+    uint16_t x[2] = {0}, y[2];
+    float m, v;
+    CHECK(gp_dev_bn_fwd_train_bf16(dev, &d, x, NULL, NULL, y, &m, &v) == GP_ERR_INVALID);
+    gp_error_clear();
+}
+
+/* One pooling layer on bf16 storage through pool_*_bf16: forward and
+ * backward against the FP32 layer on the widened values (outputs and dx
+ * the FP32 ones rounded), x in channel block `blk` (0 plain) and y plain
+ * where `plain_out`; and no FP32 copies among the activations (the peak is
+ * y, dx and the workspace). */
+static void native_pool_case(const char *what, gp_layer_spec spec, gp_shape in, int64_t batch,
+                             int64_t blk, bool plain_out)
+{
+    gp_layer lb, lf;
+    CHECK_OK(gp_layer_create(&spec, 1, &in, dev, 7, &lb));
+    CHECK_OK(gp_layer_create(&spec, 1, &in, dev, 7, &lf));
+    lb.out_dtype = GP_BF16;
+    lb.in_blk = lf.in_blk = blk;
+    lb.out_blk = lf.out_blk = plain_out ? 0 : blk;
+    gp_shape xs = gp_shape_with_batch(&in, batch), ys = gp_shape_with_batch(&lb.out_shape, batch);
+    gp_tensor xb = rand_bf16(&xs, 51), dyb = rand_bf16(&ys, 52), xw, dyw, yb, yf, yw, dxb = {0},
+              dxf = {0};
+    CHECK_OK(gp_tensor_as(&xw, &xb, GP_F32, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_tensor_as(&dyw, &dyb, GP_F32, GP_MEM_ACTIVATIONS));
+    gp_fwd_ctx ctx = {.training = true, .seed = 5, .step = 1, .batch_total = batch};
+    gp_saved sb = {0}, sf = {0};
+    size_t before = dev->alloc.cur_by[GP_MEM_ACTIVATIONS];
+    gp_allocator_reset_peak(&dev->alloc);
+    CHECK_OK(gp_layer_forward(&lb, &ctx, &xb, &yb, &sb));
+    CHECK_OK(gp_layer_backward(&lb, &ctx, &xb, &yb, &dyb, &dxb, &sb));
+    size_t peak = dev->alloc.peak_by[GP_MEM_ACTIVATIONS] - before;
+    size_t bound = gp_tensor_bytes(&xb) + gp_tensor_bytes(&dyb) + sb.ws_bytes;
+    CHECK_MSG(peak <= bound, "%s: the bf16 pool peaked at %zu bytes of activations, over y, dx "
+              "and its workspace's %zu: FP32 temporaries", what, peak, bound);
+    CHECK(yb.dtype == GP_BF16 && dxb.dtype == GP_BF16);
+    CHECK_OK(gp_layer_forward(&lf, &ctx, &xw, &yf, &sf));
+    int64_t bad = rounded_mismatches(&yb, &yf);
+    CHECK_MSG(bad == 0, "%s forward: %lld of %lld outputs are not the FP32 output rounded",
+              what, (long long)bad, (long long)gp_tensor_numel(&yf));
+    CHECK_OK(gp_tensor_as(&yw, &yb, GP_F32, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_layer_backward(&lf, &ctx, &xw, &yw, &dyw, &dxf, &sf));
+    bad = rounded_mismatches(&dxb, &dxf);
+    CHECK_MSG(bad == 0, "%s backward: %lld of %lld of dx are not the FP32 dx rounded", what,
+              (long long)bad, (long long)gp_tensor_numel(&dxf));
+    gp_tensor *all[] = {&xb, &dyb, &xw, &dyw, &yb, &yf, &yw, &dxb, &dxf};
+    for (size_t k = 0; k < sizeof all / sizeof *all; k++) gp_tensor_free(all[k]);
+    gp_saved_free(&sb);
+    gp_saved_free(&sf);
+    gp_layer_destroy(&lb);
+    gp_layer_destroy(&lf);
+}
+
+/* Pooling takes bf16 storage through pool_*_bf16 on a CPU device: max
+ * pooling's 2x2 loop and its generic one (ties: bf16 values repeat), a
+ * window over 256 values (the int32 workspace), the averages with and
+ * without the padding counted, global average pooling, the blocked
+ * layouts and a blocked chain's plain output. */
+static void native_pools(void)
+{
+    CHECK(gp_dev_pool_bf16_has(dev));
+    gp_shape map = gp_shape_4d(1, 6, 30, 34), big = gp_shape_4d(1, 16, 20, 20);
+    gp_layer_spec s = gp_layer_spec_default(GP_LAYER_MAXPOOL2D);
+    s.kernel = gp_hw_square(2);
+    native_pool_case("maxpool2d 2x2", s, map, 3, 0, false);
+    native_pool_case("maxpool2d 2x2 nChw8c", s, big, 2, 8, false);
+    s.kernel = gp_hw_square(3);
+    s.stride = gp_hw_square(2);
+    s.padding = gp_hw_square(1);
+    native_pool_case("maxpool2d 3x3/2 pad 1", s, map, 3, 0, false);
+    native_pool_case("maxpool2d 3x3/2 pad 1 nChw16c, plain out", s, big, 2, 16, true);
+    s.type = GP_LAYER_AVGPOOL2D;
+    native_pool_case("avgpool2d 3x3/2 pad 1", s, map, 3, 0, false);
+    native_pool_case("avgpool2d 3x3/2 pad 1 nChw8c", s, big, 2, 8, false);
+    s.count_include_pad = false;
+    native_pool_case("avgpool2d without the padding", s, map, 3, 0, false);
+    s = gp_layer_spec_default(GP_LAYER_MAXPOOL2D);
+    s.kernel = gp_hw_square(17);
+    s.stride = gp_hw_square(3);
+    native_pool_case("maxpool2d 17x17 (int32 workspace)", s, big, 2, 0, false);
+    native_pool_case("global_avgpool", gp_layer_spec_default(GP_LAYER_GLOBAL_AVGPOOL), map, 3, 0,
+                     false);
+}
+
+/* The add layer (a skip's sum) on bf16 storage through add_bf16: the FP32
+ * sum of the widened inputs rounded once, in place too, both gradients dy
+ * as it is, and no FP32 temporaries (the adapter's would be 4 bytes a
+ * value for each input and the sum). */
+static void native_add(void)
+{
+    CHECK(dev->iface->add_bf16 != NULL);
+    gp_shape map = gp_shape_4d(1, 6, 30, 34), two[2] = {map, map};
+    gp_layer_spec spec = gp_layer_spec_default(GP_LAYER_ADD);
+    spec.n_pop = 1;
+    snprintf(spec.pop[0], sizeof spec.pop[0], "a");
+    gp_layer l;
+    CHECK_OK(gp_layer_create(&spec, 1, two, dev, 7, &l));
+    l.out_dtype = GP_BF16;
+    gp_shape xs = gp_shape_with_batch(&map, 3);
+    gp_tensor x[2] = {rand_bf16(&xs, 61), rand_bf16(&xs, 62)}, dy = rand_bf16(&xs, 63), y,
+              dx[2] = {{0}};
+    gp_fwd_ctx ctx = {.training = true, .batch_total = 3};
+    gp_saved sv = {0};
+    size_t before = dev->alloc.cur_by[GP_MEM_ACTIVATIONS], bytes = gp_tensor_bytes(&dy);
+    gp_allocator_reset_peak(&dev->alloc);
+    CHECK_OK(gp_layer_forward(&l, &ctx, x, &y, &sv));
+    CHECK_OK(gp_layer_backward(&l, &ctx, x, &y, &dy, dx, &sv));
+    size_t peak = dev->alloc.peak_by[GP_MEM_ACTIVATIONS] - before;
+    CHECK_MSG(peak <= 3 * bytes, "a bf16 add peaked at %zu bytes of activations over y and "
+              "dx's %zu: FP32 temporaries", peak, 3 * bytes);
+    float *a = values(&x[0]), *b = values(&x[1]), *r = values(&y), *g = values(&dy);
+    float *g0 = values(&dx[0]), *g1 = values(&dx[1]);
+    int64_t n = gp_tensor_numel(&y), bad = 0, moved = 0;
+    for (int64_t i = 0; i < n; i++) {
+        bad += gp_ew_bf16_bits(r[i]) != gp_ew_bf16_bits(a[i] + b[i]);
+        moved += g0[i] != g[i] || g1[i] != g[i];
+    }
+    CHECK_MSG(bad == 0 && y.dtype == GP_BF16, "bf16 add: %lld of %lld sums are not the FP32 sum "
+              "rounded", (long long)bad, (long long)n);
+    CHECK_MSG(moved == 0, "bf16 add backward: %lld of %lld gradients are not dy", (long long)moved,
+              (long long)n);
+    /* in place over its first input (the executor's accumulate does this) */
+    CHECK_OK(gp_dev_add_bf16(dev, gp_bf16(&x[0]), gp_bf16(&x[1]), gp_bf16(&x[0]), n));
+    float *ip = values(&x[0]);
+    bad = 0;
+    for (int64_t i = 0; i < n; i++) bad += ip[i] != r[i];
+    CHECK_MSG(bad == 0, "bf16 add in place: %lld of %lld differ", (long long)bad, (long long)n);
+    float *fs[] = {a, b, r, g, g0, g1, ip};
+    for (size_t k = 0; k < sizeof fs / sizeof *fs; k++) free(fs[k]);
+    gp_tensor *all[] = {&x[0], &x[1], &dy, &y, &dx[0], &dx[1]};
+    for (size_t k = 0; k < sizeof all / sizeof *all; k++) gp_tensor_free(all[k]);
+    gp_saved_free(&sv);
+    gp_layer_destroy(&l);
+}
+
 /* The losses on bf16 logits, and gradients added up. */
 static void losses_and_sums(void)
 {
@@ -407,6 +652,9 @@ int main(void)
     adapter_layers();
     as_they_are();
     native_activations();
+    native_norms();
+    native_pools();
+    native_add();
     losses_and_sums();
     /* every byte came back (the backend's own scratch arena aside) */
     for (int c = 0; c < GP_MEM_COUNT; c++)

@@ -124,8 +124,11 @@
  *      cols columns and the gradient's padding columns are zeroed
  *  33  act_bf16, act_bf16_kinds (relu, leaky relu and GELU on bf16 storage
  *      in one pass, without the storage adapter), attn_fwd_bf16,
- *      attn_bwd_bf16 (attention on bf16 storage) */
-#define GP_DEVICE_IFACE_VERSION 33
+ *      attn_bwd_bf16 (attention on bf16 storage)
+ *  34  bn_fwd_train_bf16, bn_fwd_infer_bf16, bn_bwd_bf16, pool_fwd_bf16,
+ *      pool_bwd_bf16, add_bf16 (batch norm, pooling and sums on bf16
+ *      storage) */
+#define GP_DEVICE_IFACE_VERSION 34
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -904,6 +907,40 @@ typedef struct gp_device_iface {
     gp_status (*attn_bwd_bf16)(gp_device *dev, const uint16_t *x, const uint16_t *y,
                                const float *lse, const uint16_t *dy, uint16_t *dx, int64_t b,
                                int64_t t, int64_t heads, int64_t c);
+    /* bn_fwd_train_bf16, bn_fwd_infer_bf16, bn_bwd_bf16: bn_fwd_train,
+     * bn_fwd_infer and bn_bwd with x, y, dy and dx in bf16 (gamma, beta,
+     * mean, var and the parameter gradients FP32), bit for bit the storage
+     * adapter's (x and dy widened, the FP32 slot, y and dx rounded once),
+     * relu (gp_bn_desc.relu) and the blocked layouts included; d->add must
+     * be NULL (a residual sum is a composite layer's, whose insides are
+     * FP32).  CPU: each task widens its channels into FP32 tiles in the
+     * arena (cpu_bn.c).  NULL: batch norm goes through the adapter. */
+    gp_status (*bn_fwd_train_bf16)(gp_device *dev, const gp_bn_desc *d, const uint16_t *x,
+                                   const float *gamma, const float *beta, uint16_t *y,
+                                   float *mean, float *var);
+    gp_status (*bn_fwd_infer_bf16)(gp_device *dev, const gp_bn_desc *d, const uint16_t *x,
+                                   const float *gamma, const float *beta, const float *mean,
+                                   const float *var, uint16_t *y);
+    gp_status (*bn_bwd_bf16)(gp_device *dev, const gp_bn_desc *d, const uint16_t *x,
+                             const float *gamma, const float *beta, const float *mean,
+                             const float *var, const uint16_t *dy, uint16_t *dx,
+                             float *dgamma, float *dbeta);
+    /* pool_fwd_bf16, pool_bwd_bf16: pool_fwd and pool_bwd with x, y, dy and
+     * dx in bf16 and the same workspace (pool_ws_bytes), bit for bit the
+     * storage adapter's, every kind and layout included.  CPU: each plane
+     * widened into an FP32 tile of its thread's (cpu_pool.c).  NULL: the
+     * pooling layers go through the adapter. */
+    gp_status (*pool_fwd_bf16)(gp_device *dev, const gp_pool_desc *d, const uint16_t *x,
+                               uint16_t *y, void *ws);
+    gp_status (*pool_bwd_bf16)(gp_device *dev, const gp_pool_desc *d, const uint16_t *x,
+                               const uint16_t *y, const uint16_t *dy, uint16_t *dx,
+                               const void *ws);
+    /* add_bf16: y[i] = bits(value(a[i]) + value(b[i])) for n bf16 values,
+     * the FP32 sum rounded once (y may be a or b): the add layer's forward
+     * and two gradients of one activation added (gp_layers_accumulate) on
+     * bf16 storage in one pass.  NULL: both widen, add and round. */
+    gp_status (*add_bf16)(gp_device *dev, const uint16_t *a, const uint16_t *b, uint16_t *y,
+                          int64_t n);
 } gp_device_iface;
 
 /* The most tensors one nonfinite_or_many launch takes (its table travels
@@ -1462,6 +1499,41 @@ static inline bool gp_dev_attn_bf16_has(const gp_device *dev)
 {
     return dev->iface->attn_fwd_bf16 && dev->iface->attn_bwd_bf16;
 }
+/* add_bf16 (backend.h); GP_ERR_UNSUPPORTED where the backend has none. */
+gp_status gp_dev_add_bf16(gp_device *dev, const uint16_t *a, const uint16_t *b, uint16_t *y,
+                          int64_t n);
+/* Whether pooling takes bf16 storage on dev (pool_*_bf16; else the
+ * storage adapter runs it). */
+static inline bool gp_dev_pool_bf16_has(const gp_device *dev)
+{
+    return dev->iface->pool_fwd_bf16 && dev->iface->pool_bwd_bf16;
+}
+/* pool_*_bf16 (backend.h); GP_ERR_UNSUPPORTED where gp_dev_pool_bf16_has is
+ * false. */
+gp_status gp_dev_pool_fwd_bf16(gp_device *dev, const gp_pool_desc *d, const uint16_t *x,
+                               uint16_t *y, void *ws);
+gp_status gp_dev_pool_bwd_bf16(gp_device *dev, const gp_pool_desc *d, const uint16_t *x,
+                               const uint16_t *y, const uint16_t *dy, uint16_t *dx,
+                               const void *ws);
+/* Whether batch norm takes bf16 storage on dev (bn_*_bf16; else the
+ * storage adapter runs it). */
+static inline bool gp_dev_bn_bf16_has(const gp_device *dev)
+{
+    return dev->iface->bn_fwd_train_bf16 && dev->iface->bn_fwd_infer_bf16 &&
+           dev->iface->bn_bwd_bf16;
+}
+/* bn_*_bf16 (backend.h); GP_ERR_UNSUPPORTED where gp_dev_bn_bf16_has is
+ * false. */
+gp_status gp_dev_bn_fwd_train_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t *x,
+                                   const float *gamma, const float *beta, uint16_t *y,
+                                   float *mean, float *var);
+gp_status gp_dev_bn_fwd_infer_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t *x,
+                                   const float *gamma, const float *beta, const float *mean,
+                                   const float *var, uint16_t *y);
+gp_status gp_dev_bn_bwd_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t *x,
+                             const float *gamma, const float *beta, const float *mean,
+                             const float *var, const uint16_t *dy, uint16_t *dx, float *dgamma,
+                             float *dbeta);
 gp_status gp_dev_attn_fwd_bf16(gp_device *dev, const uint16_t *x, uint16_t *y, float *lse,
                                int64_t b, int64_t t, int64_t heads, int64_t c);
 gp_status gp_dev_attn_bwd_bf16(gp_device *dev, const uint16_t *x, const uint16_t *y,

@@ -822,6 +822,72 @@ gp_status gp_dev_attn_bwd_bf16(gp_device *dev, const uint16_t *x, const uint16_t
     return b * t > 0 ? dev->iface->attn_bwd_bf16(dev, x, y, lse, dy, dx, b, t, heads, c) : GP_OK;
 }
 
+static gp_status no_bn_bf16(gp_device *dev)
+{
+    return gp_error_set(GP_ERR_UNSUPPORTED, "device %s (%s backend) has no bf16 batch norm; "
+                        "the storage adapter runs it", dev->name, dev->iface->backend_name);
+}
+
+gp_status gp_dev_bn_fwd_train_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t *x,
+                                   const float *gamma, const float *beta, uint16_t *y,
+                                   float *mean, float *var)
+{
+    if (!gp_dev_bn_bf16_has(dev)) return no_bn_bf16(dev);
+    if (d->blk && !dev->iface->act_block) return gp_dev_no_blocks(dev, "batch norm");
+    return dev->iface->bn_fwd_train_bf16(dev, d, x, gamma, beta, y, mean, var);
+}
+
+gp_status gp_dev_bn_fwd_infer_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t *x,
+                                   const float *gamma, const float *beta, const float *mean,
+                                   const float *var, uint16_t *y)
+{
+    if (!gp_dev_bn_bf16_has(dev)) return no_bn_bf16(dev);
+    if (d->blk && !dev->iface->act_block) return gp_dev_no_blocks(dev, "batch norm");
+    return dev->iface->bn_fwd_infer_bf16(dev, d, x, gamma, beta, mean, var, y);
+}
+
+gp_status gp_dev_bn_bwd_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t *x,
+                             const float *gamma, const float *beta, const float *mean,
+                             const float *var, const uint16_t *dy, uint16_t *dx, float *dgamma,
+                             float *dbeta)
+{
+    if (!gp_dev_bn_bf16_has(dev)) return no_bn_bf16(dev);
+    if (d->blk && !dev->iface->act_block) return gp_dev_no_blocks(dev, "batch norm");
+    return dev->iface->bn_bwd_bf16(dev, d, x, gamma, beta, mean, var, dy, dx, dgamma, dbeta);
+}
+
+gp_status gp_dev_add_bf16(gp_device *dev, const uint16_t *a, const uint16_t *b, uint16_t *y,
+                          int64_t n)
+{
+    if (!dev->iface->add_bf16)
+        return gp_error_set(GP_ERR_UNSUPPORTED, "device %s (%s backend) has no bf16 sum; the "
+                            "storage adapter runs it", dev->name, dev->iface->backend_name);
+    return n > 0 ? dev->iface->add_bf16(dev, a, b, y, n) : GP_OK;
+}
+
+static gp_status no_pool_bf16(gp_device *dev)
+{
+    return gp_error_set(GP_ERR_UNSUPPORTED, "device %s (%s backend) has no bf16 pooling; the "
+                        "storage adapter runs it", dev->name, dev->iface->backend_name);
+}
+
+gp_status gp_dev_pool_fwd_bf16(gp_device *dev, const gp_pool_desc *d, const uint16_t *x,
+                               uint16_t *y, void *ws)
+{
+    if (!gp_dev_pool_bf16_has(dev)) return no_pool_bf16(dev);
+    if (d->blk && !dev->iface->act_block) return gp_dev_no_blocks(dev, "pooling");
+    return dev->iface->pool_fwd_bf16(dev, d, x, y, ws);
+}
+
+gp_status gp_dev_pool_bwd_bf16(gp_device *dev, const gp_pool_desc *d, const uint16_t *x,
+                               const uint16_t *y, const uint16_t *dy, uint16_t *dx,
+                               const void *ws)
+{
+    if (!gp_dev_pool_bf16_has(dev)) return no_pool_bf16(dev);
+    if (d->blk && !dev->iface->act_block) return gp_dev_no_blocks(dev, "pooling");
+    return dev->iface->pool_bwd_bf16(dev, d, x, y, dy, dx, ws);
+}
+
 /* ---- the Transformer slots ------------------------------------------------ */
 
 gp_status gp_dev_act_bf16(gp_device *dev, gp_act_kind kind, const uint16_t *xy,

@@ -396,6 +396,34 @@ static gp_status bn_backward_sync(gp_layer *l, const gp_fwd_ctx *ctx, const gp_t
     return e;
 }
 
+/* Batch norm on bf16 storage without the adapter: where the device has the
+ * bf16 slots (gp_dev_bn_bf16_has), bit for bit the adapter's.  SyncBN's
+ * pieces (bn_stats, bn_bwd_sums, bn_bwd_apply) have no bf16 form, so a
+ * `sync: true` norm stays behind the adapter. */
+static bool bn_takes_bf16(const gp_layer *l)
+{
+    return gp_dev_bn_bf16_has(l->dev) && !l->spec.sync && !l->fwd_add;
+}
+
+/* The slots on x's element type (y's and dx's are x's: bn_takes_bf16). */
+static gp_status fwd_infer(gp_device *dev, const gp_bn_desc *d, const gp_tensor *x,
+                           const float *gamma, const float *beta, const float *mean,
+                           const float *var, gp_tensor *y)
+{
+    if (x->dtype == GP_BF16)
+        return gp_dev_bn_fwd_infer_bf16(dev, d, gp_bf16(x), gamma, beta, mean, var, gp_bf16(y));
+    return gp_dev_bn_fwd_infer(dev, d, gp_f32(x), gamma, beta, mean, var, gp_f32(y));
+}
+
+static gp_status fwd_train(gp_device *dev, const gp_bn_desc *d, const gp_tensor *x,
+                           const float *gamma, const float *beta, gp_tensor *y, float *mean,
+                           float *var)
+{
+    if (x->dtype == GP_BF16)
+        return gp_dev_bn_fwd_train_bf16(dev, d, gp_bf16(x), gamma, beta, gp_bf16(y), mean, var);
+    return gp_dev_bn_fwd_train(dev, d, gp_f32(x), gamma, beta, gp_f32(y), mean, var);
+}
+
 static gp_status bn_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                             gp_tensor *y, gp_saved *s)
 {
@@ -406,9 +434,8 @@ static gp_status bn_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor 
     if (!ctx->training) {
         s->flags |= GP_SAVED_EVAL;
         if (d.n == 0) return GP_OK;
-        return gp_dev_bn_fwd_infer(dev, &d, gp_f32(x), gamma, beta,
-                                   gp_f32(&l->params[P_RMEAN].value),
-                                   gp_f32(&l->params[P_RVAR].value), gp_f32(y));
+        return fwd_infer(dev, &d, x, gamma, beta, gp_f32(&l->params[P_RMEAN].value),
+                         gp_f32(&l->params[P_RVAR].value), y);
     }
     if (d.n * d.s < 2)
         return gp_layer_spec_error(l,
@@ -419,23 +446,27 @@ static gp_status bn_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor 
     gp_shape cs = {1, {d.c, 0, 0, 0}};
     GP_TRY(gp_layers_saved_alloc(s, 0, dev, &cs));
     GP_TRY(gp_layers_saved_alloc(s, 1, dev, &cs));
-    GP_TRY(gp_dev_bn_fwd_train(dev, &d, gp_f32(x), gamma, beta, gp_f32(y), gp_f32(&s->t[0]),
-                               gp_f32(&s->t[1])));
+    GP_TRY(fwd_train(dev, &d, x, gamma, beta, y, gp_f32(&s->t[0]), gp_f32(&s->t[1])));
     if (ctx->recompute) return GP_OK; /* statistics were merged the first time */
     return merge_acc(l, d.n * d.s, gp_f32(&s->t[0]), gp_f32(&s->t[1]));
 }
 
 static gp_status bn_backward_all(gp_layer *l, const gp_tensor *x, const gp_tensor *dy,
-                                 float *dx, gp_saved *s)
+                                 gp_tensor *dx, gp_saved *s)
 {
     if (s->flags & GP_SAVED_EVAL)
         return gp_layer_spec_error(l, "backward after an eval-mode forward: batch norm "
                                       "saved no batch statistics (run forward with training)");
     GP_ASSERT(gp_tensor_mem(&s->t[0]) && gp_tensor_mem(&s->t[1]));
     gp_bn_desc d = bn_desc(l, x->dims[0]);
-    return gp_dev_bn_bwd(l->dev, &d, gp_f32(x), gp_f32(&l->params[P_WEIGHT].value),
-                         gp_f32(&l->params[P_BIAS].value), gp_f32(&s->t[0]), gp_f32(&s->t[1]), gp_f32(dy), dx,
-                         gp_f32(&l->params[P_WEIGHT].grad), gp_f32(&l->params[P_BIAS].grad));
+    const float *gamma = gp_f32(&l->params[P_WEIGHT].value), *beta = gp_f32(&l->params[P_BIAS].value);
+    const float *mean = gp_f32(&s->t[0]), *var = gp_f32(&s->t[1]);
+    float *dgamma = gp_f32(&l->params[P_WEIGHT].grad), *dbeta = gp_f32(&l->params[P_BIAS].grad);
+    if (x->dtype == GP_BF16)
+        return gp_dev_bn_bwd_bf16(l->dev, &d, gp_bf16(x), gamma, beta, mean, var, gp_bf16(dy),
+                                  gp_bf16(dx), dgamma, dbeta);
+    return gp_dev_bn_bwd(l->dev, &d, gp_f32(x), gamma, beta, mean, var, gp_f32(dy), gp_f32(dx),
+                         dgamma, dbeta);
 }
 
 static gp_status bn_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
@@ -445,7 +476,7 @@ static gp_status bn_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_t
     if (bn_synced(l, ctx) && !(s->flags & GP_SAVED_EVAL))
         GP_TRY(bn_backward_sync(l, ctx, x, dy, gp_f32(dx), s));
     else
-        GP_TRY(bn_backward_all(l, x, dy, gp_f32(dx), s));
+        GP_TRY(bn_backward_all(l, x, dy, dx, s));
     s->flags |= GP_SAVED_WEIGHTS_DONE;
     return GP_OK;
 }
@@ -459,8 +490,8 @@ static gp_status bn_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx, const g
     /* No one needs dx (first layer of the model): scratch for the kernel. */
     gp_tensor scratch;
     gp_shape xs = gp_tensor_shape(x);
-    GP_TRY(gp_tensor_alloc(&scratch, l->dev, &xs, GP_MEM_WORKSPACE));
-    gp_status st = bn_backward_all(l, x, dy, gp_f32(&scratch), s);
+    GP_TRY(gp_tensor_alloc_as(&scratch, l->dev, &xs, x->dtype, GP_MEM_WORKSPACE));
+    gp_status st = bn_backward_all(l, x, dy, &scratch, s);
     gp_tensor_free(&scratch);
     return st;
 }
@@ -578,4 +609,5 @@ const gp_layer_ops gp_batchnorm_ops = {
     .destroy = bn_destroy,
     .allreduce_stats = bn_allreduce_stats,
     .bwd_ignores_y = true, /* reads x, dy and what it saved */
+    .takes_bf16 = bn_takes_bf16,
 };

@@ -679,6 +679,8 @@ gp_status gp_layers_accumulate(gp_device *dev, gp_tensor *g, const gp_tensor *sg
     GP_ASSERT(gp_tensor_numel(sg) == n && g->dtype == sg->dtype);
     if (n == 0) return GP_OK;
     if (g->dtype == GP_F32) return gp_dev_axpy(dev, 1.0f, gp_f32(sg), gp_f32(g), n);
+    if (g->dtype == GP_BF16 && dev->iface->add_bf16) /* one pass, the same bits */
+        return gp_dev_add_bf16(dev, gp_bf16(g), gp_bf16(sg), gp_bf16(g), n);
     gp_tensor gf, sf = {0};
     GP_TRY(gp_tensor_as(&gf, g, GP_F32, GP_MEM_ACTIVATIONS));
     gp_status st = gp_tensor_as(&sf, sg, GP_F32, GP_MEM_ACTIVATIONS);

@@ -121,6 +121,8 @@ static gp_status pool_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tenso
         s->ws_bytes = ws;
         s->ws_dev = dev;
     }
+    if (x->dtype == GP_BF16) /* bf16 storage, without the adapter (takes_bf16) */
+        return gp_dev_pool_fwd_bf16(dev, &d, gp_bf16(x), gp_bf16(y), s->ws);
     return gp_dev_pool_fwd(dev, &d, gp_f32(x), gp_f32(y), s->ws);
 }
 
@@ -130,8 +132,13 @@ static gp_status pool_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp
 {
     if (x->dims[0] == 0) return GP_OK;
     gp_pool_desc d = pool_desc(l, x->dims[0]);
+    if (x->dtype == GP_BF16)
+        return gp_dev_pool_bwd_bf16(l->dev, &d, gp_bf16(x), gp_bf16(y), gp_bf16(dy), gp_bf16(dx),
+                                    s->ws);
     return gp_dev_pool_bwd(l->dev, &d, gp_f32(x), gp_f32(y), gp_f32(dy), gp_f32(dx), s->ws);
 }
+
+static bool pool_takes_bf16(const gp_layer *l) { return gp_dev_pool_bf16_has(l->dev); }
 
 static double pool_flops(const gp_layer *l, int64_t n)
 {
@@ -154,6 +161,7 @@ const gp_layer_ops gp_maxpool2d_ops = {
     .backward_data = pool_backward_data,
     .flops = pool_flops,
     .saved_bytes = pool_saved_bytes,
+    .takes_bf16 = pool_takes_bf16,
 };
 
 const gp_layer_ops gp_avgpool2d_ops = {
@@ -164,6 +172,7 @@ const gp_layer_ops gp_avgpool2d_ops = {
     .backward_data = pool_backward_data,
     .flops = pool_flops,
     .saved_bytes = pool_saved_bytes,
+    .takes_bf16 = pool_takes_bf16,
 };
 
 const gp_layer_ops gp_global_avgpool_ops = {
@@ -174,4 +183,5 @@ const gp_layer_ops gp_global_avgpool_ops = {
     .backward_data = pool_backward_data,
     .flops = pool_flops,
     .saved_bytes = pool_saved_bytes,
+    .takes_bf16 = pool_takes_bf16,
 };

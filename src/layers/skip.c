@@ -176,6 +176,8 @@ static gp_status add_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor
                              gp_saved *s)
 {
     int64_t n = gp_tensor_numel(y);
+    if (!projects(l) && y->dtype == GP_BF16) /* bf16 storage, one pass (takes_bf16) */
+        return gp_dev_add_bf16(l->dev, gp_bf16(&x[0]), gp_bf16(&x[1]), gp_bf16(y), n);
     if (!projects(l)) return n ? gp_dev_add(l->dev, gp_f32(&x[0]), gp_f32(&x[1]), gp_f32(y), n) : GP_OK;
     add_state *st = l->state;
     sync_child(l, st, P_CONV);
@@ -271,6 +273,14 @@ static gp_status add_allreduce_stats(gp_layer *l, gp_comm *comm)
     return bn->ops->allreduce_stats ? bn->ops->allreduce_stats(bn, comm) : GP_OK;
 }
 
+/* The plain sum takes bf16 storage where the device adds bf16 (its
+ * backward hands dy on as it is); the projection's convolution and norm
+ * are a composite's children, FP32 inside. */
+static bool add_takes_bf16(const gp_layer *l)
+{
+    return !projects(l) && l->dev->iface->add_bf16;
+}
+
 static double add_flops(const gp_layer *l, int64_t n)
 {
     double outs = (double)n * (double)gp_shape_numel(&l->out_shape);
@@ -307,6 +317,7 @@ const gp_layer_ops gp_add_ops = {
     .commit = add_commit,
     .discard = add_discard,
     .allreduce_stats = add_allreduce_stats,
+    .takes_bf16 = add_takes_bf16,
     .flops = add_flops,
     .saved_bytes = add_saved_bytes,
     .destroy = add_destroy,

@@ -331,33 +331,85 @@ static void fwd_coeffs(const gp_bn_desc *d, int64_t c0, const float *mean, const
     }
 }
 
-/* The tasks, on dev's threads: channel runs of bn_block() channels, the
- * body run on each unit of a run (a channel, or a block of them), the unit
- * starting at channel c0 and `unit_` wide. */
-#define BN_FOR_UNITS(dev, d, c0, ...)                                                         \
+/* The tasks, on dev's threads: runs of bn_block() channels, the body run
+ * once per run with the run's channels [lo, hi). */
+#define BN_FOR_RUNS(dev, d, lo, hi, ...)                                                      \
     do {                                                                                      \
         const int64_t cb_ = bn_block(d), nb_ = ((d)->c + cb_ - 1) / cb_;                      \
-        const int64_t unit_ = (d)->blk ? (d)->blk : 1;                                        \
         const int nt_ = (dev)->threads;                                                       \
         const bool par_ = (d)->n * (d)->c * (d)->s >= 32768;                                  \
         _Pragma("omp parallel for schedule(static) num_threads(nt_) if (par_)")               \
         for (int64_t b_ = 0; b_ < nb_; b_++) {                                                \
-            int64_t e_ = (b_ + 1) * cb_ < (d)->c ? (b_ + 1) * cb_ : (d)->c;                   \
-            for (int64_t c0 = b_ * cb_; c0 < e_; c0 += unit_) { __VA_ARGS__ }                 \
+            const int64_t lo = b_ * cb_, hi = lo + cb_ < (d)->c ? lo + cb_ : (d)->c;          \
+            __VA_ARGS__                                                                       \
         }                                                                                     \
     } while (0)
+
+/* BN_FOR_RUNS by units: the body run on each unit of a run (a channel, or
+ * a block of them), the unit starting at channel c0 and `unit_` wide. */
+#define BN_FOR_UNITS(dev, d, c0, ...)                                                         \
+    BN_FOR_RUNS(dev, d, lo_, hi_, {                                                           \
+        const int64_t unit_ = (d)->blk ? (d)->blk : 1;                                        \
+        for (int64_t c0 = lo_; c0 < hi_; c0 += unit_) { __VA_ARGS__ }                         \
+    })
+
+/* The bodies of bn_fwd_train, bn_fwd_infer and bn_bwd over the units of
+ * channels [lo, hi): run by BN_FOR_RUNS on the tensors themselves, and by
+ * bn_bf16 on a task's FP32 tiles. */
+static void fwd_train_run(const gp_bn_desc *d, const float *x, const float *gamma,
+                          const float *beta, float *y, float *mean, float *var, int64_t lo,
+                          int64_t hi)
+{
+    for (int64_t c0 = lo; c0 < hi; c0 += d->blk ? d->blk : 1) {
+        float sc[BN_MAX_BLOCK], sh[BN_MAX_BLOCK];
+        chan_stats(d, x, c0, mean, var);
+        fwd_coeffs(d, c0, mean, var, gamma, beta, sc, sh);
+        chan_apply(d, x, NULL, y, c0, sc, sh, NULL, NULL, NULL, NULL);
+    }
+}
+
+static void fwd_infer_run(const gp_bn_desc *d, const float *x, const float *gamma,
+                          const float *beta, const float *mean, const float *var, float *y,
+                          int64_t lo, int64_t hi)
+{
+    for (int64_t c0 = lo; c0 < hi; c0 += d->blk ? d->blk : 1) {
+        float sc[BN_MAX_BLOCK], sh[BN_MAX_BLOCK];
+        fwd_coeffs(d, c0, mean, var, gamma, beta, sc, sh);
+        chan_apply(d, x, NULL, y, c0, sc, sh, NULL, NULL, NULL, NULL);
+    }
+}
+
+static void bwd_run(const gp_bn_desc *d, const float *x, const float *gamma, const float *beta,
+                    const float *mean, const float *var, const float *dy, float *dx,
+                    float *dgamma, float *dbeta, int64_t lo, int64_t hi)
+{
+    const double cnt = (double)(d->n * d->s);
+    const int64_t unit = d->blk ? d->blk : 1;
+    for (int64_t c0 = lo; c0 < hi; c0 += unit) {
+        double sdy[BN_MAX_BLOCK], sdyx[BN_MAX_BLOCK];
+        float ka[BN_MAX_BLOCK], kb[BN_MAX_BLOCK], kc[BN_MAX_BLOCK];
+        float sc[BN_MAX_BLOCK], sh[BN_MAX_BLOCK]; /* d->relu: the forward's */
+        if (d->relu) fwd_coeffs(d, c0, mean, var, gamma, beta, sc, sh);
+        const float *msc = d->relu ? sc : NULL, *msh = d->relu ? sh : NULL;
+        chan_grad_sums(d, x, dy, mean, c0, msc, msh, sdy, sdyx);
+        for (int64_t b = 0; b < unit; b++) {
+            int64_t c = c0 + b;
+            double dg, db;
+            gp_ew_bn_bwd_coeffs(var[c], d->eps, gamma ? gamma[c] : 1.0f, sdy[b], sdyx[b], cnt,
+                                &ka[b], &kb[b], &kc[b], &dg, &db);
+            if (dgamma) dgamma[c] += (float)dg;
+            if (dbeta) dbeta[c] += (float)db;
+        }
+        chan_apply(d, x, dy, dx, c0, ka, kb, kc, mean + c0, msc, msh);
+    }
+}
 
 gp_status gp_cpu_bn_fwd_train(gp_device *dev, const gp_bn_desc *d, const float *x,
                               const float *gamma, const float *beta, float *y, float *mean,
                               float *var)
 {
     GP_TRY(gp_bn_desc_check(dev, d));
-    BN_FOR_UNITS(dev, d, c0, {
-        float sc[BN_MAX_BLOCK], sh[BN_MAX_BLOCK];
-        chan_stats(d, x, c0, mean, var);
-        fwd_coeffs(d, c0, mean, var, gamma, beta, sc, sh);
-        chan_apply(d, x, NULL, y, c0, sc, sh, NULL, NULL, NULL, NULL);
-    });
+    BN_FOR_RUNS(dev, d, lo, hi, { fwd_train_run(d, x, gamma, beta, y, mean, var, lo, hi); });
     return GP_OK;
 }
 
@@ -366,11 +418,7 @@ gp_status gp_cpu_bn_fwd_infer(gp_device *dev, const gp_bn_desc *d, const float *
                               const float *var, float *y)
 {
     GP_TRY(gp_bn_desc_check(dev, d));
-    BN_FOR_UNITS(dev, d, c0, {
-        float sc[BN_MAX_BLOCK], sh[BN_MAX_BLOCK];
-        fwd_coeffs(d, c0, mean, var, gamma, beta, sc, sh);
-        chan_apply(d, x, NULL, y, c0, sc, sh, NULL, NULL, NULL, NULL);
-    });
+    BN_FOR_RUNS(dev, d, lo, hi, { fwd_infer_run(d, x, gamma, beta, mean, var, y, lo, hi); });
     return GP_OK;
 }
 
@@ -380,25 +428,130 @@ gp_status gp_cpu_bn_bwd(gp_device *dev, const gp_bn_desc *d, const float *x,
                         float *dbeta)
 {
     GP_TRY(gp_bn_desc_check(dev, d));
-    const double cnt = (double)(d->n * d->s);
-    BN_FOR_UNITS(dev, d, c0, {
-        double sdy[BN_MAX_BLOCK], sdyx[BN_MAX_BLOCK];
-        float ka[BN_MAX_BLOCK], kb[BN_MAX_BLOCK], kc[BN_MAX_BLOCK];
-        float sc[BN_MAX_BLOCK], sh[BN_MAX_BLOCK]; /* d->relu: the forward's */
-        if (d->relu) fwd_coeffs(d, c0, mean, var, gamma, beta, sc, sh);
-        const float *msc = d->relu ? sc : NULL, *msh = d->relu ? sh : NULL;
-        chan_grad_sums(d, x, dy, mean, c0, msc, msh, sdy, sdyx);
-        for (int64_t b = 0; b < unit_; b++) {
-            int64_t c = c0 + b;
-            double dg, db;
-            gp_ew_bn_bwd_coeffs(var[c], d->eps, gamma ? gamma[c] : 1.0f, sdy[b], sdyx[b], cnt,
-                                &ka[b], &kb[b], &kc[b], &dg, &db);
-            if (dgamma) dgamma[c] += (float)dg;
-            if (dbeta) dbeta[c] += (float)db;
-        }
-        chan_apply(d, x, dy, dx, c0, ka, kb, kc, mean + c0, msc, msh);
-    });
+    BN_FOR_RUNS(dev, d, lo, hi,
+                { bwd_run(d, x, gamma, beta, mean, var, dy, dx, dgamma, dbeta, lo, hi); });
     return GP_OK;
+}
+
+/* ---- on bf16 storage (backend.h's bn_*_bf16) ---------------------------------
+ * A task's channels [lo, hi) are, in every sample, one contiguous run of
+ * (hi - lo) S values (plain and blocked layouts alike: bn_block's runs are
+ * whole blocks).  The task widens its runs of x (and dy) into FP32 tiles
+ * laid out as a tensor of hi - lo channels, runs the FP32 body above on
+ * them, and rounds its output tile into the runs of y (dx) once: the same
+ * sums in the same order and the same per-element math as the FP32 slots
+ * on the widened tensor, so the bits are the storage adapter's, while the
+ * FP32 copies are a few tiles (one per task in flight, in the device's
+ * arena, about bn_block's 64 Ki values each) instead of whole tensors. */
+
+typedef enum { BN_FWD_TRAIN, BN_FWD_INFER, BN_BWD } bn_op;
+
+typedef struct {
+    bn_op op;
+    const uint16_t *x, *dy; /* dy: backward */
+    uint16_t *out;          /* y, or dx */
+    const float *gamma, *beta, *mean, *var; /* mean, var: inference, backward */
+    float *mean_out, *var_out;              /* training forward */
+    float *dgamma, *dbeta;                  /* backward */
+} bn_bf16_args;
+
+static inline const float *at(const float *p, int64_t k) { return p ? p + k : NULL; }
+static inline float *at_w(float *p, int64_t k) { return p ? p + k : NULL; }
+
+GP_CPU_LOOPS
+static void runs_widen(float *tile, const uint16_t *src, int64_t n, int64_t cs, int64_t len)
+{
+    for (int64_t i = 0; i < n; i++) {
+        const uint16_t *p = src + i * cs;
+        float *q = tile + i * len;
+#pragma omp simd
+        for (int64_t j = 0; j < len; j++) q[j] = gp_ew_bf16_value(p[j]);
+    }
+}
+
+GP_CPU_LOOPS
+static void runs_round(uint16_t *dst, const float *tile, int64_t n, int64_t cs, int64_t len)
+{
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t *p = dst + i * cs;
+        const float *q = tile + i * len;
+#pragma omp simd
+        for (int64_t j = 0; j < len; j++) p[j] = gp_ew_bf16_bits(q[j]);
+    }
+}
+
+/* One task: channels [lo, hi) through tiles tx, tg (backward), ty. */
+static void bf16_task(const gp_bn_desc *d, const bn_bf16_args *a, int64_t lo, int64_t hi,
+                      float *tx, float *tg, float *ty)
+{
+    const int64_t cs = d->c * d->s, len = (hi - lo) * d->s, o = lo * d->s;
+    gp_bn_desc t = *d;
+    t.c = hi - lo;
+    runs_widen(tx, a->x + o, d->n, cs, len);
+    if (a->op == BN_BWD) runs_widen(tg, a->dy + o, d->n, cs, len);
+    const float *g = at(a->gamma, lo), *b = at(a->beta, lo);
+    if (a->op == BN_FWD_TRAIN)
+        fwd_train_run(&t, tx, g, b, ty, a->mean_out + lo, a->var_out + lo, 0, t.c);
+    else if (a->op == BN_FWD_INFER)
+        fwd_infer_run(&t, tx, g, b, a->mean + lo, a->var + lo, ty, 0, t.c);
+    else
+        bwd_run(&t, tx, g, b, a->mean + lo, a->var + lo, tg, ty, at_w(a->dgamma, lo),
+                at_w(a->dbeta, lo), 0, t.c);
+    runs_round(a->out + o, ty, d->n, cs, len);
+}
+
+static gp_status bn_bf16(gp_device *dev, const gp_bn_desc *d, const bn_bf16_args *a)
+{
+    GP_TRY(gp_bn_desc_check(dev, d));
+    if (d->add)
+        return gp_error_set(GP_ERR_INVALID, "device %s: batch norm on bf16 storage takes no "
+                                            "residual sum (gp_bn_desc.add)", dev->name);
+    if (d->n * d->c * d->s == 0) return GP_OK;
+    const int64_t cb = bn_block(d), nb = (d->c + cb - 1) / cb;
+    const int64_t tile = d->n * cb * d->s; /* values, the largest task's */
+    const int ntiles = a->op == BN_BWD ? 3 : 2;
+    const bool par = d->n * d->c * d->s >= 32768;
+    const int nt = par ? dev->threads : 1;
+    GP_TRY(gp_cpu_arena_reserve(dev, (size_t)nt * (size_t)ntiles * (size_t)tile * sizeof(float)));
+    float *arena = gp_cpu_ctx_of(dev)->arena;
+#pragma omp parallel num_threads(nt) if (par)
+    {
+        float *tx = arena + (size_t)omp_get_thread_num() * (size_t)ntiles * (size_t)tile;
+        float *ty = tx + tile, *tg = ntiles == 3 ? ty + tile : NULL;
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < nb; b++)
+            bf16_task(d, a, b * cb, (b + 1) * cb < d->c ? (b + 1) * cb : d->c, tx, tg, ty);
+    }
+    return GP_OK;
+}
+
+gp_status gp_cpu_bn_fwd_train_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t *x,
+                                   const float *gamma, const float *beta, uint16_t *y,
+                                   float *mean, float *var)
+{
+    bn_bf16_args a = {.op = BN_FWD_TRAIN, .x = x, .out = y, .gamma = gamma, .beta = beta,
+                      .mean_out = mean, .var_out = var};
+    return bn_bf16(dev, d, &a);
+}
+
+gp_status gp_cpu_bn_fwd_infer_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t *x,
+                                   const float *gamma, const float *beta, const float *mean,
+                                   const float *var, uint16_t *y)
+{
+    bn_bf16_args a = {.op = BN_FWD_INFER, .x = x, .out = y, .gamma = gamma, .beta = beta,
+                      .mean = mean, .var = var};
+    return bn_bf16(dev, d, &a);
+}
+
+gp_status gp_cpu_bn_bwd_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t *x,
+                             const float *gamma, const float *beta, const float *mean,
+                             const float *var, const uint16_t *dy, uint16_t *dx, float *dgamma,
+                             float *dbeta)
+{
+    bn_bf16_args a = {.op = BN_BWD, .x = x, .dy = dy, .out = dx, .gamma = gamma,
+                      .beta = beta, .mean = mean, .var = var,
+                      .dgamma = dgamma, .dbeta = dbeta};
+    return bn_bf16(dev, d, &a);
 }
 
 /* ---- in-place activated instance norm's backward (backend.h's

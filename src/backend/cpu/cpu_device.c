@@ -293,6 +293,12 @@ static const gp_device_iface cpu_iface = {
     .linear_fwd = gp_cpu_linear_fwd,
     .attn_fwd = gp_cpu_attn_fwd,
     .attn_bwd = gp_cpu_attn_bwd,
+    .bn_fwd_train_bf16 = gp_cpu_bn_fwd_train_bf16,
+    .bn_fwd_infer_bf16 = gp_cpu_bn_fwd_infer_bf16,
+    .bn_bwd_bf16 = gp_cpu_bn_bwd_bf16,
+    .pool_fwd_bf16 = gp_cpu_pool_fwd_bf16,
+    .pool_bwd_bf16 = gp_cpu_pool_bwd_bf16,
+    .add_bf16 = gp_cpu_add_bf16,
 };
 
 static cpu_conv_layout conv_layout_from_env(void)

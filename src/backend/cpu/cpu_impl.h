@@ -337,6 +337,25 @@ gp_status gp_cpu_dropout_mask(gp_device *dev, float *mask, int64_t n, float p,
                               uint64_t seed, uint64_t stream, uint64_t first);
 gp_status gp_cpu_mul(gp_device *dev, const float *a, const float *b, float *y,
                      int64_t n);
+gp_status gp_cpu_add_bf16(gp_device *dev, const uint16_t *a, const uint16_t *b, uint16_t *y,
+                          int64_t n);
+/* cpu_pool.c: pooling on bf16 storage (backend.h's pool_*_bf16) */
+gp_status gp_cpu_pool_fwd_bf16(gp_device *dev, const gp_pool_desc *d, const uint16_t *x,
+                               uint16_t *y, void *ws);
+gp_status gp_cpu_pool_bwd_bf16(gp_device *dev, const gp_pool_desc *d, const uint16_t *x,
+                               const uint16_t *y, const uint16_t *dy, uint16_t *dx,
+                               const void *ws);
+/* cpu_bn.c: batch norm on bf16 storage (backend.h's bn_*_bf16) */
+gp_status gp_cpu_bn_fwd_train_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t *x,
+                                   const float *gamma, const float *beta, uint16_t *y,
+                                   float *mean, float *var);
+gp_status gp_cpu_bn_fwd_infer_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t *x,
+                                   const float *gamma, const float *beta, const float *mean,
+                                   const float *var, uint16_t *y);
+gp_status gp_cpu_bn_bwd_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t *x,
+                             const float *gamma, const float *beta, const float *mean,
+                             const float *var, const uint16_t *dy, uint16_t *dx, float *dgamma,
+                             float *dbeta);
 gp_status gp_cpu_act_bf16(gp_device *dev, gp_act_kind kind, const uint16_t *xy,
                           const uint16_t *dy, uint16_t *out, int64_t n, float slope);
 gp_status gp_cpu_gelu_fwd(gp_device *dev, const float *x, float *y, int64_t n);

@@ -595,6 +595,18 @@ gp_status gp_cpu_leaky_relu_bwd(gp_device *dev, const float *y, const float *dy,
     return GP_OK;
 }
 
+/* add_bf16 (backend.h): the FP32 sum of the widened values, rounded once. */
+GP_CPU_LOOPS
+gp_status gp_cpu_add_bf16(gp_device *dev, const uint16_t *a, const uint16_t *b, uint16_t *y,
+                          int64_t n)
+{
+    int nt = dev->threads;
+#pragma omp parallel for simd schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++)
+        y[i] = gp_ew_bf16_bits(gp_ew_bf16_value(a[i]) + gp_ew_bf16_value(b[i]));
+    return GP_OK;
+}
+
 /* act_bf16 (backend.h): relu and leaky relu, elementwise.h's functions on
  * the widened values, rounded once (the adapter's bits in one pass). */
 GP_CPU_LOOPS

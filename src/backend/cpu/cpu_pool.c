@@ -24,6 +24,7 @@
  * (conv -> bn -> relu -> max pool -> flatten) converts as it pools.
  */
 #include "backend/cpu/cpu_impl.h"
+#include "backend/elementwise.h"
 
 #include <omp.h>
 #include <string.h>
@@ -187,24 +188,6 @@ static void pool_block_plane(const gp_pool_desc *d, bool fwd, const float *in, f
     }
 }
 
-/* Planes of B channels: (n, c / B), each in L1 like a plain plane.  Plane
- * p's output starts at p * B * OH * OW in both layouts (plain_out: its B
- * channels' planes follow each other). */
-static void pool_blocked(gp_device *dev, const gp_pool_desc *d, bool fwd, const float *in,
-                         float *out, const void *ws)
-{
-    const int64_t planes = d->n * (d->c / d->blk), hw = d->h * d->w * d->blk,
-                  ohw = d->oh * d->ow * d->blk;
-    const size_t wsz = ws_wide(d) ? sizeof(int32_t) : 1;
-    int nt = dev->threads;
-#pragma omp parallel for schedule(static) num_threads(nt) if (planes * hw >= 32768)
-    for (int64_t p = 0; p < planes; p++) {
-        void *w = ws ? (char *)ws + (size_t)(p * ohw) * wsz : NULL;
-        if (fwd) pool_block_plane(d, true, in + p * hw, out + p * ohw, w);
-        else pool_block_plane(d, false, in + p * ohw, out + p * hw, w);
-    }
-}
-
 /* 2x2 stride-2 max pooling without padding (the common case): branch-free
  * selects over a row of outputs, which the compiler vectorises. */
 GP_CPU_LOOPS
@@ -229,98 +212,170 @@ static void max2x2_plane(const gp_pool_desc *d, const float *xp, float *yp, uint
     }
 }
 
+/* One plain plane, forward: the generic window loop. */
 GP_CPU_LOOPS
+static void fwd_plane(const gp_pool_desc *d, const float *xp, float *yp, void *wsp)
+{
+    const int max = d->kind == GP_POOL_MAX, wide = ws_wide(d);
+    for (int64_t oh = 0; oh < d->oh; oh++)
+        for (int64_t ow = 0; ow < d->ow; ow++) {
+            win v = window(d, oh, ow);
+            int64_t o = oh * d->ow + ow;
+            if (max) {
+                float best = xp[v.i0 * d->w + v.j0];
+                int64_t arg = (v.i0 - v.r0) * d->kw + (v.j0 - v.c0);
+                for (int64_t i = v.i0; i < v.i1; i++)
+                    for (int64_t j = v.j0; j < v.j1; j++)
+                        if (xp[i * d->w + j] > best) {
+                            best = xp[i * d->w + j];
+                            arg = (i - v.r0) * d->kw + (j - v.c0);
+                        }
+                yp[o] = best;
+                if (wsp) {
+                    if (wide) ((int32_t *)wsp)[o] = (int32_t)arg;
+                    else ((uint8_t *)wsp)[o] = (uint8_t)arg;
+                }
+            } else {
+                float sum = 0.0f;
+                for (int64_t i = v.i0; i < v.i1; i++)
+                    for (int64_t j = v.j0; j < v.j1; j++) sum += xp[i * d->w + j];
+                yp[o] = sum / avg_count(d, v.i1 - v.i0, v.j1 - v.j0);
+            }
+        }
+}
+
+/* One plain plane, backward: the plane is in L1; zero it, then add each
+ * window's share. */
+GP_CPU_LOOPS
+static void bwd_plane(const gp_pool_desc *d, const float *gp, float *dp, const void *wsp)
+{
+    const int max = d->kind == GP_POOL_MAX, wide = ws_wide(d);
+    memset(dp, 0, (size_t)(d->h * d->w) * sizeof(float));
+    for (int64_t oh = 0; oh < d->oh; oh++)
+        for (int64_t ow = 0; ow < d->ow; ow++) {
+            win v = window(d, oh, ow);
+            int64_t o = oh * d->ow + ow;
+            if (max) {
+                int64_t arg = wide ? ((const int32_t *)wsp)[o] : ((const uint8_t *)wsp)[o];
+                int64_t i = v.r0 + arg / d->kw, j = v.c0 + arg % d->kw;
+                dp[i * d->w + j] += gp[o];
+            } else {
+                float g = gp[o] / avg_count(d, v.i1 - v.i0, v.j1 - v.j0);
+                for (int64_t i = v.i0; i < v.i1; i++)
+                    for (int64_t j = v.j0; j < v.j1; j++) dp[i * d->w + j] += g;
+            }
+        }
+}
+
+/* The planes the loops run over: (n, c) plain, (n, c / B) blocked, each
+ * reading `in_len` values from in + p in_len and writing `out_len` at out
+ * + p out_len (plain_out: a blocked plane's B channels' planes follow each
+ * other), its workspace at p oh ow B of ws_wide's size. */
+typedef struct {
+    int64_t planes, in_len, out_len;
+    size_t ws_len;
+} pool_planes;
+
+static pool_planes planes_of(const gp_pool_desc *d, bool fwd)
+{
+    const int64_t B = d->blk ? d->blk : 1, hw = d->h * d->w * B, ohw = d->oh * d->ow * B;
+    pool_planes q = {d->n * (d->c / B), fwd ? hw : ohw, fwd ? ohw : hw, 0};
+    q.ws_len = (size_t)ohw * (ws_wide(d) ? sizeof(int32_t) : 1);
+    return q;
+}
+
+/* Plane p: forward from x's plane into y's (and its workspace), or
+ * backward from dy's plane into dx's. */
+static void pool_plane(const gp_pool_desc *d, bool fwd, const float *in, float *out, void *ws)
+{
+    if (d->blk) pool_block_plane(d, fwd, in, out, ws);
+    else if (!fwd) bwd_plane(d, in, out, ws);
+    else if (d->kind == GP_POOL_MAX && d->kh == 2 && d->kw == 2 && d->sh == 2 && d->sw == 2 &&
+             d->ph == 0 && d->pw == 0)
+        max2x2_plane(d, in, out, ws);
+    else fwd_plane(d, in, out, ws);
+}
+
+static void pool_planes_run(gp_device *dev, const gp_pool_desc *d, bool fwd, const float *in,
+                            float *out, const void *ws)
+{
+    const pool_planes q = planes_of(d, fwd);
+    int nt = dev->threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (q.planes * q.in_len >= 32768)
+    for (int64_t p = 0; p < q.planes; p++)
+        pool_plane(d, fwd, in + p * q.in_len, out + p * q.out_len,
+                   ws ? (char *)ws + (size_t)p * q.ws_len : NULL);
+}
+
+static gp_status need_ws(gp_device *dev, const gp_pool_desc *d, const void *ws)
+{
+    if (d->kind != GP_POOL_MAX || ws) return GP_OK;
+    return gp_error_set(GP_ERR_INVALID,
+                        "device %s: max-pooling backward needs the workspace written by "
+                        "pool_fwd (pool_ws_bytes = %zu bytes)", dev->name,
+                        gp_cpu_pool_ws_bytes(dev, d));
+}
+
 gp_status gp_cpu_pool_fwd(gp_device *dev, const gp_pool_desc *d, const float *x, float *y,
                           void *ws)
 {
     GP_TRY(pool_check(dev, d));
-    if (d->blk) {
-        pool_blocked(dev, d, true, x, y, ws);
-        return GP_OK;
-    }
-    if (d->kind == GP_POOL_MAX && d->kh == 2 && d->kw == 2 && d->sh == 2 && d->sw == 2 &&
-        d->ph == 0 && d->pw == 0) {
-        const int64_t planes = d->n * d->c, hw = d->h * d->w, ohw = d->oh * d->ow;
-        int nt = dev->threads;
-#pragma omp parallel for schedule(static) num_threads(nt) if (planes * hw >= 32768)
-        for (int64_t p = 0; p < planes; p++)
-            max2x2_plane(d, x + p * hw, y + p * ohw, ws ? (uint8_t *)ws + p * ohw : NULL);
-        return GP_OK;
-    }
-    const int64_t planes = d->n * d->c, hw = d->h * d->w, ohw = d->oh * d->ow;
-    const int max = d->kind == GP_POOL_MAX, wide = ws_wide(d);
-    int nt = dev->threads;
-#pragma omp parallel for schedule(static) num_threads(nt) if (planes * hw >= 32768)
-    for (int64_t p = 0; p < planes; p++) {
-        const float *xp = x + p * hw;
-        float *yp = y + p * ohw;
-        for (int64_t oh = 0; oh < d->oh; oh++)
-            for (int64_t ow = 0; ow < d->ow; ow++) {
-                win v = window(d, oh, ow);
-                int64_t o = oh * d->ow + ow;
-                if (max) {
-                    float best = xp[v.i0 * d->w + v.j0];
-                    int64_t arg = (v.i0 - v.r0) * d->kw + (v.j0 - v.c0);
-                    for (int64_t i = v.i0; i < v.i1; i++)
-                        for (int64_t j = v.j0; j < v.j1; j++)
-                            if (xp[i * d->w + j] > best) {
-                                best = xp[i * d->w + j];
-                                arg = (i - v.r0) * d->kw + (j - v.c0);
-                            }
-                    yp[o] = best;
-                    if (ws) {
-                        if (wide) ((int32_t *)ws)[p * ohw + o] = (int32_t)arg;
-                        else ((uint8_t *)ws)[p * ohw + o] = (uint8_t)arg;
-                    }
-                } else {
-                    float sum = 0.0f;
-                    for (int64_t i = v.i0; i < v.i1; i++)
-                        for (int64_t j = v.j0; j < v.j1; j++) sum += xp[i * d->w + j];
-                    yp[o] = sum / avg_count(d, v.i1 - v.i0, v.j1 - v.j0);
-                }
-            }
-    }
+    pool_planes_run(dev, d, true, x, y, ws);
     return GP_OK;
 }
 
-GP_CPU_LOOPS
 gp_status gp_cpu_pool_bwd(gp_device *dev, const gp_pool_desc *d, const float *x,
                           const float *y, const float *dy, float *dx, const void *ws)
 {
     GP_TRY(pool_check(dev, d));
-    const int max = d->kind == GP_POOL_MAX, wide = ws_wide(d);
-    if (max && !ws)
-        return gp_error_set(GP_ERR_INVALID,
-                            "device %s: max-pooling backward needs the workspace written by "
-                            "pool_fwd (pool_ws_bytes = %zu bytes)", dev->name,
-                            gp_cpu_pool_ws_bytes(dev, d));
-    if (d->blk) {
-        pool_blocked(dev, d, false, dy, dx, ws);
-        return GP_OK;
-    }
-    const int64_t planes = d->n * d->c, hw = d->h * d->w, ohw = d->oh * d->ow;
-    int nt = dev->threads;
-#pragma omp parallel for schedule(static) num_threads(nt) if (planes * hw >= 32768)
-    for (int64_t p = 0; p < planes; p++) {
-        float *dp = dx + p * hw;
-        const float *gp = dy + p * ohw;
-        /* The plane is in L1: zero it, then add each window's share. */
-        memset(dp, 0, (size_t)hw * sizeof(float));
-        for (int64_t oh = 0; oh < d->oh; oh++)
-            for (int64_t ow = 0; ow < d->ow; ow++) {
-                win v = window(d, oh, ow);
-                int64_t o = oh * d->ow + ow;
-                if (max) {
-                    int64_t arg = wide ? ((const int32_t *)ws)[p * ohw + o]
-                                       : ((const uint8_t *)ws)[p * ohw + o];
-                    int64_t i = v.r0 + arg / d->kw, j = v.c0 + arg % d->kw;
-                    dp[i * d->w + j] += gp[o];
-                } else {
-                    float g = gp[o] / avg_count(d, v.i1 - v.i0, v.j1 - v.j0);
-                    for (int64_t i = v.i0; i < v.i1; i++)
-                        for (int64_t j = v.j0; j < v.j1; j++) dp[i * d->w + j] += g;
-                }
-            }
+    GP_TRY(need_ws(dev, d, ws));
+    pool_planes_run(dev, d, false, dy, dx, ws);
+    return GP_OK;
+}
+
+/* ---- on bf16 storage (backend.h's pool_fwd_bf16, pool_bwd_bf16): each
+ * plane widened into an FP32 tile of its thread's (in the arena), pooled
+ * by the loops above into a second tile and rounded once: the adapter's
+ * bits, with two planes of FP32 per thread instead of whole tensors. */
+
+static gp_status pool_bf16(gp_device *dev, const gp_pool_desc *d, bool fwd, const uint16_t *in,
+                           uint16_t *out, void *ws)
+{
+    const pool_planes q = planes_of(d, fwd);
+    const int64_t per = q.in_len + q.out_len;
+    const bool par = q.planes * q.in_len >= 32768;
+    const int nt = par ? dev->threads : 1;
+    GP_TRY(gp_cpu_arena_reserve(dev, (size_t)nt * (size_t)per * sizeof(float)));
+    float *arena = gp_cpu_ctx_of(dev)->arena;
+#pragma omp parallel num_threads(nt) if (par)
+    {
+        float *ti = arena + (size_t)omp_get_thread_num() * (size_t)per, *to = ti + q.in_len;
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < q.planes; p++) {
+            const uint16_t *ip = in + p * q.in_len;
+            uint16_t *op = out + p * q.out_len;
+#pragma omp simd
+            for (int64_t i = 0; i < q.in_len; i++) ti[i] = gp_ew_bf16_value(ip[i]);
+            pool_plane(d, fwd, ti, to, ws ? (char *)ws + (size_t)p * q.ws_len : NULL);
+#pragma omp simd
+            for (int64_t i = 0; i < q.out_len; i++) op[i] = gp_ew_bf16_bits(to[i]);
+        }
     }
     return GP_OK;
+}
+
+gp_status gp_cpu_pool_fwd_bf16(gp_device *dev, const gp_pool_desc *d, const uint16_t *x,
+                               uint16_t *y, void *ws)
+{
+    GP_TRY(pool_check(dev, d));
+    return pool_bf16(dev, d, true, x, y, ws);
+}
+
+gp_status gp_cpu_pool_bwd_bf16(gp_device *dev, const gp_pool_desc *d, const uint16_t *x,
+                               const uint16_t *y, const uint16_t *dy, uint16_t *dx,
+                               const void *ws)
+{
+    GP_TRY(pool_check(dev, d));
+    GP_TRY(need_ws(dev, d, ws));
+    return pool_bf16(dev, d, false, dy, dx, (void *)ws);
 }

@@ -1061,6 +1061,12 @@ static gp_status cuda_act_bf16(gp_device *dev, gp_act_kind kind, const uint16_t 
     CUDA_OP(dev, gp_cuk_act_bf16(s, (int)kind, xy, dy, out, n, slope));
 }
 
+static gp_status cuda_add_bf16(gp_device *dev, const uint16_t *a, const uint16_t *b,
+                               uint16_t *y, int64_t n)
+{
+    CUDA_OP(dev, gp_cuk_add_bf16(s, a, b, y, n));
+}
+
 static gp_status cuda_gelu_fwd(gp_device *dev, const float *x, float *y, int64_t n)
 {
     CUDA_OP(dev, gp_cuk_gelu_fwd(s, x, y, n));
@@ -1927,6 +1933,7 @@ static const gp_device_iface cuda_iface = {
     .gemm = cuda_gemm,
     .gemm_wb = cuda_gemm_wb,
     .act_bf16 = cuda_act_bf16,
+    .add_bf16 = cuda_add_bf16,
     .attn_fwd_bf16 = cuda_attn_fwd_bf16,
     .attn_bwd_bf16 = cuda_attn_bwd_bf16,
     .act_bf16_kinds = 1u << GP_ACT_RELU | 1u << GP_ACT_LEAKY_RELU | 1u << GP_ACT_GELU,

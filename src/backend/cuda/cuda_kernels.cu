@@ -440,6 +440,12 @@ __global__ void k_act_bf16(int kind, const uint16_t *xy, const uint16_t *dy, uin
     }
 }
 
+/* add_bf16 (backend.h): the FP32 sum of the widened values, rounded once. */
+__global__ void k_add_bf16(const uint16_t *a, const uint16_t *b, uint16_t *y, int64_t n)
+{
+    GP_CUK_LOOP(i, n) y[i] = gp_ew_bf16_bits(gp_ew_bf16_value(a[i]) + gp_ew_bf16_value(b[i]));
+}
+
 /* ---- U-Net layers ------------------------------------------------------------- */
 
 __global__ void k_leaky_relu_fwd(const float *x, float *y, int64_t n, float slope)
@@ -1343,6 +1349,12 @@ cudaError_t gp_cuk_act_bf16(cudaStream_t s, int kind, const uint16_t *xy, const 
                             uint16_t *out, int64_t n, float slope)
 {
     GP_CUK_LAUNCH(n, k_act_bf16, kind, xy, dy, out, n, slope);
+}
+
+cudaError_t gp_cuk_add_bf16(cudaStream_t s, const uint16_t *a, const uint16_t *b, uint16_t *y,
+                            int64_t n)
+{
+    GP_CUK_LAUNCH(n, k_add_bf16, a, b, y, n);
 }
 
 cudaError_t gp_cuk_gelu_fwd(cudaStream_t s, const float *x, float *y, int64_t n)

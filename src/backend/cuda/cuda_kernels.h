@@ -162,6 +162,9 @@ cudaError_t gp_cuk_xent(cudaStream_t s, const float *logits, const float *labels
                         gp_cuk_xent_out *out);
 
 /* Transformer layers (backend.h's gelu_fwd/bwd): one thread per element. */
+/* add_bf16 (backend.h): y = a + b on bf16 values, rounded once. */
+cudaError_t gp_cuk_add_bf16(cudaStream_t s, const uint16_t *a, const uint16_t *b, uint16_t *y,
+                            int64_t n);
 /* act_bf16 (backend.h): kind 0 relu, 1 leaky relu, 2 GELU; dy NULL: forward. */
 cudaError_t gp_cuk_act_bf16(cudaStream_t s, int kind, const uint16_t *xy, const uint16_t *dy,
                             uint16_t *out, int64_t n, float slope);
