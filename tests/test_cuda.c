@@ -2019,6 +2019,103 @@ static void test_bf16_ops(gp_device *cpu, const char *graph)
         bfree(&fx); bfree(&fdy); bfree(&fy); bfree(&fdx); bfree(&xb); bfree(&dyb); bfree(&yb);
         bfree(&dxb); bfree(&yb2); bfree(&dxb2); bfree(&l1); bfree(&l2);
     }
+    /* Batch norm on bf16 storage (bn_*_bf16): against the storage
+     * adapter's way on the GPU (x and dy widened, the FP32 slots, y and dx
+     * rounded).  Planes of 64+ values run the same plane kernels either
+     * way: the same bits, statistics and parameter gradients included;
+     * narrower ones run the channel kernels where FP32 runs cuDNN's: within
+     * a bf16 unit of the output.  And the CPU's bf16 norm within the same. */
+    for (int shape = 0; shape < 2; shape++)
+        for (int relu = 0; relu < 2; relu++) {
+            const gp_bn_desc bd = {.n = 4, .c = 6, .s = shape ? 49 : 100, .eps = 1e-5f,
+                                   .relu = relu != 0};
+            const int64_t nv = bd.n * bd.c * bd.s, C = bd.c; /* nv even */
+            buf fx = brand(nv, -2, 2), fdy = brand(nv, -1, 1), gm = brand(C, 0.5f, 1.5f),
+                bt = brand(C, -0.5f, 0.5f);
+            buf xb = bjunk(nv / 2), dyb = bjunk(nv / 2), yb = bjunk(nv / 2), dxb = bjunk(nv / 2);
+            buf yb2 = bjunk(nv / 2), dxb2 = bjunk(nv / 2), fy = bjunk(nv), fdx = bjunk(nv);
+            buf st1 = bjunk(2 * C), st2 = bjunk(2 * C), pg1 = bnew(2 * C), pg2 = bnew(2 * C);
+            BOTH(gp_dev_bf16_pack(D, (uint16_t *)xb.p[K], fx.p[K], nv));
+            BOTH(gp_dev_bf16_pack(D, (uint16_t *)dyb.p[K], fdy.p[K], nv));
+            BOTH(gp_dev_bf16_unpack(D, fx.p[K], (uint16_t *)xb.p[K], nv));
+            BOTH(gp_dev_bf16_unpack(D, fdy.p[K], (uint16_t *)dyb.p[K], nv));
+            BOTH(gp_dev_fill(D, pg1.p[K], 0.0f, 2 * C));
+            BOTH(gp_dev_fill(D, pg2.p[K], 0.0f, 2 * C));
+            CHECK(gp_dev_bn_bf16_has(g));
+            BOTH(gp_dev_bn_fwd_train_bf16(D, &bd, (uint16_t *)xb.p[K], gm.p[K], bt.p[K],
+                                          (uint16_t *)yb.p[K], st1.p[K], st1.p[K] + C));
+            BOTH(gp_dev_bn_bwd_bf16(D, &bd, (uint16_t *)xb.p[K], gm.p[K], bt.p[K], st1.p[K],
+                                    st1.p[K] + C, (uint16_t *)dyb.p[K], (uint16_t *)dxb.p[K],
+                                    pg1.p[K], pg1.p[K] + C));
+            /* the adapter's way, on the GPU */
+            CHECK_OK(gp_dev_bn_fwd_train(g, &bd, fx.p[1], gm.p[1], bt.p[1], fy.p[1], st2.p[1],
+                                         st2.p[1] + C));
+            CHECK_OK(gp_dev_bf16_pack(g, (uint16_t *)yb2.p[1], fy.p[1], nv));
+            CHECK_OK(gp_dev_bn_bwd(g, &bd, fx.p[1], gm.p[1], bt.p[1], st2.p[1], st2.p[1] + C,
+                                   fdy.p[1], fdx.p[1], pg2.p[1], pg2.p[1] + C));
+            CHECK_OK(gp_dev_bf16_pack(g, (uint16_t *)dxb2.p[1], fdx.p[1], nv));
+            float *h[4];
+            for (int q = 0; q < 4; q++) h[q] = malloc((size_t)nv * 2);
+            CHECK_OK(gp_dev_download(g, h[0], yb.p[1], nv / 2));
+            CHECK_OK(gp_dev_download(g, h[1], yb2.p[1], nv / 2));
+            CHECK_OK(gp_dev_download(g, h[2], dxb.p[1], nv / 2));
+            CHECK_OK(gp_dev_download(g, h[3], dxb2.p[1], nv / 2));
+            CHECK_OK(gp_dev_synchronize(g));
+            if (!shape) {
+                CHECK_MSG(!memcmp(h[0], h[1], (size_t)nv * 2) && !memcmp(h[2], h[3], (size_t)nv * 2),
+                          "bf16 batch norm (planes of %lld, relu %d) on the GPU: y or dx is not "
+                          "the FP32 slots' rounded", (long long)bd.s, relu);
+                CHECK_MSG(bsame(st1.p[1], st2.p[1], 2 * C) && bsame(pg1.p[1], pg2.p[1], 2 * C),
+                          "bf16 batch norm (planes of %lld, relu %d) on the GPU: the statistics "
+                          "or parameter gradients differ from FP32's", (long long)bd.s, relu);
+            }
+            double worst = 0.0;
+            for (int q = 0; q < 2; q++) {
+                const uint16_t *a = (const uint16_t *)h[2 * q], *b = (const uint16_t *)h[2 * q + 1];
+                for (int64_t i = 0; i < nv; i++) {
+                    double va = gp_ew_bf16_value(a[i]), vb = gp_ew_bf16_value(b[i]);
+                    double e = fabs(va - vb) / (1.0 + fabs(vb));
+                    if (!(e <= worst)) worst = e;
+                }
+            }
+            CHECK_MSG(worst <= 1.0 / 128, "bf16 batch norm (planes of %lld, relu %d) on the GPU: "
+                      "%.3g from the FP32 slots' rounded", (long long)bd.s, relu, worst);
+            /* against the CPU's bf16 norm: the widened outputs */
+            BOTH(gp_dev_bf16_unpack(D, fy.p[K], (uint16_t *)yb.p[K], nv));
+            BOTH(gp_dev_bf16_unpack(D, fdx.p[K], (uint16_t *)dxb.p[K], nv));
+            snprintf(what, sizeof what, "bf16 batch norm y (planes of %lld, relu %d)",
+                     (long long)bd.s, relu);
+            bcheck(what, &fy, 1.0 / 128);
+            snprintf(what, sizeof what, "bf16 batch norm dx (planes of %lld, relu %d)",
+                     (long long)bd.s, relu);
+            bcheck(what, &fdx, 1.0 / 128);
+            snprintf(what, sizeof what, "bf16 batch norm dgamma, dbeta (planes of %lld)",
+                     (long long)bd.s);
+            bcheck(what, &pg1, 1e-4);
+            for (int q = 0; q < 4; q++) free(h[q]);
+            buf *all[] = {&fx, &fdy, &gm, &bt, &xb, &dyb, &yb, &dxb, &yb2, &dxb2, &fy, &fdx,
+                          &st1, &st2, &pg1, &pg2};
+            for (size_t q = 0; q < sizeof all / sizeof *all; q++) bfree(all[q]);
+        }
+    /* the sum on bf16 storage (add_bf16), on rounded random values (a
+     * NaN's payload is the processor's own): the GPU's bits are the CPU's */
+    {
+        enum { SN = 6000 };
+        buf fa = brand(SN, -4, 4), fb = brand(SN, -4, 4), a = bjunk(SN / 2), b = bjunk(SN / 2),
+            y = bjunk(SN / 2);
+        BOTH(gp_dev_bf16_pack(D, (uint16_t *)a.p[K], fa.p[K], SN));
+        BOTH(gp_dev_bf16_pack(D, (uint16_t *)b.p[K], fb.p[K], SN));
+        BOTH(gp_dev_add_bf16(D, (uint16_t *)a.p[K], (uint16_t *)b.p[K], (uint16_t *)y.p[K], SN));
+        float *h[2] = {malloc(SN * 2), malloc(SN * 2)};
+        for (int k = 0; k < 2; k++) {
+            CHECK_OK(gp_dev_download(D2[k], h[k], y.p[k], SN / 2));
+            CHECK_OK(gp_dev_synchronize(D2[k]));
+        }
+        CHECK_MSG(!memcmp(h[0], h[1], SN * 2), "bf16 add: the GPU's bits differ from the CPU's");
+        free(h[0]);
+        free(h[1]);
+        bfree(&fa); bfree(&fb); bfree(&a); bfree(&b); bfree(&y);
+    }
     uint64_t plans = g->graph_plans; /* the bf16 convolution's */
     /* 1 input channel, 3x3: 9 products an output, too few for bf16
      * (gp_bf16_conv_worth): FP32, as the CPU's, where bf16 operands would

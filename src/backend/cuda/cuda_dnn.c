@@ -781,6 +781,92 @@ gp_status gp_cuda_bn_bwd(gp_device *dev, const gp_bn_desc *d, const float *x,
     return GP_OK;
 }
 
+/* ---- batch norm on bf16 storage (backend.h's bn_*_bf16) ------------------------------------
+ * gpipe's kernels on every plane size, x, y, dy and dx read and written as
+ * bf16: planes of 64+ values take the plane kernels, as in FP32, so the
+ * bits are the storage adapter's; narrower ones (where FP32 runs cuDNN's
+ * statistics and backward) take the channel kernels of synchronised batch
+ * norm: sums in double as cuDNN's are not, so within FP32 rounding of the
+ * adapter's, not bit for bit. */
+
+static gp_status bn_bf16_check(gp_device *dev, const gp_bn_desc *d)
+{
+    GP_TRY(bn_check(dev, d));
+    if (d->add)
+        return gp_error_set(GP_ERR_INVALID, "device %s: batch norm on bf16 storage takes no "
+                                            "residual sum (gp_bn_desc.add)", dev->name);
+    return GP_OK;
+}
+
+gp_status gp_cuda_bn_fwd_train_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t *x,
+                                    const float *gamma, const float *beta, uint16_t *y,
+                                    float *mean, float *var)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    GP_TRY(gp_cuda_enter(dev));
+    GP_TRY(bn_bf16_check(dev, d));
+    double *part;
+    float *vec;
+    gp_status st;
+    if (bn_planes(dev, d, &part, &vec, &st)) {
+        GP_TRY(st);
+        gp_cuda_nvtx_push("bn_fwd_train");
+        GP_CUDA(gp_cuk_bnp_fwd_bf16(ctx->compute, x, d->n, d->c, d->s, d->eps, gamma, beta,
+                                    d->relu, y, mean, var, part, vec));
+        gp_cuda_nvtx_pop();
+        return GP_OK;
+    }
+    GP_TRY(bn_vec_room(dev, d, &vec));
+    gp_cuda_nvtx_push("bn_fwd_train");
+    GP_CUDA(gp_cuk_bn_stats_bf16(ctx->compute, x, d->n, d->c, d->s, mean, var));
+    GP_CUDA(gp_cuk_bn_apply_bf16(ctx->compute, x, mean, var, gamma, beta, d->eps, d->n, d->c,
+                                 d->s, d->relu, y, vec));
+    gp_cuda_nvtx_pop();
+    return GP_OK;
+}
+
+gp_status gp_cuda_bn_fwd_infer_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t *x,
+                                    const float *gamma, const float *beta, const float *mean,
+                                    const float *var, uint16_t *y)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    GP_TRY(gp_cuda_enter(dev));
+    GP_TRY(bn_bf16_check(dev, d));
+    float *vec;
+    GP_TRY(bn_vec_room(dev, d, &vec));
+    GP_CUDA(gp_cuk_bn_apply_bf16(ctx->compute, x, mean, var, gamma, beta, d->eps, d->n, d->c,
+                                 d->s, d->relu, y, vec));
+    return GP_OK;
+}
+
+gp_status gp_cuda_bn_bwd_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t *x,
+                              const float *gamma, const float *beta, const float *mean,
+                              const float *var, const uint16_t *dy, uint16_t *dx, float *dgamma,
+                              float *dbeta)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    GP_TRY(gp_cuda_enter(dev));
+    GP_TRY(bn_bf16_check(dev, d));
+    double *part;
+    float *vec;
+    gp_status st;
+    if (bn_planes(dev, d, &part, &vec, &st)) {
+        GP_TRY(st);
+        gp_cuda_nvtx_push("bn_bwd");
+        GP_CUDA(gp_cuk_bnp_bwd_bf16(ctx->compute, x, mean, var, gamma, beta, d->relu, dy, d->n,
+                                    d->c, d->s, d->eps, dx, dgamma, dbeta, part, vec));
+        gp_cuda_nvtx_pop();
+        return GP_OK;
+    }
+    void *sums;
+    GP_TRY(gp_cuda_ws_reserve(dev, 2 * (size_t)d->c * sizeof(float), &sums));
+    gp_cuda_nvtx_push("bn_bwd");
+    GP_CUDA(gp_cuk_bn_bwd_bf16(ctx->compute, x, mean, var, gamma, beta, d->relu, dy, d->n, d->c,
+                               d->s, d->eps, dx, dgamma, dbeta, sums));
+    gp_cuda_nvtx_pop();
+    return GP_OK;
+}
+
 /* ---- log-softmax --------------------------------------------------------------------------- */
 
 gp_status gp_cuda_log_softmax(gp_device *dev, const float *x, float *y, int64_t rows,

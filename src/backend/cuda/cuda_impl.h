@@ -376,6 +376,17 @@ gp_status gp_cuda_bn_bwd(gp_device *dev, const gp_bn_desc *d, const float *x,
                          const float *gamma, const float *beta, const float *mean,
                          const float *var, const float *dy, float *dx, float *dgamma,
                          float *dbeta);
+/* Batch norm on bf16 storage (backend.h's bn_*_bf16; cuda_dnn.c). */
+gp_status gp_cuda_bn_fwd_train_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t *x,
+                                    const float *gamma, const float *beta, uint16_t *y,
+                                    float *mean, float *var);
+gp_status gp_cuda_bn_fwd_infer_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t *x,
+                                    const float *gamma, const float *beta, const float *mean,
+                                    const float *var, uint16_t *y);
+gp_status gp_cuda_bn_bwd_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t *x,
+                              const float *gamma, const float *beta, const float *mean,
+                              const float *var, const uint16_t *dy, uint16_t *dx, float *dgamma,
+                              float *dbeta);
 /* SyncBN slots (backend.h), on cuda_kernels.cu's per-channel kernels. */
 gp_status gp_cuda_bn_stats(gp_device *dev, const gp_bn_desc *d, const float *x, float *mean,
                            float *var);

@@ -658,6 +658,15 @@ __global__ void k_bn_invstd(const float *var, float eps, float *inv, int64_t c)
     GP_CUK_LOOP(i, c) inv[i] = gp_ew_bn_invstd(var[i], eps);
 }
 
+/* Kernels templated on the storage type T of their activations (float;
+ * uint16_t: bf16 patterns, train.activations: bf16): ld widens on the way
+ * in, st rounds once on the way out (elementwise.h), so a bf16 instance
+ * does the float one's arithmetic on the widened values. */
+__device__ __forceinline__ float ld(float v) { return v; }
+__device__ __forceinline__ float ld(uint16_t v) { return gp_ew_bf16_value(v); }
+__device__ __forceinline__ void st(float *p, float v) { *p = v; }
+__device__ __forceinline__ void st(uint16_t *p, float v) { *p = gp_ew_bf16_bits(v); }
+
 /* ---- synchronised batch norm: one block per channel ------------------------
  * Channel c of x (N, C, S) is N runs of S values, n * C * S + c * S apart;
  * t in [0, N S) walks them as (t / S, t % S).  Sums are in double, in a
@@ -668,17 +677,18 @@ __device__ inline int64_t bn_at(int64_t t, int64_t c, int64_t C, int64_t S)
     return (t / S) * C * S + c * S + t % S;
 }
 
-__global__ void k_bn_stats(const float *x, int64_t N, int64_t C, int64_t S, float *mean,
-                           float *var)
+template <typename T>
+__global__ void k_bn_stats(const T *x, int64_t N, int64_t C, int64_t S, float *mean, float *var)
 {
     const int64_t cnt = N * S;
     for (int64_t c = blockIdx.x; c < C; c += gridDim.x) {
         double acc = 0.0;
-        for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x) acc += (double)x[bn_at(t, c, C, S)];
+        for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x)
+            acc += (double)ld(x[bn_at(t, c, C, S)]);
         double m = block_sum(acc) / (double)cnt;
         double sq = 0.0;
         for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x) {
-            double d = (double)x[bn_at(t, c, C, S)] - m;
+            double d = (double)ld(x[bn_at(t, c, C, S)]) - m;
             sq += d * d;
         }
         double v = block_sum(sq) / (double)cnt;
@@ -707,8 +717,9 @@ __device__ __forceinline__ void bn_scale_shift(const float *gamma, const float *
     *sh = beta ? beta[c] : 0.0f;
 }
 
-__global__ void k_bn_bwd_sums(const float *x, const float *mean, const float *dy, int64_t N,
-                              int64_t C, int64_t S, const float *gamma, const float *beta,
+template <typename T>
+__global__ void k_bn_bwd_sums(const T *x, const float *mean, const T *dy, int64_t N, int64_t C,
+                              int64_t S, const float *gamma, const float *beta,
                               const float *var, float eps, int relu, float *sums)
 {
     const int64_t cnt = N * S;
@@ -719,9 +730,10 @@ __global__ void k_bn_bwd_sums(const float *x, const float *mean, const float *dy
         double sdy = 0.0, sdyx = 0.0;
         for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x) {
             int64_t at = bn_at(t, c, C, S);
-            double g = relu && !(bn_pre(x[at], mean[c], sc, sh) > 0.0f) ? 0.0 : (double)dy[at];
+            const float xv = ld(x[at]);
+            double g = relu && !(bn_pre(xv, mean[c], sc, sh) > 0.0f) ? 0.0 : (double)ld(dy[at]);
             sdy += g;
-            sdyx += g * ((double)x[at] - m);
+            sdyx += g * ((double)xv - m);
         }
         double a = block_sum(sdy), b = block_sum(sdyx);
         if (threadIdx.x == 0) {
@@ -731,10 +743,11 @@ __global__ void k_bn_bwd_sums(const float *x, const float *mean, const float *dy
     }
 }
 
-__global__ void k_bn_bwd_apply(const float *x, const float *gamma, const float *beta, int relu,
-                               const float *mean, const float *var, const float *dy,
+template <typename T>
+__global__ void k_bn_bwd_apply(const T *x, const float *gamma, const float *beta, int relu,
+                               const float *mean, const float *var, const T *dy,
                                const float *sums, double count, float eps, int64_t N, int64_t C,
-                               int64_t S, float *dx, const float *local, float *dgamma,
+                               int64_t S, T *dx, const float *local, float *dgamma,
                                float *dbeta)
 {
     const int64_t cnt = N * S;
@@ -756,8 +769,9 @@ __global__ void k_bn_bwd_apply(const float *x, const float *gamma, const float *
         if (relu) bn_scale_shift(gamma, beta, var, eps, c, &sc, &sh);
         for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x) {
             int64_t at = bn_at(t, c, C, S);
-            float g = relu && !(bn_pre(x[at], m, sc, sh) > 0.0f) ? 0.0f : dy[at];
-            dx[at] = gp_ew_bn_bwd_apply(g, x[at], m, ka, kb, kc);
+            const float xv = ld(x[at]);
+            float g = relu && !(bn_pre(xv, m, sc, sh) > 0.0f) ? 0.0f : ld(dy[at]);
+            st(&dx[at], gp_ew_bn_bwd_apply(g, xv, m, ka, kb, kc));
         }
     }
 }
@@ -904,16 +918,16 @@ __device__ void channel_pair_sum(const double *part, int64_t N, int64_t C, int64
 /* part[2 p], part[2 p + 1] of plane p = n C + c: the sums of (x - pivot[c])
  * and of its square, pivot = the channel's first value (x[c S]), which
  * keeps the square sums from cancelling. */
-__global__ void k_bnp_stats_part(const float *x, int64_t planes, int64_t C, int64_t S,
-                                 double *part)
+template <typename T>
+__global__ void k_bnp_stats_part(const T *x, int64_t planes, int64_t C, int64_t S, double *part)
 {
     int64_t p = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     int lane = (int)(threadIdx.x % 32);
     if (p >= planes) return; /* the whole warp */
-    const float *q = x + p * S;
-    double piv = (double)x[(p % C) * S], a = 0.0, b = 0.0;
+    const T *q = x + p * S;
+    double piv = (double)ld(x[(p % C) * S]), a = 0.0, b = 0.0;
     for (int64_t i = lane; i < S; i += 32) {
-        double d = (double)q[i] - piv;
+        double d = (double)ld(q[i]) - piv;
         a += d;
         b += d * d;
     }
@@ -929,7 +943,8 @@ __global__ void k_bnp_stats_part(const float *x, int64_t planes, int64_t C, int6
  * in order, then the fixed tree), mean and biased var; with vec (2 C
  * floats) also the scale gamma inv and the shift beta of y = (x - mean)
  * scale + shift. */
-__global__ void k_bnp_stats_final(const double *part, const float *x, int64_t N, int64_t C,
+template <typename T>
+__global__ void k_bnp_stats_final(const double *part, const T *x, int64_t N, int64_t C,
                                   int64_t S, float eps, const float *gamma, const float *beta,
                                   float *mean, float *var, float *vec)
 {
@@ -937,7 +952,7 @@ __global__ void k_bnp_stats_final(const double *part, const float *x, int64_t N,
     double a, b;
     channel_pair_sum(part, N, C, c, &a, &b);
     if (threadIdx.x == 0) {
-        double cnt = (double)(N * S), piv = (double)x[c * S], ma = a / cnt;
+        double cnt = (double)(N * S), piv = (double)ld(x[c * S]), ma = a / cnt;
         double v = b / cnt - ma * ma;
         float m = (float)(piv + ma), vv = (float)(v > 0.0 ? v : 0.0);
         if (v != v) vv = (float)v; /* NaN stays NaN */
@@ -953,23 +968,25 @@ __global__ void k_bnp_stats_final(const double *part, const float *x, int64_t N,
 /* y = (x - mean) scale + shift over plane blockIdx.x, plus add where
  * given (a residual block's sum, gp_bn_desc.add), then relu where asked
  * (gp_ew_relu, as the relu kernel). */
-__global__ void k_bnp_apply(const float *x, const float *mean, const float *vec, int64_t C,
-                            int64_t S, int relu, const float *add, float *y)
+template <typename T>
+__global__ void k_bnp_apply(const T *x, const float *mean, const float *vec, int64_t C,
+                            int64_t S, int relu, const float *add, T *y)
 {
     int64_t p = blockIdx.x, c = p % C;
     const float m = mean[c], sc = vec[c], sh = vec[C + c];
-    const float *q = x + p * S;
-    float *o = y + p * S;
+    const T *q = x + p * S;
+    T *o = y + p * S;
     if (add) {
         const float *t = add + p * S;
         for (int64_t i = threadIdx.x; i < S; i += blockDim.x) {
-            float v = bn_pre(q[i], m, sc, sh) + t[i];
-            o[i] = relu ? gp_ew_relu(v) : v;
+            float v = bn_pre(ld(q[i]), m, sc, sh) + t[i];
+            st(&o[i], relu ? gp_ew_relu(v) : v);
         }
     } else if (relu)
-        for (int64_t i = threadIdx.x; i < S; i += blockDim.x) o[i] = gp_ew_relu(bn_pre(q[i], m, sc, sh));
+        for (int64_t i = threadIdx.x; i < S; i += blockDim.x)
+            st(&o[i], gp_ew_relu(bn_pre(ld(q[i]), m, sc, sh)));
     else
-        for (int64_t i = threadIdx.x; i < S; i += blockDim.x) o[i] = bn_pre(q[i], m, sc, sh);
+        for (int64_t i = threadIdx.x; i < S; i += blockDim.x) st(&o[i], bn_pre(ld(q[i]), m, sc, sh));
 }
 
 /* vec = the forward's scale (C) and shift (C) per channel. */
@@ -981,15 +998,16 @@ __global__ void k_bn_vec(const float *gamma, const float *beta, const float *var
 
 /* y = bn_pre (+ add where given; relu'd where asked) over all n values,
  * any plane size. */
-__global__ void k_bn_apply(const float *x, const float *mean, const float *vec, int64_t C,
-                           int64_t S, int64_t n, int relu, const float *add, float *y)
+template <typename T>
+__global__ void k_bn_apply(const T *x, const float *mean, const float *vec, int64_t C,
+                           int64_t S, int64_t n, int relu, const float *add, T *y)
 {
     GP_CUK_LOOP(i, n)
     {
         int64_t c = (i / S) % C;
-        float v = bn_pre(x[i], mean[c], vec[c], vec[C + c]);
+        float v = bn_pre(ld(x[i]), mean[c], vec[c], vec[C + c]);
         if (add) v += add[i];
-        y[i] = relu ? gp_ew_relu(v) : v;
+        st(&y[i], relu ? gp_ew_relu(v) : v);
     }
 }
 
@@ -1007,23 +1025,24 @@ __global__ void k_bn_relu_mask(const float *x, const float *mean, const float *v
 
 /* part[2 p] = sum dy, part[2 p + 1] = sum dy (x - mean) over plane p;
  * with relu, dy masked where the forward's value was not positive. */
-__global__ void k_bnp_bwd_part(const float *x, const float *mean, const float *dy,
-                               int64_t planes, int64_t C, int64_t S, const float *gamma,
+template <typename T>
+__global__ void k_bnp_bwd_part(const T *x, const float *mean, const T *dy, int64_t planes, int64_t C, int64_t S, const float *gamma,
                                const float *beta, const float *var, float eps, int relu,
                                double *part)
 {
     int64_t p = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     int lane = (int)(threadIdx.x % 32);
     if (p >= planes) return;
-    const float *q = x + p * S, *g = dy + p * S;
+    const T *q = x + p * S, *g = dy + p * S;
     const float mf = mean[p % C];
     float sc = 0.0f, sh = 0.0f;
     if (relu) bn_scale_shift(gamma, beta, var, eps, p % C, &sc, &sh);
     double m = (double)mf, a = 0.0, b = 0.0;
     for (int64_t i = lane; i < S; i += 32) {
-        double d = relu && !(bn_pre(q[i], mf, sc, sh) > 0.0f) ? 0.0 : (double)g[i];
+        const float xv = ld(q[i]);
+        double d = relu && !(bn_pre(xv, mf, sc, sh) > 0.0f) ? 0.0 : (double)ld(g[i]);
         a += d;
-        b += d * ((double)q[i] - m);
+        b += d * ((double)xv - m);
     }
     a = warp_sum(a);
     b = warp_sum(b);
@@ -1058,25 +1077,26 @@ __global__ void k_bnp_bwd_final(const double *part, int64_t N, int64_t C, int64_
     }
 }
 
-__global__ void k_bnp_bwd_apply(const float *x, const float *mean, const float *dy,
-                                const float *vec, int64_t C, int64_t S, const float *gamma,
-                                const float *beta, const float *var, float eps, int relu,
-                                float *dx)
+template <typename T>
+__global__ void k_bnp_bwd_apply(const T *x, const float *mean, const T *dy, const float *vec,
+                                int64_t C, int64_t S, const float *gamma, const float *beta,
+                                const float *var, float eps, int relu, T *dx)
 {
     int64_t p = blockIdx.x, c = p % C;
     const float m = mean[c], ka = vec[c], kb = vec[C + c], kc = vec[2 * C + c];
-    const float *q = x + p * S, *g = dy + p * S;
-    float *o = dx + p * S;
+    const T *q = x + p * S, *g = dy + p * S;
+    T *o = dx + p * S;
     if (relu) {
         float sc, sh;
         bn_scale_shift(gamma, beta, var, eps, c, &sc, &sh);
         for (int64_t i = threadIdx.x; i < S; i += blockDim.x) {
-            float gv = bn_pre(q[i], m, sc, sh) > 0.0f ? g[i] : 0.0f;
-            o[i] = gp_ew_bn_bwd_apply(gv, q[i], m, ka, kb, kc);
+            const float xv = ld(q[i]);
+            float gv = bn_pre(xv, m, sc, sh) > 0.0f ? ld(g[i]) : 0.0f;
+            st(&o[i], gp_ew_bn_bwd_apply(gv, xv, m, ka, kb, kc));
         }
     } else {
         for (int64_t i = threadIdx.x; i < S; i += blockDim.x)
-            o[i] = gp_ew_bn_bwd_apply(g[i], q[i], m, ka, kb, kc);
+            st(&o[i], gp_ew_bn_bwd_apply(ld(g[i]), ld(q[i]), m, ka, kb, kc));
     }
 }
 
@@ -1446,21 +1466,103 @@ cudaError_t gp_cuk_bn_invstd(cudaStream_t s, const float *var, float eps, float 
     GP_CUK_LAUNCH(c, k_bn_invstd, var, eps, inv, c);
 }
 
+} /* extern "C" */
+
+/* The batch-norm launchers, on either storage type (the kernels above). */
+namespace {
+
+template <typename T>
+cudaError_t bnp_fwd(cudaStream_t s, const T *x, int64_t n, int64_t c, int64_t sp, float eps,
+                    const float *gamma, const float *beta, int relu, const float *add, T *y,
+                    float *mean, float *var, double *part, float *vec)
+{
+    int64_t planes = n * c;
+    if (planes <= 0) return cudaSuccess;
+    if (planes > INT_MAX / 32 || c > 65535) return cudaErrorInvalidValue;
+    k_bnp_stats_part<T><<<warp_blocks(planes), GP_CUK_THREADS, 0, s>>>(x, planes, c, sp, part);
+    k_bnp_stats_final<T><<<(unsigned)c, GP_CUK_THREADS, 0, s>>>(part, x, n, c, sp, eps, gamma,
+                                                               beta, mean, var, y ? vec : NULL);
+    if (y)
+        k_bnp_apply<T><<<(unsigned)planes, plane_threads(sp), 0, s>>>(x, mean, vec, c, sp, relu,
+                                                                      add, y);
+    return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t bnp_bwd(cudaStream_t s, const T *x, const float *mean, const float *var,
+                    const float *gamma, const float *beta, int relu, const T *dy, int64_t n,
+                    int64_t c, int64_t sp, float eps, float *sums, T *dx, float *dgamma,
+                    float *dbeta, double *part, float *vec)
+{
+    int64_t planes = n * c;
+    if (planes <= 0) return cudaSuccess;
+    if (planes > INT_MAX / 32 || c > 65535) return cudaErrorInvalidValue;
+    k_bnp_bwd_part<T><<<warp_blocks(planes), GP_CUK_THREADS, 0, s>>>(x, mean, dy, planes, c, sp,
+                                                                     gamma, beta, var, eps, relu,
+                                                                     part);
+    k_bnp_bwd_final<<<(unsigned)c, GP_CUK_THREADS, 0, s>>>(part, n, c, sp, var, eps, gamma, sums,
+                                                          dx ? vec : NULL, dgamma, dbeta);
+    if (dx)
+        k_bnp_bwd_apply<T><<<(unsigned)planes, plane_threads(sp), 0, s>>>(
+            x, mean, dy, vec, c, sp, gamma, beta, var, eps, relu, dx);
+    return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t bn_apply(cudaStream_t s, const T *x, const float *mean, const float *var,
+                     const float *gamma, const float *beta, float eps, int64_t n, int64_t c,
+                     int64_t sp, int relu, const float *add, T *y, float *vec)
+{
+    if (n * c * sp <= 0) return cudaSuccess;
+    k_bn_vec<<<blocks_for(c), GP_CUK_THREADS, 0, s>>>(gamma, beta, var, eps, c, vec);
+    k_bn_apply<T><<<blocks_for(n * c * sp), GP_CUK_THREADS, 0, s>>>(x, mean, vec, c, sp,
+                                                                    n * c * sp, relu, add, y);
+    return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t bn_stats(cudaStream_t s, const T *x, int64_t n, int64_t c, int64_t sp, float *mean,
+                     float *var)
+{
+    if (c <= 0) return cudaSuccess;
+    k_bn_stats<T><<<channel_blocks(c), GP_CUK_THREADS, 0, s>>>(x, n, c, sp, mean, var);
+    return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t bn_bwd_sums(cudaStream_t s, const T *x, const float *mean, const T *dy, int64_t n,
+                        int64_t c, int64_t sp, const float *gamma, const float *beta,
+                        const float *var, float eps, int relu, float *sums)
+{
+    if (c <= 0) return cudaSuccess;
+    k_bn_bwd_sums<T><<<channel_blocks(c), GP_CUK_THREADS, 0, s>>>(x, mean, dy, n, c, sp, gamma,
+                                                                  beta, var, eps, relu, sums);
+    return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t bn_bwd_apply(cudaStream_t s, const T *x, const float *gamma, const float *beta,
+                         int relu, const float *mean, const float *var, const T *dy,
+                         const float *sums, double count, float eps, int64_t n, int64_t c,
+                         int64_t sp, T *dx, const float *local, float *dgamma, float *dbeta)
+{
+    if (c <= 0) return cudaSuccess;
+    k_bn_bwd_apply<T><<<channel_blocks(c), GP_CUK_THREADS, 0, s>>>(
+        x, gamma, beta, relu, mean, var, dy, sums, count, eps, n, c, sp, dx, local, dgamma,
+        dbeta);
+    return cudaGetLastError();
+}
+
+} /* namespace */
+
+extern "C" {
+
 cudaError_t gp_cuk_bnp_fwd(cudaStream_t s, const float *x, int64_t n, int64_t c, int64_t sp,
                            float eps, const float *gamma, const float *beta, int relu,
                            const float *add, float *y, float *mean, float *var, double *part,
                            float *vec)
 {
-    int64_t planes = n * c;
-    if (planes <= 0) return cudaSuccess;
-    if (planes > INT_MAX / 32 || c > 65535) return cudaErrorInvalidValue;
-    k_bnp_stats_part<<<warp_blocks(planes), GP_CUK_THREADS, 0, s>>>(x, planes, c, sp, part);
-    k_bnp_stats_final<<<(unsigned)c, GP_CUK_THREADS, 0, s>>>(part, x, n, c, sp, eps, gamma, beta,
-                                                            mean, var, y ? vec : NULL);
-    if (y)
-        k_bnp_apply<<<(unsigned)planes, plane_threads(sp), 0, s>>>(x, mean, vec, c, sp, relu, add,
-                                                                   y);
-    return cudaGetLastError();
+    return bnp_fwd(s, x, n, c, sp, eps, gamma, beta, relu, add, y, mean, var, part, vec);
 }
 
 cudaError_t gp_cuk_bnp_bwd(cudaStream_t s, const float *x, const float *mean, const float *var,
@@ -1468,18 +1570,8 @@ cudaError_t gp_cuk_bnp_bwd(cudaStream_t s, const float *x, const float *mean, co
                            int64_t n, int64_t c, int64_t sp, float eps, float *sums, float *dx,
                            float *dgamma, float *dbeta, double *part, float *vec)
 {
-    int64_t planes = n * c;
-    if (planes <= 0) return cudaSuccess;
-    if (planes > INT_MAX / 32 || c > 65535) return cudaErrorInvalidValue;
-    k_bnp_bwd_part<<<warp_blocks(planes), GP_CUK_THREADS, 0, s>>>(x, mean, dy, planes, c, sp,
-                                                                  gamma, beta, var, eps, relu,
-                                                                  part);
-    k_bnp_bwd_final<<<(unsigned)c, GP_CUK_THREADS, 0, s>>>(part, n, c, sp, var, eps, gamma, sums,
-                                                          dx ? vec : NULL, dgamma, dbeta);
-    if (dx)
-        k_bnp_bwd_apply<<<(unsigned)planes, plane_threads(sp), 0, s>>>(
-            x, mean, dy, vec, c, sp, gamma, beta, var, eps, relu, dx);
-    return cudaGetLastError();
+    return bnp_bwd(s, x, mean, var, gamma, beta, relu, dy, n, c, sp, eps, sums, dx, dgamma,
+                   dbeta, part, vec);
 }
 
 cudaError_t gp_cuk_bn_apply(cudaStream_t s, const float *x, const float *mean, const float *var,
@@ -1487,11 +1579,50 @@ cudaError_t gp_cuk_bn_apply(cudaStream_t s, const float *x, const float *mean, c
                             int64_t c, int64_t sp, int relu, const float *add, float *y,
                             float *vec)
 {
-    if (n * c * sp <= 0) return cudaSuccess;
-    k_bn_vec<<<blocks_for(c), GP_CUK_THREADS, 0, s>>>(gamma, beta, var, eps, c, vec);
-    k_bn_apply<<<blocks_for(n * c * sp), GP_CUK_THREADS, 0, s>>>(x, mean, vec, c, sp, n * c * sp,
-                                                                 relu, add, y);
-    return cudaGetLastError();
+    return bn_apply(s, x, mean, var, gamma, beta, eps, n, c, sp, relu, add, y, vec);
+}
+
+cudaError_t gp_cuk_bnp_fwd_bf16(cudaStream_t s, const uint16_t *x, int64_t n, int64_t c,
+                                int64_t sp, float eps, const float *gamma, const float *beta,
+                                int relu, uint16_t *y, float *mean, float *var, double *part,
+                                float *vec)
+{
+    return bnp_fwd(s, x, n, c, sp, eps, gamma, beta, relu, NULL, y, mean, var, part, vec);
+}
+
+cudaError_t gp_cuk_bnp_bwd_bf16(cudaStream_t s, const uint16_t *x, const float *mean,
+                                const float *var, const float *gamma, const float *beta,
+                                int relu, const uint16_t *dy, int64_t n, int64_t c, int64_t sp,
+                                float eps, uint16_t *dx, float *dgamma, float *dbeta,
+                                double *part, float *vec)
+{
+    return bnp_bwd(s, x, mean, var, gamma, beta, relu, dy, n, c, sp, eps, (float *)NULL, dx,
+                   dgamma, dbeta, part, vec);
+}
+
+cudaError_t gp_cuk_bn_apply_bf16(cudaStream_t s, const uint16_t *x, const float *mean,
+                                 const float *var, const float *gamma, const float *beta,
+                                 float eps, int64_t n, int64_t c, int64_t sp, int relu,
+                                 uint16_t *y, float *vec)
+{
+    return bn_apply(s, x, mean, var, gamma, beta, eps, n, c, sp, relu, NULL, y, vec);
+}
+
+cudaError_t gp_cuk_bn_stats_bf16(cudaStream_t s, const uint16_t *x, int64_t n, int64_t c,
+                                 int64_t sp, float *mean, float *var)
+{
+    return bn_stats(s, x, n, c, sp, mean, var);
+}
+
+cudaError_t gp_cuk_bn_bwd_bf16(cudaStream_t s, const uint16_t *x, const float *mean,
+                               const float *var, const float *gamma, const float *beta, int relu,
+                               const uint16_t *dy, int64_t n, int64_t c, int64_t sp, float eps,
+                               uint16_t *dx, float *dgamma, float *dbeta, float *sums)
+{
+    cudaError_t e = bn_bwd_sums(s, x, mean, dy, n, c, sp, gamma, beta, var, eps, relu, sums);
+    if (e != cudaSuccess) return e;
+    return bn_bwd_apply(s, x, gamma, beta, relu, mean, var, dy, sums, (double)(n * sp), eps, n,
+                        c, sp, dx, sums, dgamma, dbeta);
 }
 
 cudaError_t gp_cuk_bn_relu_mask(cudaStream_t s, const float *x, const float *mean,
@@ -1509,9 +1640,7 @@ cudaError_t gp_cuk_bn_relu_mask(cudaStream_t s, const float *x, const float *mea
 cudaError_t gp_cuk_bn_stats(cudaStream_t s, const float *x, int64_t n, int64_t c, int64_t sp,
                             float *mean, float *var)
 {
-    if (c <= 0) return cudaSuccess;
-    k_bn_stats<<<channel_blocks(c), GP_CUK_THREADS, 0, s>>>(x, n, c, sp, mean, var);
-    return cudaGetLastError();
+    return bn_stats(s, x, n, c, sp, mean, var);
 }
 
 cudaError_t gp_cuk_bn_bwd_sums(cudaStream_t s, const float *x, const float *mean,
@@ -1519,10 +1648,7 @@ cudaError_t gp_cuk_bn_bwd_sums(cudaStream_t s, const float *x, const float *mean
                                const float *gamma, const float *beta, const float *var,
                                float eps, int relu, float *sums)
 {
-    if (c <= 0) return cudaSuccess;
-    k_bn_bwd_sums<<<channel_blocks(c), GP_CUK_THREADS, 0, s>>>(x, mean, dy, n, c, sp, gamma,
-                                                               beta, var, eps, relu, sums);
-    return cudaGetLastError();
+    return bn_bwd_sums(s, x, mean, dy, n, c, sp, gamma, beta, var, eps, relu, sums);
 }
 
 cudaError_t gp_cuk_bn_bwd_apply(cudaStream_t s, const float *x, const float *gamma,
@@ -1531,11 +1657,8 @@ cudaError_t gp_cuk_bn_bwd_apply(cudaStream_t s, const float *x, const float *gam
                                 double count, float eps, int64_t n, int64_t c, int64_t sp,
                                 float *dx, const float *local, float *dgamma, float *dbeta)
 {
-    if (c <= 0) return cudaSuccess;
-    k_bn_bwd_apply<<<channel_blocks(c), GP_CUK_THREADS, 0, s>>>(
-        x, gamma, beta, relu, mean, var, dy, sums, count, eps, n, c, sp, dx, local, dgamma,
-        dbeta);
-    return cudaGetLastError();
+    return bn_bwd_apply(s, x, gamma, beta, relu, mean, var, dy, sums, count, eps, n, c, sp, dx,
+                        local, dgamma, dbeta);
 }
 
 cudaError_t gp_cuk_layer_norm_fwd(cudaStream_t s, const float *x, const float *w, const float *b,

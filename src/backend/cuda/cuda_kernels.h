@@ -274,6 +274,32 @@ cudaError_t gp_cuk_bn_relu_mask(cudaStream_t s, const float *x, const float *mea
                                 const float *var, const float *gamma, const float *beta,
                                 float eps, int64_t n, int64_t c, int64_t sp, const float *dy,
                                 float *dym, float *vec);
+/* Batch norm on bf16 storage (backend.h's bn_*_bf16): the kernels above
+ * instantiated for bf16 x, y, dy and dx, widened on load and rounded once
+ * on store, the statistics, coefficients and sums as in FP32.  bnp_*: the
+ * plane kernels (planes of 64+ values), no residual sum; bn_apply_bf16:
+ * any plane size; bn_stats_bf16: the channel kernel's mean and biased
+ * variance; bn_bwd_bf16: its backward on any plane size, sums(2 c) floats
+ * of workspace, dx =, dgamma / dbeta += where not NULL. */
+cudaError_t gp_cuk_bnp_fwd_bf16(cudaStream_t s, const uint16_t *x, int64_t n, int64_t c,
+                                int64_t sp, float eps, const float *gamma, const float *beta,
+                                int relu, uint16_t *y, float *mean, float *var, double *part,
+                                float *vec);
+cudaError_t gp_cuk_bnp_bwd_bf16(cudaStream_t s, const uint16_t *x, const float *mean,
+                                const float *var, const float *gamma, const float *beta,
+                                int relu, const uint16_t *dy, int64_t n, int64_t c, int64_t sp,
+                                float eps, uint16_t *dx, float *dgamma, float *dbeta,
+                                double *part, float *vec);
+cudaError_t gp_cuk_bn_apply_bf16(cudaStream_t s, const uint16_t *x, const float *mean,
+                                 const float *var, const float *gamma, const float *beta,
+                                 float eps, int64_t n, int64_t c, int64_t sp, int relu,
+                                 uint16_t *y, float *vec);
+cudaError_t gp_cuk_bn_stats_bf16(cudaStream_t s, const uint16_t *x, int64_t n, int64_t c,
+                                 int64_t sp, float *mean, float *var);
+cudaError_t gp_cuk_bn_bwd_bf16(cudaStream_t s, const uint16_t *x, const float *mean,
+                               const float *var, const float *gamma, const float *beta, int relu,
+                               const uint16_t *dy, int64_t n, int64_t c, int64_t sp, float eps,
+                               uint16_t *dx, float *dgamma, float *dbeta, float *sums);
 /* Synchronised batch norm (backend.h's bn_stats, bn_bwd_sums, bn_bwd_apply)
  * on x (n, c, sp): one block per channel, sums in double.  gamma may be
  * NULL (1); dx, local / dgamma / dbeta may be NULL as in backend.h; with
