@@ -2097,6 +2097,81 @@ static void test_bf16_ops(gp_device *cpu, const char *graph)
                           &st1, &st2, &pg1, &pg2};
             for (size_t q = 0; q < sizeof all / sizeof *all; q++) bfree(all[q]);
         }
+    /* Convolutions on bf16 storage (conv_*_bf16): cuDNN reads and writes
+     * the bf16 tensors as they are; against the storage adapter's way on
+     * the GPU (widened, the FP32 slots, which pack them again, rounded):
+     * the forward bit for bit (the same algorithm on the same operands),
+     * the backward within a bf16 unit (cuDNN's backward algorithms may add
+     * in any order), the bias gradient bit for bit; a 1-channel
+     * convolution (FP32 on every device) is not taken. */
+    {
+        const gp_conv_desc cd = {.n = 4, .c = 16, .h = 12, .w = 12, .k = 8, .kh = 3, .kw = 3,
+                                 .sh = 1, .sw = 1, .ph = 1, .pw = 1, .oh = 12, .ow = 12,
+                                 .has_bias = 1};
+        const gp_conv_desc c1 = {.n = 4, .c = 1, .h = 12, .w = 12, .k = 8, .kh = 3, .kw = 3,
+                                 .sh = 1, .sw = 1, .ph = 1, .pw = 1, .oh = 12, .ow = 12};
+        CHECK(gp_dev_conv_bf16_takes(g, &cd) && !gp_dev_conv_bf16_takes(g, &c1) &&
+              !gp_dev_conv_bf16_takes(cpu, &cd));
+        const int64_t sx = 4 * 16 * 144, sy = 4 * 8 * 144, nwt = 8 * 16 * 9;
+        buf fx = brand(sx, -1, 1), fdy = brand(sy, -1, 1), cw = brand(nwt, -0.3f, 0.3f),
+            cb = brand(8, -0.5f, 0.5f), fy = bjunk(sy), fdx = bjunk(sx);
+        buf xb = bjunk(sx / 2), dyb = bjunk(sy / 2), yb = bjunk(sy / 2), yb2 = bjunk(sy / 2),
+            dxb = bjunk(sx / 2), dxb2 = bjunk(sx / 2);
+        buf dw1 = bnew(nwt), dw2 = bnew(nwt), db1 = bnew(8), db2 = bnew(8);
+        CHECK_OK(gp_dev_bf16_pack(g, (uint16_t *)xb.p[1], fx.p[1], sx));
+        CHECK_OK(gp_dev_bf16_pack(g, (uint16_t *)dyb.p[1], fdy.p[1], sy));
+        CHECK_OK(gp_dev_bf16_unpack(g, fx.p[1], (uint16_t *)xb.p[1], sx));
+        CHECK_OK(gp_dev_bf16_unpack(g, fdy.p[1], (uint16_t *)dyb.p[1], sy));
+        buf *zero[] = {&dw1, &dw2, &db1, &db2};
+        for (int q = 0; q < 4; q++) CHECK_OK(gp_dev_fill(g, zero[q]->p[1], 0.0f, zero[q]->n));
+        CHECK_OK(gp_dev_conv_fwd_bf16(g, &cd, (uint16_t *)xb.p[1], cw.p[1], cb.p[1],
+                                      (uint16_t *)yb.p[1]));
+        CHECK_OK(gp_dev_conv_bwd_data_bf16(g, &cd, cw.p[1], (uint16_t *)dyb.p[1],
+                                           (uint16_t *)dxb.p[1]));
+        CHECK_OK(gp_dev_conv_bwd_weights_bf16(g, &cd, (uint16_t *)xb.p[1], (uint16_t *)dyb.p[1],
+                                              dw1.p[1], db1.p[1]));
+        CHECK_OK(gp_dev_conv_fwd(g, &cd, fx.p[1], cw.p[1], cb.p[1], fy.p[1]));
+        CHECK_OK(gp_dev_bf16_pack(g, (uint16_t *)yb2.p[1], fy.p[1], sy));
+        CHECK_OK(gp_dev_conv_bwd_data(g, &cd, cw.p[1], fdy.p[1], fdx.p[1]));
+        CHECK_OK(gp_dev_bf16_pack(g, (uint16_t *)dxb2.p[1], fdx.p[1], sx));
+        CHECK_OK(gp_dev_conv_bwd_weights(g, &cd, fx.p[1], fdy.p[1], dw2.p[1], db2.p[1]));
+        CHECK_MSG(bsame(yb.p[1], yb2.p[1], sy / 2), "bf16 convolution forward on bf16 storage: "
+                  "not the adapter's bits");
+        CHECK_MSG(bsame(db1.p[1], db2.p[1], 8), "bf16 convolution's bias gradient on bf16 "
+                  "storage: not the adapter's bits");
+        float *h[2] = {malloc((size_t)sx * 2), malloc((size_t)sx * 2)};
+        CHECK_OK(gp_dev_download(g, h[0], dxb.p[1], sx / 2));
+        CHECK_OK(gp_dev_download(g, h[1], dxb2.p[1], sx / 2));
+        CHECK_OK(gp_dev_synchronize(g));
+        double worst = 0.0;
+        for (int64_t i = 0; i < sx; i++) {
+            double va = gp_ew_bf16_value(((const uint16_t *)h[0])[i]);
+            double vb = gp_ew_bf16_value(((const uint16_t *)h[1])[i]);
+            double e = fabs(va - vb) / (1.0 + fabs(vb));
+            if (!(e <= worst)) worst = e;
+        }
+        CHECK_MSG(worst <= 1.0 / 128, "bf16 convolution backward-data on bf16 storage: %.3g "
+                  "from the adapter's", worst);
+        free(h[0]);
+        free(h[1]);
+        float *w[2] = {malloc((size_t)nwt * 4), malloc((size_t)nwt * 4)};
+        CHECK_OK(gp_dev_download(g, w[0], dw1.p[1], nwt));
+        CHECK_OK(gp_dev_download(g, w[1], dw2.p[1], nwt));
+        CHECK_OK(gp_dev_synchronize(g));
+        double wmax = 0.0, werr = 0.0;
+        for (int64_t i = 0; i < nwt; i++) {
+            wmax = fmax(wmax, fabs((double)w[1][i]));
+            double e = fabs((double)w[0][i] - (double)w[1][i]);
+            if (!(e <= werr)) werr = e;
+        }
+        CHECK_MSG(werr <= 1e-4 * (1.0 + wmax), "bf16 convolution backward-filter on bf16 "
+                  "storage: %.3g from the adapter's (max %.3g)", werr, wmax);
+        free(w[0]);
+        free(w[1]);
+        buf *all[] = {&fx, &fdy, &cw, &cb, &fy, &fdx, &xb, &dyb, &yb, &yb2, &dxb, &dxb2,
+                      &dw1, &dw2, &db1, &db2};
+        for (size_t q = 0; q < sizeof all / sizeof *all; q++) bfree(all[q]);
+    }
     /* the sum on bf16 storage (add_bf16), on rounded random values (a
      * NaN's payload is the processor's own): the GPU's bits are the CPU's */
     {

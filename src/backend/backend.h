@@ -126,8 +126,9 @@
  *      in one pass, without the storage adapter), attn_fwd_bf16,
  *      attn_bwd_bf16 (attention on bf16 storage)
  *  34  bn_fwd_train_bf16, bn_fwd_infer_bf16, bn_bwd_bf16, pool_fwd_bf16,
- *      pool_bwd_bf16, add_bf16 (batch norm, pooling and sums on bf16
- *      storage) */
+ *      pool_bwd_bf16, add_bf16, conv_fwd_bf16, conv_bwd_data_bf16,
+ *      conv_bwd_weights_bf16 (batch norm, pooling, sums and convolutions on
+ *      bf16 storage) */
 #define GP_DEVICE_IFACE_VERSION 34
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
@@ -941,6 +942,21 @@ typedef struct gp_device_iface {
      * bf16 storage in one pass.  NULL: both widen, add and round. */
     gp_status (*add_bf16)(gp_device *dev, const uint16_t *a, const uint16_t *b, uint16_t *y,
                           int64_t n);
+    /* conv_fwd_bf16, conv_bwd_data_bf16, conv_bwd_weights_bf16: conv_fwd,
+     * conv_bwd_data and conv_bwd_weights with x, y, dy and dx in bf16
+     * (weights, bias and their gradients FP32), for a convolution the
+     * device runs in bf16 (gp_dev_conv_bf16_takes): its operands are bf16
+     * anyway, so they are read and written as they are, without the pack
+     * and widen of either side, bit for bit the storage adapter's (CUDA:
+     * cuDNN reads x and dy and writes y and dx in bf16; the bias is added
+     * to y in one pass, rounded once).  NULL: the adapter. */
+    gp_status (*conv_fwd_bf16)(gp_device *dev, const gp_conv_desc *d, const uint16_t *x,
+                               const float *w, const float *b, uint16_t *y);
+    gp_status (*conv_bwd_data_bf16)(gp_device *dev, const gp_conv_desc *d, const float *w,
+                                    const uint16_t *dy, uint16_t *dx);
+    gp_status (*conv_bwd_weights_bf16)(gp_device *dev, const gp_conv_desc *d,
+                                       const uint16_t *x, const uint16_t *dy, float *dw,
+                                       float *db);
 } gp_device_iface;
 
 /* The most tensors one nonfinite_or_many launch takes (its table travels
@@ -1499,6 +1515,24 @@ static inline bool gp_dev_attn_bf16_has(const gp_device *dev)
 {
     return dev->iface->attn_fwd_bf16 && dev->iface->attn_bwd_bf16;
 }
+/* Whether convolution d takes bf16 storage on dev: the device has the
+ * conv_*_bf16 slots and runs d in bf16 (precision bf16 and
+ * gp_bf16_conv_worth); else the storage adapter runs it. */
+static inline bool gp_dev_conv_bf16_takes(const gp_device *dev, const gp_conv_desc *d)
+{
+    return dev->iface->conv_fwd_bf16 && dev->iface->conv_bwd_data_bf16 &&
+           dev->iface->conv_bwd_weights_bf16 && dev->precision == GP_PRECISION_BF16 &&
+           gp_bf16_conv_worth(d) && !d->xblk && !d->yblk;
+}
+/* conv_*_bf16 (backend.h); GP_ERR_UNSUPPORTED where gp_dev_conv_bf16_takes
+ * is false. */
+gp_status gp_dev_conv_fwd_bf16(gp_device *dev, const gp_conv_desc *d, const uint16_t *x,
+                               const float *w, const float *b, uint16_t *y);
+gp_status gp_dev_conv_bwd_data_bf16(gp_device *dev, const gp_conv_desc *d, const float *w,
+                                    const uint16_t *dy, uint16_t *dx);
+gp_status gp_dev_conv_bwd_weights_bf16(gp_device *dev, const gp_conv_desc *d,
+                                       const uint16_t *x, const uint16_t *dy, float *dw,
+                                       float *db);
 /* add_bf16 (backend.h); GP_ERR_UNSUPPORTED where the backend has none. */
 gp_status gp_dev_add_bf16(gp_device *dev, const uint16_t *a, const uint16_t *b, uint16_t *y,
                           int64_t n);

@@ -856,6 +856,35 @@ gp_status gp_dev_bn_bwd_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t
     return dev->iface->bn_bwd_bf16(dev, d, x, gamma, beta, mean, var, dy, dx, dgamma, dbeta);
 }
 
+static gp_status no_conv_bf16(gp_device *dev)
+{
+    return gp_error_set(GP_ERR_UNSUPPORTED, "device %s (%s backend, precision %s) has no bf16 "
+                        "convolution for this shape; the storage adapter runs it", dev->name,
+                        dev->iface->backend_name, gp_precision_name(dev->precision));
+}
+
+gp_status gp_dev_conv_fwd_bf16(gp_device *dev, const gp_conv_desc *d, const uint16_t *x,
+                               const float *w, const float *b, uint16_t *y)
+{
+    if (!gp_dev_conv_bf16_takes(dev, d)) return no_conv_bf16(dev);
+    return dev->iface->conv_fwd_bf16(dev, d, x, w, b, y);
+}
+
+gp_status gp_dev_conv_bwd_data_bf16(gp_device *dev, const gp_conv_desc *d, const float *w,
+                                    const uint16_t *dy, uint16_t *dx)
+{
+    if (!gp_dev_conv_bf16_takes(dev, d)) return no_conv_bf16(dev);
+    return dev->iface->conv_bwd_data_bf16(dev, d, w, dy, dx);
+}
+
+gp_status gp_dev_conv_bwd_weights_bf16(gp_device *dev, const gp_conv_desc *d,
+                                       const uint16_t *x, const uint16_t *dy, float *dw,
+                                       float *db)
+{
+    if (!gp_dev_conv_bf16_takes(dev, d)) return no_conv_bf16(dev);
+    return dev->iface->conv_bwd_weights_bf16(dev, d, x, dy, dw, db);
+}
+
 gp_status gp_dev_add_bf16(gp_device *dev, const uint16_t *a, const uint16_t *b, uint16_t *y,
                           int64_t n)
 {

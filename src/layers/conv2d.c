@@ -112,8 +112,11 @@ static gp_status conv_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tenso
 {
     if (x->dims[0] == 0) return GP_OK;
     gp_conv_desc d = gp_conv2d_desc(l, x->dims[0]);
-    return gp_dev_conv_fwd(l->dev, &d, gp_f32(x), gp_f32(&l->params[0].value),
-                           l->spec.bias ? gp_f32(&l->params[1].value) : NULL, gp_f32(y));
+    const float *w = gp_f32(&l->params[0].value);
+    const float *b = l->spec.bias ? gp_f32(&l->params[1].value) : NULL;
+    if (x->dtype == GP_BF16) /* bf16 storage, without the adapter (takes_bf16) */
+        return gp_dev_conv_fwd_bf16(l->dev, &d, gp_bf16(x), w, b, gp_bf16(y));
+    return gp_dev_conv_fwd(l->dev, &d, gp_f32(x), w, b, gp_f32(y));
 }
 
 static gp_status conv_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
@@ -122,7 +125,10 @@ static gp_status conv_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp
 {
     if (x->dims[0] == 0) return GP_OK;
     gp_conv_desc d = gp_conv2d_desc(l, x->dims[0]);
-    return gp_dev_conv_bwd_data(l->dev, &d, gp_f32(&l->params[0].value), gp_f32(dy), gp_f32(dx));
+    const float *w = gp_f32(&l->params[0].value);
+    if (dy->dtype == GP_BF16)
+        return gp_dev_conv_bwd_data_bf16(l->dev, &d, w, gp_bf16(dy), gp_bf16(dx));
+    return gp_dev_conv_bwd_data(l->dev, &d, w, gp_f32(dy), gp_f32(dx));
 }
 
 static gp_status conv_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
@@ -130,9 +136,20 @@ static gp_status conv_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx, const
 {
     if (x->dims[0] == 0) return GP_OK;
     gp_conv_desc d = gp_conv2d_desc(l, x->dims[0]);
-    return gp_dev_conv_bwd_weights(l->dev, &d, gp_f32(x), gp_f32(dy),
-                                   gp_f32(&l->params[0].grad),
-                                   l->spec.bias ? gp_f32(&l->params[1].grad) : NULL);
+    float *dw = gp_f32(&l->params[0].grad);
+    float *db = l->spec.bias ? gp_f32(&l->params[1].grad) : NULL;
+    if (x->dtype == GP_BF16)
+        return gp_dev_conv_bwd_weights_bf16(l->dev, &d, gp_bf16(x), gp_bf16(dy), dw, db);
+    return gp_dev_conv_bwd_weights(l->dev, &d, gp_f32(x), gp_f32(dy), dw, db);
+}
+
+/* bf16 storage without the adapter where the device runs this convolution
+ * in bf16 anyway (gp_dev_conv_bf16_takes: CUDA under precision bf16); the
+ * depth that decides it does not depend on the batch. */
+static bool conv_takes_bf16(const gp_layer *l)
+{
+    gp_conv_desc d = gp_conv2d_desc(l, 1);
+    return gp_dev_conv_bf16_takes(l->dev, &d);
 }
 
 static double conv_flops(const gp_layer *l, int64_t n)
@@ -151,4 +168,5 @@ const gp_layer_ops gp_conv2d_ops = {
     .backward_weights = conv_backward_weights,
     .flops = conv_flops,
     .bwd_ignores_y = true, /* reads x, dy and what it saved */
+    .takes_bf16 = conv_takes_bf16,
 };

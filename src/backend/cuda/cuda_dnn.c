@@ -31,6 +31,13 @@
  * algorithms only (bf16_algo_ok).  Its bf16 result is widened: y with the
  * bias in one kernel, dx as is; backward-filter writes the gradient's bf16
  * part (beta 0), added to dw in FP32.  The bias gradient sums the FP32 dy.
+ * On bf16 storage (train.activations: bf16; conv_*_bf16) x, y, dx and dy
+ * are bf16 already: cuDNN reads and writes them as they are (nothing
+ * packed but the weights, nothing widened), the bias is added to y in one
+ * pass and the bias gradient sums the widened dy: the adapter's bits.
+ *
+ * Batch norm on bf16 storage (bn_*_bf16) runs gpipe's kernels on every
+ * map size, templated on the storage type (below).
  *
  * Batch norm.  Maps of 64 values or more run gpipe's own kernels
  * (bn_planes below: sums in double, a warp per plane, a fixed order), the
@@ -65,6 +72,7 @@
 #include "backend/cuda/cuda_impl.h"
 
 #include <limits.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 static const float one = 1.0f, zero = 0.0f;
@@ -306,37 +314,60 @@ static gp_status no_algo(gp_device *dev, const char *dir, const gp_conv_desc *d,
  * w or dw, t[2] y or dy (n[i] values each): the caller's p[i], or under
  * bf16 their copies in gp_cuda_bf16_reserve's buffer, the inputs (bit i
  * of `in`) packed into them and the output left for the caller to widen
- * from t[i]. */
-static gp_status conv_tensors(gp_device *dev, const cuda_conv *cv, const float *p0,
-                              const float *p1, const float *p2, unsigned in, void *t[3],
-                              int64_t n[3])
+ * from t[i].  With io16 (bf16 storage: conv_*_bf16) p0 and p2 are bf16
+ * already and are taken as they are: only the weights are packed; one
+ * that is not 16-byte aligned (a view at an odd offset: tensor-core
+ * kernels want aligned operands) goes through scratch, copied in where it
+ * is an input and back by the caller where it is the output (t[i] != p[i]). */
+static gp_status conv_tensors(gp_device *dev, const cuda_conv *cv, const void *p0,
+                              const float *p1, const void *p2, unsigned in, bool io16,
+                              void *t[3], int64_t n[3])
 {
     const gp_conv_desc *d = &cv->d;
-    const float *p[3] = {p0, p1, p2};
+    const void *p[3] = {p0, p1, p2};
     n[0] = d->n * d->c * d->h * d->w;
     n[1] = d->k * d->c * d->kh * d->kw;
     n[2] = d->n * d->k * d->oh * d->ow;
     for (int i = 0; i < 3; i++) t[i] = (void *)p[i];
+    if (io16 && !cv->bf16)
+        return gp_error_set(GP_ERR_INVALID, "device %s: a convolution on bf16 storage that runs "
+                                            "in FP32 (gp_dev_conv_bf16_takes is false for it)",
+                            dev->name);
     if (!cv->bf16) return GP_OK;
     uint16_t *bp[3];
     /* the weights as an input (forward, backward-data): their copy for the
      * step where one may be kept (gp_cuda_weights_bf16) */
     const uint16_t *kept = NULL;
     if (in >> 1 & 1) GP_TRY(gp_cuda_weights_bf16(dev, p[1], n[1], &kept));
-    int64_t room[3] = {n[0], kept ? 0 : n[1], n[2]}; /* no scratch for a kept weight */
+    /* no scratch for a kept weight, nor for aligned activations stored in
+     * bf16 */
+    bool own[3] = {false, false, false};
+    for (int i = 0; i < 3; i += 2) own[i] = io16 && (uintptr_t)p[i] % 16 == 0;
+    int64_t room[3] = {own[0] ? 0 : n[0], kept ? 0 : n[1], own[2] ? 0 : n[2]};
     GP_TRY(gp_cuda_bf16_reserve(dev, room, 3, bp));
     for (int i = 0; i < 3; i++) {
+        if (own[i]) continue; /* the caller's bf16 tensor */
+        if (io16 && i != 1) { /* misaligned bf16: an aligned copy */
+            if (in >> i & 1)
+                GP_CUDA(cudaMemcpyAsync(bp[i], p[i], (size_t)n[i] * sizeof(uint16_t),
+                                        cudaMemcpyDeviceToDevice, gp_cuda_ctx_of(dev)->compute));
+            t[i] = bp[i];
+            continue;
+        }
         if (i == 1 && kept)
             bp[i] = (uint16_t *)kept;
         else if (in >> i & 1)
-            GP_CUDA(gp_cuk_bf16_pack(gp_cuda_ctx_of(dev)->compute, bp[i], p[i], n[i]));
+            GP_CUDA(gp_cuk_bf16_pack(gp_cuda_ctx_of(dev)->compute, bp[i], (const float *)p[i],
+                                     n[i]));
         t[i] = bp[i];
     }
     return GP_OK;
 }
 
-gp_status gp_cuda_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x,
-                           const float *w, const float *b, float *y)
+/* The three directions on FP32 or (io16) bf16 storage: x, y, dx and dy are
+ * floats, or bf16 patterns cuDNN reads and writes as they are. */
+static gp_status conv_fwd(gp_device *dev, const gp_conv_desc *d, const void *x, const float *w,
+                          const float *b, void *y, bool io16)
 {
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     cuda_conv *cv;
@@ -345,7 +376,7 @@ gp_status gp_cuda_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x
     GP_TRY(conv_get(dev, d, &cv));
     void *t[3]; /* x, w in; y out */
     int64_t n[3];
-    GP_TRY(conv_tensors(dev, cv, x, w, y, 3, t, n));
+    GP_TRY(conv_tensors(dev, cv, x, w, y, 3, io16, t, n));
     const void *xo = t[0], *wo = t[1];
     void *yo = t[2];
     if (!cv->have_fwd) {
@@ -389,17 +420,37 @@ gp_status gp_cuda_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x
     if (!graph)
         GP_CUDNN(cudnnConvolutionForward(ctx->dnn, &one, cv->x, xo, cv->w, wo, cv->conv, cv->fwd,
                                          ws, cv->ws_fwd, &zero, cv->y, yo));
-    if (cv->bf16) /* widened, with the bias, in one pass */
+    if (io16) { /* y is cuDNN's bf16 result; the bias added to it, rounded once */
+        if (yo != y)
+            GP_CUDA(cudaMemcpyAsync(y, yo, (size_t)n[2] * sizeof(uint16_t),
+                                    cudaMemcpyDeviceToDevice, ctx->compute));
+        if (d->has_bias && b)
+            GP_CUDA(gp_cuk_bf16_bias(ctx->compute, (uint16_t *)y, b, n[2], d->k,
+                                     d->oh * d->ow));
+    } else if (cv->bf16) { /* widened, with the bias, in one pass */
         GP_CUDA(gp_cuk_bf16_unpack_bias(ctx->compute, y, yo, d->has_bias ? b : NULL, n[2],
                                         d->k, d->oh * d->ow));
-    else if (d->has_bias && b)
+    } else if (d->has_bias && b) {
         GP_CUDNN(cudnnAddTensor(ctx->dnn, &one, cv->b, b, &one, cv->y, y));
+    }
     gp_cuda_nvtx_pop();
     return GP_OK;
 }
 
-gp_status gp_cuda_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const float *w,
-                                const float *dy, float *dx)
+gp_status gp_cuda_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x,
+                           const float *w, const float *b, float *y)
+{
+    return conv_fwd(dev, d, x, w, b, y, false);
+}
+
+gp_status gp_cuda_conv_fwd_bf16(gp_device *dev, const gp_conv_desc *d, const uint16_t *x,
+                                const float *w, const float *b, uint16_t *y)
+{
+    return conv_fwd(dev, d, x, w, b, y, true);
+}
+
+static gp_status conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const float *w,
+                               const void *dy, void *dx, bool io16)
 {
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     cuda_conv *cv;
@@ -408,7 +459,7 @@ gp_status gp_cuda_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const flo
     GP_TRY(conv_get(dev, d, &cv));
     void *t[3]; /* w, dy in; dx out */
     int64_t n[3];
-    GP_TRY(conv_tensors(dev, cv, dx, w, dy, 6, t, n));
+    GP_TRY(conv_tensors(dev, cv, dx, w, dy, 6, io16, t, n));
     const void *wo = t[1], *dyo = t[2];
     void *dxo = t[0];
     if (!cv->have_bwd_data) {
@@ -456,12 +507,28 @@ gp_status gp_cuda_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const flo
                                               dxo));
         gp_cuda_nvtx_pop();
     }
-    if (cv->bf16) GP_CUDA(gp_cuk_bf16_unpack(ctx->compute, dx, dxo, n[0]));
+    if (io16 && dxo != dx)
+        GP_CUDA(cudaMemcpyAsync(dx, dxo, (size_t)n[0] * sizeof(uint16_t),
+                                cudaMemcpyDeviceToDevice, ctx->compute));
+    else if (cv->bf16 && !io16)
+        GP_CUDA(gp_cuk_bf16_unpack(ctx->compute, dx, dxo, n[0]));
     return GP_OK;
 }
 
-gp_status gp_cuda_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const float *x,
-                                   const float *dy, float *dw, float *db)
+gp_status gp_cuda_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const float *w,
+                                const float *dy, float *dx)
+{
+    return conv_bwd_data(dev, d, w, dy, dx, false);
+}
+
+gp_status gp_cuda_conv_bwd_data_bf16(gp_device *dev, const gp_conv_desc *d, const float *w,
+                                     const uint16_t *dy, uint16_t *dx)
+{
+    return conv_bwd_data(dev, d, w, dy, dx, true);
+}
+
+static gp_status conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const void *x,
+                                  const void *dy, float *dw, float *db, bool io16)
 {
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     cuda_conv *cv;
@@ -472,7 +539,7 @@ gp_status gp_cuda_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const 
      * part, added to dw in FP32 after */
     void *t[3];
     int64_t n[3];
-    GP_TRY(conv_tensors(dev, cv, x, dw, dy, 5, t, n));
+    GP_TRY(conv_tensors(dev, cv, x, dw, dy, 5, io16, t, n));
     const void *xo = t[0], *dyo = t[2];
     void *dwo = t[1];
     if (!cv->have_bwd_filter) {
@@ -534,10 +601,27 @@ gp_status gp_cuda_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const 
     if (d->has_bias && db) { /* cuda_kernels.h: a quarter of cuDNN's time */
         void *part;
         GP_TRY(gp_cuda_ws_reserve(dev, (size_t)(d->n * d->k) * sizeof(double), &part));
-        GP_CUDA(gp_cuk_sum_planes(ctx->compute, dy, db, d->n, d->k, d->oh * d->ow, part));
+        if (io16)
+            GP_CUDA(gp_cuk_sum_planes_bf16(ctx->compute, dy, db, d->n, d->k, d->oh * d->ow,
+                                           part));
+        else
+            GP_CUDA(gp_cuk_sum_planes(ctx->compute, dy, db, d->n, d->k, d->oh * d->ow, part));
     }
     gp_cuda_nvtx_pop();
     return GP_OK;
+}
+
+gp_status gp_cuda_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const float *x,
+                                   const float *dy, float *dw, float *db)
+{
+    return conv_bwd_weights(dev, d, x, dy, dw, db, false);
+}
+
+gp_status gp_cuda_conv_bwd_weights_bf16(gp_device *dev, const gp_conv_desc *d,
+                                        const uint16_t *x, const uint16_t *dy, float *dw,
+                                        float *db)
+{
+    return conv_bwd_weights(dev, d, x, dy, dw, db, true);
 }
 
 /* ---- pooling ------------------------------------------------------------------------ */

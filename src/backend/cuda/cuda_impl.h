@@ -361,6 +361,14 @@ gp_status gp_cuda_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const flo
                                 const float *dy, float *dx);
 gp_status gp_cuda_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const float *x,
                                    const float *dy, float *dw, float *db);
+/* Convolutions on bf16 storage (backend.h's conv_*_bf16; cuda_dnn.c). */
+gp_status gp_cuda_conv_fwd_bf16(gp_device *dev, const gp_conv_desc *d, const uint16_t *x,
+                                const float *w, const float *b, uint16_t *y);
+gp_status gp_cuda_conv_bwd_data_bf16(gp_device *dev, const gp_conv_desc *d, const float *w,
+                                     const uint16_t *dy, uint16_t *dx);
+gp_status gp_cuda_conv_bwd_weights_bf16(gp_device *dev, const gp_conv_desc *d,
+                                        const uint16_t *x, const uint16_t *dy, float *dw,
+                                        float *db);
 size_t gp_cuda_pool_ws_bytes(gp_device *dev, const gp_pool_desc *d);
 gp_status gp_cuda_pool_fwd(gp_device *dev, const gp_pool_desc *d, const float *x, float *y,
                            void *ws);

@@ -139,7 +139,15 @@ __global__ void k_bf16_pack2d(uint16_t *dst, const float *src, int64_t rows, int
 __global__ void k_bf16_unpack_bias(float *dst, const uint16_t *src, const float *b, int64_t n,
                                    int64_t k, int64_t hw)
 {
-    GP_CUK_LOOP(i, n) dst[i] = gp_ew_bf16_value(src[i]) + (b ? b[(i / hw) % k] : 0.0f);
+    /* no bias: the value as it is (adding 0 would turn -0 into +0) */
+    GP_CUK_LOOP(i, n) dst[i] = b ? gp_ew_bf16_value(src[i]) + b[(i / hw) % k] : gp_ew_bf16_value(src[i]);
+}
+/* y = bits(value(y) + b[c]) in place: a bf16 convolution's output on bf16
+ * storage with its bias, the bits k_bf16_unpack_bias's widened sum rounds
+ * to */
+__global__ void k_bf16_bias(uint16_t *y, const float *b, int64_t n, int64_t k, int64_t hw)
+{
+    GP_CUK_LOOP(i, n) y[i] = gp_ew_bf16_bits(gp_ew_bf16_value(y[i]) + b[(i / hw) % k]);
 }
 /* dst += value(src): a weight gradient's bf16 part into its FP32 sum */
 __global__ void k_bf16_unpack_add(float *dst, const uint16_t *src, int64_t n)
@@ -203,14 +211,18 @@ __device__ inline double warp_sum(double v)
     return v;
 }
 
-__global__ void k_sum_planes_part(const float *dy, double *part, int64_t planes, int64_t hw)
+__device__ __forceinline__ double widened(float v) { return (double)v; }
+__device__ __forceinline__ double widened(uint16_t v) { return (double)gp_ew_bf16_value(v); }
+
+template <typename T>
+__global__ void k_sum_planes_part(const T *dy, double *part, int64_t planes, int64_t hw)
 {
     int64_t plane = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     int lane = (int)(threadIdx.x % 32);
     if (plane >= planes) return; /* the whole warp: planes split at warp edges */
-    const float *p = dy + plane * hw;
+    const T *p = dy + plane * hw;
     double acc = 0.0;
-    for (int64_t i = lane; i < hw; i += 32) acc += (double)p[i];
+    for (int64_t i = lane; i < hw; i += 32) acc += widened(p[i]);
     acc = warp_sum(acc);
     if (lane == 0) part[plane] = acc;
 }
@@ -1208,6 +1220,12 @@ cudaError_t gp_cuk_bf16_unpack_bias(cudaStream_t s, float *dst, const uint16_t *
     GP_CUK_LAUNCH(n, k_bf16_unpack_bias, dst, src, b, n, k, hw);
 }
 
+cudaError_t gp_cuk_bf16_bias(cudaStream_t s, uint16_t *y, const float *b, int64_t n, int64_t k,
+                             int64_t hw)
+{
+    GP_CUK_LAUNCH(n, k_bf16_bias, y, b, n, k, hw);
+}
+
 cudaError_t gp_cuk_bf16_unpack_add(cudaStream_t s, float *dst, const uint16_t *src, int64_t n)
 {
     GP_CUK_LAUNCH(n, k_bf16_unpack_add, dst, src, n);
@@ -1284,18 +1302,37 @@ cudaError_t gp_cuk_sum_rows(cudaStream_t s, const float *dy, float *db, int64_t 
     GP_CUK_LAUNCH(cols, k_sum_rows_final, part, parts, db, cols);
 }
 
-cudaError_t gp_cuk_sum_planes(cudaStream_t s, const float *dy, float *db, int64_t n, int64_t k,
-                              int64_t hw, double *part)
+} /* extern "C" */
+
+namespace {
+template <typename T>
+cudaError_t sum_planes(cudaStream_t s, const T *dy, float *db, int64_t n, int64_t k, int64_t hw,
+                       double *part)
 {
     int64_t planes = n * k, blocks = (planes * 32 + GP_CUK_THREADS - 1) / GP_CUK_THREADS;
     if (planes <= 0) return cudaSuccess;
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    k_sum_planes_part<<<(unsigned)blocks, GP_CUK_THREADS, 0, s>>>(dy, part, planes, hw);
+    k_sum_planes_part<T><<<(unsigned)blocks, GP_CUK_THREADS, 0, s>>>(dy, part, planes, hw);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     k_sum_planes_final<<<k < 65535 ? (unsigned)k : 65535u, GP_CUK_THREADS, 0, s>>>(part, db, n,
                                                                                  k);
     return cudaGetLastError();
+}
+} /* namespace */
+
+extern "C" {
+
+cudaError_t gp_cuk_sum_planes(cudaStream_t s, const float *dy, float *db, int64_t n, int64_t k,
+                              int64_t hw, double *part)
+{
+    return sum_planes(s, dy, db, n, k, hw, part);
+}
+
+cudaError_t gp_cuk_sum_planes_bf16(cudaStream_t s, const uint16_t *dy, float *db, int64_t n,
+                                   int64_t k, int64_t hw, double *part)
+{
+    return sum_planes(s, dy, db, n, k, hw, part);
 }
 
 cudaError_t gp_cuk_sumsq(cudaStream_t s, const float *x, int64_t n, double *partials,

@@ -80,6 +80,9 @@ cudaError_t gp_cuk_bf16_pack2d(cudaStream_t s, uint16_t *dst, const float *src, 
                                int64_t cols, int64_t ld);
 cudaError_t gp_cuk_bf16_unpack_bias(cudaStream_t s, float *dst, const uint16_t *src,
                                     const float *b, int64_t n, int64_t k, int64_t hw);
+/* y = bits(value(y) + b[(i / hw) % k]) in place, on n bf16 values. */
+cudaError_t gp_cuk_bf16_bias(cudaStream_t s, uint16_t *y, const float *b, int64_t n, int64_t k,
+                             int64_t hw);
 cudaError_t gp_cuk_bf16_unpack_add(cudaStream_t s, float *dst, const uint16_t *src, int64_t n);
 /* y = x * the dropout mask of gp_cuk_dropout_mask, drawn on the fly */
 cudaError_t gp_cuk_dropout_apply(cudaStream_t s, const float *x, float *y, int64_t n, float p,
@@ -119,6 +122,9 @@ cudaError_t gp_cuk_sum_rows(cudaStream_t s, const float *dy, float *db, int64_t 
  * layer of the convnet at batch 1024 on an H100, 4x its memory traffic. */
 cudaError_t gp_cuk_sum_planes(cudaStream_t s, const float *dy, float *db, int64_t n, int64_t k,
                               int64_t hw, double *part);
+/* The same over bf16 dy (a convolution on bf16 storage), widened exactly. */
+cudaError_t gp_cuk_sum_planes_bf16(cudaStream_t s, const uint16_t *dy, float *db, int64_t n,
+                                   int64_t k, int64_t hw, double *part);
 /* *out = sum x^2 in double; partials: GP_CUK_RED_BLOCKS doubles. */
 cudaError_t gp_cuk_sumsq(cudaStream_t s, const float *x, int64_t n, double *partials,
                          double *out);
