@@ -610,6 +610,60 @@ static void native_add(void)
     gp_layer_destroy(&l);
 }
 
+/* Cross-entropy on bf16 logits with its results on the device
+ * (gp_loss_dev, the step's path): through xent_bf16, the FP32 loss, hits
+ * and gradient of the widened logits, the gradient rounded once, on
+ * (N, T, vocab) logits with a padded vocabulary and label smoothing; no
+ * FP32 copy of the logits among the activations; a bad label reported as
+ * the FP32 path reports it. */
+static void native_xent(void)
+{
+    CHECK(dev->iface->xent_bf16 != NULL);
+    for (int ls = 0; ls < 2; ls++) {
+        const int64_t n = 3, t = 5, v = 203, classes = ls ? 197 : 0;
+        gp_shape lsh = {3, {n, t, v, 0}}, tsh = {2, {n, t, 0, 0}};
+        gp_tensor lb = rand_bf16(&lsh, 71u + (uint32_t)ls), lw, db, dw, tg;
+        float lab[15];
+        for (int i = 0; i < 15; i++) lab[i] = (float)((i * 37 + 11) % (ls ? 197 : 203));
+        tg = gpt_upload(dev, &tsh, lab);
+        CHECK_OK(gp_tensor_as(&lw, &lb, GP_F32, GP_MEM_ACTIVATIONS));
+        CHECK_OK(gp_tensor_alloc_as(&db, dev, &lsh, GP_BF16, GP_MEM_ACTIVATIONS));
+        CHECK_OK(gp_tensor_alloc(&dw, dev, &lsh, GP_MEM_ACTIVATIONS));
+        gp_loss_result rb, rw;
+        float smooth = ls ? 0.1f : 0.0f;
+        size_t before = dev->alloc.cur_by[GP_MEM_ACTIVATIONS];
+        gp_allocator_reset_peak(&dev->alloc);
+        CHECK_OK(gp_loss_dev(dev, GP_LOSS_CROSS_ENTROPY, smooth, classes, &lb, &tg, 0.5f, &db,
+                             &rb));
+        size_t peak = dev->alloc.peak_by[GP_MEM_ACTIVATIONS] - before;
+        CHECK_MSG(peak == 0, "cross-entropy on bf16 logits allocated %zu bytes of activations "
+                  "(FP32 copies)", peak);
+        CHECK_OK(gp_loss_dev(dev, GP_LOSS_CROSS_ENTROPY, smooth, classes, &lw, &tg, 0.5f, &dw,
+                             &rw));
+        CHECK_OK(gp_dev_synchronize(dev));
+        CHECK_MSG(rb.loss_sum == rw.loss_sum && rb.correct == rw.correct && rb.bad == -1 &&
+                      rw.bad == -1,
+                  "cross-entropy on bf16 logits (smoothing %g): %.17g, %lld right against "
+                  "%.17g, %lld on the widened logits", (double)smooth, rb.loss_sum,
+                  (long long)rb.correct, rw.loss_sum, (long long)rw.correct);
+        int64_t bad = rounded_mismatches(&db, &dw);
+        CHECK_MSG(bad == 0, "cross-entropy on bf16 logits (smoothing %g): %lld of %lld of the "
+                  "gradient are not the FP32 gradient rounded", (double)smooth, (long long)bad,
+                  (long long)gp_tensor_numel(&dw));
+        /* a label out of range: the row, as FP32's */
+        lab[7] = (float)v;
+        gp_tensor tb = gpt_upload(dev, &tsh, lab);
+        CHECK_OK(gp_loss_dev(dev, GP_LOSS_CROSS_ENTROPY, smooth, classes, &lb, &tb, 0.5f, &db,
+                             &rb));
+        CHECK_OK(gp_loss_dev(dev, GP_LOSS_CROSS_ENTROPY, smooth, classes, &lw, &tb, 0.5f, &dw,
+                             &rw));
+        CHECK_MSG(rb.bad == 7 && rw.bad == 7, "a bad label in row 7: bf16 says %lld, FP32 %lld",
+                  (long long)rb.bad, (long long)rw.bad);
+        gp_tensor *all[] = {&lb, &lw, &db, &dw, &tg, &tb};
+        for (size_t k = 0; k < sizeof all / sizeof *all; k++) gp_tensor_free(all[k]);
+    }
+}
+
 /* The losses on bf16 logits, and gradients added up. */
 static void losses_and_sums(void)
 {
@@ -655,6 +709,7 @@ int main(void)
     native_norms();
     native_pools();
     native_add();
+    native_xent();
     losses_and_sums();
     /* every byte came back (the backend's own scratch arena aside) */
     for (int c = 0; c < GP_MEM_COUNT; c++)

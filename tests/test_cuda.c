@@ -2172,6 +2172,40 @@ static void test_bf16_ops(gp_device *cpu, const char *graph)
                       &dw1, &dw2, &db1, &db2};
         for (size_t q = 0; q < sizeof all / sizeof *all; q++) bfree(all[q]);
     }
+    /* Cross-entropy on bf16 logits (xent_bf16), rows of a padded
+     * vocabulary, label smoothing: the FP32 kernel's loss and hits on the
+     * widened logits bit for bit, its gradient rounded (the same kernel
+     * instantiated for bf16); and the CPU's within double rounding. */
+    {
+        const int64_t rows = 38, cols = 1000, ldv = 1003, nl = rows * ldv; /* even */
+        buf fl = brand(nl, -4, 4), lb = bjunk(nl / 2), db = bjunk(nl / 2), db2 = bjunk(nl / 2);
+        buf fd = bjunk(nl), lab = bnew(rows), r1 = bnew(6), r2 = bnew(6);
+        float hl[38];
+        for (int64_t r = 0; r < rows; r++) hl[r] = (float)((r * 131 + 7) % cols);
+        bset(&lab, hl);
+        BOTH(gp_dev_bf16_pack(D, (uint16_t *)lb.p[K], fl.p[K], nl));
+        BOTH(gp_dev_bf16_unpack(D, fl.p[K], (uint16_t *)lb.p[K], nl));
+        BOTH(gp_dev_xent_bf16(D, (uint16_t *)lb.p[K], lab.p[K], rows, cols, ldv, 0.25f, 0.1f,
+                              (uint16_t *)db.p[K], (gp_loss_result *)r1.p[K]));
+        CHECK_OK(gp_dev_xent_dev_ld(g, fl.p[1], lab.p[1], rows, cols, ldv, 0.25f, 0.1f, fd.p[1],
+                                    (gp_loss_result *)r2.p[1]));
+        CHECK_OK(gp_dev_bf16_pack(g, (uint16_t *)db2.p[1], fd.p[1], rows * ldv));
+        CHECK_MSG(bsame(r1.p[1], r2.p[1], 6) && bsame(db.p[1], db2.p[1], rows * ldv / 2),
+                  "cross-entropy on bf16 logits on the GPU: not the FP32 kernel's results on "
+                  "the widened logits");
+        gp_loss_result h[2];
+        for (int k = 0; k < 2; k++) {
+            CHECK_OK(gp_dev_download(D2[k], (float *)&h[k], r1.p[k], 6));
+            CHECK_OK(gp_dev_synchronize(D2[k]));
+        }
+        CHECK_MSG(h[0].bad == -1 && h[1].bad == -1 && h[0].correct == h[1].correct &&
+                      fabs(h[0].loss_sum - h[1].loss_sum) <= 1e-9 * fabs(h[0].loss_sum),
+                  "cross-entropy on bf16 logits: GPU %.17g (%lld right) against the CPU's %.17g "
+                  "(%lld)", h[1].loss_sum, (long long)h[1].correct, h[0].loss_sum,
+                  (long long)h[0].correct);
+        buf *all[] = {&fl, &lb, &db, &db2, &fd, &lab, &r1, &r2};
+        for (size_t q = 0; q < sizeof all / sizeof *all; q++) bfree(all[q]);
+    }
     /* the sum on bf16 storage (add_bf16), on rounded random values (a
      * NaN's payload is the processor's own): the GPU's bits are the CPU's */
     {

@@ -127,8 +127,8 @@
  *      attn_bwd_bf16 (attention on bf16 storage)
  *  34  bn_fwd_train_bf16, bn_fwd_infer_bf16, bn_bwd_bf16, pool_fwd_bf16,
  *      pool_bwd_bf16, add_bf16, conv_fwd_bf16, conv_bwd_data_bf16,
- *      conv_bwd_weights_bf16 (batch norm, pooling, sums and convolutions on
- *      bf16 storage) */
+ *      conv_bwd_weights_bf16, xent_bf16 (batch norm, pooling, sums,
+ *      convolutions and cross-entropy on bf16 storage) */
 #define GP_DEVICE_IFACE_VERSION 34
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
@@ -957,6 +957,14 @@ typedef struct gp_device_iface {
     gp_status (*conv_bwd_weights_bf16)(gp_device *dev, const gp_conv_desc *d,
                                        const uint16_t *x, const uint16_t *dy, float *dw,
                                        float *db);
+    /* xent_bf16: xent_dev on bf16 logits and dlogits (rows ld apart, the
+     * padding's gradient 0), the results in this device's memory: the FP32
+     * slot's loss, hits and gradient on the widened logits, the gradient
+     * rounded once, without FP32 copies of the logits or their gradient
+     * (a GPT's (B, T, vocab)).  NULL: the storage adapter. */
+    gp_status (*xent_bf16)(gp_device *dev, const uint16_t *logits, const float *labels,
+                           int64_t rows, int64_t cols, int64_t ld, float scale, float smoothing,
+                           uint16_t *dlogits, gp_loss_result *out);
 } gp_device_iface;
 
 /* The most tensors one nonfinite_or_many launch takes (its table travels
@@ -1515,6 +1523,10 @@ static inline bool gp_dev_attn_bf16_has(const gp_device *dev)
 {
     return dev->iface->attn_fwd_bf16 && dev->iface->attn_bwd_bf16;
 }
+/* xent_bf16 (backend.h); GP_ERR_UNSUPPORTED where the backend has none. */
+gp_status gp_dev_xent_bf16(gp_device *dev, const uint16_t *logits, const float *labels,
+                           int64_t rows, int64_t cols, int64_t ld, float scale, float smoothing,
+                           uint16_t *dlogits, gp_loss_result *out);
 /* Whether convolution d takes bf16 storage on dev: the device has the
  * conv_*_bf16 slots and runs d in bf16 (precision bf16 and
  * gp_bf16_conv_worth); else the storage adapter runs it. */

@@ -856,6 +856,19 @@ gp_status gp_dev_bn_bwd_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t
     return dev->iface->bn_bwd_bf16(dev, d, x, gamma, beta, mean, var, dy, dx, dgamma, dbeta);
 }
 
+gp_status gp_dev_xent_bf16(gp_device *dev, const uint16_t *logits, const float *labels,
+                           int64_t rows, int64_t cols, int64_t ld, float scale, float smoothing,
+                           uint16_t *dlogits, gp_loss_result *out)
+{
+    if (!dev->iface->xent_bf16)
+        return gp_error_set(GP_ERR_UNSUPPORTED, "device %s (%s backend) has no bf16 "
+                            "cross-entropy; the storage adapter runs it", dev->name,
+                            dev->iface->backend_name);
+    if (rows <= 0) return loss_result_up(dev, out, 0.0, 0, -1);
+    return dev->iface->xent_bf16(dev, logits, labels, rows, cols, ld, scale, smoothing, dlogits,
+                                 out);
+}
+
 static gp_status no_conv_bf16(gp_device *dev)
 {
     return gp_error_set(GP_ERR_UNSUPPORTED, "device %s (%s backend, precision %s) has no bf16 "

@@ -1339,6 +1339,15 @@ gp_status gp_loss_dev(gp_device *dev, gp_loss_kind k, float smoothing, int64_t c
                       gp_tensor *dlogits, gp_loss_result *out)
 {
     GP_ASSERT(k == GP_LOSS_CROSS_ENTROPY || (smoothing == 0.0f && classes == 0));
+    if (k == GP_LOSS_CROSS_ENTROPY && logits->dtype == GP_BF16 &&
+        (!dlogits || dlogits->dtype == GP_BF16) && dev->iface->xent_bf16) {
+        /* bf16 logits as they are: no FP32 copy of (B, T, vocab) */
+        GP_TRY(loss_shapes(dev, k, logits, targets, dlogits));
+        int64_t ld = xent_cols(logits);
+        return gp_dev_xent_bf16(dev, gp_bf16(logits), gp_f32(targets), xent_rows(logits),
+                                xent_classes(classes, ld), ld, grad_scale, smoothing,
+                                dlogits ? gp_bf16(dlogits) : NULL, out);
+    }
     if (!loss_f32(logits, dlogits))
         return loss_wide(dev, k, smoothing, classes, logits, targets, grad_scale, dlogits, out,
                          NULL);

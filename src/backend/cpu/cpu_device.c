@@ -299,6 +299,7 @@ static const gp_device_iface cpu_iface = {
     .pool_fwd_bf16 = gp_cpu_pool_fwd_bf16,
     .pool_bwd_bf16 = gp_cpu_pool_bwd_bf16,
     .add_bf16 = gp_cpu_add_bf16,
+    .xent_bf16 = gp_cpu_xent_bf16,
 };
 
 static cpu_conv_layout conv_layout_from_env(void)

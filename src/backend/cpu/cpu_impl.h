@@ -339,6 +339,9 @@ gp_status gp_cpu_mul(gp_device *dev, const float *a, const float *b, float *y,
                      int64_t n);
 gp_status gp_cpu_add_bf16(gp_device *dev, const uint16_t *a, const uint16_t *b, uint16_t *y,
                           int64_t n);
+gp_status gp_cpu_xent_bf16(gp_device *dev, const uint16_t *logits, const float *labels,
+                           int64_t rows, int64_t cols, int64_t ld, float scale, float smoothing,
+                           uint16_t *dlogits, gp_loss_result *out);
 /* cpu_pool.c: pooling on bf16 storage (backend.h's pool_*_bf16) */
 gp_status gp_cpu_pool_fwd_bf16(gp_device *dev, const gp_pool_desc *d, const uint16_t *x,
                                uint16_t *y, void *ws);

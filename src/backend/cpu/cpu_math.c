@@ -364,6 +364,36 @@ gp_status gp_cpu_gemm_wb(gp_device *dev, int trans_a, int trans_b, int64_t m, in
     return gemm(dev, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, true);
 }
 
+/* One row of the cross-entropy: x (cols logits, ld apart from the next
+ * row's), the loss added to *loss, whether the first maximum is the label
+ * to *hits, the gradient (padding zeroed) into g where not NULL. */
+static inline __attribute__((always_inline)) void
+xent_row(const float *x, int64_t cols, int64_t ld, int64_t label, float scale, float smoothing,
+         float *g, double *loss, int64_t *hits)
+{
+    int64_t argmax;
+    float max = gp_ew_row_max(x, cols, &argmax);
+    double lse = gp_ew_row_logsumexp(x, cols, max);
+    if (smoothing == 0.0f) {
+        *loss += gp_ew_xent_loss(x, label, max, lse);
+        if (g) gp_ew_xent_grad_row(x, cols, label, max, lse, scale, g);
+    } else {
+        double shift = gp_ew_row_shift_sum(x, cols, max);
+        *loss += gp_ew_xent_loss_ls(x, label, max, lse, shift, cols, smoothing);
+        for (int64_t j = 0; g && j < cols; j++)
+            g[j] = gp_ew_xent_grad_ls(x[j], j == label, max, lse, scale, smoothing, cols);
+    }
+    for (int64_t j = cols; g && j < ld; j++) g[j] = 0.0f; /* padding */
+    *hits += argmax == label;
+}
+
+static int64_t first_bad_label(const float *labels, int64_t rows, int64_t cols)
+{
+    for (int64_t r = 0; r < rows; r++)
+        if (!gp_ew_label_ok(labels[r], cols)) return r;
+    return -1;
+}
+
 GP_CPU_LOOPS
 gp_status gp_cpu_xent(gp_device *dev, const float *logits, const float *labels,
                       int64_t rows, int64_t cols, int64_t ld, float scale, float smoothing,
@@ -371,38 +401,48 @@ gp_status gp_cpu_xent(gp_device *dev, const float *logits, const float *labels,
 {
     *loss_sum = 0.0;
     *correct = 0;
-    *bad_row = -1;
-    for (int64_t r = 0; r < rows; r++)
-        if (!gp_ew_label_ok(labels[r], cols)) {
-            *bad_row = r;
-            return GP_OK;
-        }
-    if (cols <= 0) return GP_OK;
+    *bad_row = first_bad_label(labels, rows, cols);
+    if (*bad_row >= 0 || cols <= 0) return GP_OK;
     int nt = dev->threads;
     double loss = 0.0;
     int64_t hits = 0;
 #pragma omp parallel for schedule(static) num_threads(nt) if (rows * cols >= CPU_PAR_MIN) \
     reduction(+ : loss, hits)
-    for (int64_t r = 0; r < rows; r++) {
-        const float *x = logits + r * ld;
-        int64_t label = (int64_t)labels[r], argmax;
-        float max = gp_ew_row_max(x, cols, &argmax);
-        double lse = gp_ew_row_logsumexp(x, cols, max);
-        if (smoothing == 0.0f) {
-            loss += gp_ew_xent_loss(x, label, max, lse);
-            if (dlogits) gp_ew_xent_grad_row(x, cols, label, max, lse, scale, dlogits + r * ld);
-        } else {
-            double shift = gp_ew_row_shift_sum(x, cols, max);
-            loss += gp_ew_xent_loss_ls(x, label, max, lse, shift, cols, smoothing);
-            for (int64_t j = 0; dlogits && j < cols; j++)
-                dlogits[r * ld + j] =
-                    gp_ew_xent_grad_ls(x[j], j == label, max, lse, scale, smoothing, cols);
-        }
-        for (int64_t j = cols; dlogits && j < ld; j++) dlogits[r * ld + j] = 0.0f; /* padding */
-        hits += argmax == label;
-    }
+    for (int64_t r = 0; r < rows; r++)
+        xent_row(logits + r * ld, cols, ld, (int64_t)labels[r], scale, smoothing,
+                 dlogits ? dlogits + r * ld : NULL, &loss, &hits);
     *loss_sum = loss;
     *correct = hits;
+    return GP_OK;
+}
+
+/* xent_bf16 (backend.h): each row widened into an FP32 tile of its
+ * thread's (the arena), xent_row on it, its gradient rounded once; the
+ * same threads and reduction as gp_cpu_xent, so the same loss bits. */
+GP_CPU_LOOPS
+gp_status gp_cpu_xent_bf16(gp_device *dev, const uint16_t *logits, const float *labels,
+                           int64_t rows, int64_t cols, int64_t ld, float scale, float smoothing,
+                           uint16_t *dlogits, gp_loss_result *out)
+{
+    *out = (gp_loss_result){.bad = first_bad_label(labels, rows, cols)};
+    if (out->bad >= 0 || cols <= 0 || rows <= 0) return GP_OK;
+    const int nt = dev->threads;
+    const bool par = rows * cols >= CPU_PAR_MIN;
+    GP_TRY(gp_cpu_arena_reserve(dev, (size_t)(par ? nt : 1) * 2 * (size_t)ld * sizeof(float)));
+    float *arena = gp_cpu_ctx_of(dev)->arena;
+    double loss = 0.0;
+    int64_t hits = 0;
+#pragma omp parallel for schedule(static) num_threads(nt) if (par) reduction(+ : loss, hits)
+    for (int64_t r = 0; r < rows; r++) {
+        float *x = arena + (size_t)omp_get_thread_num() * 2 * (size_t)ld, *g = x + ld;
+        const uint16_t *xr = logits + r * ld;
+        for (int64_t j = 0; j < cols; j++) x[j] = gp_ew_bf16_value(xr[j]);
+        xent_row(x, cols, ld, (int64_t)labels[r], scale, smoothing, dlogits ? g : NULL, &loss,
+                 &hits);
+        for (int64_t j = 0; dlogits && j < ld; j++) dlogits[r * ld + j] = gp_ew_bf16_bits(g[j]);
+    }
+    out->loss_sum = loss;
+    out->correct = hits;
     return GP_OK;
 }
 

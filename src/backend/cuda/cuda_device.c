@@ -1027,6 +1027,20 @@ static gp_status cuda_xent_dev(gp_device *dev, const float *logits, const float 
     return GP_OK;
 }
 
+static gp_status cuda_xent_bf16(gp_device *dev, const uint16_t *logits, const float *labels,
+                               int64_t rows, int64_t cols, int64_t ld, float scale,
+                               float smoothing, uint16_t *dlogits, gp_loss_result *out)
+{
+    void *ws;
+    GP_TRY(gp_cuda_enter(dev));
+    GP_TRY(gp_cuda_ws_reserve(dev, (size_t)rows * (sizeof(double) + sizeof(long long)), &ws));
+    double *row_loss = ws;
+    GP_CUDA(gp_cuk_xent_bf16(gp_cuda_ctx_of(dev)->compute, logits, labels, rows, cols, ld, scale,
+                             smoothing, dlogits, row_loss, (long long *)(row_loss + rows),
+                             (gp_cuk_xent_out *)out));
+    return GP_OK;
+}
+
 static gp_status cuda_bce_logits_dev(gp_device *dev, const float *z, const float *t, int64_t n,
                                      float scale, float *dz, gp_loss_result *out)
 {
@@ -1940,6 +1954,7 @@ static const gp_device_iface cuda_iface = {
     .conv_fwd_bf16 = gp_cuda_conv_fwd_bf16,
     .conv_bwd_data_bf16 = gp_cuda_conv_bwd_data_bf16,
     .conv_bwd_weights_bf16 = gp_cuda_conv_bwd_weights_bf16,
+    .xent_bf16 = cuda_xent_bf16,
     .attn_fwd_bf16 = cuda_attn_fwd_bf16,
     .attn_bwd_bf16 = cuda_attn_bwd_bf16,
     .act_bf16_kinds = 1u << GP_ACT_RELU | 1u << GP_ACT_LEAKY_RELU | 1u << GP_ACT_GELU,

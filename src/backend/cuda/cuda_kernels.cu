@@ -32,6 +32,15 @@ inline unsigned blocks_for(int64_t n)
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                \
          i += (int64_t)blockDim.x * gridDim.x)
 
+/* Kernels templated on the storage type T of their activations (float;
+ * uint16_t: bf16 patterns, train.activations: bf16): ld widens on the way
+ * in, st rounds once on the way out (elementwise.h), so a bf16 instance
+ * does the float one's arithmetic on the widened values. */
+__device__ __forceinline__ float ld(float v) { return v; }
+__device__ __forceinline__ float ld(uint16_t v) { return gp_ew_bf16_value(v); }
+__device__ __forceinline__ void st(float *p, float v) { *p = v; }
+__device__ __forceinline__ void st(uint16_t *p, float v) { *p = gp_ew_bf16_bits(v); }
+
 __global__ void k_fill(float *x, float v, int64_t n) { GP_CUK_LOOP(i, n) x[i] = v; }
 __global__ void k_scale(float *x, float a, int64_t n) { GP_CUK_LOOP(i, n) x[i] *= a; }
 __global__ void k_axpy(float a, const float *x, float *y, int64_t n)
@@ -211,9 +220,6 @@ __device__ inline double warp_sum(double v)
     return v;
 }
 
-__device__ __forceinline__ double widened(float v) { return (double)v; }
-__device__ __forceinline__ double widened(uint16_t v) { return (double)gp_ew_bf16_value(v); }
-
 template <typename T>
 __global__ void k_sum_planes_part(const T *dy, double *part, int64_t planes, int64_t hw)
 {
@@ -222,7 +228,7 @@ __global__ void k_sum_planes_part(const T *dy, double *part, int64_t planes, int
     if (plane >= planes) return; /* the whole warp: planes split at warp edges */
     const T *p = dy + plane * hw;
     double acc = 0.0;
-    for (int64_t i = lane; i < hw; i += 32) acc += widened(p[i]);
+    for (int64_t i = lane; i < hw; i += 32) acc += (double)ld(p[i]);
     acc = warp_sum(acc);
     if (lane == 0) part[plane] = acc;
 }
@@ -339,19 +345,20 @@ __global__ void k_xent_first_bad(const long long *row_flag, int64_t rows,
  * entirely after a bad label.  Rows are ld floats apart; a padded
  * vocabulary's columns [cols, ld) are not read, and their gradient is 0. */
 #define XENT_WARPS (GP_CUK_THREADS / 32)
-__global__ void k_xent_rows(const float *logits, const float *labels, int64_t rows,
-                            int64_t cols, int64_t ld, float scale, float eps, float *dlogits,
-                            double *row_loss, long long *row_hit, const gp_cuk_xent_out *out)
+template <typename T>
+__global__ void k_xent_rows(const T *logits, const float *labels, int64_t rows, int64_t cols,
+                            int64_t ldr, float scale, float eps, T *dlogits, double *row_loss,
+                            long long *row_hit, const gp_cuk_xent_out *out)
 {
     if (out->bad_row >= 0) return;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int64_t r = (int64_t)blockIdx.x * XENT_WARPS + warp; r < rows;
          r += (int64_t)gridDim.x * XENT_WARPS) {
-        const float *x = logits + r * ld;
+        const T *x = logits + r * ldr;
         float m = -INFINITY;
         int64_t a = cols; /* none: loses every tie */
         for (int64_t j = lane; j < cols; j += 32) {
-            float v = x[j];
+            float v = ld(x[j]);
             /* a lane starts at its first value that is not NaN, except
              * column 0, which the CPU's scan starts from whatever it is
              * (a NaN there stays the max; a NaN elsewhere never wins) */
@@ -369,25 +376,26 @@ __global__ void k_xent_rows(const float *logits, const float *labels, int64_t ro
             }
         }
         double sum = 0.0;
-        for (int64_t j = lane; j < cols; j += 32) sum += exp((double)(x[j] - m));
+        for (int64_t j = lane; j < cols; j += 32) sum += exp((double)(ld(x[j]) - m));
         for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
         double lse = log(sum);
         /* label smoothing: the row's sum of x - max, as the sum above */
         double shift = 0.0;
         if (eps != 0.0f) {
-            for (int64_t j = lane; j < cols; j += 32) shift += (double)(x[j] - m);
+            for (int64_t j = lane; j < cols; j += 32) shift += (double)(ld(x[j]) - m);
             for (int o = 16; o > 0; o >>= 1) shift += __shfl_xor_sync(0xffffffffu, shift, o);
         }
         int64_t label = (int64_t)labels[r];
         if (lane == 0) {
-            row_loss[r] = gp_ew_xent_loss_ls(x, label, m, lse, shift, cols, eps);
+            const float xl = ld(x[label]); /* the only logit the loss reads */
+            row_loss[r] = gp_ew_xent_loss_ls(&xl, 0, m, lse, shift, cols, eps);
             row_hit[r] = a == label;
         }
         if (dlogits) {
             for (int64_t j = lane; j < cols; j += 32)
-                dlogits[r * ld + j] = gp_ew_xent_grad_ls(x[j], j == label, m, lse, scale, eps,
-                                                         cols);
-            for (int64_t j = cols + lane; j < ld; j += 32) dlogits[r * ld + j] = 0.0f;
+                st(&dlogits[r * ldr + j],
+                   gp_ew_xent_grad_ls(ld(x[j]), j == label, m, lse, scale, eps, cols));
+            for (int64_t j = cols + lane; j < ldr; j += 32) st(&dlogits[r * ldr + j], 0.0f);
         }
     }
 }
@@ -669,15 +677,6 @@ __global__ void k_bn_invstd(const float *var, float eps, float *inv, int64_t c)
 {
     GP_CUK_LOOP(i, c) inv[i] = gp_ew_bn_invstd(var[i], eps);
 }
-
-/* Kernels templated on the storage type T of their activations (float;
- * uint16_t: bf16 patterns, train.activations: bf16): ld widens on the way
- * in, st rounds once on the way out (elementwise.h), so a bf16 instance
- * does the float one's arithmetic on the widened values. */
-__device__ __forceinline__ float ld(float v) { return v; }
-__device__ __forceinline__ float ld(uint16_t v) { return gp_ew_bf16_value(v); }
-__device__ __forceinline__ void st(float *p, float v) { *p = v; }
-__device__ __forceinline__ void st(uint16_t *p, float v) { *p = gp_ew_bf16_bits(v); }
 
 /* ---- synchronised batch norm: one block per channel ------------------------
  * Channel c of x (N, C, S) is N runs of S values, n * C * S + c * S apart;
@@ -1380,10 +1379,13 @@ cudaError_t gp_cuk_bn_commit(cudaStream_t s, float *rmean, float *rvar, double *
     GP_CUK_LAUNCH(c, k_bn_commit, rmean, rvar, mean_acc, m2_acc, m, count, c);
 }
 
-cudaError_t gp_cuk_xent(cudaStream_t s, const float *logits, const float *labels,
-                        int64_t rows, int64_t cols, int64_t ld, float scale, float smoothing,
-                        float *dlogits, double *row_loss, long long *row_flag,
-                        gp_cuk_xent_out *out)
+} /* extern "C" */
+
+namespace {
+template <typename T>
+cudaError_t xent(cudaStream_t s, const T *logits, const float *labels, int64_t rows, int64_t cols,
+                 int64_t ld, float scale, float smoothing, T *dlogits, double *row_loss,
+                 long long *row_flag, gp_cuk_xent_out *out)
 {
     if (rows <= 0) return cudaSuccess;
     k_xent_check<<<blocks_for(rows), GP_CUK_THREADS, 0, s>>>(labels, rows, cols, row_flag);
@@ -1395,11 +1397,33 @@ cudaError_t gp_cuk_xent(cudaStream_t s, const float *logits, const float *labels
      * same stream, so in order). */
     unsigned wblocks = (unsigned)((rows + XENT_WARPS - 1) / XENT_WARPS < 65535
                                       ? (rows + XENT_WARPS - 1) / XENT_WARPS : 65535);
-    k_xent_rows<<<wblocks, GP_CUK_THREADS, 0, s>>>(logits, labels, rows, cols, ld, scale,
-                                                   smoothing, dlogits, row_loss, row_flag, out);
+    k_xent_rows<T><<<wblocks, GP_CUK_THREADS, 0, s>>>(logits, labels, rows, cols, ld, scale,
+                                                      smoothing, dlogits, row_loss, row_flag,
+                                                      out);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     k_xent_total<<<1, GP_CUK_THREADS, 0, s>>>(row_loss, row_flag, rows, out);
     return cudaGetLastError();
+}
+} /* namespace */
+
+extern "C" {
+
+cudaError_t gp_cuk_xent(cudaStream_t s, const float *logits, const float *labels,
+                        int64_t rows, int64_t cols, int64_t ld, float scale, float smoothing,
+                        float *dlogits, double *row_loss, long long *row_flag,
+                        gp_cuk_xent_out *out)
+{
+    return xent(s, logits, labels, rows, cols, ld, scale, smoothing, dlogits, row_loss, row_flag,
+                out);
+}
+
+cudaError_t gp_cuk_xent_bf16(cudaStream_t s, const uint16_t *logits, const float *labels,
+                             int64_t rows, int64_t cols, int64_t ld, float scale,
+                             float smoothing, uint16_t *dlogits, double *row_loss,
+                             long long *row_flag, gp_cuk_xent_out *out)
+{
+    return xent(s, logits, labels, rows, cols, ld, scale, smoothing, dlogits, row_loss, row_flag,
+                out);
 }
 
 cudaError_t gp_cuk_act_bf16(cudaStream_t s, int kind, const uint16_t *xy, const uint16_t *dy,

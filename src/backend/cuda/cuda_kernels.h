@@ -166,6 +166,12 @@ cudaError_t gp_cuk_xent(cudaStream_t s, const float *logits, const float *labels
                         int64_t rows, int64_t cols, int64_t ld, float scale, float smoothing,
                         float *dlogits, double *row_loss, long long *row_flag,
                         gp_cuk_xent_out *out);
+/* The same on bf16 logits and dlogits (xent_bf16): widened on load, the
+ * gradient rounded once. */
+cudaError_t gp_cuk_xent_bf16(cudaStream_t s, const uint16_t *logits, const float *labels,
+                             int64_t rows, int64_t cols, int64_t ld, float scale,
+                             float smoothing, uint16_t *dlogits, double *row_loss,
+                             long long *row_flag, gp_cuk_xent_out *out);
 
 /* Transformer layers (backend.h's gelu_fwd/bwd): one thread per element. */
 /* add_bf16 (backend.h): y = a + b on bf16 values, rounded once. */
