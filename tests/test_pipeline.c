@@ -406,9 +406,11 @@ static void bf16_copies_effect(void)
  * one device the activations' peak of a step that keeps 7 micro-batches'
  * forwards (GPipe's order, no checkpointing) is well under FP32's: what a
  * layer widens for its FP32 kernels lives only while it runs.  Not half:
- * this model's input stays FP32 up to its first layer, and max pooling
- * keeps 32-bit indices, 0.69x in all (what a whole model keeps:
- * bench/README.md, "bf16 activations"). */
+ * this model's input stays FP32 up to its first layer, max pooling keeps
+ * byte indices and its convolutions and linear layer still widen behind
+ * the adapter on a CPU: 0.60x in all (0.69x while batch norm and pooling
+ * went through the adapter too; what a whole model keeps: bench/README.md,
+ * "bf16 activations"). */
 static void bf16_storage_effect(void)
 {
     double loss[2];
@@ -439,9 +441,55 @@ static void bf16_storage_effect(void)
               (long long)bytes[1], (long long)bytes[0]);
     printf("test_pipeline: activation peak (1 device, m=7, never): fp32 %zu, bf16 %zu bytes "
            "(%.3f)\n", peak[0], peak[1], peak[0] ? (double)peak[1] / (double)peak[0] : 0.0);
-    CHECK_MSG(peak[0] > 0 && (double)peak[1] <= 0.75 * (double)peak[0],
-              "bf16 activations: peak %zu bytes against fp32's %zu: want at most 0.75x", peak[1],
+    CHECK_MSG(peak[0] > 0 && (double)peak[1] <= 0.65 * (double)peak[0],
+              "bf16 activations: peak %zu bytes against fp32's %zu: want at most 0.65x", peak[1],
               peak[0]);
+}
+
+/* What a bf16 step converts (gp_device.bf16_conversions, the storage
+ * adapter's widening and rounding): with layers that all take bf16 storage
+ * on a CPU (batch norm, relu, max pooling, flatten, the cross-entropy),
+ * only the first layer's, whose input is the model's FP32 input: its
+ * output rounded and its dy widened, twice a micro-batch, for m = 1 and 4;
+ * the convnet, whose convolutions and linear layer stay behind the adapter
+ * on a CPU, converts more (the counter sees them). */
+static void bf16_conversions(void)
+{
+    gp_layer_spec sp[4] = {gp_layer_spec_default(GP_LAYER_BATCHNORM),
+                           gp_layer_spec_default(GP_LAYER_RELU),
+                           gp_layer_spec_default(GP_LAYER_MAXPOOL2D),
+                           gp_layer_spec_default(GP_LAYER_FLATTEN)};
+    sp[2].kernel = gp_hw_square(2);
+    for (int net = 0; net < 2; net++)
+        for (int m = 1; m <= 4; m += 3) {
+            gp_config c = make_cfg(true);
+            if (!net) {
+                c.model.layers = sp;
+                c.model.n_layers = 4; /* logits (N, 18) */
+            }
+            c.train.activations = GP_ACT_BF16;
+            c.pipeline.chunks = m;
+            c.pipeline.checkpoint = GP_CKPT_NEVER;
+            gp_model one;
+            float x[BATCH * 72], y[BATCH];
+            make_batch(&c, 0, x, y);
+            CHECK_OK(gp_model_build(&c, devs[0], &one));
+            CHECK_OK(gp_model_train_step(&one, &c, x, y, BATCH, m, 0.05, NULL)); /* warm */
+            uint64_t before = __atomic_load_n(&devs[0]->bf16_conversions, __ATOMIC_RELAXED);
+            CHECK_OK(gp_model_train_step(&one, &c, x, y, BATCH, m, 0.05, NULL));
+            uint64_t made =
+                __atomic_load_n(&devs[0]->bf16_conversions, __ATOMIC_RELAXED) - before;
+            uint64_t want = (uint64_t)(2 * m);
+            if (!net)
+                CHECK_MSG(made == want, "a bf16 step of layers with bf16 kernels, m = %d: "
+                          "%llu conversions, want the first layer's %llu", m,
+                          (unsigned long long)made, (unsigned long long)want);
+            else
+                CHECK_MSG(made > want, "the bf16 convnet (m = %d): %llu conversions; its "
+                          "convolutions and linear layer widen and round", m,
+                          (unsigned long long)made);
+            gp_model_free(&one);
+        }
 }
 
 /* bf16 copies hold what a checkpointed forward keeps for its recompute (the
@@ -1195,6 +1243,7 @@ int main(void)
     CHECK(runs == (sanitized ? 2 * 4 * 3 : 2 * (3 * 3 * 3 * 2 + 3 * 2)));
     bf16_storage_transparency();
     bf16_storage_effect();
+    bf16_conversions();
     adam_transparency();
     clip_transparency();
     clip_nonfinite();

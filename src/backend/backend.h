@@ -1042,6 +1042,13 @@ struct gp_device {
      * weight whatever the calls and micro-batches); on the device's
      * thread only. */
     uint64_t weights_kept;
+    /* Conversion passes between FP32 and bf16 through gp_dev_bf16_pack /
+     * gp_dev_bf16_unpack: the storage adapter's widening and rounding
+     * (gp_tensor_as, gp_tensor_convert), bf16 copies' packing, snapshots'
+     * conversions.  What a bf16 step of layers with bf16 kernels should
+     * not spend (test_pipeline counts them per step); a backend's own
+     * packing inside a slot is not counted.  Atomic. */
+    uint64_t bf16_conversions;
     /* A GPU's compute capability, major * 10 + minor (90: Hopper); 0 for
      * a CPU device. */
     int arch;

@@ -338,6 +338,7 @@ gp_status gp_dev_bf16_pack(gp_device *dev, uint16_t *dst, const float *src, int6
     if (!dev->iface->bf16_pack)
         return gp_error_set(GP_ERR_UNSUPPORTED, "device %s (%s backend) has no bf16 conversion",
                             dev->name, dev->iface->backend_name);
+    __atomic_fetch_add(&dev->bf16_conversions, 1, __ATOMIC_RELAXED);
     return dev->iface->bf16_pack(dev, dst, src, n);
 }
 
@@ -347,6 +348,7 @@ gp_status gp_dev_bf16_unpack(gp_device *dev, float *dst, const uint16_t *src, in
     if (!dev->iface->bf16_unpack)
         return gp_error_set(GP_ERR_UNSUPPORTED, "device %s (%s backend) has no bf16 conversion",
                             dev->name, dev->iface->backend_name);
+    __atomic_fetch_add(&dev->bf16_conversions, 1, __ATOMIC_RELAXED);
     return dev->iface->bf16_unpack(dev, dst, src, n);
 }
 

@@ -1400,10 +1400,41 @@ gp_shape gp_loss_targets_shape(gp_loss_kind k, const gp_shape *out, int64_t n)
     return out->ndim == 3 ? gp_shape_2d(n, out->dims[1]) : (gp_shape){1, {n, 0, 0, 0}};
 }
 
+/* gp_loss on bf16 logits through xent_bf16: its device result read back
+ * (one host wait, as the FP32 slot's). */
+static gp_status xent_bf16_host(gp_device *dev, int64_t classes, const gp_tensor *logits,
+                                const gp_tensor *labels, float smoothing, float grad_scale,
+                                gp_tensor *dlogits, gp_loss_out *out)
+{
+    _Static_assert(sizeof(gp_loss_result) % sizeof(float) == 0, "read back as floats");
+    const int64_t nf = (int64_t)(sizeof(gp_loss_result) / sizeof(float));
+    memset(out, 0, sizeof *out);
+    GP_TRY(loss_shapes(dev, GP_LOSS_CROSS_ENTROPY, logits, labels, dlogits));
+    int64_t rows = xent_rows(logits), ld = xent_cols(logits), cols = xent_classes(classes, ld);
+    void *mem;
+    GP_TRY(gp_dev_alloc(dev, sizeof(gp_loss_result), GP_MEM_WORKSPACE, &mem));
+    gp_loss_result r = {0};
+    gp_status st = gp_dev_xent_bf16(dev, gp_bf16(logits), gp_f32(labels), rows, cols, ld,
+                                    grad_scale, smoothing, dlogits ? gp_bf16(dlogits) : NULL, mem);
+    if (st == GP_OK) st = gp_dev_download(dev, (float *)(void *)&r, mem, nf);
+    if (st == GP_OK) st = gp_dev_synchronize(dev);
+    gp_dev_free(dev, mem, sizeof(gp_loss_result), GP_MEM_WORKSPACE);
+    GP_TRY(st);
+    if (r.bad >= 0) return bad_on_device(dev, GP_LOSS_CROSS_ENTROPY, cols, labels, r.bad);
+    out->loss_sum = r.loss_sum;
+    out->correct = r.correct;
+    out->count = rows;
+    return GP_OK;
+}
+
 gp_status gp_loss(gp_device *dev, gp_loss_kind k, float smoothing, int64_t classes,
                   const gp_tensor *logits, const gp_tensor *targets, float grad_scale,
                   gp_tensor *dlogits, gp_loss_out *out)
 {
+    if (k == GP_LOSS_CROSS_ENTROPY && logits->dtype == GP_BF16 &&
+        (!dlogits || dlogits->dtype == GP_BF16) && dev->iface->xent_bf16)
+        return xent_bf16_host(dev, classes, logits, targets, smoothing, grad_scale, dlogits,
+                              out);
     if (!loss_f32(logits, dlogits))
         return loss_wide(dev, k, smoothing, classes, logits, targets, grad_scale, dlogits, NULL,
                          out);
