@@ -32,6 +32,11 @@
 #         tf32 / bf16 table).
 # loader: bench/gpu_loader.sh (issue 23's GPU bar; run
 #         `bash bench/gpu_loader.sh --stage` here first).
+# bf16:   issue 50's table (gpu_bars.sh PARTS=bf16: TF32, bf16 with bf16
+#         activations, bf16 with FP32 activations, PyTorch beside them)
+#         on ResNet-101 at 128, ResNet-18 at 256, the convnet and the mlp
+#         (BF16_RUNS overrides; the U-Net and AmoebaNet-D need a call of
+#         their own): the bf16 kernels' first measure.
 # accuracy: bench/precision_accuracy.py on cuda:0 (issue 15 item 6:
 #         configs/default.yaml, 3 epochs, fp32 / bf16 / fp32 with
 #         train.deterministic as the yardstick).
@@ -123,10 +128,15 @@ case "$part" in
   loader)
     OUT="$OUT/loader" BIN="$BIN" bash bench/gpu_loader.sh 2>&1 | tee "$OUT/loader.md"
     ;;
+  bf16)
+    BF16_RUNS=${BF16_RUNS:-configs/resnet101.yaml:128 bench/resnet18-32.yaml:256 bench/convnet.yaml:1024 bench/mlp.yaml:2048} \
+      PARTS=bf16 OUT="$OUT/bars" BIN="$BIN" DEV="$DEV" timeout 560 bash bench/gpu_bars.sh 2>&1 |
+      tee "$OUT/bf16.md"
+    ;;
   accuracy)
     timeout 560 python3 bench/precision_accuracy.py --bin "$BIN" --device "$DEV" \
       --out "$OUT/accuracy" 2>&1 | tee "$OUT/accuracy.md"
     ;;
   *)
-    echo "usage: gpu_session.sh first|tests|gpt|bars|loader|accuracy"; exit 2 ;;
+    echo "usage: gpu_session.sh first|tests|gpt|bars|bf16|loader|accuracy"; exit 2 ;;
 esac
