@@ -610,6 +610,69 @@ static void native_add(void)
     gp_layer_destroy(&l);
 }
 
+/* Layer norm on bf16 storage through layer_norm_*_bf16: forward and
+ * backward against the FP32 layer on the widened values (y and dx the FP32
+ * ones rounded, the parameters' gradients and the saved statistics bit for
+ * bit), on rows split across threads and not, and no FP32 activations (the
+ * peak is y, dx and the statistics). */
+static void native_layer_norm(void)
+{
+    CHECK(gp_dev_layer_norm_bf16_has(dev));
+    for (int big = 0; big < 2; big++) {
+        gp_shape in = {3, {1, big ? 64 : 7, big ? 96 : 50, 0}};
+        int64_t batch = big ? 8 : 3;
+        gp_layer_spec spec = gp_layer_spec_default(GP_LAYER_LAYER_NORM);
+        gp_layer lb, lf;
+        CHECK_OK(gp_layer_create(&spec, 1, &in, dev, 7, &lb));
+        CHECK_OK(gp_layer_create(&spec, 1, &in, dev, 7, &lf));
+        lb.out_dtype = GP_BF16;
+        for (int p = 0; p < 2; p++) { /* weights that are not 1 and 0 */
+            gp_shape cs = {1, {in.dims[2], 0, 0, 0}};
+            gp_tensor r = rand_bf16(&cs, 80u + (uint32_t)p), rf;
+            CHECK_OK(gp_tensor_as(&rf, &r, GP_F32, GP_MEM_ACTIVATIONS));
+            CHECK_OK(gp_tensor_copy(&lb.params[p].value, &rf));
+            CHECK_OK(gp_tensor_copy(&lf.params[p].value, &rf));
+            gp_tensor_free(&rf);
+            gp_tensor_free(&r);
+        }
+        gp_shape xs = gp_shape_with_batch(&in, batch);
+        gp_tensor xb = rand_bf16(&xs, 81), dyb = rand_bf16(&xs, 82), xw, dyw, yb, yf, yw;
+        gp_tensor dxb = {0}, dxf = {0};
+        CHECK_OK(gp_tensor_as(&xw, &xb, GP_F32, GP_MEM_ACTIVATIONS));
+        CHECK_OK(gp_tensor_as(&dyw, &dyb, GP_F32, GP_MEM_ACTIVATIONS));
+        gp_fwd_ctx ctx = {.training = true, .seed = 5, .step = 1, .batch_total = batch};
+        gp_saved sb = {0}, sf = {0};
+        size_t before = dev->alloc.cur_by[GP_MEM_ACTIVATIONS], bytes = gp_tensor_bytes(&xb);
+        size_t stats = 2 * (size_t)(batch * in.dims[1]) * sizeof(float);
+        gp_allocator_reset_peak(&dev->alloc);
+        CHECK_OK(gp_layer_forward(&lb, &ctx, &xb, &yb, &sb));
+        CHECK_OK(gp_layer_backward(&lb, &ctx, &xb, &yb, &dyb, &dxb, &sb));
+        size_t peak = dev->alloc.peak_by[GP_MEM_ACTIVATIONS] - before;
+        CHECK_MSG(peak <= 2 * bytes + stats, "bf16 layer norm peaked at %zu bytes of "
+                  "activations over y, dx and the statistics' %zu: FP32 temporaries", peak,
+                  2 * bytes + stats);
+        CHECK_OK(gp_layer_forward(&lf, &ctx, &xw, &yf, &sf));
+        CHECK_OK(gp_tensor_as(&yw, &yb, GP_F32, GP_MEM_ACTIVATIONS));
+        CHECK_OK(gp_layer_backward(&lf, &ctx, &xw, &yw, &dyw, &dxf, &sf));
+        int64_t bad = rounded_mismatches(&yb, &yf), bad_dx = rounded_mismatches(&dxb, &dxf);
+        CHECK_MSG(bad == 0 && bad_dx == 0, "bf16 layer norm (%s): %lld outputs and %lld of dx "
+                  "are not the FP32 ones rounded", big ? "threads" : "small", (long long)bad,
+                  (long long)bad_dx);
+        CHECK_MSG(same_bits(&sb.t[0], &sf.t[0]) && same_bits(&sb.t[1], &sf.t[1]),
+                  "bf16 layer norm: the statistics differ from FP32's");
+        for (int p = 0; p < 2; p++)
+            CHECK_MSG(same_bits(&lb.params[p].grad, &lf.params[p].grad),
+                      "bf16 layer norm: the gradient of %s differs from FP32's",
+                      lb.params[p].name);
+        gp_tensor *all[] = {&xb, &dyb, &xw, &dyw, &yb, &yf, &yw, &dxb, &dxf};
+        for (size_t k = 0; k < sizeof all / sizeof *all; k++) gp_tensor_free(all[k]);
+        gp_saved_free(&sb);
+        gp_saved_free(&sf);
+        gp_layer_destroy(&lb);
+        gp_layer_destroy(&lf);
+    }
+}
+
 /* Cross-entropy on bf16 logits with its results on the device
  * (gp_loss_dev, the step's path): through xent_bf16, the FP32 loss, hits
  * and gradient of the widened logits, the gradient rounded once, on
@@ -710,6 +773,7 @@ int main(void)
     native_pools();
     native_add();
     native_xent();
+    native_layer_norm();
     losses_and_sums();
     /* every byte came back (the backend's own scratch arena aside) */
     for (int c = 0; c < GP_MEM_COUNT; c++)

@@ -2206,6 +2206,52 @@ static void test_bf16_ops(gp_device *cpu, const char *graph)
         buf *all[] = {&fl, &lb, &db, &db2, &fd, &lab, &r1, &r2};
         for (size_t q = 0; q < sizeof all / sizeof *all; q++) bfree(all[q]);
     }
+    /* Layer norm on bf16 storage (layer_norm_*_bf16): the FP32 kernels'
+     * results on the widened values, y and dx rounded (the same kernels
+     * instantiated for bf16), statistics and parameter gradients bit for
+     * bit; the CPU's within rounding. */
+    {
+        const int64_t lr = 48, lc = 768, ln = lr * lc;
+        buf fx = brand(ln, -2, 2), fdy = brand(ln, -1, 1), lw = brand(lc, 0.5f, 1.5f),
+            lbias = brand(lc, -0.5f, 0.5f), fy = bjunk(ln), fdx = bjunk(ln);
+        buf xb = bjunk(ln / 2), dyb = bjunk(ln / 2), yb = bjunk(ln / 2), yb2 = bjunk(ln / 2),
+            dxb = bjunk(ln / 2), dxb2 = bjunk(ln / 2), st1 = bjunk(2 * lr), st2 = bjunk(2 * lr),
+            g1 = bnew(2 * lc), g2 = bnew(2 * lc);
+        BOTH(gp_dev_bf16_pack(D, (uint16_t *)xb.p[K], fx.p[K], ln));
+        BOTH(gp_dev_bf16_pack(D, (uint16_t *)dyb.p[K], fdy.p[K], ln));
+        BOTH(gp_dev_bf16_unpack(D, fx.p[K], (uint16_t *)xb.p[K], ln));
+        BOTH(gp_dev_bf16_unpack(D, fdy.p[K], (uint16_t *)dyb.p[K], ln));
+        BOTH(gp_dev_fill(D, g1.p[K], 0.0f, 2 * lc));
+        BOTH(gp_dev_fill(D, g2.p[K], 0.0f, 2 * lc));
+        BOTH(gp_dev_layer_norm_fwd_bf16(D, (uint16_t *)xb.p[K], lw.p[K], lbias.p[K],
+                                        (uint16_t *)yb.p[K], st1.p[K], st1.p[K] + lr, lr, lc,
+                                        1e-5f));
+        BOTH(gp_dev_layer_norm_bwd_data_bf16(D, (uint16_t *)xb.p[K], lw.p[K], st1.p[K],
+                                             st1.p[K] + lr, (uint16_t *)dyb.p[K],
+                                             (uint16_t *)dxb.p[K], lr, lc));
+        BOTH(gp_dev_layer_norm_bwd_weights_bf16(D, (uint16_t *)xb.p[K], st1.p[K], st1.p[K] + lr,
+                                                (uint16_t *)dyb.p[K], g1.p[K], g1.p[K] + lc, lr,
+                                                lc));
+        CHECK_OK(gp_dev_layer_norm_fwd(g, fx.p[1], lw.p[1], lbias.p[1], fy.p[1], st2.p[1],
+                                       st2.p[1] + lr, lr, lc, 1e-5f));
+        CHECK_OK(gp_dev_bf16_pack(g, (uint16_t *)yb2.p[1], fy.p[1], ln));
+        CHECK_OK(gp_dev_layer_norm_bwd_data(g, fx.p[1], lw.p[1], st2.p[1], st2.p[1] + lr,
+                                            fdy.p[1], fdx.p[1], lr, lc));
+        CHECK_OK(gp_dev_bf16_pack(g, (uint16_t *)dxb2.p[1], fdx.p[1], ln));
+        CHECK_OK(gp_dev_layer_norm_bwd_weights(g, fx.p[1], st2.p[1], st2.p[1] + lr, fdy.p[1],
+                                               g2.p[1], g2.p[1] + lc, lr, lc));
+        CHECK_MSG(bsame(yb.p[1], yb2.p[1], ln / 2) && bsame(dxb.p[1], dxb2.p[1], ln / 2) &&
+                      bsame(st1.p[1], st2.p[1], 2 * lr) && bsame(g1.p[1], g2.p[1], 2 * lc),
+                  "bf16 layer norm on the GPU: not the FP32 kernels' results rounded");
+        BOTH(gp_dev_bf16_unpack(D, fy.p[K], (uint16_t *)yb.p[K], ln));
+        BOTH(gp_dev_bf16_unpack(D, fdx.p[K], (uint16_t *)dxb.p[K], ln));
+        bcheck("bf16 layer norm y", &fy, 1.0 / 128);
+        bcheck("bf16 layer norm dx", &fdx, 1.0 / 128);
+        bcheck("bf16 layer norm dw, db", &g1, 1e-4);
+        buf *all[] = {&fx, &fdy, &lw, &lbias, &fy, &fdx, &xb, &dyb, &yb, &yb2, &dxb, &dxb2,
+                      &st1, &st2, &g1, &g2};
+        for (size_t q = 0; q < sizeof all / sizeof *all; q++) bfree(all[q]);
+    }
     /* the sum on bf16 storage (add_bf16), on rounded random values (a
      * NaN's payload is the processor's own): the GPU's bits are the CPU's */
     {

@@ -127,8 +127,10 @@
  *      attn_bwd_bf16 (attention on bf16 storage)
  *  34  bn_fwd_train_bf16, bn_fwd_infer_bf16, bn_bwd_bf16, pool_fwd_bf16,
  *      pool_bwd_bf16, add_bf16, conv_fwd_bf16, conv_bwd_data_bf16,
- *      conv_bwd_weights_bf16, xent_bf16 (batch norm, pooling, sums,
- *      convolutions and cross-entropy on bf16 storage) */
+ *      conv_bwd_weights_bf16, xent_bf16, layer_norm_fwd_bf16,
+ *      layer_norm_bwd_data_bf16, layer_norm_bwd_weights_bf16 (batch norm,
+ *      pooling, sums, convolutions, cross-entropy and layer norm on bf16
+ *      storage) */
 #define GP_DEVICE_IFACE_VERSION 34
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
@@ -965,6 +967,21 @@ typedef struct gp_device_iface {
     gp_status (*xent_bf16)(gp_device *dev, const uint16_t *logits, const float *labels,
                            int64_t rows, int64_t cols, int64_t ld, float scale, float smoothing,
                            uint16_t *dlogits, gp_loss_result *out);
+    /* layer_norm_*_bf16: the layer_norm_* slots with x, y, dy and dx in
+     * bf16 (w, b, mean, rstd and the parameter gradients FP32), the FP32
+     * slots' arithmetic on the widened values with y and dx rounded once:
+     * the adapter's bits.  NULL: the adapter. */
+    gp_status (*layer_norm_fwd_bf16)(gp_device *dev, const uint16_t *x, const float *w,
+                                     const float *b, uint16_t *y, float *mean, float *rstd,
+                                     int64_t rows, int64_t c, float eps);
+    gp_status (*layer_norm_bwd_data_bf16)(gp_device *dev, const uint16_t *x, const float *w,
+                                          const float *mean, const float *rstd,
+                                          const uint16_t *dy, uint16_t *dx, int64_t rows,
+                                          int64_t c);
+    gp_status (*layer_norm_bwd_weights_bf16)(gp_device *dev, const uint16_t *x,
+                                             const float *mean, const float *rstd,
+                                             const uint16_t *dy, float *dw, float *db,
+                                             int64_t rows, int64_t c);
 } gp_device_iface;
 
 /* The most tensors one nonfinite_or_many launch takes (its table travels
@@ -1530,6 +1547,25 @@ static inline bool gp_dev_attn_bf16_has(const gp_device *dev)
 {
     return dev->iface->attn_fwd_bf16 && dev->iface->attn_bwd_bf16;
 }
+/* Whether layer norm takes bf16 storage on dev (layer_norm_*_bf16). */
+static inline bool gp_dev_layer_norm_bf16_has(const gp_device *dev)
+{
+    return dev->iface->layer_norm_fwd_bf16 && dev->iface->layer_norm_bwd_data_bf16 &&
+           dev->iface->layer_norm_bwd_weights_bf16;
+}
+/* layer_norm_*_bf16 (backend.h); GP_ERR_UNSUPPORTED where
+ * gp_dev_layer_norm_bf16_has is false; rows or c 0: nothing. */
+gp_status gp_dev_layer_norm_fwd_bf16(gp_device *dev, const uint16_t *x, const float *w,
+                                     const float *b, uint16_t *y, float *mean, float *rstd,
+                                     int64_t rows, int64_t c, float eps);
+gp_status gp_dev_layer_norm_bwd_data_bf16(gp_device *dev, const uint16_t *x, const float *w,
+                                          const float *mean, const float *rstd,
+                                          const uint16_t *dy, uint16_t *dx, int64_t rows,
+                                          int64_t c);
+gp_status gp_dev_layer_norm_bwd_weights_bf16(gp_device *dev, const uint16_t *x,
+                                             const float *mean, const float *rstd,
+                                             const uint16_t *dy, float *dw, float *db,
+                                             int64_t rows, int64_t c);
 /* xent_bf16 (backend.h); GP_ERR_UNSUPPORTED where the backend has none. */
 gp_status gp_dev_xent_bf16(gp_device *dev, const uint16_t *logits, const float *labels,
                            int64_t rows, int64_t cols, int64_t ld, float scale, float smoothing,

@@ -871,6 +871,41 @@ gp_status gp_dev_xent_bf16(gp_device *dev, const uint16_t *logits, const float *
                                  out);
 }
 
+static gp_status no_ln_bf16(gp_device *dev)
+{
+    return gp_error_set(GP_ERR_UNSUPPORTED, "device %s (%s backend) has no bf16 layer norm; "
+                        "the storage adapter runs it", dev->name, dev->iface->backend_name);
+}
+
+gp_status gp_dev_layer_norm_fwd_bf16(gp_device *dev, const uint16_t *x, const float *w,
+                                     const float *b, uint16_t *y, float *mean, float *rstd,
+                                     int64_t rows, int64_t c, float eps)
+{
+    if (!gp_dev_layer_norm_bf16_has(dev)) return no_ln_bf16(dev);
+    if (rows <= 0 || c <= 0) return GP_OK;
+    return dev->iface->layer_norm_fwd_bf16(dev, x, w, b, y, mean, rstd, rows, c, eps);
+}
+
+gp_status gp_dev_layer_norm_bwd_data_bf16(gp_device *dev, const uint16_t *x, const float *w,
+                                          const float *mean, const float *rstd,
+                                          const uint16_t *dy, uint16_t *dx, int64_t rows,
+                                          int64_t c)
+{
+    if (!gp_dev_layer_norm_bf16_has(dev)) return no_ln_bf16(dev);
+    if (rows <= 0 || c <= 0) return GP_OK;
+    return dev->iface->layer_norm_bwd_data_bf16(dev, x, w, mean, rstd, dy, dx, rows, c);
+}
+
+gp_status gp_dev_layer_norm_bwd_weights_bf16(gp_device *dev, const uint16_t *x,
+                                             const float *mean, const float *rstd,
+                                             const uint16_t *dy, float *dw, float *db,
+                                             int64_t rows, int64_t c)
+{
+    if (!gp_dev_layer_norm_bf16_has(dev)) return no_ln_bf16(dev);
+    if (rows <= 0 || c <= 0) return GP_OK;
+    return dev->iface->layer_norm_bwd_weights_bf16(dev, x, mean, rstd, dy, dw, db, rows, c);
+}
+
 static gp_status no_conv_bf16(gp_device *dev)
 {
     return gp_error_set(GP_ERR_UNSUPPORTED, "device %s (%s backend, precision %s) has no bf16 "

@@ -75,9 +75,13 @@ static gp_status layer_norm_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp
     gp_shape st = gp_shape_2d(rows, 1);
     GP_TRY(gp_layers_saved_alloc(s, 0, l->dev, &st)); /* mean (rows) */
     GP_TRY(gp_layers_saved_alloc(s, 1, l->dev, &st)); /* rstd (rows) */
-    return gp_dev_layer_norm_fwd(l->dev, gp_f32(x), gp_f32(&l->params[0].value),
-                                 gp_f32(&l->params[1].value), gp_f32(y), gp_f32(&s->t[0]),
-                                 gp_f32(&s->t[1]), rows, c, l->spec.eps);
+    const float *w = gp_f32(&l->params[0].value), *b = gp_f32(&l->params[1].value);
+    float *mean = gp_f32(&s->t[0]), *rstd = gp_f32(&s->t[1]);
+    if (x->dtype == GP_BF16) /* bf16 storage, without the adapter (takes_bf16) */
+        return gp_dev_layer_norm_fwd_bf16(l->dev, gp_bf16(x), w, b, gp_bf16(y), mean, rstd,
+                                          rows, c, l->spec.eps);
+    return gp_dev_layer_norm_fwd(l->dev, gp_f32(x), w, b, gp_f32(y), mean, rstd, rows, c,
+                                 l->spec.eps);
 }
 
 static gp_status layer_norm_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
@@ -86,8 +90,12 @@ static gp_status layer_norm_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, co
 {
     int64_t rows = ln_rows(x), c = x->dims[x->ndim - 1];
     if (rows == 0) return GP_OK;
-    return gp_dev_layer_norm_bwd_data(l->dev, gp_f32(x), gp_f32(&l->params[0].value),
-                                      gp_f32(&s->t[0]), gp_f32(&s->t[1]), gp_f32(dy), gp_f32(dx),
+    const float *w = gp_f32(&l->params[0].value), *mean = gp_f32(&s->t[0]);
+    const float *rstd = gp_f32(&s->t[1]);
+    if (x->dtype == GP_BF16)
+        return gp_dev_layer_norm_bwd_data_bf16(l->dev, gp_bf16(x), w, mean, rstd, gp_bf16(dy),
+                                               gp_bf16(dx), rows, c);
+    return gp_dev_layer_norm_bwd_data(l->dev, gp_f32(x), w, mean, rstd, gp_f32(dy), gp_f32(dx),
                                       rows, c);
 }
 
@@ -97,10 +105,16 @@ static gp_status layer_norm_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx,
 {
     int64_t rows = ln_rows(x), c = x->dims[x->ndim - 1];
     if (rows == 0) return GP_OK;
-    return gp_dev_layer_norm_bwd_weights(l->dev, gp_f32(x), gp_f32(&s->t[0]), gp_f32(&s->t[1]),
-                                         gp_f32(dy), gp_f32(&l->params[0].grad),
-                                         gp_f32(&l->params[1].grad), rows, c);
+    const float *mean = gp_f32(&s->t[0]), *rstd = gp_f32(&s->t[1]);
+    float *dw = gp_f32(&l->params[0].grad), *db = gp_f32(&l->params[1].grad);
+    if (x->dtype == GP_BF16)
+        return gp_dev_layer_norm_bwd_weights_bf16(l->dev, gp_bf16(x), mean, rstd, gp_bf16(dy),
+                                                  dw, db, rows, c);
+    return gp_dev_layer_norm_bwd_weights(l->dev, gp_f32(x), mean, rstd, gp_f32(dy), dw, db, rows,
+                                         c);
 }
+
+static bool layer_norm_takes_bf16(const gp_layer *l) { return gp_dev_layer_norm_bf16_has(l->dev); }
 
 static double layer_norm_flops(const gp_layer *l, int64_t n)
 {
@@ -125,6 +139,7 @@ const gp_layer_ops gp_layer_norm_ops = {
     .flops = layer_norm_flops,
     .saved_bytes = layer_norm_saved_bytes,
     .bwd_ignores_y = true,
+    .takes_bf16 = layer_norm_takes_bf16,
 };
 
 /* ---- embedding ------------------------------------------------------------- */

@@ -300,6 +300,9 @@ static const gp_device_iface cpu_iface = {
     .pool_bwd_bf16 = gp_cpu_pool_bwd_bf16,
     .add_bf16 = gp_cpu_add_bf16,
     .xent_bf16 = gp_cpu_xent_bf16,
+    .layer_norm_fwd_bf16 = gp_cpu_layer_norm_fwd_bf16,
+    .layer_norm_bwd_data_bf16 = gp_cpu_layer_norm_bwd_data_bf16,
+    .layer_norm_bwd_weights_bf16 = gp_cpu_layer_norm_bwd_weights_bf16,
 };
 
 static cpu_conv_layout conv_layout_from_env(void)

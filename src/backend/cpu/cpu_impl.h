@@ -342,6 +342,17 @@ gp_status gp_cpu_add_bf16(gp_device *dev, const uint16_t *a, const uint16_t *b, 
 gp_status gp_cpu_xent_bf16(gp_device *dev, const uint16_t *logits, const float *labels,
                            int64_t rows, int64_t cols, int64_t ld, float scale, float smoothing,
                            uint16_t *dlogits, gp_loss_result *out);
+gp_status gp_cpu_layer_norm_fwd_bf16(gp_device *dev, const uint16_t *x, const float *w,
+                                     const float *b, uint16_t *y, float *mean, float *rstd,
+                                     int64_t rows, int64_t c, float eps);
+gp_status gp_cpu_layer_norm_bwd_data_bf16(gp_device *dev, const uint16_t *x, const float *w,
+                                          const float *mean, const float *rstd,
+                                          const uint16_t *dy, uint16_t *dx, int64_t rows,
+                                          int64_t c);
+gp_status gp_cpu_layer_norm_bwd_weights_bf16(gp_device *dev, const uint16_t *x,
+                                             const float *mean, const float *rstd,
+                                             const uint16_t *dy, float *dw, float *db,
+                                             int64_t rows, int64_t c);
 /* cpu_pool.c: pooling on bf16 storage (backend.h's pool_*_bf16) */
 gp_status gp_cpu_pool_fwd_bf16(gp_device *dev, const gp_pool_desc *d, const uint16_t *x,
                                uint16_t *y, void *ws);

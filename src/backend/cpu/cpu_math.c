@@ -502,27 +502,85 @@ gp_status gp_cpu_bf16_unpack(gp_device *dev, float *dst, const uint16_t *src, in
     return GP_OK;
 }
 
-/* ---- Transformer: layer norm (a row per task; the weights a column per task) */
+/* ---- Transformer: layer norm (a row per task; the weights a column per task)
+ * One body for both storage types: b16 (a constant where inlined) says
+ * whether x, y, dy and dx are bf16 patterns, widened on load (LN_LD) and
+ * rounded once on store (LN_ST), so the bf16 slots (layer_norm_*_bf16)
+ * do the FP32 slots' arithmetic on the widened values: the adapter's bits
+ * without its passes. */
+
+#define LN_LD(p, i) (b16 ? gp_ew_bf16_value(((const uint16_t *)(p))[i]) : ((const float *)(p))[i])
+#define LN_ST(p, i, v)                                                                       \
+    do {                                                                                     \
+        if (b16) ((uint16_t *)(p))[i] = gp_ew_bf16_bits(v);                                  \
+        else ((float *)(p))[i] = (v);                                                        \
+    } while (0)
+
+static inline __attribute__((always_inline)) void
+ln_fwd(int nt, const void *x, const float *w, const float *b, void *y, float *mean, float *rstd,
+       int64_t rows, int64_t c, float eps, const bool b16)
+{
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * c >= CPU_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t o = r * c;
+        double s = 0.0, v = 0.0;
+        for (int64_t j = 0; j < c; j++) s += (double)LN_LD(x, o + j);
+        double m = s / (double)c;
+        for (int64_t j = 0; j < c; j++) {
+            double d = (double)LN_LD(x, o + j) - m;
+            v += d * d;
+        }
+        float mf = (float)m, rs = gp_ew_ln_rstd(v / (double)c, eps);
+        for (int64_t j = 0; j < c; j++) LN_ST(y, o + j, (LN_LD(x, o + j) - mf) * rs * w[j] + b[j]);
+        mean[r] = mf;
+        rstd[r] = rs;
+    }
+}
+
+static inline __attribute__((always_inline)) void
+ln_bwd_data(int nt, const void *x, const float *w, const float *mean, const float *rstd,
+            const void *dy, void *dx, int64_t rows, int64_t c, const bool b16)
+{
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * c >= CPU_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t o = r * c;
+        float mf = mean[r], rs = rstd[r];
+        double sg = 0.0, sgx = 0.0;
+        for (int64_t j = 0; j < c; j++) {
+            float g = LN_LD(dy, o + j) * w[j];
+            sg += (double)g;
+            sgx += (double)g * (double)((LN_LD(x, o + j) - mf) * rs);
+        }
+        float a = (float)(sg / (double)c), bb = (float)(sgx / (double)c);
+        for (int64_t j = 0; j < c; j++)
+            LN_ST(dx, o + j,
+                  rs * (LN_LD(dy, o + j) * w[j] - a - (LN_LD(x, o + j) - mf) * rs * bb));
+    }
+}
+
+static inline __attribute__((always_inline)) void
+ln_bwd_weights(int nt, const void *x, const float *mean, const float *rstd, const void *dy,
+               float *dw, float *db, int64_t rows, int64_t c, const bool b16)
+{
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * c >= CPU_PAR_MIN)
+    for (int64_t j = 0; j < c; j++) {
+        double sw = 0.0, sb = 0.0;
+        for (int64_t r = 0; r < rows; r++) {
+            float g = LN_LD(dy, r * c + j);
+            sw += (double)g * (double)((LN_LD(x, r * c + j) - mean[r]) * rstd[r]);
+            sb += (double)g;
+        }
+        dw[j] += (float)sw;
+        db[j] += (float)sb;
+    }
+}
 
 GP_CPU_LOOPS
 gp_status gp_cpu_layer_norm_fwd(gp_device *dev, const float *x, const float *w, const float *b,
                                 float *y, float *mean, float *rstd, int64_t rows, int64_t c,
                                 float eps)
 {
-    int nt = dev->threads;
-#pragma omp parallel for schedule(static) num_threads(nt) if (rows * c >= CPU_PAR_MIN)
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * c;
-        float *yr = y + r * c;
-        double s = 0.0, v = 0.0;
-        for (int64_t j = 0; j < c; j++) s += (double)xr[j];
-        double m = s / (double)c;
-        for (int64_t j = 0; j < c; j++) v += ((double)xr[j] - m) * ((double)xr[j] - m);
-        float mf = (float)m, rs = gp_ew_ln_rstd(v / (double)c, eps);
-        for (int64_t j = 0; j < c; j++) yr[j] = (xr[j] - mf) * rs * w[j] + b[j];
-        mean[r] = mf;
-        rstd[r] = rs;
-    }
+    ln_fwd(dev->threads, x, w, b, y, mean, rstd, rows, c, eps, false);
     return GP_OK;
 }
 
@@ -531,21 +589,7 @@ gp_status gp_cpu_layer_norm_bwd_data(gp_device *dev, const float *x, const float
                                      const float *mean, const float *rstd, const float *dy,
                                      float *dx, int64_t rows, int64_t c)
 {
-    int nt = dev->threads;
-#pragma omp parallel for schedule(static) num_threads(nt) if (rows * c >= CPU_PAR_MIN)
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * c, *gr = dy + r * c;
-        float mf = mean[r], rs = rstd[r];
-        double sg = 0.0, sgx = 0.0;
-        for (int64_t j = 0; j < c; j++) {
-            float g = gr[j] * w[j];
-            sg += (double)g;
-            sgx += (double)g * (double)((xr[j] - mf) * rs);
-        }
-        float a = (float)(sg / (double)c), bb = (float)(sgx / (double)c);
-        for (int64_t j = 0; j < c; j++)
-            dx[r * c + j] = rs * (gr[j] * w[j] - a - (xr[j] - mf) * rs * bb);
-    }
+    ln_bwd_data(dev->threads, x, w, mean, rstd, dy, dx, rows, c, false);
     return GP_OK;
 }
 
@@ -554,18 +598,36 @@ gp_status gp_cpu_layer_norm_bwd_weights(gp_device *dev, const float *x, const fl
                                         const float *rstd, const float *dy, float *dw,
                                         float *db, int64_t rows, int64_t c)
 {
-    int nt = dev->threads;
-#pragma omp parallel for schedule(static) num_threads(nt) if (rows * c >= CPU_PAR_MIN)
-    for (int64_t j = 0; j < c; j++) {
-        double sw = 0.0, sb = 0.0;
-        for (int64_t r = 0; r < rows; r++) {
-            float g = dy[r * c + j];
-            sw += (double)g * (double)((x[r * c + j] - mean[r]) * rstd[r]);
-            sb += (double)g;
-        }
-        dw[j] += (float)sw;
-        db[j] += (float)sb;
-    }
+    ln_bwd_weights(dev->threads, x, mean, rstd, dy, dw, db, rows, c, false);
+    return GP_OK;
+}
+
+GP_CPU_LOOPS
+gp_status gp_cpu_layer_norm_fwd_bf16(gp_device *dev, const uint16_t *x, const float *w,
+                                     const float *b, uint16_t *y, float *mean, float *rstd,
+                                     int64_t rows, int64_t c, float eps)
+{
+    ln_fwd(dev->threads, x, w, b, y, mean, rstd, rows, c, eps, true);
+    return GP_OK;
+}
+
+GP_CPU_LOOPS
+gp_status gp_cpu_layer_norm_bwd_data_bf16(gp_device *dev, const uint16_t *x, const float *w,
+                                          const float *mean, const float *rstd,
+                                          const uint16_t *dy, uint16_t *dx, int64_t rows,
+                                          int64_t c)
+{
+    ln_bwd_data(dev->threads, x, w, mean, rstd, dy, dx, rows, c, true);
+    return GP_OK;
+}
+
+GP_CPU_LOOPS
+gp_status gp_cpu_layer_norm_bwd_weights_bf16(gp_device *dev, const uint16_t *x,
+                                             const float *mean, const float *rstd,
+                                             const uint16_t *dy, float *dw, float *db,
+                                             int64_t rows, int64_t c)
+{
+    ln_bwd_weights(dev->threads, x, mean, rstd, dy, dw, db, rows, c, true);
     return GP_OK;
 }
 

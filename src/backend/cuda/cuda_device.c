@@ -1106,6 +1106,29 @@ static gp_status cuda_layer_norm_bwd_data(gp_device *dev, const float *x, const 
     CUDA_OP(dev, gp_cuk_layer_norm_bwd_data(s, x, w, mean, rstd, dy, dx, rows, c));
 }
 
+static gp_status cuda_layer_norm_fwd_bf16(gp_device *dev, const uint16_t *x, const float *w,
+                                          const float *b, uint16_t *y, float *mean, float *rstd,
+                                          int64_t rows, int64_t c, float eps)
+{
+    CUDA_OP(dev, gp_cuk_layer_norm_fwd_bf16(s, x, w, b, y, mean, rstd, rows, c, eps));
+}
+
+static gp_status cuda_layer_norm_bwd_data_bf16(gp_device *dev, const uint16_t *x, const float *w,
+                                               const float *mean, const float *rstd,
+                                               const uint16_t *dy, uint16_t *dx, int64_t rows,
+                                               int64_t c)
+{
+    CUDA_OP(dev, gp_cuk_layer_norm_bwd_data_bf16(s, x, w, mean, rstd, dy, dx, rows, c));
+}
+
+static gp_status cuda_layer_norm_bwd_weights_bf16(gp_device *dev, const uint16_t *x,
+                                                  const float *mean, const float *rstd,
+                                                  const uint16_t *dy, float *dw, float *db,
+                                                  int64_t rows, int64_t c)
+{
+    CUDA_OP(dev, gp_cuk_layer_norm_bwd_weights_bf16(s, x, mean, rstd, dy, dw, db, rows, c));
+}
+
 static gp_status cuda_layer_norm_bwd_weights(gp_device *dev, const float *x, const float *mean,
                                              const float *rstd, const float *dy, float *dw,
                                              float *db, int64_t rows, int64_t c)
@@ -1955,6 +1978,9 @@ static const gp_device_iface cuda_iface = {
     .conv_bwd_data_bf16 = gp_cuda_conv_bwd_data_bf16,
     .conv_bwd_weights_bf16 = gp_cuda_conv_bwd_weights_bf16,
     .xent_bf16 = cuda_xent_bf16,
+    .layer_norm_fwd_bf16 = cuda_layer_norm_fwd_bf16,
+    .layer_norm_bwd_data_bf16 = cuda_layer_norm_bwd_data_bf16,
+    .layer_norm_bwd_weights_bf16 = cuda_layer_norm_bwd_weights_bf16,
     .attn_fwd_bf16 = cuda_attn_fwd_bf16,
     .attn_bwd_bf16 = cuda_attn_bwd_bf16,
     .act_bf16_kinds = 1u << GP_ACT_RELU | 1u << GP_ACT_LEAKY_RELU | 1u << GP_ACT_GELU,

@@ -814,20 +814,23 @@ __global__ void k_norm_leaky_bwd(const float *yz, int from_z, float slope, const
 
 /* ---- layer norm: a block per row (backend.h's layer_norm_*) ---------------- */
 
-__global__ void k_layer_norm_fwd(const float *x, const float *w, const float *b, float *y,
-                                 float *mean, float *rstd, int64_t rows, int64_t c, float eps)
+/* Templated on the storage type of x, y, dy and dx (ld / st): the bf16
+ * instances are layer_norm_*_bf16. */
+template <typename T>
+__global__ void k_layer_norm_fwd(const T *x, const float *w, const float *b, T *y, float *mean,
+                                 float *rstd, int64_t rows, int64_t c, float eps)
 {
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-        const float *xr = x + r * c;
+        const T *xr = x + r * c;
         double s = 0.0;
-        for (int64_t j = threadIdx.x; j < c; j += blockDim.x) s += (double)xr[j];
+        for (int64_t j = threadIdx.x; j < c; j += blockDim.x) s += (double)ld(xr[j]);
         double m = block_sum(s) / (double)c, v = 0.0;
         for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
-            v += ((double)xr[j] - m) * ((double)xr[j] - m);
+            v += ((double)ld(xr[j]) - m) * ((double)ld(xr[j]) - m);
         v = block_sum(v) / (double)c;
         float mf = (float)m, rs = gp_ew_ln_rstd(v, eps);
         for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
-            y[r * c + j] = (xr[j] - mf) * rs * w[j] + b[j];
+            st(&y[r * c + j], (ld(xr[j]) - mf) * rs * w[j] + b[j]);
         if (threadIdx.x == 0) {
             mean[r] = mf;
             rstd[r] = rs;
@@ -835,34 +838,36 @@ __global__ void k_layer_norm_fwd(const float *x, const float *w, const float *b,
     }
 }
 
-__global__ void k_layer_norm_bwd_data(const float *x, const float *w, const float *mean,
-                                      const float *rstd, const float *dy, float *dx, int64_t rows,
+template <typename T>
+__global__ void k_layer_norm_bwd_data(const T *x, const float *w, const float *mean,
+                                      const float *rstd, const T *dy, T *dx, int64_t rows,
                                       int64_t c)
 {
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-        const float *xr = x + r * c, *gr = dy + r * c;
+        const T *xr = x + r * c, *gr = dy + r * c;
         float mf = mean[r], rs = rstd[r];
         double sg = 0.0, sgx = 0.0;
         for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-            float g = gr[j] * w[j];
+            float g = ld(gr[j]) * w[j];
             sg += (double)g;
-            sgx += (double)g * (double)((xr[j] - mf) * rs);
+            sgx += (double)g * (double)((ld(xr[j]) - mf) * rs);
         }
         float a = (float)(block_sum(sg) / (double)c), bb = (float)(block_sum(sgx) / (double)c);
         for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
-            dx[r * c + j] = rs * (gr[j] * w[j] - a - (xr[j] - mf) * rs * bb);
+            st(&dx[r * c + j], rs * (ld(gr[j]) * w[j] - a - (ld(xr[j]) - mf) * rs * bb));
     }
 }
 
-__global__ void k_layer_norm_bwd_weights(const float *x, const float *mean, const float *rstd,
-                                         const float *dy, float *dw, float *db, int64_t rows,
+template <typename T>
+__global__ void k_layer_norm_bwd_weights(const T *x, const float *mean, const float *rstd,
+                                         const T *dy, float *dw, float *db, int64_t rows,
                                          int64_t c)
 {
     GP_CUK_LOOP(j, c) {
         double sw = 0.0, sb = 0.0;
         for (int64_t r = 0; r < rows; r++) {
-            float g = dy[r * c + j];
-            sw += (double)g * (double)((x[r * c + j] - mean[r]) * rstd[r]);
+            float g = ld(dy[r * c + j]);
+            sw += (double)g * (double)((ld(x[r * c + j]) - mean[r]) * rstd[r]);
             sb += (double)g;
         }
         dw[j] += (float)sw;
@@ -1722,31 +1727,82 @@ cudaError_t gp_cuk_bn_bwd_apply(cudaStream_t s, const float *x, const float *gam
                         local, dgamma, dbeta);
 }
 
+} /* extern "C" */
+
+namespace {
+template <typename T>
+cudaError_t layer_norm_fwd(cudaStream_t s, const T *x, const float *w, const float *b, T *y,
+                           float *mean, float *rstd, int64_t rows, int64_t c, float eps)
+{
+    if (rows <= 0) return cudaSuccess;
+    k_layer_norm_fwd<T><<<channel_blocks(rows), GP_CUK_THREADS, 0, s>>>(x, w, b, y, mean, rstd,
+                                                                        rows, c, eps);
+    return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t layer_norm_bwd_data(cudaStream_t s, const T *x, const float *w, const float *mean,
+                                const float *rstd, const T *dy, T *dx, int64_t rows, int64_t c)
+{
+    if (rows <= 0) return cudaSuccess;
+    k_layer_norm_bwd_data<T><<<channel_blocks(rows), GP_CUK_THREADS, 0, s>>>(x, w, mean, rstd,
+                                                                             dy, dx, rows, c);
+    return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t layer_norm_bwd_weights(cudaStream_t s, const T *x, const float *mean,
+                                   const float *rstd, const T *dy, float *dw, float *db,
+                                   int64_t rows, int64_t c)
+{
+    GP_CUK_LAUNCH(c, k_layer_norm_bwd_weights<T>, x, mean, rstd, dy, dw, db, rows, c);
+}
+} /* namespace */
+
+extern "C" {
+
 cudaError_t gp_cuk_layer_norm_fwd(cudaStream_t s, const float *x, const float *w, const float *b,
                                   float *y, float *mean, float *rstd, int64_t rows, int64_t c,
                                   float eps)
 {
-    if (rows <= 0) return cudaSuccess;
-    k_layer_norm_fwd<<<channel_blocks(rows), GP_CUK_THREADS, 0, s>>>(x, w, b, y, mean, rstd,
-                                                                     rows, c, eps);
-    return cudaGetLastError();
+    return layer_norm_fwd(s, x, w, b, y, mean, rstd, rows, c, eps);
 }
 
 cudaError_t gp_cuk_layer_norm_bwd_data(cudaStream_t s, const float *x, const float *w,
                                        const float *mean, const float *rstd, const float *dy,
                                        float *dx, int64_t rows, int64_t c)
 {
-    if (rows <= 0) return cudaSuccess;
-    k_layer_norm_bwd_data<<<channel_blocks(rows), GP_CUK_THREADS, 0, s>>>(x, w, mean, rstd, dy,
-                                                                          dx, rows, c);
-    return cudaGetLastError();
+    return layer_norm_bwd_data(s, x, w, mean, rstd, dy, dx, rows, c);
 }
 
 cudaError_t gp_cuk_layer_norm_bwd_weights(cudaStream_t s, const float *x, const float *mean,
                                           const float *rstd, const float *dy, float *dw,
                                           float *db, int64_t rows, int64_t c)
 {
-    GP_CUK_LAUNCH(c, k_layer_norm_bwd_weights, x, mean, rstd, dy, dw, db, rows, c);
+    return layer_norm_bwd_weights(s, x, mean, rstd, dy, dw, db, rows, c);
+}
+
+cudaError_t gp_cuk_layer_norm_fwd_bf16(cudaStream_t s, const uint16_t *x, const float *w,
+                                       const float *b, uint16_t *y, float *mean, float *rstd,
+                                       int64_t rows, int64_t c, float eps)
+{
+    return layer_norm_fwd(s, x, w, b, y, mean, rstd, rows, c, eps);
+}
+
+cudaError_t gp_cuk_layer_norm_bwd_data_bf16(cudaStream_t s, const uint16_t *x, const float *w,
+                                            const float *mean, const float *rstd,
+                                            const uint16_t *dy, uint16_t *dx, int64_t rows,
+                                            int64_t c)
+{
+    return layer_norm_bwd_data(s, x, w, mean, rstd, dy, dx, rows, c);
+}
+
+cudaError_t gp_cuk_layer_norm_bwd_weights_bf16(cudaStream_t s, const uint16_t *x,
+                                               const float *mean, const float *rstd,
+                                               const uint16_t *dy, float *dw, float *db,
+                                               int64_t rows, int64_t c)
+{
+    return layer_norm_bwd_weights(s, x, mean, rstd, dy, dw, db, rows, c);
 }
 
 cudaError_t gp_cuk_embed_check(cudaStream_t s, const float *ids, int64_t rows, int64_t vocab,

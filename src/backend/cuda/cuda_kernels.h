@@ -195,6 +195,18 @@ cudaError_t gp_cuk_layer_norm_bwd_data(cudaStream_t s, const float *x, const flo
 cudaError_t gp_cuk_layer_norm_bwd_weights(cudaStream_t s, const float *x, const float *mean,
                                           const float *rstd, const float *dy, float *dw,
                                           float *db, int64_t rows, int64_t c);
+/* The same on bf16 x, y, dy and dx (layer_norm_*_bf16). */
+cudaError_t gp_cuk_layer_norm_fwd_bf16(cudaStream_t s, const uint16_t *x, const float *w,
+                                       const float *b, uint16_t *y, float *mean, float *rstd,
+                                       int64_t rows, int64_t c, float eps);
+cudaError_t gp_cuk_layer_norm_bwd_data_bf16(cudaStream_t s, const uint16_t *x, const float *w,
+                                            const float *mean, const float *rstd,
+                                            const uint16_t *dy, uint16_t *dx, int64_t rows,
+                                            int64_t c);
+cudaError_t gp_cuk_layer_norm_bwd_weights_bf16(cudaStream_t s, const uint16_t *x,
+                                               const float *mean, const float *rstd,
+                                               const uint16_t *dy, float *dw, float *db,
+                                               int64_t rows, int64_t c);
 
 /* backend.h's embed_fwd/bwd: embed_check writes into *first (device) the
  * first row whose id is not a whole number in [0, vocab), or -1; embed_fwd
