@@ -977,6 +977,19 @@ static gp_status cuda_nonfinite_or_many(gp_device *dev, const float *const *xs, 
     return GP_OK;
 }
 
+/* The cross-entropy kernels' per-row scratch in the workspace: rows
+ * losses (double), then rows flags (long long). */
+static gp_status xent_rows_ws(gp_device *dev, int64_t rows, double **row_loss,
+                              long long **row_flag)
+{
+    void *ws;
+    GP_TRY(gp_cuda_enter(dev));
+    GP_TRY(gp_cuda_ws_reserve(dev, (size_t)rows * (sizeof(double) + sizeof(long long)), &ws));
+    *row_loss = ws;
+    *row_flag = (long long *)(*row_loss + rows);
+    return GP_OK;
+}
+
 static gp_status cuda_xent(gp_device *dev, const float *logits, const float *labels,
                            int64_t rows, int64_t cols, int64_t ld, float scale, float smoothing,
                            float *dlogits, double *loss_sum, int64_t *correct, int64_t *bad_row)
@@ -986,12 +999,10 @@ static gp_status cuda_xent(gp_device *dev, const float *logits, const float *lab
     *correct = 0;
     *bad_row = -1;
     if (rows <= 0) return GP_OK;
-    void *ws;
     cuda_res r;
-    GP_TRY(gp_cuda_enter(dev));
-    GP_TRY(gp_cuda_ws_reserve(dev, (size_t)rows * (sizeof(double) + sizeof(long long)), &ws));
-    double *row_loss = ws;
-    long long *row_flag = (long long *)(row_loss + rows);
+    double *row_loss;
+    long long *row_flag;
+    GP_TRY(xent_rows_ws(dev, rows, &row_loss, &row_flag));
     GP_CUDA(gp_cuk_xent(ctx->compute, logits, labels, rows, cols, ld, scale, smoothing, dlogits,
                         row_loss, row_flag, &((cuda_res *)ctx->dev_res)->xent));
     GP_TRY(read_results(ctx, &r));
@@ -1017,13 +1028,11 @@ static gp_status cuda_xent_dev(gp_device *dev, const float *logits, const float 
                                int64_t rows, int64_t cols, int64_t ld, float scale,
                                float smoothing, float *dlogits, gp_loss_result *out)
 {
-    void *ws;
-    GP_TRY(gp_cuda_enter(dev));
-    GP_TRY(gp_cuda_ws_reserve(dev, (size_t)rows * (sizeof(double) + sizeof(long long)), &ws));
-    double *row_loss = ws;
+    double *row_loss;
+    long long *row_flag;
+    GP_TRY(xent_rows_ws(dev, rows, &row_loss, &row_flag));
     GP_CUDA(gp_cuk_xent(gp_cuda_ctx_of(dev)->compute, logits, labels, rows, cols, ld, scale,
-                        smoothing, dlogits, row_loss, (long long *)(row_loss + rows),
-                        (gp_cuk_xent_out *)out));
+                        smoothing, dlogits, row_loss, row_flag, (gp_cuk_xent_out *)out));
     return GP_OK;
 }
 
@@ -1031,13 +1040,11 @@ static gp_status cuda_xent_bf16(gp_device *dev, const uint16_t *logits, const fl
                                int64_t rows, int64_t cols, int64_t ld, float scale,
                                float smoothing, uint16_t *dlogits, gp_loss_result *out)
 {
-    void *ws;
-    GP_TRY(gp_cuda_enter(dev));
-    GP_TRY(gp_cuda_ws_reserve(dev, (size_t)rows * (sizeof(double) + sizeof(long long)), &ws));
-    double *row_loss = ws;
+    double *row_loss;
+    long long *row_flag;
+    GP_TRY(xent_rows_ws(dev, rows, &row_loss, &row_flag));
     GP_CUDA(gp_cuk_xent_bf16(gp_cuda_ctx_of(dev)->compute, logits, labels, rows, cols, ld, scale,
-                             smoothing, dlogits, row_loss, (long long *)(row_loss + rows),
-                             (gp_cuk_xent_out *)out));
+                             smoothing, dlogits, row_loss, row_flag, (gp_cuk_xent_out *)out));
     return GP_OK;
 }
 
