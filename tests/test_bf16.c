@@ -673,6 +673,61 @@ static void native_layer_norm(void)
     }
 }
 
+/* Dropout and dropout2d on bf16 storage (dropout_apply_bf16,
+ * mul_rows_bf16): the FP32 layer's mask on the widened values, rounded
+ * once, forward and backward, in place too, and no FP32 activations (the
+ * peak is y, dx and dropout2d's channel mask). */
+static void native_dropouts(void)
+{
+    CHECK(dev->iface->dropout_apply_bf16 && dev->iface->mul_rows_bf16);
+    for (int two = 0; two < 2; two++)
+        for (int inplace = 0; inplace < 2; inplace++) {
+            gp_layer_spec spec = gp_layer_spec_default(two ? GP_LAYER_DROPOUT2D : GP_LAYER_DROPOUT);
+            spec.p = 0.3f;
+            gp_shape in = two ? gp_shape_4d(1, 24, 30, 34) : gp_shape_2d(1, 9001);
+            int64_t batch = 5;
+            gp_layer lb, lf;
+            CHECK_OK(gp_layer_create(&spec, 4, &in, dev, 7, &lb));
+            CHECK_OK(gp_layer_create(&spec, 4, &in, dev, 7, &lf));
+            lb.out_dtype = GP_BF16;
+            gp_shape xs = gp_shape_with_batch(&in, batch);
+            gp_tensor xb = rand_bf16(&xs, 91), dyb = rand_bf16(&xs, 92), xw, dyw, yb, yf, yw;
+            gp_tensor dxb = {0}, dxf = {0}, x0 = rand_bf16(&xs, 91);
+            CHECK_OK(gp_tensor_as(&xw, &xb, GP_F32, GP_MEM_ACTIVATIONS));
+            CHECK_OK(gp_tensor_as(&dyw, &dyb, GP_F32, GP_MEM_ACTIVATIONS));
+            gp_fwd_ctx ctx = {.training = true, .seed = 5, .step = 3, .batch_total = batch};
+            gp_saved sb = {0}, sf = {0};
+            /* an odd count of bf16 values takes whole 4-byte words */
+            size_t before = dev->alloc.cur_by[GP_MEM_ACTIVATIONS];
+            size_t bytes = (gp_tensor_bytes(&xb) + 3) & ~(size_t)3;
+            size_t mask = two ? (size_t)(batch * 24) * sizeof(float) : 0;
+            gp_allocator_reset_peak(&dev->alloc);
+            if (inplace)
+                CHECK_OK(gp_layer_forward_inplace(&lb, &ctx, &xb, &yb, &sb)); /* over xb */
+            else
+                CHECK_OK(gp_layer_forward(&lb, &ctx, &xb, &yb, &sb));
+            CHECK_OK(gp_layer_backward(&lb, &ctx, &x0, &yb, &dyb, &dxb, &sb));
+            size_t peak = dev->alloc.peak_by[GP_MEM_ACTIVATIONS] - before;
+            CHECK_MSG(peak <= 2 * bytes + mask, "bf16 %s peaked at %zu bytes of activations "
+                      "over y, dx and the mask's %zu: FP32 temporaries", two ? "dropout2d" :
+                      "dropout", peak, 2 * bytes + mask);
+            CHECK_OK(gp_layer_forward(&lf, &ctx, &xw, &yf, &sf));
+            CHECK_OK(gp_tensor_as(&yw, &yb, GP_F32, GP_MEM_ACTIVATIONS));
+            CHECK_OK(gp_layer_backward(&lf, &ctx, &xw, &yw, &dyw, &dxf, &sf));
+            int64_t bad = rounded_mismatches(&yb, &yf), bad_dx = rounded_mismatches(&dxb, &dxf);
+            CHECK_MSG(bad == 0 && bad_dx == 0, "bf16 %s%s: %lld outputs and %lld of dx are not "
+                      "the FP32 ones rounded", two ? "dropout2d" : "dropout",
+                      inplace ? " in place" : "", (long long)bad, (long long)bad_dx);
+            if (!inplace) gp_tensor_free(&yb); /* in place: yb is a view of xb */
+            gp_tensor *all[] = {&xb, &dyb, &xw, &dyw, &yf, &yw, &dxb, &dxf, &x0};
+            for (size_t k = 0; k < sizeof all / sizeof *all; k++) gp_tensor_free(all[k]);
+            gp_saved_free(&sb);
+            gp_saved_free(&sf);
+            gp_layer_destroy(&lb);
+            gp_layer_destroy(&lf);
+        }
+}
+
 /* Cross-entropy on bf16 logits with its results on the device
  * (gp_loss_dev, the step's path): through xent_bf16, the FP32 loss, hits
  * and gradient of the widened logits, the gradient rounded once, on
@@ -774,6 +829,7 @@ int main(void)
     native_add();
     native_xent();
     native_layer_norm();
+    native_dropouts();
     losses_and_sums();
     /* every byte came back (the backend's own scratch arena aside) */
     for (int c = 0; c < GP_MEM_COUNT; c++)

@@ -2267,6 +2267,26 @@ static void test_bf16_ops(gp_device *cpu, const char *graph)
             CHECK_OK(gp_dev_synchronize(D2[k]));
         }
         CHECK_MSG(!memcmp(h[0], h[1], SN * 2), "bf16 add: the GPU's bits differ from the CPU's");
+        /* dropout's mask (the counter-based draw) and dropout2d's rows on
+         * bf16 values: the CPU's bits too */
+        buf rs = brand(SN / 100, 0, 2);
+        BOTH(gp_dev_dropout_apply_bf16(D, (uint16_t *)a.p[K], (uint16_t *)y.p[K], SN, 0.3f, 5, 77,
+                                       1000));
+        for (int k = 0; k < 2; k++) {
+            CHECK_OK(gp_dev_download(D2[k], h[k], y.p[k], SN / 2));
+            CHECK_OK(gp_dev_synchronize(D2[k]));
+        }
+        CHECK_MSG(!memcmp(h[0], h[1], SN * 2), "bf16 dropout: the GPU's bits differ from the "
+                  "CPU's");
+        BOTH(gp_dev_mul_rows_bf16(D, (uint16_t *)b.p[K], rs.p[K], (uint16_t *)y.p[K], SN / 100,
+                                  100));
+        for (int k = 0; k < 2; k++) {
+            CHECK_OK(gp_dev_download(D2[k], h[k], y.p[k], SN / 2));
+            CHECK_OK(gp_dev_synchronize(D2[k]));
+        }
+        CHECK_MSG(!memcmp(h[0], h[1], SN * 2), "bf16 dropout2d's rows: the GPU's bits differ "
+                  "from the CPU's");
+        bfree(&rs);
         free(h[0]);
         free(h[1]);
         bfree(&fa); bfree(&fb); bfree(&a); bfree(&b); bfree(&y);

@@ -130,7 +130,8 @@
  *      conv_bwd_weights_bf16, xent_bf16, layer_norm_fwd_bf16,
  *      layer_norm_bwd_data_bf16, layer_norm_bwd_weights_bf16 (batch norm,
  *      pooling, sums, convolutions, cross-entropy and layer norm on bf16
- *      storage) */
+ *      storage), dropout_apply_bf16, mul_rows_bf16 (dropout and dropout2d
+ *      on bf16 storage) */
 #define GP_DEVICE_IFACE_VERSION 34
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
@@ -982,6 +983,14 @@ typedef struct gp_device_iface {
                                              const float *mean, const float *rstd,
                                              const uint16_t *dy, float *dw, float *db,
                                              int64_t rows, int64_t c);
+    /* dropout_apply_bf16: dropout_apply on bf16 x and y (y[i] =
+     * bits(value(x[i]) * mask[i]), the same mask); mul_rows_bf16:
+     * mul_rows on bf16 x and y (dropout2d's channel mask).  One pass each,
+     * the adapter's bits; y may be x.  NULL: the adapter. */
+    gp_status (*dropout_apply_bf16)(gp_device *dev, const uint16_t *x, uint16_t *y, int64_t n,
+                                    float p, uint64_t seed, uint64_t stream, uint64_t first);
+    gp_status (*mul_rows_bf16)(gp_device *dev, const uint16_t *x, const float *s, uint16_t *y,
+                               int64_t rows, int64_t cols);
 } gp_device_iface;
 
 /* The most tensors one nonfinite_or_many launch takes (its table travels
@@ -1566,6 +1575,12 @@ gp_status gp_dev_layer_norm_bwd_weights_bf16(gp_device *dev, const uint16_t *x,
                                              const float *mean, const float *rstd,
                                              const uint16_t *dy, float *dw, float *db,
                                              int64_t rows, int64_t c);
+/* dropout_apply_bf16, mul_rows_bf16 (backend.h); GP_ERR_UNSUPPORTED where
+ * the backend has none; empty calls do nothing. */
+gp_status gp_dev_dropout_apply_bf16(gp_device *dev, const uint16_t *x, uint16_t *y, int64_t n,
+                                    float p, uint64_t seed, uint64_t stream, uint64_t first);
+gp_status gp_dev_mul_rows_bf16(gp_device *dev, const uint16_t *x, const float *s, uint16_t *y,
+                               int64_t rows, int64_t cols);
 /* xent_bf16 (backend.h); GP_ERR_UNSUPPORTED where the backend has none. */
 gp_status gp_dev_xent_bf16(gp_device *dev, const uint16_t *logits, const float *labels,
                            int64_t rows, int64_t cols, int64_t ld, float scale, float smoothing,

@@ -871,6 +871,26 @@ gp_status gp_dev_xent_bf16(gp_device *dev, const uint16_t *logits, const float *
                                  out);
 }
 
+static gp_status no_bf16_slot(gp_device *dev, const char *what)
+{
+    return gp_error_set(GP_ERR_UNSUPPORTED, "device %s (%s backend) has no bf16 %s; the storage "
+                        "adapter runs it", dev->name, dev->iface->backend_name, what);
+}
+
+gp_status gp_dev_dropout_apply_bf16(gp_device *dev, const uint16_t *x, uint16_t *y, int64_t n,
+                                    float p, uint64_t seed, uint64_t stream, uint64_t first)
+{
+    if (!dev->iface->dropout_apply_bf16) return no_bf16_slot(dev, "dropout");
+    return n > 0 ? dev->iface->dropout_apply_bf16(dev, x, y, n, p, seed, stream, first) : GP_OK;
+}
+
+gp_status gp_dev_mul_rows_bf16(gp_device *dev, const uint16_t *x, const float *s, uint16_t *y,
+                               int64_t rows, int64_t cols)
+{
+    if (!dev->iface->mul_rows_bf16) return no_bf16_slot(dev, "dropout2d");
+    return rows * cols > 0 ? dev->iface->mul_rows_bf16(dev, x, s, y, rows, cols) : GP_OK;
+}
+
 static gp_status no_ln_bf16(gp_device *dev)
 {
     return gp_error_set(GP_ERR_UNSUPPORTED, "device %s (%s backend) has no bf16 layer norm; "

@@ -177,9 +177,15 @@ static gp_status dropout_masked(const gp_layer *l, const gp_fwd_ctx *ctx, const 
 {
     int64_t per_sample = gp_shape_numel(&l->in_shape);
     uint64_t stream = gp_rng_stream(ctx->step, (uint64_t)l->index, GP_RNG_TAG_DROPOUT);
+    uint64_t first = (uint64_t)(ctx->sample_offset * per_sample);
+    if (in->dtype == GP_BF16) /* bf16 storage, in one pass (takes_bf16) */
+        return gp_dev_dropout_apply_bf16(l->dev, gp_bf16(in), gp_bf16(out), gp_tensor_numel(in),
+                                         l->spec.p, ctx->seed, stream, first);
     return gp_dev_dropout_apply(l->dev, gp_f32(in), gp_f32(out), gp_tensor_numel(in), l->spec.p,
-                                ctx->seed, stream, (uint64_t)(ctx->sample_offset * per_sample));
+                                ctx->seed, stream, first);
 }
+
+static bool dropout_takes_bf16(const gp_layer *l) { return l->dev->iface->dropout_apply_bf16; }
 
 static gp_status dropout_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                                  gp_tensor *y, gp_saved *s)
@@ -207,6 +213,7 @@ const gp_layer_ops gp_dropout_ops = {
     .backward_data = dropout_backward_data,
     .flops = numel_flops,
     .saved_bytes = dropout_saved_bytes,
+    .takes_bf16 = dropout_takes_bf16,
     .inplace = GP_INPLACE_VALUES,
     .bwd_ignores_y = true,
     .bwd_ignores_x = true,

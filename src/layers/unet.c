@@ -133,6 +133,8 @@ static gp_status dropout2d_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_
     uint64_t stream = gp_rng_stream(ctx->step, (uint64_t)l->index, GP_RNG_TAG_DROPOUT2D);
     GP_TRY(gp_dev_dropout_mask(dev, gp_f32(&s->t[0]), N * C, l->spec.p, ctx->seed, stream,
                                (uint64_t)(ctx->sample_offset * C)));
+    if (x->dtype == GP_BF16) /* bf16 storage, in one pass (takes_bf16) */
+        return gp_dev_mul_rows_bf16(dev, gp_bf16(x), gp_f32(&s->t[0]), gp_bf16(y), N * C, plane);
     return gp_dev_mul_rows(dev, gp_f32(x), gp_f32(&s->t[0]), gp_f32(y), N * C, plane);
 }
 
@@ -142,8 +144,13 @@ static gp_status dropout2d_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, con
 {
     if (!gp_tensor_mem(&s->t[0])) return gp_layers_copy(l->dev, gp_tensor_mem(dx), dy); /* identity forward */
     const int64_t N = x->dims[0], C = x->dims[1], plane = x->dims[2] * x->dims[3];
+    if (dy->dtype == GP_BF16)
+        return gp_dev_mul_rows_bf16(l->dev, gp_bf16(dy), gp_f32(&s->t[0]), gp_bf16(dx), N * C,
+                                    plane);
     return gp_dev_mul_rows(l->dev, gp_f32(dy), gp_f32(&s->t[0]), gp_f32(dx), N * C, plane);
 }
+
+static bool dropout2d_takes_bf16(const gp_layer *l) { return l->dev->iface->mul_rows_bf16; }
 
 static size_t dropout2d_saved_bytes(const gp_layer *l, int64_t n)
 {
@@ -162,6 +169,7 @@ const gp_layer_ops gp_dropout2d_ops = {
     .inplace = GP_INPLACE_VALUES,
     .bwd_ignores_y = true,
     .bwd_ignores_x = true,
+    .takes_bf16 = dropout2d_takes_bf16,
 };
 
 /* ---- instance_norm --------------------------------------------------------- */

@@ -303,6 +303,8 @@ static const gp_device_iface cpu_iface = {
     .layer_norm_fwd_bf16 = gp_cpu_layer_norm_fwd_bf16,
     .layer_norm_bwd_data_bf16 = gp_cpu_layer_norm_bwd_data_bf16,
     .layer_norm_bwd_weights_bf16 = gp_cpu_layer_norm_bwd_weights_bf16,
+    .dropout_apply_bf16 = gp_cpu_dropout_apply_bf16,
+    .mul_rows_bf16 = gp_cpu_mul_rows_bf16,
 };
 
 static cpu_conv_layout conv_layout_from_env(void)

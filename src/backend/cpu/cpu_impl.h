@@ -353,6 +353,10 @@ gp_status gp_cpu_layer_norm_bwd_weights_bf16(gp_device *dev, const uint16_t *x,
                                              const float *mean, const float *rstd,
                                              const uint16_t *dy, float *dw, float *db,
                                              int64_t rows, int64_t c);
+gp_status gp_cpu_dropout_apply_bf16(gp_device *dev, const uint16_t *x, uint16_t *y, int64_t n,
+                                    float p, uint64_t seed, uint64_t stream, uint64_t first);
+gp_status gp_cpu_mul_rows_bf16(gp_device *dev, const uint16_t *x, const float *s, uint16_t *y,
+                               int64_t rows, int64_t cols);
 /* cpu_pool.c: pooling on bf16 storage (backend.h's pool_*_bf16) */
 gp_status gp_cpu_pool_fwd_bf16(gp_device *dev, const gp_pool_desc *d, const uint16_t *x,
                                uint16_t *y, void *ws);

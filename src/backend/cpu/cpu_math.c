@@ -482,6 +482,24 @@ gp_status gp_cpu_dropout_apply(gp_device *dev, const float *x, float *y, int64_t
     return GP_OK;
 }
 
+/* dropout_apply_bf16: the same chunks and mask, on the widened values,
+ * rounded once. */
+GP_CPU_LOOPS
+gp_status gp_cpu_dropout_apply_bf16(gp_device *dev, const uint16_t *x, uint16_t *y, int64_t n,
+                                    float p, uint64_t seed, uint64_t stream, uint64_t first)
+{
+    int nt = dev->threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN)
+    for (int64_t c0 = 0; c0 < n; c0 += CPU_DROPOUT_CHUNK) {
+        float m[CPU_DROPOUT_CHUNK];
+        int64_t len = n - c0 < CPU_DROPOUT_CHUNK ? n - c0 : CPU_DROPOUT_CHUNK;
+        gp_rng_uniform_fill(seed, stream, first + (uint64_t)c0, m, len);
+        for (int64_t i = 0; i < len; i++)
+            y[c0 + i] = gp_ew_bf16_bits(gp_ew_bf16_value(x[c0 + i]) * gp_ew_dropout(m[i], p));
+    }
+    return GP_OK;
+}
+
 /* ---- bfloat16 conversions (pipeline copies in bf16) ------------------------ */
 
 GP_CPU_LOOPS
@@ -733,6 +751,23 @@ gp_status gp_cpu_act_bf16(gp_device *dev, gp_act_kind kind, const uint16_t *xy,
             out[i] = gp_ew_bf16_bits(lk ? gp_ew_leaky_relu_bwd(y, g, slope)
                                         : gp_ew_relu_bwd(y, g));
         }
+    }
+    return GP_OK;
+}
+
+/* mul_rows_bf16: row r of the widened x times s[r], rounded once. */
+GP_CPU_LOOPS
+gp_status gp_cpu_mul_rows_bf16(gp_device *dev, const uint16_t *x, const float *s, uint16_t *y,
+                               int64_t rows, int64_t cols)
+{
+    int nt = dev->threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * cols >= CPU_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t *xr = x + r * cols;
+        uint16_t *yr = y + r * cols;
+        const float f = s[r];
+#pragma omp simd
+        for (int64_t j = 0; j < cols; j++) yr[j] = gp_ew_bf16_bits(gp_ew_bf16_value(xr[j]) * f);
     }
     return GP_OK;
 }

@@ -1082,6 +1082,19 @@ static gp_status cuda_act_bf16(gp_device *dev, gp_act_kind kind, const uint16_t 
     CUDA_OP(dev, gp_cuk_act_bf16(s, (int)kind, xy, dy, out, n, slope));
 }
 
+static gp_status cuda_dropout_apply_bf16(gp_device *dev, const uint16_t *x, uint16_t *y,
+                                         int64_t n, float p, uint64_t seed, uint64_t stream,
+                                         uint64_t first)
+{
+    CUDA_OP(dev, gp_cuk_dropout_apply_bf16(s, x, y, n, p, seed, stream, first));
+}
+
+static gp_status cuda_mul_rows_bf16(gp_device *dev, const uint16_t *x, const float *f,
+                                    uint16_t *y, int64_t rows, int64_t cols)
+{
+    CUDA_OP(dev, gp_cuk_mul_rows_bf16(s, x, f, y, rows, cols));
+}
+
 static gp_status cuda_add_bf16(gp_device *dev, const uint16_t *a, const uint16_t *b,
                                uint16_t *y, int64_t n)
 {
@@ -1978,6 +1991,8 @@ static const gp_device_iface cuda_iface = {
     .gemm_wb = cuda_gemm_wb,
     .act_bf16 = cuda_act_bf16,
     .add_bf16 = cuda_add_bf16,
+    .dropout_apply_bf16 = cuda_dropout_apply_bf16,
+    .mul_rows_bf16 = cuda_mul_rows_bf16,
     .bn_fwd_train_bf16 = gp_cuda_bn_fwd_train_bf16,
     .bn_fwd_infer_bf16 = gp_cuda_bn_fwd_infer_bf16,
     .bn_bwd_bf16 = gp_cuda_bn_bwd_bf16,

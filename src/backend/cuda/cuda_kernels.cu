@@ -128,6 +128,13 @@ __global__ void k_dropout_apply(const float *x, float *y, int64_t n, float p, ui
     GP_CUK_LOOP(i, n)
         y[i] = x[i] * gp_ew_dropout(gp_philox_uniform(seed, stream, first + (uint64_t)i), p);
 }
+__global__ void k_dropout_apply_bf16(const uint16_t *x, uint16_t *y, int64_t n, float p,
+                                     uint64_t seed, uint64_t stream, uint64_t first)
+{
+    GP_CUK_LOOP(i, n)
+        y[i] = gp_ew_bf16_bits(gp_ew_bf16_value(x[i]) *
+                               gp_ew_dropout(gp_philox_uniform(seed, stream, first + (uint64_t)i), p));
+}
 __global__ void k_bf16_pack(uint16_t *dst, const float *src, int64_t n)
 {
     GP_CUK_LOOP(i, n) dst[i] = gp_ew_bf16_bits(src[i]);
@@ -481,6 +488,11 @@ __global__ void k_mul_rows(const float *x, const float *f, float *y, int64_t row
                            int64_t cols)
 {
     GP_CUK_LOOP(e, rows * cols) y[e] = x[e] * f[e / cols];
+}
+__global__ void k_mul_rows_bf16(const uint16_t *x, const float *f, uint16_t *y, int64_t rows,
+                                int64_t cols)
+{
+    GP_CUK_LOOP(e, rows * cols) y[e] = gp_ew_bf16_bits(gp_ew_bf16_value(x[e]) * f[e / cols]);
 }
 /* One thread per output element: y[p, i, j] = x[p, i / s, j / s]. */
 __global__ void k_upsample_fwd(const float *x, float *y, int64_t planes, int64_t h, int64_t w,
@@ -1464,6 +1476,18 @@ cudaError_t gp_cuk_leaky_relu_bwd(cudaStream_t s, const float *y, const float *d
                                   int64_t n, float slope)
 {
     GP_CUK_LAUNCH(n, k_leaky_relu_bwd, y, dy, dx, n, slope);
+}
+
+cudaError_t gp_cuk_mul_rows_bf16(cudaStream_t s, const uint16_t *x, const float *f, uint16_t *y,
+                                 int64_t rows, int64_t cols)
+{
+    GP_CUK_LAUNCH(rows * cols, k_mul_rows_bf16, x, f, y, rows, cols);
+}
+
+cudaError_t gp_cuk_dropout_apply_bf16(cudaStream_t s, const uint16_t *x, uint16_t *y, int64_t n,
+                                      float p, uint64_t seed, uint64_t stream, uint64_t first)
+{
+    GP_CUK_LAUNCH(n, k_dropout_apply_bf16, x, y, n, p, seed, stream, first);
 }
 
 cudaError_t gp_cuk_mul_rows(cudaStream_t s, const float *x, const float *f, float *y,

@@ -174,6 +174,12 @@ cudaError_t gp_cuk_xent_bf16(cudaStream_t s, const uint16_t *logits, const float
                              long long *row_flag, gp_cuk_xent_out *out);
 
 /* Transformer layers (backend.h's gelu_fwd/bwd): one thread per element. */
+/* dropout_apply_bf16, mul_rows_bf16 (backend.h): dropout's mask and
+ * dropout2d's rows on bf16 values, rounded once. */
+cudaError_t gp_cuk_dropout_apply_bf16(cudaStream_t s, const uint16_t *x, uint16_t *y, int64_t n,
+                                      float p, uint64_t seed, uint64_t stream, uint64_t first);
+cudaError_t gp_cuk_mul_rows_bf16(cudaStream_t s, const uint16_t *x, const float *f, uint16_t *y,
+                                 int64_t rows, int64_t cols);
 /* add_bf16 (backend.h): y = a + b on bf16 values, rounded once. */
 cudaError_t gp_cuk_add_bf16(cudaStream_t s, const uint16_t *a, const uint16_t *b, uint16_t *y,
                             int64_t n);
