@@ -803,13 +803,19 @@ gp_status gp_dev_attn_bwd(gp_device *dev, const float *x, const float *y, const 
     return b * t > 0 ? dev->iface->attn_bwd(dev, x, y, lse, dy, dx, b, t, heads, c) : GP_OK;
 }
 
+/* The error of a bf16 slot the backend lacks (the layer's takes_bf16 hook keeps such calls
+ * on the storage adapter, so reaching this is a bug in the caller). */
+static gp_status no_bf16_slot(gp_device *dev, const char *what)
+{
+    return gp_error_set(GP_ERR_UNSUPPORTED, "device %s (%s backend) has no bf16 %s; the storage "
+                        "adapter runs it", dev->name, dev->iface->backend_name, what);
+}
+
 gp_status gp_dev_attn_fwd_bf16(gp_device *dev, const uint16_t *x, uint16_t *y, float *lse,
                                int64_t b, int64_t t, int64_t heads, int64_t c)
 {
     GP_TRY(attn_check(dev, "attn_fwd", b, t, heads, c));
-    if (!gp_dev_attn_bf16_has(dev))
-        return gp_error_set(GP_ERR_UNSUPPORTED, "device %s (%s backend) has no bf16 attention; "
-                            "the storage adapter runs it", dev->name, dev->iface->backend_name);
+    if (!gp_dev_attn_bf16_has(dev)) return no_bf16_slot(dev, "attention");
     return b * t > 0 ? dev->iface->attn_fwd_bf16(dev, x, y, lse, b, t, heads, c) : GP_OK;
 }
 
@@ -818,23 +824,15 @@ gp_status gp_dev_attn_bwd_bf16(gp_device *dev, const uint16_t *x, const uint16_t
                                int64_t t, int64_t heads, int64_t c)
 {
     GP_TRY(attn_check(dev, "attn_bwd", b, t, heads, c));
-    if (!gp_dev_attn_bf16_has(dev))
-        return gp_error_set(GP_ERR_UNSUPPORTED, "device %s (%s backend) has no bf16 attention; "
-                            "the storage adapter runs it", dev->name, dev->iface->backend_name);
+    if (!gp_dev_attn_bf16_has(dev)) return no_bf16_slot(dev, "attention");
     return b * t > 0 ? dev->iface->attn_bwd_bf16(dev, x, y, lse, dy, dx, b, t, heads, c) : GP_OK;
-}
-
-static gp_status no_bn_bf16(gp_device *dev)
-{
-    return gp_error_set(GP_ERR_UNSUPPORTED, "device %s (%s backend) has no bf16 batch norm; "
-                        "the storage adapter runs it", dev->name, dev->iface->backend_name);
 }
 
 gp_status gp_dev_bn_fwd_train_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t *x,
                                    const float *gamma, const float *beta, uint16_t *y,
                                    float *mean, float *var)
 {
-    if (!gp_dev_bn_bf16_has(dev)) return no_bn_bf16(dev);
+    if (!gp_dev_bn_bf16_has(dev)) return no_bf16_slot(dev, "batch norm");
     if (d->blk && !dev->iface->act_block) return gp_dev_no_blocks(dev, "batch norm");
     return dev->iface->bn_fwd_train_bf16(dev, d, x, gamma, beta, y, mean, var);
 }
@@ -843,7 +841,7 @@ gp_status gp_dev_bn_fwd_infer_bf16(gp_device *dev, const gp_bn_desc *d, const ui
                                    const float *gamma, const float *beta, const float *mean,
                                    const float *var, uint16_t *y)
 {
-    if (!gp_dev_bn_bf16_has(dev)) return no_bn_bf16(dev);
+    if (!gp_dev_bn_bf16_has(dev)) return no_bf16_slot(dev, "batch norm");
     if (d->blk && !dev->iface->act_block) return gp_dev_no_blocks(dev, "batch norm");
     return dev->iface->bn_fwd_infer_bf16(dev, d, x, gamma, beta, mean, var, y);
 }
@@ -853,7 +851,7 @@ gp_status gp_dev_bn_bwd_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t
                              const float *var, const uint16_t *dy, uint16_t *dx, float *dgamma,
                              float *dbeta)
 {
-    if (!gp_dev_bn_bf16_has(dev)) return no_bn_bf16(dev);
+    if (!gp_dev_bn_bf16_has(dev)) return no_bf16_slot(dev, "batch norm");
     if (d->blk && !dev->iface->act_block) return gp_dev_no_blocks(dev, "batch norm");
     return dev->iface->bn_bwd_bf16(dev, d, x, gamma, beta, mean, var, dy, dx, dgamma, dbeta);
 }
@@ -862,19 +860,10 @@ gp_status gp_dev_xent_bf16(gp_device *dev, const uint16_t *logits, const float *
                            int64_t rows, int64_t cols, int64_t ld, float scale, float smoothing,
                            uint16_t *dlogits, gp_loss_result *out)
 {
-    if (!dev->iface->xent_bf16)
-        return gp_error_set(GP_ERR_UNSUPPORTED, "device %s (%s backend) has no bf16 "
-                            "cross-entropy; the storage adapter runs it", dev->name,
-                            dev->iface->backend_name);
+    if (!dev->iface->xent_bf16) return no_bf16_slot(dev, "cross-entropy");
     if (rows <= 0) return loss_result_up(dev, out, 0.0, 0, -1);
     return dev->iface->xent_bf16(dev, logits, labels, rows, cols, ld, scale, smoothing, dlogits,
                                  out);
-}
-
-static gp_status no_bf16_slot(gp_device *dev, const char *what)
-{
-    return gp_error_set(GP_ERR_UNSUPPORTED, "device %s (%s backend) has no bf16 %s; the storage "
-                        "adapter runs it", dev->name, dev->iface->backend_name, what);
 }
 
 gp_status gp_dev_dropout_apply_bf16(gp_device *dev, const uint16_t *x, uint16_t *y, int64_t n,
@@ -891,17 +880,11 @@ gp_status gp_dev_mul_rows_bf16(gp_device *dev, const uint16_t *x, const float *s
     return rows * cols > 0 ? dev->iface->mul_rows_bf16(dev, x, s, y, rows, cols) : GP_OK;
 }
 
-static gp_status no_ln_bf16(gp_device *dev)
-{
-    return gp_error_set(GP_ERR_UNSUPPORTED, "device %s (%s backend) has no bf16 layer norm; "
-                        "the storage adapter runs it", dev->name, dev->iface->backend_name);
-}
-
 gp_status gp_dev_layer_norm_fwd_bf16(gp_device *dev, const uint16_t *x, const float *w,
                                      const float *b, uint16_t *y, float *mean, float *rstd,
                                      int64_t rows, int64_t c, float eps)
 {
-    if (!gp_dev_layer_norm_bf16_has(dev)) return no_ln_bf16(dev);
+    if (!gp_dev_layer_norm_bf16_has(dev)) return no_bf16_slot(dev, "layer norm");
     if (rows <= 0 || c <= 0) return GP_OK;
     return dev->iface->layer_norm_fwd_bf16(dev, x, w, b, y, mean, rstd, rows, c, eps);
 }
@@ -911,7 +894,7 @@ gp_status gp_dev_layer_norm_bwd_data_bf16(gp_device *dev, const uint16_t *x, con
                                           const uint16_t *dy, uint16_t *dx, int64_t rows,
                                           int64_t c)
 {
-    if (!gp_dev_layer_norm_bf16_has(dev)) return no_ln_bf16(dev);
+    if (!gp_dev_layer_norm_bf16_has(dev)) return no_bf16_slot(dev, "layer norm");
     if (rows <= 0 || c <= 0) return GP_OK;
     return dev->iface->layer_norm_bwd_data_bf16(dev, x, w, mean, rstd, dy, dx, rows, c);
 }
@@ -921,7 +904,7 @@ gp_status gp_dev_layer_norm_bwd_weights_bf16(gp_device *dev, const uint16_t *x,
                                              const uint16_t *dy, float *dw, float *db,
                                              int64_t rows, int64_t c)
 {
-    if (!gp_dev_layer_norm_bf16_has(dev)) return no_ln_bf16(dev);
+    if (!gp_dev_layer_norm_bf16_has(dev)) return no_bf16_slot(dev, "layer norm");
     if (rows <= 0 || c <= 0) return GP_OK;
     return dev->iface->layer_norm_bwd_weights_bf16(dev, x, mean, rstd, dy, dw, db, rows, c);
 }
@@ -958,22 +941,14 @@ gp_status gp_dev_conv_bwd_weights_bf16(gp_device *dev, const gp_conv_desc *d,
 gp_status gp_dev_add_bf16(gp_device *dev, const uint16_t *a, const uint16_t *b, uint16_t *y,
                           int64_t n)
 {
-    if (!dev->iface->add_bf16)
-        return gp_error_set(GP_ERR_UNSUPPORTED, "device %s (%s backend) has no bf16 sum; the "
-                            "storage adapter runs it", dev->name, dev->iface->backend_name);
+    if (!dev->iface->add_bf16) return no_bf16_slot(dev, "sum");
     return n > 0 ? dev->iface->add_bf16(dev, a, b, y, n) : GP_OK;
-}
-
-static gp_status no_pool_bf16(gp_device *dev)
-{
-    return gp_error_set(GP_ERR_UNSUPPORTED, "device %s (%s backend) has no bf16 pooling; the "
-                        "storage adapter runs it", dev->name, dev->iface->backend_name);
 }
 
 gp_status gp_dev_pool_fwd_bf16(gp_device *dev, const gp_pool_desc *d, const uint16_t *x,
                                uint16_t *y, void *ws)
 {
-    if (!gp_dev_pool_bf16_has(dev)) return no_pool_bf16(dev);
+    if (!gp_dev_pool_bf16_has(dev)) return no_bf16_slot(dev, "pooling");
     if (d->blk && !dev->iface->act_block) return gp_dev_no_blocks(dev, "pooling");
     return dev->iface->pool_fwd_bf16(dev, d, x, y, ws);
 }
@@ -982,7 +957,7 @@ gp_status gp_dev_pool_bwd_bf16(gp_device *dev, const gp_pool_desc *d, const uint
                                const uint16_t *y, const uint16_t *dy, uint16_t *dx,
                                const void *ws)
 {
-    if (!gp_dev_pool_bf16_has(dev)) return no_pool_bf16(dev);
+    if (!gp_dev_pool_bf16_has(dev)) return no_bf16_slot(dev, "pooling");
     if (d->blk && !dev->iface->act_block) return gp_dev_no_blocks(dev, "pooling");
     return dev->iface->pool_bwd_bf16(dev, d, x, y, dy, dx, ws);
 }
@@ -994,9 +969,7 @@ gp_status gp_dev_act_bf16(gp_device *dev, gp_act_kind kind, const uint16_t *xy,
 {
     static const char *const names[GP_ACT_COUNT] = {"relu", "leaky_relu", "gelu"};
     if (!gp_dev_act_bf16_has(dev, kind))
-        return gp_error_set(GP_ERR_UNSUPPORTED, "device %s (%s backend) has no bf16 %s; the "
-                            "storage adapter runs it", dev->name, dev->iface->backend_name,
-                            (unsigned)kind < GP_ACT_COUNT ? names[kind] : "activation");
+        return no_bf16_slot(dev, (unsigned)kind < GP_ACT_COUNT ? names[kind] : "activation");
     return n > 0 ? dev->iface->act_bf16(dev, kind, xy, dy, out, n, slope) : GP_OK;
 }
 

@@ -461,23 +461,13 @@ static inline float *at_w(float *p, int64_t k) { return p ? p + k : NULL; }
 GP_CPU_LOOPS
 static void runs_widen(float *tile, const uint16_t *src, int64_t n, int64_t cs, int64_t len)
 {
-    for (int64_t i = 0; i < n; i++) {
-        const uint16_t *p = src + i * cs;
-        float *q = tile + i * len;
-#pragma omp simd
-        for (int64_t j = 0; j < len; j++) q[j] = gp_ew_bf16_value(p[j]);
-    }
+    for (int64_t i = 0; i < n; i++) gp_cpu_widen_run(tile + i * len, src + i * cs, len);
 }
 
 GP_CPU_LOOPS
 static void runs_round(uint16_t *dst, const float *tile, int64_t n, int64_t cs, int64_t len)
 {
-    for (int64_t i = 0; i < n; i++) {
-        uint16_t *p = dst + i * cs;
-        const float *q = tile + i * len;
-#pragma omp simd
-        for (int64_t j = 0; j < len; j++) p[j] = gp_ew_bf16_bits(q[j]);
-    }
+    for (int64_t i = 0; i < n; i++) gp_cpu_round_run(dst + i * cs, tile + i * len, len);
 }
 
 /* One task: channels [lo, hi) through tiles tx, tg (backward), ty. */

@@ -37,8 +37,30 @@
 
 #include "backend/backend.h"
 
+#include "backend/elementwise.h"
+
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_debug.h>
+
+/* ---- bf16 tiles ------------------------------------------------------------
+ * A serial run of bf16 values widened into an FP32 tile, and a tile rounded
+ * back once: the bf16 slots that run the FP32 bodies on tiles (batch norm,
+ * pooling, cross-entropy). Inlined into each caller's ISA clone; called
+ * inside the caller's parallel region (gp_cpu_bf16_pack and unpack open
+ * their own). */
+static inline __attribute__((always_inline)) void gp_cpu_widen_run(float *dst, const uint16_t *src,
+                                                                   int64_t n)
+{
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) dst[i] = gp_ew_bf16_value(src[i]);
+}
+
+static inline __attribute__((always_inline)) void gp_cpu_round_run(uint16_t *dst, const float *src,
+                                                                   int64_t n)
+{
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) dst[i] = gp_ew_bf16_bits(src[i]);
+}
 
 /* ---- oneDNN checks ------------------------------------------------------ */
 

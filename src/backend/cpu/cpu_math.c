@@ -435,16 +435,27 @@ gp_status gp_cpu_xent_bf16(gp_device *dev, const uint16_t *logits, const float *
 #pragma omp parallel for schedule(static) num_threads(nt) if (par) reduction(+ : loss, hits)
     for (int64_t r = 0; r < rows; r++) {
         float *x = arena + (size_t)omp_get_thread_num() * 2 * (size_t)ld, *g = x + ld;
-        const uint16_t *xr = logits + r * ld;
-        for (int64_t j = 0; j < cols; j++) x[j] = gp_ew_bf16_value(xr[j]);
+        gp_cpu_widen_run(x, logits + r * ld, cols);
         xent_row(x, cols, ld, (int64_t)labels[r], scale, smoothing, dlogits ? g : NULL, &loss,
                  &hits);
-        for (int64_t j = 0; dlogits && j < ld; j++) dlogits[r * ld + j] = gp_ew_bf16_bits(g[j]);
+        if (dlogits) gp_cpu_round_run(dlogits + r * ld, g, ld);
     }
     out->loss_sum = loss;
     out->correct = hits;
     return GP_OK;
 }
+
+/* One body for both storage types (dropout, dropout2d's rows, layer norm):
+ * b16, a constant where the body is inlined, says whether the activations
+ * are bf16 patterns, widened on load (B16_LD) and rounded once on store
+ * (B16_ST). The bf16 slots so do the FP32 slots' arithmetic on the widened
+ * values: the storage adapter's bits without its passes. */
+#define B16_LD(p, i) (b16 ? gp_ew_bf16_value(((const uint16_t *)(p))[i]) : ((const float *)(p))[i])
+#define B16_ST(p, i, v)                                                                      \
+    do {                                                                                     \
+        if (b16) ((uint16_t *)(p))[i] = gp_ew_bf16_bits(v);                                  \
+        else ((float *)(p))[i] = (v);                                                        \
+    } while (0)
 
 /* Elements per dropout task: a multiple of 4 so each Philox call serves
  * four consecutive elements. */
@@ -467,36 +478,33 @@ gp_status gp_cpu_dropout_mask(gp_device *dev, float *mask, int64_t n, float p,
 
 /* dropout_mask's chunks, multiplied into x as they are drawn: the mask
  * lives in a chunk on the stack, never in memory of its own. */
-GP_CPU_LOOPS
-gp_status gp_cpu_dropout_apply(gp_device *dev, const float *x, float *y, int64_t n, float p,
-                               uint64_t seed, uint64_t stream, uint64_t first)
+static inline __attribute__((always_inline)) void
+dropout_apply(int nt, const void *x, void *y, int64_t n, float p, uint64_t seed,
+              uint64_t stream, uint64_t first, const bool b16)
 {
-    int nt = dev->threads;
-#pragma omp parallel for schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN)
-    for (int64_t c0 = 0; c0 < n; c0 += CPU_DROPOUT_CHUNK) {
-        float m[CPU_DROPOUT_CHUNK];
-        int64_t len = n - c0 < CPU_DROPOUT_CHUNK ? n - c0 : CPU_DROPOUT_CHUNK;
-        gp_rng_uniform_fill(seed, stream, first + (uint64_t)c0, m, len);
-        for (int64_t i = 0; i < len; i++) y[c0 + i] = x[c0 + i] * gp_ew_dropout(m[i], p);
-    }
-    return GP_OK;
-}
-
-/* dropout_apply_bf16: the same chunks and mask, on the widened values,
- * rounded once. */
-GP_CPU_LOOPS
-gp_status gp_cpu_dropout_apply_bf16(gp_device *dev, const uint16_t *x, uint16_t *y, int64_t n,
-                                    float p, uint64_t seed, uint64_t stream, uint64_t first)
-{
-    int nt = dev->threads;
 #pragma omp parallel for schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN)
     for (int64_t c0 = 0; c0 < n; c0 += CPU_DROPOUT_CHUNK) {
         float m[CPU_DROPOUT_CHUNK];
         int64_t len = n - c0 < CPU_DROPOUT_CHUNK ? n - c0 : CPU_DROPOUT_CHUNK;
         gp_rng_uniform_fill(seed, stream, first + (uint64_t)c0, m, len);
         for (int64_t i = 0; i < len; i++)
-            y[c0 + i] = gp_ew_bf16_bits(gp_ew_bf16_value(x[c0 + i]) * gp_ew_dropout(m[i], p));
+            B16_ST(y, c0 + i, B16_LD(x, c0 + i) * gp_ew_dropout(m[i], p));
     }
+}
+
+GP_CPU_LOOPS
+gp_status gp_cpu_dropout_apply(gp_device *dev, const float *x, float *y, int64_t n, float p,
+                               uint64_t seed, uint64_t stream, uint64_t first)
+{
+    dropout_apply(dev->threads, x, y, n, p, seed, stream, first, false);
+    return GP_OK;
+}
+
+GP_CPU_LOOPS
+gp_status gp_cpu_dropout_apply_bf16(gp_device *dev, const uint16_t *x, uint16_t *y, int64_t n,
+                                    float p, uint64_t seed, uint64_t stream, uint64_t first)
+{
+    dropout_apply(dev->threads, x, y, n, p, seed, stream, first, true);
     return GP_OK;
 }
 
@@ -521,18 +529,7 @@ gp_status gp_cpu_bf16_unpack(gp_device *dev, float *dst, const uint16_t *src, in
 }
 
 /* ---- Transformer: layer norm (a row per task; the weights a column per task)
- * One body for both storage types: b16 (a constant where inlined) says
- * whether x, y, dy and dx are bf16 patterns, widened on load (LN_LD) and
- * rounded once on store (LN_ST), so the bf16 slots (layer_norm_*_bf16)
- * do the FP32 slots' arithmetic on the widened values: the adapter's bits
- * without its passes. */
-
-#define LN_LD(p, i) (b16 ? gp_ew_bf16_value(((const uint16_t *)(p))[i]) : ((const float *)(p))[i])
-#define LN_ST(p, i, v)                                                                       \
-    do {                                                                                     \
-        if (b16) ((uint16_t *)(p))[i] = gp_ew_bf16_bits(v);                                  \
-        else ((float *)(p))[i] = (v);                                                        \
-    } while (0)
+ * One body for both storage types (B16_LD, B16_ST): x, y, dy and dx. */
 
 static inline __attribute__((always_inline)) void
 ln_fwd(int nt, const void *x, const float *w, const float *b, void *y, float *mean, float *rstd,
@@ -542,14 +539,14 @@ ln_fwd(int nt, const void *x, const float *w, const float *b, void *y, float *me
     for (int64_t r = 0; r < rows; r++) {
         const int64_t o = r * c;
         double s = 0.0, v = 0.0;
-        for (int64_t j = 0; j < c; j++) s += (double)LN_LD(x, o + j);
+        for (int64_t j = 0; j < c; j++) s += (double)B16_LD(x, o + j);
         double m = s / (double)c;
         for (int64_t j = 0; j < c; j++) {
-            double d = (double)LN_LD(x, o + j) - m;
+            double d = (double)B16_LD(x, o + j) - m;
             v += d * d;
         }
         float mf = (float)m, rs = gp_ew_ln_rstd(v / (double)c, eps);
-        for (int64_t j = 0; j < c; j++) LN_ST(y, o + j, (LN_LD(x, o + j) - mf) * rs * w[j] + b[j]);
+        for (int64_t j = 0; j < c; j++) B16_ST(y, o + j, (B16_LD(x, o + j) - mf) * rs * w[j] + b[j]);
         mean[r] = mf;
         rstd[r] = rs;
     }
@@ -565,14 +562,14 @@ ln_bwd_data(int nt, const void *x, const float *w, const float *mean, const floa
         float mf = mean[r], rs = rstd[r];
         double sg = 0.0, sgx = 0.0;
         for (int64_t j = 0; j < c; j++) {
-            float g = LN_LD(dy, o + j) * w[j];
+            float g = B16_LD(dy, o + j) * w[j];
             sg += (double)g;
-            sgx += (double)g * (double)((LN_LD(x, o + j) - mf) * rs);
+            sgx += (double)g * (double)((B16_LD(x, o + j) - mf) * rs);
         }
         float a = (float)(sg / (double)c), bb = (float)(sgx / (double)c);
         for (int64_t j = 0; j < c; j++)
-            LN_ST(dx, o + j,
-                  rs * (LN_LD(dy, o + j) * w[j] - a - (LN_LD(x, o + j) - mf) * rs * bb));
+            B16_ST(dx, o + j,
+                  rs * (B16_LD(dy, o + j) * w[j] - a - (B16_LD(x, o + j) - mf) * rs * bb));
     }
 }
 
@@ -584,8 +581,8 @@ ln_bwd_weights(int nt, const void *x, const float *mean, const float *rstd, cons
     for (int64_t j = 0; j < c; j++) {
         double sw = 0.0, sb = 0.0;
         for (int64_t r = 0; r < rows; r++) {
-            float g = LN_LD(dy, r * c + j);
-            sw += (double)g * (double)((LN_LD(x, r * c + j) - mean[r]) * rstd[r]);
+            float g = B16_LD(dy, r * c + j);
+            sw += (double)g * (double)((B16_LD(x, r * c + j) - mean[r]) * rstd[r]);
             sb += (double)g;
         }
         dw[j] += (float)sw;
@@ -755,20 +752,25 @@ gp_status gp_cpu_act_bf16(gp_device *dev, gp_act_kind kind, const uint16_t *xy,
     return GP_OK;
 }
 
-/* mul_rows_bf16: row r of the widened x times s[r], rounded once. */
+/* Row r of x times s[r] (dropout2d), one body for both storage types. */
+static inline __attribute__((always_inline)) void
+mul_rows(int nt, const void *x, const float *s, void *y, int64_t rows, int64_t cols,
+         const bool b16)
+{
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * cols >= CPU_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        const float f = s[r];
+        const int64_t o = r * cols;
+#pragma omp simd
+        for (int64_t j = 0; j < cols; j++) B16_ST(y, o + j, B16_LD(x, o + j) * f);
+    }
+}
+
 GP_CPU_LOOPS
 gp_status gp_cpu_mul_rows_bf16(gp_device *dev, const uint16_t *x, const float *s, uint16_t *y,
                                int64_t rows, int64_t cols)
 {
-    int nt = dev->threads;
-#pragma omp parallel for schedule(static) num_threads(nt) if (rows * cols >= CPU_PAR_MIN)
-    for (int64_t r = 0; r < rows; r++) {
-        const uint16_t *xr = x + r * cols;
-        uint16_t *yr = y + r * cols;
-        const float f = s[r];
-#pragma omp simd
-        for (int64_t j = 0; j < cols; j++) yr[j] = gp_ew_bf16_bits(gp_ew_bf16_value(xr[j]) * f);
-    }
+    mul_rows(dev->threads, x, s, y, rows, cols, true);
     return GP_OK;
 }
 
@@ -776,15 +778,7 @@ GP_CPU_LOOPS
 gp_status gp_cpu_mul_rows(gp_device *dev, const float *x, const float *s, float *y,
                           int64_t rows, int64_t cols)
 {
-    int nt = dev->threads;
-#pragma omp parallel for schedule(static) num_threads(nt) if (rows * cols >= CPU_PAR_MIN)
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * cols;
-        float *yr = y + r * cols;
-        const float f = s[r];
-#pragma omp simd
-        for (int64_t j = 0; j < cols; j++) yr[j] = xr[j] * f;
-    }
+    mul_rows(dev->threads, x, s, y, rows, cols, false);
     return GP_OK;
 }
 

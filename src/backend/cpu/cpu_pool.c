@@ -352,13 +352,9 @@ static gp_status pool_bf16(gp_device *dev, const gp_pool_desc *d, bool fwd, cons
         float *ti = arena + (size_t)omp_get_thread_num() * (size_t)per, *to = ti + q.in_len;
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < q.planes; p++) {
-            const uint16_t *ip = in + p * q.in_len;
-            uint16_t *op = out + p * q.out_len;
-#pragma omp simd
-            for (int64_t i = 0; i < q.in_len; i++) ti[i] = gp_ew_bf16_value(ip[i]);
+            gp_cpu_widen_run(ti, in + p * q.in_len, q.in_len);
             pool_plane(d, fwd, ti, to, ws ? (char *)ws + (size_t)p * q.ws_len : NULL);
-#pragma omp simd
-            for (int64_t i = 0; i < q.out_len; i++) op[i] = gp_ew_bf16_bits(to[i]);
+            gp_cpu_round_run(out + p * q.out_len, to, q.out_len);
         }
     }
     return GP_OK;
