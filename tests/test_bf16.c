@@ -10,13 +10,15 @@
  *     no values;
  *   - the storage adapter, for every kind of layer (element-wise, norms,
  *     pools, products, the layers that pop, upsample, dropout, causal
- *     attention, a composite residual block): forward on bf16 inputs gives bit for bit the FP32
+ *     attention): forward on bf16 inputs gives bit for bit the FP32
  *     layer's output on the widened inputs, rounded once; backward gives
  *     each input's gradient as the FP32 backward's on the widened x, stored
  *     y and dy, rounded once, and the parameters' gradients bit for bit;
  *     in place (relu over its input's memory) the same values;
  *   - the layers that move values without reading them (identity,
  *     flatten) take bf16 as it is: the same bits, no rounding;
+ *   - a composite residual block keeps its inner maps in bf16: bit for
+ *     bit its children run as stand-alone bf16 layers, one after another;
  *   - the losses on bf16 logits: the FP32 loss of the widened logits, its
  *     gradient rounded once; two gradients of one activation added in FP32
  *     and rounded once (gp_layers_accumulate).
@@ -226,10 +228,6 @@ static void adapter_layers(void)
     s.heads = 2;
     gp_shape qkv = gp_shape_4d(1, 1, 7, 12); /* T = 7, 3C = 12: head dim 2 */
     adapter_case("attention", s, &qkv, 1, 3);
-    s = gp_layer_spec_default(GP_LAYER_RESIDUAL);
-    s.out = 8;
-    s.stride = gp_hw_square(2);
-    adapter_case("residual", s, &map, 1, 2);
 }
 
 /* Layers that move values without reading them take bf16 as it is, and a
@@ -610,6 +608,161 @@ static void native_add(void)
     gp_layer_destroy(&l);
 }
 
+/* ---- the residual block on bf16 storage ----------------------------------
+ * Its children as stand-alone bf16 layers (each rounding its own output and
+ * dx, the adapter's where a child has no bf16 kernel: the convolutions on
+ * this CPU), one after another, with the block's parameters: conv1, bn1,
+ * relu, conv2, bn2, the shortcut (x, or downsample.0 and .1), add, relu.
+ * The block must give their bits: forward, dx and every parameter's
+ * gradient; and keep its inner maps in bf16 (gp_saved_bytes). Under the
+ * storage adapter (the block's insides FP32, the output rounded once) the
+ * bits differ. */
+
+enum { RC_CONV1, RC_BN1, RC_RELU1, RC_CONV2, RC_BN2, RC_DCONV, RC_DBN, RC_ADD, RC_RELU2, RC_N };
+
+static void residual_chain(const gp_layer *blk, gp_shape in, bool down, gp_layer *c)
+{
+    static const char *const prefix[RC_N] = {"conv1", "bn1", NULL, "conv2", "bn2",
+                                             "downsample.0", "downsample.1", NULL, NULL};
+    gp_shape mid = blk->out_shape, two[2] = {mid, mid};
+    for (int k = 0; k < RC_N; k++) {
+        if ((k == RC_DCONV || k == RC_DBN) && !down) {
+            c[k] = (gp_layer){0};
+            continue;
+        }
+        bool conv = k == RC_CONV1 || k == RC_CONV2 || k == RC_DCONV;
+        bool bn = k == RC_BN1 || k == RC_BN2 || k == RC_DBN;
+        gp_layer_spec sp = gp_layer_spec_default(conv ? GP_LAYER_CONV2D
+                                                 : bn ? GP_LAYER_BATCHNORM
+                                                 : k == RC_ADD ? GP_LAYER_ADD
+                                                               : GP_LAYER_RELU);
+        const gp_shape *x = k == RC_CONV1 || k == RC_DCONV ? &in : k == RC_ADD ? two : &mid;
+        if (conv) {
+            sp.out = blk->spec.out;
+            sp.bias = false;
+            sp.kernel = gp_hw_square(k == RC_DCONV ? 1 : 3);
+            sp.padding = gp_hw_square(k == RC_DCONV ? 0 : 1);
+            sp.stride = k == RC_CONV2 ? gp_hw_square(1) : blk->spec.stride;
+        }
+        if (k == RC_ADD) {
+            sp.n_pop = 1;
+            snprintf(sp.pop[0], sizeof sp.pop[0], "shortcut");
+        }
+        CHECK_OK(gp_layer_create(&sp, k, x, dev, 3, &c[k]));
+        c[k].out_dtype = GP_BF16;
+        for (int p = 0; prefix[k] && p < c[k].n_params; p++) { /* the block's values */
+            char name[96];
+            snprintf(name, sizeof name, "%s.%s", prefix[k], c[k].params[p].name);
+            const gp_param *bp = NULL;
+            for (int q = 0; q < blk->n_params; q++)
+                if (!strcmp(blk->params[q].name, name)) bp = &blk->params[q];
+            CHECK_MSG(bp != NULL, "the block has no parameter %s", name);
+            if (bp) CHECK_OK(gp_tensor_copy(&c[k].params[p].value, &bp->value));
+        }
+    }
+}
+
+static void residual_case(const char *what, gp_shape in, int64_t out, int64_t stride,
+                          int64_t batch)
+{
+    gp_layer_spec spec = gp_layer_spec_default(GP_LAYER_RESIDUAL);
+    spec.out = out;
+    spec.stride = gp_hw_square(stride);
+    gp_layer blk, c[RC_N];
+    CHECK_OK(gp_layer_create(&spec, 0, &in, dev, 9, &blk));
+    blk.out_dtype = GP_BF16;
+    bool down = stride != 1 || in.dims[1] != out;
+    residual_chain(&blk, in, down, c);
+    gp_shape xs = gp_shape_with_batch(&in, batch), ys = gp_shape_with_batch(&blk.out_shape, batch);
+    gp_tensor x = rand_bf16(&xs, 71), dy = rand_bf16(&ys, 72), y, dx = {0};
+    gp_fwd_ctx ctx = {.training = true, .seed = 5, .step = 1, .batch_total = batch};
+    gp_saved sb = {0};
+    CHECK_OK(gp_layer_forward(&blk, &ctx, &x, &y, &sb));
+    CHECK_OK(gp_layer_backward(&blk, &ctx, &x, &y, &dy, &dx, &sb));
+    /* the inner maps it keeps: a1, r1, a2 (and the shortcut's) in bf16 */
+    size_t map = (size_t)gp_shape_numel(&ys) * 2, stats = 2 * (size_t)out * sizeof(float);
+    size_t want = (down ? 4 : 3) * map + (down ? 3 : 2) * stats;
+    CHECK_MSG(gp_saved_bytes(&sb) == want && blk.ops->saved_bytes(&blk, batch) == want,
+              "%s: the block keeps %zu bytes (saved_bytes says %zu), not its bf16 maps' %zu",
+              what, gp_saved_bytes(&sb), blk.ops->saved_bytes(&blk, batch), want);
+    /* the chain, forward */
+    gp_tensor t[RC_N] = {{0}};
+    gp_saved ss[RC_N];
+    memset(ss, 0, sizeof ss);
+    CHECK_OK(gp_layer_forward(&c[RC_CONV1], &ctx, &x, &t[RC_CONV1], &ss[RC_CONV1]));
+    CHECK_OK(gp_layer_forward(&c[RC_BN1], &ctx, &t[RC_CONV1], &t[RC_BN1], &ss[RC_BN1]));
+    CHECK_OK(gp_layer_forward(&c[RC_RELU1], &ctx, &t[RC_BN1], &t[RC_RELU1], &ss[RC_RELU1]));
+    CHECK_OK(gp_layer_forward(&c[RC_CONV2], &ctx, &t[RC_RELU1], &t[RC_CONV2], &ss[RC_CONV2]));
+    CHECK_OK(gp_layer_forward(&c[RC_BN2], &ctx, &t[RC_CONV2], &t[RC_BN2], &ss[RC_BN2]));
+    const gp_tensor *sc = &x;
+    if (down) {
+        CHECK_OK(gp_layer_forward(&c[RC_DCONV], &ctx, &x, &t[RC_DCONV], &ss[RC_DCONV]));
+        CHECK_OK(gp_layer_forward(&c[RC_DBN], &ctx, &t[RC_DCONV], &t[RC_DBN], &ss[RC_DBN]));
+        sc = &t[RC_DBN];
+    }
+    gp_tensor sum_in[2] = {t[RC_BN2], *sc};
+    CHECK_OK(gp_layer_forward(&c[RC_ADD], &ctx, sum_in, &t[RC_ADD], &ss[RC_ADD]));
+    CHECK_OK(gp_layer_forward(&c[RC_RELU2], &ctx, &t[RC_ADD], &t[RC_RELU2], &ss[RC_RELU2]));
+    CHECK_MSG(y.dtype == GP_BF16 && same_bits(&y, &t[RC_RELU2]),
+              "%s forward: the block's output is not its children's in bf16", what);
+    /* the chain, backward */
+    gp_tensor g = {0}, gs[2] = {{0}}, d2 = {0}, d3 = {0}, d4 = {0}, d5 = {0}, dxc = {0};
+    CHECK_OK(gp_layer_backward(&c[RC_RELU2], &ctx, &t[RC_ADD], &t[RC_RELU2], &dy, &g,
+                               &ss[RC_RELU2]));
+    CHECK_OK(gp_layer_backward(&c[RC_ADD], &ctx, sum_in, &t[RC_ADD], &g, gs, &ss[RC_ADD]));
+    CHECK_OK(gp_layer_backward(&c[RC_BN2], &ctx, &t[RC_CONV2], &t[RC_BN2], &gs[0], &d2,
+                               &ss[RC_BN2]));
+    CHECK_OK(gp_layer_backward(&c[RC_CONV2], &ctx, &t[RC_RELU1], &t[RC_CONV2], &d2, &d3,
+                               &ss[RC_CONV2]));
+    CHECK_OK(gp_layer_backward(&c[RC_RELU1], &ctx, &t[RC_BN1], &t[RC_RELU1], &d3, &d4,
+                               &ss[RC_RELU1]));
+    CHECK_OK(gp_layer_backward(&c[RC_BN1], &ctx, &t[RC_CONV1], &t[RC_BN1], &d4, &d5,
+                               &ss[RC_BN1]));
+    CHECK_OK(gp_layer_backward(&c[RC_CONV1], &ctx, &x, &t[RC_CONV1], &d5, &dxc, &ss[RC_CONV1]));
+    if (down) {
+        gp_tensor e1 = {0}, e2 = {0};
+        CHECK_OK(gp_layer_backward(&c[RC_DBN], &ctx, &t[RC_DCONV], &t[RC_DBN], &gs[1], &e1,
+                                   &ss[RC_DBN]));
+        CHECK_OK(gp_layer_backward(&c[RC_DCONV], &ctx, &x, &t[RC_DCONV], &e1, &e2,
+                                   &ss[RC_DCONV]));
+        CHECK_OK(gp_layers_accumulate(dev, &dxc, &e2));
+        gp_tensor_free(&e1);
+        gp_tensor_free(&e2);
+    } else {
+        CHECK_OK(gp_layers_accumulate(dev, &dxc, &gs[1]));
+    }
+    CHECK_MSG(dx.dtype == GP_BF16 && same_bits(&dx, &dxc),
+              "%s backward: the block's dx is not its children's in bf16", what);
+    static const char *const prefix[RC_N] = {"conv1", "bn1", NULL, "conv2", "bn2",
+                                             "downsample.0", "downsample.1", NULL, NULL};
+    for (int k = 0; k < RC_N; k++)
+        for (int p = 0; prefix[k] && c[k].ops && p < c[k].n_params; p++) {
+            if (c[k].params[p].is_buffer) continue;
+            char name[96];
+            snprintf(name, sizeof name, "%s.%s", prefix[k], c[k].params[p].name);
+            for (int q = 0; q < blk.n_params; q++)
+                if (!strcmp(blk.params[q].name, name))
+                    CHECK_MSG(same_bits(&blk.params[q].grad, &c[k].params[p].grad),
+                              "%s backward: the gradient of %s is not its child's", what, name);
+        }
+    gp_tensor *all[] = {&x, &dy, &y, &dx, &g, &gs[0], &gs[1], &d2, &d3, &d4, &d5, &dxc};
+    for (size_t k = 0; k < sizeof all / sizeof *all; k++) gp_tensor_free(all[k]);
+    for (int k = 0; k < RC_N; k++) {
+        gp_tensor_free(&t[k]);
+        gp_saved_free(&ss[k]);
+        if (c[k].ops) gp_layer_destroy(&c[k]);
+    }
+    gp_saved_free(&sb);
+    gp_layer_destroy(&blk);
+}
+
+static void native_residual(void)
+{
+    residual_case("residual (identity)", gp_shape_4d(1, 6, 9, 9), 6, 1, 3);
+    residual_case("residual (downsample)", gp_shape_4d(1, 5, 9, 11), 8, 2, 2);
+    residual_case("residual (channels)", gp_shape_4d(1, 4, 6, 6), 7, 1, 4);
+}
+
 /* Layer norm on bf16 storage through layer_norm_*_bf16: forward and
  * backward against the FP32 layer on the widened values (y and dx the FP32
  * ones rounded, the parameters' gradients and the saved statistics bit for
@@ -827,6 +980,7 @@ int main(void)
     native_norms();
     native_pools();
     native_add();
+    native_residual();
     native_xent();
     native_layer_norm();
     native_dropouts();

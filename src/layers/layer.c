@@ -587,8 +587,14 @@ gp_status gp_layers_copy_channels(gp_device *dev, float *dst, int64_t dc, int64_
 
 gp_status gp_layers_saved_alloc(gp_saved *s, int slot, gp_device *dev, const gp_shape *shape)
 {
+    return gp_layers_saved_alloc_as(s, slot, dev, shape, GP_F32);
+}
+
+gp_status gp_layers_saved_alloc_as(gp_saved *s, int slot, gp_device *dev, const gp_shape *shape,
+                                   gp_dtype dt)
+{
     GP_ASSERT(slot >= 0 && slot < GP_SAVED_MAX && gp_tensor_mem(&s->t[slot]) == NULL);
-    return gp_tensor_alloc(&s->t[slot], dev, shape, GP_MEM_ACTIVATIONS);
+    return gp_tensor_alloc_as(&s->t[slot], dev, shape, dt, GP_MEM_ACTIVATIONS);
 }
 
 void gp_saved_free(gp_saved *s)
@@ -843,6 +849,57 @@ static bool ignores_x(const gp_layer_spec *s)
 {
     const gp_layer_ops *o = gp_layer_ops_for(s->type);
     return o && (o->bwd_ignores_x || norm_leaky(s));
+}
+
+/* ---- composite layers' children (gp_layers_child_forward, _backward) ---- */
+
+gp_status gp_layers_child_forward(gp_layer *c, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                  gp_tensor *y, gp_saved *s)
+{
+    GP_ASSERT(y->dtype == c->out_dtype);
+    if (!adapts(c, x)) return c->ops->forward(c, ctx, x, y, s);
+    gp_tensor xf[1 + GP_MAX_POPS], yf = {0};
+    GP_TRY(widen(x, c->n_in, NULL, xf));
+    gp_shape ys = gp_tensor_shape(y);
+    gp_status st = gp_tensor_alloc(&yf, c->dev, &ys, GP_MEM_ACTIVATIONS);
+    if (st == GP_OK) st = c->ops->forward(c, ctx, xf, &yf, s);
+    if (st == GP_OK) st = gp_tensor_convert(y, &yf); /* y may be x's memory (relu) */
+    gp_tensor_free(&yf);
+    free_all(xf, c->n_in);
+    return st;
+}
+
+static gp_status child_halves(gp_layer *c, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                              const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
+                              gp_saved *s)
+{
+    if (dx) GP_TRY(c->ops->backward_data(c, ctx, x, y, dy, dx, s));
+    if (c->ops->backward_weights) GP_TRY(c->ops->backward_weights(c, ctx, x, y, dy, s));
+    return GP_OK;
+}
+
+gp_status gp_layers_child_backward(gp_layer *c, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                   const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
+                                   gp_saved *s)
+{
+    if (!adapts(c, x)) return child_halves(c, ctx, x, y, dy, dx, s);
+    GP_ASSERT(c->n_in == 1);
+    bool xs = ignores_x(&c->spec), ys = ignores_y(&c->spec);
+    gp_tensor xf, yf = {0}, dyf, dxf = {0};
+    GP_TRY(widen(x, 1, &xs, &xf));
+    gp_status st = y ? widen(y, 1, &ys, &yf) : GP_OK;
+    if (st == GP_OK) st = widen(dy, 1, NULL, &dyf);
+    if (st == GP_OK) {
+        gp_shape xsh = gp_tensor_shape(x);
+        if (dx) st = gp_tensor_alloc(&dxf, c->dev, &xsh, GP_MEM_ACTIVATIONS);
+        if (st == GP_OK) st = child_halves(c, ctx, &xf, y ? &yf : NULL, &dyf, dx ? &dxf : NULL, s);
+        if (st == GP_OK && dx) st = gp_tensor_convert(dx, &dxf);
+        gp_tensor_free(&dxf);
+        gp_tensor_free(&dyf);
+    }
+    if (y) gp_tensor_free(&yf);
+    gp_tensor_free(&xf);
+    return st;
 }
 
 /* The rule over specs `stride` bytes apart (an array of specs, or the

@@ -89,6 +89,19 @@ gp_layer_spec gp_layers_child_spec(const gp_layer *parent, gp_layer_type t, cons
 gp_status gp_layers_child_setup(gp_layer *parent, const gp_layer_spec *spec, const char *prefix,
                                 const gp_shape *in, uint64_t seed, gp_layer *child, int *first);
 void gp_layers_child_view(const gp_layer *parent, gp_layer *child, int first);
+/* A child's forward into y, which the parent allocated in the child's
+ * out_dtype (the parent's tensors' element type: a parent on bf16 storage
+ * keeps its children's outputs in bf16), and its backward (both halves;
+ * dx NULL: the weights half alone) into the parent's dx of x's type.  Each
+ * runs through the storage adapter where the child cannot take its
+ * tensors as they are (gp_layer.out_dtype): widened, its FP32 kernels run,
+ * the result rounded once into y or dx.  y may be NULL in backward for a
+ * child that does not read it. */
+gp_status gp_layers_child_forward(gp_layer *c, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                  gp_tensor *y, gp_saved *s);
+gp_status gp_layers_child_backward(gp_layer *c, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                   const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
+                                   gp_saved *s);
 
 /* Set GP_ERR_INVALID with "<layer description>: <message>". */
 gp_status gp_layer_spec_error(const gp_layer *l, const char *fmt, ...)
@@ -127,9 +140,11 @@ gp_status gp_layers_copy_channels(gp_device *dev, float *dst, int64_t dc, int64_
  * dst at src's own memory (a layer run in place) is nothing to do. */
 gp_status gp_layers_copy(gp_device *dev, void *dst, const gp_tensor *src);
 
-/* Allocate s->t[slot] on dev (category ACTIVATIONS). */
+/* Allocate s->t[slot] on dev (category ACTIVATIONS), FP32 or of type dt. */
 gp_status gp_layers_saved_alloc(gp_saved *s, int slot, gp_device *dev,
                                 const gp_shape *shape);
+gp_status gp_layers_saved_alloc_as(gp_saved *s, int slot, gp_device *dev,
+                                   const gp_shape *shape, gp_dtype dt);
 
 /* The backend descriptor of a conv2d layer (or a residual's child conv) for
  * a batch of n. */

@@ -38,6 +38,13 @@
  * The final relu's backward still runs (both the main path and the
  * shortcut take its gradient).  Bit for bit the unfused block
  * (tests/test_checkpoint.c).
+ *
+ * On bf16 storage (out_dtype, res_takes_bf16) the saved maps and the
+ * gradients between the children are bf16 too, each child run on them
+ * through gp_layers_child_forward / _backward (its bf16 kernels, or the
+ * storage adapter around it alone); bn2's add stays a pass of its own
+ * there (gp_bn_desc.add is FP32), so the block is bit for bit its children
+ * as stand-alone bf16 layers (tests/test_bf16.c).
  */
 #include "layers/layers_impl.h"
 
@@ -172,10 +179,15 @@ static void res_destroy(gp_layer *l)
     l->state = NULL;
 }
 
-static void sync_all(gp_layer *l, res_state *st)
+/* Every child's parameter views, and its output type: the block's
+ * tensors' own (dt, x's: bf16 where the block runs on bf16 storage). */
+static void sync_all(gp_layer *l, res_state *st, gp_dtype dt)
 {
     for (int k = 0; k < C_COUNT; k++)
-        if (st->child[k].ops) sync_child(l, st, k);
+        if (st->child[k].ops) {
+            sync_child(l, st, k);
+            st->child[k].out_dtype = dt;
+        }
 }
 
 /* Child forward into a preallocated y; a batch norm's saved statistics move
@@ -186,7 +198,7 @@ static gp_status child_fwd(res_state *st, int which, const gp_fwd_ctx *ctx, cons
     gp_layer *c = &st->child[which];
     gp_saved cs;
     memset(&cs, 0, sizeof cs);
-    gp_status r = c->ops->forward(c, ctx, x, y, &cs);
+    gp_status r = gp_layers_child_forward(c, ctx, x, y, &cs);
     if (slot >= 0) {
         s->t[slot] = cs.t[0];
         s->t[slot + 1] = cs.t[1];
@@ -210,9 +222,7 @@ static gp_status child_bwd(res_state *st, int which, const gp_fwd_ctx *ctx, cons
         cs.t[1] = s->t[slot + 1];
         cs.t[0].owned = cs.t[1].owned = false;
     }
-    if (dx) GP_TRY(c->ops->backward_data(c, ctx, x, y, dy, dx, &cs));
-    if (c->ops->backward_weights) GP_TRY(c->ops->backward_weights(c, ctx, x, y, dy, &cs));
-    return GP_OK;
+    return gp_layers_child_backward(c, ctx, x, y, dy, dx, &cs);
 }
 
 static gp_status res_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
@@ -220,35 +230,39 @@ static gp_status res_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor
 {
     res_state *st = l->state;
     gp_device *dev = l->dev;
-    sync_all(l, st);
+    const gp_dtype dt = x->dtype; /* y's too (res_takes_bf16) */
+    sync_all(l, st, dt);
     gp_shape ms = gp_tensor_shape(y);
     int64_t n = gp_tensor_numel(y);
     gp_tensor dbn_out = {0};
     gp_status r = GP_OK;
 #define RES_TRY(e) do { if ((r = (e)) != GP_OK) goto done; } while (0)
-    RES_TRY(gp_layers_saved_alloc(s, S_A1, dev, &ms));
-    RES_TRY(gp_layers_saved_alloc(s, S_R1, dev, &ms));
-    RES_TRY(gp_layers_saved_alloc(s, S_A2, dev, &ms));
+    RES_TRY(gp_layers_saved_alloc_as(s, S_A1, dev, &ms, dt));
+    RES_TRY(gp_layers_saved_alloc_as(s, S_R1, dev, &ms, dt));
+    RES_TRY(gp_layers_saved_alloc_as(s, S_A2, dev, &ms, dt));
     RES_TRY(child_fwd(st, C_CONV1, ctx, x, &s->t[S_A1], s, -1));
     RES_TRY(child_fwd(st, C_BN1, ctx, &s->t[S_A1], &s->t[S_R1], s, S_BN1));
     if (!st->child[C_BN1].relu_after) /* else bn1 applied it */
         RES_TRY(child_fwd(st, C_RELU, ctx, &s->t[S_R1], &s->t[S_R1], s, -1));
     RES_TRY(child_fwd(st, C_CONV2, ctx, &s->t[S_R1], &s->t[S_A2], s, -1));
     if (st->has_down) { /* the shortcut first: bn2 may add it (fuse_add) */
-        RES_TRY(gp_layers_saved_alloc(s, S_AD, dev, &ms));
-        RES_TRY(gp_tensor_alloc(&dbn_out, dev, &ms, GP_MEM_ACTIVATIONS));
+        RES_TRY(gp_layers_saved_alloc_as(s, S_AD, dev, &ms, dt));
+        RES_TRY(gp_tensor_alloc_as(&dbn_out, dev, &ms, dt, GP_MEM_ACTIVATIONS));
         RES_TRY(child_fwd(st, C_DCONV, ctx, x, &s->t[S_AD], s, -1));
         RES_TRY(child_fwd(st, C_DBN, ctx, &s->t[S_AD], &dbn_out, s, S_DBN));
     }
-    const float *sc = st->has_down ? gp_f32(&dbn_out) : gp_f32(x);
-    if (st->fuse_add && n) { /* y = relu(bn2(a2) + shortcut) in bn2's pass */
-        st->child[C_BN2].fwd_add = sc;
+    const gp_tensor *sc = st->has_down ? &dbn_out : x;
+    /* bn2's add operand is FP32 (gp_bn_desc.add): on bf16 storage the sum
+     * and relu run as their own passes, each rounded once */
+    if (st->fuse_add && n && dt == GP_F32) { /* y = relu(bn2(a2) + shortcut) in bn2's pass */
+        st->child[C_BN2].fwd_add = gp_f32(sc);
         r = child_fwd(st, C_BN2, ctx, &s->t[S_A2], y, s, S_BN2);
         st->child[C_BN2].fwd_add = NULL;
         RES_TRY(r);
     } else {
         RES_TRY(child_fwd(st, C_BN2, ctx, &s->t[S_A2], y, s, S_BN2));
-        if (n) RES_TRY(gp_dev_add(dev, gp_f32(y), sc, gp_f32(y), n));
+        if (n && dt == GP_F32) RES_TRY(gp_dev_add(dev, gp_f32(y), gp_f32(sc), gp_f32(y), n));
+        else if (n) RES_TRY(gp_layers_accumulate(dev, y, sc));
         RES_TRY(child_fwd(st, C_RELU, ctx, y, y, s, -1));
     }
 done:
@@ -272,16 +286,17 @@ static gp_status res_backward_all(gp_layer *l, const gp_fwd_ctx *ctx, const gp_t
         return gp_layer_spec_error(l, "backward after an eval-mode forward: the block saved "
                                       "nothing (run forward with training)");
     GP_ASSERT(gp_tensor_mem(&s->t[S_A1]) && gp_tensor_mem(&s->t[S_R1]) && gp_tensor_mem(&s->t[S_A2]));
-    sync_all(l, st);
+    const gp_dtype dt = x->dtype;
+    sync_all(l, st, dt);
     gp_shape ms = gp_tensor_shape(y);
     gp_shape xs = gp_tensor_shape(x);
     gp_tensor g = {0}, t1 = {0}, t2 = {0}, tx = {0};
     gp_status r = GP_OK;
 #define RES_TRY(e) do { if ((r = (e)) != GP_OK) goto done; } while (0)
     /* g = d(sum before the final relu) */
-    RES_TRY(gp_tensor_alloc(&g, dev, &ms, GP_MEM_ACTIVATIONS));
-    RES_TRY(gp_tensor_alloc(&t1, dev, &ms, GP_MEM_ACTIVATIONS));
-    RES_TRY(gp_tensor_alloc(&t2, dev, &ms, GP_MEM_ACTIVATIONS));
+    RES_TRY(gp_tensor_alloc_as(&g, dev, &ms, dt, GP_MEM_ACTIVATIONS));
+    RES_TRY(gp_tensor_alloc_as(&t1, dev, &ms, dt, GP_MEM_ACTIVATIONS));
+    RES_TRY(gp_tensor_alloc_as(&t2, dev, &ms, dt, GP_MEM_ACTIVATIONS));
     RES_TRY(child_bwd(st, C_RELU, ctx, y, y, dy, &g, s, -1));
     /* main path, from the top */
     RES_TRY(child_bwd(st, C_BN2, ctx, &s->t[S_A2], NULL, &g, &t1, s, S_BN2));     /* t1 = d a2 */
@@ -293,12 +308,11 @@ static gp_status res_backward_all(gp_layer *l, const gp_fwd_ctx *ctx, const gp_t
     /* shortcut */
     if (st->has_down) {
         RES_TRY(child_bwd(st, C_DBN, ctx, &s->t[S_AD], NULL, &g, &t1, s, S_DBN));  /* t1 = d ad */
-        if (dx) RES_TRY(gp_tensor_alloc(&tx, dev, &xs, GP_MEM_ACTIVATIONS));
+        if (dx) RES_TRY(gp_tensor_alloc_as(&tx, dev, &xs, dt, GP_MEM_ACTIVATIONS));
         RES_TRY(child_bwd(st, C_DCONV, ctx, x, NULL, &t1, dx ? &tx : NULL, s, -1));
-        if (dx && gp_tensor_numel(dx))
-            RES_TRY(gp_dev_axpy(dev, 1.0f, gp_f32(&tx), gp_f32(dx), gp_tensor_numel(dx)));
+        if (dx && gp_tensor_numel(dx)) RES_TRY(gp_layers_accumulate(dev, dx, &tx));
     } else if (dx && gp_tensor_numel(dx)) {
-        RES_TRY(gp_dev_axpy(dev, 1.0f, gp_f32(&g), gp_f32(dx), gp_tensor_numel(dx)));
+        RES_TRY(gp_layers_accumulate(dev, dx, &g));
     }
 done:
 #undef RES_TRY
@@ -374,7 +388,7 @@ static double res_flops(const gp_layer *l, int64_t n)
 static size_t res_saved_bytes(const gp_layer *l, int64_t n)
 {
     bool down = needs_down(l, &l->in_shape);
-    size_t act = (size_t)n * (size_t)gp_shape_numel(&l->out_shape) * sizeof(float);
+    size_t act = (size_t)n * (size_t)gp_shape_numel(&l->out_shape) * gp_dtype_size(l->out_dtype);
     size_t stats = 2 * (size_t)l->spec.out * sizeof(float);
     return (down ? 4 : 3) * act + (down ? 3 : 2) * stats;
 }
@@ -398,8 +412,18 @@ static int res_counters(gp_layer *l, const char **names, int64_t **values, int m
     return n;
 }
 
+/* On bf16 storage the block keeps its inner maps in bf16 too: each child
+ * takes bf16 where its device has the kernels and runs through the
+ * storage adapter where not (gp_layers_child_forward), so every map the
+ * block keeps, and each gradient between its children, is rounded once
+ * as the stand-alone layers' would be.  (Not the adapter's bits around
+ * the whole block, which kept the inner maps in FP32: autocast's contract
+ * on the children as layers.) */
+static bool res_takes_bf16(const gp_layer *l) { return true; }
+
 const gp_layer_ops gp_residual_ops = {
     .type = GP_LAYER_RESIDUAL,
+    .takes_bf16 = res_takes_bf16,
     .counters = res_counters,
     .infer = res_infer,
     .init = res_init,
