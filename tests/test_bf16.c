@@ -763,6 +763,46 @@ static void native_residual(void)
     residual_case("residual (channels)", gp_shape_4d(1, 4, 6, 6), 7, 1, 4);
 }
 
+/* A model of residual blocks (identity and downsample) on bf16 storage,
+ * split over 2 devices, m = 2, every checkpoint mode: bit for bit the
+ * one-device run (the blocks' inner maps round where the one-device run
+ * rounds them; a recompute rounds them again the same way). */
+static void residual_pipeline(void)
+{
+    static const char text[] =
+        "model:\n  input: [3, 8, 8]\n  layers:\n"
+        "    - conv2d: {out: 8, kernel: 3, padding: 1, bias: false}\n"
+        "    - batchnorm\n    - relu\n"
+        "    - residual: {out: 8}\n    - residual: {out: 12, stride: 2}\n"
+        "    - residual: {out: 12}\n"
+        "    - global_avgpool\n    - flatten\n    - linear: {out: 5}\n"
+        "  loss: cross_entropy\n"
+        "data: {dataset: synthetic, synthetic: {train: 8, test: 8, classes: 5}}\n"
+        "train: {batch_size: 8, seed: 3, activations: bf16}\n";
+    gp_config c;
+    CHECK_OK(gp_config_parse("r.yaml", text, strlen(text), NULL, 0, &c));
+    gp_device *two[2];
+    gpt_open_cpu_devices(two, 2, 1);
+    static const int bal[2] = {4, 5};
+    for (int ck = 0; ck < 3; ck++) {
+        c.pipeline.chunks = 2;
+        c.pipeline.checkpoint = (gp_checkpoint_mode)ck;
+        gp_model ref, pip;
+        CHECK_OK(gp_model_build(&c, two[0], &ref));
+        CHECK_OK(gp_model_build_placed(&c, two, 2, bal, &pip));
+        CHECK(pip.layers[4].out_dtype == GP_BF16);
+        bool same[3];
+        gpt_compare_steps(&c, &ref, &pip, 8, 3, same);
+        CHECK_MSG(same[0] && same[1] && same[2],
+                  "bf16 residual model on 2 stages, checkpoint %s: loss %d, grads %d, params %d",
+                  gp_checkpoint_mode_name((gp_checkpoint_mode)ck), same[0], same[1], same[2]);
+        gp_model_free(&ref);
+        gp_model_free(&pip);
+    }
+    for (int k = 0; k < 2; k++) gp_device_close(two[k]);
+    gp_config_free(&c);
+}
+
 /* Layer norm on bf16 storage through layer_norm_*_bf16: forward and
  * backward against the FP32 layer on the widened values (y and dx the FP32
  * ones rounded, the parameters' gradients and the saved statistics bit for
@@ -981,6 +1021,7 @@ int main(void)
     native_pools();
     native_add();
     native_residual();
+    residual_pipeline();
     native_xent();
     native_layer_norm();
     native_dropouts();
