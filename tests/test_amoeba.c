@@ -18,7 +18,10 @@
  *   - transparency: AmoebaNet-D (6, 32) at 64x64 on 1, 2 and 3 stages,
  *     with the (x, skip) pair crossing every boundary, m in {1, 4}, every
  *     checkpoint mode: per-step losses, the first step's gradients and the
- *     parameters after the steps equal the single-device run's bit for bit.
+ *     parameters after the steps equal the single-device run's bit for bit;
+ *     on bf16 storage too (3 stages, m = 4), where each cell keeps its
+ *     inner maps in bf16 (checked against the reference and the FP32 cell
+ *     within bf16's rounding, and by the bytes it keeps).
  * Runs under ThreadSanitizer in CI (label "threads").
  */
 #include "config/config.h"
@@ -354,6 +357,149 @@ static void check_cell(gp_device *dev, bool reduction, int64_t c, gp_shape xs, c
     gp_layer_destroy(&l);
 }
 
+/* The cell on bf16 storage (gp_layer.out_dtype; FP32 math, each inner map
+ * rounded once): its output near the double reference on the widened
+ * input, its gradients near the FP32 cell's on the same values, and every
+ * inner map it keeps for backward in bf16 (the storage adapter around the
+ * whole cell would keep them in FP32: twice the bytes). */
+static void check_cell_bf16(gp_device *dev, bool reduction, int64_t c, gp_shape xs,
+                            const gp_shape *ps)
+{
+    gp_layer_spec sp = gp_layer_spec_default(GP_LAYER_AMOEBA_CELL);
+    sp.out = c;
+    sp.reduction = reduction;
+    if (ps) {
+        sp.n_pop = 1;
+        snprintf(sp.pop[0], sizeof sp.pop[0], "prev");
+    }
+    gp_shape in[2] = {xs, ps ? *ps : xs};
+    gp_layer lb, lf;
+    CHECK_OK(gp_layer_create(&sp, 4, in, dev, 11, &lb));
+    CHECK_OK(gp_layer_create(&sp, 4, in, dev, 11, &lf));
+    lb.out_dtype = GP_BF16;
+    char what[160];
+    snprintf(what, sizeof what, "bf16 %s cell, C %lld, pop %s", reduction ? "reduction" : "normal",
+             (long long)c, ps ? "yes" : "none");
+    hrng rng = {(uint64_t)(c * 17 + xs.dims[2])};
+    int nin = lb.n_in;
+    gp_tensor xb[2] = {{0}}, xf[2] = {{0}};
+    htensor hx[2];
+    for (int q = 0; q < nin; q++) { /* values bf16 holds exactly */
+        int64_t n = gp_shape_numel(&in[q]);
+        float *h = malloc((size_t)n * sizeof *h);
+        hx[q] = hnew(in[q]);
+        for (int64_t i = 0; i < n; i++)
+            hx[q].d[i] = h[i] = gp_ew_bf16_value(gp_ew_bf16_bits(hrng_sym(&rng)));
+        xf[q] = gpt_upload(dev, &in[q], h);
+        CHECK_OK(gp_tensor_as(&xb[q], &xf[q], GP_BF16, GP_MEM_ACTIVATIONS));
+        free(h);
+    }
+    double *P[GPT_MAX_PARAMS] = {NULL};
+    for (int p = 0; p < lb.n_params; p++) {
+        int64_t n = gp_tensor_numel(&lb.params[p].value);
+        float *h = malloc((size_t)n * sizeof *h);
+        bool pos = strstr(lb.params[p].name, "var") || (lb.params[p].no_decay &&
+                                                        strstr(lb.params[p].name, "weight"));
+        for (int64_t i = 0; i < n; i++) {
+            double u = hrng_unit(&rng);
+            h[i] = (float)(pos ? 0.5 + u : u - 0.5);
+        }
+        set_param(&lb, p, h);
+        set_param(&lf, p, h);
+        P[p] = download_d(&lb.params[p].value);
+        free(h);
+    }
+    params pp = {&lb, P};
+    htensor want = ref_cell(&pp, &hx[0], nin > 1 ? &hx[1] : NULL);
+    gp_fwd_ctx ctx = {.training = true, .recompute = true, .seed = 5};
+    gp_tensor yb = {0}, yf = {0};
+    gp_saved sb = {0}, sf = {0};
+    CHECK_OK(gp_layer_forward(&lb, &ctx, xb, &yb, &sb));
+    CHECK_OK(gp_layer_forward(&lf, &ctx, xf, &yf, &sf));
+    CHECK(yb.dtype == GP_BF16);
+    int64_t ny = gp_tensor_numel(&yb), maps = 0, wide = 0;
+    gp_tensor yw;
+    CHECK_OK(gp_tensor_as(&yw, &yb, GP_F32, GP_MEM_ACTIVATIONS));
+    float *yh = gpt_download(&yw);
+    double err = 0, mean = 0;
+    for (int64_t i = 0; i < ny; i++) {
+        err = fmax(err, fabs(yh[i] - want.d[i]));
+        mean += fabs(yh[i] - want.d[i]) / (double)ny;
+    }
+    /* bf16 keeps 8 bits; a dozen roundings on the way through batch norms */
+    CHECK_MSG(err < 0.25 && mean < 0.02, "%s: forward error max %.3g, mean %.3g against the "
+              "reference", what, err, mean);
+    for (int k = 0; k < sb.n_sub; k++)
+        for (int q = 0; q < GP_SAVED_MAX; q++) {
+            const gp_tensor *t = &sb.sub[k].t[q];
+            if (!t->owned || t->ndim != 4) continue; /* a map (not statistics) */
+            maps++;
+            wide += t->dtype != GP_BF16;
+        }
+    CHECK_MSG(maps > 10 && wide == 0, "%s: %lld of the %lld maps kept are not bf16", what,
+              (long long)wide, (long long)maps);
+    CHECK_MSG(gp_saved_bytes(&sb) == lb.ops->saved_bytes(&lb, xs.dims[0]),
+              "%s: keeps %zu bytes, saved_bytes counts %zu", what, gp_saved_bytes(&sb),
+              lb.ops->saved_bytes(&lb, xs.dims[0]));
+    /* backward: near the FP32 cell's on the same values */
+    gp_shape ys = gp_tensor_shape(&yb);
+    float *rf = malloc((size_t)ny * sizeof *rf);
+    for (int64_t i = 0; i < ny; i++) rf[i] = gp_ew_bf16_value(gp_ew_bf16_bits(hrng_sym(&rng)));
+    gp_tensor dyf = gpt_upload(dev, &ys, rf), dyb, dxb[2] = {{0}}, dxf[2] = {{0}};
+    CHECK_OK(gp_tensor_as(&dyb, &dyf, GP_BF16, GP_MEM_ACTIVATIONS));
+    gp_tensor yfw;
+    CHECK_OK(gp_tensor_as(&yfw, &yf, GP_F32, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_layer_zero_grad(&lb));
+    CHECK_OK(gp_layer_zero_grad(&lf));
+    CHECK_OK(gp_layer_backward(&lb, &ctx, xb, &yb, &dyb, dxb, &sb));
+    CHECK_OK(gp_layer_backward(&lf, &ctx, xf, &yfw, &dyf, dxf, &sf));
+    /* each input's gradient, then all the parameters' together (a bias's
+     * gradient alone can be a sum that nearly cancels) */
+    const gp_tensor *gb[GPT_MAX_PARAMS + 2], *gf[GPT_MAX_PARAMS + 2];
+    int ng = 0;
+    for (int q = 0; q < nin; q++, ng++) {
+        gb[ng] = &dxb[q], gf[ng] = &dxf[q];
+        CHECK(dxb[q].dtype == GP_BF16);
+    }
+    for (int p = 0; p < lb.n_params; p++)
+        if (!lb.params[p].is_buffer) gb[ng] = &lb.params[p].grad, gf[ng++] = &lf.params[p].grad;
+    double d2 = 0, n2 = 0;
+    for (int k = 0; k < ng; k++) {
+        gp_tensor w;
+        CHECK_OK(gp_tensor_as(&w, gb[k], GP_F32, GP_MEM_ACTIVATIONS));
+        float *a = gpt_download(&w), *b = gpt_download(gf[k]);
+        for (int64_t i = 0; i < gp_tensor_numel(gf[k]); i++) {
+            d2 += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+            n2 += (double)b[i] * b[i];
+        }
+        if (k < nin || k == ng - 1) {
+            CHECK_MSG(n2 > 0 && d2 <= 0.1 * 0.1 * n2, "%s: %s off the FP32 cell's by %.3g "
+                      "(relative)", what, k == ng - 1 ? "the parameters' gradients" : k ? "dpopped"
+                                                                                       : "dx",
+                      n2 > 0 ? sqrt(d2 / n2) : sqrt(d2));
+            d2 = n2 = 0;
+        }
+        free(a);
+        free(b);
+        gp_tensor_free(&w);
+    }
+    for (int q = 0; q < nin; q++) {
+        gp_tensor *all[] = {&xb[q], &xf[q], &dxb[q], &dxf[q]};
+        for (int k = 0; k < 4; k++) gp_tensor_free(all[k]);
+        free(hx[q].d);
+    }
+    for (int p = 0; p < lb.n_params; p++) free(P[p]);
+    gp_tensor *all[] = {&yb, &yf, &yw, &yfw, &dyf, &dyb};
+    for (size_t k = 0; k < sizeof all / sizeof *all; k++) gp_tensor_free(all[k]);
+    gp_saved_free(&sb);
+    gp_saved_free(&sf);
+    free(want.d);
+    free(yh);
+    free(rf);
+    gp_layer_destroy(&lb);
+    gp_layer_destroy(&lf);
+}
+
 static void cells(gp_device *dev)
 {
     gp_shape p_same = gp_shape_4d(2, 12, 5, 5), p_twice = gp_shape_4d(2, 8, 6, 6);
@@ -368,6 +514,14 @@ static void cells(gp_device *dev)
     /* the first cell: no pop, x feeds both reduce1 and reduce2 */
     check_cell(dev, true, 8, gp_shape_4d(2, 4, 4, 4), NULL, "reduce2.1.weight");
     check_cell(dev, true, 8, gp_shape_4d(2, 8, 4, 4), NULL, NULL);
+    /* on bf16 storage: normal after a reduction (factorized reduce), a
+     * reduction, the first cell */
+    { /* larger maps: batch norm's backward on few values per channel magnifies the roundings */
+        gp_shape pt = gp_shape_4d(2, 8, 12, 12);
+        check_cell_bf16(dev, false, 8, gp_shape_4d(2, 24, 6, 6), &pt);
+    }
+    check_cell_bf16(dev, true, 16, gp_shape_4d(2, 16, 4, 4), &p_red);
+    check_cell_bf16(dev, true, 8, gp_shape_4d(2, 4, 4, 4), NULL);
 
     /* what does not fit is an error naming the layer and what to change */
     gp_layer l;
@@ -506,6 +660,24 @@ static void transparency(bool sanitized)
                 runs++;
             }
     CHECK_MSG(runs == (sanitized ? 3 : 18), "%d transparency runs", runs);
+    /* on bf16 storage (the cells' and factorized reductions' inner maps
+     * too): 3 stages, m = 4, every checkpoint mode */
+    c.train.activations = GP_ACT_BF16;
+    for (int ck = 0; ck < 3; ck++) {
+        c.pipeline.chunks = 4;
+        c.pipeline.checkpoint = modes[ck];
+        gp_model ref, pip;
+        CHECK_OK(gp_model_build(&c, devs[0], &ref));
+        CHECK_OK(gp_model_build_placed(&c, devs, 3, bal3, &pip));
+        CHECK(pip.layers[5].out_dtype == GP_BF16 && pip.layers[5].ops->takes_bf16(&pip.layers[5]));
+        bool same[3];
+        gpt_compare_steps(&c, &ref, &pip, 4, 2, same);
+        CHECK_MSG(same[0] && same[1] && same[2],
+                  "amoebanet (6, 32) in bf16 on 3 stages, m 4, checkpoint %d differs from one "
+                  "device: loss %d, grads %d, params %d", ck, same[0], same[1], same[2]);
+        gp_model_free(&ref);
+        gp_model_free(&pip);
+    }
     gp_config_free(&c);
 }
 

@@ -222,8 +222,10 @@ static void adapter_layers(void)
     s.n_pop = 1;
     snprintf(s.pop[0], sizeof s.pop[0], "a");
     adapter_case("add", s, two, 2, 3);
-    s.type = GP_LAYER_CONCAT;
+    s.type = GP_LAYER_CONCAT; /* takes bf16 as it is (moves bits), the same values */
     adapter_case("concat", s, two, 2, 3);
+    gp_shape padded[2] = {gp_shape_4d(1, 3, 5, 8), map}; /* U-Net's: padded up to 7 x 9 */
+    adapter_case("concat, padded", s, padded, 2, 3);
     s = gp_layer_spec_default(GP_LAYER_ATTENTION);
     s.heads = 2;
     gp_shape qkv = gp_shape_4d(1, 1, 7, 12); /* T = 7, 3C = 12: head dim 2 */

@@ -2291,6 +2291,56 @@ static void test_bf16_ops(gp_device *cpu, const char *graph)
         free(h[1]);
         bfree(&fa); bfree(&fb); bfree(&a); bfree(&b); bfree(&y);
     }
+    /* pooling on bf16 storage (pool_*_bf16): gpipe's kernels, the CPU's
+     * loops one element a thread, so the GPU's bits are the CPU's, forward
+     * and backward: max 3x3 stride 2 (overlapping windows, padding), max
+     * 2x2, average 3x3 stride 1 over the window inside the image
+     * (AmoebaNet's) and over kh kw, on odd sizes */
+    {
+        static const gp_pool_desc pds[4] = {
+            {.n = 2, .c = 3, .h = 9, .w = 11, .kh = 3, .kw = 3, .sh = 2, .sw = 2, .ph = 1,
+             .pw = 1, .oh = 5, .ow = 6, .kind = GP_POOL_MAX},
+            {.n = 2, .c = 3, .h = 8, .w = 10, .kh = 2, .kw = 2, .sh = 2, .sw = 2, .oh = 4,
+             .ow = 5, .kind = GP_POOL_MAX},
+            {.n = 2, .c = 3, .h = 7, .w = 9, .kh = 3, .kw = 3, .sh = 1, .sw = 1, .ph = 1,
+             .pw = 1, .oh = 7, .ow = 9, .kind = GP_POOL_AVG},
+            {.n = 2, .c = 3, .h = 7, .w = 9, .kh = 3, .kw = 3, .sh = 2, .sw = 2, .ph = 1,
+             .pw = 1, .oh = 4, .ow = 5, .kind = GP_POOL_AVG_INCLUDE_PAD},
+        };
+        CHECK(gp_dev_pool_bf16_has(g));
+        for (int q = 0; q < 4; q++) {
+            const gp_pool_desc *pd = &pds[q];
+            const int64_t pnx = pd->n * pd->c * pd->h * pd->w;
+            const int64_t pny = pd->n * pd->c * pd->oh * pd->ow;
+            buf fx = brand(pnx, -4, 4), fdy = brand(pny, -4, 4), x = bjunk((pnx + 1) / 2),
+                dy = bjunk((pny + 1) / 2), y = bjunk((pny + 1) / 2), dx = bjunk((pnx + 1) / 2);
+            BOTH(gp_dev_bf16_pack(D, (uint16_t *)x.p[K], fx.p[K], pnx));
+            BOTH(gp_dev_bf16_pack(D, (uint16_t *)dy.p[K], fdy.p[K], pny));
+            size_t wsb = gp_dev_pool_ws_bytes(cpu, pd);
+            void *ws[2] = {wsb ? malloc(wsb) : NULL, NULL};
+            CHECK(gp_dev_pool_ws_bytes(g, pd) == 0);
+            BOTH(gp_dev_pool_fwd_bf16(D, pd, (uint16_t *)x.p[K], (uint16_t *)y.p[K], ws[K]));
+            BOTH(gp_dev_pool_bwd_bf16(D, pd, (uint16_t *)x.p[K], (uint16_t *)y.p[K],
+                                      (uint16_t *)dy.p[K], (uint16_t *)dx.p[K], ws[K]));
+            for (int dir = 0; dir < 2; dir++) {
+                const buf *r = dir ? &dx : &y;
+                int64_t nv = dir ? pnx : pny;
+                uint16_t *h[2] = {malloc((size_t)nv * 2 + 4), malloc((size_t)nv * 2 + 4)};
+                for (int k = 0; k < 2; k++) {
+                    CHECK_OK(gp_dev_download(D2[k], (float *)h[k], r->p[k], (nv + 1) / 2));
+                    CHECK_OK(gp_dev_synchronize(D2[k]));
+                }
+                CHECK_MSG(!memcmp(h[0], h[1], (size_t)nv * 2), "bf16 pooling %d (kind %d, "
+                          "%lldx%lld stride %lld) %s: the GPU's bits differ from the CPU's", q,
+                          (int)pd->kind, (long long)pd->kh, (long long)pd->kw, (long long)pd->sh,
+                          dir ? "backward" : "forward");
+                free(h[0]);
+                free(h[1]);
+            }
+            free(ws[0]);
+            bfree(&fx); bfree(&fdy); bfree(&x); bfree(&dy); bfree(&y); bfree(&dx);
+        }
+    }
     uint64_t plans = g->graph_plans; /* the bf16 convolution's */
     /* 1 input channel, 3x3: 9 products an output, too few for bf16
      * (gp_bf16_conv_worth): FP32, as the CPU's, where bf16 operands would

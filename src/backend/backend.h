@@ -131,8 +131,10 @@
  *      layer_norm_bwd_data_bf16, layer_norm_bwd_weights_bf16 (batch norm,
  *      pooling, sums, convolutions, cross-entropy and layer norm on bf16
  *      storage), dropout_apply_bf16, mul_rows_bf16 (dropout and dropout2d
- *      on bf16 storage) */
-#define GP_DEVICE_IFACE_VERSION 34
+ *      on bf16 storage)
+ *  35  copy_box takes the element size (4 or 2 bytes: FP32 or bf16 boxes,
+ *      concatenations and their slices on bf16 storage) */
+#define GP_DEVICE_IFACE_VERSION 35
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -555,13 +557,14 @@ typedef struct gp_device_iface {
 
     /* --- a strided 4-D copy on the compute stream (appended last) ---
      * dst[a ds0 + b ds1 + c ds2 + d ds3] = src[a ss0 + b ss1 + c ss2 + d ss3]
-     * for every (a, b, c, d) < dims (strides and dims in elements; dst and
-     * src on this device, not overlapping).  Concatenation along channels,
-     * zero padding (after a fill) and their gradients' slices.  NULL:
-     * gp_dev_copy_box returns GP_ERR_UNSUPPORTED. */
-    gp_status (*copy_box)(gp_device *dev, float *dst, const int64_t dst_stride[4],
-                          const float *src, const int64_t src_stride[4],
-                          const int64_t dims[4]);
+     * for every (a, b, c, d) < dims (strides and dims in elements of `es`
+     * bytes, 4 or 2: FP32 or bf16, moved as bits; dst and src on this
+     * device, not overlapping).  Concatenation along channels, zero padding
+     * (after a fill) and their gradients' slices.  NULL: gp_dev_copy_box
+     * returns GP_ERR_UNSUPPORTED. */
+    gp_status (*copy_box)(gp_device *dev, void *dst, const int64_t dst_stride[4],
+                          const void *src, const int64_t src_stride[4],
+                          const int64_t dims[4], size_t es);
     /* --- U-Net layers and loss (optional; appended last) ---
      * leaky_relu_fwd: y = x > 0 ? x : slope x, slope >= 0; a NaN stays NaN
      * (gp_ew_leaky_relu).
@@ -1510,16 +1513,26 @@ int gp_box_collapse(const int64_t ds[4], const int64_t ss[4], const int64_t dims
 /* The copy_box slot on the box gp_box_collapse makes, so that a backend
  * sees a concatenation's rows as rows (the CPU one memcpy a row, a GPU a
  * 2-D memcpy) rather than dividing per element. */
-static inline gp_status gp_dev_copy_box(gp_device *dev, float *dst, const int64_t dst_stride[4],
-                                        const float *src, const int64_t src_stride[4],
-                                        const int64_t dims[4])
+static inline gp_status gp_dev_copy_box_es(gp_device *dev, void *dst,
+                                           const int64_t dst_stride[4], const void *src,
+                                           const int64_t src_stride[4], const int64_t dims[4],
+                                           size_t es)
 {
+    GP_ASSERT(es == 4 || es == 2);
     if (!dev->iface->copy_box)
         return gp_error_set(GP_ERR_UNSUPPORTED, "the %s backend cannot copy strided boxes",
                             dev->iface->backend_name);
     int64_t ds[4], ss[4], d[4];
     if (gp_box_collapse(dst_stride, src_stride, dims, ds, ss, d) == 0) return GP_OK;
-    return dev->iface->copy_box(dev, dst, ds, src, ss, d);
+    return dev->iface->copy_box(dev, dst, ds, src, ss, d, es);
+}
+
+/* The box of FP32 values. */
+static inline gp_status gp_dev_copy_box(gp_device *dev, float *dst, const int64_t dst_stride[4],
+                                        const float *src, const int64_t src_stride[4],
+                                        const int64_t dims[4])
+{
+    return gp_dev_copy_box_es(dev, dst, dst_stride, src, src_stride, dims, sizeof(float));
 }
 /* The U-Net slots above; GP_ERR_UNSUPPORTED (naming the device, its
  * backend and the op) when a slot is NULL.  Nothing is called for zero

@@ -360,10 +360,26 @@ static void cell_destroy(gp_layer *l)
     l->state = NULL;
 }
 
-static void sync_all(gp_layer *l, cell_state *st)
+/* Every child's parameter views, and its output type: the cell's tensors'
+ * own (dt: bf16 where the cell runs on bf16 storage, cell_takes_bf16; the
+ * children's wrappers then run each on bf16 or through the adapter). */
+static void sync_all(gp_layer *l, cell_state *st, gp_dtype dt)
 {
-    for (int c = 0; c < st->plan.n_child; c++)
+    for (int c = 0; c < st->plan.n_child; c++) {
         gp_layers_child_view(l, &st->child[c], st->first[c]);
+        st->child[c].out_dtype = dt;
+    }
+}
+
+/* sum = a + b, of the cell's element type (bf16: rounded once). */
+static gp_status add_states(gp_device *dev, const gp_tensor *a, const gp_tensor *b,
+                            gp_tensor *sum)
+{
+    int64_t n = gp_tensor_numel(sum);
+    if (n == 0) return GP_OK;
+    if (sum->dtype == GP_F32) return gp_dev_add(dev, gp_f32(a), gp_f32(b), gp_f32(sum), n);
+    GP_TRY(gp_layers_copy(dev, gp_tensor_mem(sum), a));
+    return gp_layers_accumulate(dev, sum, b);
 }
 
 /* ---- the saved tensors ------------------------------------------------------------- */
@@ -432,8 +448,8 @@ static gp_status cell_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tenso
     cell_state *st = l->state;
     const cell_plan *p = &st->plan;
     gp_device *dev = l->dev;
-    int64_t n = x[0].dims[0];
-    sync_all(l, st);
+    const gp_dtype dt = x[0].dtype; /* y's, and the popped input's (cell_takes_bf16) */
+    sync_all(l, st, dt);
     GP_TRY(saved_setup(s, st));
     const gp_tensor *states[MAX_STATES] = {NULL};
     gp_status r = GP_OK;
@@ -453,16 +469,14 @@ static gp_status cell_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tenso
         if (r != GP_OK) break;
         gp_tensor *sum = tensor_at(s, st, p->n_child + 2 + t);
         gp_shape hs = gp_tensor_shape(h[0]);
-        r = gp_tensor_alloc(sum, dev, &hs, GP_MEM_ACTIVATIONS);
-        if (r == GP_OK && n) r = gp_dev_add(dev, gp_f32(h[0]), gp_f32(h[1]), gp_f32(sum),
-                                            gp_tensor_numel(sum));
+        r = gp_tensor_alloc_as(sum, dev, &hs, dt, GP_MEM_ACTIVATIONS);
+        if (r == GP_OK) r = add_states(dev, h[0], h[1], sum);
         states[2 + t] = sum;
     }
-    int64_t yc = y->dims[1], hw = y->dims[2] * y->dims[3], off = 0;
+    int64_t off = 0;
     for (int q = 0; q < p->n_concat && r == GP_OK; q++) {
         const gp_tensor *a = states[p->concat[q]];
-        r = gp_layers_copy_channels(dev, gp_f32(y), yc, off, gp_f32(a), a->dims[1], 0, n, a->dims[1],
-                                    hw);
+        r = gp_layers_copy_channels(dev, y, off, a, 0, a->dims[1]);
         off += a->dims[1];
     }
     if (r != GP_OK || !ctx->training) {
@@ -482,9 +496,7 @@ static gp_status accumulate(gp_device *dev, gp_tensor *acc, gp_tensor *g)
         *g = (gp_tensor){0};
         return GP_OK;
     }
-    gp_status r = gp_tensor_numel(g) ? gp_dev_axpy(dev, 1.0f, gp_f32(g), gp_f32(acc),
-                                                   gp_tensor_numel(g))
-                                     : GP_OK;
+    gp_status r = gp_tensor_numel(g) ? gp_layers_accumulate(dev, acc, g) : GP_OK;
     gp_tensor_free(g);
     return r;
 }
@@ -501,9 +513,8 @@ static gp_status back_chain(gp_layer *l, cell_state *st, const gp_fwd_ctx *ctx, 
     if (ch->nc == 0) { /* identity: the gradient passes as it is */
         if (!need_dx) return GP_OK;
         gp_shape ds = gp_tensor_shape(dy);
-        GP_TRY(gp_tensor_alloc(g, l->dev, &ds, GP_MEM_ACTIVATIONS));
-        size_t b = gp_tensor_bytes(dy);
-        return b ? gp_dev_copy_d2d(l->dev, gp_f32(g), gp_f32(dy), b) : GP_OK;
+        GP_TRY(gp_tensor_alloc_as(g, l->dev, &ds, dy->dtype, GP_MEM_ACTIVATIONS));
+        return gp_layers_copy(l->dev, gp_tensor_mem(g), dy);
     }
     gp_tensor cur = *dy;
     cur.owned = false; /* lent */
@@ -532,27 +543,25 @@ static gp_status cell_backward_all(gp_layer *l, const gp_fwd_ctx *ctx, const gp_
     cell_state *st = l->state;
     const cell_plan *p = &st->plan;
     gp_device *dev = l->dev;
-    int64_t n = x[0].dims[0];
     if (s->flags & GP_SAVED_EVAL)
         return gp_layer_spec_error(l, "backward after an eval-mode forward: the layer saved "
                                       "nothing (run forward with training)");
     GP_ASSERT(s->n_sub > 0);
-    sync_all(l, st);
+    const gp_dtype dt = x[0].dtype;
+    sync_all(l, st, dt);
     const gp_tensor *states[MAX_STATES] = {NULL};
     states_of(s, st, x, l->n_in, states);
     gp_tensor ds[MAX_STATES];
     memset(ds, 0, sizeof ds);
     gp_status r = GP_OK;
     /* the concatenation: each state's slice of dy */
-    int64_t yc = dy->dims[1], hw = dy->dims[2] * dy->dims[3], off = 0;
+    int64_t off = 0;
     for (int q = 0; q < p->n_concat && r == GP_OK; q++) {
         int k = p->concat[q];
         gp_shape ks = gp_tensor_shape(states[k]);
         gp_tensor g = {0};
-        r = gp_tensor_alloc(&g, dev, &ks, GP_MEM_ACTIVATIONS);
-        if (r == GP_OK)
-            r = gp_layers_copy_channels(dev, gp_f32(&g), ks.dims[1], 0, gp_f32(dy), yc, off, n,
-                                        ks.dims[1], hw);
+        r = gp_tensor_alloc_as(&g, dev, &ks, dt, GP_MEM_ACTIVATIONS);
+        if (r == GP_OK) r = gp_layers_copy_channels(dev, &g, 0, dy, off, ks.dims[1]);
         if (r == GP_OK) r = accumulate(dev, &ds[k], &g);
         gp_tensor_free(&g);
         off += ks.dims[1];
@@ -580,14 +589,13 @@ static gp_status cell_backward_all(gp_layer *l, const gp_fwd_ctx *ctx, const gp_
                        dx != NULL, s, &g[ci]);
     }
     if (r == GP_OK && dx) {
-        for (int q = 0; q < l->n_in && r == GP_OK; q++) {
-            int64_t e = gp_tensor_numel(&dx[q]);
-            if (e) r = gp_dev_fill(dev, gp_f32(&dx[q]), 0.0f, e);
+        for (int q = 0; q < l->n_in && r == GP_OK; q++) { /* zero bits: 0.0 in either type */
+            int64_t e = gp_tensor_words(&dx[q]);
+            if (e) r = gp_dev_fill(dev, (float *)gp_tensor_mem(&dx[q]), 0.0f, e);
         }
         for (int ci = 0; ci < 2 && r == GP_OK; ci++) {
             gp_tensor *d = &dx[ci == 1 && l->n_in > 1 ? 1 : 0];
-            int64_t e = gp_tensor_numel(d);
-            if (gp_tensor_mem(&g[ci]) && e) r = gp_dev_axpy(dev, 1.0f, gp_f32(&g[ci]), gp_f32(d), e);
+            if (gp_tensor_mem(&g[ci]) && gp_tensor_numel(d)) r = gp_layers_accumulate(dev, d, &g[ci]);
         }
     }
     for (int k = 0; k < MAX_STATES; k++) gp_tensor_free(&ds[k]);
@@ -619,7 +627,7 @@ static gp_status cell_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx, const
 static gp_status cell_commit(gp_layer *l)
 {
     cell_state *st = l->state;
-    sync_all(l, st);
+    sync_all(l, st, l->out_dtype);
     for (int c = 0; c < st->plan.n_child; c++)
         if (st->child[c].ops->commit) GP_TRY(st->child[c].ops->commit(&st->child[c]));
     return GP_OK;
@@ -634,7 +642,7 @@ static void cell_discard(gp_layer *l)
 static gp_status cell_allreduce_stats(gp_layer *l, gp_comm *comm)
 {
     cell_state *st = l->state;
-    sync_all(l, st);
+    sync_all(l, st, l->out_dtype);
     for (int c = 0; c < st->plan.n_child; c++)
         if (st->child[c].ops->allreduce_stats)
             GP_TRY(st->child[c].ops->allreduce_stats(&st->child[c], comm));
@@ -656,6 +664,9 @@ typedef struct {
     int64_t n;
     double flops;
     size_t bytes;
+    gp_dtype dt;     /* the cell's out_dtype: its maps' */
+    gp_device *dev;  /* the cell's (NULL: none), for what children keep per device (a max
+                        pool's indices) */
 } cost_arg;
 
 static gp_status cost_child(void *arg, int c, const gp_layer_spec *spec, const gp_shape *in)
@@ -664,15 +675,17 @@ static gp_status cost_child(void *arg, int c, const gp_layer_spec *spec, const g
     cost_arg *a = arg;
     gp_layer t;
     GP_TRY(gp_layer_shapes(spec, 0, in, &t));
+    t.out_dtype = a->dt;
+    t.dev = a->dev;
     a->flops += t.ops->flops(&t, a->n);
-    size_t out = (size_t)a->n * (size_t)gp_shape_numel(&t.out_shape) * sizeof(float);
+    size_t out = (size_t)a->n * (size_t)gp_shape_numel(&t.out_shape) * gp_dtype_size(a->dt);
     a->bytes += out + (t.ops->saved_bytes ? t.ops->saved_bytes(&t, a->n) : 0);
     return GP_OK;
 }
 
 static cost_arg costs(const gp_layer *l, int64_t n)
 {
-    cost_arg a = {n, 0.0, 0};
+    cost_arg a = {n, 0.0, 0, l->out_dtype, l->dev};
     cell_plan *p = malloc(sizeof *p);
     const gp_shape *pop = l->n_in > 1 ? &l->pop_shape[0] : NULL;
     gp_shape st[MAX_STATES];
@@ -681,7 +694,7 @@ static cost_arg costs(const gp_layer *l, int64_t n)
         for (int k = 2; k < MAX_STATES; k++) { /* the sums */
             double e = (double)n * (double)gp_shape_numel(&st[k]);
             a.flops += e;
-            a.bytes += (size_t)e * sizeof(float);
+            a.bytes += (size_t)e * gp_dtype_size(l->out_dtype);
         }
     }
     gp_error_clear();
@@ -693,8 +706,15 @@ static double cell_flops(const gp_layer *l, int64_t n) { return costs(l, n).flop
 
 static size_t cell_saved_bytes(const gp_layer *l, int64_t n) { return n ? costs(l, n).bytes : 0; }
 
+/* On bf16 storage the cell keeps its inner maps (its children's outputs,
+ * the states' sums) and the gradients between them in bf16: each child's
+ * wrapper runs it on bf16 or through the storage adapter around it alone,
+ * the sums round once, the concatenation moves bits. */
+static bool cell_takes_bf16(const gp_layer *l) { return l->dev && l->dev->iface->copy_box; }
+
 const gp_layer_ops gp_amoeba_cell_ops = {
     .type = GP_LAYER_AMOEBA_CELL,
+    .takes_bf16 = cell_takes_bf16,
     .infer = cell_infer,
     .init = cell_init,
     .forward = cell_forward,

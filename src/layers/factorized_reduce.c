@@ -100,10 +100,15 @@ static void sync_child(gp_layer *l, fr_state *st, int which)
     gp_layers_child_view(l, &st->child[which], st->first[which]);
 }
 
-static void sync_all(gp_layer *l, fr_state *st)
+/* Every child's parameter views, and its output type: the layer's
+ * tensors' own (dt: bf16 where it runs on bf16 storage, fr_takes_bf16). */
+static void sync_all(gp_layer *l, fr_state *st, gp_dtype dt)
 {
     for (int k = 0; k < C_COUNT; k++)
-        if (st->child[k].ops) sync_child(l, st, k);
+        if (st->child[k].ops) {
+            sync_child(l, st, k);
+            st->child[k].out_dtype = dt;
+        }
 }
 
 static gp_status add_child(gp_layer *l, fr_state *st, int which, const gp_shape *in,
@@ -141,15 +146,37 @@ static void fr_destroy(gp_layer *l)
  * b < W / 2, against the first (H / 2, W / 2) pixels of a (N, C, OH, OW)
  * one: gather (to_odd false: sub = full's odd pixels) or scatter (to_odd
  * true: full's odd pixels = sub). */
-static gp_status odd_pixels(gp_device *dev, float *full, float *sub, int64_t n, int64_t c,
-                            int64_t h, int64_t w, int64_t oh, int64_t ow, bool to_odd)
+static gp_status odd_pixels(gp_device *dev, const gp_tensor *full, const gp_tensor *sub,
+                            bool to_odd)
 {
+    GP_ASSERT(full->dtype == sub->dtype);
+    const int64_t n = full->dims[0], c = full->dims[1], h = full->dims[2], w = full->dims[3];
+    const int64_t oh = sub->dims[2], ow = sub->dims[3];
     const int64_t fs[4] = {c * h * w, h * w, 2 * w, 2}, ss[4] = {c * oh * ow, oh * ow, ow, 1};
     const int64_t dims[4] = {n, c, h / 2, w / 2};
     if (dims[0] * dims[1] * dims[2] * dims[3] == 0) return GP_OK;
-    float *odd = full + w + 1;
-    return to_odd ? gp_dev_copy_box(dev, odd, fs, sub, ss, dims)
-                  : gp_dev_copy_box(dev, sub, ss, odd, fs, dims);
+    const size_t es = gp_dtype_size(full->dtype);
+    char *odd = (char *)gp_tensor_mem(full) + (size_t)(w + 1) * es, *sm = gp_tensor_mem(sub);
+    return to_odd ? gp_dev_copy_box_es(dev, odd, fs, sm, ss, dims, es)
+                  : gp_dev_copy_box_es(dev, sm, ss, odd, fs, dims, es);
+}
+
+/* relu(x) into y (forward), or the relu's backward in place over g from
+ * its output r; in x's element type. */
+static gp_status relu_fwd(gp_device *dev, const gp_tensor *x, gp_tensor *y)
+{
+    int64_t n = gp_tensor_numel(x);
+    if (x->dtype == GP_BF16)
+        return gp_dev_act_bf16(dev, GP_ACT_RELU, gp_bf16(x), NULL, gp_bf16(y), n, 0.0f);
+    return gp_dev_relu_fwd(dev, gp_f32(x), gp_f32(y), n);
+}
+
+static gp_status relu_bwd(gp_device *dev, const gp_tensor *r, gp_tensor *g)
+{
+    int64_t n = gp_tensor_numel(g);
+    if (g->dtype == GP_BF16)
+        return gp_dev_act_bf16(dev, GP_ACT_RELU, gp_bf16(r), gp_bf16(g), gp_bf16(g), n, 0.0f);
+    return gp_dev_relu_bwd(dev, gp_f32(r), gp_f32(g), gp_f32(g), n);
 }
 
 /* ---- forward and backward ----------------------------------------------------- */
@@ -160,7 +187,7 @@ static gp_status child_fwd(fr_state *st, int which, const gp_fwd_ctx *ctx, const
     gp_layer *c = &st->child[which];
     gp_saved cs;
     memset(&cs, 0, sizeof cs);
-    gp_status r = c->ops->forward(c, ctx, x, y, &cs);
+    gp_status r = gp_layers_child_forward(c, ctx, x, y, &cs);
     if (slot >= 0) { /* the norm's statistics move into the layer's slots */
         s->t[slot] = cs.t[0];
         s->t[slot + 1] = cs.t[1];
@@ -181,9 +208,7 @@ static gp_status child_bwd(fr_state *st, int which, const gp_fwd_ctx *ctx, const
         cs.t[1] = s->t[slot + 1];
         cs.t[0].owned = cs.t[1].owned = false;
     }
-    if (dx) GP_TRY(c->ops->backward_data(c, ctx, x, NULL, dy, dx, &cs));
-    if (c->ops->backward_weights) GP_TRY(c->ops->backward_weights(c, ctx, x, NULL, dy, &cs));
-    return GP_OK;
+    return gp_layers_child_backward(c, ctx, x, NULL, dy, dx, &cs);
 }
 
 static gp_status fr_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
@@ -194,25 +219,26 @@ static gp_status fr_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor 
     int64_t n = x->dims[0], c = x->dims[1], h = x->dims[2], w = x->dims[3];
     int64_t k = l->spec.out, oh = y->dims[2], ow = y->dims[3];
     if (n == 0) return GP_OK;
-    sync_all(l, st);
+    const gp_dtype dt = x->dtype; /* y's too (fr_takes_bf16) */
+    sync_all(l, st, dt);
     gp_shape xs = gp_tensor_shape(x), subs = gp_shape_4d(n, c, oh, ow);
     gp_shape ys = gp_tensor_shape(y), hs = gp_shape_4d(n, k / 2, oh, ow);
     gp_tensor half = {0};
     gp_status r = GP_OK;
 #define FR_TRY(e) do { if ((r = (e)) != GP_OK) goto done; } while (0)
-    FR_TRY(gp_layers_saved_alloc(s, S_R, dev, &xs));
-    FR_TRY(gp_layers_saved_alloc(s, S_XS, dev, &subs));
-    FR_TRY(gp_layers_saved_alloc(s, S_CAT, dev, &ys));
-    FR_TRY(gp_tensor_alloc(&half, dev, &hs, GP_MEM_ACTIVATIONS));
-    FR_TRY(gp_dev_relu_fwd(dev, gp_f32(x), gp_f32(&s->t[S_R]), gp_tensor_numel(x)));
-    if (oh * 2 != h || ow * 2 != w) /* odd sizes: the last row / column is padding */
-        FR_TRY(gp_dev_fill(dev, gp_f32(&s->t[S_XS]), 0.0f, gp_shape_numel(&subs)));
-    FR_TRY(odd_pixels(dev, gp_f32(&s->t[S_R]), gp_f32(&s->t[S_XS]), n, c, h, w, oh, ow, false));
+    FR_TRY(gp_layers_saved_alloc_as(s, S_R, dev, &xs, dt));
+    FR_TRY(gp_layers_saved_alloc_as(s, S_XS, dev, &subs, dt));
+    FR_TRY(gp_layers_saved_alloc_as(s, S_CAT, dev, &ys, dt));
+    FR_TRY(gp_tensor_alloc_as(&half, dev, &hs, dt, GP_MEM_ACTIVATIONS));
+    FR_TRY(relu_fwd(dev, x, &s->t[S_R]));
+    if (oh * 2 != h || ow * 2 != w) /* odd sizes: the last row / column is padding (zero bits) */
+        FR_TRY(gp_dev_fill(dev, (float *)gp_tensor_mem(&s->t[S_XS]), 0.0f,
+                           gp_tensor_words(&s->t[S_XS])));
+    FR_TRY(odd_pixels(dev, &s->t[S_R], &s->t[S_XS], false));
     FR_TRY(child_fwd(st, C_CONV1, ctx, &s->t[S_R], &half, s, -1));
-    FR_TRY(gp_layers_copy_channels(dev, gp_f32(&s->t[S_CAT]), k, 0, gp_f32(&half), k / 2, 0, n, k / 2, oh * ow));
+    FR_TRY(gp_layers_copy_channels(dev, &s->t[S_CAT], 0, &half, 0, k / 2));
     FR_TRY(child_fwd(st, C_CONV2, ctx, &s->t[S_XS], &half, s, -1));
-    FR_TRY(gp_layers_copy_channels(dev, gp_f32(&s->t[S_CAT]), k, k / 2, gp_f32(&half), k / 2, 0, n, k / 2,
-                         oh * ow));
+    FR_TRY(gp_layers_copy_channels(dev, &s->t[S_CAT], k / 2, &half, 0, k / 2));
     FR_TRY(child_fwd(st, C_BN, ctx, &s->t[S_CAT], y, s, S_BN));
 done:
 #undef FR_TRY
@@ -230,34 +256,35 @@ static gp_status fr_backward_all(gp_layer *l, const gp_fwd_ctx *ctx, const gp_te
 {
     fr_state *st = l->state;
     gp_device *dev = l->dev;
-    int64_t n = x->dims[0], c = x->dims[1], h = x->dims[2], w = x->dims[3];
+    int64_t n = x->dims[0], c = x->dims[1];
     int64_t k = l->spec.out, oh = dy->dims[2], ow = dy->dims[3];
     if (n == 0) return GP_OK;
     if (s->flags & GP_SAVED_EVAL)
         return gp_layer_spec_error(l, "backward after an eval-mode forward: the layer saved "
                                       "nothing (run forward with training)");
     GP_ASSERT(gp_tensor_mem(&s->t[S_R]) && gp_tensor_mem(&s->t[S_XS]) && gp_tensor_mem(&s->t[S_CAT]));
-    sync_all(l, st);
+    const gp_dtype dt = x->dtype;
+    sync_all(l, st, dt);
     gp_shape ys = gp_tensor_shape(dy), hs = gp_shape_4d(n, k / 2, oh, ow);
     gp_shape subs = gp_shape_4d(n, c, oh, ow);
     gp_tensor g = {0}, gh = {0}, dsub = {0};
     gp_status r = GP_OK;
 #define FR_TRY(e) do { if ((r = (e)) != GP_OK) goto done; } while (0)
-    FR_TRY(gp_tensor_alloc(&g, dev, &ys, GP_MEM_ACTIVATIONS));
-    FR_TRY(gp_tensor_alloc(&gh, dev, &hs, GP_MEM_ACTIVATIONS));
+    FR_TRY(gp_tensor_alloc_as(&g, dev, &ys, dt, GP_MEM_ACTIVATIONS));
+    FR_TRY(gp_tensor_alloc_as(&gh, dev, &hs, dt, GP_MEM_ACTIVATIONS));
     /* g = d cat (the convolutions have weights: always needed) */
     FR_TRY(child_bwd(st, C_BN, ctx, &s->t[S_CAT], dy, &g, s, S_BN));
     /* conv1: dx = its input gradient (every element written) */
-    FR_TRY(gp_layers_copy_channels(dev, gp_f32(&gh), k / 2, 0, gp_f32(&g), k, 0, n, k / 2, oh * ow));
+    FR_TRY(gp_layers_copy_channels(dev, &gh, 0, &g, 0, k / 2));
     FR_TRY(child_bwd(st, C_CONV1, ctx, &s->t[S_R], &gh, dx, s, -1));
     /* conv2: its input gradient into dx's odd pixels, which conv1 left 0 */
-    FR_TRY(gp_layers_copy_channels(dev, gp_f32(&gh), k / 2, 0, gp_f32(&g), k, k / 2, n, k / 2, oh * ow));
-    if (dx) FR_TRY(gp_tensor_alloc(&dsub, dev, &subs, GP_MEM_ACTIVATIONS));
+    FR_TRY(gp_layers_copy_channels(dev, &gh, 0, &g, k / 2, k / 2));
+    if (dx) FR_TRY(gp_tensor_alloc_as(&dsub, dev, &subs, dt, GP_MEM_ACTIVATIONS));
     FR_TRY(child_bwd(st, C_CONV2, ctx, &s->t[S_XS], &gh, dx ? &dsub : NULL, s, -1));
     if (dx) {
-        FR_TRY(odd_pixels(dev, gp_f32(dx), gp_f32(&dsub), n, c, h, w, oh, ow, true));
+        FR_TRY(odd_pixels(dev, dx, &dsub, true));
         /* relu: in place, per element (backend/elementwise.h) */
-        FR_TRY(gp_dev_relu_bwd(dev, gp_f32(&s->t[S_R]), gp_f32(dx), gp_f32(dx), gp_tensor_numel(dx)));
+        FR_TRY(relu_bwd(dev, &s->t[S_R], dx));
     }
 done:
 #undef FR_TRY
@@ -321,7 +348,9 @@ static size_t fr_saved_bytes(const gp_layer *l, int64_t n)
     size_t sub = (size_t)n * (size_t)(l->in_shape.dims[1] * l->out_shape.dims[2] *
                                       l->out_shape.dims[3]);
     size_t out = (size_t)n * (size_t)gp_shape_numel(&l->out_shape);
-    return n == 0 ? 0 : (in + sub + out + 2 * (size_t)l->spec.out) * sizeof(float);
+    return n == 0 ? 0
+                  : (in + sub + out) * gp_dtype_size(l->out_dtype) +
+                        2 * (size_t)l->spec.out * sizeof(float);
 }
 
 static int fr_counters(gp_layer *l, const char **names, int64_t **values, int max)
@@ -334,8 +363,17 @@ static int fr_counters(gp_layer *l, const char **names, int64_t **values, int ma
     return 1;
 }
 
+/* On bf16 storage the layer keeps r, xs and the concatenation in bf16: the
+ * relu on bf16 in one pass (act_bf16), the copies move bits, each child
+ * runs on bf16 or through the storage adapter around it alone. */
+static bool fr_takes_bf16(const gp_layer *l)
+{
+    return l->dev && l->dev->iface->copy_box && gp_dev_act_bf16_has(l->dev, GP_ACT_RELU);
+}
+
 const gp_layer_ops gp_factorized_reduce_ops = {
     .type = GP_LAYER_FACTORIZED_REDUCE,
+    .takes_bf16 = fr_takes_bf16,
     .counters = fr_counters,
     .infer = fr_infer,
     .init = fr_init,

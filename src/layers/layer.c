@@ -573,14 +573,20 @@ gp_status gp_layers_copy(gp_device *dev, void *dst, const gp_tensor *src)
     return gp_dev_copy_d2d(dev, dst, gp_tensor_mem(src), bytes);
 }
 
-gp_status gp_layers_copy_channels(gp_device *dev, float *dst, int64_t dc, int64_t d0,
-                                  const float *src, int64_t sc, int64_t s0, int64_t n, int64_t c,
-                                  int64_t hw)
+gp_status gp_layers_copy_channels(gp_device *dev, gp_tensor *dst, int64_t d0,
+                                  const gp_tensor *src, int64_t s0, int64_t c)
 {
+    GP_ASSERT(dst->ndim == 4 && src->ndim == 4 && dst->dtype == src->dtype &&
+              dst->dims[0] == src->dims[0] && dst->dims[2] * dst->dims[3] == src->dims[2] * src->dims[3]);
+    const int64_t n = dst->dims[0], hw = dst->dims[2] * dst->dims[3];
+    const int64_t dc = dst->dims[1], sc = src->dims[1];
     if (n * c * hw == 0) return GP_OK;
     const int64_t ds[4] = {dc * hw, hw, hw, 1}, ss[4] = {sc * hw, hw, hw, 1};
     const int64_t dims[4] = {n, c, 1, hw};
-    return gp_dev_copy_box(dev, dst + d0 * hw, ds, src + s0 * hw, ss, dims);
+    const size_t es = gp_dtype_size(dst->dtype);
+    return gp_dev_copy_box_es(dev, (char *)gp_tensor_mem(dst) + (size_t)(d0 * hw) * es, ds,
+                              (const char *)gp_tensor_mem(src) + (size_t)(s0 * hw) * es, ss, dims,
+                              es);
 }
 
 /* ---- saved tensors -------------------------------------------------------- */

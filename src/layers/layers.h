@@ -419,10 +419,10 @@ struct gp_layer {
      * dy) widened to FP32, its FP32 kernels run, its output rounded once
      * to out_dtype and each
      * input's gradient rounded to that input's type.  What backward needs
-     * beyond x and y (gp_saved) stays FP32, and so do the children of a
-     * composite layer that runs behind the adapter (amoeba_cell); a
-     * residual block takes bf16 and keeps its children's maps in it
-     * (gp_layers_child_forward).  The
+     * beyond x and y (gp_saved) stays FP32 where the layer runs behind
+     * the adapter; the composite layers (residual, amoeba_cell,
+     * factorized_reduce) take bf16 and keep their children's maps in it
+     * (gp_layers_child_forward, or the children's own wrappers).  The
      * values are those of FP32 math with one rounding at each layer output
      * and each gradient a layer hands back (PyTorch autocast's contract for
      * the layers it leaves in FP32). */

@@ -128,12 +128,12 @@ gp_status gp_layers_fill_param(gp_layer *l, int p, float v);
  * every row. */
 gp_status gp_layers_zero_rows(gp_layer *l, int p, int64_t first);
 
-/* Channels [d0, d0 + c) of dst (N, dc, HW) = channels [s0, s0 + c) of src
- * (N, sc, HW), one strided copy: concatenation along channels and the
+/* Channels [d0, d0 + c) of dst (N, C, H, W) = channels [s0, s0 + c) of src
+ * (N, C', H', W' with H' W' = H W), of one element type (FP32 or bf16,
+ * moved as bits), one strided copy: concatenation along channels and the
  * slices of its gradient. */
-gp_status gp_layers_copy_channels(gp_device *dev, float *dst, int64_t dc, int64_t d0,
-                                  const float *src, int64_t sc, int64_t s0, int64_t n, int64_t c,
-                                  int64_t hw);
+gp_status gp_layers_copy_channels(gp_device *dev, gp_tensor *dst, int64_t d0,
+                                  const gp_tensor *src, int64_t s0, int64_t c);
 
 /* dst = src's values, as many bytes as src holds (any element type): the identity layers'
  * forward (identity, flatten, the dropouts in eval) and their backward.

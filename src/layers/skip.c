@@ -358,15 +358,19 @@ static gp_status concat_infer(const gp_layer *l, const gp_shape *in, gp_shape *o
 }
 
 /* Copy box `dims` between a dense tensor of dims `dd` and channel offset
- * c0 of a dense tensor of dims `yd` (to_y: into y; else out of it). */
-static gp_status box(gp_device *dev, float *y, const int64_t yd[4], int64_t c0, float *t,
-                     const int64_t td[4], bool to_y)
+ * c0 of a dense tensor of dims `yd` (to_y: into y; else out of it), of one
+ * element type (FP32 or bf16: bits moved as they are). */
+static gp_status box(gp_device *dev, const gp_tensor *y, const int64_t yd[4], int64_t c0,
+                     const gp_tensor *t, const int64_t td[4], bool to_y)
 {
+    GP_ASSERT(y->dtype == t->dtype);
     int64_t ys[4] = {yd[1] * yd[2] * yd[3], yd[2] * yd[3], yd[3], 1};
     int64_t ts[4] = {td[1] * td[2] * td[3], td[2] * td[3], td[3], 1};
     if (td[0] * td[1] * td[2] * td[3] == 0) return GP_OK;
-    float *yo = y + c0 * ys[1];
-    return to_y ? gp_dev_copy_box(dev, yo, ys, t, ts, td) : gp_dev_copy_box(dev, t, ts, yo, ys, td);
+    const size_t es = gp_dtype_size(y->dtype);
+    char *yo = (char *)gp_tensor_mem(y) + (size_t)(c0 * ys[1]) * es, *tm = gp_tensor_mem(t);
+    return to_y ? gp_dev_copy_box_es(dev, yo, ys, tm, ts, td, es)
+                : gp_dev_copy_box_es(dev, tm, ts, yo, ys, td, es);
 }
 
 static gp_status concat_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
@@ -379,10 +383,10 @@ static gp_status concat_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_ten
     dims4(&ys, yd);
     dims4(&as, ad);
     dims4(&bs, bd);
-    if ((ad[2] != yd[2] || ad[3] != yd[3]) && gp_tensor_numel(y))
-        GP_TRY(gp_dev_fill(l->dev, gp_f32(y), 0.0f, gp_tensor_numel(y))); /* the padding */
-    GP_TRY(box(l->dev, gp_f32(y), yd, 0, gp_f32(&x[0]), ad, true));
-    return box(l->dev, gp_f32(y), yd, ad[1], gp_f32(&x[1]), bd, true);
+    if ((ad[2] != yd[2] || ad[3] != yd[3]) && gp_tensor_numel(y)) /* the padding: zero bits */
+        GP_TRY(gp_dev_fill(l->dev, (float *)gp_tensor_mem(y), 0.0f, gp_tensor_words(y)));
+    GP_TRY(box(l->dev, y, yd, 0, &x[0], ad, true));
+    return box(l->dev, y, yd, ad[1], &x[1], bd, true);
 }
 
 static gp_status concat_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
@@ -397,8 +401,8 @@ static gp_status concat_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const 
     dims4(&ys, yd);
     dims4(&as, ad);
     dims4(&bs, bd);
-    GP_TRY(box(l->dev, gp_f32(dy), yd, 0, gp_f32(&dx[0]), ad, false));
-    return box(l->dev, gp_f32(dy), yd, ad[1], gp_f32(&dx[1]), bd, false);
+    GP_TRY(box(l->dev, dy, yd, 0, &dx[0], ad, false));
+    return box(l->dev, dy, yd, ad[1], &dx[1], bd, false);
 }
 
 const gp_layer_ops gp_concat_ops = {
@@ -411,6 +415,7 @@ const gp_layer_ops gp_concat_ops = {
     .pops = 1,
     .bwd_ignores_y = true,
     .bwd_ignores_x = true,
+    .any_dtype = true, /* moves bits (copy_box's element size), pads with zero bits */
 };
 
 /* ---- the skip map ------------------------------------------------------------ */

@@ -447,8 +447,8 @@ gp_status gp_cpu_allreduce(gp_device *dev, gp_comm *comm, float *buf, int64_t n)
 gp_status gp_cpu_reduce_scatter(gp_device *dev, gp_comm *comm, float *buf, int64_t n);
 gp_status gp_cpu_all_gather(gp_device *dev, gp_comm *comm, float *buf, int64_t n);
 gp_status gp_cpu_barrier(gp_device *dev, gp_comm *comm);
-gp_status gp_cpu_copy_box(gp_device *dev, float *dst, const int64_t ds[4], const float *src,
-                          const int64_t ss[4], const int64_t dims[4]);
+gp_status gp_cpu_copy_box(gp_device *dev, void *dst, const int64_t ds[4], const void *src,
+                          const int64_t ss[4], const int64_t dims[4], size_t es);
 gp_status gp_cpu_sharded_sgd(gp_device *dev, gp_comm *comm, float *w, float *g, float *v,
                              int64_t n, float lr, float mu, float wd, int nesterov);
 gp_status gp_cpu_broadcast(gp_device *dev, gp_comm *comm, float *buf, int64_t n, int root);

@@ -65,8 +65,8 @@ gp_status gp_cpu_mul(gp_device *dev, const float *a, const float *b, float *y, i
 }
 
 GP_CPU_LOOPS
-gp_status gp_cpu_copy_box(gp_device *dev, float *dst, const int64_t ds[4], const float *src,
-                          const int64_t ss[4], const int64_t dims[4])
+gp_status gp_cpu_copy_box(gp_device *dev, void *dst, const int64_t ds[4], const void *src,
+                          const int64_t ss[4], const int64_t dims[4], size_t es)
 {
     int nt = dev->threads;
     /* rows of dims[3] values, split among the threads by row (the box comes
@@ -78,11 +78,12 @@ gp_status gp_cpu_copy_box(gp_device *dev, float *dst, const int64_t ds[4], const
     for (int64_t r = 0; r < nrows; r++) {
         int64_t c = r % dims[2], p = r / dims[2];
         int64_t a = p / dims[1], b = p % dims[1];
-        float *d = dst + a * ds[0] + b * ds[1] + c * ds[2];
-        const float *s = src + a * ss[0] + b * ss[1] + c * ss[2];
-        if (contiguous) memcpy(d, s, (size_t)dims[3] * sizeof *d);
+        char *d = (char *)dst + (size_t)(a * ds[0] + b * ds[1] + c * ds[2]) * es;
+        const char *s = (const char *)src + (size_t)(a * ss[0] + b * ss[1] + c * ss[2]) * es;
+        if (contiguous) memcpy(d, s, (size_t)dims[3] * es);
         else
-            for (int64_t e = 0; e < dims[3]; e++) d[e * ds[3]] = s[e * ss[3]];
+            for (int64_t e = 0; e < dims[3]; e++)
+                memcpy(d + (size_t)(e * ds[3]) * es, s + (size_t)(e * ss[3]) * es, es);
     }
     return GP_OK;
 }

@@ -782,22 +782,22 @@ static gp_status cuda_mul(gp_device *dev, const float *a, const float *b, float 
     CUDA_OP(dev, gp_cuk_mul(s, a, b, y, n));
 }
 
-static gp_status cuda_copy_box(gp_device *dev, float *dst, const int64_t ds[4], const float *src,
-                               const int64_t ss[4], const int64_t dims[4])
+static gp_status cuda_copy_box(gp_device *dev, void *dst, const int64_t ds[4], const void *src,
+                               const int64_t ss[4], const int64_t dims[4], size_t es)
 {
     /* gp_dev_copy_box collapsed the box: rows of contiguous values on both
      * sides (a concatenation's slice) are one 2-D copy, no index math */
     if (dims[0] == 1 && dims[1] == 1 && ds[3] == 1 && ss[3] == 1 &&
         (dims[2] == 1 || (ds[2] >= dims[3] && ss[2] >= dims[3]))) {
-        size_t w = (size_t)dims[3] * sizeof(float);
-        size_t dp = dims[2] == 1 ? w : (size_t)ds[2] * sizeof(float);
-        size_t sp = dims[2] == 1 ? w : (size_t)ss[2] * sizeof(float);
+        size_t w = (size_t)dims[3] * es;
+        size_t dp = dims[2] == 1 ? w : (size_t)ds[2] * es;
+        size_t sp = dims[2] == 1 ? w : (size_t)ss[2] * es;
         GP_TRY(gp_cuda_enter(dev));
         GP_CUDA(cudaMemcpy2DAsync(dst, dp, src, sp, w, (size_t)dims[2], cudaMemcpyDeviceToDevice,
                                   gp_cuda_ctx_of(dev)->compute));
         return GP_OK;
     }
-    CUDA_OP(dev, gp_cuk_copy_box(s, dst, ds, src, ss, dims));
+    CUDA_OP(dev, gp_cuk_copy_box(s, dst, ds, src, ss, dims, es));
 }
 
 static gp_status cuda_relu_fwd(gp_device *dev, const float *x, float *y, int64_t n)
@@ -1991,6 +1991,8 @@ static const gp_device_iface cuda_iface = {
     .gemm_wb = cuda_gemm_wb,
     .act_bf16 = cuda_act_bf16,
     .add_bf16 = cuda_add_bf16,
+    .pool_fwd_bf16 = gp_cuda_pool_fwd_bf16,
+    .pool_bwd_bf16 = gp_cuda_pool_bwd_bf16,
     .dropout_apply_bf16 = cuda_dropout_apply_bf16,
     .mul_rows_bf16 = cuda_mul_rows_bf16,
     .bn_fwd_train_bf16 = gp_cuda_bn_fwd_train_bf16,

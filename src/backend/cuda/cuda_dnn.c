@@ -687,6 +687,40 @@ gp_status gp_cuda_pool_bwd(gp_device *dev, const gp_pool_desc *d, const float *x
     return GP_OK;
 }
 
+/* Pooling on bf16 storage: gpipe's kernels (cuda_kernels.cu), the CPU's
+ * loops bit for bit; the window checked as the FP32 path checks it. */
+static gp_status pool_bf16_desc(gp_device *dev, const gp_pool_desc *d, gp_cuk_pool *p)
+{
+    GP_TRY(pool_setup(dev, d));
+    *p = (gp_cuk_pool){d->n, d->c, d->h, d->w, d->oh, d->ow, d->kh, d->kw, d->sh, d->sw, d->ph,
+                       d->pw, d->kind == GP_POOL_MAX ? 0 : d->kind == GP_POOL_AVG ? 1 : 2};
+    return GP_OK;
+}
+
+gp_status gp_cuda_pool_fwd_bf16(gp_device *dev, const gp_pool_desc *d, const uint16_t *x,
+                                uint16_t *y, void *ws)
+{
+    (void)ws;
+    gp_cuk_pool p;
+    GP_TRY(gp_cuda_enter(dev));
+    GP_TRY(pool_bf16_desc(dev, d, &p));
+    GP_CUDA(gp_cuk_pool_fwd_bf16(gp_cuda_ctx_of(dev)->compute, x, y, &p));
+    return GP_OK;
+}
+
+gp_status gp_cuda_pool_bwd_bf16(gp_device *dev, const gp_pool_desc *d, const uint16_t *x,
+                                const uint16_t *y, const uint16_t *dy, uint16_t *dx,
+                                const void *ws)
+{
+    (void)y;
+    (void)ws;
+    gp_cuk_pool p;
+    GP_TRY(gp_cuda_enter(dev));
+    GP_TRY(pool_bf16_desc(dev, d, &p));
+    GP_CUDA(gp_cuk_pool_bwd_bf16(gp_cuda_ctx_of(dev)->compute, x, dy, dx, &p));
+    return GP_OK;
+}
+
 /* ---- batch normalisation ---------------------------------------------------------------- */
 
 /* td[0] = x as (N, C, S, 1), td[2] = the (1, C, 1, 1) parameters.  The

@@ -370,6 +370,11 @@ gp_status gp_cuda_conv_bwd_weights_bf16(gp_device *dev, const gp_conv_desc *d,
                                         const uint16_t *x, const uint16_t *dy, float *dw,
                                         float *db);
 size_t gp_cuda_pool_ws_bytes(gp_device *dev, const gp_pool_desc *d);
+gp_status gp_cuda_pool_fwd_bf16(gp_device *dev, const gp_pool_desc *d, const uint16_t *x,
+                                uint16_t *y, void *ws);
+gp_status gp_cuda_pool_bwd_bf16(gp_device *dev, const gp_pool_desc *d, const uint16_t *x,
+                                const uint16_t *y, const uint16_t *dy, uint16_t *dx,
+                                const void *ws);
 gp_status gp_cuda_pool_fwd(gp_device *dev, const gp_pool_desc *d, const float *x, float *y,
                            void *ws);
 gp_status gp_cuda_pool_bwd(gp_device *dev, const gp_pool_desc *d, const float *x,

@@ -58,7 +58,7 @@ __global__ void k_mul(const float *a, const float *b, float *y, int64_t n)
 struct box4 {
     int64_t ds[4], ss[4], dims[4];
 };
-__global__ void k_copy_box(float *dst, const float *src, box4 b, int64_t n)
+template <typename T> __global__ void k_copy_box(T *dst, const T *src, box4 b, int64_t n)
 {
     GP_CUK_LOOP(i, n)
     {
@@ -1172,8 +1172,8 @@ cudaError_t gp_cuk_add(cudaStream_t s, const float *a, const float *b, float *y,
     GP_CUK_LAUNCH(n, k_add, a, b, y, n);
 }
 
-cudaError_t gp_cuk_copy_box(cudaStream_t s, float *dst, const int64_t ds[4], const float *src,
-                            const int64_t ss[4], const int64_t dims[4])
+cudaError_t gp_cuk_copy_box(cudaStream_t s, void *dst, const int64_t ds[4], const void *src,
+                            const int64_t ss[4], const int64_t dims[4], size_t es)
 {
     box4 b;
     for (int q = 0; q < 4; q++) {
@@ -1183,7 +1183,9 @@ cudaError_t gp_cuk_copy_box(cudaStream_t s, float *dst, const int64_t ds[4], con
     }
     int64_t n = dims[0] * dims[1] * dims[2] * dims[3];
     if (n <= 0) return cudaSuccess;
-    GP_CUK_LAUNCH(n, k_copy_box, dst, src, b, n);
+    if (es == 2) /* bf16: moved as 16-bit patterns */
+        GP_CUK_LAUNCH(n, k_copy_box<uint16_t>, (uint16_t *)dst, (const uint16_t *)src, b, n);
+    GP_CUK_LAUNCH(n, k_copy_box<float>, (float *)dst, (const float *)src, b, n);
 }
 
 cudaError_t gp_cuk_mul(cudaStream_t s, const float *a, const float *b, float *y, int64_t n)
@@ -1860,6 +1862,124 @@ cudaError_t gp_cuk_norm_leaky_bwd(cudaStream_t s, const float *yz, int from_z, f
     k_norm_leaky_bwd<<<channel_blocks(c), GP_CUK_THREADS, 0, s>>>(yz, from_z, slope, var, eps,
                                                                   dy, dx, n, c, sp);
     return cudaGetLastError();
+}
+
+} /* extern "C" */
+
+/* ---- pooling on bf16 storage (pool_fwd_bf16, pool_bwd_bf16) ---------------
+ * The CPU's loops (cpu_pool.c) one output (forward) or one input element
+ * (backward) a thread, on the widened values, each result rounded once: the
+ * first maximum in scan order, the window's sum in scan order over its
+ * count; backward gathers, for its element, the windows over it in scan
+ * order (the order the CPU adds them in), recomputing a max window's
+ * argument from x, so no workspace.  Bit for bit the CPU's bf16 pooling. */
+
+namespace {
+
+struct pool_win {
+    int64_t r0, c0, i0, i1, j0, j1;
+};
+
+__device__ __forceinline__ pool_win pool_window(const gp_cuk_pool &p, int64_t oh, int64_t ow)
+{
+    pool_win v;
+    v.r0 = oh * p.sh - p.ph;
+    v.c0 = ow * p.sw - p.pw;
+    v.i0 = v.r0 < 0 ? 0 : v.r0;
+    v.j0 = v.c0 < 0 ? 0 : v.c0;
+    v.i1 = v.r0 + p.kh < p.h ? v.r0 + p.kh : p.h;
+    v.j1 = v.c0 + p.kw < p.w ? v.c0 + p.kw : p.w;
+    return v;
+}
+
+/* The first maximum of window v in plane xp, as its flat index in the plane. */
+template <typename T>
+__device__ __forceinline__ int64_t pool_argmax(const T *xp, const gp_cuk_pool &p, pool_win v,
+                                               float *best)
+{
+    int64_t arg = v.i0 * p.w + v.j0;
+    float b = ld(xp[arg]);
+    for (int64_t i = v.i0; i < v.i1; i++)
+        for (int64_t j = v.j0; j < v.j1; j++) {
+            float e = ld(xp[i * p.w + j]);
+            if (e > b) {
+                b = e;
+                arg = i * p.w + j;
+            }
+        }
+    *best = b;
+    return arg;
+}
+
+__device__ __forceinline__ float pool_count(const gp_cuk_pool &p, pool_win v)
+{
+    return p.kind == 2 ? (float)(p.kh * p.kw) : (float)((v.i1 - v.i0) * (v.j1 - v.j0));
+}
+
+template <typename T> __global__ void k_pool_fwd(const T *x, T *y, gp_cuk_pool p, int64_t n)
+{
+    GP_CUK_LOOP(o, n)
+    {
+        int64_t ow = o % p.ow, t = o / p.ow, oh = t % p.oh, pl = t / p.oh;
+        const T *xp = x + pl * p.h * p.w;
+        pool_win v = pool_window(p, oh, ow);
+        float r;
+        if (p.kind == 0) {
+            (void)pool_argmax(xp, p, v, &r);
+        } else {
+            float sum = 0.0f;
+            for (int64_t i = v.i0; i < v.i1; i++)
+                for (int64_t j = v.j0; j < v.j1; j++) sum += ld(xp[i * p.w + j]);
+            r = sum / pool_count(p, v);
+        }
+        st(&y[o], r);
+    }
+}
+
+template <typename T>
+__global__ void k_pool_bwd(const T *x, const T *dy, T *dx, gp_cuk_pool p, int64_t n)
+{
+    GP_CUK_LOOP(e, n)
+    {
+        int64_t j = e % p.w, t = e / p.w, i = t % p.h, pl = t / p.h;
+        const T *xp = x + pl * p.h * p.w, *gp = dy + pl * p.oh * p.ow;
+        /* the outputs whose windows hold (i, j): oh sh - ph <= i < oh sh - ph + kh */
+        int64_t a = i + p.ph - p.kh + 1, b = j + p.pw - p.kw + 1;
+        int64_t oh0 = a > 0 ? (a + p.sh - 1) / p.sh : 0, ow0 = b > 0 ? (b + p.sw - 1) / p.sw : 0;
+        int64_t oh1 = (i + p.ph) / p.sh, ow1 = (j + p.pw) / p.sw;
+        oh1 = oh1 < p.oh - 1 ? oh1 : p.oh - 1;
+        ow1 = ow1 < p.ow - 1 ? ow1 : p.ow - 1;
+        float g = 0.0f;
+        for (int64_t oh = oh0; oh <= oh1; oh++)
+            for (int64_t ow = ow0; ow <= ow1; ow++) {
+                pool_win v = pool_window(p, oh, ow);
+                if (p.kind == 0) {
+                    float best;
+                    if (pool_argmax(xp, p, v, &best) == i * p.w + j) g += ld(gp[oh * p.ow + ow]);
+                } else {
+                    g += ld(gp[oh * p.ow + ow]) / pool_count(p, v);
+                }
+            }
+        st(&dx[e], g);
+    }
+}
+
+} /* namespace */
+
+extern "C" {
+
+cudaError_t gp_cuk_pool_fwd_bf16(cudaStream_t s, const uint16_t *x, uint16_t *y,
+                                 const gp_cuk_pool *p)
+{
+    int64_t n = p->n * p->c * p->oh * p->ow;
+    GP_CUK_LAUNCH(n, k_pool_fwd<uint16_t>, x, y, *p, n);
+}
+
+cudaError_t gp_cuk_pool_bwd_bf16(cudaStream_t s, const uint16_t *x, const uint16_t *dy,
+                                 uint16_t *dx, const gp_cuk_pool *p)
+{
+    int64_t n = p->n * p->c * p->h * p->w;
+    GP_CUK_LAUNCH(n, k_pool_bwd<uint16_t>, x, dy, dx, *p, n);
 }
 
 } /* extern "C" */

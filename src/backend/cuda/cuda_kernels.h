@@ -37,8 +37,8 @@ cudaError_t gp_cuk_scale(cudaStream_t s, float *x, float a, int64_t n);
 cudaError_t gp_cuk_axpy(cudaStream_t s, float a, const float *x, float *y, int64_t n);
 cudaError_t gp_cuk_add(cudaStream_t s, const float *a, const float *b, float *y, int64_t n);
 /* The strided 4-D box copy of gp_device_iface.copy_box. */
-cudaError_t gp_cuk_copy_box(cudaStream_t s, float *dst, const int64_t ds[4], const float *src,
-                            const int64_t ss[4], const int64_t dims[4]);
+cudaError_t gp_cuk_copy_box(cudaStream_t s, void *dst, const int64_t ds[4], const void *src,
+                            const int64_t ss[4], const int64_t dims[4], size_t es);
 cudaError_t gp_cuk_mul(cudaStream_t s, const float *a, const float *b, float *y, int64_t n);
 cudaError_t gp_cuk_relu_fwd(cudaStream_t s, const float *x, float *y, int64_t n);
 cudaError_t gp_cuk_relu_bwd(cudaStream_t s, const float *y, const float *dy, float *dx,
@@ -346,6 +346,18 @@ cudaError_t gp_cuk_bn_bwd_apply(cudaStream_t s, const float *x, const float *gam
                                 const float *var, const float *dy, const float *sums,
                                 double count, float eps, int64_t n, int64_t c, int64_t sp,
                                 float *dx, const float *local, float *dgamma, float *dbeta);
+
+/* pool_fwd_bf16, pool_bwd_bf16 (backend.h) on plain layouts: the CPU's
+ * loops, bit for bit (cuda_kernels.cu).  kind 0 max, 1 average over the
+ * window inside the image, 2 average over kh kw. */
+typedef struct gp_cuk_pool {
+    int64_t n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw;
+    int kind;
+} gp_cuk_pool;
+cudaError_t gp_cuk_pool_fwd_bf16(cudaStream_t s, const uint16_t *x, uint16_t *y,
+                                 const gp_cuk_pool *p);
+cudaError_t gp_cuk_pool_bwd_bf16(cudaStream_t s, const uint16_t *x, const uint16_t *dy,
+                                 uint16_t *dx, const gp_cuk_pool *p);
 
 #ifdef __cplusplus
 }
