@@ -193,10 +193,7 @@ static void adapter_layers(void)
     adapter_case("leaky_relu", s, &map, 1, 3);
     adapter_case("batchnorm", gp_layer_spec_default(GP_LAYER_BATCHNORM), &map, 1, 3);
     adapter_case("instance_norm", gp_layer_spec_default(GP_LAYER_INSTANCE_NORM), &map, 1, 3);
-    /* linked to a leaky relu after it: its backward reads y, not x */
-    s = gp_layer_spec_default(GP_LAYER_INSTANCE_NORM);
-    s.leaky_after = 0.2f;
-    adapter_case("instance_norm (leaky_after)", s, &map, 1, 3);
+    /* linked to a leaky relu after it: native_unet */
     s = gp_layer_spec_default(GP_LAYER_MAXPOOL2D);
     s.kernel = gp_hw_square(3);
     s.stride = gp_hw_square(2);
@@ -805,6 +802,88 @@ static void residual_pipeline(void)
     gp_config_free(&c);
 }
 
+/* U-Net's layers on bf16 storage (upsample_*_bf16, instance norm through
+ * batch norm's bf16 slots and norm_leaky_bwd_bf16): no FP32 activations
+ * (the peak is y, dx and the statistics); the values are checked against
+ * FP32 on the widened values by adapter_layers.  The instance norm linked
+ * to the leaky relu after it: its gradient is the same bits from its own
+ * output (the relu in the next stage) and from the relu's bf16 output in
+ * place over it, and is the FP32 backward from that widened relu output,
+ * rounded once. */
+static void native_unet(void)
+{
+    gp_shape map = gp_shape_4d(1, 6, 10, 12);
+    for (int k = 0; k < 3; k++) {
+        gp_layer_spec spec = gp_layer_spec_default(k < 2 ? GP_LAYER_UPSAMPLE : GP_LAYER_INSTANCE_NORM);
+        if (k == 1) spec.scale = 3;
+        gp_layer l;
+        CHECK_OK(gp_layer_create(&spec, 1, &map, dev, 7, &l));
+        l.out_dtype = GP_BF16;
+        CHECK(l.ops->takes_bf16 && l.ops->takes_bf16(&l));
+        gp_shape xs = gp_shape_with_batch(&map, 3), ys = gp_shape_with_batch(&l.out_shape, 3);
+        gp_tensor x = rand_bf16(&xs, 81), dy = rand_bf16(&ys, 82), y, dx = {0};
+        gp_fwd_ctx ctx = {.training = true, .batch_total = 3};
+        gp_saved sv = {0};
+        size_t before = dev->alloc.cur_by[GP_MEM_ACTIVATIONS];
+        gp_allocator_reset_peak(&dev->alloc);
+        CHECK_OK(gp_layer_forward(&l, &ctx, &x, &y, &sv));
+        CHECK_OK(gp_layer_backward(&l, &ctx, &x, &y, &dy, &dx, &sv));
+        size_t peak = dev->alloc.peak_by[GP_MEM_ACTIVATIONS] - before;
+        size_t want = gp_tensor_bytes(&y) + gp_tensor_bytes(&dx) + gp_saved_bytes(&sv);
+        CHECK_MSG(peak <= want && y.dtype == GP_BF16 && dx.dtype == GP_BF16,
+                  "bf16 %s: peaked at %zu bytes of activations over y, dx and what it keeps "
+                  "(%zu): FP32 temporaries", gp_layer_type_name(spec.type), peak, want);
+        gp_tensor *all[] = {&x, &dy, &y, &dx};
+        for (size_t q = 0; q < sizeof all / sizeof *all; q++) gp_tensor_free(all[q]);
+        gp_saved_free(&sv);
+        gp_layer_destroy(&l);
+    }
+    /* the linked norm */
+    const float slope = 0.2f;
+    gp_layer_spec ns = gp_layer_spec_default(GP_LAYER_INSTANCE_NORM);
+    ns.leaky_after = slope;
+    gp_layer_spec rs = gp_layer_spec_default(GP_LAYER_LEAKY_RELU);
+    rs.slope = slope;
+    gp_layer lb, lf, relu;
+    CHECK_OK(gp_layer_create(&ns, 1, &map, dev, 7, &lb));
+    CHECK_OK(gp_layer_create(&ns, 1, &map, dev, 7, &lf));
+    CHECK_OK(gp_layer_create(&rs, 2, &map, dev, 7, &relu));
+    lb.out_dtype = relu.out_dtype = GP_BF16;
+    CHECK(lb.ops->takes_bf16(&lb) && relu.ops->takes_bf16(&relu));
+    gp_shape xs = gp_shape_with_batch(&map, 3);
+    gp_tensor x = rand_bf16(&xs, 91), dz = rand_bf16(&xs, 92), y, z, g = {0}, dx1 = {0},
+              dx2 = {0}, xw, yf, zw, gw, dxf = {0};
+    gp_fwd_ctx ctx = {.training = true, .batch_total = 3};
+    gp_saved sb = {0}, sr = {0}, sf = {0};
+    CHECK_OK(gp_layer_forward(&lb, &ctx, &x, &y, &sb));
+    CHECK_OK(gp_layer_forward(&relu, &ctx, &y, &z, &sr)); /* out of place: y kept */
+    CHECK_OK(gp_layer_backward(&relu, &ctx, &y, &z, &dz, &g, &sr));
+    lb.leaky_inplace = false; /* from y: the relu in the next stage */
+    CHECK_OK(gp_layer_backward(&lb, &ctx, &x, &y, &g, &dx1, &sb));
+    lb.leaky_inplace = true; /* from z, in y's place (the relu in place over it) */
+    CHECK_OK(gp_layer_backward(&lb, &ctx, &x, &z, &g, &dx2, &sb));
+    CHECK_MSG(same_bits(&dx1, &dx2), "bf16 instance norm + leaky relu: the norm's gradient "
+              "from its output differs from the one from the relu's output over it");
+    CHECK_OK(gp_tensor_as(&xw, &x, GP_F32, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_tensor_as(&zw, &z, GP_F32, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_tensor_as(&gw, &g, GP_F32, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_layer_forward(&lf, &ctx, &xw, &yf, &sf));
+    CHECK(same_bits(&sf.t[1], &sb.t[1])); /* the variance: batch norm's bf16 slot's */
+    lf.leaky_inplace = true;
+    CHECK_OK(gp_layer_backward(&lf, &ctx, &xw, &zw, &gw, &dxf, &sf));
+    int64_t bad = rounded_mismatches(&dx1, &dxf);
+    CHECK_MSG(bad == 0, "bf16 instance norm + leaky relu: %lld of %lld of dx are not the FP32 "
+              "backward's from the widened relu output, rounded", (long long)bad,
+              (long long)gp_tensor_numel(&dxf));
+    gp_tensor *all[] = {&x, &dz, &y, &z, &g, &dx1, &dx2, &xw, &yf, &zw, &gw, &dxf};
+    for (size_t q = 0; q < sizeof all / sizeof *all; q++) gp_tensor_free(all[q]);
+    gp_saved *ss[] = {&sb, &sr, &sf};
+    for (int q = 0; q < 3; q++) gp_saved_free(ss[q]);
+    gp_layer_destroy(&lb);
+    gp_layer_destroy(&lf);
+    gp_layer_destroy(&relu);
+}
+
 /* Layer norm on bf16 storage through layer_norm_*_bf16: forward and
  * backward against the FP32 layer on the widened values (y and dx the FP32
  * ones rounded, the parameters' gradients and the saved statistics bit for
@@ -1024,6 +1103,7 @@ int main(void)
     native_add();
     native_residual();
     residual_pipeline();
+    native_unet();
     native_xent();
     native_layer_norm();
     native_dropouts();

@@ -2341,6 +2341,60 @@ static void test_bf16_ops(gp_device *cpu, const char *graph)
             bfree(&fx); bfree(&fdy); bfree(&x); bfree(&dy); bfree(&y); bfree(&dx);
         }
     }
+    /* U-Net's layers on bf16 storage: upsampling by 2 and 3 (bits copied;
+     * the block sums in the CPU's float order) the CPU's bits; the
+     * instance norm's backward through the leaky relu after it
+     * (norm_leaky_bwd_bf16) the same bits from the norm's output and from
+     * the relu's bf16 output, and within a bf16 unit of the CPU's */
+    {
+        for (int64_t sc = 2; sc <= 3; sc++) {
+            const int64_t un = 2, uc = 3, uh = 5, uw = 7, unx = un * uc * uh * uw;
+            const int64_t uny = unx * sc * sc;
+            buf fx = brand(unx, -4, 4), fdy = brand(uny, -4, 4), x = bjunk((unx + 1) / 2),
+                dy = bjunk((uny + 1) / 2), y = bjunk((uny + 1) / 2), dx = bjunk((unx + 1) / 2);
+            BOTH(gp_dev_bf16_pack(D, (uint16_t *)x.p[K], fx.p[K], unx));
+            BOTH(gp_dev_bf16_pack(D, (uint16_t *)dy.p[K], fdy.p[K], uny));
+            BOTH(gp_dev_upsample_fwd_bf16(D, (uint16_t *)x.p[K], (uint16_t *)y.p[K], un, uc, uh,
+                                          uw, sc));
+            BOTH(gp_dev_upsample_bwd_bf16(D, (uint16_t *)dy.p[K], (uint16_t *)dx.p[K], un, uc, uh,
+                                          uw, sc));
+            for (int dir = 0; dir < 2; dir++) {
+                const buf *r = dir ? &dx : &y;
+                int64_t unv = dir ? unx : uny;
+                uint16_t *h[2] = {malloc((size_t)unv * 2 + 4), malloc((size_t)unv * 2 + 4)};
+                for (int k = 0; k < 2; k++) {
+                    CHECK_OK(gp_dev_download(D2[k], (float *)h[k], r->p[k], (unv + 1) / 2));
+                    CHECK_OK(gp_dev_synchronize(D2[k]));
+                }
+                CHECK_MSG(!memcmp(h[0], h[1], (size_t)unv * 2), "bf16 upsample by %lld %s: the "
+                          "GPU's bits differ from the CPU's", (long long)sc,
+                          dir ? "backward" : "forward");
+                free(h[0]);
+                free(h[1]);
+            }
+            bfree(&fx); bfree(&fdy); bfree(&x); bfree(&dy); bfree(&y); bfree(&dx);
+        }
+        const gp_bn_desc nd = {.n = 1, .c = 6, .s = 90, .eps = 1e-5f};
+        const int64_t unv = 6 * 90;
+        const float slope = 0.01f;
+        buf fy = brand(unv, -3, 3), fdy = brand(unv, -1, 1), var = brand(6, 0.5f, 2),
+            yb = bjunk(unv / 2), zb = bjunk(unv / 2), dyb = bjunk(unv / 2), d1 = bjunk(unv / 2),
+            d2 = bjunk(unv / 2), w1 = bjunk(unv);
+        BOTH(gp_dev_bf16_pack(D, (uint16_t *)yb.p[K], fy.p[K], unv));
+        BOTH(gp_dev_bf16_pack(D, (uint16_t *)dyb.p[K], fdy.p[K], unv));
+        BOTH(gp_dev_act_bf16(D, GP_ACT_LEAKY_RELU, (uint16_t *)yb.p[K], NULL, (uint16_t *)zb.p[K],
+                             unv, slope));
+        BOTH(gp_dev_norm_leaky_bwd_bf16(D, &nd, (uint16_t *)yb.p[K], false, slope, var.p[K],
+                                        (uint16_t *)dyb.p[K], (uint16_t *)d1.p[K]));
+        BOTH(gp_dev_norm_leaky_bwd_bf16(D, &nd, (uint16_t *)zb.p[K], true, slope, var.p[K],
+                                        (uint16_t *)dyb.p[K], (uint16_t *)d2.p[K]));
+        CHECK_MSG(bsame(d1.p[1], d2.p[1], unv / 2), "bf16 instance norm + leaky relu backward on "
+                  "the GPU: from the norm's output and from the relu's differ");
+        BOTH(gp_dev_bf16_unpack(D, w1.p[K], (uint16_t *)d1.p[K], unv));
+        bcheck("bf16 instance norm + leaky relu backward", &w1, 1.0 / 128);
+        buf *all[] = {&fy, &fdy, &var, &yb, &zb, &dyb, &d1, &d2, &w1};
+        for (size_t q = 0; q < sizeof all / sizeof *all; q++) bfree(all[q]);
+    }
     uint64_t plans = g->graph_plans; /* the bf16 convolution's */
     /* 1 input channel, 3x3: 9 products an output, too few for bf16
      * (gp_bf16_conv_worth): FP32, as the CPU's, where bf16 operands would

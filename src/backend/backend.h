@@ -133,8 +133,10 @@
  *      storage), dropout_apply_bf16, mul_rows_bf16 (dropout and dropout2d
  *      on bf16 storage)
  *  35  copy_box takes the element size (4 or 2 bytes: FP32 or bf16 boxes,
- *      concatenations and their slices on bf16 storage) */
-#define GP_DEVICE_IFACE_VERSION 35
+ *      concatenations and their slices on bf16 storage)
+ *  36  norm_leaky_bwd_bf16, upsample_fwd_bf16, upsample_bwd_bf16 (U-Net's
+ *      instance norm and upsampling on bf16 storage) */
+#define GP_DEVICE_IFACE_VERSION 36
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -994,6 +996,22 @@ typedef struct gp_device_iface {
                                     float p, uint64_t seed, uint64_t stream, uint64_t first);
     gp_status (*mul_rows_bf16)(gp_device *dev, const uint16_t *x, const float *s, uint16_t *y,
                                int64_t rows, int64_t cols);
+    /* norm_leaky_bwd_bf16: norm_leaky_bwd with yz, dy and dx in bf16, dx
+     * rounded once.  Without from_z the relu's output is recomputed from y
+     * and rounded to bf16 as the leaky relu stores it
+     * (gp_ew_norm_leaky_y_b16), so the norm's gradient is the same bits
+     * whether the relu ran in place over its output or not (a stage
+     * boundary between them).  upsample_fwd_bf16, upsample_bwd_bf16:
+     * upsample_fwd (bits copied) and upsample_bwd (the FP32 block sums of
+     * the widened dy in the FP32 slot's order, rounded once) on bf16.
+     * NULL: the storage adapter (U-Net's layers, unet.c). */
+    gp_status (*norm_leaky_bwd_bf16)(gp_device *dev, const gp_bn_desc *d, const uint16_t *yz,
+                                     bool from_z, float slope, const float *var,
+                                     const uint16_t *dy, uint16_t *dx);
+    gp_status (*upsample_fwd_bf16)(gp_device *dev, const uint16_t *x, uint16_t *y, int64_t n,
+                                   int64_t c, int64_t h, int64_t w, int64_t scale);
+    gp_status (*upsample_bwd_bf16)(gp_device *dev, const uint16_t *dy, uint16_t *dx, int64_t n,
+                                   int64_t c, int64_t h, int64_t w, int64_t scale);
 } gp_device_iface;
 
 /* The most tensors one nonfinite_or_many launch takes (its table travels
@@ -1594,6 +1612,15 @@ gp_status gp_dev_dropout_apply_bf16(gp_device *dev, const uint16_t *x, uint16_t 
                                     float p, uint64_t seed, uint64_t stream, uint64_t first);
 gp_status gp_dev_mul_rows_bf16(gp_device *dev, const uint16_t *x, const float *s, uint16_t *y,
                                int64_t rows, int64_t cols);
+/* norm_leaky_bwd_bf16, upsample_*_bf16 (backend.h), checked as their FP32
+ * slots are; GP_ERR_UNSUPPORTED where the backend has none. */
+gp_status gp_dev_norm_leaky_bwd_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t *yz,
+                                     bool from_z, float slope, const float *var,
+                                     const uint16_t *dy, uint16_t *dx);
+gp_status gp_dev_upsample_fwd_bf16(gp_device *dev, const uint16_t *x, uint16_t *y, int64_t n,
+                                   int64_t c, int64_t h, int64_t w, int64_t scale);
+gp_status gp_dev_upsample_bwd_bf16(gp_device *dev, const uint16_t *dy, uint16_t *dx, int64_t n,
+                                   int64_t c, int64_t h, int64_t w, int64_t scale);
 /* xent_bf16 (backend.h); GP_ERR_UNSUPPORTED where the backend has none. */
 gp_status gp_dev_xent_bf16(gp_device *dev, const uint16_t *logits, const float *labels,
                            int64_t rows, int64_t cols, int64_t ld, float scale, float smoothing,

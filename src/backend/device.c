@@ -1032,16 +1032,33 @@ gp_status gp_dev_embed_bwd(gp_device *dev, const float *ids, const float *dy, fl
     return dev->iface->embed_bwd(dev, ids, dy, dwte, dwpe, n, t, c);
 }
 
-gp_status gp_dev_norm_leaky_bwd(gp_device *dev, const gp_bn_desc *d, const float *yz, bool from_z,
-                                float slope, const float *var, const float *dy, float *dx)
+static gp_status norm_leaky_check(gp_device *dev, const gp_bn_desc *d, float slope)
 {
-    if (!dev->iface->norm_leaky_bwd) return no_unet_op(dev, "norm_leaky_bwd", "instance_norm");
     if (!(slope > 0.0f) || d->blk || d->relu || d->add)
         return gp_error_set(GP_ERR_INVALID,
                             "device %s: norm_leaky_bwd takes a plain norm without relu or add "
                             "and a slope > 0 (got slope %g)", dev->name, (double)slope);
+    return GP_OK;
+}
+
+gp_status gp_dev_norm_leaky_bwd(gp_device *dev, const gp_bn_desc *d, const float *yz, bool from_z,
+                                float slope, const float *var, const float *dy, float *dx)
+{
+    if (!dev->iface->norm_leaky_bwd) return no_unet_op(dev, "norm_leaky_bwd", "instance_norm");
+    GP_TRY(norm_leaky_check(dev, d, slope));
     return d->n * d->c * d->s > 0
                ? dev->iface->norm_leaky_bwd(dev, d, yz, from_z, slope, var, dy, dx)
+               : GP_OK;
+}
+
+gp_status gp_dev_norm_leaky_bwd_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t *yz,
+                                     bool from_z, float slope, const float *var,
+                                     const uint16_t *dy, uint16_t *dx)
+{
+    if (!dev->iface->norm_leaky_bwd_bf16) return no_bf16_slot(dev, "instance norm backward");
+    GP_TRY(norm_leaky_check(dev, d, slope));
+    return d->n * d->c * d->s > 0
+               ? dev->iface->norm_leaky_bwd_bf16(dev, d, yz, from_z, slope, var, dy, dx)
                : GP_OK;
 }
 
@@ -1079,6 +1096,24 @@ gp_status gp_dev_upsample_bwd(gp_device *dev, const float *dy, float *dx, int64_
     GP_TRY(upsample_check(dev, n, c, h, w, scale));
     if (n * c * h * w == 0) return GP_OK;
     return dev->iface->upsample_bwd(dev, dy, dx, n, c, h, w, scale);
+}
+
+gp_status gp_dev_upsample_fwd_bf16(gp_device *dev, const uint16_t *x, uint16_t *y, int64_t n,
+                                   int64_t c, int64_t h, int64_t w, int64_t scale)
+{
+    if (!dev->iface->upsample_fwd_bf16) return no_bf16_slot(dev, "upsample");
+    GP_TRY(upsample_check(dev, n, c, h, w, scale));
+    if (n * c * h * w == 0) return GP_OK;
+    return dev->iface->upsample_fwd_bf16(dev, x, y, n, c, h, w, scale);
+}
+
+gp_status gp_dev_upsample_bwd_bf16(gp_device *dev, const uint16_t *dy, uint16_t *dx, int64_t n,
+                                   int64_t c, int64_t h, int64_t w, int64_t scale)
+{
+    if (!dev->iface->upsample_bwd_bf16) return no_bf16_slot(dev, "upsample");
+    GP_TRY(upsample_check(dev, n, c, h, w, scale));
+    if (n * c * h * w == 0) return GP_OK;
+    return dev->iface->upsample_bwd_bf16(dev, dy, dx, n, c, h, w, scale);
 }
 
 gp_status gp_dev_bce_logits(gp_device *dev, const float *z, const float *t, int64_t n,

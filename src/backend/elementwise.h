@@ -412,4 +412,13 @@ GP_EW_FN float gp_ew_bf16_value(uint16_t b)
     return v.f;
 }
 
+/* gp_ew_norm_leaky_y on bf16 storage (norm_leaky_bwd_bf16): from y, the
+ * relu's output is rounded to bf16 as the leaky relu stores it, so y'
+ * is the same whether it came from that stored z or from y. */
+GP_EW_FN float gp_ew_norm_leaky_y_b16(float v, int from_z, float slope)
+{
+    float z = from_z ? v : gp_ew_bf16_value(gp_ew_bf16_bits(gp_ew_leaky_relu(v, slope)));
+    return gp_ew_leaky_relu_inv(z, slope);
+}
+
 #endif /* GP_ELEMENTWISE_H */

@@ -211,6 +211,9 @@ static gp_status instance_norm_forward(gp_layer *l, const gp_fwd_ctx *ctx, const
     GP_TRY(gp_layers_saved_alloc(s, 0, dev, &st));
     GP_TRY(gp_layers_saved_alloc(s, 1, dev, &st));
     /* gamma, beta NULL: 1 and 0 (backend.h) */
+    if (x->dtype == GP_BF16) /* bf16 storage, without the adapter (takes_bf16) */
+        return gp_dev_bn_fwd_train_bf16(dev, &d, gp_bf16(x), NULL, NULL, gp_bf16(y),
+                                        gp_f32(&s->t[0]), gp_f32(&s->t[1]));
     return gp_dev_bn_fwd_train(dev, &d, gp_f32(x), NULL, NULL, gp_f32(y), gp_f32(&s->t[0]),
                                gp_f32(&s->t[1]));
 }
@@ -222,11 +225,30 @@ static gp_status instance_norm_backward_data(gp_layer *l, const gp_fwd_ctx *ctx,
     int64_t n = x->dims[0];
     if (n == 0) return GP_OK;
     gp_bn_desc d = instance_desc(l, n);
-    if (l->spec.leaky_after > 0.0f) /* x is not kept: from y, or the relu's z over it */
+    const bool b16 = dy->dtype == GP_BF16; /* bf16 storage (instance_norm_takes_bf16) */
+    if (l->spec.leaky_after > 0.0f) { /* x is not kept: from y, or the relu's z over it */
+        if (b16)
+            return gp_dev_norm_leaky_bwd_bf16(l->dev, &d, gp_bf16(y), l->leaky_inplace,
+                                              l->spec.leaky_after, gp_f32(&s->t[1]),
+                                              gp_bf16(dy), gp_bf16(dx));
         return gp_dev_norm_leaky_bwd(l->dev, &d, gp_f32(y), l->leaky_inplace,
                                      l->spec.leaky_after, gp_f32(&s->t[1]), gp_f32(dy), gp_f32(dx));
+    }
+    if (b16)
+        return gp_dev_bn_bwd_bf16(l->dev, &d, gp_bf16(x), NULL, NULL, gp_f32(&s->t[0]),
+                                  gp_f32(&s->t[1]), gp_bf16(dy), gp_bf16(dx), NULL, NULL);
     return gp_dev_bn_bwd(l->dev, &d, gp_f32(x), NULL, NULL, gp_f32(&s->t[0]), gp_f32(&s->t[1]), gp_f32(dy),
                          gp_f32(dx), NULL, NULL);
+}
+
+/* On bf16 storage through batch norm's bf16 slots (gamma 1, beta 0) and,
+ * linked to the leaky relu after it, norm_leaky_bwd_bf16, whose y' rounds
+ * the relu's output as the relu stores it: the same bits whether the relu
+ * ran in place over the norm's output or in the next stage. */
+static bool instance_norm_takes_bf16(const gp_layer *l)
+{
+    return gp_dev_bn_bf16_has(l->dev) &&
+           (l->spec.leaky_after <= 0.0f || l->dev->iface->norm_leaky_bwd_bf16);
 }
 
 static double instance_norm_flops(const gp_layer *l, int64_t n)
@@ -246,6 +268,7 @@ const gp_layer_ops gp_instance_norm_ops = {
     .init = no_init,
     .forward = instance_norm_forward,
     .backward_data = instance_norm_backward_data,
+    .takes_bf16 = instance_norm_takes_bf16,
     .flops = instance_norm_flops,
     .saved_bytes = instance_norm_saved_bytes,
     .bwd_ignores_y = true,
@@ -275,6 +298,9 @@ static gp_status upsample_infer(const gp_layer *l, const gp_shape *in, gp_shape 
 static gp_status upsample_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                                   gp_tensor *y, gp_saved *s)
 {
+    if (x->dtype == GP_BF16) /* bf16 storage, bits copied (takes_bf16) */
+        return gp_dev_upsample_fwd_bf16(l->dev, gp_bf16(x), gp_bf16(y), x->dims[0], x->dims[1],
+                                        x->dims[2], x->dims[3], l->spec.scale);
     return gp_dev_upsample_fwd(l->dev, gp_f32(x), gp_f32(y), x->dims[0], x->dims[1], x->dims[2],
                                x->dims[3], l->spec.scale);
 }
@@ -283,8 +309,16 @@ static gp_status upsample_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, cons
                                         const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
                                         gp_saved *s)
 {
+    if (dy->dtype == GP_BF16)
+        return gp_dev_upsample_bwd_bf16(l->dev, gp_bf16(dy), gp_bf16(dx), x->dims[0], x->dims[1],
+                                        x->dims[2], x->dims[3], l->spec.scale);
     return gp_dev_upsample_bwd(l->dev, gp_f32(dy), gp_f32(dx), x->dims[0], x->dims[1], x->dims[2],
                                x->dims[3], l->spec.scale);
+}
+
+static bool upsample_takes_bf16(const gp_layer *l)
+{
+    return l->dev->iface->upsample_fwd_bf16 && l->dev->iface->upsample_bwd_bf16;
 }
 
 const gp_layer_ops gp_upsample_ops = {
@@ -293,6 +327,7 @@ const gp_layer_ops gp_upsample_ops = {
     .init = no_init,
     .forward = upsample_forward,
     .backward_data = upsample_backward_data,
+    .takes_bf16 = upsample_takes_bf16,
     .flops = numel_flops, /* a copy (backward: an add) per output element */
     .bwd_ignores_y = true,
     .bwd_ignores_x = true,

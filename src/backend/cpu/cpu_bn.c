@@ -548,21 +548,25 @@ gp_status gp_cpu_bn_bwd_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t
  * norm_leaky_bwd): y' from the relu's output (or the norm's), sums in the
  * lanes' fixed order like the rest of this file ---------------------------- */
 
-GP_CPU_LOOPS
-static void norm_leaky_chan(const gp_bn_desc *d, const float *yz, int from_z, float slope,
-                            float var, const float *dy, float *dx, int64_t c)
+/* One body for both storage types (B16_LD, B16_ST): on bf16, yz and dy
+ * widened on load, dx rounded once, y' by gp_ew_norm_leaky_y_b16. */
+#define NL_Y(v) (b16 ? gp_ew_norm_leaky_y_b16(v, from_z, slope) : gp_ew_norm_leaky_y(v, from_z, slope))
+
+static inline __attribute__((always_inline)) void
+norm_leaky_body(const gp_bn_desc *d, const void *yz, int from_z, float slope, float var,
+                const void *dy, void *dx, int64_t c, const bool b16)
 {
     const int64_t cs = d->c * d->s, S = d->s, o = c * S, sv = S - S % BN_LANES;
     double a1[BN_LANES] = {0}, a2[BN_LANES] = {0};
     for (int64_t i = 0; i < d->n; i++) {
-        const float *p = yz + o + i * cs, *q = dy + o + i * cs;
+        const int64_t p = o + i * cs;
         for (int64_t j = 0; j < S; j += BN_LANES) {
             const int cnt = j < sv ? BN_LANES : (int)(S - sv);
 #pragma omp simd
             for (int l = 0; l < cnt; l++) {
-                double g = (double)q[j + l];
+                double g = (double)B16_LD(dy, p + j + l);
                 a1[l] += g;
-                a2[l] += g * (double)gp_ew_norm_leaky_y(p[j + l], from_z, slope);
+                a2[l] += g * (double)NL_Y(B16_LD(yz, p + j + l));
             }
         }
     }
@@ -570,12 +574,27 @@ static void norm_leaky_chan(const gp_bn_desc *d, const float *yz, int from_z, fl
     gp_ew_norm_leaky_coeffs(var, d->eps, lanes_total(a1), lanes_total(a2), (double)(d->n * S),
                             &ka, &kb, &kc);
     for (int64_t i = 0; i < d->n; i++) {
-        const float *p = yz + o + i * cs, *q = dy + o + i * cs;
-        float *r = dx + o + i * cs;
+        const int64_t p = o + i * cs;
 #pragma omp simd
         for (int64_t j = 0; j < S; j++)
-            r[j] = ka * q[j] + kb * gp_ew_norm_leaky_y(p[j], from_z, slope) + kc;
+            B16_ST(dx, p + j, ka * B16_LD(dy, p + j) + kb * NL_Y(B16_LD(yz, p + j)) + kc);
     }
+}
+#undef NL_Y
+
+GP_CPU_LOOPS
+static void norm_leaky_chan(const gp_bn_desc *d, const float *yz, int from_z, float slope,
+                            float var, const float *dy, float *dx, int64_t c)
+{
+    norm_leaky_body(d, yz, from_z, slope, var, dy, dx, c, false);
+}
+
+GP_CPU_LOOPS
+static void norm_leaky_chan_bf16(const gp_bn_desc *d, const uint16_t *yz, int from_z,
+                                 float slope, float var, const uint16_t *dy, uint16_t *dx,
+                                 int64_t c)
+{
+    norm_leaky_body(d, yz, from_z, slope, var, dy, dx, c, true);
 }
 
 gp_status gp_cpu_norm_leaky_bwd(gp_device *dev, const gp_bn_desc *d, const float *yz,
@@ -584,6 +603,16 @@ gp_status gp_cpu_norm_leaky_bwd(gp_device *dev, const gp_bn_desc *d, const float
 {
     GP_TRY(gp_bn_desc_check(dev, d));
     BN_FOR_UNITS(dev, d, c0, { norm_leaky_chan(d, yz, from_z, slope, var[c0], dy, dx, c0); });
+    return GP_OK;
+}
+
+gp_status gp_cpu_norm_leaky_bwd_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t *yz,
+                                     bool from_z, float slope, const float *var,
+                                     const uint16_t *dy, uint16_t *dx)
+{
+    GP_TRY(gp_bn_desc_check(dev, d));
+    BN_FOR_UNITS(dev, d, c0,
+                 { norm_leaky_chan_bf16(d, yz, from_z, slope, var[c0], dy, dx, c0); });
     return GP_OK;
 }
 

@@ -305,6 +305,9 @@ static const gp_device_iface cpu_iface = {
     .layer_norm_bwd_weights_bf16 = gp_cpu_layer_norm_bwd_weights_bf16,
     .dropout_apply_bf16 = gp_cpu_dropout_apply_bf16,
     .mul_rows_bf16 = gp_cpu_mul_rows_bf16,
+    .norm_leaky_bwd_bf16 = gp_cpu_norm_leaky_bwd_bf16,
+    .upsample_fwd_bf16 = gp_cpu_upsample_fwd_bf16,
+    .upsample_bwd_bf16 = gp_cpu_upsample_bwd_bf16,
 };
 
 static cpu_conv_layout conv_layout_from_env(void)

@@ -42,6 +42,19 @@
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_debug.h>
 
+/* One body for both storage types (dropout, dropout2d's rows, layer norm,
+ * instance norm's backward, upsampling):
+ * b16, a constant where the body is inlined, says whether the activations
+ * are bf16 patterns, widened on load (B16_LD) and rounded once on store
+ * (B16_ST). The bf16 slots so do the FP32 slots' arithmetic on the widened
+ * values: the storage adapter's bits without its passes. */
+#define B16_LD(p, i) (b16 ? gp_ew_bf16_value(((const uint16_t *)(p))[i]) : ((const float *)(p))[i])
+#define B16_ST(p, i, v)                                                                      \
+    do {                                                                                     \
+        if (b16) ((uint16_t *)(p))[i] = gp_ew_bf16_bits(v);                                  \
+        else ((float *)(p))[i] = (v);                                                        \
+    } while (0)
+
 /* ---- bf16 tiles ------------------------------------------------------------
  * A serial run of bf16 values widened into an FP32 tile, and a tile rounded
  * back once: the bf16 slots that run the FP32 bodies on tiles (batch norm,
@@ -308,6 +321,13 @@ gp_status gp_cpu_bn_fwd_train(gp_device *dev, const gp_bn_desc *d, const float *
 gp_status gp_cpu_bn_fwd_infer(gp_device *dev, const gp_bn_desc *d, const float *x,
                               const float *gamma, const float *beta,
                               const float *mean, const float *var, float *y);
+gp_status gp_cpu_norm_leaky_bwd_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t *yz,
+                                     bool from_z, float slope, const float *var,
+                                     const uint16_t *dy, uint16_t *dx);
+gp_status gp_cpu_upsample_fwd_bf16(gp_device *dev, const uint16_t *x, uint16_t *y, int64_t n,
+                                   int64_t c, int64_t h, int64_t w, int64_t scale);
+gp_status gp_cpu_upsample_bwd_bf16(gp_device *dev, const uint16_t *dy, uint16_t *dx, int64_t n,
+                                   int64_t c, int64_t h, int64_t w, int64_t scale);
 gp_status gp_cpu_norm_leaky_bwd(gp_device *dev, const gp_bn_desc *d, const float *yz,
                                 bool from_z, float slope, const float *var, const float *dy,
                                 float *dx);

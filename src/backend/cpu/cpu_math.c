@@ -446,18 +446,6 @@ gp_status gp_cpu_xent_bf16(gp_device *dev, const uint16_t *logits, const float *
     return GP_OK;
 }
 
-/* One body for both storage types (dropout, dropout2d's rows, layer norm):
- * b16, a constant where the body is inlined, says whether the activations
- * are bf16 patterns, widened on load (B16_LD) and rounded once on store
- * (B16_ST). The bf16 slots so do the FP32 slots' arithmetic on the widened
- * values: the storage adapter's bits without its passes. */
-#define B16_LD(p, i) (b16 ? gp_ew_bf16_value(((const uint16_t *)(p))[i]) : ((const float *)(p))[i])
-#define B16_ST(p, i, v)                                                                      \
-    do {                                                                                     \
-        if (b16) ((uint16_t *)(p))[i] = gp_ew_bf16_bits(v);                                  \
-        else ((float *)(p))[i] = (v);                                                        \
-    } while (0)
-
 /* Elements per dropout task: a multiple of 4 so each Philox call serves
  * four consecutive elements. */
 #define CPU_DROPOUT_CHUNK 4096

@@ -23,44 +23,80 @@
 /* Below this many output elements the loops run on the calling thread. */
 #define CPU_UP_PAR_MIN 32768
 
-/* Input row x (w) -> `s` output rows of ow = w * s at y. */
-GP_CPU_LOOPS
-static void up_row(const float *x, float *y, int64_t w, int64_t s, int64_t ow)
+/* Input row x (w) -> `s` output rows of ow = w * s at y, values of `es`
+ * bytes (FP32 or bf16: bits copied). */
+static inline __attribute__((always_inline)) void up_row_es(const void *xv, void *yv, int64_t w,
+                                                            int64_t s, int64_t ow, size_t es)
 {
-    if (s == 2) {
+    if (es == 4) {
+        const float *x = xv;
+        float *y = yv;
+        if (s == 2) {
 #pragma omp simd
-        for (int64_t j = 0; j < w; j++) {
-            y[2 * j] = x[j];
-            y[2 * j + 1] = x[j];
+            for (int64_t j = 0; j < w; j++) {
+                y[2 * j] = x[j];
+                y[2 * j + 1] = x[j];
+            }
+        } else {
+            for (int64_t j = 0; j < w; j++)
+                for (int64_t b = 0; b < s; b++) y[j * s + b] = x[j];
         }
     } else {
+        const uint16_t *x = xv;
+        uint16_t *y = yv;
         for (int64_t j = 0; j < w; j++)
             for (int64_t b = 0; b < s; b++) y[j * s + b] = x[j];
     }
-    for (int64_t a = 1; a < s; a++) memcpy(y + a * ow, y, (size_t)ow * sizeof(float));
+    for (int64_t a = 1; a < s; a++) memcpy((char *)yv + (size_t)(a * ow) * es, yv, (size_t)ow * es);
 }
 
-/* `s` rows of ow = w * s at dy -> one row dx (w) of block sums. */
 GP_CPU_LOOPS
-static void down_row(const float *dy, float *dx, int64_t w, int64_t s, int64_t ow)
+static void up_row(const float *x, float *y, int64_t w, int64_t s, int64_t ow)
+{
+    up_row_es(x, y, w, s, ow, sizeof(float));
+}
+
+GP_CPU_LOOPS
+static void up_row_bf16(const uint16_t *x, uint16_t *y, int64_t w, int64_t s, int64_t ow)
+{
+    up_row_es(x, y, w, s, ow, sizeof(uint16_t));
+}
+
+/* `s` rows of ow = w * s at dy -> one row dx (w) of block sums; one body
+ * for both storage types (B16_LD, B16_ST: bf16 widened, the sum rounded
+ * once). */
+static inline __attribute__((always_inline)) void down_row_body(const void *dy, void *dx,
+                                                                int64_t w, int64_t s, int64_t ow,
+                                                                const bool b16)
 {
     if (s == 2) { /* the general order below, unrolled: (a + b) + (c + d) */
-        const float *r0 = dy, *r1 = dy + ow;
 #pragma omp simd
         for (int64_t j = 0; j < w; j++)
-            dx[j] = (r0[2 * j] + r0[2 * j + 1]) + (r1[2 * j] + r1[2 * j + 1]);
+            B16_ST(dx, j, (B16_LD(dy, 2 * j) + B16_LD(dy, 2 * j + 1)) +
+                              (B16_LD(dy, ow + 2 * j) + B16_LD(dy, ow + 2 * j + 1)));
         return;
     }
     for (int64_t j = 0; j < w; j++) {
         float acc = 0.0f;
         for (int64_t a = 0; a < s; a++) {
-            const float *r = dy + a * ow + j * s;
             float row = 0.0f;
-            for (int64_t b = 0; b < s; b++) row += r[b];
+            for (int64_t b = 0; b < s; b++) row += B16_LD(dy, a * ow + j * s + b);
             acc += row;
         }
-        dx[j] = acc;
+        B16_ST(dx, j, acc);
     }
+}
+
+GP_CPU_LOOPS
+static void down_row(const float *dy, float *dx, int64_t w, int64_t s, int64_t ow)
+{
+    down_row_body(dy, dx, w, s, ow, false);
+}
+
+GP_CPU_LOOPS
+static void down_row_bf16(const uint16_t *dy, uint16_t *dx, int64_t w, int64_t s, int64_t ow)
+{
+    down_row_body(dy, dx, w, s, ow, true);
 }
 
 GP_CPU_LOOPS
@@ -82,5 +118,28 @@ gp_status gp_cpu_upsample_bwd(gp_device *dev, const float *dy, float *dx, int64_
     int nt = dev->threads;
 #pragma omp parallel for schedule(static) num_threads(nt) if (rows * ow * scale >= CPU_UP_PAR_MIN)
     for (int64_t r = 0; r < rows; r++) down_row(dy + r * scale * ow, dx + r * w, w, scale, ow);
+    return GP_OK;
+}
+
+GP_CPU_LOOPS
+gp_status gp_cpu_upsample_fwd_bf16(gp_device *dev, const uint16_t *x, uint16_t *y, int64_t n,
+                                   int64_t c, int64_t h, int64_t w, int64_t scale)
+{
+    const int64_t rows = n * c * h, ow = w * scale;
+    int nt = dev->threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * ow * scale >= CPU_UP_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) up_row_bf16(x + r * w, y + r * scale * ow, w, scale, ow);
+    return GP_OK;
+}
+
+GP_CPU_LOOPS
+gp_status gp_cpu_upsample_bwd_bf16(gp_device *dev, const uint16_t *dy, uint16_t *dx, int64_t n,
+                                   int64_t c, int64_t h, int64_t w, int64_t scale)
+{
+    const int64_t rows = n * c * h, ow = w * scale;
+    int nt = dev->threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * ow * scale >= CPU_UP_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++)
+        down_row_bf16(dy + r * scale * ow, dx + r * w, w, scale, ow);
     return GP_OK;
 }

@@ -1221,6 +1221,26 @@ static gp_status cuda_upsample_bwd(gp_device *dev, const float *dy, float *dx, i
     CUDA_OP(dev, gp_cuk_upsample_bwd(s, dy, dx, n * c, h, w, scale));
 }
 
+static gp_status cuda_norm_leaky_bwd_bf16(gp_device *dev, const gp_bn_desc *d,
+                                          const uint16_t *yz, bool from_z, float slope,
+                                          const float *var, const uint16_t *dy, uint16_t *dx)
+{
+    CUDA_OP(dev, gp_cuk_norm_leaky_bwd_bf16(s, yz, from_z, slope, var, d->eps, dy, dx, d->n,
+                                            d->c, d->s));
+}
+
+static gp_status cuda_upsample_fwd_bf16(gp_device *dev, const uint16_t *x, uint16_t *y, int64_t n,
+                                        int64_t c, int64_t h, int64_t w, int64_t scale)
+{
+    CUDA_OP(dev, gp_cuk_upsample_fwd_bf16(s, x, y, n * c, h, w, scale));
+}
+
+static gp_status cuda_upsample_bwd_bf16(gp_device *dev, const uint16_t *dy, uint16_t *dx,
+                                        int64_t n, int64_t c, int64_t h, int64_t w, int64_t scale)
+{
+    CUDA_OP(dev, gp_cuk_upsample_bwd_bf16(s, dy, dx, n * c, h, w, scale));
+}
+
 static gp_status cuda_attn_fwd(gp_device *dev, const float *x, float *y, float *lse, int64_t b,
                                int64_t t, int64_t heads, int64_t c)
 {
@@ -1991,6 +2011,9 @@ static const gp_device_iface cuda_iface = {
     .gemm_wb = cuda_gemm_wb,
     .act_bf16 = cuda_act_bf16,
     .add_bf16 = cuda_add_bf16,
+    .norm_leaky_bwd_bf16 = cuda_norm_leaky_bwd_bf16,
+    .upsample_fwd_bf16 = cuda_upsample_fwd_bf16,
+    .upsample_bwd_bf16 = cuda_upsample_bwd_bf16,
     .pool_fwd_bf16 = gp_cuda_pool_fwd_bf16,
     .pool_bwd_bf16 = gp_cuda_pool_bwd_bf16,
     .dropout_apply_bf16 = cuda_dropout_apply_bf16,

@@ -504,6 +504,40 @@ __global__ void k_upsample_fwd(const float *x, float *y, int64_t planes, int64_t
         y[e] = x[(p * h + i / sc) * w + j / sc];
     }
 }
+/* On bf16 storage: bits copied forward; backward the CPU's float sums in
+ * its order (cpu_upsample.c: (a + b) + (c + d) for scale 2, else each
+ * block row's sum, the rows added top to bottom), rounded once, so the
+ * bits are the CPU's. */
+__global__ void k_upsample_fwd_bf16(const uint16_t *x, uint16_t *y, int64_t planes, int64_t h,
+                                    int64_t w, int64_t sc)
+{
+    const int64_t ow = w * sc, ohw = h * sc * ow;
+    GP_CUK_LOOP(e, planes * ohw) {
+        int64_t p = e / ohw, r = e % ohw, i = r / ow, j = r % ow;
+        y[e] = x[(p * h + i / sc) * w + j / sc];
+    }
+}
+__global__ void k_upsample_bwd_bf16(const uint16_t *dy, uint16_t *dx, int64_t planes, int64_t h,
+                                    int64_t w, int64_t sc)
+{
+    const int64_t ow = w * sc;
+    GP_CUK_LOOP(e, planes * h * w) {
+        int64_t p = e / (h * w), r = e % (h * w), i = r / w, j = r % w;
+        const uint16_t *b = dy + (p * h * sc + i * sc) * ow + j * sc;
+        float acc;
+        if (sc == 2) {
+            acc = (ld(b[0]) + ld(b[1])) + (ld(b[ow]) + ld(b[ow + 1]));
+        } else {
+            acc = 0.0f;
+            for (int64_t a = 0; a < sc; a++) {
+                float row = 0.0f;
+                for (int64_t c = 0; c < sc; c++) row += ld(b[a * ow + c]);
+                acc += row;
+            }
+        }
+        st(&dx[e], acc);
+    }
+}
 /* One thread per input element: the sum of its block, row by row, in
  * double, rounded once (the CPU sums in float: equal to rounding). */
 __global__ void k_upsample_bwd(const float *dy, float *dx, int64_t planes, int64_t h, int64_t w,
@@ -801,25 +835,36 @@ __global__ void k_bn_bwd_apply(const T *x, const float *gamma, const float *beta
 
 /* Channel c of (N, C, S) per block: y' and the sums in double, then dx
  * (backend.h's norm_leaky_bwd). */
-__global__ void k_norm_leaky_bwd(const float *yz, int from_z, float slope, const float *var,
-                                 float eps, const float *dy, float *dx, int64_t N, int64_t C,
-                                 int64_t S)
+/* y' of a stored value: FP32's rule, or bf16's (the relu's output rounded
+ * as the leaky relu stores it, norm_leaky_bwd_bf16). */
+__device__ __forceinline__ float nl_y(float v, int from_z, float slope)
+{
+    return gp_ew_norm_leaky_y(v, from_z, slope);
+}
+__device__ __forceinline__ float nl_y(uint16_t v, int from_z, float slope)
+{
+    return gp_ew_norm_leaky_y_b16(gp_ew_bf16_value(v), from_z, slope);
+}
+
+template <typename T>
+__global__ void k_norm_leaky_bwd(const T *yz, int from_z, float slope, const float *var,
+                                 float eps, const T *dy, T *dx, int64_t N, int64_t C, int64_t S)
 {
     const int64_t cnt = N * S;
     for (int64_t c = blockIdx.x; c < C; c += gridDim.x) {
         double sdy = 0.0, sdyy = 0.0;
         for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x) {
             int64_t at = bn_at(t, c, C, S);
-            double g = (double)dy[at];
+            double g = (double)ld(dy[at]);
             sdy += g;
-            sdyy += g * (double)gp_ew_norm_leaky_y(yz[at], from_z, slope);
+            sdyy += g * (double)nl_y(yz[at], from_z, slope);
         }
         double a = block_sum(sdy), b = block_sum(sdyy);
         float ka, kb, kc;
         gp_ew_norm_leaky_coeffs(var[c], eps, a, b, (double)cnt, &ka, &kb, &kc);
         for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x) {
             int64_t at = bn_at(t, c, C, S);
-            dx[at] = ka * dy[at] + kb * gp_ew_norm_leaky_y(yz[at], from_z, slope) + kc;
+            st(&dx[at], ka * ld(dy[at]) + kb * nl_y(yz[at], from_z, slope) + kc);
         }
     }
 }
@@ -1510,6 +1555,18 @@ cudaError_t gp_cuk_upsample_bwd(cudaStream_t s, const float *dy, float *dx, int6
     GP_CUK_LAUNCH(planes * h * w, k_upsample_bwd, dy, dx, planes, h, w, scale);
 }
 
+cudaError_t gp_cuk_upsample_fwd_bf16(cudaStream_t s, const uint16_t *x, uint16_t *y,
+                                     int64_t planes, int64_t h, int64_t w, int64_t scale)
+{
+    GP_CUK_LAUNCH(planes * h * w * scale * scale, k_upsample_fwd_bf16, x, y, planes, h, w, scale);
+}
+
+cudaError_t gp_cuk_upsample_bwd_bf16(cudaStream_t s, const uint16_t *dy, uint16_t *dx,
+                                     int64_t planes, int64_t h, int64_t w, int64_t scale)
+{
+    GP_CUK_LAUNCH(planes * h * w, k_upsample_bwd_bf16, dy, dx, planes, h, w, scale);
+}
+
 cudaError_t gp_cuk_attn_fwd(cudaStream_t s, const float *x, float *y, float *lse, int64_t b,
                             int64_t t, int64_t heads, int64_t c)
 {
@@ -1859,8 +1916,20 @@ cudaError_t gp_cuk_norm_leaky_bwd(cudaStream_t s, const float *yz, int from_z, f
                                   int64_t n, int64_t c, int64_t sp)
 {
     if (c <= 0) return cudaSuccess;
-    k_norm_leaky_bwd<<<channel_blocks(c), GP_CUK_THREADS, 0, s>>>(yz, from_z, slope, var, eps,
-                                                                  dy, dx, n, c, sp);
+    k_norm_leaky_bwd<float><<<channel_blocks(c), GP_CUK_THREADS, 0, s>>>(yz, from_z, slope,
+                                                                         var, eps, dy, dx, n, c,
+                                                                         sp);
+    return cudaGetLastError();
+}
+
+cudaError_t gp_cuk_norm_leaky_bwd_bf16(cudaStream_t s, const uint16_t *yz, int from_z,
+                                       float slope, const float *var, float eps,
+                                       const uint16_t *dy, uint16_t *dx, int64_t n, int64_t c,
+                                       int64_t sp)
+{
+    if (c <= 0) return cudaSuccess;
+    k_norm_leaky_bwd<uint16_t><<<channel_blocks(c), GP_CUK_THREADS, 0, s>>>(
+        yz, from_z, slope, var, eps, dy, dx, n, c, sp);
     return cudaGetLastError();
 }
 
