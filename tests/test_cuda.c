@@ -2341,6 +2341,73 @@ static void test_bf16_ops(gp_device *cpu, const char *graph)
             bfree(&fx); bfree(&fdy); bfree(&x); bfree(&dy); bfree(&y); bfree(&dx);
         }
     }
+    /* Linear layers on bf16 storage (linear_*_bf16, precision bf16): a
+     * product worth bf16 (in 256) and one that is not (in 8, FP32 as the
+     * CPU's), with bias and relu, against the storage adapter's way on the
+     * GPU (widened, the FP32 slots, rounded): y and dx within a bf16 unit
+     * where cuBLASLt's epilogue may sum in another order, bit for bit
+     * where not worth bf16; dw and db bit for bit (cublasGemmEx on the same
+     * bf16 operands; dy's column sums widened exactly).  Not taken by the
+     * CPU (no bf16 products there). */
+    CHECK(gp_dev_linear_bf16_has(g) && !gp_dev_linear_bf16_has(cpu));
+    for (int64_t lin = 8; lin <= 256; lin += 248) {
+        const int64_t ln = 64, lout = 48, nxl = ln * lin, nyl = ln * lout;
+        const bool worth = gp_bf16_gemm_worth(ln, lout, lin);
+        buf fx = brand(nxl, -1, 1), fdy = brand(nyl, -1, 1), lw = brand(lout * lin, -0.2f, 0.2f),
+            lb = brand(lout, -0.5f, 0.5f), xb = bjunk(nxl / 2), dyb = bjunk(nyl / 2),
+            yb = bjunk(nyl / 2), yb2 = bjunk(nyl / 2), dxb = bjunk(nxl / 2), dxb2 = bjunk(nxl / 2),
+            fy = bjunk(nyl), fdx = bjunk(nxl), dw1 = bjunk(lout * lin), dw2 = bjunk(lout * lin),
+            db1 = bjunk(lout), db2 = bjunk(lout);
+        CHECK_OK(gp_dev_bf16_pack(g, (uint16_t *)xb.p[1], fx.p[1], nxl));
+        CHECK_OK(gp_dev_bf16_pack(g, (uint16_t *)dyb.p[1], fdy.p[1], nyl));
+        CHECK_OK(gp_dev_bf16_unpack(g, fx.p[1], (uint16_t *)xb.p[1], nxl));
+        CHECK_OK(gp_dev_bf16_unpack(g, fdy.p[1], (uint16_t *)dyb.p[1], nyl));
+        CHECK_OK(gp_dev_linear_fwd_bf16(g, ln, lout, lin, (uint16_t *)xb.p[1], lw.p[1], lb.p[1],
+                                        true, (uint16_t *)yb.p[1]));
+        CHECK_OK(gp_dev_linear_bwd_data_bf16(g, ln, lout, lin, (uint16_t *)dyb.p[1], lw.p[1],
+                                             (uint16_t *)dxb.p[1]));
+        CHECK_OK(gp_dev_linear_bwd_weights_bf16(g, ln, lout, lin, (uint16_t *)dyb.p[1],
+                                                (uint16_t *)xb.p[1], dw1.p[1], db1.p[1], true));
+        /* the adapter's way */
+        CHECK_OK(gp_dev_linear_fwd(g, ln, lout, lin, fx.p[1], lw.p[1], lb.p[1], true, fy.p[1]));
+        CHECK_OK(gp_dev_bf16_pack(g, (uint16_t *)yb2.p[1], fy.p[1], nyl));
+        CHECK_OK(gp_dev_gemm_wb(g, 0, 0, ln, lin, lout, 1.0f, fdy.p[1], lout, lw.p[1], lin, 0.0f,
+                                fdx.p[1], lin));
+        CHECK_OK(gp_dev_bf16_pack(g, (uint16_t *)dxb2.p[1], fdx.p[1], nxl));
+        CHECK_OK(gp_dev_gemm(g, 1, 0, lout, lin, ln, 1.0f, fdy.p[1], lout, fx.p[1], lin, 0.0f,
+                             dw2.p[1], lin));
+        CHECK_OK(gp_dev_fill(g, db2.p[1], 0.0f, lout));
+        CHECK_OK(gp_dev_sum_rows(g, fdy.p[1], db2.p[1], ln, lout));
+        CHECK_MSG(bsame(dw1.p[1], dw2.p[1], lout * lin) && bsame(db1.p[1], db2.p[1], lout),
+                  "bf16 linear (in %lld) weight and bias gradients: not the adapter's bits",
+                  (long long)lin);
+        for (int dir = 0; dir < 2; dir++) {
+            const buf *a = dir ? &dxb : &yb, *b = dir ? &dxb2 : &yb2;
+            int64_t nv = dir ? nxl : nyl;
+            uint16_t *h[2] = {malloc((size_t)nv * 2), malloc((size_t)nv * 2)};
+            CHECK_OK(gp_dev_download(g, (float *)h[0], a->p[1], nv / 2));
+            CHECK_OK(gp_dev_download(g, (float *)h[1], b->p[1], nv / 2));
+            CHECK_OK(gp_dev_synchronize(g));
+            double worst = 0.0;
+            for (int64_t i = 0; i < nv; i++) {
+                double va = gp_ew_bf16_value(h[0][i]), vb = gp_ew_bf16_value(h[1][i]);
+                double e = fabs(va - vb) / (1.0 + fabs(vb));
+                if (!(e <= worst)) worst = e;
+            }
+            if (worth)
+                CHECK_MSG(worst <= 1.0 / 128, "bf16 linear (in %lld) %s on bf16 storage: %.3g "
+                          "from the adapter's", (long long)lin, dir ? "dx" : "y", worst);
+            else
+                CHECK_MSG(!memcmp(h[0], h[1], (size_t)nv * 2), "bf16 linear (in %lld, FP32) %s "
+                          "on bf16 storage: not the adapter's bits", (long long)lin,
+                          dir ? "dx" : "y");
+            free(h[0]);
+            free(h[1]);
+        }
+        buf *all[] = {&fx, &fdy, &lw, &lb, &xb, &dyb, &yb, &yb2, &dxb, &dxb2, &fy, &fdx,
+                      &dw1, &dw2, &db1, &db2};
+        for (size_t q = 0; q < sizeof all / sizeof *all; q++) bfree(all[q]);
+    }
     /* U-Net's layers on bf16 storage: upsampling by 2 and 3 (bits copied;
      * the block sums in the CPU's float order) the CPU's bits; the
      * instance norm's backward through the leaky relu after it

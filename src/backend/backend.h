@@ -135,8 +135,10 @@
  *  35  copy_box takes the element size (4 or 2 bytes: FP32 or bf16 boxes,
  *      concatenations and their slices on bf16 storage)
  *  36  norm_leaky_bwd_bf16, upsample_fwd_bf16, upsample_bwd_bf16 (U-Net's
- *      instance norm and upsampling on bf16 storage) */
-#define GP_DEVICE_IFACE_VERSION 36
+ *      instance norm and upsampling on bf16 storage)
+ *  37  linear_fwd_bf16, linear_bwd_data_bf16, linear_bwd_weights_bf16
+ *      (linear layers on bf16 storage under precision bf16) */
+#define GP_DEVICE_IFACE_VERSION 37
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -1012,6 +1014,23 @@ typedef struct gp_device_iface {
                                    int64_t c, int64_t h, int64_t w, int64_t scale);
     gp_status (*upsample_bwd_bf16)(gp_device *dev, const uint16_t *dy, uint16_t *dx, int64_t n,
                                    int64_t c, int64_t h, int64_t w, int64_t scale);
+    /* linear_fwd_bf16: linear_fwd with x (n, in) and y (n, out) in bf16,
+     * the product, bias and relu in FP32, y rounded once;
+     * linear_bwd_data_bf16: dx (n, in) = dy (n, out) w (out, in), bf16 dy
+     * and dx; linear_bwd_weights_bf16: dw (out, in) = (fresh) or += dy^T x
+     * and db (out; NULL: no bias) likewise dy's column sums, from bf16 dy
+     * and x, dw and db FP32.  For a device whose precision is bf16
+     * (gp_dev_linear_bf16_has): the products take the bf16 activations as
+     * they are (CUDA: cuBLASLt with bf16 A, B and, for y and dx, D, the
+     * bias and relu as its epilogue).  NULL: the storage adapter. */
+    gp_status (*linear_fwd_bf16)(gp_device *dev, int64_t n, int64_t out, int64_t in,
+                                 const uint16_t *x, const float *w, const float *bias, bool relu,
+                                 uint16_t *y);
+    gp_status (*linear_bwd_data_bf16)(gp_device *dev, int64_t n, int64_t out, int64_t in,
+                                      const uint16_t *dy, const float *w, uint16_t *dx);
+    gp_status (*linear_bwd_weights_bf16)(gp_device *dev, int64_t n, int64_t out, int64_t in,
+                                         const uint16_t *dy, const uint16_t *x, float *dw,
+                                         float *db, bool fresh);
 } gp_device_iface;
 
 /* The most tensors one nonfinite_or_many launch takes (its table travels
@@ -1612,6 +1631,24 @@ gp_status gp_dev_dropout_apply_bf16(gp_device *dev, const uint16_t *x, uint16_t 
                                     float p, uint64_t seed, uint64_t stream, uint64_t first);
 gp_status gp_dev_mul_rows_bf16(gp_device *dev, const uint16_t *x, const float *s, uint16_t *y,
                                int64_t rows, int64_t cols);
+/* Whether a linear layer on dev takes bf16 storage as it is: the
+ * linear_*_bf16 slots, under precision bf16 (else the storage adapter's
+ * FP32 math on the widened values, the storage-only contract). */
+static inline bool gp_dev_linear_bf16_has(const gp_device *dev)
+{
+    return dev->iface->linear_fwd_bf16 && dev->iface->linear_bwd_data_bf16 &&
+           dev->iface->linear_bwd_weights_bf16 && dev->precision == GP_PRECISION_BF16;
+}
+/* linear_*_bf16 (backend.h); GP_ERR_UNSUPPORTED where gp_dev_linear_bf16_has
+ * is false. */
+gp_status gp_dev_linear_fwd_bf16(gp_device *dev, int64_t n, int64_t out, int64_t in,
+                                 const uint16_t *x, const float *w, const float *bias, bool relu,
+                                 uint16_t *y);
+gp_status gp_dev_linear_bwd_data_bf16(gp_device *dev, int64_t n, int64_t out, int64_t in,
+                                      const uint16_t *dy, const float *w, uint16_t *dx);
+gp_status gp_dev_linear_bwd_weights_bf16(gp_device *dev, int64_t n, int64_t out, int64_t in,
+                                         const uint16_t *dy, const uint16_t *x, float *dw,
+                                         float *db, bool fresh);
 /* norm_leaky_bwd_bf16, upsample_*_bf16 (backend.h), checked as their FP32
  * slots are; GP_ERR_UNSUPPORTED where the backend has none. */
 gp_status gp_dev_norm_leaky_bwd_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t *yz,

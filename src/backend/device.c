@@ -1098,6 +1098,30 @@ gp_status gp_dev_upsample_bwd(gp_device *dev, const float *dy, float *dx, int64_
     return dev->iface->upsample_bwd(dev, dy, dx, n, c, h, w, scale);
 }
 
+gp_status gp_dev_linear_fwd_bf16(gp_device *dev, int64_t n, int64_t out, int64_t in,
+                                 const uint16_t *x, const float *w, const float *bias, bool relu,
+                                 uint16_t *y)
+{
+    if (!gp_dev_linear_bf16_has(dev)) return no_bf16_slot(dev, "linear layer");
+    return n > 0 && out > 0 ? dev->iface->linear_fwd_bf16(dev, n, out, in, x, w, bias, relu, y)
+                            : GP_OK;
+}
+
+gp_status gp_dev_linear_bwd_data_bf16(gp_device *dev, int64_t n, int64_t out, int64_t in,
+                                      const uint16_t *dy, const float *w, uint16_t *dx)
+{
+    if (!gp_dev_linear_bf16_has(dev)) return no_bf16_slot(dev, "linear layer");
+    return n > 0 && in > 0 ? dev->iface->linear_bwd_data_bf16(dev, n, out, in, dy, w, dx) : GP_OK;
+}
+
+gp_status gp_dev_linear_bwd_weights_bf16(gp_device *dev, int64_t n, int64_t out, int64_t in,
+                                         const uint16_t *dy, const uint16_t *x, float *dw,
+                                         float *db, bool fresh)
+{
+    if (!gp_dev_linear_bf16_has(dev)) return no_bf16_slot(dev, "linear layer");
+    return dev->iface->linear_bwd_weights_bf16(dev, n, out, in, dy, x, dw, db, fresh);
+}
+
 gp_status gp_dev_upsample_fwd_bf16(gp_device *dev, const uint16_t *x, uint16_t *y, int64_t n,
                                    int64_t c, int64_t h, int64_t w, int64_t scale)
 {

@@ -77,6 +77,10 @@ static gp_status linear_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_ten
     if (n == 0) return GP_OK;
     /* the product, the bias and (relu_after: the in-place relu that
      * follows, gp_layers_relu_fused) the relu in one device call */
+    if (x->dtype == GP_BF16) /* bf16 storage, without the adapter (takes_bf16) */
+        return gp_dev_linear_fwd_bf16(dev, n, out, in, gp_bf16(x), gp_f32(&l->params[0].value),
+                                      l->spec.bias ? gp_f32(&l->params[1].value) : NULL,
+                                      l->relu_after, gp_bf16(y));
     return gp_dev_linear_fwd(dev, n, out, in, gp_f32(x), gp_f32(&l->params[0].value),
                              l->spec.bias ? gp_f32(&l->params[1].value) : NULL, l->relu_after,
                              gp_f32(y));
@@ -92,6 +96,9 @@ static gp_status linear_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const 
     int64_t n = in > 0 ? gp_tensor_numel(x) / in : 0;
     if (n == 0) return GP_OK;
     /* dx(N, in) = dy(N, out) W(out, in) */
+    if (dy->dtype == GP_BF16)
+        return gp_dev_linear_bwd_data_bf16(dev, n, out, in, gp_bf16(dy),
+                                           gp_f32(&l->params[0].value), gp_bf16(dx));
     return gp_dev_gemm_wb(dev, 0, 0, n, in, out, 1.0f, gp_f32(dy), out,
                           gp_f32(&l->params[0].value), in, 0.0f, gp_f32(dx), in);
 }
@@ -108,6 +115,11 @@ static gp_status linear_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx,
         return ctx->grads_overwrite ? gp_layer_zero_grad(l) : GP_OK;
     /* dW(out, in) += dy^T(out, N) x(N, in); = on the step's first backward */
     bool fresh = ctx->grads_overwrite;
+    if (dy->dtype == GP_BF16)
+        return gp_dev_linear_bwd_weights_bf16(dev, n, out, in, gp_bf16(dy), gp_bf16(x),
+                                              gp_f32(&l->params[0].grad),
+                                              l->spec.bias ? gp_f32(&l->params[1].grad) : NULL,
+                                              fresh);
     GP_TRY(gp_dev_gemm(dev, 1, 0, out, in, n, 1.0f, gp_f32(dy), out, gp_f32(x), in,
                        fresh ? 0.0f : 1.0f, gp_f32(&l->params[0].grad), in));
     if (l->spec.bias) {
@@ -126,8 +138,15 @@ static double linear_flops(const gp_layer *l, int64_t n)
     return 2.0 * rows * in * out + (l->spec.bias ? rows * out : 0.0);
 }
 
+/* On bf16 storage where the device multiplies bf16 (precision bf16 and
+ * the linear_*_bf16 slots: CUDA): the products read and write the bf16
+ * activations as they are; elsewhere the storage adapter (FP32 math on the
+ * widened values). */
+static bool linear_takes_bf16(const gp_layer *l) { return gp_dev_linear_bf16_has(l->dev); }
+
 const gp_layer_ops gp_linear_ops = {
     .type = GP_LAYER_LINEAR,
+    .takes_bf16 = linear_takes_bf16,
     .infer = linear_infer,
     .init = linear_init,
     .forward = linear_forward,

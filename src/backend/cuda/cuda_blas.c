@@ -32,7 +32,10 @@
  * the choice itself to repeat.  Compute type CUBLAS_COMPUTE_32F (plain FP32
  * FMA, the results within FP32 rounding of cublasSgemm's) or, with
  * precision tf32, CUBLAS_COMPUTE_32F_FAST_TF32.  Precision bf16 keeps
- * cuda_gemm's cublasGemmEx path.
+ * cuda_gemm's cublasGemmEx path for FP32 tensors; a linear layer on bf16
+ * storage (gp_cuda_lt_gemm_io) gives cuBLASLt its bf16 A and B as they
+ * are, and its bf16 C where the result is an activation (the epilogue's
+ * bias and relu in FP32, rounded once), with CUBLAS_COMPUTE_32F.
  *
  * Anything that does not work out (no handle, no descriptors, no
  * candidate, no room for the workspace, a failed launch, or
@@ -67,6 +70,7 @@ enum { EPI_NONE = 0, EPI_BIAS = 1, EPI_RELU = 2 }; /* bits */
 
 struct cuda_mm {
     /* the shape */
+    gp_lt_io io;
     int ta, tb, epi, align;
     /* the bias pointer's alignment (up to 256; 0 without one): the
      * heuristics read it from the descriptor's pointer, and no preference
@@ -165,7 +169,7 @@ void gp_cuda_lt_destroy(gp_cuda_ctx *ctx)
 static int alignment(const void *a, const void *b, const void *c, const void *bias)
 {
     uintptr_t u = (uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)bias;
-    return u % 16 == 0 ? 16 : 4;
+    return u % 16 == 0 ? 16 : u % 4 == 0 ? 4 : 2; /* 2: a bf16 view at an odd element */
 }
 
 static int bias_alignment(const void *bias)
@@ -177,7 +181,10 @@ static int bias_alignment(const void *bias)
 /* The descriptors of mm's shape (mm->op etc. NULL on entry). */
 static gp_status mm_describe(gp_cuda_ctx *ctx, cuda_mm *mm)
 {
-    cublasComputeType_t ct = ctx->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    cublasComputeType_t ct = ctx->tf32 && mm->io == GP_LT_F32 ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                              : CUBLAS_COMPUTE_32F;
+    cudaDataType_t tab = mm->io == GP_LT_F32 ? CUDA_R_32F : CUDA_R_16BF;
+    cudaDataType_t tc = mm->io == GP_LT_ABC16 ? CUDA_R_16BF : CUDA_R_32F;
     GP_CUBLAS(cublasLtMatmulDescCreate(&mm->op, ct, CUDA_R_32F));
     cublasOperation_t oa = mm->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasOperation_t ob = mm->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -195,18 +202,18 @@ static gp_status mm_describe(gp_cuda_ctx *ctx, cuda_mm *mm)
                                                  sizeof bt));
     }
     /* cuBLASLt's A = gpipe's B: n x k column-major, or k x n transposed */
-    GP_CUBLAS(cublasLtMatrixLayoutCreate(&mm->la, CUDA_R_32F, (uint64_t)(mm->tb ? mm->k : mm->n),
+    GP_CUBLAS(cublasLtMatrixLayoutCreate(&mm->la, tab, (uint64_t)(mm->tb ? mm->k : mm->n),
                                          (uint64_t)(mm->tb ? mm->n : mm->k), mm->ldb));
     /* cuBLASLt's B = gpipe's A: k x m, or m x k transposed */
-    GP_CUBLAS(cublasLtMatrixLayoutCreate(&mm->lb, CUDA_R_32F, (uint64_t)(mm->ta ? mm->m : mm->k),
+    GP_CUBLAS(cublasLtMatrixLayoutCreate(&mm->lb, tab, (uint64_t)(mm->ta ? mm->m : mm->k),
                                          (uint64_t)(mm->ta ? mm->k : mm->m), mm->lda));
-    GP_CUBLAS(cublasLtMatrixLayoutCreate(&mm->lc, CUDA_R_32F, (uint64_t)mm->n, (uint64_t)mm->m,
+    GP_CUBLAS(cublasLtMatrixLayoutCreate(&mm->lc, tc, (uint64_t)mm->n, (uint64_t)mm->m,
                                          mm->ldc));
     return GP_OK;
 }
 
 static cublasStatus_t mm_run(gp_cuda_ctx *ctx, const cuda_mm *mm, const cublasLtMatmulAlgo_t *algo,
-                             float alpha, const float *a, const float *b, float beta, float *c,
+                             float alpha, const void *a, const void *b, float beta, void *c,
                              const float *bias, void *ws, size_t ws_bytes)
 {
     if (mm->epi & EPI_BIAS) {
@@ -247,8 +254,8 @@ static size_t lt_ws_max(gp_device *dev)
  * gives it back, as a convolution's search does; the chosen algorithm's
  * own workspace is reserved when it runs.  Unmeasured, nothing is
  * allocated. */
-static gp_status mm_choose(gp_device *dev, cuda_mm *mm, float alpha, const float *a,
-                           const float *b, float beta, float *c, const float *bias)
+static gp_status mm_choose(gp_device *dev, cuda_mm *mm, float alpha, const void *a,
+                           const void *b, float beta, void *c, const float *bias)
 {
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     bool measure = gp_cuda_may_measure(ctx);
@@ -261,8 +268,9 @@ static gp_status mm_choose(gp_device *dev, cuda_mm *mm, float alpha, const float
     cublasLtMatmulHeuristicResult_t res[LT_CANDIDATES];
     int got = 0;
     gp_status st = GP_OK;
-    float *sc = NULL; /* a product that adds into C is timed into a scratch C */
-    size_t sc_bytes = mm->acc ? (size_t)((mm->m - 1) * mm->ldc + mm->n) * sizeof(float) : 0;
+    void *sc = NULL; /* a product that adds into C is timed into a scratch C */
+    const size_t ces = mm->io == GP_LT_ABC16 ? sizeof(uint16_t) : sizeof(float);
+    size_t sc_bytes = mm->acc ? (size_t)((mm->m - 1) * mm->ldc + mm->n) * ces : 0;
     cudaEvent_t e0 = NULL, e1 = NULL;
     char log[768] = "";
     int at = 0;
@@ -311,7 +319,7 @@ static gp_status mm_choose(gp_device *dev, cuda_mm *mm, float alpha, const float
                                  .deterministic = true};
     measure = measure && got > 1;
     if (measure && mm->acc) {
-        if (gp_dev_alloc(dev, sc_bytes, GP_MEM_WORKSPACE, (void **)&sc) != GP_OK) {
+        if (gp_dev_alloc(dev, sc_bytes, GP_MEM_WORKSPACE, &sc) != GP_OK) {
             gp_error_clear();
             sc = NULL;
             measure = false;
@@ -325,7 +333,7 @@ static gp_status mm_choose(gp_device *dev, cuda_mm *mm, float alpha, const float
     if (st != GP_OK) goto fail;
     if (measure) {
         dev->algo_searches++;
-        float *out = sc ? sc : c;
+        void *out = sc ? sc : c;
         for (int i = 0; i < got; i++) {
             if (!cand[i].ok) continue;
             float ms = -1.0f;
@@ -355,8 +363,9 @@ static gp_status mm_choose(gp_device *dev, cuda_mm *mm, float alpha, const float
         }
     }
     int pick = gp_algo_pick(cand, got, ws_bytes, false);
-    GP_DEBUG("device %s: gemm %c%c m=%lld n=%lld k=%lld align %d%s%s%s (%d candidates%s):%s -> %d",
-             dev->name, mm->ta ? 'T' : 'N', mm->tb ? 'T' : 'N', (long long)mm->m,
+    GP_DEBUG("device %s: gemm%s %c%c m=%lld n=%lld k=%lld align %d%s%s%s (%d candidates%s):%s -> %d",
+             dev->name, mm->io == GP_LT_F32 ? "" : mm->io == GP_LT_AB16 ? " bf16 A B" : " bf16",
+             mm->ta ? 'T' : 'N', mm->tb ? 'T' : 'N', (long long)mm->m,
              (long long)mm->n, (long long)mm->k, mm->align, mm->acc ? " accumulate" : "",
              mm->epi & EPI_BIAS ? " +bias" : "", mm->epi & EPI_RELU ? " relu" : "", got,
              measure ? ", measured" : ", heuristics", log, pick);
@@ -377,7 +386,7 @@ fail:
 static cuda_mm *mm_find(gp_cuda_ctx *ctx, const cuda_mm *key)
 {
     for (cuda_mm *mm = ctx->mms; mm; mm = mm->next)
-        if (mm->ta == key->ta && mm->tb == key->tb && mm->epi == key->epi &&
+        if (mm->io == key->io && mm->ta == key->ta && mm->tb == key->tb && mm->epi == key->epi &&
             mm->align == key->align && mm->balign == key->balign && mm->acc == key->acc &&
             mm->m == key->m &&
             mm->n == key->n && mm->k == key->k && mm->lda == key->lda && mm->ldb == key->ldb &&
@@ -391,10 +400,20 @@ gp_status gp_cuda_lt_gemm(gp_device *dev, int ta, int tb, int64_t m, int64_t n, 
                           float beta, float *c, int64_t ldc, const float *bias, bool relu,
                           bool *done)
 {
+    return gp_cuda_lt_gemm_io(dev, GP_LT_F32, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c,
+                              ldc, bias, relu, done);
+}
+
+gp_status gp_cuda_lt_gemm_io(gp_device *dev, gp_lt_io io, int ta, int tb, int64_t m, int64_t n,
+                             int64_t k, float alpha, const void *a, int64_t lda, const void *b,
+                             int64_t ldb, float beta, void *c, int64_t ldc, const float *bias,
+                             bool relu, bool *done)
+{
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     *done = false;
     if (ctx->lt_off || !ctx->lt || m <= 0 || n <= 0 || k <= 0) return GP_OK;
-    cuda_mm key = {.ta = ta, .tb = tb, .epi = (bias ? EPI_BIAS : 0) | (relu ? EPI_RELU : 0),
+    cuda_mm key = {.io = io, .ta = ta, .tb = tb,
+                   .epi = (bias ? EPI_BIAS : 0) | (relu ? EPI_RELU : 0),
                    .align = alignment(a, b, c, bias), .balign = bias_alignment(bias),
                    .acc = beta != 0.0f, .m = m, .n = n,
                    .k = k, .lda = lda, .ldb = ldb, .ldc = ldc};

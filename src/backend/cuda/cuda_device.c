@@ -1439,6 +1439,184 @@ static gp_status cuda_linear_fwd(gp_device *dev, int64_t n, int64_t out, int64_t
     return GP_OK;
 }
 
+/* ---- linear layers on bf16 storage (backend.h's linear_*_bf16) ---------------------
+ * Under precision bf16, products worth it (gp_bf16_gemm_worth) read the
+ * bf16 activations as they are and the weights' bf16 copy (kept for the
+ * step, or packed): the forward and the data gradient on cuBLASLt with a
+ * bf16 result, the bias and relu in its epilogue in FP32 and one rounding
+ * (within a bf16 unit of the storage adapter's way: cuBLASLt may sum in
+ * another order than cublasGemmEx), or where cuBLASLt has no plan,
+ * cublasGemmEx into an FP32 scratch and one kernel for the bias, relu and
+ * rounding (the adapter's bits); the weight gradient with cublasGemmEx into
+ * the FP32 gradient and the bias gradient over the widened dy (the
+ * adapter's bits).  Products not worth bf16 widen their bf16 operands into
+ * FP32 scratch and run the FP32 slots (the adapter's bits).  Compiled, not
+ * run. */
+
+/* FP32 scratch of n values (workspace; gp_dev_free orders its reuse). */
+static gp_status f32_scratch(gp_device *dev, int64_t n, float **out)
+{
+    return gp_dev_alloc(dev, (size_t)(n > 0 ? n : 1) * sizeof(float), GP_MEM_WORKSPACE,
+                        (void **)out);
+}
+
+static void f32_free(gp_device *dev, float *p, int64_t n)
+{
+    if (p) gp_dev_free(dev, p, (size_t)(n > 0 ? n : 1) * sizeof(float), GP_MEM_WORKSPACE);
+}
+
+/* The n weights' bf16 copy: kept for the step, else packed into the
+ * operand scratch (gp_cuda_bf16_reserve). */
+static gp_status weights16(gp_device *dev, const float *w, int64_t n, const uint16_t **out)
+{
+    GP_TRY(gp_cuda_weights_bf16(dev, w, n, out));
+    if (*out) return GP_OK;
+    uint16_t *p;
+    GP_TRY(gp_cuda_bf16_reserve(dev, &n, 1, &p));
+    GP_CUDA(gp_cuk_bf16_pack(gp_cuda_ctx_of(dev)->compute, p, w, n));
+    *out = p;
+    return GP_OK;
+}
+
+/* Row-major C(m, n) (FP32, dense) = A(m, k) op(B) with bf16 A (dense) and
+ * bf16 B (out, in) dense: op(B) = B^T (trans_b) or B, on cublasGemmEx. */
+static gp_status gemm_ex16(gp_device *dev, int trans_a, int trans_b, int64_t m, int64_t n,
+                           int64_t k, const uint16_t *a, int64_t lda, const uint16_t *b,
+                           int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    const float one = 1.0f;
+    if (m > INT_MAX || n > INT_MAX || k > INT_MAX || lda > INT_MAX || ldb > INT_MAX ||
+        ldc > INT_MAX)
+        return gp_error_set(GP_ERR_UNSUPPORTED,
+                            "device %s: gemm of %lld x %lld x %lld exceeds cuBLAS's 32-bit sizes",
+                            dev->name, (long long)m, (long long)n, (long long)k);
+    gp_cuda_nvtx_push("gemm");
+    GP_CUBLAS(cublasGemmEx(ctx->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                           trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n, (int)m, (int)k, &one, b,
+                           CUDA_R_16BF, (int)ldb, a, CUDA_R_16BF, (int)lda, &beta, c, CUDA_R_32F,
+                           (int)ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    gp_cuda_nvtx_pop();
+    return GP_OK;
+}
+
+static gp_status cuda_linear_fwd_bf16(gp_device *dev, int64_t n, int64_t out, int64_t in,
+                                      const uint16_t *x, const float *w, const float *bias,
+                                      bool relu, uint16_t *y)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    if (n == 0 || out == 0) return GP_OK;
+    GP_TRY(gp_cuda_enter(dev));
+    float *f = NULL, *fx = NULL;
+    gp_status st = GP_OK;
+    if (!gp_bf16_gemm_worth(n, out, in)) { /* FP32: the adapter's way */
+        st = f32_scratch(dev, n * in, &fx);
+        if (st == GP_OK) st = f32_scratch(dev, n * out, &f);
+        if (st == GP_OK) st = gp_dev_bf16_unpack(dev, fx, x, n * in);
+        if (st == GP_OK) st = cuda_linear_fwd(dev, n, out, in, fx, w, bias, relu, f);
+        if (st == GP_OK) st = gp_dev_bf16_pack(dev, y, f, n * out);
+        f32_free(dev, fx, n * in);
+        f32_free(dev, f, n * out);
+        return st;
+    }
+    const uint16_t *w16;
+    GP_TRY(weights16(dev, w, out * in, &w16));
+    bool done = false;
+    if ((uintptr_t)bias % 16 == 0)
+        GP_TRY(gp_cuda_lt_gemm_io(dev, GP_LT_ABC16, 0, 1, n, out, in, 1.0f, x, in, w16, in, 0.0f,
+                                  y, out, bias, relu && ctx->lt_relu, &done));
+    if (done) { /* an epilogue that would lose a NaN did the bias alone */
+        if (relu && !ctx->lt_relu)
+            GP_CUDA(gp_cuk_act_bf16(ctx->compute, GP_ACT_RELU, y, NULL, y, n * out, 0.0f));
+        return GP_OK;
+    }
+    GP_TRY(f32_scratch(dev, n * out, &f));
+    st = gemm_ex16(dev, 0, 1, n, out, in, x, in, w16, in, 0.0f, f, out);
+    if (st == GP_OK) {
+        cudaError_t e = gp_cuk_bias_relu_pack(ctx->compute, f, bias, relu, y, n, out);
+        if (e != cudaSuccess)
+            st = gp_cuda_fail("CUDA", (int)e, cudaGetErrorString(e), "gp_cuk_bias_relu_pack",
+                              __func__, __FILE__, __LINE__);
+    }
+    f32_free(dev, f, n * out);
+    return st;
+}
+
+/* dx(n, in) = dy(n, out) W(out, in) */
+static gp_status cuda_linear_bwd_data_bf16(gp_device *dev, int64_t n, int64_t out, int64_t in,
+                                           const uint16_t *dy, const float *w, uint16_t *dx)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    if (n == 0 || in == 0) return GP_OK;
+    GP_TRY(gp_cuda_enter(dev));
+    float *f = NULL, *fdy = NULL;
+    gp_status st = GP_OK;
+    if (!gp_bf16_gemm_worth(n, in, out)) { /* FP32: the adapter's way */
+        st = f32_scratch(dev, n * out, &fdy);
+        if (st == GP_OK) st = f32_scratch(dev, n * in, &f);
+        if (st == GP_OK) st = gp_dev_bf16_unpack(dev, fdy, dy, n * out);
+        if (st == GP_OK) st = cuda_gemm_wb(dev, 0, 0, n, in, out, 1.0f, fdy, out, w, in, 0.0f, f, in);
+        if (st == GP_OK) st = gp_dev_bf16_pack(dev, dx, f, n * in);
+        f32_free(dev, fdy, n * out);
+        f32_free(dev, f, n * in);
+        return st;
+    }
+    const uint16_t *w16;
+    GP_TRY(weights16(dev, w, out * in, &w16));
+    bool done = false;
+    GP_TRY(gp_cuda_lt_gemm_io(dev, GP_LT_ABC16, 0, 0, n, in, out, 1.0f, dy, out, w16, in, 0.0f,
+                              dx, in, NULL, false, &done));
+    if (done) return GP_OK;
+    GP_TRY(f32_scratch(dev, n * in, &f));
+    st = gemm_ex16(dev, 0, 0, n, in, out, dy, out, w16, in, 0.0f, f, in);
+    if (st == GP_OK) {
+        cudaError_t e = gp_cuk_bias_relu_pack(ctx->compute, f, NULL, 0, dx, n, in);
+        if (e != cudaSuccess)
+            st = gp_cuda_fail("CUDA", (int)e, cudaGetErrorString(e), "gp_cuk_bias_relu_pack",
+                              __func__, __FILE__, __LINE__);
+    }
+    f32_free(dev, f, n * in);
+    return st;
+}
+
+/* dW(out, in) (fresh: =, else +=) dy^T(out, n) x(n, in); db likewise the
+ * column sums of dy (db NULL: no bias). */
+static gp_status cuda_linear_bwd_weights_bf16(gp_device *dev, int64_t n, int64_t out, int64_t in,
+                                              const uint16_t *dy, const uint16_t *x, float *dw,
+                                              float *db, bool fresh)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    if (out == 0) return GP_OK;
+    GP_TRY(gp_cuda_enter(dev));
+    if (n == 0) {
+        if (fresh) GP_CUDA(gp_cuk_fill(ctx->compute, dw, 0.0f, out * in));
+        if (fresh && db) GP_CUDA(gp_cuk_fill(ctx->compute, db, 0.0f, out));
+        return GP_OK;
+    }
+    if (gp_bf16_gemm_worth(out, in, n)) {
+        GP_TRY(gemm_ex16(dev, 1, 0, out, in, n, dy, out, x, in, fresh ? 0.0f : 1.0f, dw, in));
+    } else { /* FP32: the adapter's way */
+        float *fdy = NULL, *fx = NULL;
+        gp_status st = f32_scratch(dev, n * out, &fdy);
+        if (st == GP_OK) st = f32_scratch(dev, n * in, &fx);
+        if (st == GP_OK) st = gp_dev_bf16_unpack(dev, fdy, dy, n * out);
+        if (st == GP_OK) st = gp_dev_bf16_unpack(dev, fx, x, n * in);
+        if (st == GP_OK)
+            st = cuda_gemm(dev, 1, 0, out, in, n, 1.0f, fdy, out, fx, in, fresh ? 0.0f : 1.0f, dw,
+                           in);
+        f32_free(dev, fdy, n * out);
+        f32_free(dev, fx, n * in);
+        GP_TRY(st);
+    }
+    if (!db) return GP_OK;
+    if (fresh) GP_CUDA(gp_cuk_fill(ctx->compute, db, 0.0f, out));
+    void *part;
+    GP_TRY(gp_cuda_ws_reserve(dev, (size_t)gp_cuk_sum_rows_parts(n, out) * (size_t)out *
+                                       sizeof(double), &part));
+    GP_CUDA(gp_cuk_sum_rows_bf16(ctx->compute, dy, db, n, out, part));
+    return GP_OK;
+}
+
 /* ---- NCCL collectives -------------------------------------------------------------- */
 
 /* The communicators are nonblocking (ncclConfig_t.blocking = 0): an NCCL
@@ -2014,6 +2192,9 @@ static const gp_device_iface cuda_iface = {
     .norm_leaky_bwd_bf16 = cuda_norm_leaky_bwd_bf16,
     .upsample_fwd_bf16 = cuda_upsample_fwd_bf16,
     .upsample_bwd_bf16 = cuda_upsample_bwd_bf16,
+    .linear_fwd_bf16 = cuda_linear_fwd_bf16,
+    .linear_bwd_data_bf16 = cuda_linear_bwd_data_bf16,
+    .linear_bwd_weights_bf16 = cuda_linear_bwd_weights_bf16,
     .pool_fwd_bf16 = gp_cuda_pool_fwd_bf16,
     .pool_bwd_bf16 = gp_cuda_pool_bwd_bf16,
     .dropout_apply_bf16 = cuda_dropout_apply_bf16,

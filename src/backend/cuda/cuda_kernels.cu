@@ -194,7 +194,8 @@ __global__ void k_bias_relu_rows(float *y, const float *bias, int64_t rows, int6
  * thread per column adds the partials in order. */
 #define SR_COLS 32
 #define SR_ROWS 8
-__global__ void k_sum_rows_part(const float *dy, double *part, int64_t rows, int64_t cols)
+template <typename T>
+__global__ void k_sum_rows_part(const T *dy, double *part, int64_t rows, int64_t cols)
 {
     __shared__ double sh[SR_ROWS][SR_COLS];
     int64_t j = (int64_t)blockIdx.x * SR_COLS + threadIdx.x;
@@ -202,7 +203,7 @@ __global__ void k_sum_rows_part(const float *dy, double *part, int64_t rows, int
     if (j < cols)
         for (int64_t r = (int64_t)blockIdx.y * SR_ROWS + threadIdx.y; r < rows;
              r += (int64_t)gridDim.y * SR_ROWS)
-            acc += (double)dy[r * cols + j];
+            acc += (double)ld(dy[r * cols + j]);
     sh[threadIdx.y][threadIdx.x] = acc;
     __syncthreads();
     for (unsigned h = SR_ROWS / 2; h > 0; h >>= 1) {
@@ -502,6 +503,18 @@ __global__ void k_upsample_fwd(const float *x, float *y, int64_t planes, int64_t
     GP_CUK_LOOP(e, planes * ohw) {
         int64_t p = e / ohw, r = e % ohw, i = r / ow, j = r % ow;
         y[e] = x[(p * h + i / sc) * w + j / sc];
+    }
+}
+/* A linear layer's FP32 product c (rows, cols, leading dimension cols) with
+ * its bias (NULL: none; never + 0, which would turn -0 into +0) and relu
+ * (gp_ew_relu), as gp_cuk_add_bias_rows / gp_cuk_bias_relu_rows compute
+ * them, rounded once into bf16 y. */
+__global__ void k_bias_relu_pack(const float *c, const float *bias, int relu, uint16_t *y,
+                                 int64_t rows, int64_t cols)
+{
+    GP_CUK_LOOP(e, rows * cols) {
+        float v = bias ? c[e] + bias[e % cols] : c[e];
+        y[e] = gp_ew_bf16_bits(relu ? gp_ew_relu(v) : v);
     }
 }
 /* On bf16 storage: bits copied forward; backward the CPU's float sums in
@@ -1358,8 +1371,22 @@ cudaError_t gp_cuk_sum_rows(cudaStream_t s, const float *dy, float *db, int64_t 
     int parts = gp_cuk_sum_rows_parts(rows, cols);
     int64_t bx = (cols + SR_COLS - 1) / SR_COLS;
     if (bx > INT_MAX) return cudaErrorInvalidValue;
-    k_sum_rows_part<<<dim3((unsigned)bx, (unsigned)parts), dim3(SR_COLS, SR_ROWS), 0, s>>>(
+    k_sum_rows_part<float><<<dim3((unsigned)bx, (unsigned)parts), dim3(SR_COLS, SR_ROWS), 0, s>>>(
         dy, part, rows, cols);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    GP_CUK_LAUNCH(cols, k_sum_rows_final, part, parts, db, cols);
+}
+
+cudaError_t gp_cuk_sum_rows_bf16(cudaStream_t s, const uint16_t *dy, float *db, int64_t rows,
+                                 int64_t cols, double *part)
+{
+    if (rows <= 0 || cols <= 0) return cudaSuccess;
+    int parts = gp_cuk_sum_rows_parts(rows, cols);
+    int64_t bx = (cols + SR_COLS - 1) / SR_COLS;
+    if (bx > INT_MAX) return cudaErrorInvalidValue;
+    k_sum_rows_part<uint16_t><<<dim3((unsigned)bx, (unsigned)parts), dim3(SR_COLS, SR_ROWS), 0,
+                                s>>>(dy, part, rows, cols);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     GP_CUK_LAUNCH(cols, k_sum_rows_final, part, parts, db, cols);
@@ -1553,6 +1580,12 @@ cudaError_t gp_cuk_upsample_bwd(cudaStream_t s, const float *dy, float *dx, int6
                                 int64_t h, int64_t w, int64_t scale)
 {
     GP_CUK_LAUNCH(planes * h * w, k_upsample_bwd, dy, dx, planes, h, w, scale);
+}
+
+cudaError_t gp_cuk_bias_relu_pack(cudaStream_t s, const float *c, const float *bias, int relu,
+                                  uint16_t *y, int64_t rows, int64_t cols)
+{
+    GP_CUK_LAUNCH(rows * cols, k_bias_relu_pack, c, bias, relu, y, rows, cols);
 }
 
 cudaError_t gp_cuk_upsample_fwd_bf16(cudaStream_t s, const uint16_t *x, uint16_t *y,

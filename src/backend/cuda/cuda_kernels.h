@@ -115,6 +115,14 @@ static inline int gp_cuk_sum_rows_parts(int64_t rows, int64_t cols)
 }
 cudaError_t gp_cuk_sum_rows(cudaStream_t s, const float *dy, float *db, int64_t rows,
                             int64_t cols, double *part);
+/* The same over bf16 dy (a linear layer on bf16 storage), widened exactly:
+ * the bits sum_rows gives on the widened values. */
+cudaError_t gp_cuk_sum_rows_bf16(cudaStream_t s, const uint16_t *dy, float *db, int64_t rows,
+                                 int64_t cols, double *part);
+/* bf16 y(rows, cols) = relu(c + bias) (relu 0: c + bias; bias NULL: none),
+ * c FP32, rounded once: a linear layer's output on bf16 storage. */
+cudaError_t gp_cuk_bias_relu_pack(cudaStream_t s, const float *c, const float *bias, int relu,
+                                  uint16_t *y, int64_t rows, int64_t cols);
 /* A convolution's bias gradient: db(k) += the sum of dy(n, k, hw) over n
  * and the plane, in double: a warp per (n, k) plane into part (n x k
  * doubles, a fixed butterfly), then a block per channel down n in a fixed
