@@ -35,8 +35,10 @@
 # bf16:   issue 50's table (gpu_bars.sh PARTS=bf16: TF32, bf16 with bf16
 #         activations, bf16 with FP32 activations, PyTorch beside them)
 #         on ResNet-101 at 128, ResNet-18 at 256, the convnet and the mlp
-#         (BF16_RUNS overrides; the U-Net and AmoebaNet-D need a call of
-#         their own): the bf16 kernels' first measure.
+#         (BF16_RUNS overrides): the bf16 kernels' first measure.
+# bf16-big: the same for the U-Net (5, 64) at 32 and AmoebaNet-D (18, 256)
+#         at 64, the issue's other two rows (a call of their own: each
+#         takes minutes with PyTorch beside it).
 # accuracy: bench/precision_accuracy.py on cuda:0 (issue 15 item 6:
 #         configs/default.yaml, 3 epochs, fp32 / bf16 / fp32 with
 #         train.deterministic as the yardstick).
@@ -133,10 +135,15 @@ case "$part" in
       PARTS=bf16 OUT="$OUT/bars" BIN="$BIN" DEV="$DEV" timeout 560 bash bench/gpu_bars.sh 2>&1 |
       tee "$OUT/bf16.md"
     ;;
+  bf16-big)
+    BF16_RUNS=${BF16_RUNS:-configs/unet.yaml:32 configs/amoebanet-d.yaml:64} \
+      PARTS=bf16 OUT="$OUT/bars" BIN="$BIN" DEV="$DEV" timeout 560 bash bench/gpu_bars.sh 2>&1 |
+      tee "$OUT/bf16-big.md"
+    ;;
   accuracy)
     timeout 560 python3 bench/precision_accuracy.py --bin "$BIN" --device "$DEV" \
       --out "$OUT/accuracy" 2>&1 | tee "$OUT/accuracy.md"
     ;;
   *)
-    echo "usage: gpu_session.sh first|tests|gpt|bars|bf16|loader|accuracy"; exit 2 ;;
+    echo "usage: gpu_session.sh first|tests|gpt|bars|bf16|bf16-big|loader|accuracy"; exit 2 ;;
 esac
