@@ -364,7 +364,7 @@ static gp_status mm_choose(gp_device *dev, cuda_mm *mm, float alpha, const void 
     }
     int pick = gp_algo_pick(cand, got, ws_bytes, false);
     GP_DEBUG("device %s: gemm%s %c%c m=%lld n=%lld k=%lld align %d%s%s%s (%d candidates%s):%s -> %d",
-             dev->name, mm->io == GP_LT_F32 ? "" : mm->io == GP_LT_AB16 ? " bf16 A B" : " bf16",
+             dev->name, mm->io == GP_LT_F32 ? "" : " bf16",
              mm->ta ? 'T' : 'N', mm->tb ? 'T' : 'N', (long long)mm->m,
              (long long)mm->n, (long long)mm->k, mm->align, mm->acc ? " accumulate" : "",
              mm->epi & EPI_BIAS ? " +bias" : "", mm->epi & EPI_RELU ? " relu" : "", got,

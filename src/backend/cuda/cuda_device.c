@@ -1492,11 +1492,13 @@ static gp_status gemm_ex16(gp_device *dev, int trans_a, int trans_b, int64_t m, 
                             "device %s: gemm of %lld x %lld x %lld exceeds cuBLAS's 32-bit sizes",
                             dev->name, (long long)m, (long long)n, (long long)k);
     gp_cuda_nvtx_push("gemm");
-    GP_CUBLAS(cublasGemmEx(ctx->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                           trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n, (int)m, (int)k, &one, b,
-                           CUDA_R_16BF, (int)ldb, a, CUDA_R_16BF, (int)lda, &beta, c, CUDA_R_32F,
-                           (int)ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    gp_cuda_nvtx_pop();
+    cublasStatus_t cublas_gemm_ex =
+        cublasGemmEx(ctx->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                     trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n, (int)m, (int)k, &one, b,
+                     CUDA_R_16BF, (int)ldb, a, CUDA_R_16BF, (int)lda, &beta, c, CUDA_R_32F,
+                     (int)ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    gp_cuda_nvtx_pop(); /* closed on a failure too */
+    GP_CUBLAS(cublas_gemm_ex);
     return GP_OK;
 }
 

@@ -306,10 +306,10 @@ gp_status gp_cuda_lt_gemm(gp_device *dev, int ta, int tb, int64_t m, int64_t n, 
                           float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
                           float beta, float *c, int64_t ldc, const float *bias, bool relu,
                           bool *done);
-/* The operand types of gp_cuda_lt_gemm_io: FP32 throughout; A and B bf16
- * with C FP32; A, B and C bf16 (bf16 storage: the product, bias and relu
- * in FP32, C rounded once by the epilogue). */
-typedef enum { GP_LT_F32 = 0, GP_LT_AB16, GP_LT_ABC16 } gp_lt_io;
+/* The operand types of gp_cuda_lt_gemm_io: FP32 throughout, or A, B and C
+ * bf16 (bf16 storage: the product, bias and relu in FP32, C rounded once
+ * by the epilogue). */
+typedef enum { GP_LT_F32 = 0, GP_LT_ABC16 } gp_lt_io;
 /* gp_cuda_lt_gemm on operands of types `io` (compute FP32; TF32 only for
  * GP_LT_F32 under precision tf32); the bias stays FP32. */
 gp_status gp_cuda_lt_gemm_io(gp_device *dev, gp_lt_io io, int ta, int tb, int64_t m, int64_t n,

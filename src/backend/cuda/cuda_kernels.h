@@ -242,8 +242,9 @@ cudaError_t gp_cuk_leaky_relu_bwd(cudaStream_t s, const float *y, const float *d
                                   int64_t n, float slope);
 cudaError_t gp_cuk_mul_rows(cudaStream_t s, const float *x, const float *f, float *y,
                             int64_t rows, int64_t cols);
-/* backend.h's norm_leaky_bwd: a block per channel (n samples of sp values,
- * c channels), sums in double (block_sum's fixed tree). */
+/* norm_leaky_bwd_bf16, upsample_*_bf16 (backend.h): the FP32 kernels'
+ * arithmetic on the widened values, rounded once (upsampling's sums in
+ * the CPU's float order: the CPU's bits). */
 cudaError_t gp_cuk_norm_leaky_bwd_bf16(cudaStream_t s, const uint16_t *yz, int from_z,
                                        float slope, const float *var, float eps,
                                        const uint16_t *dy, uint16_t *dx, int64_t n, int64_t c,
@@ -252,6 +253,8 @@ cudaError_t gp_cuk_upsample_fwd_bf16(cudaStream_t s, const uint16_t *x, uint16_t
                                      int64_t planes, int64_t h, int64_t w, int64_t scale);
 cudaError_t gp_cuk_upsample_bwd_bf16(cudaStream_t s, const uint16_t *dy, uint16_t *dx,
                                      int64_t planes, int64_t h, int64_t w, int64_t scale);
+/* backend.h's norm_leaky_bwd: a block per channel (n samples of sp values,
+ * c channels), sums in double (block_sum's fixed tree). */
 cudaError_t gp_cuk_norm_leaky_bwd(cudaStream_t s, const float *yz, int from_z, float slope,
                                   const float *var, float eps, const float *dy, float *dx,
                                   int64_t n, int64_t c, int64_t sp);
