@@ -492,6 +492,49 @@ static void bf16_conversions(void)
         }
 }
 
+/* A step's batch-norm commits are one device call per stage device
+ * (gp_layers_commit, bn_commit_multi: one launch on a GPU), not one per
+ * norm: the convnet's norms on 2 devices, the pipeline and the one-device
+ * step, m = 1 and 4; the running statistics those calls leave are the
+ * one-device run's (transparency compares every buffer). */
+static void bn_commit_calls(void)
+{
+    for (int m = 1; m <= 4; m += 3) {
+        gp_config c = make_cfg(true);
+        c.pipeline.chunks = m;
+        int norms = 0;
+        for (int k = 0; k < c.model.n_layers; k++)
+            norms += c.model.layers[k].type == GP_LAYER_BATCHNORM;
+        CHECK(norms >= 2);
+        float x[BATCH * 72], y[BATCH];
+        make_batch(&c, 0, x, y);
+        gp_model one, pip;
+        int bal[2];
+        gpt_split_even(c.model.n_layers, 2, bal);
+        CHECK_OK(gp_model_build(&c, devs[0], &one));
+        CHECK_OK(gp_model_build_placed(&c, devs, 2, bal, &pip));
+        int on[2] = {0, 0};
+        for (int k = 0; k < c.model.n_layers; k++)
+            on[k >= bal[0]] += c.model.layers[k].type == GP_LAYER_BATCHNORM;
+        uint64_t b0 = devs[0]->bn_commit_calls, b1 = devs[1]->bn_commit_calls;
+        CHECK_OK(gp_model_train_step(&one, &c, x, y, BATCH, m, 0.05, NULL));
+        CHECK_MSG(devs[0]->bn_commit_calls - b0 == 1, "one device, m = %d: %llu commit calls "
+                  "for %d norms, want 1", m, (unsigned long long)(devs[0]->bn_commit_calls - b0),
+                  norms);
+        b0 = devs[0]->bn_commit_calls;
+        gp_step_stats st;
+        CHECK_OK(gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, &st));
+        for (int d = 0; d < 2; d++) {
+            uint64_t calls = devs[d]->bn_commit_calls - (d ? b1 : b0);
+            CHECK_MSG(calls == (on[d] ? 1u : 0u), "2 stages, m = %d: device %d made %llu commit "
+                      "calls for its %d norms, want %d", m, d, (unsigned long long)calls, on[d],
+                      on[d] ? 1 : 0);
+        }
+        gp_model_free(&one);
+        gp_model_free(&pip);
+    }
+}
+
 /* bf16 copies hold what a checkpointed forward keeps for its recompute (the
  * stage input) as it arrived, packed: on the second of 2 stages, whose
  * copies-category memory is those inputs, the peak of m = 8 checkpointed
@@ -1244,6 +1287,7 @@ int main(void)
     bf16_storage_transparency();
     bf16_storage_effect();
     bf16_conversions();
+    bn_commit_calls();
     adam_transparency();
     clip_transparency();
     clip_nonfinite();

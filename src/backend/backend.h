@@ -137,8 +137,9 @@
  *  36  norm_leaky_bwd_bf16, upsample_fwd_bf16, upsample_bwd_bf16 (U-Net's
  *      instance norm and upsampling on bf16 storage)
  *  37  linear_fwd_bf16, linear_bwd_data_bf16, linear_bwd_weights_bf16
- *      (linear layers on bf16 storage under precision bf16) */
-#define GP_DEVICE_IFACE_VERSION 37
+ *      (linear layers on bf16 storage under precision bf16)
+ *  38  bn_commit_multi (a stage's batch-norm commits in one launch) */
+#define GP_DEVICE_IFACE_VERSION 38
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -337,6 +338,8 @@ typedef struct gp_update_part {
     int64_t n;
     float wd;
 } gp_update_part;
+
+struct gp_bn_commit_part; /* below, with gp_dev_bn_commit_begin */
 
 typedef struct gp_device_iface {
     int version; /* GP_DEVICE_IFACE_VERSION */
@@ -1031,6 +1034,11 @@ typedef struct gp_device_iface {
     gp_status (*linear_bwd_weights_bf16)(gp_device *dev, int64_t n, int64_t out, int64_t in,
                                          const uint16_t *dy, const uint16_t *x, float *dw,
                                          float *db, bool fresh);
+    /* bn_commit_multi: bn_commit of each of n parts (n >= 1; the parts'
+     * tensors do not overlap), in one launch on a GPU: a stage's batch
+     * norms commit their step's statistics together (gp_dev_bn_commit_end).
+     * NULL: bn_commit once per part. */
+    gp_status (*bn_commit_multi)(gp_device *dev, const struct gp_bn_commit_part *parts, int n);
 } gp_device_iface;
 
 /* The most tensors one nonfinite_or_many launch takes (its table travels
@@ -1115,6 +1123,13 @@ struct gp_device {
      * not spend (test_pipeline counts them per step); a backend's own
      * packing inside a slot is not counted.  Atomic. */
     uint64_t bf16_conversions;
+    /* Batch-norm commits held between gp_dev_bn_commit_begin and _end (the
+     * device's thread only), and the launches their flushes made (slot
+     * calls: bn_commit_multi, or bn_commit without it). */
+    struct gp_bn_commit_part *bn_held;
+    int n_bn_held, cap_bn_held;
+    bool bn_holding;
+    uint64_t bn_commit_calls;
     /* A GPU's compute capability, major * 10 + minor (90: Hopper); 0 for
      * a CPU device. */
     int arch;
@@ -1248,6 +1263,20 @@ gp_status gp_dev_bn_merge(gp_device *dev, int64_t c, double *mean_acc, double *m
                           double na, double nb, const float *mean, const float *var);
 gp_status gp_dev_bn_commit(gp_device *dev, int64_t c, float *rmean, float *rvar,
                            double *mean_acc, double *m2_acc, double momentum, double count);
+/* One batch norm's commit: bn_commit's arguments. */
+typedef struct gp_bn_commit_part {
+    int64_t c;
+    float *rmean, *rvar;
+    double *mean_acc, *m2_acc;
+    double momentum, count;
+} gp_bn_commit_part;
+/* Between begin and end, gp_dev_bn_commit checks its arguments and holds
+ * the commit; end issues the held ones together (bn_commit_multi: one
+ * launch on a GPU, in the order they came; their tensors are distinct
+ * norms', so the bits are those of one commit after another) and stops
+ * holding.  Begin while holding is an error. */
+gp_status gp_dev_bn_commit_begin(gp_device *dev);
+gp_status gp_dev_bn_commit_end(gp_device *dev);
 gp_status gp_dev_xent_dev_ld(gp_device *dev, const float *logits, const float *labels,
                              int64_t rows, int64_t cols, int64_t ld, float scale,
                              float smoothing, float *dlogits, gp_loss_result *out);

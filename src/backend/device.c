@@ -186,6 +186,7 @@ void gp_device_close(gp_device *dev)
 {
     if (!dev) return;
     dev->iface->destroy(dev);
+    free(dev->bn_held);
     if (dev->alloc.live_blocks != 0)
         GP_DEBUG("device %s closed with %lld allocations still live", dev->name,
                  (long long)dev->alloc.live_blocks);
@@ -472,13 +473,11 @@ gp_status gp_dev_bn_merge(gp_device *dev, int64_t c, double *mean_acc, double *m
     return s;
 }
 
-gp_status gp_dev_bn_commit(gp_device *dev, int64_t c, float *rmean, float *rvar,
-                           double *mean_acc, double *m2_acc, double momentum, double count)
+/* One commit as the device's slot runs it (or on the host without one). */
+static gp_status bn_commit_now(gp_device *dev, int64_t c, float *rmean, float *rvar,
+                               double *mean_acc, double *m2_acc, double momentum, double count)
 {
-    if (c <= 0) return GP_OK;
-    if (count < 2)
-        return gp_error_set(GP_ERR_INVALID, "device %s: batch-norm statistics of %g value(s) "
-                            "per channel have no unbiased variance", dev->name, count);
+    dev->bn_commit_calls++;
     if (dev->iface->bn_commit)
         return dev->iface->bn_commit(dev, c, rmean, rvar, mean_acc, m2_acc, momentum, count);
     bn_host h;
@@ -490,6 +489,54 @@ gp_status gp_dev_bn_commit(gp_device *dev, int64_t c, float *rmean, float *rvar,
     }
     bn_host_free(&h);
     return s;
+}
+
+gp_status gp_dev_bn_commit(gp_device *dev, int64_t c, float *rmean, float *rvar,
+                           double *mean_acc, double *m2_acc, double momentum, double count)
+{
+    if (c <= 0) return GP_OK;
+    if (count < 2)
+        return gp_error_set(GP_ERR_INVALID, "device %s: batch-norm statistics of %g value(s) "
+                            "per channel have no unbiased variance", dev->name, count);
+    if (!dev->bn_holding) return bn_commit_now(dev, c, rmean, rvar, mean_acc, m2_acc, momentum, count);
+    if (dev->n_bn_held == dev->cap_bn_held) {
+        int cap = dev->cap_bn_held ? 2 * dev->cap_bn_held : 64;
+        gp_bn_commit_part *grown = realloc(dev->bn_held, (size_t)cap * sizeof *grown);
+        if (!grown) return gp_error_set(GP_ERR_OOM, "out of host memory for batch-norm commits");
+        dev->bn_held = grown;
+        dev->cap_bn_held = cap;
+    }
+    dev->bn_held[dev->n_bn_held++] =
+        (gp_bn_commit_part){c, rmean, rvar, mean_acc, m2_acc, momentum, count};
+    return GP_OK;
+}
+
+gp_status gp_dev_bn_commit_begin(gp_device *dev)
+{
+    if (dev->bn_holding)
+        return gp_error_set(GP_ERR_INVALID, "device %s: batch-norm commits already held "
+                            "(gp_dev_bn_commit_begin twice)", dev->name);
+    dev->bn_holding = true;
+    dev->n_bn_held = 0;
+    return GP_OK;
+}
+
+gp_status gp_dev_bn_commit_end(gp_device *dev)
+{
+    int n = dev->n_bn_held;
+    dev->bn_holding = false;
+    dev->n_bn_held = 0;
+    if (n == 0) return GP_OK;
+    if (dev->iface->bn_commit_multi) {
+        dev->bn_commit_calls++;
+        return dev->iface->bn_commit_multi(dev, dev->bn_held, n);
+    }
+    for (int i = 0; i < n; i++) {
+        const gp_bn_commit_part *p = &dev->bn_held[i];
+        GP_TRY(bn_commit_now(dev, p->c, p->rmean, p->rvar, p->mean_acc, p->m2_acc, p->momentum,
+                             p->count));
+    }
+    return GP_OK;
 }
 
 /* The fallback of xent_dev and bce_logits_dev: the host-returning slot,

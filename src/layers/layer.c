@@ -1086,6 +1086,22 @@ void gp_layers_relu_fused(gp_layer *layers, int count, const bool *inplace, bool
     }
 }
 
+gp_status gp_layers_commit(gp_layer *layers, int count, gp_device *dev, int *bad)
+{
+    GP_TRY(gp_dev_bn_commit_begin(dev));
+    gp_status st = GP_OK;
+    for (int c = 0; c < count && st == GP_OK; c++)
+        if (layers[c].ops->commit) {
+            st = layers[c].ops->commit(&layers[c]);
+            if (st != GP_OK && bad) *bad = c;
+        }
+    /* the commits that came before a failure are issued, as one at a
+     * time would have issued them (their layers count them as done) */
+    gp_status e = gp_dev_bn_commit_end(dev);
+    if (st == GP_OK && e != GP_OK && bad) *bad = count - 1;
+    return st != GP_OK ? st : e;
+}
+
 void gp_layers_discard(gp_layer *layers, int count)
 {
     for (int c = 0; c < count; c++)

@@ -530,6 +530,13 @@ bool gp_layers_fuse_relu_on(void);
  * statistics forgotten (the executor and the single-device step call it on
  * failure, so a failed step leaves the model as it was). */
 void gp_layers_discard(gp_layer *layers, int count);
+/* Every layer's commit (ops->commit: batch norms, and the composite layers'
+ * inner ones), the batch norms on `dev` held and issued together at the end
+ * (gp_dev_bn_commit_begin: one launch on a GPU for a stage's norms).  On a
+ * failure *bad (when not NULL) is the layer that failed, or the last one
+ * where issuing the held commits did; the commits before a failed one are
+ * issued all the same, as one at a time would have been. */
+gp_status gp_layers_commit(gp_layer *layers, int count, gp_device *dev, int *bad);
 /* The same from the specs alone (the profile's whole-model view). */
 void gp_layer_specs_inplace(const gp_layer_spec *specs, int count, bool *inplace);
 /* Which layer outputs of a stage's run no backward reads, so a forward

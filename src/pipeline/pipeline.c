@@ -1714,13 +1714,12 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
     case GP_INSTR_CLIP:
         st = clip(w, bad_layer);
         break; /* counted as communication, as a collective */
-    case GP_INSTR_COMMIT:
-        for (int c = first; c < first + count && st == GP_OK; c++)
-            if (p->layers[c].ops->commit) {
-                st = p->layers[c].ops->commit(&p->layers[c]);
-                if (st != GP_OK) *bad_layer = c;
-            }
+    case GP_INSTR_COMMIT: { /* the stage's norms in one launch (gp_layers_commit) */
+        int bad = -1;
+        st = gp_layers_commit(p->layers + first, count, p->devs[j], &bad);
+        if (st != GP_OK && bad >= 0) *bad_layer = first + bad;
         return st;
+    }
     case GP_INSTR_UPDATE:
         if (!p->opts.optim) return GP_OK;
         if (in->fused) {

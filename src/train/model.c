@@ -609,8 +609,7 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
      * finite, out of memory) left the model as it was */
     m->refused = s != GP_OK;
     gp_gate_wait(m->gate); /* a snapshot's copy of the state in the background */
-    for (int k = 0; k < L && s == GP_OK; k++)
-        if (m->layers[k].ops->commit) s = m->layers[k].ops->commit(&m->layers[k]);
+    if (s == GP_OK) s = gp_layers_commit(m->layers, L, m->dev, NULL);
     if (s == GP_OK) s = gp_optim_update(m->optim, 0, L, lr, m->step, 0, 1);
     if (s == GP_OK) s = gp_layers_tie_sync(m->layers, L); /* the updated owners */
     for (int k = 0; k < L && s == GP_OK; k++)

@@ -626,6 +626,14 @@ gp_status gp_cpu_bn_merge(gp_device *dev, int64_t c, double *mean_acc, double *m
     return GP_OK;
 }
 
+gp_status gp_cpu_bn_commit_multi(gp_device *dev, const gp_bn_commit_part *parts, int n)
+{
+    for (int i = 0; i < n; i++)
+        GP_TRY(gp_cpu_bn_commit(dev, parts[i].c, parts[i].rmean, parts[i].rvar, parts[i].mean_acc,
+                                parts[i].m2_acc, parts[i].momentum, parts[i].count));
+    return GP_OK;
+}
+
 gp_status gp_cpu_bn_commit(gp_device *dev, int64_t c, float *rmean, float *rvar,
                            double *mean_acc, double *m2_acc, double momentum, double count)
 {

@@ -279,6 +279,7 @@ static const gp_device_iface cpu_iface = {
     .upload_async = gp_cpu_upload_async,
     .bn_merge = gp_cpu_bn_merge,
     .bn_commit = gp_cpu_bn_commit,
+    .bn_commit_multi = gp_cpu_bn_commit_multi,
     .xent_dev = gp_cpu_xent_dev,
     .bce_logits_dev = gp_cpu_bce_logits_dev,
     .mark = gp_cpu_mark,

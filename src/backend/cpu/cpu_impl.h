@@ -475,6 +475,7 @@ gp_status gp_cpu_broadcast(gp_device *dev, gp_comm *comm, float *buf, int64_t n,
 /* cpu_bn.c: the step's statistics on the device, and the SyncBN pieces. */
 gp_status gp_cpu_bn_merge(gp_device *dev, int64_t c, double *mean_acc, double *m2_acc,
                           double na, double nb, const float *mean, const float *var);
+gp_status gp_cpu_bn_commit_multi(gp_device *dev, const gp_bn_commit_part *parts, int n);
 gp_status gp_cpu_bn_commit(gp_device *dev, int64_t c, float *rmean, float *rvar,
                            double *mean_acc, double *m2_acc, double momentum, double count);
 gp_status gp_cpu_bn_stats(gp_device *dev, const gp_bn_desc *d, const float *x, float *mean,

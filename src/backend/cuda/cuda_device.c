@@ -1073,6 +1073,23 @@ static gp_status cuda_bn_commit(gp_device *dev, int64_t c, float *rmean, float *
     CUDA_OP(dev, gp_cuk_bn_commit(s, rmean, rvar, mean_acc, m2_acc, momentum, count, c));
 }
 
+/* One launch per GP_CUK_BN_COMMIT_MAX norms. */
+static gp_status cuda_bn_commit_multi(gp_device *dev, const gp_bn_commit_part *parts, int n)
+{
+    GP_TRY(gp_cuda_enter(dev));
+    for (int at = 0; at < n; at += GP_CUK_BN_COMMIT_MAX) {
+        gp_cuk_bn_commit_part t[GP_CUK_BN_COMMIT_MAX];
+        int k = n - at < GP_CUK_BN_COMMIT_MAX ? n - at : GP_CUK_BN_COMMIT_MAX;
+        for (int i = 0; i < k; i++) {
+            const gp_bn_commit_part *p = &parts[at + i];
+            t[i] = (gp_cuk_bn_commit_part){p->c, p->rmean, p->rvar, p->mean_acc, p->m2_acc,
+                                           p->momentum, p->count};
+        }
+        GP_CUDA(gp_cuk_bn_commit_multi(gp_cuda_ctx_of(dev)->compute, t, k));
+    }
+    return GP_OK;
+}
+
 /* ---- U-Net layers and loss ----------------------------------------------------------
  * Sizes were checked (and empty calls dropped) by the gp_dev_* wrappers. */
 
@@ -2263,6 +2280,7 @@ static const gp_device_iface cuda_iface = {
     .upload_async = cuda_upload_async,
     .bn_merge = cuda_bn_merge,
     .bn_commit = cuda_bn_commit,
+    .bn_commit_multi = cuda_bn_commit_multi,
     .xent_dev = cuda_xent_dev,
     .bce_logits_dev = cuda_bce_logits_dev,
     .mark = cuda_mark,

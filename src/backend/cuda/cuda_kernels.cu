@@ -1473,6 +1473,40 @@ cudaError_t gp_cuk_bn_commit(cudaStream_t s, float *rmean, float *rvar, double *
 } /* extern "C" */
 
 namespace {
+/* Up to GP_CUK_BN_COMMIT_MAX commits in one launch: the table travels in
+ * the kernel's parameters (48 bytes a norm); blockIdx.y picks the norm. */
+struct bn_commit_table {
+    gp_cuk_bn_commit_part p[GP_CUK_BN_COMMIT_MAX];
+};
+__global__ void k_bn_commit_multi(bn_commit_table t)
+{
+    const gp_cuk_bn_commit_part &q = t.p[blockIdx.y];
+    for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < q.c;
+         k += (int64_t)blockDim.x * gridDim.x)
+        gp_ew_bn_commit(&q.rmean[k], &q.rvar[k], &q.mean_acc[k], &q.m2_acc[k], q.momentum,
+                        q.count);
+}
+} /* namespace */
+
+extern "C" {
+
+cudaError_t gp_cuk_bn_commit_multi(cudaStream_t s, const gp_cuk_bn_commit_part *parts, int n)
+{
+    if (n <= 0) return cudaSuccess;
+    if (n > GP_CUK_BN_COMMIT_MAX) return cudaErrorInvalidValue;
+    bn_commit_table t;
+    int64_t most = 1;
+    for (int i = 0; i < n; i++) {
+        t.p[i] = parts[i];
+        if (t.p[i].c > most) most = t.p[i].c;
+    }
+    k_bn_commit_multi<<<dim3(blocks_for(most), (unsigned)n), GP_CUK_THREADS, 0, s>>>(t);
+    return cudaGetLastError();
+}
+
+} /* extern "C" */
+
+namespace {
 template <typename T>
 cudaError_t xent(cudaStream_t s, const T *logits, const float *labels, int64_t rows, int64_t cols,
                  int64_t ld, float scale, float smoothing, T *dlogits, double *row_loss,
