@@ -244,6 +244,28 @@ static void fd(const char *what, gp_layer *l, const gp_tensor *x, gp_tensor *t, 
     free(h);
 }
 
+/* The cell's parameters (and `also`'s, a cell of the same spec) set at
+ * random, a random affine so the norms' gradients show; P[p] their values
+ * in double, for the reference. */
+static void random_params(gp_layer *l, gp_layer *also, hrng *rng, double **P)
+{
+    GP_ASSERT(l->n_params <= GPT_MAX_PARAMS);
+    for (int p = 0; p < l->n_params; p++) {
+        int64_t n = gp_tensor_numel(&l->params[p].value);
+        float *h = malloc((size_t)n * sizeof *h);
+        bool pos = strstr(l->params[p].name, "var") || (l->params[p].no_decay &&
+                                                        strstr(l->params[p].name, "weight"));
+        for (int64_t i = 0; i < n; i++) {
+            double u = hrng_unit(rng);
+            h[i] = (float)(pos ? 0.5 + u : u - 0.5);
+        }
+        set_param(l, p, h);
+        if (also) set_param(also, p, h);
+        P[p] = download_d(&l->params[p].value);
+        free(h);
+    }
+}
+
 static void check_cell(gp_device *dev, bool reduction, int64_t c, gp_shape xs, const gp_shape *ps,
                        const char *reduce2_param)
 {
@@ -290,20 +312,7 @@ static void check_cell(gp_device *dev, bool reduction, int64_t c, gp_shape xs, c
         free(h);
     }
     double *P[GPT_MAX_PARAMS] = {NULL};
-    GP_ASSERT(l.n_params <= GPT_MAX_PARAMS);
-    for (int p = 0; p < l.n_params; p++) { /* random affine, so the norms' gradients show */
-        int64_t n = gp_tensor_numel(&l.params[p].value);
-        float *h = malloc((size_t)n * sizeof *h);
-        bool pos = strstr(l.params[p].name, "var") || (l.params[p].no_decay &&
-                                                       strstr(l.params[p].name, "weight"));
-        for (int64_t i = 0; i < n; i++) {
-            double u = hrng_unit(&rng);
-            h[i] = (float)(pos ? 0.5 + u : u - 0.5);
-        }
-        set_param(&l, p, h);
-        P[p] = download_d(&l.params[p].value);
-        free(h);
-    }
+    random_params(&l, NULL, &rng, P);
     params pp = {&l, P};
     htensor want = ref_cell(&pp, &hx[0], nin > 1 ? &hx[1] : NULL);
 
@@ -395,20 +404,7 @@ static void check_cell_bf16(gp_device *dev, bool reduction, int64_t c, gp_shape 
         free(h);
     }
     double *P[GPT_MAX_PARAMS] = {NULL};
-    for (int p = 0; p < lb.n_params; p++) {
-        int64_t n = gp_tensor_numel(&lb.params[p].value);
-        float *h = malloc((size_t)n * sizeof *h);
-        bool pos = strstr(lb.params[p].name, "var") || (lb.params[p].no_decay &&
-                                                        strstr(lb.params[p].name, "weight"));
-        for (int64_t i = 0; i < n; i++) {
-            double u = hrng_unit(&rng);
-            h[i] = (float)(pos ? 0.5 + u : u - 0.5);
-        }
-        set_param(&lb, p, h);
-        set_param(&lf, p, h);
-        P[p] = download_d(&lb.params[p].value);
-        free(h);
-    }
+    random_params(&lb, &lf, &rng, P);
     params pp = {&lb, P};
     htensor want = ref_cell(&pp, &hx[0], nin > 1 ? &hx[1] : NULL);
     gp_fwd_ctx ctx = {.training = true, .recompute = true, .seed = 5};

@@ -50,18 +50,6 @@ static inline __attribute__((always_inline)) void up_row_es(const void *xv, void
     for (int64_t a = 1; a < s; a++) memcpy((char *)yv + (size_t)(a * ow) * es, yv, (size_t)ow * es);
 }
 
-GP_CPU_LOOPS
-static void up_row(const float *x, float *y, int64_t w, int64_t s, int64_t ow)
-{
-    up_row_es(x, y, w, s, ow, sizeof(float));
-}
-
-GP_CPU_LOOPS
-static void up_row_bf16(const uint16_t *x, uint16_t *y, int64_t w, int64_t s, int64_t ow)
-{
-    up_row_es(x, y, w, s, ow, sizeof(uint16_t));
-}
-
 /* `s` rows of ow = w * s at dy -> one row dx (w) of block sums; one body
  * for both storage types (B16_LD, B16_ST: bf16 widened, the sum rounded
  * once). */
@@ -87,26 +75,36 @@ static inline __attribute__((always_inline)) void down_row_body(const void *dy, 
     }
 }
 
-GP_CPU_LOOPS
-static void down_row(const float *dy, float *dx, int64_t w, int64_t s, int64_t ow)
+/* Every input row of `rows` (n c h) forward, or every output row backward,
+ * split among the threads by row. */
+static inline __attribute__((always_inline)) void up_rows(int nt, const void *x, void *y,
+                                                          int64_t rows, int64_t w, int64_t s,
+                                                          size_t es)
 {
-    down_row_body(dy, dx, w, s, ow, false);
+    const int64_t ow = w * s;
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * ow * s >= CPU_UP_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++)
+        up_row_es((const char *)x + (size_t)(r * w) * es, (char *)y + (size_t)(r * s * ow) * es,
+                  w, s, ow, es);
 }
 
-GP_CPU_LOOPS
-static void down_row_bf16(const uint16_t *dy, uint16_t *dx, int64_t w, int64_t s, int64_t ow)
+static inline __attribute__((always_inline)) void down_rows(int nt, const void *dy, void *dx,
+                                                            int64_t rows, int64_t w, int64_t s,
+                                                            const bool b16)
 {
-    down_row_body(dy, dx, w, s, ow, true);
+    const int64_t ow = w * s;
+    const size_t es = b16 ? sizeof(uint16_t) : sizeof(float);
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * ow * s >= CPU_UP_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++)
+        down_row_body((const char *)dy + (size_t)(r * s * ow) * es, (char *)dx + (size_t)(r * w) * es,
+                      w, s, ow, b16);
 }
 
 GP_CPU_LOOPS
 gp_status gp_cpu_upsample_fwd(gp_device *dev, const float *x, float *y, int64_t n, int64_t c,
                               int64_t h, int64_t w, int64_t scale)
 {
-    const int64_t rows = n * c * h, ow = w * scale;
-    int nt = dev->threads;
-#pragma omp parallel for schedule(static) num_threads(nt) if (rows * ow * scale >= CPU_UP_PAR_MIN)
-    for (int64_t r = 0; r < rows; r++) up_row(x + r * w, y + r * scale * ow, w, scale, ow);
+    up_rows(dev->threads, x, y, n * c * h, w, scale, sizeof(float));
     return GP_OK;
 }
 
@@ -114,10 +112,7 @@ GP_CPU_LOOPS
 gp_status gp_cpu_upsample_bwd(gp_device *dev, const float *dy, float *dx, int64_t n,
                               int64_t c, int64_t h, int64_t w, int64_t scale)
 {
-    const int64_t rows = n * c * h, ow = w * scale;
-    int nt = dev->threads;
-#pragma omp parallel for schedule(static) num_threads(nt) if (rows * ow * scale >= CPU_UP_PAR_MIN)
-    for (int64_t r = 0; r < rows; r++) down_row(dy + r * scale * ow, dx + r * w, w, scale, ow);
+    down_rows(dev->threads, dy, dx, n * c * h, w, scale, false);
     return GP_OK;
 }
 
@@ -125,10 +120,7 @@ GP_CPU_LOOPS
 gp_status gp_cpu_upsample_fwd_bf16(gp_device *dev, const uint16_t *x, uint16_t *y, int64_t n,
                                    int64_t c, int64_t h, int64_t w, int64_t scale)
 {
-    const int64_t rows = n * c * h, ow = w * scale;
-    int nt = dev->threads;
-#pragma omp parallel for schedule(static) num_threads(nt) if (rows * ow * scale >= CPU_UP_PAR_MIN)
-    for (int64_t r = 0; r < rows; r++) up_row_bf16(x + r * w, y + r * scale * ow, w, scale, ow);
+    up_rows(dev->threads, x, y, n * c * h, w, scale, sizeof(uint16_t));
     return GP_OK;
 }
 
@@ -136,10 +128,6 @@ GP_CPU_LOOPS
 gp_status gp_cpu_upsample_bwd_bf16(gp_device *dev, const uint16_t *dy, uint16_t *dx, int64_t n,
                                    int64_t c, int64_t h, int64_t w, int64_t scale)
 {
-    const int64_t rows = n * c * h, ow = w * scale;
-    int nt = dev->threads;
-#pragma omp parallel for schedule(static) num_threads(nt) if (rows * ow * scale >= CPU_UP_PAR_MIN)
-    for (int64_t r = 0; r < rows; r++)
-        down_row_bf16(dy + r * scale * ow, dx + r * w, w, scale, ow);
+    down_rows(dev->threads, dy, dx, n * c * h, w, scale, true);
     return GP_OK;
 }
