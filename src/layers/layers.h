@@ -355,9 +355,16 @@ typedef struct gp_layer_ops {
      * round them for nothing. */
     bool any_dtype;
     /* Layers whose kernels take bf16 storage on some devices (relu, leaky
-     * relu, GELU: gp_dev_act_bf16_has): true where layer l's forward and
-     * backward take bf16 tensors as they are on its device, bit for bit
-     * what the adapter would give.  NULL: any_dtype says. */
+     * relu, GELU: gp_dev_act_bf16_has; batch norm, pooling, ...): true
+     * where layer l's forward and backward take bf16 tensors as they are
+     * on its device, bit for bit what the adapter would give, or within
+     * rounding of it where a GPU library sums in its own order (linear
+     * layers, cuBLASLt).  Composite layers (residual, amoeba_cell,
+     * factorized_reduce) say true and keep their insides in bf16, each
+     * child rounding its own output as the stand-alone layer would (not
+     * the adapter's bits around the whole layer, by design).  The linked
+     * instance norm rounds its relu's recomputed output (unet.c).  NULL:
+     * any_dtype says. */
     bool (*takes_bf16)(const gp_layer *l);
 } gp_layer_ops;
 
