@@ -89,7 +89,7 @@ static double conv_flops(const shape *sh)
 static double time_other(gp_device *dev, const shape *sh, int pooled, int64_t blk)
 {
     int64_t hw = sh->hw, n = BATCH * sh->k * hw * hw;
-    gp_bn_desc bd = {BATCH, sh->k, hw * hw, 1e-5f, blk, false, NULL};
+    gp_bn_desc bd = {BATCH, sh->k, hw * hw, 1e-5f, blk, false, NULL, NULL};
     gp_pool_desc pd = {BATCH, sh->k, hw, hw, 2, 2, 2, 2, 0, 0, hw / 2, hw / 2, GP_POOL_MAX, blk, false};
     int64_t np = BATCH * sh->k * (hw / 2) * (hw / 2);
     float *x = buf(dev, n, 1), *y = buf(dev, n, 0), *z = buf(dev, n, 0), *dz = buf(dev, n, 1);

@@ -590,7 +590,7 @@ static void test_pool(gp_device *dev)
 
 static void test_bn_shape(gp_device *dev, int64_t n, int64_t c, int64_t s)
 {
-    gp_bn_desc d = {n, c, s, 1e-5f, 0, false, NULL};
+    gp_bn_desc d = {n, c, s, 1e-5f, 0, false, NULL, NULL};
     int64_t nx = n * c * s;
     float *x = drand(dev, nx), *dy = drand(dev, nx), *g = drand(dev, c), *b = drand(dev, c);
     for (int64_t i = 0; i < nx; i++) x[i] = 3.0f * x[i] + 0.5f; /* non-zero mean */
@@ -670,7 +670,7 @@ static void test_bn(gp_device *dev)
 {
     /* SyncBN's wrappers check their arguments for every backend. */
     float v[8] = {0}, sums[4] = {0};
-    gp_bn_desc bad = {2, 0, 1, 1e-5f, 0, false, NULL}, ok = {2, 2, 1, 1e-5f, 0, false, NULL};
+    gp_bn_desc bad = {2, 0, 1, 1e-5f, 0, false, NULL, NULL}, ok = {2, 2, 1, 1e-5f, 0, false, NULL, NULL};
     CHECK_ERR(gp_dev_bn_stats(dev, &bad, v, v, v), GP_ERR_INVALID, "invalid batch norm");
     CHECK_ERR(gp_dev_bn_bwd_sums(dev, &bad, v, NULL, NULL, v, v, v, sums), GP_ERR_INVALID,
               "invalid batch norm");
@@ -739,7 +739,7 @@ static float *dblocked(gp_device *dev, const float *x, int64_t n, int64_t c, int
  * and a channel that is all one value among the inputs. */
 static void test_bn_relu(gp_device *dev, int64_t n, int64_t c, int64_t s, int64_t B)
 {
-    gp_bn_desc d = {n, c, s, 1e-5f, B, false, NULL}, dr = d;
+    gp_bn_desc d = {n, c, s, 1e-5f, B, false, NULL, NULL}, dr = d;
     dr.relu = true;
     int64_t nx = n * c * s;
     float *x = drand(dev, nx), *g = drand(dev, c), *b = drand(dev, c);
@@ -842,7 +842,7 @@ static void test_bn_relu(gp_device *dev, int64_t n, int64_t c, int64_t s, int64_
 
 static void test_blocked_bn(gp_device *dev, int64_t n, int64_t c, int64_t s, int64_t B)
 {
-    gp_bn_desc d = {n, c, s, 1e-5f, 0, false, NULL}, db = d;
+    gp_bn_desc d = {n, c, s, 1e-5f, 0, false, NULL, NULL}, db = d;
     db.blk = B;
     int64_t nx = n * c * s;
     float *x = drand(dev, nx), *dy = drand(dev, nx), *g = drand(dev, c), *b = drand(dev, c);
@@ -1065,7 +1065,7 @@ static void test_blocked(gp_device *dev)
         test_blocked_conv(dev, 2, 2, 8, 32, 3, 2, 0, B);
     }
     float v[64] = {0};
-    gp_bn_desc bad = {2, 12, 1, 1e-5f, 8, false, NULL};
+    gp_bn_desc bad = {2, 12, 1, 1e-5f, 8, false, NULL, NULL};
     CHECK_ERR(gp_dev_bn_fwd_train(dev, &bad, v, NULL, NULL, v, v, v), GP_ERR_INVALID,
               "blocks of 8");
     gp_pool_desc pbad = {1, 12, 2, 2, 2, 2, 2, 2, 0, 0, 1, 1, GP_POOL_MAX, 8, false};

@@ -18,7 +18,9 @@
  *   - the layers that move values without reading them (identity,
  *     flatten) take bf16 as it is: the same bits, no rounding;
  *   - a composite residual block keeps its inner maps in bf16: bit for
- *     bit its children run as stand-alone bf16 layers, one after another;
+ *     bit its children run as stand-alone bf16 layers, one after another,
+ *     but for its second norm's fused sum and relu (one rounding: the FP32
+ *     norm's output plus the widened shortcut, relu'd, rounded);
  *   - the losses on bf16 logits: the FP32 loss of the widened logits, its
  *     gradient rounded once; two gradients of one activation added in FP32
  *     and rounded once (gp_layers_accumulate).
@@ -613,9 +615,12 @@ static void native_add(void)
  * this CPU), one after another, with the block's parameters: conv1, bn1,
  * relu, conv2, bn2, the shortcut (x, or downsample.0 and .1), add, relu.
  * The block must give their bits: forward, dx and every parameter's
- * gradient; and keep its inner maps in bf16 (gp_saved_bytes). Under the
- * storage adapter (the block's insides FP32, the output rounded once) the
- * bits differ. */
+ * gradient; and keep its inner maps in bf16 (gp_saved_bytes).  Its output
+ * is bn2's, which adds the shortcut and applies the relu in its own pass
+ * (gp_bn_desc.add16, unless GPIPE_FUSE_RELU=0): bits(relu(the FP32 bn2 of
+ * the widened a2 + the widened shortcut)), once rounded where the chain
+ * rounds three times.  Under the storage adapter (the block's insides
+ * FP32, the output rounded once) the bits differ, and so they do unfused. */
 
 enum { RC_CONV1, RC_BN1, RC_RELU1, RC_CONV2, RC_BN2, RC_DCONV, RC_DBN, RC_ADD, RC_RELU2, RC_N };
 
@@ -702,8 +707,42 @@ static void residual_case(const char *what, gp_shape in, int64_t out, int64_t st
     gp_tensor sum_in[2] = {t[RC_BN2], *sc};
     CHECK_OK(gp_layer_forward(&c[RC_ADD], &ctx, sum_in, &t[RC_ADD], &ss[RC_ADD]));
     CHECK_OK(gp_layer_forward(&c[RC_RELU2], &ctx, &t[RC_ADD], &t[RC_RELU2], &ss[RC_RELU2]));
+    if (gp_layers_fuse_relu_on()) {
+        /* bn2 adds the shortcut and applies the relu in its own pass
+         * (gp_bn_desc.add16), one rounding: y = bits(relu(FP32 bn2 of the
+         * widened a2 + the widened shortcut)) */
+        gp_layer_spec bs = gp_layer_spec_default(GP_LAYER_BATCHNORM);
+        gp_layer bnf;
+        gp_shape mid = blk.out_shape;
+        CHECK_OK(gp_layer_create(&bs, 9, &mid, dev, 3, &bnf));
+        for (int p = 0; p < bnf.n_params; p++) {
+            char name[96];
+            snprintf(name, sizeof name, "bn2.%s", bnf.params[p].name);
+            for (int q = 0; q < blk.n_params; q++)
+                if (!strcmp(blk.params[q].name, name))
+                    CHECK_OK(gp_tensor_copy(&bnf.params[p].value, &blk.params[q].value));
+        }
+        gp_tensor a2w, vf = {0};
+        gp_saved sf = {0};
+        CHECK_OK(gp_tensor_as(&a2w, &t[RC_CONV2], GP_F32, GP_MEM_ACTIVATIONS));
+        CHECK_OK(gp_layer_forward(&bnf, &ctx, &a2w, &vf, &sf));
+        float *v = gpt_download(&vf), *s = values(sc);
+        int64_t ny = gp_tensor_numel(&vf);
+        for (int64_t i = 0; i < ny; i++) v[i] = gp_ew_bf16_value(gp_ew_bf16_bits(gp_ew_relu(v[i] + s[i])));
+        gp_tensor yw = gpt_upload(dev, &ys, v), wantb;
+        CHECK_OK(gp_tensor_as(&wantb, &yw, GP_BF16, GP_MEM_ACTIVATIONS));
+        gp_tensor_free(&t[RC_RELU2]); /* the output the block's backward sees */
+        t[RC_RELU2] = wantb;
+        free(v);
+        free(s);
+        gp_tensor *tf[] = {&a2w, &vf, &yw};
+        for (int q = 0; q < 3; q++) gp_tensor_free(tf[q]);
+        gp_saved_free(&sf);
+        gp_layer_destroy(&bnf);
+    }
     CHECK_MSG(y.dtype == GP_BF16 && same_bits(&y, &t[RC_RELU2]),
-              "%s forward: the block's output is not its children's in bf16", what);
+              "%s forward: the block's output is not its children's in bf16%s", what,
+              gp_layers_fuse_relu_on() ? " (bn2 adding the shortcut, relu, one rounding)" : "");
     /* the chain, backward */
     gp_tensor g = {0}, gs[2] = {{0}}, d2 = {0}, d3 = {0}, d4 = {0}, d5 = {0}, dxc = {0};
     CHECK_OK(gp_layer_backward(&c[RC_RELU2], &ctx, &t[RC_ADD], &t[RC_RELU2], &dy, &g,

@@ -696,7 +696,7 @@ static void test_bn_fused_bits(const gp_bn_desc *d, const buf *x, const buf *dy,
 
 static void test_bn_shape(int64_t n, int64_t c, int64_t s)
 {
-    gp_bn_desc d = {n, c, s, 1e-5f, 0, false, NULL};
+    gp_bn_desc d = {n, c, s, 1e-5f, 0, false, NULL, NULL};
     int64_t nx = n * c * s;
     buf x = brand(nx, -1, 2), dy = brand(nx, -1, 1), g = brand(c, 0.5f, 1.5f), b = brand(c, -1, 1);
     buf y = bjunk(nx), yi = bjunk(nx), dx = bjunk(nx), mean = bjunk(c), var = bjunk(c);
@@ -2097,6 +2097,54 @@ static void test_bf16_ops(gp_device *cpu, const char *graph)
                           &st1, &st2, &pg1, &pg2};
             for (size_t q = 0; q < sizeof all / sizeof *all; q++) bfree(all[q]);
         }
+    /* A residual block's second norm on bf16 storage, its shortcut added
+     * and relu applied in its own pass (gp_bn_desc.add16): on planes of
+     * 64+ values, bits(relu(the FP32 norm's output + the widened
+     * shortcut)), both devices; planes of 49 on the GPU within a bf16 unit
+     * of the CPU's. */
+    for (int shape = 0; shape < 2; shape++) {
+        const gp_bn_desc ad = {.n = 4, .c = 6, .s = shape ? 49 : 100, .eps = 1e-5f};
+        const int64_t nv = ad.n * ad.c * ad.s, C = ad.c;
+        buf fx = brand(nv, -2, 2), fa = brand(nv, -1, 1), gm = brand(C, 0.5f, 1.5f),
+            bt = brand(C, -0.5f, 0.5f), xb = bjunk(nv / 2), ab = bjunk(nv / 2),
+            yb = bjunk(nv / 2), fy = bjunk(nv), st1 = bjunk(2 * C), st2 = bjunk(2 * C),
+            wy = bjunk(nv);
+        BOTH(gp_dev_bf16_pack(D, (uint16_t *)xb.p[K], fx.p[K], nv));
+        BOTH(gp_dev_bf16_pack(D, (uint16_t *)ab.p[K], fa.p[K], nv));
+        BOTH(gp_dev_bf16_unpack(D, fx.p[K], (uint16_t *)xb.p[K], nv));
+        BOTH(gp_dev_bf16_unpack(D, fa.p[K], (uint16_t *)ab.p[K], nv));
+        gp_bn_desc a16 = ad;
+        a16.relu = true;
+        for (int k = 0; k < 2; k++) {
+            a16.add16 = (const uint16_t *)ab.p[k];
+            CHECK_OK(gp_dev_bn_fwd_train_bf16(D2[k], &a16, (uint16_t *)xb.p[k], gm.p[k], bt.p[k],
+                                              (uint16_t *)yb.p[k], st1.p[k], st1.p[k] + C));
+        }
+        BOTH(gp_dev_bn_fwd_train(D, &ad, fx.p[K], gm.p[K], bt.p[K], fy.p[K], st2.p[K],
+                                 st2.p[K] + C));
+        BOTH(gp_dev_bf16_unpack(D, wy.p[K], (uint16_t *)yb.p[K], nv));
+        for (int k = 0; k < 2 && !shape; k++) {
+            float *h[3] = {malloc((size_t)nv * 4), malloc((size_t)nv * 4), malloc((size_t)nv * 4)};
+            CHECK_OK(gp_dev_download(D2[k], h[0], fy.p[k], nv));
+            CHECK_OK(gp_dev_download(D2[k], h[1], fa.p[k], nv));
+            CHECK_OK(gp_dev_download(D2[k], h[2], wy.p[k], nv));
+            CHECK_OK(gp_dev_synchronize(D2[k]));
+            int64_t bad = 0;
+            for (int64_t i = 0; i < nv; i++) {
+                float want = gp_ew_bf16_value(gp_ew_bf16_bits(gp_ew_relu(h[0][i] + h[1][i])));
+                bad += memcmp(&want, &h[2][i], sizeof want) != 0;
+            }
+            CHECK_MSG(bad == 0, "bf16 batch norm + shortcut + relu (planes of %lld) on %s: %lld "
+                      "of %lld outputs are not the FP32 norm's plus the shortcut, relu'd, rounded",
+                      (long long)ad.s, D2[k]->name, (long long)bad, (long long)nv);
+            for (int q = 0; q < 3; q++) free(h[q]);
+        }
+        snprintf(what, sizeof what, "bf16 batch norm + shortcut + relu (planes of %lld)",
+                 (long long)ad.s);
+        bcheck(what, &wy, 1.0 / 128);
+        buf *all[] = {&fx, &fa, &gm, &bt, &xb, &ab, &yb, &fy, &st1, &st2, &wy};
+        for (size_t q = 0; q < sizeof all / sizeof *all; q++) bfree(all[q]);
+    }
     /* Convolutions on bf16 storage (conv_*_bf16): cuDNN reads and writes
      * the bf16 tensors as they are; against the storage adapter's way on
      * the GPU (widened, the FP32 slots, which pack them again, rounded):

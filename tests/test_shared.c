@@ -77,7 +77,7 @@ static void test_bn_conversions(void)
     float *x = malloc(sizeof(float) * (size_t)(n * c * s)), *y = malloc(sizeof(float) * (size_t)(n * c * s));
     float mean[3], var[3];
     for (int64_t i = 0; i < n * c * s; i++) x[i] = (float)((i * 37) % 11) * 0.3f - 1.0f;
-    gp_bn_desc d = {n, c, s, 1e-5f, 0, false, NULL};
+    gp_bn_desc d = {n, c, s, 1e-5f, 0, false, NULL, NULL};
     CHECK_OK(gp_dev_bn_fwd_train(dev, &d, x, NULL, NULL, y, mean, var));
     for (int64_t ch = 0; ch < c; ch++) {
         double m, ss;
@@ -114,7 +114,7 @@ static void test_collective_fallbacks(void)
     float v = 1.0f;
     CHECK_ERR(gp_dev_allreduce(&fake, NULL, &v, 1), GP_ERR_UNSUPPORTED, "no all-reduce");
     CHECK_ERR(gp_dev_broadcast(&fake, NULL, &v, 1, 0), GP_ERR_UNSUPPORTED, "no broadcast");
-    gp_bn_desc bd = {1, 1, 1, 1e-5f, 0, false, NULL};
+    gp_bn_desc bd = {1, 1, 1, 1e-5f, 0, false, NULL, NULL};
     CHECK_ERR(gp_dev_bn_stats(&fake, &bd, &v, &v, &v), GP_ERR_UNSUPPORTED, "synchronised");
     gp_device_close(a);
     gp_device_close(b);

@@ -138,8 +138,10 @@
  *      instance norm and upsampling on bf16 storage)
  *  37  linear_fwd_bf16, linear_bwd_data_bf16, linear_bwd_weights_bf16
  *      (linear layers on bf16 storage under precision bf16)
- *  38  bn_commit_multi (a stage's batch-norm commits in one launch) */
-#define GP_DEVICE_IFACE_VERSION 38
+ *  38  bn_commit_multi (a stage's batch-norm commits in one launch)
+ *  39  gp_bn_desc.add16 (a residual block's sum and relu in its second
+ *      norm's pass on bf16 storage) */
+#define GP_DEVICE_IFACE_VERSION 39
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -278,6 +280,11 @@ typedef struct gp_bn_desc {
                                 other slots
                                 take NULL (their relu, if any, then means
                                 the normalised value's own) */
+    const uint16_t *add16;   /* bn_fwd_train_bf16, bn_fwd_infer_bf16: `add`
+                                on bf16 storage, its values widened exactly,
+                                y rounded once after the sum and relu (iface
+                                39); every other slot takes NULL, as the
+                                bf16 slots take a NULL add */
 } gp_bn_desc;
 
 typedef struct gp_device gp_device;
@@ -1495,6 +1502,7 @@ static inline gp_status gp_dev_bn_fwd_train(gp_device *dev, const gp_bn_desc *d,
                                             const float *beta, float *y, float *mean,
                                             float *var)
 {
+    GP_ASSERT(!d->add16); /* a bf16 residual: the bf16 slots' */
     if (d->blk && !dev->iface->act_block) return gp_dev_no_blocks(dev, "batch norm");
     return dev->iface->bn_fwd_train(dev, d, x, gamma, beta, y, mean, var);
 }
@@ -1503,6 +1511,7 @@ static inline gp_status gp_dev_bn_fwd_infer(gp_device *dev, const gp_bn_desc *d,
                                             const float *beta, const float *mean,
                                             const float *var, float *y)
 {
+    GP_ASSERT(!d->add16);
     if (d->blk && !dev->iface->act_block) return gp_dev_no_blocks(dev, "batch norm");
     return dev->iface->bn_fwd_infer(dev, d, x, gamma, beta, mean, var, y);
 }

@@ -76,7 +76,7 @@ enum { P_WEIGHT = 0, P_BIAS, P_RMEAN, P_RVAR };
 
 static gp_bn_desc bn_desc(const gp_layer *l, int64_t n)
 {
-    gp_bn_desc d;
+    gp_bn_desc d = {0};
     d.n = n;
     d.c = l->in_shape.dims[1];
     d.s = l->in_shape.ndim == 4 ? l->in_shape.dims[2] * l->in_shape.dims[3] : 1;
@@ -94,6 +94,10 @@ static gp_bn_desc bn_fwd_desc(const gp_layer *l, int64_t n)
     gp_bn_desc d = bn_desc(l, n);
     if (l->fwd_add) {
         d.add = l->fwd_add;
+        d.relu = true;
+    }
+    if (l->fwd_add16) { /* on bf16 storage: the bf16 slots' (bn_takes_bf16) */
+        d.add16 = l->fwd_add16;
         d.relu = true;
     }
     return d;

@@ -418,6 +418,7 @@ struct gp_layer {
      * pass (gp_bn_desc.add): a residual block's sum and final relu, set by
      * the block around its second norm's forward (residual.c) */
     const float *fwd_add;
+    const uint16_t *fwd_add16; /* the same on bf16 storage (gp_bn_desc.add16) */
     /* The element type of the layer's output, its dy and, where its input
      * has it, its dx (activation storage, train.activations; GP_F32 from
      * gp_layer_create).  A layer whose output or any input is bf16 runs

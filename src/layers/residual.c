@@ -42,9 +42,11 @@
  * On bf16 storage (out_dtype, res_takes_bf16) the saved maps and the
  * gradients between the children are bf16 too, each child run on them
  * through gp_layers_child_forward / _backward (its bf16 kernels, or the
- * storage adapter around it alone); bn2's add stays a pass of its own
- * there (gp_bn_desc.add is FP32), so the block is bit for bit its children
- * as stand-alone bf16 layers (tests/test_bf16.c).
+ * storage adapter around it alone), so the block is bit for bit its
+ * children as stand-alone bf16 layers (tests/test_bf16.c), but for bn2,
+ * which adds the bf16 shortcut and applies the final relu in its own pass
+ * where it takes bf16 (gp_bn_desc.add16): one rounding of the sum where
+ * the stand-alone layers would round three times.
  */
 #include "layers/layers_impl.h"
 
@@ -252,12 +254,17 @@ static gp_status res_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor
         RES_TRY(child_fwd(st, C_DBN, ctx, &s->t[S_AD], &dbn_out, s, S_DBN));
     }
     const gp_tensor *sc = st->has_down ? &dbn_out : x;
-    /* bn2's add operand is FP32 (gp_bn_desc.add): on bf16 storage the sum
-     * and relu run as their own passes, each rounded once */
-    if (st->fuse_add && n && dt == GP_F32) { /* y = relu(bn2(a2) + shortcut) in bn2's pass */
-        st->child[C_BN2].fwd_add = gp_f32(sc);
+    /* on bf16 storage the norm adds a bf16 shortcut (gp_bn_desc.add16)
+     * where it takes bf16 itself; else (a sync norm) the sum and relu run
+     * as their own passes, each rounded once */
+    gp_layer *bn2 = &st->child[C_BN2];
+    bool fuse = st->fuse_add && n && (dt == GP_F32 || bn2->ops->takes_bf16(bn2));
+    if (fuse) { /* y = relu(bn2(a2) + shortcut) in bn2's pass, rounded once */
+        if (dt == GP_F32) bn2->fwd_add = gp_f32(sc);
+        else bn2->fwd_add16 = gp_bf16(sc);
         r = child_fwd(st, C_BN2, ctx, &s->t[S_A2], y, s, S_BN2);
-        st->child[C_BN2].fwd_add = NULL;
+        bn2->fwd_add = NULL;
+        bn2->fwd_add16 = NULL;
         RES_TRY(r);
     } else {
         RES_TRY(child_fwd(st, C_BN2, ctx, &s->t[S_A2], y, s, S_BN2));

@@ -196,7 +196,7 @@ static gp_status instance_norm_infer(const gp_layer *l, const gp_shape *in, gp_s
 static gp_bn_desc instance_desc(const gp_layer *l, int64_t n)
 {
     gp_bn_desc d = {1, n * l->in_shape.dims[1], l->in_shape.dims[2] * l->in_shape.dims[3],
-                    l->spec.eps, 0, false, NULL};
+                    l->spec.eps, 0, false, NULL, NULL};
     return d;
 }
 

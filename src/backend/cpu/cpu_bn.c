@@ -448,7 +448,7 @@ typedef enum { BN_FWD_TRAIN, BN_FWD_INFER, BN_BWD } bn_op;
 
 typedef struct {
     bn_op op;
-    const uint16_t *x, *dy; /* dy: backward */
+    const uint16_t *x, *dy; /* dy: backward; the residual (d->add16): forward */
     uint16_t *out;          /* y, or dx */
     const float *gamma, *beta, *mean, *var; /* mean, var: inference, backward */
     float *mean_out, *var_out;              /* training forward */
@@ -470,15 +470,22 @@ static void runs_round(uint16_t *dst, const float *tile, int64_t n, int64_t cs, 
     for (int64_t i = 0; i < n; i++) gp_cpu_round_run(dst + i * cs, tile + i * len, len);
 }
 
-/* One task: channels [lo, hi) through tiles tx, tg (backward), ty. */
+/* One task: channels [lo, hi) through tiles tx, tg (backward: dy; forward
+ * with a residual: the residual, which the FP32 body then adds as its
+ * d->add), ty. */
 static void bf16_task(const gp_bn_desc *d, const bn_bf16_args *a, int64_t lo, int64_t hi,
                       float *tx, float *tg, float *ty)
 {
     const int64_t cs = d->c * d->s, len = (hi - lo) * d->s, o = lo * d->s;
     gp_bn_desc t = *d;
     t.c = hi - lo;
+    t.add16 = NULL;
     runs_widen(tx, a->x + o, d->n, cs, len);
     if (a->op == BN_BWD) runs_widen(tg, a->dy + o, d->n, cs, len);
+    if (a->op != BN_BWD && d->add16) {
+        runs_widen(tg, d->add16 + o, d->n, cs, len);
+        t.add = tg;
+    }
     const float *g = at(a->gamma, lo), *b = at(a->beta, lo);
     if (a->op == BN_FWD_TRAIN)
         fwd_train_run(&t, tx, g, b, ty, a->mean_out + lo, a->var_out + lo, 0, t.c);
@@ -493,13 +500,14 @@ static void bf16_task(const gp_bn_desc *d, const bn_bf16_args *a, int64_t lo, in
 static gp_status bn_bf16(gp_device *dev, const gp_bn_desc *d, const bn_bf16_args *a)
 {
     GP_TRY(gp_bn_desc_check(dev, d));
-    if (d->add)
-        return gp_error_set(GP_ERR_INVALID, "device %s: batch norm on bf16 storage takes no "
-                                            "residual sum (gp_bn_desc.add)", dev->name);
+    if (d->add || (a->op == BN_BWD && d->add16))
+        return gp_error_set(GP_ERR_INVALID, "device %s: batch norm on bf16 storage takes its "
+                                            "forward's residual in bf16 (gp_bn_desc.add16), "
+                                            "not FP32 (.add)", dev->name);
     if (d->n * d->c * d->s == 0) return GP_OK;
     const int64_t cb = bn_block(d), nb = (d->c + cb - 1) / cb;
     const int64_t tile = d->n * cb * d->s; /* values, the largest task's */
-    const int ntiles = a->op == BN_BWD ? 3 : 2;
+    const int ntiles = a->op == BN_BWD || d->add16 ? 3 : 2;
     const bool par = d->n * d->c * d->s >= 32768;
     const int nt = par ? dev->threads : 1;
     GP_TRY(gp_cpu_arena_reserve(dev, (size_t)nt * (size_t)ntiles * (size_t)tile * sizeof(float)));

@@ -907,12 +907,13 @@ gp_status gp_cuda_bn_bwd(gp_device *dev, const gp_bn_desc *d, const float *x,
  * norm: sums in double as cuDNN's are not, so within FP32 rounding of the
  * adapter's, not bit for bit. */
 
-static gp_status bn_bf16_check(gp_device *dev, const gp_bn_desc *d)
+static gp_status bn_bf16_check(gp_device *dev, const gp_bn_desc *d, bool forward)
 {
     GP_TRY(bn_check(dev, d));
-    if (d->add)
-        return gp_error_set(GP_ERR_INVALID, "device %s: batch norm on bf16 storage takes no "
-                                            "residual sum (gp_bn_desc.add)", dev->name);
+    if (d->add || (!forward && d->add16))
+        return gp_error_set(GP_ERR_INVALID, "device %s: batch norm on bf16 storage takes its "
+                                            "forward's residual in bf16 (gp_bn_desc.add16), "
+                                            "not FP32 (.add)", dev->name);
     return GP_OK;
 }
 
@@ -922,7 +923,7 @@ gp_status gp_cuda_bn_fwd_train_bf16(gp_device *dev, const gp_bn_desc *d, const u
 {
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     GP_TRY(gp_cuda_enter(dev));
-    GP_TRY(bn_bf16_check(dev, d));
+    GP_TRY(bn_bf16_check(dev, d, true));
     double *part;
     float *vec;
     gp_status st;
@@ -930,7 +931,7 @@ gp_status gp_cuda_bn_fwd_train_bf16(gp_device *dev, const gp_bn_desc *d, const u
         GP_TRY(st);
         gp_cuda_nvtx_push("bn_fwd_train");
         GP_CUDA(gp_cuk_bnp_fwd_bf16(ctx->compute, x, d->n, d->c, d->s, d->eps, gamma, beta,
-                                    d->relu, y, mean, var, part, vec));
+                                    d->relu, d->add16, y, mean, var, part, vec));
         gp_cuda_nvtx_pop();
         return GP_OK;
     }
@@ -938,7 +939,7 @@ gp_status gp_cuda_bn_fwd_train_bf16(gp_device *dev, const gp_bn_desc *d, const u
     gp_cuda_nvtx_push("bn_fwd_train");
     GP_CUDA(gp_cuk_bn_stats_bf16(ctx->compute, x, d->n, d->c, d->s, mean, var));
     GP_CUDA(gp_cuk_bn_apply_bf16(ctx->compute, x, mean, var, gamma, beta, d->eps, d->n, d->c,
-                                 d->s, d->relu, y, vec));
+                                 d->s, d->relu, d->add16, y, vec));
     gp_cuda_nvtx_pop();
     return GP_OK;
 }
@@ -949,11 +950,11 @@ gp_status gp_cuda_bn_fwd_infer_bf16(gp_device *dev, const gp_bn_desc *d, const u
 {
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     GP_TRY(gp_cuda_enter(dev));
-    GP_TRY(bn_bf16_check(dev, d));
+    GP_TRY(bn_bf16_check(dev, d, true));
     float *vec;
     GP_TRY(bn_vec_room(dev, d, &vec));
     GP_CUDA(gp_cuk_bn_apply_bf16(ctx->compute, x, mean, var, gamma, beta, d->eps, d->n, d->c,
-                                 d->s, d->relu, y, vec));
+                                 d->s, d->relu, d->add16, y, vec));
     return GP_OK;
 }
 
@@ -964,7 +965,7 @@ gp_status gp_cuda_bn_bwd_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_
 {
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     GP_TRY(gp_cuda_enter(dev));
-    GP_TRY(bn_bf16_check(dev, d));
+    GP_TRY(bn_bf16_check(dev, d, false));
     double *part;
     float *vec;
     gp_status st;

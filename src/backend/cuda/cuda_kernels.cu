@@ -1056,16 +1056,16 @@ __global__ void k_bnp_stats_final(const double *part, const T *x, int64_t N, int
  * (gp_ew_relu, as the relu kernel). */
 template <typename T>
 __global__ void k_bnp_apply(const T *x, const float *mean, const float *vec, int64_t C,
-                            int64_t S, int relu, const float *add, T *y)
+                            int64_t S, int relu, const T *add, T *y)
 {
     int64_t p = blockIdx.x, c = p % C;
     const float m = mean[c], sc = vec[c], sh = vec[C + c];
     const T *q = x + p * S;
     T *o = y + p * S;
     if (add) {
-        const float *t = add + p * S;
+        const T *t = add + p * S;
         for (int64_t i = threadIdx.x; i < S; i += blockDim.x) {
-            float v = bn_pre(ld(q[i]), m, sc, sh) + t[i];
+            float v = bn_pre(ld(q[i]), m, sc, sh) + ld(t[i]);
             st(&o[i], relu ? gp_ew_relu(v) : v);
         }
     } else if (relu)
@@ -1086,13 +1086,13 @@ __global__ void k_bn_vec(const float *gamma, const float *beta, const float *var
  * any plane size. */
 template <typename T>
 __global__ void k_bn_apply(const T *x, const float *mean, const float *vec, int64_t C,
-                           int64_t S, int64_t n, int relu, const float *add, T *y)
+                           int64_t S, int64_t n, int relu, const T *add, T *y)
 {
     GP_CUK_LOOP(i, n)
     {
         int64_t c = (i / S) % C;
         float v = bn_pre(ld(x[i]), mean[c], vec[c], vec[C + c]);
-        if (add) v += add[i];
+        if (add) v += ld(add[i]);
         st(&y[i], relu ? gp_ew_relu(v) : v);
     }
 }
@@ -1689,7 +1689,7 @@ namespace {
 
 template <typename T>
 cudaError_t bnp_fwd(cudaStream_t s, const T *x, int64_t n, int64_t c, int64_t sp, float eps,
-                    const float *gamma, const float *beta, int relu, const float *add, T *y,
+                    const float *gamma, const float *beta, int relu, const T *add, T *y,
                     float *mean, float *var, double *part, float *vec)
 {
     int64_t planes = n * c;
@@ -1727,7 +1727,7 @@ cudaError_t bnp_bwd(cudaStream_t s, const T *x, const float *mean, const float *
 template <typename T>
 cudaError_t bn_apply(cudaStream_t s, const T *x, const float *mean, const float *var,
                      const float *gamma, const float *beta, float eps, int64_t n, int64_t c,
-                     int64_t sp, int relu, const float *add, T *y, float *vec)
+                     int64_t sp, int relu, const T *add, T *y, float *vec)
 {
     if (n * c * sp <= 0) return cudaSuccess;
     k_bn_vec<<<blocks_for(c), GP_CUK_THREADS, 0, s>>>(gamma, beta, var, eps, c, vec);
@@ -1800,10 +1800,10 @@ cudaError_t gp_cuk_bn_apply(cudaStream_t s, const float *x, const float *mean, c
 
 cudaError_t gp_cuk_bnp_fwd_bf16(cudaStream_t s, const uint16_t *x, int64_t n, int64_t c,
                                 int64_t sp, float eps, const float *gamma, const float *beta,
-                                int relu, uint16_t *y, float *mean, float *var, double *part,
-                                float *vec)
+                                int relu, const uint16_t *add, uint16_t *y, float *mean,
+                                float *var, double *part, float *vec)
 {
-    return bnp_fwd(s, x, n, c, sp, eps, gamma, beta, relu, NULL, y, mean, var, part, vec);
+    return bnp_fwd(s, x, n, c, sp, eps, gamma, beta, relu, add, y, mean, var, part, vec);
 }
 
 cudaError_t gp_cuk_bnp_bwd_bf16(cudaStream_t s, const uint16_t *x, const float *mean,
@@ -1819,9 +1819,9 @@ cudaError_t gp_cuk_bnp_bwd_bf16(cudaStream_t s, const uint16_t *x, const float *
 cudaError_t gp_cuk_bn_apply_bf16(cudaStream_t s, const uint16_t *x, const float *mean,
                                  const float *var, const float *gamma, const float *beta,
                                  float eps, int64_t n, int64_t c, int64_t sp, int relu,
-                                 uint16_t *y, float *vec)
+                                 const uint16_t *add, uint16_t *y, float *vec)
 {
-    return bn_apply(s, x, mean, var, gamma, beta, eps, n, c, sp, relu, NULL, y, vec);
+    return bn_apply(s, x, mean, var, gamma, beta, eps, n, c, sp, relu, add, y, vec);
 }
 
 cudaError_t gp_cuk_bn_stats_bf16(cudaStream_t s, const uint16_t *x, int64_t n, int64_t c,

@@ -342,8 +342,8 @@ cudaError_t gp_cuk_bn_relu_mask(cudaStream_t s, const float *x, const float *mea
  * of workspace, dx =, dgamma / dbeta += where not NULL. */
 cudaError_t gp_cuk_bnp_fwd_bf16(cudaStream_t s, const uint16_t *x, int64_t n, int64_t c,
                                 int64_t sp, float eps, const float *gamma, const float *beta,
-                                int relu, uint16_t *y, float *mean, float *var, double *part,
-                                float *vec);
+                                int relu, const uint16_t *add, uint16_t *y, float *mean,
+                                float *var, double *part, float *vec);
 cudaError_t gp_cuk_bnp_bwd_bf16(cudaStream_t s, const uint16_t *x, const float *mean,
                                 const float *var, const float *gamma, const float *beta,
                                 int relu, const uint16_t *dy, int64_t n, int64_t c, int64_t sp,
@@ -352,7 +352,7 @@ cudaError_t gp_cuk_bnp_bwd_bf16(cudaStream_t s, const uint16_t *x, const float *
 cudaError_t gp_cuk_bn_apply_bf16(cudaStream_t s, const uint16_t *x, const float *mean,
                                  const float *var, const float *gamma, const float *beta,
                                  float eps, int64_t n, int64_t c, int64_t sp, int relu,
-                                 uint16_t *y, float *vec);
+                                 const uint16_t *add, uint16_t *y, float *vec);
 cudaError_t gp_cuk_bn_stats_bf16(cudaStream_t s, const uint16_t *x, int64_t n, int64_t c,
                                  int64_t sp, float *mean, float *var);
 cudaError_t gp_cuk_bn_bwd_bf16(cudaStream_t s, const uint16_t *x, const float *mean,
