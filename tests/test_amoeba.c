@@ -266,16 +266,23 @@ static void random_params(gp_layer *l, gp_layer *also, hrng *rng, double **P)
     }
 }
 
-static void check_cell(gp_device *dev, bool reduction, int64_t c, gp_shape xs, const gp_shape *ps,
-                       const char *reduce2_param)
+/* A cell of C channels per state, popping "prev" where `pops`. */
+static gp_layer_spec cell_spec(bool reduction, int64_t c, bool pops)
 {
     gp_layer_spec sp = gp_layer_spec_default(GP_LAYER_AMOEBA_CELL);
     sp.out = c;
     sp.reduction = reduction;
-    if (ps) {
+    if (pops) {
         sp.n_pop = 1;
         snprintf(sp.pop[0], sizeof sp.pop[0], "prev");
     }
+    return sp;
+}
+
+static void check_cell(gp_device *dev, bool reduction, int64_t c, gp_shape xs, const gp_shape *ps,
+                       const char *reduce2_param)
+{
+    gp_layer_spec sp = cell_spec(reduction, c, ps != NULL);
     gp_shape in[2] = {xs, ps ? *ps : xs};
     gp_layer l;
     gp_status cs = gp_layer_create(&sp, 4, in, dev, 11, &l);
@@ -374,13 +381,7 @@ static void check_cell(gp_device *dev, bool reduction, int64_t c, gp_shape xs, c
 static void check_cell_bf16(gp_device *dev, bool reduction, int64_t c, gp_shape xs,
                             const gp_shape *ps)
 {
-    gp_layer_spec sp = gp_layer_spec_default(GP_LAYER_AMOEBA_CELL);
-    sp.out = c;
-    sp.reduction = reduction;
-    if (ps) {
-        sp.n_pop = 1;
-        snprintf(sp.pop[0], sizeof sp.pop[0], "prev");
-    }
+    gp_layer_spec sp = cell_spec(reduction, c, ps != NULL);
     gp_shape in[2] = {xs, ps ? *ps : xs};
     gp_layer lb, lf;
     CHECK_OK(gp_layer_create(&sp, 4, in, dev, 11, &lb));
