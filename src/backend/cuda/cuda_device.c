@@ -1519,6 +1519,27 @@ static gp_status gemm_ex16(gp_device *dev, int trans_a, int trans_b, int64_t m, 
     return GP_OK;
 }
 
+/* bf16 C(m, n) = bits(relu(A op(B) + bias)) (bias NULL: none; relu false:
+ * none) through an FP32 scratch: gemm_ex16, then one kernel for the bias,
+ * relu and rounding (the adapter's bits, where cuBLASLt had no plan). */
+static gp_status gemm_ex16_round(gp_device *dev, int trans_b, int64_t m, int64_t n, int64_t k,
+                                 const uint16_t *a, const uint16_t *b, int64_t ldb,
+                                 const float *bias, bool relu, uint16_t *c)
+{
+    float *f = NULL;
+    GP_TRY(f32_scratch(dev, m * n, &f));
+    gp_status st = gemm_ex16(dev, 0, trans_b, m, n, k, a, k, b, ldb, 0.0f, f, n);
+    if (st == GP_OK) {
+        cudaStream_t s = gp_cuda_ctx_of(dev)->compute;
+        cudaError_t e = gp_cuk_bias_relu_pack(s, f, bias, relu, c, m, n);
+        if (e != cudaSuccess)
+            st = gp_cuda_fail("CUDA", (int)e, cudaGetErrorString(e), "gp_cuk_bias_relu_pack",
+                              __func__, __FILE__, __LINE__);
+    }
+    f32_free(dev, f, m * n);
+    return st;
+}
+
 static gp_status cuda_linear_fwd_bf16(gp_device *dev, int64_t n, int64_t out, int64_t in,
                                       const uint16_t *x, const float *w, const float *bias,
                                       bool relu, uint16_t *y)
@@ -1549,23 +1570,13 @@ static gp_status cuda_linear_fwd_bf16(gp_device *dev, int64_t n, int64_t out, in
             GP_CUDA(gp_cuk_act_bf16(ctx->compute, GP_ACT_RELU, y, NULL, y, n * out, 0.0f));
         return GP_OK;
     }
-    GP_TRY(f32_scratch(dev, n * out, &f));
-    st = gemm_ex16(dev, 0, 1, n, out, in, x, in, w16, in, 0.0f, f, out);
-    if (st == GP_OK) {
-        cudaError_t e = gp_cuk_bias_relu_pack(ctx->compute, f, bias, relu, y, n, out);
-        if (e != cudaSuccess)
-            st = gp_cuda_fail("CUDA", (int)e, cudaGetErrorString(e), "gp_cuk_bias_relu_pack",
-                              __func__, __FILE__, __LINE__);
-    }
-    f32_free(dev, f, n * out);
-    return st;
+    return gemm_ex16_round(dev, 1, n, out, in, x, w16, in, bias, relu, y);
 }
 
 /* dx(n, in) = dy(n, out) W(out, in) */
 static gp_status cuda_linear_bwd_data_bf16(gp_device *dev, int64_t n, int64_t out, int64_t in,
                                            const uint16_t *dy, const float *w, uint16_t *dx)
 {
-    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     if (n == 0 || in == 0) return GP_OK;
     GP_TRY(gp_cuda_enter(dev));
     float *f = NULL, *fdy = NULL;
@@ -1586,16 +1597,7 @@ static gp_status cuda_linear_bwd_data_bf16(gp_device *dev, int64_t n, int64_t ou
     GP_TRY(gp_cuda_lt_gemm_io(dev, GP_LT_ABC16, 0, 0, n, in, out, 1.0f, dy, out, w16, in, 0.0f,
                               dx, in, NULL, false, &done));
     if (done) return GP_OK;
-    GP_TRY(f32_scratch(dev, n * in, &f));
-    st = gemm_ex16(dev, 0, 0, n, in, out, dy, out, w16, in, 0.0f, f, in);
-    if (st == GP_OK) {
-        cudaError_t e = gp_cuk_bias_relu_pack(ctx->compute, f, NULL, 0, dx, n, in);
-        if (e != cudaSuccess)
-            st = gp_cuda_fail("CUDA", (int)e, cudaGetErrorString(e), "gp_cuk_bias_relu_pack",
-                              __func__, __FILE__, __LINE__);
-    }
-    f32_free(dev, f, n * in);
-    return st;
+    return gemm_ex16_round(dev, 0, n, in, out, dy, w16, in, NULL, false, dx);
 }
 
 /* dW(out, in) (fresh: =, else +=) dy^T(out, n) x(n, in); db likewise the
