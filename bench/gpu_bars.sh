@@ -45,11 +45,13 @@ for p in python3 /usr/bin/python3; do
   if "$p" -c "import torch" 2>/dev/null; then PEER_PY=$p; break; fi
 done
 train() { # name config batch devices chunks [extra --set ...]
-  local name=$1 cfg=$2 batch=$(($3 / SCALE)) devs=${4//cuda:0/$DEV} m=$5
+  local name=$1 cfg=$2 batch=$(($3 / SCALE)) devs=${4//cuda:0/$DEV} m=$5 masks=
   shift 5
+  # a segmentation config's synthetic data keeps its per-pixel masks
+  grep -q "masks: true" "$cfg" && masks=", masks: true"
   "$BIN/gpipe-train" "$cfg" --quiet --set "train.steps=$STEPS" --set "train.batch_size=$batch" \
     --set "pipeline.devices=$devs" --set "pipeline.chunks=$m" \
-    --set data.dataset=synthetic --set "data.synthetic={train: $((batch * STEPS)), test: 256}" \
+    --set data.dataset=synthetic --set "data.synthetic={train: $((batch * STEPS)), test: 256$masks}" \
     --metrics "$OUT/$name.jsonl" "$@" > "$OUT/$name.log" 2>&1 ||
     { echo "gpu_bars: $name failed:"; tail -5 "$OUT/$name.log"; return 1; }
 }

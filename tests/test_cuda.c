@@ -677,8 +677,12 @@ static void test_bn_fused_bits(const gp_bn_desc *d, const buf *x, const buf *dy,
     }
     CHECK_OK(gp_dev_bn_bwd(G, d, X, GM, BT, m0, v0, dym, dx0, g0, b0));
     CHECK_OK(gp_dev_bn_bwd(G, &dr, X, GM, BT, m0, v0, DY, dx1, g1, b1));
-    CHECK_MSG(bsame(dx0, dx1, nx) && bsame(g0, g1, c) && bsame(b0, b1, c),
-              "%s on the GPU: bn_bwd with the relu = relu_bwd, bn_bwd", tag);
+    {
+        bool sx = bsame(dx0, dx1, nx), sg = bsame(g0, g1, c), sb = bsame(b0, b1, c);
+        CHECK_MSG(sx && sg && sb, "%s on the GPU: bn_bwd with the relu = relu_bwd, bn_bwd "
+                  "(dx %s, dgamma %s, dbeta %s)", tag, sx ? "same" : "differs",
+                  sg ? "same" : "differs", sb ? "same" : "differs");
+    }
     CHECK_OK(gp_dev_bn_bwd_sums(G, d, X, GM, BT, m0, v0, dym, s0));
     CHECK_OK(gp_dev_bn_bwd_sums(G, &dr, X, GM, BT, m0, v0, DY, s1));
     CHECK_MSG(bsame(s0, s1, 2 * c), "%s on the GPU: sync sums with the relu", tag);
@@ -1972,8 +1976,21 @@ static void test_bf16_ops(gp_device *cpu, const char *graph)
                 CHECK_OK(gp_dev_download(cpu, h[0], bo.p[0], AN / 2));
                 CHECK_OK(gp_dev_download(g, h[1], bo.p[1], AN / 2));
                 CHECK_OK(gp_dev_synchronize(g));
-                CHECK_MSG(!memcmp(h[0], h[1], AN * 2), "bf16 activation %d %s: the GPU's bits "
-                          "differ from the CPU's", kind, bwd ? "bwd" : "fwd");
+                int bad = 0, at = -1;
+                const uint16_t *hc = (const uint16_t *)h[0], *hg = (const uint16_t *)h[1];
+                for (int i = 0; i < AN; i++)
+                    if (hc[i] != hg[i] && bad++ == 0) at = i;
+                uint16_t hx = 0, hdy = 0, vc = at >= 0 ? hc[at] : 0, vg = at >= 0 ? hg[at] : 0;
+                if (at >= 0) {
+                    CHECK_OK(gp_dev_download(cpu, h[0], bx.p[0], AN / 2));
+                    CHECK_OK(gp_dev_download(cpu, h[1], bdy.p[0], AN / 2));
+                    hx = ((const uint16_t *)h[0])[at];
+                    hdy = ((const uint16_t *)h[1])[at];
+                }
+                CHECK_MSG(bad == 0, "bf16 activation %d %s: the GPU's bits differ from the "
+                          "CPU's in %d of %d values, first at %d (x 0x%04x, dy 0x%04x: CPU "
+                          "0x%04x, GPU 0x%04x)", kind, bwd ? "bwd" : "fwd", bad, AN, at, hx,
+                          hdy, vc, vg);
                 free(h[0]);
                 free(h[1]);
             }

@@ -268,10 +268,19 @@ GP_EW_FN float gp_ew_norm_leaky_y(float v, int from_z, float slope)
     return gp_ew_leaky_relu_inv(from_z ? v : gp_ew_leaky_relu(v, slope), slope);
 }
 
+/* dx = a dy + b (x - mean) + c.  On a GPU as two explicit fused
+ * multiply-adds: nvcc contracts the plain expression as it sees fit at
+ * each call site, and on an H100 (2026-11-27) the plane kernel's loop with
+ * the relu folded in and its loop without contracted it differently, so
+ * bn_bwd with the relu and relu_bwd then bn_bwd differed in the last bit. */
 GP_EW_FN float gp_ew_bn_bwd_apply(float dy, float x, float mean, float a, float b,
                                   float c)
 {
+#ifdef __CUDA_ARCH__
+    return __fmaf_rn(a, dy, __fmaf_rn(b, x - mean, c));
+#else
     return a * dy + b * (x - mean) + c;
+#endif
 }
 
 /* ---- cross-entropy, one row of logits (cols classes) -------------------- */
@@ -385,7 +394,12 @@ GP_EW_FN int gp_ew_bce_hit(float z, float t) { return (z > 0.0f) == (t > 0.5f); 
 
 /* x rounded to bfloat16 (the top 16 bits of its FP32 pattern: 8-bit
  * exponent, 7-bit mantissa), to nearest, ties to even, as PyTorch's and
- * oneDNN's conversions round.  A NaN stays a NaN (quiet); infinities and
+ * oneDNN's conversions round.  Every NaN becomes the one quiet NaN 0x7fc0,
+ * as PyTorch's conversion gives: a NaN's payload and sign are the
+ * processor's own (a GPU's arithmetic and its max give its canonical NaN,
+ * x86 keeps the operand's), so only a canonical NaN lets a GPU's bf16
+ * output equal a CPU's bit for bit (on an H100, 2026-11-27, relu and
+ * leaky relu on NaN inputs did not).  Infinities and
  * zeros keep their sign; a finite value past bfloat16's largest rounds to
  * infinity, as the same rule does in FP32.  What a pipeline copy in bf16
  * carries (pipeline.copy_precision). */
@@ -396,7 +410,7 @@ GP_EW_FN uint16_t gp_ew_bf16_bits(float x)
         uint32_t u;
     } v;
     v.f = x;
-    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x0040u); /* NaN */
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u; /* NaN */
     v.u += 0x7fffu + ((v.u >> 16) & 1u);
     return (uint16_t)(v.u >> 16);
 }
