@@ -503,6 +503,7 @@ static void test_conv_hw(int64_t n, int64_t c, int64_t h, int64_t w, int64_t k, 
              (long long)k, (long long)kh, (long long)kw, (long long)sh, (long long)sw,
              (long long)ph, (long long)pw, bias);
     uint64_t searched = D2[1]->algo_searches;
+    gp_allocator_reset_peak(&D2[1]->alloc);
     for (int rep = 0; rep < 2; rep++) { /* the second call uses the cached algorithms */
         BOTH(gp_dev_conv_fwd(D, &d, x.p[K], wt.p[K], bias ? b.p[K] : NULL, y.p[K]));
         snprintf(what, sizeof what, "%s fwd (call %d)", tag, rep + 1);
@@ -524,6 +525,13 @@ static void test_conv_hw(int64_t n, int64_t c, int64_t h, int64_t w, int64_t k, 
                   "%s: %llu algorithm searches after call %d, want %llu", tag,
                   (unsigned long long)(D2[1]->algo_searches - searched), rep + 1,
                   (unsigned long long)want);
+        /* a search borrows what its algorithms need, not the workspace
+         * limit (a sixteenth of the GPU): these maps need a few MiB */
+        gp_allocator a;
+        gp_allocator_snapshot(&D2[1]->alloc, &a);
+        CHECK_MSG(a.peak_by[GP_MEM_WORKSPACE] <= ((size_t)128 << 20),
+                  "%s: the searches' workspace peaked at %zu MiB", tag,
+                  (size_t)(a.peak_by[GP_MEM_WORKSPACE] >> 20));
     }
     bfree(&x); bfree(&wt); bfree(&b); bfree(&dy); bfree(&y); bfree(&dx); bfree(&dw); bfree(&db);
 }

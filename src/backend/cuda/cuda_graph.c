@@ -356,13 +356,27 @@ static gp_status choose(gp_device *dev, cuda_conv *cv, int dir, int ai, int64_t 
     gp_cuda_graph_heuristics(graph, CUDNN_HEUR_MODE_A, cfg, &n, GRAPH_CANDIDATES);
     gp_cuda_graph_heuristics(graph, CUDNN_HEUR_MODE_FALLBACK, cfg, &n, 2 * GRAPH_CANDIDATES);
     size_t limit = gp_cuda_ws_limit(dev);
+    /* every candidate's plan first, for the workspace the search borrows:
+     * the most any plan within the limit needs (at least 1 MiB), not the
+     * limit (as the legacy search, cuda_dnn.c's SEARCH_ROOM) */
+    cudnnBackendDescriptor_t plans[2 * GRAPH_CANDIDATES] = {NULL};
+    int64_t engs[2 * GRAPH_CANDIDATES] = {0}, wss[2 * GRAPH_CANDIDATES] = {0};
+    size_t room = (size_t)1 << 20;
+    for (int i = 0; i < n; i++) {
+        if (!engine_ok(ctx, cv, cfg[i], &engs[i]) ||
+            gp_cuda_graph_plan(ctx, cfg[i], &plans[i], &wss[i]))
+            continue;
+        if ((uint64_t)wss[i] > limit) destroy(&plans[i]);
+        else if ((size_t)wss[i] > room) room = (size_t)wss[i];
+    }
+    if (room > limit) room = limit;
     /* timed, unless there is no room for a scratch dw or no events (never
      * deterministic: gp_cuda_graph_conv keeps the legacy choice then) */
     bool measure = true;
     void *sws = NULL, *sdw = NULL;
     size_t dw_bytes = (size_t)(cv->d.k * cv->d.c * cv->d.kh * cv->d.kw) * sizeof(float);
     cudaEvent_t e0 = NULL, e1 = NULL;
-    gp_cuda_search_ws(dev, 0, &sws, &limit, false); /* the legacy search counted it */
+    gp_cuda_search_ws(dev, room, &sws, &limit, false); /* the legacy search counted it */
     /* bf16: p2 is already scratch (the gradient's bf16 part, beta 0) */
     if (dir == GP_CUDA_BWD_FILTER && !cv->bf16 &&
         gp_dev_alloc(dev, dw_bytes, GP_MEM_WORKSPACE, &sdw)) {
@@ -382,10 +396,10 @@ static gp_status choose(gp_device *dev, cuda_conv *cv, int dir, int ai, int64_t 
     int at = 0;
     gp_status st = GP_OK;
     for (int i = 0; i < n; i++) {
-        int64_t eng, ws = 0;
-        cudnnBackendDescriptor_t plan = NULL;
-        if (!engine_ok(ctx, cv, cfg[i], &eng) || gp_cuda_graph_plan(ctx, cfg[i], &plan, &ws))
-            continue;
+        int64_t eng = engs[i], ws = wss[i];
+        cudnnBackendDescriptor_t plan = plans[i];
+        plans[i] = NULL; /* this iteration keeps or destroys it */
+        if (!plan) continue;
         if ((uint64_t)ws > limit || (measure && ws > 0 && !sws)) {
             destroy(&plan);
             continue;
@@ -422,6 +436,7 @@ static gp_status choose(gp_device *dev, cuda_conv *cv, int dir, int ai, int64_t 
             destroy(&plan);
         }
     }
+    for (int i = 0; i < n; i++) destroy(&plans[i]); /* those after a break */
     if (e0) cudaEventDestroy(e0);
     if (e1) cudaEventDestroy(e1);
     if (sws) gp_dev_free(dev, sws, limit, GP_MEM_WORKSPACE);
