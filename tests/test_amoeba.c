@@ -435,6 +435,24 @@ static void check_cell_bf16(gp_device *dev, bool reduction, int64_t c, gp_shape 
         }
     CHECK_MSG(maps > 10 && wide == 0, "%s: %lld of the %lld maps kept are not bf16", what,
               (long long)wide, (long long)maps);
+    /* the maps no backward reads (every unit's batch-norm output, the
+     * sums only relus, sums and the concatenation take) are dropped, their
+     * shapes kept: a normal cell drops 16 (12 norms' outputs, 4 sums) */
+    int64_t dropped = 0;
+    size_t dropped_bytes = 0;
+    for (int k = 0; k < sb.n_sub; k++)
+        for (int q = 0; q < GP_SAVED_MAX; q++) {
+            const gp_tensor *t = &sb.sub[k].t[q];
+            if (t->ndim != 4 || gp_tensor_mem(t)) continue;
+            dropped++;
+            dropped_bytes += (size_t)gp_tensor_numel(t) * gp_dtype_size(t->dtype);
+        }
+    CHECK_MSG(reduction ? dropped >= 4 : dropped == 16,
+              "%s: %lld maps dropped after the forward (want %s)", what, (long long)dropped,
+              reduction ? "4 or more" : "16");
+    CHECK_MSG(reduction || dropped_bytes * 4 >= gp_saved_bytes(&sb),
+              "%s: the dropped maps are %zu bytes, the kept %zu", what, dropped_bytes,
+              gp_saved_bytes(&sb));
     CHECK_MSG(gp_saved_bytes(&sb) == lb.ops->saved_bytes(&lb, xs.dims[0]),
               "%s: keeps %zu bytes, saved_bytes counts %zu", what, gp_saved_bytes(&sb),
               lb.ops->saved_bytes(&lb, xs.dims[0]));

@@ -109,6 +109,10 @@ typedef struct {
     const genotype_op *ops;
     const int *concat;
     int n_concat;
+    /* tensor i (tensor_at's numbering: child i's output, or state k's sum
+     * at n_child + k) is dropped, its shape kept, once a training forward
+     * is done: no backward reads its values (plan_unkept) */
+    bool unkept[MAX_CHILD + MAX_STATES];
 } cell_plan;
 
 typedef struct {
@@ -163,6 +167,55 @@ static void begin_chain(cell_plan *p, int ci, int from)
 }
 
 static void end_chain(cell_plan *p, int ci) { p->ch[ci].nc = p->n_child - p->ch[ci].c0; }
+
+/* Whether a child's backward reads the values of its input / its output
+ * (ops->bwd_ignores_x / _y: relu reads its output, convolution and batch
+ * norm their input; the pools both). */
+static bool reads_x(const gp_layer_spec *s)
+{
+    const gp_layer_ops *o = gp_layer_ops_for(s->type);
+    return !o || !o->bwd_ignores_x;
+}
+
+static bool reads_y(const gp_layer_spec *s)
+{
+    const gp_layer_ops *o = gp_layer_ops_for(s->type);
+    return !o || !o->bwd_ignores_y;
+}
+
+/* Whether some backward reads state k's values: a chain's first child that
+ * reads its input (an identity chain hands the state to a sum, and sums
+ * and the concatenation read no values). */
+static bool state_read(const cell_plan *p, int k)
+{
+    for (int ci = 2; ci < N_CHAINS; ci++)
+        if (p->ch[ci].from == k && p->ch[ci].nc > 0 && reads_x(&p->spec[p->ch[ci].c0]))
+            return true;
+    return false;
+}
+
+/* p->unkept: the cell's tensors whose values no backward reads, as
+ * gp_layers_unkept finds them between a stage's layers: a child whose
+ * backward ignores its output, read by nothing that reads values (the next
+ * child of its chain, or for a chain's last child its sum, or the
+ * operations and concatenation that take the state), and the sums read
+ * likewise.  Every unit's batch-norm output (a relu or a sum reads it) and
+ * the states only sums, relus and the concatenation take: in AmoebaNet-D's
+ * normal cell 12.5 of 33.5 maps of a state's size, which PyTorch's
+ * autograd does not keep either. */
+static void plan_unkept(cell_plan *p)
+{
+    memset(p->unkept, 0, sizeof p->unkept);
+    for (int ci = 0; ci < N_CHAINS; ci++) {
+        const chain *ch = &p->ch[ci];
+        for (int c = ch->c0; c < ch->c0 + ch->nc; c++) {
+            if (reads_y(&p->spec[c])) continue;
+            if (c + 1 < ch->c0 + ch->nc) p->unkept[c] = !reads_x(&p->spec[c + 1]);
+            else p->unkept[c] = ci >= 2 || !state_read(p, ci);
+        }
+    }
+    for (int k = 2; k < MAX_STATES; k++) p->unkept[p->n_child + k] = !state_read(p, k);
+}
 
 /* The plan for main input x and popped p (NULL: none), batch 1.  Checks
  * what only the cell can (the child layers check the rest). */
@@ -253,6 +306,7 @@ static gp_status make_plan(const gp_layer *l, const gp_shape *x, const gp_shape 
         }
         end_chain(p, 2 + k);
     }
+    plan_unkept(p);
     return GP_OK;
 }
 
@@ -403,6 +457,20 @@ static gp_status saved_setup(gp_saved *s, const cell_state *st)
     return GP_OK;
 }
 
+/* The plan's unkept tensors freed, their shapes kept (a training forward,
+ * done: the checkpoint's rule for a stage's unkept outputs). */
+static void drop_unkept(gp_saved *s, const cell_state *st)
+{
+    for (int i = 0; i < st->plan.n_child + MAX_STATES; i++) {
+        if (!st->plan.unkept[i]) continue;
+        gp_tensor *t = tensor_at(s, st, i), shape = *t;
+        gp_tensor_free(t);
+        *t = shape;
+        t->mem = NULL;
+        t->owned = false;
+    }
+}
+
 /* The input chain ci reads, and its output (its last child's, or its
  * input for an identity chain). */
 static const gp_tensor *chain_in(const cell_state *st, int ci, const gp_tensor *x, int n_in,
@@ -479,6 +547,7 @@ static gp_status cell_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tenso
         r = gp_layers_copy_channels(dev, y, off, a, 0, a->dims[1]);
         off += a->dims[1];
     }
+    if (r == GP_OK && ctx->training) drop_unkept(s, st);
     if (r != GP_OK || !ctx->training) {
         gp_saved_free(s); /* a failure, or eval: no backward will come */
         if (r == GP_OK) s->flags |= GP_SAVED_EVAL;
@@ -667,6 +736,7 @@ typedef struct {
     gp_dtype dt;     /* the cell's out_dtype: its maps' */
     gp_device *dev;  /* the cell's (NULL: none), for what children keep per device (a max
                         pool's indices) */
+    const bool *unkept; /* the plan's: outputs a forward does not keep */
 } cost_arg;
 
 static gp_status cost_child(void *arg, int c, const gp_layer_spec *spec, const gp_shape *in)
@@ -678,23 +748,27 @@ static gp_status cost_child(void *arg, int c, const gp_layer_spec *spec, const g
     t.out_dtype = a->dt;
     t.dev = a->dev;
     a->flops += t.ops->flops(&t, a->n);
-    size_t out = (size_t)a->n * (size_t)gp_shape_numel(&t.out_shape) * gp_dtype_size(a->dt);
+    size_t out = a->unkept[c] ? 0 : (size_t)a->n * (size_t)gp_shape_numel(&t.out_shape) *
+                                        gp_dtype_size(a->dt);
     a->bytes += out + (t.ops->saved_bytes ? t.ops->saved_bytes(&t, a->n) : 0);
     return GP_OK;
 }
 
 static cost_arg costs(const gp_layer *l, int64_t n)
 {
-    cost_arg a = {n, 0.0, 0, l->out_dtype, l->dev};
+    cost_arg a = {n, 0.0, 0, l->out_dtype, l->dev, NULL};
     cell_plan *p = malloc(sizeof *p);
     const gp_shape *pop = l->n_in > 1 ? &l->pop_shape[0] : NULL;
     gp_shape st[MAX_STATES];
-    if (p && make_plan(l, &l->in_shape, pop, p) == GP_OK &&
-        walk(l, p, &l->in_shape, pop, st, cost_child, &a) == GP_OK) {
-        for (int k = 2; k < MAX_STATES; k++) { /* the sums */
-            double e = (double)n * (double)gp_shape_numel(&st[k]);
-            a.flops += e;
-            a.bytes += (size_t)e * gp_dtype_size(l->out_dtype);
+    if (p && make_plan(l, &l->in_shape, pop, p) == GP_OK) {
+        a.unkept = p->unkept;
+        if (walk(l, p, &l->in_shape, pop, st, cost_child, &a) == GP_OK) {
+            for (int k = 2; k < MAX_STATES; k++) { /* the sums, those kept */
+                double e = (double)n * (double)gp_shape_numel(&st[k]);
+                a.flops += e;
+                if (!p->unkept[p->n_child + k])
+                    a.bytes += (size_t)e * gp_dtype_size(l->out_dtype);
+            }
         }
     }
     gp_error_clear();
