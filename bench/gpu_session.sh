@@ -13,14 +13,17 @@
 # first:  in priority order, each part only while enough of BUDGET seconds
 #         (default 420, counted from the part's start, so after the build)
 #         is left, and a line for each part skipped: `ctest -L gpu`; issue
-#         53's GPT-2 bar (bench_gpt_gpu.py: gpipe, PyTorch eager and
-#         llm.c, built there in a minute or two; torch.compile and bf16
-#         activations in the `gpt` part's own call; the first GPU run of
-#         cuDNN's fused attention is in the ctest part); issue 15's
-#         precision table (fp32 / tf32 / bf16, cuBLASLt, PyTorch
-#         beside it: gpu_bars.sh with PARTS=precision); the bf16 accuracy
-#         check; test_cuda under compute-sanitizer memcheck.  Its summary
-#         ends with the seconds each part took, for planning the next call.
+#         50's table's four quicker rows with PyTorch beside them (the
+#         `bf16` part; the U-Net and AmoebaNet-D rows are `bf16-big`'s
+#         call); the `profile` part (where gpipe's bf16 step goes, by
+#         layer type, beside PyTorch's profiler); issue 53's GPT-2 bar
+#         (bench_gpt_gpu.py: gpipe, PyTorch eager and llm.c, built there in
+#         a minute or two; torch.compile and bf16 activations in the `gpt`
+#         part's own call); test_cuda under compute-sanitizer memcheck.
+#         Its summary ends with the seconds each part took, for planning
+#         the next call.  (2026-11-27 on an H100: the build 21-26 s, test_cuda
+#         8 s, the bf16 part 190 s, bf16-big 190 s, GPT-2's gpipe and eager
+#         columns 34 s; a machine started in about 35 s.)
 #
 # The parts alone, one `run` each where time allows:
 # tests:  `ctest -L gpu` (test_cuda; test_cuda_2gpu skips with one GPU), then
@@ -39,6 +42,15 @@
 # bf16-big: the same for the U-Net (5, 64) at 32 and AmoebaNet-D (18, 256)
 #         at 64, the issue's other two rows (a call of their own: each
 #         takes minutes with PyTorch beside it).
+# profile: where the time goes, by layer type: gpipe-balance's per-layer
+#         profile (one device, m = 1, bf16 with bf16 activations) of
+#         ResNet-101 at 128 and GPT-2 124M at 16 x 1024, summed by
+#         bench/profile_types.py, and PyTorch's profiler table for
+#         ResNet-101 beside it (bench_gpu_peer.py --profile): what the next
+#         change to the bf16 step should go after.  PROFILE_RUNS overrides
+#         the "config:batch" list, PROFILE_PRECISION the precision (bf16;
+#         on a CPU without bf16 instructions, fp32 checks the part: the
+#         activations stay bf16).
 # accuracy: bench/precision_accuracy.py on cuda:0 (issue 15 item 6:
 #         configs/default.yaml, 3 epochs, fp32 / bf16 / fp32 with
 #         train.deterministic as the yardstick).
@@ -89,24 +101,24 @@ case "$part" in
       "$@"
       timings="$timings $name $(since $t) s;"
     }
-    precision_table() {
-      PARTS=precision OUT="$OUT/bars" BIN="$BIN" DEV="$DEV" bash bench/gpu_bars.sh 2>&1 | tee "$OUT/bars.md"
-      echo "precision table: exit ${PIPESTATUS[0]}"
-    }
-    accuracy() {
-      timeout "$(($(left) - 30))" python3 bench/precision_accuracy.py --bin "$BIN" --device "$DEV" \
-        --out "$OUT/accuracy" 2>&1 | tee "$OUT/accuracy.md"
-      echo "accuracy: exit ${PIPESTATUS[0]}"
-    }
     gpt_table() { # the bar's columns; torch.compile and bf16 activations: `gpu_session.sh gpt`
       timeout "$(($(left) - 20))" python3 bench/bench_gpt_gpu.py --bin "$BIN" --device "$DEV" \
         --only gpipe,eager,llmc --out "$OUT/gpt" 2>&1 | tee "$OUT/gpt.md"
       echo "gpt table: exit ${PIPESTATUS[0]}"
     }
+    bf16_table() { # issue 50's four quicker rows, PyTorch beside them
+      BF16_RUNS=${BF16_RUNS:-configs/resnet101.yaml:128 bench/resnet18-32.yaml:256 bench/convnet.yaml:1024 bench/mlp.yaml:2048} \
+        PARTS=bf16 OUT="$OUT/bars" BIN="$BIN" DEV="$DEV" timeout "$(($(left) - 10))" \
+        bash bench/gpu_bars.sh 2>&1 | tee "$OUT/bf16.md"
+      echo "bf16 table: exit ${PIPESTATUS[0]}"
+    }
+    profile() {
+      timeout "$(($(left) - 10))" bash "$0" profile 2>&1 | tee "$OUT/profile.md"
+    }
     part tests 0 gpu_tests
+    part "bf16 table" 200 bf16_table
+    part profile 120 profile
     part "gpt table" 200 gpt_table
-    part "precision table" 200 precision_table
-    part accuracy 120 accuracy
     part memcheck 60 memcheck "$(($(left) - 10))"
     echo "first: took$timings $((SECONDS - start)) s in all of a budget of $budget"
     ;;
@@ -140,10 +152,32 @@ case "$part" in
       PARTS=bf16 OUT="$OUT/bars" BIN="$BIN" DEV="$DEV" timeout 560 bash bench/gpu_bars.sh 2>&1 |
       tee "$OUT/bf16-big.md"
     ;;
+  profile)
+    for spec in ${PROFILE_RUNS:-configs/resnet101.yaml:128 configs/gpt2.yaml:16}; do
+      cfg=${spec%:*}; batch=${spec#*:}; name=$(basename "$cfg" .yaml)
+      if ! timeout 240 "$BIN/gpipe-balance" "$cfg" --devices 1 --chunks 1 --reps 3 -q \
+          --set "pipeline.devices=[$DEV]" --set "train.batch_size=$batch" \
+          --set "train.precision=${PROFILE_PRECISION:-bf16}" --set train.activations=bf16 \
+          --profile-out "$OUT/$name-$batch-profile.json" > "$OUT/$name-$batch-balance.log" 2>&1; then
+        echo "profile $name at $batch: gpipe-balance failed:"; tail -3 "$OUT/$name-$batch-balance.log"
+        continue
+      fi
+      python3 bench/profile_types.py "$OUT/$name-$batch-profile.json"
+      echo
+    done
+    peer=
+    for p in python3 /usr/bin/python3; do "$p" -c "import torch" 2>/dev/null && { peer=$p; break; }; done
+    if [ -n "$peer" ]; then
+      timeout 200 "$peer" bench/bench_gpu_peer.py --device "$DEV" --steps 6 --precisions bf16 \
+        --profile 3 configs/resnet101.yaml:128 2>&1 | tail -45
+    else
+      echo "(no PyTorch profile: neither python3 nor /usr/bin/python3 imports torch)"
+    fi
+    ;;
   accuracy)
     timeout 560 python3 bench/precision_accuracy.py --bin "$BIN" --device "$DEV" \
       --out "$OUT/accuracy" 2>&1 | tee "$OUT/accuracy.md"
     ;;
   *)
-    echo "usage: gpu_session.sh first|tests|gpt|bars|bf16|bf16-big|loader|accuracy"; exit 2 ;;
+    echo "usage: gpu_session.sh first|tests|gpt|bars|bf16|bf16-big|profile|loader|accuracy"; exit 2 ;;
 esac
