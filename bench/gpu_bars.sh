@@ -70,7 +70,7 @@ echo "gpu_bars: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null 
 if [ "${PARTS:-all}" = bf16 ]; then
 # Issue 50's table: the seeds' models (and three small ones) at the
 # issue's batches, one stage, m = 1: TF32, bf16 (activations stored in
-# bf16, train.activations: bf16, as `auto` does not yet) and bf16 with FP32 activations (the
+# bf16, train.activations: bf16, what `auto` gives on GPUs) and bf16 with FP32 activations (the
 # contract before issue 50), each with its peak device memory, and
 # PyTorch's TF32 and bf16 autocast beside them with theirs.
 echo "gpu_bars bf16: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}"

@@ -231,12 +231,29 @@ static void test_defaults(void)
     CHECK(gp_config_bf16_copies(&c));
     c.train.precision = GP_PRECISION_TF32;
     CHECK(!gp_config_bf16_copies(&c));
-    /* train.activations: auto stores FP32 (under bf16 too, until the
-     * layers have bf16 kernels); bf16 stores bf16 under any precision, and
-     * then nothing is packed to travel */
+    /* train.activations: auto stores FP32 on CPU devices (under bf16 too:
+     * their convolutions still run behind the adapter) and follows the
+     * precision where every device is a GPU; bf16 stores bf16 under any
+     * precision, and then nothing is packed to travel */
     CHECK(c.train.activations == GP_ACT_AUTO && gp_config_act_dtype(&c) == GP_F32);
     c.train.precision = GP_PRECISION_BF16;
     CHECK(gp_config_act_dtype(&c) == GP_F32 && gp_config_bf16_copies(&c));
+    {
+        gp_pipeline_config keep = c.pipeline;
+        c.pipeline.n_devices = 2;
+        snprintf(c.pipeline.devices[0].name, sizeof c.pipeline.devices[0].name, "cuda:0");
+        snprintf(c.pipeline.devices[1].name, sizeof c.pipeline.devices[1].name, "cuda:1");
+        CHECK(gp_config_act_dtype(&c) == GP_BF16 && !gp_config_bf16_copies(&c));
+        c.train.precision = GP_PRECISION_TF32;
+        CHECK(gp_config_act_dtype(&c) == GP_F32);
+        c.train.precision = GP_PRECISION_BF16;
+        c.train.activations = GP_ACT_FP32;
+        CHECK(gp_config_act_dtype(&c) == GP_F32 && gp_config_bf16_copies(&c));
+        c.train.activations = GP_ACT_AUTO;
+        snprintf(c.pipeline.devices[1].name, sizeof c.pipeline.devices[1].name, "cpu:0");
+        CHECK(gp_config_act_dtype(&c) == GP_F32); /* a CPU among them */
+        c.pipeline = keep;
+    }
     c.train.activations = GP_ACT_BF16;
     CHECK(gp_config_act_dtype(&c) == GP_BF16 && !gp_config_bf16_copies(&c));
     c.train.precision = 0;

@@ -2556,10 +2556,12 @@ static void test_bf16_ops(gp_device *cpu, const char *graph)
 }
 
 /* Precision bf16 in training (the tolerance test_train uses for the CPU's
- * bf16): a convnet with batch norm for 8 steps on cuda:0, 1 stage and 2
- * stages on two handles of it (their copies in bf16, the default under
- * bf16), against the same steps in FP32 on cpu:0: every loss within 2%,
- * not all equal (bf16 ran), and falling. */
+ * bf16): a convnet with batch norm for 8 steps on cuda:0, 1 stage with
+ * FP32 activations (their copies packed to bf16) and 2 stages on two
+ * handles of it with activations as `auto` stores them on GPUs under
+ * bf16 (bf16 since 2026-11-27: compiled, not run), against the same steps
+ * in FP32 on cpu:0: every loss within 2%, not all equal (bf16 ran), and
+ * falling. */
 static void test_bf16_training(void)
 {
     static const char *yaml =
@@ -2575,13 +2577,13 @@ static void test_bf16_training(void)
     float *x = malloc(sizeof(float) * B * NPIX), y[B];
     for (int i = 0; i < B * NPIX; i++) x[i] = 0.5f * frand();
     for (int i = 0; i < B; i++) y[i] = (float)(i % 10);
-    static const char *runs[3][2] = {
-        {"train.precision=fp32", "pipeline.devices=[cpu:0]"},
-        {"train.precision=bf16", "pipeline.devices=[cuda:0]"},
-        {"train.precision=bf16", "pipeline.devices=[cuda:0, cuda:0]"}};
+    static const char *runs[3][3] = {
+        {"train.precision=fp32", "pipeline.devices=[cpu:0]", NULL},
+        {"train.precision=bf16", "pipeline.devices=[cuda:0]", "train.activations=fp32"},
+        {"train.precision=bf16", "pipeline.devices=[cuda:0, cuda:0]", NULL}};
     double loss[3][STEPS];
     for (int r = 0; r < 3; r++) {
-        gp_status st = gpt_run_losses(yaml, runs[r], 2, x, y, B, STEPS, loss[r]);
+        gp_status st = gpt_run_losses(yaml, runs[r], runs[r][2] ? 3 : 2, x, y, B, STEPS, loss[r]);
         CHECK_MSG(st == GP_OK, "%s %s: %s", runs[r][0], runs[r][1], gp_last_error());
         if (st != GP_OK) break;
         if (r == 0) continue;

@@ -265,8 +265,8 @@ void gp_config_free(gp_config *c);
 gp_status gp_config_text_applied(const gp_config *c, const char *drop, char **out);
 
 const char *gp_checkpoint_mode_name(gp_checkpoint_mode m);
-/* train.activations: auto (fp32 for now; bf16 under precision bf16 once
- * the layers have bf16 kernels: gp_config_act_dtype), fp32, bf16 (with
+/* train.activations: auto (bf16 under precision bf16 where every device
+ * is a GPU, else fp32: gp_config_act_dtype), fp32, bf16 (with
  * precision fp32 or tf32: FP32 math with one rounding at each layer
  * output, the storage-only mode). */
 typedef enum { GP_ACT_AUTO = 0, GP_ACT_FP32, GP_ACT_BF16 } gp_act_storage;

@@ -21,15 +21,21 @@ const char *gp_checkpoint_mode_name(gp_checkpoint_mode m)
     return (unsigned)m < (unsigned)GP_COUNT(k_ckpt_names) ? k_ckpt_names[m] : "?";
 }
 
-/* auto is FP32 storage for now: until the layers have bf16 kernels of
- * their own, the storage adapter's widening and rounding passes cost a
- * GPU step more time than the memory is worth to most runs (ResNet-101 at
- * batch 128 on an H100: 259 ms against 135 ms with FP32 activations, for
- * 15.1 GB against 22.6; bench/README.md, "bf16 activations").  It follows
- * train.precision once they do (issue 50). */
+/* auto follows train.precision where every device is a GPU: bf16 storage
+ * under precision bf16, whose layers there have bf16 kernels, measured
+ * faster and smaller than FP32 storage on every row of issue 50's table
+ * (an H100 on 2026-11-27: ResNet-101 at 128 95 ms and 9.9 GB against 133
+ * ms and 22.7 GB; bench/README.md, "bf16 activations").  FP32 storage
+ * elsewhere: a CPU's convolutions and linear layers still run behind the
+ * storage adapter, whose passes no processor with bf16 instructions has
+ * measured yet. */
 gp_dtype gp_config_act_dtype(const gp_config *c)
 {
-    return c->train.activations == GP_ACT_BF16 ? GP_BF16 : GP_F32;
+    if (c->train.activations != GP_ACT_AUTO)
+        return c->train.activations == GP_ACT_BF16 ? GP_BF16 : GP_F32;
+    const gp_pipeline_config *pc = &c->pipeline;
+    bool gpus = gp_pipeline_devices_total(pc) > 0 && gp_pipeline_cpu_devices(pc) == 0;
+    return c->train.precision == GP_PRECISION_BF16 && gpus ? GP_BF16 : GP_F32;
 }
 
 bool gp_config_bf16_copies(const gp_config *c)
