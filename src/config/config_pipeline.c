@@ -24,8 +24,8 @@ const char *gp_checkpoint_mode_name(gp_checkpoint_mode m)
 /* auto follows train.precision where every device is a GPU: bf16 storage
  * under precision bf16, whose layers there have bf16 kernels, measured
  * faster and smaller than FP32 storage on every row of issue 50's table
- * (an H100 on 2026-11-27: ResNet-101 at 128 95 ms and 9.9 GB against 133
- * ms and 22.7 GB; bench/README.md, "bf16 activations").  FP32 storage
+ * (an H100 on 2026-11-27: ResNet-101 at 128 95 ms and a 15.2 GB peak
+ * against 133 ms and 22.7 GB; bench/README.md, "bf16 activations").  FP32 storage
  * elsewhere: a CPU's convolutions and linear layers still run behind the
  * storage adapter, whose passes no processor with bf16 instructions has
  * measured yet. */
