@@ -200,8 +200,8 @@ static bool state_read(const cell_plan *p, int k)
  * child of its chain, or for a chain's last child its sum, or the
  * operations and concatenation that take the state), and the sums read
  * likewise.  Every unit's batch-norm output (a relu or a sum reads it) and
- * the states only sums, relus and the concatenation take: in AmoebaNet-D's
- * normal cell 12.5 of 33.5 maps of a state's size, which PyTorch's
+ * the states only sums, relus and the concatenation take: 16 maps of an
+ * AmoebaNet-D normal cell (12 norms' outputs, 4 sums), which PyTorch's
  * autograd does not keep either. */
 static void plan_unkept(cell_plan *p)
 {
