@@ -55,14 +55,17 @@ train() { # name config batch devices chunks [extra --set ...]
     --metrics "$OUT/$name.jsonl" "$@" > "$OUT/$name.log" 2>&1 ||
     { echo "gpu_bars: $name failed:"; tail -5 "$OUT/$name.log"; return 1; }
 }
-median() { # metrics file -> "median_step_ms max_host_waits peak_bytes"; a failure ends the script
+median() { # metrics file -> "median_step_ms max_host_waits peak_bytes later_peak_bytes" (the
+  # last: steps after the first, whose algorithm searches borrow workspace); a failure ends
+  # the script
   "$PY" - "$1" <<'EOF'
 import json, statistics, sys
 steps = [json.loads(l) for l in open(sys.argv[1]) if '"step_seconds"' in l]
 t = [s["step_seconds"] for s in steps[2:]]
 w = [d.get("host_waits", -1) for s in steps[2:] for d in s["devices"]]
 p = [d.get("peak_bytes", 0) for s in steps for d in s["devices"]]
-print("%.2f %d %d" % (statistics.median(t) * 1e3, max(w), max(p)))
+q = [d.get("peak_bytes", 0) for s in steps[1:] for d in s["devices"]]
+print("%.2f %d %d %d" % (statistics.median(t) * 1e3, max(w), max(p), max(q)))
 EOF
 }
 ratio() { "$PY" -c "print('%.2f' % ($1 / $2))"; }
@@ -74,13 +77,13 @@ if [ "${PARTS:-all}" = bf16 ]; then
 # contract before issue 50), each with its peak device memory, and
 # PyTorch's TF32 and bf16 autocast beside them with theirs.
 echo "gpu_bars bf16: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}"
-echo "| model, batch | tf32 ms | bf16 ms | bf16 fp32-activations ms | peak GB tf32 / bf16 / bf16 fp32-act |"
-echo "|---|---|---|---|---|"
+echo "| model, batch | tf32 ms | bf16 ms | bf16 fp32-activations ms | peak GB tf32 / bf16 / bf16 fp32-act | the same after step 1 |"
+echo "|---|---|---|---|---|---|"
 rm -f "$OUT/gpipe-times.txt"
 peer_runs=
 for spec in ${BF16_RUNS:-configs/resnet101.yaml:128 configs/unet.yaml:32 configs/amoebanet-d.yaml:64 bench/resnet18-32.yaml:256 bench/convnet.yaml:1024 bench/mlp.yaml:2048}; do
   cfg=${spec%:*}; batch=${spec#*:}; model=$(basename "$cfg" .yaml)
-  t=(); p=()
+  t=(); p=(); pq=()
   for v in tf32 bf16 bf16a32; do
     case $v in
       tf32) sets=(--set train.precision=tf32) ;;
@@ -88,14 +91,14 @@ for spec in ${BF16_RUNS:-configs/resnet101.yaml:128 configs/unet.yaml:32 configs
       bf16a32) sets=(--set train.precision=bf16 --set train.activations=fp32) ;;
     esac
     if train "$model-$batch-$v" "$cfg" "$batch" "[cuda:0]" 1 --set pipeline.balance=auto "${sets[@]}"; then
-      read -r ms _ pk <<< "$(median "$OUT/$model-$batch-$v.jsonl")"
+      read -r ms _ pk pl <<< "$(median "$OUT/$model-$batch-$v.jsonl")"
     else
-      ms=-; pk=0
+      ms=-; pk=0; pl=0
     fi
-    t+=("$ms"); p+=("$pk")
+    t+=("$ms"); p+=("$pk"); pq+=("$pl")
   done
-  echo "| $model, $batch | ${t[0]} | ${t[1]} | ${t[2]} |" \
-       "$("$PY" -c "import sys; print(' / '.join('%.2f' % (int(x) / 1e9) for x in sys.argv[1:]))" "${p[@]}") |"
+  gb() { "$PY" -c "import sys; print(' / '.join('%.2f' % (int(x) / 1e9) for x in sys.argv[1:]))" "$@"; }
+  echo "| $model, $batch | ${t[0]} | ${t[1]} | ${t[2]} | $(gb "${p[@]}") | $(gb "${pq[@]}") |"
   b=$((batch / SCALE))
   [ "${t[0]}" = - ] || echo "$cfg $b tf32 ${t[0]} ${p[0]}" >> "$OUT/gpipe-times.txt"
   [ "${t[1]}" = - ] || echo "$cfg $b bf16 ${t[1]} ${p[1]}" >> "$OUT/gpipe-times.txt"
@@ -119,15 +122,15 @@ for spec in "resnet18 bench/resnet18-32.yaml 2048" "convnet bench/convnet.yaml 8
   read -r model cfg batch <<< "$spec"
   train "$model-$batch-m1" "$cfg" "$batch" "[cuda:0]" 1
   train "$model-$batch-m8" "$cfg" "$batch" "[cuda:0]" 8
-  mt=$(median "$OUT/$model-$batch-m1.jsonl"); read -r t1 w1 <<< "$mt"
-  mt=$(median "$OUT/$model-$batch-m8.jsonl"); read -r t8 w8 <<< "$mt"
+  mt=$(median "$OUT/$model-$batch-m1.jsonl"); read -r t1 w1 _ <<< "$mt"
+  mt=$(median "$OUT/$model-$batch-m8.jsonl"); read -r t8 w8 _ <<< "$mt"
   echo "| $model, $batch | $t1 | $t8 | $(ratio "$t8" "$t1") | $w1, $w8 |"
 done
 echo
 train resnet18-2048-2stages bench/resnet18-32.yaml 2048 "[cuda:0, cuda:0]" 8 \
   --trace "$OUT/resnet18-2048-2stages.json" --trace-steps "$((STEPS / 2)):$((STEPS / 2 + 1))"
-mt=$(median "$OUT/resnet18-2048-2stages.jsonl"); read -r t2 w2 <<< "$mt"
-mt=$(median "$OUT/resnet18-2048-m1.jsonl"); read -r t1 _ <<< "$mt"
+mt=$(median "$OUT/resnet18-2048-2stages.jsonl"); read -r t2 w2 _ <<< "$mt"
+mt=$(median "$OUT/resnet18-2048-m1.jsonl"); read -r t1 _ _ <<< "$mt"
 echo "2 stages on one GPU, ResNet-18 batch 2048, m = 8: $t2 ms against 1 stage at m = 1 $t1 ms:" \
      "$(ratio "$t2" "$t1")x (bar: <= 1.10); host waits $w2"
 "$PY" scripts/timeline.py summary "$OUT/resnet18-2048-2stages.json" || true
@@ -135,7 +138,7 @@ echo "2 stages on one GPU, ResNet-18 batch 2048, m = 8: $t2 ms against 1 stage a
 train resnet18-2048-2stages-free bench/resnet18-32.yaml 2048 "[cuda:0, cuda:0]" 8 \
   --set pipeline.lockstep=false \
   --trace "$OUT/resnet18-2048-2stages-free.json" --trace-steps "$((STEPS / 2)):$((STEPS / 2 + 1))"
-mt=$(median "$OUT/resnet18-2048-2stages-free.jsonl"); read -r tfree wfree <<< "$mt"
+mt=$(median "$OUT/resnet18-2048-2stages-free.jsonl"); read -r tfree wfree _ <<< "$mt"
 echo "the same, free-running (lockstep: false): $tfree ms against lockstep $t2 ms; host waits $wfree"
 "$PY" scripts/timeline.py summary "$OUT/resnet18-2048-2stages-free.json" || true
 # the picture side by side, where matplotlib is there
@@ -161,11 +164,11 @@ for spec in "mlp bench/mlp.yaml 256" "mlp bench/mlp.yaml 2048" "convnet bench/co
   # bf16 where the device has it (a CPU without bf16 instructions refuses)
   tb=-
   if train "$model-$batch-bf16" "$cfg" "$batch" "[cuda:0]" 1 --set train.precision=bf16; then
-    mt=$(median "$OUT/$model-$batch-bf16.jsonl"); read -r tb _ <<< "$mt"
+    mt=$(median "$OUT/$model-$batch-bf16.jsonl"); read -r tb _ _ <<< "$mt"
   fi
-  mt=$(median "$OUT/$model-$batch-det.jsonl"); read -r td _ <<< "$mt"
-  mt=$(median "$OUT/$model-$batch-fp32.jsonl"); read -r tf _ <<< "$mt"
-  mt=$(median "$OUT/$model-$batch-tf32.jsonl"); read -r tt _ <<< "$mt"
+  mt=$(median "$OUT/$model-$batch-det.jsonl"); read -r td _ _ <<< "$mt"
+  mt=$(median "$OUT/$model-$batch-fp32.jsonl"); read -r tf _ _ <<< "$mt"
+  mt=$(median "$OUT/$model-$batch-tf32.jsonl"); read -r tt _ _ <<< "$mt"
   echo "| $model, $batch | $td | $tf | $(ratio "$tf" "$td") | $tt | $(ratio "$tt" "$tf") | $tb |" \
        "$([ "$tb" = - ] && echo - || ratio "$tb" "$tf") |"
   b=$((batch / SCALE))
@@ -183,10 +186,10 @@ for batch in 256 2048; do
   GPIPE_CUBLASLT=0 train "mlp-$batch-fp32-classic" bench/mlp.yaml "$batch" "[cuda:0]" 1
   GPIPE_CUBLASLT=0 train "mlp-$batch-tf32-classic" bench/mlp.yaml "$batch" "[cuda:0]" 1 \
     --set train.precision=tf32
-  mt=$(median "$OUT/mlp-$batch-fp32-classic.jsonl"); read -r fc _ <<< "$mt"
-  mt=$(median "$OUT/mlp-$batch-fp32.jsonl"); read -r fl _ <<< "$mt"
-  mt=$(median "$OUT/mlp-$batch-tf32-classic.jsonl"); read -r tc _ <<< "$mt"
-  mt=$(median "$OUT/mlp-$batch-tf32.jsonl"); read -r tl _ <<< "$mt"
+  mt=$(median "$OUT/mlp-$batch-fp32-classic.jsonl"); read -r fc _ _ <<< "$mt"
+  mt=$(median "$OUT/mlp-$batch-fp32.jsonl"); read -r fl _ _ <<< "$mt"
+  mt=$(median "$OUT/mlp-$batch-tf32-classic.jsonl"); read -r tc _ _ <<< "$mt"
+  mt=$(median "$OUT/mlp-$batch-tf32.jsonl"); read -r tl _ _ <<< "$mt"
   echo "| mlp, $batch | $fc | $fl | $(ratio "$fl" "$fc") | $tc | $tl | $(ratio "$tl" "$tc") |"
 done
 # PyTorch on the same GPU, the same five configs, fp32 / tf32 / bf16
