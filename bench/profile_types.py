@@ -38,8 +38,12 @@ def main():
         e[0] += 1
         e[1] += fwd
         e[2] += bwd
+    loss = prof.get("loss")  # the loss and its gradient, one time per micro-batch size
+    if isinstance(loss, list) and loss and float(loss[0]) > 0:
+        by["(loss)"] = [1, float(loss[0]), 0.0]
     total = sum(f + b for _, f, b in by.values()) or 1.0
     print("%s on %s, micro-batch %s, precision %s: %.2f ms forward + backward over %d layers"
+          " and the loss (its row: forward and gradient together)"
           % (a.profile, prof.get("device", "?"), prof.get("batch", "?"),
              prof.get("precision", "?"), total * 1e3, len(layers)))
     print()
