@@ -18,7 +18,7 @@
 #         call); the `profile` part (where gpipe's bf16 step goes, by
 #         layer type, beside PyTorch's profiler); issue 53's GPT-2 bar
 #         (bench_gpt_gpu.py: gpipe, PyTorch eager and llm.c, built there in
-#         a minute or two; torch.compile and bf16 activations in the `gpt`
+#         a minute or two; torch.compile and FP32 activations in the `gpt`
 #         part's own call); test_cuda under compute-sanitizer memcheck.
 #         Its summary ends with the seconds each part took, for planning
 #         the next call.  (2026-11-27 on an H100: the build 21-26 s, test_cuda
@@ -101,7 +101,7 @@ case "$part" in
       "$@"
       timings="$timings $name $(since $t) s;"
     }
-    gpt_table() { # the bar's columns; torch.compile and bf16 activations: `gpu_session.sh gpt`
+    gpt_table() { # the bar's columns; torch.compile and FP32 activations: `gpu_session.sh gpt`
       timeout "$(($(left) - 20))" python3 bench/bench_gpt_gpu.py --bin "$BIN" --device "$DEV" \
         --only gpipe,eager,llmc --out "$OUT/gpt" 2>&1 | tee "$OUT/gpt.md"
       echo "gpt table: exit ${PIPESTATUS[0]}"
