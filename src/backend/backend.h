@@ -1802,6 +1802,9 @@ gp_status gp_tensor_zeros(gp_tensor *t, gp_device *dev, const gp_shape *shape,
                           gp_mem_category cat);
 /* Free if owned; always leaves t empty.  NULL and empty tensors are fine. */
 void gp_tensor_free(gp_tensor *t);
+/* Free if owned, keeping t's shape, element type and device: values no
+ * backward reads, dropped after a forward (an unkept layer output). */
+void gp_tensor_drop(gp_tensor *t);
 /* Copy between tensors on any devices (same numel and element type): peer
  * copy where the backend has one, else staged through host memory. */
 gp_status gp_tensor_copy(gp_tensor *dst, const gp_tensor *src);

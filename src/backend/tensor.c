@@ -66,6 +66,15 @@ void gp_tensor_free(gp_tensor *t)
     memset(t, 0, sizeof *t);
 }
 
+void gp_tensor_drop(gp_tensor *t)
+{
+    gp_tensor shape = *t;
+    gp_tensor_free(t);
+    *t = shape;
+    t->mem = NULL;
+    t->owned = false;
+}
+
 /* A synchronous copy between any two devices: peer copy where the backend
  * has one, else staged through host memory. */
 static gp_status copy_between(gp_device *dd, void *dst, gp_device *sd, const void *src,

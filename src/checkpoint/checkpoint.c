@@ -203,15 +203,8 @@ static gp_status run_forward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_fwd_kee
              * by o + 1 .. c - 1: unkept, its shapes only */
             int o = c - 1;
             while (o >= 1 && s->inplace[o]) o--;
-            if (c >= 1 && !ip && s->unkept[o]) {
-                gp_tensor shape = s->acts[o + 1];
-                gp_tensor_free(&s->acts[o + 1]);
-                s->acts[o + 1] = shape;
-                for (int k = o + 1; k <= c; k++) {
-                    s->acts[k].mem = NULL;
-                    s->acts[k].owned = false;
-                }
-            }
+            if (c >= 1 && !ip && s->unkept[o]) /* acts[o + 1] owns it, the rest view it */
+                for (int k = o + 1; k <= c; k++) gp_tensor_drop(&s->acts[k]);
             s->saved[c] = sv;
             if (role == GP_SKIP_LEAVES && !recompute) {
                 s->skip_out[t] = y;

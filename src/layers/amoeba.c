@@ -168,28 +168,14 @@ static void begin_chain(cell_plan *p, int ci, int from)
 
 static void end_chain(cell_plan *p, int ci) { p->ch[ci].nc = p->n_child - p->ch[ci].c0; }
 
-/* Whether a child's backward reads the values of its input / its output
- * (ops->bwd_ignores_x / _y: relu reads its output, convolution and batch
- * norm their input; the pools both). */
-static bool reads_x(const gp_layer_spec *s)
-{
-    const gp_layer_ops *o = gp_layer_ops_for(s->type);
-    return !o || !o->bwd_ignores_x;
-}
-
-static bool reads_y(const gp_layer_spec *s)
-{
-    const gp_layer_ops *o = gp_layer_ops_for(s->type);
-    return !o || !o->bwd_ignores_y;
-}
-
 /* Whether some backward reads state k's values: a chain's first child that
  * reads its input (an identity chain hands the state to a sum, and sums
  * and the concatenation read no values). */
 static bool state_read(const cell_plan *p, int k)
 {
     for (int ci = 2; ci < N_CHAINS; ci++)
-        if (p->ch[ci].from == k && p->ch[ci].nc > 0 && reads_x(&p->spec[p->ch[ci].c0]))
+        if (p->ch[ci].from == k && p->ch[ci].nc > 0 &&
+            !gp_layer_spec_ignores_x(&p->spec[p->ch[ci].c0]))
             return true;
     return false;
 }
@@ -209,8 +195,8 @@ static void plan_unkept(cell_plan *p)
     for (int ci = 0; ci < N_CHAINS; ci++) {
         const chain *ch = &p->ch[ci];
         for (int c = ch->c0; c < ch->c0 + ch->nc; c++) {
-            if (reads_y(&p->spec[c])) continue;
-            if (c + 1 < ch->c0 + ch->nc) p->unkept[c] = !reads_x(&p->spec[c + 1]);
+            if (!gp_layer_spec_ignores_y(&p->spec[c])) continue;
+            if (c + 1 < ch->c0 + ch->nc) p->unkept[c] = gp_layer_spec_ignores_x(&p->spec[c + 1]);
             else p->unkept[c] = ci >= 2 || !state_read(p, ci);
         }
     }
@@ -461,14 +447,8 @@ static gp_status saved_setup(gp_saved *s, const cell_state *st)
  * done: the checkpoint's rule for a stage's unkept outputs). */
 static void drop_unkept(gp_saved *s, const cell_state *st)
 {
-    for (int i = 0; i < st->plan.n_child + MAX_STATES; i++) {
-        if (!st->plan.unkept[i]) continue;
-        gp_tensor *t = tensor_at(s, st, i), shape = *t;
-        gp_tensor_free(t);
-        *t = shape;
-        t->mem = NULL;
-        t->owned = false;
-    }
+    for (int i = 0; i < st->plan.n_child + MAX_STATES; i++)
+        if (st->plan.unkept[i]) gp_tensor_drop(tensor_at(s, st, i));
 }
 
 /* The input chain ci reads, and its output (its last child's, or its

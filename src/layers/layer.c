@@ -843,15 +843,13 @@ static bool norm_leaky(const gp_layer_spec *s)
     return s->type == GP_LAYER_INSTANCE_NORM && s->leaky_after > 0.0f;
 }
 
-/* Whether a layer's backward reads the values of its output y / of its main
- * input x: its type's rule, but for the linked instance norm. */
-static bool ignores_y(const gp_layer_spec *s)
+bool gp_layer_spec_ignores_y(const gp_layer_spec *s)
 {
     const gp_layer_ops *o = gp_layer_ops_for(s->type);
     return o && o->bwd_ignores_y && !norm_leaky(s);
 }
 
-static bool ignores_x(const gp_layer_spec *s)
+bool gp_layer_spec_ignores_x(const gp_layer_spec *s)
 {
     const gp_layer_ops *o = gp_layer_ops_for(s->type);
     return o && (o->bwd_ignores_x || norm_leaky(s));
@@ -890,7 +888,7 @@ gp_status gp_layers_child_backward(gp_layer *c, const gp_fwd_ctx *ctx, const gp_
 {
     if (!adapts(c, x)) return child_halves(c, ctx, x, y, dy, dx, s);
     GP_ASSERT(c->n_in == 1);
-    bool xs = ignores_x(&c->spec), ys = ignores_y(&c->spec);
+    bool xs = gp_layer_spec_ignores_x(&c->spec), ys = gp_layer_spec_ignores_y(&c->spec);
     gp_tensor xf, yf = {0}, dyf, dxf = {0};
     GP_TRY(widen(x, 1, &xs, &xf));
     gp_status st = y ? widen(y, 1, &ys, &yf) : GP_OK;
@@ -924,7 +922,9 @@ static void inplace_rule(const char *spec0, size_t stride, int count, bool *inpl
             bool over_norm = k == c - 1 && norm_leaky(SPEC(k)) &&
                              SPEC(c)->type == GP_LAYER_LEAKY_RELU &&
                              SPEC(c)->slope == SPEC(k)->leaky_after;
-            if (ops->inplace == GP_INPLACE_VALUES && !ignores_y(SPEC(k)) && !over_norm) ok = false;
+            if (ops->inplace == GP_INPLACE_VALUES && !gp_layer_spec_ignores_y(SPEC(k)) &&
+                !over_norm)
+                ok = false;
             if (!inplace[k]) break;
         }
         inplace[c] = ok;
@@ -1002,12 +1002,13 @@ static void unkept_rule(const char *spec0, size_t stride, int count, const bool 
      * convolution's output for a norm that now reads its own. */
     for (int c = 0; c < count; c++) {
         unkept[c] = false;
-        if (inplace[c] || SPEC(c)->stash[0] || !ignores_y(SPEC(c))) continue;
+        if (inplace[c] || SPEC(c)->stash[0] || !gp_layer_spec_ignores_y(SPEC(c))) continue;
         int r = c + 1;
         bool ok = true;
         for (; r < count && inplace[r] && ok; r++)
-            ok = !SPEC(r)->stash[0] && ignores_x(SPEC(r)) && ignores_y(SPEC(r));
-        unkept[c] = ok && r < count && ignores_x(SPEC(r));
+            ok = !SPEC(r)->stash[0] && gp_layer_spec_ignores_x(SPEC(r)) &&
+                 gp_layer_spec_ignores_y(SPEC(r));
+        unkept[c] = ok && r < count && gp_layer_spec_ignores_x(SPEC(r));
     }
 #undef SPEC
 }
@@ -1149,7 +1150,8 @@ static gp_status backward_as(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor
                              gp_tensor *take, bool weights)
 {
     if (!adapts(l, x)) return run_backward(l, ctx, x, y, dy, dx, s, take, weights);
-    bool xs[1 + GP_MAX_POPS] = {ignores_x(&l->spec)}, ys = ignores_y(&l->spec);
+    bool xs[1 + GP_MAX_POPS] = {gp_layer_spec_ignores_x(&l->spec)};
+    bool ys = gp_layer_spec_ignores_y(&l->spec);
     gp_tensor xf[1 + GP_MAX_POPS], yf, dyf, dxf[1 + GP_MAX_POPS] = {{0}};
     GP_TRY(widen(x, l->n_in, xs, xf));
     gp_status st = widen(y, 1, &ys, &yf);

@@ -547,6 +547,13 @@ void gp_layers_discard(gp_layer *layers, int count);
 gp_status gp_layers_commit(gp_layer *layers, int count, gp_device *dev, int *bad);
 /* The same from the specs alone (the profile's whole-model view). */
 void gp_layer_specs_inplace(const gp_layer_spec *specs, int count, bool *inplace);
+/* Whether a layer's backward never reads the values of its output y / of
+ * its main input x (only their shapes): its type's bwd_ignores_y /
+ * bwd_ignores_x, but for the linked instance norm, which reads its output
+ * and not its input.  The rule gp_layers_unkept and the storage adapter
+ * apply, and amoeba_cell between its children. */
+bool gp_layer_spec_ignores_y(const gp_layer_spec *s);
+bool gp_layer_spec_ignores_x(const gp_layer_spec *s);
 /* Which layer outputs of a stage's run no backward reads, so a forward
  * that keeps for backward frees them (keeping their shape) once the next
  * layer has run: unkept[c] when layer c's backward ignores y, layer c + 1's

@@ -1547,10 +1547,9 @@ static gp_status cuda_linear_fwd_bf16(gp_device *dev, int64_t n, int64_t out, in
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     if (n == 0 || out == 0) return GP_OK;
     GP_TRY(gp_cuda_enter(dev));
-    float *f = NULL, *fx = NULL;
-    gp_status st = GP_OK;
     if (!gp_bf16_gemm_worth(n, out, in)) { /* FP32: the adapter's way */
-        st = f32_scratch(dev, n * in, &fx);
+        float *f = NULL, *fx = NULL;
+        gp_status st = f32_scratch(dev, n * in, &fx);
         if (st == GP_OK) st = f32_scratch(dev, n * out, &f);
         if (st == GP_OK) st = gp_dev_bf16_unpack(dev, fx, x, n * in);
         if (st == GP_OK) st = cuda_linear_fwd(dev, n, out, in, fx, w, bias, relu, f);
@@ -1579,10 +1578,9 @@ static gp_status cuda_linear_bwd_data_bf16(gp_device *dev, int64_t n, int64_t ou
 {
     if (n == 0 || in == 0) return GP_OK;
     GP_TRY(gp_cuda_enter(dev));
-    float *f = NULL, *fdy = NULL;
-    gp_status st = GP_OK;
     if (!gp_bf16_gemm_worth(n, in, out)) { /* FP32: the adapter's way */
-        st = f32_scratch(dev, n * out, &fdy);
+        float *f = NULL, *fdy = NULL;
+        gp_status st = f32_scratch(dev, n * out, &fdy);
         if (st == GP_OK) st = f32_scratch(dev, n * in, &f);
         if (st == GP_OK) st = gp_dev_bf16_unpack(dev, fdy, dy, n * out);
         if (st == GP_OK) st = cuda_gemm_wb(dev, 0, 0, n, in, out, 1.0f, fdy, out, w, in, 0.0f, f, in);
