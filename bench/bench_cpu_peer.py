@@ -4,6 +4,7 @@ PyTorch's on the same model, batch and thread count, in one run.
 
   bench/bench_cpu_peer.py [--isa native|avx2] [--threads 2] [--steps 15]
                           [--repeat 3] [--precision fp32|bf16] [--bin build]
+                          [--activations auto|fp32|bf16]
                           [--optimizer config|sgd|adamw] [CONFIG.yaml ...]
 
 For each config (default bench/convnet.yaml and bench/mlp.yaml; also
@@ -24,6 +25,8 @@ default); sgd: SGD momentum 0.9; config (default): the config's optimizer.
 bf16 operands, FP32 sums and tensors), PyTorch's forward and loss under
 torch.autocast("cpu", dtype=torch.bfloat16) (its bf16 mixed precision:
 convolutions and linear layers in bf16, activations kept in bf16).
+--activations: gpipe's train.activations (auto: its rule, bf16 under
+precision bf16); fp32 keeps bf16 products on FP32 tensors.
 Median step of --steps after 3 warm-ups; --repeat runs of each,
 alternating, so drift on a shared machine hits both; the medians are
 reported as samples/s with the ratio gpipe / PyTorch, and the processor.
@@ -124,9 +127,10 @@ def torch_step_ms(cfg, threads, steps, precision="fp32"):
     return statistics.median(ts) * 1e3
 
 
-def gpipe_step_ms(binary, path, threads, steps, env, precision="fp32"):
+def gpipe_step_ms(binary, path, threads, steps, env, precision="fp32", activations="auto"):
     out = subprocess.run([binary, "--steps-only", "--threads", str(threads), "--steps",
-                          str(steps), "--precision", precision, path],
+                          str(steps), "--precision", precision, "--activations", activations,
+                          path],
                          capture_output=True, text=True, env=env)
     m = re.search(r"step: ([0-9.]+) ms median", out.stdout)
     if out.returncode != 0 or not m:
@@ -149,6 +153,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--bin", default=os.path.join(ROOT, "build"))
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--activations", choices=["auto", "fp32", "bf16"], default="auto")
     ap.add_argument("--optimizer", choices=["config", "sgd", "adamw"], default="config")
     ap.add_argument("--_torch", help=argparse.SUPPRESS)  # child: one PyTorch measurement
     args = ap.parse_args()
@@ -190,11 +195,12 @@ def main():
         if core:
             env["OPENBLAS_CORETYPE"] = core
     import torch
-    print("%s; --isa %s%s; --precision %s; --optimizer %s; torch %s (%s%s); %d threads; "
-          "median of %d steps, median of %d runs"
+    print("%s; --isa %s%s; --precision %s; --activations %s; --optimizer %s; torch %s (%s%s); "
+          "%d threads; median of %d steps, median of %d runs"
           % (cpu_name(), args.isa, " (emulated: %s)" % " ".join("%s=%s" % kv for kv in
                                                                 AVX2_ENV.items())
-             if args.isa == "avx2" else "", args.precision, args.optimizer, torch.__version__, os.path.basename(
+             if args.isa == "avx2" else "", args.precision, args.activations, args.optimizer,
+             torch.__version__, os.path.basename(
                  os.path.dirname(blas)), ", OPENBLAS_CORETYPE=%s, the environment's: %s"
              % (core, os.environ.get("OPENBLAS_CORETYPE", "unset")) if core else "",
              args.threads, args.steps, args.repeat))
@@ -209,7 +215,8 @@ def main():
         batch = cfg["train"]["batch_size"]
         gs, ts = [], []
         for _ in range(args.repeat):
-            gs.append(gpipe_step_ms(binary, path, args.threads, args.steps, env, args.precision))
+            gs.append(gpipe_step_ms(binary, path, args.threads, args.steps, env, args.precision,
+                                    args.activations))
             # PyTorch in a child, so the ISA variables apply before torch loads.
             out = subprocess.run([sys.executable, os.path.abspath(__file__), "--_torch", path,
                                   "--threads", str(args.threads), "--steps", str(args.steps),

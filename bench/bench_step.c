@@ -143,13 +143,17 @@ static void bench_layers(gp_model *m, const gp_config *cfg, int64_t batch)
 }
 
 static void bench_model(const char *path, int threads, int steps, const ceiling_bufs *cb,
-                        gp_device *dev, bool steps_only)
+                        gp_device *dev, bool steps_only, gp_act_storage act)
 {
     gp_config cfg;
     if (gp_config_load(path, NULL, 0, &cfg) != GP_OK) {
         fprintf(stderr, "bench_step: %s\n", gp_last_error());
         return;
     }
+    /* the device's precision and --activations decide the storage, as
+     * train.precision and train.activations would */
+    cfg.train.precision = dev->precision;
+    cfg.train.activations = act;
     gp_model m;
     if (gp_model_build(&cfg, dev, &m) != GP_OK) {
         fprintf(stderr, "bench_step: %s\n", gp_last_error());
@@ -159,9 +163,13 @@ static void bench_model(const char *path, int threads, int steps, const ceiling_
     int64_t batch = cfg.train.batch_size;
     double fwd = 0;
     for (int k = 0; k < m.n_layers; k++) fwd += m.layers[k].ops->flops(&m.layers[k], batch);
-    printf("\n%s: %d layers, %lld parameters, batch %lld, %.2f GFLOP forward per batch\n", path,
-           m.n_layers, (long long)gp_model_param_count(&m), (long long)batch, fwd / 1e9);
-    if (!steps_only) bench_layers(&m, &cfg, batch);
+    printf("\n%s: %d layers, %lld parameters, batch %lld, %.2f GFLOP forward per batch, "
+           "activations in %s\n", path, m.n_layers, (long long)gp_model_param_count(&m),
+           (long long)batch, fwd / 1e9, gp_config_act_dtype(&cfg) == GP_BF16 ? "bf16" : "fp32");
+    if (!steps_only && gp_config_act_dtype(&cfg) == GP_BF16)
+        puts("  (the per-layer table fills FP32 activations: skipped with bf16 storage)");
+    else if (!steps_only)
+        bench_layers(&m, &cfg, batch);
 
     /* Whole steps on a random batch (the data loader is measured elsewhere). */
     int64_t per = gp_shape_numel(&m.input);
@@ -208,6 +216,8 @@ static void bench_model(const char *path, int threads, int steps, const ceiling_
     if (steps_only) {
         printf("  step: %.1f ms median of %d, %.1f samples/s (%d threads, steps back to back)\n",
                t * 1e3, steps, (double)batch / t, threads);
+        printf("  activations peak: %s\n",
+               gp_format_bytes(a.peak_by[GP_MEM_ACTIVATIONS], b1, sizeof b1));
         goto done;
     }
     printf("  ceiling during the steps: sgemm 4096^3 %.1f GFLOP/s median (best %.1f)\n",
@@ -234,6 +244,7 @@ int main(int argc, char **argv)
     int threads = 2, steps = 10;
     bool steps_only = false;
     gp_precision precision = GP_PRECISION_FP32;
+    gp_act_storage act = GP_ACT_AUTO;
     const char *configs[16];
     int nc = 0;
     for (int i = 1; i < argc; i++) {
@@ -248,10 +259,20 @@ int main(int argc, char **argv)
                 return 2;
             }
         }
+        else if (!strcmp(argv[i], "--activations") && i + 1 < argc) {
+            const char *p = argv[++i];
+            if (!strcmp(p, "bf16")) act = GP_ACT_BF16;
+            else if (!strcmp(p, "fp32")) act = GP_ACT_FP32;
+            else if (strcmp(p, "auto")) {
+                fprintf(stderr, "bench_step: --activations takes auto, fp32 or bf16\n");
+                return 2;
+            }
+        }
         else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             puts("usage: bench_step [--threads N] [--steps N] [--steps-only] [--precision fp32|bf16]\n"
-                 "                  [CONFIG.yaml ...]\n"
+                 "                  [--activations auto|fp32|bf16] [CONFIG.yaml ...]\n"
                  "  --precision   the device's (train.precision); bf16 needs avx512_bf16 or AMX\n"
+                 "  --activations train.activations (default auto); bf16 needs --steps-only\n"
                  "  --steps-only  whole steps back to back: no per-layer table, no sgemm\n"
                  "                ceiling (what bench/bench_cpu_peer.py compares with PyTorch)");
             return 0;
@@ -280,7 +301,8 @@ int main(int argc, char **argv)
         printf("ceiling: sgemm 4096^3 on cpu:0 with %d threads: %.1f GFLOP/s (sampled again "
                "between the steps below)\n", threads, c0 / 1e9);
     }
-    for (int i = 0; i < nc; i++) bench_model(configs[i], threads, steps, &cb, dev, steps_only);
+    for (int i = 0; i < nc; i++)
+        bench_model(configs[i], threads, steps, &cb, dev, steps_only, act);
     if (!steps_only) ceiling_free(&cb);
     gp_device_close(dev);
     return 0;

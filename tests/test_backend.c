@@ -311,6 +311,46 @@ static void test_bf16_convert(gp_device *dev)
         }
     }
     CHECK_MSG(wrong == 0, "bf16 patterns: %lld of 65536 do not round-trip", (long long)wrong);
+    /* relu on bf16 (act_bf16 and its integer forms, elementwise.h): every
+     * pattern forward; backward every y against 64 dy (zeros, infinities,
+     * NaNs of both signs and payloads, the subnormal edges and random ones)
+     * and every dy against 64 y: the bits of the float forms, rounded */
+    {
+        uint16_t dys[64] = {0x0000, 0x8000, 0x7f80, 0xff80, 0x7fc0, 0xffc0, 0x7f81, 0xffff,
+                            0x0001, 0x8001, 0x007f, 0x0080, 0x3f80, 0xbf80, 0x7f7f, 0xff7f};
+        for (int q = 16; q < 64; q++) dys[q] = (uint16_t)(frand() * 32768.0f + 32768.0f);
+        uint16_t *o = (uint16_t *)dalloc(dev, all / 2), *dyv = (uint16_t *)dalloc(dev, all / 2);
+        int64_t bad_f = 0, bad_b = 0;
+        CHECK(gp_dev_act_bf16_has(dev, GP_ACT_RELU));
+        CHECK_OK(gp_dev_act_bf16(dev, GP_ACT_RELU, pat, NULL, o, all, 0.0f));
+        for (int64_t b = 0; b < all; b++) {
+            uint16_t want = gp_ew_bf16_bits(gp_ew_relu(gp_ew_bf16_value((uint16_t)b)));
+            bad_f += o[b] != want || gp_ew_bf16_relu_fwd_bits((uint16_t)b) != want;
+        }
+        for (int side = 0; side < 2; side++)
+            for (int q = 0; q < 64; q++) {
+                /* side 0: y = every pattern, dy fixed; side 1: the reverse */
+                for (int64_t b = 0; b < all; b++) dyv[b] = side ? (uint16_t)b : dys[q];
+                const uint16_t *yv = side ? NULL : pat;
+                uint16_t *yfix = NULL;
+                if (side) {
+                    yfix = (uint16_t *)dalloc(dev, all / 2);
+                    for (int64_t b = 0; b < all; b++) yfix[b] = dys[q];
+                    yv = yfix;
+                }
+                CHECK_OK(gp_dev_act_bf16(dev, GP_ACT_RELU, yv, dyv, o, all, 0.0f));
+                for (int64_t b = 0; b < all; b++) {
+                    uint16_t want = gp_ew_bf16_bits(
+                        gp_ew_relu_bwd(gp_ew_bf16_value(yv[b]), gp_ew_bf16_value(dyv[b])));
+                    bad_b += o[b] != want || gp_ew_bf16_relu_bwd_bits(yv[b], dyv[b]) != want;
+                }
+                if (yfix) dfree(dev, (float *)yfix, all / 2);
+            }
+        CHECK_MSG(bad_f == 0 && bad_b == 0, "bf16 relu: %lld forward and %lld backward patterns "
+                  "differ from the float forms' bits", (long long)bad_f, (long long)bad_b);
+        dfree(dev, (float *)o, all / 2);
+        dfree(dev, (float *)dyv, all / 2);
+    }
     dfree(dev, (float *)pat, all / 2);
     dfree(dev, (float *)again, all / 2);
     dfree(dev, val, all);
@@ -325,6 +365,8 @@ static void test_bf16_convert(gp_device *dev)
  * kernels ran; one of 1 input channel (9 products an output,
  * gp_bf16_conv_worth) equals the reference on its unrounded operands.
  * Without them: the device refuses bf16, saying why. */
+static void test_bf16_storage(gp_device *dev);
+
 static void test_bf16(void)
 {
     gp_device_opts o = {.threads = 1, .precision = GP_PRECISION_BF16};
@@ -462,7 +504,148 @@ static void test_bf16(void)
         dfree(dev, a, m * k); dfree(dev, w, n * k);
         dfree(dev, c0, m * n); dfree(dev, c1, m * n); dfree(dev, c2, m * n);
     }
+    test_bf16_storage(dev);
     gp_device_close(dev);
+}
+
+/* bf16 storage under precision bf16 (the conv_*_bf16 and linear_*_bf16
+ * slots, oneDNN's bf16 kernels on bf16 memory): each slot gives bit for bit
+ * what the storage adapter gives (the FP32-storage slot on the widened
+ * activations, its FP32 results rounded once), with the weights frozen
+ * (their kept bf16 copies) and not; a convolution not worth bf16 is the
+ * adapter's (gp_dev_conv_bf16_takes false). */
+static uint16_t *b16rand(gp_device *dev, int64_t n, float **wide)
+{
+    float *f = drand(dev, n);
+    uint16_t *b = (uint16_t *)dalloc(dev, (n + 1) / 2);
+    CHECK_OK(gp_dev_bf16_pack(dev, b, f, n));
+    CHECK_OK(gp_dev_bf16_unpack(dev, f, b, n)); /* the exact values the bf16 side reads */
+    *wide = f;
+    return b;
+}
+
+static void check_bits(const char *what, const uint16_t *slot, const float *adapter_f32,
+                       int64_t n)
+{
+    int64_t wrong = 0, at = -1;
+    uint16_t want_at = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float r = to_bf16(adapter_f32[i]); /* the adapter's one rounding */
+        uint32_t u;
+        memcpy(&u, &r, sizeof u);
+        uint16_t want = (uint16_t)(u >> 16);
+        if (slot[i] != want && wrong++ == 0) at = i, want_at = want;
+    }
+    CHECK_MSG(wrong == 0, "%s: %lld of %lld values differ from the adapter's (first at %lld: "
+              "0x%04x, adapter 0x%04x)", what, (long long)wrong, (long long)n, (long long)at,
+              at >= 0 ? slot[at] : 0, want_at);
+}
+
+static void test_bf16_storage(gp_device *dev)
+{
+    char what[96];
+    static const int64_t cshapes[][4] = {{2, 16, 12, 32}, {2, 2, 10, 8}, {3, 24, 7, 16}};
+    for (int frozen = 0; frozen < 2; frozen++)
+        for (int q = 0; q < 3; q++) {
+            int64_t n = cshapes[q][0], c = cshapes[q][1], h = cshapes[q][2], k = cshapes[q][3];
+            int64_t s = q == 2 ? 2 : 1, oh = (h + 2 - 3) / s + 1;
+            gp_conv_desc d = {n, c, h, h, k, 3, 3, s, s, 1, 1, oh, oh, 1, 0, 0};
+            CHECK(gp_dev_conv_bf16_takes(dev, &d));
+            int64_t nx = n * c * h * h, nw = k * c * 9, ny = n * k * oh * oh;
+            float *xf, *dyf;
+            uint16_t *x = b16rand(dev, nx, &xf), *dy = b16rand(dev, ny, &dyf);
+            float *w = drand(dev, nw), *b = drand(dev, k);
+            float *yf = dalloc(dev, ny), *dxf = dalloc(dev, nx);
+            float *dw0 = drand(dev, nw), *db0 = drand(dev, k);
+            float *dw1 = dalloc(dev, nw), *db1 = dalloc(dev, k);
+            uint16_t *y = (uint16_t *)dalloc(dev, ny), *dx = (uint16_t *)dalloc(dev, nx);
+            memcpy(dw1, dw0, sizeof(float) * (size_t)nw); /* += into the same start */
+            memcpy(db1, db0, sizeof(float) * (size_t)k);
+            if (frozen) CHECK_OK(gp_dev_freeze_weights(dev, true));
+            for (int rep = 0; rep < 1 + frozen; rep++) { /* frozen: the kept copy's turn */
+                CHECK_OK(gp_dev_conv_fwd(dev, &d, xf, w, b, yf));
+                CHECK_OK(gp_dev_conv_fwd_bf16(dev, &d, x, w, b, y));
+                snprintf(what, sizeof what, "bf16-storage conv c%lld fwd%s", (long long)c,
+                         frozen ? (rep ? " (kept weights)" : " (frozen)") : "");
+                check_bits(what, y, yf, ny);
+                CHECK_OK(gp_dev_conv_bwd_data(dev, &d, w, dyf, dxf));
+                CHECK_OK(gp_dev_conv_bwd_data_bf16(dev, &d, w, dy, dx));
+                snprintf(what, sizeof what, "bf16-storage conv c%lld bwd_data%s", (long long)c,
+                         frozen ? (rep ? " (kept weights)" : " (frozen)") : "");
+                check_bits(what, dx, dxf, nx);
+            }
+            CHECK_OK(gp_dev_conv_bwd_weights(dev, &d, xf, dyf, dw0, db0));
+            CHECK_OK(gp_dev_conv_bwd_weights_bf16(dev, &d, x, dy, dw1, db1));
+            if (frozen) CHECK_OK(gp_dev_freeze_weights(dev, false)); /* held sums added */
+            snprintf(what, sizeof what, "bf16-storage conv c%lld bwd_weights%s", (long long)c,
+                     frozen ? " (held)" : "");
+            CHECK_MSG(memcmp(dw0, dw1, sizeof(float) * (size_t)nw) == 0 &&
+                      memcmp(db0, db1, sizeof(float) * (size_t)k) == 0,
+                      "%s: dw or db differs from the adapter's", what);
+            dfree(dev, xf, nx); dfree(dev, dyf, ny); dfree(dev, (float *)x, (nx + 1) / 2);
+            dfree(dev, (float *)dy, (ny + 1) / 2); dfree(dev, w, nw); dfree(dev, b, k);
+            dfree(dev, yf, ny); dfree(dev, dxf, nx); dfree(dev, dw0, nw); dfree(dev, db0, k);
+            dfree(dev, dw1, nw); dfree(dev, db1, k); dfree(dev, (float *)y, ny);
+            dfree(dev, (float *)dx, nx);
+        }
+    gp_conv_desc thin = {2, 1, 10, 10, 8, 3, 3, 1, 1, 1, 1, 10, 10, 1, 0, 0};
+    CHECK_MSG(!gp_dev_conv_bf16_takes(dev, &thin), "a 1-channel 3x3 convolution (9 products) "
+              "takes bf16 storage");
+    /* linear layers: products worth bf16 (n, out, in) and not (in < 16),
+     * with and without bias and relu, dW fresh and accumulated */
+    static const int64_t lshapes[][3] = {{24, 40, 72}, {5, 33, 64}, {24, 40, 8}, {1, 3, 20}};
+    for (int frozen = 0; frozen < 2; frozen++)
+        for (int q = 0; q < 4; q++)
+            for (int variant = 0; variant < 3; variant++) {
+                int64_t n = lshapes[q][0], out = lshapes[q][1], in = lshapes[q][2];
+                bool has_bias = variant > 0, relu = variant == 2, fresh = variant != 1;
+                float *xf, *dyf;
+                uint16_t *x = b16rand(dev, n * in, &xf), *dy = b16rand(dev, n * out, &dyf);
+                float *w = drand(dev, out * in), *bias = has_bias ? drand(dev, out) : NULL;
+                float *yf = dalloc(dev, n * out), *dxf = dalloc(dev, n * in);
+                uint16_t *y = (uint16_t *)dalloc(dev, n * out);
+                uint16_t *dx = (uint16_t *)dalloc(dev, n * in);
+                float *dw0 = drand(dev, out * in), *db0 = drand(dev, out);
+                float *dw1 = dalloc(dev, out * in), *db1 = dalloc(dev, out);
+                memcpy(dw1, dw0, sizeof(float) * (size_t)(out * in));
+                memcpy(db1, db0, sizeof(float) * (size_t)out);
+                if (frozen) CHECK_OK(gp_dev_freeze_weights(dev, true));
+                CHECK_OK(gp_dev_linear_fwd(dev, n, out, in, xf, w, bias, relu, yf));
+                CHECK_OK(gp_dev_linear_fwd_bf16(dev, n, out, in, x, w, bias, relu, y));
+                snprintf(what, sizeof what, "bf16-storage linear %lldx%lldx%lld v%d%s fwd",
+                         (long long)n, (long long)out, (long long)in, variant,
+                         frozen ? " frozen" : "");
+                check_bits(what, y, yf, n * out);
+                CHECK_OK(gp_dev_gemm_wb(dev, 0, 0, n, in, out, 1.0f, dyf, out, w, in, 0.0f, dxf,
+                                        in));
+                CHECK_OK(gp_dev_linear_bwd_data_bf16(dev, n, out, in, dy, w, dx));
+                snprintf(what, sizeof what, "bf16-storage linear %lldx%lldx%lld v%d%s bwd_data",
+                         (long long)n, (long long)out, (long long)in, variant,
+                         frozen ? " frozen" : "");
+                check_bits(what, dx, dxf, n * in);
+                CHECK_OK(gp_dev_gemm(dev, 1, 0, out, in, n, 1.0f, dyf, out, xf, in,
+                                     fresh ? 0.0f : 1.0f, dw0, in));
+                if (has_bias) {
+                    if (fresh) CHECK_OK(gp_dev_fill(dev, db0, 0.0f, out));
+                    CHECK_OK(gp_dev_sum_rows(dev, dyf, db0, n, out));
+                }
+                CHECK_OK(gp_dev_linear_bwd_weights_bf16(dev, n, out, in, dy, x, dw1,
+                                                        has_bias ? db1 : NULL, fresh));
+                if (frozen) CHECK_OK(gp_dev_freeze_weights(dev, false));
+                CHECK_MSG(memcmp(dw0, dw1, sizeof(float) * (size_t)(out * in)) == 0 &&
+                              memcmp(db0, db1, sizeof(float) * (size_t)out) == 0,
+                          "bf16-storage linear %lldx%lldx%lld v%d%s bwd_weights: dw or db "
+                          "differs from the adapter's", (long long)n, (long long)out,
+                          (long long)in, variant, frozen ? " frozen" : "");
+                dfree(dev, xf, n * in); dfree(dev, dyf, n * out);
+                dfree(dev, (float *)x, (n * in + 1) / 2); dfree(dev, (float *)dy, (n * out + 1) / 2);
+                dfree(dev, w, out * in);
+                if (bias) dfree(dev, bias, out);
+                dfree(dev, yf, n * out); dfree(dev, dxf, n * in);
+                dfree(dev, (float *)y, n * out); dfree(dev, (float *)dx, n * in);
+                dfree(dev, dw0, out * in); dfree(dev, db0, out);
+                dfree(dev, dw1, out * in); dfree(dev, db1, out);
+            }
 }
 
 static void test_conv(gp_device *dev)

@@ -227,17 +227,20 @@ static void test_defaults(void)
     CHECK(c.train.precision == 0 && !c.train.deterministic);
     CHECK(c.pipeline.copy_precision == GP_COPY_AUTO && !gp_config_bf16_copies(&c));
     CHECK(c.pipeline.peer_timeout == GP_PEER_TIMEOUT_DEFAULT);
-    c.train.precision = GP_PRECISION_BF16; /* auto follows the precision */
-    CHECK(gp_config_bf16_copies(&c));
+    c.train.precision = GP_PRECISION_BF16; /* auto follows the precision (below) */
+    CHECK(!gp_config_bf16_copies(&c));     /* bf16 storage travels as it is */
     c.train.precision = GP_PRECISION_TF32;
     CHECK(!gp_config_bf16_copies(&c));
-    /* train.activations: auto stores FP32 on CPU devices (under bf16 too:
-     * their convolutions still run behind the adapter) and follows the
-     * precision where every device is a GPU; bf16 stores bf16 under any
-     * precision, and then nothing is packed to travel */
+    /* train.activations: auto follows the precision on every device kind
+     * (bf16 storage under bf16, then nothing is packed to travel); fp32
+     * keeps FP32 storage under bf16 (its copies then travel packed); bf16
+     * stores bf16 under any precision */
     CHECK(c.train.activations == GP_ACT_AUTO && gp_config_act_dtype(&c) == GP_F32);
     c.train.precision = GP_PRECISION_BF16;
+    CHECK(gp_config_act_dtype(&c) == GP_BF16 && !gp_config_bf16_copies(&c)); /* cpu:0 */
+    c.train.activations = GP_ACT_FP32;
     CHECK(gp_config_act_dtype(&c) == GP_F32 && gp_config_bf16_copies(&c));
+    c.train.activations = GP_ACT_AUTO;
     {
         gp_pipeline_config keep = c.pipeline;
         c.pipeline.n_devices = 2;
@@ -251,7 +254,7 @@ static void test_defaults(void)
         CHECK(gp_config_act_dtype(&c) == GP_F32 && gp_config_bf16_copies(&c));
         c.train.activations = GP_ACT_AUTO;
         snprintf(c.pipeline.devices[1].name, sizeof c.pipeline.devices[1].name, "cpu:0");
-        CHECK(gp_config_act_dtype(&c) == GP_F32); /* a CPU among them */
+        CHECK(gp_config_act_dtype(&c) == GP_BF16); /* a CPU among them too */
         c.pipeline = keep;
     }
     c.train.activations = GP_ACT_BF16;

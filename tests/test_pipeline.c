@@ -20,6 +20,11 @@
  *   - causal self-attention: a stack with an attention layer on 2 devices
  *     (every cut, checkpoint mode, GPipe and 1F1B) equals the one-device
  *     run bit for bit (attention_transparency);
+ *   - precision bf16 with bf16 storage, where the processor has bf16
+ *     instructions (convolutions and linear layers on oneDNN's bf16
+ *     kernels over bf16 memory): the same grid as bf16 storage in the
+ *     storage-only mode, bit for bit, and a step converts only at its first
+ *     layer (bf16_native);
  * Runs under ThreadSanitizer in CI (label "threads").
  */
 #include "pipeline/pipeline.h"
@@ -144,6 +149,92 @@ static void bf16_storage_transparency(void)
            transparency_failures - before, runs,
            sanitized ? " (sanitizer build: 4 devices, interleaved 2, only)" : "");
     CHECK(runs == (sanitized ? 2 * (3 * 3 + 3) : 2 * (4 * 3 + 3 * 3 + 3 * 3)));
+}
+
+/* Devices with precision bf16 (the products on bf16 operands), on a
+ * processor that has the instructions; false (and devs as they were)
+ * where the device refuses bf16, which test_backend checks. */
+static bool open_bf16_devs(void)
+{
+    gp_device_opts o = {.threads = 1, .precision = GP_PRECISION_BF16};
+    gp_device *b[4] = {NULL};
+    for (int j = 0; j < 4; j++) {
+        char name[16];
+        snprintf(name, sizeof name, "cpu:%d", j);
+        if (gp_device_open(name, &o, &b[j]) != GP_OK) {
+            CHECK_MSG(j == 0, "cpu:%d refused bf16 after cpu:0 took it: %s", j, gp_last_error());
+            gp_error_clear();
+            for (int i = 0; i < j; i++) gp_device_close(b[i]);
+            return false;
+        }
+    }
+    for (int j = 0; j < 4; j++) {
+        gp_device_close(devs[j]);
+        devs[j] = b[j];
+    }
+    gp_device_bind_thread(devs[0]);
+    return true;
+}
+
+static void close_bf16_devs(void)
+{
+    for (int j = 0; j < 4; j++) gp_device_close(devs[j]);
+    open_devs();
+}
+
+/* Precision bf16 with bf16 storage (the issue's contract on a CPU with the
+ * instructions: convolutions and linear layers on oneDNN's bf16 kernels
+ * reading and writing bf16 memory, conv_*_bf16 and linear_*_bf16): the
+ * pipeline is bit for bit the one-device run, for every schedule and
+ * checkpoint mode, both models, 2 to 4 devices; and a step converts only
+ * at the first layer (its FP32 input: a 1-channel convolution, 9 products
+ * an output, stays FP32 by gp_bf16_conv_worth, behind the adapter). */
+static void bf16_native(void)
+{
+    if (!open_bf16_devs()) {
+        printf("test_pipeline: precision bf16: no bf16 instructions here (the devices refuse "
+               "it): its transparency and conversion counts not run\n");
+        return;
+    }
+    int before = transparency_failures, runs = 0;
+    bool sanitized = gpt_sanitizer() != GPT_SAN_NONE;
+    act = GP_ACT_BF16;
+    for (int model = 0; model < 2; model++)
+        for (int n = 2; n <= 4; n++)
+            for (int ck = 0; ck < 3; ck++)
+                for (int kd = 0; kd <= GP_SCHEDULE_INTERLEAVED; kd++) {
+                    if (kd == GP_SCHEDULE_INTERLEAVED && n != 2) continue;
+                    if (sanitized && n != (kd == GP_SCHEDULE_INTERLEAVED ? 2 : 4)) continue;
+                    transparency(model == 1, n, n == 3 ? 3 : 4, (gp_checkpoint_mode)ck,
+                                 (n + ck) % 2 == 1, (gp_schedule_kind)kd, false);
+                    runs++;
+                }
+    act = GP_ACT_AUTO;
+    printf("test_pipeline: precision bf16, bf16 activations: %d of %d configurations differ%s\n",
+           transparency_failures - before, runs,
+           sanitized ? " (sanitizer build: 4 devices, interleaved 2, only)" : "");
+    CHECK(runs == (sanitized ? 2 * (3 * 3 + 3) : 2 * (4 * 3 + 3 * 3 + 3 * 3)));
+    for (int m = 1; m <= 4; m += 3) {
+        gp_config c = make_cfg(true);
+        c.train.precision = GP_PRECISION_BF16;
+        c.train.activations = GP_ACT_AUTO; /* bf16 under precision bf16 */
+        c.pipeline.chunks = m;
+        c.pipeline.checkpoint = GP_CKPT_NEVER;
+        CHECK(gp_config_act_dtype(&c) == GP_BF16);
+        gp_model one;
+        float x[BATCH * 72], y[BATCH];
+        make_batch(&c, 0, x, y);
+        CHECK_OK(gp_model_build(&c, devs[0], &one));
+        CHECK_OK(gp_model_train_step(&one, &c, x, y, BATCH, m, 0.05, NULL)); /* warm */
+        uint64_t before_c = __atomic_load_n(&devs[0]->bf16_conversions, __ATOMIC_RELAXED);
+        CHECK_OK(gp_model_train_step(&one, &c, x, y, BATCH, m, 0.05, NULL));
+        uint64_t made = __atomic_load_n(&devs[0]->bf16_conversions, __ATOMIC_RELAXED) - before_c;
+        CHECK_MSG(made == (uint64_t)(2 * m), "the convnet on precision bf16, m = %d: %llu "
+                  "conversions a step, want the first layer's %d", m, (unsigned long long)made,
+                  2 * m);
+        gp_model_free(&one);
+    }
+    close_bf16_devs();
 }
 
 /* Under a sanitizer a few (transparency_grid's: every schedule, both
@@ -1287,6 +1378,7 @@ int main(void)
     bf16_storage_transparency();
     bf16_storage_effect();
     bf16_conversions();
+    bf16_native();
     bn_commit_calls();
     adam_transparency();
     clip_transparency();

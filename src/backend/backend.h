@@ -969,7 +969,10 @@ typedef struct gp_device_iface {
      * anyway, so they are read and written as they are, without the pack
      * and widen of either side, bit for bit the storage adapter's (CUDA:
      * cuDNN reads x and dy and writes y and dx in bf16; the bias is added
-     * to y in one pass, rounded once).  NULL: the adapter. */
+     * to y in one pass, rounded once; CPU: oneDNN's bf16 primitives on
+     * bf16 user memory, plain or channel-blocked, y and dx rounded once
+     * from the FP32 sums with the bias added in FP32).  NULL: the
+     * adapter. */
     gp_status (*conv_fwd_bf16)(gp_device *dev, const gp_conv_desc *d, const uint16_t *x,
                                const float *w, const float *b, uint16_t *y);
     gp_status (*conv_bwd_data_bf16)(gp_device *dev, const gp_conv_desc *d, const float *w,
@@ -1032,7 +1035,10 @@ typedef struct gp_device_iface {
      * and x, dw and db FP32.  For a device whose precision is bf16
      * (gp_dev_linear_bf16_has): the products take the bf16 activations as
      * they are (CUDA: cuBLASLt with bf16 A, B and, for y and dx, D, the
-     * bias and relu as its epilogue).  NULL: the storage adapter. */
+     * bias and relu as its epilogue; CPU: a oneDNN matmul likewise, the
+     * weights' bf16 copy kept for the step).  Products not worth bf16
+     * (gp_bf16_gemm_worth) run the FP32 way on widened copies: the
+     * adapter's bits.  NULL: the storage adapter. */
     gp_status (*linear_fwd_bf16)(gp_device *dev, int64_t n, int64_t out, int64_t in,
                                  const uint16_t *x, const float *w, const float *bias, bool relu,
                                  uint16_t *y);
@@ -1702,12 +1708,14 @@ gp_status gp_dev_xent_bf16(gp_device *dev, const uint16_t *logits, const float *
                            uint16_t *dlogits, gp_loss_result *out);
 /* Whether convolution d takes bf16 storage on dev: the device has the
  * conv_*_bf16 slots and runs d in bf16 (precision bf16 and
- * gp_bf16_conv_worth); else the storage adapter runs it. */
+ * gp_bf16_conv_worth); else the storage adapter runs it.  Its activations
+ * may be channel-blocked (d->xblk, d->yblk) where the device says so
+ * (gp_dev_act_block: a CPU's oneDNN block; never on a GPU). */
 static inline bool gp_dev_conv_bf16_takes(const gp_device *dev, const gp_conv_desc *d)
 {
     return dev->iface->conv_fwd_bf16 && dev->iface->conv_bwd_data_bf16 &&
            dev->iface->conv_bwd_weights_bf16 && dev->precision == GP_PRECISION_BF16 &&
-           gp_bf16_conv_worth(d) && !d->xblk && !d->yblk;
+           gp_bf16_conv_worth(d);
 }
 /* conv_*_bf16 (backend.h); GP_ERR_UNSUPPORTED where gp_dev_conv_bf16_takes
  * is false. */

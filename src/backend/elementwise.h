@@ -415,6 +415,26 @@ GP_EW_FN uint16_t gp_ew_bf16_bits(float x)
     return (uint16_t)(v.u >> 16);
 }
 
+/* relu on bf16 patterns, in 16-bit integer operations that vectorise:
+ * the bits of gp_ew_bf16_bits(gp_ew_relu(value(x))), which keeps a
+ * positive x (1 .. 0x7f80, +inf included) and a NaN (as 0x7fc0) and gives
+ * 0 for the rest; and of gp_ew_bf16_bits(gp_ew_relu_bwd(value(y),
+ * value(dy))), dy where y is positive (a NaN dy as 0x7fc0), else 0
+ * (test_backend compares both with the float forms over every pattern). */
+GP_EW_FN uint16_t gp_ew_bf16_relu_fwd_bits(uint16_t x)
+{
+    uint16_t pos = (uint16_t)(x - 1u) < 0x7f80u ? 0xffffu : 0u;
+    uint16_t nan = (x & 0x7fffu) > 0x7f80u ? 0xffffu : 0u;
+    return (uint16_t)((pos & x) | (nan & 0x7fc0u));
+}
+
+GP_EW_FN uint16_t gp_ew_bf16_relu_bwd_bits(uint16_t y, uint16_t dy)
+{
+    uint16_t pos = (uint16_t)(y - 1u) < 0x7f80u ? 0xffffu : 0u;
+    uint16_t nan = (dy & 0x7fffu) > 0x7f80u ? 0xffffu : 0u;
+    return (uint16_t)(pos & ((nan & 0x7fc0u) | (~nan & dy)));
+}
+
 /* The FP32 value of a bfloat16 pattern: exact (its low 16 bits zero). */
 GP_EW_FN float gp_ew_bf16_value(uint16_t b)
 {

@@ -21,21 +21,21 @@ const char *gp_checkpoint_mode_name(gp_checkpoint_mode m)
     return (unsigned)m < (unsigned)GP_COUNT(k_ckpt_names) ? k_ckpt_names[m] : "?";
 }
 
-/* auto follows train.precision where every device is a GPU: bf16 storage
- * under precision bf16, whose layers there have bf16 kernels, measured
- * faster and smaller than FP32 storage on every row of issue 50's table
- * (an H100 on 2026-11-27: ResNet-101 at 128 95 ms and a 15.2 GB peak
- * against 133 ms and 22.7 GB; bench/README.md, "bf16 activations").  FP32 storage
- * elsewhere: a CPU's convolutions and linear layers still run behind the
- * storage adapter, whose passes no processor with bf16 instructions has
- * measured yet. */
+/* auto follows train.precision: bf16 storage under precision bf16, the
+ * issue-50 contract PyTorch's autocast users know, on every backend.  On
+ * GPUs every layer of the seeds' models has bf16 kernels, measured faster
+ * and smaller than FP32 storage on every row of issue 50's table (an H100
+ * on 2026-11-27: ResNet-101 at 128 95 ms and a 15.2 GB peak against 133 ms
+ * and 22.7 GB); on CPUs (whose precision bf16 needs bf16 instructions)
+ * convolutions and linear layers run oneDNN's bf16 kernels on bf16 memory
+ * since 2026-11-27, and bf16 storage was faster and half the activations'
+ * peak on bench/convnet.yaml and bench/mlp.yaml (bench/README.md, "bf16
+ * activations").  FP32 storage under precision fp32 and tf32. */
 gp_dtype gp_config_act_dtype(const gp_config *c)
 {
     if (c->train.activations != GP_ACT_AUTO)
         return c->train.activations == GP_ACT_BF16 ? GP_BF16 : GP_F32;
-    const gp_pipeline_config *pc = &c->pipeline;
-    bool gpus = gp_pipeline_devices_total(pc) > 0 && gp_pipeline_cpu_devices(pc) == 0;
-    return c->train.precision == GP_PRECISION_BF16 && gpus ? GP_BF16 : GP_F32;
+    return c->train.precision == GP_PRECISION_BF16 ? GP_BF16 : GP_F32;
 }
 
 bool gp_config_bf16_copies(const gp_config *c)

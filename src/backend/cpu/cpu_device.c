@@ -309,6 +309,12 @@ static const gp_device_iface cpu_iface = {
     .norm_leaky_bwd_bf16 = gp_cpu_norm_leaky_bwd_bf16,
     .upsample_fwd_bf16 = gp_cpu_upsample_fwd_bf16,
     .upsample_bwd_bf16 = gp_cpu_upsample_bwd_bf16,
+    .conv_fwd_bf16 = gp_cpu_conv_fwd_bf16,
+    .conv_bwd_data_bf16 = gp_cpu_conv_bwd_data_bf16,
+    .conv_bwd_weights_bf16 = gp_cpu_conv_bwd_weights_bf16,
+    .linear_fwd_bf16 = gp_cpu_linear_fwd_bf16,
+    .linear_bwd_data_bf16 = gp_cpu_linear_bwd_data_bf16,
+    .linear_bwd_weights_bf16 = gp_cpu_linear_bwd_weights_bf16,
 };
 
 static cpu_conv_layout conv_layout_from_env(void)
@@ -383,7 +389,7 @@ gp_status gp_cpu_device_create(int index, const gp_device_opts *opts, gp_device 
      * 0), for the A/B of bench/README.md's "Blocked layouts across a
      * stage" */
     const char *kb = getenv("GPIPE_CPU_KEEP_BLOCKS");
-    ctx->act_blk = (kb && !strcmp(kb, "0")) || ctx->bf16 ? 0 : gp_cpu_isa_block();
+    ctx->act_blk = kb && !strcmp(kb, "0") ? 0 : gp_cpu_isa_block();
     /* A test hook: GPIPE_CPU_FAKE_SEARCH=MiB plays a GPU's algorithm search
      * (cpu_dnnl.c conv_op), so the profile's handling of it runs here. */
     const char *fs = getenv("GPIPE_CPU_FAKE_SEARCH");

@@ -503,10 +503,11 @@ static int64_t pad_right(int64_t in, int64_t k, int64_t s, int64_t pl, int64_t o
 
 /* ---- convolution --------------------------------------------------------------- */
 
-static cpu_key conv_key(cpu_op_kind kind, const gp_conv_desc *d)
+static cpu_key conv_key(cpu_op_kind kind, const gp_conv_desc *d, bool io16)
 {
     cpu_key k = {{kind, d->n, d->c, d->h, d->w, d->k, d->kh, d->kw, d->sh, d->sw,
-                  d->ph, d->pw, d->oh, d->ow, d->has_bias != 0, d->xblk | d->yblk << 8}};
+                  d->ph, d->pw, d->oh, d->ow, d->has_bias != 0,
+                  d->xblk | d->yblk << 8 | (int64_t)io16 << 16}};
     return k;
 }
 
@@ -515,6 +516,7 @@ typedef struct conv_build {
     cpu_op_kind kind;
     int mode; /* conv_mode */
     bool bf16; /* the device's precision (its own cache: not in the key) */
+    bool io16; /* bf16 storage (the conv_*_bf16 slots): x, y, dx, dy bf16 */
 } conv_build;
 
 /* Blocked layouts pay off once the output channels fill half a 16-wide
@@ -575,7 +577,7 @@ int64_t gp_cpu_isa_block(void)
                                                                          : 0;
 }
 
-/* ctx->act_blk (the device's block, 0 under bf16 or GPIPE_CPU_KEEP_BLOCKS=0)
+/* ctx->act_blk (the device's block, 0 with GPIPE_CPU_KEEP_BLOCKS=0)
  * where the convolution computes that side blocked; a CONV_FIRST
  * convolution's input stays plain. */
 int64_t gp_cpu_act_block(gp_device *dev, const gp_conv_desc *d, bool output)
@@ -598,17 +600,24 @@ static gp_status build_conv(gp_cpu_ctx *ctx, cpu_op *op, const void *desc)
     dnnl_memory_desc_t src, wei, bias, dst, src_any, wei_any, dst_any;
     int64_t sd[4] = {d->n, d->c, d->h, d->w}, wd[4] = {d->k, d->c, d->kh, d->kw};
     int64_t dd[4] = {d->n, d->k, d->oh, d->ow}, bd[1] = {d->k};
-    GP_TRY(md_init(&src, 4, sd, act_tag(d->xblk)));
+    /* bf16 storage: the activations' user memory is bf16, plain or in
+     * the block of a chain (gp_layers_blocked) */
+    dnnl_data_type_t act = cb->io16 ? dnnl_bf16 : dnnl_f32;
+    GP_TRY(md_init_t(&src, 4, sd, act, act_tag(d->xblk)));
     GP_TRY(md_init(&wei, 4, wd, dnnl_oihw));
-    GP_TRY(md_init(&dst, 4, dd, act_tag(d->yblk)));
+    GP_TRY(md_init_t(&dst, 4, dd, act, act_tag(d->yblk)));
     GP_TRY(md_init(&bias, 1, bd, dnnl_a));
     /* bf16 (backend.h, gp_precision): the operands a product reads (x and
      * w forward; dy and w for dx; x and dy for dw) in bf16, what it writes
      * (y, dx, dw, db) in FP32; the reorders into the primitive's layouts
-     * convert, so the layers' tensors stay FP32 */
+     * convert, so the layers' tensors stay FP32.  On bf16 storage (io16)
+     * the primitive writes y and dx in bf16 itself, from its FP32
+     * accumulators (the bias added in FP32), rounded once as the storage
+     * adapter would round its FP32 output, with no FP32 copy of either
+     * side */
     dnnl_data_type_t in = cb->bf16 ? dnnl_bf16 : dnnl_f32;
-    dnnl_data_type_t dy_t = cb->kind == CPU_OP_CONV_FWD ? dnnl_f32 : in;
-    dnnl_data_type_t x_t = cb->kind == CPU_OP_CONV_BWD_DATA ? dnnl_f32 : in;
+    dnnl_data_type_t dy_t = cb->kind == CPU_OP_CONV_FWD && !cb->io16 ? dnnl_f32 : in;
+    dnnl_data_type_t x_t = cb->kind == CPU_OP_CONV_BWD_DATA && !cb->io16 ? dnnl_f32 : in;
     dnnl_data_type_t w_t = cb->kind == CPU_OP_CONV_BWD_WEIGHTS ? dnnl_f32 : in;
     /* CONV_FIRST: the input stays plain (a few channels: blocking would pad
      * them to the block), weights and output in the primitive's layouts */
@@ -622,7 +631,7 @@ static gp_status build_conv(gp_cpu_ctx *ctx, cpu_op *op, const void *desc)
     dnnl_memory_desc_t hsrc, hwei, hdst;
     GP_TRY(md_init_t(&hsrc, 4, sd, in, xf));
     GP_TRY(md_init_t(&hwei, 4, wd, in, wf));
-    GP_TRY(md_init_t(&hdst, 4, dd, dnnl_f32, yf));
+    GP_TRY(md_init_t(&hdst, 4, dd, cb->io16 ? dnnl_bf16 : dnnl_f32, yf));
     dnnl_dims_t strides = {d->sh, d->sw}, pl = {d->ph, d->pw};
     dnnl_dims_t pr = {pad_right(d->h, d->kh, d->sh, d->ph, d->oh),
                       pad_right(d->w, d->kw, d->sw, d->pw, d->ow)};
@@ -692,11 +701,15 @@ static gp_status conv_check(gp_device *dev, const gp_conv_desc *d)
     return GP_OK;
 }
 
-static gp_status conv_op(gp_device *dev, cpu_op_kind kind, const gp_conv_desc *d, cpu_op **op)
+static gp_status conv_op(gp_device *dev, cpu_op_kind kind, const gp_conv_desc *d, bool io16,
+                         cpu_op **op)
 {
     GP_TRY(conv_check(dev, d));
-    cpu_key key = conv_key(kind, d);
-    conv_build cb = {d, kind, conv_mode(gp_cpu_ctx_of(dev), d), conv_bf16(gp_cpu_ctx_of(dev), d)};
+    cpu_key key = conv_key(kind, d, io16);
+    conv_build cb = {d, kind, conv_mode(gp_cpu_ctx_of(dev), d), conv_bf16(gp_cpu_ctx_of(dev), d),
+                     io16};
+    /* bf16 storage only where the product is bf16 (gp_dev_conv_bf16_takes) */
+    GP_ASSERT(!io16 || cb.bf16);
     static const char *names[] = {"", "a convolution forward", "a convolution backward-data",
                                   "a convolution backward-weights"};
     gp_cpu_ctx *ctx = gp_cpu_ctx_of(dev);
@@ -715,8 +728,37 @@ gp_status gp_cpu_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x,
                           const float *w, const float *b, float *y)
 {
     cpu_op *op = NULL;
-    GP_TRY(conv_op(dev, CPU_OP_CONV_FWD, d, &op));
+    GP_TRY(conv_op(dev, CPU_OP_CONV_FWD, d, false, &op));
     void *p[4] = {(void *)x, (void *)w, (void *)b, y};
+    return op_run(dev, op, p);
+}
+
+/* conv_*_bf16 (backend.h): the same primitives on bf16 user memory */
+gp_status gp_cpu_conv_fwd_bf16(gp_device *dev, const gp_conv_desc *d, const uint16_t *x,
+                               const float *w, const float *b, uint16_t *y)
+{
+    cpu_op *op = NULL;
+    GP_TRY(conv_op(dev, CPU_OP_CONV_FWD, d, true, &op));
+    void *p[4] = {(void *)x, (void *)w, (void *)b, y};
+    return op_run(dev, op, p);
+}
+
+gp_status gp_cpu_conv_bwd_data_bf16(gp_device *dev, const gp_conv_desc *d, const float *w,
+                                    const uint16_t *dy, uint16_t *dx)
+{
+    cpu_op *op = NULL;
+    GP_TRY(conv_op(dev, CPU_OP_CONV_BWD_DATA, d, true, &op));
+    void *p[4] = {dx, (void *)w, NULL, (void *)dy};
+    return op_run(dev, op, p);
+}
+
+gp_status gp_cpu_conv_bwd_weights_bf16(gp_device *dev, const gp_conv_desc *d,
+                                       const uint16_t *x, const uint16_t *dy, float *dw,
+                                       float *db)
+{
+    cpu_op *op = NULL;
+    GP_TRY(conv_op(dev, CPU_OP_CONV_BWD_WEIGHTS, d, true, &op));
+    void *p[4] = {(void *)x, dw, db, (void *)dy};
     return op_run(dev, op, p);
 }
 
@@ -724,7 +766,7 @@ gp_status gp_cpu_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const floa
                                const float *dy, float *dx)
 {
     cpu_op *op = NULL;
-    GP_TRY(conv_op(dev, CPU_OP_CONV_BWD_DATA, d, &op));
+    GP_TRY(conv_op(dev, CPU_OP_CONV_BWD_DATA, d, false, &op));
     void *p[4] = {dx, (void *)w, NULL, (void *)dy};
     return op_run(dev, op, p);
 }
@@ -735,7 +777,7 @@ gp_status gp_cpu_conv_act_reorders(gp_device *dev, const gp_conv_desc *d, int co
         cpu_op *op = NULL;
         int *c = &count[kind - CPU_OP_CONV_FWD];
         *c = 0;
-        GP_TRY(conv_op(dev, (cpu_op_kind)kind, d, &op));
+        GP_TRY(conv_op(dev, (cpu_op_kind)kind, d, false, &op));
         for (int i = 0; i < op->nargs; i++)
             if (op->args[i].reorder &&
                 (op->args[i].slot == CONV_SLOT_X || op->args[i].slot == CONV_SLOT_Y))
@@ -748,7 +790,7 @@ gp_status gp_cpu_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const f
                                   const float *dy, float *dw, float *db)
 {
     cpu_op *op = NULL;
-    GP_TRY(conv_op(dev, CPU_OP_CONV_BWD_WEIGHTS, d, &op));
+    GP_TRY(conv_op(dev, CPU_OP_CONV_BWD_WEIGHTS, d, false, &op));
     void *p[4] = {(void *)x, dw, db, (void *)dy};
     return op_run(dev, op, p);
 }
@@ -765,6 +807,10 @@ typedef struct {
     int ta, tb;
     float alpha, beta;
     bool b_weights; /* B is frozen weights: its bf16 copy may be kept */
+    /* bf16 storage (the linear_*_bf16 slots): A, B, C as they lie are bf16
+     * (else FP32); a bias row (n, FP32, slot 3) added and a relu applied to
+     * the FP32 sums before C is written (rounded once where C is bf16) */
+    bool a16, b16, c16, bias, relu;
 } mm_build;
 
 static gp_status strided_md(dnnl_memory_desc_t *md, int64_t rows, int64_t cols, int64_t ld,
@@ -780,21 +826,34 @@ static gp_status build_matmul(gp_cpu_ctx *ctx, cpu_op *op, const void *desc)
 {
     const mm_build *b = desc;
     gp_status st = GP_OK;
-    dnnl_memory_desc_t a_user, b_user, c_md, a_any, b_any;
+    dnnl_memory_desc_t a_user, b_user, c_md, a_any, b_any, bias_md;
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t po = NULL;
-    GP_TRY(strided_md(&a_user, b->m, b->k, b->lda, b->ta, dnnl_f32));
-    GP_TRY(strided_md(&b_user, b->k, b->n, b->ldb, b->tb, dnnl_f32));
-    GP_TRY(strided_md(&c_md, b->m, b->n, b->ldc, 0, dnnl_f32));
+    GP_TRY(strided_md(&a_user, b->m, b->k, b->lda, b->ta, b->a16 ? dnnl_bf16 : dnnl_f32));
+    GP_TRY(strided_md(&b_user, b->k, b->n, b->ldb, b->tb, b->b16 ? dnnl_bf16 : dnnl_f32));
+    GP_TRY(strided_md(&c_md, b->m, b->n, b->ldc, 0, b->c16 ? dnnl_bf16 : dnnl_f32));
     GP_TRY(md_init_t(&a_any, 2, (int64_t[]){b->m, b->k}, dnnl_bf16, dnnl_format_tag_any));
-    GP_TRY(md_init_t(&b_any, 2, (int64_t[]){b->k, b->n}, dnnl_bf16, dnnl_format_tag_any));
+    /* Frozen weights are converted once a step (kept, op_run) into bf16
+     * laid out as the FP32 tensor lies: a plain cast.  Left to choose
+     * (format any), oneDNN's brgemm asks for BA16a64b2a, whose reorder
+     * from FP32 took 2.3-2.8 ms per 2048 x 2048 weight against 0.6-0.8
+     * for the cast, while its products on the plain copy are as fast at
+     * 256 rows and 0.1-0.2 ms slower per call at 32 (AMD EPYC with
+     * avx512_bf16, 2 threads): bench/mlp.yaml's bf16 step 141 -> 123 ms,
+     * and 58 -> 38 ms at batch 32 (bench/README.md, "bf16 activations"). */
+    if (b->b_weights)
+        GP_TRY(strided_md(&b_any, b->k, b->n, b->ldb, b->tb, dnnl_bf16));
+    else
+        GP_TRY(md_init_t(&b_any, 2, (int64_t[]){b->k, b->n}, dnnl_bf16, dnnl_format_tag_any));
+    GP_TRY(md_init(&bias_md, 2, (int64_t[]){1, b->n}, dnnl_ab));
     dnnl_matmul_desc_t md;
-    GP_DNNL(dnnl_matmul_desc_init(&md, &a_any, &b_any, NULL, &c_md));
+    GP_DNNL(dnnl_matmul_desc_init(&md, &a_any, &b_any, b->bias ? &bias_md : NULL, &c_md));
     GP_TRY(make_attr(&attr, 0));
     if (b->alpha != 1.0f) GP_DNNL(dnnl_primitive_attr_set_output_scales(attr, 1, 0, &b->alpha));
-    if (b->beta != 0.0f) {
+    if (b->beta != 0.0f || b->relu) {
         GP_DNNL(dnnl_post_ops_create(&po));
-        GP_DNNL(dnnl_post_ops_append_sum(po, b->beta));
+        if (b->beta != 0.0f) GP_DNNL(dnnl_post_ops_append_sum(po, b->beta));
+        if (b->relu) GP_DNNL(dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f));
         GP_DNNL(dnnl_primitive_attr_set_post_ops(attr, po));
     }
     GP_DNNL(dnnl_primitive_desc_create(&op->pd, &md, attr, ctx->engine, NULL));
@@ -804,6 +863,7 @@ static gp_status build_matmul(gp_cpu_ctx *ctx, cpu_op *op, const void *desc)
     GP_TRY(op_add_arg(ctx, op, DNNL_ARG_SRC, 0, CPU_ARG_IN, &a_user, &temp));
     GP_TRY(op_add_arg(ctx, op, DNNL_ARG_WEIGHTS, 1, CPU_ARG_IN, &b_user, &temp));
     GP_TRY(op_add_arg(ctx, op, DNNL_ARG_DST, 2, CPU_ARG_OUT, &c_md, &temp));
+    if (b->bias) GP_TRY(op_add_arg(ctx, op, DNNL_ARG_BIAS, 3, CPU_ARG_IN, &bias_md, &temp));
     st = op_finish(ctx, op, temp);
 fail:
     if (po) dnnl_post_ops_destroy(po);
@@ -811,20 +871,128 @@ fail:
     return st;
 }
 
+static gp_status matmul_run(gp_device *dev, const mm_build *mb, const void *a, const void *b,
+                            void *c, const float *bias);
+
 gp_status gp_cpu_gemm_bf16(gp_device *dev, int trans_a, int trans_b, int64_t m, int64_t n,
                            int64_t k, float alpha, const float *a, int64_t lda, const float *b,
                            int64_t ldb, float beta, float *c, int64_t ldc, bool b_weights)
 {
+    mm_build mb = {.m = m, .n = n, .k = k, .lda = lda, .ldb = ldb, .ldc = ldc,
+                   .ta = trans_a != 0, .tb = trans_b != 0, .alpha = alpha, .beta = beta,
+                   .b_weights = b_weights};
+    return matmul_run(dev, &mb, a, b, c, NULL);
+}
+
+/* The bf16 product mb on the call's buffers (bias: slot 3, or NULL). */
+static gp_status matmul_run(gp_device *dev, const mm_build *mb, const void *a, const void *b,
+                            void *c, const float *bias)
+{
     int32_t ab, bb;
-    memcpy(&ab, &alpha, sizeof ab);
-    memcpy(&bb, &beta, sizeof bb);
-    cpu_key key = {{CPU_OP_MATMUL_BF16, m, n, k, trans_a != 0, trans_b != 0, lda, ldb, ldc, ab,
-                    bb, b_weights, 0, 0, 0, 0}};
-    mm_build mb = {m, n, k, lda, ldb, ldc, trans_a != 0, trans_b != 0, alpha, beta, b_weights};
+    memcpy(&ab, &mb->alpha, sizeof ab);
+    memcpy(&bb, &mb->beta, sizeof bb);
+    int64_t io = mb->a16 | mb->b16 << 1 | mb->c16 << 2 | mb->bias << 3 | mb->relu << 4;
+    cpu_key key = {{CPU_OP_MATMUL_BF16, mb->m, mb->n, mb->k, mb->ta, mb->tb, mb->lda, mb->ldb,
+                    mb->ldc, ab, bb, mb->b_weights, io, 0, 0, 0}};
     cpu_op *op = NULL;
-    GP_TRY(op_get(dev, &key, build_matmul, &mb, "a bf16 matrix product", &op));
-    void *p[3] = {(void *)a, (void *)b, c};
+    GP_TRY(op_get(dev, &key, build_matmul, mb, "a bf16 matrix product", &op));
+    void *p[4] = {(void *)a, (void *)b, c, (void *)bias};
     return op_run(dev, op, p);
+}
+
+/* ---- linear layers on bf16 storage (linear_*_bf16, backend.h) -----------------------
+ * A product worth bf16 (gp_bf16_gemm_worth, as gemm decides on FP32
+ * storage) is one matmul that reads the bf16 activations as they lie and
+ * writes y or dx in bf16 from its FP32 sums, the bias and relu in its
+ * epilogue (relu(sum + bias), the FP32 slot's pass after the product),
+ * rounded once; the weights' bf16 copy is kept across a step (op_run).
+ * A product not worth it runs the FP32 slot on widened copies and rounds:
+ * the storage adapter's way, its bits. */
+
+/* An FP32 copy of n bf16 values in the device's workspace (free: f32_free). */
+static gp_status f32_of(gp_device *dev, const uint16_t *src, int64_t n, float **out)
+{
+    void *p = NULL;
+    *out = NULL;
+    GP_TRY(gp_dev_alloc(dev, (size_t)(n > 0 ? n : 1) * sizeof(float), GP_MEM_WORKSPACE, &p));
+    *out = p;
+    return src ? gp_cpu_bf16_unpack(dev, *out, src, n) : GP_OK;
+}
+
+static void f32_free(gp_device *dev, float *p, int64_t n)
+{
+    if (p) gp_dev_free(dev, p, (size_t)(n > 0 ? n : 1) * sizeof(float), GP_MEM_WORKSPACE);
+}
+
+gp_status gp_cpu_linear_fwd_bf16(gp_device *dev, int64_t n, int64_t out, int64_t in,
+                                 const uint16_t *x, const float *w, const float *bias, bool relu,
+                                 uint16_t *y)
+{
+    if (n == 0 || out == 0) return GP_OK;
+    if (gp_bf16_gemm_worth(n, out, in)) { /* y(n, out) = x(n, in) W(out, in)^T */
+        mm_build mb = {.m = n, .n = out, .k = in, .lda = in, .ldb = in, .ldc = out, .tb = 1,
+                       .alpha = 1.0f, .b_weights = true, .a16 = true, .c16 = true,
+                       .bias = bias != NULL, .relu = relu};
+        return matmul_run(dev, &mb, x, w, y, bias);
+    }
+    float *fx = NULL, *fy = NULL;
+    gp_status st = f32_of(dev, x, n * in, &fx);
+    if (st == GP_OK) st = f32_of(dev, NULL, n * out, &fy);
+    if (st == GP_OK) st = gp_cpu_linear_fwd(dev, n, out, in, fx, w, bias, relu, fy);
+    if (st == GP_OK) st = gp_cpu_bf16_pack(dev, y, fy, n * out);
+    f32_free(dev, fx, n * in);
+    f32_free(dev, fy, n * out);
+    return st;
+}
+
+/* dx(n, in) = dy(n, out) W(out, in) */
+gp_status gp_cpu_linear_bwd_data_bf16(gp_device *dev, int64_t n, int64_t out, int64_t in,
+                                      const uint16_t *dy, const float *w, uint16_t *dx)
+{
+    if (n == 0 || in == 0) return GP_OK;
+    if (gp_bf16_gemm_worth(n, in, out)) {
+        mm_build mb = {.m = n, .n = in, .k = out, .lda = out, .ldb = in, .ldc = in,
+                       .alpha = 1.0f, .b_weights = true, .a16 = true, .c16 = true};
+        return matmul_run(dev, &mb, dy, w, dx, NULL);
+    }
+    float *fdy = NULL, *fdx = NULL;
+    gp_status st = f32_of(dev, dy, n * out, &fdy);
+    if (st == GP_OK) st = f32_of(dev, NULL, n * in, &fdx);
+    if (st == GP_OK)
+        st = gp_cpu_gemm_wb(dev, 0, 0, n, in, out, 1.0f, fdy, out, w, in, 0.0f, fdx, in);
+    if (st == GP_OK) st = gp_cpu_bf16_pack(dev, dx, fdx, n * in);
+    f32_free(dev, fdy, n * out);
+    f32_free(dev, fdx, n * in);
+    return st;
+}
+
+/* dW(out, in) (fresh: =, else +=) dy^T(out, n) x(n, in); db likewise the
+ * column sums of dy (NULL: no bias) */
+gp_status gp_cpu_linear_bwd_weights_bf16(gp_device *dev, int64_t n, int64_t out, int64_t in,
+                                         const uint16_t *dy, const uint16_t *x, float *dw,
+                                         float *db, bool fresh)
+{
+    if (out == 0) return GP_OK;
+    float beta = fresh ? 0.0f : 1.0f;
+    if (n == 0) {
+        if (fresh) GP_TRY(gp_cpu_fill(dev, dw, 0.0f, out * in));
+    } else if (gp_bf16_gemm_worth(out, in, n)) {
+        mm_build mb = {.m = out, .n = in, .k = n, .lda = out, .ldb = in, .ldc = in, .ta = 1,
+                       .alpha = 1.0f, .beta = beta, .a16 = true, .b16 = true};
+        GP_TRY(matmul_run(dev, &mb, dy, x, dw, NULL));
+    } else {
+        float *fdy = NULL, *fx = NULL;
+        gp_status st = f32_of(dev, dy, n * out, &fdy);
+        if (st == GP_OK) st = f32_of(dev, x, n * in, &fx);
+        if (st == GP_OK)
+            st = gp_cpu_gemm(dev, 1, 0, out, in, n, 1.0f, fdy, out, fx, in, beta, dw, in);
+        f32_free(dev, fdy, n * out);
+        f32_free(dev, fx, n * in);
+        GP_TRY(st);
+    }
+    if (!db) return GP_OK;
+    if (fresh) GP_TRY(gp_cpu_fill(dev, db, 0.0f, out));
+    return n > 0 ? gp_cpu_sum_rows_bf16(dev, dy, db, n, out) : GP_OK;
 }
 
 /* ---- log-softmax ------------------------------------------------------------------- */

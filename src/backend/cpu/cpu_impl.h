@@ -202,9 +202,10 @@ typedef struct gp_cpu_ctx {
     bool keep_weights;        /* keep reordered weights while frozen;
                                  GPIPE_CPU_KEEP_WEIGHTS=0 turns it off */
     int64_t act_blk;          /* the channel block act_block may say:
-                                 gp_cpu_isa_block(), or 0 under bf16 (the
-                                 reorder converts anyway) or with
-                                 GPIPE_CPU_KEEP_BLOCKS=0 */
+                                 gp_cpu_isa_block(), or 0 with
+                                 GPIPE_CPU_KEEP_BLOCKS=0 (under bf16 too
+                                 since bf16 storage: the blocked bf16
+                                 activations need no reorder at all) */
     /* Weight gradients held in the primitives' layout while frozen, one per
      * gradient tensor, in the order first held (cpu_dnnl.c, "Held
      * gradients"). */
@@ -310,6 +311,23 @@ gp_status gp_cpu_conv_bwd_data(gp_device *dev, const gp_conv_desc *d,
 gp_status gp_cpu_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d,
                                   const float *x, const float *dy, float *dw,
                                   float *db);
+/* conv_*_bf16 and linear_*_bf16 (backend.h): bf16 storage under precision
+ * bf16, the products on oneDNN's bf16 kernels (cpu_dnnl.c) */
+gp_status gp_cpu_conv_fwd_bf16(gp_device *dev, const gp_conv_desc *d, const uint16_t *x,
+                               const float *w, const float *b, uint16_t *y);
+gp_status gp_cpu_conv_bwd_data_bf16(gp_device *dev, const gp_conv_desc *d, const float *w,
+                                    const uint16_t *dy, uint16_t *dx);
+gp_status gp_cpu_conv_bwd_weights_bf16(gp_device *dev, const gp_conv_desc *d,
+                                       const uint16_t *x, const uint16_t *dy, float *dw,
+                                       float *db);
+gp_status gp_cpu_linear_fwd_bf16(gp_device *dev, int64_t n, int64_t out, int64_t in,
+                                 const uint16_t *x, const float *w, const float *bias, bool relu,
+                                 uint16_t *y);
+gp_status gp_cpu_linear_bwd_data_bf16(gp_device *dev, int64_t n, int64_t out, int64_t in,
+                                      const uint16_t *dy, const float *w, uint16_t *dx);
+gp_status gp_cpu_linear_bwd_weights_bf16(gp_device *dev, int64_t n, int64_t out, int64_t in,
+                                         const uint16_t *dy, const uint16_t *x, float *dw,
+                                         float *db, bool fresh);
 size_t gp_cpu_pool_ws_bytes(gp_device *dev, const gp_pool_desc *d);
 gp_status gp_cpu_pool_fwd(gp_device *dev, const gp_pool_desc *d, const float *x,
                           float *y, void *ws);
@@ -369,6 +387,8 @@ gp_status gp_cpu_add_bias_rows(gp_device *dev, float *y, const float *bias,
                                int64_t rows, int64_t cols);
 gp_status gp_cpu_sum_rows(gp_device *dev, const float *dy, float *db,
                           int64_t rows, int64_t cols);
+gp_status gp_cpu_sum_rows_bf16(gp_device *dev, const uint16_t *dy, float *db,
+                               int64_t rows, int64_t cols);
 gp_status gp_cpu_relu_fwd(gp_device *dev, const float *x, float *y, int64_t n);
 gp_status gp_cpu_relu_bwd(gp_device *dev, const float *y, const float *dy,
                           float *dx, int64_t n);
