@@ -31,8 +31,6 @@
 #include "backend/cpu/cpu_impl.h"
 #include "backend/elementwise.h"
 
-#include <omp.h>
-
 #define BN_LANES 32
 #define BN_MAX_BLOCK 16
 
@@ -68,30 +66,52 @@ static inline int64_t chan_base(const gp_bn_desc *d, int64_t c)
  * k, a2 += (x - k)^2, k a shift); with one, those of the backward (a1 +=
  * dy, a2 += dy (x - k), k the mean). */
 
+/* One body for both storage types (B16_LD, B16_ST): on bf16 storage x, dy
+ * and the forward's residual are bf16 patterns widened on load (exactly)
+ * and y / dx are rounded once on store, so the sums and the per-element
+ * math are the FP32 loops' on the widened values, in the same order: the
+ * storage adapter's bits, with no FP32 copy at all.  Until 2026-11-27 the
+ * bf16 slots widened each task's channels into FP32 tiles, ran these
+ * loops on the tiles and rounded the output tile: on bench/convnet.yaml
+ * the widening and rounding passes took 6% of a bf16 step (AMD EPYC with
+ * avx512_bf16, 2 threads), more than the sums themselves.  Element
+ * offsets are in values; cadv/adv turn them into addresses. */
+static inline __attribute__((always_inline)) const void *cadv(const void *p, int64_t i,
+                                                              const bool b16)
+{
+    return p ? (const char *)p + i * (b16 ? 2 : 4) : NULL;
+}
+
+static inline __attribute__((always_inline)) void *adv(void *p, int64_t i, const bool b16)
+{
+    return p ? (char *)p + i * (b16 ? 2 : 4) : NULL;
+}
+
 /* `cnt` consecutive pixels of one plain channel into lanes 0 .. cnt - 1. */
 static inline __attribute__((always_inline)) void
-lanes_add(double *a1, double *a2, const float *p, const float *q, double k, int cnt,
-          const float *msk)
+lanes_add(double *a1, double *a2, const void *p, const void *q, double k, int cnt,
+          const float *msk, const bool b16)
 {
     if (q && msk) { /* dy masked by the relu after the norm: msk = scale, shift */
         const float sc = msk[0], sh = msk[1];
 #pragma omp simd
         for (int l = 0; l < cnt; l++) {
-            double gv = (double)gp_ew_bn_relu_dy(q[l], p[l], sc, sh);
+            const float pv = B16_LD(p, l);
+            double gv = (double)gp_ew_bn_relu_dy(B16_LD(q, l), pv, sc, sh);
             a1[l] += gv;
-            a2[l] += gv * ((double)p[l] - k);
+            a2[l] += gv * ((double)pv - k);
         }
     } else if (q) {
 #pragma omp simd
         for (int l = 0; l < cnt; l++) {
-            double gv = (double)q[l];
+            double gv = (double)B16_LD(q, l);
             a1[l] += gv;
-            a2[l] += gv * ((double)p[l] - k);
+            a2[l] += gv * ((double)B16_LD(p, l) - k);
         }
     } else {
 #pragma omp simd
         for (int l = 0; l < cnt; l++) {
-            double t = (double)p[l] - k;
+            double t = (double)B16_LD(p, l) - k;
             a1[l] += t;
             a2[l] += t * t;
         }
@@ -100,16 +120,17 @@ lanes_add(double *a1, double *a2, const float *p, const float *q, double k, int 
 
 /* One channel of a plain layout: x at cs between samples, S contiguous. */
 static inline __attribute__((always_inline)) void
-sums_plain(const float *x, const float *g, int64_t n, int64_t cs, int64_t s, double k,
-           const float *msk, double *s1, double *s2)
+sums_plain(const void *x, const void *g, int64_t n, int64_t cs, int64_t s, double k,
+           const float *msk, double *s1, double *s2, const bool b16)
 {
     double a1[BN_LANES] = {0}, a2[BN_LANES] = {0};
     const int64_t sv = s - s % BN_LANES;
     for (int64_t i = 0; i < n; i++) {
-        const float *p = x + i * cs, *q = g ? g + i * cs : NULL;
+        const void *p = cadv(x, i * cs, b16), *q = cadv(g, i * cs, b16);
         for (int64_t j = 0; j < sv; j += BN_LANES)
-            lanes_add(a1, a2, p + j, q ? q + j : NULL, k, BN_LANES, msk);
-        lanes_add(a1, a2, p + sv, q ? q + sv : NULL, k, (int)(s - sv), msk); /* the tail */
+            lanes_add(a1, a2, cadv(p, j, b16), cadv(q, j, b16), k, BN_LANES, msk, b16);
+        lanes_add(a1, a2, cadv(p, sv, b16), cadv(q, sv, b16), k, (int)(s - sv), msk,
+                  b16); /* the tail */
     }
     *s1 = lanes_total(a1);
     *s2 = lanes_total(a2);
@@ -118,37 +139,39 @@ sums_plain(const float *x, const float *g, int64_t n, int64_t cs, int64_t s, dou
 /* B channels of a blocked layout at once: pixel j's B values contiguous,
  * samples cs apart; k[b] per channel. */
 static inline __attribute__((always_inline)) void
-sums_block(const float *x, const float *g, int64_t n, int64_t cs, int64_t s, const int64_t B,
-           const double *k, const float *msc, const float *msh, double *s1, double *s2)
+sums_block(const void *x, const void *g, int64_t n, int64_t cs, int64_t s, const int64_t B,
+           const double *k, const float *msc, const float *msh, double *s1, double *s2,
+           const bool b16)
 {
     double a1[BN_LANES][BN_MAX_BLOCK] = {{0}}, a2[BN_LANES][BN_MAX_BLOCK] = {{0}};
     float ms[BN_MAX_BLOCK], mh[BN_MAX_BLOCK]; /* in registers, as apply_block's */
     for (int64_t b = 0; b < B; b++) ms[b] = msc ? msc[b] : 0.0f, mh[b] = msh ? msh[b] : 0.0f;
     for (int64_t i = 0; i < n; i++) {
-        const float *p = x + i * cs, *q = g ? g + i * cs : NULL;
+        const void *p = cadv(x, i * cs, b16), *q = cadv(g, i * cs, b16);
         for (int64_t j = 0, l = 0; j < s; j++, l = l + 1 == BN_LANES ? 0 : l + 1) {
-            const float *pj = p + j * B;
+            const void *pj = cadv(p, j * B, b16);
             double *u = a1[l], *v = a2[l];
             if (q && msc) { /* dy masked by the relu after the norm */
-                const float *qj = q + j * B;
+                const void *qj = cadv(q, j * B, b16);
 #pragma omp simd
                 for (int64_t b = 0; b < B; b++) {
-                    double gv = (double)gp_ew_bn_relu_dy(qj[b], pj[b], ms[b], mh[b]);
+                    const float pv = B16_LD(pj, b);
+                    double gv = (double)gp_ew_bn_relu_dy(B16_LD(qj, b), pv, ms[b], mh[b]);
                     u[b] += gv;
-                    v[b] += gv * ((double)pj[b] - k[b]);
+                    v[b] += gv * ((double)pv - k[b]);
                 }
             } else if (q) {
-                const float *qj = q + j * B;
+                const void *qj = cadv(q, j * B, b16);
 #pragma omp simd
                 for (int64_t b = 0; b < B; b++) {
-                    double gv = (double)qj[b];
+                    double gv = (double)B16_LD(qj, b);
                     u[b] += gv;
-                    v[b] += gv * ((double)pj[b] - k[b]);
+                    v[b] += gv * ((double)B16_LD(pj, b) - k[b]);
                 }
             } else {
 #pragma omp simd
                 for (int64_t b = 0; b < B; b++) {
-                    double t = (double)pj[b] - k[b];
+                    double t = (double)B16_LD(pj, b) - k[b];
                     u[b] += t;
                     v[b] += t * t;
                 }
@@ -168,40 +191,66 @@ sums_block(const float *x, const float *g, int64_t n, int64_t cs, int64_t s, con
  * each channel's first value) or dy with x centred on k[] = the means;
  * with msc / msh (the forward's scale and shift per channel of the unit)
  * dy masked by the relu after the norm. */
-GP_CPU_LOOPS
-static void chan_sums(const gp_bn_desc *d, const float *x, const float *g, int64_t c0,
-                      double *k, bool set_k, const float *msc, const float *msh, double *s1,
-                      double *s2)
+static inline __attribute__((always_inline)) void
+chan_sums_body(const gp_bn_desc *d, const void *x, const void *g, int64_t c0, double *k,
+               bool set_k, const float *msc, const float *msh, double *s1, double *s2,
+               const bool b16)
 {
     const int64_t cs = d->c * d->s, o = chan_base(d, c0);
     const int64_t B = d->blk ? d->blk : 1;
     if (set_k)
-        for (int64_t b = 0; b < B; b++) k[b] = (double)x[o + b];
+        for (int64_t b = 0; b < B; b++) k[b] = (double)B16_LD(x, o + b);
     const float msk[2] = {msc ? msc[0] : 0.0f, msh ? msh[0] : 0.0f};
+    const void *xo = cadv(x, o, b16), *go = cadv(g, o, b16);
     if (!d->blk)
-        sums_plain(x + o, g ? g + o : NULL, d->n, cs, d->s, k[0], msc ? msk : NULL, s1, s2);
+        sums_plain(xo, go, d->n, cs, d->s, k[0], msc ? msk : NULL, s1, s2, b16);
     else if (B == 16)
-        sums_block(x + o, g ? g + o : NULL, d->n, cs, d->s, 16, k, msc, msh, s1, s2);
-    else sums_block(x + o, g ? g + o : NULL, d->n, cs, d->s, 8, k, msc, msh, s1, s2);
+        sums_block(xo, go, d->n, cs, d->s, 16, k, msc, msh, s1, s2, b16);
+    else sums_block(xo, go, d->n, cs, d->s, 8, k, msc, msh, s1, s2, b16);
+}
+
+GP_CPU_LOOPS
+static void chan_sums_f32(const gp_bn_desc *d, const float *x, const float *g, int64_t c0,
+                          double *k, bool set_k, const float *msc, const float *msh, double *s1,
+                          double *s2)
+{
+    chan_sums_body(d, x, g, c0, k, set_k, msc, msh, s1, s2, false);
+}
+
+GP_CPU_LOOPS
+static void chan_sums_b16(const gp_bn_desc *d, const uint16_t *x, const uint16_t *g, int64_t c0,
+                          double *k, bool set_k, const float *msc, const float *msh, double *s1,
+                          double *s2)
+{
+    chan_sums_body(d, x, g, c0, k, set_k, msc, msh, s1, s2, true);
+}
+
+static void chan_sums(const gp_bn_desc *d, const void *x, const void *g, int64_t c0, double *k,
+                      bool set_k, const float *msc, const float *msh, double *s1, double *s2,
+                      bool b16)
+{
+    if (b16) chan_sums_b16(d, x, g, c0, k, set_k, msc, msh, s1, s2);
+    else chan_sums_f32(d, x, g, c0, k, set_k, msc, msh, s1, s2);
 }
 
 /* The backward's sums of channels [c0, c0 + unit): dy, and dy (x - mean);
  * dy masked where msc is given (chan_sums). */
-static void chan_grad_sums(const gp_bn_desc *d, const float *x, const float *dy,
+static void chan_grad_sums(const gp_bn_desc *d, const void *x, const void *dy,
                            const float *mean, int64_t c0, const float *msc, const float *msh,
-                           double *sdy, double *sdyx)
+                           double *sdy, double *sdyx, bool b16)
 {
     double k[BN_MAX_BLOCK];
     for (int64_t b = 0; b < (d->blk ? d->blk : 1); b++) k[b] = (double)mean[c0 + b];
-    chan_sums(d, x, dy, c0, k, false, msc, msh, sdy, sdyx);
+    chan_sums(d, x, dy, c0, k, false, msc, msh, sdy, sdyx, b16);
 }
 
 /* Mean and biased variance of channels [c0, c0 + B) from one pass. */
-static void chan_stats(const gp_bn_desc *d, const float *x, int64_t c0, float *mean, float *var)
+static void chan_stats(const gp_bn_desc *d, const void *x, int64_t c0, float *mean, float *var,
+                       bool b16)
 {
     double k[BN_MAX_BLOCK], s1[BN_MAX_BLOCK], s2[BN_MAX_BLOCK];
     const double cnt = (double)(d->n * d->s);
-    chan_sums(d, x, NULL, c0, k, true, NULL, NULL, s1, s2);
+    chan_sums(d, x, NULL, c0, k, true, NULL, NULL, s1, s2, b16);
     for (int64_t b = 0; b < (d->blk ? d->blk : 1); b++) {
         double off = s1[b] / cnt, v = s2[b] / cnt - off * off;
         mean[c0 + b] = (float)(k[b] + off);
@@ -214,9 +263,9 @@ static void chan_stats(const gp_bn_desc *d, const float *x, int64_t c0, float *m
 /* B channels of a blocked layout: the coefficients of one pixel's B values
  * stay in registers (B a constant where it is inlined). */
 static inline __attribute__((always_inline)) void
-apply_block(const float *x, const float *g, float *y, int64_t n, int64_t cs, int64_t s,
+apply_block(const void *x, const void *g, void *y, int64_t n, int64_t cs, int64_t s,
             const int64_t B, const float *ca, const float *cb, const float *cc, const float *cm,
-            bool relu, const float *msc, const float *msh, const float *add)
+            bool relu, const float *msc, const float *msh, const void *add, const bool b16)
 {
     float a[BN_MAX_BLOCK], b2[BN_MAX_BLOCK], c[BN_MAX_BLOCK], m[BN_MAX_BLOCK];
     float ms[BN_MAX_BLOCK], mh[BN_MAX_BLOCK];
@@ -226,98 +275,137 @@ apply_block(const float *x, const float *g, float *y, int64_t n, int64_t cs, int
         ms[b] = msc ? msc[b] : 0.0f, mh[b] = msh ? msh[b] : 0.0f;
     }
     for (int64_t i = 0; i < n; i++) {
-        const float *p = x + i * cs, *q = g ? g + i * cs : NULL;
-        float *r = y + i * cs;
+        const void *p = cadv(x, i * cs, b16), *q = cadv(g, i * cs, b16);
+        void *r = adv(y, i * cs, b16);
         if (add) { /* a residual sum, then relu where asked */
-            const float *t = add + i * cs;
+            const void *t = cadv(add, i * cs, b16);
             for (int64_t j = 0; j < s; j++) {
 #pragma omp simd
                 for (int64_t b = 0; b < B; b++) {
-                    float v = gp_ew_bn_apply(p[j * B + b], a[b], b2[b]) + t[j * B + b];
-                    r[j * B + b] = relu ? gp_ew_relu(v) : v;
+                    float v = gp_ew_bn_apply(B16_LD(p, j * B + b), a[b], b2[b]) +
+                              B16_LD(t, j * B + b);
+                    B16_ST(r, j * B + b, relu ? gp_ew_relu(v) : v);
                 }
             }
         } else if (q && msc) {
             for (int64_t j = 0; j < s; j++) {
 #pragma omp simd
                 for (int64_t b = 0; b < B; b++) {
-                    float gv = gp_ew_bn_relu_dy(q[j * B + b], p[j * B + b], ms[b], mh[b]);
-                    r[j * B + b] = gp_ew_bn_bwd_apply(gv, p[j * B + b], m[b], a[b], b2[b], c[b]);
+                    const float pv = B16_LD(p, j * B + b);
+                    float gv = gp_ew_bn_relu_dy(B16_LD(q, j * B + b), pv, ms[b], mh[b]);
+                    B16_ST(r, j * B + b, gp_ew_bn_bwd_apply(gv, pv, m[b], a[b], b2[b], c[b]));
                 }
             }
         } else if (q) {
             for (int64_t j = 0; j < s; j++) {
 #pragma omp simd
                 for (int64_t b = 0; b < B; b++)
-                    r[j * B + b] = gp_ew_bn_bwd_apply(q[j * B + b], p[j * B + b], m[b], a[b],
-                                                      b2[b], c[b]);
+                    B16_ST(r, j * B + b,
+                           gp_ew_bn_bwd_apply(B16_LD(q, j * B + b), B16_LD(p, j * B + b), m[b],
+                                              a[b], b2[b], c[b]));
             }
         } else if (relu) {
             for (int64_t j = 0; j < s; j++) {
 #pragma omp simd
                 for (int64_t b = 0; b < B; b++)
-                    r[j * B + b] = gp_ew_relu(gp_ew_bn_apply(p[j * B + b], a[b], b2[b]));
+                    B16_ST(r, j * B + b,
+                           gp_ew_relu(gp_ew_bn_apply(B16_LD(p, j * B + b), a[b], b2[b])));
             }
         } else {
             for (int64_t j = 0; j < s; j++) {
 #pragma omp simd
-                for (int64_t b = 0; b < B; b++) r[j * B + b] = gp_ew_bn_apply(p[j * B + b], a[b], b2[b]);
+                for (int64_t b = 0; b < B; b++)
+                    B16_ST(r, j * B + b, gp_ew_bn_apply(B16_LD(p, j * B + b), a[b], b2[b]));
             }
         }
     }
 }
 
-/* y = x scale + shift (fwd; then relu where d->relu) or dx = a dy + b (x -
- * m) + c (bwd: g = dy; masked by the relu after the norm where msc, msh,
- * the forward's scale and shift, are given), with per-channel
- * coefficients, over channels [c0, c0 + unit). */
-GP_CPU_LOOPS
-static void chan_apply(const gp_bn_desc *d, const float *x, const float *g, float *y,
-                       int64_t c0, const float *ca, const float *cb, const float *cc,
-                       const float *cm, const float *msc, const float *msh)
+/* y = x scale + shift (fwd; then relu where d->relu; the residual d->add,
+ * or d->add16 on bf16, added first) or dx = a dy + b (x - m) + c (bwd: g =
+ * dy; masked by the relu after the norm where msc, msh, the forward's
+ * scale and shift, are given), with per-channel coefficients, over
+ * channels [c0, c0 + unit). */
+static inline __attribute__((always_inline)) void
+chan_apply_body(const gp_bn_desc *d, const void *x, const void *g, void *y, int64_t c0,
+                const float *ca, const float *cb, const float *cc, const float *cm,
+                const float *msc, const float *msh, const bool b16)
 {
     const int64_t cs = d->c * d->s, o = chan_base(d, c0), S = d->s, N = d->n;
     const bool relu = !g && d->relu;
-    const float *ad = !g && d->add ? d->add + o : NULL; /* forward only */
+    const void *add = g ? NULL : b16 ? (const void *)d->add16 : (const void *)d->add;
+    const void *ad = cadv(add, o, b16); /* forward only */
+    const void *xo = cadv(x, o, b16), *go = cadv(g, o, b16);
+    void *yo = adv(y, o, b16);
     if (d->blk == 16) {
-        apply_block(x + o, g ? g + o : NULL, y + o, N, cs, S, 16, ca, cb, cc, cm, relu, msc,
-                    msh, ad);
+        apply_block(xo, go, yo, N, cs, S, 16, ca, cb, cc, cm, relu, msc, msh, ad, b16);
         return;
     }
     if (d->blk) {
-        apply_block(x + o, g ? g + o : NULL, y + o, N, cs, S, 8, ca, cb, cc, cm, relu, msc, msh,
-                    ad);
+        apply_block(xo, go, yo, N, cs, S, 8, ca, cb, cc, cm, relu, msc, msh, ad, b16);
         return;
     }
     const float a = ca[0], b = cb[0], c = cc ? cc[0] : 0.0f, m = cm ? cm[0] : 0.0f;
     const float ms = msc ? msc[0] : 0.0f, mh = msh ? msh[0] : 0.0f;
     for (int64_t i = 0; i < N; i++) {
-        const float *p = x + o + i * cs, *q = g ? g + o + i * cs : NULL;
-        float *r = y + o + i * cs;
+        const void *p = cadv(xo, i * cs, b16), *q = cadv(go, i * cs, b16);
+        void *r = adv(yo, i * cs, b16);
         if (ad) { /* a residual sum, then relu where asked */
-            const float *t = ad + i * cs;
+            const void *t = cadv(ad, i * cs, b16);
             if (relu) {
 #pragma omp simd
-                for (int64_t j = 0; j < S; j++) r[j] = gp_ew_relu(gp_ew_bn_apply(p[j], a, b) + t[j]);
+                for (int64_t j = 0; j < S; j++)
+                    B16_ST(r, j, gp_ew_relu(gp_ew_bn_apply(B16_LD(p, j), a, b) + B16_LD(t, j)));
             } else {
 #pragma omp simd
-                for (int64_t j = 0; j < S; j++) r[j] = gp_ew_bn_apply(p[j], a, b) + t[j];
+                for (int64_t j = 0; j < S; j++)
+                    B16_ST(r, j, gp_ew_bn_apply(B16_LD(p, j), a, b) + B16_LD(t, j));
             }
         } else if (q && msc) {
 #pragma omp simd
-            for (int64_t j = 0; j < S; j++)
-                r[j] = gp_ew_bn_bwd_apply(gp_ew_bn_relu_dy(q[j], p[j], ms, mh), p[j], m, a, b, c);
+            for (int64_t j = 0; j < S; j++) {
+                const float pv = B16_LD(p, j);
+                B16_ST(r, j,
+                       gp_ew_bn_bwd_apply(gp_ew_bn_relu_dy(B16_LD(q, j), pv, ms, mh), pv, m, a,
+                                          b, c));
+            }
         } else if (q) {
 #pragma omp simd
-            for (int64_t j = 0; j < S; j++) r[j] = gp_ew_bn_bwd_apply(q[j], p[j], m, a, b, c);
+            for (int64_t j = 0; j < S; j++)
+                B16_ST(r, j, gp_ew_bn_bwd_apply(B16_LD(q, j), B16_LD(p, j), m, a, b, c));
         } else if (relu) {
 #pragma omp simd
-            for (int64_t j = 0; j < S; j++) r[j] = gp_ew_relu(gp_ew_bn_apply(p[j], a, b));
+            for (int64_t j = 0; j < S; j++)
+                B16_ST(r, j, gp_ew_relu(gp_ew_bn_apply(B16_LD(p, j), a, b)));
         } else {
 #pragma omp simd
-            for (int64_t j = 0; j < S; j++) r[j] = gp_ew_bn_apply(p[j], a, b);
+            for (int64_t j = 0; j < S; j++) B16_ST(r, j, gp_ew_bn_apply(B16_LD(p, j), a, b));
         }
     }
+}
+
+GP_CPU_LOOPS
+static void chan_apply_f32(const gp_bn_desc *d, const float *x, const float *g, float *y,
+                           int64_t c0, const float *ca, const float *cb, const float *cc,
+                           const float *cm, const float *msc, const float *msh)
+{
+    chan_apply_body(d, x, g, y, c0, ca, cb, cc, cm, msc, msh, false);
+}
+
+GP_CPU_LOOPS
+static void chan_apply_b16(const gp_bn_desc *d, const uint16_t *x, const uint16_t *g,
+                           uint16_t *y, int64_t c0, const float *ca, const float *cb,
+                           const float *cc, const float *cm, const float *msc, const float *msh)
+{
+    chan_apply_body(d, x, g, y, c0, ca, cb, cc, cm, msc, msh, true);
+}
+
+static void chan_apply(const gp_bn_desc *d, const void *x, const void *g, void *y, int64_t c0,
+                       const float *ca, const float *cb, const float *cc, const float *cm,
+                       const float *msc, const float *msh, bool b16)
+{
+    if (b16) chan_apply_b16(d, x, g, y, c0, ca, cb, cc, cm, msc, msh);
+    else chan_apply_f32(d, x, g, y, c0, ca, cb, cc, cm, msc, msh);
 }
 
 /* The forward's per-channel scale and shift of channels [c0, c0 + unit). */
@@ -354,34 +442,33 @@ static void fwd_coeffs(const gp_bn_desc *d, int64_t c0, const float *mean, const
     })
 
 /* The bodies of bn_fwd_train, bn_fwd_infer and bn_bwd over the units of
- * channels [lo, hi): run by BN_FOR_RUNS on the tensors themselves, and by
- * bn_bf16 on a task's FP32 tiles. */
-static void fwd_train_run(const gp_bn_desc *d, const float *x, const float *gamma,
-                          const float *beta, float *y, float *mean, float *var, int64_t lo,
-                          int64_t hi)
+ * channels [lo, hi), on FP32 or (b16) bf16 storage. */
+static void fwd_train_run(const gp_bn_desc *d, const void *x, const float *gamma,
+                          const float *beta, void *y, float *mean, float *var, int64_t lo,
+                          int64_t hi, bool b16)
 {
     for (int64_t c0 = lo; c0 < hi; c0 += d->blk ? d->blk : 1) {
         float sc[BN_MAX_BLOCK], sh[BN_MAX_BLOCK];
-        chan_stats(d, x, c0, mean, var);
+        chan_stats(d, x, c0, mean, var, b16);
         fwd_coeffs(d, c0, mean, var, gamma, beta, sc, sh);
-        chan_apply(d, x, NULL, y, c0, sc, sh, NULL, NULL, NULL, NULL);
+        chan_apply(d, x, NULL, y, c0, sc, sh, NULL, NULL, NULL, NULL, b16);
     }
 }
 
-static void fwd_infer_run(const gp_bn_desc *d, const float *x, const float *gamma,
-                          const float *beta, const float *mean, const float *var, float *y,
-                          int64_t lo, int64_t hi)
+static void fwd_infer_run(const gp_bn_desc *d, const void *x, const float *gamma,
+                          const float *beta, const float *mean, const float *var, void *y,
+                          int64_t lo, int64_t hi, bool b16)
 {
     for (int64_t c0 = lo; c0 < hi; c0 += d->blk ? d->blk : 1) {
         float sc[BN_MAX_BLOCK], sh[BN_MAX_BLOCK];
         fwd_coeffs(d, c0, mean, var, gamma, beta, sc, sh);
-        chan_apply(d, x, NULL, y, c0, sc, sh, NULL, NULL, NULL, NULL);
+        chan_apply(d, x, NULL, y, c0, sc, sh, NULL, NULL, NULL, NULL, b16);
     }
 }
 
-static void bwd_run(const gp_bn_desc *d, const float *x, const float *gamma, const float *beta,
-                    const float *mean, const float *var, const float *dy, float *dx,
-                    float *dgamma, float *dbeta, int64_t lo, int64_t hi)
+static void bwd_run(const gp_bn_desc *d, const void *x, const float *gamma, const float *beta,
+                    const float *mean, const float *var, const void *dy, void *dx,
+                    float *dgamma, float *dbeta, int64_t lo, int64_t hi, bool b16)
 {
     const double cnt = (double)(d->n * d->s);
     const int64_t unit = d->blk ? d->blk : 1;
@@ -391,7 +478,7 @@ static void bwd_run(const gp_bn_desc *d, const float *x, const float *gamma, con
         float sc[BN_MAX_BLOCK], sh[BN_MAX_BLOCK]; /* d->relu: the forward's */
         if (d->relu) fwd_coeffs(d, c0, mean, var, gamma, beta, sc, sh);
         const float *msc = d->relu ? sc : NULL, *msh = d->relu ? sh : NULL;
-        chan_grad_sums(d, x, dy, mean, c0, msc, msh, sdy, sdyx);
+        chan_grad_sums(d, x, dy, mean, c0, msc, msh, sdy, sdyx, b16);
         for (int64_t b = 0; b < unit; b++) {
             int64_t c = c0 + b;
             double dg, db;
@@ -400,7 +487,7 @@ static void bwd_run(const gp_bn_desc *d, const float *x, const float *gamma, con
             if (dgamma) dgamma[c] += (float)dg;
             if (dbeta) dbeta[c] += (float)db;
         }
-        chan_apply(d, x, dy, dx, c0, ka, kb, kc, mean + c0, msc, msh);
+        chan_apply(d, x, dy, dx, c0, ka, kb, kc, mean + c0, msc, msh, b16);
     }
 }
 
@@ -409,7 +496,8 @@ gp_status gp_cpu_bn_fwd_train(gp_device *dev, const gp_bn_desc *d, const float *
                               float *var)
 {
     GP_TRY(gp_bn_desc_check(dev, d));
-    BN_FOR_RUNS(dev, d, lo, hi, { fwd_train_run(d, x, gamma, beta, y, mean, var, lo, hi); });
+    BN_FOR_RUNS(dev, d, lo, hi,
+                { fwd_train_run(d, x, gamma, beta, y, mean, var, lo, hi, false); });
     return GP_OK;
 }
 
@@ -418,7 +506,8 @@ gp_status gp_cpu_bn_fwd_infer(gp_device *dev, const gp_bn_desc *d, const float *
                               const float *var, float *y)
 {
     GP_TRY(gp_bn_desc_check(dev, d));
-    BN_FOR_RUNS(dev, d, lo, hi, { fwd_infer_run(d, x, gamma, beta, mean, var, y, lo, hi); });
+    BN_FOR_RUNS(dev, d, lo, hi,
+                { fwd_infer_run(d, x, gamma, beta, mean, var, y, lo, hi, false); });
     return GP_OK;
 }
 
@@ -429,97 +518,22 @@ gp_status gp_cpu_bn_bwd(gp_device *dev, const gp_bn_desc *d, const float *x,
 {
     GP_TRY(gp_bn_desc_check(dev, d));
     BN_FOR_RUNS(dev, d, lo, hi,
-                { bwd_run(d, x, gamma, beta, mean, var, dy, dx, dgamma, dbeta, lo, hi); });
+                { bwd_run(d, x, gamma, beta, mean, var, dy, dx, dgamma, dbeta, lo, hi, false); });
     return GP_OK;
 }
 
-/* ---- on bf16 storage (backend.h's bn_*_bf16) ---------------------------------
- * A task's channels [lo, hi) are, in every sample, one contiguous run of
- * (hi - lo) S values (plain and blocked layouts alike: bn_block's runs are
- * whole blocks).  The task widens its runs of x (and dy) into FP32 tiles
- * laid out as a tensor of hi - lo channels, runs the FP32 body above on
- * them, and rounds its output tile into the runs of y (dx) once: the same
- * sums in the same order and the same per-element math as the FP32 slots
- * on the widened tensor, so the bits are the storage adapter's, while the
- * FP32 copies are a few tiles (one per task in flight, in the device's
- * arena, about bn_block's 64 Ki values each) instead of whole tensors. */
+/* ---- on bf16 storage (backend.h's bn_*_bf16): the loops above on the bf16
+ * tensors themselves (b16), the FP32 slots' sums in the same order and
+ * their per-element math on the widened values, y and dx rounded once: the
+ * storage adapter's bits.  The forward's residual comes in bf16 (add16). */
 
-typedef enum { BN_FWD_TRAIN, BN_FWD_INFER, BN_BWD } bn_op;
-
-typedef struct {
-    bn_op op;
-    const uint16_t *x, *dy; /* dy: backward; the residual (d->add16): forward */
-    uint16_t *out;          /* y, or dx */
-    const float *gamma, *beta, *mean, *var; /* mean, var: inference, backward */
-    float *mean_out, *var_out;              /* training forward */
-    float *dgamma, *dbeta;                  /* backward */
-} bn_bf16_args;
-
-static inline const float *at(const float *p, int64_t k) { return p ? p + k : NULL; }
-static inline float *at_w(float *p, int64_t k) { return p ? p + k : NULL; }
-
-GP_CPU_LOOPS
-static void runs_widen(float *tile, const uint16_t *src, int64_t n, int64_t cs, int64_t len)
-{
-    for (int64_t i = 0; i < n; i++) gp_cpu_widen_run(tile + i * len, src + i * cs, len);
-}
-
-GP_CPU_LOOPS
-static void runs_round(uint16_t *dst, const float *tile, int64_t n, int64_t cs, int64_t len)
-{
-    for (int64_t i = 0; i < n; i++) gp_cpu_round_run(dst + i * cs, tile + i * len, len);
-}
-
-/* One task: channels [lo, hi) through tiles tx, tg (backward: dy; forward
- * with a residual: the residual, which the FP32 body then adds as its
- * d->add), ty. */
-static void bf16_task(const gp_bn_desc *d, const bn_bf16_args *a, int64_t lo, int64_t hi,
-                      float *tx, float *tg, float *ty)
-{
-    const int64_t cs = d->c * d->s, len = (hi - lo) * d->s, o = lo * d->s;
-    gp_bn_desc t = *d;
-    t.c = hi - lo;
-    t.add16 = NULL;
-    runs_widen(tx, a->x + o, d->n, cs, len);
-    if (a->op == BN_BWD) runs_widen(tg, a->dy + o, d->n, cs, len);
-    if (a->op != BN_BWD && d->add16) {
-        runs_widen(tg, d->add16 + o, d->n, cs, len);
-        t.add = tg;
-    }
-    const float *g = at(a->gamma, lo), *b = at(a->beta, lo);
-    if (a->op == BN_FWD_TRAIN)
-        fwd_train_run(&t, tx, g, b, ty, a->mean_out + lo, a->var_out + lo, 0, t.c);
-    else if (a->op == BN_FWD_INFER)
-        fwd_infer_run(&t, tx, g, b, a->mean + lo, a->var + lo, ty, 0, t.c);
-    else
-        bwd_run(&t, tx, g, b, a->mean + lo, a->var + lo, tg, ty, at_w(a->dgamma, lo),
-                at_w(a->dbeta, lo), 0, t.c);
-    runs_round(a->out + o, ty, d->n, cs, len);
-}
-
-static gp_status bn_bf16(gp_device *dev, const gp_bn_desc *d, const bn_bf16_args *a)
+static gp_status bf16_check(gp_device *dev, const gp_bn_desc *d, bool bwd)
 {
     GP_TRY(gp_bn_desc_check(dev, d));
-    if (d->add || (a->op == BN_BWD && d->add16))
+    if (d->add || (bwd && d->add16))
         return gp_error_set(GP_ERR_INVALID, "device %s: batch norm on bf16 storage takes its "
                                             "forward's residual in bf16 (gp_bn_desc.add16), "
                                             "not FP32 (.add)", dev->name);
-    if (d->n * d->c * d->s == 0) return GP_OK;
-    const int64_t cb = bn_block(d), nb = (d->c + cb - 1) / cb;
-    const int64_t tile = d->n * cb * d->s; /* values, the largest task's */
-    const int ntiles = a->op == BN_BWD || d->add16 ? 3 : 2;
-    const bool par = d->n * d->c * d->s >= 32768;
-    const int nt = par ? dev->threads : 1;
-    GP_TRY(gp_cpu_arena_reserve(dev, (size_t)nt * (size_t)ntiles * (size_t)tile * sizeof(float)));
-    float *arena = gp_cpu_ctx_of(dev)->arena;
-#pragma omp parallel num_threads(nt) if (par)
-    {
-        float *tx = arena + (size_t)omp_get_thread_num() * (size_t)ntiles * (size_t)tile;
-        float *ty = tx + tile, *tg = ntiles == 3 ? ty + tile : NULL;
-#pragma omp for schedule(static)
-        for (int64_t b = 0; b < nb; b++)
-            bf16_task(d, a, b * cb, (b + 1) * cb < d->c ? (b + 1) * cb : d->c, tx, tg, ty);
-    }
     return GP_OK;
 }
 
@@ -527,18 +541,20 @@ gp_status gp_cpu_bn_fwd_train_bf16(gp_device *dev, const gp_bn_desc *d, const ui
                                    const float *gamma, const float *beta, uint16_t *y,
                                    float *mean, float *var)
 {
-    bn_bf16_args a = {.op = BN_FWD_TRAIN, .x = x, .out = y, .gamma = gamma, .beta = beta,
-                      .mean_out = mean, .var_out = var};
-    return bn_bf16(dev, d, &a);
+    GP_TRY(bf16_check(dev, d, false));
+    BN_FOR_RUNS(dev, d, lo, hi,
+                { fwd_train_run(d, x, gamma, beta, y, mean, var, lo, hi, true); });
+    return GP_OK;
 }
 
 gp_status gp_cpu_bn_fwd_infer_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t *x,
                                    const float *gamma, const float *beta, const float *mean,
                                    const float *var, uint16_t *y)
 {
-    bn_bf16_args a = {.op = BN_FWD_INFER, .x = x, .out = y, .gamma = gamma, .beta = beta,
-                      .mean = mean, .var = var};
-    return bn_bf16(dev, d, &a);
+    GP_TRY(bf16_check(dev, d, false));
+    BN_FOR_RUNS(dev, d, lo, hi,
+                { fwd_infer_run(d, x, gamma, beta, mean, var, y, lo, hi, true); });
+    return GP_OK;
 }
 
 gp_status gp_cpu_bn_bwd_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t *x,
@@ -546,10 +562,10 @@ gp_status gp_cpu_bn_bwd_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t
                              const float *var, const uint16_t *dy, uint16_t *dx, float *dgamma,
                              float *dbeta)
 {
-    bn_bf16_args a = {.op = BN_BWD, .x = x, .dy = dy, .out = dx, .gamma = gamma,
-                      .beta = beta, .mean = mean, .var = var,
-                      .dgamma = dgamma, .dbeta = dbeta};
-    return bn_bf16(dev, d, &a);
+    GP_TRY(bf16_check(dev, d, true));
+    BN_FOR_RUNS(dev, d, lo, hi,
+                { bwd_run(d, x, gamma, beta, mean, var, dy, dx, dgamma, dbeta, lo, hi, true); });
+    return GP_OK;
 }
 
 /* ---- in-place activated instance norm's backward (backend.h's
@@ -656,7 +672,7 @@ gp_status gp_cpu_bn_stats(gp_device *dev, const gp_bn_desc *d, const float *x, f
                           float *var)
 {
     GP_TRY(gp_bn_desc_check(dev, d));
-    BN_FOR_UNITS(dev, d, c0, { chan_stats(d, x, c0, mean, var); });
+    BN_FOR_UNITS(dev, d, c0, { chan_stats(d, x, c0, mean, var, false); });
     return GP_OK;
 }
 
@@ -670,7 +686,8 @@ gp_status gp_cpu_bn_bwd_sums(gp_device *dev, const gp_bn_desc *d, const float *x
         double sdy[BN_MAX_BLOCK], sdyx[BN_MAX_BLOCK];
         float sc[BN_MAX_BLOCK], sh[BN_MAX_BLOCK]; /* d->relu: the forward's */
         if (d->relu) fwd_coeffs(d, c0, mean, var, gamma, beta, sc, sh);
-        chan_grad_sums(d, x, dy, mean, c0, d->relu ? sc : NULL, d->relu ? sh : NULL, sdy, sdyx);
+        chan_grad_sums(d, x, dy, mean, c0, d->relu ? sc : NULL, d->relu ? sh : NULL, sdy, sdyx,
+                       false);
         for (int64_t b = 0; b < unit_; b++) {
             sums[c0 + b] = (float)sdy[b];
             sums[C + c0 + b] = (float)sdyx[b];
@@ -708,7 +725,7 @@ gp_status gp_cpu_bn_bwd_apply(gp_device *dev, const gp_bn_desc *d, const float *
         }
         if (dx)
             chan_apply(d, x, dy, dx, c0, ka, kb, kc, mean + c0, d->relu ? sc : NULL,
-                       d->relu ? sh : NULL);
+                       d->relu ? sh : NULL, false);
     });
     return GP_OK;
 }
