@@ -549,6 +549,11 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
     int64_t correct = 0, count = 0, first = 0;
     /* the mean over every target of the batch (as the pipeline's last stage) */
     float scale = (float)(1.0 / ((double)n * (double)m->targets));
+    /* as on a pipeline stage: the forwards and backwards never write the
+     * weights, so the backend may keep its converted copies of them and
+     * hold the gradients it sums (gp_dev_freeze_weights); the thaw below,
+     * before anything reads a gradient, adds those in, the same bits */
+    gp_dev_freeze_weights(m->dev, true);
     for (int i = 0; i < chunks && s == GP_OK; i++, at = i) {
         gp_tensor labels = {0};
         offs[i] = first;
@@ -583,6 +588,8 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
         }
         s = gp_ckpt_backward(m->layers, &ctx, &mbs[i], &dy[i], ft, NULL, &bad);
     }
+    gp_status thawed = gp_dev_freeze_weights(m->dev, false);
+    if (s == GP_OK) s = thawed;
     if (s != GP_OK) {
         char d[160];
         gp_error_wrap(s, "step %lld, micro-batch %d%s%s", (long long)m->step, at,

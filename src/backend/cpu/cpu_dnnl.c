@@ -281,6 +281,9 @@ gp_status gp_cpu_weights_thaw(gp_device *dev)
                 gp_dev_free(dev, k->buf, k->bytes, GP_MEM_WORKSPACE);
                 *k = (struct cpu_wkeep){0};
             }
+    for (int i = 0; i < ctx->n_wcast; i++)
+        gp_dev_free(dev, ctx->wcast[i].buf, ctx->wcast[i].bytes, GP_MEM_WORKSPACE);
+    ctx->n_wcast = 0;
     return st;
 }
 
@@ -351,6 +354,9 @@ static bool grad_held(gp_device *dev, cpu_op *op, int ai, void *user, const void
  * op->wkeep, current already (*fresh) or to be converted into now; NULL:
  * reorder as usual, into the arena.  A slot converted in an earlier epoch
  * is free for another tensor. */
+static struct cpu_wkeep *weights_cast(gp_device *dev, const cpu_arg *a, const void *src,
+                                      bool *fresh);
+
 static struct cpu_wkeep *weights_kept(gp_device *dev, cpu_op *op, const cpu_arg *a,
                                       const void *src, bool *fresh)
 {
@@ -358,6 +364,7 @@ static struct cpu_wkeep *weights_kept(gp_device *dev, cpu_op *op, const cpu_arg 
     if (!may_keep(dev) || op->no_keep || a->arg != DNNL_ARG_WEIGHTS || !a->reorder ||
         a->dir != CPU_ARG_IN)
         return NULL;
+    if (op->cast_w) return weights_cast(dev, a, src, fresh);
     struct cpu_wkeep *k = NULL;
     for (int q = 0; q < CPU_WKEEP_SLOTS && !k; q++)
         if (op->wkeep[q].buf && op->wkeep[q].src == src &&
@@ -386,6 +393,41 @@ static struct cpu_wkeep *weights_kept(gp_device *dev, cpu_op *op, const cpu_arg 
     }
     k->src = NULL; /* until converted */
     return k;
+}
+
+/* The device's bf16 cast of weight tensor src for an op whose weights are
+ * a plain cast (cast_w): every such op reading src shares it, whatever its
+ * view of the tensor (the bytes are the same), converted once a step; NULL
+ * where none can be had (reorder as usual). */
+static struct cpu_wkeep *weights_cast(gp_device *dev, const cpu_arg *a, const void *src,
+                                      bool *fresh)
+{
+    gp_cpu_ctx *ctx = gp_cpu_ctx_of(dev);
+    const dnnl_memory_desc_t *md = NULL;
+    if (dnnl_memory_get_memory_desc(a->inner, &md) != dnnl_success || !md) return NULL;
+    size_t bytes = dnnl_memory_desc_get_size(md);
+    for (int i = 0; i < ctx->n_wcast; i++) {
+        struct cpu_wkeep *k = &ctx->wcast[i];
+        if (k->src == src && k->bytes == bytes) {
+            *fresh = k->epoch == dev->weights_epoch;
+            return k;
+        }
+    }
+    if (ctx->n_wcast == ctx->cap_wcast) {
+        int nc = ctx->cap_wcast ? 2 * ctx->cap_wcast : 64;
+        struct cpu_wkeep *p = realloc(ctx->wcast, sizeof *p * (size_t)nc);
+        if (!p) return NULL;
+        ctx->wcast = p;
+        ctx->cap_wcast = nc;
+    }
+    struct cpu_wkeep *k = &ctx->wcast[ctx->n_wcast];
+    *k = (struct cpu_wkeep){.bytes = bytes};
+    if (gp_dev_alloc(dev, bytes, GP_MEM_WORKSPACE, &k->buf) != GP_OK) {
+        gp_error_clear(); /* a device near its capacity just reorders every call */
+        return NULL;
+    }
+    ctx->n_wcast++;
+    return k; /* src set once converted (op_run) */
 }
 
 /* Run a built op on the call's buffers (ptrs indexed by cpu_arg.slot). */
@@ -859,6 +901,9 @@ static gp_status build_matmul(gp_cpu_ctx *ctx, cpu_op *op, const void *desc)
     GP_DNNL(dnnl_primitive_desc_create(&op->pd, &md, attr, ctx->engine, NULL));
     op->scratch_bytes = pd_scratch_bytes(op->pd);
     op->no_keep = !b->b_weights;
+    /* a plain cast (above) of a dense tensor: every op's view of it covers
+     * the same elements, so one copy serves them all */
+    op->cast_w = b->b_weights && b->ldb == (b->tb ? b->k : b->n);
     size_t temp = 0;
     GP_TRY(op_add_arg(ctx, op, DNNL_ARG_SRC, 0, CPU_ARG_IN, &a_user, &temp));
     GP_TRY(op_add_arg(ctx, op, DNNL_ARG_WEIGHTS, 1, CPU_ARG_IN, &b_user, &temp));
