@@ -1320,10 +1320,16 @@ static void run_plan(train_run *r)
                      (long long)total, (long long)total);
         else
             snprintf(span, sizeof span, "%lld step%s", (long long)total, total == 1 ? "" : "s");
+        /* the math and the storage, where either is not plain FP32 */
+        char prec[80] = "";
+        bool act16 = gp_config_act_dtype(cfg) == GP_BF16;
+        if (tc->precision != GP_PRECISION_FP32 || act16)
+            snprintf(prec, sizeof prec, ", precision %s, activations in %s",
+                     gp_precision_name(tc->precision), act16 ? "bf16" : "fp32");
         GP_INFO("training %lld parameters on %s%s: %s (%lld per epoch), batch %lld, "
-                "%d micro-batch%s", (long long)gp_model_param_count(mp), dev0,
+                "%d micro-batch%s%s", (long long)gp_model_param_count(mp), dev0,
                 n_dev > 1 ? " and more (pipelined)" : "", span, (long long)per_epoch,
-                (long long)tc->batch_size, chunks, chunks == 1 ? "" : "es");
+                (long long)tc->batch_size, chunks, chunks == 1 ? "" : "es", prec);
     }
     if (!opts->quiet)
         GP_INFO("data: %s, %lld samples; test: %lld samples", r->train.source,
