@@ -1,7 +1,9 @@
 /*
- * cpu_dnnl.c — convolution and log-softmax on oneDNN primitives, with a
+ * cpu_dnnl.c — convolution (FP32, bf16 operands, bf16 storage), matrix
+ * products in bf16 (precision bf16; linear layers on bf16 storage), GELU
+ * and log-softmax on oneDNN primitives, with a
  * per-device cache so that each primitive (and its reorders, memory objects
- * and scratch sizes) is created once per shape.  gemm is in cpu_math.c;
+ * and scratch sizes) is created once per shape.  FP32 gemm is in cpu_math.c;
  * batch norm and pooling are plain loops (cpu_bn.c, cpu_pool.c), faster
  * than oneDNN's kernels for plain layouts.
  *
@@ -36,7 +38,11 @@
  * op instead of m times (2m with recomputation).  Until 2026-11-24 an op
  * kept one copy, so an mlp's five 2048 x 2048 layers took turns evicting
  * each other's and converted on every call (bf16 at m = 8: 430 ms a step,
- * now 202).  Devices with a memory capacity keep
+ * now 202).  A matrix product's weights are a plain cast to bf16 (the
+ * tensor's own element order, build_matmul), so the products that read one
+ * weight tensor through different views (a linear layer's forward reads
+ * W^T, its backward-data W) share one copy per step (gp_cpu_ctx.wcast).
+ * Devices with a memory capacity keep
  * nothing, nor does any with GPIPE_CPU_KEEP_WEIGHTS=0.  The thaw (before
  * the step's update) frees the buffers.
  *
