@@ -888,8 +888,15 @@ static gp_status build_matmul(gp_cpu_ctx *ctx, cpu_op *op, const void *desc)
      * for the cast, while its products on the plain copy are as fast at
      * 256 rows and 0.1-0.2 ms slower per call at 32 (AMD EPYC with
      * avx512_bf16, 2 threads): bench/mlp.yaml's bf16 step 141 -> 123 ms,
-     * and 58 -> 38 ms at batch 32 (bench/README.md, "bf16 activations"). */
-    if (b->b_weights)
+     * and 58 -> 38 ms at batch 32 (bench/README.md, "bf16 activations").
+     * With AMX oneDNN's tiles read B in a layout of their own, and no AMX
+     * processor has measured the plain copy: there oneDNN still chooses,
+     * each op keeping its own reordered copy as before. */
+    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    bool amx = ((unsigned)isa & (unsigned)dnnl_cpu_isa_avx512_core_amx) ==
+               (unsigned)dnnl_cpu_isa_avx512_core_amx;
+    bool plain_w = b->b_weights && !amx;
+    if (plain_w)
         GP_TRY(strided_md(&b_any, b->k, b->n, b->ldb, b->tb, dnnl_bf16));
     else
         GP_TRY(md_init_t(&b_any, 2, (int64_t[]){b->k, b->n}, dnnl_bf16, dnnl_format_tag_any));
@@ -909,7 +916,7 @@ static gp_status build_matmul(gp_cpu_ctx *ctx, cpu_op *op, const void *desc)
     op->no_keep = !b->b_weights;
     /* a plain cast (above) of a dense tensor: every op's view of it covers
      * the same elements, so one copy serves them all */
-    op->cast_w = b->b_weights && b->ldb == (b->tb ? b->k : b->n);
+    op->cast_w = plain_w && b->ldb == (b->tb ? b->k : b->n);
     size_t temp = 0;
     GP_TRY(op_add_arg(ctx, op, DNNL_ARG_SRC, 0, CPU_ARG_IN, &a_user, &temp));
     GP_TRY(op_add_arg(ctx, op, DNNL_ARG_WEIGHTS, 1, CPU_ARG_IN, &b_user, &temp));
