@@ -588,6 +588,61 @@ static void test_bf16_storage(gp_device *dev)
             dfree(dev, dw1, nw); dfree(dev, db1, k); dfree(dev, (float *)y, ny);
             dfree(dev, (float *)dx, nx);
         }
+    /* channel-blocked bf16 (a chain's layout, gp_layers_blocked): the same
+     * bits as the plain layout's, value for value */
+    if (gp_dev_act_block(dev, &(gp_conv_desc){2, 32, 9, 9, 32, 3, 3, 1, 1, 1, 1, 9, 9, 1, 0, 0},
+                         true) == 16) {
+        const int64_t n = 2, c = 32, h = 9, k = 32, B = 16;
+        gp_conv_desc pd = {n, c, h, h, k, 3, 3, 1, 1, 1, 1, h, h, 1, 0, 0}, bd = pd;
+        bd.xblk = bd.yblk = B;
+        CHECK(gp_dev_conv_bf16_takes(dev, &bd));
+        int64_t nx = n * c * h * h, ny = n * k * h * h, nw = k * c * 9;
+        float *xf, *dyf;
+        uint16_t *x = b16rand(dev, nx, &xf), *dy = b16rand(dev, ny, &dyf);
+        float *w = drand(dev, nw), *b = drand(dev, k);
+        uint16_t *xb = (uint16_t *)dalloc(dev, nx), *dyb = (uint16_t *)dalloc(dev, ny);
+        uint16_t *y = (uint16_t *)dalloc(dev, ny), *yb = (uint16_t *)dalloc(dev, ny);
+        uint16_t *dx = (uint16_t *)dalloc(dev, nx), *dxb = (uint16_t *)dalloc(dev, nx);
+        float *dw0 = dalloc(dev, nw), *dw1 = dalloc(dev, nw), *db0 = dalloc(dev, k);
+        float *db1 = dalloc(dev, k);
+        /* (n, c, p) plain -> ((n, c / B, p), c % B) blocked */
+#define BLK(cc, i, ch, p, hw) ((((i) * ((cc) / B) + (ch) / B) * (hw) + (p)) * B + (ch) % B)
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t ch = 0; ch < c; ch++)
+                for (int64_t p = 0; p < h * h; p++) {
+                    xb[BLK(c, i, ch, p, h * h)] = x[(i * c + ch) * h * h + p];
+                    dyb[BLK(k, i, ch, p, h * h)] = dy[(i * k + ch) * h * h + p];
+                }
+        CHECK_OK(gp_dev_fill(dev, dw0, 0.0f, nw)); CHECK_OK(gp_dev_fill(dev, db0, 0.0f, k));
+        CHECK_OK(gp_dev_fill(dev, dw1, 0.0f, nw)); CHECK_OK(gp_dev_fill(dev, db1, 0.0f, k));
+        CHECK_OK(gp_dev_conv_fwd_bf16(dev, &pd, x, w, b, y));
+        CHECK_OK(gp_dev_conv_fwd_bf16(dev, &bd, xb, w, b, yb));
+        CHECK_OK(gp_dev_conv_bwd_data_bf16(dev, &pd, w, dy, dx));
+        CHECK_OK(gp_dev_conv_bwd_data_bf16(dev, &bd, w, dyb, dxb));
+        CHECK_OK(gp_dev_conv_bwd_weights_bf16(dev, &pd, x, dy, dw0, db0));
+        CHECK_OK(gp_dev_conv_bwd_weights_bf16(dev, &bd, xb, dyb, dw1, db1));
+        int64_t bad_y = 0, bad_dx = 0;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t ch = 0; ch < c; ch++)
+                for (int64_t p = 0; p < h * h; p++) {
+                    bad_y += yb[BLK(k, i, ch, p, h * h)] != y[(i * k + ch) * h * h + p];
+                    bad_dx += dxb[BLK(c, i, ch, p, h * h)] != dx[(i * c + ch) * h * h + p];
+                }
+#undef BLK
+        CHECK_MSG(bad_y == 0 && bad_dx == 0, "blocked bf16 conv: %lld y and %lld dx values "
+                  "differ from the plain layout's", (long long)bad_y, (long long)bad_dx);
+        CHECK_MSG(memcmp(dw0, dw1, sizeof(float) * (size_t)nw) == 0 &&
+                  memcmp(db0, db1, sizeof(float) * (size_t)k) == 0,
+                  "blocked bf16 conv: dw or db differs from the plain layout's");
+        dfree(dev, xf, nx); dfree(dev, dyf, ny); dfree(dev, (float *)x, (nx + 1) / 2);
+        dfree(dev, (float *)dy, (ny + 1) / 2); dfree(dev, w, nw); dfree(dev, b, k);
+        dfree(dev, (float *)xb, nx); dfree(dev, (float *)dyb, ny); dfree(dev, (float *)y, ny);
+        dfree(dev, (float *)yb, ny); dfree(dev, (float *)dx, nx); dfree(dev, (float *)dxb, nx);
+        dfree(dev, dw0, nw); dfree(dev, dw1, nw); dfree(dev, db0, k); dfree(dev, db1, k);
+    } else {
+        printf("test_backend: bf16 storage, blocked convolutions: this processor's oneDNN "
+               "block is not 16 (not run)\n");
+    }
     gp_conv_desc thin = {2, 1, 10, 10, 8, 3, 3, 1, 1, 1, 1, 10, 10, 1, 0, 0};
     CHECK_MSG(!gp_dev_conv_bf16_takes(dev, &thin), "a 1-channel 3x3 convolution (9 products) "
               "takes bf16 storage");
