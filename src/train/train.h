@@ -232,7 +232,9 @@ int64_t gp_model_config_classes(const gp_model_config *mc);
  * micro-batches (gp_microbatch_split); all forwards run first, then the
  * backwards in the order cfg->pipeline.schedule runs them on every stage
  * (GPipe: from the last micro-batch to the first; 1F1B: from the first), so
- * the gradient sums add up in the same order as on a pipeline stage;
+ * the gradient sums add up in the same order as on a pipeline stage, and
+ * the device's weights are frozen through them as on a stage (converted
+ * copies kept, gradients held: gp_dev_freeze_weights, the same bits);
  * batch-norm running statistics commit once; then the SGD update with
  * `lr`, and the check that every parameter and buffer is finite.  A non-finite loss or state is
  * GP_ERR_NUMERIC naming the step, the micro-batch or tensor. */
