@@ -127,11 +127,14 @@ static int transparency_grid(bool few)
  * the reference's kept forward), lockstep or not, gives the one-device
  * run's losses, gradients and parameters bit for bit, with no rounded
  * oracle: the stage boundaries add no rounding of their own. */
-static void bf16_storage_transparency(void)
+/* The bf16-storage grid on devs as they are: both models, 2 to 4 devices,
+ * every checkpoint mode and schedule (interleaved on 2), lockstep on for
+ * half of them (which half: lockstep_odd); under a sanitizer the most
+ * devices only (4; interleaved: 2), as for the bf16 copies in main().
+ * Returns the runs; prints what differed under `what`. */
+static int bf16_storage_grid(const char *what, int lockstep_odd)
 {
     int before = transparency_failures, runs = 0;
-    /* sanitizer builds: the most devices only (4; interleaved: 2), as for
-     * the bf16 copies in main() */
     bool sanitized = gpt_sanitizer() != GPT_SAN_NONE;
     act = GP_ACT_BF16;
     for (int model = 0; model < 2; model++)
@@ -141,14 +144,38 @@ static void bf16_storage_transparency(void)
                     if (kd == GP_SCHEDULE_INTERLEAVED && n != 2) continue;
                     if (sanitized && n != (kd == GP_SCHEDULE_INTERLEAVED ? 2 : 4)) continue;
                     transparency(model == 1, n, n == 3 ? 3 : 4, (gp_checkpoint_mode)ck,
-                                 (n + ck) % 2 == 0, (gp_schedule_kind)kd, false);
+                                 (n + ck) % 2 == lockstep_odd, (gp_schedule_kind)kd, false);
                     runs++;
                 }
     act = GP_ACT_AUTO;
-    printf("test_pipeline: bf16 activations: %d of %d configurations differ%s\n",
+    printf("test_pipeline: %s: %d of %d configurations differ%s\n", what,
            transparency_failures - before, runs,
            sanitized ? " (sanitizer build: 4 devices, interleaved 2, only)" : "");
     CHECK(runs == (sanitized ? 2 * (3 * 3 + 3) : 2 * (4 * 3 + 3 * 3 + 3 * 3)));
+    return runs;
+}
+
+static void bf16_storage_transparency(void)
+{
+    bf16_storage_grid("bf16 activations", 0);
+}
+
+/* The conversions (gp_device.bf16_conversions) of c's second one-device
+ * step on devs[0] with m micro-batches, checkpoint never. */
+static uint64_t step_conversions(gp_config *c, int m)
+{
+    c->pipeline.chunks = m;
+    c->pipeline.checkpoint = GP_CKPT_NEVER;
+    gp_model one;
+    float x[BATCH * 72], y[BATCH];
+    make_batch(c, 0, x, y);
+    CHECK_OK(gp_model_build(c, devs[0], &one));
+    CHECK_OK(gp_model_train_step(&one, c, x, y, BATCH, m, 0.05, NULL)); /* warm */
+    uint64_t before = __atomic_load_n(&devs[0]->bf16_conversions, __ATOMIC_RELAXED);
+    CHECK_OK(gp_model_train_step(&one, c, x, y, BATCH, m, 0.05, NULL));
+    uint64_t made = __atomic_load_n(&devs[0]->bf16_conversions, __ATOMIC_RELAXED) - before;
+    gp_model_free(&one);
+    return made;
 }
 
 /* Devices with precision bf16 (the products on bf16 operands), on a
@@ -196,43 +223,17 @@ static void bf16_native(void)
                "it): its transparency and conversion counts not run\n");
         return;
     }
-    int before = transparency_failures, runs = 0;
-    bool sanitized = gpt_sanitizer() != GPT_SAN_NONE;
-    act = GP_ACT_BF16;
-    for (int model = 0; model < 2; model++)
-        for (int n = 2; n <= 4; n++)
-            for (int ck = 0; ck < 3; ck++)
-                for (int kd = 0; kd <= GP_SCHEDULE_INTERLEAVED; kd++) {
-                    if (kd == GP_SCHEDULE_INTERLEAVED && n != 2) continue;
-                    if (sanitized && n != (kd == GP_SCHEDULE_INTERLEAVED ? 2 : 4)) continue;
-                    transparency(model == 1, n, n == 3 ? 3 : 4, (gp_checkpoint_mode)ck,
-                                 (n + ck) % 2 == 1, (gp_schedule_kind)kd, false);
-                    runs++;
-                }
-    act = GP_ACT_AUTO;
-    printf("test_pipeline: precision bf16, bf16 activations: %d of %d configurations differ%s\n",
-           transparency_failures - before, runs,
-           sanitized ? " (sanitizer build: 4 devices, interleaved 2, only)" : "");
-    CHECK(runs == (sanitized ? 2 * (3 * 3 + 3) : 2 * (4 * 3 + 3 * 3 + 3 * 3)));
+    /* lockstep on for the other half than the storage-only grid's */
+    bf16_storage_grid("precision bf16, bf16 activations", 1);
     for (int m = 1; m <= 4; m += 3) {
         gp_config c = make_cfg(true);
         c.train.precision = GP_PRECISION_BF16;
         c.train.activations = GP_ACT_AUTO; /* bf16 under precision bf16 */
-        c.pipeline.chunks = m;
-        c.pipeline.checkpoint = GP_CKPT_NEVER;
         CHECK(gp_config_act_dtype(&c) == GP_BF16);
-        gp_model one;
-        float x[BATCH * 72], y[BATCH];
-        make_batch(&c, 0, x, y);
-        CHECK_OK(gp_model_build(&c, devs[0], &one));
-        CHECK_OK(gp_model_train_step(&one, &c, x, y, BATCH, m, 0.05, NULL)); /* warm */
-        uint64_t before_c = __atomic_load_n(&devs[0]->bf16_conversions, __ATOMIC_RELAXED);
-        CHECK_OK(gp_model_train_step(&one, &c, x, y, BATCH, m, 0.05, NULL));
-        uint64_t made = __atomic_load_n(&devs[0]->bf16_conversions, __ATOMIC_RELAXED) - before_c;
+        uint64_t made = step_conversions(&c, m);
         CHECK_MSG(made == (uint64_t)(2 * m), "the convnet on precision bf16, m = %d: %llu "
                   "conversions a step, want the first layer's %d", m, (unsigned long long)made,
                   2 * m);
-        gp_model_free(&one);
     }
     close_bf16_devs();
 }
@@ -543,7 +544,9 @@ static void bf16_storage_effect(void)
  * only the first layer's, whose input is the model's FP32 input: its
  * output rounded and its dy widened, twice a micro-batch, for m = 1 and 4;
  * the convnet, whose convolutions and linear layer stay behind the adapter
- * on a CPU, converts more (the counter sees them). */
+ * on these precision-fp32 devices (the storage-only mode; bf16_native
+ * counts them on precision-bf16 ones), converts more (the counter sees
+ * them). */
 static void bf16_conversions(void)
 {
     gp_layer_spec sp[4] = {gp_layer_spec_default(GP_LAYER_BATCHNORM),
@@ -559,18 +562,7 @@ static void bf16_conversions(void)
                 c.model.n_layers = 4; /* logits (N, 18) */
             }
             c.train.activations = GP_ACT_BF16;
-            c.pipeline.chunks = m;
-            c.pipeline.checkpoint = GP_CKPT_NEVER;
-            gp_model one;
-            float x[BATCH * 72], y[BATCH];
-            make_batch(&c, 0, x, y);
-            CHECK_OK(gp_model_build(&c, devs[0], &one));
-            CHECK_OK(gp_model_train_step(&one, &c, x, y, BATCH, m, 0.05, NULL)); /* warm */
-            uint64_t before = __atomic_load_n(&devs[0]->bf16_conversions, __ATOMIC_RELAXED);
-            CHECK_OK(gp_model_train_step(&one, &c, x, y, BATCH, m, 0.05, NULL));
-            uint64_t made =
-                __atomic_load_n(&devs[0]->bf16_conversions, __ATOMIC_RELAXED) - before;
-            uint64_t want = (uint64_t)(2 * m);
+            uint64_t made = step_conversions(&c, m), want = (uint64_t)(2 * m);
             if (!net)
                 CHECK_MSG(made == want, "a bf16 step of layers with bf16 kernels, m = %d: "
                           "%llu conversions, want the first layer's %llu", m,
@@ -579,7 +571,6 @@ static void bf16_conversions(void)
                 CHECK_MSG(made > want, "the bf16 convnet (m = %d): %llu conversions; its "
                           "convolutions and linear layer widen and round", m,
                           (unsigned long long)made);
-            gp_model_free(&one);
         }
 }
 
