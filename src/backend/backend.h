@@ -933,9 +933,10 @@ typedef struct gp_device_iface {
      * mean, var and the parameter gradients FP32), bit for bit the storage
      * adapter's (x and dy widened, the FP32 slot, y and dx rounded once),
      * relu (gp_bn_desc.relu) and the blocked layouts included; d->add must
-     * be NULL (a residual sum is a composite layer's, whose insides are
-     * FP32).  CPU: each task widens its channels into FP32 tiles in the
-     * arena (cpu_bn.c).  NULL: batch norm goes through the adapter. */
+     * be NULL (a residual sum on bf16 storage comes as d->add16, forward
+     * only).  CPU: the FP32 slots' loops on the bf16 tensors, widening on
+     * load and rounding on store (cpu_bn.c).  NULL: batch norm goes
+     * through the adapter. */
     gp_status (*bn_fwd_train_bf16)(gp_device *dev, const gp_bn_desc *d, const uint16_t *x,
                                    const float *gamma, const float *beta, uint16_t *y,
                                    float *mean, float *var);
