@@ -530,10 +530,7 @@ static void check_bits(const char *what, const uint16_t *slot, const float *adap
     int64_t wrong = 0, at = -1;
     uint16_t want_at = 0;
     for (int64_t i = 0; i < n; i++) {
-        float r = to_bf16(adapter_f32[i]); /* the adapter's one rounding */
-        uint32_t u;
-        memcpy(&u, &r, sizeof u);
-        uint16_t want = (uint16_t)(u >> 16);
+        uint16_t want = gp_ew_bf16_bits(adapter_f32[i]); /* the adapter's one rounding */
         if (slot[i] != want && wrong++ == 0) at = i, want_at = want;
     }
     CHECK_MSG(wrong == 0, "%s: %lld of %lld values differ from the adapter's (first at %lld: "

@@ -354,9 +354,8 @@ gp_status gp_cpu_device_create(int index, const gp_device_opts *opts, gp_device 
     if (opts->precision == GP_PRECISION_BF16) {
         /* oneDNN's bf16 kernels need the instructions (vdpbf16ps or AMX);
          * without them it would emulate bf16, slower than fp32 */
-        dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
-        if (((unsigned)isa & (unsigned)dnnl_cpu_isa_avx512_core_bf16) !=
-            (unsigned)dnnl_cpu_isa_avx512_core_bf16) {
+        if (!gp_cpu_isa_has(dnnl_cpu_isa_avx512_core_bf16)) {
+            dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
             static const struct {
                 dnnl_cpu_isa_t isa;
                 const char *name;

@@ -356,13 +356,54 @@ static bool grad_held(gp_device *dev, cpu_op *op, int ai, void *user, const void
     return true;
 }
 
-/* The frozen copy the op's weights argument a uses: src's own slot of
- * op->wkeep, current already (*fresh) or to be converted into now; NULL:
- * reorder as usual, into the arena.  A slot converted in an earlier epoch
- * is free for another tensor. */
-static struct cpu_wkeep *weights_cast(gp_device *dev, const cpu_arg *a, const void *src,
-                                      bool *fresh);
+/* The bytes of argument a's memory in the primitive's layout; 0 where
+ * oneDNN does not say. */
+static size_t inner_bytes(const cpu_arg *a)
+{
+    const dnnl_memory_desc_t *md = NULL;
+    if (dnnl_memory_get_memory_desc(a->inner, &md) != dnnl_success || !md) return 0;
+    return dnnl_memory_desc_get_size(md);
+}
 
+/* The device's bf16 cast of weight tensor src for an op whose weights are
+ * a plain cast (cast_w): every such op reading src shares it, whatever its
+ * view of the tensor (the bytes are the same), converted once a step; NULL
+ * where none can be had (reorder as usual). */
+static struct cpu_wkeep *weights_cast(gp_device *dev, const cpu_arg *a, const void *src,
+                                      bool *fresh)
+{
+    gp_cpu_ctx *ctx = gp_cpu_ctx_of(dev);
+    size_t bytes = inner_bytes(a);
+    if (!bytes) return NULL;
+    for (int i = 0; i < ctx->n_wcast; i++) {
+        struct cpu_wkeep *k = &ctx->wcast[i];
+        if (k->src == src && k->bytes == bytes) {
+            *fresh = k->epoch == dev->weights_epoch;
+            return k;
+        }
+    }
+    if (ctx->n_wcast == ctx->cap_wcast) {
+        int nc = ctx->cap_wcast ? 2 * ctx->cap_wcast : 64;
+        struct cpu_wkeep *p = realloc(ctx->wcast, sizeof *p * (size_t)nc);
+        if (!p) return NULL;
+        ctx->wcast = p;
+        ctx->cap_wcast = nc;
+    }
+    struct cpu_wkeep *k = &ctx->wcast[ctx->n_wcast];
+    *k = (struct cpu_wkeep){.bytes = bytes};
+    if (gp_dev_alloc(dev, bytes, GP_MEM_WORKSPACE, &k->buf) != GP_OK) {
+        gp_error_clear(); /* a device near its capacity just reorders every call */
+        return NULL;
+    }
+    ctx->n_wcast++;
+    return k; /* src set once converted (op_run) */
+}
+
+/* The frozen copy the op's weights argument a uses: src's own slot of
+ * op->wkeep (or the device's shared cast, cast_w), current already
+ * (*fresh) or to be converted into now; NULL: reorder as usual, into the
+ * arena.  A slot converted in an earlier epoch is free for another
+ * tensor. */
 static struct cpu_wkeep *weights_kept(gp_device *dev, cpu_op *op, const cpu_arg *a,
                                       const void *src, bool *fresh)
 {
@@ -386,9 +427,8 @@ static struct cpu_wkeep *weights_kept(gp_device *dev, cpu_op *op, const cpu_arg 
         if (!op->wkeep[q].buf) k = &op->wkeep[q];
     if (!k) return NULL; /* more tensors of this shape than slots */
     if (!k->buf) {
-        const dnnl_memory_desc_t *md = NULL;
-        if (dnnl_memory_get_memory_desc(a->inner, &md) != dnnl_success || !md) return NULL;
-        size_t bytes = dnnl_memory_desc_get_size(md);
+        size_t bytes = inner_bytes(a);
+        if (!bytes) return NULL;
         /* a device near its capacity just reorders every call */
         if (gp_dev_alloc(dev, bytes, GP_MEM_WORKSPACE, &k->buf) != GP_OK) {
             gp_error_clear();
@@ -399,41 +439,6 @@ static struct cpu_wkeep *weights_kept(gp_device *dev, cpu_op *op, const cpu_arg 
     }
     k->src = NULL; /* until converted */
     return k;
-}
-
-/* The device's bf16 cast of weight tensor src for an op whose weights are
- * a plain cast (cast_w): every such op reading src shares it, whatever its
- * view of the tensor (the bytes are the same), converted once a step; NULL
- * where none can be had (reorder as usual). */
-static struct cpu_wkeep *weights_cast(gp_device *dev, const cpu_arg *a, const void *src,
-                                      bool *fresh)
-{
-    gp_cpu_ctx *ctx = gp_cpu_ctx_of(dev);
-    const dnnl_memory_desc_t *md = NULL;
-    if (dnnl_memory_get_memory_desc(a->inner, &md) != dnnl_success || !md) return NULL;
-    size_t bytes = dnnl_memory_desc_get_size(md);
-    for (int i = 0; i < ctx->n_wcast; i++) {
-        struct cpu_wkeep *k = &ctx->wcast[i];
-        if (k->src == src && k->bytes == bytes) {
-            *fresh = k->epoch == dev->weights_epoch;
-            return k;
-        }
-    }
-    if (ctx->n_wcast == ctx->cap_wcast) {
-        int nc = ctx->cap_wcast ? 2 * ctx->cap_wcast : 64;
-        struct cpu_wkeep *p = realloc(ctx->wcast, sizeof *p * (size_t)nc);
-        if (!p) return NULL;
-        ctx->wcast = p;
-        ctx->cap_wcast = nc;
-    }
-    struct cpu_wkeep *k = &ctx->wcast[ctx->n_wcast];
-    *k = (struct cpu_wkeep){.bytes = bytes};
-    if (gp_dev_alloc(dev, bytes, GP_MEM_WORKSPACE, &k->buf) != GP_OK) {
-        gp_error_clear(); /* a device near its capacity just reorders every call */
-        return NULL;
-    }
-    ctx->n_wcast++;
-    return k; /* src set once converted (op_run) */
 }
 
 /* Run a built op on the call's buffers (ptrs indexed by cpu_arg.slot). */
@@ -619,10 +624,9 @@ static dnnl_format_tag_t act_tag(int64_t blk)
  * different. */
 int64_t gp_cpu_isa_block(void)
 {
-    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
-    return (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core ? 16
-           : (isa & dnnl_cpu_isa_avx2) == dnnl_cpu_isa_avx2              ? 8
-                                                                         : 0;
+    return gp_cpu_isa_has(dnnl_cpu_isa_avx512_core) ? 16
+           : gp_cpu_isa_has(dnnl_cpu_isa_avx2)      ? 8
+                                                    : 0;
 }
 
 /* ctx->act_blk (the device's block, 0 with GPIPE_CPU_KEEP_BLOCKS=0)
@@ -892,10 +896,7 @@ static gp_status build_matmul(gp_cpu_ctx *ctx, cpu_op *op, const void *desc)
      * With AMX oneDNN's tiles read B in a layout of their own, and no AMX
      * processor has measured the plain copy: there oneDNN still chooses,
      * each op keeping its own reordered copy as before. */
-    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
-    bool amx = ((unsigned)isa & (unsigned)dnnl_cpu_isa_avx512_core_amx) ==
-               (unsigned)dnnl_cpu_isa_avx512_core_amx;
-    bool plain_w = b->b_weights && !amx;
+    bool plain_w = b->b_weights && !gp_cpu_isa_has(dnnl_cpu_isa_avx512_core_amx);
     if (plain_w)
         GP_TRY(strided_md(&b_any, b->k, b->n, b->ldb, b->tb, dnnl_bf16));
     else
@@ -929,19 +930,6 @@ fail:
     return st;
 }
 
-static gp_status matmul_run(gp_device *dev, const mm_build *mb, const void *a, const void *b,
-                            void *c, const float *bias);
-
-gp_status gp_cpu_gemm_bf16(gp_device *dev, int trans_a, int trans_b, int64_t m, int64_t n,
-                           int64_t k, float alpha, const float *a, int64_t lda, const float *b,
-                           int64_t ldb, float beta, float *c, int64_t ldc, bool b_weights)
-{
-    mm_build mb = {.m = m, .n = n, .k = k, .lda = lda, .ldb = ldb, .ldc = ldc,
-                   .ta = trans_a != 0, .tb = trans_b != 0, .alpha = alpha, .beta = beta,
-                   .b_weights = b_weights};
-    return matmul_run(dev, &mb, a, b, c, NULL);
-}
-
 /* The bf16 product mb on the call's buffers (bias: slot 3, or NULL). */
 static gp_status matmul_run(gp_device *dev, const mm_build *mb, const void *a, const void *b,
                             void *c, const float *bias)
@@ -958,6 +946,16 @@ static gp_status matmul_run(gp_device *dev, const mm_build *mb, const void *a, c
     return op_run(dev, op, p);
 }
 
+gp_status gp_cpu_gemm_bf16(gp_device *dev, int trans_a, int trans_b, int64_t m, int64_t n,
+                           int64_t k, float alpha, const float *a, int64_t lda, const float *b,
+                           int64_t ldb, float beta, float *c, int64_t ldc, bool b_weights)
+{
+    mm_build mb = {.m = m, .n = n, .k = k, .lda = lda, .ldb = ldb, .ldc = ldc,
+                   .ta = trans_a != 0, .tb = trans_b != 0, .alpha = alpha, .beta = beta,
+                   .b_weights = b_weights};
+    return matmul_run(dev, &mb, a, b, c, NULL);
+}
+
 /* ---- linear layers on bf16 storage (linear_*_bf16, backend.h) -----------------------
  * A product worth bf16 (gp_bf16_gemm_worth, as gemm decides on FP32
  * storage) is one matmul that reads the bf16 activations as they lie and
@@ -967,7 +965,8 @@ static gp_status matmul_run(gp_device *dev, const mm_build *mb, const void *a, c
  * A product not worth it runs the FP32 slot on widened copies and rounds:
  * the storage adapter's way, its bits. */
 
-/* An FP32 copy of n bf16 values in the device's workspace (free: f32_free). */
+/* An FP32 copy of n bf16 values in the device's workspace, or (src NULL)
+ * room for n FP32 values (free: f32_free). */
 static gp_status f32_of(gp_device *dev, const uint16_t *src, int64_t n, float **out)
 {
     void *p = NULL;
