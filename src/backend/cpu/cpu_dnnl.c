@@ -776,51 +776,47 @@ static gp_status conv_op(gp_device *dev, cpu_op_kind kind, const gp_conv_desc *d
     return GP_OK;
 }
 
+/* Convolution d of `kind` on the call's buffers, in the slots' order
+ * (x or dx, w or dw, b or db, y or dy); io16: bf16 storage. */
+static gp_status conv_run(gp_device *dev, cpu_op_kind kind, const gp_conv_desc *d, bool io16,
+                          const void *x, const void *w, const void *b, const void *y)
+{
+    cpu_op *op = NULL;
+    GP_TRY(conv_op(dev, kind, d, io16, &op));
+    void *p[4] = {(void *)x, (void *)w, (void *)b, (void *)y};
+    return op_run(dev, op, p);
+}
+
 gp_status gp_cpu_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x,
                           const float *w, const float *b, float *y)
 {
-    cpu_op *op = NULL;
-    GP_TRY(conv_op(dev, CPU_OP_CONV_FWD, d, false, &op));
-    void *p[4] = {(void *)x, (void *)w, (void *)b, y};
-    return op_run(dev, op, p);
+    return conv_run(dev, CPU_OP_CONV_FWD, d, false, x, w, b, y);
 }
 
 /* conv_*_bf16 (backend.h): the same primitives on bf16 user memory */
 gp_status gp_cpu_conv_fwd_bf16(gp_device *dev, const gp_conv_desc *d, const uint16_t *x,
                                const float *w, const float *b, uint16_t *y)
 {
-    cpu_op *op = NULL;
-    GP_TRY(conv_op(dev, CPU_OP_CONV_FWD, d, true, &op));
-    void *p[4] = {(void *)x, (void *)w, (void *)b, y};
-    return op_run(dev, op, p);
+    return conv_run(dev, CPU_OP_CONV_FWD, d, true, x, w, b, y);
 }
 
 gp_status gp_cpu_conv_bwd_data_bf16(gp_device *dev, const gp_conv_desc *d, const float *w,
                                     const uint16_t *dy, uint16_t *dx)
 {
-    cpu_op *op = NULL;
-    GP_TRY(conv_op(dev, CPU_OP_CONV_BWD_DATA, d, true, &op));
-    void *p[4] = {dx, (void *)w, NULL, (void *)dy};
-    return op_run(dev, op, p);
+    return conv_run(dev, CPU_OP_CONV_BWD_DATA, d, true, dx, w, NULL, dy);
 }
 
 gp_status gp_cpu_conv_bwd_weights_bf16(gp_device *dev, const gp_conv_desc *d,
                                        const uint16_t *x, const uint16_t *dy, float *dw,
                                        float *db)
 {
-    cpu_op *op = NULL;
-    GP_TRY(conv_op(dev, CPU_OP_CONV_BWD_WEIGHTS, d, true, &op));
-    void *p[4] = {(void *)x, dw, db, (void *)dy};
-    return op_run(dev, op, p);
+    return conv_run(dev, CPU_OP_CONV_BWD_WEIGHTS, d, true, x, dw, db, dy);
 }
 
 gp_status gp_cpu_conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const float *w,
                                const float *dy, float *dx)
 {
-    cpu_op *op = NULL;
-    GP_TRY(conv_op(dev, CPU_OP_CONV_BWD_DATA, d, false, &op));
-    void *p[4] = {dx, (void *)w, NULL, (void *)dy};
-    return op_run(dev, op, p);
+    return conv_run(dev, CPU_OP_CONV_BWD_DATA, d, false, dx, w, NULL, dy);
 }
 
 gp_status gp_cpu_conv_act_reorders(gp_device *dev, const gp_conv_desc *d, int count[3])
@@ -841,10 +837,7 @@ gp_status gp_cpu_conv_act_reorders(gp_device *dev, const gp_conv_desc *d, int co
 gp_status gp_cpu_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const float *x,
                                   const float *dy, float *dw, float *db)
 {
-    cpu_op *op = NULL;
-    GP_TRY(conv_op(dev, CPU_OP_CONV_BWD_WEIGHTS, d, false, &op));
-    void *p[4] = {(void *)x, dw, db, (void *)dy};
-    return op_run(dev, op, p);
+    return conv_run(dev, CPU_OP_CONV_BWD_WEIGHTS, d, false, x, dw, db, dy);
 }
 
 /* ---- matrix products in bf16 (precision bf16) ------------------------------------------
