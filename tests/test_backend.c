@@ -1692,6 +1692,204 @@ static void test_sgd_multi(gp_device *dev)
     CHECK_OK(gp_dev_sgd_multi(dev, NULL, 0, 0.05f, 0.9f, 0)); /* nothing to do */
 }
 
+/* The check after the step in the update's own pass
+ * (gp_update_part.nonfinite): SGD's slot, its fallback without the slot
+ * and Adam leave the flag as it is when every new value of the parts that
+ * ask is finite, even where a part that does not ask went bad, and set it
+ * when one that asks did (an infinite gradient), whichever element. */
+static void test_update_check(gp_device *dev)
+{
+    enum { N = 70001 };
+    gp_device_iface bare = *dev->iface;
+    bare.sgd_multi = NULL;
+    gp_device fake = *dev;
+    fake.iface = &bare;
+    float *w = drand(dev, 2 * N), *g = drand(dev, 2 * N), *v = dalloc(dev, 2 * N),
+          *v2 = dalloc(dev, 2 * N), *flag = dalloc(dev, 1);
+    for (int way = 0; way < 3; way++)
+        for (int bad_at = -1; bad_at < 2; bad_at++) { /* none, the unchecked part, the checked */
+            for (int64_t i = 0; i < 2 * N; i++) {
+                w[i] = frand();
+                g[i] = frand();
+                v[i] = v2[i] = 0.0f;
+            }
+            if (bad_at >= 0) g[bad_at * N + 12345] = INFINITY;
+            *flag = 0.0f;
+            gp_update_part parts[2] = {
+                {.w = w, .g = g, .v = v, .v2 = v2, .n = N},
+                {.w = w + N, .g = g + N, .v = v + N, .v2 = v2 + N, .n = N, .nonfinite = flag}};
+            gp_adam_step adam = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                                 .step_size = 1e-3f, .bc2_sqrt = 1.0f};
+            if (way == 0) CHECK_OK(gp_dev_sgd_multi(dev, parts, 2, 0.05f, 0.9f, 0));
+            if (way == 1) CHECK_OK(gp_dev_sgd_multi(&fake, parts, 2, 0.05f, 0.9f, 0));
+            if (way == 2) CHECK_OK(gp_dev_adam_multi(dev, parts, 2, &adam));
+            CHECK(bad_at < 0 || !isfinite(w[bad_at * N + 12345])); /* it did go bad */
+            CHECK_MSG(*flag == (bad_at == 1 ? 1.0f : 0.0f), "way %d, bad part %d: flag %g",
+                      way, bad_at, (double)*flag);
+        }
+    dfree(dev, w, 2 * N);
+    dfree(dev, g, 2 * N);
+    dfree(dev, v, 2 * N);
+    dfree(dev, v2, 2 * N);
+    dfree(dev, flag, 1);
+}
+
+/* Weight mirrors (gp_wmirror, backend.h), on any processor (the table and
+ * its rules are device-independent; the CPU's products read mirrors only
+ * under precision bf16, which test_pipeline's bf16_native checks end to
+ * end): a mirror is made while frozen and current for the rest of that
+ * freeze; the update writes it in its own pass (sgd_multi, adam_multi and
+ * the wrapper's fallback: the rounding of the new weights, bit for bit) and
+ * it is current for the next freeze without a conversion; every other
+ * write into the tensor (upload, copy, a copy between devices, a
+ * collective's wrapper) makes it stale, as does a freeze the update did
+ * not precede; GPIPE_CHECK_MIRRORS's check finds a write that bypassed all
+ * of them; and freeing the parameter frees its mirror. */
+static void test_mirrors(gp_device *dev)
+{
+    enum { N = 70001 }; /* above the parallel threshold */
+    float *w = NULL, *g = drand(dev, N), *v = dalloc(dev, N), *v2 = dalloc(dev, N),
+          *host = malloc(N * sizeof(float));
+    uint16_t *want = malloc(N * sizeof(uint16_t));
+    CHECK_OK(gp_dev_alloc(dev, N * sizeof(float), GP_MEM_PARAMS, (void **)&w));
+    for (int64_t i = 0; i < N; i++) {
+        w[i] = frand();
+        v[i] = v2[i] = 0.0f;
+        host[i] = frand();
+    }
+    bool check0 = dev->check_mirrors;
+    dev->check_mirrors = true;
+    size_t ws0 = dev->alloc.cur_by[GP_MEM_WORKSPACE];
+    int n0 = dev->n_mirrors;
+    gp_wmirror *m = NULL;
+    bool cur = true;
+    CHECK_OK(gp_dev_mirror_get(dev, w, N, &m, &cur)); /* thawed: none made */
+    CHECK(!m && !cur && dev->n_mirrors == n0);
+    CHECK(gp_dev_mirror_for_update(dev, w, N) == NULL); /* none yet: nothing to write */
+
+    gp_dev_freeze_weights(dev, true);
+    CHECK_OK(gp_dev_mirror_get(dev, w, N, &m, &cur));
+    CHECK(m && !cur && dev->n_mirrors == n0 + 1);
+    if (!m) {
+        gp_dev_freeze_weights(dev, false);
+        return;
+    }
+    uint16_t *copy = m->copy;
+    CHECK(dev->alloc.cur_by[GP_MEM_WORKSPACE] == ws0 + N * sizeof(uint16_t));
+    CHECK_OK(gp_dev_bf16_pack(dev, copy, w, N));
+    uint64_t kept = dev->weights_kept;
+    gp_dev_mirror_made(dev, m);
+    CHECK(dev->weights_kept == kept + 1);
+    CHECK_OK(gp_dev_mirror_get(dev, w, N, &m, &cur));
+    CHECK(cur && m->copy == copy); /* current for the rest of the freeze */
+    gp_dev_freeze_weights(dev, false);
+
+    /* the update writes it: SGD's slot, its fallback without the slot, Adam */
+    gp_device_iface bare = *dev->iface;
+    bare.sgd_multi = NULL;
+    gp_device fake = *dev;
+    fake.iface = &bare;
+    for (int way = 0; way < 3; way++) {
+        uint16_t *w16 = gp_dev_mirror_for_update(dev, w, N);
+        CHECK(w16 == copy);
+        CHECK(gp_dev_mirror_for_update(dev, w, N - 1) == NULL); /* a chunk: not the tensor */
+        gp_update_part part = {.w = w, .g = g, .v = v, .v2 = v2, .n = N, .wd = 1e-4f, .w16 = w16};
+        gp_adam_step adam = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                             .step_size = 1e-3f, .bc2_sqrt = 1.0f};
+        if (way == 0) CHECK_OK(gp_dev_sgd_multi(dev, &part, 1, 0.05f, 0.9f, 0));
+        if (way == 1) CHECK_OK(gp_dev_sgd_multi(&fake, &part, 1, 0.05f, 0.9f, 0));
+        if (way == 2) CHECK_OK(gp_dev_adam_multi(dev, &part, 1, &adam));
+        int finite = 1;
+        for (int64_t i = 0; i < N; i++) {
+            want[i] = gp_ew_bf16_bits(w[i]);
+            finite &= isfinite(w[i]);
+        }
+        CHECK(finite);
+        CHECK_MSG(!memcmp(copy, want, N * sizeof(uint16_t)),
+                  "way %d: the mirror the update wrote is not the new weights' rounding", way);
+        uint64_t by = dev->mirrors_by_update;
+        kept = dev->weights_kept;
+        gp_dev_freeze_weights(dev, true);
+        CHECK_OK(gp_dev_mirror_get(dev, w, N, &m, &cur)); /* (and GPIPE_CHECK_MIRRORS's check) */
+        CHECK_MSG(cur && dev->mirrors_by_update == by + 1 && dev->weights_kept == kept,
+                  "way %d: the update's mirror not current at the next freeze", way);
+        gp_dev_freeze_weights(dev, false);
+    }
+    /* a freeze without an update before it: stale (its weights may have
+     * changed any way) */
+    gp_dev_freeze_weights(dev, true);
+    CHECK_OK(gp_dev_mirror_get(dev, w, N, &m, &cur));
+    CHECK(!cur);
+    gp_dev_freeze_weights(dev, false);
+
+    /* every other way into the tensor after the update: stale */
+    const char *ways[] = {"upload", "upload_async", "copy_d2d", "copy_async", "a copy between "
+                          "devices (staged)", "all_gather's wrapper"};
+    gp_device *other = NULL;
+    gp_device_opts o = {.threads = 1};
+    CHECK_OK(gp_device_open("cpu:7", &o, &other));
+    float *src = other ? drand(other, 8) : NULL;
+    for (int way = 0; way < 6; way++) {
+        uint16_t *w16 = gp_dev_mirror_for_update(dev, w, N);
+        gp_update_part part = {.w = w, .g = g, .v = v, .n = N, .w16 = w16};
+        CHECK_OK(gp_dev_sgd_multi(dev, &part, 1, 0.05f, 0.9f, 0));
+        gp_status st = GP_OK;
+        if (way == 0) st = gp_dev_upload(dev, w + 5, host, 3);
+        if (way == 1) st = gp_dev_upload_async(dev, w + N - 2, host, 2, NULL);
+        if (way == 2) st = gp_dev_copy_d2d(dev, w + 100, g, 4 * sizeof(float));
+        if (way == 3) st = gp_dev_copy_async(dev, w, dev, g, sizeof(float), NULL, NULL);
+        if (way == 4 && src) {
+            gp_tensor a = {.mem = (gp_mem *)(void *)(w + 7), .dtype = GP_F32, .ndim = 1,
+                           .dims = {8}, .dev = dev};
+            gp_tensor b = a;
+            b.mem = (gp_mem *)(void *)src;
+            b.dev = other;
+            st = gp_tensor_copy(&a, &b);
+        }
+        if (way == 5) st = gp_dev_all_gather(dev, NULL, w + 9, 1); /* (no comm: it refuses) */
+        if (way == 5) gp_error_clear();
+        else CHECK_OK(st);
+        gp_dev_freeze_weights(dev, true);
+        CHECK_OK(gp_dev_mirror_get(dev, w, N, &m, &cur));
+        CHECK_MSG(!cur, "%s into the weights after the update left the mirror current",
+                  ways[way]);
+        CHECK_OK(gp_dev_bf16_pack(dev, m->copy, w, N)); /* what a backend does */
+        gp_dev_mirror_made(dev, m);
+        gp_dev_freeze_weights(dev, false);
+    }
+    if (other) {
+        dfree(other, src, 8);
+        gp_device_close(other);
+    }
+
+    /* a write none of them saw (a host store into CPU memory):
+     * GPIPE_CHECK_MIRRORS finds it at the next use, and says what */
+    uint16_t *w16 = gp_dev_mirror_for_update(dev, w, N);
+    gp_update_part part = {.w = w, .g = g, .v = v, .n = N, .w16 = w16};
+    CHECK_OK(gp_dev_sgd_multi(dev, &part, 1, 0.05f, 0.9f, 0));
+    w[N / 2] += 1.0f;
+    gp_dev_freeze_weights(dev, true);
+    gp_status st = gp_dev_mirror_get(dev, w, N, &m, &cur);
+    CHECK(st == GP_ERR_RUNTIME && strstr(gp_last_error(), "GPIPE_CHECK_MIRRORS") &&
+          strstr(gp_last_error(), "value 35000"));
+    gp_error_clear();
+    dev->check_mirrors = false; /* unchecked, the stale copy is served: the check is what
+                                   tells */
+    CHECK_OK(gp_dev_mirror_get(dev, w, N, &m, &cur));
+    CHECK(cur);
+    gp_dev_freeze_weights(dev, false);
+
+    /* the parameter's free takes its mirror */
+    gp_dev_free(dev, w, N * sizeof(float), GP_MEM_PARAMS);
+    CHECK(dev->n_mirrors == n0 && dev->alloc.cur_by[GP_MEM_WORKSPACE] == ws0);
+    dev->check_mirrors = check0;
+    dfree(dev, g, N);
+    dfree(dev, v, N);
+    dfree(dev, v2, N);
+    free(host);
+    free(want);
+}
+
 /* adam_multi against a double-precision Adam (PyTorch's formula, optim.h),
  * four steps from zero moments, Adam (L2 decay into the gradient) and
  * AdamW (decoupled decay), parts of sizes 0 to above the parallel
@@ -2869,6 +3067,8 @@ int main(void)
     test_sgd(dev);
     test_sgd_multi(dev);
     test_adam(dev);
+    test_mirrors(dev);
+    test_update_check(dev);
     test_dropout(dev);
     test_unet_ops(dev);
     test_gemm(dev);

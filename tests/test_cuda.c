@@ -1946,6 +1946,42 @@ static void test_bf16_ops(gp_device *cpu, const char *graph)
                       "bf16 products with kept weights (freeze %d) differ from packed ones",
                       epoch + 1);
         }
+        /* The update writes the linear weight's mirror (gp_update_part.w16,
+         * gp_dev_mirror_for_update) and checks its new values (nonfinite,
+         * left 0): the next freeze rounds only the convolution's weight,
+         * which nothing but the update would have kept current, reads the
+         * update's mirror (under GPIPE_CHECK_MIRRORS compared with its
+         * master's rounding), and its products give the bits of the new
+         * weights packed per call. */
+        buf gw = brand(out * in, -1, 1), flag = bjunk(1);
+        CHECK_OK(gp_dev_fill(g, flag.p[1], 0.0f, 1));
+        uint16_t *w16 = gp_dev_mirror_for_update(g, w.p[1], w.n);
+        CHECK_MSG(w16 != NULL, "no bf16 mirror of the linear weight after its freezes");
+        gp_update_part part = {.w = w.p[1], .g = gw.p[1], .n = w.n, .w16 = w16,
+                               .nonfinite = flag.p[1]};
+        CHECK_OK(gp_dev_sgd_multi(g, &part, 1, 0.1f, 0.0f, 0));
+        CHECK_OK(gp_dev_linear_fwd(g, n, out, in, x.p[1], w.p[1], bias.p[1], false, y0.p[1]));
+        CHECK_OK(gp_dev_gemm_wb(g, 0, 0, n, in, out, 1.0f, dy.p[1], out, w.p[1], in, 0.0f,
+                                dx0.p[1], in));
+        uint64_t kept = g->weights_kept, by = g->mirrors_by_update;
+        CHECK_OK(gp_dev_freeze_weights(g, true));
+        CHECK_OK(gp_dev_linear_fwd(g, n, out, in, x.p[1], w.p[1], bias.p[1], false, y1.p[1]));
+        CHECK_OK(gp_dev_gemm_wb(g, 0, 0, n, in, out, 1.0f, dy.p[1], out, w.p[1], in, 0.0f,
+                                dx1.p[1], in));
+        CHECK_OK(gp_dev_conv_fwd(g, &d, cx.p[1], cw.p[1], cb.p[1], cy1.p[1]));
+        unsigned long long made = (unsigned long long)(g->weights_kept - kept),
+                           served = (unsigned long long)(g->mirrors_by_update - by);
+        CHECK_OK(gp_dev_freeze_weights(g, false));
+        CHECK_MSG(made == 1 && served == 2, "after the update: %llu weights rounded (want the "
+                  "convolution's 1), %llu uses of the update's mirror (want 2)", made, served);
+        CHECK_MSG(bsame(y0.p[1], y1.p[1], y0.n) && bsame(dx0.p[1], dx1.p[1], dx0.n),
+                  "bf16 products on the update's mirror differ from packed ones");
+        float hflag = -1.0f;
+        CHECK_OK(gp_dev_download(g, &hflag, flag.p[1], 1));
+        CHECK_OK(gp_dev_synchronize(g));
+        CHECK_MSG(hflag == 0.0f, "the update flagged finite weights (%g)", (double)hflag);
+        bfree(&gw);
+        bfree(&flag);
         bfree(&x); bfree(&w); bfree(&bias); bfree(&dy); bfree(&y0); bfree(&y1); bfree(&dx0);
         bfree(&dx1); bfree(&cx); bfree(&cw); bfree(&cb); bfree(&cy0); bfree(&cy1);
     }

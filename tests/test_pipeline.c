@@ -27,6 +27,7 @@
  *     layer (bf16_native);
  * Runs under ThreadSanitizer in CI (label "threads").
  */
+#include "backend/cpu/cpu_impl.h" /* gp_cpu_isa_has */
 #include "pipeline/pipeline.h"
 #include "test_util.h"
 
@@ -178,6 +179,82 @@ static uint64_t step_conversions(gp_config *c, int m)
     return made;
 }
 
+/* Weight mirrors end to end (gp_wmirror; precision bf16, bf16 instructions):
+ * the mlp's products read its weights' bf16 mirrors, which the update
+ * writes, so from the second step on a step converts no weight tensor
+ * (gp_device.weights_kept) and reads the update's mirrors; a weight
+ * uploaded between steps (as a snapshot's restore writes one) is converted
+ * again, that one alone; and every step is bit for bit the same model on a
+ * device that keeps nothing (GPIPE_CPU_KEEP_WEIGHTS=0: each product rounds
+ * its weights itself).  The suite runs with GPIPE_CHECK_MIRRORS=1, so each
+ * use of an update's mirror is also compared with its master's rounding.
+ * Where oneDNN picks the weights' layout (AMX) no mirror is made; that is
+ * checked too. */
+static void bf16_mirrors(void)
+{
+    gp_device_opts o = {.threads = 1, .precision = GP_PRECISION_BF16};
+    gp_device *plain = NULL;
+    setenv("GPIPE_CPU_KEEP_WEIGHTS", "0", 1);
+    CHECK_OK(gp_device_open("cpu:4", &o, &plain));
+    unsetenv("GPIPE_CPU_KEEP_WEIGHTS");
+    if (!plain) return;
+    bool amx = gp_cpu_isa_has(dnnl_cpu_isa_avx512_core_amx);
+    gp_config c = make_cfg(false);
+    c.train.precision = GP_PRECISION_BF16;
+    c.pipeline.chunks = 2;
+    /* products big enough for bf16 (gp_bf16_gemm_worth: 7 rows a micro-batch) */
+    c.model.layers[1].out = 40;
+    c.model.layers[4].out = 40;
+    gp_model a, b;
+    CHECK_OK(gp_model_build(&c, devs[0], &a));
+    CHECK_OK(gp_model_build(&c, plain, &b));
+    gp_device_bind_thread(devs[0]);
+    float x[BATCH * 72], y[BATCH];
+    int wl = -1; /* the first linear layer's weight, uploaded before step 3 */
+    for (int k = 0; k < a.n_layers && wl < 0; k++)
+        if (a.layers[k].n_params > 0) wl = k;
+    CHECK(wl >= 0);
+    for (int step = 0; step < 5 && wl >= 0; step++) {
+        make_batch(&c, step, x, y);
+        gp_tensor *wa = &a.layers[wl].params[0].value, *wb = &b.layers[wl].params[0].value;
+        if (step == 3) {
+            int64_t n = gp_tensor_numel(wa);
+            float *h = malloc((size_t)n * sizeof(float));
+            for (int64_t i = 0; i < n; i++) h[i] = 0.01f * (float)((i * 7919) % 101 - 50);
+            CHECK_OK(gp_dev_upload(devs[0], gp_f32(wa), h, n));
+            CHECK_OK(gp_dev_upload(plain, gp_f32(wb), h, n));
+            free(h);
+        }
+        uint64_t kept = devs[0]->weights_kept, by = devs[0]->mirrors_by_update;
+        CHECK_OK(gp_model_train_step(&a, &c, x, y, BATCH, 2, 0.05, NULL));
+        CHECK_OK(gp_model_train_step(&b, &c, x, y, BATCH, 2, 0.05, NULL));
+        uint64_t made = devs[0]->weights_kept - kept, served = devs[0]->mirrors_by_update - by;
+        if (amx) {
+            CHECK_MSG(made == 0 && served == 0 && devs[0]->n_mirrors == 0,
+                      "AMX: step %d made %llu mirrors", step, (unsigned long long)made);
+        } else if (step == 0) {
+            CHECK_MSG(made > 0 && served == 0, "step 0: %llu weights converted, %llu "
+                      "update's mirrors", (unsigned long long)made, (unsigned long long)served);
+        } else {
+            uint64_t want = step == 3 ? 1 : 0;
+            CHECK_MSG(made == want && served > 0, "step %d: %llu weights converted (want "
+                      "%llu), %llu uses of the update's mirrors", step,
+                      (unsigned long long)made, (unsigned long long)want,
+                      (unsigned long long)served);
+        }
+        CHECK_MSG(gpt_same_values(&a, &b), "step %d: the model with weight mirrors differs "
+                  "from the one without", step);
+    }
+    int mirrors = devs[0]->n_mirrors;
+    gp_model_free(&a);
+    CHECK(devs[0]->n_mirrors == 0 && (amx || mirrors > 0)); /* freed with their weights */
+    gp_model_free(&b);
+    gp_device_close(plain);
+    gp_device_bind_thread(devs[0]);
+    printf("test_pipeline: weight mirrors: %d made%s\n", mirrors,
+           amx ? " (AMX: oneDNN's layout, none)" : ", written by the update from step 1 on");
+}
+
 /* Devices with precision bf16 (the products on bf16 operands), on a
  * processor that has the instructions; false (and devs as they were)
  * where the device refuses bf16, which test_backend checks. */
@@ -235,6 +312,7 @@ static void bf16_native(void)
                   "conversions a step, want the first layer's %d", m, (unsigned long long)made,
                   2 * m);
     }
+    bf16_mirrors();
     close_bf16_devs();
 }
 
@@ -834,7 +912,10 @@ static void bf16_after_faults(void)
 
 /* A NaN where the loss cannot see it (a batch-norm running variance, used
  * only in evaluation) stops the step at CHECK, naming the tensor and the
- * element, on the pipeline and on the single-device reference alike. */
+ * element, on the pipeline and on the single-device reference alike; and
+ * so does a weight the update itself made infinite (a learning rate that
+ * overflows it), which the update's own pass checks (gp_optim_update's
+ * nonfinite: CHECK then reads only what the optimizer does not write). */
 static void nonfinite_state(void)
 {
     gp_config c = make_cfg(true);
@@ -862,6 +943,22 @@ static void nonfinite_state(void)
                       (!which || strstr(gp_last_error(), "device cpu:1, stage 1")),
                   "%s: status %s, message '%s'", which ? "pipeline" : "reference",
                   gp_status_name(s), gp_last_error());
+    }
+    gp_model_free(&ref);
+    gp_model_free(&pip);
+    CHECK_OK(gp_model_build(&c, devs[0], &ref));
+    CHECK_OK(gp_model_build_placed(&c, devs, 2, bal, &pip));
+    for (int which = 0; which < 2; which++) {
+        double lr = 1e300; /* inf as the update's float */
+        gp_status s = which ? gp_model_pipeline_step(&pip, &c, x, y, BATCH, lr, NULL)
+                            : gp_model_train_step(&ref, &c, x, y, BATCH, 2, lr, NULL);
+        const char *e = gp_last_error();
+        CHECK_MSG(s == GP_ERR_NUMERIC && strstr(e, "weight[") &&
+                      (strstr(e, "] is inf after the step") || strstr(e, "] is -inf after the step") ||
+                       strstr(e, "] is nan after the step")) &&
+                      (!which || strstr(e, "device cpu:0, stage 0")),
+                  "%s, the update's overflow: status %s, message '%s'",
+                  which ? "pipeline" : "reference", gp_status_name(s), e);
     }
     gp_model_free(&ref);
     gp_model_free(&pip);

@@ -61,6 +61,8 @@
 #include "backend/elementwise.h" /* gp_adam_step */
 #include "core/core.h"
 
+#include <pthread.h>
+
 /* The layout of gp_device_iface.  Bump it whenever a slot is added, removed
  * or changes meaning; gp_device_new refuses a table of another version (a
  * backend compiled against another backend.h).  `version` and
@@ -140,8 +142,11 @@
  *      (linear layers on bf16 storage under precision bf16)
  *  38  bn_commit_multi (a stage's batch-norm commits in one launch)
  *  39  gp_bn_desc.add16 (a residual block's sum and relu in its second
- *      norm's pass on bf16 storage) */
-#define GP_DEVICE_IFACE_VERSION 39
+ *      norm's pass on bf16 storage)
+ *  40  gp_update_part.w16 and .nonfinite (sgd_multi and adam_multi write
+ *      a weight's bf16 mirror and check the new weights in the update's
+ *      pass) */
+#define GP_DEVICE_IFACE_VERSION 40
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -336,7 +341,12 @@ typedef struct gp_loss_result {
 /* One tensor of a multi-tensor update: w, its gradient g and its state,
  * n floats each, with its weight decay.  SGD: v the momentum (NULL: plain
  * SGD, as sgd_update), v2 unused.  Adam: v the first moment (exp_avg), v2
- * the second (exp_avg_sq). */
+ * the second (exp_avg_sq).  w16 (NULL: none): w's bf16 mirror, which the
+ * update writes in the same pass, w16[i] = gp_ew_bf16_bits(new w[i])
+ * (gp_dev_mirror_for_update).  nonfinite (NULL: none): one float of the
+ * device's memory set to 1 if a new w[i] is NaN or Inf, else left as it
+ * is (the check after the step, in the same pass: nonfinite_or's flag);
+ * the parts of one call that have one name the same. */
 typedef struct gp_update_part {
     float *w;
     const float *g;
@@ -344,7 +354,29 @@ typedef struct gp_update_part {
     float *v2;
     int64_t n;
     float wd;
+    uint16_t *w16;
+    float *nonfinite;
 } gp_update_part;
+
+/* A weight tensor's bf16 mirror (precision bf16): the copy its products
+ * read, in the tensor's own element order, copy[i] = gp_ew_bf16_bits(w[i]).
+ * It is current for the freeze whose gp_device.weights_epoch it carries:
+ * made on the first use in a freeze (gp_dev_mirror_get), or written by the
+ * update that changed w (gp_dev_mirror_for_update: current for the next
+ * freeze), so a step whose weights only the update changed converts none.
+ * Every other write into a parameter (uploads, copies, collectives, a
+ * parameter's free) marks the mirrors it overlaps stale
+ * (gp_dev_weights_written), and GPIPE_CHECK_MIRRORS=1 checks at each use
+ * that a mirror the update wrote is the rounding of its master (the test
+ * suite runs with it). */
+typedef struct gp_wmirror {
+    const float *w;
+    int64_t n;
+    uint16_t *copy; /* 2 n bytes, GP_MEM_WORKSPACE */
+    uint64_t epoch; /* current for this freeze; GP_WMIRROR_STALE: for none */
+    bool by_update; /* the update wrote it (what GPIPE_CHECK_MIRRORS checks) */
+} gp_wmirror;
+#define GP_WMIRROR_STALE UINT64_MAX
 
 struct gp_bn_commit_part; /* below, with gp_dev_bn_commit_begin */
 
@@ -1130,6 +1162,15 @@ struct gp_device {
      * weight whatever the calls and micro-batches); on the device's
      * thread only. */
     uint64_t weights_kept;
+    /* The bf16 mirrors of its weight tensors (gp_wmirror), one per tensor,
+     * kept across steps; freed with the parameter or the device.  n_mirrors
+     * is read by every copy into the device (gp_dev_weights_written). */
+    gp_wmirror *mirrors;
+    int n_mirrors, cap_mirrors;
+    pthread_mutex_t mirrors_lock; /* the table: a copy into this device may
+                                     come from another device's thread */
+    bool check_mirrors; /* GPIPE_CHECK_MIRRORS=1 */
+    uint64_t mirrors_by_update; /* uses served by the update's writing (tests) */
     /* Conversion passes between FP32 and bf16 through gp_dev_bf16_pack /
      * gp_dev_bf16_unpack: the storage adapter's widening and rounding
      * (gp_tensor_as, gp_tensor_convert), bf16 copies' packing, snapshots'
@@ -1170,6 +1211,32 @@ static inline uint64_t gp_dev_host_waits(const struct gp_device *dev)
  * on any failure.  Closing can fail (the held gradients' additions); the
  * stretch is closed either way. */
 gp_status gp_dev_freeze_weights(struct gp_device *dev, bool frozen);
+
+/* Weight mirrors (gp_wmirror).  gp_dev_mirror_get, while frozen: w's mirror
+ * of n values, made if new (NULL where none can be: a device with a memory
+ * capacity, or out of memory; the caller converts per call as before).
+ * Unless *current, the caller writes m->copy (gp_ew_bf16_bits of each
+ * value, on the device's queue) and calls gp_dev_mirror_made.  Under GPIPE_CHECK_MIRRORS a current
+ * mirror the update wrote is compared with its master's rounding here,
+ * and a mismatch is an error naming the stale copy. */
+gp_status gp_dev_mirror_get(struct gp_device *dev, const float *w, int64_t n, gp_wmirror **out,
+                            bool *current);
+void gp_dev_mirror_made(struct gp_device *dev, gp_wmirror *m);
+/* The update about to write all n values of w (thawed): w's mirror to
+ * write in the same pass, now current for the next freeze; NULL if w has
+ * none (nothing to write). */
+uint16_t *gp_dev_mirror_for_update(struct gp_device *dev, const float *w, int64_t n);
+/* bytes at p on dev were written other than by the update: the mirrors of
+ * the weights they overlap are stale.  The copy and upload wrappers call
+ * it; so must any other way of writing a parameter. */
+void gp_dev_mirrors_stale(struct gp_device *dev, const void *p, size_t bytes);
+/* Free the mirrors of the weights overlapping bytes at p (p NULL: all):
+ * gp_dev_free of a parameter, and the device's close. */
+void gp_dev_mirrors_drop(struct gp_device *dev, const void *p, size_t bytes);
+static inline void gp_dev_weights_written(struct gp_device *dev, const void *p, size_t bytes)
+{
+    if (__atomic_load_n(&dev->n_mirrors, __ATOMIC_ACQUIRE)) gp_dev_mirrors_stale(dev, p, bytes);
+}
 
 
 /* Options for opening a device. */
@@ -1313,6 +1380,7 @@ gp_status gp_dev_bce_logits_dev(gp_device *dev, const float *z, const float *t, 
 static inline gp_status gp_dev_copy_d2d(gp_device *dev, void *dst, const void *src,
                                         size_t bytes)
 {
+    gp_dev_weights_written(dev, dst, bytes);
     __atomic_fetch_add(&dev->d2d_bytes, (uint64_t)bytes, __ATOMIC_RELAXED);
     return dev->iface->copy_d2d(dev, dst, src, bytes);
 }
@@ -1422,9 +1490,14 @@ static inline gp_status gp_dev_sgd_multi(gp_device *dev, const gp_update_part *p
 {
     if (n <= 0) return GP_OK;
     if (dev->iface->sgd_multi) return dev->iface->sgd_multi(dev, parts, n, lr, mu, nesterov);
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         GP_TRY(dev->iface->sgd_update(dev, parts[i].w, parts[i].g, parts[i].v, parts[i].n, lr, mu,
                                       parts[i].wd, nesterov));
+        if (parts[i].w16) /* (a mirror is made only where bf16_pack is) */
+            GP_TRY(dev->iface->bf16_pack(dev, parts[i].w16, parts[i].w, parts[i].n));
+        if (parts[i].nonfinite)
+            GP_TRY(gp_dev_nonfinite_or(dev, parts[i].w, parts[i].n, parts[i].nonfinite));
+    }
     return GP_OK;
 }
 static inline gp_status gp_dev_adam_multi(gp_device *dev, const gp_update_part *parts, int n,

@@ -178,6 +178,9 @@ gp_status gp_device_new(const gp_device_iface *iface, gp_device_kind kind, int i
     snprintf(dev->name, sizeof dev->name, "%s", name);
     dev->threads = 1;
     gp_allocator_init(&dev->alloc, dev->name, opts ? opts->capacity : 0);
+    pthread_mutex_init(&dev->mirrors_lock, NULL);
+    const char *check = getenv("GPIPE_CHECK_MIRRORS");
+    dev->check_mirrors = check && *check && strcmp(check, "0") != 0;
     *out = dev;
     return GP_OK;
 }
@@ -185,7 +188,10 @@ gp_status gp_device_new(const gp_device_iface *iface, gp_device_kind kind, int i
 void gp_device_close(gp_device *dev)
 {
     if (!dev) return;
+    gp_dev_mirrors_drop(dev, NULL, 0); /* the backend frees their memory */
     dev->iface->destroy(dev);
+    free(dev->mirrors);
+    pthread_mutex_destroy(&dev->mirrors_lock);
     free(dev->bn_held);
     if (dev->alloc.live_blocks != 0)
         GP_DEBUG("device %s closed with %lld allocations still live", dev->name,
@@ -223,12 +229,143 @@ gp_status gp_dev_alloc(gp_device *dev, size_t bytes, gp_mem_category cat, void *
 void gp_dev_free(gp_device *dev, void *ptr, size_t bytes, gp_mem_category cat)
 {
     if (!ptr) return;
+    if (cat == GP_MEM_PARAMS && __atomic_load_n(&dev->n_mirrors, __ATOMIC_ACQUIRE))
+        gp_dev_mirrors_drop(dev, ptr, bytes); /* a later tensor there is another */
     dev->iface->free(dev, ptr, bytes);
     gp_allocator_release(&dev->alloc, bytes, cat);
 }
 
+/* ---- weight mirrors (gp_wmirror) ------------------------------------------- */
+
+static bool overlaps(const gp_wmirror *m, const void *p, size_t bytes)
+{
+    const char *a = (const char *)m->w, *b = p;
+    return !p || (b < a + (size_t)m->n * sizeof(float) && a < b + bytes);
+}
+
+void gp_dev_mirrors_drop(gp_device *dev, const void *p, size_t bytes)
+{
+    pthread_mutex_lock(&dev->mirrors_lock);
+    int k = 0;
+    for (int i = 0; i < dev->n_mirrors; i++) {
+        gp_wmirror *m = &dev->mirrors[i];
+        if (overlaps(m, p, bytes)) gp_dev_free(dev, m->copy, (size_t)m->n * 2, GP_MEM_WORKSPACE);
+        else dev->mirrors[k++] = *m;
+    }
+    __atomic_store_n(&dev->n_mirrors, k, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&dev->mirrors_lock);
+}
+
+void gp_dev_mirrors_stale(gp_device *dev, const void *p, size_t bytes)
+{
+    pthread_mutex_lock(&dev->mirrors_lock);
+    for (int i = 0; i < dev->n_mirrors; i++)
+        if (overlaps(&dev->mirrors[i], p, bytes)) dev->mirrors[i].epoch = GP_WMIRROR_STALE;
+    pthread_mutex_unlock(&dev->mirrors_lock);
+}
+
+/* GPIPE_CHECK_MIRRORS: whether m->copy is its master's rounding now. */
+static gp_status mirror_check(gp_device *dev, const gp_wmirror *m)
+{
+    size_t bytes = (size_t)m->n * sizeof(uint16_t);
+    void *fresh = NULL;
+    uint16_t *a = malloc(bytes), *b = malloc(bytes);
+    gp_status st = a && b ? GP_OK : gp_error_set(GP_ERR_OOM, "out of host memory");
+    if (st == GP_OK) st = gp_dev_alloc(dev, bytes, GP_MEM_WORKSPACE, &fresh);
+    /* through the slots, not the counting wrappers: a check is not a step's */
+    if (st == GP_OK) st = dev->iface->bf16_pack(dev, fresh, m->w, m->n);
+    if (st == GP_OK) st = dev->iface->synchronize(dev); /* (the pack, and the update before) */
+    if (st == GP_OK) st = dev->iface->copy_d2h(dev, a, fresh, bytes);
+    if (st == GP_OK) st = dev->iface->copy_d2h(dev, b, m->copy, bytes);
+    if (st == GP_OK) st = dev->iface->synchronize(dev);
+    if (st == GP_OK && memcmp(a, b, bytes) != 0) {
+        int64_t i = 0;
+        while (a[i] == b[i]) i++;
+        st = gp_error_set(GP_ERR_RUNTIME,
+                          "device %s: the bf16 mirror of a weight tensor of %lld values that "
+                          "the update wrote is not its FP32 master's rounding (value %lld: "
+                          "0x%04x, master rounds to 0x%04x): something wrote the weights "
+                          "after the update without gp_dev_weights_written "
+                          "(GPIPE_CHECK_MIRRORS)",
+                          dev->name, (long long)m->n, (long long)i, b[i], a[i]);
+    }
+    gp_dev_free(dev, fresh, bytes, GP_MEM_WORKSPACE);
+    free(a);
+    free(b);
+    return st;
+}
+
+gp_status gp_dev_mirror_get(gp_device *dev, const float *w, int64_t n, gp_wmirror **out,
+                            bool *current)
+{
+    *out = NULL;
+    *current = false;
+    if (!dev->weights_frozen || dev->alloc.capacity != 0 || n <= 0 || !dev->iface->bf16_pack)
+        return GP_OK;
+    gp_wmirror *m = NULL;
+    pthread_mutex_lock(&dev->mirrors_lock);
+    for (int i = 0; i < dev->n_mirrors && !m; i++)
+        if (dev->mirrors[i].w == w && dev->mirrors[i].n == n) m = &dev->mirrors[i];
+    if (!m && dev->n_mirrors == dev->cap_mirrors) {
+        int cap = dev->cap_mirrors ? 2 * dev->cap_mirrors : 64;
+        gp_wmirror *grown = realloc(dev->mirrors, (size_t)cap * sizeof *grown);
+        if (grown) {
+            dev->mirrors = grown;
+            dev->cap_mirrors = cap;
+        }
+    }
+    if (!m && dev->n_mirrors < dev->cap_mirrors) {
+        void *copy = NULL;
+        if (gp_dev_alloc(dev, (size_t)n * sizeof(uint16_t), GP_MEM_WORKSPACE, &copy) == GP_OK) {
+            m = &dev->mirrors[dev->n_mirrors];
+            *m = (gp_wmirror){.w = w, .n = n, .copy = copy, .epoch = GP_WMIRROR_STALE};
+            __atomic_store_n(&dev->n_mirrors, dev->n_mirrors + 1, __ATOMIC_RELEASE);
+        } else {
+            gp_error_clear(); /* no room to keep one: converted per call */
+        }
+    }
+    *current = m && m->epoch == dev->weights_epoch;
+    bool by_update = *current && m->by_update;
+    pthread_mutex_unlock(&dev->mirrors_lock);
+    /* (the entry stays put: the table grows only on this device's thread
+     * and shrinks only for a parameter's free, between steps) */
+    if (by_update) {
+        dev->mirrors_by_update++;
+        if (dev->check_mirrors) GP_TRY(mirror_check(dev, m));
+    }
+    *out = m;
+    return GP_OK;
+}
+
+void gp_dev_mirror_made(gp_device *dev, gp_wmirror *m)
+{
+    pthread_mutex_lock(&dev->mirrors_lock);
+    m->epoch = dev->weights_epoch;
+    m->by_update = false;
+    pthread_mutex_unlock(&dev->mirrors_lock);
+    dev->weights_kept++;
+}
+
+uint16_t *gp_dev_mirror_for_update(gp_device *dev, const float *w, int64_t n)
+{
+    if (dev->weights_frozen || !__atomic_load_n(&dev->n_mirrors, __ATOMIC_ACQUIRE)) return NULL;
+    uint16_t *copy = NULL;
+    pthread_mutex_lock(&dev->mirrors_lock);
+    for (int i = 0; i < dev->n_mirrors && !copy; i++) {
+        gp_wmirror *m = &dev->mirrors[i];
+        if (m->w == w && m->n == n) {
+            m->epoch = dev->weights_epoch + 1; /* the next freeze's */
+            m->by_update = true;
+            copy = m->copy;
+        }
+    }
+    pthread_mutex_unlock(&dev->mirrors_lock);
+    return copy;
+}
+
 gp_status gp_dev_upload(gp_device *dev, float *dst, const float *src, int64_t n)
 {
+    gp_dev_weights_written(dev, dst, (size_t)n * sizeof(float));
     gp_dev_count_wait(dev); /* returns once the host source has been read */
     return dev->iface->copy_h2d(dev, dst, src, (size_t)n * sizeof(float));
 }
@@ -306,6 +443,7 @@ gp_status gp_dev_nonfinite_or_many(gp_device *dev, const float *const *xs, const
 gp_status gp_dev_upload_async(gp_device *dev, float *dst, const float *src, int64_t n,
                               void *done)
 {
+    gp_dev_weights_written(dev, dst, (size_t)n * sizeof(float));
     if (dev->iface->upload_async)
         return dev->iface->upload_async(dev, dst, src, (size_t)n * sizeof(float), done);
     if (n > 0) GP_TRY(gp_dev_upload(dev, dst, src, n));
@@ -402,6 +540,7 @@ gp_status gp_dev_event_query(gp_device *dev, void *ev, bool *done)
 
 gp_status gp_dev_chan_recv(gp_device *dev, void *ch, float *buf, int64_t n, void *done)
 {
+    gp_dev_weights_written(dev, buf, (size_t)n * sizeof(float));
     return dev->iface->chan_recv(dev, ch, buf, n, done);
 }
 
@@ -612,6 +751,7 @@ static gp_status no_collective(const gp_device *dev, const char *what)
 
 gp_status gp_dev_allreduce(gp_device *dev, gp_comm *comm, float *buf, int64_t n)
 {
+    gp_dev_weights_written(dev, buf, (size_t)n * sizeof(float));
     if (comm && comm->ops) return comm->ops->allreduce(comm, dev, buf, n);
     if (!dev->iface->allreduce) return no_collective(dev, "all-reduce");
     return dev->iface->allreduce(dev, comm, buf, n);
@@ -619,6 +759,7 @@ gp_status gp_dev_allreduce(gp_device *dev, gp_comm *comm, float *buf, int64_t n)
 
 gp_status gp_dev_broadcast(gp_device *dev, gp_comm *comm, float *buf, int64_t n, int root)
 {
+    gp_dev_weights_written(dev, buf, (size_t)n * sizeof(float));
     if (comm && comm->ops) return comm->ops->broadcast(comm, dev, buf, n, root);
     if (!dev->iface->broadcast) return no_collective(dev, "broadcast");
     return dev->iface->broadcast(dev, comm, buf, n, root);
@@ -631,6 +772,7 @@ bool gp_dev_can_shard(const gp_device *dev)
 
 gp_status gp_dev_reduce_scatter(gp_device *dev, gp_comm *comm, float *buf, int64_t n)
 {
+    gp_dev_weights_written(dev, buf, (size_t)n * sizeof(float));
     if (comm && comm->ops) return comm->ops->reduce_scatter(comm, dev, buf, n);
     if (!dev->iface->reduce_scatter) return no_collective(dev, "reduce-scatter");
     return dev->iface->reduce_scatter(dev, comm, buf, n);
@@ -638,6 +780,7 @@ gp_status gp_dev_reduce_scatter(gp_device *dev, gp_comm *comm, float *buf, int64
 
 gp_status gp_dev_all_gather(gp_device *dev, gp_comm *comm, float *buf, int64_t n)
 {
+    gp_dev_weights_written(dev, buf, (size_t)n * sizeof(float));
     if (comm && comm->ops) return comm->ops->all_gather(comm, dev, buf, n);
     if (!dev->iface->all_gather) return no_collective(dev, "all-gather");
     return dev->iface->all_gather(dev, comm, buf, n);
@@ -660,6 +803,7 @@ static gp_status shard_grads(gp_device *dev, gp_comm *comm, float *g, int64_t n,
 gp_status gp_dev_sharded_sgd(gp_device *dev, gp_comm *comm, float *w, float *g, float *v,
                              int64_t n, float lr, float mu, float wd, int nesterov)
 {
+    gp_dev_weights_written(dev, w, (size_t)n * sizeof(float)); /* (the update leaves no mirror) */
     if (dev->iface->sharded_sgd && !(comm && comm->ops))
         return dev->iface->sharded_sgd(dev, comm, w, g, v, n, lr, mu, wd, nesterov);
     int64_t lo = 0, hi = 0;
@@ -673,6 +817,7 @@ gp_status gp_dev_sharded_sgd(gp_device *dev, gp_comm *comm, float *w, float *g, 
 gp_status gp_dev_sharded_adam(gp_device *dev, gp_comm *comm, float *w, float *g, float *m,
                               float *v, int64_t n, float wd, const gp_adam_step *a)
 {
+    gp_dev_weights_written(dev, w, (size_t)n * sizeof(float));
     int64_t lo = 0, hi = 0;
     GP_TRY(shard_grads(dev, comm, g, n, &lo, &hi));
     if (hi > lo) {

@@ -82,6 +82,7 @@ static gp_status copy_between(gp_device *dd, void *dst, gp_device *sd, const voi
 {
     if (bytes == 0) return GP_OK;
     if (dd == sd) return gp_dev_copy_d2d(dd, dst, src, bytes);
+    gp_dev_weights_written(dd, dst, bytes);
     if (dd->iface->copy_peer) {
         gp_status s = dd->iface->copy_peer(dd, dst, sd, src, bytes);
         /* A backend that cannot read the other device's memory (the CPU
@@ -133,6 +134,7 @@ gp_status gp_tensor_as(gp_tensor *out, const gp_tensor *src, gp_dtype dtype, gp_
 gp_status gp_dev_copy_async(gp_device *dev, void *dst, gp_device *src_dev, const void *src,
                             size_t bytes, void *after, void *done)
 {
+    gp_dev_weights_written(dev, dst, bytes);
     /* Into host memory (a CPU stage) from another backend that can copy
      * out from this thread: one host wait, for the producer and the copy
      * together, and nothing of the source's own queue. */

@@ -491,7 +491,8 @@ gp_status gp_layer_check_finite(const gp_layer *l, const char *when)
     return GP_OK;
 }
 
-gp_status gp_layers_flag_nonfinite(const gp_layer *ls, int count, gp_device *dev, float *flag)
+gp_status gp_layers_flag_nonfinite(const gp_layer *ls, int count, gp_device *dev, float *flag,
+                                   bool skip_trained)
 {
     /* every parameter of the device's layers in one table: one launch per
      * GP_NONFINITE_BATCH tensors (gp_dev_nonfinite_or_many) */
@@ -509,12 +510,13 @@ gp_status gp_layers_flag_nonfinite(const gp_layer *ls, int count, gp_device *dev
     int i = 0;
     for (int k = 0; k < count; k++) {
         if (ls[k].meta || ls[k].dev != dev) continue;
-        for (int p = 0; p < ls[k].n_params; p++, i++) {
+        for (int p = 0; p < ls[k].n_params; p++) {
+            if (skip_trained && gp_param_trained(&ls[k].params[p])) continue;
             xs[i] = gp_f32(&ls[k].params[p].value);
-            ns[i] = gp_tensor_numel(&ls[k].params[p].value);
+            ns[i++] = gp_tensor_numel(&ls[k].params[p].value);
         }
     }
-    gp_status st = gp_dev_nonfinite_or_many(dev, xs, ns, n, flag);
+    gp_status st = i ? gp_dev_nonfinite_or_many(dev, xs, ns, i, flag) : GP_OK;
     free(xs);
     free(ns);
     return st;

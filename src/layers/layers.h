@@ -614,11 +614,14 @@ gp_status gp_layer_check_finite(const gp_layer *l, const char *when);
  * a caller that reads the flag with the step's other results (the
  * pipeline): flag_nonfinite enqueues the check of every parameter on dev
  * into *flag (one float of dev's memory, set to 1 if any is NaN or Inf,
- * else left as it is; layers on other devices are not its to check);
+ * else left as it is; layers on other devices are not its to check), of
+ * those the optimizer does not update only when skip_trained (the update
+ * checked the rest in its own pass: gp_optim_update's nonfinite);
  * name_nonfinite, once a flag was found set, reads the tensors one by one
  * and returns gp_layer_check_finite's error for the first bad one (GP_OK
  * if none is). */
-gp_status gp_layers_flag_nonfinite(const gp_layer *ls, int count, gp_device *dev, float *flag);
+gp_status gp_layers_flag_nonfinite(const gp_layer *ls, int count, gp_device *dev, float *flag,
+                                   bool skip_trained);
 gp_status gp_layers_name_nonfinite(const gp_layer *ls, int count, const char *when);
 /* Gradient zeroing for a step without the zeroing pass: grads_begin marks
  * the gradients stale (O(1)); the layer's first backward then overwrites

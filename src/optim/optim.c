@@ -136,6 +136,8 @@ typedef struct {
     int shard, shards;
     gp_comm *comm;
     update_batch *batch;
+    gp_device *check_dev; /* gp_optim_update's */
+    float *nonfinite;
 } update_arg;
 
 /* Adam's constants for 1-based step t. */
@@ -167,10 +169,17 @@ static gp_status update_chunk(gp_optim *o, gp_param *pr, gp_tensor *st, const vo
     if (hi <= lo) return GP_OK;
     if (b->n == UPDATE_BATCH || (b->n > 0 && b->dev != pr->value.dev)) GP_TRY(flush_batch(o, a));
     b->dev = pr->value.dev;
-    b->parts[b->n++] = (gp_update_part){.w = gp_f32(&pr->value) + lo, .g = gp_f32(&pr->grad) + lo,
+    float *w = gp_f32(&pr->value);
+    int64_t n = gp_tensor_numel(&pr->value);
+    /* the whole tensor: its bf16 mirror, if it has one, written in the same
+     * pass (a chunk's update leaves the mirror stale; the gather writes the
+     * rest) */
+    uint16_t *w16 = hi - lo == n ? gp_dev_mirror_for_update(b->dev, w, n) : NULL;
+    b->parts[b->n++] = (gp_update_part){.w = w + lo, .g = gp_f32(&pr->grad) + lo,
                                         .v = st ? gp_f32(&st[0]) + lo : NULL,
                                         .v2 = o->per > 1 ? gp_f32(&st[1]) + lo : NULL,
-                                        .n = hi - lo, .wd = decay_of(o, pr)};
+                                        .n = hi - lo, .wd = decay_of(o, pr), .w16 = w16,
+                                        .nonfinite = b->dev == a->check_dev ? a->nonfinite : NULL};
     return GP_OK;
 }
 
@@ -188,11 +197,13 @@ static gp_status update_fused(gp_optim *o, gp_param *pr, gp_tensor *st, const vo
 }
 
 gp_status gp_optim_update(gp_optim *o, int first, int count, double lr, int64_t step, int shard,
-                          int shards)
+                          int shards, gp_device *check_dev, float *nonfinite)
 {
+    GP_ASSERT(!nonfinite || shards == 1); /* a chunk's check would not be the tensor's */
     update_batch b = {.n = 0};
     update_arg a = {.lr = lr, .adam = adam_step(&o->opts, lr, step + 1), .shard = shard,
-                    .shards = shards, .batch = &b};
+                    .shards = shards, .batch = &b, .check_dev = check_dev,
+                    .nonfinite = nonfinite};
     GP_TRY(each_param(o, first, count, update_chunk, &a));
     return flush_batch(o, &a);
 }

@@ -67,9 +67,16 @@ void gp_optim_destroy(gp_optim *o); /* NULL is fine */
  * step `step` (the steps done before it: 0 for the first), on chunk
  * `shard` of `shards` of every parameter (gp_comm_chunk; 0 of 1: the
  * whole tensor).  Gradients must be final (summed over micro-batches and,
- * with replicas, over the replicas in that chunk). */
+ * with replicas, over the replicas in that chunk).  nonfinite (NULL: none;
+ * whole tensors only, shards 1): one float of check_dev's memory set to 1
+ * if an updated parameter on check_dev is NaN or Inf
+ * (gp_update_part.nonfinite: the check after the step in the update's own
+ * pass, so that check need read only the parameters the optimizer does
+ * not update, gp_layers_flag_nonfinite's skip_trained).  Each whole
+ * parameter's bf16 mirror, where its device keeps one, is written in the
+ * same pass. */
 gp_status gp_optim_update(gp_optim *o, int first, int count, double lr, int64_t step, int shard,
-                          int shards);
+                          int shards, gp_device *check_dev, float *nonfinite);
 /* The sharded update with the gradient sum in it: for each parameter, the
  * sum of its gradients over comm's ranks, the update of this rank's chunk
  * and the all-gather of the parameter, as one collective

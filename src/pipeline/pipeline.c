@@ -109,6 +109,9 @@ struct gp_pipeline {
                                   failure now may leave it in between); under
                                   lock, cleared when a step begins */
     void *clip_buf[GP_MAX_DEVICES]; /* replicas: stage j's entries on its device */
+    bool update_checked[GP_MAX_DEVICES]; /* stage j's last UPDATE checked the parameters it
+                                            wrote (so its CHECK reads only the rest); its
+                                            worker's only */
     size_t clip_buf_size[GP_MAX_DEVICES]; /* its bytes, kept: clip_buf_bytes asks the
                                              communicator, which may be gone when it is freed */
     void (*on_fail)(void *arg);
@@ -1727,8 +1730,15 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
                                        p->comms[j]);
             break; /* a collective: counted as communication */
         }
+    {
+        /* the step's check of what it writes in the same pass (a chunk's
+         * update would check only its chunk: CHECK reads those all) */
+        bool check = !p->opts.no_check && !in->shard;
+        p->update_checked[j] = check;
         return gp_optim_update(p->opts.optim, first, count, p->lr, (int64_t)p->step,
-                               in->shard ? p->rank : 0, in->shard ? p->replicas : 1);
+                               in->shard ? p->rank : 0, in->shard ? p->replicas : 1,
+                               p->devs[j], check ? (float *)w->res_dev : NULL);
+    }
     case GP_INSTR_GATHER:
         /* after a sharded update: every replica's parameters of stage j
          * from their owners' chunks */
@@ -1737,7 +1747,7 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
     case GP_INSTR_CHECK:
         /* into the flag the step's end reads (read_results) */
         return gp_layers_flag_nonfinite(p->layers + first, count, p->devs[j],
-                                        (float *)w->res_dev);
+                                        (float *)w->res_dev, p->update_checked[j]);
     default:
         GP_ASSERT(!"unknown instruction");
     }

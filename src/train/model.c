@@ -525,6 +525,33 @@ static gp_status upload_chunk(gp_model *m, const float *x, const float *y, int64
     return s;
 }
 
+/* The end of a step once its gradients are final: the update, the tied
+ * replicas from their owners, and the check that every parameter is
+ * finite, as a pipeline stage checks: the update checks what it writes in
+ * its own pass, one batched check reads the rest (running statistics,
+ * tied replicas) into the same flag, and one read of the flag waits for it
+ * all; only a flag found set reads the tensors one by one, to name the
+ * first bad one. */
+static gp_status after_step(gp_model *m, double lr)
+{
+    int L = m->n_layers;
+    float *flag = NULL, hflag = 0.0f;
+    GP_TRY(gp_dev_alloc(m->dev, sizeof *flag, GP_MEM_WORKSPACE, (void **)&flag));
+    gp_status s = gp_dev_fill(m->dev, flag, 0.0f, 1);
+    if (s == GP_OK) s = gp_optim_update(m->optim, 0, L, lr, m->step, 0, 1, m->dev, flag);
+    if (s == GP_OK) s = gp_layers_tie_sync(m->layers, L); /* the updated owners */
+    if (s == GP_OK) s = gp_layers_flag_nonfinite(m->layers, L, m->dev, flag, true);
+    for (int k = 0; k < L && s == GP_OK; k++) /* (a layer on another device: its own check) */
+        if (!m->layers[k].meta && m->layers[k].dev != m->dev)
+            s = gp_layer_check_finite(&m->layers[k], "after the step");
+    if (s == GP_OK) s = gp_dev_download(m->dev, &hflag, flag, 1); /* (waits for the queue) */
+    gp_dev_free(m->dev, flag, sizeof *flag, GP_MEM_WORKSPACE);
+    if (s != GP_OK || hflag == 0.0f) return s;
+    GP_TRY(gp_layers_name_nonfinite(m->layers, L, "after the step"));
+    return gp_error_set(GP_ERR_NUMERIC, "a parameter is NaN or Inf after the step, but no "
+                        "tensor read one by one is: the device's check and the host's disagree");
+}
+
 /* The single-device reference step.  It runs GPipe's order on one device
  * without threads: every micro-batch's forward (keeping its activations),
  * then the backwards from the last micro-batch to the first.  Gradients
@@ -617,11 +644,7 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
     m->refused = s != GP_OK;
     gp_gate_wait(m->gate); /* a snapshot's copy of the state in the background */
     if (s == GP_OK) s = gp_layers_commit(m->layers, L, m->dev, NULL);
-    if (s == GP_OK) s = gp_optim_update(m->optim, 0, L, lr, m->step, 0, 1);
-    if (s == GP_OK) s = gp_layers_tie_sync(m->layers, L); /* the updated owners */
-    for (int k = 0; k < L && s == GP_OK; k++)
-        s = gp_layer_check_finite(&m->layers[k], "after the step");
-    if (s == GP_OK) s = gp_dev_synchronize(m->dev);
+    if (s == GP_OK) s = after_step(m, lr);
     if (s != GP_OK) {
         gp_layers_discard(m->layers, L); /* a failed step's statistics */
         return s;

@@ -182,7 +182,6 @@ static void cpu_destroy(gp_device *dev)
         gp_cpu_mark_reset(dev);
         (void)gp_cpu_weights_thaw(dev); /* kept weights go back to the allocator */
         free(ctx->held);
-        free(ctx->wcast);
         gp_cpu_cache_destroy(ctx);
         gp_dev_free(dev, ctx->arena, ctx->arena_bytes, GP_MEM_WORKSPACE);
         cpu_release_cache(ctx);

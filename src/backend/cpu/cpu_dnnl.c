@@ -38,13 +38,19 @@
  * op instead of m times (2m with recomputation).  Until 2026-11-24 an op
  * kept one copy, so an mlp's five 2048 x 2048 layers took turns evicting
  * each other's and converted on every call (bf16 at m = 8: 430 ms a step,
- * now 202).  A matrix product's weights are a plain cast to bf16 (the
- * tensor's own element order, build_matmul), so the products that read one
- * weight tensor through different views (a linear layer's forward reads
- * W^T, its backward-data W) share one copy per step (gp_cpu_ctx.wcast).
- * Devices with a memory capacity keep
- * nothing, nor does any with GPIPE_CPU_KEEP_WEIGHTS=0.  The thaw (before
- * the step's update) frees the buffers.
+ * now 202).  Devices with a memory capacity keep nothing, nor does any
+ * with GPIPE_CPU_KEEP_WEIGHTS=0.  The thaw (before the step's update)
+ * frees the buffers.
+ *
+ * Weight mirrors.  A matrix product's weights under bf16 are a plain cast
+ * (the tensor's own element order, build_matmul): the weight tensor's bf16
+ * mirror (gp_wmirror, backend.h), which every product reading the tensor
+ * shares through whatever view (a linear layer's forward reads W^T, its
+ * backward-data W) and which the update writes in its own pass, so a step
+ * converts no weights (until 2026-11-27 one cast per tensor and step,
+ * about 5 ms of bench/mlp.yaml's 117).  It is made here, by gpipe's own
+ * rounding (gp_cpu_bf16_pack, the bits the update writes), on its first
+ * use or when something other than the update wrote the tensor.
  *
  * Held gradients.  Likewise a weight gradient is summed in the primitive's
  * layout across the micro-batches (a streaming add) and reordered into the
@@ -287,9 +293,6 @@ gp_status gp_cpu_weights_thaw(gp_device *dev)
                 gp_dev_free(dev, k->buf, k->bytes, GP_MEM_WORKSPACE);
                 *k = (struct cpu_wkeep){0};
             }
-    for (int i = 0; i < ctx->n_wcast; i++)
-        gp_dev_free(dev, ctx->wcast[i].buf, ctx->wcast[i].bytes, GP_MEM_WORKSPACE);
-    ctx->n_wcast = 0;
     return st;
 }
 
@@ -365,53 +368,36 @@ static size_t inner_bytes(const cpu_arg *a)
     return dnnl_memory_desc_get_size(md);
 }
 
-/* The device's bf16 cast of weight tensor src for an op whose weights are
- * a plain cast (cast_w): every such op reading src shares it, whatever its
- * view of the tensor (the bytes are the same), converted once a step; NULL
- * where none can be had (reorder as usual). */
-static struct cpu_wkeep *weights_cast(gp_device *dev, const cpu_arg *a, const void *src,
-                                      bool *fresh)
+/* The weights argument a of an op whose weights are a plain cast
+ * (cast_w): the device's bf16 mirror of weight tensor src (gp_wmirror),
+ * which every such op reading src shares whatever its view of the tensor
+ * (the bytes are the same), current already (*fresh: converted earlier in
+ * this freeze, or written by the last update) or to be converted into now;
+ * NULL: reorder as usual, into the arena. */
+static gp_status weights_mirror(gp_device *dev, const cpu_op *op, const cpu_arg *a,
+                                const void *src, gp_wmirror **out, bool *fresh)
 {
-    gp_cpu_ctx *ctx = gp_cpu_ctx_of(dev);
+    *out = NULL;
+    *fresh = false;
+    if (!op->cast_w || !may_keep(dev) || op->no_keep || a->arg != DNNL_ARG_WEIGHTS ||
+        !a->reorder || a->dir != CPU_ARG_IN)
+        return GP_OK;
     size_t bytes = inner_bytes(a);
-    if (!bytes) return NULL;
-    for (int i = 0; i < ctx->n_wcast; i++) {
-        struct cpu_wkeep *k = &ctx->wcast[i];
-        if (k->src == src && k->bytes == bytes) {
-            *fresh = k->epoch == dev->weights_epoch;
-            return k;
-        }
-    }
-    if (ctx->n_wcast == ctx->cap_wcast) {
-        int nc = ctx->cap_wcast ? 2 * ctx->cap_wcast : 64;
-        struct cpu_wkeep *p = realloc(ctx->wcast, sizeof *p * (size_t)nc);
-        if (!p) return NULL;
-        ctx->wcast = p;
-        ctx->cap_wcast = nc;
-    }
-    struct cpu_wkeep *k = &ctx->wcast[ctx->n_wcast];
-    *k = (struct cpu_wkeep){.bytes = bytes};
-    if (gp_dev_alloc(dev, bytes, GP_MEM_WORKSPACE, &k->buf) != GP_OK) {
-        gp_error_clear(); /* a device near its capacity just reorders every call */
-        return NULL;
-    }
-    ctx->n_wcast++;
-    return k; /* src set once converted (op_run) */
+    if (!bytes) return GP_OK;
+    return gp_dev_mirror_get(dev, src, (int64_t)(bytes / sizeof(uint16_t)), out, fresh);
 }
 
-/* The frozen copy the op's weights argument a uses: src's own slot of
- * op->wkeep (or the device's shared cast, cast_w), current already
- * (*fresh) or to be converted into now; NULL: reorder as usual, into the
- * arena.  A slot converted in an earlier epoch is free for another
- * tensor. */
+/* The frozen copy the op's weights argument a uses (an op without cast_w):
+ * src's own slot of op->wkeep, current already (*fresh) or to be converted
+ * into now; NULL: reorder as usual, into the arena.  A slot converted in
+ * an earlier epoch is free for another tensor. */
 static struct cpu_wkeep *weights_kept(gp_device *dev, cpu_op *op, const cpu_arg *a,
                                       const void *src, bool *fresh)
 {
     *fresh = false;
-    if (!may_keep(dev) || op->no_keep || a->arg != DNNL_ARG_WEIGHTS || !a->reorder ||
-        a->dir != CPU_ARG_IN)
+    if (op->cast_w || !may_keep(dev) || op->no_keep || a->arg != DNNL_ARG_WEIGHTS ||
+        !a->reorder || a->dir != CPU_ARG_IN)
         return NULL;
-    if (op->cast_w) return weights_cast(dev, a, src, fresh);
     struct cpu_wkeep *k = NULL;
     for (int q = 0; q < CPU_WKEEP_SLOTS && !k; q++)
         if (op->wkeep[q].buf && op->wkeep[q].src == src &&
@@ -451,13 +437,16 @@ static gp_status op_run(gp_device *dev, cpu_op *op, void *const *ptrs)
     dnnl_exec_arg_t ex[CPU_MAX_ARGS + 1];
     int n = 0;
     struct cpu_wkeep *keep[CPU_MAX_ARGS] = {NULL};
+    gp_wmirror *mirror[CPU_MAX_ARGS] = {NULL};
     bool fresh[CPU_MAX_ARGS] = {false};
     for (int i = 0; i < op->nargs; i++) {
         cpu_arg *a = &op->args[i];
         GP_ASSERT(ptrs[a->slot] != NULL);
         GP_DNNL_RET(dnnl_memory_set_data_handle(a->user, ptrs[a->slot]));
-        keep[i] = weights_kept(dev, op, a, ptrs[a->slot], &fresh[i]);
-        if (keep[i]) GP_DNNL_RET(dnnl_memory_set_data_handle(a->inner, keep[i]->buf));
+        GP_TRY(weights_mirror(dev, op, a, ptrs[a->slot], &mirror[i], &fresh[i]));
+        if (!mirror[i]) keep[i] = weights_kept(dev, op, a, ptrs[a->slot], &fresh[i]);
+        if (mirror[i]) GP_DNNL_RET(dnnl_memory_set_data_handle(a->inner, mirror[i]->copy));
+        else if (keep[i]) GP_DNNL_RET(dnnl_memory_set_data_handle(a->inner, keep[i]->buf));
         else if (a->inner != a->user)
             GP_DNNL_RET(dnnl_memory_set_data_handle(a->inner, arena + a->off));
         ex[n++] = (dnnl_exec_arg_t){a->arg, a->inner};
@@ -468,7 +457,10 @@ static gp_status op_run(gp_device *dev, cpu_op *op, void *const *ptrs)
     }
     for (int i = 0; i < op->nargs; i++) {
         cpu_arg *a = &op->args[i];
-        if (a->reorder && a->dir == CPU_ARG_IN && !fresh[i]) {
+        if (mirror[i] && !fresh[i]) { /* the same bits the update writes */
+            GP_TRY(gp_cpu_bf16_pack(dev, mirror[i]->copy, ptrs[a->slot], mirror[i]->n));
+            gp_dev_mirror_made(dev, mirror[i]);
+        } else if (a->reorder && a->dir == CPU_ARG_IN && !fresh[i]) {
             dnnl_exec_arg_t r[3] = {{DNNL_ARG_FROM, a->user}, {DNNL_ARG_TO, a->inner},
                                     {DNNL_ARG_SCRATCHPAD, op->scratch}};
             GP_DNNL_RET(dnnl_primitive_execute(a->reorder, ctx->stream, op->scratch ? 3 : 2, r));

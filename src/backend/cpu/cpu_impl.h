@@ -163,8 +163,8 @@ typedef struct cpu_op {
                                  2048 linears) each keep theirs */
     bool cast_w;              /* its WEIGHTS argument's inner memory is the
                                  user's cast to bf16 in the same element
-                                 order: the device's one copy per weight
-                                 tensor serves it (gp_cpu_ctx.wcast) */
+                                 order: the weight tensor's bf16 mirror
+                                 (gp_wmirror) serves it */
     bool no_keep;             /* its WEIGHTS argument is not always a layer's
                                  weights (a gemm's B): never kept */
 } cpu_op;
@@ -215,12 +215,6 @@ typedef struct gp_cpu_ctx {
      * gradients"). */
     struct cpu_held *held;
     int n_held, cap_held;
-    /* Weight tensors cast to bf16 while frozen, one per tensor, shared by
-     * every op whose weights are a plain cast (cpu_op.cast_w): a linear
-     * layer's forward reads W^T and its backward-data W, the same bytes.
-     * Freed on the thaw. */
-    struct cpu_wkeep *wcast;
-    int n_wcast, cap_wcast;
     /* GPIPE_CPU_STREAMS=threads (cpu_streams.c): the copy stream is a queue
      * run by copy_thread, events are real.  copy_stop is guarded by
      * cpu_streams.c's lock. */

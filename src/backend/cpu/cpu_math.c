@@ -153,27 +153,74 @@ gp_status gp_cpu_sgd_update(gp_device *dev, float *w, const float *g, float *v,
     return GP_OK;
 }
 
+/* One part's elements split over the region's threads (a worksharing loop
+ * inside the caller's parallel region, no barrier after it): UPD updates
+ * element i of w, then the part's bf16 mirror gets the new value's
+ * rounding and `bad` its finiteness where the part asks (w16, nonfinite):
+ * four loops spelt out, so that none tests per element what it writes. */
+#define CPU_UPDATE_PART(pt, w, bad, UPD)                                                     \
+    do {                                                                                     \
+        uint16_t *w16_ = (pt)->w16;                                                          \
+        int64_t n_ = (pt)->n;                                                                \
+        if (w16_ && (pt)->nonfinite) {                                                       \
+            _Pragma("omp for schedule(static) nowait")                                       \
+            for (int64_t i = 0; i < n_; i++) {                                               \
+                UPD;                                                                         \
+                w16_[i] = gp_ew_bf16_bits(w[i]);                                             \
+                bad |= gp_ew_nonfinite(w[i]);                                                \
+            }                                                                                \
+        } else if (w16_) {                                                                   \
+            _Pragma("omp for schedule(static) nowait")                                       \
+            for (int64_t i = 0; i < n_; i++) {                                               \
+                UPD;                                                                         \
+                w16_[i] = gp_ew_bf16_bits(w[i]);                                             \
+            }                                                                                \
+        } else if ((pt)->nonfinite) {                                                        \
+            _Pragma("omp for schedule(static) nowait")                                       \
+            for (int64_t i = 0; i < n_; i++) {                                               \
+                UPD;                                                                         \
+                bad |= gp_ew_nonfinite(w[i]);                                                \
+            }                                                                                \
+        } else {                                                                             \
+            _Pragma("omp for schedule(static) nowait")                                       \
+            for (int64_t i = 0; i < n_; i++) {                                               \
+                UPD;                                                                         \
+            }                                                                                \
+        }                                                                                    \
+    } while (0)
+
+/* The check the parts asked for, once the region is over: their flag. */
+static void flag_parts(const gp_update_part *parts, int n, int bad)
+{
+    for (int p = 0; p < n && bad; p++)
+        if (parts[p].nonfinite) *parts[p].nonfinite = 1.0f;
+}
+
 /* Every part in one parallel region (each part's elements split over the
  * threads as sgd_update splits them, without a barrier between parts):
- * one fork and join per stage and step instead of one per parameter. */
+ * one fork and join per stage and step instead of one per parameter.  A
+ * part's bf16 mirror (w16) and the finiteness check of its new values
+ * (nonfinite) in the same pass. */
 GP_CPU_LOOPS
 gp_status gp_cpu_sgd_multi(gp_device *dev, const gp_update_part *parts, int n, float lr, float mu,
                            int nesterov)
 {
     int nt = dev->threads;
     int64_t total = 0;
+    int bad = 0;
     for (int p = 0; p < n; p++) total += parts[p].n;
-#pragma omp parallel num_threads(nt) if (total >= CPU_PAR_MIN)
+#pragma omp parallel num_threads(nt) if (total >= CPU_PAR_MIN) reduction(| : bad)
     for (int p = 0; p < n; p++) {
         float *w = parts[p].w, *v = parts[p].v, wd = parts[p].wd;
         const float *g = parts[p].g;
-        int64_t m = parts[p].n;
-#pragma omp for schedule(static) nowait
-        for (int64_t i = 0; i < m; i++) {
-            float t = 0.0f; /* v NULL: plain SGD, no state */
-            gp_ew_sgd(&w[i], g[i], v ? &v[i] : &t, lr, mu, wd, nesterov);
-        }
+        float t = 0.0f; /* v NULL: plain SGD, no state */
+        if (v)
+            CPU_UPDATE_PART(&parts[p], w, bad, gp_ew_sgd(&w[i], g[i], &v[i], lr, mu, wd, nesterov));
+        else
+            CPU_UPDATE_PART(&parts[p], w, bad,
+                            (t = 0.0f, gp_ew_sgd(&w[i], g[i], &t, lr, mu, wd, nesterov)));
     }
+    flag_parts(parts, n, bad);
     return GP_OK;
 }
 
@@ -185,16 +232,16 @@ gp_status gp_cpu_adam_multi(gp_device *dev, const gp_update_part *parts, int n,
 {
     int nt = dev->threads;
     int64_t total = 0;
+    int bad = 0;
     for (int p = 0; p < n; p++) total += parts[p].n;
     gp_adam_step st = *a; /* by value: the loop reads it from a register */
-#pragma omp parallel num_threads(nt) if (total >= CPU_PAR_MIN) firstprivate(st)
+#pragma omp parallel num_threads(nt) if (total >= CPU_PAR_MIN) firstprivate(st) reduction(| : bad)
     for (int p = 0; p < n; p++) {
         float *w = parts[p].w, *m = parts[p].v, *v = parts[p].v2, wd = parts[p].wd;
         const float *g = parts[p].g;
-        int64_t len = parts[p].n;
-#pragma omp for schedule(static) nowait
-        for (int64_t i = 0; i < len; i++) gp_ew_adam(&w[i], g[i], &m[i], &v[i], &st, wd);
+        CPU_UPDATE_PART(&parts[p], w, bad, gp_ew_adam(&w[i], g[i], &m[i], &v[i], &st, wd));
     }
+    flag_parts(parts, n, bad);
     return GP_OK;
 }
 

@@ -316,61 +316,25 @@ gp_status gp_cuda_bf16_reserve(gp_device *dev, const int64_t *counts, int n, uin
     return GP_OK;
 }
 
-/* A weight tensor's bf16 copy, kept while frozen (gp_cuda_weights_bf16). */
-typedef struct cuda_wcopy {
-    const float *w;
-    int64_t n;
-    uint16_t *copy;
-    uint64_t epoch; /* the freeze it was made in (dev->weights_epoch) */
-} cuda_wcopy;
-
+/* The weight tensor's bf16 mirror (gp_wmirror): made by gpipe's rounding
+ * on the compute stream where not current, and written by the update's
+ * kernel after that (gp_update_part.w16), so a step converts no weights. */
 gp_status gp_cuda_weights_bf16(gp_device *dev, const float *w, int64_t n, const uint16_t **out)
 {
-    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     *out = NULL;
-    if (!dev->weights_frozen || dev->alloc.capacity != 0 || n <= 0) return GP_OK;
-    for (int i = 0; i < ctx->n_wcopies; i++) /* this freeze's only: a thaw that failed
-                                                  to free them never serves old weights */
-        if (ctx->wcopies[i].w == w && ctx->wcopies[i].n == n &&
-            ctx->wcopies[i].epoch == dev->weights_epoch) {
-            *out = ctx->wcopies[i].copy;
-            return GP_OK;
-        }
-    if (ctx->n_wcopies == ctx->cap_wcopies) {
-        int cap = ctx->cap_wcopies ? 2 * ctx->cap_wcopies : 64;
-        cuda_wcopy *grown = realloc(ctx->wcopies, (size_t)cap * sizeof *grown);
-        if (!grown) return GP_OK; /* no room to remember it: packed per call */
-        ctx->wcopies = grown;
-        ctx->cap_wcopies = cap;
+    gp_wmirror *m = NULL;
+    bool current = false;
+    GP_TRY(gp_dev_mirror_get(dev, w, n, &m, &current));
+    if (!m) return GP_OK;
+    if (!current) {
+        cudaError_t e = gp_cuk_bf16_pack(gp_cuda_ctx_of(dev)->compute, m->copy, w, n);
+        if (e != cudaSuccess)
+            return gp_cuda_fail("CUDA", (int)e, cudaGetErrorString(e), "gp_cuk_bf16_pack",
+                                __func__, __FILE__, __LINE__);
+        gp_dev_mirror_made(dev, m);
     }
-    void *copy = NULL;
-    if (gp_dev_alloc(dev, (size_t)n * sizeof(uint16_t), GP_MEM_WORKSPACE, &copy) != GP_OK) {
-        gp_error_clear(); /* no memory to keep it: packed into scratch per call */
-        return GP_OK;
-    }
-    cudaError_t e = gp_cuk_bf16_pack(ctx->compute, copy, w, n);
-    if (e != cudaSuccess) {
-        gp_dev_free(dev, copy, (size_t)n * sizeof(uint16_t), GP_MEM_WORKSPACE);
-        return gp_cuda_fail("CUDA", (int)e, cudaGetErrorString(e), "gp_cuk_bf16_pack", __func__,
-                            __FILE__, __LINE__);
-    }
-    ctx->wcopies[ctx->n_wcopies++] = (cuda_wcopy){w, n, copy, dev->weights_epoch};
-    dev->weights_kept++;
-    *out = copy;
+    *out = m->copy;
     return GP_OK;
-}
-
-gp_status gp_cuda_weights_thaw(gp_device *dev)
-{
-    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
-    if (!ctx || ctx->n_wcopies == 0) return GP_OK;
-    gp_status st = gp_cuda_enter(dev);
-    for (int i = 0; st == GP_OK && i < ctx->n_wcopies; i++) /* stream-ordered: after the
-                                                              products using them */
-        gp_dev_free(dev, ctx->wcopies[i].copy, (size_t)ctx->wcopies[i].n * sizeof(uint16_t),
-                    GP_MEM_WORKSPACE);
-    ctx->n_wcopies = 0; /* (entries carry their epoch too: none outlives its freeze) */
-    return st;
 }
 
 /* ---- transfers ----------------------------------------------------------------- */
@@ -829,6 +793,8 @@ static void fill_table(gp_cuk_sgd_table *t, const gp_update_part *parts, int fir
         t->v2[i] = pt->v2;
         t->n[i] = pt->n;
         t->wd[i] = pt->wd;
+        t->w16[i] = pt->w16;
+        t->nonfinite[i] = pt->nonfinite;
     }
 }
 
@@ -1988,8 +1954,6 @@ static void cuda_destroy(gp_device *dev)
         gp_cuda_dnn_destroy(ctx);
         gp_cuda_lt_destroy(ctx);
         gp_cuda_sdpa_destroy(ctx);
-        (void)gp_cuda_weights_thaw(dev); /* a device closed while frozen */
-        free(ctx->wcopies);
         gp_dev_free(dev, ctx->ws, ctx->ws_bytes, GP_MEM_WORKSPACE);
         gp_dev_free(dev, ctx->bws, ctx->bws_bytes, GP_MEM_WORKSPACE);
         gp_dev_free(dev, ctx->dev_res, sizeof(cuda_res), GP_MEM_WORKSPACE);
@@ -2326,7 +2290,6 @@ gp_status gp_cuda_device_create(int index, const gp_device_opts *opts, gp_device
         return st;
     }
     dev->ctx = ctx;
-    dev->on_weights_thaw = gp_cuda_weights_thaw;
     ctx->ordinal = index;
     pthread_mutex_init(&ctx->lock, NULL);
     ctx->tf32 = opts->precision == GP_PRECISION_TF32;

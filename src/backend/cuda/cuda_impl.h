@@ -151,10 +151,6 @@ typedef struct gp_cuda_ctx {
     bool sdpa_off;                /* GPIPE_CUDNN_SDPA=0: attention on gpipe's own kernels */
     int sm;                       /* compute capability, major * 10 + minor */
     struct cuda_sdpa *sdpas;      /* per-shape fused attention plans (cuda_sdpa.c) */
-    /* precision bf16: the weights' bf16 copies kept while frozen
-     * (gp_cuda_weights_bf16), freed at the thaw */
-    struct cuda_wcopy *wcopies;
-    int n_wcopies, cap_wcopies;
     bool deterministic;           /* train.deterministic: cuDNN algorithms by heuristics,
                                      deterministic only; else measured (cudnnFind) */
     int chans_open;               /* channels (chan_open) open on this device */
@@ -252,17 +248,16 @@ gp_status gp_cuda_ws_reserve(gp_device *dev, size_t bytes, void **out);
 #define GP_CUDA_BF16_PARTS 5
 gp_status gp_cuda_bf16_reserve(gp_device *dev, const int64_t *counts, int n, uint16_t **out);
 
-/* Precision bf16: *out = a bf16 copy of the n weights at w, made on its
- * first use while the device's weights are frozen (gp_dev_freeze_weights:
- * a step's forwards and backwards, which do not change them) and kept
- * until the thaw, so a weight is rounded once a step instead of once a
- * product and micro-batch (issue 50: nothing repacks weights per call).
- * *out NULL where nothing may be kept (not frozen, or the device has a
- * memory capacity, whose estimates count no kept copies): the caller packs
- * into gp_cuda_bf16_reserve's scratch as before. */
+/* Precision bf16: *out = the bf16 mirror of the n weights at w
+ * (gp_wmirror, backend.h), rounded on its first use while the device's
+ * weights are frozen (gp_dev_freeze_weights: a step's forwards and
+ * backwards, which do not change them) and after that written by the
+ * update in its own pass, so no step rounds weights (issue 50: nothing
+ * repacks weights per call).  *out NULL where nothing may be kept (not
+ * frozen, or the device has a memory capacity, whose estimates count no
+ * kept copies): the caller packs into gp_cuda_bf16_reserve's scratch as
+ * before. */
 gp_status gp_cuda_weights_bf16(gp_device *dev, const float *w, int64_t n, const uint16_t **out);
-/* The thaw (gp_device.on_weights_thaw): the kept copies freed. */
-gp_status gp_cuda_weights_thaw(gp_device *dev);
 
 /* Tensor-core math may be used for a convolution: precision tf32 (TF32
  * on its FP32 data), or its operands in bf16. */

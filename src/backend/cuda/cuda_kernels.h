@@ -46,8 +46,8 @@ cudaError_t gp_cuk_relu_bwd(cudaStream_t s, const float *y, const float *dy, flo
 cudaError_t gp_cuk_sgd(cudaStream_t s, float *w, const float *g, float *v, int64_t n,
                        float lr, float mu, float wd, int nesterov);
 /* The parts of one multi-tensor SGD launch, passed by value as the
- * kernel's parameter (32 x 48 bytes and the block table, well under the
- * 4 KiB a launch takes): the caller fills w, g, v (NULL: plain SGD), n,
+ * kernel's parameter (32 x 64 bytes and the block table, well under the
+ * 4 KiB a launch takes): the caller fills w, g, v (NULL: plain SGD), w16, nonfinite, n,
  * wd and parts (at most GP_CUK_SGD_PARTS); gp_cuk_sgd_multi fills first,
  * so that part p owns blocks [first[p], first[p + 1]) of the grid, as many
  * as its size asks for (capped), and a launch of one large weight and many
@@ -58,6 +58,8 @@ typedef struct gp_cuk_sgd_table {
     const float *g[GP_CUK_SGD_PARTS];
     float *v[GP_CUK_SGD_PARTS];
     float *v2[GP_CUK_SGD_PARTS]; /* Adam's second moment (gp_cuk_adam_multi) */
+    uint16_t *w16[GP_CUK_SGD_PARTS]; /* the weight's bf16 mirror, written too (NULL: none) */
+    float *nonfinite[GP_CUK_SGD_PARTS]; /* set to 1 if a new weight is not finite (NULL: none) */
     int64_t n[GP_CUK_SGD_PARTS];
     float wd[GP_CUK_SGD_PARTS];
     unsigned first[GP_CUK_SGD_PARTS + 1];
