@@ -680,6 +680,30 @@ static void test_resume_bf16(void)
     snprintf(x, sizeof x, "%s/b.st", tmpdir);
     snprintf(y, sizeof y, "%s/b32.st", tmpdir);
     CHECK_MSG(!gpt_same_files(x, y), "bf16 activations trained the FP32 run's weights");
+
+    /* precision bf16 where the processor has the instructions: its linear
+     * layers read their weights' bf16 mirrors, which the update writes
+     * (backend.h, gp_wmirror); the resumed run rounds the restored masters
+     * into new mirrors, the uninterrupted one reads what its update wrote,
+     * and they still end bit for bit (GPIPE_CHECK_MIRRORS, which ctest
+     * sets, checks every update-written mirror at each use too) */
+    gp_device *probe = NULL;
+    gp_device_opts o = {.threads = 1, .precision = GP_PRECISION_BF16};
+    if (gp_device_open("cpu:0", &o, &probe) != GP_OK) {
+        gp_error_clear();
+        printf("test_snapshot: precision bf16: no bf16 instructions here, its resume not run\n");
+        return;
+    }
+    gp_device_close(probe);
+    const char *pb = "--set train.precision=bf16";
+    reference_and_snapshots("b.yaml", pb, "p.st", "p16s");
+    snprintf(p, sizeof p, "%s/p16s/snapshot-000000005.safetensors", tmpdir);
+    snprintf(a, sizeof a, "%s/b.yaml %s --resume %s --export-weights %s/pr.st", tmpdir, pb, p,
+             tmpdir);
+    CHECK_MSG(trains_same(a, "p.st", "pr.st", "precision bf16"),
+              "precision bf16: resumed weights differ");
+    snprintf(x, sizeof x, "%s/p.st", tmpdir);
+    CHECK_MSG(!gpt_same_files(x, y), "precision bf16 trained the FP32 run's weights");
 }
 
 /* How many tensors of snapshot `path` have names starting with prefix; -1
