@@ -776,6 +776,13 @@ static void test_pool_hw(gp_device *dev, gp_pool_kind kind, int64_t n, int64_t c
     CHECK_OK(gp_dev_pool_bwd(dev, &d, x, y, dy, dx, ws));
     snprintf(what, sizeof what, "%s pool bwd %s", kn, geo);
     check_close(what, dx, rdx, nx, 1e-6);
+    if (kind != GP_POOL_MAX) { /* an average reads neither x nor y (none kept for it) */
+        float *dx2 = dalloc(dev, nx);
+        CHECK_OK(gp_dev_pool_bwd(dev, &d, NULL, NULL, dy, dx2, ws));
+        CHECK_MSG(memcmp(dx, dx2, (size_t)nx * sizeof(float)) == 0,
+                  "%s: without x and y, other bits", what);
+        dfree(dev, dx2, nx);
+    }
     /* Inference forward (no workspace) gives the same y. */
     float *y2 = dalloc(dev, ny);
     CHECK_OK(gp_dev_pool_fwd(dev, &d, x, y2, NULL));

@@ -462,6 +462,9 @@ typedef struct gp_device_iface {
     size_t (*pool_ws_bytes)(gp_device *dev, const gp_pool_desc *d);
     gp_status (*pool_fwd)(gp_device *dev, const gp_pool_desc *d, const float *x,
                           float *y, void *ws);
+    /* pool_bwd: dx = (beta 0) the gradient of dy; average pooling reads
+     * neither x nor y (either may be NULL: the layer keeps neither), max
+     * pooling reads what its backend needs of x, y and ws. */
     gp_status (*pool_bwd)(gp_device *dev, const gp_pool_desc *d, const float *x,
                           const float *y, const float *dy, float *dx, const void *ws);
 

@@ -185,10 +185,11 @@ static bool state_read(const cell_plan *p, int k)
  * backward ignores its output, read by nothing that reads values (the next
  * child of its chain, or for a chain's last child its sum, or the
  * operations and concatenation that take the state), and the sums read
- * likewise.  Every unit's batch-norm output (a relu or a sum reads it) and
- * the states only sums, relus and the concatenation take: 16 maps of an
- * AmoebaNet-D normal cell (12 norms' outputs, 4 sums), which PyTorch's
- * autograd does not keep either. */
+ * likewise.  Every unit's batch-norm output (a relu or a sum reads it),
+ * the states only sums, relus, average pools and the concatenation take,
+ * and the average pools' outputs (their backward reads neither x nor y):
+ * 21 maps of an AmoebaNet-D normal cell (13 norms' outputs, 5 sums, 3
+ * pools' outputs), which PyTorch's autograd does not keep either. */
 static void plan_unkept(cell_plan *p)
 {
     memset(p->unkept, 0, sizeof p->unkept);

@@ -164,6 +164,10 @@ const gp_layer_ops gp_maxpool2d_ops = {
     .takes_bf16 = pool_takes_bf16,
 };
 
+/* An average's backward spreads dy over the windows: it reads neither x
+ * nor y (backend.h, pool_bwd), so neither is kept for it (gp_layers_unkept;
+ * AmoebaNet's cells kept their three average pools' outputs until
+ * 2026-11-27). */
 const gp_layer_ops gp_avgpool2d_ops = {
     .type = GP_LAYER_AVGPOOL2D,
     .infer = pool_infer,
@@ -173,6 +177,8 @@ const gp_layer_ops gp_avgpool2d_ops = {
     .flops = pool_flops,
     .saved_bytes = pool_saved_bytes,
     .takes_bf16 = pool_takes_bf16,
+    .bwd_ignores_y = true,
+    .bwd_ignores_x = true,
 };
 
 const gp_layer_ops gp_global_avgpool_ops = {
@@ -184,4 +190,6 @@ const gp_layer_ops gp_global_avgpool_ops = {
     .flops = pool_flops,
     .saved_bytes = pool_saved_bytes,
     .takes_bf16 = pool_takes_bf16,
+    .bwd_ignores_y = true,
+    .bwd_ignores_x = true,
 };

@@ -696,11 +696,23 @@ gp_status gp_cuda_pool_fwd(gp_device *dev, const gp_pool_desc *d, const float *x
     return GP_OK;
 }
 
+static gp_status pool_bf16_desc(gp_device *dev, const gp_pool_desc *d, gp_cuk_pool *p);
+
+/* An average's backward reads neither x nor y (backend.h: an average
+ * pool's output is not kept for it): gpipe's kernel, which the bf16 path
+ * runs too (the CPU's loops bit for bit), not cuDNN's, whose API takes
+ * both.  Max pooling: cuDNN's, from x and y. */
 gp_status gp_cuda_pool_bwd(gp_device *dev, const gp_pool_desc *d, const float *x,
                            const float *y, const float *dy, float *dx, const void *ws)
 {
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     GP_TRY(gp_cuda_enter(dev));
+    if (d->kind != GP_POOL_MAX) {
+        gp_cuk_pool p;
+        GP_TRY(pool_bf16_desc(dev, d, &p));
+        GP_CUDA(gp_cuk_pool_bwd_avg(ctx->compute, dy, dx, &p));
+        return GP_OK;
+    }
     GP_TRY(pool_setup(dev, d));
     /* dx = (beta 0) */
     GP_CUDNN(cudnnPoolingBackward(ctx->dnn, ctx->pool, &one, ctx->td[1], y, ctx->td[1], dy,

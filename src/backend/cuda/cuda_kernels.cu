@@ -2087,7 +2087,7 @@ __global__ void k_pool_bwd(const T *x, const T *dy, T *dx, gp_cuk_pool p, int64_
     GP_CUK_LOOP(e, n)
     {
         int64_t j = e % p.w, t = e / p.w, i = t % p.h, pl = t / p.h;
-        const T *xp = x + pl * p.h * p.w, *gp = dy + pl * p.oh * p.ow;
+        const T *gp = dy + pl * p.oh * p.ow; /* (x: max pooling's only) */
         /* the outputs whose windows hold (i, j): oh sh - ph <= i < oh sh - ph + kh */
         int64_t a = i + p.ph - p.kh + 1, b = j + p.pw - p.kw + 1;
         int64_t oh0 = a > 0 ? (a + p.sh - 1) / p.sh : 0, ow0 = b > 0 ? (b + p.sw - 1) / p.sw : 0;
@@ -2100,7 +2100,8 @@ __global__ void k_pool_bwd(const T *x, const T *dy, T *dx, gp_cuk_pool p, int64_
                 pool_win v = pool_window(p, oh, ow);
                 if (p.kind == 0) {
                     float best;
-                    if (pool_argmax(xp, p, v, &best) == i * p.w + j) g += ld(gp[oh * p.ow + ow]);
+                    if (pool_argmax(x + pl * p.h * p.w, p, v, &best) == i * p.w + j)
+                        g += ld(gp[oh * p.ow + ow]);
                 } else {
                     g += ld(gp[oh * p.ow + ow]) / pool_count(p, v);
                 }
@@ -2125,6 +2126,13 @@ cudaError_t gp_cuk_pool_bwd_bf16(cudaStream_t s, const uint16_t *x, const uint16
 {
     int64_t n = p->n * p->c * p->h * p->w;
     GP_CUK_LAUNCH(n, k_pool_bwd<uint16_t>, x, dy, dx, *p, n);
+}
+
+cudaError_t gp_cuk_pool_bwd_avg(cudaStream_t s, const float *dy, float *dx, const gp_cuk_pool *p)
+{
+    if (p->kind == 0) return cudaErrorInvalidValue; /* max pooling reads x */
+    int64_t n = p->n * p->c * p->h * p->w;
+    GP_CUK_LAUNCH(n, k_pool_bwd<float>, (const float *)NULL, dy, dx, *p, n);
 }
 
 } /* extern "C" */

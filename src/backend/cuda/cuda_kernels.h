@@ -389,6 +389,11 @@ cudaError_t gp_cuk_pool_fwd_bf16(cudaStream_t s, const uint16_t *x, uint16_t *y,
                                  const gp_cuk_pool *p);
 cudaError_t gp_cuk_pool_bwd_bf16(cudaStream_t s, const uint16_t *x, const uint16_t *dy,
                                  uint16_t *dx, const gp_cuk_pool *p);
+/* The same backward on FP32 tensors, for the averages (kind 1, 2), which
+ * read neither x (NULL allowed) nor y: cuDNN's pooling backward takes
+ * both, so an average pool's output would have to be kept for it. */
+cudaError_t gp_cuk_pool_bwd_avg(cudaStream_t s, const float *dy, float *dx,
+                                const gp_cuk_pool *p);
 
 #ifdef __cplusplus
 }
