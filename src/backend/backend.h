@@ -364,17 +364,17 @@ typedef struct gp_update_part {
  * made on the first use in a freeze (gp_dev_mirror_get), or written by the
  * update that changed w (gp_dev_mirror_for_update: current for the next
  * freeze), so a step whose weights only the update changed converts none.
- * Every other write into a parameter (uploads, copies, collectives, a
- * parameter's free) marks the mirrors it overlaps stale
- * (gp_dev_weights_written), and GPIPE_CHECK_MIRRORS=1 checks at each use
- * that a mirror the update wrote is the rounding of its master (the test
- * suite runs with it). */
+ * Every other write into a parameter (uploads, copies, fills, collectives,
+ * a chunk's update, a parameter's free) marks the mirrors it overlaps
+ * stale (gp_dev_weights_written), and GPIPE_CHECK_MIRRORS=1 checks at
+ * each use of a current mirror that it is the rounding of its master (the
+ * test suite runs with it). */
 typedef struct gp_wmirror {
     const float *w;
     int64_t n;
     uint16_t *copy; /* 2 n bytes, GP_MEM_WORKSPACE */
     uint64_t epoch; /* current for this freeze; GP_WMIRROR_STALE: for none */
-    bool by_update; /* the update wrote it (what GPIPE_CHECK_MIRRORS checks) */
+    bool by_update; /* the update wrote it (counted: mirrors_by_update) */
 } gp_wmirror;
 #define GP_WMIRROR_STALE UINT64_MAX
 
@@ -1215,19 +1215,22 @@ static inline uint64_t gp_dev_host_waits(const struct gp_device *dev)
  * stretch is closed either way. */
 gp_status gp_dev_freeze_weights(struct gp_device *dev, bool frozen);
 
-/* Weight mirrors (gp_wmirror).  gp_dev_mirror_get, while frozen: w's mirror
- * of n values, made if new (NULL where none can be: a device with a memory
- * capacity, or out of memory; the caller converts per call as before).
- * Unless *current, the caller writes m->copy (gp_ew_bf16_bits of each
- * value, on the device's queue) and calls gp_dev_mirror_made.  Under GPIPE_CHECK_MIRRORS a current
- * mirror the update wrote is compared with its master's rounding here,
- * and a mismatch is an error naming the stale copy. */
-gp_status gp_dev_mirror_get(struct gp_device *dev, const float *w, int64_t n, gp_wmirror **out,
+/* Weight mirrors (gp_wmirror).  gp_dev_mirror_get, while frozen: the copy
+ * (2 n bytes) of w's mirror of n values, made if new (NULL where none can
+ * be: a device with a memory capacity, or out of memory; the caller
+ * converts per call as before).  Unless *current, the caller writes the
+ * copy (gp_ew_bf16_bits of each value, on the device's queue) and calls
+ * gp_dev_mirror_made(w, n).  Under GPIPE_CHECK_MIRRORS a current mirror
+ * is compared with its master's rounding here, and a mismatch is an error
+ * naming the stale copy.  The table is sorted by (w, n): a lookup is a
+ * binary search, not a scan per product. */
+gp_status gp_dev_mirror_get(struct gp_device *dev, const float *w, int64_t n, uint16_t **copy,
                             bool *current);
-void gp_dev_mirror_made(struct gp_device *dev, gp_wmirror *m);
+void gp_dev_mirror_made(struct gp_device *dev, const float *w, int64_t n);
 /* The update about to write all n values of w (thawed): w's mirror to
  * write in the same pass, now current for the next freeze; NULL if w has
- * none (nothing to write). */
+ * none (nothing to write; while frozen, which no executor does, the
+ * mirror is marked stale). */
 uint16_t *gp_dev_mirror_for_update(struct gp_device *dev, const float *w, int64_t n);
 /* bytes at p on dev were written other than by the update: the mirrors of
  * the weights they overlap are stale.  The copy and upload wrappers call
@@ -1437,6 +1440,7 @@ static inline gp_status gp_dev_event_sync(gp_device *dev, void *ev)
 }
 static inline gp_status gp_dev_fill(gp_device *dev, float *x, float v, int64_t n)
 {
+    gp_dev_weights_written(dev, x, (size_t)n * sizeof(float)); /* (a parameter's init) */
     return dev->iface->fill(dev, x, v, n);
 }
 static inline gp_status gp_dev_scale(gp_device *dev, float *x, float a, int64_t n)
@@ -1496,8 +1500,13 @@ static inline gp_status gp_dev_sgd_multi(gp_device *dev, const gp_update_part *p
     for (int i = 0; i < n; i++) {
         GP_TRY(dev->iface->sgd_update(dev, parts[i].w, parts[i].g, parts[i].v, parts[i].n, lr, mu,
                                       parts[i].wd, nesterov));
+        gp_status st = GP_OK;
         if (parts[i].w16) /* (a mirror is made only where bf16_pack is) */
-            GP_TRY(dev->iface->bf16_pack(dev, parts[i].w16, parts[i].w, parts[i].n));
+            st = dev->iface->bf16_pack(dev, parts[i].w16, parts[i].w, parts[i].n);
+        if (st != GP_OK) { /* the update's stamp must not outlive a mirror it did not write */
+            gp_dev_mirrors_stale(dev, parts[i].w, (size_t)parts[i].n * sizeof(float));
+            return st;
+        }
         if (parts[i].nonfinite)
             GP_TRY(gp_dev_nonfinite_or(dev, parts[i].w, parts[i].n, parts[i].nonfinite));
     }

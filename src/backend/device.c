@@ -264,30 +264,33 @@ void gp_dev_mirrors_stale(gp_device *dev, const void *p, size_t bytes)
     pthread_mutex_unlock(&dev->mirrors_lock);
 }
 
-/* GPIPE_CHECK_MIRRORS: whether m->copy is its master's rounding now. */
-static gp_status mirror_check(gp_device *dev, const gp_wmirror *m)
+/* GPIPE_CHECK_MIRRORS: whether copy, the mirror of the n weights at w, is
+ * their rounding now. */
+static gp_status mirror_check(gp_device *dev, const float *w, int64_t n, const uint16_t *copy,
+                              bool by_update)
 {
-    size_t bytes = (size_t)m->n * sizeof(uint16_t);
+    size_t bytes = (size_t)n * sizeof(uint16_t);
     void *fresh = NULL;
     uint16_t *a = malloc(bytes), *b = malloc(bytes);
     gp_status st = a && b ? GP_OK : gp_error_set(GP_ERR_OOM, "out of host memory");
     if (st == GP_OK) st = gp_dev_alloc(dev, bytes, GP_MEM_WORKSPACE, &fresh);
     /* through the slots, not the counting wrappers: a check is not a step's */
-    if (st == GP_OK) st = dev->iface->bf16_pack(dev, fresh, m->w, m->n);
+    if (st == GP_OK) st = dev->iface->bf16_pack(dev, fresh, w, n);
     if (st == GP_OK) st = dev->iface->synchronize(dev); /* (the pack, and the update before) */
     if (st == GP_OK) st = dev->iface->copy_d2h(dev, a, fresh, bytes);
-    if (st == GP_OK) st = dev->iface->copy_d2h(dev, b, m->copy, bytes);
+    if (st == GP_OK) st = dev->iface->copy_d2h(dev, b, copy, bytes);
     if (st == GP_OK) st = dev->iface->synchronize(dev);
     if (st == GP_OK && memcmp(a, b, bytes) != 0) {
         int64_t i = 0;
         while (a[i] == b[i]) i++;
         st = gp_error_set(GP_ERR_RUNTIME,
-                          "device %s: the bf16 mirror of a weight tensor of %lld values that "
-                          "the update wrote is not its FP32 master's rounding (value %lld: "
-                          "0x%04x, master rounds to 0x%04x): something wrote the weights "
-                          "after the update without gp_dev_weights_written "
-                          "(GPIPE_CHECK_MIRRORS)",
-                          dev->name, (long long)m->n, (long long)i, b[i], a[i]);
+                          "device %s: the bf16 mirror of a weight tensor of %lld values (%s) "
+                          "is not its FP32 master's rounding (value %lld: 0x%04x, master "
+                          "rounds to 0x%04x): something wrote the weights without "
+                          "gp_dev_weights_written (GPIPE_CHECK_MIRRORS)",
+                          dev->name, (long long)n,
+                          by_update ? "written by the update" : "made earlier in this freeze",
+                          (long long)i, b[i], a[i]);
     }
     gp_dev_free(dev, fresh, bytes, GP_MEM_WORKSPACE);
     free(a);
@@ -295,69 +298,94 @@ static gp_status mirror_check(gp_device *dev, const gp_wmirror *m)
     return st;
 }
 
-gp_status gp_dev_mirror_get(gp_device *dev, const float *w, int64_t n, gp_wmirror **out,
+/* The index of the mirror of (w, n) in the table, kept sorted by (w, n),
+ * or -1 - where it would go.  Under mirrors_lock. */
+static int mirror_find(const gp_device *dev, const float *w, int64_t n)
+{
+    int lo = 0, hi = dev->n_mirrors;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        const gp_wmirror *m = &dev->mirrors[mid];
+        if (m->w == w && m->n == n) return mid;
+        if ((uintptr_t)m->w < (uintptr_t)w || (m->w == w && m->n < n)) lo = mid + 1;
+        else hi = mid;
+    }
+    return -1 - lo;
+}
+
+/* A new mirror of (w, n) at index at (mirror_find's), stale; false where
+ * there is no room for it (converted per call then).  Under mirrors_lock. */
+static bool mirror_add(gp_device *dev, int at, const float *w, int64_t n)
+{
+    if (dev->n_mirrors == dev->cap_mirrors) {
+        int cap = dev->cap_mirrors ? 2 * dev->cap_mirrors : 64;
+        gp_wmirror *grown = realloc(dev->mirrors, (size_t)cap * sizeof *grown);
+        if (!grown) return false;
+        dev->mirrors = grown;
+        dev->cap_mirrors = cap;
+    }
+    void *copy = NULL;
+    if (gp_dev_alloc(dev, (size_t)n * sizeof(uint16_t), GP_MEM_WORKSPACE, &copy) != GP_OK) {
+        gp_error_clear();
+        return false;
+    }
+    memmove(&dev->mirrors[at + 1], &dev->mirrors[at],
+            (size_t)(dev->n_mirrors - at) * sizeof *dev->mirrors);
+    dev->mirrors[at] = (gp_wmirror){.w = w, .n = n, .copy = copy, .epoch = GP_WMIRROR_STALE};
+    __atomic_store_n(&dev->n_mirrors, dev->n_mirrors + 1, __ATOMIC_RELEASE);
+    return true;
+}
+
+gp_status gp_dev_mirror_get(gp_device *dev, const float *w, int64_t n, uint16_t **copy,
                             bool *current)
 {
-    *out = NULL;
+    *copy = NULL;
     *current = false;
     if (!dev->weights_frozen || dev->alloc.capacity != 0 || n <= 0 || !dev->iface->bf16_pack)
         return GP_OK;
-    gp_wmirror *m = NULL;
+    bool by_update = false;
     pthread_mutex_lock(&dev->mirrors_lock);
-    for (int i = 0; i < dev->n_mirrors && !m; i++)
-        if (dev->mirrors[i].w == w && dev->mirrors[i].n == n) m = &dev->mirrors[i];
-    if (!m && dev->n_mirrors == dev->cap_mirrors) {
-        int cap = dev->cap_mirrors ? 2 * dev->cap_mirrors : 64;
-        gp_wmirror *grown = realloc(dev->mirrors, (size_t)cap * sizeof *grown);
-        if (grown) {
-            dev->mirrors = grown;
-            dev->cap_mirrors = cap;
-        }
+    int at = mirror_find(dev, w, n);
+    if (at < 0 && mirror_add(dev, -1 - at, w, n)) at = -1 - at;
+    if (at >= 0) {
+        const gp_wmirror *m = &dev->mirrors[at];
+        *copy = m->copy; /* (the buffer stays until w's free, whatever the table does) */
+        *current = m->epoch == dev->weights_epoch;
+        by_update = *current && m->by_update;
     }
-    if (!m && dev->n_mirrors < dev->cap_mirrors) {
-        void *copy = NULL;
-        if (gp_dev_alloc(dev, (size_t)n * sizeof(uint16_t), GP_MEM_WORKSPACE, &copy) == GP_OK) {
-            m = &dev->mirrors[dev->n_mirrors];
-            *m = (gp_wmirror){.w = w, .n = n, .copy = copy, .epoch = GP_WMIRROR_STALE};
-            __atomic_store_n(&dev->n_mirrors, dev->n_mirrors + 1, __ATOMIC_RELEASE);
-        } else {
-            gp_error_clear(); /* no room to keep one: converted per call */
-        }
-    }
-    *current = m && m->epoch == dev->weights_epoch;
-    bool by_update = *current && m->by_update;
     pthread_mutex_unlock(&dev->mirrors_lock);
-    /* (the entry stays put: the table grows only on this device's thread
-     * and shrinks only for a parameter's free, between steps) */
-    if (by_update) {
-        dev->mirrors_by_update++;
-        if (dev->check_mirrors) GP_TRY(mirror_check(dev, m));
-    }
-    *out = m;
+    if (by_update) dev->mirrors_by_update++;
+    if (*current && dev->check_mirrors) GP_TRY(mirror_check(dev, w, n, *copy, by_update));
     return GP_OK;
 }
 
-void gp_dev_mirror_made(gp_device *dev, gp_wmirror *m)
+void gp_dev_mirror_made(gp_device *dev, const float *w, int64_t n)
 {
     pthread_mutex_lock(&dev->mirrors_lock);
-    m->epoch = dev->weights_epoch;
-    m->by_update = false;
+    int at = mirror_find(dev, w, n);
+    if (at >= 0) {
+        dev->mirrors[at].epoch = dev->weights_epoch;
+        dev->mirrors[at].by_update = false;
+    }
     pthread_mutex_unlock(&dev->mirrors_lock);
     dev->weights_kept++;
 }
 
 uint16_t *gp_dev_mirror_for_update(gp_device *dev, const float *w, int64_t n)
 {
-    if (dev->weights_frozen || !__atomic_load_n(&dev->n_mirrors, __ATOMIC_ACQUIRE)) return NULL;
+    if (!__atomic_load_n(&dev->n_mirrors, __ATOMIC_ACQUIRE)) return NULL;
+    if (dev->weights_frozen) { /* (no executor updates frozen weights: stale, to be sure) */
+        gp_dev_mirrors_stale(dev, w, (size_t)n * sizeof(float));
+        return NULL;
+    }
     uint16_t *copy = NULL;
     pthread_mutex_lock(&dev->mirrors_lock);
-    for (int i = 0; i < dev->n_mirrors && !copy; i++) {
-        gp_wmirror *m = &dev->mirrors[i];
-        if (m->w == w && m->n == n) {
-            m->epoch = dev->weights_epoch + 1; /* the next freeze's */
-            m->by_update = true;
-            copy = m->copy;
-        }
+    int at = mirror_find(dev, w, n);
+    if (at >= 0) {
+        gp_wmirror *m = &dev->mirrors[at];
+        m->epoch = dev->weights_epoch + 1; /* the next freeze's */
+        m->by_update = true;
+        copy = m->copy;
     }
     pthread_mutex_unlock(&dev->mirrors_lock);
     return copy;
@@ -484,6 +512,7 @@ gp_status gp_dev_bf16_pack(gp_device *dev, uint16_t *dst, const float *src, int6
 gp_status gp_dev_bf16_unpack(gp_device *dev, float *dst, const uint16_t *src, int64_t n)
 {
     if (n <= 0) return GP_OK;
+    gp_dev_weights_written(dev, dst, (size_t)n * sizeof(float));
     if (!dev->iface->bf16_unpack)
         return gp_error_set(GP_ERR_UNSUPPORTED, "device %s (%s backend) has no bf16 conversion",
                             dev->name, dev->iface->backend_name);

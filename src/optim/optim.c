@@ -172,9 +172,11 @@ static gp_status update_chunk(gp_optim *o, gp_param *pr, gp_tensor *st, const vo
     float *w = gp_f32(&pr->value);
     int64_t n = gp_tensor_numel(&pr->value);
     /* the whole tensor: its bf16 mirror, if it has one, written in the same
-     * pass (a chunk's update leaves the mirror stale; the gather writes the
+     * pass (a chunk's update marks the mirror stale; the gather writes the
      * rest) */
-    uint16_t *w16 = hi - lo == n ? gp_dev_mirror_for_update(b->dev, w, n) : NULL;
+    uint16_t *w16 = NULL;
+    if (hi - lo == n) w16 = gp_dev_mirror_for_update(b->dev, w, n);
+    else gp_dev_weights_written(b->dev, w + lo, (size_t)(hi - lo) * sizeof(float));
     b->parts[b->n++] = (gp_update_part){.w = w + lo, .g = gp_f32(&pr->grad) + lo,
                                         .v = st ? gp_f32(&st[0]) + lo : NULL,
                                         .v2 = o->per > 1 ? gp_f32(&st[1]) + lo : NULL,

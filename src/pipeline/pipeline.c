@@ -1724,6 +1724,7 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
         return st;
     }
     case GP_INSTR_UPDATE:
+        p->update_checked[j] = false; /* (set below where this update checks) */
         if (!p->opts.optim) return GP_OK;
         if (in->fused) {
             st = gp_optim_update_fused(p->opts.optim, first, count, p->lr, (int64_t)p->step,

@@ -62,6 +62,7 @@ gp_status gp_procs_isend_dev(gp_device *dev, const float *data, int64_t n, int t
 
 gp_status gp_procs_recv_dev(gp_device *dev, float *data, int64_t n, int from, int tag)
 {
+    gp_dev_weights_written(dev, data, (size_t)n * sizeof(float)); /* (a tied weight's) */
     float *h;
     GP_TRY(host_in(dev, data, n, false, &h));
     return host_out(dev, data, n, h, gp_procs_recv(h, n, from, tag));

@@ -375,16 +375,16 @@ static size_t inner_bytes(const cpu_arg *a)
  * this freeze, or written by the last update) or to be converted into now;
  * NULL: reorder as usual, into the arena. */
 static gp_status weights_mirror(gp_device *dev, const cpu_op *op, const cpu_arg *a,
-                                const void *src, gp_wmirror **out, bool *fresh)
+                                const void *src, uint16_t **copy, int64_t *n, bool *fresh)
 {
-    *out = NULL;
+    *copy = NULL;
     *fresh = false;
     if (!op->cast_w || !may_keep(dev) || op->no_keep || a->arg != DNNL_ARG_WEIGHTS ||
         !a->reorder || a->dir != CPU_ARG_IN)
         return GP_OK;
-    size_t bytes = inner_bytes(a);
-    if (!bytes) return GP_OK;
-    return gp_dev_mirror_get(dev, src, (int64_t)(bytes / sizeof(uint16_t)), out, fresh);
+    *n = (int64_t)(inner_bytes(a) / sizeof(uint16_t));
+    if (!*n) return GP_OK;
+    return gp_dev_mirror_get(dev, src, *n, copy, fresh);
 }
 
 /* The frozen copy the op's weights argument a uses (an op without cast_w):
@@ -437,15 +437,16 @@ static gp_status op_run(gp_device *dev, cpu_op *op, void *const *ptrs)
     dnnl_exec_arg_t ex[CPU_MAX_ARGS + 1];
     int n = 0;
     struct cpu_wkeep *keep[CPU_MAX_ARGS] = {NULL};
-    gp_wmirror *mirror[CPU_MAX_ARGS] = {NULL};
+    uint16_t *mirror[CPU_MAX_ARGS] = {NULL}; /* weights_mirror's copy, of mn values */
+    int64_t mn[CPU_MAX_ARGS] = {0};
     bool fresh[CPU_MAX_ARGS] = {false};
     for (int i = 0; i < op->nargs; i++) {
         cpu_arg *a = &op->args[i];
         GP_ASSERT(ptrs[a->slot] != NULL);
         GP_DNNL_RET(dnnl_memory_set_data_handle(a->user, ptrs[a->slot]));
-        GP_TRY(weights_mirror(dev, op, a, ptrs[a->slot], &mirror[i], &fresh[i]));
+        GP_TRY(weights_mirror(dev, op, a, ptrs[a->slot], &mirror[i], &mn[i], &fresh[i]));
         if (!mirror[i]) keep[i] = weights_kept(dev, op, a, ptrs[a->slot], &fresh[i]);
-        if (mirror[i]) GP_DNNL_RET(dnnl_memory_set_data_handle(a->inner, mirror[i]->copy));
+        if (mirror[i]) GP_DNNL_RET(dnnl_memory_set_data_handle(a->inner, mirror[i]));
         else if (keep[i]) GP_DNNL_RET(dnnl_memory_set_data_handle(a->inner, keep[i]->buf));
         else if (a->inner != a->user)
             GP_DNNL_RET(dnnl_memory_set_data_handle(a->inner, arena + a->off));
@@ -458,8 +459,8 @@ static gp_status op_run(gp_device *dev, cpu_op *op, void *const *ptrs)
     for (int i = 0; i < op->nargs; i++) {
         cpu_arg *a = &op->args[i];
         if (mirror[i] && !fresh[i]) { /* the same bits the update writes */
-            GP_TRY(gp_cpu_bf16_pack(dev, mirror[i]->copy, ptrs[a->slot], mirror[i]->n));
-            gp_dev_mirror_made(dev, mirror[i]);
+            GP_TRY(gp_cpu_bf16_pack(dev, mirror[i], ptrs[a->slot], mn[i]));
+            gp_dev_mirror_made(dev, ptrs[a->slot], mn[i]);
         } else if (a->reorder && a->dir == CPU_ARG_IN && !fresh[i]) {
             dnnl_exec_arg_t r[3] = {{DNNL_ARG_FROM, a->user}, {DNNL_ARG_TO, a->inner},
                                     {DNNL_ARG_SCRATCHPAD, op->scratch}};

@@ -322,18 +322,18 @@ gp_status gp_cuda_bf16_reserve(gp_device *dev, const int64_t *counts, int n, uin
 gp_status gp_cuda_weights_bf16(gp_device *dev, const float *w, int64_t n, const uint16_t **out)
 {
     *out = NULL;
-    gp_wmirror *m = NULL;
+    uint16_t *copy = NULL;
     bool current = false;
-    GP_TRY(gp_dev_mirror_get(dev, w, n, &m, &current));
-    if (!m) return GP_OK;
+    GP_TRY(gp_dev_mirror_get(dev, w, n, &copy, &current));
+    if (!copy) return GP_OK;
     if (!current) {
-        cudaError_t e = gp_cuk_bf16_pack(gp_cuda_ctx_of(dev)->compute, m->copy, w, n);
+        cudaError_t e = gp_cuk_bf16_pack(gp_cuda_ctx_of(dev)->compute, copy, w, n);
         if (e != cudaSuccess)
             return gp_cuda_fail("CUDA", (int)e, cudaGetErrorString(e), "gp_cuk_bf16_pack",
                                 __func__, __FILE__, __LINE__);
-        gp_dev_mirror_made(dev, m);
+        gp_dev_mirror_made(dev, w, n);
     }
-    *out = m->copy;
+    *out = copy;
     return GP_OK;
 }
 
