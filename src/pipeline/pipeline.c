@@ -1723,7 +1723,7 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
         if (st != GP_OK && bad >= 0) *bad_layer = first + bad;
         return st;
     }
-    case GP_INSTR_UPDATE:
+    case GP_INSTR_UPDATE: {
         p->update_checked[j] = false; /* (set below where this update checks) */
         if (!p->opts.optim) return GP_OK;
         if (in->fused) {
@@ -1731,7 +1731,6 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
                                        p->comms[j]);
             break; /* a collective: counted as communication */
         }
-    {
         /* the step's check of what it writes in the same pass (a chunk's
          * update would check only its chunk: CHECK reads those all) */
         bool check = !p->opts.no_check && !in->shard;
