@@ -249,8 +249,10 @@ void gp_dev_mirrors_drop(gp_device *dev, const void *p, size_t bytes)
     int k = 0;
     for (int i = 0; i < dev->n_mirrors; i++) {
         gp_wmirror *m = &dev->mirrors[i];
-        if (overlaps(m, p, bytes)) gp_dev_free(dev, m->copy, (size_t)m->n * 2, GP_MEM_WORKSPACE);
-        else dev->mirrors[k++] = *m;
+        if (overlaps(m, p, bytes))
+            gp_dev_free(dev, m->copy, (size_t)m->n * sizeof(uint16_t), GP_MEM_WORKSPACE);
+        else
+            dev->mirrors[k++] = *m;
     }
     __atomic_store_n(&dev->n_mirrors, k, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&dev->mirrors_lock);

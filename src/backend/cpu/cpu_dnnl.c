@@ -305,6 +305,14 @@ static bool may_keep(gp_device *dev)
     return dev->weights_frozen && dev->alloc.capacity == 0 && gp_cpu_ctx_of(dev)->keep_weights;
 }
 
+/* Whether op's argument a is frozen weights that a copy may serve for the
+ * rest of the freeze (weights_mirror, weights_kept). */
+static bool weights_keepable(gp_device *dev, const cpu_op *op, const cpu_arg *a)
+{
+    return may_keep(dev) && !op->no_keep && a->arg == DNNL_ARG_WEIGHTS && a->reorder &&
+           a->dir == CPU_ARG_IN;
+}
+
 /* The accumulating weight-gradient argument a (index ai of op) of this
  * call, its micro-batch's gradient in the arena at `tmp`: add it to the
  * held sum for `user` instead of into user itself.  False: not held (the
@@ -379,9 +387,7 @@ static gp_status weights_mirror(gp_device *dev, const cpu_op *op, const cpu_arg 
 {
     *copy = NULL;
     *fresh = false;
-    if (!op->cast_w || !may_keep(dev) || op->no_keep || a->arg != DNNL_ARG_WEIGHTS ||
-        !a->reorder || a->dir != CPU_ARG_IN)
-        return GP_OK;
+    if (!op->cast_w || !weights_keepable(dev, op, a)) return GP_OK;
     *n = (int64_t)(inner_bytes(a) / sizeof(uint16_t));
     if (!*n) return GP_OK;
     return gp_dev_mirror_get(dev, src, *n, copy, fresh);
@@ -395,9 +401,7 @@ static struct cpu_wkeep *weights_kept(gp_device *dev, cpu_op *op, const cpu_arg 
                                       const void *src, bool *fresh)
 {
     *fresh = false;
-    if (op->cast_w || !may_keep(dev) || op->no_keep || a->arg != DNNL_ARG_WEIGHTS ||
-        !a->reorder || a->dir != CPU_ARG_IN)
-        return NULL;
+    if (op->cast_w || !weights_keepable(dev, op, a)) return NULL;
     struct cpu_wkeep *k = NULL;
     for (int q = 0; q < CPU_WKEEP_SLOTS && !k; q++)
         if (op->wkeep[q].buf && op->wkeep[q].src == src &&

@@ -696,7 +696,16 @@ gp_status gp_cuda_pool_fwd(gp_device *dev, const gp_pool_desc *d, const float *x
     return GP_OK;
 }
 
-static gp_status pool_bf16_desc(gp_device *dev, const gp_pool_desc *d, gp_cuk_pool *p);
+/* The window for gpipe's pooling kernels (cuda_kernels.cu, the CPU's loops
+ * bit for bit: bf16 storage, and FP32 averages' backward), checked as
+ * cuDNN's path checks it. */
+static gp_status pool_kernel_desc(gp_device *dev, const gp_pool_desc *d, gp_cuk_pool *p)
+{
+    GP_TRY(pool_setup(dev, d));
+    *p = (gp_cuk_pool){d->n, d->c, d->h, d->w, d->oh, d->ow, d->kh, d->kw, d->sh, d->sw, d->ph,
+                       d->pw, d->kind == GP_POOL_MAX ? 0 : d->kind == GP_POOL_AVG ? 1 : 2};
+    return GP_OK;
+}
 
 /* An average's backward reads neither x nor y (backend.h: an average
  * pool's output is not kept for it): gpipe's kernel, which the bf16 path
@@ -709,7 +718,7 @@ gp_status gp_cuda_pool_bwd(gp_device *dev, const gp_pool_desc *d, const float *x
     GP_TRY(gp_cuda_enter(dev));
     if (d->kind != GP_POOL_MAX) {
         gp_cuk_pool p;
-        GP_TRY(pool_bf16_desc(dev, d, &p));
+        GP_TRY(pool_kernel_desc(dev, d, &p));
         GP_CUDA(gp_cuk_pool_bwd_avg(ctx->compute, dy, dx, &p));
         return GP_OK;
     }
@@ -720,23 +729,13 @@ gp_status gp_cuda_pool_bwd(gp_device *dev, const gp_pool_desc *d, const float *x
     return GP_OK;
 }
 
-/* Pooling on bf16 storage: gpipe's kernels (cuda_kernels.cu), the CPU's
- * loops bit for bit; the window checked as the FP32 path checks it. */
-static gp_status pool_bf16_desc(gp_device *dev, const gp_pool_desc *d, gp_cuk_pool *p)
-{
-    GP_TRY(pool_setup(dev, d));
-    *p = (gp_cuk_pool){d->n, d->c, d->h, d->w, d->oh, d->ow, d->kh, d->kw, d->sh, d->sw, d->ph,
-                       d->pw, d->kind == GP_POOL_MAX ? 0 : d->kind == GP_POOL_AVG ? 1 : 2};
-    return GP_OK;
-}
-
 gp_status gp_cuda_pool_fwd_bf16(gp_device *dev, const gp_pool_desc *d, const uint16_t *x,
                                 uint16_t *y, void *ws)
 {
     (void)ws;
     gp_cuk_pool p;
     GP_TRY(gp_cuda_enter(dev));
-    GP_TRY(pool_bf16_desc(dev, d, &p));
+    GP_TRY(pool_kernel_desc(dev, d, &p));
     GP_CUDA(gp_cuk_pool_fwd_bf16(gp_cuda_ctx_of(dev)->compute, x, y, &p));
     return GP_OK;
 }
@@ -749,7 +748,7 @@ gp_status gp_cuda_pool_bwd_bf16(gp_device *dev, const gp_pool_desc *d, const uin
     (void)ws;
     gp_cuk_pool p;
     GP_TRY(gp_cuda_enter(dev));
-    GP_TRY(pool_bf16_desc(dev, d, &p));
+    GP_TRY(pool_kernel_desc(dev, d, &p));
     GP_CUDA(gp_cuk_pool_bwd_bf16(gp_cuda_ctx_of(dev)->compute, x, dy, dx, &p));
     return GP_OK;
 }
