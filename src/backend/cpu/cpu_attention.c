@@ -8,24 +8,39 @@
  * d = c / heads; y (b, t, c) has the heads side by side (GPT-2's input to
  * c_proj).  No t x t matrix is ever held:
  *
- *   forward: for a tile of ATT_BQ queries, the keys in tiles of ATT_BK up
- *     to the tile's last query (the causal mask cuts the rest), each
- *     query row keeping a running maximum m, a running sum l of exp(s - m)
- *     and its unnormalised output; a new key tile rescales them by
- *     exp(m_old - m_new).  At the end y = acc / l and lse = m + log(l),
- *     the row's log-sum-exp, which the backward keeps (b, heads, t).
+ *   forward: for each query, the keys in tiles of ATT_BK up to the query
+ *     (the causal mask cuts the rest), the row keeping a running maximum
+ *     m, a running sum l of exp(s - m) and its unnormalised output; a new
+ *     key tile rescales them by exp(m_old - m_new).  At the end
+ *     y = acc / l and lse = m + log(l), the row's log-sum-exp, which the
+ *     backward keeps (b, heads, t).
  *   backward (FlashAttention-2's order): D_i = dy_i . y_i per query; then
  *     for each key tile, every query at or after it: p = exp(s - lse)
  *     recomputed, dv_j += p dy_i, ds = p (dy_i . v_j - D_i),
  *     dk_j += ds q_i, dq_i += ds k_j; the tile's dk, dv are written once,
  *     dq accumulates in place and is scaled by 1 / sqrt(d) at the end.
  *
- * Per thread: O(ATT_BQ ATT_BK + ATT_BQ d) floats forward, O(t + ATT_BK d)
- * backward.  Determinism: a (batch row, head) pair is one task of one
+ * The grain (what makes it fast): a task first packs its head's keys (and,
+ * backward, values) transposed, k^T (d, t) zero-padded to whole tiles, so
+ * a query's ATT_BK scores are d multiply-adds of one q value into ATT_BK
+ * lanes (s[j] += q[u] k^T[u][j]: whole vectors, no horizontal sums); the
+ * tile's exponentials are one vectorised loop (att_exp, below); dk and dv
+ * accumulate transposed the same way.  What stays a d-long axpy per (query,
+ * key) pair is p v_j forward and ds k_j backward.
+ *
+ * Multiply-adds are fmaf, which is one correctly rounded operation in every
+ * ISA clone (an instruction on AVX2 and AVX-512, the C library's exact
+ * fmaf on the baseline), so the clones give the same bits.  att_exp is
+ * gpipe's own: exp(x) = 2^n e^r with |r| <= ln2 / 2 and Cephes' degree-6
+ * polynomial for e^r (relative error under 2^-22 on FP32's range), 0 below
+ * -87.3, so it vectorises where the C library's expf is a call per value.
+ *
+ * Per thread: O(d t_pad + ATT_BK (d + 4)) floats forward, twice the packed
+ * part backward.  Determinism: a (batch row, head) pair is one task of one
  * thread, and its sums run in a fixed order (the tiles sit at fixed
- * positions of t; dot products in ATT_LANES lanes added in a fixed order),
- * so any split of the batch, any thread count and any recompute give the
- * same bits.
+ * positions of t; the tile's sum in ATT_LANES lanes added in a fixed
+ * order), so any split of the batch, any thread count and any recompute
+ * give the same bits.
  */
 #include "backend/cpu/cpu_impl.h"
 
@@ -34,99 +49,319 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define ATT_BQ 32   /* queries per tile (forward) */
-#define ATT_BK 64   /* keys per tile */
-#define ATT_LANES 8 /* partial sums of a dot product */
+#define ATT_BK 64    /* keys per tile: 4 AVX-512 vectors of scores */
+#define ATT_BQ 32    /* queries per chunk (backward's dk, dv sums) */
+#define ATT_LANES 16 /* partial sums of a tile's probabilities */
 
 /* Below this many score evaluations (b heads t^2 / 2) one thread runs it. */
 #define ATT_PAR_MIN 65536
 
-/* sum a[q] b[q], q < n: ATT_LANES partial sums, then the tail, added in a
- * fixed order (vectorises without reassociation). */
-GP_CPU_LOOPS
-static float att_dot(const float *a, const float *b, int64_t n)
+/* exp(x) for x <= 88 (scores minus their row's maximum or log-sum-exp are
+ * <= 0 here; larger x read as 88); 0 below -87.3 (e^-87.3 is about FP32's
+ * smallest normal); NaN gives NaN.  n = round(x / ln 2) by the 1.5 2^23
+ * trick and plain selects, no library call or branch, so a loop over it
+ * vectorises.  Within 1.2e-7 relative of exp over [-87.3, 0.5]. */
+static inline __attribute__((always_inline)) float att_exp(float x)
 {
-    float s[ATT_LANES] = {0};
+    float xc = x < -87.3f ? -87.3f : x;
+    xc = xc > 88.0f ? 88.0f : xc;
+    xc = x != x ? 0.0f : xc; /* NaN: no undefined conversion below */
+    float n = fmaf(xc, 1.44269504088896341f, 12582912.0f) - 12582912.0f;
+    float r = fmaf(n, -0.693359375f, xc);
+    r = fmaf(n, 2.12194440e-4f, r);
+    float p = 1.9875691500e-4f;
+    p = fmaf(p, r, 1.3981999507e-3f);
+    p = fmaf(p, r, 8.3334519073e-3f);
+    p = fmaf(p, r, 4.1665795894e-2f);
+    p = fmaf(p, r, 1.6666665459e-1f);
+    p = fmaf(p, r, 5.0000001201e-1f);
+    p = fmaf(p, r * r, r + 1.0f);
+    union {
+        int32_t i;
+        float f;
+    } two_n = {.i = ((int32_t)n + 127) * 8388608}; /* 2^n: n in the exponent field */
+    float y = p * two_n.f;
+    y = x < -87.3f ? 0.0f : y;
+    return x != x ? x : y;
+}
+
+/* sum a[q] b[q], q < n: 8 partial sums, then the tail, added in a fixed
+ * order. */
+static inline __attribute__((always_inline)) float att_dot(const float *a, const float *b,
+                                                           int64_t n)
+{
+    float s[8] = {0};
     int64_t q = 0;
-    for (; q + ATT_LANES <= n; q += ATT_LANES)
+    for (; q + 8 <= n; q += 8)
 #pragma omp simd
-        for (int r = 0; r < ATT_LANES; r++) s[r] += a[q + r] * b[q + r];
+        for (int r = 0; r < 8; r++) s[r] = fmaf(a[q + r], b[q + r], s[r]);
     float tail = 0.0f;
-    for (; q < n; q++) tail += a[q] * b[q];
+    for (; q < n; q++) tail = fmaf(a[q], b[q], tail);
     return (((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))) + tail;
 }
 
-/* y[q] += p v[q], q < n */
-GP_CPU_LOOPS
-static void att_axpy(float *y, float p, const float *v, int64_t n)
+/* Sixteen floats as one value (GCC's vector extension: a zmm register in
+ * the AVX-512 clone, two ymm in the AVX2 one, four xmm in the baseline), so
+ * that a tile's running sums stay in registers across a loop.  The helpers
+ * take pointers and are inlined, so no vector crosses a call (whose ABI
+ * differs by clone). */
+typedef float att_v16 __attribute__((vector_size(64)));
+#define ATT_V 16
+
+static inline __attribute__((always_inline)) void att_load(att_v16 *v, const float *p)
 {
+    memcpy(v, p, sizeof *v);
+}
+
+static inline __attribute__((always_inline)) void att_store(float *p, const att_v16 *v)
+{
+    memcpy(p, v, sizeof *v);
+}
+
+static inline __attribute__((always_inline)) void att_splat(att_v16 *v, float x)
+{
+    *v = (att_v16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
+}
+
+/* acc = a b + acc, lane by lane, each one fmaf (one vector instruction) */
+static inline __attribute__((always_inline)) void att_fma(att_v16 *acc, const att_v16 *a,
+                                                          const att_v16 *b)
+{
+    att_v16 r;
+#pragma GCC unroll 16
+    for (int k = 0; k < ATT_V; k++) r[k] = fmaf((*a)[k], (*b)[k], (*acc)[k]);
+    *acc = r;
+}
+
+/* s[j] = sum_u a[u] bt[u tp + j], j < ATT_BK: one tile of products against
+ * a transposed, padded operand (tp its row stride), the tile's sums in
+ * registers: even u into one set of four vectors, odd u into another
+ * (twice the independent chains), added at the end. */
+static inline __attribute__((always_inline)) void att_tile(float *restrict s, const float *a,
+                                                           const float *restrict bt,
+                                                           int64_t d, int64_t tp)
+{
+    att_v16 e[4] = {{0}, {0}, {0}, {0}}, o[4] = {{0}, {0}, {0}, {0}}, au, b;
+    int64_t u = 0;
+    for (; u + 2 <= d; u += 2) {
+        const float *r0 = bt + u * tp, *r1 = r0 + tp;
+        att_v16 a1;
+        att_splat(&au, a[u]);
+        att_splat(&a1, a[u + 1]);
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            att_load(&b, r0 + k * ATT_V);
+            att_fma(&e[k], &au, &b);
+            att_load(&b, r1 + k * ATT_V);
+            att_fma(&o[k], &a1, &b);
+        }
+    }
+    if (u < d) {
+        const float *r0 = bt + u * tp;
+        att_splat(&au, a[u]);
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            att_load(&b, r0 + k * ATT_V);
+            att_fma(&e[k], &au, &b);
+        }
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        e[k] += o[k];
+        att_store(s + k * ATT_V, &e[k]);
+    }
+}
+
+/* acc[u] += sum_{j < n} p[j] rows[j R + u], u < d: the weighted sum of n
+ * rows (R apart) into one.  Sixteen columns at a time in registers, the
+ * keys in four interleaved chains (j = 4k + 0..3; the last n mod 4 keys
+ * into chain 0) added ((0 + 1) + (2 + 3)) at the end; the columns past
+ * the last sixteen in the same order, one at a time. */
+static inline __attribute__((always_inline)) void att_rows(float *restrict acc, const float *p,
+                                                           const float *restrict rows, int64_t R,
+                                                           int n, int64_t d)
+{
+    int64_t u0 = 0;
+    for (; u0 + ATT_V <= d; u0 += ATT_V) {
+        att_v16 r0 = {0}, r1 = {0}, r2 = {0}, r3 = {0}, pj, v, a;
+        const float *col = rows + u0;
+        int j = 0;
+        for (; j + 4 <= n; j += 4) {
+            att_splat(&pj, p[j]);
+            att_load(&v, col + j * R);
+            att_fma(&r0, &pj, &v);
+            att_splat(&pj, p[j + 1]);
+            att_load(&v, col + (j + 1) * R);
+            att_fma(&r1, &pj, &v);
+            att_splat(&pj, p[j + 2]);
+            att_load(&v, col + (j + 2) * R);
+            att_fma(&r2, &pj, &v);
+            att_splat(&pj, p[j + 3]);
+            att_load(&v, col + (j + 3) * R);
+            att_fma(&r3, &pj, &v);
+        }
+        for (; j < n; j++) {
+            att_splat(&pj, p[j]);
+            att_load(&v, col + j * R);
+            att_fma(&r0, &pj, &v);
+        }
+        att_load(&a, acc + u0);
+        a += (r0 + r1) + (r2 + r3);
+        att_store(acc + u0, &a);
+    }
+    for (int64_t u = u0; u < d; u++) {
+        float r0 = 0.0f, r1 = 0.0f, r2 = 0.0f, r3 = 0.0f;
+        int j = 0;
+        for (; j + 4 <= n; j += 4) {
+            r0 = fmaf(p[j], rows[j * R + u], r0);
+            r1 = fmaf(p[j + 1], rows[(j + 1) * R + u], r1);
+            r2 = fmaf(p[j + 2], rows[(j + 2) * R + u], r2);
+            r3 = fmaf(p[j + 3], rows[(j + 3) * R + u], r3);
+        }
+        for (; j < n; j++) r0 = fmaf(p[j], rows[j * R + u], r0);
+        acc[u] += (r0 + r1) + (r2 + r3);
+    }
+}
+
+/* dst[u tp + j] = src[j R + u]: the head's d columns of t rows transposed,
+ * rows t..tp zero. */
+static void att_pack_t(float *restrict dst, const float *restrict src, int64_t t, int64_t tp,
+                       int64_t d, int64_t R)
+{
+    for (int64_t u = 0; u < d; u++) {
+        float *row = dst + u * tp;
+        for (int64_t j = 0; j < t; j++) row[j] = src[j * R + u];
+        for (int64_t j = t; j < tp; j++) row[j] = 0.0f;
+    }
+}
+
+/* max(m, s[0..n)), n <= ATT_BK, in ATT_LANES lanes (a maximum is exact in
+ * any order). */
+static inline __attribute__((always_inline)) float att_tile_max(const float *s, int n, float m)
+{
+    float lane[ATT_LANES];
+    for (int r = 0; r < ATT_LANES; r++) lane[r] = m;
+    for (int b = 0; b < ATT_BK; b += ATT_LANES)
 #pragma omp simd
-    for (int64_t q = 0; q < n; q++) y[q] += p * v[q];
+        for (int r = 0; r < ATT_LANES; r++) {
+            float v = b + r < n ? s[b + r] : m;
+            lane[r] = v > lane[r] ? v : lane[r];
+        }
+    for (int w = ATT_LANES / 2; w > 0; w /= 2)
+        for (int r = 0; r < w; r++) lane[r] = lane[r + w] > lane[r] ? lane[r + w] : lane[r];
+    return lane[0];
+}
+
+/* The sum of p[0..ATT_BK) in ATT_LANES lanes, added in a fixed order. */
+static inline __attribute__((always_inline)) float att_tile_sum(const float *p)
+{
+    float lane[ATT_LANES] = {0};
+    for (int b = 0; b < ATT_BK; b += ATT_LANES)
+#pragma omp simd
+        for (int r = 0; r < ATT_LANES; r++) lane[r] += p[b + r];
+    for (int w = ATT_LANES / 2; w > 0; w /= 2)
+        for (int r = 0; r < w; r++) lane[r] += lane[r + w];
+    return lane[0];
+}
+
+/* dst[u ATT_BK + j] += sum_{r < nq} src[r S + u] m[r ATT_BK + j], u < d,
+ * j < ATT_BK: a chunk's transposed weight-gradient-like sum (dv^T += dy^T P,
+ * dk^T += q^T dS), two rows u of dst in eight registers while the chunk's
+ * rows r go by in order, so each dst row is read and written once a chunk. */
+static inline __attribute__((always_inline)) void att_acc_t(float *restrict dst,
+                                                            const float *src, int64_t S,
+                                                            const float *restrict m, int nq,
+                                                            int64_t d)
+{
+    int64_t u = 0;
+    for (; u + 2 <= d; u += 2) {
+        float *d0 = dst + u * ATT_BK, *d1 = d0 + ATT_BK;
+        att_v16 a[8], mv;
+        for (int k = 0; k < 4; k++) {
+            att_load(&a[k], d0 + k * ATT_V);
+            att_load(&a[4 + k], d1 + k * ATT_V);
+        }
+        for (int r = 0; r < nq; r++) {
+            const float *mr = m + r * ATT_BK;
+            att_v16 s0, s1;
+            att_splat(&s0, src[r * S + u]);
+            att_splat(&s1, src[r * S + u + 1]);
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                att_load(&mv, mr + k * ATT_V);
+                att_fma(&a[k], &s0, &mv);
+                att_fma(&a[4 + k], &s1, &mv);
+            }
+        }
+        for (int k = 0; k < 4; k++) {
+            att_store(d0 + k * ATT_V, &a[k]);
+            att_store(d1 + k * ATT_V, &a[4 + k]);
+        }
+    }
+    for (; u < d; u++) {
+        float *d0 = dst + u * ATT_BK;
+        for (int r = 0; r < nq; r++) {
+            const float su = src[r * S + u], *mr = m + r * ATT_BK;
+#pragma omp simd
+            for (int j = 0; j < ATT_BK; j++) d0[j] = fmaf(su, mr[j], d0[j]);
+        }
+    }
 }
 
 typedef struct att_dims {
-    int64_t t, heads, c, d, row; /* row: 3c, x's row stride */
-    float scale;                 /* 1 / sqrt(d) */
+    int64_t t, tp, heads, c, d, row; /* tp: t padded to whole tiles; row: 3c */
+    float scale;                     /* 1 / sqrt(d) */
 } att_dims;
 
-/* Forward of one (batch row bi, head h); buf holds ATT_BQ (ATT_BK + d + 2)
+/* Forward of one (batch row bi, head h); buf holds d tp + ATT_BK + 2 d
  * floats. */
 GP_CPU_LOOPS
 static void att_fwd_task(const att_dims *a, const float *x, float *y, float *lse, int64_t bi,
                          int64_t h, float *buf)
 {
-    const int64_t t = a->t, c = a->c, d = a->d, R = a->row;
+    const int64_t t = a->t, tp = a->tp, c = a->c, d = a->d, R = a->row;
     const float *xb = x + bi * t * R;
-    float *s = buf, *acc = s + ATT_BQ * ATT_BK, *m = acc + ATT_BQ * d, *l = m + ATT_BQ;
-    for (int64_t i0 = 0; i0 < t; i0 += ATT_BQ) {
-        int64_t i1 = i0 + ATT_BQ < t ? i0 + ATT_BQ : t;
-        for (int64_t r = 0; r < i1 - i0; r++) {
-            m[r] = -INFINITY;
-            l[r] = 0.0f;
-        }
-        memset(acc, 0, (size_t)((i1 - i0) * d) * sizeof *acc);
-        for (int64_t j0 = 0; j0 < i1; j0 += ATT_BK) {
-            int64_t j1 = j0 + ATT_BK < i1 ? j0 + ATT_BK : i1;
-            for (int64_t i = i0 < j0 ? j0 : i0; i < i1; i++) {
-                int64_t r = i - i0, jend = j1 < i + 1 ? j1 : i + 1;
-                const float *qi = xb + i * R + h * d;
-                float *sr = s + r * ATT_BK, mx = m[r];
-                for (int64_t j = j0; j < jend; j++) {
-                    float sc = att_dot(qi, xb + j * R + c + h * d, d) * a->scale;
-                    sr[j - j0] = sc;
-                    if (sc > mx) mx = sc;
-                }
-                float corr = expf(m[r] - mx), sum = 0.0f, *ar = acc + r * d;
-                for (int64_t q = 0; q < d; q++) ar[q] *= corr;
-                for (int64_t j = j0; j < jend; j++) {
-                    float p = expf(sr[j - j0] - mx);
-                    sum += p;
-                    att_axpy(ar, p, xb + j * R + 2 * c + h * d, d);
-                }
-                l[r] = l[r] * corr + sum;
-                m[r] = mx;
+    float *kt = buf, *s = kt + d * tp, *q = s + ATT_BK, *acc = q + d;
+    att_pack_t(kt, xb + c + h * d, t, tp, d, R);
+    for (int64_t i = 0; i < t; i++) {
+        const float *qi = xb + i * R + h * d;
+        for (int64_t u = 0; u < d; u++) q[u] = qi[u] * a->scale;
+        float m = -INFINITY, l = 0.0f;
+        memset(acc, 0, (size_t)d * sizeof *acc);
+        for (int64_t j0 = 0; j0 <= i; j0 += ATT_BK) {
+            int n = (int)(i + 1 - j0 < ATT_BK ? i + 1 - j0 : ATT_BK); /* keys <= i */
+            att_tile(s, q, kt + j0, d, tp);
+            float mx = att_tile_max(s, n, m);
+#pragma omp simd
+            for (int j = 0; j < ATT_BK; j++) {
+                float e = att_exp(s[j] - mx); /* computed for all: a select vectorises */
+                s[j] = j < n ? e : 0.0f;
             }
+            float corr = att_exp(m - mx); /* 0 on the first tile (m = -inf) */
+            for (int64_t u = 0; u < d; u++) acc[u] *= corr;
+            att_rows(acc, s, xb + j0 * R + 2 * c + h * d, R, n, d);
+            l = fmaf(l, corr, att_tile_sum(s));
+            m = mx;
         }
-        for (int64_t i = i0; i < i1; i++) {
-            int64_t r = i - i0;
-            float inv = 1.0f / l[r], *yi = y + (bi * t + i) * c + h * d;
-            const float *ar = acc + r * d;
-            for (int64_t q = 0; q < d; q++) yi[q] = ar[q] * inv;
-            if (lse) lse[(bi * a->heads + h) * t + i] = m[r] + logf(l[r]);
-        }
+        float inv = 1.0f / l, *yi = y + (bi * t + i) * c + h * d;
+        for (int64_t u = 0; u < d; u++) yi[u] = acc[u] * inv;
+        if (lse) lse[(bi * a->heads + h) * t + i] = m + logf(l);
     }
 }
 
 /* Backward of one (batch row bi, head h) into dx's q, k, v columns of the
- * head (dx =); buf holds t + 2 ATT_BK d floats. */
+ * head (dx =); buf holds 2 d tp + t + 2 ATT_BK (d + ATT_BQ) floats. */
 GP_CPU_LOOPS
 static void att_bwd_task(const att_dims *a, const float *x, const float *y, const float *lse,
                          const float *dy, float *dx, int64_t bi, int64_t h, float *buf)
 {
-    const int64_t t = a->t, c = a->c, d = a->d, R = a->row;
+    const int64_t t = a->t, tp = a->tp, c = a->c, d = a->d, R = a->row;
     const float *xb = x + bi * t * R, *lb = lse + (bi * a->heads + h) * t;
     float *dxb = dx + bi * t * R;
-    float *dd = buf, *dk = dd + t, *dv = dk + ATT_BK * d;
+    float *kt = buf, *vt = kt + d * tp, *dd = vt + d * tp, *dkt = dd + t, *dvt = dkt + d * ATT_BK;
+    float *p = dvt + d * ATT_BK, *ds = p + ATT_BQ * ATT_BK;
+    att_pack_t(kt, xb + c + h * d, t, tp, d, R);
+    att_pack_t(vt, xb + 2 * c + h * d, t, tp, d, R);
     for (int64_t i = 0; i < t; i++) {
         const float *dyi = dy + (bi * t + i) * c + h * d;
         dd[i] = att_dot(dyi, y + (bi * t + i) * c + h * d, d);
@@ -134,38 +369,48 @@ static void att_bwd_task(const att_dims *a, const float *x, const float *y, cons
     }
     for (int64_t j0 = 0; j0 < t; j0 += ATT_BK) {
         int64_t j1 = j0 + ATT_BK < t ? j0 + ATT_BK : t;
-        memset(dk, 0, (size_t)(2 * ATT_BK * d) * sizeof(float)); /* dk and dv */
-        for (int64_t i = j0; i < t; i++) {
-            int64_t jend = j1 < i + 1 ? j1 : i + 1;
-            const float *qi = xb + i * R + h * d, *dyi = dy + (bi * t + i) * c + h * d;
-            float *dqi = dxb + i * R + h * d;
-            for (int64_t j = j0; j < jend; j++) {
-                const float *kj = xb + j * R + c + h * d, *vj = kj + c;
-                float p = expf(att_dot(qi, kj, d) * a->scale - lb[i]);
-                float ds = p * (att_dot(dyi, vj, d) - dd[i]);
-                att_axpy(dv + (j - j0) * d, p, dyi, d);
-                att_axpy(dk + (j - j0) * d, ds, qi, d);
-                att_axpy(dqi, ds, kj, d);
+        memset(dkt, 0, (size_t)(2 * ATT_BK * d) * sizeof(float)); /* dk^T and dv^T */
+        for (int64_t i0 = j0; i0 < t; i0 += ATT_BQ) {
+            int nq = (int)(i0 + ATT_BQ < t ? ATT_BQ : t - i0);
+            for (int r = 0; r < nq; r++) {
+                int64_t i = i0 + r;
+                const float *qi = xb + i * R + h * d, *dyi = dy + (bi * t + i) * c + h * d;
+                float *pr = p + r * ATT_BK, *dsr = ds + r * ATT_BK;
+                int n = (int)(i + 1 - j0 < ATT_BK ? i + 1 - j0 : ATT_BK); /* keys <= i */
+                const float li = lb[i], di = dd[i];
+                att_tile(pr, qi, kt + j0, d, tp);   /* q_i . k_j, unscaled */
+                att_tile(dsr, dyi, vt + j0, d, tp); /* dy_i . v_j */
+#pragma omp simd
+                for (int j = 0; j < ATT_BK; j++) {
+                    float e = att_exp(fmaf(pr[j], a->scale, -li));
+                    float pj = j < n ? e : 0.0f;
+                    pr[j] = pj;
+                    dsr[j] = pj * (dsr[j] - di);
+                }
+                att_rows(dxb + i * R + h * d, dsr, xb + j0 * R + c + h * d, R, n, d);
             }
+            /* dv^T += dy^T P and dk^T += q^T dS over the chunk's queries */
+            att_acc_t(dvt, dy + (bi * t + i0) * c + h * d, c, p, nq, d);
+            att_acc_t(dkt, xb + i0 * R + h * d, R, ds, nq, d);
         }
         for (int64_t j = j0; j < j1; j++) {
             float *dkj = dxb + j * R + c + h * d, *dvj = dkj + c;
-            const float *sk = dk + (j - j0) * d, *sv = dv + (j - j0) * d;
-            for (int64_t q = 0; q < d; q++) {
-                dkj[q] = sk[q] * a->scale;
-                dvj[q] = sv[q];
+            for (int64_t u = 0; u < d; u++) {
+                dkj[u] = dkt[u * ATT_BK + (j - j0)] * a->scale;
+                dvj[u] = dvt[u * ATT_BK + (j - j0)];
             }
         }
     }
     for (int64_t i = 0; i < t; i++) {
         float *dqi = dxb + i * R + h * d;
-        for (int64_t q = 0; q < d; q++) dqi[q] *= a->scale;
+        for (int64_t u = 0; u < d; u++) dqi[u] *= a->scale;
     }
 }
 
 static att_dims att_dims_of(int64_t t, int64_t heads, int64_t c)
 {
     att_dims a = {.t = t, .heads = heads, .c = c, .d = c / heads, .row = 3 * c};
+    a.tp = (t + ATT_BK - 1) / ATT_BK * ATT_BK;
     a.scale = 1.0f / sqrtf((float)a.d);
     return a;
 }
@@ -184,7 +429,7 @@ gp_status gp_cpu_attn_fwd(gp_device *dev, const float *x, float *y, float *lse, 
 {
     att_dims a = att_dims_of(t, heads, c);
     const int64_t tasks = b * heads;
-    const size_t bytes = (size_t)(ATT_BQ * (ATT_BK + a.d + 2)) * sizeof(float);
+    const size_t bytes = (size_t)(a.d * a.tp + ATT_BK + 2 * a.d) * sizeof(float);
     int nt = dev->threads, failed = 0;
 #pragma omp parallel num_threads(nt) if (tasks > 1 && tasks * t * t / 2 >= ATT_PAR_MIN)
     {
@@ -208,7 +453,7 @@ gp_status gp_cpu_attn_bwd(gp_device *dev, const float *x, const float *y, const 
 {
     att_dims a = att_dims_of(t, heads, c);
     const int64_t tasks = b * heads;
-    const size_t bytes = (size_t)(t + 2 * ATT_BK * a.d) * sizeof(float);
+    const size_t bytes = (size_t)(2 * a.d * a.tp + t + 2 * ATT_BK * (a.d + ATT_BQ)) * sizeof(float);
     int nt = dev->threads, failed = 0;
 #pragma omp parallel num_threads(nt) if (tasks > 1 && tasks * t * t / 2 >= ATT_PAR_MIN)
     {

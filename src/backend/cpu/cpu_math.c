@@ -577,8 +577,22 @@ gp_status gp_cpu_bf16_unpack(gp_device *dev, float *dst, const uint16_t *src, in
     return GP_OK;
 }
 
-/* ---- Transformer: layer norm (a row per task; the weights a column per task)
- * One body for both storage types (B16_LD, B16_ST): x, y, dy and dx. */
+/* ---- Transformer: layer norm (a row per task; the weights a block of
+ * columns per task)
+ * One body for both storage types (B16_LD, B16_ST): x, y, dy and dx.
+ * A row's sums are in double, in LN_LANES lanes (element j into lane
+ * j mod LN_LANES, the tail past the last whole group into lane 0 after
+ * them) added in a fixed tree, so they vectorise and their bits do not
+ * depend on the thread count.  The weights' sums run over the rows in
+ * order, a column per lane, a block of columns per task. */
+
+#define LN_LANES 8
+
+/* The fixed-order total of LN_LANES lanes. */
+static inline __attribute__((always_inline)) double ln_total(const double *l)
+{
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
 
 static inline __attribute__((always_inline)) void
 ln_fwd(int nt, const void *x, const float *w, const float *b, void *y, float *mean, float *rstd,
@@ -586,15 +600,25 @@ ln_fwd(int nt, const void *x, const float *w, const float *b, void *y, float *me
 {
 #pragma omp parallel for schedule(static) num_threads(nt) if (rows * c >= CPU_PAR_MIN)
     for (int64_t r = 0; r < rows; r++) {
-        const int64_t o = r * c;
-        double s = 0.0, v = 0.0;
-        for (int64_t j = 0; j < c; j++) s += (double)B16_LD(x, o + j);
-        double m = s / (double)c;
-        for (int64_t j = 0; j < c; j++) {
+        const int64_t o = r * c, cw = c / LN_LANES * LN_LANES;
+        double s[LN_LANES] = {0}, v[LN_LANES] = {0};
+        for (int64_t j = 0; j < cw; j += LN_LANES)
+#pragma omp simd
+            for (int k = 0; k < LN_LANES; k++) s[k] += (double)B16_LD(x, o + j + k);
+        for (int64_t j = cw; j < c; j++) s[0] += (double)B16_LD(x, o + j);
+        double m = ln_total(s) / (double)c;
+        for (int64_t j = 0; j < cw; j += LN_LANES)
+#pragma omp simd
+            for (int k = 0; k < LN_LANES; k++) {
+                double d = (double)B16_LD(x, o + j + k) - m;
+                v[k] += d * d;
+            }
+        for (int64_t j = cw; j < c; j++) {
             double d = (double)B16_LD(x, o + j) - m;
-            v += d * d;
+            v[0] += d * d;
         }
-        float mf = (float)m, rs = gp_ew_ln_rstd(v / (double)c, eps);
+        float mf = (float)m, rs = gp_ew_ln_rstd(ln_total(v) / (double)c, eps);
+#pragma omp simd
         for (int64_t j = 0; j < c; j++) B16_ST(y, o + j, (B16_LD(x, o + j) - mf) * rs * w[j] + b[j]);
         mean[r] = mf;
         rstd[r] = rs;
@@ -607,35 +631,57 @@ ln_bwd_data(int nt, const void *x, const float *w, const float *mean, const floa
 {
 #pragma omp parallel for schedule(static) num_threads(nt) if (rows * c >= CPU_PAR_MIN)
     for (int64_t r = 0; r < rows; r++) {
-        const int64_t o = r * c;
+        const int64_t o = r * c, cw = c / LN_LANES * LN_LANES;
         float mf = mean[r], rs = rstd[r];
-        double sg = 0.0, sgx = 0.0;
-        for (int64_t j = 0; j < c; j++) {
+        double sg[LN_LANES] = {0}, sgx[LN_LANES] = {0};
+        for (int64_t j = 0; j < cw; j += LN_LANES)
+#pragma omp simd
+            for (int k = 0; k < LN_LANES; k++) {
+                float g = B16_LD(dy, o + j + k) * w[j + k];
+                sg[k] += (double)g;
+                sgx[k] += (double)g * (double)((B16_LD(x, o + j + k) - mf) * rs);
+            }
+        for (int64_t j = cw; j < c; j++) {
             float g = B16_LD(dy, o + j) * w[j];
-            sg += (double)g;
-            sgx += (double)g * (double)((B16_LD(x, o + j) - mf) * rs);
+            sg[0] += (double)g;
+            sgx[0] += (double)g * (double)((B16_LD(x, o + j) - mf) * rs);
         }
-        float a = (float)(sg / (double)c), bb = (float)(sgx / (double)c);
+        float a = (float)(ln_total(sg) / (double)c), bb = (float)(ln_total(sgx) / (double)c);
+#pragma omp simd
         for (int64_t j = 0; j < c; j++)
             B16_ST(dx, o + j,
                   rs * (B16_LD(dy, o + j) * w[j] - a - (B16_LD(x, o + j) - mf) * rs * bb));
     }
 }
 
+/* Columns per task of the weights' sums: each task walks every row, in
+ * order, over its block of columns (contiguous reads; each column's sum the
+ * same order as a column at a time). */
+#define LN_COLS 64
+
 static inline __attribute__((always_inline)) void
 ln_bwd_weights(int nt, const void *x, const float *mean, const float *rstd, const void *dy,
                float *dw, float *db, int64_t rows, int64_t c, const bool b16)
 {
+    const int64_t blocks = (c + LN_COLS - 1) / LN_COLS;
 #pragma omp parallel for schedule(static) num_threads(nt) if (rows * c >= CPU_PAR_MIN)
-    for (int64_t j = 0; j < c; j++) {
-        double sw = 0.0, sb = 0.0;
+    for (int64_t bk = 0; bk < blocks; bk++) {
+        const int64_t j0 = bk * LN_COLS, nj = c - j0 < LN_COLS ? c - j0 : LN_COLS;
+        double sw[LN_COLS] = {0}, sb[LN_COLS] = {0};
         for (int64_t r = 0; r < rows; r++) {
-            float g = B16_LD(dy, r * c + j);
-            sw += (double)g * (double)((B16_LD(x, r * c + j) - mean[r]) * rstd[r]);
-            sb += (double)g;
+            const float mr = mean[r], rr = rstd[r];
+            const int64_t o = r * c + j0;
+#pragma omp simd
+            for (int64_t k = 0; k < nj; k++) {
+                float g = B16_LD(dy, o + k);
+                sw[k] += (double)g * (double)((B16_LD(x, o + k) - mr) * rr);
+                sb[k] += (double)g;
+            }
         }
-        dw[j] += (float)sw;
-        db[j] += (float)sb;
+        for (int64_t k = 0; k < nj; k++) {
+            dw[j0 + k] += (float)sw[k];
+            db[j0 + k] += (float)sb[k];
+        }
     }
 }
 
