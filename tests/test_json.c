@@ -515,7 +515,8 @@ static void test_metrics_line(void)
                         .allreduce_seconds = 0.125};
     gp_json_writer w = {0};
     gp_device *devs[1] = {dev};
-    gp_train_metrics_step(&w, 3, 1, 0.1, 1234.56, &st, true, devs, 1, NULL);
+    const int64_t waits[1] = {4}, launches[1] = {123};
+    gp_train_metrics_step(&w, 3, 1, 0.1, 1234.56, &st, true, devs, 1, waits, launches);
     gp_json_reader r;
     gp_json_value *v = gp_json_parse(w.text, w.len, &r);
     CHECK_MSG(v != NULL, "%s in %s", r.err, w.text);
@@ -534,6 +535,9 @@ static void test_metrics_line(void)
         const gp_json_value *sps = gp_json_get(v, "samples_per_s");
         CHECK(sps && sps->num == 1234.6);
         CHECK(gp_json_get(v, "allreduce_seconds") != NULL);
+        const gp_json_value *hw = d && d->n == 1 ? gp_json_get(&d->items[0], "host_waits") : NULL;
+        const gp_json_value *la = d && d->n == 1 ? gp_json_get(&d->items[0], "launches") : NULL;
+        CHECK(hw && hw->num == 4 && la && la->num == 123);
     }
     CHECK_MSG(strstr(w.text, "\"step_seconds\":0.250000,") != NULL, "%s", w.text);
     gp_json_value_free(v);

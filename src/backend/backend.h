@@ -1196,6 +1196,18 @@ struct gp_device {
      * gradients handed on without one, gp_layer_backward_take).  Atomic,
      * as host_waits; read with gp_dev_d2d_bytes. */
     uint64_t d2d_bytes;
+    /* Launches: calls into the compute slots of the interface (the math,
+     * fill, the copies within the device, the update, the checks) through
+     * the gp_dev_* wrappers (GP_LAUNCH), each what a GPU runs as a kernel
+     * (or a library call: a cuBLAS product, a cuDNN graph); transfers,
+     * events, collectives and allocation are not launches.  Counted the
+     * same on every backend, so a CPU run shows what a step would launch
+     * on a GPU (--metrics launches; bench/README compares GPT-2's with
+     * llm.c's).  A CUDA slot that runs more than one kernel counts once.
+     * Atomic, as host_waits; read with gp_dev_launches.  GPIPE_LOG_LAUNCHES=1
+     * (log_launches) prints each one's slot to stderr, with the device. */
+    uint64_t launches;
+    bool log_launches;
 };
 
 static inline void gp_dev_count_wait(struct gp_device *dev)
@@ -1206,6 +1218,20 @@ static inline uint64_t gp_dev_host_waits(const struct gp_device *dev)
 {
     return __atomic_load_n(&dev->host_waits, __ATOMIC_RELAXED);
 }
+void gp_dev_log_launch(struct gp_device *dev, const char *slot);
+static inline void gp_dev_count_launch(struct gp_device *dev, const char *slot)
+{
+    __atomic_fetch_add(&dev->launches, 1, __ATOMIC_RELAXED);
+    if (dev->log_launches) gp_dev_log_launch(dev, slot);
+}
+static inline uint64_t gp_dev_launches(const struct gp_device *dev)
+{
+    return __atomic_load_n(&dev->launches, __ATOMIC_RELAXED);
+}
+/* The compute slot `slot` of dev's interface, counted as a launch:
+ * GP_LAUNCH(dev, gemm)(dev, ...) where the wrapper would call
+ * dev->iface->gemm(dev, ...). */
+#define GP_LAUNCH(dev, slot) (gp_dev_count_launch(dev, #slot), (dev)->iface->slot)
 
 /* Open (true) or close (false) a stretch in which the device's weights do
  * not change and its weight gradients are not read; idempotent.  The
@@ -1388,7 +1414,7 @@ static inline gp_status gp_dev_copy_d2d(gp_device *dev, void *dst, const void *s
 {
     gp_dev_weights_written(dev, dst, bytes);
     __atomic_fetch_add(&dev->d2d_bytes, (uint64_t)bytes, __ATOMIC_RELAXED);
-    return dev->iface->copy_d2d(dev, dst, src, bytes);
+    return GP_LAUNCH(dev, copy_d2d)(dev, dst, src, bytes);
 }
 static inline uint64_t gp_dev_d2d_bytes(const struct gp_device *dev)
 {
@@ -1441,26 +1467,26 @@ static inline gp_status gp_dev_event_sync(gp_device *dev, void *ev)
 static inline gp_status gp_dev_fill(gp_device *dev, float *x, float v, int64_t n)
 {
     gp_dev_weights_written(dev, x, (size_t)n * sizeof(float)); /* (a parameter's init) */
-    return dev->iface->fill(dev, x, v, n);
+    return GP_LAUNCH(dev, fill)(dev, x, v, n);
 }
 static inline gp_status gp_dev_scale(gp_device *dev, float *x, float a, int64_t n)
 {
-    return dev->iface->scale(dev, x, a, n);
+    return GP_LAUNCH(dev, scale)(dev, x, a, n);
 }
 static inline gp_status gp_dev_axpy(gp_device *dev, float a, const float *x, float *y,
                                     int64_t n)
 {
-    return dev->iface->axpy(dev, a, x, y, n);
+    return GP_LAUNCH(dev, axpy)(dev, a, x, y, n);
 }
 static inline gp_status gp_dev_add(gp_device *dev, const float *a, const float *b, float *y,
                                    int64_t n)
 {
-    return dev->iface->add(dev, a, b, y, n);
+    return GP_LAUNCH(dev, add)(dev, a, b, y, n);
 }
 static inline gp_status gp_dev_sumsq(gp_device *dev, const float *x, int64_t n, double *out)
 {
     gp_dev_count_wait(dev);
-    return dev->iface->sumsq(dev, x, n, out);
+    return GP_LAUNCH(dev, sumsq)(dev, x, n, out);
 }
 static inline gp_status gp_dev_sumsq_multi(gp_device *dev, const float *const *xs,
                                            const int64_t *ns, int n, double *out)
@@ -1471,38 +1497,38 @@ static inline gp_status gp_dev_sumsq_multi(gp_device *dev, const float *const *x
         return GP_OK;
     }
     gp_dev_count_wait(dev);
-    return dev->iface->sumsq_multi(dev, xs, ns, n, out);
+    return GP_LAUNCH(dev, sumsq_multi)(dev, xs, ns, n, out);
 }
 static inline gp_status gp_dev_nonfinite(gp_device *dev, const float *x, int64_t n, int *out)
 {
     gp_dev_count_wait(dev);
-    return dev->iface->nonfinite(dev, x, n, out);
+    return GP_LAUNCH(dev, nonfinite)(dev, x, n, out);
 }
 static inline gp_status gp_dev_sgd_update(gp_device *dev, float *w, const float *g, float *v,
                                           int64_t n, float lr, float mu, float wd,
                                           int nesterov)
 {
-    return dev->iface->sgd_update(dev, w, g, v, n, lr, mu, wd, nesterov);
+    return GP_LAUNCH(dev, sgd_update)(dev, w, g, v, n, lr, mu, wd, nesterov);
 }
 static inline gp_status gp_dev_gemm(gp_device *dev, int trans_a, int trans_b, int64_t m,
                                     int64_t n, int64_t k, float alpha, const float *a,
                                     int64_t lda, const float *b, int64_t ldb, float beta,
                                     float *c, int64_t ldc)
 {
-    return dev->iface->gemm(dev, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
+    return GP_LAUNCH(dev, gemm)(dev, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
                             ldc);
 }
 static inline gp_status gp_dev_sgd_multi(gp_device *dev, const gp_update_part *parts, int n,
                                          float lr, float mu, int nesterov)
 {
     if (n <= 0) return GP_OK;
-    if (dev->iface->sgd_multi) return dev->iface->sgd_multi(dev, parts, n, lr, mu, nesterov);
+    if (dev->iface->sgd_multi) return GP_LAUNCH(dev, sgd_multi)(dev, parts, n, lr, mu, nesterov);
     for (int i = 0; i < n; i++) {
-        GP_TRY(dev->iface->sgd_update(dev, parts[i].w, parts[i].g, parts[i].v, parts[i].n, lr, mu,
+        GP_TRY(GP_LAUNCH(dev, sgd_update)(dev, parts[i].w, parts[i].g, parts[i].v, parts[i].n, lr, mu,
                                       parts[i].wd, nesterov));
         gp_status st = GP_OK;
         if (parts[i].w16) /* (a mirror is made only where bf16_pack is) */
-            st = dev->iface->bf16_pack(dev, parts[i].w16, parts[i].w, parts[i].n);
+            st = GP_LAUNCH(dev, bf16_pack)(dev, parts[i].w16, parts[i].w, parts[i].n);
         if (st != GP_OK) { /* the update's stamp must not outlive a mirror it did not write */
             gp_dev_mirrors_stale(dev, parts[i].w, (size_t)parts[i].n * sizeof(float));
             return st;
@@ -1520,7 +1546,7 @@ static inline gp_status gp_dev_adam_multi(gp_device *dev, const gp_update_part *
         return gp_error_set(GP_ERR_UNSUPPORTED, "device %s (%s backend) has no Adam update; "
                             "use train.optimizer.type: sgd there", dev->name,
                             dev->iface->backend_name);
-    return dev->iface->adam_multi(dev, parts, n, a);
+    return GP_LAUNCH(dev, adam_multi)(dev, parts, n, a);
 }
 static inline gp_status gp_dev_gemm_wb(gp_device *dev, int trans_a, int trans_b, int64_t m,
                                        int64_t n, int64_t k, float alpha, const float *a,
@@ -1533,22 +1559,22 @@ static inline gp_status gp_dev_gemm_wb(gp_device *dev, int trans_a, int trans_b,
 static inline gp_status gp_dev_add_bias_rows(gp_device *dev, float *y, const float *bias,
                                              int64_t rows, int64_t cols)
 {
-    return dev->iface->add_bias_rows(dev, y, bias, rows, cols);
+    return GP_LAUNCH(dev, add_bias_rows)(dev, y, bias, rows, cols);
 }
 static inline gp_status gp_dev_linear_fwd(gp_device *dev, int64_t n, int64_t out, int64_t in,
                                           const float *x, const float *w, const float *bias,
                                           bool relu, float *y)
 {
     if (n == 0 || out == 0) return GP_OK;
-    if (dev->iface->linear_fwd) return dev->iface->linear_fwd(dev, n, out, in, x, w, bias, relu, y);
+    if (dev->iface->linear_fwd) return GP_LAUNCH(dev, linear_fwd)(dev, n, out, in, x, w, bias, relu, y);
     GP_TRY(gp_dev_gemm_wb(dev, 0, 1, n, out, in, 1.0f, x, in, w, in, 0.0f, y, out));
-    if (bias) GP_TRY(dev->iface->add_bias_rows(dev, y, bias, n, out));
-    return relu ? dev->iface->relu_fwd(dev, y, y, n * out) : GP_OK;
+    if (bias) GP_TRY(GP_LAUNCH(dev, add_bias_rows)(dev, y, bias, n, out));
+    return relu ? GP_LAUNCH(dev, relu_fwd)(dev, y, y, n * out) : GP_OK;
 }
 static inline gp_status gp_dev_sum_rows(gp_device *dev, const float *dy, float *db,
                                         int64_t rows, int64_t cols)
 {
-    return dev->iface->sum_rows(dev, dy, db, rows, cols);
+    return GP_LAUNCH(dev, sum_rows)(dev, dy, db, rows, cols);
 }
 /* A block on a backend without act_block: GP_ERR_INVALID (it would read
  * the bytes as plain). */
@@ -1557,20 +1583,20 @@ static inline gp_status gp_dev_conv_fwd(gp_device *dev, const gp_conv_desc *d, c
                                         const float *w, const float *b, float *y)
 {
     if ((d->xblk || d->yblk) && !dev->iface->act_block) return gp_dev_no_blocks(dev, "convolution");
-    return dev->iface->conv_fwd(dev, d, x, w, b, y);
+    return GP_LAUNCH(dev, conv_fwd)(dev, d, x, w, b, y);
 }
 static inline gp_status gp_dev_conv_bwd_data(gp_device *dev, const gp_conv_desc *d,
                                              const float *w, const float *dy, float *dx)
 {
     if ((d->xblk || d->yblk) && !dev->iface->act_block) return gp_dev_no_blocks(dev, "convolution");
-    return dev->iface->conv_bwd_data(dev, d, w, dy, dx);
+    return GP_LAUNCH(dev, conv_bwd_data)(dev, d, w, dy, dx);
 }
 static inline gp_status gp_dev_conv_bwd_weights(gp_device *dev, const gp_conv_desc *d,
                                                 const float *x, const float *dy, float *dw,
                                                 float *db)
 {
     if ((d->xblk || d->yblk) && !dev->iface->act_block) return gp_dev_no_blocks(dev, "convolution");
-    return dev->iface->conv_bwd_weights(dev, d, x, dy, dw, db);
+    return GP_LAUNCH(dev, conv_bwd_weights)(dev, d, x, dy, dw, db);
 }
 static inline size_t gp_dev_pool_ws_bytes(gp_device *dev, const gp_pool_desc *d)
 {
@@ -1580,14 +1606,14 @@ static inline gp_status gp_dev_pool_fwd(gp_device *dev, const gp_pool_desc *d, c
                                         float *y, void *ws)
 {
     if (d->blk && !dev->iface->act_block) return gp_dev_no_blocks(dev, "pooling");
-    return dev->iface->pool_fwd(dev, d, x, y, ws);
+    return GP_LAUNCH(dev, pool_fwd)(dev, d, x, y, ws);
 }
 static inline gp_status gp_dev_pool_bwd(gp_device *dev, const gp_pool_desc *d, const float *x,
                                         const float *y, const float *dy, float *dx,
                                         const void *ws)
 {
     if (d->blk && !dev->iface->act_block) return gp_dev_no_blocks(dev, "pooling");
-    return dev->iface->pool_bwd(dev, d, x, y, dy, dx, ws);
+    return GP_LAUNCH(dev, pool_bwd)(dev, d, x, y, dy, dx, ws);
 }
 static inline gp_status gp_dev_bn_fwd_train(gp_device *dev, const gp_bn_desc *d,
                                             const float *x, const float *gamma,
@@ -1596,7 +1622,7 @@ static inline gp_status gp_dev_bn_fwd_train(gp_device *dev, const gp_bn_desc *d,
 {
     GP_ASSERT(!d->add16); /* a bf16 residual: the bf16 slots' */
     if (d->blk && !dev->iface->act_block) return gp_dev_no_blocks(dev, "batch norm");
-    return dev->iface->bn_fwd_train(dev, d, x, gamma, beta, y, mean, var);
+    return GP_LAUNCH(dev, bn_fwd_train)(dev, d, x, gamma, beta, y, mean, var);
 }
 static inline gp_status gp_dev_bn_fwd_infer(gp_device *dev, const gp_bn_desc *d,
                                             const float *x, const float *gamma,
@@ -1605,7 +1631,7 @@ static inline gp_status gp_dev_bn_fwd_infer(gp_device *dev, const gp_bn_desc *d,
 {
     GP_ASSERT(!d->add16);
     if (d->blk && !dev->iface->act_block) return gp_dev_no_blocks(dev, "batch norm");
-    return dev->iface->bn_fwd_infer(dev, d, x, gamma, beta, mean, var, y);
+    return GP_LAUNCH(dev, bn_fwd_infer)(dev, d, x, gamma, beta, mean, var, y);
 }
 static inline gp_status gp_dev_bn_bwd(gp_device *dev, const gp_bn_desc *d, const float *x,
                                       const float *gamma, const float *beta, const float *mean,
@@ -1613,21 +1639,21 @@ static inline gp_status gp_dev_bn_bwd(gp_device *dev, const gp_bn_desc *d, const
                                       float *dgamma, float *dbeta)
 {
     if (d->blk && !dev->iface->act_block) return gp_dev_no_blocks(dev, "batch norm");
-    return dev->iface->bn_bwd(dev, d, x, gamma, beta, mean, var, dy, dx, dgamma, dbeta);
+    return GP_LAUNCH(dev, bn_bwd)(dev, d, x, gamma, beta, mean, var, dy, dx, dgamma, dbeta);
 }
 static inline gp_status gp_dev_relu_fwd(gp_device *dev, const float *x, float *y, int64_t n)
 {
-    return dev->iface->relu_fwd(dev, x, y, n);
+    return GP_LAUNCH(dev, relu_fwd)(dev, x, y, n);
 }
 static inline gp_status gp_dev_relu_bwd(gp_device *dev, const float *y, const float *dy,
                                         float *dx, int64_t n)
 {
-    return dev->iface->relu_bwd(dev, y, dy, dx, n);
+    return GP_LAUNCH(dev, relu_bwd)(dev, y, dy, dx, n);
 }
 static inline gp_status gp_dev_log_softmax(gp_device *dev, const float *x, float *y,
                                            int64_t rows, int64_t cols)
 {
-    return dev->iface->log_softmax(dev, x, y, rows, cols);
+    return GP_LAUNCH(dev, log_softmax)(dev, x, y, rows, cols);
 }
 static inline gp_status gp_dev_xent_ld(gp_device *dev, const float *logits,
                                        const float *labels, int64_t rows, int64_t cols,
@@ -1635,7 +1661,7 @@ static inline gp_status gp_dev_xent_ld(gp_device *dev, const float *logits,
                                        double *loss_sum, int64_t *correct, int64_t *bad_row)
 {
     gp_dev_count_wait(dev);
-    return dev->iface->xent(dev, logits, labels, rows, cols, ld, scale, smoothing, dlogits,
+    return GP_LAUNCH(dev, xent)(dev, logits, labels, rows, cols, ld, scale, smoothing, dlogits,
                             loss_sum, correct, bad_row);
 }
 /* Rows of cols floats (no padding). */
@@ -1650,12 +1676,12 @@ static inline gp_status gp_dev_xent(gp_device *dev, const float *logits, const f
 static inline gp_status gp_dev_dropout_mask(gp_device *dev, float *mask, int64_t n, float p,
                                             uint64_t seed, uint64_t stream, uint64_t first)
 {
-    return dev->iface->dropout_mask(dev, mask, n, p, seed, stream, first);
+    return GP_LAUNCH(dev, dropout_mask)(dev, mask, n, p, seed, stream, first);
 }
 /* act_block (0 where the backend has none). */
 static inline int64_t gp_dev_act_block(gp_device *dev, const gp_conv_desc *d, bool output)
 {
-    return dev->iface->act_block ? dev->iface->act_block(dev, d, output) : 0;
+    return dev->iface->act_block ? GP_LAUNCH(dev, act_block)(dev, d, output) : 0;
 }
 /* bf16_pack / bf16_unpack (GP_ERR_UNSUPPORTED where the backend has none). */
 gp_status gp_dev_bf16_pack(gp_device *dev, uint16_t *dst, const float *src, int64_t n);
@@ -1665,7 +1691,7 @@ gp_status gp_dev_dropout_apply(gp_device *dev, const float *x, float *y, int64_t
 static inline gp_status gp_dev_mul(gp_device *dev, const float *a, const float *b, float *y,
                                    int64_t n)
 {
-    return dev->iface->mul(dev, a, b, y, n);
+    return GP_LAUNCH(dev, mul)(dev, a, b, y, n);
 }
 
 /* The same copy with as few axes as it has: axes of one element dropped,
@@ -1691,7 +1717,7 @@ static inline gp_status gp_dev_copy_box_es(gp_device *dev, void *dst,
                             dev->iface->backend_name);
     int64_t ds[4], ss[4], d[4];
     if (gp_box_collapse(dst_stride, src_stride, dims, ds, ss, d) == 0) return GP_OK;
-    return dev->iface->copy_box(dev, dst, ds, src, ss, d, es);
+    return GP_LAUNCH(dev, copy_box)(dev, dst, ds, src, ss, d, es);
 }
 
 /* The box of FP32 values. */

@@ -179,6 +179,8 @@ gp_status gp_device_new(const gp_device_iface *iface, gp_device_kind kind, int i
     dev->threads = 1;
     gp_allocator_init(&dev->alloc, dev->name, opts ? opts->capacity : 0);
     pthread_mutex_init(&dev->mirrors_lock, NULL);
+    const char *logl = getenv("GPIPE_LOG_LAUNCHES");
+    dev->log_launches = logl && *logl && strcmp(logl, "0") != 0;
     const char *check = getenv("GPIPE_CHECK_MIRRORS");
     dev->check_mirrors = check && *check && strcmp(check, "0") != 0;
     *out = dev;
@@ -203,6 +205,11 @@ void gp_device_close(gp_device *dev)
 void gp_device_bind_thread(gp_device *dev)
 {
     if (dev->iface->bind_thread) dev->iface->bind_thread(dev);
+}
+
+void gp_dev_log_launch(gp_device *dev, const char *slot)
+{
+    fprintf(stderr, "launch %s %s\n", dev->name, slot);
 }
 
 gp_status gp_dev_freeze_weights(gp_device *dev, bool frozen)
@@ -277,7 +284,7 @@ static gp_status mirror_check(gp_device *dev, const float *w, int64_t n, const u
     gp_status st = a && b ? GP_OK : gp_error_set(GP_ERR_OOM, "out of host memory");
     if (st == GP_OK) st = gp_dev_alloc(dev, bytes, GP_MEM_WORKSPACE, &fresh);
     /* through the slots, not the counting wrappers: a check is not a step's */
-    if (st == GP_OK) st = dev->iface->bf16_pack(dev, fresh, w, n);
+    if (st == GP_OK) st = GP_LAUNCH(dev, bf16_pack)(dev, fresh, w, n);
     if (st == GP_OK) st = dev->iface->synchronize(dev); /* (the pack, and the update before) */
     if (st == GP_OK) st = dev->iface->copy_d2h(dev, a, fresh, bytes);
     if (st == GP_OK) st = dev->iface->copy_d2h(dev, b, copy, bytes);
@@ -409,7 +416,7 @@ gp_status gp_dev_download(gp_device *dev, float *dst, const float *src, int64_t 
 gp_status gp_dev_nonfinite_or(gp_device *dev, const float *x, int64_t n, float *flag)
 {
     if (n <= 0) return GP_OK;
-    if (dev->iface->nonfinite_or) return dev->iface->nonfinite_or(dev, x, n, flag);
+    if (dev->iface->nonfinite_or) return GP_LAUNCH(dev, nonfinite_or)(dev, x, n, flag);
     int bad = 0;
     GP_TRY(gp_dev_nonfinite(dev, x, n, &bad));
     return bad ? gp_dev_fill(dev, flag, 1.0f, 1) : GP_OK;
@@ -463,11 +470,11 @@ gp_status gp_dev_nonfinite_or_many(gp_device *dev, const float *const *xs, const
         bx[k] = xs[i];
         bn[k++] = ns[i];
         if (k == GP_NONFINITE_BATCH) {
-            GP_TRY(dev->iface->nonfinite_or_many(dev, bx, bn, k, flag));
+            GP_TRY(GP_LAUNCH(dev, nonfinite_or_many)(dev, bx, bn, k, flag));
             k = 0;
         }
     }
-    return k ? dev->iface->nonfinite_or_many(dev, bx, bn, k, flag) : GP_OK;
+    return k ? GP_LAUNCH(dev, nonfinite_or_many)(dev, bx, bn, k, flag) : GP_OK;
 }
 
 gp_status gp_dev_upload_async(gp_device *dev, float *dst, const float *src, int64_t n,
@@ -491,7 +498,7 @@ gp_status gp_dev_dropout_apply(gp_device *dev, const float *x, float *y, int64_t
 {
     if (n <= 0) return GP_OK;
     if (dev->iface->dropout_apply)
-        return dev->iface->dropout_apply(dev, x, y, n, p, seed, stream, first);
+        return GP_LAUNCH(dev, dropout_apply)(dev, x, y, n, p, seed, stream, first);
     void *mask = NULL;
     size_t bytes = (size_t)n * sizeof(float);
     GP_TRY(gp_dev_alloc(dev, bytes, GP_MEM_WORKSPACE, &mask));
@@ -508,7 +515,7 @@ gp_status gp_dev_bf16_pack(gp_device *dev, uint16_t *dst, const float *src, int6
         return gp_error_set(GP_ERR_UNSUPPORTED, "device %s (%s backend) has no bf16 conversion",
                             dev->name, dev->iface->backend_name);
     __atomic_fetch_add(&dev->bf16_conversions, 1, __ATOMIC_RELAXED);
-    return dev->iface->bf16_pack(dev, dst, src, n);
+    return GP_LAUNCH(dev, bf16_pack)(dev, dst, src, n);
 }
 
 gp_status gp_dev_bf16_unpack(gp_device *dev, float *dst, const uint16_t *src, int64_t n)
@@ -519,7 +526,7 @@ gp_status gp_dev_bf16_unpack(gp_device *dev, float *dst, const uint16_t *src, in
         return gp_error_set(GP_ERR_UNSUPPORTED, "device %s (%s backend) has no bf16 conversion",
                             dev->name, dev->iface->backend_name);
     __atomic_fetch_add(&dev->bf16_conversions, 1, __ATOMIC_RELAXED);
-    return dev->iface->bf16_unpack(dev, dst, src, n);
+    return GP_LAUNCH(dev, bf16_unpack)(dev, dst, src, n);
 }
 
 int gp_algo_pick(const gp_algo_cand *c, int n, size_t limit, bool deterministic)
@@ -631,7 +638,7 @@ gp_status gp_dev_bn_merge(gp_device *dev, int64_t c, double *mean_acc, double *m
 {
     if (c <= 0 || nb <= 0) return GP_OK;
     if (dev->iface->bn_merge)
-        return dev->iface->bn_merge(dev, c, mean_acc, m2_acc, na, nb, mean, var);
+        return GP_LAUNCH(dev, bn_merge)(dev, c, mean_acc, m2_acc, na, nb, mean, var);
     bn_host h;
     gp_status s = bn_host_get(dev, c, mean_acc, m2_acc, mean, var, &h);
     if (s == GP_OK) {
@@ -649,7 +656,7 @@ static gp_status bn_commit_now(gp_device *dev, int64_t c, float *rmean, float *r
 {
     dev->bn_commit_calls++;
     if (dev->iface->bn_commit)
-        return dev->iface->bn_commit(dev, c, rmean, rvar, mean_acc, m2_acc, momentum, count);
+        return GP_LAUNCH(dev, bn_commit)(dev, c, rmean, rvar, mean_acc, m2_acc, momentum, count);
     bn_host h;
     gp_status s = bn_host_get(dev, c, mean_acc, m2_acc, rmean, rvar, &h);
     if (s == GP_OK) {
@@ -699,7 +706,7 @@ gp_status gp_dev_bn_commit_end(gp_device *dev)
     if (n == 0) return GP_OK;
     if (dev->iface->bn_commit_multi) {
         dev->bn_commit_calls++;
-        return dev->iface->bn_commit_multi(dev, dev->bn_held, n);
+        return GP_LAUNCH(dev, bn_commit_multi)(dev, dev->bn_held, n);
     }
     for (int i = 0; i < n; i++) {
         const gp_bn_commit_part *p = &dev->bn_held[i];
@@ -725,7 +732,7 @@ gp_status gp_dev_xent_dev_ld(gp_device *dev, const float *logits, const float *l
                              float smoothing, float *dlogits, gp_loss_result *out)
 {
     if (dev->iface->xent_dev && rows > 0)
-        return dev->iface->xent_dev(dev, logits, labels, rows, cols, ld, scale, smoothing,
+        return GP_LAUNCH(dev, xent_dev)(dev, logits, labels, rows, cols, ld, scale, smoothing,
                                     dlogits, out);
     double loss = 0.0;
     int64_t correct = 0, bad = -1;
@@ -739,7 +746,7 @@ gp_status gp_dev_bce_logits_dev(gp_device *dev, const float *z, const float *t, 
                                 float scale, float *dz, gp_loss_result *out)
 {
     if (dev->iface->bce_logits_dev && n > 0)
-        return dev->iface->bce_logits_dev(dev, z, t, n, scale, dz, out);
+        return GP_LAUNCH(dev, bce_logits_dev)(dev, z, t, n, scale, dz, out);
     double loss = 0.0;
     int64_t correct = 0, bad = -1;
     GP_TRY(gp_dev_bce_logits(dev, z, t, n, scale, dz, &loss, &correct, &bad));
@@ -945,7 +952,7 @@ gp_status gp_dev_bn_stats(gp_device *dev, const gp_bn_desc *d, const float *x, f
 {
     if (!dev->iface->bn_stats) return no_sync_bn(dev, "bn_stats");
     GP_TRY(gp_bn_desc_check(dev, d));
-    return dev->iface->bn_stats(dev, d, x, mean, var);
+    return GP_LAUNCH(dev, bn_stats)(dev, d, x, mean, var);
 }
 
 gp_status gp_dev_bn_bwd_sums(gp_device *dev, const gp_bn_desc *d, const float *x,
@@ -954,7 +961,7 @@ gp_status gp_dev_bn_bwd_sums(gp_device *dev, const gp_bn_desc *d, const float *x
 {
     if (!dev->iface->bn_bwd_sums) return no_sync_bn(dev, "bn_bwd_sums");
     GP_TRY(gp_bn_desc_check(dev, d));
-    return dev->iface->bn_bwd_sums(dev, d, x, gamma, beta, mean, var, dy, sums);
+    return GP_LAUNCH(dev, bn_bwd_sums)(dev, d, x, gamma, beta, mean, var, dy, sums);
 }
 
 gp_status gp_dev_bn_bwd_apply(gp_device *dev, const gp_bn_desc *d, const float *x,
@@ -968,7 +975,7 @@ gp_status gp_dev_bn_bwd_apply(gp_device *dev, const gp_bn_desc *d, const float *
     if (!(count >= 1.0))
         return gp_error_set(GP_ERR_INVALID, "device %s: batch-norm backward over %g values",
                             dev->name, count);
-    return dev->iface->bn_bwd_apply(dev, d, x, gamma, beta, mean, var, dy, sums, count, dx,
+    return GP_LAUNCH(dev, bn_bwd_apply)(dev, d, x, gamma, beta, mean, var, dy, sums, count, dx,
                                     local, dgamma, dbeta);
 }
 
@@ -985,14 +992,14 @@ gp_status gp_dev_leaky_relu_fwd(gp_device *dev, const float *x, float *y, int64_
                                 float slope)
 {
     if (!dev->iface->leaky_relu_fwd) return no_unet_op(dev, "leaky_relu_fwd", "leaky_relu");
-    return n > 0 ? dev->iface->leaky_relu_fwd(dev, x, y, n, slope) : GP_OK;
+    return n > 0 ? GP_LAUNCH(dev, leaky_relu_fwd)(dev, x, y, n, slope) : GP_OK;
 }
 
 gp_status gp_dev_leaky_relu_bwd(gp_device *dev, const float *y, const float *dy, float *dx,
                                 int64_t n, float slope)
 {
     if (!dev->iface->leaky_relu_bwd) return no_unet_op(dev, "leaky_relu_bwd", "leaky_relu");
-    return n > 0 ? dev->iface->leaky_relu_bwd(dev, y, dy, dx, n, slope) : GP_OK;
+    return n > 0 ? GP_LAUNCH(dev, leaky_relu_bwd)(dev, y, dy, dx, n, slope) : GP_OK;
 }
 
 static gp_status attn_check(gp_device *dev, const char *op, int64_t b, int64_t t,
@@ -1015,7 +1022,7 @@ gp_status gp_dev_attn_fwd(gp_device *dev, const float *x, float *y, float *lse, 
                           int64_t t, int64_t heads, int64_t c)
 {
     GP_TRY(attn_check(dev, "attn_fwd", b, t, heads, c));
-    return b * t > 0 ? dev->iface->attn_fwd(dev, x, y, lse, b, t, heads, c) : GP_OK;
+    return b * t > 0 ? GP_LAUNCH(dev, attn_fwd)(dev, x, y, lse, b, t, heads, c) : GP_OK;
 }
 
 gp_status gp_dev_attn_bwd(gp_device *dev, const float *x, const float *y, const float *lse,
@@ -1023,7 +1030,7 @@ gp_status gp_dev_attn_bwd(gp_device *dev, const float *x, const float *y, const 
                           int64_t c)
 {
     GP_TRY(attn_check(dev, "attn_bwd", b, t, heads, c));
-    return b * t > 0 ? dev->iface->attn_bwd(dev, x, y, lse, dy, dx, b, t, heads, c) : GP_OK;
+    return b * t > 0 ? GP_LAUNCH(dev, attn_bwd)(dev, x, y, lse, dy, dx, b, t, heads, c) : GP_OK;
 }
 
 /* The error of a bf16 slot the backend lacks (the layer's takes_bf16 hook keeps such calls
@@ -1039,7 +1046,7 @@ gp_status gp_dev_attn_fwd_bf16(gp_device *dev, const uint16_t *x, uint16_t *y, f
 {
     GP_TRY(attn_check(dev, "attn_fwd", b, t, heads, c));
     if (!gp_dev_attn_bf16_has(dev)) return no_bf16_slot(dev, "attention");
-    return b * t > 0 ? dev->iface->attn_fwd_bf16(dev, x, y, lse, b, t, heads, c) : GP_OK;
+    return b * t > 0 ? GP_LAUNCH(dev, attn_fwd_bf16)(dev, x, y, lse, b, t, heads, c) : GP_OK;
 }
 
 gp_status gp_dev_attn_bwd_bf16(gp_device *dev, const uint16_t *x, const uint16_t *y,
@@ -1048,7 +1055,7 @@ gp_status gp_dev_attn_bwd_bf16(gp_device *dev, const uint16_t *x, const uint16_t
 {
     GP_TRY(attn_check(dev, "attn_bwd", b, t, heads, c));
     if (!gp_dev_attn_bf16_has(dev)) return no_bf16_slot(dev, "attention");
-    return b * t > 0 ? dev->iface->attn_bwd_bf16(dev, x, y, lse, dy, dx, b, t, heads, c) : GP_OK;
+    return b * t > 0 ? GP_LAUNCH(dev, attn_bwd_bf16)(dev, x, y, lse, dy, dx, b, t, heads, c) : GP_OK;
 }
 
 gp_status gp_dev_bn_fwd_train_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t *x,
@@ -1057,7 +1064,7 @@ gp_status gp_dev_bn_fwd_train_bf16(gp_device *dev, const gp_bn_desc *d, const ui
 {
     if (!gp_dev_bn_bf16_has(dev)) return no_bf16_slot(dev, "batch norm");
     if (d->blk && !dev->iface->act_block) return gp_dev_no_blocks(dev, "batch norm");
-    return dev->iface->bn_fwd_train_bf16(dev, d, x, gamma, beta, y, mean, var);
+    return GP_LAUNCH(dev, bn_fwd_train_bf16)(dev, d, x, gamma, beta, y, mean, var);
 }
 
 gp_status gp_dev_bn_fwd_infer_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t *x,
@@ -1066,7 +1073,7 @@ gp_status gp_dev_bn_fwd_infer_bf16(gp_device *dev, const gp_bn_desc *d, const ui
 {
     if (!gp_dev_bn_bf16_has(dev)) return no_bf16_slot(dev, "batch norm");
     if (d->blk && !dev->iface->act_block) return gp_dev_no_blocks(dev, "batch norm");
-    return dev->iface->bn_fwd_infer_bf16(dev, d, x, gamma, beta, mean, var, y);
+    return GP_LAUNCH(dev, bn_fwd_infer_bf16)(dev, d, x, gamma, beta, mean, var, y);
 }
 
 gp_status gp_dev_bn_bwd_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t *x,
@@ -1076,7 +1083,7 @@ gp_status gp_dev_bn_bwd_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t
 {
     if (!gp_dev_bn_bf16_has(dev)) return no_bf16_slot(dev, "batch norm");
     if (d->blk && !dev->iface->act_block) return gp_dev_no_blocks(dev, "batch norm");
-    return dev->iface->bn_bwd_bf16(dev, d, x, gamma, beta, mean, var, dy, dx, dgamma, dbeta);
+    return GP_LAUNCH(dev, bn_bwd_bf16)(dev, d, x, gamma, beta, mean, var, dy, dx, dgamma, dbeta);
 }
 
 gp_status gp_dev_xent_bf16(gp_device *dev, const uint16_t *logits, const float *labels,
@@ -1085,7 +1092,7 @@ gp_status gp_dev_xent_bf16(gp_device *dev, const uint16_t *logits, const float *
 {
     if (!dev->iface->xent_bf16) return no_bf16_slot(dev, "cross-entropy");
     if (rows <= 0) return loss_result_up(dev, out, 0.0, 0, -1);
-    return dev->iface->xent_bf16(dev, logits, labels, rows, cols, ld, scale, smoothing, dlogits,
+    return GP_LAUNCH(dev, xent_bf16)(dev, logits, labels, rows, cols, ld, scale, smoothing, dlogits,
                                  out);
 }
 
@@ -1093,14 +1100,14 @@ gp_status gp_dev_dropout_apply_bf16(gp_device *dev, const uint16_t *x, uint16_t 
                                     float p, uint64_t seed, uint64_t stream, uint64_t first)
 {
     if (!dev->iface->dropout_apply_bf16) return no_bf16_slot(dev, "dropout");
-    return n > 0 ? dev->iface->dropout_apply_bf16(dev, x, y, n, p, seed, stream, first) : GP_OK;
+    return n > 0 ? GP_LAUNCH(dev, dropout_apply_bf16)(dev, x, y, n, p, seed, stream, first) : GP_OK;
 }
 
 gp_status gp_dev_mul_rows_bf16(gp_device *dev, const uint16_t *x, const float *s, uint16_t *y,
                                int64_t rows, int64_t cols)
 {
     if (!dev->iface->mul_rows_bf16) return no_bf16_slot(dev, "dropout2d");
-    return rows * cols > 0 ? dev->iface->mul_rows_bf16(dev, x, s, y, rows, cols) : GP_OK;
+    return rows * cols > 0 ? GP_LAUNCH(dev, mul_rows_bf16)(dev, x, s, y, rows, cols) : GP_OK;
 }
 
 gp_status gp_dev_layer_norm_fwd_bf16(gp_device *dev, const uint16_t *x, const float *w,
@@ -1109,7 +1116,7 @@ gp_status gp_dev_layer_norm_fwd_bf16(gp_device *dev, const uint16_t *x, const fl
 {
     if (!gp_dev_layer_norm_bf16_has(dev)) return no_bf16_slot(dev, "layer norm");
     if (rows <= 0 || c <= 0) return GP_OK;
-    return dev->iface->layer_norm_fwd_bf16(dev, x, w, b, y, mean, rstd, rows, c, eps);
+    return GP_LAUNCH(dev, layer_norm_fwd_bf16)(dev, x, w, b, y, mean, rstd, rows, c, eps);
 }
 
 gp_status gp_dev_layer_norm_bwd_data_bf16(gp_device *dev, const uint16_t *x, const float *w,
@@ -1119,7 +1126,7 @@ gp_status gp_dev_layer_norm_bwd_data_bf16(gp_device *dev, const uint16_t *x, con
 {
     if (!gp_dev_layer_norm_bf16_has(dev)) return no_bf16_slot(dev, "layer norm");
     if (rows <= 0 || c <= 0) return GP_OK;
-    return dev->iface->layer_norm_bwd_data_bf16(dev, x, w, mean, rstd, dy, dx, rows, c);
+    return GP_LAUNCH(dev, layer_norm_bwd_data_bf16)(dev, x, w, mean, rstd, dy, dx, rows, c);
 }
 
 gp_status gp_dev_layer_norm_bwd_weights_bf16(gp_device *dev, const uint16_t *x,
@@ -1129,7 +1136,7 @@ gp_status gp_dev_layer_norm_bwd_weights_bf16(gp_device *dev, const uint16_t *x,
 {
     if (!gp_dev_layer_norm_bf16_has(dev)) return no_bf16_slot(dev, "layer norm");
     if (rows <= 0 || c <= 0) return GP_OK;
-    return dev->iface->layer_norm_bwd_weights_bf16(dev, x, mean, rstd, dy, dw, db, rows, c);
+    return GP_LAUNCH(dev, layer_norm_bwd_weights_bf16)(dev, x, mean, rstd, dy, dw, db, rows, c);
 }
 
 static gp_status no_conv_bf16(gp_device *dev)
@@ -1143,14 +1150,14 @@ gp_status gp_dev_conv_fwd_bf16(gp_device *dev, const gp_conv_desc *d, const uint
                                const float *w, const float *b, uint16_t *y)
 {
     if (!gp_dev_conv_bf16_takes(dev, d)) return no_conv_bf16(dev);
-    return dev->iface->conv_fwd_bf16(dev, d, x, w, b, y);
+    return GP_LAUNCH(dev, conv_fwd_bf16)(dev, d, x, w, b, y);
 }
 
 gp_status gp_dev_conv_bwd_data_bf16(gp_device *dev, const gp_conv_desc *d, const float *w,
                                     const uint16_t *dy, uint16_t *dx)
 {
     if (!gp_dev_conv_bf16_takes(dev, d)) return no_conv_bf16(dev);
-    return dev->iface->conv_bwd_data_bf16(dev, d, w, dy, dx);
+    return GP_LAUNCH(dev, conv_bwd_data_bf16)(dev, d, w, dy, dx);
 }
 
 gp_status gp_dev_conv_bwd_weights_bf16(gp_device *dev, const gp_conv_desc *d,
@@ -1158,14 +1165,14 @@ gp_status gp_dev_conv_bwd_weights_bf16(gp_device *dev, const gp_conv_desc *d,
                                        float *db)
 {
     if (!gp_dev_conv_bf16_takes(dev, d)) return no_conv_bf16(dev);
-    return dev->iface->conv_bwd_weights_bf16(dev, d, x, dy, dw, db);
+    return GP_LAUNCH(dev, conv_bwd_weights_bf16)(dev, d, x, dy, dw, db);
 }
 
 gp_status gp_dev_add_bf16(gp_device *dev, const uint16_t *a, const uint16_t *b, uint16_t *y,
                           int64_t n)
 {
     if (!dev->iface->add_bf16) return no_bf16_slot(dev, "sum");
-    return n > 0 ? dev->iface->add_bf16(dev, a, b, y, n) : GP_OK;
+    return n > 0 ? GP_LAUNCH(dev, add_bf16)(dev, a, b, y, n) : GP_OK;
 }
 
 gp_status gp_dev_pool_fwd_bf16(gp_device *dev, const gp_pool_desc *d, const uint16_t *x,
@@ -1173,7 +1180,7 @@ gp_status gp_dev_pool_fwd_bf16(gp_device *dev, const gp_pool_desc *d, const uint
 {
     if (!gp_dev_pool_bf16_has(dev)) return no_bf16_slot(dev, "pooling");
     if (d->blk && !dev->iface->act_block) return gp_dev_no_blocks(dev, "pooling");
-    return dev->iface->pool_fwd_bf16(dev, d, x, y, ws);
+    return GP_LAUNCH(dev, pool_fwd_bf16)(dev, d, x, y, ws);
 }
 
 gp_status gp_dev_pool_bwd_bf16(gp_device *dev, const gp_pool_desc *d, const uint16_t *x,
@@ -1182,7 +1189,7 @@ gp_status gp_dev_pool_bwd_bf16(gp_device *dev, const gp_pool_desc *d, const uint
 {
     if (!gp_dev_pool_bf16_has(dev)) return no_bf16_slot(dev, "pooling");
     if (d->blk && !dev->iface->act_block) return gp_dev_no_blocks(dev, "pooling");
-    return dev->iface->pool_bwd_bf16(dev, d, x, y, dy, dx, ws);
+    return GP_LAUNCH(dev, pool_bwd_bf16)(dev, d, x, y, dy, dx, ws);
 }
 
 /* ---- the Transformer slots ------------------------------------------------ */
@@ -1193,19 +1200,19 @@ gp_status gp_dev_act_bf16(gp_device *dev, gp_act_kind kind, const uint16_t *xy,
     static const char *const names[GP_ACT_COUNT] = {"relu", "leaky_relu", "gelu"};
     if (!gp_dev_act_bf16_has(dev, kind))
         return no_bf16_slot(dev, (unsigned)kind < GP_ACT_COUNT ? names[kind] : "activation");
-    return n > 0 ? dev->iface->act_bf16(dev, kind, xy, dy, out, n, slope) : GP_OK;
+    return n > 0 ? GP_LAUNCH(dev, act_bf16)(dev, kind, xy, dy, out, n, slope) : GP_OK;
 }
 
 gp_status gp_dev_gelu_fwd(gp_device *dev, const float *x, float *y, int64_t n)
 {
     if (!dev->iface->gelu_fwd) return no_unet_op(dev, "gelu_fwd", "gelu");
-    return n > 0 ? dev->iface->gelu_fwd(dev, x, y, n) : GP_OK;
+    return n > 0 ? GP_LAUNCH(dev, gelu_fwd)(dev, x, y, n) : GP_OK;
 }
 
 gp_status gp_dev_gelu_bwd(gp_device *dev, const float *x, const float *dy, float *dx, int64_t n)
 {
     if (!dev->iface->gelu_bwd) return no_unet_op(dev, "gelu_bwd", "gelu");
-    return n > 0 ? dev->iface->gelu_bwd(dev, x, dy, dx, n) : GP_OK;
+    return n > 0 ? GP_LAUNCH(dev, gelu_bwd)(dev, x, dy, dx, n) : GP_OK;
 }
 
 gp_status gp_dev_layer_norm_fwd(gp_device *dev, const float *x, const float *w, const float *b,
@@ -1214,7 +1221,7 @@ gp_status gp_dev_layer_norm_fwd(gp_device *dev, const float *x, const float *w, 
 {
     if (!dev->iface->layer_norm_fwd) return no_unet_op(dev, "layer_norm_fwd", "layer_norm");
     if (rows <= 0 || c <= 0) return GP_OK;
-    return dev->iface->layer_norm_fwd(dev, x, w, b, y, mean, rstd, rows, c, eps);
+    return GP_LAUNCH(dev, layer_norm_fwd)(dev, x, w, b, y, mean, rstd, rows, c, eps);
 }
 
 gp_status gp_dev_layer_norm_bwd_data(gp_device *dev, const float *x, const float *w,
@@ -1224,7 +1231,7 @@ gp_status gp_dev_layer_norm_bwd_data(gp_device *dev, const float *x, const float
     if (!dev->iface->layer_norm_bwd_data)
         return no_unet_op(dev, "layer_norm_bwd_data", "layer_norm");
     if (rows <= 0 || c <= 0) return GP_OK;
-    return dev->iface->layer_norm_bwd_data(dev, x, w, mean, rstd, dy, dx, rows, c);
+    return GP_LAUNCH(dev, layer_norm_bwd_data)(dev, x, w, mean, rstd, dy, dx, rows, c);
 }
 
 gp_status gp_dev_layer_norm_bwd_weights(gp_device *dev, const float *x, const float *mean,
@@ -1234,7 +1241,7 @@ gp_status gp_dev_layer_norm_bwd_weights(gp_device *dev, const float *x, const fl
     if (!dev->iface->layer_norm_bwd_weights)
         return no_unet_op(dev, "layer_norm_bwd_weights", "layer_norm");
     if (rows <= 0 || c <= 0) return GP_OK;
-    return dev->iface->layer_norm_bwd_weights(dev, x, mean, rstd, dy, dw, db, rows, c);
+    return GP_LAUNCH(dev, layer_norm_bwd_weights)(dev, x, mean, rstd, dy, dw, db, rows, c);
 }
 
 gp_status gp_dev_embed_fwd(gp_device *dev, const float *ids, const float *wte, const float *wpe,
@@ -1244,7 +1251,7 @@ gp_status gp_dev_embed_fwd(gp_device *dev, const float *ids, const float *wte, c
     *bad = -1;
     if (!dev->iface->embed_fwd) return no_unet_op(dev, "embed_fwd", "embedding");
     if (n <= 0 || t <= 0 || c <= 0) return GP_OK;
-    return dev->iface->embed_fwd(dev, ids, wte, wpe, y, n, t, c, vocab, bad);
+    return GP_LAUNCH(dev, embed_fwd)(dev, ids, wte, wpe, y, n, t, c, vocab, bad);
 }
 
 gp_status gp_dev_embed_bwd(gp_device *dev, const float *ids, const float *dy, float *dwte,
@@ -1252,7 +1259,7 @@ gp_status gp_dev_embed_bwd(gp_device *dev, const float *ids, const float *dy, fl
 {
     if (!dev->iface->embed_bwd) return no_unet_op(dev, "embed_bwd", "embedding");
     if (n <= 0 || t <= 0 || c <= 0) return GP_OK;
-    return dev->iface->embed_bwd(dev, ids, dy, dwte, dwpe, n, t, c);
+    return GP_LAUNCH(dev, embed_bwd)(dev, ids, dy, dwte, dwpe, n, t, c);
 }
 
 static gp_status norm_leaky_check(gp_device *dev, const gp_bn_desc *d, float slope)
@@ -1270,7 +1277,7 @@ gp_status gp_dev_norm_leaky_bwd(gp_device *dev, const gp_bn_desc *d, const float
     if (!dev->iface->norm_leaky_bwd) return no_unet_op(dev, "norm_leaky_bwd", "instance_norm");
     GP_TRY(norm_leaky_check(dev, d, slope));
     return d->n * d->c * d->s > 0
-               ? dev->iface->norm_leaky_bwd(dev, d, yz, from_z, slope, var, dy, dx)
+               ? GP_LAUNCH(dev, norm_leaky_bwd)(dev, d, yz, from_z, slope, var, dy, dx)
                : GP_OK;
 }
 
@@ -1281,7 +1288,7 @@ gp_status gp_dev_norm_leaky_bwd_bf16(gp_device *dev, const gp_bn_desc *d, const 
     if (!dev->iface->norm_leaky_bwd_bf16) return no_bf16_slot(dev, "instance norm backward");
     GP_TRY(norm_leaky_check(dev, d, slope));
     return d->n * d->c * d->s > 0
-               ? dev->iface->norm_leaky_bwd_bf16(dev, d, yz, from_z, slope, var, dy, dx)
+               ? GP_LAUNCH(dev, norm_leaky_bwd_bf16)(dev, d, yz, from_z, slope, var, dy, dx)
                : GP_OK;
 }
 
@@ -1289,7 +1296,7 @@ gp_status gp_dev_mul_rows(gp_device *dev, const float *x, const float *s, float 
                           int64_t rows, int64_t cols)
 {
     if (!dev->iface->mul_rows) return no_unet_op(dev, "mul_rows", "dropout2d");
-    return rows > 0 && cols > 0 ? dev->iface->mul_rows(dev, x, s, y, rows, cols) : GP_OK;
+    return rows > 0 && cols > 0 ? GP_LAUNCH(dev, mul_rows)(dev, x, s, y, rows, cols) : GP_OK;
 }
 
 static gp_status upsample_check(gp_device *dev, int64_t n, int64_t c, int64_t h, int64_t w,
@@ -1309,7 +1316,7 @@ gp_status gp_dev_upsample_fwd(gp_device *dev, const float *x, float *y, int64_t 
     if (!dev->iface->upsample_fwd) return no_unet_op(dev, "upsample_fwd", "upsample");
     GP_TRY(upsample_check(dev, n, c, h, w, scale));
     if (n * c * h * w == 0) return GP_OK;
-    return dev->iface->upsample_fwd(dev, x, y, n, c, h, w, scale);
+    return GP_LAUNCH(dev, upsample_fwd)(dev, x, y, n, c, h, w, scale);
 }
 
 gp_status gp_dev_upsample_bwd(gp_device *dev, const float *dy, float *dx, int64_t n, int64_t c,
@@ -1318,7 +1325,7 @@ gp_status gp_dev_upsample_bwd(gp_device *dev, const float *dy, float *dx, int64_
     if (!dev->iface->upsample_bwd) return no_unet_op(dev, "upsample_bwd", "upsample");
     GP_TRY(upsample_check(dev, n, c, h, w, scale));
     if (n * c * h * w == 0) return GP_OK;
-    return dev->iface->upsample_bwd(dev, dy, dx, n, c, h, w, scale);
+    return GP_LAUNCH(dev, upsample_bwd)(dev, dy, dx, n, c, h, w, scale);
 }
 
 gp_status gp_dev_linear_fwd_bf16(gp_device *dev, int64_t n, int64_t out, int64_t in,
@@ -1326,7 +1333,7 @@ gp_status gp_dev_linear_fwd_bf16(gp_device *dev, int64_t n, int64_t out, int64_t
                                  uint16_t *y)
 {
     if (!gp_dev_linear_bf16_has(dev)) return no_bf16_slot(dev, "linear layer");
-    return n > 0 && out > 0 ? dev->iface->linear_fwd_bf16(dev, n, out, in, x, w, bias, relu, y)
+    return n > 0 && out > 0 ? GP_LAUNCH(dev, linear_fwd_bf16)(dev, n, out, in, x, w, bias, relu, y)
                             : GP_OK;
 }
 
@@ -1334,7 +1341,7 @@ gp_status gp_dev_linear_bwd_data_bf16(gp_device *dev, int64_t n, int64_t out, in
                                       const uint16_t *dy, const float *w, uint16_t *dx)
 {
     if (!gp_dev_linear_bf16_has(dev)) return no_bf16_slot(dev, "linear layer");
-    return n > 0 && in > 0 ? dev->iface->linear_bwd_data_bf16(dev, n, out, in, dy, w, dx) : GP_OK;
+    return n > 0 && in > 0 ? GP_LAUNCH(dev, linear_bwd_data_bf16)(dev, n, out, in, dy, w, dx) : GP_OK;
 }
 
 gp_status gp_dev_linear_bwd_weights_bf16(gp_device *dev, int64_t n, int64_t out, int64_t in,
@@ -1342,7 +1349,7 @@ gp_status gp_dev_linear_bwd_weights_bf16(gp_device *dev, int64_t n, int64_t out,
                                          float *db, bool fresh)
 {
     if (!gp_dev_linear_bf16_has(dev)) return no_bf16_slot(dev, "linear layer");
-    return dev->iface->linear_bwd_weights_bf16(dev, n, out, in, dy, x, dw, db, fresh);
+    return GP_LAUNCH(dev, linear_bwd_weights_bf16)(dev, n, out, in, dy, x, dw, db, fresh);
 }
 
 gp_status gp_dev_upsample_fwd_bf16(gp_device *dev, const uint16_t *x, uint16_t *y, int64_t n,
@@ -1351,7 +1358,7 @@ gp_status gp_dev_upsample_fwd_bf16(gp_device *dev, const uint16_t *x, uint16_t *
     if (!dev->iface->upsample_fwd_bf16) return no_bf16_slot(dev, "upsample");
     GP_TRY(upsample_check(dev, n, c, h, w, scale));
     if (n * c * h * w == 0) return GP_OK;
-    return dev->iface->upsample_fwd_bf16(dev, x, y, n, c, h, w, scale);
+    return GP_LAUNCH(dev, upsample_fwd_bf16)(dev, x, y, n, c, h, w, scale);
 }
 
 gp_status gp_dev_upsample_bwd_bf16(gp_device *dev, const uint16_t *dy, uint16_t *dx, int64_t n,
@@ -1360,7 +1367,7 @@ gp_status gp_dev_upsample_bwd_bf16(gp_device *dev, const uint16_t *dy, uint16_t 
     if (!dev->iface->upsample_bwd_bf16) return no_bf16_slot(dev, "upsample");
     GP_TRY(upsample_check(dev, n, c, h, w, scale));
     if (n * c * h * w == 0) return GP_OK;
-    return dev->iface->upsample_bwd_bf16(dev, dy, dx, n, c, h, w, scale);
+    return GP_LAUNCH(dev, upsample_bwd_bf16)(dev, dy, dx, n, c, h, w, scale);
 }
 
 gp_status gp_dev_bce_logits(gp_device *dev, const float *z, const float *t, int64_t n,
@@ -1373,6 +1380,6 @@ gp_status gp_dev_bce_logits(gp_device *dev, const float *z, const float *t, int6
     *bad = -1;
     if (!dev->iface->bce_logits)
         return no_unet_op(dev, "bce_logits", "the binary cross-entropy loss");
-    return n > 0 ? dev->iface->bce_logits(dev, z, t, n, scale, dz, loss_sum, correct, bad)
+    return n > 0 ? GP_LAUNCH(dev, bce_logits)(dev, z, t, n, scale, dz, loss_sum, correct, bad)
                  : GP_OK;
 }

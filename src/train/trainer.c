@@ -22,7 +22,8 @@
 
 void gp_train_metrics_step(struct gp_json_writer *w, int64_t step, int64_t epoch, double lr,
                            double samples_per_s, const gp_step_stats *st, bool data_parallel,
-                           gp_device *const *devs, int n_dev, const int64_t *host_waits)
+                           gp_device *const *devs, int n_dev, const int64_t *host_waits,
+                           const int64_t *launches)
 {
     gp_json_open_object(w, NULL);
     gp_json_put_int(w, "step", step);
@@ -45,6 +46,7 @@ void gp_train_metrics_step(struct gp_json_writer *w, int64_t step, int64_t epoch
         gp_json_put_uint(w, "peak_bytes", a.peak);
         gp_json_put_uint(w, "current_bytes", a.current);
         if (host_waits && host_waits[j] >= 0) gp_json_put_int(w, "host_waits", host_waits[j]);
+        if (launches && launches[j] >= 0) gp_json_put_int(w, "launches", launches[j]);
         for (int c = 0; c < GP_MEM_COUNT; c++) {
             char key[48];
             snprintf(key, sizeof key, "peak_%s", gp_mem_category_name((gp_mem_category)c));
@@ -1010,6 +1012,7 @@ typedef struct run_devices {
      * metrics' are per step): the total, and each kind's own */
     size_t peak[GP_MAX_DEVICES], peak_by[GP_MAX_DEVICES][GP_MEM_COUNT];
     int64_t waits[GP_MAX_DEVICES];   /* host waits per device in the step (-1: another rank's) */
+    int64_t launches[GP_MAX_DEVICES]; /* launches per device in the step (likewise) */
 } run_devices;
 
 /* What one gp_train_run holds from its start to its end. */
@@ -1487,6 +1490,7 @@ static void devices_before_step(run_devices *d)
             if (a.peak_by[c] > d->peak_by[j][c]) d->peak_by[j][c] = a.peak_by[c];
         gp_allocator_reset_peak(&d->devs[j]->alloc);
         d->waits[j] = (int64_t)gp_dev_host_waits(d->devs[j]);
+        d->launches[j] = (int64_t)gp_dev_launches(d->devs[j]);
     }
 }
 
@@ -1565,10 +1569,12 @@ static gp_status take_step(train_run *r, train_step *t)
         gp_pipeline_set_fault(mp->pipe, 0, 0, GP_INSTR_FORWARD);
     gp_status s = gp_model_pipeline_step(mp, r->cfg, t->b.x, t->b.y, t->b.n, t->lr, &t->st);
     /* processes: only this rank's device is counted here */
-    for (int j = 0; j < r->dev.n; j++)
-        r->dev.waits[j] = mp->local_device < 0 || j == mp->local_device
-                              ? (int64_t)gp_dev_host_waits(r->dev.devs[j]) - r->dev.waits[j]
-                              : -1;
+    for (int j = 0; j < r->dev.n; j++) {
+        bool mine = mp->local_device < 0 || j == mp->local_device;
+        r->dev.waits[j] = mine ? (int64_t)gp_dev_host_waits(r->dev.devs[j]) - r->dev.waits[j] : -1;
+        r->dev.launches[j] =
+            mine ? (int64_t)gp_dev_launches(r->dev.devs[j]) - r->dev.launches[j] : -1;
+    }
     if (s != GP_OK) return step_failed(r, t, s);
     gp_train_result *res = r->res;
     res->final_loss = t->st.loss;
@@ -1653,7 +1659,8 @@ static gp_status record_step(train_run *r, const train_step *t)
     run_outputs *o = &r->out;
     if (!o->metrics && !o->tb) return GP_OK;
     gp_train_metrics_step(&o->record, t->step + 1, t->b.epoch + 1, t->lr, r->window.sps, &t->st,
-                          r->cfg->pipeline.replicas > 1, r->dev.devs, r->dev.n, r->dev.waits);
+                          r->cfg->pipeline.replicas > 1, r->dev.devs, r->dev.n, r->dev.waits,
+                          r->dev.launches);
     bool tb_failed = false;
     gp_status s = record_line(&o->record, o->metrics, r->opts->metrics_path, o->tb, &tb_failed);
     if (s != GP_OK && gp_procs_size() == 1) {
