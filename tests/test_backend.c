@@ -1746,6 +1746,63 @@ static void test_update_check(gp_device *dev)
     dfree(dev, flag, 1);
 }
 
+/* Clipping's factor in the update's pass (gp_update_part.clip): SGD's
+ * slot, its fallback and Adam give the bits of the same update on the
+ * gradient scaled first (g * clip, one FP32 product, as the pipeline's
+ * CLIP scaled it before), momentum and moments included; the slots leave
+ * the gradient as it was. */
+static void test_update_clip(gp_device *dev)
+{
+    enum { N = 70001 };
+    const float clip = 0.3712f;
+    gp_device_iface bare = *dev->iface;
+    bare.sgd_multi = NULL;
+    gp_device fake = *dev;
+    fake.iface = &bare;
+    float *w[2], *v[2], *v2[2], *g = dalloc(dev, N), *gs = dalloc(dev, N), *g0 = dalloc(dev, N);
+    for (int k = 0; k < 2; k++) {
+        w[k] = dalloc(dev, N);
+        v[k] = dalloc(dev, N);
+        v2[k] = dalloc(dev, N);
+    }
+    for (int way = 0; way < 3; way++) {
+        for (int64_t i = 0; i < N; i++) {
+            w[0][i] = w[1][i] = frand();
+            v[0][i] = v[1][i] = 0.1f * frand();
+            v2[0][i] = v2[1][i] = 0.01f * (frand() + 1.0f);
+            g0[i] = g[i] = 4.0f * frand();
+            gs[i] = g[i] * clip;
+        }
+        gp_update_part ref = {.w = w[0], .g = gs, .v = v[0], .v2 = v2[0], .n = N, .wd = 1e-2f};
+        gp_update_part got = {.w = w[1], .g = g, .v = v[1], .v2 = v2[1], .n = N, .wd = 1e-2f,
+                              .clip = clip};
+        gp_adam_step adam = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                             .step_size = 1e-2f, .bc2_sqrt = 0.3f, .decoupled = 1};
+        gp_device *d = way == 1 ? &fake : dev;
+        if (way < 2) {
+            CHECK_OK(gp_dev_sgd_multi(d, &ref, 1, 0.05f, 0.9f, 1));
+            CHECK_OK(gp_dev_sgd_multi(d, &got, 1, 0.05f, 0.9f, 1));
+        } else {
+            CHECK_OK(gp_dev_adam_multi(d, &ref, 1, &adam));
+            CHECK_OK(gp_dev_adam_multi(d, &got, 1, &adam));
+        }
+        size_t b = (size_t)N * sizeof(float);
+        CHECK_MSG(!memcmp(w[0], w[1], b) && !memcmp(v[0], v[1], b) && !memcmp(v2[0], v2[1], b),
+                  "way %d: the update with clip %g is not the update of the scaled gradient",
+                  way, (double)clip);
+        CHECK_MSG(memcmp(w[1], g0, b) != 0, "way %d: nothing was updated", way);
+        if (way != 1) CHECK_MSG(!memcmp(g, g0, b), "way %d: the slot wrote the gradient", way);
+    }
+    for (int k = 0; k < 2; k++) {
+        dfree(dev, w[k], N);
+        dfree(dev, v[k], N);
+        dfree(dev, v2[k], N);
+    }
+    dfree(dev, g, N);
+    dfree(dev, gs, N);
+    dfree(dev, g0, N);
+}
+
 /* Weight mirrors (gp_wmirror, backend.h), on any processor (the table and
  * its rules are device-independent; the CPU's products read mirrors only
  * under precision bf16, which test_pipeline's bf16_native checks end to
@@ -3132,6 +3189,7 @@ int main(void)
     test_adam(dev);
     test_mirrors(dev);
     test_update_check(dev);
+    test_update_clip(dev);
     test_dropout(dev);
     test_unet_ops(dev);
     test_gemm(dev);

@@ -359,7 +359,7 @@ static inline gp_status gpt_rounded_step(gp_model *m, const gp_config *c, const 
     for (int k = 0; k < L && s == GP_OK; k++) s = gp_layer_grads_finish(&m->layers[k]);
     for (int k = 0; k < L && s == GP_OK; k++)
         if (m->layers[k].ops->commit) s = m->layers[k].ops->commit(&m->layers[k]);
-    if (s == GP_OK) s = gp_optim_update(m->optim, 0, L, 0.05, m->step, 0, 1, NULL, NULL);
+    if (s == GP_OK) s = gp_optim_update(m->optim, 0, L, 0.05, m->step, 0, 1, NULL, NULL, 0.0f);
     m->step++;
     if (out) *out = gp_step_stats_of(sum, correct, count, n, 0.05, 0, 0);
     return s;

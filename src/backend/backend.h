@@ -145,8 +145,10 @@
  *      norm's pass on bf16 storage)
  *  40  gp_update_part.w16 and .nonfinite (sgd_multi and adam_multi write
  *      a weight's bf16 mirror and check the new weights in the update's
- *      pass) */
-#define GP_DEVICE_IFACE_VERSION 40
+ *      pass)
+ *  41  gp_update_part.clip (gradient clipping's factor applied in the
+ *      update's pass instead of a scale per tensor) */
+#define GP_DEVICE_IFACE_VERSION 41
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -346,7 +348,11 @@ typedef struct gp_loss_result {
  * (gp_dev_mirror_for_update).  nonfinite (NULL: none): one float of the
  * device's memory set to 1 if a new w[i] is NaN or Inf, else left as it
  * is (the check after the step, in the same pass: nonfinite_or's flag);
- * the parts of one call that have one name the same. */
+ * the parts of one call that have one name the same.  clip (0: none): the
+ * gradient is g[i] * clip, gradient clipping's factor in (0, 1) folded into
+ * the update's pass (the bits of scaling g first: one FP32 product), so a
+ * clipped step launches no scale per tensor; the slots do not write g
+ * (gp_dev_sgd_multi's fallback without sgd_multi scales it first). */
 typedef struct gp_update_part {
     float *w;
     const float *g;
@@ -356,6 +362,7 @@ typedef struct gp_update_part {
     float wd;
     uint16_t *w16;
     float *nonfinite;
+    float clip;
 } gp_update_part;
 
 /* A weight tensor's bf16 mirror (precision bf16): the copy its products
@@ -1524,6 +1531,8 @@ static inline gp_status gp_dev_sgd_multi(gp_device *dev, const gp_update_part *p
     if (n <= 0) return GP_OK;
     if (dev->iface->sgd_multi) return GP_LAUNCH(dev, sgd_multi)(dev, parts, n, lr, mu, nesterov);
     for (int i = 0; i < n; i++) {
+        if (parts[i].clip > 0.0f) /* the gradient scaled first: the same bits */
+            GP_TRY(GP_LAUNCH(dev, scale)(dev, (float *)parts[i].g, parts[i].clip, parts[i].n));
         GP_TRY(GP_LAUNCH(dev, sgd_update)(dev, parts[i].w, parts[i].g, parts[i].v, parts[i].n, lr, mu,
                                       parts[i].wd, nesterov));
         gp_status st = GP_OK;

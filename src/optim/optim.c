@@ -138,6 +138,7 @@ typedef struct {
     update_batch *batch;
     gp_device *check_dev; /* gp_optim_update's */
     float *nonfinite;
+    float clip; /* the gradients' factor (0: none) */
 } update_arg;
 
 /* Adam's constants for 1-based step t. */
@@ -181,7 +182,8 @@ static gp_status update_chunk(gp_optim *o, gp_param *pr, gp_tensor *st, const vo
                                         .v = st ? gp_f32(&st[0]) + lo : NULL,
                                         .v2 = o->per > 1 ? gp_f32(&st[1]) + lo : NULL,
                                         .n = hi - lo, .wd = decay_of(o, pr), .w16 = w16,
-                                        .nonfinite = b->dev == a->check_dev ? a->nonfinite : NULL};
+                                        .nonfinite = b->dev == a->check_dev ? a->nonfinite : NULL,
+                                        .clip = a->clip};
     return GP_OK;
 }
 
@@ -199,13 +201,13 @@ static gp_status update_fused(gp_optim *o, gp_param *pr, gp_tensor *st, const vo
 }
 
 gp_status gp_optim_update(gp_optim *o, int first, int count, double lr, int64_t step, int shard,
-                          int shards, gp_device *check_dev, float *nonfinite)
+                          int shards, gp_device *check_dev, float *nonfinite, float clip)
 {
     GP_ASSERT(!nonfinite || shards == 1); /* a chunk's check would not be the tensor's */
     update_batch b = {.n = 0};
     update_arg a = {.lr = lr, .adam = adam_step(&o->opts, lr, step + 1), .shard = shard,
                     .shards = shards, .batch = &b, .check_dev = check_dev,
-                    .nonfinite = nonfinite};
+                    .nonfinite = nonfinite, .clip = clip};
     GP_TRY(each_param(o, first, count, update_chunk, &a));
     return flush_batch(o, &a);
 }
@@ -272,6 +274,22 @@ gp_status gp_clip_nonfinite(const gp_layer *layers, int n_layers, const double *
 
 gp_status gp_clip_grad_norm(gp_layer *layers, int n_layers, float max_norm, double *norm)
 {
+    float factor;
+    GP_TRY(gp_clip_grad_factor(layers, n_layers, max_norm, norm, &factor));
+    for (int k = 0; k < n_layers && factor > 0.0f; k++)
+        for (int a = 0; a < layers[k].n_params; a++) {
+            gp_param *pr = &layers[k].params[a];
+            if (!gp_param_trained(pr) || !gp_tensor_mem(&pr->grad)) continue;
+            GP_TRY(gp_dev_scale(pr->value.dev, gp_f32(&pr->grad), factor,
+                                gp_tensor_numel(&pr->value)));
+        }
+    return GP_OK;
+}
+
+gp_status gp_clip_grad_factor(gp_layer *layers, int n_layers, float max_norm, double *norm,
+                              float *factor)
+{
+    *factor = 0.0f;
     int total = 0;
     for (int k = 0; k < n_layers; k++) total += gp_layer_tensor_count(&layers[k]);
     size_t cap = (size_t)(total ? total : 1);
@@ -308,13 +326,6 @@ gp_status gp_clip_grad_norm(gp_layer *layers, int n_layers, float max_norm, doub
     free(sq);
     GP_TRY(s);
     double coef = (double)max_norm / (*norm + 1e-6);
-    if (!(coef < 1.0)) return GP_OK;
-    for (int k = 0; k < n_layers; k++)
-        for (int a = 0; a < layers[k].n_params; a++) {
-            gp_param *pr = &layers[k].params[a];
-            if (!gp_param_trained(pr) || !gp_tensor_mem(&pr->grad)) continue;
-            GP_TRY(gp_dev_scale(pr->value.dev, gp_f32(&pr->grad), (float)coef,
-                                gp_tensor_numel(&pr->value)));
-        }
+    if (coef < 1.0) *factor = (float)coef;
     return GP_OK;
 }

@@ -74,9 +74,11 @@ void gp_optim_destroy(gp_optim *o); /* NULL is fine */
  * pass, so that check need read only the parameters the optimizer does
  * not update, gp_layers_flag_nonfinite's skip_trained).  Each whole
  * parameter's bf16 mirror, where its device keeps one, is written in the
- * same pass. */
+ * same pass.  clip (0: none): every gradient read as g * clip, gradient
+ * clipping's factor (gp_clip_grad_factor) applied in the update's pass,
+ * the gradients themselves left as they are. */
 gp_status gp_optim_update(gp_optim *o, int first, int count, double lr, int64_t step, int shard,
-                          int shards, gp_device *check_dev, float *nonfinite);
+                          int shards, gp_device *check_dev, float *nonfinite, float clip);
 /* The sharded update with the gradient sum in it: for each parameter, the
  * sum of its gradients over comm's ranks, the update of this rank's chunk
  * and the all-gather of the parameter, as one collective
@@ -95,6 +97,12 @@ gp_status gp_optim_update_fused(gp_optim *o, int first, int count, double lr, in
  * then skips the update, so the model stays as it was (PyTorch's
  * error_if_nonfinite=True). */
 gp_status gp_clip_grad_norm(gp_layer *layers, int n_layers, float max_norm, double *norm);
+/* The same norm and checks, the gradients left as they are: *factor is
+ * max_norm / (norm + 1e-6) where that is below 1, else 0 (no clipping),
+ * for gp_optim_update's clip, which applies it in the update's own pass
+ * (the bits of the scaled gradients: one FP32 product each). */
+gp_status gp_clip_grad_factor(gp_layer *layers, int n_layers, float max_norm, double *norm,
+                              float *factor);
 
 /* The error for a global gradient norm that is not finite: sq[t] the
  * squared norms of the trainable tensors of layers[0 .. n_layers) in

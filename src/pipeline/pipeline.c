@@ -65,6 +65,8 @@ typedef struct worker {
     size_t res_bytes;
     int bad_loss;         /* the first micro-batch whose loss is not finite, or -1 */
     bool flagged;         /* a parameter of its stages is not finite */
+    float clip;           /* this step's clipping factor for its UPDATEs (0: none), set by
+                             its CLIP, which every step with clipping runs first */
 } worker;
 
 struct gp_pipeline {
@@ -1469,7 +1471,10 @@ static gp_status clip_replicas(gp_pipeline *p, int q)
 /* CLIP (after the barrier: every gradient final and summed over the
  * replicas): the global L2 norm of every trainable gradient of the model,
  * and where it exceeds opts.clip_norm, device d's gradients scaled by
- * clip_norm / (norm + 1e-6), as PyTorch's clip_grad_norm_.  The norm is
+ * clip_norm / (norm + 1e-6), as PyTorch's clip_grad_norm_: the factor is
+ * kept in w->clip and applied by the UPDATE in its own pass (a step with
+ * clipping never has a fused update, schedule.c), not by a scale per
+ * tensor here.  The norm is
  * the sum, in layer order and in double, of each tensor's squared norm
  * (sumsq), as gp_clip_grad_norm sums it on one device, so a pipeline clips by
  * the same factor bit for bit.  A sharded stage's replicas each hold the
@@ -1529,8 +1534,13 @@ static gp_status clip(worker *w, int *bad_layer)
      * then leaves the model as it was (a free check: CLIP has waited
      * anyway). */
     if (!isfinite(norm)) return gp_clip_nonfinite(p->layers, p->L, p->clip_sq, norm, bad_layer);
+    w->clip = 0.0f;
     if (!(coef < 1.0)) return GP_OK; /* within the limit */
-    EACH_STAGE(p, q, d) {
+    if (p->opts.optim) { /* the UPDATEs that follow apply it */
+        w->clip = (float)coef;
+        return GP_OK;
+    }
+    EACH_STAGE(p, q, d) { /* no optimizer: the gradients are the step's result */
         bool shard = p->replicas > 1 && p->shard[q];
         for (int c = p->first[q]; c < p->first[q] + p->count[q]; c++)
             for (int a = 0; a < p->layers[c].n_params; a++) {
@@ -1737,7 +1747,8 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
         p->update_checked[j] = check;
         return gp_optim_update(p->opts.optim, first, count, p->lr, (int64_t)p->step,
                                in->shard ? p->rank : 0, in->shard ? p->replicas : 1,
-                               p->devs[j], check ? (float *)w->res_dev : NULL);
+                               p->devs[j], check ? (float *)w->res_dev : NULL,
+                               p->opts.clip_norm > 0 ? w->clip : 0.0f);
     }
     case GP_INSTR_GATHER:
         /* after a sharded update: every replica's parameters of stage j

@@ -99,10 +99,13 @@ typedef struct gp_pipeline_opts {
      * GATHER, which write the state a snapshot holds, wait at it while a
      * snapshot copies that state in the background. */
     gp_gate *state_gate;
-    float clip_norm;            /* > 0: CLIP scales the gradients so that their
-                                   global L2 norm is at most this
-                                   (train.clip_grad_norm); only with an optim
-                                   (no UPDATE, no CLIP: grad_norm stays NaN) */
+    float clip_norm;            /* > 0: CLIP finds the factor that makes the
+                                   gradients' global L2 norm at most this
+                                   (train.clip_grad_norm) and the UPDATE reads
+                                   them times it, in its own pass (the
+                                   gradients are left unscaled); only with an
+                                   optim (no UPDATE, no CLIP: grad_norm stays
+                                   NaN) */
     float label_smoothing;      /* cross-entropy's (model.label_smoothing); 0: none */
     int64_t classes;            /* cross-entropy's: the logits it reads of a padded
                                    vocabulary (gp_loss); 0: all */

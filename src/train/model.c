@@ -532,13 +532,13 @@ static gp_status upload_chunk(gp_model *m, const float *x, const float *y, int64
  * tied replicas) into the same flag, and one read of the flag waits for it
  * all; only a flag found set reads the tensors one by one, to name the
  * first bad one. */
-static gp_status after_step(gp_model *m, double lr)
+static gp_status after_step(gp_model *m, double lr, float clip)
 {
     int L = m->n_layers;
     float *flag = NULL, hflag = 0.0f;
     GP_TRY(gp_dev_alloc(m->dev, sizeof *flag, GP_MEM_WORKSPACE, (void **)&flag));
     gp_status s = gp_dev_fill(m->dev, flag, 0.0f, 1);
-    if (s == GP_OK) s = gp_optim_update(m->optim, 0, L, lr, m->step, 0, 1, m->dev, flag);
+    if (s == GP_OK) s = gp_optim_update(m->optim, 0, L, lr, m->step, 0, 1, m->dev, flag, clip);
     if (s == GP_OK) s = gp_layers_tie_sync(m->layers, L); /* the updated owners */
     if (s == GP_OK) s = gp_layers_flag_nonfinite(m->layers, L, m->dev, flag, true);
     for (int k = 0; k < L && s == GP_OK; k++) /* (a layer on another device: its own check) */
@@ -636,15 +636,16 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
     /* clipping first: gradients that are not finite stop the step before
      * the batch-norm statistics are committed (as the pipeline's CLIP does) */
     double norm = NAN;
+    float clip = 0.0f; /* applied in the update's pass, as the pipeline's UPDATE does */
     if (s == GP_OK && cfg->train.clip_grad_norm > 0)
-        s = gp_clip_grad_norm(m->layers, L, cfg->train.clip_grad_norm, &norm);
+        s = gp_clip_grad_factor(m->layers, L, cfg->train.clip_grad_norm, &norm, &clip);
     /* nothing committed or updated yet: whatever failed so far (a NaN loss,
      * which this step checks per micro-batch, gradients clipping found not
      * finite, out of memory) left the model as it was */
     m->refused = s != GP_OK;
     gp_gate_wait(m->gate); /* a snapshot's copy of the state in the background */
     if (s == GP_OK) s = gp_layers_commit(m->layers, L, m->dev, NULL);
-    if (s == GP_OK) s = after_step(m, lr);
+    if (s == GP_OK) s = after_step(m, lr, clip);
     if (s != GP_OK) {
         gp_layers_discard(m->layers, L); /* a failed step's statistics */
         return s;

@@ -199,8 +199,8 @@ static void flag_parts(const gp_update_part *parts, int n, int bad)
 /* Every part in one parallel region (each part's elements split over the
  * threads as sgd_update splits them, without a barrier between parts):
  * one fork and join per stage and step instead of one per parameter.  A
- * part's bf16 mirror (w16) and the finiteness check of its new values
- * (nonfinite) in the same pass. */
+ * part's bf16 mirror (w16), the finiteness check of its new values
+ * (nonfinite) and clipping's factor (clip; g * 1 is g) in the same pass. */
 GP_CPU_LOOPS
 gp_status gp_cpu_sgd_multi(gp_device *dev, const gp_update_part *parts, int n, float lr, float mu,
                            int nesterov)
@@ -212,13 +212,14 @@ gp_status gp_cpu_sgd_multi(gp_device *dev, const gp_update_part *parts, int n, f
 #pragma omp parallel num_threads(nt) if (total >= CPU_PAR_MIN) reduction(| : bad)
     for (int p = 0; p < n; p++) {
         float *w = parts[p].w, *v = parts[p].v, wd = parts[p].wd;
-        const float *g = parts[p].g;
+        const float *g = parts[p].g, cf = parts[p].clip > 0.0f ? parts[p].clip : 1.0f;
         float t = 0.0f; /* v NULL: plain SGD, no state */
         if (v)
-            CPU_UPDATE_PART(&parts[p], w, bad, gp_ew_sgd(&w[i], g[i], &v[i], lr, mu, wd, nesterov));
+            CPU_UPDATE_PART(&parts[p], w, bad,
+                            gp_ew_sgd(&w[i], g[i] * cf, &v[i], lr, mu, wd, nesterov));
         else
             CPU_UPDATE_PART(&parts[p], w, bad,
-                            (t = 0.0f, gp_ew_sgd(&w[i], g[i], &t, lr, mu, wd, nesterov)));
+                            (t = 0.0f, gp_ew_sgd(&w[i], g[i] * cf, &t, lr, mu, wd, nesterov)));
     }
     flag_parts(parts, n, bad);
     return GP_OK;
@@ -238,8 +239,8 @@ gp_status gp_cpu_adam_multi(gp_device *dev, const gp_update_part *parts, int n,
 #pragma omp parallel num_threads(nt) if (total >= CPU_PAR_MIN) firstprivate(st) reduction(| : bad)
     for (int p = 0; p < n; p++) {
         float *w = parts[p].w, *m = parts[p].v, *v = parts[p].v2, wd = parts[p].wd;
-        const float *g = parts[p].g;
-        CPU_UPDATE_PART(&parts[p], w, bad, gp_ew_adam(&w[i], g[i], &m[i], &v[i], &st, wd));
+        const float *g = parts[p].g, cf = parts[p].clip > 0.0f ? parts[p].clip : 1.0f;
+        CPU_UPDATE_PART(&parts[p], w, bad, gp_ew_adam(&w[i], g[i] * cf, &m[i], &v[i], &st, wd));
     }
     flag_parts(parts, n, bad);
     return GP_OK;

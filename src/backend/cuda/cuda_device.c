@@ -793,6 +793,7 @@ static void fill_table(gp_cuk_sgd_table *t, const gp_update_part *parts, int fir
         t->v2[i] = pt->v2;
         t->n[i] = pt->n;
         t->wd[i] = pt->wd;
+        t->clip[i] = pt->clip > 0.0f ? pt->clip : 1.0f;
         t->w16[i] = pt->w16;
         t->nonfinite[i] = pt->nonfinite;
     }

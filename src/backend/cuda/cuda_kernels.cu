@@ -95,7 +95,7 @@ __global__ void k_sgd_multi(gp_cuk_sgd_table t, float lr, float mu, int nesterov
 {
     int p = 0;
     while (p + 1 < t.parts && blockIdx.x >= t.first[p + 1]) p++;
-    float *w = t.w[p], *v = t.v[p], wd = t.wd[p];
+    float *w = t.w[p], *v = t.v[p], wd = t.wd[p], cf = t.clip[p];
     uint16_t *w16 = t.w16[p];
     float *flag = t.nonfinite[p];
     const float *g = t.g[p];
@@ -103,7 +103,7 @@ __global__ void k_sgd_multi(gp_cuk_sgd_table t, float lr, float mu, int nesterov
     for (int64_t i = (int64_t)(blockIdx.x - t.first[p]) * blockDim.x + threadIdx.x; i < n;
          i += nb * blockDim.x) {
         float tmp = 0.0f; /* v NULL: plain SGD, no state */
-        gp_ew_sgd(&w[i], g[i], v ? &v[i] : &tmp, lr, mu, wd, nesterov);
+        gp_ew_sgd(&w[i], g[i] * cf, v ? &v[i] : &tmp, lr, mu, wd, nesterov);
         if (w16) w16[i] = gp_ew_bf16_bits(w[i]);
         if (flag && gp_ew_nonfinite(w[i])) *flag = 1.0f; /* (every writer writes 1) */
     }
@@ -113,14 +113,14 @@ __global__ void k_adam_multi(gp_cuk_sgd_table t, gp_adam_step a)
 {
     int p = 0;
     while (p + 1 < t.parts && blockIdx.x >= t.first[p + 1]) p++;
-    float *w = t.w[p], *m = t.v[p], *v = t.v2[p], wd = t.wd[p];
+    float *w = t.w[p], *m = t.v[p], *v = t.v2[p], wd = t.wd[p], cf = t.clip[p];
     uint16_t *w16 = t.w16[p];
     float *flag = t.nonfinite[p];
     const float *g = t.g[p];
     int64_t nb = t.first[p + 1] - t.first[p], n = t.n[p];
     for (int64_t i = (int64_t)(blockIdx.x - t.first[p]) * blockDim.x + threadIdx.x; i < n;
          i += nb * blockDim.x) {
-        gp_ew_adam(&w[i], g[i], &m[i], &v[i], &a, wd);
+        gp_ew_adam(&w[i], g[i] * cf, &m[i], &v[i], &a, wd);
         if (w16) w16[i] = gp_ew_bf16_bits(w[i]);
         if (flag && gp_ew_nonfinite(w[i])) *flag = 1.0f;
     }

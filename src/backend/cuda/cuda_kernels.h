@@ -62,6 +62,7 @@ typedef struct gp_cuk_sgd_table {
     float *nonfinite[GP_CUK_SGD_PARTS]; /* set to 1 if a new weight is not finite (NULL: none) */
     int64_t n[GP_CUK_SGD_PARTS];
     float wd[GP_CUK_SGD_PARTS];
+    float clip[GP_CUK_SGD_PARTS]; /* the gradient's factor (gp_update_part.clip; 0: none) */
     unsigned first[GP_CUK_SGD_PARTS + 1];
     int parts;
 } gp_cuk_sgd_table;
