@@ -1,28 +1,38 @@
 #!/usr/bin/python3
 """bench_gpt_cpu.py — a GPT's training tokens per second on CPU devices,
-gpipe against PyTorch eager on the same cores (issue 53's CPU speed bar:
-configs/tiny-gpt.yaml at least 1.2x PyTorch 1.13 with OpenBLAS, FP32).
+gpipe against PyTorch eager on the same cores (issue 64's CPU bar:
+configs/tiny-gpt.yaml at least 1.2x PyTorch 2.x, FP32 and bf16).
 
-    bench/bench_gpt_cpu.py [--config configs/tiny-gpt.yaml] [--steps 20]
-                           [--threads 2] [--rounds 2]
+    <python> bench/bench_gpt_cpu.py [--config configs/tiny-gpt.yaml]
+        [--steps 20] [--threads 2] [--rounds 2] [--precision fp32|bf16]
+        [--attention fused|plain]
+
+The peer is whatever torch the interpreter that runs this script imports:
+PyPI's current torch (MKL, oneDNN) in a venv is the one users have, made by
+bench/torch_venv.sh (`/opt/gpipe-torch/bin/python bench/bench_gpt_cpu.py`);
+Debian's python3-torch 1.13 (/usr/bin/python3) is older and slower and
+needs libopenblas0-pthread (scripts/install-deps.sh --bench), which this
+script checks for that torch only.
 
 PyTorch: tests/gpt_twin.py's GPT (Hugging Face's GPT-2 layout: Conv1D
-projections, pre-norm blocks, causal attention written out as nanoGPT and
-HF's eager path do in 1.13, which has no fused attention), built from the
-config's model.gpt sizes, torch.set_num_threads(--threads), AdamW with the
-config's betas, weight decay and lr, gradient clipping where the config
-clips, random tokens (B, T + 1) each step, the loss read each step.
-gpipe: gpipe-train on the same config with train.steps = --steps, its
---metrics step_seconds, on the config's devices and on one device with all
---threads (whichever is faster is what a user would pick), the token files
-of scripts/tokenize_text.py (byte-level, made in a temporary directory
-from /usr/share/common-licenses when the model's vocabulary is 256;
-otherwise data.path as the config has it).  Median step after 3 warm-up
-steps; tokens per second = batch x T / median; rounds alternate the
-programs, and the ratio is taken within each round.
-
-Debian's interpreter on purpose: torch is python3-torch, whose linear layers
-need libopenblas0-pthread (scripts/install-deps.sh --bench installs it).
+projections, pre-norm blocks) with --attention fused (the default:
+F.scaled_dot_product_attention, is_causal, what a PyTorch 2 user's model
+calls) or plain (the scores written out, nanoGPT's and HF's eager path),
+built from the config's model.gpt sizes, torch.set_num_threads(--threads),
+AdamW with the config's betas, weight decay and lr, gradient clipping
+where the config clips, random tokens (B, T + 1) each step, the loss read
+each step; --precision bf16 runs the forward and the loss under
+torch.autocast("cpu", torch.bfloat16).  gpipe: gpipe-train on the same
+config with train.steps = --steps and train.precision = --precision, its
+--metrics step_seconds, on the config's devices and on one device with
+all --threads and one micro-batch (pipeline.chunks 1: a single device has
+nothing to overlap; whichever layout is faster is what a user would
+pick), the token files of scripts/tokenize_text.py (byte-level, made in a
+temporary directory from /usr/share/common-licenses when the model's
+vocabulary is 256; otherwise data.path as the config has it).  Median step
+after 3 warm-up steps; tokens per second = batch x T / median; rounds
+alternate the programs, and the ratio is taken within each round.  The
+first lines name the processor, its ISA, torch's version and its BLAS.
 Prints; never fails a build.
 """
 import argparse
@@ -61,10 +71,12 @@ def load_cfg(path):
             "devices": cfg.get("pipeline", {}).get("devices", ["cpu:0"])}
 
 
-def torch_tokens_per_s(c, threads, steps):
+def torch_tokens_per_s(c, threads, steps, precision, attention):
+    import contextlib
     import torch
     import torch.nn.functional as F
     import gpt_twin
+    gpt_twin.FUSED_ATTENTION = attention == "fused"
     torch.set_num_threads(threads)
     torch.manual_seed(1)
     model = gpt_twin.GPT(c["vocab"], c["width"], c["layers"], c["heads"], c["positions"],
@@ -81,8 +93,12 @@ def torch_tokens_per_s(c, threads, steps):
     for s in range(steps + 3):
         data = torch.randint(0, c["vocab"], (b, t + 1))
         t0 = time.perf_counter()
-        logits = model(data[:, :t])
-        loss = F.cross_entropy(logits.reshape(-1, c["vocab"]), data[:, 1:].reshape(-1))
+        amp = (torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16"
+               else contextlib.nullcontext())
+        with amp:
+            logits = model(data[:, :t])
+            loss = F.cross_entropy(logits.reshape(-1, c["vocab"]).float(),
+                                   data[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if c["clip"] > 0:
@@ -105,10 +121,11 @@ def token_files(c, tmp):
     return out
 
 
-def gpipe_tokens_per_s(binary, config, c, steps, sets, tmp):
+def gpipe_tokens_per_s(binary, config, c, steps, sets, tmp, precision):
     m = os.path.join(tmp, "m.jsonl")
     cmd = [binary, config, "--metrics", m, "--no-progress", "-q",
            "--set", "train.steps=%d" % (steps + 3), "--set", "train.eval_each_epoch=false",
+           "--set", "train.precision=%s" % precision,
            "--set", "train.schedule={type: constant}"] + sum((["--set", s] for s in sets), [])
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if r.returncode != 0:
@@ -125,15 +142,25 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    ap.add_argument("--attention", choices=("fused", "plain"), default="fused")
     a = ap.parse_args()
-    blas = blas_check()
+    import torch
+    debian = torch.__version__.startswith("1.")
+    blas = blas_check() if debian else "bundled (%s)" % (
+        "MKL" if torch.backends.mkl.is_available() else "no MKL")
     c = load_cfg(a.config)
-    isa, _ = cpu_flags()
-    print("%s (%s); %d threads; BLAS %s; OPENBLAS_CORETYPE=%s" % (
-        cpu_name(), isa, a.threads, blas, os.environ.get("OPENBLAS_CORETYPE", "-")))
-    print("GPT: %d layers, %d heads, width %d, T %d, vocabulary %d, %s head; batch %d; FP32, "
-          "AdamW" % (c["layers"], c["heads"], c["width"], c["T"], c["vocab"],
-                     "tied" if c["tie"] else "untied", c["batch"]))
+    isa, flags = cpu_flags()
+    if a.precision == "bf16" and "avx512_bf16" not in flags and "amx_bf16" not in flags:
+        print("note: this processor has no bf16 instructions; gpipe refuses precision bf16 "
+              "here, and PyTorch's autocast emulates it")
+    print("%s (%s); %d threads; torch %s (%s), BLAS %s; OPENBLAS_CORETYPE=%s" % (
+        cpu_name(), isa, a.threads, torch.__version__, sys.executable, blas,
+        os.environ.get("OPENBLAS_CORETYPE", "-")))
+    print("GPT: %d layers, %d heads, width %d, T %d, vocabulary %d, %s head; batch %d; %s, "
+          "AdamW; PyTorch attention %s" % (c["layers"], c["heads"], c["width"], c["T"],
+                                           c["vocab"], "tied" if c["tie"] else "untied",
+                                           c["batch"], a.precision.upper(), a.attention))
     with tempfile.TemporaryDirectory() as tmp:
         data = token_files(c, tmp)
         base = ["data.path=%s" % data] if data else []
@@ -143,15 +170,15 @@ def main():
                     base + ["pipeline.threads=%d" % per]),
                    ("1 device x %d threads" % a.threads,
                     base + ["pipeline.devices=[cpu:0]", "pipeline.threads=%d" % a.threads,
-                            "pipeline.balance=auto"])]
+                            "pipeline.balance=auto", "pipeline.chunks=1"])]
         print("\n| round | PyTorch tokens/s | " + " | ".join(
             "gpipe %s | ratio" % name for name, _ in layouts) + " |")
         print("|---|---|" + "---|---|" * len(layouts))
         for r in range(1, a.rounds + 1):
-            pt = torch_tokens_per_s(c, a.threads, a.steps)
+            pt = torch_tokens_per_s(c, a.threads, a.steps, a.precision, a.attention)
             row = "| %d | %.0f |" % (r, pt)
             for _, sets in layouts:
-                g = gpipe_tokens_per_s(a.binary, a.config, c, a.steps, sets, tmp)
+                g = gpipe_tokens_per_s(a.binary, a.config, c, a.steps, sets, tmp, a.precision)
                 row += " %.0f | %.2fx |" % (g, g / pt)
             print(row, flush=True)
 
