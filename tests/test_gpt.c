@@ -28,7 +28,10 @@
  *     and the other way round, and a larger vocabulary's file whose rows
  *     number the padded model's is refused; evaluation and
  *     gp_run_describe read V; gpipe-sample never draws a padding id; the
- *     parameter count is the unpadded one, the padding said apart.
+ *     parameter count is the unpadded one, the padding said apart;
+ *   - launches: a step's launches (gp_dev_launches) on 1 stage pinned to a
+ *     closed form in blocks and micro-batches, 2 stages' to it plus 3,
+ *     GPT-2 124M's within 1.5x llm.c's (launch_counts, below).
  */
 #include "config/config.h"
 #include "train/snapshot.h"
@@ -785,6 +788,92 @@ static void vocab_pad(gp_device **devs)
               "g.yaml:3:20: model.gpt.vocab_pad must be >= 1, got 0");
 }
 
+/* ---- launches ---------------------------------------------------------------
+ * A GPT step's launches (gp_dev_launches: the compute slots called, what a
+ * GPU runs as kernels) on the CPU backend in FP32, one stage (the pipeline
+ * that gpipe-train drives on one device), AdamW with clipping active,
+ * checkpoint never, pinned to the closed form
+ *     9 + 8 L + m (8 + 28 L)     (L blocks, m micro-batches)
+ * so that a change that adds launches fails here and must say why:
+ *   - per block and micro-batch 28: the forward's 10 (2 layer norms, 4
+ *     products with their biases, attention, GELU, 2 residual adds) and the
+ *     backward's 18 (each product's data and weight products and its bias
+ *     sum, attention, GELU, each norm's data and weight passes, the adds'
+ *     gradients);
+ *   - per block and step 8: zeroing its 4 layer-norm and 4 bias gradients
+ *     before their first sums (the products' weights overwrite instead);
+ *   - per micro-batch 8: the embedding, the final norm, the tied head and
+ *     the loss, forward and backward;
+ *   - per step 9: the embedding's and final norm's zeroing, the clip's one
+ *     sum over every gradient, AdamW over every parameter in one launch
+ *     with the clip folded in, the check of what the update wrote, the
+ *     step's flags.
+ * 2 stages add 3: the second stage's own update, clip sum and flag (the
+ * blocks' launches are the same, split).  llm.c's train_gpt2.cu launches
+ * 31 L + 33 a step (bench/README.md, "Launches"): GPT-2 124M's 12 blocks at
+ * m = 1 are 449 here against 405, inside issue 64's 1.5x. */
+static int64_t launch_form(int L, int m) { return 9 + 8 * L + m * (8 + 28 * L); }
+
+static int64_t launches_of_step(gp_device **devs, int n, int L, int m)
+{
+    char layers[16], chunks[32];
+    snprintf(layers, sizeof layers, "%d", L);
+    snprintf(chunks, sizeof chunks, "pipeline.chunks=%d", m);
+    const char *sets[] = {"train.optimizer={type: adamw}", "train.clip_grad_norm=1e-4",
+                          "pipeline.checkpoint=never", chunks};
+    char opts[128];
+    snprintf(opts, sizeof opts, "{layers: %s, heads: 2, width: 16, positions: 8, vocab: 32}",
+             layers);
+    gp_config c;
+    if (gpt_cfg(opts, "[8]", sets, 4, &c) != GP_OK) {
+        CHECK_MSG(false, "launches: the config: %s", gp_last_error());
+        return -1;
+    }
+    c.train.batch_size = 4;
+    int bal[GP_MAX_DEVICES];
+    gpt_set_schedule(&c, GP_SCHEDULE_GPIPE, n, bal);
+    gp_model mdl;
+    gp_status s = gp_model_build_placed(&c, devs, n, bal, &mdl);
+    CHECK_OK(s);
+    int64_t got = -1;
+    float x[4 * 8], y[4 * 8];
+    for (int step = 0; step < 2 && s == GP_OK; step++) { /* the second: nothing first-time */
+        gpt_counting_tokens(40u + (unsigned)step, 4, 8, 32, x, y);
+        uint64_t before = 0, after = 0;
+        for (int j = 0; j < n; j++) before += gp_dev_launches(devs[j]);
+        gp_step_stats st;
+        s = gp_model_pipeline_step(&mdl, &c, x, y, 4, 0.01, &st);
+        CHECK_MSG(s == GP_OK, "launches: L %d m %d: %s", L, m, gp_last_error());
+        CHECK_MSG(s != GP_OK || st.grad_norm > 1e-4, "launches: clipping did not run");
+        for (int j = 0; j < n; j++) after += gp_dev_launches(devs[j]);
+        got = (int64_t)(after - before);
+    }
+    if (s == GP_OK) gp_model_free(&mdl);
+    gp_config_free(&c);
+    return got;
+}
+
+static void launch_counts(gp_device **devs)
+{
+    for (int L = 1; L <= 3; L += 2)
+        for (int m = 1; m <= 2; m++) {
+            int64_t got = launches_of_step(devs, 1, L, m);
+            CHECK_MSG(got == launch_form(L, m), "launches of a GPT step, %d block(s), %d "
+                      "micro-batch(es): %lld, the closed form says %lld (a change of the "
+                      "step's launches: update the form and its account above)", L, m,
+                      (long long)got, (long long)launch_form(L, m));
+            if (m == 2 && devs[1]) {
+                int64_t two = launches_of_step(devs, 2, L, m);
+                CHECK_MSG(two == got + 3, "launches over 2 stages, %d block(s): %lld, one "
+                          "stage's %lld + 3 (the second stage's update, clip sum and flag)", L,
+                          (long long)two, (long long)got);
+            }
+        }
+    CHECK(launch_form(12, 1) * 2 <= 3 * (31 * 12 + 33)); /* GPT-2 124M within 1.5x llm.c's */
+    printf("launches: a GPT step launches %lld at 12 blocks, m = 1 (llm.c: %d)\n",
+           (long long)launch_form(12, 1), 31 * 12 + 33);
+}
+
 int main(void)
 {
     gp_log_set_level(GP_LOG_ERROR);
@@ -793,6 +882,7 @@ int main(void)
     if (devs[0]) {
         init_normal(devs[0]);
         vocab_pad(devs);
+        launch_counts(devs);
     }
     for (int j = 0; j < 3; j++)
         if (devs[j]) gp_device_close(devs[j]);
