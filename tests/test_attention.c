@@ -15,7 +15,9 @@
  *   - memory: what a forward keeps is the rows' log-sum-exp, N H T floats
  *     (gp_saved_bytes and the layer's saved_bytes agree), linear in T;
  *   - spec errors: heads not dividing C, an input without the T axis; the
- *     YAML form and its errors at file:line:column.
+ *     YAML form and its errors at file:line:column;
+ *   - bf16 storage: the bf16 slots' y, lse and dx bit for bit the storage
+ *     adapter's (the FP32 kernel on widened values, rounded once).
  * The pipeline on two devices against one is in test_pipeline.c.
  */
 #include "layers/layers_impl.h"
@@ -410,6 +412,58 @@ static void config_yaml(void)
     }
 }
 
+/* bf16 storage (attn_fwd_bf16 / attn_bwd_bf16, the CPU's own): y, lse and
+ * dx bit for bit the storage adapter's, the FP32 kernel on the widened
+ * values with each output rounded once, on the shapes above (head dims
+ * past and short of a vector, T past a tile), on 1 and 2 threads. */
+static void bf16_storage(void)
+{
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++)
+        for (int th = 0; th < 2; th++) {
+            const shape_case *sc = &cases[k];
+            gp_device *dev = th ? dev2 : dev1;
+            int64_t b = sc->b, t = sc->t, c = sc->c, hh = sc->heads;
+            int64_t nx = b * t * 3 * c, ny = b * t * c, nl = b * hh * t;
+            float *xf = rand_vals(nx, 500 + k, 2.0f), *dyf = rand_vals(ny, 600 + k, 1.0f);
+            uint16_t *x = malloc((size_t)nx * 2), *dy = malloc((size_t)ny * 2);
+            uint16_t *y = malloc((size_t)ny * 2), *dx = malloc((size_t)nx * 2);
+            float *yf = malloc((size_t)ny * 4), *dxf = malloc((size_t)nx * 4);
+            float *lse = malloc((size_t)nl * 4), *lsef = malloc((size_t)nl * 4);
+            float *yr = malloc((size_t)ny * 4);
+            for (int64_t q = 0; q < nx; q++) xf[q] = gp_ew_bf16_value(x[q] = gp_ew_bf16_bits(xf[q]));
+            for (int64_t q = 0; q < ny; q++)
+                dyf[q] = gp_ew_bf16_value(dy[q] = gp_ew_bf16_bits(dyf[q]));
+            CHECK_OK(gp_dev_attn_fwd_bf16(dev, x, y, lse, b, t, hh, c));
+            CHECK_OK(gp_dev_attn_fwd(dev, xf, yf, lsef, b, t, hh, c));
+            int bad = 0;
+            for (int64_t q = 0; q < ny; q++) {
+                bad += y[q] != gp_ew_bf16_bits(yf[q]);
+                yr[q] = gp_ew_bf16_value(y[q]); /* the y the backward reads */
+            }
+            CHECK_MSG(bad == 0 && !memcmp(lse, lsef, (size_t)nl * 4),
+                      "bf16 forward, case %zu, %d thread(s): %d of %lld outputs differ from the "
+                      "adapter's, lse %s", k, th + 1, bad, (long long)ny,
+                      memcmp(lse, lsef, (size_t)nl * 4) ? "differs" : "same");
+            CHECK_OK(gp_dev_attn_bwd_bf16(dev, x, y, lse, dy, dx, b, t, hh, c));
+            CHECK_OK(gp_dev_attn_bwd(dev, xf, yr, lse, dyf, dxf, b, t, hh, c));
+            bad = 0;
+            for (int64_t q = 0; q < nx; q++) bad += dx[q] != gp_ew_bf16_bits(dxf[q]);
+            CHECK_MSG(bad == 0, "bf16 backward, case %zu, %d thread(s): %d of %lld values of dx "
+                      "differ from the adapter's", k, th + 1, bad, (long long)nx);
+            free(xf);
+            free(dyf);
+            free(x);
+            free(dy);
+            free(y);
+            free(dx);
+            free(yf);
+            free(dxf);
+            free(lse);
+            free(lsef);
+            free(yr);
+        }
+}
+
 int main(void)
 {
     gp_device_opts o1 = {.threads = 1}, o2 = {.threads = 2};
@@ -425,6 +479,7 @@ int main(void)
     eval_mode();
     spec_errors();
     config_yaml();
+    bf16_storage();
     gp_device_close(dev1);
     gp_device_close(dev2);
     return gpt_finish("test_attention");

@@ -87,7 +87,7 @@ def expected(metrics_path):
                         for dk, dv in d.items():
                             if dk == "name":
                                 continue
-                            tag = ("host_waits/%s" % d["name"] if dk == "host_waits"
+                            tag = ("%s/%s" % (dk, d["name"]) if dk in ("host_waits", "launches")
                                    else "memory/%s/%s" % (d["name"], dk))
                             pairs.append((tag, dv))
                 elif rec.get("eval"):

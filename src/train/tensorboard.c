@@ -206,8 +206,8 @@ static void device_scalars(scalars *s, const gp_json_value *devs)
         }
         for (int k = 0; d->kind == GP_JSON_OBJECT && k < d->n; k++) {
             char tag[400];
-            if (!strcmp(d->keys[k], "host_waits"))
-                snprintf(tag, sizeof tag, "host_waits/%s", name);
+            if (!strcmp(d->keys[k], "host_waits") || !strcmp(d->keys[k], "launches"))
+                snprintf(tag, sizeof tag, "%s/%s", d->keys[k], name);
             else
                 snprintf(tag, sizeof tag, "memory/%s/%s", name, d->keys[k]);
             add(s, tag, &d->items[k]);

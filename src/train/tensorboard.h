@@ -18,6 +18,7 @@
  *                                  time/step_seconds, ...
  *   bad_files                      data/bad_files
  *   devices[]: host_waits          host_waits/<device>
+ *   devices[]: launches            launches/<device>
  *   devices[]: any other number    memory/<device>/<key> (peak_bytes,
  *                                  current_bytes, peak_params, ...)
  *   an evaluation's test_loss, test_accuracy, epoch

@@ -225,14 +225,26 @@ static inline __attribute__((always_inline)) void att_rows(float *restrict acc, 
 
 /* dst[u tp + j] = src[j R + u]: the head's d columns of t rows transposed,
  * rows t..tp zero. */
-static void att_pack_t(float *restrict dst, const float *restrict src, int64_t t, int64_t tp,
-                       int64_t d, int64_t R)
+static inline __attribute__((always_inline)) void att_pack_t(float *restrict dst,
+                                                             const void *restrict src, int64_t t,
+                                                             int64_t tp, int64_t d, int64_t R,
+                                                             const bool b16)
 {
     for (int64_t u = 0; u < d; u++) {
         float *row = dst + u * tp;
-        for (int64_t j = 0; j < t; j++) row[j] = src[j * R + u];
+        for (int64_t j = 0; j < t; j++) row[j] = B16_LD(src, j * R + u);
         for (int64_t j = t; j < tp; j++) row[j] = 0.0f;
     }
+}
+
+/* dst[j d + u] = src[j R + u]: the head's t rows of d columns, widened
+ * (bf16 storage: rows the FP32 kernel then reads R = d apart). */
+static inline __attribute__((always_inline)) void att_pack_rows(float *restrict dst,
+                                                                const uint16_t *restrict src,
+                                                                int64_t t, int64_t d, int64_t R)
+{
+    for (int64_t j = 0; j < t; j++)
+        for (int64_t u = 0; u < d; u++) dst[j * d + u] = gp_ew_bf16_value(src[j * R + u]);
 }
 
 /* max(m, s[0..n)), n <= ATT_BK, in ATT_LANES lanes (a maximum is exact in
@@ -313,19 +325,26 @@ typedef struct att_dims {
     float scale;                     /* 1 / sqrt(d) */
 } att_dims;
 
-/* Forward of one (batch row bi, head h); buf holds d tp + ATT_BK + 2 d
- * floats. */
-GP_CPU_LOOPS
-static void att_fwd_task(const att_dims *a, const float *x, float *y, float *lse, int64_t bi,
-                         int64_t h, float *buf)
+/* Forward of one (batch row bi, head h); buf holds att_fwd_floats.  x, y
+ * FP32, or bf16 (b16: x widened as it is packed, y rounded as it is
+ * stored, the FP32 kernel's arithmetic between: the storage adapter's
+ * bits). */
+static inline __attribute__((always_inline)) void
+att_fwd_body(const att_dims *a, const void *x, void *y, float *lse, int64_t bi, int64_t h,
+             float *buf, const bool b16)
 {
     const int64_t t = a->t, tp = a->tp, c = a->c, d = a->d, R = a->row;
-    const float *xb = x + bi * t * R;
-    float *kt = buf, *s = kt + d * tp, *q = s + ATT_BK, *acc = q + d;
-    att_pack_t(kt, xb + c + h * d, t, tp, d, R);
+    const int64_t xo = bi * t * R; /* x's first element of the row */
+    float *kt = buf, *s = kt + d * tp, *q = s + ATT_BK, *acc = q + d, *vp = acc + d;
+    att_pack_t(kt, b16 ? (const void *)((const uint16_t *)x + xo + c + h * d)
+                       : (const void *)((const float *)x + xo + c + h * d),
+               t, tp, d, R, b16);
+    /* the values' rows: x's own (FP32), or widened into vp, d apart */
+    const float *vb = b16 ? vp : (const float *)x + xo + 2 * c + h * d;
+    const int64_t vs = b16 ? d : R;
+    if (b16) att_pack_rows(vp, (const uint16_t *)x + xo + 2 * c + h * d, t, d, R);
     for (int64_t i = 0; i < t; i++) {
-        const float *qi = xb + i * R + h * d;
-        for (int64_t u = 0; u < d; u++) q[u] = qi[u] * a->scale;
+        for (int64_t u = 0; u < d; u++) q[u] = B16_LD(x, xo + i * R + h * d + u) * a->scale;
         float m = -INFINITY, l = 0.0f;
         memset(acc, 0, (size_t)d * sizeof *acc);
         for (int64_t j0 = 0; j0 <= i; j0 += ATT_BK) {
@@ -339,42 +358,93 @@ static void att_fwd_task(const att_dims *a, const float *x, float *y, float *lse
             }
             float corr = att_exp(m - mx); /* 0 on the first tile (m = -inf) */
             for (int64_t u = 0; u < d; u++) acc[u] *= corr;
-            att_rows(acc, s, xb + j0 * R + 2 * c + h * d, R, n, d);
+            att_rows(acc, s, vb + j0 * vs, vs, n, d);
             l = fmaf(l, corr, att_tile_sum(s));
             m = mx;
         }
-        float inv = 1.0f / l, *yi = y + (bi * t + i) * c + h * d;
-        for (int64_t u = 0; u < d; u++) yi[u] = acc[u] * inv;
+        float inv = 1.0f / l;
+        const int64_t yo = (bi * t + i) * c + h * d;
+        for (int64_t u = 0; u < d; u++) B16_ST(y, yo + u, acc[u] * inv);
         if (lse) lse[(bi * a->heads + h) * t + i] = m + logf(l);
     }
 }
 
+/* The floats a thread's forward tiles take (bf16: the values widened too). */
+static int64_t att_fwd_floats(const att_dims *a, bool b16)
+{
+    return a->d * a->tp + ATT_BK + 2 * a->d + (b16 ? a->t * a->d : 0);
+}
+
 /* Backward of one (batch row bi, head h) into dx's q, k, v columns of the
- * head (dx =); buf holds 2 d tp + t + 2 ATT_BK (d + ATT_BQ) floats. */
-GP_CPU_LOOPS
-static void att_bwd_task(const att_dims *a, const float *x, const float *y, const float *lse,
-                         const float *dy, float *dx, int64_t bi, int64_t h, float *buf)
+ * head (dx =); buf holds att_bwd_floats.  bf16 (b16): x, y and dy widened
+ * as they are read, dq summed in FP32 in buf and dk, dv, dq rounded once
+ * as they are stored (the storage adapter's bits). */
+static inline __attribute__((always_inline)) void
+att_bwd_body(const att_dims *a, const void *x, const void *y, const float *lse, const void *dy,
+             void *dx, int64_t bi, int64_t h, float *buf, const bool b16)
 {
     const int64_t t = a->t, tp = a->tp, c = a->c, d = a->d, R = a->row;
-    const float *xb = x + bi * t * R, *lb = lse + (bi * a->heads + h) * t;
-    float *dxb = dx + bi * t * R;
+    const int64_t xo = bi * t * R, yo = bi * t * c; /* the row's first elements */
+    const float *lb = lse + (bi * a->heads + h) * t;
     float *kt = buf, *vt = kt + d * tp, *dd = vt + d * tp, *dkt = dd + t, *dvt = dkt + d * ATT_BK;
     float *p = dvt + d * ATT_BK, *ds = p + ATT_BQ * ATT_BK;
-    att_pack_t(kt, xb + c + h * d, t, tp, d, R);
-    att_pack_t(vt, xb + 2 * c + h * d, t, tp, d, R);
+    /* bf16: the chunk's q and dy rows widened (ATT_BQ d each), the keys'
+     * rows widened (t d), dq's FP32 sums (t d) */
+    float *qw = ds + ATT_BQ * ATT_BK, *dyw = qw + ATT_BQ * d, *kw = dyw + ATT_BQ * d;
+    float *dqs = kw + t * d;
+#define ATT_X(off) (b16 ? (const void *)((const uint16_t *)x + (off)) \
+                        : (const void *)((const float *)x + (off)))
+    att_pack_t(kt, ATT_X(xo + c + h * d), t, tp, d, R, b16);
+    att_pack_t(vt, ATT_X(xo + 2 * c + h * d), t, tp, d, R, b16);
+#undef ATT_X
+    if (b16) att_pack_rows(kw, (const uint16_t *)x + xo + c + h * d, t, d, R);
+    /* the keys' rows (dq's sums read them) and dq's rows: x's and dx's own
+     * (FP32), or kw and dqs, d apart */
+    const float *kb = b16 ? kw : (const float *)x + xo + c + h * d;
+    float *dqb = b16 ? dqs : (float *)dx + xo + h * d;
+    const int64_t ks = b16 ? d : R;
     for (int64_t i = 0; i < t; i++) {
-        const float *dyi = dy + (bi * t + i) * c + h * d;
-        dd[i] = att_dot(dyi, y + (bi * t + i) * c + h * d, d);
-        memset(dxb + i * R + h * d, 0, (size_t)d * sizeof(float));
+        float sd = 0.0f; /* dy_i . y_i, att_dot's lanes and order */
+        if (b16) {
+            float dyr[8], yr[8], s8[8] = {0}, tail = 0.0f;
+            int64_t u = 0;
+            for (; u + 8 <= d; u += 8) {
+                for (int r = 0; r < 8; r++) {
+                    dyr[r] = B16_LD(dy, yo + i * c + h * d + u + r);
+                    yr[r] = B16_LD(y, yo + i * c + h * d + u + r);
+                }
+                for (int r = 0; r < 8; r++) s8[r] = fmaf(dyr[r], yr[r], s8[r]);
+            }
+            for (; u < d; u++)
+                tail = fmaf(B16_LD(dy, yo + i * c + h * d + u), B16_LD(y, yo + i * c + h * d + u),
+                            tail);
+            sd = (((s8[0] + s8[1]) + (s8[2] + s8[3])) + ((s8[4] + s8[5]) + (s8[6] + s8[7]))) +
+                 tail;
+        } else {
+            sd = att_dot((const float *)dy + yo + i * c + h * d,
+                         (const float *)y + yo + i * c + h * d, d);
+        }
+        dd[i] = sd;
+        memset(dqb + i * ks, 0, (size_t)d * sizeof(float));
     }
     for (int64_t j0 = 0; j0 < t; j0 += ATT_BK) {
         int64_t j1 = j0 + ATT_BK < t ? j0 + ATT_BK : t;
         memset(dkt, 0, (size_t)(2 * ATT_BK * d) * sizeof(float)); /* dk^T and dv^T */
         for (int64_t i0 = j0; i0 < t; i0 += ATT_BQ) {
             int nq = (int)(i0 + ATT_BQ < t ? ATT_BQ : t - i0);
+            /* the chunk's q and dy rows: x's and dy's own, or widened */
+            const float *qc = b16 ? qw : (const float *)x + xo + i0 * R + h * d;
+            const float *dyc = b16 ? dyw : (const float *)dy + yo + i0 * c + h * d;
+            const int64_t qs = b16 ? d : R, dys = b16 ? d : c;
+            if (b16)
+                for (int r = 0; r < nq; r++)
+                    for (int64_t u = 0; u < d; u++) {
+                        qw[r * d + u] = B16_LD(x, xo + (i0 + r) * R + h * d + u);
+                        dyw[r * d + u] = B16_LD(dy, yo + (i0 + r) * c + h * d + u);
+                    }
             for (int r = 0; r < nq; r++) {
                 int64_t i = i0 + r;
-                const float *qi = xb + i * R + h * d, *dyi = dy + (bi * t + i) * c + h * d;
+                const float *qi = qc + r * qs, *dyi = dyc + r * dys;
                 float *pr = p + r * ATT_BK, *dsr = ds + r * ATT_BK;
                 int n = (int)(i + 1 - j0 < ATT_BK ? i + 1 - j0 : ATT_BK); /* keys <= i */
                 const float li = lb[i], di = dd[i];
@@ -387,24 +457,60 @@ static void att_bwd_task(const att_dims *a, const float *x, const float *y, cons
                     pr[j] = pj;
                     dsr[j] = pj * (dsr[j] - di);
                 }
-                att_rows(dxb + i * R + h * d, dsr, xb + j0 * R + c + h * d, R, n, d);
+                att_rows(dqb + i * ks, dsr, kb + j0 * ks, ks, n, d);
             }
             /* dv^T += dy^T P and dk^T += q^T dS over the chunk's queries */
-            att_acc_t(dvt, dy + (bi * t + i0) * c + h * d, c, p, nq, d);
-            att_acc_t(dkt, xb + i0 * R + h * d, R, ds, nq, d);
+            att_acc_t(dvt, dyc, dys, p, nq, d);
+            att_acc_t(dkt, qc, qs, ds, nq, d);
         }
-        for (int64_t j = j0; j < j1; j++) {
-            float *dkj = dxb + j * R + c + h * d, *dvj = dkj + c;
+        for (int64_t j = j0; j < j1; j++)
             for (int64_t u = 0; u < d; u++) {
-                dkj[u] = dkt[u * ATT_BK + (j - j0)] * a->scale;
-                dvj[u] = dvt[u * ATT_BK + (j - j0)];
+                B16_ST(dx, xo + j * R + c + h * d + u, dkt[u * ATT_BK + (j - j0)] * a->scale);
+                B16_ST(dx, xo + j * R + 2 * c + h * d + u, dvt[u * ATT_BK + (j - j0)]);
             }
+    }
+    for (int64_t i = 0; i < t; i++)
+        for (int64_t u = 0; u < d; u++) {
+            float v = dqb[i * ks + u] * a->scale;
+            if (b16) B16_ST(dx, xo + i * R + h * d + u, v);
+            else dqb[i * ks + u] = v;
         }
-    }
-    for (int64_t i = 0; i < t; i++) {
-        float *dqi = dxb + i * R + h * d;
-        for (int64_t u = 0; u < d; u++) dqi[u] *= a->scale;
-    }
+}
+
+/* The floats a thread's backward tiles take. */
+static int64_t att_bwd_floats(const att_dims *a, bool b16)
+{
+    return 2 * a->d * a->tp + a->t + 2 * ATT_BK * (a->d + ATT_BQ) +
+           (b16 ? 2 * ATT_BQ * a->d + 2 * a->t * a->d : 0);
+}
+
+GP_CPU_LOOPS
+static void att_fwd_task(const att_dims *a, const float *x, float *y, float *lse, int64_t bi,
+                         int64_t h, float *buf)
+{
+    att_fwd_body(a, x, y, lse, bi, h, buf, false);
+}
+
+GP_CPU_LOOPS
+static void att_fwd_task_bf16(const att_dims *a, const uint16_t *x, uint16_t *y, float *lse,
+                              int64_t bi, int64_t h, float *buf)
+{
+    att_fwd_body(a, x, y, lse, bi, h, buf, true);
+}
+
+GP_CPU_LOOPS
+static void att_bwd_task(const att_dims *a, const float *x, const float *y, const float *lse,
+                         const float *dy, float *dx, int64_t bi, int64_t h, float *buf)
+{
+    att_bwd_body(a, x, y, lse, dy, dx, bi, h, buf, false);
+}
+
+GP_CPU_LOOPS
+static void att_bwd_task_bf16(const att_dims *a, const uint16_t *x, const uint16_t *y,
+                              const float *lse, const uint16_t *dy, uint16_t *dx, int64_t bi,
+                              int64_t h, float *buf)
+{
+    att_bwd_body(a, x, y, lse, dy, dx, bi, h, buf, true);
 }
 
 static att_dims att_dims_of(int64_t t, int64_t heads, int64_t c)
@@ -423,49 +529,63 @@ static gp_status att_oom(gp_device *dev, const char *op, size_t bytes)
                         bytes);
 }
 
-GP_CPU_LOOPS
+/* The tasks ((batch row, head) pairs) over the device's threads, each
+ * thread with its own tiles of `floats` floats; run(k, buf) runs task k. */
+#define ATT_RUN(dev, tasks, t, floats, op, RUN)                                              \
+    do {                                                                                     \
+        const size_t bytes_ = (size_t)(floats) * sizeof(float);                              \
+        int nt_ = (dev)->threads, failed_ = 0;                                               \
+        _Pragma("omp parallel num_threads(nt_) if (tasks > 1 && tasks * t * t / 2 >= ATT_PAR_MIN)") \
+        {                                                                                    \
+            float *buf = malloc(bytes_);                                                     \
+            if (!buf) {                                                                      \
+                _Pragma("omp atomic write") failed_ = 1;                                     \
+            }                                                                                \
+            _Pragma("omp for schedule(static)") for (int64_t k = 0; k < tasks; k++) if (buf) \
+                RUN;                                                                         \
+            free(buf);                                                                       \
+        }                                                                                    \
+        if (failed_) return att_oom(dev, op, bytes_);                                        \
+    } while (0)
+
 gp_status gp_cpu_attn_fwd(gp_device *dev, const float *x, float *y, float *lse, int64_t b,
                           int64_t t, int64_t heads, int64_t c)
 {
     att_dims a = att_dims_of(t, heads, c);
     const int64_t tasks = b * heads;
-    const size_t bytes = (size_t)(a.d * a.tp + ATT_BK + 2 * a.d) * sizeof(float);
-    int nt = dev->threads, failed = 0;
-#pragma omp parallel num_threads(nt) if (tasks > 1 && tasks * t * t / 2 >= ATT_PAR_MIN)
-    {
-        float *buf = malloc(bytes);
-        if (!buf) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp for schedule(static)
-        for (int64_t k = 0; k < tasks; k++)
-            if (buf) att_fwd_task(&a, x, y, lse, k / heads, k % heads, buf);
-        free(buf);
-    }
-    return failed ? att_oom(dev, "attn_fwd", bytes) : GP_OK;
+    ATT_RUN(dev, tasks, t, att_fwd_floats(&a, false), "attn_fwd",
+            att_fwd_task(&a, x, y, lse, k / heads, k % heads, buf));
+    return GP_OK;
 }
 
-GP_CPU_LOOPS
 gp_status gp_cpu_attn_bwd(gp_device *dev, const float *x, const float *y, const float *lse,
                           const float *dy, float *dx, int64_t b, int64_t t, int64_t heads,
                           int64_t c)
 {
     att_dims a = att_dims_of(t, heads, c);
     const int64_t tasks = b * heads;
-    const size_t bytes = (size_t)(2 * a.d * a.tp + t + 2 * ATT_BK * (a.d + ATT_BQ)) * sizeof(float);
-    int nt = dev->threads, failed = 0;
-#pragma omp parallel num_threads(nt) if (tasks > 1 && tasks * t * t / 2 >= ATT_PAR_MIN)
-    {
-        float *buf = malloc(bytes);
-        if (!buf) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp for schedule(static)
-        for (int64_t k = 0; k < tasks; k++)
-            if (buf) att_bwd_task(&a, x, y, lse, dy, dx, k / heads, k % heads, buf);
-        free(buf);
-    }
-    return failed ? att_oom(dev, "attn_bwd", bytes) : GP_OK;
+    ATT_RUN(dev, tasks, t, att_bwd_floats(&a, false), "attn_bwd",
+            att_bwd_task(&a, x, y, lse, dy, dx, k / heads, k % heads, buf));
+    return GP_OK;
+}
+
+gp_status gp_cpu_attn_fwd_bf16(gp_device *dev, const uint16_t *x, uint16_t *y, float *lse,
+                               int64_t b, int64_t t, int64_t heads, int64_t c)
+{
+    att_dims a = att_dims_of(t, heads, c);
+    const int64_t tasks = b * heads;
+    ATT_RUN(dev, tasks, t, att_fwd_floats(&a, true), "attn_fwd_bf16",
+            att_fwd_task_bf16(&a, x, y, lse, k / heads, k % heads, buf));
+    return GP_OK;
+}
+
+gp_status gp_cpu_attn_bwd_bf16(gp_device *dev, const uint16_t *x, const uint16_t *y,
+                               const float *lse, const uint16_t *dy, uint16_t *dx, int64_t b,
+                               int64_t t, int64_t heads, int64_t c)
+{
+    att_dims a = att_dims_of(t, heads, c);
+    const int64_t tasks = b * heads;
+    ATT_RUN(dev, tasks, t, att_bwd_floats(&a, true), "attn_bwd_bf16",
+            att_bwd_task_bf16(&a, x, y, lse, dy, dx, k / heads, k % heads, buf));
+    return GP_OK;
 }

@@ -267,8 +267,8 @@ static const gp_device_iface cpu_iface = {
     .leaky_relu_fwd = gp_cpu_leaky_relu_fwd,
     .leaky_relu_bwd = gp_cpu_leaky_relu_bwd,
     .act_bf16 = gp_cpu_act_bf16,
-    /* GELU stays with the adapter: its FP32 slot is oneDNN's gelu_tanh */
-    .act_bf16_kinds = 1u << GP_ACT_RELU | 1u << GP_ACT_LEAKY_RELU,
+    /* GELU as its FP32 slot: oneDNN's gelu_tanh, on bf16 memory */
+    .act_bf16_kinds = 1u << GP_ACT_RELU | 1u << GP_ACT_LEAKY_RELU | 1u << GP_ACT_GELU,
     .mul_rows = gp_cpu_mul_rows,
     .upsample_fwd = gp_cpu_upsample_fwd,
     .upsample_bwd = gp_cpu_upsample_bwd,
@@ -294,6 +294,8 @@ static const gp_device_iface cpu_iface = {
     .linear_fwd = gp_cpu_linear_fwd,
     .attn_fwd = gp_cpu_attn_fwd,
     .attn_bwd = gp_cpu_attn_bwd,
+    .attn_fwd_bf16 = gp_cpu_attn_fwd_bf16,
+    .attn_bwd_bf16 = gp_cpu_attn_bwd_bf16,
     .bn_fwd_train_bf16 = gp_cpu_bn_fwd_train_bf16,
     .bn_fwd_infer_bf16 = gp_cpu_bn_fwd_infer_bf16,
     .bn_bwd_bf16 = gp_cpu_bn_bwd_bf16,

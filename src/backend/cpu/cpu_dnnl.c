@@ -1086,6 +1086,7 @@ gp_status gp_cpu_log_softmax(gp_device *dev, const float *x, float *y, int64_t r
 typedef struct {
     int64_t n;
     int backward;
+    int b16; /* the values bf16 (act_bf16's GELU): oneDNN widens, computes in FP32, rounds */
 } gelu_desc;
 
 static gp_status build_gelu(gp_cpu_ctx *ctx, cpu_op *op, const void *desc)
@@ -1096,7 +1097,7 @@ static gp_status build_gelu(gp_cpu_ctx *ctx, cpu_op *op, const void *desc)
     dnnl_eltwise_desc_t fd, bd;
     dnnl_primitive_desc_t hint = NULL;
     size_t temp = 0;
-    GP_TRY(md_init(&md, 1, &g->n, dnnl_a));
+    GP_TRY(md_init_t(&md, 1, &g->n, g->b16 ? dnnl_bf16 : dnnl_f32, dnnl_a));
     GP_DNNL(dnnl_eltwise_forward_desc_init(&fd, dnnl_forward_training, dnnl_eltwise_gelu_tanh,
                                            &md, 0.0f, 0.0f));
     if (!g->backward) {
@@ -1118,11 +1119,11 @@ fail:
     return st;
 }
 
-static gp_status gelu_op(gp_device *dev, int64_t n, int backward, cpu_op **op)
+static gp_status gelu_op(gp_device *dev, int64_t n, int backward, int b16, cpu_op **op)
 {
-    cpu_key key = {{backward ? CPU_OP_GELU_BWD : CPU_OP_GELU_FWD, n, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                    0, 0, 0, 0}};
-    gelu_desc g = {n, backward};
+    cpu_key key = {{backward ? CPU_OP_GELU_BWD : CPU_OP_GELU_FWD, n, b16, 0, 0, 0, 0, 0, 0, 0, 0,
+                    0, 0, 0, 0, 0}};
+    gelu_desc g = {n, backward, b16};
     return op_get(dev, &key, build_gelu, &g, backward ? "a GELU backward" : "a GELU", op);
 }
 
@@ -1130,7 +1131,7 @@ gp_status gp_cpu_gelu_fwd(gp_device *dev, const float *x, float *y, int64_t n)
 {
     if (n == 0) return GP_OK;
     cpu_op *op = NULL;
-    GP_TRY(gelu_op(dev, n, 0, &op));
+    GP_TRY(gelu_op(dev, n, 0, 0, &op));
     void *p[2] = {(void *)x, y};
     return op_run(dev, op, p);
 }
@@ -1139,7 +1140,42 @@ gp_status gp_cpu_gelu_bwd(gp_device *dev, const float *x, const float *dy, float
 {
     if (n == 0) return GP_OK;
     cpu_op *op = NULL;
-    GP_TRY(gelu_op(dev, n, 1, &op));
+    GP_TRY(gelu_op(dev, n, 1, 0, &op));
     void *p[3] = {(void *)x, (void *)dy, dx};
+    return op_run(dev, op, p);
+}
+
+/* act_bf16's GELU: the same primitive on bf16 memory (dy NULL: forward),
+ * oneDNN's FP32 arithmetic on the widened values and one rounding of each
+ * result (test_bf16 checks it against the FP32 slot's values rounded: the
+ * same but for NaN payloads and results below bf16's smallest normal,
+ * which oneDNN flushes to zero).  oneDNN has no bf16 eltwise below
+ * AVX-512: there the FP32 slot runs on widened copies in workspace, the
+ * storage adapter's bits without its launches. */
+static gp_status gelu_bf16_widened(gp_device *dev, const uint16_t *x, const uint16_t *dy,
+                                   uint16_t *out, int64_t n)
+{
+    float *t = NULL;
+    size_t bytes = (size_t)n * (dy ? 2 : 1) * sizeof(float);
+    GP_TRY(gp_dev_alloc(dev, bytes, GP_MEM_WORKSPACE, (void **)&t));
+    float *g = dy ? t + n : NULL;
+    gp_status s = gp_cpu_bf16_unpack(dev, t, x, n);
+    if (s == GP_OK && dy) s = gp_cpu_bf16_unpack(dev, g, dy, n);
+    /* in place as oneDNN allows it: dst on src, diff_src on diff_dst */
+    if (s == GP_OK) s = dy ? gp_cpu_gelu_bwd(dev, t, g, g, n) : gp_cpu_gelu_fwd(dev, t, t, n);
+    if (s == GP_OK) s = gp_cpu_bf16_pack(dev, out, dy ? g : t, n);
+    gp_dev_free(dev, t, bytes, GP_MEM_WORKSPACE);
+    return s;
+}
+
+gp_status gp_cpu_gelu_bf16(gp_device *dev, const uint16_t *x, const uint16_t *dy, uint16_t *out,
+                           int64_t n)
+{
+    if (n == 0) return GP_OK;
+    if (!gp_cpu_isa_has(dnnl_cpu_isa_avx512_core)) return gelu_bf16_widened(dev, x, dy, out, n);
+    cpu_op *op = NULL;
+    GP_TRY(gelu_op(dev, n, dy != NULL, 1, &op));
+    void *p[3] = {(void *)x, (void *)dy, out};
+    if (!dy) p[1] = out;
     return op_run(dev, op, p);
 }

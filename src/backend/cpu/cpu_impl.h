@@ -452,6 +452,8 @@ gp_status gp_cpu_act_bf16(gp_device *dev, gp_act_kind kind, const uint16_t *xy,
                           const uint16_t *dy, uint16_t *out, int64_t n, float slope);
 gp_status gp_cpu_gelu_fwd(gp_device *dev, const float *x, float *y, int64_t n);
 gp_status gp_cpu_gelu_bwd(gp_device *dev, const float *x, const float *dy, float *dx, int64_t n);
+gp_status gp_cpu_gelu_bf16(gp_device *dev, const uint16_t *x, const uint16_t *dy, uint16_t *out,
+                           int64_t n);
 gp_status gp_cpu_layer_norm_fwd(gp_device *dev, const float *x, const float *w, const float *b,
                                 float *y, float *mean, float *rstd, int64_t rows, int64_t c,
                                 float eps);
@@ -493,6 +495,11 @@ gp_status gp_cpu_attn_fwd(gp_device *dev, const float *x, float *y, float *lse, 
 gp_status gp_cpu_attn_bwd(gp_device *dev, const float *x, const float *y, const float *lse,
                           const float *dy, float *dx, int64_t b, int64_t t, int64_t heads,
                           int64_t c);
+gp_status gp_cpu_attn_fwd_bf16(gp_device *dev, const uint16_t *x, uint16_t *y, float *lse,
+                               int64_t b, int64_t t, int64_t heads, int64_t c);
+gp_status gp_cpu_attn_bwd_bf16(gp_device *dev, const uint16_t *x, const uint16_t *y,
+                               const float *lse, const uint16_t *dy, uint16_t *dx, int64_t b,
+                               int64_t t, int64_t heads, int64_t c);
 
 /* cpu_comm.c: collectives between the devices' worker threads. */
 gp_status gp_cpu_allreduce(gp_device *dev, gp_comm *comm, float *buf, int64_t n);

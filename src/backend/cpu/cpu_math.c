@@ -821,13 +821,15 @@ gp_status gp_cpu_add_bf16(gp_device *dev, const uint16_t *a, const uint16_t *b, 
 }
 
 /* act_bf16 (backend.h): relu and leaky relu, elementwise.h's functions on
- * the widened values, rounded once (the adapter's bits in one pass). */
+ * the widened values, rounded once (the adapter's bits in one pass); GELU
+ * oneDNN's gelu_tanh on bf16 memory, as the FP32 slot's (cpu_dnnl.c). */
 GP_CPU_LOOPS
 gp_status gp_cpu_act_bf16(gp_device *dev, gp_act_kind kind, const uint16_t *xy,
                           const uint16_t *dy, uint16_t *out, int64_t n, float slope)
 {
     int nt = dev->threads;
     bool lk = kind == GP_ACT_LEAKY_RELU;
+    if (kind == GP_ACT_GELU) return gp_cpu_gelu_bf16(dev, xy, dy, out, n);
     if (kind != GP_ACT_RELU && !lk)
         return gp_error_set(GP_ERR_UNSUPPORTED, "device %s: no bf16 kernel for activation %d",
                             dev->name, (int)kind);
