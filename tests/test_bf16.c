@@ -372,6 +372,66 @@ static void native_activations(void)
     gp_layer_destroy(&l);
 }
 
+/* The embedding on bf16 storage through its own slots (embed_fwd /
+ * embed_bwd with the element type): the ids stay FP32 (data_input), the
+ * output is the FP32 layer's rounded once, the gradients of wte and wpe
+ * from a bf16 dy are the FP32 layer's from the widened dy bit for bit, and
+ * no FP32 copy of the output or of dy is made (the adapter's would be 4
+ * bytes a value). */
+static void native_embedding(void)
+{
+    enum { B = 3, T = 7, V = 11, C = 24 };
+    gp_layer_spec spec = gp_layer_spec_default(GP_LAYER_EMBEDDING);
+    spec.vocab = V;
+    spec.dim = C;
+    spec.positions = T;
+    gp_shape in = gp_shape_2d(1, T); /* ids (N, T) */
+    gp_layer lb, lf;
+    CHECK_OK(gp_layer_create(&spec, 0, &in, dev, 5, &lb));
+    CHECK_OK(gp_layer_create(&spec, 0, &in, dev, 5, &lf));
+    lb.out_dtype = GP_BF16;
+    float ids[B * T];
+    for (int i = 0; i < B * T; i++) ids[i] = (float)((i * 7 + 3) % V);
+    gp_shape xs = gp_shape_2d(B, T);
+    gp_tensor x = gpt_upload(dev, &xs, ids), yb, yf, dxb = {0}, dxf = {0};
+    gp_fwd_ctx ctx = {.training = true, .batch_total = B};
+    gp_saved sb = {0}, sf = {0};
+    size_t before = dev->alloc.cur_by[GP_MEM_ACTIVATIONS];
+    gp_allocator_reset_peak(&dev->alloc);
+    CHECK_OK(gp_layer_forward(&lb, &ctx, &x, &yb, &sb));
+    size_t peak = dev->alloc.peak_by[GP_MEM_ACTIVATIONS] - before;
+    CHECK_MSG(yb.dtype == GP_BF16 && peak <= gp_tensor_bytes(&yb),
+              "a bf16 embedding's forward: output %s, %zu bytes of activations at its peak for a "
+              "%zu-byte output (an FP32 copy would add twice that)", gp_dtype_name(yb.dtype), peak,
+              gp_tensor_bytes(&yb));
+    CHECK_OK(gp_layer_forward(&lf, &ctx, &x, &yf, &sf));
+    CHECK(rounded_mismatches(&yb, &yf) == 0);
+    gp_shape ys = gp_tensor_shape(&yb);
+    gp_tensor dyb = rand_bf16(&ys, 77), dyf;
+    CHECK_OK(gp_tensor_as(&dyf, &dyb, GP_F32, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_layer_backward_weights(&lb, &ctx, &x, &yb, &dyb, &sb));
+    CHECK_OK(gp_layer_backward_weights(&lf, &ctx, &x, &yf, &dyf, &sf));
+    for (int p = 0; p < 2; p++) {
+        float *gb = gpt_download(&lb.params[p].grad), *gf = gpt_download(&lf.params[p].grad);
+        CHECK_MSG(!memcmp(gb, gf, (size_t)gp_tensor_numel(&lf.params[p].grad) * sizeof(float)),
+                  "bf16 embedding: %s's gradient differs from the FP32 layer's on the widened dy",
+                  lf.params[p].name);
+        free(gb);
+        free(gf);
+    }
+    gp_tensor_free(&dxb);
+    gp_tensor_free(&dxf);
+    gp_tensor_free(&dyb);
+    gp_tensor_free(&dyf);
+    gp_tensor_free(&yb);
+    gp_tensor_free(&yf);
+    gp_tensor_free(&x);
+    gp_saved_free(&sb);
+    gp_saved_free(&sf);
+    gp_layer_destroy(&lb);
+    gp_layer_destroy(&lf);
+}
+
 /* One batch-norm layer on bf16 storage through its own slots (no
  * adapter): forward (training or inference) and, training, backward with
  * dx and without (the first layer's scratch), against the same layer in
@@ -1145,6 +1205,7 @@ int main(void)
     adapter_layers();
     as_they_are();
     native_activations();
+    native_embedding();
     native_norms();
     native_pools();
     native_add();

@@ -147,8 +147,10 @@
  *      a weight's bf16 mirror and check the new weights in the update's
  *      pass)
  *  41  gp_update_part.clip (gradient clipping's factor applied in the
- *      update's pass instead of a scale per tensor) */
-#define GP_DEVICE_IFACE_VERSION 41
+ *      update's pass instead of a scale per tensor)
+ *  42  embed_fwd / embed_bwd take the activations' element type (bf16
+ *      storage without the adapter) */
+#define GP_DEVICE_IFACE_VERSION 42
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -934,13 +936,16 @@ typedef struct gp_device_iface {
      * A GPU waits for that flag (one host wait per call, as xent's).
      * embed_bwd: dwte[ids[r]] += dy[r], dwpe[r % t] += dy[r] (dW +=), each
      * column summed in row order (no atomics: the same bits every run);
-     * the ids are those embed_fwd accepted.  CPU: cpu_math.c; CUDA:
+     * the ids are those embed_fwd accepted.  y and dy are of element type
+     * dt (GP_F32, or GP_BF16: y the FP32 sum rounded once, dy widened as
+     * it is read; the storage adapter's bits without its passes), as a
+     * slot learns its types (shared/DESIGN.md).  CPU: cpu_math.c; CUDA:
      * cuda_kernels.cu.  NULL: GP_ERR_UNSUPPORTED from the wrappers. */
     gp_status (*embed_fwd)(gp_device *dev, const float *ids, const float *wte, const float *wpe,
-                           float *y, int64_t n, int64_t t, int64_t c, int64_t vocab,
+                           gp_dtype dt, void *y, int64_t n, int64_t t, int64_t c, int64_t vocab,
                            int64_t *bad);
-    gp_status (*embed_bwd)(gp_device *dev, const float *ids, const float *dy, float *dwte,
-                           float *dwpe, int64_t n, int64_t t, int64_t c);
+    gp_status (*embed_bwd)(gp_device *dev, const float *ids, gp_dtype dt, const void *dy,
+                           float *dwte, float *dwpe, int64_t n, int64_t t, int64_t c);
     /* --- activations on bf16 storage (optional; appended last) ---
      * act_bf16: an activation of kind `kind` on bf16 values (16-bit
      * patterns: train.activations: bf16) in one pass, FP32 math on the
@@ -1899,10 +1904,10 @@ gp_status gp_dev_layer_norm_bwd_weights(gp_device *dev, const float *x, const fl
                                         const float *rstd, const float *dy, float *dw, float *db,
                                         int64_t rows, int64_t c);
 gp_status gp_dev_embed_fwd(gp_device *dev, const float *ids, const float *wte, const float *wpe,
-                           float *y, int64_t n, int64_t t, int64_t c, int64_t vocab,
+                           gp_dtype dt, void *y, int64_t n, int64_t t, int64_t c, int64_t vocab,
                            int64_t *bad);
-gp_status gp_dev_embed_bwd(gp_device *dev, const float *ids, const float *dy, float *dwte,
-                           float *dwpe, int64_t n, int64_t t, int64_t c);
+gp_status gp_dev_embed_bwd(gp_device *dev, const float *ids, gp_dtype dt, const void *dy,
+                           float *dwte, float *dwpe, int64_t n, int64_t t, int64_t c);
 /* backend.h's norm_leaky_bwd; GP_ERR_UNSUPPORTED where the backend has
  * none. */
 gp_status gp_dev_norm_leaky_bwd(gp_device *dev, const gp_bn_desc *d, const float *yz, bool from_z,

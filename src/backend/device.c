@@ -1245,21 +1245,21 @@ gp_status gp_dev_layer_norm_bwd_weights(gp_device *dev, const float *x, const fl
 }
 
 gp_status gp_dev_embed_fwd(gp_device *dev, const float *ids, const float *wte, const float *wpe,
-                           float *y, int64_t n, int64_t t, int64_t c, int64_t vocab,
+                           gp_dtype dt, void *y, int64_t n, int64_t t, int64_t c, int64_t vocab,
                            int64_t *bad)
 {
     *bad = -1;
     if (!dev->iface->embed_fwd) return no_unet_op(dev, "embed_fwd", "embedding");
     if (n <= 0 || t <= 0 || c <= 0) return GP_OK;
-    return GP_LAUNCH(dev, embed_fwd)(dev, ids, wte, wpe, y, n, t, c, vocab, bad);
+    return GP_LAUNCH(dev, embed_fwd)(dev, ids, wte, wpe, dt, y, n, t, c, vocab, bad);
 }
 
-gp_status gp_dev_embed_bwd(gp_device *dev, const float *ids, const float *dy, float *dwte,
-                           float *dwpe, int64_t n, int64_t t, int64_t c)
+gp_status gp_dev_embed_bwd(gp_device *dev, const float *ids, gp_dtype dt, const void *dy,
+                           float *dwte, float *dwpe, int64_t n, int64_t t, int64_t c)
 {
     if (!dev->iface->embed_bwd) return no_unet_op(dev, "embed_bwd", "embedding");
     if (n <= 0 || t <= 0 || c <= 0) return GP_OK;
-    return GP_LAUNCH(dev, embed_bwd)(dev, ids, dy, dwte, dwpe, n, t, c);
+    return GP_LAUNCH(dev, embed_bwd)(dev, ids, dt, dy, dwte, dwpe, n, t, c);
 }
 
 static gp_status norm_leaky_check(gp_device *dev, const gp_bn_desc *d, float slope)

@@ -712,8 +712,9 @@ static bool adapts(const gp_layer *l, const gp_tensor *x)
 {
     bool f32 = l->out_dtype == GP_F32, same = true;
     for (int q = 0; q < l->n_in; q++) {
+        bool data = q == 0 && l->ops->data_input && x[q].dtype == GP_F32;
         f32 = f32 && x[q].dtype == GP_F32;
-        same = same && x[q].dtype == l->out_dtype;
+        same = same && (data || x[q].dtype == l->out_dtype);
     }
     if (f32) return false;
     bool takes = l->ops->any_dtype ||

@@ -366,6 +366,11 @@ typedef struct gp_layer_ops {
      * instance norm rounds its relu's recomputed output (unet.c).  NULL:
      * any_dtype says. */
     bool (*takes_bf16)(const gp_layer *l);
+    /* The main input is data that keeps its FP32 whatever the activations'
+     * storage (an embedding's token ids, exact as floats up to 2^24 and
+     * not in bf16): takes_bf16 then speaks of the output and its gradient
+     * alone, and the adapter leaves the input as it is. */
+    bool data_input;
 } gp_layer_ops;
 
 struct gp_layer {

@@ -195,8 +195,8 @@ static gp_status embedding_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_
     int64_t n = x->dims[0], t = x->dims[1], bad = -1;
     int64_t vocab = gp_layer_spec_valid_rows(&l->spec, l->spec.vocab);
     GP_TRY(gp_dev_embed_fwd(l->dev, gp_f32(x), gp_f32(&l->params[0].value),
-                            gp_f32(&l->params[1].value), gp_f32(y), n, t, l->spec.dim, vocab,
-                            &bad));
+                            gp_f32(&l->params[1].value), y->dtype, gp_tensor_mem(y), n, t,
+                            l->spec.dim, vocab, &bad));
     if (bad < 0) return GP_OK;
     float v = 0.0f;
     GP_TRY(gp_dev_download(l->dev, &v, gp_f32(x) + bad, 1)); /* the message's id */
@@ -219,9 +219,14 @@ static gp_status embedding_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx,
                                             const gp_tensor *x, const gp_tensor *y,
                                             const gp_tensor *dy, gp_saved *s)
 {
-    return gp_dev_embed_bwd(l->dev, gp_f32(x), gp_f32(dy), gp_f32(&l->params[0].grad),
+    return gp_dev_embed_bwd(l->dev, gp_f32(x), dy->dtype, gp_tensor_mem(dy),
+                            gp_f32(&l->params[0].grad),
                             gp_f32(&l->params[1].grad), x->dims[0], x->dims[1], l->spec.dim);
 }
+
+/* y and dy in bf16 on every backend (embed_fwd / embed_bwd take dt); the
+ * ids stay FP32 (data_input). */
+static bool embedding_takes_bf16(const gp_layer *l) { return true; }
 
 static double embedding_flops(const gp_layer *l, int64_t n)
 {
@@ -237,4 +242,6 @@ const gp_layer_ops gp_embedding_ops = {
     .backward_weights = embedding_backward_weights,
     .flops = embedding_flops,
     .bwd_ignores_y = true,
+    .takes_bf16 = embedding_takes_bf16,
+    .data_input = true,
 };

@@ -744,8 +744,19 @@ gp_status gp_cpu_layer_norm_bwd_weights_bf16(gp_device *dev, const uint16_t *x,
 
 /* ---- Transformer: token and position embeddings --------------------------- */
 
+static inline __attribute__((always_inline)) void
+embed_fwd(int nt, const float *ids, const float *wte, const float *wpe, void *y, int64_t rows,
+          int64_t t, int64_t c, const bool b16)
+{
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * c >= CPU_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *e = wte + (int64_t)ids[r] * c, *p = wpe + (r % t) * c;
+        for (int64_t j = 0; j < c; j++) B16_ST(y, r * c + j, e[j] + p[j]);
+    }
+}
+
 gp_status gp_cpu_embed_fwd(gp_device *dev, const float *ids, const float *wte, const float *wpe,
-                           float *y, int64_t n, int64_t t, int64_t c, int64_t vocab,
+                           gp_dtype dt, void *y, int64_t n, int64_t t, int64_t c, int64_t vocab,
                            int64_t *bad)
 {
     int64_t rows = n * t;
@@ -755,34 +766,37 @@ gp_status gp_cpu_embed_fwd(gp_device *dev, const float *ids, const float *wte, c
             *bad = r;
             return GP_OK;
         }
-    int nt = dev->threads;
-#pragma omp parallel for schedule(static) num_threads(nt) if (rows * c >= CPU_PAR_MIN)
-    for (int64_t r = 0; r < rows; r++) {
-        const float *e = wte + (int64_t)ids[r] * c, *p = wpe + (r % t) * c;
-        for (int64_t j = 0; j < c; j++) y[r * c + j] = e[j] + p[j];
-    }
+    if (dt == GP_BF16) embed_fwd(dev->threads, ids, wte, wpe, y, rows, t, c, true);
+    else embed_fwd(dev->threads, ids, wte, wpe, y, rows, t, c, false);
     return GP_OK;
 }
 
 /* A block of columns per task, every row in order within it: two tasks
  * never add into the same element, and each sum has one order. */
-gp_status gp_cpu_embed_bwd(gp_device *dev, const float *ids, const float *dy, float *dwte,
-                           float *dwpe, int64_t n, int64_t t, int64_t c)
+static inline __attribute__((always_inline)) void
+embed_bwd(int nt, const float *ids, const void *dy, float *dwte, float *dwpe, int64_t n,
+          int64_t t, int64_t c, const bool b16)
 {
     const int64_t blk = 16, nb = (c + blk - 1) / blk;
-    int nt = dev->threads;
 #pragma omp parallel for schedule(static) num_threads(nt) if (n * t * c >= CPU_PAR_MIN)
     for (int64_t b = 0; b < nb; b++) {
         int64_t j0 = b * blk, j1 = j0 + blk < c ? j0 + blk : c;
         for (int64_t r = 0; r < n * t; r++) {
             float *e = dwte + (int64_t)ids[r] * c, *p = dwpe + (r % t) * c;
-            const float *g = dy + r * c;
             for (int64_t j = j0; j < j1; j++) {
-                e[j] += g[j];
-                p[j] += g[j];
+                float g = B16_LD(dy, r * c + j);
+                e[j] += g;
+                p[j] += g;
             }
         }
     }
+}
+
+gp_status gp_cpu_embed_bwd(gp_device *dev, const float *ids, gp_dtype dt, const void *dy,
+                           float *dwte, float *dwpe, int64_t n, int64_t t, int64_t c)
+{
+    if (dt == GP_BF16) embed_bwd(dev->threads, ids, dy, dwte, dwpe, n, t, c, true);
+    else embed_bwd(dev->threads, ids, dy, dwte, dwpe, n, t, c, false);
     return GP_OK;
 }
 

@@ -1144,8 +1144,8 @@ static gp_status cuda_layer_norm_bwd_weights(gp_device *dev, const float *x, con
  * back after a wait (as xent's result), then the sum runs where all are
  * good. */
 static gp_status cuda_embed_fwd(gp_device *dev, const float *ids, const float *wte,
-                                const float *wpe, float *y, int64_t n, int64_t t, int64_t c,
-                                int64_t vocab, int64_t *bad)
+                                const float *wpe, gp_dtype dt, void *y, int64_t n, int64_t t,
+                                int64_t c, int64_t vocab, int64_t *bad)
 {
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     void *ws;
@@ -1157,14 +1157,14 @@ static gp_status cuda_embed_fwd(gp_device *dev, const float *ids, const float *w
     GP_CUDA(cudaStreamSynchronize(ctx->compute));
     *bad = first;
     if (first >= 0) return GP_OK;
-    GP_CUDA(gp_cuk_embed_fwd(ctx->compute, ids, wte, wpe, y, n, t, c));
+    GP_CUDA(gp_cuk_embed_fwd(ctx->compute, ids, wte, wpe, y, dt == GP_BF16, n, t, c));
     return GP_OK;
 }
 
-static gp_status cuda_embed_bwd(gp_device *dev, const float *ids, const float *dy, float *dwte,
-                                float *dwpe, int64_t n, int64_t t, int64_t c)
+static gp_status cuda_embed_bwd(gp_device *dev, const float *ids, gp_dtype dt, const void *dy,
+                                float *dwte, float *dwpe, int64_t n, int64_t t, int64_t c)
 {
-    CUDA_OP(dev, gp_cuk_embed_bwd(s, ids, dy, dwte, dwpe, n, t, c));
+    CUDA_OP(dev, gp_cuk_embed_bwd(s, ids, dy, dt == GP_BF16, dwte, dwpe, n, t, c));
 }
 
 static gp_status cuda_leaky_relu_fwd(gp_device *dev, const float *x, float *y, int64_t n,

@@ -967,20 +967,25 @@ __global__ void k_embed_none(long long *first, long long rows)
 {
     if (*first >= rows) *first = -1;
 }
-__global__ void k_embed_fwd(const float *ids, const float *wte, const float *wpe, float *y,
-                            int64_t rows, int64_t t, int64_t c)
+/* y FP32, or bf16 (b16: the sum rounded once) */
+__global__ void k_embed_fwd(const float *ids, const float *wte, const float *wpe, void *y,
+                            int b16, int64_t rows, int64_t t, int64_t c)
 {
     GP_CUK_LOOP(e, rows * c) {
         int64_t r = e / c, j = e % c;
-        y[e] = wte[(int64_t)ids[r] * c + j] + wpe[(r % t) * c + j];
+        float v = wte[(int64_t)ids[r] * c + j] + wpe[(r % t) * c + j];
+        if (b16) ((uint16_t *)y)[e] = gp_ew_bf16_bits(v);
+        else ((float *)y)[e] = v;
     }
 }
-__global__ void k_embed_bwd(const float *ids, const float *dy, float *dwte, float *dwpe,
+/* dy FP32, or bf16 (b16: widened as it is read) */
+__global__ void k_embed_bwd(const float *ids, const void *dy, int b16, float *dwte, float *dwpe,
                             int64_t rows, int64_t t, int64_t c)
 {
     GP_CUK_LOOP(j, c) {
         for (int64_t r = 0; r < rows; r++) {
-            float g = dy[r * c + j];
+            float g = b16 ? gp_ew_bf16_value(((const uint16_t *)dy)[r * c + j])
+                          : ((const float *)dy)[r * c + j];
             dwte[(int64_t)ids[r] * c + j] += g;
             dwpe[(r % t) * c + j] += g;
         }
@@ -1976,15 +1981,15 @@ cudaError_t gp_cuk_embed_check(cudaStream_t s, const float *ids, int64_t rows, i
 }
 
 cudaError_t gp_cuk_embed_fwd(cudaStream_t s, const float *ids, const float *wte, const float *wpe,
-                             float *y, int64_t n, int64_t t, int64_t c)
+                             void *y, int b16, int64_t n, int64_t t, int64_t c)
 {
-    GP_CUK_LAUNCH(n * t * c, k_embed_fwd, ids, wte, wpe, y, n * t, t, c);
+    GP_CUK_LAUNCH(n * t * c, k_embed_fwd, ids, wte, wpe, y, b16, n * t, t, c);
 }
 
-cudaError_t gp_cuk_embed_bwd(cudaStream_t s, const float *ids, const float *dy, float *dwte,
-                             float *dwpe, int64_t n, int64_t t, int64_t c)
+cudaError_t gp_cuk_embed_bwd(cudaStream_t s, const float *ids, const void *dy, int b16,
+                             float *dwte, float *dwpe, int64_t n, int64_t t, int64_t c)
 {
-    GP_CUK_LAUNCH(c, k_embed_bwd, ids, dy, dwte, dwpe, n * t, t, c);
+    GP_CUK_LAUNCH(c, k_embed_bwd, ids, dy, b16, dwte, dwpe, n * t, t, c);
 }
 
 cudaError_t gp_cuk_norm_leaky_bwd(cudaStream_t s, const float *yz, int from_z, float slope,

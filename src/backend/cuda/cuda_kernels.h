@@ -242,9 +242,9 @@ cudaError_t gp_cuk_layer_norm_bwd_weights_bf16(cudaStream_t s, const uint16_t *x
 cudaError_t gp_cuk_embed_check(cudaStream_t s, const float *ids, int64_t rows, int64_t vocab,
                                long long *first);
 cudaError_t gp_cuk_embed_fwd(cudaStream_t s, const float *ids, const float *wte, const float *wpe,
-                             float *y, int64_t n, int64_t t, int64_t c);
-cudaError_t gp_cuk_embed_bwd(cudaStream_t s, const float *ids, const float *dy, float *dwte,
-                             float *dwpe, int64_t n, int64_t t, int64_t c);
+                             void *y, int b16, int64_t n, int64_t t, int64_t c);
+cudaError_t gp_cuk_embed_bwd(cudaStream_t s, const float *ids, const void *dy, int b16,
+                             float *dwte, float *dwpe, int64_t n, int64_t t, int64_t c);
 
 /* U-Net layers (backend.h's leaky_relu_fwd/bwd, mul_rows, upsample_fwd/bwd):
  * one thread per output element; upsample_bwd sums its block in a fixed
