@@ -31,7 +31,10 @@
  *     parameter count is the unpadded one, the padding said apart;
  *   - launches: a step's launches (gp_dev_launches) on 1 stage pinned to a
  *     closed form in blocks and micro-batches, 2 stages' to it plus 3,
- *     GPT-2 124M's within 1.5x llm.c's (launch_counts, below).
+ *     GPT-2 124M's within 1.5x llm.c's (launch_counts, below);
+ *   - no FP32 activations in a bf16 step: the storage adapter makes no
+ *     FP32 copy under precision bf16 (1 and 2 stages; where the processor
+ *     has bf16 instructions), and --dry-run says so for configs/gpt2.yaml.
  */
 #include "config/config.h"
 #include "train/snapshot.h"
@@ -267,6 +270,22 @@ static void dry_run(void)
     CHECK(strstr(out, "padded") == NULL);
     /* the head's row shows no weight of its own, and its tie */
     CHECK(strstr(out, "{init: normal, std: 0.02, tie: transformer}") != NULL);
+    /* under precision bf16 no layer of GPT-2 runs on FP32 copies (issue 64,
+     * item 1), where the processor has bf16 instructions to open its
+     * devices with; elsewhere the summary says it cannot know */
+    snprintf(cmd, sizeof cmd, "'%s' '%s/configs/gpt2.yaml' --dry-run --set train.precision=bf16",
+             bin, GPIPE_SOURCE_DIR);
+    rc = gpt_run_cmd(cmd, out, sizeof out);
+    CHECK_MSG(rc == 0, "--dry-run in bf16 exited %d: %s", rc, out);
+    if (strstr(out, "precision bf16 needs a processor with bf16 instructions")) {
+        CHECK_MSG(strstr(out, "bf16 activations: the FP32 activation bytes are not known here"),
+                  "no word on FP32 activations in:\n%s", out);
+        printf("dry_run: no bf16 instructions here: GPT-2's FP32 activation bytes not checked\n");
+    } else {
+        CHECK_MSG(strstr(out, "bf16 activations: no FP32 activation bytes, every layer reads and "
+                              "writes bf16 with its own kernels\n"),
+                  "GPT-2 in bf16 has FP32 activations:\n%s", out);
+    }
 }
 
 static void errors(void)
@@ -874,6 +893,63 @@ static void launch_counts(gp_device **devs)
            (long long)launch_form(12, 1), 31 * 12 + 33);
 }
 
+/* A bf16 GPT step's FP32 activation bytes (issue 64, item 1): under
+ * precision bf16 every layer has bf16 kernels, so the storage adapter
+ * makes no FP32 copy (gp_dev_adapter_bytes stays put over a step, 1 and 2
+ * stages); with bf16 storage alone (precision FP32) the linear layers run
+ * on FP32 copies and the counter sees them.  Where the processor has no
+ * bf16 instructions the first half says it did not run. */
+static int64_t adapter_bytes_of_step(gp_device **devs, int n, const char *precision)
+{
+    const char *sets[] = {"train.activations=bf16", precision};
+    gp_config c;
+    if (gpt_cfg("{layers: 2, heads: 2, width: 32, positions: 8, vocab: 32}", "[8]", sets, 2,
+                &c) != GP_OK) {
+        CHECK_MSG(false, "adapter bytes: the config: %s", gp_last_error());
+        return -1;
+    }
+    c.train.batch_size = 4;
+    int bal[GP_MAX_DEVICES];
+    gpt_set_schedule(&c, GP_SCHEDULE_GPIPE, n, bal);
+    gp_model mdl;
+    gp_status s = gp_model_build_placed(&c, devs, n, bal, &mdl);
+    CHECK_OK(s);
+    float x[4 * 8], y[4 * 8];
+    gpt_counting_tokens(7u, 4, 8, 32, x, y);
+    uint64_t before = 0, after = 0;
+    for (int j = 0; j < n; j++) before += gp_dev_adapter_bytes(devs[j]);
+    gp_step_stats st;
+    if (s == GP_OK) s = gp_model_pipeline_step(&mdl, &c, x, y, 4, 0.01, &st);
+    CHECK_MSG(s == GP_OK, "adapter bytes, %s: %s", precision, gp_last_error());
+    for (int j = 0; j < n; j++) after += gp_dev_adapter_bytes(devs[j]);
+    gp_model_free(&mdl);
+    gp_config_free(&c);
+    return (int64_t)(after - before);
+}
+
+static void bf16_adapter(gp_device **f32)
+{
+    gp_device *b[2] = {0};
+    gp_device_opts o = {.threads = 1, .precision = GP_PRECISION_BF16};
+    bool have = gp_device_open("cpu:0", &o, &b[0]) == GP_OK &&
+                gp_device_open("cpu:1", &o, &b[1]) == GP_OK;
+    gp_error_clear();
+    if (have) {
+        for (int n = 1; n <= 2; n++) {
+            int64_t got = adapter_bytes_of_step(b, n, "train.precision=bf16");
+            CHECK_MSG(got == 0, "a bf16 GPT step on %d stage(s) made %lld FP32 activation bytes",
+                      n, (long long)got);
+        }
+    } else {
+        printf("adapter bytes: no bf16 instructions here: the precision-bf16 step not run\n");
+    }
+    for (int j = 0; j < 2; j++)
+        if (b[j]) gp_device_close(b[j]);
+    int64_t storage = adapter_bytes_of_step(f32, 1, "train.precision=fp32");
+    CHECK_MSG(storage > 0, "bf16 storage under precision FP32: the linear layers' FP32 copies "
+              "were not counted (%lld bytes)", (long long)storage);
+}
+
 int main(void)
 {
     gp_log_set_level(GP_LOG_ERROR);
@@ -883,6 +959,7 @@ int main(void)
         init_normal(devs[0]);
         vocab_pad(devs);
         launch_counts(devs);
+        bf16_adapter(devs);
     }
     for (int j = 0; j < 3; j++)
         if (devs[j]) gp_device_close(devs[j]);

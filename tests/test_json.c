@@ -515,8 +515,8 @@ static void test_metrics_line(void)
                         .allreduce_seconds = 0.125};
     gp_json_writer w = {0};
     gp_device *devs[1] = {dev};
-    const int64_t waits[1] = {4}, launches[1] = {123};
-    gp_train_metrics_step(&w, 3, 1, 0.1, 1234.56, &st, true, devs, 1, waits, launches);
+    const gp_step_counts counts[1] = {{.host_waits = 4, .launches = 123, .adapter_bytes = 0}};
+    gp_train_metrics_step(&w, 3, 1, 0.1, 1234.56, &st, true, devs, 1, counts);
     gp_json_reader r;
     gp_json_value *v = gp_json_parse(w.text, w.len, &r);
     CHECK_MSG(v != NULL, "%s in %s", r.err, w.text);
@@ -537,7 +537,9 @@ static void test_metrics_line(void)
         CHECK(gp_json_get(v, "allreduce_seconds") != NULL);
         const gp_json_value *hw = d && d->n == 1 ? gp_json_get(&d->items[0], "host_waits") : NULL;
         const gp_json_value *la = d && d->n == 1 ? gp_json_get(&d->items[0], "launches") : NULL;
-        CHECK(hw && hw->num == 4 && la && la->num == 123);
+        const gp_json_value *ab =
+            d && d->n == 1 ? gp_json_get(&d->items[0], "adapter_bytes") : NULL;
+        CHECK(hw && hw->num == 4 && la && la->num == 123 && ab && ab->num == 0);
     }
     CHECK_MSG(strstr(w.text, "\"step_seconds\":0.250000,") != NULL, "%s", w.text);
     gp_json_value_free(v);

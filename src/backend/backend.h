@@ -1220,6 +1220,11 @@ struct gp_device {
      * (log_launches) prints each one's slot to stderr, with the device. */
     uint64_t launches;
     bool log_launches;
+    /* FP32 bytes the storage adapter made on this device (layers.h: each
+     * bf16 input widened into a copy, each FP32 result before it is
+     * rounded), what a layer without bf16 kernels costs a bf16 run (0 where
+     * every layer has them: --metrics adapter_bytes).  Atomic. */
+    uint64_t adapter_bytes;
 };
 
 static inline void gp_dev_count_wait(struct gp_device *dev)
@@ -1239,6 +1244,14 @@ static inline void gp_dev_count_launch(struct gp_device *dev, const char *slot)
 static inline uint64_t gp_dev_launches(const struct gp_device *dev)
 {
     return __atomic_load_n(&dev->launches, __ATOMIC_RELAXED);
+}
+static inline void gp_dev_count_adapter(struct gp_device *dev, size_t bytes)
+{
+    if (dev) __atomic_fetch_add(&dev->adapter_bytes, (uint64_t)bytes, __ATOMIC_RELAXED);
+}
+static inline uint64_t gp_dev_adapter_bytes(const struct gp_device *dev)
+{
+    return __atomic_load_n(&dev->adapter_bytes, __ATOMIC_RELAXED);
 }
 /* The compute slot `slot` of dev's interface, counted as a launch:
  * GP_LAUNCH(dev, gemm)(dev, ...) where the wrapper would call

@@ -740,6 +740,8 @@ static gp_status widen(const gp_tensor *t, int n, const bool *shape_only, gp_ten
             wide[q].dtype = GP_F32;
         } else {
             st = gp_tensor_as(&wide[q], &t[q], GP_F32, GP_MEM_ACTIVATIONS);
+            if (st == GP_OK && t[q].dtype != GP_F32) /* a copy, not a view */
+                gp_dev_count_adapter(t[q].dev, gp_tensor_bytes(&wide[q]));
         }
         if (st != GP_OK) {
             free_all(wide, q);
@@ -758,6 +760,7 @@ static gp_status narrow(gp_tensor *f, gp_dtype dt, gp_tensor *out)
         *f = (gp_tensor){0};
         return GP_OK;
     }
+    gp_dev_count_adapter(f->dev, gp_tensor_bytes(f)); /* an FP32 result to round */
     gp_status st = gp_tensor_as(out, f, dt, GP_MEM_ACTIVATIONS);
     gp_tensor_free(f);
     return st;

@@ -375,16 +375,19 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts,
 /* The --metrics record of step `step` (1-based) as one JSON object, no
  * newline, into w (core/json.h): loss, accuracy, lr, throughput, the
  * step's time (and the all-reduce's with data_parallel), and each
- * device's name, memory peaks and, where host_waits[j] >= 0 (host_waits may
- * be NULL), the times the host waited for it during the step
- * (gp_dev_host_waits), and where launches[j] >= 0 (launches may be NULL)
- * the launches it made in the step (gp_dev_launches).  Strings are
- * escaped, so any device name stays valid JSON. */
+ * device's name, memory peaks and, where counts (NULL: none) has them for
+ * it (counts[j].host_waits >= 0: -1 for another rank's device), what the
+ * device did in the step: the times the host waited for it
+ * (gp_dev_host_waits), its launches (gp_dev_launches) and the FP32 bytes
+ * its storage adapter made (gp_dev_adapter_bytes).  Strings are escaped,
+ * so any device name stays valid JSON. */
+typedef struct gp_step_counts {
+    int64_t host_waits, launches, adapter_bytes;
+} gp_step_counts;
 struct gp_json_writer;
 void gp_train_metrics_step(struct gp_json_writer *w, int64_t step, int64_t epoch, double lr,
                            double samples_per_s, const gp_step_stats *st, bool data_parallel,
-                           gp_device *const *devs, int n_dev, const int64_t *host_waits,
-                           const int64_t *launches);
+                           gp_device *const *devs, int n_dev, const gp_step_counts *counts);
 
 /* Print the model summary (--dry-run) to `f`: the model built as shapes
  * (gp_model_build_meta), the devices opened only to ask their layouts

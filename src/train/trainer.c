@@ -22,8 +22,7 @@
 
 void gp_train_metrics_step(struct gp_json_writer *w, int64_t step, int64_t epoch, double lr,
                            double samples_per_s, const gp_step_stats *st, bool data_parallel,
-                           gp_device *const *devs, int n_dev, const int64_t *host_waits,
-                           const int64_t *launches)
+                           gp_device *const *devs, int n_dev, const gp_step_counts *counts)
 {
     gp_json_open_object(w, NULL);
     gp_json_put_int(w, "step", step);
@@ -45,8 +44,11 @@ void gp_train_metrics_step(struct gp_json_writer *w, int64_t step, int64_t epoch
         gp_json_put_str(w, "name", devs[j]->name);
         gp_json_put_uint(w, "peak_bytes", a.peak);
         gp_json_put_uint(w, "current_bytes", a.current);
-        if (host_waits && host_waits[j] >= 0) gp_json_put_int(w, "host_waits", host_waits[j]);
-        if (launches && launches[j] >= 0) gp_json_put_int(w, "launches", launches[j]);
+        if (counts && counts[j].host_waits >= 0) {
+            gp_json_put_int(w, "host_waits", counts[j].host_waits);
+            gp_json_put_int(w, "launches", counts[j].launches);
+            gp_json_put_int(w, "adapter_bytes", counts[j].adapter_bytes);
+        }
         for (int c = 0; c < GP_MEM_COUNT; c++) {
             char key[48];
             snprintf(key, sizeof key, "peak_%s", gp_mem_category_name((gp_mem_category)c));
@@ -1011,8 +1013,8 @@ typedef struct run_devices {
     /* the run's peaks (the allocators' are reset every step, so the
      * metrics' are per step): the total, and each kind's own */
     size_t peak[GP_MAX_DEVICES], peak_by[GP_MAX_DEVICES][GP_MEM_COUNT];
-    int64_t waits[GP_MAX_DEVICES];   /* host waits per device in the step (-1: another rank's) */
-    int64_t launches[GP_MAX_DEVICES]; /* launches per device in the step (likewise) */
+    /* per device, what it did in the step (host_waits -1: another rank's) */
+    gp_step_counts counts[GP_MAX_DEVICES];
 } run_devices;
 
 /* What one gp_train_run holds from its start to its end. */
@@ -1489,8 +1491,9 @@ static void devices_before_step(run_devices *d)
         for (int c = 0; c < GP_MEM_COUNT; c++)
             if (a.peak_by[c] > d->peak_by[j][c]) d->peak_by[j][c] = a.peak_by[c];
         gp_allocator_reset_peak(&d->devs[j]->alloc);
-        d->waits[j] = (int64_t)gp_dev_host_waits(d->devs[j]);
-        d->launches[j] = (int64_t)gp_dev_launches(d->devs[j]);
+        d->counts[j] = (gp_step_counts){(int64_t)gp_dev_host_waits(d->devs[j]),
+                                        (int64_t)gp_dev_launches(d->devs[j]),
+                                        (int64_t)gp_dev_adapter_bytes(d->devs[j])};
     }
 }
 
@@ -1570,10 +1573,15 @@ static gp_status take_step(train_run *r, train_step *t)
     gp_status s = gp_model_pipeline_step(mp, r->cfg, t->b.x, t->b.y, t->b.n, t->lr, &t->st);
     /* processes: only this rank's device is counted here */
     for (int j = 0; j < r->dev.n; j++) {
-        bool mine = mp->local_device < 0 || j == mp->local_device;
-        r->dev.waits[j] = mine ? (int64_t)gp_dev_host_waits(r->dev.devs[j]) - r->dev.waits[j] : -1;
-        r->dev.launches[j] =
-            mine ? (int64_t)gp_dev_launches(r->dev.devs[j]) - r->dev.launches[j] : -1;
+        gp_step_counts *c = &r->dev.counts[j];
+        gp_device *dj = r->dev.devs[j];
+        if (mp->local_device >= 0 && j != mp->local_device) {
+            *c = (gp_step_counts){-1, -1, -1};
+            continue;
+        }
+        *c = (gp_step_counts){(int64_t)gp_dev_host_waits(dj) - c->host_waits,
+                              (int64_t)gp_dev_launches(dj) - c->launches,
+                              (int64_t)gp_dev_adapter_bytes(dj) - c->adapter_bytes};
     }
     if (s != GP_OK) return step_failed(r, t, s);
     gp_train_result *res = r->res;
@@ -1659,8 +1667,7 @@ static gp_status record_step(train_run *r, const train_step *t)
     run_outputs *o = &r->out;
     if (!o->metrics && !o->tb) return GP_OK;
     gp_train_metrics_step(&o->record, t->step + 1, t->b.epoch + 1, t->lr, r->window.sps, &t->st,
-                          r->cfg->pipeline.replicas > 1, r->dev.devs, r->dev.n, r->dev.waits,
-                          r->dev.launches);
+                          r->cfg->pipeline.replicas > 1, r->dev.devs, r->dev.n, r->dev.counts);
     bool tb_failed = false;
     gp_status s = record_line(&o->record, o->metrics, r->opts->metrics_path, o->tb, &tb_failed);
     if (s != GP_OK && gp_procs_size() == 1) {
@@ -2189,6 +2196,53 @@ static void summary_batchnorm_note(const gp_config *cfg, const gp_model *m, FILE
 
 /* The skips, and the stage boundaries they cross (copied straight from
  * the stash's stage to the pop's, once per micro-batch). */
+/* With bf16 activations (train.activations): the FP32 activation bytes a
+ * batch's forward makes, those of the layers that run on FP32 copies (the
+ * storage adapter: each input widened and the output in FP32 before its
+ * rounding), and which layer types they are; none where every layer has
+ * bf16 kernels on its device.  A layer whose device could not be opened
+ * here is counted apart (what its kernels take is not known). */
+static void summary_fp32_acts(const gp_config *cfg, const gp_model *m, FILE *f)
+{
+    int64_t b = cfg->train.batch_size;
+    double bytes = 0;
+    int adapted = 0, unknown = 0, bf16 = 0;
+    char types[160] = "";
+    for (int k = 0; k < m->n_layers; k++) {
+        const gp_layer *l = &m->layers[k];
+        if (l->out_dtype != GP_BF16) continue;
+        bf16++;
+        if (l->ops->any_dtype) continue;
+        if (!l->dev) {
+            unknown++;
+            continue;
+        }
+        if (l->ops->takes_bf16 && l->ops->takes_bf16(l)) continue;
+        adapted++;
+        double n = (double)gp_shape_numel(&l->out_shape);
+        if (!l->ops->data_input) n += (double)gp_shape_numel(&l->in_shape);
+        bytes += n * (double)b * sizeof(float);
+        const char *t = gp_layer_type_name(l->spec.type);
+        if (!strstr(types, t) && strlen(types) + strlen(t) + 3 < sizeof types)
+            snprintf(types + strlen(types), sizeof types - strlen(types), "%s%s",
+                     types[0] ? ", " : "", t);
+    }
+    if (!bf16) return;
+    char ab[32];
+    if (!adapted && unknown)
+        fprintf(f, "bf16 activations: the FP32 activation bytes are not known here: %d layer%s "
+                   "on devices not opened here (what their kernels take is the device's)\n",
+                unknown, unknown == 1 ? " is" : "s are");
+    else if (!adapted)
+        fprintf(f, "bf16 activations: no FP32 activation bytes, every layer reads and writes "
+                   "bf16 with its own kernels\n");
+    else
+        fprintf(f, "bf16 activations: %d layer%s (%s) run on FP32 copies (the storage adapter): "
+                   "up to %s of FP32 activations a batch%s\n", adapted, adapted == 1 ? "" : "s",
+                types, gp_format_bytes((size_t)bytes, ab, sizeof ab),
+                unknown ? ", and the layers on devices not opened here" : "");
+}
+
 static void summary_skips(const gp_config *cfg, const gp_model *m, FILE *f)
 {
     for (int t = 0; t < m->skips.n; t++) {
@@ -2363,6 +2417,7 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
             gp_format_bytes((size_t)(tot.params + tot.pad) * 4, pb, sizeof pb),
             tot.flops / 1e6, 3 * tot.flops / 1e6, gp_format_bytes((size_t)tot.act, ab, sizeof ab));
     summary_lm(cfg, &m, &tot, f);
+    summary_fp32_acts(cfg, &m, f);
     summary_skips(cfg, &m, f);
     summary_pipeline(cfg, f);
     summary_optimizer(cfg, f);
