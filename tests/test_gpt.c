@@ -286,6 +286,29 @@ static void dry_run(void)
                               "writes bf16 with its own kernels\n"),
                   "GPT-2 in bf16 has FP32 activations:\n%s", out);
     }
+    /* --gpu: the roofline floor (roofline.c), from the shapes on any
+     * machine: one micro-batch's launches counted as it counts them (the
+     * embedding and each of 6 layers with weights a block 3, the 4 without
+     * 2, the final norm 3, the tied head 2, the update 1), the step's time
+     * at least its FLOPs over the peak and its bytes over the bandwidth */
+    snprintf(cmd, sizeof cmd, "'%s' '%s/configs/gpt2.yaml' --dry-run --gpu h100 --set "
+             "train.precision=bf16 --set pipeline.chunks=1", bin, GPIPE_SOURCE_DIR);
+    rc = gpt_run_cmd(cmd, out, sizeof out);
+    CHECK_MSG(rc == 0, "--dry-run --gpu exited %d: %s", rc, out);
+    CHECK(strstr(out, "roofline on one h100 (989 TFLOP/s bf16, 3.35 TB/s)") != NULL);
+    const char *st = strstr(out, "\n  step ");
+    long long launches = 0;
+    double gflop = 0, gb = 0, ms = 0;
+    CHECK_MSG(st && sscanf(st, " step %lld %lf %lf %lf", &launches, &gflop, &gb, &ms) == 4,
+              "no step row in:\n%s", out);
+    CHECK_MSG(launches == 3 + 12 * (6 * 3 + 4 * 2) + 3 + 2 + 1, "roofline launches %lld", launches);
+    CHECK_MSG(ms >= gflop / 989e3 * 1e3 * 0.999 && ms >= gb / 3.35e3 * 1e3 * 0.999 && ms > 0,
+              "the floor %.3f ms is under a bound (%.2f GFLOP, %.3f GB)", ms, gflop, gb);
+    snprintf(cmd, sizeof cmd, "'%s' '%s/configs/gpt2.yaml' --dry-run --gpu a100", bin,
+             GPIPE_SOURCE_DIR);
+    rc = gpt_run_cmd(cmd, out, sizeof out);
+    CHECK_MSG(rc != 0 && strstr(out, "--gpu a100: the roofline knows h100 and h200"),
+              "an unknown --gpu: exit %d, %s", rc, out);
 }
 
 static void errors(void)

@@ -39,12 +39,15 @@ static void usage(FILE *f)
           "                     parameters, FLOPs, activation bytes; totals) and exit\n"
           "  -v, --verbose      with --dry-run, also every default the config left to\n"
           "                     gpipe (key = value)\n"
+          "  --gpu h100|h200    with --dry-run, also a roofline floor of the step on\n"
+          "                     one such GPU (per layer type: launches, FLOPs, bytes,\n"
+          "                     time), from the shapes alone\n"
           "  --metrics FILE     (or --metrics=FILE) write JSON Lines: one object per step\n"
           "                     (step, epoch, loss, accuracy, lr, samples_per_s,\n"
           "                     step_seconds, data_wait_seconds, bad_files (the run's\n"
           "                     total so far), grad_norm (with train.clip_grad_norm),\n"
-          "                     devices[]: peak_bytes, its categories, current_bytes\n"
-          "                     and host_waits)\n"
+          "                     devices[]: peak_bytes, its categories, current_bytes,\n"
+          "                     host_waits, launches and adapter_bytes)\n"
           "                     and one per evaluation (test_loss,\n"
           "                     test_accuracy); README \"Training\" says each;\n"
           "                     scripts/metrics.py plots, summarises and compares\n"
@@ -290,6 +293,7 @@ static gp_status agree_on_config(gp_status loaded, gp_config *cfg, const char *r
 int main(int argc, char **argv)
 {
     const char *config = NULL, *metrics = NULL, *trace = NULL, *resume = NULL, *export = NULL;
+    const char *gpu = NULL; /* --gpu: the roofline estimate's GPU */
     const char *tensorboard = NULL;
     int64_t trace_first = 0, trace_last = -1;
     const char **sets = calloc((size_t)argc, sizeof *sets);
@@ -355,6 +359,16 @@ int main(int argc, char **argv)
             tensorboard = a + 14;
         } else if (!strcmp(a, "--dry-run")) {
             dry = 1;
+        } else if (!strcmp(a, "--gpu") || !strncmp(a, "--gpu=", 6)) {
+            if (a[5] == '=') {
+                gpu = a + 6;
+            } else if (i + 1 < argc) {
+                gpu = argv[++i];
+            } else {
+                fputs("gpipe-train: --gpu needs a GPU: h100 or h200\n", stderr);
+                free(sets);
+                return EXIT_USAGE;
+            }
         } else if (!strcmp(a, "--progress")) {
             progress = 1;
         } else if (!strcmp(a, "--no-progress")) {
@@ -385,6 +399,17 @@ int main(int argc, char **argv)
     if (!export && export_format) {
         fputs("gpipe-train: --export-format chooses what --export-weights writes; give "
               "--export-weights OUT too\n", stderr);
+        free(sets);
+        return EXIT_USAGE;
+    }
+    if (gpu && strcmp(gpu, "h100") && strcmp(gpu, "h200")) {
+        fprintf(stderr, "gpipe-train: --gpu %s: the roofline knows h100 and h200\n", gpu);
+        free(sets);
+        return EXIT_USAGE;
+    }
+    if (gpu && !dry) {
+        fputs("gpipe-train: --gpu estimates a step with --dry-run's summary; give --dry-run "
+              "too\n", stderr);
         free(sets);
         return EXIT_USAGE;
     }
@@ -484,6 +509,7 @@ int main(int argc, char **argv)
             printf("note: data: %s (a run would stop there)\n", gp_last_error());
             gp_error_clear();
         }
+        if (s == GP_OK && gpu) s = gp_model_roofline(&cfg, gpu, stdout);
         if (s == GP_OK && verbose)
             printf("defaults applied (keys the config left out):\n%s",
                    cfg.defaults_applied && cfg.defaults_applied[0] ? cfg.defaults_applied

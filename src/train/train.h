@@ -395,5 +395,11 @@ void gp_train_metrics_step(struct gp_json_writer *w, int64_t step, int64_t epoch
  * error).  GP_ERR_OOM, after the summary, where a device's capacity cannot
  * hold its stages' weights, gradients and momentum. */
 gp_status gp_model_summary(const gp_config *cfg, FILE *f);
+/* A roofline floor for one step of cfg's model on one GPU of kind `gpu`
+ * ("h100", "h200") into `f`: per layer type the launches, FLOPs, bytes and
+ * the time each launch takes at least (max of FLOPs / peak and bytes /
+ * bandwidth), and the step's (roofline.c says what is counted).  From the
+ * shapes alone: no device opened.  GP_ERR_INVALID names an unknown gpu. */
+gp_status gp_model_roofline(const gp_config *cfg, const char *gpu, FILE *f);
 
 #endif /* GP_TRAIN_H */

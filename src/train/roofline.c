@@ -1,0 +1,147 @@
+/*
+ * roofline.c — `gpipe-train --dry-run --gpu h100|h200`: a floor for a
+ * step's time on a GPU nobody here has, from the model's shapes alone
+ * (gp_model_build_meta: nothing allocated, no device opened), so a user
+ * can plan a run and a session without a GPU can see which layers are far
+ * from their floor once one is measured (issue 64, item 3).
+ *
+ * Each launch costs the larger of its FLOPs over the GPU's peak and its
+ * bytes over its memory bandwidth (the roofline).  Per layer and
+ * micro-batch (m of them, the batch's samples split evenly): the forward
+ * is one launch; the backward one for a layer without parameters and two
+ * with (the data and the weights gradients).  FLOPs: the layer's own
+ * estimate for the forward (ops->flops, what the balancer uses) and twice
+ * it for a backward with weights, once without (attention 2.5 times: its
+ * backward recomputes the scores).  Bytes: the forward reads
+ * its inputs and weights and writes its output; the backward reads dy, the
+ * input and the weights, writes dx, and with weights reads and writes
+ * their FP32 gradient sum.  Activations are 2 bytes under precision bf16
+ * (auto's bf16 storage on GPUs), else 4; weights are read as bf16 copies
+ * under bf16.  The update (AdamW or SGD over every parameter: one launch)
+ * reads and writes each parameter's FP32 value and state and its gradient.
+ * Peaks are the dense tensor-core rates (bf16 989 TFLOP/s, TF32 494) or
+ * FP32's 67 on both chips, with HBM at 3.35 TB/s (H100 SXM) or 4.8 (H200).
+ * A floor, not a prediction: kernels reach a share of it, and launches,
+ * copies between stages and the pipeline's bubble are not in it.
+ */
+#include "train/train.h"
+
+#include <stdio.h>
+#include <string.h>
+
+typedef struct {
+    const char *name;
+    double flops[3]; /* by gp_precision: FP32, TF32, bf16 (FLOP/s) */
+    double bw;       /* bytes/s */
+} roof_gpu;
+
+static const roof_gpu roof_gpus[] = {
+    {"h100", {67e12, 494e12, 989e12}, 3.35e12},
+    {"h200", {67e12, 494e12, 989e12}, 4.8e12},
+};
+
+/* The per-type sums. */
+typedef struct {
+    int type;
+    int64_t launches;
+    double flops, bytes, seconds, bound; /* bound: seconds where bytes decided */
+} roof_row;
+
+static double roof_launch(const roof_gpu *g, int prec, double flops, double bytes, bool *mem)
+{
+    double tc = flops / g->flops[prec], tm = bytes / g->bw;
+    *mem = tm > tc;
+    return tm > tc ? tm : tc;
+}
+
+/* n launches of `flops` and `bytes` each into r, at their roofline time. */
+static void roof_add(const roof_gpu *g, int prec, roof_row *r, int64_t n, double flops,
+                     double bytes)
+{
+    bool mem = false;
+    double t = roof_launch(g, prec, flops, bytes, &mem);
+    r->launches += n;
+    r->flops += flops * (double)n;
+    r->bytes += bytes * (double)n;
+    r->seconds += t * (double)n;
+    if (mem) r->bound += t * (double)n;
+}
+
+/* Layer l's forward and backward over m micro-batches of b / m samples. */
+static void roof_layer(const roof_gpu *g, int prec, const gp_layer *l, int64_t b, int m,
+                       double elt, double welt, roof_row *r)
+{
+    double per = (double)b / m, np = (double)gp_model_layer_params(l);
+    double in = (double)gp_shape_numel(&l->in_shape) * per;
+    double out = (double)gp_shape_numel(&l->out_shape) * per;
+    double f = l->ops->flops(l, b) / m;
+    roof_add(g, prec, r, m, f, (in + out) * elt + np * welt);
+    if (np > 0) { /* backward-data, then backward-weights into the FP32 sums */
+        roof_add(g, prec, r, m, f, (out + in) * elt + np * welt);
+        roof_add(g, prec, r, m, f, (out + in) * elt + np * 8.0);
+    } else { /* attention's backward recomputes the scores: 5 products to 2 */
+        double fb = l->spec.type == GP_LAYER_ATTENTION ? 2.5 * f : f;
+        roof_add(g, prec, r, m, fb, (2 * out + 2 * in) * elt);
+    }
+}
+
+gp_status gp_model_roofline(const gp_config *cfg, const char *gpu, FILE *f)
+{
+    const roof_gpu *g = NULL;
+    for (size_t k = 0; k < sizeof roof_gpus / sizeof *roof_gpus; k++)
+        if (!strcmp(gpu, roof_gpus[k].name)) g = &roof_gpus[k];
+    if (!g)
+        return gp_error_set(GP_ERR_INVALID, "--gpu %s: not a GPU the estimate knows; give h100 "
+                            "or h200", gpu);
+    int S = cfg->pipeline.n_devices * gp_model_virtual(cfg), balance[GP_MAX_DEVICES];
+    if (cfg->pipeline.n_balance == S) {
+        GP_TRY(gp_model_balance(cfg, S, balance));
+    } else { /* the split does not change the sums */
+        for (int j = 0; j < S; j++) balance[j] = j == 0 ? cfg->model.n_layers - (S - 1) : 1;
+    }
+    gp_model m = {0};
+    GP_TRY(gp_model_build_meta(cfg, balance, &m));
+    int prec = cfg->train.precision, mb = cfg->pipeline.chunks > 0 ? cfg->pipeline.chunks : 1;
+    int64_t b = cfg->train.batch_size;
+    double elt = prec == GP_PRECISION_BF16 ? 2.0 : 4.0, welt = elt;
+    roof_row rows[GP_LAYER_TYPE_COUNT + 1] = {{0}}, tot = {0};
+    double params = 0;
+    for (int k = 0; k < m.n_layers; k++) {
+        const gp_layer *l = &m.layers[k];
+        roof_layer(g, prec, l, b, mb, elt, welt, &rows[l->spec.type]);
+        rows[l->spec.type].type = (int)l->spec.type;
+        params += (double)gp_model_layer_params(l);
+    }
+    /* the update: value, gradient and state read, value and state written */
+    double ub = params * 4.0 * (prec == GP_PRECISION_BF16 ? 7.5 : 7.0);
+    roof_add(g, prec, &rows[GP_LAYER_TYPE_COUNT], 1, 12.0 * params, ub);
+    fprintf(f, "roofline on one %s (%.0f TFLOP/s %s, %.2f TB/s): a floor for the step, each "
+               "launch max(FLOPs / peak, bytes / bandwidth), %d micro-batch%s of %.4g samples\n",
+            g->name, g->flops[prec] / 1e12, gp_precision_name((gp_precision)prec), g->bw / 1e12,
+            mb, mb == 1 ? "" : "es", (double)b / mb);
+    fprintf(f, "  %-14s %9s %12s %12s %10s %7s %9s\n", "layer type", "launches", "GFLOP",
+            "GB moved", "ms", "share", "mem-bound");
+    for (int t = 0; t <= GP_LAYER_TYPE_COUNT; t++) tot.seconds += rows[t].seconds;
+    for (int t = 0; t <= GP_LAYER_TYPE_COUNT; t++) {
+        roof_row *r = &rows[t];
+        if (!r->launches) continue;
+        const char *name = t == GP_LAYER_TYPE_COUNT ? "(update)"
+                                                    : gp_layer_type_name((gp_layer_type)t);
+        fprintf(f, "  %-14s %9lld %12.2f %12.3f %10.3f %6.1f%% %8.0f%%\n", name,
+                (long long)r->launches, r->flops / 1e9, r->bytes / 1e9, r->seconds * 1e3,
+                100.0 * r->seconds / tot.seconds, 100.0 * r->bound / r->seconds);
+        tot.launches += r->launches;
+        tot.flops += r->flops;
+        tot.bytes += r->bytes;
+        tot.bound += r->bound;
+    }
+    fprintf(f, "  %-14s %9lld %12.2f %12.3f %10.3f\n", "step", (long long)tot.launches,
+            tot.flops / 1e9, tot.bytes / 1e9, tot.seconds * 1e3);
+    double tokens = (double)b * (double)cfg->model.input[0];
+    if (m.layers[0].spec.type == GP_LAYER_EMBEDDING)
+        fprintf(f, "  at that floor: %.0f tokens/s, MFU %.0f%% (the step's FLOPs over the "
+                   "peak); measured steps run slower: bench/README.md\n",
+                tokens / tot.seconds, 100.0 * tot.flops / (tot.seconds * g->flops[prec]));
+    gp_model_free(&m);
+    return GP_OK;
+}
