@@ -133,13 +133,14 @@ static inline __attribute__((always_inline)) void att_fma(att_v16 *acc, const at
     *acc = r;
 }
 
-/* s[j] = sum_u a[u] bt[u tp + j], j < ATT_BK: one tile of products against
- * a transposed, padded operand (tp its row stride), the tile's sums in
- * registers: even u into one set of four vectors, odd u into another
- * (twice the independent chains), added at the end. */
-static inline __attribute__((always_inline)) void att_tile(float *restrict s, const float *a,
-                                                           const float *restrict bt,
-                                                           int64_t d, int64_t tp)
+/* s[j] = sum_u a[u] bt[u tp + j], j < 16 nv: the first nv vectors of one
+ * tile of products against a transposed, padded operand (tp its row
+ * stride), the sums in registers: even u into one set of vectors, odd u
+ * into another (twice the independent chains), added at the end; the
+ * tile's other vectors 0.  nv is a constant where it is inlined. */
+static inline __attribute__((always_inline)) void att_tile_nv(float *restrict s, const float *a,
+                                                              const float *restrict bt,
+                                                              int64_t d, int64_t tp, const int nv)
 {
     att_v16 e[4] = {{0}, {0}, {0}, {0}}, o[4] = {{0}, {0}, {0}, {0}}, au, b;
     int64_t u = 0;
@@ -149,7 +150,7 @@ static inline __attribute__((always_inline)) void att_tile(float *restrict s, co
         att_splat(&au, a[u]);
         att_splat(&a1, a[u + 1]);
 #pragma GCC unroll 4
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < nv; k++) {
             att_load(&b, r0 + k * ATT_V);
             att_fma(&e[k], &au, &b);
             att_load(&b, r1 + k * ATT_V);
@@ -160,7 +161,7 @@ static inline __attribute__((always_inline)) void att_tile(float *restrict s, co
         const float *r0 = bt + u * tp;
         att_splat(&au, a[u]);
 #pragma GCC unroll 4
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < nv; k++) {
             att_load(&b, r0 + k * ATT_V);
             att_fma(&e[k], &au, &b);
         }
@@ -168,7 +169,21 @@ static inline __attribute__((always_inline)) void att_tile(float *restrict s, co
 #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
         e[k] += o[k];
-        att_store(s + k * ATT_V, &e[k]);
+        att_store(s + k * ATT_V, &e[k]); /* (past nv: zeros) */
+    }
+}
+
+/* The tile's products for its first n keys (the causal mask cuts the
+ * rest): only the vectors that hold them are computed, the rest are 0. */
+static inline __attribute__((always_inline)) void att_tile(float *restrict s, const float *a,
+                                                           const float *restrict bt,
+                                                           int64_t d, int64_t tp, int n)
+{
+    switch ((n + ATT_V - 1) / ATT_V) {
+    case 1: att_tile_nv(s, a, bt, d, tp, 1); break;
+    case 2: att_tile_nv(s, a, bt, d, tp, 2); break;
+    case 3: att_tile_nv(s, a, bt, d, tp, 3); break;
+    default: att_tile_nv(s, a, bt, d, tp, 4); break;
     }
 }
 
@@ -349,7 +364,7 @@ att_fwd_body(const att_dims *a, const void *x, void *y, float *lse, int64_t bi, 
         memset(acc, 0, (size_t)d * sizeof *acc);
         for (int64_t j0 = 0; j0 <= i; j0 += ATT_BK) {
             int n = (int)(i + 1 - j0 < ATT_BK ? i + 1 - j0 : ATT_BK); /* keys <= i */
-            att_tile(s, q, kt + j0, d, tp);
+            att_tile(s, q, kt + j0, d, tp, n);
             float mx = att_tile_max(s, n, m);
 #pragma omp simd
             for (int j = 0; j < ATT_BK; j++) {
@@ -448,8 +463,8 @@ att_bwd_body(const att_dims *a, const void *x, const void *y, const float *lse, 
                 float *pr = p + r * ATT_BK, *dsr = ds + r * ATT_BK;
                 int n = (int)(i + 1 - j0 < ATT_BK ? i + 1 - j0 : ATT_BK); /* keys <= i */
                 const float li = lb[i], di = dd[i];
-                att_tile(pr, qi, kt + j0, d, tp);   /* q_i . k_j, unscaled */
-                att_tile(dsr, dyi, vt + j0, d, tp); /* dy_i . v_j */
+                att_tile(pr, qi, kt + j0, d, tp, n);   /* q_i . k_j, unscaled */
+                att_tile(dsr, dyi, vt + j0, d, tp, n); /* dy_i . v_j */
 #pragma omp simd
                 for (int j = 0; j < ATT_BK; j++) {
                     float e = att_exp(fmaf(pr[j], a->scale, -li));
