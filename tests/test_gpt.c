@@ -854,6 +854,25 @@ static void vocab_pad(gp_device **devs)
  * blocks' launches are the same, split).  llm.c's train_gpt2.cu launches
  * 31 L + 33 a step (bench/README.md, "Launches"): GPT-2 124M's 12 blocks at
  * m = 1 are 449 here against 405, inside issue 64's 1.5x. */
+/* A small GPT of `opts` (batch 4, T 8) with `sets`, built over n stages of
+ * devs into *m (c its config); false, with a failed check saying why,
+ * where it could not be. */
+static bool small_gpt(gp_device **devs, int n, const char *opts, const char *const *sets,
+                      int n_sets, gp_config *c, gp_model *m)
+{
+    if (gpt_cfg(opts, "[8]", sets, n_sets, c) != GP_OK) {
+        CHECK_MSG(false, "a small GPT's config: %s", gp_last_error());
+        return false;
+    }
+    c->train.batch_size = 4;
+    int bal[GP_MAX_DEVICES];
+    gpt_set_schedule(c, GP_SCHEDULE_GPIPE, n, bal);
+    gp_status s = gp_model_build_placed(c, devs, n, bal, m);
+    CHECK_OK(s);
+    if (s != GP_OK) gp_config_free(c);
+    return s == GP_OK;
+}
+
 static int64_t launch_form(int L, int m) { return 9 + 8 * L + m * (8 + 28 * L); }
 
 static int64_t launches_of_step(gp_device **devs, int n, int L, int m)
@@ -867,16 +886,9 @@ static int64_t launches_of_step(gp_device **devs, int n, int L, int m)
     snprintf(opts, sizeof opts, "{layers: %s, heads: 2, width: 16, positions: 8, vocab: 32}",
              layers);
     gp_config c;
-    if (gpt_cfg(opts, "[8]", sets, 4, &c) != GP_OK) {
-        CHECK_MSG(false, "launches: the config: %s", gp_last_error());
-        return -1;
-    }
-    c.train.batch_size = 4;
-    int bal[GP_MAX_DEVICES];
-    gpt_set_schedule(&c, GP_SCHEDULE_GPIPE, n, bal);
     gp_model mdl;
-    gp_status s = gp_model_build_placed(&c, devs, n, bal, &mdl);
-    CHECK_OK(s);
+    if (!small_gpt(devs, n, opts, sets, 4, &c, &mdl)) return -1;
+    gp_status s = GP_OK;
     int64_t got = -1;
     float x[4 * 8], y[4 * 8];
     for (int step = 0; step < 2 && s == GP_OK; step++) { /* the second: nothing first-time */
@@ -890,7 +902,7 @@ static int64_t launches_of_step(gp_device **devs, int n, int L, int m)
         for (int j = 0; j < n; j++) after += gp_dev_launches(devs[j]);
         got = (int64_t)(after - before);
     }
-    if (s == GP_OK) gp_model_free(&mdl);
+    gp_model_free(&mdl);
     gp_config_free(&c);
     return got;
 }
@@ -926,23 +938,16 @@ static int64_t adapter_bytes_of_step(gp_device **devs, int n, const char *precis
 {
     const char *sets[] = {"train.activations=bf16", precision};
     gp_config c;
-    if (gpt_cfg("{layers: 2, heads: 2, width: 32, positions: 8, vocab: 32}", "[8]", sets, 2,
-                &c) != GP_OK) {
-        CHECK_MSG(false, "adapter bytes: the config: %s", gp_last_error());
-        return -1;
-    }
-    c.train.batch_size = 4;
-    int bal[GP_MAX_DEVICES];
-    gpt_set_schedule(&c, GP_SCHEDULE_GPIPE, n, bal);
     gp_model mdl;
-    gp_status s = gp_model_build_placed(&c, devs, n, bal, &mdl);
-    CHECK_OK(s);
+    if (!small_gpt(devs, n, "{layers: 2, heads: 2, width: 32, positions: 8, vocab: 32}", sets, 2,
+                   &c, &mdl))
+        return -1;
     float x[4 * 8], y[4 * 8];
     gpt_counting_tokens(7u, 4, 8, 32, x, y);
     uint64_t before = 0, after = 0;
     for (int j = 0; j < n; j++) before += gp_dev_adapter_bytes(devs[j]);
     gp_step_stats st;
-    if (s == GP_OK) s = gp_model_pipeline_step(&mdl, &c, x, y, 4, 0.01, &st);
+    gp_status s = gp_model_pipeline_step(&mdl, &c, x, y, 4, 0.01, &st);
     CHECK_MSG(s == GP_OK, "adapter bytes, %s: %s", precision, gp_last_error());
     for (int j = 0; j < n; j++) after += gp_dev_adapter_bytes(devs[j]);
     gp_model_free(&mdl);
