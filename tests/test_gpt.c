@@ -30,7 +30,7 @@
  *     gp_run_describe read V; gpipe-sample never draws a padding id; the
  *     parameter count is the unpadded one, the padding said apart;
  *   - launches: a step's launches (gp_dev_launches) on 1 stage pinned to a
- *     closed form in blocks and micro-batches, 2 stages' to it plus 3,
+ *     closed form in blocks and micro-batches, 2 stages' to it plus 4,
  *     GPT-2 124M's within 1.5x llm.c's (launch_counts, below);
  *   - no FP32 activations in a bf16 step: the storage adapter makes no
  *     FP32 copy under precision bf16 (1 and 2 stages; where the processor
@@ -830,30 +830,6 @@ static void vocab_pad(gp_device **devs)
               "g.yaml:3:20: model.gpt.vocab_pad must be >= 1, got 0");
 }
 
-/* ---- launches ---------------------------------------------------------------
- * A GPT step's launches (gp_dev_launches: the compute slots called, what a
- * GPU runs as kernels) on the CPU backend in FP32, one stage (the pipeline
- * that gpipe-train drives on one device), AdamW with clipping active,
- * checkpoint never, pinned to the closed form
- *     9 + 8 L + m (8 + 28 L)     (L blocks, m micro-batches)
- * so that a change that adds launches fails here and must say why:
- *   - per block and micro-batch 28: the forward's 10 (2 layer norms, 4
- *     products with their biases, attention, GELU, 2 residual adds) and the
- *     backward's 18 (each product's data and weight products and its bias
- *     sum, attention, GELU, each norm's data and weight passes, the adds'
- *     gradients);
- *   - per block and step 8: zeroing its 4 layer-norm and 4 bias gradients
- *     before their first sums (the products' weights overwrite instead);
- *   - per micro-batch 8: the embedding, the final norm, the tied head and
- *     the loss, forward and backward;
- *   - per step 9: the embedding's and final norm's zeroing, the clip's one
- *     sum over every gradient, AdamW over every parameter in one launch
- *     with the clip folded in, the check of what the update wrote, the
- *     step's flags.
- * 2 stages add 3: the second stage's own update, clip sum and flag (the
- * blocks' launches are the same, split).  llm.c's train_gpt2.cu launches
- * 31 L + 33 a step (bench/README.md, "Launches"): GPT-2 124M's 12 blocks at
- * m = 1 are 449 here against 405, inside issue 64's 1.5x. */
 /* A small GPT of `opts` (batch 4, T 8) with `sets`, built over n stages of
  * devs into *m (c its config); false, with a failed check saying why,
  * where it could not be. */
@@ -873,7 +849,32 @@ static bool small_gpt(gp_device **devs, int n, const char *opts, const char *con
     return s == GP_OK;
 }
 
-static int64_t launch_form(int L, int m) { return 9 + 8 * L + m * (8 + 28 * L); }
+/* ---- launches ---------------------------------------------------------------
+ * A GPT step's launches (gp_dev_launches: the compute slots called, what a
+ * GPU runs as kernels) on the CPU backend in FP32, one stage (the pipeline
+ * that gpipe-train drives on one device), AdamW with clipping active,
+ * checkpoint never, pinned to the closed form
+ *     6 + 4 L + m (8 + 28 L)     (L blocks, m micro-batches)
+ * so that a change that adds launches fails here and must say why:
+ *   - per block and micro-batch 28: the forward's 10 (2 layer norms, 4
+ *     products with their biases, attention, GELU, 2 residual adds) and the
+ *     backward's 18 (each product's data and weight products and its bias
+ *     sum, attention, GELU, each norm's data and weight passes, the adds'
+ *     gradients);
+ *   - per block and step 4: zeroing its 4 bias gradients before their
+ *     first sums (the products' weights overwrite instead);
+ *   - per micro-batch 8: the embedding, the final norm, the tied head and
+ *     the loss, forward and backward;
+ *   - per step 6: one launch zeroing every gradient that is summed into
+ *     (the norms', the embedding's: gp_layers_zero_stale), the clip's one
+ *     sum over every gradient, AdamW over every parameter in one launch
+ *     with the clip folded in, the check of what the update wrote, the
+ *     step's flags.
+ * 2 stages add 4: the second stage's own zeroing, update, clip sum and
+ * flag (the blocks' launches are the same, split).  llm.c's train_gpt2.cu
+ * launches 31 L + 33 a step (bench/README.md, "Launches"): GPT-2 124M's 12
+ * blocks at m = 1 are 398 here against 405, inside issue 64's 1.5x. */
+static int64_t launch_form(int L, int m) { return 6 + 4 * L + m * (8 + 28 * L); }
 
 static int64_t launches_of_step(gp_device **devs, int n, int L, int m)
 {
@@ -918,9 +919,9 @@ static void launch_counts(gp_device **devs)
                       (long long)got, (long long)launch_form(L, m));
             if (m == 2 && devs[1]) {
                 int64_t two = launches_of_step(devs, 2, L, m);
-                CHECK_MSG(two == got + 3, "launches over 2 stages, %d block(s): %lld, one "
-                          "stage's %lld + 3 (the second stage's update, clip sum and flag)", L,
-                          (long long)two, (long long)got);
+                CHECK_MSG(two == got + 4, "launches over 2 stages, %d block(s): %lld, one "
+                          "stage's %lld + 4 (the second stage's zeroing, update, clip sum and "
+                          "flag)", L, (long long)two, (long long)got);
             }
         }
     CHECK(launch_form(12, 1) * 2 <= 3 * (31 * 12 + 33)); /* GPT-2 124M within 1.5x llm.c's */

@@ -149,8 +149,9 @@
  *  41  gp_update_part.clip (gradient clipping's factor applied in the
  *      update's pass instead of a scale per tensor)
  *  42  embed_fwd / embed_bwd take the activations' element type (bf16
- *      storage without the adapter) */
-#define GP_DEVICE_IFACE_VERSION 42
+ *      storage without the adapter)
+ *  43  zero_many (a stage's accumulated gradients zeroed in one launch) */
+#define GP_DEVICE_IFACE_VERSION 43
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -1100,6 +1101,12 @@ typedef struct gp_device_iface {
      * norms commit their step's statistics together (gp_dev_bn_commit_end).
      * NULL: bn_commit once per part. */
     gp_status (*bn_commit_multi)(gp_device *dev, const struct gp_bn_commit_part *parts, int n);
+    /* zero_many: xs[t][0 .. ns[t]) = 0 for t < count (count <=
+     * GP_NONFINITE_BATCH, ns[t] >= 1, the tensors apart), in one launch on a
+     * GPU: a stage's gradients that their layers sum into (+=) zeroed
+     * together at its step's start (gp_layers_zero_stale) instead of a
+     * fill each.  NULL: gp_dev_zero_many fills them one by one. */
+    gp_status (*zero_many)(gp_device *dev, float *const *xs, const int64_t *ns, int count);
 } gp_device_iface;
 
 /* The most tensors one nonfinite_or_many launch takes (its table travels
@@ -1379,6 +1386,7 @@ gp_status gp_dev_copy_async(gp_device *dev, void *dst, gp_device *src_dev, const
 gp_status gp_dev_nonfinite_or(gp_device *dev, const float *x, int64_t n, float *flag);
 /* The nonfinite_or_many slot, in batches of GP_NONFINITE_BATCH, with its
  * fallback (nonfinite_or per tensor); empty tensors (ns[i] == 0) skipped. */
+gp_status gp_dev_zero_many(gp_device *dev, float *const *xs, const int64_t *ns, int count);
 gp_status gp_dev_nonfinite_or_many(gp_device *dev, const float *const *xs, const int64_t *ns,
                                    int count, float *flag);
 /* The slots of a step without host waits, with their fallbacks (see the

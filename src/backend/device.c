@@ -455,6 +455,31 @@ int gp_box_collapse(const int64_t ds[4], const int64_t ss[4], const int64_t dims
     return k;
 }
 
+/* zero_many in batches of GP_NONFINITE_BATCH (empty tensors skipped), or
+ * a fill each without the slot; every tensor's mirrors marked, as a
+ * fill's. */
+gp_status gp_dev_zero_many(gp_device *dev, float *const *xs, const int64_t *ns, int count)
+{
+    float *bx[GP_NONFINITE_BATCH];
+    int64_t bn[GP_NONFINITE_BATCH];
+    int k = 0;
+    for (int i = 0; i < count; i++) {
+        if (ns[i] <= 0) continue;
+        if (!dev->iface->zero_many) {
+            GP_TRY(gp_dev_fill(dev, xs[i], 0.0f, ns[i]));
+            continue;
+        }
+        gp_dev_weights_written(dev, xs[i], (size_t)ns[i] * sizeof(float));
+        bx[k] = xs[i];
+        bn[k++] = ns[i];
+        if (k == GP_NONFINITE_BATCH) {
+            GP_TRY(GP_LAUNCH(dev, zero_many)(dev, bx, bn, k));
+            k = 0;
+        }
+    }
+    return k ? GP_LAUNCH(dev, zero_many)(dev, bx, bn, k) : GP_OK;
+}
+
 gp_status gp_dev_nonfinite_or_many(gp_device *dev, const float *const *xs, const int64_t *ns,
                                    int count, float *flag)
 {

@@ -462,6 +462,32 @@ gp_status gp_layer_zero_grad(gp_layer *l)
     return GP_OK;
 }
 
+gp_status gp_layers_zero_stale(gp_layer *layers, int n)
+{
+    float *xs[GP_NONFINITE_BATCH];
+    int64_t ns[GP_NONFINITE_BATCH];
+    gp_device *dev = NULL;
+    int k = 0;
+    for (int c = 0; c < n; c++) {
+        gp_layer *l = &layers[c];
+        if (l->meta || !l->grads_stale || l->ops->overwrites_grads) continue;
+        for (int p = 0; p < l->n_params; p++) { /* gp_layer_zero_grad's tensors */
+            gp_tensor *g = &l->params[p].grad;
+            int64_t numel = gp_tensor_numel(g);
+            if (l->params[p].is_buffer || numel == 0) continue;
+            if (k == GP_NONFINITE_BATCH || (k > 0 && g->dev != dev)) {
+                GP_TRY(gp_dev_zero_many(dev, xs, ns, k));
+                k = 0;
+            }
+            dev = g->dev;
+            xs[k] = gp_f32(g);
+            ns[k++] = numel;
+        }
+        l->grads_stale = false;
+    }
+    return k ? gp_dev_zero_many(dev, xs, ns, k) : GP_OK;
+}
+
 gp_status gp_layer_check_finite(const gp_layer *l, const char *when)
 {
     for (int p = 0; p < l->n_params; p++) {

@@ -610,6 +610,12 @@ gp_status gp_layer_backward_take(gp_layer *l, const gp_fwd_ctx *ctx, const gp_te
  * bf16 widens both, adds in FP32 and rounds the sum once into g. */
 gp_status gp_layers_accumulate(gp_device *dev, gp_tensor *g, const gp_tensor *sg);
 gp_status gp_layer_zero_grad(gp_layer *l);
+/* The gradients of layers[0 .. n) that hold an earlier step's values
+ * (grads_begin) and that their backward sums into rather than overwrites
+ * (no ops->overwrites_grads), zeroed now, as their first backward would,
+ * in one gp_dev_zero_many per device instead of a fill each; those layers
+ * are then no longer stale.  A stage's start calls it (pipeline.c). */
+gp_status gp_layers_zero_stale(gp_layer *layers, int n);
 /* GP_ERR_NUMERIC naming the tensor and the first element if any parameter
  * or buffer (running statistics) of l holds a NaN or an infinity; `when`
  * says at what point ("after the update").  One device reduction per

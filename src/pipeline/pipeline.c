@@ -1858,10 +1858,15 @@ static gp_status run_step(worker *w)
     int j = w->j; /* the device */
     gp_status rs = results_begin(w);
     if (rs != GP_OK) return fail(p, rs, j, -1, -1);
-    /* No zeroing pass: each layer's first backward overwrites its gradients. */
-    EACH_STAGE(p, q, j)
+    /* No zeroing pass for the layers whose first backward overwrites their
+     * gradients; the others' (norms, the embedding, ...) zeroed together,
+     * one launch a stage instead of a fill a tensor. */
+    EACH_STAGE(p, q, j) {
         for (int c = p->first[q]; c < p->first[q] + p->count[q]; c++)
             gp_layer_grads_begin(&p->layers[c]);
+        rs = gp_layers_zero_stale(p->layers + p->first[q], p->count[q]);
+        if (rs != GP_OK) return fail(p, rs, j, -1, p->first[q]);
+    }
     const gp_instr *list = p->sched.list[j];
     if (p->device_time) gp_dev_mark_reset(p->devs[j]); /* the last step's are read */
     w->n_events = 0;

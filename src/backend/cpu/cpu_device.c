@@ -276,6 +276,7 @@ static const gp_device_iface cpu_iface = {
     .copy_async = gp_cpu_copy_async,
     .nonfinite_or = gp_cpu_nonfinite_or,
     .nonfinite_or_many = gp_cpu_nonfinite_or_many,
+    .zero_many = gp_cpu_zero_many,
     .upload_async = gp_cpu_upload_async,
     .bn_merge = gp_cpu_bn_merge,
     .bn_commit = gp_cpu_bn_commit,

@@ -377,6 +377,7 @@ gp_status gp_cpu_sumsq_multi(gp_device *dev, const float *const *xs, const int64
                              double *out);
 gp_status gp_cpu_nonfinite(gp_device *dev, const float *x, int64_t n, int *out);
 gp_status gp_cpu_nonfinite_or(gp_device *dev, const float *x, int64_t n, float *flag);
+gp_status gp_cpu_zero_many(gp_device *dev, float *const *xs, const int64_t *ns, int count);
 gp_status gp_cpu_nonfinite_or_many(gp_device *dev, const float *const *xs, const int64_t *ns,
                                    int count, float *flag);
 gp_status gp_cpu_bf16_pack(gp_device *dev, uint16_t *dst, const float *src, int64_t n);

@@ -116,6 +116,22 @@ gp_status gp_cpu_nonfinite_or(gp_device *dev, const float *x, int64_t n, float *
     return GP_OK;
 }
 
+/* zero_many: every tensor's zeros in one parallel region (each split over
+ * the threads, no barrier between them). */
+gp_status gp_cpu_zero_many(gp_device *dev, float *const *xs, const int64_t *ns, int count)
+{
+    int nt = dev->threads;
+    int64_t total = 0;
+    for (int t = 0; t < count; t++) total += ns[t];
+#pragma omp parallel num_threads(nt) if (total >= CPU_PAR_MIN)
+    for (int t = 0; t < count; t++) {
+        float *x = xs[t];
+#pragma omp for schedule(static) nowait
+        for (int64_t i = 0; i < ns[t]; i++) x[i] = 0.0f;
+    }
+    return GP_OK;
+}
+
 gp_status gp_cpu_nonfinite_or_many(gp_device *dev, const float *const *xs, const int64_t *ns,
                                    int count, float *flag)
 {

@@ -944,6 +944,19 @@ static gp_status cuda_nonfinite_or_many(gp_device *dev, const float *const *xs, 
     return GP_OK;
 }
 
+static gp_status cuda_zero_many(gp_device *dev, float *const *xs, const int64_t *ns, int count)
+{
+    GP_ASSERT(count >= 0 && count <= GP_NONFINITE_BATCH);
+    gp_cuk_tensor_table t = {.count = count};
+    for (int i = 0; i < count; i++) {
+        t.x[i] = xs[i];
+        t.n[i] = ns[i];
+    }
+    GP_TRY(gp_cuda_enter(dev));
+    GP_CUDA(gp_cuk_zero_many(gp_cuda_ctx_of(dev)->compute, &t));
+    return GP_OK;
+}
+
 /* The cross-entropy kernels' per-row scratch in the workspace: rows
  * losses (double), then rows flags (long long). */
 static gp_status xent_rows_ws(gp_device *dev, int64_t rows, double **row_loss,
@@ -2242,6 +2255,7 @@ static const gp_device_iface cuda_iface = {
     .copy_async = cuda_copy_async,
     .nonfinite_or = cuda_nonfinite_or,
     .nonfinite_or_many = cuda_nonfinite_or_many,
+    .zero_many = cuda_zero_many,
     .upload_async = cuda_upload_async,
     .bn_merge = cuda_bn_merge,
     .bn_commit = cuda_bn_commit,

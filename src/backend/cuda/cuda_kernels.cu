@@ -333,6 +333,16 @@ __global__ void k_nonfinite_or_many(gp_cuk_tensor_table t, float *flag)
     if (bad) *flag = 1.0f; /* every writer stores the same value */
 }
 
+/* Up to GP_CUK_TABLE tensors zeroed, one per blockIdx.y (the table's
+ * pointers are const for the readers; zero_many's are the caller's
+ * writable gradients). */
+__global__ void k_zero_many(gp_cuk_tensor_table t)
+{
+    float *x = (float *)t.x[blockIdx.y];
+    int64_t n = t.n[blockIdx.y];
+    GP_CUK_LOOP(i, n) x[i] = 0.0f;
+}
+
 /* ---- cross-entropy -------------------------------------------------------- */
 
 __global__ void k_xent_check(const float *labels, int64_t rows, int64_t cols,
@@ -1469,6 +1479,17 @@ cudaError_t gp_cuk_nonfinite_or_many(cudaStream_t s, const gp_cuk_tensor_table *
     unsigned bx = blocks_for(most);
     if (bx > 1024) bx = 1024; /* the grid-stride loop covers the rest */
     k_nonfinite_or_many<<<dim3(bx, (unsigned)t->count), GP_CUK_THREADS, 0, s>>>(*t, flag);
+    return cudaGetLastError();
+}
+
+cudaError_t gp_cuk_zero_many(cudaStream_t s, const gp_cuk_tensor_table *t)
+{
+    if (t->count <= 0) return cudaSuccess;
+    int64_t most = 0;
+    for (int i = 0; i < t->count; i++) most = t->n[i] > most ? t->n[i] : most;
+    unsigned bx = blocks_for(most);
+    if (bx > 1024) bx = 1024; /* the grid-stride loop covers the rest */
+    k_zero_many<<<dim3(bx, (unsigned)t->count), GP_CUK_THREADS, 0, s>>>(*t);
     return cudaGetLastError();
 }
 

@@ -153,6 +153,8 @@ typedef struct gp_cuk_tensor_table {
     int count;
 } gp_cuk_tensor_table;
 cudaError_t gp_cuk_nonfinite_or_many(cudaStream_t s, const gp_cuk_tensor_table *t, float *flag);
+/* Each of t's tensors zeroed, in one launch (zero_many). */
+cudaError_t gp_cuk_zero_many(cudaStream_t s, const gp_cuk_tensor_table *t);
 
 /* backend.h's bn_merge and bn_commit, one thread per channel
  * (elementwise.h's gp_ew_bn_merge, gp_ew_bn_commit). */
