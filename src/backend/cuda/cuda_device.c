@@ -929,8 +929,8 @@ static gp_status cuda_nonfinite_or(gp_device *dev, const float *x, int64_t n, fl
     return GP_OK;
 }
 
-static gp_status cuda_nonfinite_or_many(gp_device *dev, const float *const *xs, const int64_t *ns,
-                                        int count, float *flag)
+/* count (<= one table's) tensors into a kernel's table. */
+static gp_cuk_tensor_table tensor_table(const float *const *xs, const int64_t *ns, int count)
 {
     _Static_assert(GP_CUK_TABLE == GP_NONFINITE_BATCH, "one table a launch");
     GP_ASSERT(count >= 0 && count <= GP_NONFINITE_BATCH);
@@ -939,6 +939,13 @@ static gp_status cuda_nonfinite_or_many(gp_device *dev, const float *const *xs, 
         t.x[i] = xs[i];
         t.n[i] = ns[i];
     }
+    return t;
+}
+
+static gp_status cuda_nonfinite_or_many(gp_device *dev, const float *const *xs, const int64_t *ns,
+                                        int count, float *flag)
+{
+    gp_cuk_tensor_table t = tensor_table(xs, ns, count);
     GP_TRY(gp_cuda_enter(dev));
     GP_CUDA(gp_cuk_nonfinite_or_many(gp_cuda_ctx_of(dev)->compute, &t, flag));
     return GP_OK;
@@ -946,12 +953,7 @@ static gp_status cuda_nonfinite_or_many(gp_device *dev, const float *const *xs, 
 
 static gp_status cuda_zero_many(gp_device *dev, float *const *xs, const int64_t *ns, int count)
 {
-    GP_ASSERT(count >= 0 && count <= GP_NONFINITE_BATCH);
-    gp_cuk_tensor_table t = {.count = count};
-    for (int i = 0; i < count; i++) {
-        t.x[i] = xs[i];
-        t.n[i] = ns[i];
-    }
+    gp_cuk_tensor_table t = tensor_table((const float *const *)xs, ns, count);
     GP_TRY(gp_cuda_enter(dev));
     GP_CUDA(gp_cuk_zero_many(gp_cuda_ctx_of(dev)->compute, &t));
     return GP_OK;
