@@ -419,26 +419,19 @@ att_bwd_body(const att_dims *a, const void *x, const void *y, const float *lse, 
     float *dqb = b16 ? dqs : (float *)dx + xo + h * d;
     const int64_t ks = b16 ? d : R;
     for (int64_t i = 0; i < t; i++) {
-        float sd = 0.0f; /* dy_i . y_i, att_dot's lanes and order */
+        const float *dyr, *yr; /* dy_i, y_i: dy's and y's own, or widened (qw, dyw free here) */
         if (b16) {
-            float dyr[8], yr[8], s8[8] = {0}, tail = 0.0f;
-            int64_t u = 0;
-            for (; u + 8 <= d; u += 8) {
-                for (int r = 0; r < 8; r++) {
-                    dyr[r] = B16_LD(dy, yo + i * c + h * d + u + r);
-                    yr[r] = B16_LD(y, yo + i * c + h * d + u + r);
-                }
-                for (int r = 0; r < 8; r++) s8[r] = fmaf(dyr[r], yr[r], s8[r]);
+            for (int64_t u = 0; u < d; u++) {
+                dyw[u] = B16_LD(dy, yo + i * c + h * d + u);
+                qw[u] = B16_LD(y, yo + i * c + h * d + u);
             }
-            for (; u < d; u++)
-                tail = fmaf(B16_LD(dy, yo + i * c + h * d + u), B16_LD(y, yo + i * c + h * d + u),
-                            tail);
-            sd = (((s8[0] + s8[1]) + (s8[2] + s8[3])) + ((s8[4] + s8[5]) + (s8[6] + s8[7]))) +
-                 tail;
+            dyr = dyw;
+            yr = qw;
         } else {
-            sd = att_dot((const float *)dy + yo + i * c + h * d,
-                         (const float *)y + yo + i * c + h * d, d);
+            dyr = (const float *)dy + yo + i * c + h * d;
+            yr = (const float *)y + yo + i * c + h * d;
         }
+        float sd = att_dot(dyr, yr, d);
         dd[i] = sd;
         memset(dqb + i * ks, 0, (size_t)d * sizeof(float));
     }
