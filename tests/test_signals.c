@@ -14,7 +14,11 @@
  *     the end exports weights byte-identical to an uninterrupted run's;
  *   - SIGTERM with snapshots off: exit 143 and the "nothing saved" message;
  *   - a second SIGINT while the stop writes its snapshot (made slow with
- *     GPIPE_SNAPSHOT_SLOW_WRITE_MS): exit 130 at once, no broken snapshot;
+ *     GPIPE_SNAPSHOT_SLOW_WRITE_MS), 2 s after the first: exit 130 at once,
+ *     no broken snapshot;
+ *   - SIGTERM three times within 0.5 s (GNU timeout, Slurm, mpirun signal
+ *     the process and then its group): one request, exit 143 with the
+ *     final snapshot;
  *   - the library: a stop asked for before gp_run_train (gp_run_stop)
  *     returns GP_ERR_STOPPED before the first step; one asked by another
  *     thread while it trains, between steps, with valid metrics; one
@@ -396,6 +400,10 @@ static void test_second_signal(void)
     double t0 = gp_now();
     while (!has_temporary(dir) && gp_now() - t0 < 60) sleep_ms(1);
     CHECK_MSG(has_temporary(dir), "the stop's snapshot never started");
+    /* within 2 s of the first it would be the same request
+     * (test_group_signal); the write pauses 5 s */
+    while (gp_now() - t0 < 2.3) sleep_ms(5);
+    CHECK_MSG(has_temporary(dir), "the stop's snapshot ended within its 5 s pause");
     double t1 = gp_now();
     kill(pid, SIGINT);
     int rc = wait_exit(pid, 120);
@@ -408,6 +416,47 @@ static void test_second_signal(void)
     /* the half-written snapshot is no snapshot (and is cleaned up) */
     CHECK(gp_snapshot_count(dir) == 0);
     CHECK(check_metrics(met) >= 2);
+}
+
+/* ---- one stop signalled twice (timeout, Slurm: the process, then its group) ---- */
+
+static void test_group_signal(void)
+{
+    char dir[300], met[300], log[300], set_dir[400];
+    tmp_path(dir, sizeof dir, "gs");
+    tmp_path(met, sizeof met, "gs.jsonl");
+    tmp_path(log, sizeof log, "gs.txt");
+    snprintf(set_dir, sizeof set_dir, "train.snapshot.dir=%s", dir);
+    /* the only snapshot is the stop's, slowed so that the repeat lands
+     * while it is written */
+    char *argv[] = {bin, conf, "--no-progress", "--metrics", met, "--set",
+                    "train.snapshot.every_steps=1000", "--set", set_dir, NULL};
+    pid_t pid = spawn(bin, argv, log, "300");
+    bool stepping = wait_lines(met, 2, pid);
+    CHECK(stepping);
+    if (!stepping) return;
+    kill(pid, SIGTERM); /* as GNU timeout: the process ... */
+    sleep_ms(0.05);
+    kill(pid, SIGTERM); /* ... then its group */
+    sleep_ms(400);
+    kill(pid, SIGTERM); /* a third, still within 2 s: the same request */
+    int rc = wait_exit(pid, 120);
+    int steps = check_metrics(met);
+    printf("SIGTERM x3 within 0.5 s: exit %d at step %d, %d snapshot(s)\n", rc, steps,
+           gp_snapshot_count(dir));
+    CHECK_MSG(rc == 143, "exit %d, expected 143", rc);
+    CHECK_MSG(gp_snapshot_count(dir) == 1, "%d snapshots: the stop's final snapshot was lost",
+              gp_snapshot_count(dir));
+    CHECK(log_has(log, "the same stop (send it again later to quit at once)"));
+    char said[96];
+    snprintf(said, sizeof said, "stopped at step %d of %d by SIGTERM", steps, TOTAL_STEPS);
+    if (steps < TOTAL_STEPS) CHECK(log_has(log, said));
+    FILE *f = fopen(log, "r");
+    char line[512];
+    bool quit = false;
+    while (f && fgets(line, sizeof line, f)) quit |= strstr(line, "quitting at once") != NULL;
+    if (f) fclose(f);
+    CHECK_MSG(!quit, "a repeat within 2 s quit at once");
 }
 
 /* ---- the library ------------------------------------------------------------------------- */
@@ -516,6 +565,7 @@ int main(void)
         test_sigint(ref, ref_seconds, seed);
         test_sigterm(ref_seconds);
         test_second_signal();
+        test_group_signal();
     } else {
         CHECK_MSG(false, "%s or %s not built", bin, balance_bin);
     }

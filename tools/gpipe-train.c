@@ -16,6 +16,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -98,8 +99,10 @@ static void usage(FILE *f)
           "\n"
           "signals: SIGINT (Ctrl-C), SIGTERM, SIGHUP or SIGUSR1 stops after the current\n"
           "step: a final snapshot when train.snapshot is on (else it says what was not\n"
-          "saved), the metrics and trace closed as valid files; a second signal quits at\n"
-          "once.  Under mpirun send SIGUSR1 to mpirun (kill -USR1 PID): Open MPI passes\n"
+          "saved), the metrics and trace closed as valid files.  A second signal 2 s or\n"
+          "more after the first quits at once; signals within 2 s of the first are the\n"
+          "same request (timeout, Slurm, mpirun and container runtimes signal the process\n"
+          "and then its group).  Under mpirun send SIGUSR1 to mpirun (kill -USR1 PID): Open MPI passes\n"
           "it on, but follows SIGINT and SIGTERM with SIGKILL 1 s later.\n"
           "\n"
           "exit status: 0 success; 2 bad command line or config; 3 data or file\n"
@@ -116,6 +119,7 @@ static void usage(FILE *f)
  * signal lands on. */
 static _Atomic int stop_signal;
 _Static_assert(ATOMIC_INT_LOCK_FREE == 2, "the signal flag needs a lock-free atomic int");
+_Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "the first signal's time needs a lock-free atomic");
 
 /* Whether this process says what a signal does (under mpirun rank 0 only,
  * where one signal reaches every rank). */
@@ -133,19 +137,52 @@ static void say(const char *s)
     if (write(STDERR_FILENO, s, strlen(s)) < 0) {} /* nothing to do about it here */
 }
 
-/* The first signal asks to stop after the current step; a second one (the
- * stop itself taking too long: a large snapshot) ends the process at once.
- * Only async-signal-safe calls: atomics, strlen, write, _exit. */
+/* When the first signal came (CLOCK_MONOTONIC, ns; 0 until the handler
+ * has stored it) and whether the merge of a repeat was said. */
+static _Atomic long long first_ns;
+static volatile sig_atomic_t merge_said = 0;
+
+/* Signals this close to the first are the same request: GNU timeout,
+ * Slurm, mpirun and container runtimes send one to the process and then
+ * to its group, so one stop arrives twice within microseconds. */
+#define SAME_REQUEST_NS 2000000000LL
+
+static long long monotonic_ns(void)
+{
+    struct timespec ts; /* clock_gettime is async-signal-safe (POSIX.1-2008) */
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* The first signal asks to stop after the current step; a second request
+ * (the stop itself taking too long: a large snapshot) ends the process at
+ * once.  A signal within SAME_REQUEST_NS of the first is not a second
+ * request (1 in 3 `timeout` runs lost their final snapshot to its group
+ * signal).  Only async-signal-safe calls: atomics, clock_gettime,
+ * strlen, write, _exit. */
 static void on_stop_signal(int signo)
 {
     if (ending) _exit(128 + signo);
+    long long now = monotonic_ns();
     int none = 0;
     if (!atomic_compare_exchange_strong(&stop_signal, &none, signo)) {
+        long long t0 = atomic_load(&first_ns);
+        if (t0 == 0 || now - t0 < SAME_REQUEST_NS) { /* the same request again */
+            if (announce && !merge_said) {
+                merge_said = 1;
+                say(on_terminal ? "\ngpipe-train: a repeat within 2 s of the first signal: the "
+                                  "same stop (send it again later to quit at once)\n"
+                                : "gpipe-train: a repeat within 2 s of the first signal: the "
+                                  "same stop (send it again later to quit at once)\n");
+            }
+            return;
+        }
         if (announce)
             say(on_terminal ? "\ngpipe-train: second signal: quitting at once\n"
                             : "gpipe-train: second signal: quitting at once\n");
         _exit(128 + signo);
     }
+    atomic_store(&first_ns, now > 0 ? now : 1);
     if (!announce) return;
     /* one write (ranks and threads do not interleave within it), built
      * with memcpy and strlen, which are async-signal-safe */
