@@ -260,8 +260,17 @@ gp_status gp_run_save(gp_run *run, const char *path);
  * shapes must match this run's model; the message lists any that do not;
  * on an error the model is as it was).  The run's config stays this run's;
  * a snapshot made with another train.seed is a warning.  Also the way on
- * for a run whose model diverged (GP_ERR_NUMERIC). */
+ * for a run whose model diverged (GP_ERR_NUMERIC).  path "latest": the
+ * newest complete snapshot in the config's train.snapshot.dir, as
+ * gpipe-train --resume latest. */
 gp_status gp_run_restore(gp_run *run, const char *path);
+/* Whether `path` can take a file the caller will write (created beside it
+ * and renamed over it), checked before the work that makes it: not the
+ * run's config or model.init_from (it would replace an input), and a
+ * writable place (the directory exists and takes a new file; not a
+ * directory, /proc, ...).  The error names `what` (the caller's flag) and
+ * the system's reason.  Creates nothing. */
+gp_status gp_run_check_output(const gp_run *run, const char *path, const char *what);
 
 /* Print the model summary gpipe-train --dry-run prints (per layer: device,
  * output shape, parameters, FLOPs, activation bytes; stages; skips) to f.

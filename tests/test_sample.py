@@ -18,7 +18,16 @@ next) learns it; then gpipe-sample, from the run's snapshot:
   back to the printed text;
 - refuses what it cannot do, saying what to give instead: a prompt id
   outside the vocabulary, a model that is not a language model, --prompt
-  and --prompt-ids together.
+  and --prompt-ids together;
+- nothing lost (issue 65): --out naming the config, the --weights file or
+  the snapshot read is refused and leaves it byte for byte; a bad --out
+  (a directory, under /proc) fails with exit 3 and the system's reason
+  before anything is generated; under `ulimit -f` the write fails with
+  its reason (exit 3), not SIGXFSZ; a fraction for an integer option of
+  any tool is refused (gpipe-sample's four, gpipe-balance's three,
+  gpipe-train's --trace-steps); --resume latest reads the newest
+  snapshot; --weights errors say --weights; --ids prints no note about
+  token ids.
 """
 import os
 import subprocess
@@ -135,7 +144,71 @@ def main():
         mlp = os.path.join(SRC, "configs", "mlp.yaml")
         rc, _, err = sample(mlp, "--prompt-ids", "1", "--set", "data.dataset=synthetic")
         check(rc == 2 and "not a language model" in err, "an MLP is refused: %s" % err)
+        nothing_lost(d, cfg, snap, weights, out)
     return finish("test_sample")
+
+
+def read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def nothing_lost(d, cfg, snap, weights, greedy):
+    """Issue 65: gpipe-sample's outputs, integer options, --resume latest."""
+    base = ("--prompt", "cde", "--tokens", "5", "--temperature", "0")
+    for victim, how in ((cfg, ("--resume", snap)), (weights, ("--weights", weights)),
+                        (snap, ("--resume", snap))):
+        before = read(victim)
+        rc, out, err = sample(cfg, *how, *base, "--out", victim)
+        check(rc != 0 and out == "" and read(victim) == before and "replace" in err,
+              "--out %s (an input) refused, the file kept: rc %d %r" % (victim, rc, err))
+    for bad in (d, "/proc/gpipe-sample-out.bin"):
+        rc, out, err = sample(cfg, "--resume", snap, *base, "--out", bad)
+        check(rc == 3 and out == "" and "--out" in err and ("directory" in err or
+                                                           "No such file" in err),
+              "--out %s fails before any work, exit 3, with a reason: rc %d %r %r"
+              % (bad, rc, out, err))
+    big = os.path.join(d, "limited.bin")
+    r = subprocess.run(["sh", "-c", 'ulimit -f 1; exec "$@"', "sh",
+                        os.path.join(BIN, "gpipe-sample"), cfg, "--resume", snap, *base,
+                        "--out", big, "-q"], capture_output=True, timeout=300)
+    err = r.stderr.decode("latin-1")
+    check(r.returncode == 3 and "File too large" in err and not os.path.exists(big),
+          "ulimit -f: exit 3 and the reason, no partial file: rc %d %r" % (r.returncode, err))
+    check(not [f for f in os.listdir(d) if ".tmp." in f], "no temporary file left behind")
+
+    for opt, val in (("--seed", "1.9"), ("--top-k", "1.5"), ("--samples", "2.7"),
+                     ("--tokens", "3.0")):
+        rc, out, err = sample(cfg, "--resume", snap, *base[:2], opt, val)
+        check(rc == 2 and opt in err and "whole number" in err and out == "",
+              "gpipe-sample %s %s refused: rc %d %r" % (opt, val, rc, err))
+    for opt, val in (("--devices", "1.5"), ("--chunks", "2.5"), ("--reps", "1.5")):
+        rc, _, err = run(os.path.join(BIN, "gpipe-balance"), cfg, opt, val)
+        check(rc == 2 and opt in err and "integer" in err,
+              "gpipe-balance %s %s refused: rc %d %r" % (opt, val, rc, err))
+    rc, _, err = run(os.path.join(BIN, "gpipe-train"), cfg, "--dry-run", "--trace", "t.json",
+                     "--trace-steps", "1.5")
+    check(rc == 2 and "--trace-steps" in err, "gpipe-train --trace-steps 1.5 refused: %r" % err)
+
+    rc, out, err = sample(cfg, "--resume", "latest", "--prompt", "cde", "--tokens", "20",
+                          "--temperature", "0")
+    check(rc == 0 and out == greedy, "--resume latest: the newest snapshot's text: %r %r (%s)"
+          % (out, greedy, err))
+    rc, _, err = sample(cfg, "--weights", os.path.join(d, "missing.safetensors"), *base)
+    check(rc == 3 and "--weights" in err and "model.init_from" not in err,
+          "a --weights error names --weights: %r" % err)
+
+    lm = os.path.join(d, "v300.yaml")
+    with open(lm, "w") as f:
+        f.write("model:\n  input: [8]\n  loss: cross_entropy\n"
+                "  gpt: {layers: 1, heads: 1, width: 8, positions: 8, vocab: 300}\n"
+                "data: {dataset: tokens, path: %s}\n"
+                "pipeline: {devices: [cpu:0]}\n" % d)
+    tool = os.path.join(BIN, "gpipe-sample")
+    rc, out, err = run(tool, lm, "--prompt-ids", "1,2", "--tokens", "2", "--ids")
+    check(rc == 0 and "these are token ids" not in err, "--ids: no note: %r" % err)
+    rc, out, err = run(tool, lm, "--prompt-ids", "1,2", "--tokens", "2")
+    check(rc == 0 and "these are token ids" in err, "ids without --ids: the note: %r" % err)
 
 
 if __name__ == "__main__":

@@ -26,10 +26,14 @@
 #include "core/core.h"
 #include "gpipe.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -40,7 +44,8 @@ static void usage(FILE *f)
     fputs("usage: gpipe-sample CONFIG.yaml [options]\n"
           "Continue a prompt with the config's language model (model.input [T], an output\n"
           "(T, vocabulary)), through its pipeline.\n"
-          "  --resume SNAPSHOT   the weights of a snapshot (train.snapshot writes them)\n"
+          "  --resume SNAPSHOT   the weights of a snapshot (train.snapshot writes them);\n"
+          "                      'latest' = the newest complete one in train.snapshot.dir\n"
           "  --weights FILE      a weights file instead (model.init_from: gpipe's, Hugging\n"
           "                      Face's GPT-2 model.safetensors or llm.c's gpt2_124M.bin)\n"
           "                      without either: the config's model.init_from, or fresh\n"
@@ -53,10 +58,13 @@ static void usage(FILE *f)
           "  --samples N         continuations, side by side in one batch (default 1)\n"
           "  --ids               print token ids, not bytes\n"
           "  --out FILE.bin      also write prompt + continuation as an llm.c token file\n"
-          "                      (scripts/tokenize_text.py decode FILE.bin prints it)\n"
+          "                      (scripts/tokenize_text.py decode FILE.bin prints it);\n"
+          "                      checked before any work, never one of the inputs\n"
           "  --set KEY=VALUE     override a config value (repeatable)\n"
           "  -q, --quiet         only errors\n"
-          "  -h, --help          this text\n",
+          "  -h, --help          this text\n"
+          "exit status: 0 success; 2 bad command line or config; 3 a file error (a\n"
+          "weights file, --out); 4 a failure while generating.\n",
           f);
 }
 
@@ -76,6 +84,22 @@ static uint64_t splitmix64(uint64_t *s)
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
+}
+
+/* An integer from "--opt VALUE" in [lo, hi]; false (said) otherwise: a
+ * fraction is refused, not truncated ("--seed 1.9" gave seed 1's text). */
+static bool parse_int(const char *opt, const char *v, long long lo, long long hi, long long *out)
+{
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (end == v || *end || errno || x < lo || x > hi) {
+        fprintf(stderr, "gpipe-sample: %s '%s': expected a whole number from %lld to %lld\n",
+                opt, v, lo, hi);
+        return false;
+    }
+    *out = x;
+    return true;
 }
 
 /* A number from "--opt VALUE" in [lo, hi]; false (said) otherwise. */
@@ -117,6 +141,7 @@ static int parse_args(int argc, char **argv, sample_opts *o)
         }
         const char *v = argv[++i];
         double x = 0;
+        long long k = 0;
         bool ok = true;
         if (!strcmp(a, "--resume")) o->resume = v;
         else if (!strcmp(a, "--weights")) o->weights = v;
@@ -130,13 +155,13 @@ static int parse_args(int argc, char **argv, sample_opts *o)
             }
             o->sets[o->n_sets++] = v;
         } else if (!strcmp(a, "--tokens")) {
-            if ((ok = parse_num(a, v, 1, 1e7, &x))) o->tokens = (int64_t)x;
+            if ((ok = parse_int(a, v, 1, 10000000, &k))) o->tokens = k;
         } else if (!strcmp(a, "--top-k")) {
-            if ((ok = parse_num(a, v, 0, 1e9, &x))) o->top_k = (int64_t)x;
+            if ((ok = parse_int(a, v, 0, 1000000000, &k))) o->top_k = k;
         } else if (!strcmp(a, "--samples")) {
-            if ((ok = parse_num(a, v, 1, 4096, &x))) o->samples = (int64_t)x;
+            if ((ok = parse_int(a, v, 1, 4096, &k))) o->samples = k;
         } else if (!strcmp(a, "--seed")) {
-            if ((ok = parse_num(a, v, 0, 9e15, &x))) o->seed = (uint64_t)x;
+            if ((ok = parse_int(a, v, 0, LLONG_MAX, &k))) o->seed = (uint64_t)k;
         } else if (!strcmp(a, "--temperature")) {
             if ((ok = parse_num(a, v, 0, 1e6, &x))) o->temperature = x;
         } else {
@@ -226,18 +251,46 @@ static int64_t draw(const float *logits, int64_t V, const sample_opts *o, uint64
     return idx[k - 1];
 }
 
+/* Written beside `path` and renamed over it: a failed write (a full disk,
+ * ulimit -f) leaves whatever was at path as it was. */
 static int write_tokens(const char *path, const int64_t *ids, int64_t n)
 {
-    FILE *f = fopen(path, "wb");
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    FILE *f = fopen(tmp, "wb");
     int32_t hdr[256] = {20240520, 1, (int32_t)n};
     bool ok = f && fwrite(hdr, sizeof hdr, 1, f) == 1;
     for (int64_t i = 0; ok && i < n; i++) {
         uint16_t t = (uint16_t)ids[i];
         ok = fwrite(&t, 2, 1, f) == 1;
     }
-    if (f && fclose(f) != 0) ok = false;
-    if (!ok) fprintf(stderr, "gpipe-sample: cannot write '%s'; check the path\n", path);
-    return ok ? EXIT_OK : EXIT_RUNTIME;
+    int e = ok ? 0 : errno;
+    if (f && fclose(f) != 0 && ok) {
+        ok = false;
+        e = errno;
+    }
+    if (ok && rename(tmp, path) != 0) {
+        ok = false;
+        e = errno;
+    }
+    if (!ok) {
+        if (f) unlink(tmp);
+        fprintf(stderr, "gpipe-sample: --out '%s': cannot write it: %s; the tokens were "
+                "printed above; give a path with room in a directory you can write\n", path,
+                strerror(e ? e : EIO));
+    }
+    return ok ? EXIT_OK : EXIT_DATA;
+}
+
+/* --out checked before any work: not an input (the config, the weights,
+ * model.init_from, the snapshot read), and a place that takes a file. */
+static gp_status check_out(const gp_run *run, const sample_opts *o)
+{
+    if (!o->out) return GP_OK;
+    if (o->resume && (!strcmp(o->out, o->resume) || gp_same_file(o->out, o->resume)))
+        return gp_error_set(GP_ERR_INVALID, "--out %s is the snapshot --resume reads: writing "
+                            "it would replace it; give the output another name", o->out);
+    return gp_run_check_output(run, o->out, "--out");
 }
 
 typedef struct sampler {
@@ -296,6 +349,7 @@ static int run_sampler(const sample_opts *o)
     sampler s = {0};
     gp_status st = gp_run_load(o->config, sets, n, &s.run);
     gp_run_info info;
+    if (st == GP_OK) st = check_out(s.run, o);
     if (st == GP_OK) st = gp_run_prepare(s.run);
     if (st == GP_OK && o->resume) st = gp_run_restore(s.run, o->resume);
     if (st == GP_OK) st = gp_run_describe(s.run, &info);
@@ -341,7 +395,7 @@ static int run_sampler(const sample_opts *o)
     }
     free(prompt);
     if (code == EXIT_OK) print_samples(&s, o, np);
-    if (code == EXIT_OK && s.V != 256 && !o->out && !o->quiet)
+    if (code == EXIT_OK && s.V != 256 && !o->out && !o->quiet && !o->ids)
         fprintf(stderr, "gpipe-sample: these are token ids (a vocabulary of %lld, not bytes): "
                 "--out FILE.bin writes them for scripts/tokenize_text.py decode, which decodes "
                 "GPT-2's BPE where tiktoken's encoding file is on this machine\n",
@@ -362,5 +416,13 @@ int main(int argc, char **argv)
     int code = parse_args(argc, argv, &o);
     if (code == EXIT_OK + 100) return EXIT_OK;
     if (code != EXIT_OK) return code;
+    /* messages name this tool's flags: --set, --resume, and --weights where
+     * the library reads it as model.init_from */
+    gp_names_use_flags();
+    if (o.weights) gp_opt_rename(GP_OPT_INIT_FROM, "--weights");
+    /* a file-size limit or a closed pipe fails the write, which says so,
+     * instead of killing the process silently (SIGXFSZ, SIGPIPE) */
+    signal(SIGXFSZ, SIG_IGN);
+    signal(SIGPIPE, SIG_IGN);
     return run_sampler(&o);
 }

@@ -64,9 +64,13 @@ typedef enum gp_opt {
     GP_OPT_TRACE,
     GP_OPT_TRACE_STEPS,
     GP_OPT_EXPORT,
+    GP_OPT_INIT_FROM,     /* "model.init_from" (gpipe-sample: "--weights") */
     GP_OPT_COUNT
 } gp_opt;
 void gp_names_use_flags(void);
+/* A tool's own name for o (static storage), process-wide, before anything
+ * else: gpipe-sample's --weights is model.init_from underneath. */
+void gp_opt_rename(gp_opt o, const char *name);
 const char *gp_opt_name(gp_opt o);
 /* The option given a value, as its caller would write it: --resume DIR,
  * --set 'k={a: 1}' (quoted for a shell where needed); for the library

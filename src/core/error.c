@@ -35,6 +35,7 @@ gp_status gp_error_set(gp_status code, const char *fmt, ...)
 }
 
 static atomic_bool g_flags;
+static const char *_Atomic g_renamed[GP_OPT_COUNT]; /* gp_opt_rename's */
 
 void gp_names_use_flags(void) { atomic_store(&g_flags, true); }
 
@@ -42,7 +43,7 @@ const char *gp_opt_name(gp_opt o)
 {
     static const char *const flags[GP_OPT_COUNT] = {
         "--set", "--resume", "--resume latest", "--metrics", "--trace", "--trace-steps",
-        "--export-weights"};
+        "--export-weights", "model.init_from"};
     static const char *const library[GP_OPT_COUNT] = {
         "override",
         "gp_train_options.resume",
@@ -50,9 +51,17 @@ const char *gp_opt_name(gp_opt o)
         "gp_train_options.metrics_path",
         "gp_train_options.trace_path",
         "gp_train_options.trace_first:trace_last",
-        "gp_train_options.export_weights"};
+        "gp_train_options.export_weights",
+        "model.init_from"};
     if ((unsigned)o >= GP_OPT_COUNT) return "?";
+    const char *own = atomic_load(&g_renamed[o]);
+    if (own) return own;
     return (atomic_load(&g_flags) ? flags : library)[o];
+}
+
+void gp_opt_rename(gp_opt o, const char *name)
+{
+    if ((unsigned)o < GP_OPT_COUNT) atomic_store(&g_renamed[o], name);
 }
 
 const char *gp_opt_value(gp_opt o, const char *value, char *buf, size_t len)

@@ -375,7 +375,8 @@ static gp_status spares_inputs(const gp_run *r, const char *path, const char *wh
 {
     const struct {
         const char *what, *path;
-    } ins[2] = {{"the run's config", r->cfg.path}, {"model.init_from", r->cfg.model.init_from}};
+    } ins[2] = {{"the run's config", r->cfg.path},
+                {gp_opt_name(GP_OPT_INIT_FROM), r->cfg.model.init_from}};
     for (int k = 0; k < 2; k++) {
         const char *in = ins[k].path;
         if (in[0] && (!strcmp(path, in) || gp_same_file(path, in)) && access(in, F_OK) == 0)
@@ -384,6 +385,14 @@ static gp_status spares_inputs(const gp_run *r, const char *path, const char *wh
                                 in);
     }
     return GP_OK;
+}
+
+static gp_status run_check_output(const gp_run *r, const char *path, const char *what)
+{
+    RUN_ARG(r);
+    if (!what || !what[0]) what = "gp_run_check_output";
+    GP_TRY(spares_inputs(r, path ? path : "", what));
+    return gp_check_writable_file(path, what, true);
 }
 
 static gp_status run_export_weights(gp_run *r, const char *path)
@@ -460,6 +469,12 @@ static gp_status run_restore(gp_run *r, const char *path)
     if (!path || !path[0])
         return gp_error_set(GP_ERR_INVALID, "gp_run_restore needs a snapshot's path");
     GP_TRY(same_process(r, "gp_run_restore"));
+    char newest[4200];
+    if (!strcmp(path, "latest")) { /* the newest complete one, as gpipe-train --resume latest */
+        GP_TRY(gp_snapshot_resume_check(path, r->cfg.train.snapshot.dir));
+        GP_TRY(gp_snapshot_latest(r->cfg.train.snapshot.dir, newest, sizeof newest));
+        path = newest;
+    }
     GP_TRY(gp_run_prepare(r));
     GP_TRY(one_process(r, "gp_run_restore"));
     gp_snapshot_pos pos;
@@ -566,6 +581,11 @@ gp_status gp_run_describe(const gp_run *r, gp_run_info *out)
 gp_status gp_run_save(gp_run *r, const char *path)
 {
     CALLER_THREADS(run_save(r, path));
+}
+
+gp_status gp_run_check_output(const gp_run *r, const char *path, const char *what)
+{
+    CALLER_THREADS(run_check_output(r, path, what));
 }
 
 gp_status gp_run_restore(gp_run *r, const char *path)

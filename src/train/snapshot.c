@@ -684,16 +684,16 @@ static gp_status check_optimizer_state(gp_model *m, gp_st_file *f)
     if (snap && want_adam != adam)
         return gp_error_set(GP_ERR_INVALID,
                             "%s %s: it was saved by %s; resume it with that optimizer, or "
-                            "start from its weights with model.init_from", f->source,
+                            "start from its weights with %s", f->source,
                             adam ? "holds Adam's state (exp_avg.*, exp_avg_sq.*)"
                                  : "holds no Adam state (missing: exp_avg.*, exp_avg_sq.*)",
-                            saved);
+                            saved, gp_opt_name(GP_OPT_INIT_FROM));
     if (snap && gp_optim_has_state(m->optim) && !want_adam && !mom)
         return gp_error_set(GP_ERR_INVALID,
                             "%s holds no momentum (missing: momentum.*): it was saved by plain "
                             "SGD (train.optimizer.momentum: 0); resume it with momentum 0, or "
-                            "start from its weights with model.init_from",
-                            f->source);
+                            "start from its weights with %s",
+                            f->source, gp_opt_name(GP_OPT_INIT_FROM));
     /* allowed, but not what the snapshot's run did: say so */
     const char *own = optimizer_tag(m);
     if (snap && tag && strcmp(tag, own))
@@ -857,8 +857,9 @@ gp_status gp_snapshot_open(const char *path, gp_st_file *f, gp_snapshot_pos *pos
     int64_t ver = 0;
     if (!kind || strcmp(kind, "snapshot"))
         s = gp_error_set(GP_ERR_DATA, "%s: not a gpipe snapshot (%s); to start from a weights "
-                         "file use model.init_from", path,
-                         kind ? "it holds weights only" : "no gpipe.kind in its metadata");
+                         "file use %s", path,
+                         kind ? "it holds weights only" : "no gpipe.kind in its metadata",
+                         gp_opt_name(GP_OPT_INIT_FROM));
     else if (!meta_int(f, "gpipe.format_version", &ver) || ver != GP_SNAPSHOT_FORMAT_VERSION)
         s = gp_error_set(GP_ERR_DATA, "%s: snapshot format version %s, this gpipe reads %d",
                          path, gp_st_meta(f, "gpipe.format_version") ?
@@ -1616,7 +1617,7 @@ gp_status gp_snapshot_init_from(gp_model *m, const char *path)
     if (s == GP_OK && !converted) s = attach_parts(path, &f); /* a run in processes' */
     if (s == GP_OK) s = gp_snapshot_apply(m, &f, false);
     gp_st_free(&f);
-    if (s != GP_OK) return gp_error_wrap(s, "model.init_from");
+    if (s != GP_OK) return gp_error_wrap(s, "%s", gp_opt_name(GP_OPT_INIT_FROM));
     return GP_OK;
 }
 
