@@ -1603,8 +1603,20 @@ static void test_empty_override(void)
     CHECK_EXACT(parse_bad(k_base, e4, 1),
                 "--set no.such.key=: empty value; give a value after '=', or leave the --set "
                 "out for the default");
-    /* an explicit null still asks for the default */
+    /* a text key: the message shows how to clear it, and that form works
+     * (issue 65: "model.init_from=" was refused without it) */
+    const char *e6[] = {"model.init_from="};
+    CHECK_EXACT(parse_bad(k_base, e6, 1),
+                "--set model.init_from=: empty value; give a value, e.g. --set "
+                "model.init_from=weights.safetensors, or leave the --set out for the default; to "
+                "clear the value the config gives, set an empty string: --set "
+                "'model.init_from=\"\"'");
     gp_config c;
+    const char *clear[] = {"model.init_from=w.safetensors", "model.init_from=\"\""};
+    CHECK_OK(parse_set(k_base, clear, 2, &c));
+    CHECK(c.model.init_from[0] == '\0');
+    gp_config_free(&c);
+    /* an explicit null still asks for the default */
     const char *nul[] = {"train.steps=~", "train.batch_size=null"};
     CHECK_OK(parse_set(k_base, nul, 2, &c));
     CHECK(c.train.steps == 0 && c.train.batch_size == 64);

@@ -390,6 +390,22 @@ static void test_snapshot(gp_device **devs)
         CHECK_MSG(sa.loss == sb.loss, "step %d after the resume: %.9g %.9g", s, sa.loss, sb.loss);
     }
     CHECK_MSG(gpt_same_values(&a, &b), "the resumed run continues bit for bit");
+    /* an untied model's weights (lm_head of its own) into the tied model:
+     * the message names the tie and how to load them (issue 65) */
+    gp_config cu;
+    gp_model u;
+    if (parse(variant(", tie: transformer", ""), NULL, 0, &cu)) {
+        CHECK_OK(gp_model_build_placed(&cu, devs, 2, bal, &u));
+        CHECK_OK(gp_snapshot_export(&u, &cu, path));
+        gp_status s = gp_snapshot_init_from(&b, path);
+        const char *msg = gp_last_error();
+        CHECK_MSG(s == GP_ERR_INVALID && strstr(msg, "not in the model: 6.weight") &&
+                      strstr(msg, "6.weight is tied to transformer.wte.weight in this model") &&
+                      strstr(msg, "model.gpt.tie: false"),
+                  "untied weights into a tied model: %s", msg);
+        gp_model_free(&u);
+        gp_config_free(&cu);
+    }
     gp_model_free(&a);
     gp_model_free(&b);
     gp_config_free(&c);

@@ -681,8 +681,15 @@ gp_status gp_ytree_override(gp_ynode **root, const char *set)
     if (*v0 == '\0' || marker) {
         const char *ex = gp_cfg_example(key);
         const char *o = gp_opt_name(GP_OPT_SET);
+        /* a text key (its example a word: a path, a name) is cleared with
+         * an empty string, which the shell needs quoted */
+        bool text = ex && ((ex[0] >= 'a' && ex[0] <= 'z') || (ex[0] >= 'A' && ex[0] <= 'Z'));
+        char clear[600] = "";
+        if (text)
+            snprintf(clear, sizeof clear, "; to clear the value the config gives, set an empty "
+                     "string: %s '%s=\"\"'", o, key);
         gp_status s = ex ? set_err(set, "empty value; give a value, e.g. %s %s=%s, or leave "
-                                   "the %s out for the default", o, key, ex, o)
+                                   "the %s out for the default%s", o, key, ex, o, clear)
                          : set_err(set, "empty value; give a value after '=', or leave the "
                                    "%s out for the default", o);
         free(key);

@@ -707,20 +707,21 @@ static gp_status check_optimizer_state(gp_model *m, gp_st_file *f)
 /* The file's names do not fit the model: what is missing, mismatched and
  * not in the model, said at once (the lists freed). */
 static gp_status names_mismatch(const gp_model *m, const gp_st_file *f, int expected,
-                                namelist *missing, namelist *bad, namelist *extra)
+                                namelist *missing, namelist *bad, namelist *extra,
+                                const char *tie)
 {
     char a[2048], b[2048], c[2048];
     const char *types = gp_st_meta(f, "gpipe.layers");
     gp_status s = gp_error_set(
         GP_ERR_INVALID,
-        "%s does not fit this model (%d layers, %d tensors expected)%s%s%s%s%s%s%s%s%s",
+        "%s does not fit this model (%d layers, %d tensors expected)%s%s%s%s%s%s%s%s%s%s",
         f->source, m->n_layers, expected, missing->count ? "; missing: " : "",
         missing->count ? nl_str(missing, a, sizeof a) : "",
         bad->count ? "; mismatched: " : "", bad->count ? nl_str(bad, b, sizeof b) : "",
         extra->count ? "; not in the model: " : "",
         extra->count ? nl_str(extra, c, sizeof c) : "",
         types ? ". The file was made from the layers [" : "", types ? types : "",
-        types ? "]; check model.layers matches" : "");
+        types ? "]; check model.layers matches" : "", tie);
     free(missing->s);
     free(bad->s);
     free(extra->s);
@@ -818,8 +819,25 @@ gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
             if (!ns_has(&known, tn)) nl_add(&extra, "%s", tn);
         }
         ns_free(&known);
-        if (missing.count || bad.count || extra.count)
-            return names_mismatch(m, f, expected, &missing, &bad, &extra);
+        if (missing.count || bad.count || extra.count) {
+            /* A weight the model ties to another (GPT-2's LM head to wte)
+             * that the file holds on its own: the file's model was untied. */
+            char tie[700] = "";
+            for (int k = 0; k < m->n_layers && !tie[0]; k++)
+                for (int p = 0; p < m->layers[k].n_params && !tie[0]; p++) {
+                    const gp_param *pr = &m->layers[k].params[p];
+                    if (!pr->tied) continue;
+                    file_name(f, name, "", m, k, nm, pr->name, &old, first_old);
+                    if (!gp_st_find(f, name)) continue;
+                    const gp_layer *o = &m->layers[pr->tie_layer];
+                    snprintf(tie, sizeof tie, ". %s is tied to %s.%s in this model, but the file "
+                             "holds a weight of its own (its model was untied): load it into "
+                             "an untied model (model.gpt.tie: false, or no tie: on layer %s)",
+                             name, o->spec.name, o->params[pr->tie_param].name,
+                             m->layers[k].spec.name);
+                }
+            return names_mismatch(m, f, expected, &missing, &bad, &extra, tie);
+        }
         /* The names fit (a mismatch is the message that helps most); now
          * the values. */
         if (values.count) return bad_values_error(f, &values);
