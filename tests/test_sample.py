@@ -71,8 +71,8 @@ def config(d):
     return path
 
 
-def run(*args):
-    r = subprocess.run(list(args), capture_output=True, timeout=300)
+def run(*args, timeout=300):
+    r = subprocess.run(list(args), capture_output=True, timeout=timeout)
     return r.returncode, r.stdout.decode("latin-1"), r.stderr.decode("latin-1")
 
 
@@ -197,6 +197,40 @@ def nothing_lost(d, cfg, snap, weights, greedy):
     rc, _, err = sample(cfg, "--weights", os.path.join(d, "missing.safetensors"), *base)
     check(rc == 3 and "--weights" in err and "model.init_from" not in err,
           "a --weights error names --weights: %r" % err)
+
+    # a FIFO as an input is refused at once, not a blocked open deaf to
+    # signals
+    fifo = os.path.join(d, "fifo")
+    os.mkfifo(fifo)
+    train = os.path.join(BIN, "gpipe-train")
+    for tool, args in ((train, (cfg, "--set", "model.init_from=" + fifo, "--set",
+                                "train.snapshot.dir=" + os.path.join(d, "fifo-snaps"))),
+                       (train, (cfg, "--resume", fifo)),
+                       (os.path.join(BIN, "gpipe-sample"), (cfg, "--weights", fifo) + base),
+                       (os.path.join(BIN, "gpipe-sample"), (cfg, "--resume", fifo) + base)):
+        try:
+            rc, _, err = run(tool, *args)
+        except subprocess.TimeoutExpired:
+            rc, err = -1, "hung"
+        check(rc == 3 and "not a regular file" in err,
+              "a FIFO as %s: refused: rc %d %r" % (args[1:3], rc, err))
+
+    # a token id past the vocabulary, in either split, is found when the
+    # files are opened, naming the file, the offset and the id
+    for split in ("train", "val"):
+        bad = os.path.join(d, "bad" + split)
+        os.mkdir(bad)
+        for s in ("train", "val"):
+            toks = list((PATTERN * 30)[:300])
+            if s == split:
+                toks[123] = 300
+            write_tokens(os.path.join(bad, "b_%s.bin" % s), toks)
+        rc, _, err = run(train, cfg, "--set", "data.path=" + bad, "--set", "train.steps=4",
+                         "--set", "train.snapshot.dir=" + os.path.join(bad, "snaps"))
+        check(rc == 3 and "b_%s.bin" % split in err and "token 123 (byte offset 1270) is id "
+              "300" in err and "vocabulary is 256" in err,
+              "an id past the vocabulary in the %s split, found at start: rc %d %r"
+              % (split, rc, err))
 
     lm = os.path.join(d, "v300.yaml")
     with open(lm, "w") as f:

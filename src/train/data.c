@@ -84,10 +84,18 @@ static uint32_t be32(const unsigned char *b)
 
 static gzFile idx_open(const char *path, gp_status *s)
 {
-    gzFile f = gzopen(path, "rb");
+    /* a regular file only: gzopen of a FIFO would block, deaf to signals */
+    int fd = gp_open_regular(path);
+    gzFile f = NULL;
+    if (fd >= 0) {
+        errno = 0;
+        f = gzdopen(fd, "rb");
+        if (!f) close(fd);
+    }
     if (!f)
         *s = gp_error_set(GP_ERR_IO, "cannot open '%s': %s", path,
-                          errno ? strerror(errno) : "out of memory");
+                          fd < 0 ? gp_open_strerror(errno)
+                          : errno ? strerror(errno) : "out of memory");
     return f;
 }
 

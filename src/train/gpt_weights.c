@@ -401,10 +401,10 @@ static gp_status from_llmc(const gp_model *m, const char *path, const uint8_t *b
 /* The whole file at path, malloc'd. */
 static gp_status read_all(const char *path, uint8_t **buf, size_t *len)
 {
-    FILE *fp = fopen(path, "rb");
+    FILE *fp = gp_fopen_regular(path); /* a FIFO would block (deaf to signals) */
     if (!fp)
         return gp_error_set(GP_ERR_IO, "cannot open '%s': %s; check the path", path,
-                            strerror(errno));
+                            gp_open_strerror(errno));
     gp_status s = GP_OK;
     long n = -1;
     if (fseek(fp, 0, SEEK_END) == 0) n = ftell(fp);
@@ -423,7 +423,7 @@ static gp_status read_all(const char *path, uint8_t **buf, size_t *len)
 
 bool gp_gpt_is_llmc(const char *path)
 {
-    FILE *fp = fopen(path, "rb");
+    FILE *fp = gp_fopen_regular(path);
     uint8_t b[4];
     bool yes = fp && fread(b, 1, 4, fp) == 4 && le32(b) == LLMC_MAGIC;
     if (fp) fclose(fp);

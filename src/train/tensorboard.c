@@ -301,7 +301,7 @@ static bool read_record(FILE *f, uint8_t **buf, size_t *cap, int64_t *step, bool
  * record of `step`. */
 static gp_status cut_back(const char *path, int64_t step, bool drop_evals, bool *has_step)
 {
-    FILE *f = fopen(path, "rb");
+    FILE *f = gp_fopen_regular(path); /* (a FIFO there would block) */
     if (f) {
         uint8_t *buf = NULL;
         size_t cap = 0, len;

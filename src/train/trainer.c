@@ -212,7 +212,28 @@ static const char *signal_name(int sig, char *buf, size_t len)
  * model) or any device memory.  A cross-entropy model whose output is not
  * (batch, classes) is gp_model_describe's to say (gp_train_open asks it
  * too, for the library's callers). */
-static gp_status check_targets(const gp_config *cfg, const gp_dataset *ds)
+/* Every token id of a split below the model's vocabulary, checked when the
+ * files are read (a pass over the ids): an id past it only in the
+ * validation split failed the run at its end, and one in the training
+ * split only at the step that read its window. */
+static gp_status tokens_fit(const gp_config *cfg, const gp_dataset *ds, int64_t vocab)
+{
+    if (!ds || !ds->tokens || ds->classes <= vocab) return GP_OK;
+    int64_t i = 0;
+    while (i < ds->n_tokens && ds->tokens[i] < vocab) i++;
+    const gp_model_config *mc = &cfg->model;
+    char key[96];
+    if (!strcmp(mc->family, "gpt")) snprintf(key, sizeof key, "model.gpt.vocab");
+    else snprintf(key, sizeof key, "the last linear layer's out");
+    return gp_error_set(GP_ERR_DATA, "%s: token %lld (byte offset %lld) is id %d, but the "
+                        "model's vocabulary is %lld (%s): ids must be below it; encode the text "
+                        "with the model's tokenizer, or give %s of at least %d",
+                        ds->source, (long long)i, (long long)(4 * GP_TOKENS_HEADER + 2 * i),
+                        (int)ds->tokens[i], (long long)vocab, key, key, ds->classes);
+}
+
+static gp_status check_targets(const gp_config *cfg, const gp_dataset *ds,
+                               const gp_dataset *test)
 {
     int64_t params;
     gp_shape out;
@@ -222,6 +243,12 @@ static gp_status check_targets(const gp_config *cfg, const gp_dataset *ds)
     char b[64];
     gp_shape_str(&out, b, sizeof b);
     if (ds->tokens) { /* (n, T) next tokens: one target per position */
+        int64_t vocab = gp_model_config_classes(&cfg->model);
+        if (vocab <= 0 && out.ndim >= 1) vocab = out.dims[out.ndim - 1];
+        if (targets == ds->c && loss == GP_LOSS_CROSS_ENTROPY) {
+            GP_TRY(tokens_fit(cfg, ds, vocab));
+            return tokens_fit(cfg, test, vocab);
+        }
         if (targets == ds->c) return GP_OK;
         return gp_error_set(GP_ERR_INVALID, "%s: data.dataset tokens gives %lld next-token "
                             "targets per sample (one per position of model.input [%lld]), but "
@@ -1192,7 +1219,7 @@ static gp_status run_load_data(train_run *r)
                          cfg->data.mean_at[0] ? cfg->data.mean_at : cfg->path,
                          cfg->data.n_mean, train->source, (long long)train->c,
                          train->c == 1 ? "" : "s");
-    if (s == GP_OK) s = check_targets(cfg, train);
+    if (s == GP_OK) s = check_targets(cfg, train, test);
     if (s == GP_OK) s = stop_early(r->opts, "while loading the data", r->res);
     return s;
 }
