@@ -565,6 +565,15 @@ static void test_outputs_spare_inputs(void)
     snprintf(cmd, sizeof cmd, "%s %s -q --metrics %s --trace %s", bin, cfg, keep, keep);
     CHECK_MSG(run(cmd, out, sizeof out) == 2 &&
                   strstr(out, "--metrics and --trace name the same file"), "output: %s", out);
+    /* a TensorBoard folder and the metrics on one name: said as such, and
+     * the check leaves nothing there (issue 65: "cannot list it: Not a
+     * directory" and an empty file left behind) */
+    snprintf(keep, sizeof keep, "%s/spare-tb", tmpdir);
+    snprintf(cmd, sizeof cmd, "%s %s -q --tensorboard %s --metrics %s", bin, cfg, keep, keep);
+    CHECK_MSG(run(cmd, out, sizeof out) == 2 &&
+                  strstr(out, "--metrics and --tensorboard name the same file"),
+              "output: %s", out);
+    CHECK_MSG(access(keep, F_OK) != 0, "the failed check left %s behind", keep);
     /* ... spelled two ways, neither written yet (a plain name from inside
      * the folder against the folder's path) */
     snprintf(cmd, sizeof cmd, "cd %s && %s %s -q --metrics spare-two.jsonl --export-weights "

@@ -919,13 +919,16 @@ static gp_status export_failed(const gp_config *cfg, const gp_train_opts *opts, 
                         msg, (long long)step, gp_opt_name(GP_OPT_EXPORT));
 }
 
-static gp_status check_outputs_spare_inputs(const gp_config *cfg, const gp_train_opts *opts)
+static gp_status check_outputs_spare_inputs(const gp_config *cfg, const gp_train_opts *opts,
+                                            const char *tb_dir, const char *tb_what)
 {
+    enum { N_OUTS = 4 };
     const struct {
         const char *opt, *path;
-    } outs[3] = {{gp_opt_name(GP_OPT_EXPORT), opts->export_path},
-                 {gp_opt_name(GP_OPT_METRICS), opts->metrics_path},
-                 {gp_opt_name(GP_OPT_TRACE), opts->trace_path}};
+    } outs[N_OUTS] = {{gp_opt_name(GP_OPT_EXPORT), opts->export_path},
+                      {gp_opt_name(GP_OPT_METRICS), opts->metrics_path},
+                      {gp_opt_name(GP_OPT_TRACE), opts->trace_path},
+                      {tb_what, tb_dir}}; /* (a directory: the same name is a clash too) */
     char reads[80];
     snprintf(reads, sizeof reads, "the snapshot %s reads", gp_opt_name(GP_OPT_RESUME));
     const struct {
@@ -934,7 +937,7 @@ static gp_status check_outputs_spare_inputs(const gp_config *cfg, const gp_train
                 {reads, opts->resume_path},
                 {"model.init_from", cfg->model.init_from}};
     const char *snap_dir = cfg->train.snapshot.dir;
-    for (int o = 0; o < 3; o++) {
+    for (int o = 0; o < N_OUTS; o++) {
         const char *out = outs[o].path;
         if (!out || !out[0]) continue;
         for (int k = 0; k < 3; k++)
@@ -1121,7 +1124,7 @@ static gp_status run_check_outputs(train_run *r)
     gp_status chk = GP_OK;
     if (opts->export_path && gp_procs_rank() == 0) /* processes: rank 0 writes it */
         chk = gp_check_writable_file(opts->export_path, gp_opt_name(GP_OPT_EXPORT), true);
-    if (chk == GP_OK) chk = check_outputs_spare_inputs(cfg, opts);
+    if (chk == GP_OK) chk = check_outputs_spare_inputs(cfg, opts, r->out.tb_dir, r->out.tb_what);
     /* the files opened below, checked before either is (a metrics file
      * emptied for a trace path that then fails would be lost) */
     if (chk == GP_OK && opts->metrics_path)
