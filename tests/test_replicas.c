@@ -1024,8 +1024,10 @@ static void lr_rule(void)
     t.sched.warmup_steps = 10;
     t.sched.warmup_start = 0.25f;
     double peak = 0.1 * 1024 / 256; /* Goyal et al.: k x the base rate */
-    CHECK_NEAR(gp_lr_at(&t, 0, 110), 0.25 * peak, 1e-7, 1e-6);
-    CHECK_NEAR(gp_lr_at(&t, 5, 110), 0.25 * peak + 0.5 * 0.75 * peak, 1e-7, 1e-6);
+    /* (step k of the warm-up at (k + 1) / 10 of the way) */
+    CHECK_NEAR(gp_lr_at(&t, 0, 110), 0.25 * peak + 0.1 * 0.75 * peak, 1e-7, 1e-6);
+    CHECK_NEAR(gp_lr_at(&t, 4, 110), 0.25 * peak + 0.5 * 0.75 * peak, 1e-7, 1e-6);
+    CHECK_NEAR(gp_lr_at(&t, 9, 110), peak, 1e-7, 1e-6);
     CHECK_NEAR(gp_lr_at(&t, 10, 110), peak, 1e-7, 1e-6);
     CHECK_NEAR(gp_lr_at(&t, 60, 110), peak / 2, 1e-7, 1e-6); /* cosine half-way */
     CHECK(gp_lr_at(&t, 109, 110) < 0.01 * peak);

@@ -30,13 +30,17 @@ static void test_schedules(void)
     /* the rate as written, in double (as PyTorch's), not 0.1f's 0.10000000149 */
     CHECK(gp_lr_at(&t, 0, 100) == 0.1 && gp_lr_at(&t, 99, 100) == 0.1);
 
-    /* warm-up 10 steps from 0: step 0 -> 0, step 5 -> 0.05, step 10 -> 0.1 */
+    /* warm-up 10 steps from 0, step k at (k + 1) / 10 as llm.c and nanoGPT
+     * (the first step learns): step 0 -> 0.01, step 4 -> 0.05, step 9 ->
+     * 0.1, and on */
     t.sched.warmup_steps = 10;
-    CHECK_NEAR(gp_lr_at(&t, 0, 100), 0.0, 1e-7, 0);
-    CHECK_NEAR(gp_lr_at(&t, 5, 100), 0.05, 1e-7, 0);
+    CHECK_NEAR(gp_lr_at(&t, 0, 100), 0.01, 1e-7, 0);
+    CHECK(gp_lr_at(&t, 0, 100) > 0);
+    CHECK_NEAR(gp_lr_at(&t, 4, 100), 0.05, 1e-7, 0);
+    CHECK_NEAR(gp_lr_at(&t, 9, 100), 0.1, 1e-7, 0);
     CHECK_NEAR(gp_lr_at(&t, 10, 100), 0.1, 1e-7, 0);
     t.sched.warmup_start = 0.1; /* from 0.01 to 0.1 */
-    CHECK_NEAR(gp_lr_at(&t, 5, 100), 0.01 + 0.09 * 0.5, 1e-7, 0);
+    CHECK_NEAR(gp_lr_at(&t, 4, 100), 0.01 + 0.09 * 0.5, 1e-7, 0);
 
     /* step: every 30 steps after warm-up, times 0.1 */
     t.sched.kind = GP_SCHED_STEP;
@@ -63,9 +67,10 @@ static void test_schedules(void)
     t.lr_scaling = GP_LR_SCALING_LINEAR;
     t.batch_size = 256;
     CHECK_NEAR(gp_lr_at(&t, 3, 10), 0.4, 1e-7, 0);
-    /* ... and it composes with warm-up: halfway through warm-up = 0.2 */
+    /* ... and it composes with warm-up: halfway through warm-up (step 4 of
+     * 10) = 0.2 */
     t.sched.warmup_steps = 10;
-    CHECK_NEAR(gp_lr_at(&t, 5, 100), 0.2, 1e-7, 0);
+    CHECK_NEAR(gp_lr_at(&t, 4, 100), 0.2, 1e-7, 0);
 }
 
 static void test_split(void)

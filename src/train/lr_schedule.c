@@ -10,8 +10,11 @@ double gp_lr_at(const gp_train_config *t, int64_t step, int64_t total_steps)
     double base = gp_lr_base(t);
     const gp_sched_config *s = &t->sched;
     if (step < s->warmup_steps) {
+        /* step k (from 0) takes (k + 1) / warmup_steps of the way, as llm.c
+         * and nanoGPT: the first step learns (at k / warmup_steps it took
+         * warmup_start's lr, 0 by default: a step that changed nothing) */
         double start = s->warmup_start * base;
-        return start + (base - start) * (double)step / (double)s->warmup_steps;
+        return start + (base - start) * (double)(step + 1) / (double)s->warmup_steps;
     }
     int64_t after = step - s->warmup_steps;
     switch (s->kind) {

@@ -636,7 +636,7 @@ static const char *file_name(const gp_st_file *f, char *name, const char *prefix
     char was[256];
     tensor_name(was, sizeof was, prefix, m, k, nm, what + 7);
     if (!gp_st_find(f, was)) return name;
-    if ((*old)++ == 0) snprintf(first, 512, "'%s' as '%s'", was, name);
+    if ((*old)++ == 0) snprintf(first, 512, "'%.250s' as '%.250s'", was, name);
     return memcpy(name, was, sizeof was);
 }
 
@@ -726,6 +726,29 @@ static gp_status names_mismatch(const gp_model *m, const gp_st_file *f, int expe
     free(bad->s);
     free(extra->s);
     return s;
+}
+
+/* A weight the model ties to another (GPT-2's LM head to wte) that the
+ * file holds on its own: the file's model was untied.  Said into hint
+ * ("" when there is none). */
+static void untied_hint(const gp_model *m, const gp_st_file *f, naming nm, char *hint,
+                        size_t len)
+{
+    char name[256], first_old[512] = "";
+    int old = 0;
+    hint[0] = '\0';
+    for (int k = 0; k < m->n_layers && !hint[0]; k++)
+        for (int p = 0; p < m->layers[k].n_params && !hint[0]; p++) {
+            const gp_param *pr = &m->layers[k].params[p];
+            if (!pr->tied) continue;
+            file_name(f, name, "", m, k, nm, pr->name, &old, first_old);
+            if (!gp_st_find(f, name)) continue;
+            const gp_layer *o = &m->layers[pr->tie_layer];
+            snprintf(hint, len, ". %s is tied to %s.%s in this model, but the file holds a "
+                     "weight of its own (its model was untied): load it into an untied model "
+                     "(model.gpt.tie: false, or no tie: on layer %s)", name, o->spec.name,
+                     o->params[pr->tie_param].name, m->layers[k].spec.name);
+        }
 }
 
 gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
@@ -820,22 +843,8 @@ gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
         }
         ns_free(&known);
         if (missing.count || bad.count || extra.count) {
-            /* A weight the model ties to another (GPT-2's LM head to wte)
-             * that the file holds on its own: the file's model was untied. */
-            char tie[700] = "";
-            for (int k = 0; k < m->n_layers && !tie[0]; k++)
-                for (int p = 0; p < m->layers[k].n_params && !tie[0]; p++) {
-                    const gp_param *pr = &m->layers[k].params[p];
-                    if (!pr->tied) continue;
-                    file_name(f, name, "", m, k, nm, pr->name, &old, first_old);
-                    if (!gp_st_find(f, name)) continue;
-                    const gp_layer *o = &m->layers[pr->tie_layer];
-                    snprintf(tie, sizeof tie, ". %s is tied to %s.%s in this model, but the file "
-                             "holds a weight of its own (its model was untied): load it into "
-                             "an untied model (model.gpt.tie: false, or no tie: on layer %s)",
-                             name, o->spec.name, o->params[pr->tie_param].name,
-                             m->layers[k].spec.name);
-                }
+            char tie[700];
+            untied_hint(m, f, nm, tie, sizeof tie);
             return names_mismatch(m, f, expected, &missing, &bad, &extra, tie);
         }
         /* The names fit (a mismatch is the message that helps most); now
