@@ -32,7 +32,8 @@ samples/s, data wait, grad norm) are drawn faint with a running mean over
 about 1/50 of the run on top.  --describe prints the panels and their lines
 as JSON (what the tests check).
 
-summary: per run, a table: steps, final and best test accuracy, final train
+summary: per run, a table: steps, final and best test accuracy, the final
+and lowest test (validation) loss in nats and bits, final train
 loss, median step time and samples/s after warm-up with their middle half
 (25th..75th percentile), data wait as a share of step time, and each
 device's peak memory (the largest peak_bytes of any step).
@@ -300,6 +301,8 @@ def stats(run, warmup=None):
     waits = [r["data_wait_seconds"] for r in kept if "data_wait_seconds" in r]
     tests = [e for e in run.evals if math.isfinite(e["test_accuracy"])]
     best = max(tests, key=lambda e: e["test_accuracy"]) if tests else None
+    losses = [e for e in run.evals if math.isfinite(e["test_loss"])]
+    lowest = min(losses, key=lambda e: e["test_loss"]) if losses else None
     final = run.evals[-1] if run.evals else None
     peaks = {}
     for r in st:
@@ -316,6 +319,11 @@ def stats(run, warmup=None):
         "final_test_step": final["step"] if final else None,
         "best_test_accuracy": best["test_accuracy"] if best else None,
         "best_test_step": best["step"] if best else None,
+        # the loss a language model is judged by (validation nats per
+        # token; / ln 2: bits, per byte for a byte-level model)
+        "final_test_loss": final["test_loss"] if final else None,
+        "lowest_test_loss": lowest["test_loss"] if lowest else None,
+        "lowest_test_step": lowest["step"] if lowest else None,
         "evaluations": len(run.evals),
         "step_seconds_median": statistics.median(secs) if secs else None,
         "step_seconds_p25": quantile(secs, 0.25) if secs else None,
@@ -352,6 +360,14 @@ def rows(s):
         out.append(("best test accuracy", _num(s["best_test_accuracy"], "%.4f")
                     + ("" if s["best_test_step"] is None else " (step %d)" % s["best_test_step"]),
                     s["best_test_accuracy"]))
+    if s["final_test_loss"] is not None:
+        fl = s["final_test_loss"]
+        out.append(("final test loss", "-" if not math.isfinite(fl) else
+                    "%.4f (%.4f bits; step %d)" % (fl, fl / math.log(2), s["final_test_step"]),
+                    fl))
+        lo = s["lowest_test_loss"]
+        out.append(("lowest test loss", "-" if lo is None else "%.4f (%.4f bits; step %d)"
+                    % (lo, lo / math.log(2), s["lowest_test_step"]), lo))
     out.append(("final train loss", _num(s["final_loss"], "%.4f"), s["final_loss"]))
     med = s["step_seconds_median"]
     out.append(("median step time", "-" if med is None else "%.3f ms (middle half %.3f..%.3f)"

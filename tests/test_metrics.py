@@ -31,6 +31,7 @@ Runs with Debian's /usr/bin/python3 (matplotlib from python3-matplotlib).
 Needs GPIPE_BINARY_DIR (set by CTest) for gpipe-train.  Prints
 "test_metrics: N passed, N failed" last; exits non-zero on any failure.
 """
+import math
 import json
 import os
 import random
@@ -151,6 +152,9 @@ def test_summary(tmp):
         check(s["peak_bytes"].get(d) == want, "peak memory of %s: %r vs %r"
               % (d, s["peak_bytes"].get(d), want))
     check(close(s["final_loss"], steps[-1]["loss"]), "final train loss")
+    check(close(s["final_test_loss"], 1 - 0.74) and close(s["lowest_test_loss"], 1 - 0.74)
+          and s["lowest_test_step"] == 40,
+          "final and lowest validation loss: the resumed run's (not the replaced 0.03)")
     r = script("summary", path, "--warmup", "10", "--json")
     s10 = (out_json(r) or [{}])[0]
     check(s10["warmup_steps"] == 10 and close(
@@ -161,6 +165,9 @@ def test_summary(tmp):
     check(r.returncode == 0, "summary exits 0")
     out = r.stdout
     check("final test accuracy      0.7400 (step 40)" in out, "table: final test accuracy")
+    check("final test loss          %.4f (%.4f bits; step 40)" % (0.26, 0.26 / math.log(2))
+          in out, "table: the validation loss a language model is judged by, and its bits: %r"
+          % out)
     check("%.3f ms" % (median(secs) * 1e3) in out, "table: median step time in ms")
     check("%.1f (middle half" % median(sps) in out, "table: median samples/s")
     check("peak memory cpu:1        %.1f MiB" % (s["peak_bytes"]["cpu:1"] / 2**20) in out,
