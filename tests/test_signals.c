@@ -16,6 +16,9 @@
  *   - a second SIGINT while the stop writes its snapshot (made slow with
  *     GPIPE_SNAPSHOT_SLOW_WRITE_MS), 2 s after the first: exit 130 at once,
  *     no broken snapshot;
+ *   - SIGTERM while a 300 M-parameter model is initialised stops it there
+ *     (exit 143, said), and a model of 160 G parameters is refused before
+ *     anything is allocated, naming what it needs and what there is;
  *   - SIGTERM three times within 0.5 s (GNU timeout, Slurm, mpirun signal
  *     the process and then its group): one request, exit 143 with the
  *     final snapshot;
@@ -431,7 +434,7 @@ static void test_group_signal(void)
      * while it is written */
     char *argv[] = {bin, conf, "--no-progress", "--metrics", met, "--set",
                     "train.snapshot.every_steps=1000", "--set", set_dir, NULL};
-    pid_t pid = spawn(bin, argv, log, "300");
+    pid_t pid = spawn(bin, argv, log, "1500");
     bool stepping = wait_lines(met, 2, pid);
     CHECK(stepping);
     if (!stepping) return;
@@ -439,7 +442,9 @@ static void test_group_signal(void)
     sleep_ms(0.05);
     kill(pid, SIGTERM); /* ... then its group */
     sleep_ms(400);
-    kill(pid, SIGTERM); /* a third, still within 2 s: the same request */
+    kill(pid, SIGTERM); /* a third, still within 2 s, while the stop's snapshot is
+                         * written (1.5 s): the same request (the second may
+                         * have merged with the first while pending) */
     int rc = wait_exit(pid, 120);
     int steps = check_metrics(met);
     printf("SIGTERM x3 within 0.5 s: exit %d at step %d, %d snapshot(s)\n", rc, steps,
@@ -457,6 +462,67 @@ static void test_group_signal(void)
     while (f && fgets(line, sizeof line, f)) quit |= strstr(line, "quitting at once") != NULL;
     if (f) fclose(f);
     CHECK_MSG(!quit, "a repeat within 2 s quit at once");
+}
+
+/* ---- a signal while a large model is initialised; one too large ------------ */
+
+/* An llm.c token file of n byte tokens (header of 256 int32, then uint16). */
+static void write_token_file(const char *path, int n)
+{
+    FILE *f = fopen(path, "wb");
+    int32_t hdr[256] = {20240520, 1, n};
+    bool ok = f && fwrite(hdr, sizeof hdr, 1, f) == 1;
+    for (int i = 0; ok && i < n; i++) {
+        uint16_t t = (uint16_t)(97 + i % 26);
+        ok = fwrite(&t, 2, 1, f) == 1;
+    }
+    if (f) fclose(f);
+    CHECK_MSG(ok, "cannot write %s", path);
+}
+
+static void test_large_model(void)
+{
+    char data[300], cfg[300], log[300], path[400];
+    tmp_path(data, sizeof data, "tok");
+    mkdir(data, 0755);
+    snprintf(path, sizeof path, "%s/t_train.bin", data);
+    write_token_file(path, 4000);
+    snprintf(path, sizeof path, "%s/t_val.bin", data);
+    write_token_file(path, 400);
+    tmp_path(cfg, sizeof cfg, "big.yaml");
+    /* 300 M parameters: 4.8 GB of weights, gradients and Adam's moments,
+     * seconds of initialisation (the first layers' in the first second) */
+    char text[1024];
+    snprintf(text, sizeof text,
+             "model:\n  input: [16]\n"
+             "  gpt: {layers: 24, heads: 16, width: 1024, positions: 16, vocab: 256}\n"
+             "pipeline: {devices: [cpu:0], chunks: 1}\n"
+             "data: {dataset: tokens, path: %s}\n"
+             "train: {steps: 2, batch_size: 2, log_every: 0}\n", data);
+    gpt_write_file(cfg, text, strlen(text));
+    tmp_path(log, sizeof log, "big.txt");
+    char *argv[] = {bin, cfg, "--no-progress", NULL};
+    pid_t pid = spawn(bin, argv, log, NULL);
+    sleep_ms(700);
+    double t0 = gp_now();
+    kill(pid, SIGTERM);
+    int rc = wait_exit(pid, 120);
+    printf("SIGTERM 0.7 s into a 300 M-parameter model: exit %d %.2f s after it\n", rc,
+           gp_now() - t0);
+    CHECK_MSG(rc == 143, "exit %d, expected 143", rc);
+    CHECK(log_has(log, "stopped by a signal while initialising the model (at layer"));
+    /* 160 G parameters: refused before anything is allocated or profiled,
+     * with the need and the memory (it grew for a minute, deaf to signals) */
+    double t1 = gp_now();
+    char a[1024];
+    snprintf(a, sizeof a, "%s --set model.gpt.width=8192 --set model.gpt.heads=8 --set "
+             "model.gpt.layers=200 --set pipeline.devices=[cpu:0,cpu:1]", cfg);
+    rc = run_train(a, log);
+    CHECK_MSG(rc == 4, "160 G parameters: exit %d, expected 4", rc);
+    CHECK_MSG(gp_now() - t1 < 30, "the refusal took %.1f s", gp_now() - t1);
+    CHECK(log_has(log, "the model's 161084817408 parameters need 1.8 TiB for their weights, "
+                       "gradients and momentum alone, more than"));
+    CHECK(log_has(log, "its CPU devices have"));
 }
 
 /* ---- the library ------------------------------------------------------------------------- */
@@ -566,6 +632,7 @@ int main(void)
         test_sigterm(ref_seconds);
         test_second_signal();
         test_group_signal();
+        test_large_model();
     } else {
         CHECK_MSG(false, "%s or %s not built", bin, balance_bin);
     }

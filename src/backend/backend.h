@@ -151,7 +151,7 @@
  *  42  embed_fwd / embed_bwd take the activations' element type (bf16
  *      storage without the adapter)
  *  43  zero_many (a stage's accumulated gradients zeroed in one launch) */
-#define GP_DEVICE_IFACE_VERSION 43
+#define GP_DEVICE_IFACE_VERSION 44
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -1107,6 +1107,12 @@ typedef struct gp_device_iface {
      * together at its step's start (gp_layers_zero_stale) instead of a
      * fill each.  NULL: gp_dev_zero_many fills them one by one. */
     gp_status (*zero_many)(gp_device *dev, float *const *xs, const int64_t *ns, int count);
+    /* mem_total: the device's own memory in bytes (a GPU's, as
+     * cudaMemGetInfo gives its total), so that a model whose weights,
+     * gradients and optimizer state alone exceed it is refused before it
+     * is allocated.  NULL: the host's (a CPU device; the trainer checks
+     * what its CPU devices hold together against the machine's RAM). */
+    gp_status (*mem_total)(gp_device *dev, uint64_t *bytes);
 } gp_device_iface;
 
 /* The most tensors one nonfinite_or_many launch takes (its table travels
@@ -1387,6 +1393,9 @@ gp_status gp_dev_nonfinite_or(gp_device *dev, const float *x, int64_t n, float *
 /* The nonfinite_or_many slot, in batches of GP_NONFINITE_BATCH, with its
  * fallback (nonfinite_or per tensor); empty tensors (ns[i] == 0) skipped. */
 gp_status gp_dev_zero_many(gp_device *dev, float *const *xs, const int64_t *ns, int count);
+/* The mem_total slot: the device's own memory, 0 where it has none of its
+ * own (a CPU device) or cannot say. */
+uint64_t gp_dev_mem_total(gp_device *dev);
 gp_status gp_dev_nonfinite_or_many(gp_device *dev, const float *const *xs, const int64_t *ns,
                                    int count, float *flag);
 /* The slots of a step without host waits, with their fallbacks (see the

@@ -455,6 +455,13 @@ int gp_box_collapse(const int64_t ds[4], const int64_t ss[4], const int64_t dims
     return k;
 }
 
+uint64_t gp_dev_mem_total(gp_device *dev)
+{
+    uint64_t b = 0;
+    if (!dev || !dev->iface->mem_total || dev->iface->mem_total(dev, &b) != GP_OK) return 0;
+    return b;
+}
+
 /* zero_many in batches of GP_NONFINITE_BATCH (empty tensors skipped), or
  * a fill each without the slot; every tensor's mirrors marked, as a
  * fill's. */

@@ -13,6 +13,7 @@
 #include "balance/balance.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -38,6 +39,10 @@ gp_status gp_model_build_meta(const gp_config *cfg, const int *balance, gp_model
     return build_placed(cfg, none, cfg->pipeline.n_devices, gp_model_virtual(cfg), balance, true,
                         out);
 }
+
+static _Thread_local const _Atomic int *build_stop;
+
+void gp_model_build_stop(const _Atomic int *stop) { build_stop = stop; }
 
 int64_t gp_model_config_classes(const gp_model_config *mc)
 {
@@ -120,6 +125,12 @@ static gp_status build_placed(const gp_config *cfg, gp_device *const *devs, int 
         else
             s = gp_layer_create(&mc->layers[k], k, in, devs[stage % n], cfg->train.seed,
                                 &out->layers[k]);
+        if (s == GP_OK && !meta && build_stop && atomic_load(build_stop)) {
+            gp_layer_destroy(&out->layers[k]);
+            s = gp_error_set(GP_ERR_STOPPED, "stopped by a signal while initialising the model "
+                             "(at layer %d of %d), before the first step; nothing was trained",
+                             k + 1, mc->n_layers);
+        }
         if (s != GP_OK) {
             free(outs);
             gp_model_release(out);

@@ -108,6 +108,11 @@ gp_status gp_model_build(const gp_config *cfg, gp_device *dev, gp_model *out);
  * gp_model_virtual(cfg) entries). */
 gp_status gp_model_build_placed(const gp_config *cfg, gp_device *const *devs, int n,
                                 const int *balance, gp_model *out);
+/* A stop flag (a signal's number once one came) that the builds on this
+ * thread poll between layers, so that a signal stops a large model's
+ * initialisation too (GP_ERR_STOPPED); NULL: none.  The trainer sets its
+ * gp_train_opts.stop around gp_train_open. */
+void gp_model_build_stop(const _Atomic int *stop);
 /* The same placement with every layer shapes only (gp_layer_meta: no
  * device, nothing allocated; layers[k].dev is NULL): what --dry-run
  * describes, whatever the size of the model or the devices it names. */

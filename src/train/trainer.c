@@ -17,6 +17,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -721,7 +722,8 @@ static void close_devices(gp_device **devs, int n)
     for (int j = 0; j < n; j++) gp_device_close(devs[j]);
 }
 
-static gp_status summary_fits(const gp_config *cfg, const gp_model *m);
+static gp_status summary_fits(const gp_config *cfg, const gp_model *m, gp_device **devs);
+static gp_status fits_at_all(const gp_config *cfg, int64_t params);
 
 gp_status gp_train_open(const gp_config *cfg, gp_device **devs, gp_model *model, bool quiet)
 {
@@ -732,6 +734,7 @@ gp_status gp_train_open(const gp_config *cfg, gp_device **devs, gp_model *model,
     int64_t params;
     gp_shape output;
     GP_TRY(gp_model_describe(cfg, &params, &output));
+    GP_TRY(fits_at_all(cfg, params)); /* before a profile builds it */
     /* processes: from here on a rank that stops answering ends the run
      * after pipeline.peer_timeout (rank 0 profiles, the others wait) */
     gp_procs_watch(cfg->pipeline.peer_timeout > 0 ? cfg->pipeline.peer_timeout
@@ -757,10 +760,15 @@ gp_status gp_train_open(const gp_config *cfg, gp_device **devs, gp_model *model,
      * first (which suggested micro-batches and checkpointing, no help) */
     gp_model meta = {0};
     gp_status fs = gp_model_build_meta(cfg, balance, &meta);
-    if (fs == GP_OK) fs = summary_fits(cfg, &meta);
-    if (meta.layers) gp_model_free(&meta);
+    if (fs == GP_OK) fs = summary_fits(cfg, &meta, NULL);
     GP_TRY(fs); /* (alike on every rank: the same config, the same count) */
     gp_status os = open_devices(cfg, devs);
+    /* a GPU's own memory, once it is open (each rank its own) */
+    if (os == GP_OK && meta.layers) {
+        os = summary_fits(cfg, &meta, devs);
+        if (os != GP_OK) close_devices(devs, gp_pipeline_devices_total(&cfg->pipeline));
+    }
+    if (meta.layers) gp_model_free(&meta);
     /* processes: a rank whose device does not open ends here with every
      * rank, before the communicator below that all must make together */
     if (gp_procs_size() > 1) {
@@ -1230,7 +1238,10 @@ static gp_status run_load_data(train_run *r)
 /* Balanced, the devices opened and the model built on them. */
 static gp_status run_place_model(train_run *r)
 {
+    gp_model_build_stop(r->opts->stop); /* a signal stops the initialisation too */
     gp_status s = gp_train_open(r->cfg, r->dev.devs, r->mp, r->opts->quiet);
+    gp_model_build_stop(NULL);
+    if (s == GP_ERR_STOPPED) r->res->stop_signal = stop_asked(r->opts);
     if (s == GP_OK) r->dev.n = gp_pipeline_devices_total(&r->cfg->pipeline);
     s = agree_phase(s, "while placing the model (balance, devices)", r->res);
     if (s == GP_OK) s = stop_early(r->opts, "while placing the model (balance, devices)", r->res);
@@ -2045,10 +2056,62 @@ static const char *state_words(const gp_config *cfg, bool plus)
     return n == 2 ? " and Adam's moments" : n == 1 ? " and momentum" : "";
 }
 
+/* The memory CPU devices share: the machine's RAM, or an address-space
+ * limit below it (ulimit -v); 0 when unknown. */
+static uint64_t host_memory(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    uint64_t ram = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+    struct rlimit as;
+    if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY &&
+        (ram == 0 || (uint64_t)as.rlim_cur < ram))
+        ram = (uint64_t)as.rlim_cur;
+    return ram;
+}
+
+static bool is_cpu_device(const gp_device_spec *d) { return !strncmp(d->name, "cpu", 3); }
+
+/* Before anything is allocated or profiled: the whole model's weights,
+ * gradients and optimizer state against the memory its devices have at
+ * most, where that is known now (CPU devices: their capacities, and the
+ * machine's RAM they share).  A model of 160 G parameters grew memory for
+ * a minute, deaf to signals, before this; GPUs are checked once opened. */
+static gp_status fits_at_all(const gp_config *cfg, int64_t params)
+{
+    const gp_pipeline_config *pc = &cfg->pipeline;
+    if (gp_procs_size() > 1) return GP_OK; /* each rank its own machine, maybe */
+    uint64_t caps = 0;
+    bool capped = true;
+    for (int d = 0; d < gp_pipeline_devices_total(pc); d++) {
+        if (!is_cpu_device(&pc->devices[d % pc->n_devices])) return GP_OK;
+        uint64_t cap = device_opts(cfg, d).capacity;
+        capped = capped && cap;
+        caps += cap;
+    }
+    uint64_t ram = host_memory(), have = capped && (!ram || caps < ram) ? caps : ram;
+    uint64_t need = (uint64_t)params * state_bytes(cfg) *
+                    (uint64_t)gp_pipeline_replicas(pc);
+    if (!have || need <= have) return GP_OK;
+    char nb[32], hb[32];
+    gp_format_bytes((size_t)need, nb, sizeof nb);
+    gp_format_bytes((size_t)have, hb, sizeof hb);
+    return gp_error_set(GP_ERR_OOM, "%s: the model's %lld parameters need %s for their weights, "
+                        "gradients%s alone%s, more than the %s its CPU devices have (%s); "
+                        "make the model smaller, or train it on devices with more memory "
+                        "(--dry-run shows each layer's share)", cfg->path, (long long)params,
+                        nb, state_words(cfg, false),
+                        gp_pipeline_replicas(pc) > 1 ? " in every replica" : "", hb,
+                        capped && have == caps ? "their pipeline.memory together"
+                                               : "this machine's memory, which they share");
+}
+
 /* A device whose capacity cannot hold its stages' weights, gradients and
  * (with momentum) optimizer state, before any activation: what building
- * the model there would stop at, said after the summary. */
-static gp_status summary_fits(const gp_config *cfg, const gp_model *m)
+ * the model there would stop at, said after the summary.  The capacity is
+ * pipeline.memory's, else (devs given: opened) the device's own memory
+ * (a GPU's); the CPU devices without one together against the machine's
+ * RAM. */
+static gp_status summary_fits(const gp_config *cfg, const gp_model *m, gp_device **devs)
 {
     const gp_pipeline_config *pc = &cfg->pipeline;
     int n = pc->n_devices;
@@ -2061,21 +2124,36 @@ static gp_status summary_fits(const gp_config *cfg, const gp_model *m)
             buffers[j % n] += gp_layer_buffer_count(&m->layers[k]); /* values alone */
         }
     size_t per = state_bytes(cfg);
+    uint64_t host_need = 0;
     /* every replica's devices: each holds what replica 0's of its place do,
      * and may have its own memory: */
     for (int d = 0; d < gp_pipeline_devices_total(pc); d++) {
         uint64_t cap = device_opts(cfg, d).capacity;
+        bool own = !cap && devs && devs[d];
+        if (own) cap = gp_dev_mem_total(devs[d]);
         uint64_t need = (uint64_t)held[d % n] * per + (uint64_t)buffers[d % n] * sizeof(float) +
                         (uint64_t)tied[d % n] * 2 * sizeof(float);
+        if (!cap && is_cpu_device(&pc->devices[d % n])) host_need += need;
         if (!cap || need <= cap) continue;
         char nb[32], cb[32];
         gp_format_bytes((size_t)need, nb, sizeof nb);
         gp_format_bytes((size_t)cap, cb, sizeof cb);
         return gp_error_set(GP_ERR_OOM, "%s: %s's stages hold %s of weights, gradients%s alone"
-                            "%s, more than its pipeline.memory of %s; give it more memory, or "
-                            "spread the model over more devices", cfg->path,
-                            pc->devices[d].name, nb, state_words(cfg, false),
-                            buffers[d % n] ? " (batch-norm statistics included)" : "", cb);
+                            "%s, more than %s %s; %sspread the model over more devices",
+                            cfg->path, pc->devices[d].name, nb, state_words(cfg, false),
+                            buffers[d % n] ? " (batch-norm statistics included)" : "",
+                            own ? "the device's memory," : "its pipeline.memory of", cb,
+                            own ? "" : "give it more memory, or ");
+    }
+    uint64_t ram = gp_procs_size() > 1 ? 0 : host_memory(); /* (ranks: machines of their own) */
+    if (ram && host_need > ram) {
+        char nb[32], hb[32];
+        gp_format_bytes((size_t)host_need, nb, sizeof nb);
+        gp_format_bytes((size_t)ram, hb, sizeof hb);
+        return gp_error_set(GP_ERR_OOM, "%s: the CPU devices' stages hold %s of weights, "
+                            "gradients%s alone, more than this machine's memory of %s, which "
+                            "they share; make the model smaller, or train it on devices with "
+                            "more memory", cfg->path, nb, state_words(cfg, false), hb);
     }
     return GP_OK;
 }
@@ -2451,7 +2529,7 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
     summary_skips(cfg, &m, f);
     summary_pipeline(cfg, f);
     summary_optimizer(cfg, f);
-    s = summary_fits(cfg, &m);
+    s = summary_fits(cfg, &m, NULL);
     summary_free(&m, devs, n);
     return s;
 }

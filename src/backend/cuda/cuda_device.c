@@ -951,6 +951,12 @@ static gp_status cuda_nonfinite_or_many(gp_device *dev, const float *const *xs, 
     return GP_OK;
 }
 
+static gp_status cuda_mem_total(gp_device *dev, uint64_t *bytes)
+{
+    *bytes = gp_cuda_ctx_of(dev)->gpu_bytes; /* cudaMemGetInfo's total, at open */
+    return GP_OK;
+}
+
 static gp_status cuda_zero_many(gp_device *dev, float *const *xs, const int64_t *ns, int count)
 {
     gp_cuk_tensor_table t = tensor_table((const float *const *)xs, ns, count);
@@ -2258,6 +2264,7 @@ static const gp_device_iface cuda_iface = {
     .nonfinite_or = cuda_nonfinite_or,
     .nonfinite_or_many = cuda_nonfinite_or_many,
     .zero_many = cuda_zero_many,
+    .mem_total = cuda_mem_total,
     .upload_async = cuda_upload_async,
     .bn_merge = cuda_bn_merge,
     .bn_commit = cuda_bn_commit,
