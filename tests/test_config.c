@@ -270,7 +270,7 @@ static void test_defaults(void)
     CHECK(c.train.sched.kind == GP_SCHED_CONSTANT && c.train.sched.warmup_steps == 0);
     CHECK_NEAR(c.train.sched.gamma, 0.1, 1e-7, 0);
     CHECK(c.train.lr_scaling == GP_LR_SCALING_NONE && c.train.base_batch == 64);
-    CHECK(c.train.log_every == 50 && c.train.eval_each_epoch && c.train.eval_batch_size == 1000);
+    CHECK(c.train.log_every == 50 && c.train.eval_each_epoch && c.train.eval_batch_size == 0);
     const char *d = c.defaults_applied ? c.defaults_applied : "";
     CHECK(strstr(d, "train.batch_size = 64 (default)\n") != NULL);
     CHECK(strstr(d, "pipeline.chunks = 1 (default)\n") != NULL);

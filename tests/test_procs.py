@@ -727,7 +727,7 @@ def errors(tmp):
     default = os.path.join(os.environ.get("GPIPE_SOURCE_DIR", "."), "configs", "default.yaml")
     rc, out = mpirun(2, [default, "--quiet", "--set", "train.steps=2", "--set",
                          "pipeline.threads=1", "--set", "pipeline.balance=[6, 7]", "--set",
-                         "pipeline.chunks=2", "--set",
+                         "pipeline.chunks=2", "--set", "train.eval_batch_size=1000", "--set",
                          "pipeline.devices=[cpu:0, {name: cpu:1, memory: 20MiB}]"], timeout=120)
     check(rc == 4 and "rank 1 of 2: evaluating in batches of 1000" in out and
           "set train.eval_batch_size to 500 or less" in out,

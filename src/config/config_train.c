@@ -211,7 +211,9 @@ gp_status gp_cfg_parse_train(gp_cfg_walk *w, const gp_ynode *root, gp_train_conf
                     "the rate", tc->sched.min_lr, base);
     GP_TRY(gp_cfg_get_int(w, m, "train", "log_every", 50, 0, INT64_MAX, &tc->log_every));
     GP_TRY(gp_cfg_get_bool(w, m, "train", "eval_each_epoch", true, &tc->eval_each_epoch));
-    GP_TRY(gp_cfg_get_int(w, m, "train", "eval_batch_size", 1000, 1, 1 << 24,
+    /* 0: the training batch (evaluation holds no more than a step's
+     * forward; 1000 sequences of a language model's logits did) */
+    GP_TRY(gp_cfg_get_int(w, m, "train", "eval_batch_size", 0, 1, 1 << 24,
                           &tc->eval_batch_size));
     GP_TRY(gp_cfg_get_float(w, m, "train", "clip_grad_norm", 0, 0, INFINITY, 0,
                             &tc->clip_grad_norm));

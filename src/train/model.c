@@ -1110,7 +1110,9 @@ static gp_status evaluate_at(gp_model *m, const gp_config *cfg, const eval_sourc
 static gp_status evaluate_fit(gp_model *m, const gp_config *cfg, const eval_source *src,
                               double *loss, double *accuracy, float *logits)
 {
-    int64_t want = cfg->train.eval_batch_size > 0 ? cfg->train.eval_batch_size : 1000;
+    int64_t want = cfg->train.eval_batch_size > 0 ? cfg->train.eval_batch_size
+                   : cfg->train.batch_size > 0              ? cfg->train.batch_size
+                                                            : 64;
     int64_t bs = m->eval_batch > 0 && m->eval_batch < want ? m->eval_batch : want;
     /* the caller's batch, or the test set, is all there is: the messages
      * below name the batch that ran */

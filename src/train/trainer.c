@@ -722,7 +722,8 @@ static void close_devices(gp_device **devs, int n)
     for (int j = 0; j < n; j++) gp_device_close(devs[j]);
 }
 
-static gp_status summary_fits(const gp_config *cfg, const gp_model *m, gp_device **devs);
+static gp_status summary_fits(const gp_config *cfg, const gp_model *m, gp_device **devs,
+                               bool dry);
 static gp_status fits_at_all(const gp_config *cfg, int64_t params);
 
 gp_status gp_train_open(const gp_config *cfg, gp_device **devs, gp_model *model, bool quiet)
@@ -760,12 +761,12 @@ gp_status gp_train_open(const gp_config *cfg, gp_device **devs, gp_model *model,
      * first (which suggested micro-batches and checkpointing, no help) */
     gp_model meta = {0};
     gp_status fs = gp_model_build_meta(cfg, balance, &meta);
-    if (fs == GP_OK) fs = summary_fits(cfg, &meta, NULL);
+    if (fs == GP_OK) fs = summary_fits(cfg, &meta, NULL, false);
     GP_TRY(fs); /* (alike on every rank: the same config, the same count) */
     gp_status os = open_devices(cfg, devs);
     /* a GPU's own memory, once it is open (each rank its own) */
     if (os == GP_OK && meta.layers) {
-        os = summary_fits(cfg, &meta, devs);
+        os = summary_fits(cfg, &meta, devs, false);
         if (os != GP_OK) close_devices(devs, gp_pipeline_devices_total(&cfg->pipeline));
     }
     if (meta.layers) gp_model_free(&meta);
@@ -2057,16 +2058,33 @@ static const char *state_words(const gp_config *cfg, bool plus)
 }
 
 /* The memory CPU devices share: the machine's RAM, or an address-space
- * limit below it (ulimit -v); 0 when unknown. */
-static uint64_t host_memory(void)
+ * limit below it (ulimit -v: *limited); 0 when unknown. */
+static uint64_t host_memory(bool *limited)
 {
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     uint64_t ram = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
     struct rlimit as;
+    *limited = false;
     if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY &&
-        (ram == 0 || (uint64_t)as.rlim_cur < ram))
+        (ram == 0 || (uint64_t)as.rlim_cur < ram)) {
         ram = (uint64_t)as.rlim_cur;
+        *limited = true;
+    }
     return ram;
+}
+
+/* Where host memory runs out: "this machine's memory of X, which they
+ * share", or the address-space limit, as gp_error_set says it. */
+static const char *host_words(uint64_t ram, bool limited, char *buf, size_t len)
+{
+    char hb[32];
+    gp_format_bytes((size_t)ram, hb, sizeof hb);
+    if (limited)
+        snprintf(buf, len, "this process may map: its address space is limited to %llu MiB "
+                 "(ulimit -v); raise the limit, or ", (unsigned long long)(ram >> 20));
+    else
+        snprintf(buf, len, "this machine's memory of %s, which they share: ", hb);
+    return buf;
 }
 
 static bool is_cpu_device(const gp_device_spec *d) { return !strncmp(d->name, "cpu", 3); }
@@ -2080,29 +2098,20 @@ static gp_status fits_at_all(const gp_config *cfg, int64_t params)
 {
     const gp_pipeline_config *pc = &cfg->pipeline;
     if (gp_procs_size() > 1) return GP_OK; /* each rank its own machine, maybe */
-    uint64_t caps = 0;
-    bool capped = true;
-    for (int d = 0; d < gp_pipeline_devices_total(pc); d++) {
-        if (!is_cpu_device(&pc->devices[d % pc->n_devices])) return GP_OK;
-        uint64_t cap = device_opts(cfg, d).capacity;
-        capped = capped && cap;
-        caps += cap;
-    }
-    uint64_t ram = host_memory(), have = capped && (!ram || caps < ram) ? caps : ram;
-    uint64_t need = (uint64_t)params * state_bytes(cfg) *
-                    (uint64_t)gp_pipeline_replicas(pc);
-    if (!have || need <= have) return GP_OK;
-    char nb[32], hb[32];
+    for (int d = 0; d < pc->n_devices; d++)
+        if (!is_cpu_device(&pc->devices[d])) return GP_OK;
+    bool limited;
+    uint64_t ram = host_memory(&limited);
+    uint64_t need = (uint64_t)params * state_bytes(cfg) * (uint64_t)gp_pipeline_replicas(pc);
+    if (!ram || need <= ram) return GP_OK;
+    char nb[32], hw[200];
     gp_format_bytes((size_t)need, nb, sizeof nb);
-    gp_format_bytes((size_t)have, hb, sizeof hb);
     return gp_error_set(GP_ERR_OOM, "%s: the model's %lld parameters need %s for their weights, "
-                        "gradients%s alone%s, more than the %s its CPU devices have (%s); "
-                        "make the model smaller, or train it on devices with more memory "
-                        "(--dry-run shows each layer's share)", cfg->path, (long long)params,
-                        nb, state_words(cfg, false),
-                        gp_pipeline_replicas(pc) > 1 ? " in every replica" : "", hb,
-                        capped && have == caps ? "their pipeline.memory together"
-                                               : "this machine's memory, which they share");
+                        "gradients%s alone%s, more than %smake the model smaller, or train it "
+                        "on devices with more memory (--dry-run shows each layer's share)",
+                        cfg->path, (long long)params, nb, state_words(cfg, false),
+                        gp_pipeline_replicas(pc) > 1 ? " in every replica" : "",
+                        host_words(ram, limited, hw, sizeof hw));
 }
 
 /* A device whose capacity cannot hold its stages' weights, gradients and
@@ -2110,8 +2119,9 @@ static gp_status fits_at_all(const gp_config *cfg, int64_t params)
  * the model there would stop at, said after the summary.  The capacity is
  * pipeline.memory's, else (devs given: opened) the device's own memory
  * (a GPU's); the CPU devices without one together against the machine's
- * RAM. */
-static gp_status summary_fits(const gp_config *cfg, const gp_model *m, gp_device **devs)
+ * RAM (dry: --dry-run, which plans for any machine, notes that instead). */
+static gp_status summary_fits(const gp_config *cfg, const gp_model *m, gp_device **devs,
+                               bool dry)
 {
     const gp_pipeline_config *pc = &cfg->pipeline;
     int n = pc->n_devices;
@@ -2145,17 +2155,22 @@ static gp_status summary_fits(const gp_config *cfg, const gp_model *m, gp_device
                             own ? "the device's memory," : "its pipeline.memory of", cb,
                             own ? "" : "give it more memory, or ");
     }
-    uint64_t ram = gp_procs_size() > 1 ? 0 : host_memory(); /* (ranks: machines of their own) */
-    if (ram && host_need > ram) {
-        char nb[32], hb[32];
-        gp_format_bytes((size_t)host_need, nb, sizeof nb);
-        gp_format_bytes((size_t)ram, hb, sizeof hb);
-        return gp_error_set(GP_ERR_OOM, "%s: the CPU devices' stages hold %s of weights, "
-                            "gradients%s alone, more than this machine's memory of %s, which "
-                            "they share; make the model smaller, or train it on devices with "
-                            "more memory", cfg->path, nb, state_words(cfg, false), hb);
+    bool limited;
+    uint64_t ram = host_memory(&limited);
+    if (!ram || host_need <= ram || gp_procs_size() > 1) return GP_OK; /* (ranks: their own) */
+    char nb[32], hw[200];
+    gp_format_bytes((size_t)host_need, nb, sizeof nb);
+    host_words(ram, limited, hw, sizeof hw);
+    if (dry) { /* --dry-run plans for any machine: this one's RAM is a note */
+        fprintf(stderr, "note: the CPU devices' stages hold %s of weights, gradients%s alone, "
+                "more than %sa run here would stop at start-up\n", nb,
+                state_words(cfg, false), hw);
+        return GP_OK;
     }
-    return GP_OK;
+    return gp_error_set(GP_ERR_OOM, "%s: the CPU devices' stages hold %s of weights, "
+                        "gradients%s alone, more than %smake the model smaller, or train it "
+                        "on devices with more memory", cfg->path, nb, state_words(cfg, false),
+                        hw);
 }
 
 /* What the summary's table adds up: every layer's, and the stage's so far. */
@@ -2529,7 +2544,13 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
     summary_skips(cfg, &m, f);
     summary_pipeline(cfg, f);
     summary_optimizer(cfg, f);
-    s = summary_fits(cfg, &m, NULL);
+    if (cfg->train.eval_batch_size > 0)
+        fprintf(f, "evaluation: batches of %lld samples (train.eval_batch_size)\n",
+                (long long)cfg->train.eval_batch_size);
+    else
+        fprintf(f, "evaluation: batches of %lld samples, the training batch (set "
+                   "train.eval_batch_size for another)\n", (long long)cfg->train.batch_size);
+    s = summary_fits(cfg, &m, NULL, true);
     summary_free(&m, devs, n);
     return s;
 }
