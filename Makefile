@@ -35,8 +35,19 @@ $(LICENSES):
 	/usr/bin/python3 "$(ROOT)/scripts/tokenize_text.py" encode -o "$(ROOT)/data/licenses" \
 	    --name licenses /usr/share/common-licenses/*
 
+# Snapshots go to runs/tiny-gpt/ (the config's train.snapshot), the final
+# weights to runs/tiny-gpt.safetensors; a second `make train-gpt` goes on
+# from the newest snapshot (a finished run: it only writes the weights).
 train-gpt: build $(LICENSES)
-	cd "$(ROOT)" && "$(abspath $(BUILD))/gpipe-train" configs/tiny-gpt.yaml
+	cd "$(ROOT)" && mkdir -p runs && \
+	if ls runs/tiny-gpt/snapshot-*.safetensors >/dev/null 2>&1; then \
+	  echo "runs/tiny-gpt/ holds an earlier run's snapshots: going on from the newest (rm -r runs/tiny-gpt to start afresh)"; \
+	  "$(abspath $(BUILD))/gpipe-train" configs/tiny-gpt.yaml --resume latest \
+	    --export-weights runs/tiny-gpt.safetensors; \
+	else \
+	  "$(abspath $(BUILD))/gpipe-train" configs/tiny-gpt.yaml \
+	    --export-weights runs/tiny-gpt.safetensors; \
+	fi
 
 test: build
 	cd "$(BUILD)" && ctest --output-on-failure -j 1

@@ -84,8 +84,8 @@ int main(void)
     gpt_binary_path(bin, sizeof bin, "gpipe-train");
     snprintf(cmd, sizeof cmd, "'%s' '%s/configs/tiny-gpt.yaml' --set data.path='%s' "
              "--set train.steps=%d --set train.batch_size=16 "
-             "--set train.schedule.warmup_steps=%d", bin, GPIPE_SOURCE_DIR, dir, steps,
-             san ? 5 : 20);
+             "--set train.schedule.warmup_steps=%d --set train.snapshot.dir='%s/snaps'", bin,
+             GPIPE_SOURCE_DIR, dir, steps, san ? 5 : 20, dir);
     rc = gpt_run_cmd(cmd, out, sizeof out);
     CHECK_MSG(rc == 0, "tiny-gpt: exit %d: %s", rc, out);
     const char *fin = strstr(out, "final: validation loss ");

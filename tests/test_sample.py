@@ -232,6 +232,18 @@ def nothing_lost(d, cfg, snap, weights, greedy):
               "an id past the vocabulary in the %s split, found at start: rc %d %r"
               % (split, rc, err))
 
+    # --convert: a snapshot's weights written, nothing trained, no data read
+    # (the data path does not exist): the very bytes the run exported
+    conv = os.path.join(d, "conv.safetensors")
+    rc, _, err = run(train, "--resume", snap, "--export-weights", conv, "--convert", "--set",
+                     "data.path=" + os.path.join(d, "no-such-data"))
+    check(rc == 0 and read(conv) == read(weights) and "nothing trained" in err,
+          "--convert writes the snapshot's weights: rc %d %r" % (rc, err))
+    rc, _, err = run(train, cfg, "--resume", "latest", "--convert")
+    check(rc == 2 and "--export-weights" in err, "--convert without an output: %r" % err)
+    rc, _, err = run(train, "--resume", snap, "--export-weights", snap, "--convert")
+    check(rc != 0 and "replace" in err, "--convert onto its own snapshot refused: %r" % err)
+
     lm = os.path.join(d, "v300.yaml")
     with open(lm, "w") as f:
         f.write("model:\n  input: [8]\n  loss: cross_entropy\n"

@@ -72,6 +72,9 @@ static void usage(FILE *f)
           "                     write the final weights, named as PyTorch's state_dict()\n"
           "                     of the equivalent nn.Sequential (docs/snapshots.md); with\n"
           "                     --resume and no steps left it just converts the snapshot\n"
+          "  --convert          with --resume S --export-weights OUT: write S's weights to\n"
+          "                     OUT (in --export-format) and stop: no step, no data read,\n"
+          "                     on one CPU device whatever devices the config names\n"
           "  --export-format F  what --export-weights writes: gpipe (the default), hf\n"
           "                     (Hugging Face's GPT-2 model.safetensors: Conv1D weights\n"
           "                     transposed) or llmc (llm.c's gpt2_124M.bin layout, FP32,\n"
@@ -335,6 +338,7 @@ int main(int argc, char **argv)
     int64_t trace_first = 0, trace_last = -1;
     const char **sets = calloc((size_t)argc, sizeof *sets);
     int n_sets = 0, dry = 0, progress = -1, quiet = 0, verbose = 0, export_format = 0;
+    int convert = 0;
     int set_value_at = -1; /* argv index of the last --set's value */
     gp_names_use_flags(); /* messages name --set, --resume, ... */
     if (!sets) return EXIT_RUNTIME;
@@ -396,6 +400,8 @@ int main(int argc, char **argv)
             tensorboard = a + 14;
         } else if (!strcmp(a, "--dry-run")) {
             dry = 1;
+        } else if (!strcmp(a, "--convert")) {
+            convert = 1;
         } else if (!strcmp(a, "--gpu") || !strncmp(a, "--gpu=", 6)) {
             if (a[5] == '=') {
                 gpu = a + 6;
@@ -430,6 +436,16 @@ int main(int argc, char **argv)
     if (!trace && (trace_first != 0 || trace_last != -1)) {
         fputs("gpipe-train: --trace-steps chooses the steps --trace records; give --trace "
               "FILE.json too\n", stderr);
+        free(sets);
+        return EXIT_USAGE;
+    }
+    if (convert && (!resume || !export || dry || metrics || trace || tensorboard)) {
+        fputs(!resume || !export
+                  ? "gpipe-train: --convert writes a snapshot's weights: give --resume SNAPSHOT "
+                    "(or latest) and --export-weights OUT\n"
+                  : "gpipe-train: --convert trains nothing, so it writes no --metrics, --trace "
+                    "or --tensorboard and has no --dry-run; leave them out\n",
+              stderr);
         free(sets);
         return EXIT_USAGE;
     }
@@ -528,6 +544,22 @@ int main(int argc, char **argv)
                      trace + stem);
             trace = rank_trace;
         }
+    }
+    if (convert && gp_procs_size() > 1) {
+        if (rank == 0)
+            fputs("gpipe-train: --convert runs in one process: run it without mpirun\n", stderr);
+        gp_config_free(&cfg);
+        gp_procs_finalize();
+        return EXIT_USAGE;
+    }
+    if (convert) {
+        gp_train_opts o = {.quiet = quiet, .resume_path = resume, .export_path = export,
+                           .export_format = export_format};
+        s = gp_train_convert(&cfg, &o);
+        if (s != GP_OK) fprintf(stderr, "gpipe-train: %s\n", gp_last_error());
+        gp_config_free(&cfg);
+        gp_procs_finalize();
+        return gp_status_exit_code(s);
     }
     if (dry && gp_procs_size() > 1) {
         if (rank == 0)

@@ -373,6 +373,12 @@ typedef struct gp_train_result {
  * that the caller closes after gp_model_free. */
 gp_status gp_train_open(const gp_config *cfg, gp_device **devs, gp_model *model, bool quiet);
 
+/* Convert a snapshot: opts->resume_path's weights (a path or "latest")
+ * written to opts->export_path in opts->export_format, nothing trained
+ * and no data read (the model built on one CPU device, whatever devices
+ * the config names).  Outputs checked first, as gp_train_run checks them. */
+gp_status gp_train_convert(const gp_config *cfg, const gp_train_opts *opts);
+
 /* Load data, build the model, train and evaluate as the config says. */
 gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts,
                        gp_train_result *res);

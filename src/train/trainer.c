@@ -2008,6 +2008,39 @@ gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts, gp_train
     return run_close(&r, s);
 }
 
+gp_status gp_train_convert(const gp_config *cfg, const gp_train_opts *opts)
+{
+    if (!opts->resume_path || !opts->export_path)
+        return gp_error_set(GP_ERR_INVALID, "a conversion reads a snapshot (%s) and writes "
+                            "its weights (%s): give both", gp_opt_name(GP_OPT_RESUME),
+                            gp_opt_name(GP_OPT_EXPORT));
+    char path[4200];
+    snprintf(path, sizeof path, "%s", opts->resume_path);
+    if (!strcmp(path, "latest")) {
+        GP_TRY(gp_snapshot_resume_check(path, cfg->train.snapshot.dir));
+        GP_TRY(gp_snapshot_latest(cfg->train.snapshot.dir, path, sizeof path));
+    }
+    gp_train_opts o = *opts;
+    o.resume_path = path;
+    GP_TRY(gp_check_writable_file(o.export_path, gp_opt_name(GP_OPT_EXPORT), true));
+    GP_TRY(check_outputs_spare_inputs(cfg, &o, NULL, NULL));
+    gp_device *dev = NULL;
+    gp_device_opts dopts = {.threads = 0};
+    GP_TRY(gp_device_open("cpu:0", &dopts, &dev));
+    gp_model m = {0};
+    gp_status s = gp_model_build(cfg, dev, &m);
+    gp_snapshot_pos pos = {0};
+    if (s == GP_OK) s = gp_gpt_export_check(&m, (gp_weights_format)o.export_format, false);
+    if (s == GP_OK) s = gp_snapshot_restore(&m, cfg, path, o.quiet, &pos, NULL);
+    if (s == GP_OK) s = gp_gpt_export(&m, cfg, o.export_path, (gp_weights_format)o.export_format);
+    if (s == GP_OK && !o.quiet)
+        GP_INFO("the weights of %s (step %lld) written to %s; nothing trained", path,
+                (long long)m.step, o.export_path);
+    if (m.layers) gp_model_free(&m);
+    gp_device_close(dev);
+    return s;
+}
+
 /* The devices a summary asks about layouts and workspaces: each of the
  * pipeline's first n opened as a run opens it (nothing is allocated on
  * it), or NULL where it cannot be opened here (a cuda:N on a machine
