@@ -444,6 +444,57 @@ static void test_profile_identity(const gp_config *cfg, const gp_profile *q, con
     remove(p2);
 }
 
+/* Identical layers are measured once (a GPT's blocks): flatten, then
+ * linear 64 -> relu -> linear 64 -> relu three times over, with names,
+ * then a last linear.  Each repeat takes its first's times and bytes (the
+ * very values) under its own description; a layer of other width, the
+ * first trainable one and the last are measured themselves. */
+static void test_profile_twins(void)
+{
+    enum { L = 9 };
+    gp_layer_spec s[L];
+    s[0] = gp_layer_spec_default(GP_LAYER_FLATTEN);
+    for (int k = 1; k <= 6; k++) {
+        s[k] = gp_layer_spec_default(k % 2 ? GP_LAYER_LINEAR : GP_LAYER_RELU);
+        s[k].out = 64;
+        snprintf(s[k].name, sizeof s[k].name, "b%d", k);
+    }
+    s[7] = gp_layer_spec_default(GP_LAYER_LINEAR);
+    s[7].out = 32; /* another width: its own measurement */
+    s[8] = gp_layer_spec_default(GP_LAYER_LINEAR);
+    s[8].out = 10;
+    int64_t in[3] = {64, 1, 1};
+    gp_profile_opts o = popts(32);
+    o.warmup = 0;
+    o.reps = 1;
+    gp_profile p;
+    CHECK_OK(gp_profile_run(s, L, in, &o, &p));
+    if (p.L != L) return;
+    /* layer 1 is the first trainable (no dx): 3 and 5 are layer 3's twins
+     * not its; the relus 2, 4, 6 are 2's */
+    const int twin[L] = {-1, -1, -1, -1, 2, 3, 4, -1, -1};
+    for (int k = 0; k < L; k++) {
+        int j = twin[k];
+        if (j < 0) continue;
+        CHECK_MSG(!memcmp(&p.t[k], &p.t[j], sizeof p.t[k]), "layer %d's times are not layer "
+                  "%d's", k, j);
+        CHECK_MSG(p.mem[k].keep_per_sample == p.mem[j].keep_per_sample &&
+                      p.mem[k].param_bytes == p.mem[j].param_bytes &&
+                      p.mem[k].workspace_bytes == p.mem[j].workspace_bytes,
+                  "layer %d's bytes are not layer %d's", k, j);
+        char name[8];
+        snprintf(name, sizeof name, "'b%d'", k);
+        CHECK_MSG(strstr(p.mem[k].desc, name) != NULL, "layer %d described as '%s'", k,
+                  p.mem[k].desc);
+    }
+    /* the measured ones are measurements of their own (times > 0) */
+    for (int k = 1; k < L; k++)
+        CHECK_MSG(p.t[k].fwd > 0, "layer %d: forward %g s", k, p.t[k].fwd);
+    CHECK(p.mem[7].param_bytes != p.mem[3].param_bytes);
+    CHECK(p.first_trainable == 1);
+    gp_profile_free(&p);
+}
+
 static void test_profiler(void)
 {
     /* flatten + linear; the two models differ only in the linear's width */
@@ -1693,6 +1744,7 @@ int main(void)
     test_replica_batch();
     test_profile_search();
     test_profiler();
+    test_profile_twins();
     /* The partitioner, planner and simulator checks run on one thread and
      * touch no device: ThreadSanitizer has nothing to check in them, and
      * under it they took most of test_balance's time (146 s of CI's TSan

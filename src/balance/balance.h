@@ -178,6 +178,9 @@ typedef struct gp_profile_opts {
     gp_loss_kind loss;      /* the loss timed on the last layer's output
                                (default cross-entropy) */
     float label_smoothing;  /* its label smoothing (cross-entropy; 0: none) */
+    bool say;               /* log what it profiles and, on a long profile,
+                               its progress and the time left (a run's
+                               balance: auto; gpipe-balance says its own) */
 } gp_profile_opts;
 
 /* Profile the model given by its layer specs and per-sample input (C, H, W).

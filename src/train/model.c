@@ -294,7 +294,7 @@ gp_status gp_model_profile(const gp_config *cfg, const gp_model_profile_opts *o,
                           .batch = batch, .chunks = m,
                           .optim_slots = optim_slots(cfg),
                           .seed = cfg->train.seed, .loss = cfg->model.loss,
-                          .label_smoothing = cfg->model.label_smoothing};
+                          .label_smoothing = cfg->model.label_smoothing, .say = o->say};
     /* Every CPU device of the run (all replicas) computes at once. */
     int n_cpu = gp_pipeline_cpu_devices(pc);
     if (!o->alone && gp_device_spec_is_cpu(&pc->devices[0]) && n_cpu > 1) po.contend = n_cpu - 1;
@@ -369,7 +369,7 @@ gp_status gp_model_balance_flops(const gp_config *cfg, int n, int *balance)
     return s;
 }
 
-gp_status gp_model_balance(const gp_config *cfg, int n, int *balance)
+gp_status gp_model_balance(const gp_config *cfg, int n, int *balance, bool quiet)
 {
     const gp_pipeline_config *pc = &cfg->pipeline;
     int L = cfg->model.n_layers;
@@ -400,7 +400,7 @@ gp_status gp_model_balance(const gp_config *cfg, int n, int *balance)
      * stays quick: profile every layer at the configured micro-batch size
      * on stage 0's kind of device, then the exact min-max partition of the
      * stage times subject to each device's memory. */
-    gp_model_profile_opts mo = {.warmup = 1, .reps = 3, .timed = true};
+    gp_model_profile_opts mo = {.warmup = 1, .reps = 3, .timed = true, .say = !quiet};
     gp_profile prof;
     s = gp_model_profile(cfg, &mo, &prof);
     if (s != GP_OK) return s;

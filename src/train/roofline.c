@@ -95,7 +95,7 @@ gp_status gp_model_roofline(const gp_config *cfg, const char *gpu, FILE *f)
                             "or h200", gpu);
     int S = cfg->pipeline.n_devices * gp_model_virtual(cfg), balance[GP_MAX_DEVICES];
     if (cfg->pipeline.n_balance == S) {
-        GP_TRY(gp_model_balance(cfg, S, balance));
+        GP_TRY(gp_model_balance(cfg, S, balance, true));
     } else { /* the split does not change the sums */
         for (int j = 0; j < S; j++) balance[j] = j == 0 ? cfg->model.n_layers - (S - 1) : 1;
     }

@@ -172,7 +172,7 @@ gp_status gp_model_costs(const gp_config *cfg, int64_t batch, double *costs);
  *     every device's memory capacity as a constraint;
  *   - with the environment variable GPIPE_BALANCE=flops, gp_model_costs
  *     (estimated FLOPs; fast and deterministic, no memory check). */
-gp_status gp_model_balance(const gp_config *cfg, int n, int *balance);
+gp_status gp_model_balance(const gp_config *cfg, int n, int *balance, bool quiet);
 /* The min-max partition over n stages of the estimated FLOPs alone (what
  * GPIPE_BALANCE=flops uses, and --dry-run's summary for `auto`). */
 gp_status gp_model_balance_flops(const gp_config *cfg, int n, int *balance);
@@ -192,6 +192,7 @@ typedef struct gp_model_profile_opts {
     bool alone;              /* time each layer alone; default: with the other
                                 CPU devices of the run loaded (gp_profile_opts
                                 contend) */
+    bool say;                /* gp_profile_opts.say */
 } gp_model_profile_opts;
 gp_status gp_model_profile(const gp_config *cfg, const gp_model_profile_opts *o,
                            struct gp_profile *out);

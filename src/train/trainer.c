@@ -745,7 +745,7 @@ gp_status gp_train_open(const gp_config *cfg, gp_device **devs, gp_model *model,
          * its split, or its failure */
         int msg[1 + GP_MAX_DEVICES] = {0};
         gp_status bs = GP_OK;
-        if (gp_procs_rank() == 0) msg[0] = (int)(bs = gp_model_balance(cfg, S, msg + 1));
+        if (gp_procs_rank() == 0) msg[0] = (int)(bs = gp_model_balance(cfg, S, msg + 1, quiet));
         GP_TRY(gp_procs_bcast(msg, sizeof msg, 0));
         if (bs != GP_OK) return bs;
         if (msg[0] != GP_OK)
@@ -753,7 +753,7 @@ gp_status gp_train_open(const gp_config *cfg, gp_device **devs, gp_model *model,
                                 "message says why)");
         memcpy(balance, msg + 1, sizeof balance);
     } else {
-        GP_TRY(gp_model_balance(cfg, S, balance));
+        GP_TRY(gp_model_balance(cfg, S, balance, quiet));
     }
     /* A capacity the stages' weights, gradients and optimizer state do not
      * fit is said as --dry-run says it, naming the device and what would
@@ -2538,7 +2538,7 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
         flops_split = true;
     }
     int balance[GP_MAX_DEVICES];
-    GP_TRY(gp_model_balance(cfg, S, balance));
+    GP_TRY(gp_model_balance(cfg, S, balance, true));
     /* The model as shapes (gp_model_build_meta): nothing is allocated, so
      * the summary takes no time or memory whatever the model's size, and
      * needs none of the devices it names. */

@@ -41,7 +41,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         int bal[GP_MAX_DEVICES];
         /* a given balance is checked (gp_model_balance); auto, split by FLOPs */
         if (stages > 1 && stages <= GP_MAX_DEVICES && np > 0 &&
-            (cfg.pipeline.n_balance > 0 ? gp_model_balance(&cfg, stages, bal)
+            (cfg.pipeline.n_balance > 0 ? gp_model_balance(&cfg, stages, bal, true)
                                         : gp_model_balance_flops(&cfg, stages, bal)) != GP_OK &&
             !gp_last_error()[0])
             abort();
