@@ -505,6 +505,41 @@ static void test_cli_errors(void)
 /* An evaluation batch (train.eval_batch_size 1000) that does not fit a
  * device's capacity where training does is halved until it fits, said in
  * a warning, and scores what a run with that batch size scores. */
+/* balance: auto's profile kept in the cache and reused by the next run of
+ * the same model, batch, device and build (the same split, no profiling);
+ * another batch profiles again. */
+static void test_profile_cache(void)
+{
+    char out[16384], cmd[4096], cfg[512], cache[512];
+    snprintf(cfg, sizeof cfg, "%s/pcache.yaml", tmpdir);
+    snprintf(cache, sizeof cache, "%s/pcache", tmpdir);
+    write_file(cfg, "model:\n  input: [1, 8, 8]\n  layers: [flatten, {linear: {out: 64}}, relu, "
+                    "{linear: {out: 64}}, relu, {linear: {out: 10}}]\n"
+                    "pipeline: {devices: [cpu:0, cpu:1], chunks: 2}\n"
+                    "data: {dataset: synthetic, synthetic: {train: 64, test: 16, classes: 10, "
+                    "shape: [1, 8, 8]}}\ntrain: {batch_size: 16, steps: 1, log_every: 0}\n");
+    char split[3][256] = {"", "", ""};
+    for (int run_i = 0; run_i < 3; run_i++) {
+        snprintf(cmd, sizeof cmd, "env -u GPIPE_BALANCE GPIPE_PROFILE_CACHE='%s' %s %s "
+                 "--no-progress%s", cache, bin, cfg,
+                 run_i == 2 ? " --set train.batch_size=32" : "");
+        int rc = run(cmd, out, sizeof out);
+        const char *b = strstr(out, "balance (auto, by profiled time): ");
+        if (b) snprintf(split[run_i], sizeof split[run_i], "%.*s", (int)strcspn(b, "\n"), b);
+        bool kept = strstr(out, "balance: the profile kept at ") != NULL;
+        bool reused = strstr(out, "balance: the profile of this model, batch, device and build "
+                                  "from the cache") != NULL;
+        bool profiled = strstr(out, "balance: profiling ") != NULL;
+        CHECK_MSG(rc == 0 && b, "run %d: exit %d: %.2000s", run_i, rc, out);
+        if (run_i == 1)
+            CHECK_MSG(reused && !profiled && !kept && !strcmp(split[0], split[1]),
+                      "the second run reuses the first's profile: %.2000s", out);
+        else
+            CHECK_MSG(profiled && kept && !reused, "run %d profiles and keeps it: %.2000s",
+                      run_i, out);
+    }
+}
+
 static void test_eval_fits(void)
 {
     char out[16384], cmd[4096], cfg[512];
@@ -1726,6 +1761,7 @@ int main(void)
     test_balance_profile_in();
     test_outputs_spare_inputs();
     test_eval_fits();
+    test_profile_cache();
     test_determinism();
     test_stages_share_device();
     test_shipped_models_train();

@@ -12,10 +12,12 @@
 #include "train/train.h"
 #include "balance/balance.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static gp_status build_placed(const gp_config *cfg, gp_device *const *devs, int n, int v,
@@ -281,7 +283,9 @@ int gp_model_device_threads(const gp_pipeline_config *pc, int d)
     return t < 1 ? 1 : t;
 }
 
-gp_status gp_model_profile(const gp_config *cfg, const gp_model_profile_opts *o, gp_profile *out)
+/* The profiler's options for cfg as gp_model_profile takes its profile. */
+static void model_profile_opts(const gp_config *cfg, const gp_model_profile_opts *o,
+                               gp_profile_opts *out)
 {
     const gp_pipeline_config *pc = &cfg->pipeline;
     int m = pc->chunks;
@@ -305,6 +309,13 @@ gp_status gp_model_profile(const gp_config *cfg, const gp_model_profile_opts *o,
         po.n_sizes = 1;
         po.sizes[0] = mb > 0 ? mb : 1;
     }
+    *out = po;
+}
+
+gp_status gp_model_profile(const gp_config *cfg, const gp_model_profile_opts *o, gp_profile *out)
+{
+    gp_profile_opts po;
+    model_profile_opts(cfg, o, &po);
     GP_TRY(gp_profile_run(cfg->model.layers, cfg->model.n_layers, cfg->model.input, &po, out));
     out->bf16_copies = gp_config_bf16_copies(cfg);
     out->act_dtype = (int)gp_config_act_dtype(cfg);
@@ -369,6 +380,125 @@ gp_status gp_model_balance_flops(const gp_config *cfg, int n, int *balance)
     return s;
 }
 
+/* ---- balance: auto's profiles, kept and reused ------------------------------
+ *
+ * A profile depends on the model, the batch, the device and the build; a
+ * run that finds one taken for all of those reuses it instead of
+ * profiling again.  The cache is GPIPE_PROFILE_CACHE's directory, else
+ * $XDG_CACHE_HOME/gpipe/profiles, else ~/.cache/gpipe/profiles;
+ * GPIPE_PROFILE_CACHE=off keeps none (the tests run so). */
+
+static uint64_t fnv(uint64_t h, const char *s)
+{
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+    return h;
+}
+
+/* This machine's processor, as /proc/cpuinfo names it ("" if unknown). */
+static void cpu_model(char *out, size_t len)
+{
+    out[0] = '\0';
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[512];
+    while (f && fgets(line, sizeof line, f)) {
+        if (strncmp(line, "model name", 10)) continue;
+        const char *c = strchr(line, ':');
+        if (c) snprintf(out, len, "%.*s", (int)strcspn(c + 2, "\n"), c + 2);
+        break;
+    }
+    if (f) fclose(f);
+}
+
+/* The cache file for a profile of cfg taken with po; false when there is
+ * no cache (off, or no home). */
+static bool profile_cache_path(const gp_config *cfg, const gp_profile_opts *po, char *path,
+                               size_t len)
+{
+    const char *env = getenv("GPIPE_PROFILE_CACHE"), *xdg = getenv("XDG_CACHE_HOME");
+    const char *home = getenv("HOME");
+    char dir[1024];
+    if (env && (!strcmp(env, "off") || !strcmp(env, "0") || !env[0])) return false;
+    if (env) snprintf(dir, sizeof dir, "%s", env);
+    else if (xdg && xdg[0]) snprintf(dir, sizeof dir, "%s/gpipe/profiles", xdg);
+    else if (home && home[0]) snprintf(dir, sizeof dir, "%s/.cache/gpipe/profiles", home);
+    else return false;
+    char key[1536], cpu[256];
+    cpu_model(cpu, sizeof cpu);
+    snprintf(key, sizeof key, "gpipe %d.%d.%d built %s %s|model %016llx|%s threads %d contend "
+             "%d precision %d deterministic %d|batch %lld chunks %d micro-batch %lld|optimizer "
+             "%d loss %d %g|acts %d copies %d|cpu %s", GPIPE_VERSION_MAJOR, GPIPE_VERSION_MINOR,
+             GPIPE_VERSION_PATCH, __DATE__, __TIME__,
+             (unsigned long long)gp_profile_model_hash(cfg->model.layers, cfg->model.n_layers,
+                                                       cfg->model.input),
+             po->device, po->threads, po->contend, po->precision, (int)po->deterministic,
+             (long long)po->batch, po->chunks, (long long)po->sizes[0], po->optim_slots,
+             (int)po->loss, (double)po->label_smoothing, (int)gp_config_act_dtype(cfg),
+             (int)gp_config_bf16_copies(cfg), cpu);
+    snprintf(path, len, "%s/%016llx.json", dir,
+             (unsigned long long)fnv(0xcbf29ce484222325ull, key));
+    return strlen(dir) + 24 < len;
+}
+
+/* mkdir -p of path's directory; false if it cannot be made. */
+static bool make_parent(const char *path)
+{
+    char d[1200];
+    if (strlen(path) >= sizeof d) return false;
+    memcpy(d, path, strlen(path) + 1);
+    char *slash = strrchr(d, '/');
+    if (!slash) return true;
+    *slash = '\0';
+    for (char *p = d + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(d, 0755) != 0 && errno != EEXIST) return false;
+        *p = '/';
+    }
+    return mkdir(d, 0755) == 0 || errno == EEXIST;
+}
+
+/* balance: auto's profile: the cached one where it fits this run, else
+ * taken (and kept for the next run). */
+static gp_status balance_profile(const gp_config *cfg, bool quiet, gp_profile *prof)
+{
+    gp_model_profile_opts mo = {.warmup = 1, .reps = 3, .timed = true, .say = !quiet};
+    gp_profile_opts po;
+    model_profile_opts(cfg, &mo, &po);
+    char path[1200];
+    bool cache = profile_cache_path(cfg, &po, path, sizeof path);
+    if (cache && access(path, F_OK) == 0) {
+        gp_status s = gp_profile_load(path, prof);
+        if (s == GP_OK)
+            s = gp_profile_check_model(prof, path, cfg->model.layers, cfg->model.n_layers,
+                                       cfg->model.input);
+        if (s == GP_OK && (prof->n_sizes != 1 || prof->sizes[0] != po.sizes[0] || !prof->timed))
+            s = gp_error_set(GP_ERR_INVALID, "another micro-batch size");
+        if (s == GP_OK) {
+            prof->bf16_copies = gp_config_bf16_copies(cfg);
+            prof->act_dtype = (int)gp_config_act_dtype(cfg);
+            if (!quiet)
+                GP_INFO("balance: the profile of this model, batch, device and build from the "
+                        "cache (%s; GPIPE_PROFILE_CACHE=off profiles afresh)", path);
+            return GP_OK;
+        }
+        GP_DEBUG("balance: the cached profile %s does not fit (%s): profiling", path,
+                 gp_last_error());
+        gp_error_clear();
+        gp_profile_free(prof);
+    }
+    GP_TRY(gp_model_profile(cfg, &mo, prof));
+    if (cache) {
+        if (make_parent(path) && gp_profile_save(prof, path) == GP_OK) {
+            if (!quiet) GP_INFO("balance: the profile kept at %s for the next run", path);
+        } else {
+            GP_DEBUG("balance: could not keep the profile at %s: %s", path,
+                     gp_last_error());
+            gp_error_clear();
+        }
+    }
+    return GP_OK;
+}
+
 gp_status gp_model_balance(const gp_config *cfg, int n, int *balance, bool quiet)
 {
     const gp_pipeline_config *pc = &cfg->pipeline;
@@ -400,9 +530,8 @@ gp_status gp_model_balance(const gp_config *cfg, int n, int *balance, bool quiet
      * stays quick: profile every layer at the configured micro-batch size
      * on stage 0's kind of device, then the exact min-max partition of the
      * stage times subject to each device's memory. */
-    gp_model_profile_opts mo = {.warmup = 1, .reps = 3, .timed = true, .say = !quiet};
     gp_profile prof;
-    s = gp_model_profile(cfg, &mo, &prof);
+    s = balance_profile(cfg, quiet, &prof);
     if (s != GP_OK) return s;
     gp_plan_opts po;
     gp_model_plan_opts(cfg, n, &po);
