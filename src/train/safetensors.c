@@ -329,27 +329,44 @@ static gp_status check_layout(gp_st_file *f)
 /* gp_st_parse, or with file_len > len the header alone: buf holds the
  * file's first len bytes (the length and the header), the data section
  * is file_len - 8 - header bytes and not read (tensors' data NULL). */
+static gp_status parse_buf(const char *name, const uint8_t *buf, uint8_t *own, size_t len,
+                           size_t file_len, gp_st_file *out);
+
 static gp_status parse(const char *name, const uint8_t *buf, size_t len, size_t file_len,
                        gp_st_file *out)
 {
+    return parse_buf(name, buf, NULL, len, file_len, out);
+}
+
+/* parse, the image being `own` (malloc'd: taken, freed on failure) where
+ * given, else a copy of buf. */
+static gp_status parse_buf(const char *name, const uint8_t *buf, uint8_t *own, size_t len,
+                           size_t file_len, gp_st_file *out)
+{
     memset(out, 0, sizeof *out);
+    if (own) buf = own;
+    gp_status s0 = GP_OK;
     if (!name) name = "<safetensors>";
     snprintf(out->source, sizeof out->source, "%s", name);
-    if (len < 8)
-        return gp_error_set(GP_ERR_DATA, "%s: not a safetensors file: %zu bytes, shorter than "
-                                         "the 8-byte header length", name, len);
-    uint64_t hl = get_le64(buf);
+    uint64_t hl = len >= 8 ? get_le64(buf) : 0;
     bool header_only = file_len > len;
-    if (hl > GP_ST_MAX_HEADER || hl > len - 8)
-        return gp_error_set(GP_ERR_DATA, "%s: not a safetensors file (or truncated): header "
-                                         "length %llu but the file has %zu bytes", name,
-                            (unsigned long long)hl, len);
-    if (hl < 2 || buf[8] != '{')
-        return gp_error_set(GP_ERR_DATA, "%s: not a safetensors file: the header does not "
-                                         "start with '{'", name);
-    out->image = malloc(len);
+    if (len < 8)
+        s0 = gp_error_set(GP_ERR_DATA, "%s: not a safetensors file: %zu bytes, shorter than "
+                                       "the 8-byte header length", name, len);
+    else if (hl > GP_ST_MAX_HEADER || hl > len - 8)
+        s0 = gp_error_set(GP_ERR_DATA, "%s: not a safetensors file (or truncated): header "
+                                       "length %llu but the file has %zu bytes", name,
+                          (unsigned long long)hl, len);
+    else if (hl < 2 || buf[8] != '{')
+        s0 = gp_error_set(GP_ERR_DATA, "%s: not a safetensors file: the header does not "
+                                       "start with '{'", name);
+    if (s0 != GP_OK) {
+        free(own);
+        return s0;
+    }
+    out->image = own ? own : malloc(len);
     if (!out->image) return gp_error_set(GP_ERR_OOM, "%s: out of host memory (%zu bytes)", name, len);
-    memcpy(out->image, buf, len);
+    if (!own) memcpy(out->image, buf, len);
     out->data = header_only ? NULL : out->image + 8 + hl;
     out->data_len = file_len - 8 - hl;
     gp_json_reader r;
@@ -443,9 +460,7 @@ gp_status gp_st_read(const char *path, gp_st_file *out)
         free(buf);
         return gp_error_set(GP_ERR_IO, "cannot read '%s' (%zu of %zu bytes)", path, got, len);
     }
-    gp_status s = gp_st_parse(path, buf, len, out);
-    free(buf);
-    return s;
+    return parse_buf(path, NULL, buf, len, len, out); /* the image is buf: one copy */
 }
 
 void gp_st_free(gp_st_file *f)
@@ -797,6 +812,31 @@ gp_status gp_st_serialize(gp_st_writer *w, uint8_t **out, size_t *len)
     *out = b;
     *len = total;
     return GP_OK;
+}
+
+gp_status gp_st_writer_to_file(gp_st_writer *w, const char *source, gp_st_file *out)
+{
+    memset(out, 0, sizeof *out);
+    gp_json_writer h = {0};
+    GP_TRY(build_header(w, &h));
+    size_t total = 8 + h.len + (size_t)w->data_len;
+    uint8_t *b = malloc(total); /* (large: mapped pages, resident once written) */
+    if (!b) {
+        gp_json_writer_free(&h);
+        return gp_error_set(GP_ERR_OOM, "out of host memory (%zu bytes) for %s", total, source);
+    }
+    le64(b, h.len);
+    memcpy(b + 8, h.text, h.len);
+    /* each tensor's buffer freed once copied: the two never hold all of
+     * it twice */
+    for (int i = 0; i < w->n; i++) {
+        gp_st_tensor *t = &w->tensors[i];
+        memcpy(b + 8 + h.len + t->begin, t->data, (size_t)(t->end - t->begin));
+        slot_free(t);
+        t->data = NULL;
+    }
+    gp_json_writer_free(&h);
+    return parse_buf(source, NULL, b, total, total, out);
 }
 
 static void sleep_ms(long ms)

@@ -137,6 +137,10 @@ gp_status gp_st_writer_meta(gp_st_writer *w, const char *key, const char *value)
 gp_status gp_st_write_atomic(gp_st_writer *w, const char *path);
 /* The serialised file in memory (tests, fuzz seeds); *out is malloc'd. */
 gp_status gp_st_serialize(gp_st_writer *w, uint8_t **out, size_t *len);
+/* The file w holds, as a parsed gp_st_file named `source` in messages:
+ * each tensor's buffer is freed once it is copied into the image (w keeps
+ * only names), so converting a file never holds its tensors twice. */
+gp_status gp_st_writer_to_file(gp_st_writer *w, const char *source, gp_st_file *out);
 void gp_st_writer_free(gp_st_writer *w);
 
 /* ---- models <-> files -------------------------------------------------- */
