@@ -351,10 +351,22 @@ static int run_sampler(const sample_opts *o)
     gp_run_info info;
     if (st == GP_OK) st = check_out(s.run, o);
     if (st == GP_OK) st = gp_run_prepare(s.run);
-    if (st == GP_OK && o->resume) st = gp_run_restore(s.run, o->resume);
-    if (st == GP_OK) st = gp_run_describe(s.run, &info);
+    bool restoring = false;
+    if (st == GP_OK && o->resume) {
+        restoring = true;
+        st = gp_run_restore(s.run, o->resume);
+    }
+    if (st == GP_OK) {
+        restoring = false;
+        st = gp_run_describe(s.run, &info);
+    }
     if (st != GP_OK) {
-        fprintf(stderr, "gpipe-sample: %s\n", gp_last_error());
+        /* the library's name for the call is this tool's --resume */
+        const char *msg = gp_last_error(), *lib = "gp_run_restore: ";
+        if (restoring && !strncmp(msg, lib, strlen(lib)))
+            fprintf(stderr, "gpipe-sample: --resume: %s\n", msg + strlen(lib));
+        else
+            fprintf(stderr, "gpipe-sample: %s\n", msg);
         gp_run_free(s.run);
         return gp_status_exit_code(st);
     }
