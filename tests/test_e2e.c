@@ -502,9 +502,6 @@ static void test_cli_errors(void)
                   !strstr(out, "pipeline.balance=auto"), "an empty config: %s", out);
 }
 
-/* An evaluation batch (train.eval_batch_size 1000) that does not fit a
- * device's capacity where training does is halved until it fits, said in
- * a warning, and scores what a run with that batch size scores. */
 /* balance: auto's profile kept in the cache and reused by the next run of
  * the same model, batch, device and build (the same split, no profiling);
  * another batch profiles again. */
@@ -540,6 +537,9 @@ static void test_profile_cache(void)
     }
 }
 
+/* An evaluation batch (train.eval_batch_size 1000) that does not fit a
+ * device's capacity where training does is halved until it fits, said in
+ * a warning, and scores what a run with that batch size scores. */
 static void test_eval_fits(void)
 {
     char out[16384], cmd[4096], cfg[512];

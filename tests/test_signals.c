@@ -384,21 +384,33 @@ static bool has_temporary(const char *dir)
     return yes;
 }
 
-static void test_second_signal(void)
+/* A run whose only snapshot before the end is a stop's, which pauses
+ * slow_ms halfway, into dir, its metrics into met and its log into log
+ * (tmpdir/<tag>, .jsonl, .txt), once it has taken 2 steps; -1 if it never
+ * did. */
+static pid_t start_slow_stop(const char *tag, const char *slow_ms, char dir[300],
+                             char met[300], char log[300])
 {
-    char dir[300], met[300], log[300], set_dir[400];
-    tmp_path(dir, sizeof dir, "s2");
-    tmp_path(met, sizeof met, "s2.jsonl");
-    tmp_path(log, sizeof log, "s2.txt");
+    char name[64], set_dir[400];
+    tmp_path(dir, 300, tag);
+    snprintf(name, sizeof name, "%s.jsonl", tag);
+    tmp_path(met, 300, name);
+    snprintf(name, sizeof name, "%s.txt", tag);
+    tmp_path(log, 300, name);
     snprintf(set_dir, sizeof set_dir, "train.snapshot.dir=%s", dir);
-    /* the only snapshot before the end is the stop's, and it pauses 5 s
-     * halfway */
     char *argv[] = {bin, conf, "--no-progress", "--metrics", met, "--set",
                     "train.snapshot.every_steps=1000", "--set", set_dir, NULL};
-    pid_t pid = spawn(bin, argv, log, "5000");
+    pid_t pid = spawn(bin, argv, log, slow_ms);
     bool stepping = wait_lines(met, 2, pid);
     CHECK(stepping);
-    if (!stepping) return;
+    return stepping ? pid : -1;
+}
+
+static void test_second_signal(void)
+{
+    char dir[300], met[300], log[300];
+    pid_t pid = start_slow_stop("s2", "5000", dir, met, log); /* the write pauses 5 s */
+    if (pid < 0) return;
     kill(pid, SIGINT);
     double t0 = gp_now();
     while (!has_temporary(dir) && gp_now() - t0 < 60) sleep_ms(1);
@@ -425,19 +437,11 @@ static void test_second_signal(void)
 
 static void test_group_signal(void)
 {
-    char dir[300], met[300], log[300], set_dir[400];
-    tmp_path(dir, sizeof dir, "gs");
-    tmp_path(met, sizeof met, "gs.jsonl");
-    tmp_path(log, sizeof log, "gs.txt");
-    snprintf(set_dir, sizeof set_dir, "train.snapshot.dir=%s", dir);
-    /* the only snapshot is the stop's, slowed so that the repeat lands
-     * while it is written */
-    char *argv[] = {bin, conf, "--no-progress", "--metrics", met, "--set",
-                    "train.snapshot.every_steps=1000", "--set", set_dir, NULL};
-    pid_t pid = spawn(bin, argv, log, "1500");
-    bool stepping = wait_lines(met, 2, pid);
-    CHECK(stepping);
-    if (!stepping) return;
+    char dir[300], met[300], log[300];
+    /* the stop's snapshot slowed so that the repeat lands while it is
+     * written */
+    pid_t pid = start_slow_stop("gs", "1500", dir, met, log);
+    if (pid < 0) return;
     kill(pid, SIGTERM); /* as GNU timeout: the process ... */
     sleep_ms(0.05);
     kill(pid, SIGTERM); /* ... then its group */
