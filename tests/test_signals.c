@@ -391,12 +391,10 @@ static bool has_temporary(const char *dir)
 static pid_t start_slow_stop(const char *tag, const char *slow_ms, char dir[300],
                              char met[300], char log[300])
 {
-    char name[64], set_dir[400];
-    tmp_path(dir, 300, tag);
-    snprintf(name, sizeof name, "%s.jsonl", tag);
-    tmp_path(met, 300, name);
-    snprintf(name, sizeof name, "%s.txt", tag);
-    tmp_path(log, 300, name);
+    char set_dir[400];
+    snprintf(dir, 300, "%s/%.16s", tmpdir, tag);
+    snprintf(met, 300, "%s/%.16s.jsonl", tmpdir, tag);
+    snprintf(log, 300, "%s/%.16s.txt", tmpdir, tag);
     snprintf(set_dir, sizeof set_dir, "train.snapshot.dir=%s", dir);
     char *argv[] = {bin, conf, "--no-progress", "--metrics", met, "--set",
                     "train.snapshot.every_steps=1000", "--set", set_dir, NULL};
