@@ -692,6 +692,18 @@ static void pad_round_trip(gp_device *dev, bool tie, gp_weights_format fmt, bool
                   hdr[7]);
         free(b);
     }
+    if (s == GP_OK && fmt != GP_WEIGHTS_GPIPE) {
+        /* read lazily (issue 65, 12): the converted file holds no tensor's
+         * data, each is read and converted as the model takes it */
+        gp_st_file g;
+        bool conv = false;
+        CHECK_OK(gp_gpt_read(&t, path, &g, &conv));
+        bool none = conv && g.fetch && !g.image && g.n > 0;
+        for (int i = 0; i < g.n && none; i++) none = !g.tensors[i].data;
+        CHECK_MSG(none, "%s: the converted file holds its tensors (%d of them, image %s)",
+                  names[fmt], g.n, g.image ? "held" : "none");
+        gp_st_free(&g);
+    }
     if (s == GP_OK) {
         s = gp_snapshot_init_from(&t, path);
         CHECK_MSG(s == GP_OK, "%s, %s: the %s model's export into the %s model: %s", names[fmt],

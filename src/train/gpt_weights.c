@@ -49,6 +49,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define LLMC_MAGIC 20240326
 #define LLMC_HEADER 256
@@ -182,17 +184,6 @@ bool gp_gpt_is_hf(const gp_st_file *f)
     return t && t->ndim == 2 && t->dims[1] == 3 * t->dims[0];
 }
 
-/* Whether lm_head.weight t of f is wte's bits, for a model whose head has
- * no weight of its own (tied): a state_dict saved whole holds it twice. */
-static bool tied_copy(const gp_model *m, const gp_st_file *f, const gp_st_tensor *t)
-{
-    const gp_st_tensor *wte = gp_st_find(f, "wte.weight");
-    if (!wte) wte = gp_st_find(f, TX "wte.weight");
-    return !gp_snapshot_model_has(m, "lm_head.weight", NULL, NULL) && wte && wte->data &&
-           t->data && t->end - t->begin == wte->end - wte->begin &&
-           !strcmp(t->dtype_name, wte->dtype_name) &&
-           !memcmp(t->data, wte->data, (size_t)(t->end - t->begin));
-}
 
 /* A Conv1D weight t, (in, out), against the model's `name`, (out, in):
  * a mismatch named in the file's own layout (gp_snapshot_apply would name
@@ -212,39 +203,6 @@ static gp_status conv1d_fits(const gp_model *m, const gp_st_file *f, const gp_st
                         (long long)d[1], (long long)d[0]);
 }
 
-/* A Hugging Face GPT-2 file f as gpipe's names and layouts, into out. */
-/* f's tensors converted into w (the caller's, freed by it). */
-static gp_status from_hf(const gp_model *m, const gp_st_file *f, gp_st_writer *wp)
-{
-    gp_st_writer w = *wp;
-    gp_status s = GP_OK;
-    const gp_st_tensor *wte = NULL;
-    bool head = false;
-    char name[300];
-    for (int i = 0; i < f->n && s == GP_OK; i++) {
-        const gp_st_tensor *t = &f->tensors[i];
-        const char *base = strip_tx(t->name), *rest = block_rest(base);
-        if (rest && (!strcmp(rest, "attn.bias") || !strcmp(rest, "attn.masked_bias")))
-            continue; /* the causal mask, a buffer: the attention layer is causal */
-        if (!strcmp(base, "lm_head.weight")) {
-            head = true;
-            if (tied_copy(m, f, t)) continue; /* a tied head written out: it is wte */
-            snprintf(name, sizeof name, "lm_head.weight");
-        } else {
-            snprintf(name, sizeof name, TX "%s", base);
-        }
-        if (!strcmp(base, "wte.weight")) wte = t;
-        bool conv = rest && conv1d_weight(rest);
-        if (conv) s = conv1d_fits(m, f, t, name);
-        if (s == GP_OK) s = vocab_tensor(name) ? add_vocab(&w, m, f, t, name)
-                                               : add_converted(&w, f, t, name, conv);
-    }
-    /* no lm_head.weight: tied to wte (save_pretrained leaves it out) */
-    if (s == GP_OK && !head && wte && gp_snapshot_model_has(m, "lm_head.weight", NULL, NULL))
-        s = add_vocab(&w, m, f, wte, "lm_head.weight");
-    *wp = w;
-    return s;
-}
 
 static int32_t le32(const uint8_t *b)
 {
@@ -320,15 +278,269 @@ static gp_status add_llmc(gp_st_writer *w, const gp_model *m, const char *name,
                               : add_converted(w, &f, &t, name, false);
 }
 
-/* An llm.c checkpoint (its bytes in buf) as gpipe's names, into out. */
-/* The checkpoint in buf converted into *wp (the caller's, freed by it). */
-static gp_status from_llmc(const gp_model *m, const char *path, const uint8_t *buf, size_t len,
-                           gp_st_writer *wp)
+
+/* ---- lazy conversion: each tensor read and converted when it is loaded ----
+ *
+ * gp_gpt_read returns a converted file whose tensors have no data: each
+ * is read from the source file (pread) and converted by the same
+ * add_converted / add_vocab / add_llmc as the tensor is taken
+ * (gp_st_file.fetch), so loading GPT-2 holds the model and one tensor at
+ * a time, not the file and a converted copy of it. */
+
+typedef enum { LZ_CONVERT, LZ_VOCAB, LZ_LLMC } lazy_kind;
+
+typedef struct lazy_tensor {
+    lazy_kind kind;
+    bool transpose;          /* LZ_CONVERT: a Conv1D weight */
+    gp_st_tensor src;        /* the source's dtype and shape (name owned, data NULL) */
+    uint64_t off;            /* its bytes in the file: off .. off + src.end - src.begin */
+} lazy_tensor;
+
+typedef struct lazy_ctx {
+    int fd;
+    const gp_model *m;
+    char path[512];
+    lazy_tensor *t;          /* [n]: the converted file's tensor i from t[i] */
+    int n, cap;
+} lazy_ctx;
+
+static void lazy_free(void *arg)
+{
+    lazy_ctx *c = arg;
+    if (!c) return;
+    for (int i = 0; i < c->n; i++) free(c->t[i].src.name);
+    free(c->t);
+    if (c->fd >= 0) close(c->fd);
+    free(c);
+}
+
+/* bytes at off of the file into buf, whole or an error naming the file */
+static gp_status read_at(const lazy_ctx *c, uint64_t off, uint8_t *buf, size_t bytes)
+{
+    size_t got = 0;
+    while (got < bytes) {
+        ssize_t r = pread(c->fd, buf + got, bytes - got, (off_t)(off + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0)
+            return gp_error_set(GP_ERR_IO, "cannot read %zu bytes at %llu of '%s': %s", bytes,
+                                (unsigned long long)off, c->path,
+                                r < 0 ? strerror(errno) : "the file is shorter");
+        got += (size_t)r;
+    }
+    return GP_OK;
+}
+
+/* Tensor i of lt's kind into w, from its source bytes `data`. */
+static gp_status lazy_convert(const lazy_ctx *c, const lazy_tensor *lt, const char *name,
+                              const uint8_t *data, gp_st_writer *w)
+{
+    gp_st_file sf = {0};
+    snprintf(sf.source, sizeof sf.source, "%s", c->path);
+    gp_st_tensor src = lt->src;
+    src.data = data;
+    if (lt->kind == LZ_LLMC)
+        return add_llmc(w, c->m, name, data, !strcmp(src.dtype_name, "BF16"), src.ndim, src.dims);
+    return lt->kind == LZ_VOCAB ? add_vocab(w, c->m, &sf, &src, name)
+                                : add_converted(w, &sf, &src, name, lt->transpose);
+}
+
+static gp_status lazy_fetch(const gp_st_file *f, int i, uint8_t *dst)
+{
+    const lazy_ctx *c = f->fetch_ctx;
+    const lazy_tensor *lt = &c->t[i];
+    const gp_st_tensor *t = &f->tensors[i];
+    size_t bytes = (size_t)(lt->src.end - lt->src.begin);
+    uint8_t *buf = malloc(bytes ? bytes : 1);
+    if (!buf) return gp_error_set(GP_ERR_OOM, "out of host memory reading '%s'", c->path);
+    gp_st_writer w = {0};
+    gp_status s = read_at(c, lt->off, buf, bytes);
+    if (s == GP_OK) s = lazy_convert(c, lt, t->name, buf, &w);
+    free(buf);
+    if (s == GP_OK && (w.n != 1 || w.tensors[0].end - w.tensors[0].begin != t->end - t->begin))
+        s = gp_error_set(GP_ERR_DATA, "%s: tensor '%s' converted to another size than its "
+                         "header said (the file changed while it was read?)", c->path, t->name);
+    if (s == GP_OK) memcpy(dst, w.tensors[0].data, (size_t)(t->end - t->begin));
+    gp_st_writer_free(&w);
+    return s;
+}
+
+/* The shape tensor `name` converts to, with the checks the conversion
+ * makes that need no data (a vocabulary tensor's rows past the model's
+ * vocabulary are read: they decide its shape). */
+static gp_status lazy_shape(const lazy_ctx *c, const lazy_tensor *lt, const char *name,
+                            int *ndim, int64_t *dims)
+{
+    const gp_st_tensor *t = &lt->src;
+    bool bf16 = !strcmp(t->dtype_name, "BF16");
+    if (lt->kind != LZ_LLMC && t->dtype != GP_ST_F32 && !bf16)
+        return gp_error_set(GP_ERR_DATA, "%s: tensor '%s' is %s; GPT-2's weights are read as F32 "
+                            "or BF16: save them as float32 (model.float()) and try again",
+                            c->path, t->name, t->dtype_name);
+    if (lt->transpose && t->ndim != 2)
+        return gp_error_set(GP_ERR_DATA, "%s: tensor '%s' has %d dimensions; a Conv1D weight is "
+                            "(in, out)", c->path, t->name, t->ndim);
+    *ndim = t->ndim;
+    memcpy(dims, t->dims, sizeof t->dims);
+    if (lt->transpose) dims[0] = t->dims[1], dims[1] = t->dims[0];
+    int nd = 0;
+    int64_t d[GP_ST_MAX_DIMS] = {0}, V = model_vocab(c->m);
+    if (!vocab_tensor(name) || V <= 0 || !gp_snapshot_model_has(c->m, name, &nd, d) || nd != 2 ||
+        t->ndim != 2 || t->dims[1] != d[1] || t->dims[0] < V || V > d[0] ||
+        t->dims[0] == d[0])
+        return GP_OK; /* as it is (add_vocab's "not shaped") */
+    /* the rows past V: zeros (the file's own padding) give the model's rows */
+    size_t esz = bf16 ? 2 : 4, past = (size_t)((t->dims[0] - V) * t->dims[1]) * esz;
+    uint8_t *buf = malloc(past ? past : 1);
+    if (!buf) return gp_error_set(GP_ERR_OOM, "out of host memory reading '%s'", c->path);
+    gp_status s = read_at(c, lt->off + (uint64_t)(V * t->dims[1]) * esz, buf, past);
+    /* (as add_vocab judges them: values equal to 0, -0 too) */
+    gp_st_tensor rows = *t;
+    rows.data = buf;
+    bool zero = true;
+    for (int64_t i = 0; s == GP_OK && zero && i < (int64_t)(past / esz); i++)
+        zero = value_at(&rows, bf16, i) == 0.0f;
+    free(buf);
+    GP_TRY(s);
+    if (zero) memcpy(dims, d, sizeof d);
+    return GP_OK;
+}
+
+/* One more tensor of the converted file: `name`, from the source tensor
+ * src at file offset off. */
+static gp_status lazy_add(lazy_ctx *c, lazy_kind kind, bool transpose, const gp_st_tensor *src,
+                          uint64_t off, const char *name, gp_st_file *out)
+{
+    if (c->n == c->cap) {
+        int cap = c->cap ? 2 * c->cap : 64;
+        lazy_tensor *t = realloc(c->t, (size_t)cap * sizeof *t);
+        gp_st_tensor *o = realloc(out->tensors, (size_t)cap * sizeof *o);
+        if (t) c->t = t;
+        if (o) out->tensors = o;
+        if (!t || !o) return gp_error_set(GP_ERR_OOM, "out of host memory reading '%s'", c->path);
+        c->cap = cap;
+    }
+    lazy_tensor *lt = &c->t[c->n];
+    *lt = (lazy_tensor){.kind = kind, .transpose = transpose, .src = *src, .off = off};
+    lt->src.data = NULL;
+    lt->src.name = strdup(src->name ? src->name : name);
+    gp_st_tensor *t = &out->tensors[c->n];
+    memset(t, 0, sizeof *t);
+    t->name = strdup(name);
+    c->n++;
+    out->n = c->n;
+    if (!lt->src.name || !t->name)
+        return gp_error_set(GP_ERR_OOM, "out of host memory reading '%s'", c->path);
+    t->dtype = GP_ST_F32;
+    snprintf(t->dtype_name, sizeof t->dtype_name, "F32");
+    t->part = -1;
+    GP_TRY(lazy_shape(c, lt, name, &t->ndim, t->dims));
+    int64_t n = 1;
+    for (int d = 0; d < t->ndim; d++) n *= t->dims[d];
+    t->begin = out->data_len;
+    t->end = t->begin + (uint64_t)n * sizeof(float);
+    out->data_len = t->end;
+    return GP_OK;
+}
+
+/* Whether the file's lm_head.weight (src) is wte's bits, for a tied model:
+ * a state_dict saved whole holds it twice (tied_copy, read from the file). */
+static gp_status lazy_tied_copy(const lazy_ctx *c, const gp_st_tensor *head,
+                                const gp_st_tensor *wte, uint64_t base, bool *same)
+{
+    *same = false;
+    size_t bytes = (size_t)(head->end - head->begin);
+    if (gp_snapshot_model_has(c->m, "lm_head.weight", NULL, NULL) || !wte ||
+        bytes != (size_t)(wte->end - wte->begin) || strcmp(head->dtype_name, wte->dtype_name))
+        return GP_OK;
+    uint8_t *a = malloc(bytes ? bytes : 1), *b = malloc(bytes ? bytes : 1);
+    gp_status s = a && b ? GP_OK : gp_error_set(GP_ERR_OOM, "out of host memory reading '%s'",
+                                                c->path);
+    if (s == GP_OK) s = read_at(c, base + head->begin, a, bytes);
+    if (s == GP_OK) s = read_at(c, base + wte->begin, b, bytes);
+    if (s == GP_OK) *same = !memcmp(a, b, bytes);
+    free(a);
+    free(b);
+    return s;
+}
+
+/* An empty lazy file for path, its context open (the file read by fd). */
+static gp_status lazy_open(const gp_model *m, const char *path, gp_st_file *out, lazy_ctx **cp)
+{
+    memset(out, 0, sizeof *out);
+    lazy_ctx *c = calloc(1, sizeof *c);
+    if (!c) return gp_error_set(GP_ERR_OOM, "out of host memory reading '%s'", path);
+    c->fd = gp_open_regular(path);
+    c->m = m;
+    snprintf(c->path, sizeof c->path, "%s", path);
+    if (c->fd < 0) {
+        int e = errno;
+        free(c);
+        return gp_error_set(GP_ERR_IO, "cannot open '%s': %s; check the path", path,
+                            gp_open_strerror(e));
+    }
+    snprintf(out->source, sizeof out->source, "%s", path);
+    out->fetch = lazy_fetch;
+    out->fetch_ctx = c;
+    out->fetch_free = lazy_free;
+    *cp = c;
+    return GP_OK;
+}
+
+/* A Hugging Face GPT-2 file (src: its header) as gpipe's names and
+ * layouts, lazily (the tensors read as they are loaded). */
+static gp_status lazy_hf(const gp_model *m, const char *path, const gp_st_file *src,
+                         gp_st_file *out)
+{
+    lazy_ctx *c;
+    GP_TRY(lazy_open(m, path, out, &c));
+    uint64_t base = 8;
+    for (int b = 0; b < 8; b++) base += (uint64_t)src->image[b] << (8 * b); /* + the header */
+    gp_status s = GP_OK;
+    const gp_st_tensor *wte = NULL;
+    bool head = false;
+    char name[300];
+    const gp_st_tensor *w = gp_st_find(src, "wte.weight");
+    if (!w) w = gp_st_find(src, TX "wte.weight");
+    for (int i = 0; i < src->n && s == GP_OK; i++) {
+        const gp_st_tensor *t = &src->tensors[i];
+        const char *bn = strip_tx(t->name), *rest = block_rest(bn);
+        if (rest && (!strcmp(rest, "attn.bias") || !strcmp(rest, "attn.masked_bias")))
+            continue; /* the causal mask, a buffer: the attention layer is causal */
+        if (!strcmp(bn, "lm_head.weight")) {
+            head = true;
+            bool same = false;
+            s = lazy_tied_copy(c, t, w, base, &same);
+            if (s != GP_OK || same) continue; /* a tied head written out: it is wte */
+            snprintf(name, sizeof name, "lm_head.weight");
+        } else {
+            snprintf(name, sizeof name, TX "%s", bn);
+        }
+        if (!strcmp(bn, "wte.weight")) wte = t;
+        bool conv = rest && conv1d_weight(rest);
+        if (conv) s = conv1d_fits(m, src, t, name);
+        if (s == GP_OK)
+            s = lazy_add(c, vocab_tensor(name) ? LZ_VOCAB : LZ_CONVERT, conv, t,
+                         base + t->begin, name, out);
+    }
+    /* no lm_head.weight: tied to wte (save_pretrained leaves it out) */
+    if (s == GP_OK && !head && wte && gp_snapshot_model_has(m, "lm_head.weight", NULL, NULL))
+        s = lazy_add(c, LZ_VOCAB, false, wte, base + wte->begin, "lm_head.weight", out);
+    return s;
+}
+
+/* An llm.c checkpoint as gpipe's names, lazily. */
+static gp_status lazy_llmc(const gp_model *m, const char *path, gp_st_file *out)
 {
     const char *what = "an llm.c GPT-2 checkpoint (train_gpt2.py's write_model)";
+    lazy_ctx *c;
+    GP_TRY(lazy_open(m, path, out, &c));
+    struct stat st;
+    uint64_t len = fstat(c->fd, &st) == 0 ? (uint64_t)st.st_size : 0;
     if (len < 4 * LLMC_HEADER)
-        return gp_error_set(GP_ERR_DATA, "%s: %zu bytes, shorter than the 1024-byte header of %s",
-                            path, len, what);
+        return gp_error_set(GP_ERR_DATA, "%s: %llu bytes, shorter than the 1024-byte header of "
+                            "%s", path, (unsigned long long)len, what);
+    uint8_t buf[4 * LLMC_HEADER];
+    GP_TRY(read_at(c, 0, buf, sizeof buf));
     int32_t version = le32(buf + 4);
     if (version != 3 && version != 5)
         return gp_error_set(GP_ERR_DATA, "%s: version %d; %s is version 3 (FP32) or 5 (BF16): "
@@ -346,70 +558,56 @@ static gp_status from_llmc(const gp_model *m, const char *path, const uint8_t *b
     size_t esz = version == 3 ? 4 : 2;
     int64_t total = 0;
     for (int q = 0; q < na; q++) total += array_numel(&a[q]) * (a[q].per_block ? d.L : 1);
-    size_t want = 4 * LLMC_HEADER + (size_t)total * esz;
+    uint64_t want = 4 * LLMC_HEADER + (uint64_t)total * esz;
     if (len != want)
-        return gp_error_set(GP_ERR_DATA, "%s: %zu bytes, but its header (L %lld, C %lld, V %lld "
-                            "padded to %lld, maxT %lld, %s) makes %zu: the file is cut short or "
-                            "damaged; download or write it again", path, len, (long long)d.L,
-                            (long long)d.C, (long long)d.V, (long long)d.Vp, (long long)d.maxT,
-                            esz == 4 ? "FP32" : "BF16", want);
+        return gp_error_set(GP_ERR_DATA, "%s: %llu bytes, but its header (L %lld, C %lld, V %lld "
+                            "padded to %lld, maxT %lld, %s) makes %llu: the file is cut short or "
+                            "damaged; download or write it again", path, (unsigned long long)len,
+                            (long long)d.L, (long long)d.C, (long long)d.V, (long long)d.Vp,
+                            (long long)d.maxT, esz == 4 ? "FP32" : "BF16",
+                            (unsigned long long)want);
     int64_t heads = model_heads(m);
     if (heads > 0 && heads != d.NH)
         return gp_error_set(GP_ERR_INVALID, "%s: the checkpoint's model has %lld heads, this "
                             "model's attention layers %lld: set heads to %lld", path,
                             (long long)d.NH, (long long)heads, (long long)d.NH);
-    /* wte: the file's V rows (add_llmc fits them to the model's rows, a
-     * padded vocabulary's or V) */
-    int64_t rows = d.V;
-    gp_st_writer w = *wp;
     gp_status s = GP_OK;
-    const uint8_t *p = buf + 4 * LLMC_HEADER, *wte = p;
+    uint64_t off = 4 * LLMC_HEADER, wte = off;
     char name[300];
+    gp_st_tensor t = {.dtype = esz == 2 ? GP_ST_OTHER : GP_ST_F32};
+    snprintf(t.dtype_name, sizeof t.dtype_name, "%s", esz == 2 ? "BF16" : "F32");
     for (int q = 0; q < na && s == GP_OK; q++) {
-        int64_t dims[2] = {a[q].rows, a[q].cols}, n = array_numel(&a[q]);
-        int nd = a[q].cols ? 2 : 1;
-        if (!a[q].name) { /* wte */
-            dims[0] = rows;
-            s = add_llmc(&w, m, TX "wte.weight", p, esz == 2, 2, dims);
-            p += (size_t)n * esz;
+        int64_t n = array_numel(&a[q]);
+        t.ndim = a[q].cols ? 2 : 1;
+        t.dims[0] = a[q].rows;
+        t.dims[1] = a[q].cols;
+        if (!a[q].name) { /* wte: the file's V rows (add_llmc fits them to the model's) */
+            t.dims[0] = d.V;
+            t.name = (char *)TX "wte.weight";
+            t.end = (uint64_t)(d.V * d.C) * esz;
+            s = lazy_add(c, LZ_LLMC, false, &t, off, t.name, out);
+            off += (uint64_t)n * esz;
             continue;
         }
         for (int64_t b = 0; b < (a[q].per_block ? d.L : 1) && s == GP_OK; b++) {
             snprintf(name, sizeof name, a[q].name, (int)b);
-            s = add_llmc(&w, m, name, p, esz == 2, nd, dims);
-            p += (size_t)n * esz;
+            t.name = name;
+            t.end = (uint64_t)n * esz;
+            s = lazy_add(c, LZ_LLMC, false, &t, off, name, out);
+            off += (uint64_t)n * esz;
         }
     }
     if (s == GP_OK && gp_snapshot_model_has(m, "lm_head.weight", NULL, NULL)) {
-        int64_t dims[2] = {rows, d.C}; /* llm.c's head is wte */
-        s = add_llmc(&w, m, "lm_head.weight", wte, esz == 2, 2, dims);
+        t.ndim = 2; /* llm.c's head is wte */
+        t.dims[0] = d.V;
+        t.dims[1] = d.C;
+        t.name = (char *)"lm_head.weight";
+        t.end = (uint64_t)(d.V * d.C) * esz;
+        s = lazy_add(c, LZ_LLMC, false, &t, wte, t.name, out);
     }
-    *wp = w;
     return s;
 }
 
-/* The whole file at path, malloc'd. */
-static gp_status read_all(const char *path, uint8_t **buf, size_t *len)
-{
-    FILE *fp = gp_fopen_regular(path); /* a FIFO would block (deaf to signals) */
-    if (!fp)
-        return gp_error_set(GP_ERR_IO, "cannot open '%s': %s; check the path", path,
-                            gp_open_strerror(errno));
-    gp_status s = GP_OK;
-    long n = -1;
-    if (fseek(fp, 0, SEEK_END) == 0) n = ftell(fp);
-    if (n < 0 || fseek(fp, 0, SEEK_SET) != 0) {
-        s = gp_error_set(GP_ERR_IO, "cannot read '%s': not a regular file", path);
-    } else if (!(*buf = malloc((size_t)n + 1))) {
-        s = gp_error_set(GP_ERR_OOM, "out of host memory reading '%s' (%ld bytes)", path, n);
-    } else if (fread(*buf, 1, (size_t)n, fp) != (size_t)n) {
-        s = gp_error_set(GP_ERR_IO, "cannot read '%s': %s", path, strerror(errno));
-        free(*buf);
-    }
-    fclose(fp);
-    *len = (size_t)n;
-    return s;
-}
 
 bool gp_gpt_is_llmc(const char *path)
 {
@@ -493,30 +691,31 @@ gp_status gp_gpt_read(const gp_model *m, const char *path, gp_st_file *f, bool *
 {
     *converted = false;
     memset(f, 0, sizeof *f); /* what the caller frees, whatever fails */
-    /* Converted into a writer, the source freed, then the writer's
-     * tensors moved into one image (gp_st_writer_to_file frees each as it
-     * copies it): at most the source and its converted copy at once (the
-     * file, a converted copy and a serialised one were: 4.01 GiB for GPT-2
-     * 124M from llm.c's file) */
-    gp_st_writer w = {0};
+    /* llm.c's and Hugging Face's files are converted lazily: each tensor
+     * read and converted as the model takes it (gp_st_file.fetch), so the
+     * model and one tensor are held, not the file and a converted copy
+     * (4.01 GiB for GPT-2 124M from llm.c's file where a fresh init
+     * takes 2.48) */
     gp_status s;
     if (gp_gpt_is_llmc(path)) {
-        uint8_t *buf = NULL;
-        size_t len = 0;
-        GP_TRY(read_all(path, &buf, &len));
-        s = from_llmc(m, path, buf, len, &w);
-        free(buf);
+        s = lazy_llmc(m, path, f);
     } else {
-        GP_TRY(gp_st_read(path, f));
-        if (!gp_gpt_is_hf(f)) return own_vocab(m, f, converted);
-        s = gp_st_verify(f, false); /* gpipe's hf export carries a CRC */
-        if (s == GP_OK) s = from_hf(m, f, &w);
-        gp_st_free(f);
-        memset(f, 0, sizeof *f);
+        gp_st_file hdr;
+        GP_TRY(gp_st_read_header(path, &hdr));
+        if (!gp_gpt_is_hf(&hdr)) { /* gpipe's own: read whole, as snapshots are */
+            gp_st_free(&hdr);
+            GP_TRY(gp_st_read(path, f));
+            return own_vocab(m, f, converted);
+        }
+        /* gpipe's hf export carries a CRC: checked streaming */
+        s = gp_st_meta(&hdr, "gpipe.crc32") ? gp_st_verify_file(&hdr, path) : GP_OK;
+        if (s == GP_OK) s = lazy_hf(m, path, &hdr, f);
+        gp_st_free(&hdr);
     }
-    if (s == GP_OK) s = gp_st_writer_to_file(&w, path, f);
-    gp_st_writer_free(&w);
-    if (s != GP_OK) return s;
+    if (s != GP_OK) {
+        gp_st_free(f);
+        return s;
+    }
     *converted = true;
     return GP_OK;
 }

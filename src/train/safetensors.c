@@ -477,6 +477,7 @@ void gp_st_free(gp_st_file *f)
     }
     free(f->parts);
     free(f->part_paths);
+    if (f->fetch_free) f->fetch_free(f->fetch_ctx);
     memset(f, 0, sizeof *f);
 }
 

@@ -447,6 +447,31 @@ static gp_status need(gp_st_file *f, const char *name)
 
 /* ---- apply ---------------------------------------------------------------- */
 
+/* t's data: as it is, or a lazy tensor's (gp_st_file.fetch) fetched into
+ * *tmp, which the caller frees; NULL with s set on a failure, or where
+ * there is none (another rank's part). */
+static const uint8_t *data_of(const gp_st_file *f, const gp_st_tensor *t, uint8_t **tmp,
+                              gp_status *s)
+{
+    *tmp = NULL;
+    *s = GP_OK;
+    if (t->data || !f->fetch || t->part >= 0) return t->data;
+    size_t bytes = (size_t)(t->end - t->begin);
+    *tmp = malloc(bytes ? bytes : 1);
+    if (!*tmp) {
+        *s = gp_error_set(GP_ERR_OOM, "out of host memory (%zu bytes) reading '%s' of %s", bytes,
+                          t->name, f->source);
+        return NULL;
+    }
+    *s = f->fetch(f, (int)(t - f->tensors), *tmp);
+    if (*s != GP_OK) {
+        free(*tmp);
+        *tmp = NULL;
+    }
+    return *tmp;
+}
+
+
 typedef struct {
     char *s;
     size_t n, cap;
@@ -579,6 +604,35 @@ static void scan_values(const gp_st_tensor *t, const char *name, bad_values *b)
         b->count += here;
         b->tensors++;
     }
+}
+
+/* scan_values over t, fetched where lazy. */
+static gp_status scan_tensor(const gp_st_file *f, const gp_st_tensor *t, const char *name,
+                             bad_values *b)
+{
+    uint8_t *tmp;
+    gp_status s;
+    const uint8_t *d = data_of(f, t, &tmp, &s);
+    if (d) {
+        gp_st_tensor v = *t;
+        v.data = d;
+        scan_values(&v, name, b);
+    }
+    free(tmp);
+    return s;
+}
+
+/* t (F32) uploaded into dst, n floats, fetched where lazy. */
+static gp_status upload_tensor(const gp_st_file *f, const gp_st_tensor *t, gp_device *dev,
+                               float *dst, int64_t n)
+{
+    uint8_t *tmp;
+    gp_status s;
+    const uint8_t *d = data_of(f, t, &tmp, &s);
+    if (s == GP_OK) s = gp_dev_upload(dev, dst, (const float *)d, n);
+    if (s == GP_OK) s = gp_dev_synchronize(dev);
+    free(tmp);
+    return s;
 }
 
 static gp_status bad_values_error(const gp_st_file *f, const bad_values *b)
@@ -765,6 +819,7 @@ gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
     if (optimizer) GP_TRY(check_optimizer_state(m, f));
     /* every name the model expects, for the names in the file it does not */
     nameset known = {0};
+    gp_status fs = GP_OK; /* a lazy tensor's read (gp_st_file.fetch) */
     for (int pass = 0; pass < 2; pass++) {
         for (int k = 0; k < m->n_layers; k++) {
             gp_layer *l = &m->layers[k];
@@ -779,12 +834,11 @@ gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
                     expected++;
                     ns_add(&known, name);
                 }
-                if (pass == 0 && t && t->data) scan_values(t, name, &values); /* (read: ours) */
-                if (pass == 1 && gp_tensor_mem(&pr->value)) { /* processes: not another rank's */
-                    GP_TRY(gp_dev_upload(pr->value.dev, gp_f32(&pr->value), (const float *)t->data,
+                if (pass == 0 && t && (t->data || f->fetch) && fs == GP_OK) /* (read: ours) */
+                    fs = scan_tensor(f, t, name, &values);
+                if (pass == 1 && gp_tensor_mem(&pr->value)) /* processes: not another rank's */
+                    GP_TRY(upload_tensor(f, t, pr->value.dev, gp_f32(&pr->value),
                                          gp_tensor_numel(&pr->value)));
-                    GP_TRY(gp_dev_synchronize(pr->value.dev));
-                }
                 if (!optimizer || pr->is_buffer) continue;
                 gp_tensor *mt; /* its optimizer states (none for plain SGD) */
                 for (int q = 0; (mt = gp_optim_state(m->optim, k, p, q)); q++) {
@@ -797,12 +851,10 @@ gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
                         expected++;
                         ns_add(&known, name);
                     }
-                    if (pass == 0 && t && t->data) scan_values(t, name, &values);
-                    if (pass == 1 && gp_tensor_mem(mt)) {
-                        GP_TRY(gp_dev_upload(mt->dev, gp_f32(mt), (const float *)t->data,
-                                             gp_tensor_numel(mt)));
-                        GP_TRY(gp_dev_synchronize(mt->dev));
-                    }
+                    if (pass == 0 && t && (t->data || f->fetch) && fs == GP_OK)
+                        fs = scan_tensor(f, t, name, &values);
+                    if (pass == 1 && gp_tensor_mem(mt))
+                        GP_TRY(upload_tensor(f, t, mt->dev, gp_f32(mt), gp_tensor_numel(mt)));
                 }
             }
             const char *cn[MAX_COUNTERS];
@@ -827,6 +879,12 @@ gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
             }
         }
         if (pass == 1) break;
+        if (fs != GP_OK) {
+            ns_free(&known);
+            free(missing.s);
+            free(bad.s);
+            return fs;
+        }
         /* Names in the file the model does not have. */
         if (known.oom) {
             ns_free(&known);

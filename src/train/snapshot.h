@@ -72,6 +72,14 @@ typedef struct gp_st_file {
     struct gp_st_file *parts;
     int n_parts;
     char **part_paths;          /* [n_parts], owned */
+    /* Lazy tensors (a converted file: data NULL, part -1): fetch fills dst,
+     * end - begin bytes, with tensor i's data, read and converted as it is
+     * asked for, so that loading holds one tensor at a time beside the
+     * model; gp_snapshot_apply takes them so.  fetch_free frees fetch_ctx
+     * (gp_st_free). */
+    gp_status (*fetch)(const struct gp_st_file *f, int i, uint8_t *dst);
+    void *fetch_ctx;
+    void (*fetch_free)(void *ctx);
 } gp_st_file;
 
 /* Parse a file image (copied).  Everything is checked: header length and
