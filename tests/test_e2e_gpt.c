@@ -15,6 +15,7 @@
  * bits), the per-token unit the bar is stated in.
  */
 #include "test_util.h"
+#include "train/snapshot.h"
 
 #include <math.h>
 
@@ -88,6 +89,18 @@ int main(void)
              GPIPE_SOURCE_DIR, dir, steps, san ? 5 : 20, dir);
     rc = gpt_run_cmd(cmd, out, sizeof out);
     CHECK_MSG(rc == 0, "tiny-gpt: exit %d: %s", rc, out);
+    /* the shipped config keeps its run (issue 65: make train-gpt kept
+     * nothing): a snapshot each 66 steps and the final step's, the two
+     * newest kept (a sanitizer's 20 steps: the final one alone) */
+    char snaps[600], last[1100];
+    snprintf(snaps, sizeof snaps, "%s/snaps", dir);
+    int kept = gp_snapshot_count(snaps);
+    gp_status ls = gp_snapshot_latest(snaps, last, sizeof last);
+    char want_last[64];
+    snprintf(want_last, sizeof want_last, "snapshot-%09d.safetensors", steps);
+    CHECK_MSG(kept == (steps > 66 ? 2 : 1) && ls == GP_OK && strstr(last, want_last),
+              "configs/tiny-gpt.yaml kept %d snapshot(s), the newest %s", kept,
+              ls == GP_OK ? last : gp_last_error());
     const char *fin = strstr(out, "final: validation loss ");
     double loss = NAN, bits = NAN;
     CHECK_MSG(fin && sscanf(fin, "final: validation loss %lf nats per token (%lf bits)", &loss,
