@@ -1070,6 +1070,7 @@ static gp_status copy_measured(profile_run *r, int j, int k)
     l.spec.set[0] = '\0'; /* (as profile_layer_memory names it) */
     gp_layer_describe(&l, desc, sizeof desc);
     r->outs[k] = l.out_shape;
+    gp_layer_destroy(&l); /* (its parameters' table) */
     out->mem[k] = out->mem[j];
     memcpy(out->mem[k].desc, desc, sizeof desc);
     for (int z = 0; z < out->n_sizes; z++)
@@ -1098,11 +1099,12 @@ static gp_status profile_layers(profile_run *r)
         gp_skip_map_inputs(&r->map, k, &r->input_shape, r->outs, in);
         gp_layer l;
         memset(&l, 0, sizeof l);
-        s = gp_layer_meta(&r->specs[k], k, in, &l); /* (shapes only: nothing to free) */
+        s = gp_layer_meta(&r->specs[k], k, in, &l); /* (shapes only) */
         if (s == GP_OK) {
             r->outs[k] = l.out_shape;
             params[k] = gp_layer_param_count(&l) > 0;
         }
+        gp_layer_destroy(&l); /* (its parameters' table) */
     }
     int first_trainable = L; /* (as the measurements will find it) */
     for (int k = 0; k < L && s == GP_OK; k++) {

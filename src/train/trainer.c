@@ -762,7 +762,10 @@ gp_status gp_train_open(const gp_config *cfg, gp_device **devs, gp_model *model,
     gp_model meta = {0};
     gp_status fs = gp_model_build_meta(cfg, balance, &meta);
     if (fs == GP_OK) fs = summary_fits(cfg, &meta, NULL, false);
-    GP_TRY(fs); /* (alike on every rank: the same config, the same count) */
+    if (fs != GP_OK) { /* (alike on every rank: the same config, the same count) */
+        if (meta.layers) gp_model_free(&meta);
+        return fs;
+    }
     gp_status os = open_devices(cfg, devs);
     /* a GPU's own memory, once it is open (each rank its own) */
     if (os == GP_OK && meta.layers) {
