@@ -102,22 +102,31 @@ static int64_t numel(int ndim, const int64_t *dims)
     return n;
 }
 
-/* Add tensor t of f as `name`, in FP32, transposed when `transpose` (2-D:
- * (a, b) -> (b, a)). */
+/* The shape tensor t (of the file named `source`) takes in FP32,
+ * transposed when `transpose` (2-D: (a, b) -> (b, a)), into dims; an error
+ * where it cannot be converted. */
+static gp_status converted_shape(const char *source, const gp_st_tensor *t, bool transpose,
+                                 int64_t dims[GP_ST_MAX_DIMS])
+{
+    if (t->dtype != GP_ST_F32 && strcmp(t->dtype_name, "BF16"))
+        return gp_error_set(GP_ERR_DATA, "%s: tensor '%s' is %s; GPT-2's weights are read as F32 "
+                            "or BF16: save them as float32 (model.float()) and try again",
+                            source, t->name, t->dtype_name);
+    if (transpose && t->ndim != 2)
+        return gp_error_set(GP_ERR_DATA, "%s: tensor '%s' has %d dimensions; a Conv1D weight is "
+                            "(in, out)", source, t->name, t->ndim);
+    memcpy(dims, t->dims, GP_ST_MAX_DIMS * sizeof *dims);
+    if (transpose) dims[0] = t->dims[1], dims[1] = t->dims[0];
+    return GP_OK;
+}
+
+/* Add tensor t of f as `name`, in FP32, transposed when `transpose`. */
 static gp_status add_converted(gp_st_writer *w, const gp_st_file *f, const gp_st_tensor *t,
                                const char *name, bool transpose)
 {
     bool bf16 = !strcmp(t->dtype_name, "BF16");
-    if (t->dtype != GP_ST_F32 && !bf16)
-        return gp_error_set(GP_ERR_DATA, "%s: tensor '%s' is %s; GPT-2's weights are read as F32 "
-                            "or BF16: save them as float32 (model.float()) and try again",
-                            f->source, t->name, t->dtype_name);
-    if (transpose && t->ndim != 2)
-        return gp_error_set(GP_ERR_DATA, "%s: tensor '%s' has %d dimensions; a Conv1D weight is "
-                            "(in, out)", f->source, t->name, t->ndim);
     int64_t dims[GP_ST_MAX_DIMS];
-    memcpy(dims, t->dims, sizeof dims);
-    if (transpose) dims[0] = t->dims[1], dims[1] = t->dims[0];
+    GP_TRY(converted_shape(f->source, t, transpose, dims));
     int64_t n = numel(t->ndim, t->dims);
     float *out;
     GP_TRY(gp_st_writer_slot(w, name, GP_ST_F32, t->ndim, dims, (size_t)n * sizeof(float),
@@ -372,16 +381,8 @@ static gp_status lazy_shape(const lazy_ctx *c, const lazy_tensor *lt, const char
 {
     const gp_st_tensor *t = &lt->src;
     bool bf16 = !strcmp(t->dtype_name, "BF16");
-    if (lt->kind != LZ_LLMC && t->dtype != GP_ST_F32 && !bf16)
-        return gp_error_set(GP_ERR_DATA, "%s: tensor '%s' is %s; GPT-2's weights are read as F32 "
-                            "or BF16: save them as float32 (model.float()) and try again",
-                            c->path, t->name, t->dtype_name);
-    if (lt->transpose && t->ndim != 2)
-        return gp_error_set(GP_ERR_DATA, "%s: tensor '%s' has %d dimensions; a Conv1D weight is "
-                            "(in, out)", c->path, t->name, t->ndim);
+    GP_TRY(converted_shape(c->path, t, lt->transpose, dims)); /* add_converted's checks */
     *ndim = t->ndim;
-    memcpy(dims, t->dims, sizeof t->dims);
-    if (lt->transpose) dims[0] = t->dims[1], dims[1] = t->dims[0];
     int nd = 0;
     int64_t d[GP_ST_MAX_DIMS] = {0}, V = model_vocab(c->m);
     if (!vocab_tensor(name) || V <= 0 || !gp_snapshot_model_has(c->m, name, &nd, d) || nd != 2 ||

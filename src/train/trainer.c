@@ -2123,8 +2123,6 @@ static const char *host_words(uint64_t ram, bool limited, char *buf, size_t len)
     return buf;
 }
 
-static bool is_cpu_device(const gp_device_spec *d) { return !strncmp(d->name, "cpu", 3); }
-
 /* Before anything is allocated or profiled: the whole model's weights,
  * gradients and optimizer state against the memory its devices have at
  * most, where that is known now (CPU devices: their capacities, and the
@@ -2135,7 +2133,7 @@ static gp_status fits_at_all(const gp_config *cfg, int64_t params)
     const gp_pipeline_config *pc = &cfg->pipeline;
     if (gp_procs_size() > 1) return GP_OK; /* each rank its own machine, maybe */
     for (int d = 0; d < pc->n_devices; d++)
-        if (!is_cpu_device(&pc->devices[d])) return GP_OK;
+        if (!gp_device_spec_is_cpu(&pc->devices[d])) return GP_OK;
     bool limited;
     uint64_t ram = host_memory(&limited);
     uint64_t need = (uint64_t)params * state_bytes(cfg) * (uint64_t)gp_pipeline_replicas(pc);
@@ -2179,7 +2177,7 @@ static gp_status summary_fits(const gp_config *cfg, const gp_model *m, gp_device
         if (own) cap = gp_dev_mem_total(devs[d]);
         uint64_t need = (uint64_t)held[d % n] * per + (uint64_t)buffers[d % n] * sizeof(float) +
                         (uint64_t)tied[d % n] * 2 * sizeof(float);
-        if (!cap && is_cpu_device(&pc->devices[d % n])) host_need += need;
+        if (!cap && gp_device_spec_is_cpu(&pc->devices[d % n])) host_need += need;
         if (!cap || need <= cap) continue;
         char nb[32], cb[32];
         gp_format_bytes((size_t)need, nb, sizeof nb);
