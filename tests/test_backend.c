@@ -686,14 +686,50 @@ static void test_bf16_storage(gp_device *dev)
                     if (fresh) CHECK_OK(gp_dev_fill(dev, db0, 0.0f, out));
                     CHECK_OK(gp_dev_sum_rows(dev, dyf, db0, n, out));
                 }
-                CHECK_OK(gp_dev_linear_bwd_weights_bf16(dev, n, out, in, dy, x, dw1,
-                                                        has_bias ? db1 : NULL, fresh));
+                CHECK_OK(gp_dev_linear_bwd_weights(dev, GP_BF16, n, out, in, dy, x, dw1,
+                                                   has_bias ? db1 : NULL, fresh));
                 if (frozen) CHECK_OK(gp_dev_freeze_weights(dev, false));
                 CHECK_MSG(memcmp(dw0, dw1, sizeof(float) * (size_t)(out * in)) == 0 &&
                               memcmp(db0, db1, sizeof(float) * (size_t)out) == 0,
                           "bf16-storage linear %lldx%lldx%lld v%d%s bwd_weights: dw or db "
                           "differs from the adapter's", (long long)n, (long long)out,
                           (long long)in, variant, frozen ? " frozen" : "");
+                /* FP32 storage: the weights half in one call (the slot,
+                 * issue 64: the bias's sums in the product's call, no
+                 * fill), the bits of the three calls it replaces, on the
+                 * gradients as they were before the step */
+                if (!frozen) {
+                    float *dw2 = drand(dev, out * in), *db2 = drand(dev, out);
+                    float *dw3 = dalloc(dev, out * in), *db3 = dalloc(dev, out);
+                    memcpy(dw3, dw2, sizeof(float) * (size_t)(out * in));
+                    memcpy(db3, db2, sizeof(float) * (size_t)out);
+                    CHECK_OK(gp_dev_gemm(dev, 1, 0, out, in, n, 1.0f, dyf, out, xf, in,
+                                         fresh ? 0.0f : 1.0f, dw2, in));
+                    if (has_bias) {
+                        if (fresh) CHECK_OK(gp_dev_fill(dev, db2, 0.0f, out));
+                        CHECK_OK(gp_dev_sum_rows(dev, dyf, db2, n, out));
+                    }
+                    uint64_t l0 = gp_dev_launches(dev);
+                    CHECK_OK(gp_dev_linear_bwd_weights(dev, GP_F32, n, out, in, dyf, xf, dw3,
+                                                       has_bias ? db3 : NULL, fresh));
+                    CHECK_MSG(gp_dev_launches(dev) - l0 == 1, "FP32 linear bwd_weights: %llu "
+                              "launches, one expected",
+                              (unsigned long long)(gp_dev_launches(dev) - l0));
+                    CHECK_MSG(memcmp(dw2, dw3, sizeof(float) * (size_t)(out * in)) == 0 &&
+                                  memcmp(db2, db3, sizeof(float) * (size_t)out) == 0,
+                              "FP32 linear %lldx%lldx%lld v%d bwd_weights: dw or db differs "
+                              "from gemm, fill and sum_rows", (long long)n, (long long)out,
+                              (long long)in, variant);
+                    for (int64_t j = 0; has_bias && fresh && j < out; j++) {
+                        double ref = 0.0; /* a naive double-precision column sum */
+                        for (int64_t r = 0; r < n; r++) ref += (double)dyf[r * out + j];
+                        CHECK_MSG(fabs((double)db3[j] - ref) <= 1e-5 * (1.0 + fabs(ref)),
+                                  "FP32 linear bwd_weights: db[%lld] %g, the column sum %g",
+                                  (long long)j, (double)db3[j], ref);
+                    }
+                    dfree(dev, dw2, out * in); dfree(dev, db2, out);
+                    dfree(dev, dw3, out * in); dfree(dev, db3, out);
+                }
                 dfree(dev, xf, n * in); dfree(dev, dyf, n * out);
                 dfree(dev, (float *)x, (n * in + 1) / 2); dfree(dev, (float *)dy, (n * out + 1) / 2);
                 dfree(dev, w, out * in);
@@ -3166,6 +3202,104 @@ static void test_algo_pick(void)
     CHECK(seen[0] > 0 && seen[1] > 0 && seen[2] > 0); /* every branch was exercised */
 }
 
+/* The residual add and layer norm in one pass (add_layer_norm_fwd) and the
+ * norm's backward adding into its input's other gradient
+ * (layer_norm_bwd_data_add), issue 64: on FP32 and bf16 storage, the bits
+ * of the calls they replace (add / add_bf16 then layer_norm_fwd (_bf16);
+ * layer_norm_bwd_data (_bf16) then the sum gp_layers_accumulate makes:
+ * axpy / add_bf16), and the FP32 forward against a naive double-precision
+ * norm; widths with a tail past the 8 lanes. */
+static void test_add_norm(gp_device *dev)
+{
+    CHECK(gp_dev_add_norm_has(dev, GP_F32) && gp_dev_add_norm_has(dev, GP_BF16));
+    static const int64_t shapes[][2] = {{7, 37}, {33, 128}, {1, 5}};
+    for (int q = 0; q < 3; q++)
+        for (int b16 = 0; b16 < 2; b16++) {
+            const int64_t rows = shapes[q][0], c = shapes[q][1], n = rows * c;
+            const gp_dtype dt = b16 ? GP_BF16 : GP_F32;
+            const int64_t words = b16 ? (n + 1) / 2 : n; /* storage in floats */
+            float *fa = drand(dev, n), *fb = drand(dev, n), *fdy = drand(dev, n);
+            float *fg = drand(dev, n), *w = drand(dev, c), *bias = drand(dev, c);
+            void *a = fa, *bb = fb, *dy = fdy, *g0 = fg;
+            if (b16) { /* the same values rounded, as bf16 storage */
+                a = dalloc(dev, words); bb = dalloc(dev, words);
+                dy = dalloc(dev, words); g0 = dalloc(dev, words);
+                CHECK_OK(gp_dev_bf16_pack(dev, a, fa, n));
+                CHECK_OK(gp_dev_bf16_pack(dev, bb, fb, n));
+                CHECK_OK(gp_dev_bf16_pack(dev, dy, fdy, n));
+                CHECK_OK(gp_dev_bf16_pack(dev, g0, fg, n));
+            }
+            float *s1 = dalloc(dev, words), *y1 = dalloc(dev, words), *s2 = dalloc(dev, words);
+            float *y2 = dalloc(dev, words), *st1 = dalloc(dev, 2 * rows);
+            float *st2 = dalloc(dev, 2 * rows);
+            uint64_t l0 = gp_dev_launches(dev);
+            CHECK_OK(gp_dev_add_layer_norm_fwd(dev, dt, a, bb, s1, w, bias, y1, st1, st1 + rows,
+                                               rows, c, 1e-5f));
+            CHECK(gp_dev_launches(dev) - l0 == 1);
+            if (b16) {
+                CHECK_OK(gp_dev_add_bf16(dev, a, bb, (uint16_t *)s2, n));
+                CHECK_OK(gp_dev_layer_norm_fwd_bf16(dev, (uint16_t *)s2, w, bias, (uint16_t *)y2,
+                                                    st2, st2 + rows, rows, c, 1e-5f));
+            } else {
+                CHECK_OK(gp_dev_add(dev, fa, fb, s2, n));
+                CHECK_OK(gp_dev_layer_norm_fwd(dev, s2, w, bias, y2, st2, st2 + rows, rows, c,
+                                               1e-5f));
+            }
+            size_t bytes = (size_t)n * (b16 ? 2 : 4);
+            CHECK_MSG(!memcmp(s1, s2, bytes) && !memcmp(y1, y2, bytes) &&
+                          !memcmp(st1, st2, sizeof(float) * (size_t)(2 * rows)),
+                      "add_layer_norm_fwd %lldx%lld %s: not the bits of the add and the norm",
+                      (long long)rows, (long long)c, gp_dtype_name(dt));
+            for (int64_t r = 0; !b16 && r < rows; r++) { /* a naive double-precision norm */
+                double m = 0.0, v = 0.0;
+                for (int64_t j = 0; j < c; j++) m += (double)fa[r * c + j] + (double)fb[r * c + j];
+                m /= (double)c;
+                for (int64_t j = 0; j < c; j++) {
+                    double d = (double)fa[r * c + j] + (double)fb[r * c + j] - m;
+                    v += d * d;
+                }
+                double rs = 1.0 / sqrt(v / (double)c + 1e-5);
+                for (int64_t j = 0; j < c; j++) {
+                    double want = ((double)fa[r * c + j] + (double)fb[r * c + j] - m) * rs *
+                                      (double)w[j] + (double)bias[j];
+                    CHECK_MSG(fabs((double)y1[r * c + j] - want) <= 1e-4 * (1.0 + fabs(want)),
+                              "add_layer_norm_fwd %lldx%lld: y[%lld][%lld] %g, the double "
+                              "norm %g", (long long)rows, (long long)c, (long long)r,
+                              (long long)j, (double)y1[r * c + j], want);
+                }
+            }
+            /* backward: dx (holding the pop's gradient g0) += the norm's */
+            float *dx1 = dalloc(dev, words), *dx2 = dalloc(dev, words);
+            memcpy(dx1, g0, bytes);
+            l0 = gp_dev_launches(dev);
+            CHECK_OK(gp_dev_layer_norm_bwd_data_add(dev, dt, s1, w, st1, st1 + rows, dy, dx1,
+                                                    rows, c));
+            CHECK(gp_dev_launches(dev) - l0 == 1);
+            if (b16) {
+                CHECK_OK(gp_dev_layer_norm_bwd_data_bf16(dev, (uint16_t *)s1, w, st1,
+                                                         st1 + rows, dy, (uint16_t *)dx2, rows,
+                                                         c));
+                CHECK_OK(gp_dev_add_bf16(dev, (uint16_t *)dx2, g0, (uint16_t *)dx2, n));
+            } else {
+                CHECK_OK(gp_dev_layer_norm_bwd_data(dev, s1, w, st1, st1 + rows, fdy, dx2, rows,
+                                                    c));
+                CHECK_OK(gp_dev_axpy(dev, 1.0f, fg, dx2, n));
+            }
+            CHECK_MSG(!memcmp(dx1, dx2, bytes), "layer_norm_bwd_data_add %lldx%lld %s: not the "
+                      "bits of the norm's dx and the sum after", (long long)rows, (long long)c,
+                      gp_dtype_name(dt));
+            if (b16) {
+                dfree(dev, a, words); dfree(dev, bb, words);
+                dfree(dev, dy, words); dfree(dev, g0, words);
+            }
+            float *wide[] = {fa, fb, fdy, fg}, *store[] = {s1, y1, s2, y2, dx1, dx2};
+            for (size_t k = 0; k < 4; k++) dfree(dev, wide[k], n);
+            for (size_t k = 0; k < 6; k++) dfree(dev, store[k], words);
+            dfree(dev, w, c); dfree(dev, bias, c);
+            dfree(dev, st1, 2 * rows); dfree(dev, st2, 2 * rows);
+        }
+}
+
 int main(void)
 {
     gp_log_set_level(GP_LOG_WARN);
@@ -3194,6 +3328,7 @@ int main(void)
     test_unet_ops(dev);
     test_gemm(dev);
     test_softmax_xent(dev);
+    test_add_norm(dev);
     test_pool(dev);
     test_bn(dev);
     test_conv(dev);

@@ -2369,6 +2369,68 @@ static void test_bf16_ops(gp_device *cpu, const char *graph)
                       &st1, &st2, &g1, &g2};
         for (size_t q = 0; q < sizeof all / sizeof *all; q++) bfree(all[q]);
     }
+    /* The residual add with the layer norm after it in one launch
+     * (add_layer_norm_fwd) and the norm's data gradient added into its
+     * input's other gradient (layer_norm_bwd_data_add), issue 64, on FP32
+     * and bf16 storage: on the GPU the bits of the unfused kernels (add /
+     * add_bf16, layer_norm_fwd (_bf16); layer_norm_bwd_data (_bf16), then
+     * axpy / add_bf16), and within rounding of the CPU's (sums in another
+     * order). */
+    for (int b16 = 0; b16 < 2; b16++) {
+        const int64_t lr = 40, lc = 768, ln = lr * lc, words = b16 ? ln / 2 : ln;
+        const gp_dtype dt = b16 ? GP_BF16 : GP_F32;
+        buf fa = brand(ln, -2, 2), fb = brand(ln, -2, 2), fdy = brand(ln, -1, 1),
+            fg = brand(ln, -1, 1), lw = brand(lc, 0.5f, 1.5f), lbias = brand(lc, -0.5f, 0.5f);
+        buf a = bjunk(words), b = bjunk(words), dy = bjunk(words), g0 = bjunk(words),
+            s1 = bjunk(words), y1 = bjunk(words), s2 = bjunk(words), y2 = bjunk(words),
+            dx1 = bjunk(words), dx2 = bjunk(words), st1 = bjunk(2 * lr), st2 = bjunk(2 * lr);
+        buf *src[4] = {&fa, &fb, &fdy, &fg}, *dst[4] = {&a, &b, &dy, &g0};
+        for (int q = 0; q < 4; q++) {
+            if (b16) BOTH(gp_dev_bf16_pack(D, (uint16_t *)dst[q]->p[K], src[q]->p[K], ln));
+            else BOTH(gp_dev_copy_d2d(D, dst[q]->p[K], src[q]->p[K], (size_t)ln * 4));
+        }
+        BOTH(gp_dev_add_layer_norm_fwd(D, dt, a.p[K], b.p[K], s1.p[K], lw.p[K], lbias.p[K],
+                                       y1.p[K], st1.p[K], st1.p[K] + lr, lr, lc, 1e-5f));
+        BOTH(gp_dev_copy_d2d(D, dx1.p[K], g0.p[K], (size_t)words * 4));
+        BOTH(gp_dev_layer_norm_bwd_data_add(D, dt, s1.p[K], lw.p[K], st1.p[K], st1.p[K] + lr,
+                                            dy.p[K], dx1.p[K], lr, lc));
+        if (b16) {
+            CHECK_OK(gp_dev_add_bf16(g, (uint16_t *)a.p[1], (uint16_t *)b.p[1],
+                                     (uint16_t *)s2.p[1], ln));
+            CHECK_OK(gp_dev_layer_norm_fwd_bf16(g, (uint16_t *)s2.p[1], lw.p[1], lbias.p[1],
+                                                (uint16_t *)y2.p[1], st2.p[1], st2.p[1] + lr, lr,
+                                                lc, 1e-5f));
+            CHECK_OK(gp_dev_layer_norm_bwd_data_bf16(g, (uint16_t *)s1.p[1], lw.p[1], st1.p[1],
+                                                     st1.p[1] + lr, (uint16_t *)dy.p[1],
+                                                     (uint16_t *)dx2.p[1], lr, lc));
+            CHECK_OK(gp_dev_add_bf16(g, (uint16_t *)dx2.p[1], (uint16_t *)g0.p[1],
+                                     (uint16_t *)dx2.p[1], ln));
+        } else {
+            CHECK_OK(gp_dev_add(g, a.p[1], b.p[1], s2.p[1], ln));
+            CHECK_OK(gp_dev_layer_norm_fwd(g, s2.p[1], lw.p[1], lbias.p[1], y2.p[1], st2.p[1],
+                                           st2.p[1] + lr, lr, lc, 1e-5f));
+            CHECK_OK(gp_dev_layer_norm_bwd_data(g, s1.p[1], lw.p[1], st1.p[1], st1.p[1] + lr,
+                                                dy.p[1], dx2.p[1], lr, lc));
+            CHECK_OK(gp_dev_axpy(g, 1.0f, g0.p[1], dx2.p[1], ln));
+        }
+        CHECK_MSG(bsame(s1.p[1], s2.p[1], words) && bsame(y1.p[1], y2.p[1], words) &&
+                      bsame(st1.p[1], st2.p[1], 2 * lr) && bsame(dx1.p[1], dx2.p[1], words),
+                  "fused residual add and layer norm (%s) on the GPU: not the unfused kernels' "
+                  "bits", gp_dtype_name(dt));
+        buf *out[3] = {&s1, &y1, &dx1};
+        static const char *const names[3] = {"sum", "y", "dx"};
+        for (int q = 0; q < 3; q++) {
+            if (b16) BOTH(gp_dev_bf16_unpack(D, fa.p[K], (uint16_t *)out[q]->p[K], ln));
+            else BOTH(gp_dev_copy_d2d(D, fa.p[K], out[q]->p[K], (size_t)ln * 4));
+            char wh[96];
+            snprintf(wh, sizeof wh, "fused residual add and layer norm (%s): %s",
+                     gp_dtype_name(dt), names[q]);
+            bcheck(wh, &fa, b16 ? 1.0 / 64 : 1e-4);
+        }
+        buf *all[] = {&fa, &fb, &fdy, &fg, &lw, &lbias, &a, &b, &dy, &g0, &s1, &y1, &s2, &y2,
+                      &dx1, &dx2, &st1, &st2};
+        for (size_t q = 0; q < sizeof all / sizeof *all; q++) bfree(all[q]);
+    }
     /* the sum on bf16 storage (add_bf16), on rounded random values (a
      * NaN's payload is the processor's own): the GPU's bits are the CPU's */
     {
@@ -2483,8 +2545,8 @@ static void test_bf16_ops(gp_device *cpu, const char *graph)
                                         true, (uint16_t *)yb.p[1]));
         CHECK_OK(gp_dev_linear_bwd_data_bf16(g, ln, lout, lin, (uint16_t *)dyb.p[1], lw.p[1],
                                              (uint16_t *)dxb.p[1]));
-        CHECK_OK(gp_dev_linear_bwd_weights_bf16(g, ln, lout, lin, (uint16_t *)dyb.p[1],
-                                                (uint16_t *)xb.p[1], dw1.p[1], db1.p[1], true));
+        CHECK_OK(gp_dev_linear_bwd_weights(g, GP_BF16, ln, lout, lin, dyb.p[1], xb.p[1],
+                                           dw1.p[1], db1.p[1], true));
         /* the adapter's way */
         CHECK_OK(gp_dev_linear_fwd(g, ln, lout, lin, fx.p[1], lw.p[1], lb.p[1], true, fy.p[1]));
         CHECK_OK(gp_dev_bf16_pack(g, (uint16_t *)yb2.p[1], fy.p[1], nyl));
@@ -2498,6 +2560,13 @@ static void test_bf16_ops(gp_device *cpu, const char *graph)
         CHECK_MSG(bsame(dw1.p[1], dw2.p[1], lout * lin) && bsame(db1.p[1], db2.p[1], lout),
                   "bf16 linear (in %lld) weight and bias gradients: not the adapter's bits",
                   (long long)lin);
+        /* FP32 storage through the same slot (issue 64: the weights half in
+         * one call): the bits of gemm, fill and sum_rows above */
+        CHECK_OK(gp_dev_linear_bwd_weights(g, GP_F32, ln, lout, lin, fdy.p[1], fx.p[1],
+                                           dw1.p[1], db1.p[1], true));
+        CHECK_MSG(bsame(dw1.p[1], dw2.p[1], lout * lin) && bsame(db1.p[1], db2.p[1], lout),
+                  "FP32 linear (in %lld) weight and bias gradients in one call: not the bits of "
+                  "gemm, fill and sum_rows", (long long)lin);
         for (int dir = 0; dir < 2; dir++) {
             const buf *a = dir ? &dxb : &yb, *b = dir ? &dxb2 : &yb2;
             int64_t nv = dir ? nxl : nyl;

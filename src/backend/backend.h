@@ -150,8 +150,16 @@
  *      update's pass instead of a scale per tensor)
  *  42  embed_fwd / embed_bwd take the activations' element type (bf16
  *      storage without the adapter)
- *  43  zero_many (a stage's accumulated gradients zeroed in one launch) */
-#define GP_DEVICE_IFACE_VERSION 44
+ *  43  zero_many (a stage's accumulated gradients zeroed in one launch)
+ *  44  mem_total (a device's own memory, for the start-up fit check)
+ *  45  linear_bwd_weights takes the element type (it was
+ *      linear_bwd_weights_bf16): FP32 steps too take a linear layer's
+ *      weight and bias gradients in one call, the bias's sums overwriting
+ *      on a fresh step instead of a fill first; add_layer_norm_fwd and
+ *      layer_norm_bwd_data_add (a residual add and the layer norm after
+ *      it in one pass; the norm's data gradient added into its input's
+ *      other gradient in the same pass) */
+#define GP_DEVICE_IFACE_VERSION 45
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -1079,9 +1087,12 @@ typedef struct gp_device_iface {
     /* linear_fwd_bf16: linear_fwd with x (n, in) and y (n, out) in bf16,
      * the product, bias and relu in FP32, y rounded once;
      * linear_bwd_data_bf16: dx (n, in) = dy (n, out) w (out, in), bf16 dy
-     * and dx; linear_bwd_weights_bf16: dw (out, in) = (fresh) or += dy^T x
-     * and db (out; NULL: no bias) likewise dy's column sums, from bf16 dy
-     * and x, dw and db FP32.  For a device whose precision is bf16
+     * and dx; linear_bwd_weights: dw (out, in) = (fresh) or += dy^T x
+     * and db (out; NULL: no bias) likewise dy's column sums, from dy and x
+     * of element type dt (FP32 or bf16), dw and db FP32: a linear layer's
+     * whole weights half in one call on either storage (FP32: the product
+     * then the column sums, overwriting on a fresh step; the bits of gemm,
+     * fill and sum_rows).  For a device whose precision is bf16
      * (gp_dev_linear_bf16_has): the products take the bf16 activations as
      * they are (CUDA: cuBLASLt with bf16 A, B and, for y and dx, D, the
      * bias and relu as its epilogue; CPU: a oneDNN matmul likewise, the
@@ -1093,9 +1104,9 @@ typedef struct gp_device_iface {
                                  uint16_t *y);
     gp_status (*linear_bwd_data_bf16)(gp_device *dev, int64_t n, int64_t out, int64_t in,
                                       const uint16_t *dy, const float *w, uint16_t *dx);
-    gp_status (*linear_bwd_weights_bf16)(gp_device *dev, int64_t n, int64_t out, int64_t in,
-                                         const uint16_t *dy, const uint16_t *x, float *dw,
-                                         float *db, bool fresh);
+    gp_status (*linear_bwd_weights)(gp_device *dev, gp_dtype dt, int64_t n, int64_t out,
+                                    int64_t in, const void *dy, const void *x, float *dw,
+                                    float *db, bool fresh);
     /* bn_commit_multi: bn_commit of each of n parts (n >= 1; the parts'
      * tensors do not overlap), in one launch on a GPU: a stage's batch
      * norms commit their step's statistics together (gp_dev_bn_commit_end).
@@ -1113,6 +1124,25 @@ typedef struct gp_device_iface {
      * is allocated.  NULL: the host's (a CPU device; the trainer checks
      * what its CPU devices hold together against the machine's RAM). */
     gp_status (*mem_total)(gp_device *dev, uint64_t *bytes);
+    /* add_layer_norm_fwd: s = a + b (rows, c), then y = the layer norm of
+     * s as layer_norm_fwd computes it (its weights w, bias, mean, rstd and
+     * eps), in one pass (one launch on a GPU: llm.c's fused residual
+     * forward): s, a, b and y of element type dt (FP32 or bf16: the sum
+     * rounded once, as add_bf16, and the norm reads the rounded sum), the
+     * bits of add (add_bf16) then layer_norm_fwd (_bf16).  A Transformer's
+     * residual add and the norm after it (gp_layers_add_norm).
+     * layer_norm_bwd_data_add: dx += the norm's data gradient, as
+     * layer_norm_bwd_data (_bf16) computes it into a tensor of type dt
+     * and then gp_layers_accumulate adds into dx (bf16: the gradient
+     * rounded, the sum in FP32 rounded once): the norm's backward adds into
+     * the residual stream's gradient in its own pass, no separate sum.
+     * NULL: the layers run unfused. */
+    gp_status (*add_layer_norm_fwd)(gp_device *dev, gp_dtype dt, const void *a, const void *b,
+                                    void *s, const float *w, const float *bias, void *y,
+                                    float *mean, float *rstd, int64_t rows, int64_t c, float eps);
+    gp_status (*layer_norm_bwd_data_add)(gp_device *dev, gp_dtype dt, const void *x,
+                                         const float *w, const float *mean, const float *rstd,
+                                         const void *dy, void *dx, int64_t rows, int64_t c);
 } gp_device_iface;
 
 /* The most tensors one nonfinite_or_many launch takes (its table travels
@@ -1597,6 +1627,7 @@ static inline gp_status gp_dev_gemm_wb(gp_device *dev, int trans_a, int trans_b,
                                        int64_t lda, const float *b, int64_t ldb, float beta,
                                        float *c, int64_t ldc)
 {
+    gp_dev_count_launch(dev, "gemm_wb"); /* a product like any other */
     return (dev->iface->gemm_wb ? dev->iface->gemm_wb : dev->iface->gemm)(
         dev, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
@@ -1812,6 +1843,23 @@ static inline bool gp_dev_layer_norm_bf16_has(const gp_device *dev)
     return dev->iface->layer_norm_fwd_bf16 && dev->iface->layer_norm_bwd_data_bf16 &&
            dev->iface->layer_norm_bwd_weights_bf16;
 }
+/* Whether dev runs add_layer_norm_fwd and layer_norm_bwd_data_add on
+ * element type dt (bf16: with the layer norm's other bf16 slots). */
+static inline bool gp_dev_add_norm_has(const gp_device *dev, gp_dtype dt)
+{
+    return dev->iface->add_layer_norm_fwd && dev->iface->layer_norm_bwd_data_add &&
+           (dt == GP_F32 || (dt == GP_BF16 && gp_dev_layer_norm_bf16_has(dev) &&
+                             dev->iface->add_bf16));
+}
+/* add_layer_norm_fwd, layer_norm_bwd_data_add (backend.h);
+ * GP_ERR_UNSUPPORTED where gp_dev_add_norm_has is false; rows or c 0:
+ * nothing. */
+gp_status gp_dev_add_layer_norm_fwd(gp_device *dev, gp_dtype dt, const void *a, const void *b,
+                                    void *s, const float *w, const float *bias, void *y,
+                                    float *mean, float *rstd, int64_t rows, int64_t c, float eps);
+gp_status gp_dev_layer_norm_bwd_data_add(gp_device *dev, gp_dtype dt, const void *x,
+                                         const float *w, const float *mean, const float *rstd,
+                                         const void *dy, void *dx, int64_t rows, int64_t c);
 /* layer_norm_*_bf16 (backend.h); GP_ERR_UNSUPPORTED where
  * gp_dev_layer_norm_bf16_has is false; rows or c 0: nothing. */
 gp_status gp_dev_layer_norm_fwd_bf16(gp_device *dev, const uint16_t *x, const float *w,
@@ -1837,7 +1885,7 @@ gp_status gp_dev_mul_rows_bf16(gp_device *dev, const uint16_t *x, const float *s
 static inline bool gp_dev_linear_bf16_has(const gp_device *dev)
 {
     return dev->iface->linear_fwd_bf16 && dev->iface->linear_bwd_data_bf16 &&
-           dev->iface->linear_bwd_weights_bf16 && dev->precision == GP_PRECISION_BF16;
+           dev->iface->linear_bwd_weights && dev->precision == GP_PRECISION_BF16;
 }
 /* linear_*_bf16 (backend.h); GP_ERR_UNSUPPORTED where gp_dev_linear_bf16_has
  * is false. */
@@ -1846,9 +1894,12 @@ gp_status gp_dev_linear_fwd_bf16(gp_device *dev, int64_t n, int64_t out, int64_t
                                  uint16_t *y);
 gp_status gp_dev_linear_bwd_data_bf16(gp_device *dev, int64_t n, int64_t out, int64_t in,
                                       const uint16_t *dy, const float *w, uint16_t *dx);
-gp_status gp_dev_linear_bwd_weights_bf16(gp_device *dev, int64_t n, int64_t out, int64_t in,
-                                         const uint16_t *dy, const uint16_t *x, float *dw,
-                                         float *db, bool fresh);
+/* linear_bwd_weights on dy and x of element type dt: bf16 as the other
+ * linear_*_bf16 slots; FP32 the slot where the backend has it, else gemm,
+ * fill and sum_rows (three launches). */
+gp_status gp_dev_linear_bwd_weights(gp_device *dev, gp_dtype dt, int64_t n, int64_t out,
+                                    int64_t in, const void *dy, const void *x, float *dw,
+                                    float *db, bool fresh);
 /* norm_leaky_bwd_bf16, upsample_*_bf16 (backend.h), checked as their FP32
  * slots are; GP_ERR_UNSUPPORTED where the backend has none. */
 gp_status gp_dev_norm_leaky_bwd_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t *yz,

@@ -1171,6 +1171,29 @@ gp_status gp_dev_layer_norm_bwd_weights_bf16(gp_device *dev, const uint16_t *x,
     return GP_LAUNCH(dev, layer_norm_bwd_weights_bf16)(dev, x, mean, rstd, dy, dw, db, rows, c);
 }
 
+gp_status gp_dev_add_layer_norm_fwd(gp_device *dev, gp_dtype dt, const void *a, const void *b,
+                                    void *s, const float *w, const float *bias, void *y,
+                                    float *mean, float *rstd, int64_t rows, int64_t c, float eps)
+{
+    if (!gp_dev_add_norm_has(dev, dt))
+        return gp_error_set(GP_ERR_UNSUPPORTED, "device %s: no fused residual add and layer "
+                            "norm on %s storage", dev->name, gp_dtype_name(dt));
+    if (rows <= 0 || c <= 0) return GP_OK;
+    return GP_LAUNCH(dev, add_layer_norm_fwd)(dev, dt, a, b, s, w, bias, y, mean, rstd, rows, c,
+                                              eps);
+}
+
+gp_status gp_dev_layer_norm_bwd_data_add(gp_device *dev, gp_dtype dt, const void *x,
+                                         const float *w, const float *mean, const float *rstd,
+                                         const void *dy, void *dx, int64_t rows, int64_t c)
+{
+    if (!gp_dev_add_norm_has(dev, dt))
+        return gp_error_set(GP_ERR_UNSUPPORTED, "device %s: no layer norm backward adding into "
+                            "its gradient on %s storage", dev->name, gp_dtype_name(dt));
+    if (rows <= 0 || c <= 0) return GP_OK;
+    return GP_LAUNCH(dev, layer_norm_bwd_data_add)(dev, dt, x, w, mean, rstd, dy, dx, rows, c);
+}
+
 static gp_status no_conv_bf16(gp_device *dev)
 {
     return gp_error_set(GP_ERR_UNSUPPORTED, "device %s (%s backend, precision %s) has no bf16 "
@@ -1376,12 +1399,20 @@ gp_status gp_dev_linear_bwd_data_bf16(gp_device *dev, int64_t n, int64_t out, in
     return n > 0 && in > 0 ? GP_LAUNCH(dev, linear_bwd_data_bf16)(dev, n, out, in, dy, w, dx) : GP_OK;
 }
 
-gp_status gp_dev_linear_bwd_weights_bf16(gp_device *dev, int64_t n, int64_t out, int64_t in,
-                                         const uint16_t *dy, const uint16_t *x, float *dw,
-                                         float *db, bool fresh)
+gp_status gp_dev_linear_bwd_weights(gp_device *dev, gp_dtype dt, int64_t n, int64_t out,
+                                    int64_t in, const void *dy, const void *x, float *dw,
+                                    float *db, bool fresh)
 {
-    if (!gp_dev_linear_bf16_has(dev)) return no_bf16_slot(dev, "linear layer");
-    return GP_LAUNCH(dev, linear_bwd_weights_bf16)(dev, n, out, in, dy, x, dw, db, fresh);
+    if (dt == GP_BF16 && !gp_dev_linear_bf16_has(dev)) return no_bf16_slot(dev, "linear layer");
+    GP_ASSERT(dt == GP_BF16 || dt == GP_F32);
+    if (dt == GP_F32 && !dev->iface->linear_bwd_weights) { /* the three calls it stands for */
+        GP_TRY(gp_dev_gemm(dev, 1, 0, out, in, n, 1.0f, dy, out, x, in, fresh ? 0.0f : 1.0f, dw,
+                           in));
+        if (!db) return GP_OK;
+        if (fresh) GP_TRY(gp_dev_fill(dev, db, 0.0f, out));
+        return n > 0 ? gp_dev_sum_rows(dev, dy, db, n, out) : GP_OK;
+    }
+    return GP_LAUNCH(dev, linear_bwd_weights)(dev, dt, n, out, in, dy, x, dw, db, fresh);
 }
 
 gp_status gp_dev_upsample_fwd_bf16(gp_device *dev, const uint16_t *x, uint16_t *y, int64_t n,

@@ -375,7 +375,7 @@ static void *contender_main(void *arg)
         if (s == GP_OK) s = gp_layer_forward(&l, &ctx, x, &y, &sv);
         /* as the stage runs it: a layer that hands dy on takes it (no
          * copy), and the next repetition gets it back */
-        if (s == GP_OK) s = gp_layer_backward_take(&l, &ctx, x, &y, &dy, dx, false, &sv);
+        if (s == GP_OK) s = gp_layer_backward_take(&l, &ctx, x, &y, &dy, dx, false, false, &sv);
         if (s == GP_OK && !gp_tensor_mem(&dy) && gp_tensor_mem(&dx[0])) {
             gp_shape ys = gp_tensor_shape(&y);
             dy = gp_tensor_reshape(&dx[0], &ys);

@@ -177,14 +177,31 @@ static gp_status run_forward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_fwd_kee
     gp_layers_relu_fused(layers, s->count, s->inplace, s->fused);
     gp_layers_norm_leaky(layers, s->count, s->inplace);
     gp_status st = GP_OK;
+    /* a residual add's forward also gave the norm after it its output
+     * (gp_layers_add_norm): that norm's y and saved statistics */
+    gp_tensor next_y = {0};
+    gp_saved next_sv = {0};
+    bool have_next = false;
     for (int c = 0; c < s->count; c++) {
         gp_tensor x[1 + GP_MAX_POPS];
         layer_inputs(s, c, &s->acts[c], x);
         gp_tensor y = {0};
         gp_saved sv = {0};
         bool ip = s->inplace[c];
-        st = ip ? gp_layer_forward_inplace(&layers[c], ctx, x, &y, &sv)
-                : gp_layer_forward(&layers[c], ctx, x, &y, &sv);
+        if (have_next) {
+            y = next_y;
+            sv = next_sv;
+            next_y = (gp_tensor){0};
+            next_sv = (gp_saved){0};
+            have_next = false;
+        } else if (gp_layers_add_norm(layers, s->count, c, s->inplace)) {
+            st = gp_layer_add_norm_forward(&layers[c], &layers[c + 1], ctx, x, &y, &next_y,
+                                           &next_sv, &have_next);
+            if (st == GP_OK && !have_next) st = gp_layer_forward(&layers[c], ctx, x, &y, &sv);
+        } else {
+            st = ip ? gp_layer_forward_inplace(&layers[c], ctx, x, &y, &sv)
+                    : gp_layer_forward(&layers[c], ctx, x, &y, &sv);
+        }
         if (st != GP_OK) {
             *bad = c;
             gp_saved_free(&sv);
@@ -235,6 +252,10 @@ static gp_status run_forward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_fwd_kee
             *bad = c;
             break;
         }
+    }
+    if (have_next) { /* a failure between the pair's two layers */
+        gp_tensor_free(&next_y);
+        gp_saved_free(&next_sv);
     }
     if (st != GP_OK) {
         if (keep) {
@@ -287,8 +308,28 @@ static gp_status add_stash_grad(gp_layer *l, gp_stash *s, int c, gp_tensor *g)
         return gp_error_set(GP_ERR_RUNTIME, "no gradient arrived for the skip '%s' it stashes",
                             s->skips->skips[t].name);
     gp_status st = gp_layers_accumulate(l->dev, g, sg);
+    if (st == GP_OK && gp_tensor_mem(g) == gp_tensor_mem(sg) && !g->owned) {
+        /* g views the pop's gradient (an add of a tensor to itself,
+         * gp_layer_backward_take's views): g takes the memory over */
+        g->owned = sg->owned;
+        *sg = (gp_tensor){0};
+    }
     gp_tensor_free(sg);
     return st;
+}
+
+/* The gradient that layer c's backward may add its dx into (ctx.dx_into):
+ * the one that layer c - 1's stash got from its pop, when c reads c - 1's
+ * output alone and its backward adds (gp_layer_dx_adds; a residual add's
+ * sum and the layer norm after it).  NULL: none. */
+static gp_tensor *fold_target(gp_layer *layers, gp_stash *s, int c)
+{
+    int t = c >= 1 ? stash_of(s, c - 1) : -1;
+    if (t < 0 || layers[c].n_in != 1 || pop_of(s, c, 0) >= 0) return NULL;
+    gp_tensor *sg = gp_stash_skip_role(s, t) == GP_SKIP_INSIDE ? &s->skip_din[t]
+                                                                : &s->skip_dout[t];
+    if (!gp_tensor_mem(sg) || !sg->owned) return NULL;
+    return gp_layer_dx_adds(&layers[c], &s->acts[c], sg) ? sg : NULL;
 }
 
 /* Layer c's backward (whole, or its data half), its input gradients
@@ -303,9 +344,16 @@ static gp_status layer_backward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_stas
     gp_tensor x[1 + GP_MAX_POPS], dx[1 + GP_MAX_POPS] = {{0}};
     int nx = layer_inputs(s, c, &s->acts[c], x);
     gp_status st;
+    /* every input's gradient may be g's memory (a residual add's: no copy
+     * for its pop) where each pop's stash is inside the stage, where the
+     * pop's gradient stays until that layer, after the layer before has
+     * read the view, and not at the stage's first layer, whose dx leaves */
+    bool views = !half && c > 0;
+    for (int q = 0; views && q < GP_MAX_POPS && pop_of(s, c, q) >= 0; q++)
+        views = s->skips->skips[pop_of(s, c, q)].from - s->first >= 0;
     if (!half || gp_layer_param_count(&layers[c]) == 0)
         st = gp_layer_backward_take(&layers[c], ctx, x, &s->acts[c + 1], g, want_dx ? dx : NULL,
-                                    half, &s->saved[c]);
+                                    half, views, &s->saved[c]);
     else
         st = gp_layer_backward_data(&layers[c], ctx, x, &s->acts[c + 1], g, want_dx ? dx : NULL,
                                     &s->saved[c]);
@@ -329,11 +377,27 @@ gp_status gp_ckpt_backward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_stash *s,
     /* Without dx (the model's first stage) the layers before the first
      * trainable one need no backward and that one needs no dx. */
     int ft = dx ? -1 : first_trainable;
+    int folded = -1; /* the layer whose stash's gradient its successor added in */
     for (int c = s->count - 1; c >= 0; c--) {
         gp_tensor d = {0};
         if (c >= ft) {
-            st = add_stash_grad(&layers[c], s, c, &g);
-            if (st == GP_OK && s->fused[c] && c > ft) {
+            gp_tensor *into = c > ft ? fold_target(layers, s, c) : NULL;
+            if (folded != c) st = add_stash_grad(&layers[c], s, c, &g);
+            if (st == GP_OK && into) {
+                /* dL/d (its input) is the pop's gradient plus this
+                 * layer's: its backward adds into the pop's tensor, which
+                 * then is the input's whole gradient (no sum after) */
+                gp_fwd_ctx fc = *ctx;
+                fc.dx_into = into;
+                st = layer_backward(layers, &fc, s, c, false, &g, true, &d);
+                if (st == GP_OK) {
+                    gp_shape ds = gp_tensor_shape(&d);
+                    d = gp_tensor_reshape(into, &ds);
+                    d.owned = true;
+                    *into = (gp_tensor){0};
+                    folded = c - 1;
+                }
+            } else if (st == GP_OK && s->fused[c] && c > ft) {
                 /* a relu whose batch norm does its work: the norm's
                  * backward masks this very gradient (gp_bn_desc.relu), so
                  * it passes down untouched, no pass and no copy */

@@ -676,15 +676,42 @@ static gp_status check_input(const gp_layer *l, const gp_tensor *x)
  * input; all freed on failure.  dx[0] as a view of *take (shaped as x)
  * where the layer hands dy on unchanged and *take owns its memory, of x's
  * element type; the others allocated. */
+static bool takes_as(const gp_tensor *take, const gp_tensor *x)
+{
+    return take->dtype == x->dtype && gp_tensor_numel(take) == gp_tensor_numel(x);
+}
+
+/* Whether every input's gradient is dy itself (ops->dx_all_dy): each dx[q]
+ * a view of *take. */
+static bool all_take(const gp_layer *l, const gp_tensor *x, const gp_tensor *take, bool views)
+{
+    if (!views || !take || !take->owned || !l->ops->dx_all_dy || !l->ops->dx_all_dy(l)) return false;
+    for (int q = 0; q < l->n_in; q++)
+        if (!takes_as(take, &x[q])) return false;
+    return true;
+}
+
 static gp_status alloc_dx(const gp_layer *l, const gp_tensor *x, gp_tensor *dx,
-                          const gp_tensor *take)
+                          const gp_tensor *take, bool views, const gp_tensor *into)
 {
     int from = 0;
-    if (take && l->ops->dx_is_dy && take->owned && take->dtype == x[0].dtype &&
-        gp_tensor_numel(take) == gp_tensor_numel(x)) {
+    if (into) { /* dx[0] adds into another gradient of x (ctx->dx_into) */
+        GP_ASSERT(gp_layer_dx_adds(l, &x[0], into));
+        gp_shape xs = gp_tensor_shape(&x[0]);
+        dx[0] = gp_tensor_reshape(into, &xs);
+        dx[0].owned = false;
+        from = 1;
+    } else if (take && l->ops->dx_is_dy && take->owned && takes_as(take, &x[0])) {
         gp_shape xs = gp_tensor_shape(&x[0]);
         dx[0] = gp_tensor_reshape(take, &xs);
         from = 1;
+    }
+    if (from && all_take(l, x, take, views)) { /* the views only: no copy (took) */
+        for (int q = 1; q < l->n_in; q++) {
+            gp_shape xs = gp_tensor_shape(&x[q]);
+            dx[q] = gp_tensor_reshape(take, &xs);
+        }
+        return GP_OK;
     }
     for (int q = from; q < l->n_in; q++) {
         gp_shape xs = gp_tensor_shape(&x[q]);
@@ -703,11 +730,18 @@ static void free_dx(const gp_layer *l, gp_tensor *dx)
 }
 
 /* After a successful backward: a dx[0] that is a view of *take becomes
- * the owner of take's memory, and *take is left empty. */
-static void took(gp_tensor *dx, gp_tensor *take)
+ * the owner of take's memory, and *take is left empty.  Where every dx[q]
+ * views it (dx_all_dy), the last input's owns it and the others stay
+ * views: a pop's gradient lives until its stash reads it, after the main
+ * input's gradient (dx[0]) has been read by the layer before, whose
+ * backward comes first (checkpoint.c add_stash_grad). */
+static void took(const gp_layer *l, gp_tensor *dx, gp_tensor *take)
 {
     if (!take || !dx[0].mem || dx[0].owned || dx[0].mem != take->mem) return;
-    dx[0].owned = true;
+    int owner = 0;
+    for (int q = 1; q < l->n_in; q++)
+        if (dx[q].mem == take->mem && !dx[q].owned) owner = q;
+    dx[owner].owned = true;
     *take = (gp_tensor){0};
 }
 
@@ -1119,6 +1153,63 @@ void gp_layers_relu_fused(gp_layer *layers, int count, const bool *inplace, bool
     }
 }
 
+static bool fuse_add_norm_on;
+static pthread_once_t fuse_add_norm_once = PTHREAD_ONCE_INIT;
+static void fuse_add_norm_read(void)
+{
+    const char *e = getenv("GPIPE_FUSE_ADD_NORM");
+    fuse_add_norm_on = !e || strcmp(e, "0") != 0;
+}
+
+bool gp_layers_add_norm(const gp_layer *layers, int count, int c, const bool *inplace)
+{
+    pthread_once(&fuse_add_norm_once, fuse_add_norm_read);
+    if (!fuse_add_norm_on || c < 0 || c + 1 >= count) return false;
+    const gp_layer *a = &layers[c], *n = &layers[c + 1];
+    return a->spec.type == GP_LAYER_ADD && a->n_in == 2 && a->ops->dx_all_dy &&
+           a->ops->dx_all_dy(a) && n->spec.type == GP_LAYER_LAYER_NORM && n->n_in == 1 &&
+           !inplace[c + 1] && a->dev == n->dev && a->out_dtype == n->out_dtype &&
+           gp_dev_add_norm_has(a->dev, a->out_dtype);
+}
+
+gp_status gp_layer_add_norm_forward(gp_layer *add, gp_layer *norm, const gp_fwd_ctx *ctx,
+                                    const gp_tensor *x, gp_tensor *y, gp_tensor *y2,
+                                    gp_saved *s2, bool *done)
+{
+    (void)ctx;
+    *done = false;
+    if (adapts(add, x) || x[0].dtype != add->out_dtype || x[1].dtype != add->out_dtype ||
+        gp_tensor_numel(&x[0]) == 0)
+        return GP_OK; /* the two layers' own forwards */
+    GP_TRY(check_input(add, x));
+    gp_shape ys = gp_shape_with_batch(&add->out_shape, x->dims[0]);
+    GP_TRY(gp_tensor_alloc_as(y, add->dev, &ys, add->out_dtype, GP_MEM_ACTIVATIONS));
+    gp_status st = check_input(norm, y);
+    if (st == GP_OK && adapts(norm, y)) {
+        gp_tensor_free(y);
+        return GP_OK;
+    }
+    gp_shape ys2 = gp_shape_with_batch(&norm->out_shape, x->dims[0]);
+    if (st == GP_OK)
+        st = gp_tensor_alloc_as(y2, norm->dev, &ys2, norm->out_dtype, GP_MEM_ACTIVATIONS);
+    if (st == GP_OK) st = gp_layers_norm_forward_add(norm, &x[0], &x[1], y, y2, s2);
+    if (st != GP_OK) {
+        gp_tensor_free(y);
+        gp_tensor_free(y2);
+        gp_saved_free(s2);
+        return st;
+    }
+    *done = true;
+    return GP_OK;
+}
+
+bool gp_layer_dx_adds(const gp_layer *l, const gp_tensor *x, const gp_tensor *into)
+{
+    return l->ops->dx_adds && l->n_in == 1 && !adapts(l, x) && gp_tensor_mem(into) &&
+           into->dtype == x->dtype && gp_tensor_numel(into) == gp_tensor_numel(x) &&
+           l->ops->dx_adds(l, x->dtype);
+}
+
 gp_status gp_layers_commit(gp_layer *layers, int count, gp_device *dev, int *bad)
 {
     GP_TRY(gp_dev_bn_commit_begin(dev));
@@ -1151,10 +1242,10 @@ void gp_layer_specs_inplace(const gp_layer_spec *specs, int count, bool *inplace
  * the weights half), on tensors the layer's ops take as they are. */
 static gp_status run_backward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                               const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
-                              gp_saved *s, gp_tensor *take, bool weights)
+                              gp_saved *s, gp_tensor *take, bool views, bool weights)
 {
     if (dx) {
-        GP_TRY(alloc_dx(l, x, dx, take));
+        GP_TRY(alloc_dx(l, x, dx, take, views, ctx->dx_into));
         gp_status st = l->ops->backward_data(l, ctx, x, y, dy, dx, s);
         if (st != GP_OK) {
             free_dx(l, dx);
@@ -1168,7 +1259,7 @@ static gp_status run_backward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tenso
             return st;
         }
     }
-    if (dx) took(dx, take);
+    if (dx) took(l, dx, take);
     return GP_OK;
 }
 
@@ -1179,9 +1270,10 @@ static gp_status run_backward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tenso
  * gradient rounded to that input's type.  Nothing is handed on (take). */
 static gp_status backward_as(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                              const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx, gp_saved *s,
-                             gp_tensor *take, bool weights)
+                             gp_tensor *take, bool views, bool weights)
 {
-    if (!adapts(l, x)) return run_backward(l, ctx, x, y, dy, dx, s, take, weights);
+    if (!adapts(l, x)) return run_backward(l, ctx, x, y, dy, dx, s, take, views, weights);
+    GP_ASSERT(!ctx->dx_into); /* checkpoint.c asks it only where nothing adapts */
     bool xs[1 + GP_MAX_POPS] = {gp_layer_spec_ignores_x(&l->spec)};
     bool ys = gp_layer_spec_ignores_y(&l->spec);
     gp_tensor xf[1 + GP_MAX_POPS], yf, dyf, dxf[1 + GP_MAX_POPS] = {{0}};
@@ -1190,7 +1282,7 @@ static gp_status backward_as(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor
     if (st == GP_OK) {
         st = widen(dy, 1, NULL, &dyf);
         if (st == GP_OK) {
-            st = run_backward(l, ctx, xf, &yf, &dyf, dx ? dxf : NULL, s, NULL, weights);
+            st = run_backward(l, ctx, xf, &yf, &dyf, dx ? dxf : NULL, s, NULL, false, weights);
             for (int q = 0; dx && q < l->n_in; q++) {
                 if (st == GP_OK) st = narrow(&dxf[q], x[q].dtype, &dx[q]);
                 if (st != GP_OK) free_all(dx, q);
@@ -1206,7 +1298,7 @@ static gp_status backward_as(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor
 
 static gp_status backward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                          const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx, gp_saved *s,
-                         gp_tensor *take)
+                         gp_tensor *take, bool views)
 {
     GP_ASSERT(gp_tensor_numel(dy) == gp_tensor_numel(y));
     gp_fwd_ctx c = *ctx;
@@ -1215,7 +1307,7 @@ static gp_status backward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x
         if (l->ops->overwrites_grads) c.grads_overwrite = true;
         else GP_TRY(gp_layer_zero_grad(l));
     }
-    GP_TRY(backward_as(l, &c, x, y, dy, dx, s, take, true));
+    GP_TRY(backward_as(l, &c, x, y, dy, dx, s, take, views, true));
     l->grads_stale = false;
     return GP_OK;
 }
@@ -1224,7 +1316,7 @@ gp_status gp_layer_backward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor 
                             const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
                             gp_saved *s)
 {
-    return backward(l, ctx, x, y, dy, dx, s, NULL);
+    return backward(l, ctx, x, y, dy, dx, s, NULL, false);
 }
 
 /* The split backward accumulates from the first micro-batch on (stale
@@ -1247,7 +1339,7 @@ static gp_status backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tens
     gp_fwd_ctx c = *ctx;
     c.grads_overwrite = false;
     if (!dx) return GP_OK;
-    return backward_as(l, &c, x, y, dy, dx, s, take, false);
+    return backward_as(l, &c, x, y, dy, dx, s, take, false, false);
 }
 
 gp_status gp_layer_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
@@ -1259,10 +1351,12 @@ gp_status gp_layer_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_te
 
 gp_status gp_layer_backward_take(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                                  const gp_tensor *y, gp_tensor *dy, gp_tensor *dx,
-                                 bool data_only, gp_saved *s)
+                                 bool data_only, bool views, gp_saved *s)
 {
+    /* the data half's dx[0] is kept for the weights half of the layer
+     * before: no views of a pop's gradient there */
     return data_only ? backward_data(l, ctx, x, y, dy, dx, s, dy)
-                     : backward(l, ctx, x, y, dy, dx, s, dy);
+                     : backward(l, ctx, x, y, dy, dx, s, dy, views);
 }
 
 gp_status gp_layer_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
@@ -1272,7 +1366,7 @@ gp_status gp_layer_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx, const gp
     gp_fwd_ctx c = *ctx;
     c.grads_overwrite = false;
     if (!l->ops->backward_weights) return GP_OK;
-    return backward_as(l, &c, x, y, dy, NULL, s, NULL, true);
+    return backward_as(l, &c, x, y, dy, NULL, s, NULL, false, true);
 }
 
 /* ---- the loss ------------------------------------------------------------ */

@@ -247,6 +247,12 @@ typedef struct gp_fwd_ctx {
      * backward_weights then writes its gradients (dW =) instead of adding to
      * them, which saves zeroing them and reading them back. */
     bool grads_overwrite;
+    /* Set by the stage's backward only (checkpoint.c), for a layer whose
+     * ops->dx_adds says it can: the main input's gradient is this tensor's
+     * memory, which holds another gradient of that input (its pop's, a
+     * residual's), and backward_data adds into it (dx +=) instead of
+     * writing a dx of its own that would be summed after. */
+    const gp_tensor *dx_into;
 } gp_fwd_ctx;
 
 #define GP_SAVED_MAX 24
@@ -349,6 +355,17 @@ typedef struct gp_layer_ops {
      * backward_data then finds dx[0] sharing dy's memory (gp_layers_copy of
      * a tensor onto itself is nothing). */
     bool dx_is_dy;
+    /* (optional, with dx_is_dy) every input's gradient is dy unchanged
+     * (the plain add): gp_layer_backward_take hands dy on as each dx[q],
+     * the last input's owning the memory and the others viewing it, so no
+     * device copy gives a residual's pop its gradient (issue 64: the add's
+     * copy per block).  A caller frees every dx (a view's free is
+     * nothing) and lets the owner outlive the views' reads. */
+    bool (*dx_all_dy)(const gp_layer *l);
+    /* (optional) backward_data can add its main input's gradient into a
+     * tensor that holds another (ctx->dx_into) on this device and storage:
+     * layer norm (layer_norm_bwd_data_add, issue 64). */
+    bool (*dx_adds)(const gp_layer *l, gp_dtype dt);
     /* forward and backward move values without reading them (identity,
      * flatten): they run on tensors of any one element type as they are,
      * where the storage adapter (gp_layer's out_dtype) would widen and
@@ -600,11 +617,30 @@ gp_status gp_layer_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx, const gp
  * owns dy and will not read it again: where the layer hands dy on
  * unchanged (ops->dx_is_dy) and dy owns its memory, dx[0] becomes dy
  * itself, shaped as x, and *dy is left empty, so no device copy moves the
- * gradient; otherwise as the plain call, *dy untouched.  On error *dy is
- * untouched and dx empty. */
+ * gradient; otherwise as the plain call, *dy untouched.  views (whole
+ * backward only) and ops->dx_all_dy: every dx[q] is dy's memory, the last
+ * input's owning it and the others views of it, which the caller must read
+ * before it frees the owner.  On error *dy is untouched and dx empty. */
+/* A residual add and the layer norm after it in one pass (issue 64,
+ * llm.c's fused residual forward): whether layers[c] is an add without
+ * projection and layers[c + 1] a layer norm that reads its sum alone
+ * (no pops, not in place), on one device whose add_layer_norm_fwd takes
+ * their element type.  GPIPE_FUSE_ADD_NORM=0 turns it off. */
+bool gp_layers_add_norm(const gp_layer *layers, int count, int c, const bool *inplace);
+/* The pair's forward: y = the add of x (its main input and its pop), y2
+ * = the norm of y with s2 the norm's saved statistics, as the two layers'
+ * forwards give them (the same bits), in one device call.  *done false
+ * (nothing allocated) where these inputs do not take the fused path (an
+ * element type the layers adapt, no rows): the caller runs the two. */
+gp_status gp_layer_add_norm_forward(gp_layer *add, gp_layer *norm, const gp_fwd_ctx *ctx,
+                                    const gp_tensor *x, gp_tensor *y, gp_tensor *y2,
+                                    gp_saved *s2, bool *done);
+/* Whether layer l's backward_data can add into a gradient `into` of its
+ * main input x (ctx->dx_into, ops->dx_adds). */
+bool gp_layer_dx_adds(const gp_layer *l, const gp_tensor *x, const gp_tensor *into);
 gp_status gp_layer_backward_take(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                                  const gp_tensor *y, gp_tensor *dy, gp_tensor *dx,
-                                 bool data_only, gp_saved *s);
+                                 bool data_only, bool views, gp_saved *s);
 /* *g += *sg, two gradients of one activation (a stashed output's: the
  * next layer's and its pop's), of one element type: FP32 adds in place;
  * bf16 widens both, adds in FP32 and rounds the sum once into g. */

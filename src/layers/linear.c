@@ -114,19 +114,13 @@ static gp_status linear_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx,
     if (n == 0) /* nothing to add; a fresh step's gradients are zero */
         return ctx->grads_overwrite ? gp_layer_zero_grad(l) : GP_OK;
     /* dW(out, in) += dy^T(out, N) x(N, in); = on the step's first backward */
-    bool fresh = ctx->grads_overwrite;
-    if (dy->dtype == GP_BF16)
-        return gp_dev_linear_bwd_weights_bf16(dev, n, out, in, gp_bf16(dy), gp_bf16(x),
-                                              gp_f32(&l->params[0].grad),
-                                              l->spec.bias ? gp_f32(&l->params[1].grad) : NULL,
-                                              fresh);
-    GP_TRY(gp_dev_gemm(dev, 1, 0, out, in, n, 1.0f, gp_f32(dy), out, gp_f32(x), in,
-                       fresh ? 0.0f : 1.0f, gp_f32(&l->params[0].grad), in));
-    if (l->spec.bias) {
-        if (fresh) GP_TRY(gp_dev_fill(dev, gp_f32(&l->params[1].grad), 0.0f, out));
-        GP_TRY(gp_dev_sum_rows(dev, gp_f32(dy), gp_f32(&l->params[1].grad), n, out));
-    }
-    return GP_OK;
+    /* the weight and bias gradients in one device call on either storage
+     * (the bias's sums overwrite on a fresh step: no fill first) */
+    GP_ASSERT(dy->dtype == x->dtype);
+    return gp_dev_linear_bwd_weights(dev, dy->dtype, n, out, in, gp_tensor_mem(dy),
+                                     gp_tensor_mem(x), gp_f32(&l->params[0].grad),
+                                     l->spec.bias ? gp_f32(&l->params[1].grad) : NULL,
+                                     ctx->grads_overwrite);
 }
 
 static double linear_flops(const gp_layer *l, int64_t n)

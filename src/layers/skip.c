@@ -273,6 +273,9 @@ static gp_status add_allreduce_stats(gp_layer *l, gp_comm *comm)
     return bn->ops->allreduce_stats ? bn->ops->allreduce_stats(bn, comm) : GP_OK;
 }
 
+/* The plain sum's gradient is dy for both inputs (no projection). */
+static bool add_dx_all_dy(const gp_layer *l) { return !projects(l); }
+
 /* The plain sum takes bf16 storage where the device adds bf16 (its
  * backward hands dy on as it is); the projection's convolution and norm
  * are a composite's children, FP32 inside. */
@@ -325,6 +328,7 @@ const gp_layer_ops gp_add_ops = {
     .bwd_ignores_y = true, /* reads x, dy and what it saved */
     .bwd_ignores_x = true,
     .dx_is_dy = true,
+    .dx_all_dy = add_dx_all_dy,
 };
 
 /* ---- concat ------------------------------------------------------------------ */

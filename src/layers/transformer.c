@@ -84,6 +84,23 @@ static gp_status layer_norm_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp
                                  l->spec.eps);
 }
 
+/* The forward of a residual add a + b and this norm over the sum s, in one
+ * device call (gp_layer_add_norm_forward; s and y allocated). */
+gp_status gp_layers_norm_forward_add(gp_layer *l, const gp_tensor *a, const gp_tensor *b,
+                                     gp_tensor *sum, gp_tensor *y, gp_saved *s)
+{
+    int64_t rows = ln_rows(sum), c = sum->dims[sum->ndim - 1];
+    GP_ASSERT(rows > 0 && a->dtype == sum->dtype && b->dtype == sum->dtype &&
+              y->dtype == sum->dtype);
+    gp_shape st = gp_shape_2d(rows, 1);
+    GP_TRY(gp_layers_saved_alloc(s, 0, l->dev, &st)); /* mean (rows) */
+    GP_TRY(gp_layers_saved_alloc(s, 1, l->dev, &st)); /* rstd (rows) */
+    return gp_dev_add_layer_norm_fwd(l->dev, sum->dtype, gp_tensor_mem(a), gp_tensor_mem(b),
+                                     gp_tensor_mem(sum), gp_f32(&l->params[0].value),
+                                     gp_f32(&l->params[1].value), gp_tensor_mem(y),
+                                     gp_f32(&s->t[0]), gp_f32(&s->t[1]), rows, c, l->spec.eps);
+}
+
 static gp_status layer_norm_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                                           const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
                                           gp_saved *s)
@@ -92,6 +109,9 @@ static gp_status layer_norm_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, co
     if (rows == 0) return GP_OK;
     const float *w = gp_f32(&l->params[0].value), *mean = gp_f32(&s->t[0]);
     const float *rstd = gp_f32(&s->t[1]);
+    if (ctx->dx_into && gp_tensor_mem(ctx->dx_into) == gp_tensor_mem(dx)) /* dx += */
+        return gp_dev_layer_norm_bwd_data_add(l->dev, x->dtype, gp_tensor_mem(x), w, mean, rstd,
+                                              gp_tensor_mem(dy), gp_tensor_mem(dx), rows, c);
     if (x->dtype == GP_BF16)
         return gp_dev_layer_norm_bwd_data_bf16(l->dev, gp_bf16(x), w, mean, rstd, gp_bf16(dy),
                                                gp_bf16(dx), rows, c);
@@ -129,6 +149,11 @@ static size_t layer_norm_saved_bytes(const gp_layer *l, int64_t n)
     return 2 * (size_t)(n * per) * sizeof(float);
 }
 
+static bool layer_norm_dx_adds(const gp_layer *l, gp_dtype dt)
+{
+    return gp_dev_add_norm_has(l->dev, dt);
+}
+
 const gp_layer_ops gp_layer_norm_ops = {
     .type = GP_LAYER_LAYER_NORM,
     .infer = layer_norm_infer,
@@ -140,6 +165,7 @@ const gp_layer_ops gp_layer_norm_ops = {
     .saved_bytes = layer_norm_saved_bytes,
     .bwd_ignores_y = true,
     .takes_bf16 = layer_norm_takes_bf16,
+    .dx_adds = layer_norm_dx_adds,
 };
 
 /* ---- embedding ------------------------------------------------------------- */

@@ -2221,7 +2221,7 @@ typedef struct summary_sums {
  * it stashes and pops, and what its stage does with it (run in place, not
  * kept, fused, blocked). */
 static void summary_layer_notes(const gp_layer *l, bool inplace, bool unkept, bool fused,
-                                char *sk, size_t len)
+                                bool add_norm, char *sk, size_t len)
 {
     char win[160];
     sk[0] = '\0';
@@ -2241,6 +2241,8 @@ static void summary_layer_notes(const gp_layer *l, bool inplace, bool unkept, bo
         snprintf(sk + strlen(sk), len - strlen(sk), "  fused into the norm");
     else if (l->relu_done) /* its forward is the linear's epilogue */
         snprintf(sk + strlen(sk), len - strlen(sk), "  forward fused into the linear");
+    if (add_norm) /* gp_layers_add_norm: the add before runs it in its pass */
+        snprintf(sk + strlen(sk), len - strlen(sk), "  one pass with the add");
     if (unkept) snprintf(sk + strlen(sk), len - strlen(sk), "  not kept");
     if (l->out_blk) /* gp_layers_blocked: the convolutions' own layout */
         snprintf(sk + strlen(sk), len - strlen(sk), "  out nChw%lldc", (long long)l->out_blk);
@@ -2271,15 +2273,19 @@ static gp_status summary_layers(const gp_config *cfg, gp_model *m, FILE *f, summ
     int64_t sg_tied = 0;   /* the stage's tied copies: a value and a gradient each */
     int stage = 0, first = 0;
     /* which layers run in place in their stage: their output is no extra */
-    /* one allocation: inplace[n_layers], unkept[n_layers], fused[n_layers] */
-    bool *inplace = calloc(3 * (size_t)m->n_layers + 1, sizeof *inplace);
+    /* one allocation: inplace, unkept, fused and add_norm [n_layers] */
+    bool *inplace = calloc(4 * (size_t)m->n_layers + 1, sizeof *inplace);
     if (!inplace) return gp_error_set(GP_ERR_OOM, "out of host memory");
     bool *unkept = inplace + m->n_layers, *fused = unkept + m->n_layers;
+    bool *add_norm = fused + m->n_layers;
     for (int j = 0, f0 = 0; j < m->n_stages; f0 += m->balance[j++]) {
         gp_layers_blocked(m->layers + f0, m->balance[j]);
         gp_layers_inplace(m->layers + f0, m->balance[j], inplace + f0);
         gp_layers_unkept(m->layers + f0, m->balance[j], inplace + f0, unkept + f0);
         gp_layers_relu_fused(m->layers + f0, m->balance[j], inplace + f0, fused + f0);
+        for (int c = 0; c + 1 < m->balance[j]; c++)
+            add_norm[f0 + c + 1] = gp_layers_add_norm(m->layers + f0, m->balance[j], c,
+                                                      inplace + f0);
     }
     for (int k = 0; k < m->n_layers; k++) {
         gp_layer *l = &m->layers[k];
@@ -2288,7 +2294,7 @@ static gp_status summary_layers(const gp_config *cfg, gp_model *m, FILE *f, summ
         gp_shape_str(&os, sh, sizeof sh);
         snprintf(nm, sizeof nm, "%s%s%s", gp_layer_type_name(l->spec.type),
                  l->spec.name[0] ? " " : "", l->spec.name);
-        summary_layer_notes(l, inplace[k], unkept[k], fused[k], sk, sizeof sk);
+        summary_layer_notes(l, inplace[k], unkept[k], fused[k], add_norm[k], sk, sizeof sk);
         int64_t np = gp_model_layer_params(l), pr = 0, pad = gp_model_layer_padding(l, &pr);
         double fl = l->ops->flops(l, b);
         bool own = !inplace[k] && !unkept[k]; /* the output is kept for backward */

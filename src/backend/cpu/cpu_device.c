@@ -317,7 +317,9 @@ static const gp_device_iface cpu_iface = {
     .conv_bwd_weights_bf16 = gp_cpu_conv_bwd_weights_bf16,
     .linear_fwd_bf16 = gp_cpu_linear_fwd_bf16,
     .linear_bwd_data_bf16 = gp_cpu_linear_bwd_data_bf16,
-    .linear_bwd_weights_bf16 = gp_cpu_linear_bwd_weights_bf16,
+    .linear_bwd_weights = gp_cpu_linear_bwd_weights,
+    .add_layer_norm_fwd = gp_cpu_add_layer_norm_fwd,
+    .layer_norm_bwd_data_add = gp_cpu_layer_norm_bwd_data_add,
 };
 
 static cpu_conv_layout conv_layout_from_env(void)

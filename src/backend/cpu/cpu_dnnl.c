@@ -1014,15 +1014,20 @@ gp_status gp_cpu_linear_bwd_data_bf16(gp_device *dev, int64_t n, int64_t out, in
 }
 
 /* dW(out, in) (fresh: =, else +=) dy^T(out, n) x(n, in); db likewise the
- * column sums of dy (NULL: no bias) */
-gp_status gp_cpu_linear_bwd_weights_bf16(gp_device *dev, int64_t n, int64_t out, int64_t in,
-                                         const uint16_t *dy, const uint16_t *x, float *dw,
-                                         float *db, bool fresh)
+ * column sums of dy (NULL: no bias), dy and x of element type dt */
+gp_status gp_cpu_linear_bwd_weights(gp_device *dev, gp_dtype dt, int64_t n, int64_t out,
+                                    int64_t in, const void *dy, const void *x, float *dw,
+                                    float *db, bool fresh)
 {
     if (out == 0) return GP_OK;
     float beta = fresh ? 0.0f : 1.0f;
     if (n == 0) {
         if (fresh) GP_TRY(gp_cpu_fill(dev, dw, 0.0f, out * in));
+        if (fresh && db) GP_TRY(gp_cpu_fill(dev, db, 0.0f, out));
+        return GP_OK;
+    }
+    if (dt == GP_F32) {
+        GP_TRY(gp_cpu_gemm(dev, 1, 0, out, in, n, 1.0f, dy, out, x, in, beta, dw, in));
     } else if (gp_bf16_gemm_worth(out, in, n)) {
         mm_build mb = {.m = out, .n = in, .k = n, .lda = out, .ldb = in, .ldc = in, .ta = 1,
                        .alpha = 1.0f, .beta = beta, .a16 = true, .b16 = true};
@@ -1037,9 +1042,10 @@ gp_status gp_cpu_linear_bwd_weights_bf16(gp_device *dev, int64_t n, int64_t out,
         f32_free(dev, fx, n * in);
         GP_TRY(st);
     }
-    if (!db) return GP_OK;
-    if (fresh) GP_TRY(gp_cpu_fill(dev, db, 0.0f, out));
-    return n > 0 ? gp_cpu_sum_rows_bf16(dev, dy, db, n, out) : GP_OK;
+    /* the bias's sums overwrite on a fresh step (the fill's and the sums'
+     * bits: 0 + s is s) */
+    if (db) gp_cpu_col_sums(dev, dt, dy, db, n, out, fresh);
+    return GP_OK;
 }
 
 /* ---- log-softmax ------------------------------------------------------------------- */

@@ -337,9 +337,18 @@ gp_status gp_cpu_linear_fwd_bf16(gp_device *dev, int64_t n, int64_t out, int64_t
                                  uint16_t *y);
 gp_status gp_cpu_linear_bwd_data_bf16(gp_device *dev, int64_t n, int64_t out, int64_t in,
                                       const uint16_t *dy, const float *w, uint16_t *dx);
-gp_status gp_cpu_linear_bwd_weights_bf16(gp_device *dev, int64_t n, int64_t out, int64_t in,
-                                         const uint16_t *dy, const uint16_t *x, float *dw,
-                                         float *db, bool fresh);
+gp_status gp_cpu_add_layer_norm_fwd(gp_device *dev, gp_dtype dt, const void *a, const void *b,
+                                    void *s, const float *w, const float *bias, void *y,
+                                    float *mean, float *rstd, int64_t rows, int64_t c, float eps);
+gp_status gp_cpu_layer_norm_bwd_data_add(gp_device *dev, gp_dtype dt, const void *x,
+                                         const float *w, const float *mean, const float *rstd,
+                                         const void *dy, void *dx, int64_t rows, int64_t c);
+gp_status gp_cpu_linear_bwd_weights(gp_device *dev, gp_dtype dt, int64_t n, int64_t out,
+                                    int64_t in, const void *dy, const void *x, float *dw,
+                                    float *db, bool fresh);
+/* db (cols) += (over: =) the column sums of dy (rows, cols), of type dt */
+void gp_cpu_col_sums(gp_device *dev, gp_dtype dt, const void *dy, float *db, int64_t rows,
+                     int64_t cols, bool over);
 size_t gp_cpu_pool_ws_bytes(gp_device *dev, const gp_pool_desc *d);
 gp_status gp_cpu_pool_fwd(gp_device *dev, const gp_pool_desc *d, const float *x,
                           float *y, void *ws);

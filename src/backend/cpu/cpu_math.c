@@ -323,9 +323,11 @@ gp_status gp_cpu_linear_fwd(gp_device *dev, int64_t n, int64_t out, int64_t in, 
 /* Columns per task of sum_rows: the partial sums stay in registers / L1. */
 #define CPU_SUM_COLS 64
 
-/* One body for both storage types (B16_LD): db += dy's column sums. */
+/* One body for both storage types (B16_LD): db += dy's column sums (over:
+ * db = them, the fresh step's fill and sums in one pass). */
 static inline __attribute__((always_inline)) void
-sum_rows(int nt, const void *dy, float *db, int64_t rows, int64_t cols, const bool b16)
+sum_rows_to(int nt, const void *dy, float *db, int64_t rows, int64_t cols, const bool b16,
+            bool over)
 {
     int64_t blocks = (cols + CPU_SUM_COLS - 1) / CPU_SUM_COLS;
 #pragma omp parallel for schedule(static) num_threads(nt) if (rows * cols >= CPU_PAR_MIN)
@@ -335,8 +337,22 @@ sum_rows(int nt, const void *dy, float *db, int64_t rows, int64_t cols, const bo
         double acc[CPU_SUM_COLS] = {0};
         for (int64_t r = 0; r < rows; r++)
             for (int64_t j = 0; j < nj; j++) acc[j] += (double)B16_LD(dy, r * cols + j0 + j);
-        for (int64_t j = 0; j < nj; j++) db[j0 + j] += (float)acc[j];
+        for (int64_t j = 0; j < nj; j++) db[j0 + j] = (over ? 0.0f : db[j0 + j]) + (float)acc[j];
     }
+}
+
+static inline __attribute__((always_inline)) void
+sum_rows(int nt, const void *dy, float *db, int64_t rows, int64_t cols, const bool b16)
+{
+    sum_rows_to(nt, dy, db, rows, cols, b16, false);
+}
+
+GP_CPU_LOOPS
+void gp_cpu_col_sums(gp_device *dev, gp_dtype dt, const void *dy, float *db, int64_t rows,
+                     int64_t cols, bool over)
+{
+    if (dt == GP_BF16) sum_rows_to(dev->threads, dy, db, rows, cols, true, over);
+    else sum_rows_to(dev->threads, dy, db, rows, cols, false, over);
 }
 
 GP_CPU_LOOPS
@@ -611,40 +627,66 @@ static inline __attribute__((always_inline)) double ln_total(const double *l)
     return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
 
+/* One row r of the layer norm's forward (ln_fwd; add_ln_fwd after the
+ * row's sum). */
+static inline __attribute__((always_inline)) void
+ln_fwd_row(const void *x, const float *w, const float *b, void *y, float *mean, float *rstd,
+           int64_t r, int64_t c, float eps, const bool b16)
+{
+    const int64_t o = r * c, cw = c / LN_LANES * LN_LANES;
+    double s[LN_LANES] = {0}, v[LN_LANES] = {0};
+    for (int64_t j = 0; j < cw; j += LN_LANES)
+#pragma omp simd
+        for (int k = 0; k < LN_LANES; k++) s[k] += (double)B16_LD(x, o + j + k);
+    for (int64_t j = cw; j < c; j++) s[0] += (double)B16_LD(x, o + j);
+    double m = ln_total(s) / (double)c;
+    for (int64_t j = 0; j < cw; j += LN_LANES)
+#pragma omp simd
+        for (int k = 0; k < LN_LANES; k++) {
+            double d = (double)B16_LD(x, o + j + k) - m;
+            v[k] += d * d;
+        }
+    for (int64_t j = cw; j < c; j++) {
+        double d = (double)B16_LD(x, o + j) - m;
+        v[0] += d * d;
+    }
+    float mf = (float)m, rs = gp_ew_ln_rstd(ln_total(v) / (double)c, eps);
+#pragma omp simd
+    for (int64_t j = 0; j < c; j++) B16_ST(y, o + j, (B16_LD(x, o + j) - mf) * rs * w[j] + b[j]);
+    mean[r] = mf;
+    rstd[r] = rs;
+}
+
 static inline __attribute__((always_inline)) void
 ln_fwd(int nt, const void *x, const float *w, const float *b, void *y, float *mean, float *rstd,
        int64_t rows, int64_t c, float eps, const bool b16)
 {
 #pragma omp parallel for schedule(static) num_threads(nt) if (rows * c >= CPU_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) ln_fwd_row(x, w, b, y, mean, rstd, r, c, eps, b16);
+}
+
+/* add_layer_norm_fwd: a row's sum s = a + b (rounded as stored: add's and
+ * add_bf16's bits), then the norm of that row as ln_fwd reads it, while it
+ * is in cache: one pass over the activations instead of two. */
+static inline __attribute__((always_inline)) void
+add_ln_fwd(int nt, const void *a, const void *bs, void *s, const float *w, const float *b,
+           void *y, float *mean, float *rstd, int64_t rows, int64_t c, float eps, const bool b16)
+{
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * c >= CPU_PAR_MIN)
     for (int64_t r = 0; r < rows; r++) {
-        const int64_t o = r * c, cw = c / LN_LANES * LN_LANES;
-        double s[LN_LANES] = {0}, v[LN_LANES] = {0};
-        for (int64_t j = 0; j < cw; j += LN_LANES)
+        const int64_t o = r * c;
 #pragma omp simd
-            for (int k = 0; k < LN_LANES; k++) s[k] += (double)B16_LD(x, o + j + k);
-        for (int64_t j = cw; j < c; j++) s[0] += (double)B16_LD(x, o + j);
-        double m = ln_total(s) / (double)c;
-        for (int64_t j = 0; j < cw; j += LN_LANES)
-#pragma omp simd
-            for (int k = 0; k < LN_LANES; k++) {
-                double d = (double)B16_LD(x, o + j + k) - m;
-                v[k] += d * d;
-            }
-        for (int64_t j = cw; j < c; j++) {
-            double d = (double)B16_LD(x, o + j) - m;
-            v[0] += d * d;
-        }
-        float mf = (float)m, rs = gp_ew_ln_rstd(ln_total(v) / (double)c, eps);
-#pragma omp simd
-        for (int64_t j = 0; j < c; j++) B16_ST(y, o + j, (B16_LD(x, o + j) - mf) * rs * w[j] + b[j]);
-        mean[r] = mf;
-        rstd[r] = rs;
+        for (int64_t j = 0; j < c; j++) B16_ST(s, o + j, B16_LD(a, o + j) + B16_LD(bs, o + j));
+        ln_fwd_row(s, w, b, y, mean, rstd, r, c, eps, b16);
     }
 }
 
+/* acc: dx += the gradient, as gp_layers_accumulate adds a gradient of
+ * dx's type into dx (bf16: the gradient rounded first, the sum in FP32
+ * rounded once). */
 static inline __attribute__((always_inline)) void
 ln_bwd_data(int nt, const void *x, const float *w, const float *mean, const float *rstd,
-            const void *dy, void *dx, int64_t rows, int64_t c, const bool b16)
+            const void *dy, void *dx, int64_t rows, int64_t c, const bool b16, const bool acc)
 {
 #pragma omp parallel for schedule(static) num_threads(nt) if (rows * c >= CPU_PAR_MIN)
     for (int64_t r = 0; r < rows; r++) {
@@ -664,6 +706,15 @@ ln_bwd_data(int nt, const void *x, const float *w, const float *mean, const floa
             sgx[0] += (double)g * (double)((B16_LD(x, o + j) - mf) * rs);
         }
         float a = (float)(ln_total(sg) / (double)c), bb = (float)(ln_total(sgx) / (double)c);
+        if (acc) {
+#pragma omp simd
+            for (int64_t j = 0; j < c; j++) {
+                float v = rs * (B16_LD(dy, o + j) * w[j] - a - (B16_LD(x, o + j) - mf) * rs * bb);
+                if (b16) v = gp_ew_bf16_value(gp_ew_bf16_bits(v));
+                B16_ST(dx, o + j, B16_LD(dx, o + j) + v);
+            }
+            continue;
+        }
 #pragma omp simd
         for (int64_t j = 0; j < c; j++)
             B16_ST(dx, o + j,
@@ -716,7 +767,7 @@ gp_status gp_cpu_layer_norm_bwd_data(gp_device *dev, const float *x, const float
                                      const float *mean, const float *rstd, const float *dy,
                                      float *dx, int64_t rows, int64_t c)
 {
-    ln_bwd_data(dev->threads, x, w, mean, rstd, dy, dx, rows, c, false);
+    ln_bwd_data(dev->threads, x, w, mean, rstd, dy, dx, rows, c, false, false);
     return GP_OK;
 }
 
@@ -744,7 +795,7 @@ gp_status gp_cpu_layer_norm_bwd_data_bf16(gp_device *dev, const uint16_t *x, con
                                           const uint16_t *dy, uint16_t *dx, int64_t rows,
                                           int64_t c)
 {
-    ln_bwd_data(dev->threads, x, w, mean, rstd, dy, dx, rows, c, true);
+    ln_bwd_data(dev->threads, x, w, mean, rstd, dy, dx, rows, c, true, false);
     return GP_OK;
 }
 
@@ -755,6 +806,26 @@ gp_status gp_cpu_layer_norm_bwd_weights_bf16(gp_device *dev, const uint16_t *x,
                                              int64_t rows, int64_t c)
 {
     ln_bwd_weights(dev->threads, x, mean, rstd, dy, dw, db, rows, c, true);
+    return GP_OK;
+}
+
+GP_CPU_LOOPS
+gp_status gp_cpu_add_layer_norm_fwd(gp_device *dev, gp_dtype dt, const void *a, const void *b,
+                                    void *s, const float *w, const float *bias, void *y,
+                                    float *mean, float *rstd, int64_t rows, int64_t c, float eps)
+{
+    if (dt == GP_BF16) add_ln_fwd(dev->threads, a, b, s, w, bias, y, mean, rstd, rows, c, eps, true);
+    else add_ln_fwd(dev->threads, a, b, s, w, bias, y, mean, rstd, rows, c, eps, false);
+    return GP_OK;
+}
+
+GP_CPU_LOOPS
+gp_status gp_cpu_layer_norm_bwd_data_add(gp_device *dev, gp_dtype dt, const void *x,
+                                         const float *w, const float *mean, const float *rstd,
+                                         const void *dy, void *dx, int64_t rows, int64_t c)
+{
+    if (dt == GP_BF16) ln_bwd_data(dev->threads, x, w, mean, rstd, dy, dx, rows, c, true, true);
+    else ln_bwd_data(dev->threads, x, w, mean, rstd, dy, dx, rows, c, false, true);
     return GP_OK;
 }
 

@@ -1146,6 +1146,24 @@ static gp_status cuda_layer_norm_bwd_data_bf16(gp_device *dev, const uint16_t *x
     CUDA_OP(dev, gp_cuk_layer_norm_bwd_data_bf16(s, x, w, mean, rstd, dy, dx, rows, c));
 }
 
+static gp_status cuda_add_layer_norm_fwd(gp_device *dev, gp_dtype dt, const void *a,
+                                         const void *b, void *sum, const float *w,
+                                         const float *bias, void *y, float *mean, float *rstd,
+                                         int64_t rows, int64_t c, float eps)
+{
+    CUDA_OP(dev, gp_cuk_add_layer_norm_fwd(s, dt == GP_BF16, a, b, sum, w, bias, y, mean, rstd,
+                                           rows, c, eps));
+}
+
+static gp_status cuda_layer_norm_bwd_data_add(gp_device *dev, gp_dtype dt, const void *x,
+                                              const float *w, const float *mean,
+                                              const float *rstd, const void *dy, void *dx,
+                                              int64_t rows, int64_t c)
+{
+    CUDA_OP(dev, gp_cuk_layer_norm_bwd_data_add(s, dt == GP_BF16, x, w, mean, rstd, dy, dx, rows,
+                                                c));
+}
+
 static gp_status cuda_layer_norm_bwd_weights_bf16(gp_device *dev, const uint16_t *x,
                                                   const float *mean, const float *rstd,
                                                   const uint16_t *dy, float *dw, float *db,
@@ -1587,10 +1605,10 @@ static gp_status cuda_linear_bwd_data_bf16(gp_device *dev, int64_t n, int64_t ou
 }
 
 /* dW(out, in) (fresh: =, else +=) dy^T(out, n) x(n, in); db likewise the
- * column sums of dy (db NULL: no bias). */
-static gp_status cuda_linear_bwd_weights_bf16(gp_device *dev, int64_t n, int64_t out, int64_t in,
-                                              const uint16_t *dy, const uint16_t *x, float *dw,
-                                              float *db, bool fresh)
+ * column sums of dy (db NULL: no bias); dy and x of element type dt. */
+static gp_status cuda_linear_bwd_weights(gp_device *dev, gp_dtype dt, int64_t n, int64_t out,
+                                         int64_t in, const void *dy, const void *x, float *dw,
+                                         float *db, bool fresh)
 {
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     if (out == 0) return GP_OK;
@@ -1599,6 +1617,13 @@ static gp_status cuda_linear_bwd_weights_bf16(gp_device *dev, int64_t n, int64_t
         if (fresh) GP_CUDA(gp_cuk_fill(ctx->compute, dw, 0.0f, out * in));
         if (fresh && db) GP_CUDA(gp_cuk_fill(ctx->compute, db, 0.0f, out));
         return GP_OK;
+    }
+    if (dt == GP_F32) {
+        GP_TRY(cuda_gemm(dev, 1, 0, out, in, n, 1.0f, dy, out, x, in, fresh ? 0.0f : 1.0f, dw,
+                         in));
+        if (!db) return GP_OK;
+        if (fresh) GP_CUDA(gp_cuk_fill(ctx->compute, db, 0.0f, out));
+        return cuda_sum_rows(dev, dy, db, n, out);
     }
     if (gp_bf16_gemm_worth(out, in, n)) {
         GP_TRY(gemm_ex16(dev, 1, 0, out, in, n, dy, out, x, in, fresh ? 0.0f : 1.0f, dw, in));
@@ -2199,7 +2224,9 @@ static const gp_device_iface cuda_iface = {
     .upsample_bwd_bf16 = cuda_upsample_bwd_bf16,
     .linear_fwd_bf16 = cuda_linear_fwd_bf16,
     .linear_bwd_data_bf16 = cuda_linear_bwd_data_bf16,
-    .linear_bwd_weights_bf16 = cuda_linear_bwd_weights_bf16,
+    .linear_bwd_weights = cuda_linear_bwd_weights,
+    .add_layer_norm_fwd = cuda_add_layer_norm_fwd,
+    .layer_norm_bwd_data_add = cuda_layer_norm_bwd_data_add,
     .pool_fwd_bf16 = gp_cuda_pool_fwd_bf16,
     .pool_bwd_bf16 = gp_cuda_pool_bwd_bf16,
     .dropout_apply_bf16 = cuda_dropout_apply_bf16,

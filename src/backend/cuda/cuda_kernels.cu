@@ -927,7 +927,38 @@ __global__ void k_layer_norm_fwd(const T *x, const float *w, const float *b, T *
     }
 }
 
+/* add_layer_norm_fwd: each row's sum s = a + b written (rounded as
+ * stored) and normalised as k_layer_norm_fwd does, in one launch: each
+ * thread reads back only the sums it wrote (the same j stride). */
 template <typename T>
+__global__ void k_add_layer_norm_fwd(const T *a, const T *bb, T *sum, const float *w,
+                                     const float *b, T *y, float *mean, float *rstd, int64_t rows,
+                                     int64_t c, float eps)
+{
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        T *xr = sum + r * c;
+        double s = 0.0;
+        for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+            st(&xr[j], ld(a[r * c + j]) + ld(bb[r * c + j]));
+            s += (double)ld(xr[j]);
+        }
+        double m = block_sum(s) / (double)c, v = 0.0;
+        for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
+            v += ((double)ld(xr[j]) - m) * ((double)ld(xr[j]) - m);
+        v = block_sum(v) / (double)c;
+        float mf = (float)m, rs = gp_ew_ln_rstd(v, eps);
+        for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
+            st(&y[r * c + j], (ld(xr[j]) - mf) * rs * w[j] + b[j]);
+        if (threadIdx.x == 0) {
+            mean[r] = mf;
+            rstd[r] = rs;
+        }
+    }
+}
+
+/* acc: dx += the gradient rounded to T first (gp_layers_accumulate's bits:
+ * the norm's dx, then the sum of two T gradients in float, rounded once). */
+template <typename T, bool acc>
 __global__ void k_layer_norm_bwd_data(const T *x, const float *w, const float *mean,
                                       const float *rstd, const T *dy, T *dx, int64_t rows,
                                       int64_t c)
@@ -942,8 +973,15 @@ __global__ void k_layer_norm_bwd_data(const T *x, const float *w, const float *m
             sgx += (double)g * (double)((ld(xr[j]) - mf) * rs);
         }
         float a = (float)(block_sum(sg) / (double)c), bb = (float)(block_sum(sgx) / (double)c);
-        for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
-            st(&dx[r * c + j], rs * (ld(gr[j]) * w[j] - a - (ld(xr[j]) - mf) * rs * bb));
+        for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+            float v = rs * (ld(gr[j]) * w[j] - a - (ld(xr[j]) - mf) * rs * bb);
+            if (acc) {
+                T t;
+                st(&t, v);
+                v = ld(t) + ld(dx[r * c + j]);
+            }
+            st(&dx[r * c + j], v);
+        }
     }
 }
 
@@ -1930,8 +1968,30 @@ cudaError_t layer_norm_bwd_data(cudaStream_t s, const T *x, const float *w, cons
                                 const float *rstd, const T *dy, T *dx, int64_t rows, int64_t c)
 {
     if (rows <= 0) return cudaSuccess;
-    k_layer_norm_bwd_data<T><<<channel_blocks(rows), GP_CUK_THREADS, 0, s>>>(x, w, mean, rstd,
-                                                                             dy, dx, rows, c);
+    k_layer_norm_bwd_data<T, false><<<channel_blocks(rows), GP_CUK_THREADS, 0, s>>>(
+        x, w, mean, rstd, dy, dx, rows, c);
+    return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t layer_norm_bwd_data_add(cudaStream_t s, const T *x, const float *w,
+                                    const float *mean, const float *rstd, const T *dy, T *dx,
+                                    int64_t rows, int64_t c)
+{
+    if (rows <= 0) return cudaSuccess;
+    k_layer_norm_bwd_data<T, true><<<channel_blocks(rows), GP_CUK_THREADS, 0, s>>>(
+        x, w, mean, rstd, dy, dx, rows, c);
+    return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t add_layer_norm_fwd(cudaStream_t s, const T *a, const T *b, T *sum, const float *w,
+                               const float *bias, T *y, float *mean, float *rstd, int64_t rows,
+                               int64_t c, float eps)
+{
+    if (rows <= 0) return cudaSuccess;
+    k_add_layer_norm_fwd<T><<<channel_blocks(rows), GP_CUK_THREADS, 0, s>>>(
+        a, b, sum, w, bias, y, mean, rstd, rows, c, eps);
     return cudaGetLastError();
 }
 
@@ -1988,6 +2048,28 @@ cudaError_t gp_cuk_layer_norm_bwd_weights_bf16(cudaStream_t s, const uint16_t *x
                                                int64_t rows, int64_t c)
 {
     return layer_norm_bwd_weights(s, x, mean, rstd, dy, dw, db, rows, c);
+}
+
+cudaError_t gp_cuk_add_layer_norm_fwd(cudaStream_t s, int bf16, const void *a, const void *b,
+                                      void *sum, const float *w, const float *bias, void *y,
+                                      float *mean, float *rstd, int64_t rows, int64_t c, float eps)
+{
+    if (bf16)
+        return add_layer_norm_fwd(s, (const uint16_t *)a, (const uint16_t *)b, (uint16_t *)sum,
+                                  w, bias, (uint16_t *)y, mean, rstd, rows, c, eps);
+    return add_layer_norm_fwd(s, (const float *)a, (const float *)b, (float *)sum, w, bias,
+                              (float *)y, mean, rstd, rows, c, eps);
+}
+
+cudaError_t gp_cuk_layer_norm_bwd_data_add(cudaStream_t s, int bf16, const void *x,
+                                           const float *w, const float *mean, const float *rstd,
+                                           const void *dy, void *dx, int64_t rows, int64_t c)
+{
+    if (bf16)
+        return layer_norm_bwd_data_add(s, (const uint16_t *)x, w, mean, rstd,
+                                       (const uint16_t *)dy, (uint16_t *)dx, rows, c);
+    return layer_norm_bwd_data_add(s, (const float *)x, w, mean, rstd, (const float *)dy,
+                                   (float *)dx, rows, c);
 }
 
 cudaError_t gp_cuk_embed_check(cudaStream_t s, const float *ids, int64_t rows, int64_t vocab,

@@ -224,6 +224,15 @@ cudaError_t gp_cuk_layer_norm_bwd_data(cudaStream_t s, const float *x, const flo
 cudaError_t gp_cuk_layer_norm_bwd_weights(cudaStream_t s, const float *x, const float *mean,
                                           const float *rstd, const float *dy, float *dw,
                                           float *db, int64_t rows, int64_t c);
+/* add_layer_norm_fwd and layer_norm_bwd_data_add (backend.h) on FP32 or
+ * (bf16 != 0) bf16 activations: a block per row, as the slots above. */
+cudaError_t gp_cuk_add_layer_norm_fwd(cudaStream_t s, int bf16, const void *a, const void *b,
+                                      void *sum, const float *w, const float *bias, void *y,
+                                      float *mean, float *rstd, int64_t rows, int64_t c,
+                                      float eps);
+cudaError_t gp_cuk_layer_norm_bwd_data_add(cudaStream_t s, int bf16, const void *x,
+                                           const float *w, const float *mean, const float *rstd,
+                                           const void *dy, void *dx, int64_t rows, int64_t c);
 /* The same on bf16 x, y, dy and dx (layer_norm_*_bf16). */
 cudaError_t gp_cuk_layer_norm_fwd_bf16(cudaStream_t s, const uint16_t *x, const float *w,
                                        const float *b, uint16_t *y, float *mean, float *rstd,
