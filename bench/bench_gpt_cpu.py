@@ -126,7 +126,12 @@ def gpipe_tokens_per_s(binary, config, c, steps, sets, tmp, precision):
     cmd = [binary, config, "--metrics", m, "--no-progress", "-q",
            "--set", "train.steps=%d" % (steps + 3), "--set", "train.eval_each_epoch=false",
            "--set", "train.precision=%s" % precision,
-           "--set", "train.schedule={type: constant}"] + sum((["--set", s] for s in sets), [])
+           "--set", "train.schedule={type: constant}",
+           # a timed run keeps nothing (the config's snapshots would make
+           # the next run refuse to start over them, and cost time)
+           "--set", "train.snapshot.every_steps=0",
+           "--set", "train.snapshot.dir=%s" % os.path.join(tmp, "snapshots")] + \
+        sum((["--set", s] for s in sets), [])
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if r.returncode != 0:
         sys.exit("bench_gpt_cpu: %s failed:\n%s" % (" ".join(cmd), r.stderr[-2000:]))

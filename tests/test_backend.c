@@ -366,6 +366,7 @@ static void test_bf16_convert(gp_device *dev)
  * gp_bf16_conv_worth) equals the reference on its unrounded operands.
  * Without them: the device refuses bf16, saying why. */
 static void test_bf16_storage(gp_device *dev);
+static void test_linear_gelu(gp_device *dev, bool bf16);
 
 static void test_bf16(void)
 {
@@ -510,6 +511,7 @@ static void test_bf16(void)
         dev->check_mirrors = check0;
     }
     test_bf16_storage(dev);
+    test_linear_gelu(dev, true);
     gp_device_close(dev);
 }
 
@@ -3300,6 +3302,81 @@ static void test_add_norm(gp_device *dev)
         }
 }
 
+/* A product with GELU as its epilogue (linear_gelu_fwd) and with GELU's
+ * derivative as its epilogue (linear_gelu_bwd_data), issue 64: on FP32
+ * and bf16 storage the bits of the calls they stand for (linear_fwd /
+ * linear_fwd_bf16 then gelu_fwd / act_bf16's GELU; the data product then
+ * gelu_bwd / act_bf16's GELU backward), one launch each; a product worth
+ * bf16 and one not (in 8). */
+static void test_linear_gelu(gp_device *dev, bool bf16)
+{
+    CHECK(gp_dev_linear_gelu_has(dev, GP_F32));
+    /* bf16 storage under precision bf16 only (test_bf16's device) */
+    CHECK(gp_dev_linear_gelu_has(dev, GP_BF16) == bf16);
+    static const int64_t shapes[][3] = {{24, 40, 72}, {5, 33, 8}};
+    for (int q = 0; q < 2; q++)
+        for (int b16 = 0; b16 < 2; b16++) {
+            if (b16 && !bf16) continue;
+            const int64_t n = shapes[q][0], out = shapes[q][1], in = shapes[q][2];
+            const gp_dtype dt = b16 ? GP_BF16 : GP_F32;
+            float *fx, *fdy;
+            uint16_t *x16 = b16rand(dev, n * in, &fx), *dy16 = b16rand(dev, n * out, &fdy);
+            const void *x = b16 ? (const void *)x16 : fx, *dy = b16 ? (const void *)dy16 : fdy;
+            float *w = drand(dev, out * in), *bias = drand(dev, out);
+            float *pre1 = dalloc(dev, n * out), *y1 = dalloc(dev, n * out);
+            float *pre2 = dalloc(dev, n * out), *y2 = dalloc(dev, n * out);
+            float *gin = drand(dev, n * in); /* the GELU's input before the product */
+            void *gi = gin;
+            uint16_t *gin16 = NULL;
+            if (b16) {
+                gin16 = (uint16_t *)dalloc(dev, n * in);
+                CHECK_OK(gp_dev_bf16_pack(dev, gin16, gin, n * in));
+                gi = gin16;
+            }
+            float *dx1 = dalloc(dev, n * in), *dx2 = dalloc(dev, n * in);
+            uint64_t l0 = gp_dev_launches(dev);
+            CHECK_OK(gp_dev_linear_gelu_fwd(dev, dt, n, out, in, x, w, bias, pre1, y1));
+            CHECK_OK(gp_dev_linear_gelu_bwd_data(dev, dt, n, out, in, dy, w, gi, dx1));
+            CHECK(gp_dev_launches(dev) - l0 == 2);
+            if (b16) {
+                CHECK_OK(gp_dev_linear_fwd_bf16(dev, n, out, in, x16, w, bias, false,
+                                                (uint16_t *)pre2));
+                CHECK_OK(gp_dev_act_bf16(dev, GP_ACT_GELU, (uint16_t *)pre2, NULL,
+                                         (uint16_t *)y2, n * out, 0.0f));
+            } else {
+                CHECK_OK(gp_dev_linear_fwd(dev, n, out, in, fx, w, bias, false, pre2));
+                CHECK_OK(gp_dev_gelu_fwd(dev, pre2, y2, n * out));
+            }
+            size_t yb = (size_t)(n * out) * (b16 ? 2 : 4), xb = (size_t)(n * in) * (b16 ? 2 : 4);
+            CHECK_MSG(!memcmp(pre1, pre2, yb) && !memcmp(y1, y2, yb), "linear_gelu_fwd "
+                      "%lldx%lldx%lld %s: not the bits of the product and the GELU",
+                      (long long)n, (long long)out, (long long)in, gp_dtype_name(dt));
+            /* the backward's reference: the data product, then GELU's
+             * backward from the GELU's input into a tensor of its own */
+            float *d = dalloc(dev, n * in);
+            if (b16) {
+                CHECK_OK(gp_dev_linear_bwd_data_bf16(dev, n, out, in, dy16, w, (uint16_t *)d));
+                CHECK_OK(gp_dev_act_bf16(dev, GP_ACT_GELU, gin16, (uint16_t *)d,
+                                         (uint16_t *)dx2, n * in, 0.0f));
+            } else {
+                CHECK_OK(gp_dev_gemm_wb(dev, 0, 0, n, in, out, 1.0f, fdy, out, w, in, 0.0f, d,
+                                        in));
+                CHECK_OK(gp_dev_gelu_bwd(dev, gin, d, dx2, n * in));
+            }
+            CHECK_MSG(!memcmp(dx1, dx2, xb), "linear_gelu_bwd_data %lldx%lldx%lld %s: not the "
+                      "bits of the product and GELU's backward", (long long)n, (long long)out,
+                      (long long)in, gp_dtype_name(dt));
+            dfree(dev, d, n * in);
+            if (gin16) dfree(dev, (float *)gin16, n * in);
+            dfree(dev, fx, n * in); dfree(dev, fdy, n * out);
+            dfree(dev, (float *)x16, (n * in + 1) / 2); dfree(dev, (float *)dy16, (n * out + 1) / 2);
+            dfree(dev, w, out * in); dfree(dev, bias, out); dfree(dev, gin, n * in);
+            float *ys[] = {pre1, y1, pre2, y2};
+            for (int k = 0; k < 4; k++) dfree(dev, ys[k], n * out);
+            dfree(dev, dx1, n * in); dfree(dev, dx2, n * in);
+        }
+}
+
 int main(void)
 {
     gp_log_set_level(GP_LOG_WARN);
@@ -3329,6 +3406,7 @@ int main(void)
     test_gemm(dev);
     test_softmax_xent(dev);
     test_add_norm(dev);
+    test_linear_gelu(dev, false);
     test_pool(dev);
     test_bn(dev);
     test_conv(dev);

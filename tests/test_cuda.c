@@ -1722,6 +1722,91 @@ static buf brand_bf16(int64_t n, bool round)
     return b;
 }
 
+/* A product with GELU (linear_gelu_fwd) and GELU's derivative
+ * (linear_gelu_bwd_data) as its epilogue, issue 64: cuBLASLt's
+ * GELU_AUX_BIAS and DGELU epilogues where it has a plan, on the GPU (D2[1])
+ * against the same GPU's unfused slots (the product, then GELU's kernel)
+ * within rounding (cuBLASLt's tanh and sums are its own), pre, y and dx;
+ * on FP32 storage also against the CPU's (D2[0]) fused slots. */
+static void test_linear_gelu(gp_dtype dt)
+{
+    gp_device *g = D2[1];
+    const bool b16 = dt == GP_BF16;
+    CHECK(gp_dev_linear_gelu_has(g, dt));
+    const int64_t ln = 64, lout = 96, lin = 256, nx = ln * lin, ny = ln * lout;
+    const int64_t wx = b16 ? nx / 2 : nx, wy = b16 ? ny / 2 : ny; /* storage in floats */
+    buf fx = brand(nx, -1, 1), fdy = brand(ny, -1, 1), fg = brand(nx, -2, 2),
+        w = brand(lout * lin, -0.1f, 0.1f), bias = brand(lout, -0.5f, 0.5f);
+    buf x = bjunk(wx), dy = bjunk(wy), gin = bjunk(wx), pre = bjunk(wy), y = bjunk(wy),
+        dx = bjunk(wx), pre2 = bjunk(wy), y2 = bjunk(wy), dx2 = bjunk(wx), d = bjunk(wx);
+    buf *src[3] = {&fx, &fdy, &fg}, *dst[3] = {&x, &dy, &gin};
+    const int64_t cnt[3] = {nx, ny, nx};
+    for (int q = 0; q < 3; q++) {
+        if (b16) BOTH(gp_dev_bf16_pack(D, (uint16_t *)dst[q]->p[K], src[q]->p[K], cnt[q]));
+        else BOTH(gp_dev_copy_d2d(D, dst[q]->p[K], src[q]->p[K], (size_t)cnt[q] * 4));
+    }
+    int kk = b16 ? 1 : 0; /* FP32: the CPU's fused slots too */
+    for (int K = kk; K < 2; K++) {
+        CHECK_OK(gp_dev_linear_gelu_fwd(D2[K], dt, ln, lout, lin, x.p[K], w.p[K], bias.p[K],
+                                        pre.p[K], y.p[K]));
+        CHECK_OK(gp_dev_linear_gelu_bwd_data(D2[K], dt, ln, lout, lin, dy.p[K], w.p[K], gin.p[K],
+                                             dx.p[K]));
+    }
+    if (b16) { /* the unfused slots on the GPU */
+        CHECK_OK(gp_dev_linear_fwd_bf16(g, ln, lout, lin, (uint16_t *)x.p[1], w.p[1], bias.p[1],
+                                        false, (uint16_t *)pre2.p[1]));
+        CHECK_OK(gp_dev_act_bf16(g, GP_ACT_GELU, (uint16_t *)pre2.p[1], NULL,
+                                 (uint16_t *)y2.p[1], ny, 0.0f));
+        CHECK_OK(gp_dev_linear_bwd_data_bf16(g, ln, lout, lin, (uint16_t *)dy.p[1], w.p[1],
+                                             (uint16_t *)d.p[1]));
+        CHECK_OK(gp_dev_act_bf16(g, GP_ACT_GELU, (uint16_t *)gin.p[1], (uint16_t *)d.p[1],
+                                 (uint16_t *)dx2.p[1], nx, 0.0f));
+    } else {
+        CHECK_OK(gp_dev_linear_fwd(g, ln, lout, lin, x.p[1], w.p[1], bias.p[1], false,
+                                   pre2.p[1]));
+        CHECK_OK(gp_dev_gelu_fwd(g, pre2.p[1], y2.p[1], ny));
+        CHECK_OK(gp_dev_gemm_wb(g, 0, 0, ln, lin, lout, 1.0f, dy.p[1], lout, w.p[1], lin, 0.0f,
+                                d.p[1], lin));
+        CHECK_OK(gp_dev_gelu_bwd(g, gin.p[1], d.p[1], dx2.p[1], nx));
+    }
+    const buf *got[3] = {&pre, &y, &dx}, *want[3] = {&pre2, &y2, &dx2};
+    static const char *const names[3] = {"pre", "y", "dx"};
+    for (int t = 0; t < 3; t++) {
+        int64_t nv = t == 2 ? nx : ny;
+        float *h[3];
+        for (int k = 0; k < 3; k++) h[k] = malloc(sizeof(float) * (size_t)nv);
+        for (int k = 0; k < 3; k++) { /* GPU fused, GPU unfused, CPU fused */
+            gp_device *dd = k == 2 ? D2[0] : g;
+            const void *p = k == 0 ? got[t]->p[1] : k == 1 ? want[t]->p[1] : got[t]->p[0];
+            if (k == 2 && b16) break;
+            if (b16) {
+                uint16_t *r = malloc(2 * (size_t)nv);
+                CHECK_OK(gp_dev_download(dd, (float *)r, p, nv / 2));
+                CHECK_OK(gp_dev_synchronize(dd));
+                for (int64_t i = 0; i < nv; i++) h[k][i] = gp_ew_bf16_value(r[i]);
+                free(r);
+            } else {
+                CHECK_OK(gp_dev_download(dd, h[k], p, nv));
+                CHECK_OK(gp_dev_synchronize(dd));
+            }
+        }
+        for (int k = 1; k < (b16 ? 2 : 3); k++) {
+            double worst = 0.0, big = 0.0;
+            for (int64_t i = 0; i < nv; i++) {
+                double e = fabs((double)h[0][i] - (double)h[k][i]);
+                if (!(e <= worst)) worst = e;
+                if (fabs((double)h[k][i]) > big) big = fabs((double)h[k][i]);
+            }
+            CHECK_MSG(worst <= (b16 ? 1.0 / 64 : 1e-4) * (1.0 + big), "product with a GELU "
+                      "epilogue (%s) %s: %.3g from the %s", gp_dtype_name(dt), names[t], worst,
+                      k == 1 ? "GPU's unfused slots" : "CPU's");
+        }
+        for (int k = 0; k < 3; k++) free(h[k]);
+    }
+    buf *all[] = {&fx, &fdy, &fg, &w, &bias, &x, &dy, &gin, &pre, &y, &dx, &pre2, &y2, &dx2, &d};
+    for (size_t q = 0; q < sizeof all / sizeof *all; q++) bfree(all[q]);
+}
+
 /* Precision bf16 on the GPU (backend.h): matrix products worth it
  * (gp_bf16_gemm_worth) on operands rounded to bfloat16 with FP32 sums,
  * against a double-precision product of the rounded operands within FP32
@@ -2594,6 +2679,7 @@ static void test_bf16_ops(gp_device *cpu, const char *graph)
                       &dw1, &dw2, &db1, &db2};
         for (size_t q = 0; q < sizeof all / sizeof *all; q++) bfree(all[q]);
     }
+    test_linear_gelu(GP_BF16);
     /* U-Net's layers on bf16 storage: upsampling by 2 and 3 (bits copied;
      * the block sums in the CPU's float order) the CPU's bits; the
      * instance norm's backward through the leaky relu after it
@@ -2830,6 +2916,7 @@ int main(int argc, char **argv)
     test_elementwise();
     test_gemm();
     test_linear_fwd("measured", true);
+    test_linear_gelu(GP_F32);
     test_conv();
     {
         /* again with train.deterministic: heuristics, no searches */

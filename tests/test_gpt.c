@@ -866,14 +866,17 @@ static bool small_gpt(gp_device **devs, int n, const char *opts, const char *con
  * GPU runs as kernels) on the CPU backend in FP32, one stage (the pipeline
  * that gpipe-train drives on one device), AdamW with clipping active,
  * checkpoint never, pinned to the closed form
- *     6 + m (9 + 22 L)     (L blocks, m micro-batches)
+ *     6 + m (9 + 20 L)     (L blocks, m micro-batches)
  * so that a change that adds launches fails here and must say why:
- *   - per block and micro-batch 22: the forward's 8 (the first layer norm,
- *     4 products with their biases, attention, GELU, and each residual add
- *     with the layer norm after it in one pass: add_layer_norm_fwd) and the
- *     backward's 14 (each product's data product and its weights half, the
- *     bias gradient in the weight product's call, 8; attention; GELU; each
- *     norm's data pass, which adds into the residual stream's gradient
+ *   - per block and micro-batch 20: the forward's 7 (4 products with
+ *     their biases, mlp.c_fc's with GELU as its epilogue
+ *     (linear_gelu_fwd); attention; each residual add with the layer norm
+ *     after it in one pass, 2 (add_layer_norm_fwd: the next block's ln_1
+ *     or ln_f is the second add's)) and the backward's 13 (each product's
+ *     data product, mlp.c_proj's with GELU's derivative as its epilogue
+ *     (linear_gelu_bwd_data), and its weights half with the bias gradient
+ *     in the weight product's call, 8; attention; each norm's data pass,
+ *     which adds into the residual stream's gradient
  *     (layer_norm_bwd_data_add), and its weight pass, 4; the adds hand dy
  *     itself to both inputs, no copy and no sum);
  *   - per micro-batch 9: the embedding's forward and backward, block 0's
@@ -891,9 +894,9 @@ static bool small_gpt(gp_device **devs, int n, const char *opts, const char *con
  * Until issue 64's third round the form read 6 + 4 L + m (8 + 28 L), and
  * was 4 L + m (1 + 4 L) short: the products' data halves (gemm_wb) went
  * uncounted.  llm.c's train_gpt2.cu launches 31 L + 33 a step
- * (bench/README.md, "Launches"): GPT-2 124M's 12 blocks at m = 1 are 279
+ * (bench/README.md, "Launches"): GPT-2 124M's 12 blocks at m = 1 are 255
  * here against 405, inside issue 64's 1.5x. */
-static int64_t launch_form(int L, int m) { return 6 + m * (9 + 22 * L); }
+static int64_t launch_form(int L, int m) { return 6 + m * (9 + 20 * L); }
 
 static int64_t launches_of_step(gp_device **devs, int n, int L, int m)
 {

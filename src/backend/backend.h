@@ -1143,6 +1143,24 @@ typedef struct gp_device_iface {
     gp_status (*layer_norm_bwd_data_add)(gp_device *dev, gp_dtype dt, const void *x,
                                          const float *w, const float *mean, const float *rstd,
                                          const void *dy, void *dx, int64_t rows, int64_t c);
+    /* linear_gelu_fwd: pre (n, out) = x w^T + bias (bias NULL: none) and
+     * y = GELU(pre) (GPT-2's tanh form) in one call: on a GPU the product
+     * with cuBLASLt's GELU_AUX_BIAS epilogue (pre its aux output), on a
+     * CPU linear_fwd then gelu_fwd (their bits; bf16: linear_fwd_bf16 and
+     * act_bf16's GELU).  linear_gelu_bwd_data: dx (n, in) = (dy w) times
+     * GELU'(pre) (pre (n, in) the GELU's input): the product whose dx feeds
+     * a GELU's backward with that backward as its epilogue (cuBLASLt's
+     * DGELU; CPU: the product then gelu_bwd in place, their bits).  x, pre,
+     * y, dy and dx of element type dt; w and bias FP32 (bf16: the weights'
+     * bf16 copy, as linear_fwd_bf16).  A Transformer's MLP (gp_layers_pair:
+     * mlp.c_fc with mlp.gelu, and mlp.gelu's backward in mlp.c_proj's).
+     * NULL: the layers run unfused. */
+    gp_status (*linear_gelu_fwd)(gp_device *dev, gp_dtype dt, int64_t n, int64_t out, int64_t in,
+                                 const void *x, const float *w, const float *bias, void *pre,
+                                 void *y);
+    gp_status (*linear_gelu_bwd_data)(gp_device *dev, gp_dtype dt, int64_t n, int64_t out,
+                                      int64_t in, const void *dy, const float *w,
+                                      const void *pre, void *dx);
 } gp_device_iface;
 
 /* The most tensors one nonfinite_or_many launch takes (its table travels
@@ -1900,6 +1918,22 @@ gp_status gp_dev_linear_bwd_data_bf16(gp_device *dev, int64_t n, int64_t out, in
 gp_status gp_dev_linear_bwd_weights(gp_device *dev, gp_dtype dt, int64_t n, int64_t out,
                                     int64_t in, const void *dy, const void *x, float *dw,
                                     float *db, bool fresh);
+/* Whether dev runs linear_gelu_fwd and linear_gelu_bwd_data on element
+ * type dt (bf16: with the linear layer's and GELU's bf16 slots). */
+static inline bool gp_dev_linear_gelu_has(const gp_device *dev, gp_dtype dt)
+{
+    return dev->iface->linear_gelu_fwd && dev->iface->linear_gelu_bwd_data &&
+           (dt == GP_F32 || (dt == GP_BF16 && gp_dev_linear_bf16_has(dev) &&
+                             gp_dev_act_bf16_has(dev, GP_ACT_GELU)));
+}
+/* linear_gelu_fwd, linear_gelu_bwd_data (backend.h); GP_ERR_UNSUPPORTED
+ * where gp_dev_linear_gelu_has is false; an empty product: nothing. */
+gp_status gp_dev_linear_gelu_fwd(gp_device *dev, gp_dtype dt, int64_t n, int64_t out, int64_t in,
+                                 const void *x, const float *w, const float *bias, void *pre,
+                                 void *y);
+gp_status gp_dev_linear_gelu_bwd_data(gp_device *dev, gp_dtype dt, int64_t n, int64_t out,
+                                      int64_t in, const void *dy, const float *w,
+                                      const void *pre, void *dx);
 /* norm_leaky_bwd_bf16, upsample_*_bf16 (backend.h), checked as their FP32
  * slots are; GP_ERR_UNSUPPORTED where the backend has none. */
 gp_status gp_dev_norm_leaky_bwd_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t *yz,

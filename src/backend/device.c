@@ -1194,6 +1194,28 @@ gp_status gp_dev_layer_norm_bwd_data_add(gp_device *dev, gp_dtype dt, const void
     return GP_LAUNCH(dev, layer_norm_bwd_data_add)(dev, dt, x, w, mean, rstd, dy, dx, rows, c);
 }
 
+gp_status gp_dev_linear_gelu_fwd(gp_device *dev, gp_dtype dt, int64_t n, int64_t out, int64_t in,
+                                 const void *x, const float *w, const float *bias, void *pre,
+                                 void *y)
+{
+    if (!gp_dev_linear_gelu_has(dev, dt))
+        return gp_error_set(GP_ERR_UNSUPPORTED, "device %s: no product with a GELU epilogue on "
+                            "%s storage", dev->name, gp_dtype_name(dt));
+    if (n <= 0 || out <= 0) return GP_OK;
+    return GP_LAUNCH(dev, linear_gelu_fwd)(dev, dt, n, out, in, x, w, bias, pre, y);
+}
+
+gp_status gp_dev_linear_gelu_bwd_data(gp_device *dev, gp_dtype dt, int64_t n, int64_t out,
+                                      int64_t in, const void *dy, const float *w,
+                                      const void *pre, void *dx)
+{
+    if (!gp_dev_linear_gelu_has(dev, dt))
+        return gp_error_set(GP_ERR_UNSUPPORTED, "device %s: no product with GELU's derivative "
+                            "as its epilogue on %s storage", dev->name, gp_dtype_name(dt));
+    if (n <= 0 || in <= 0) return GP_OK;
+    return GP_LAUNCH(dev, linear_gelu_bwd_data)(dev, dt, n, out, in, dy, w, pre, dx);
+}
+
 static gp_status no_conv_bf16(gp_device *dev)
 {
     return gp_error_set(GP_ERR_UNSUPPORTED, "device %s (%s backend, precision %s) has no bf16 "

@@ -198,6 +198,10 @@ static gp_status run_forward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_fwd_kee
             st = gp_layer_add_norm_forward(&layers[c], &layers[c + 1], ctx, x, &y, &next_y,
                                            &next_sv, &have_next);
             if (st == GP_OK && !have_next) st = gp_layer_forward(&layers[c], ctx, x, &y, &sv);
+        } else if (gp_layers_linear_gelu(layers, s->count, c, s->inplace)) {
+            st = gp_layer_linear_gelu_forward(&layers[c], &layers[c + 1], ctx, x, &y, &next_y,
+                                              &have_next);
+            if (st == GP_OK && !have_next) st = gp_layer_forward(&layers[c], ctx, x, &y, &sv);
         } else {
             st = ip ? gp_layer_forward_inplace(&layers[c], ctx, x, &y, &sv)
                     : gp_layer_forward(&layers[c], ctx, x, &y, &sv);
@@ -378,12 +382,25 @@ gp_status gp_ckpt_backward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_stash *s,
      * trainable one need no backward and that one needs no dx. */
     int ft = dx ? -1 : first_trainable;
     int folded = -1; /* the layer whose stash's gradient its successor added in */
+    int gelu_done = -1; /* the GELU whose backward its successor's product did */
     for (int c = s->count - 1; c >= 0; c--) {
         gp_tensor d = {0};
         if (c >= ft) {
             gp_tensor *into = c > ft ? fold_target(layers, s, c) : NULL;
+            bool gelu_before = c - 1 > ft && !into && s->acts[c - 1].dtype == g.dtype &&
+                               gp_layers_gelu_linear(layers, s->count, c - 1, &s->acts[c - 1]);
             if (folded != c) st = add_stash_grad(&layers[c], s, c, &g);
-            if (st == GP_OK && into) {
+            if (st == GP_OK && gelu_done == c) {
+                /* its backward was the next layer's epilogue: d is its
+                 * input's gradient already */
+                d = g;
+                g = (gp_tensor){0};
+            } else if (st == GP_OK && gelu_before) {
+                gp_fwd_ctx gc = *ctx;
+                gc.gelu_in = &s->acts[c - 1];
+                st = layer_backward(layers, &gc, s, c, false, &g, true, &d);
+                if (st == GP_OK) gelu_done = c - 1;
+            } else if (st == GP_OK && into) {
                 /* dL/d (its input) is the pop's gradient plus this
                  * layer's: its backward adds into the pop's tensor, which
                  * then is the input's whole gradient (no sum after) */

@@ -1203,6 +1203,69 @@ gp_status gp_layer_add_norm_forward(gp_layer *add, gp_layer *norm, const gp_fwd_
     return GP_OK;
 }
 
+static bool fuse_gelu_on;
+static pthread_once_t fuse_gelu_once = PTHREAD_ONCE_INIT;
+static void fuse_gelu_read(void)
+{
+    const char *e = getenv("GPIPE_FUSE_GELU");
+    fuse_gelu_on = !e || strcmp(e, "0") != 0;
+}
+
+static bool gelu_fusion_on(void)
+{
+    pthread_once(&fuse_gelu_once, fuse_gelu_read);
+    return fuse_gelu_on;
+}
+
+bool gp_layers_linear_gelu(const gp_layer *layers, int count, int c, const bool *inplace)
+{
+    if (!gelu_fusion_on() || c < 0 || c + 1 >= count) return false;
+    const gp_layer *a = &layers[c], *g = &layers[c + 1];
+    return a->spec.type == GP_LAYER_LINEAR && a->n_in == 1 && !a->spec.stash[0] &&
+           !a->relu_after && g->spec.type == GP_LAYER_GELU && g->n_in == 1 && !inplace[c + 1] &&
+           a->dev == g->dev && a->out_dtype == g->out_dtype &&
+           gp_dev_linear_gelu_has(a->dev, a->out_dtype);
+}
+
+gp_status gp_layer_linear_gelu_forward(gp_layer *lin, gp_layer *gelu, const gp_fwd_ctx *ctx,
+                                       const gp_tensor *x, gp_tensor *y, gp_tensor *y2,
+                                       bool *done)
+{
+    (void)ctx;
+    *done = false;
+    if (adapts(lin, x) || x[0].dtype != lin->out_dtype || gp_tensor_numel(&x[0]) == 0)
+        return GP_OK; /* the two layers' own forwards */
+    GP_TRY(check_input(lin, x));
+    gp_shape ys = gp_shape_with_batch(&lin->out_shape, x->dims[0]);
+    GP_TRY(gp_tensor_alloc_as(y, lin->dev, &ys, lin->out_dtype, GP_MEM_ACTIVATIONS));
+    gp_status st = check_input(gelu, y);
+    if (st == GP_OK && adapts(gelu, y)) {
+        gp_tensor_free(y);
+        return GP_OK;
+    }
+    gp_shape ys2 = gp_shape_with_batch(&gelu->out_shape, x->dims[0]);
+    if (st == GP_OK)
+        st = gp_tensor_alloc_as(y2, gelu->dev, &ys2, gelu->out_dtype, GP_MEM_ACTIVATIONS);
+    if (st == GP_OK) st = gp_layers_linear_forward_gelu(lin, &x[0], y, y2);
+    if (st != GP_OK) {
+        gp_tensor_free(y);
+        gp_tensor_free(y2);
+        return st;
+    }
+    *done = true;
+    return GP_OK;
+}
+
+bool gp_layers_gelu_linear(const gp_layer *layers, int count, int c, const gp_tensor *x)
+{
+    if (!gelu_fusion_on() || c < 0 || c + 1 >= count || !gp_tensor_mem(x)) return false;
+    const gp_layer *g = &layers[c], *a = &layers[c + 1];
+    return g->spec.type == GP_LAYER_GELU && g->n_in == 1 && !g->spec.stash[0] &&
+           a->spec.type == GP_LAYER_LINEAR && a->n_in == 1 && a->dev == g->dev &&
+           x->dtype == g->out_dtype && a->out_dtype == g->out_dtype && !adapts(g, x) &&
+           !adapts(a, x) && gp_dev_linear_gelu_has(a->dev, x->dtype);
+}
+
 bool gp_layer_dx_adds(const gp_layer *l, const gp_tensor *x, const gp_tensor *into)
 {
     return l->ops->dx_adds && l->n_in == 1 && !adapts(l, x) && gp_tensor_mem(into) &&
@@ -1273,7 +1336,8 @@ static gp_status backward_as(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor
                              gp_tensor *take, bool views, bool weights)
 {
     if (!adapts(l, x)) return run_backward(l, ctx, x, y, dy, dx, s, take, views, weights);
-    GP_ASSERT(!ctx->dx_into); /* checkpoint.c asks it only where nothing adapts */
+    /* checkpoint.c asks these only where nothing adapts */
+    GP_ASSERT(!ctx->dx_into && !ctx->gelu_in);
     bool xs[1 + GP_MAX_POPS] = {gp_layer_spec_ignores_x(&l->spec)};
     bool ys = gp_layer_spec_ignores_y(&l->spec);
     gp_tensor xf[1 + GP_MAX_POPS], yf, dyf, dxf[1 + GP_MAX_POPS] = {{0}};

@@ -253,6 +253,12 @@ typedef struct gp_fwd_ctx {
      * residual's), and backward_data adds into it (dx +=) instead of
      * writing a dx of its own that would be summed after. */
     const gp_tensor *dx_into;
+    /* Set by the stage's backward only, for a linear layer right after a
+     * GELU (gp_layers_gelu_linear): the GELU's input, whose derivative the
+     * linear's backward_data applies to its dx (the product's epilogue on a
+     * GPU), so that dx is the GELU's input's gradient and the GELU's own
+     * backward is skipped. */
+    const gp_tensor *gelu_in;
 } gp_fwd_ctx;
 
 #define GP_SAVED_MAX 24
@@ -635,6 +641,22 @@ bool gp_layers_add_norm(const gp_layer *layers, int count, int c, const bool *in
 gp_status gp_layer_add_norm_forward(gp_layer *add, gp_layer *norm, const gp_fwd_ctx *ctx,
                                     const gp_tensor *x, gp_tensor *y, gp_tensor *y2,
                                     gp_saved *s2, bool *done);
+/* A linear layer and the GELU after it as one product with GELU in its
+ * epilogue (issue 64, GPT-2's mlp.c_fc and mlp.gelu): whether layers[c]
+ * is a linear layer (no stash, no pops) and layers[c + 1] a GELU reading
+ * its output alone, on one device whose linear_gelu_fwd takes their
+ * element type.  GPIPE_FUSE_GELU=0 turns it off (both directions). */
+bool gp_layers_linear_gelu(const gp_layer *layers, int count, int c, const bool *inplace);
+/* The pair's forward: y = the linear's output (GELU's input), y2 = the
+ * GELU of it, in one device call; *done as gp_layer_add_norm_forward's. */
+gp_status gp_layer_linear_gelu_forward(gp_layer *lin, gp_layer *gelu, const gp_fwd_ctx *ctx,
+                                       const gp_tensor *x, gp_tensor *y, gp_tensor *y2,
+                                       bool *done);
+/* Whether layers[c] is a GELU (no stash) whose gradient the linear layer
+ * after it (no pops) can give in its own backward_data, GELU's derivative
+ * as the product's epilogue (ctx->gelu_in = x, the GELU's input), on one
+ * device with linear_gelu_bwd_data for x's element type. */
+bool gp_layers_gelu_linear(const gp_layer *layers, int count, int c, const gp_tensor *x);
 /* Whether layer l's backward_data can add into a gradient `into` of its
  * main input x (ctx->dx_into, ops->dx_adds). */
 bool gp_layer_dx_adds(const gp_layer *l, const gp_tensor *x, const gp_tensor *into);

@@ -64,6 +64,10 @@ extern const gp_layer_ops gp_layer_norm_ops;        /* transformer.c */
  * gp_layer_add_norm_forward; transformer.c). */
 gp_status gp_layers_norm_forward_add(gp_layer *l, const gp_tensor *a, const gp_tensor *b,
                                      gp_tensor *sum, gp_tensor *y, gp_saved *s);
+/* A linear layer l's forward into pre with the GELU after it into y, in
+ * one call (layer.c's gp_layer_linear_gelu_forward; linear.c). */
+gp_status gp_layers_linear_forward_gelu(gp_layer *l, const gp_tensor *x, gp_tensor *pre,
+                                        gp_tensor *y);
 extern const gp_layer_ops gp_embedding_ops;         /* transformer.c */
 
 /* gp_layer_create without the error prefix, with the RNG numbering of the

@@ -86,6 +86,18 @@ static gp_status linear_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_ten
                              gp_f32(y));
 }
 
+gp_status gp_layers_linear_forward_gelu(gp_layer *l, const gp_tensor *x, gp_tensor *pre,
+                                        gp_tensor *y)
+{
+    int64_t in = x->dims[x->ndim - 1], out = l->spec.out;
+    int64_t n = in > 0 ? gp_tensor_numel(x) / in : 0;
+    GP_ASSERT(x->dtype == pre->dtype && x->dtype == y->dtype && !l->relu_after);
+    return gp_dev_linear_gelu_fwd(l->dev, x->dtype, n, out, in, gp_tensor_mem(x),
+                                  gp_f32(&l->params[0].value),
+                                  l->spec.bias ? gp_f32(&l->params[1].value) : NULL,
+                                  gp_tensor_mem(pre), gp_tensor_mem(y));
+}
+
 static gp_status linear_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                                       const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
                                       gp_saved *s)
@@ -95,6 +107,12 @@ static gp_status linear_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const 
     int64_t in = x->dims[x->ndim - 1], out = l->spec.out;
     int64_t n = in > 0 ? gp_tensor_numel(x) / in : 0;
     if (n == 0) return GP_OK;
+    /* the GELU before this layer, its backward as the product's epilogue
+     * (ctx->gelu_in: its input; gp_layers_gelu_linear) */
+    if (ctx->gelu_in)
+        return gp_dev_linear_gelu_bwd_data(dev, dy->dtype, n, out, in, gp_tensor_mem(dy),
+                                           gp_f32(&l->params[0].value),
+                                           gp_tensor_mem(ctx->gelu_in), gp_tensor_mem(dx));
     /* dx(N, in) = dy(N, out) W(out, in) */
     if (dy->dtype == GP_BF16)
         return gp_dev_linear_bwd_data_bf16(dev, n, out, in, gp_bf16(dy),

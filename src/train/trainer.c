@@ -2221,7 +2221,7 @@ typedef struct summary_sums {
  * it stashes and pops, and what its stage does with it (run in place, not
  * kept, fused, blocked). */
 static void summary_layer_notes(const gp_layer *l, bool inplace, bool unkept, bool fused,
-                                bool add_norm, char *sk, size_t len)
+                                bool paired, char *sk, size_t len)
 {
     char win[160];
     sk[0] = '\0';
@@ -2241,7 +2241,9 @@ static void summary_layer_notes(const gp_layer *l, bool inplace, bool unkept, bo
         snprintf(sk + strlen(sk), len - strlen(sk), "  fused into the norm");
     else if (l->relu_done) /* its forward is the linear's epilogue */
         snprintf(sk + strlen(sk), len - strlen(sk), "  forward fused into the linear");
-    if (add_norm) /* gp_layers_add_norm: the add before runs it in its pass */
+    if (paired && l->spec.type == GP_LAYER_GELU) /* gp_layers_linear_gelu */
+        snprintf(sk + strlen(sk), len - strlen(sk), "  one product with the linear");
+    else if (paired) /* gp_layers_add_norm: the add before runs it in its pass */
         snprintf(sk + strlen(sk), len - strlen(sk), "  one pass with the add");
     if (unkept) snprintf(sk + strlen(sk), len - strlen(sk), "  not kept");
     if (l->out_blk) /* gp_layers_blocked: the convolutions' own layout */
@@ -2284,8 +2286,9 @@ static gp_status summary_layers(const gp_config *cfg, gp_model *m, FILE *f, summ
         gp_layers_unkept(m->layers + f0, m->balance[j], inplace + f0, unkept + f0);
         gp_layers_relu_fused(m->layers + f0, m->balance[j], inplace + f0, fused + f0);
         for (int c = 0; c + 1 < m->balance[j]; c++)
-            add_norm[f0 + c + 1] = gp_layers_add_norm(m->layers + f0, m->balance[j], c,
-                                                      inplace + f0);
+            add_norm[f0 + c + 1] =
+                gp_layers_add_norm(m->layers + f0, m->balance[j], c, inplace + f0) ||
+                gp_layers_linear_gelu(m->layers + f0, m->balance[j], c, inplace + f0);
     }
     for (int k = 0; k < m->n_layers; k++) {
         gp_layer *l = &m->layers[k];

@@ -320,6 +320,8 @@ static const gp_device_iface cpu_iface = {
     .linear_bwd_weights = gp_cpu_linear_bwd_weights,
     .add_layer_norm_fwd = gp_cpu_add_layer_norm_fwd,
     .layer_norm_bwd_data_add = gp_cpu_layer_norm_bwd_data_add,
+    .linear_gelu_fwd = gp_cpu_linear_gelu_fwd,
+    .linear_gelu_bwd_data = gp_cpu_linear_gelu_bwd_data,
 };
 
 static cpu_conv_layout conv_layout_from_env(void)

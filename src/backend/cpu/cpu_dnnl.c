@@ -1048,6 +1048,36 @@ gp_status gp_cpu_linear_bwd_weights(gp_device *dev, gp_dtype dt, int64_t n, int6
     return GP_OK;
 }
 
+/* linear_gelu_fwd (backend.h): the product and bias into pre, GELU from
+ * pre into y: the two slots it stands for, called in turn (their bits;
+ * one launch on a GPU, where cuBLASLt's epilogue writes both). */
+gp_status gp_cpu_linear_gelu_fwd(gp_device *dev, gp_dtype dt, int64_t n, int64_t out,
+                                 int64_t in, const void *x, const float *w, const float *bias,
+                                 void *pre, void *y)
+{
+    if (dt == GP_BF16) {
+        GP_TRY(gp_cpu_linear_fwd_bf16(dev, n, out, in, x, w, bias, false, pre));
+        return gp_cpu_gelu_bf16(dev, pre, NULL, y, n * out);
+    }
+    GP_TRY(gp_cpu_linear_fwd(dev, n, out, in, x, w, bias, false, pre));
+    return gp_cpu_gelu_fwd(dev, pre, y, n * out);
+}
+
+/* linear_gelu_bwd_data (backend.h): dx = dy w, then GELU's backward from
+ * pre over dx in place (oneDNN takes diff_src on diff_dst): the bits of
+ * the product's dx and the GELU layer's backward after it. */
+gp_status gp_cpu_linear_gelu_bwd_data(gp_device *dev, gp_dtype dt, int64_t n, int64_t out,
+                                      int64_t in, const void *dy, const float *w,
+                                      const void *pre, void *dx)
+{
+    if (dt == GP_BF16) {
+        GP_TRY(gp_cpu_linear_bwd_data_bf16(dev, n, out, in, dy, w, dx));
+        return gp_cpu_gelu_bf16(dev, pre, dx, dx, n * in);
+    }
+    GP_TRY(gp_cpu_gemm_wb(dev, 0, 0, n, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in));
+    return gp_cpu_gelu_bwd(dev, pre, dx, dx, n * in);
+}
+
 /* ---- log-softmax ------------------------------------------------------------------- */
 
 static gp_status build_log_softmax(gp_cpu_ctx *ctx, cpu_op *op, const void *desc)

@@ -337,6 +337,12 @@ gp_status gp_cpu_linear_fwd_bf16(gp_device *dev, int64_t n, int64_t out, int64_t
                                  uint16_t *y);
 gp_status gp_cpu_linear_bwd_data_bf16(gp_device *dev, int64_t n, int64_t out, int64_t in,
                                       const uint16_t *dy, const float *w, uint16_t *dx);
+gp_status gp_cpu_linear_gelu_fwd(gp_device *dev, gp_dtype dt, int64_t n, int64_t out,
+                                 int64_t in, const void *x, const float *w, const float *bias,
+                                 void *pre, void *y);
+gp_status gp_cpu_linear_gelu_bwd_data(gp_device *dev, gp_dtype dt, int64_t n, int64_t out,
+                                      int64_t in, const void *dy, const float *w,
+                                      const void *pre, void *dx);
 gp_status gp_cpu_add_layer_norm_fwd(gp_device *dev, gp_dtype dt, const void *a, const void *b,
                                     void *s, const float *w, const float *bias, void *y,
                                     float *mean, float *rstd, int64_t rows, int64_t c, float eps);

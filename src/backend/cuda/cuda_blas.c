@@ -66,7 +66,11 @@
 #define LT_RUNS 3
 #define LT_WS_MAX ((size_t)32 << 20)
 
-enum { EPI_NONE = 0, EPI_BIAS = 1, EPI_RELU = 2 }; /* bits */
+/* bits; GELU_AUX: GELU with the product (and bias) kept in the aux
+ * buffer (GPT-2's MLP forward); DGELU: the product times GELU' of the aux
+ * buffer's values (its backward, issue 64) */
+enum { EPI_NONE = 0, EPI_BIAS = 1, EPI_RELU = 2, EPI_GELU_AUX = 4, EPI_DGELU = 8 };
+#define EPI_AUX (EPI_GELU_AUX | EPI_DGELU)
 
 struct cuda_mm {
     /* the shape */
@@ -190,12 +194,20 @@ static gp_status mm_describe(gp_cuda_ctx *ctx, cuda_mm *mm)
     cublasOperation_t ob = mm->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     GP_CUBLAS(cublasLtMatmulDescSetAttribute(mm->op, CUBLASLT_MATMUL_DESC_TRANSA, &oa, sizeof oa));
     GP_CUBLAS(cublasLtMatmulDescSetAttribute(mm->op, CUBLASLT_MATMUL_DESC_TRANSB, &ob, sizeof ob));
-    cublasLtEpilogue_t ep = mm->epi == (EPI_BIAS | EPI_RELU) ? CUBLASLT_EPILOGUE_RELU_BIAS
-                            : mm->epi == EPI_BIAS           ? CUBLASLT_EPILOGUE_BIAS
-                            : mm->epi == EPI_RELU           ? CUBLASLT_EPILOGUE_RELU
-                                                            : CUBLASLT_EPILOGUE_DEFAULT;
+    cublasLtEpilogue_t ep = mm->epi == (EPI_BIAS | EPI_RELU)     ? CUBLASLT_EPILOGUE_RELU_BIAS
+                            : mm->epi == EPI_BIAS               ? CUBLASLT_EPILOGUE_BIAS
+                            : mm->epi == EPI_RELU               ? CUBLASLT_EPILOGUE_RELU
+                            : mm->epi == (EPI_BIAS | EPI_GELU_AUX) ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                            : mm->epi == EPI_GELU_AUX           ? CUBLASLT_EPILOGUE_GELU_AUX
+                            : mm->epi == EPI_DGELU              ? CUBLASLT_EPILOGUE_DGELU
+                                                                : CUBLASLT_EPILOGUE_DEFAULT;
     GP_CUBLAS(cublasLtMatmulDescSetAttribute(mm->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep,
                                              sizeof ep));
+    if (mm->epi & EPI_AUX) { /* the aux buffer laid out as C, of C's type (the default) */
+        int64_t ald = mm->ldc;
+        GP_CUBLAS(cublasLtMatmulDescSetAttribute(mm->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                 &ald, sizeof ald));
+    }
     if (mm->epi & EPI_BIAS) {
         cudaDataType_t bt = CUDA_R_32F;
         GP_CUBLAS(cublasLtMatmulDescSetAttribute(mm->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
@@ -214,11 +226,16 @@ static gp_status mm_describe(gp_cuda_ctx *ctx, cuda_mm *mm)
 
 static cublasStatus_t mm_run(gp_cuda_ctx *ctx, const cuda_mm *mm, const cublasLtMatmulAlgo_t *algo,
                              float alpha, const void *a, const void *b, float beta, void *c,
-                             const float *bias, void *ws, size_t ws_bytes)
+                             const float *bias, const void *aux, void *ws, size_t ws_bytes)
 {
     if (mm->epi & EPI_BIAS) {
         cublasStatus_t s = cublasLtMatmulDescSetAttribute(
             mm->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+        if (s != CUBLAS_STATUS_SUCCESS) return s;
+    }
+    if (mm->epi & EPI_AUX) {
+        cublasStatus_t s = cublasLtMatmulDescSetAttribute(
+            mm->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
         if (s != CUBLAS_STATUS_SUCCESS) return s;
     }
     return cublasLtMatmul(ctx->lt, mm->op, &alpha, b, mm->la, a, mm->lb, &beta, c, mm->lc, c,
@@ -255,7 +272,7 @@ static size_t lt_ws_max(gp_device *dev)
  * own workspace is reserved when it runs.  Unmeasured, nothing is
  * allocated. */
 static gp_status mm_choose(gp_device *dev, cuda_mm *mm, float alpha, const void *a,
-                           const void *b, float beta, void *c, const float *bias)
+                           const void *b, float beta, void *c, const float *bias, const void *aux)
 {
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     bool measure = gp_cuda_may_measure(ctx);
@@ -283,6 +300,9 @@ static gp_status mm_choose(gp_device *dev, cuda_mm *mm, float alpha, const void 
     if (mm->epi & EPI_BIAS)
         ps = cublasLtMatmulDescSetAttribute(mm->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                             sizeof bias);
+    if (ps == CUBLAS_STATUS_SUCCESS && (mm->epi & EPI_AUX))
+        ps = cublasLtMatmulDescSetAttribute(mm->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                            &aux, sizeof aux);
     if (ps == CUBLAS_STATUS_SUCCESS) ps = cublasLtMatmulPreferenceCreate(&pref);
     const struct {
         cublasLtMatmulPreferenceAttributes_t attr;
@@ -337,11 +357,11 @@ static gp_status mm_choose(gp_device *dev, cuda_mm *mm, float alpha, const void 
         for (int i = 0; i < got; i++) {
             if (!cand[i].ok) continue;
             float ms = -1.0f;
-            cublasStatus_t s = mm_run(ctx, mm, &res[i].algo, alpha, a, b, beta, out, bias, ws,
-                                      ws_bytes);
+            cublasStatus_t s = mm_run(ctx, mm, &res[i].algo, alpha, a, b, beta, out, bias, aux,
+                                      ws, ws_bytes);
             if (s == CUBLAS_STATUS_SUCCESS && cudaEventRecord(e0, ctx->compute) == cudaSuccess) {
                 for (int r = 0; r < LT_RUNS && s == CUBLAS_STATUS_SUCCESS; r++)
-                    s = mm_run(ctx, mm, &res[i].algo, alpha, a, b, beta, out, bias, ws,
+                    s = mm_run(ctx, mm, &res[i].algo, alpha, a, b, beta, out, bias, aux, ws,
                                ws_bytes);
                 if (s == CUBLAS_STATUS_SUCCESS &&
                     cudaEventRecord(e1, ctx->compute) == cudaSuccess &&
@@ -404,16 +424,17 @@ gp_status gp_cuda_lt_gemm(gp_device *dev, int ta, int tb, int64_t m, int64_t n, 
                               ldc, bias, relu, done);
 }
 
-gp_status gp_cuda_lt_gemm_io(gp_device *dev, gp_lt_io io, int ta, int tb, int64_t m, int64_t n,
-                             int64_t k, float alpha, const void *a, int64_t lda, const void *b,
-                             int64_t ldb, float beta, void *c, int64_t ldc, const float *bias,
-                             bool relu, bool *done)
+static gp_status lt_gemm(gp_device *dev, gp_lt_io io, int ta, int tb, int64_t m, int64_t n,
+                         int64_t k, float alpha, const void *a, int64_t lda, const void *b,
+                         int64_t ldb, float beta, void *c, int64_t ldc, const float *bias, int epi,
+                         const void *aux, bool *done)
 {
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     *done = false;
     if (ctx->lt_off || !ctx->lt || m <= 0 || n <= 0 || k <= 0) return GP_OK;
+    if ((epi & EPI_AUX) && alignment(aux, aux, aux, NULL) < 16) return GP_OK;
     cuda_mm key = {.io = io, .ta = ta, .tb = tb,
-                   .epi = (bias ? EPI_BIAS : 0) | (relu ? EPI_RELU : 0),
+                   .epi = (bias ? EPI_BIAS : 0) | epi,
                    .align = alignment(a, b, c, bias), .balign = bias_alignment(bias),
                    .acc = beta != 0.0f, .m = m, .n = n,
                    .k = k, .lda = lda, .ldb = ldb, .ldc = ldc};
@@ -430,7 +451,7 @@ gp_status gp_cuda_lt_gemm_io(gp_device *dev, gp_lt_io io, int ta, int tb, int64_
             gp_error_clear();
             mm->ok = false;
         } else {
-            st = mm_choose(dev, mm, alpha, a, b, beta, c, bias);
+            st = mm_choose(dev, mm, alpha, a, b, beta, c, bias, aux);
             if (st != GP_OK) { /* the device's failure (a lost context) */
                 mm_free(mm);
                 return st;
@@ -447,7 +468,7 @@ gp_status gp_cuda_lt_gemm_io(gp_device *dev, gp_lt_io io, int ta, int tb, int64_
         return GP_OK;
     }
     gp_cuda_nvtx_push("gemm");
-    cublasStatus_t s = mm_run(ctx, mm, &mm->algo, alpha, a, b, beta, c, bias, ws, mm->ws);
+    cublasStatus_t s = mm_run(ctx, mm, &mm->algo, alpha, a, b, beta, c, bias, aux, ws, mm->ws);
     gp_cuda_nvtx_pop();
     if (s != CUBLAS_STATUS_SUCCESS) {
         /* the classic call takes the shape from now on; a launch error
@@ -462,4 +483,22 @@ gp_status gp_cuda_lt_gemm_io(gp_device *dev, gp_lt_io io, int ta, int tb, int64_
     }
     *done = true;
     return GP_OK;
+}
+
+gp_status gp_cuda_lt_gemm_io(gp_device *dev, gp_lt_io io, int ta, int tb, int64_t m, int64_t n,
+                             int64_t k, float alpha, const void *a, int64_t lda, const void *b,
+                             int64_t ldb, float beta, void *c, int64_t ldc, const float *bias,
+                             bool relu, bool *done)
+{
+    return lt_gemm(dev, io, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bias,
+                   relu ? EPI_RELU : 0, NULL, done);
+}
+
+gp_status gp_cuda_lt_gemm_gelu(gp_device *dev, gp_lt_io io, bool backward, int ta, int tb,
+                               int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
+                               const void *b, int64_t ldb, void *c, int64_t ldc,
+                               const float *bias, const void *aux, bool *done)
+{
+    return lt_gemm(dev, io, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc,
+                   backward ? NULL : bias, backward ? EPI_DGELU : EPI_GELU_AUX, aux, done);
 }

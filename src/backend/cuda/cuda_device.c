@@ -1604,6 +1604,66 @@ static gp_status cuda_linear_bwd_data_bf16(gp_device *dev, int64_t n, int64_t ou
     return gemm_ex16_round(dev, 0, n, in, out, dy, w16, in, NULL, false, dx);
 }
 
+/* linear_gelu_fwd (backend.h): the product with cuBLASLt's GELU_AUX(_BIAS)
+ * epilogue (y the GELU, pre the product and bias), where it has a plan;
+ * else the linear layer's slot into pre and the GELU kernel into y.
+ * Compiled, not run. */
+static gp_status cuda_linear_gelu_fwd(gp_device *dev, gp_dtype dt, int64_t n, int64_t out,
+                                      int64_t in, const void *x, const float *w,
+                                      const float *bias, void *pre, void *y)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    if (n == 0 || out == 0) return GP_OK;
+    GP_TRY(gp_cuda_enter(dev));
+    bool done = false, fits = n <= INT_MAX && out <= INT_MAX && in <= INT_MAX &&
+                             (uintptr_t)bias % 16 == 0;
+    if (dt == GP_BF16 && fits && gp_bf16_gemm_worth(n, out, in)) {
+        const uint16_t *w16;
+        GP_TRY(weights16(dev, w, out * in, &w16));
+        GP_TRY(gp_cuda_lt_gemm_gelu(dev, GP_LT_ABC16, false, 0, 1, n, out, in, x, in, w16, in,
+                                    y, out, bias, pre, &done));
+    } else if (dt == GP_F32 && fits && !(ctx->bf16 && gp_bf16_gemm_worth(n, out, in))) {
+        GP_TRY(gp_cuda_lt_gemm_gelu(dev, GP_LT_F32, false, 0, 1, n, out, in, x, in, w, in, y,
+                                    out, bias, pre, &done));
+    }
+    if (done) return GP_OK;
+    if (dt == GP_BF16) {
+        GP_TRY(cuda_linear_fwd_bf16(dev, n, out, in, x, w, bias, false, pre));
+        return cuda_act_bf16(dev, GP_ACT_GELU, pre, NULL, y, n * out, 0.0f);
+    }
+    GP_TRY(cuda_linear_fwd(dev, n, out, in, x, w, bias, false, pre));
+    return cuda_gelu_fwd(dev, pre, y, n * out);
+}
+
+/* linear_gelu_bwd_data (backend.h): dx = (dy w) GELU'(pre) with cuBLASLt's
+ * DGELU epilogue where it has a plan; else the product's dx and the GELU
+ * backward kernel over it in place.  Compiled, not run. */
+static gp_status cuda_linear_gelu_bwd_data(gp_device *dev, gp_dtype dt, int64_t n, int64_t out,
+                                           int64_t in, const void *dy, const float *w,
+                                           const void *pre, void *dx)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    if (n == 0 || in == 0) return GP_OK;
+    GP_TRY(gp_cuda_enter(dev));
+    bool done = false, fits = n <= INT_MAX && out <= INT_MAX && in <= INT_MAX;
+    if (dt == GP_BF16 && fits && gp_bf16_gemm_worth(n, in, out)) {
+        const uint16_t *w16;
+        GP_TRY(weights16(dev, w, out * in, &w16));
+        GP_TRY(gp_cuda_lt_gemm_gelu(dev, GP_LT_ABC16, true, 0, 0, n, in, out, dy, out, w16, in,
+                                    dx, in, NULL, pre, &done));
+    } else if (dt == GP_F32 && fits && !(ctx->bf16 && gp_bf16_gemm_worth(n, in, out))) {
+        GP_TRY(gp_cuda_lt_gemm_gelu(dev, GP_LT_F32, true, 0, 0, n, in, out, dy, out, w, in, dx,
+                                    in, NULL, pre, &done));
+    }
+    if (done) return GP_OK;
+    if (dt == GP_BF16) {
+        GP_TRY(cuda_linear_bwd_data_bf16(dev, n, out, in, dy, w, dx));
+        return cuda_act_bf16(dev, GP_ACT_GELU, pre, dx, dx, n * in, 0.0f);
+    }
+    GP_TRY(cuda_gemm_wb(dev, 0, 0, n, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in));
+    return cuda_gelu_bwd(dev, pre, dx, dx, n * in);
+}
+
 /* dW(out, in) (fresh: =, else +=) dy^T(out, n) x(n, in); db likewise the
  * column sums of dy (db NULL: no bias); dy and x of element type dt. */
 static gp_status cuda_linear_bwd_weights(gp_device *dev, gp_dtype dt, int64_t n, int64_t out,
@@ -2227,6 +2287,8 @@ static const gp_device_iface cuda_iface = {
     .linear_bwd_weights = cuda_linear_bwd_weights,
     .add_layer_norm_fwd = cuda_add_layer_norm_fwd,
     .layer_norm_bwd_data_add = cuda_layer_norm_bwd_data_add,
+    .linear_gelu_fwd = cuda_linear_gelu_fwd,
+    .linear_gelu_bwd_data = cuda_linear_gelu_bwd_data,
     .pool_fwd_bf16 = gp_cuda_pool_fwd_bf16,
     .pool_bwd_bf16 = gp_cuda_pool_bwd_bf16,
     .dropout_apply_bf16 = cuda_dropout_apply_bf16,

@@ -311,6 +311,16 @@ gp_status gp_cuda_lt_gemm_io(gp_device *dev, gp_lt_io io, int ta, int tb, int64_
                              int64_t k, float alpha, const void *a, int64_t lda, const void *b,
                              int64_t ldb, float beta, void *c, int64_t ldc, const float *bias,
                              bool relu, bool *done);
+/* A product with GELU in its epilogue (issue 64), beta 0: forward, C =
+ * GELU(A op B + bias) with aux = the product and bias before it (laid out
+ * as C); backward, C = (A op B) times GELU'(aux) (bias unused).  The
+ * tanh GELU of GPT-2, within rounding of gpipe's kernels.  *done false:
+ * nothing ran (no plan, aux not 16-byte aligned, GPIPE_CUBLASLT=0); the
+ * caller runs the product and gpipe's GELU kernel.  Compiled, not run. */
+gp_status gp_cuda_lt_gemm_gelu(gp_device *dev, gp_lt_io io, bool backward, int ta, int tb,
+                               int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
+                               const void *b, int64_t ldb, void *c, int64_t ldc,
+                               const float *bias, const void *aux, bool *done);
 
 /* cuda_graph.c's pieces of cuDNN's graph API that cuda_sdpa.c shares:
  * the engine configurations the heuristics offer for `graph` in `mode`,
