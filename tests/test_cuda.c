@@ -1722,6 +1722,47 @@ static buf brand_bf16(int64_t n, bool round)
     return b;
 }
 
+/* The embedding's backward (embed_bwd, issue 64: a block per vocabulary
+ * row for wte, a thread per position and column for wpe, where a thread
+ * per column did all of it): the CPU's bits on the GPU, each element's
+ * rows in the same order, on FP32 and bf16 gradients, with ids repeated
+ * within and across samples and a vocabulary row no id takes. */
+static void test_embed_bwd(void)
+{
+    const int64_t n = 3, t = 50, c = 40, vocab = 37, rows = n * t;
+    float hid[150];
+    for (int64_t r = 0; r < rows; r++) hid[r] = (float)((r * 7 + r / 11) % (vocab - 1));
+    buf ids = bnew(rows), fdy = brand(rows * c, -1, 1), dy16 = bjunk(rows * c / 2);
+    bset(&ids, hid);
+    BOTH(gp_dev_bf16_pack(D, (uint16_t *)dy16.p[K], fdy.p[K], rows * c));
+    for (int b16 = 0; b16 < 2; b16++) {
+        buf dwte = brand(vocab * c, -1, 1), dwpe = brand(t * c, -1, 1); /* dW += */
+        const buf *dy = b16 ? &dy16 : &fdy;
+        BOTH(gp_dev_embed_bwd(D, ids.p[K], b16 ? GP_BF16 : GP_F32, dy->p[K], dwte.p[K],
+                              dwpe.p[K], n, t, c, vocab));
+        const buf *out[2] = {&dwte, &dwpe};
+        const int64_t nv[2] = {vocab * c, t * c};
+        for (int q = 0; q < 2; q++) {
+            float *h[2] = {malloc(sizeof(float) * (size_t)nv[q]),
+                           malloc(sizeof(float) * (size_t)nv[q])};
+            for (int k = 0; k < 2; k++) {
+                CHECK_OK(gp_dev_download(D2[k], h[k], out[q]->p[k], nv[q]));
+                CHECK_OK(gp_dev_synchronize(D2[k]));
+            }
+            CHECK_MSG(!memcmp(h[0], h[1], sizeof(float) * (size_t)nv[q]), "embedding backward "
+                      "(%s dy) %s: the GPU's bits differ from the CPU's", b16 ? "bf16" : "FP32",
+                      q ? "dwpe" : "dwte");
+            free(h[0]);
+            free(h[1]);
+        }
+        bfree(&dwte);
+        bfree(&dwpe);
+    }
+    bfree(&ids);
+    bfree(&fdy);
+    bfree(&dy16);
+}
+
 /* A product with GELU (linear_gelu_fwd) and GELU's derivative
  * (linear_gelu_bwd_data) as its epilogue, issue 64: cuBLASLt's
  * GELU_AUX_BIAS and DGELU epilogues where it has a plan, on the GPU (D2[1])
@@ -2917,6 +2958,7 @@ int main(int argc, char **argv)
     test_gemm();
     test_linear_fwd("measured", true);
     test_linear_gelu(GP_F32);
+    test_embed_bwd();
     test_conv();
     {
         /* again with train.deterministic: heuristics, no searches */

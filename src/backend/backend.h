@@ -944,7 +944,8 @@ typedef struct gp_device_iface {
      * number in [0, vocab) (NaN included), else -1; y is then not written.
      * A GPU waits for that flag (one host wait per call, as xent's).
      * embed_bwd: dwte[ids[r]] += dy[r], dwpe[r % t] += dy[r] (dW +=), each
-     * column summed in row order (no atomics: the same bits every run);
+     * element summed in row order (no atomics: the same bits every run;
+     * dwte has vocab rows: a GPU gives each its own block);
      * the ids are those embed_fwd accepted.  y and dy are of element type
      * dt (GP_F32, or GP_BF16: y the FP32 sum rounded once, dy widened as
      * it is read; the storage adapter's bits without its passes), as a
@@ -954,7 +955,8 @@ typedef struct gp_device_iface {
                            gp_dtype dt, void *y, int64_t n, int64_t t, int64_t c, int64_t vocab,
                            int64_t *bad);
     gp_status (*embed_bwd)(gp_device *dev, const float *ids, gp_dtype dt, const void *dy,
-                           float *dwte, float *dwpe, int64_t n, int64_t t, int64_t c);
+                           float *dwte, float *dwpe, int64_t n, int64_t t, int64_t c,
+                           int64_t vocab);
     /* --- activations on bf16 storage (optional; appended last) ---
      * act_bf16: an activation of kind `kind` on bf16 values (16-bit
      * patterns: train.activations: bf16) in one pass, FP32 math on the
@@ -2022,7 +2024,8 @@ gp_status gp_dev_embed_fwd(gp_device *dev, const float *ids, const float *wte, c
                            gp_dtype dt, void *y, int64_t n, int64_t t, int64_t c, int64_t vocab,
                            int64_t *bad);
 gp_status gp_dev_embed_bwd(gp_device *dev, const float *ids, gp_dtype dt, const void *dy,
-                           float *dwte, float *dwpe, int64_t n, int64_t t, int64_t c);
+                           float *dwte, float *dwpe, int64_t n, int64_t t, int64_t c,
+                           int64_t vocab);
 /* backend.h's norm_leaky_bwd; GP_ERR_UNSUPPORTED where the backend has
  * none. */
 gp_status gp_dev_norm_leaky_bwd(gp_device *dev, const gp_bn_desc *d, const float *yz, bool from_z,

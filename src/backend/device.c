@@ -1332,11 +1332,12 @@ gp_status gp_dev_embed_fwd(gp_device *dev, const float *ids, const float *wte, c
 }
 
 gp_status gp_dev_embed_bwd(gp_device *dev, const float *ids, gp_dtype dt, const void *dy,
-                           float *dwte, float *dwpe, int64_t n, int64_t t, int64_t c)
+                           float *dwte, float *dwpe, int64_t n, int64_t t, int64_t c,
+                           int64_t vocab)
 {
     if (!dev->iface->embed_bwd) return no_unet_op(dev, "embed_bwd", "embedding");
     if (n <= 0 || t <= 0 || c <= 0) return GP_OK;
-    return GP_LAUNCH(dev, embed_bwd)(dev, ids, dt, dy, dwte, dwpe, n, t, c);
+    return GP_LAUNCH(dev, embed_bwd)(dev, ids, dt, dy, dwte, dwpe, n, t, c, vocab);
 }
 
 static gp_status norm_leaky_check(gp_device *dev, const gp_bn_desc *d, float slope)

@@ -247,7 +247,8 @@ static gp_status embedding_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx,
 {
     return gp_dev_embed_bwd(l->dev, gp_f32(x), dy->dtype, gp_tensor_mem(dy),
                             gp_f32(&l->params[0].grad),
-                            gp_f32(&l->params[1].grad), x->dims[0], x->dims[1], l->spec.dim);
+                            gp_f32(&l->params[1].grad), x->dims[0], x->dims[1], l->spec.dim,
+                            l->spec.vocab);
 }
 
 /* y and dy in bf16 on every backend (embed_fwd / embed_bwd take dt); the

@@ -483,7 +483,8 @@ gp_status gp_cpu_embed_fwd(gp_device *dev, const float *ids, const float *wte, c
                            gp_dtype dt, void *y, int64_t n, int64_t t, int64_t c, int64_t vocab,
                            int64_t *bad);
 gp_status gp_cpu_embed_bwd(gp_device *dev, const float *ids, gp_dtype dt, const void *dy,
-                           float *dwte, float *dwpe, int64_t n, int64_t t, int64_t c);
+                           float *dwte, float *dwpe, int64_t n, int64_t t, int64_t c,
+                           int64_t vocab);
 gp_status gp_cpu_leaky_relu_fwd(gp_device *dev, const float *x, float *y, int64_t n,
                                 float slope);
 gp_status gp_cpu_leaky_relu_bwd(gp_device *dev, const float *y, const float *dy, float *dx,

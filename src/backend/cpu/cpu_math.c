@@ -880,8 +880,10 @@ embed_bwd(int nt, const float *ids, const void *dy, float *dwte, float *dwpe, in
 }
 
 gp_status gp_cpu_embed_bwd(gp_device *dev, const float *ids, gp_dtype dt, const void *dy,
-                           float *dwte, float *dwpe, int64_t n, int64_t t, int64_t c)
+                           float *dwte, float *dwpe, int64_t n, int64_t t, int64_t c,
+                           int64_t vocab)
 {
+    (void)vocab; /* the rows' ids are in range (embed_fwd checked them) */
     if (dt == GP_BF16) embed_bwd(dev->threads, ids, dy, dwte, dwpe, n, t, c, true);
     else embed_bwd(dev->threads, ids, dy, dwte, dwpe, n, t, c, false);
     return GP_OK;

@@ -1164,19 +1164,32 @@ static gp_status cuda_layer_norm_bwd_data_add(gp_device *dev, gp_dtype dt, const
                                                 c));
 }
 
+/* The layer norm's weight sums' workspace: 2 doubles a column and part. */
+static gp_status ln_weights_part(gp_device *dev, int64_t rows, int64_t c, void **part)
+{
+    if (rows <= 0 || c <= 0) return GP_OK;
+    GP_TRY(gp_cuda_enter(dev));
+    return gp_cuda_ws_reserve(dev, (size_t)gp_cuk_sum_rows_parts(rows, c) * (size_t)c * 2 *
+                                       sizeof(double), part);
+}
+
 static gp_status cuda_layer_norm_bwd_weights_bf16(gp_device *dev, const uint16_t *x,
                                                   const float *mean, const float *rstd,
                                                   const uint16_t *dy, float *dw, float *db,
                                                   int64_t rows, int64_t c)
 {
-    CUDA_OP(dev, gp_cuk_layer_norm_bwd_weights_bf16(s, x, mean, rstd, dy, dw, db, rows, c));
+    void *part = NULL;
+    GP_TRY(ln_weights_part(dev, rows, c, &part));
+    CUDA_OP(dev, gp_cuk_layer_norm_bwd_weights_bf16(s, x, mean, rstd, dy, dw, db, rows, c, part));
 }
 
 static gp_status cuda_layer_norm_bwd_weights(gp_device *dev, const float *x, const float *mean,
                                              const float *rstd, const float *dy, float *dw,
                                              float *db, int64_t rows, int64_t c)
 {
-    CUDA_OP(dev, gp_cuk_layer_norm_bwd_weights(s, x, mean, rstd, dy, dw, db, rows, c));
+    void *part = NULL;
+    GP_TRY(ln_weights_part(dev, rows, c, &part));
+    CUDA_OP(dev, gp_cuk_layer_norm_bwd_weights(s, x, mean, rstd, dy, dw, db, rows, c, part));
 }
 
 /* The ids' check writes the first bad row into a workspace word, read
@@ -1201,9 +1214,10 @@ static gp_status cuda_embed_fwd(gp_device *dev, const float *ids, const float *w
 }
 
 static gp_status cuda_embed_bwd(gp_device *dev, const float *ids, gp_dtype dt, const void *dy,
-                                float *dwte, float *dwpe, int64_t n, int64_t t, int64_t c)
+                                float *dwte, float *dwpe, int64_t n, int64_t t, int64_t c,
+                                int64_t vocab)
 {
-    CUDA_OP(dev, gp_cuk_embed_bwd(s, ids, dy, dt == GP_BF16, dwte, dwpe, n, t, c));
+    CUDA_OP(dev, gp_cuk_embed_bwd(s, ids, dy, dt == GP_BF16, dwte, dwpe, n, t, c, vocab));
 }
 
 static gp_status cuda_leaky_relu_fwd(gp_device *dev, const float *x, float *y, int64_t n,

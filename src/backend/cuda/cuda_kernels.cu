@@ -985,20 +985,52 @@ __global__ void k_layer_norm_bwd_data(const T *x, const float *w, const float *m
     }
 }
 
+/* The weights' sums as sum_rows's: a grid of (column tiles, row parts),
+ * each part's sums in double into part[(p cols + j) 2 + {0: dw, 1: db}],
+ * then a thread per column adding the parts in order (deterministic), where
+ * a thread per column over every row left an H100 all but idle. */
 template <typename T>
-__global__ void k_layer_norm_bwd_weights(const T *x, const float *mean, const float *rstd,
-                                         const T *dy, float *dw, float *db, int64_t rows,
-                                         int64_t c)
+__global__ void k_layer_norm_bwd_weights_part(const T *x, const float *mean, const float *rstd,
+                                              const T *dy, double *part, int64_t rows,
+                                              int64_t cols)
 {
-    GP_CUK_LOOP(j, c) {
-        double sw = 0.0, sb = 0.0;
-        for (int64_t r = 0; r < rows; r++) {
-            float g = ld(dy[r * c + j]);
-            sw += (double)g * (double)((ld(x[r * c + j]) - mean[r]) * rstd[r]);
-            sb += (double)g;
+    __shared__ double sw[SR_ROWS][SR_COLS], sb[SR_ROWS][SR_COLS];
+    int64_t j = (int64_t)blockIdx.x * SR_COLS + threadIdx.x;
+    double aw = 0.0, ab = 0.0;
+    if (j < cols)
+        for (int64_t r = (int64_t)blockIdx.y * SR_ROWS + threadIdx.y; r < rows;
+             r += (int64_t)gridDim.y * SR_ROWS) {
+            float g = ld(dy[r * cols + j]);
+            aw += (double)g * (double)((ld(x[r * cols + j]) - mean[r]) * rstd[r]);
+            ab += (double)g;
         }
-        dw[j] += (float)sw;
-        db[j] += (float)sb;
+    sw[threadIdx.y][threadIdx.x] = aw;
+    sb[threadIdx.y][threadIdx.x] = ab;
+    __syncthreads();
+    for (unsigned h = SR_ROWS / 2; h > 0; h >>= 1) {
+        if (threadIdx.y < h) {
+            sw[threadIdx.y][threadIdx.x] += sw[threadIdx.y + h][threadIdx.x];
+            sb[threadIdx.y][threadIdx.x] += sb[threadIdx.y + h][threadIdx.x];
+        }
+        __syncthreads();
+    }
+    if (threadIdx.y == 0 && j < cols) {
+        part[((int64_t)blockIdx.y * cols + j) * 2] = sw[0][threadIdx.x];
+        part[((int64_t)blockIdx.y * cols + j) * 2 + 1] = sb[0][threadIdx.x];
+    }
+}
+
+__global__ void k_layer_norm_bwd_weights_final(const double *part, int parts, float *dw,
+                                               float *db, int64_t cols)
+{
+    GP_CUK_LOOP(j, cols) {
+        double aw = 0.0, ab = 0.0;
+        for (int p = 0; p < parts; p++) {
+            aw += part[((int64_t)p * cols + j) * 2];
+            ab += part[((int64_t)p * cols + j) * 2 + 1];
+        }
+        dw[j] += (float)aw;
+        db[j] += (float)ab;
     }
 }
 
@@ -1027,16 +1059,43 @@ __global__ void k_embed_fwd(const float *ids, const float *wte, const float *wpe
     }
 }
 /* dy FP32, or bf16 (b16: widened as it is read) */
-__global__ void k_embed_bwd(const float *ids, const void *dy, int b16, float *dwte, float *dwpe,
-                            int64_t rows, int64_t t, int64_t c)
+__device__ __forceinline__ float embed_dy(const void *dy, int b16, int64_t i)
 {
-    GP_CUK_LOOP(j, c) {
-        for (int64_t r = 0; r < rows; r++) {
-            float g = b16 ? gp_ew_bf16_value(((const uint16_t *)dy)[r * c + j])
-                          : ((const float *)dy)[r * c + j];
-            dwte[(int64_t)ids[r] * c + j] += g;
-            dwpe[(r % t) * c + j] += g;
+    return b16 ? gp_ew_bf16_value(((const uint16_t *)dy)[i]) : ((const float *)dy)[i];
+}
+
+/* dwte: a block per vocabulary row v, its threads over the columns; the
+ * rows' ids read a tile at a time into shared memory, and each row of id v
+ * added in row order (every element's sum in the order a thread per column
+ * over all rows gave: the same bits, without c threads doing all the work
+ * while the GPU idles).  No atomics: the bits repeat. */
+#define EB_TILE 1024
+__global__ void k_embed_bwd_wte(const float *ids, const void *dy, int b16, float *dwte,
+                                int64_t rows, int64_t c, int64_t vocab)
+{
+    __shared__ int64_t tile[EB_TILE];
+    for (int64_t v = blockIdx.x; v < vocab; v += gridDim.x) {
+        for (int64_t r0 = 0; r0 < rows; r0 += EB_TILE) {
+            int64_t nt = rows - r0 < EB_TILE ? rows - r0 : EB_TILE;
+            __syncthreads(); /* the last tile is read */
+            for (int64_t i = threadIdx.x; i < nt; i += blockDim.x) tile[i] = (int64_t)ids[r0 + i];
+            __syncthreads();
+            for (int64_t i = 0; i < nt; i++) {
+                if (tile[i] != v) continue;
+                for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
+                    dwte[v * c + j] += embed_dy(dy, b16, (r0 + i) * c + j);
+            }
         }
+    }
+}
+
+/* dwpe: a thread per (position, column), the samples in order. */
+__global__ void k_embed_bwd_wpe(const void *dy, int b16, float *dwpe, int64_t rows, int64_t t,
+                                int64_t c)
+{
+    GP_CUK_LOOP(e, t * c) {
+        int64_t p = e / c, j = e % c;
+        for (int64_t r = p; r < rows; r += t) dwpe[p * c + j] += embed_dy(dy, b16, r * c + j);
     }
 }
 
@@ -1998,9 +2057,18 @@ cudaError_t add_layer_norm_fwd(cudaStream_t s, const T *a, const T *b, T *sum, c
 template <typename T>
 cudaError_t layer_norm_bwd_weights(cudaStream_t s, const T *x, const float *mean,
                                    const float *rstd, const T *dy, float *dw, float *db,
-                                   int64_t rows, int64_t c)
+                                   int64_t rows, int64_t c, double *part)
 {
-    GP_CUK_LAUNCH(c, k_layer_norm_bwd_weights<T>, x, mean, rstd, dy, dw, db, rows, c);
+    if (c <= 0 || rows <= 0) return cudaSuccess;
+    int parts = gp_cuk_sum_rows_parts(rows, c);
+    int64_t bx = (c + SR_COLS - 1) / SR_COLS;
+    if (bx > INT_MAX) return cudaErrorInvalidValue;
+    k_layer_norm_bwd_weights_part<T><<<dim3((unsigned)bx, (unsigned)parts),
+                                       dim3(SR_COLS, SR_ROWS), 0, s>>>(x, mean, rstd, dy, part,
+                                                                       rows, c);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    GP_CUK_LAUNCH(c, k_layer_norm_bwd_weights_final, part, parts, dw, db, c);
 }
 } /* namespace */
 
@@ -2022,9 +2090,9 @@ cudaError_t gp_cuk_layer_norm_bwd_data(cudaStream_t s, const float *x, const flo
 
 cudaError_t gp_cuk_layer_norm_bwd_weights(cudaStream_t s, const float *x, const float *mean,
                                           const float *rstd, const float *dy, float *dw,
-                                          float *db, int64_t rows, int64_t c)
+                                          float *db, int64_t rows, int64_t c, double *part)
 {
-    return layer_norm_bwd_weights(s, x, mean, rstd, dy, dw, db, rows, c);
+    return layer_norm_bwd_weights(s, x, mean, rstd, dy, dw, db, rows, c, part);
 }
 
 cudaError_t gp_cuk_layer_norm_fwd_bf16(cudaStream_t s, const uint16_t *x, const float *w,
@@ -2045,9 +2113,9 @@ cudaError_t gp_cuk_layer_norm_bwd_data_bf16(cudaStream_t s, const uint16_t *x, c
 cudaError_t gp_cuk_layer_norm_bwd_weights_bf16(cudaStream_t s, const uint16_t *x,
                                                const float *mean, const float *rstd,
                                                const uint16_t *dy, float *dw, float *db,
-                                               int64_t rows, int64_t c)
+                                               int64_t rows, int64_t c, double *part)
 {
-    return layer_norm_bwd_weights(s, x, mean, rstd, dy, dw, db, rows, c);
+    return layer_norm_bwd_weights(s, x, mean, rstd, dy, dw, db, rows, c, part);
 }
 
 cudaError_t gp_cuk_add_layer_norm_fwd(cudaStream_t s, int bf16, const void *a, const void *b,
@@ -2090,9 +2158,15 @@ cudaError_t gp_cuk_embed_fwd(cudaStream_t s, const float *ids, const float *wte,
 }
 
 cudaError_t gp_cuk_embed_bwd(cudaStream_t s, const float *ids, const void *dy, int b16,
-                             float *dwte, float *dwpe, int64_t n, int64_t t, int64_t c)
+                             float *dwte, float *dwpe, int64_t n, int64_t t, int64_t c,
+                             int64_t vocab)
 {
-    GP_CUK_LAUNCH(c, k_embed_bwd, ids, dy, b16, dwte, dwpe, n * t, t, c);
+    if (vocab <= 0 || n * t <= 0) return cudaSuccess;
+    k_embed_bwd_wte<<<vocab < 65535 ? (unsigned)vocab : 65535u, GP_CUK_THREADS, 0, s>>>(
+        ids, dy, b16, dwte, n * t, c, vocab);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    GP_CUK_LAUNCH(t * c, k_embed_bwd_wpe, dy, b16, dwpe, n * t, t, c);
 }
 
 cudaError_t gp_cuk_norm_leaky_bwd(cudaStream_t s, const float *yz, int from_z, float slope,

@@ -221,9 +221,11 @@ cudaError_t gp_cuk_layer_norm_fwd(cudaStream_t s, const float *x, const float *w
 cudaError_t gp_cuk_layer_norm_bwd_data(cudaStream_t s, const float *x, const float *w,
                                        const float *mean, const float *rstd, const float *dy,
                                        float *dx, int64_t rows, int64_t c);
+/* layer_norm_bwd_weights: the sums in part (2 gp_cuk_sum_rows_parts(rows,
+ * c) c doubles of workspace), then added in order. */
 cudaError_t gp_cuk_layer_norm_bwd_weights(cudaStream_t s, const float *x, const float *mean,
                                           const float *rstd, const float *dy, float *dw,
-                                          float *db, int64_t rows, int64_t c);
+                                          float *db, int64_t rows, int64_t c, double *part);
 /* add_layer_norm_fwd and layer_norm_bwd_data_add (backend.h) on FP32 or
  * (bf16 != 0) bf16 activations: a block per row, as the slots above. */
 cudaError_t gp_cuk_add_layer_norm_fwd(cudaStream_t s, int bf16, const void *a, const void *b,
@@ -244,18 +246,20 @@ cudaError_t gp_cuk_layer_norm_bwd_data_bf16(cudaStream_t s, const uint16_t *x, c
 cudaError_t gp_cuk_layer_norm_bwd_weights_bf16(cudaStream_t s, const uint16_t *x,
                                                const float *mean, const float *rstd,
                                                const uint16_t *dy, float *dw, float *db,
-                                               int64_t rows, int64_t c);
+                                               int64_t rows, int64_t c, double *part);
 
 /* backend.h's embed_fwd/bwd: embed_check writes into *first (device) the
  * first row whose id is not a whole number in [0, vocab), or -1; embed_fwd
- * a thread per output element; embed_bwd a thread per column, the rows in
- * order (no atomics). */
+ * a thread per output element; embed_bwd a block per vocabulary row for
+ * dwte (the ids scanned a tile at a time) and a thread per (position,
+ * column) for dwpe, each element's rows in order (no atomics). */
 cudaError_t gp_cuk_embed_check(cudaStream_t s, const float *ids, int64_t rows, int64_t vocab,
                                long long *first);
 cudaError_t gp_cuk_embed_fwd(cudaStream_t s, const float *ids, const float *wte, const float *wpe,
                              void *y, int b16, int64_t n, int64_t t, int64_t c);
 cudaError_t gp_cuk_embed_bwd(cudaStream_t s, const float *ids, const void *dy, int b16,
-                             float *dwte, float *dwpe, int64_t n, int64_t t, int64_t c);
+                             float *dwte, float *dwpe, int64_t n, int64_t t, int64_t c,
+                             int64_t vocab);
 
 /* U-Net layers (backend.h's leaky_relu_fwd/bwd, mul_rows, upsample_fwd/bwd):
  * one thread per output element; upsample_bwd sums its block in a fixed
