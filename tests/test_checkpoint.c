@@ -233,6 +233,64 @@ static void bad_loss(void)
     gp_device_close(dev);
 }
 
+/* The gradient over the logits (gp_ckpt_loss_dev's `over`, issue 64): the
+ * loss and its gradient the bits of the separate tensor's, the gradient in
+ * the logits' memory, owning it where the logits did; FP32 and bf16 logits
+ * on a padded width (ld 7 of 5 classes), with label smoothing too. */
+static void loss_over_logits(void)
+{
+    gp_device_opts o = {.threads = 2};
+    gp_device *dev;
+    CHECK_OK(gp_device_open("cpu:0", &o, &dev));
+    enum { R = 33, LD = 7, CL = 5 };
+    gp_shape ls = gp_shape_2d(R, LD), ys = {1, {R, 0, 0, 0}};
+    float h[R * LD], y[R];
+    for (int i = 0; i < R * LD; i++) h[i] = (float)((i * 37) % 23) / 7.0f - 1.5f;
+    for (int r = 0; r < R; r++) y[r] = (float)((r * 3) % CL);
+    gp_tensor labels;
+    CHECK_OK(gp_tensor_alloc(&labels, dev, &ys, GP_MEM_ACTIVATIONS));
+    CHECK_OK(gp_dev_upload(dev, gp_f32(&labels), y, R));
+    for (int b16 = 0; b16 < 2; b16++)
+        for (int smooth = 0; smooth < 2; smooth++)
+            for (int owned = 0; owned < 2; owned++) {
+                gp_dtype dt = b16 ? GP_BF16 : GP_F32;
+                gp_tensor a, b, f;
+                CHECK_OK(gp_tensor_alloc(&f, dev, &ls, GP_MEM_ACTIVATIONS));
+                CHECK_OK(gp_dev_upload(dev, gp_f32(&f), h, R * LD));
+                CHECK_OK(gp_tensor_alloc_as(&a, dev, &ls, dt, GP_MEM_ACTIVATIONS));
+                CHECK_OK(gp_tensor_alloc_as(&b, dev, &ls, dt, GP_MEM_ACTIVATIONS));
+                CHECK_OK(gp_tensor_convert(&a, &f));
+                CHECK_OK(gp_tensor_convert(&b, &f));
+                gp_tensor view = b; /* the stage's output: a view of its owner's */
+                view.owned = false;
+                gp_tensor *lb = owned ? &b : &view;
+                void *mem = gp_tensor_mem(&b);
+                gp_tensor d1 = {0}, d2 = {0};
+                gp_loss_result r1, r2;
+                float sm = smooth ? 0.1f : 0.0f;
+                CHECK_OK(gp_ckpt_loss_dev(dev, GP_LOSS_CROSS_ENTROPY, sm, CL, &a, &labels, 0.25f,
+                                          &d1, false, &r1));
+                CHECK_OK(gp_ckpt_loss_dev(dev, GP_LOSS_CROSS_ENTROPY, sm, CL, lb, &labels, 0.25f,
+                                          &d2, true, &r2));
+                CHECK(gp_tensor_mem(&d1) != gp_tensor_mem(&a));
+                CHECK_MSG(gp_tensor_mem(&d2) == mem && d2.owned == (owned != 0) &&
+                              !gp_tensor_mem(lb) == (owned != 0),
+                          "the gradient over the logits (%s, %s): not in their memory, or the "
+                          "ownership not moved", gp_dtype_name(dt), owned ? "owned" : "a view");
+                CHECK_MSG(r1.loss_sum == r2.loss_sum && r1.correct == r2.correct &&
+                              !memcmp(gp_tensor_mem(&d1), gp_tensor_mem(&d2), gp_tensor_bytes(&d1)),
+                          "the gradient over the logits (%s, smoothing %g): not the separate "
+                          "tensor's bits", gp_dtype_name(dt), (double)sm);
+                gp_tensor_free(&d1);
+                gp_tensor_free(&d2);
+                gp_tensor_free(&a);
+                gp_tensor_free(&b);
+                gp_tensor_free(&f);
+            }
+    gp_tensor_free(&labels);
+    gp_device_close(dev);
+}
+
 /* ---- in place ------------------------------------------------------------- */
 
 enum { IPL = 12, IP_SKIP_FROM = 4, IP_SKIP_TO = 8 };
@@ -887,5 +945,6 @@ int main(void)
     inplace();
     norm_leaky();
     bad_loss();
+    loss_over_logits();
     return gpt_finish("test_checkpoint");
 }

@@ -515,9 +515,25 @@ gp_status gp_ckpt_loss(gp_device *dev, gp_loss_kind k, float smoothing, int64_t 
 }
 
 gp_status gp_ckpt_loss_dev(gp_device *dev, gp_loss_kind k, float smoothing, int64_t classes,
-                           const gp_tensor *logits, const gp_tensor *targets, float grad_scale,
-                           gp_tensor *dlogits, gp_loss_result *out)
+                           gp_tensor *logits, const gp_tensor *targets, float grad_scale,
+                           gp_tensor *dlogits, bool over, gp_loss_result *out)
 {
-    GP_TRY(alloc_dlogits(dev, logits, dlogits));
-    return gp_loss_dev(dev, k, smoothing, classes, logits, targets, grad_scale, dlogits, out);
+    /* the gradient over the logits: cross-entropy's kernels read each row
+     * whole before they write its gradient; the storage adapter's copies
+     * (logits neither FP32 nor bf16 with xent_bf16) keep their own */
+    over = over && dlogits && k == GP_LOSS_CROSS_ENTROPY &&
+           (logits->dtype == GP_F32 || (logits->dtype == GP_BF16 && dev->iface->xent_bf16));
+    if (!over) {
+        GP_TRY(alloc_dlogits(dev, logits, dlogits));
+        return gp_loss_dev(dev, k, smoothing, classes, logits, targets, grad_scale, dlogits,
+                           out);
+    }
+    *dlogits = *logits;
+    dlogits->owned = false;
+    GP_TRY(gp_loss_dev(dev, k, smoothing, classes, logits, targets, grad_scale, dlogits, out));
+    if (logits->owned) { /* the gradient takes the memory over */
+        dlogits->owned = true;
+        *logits = (gp_tensor){0};
+    }
+    return GP_OK;
 }

@@ -175,10 +175,15 @@ gp_status gp_ckpt_loss(gp_device *dev, gp_loss_kind k, float smoothing, int64_t 
                        gp_tensor *dlogits, gp_loss_out *lo);
 /* The same with the results left on the device (gp_loss_dev): no host
  * wait; the caller checks that the loss is finite when it reads them,
- * with gp_ckpt_loss_finite. */
+ * with gp_ckpt_loss_finite.  over: the logits are read by nobody after
+ * the loss (the last layer's backward does not read its output), so the
+ * gradient is written over them in place where the loss's kernels allow
+ * it (cross-entropy on FP32 or bf16 logits; issue 64: no second tensor of
+ * (B, T, vocab)): *dlogits then views the logits' memory, and owns it
+ * where *logits did (which is then left empty). */
 gp_status gp_ckpt_loss_dev(gp_device *dev, gp_loss_kind k, float smoothing, int64_t classes,
-                           const gp_tensor *logits, const gp_tensor *targets, float grad_scale,
-                           gp_tensor *dlogits, gp_loss_result *out);
+                           gp_tensor *logits, const gp_tensor *targets, float grad_scale,
+                           gp_tensor *dlogits, bool over, gp_loss_result *out);
 /* GP_OK, or the GP_ERR_NUMERIC of a loss that is not finite, saying what
  * to try (the caller adds where it happened). */
 gp_status gp_ckpt_loss_finite(double loss_sum);

@@ -1203,6 +1203,20 @@ gp_status gp_layer_add_norm_forward(gp_layer *add, gp_layer *norm, const gp_fwd_
     return GP_OK;
 }
 
+static bool logits_over_on;
+static pthread_once_t logits_over_once = PTHREAD_ONCE_INIT;
+static void logits_over_read(void)
+{
+    const char *e = getenv("GPIPE_FUSE_LOSS");
+    logits_over_on = !e || strcmp(e, "0") != 0;
+}
+
+bool gp_layers_logits_over_on(void)
+{
+    pthread_once(&logits_over_once, logits_over_read);
+    return logits_over_on;
+}
+
 static bool fuse_gelu_on;
 static pthread_once_t fuse_gelu_once = PTHREAD_ONCE_INIT;
 static void fuse_gelu_read(void)

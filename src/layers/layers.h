@@ -657,6 +657,9 @@ gp_status gp_layer_linear_gelu_forward(gp_layer *lin, gp_layer *gelu, const gp_f
  * as the product's epilogue (ctx->gelu_in = x, the GELU's input), on one
  * device with linear_gelu_bwd_data for x's element type. */
 bool gp_layers_gelu_linear(const gp_layer *layers, int count, int c, const gp_tensor *x);
+/* Whether the loss may write its gradient over the logits (checkpoint.c
+ * gp_ckpt_loss_dev's `over`): GPIPE_FUSE_LOSS=0 says no. */
+bool gp_layers_logits_over_on(void);
 /* Whether layer l's backward_data can add into a gradient `into` of its
  * main input x (ctx->dx_into, ops->dx_adds). */
 bool gp_layer_dx_adds(const gp_layer *l, const gp_tensor *x, const gp_tensor *into);

@@ -1039,10 +1039,16 @@ static gp_status do_forward(gp_pipeline *p, int i, int j, bool ckpt, int *bad_la
         GP_TRY(await_upload(p, i, EV_UP_Y));
         /* 1 / the global batch's targets: the replicas' gradients then sum
          * to the gradient of the global mean loss. */
+        /* the gradient over the logits where the model's last layer does
+         * not read its output in its backward and did not write it in
+         * place (its own memory, which no earlier layer's backward reads) */
+        int lc = p->L - 1 - p->first[j];
+        bool over = gp_layer_spec_ignores_y(&p->layers[p->L - 1].spec) &&
+                    !s->stash.inplace[lc] && gp_layers_logits_over_on();
         st = gp_ckpt_loss_dev(dev, p->opts.loss, p->opts.label_smoothing, p->opts.classes,
                               &s->stash.out, &s->labels,
                               (float)(1.0 / ((double)p->batch_total * (double)p->targets)),
-                              &s->grad_out, loss_slot(p, i));
+                              &s->grad_out, over, loss_slot(p, i));
         gp_tensor_free(&s->labels);
         GP_TRY(st);
         if (ckpt) gp_tensor_free(&s->stash.out); /* logits are not needed again */

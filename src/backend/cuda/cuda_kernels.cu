@@ -413,8 +413,12 @@ __global__ void k_xent_rows(const T *logits, const float *labels, int64_t rows, 
             for (int o = 16; o > 0; o >>= 1) shift += __shfl_xor_sync(0xffffffffu, shift, o);
         }
         int64_t label = (int64_t)labels[r];
+        const float xl = ld(x[label]); /* the only logit the loss reads */
+        /* every lane has read the row before any writes its gradient: dlogits
+         * may be the logits' memory (the gradient over the logits in place,
+         * issue 64) */
+        __syncwarp();
         if (lane == 0) {
-            const float xl = ld(x[label]); /* the only logit the loss reads */
             row_loss[r] = gp_ew_xent_loss_ls(&xl, 0, m, lse, shift, cols, eps);
             row_hit[r] = a == label;
         }
