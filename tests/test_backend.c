@@ -3377,6 +3377,39 @@ static void test_linear_gelu(gp_device *dev, bool bf16)
         }
 }
 
+/* RMSNorm's slots (issue 66) on bf16 storage: the FP32 slots' arithmetic
+ * on the widened values, y and dx rounded once, rstd and dw bit for bit;
+ * one launch each. */
+static void test_rms_bf16(gp_device *dev)
+{
+    const int64_t rows = 9, c = 21, n = rows * c;
+    float *fx, *fdy;
+    uint16_t *x = b16rand(dev, n, &fx), *dy = b16rand(dev, n, &fdy);
+    float *w = drand(dev, c), *y1 = dalloc(dev, n), *dx1 = dalloc(dev, n);
+    uint16_t *y2 = (uint16_t *)dalloc(dev, n), *dx2 = (uint16_t *)dalloc(dev, n);
+    float *r1 = dalloc(dev, rows), *r2 = dalloc(dev, rows);
+    float *dw1 = drand(dev, c), *dw2 = dalloc(dev, c);
+    memcpy(dw2, dw1, sizeof(float) * (size_t)c);
+    CHECK_OK(gp_dev_rms_norm_fwd(dev, GP_F32, fx, w, y1, r1, rows, c, 1e-5f));
+    CHECK_OK(gp_dev_rms_norm_bwd_data(dev, GP_F32, fx, w, r1, fdy, dx1, rows, c));
+    CHECK_OK(gp_dev_rms_norm_bwd_weights(dev, GP_F32, fx, r1, fdy, dw1, rows, c));
+    uint64_t l0 = gp_dev_launches(dev);
+    CHECK_OK(gp_dev_rms_norm_fwd(dev, GP_BF16, x, w, y2, r2, rows, c, 1e-5f));
+    CHECK_OK(gp_dev_rms_norm_bwd_data(dev, GP_BF16, x, w, r2, dy, dx2, rows, c));
+    CHECK_OK(gp_dev_rms_norm_bwd_weights(dev, GP_BF16, x, r2, dy, dw2, rows, c));
+    CHECK(gp_dev_launches(dev) - l0 == 3);
+    check_bits("bf16 rms_norm y", y2, y1, n);
+    check_bits("bf16 rms_norm dx", dx2, dx1, n);
+    CHECK_MSG(!memcmp(r1, r2, sizeof(float) * (size_t)rows) &&
+                  !memcmp(dw1, dw2, sizeof(float) * (size_t)c),
+              "bf16 rms_norm: rstd or dw not the FP32 slots' bits on the widened values");
+    dfree(dev, fx, n); dfree(dev, fdy, n);
+    dfree(dev, (float *)x, (n + 1) / 2); dfree(dev, (float *)dy, (n + 1) / 2);
+    dfree(dev, w, c); dfree(dev, y1, n); dfree(dev, dx1, n);
+    dfree(dev, (float *)y2, n); dfree(dev, (float *)dx2, n);
+    dfree(dev, r1, rows); dfree(dev, r2, rows); dfree(dev, dw1, c); dfree(dev, dw2, c);
+}
+
 int main(void)
 {
     gp_log_set_level(GP_LOG_WARN);
@@ -3406,6 +3439,7 @@ int main(void)
     test_gemm(dev);
     test_softmax_xent(dev);
     test_add_norm(dev);
+    test_rms_bf16(dev);
     test_linear_gelu(dev, false);
     test_pool(dev);
     test_bn(dev);

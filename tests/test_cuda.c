@@ -1722,6 +1722,46 @@ static buf brand_bf16(int64_t n, bool round)
     return b;
 }
 
+/* RMSNorm (rms_norm_*, issue 66) on FP32 and bf16 storage: the GPU's y,
+ * rstd, dx and dw within rounding of the CPU's (their sums in another
+ * order); 768 wide as Llama's smallest, rows past a block's threads. */
+static void test_rms_norm(void)
+{
+    const int64_t rows = 40, c = 768, n = rows * c;
+    for (int b16 = 0; b16 < 2; b16++) {
+        const gp_dtype dt = b16 ? GP_BF16 : GP_F32;
+        const int64_t wn = b16 ? n / 2 : n;
+        buf fx = brand(n, -2, 2), fdy = brand(n, -1, 1), w = brand(c, 0.5f, 1.5f);
+        buf x = bjunk(wn), dy = bjunk(wn), y = bjunk(wn), dx = bjunk(wn), r = bjunk(rows),
+            dw = bnew(c), fy = bjunk(n), fdx = bjunk(n);
+        BOTH(gp_dev_fill(D, dw.p[K], 0.0f, c));
+        if (b16) {
+            BOTH(gp_dev_bf16_pack(D, (uint16_t *)x.p[K], fx.p[K], n));
+            BOTH(gp_dev_bf16_pack(D, (uint16_t *)dy.p[K], fdy.p[K], n));
+        } else {
+            BOTH(gp_dev_copy_d2d(D, x.p[K], fx.p[K], (size_t)n * 4));
+            BOTH(gp_dev_copy_d2d(D, dy.p[K], fdy.p[K], (size_t)n * 4));
+        }
+        BOTH(gp_dev_rms_norm_fwd(D, dt, x.p[K], w.p[K], y.p[K], r.p[K], rows, c, 1e-5f));
+        BOTH(gp_dev_rms_norm_bwd_data(D, dt, x.p[K], w.p[K], r.p[K], dy.p[K], dx.p[K], rows, c));
+        BOTH(gp_dev_rms_norm_bwd_weights(D, dt, x.p[K], r.p[K], dy.p[K], dw.p[K], rows, c));
+        if (b16) {
+            BOTH(gp_dev_bf16_unpack(D, fy.p[K], (uint16_t *)y.p[K], n));
+            BOTH(gp_dev_bf16_unpack(D, fdx.p[K], (uint16_t *)dx.p[K], n));
+        } else {
+            BOTH(gp_dev_copy_d2d(D, fy.p[K], y.p[K], (size_t)n * 4));
+            BOTH(gp_dev_copy_d2d(D, fdx.p[K], dx.p[K], (size_t)n * 4));
+        }
+        double tol = b16 ? 1.0 / 64 : 1e-4;
+        bcheck(b16 ? "bf16 rms_norm y" : "rms_norm y", &fy, tol);
+        bcheck(b16 ? "bf16 rms_norm dx" : "rms_norm dx", &fdx, tol);
+        bcheck(b16 ? "bf16 rms_norm rstd" : "rms_norm rstd", &r, 1e-5);
+        bcheck(b16 ? "bf16 rms_norm dw" : "rms_norm dw", &dw, 1e-4);
+        buf *all[] = {&fx, &fdy, &w, &x, &dy, &y, &dx, &r, &dw, &fy, &fdx};
+        for (size_t q = 0; q < sizeof all / sizeof *all; q++) bfree(all[q]);
+    }
+}
+
 /* The embedding's backward (embed_bwd, issue 64: a block per vocabulary
  * row for wte, a thread per position and column for wpe, where a thread
  * per column did all of it): the CPU's bits on the GPU, each element's
@@ -2959,6 +2999,7 @@ int main(int argc, char **argv)
     test_linear_fwd("measured", true);
     test_linear_gelu(GP_F32);
     test_embed_bwd();
+    test_rms_norm();
     test_conv();
     {
         /* again with train.deterministic: heuristics, no searches */

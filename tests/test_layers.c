@@ -175,6 +175,17 @@ static void ref_forward(const gp_layer *l, double **P, bool train, const gp_fwd_
         }
         break;
     }
+    case GP_LAYER_RMS_NORM: { /* Hugging Face's LlamaRMSNorm, in double */
+        int64_t c = xs->dims[xs->ndim - 1];
+        for (int64_t r = 0; r < nx / c; r++) {
+            const double *xr = x + r * c;
+            double ms = 0;
+            for (int64_t j = 0; j < c; j++) ms += xr[j] * xr[j] / (double)c;
+            for (int64_t j = 0; j < c; j++)
+                y[r * c + j] = xr[j] / sqrt(ms + (double)sp->eps) * P[0][j];
+        }
+        break;
+    }
     default: CHECK(!"unknown layer type");
     }
 }
@@ -575,6 +586,14 @@ static void test_all_layers(gp_device *dev)
                             smooth};
     cases[n++].spec.eps = 1e-2f;
     cases[n++] = (layer_case){spec_of(GP_LAYER_LAYER_NORM), gp_shape_2d(4, 1), X_SYM, true, smooth};
+    /* rms_norm (issue 66): (N, C) and (N, T, C) with odd sizes (a tail past
+     * the 8 lanes), random weight; a wide eps */
+    cases[n++] = (layer_case){spec_of(GP_LAYER_RMS_NORM), gp_shape_2d(3, 7), X_SYM, true, smooth};
+    cases[n++] = (layer_case){spec_of(GP_LAYER_RMS_NORM), (gp_shape){3, {3, 5, 19, 0}}, X_SYM,
+                              true, smooth};
+    cases[n] = (layer_case){spec_of(GP_LAYER_RMS_NORM), (gp_shape){3, {2, 3, 4, 0}}, X_SYM, true,
+                            smooth};
+    cases[n++].spec.eps = 1e-1f;
     /* linear on (N, T, C): every position through the same weights */
     cases[n] = (layer_case){spec_of(GP_LAYER_LINEAR), (gp_shape){3, {3, 5, 7, 0}}, X_SYM, false,
                             smooth};

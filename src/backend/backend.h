@@ -158,7 +158,10 @@
  *      on a fresh step instead of a fill first; add_layer_norm_fwd and
  *      layer_norm_bwd_data_add (a residual add and the layer norm after
  *      it in one pass; the norm's data gradient added into its input's
- *      other gradient in the same pass) */
+ *      other gradient in the same pass); linear_gelu_fwd and
+ *      linear_gelu_bwd_data (a product with GELU, or GELU's derivative, as
+ *      its epilogue); embed_bwd takes the vocabulary's size; rms_norm_fwd,
+ *      rms_norm_bwd_data, rms_norm_bwd_weights (Llama's RMSNorm) */
 #define GP_DEVICE_IFACE_VERSION 45
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
@@ -1163,6 +1166,22 @@ typedef struct gp_device_iface {
     gp_status (*linear_gelu_bwd_data)(gp_device *dev, gp_dtype dt, int64_t n, int64_t out,
                                       int64_t in, const void *dy, const float *w,
                                       const void *pre, void *dx);
+    /* RMSNorm as Hugging Face's LlamaRMSNorm (issue 66): each of the `rows`
+     * rows of x (rows, c) times rstd = 1 / sqrt(mean(x^2) + eps) (the mean
+     * of squares in double), then times w (c): rms_norm_fwd writes y and
+     * rstd (rows, FP32); rms_norm_bwd_data dx = rstd (g - x rstd^2
+     * mean(g x)), g = dy w; rms_norm_bwd_weights dw (c) += the sum over
+     * rows of dy x rstd.  x, y, dy and dx of element type dt (FP32 or
+     * bf16: widened as read, each result rounded once); w, rstd and dw
+     * FP32.  NULL: the model refuses rms_norm on the device. */
+    gp_status (*rms_norm_fwd)(gp_device *dev, gp_dtype dt, const void *x, const float *w,
+                              void *y, float *rstd, int64_t rows, int64_t c, float eps);
+    gp_status (*rms_norm_bwd_data)(gp_device *dev, gp_dtype dt, const void *x, const float *w,
+                                   const float *rstd, const void *dy, void *dx, int64_t rows,
+                                   int64_t c);
+    gp_status (*rms_norm_bwd_weights)(gp_device *dev, gp_dtype dt, const void *x,
+                                      const float *rstd, const void *dy, float *dw, int64_t rows,
+                                      int64_t c);
 } gp_device_iface;
 
 /* The most tensors one nonfinite_or_many launch takes (its table travels
@@ -1871,6 +1890,16 @@ static inline bool gp_dev_add_norm_has(const gp_device *dev, gp_dtype dt)
            (dt == GP_F32 || (dt == GP_BF16 && gp_dev_layer_norm_bf16_has(dev) &&
                              dev->iface->add_bf16));
 }
+/* rms_norm_* (backend.h); GP_ERR_UNSUPPORTED where the backend has none;
+ * rows or c 0: nothing. */
+gp_status gp_dev_rms_norm_fwd(gp_device *dev, gp_dtype dt, const void *x, const float *w, void *y,
+                              float *rstd, int64_t rows, int64_t c, float eps);
+gp_status gp_dev_rms_norm_bwd_data(gp_device *dev, gp_dtype dt, const void *x, const float *w,
+                                   const float *rstd, const void *dy, void *dx, int64_t rows,
+                                   int64_t c);
+gp_status gp_dev_rms_norm_bwd_weights(gp_device *dev, gp_dtype dt, const void *x,
+                                      const float *rstd, const void *dy, float *dw, int64_t rows,
+                                      int64_t c);
 /* add_layer_norm_fwd, layer_norm_bwd_data_add (backend.h);
  * GP_ERR_UNSUPPORTED where gp_dev_add_norm_has is false; rows or c 0:
  * nothing. */

@@ -1194,6 +1194,38 @@ gp_status gp_dev_layer_norm_bwd_data_add(gp_device *dev, gp_dtype dt, const void
     return GP_LAUNCH(dev, layer_norm_bwd_data_add)(dev, dt, x, w, mean, rstd, dy, dx, rows, c);
 }
 
+static gp_status no_rms(gp_device *dev)
+{
+    return gp_error_set(GP_ERR_UNSUPPORTED, "device %s: no rms_norm kernels; run the model's "
+                        "rms_norm layers on another device", dev->name);
+}
+
+gp_status gp_dev_rms_norm_fwd(gp_device *dev, gp_dtype dt, const void *x, const float *w, void *y,
+                              float *rstd, int64_t rows, int64_t c, float eps)
+{
+    if (!dev->iface->rms_norm_fwd) return no_rms(dev);
+    if (rows <= 0 || c <= 0) return GP_OK;
+    return GP_LAUNCH(dev, rms_norm_fwd)(dev, dt, x, w, y, rstd, rows, c, eps);
+}
+
+gp_status gp_dev_rms_norm_bwd_data(gp_device *dev, gp_dtype dt, const void *x, const float *w,
+                                   const float *rstd, const void *dy, void *dx, int64_t rows,
+                                   int64_t c)
+{
+    if (!dev->iface->rms_norm_bwd_data) return no_rms(dev);
+    if (rows <= 0 || c <= 0) return GP_OK;
+    return GP_LAUNCH(dev, rms_norm_bwd_data)(dev, dt, x, w, rstd, dy, dx, rows, c);
+}
+
+gp_status gp_dev_rms_norm_bwd_weights(gp_device *dev, gp_dtype dt, const void *x,
+                                      const float *rstd, const void *dy, float *dw, int64_t rows,
+                                      int64_t c)
+{
+    if (!dev->iface->rms_norm_bwd_weights) return no_rms(dev);
+    if (rows <= 0 || c <= 0) return GP_OK;
+    return GP_LAUNCH(dev, rms_norm_bwd_weights)(dev, dt, x, rstd, dy, dw, rows, c);
+}
+
 gp_status gp_dev_linear_gelu_fwd(gp_device *dev, gp_dtype dt, int64_t n, int64_t out, int64_t in,
                                  const void *x, const float *w, const float *bias, void *pre,
                                  void *y)

@@ -43,6 +43,7 @@ static int layer_keys(gp_layer_type t, const char **keys)
         break;
     case GP_LAYER_INSTANCE_NORM:
     case GP_LAYER_LAYER_NORM:
+    case GP_LAYER_RMS_NORM:
         keys[n++] = "eps";
         break;
     case GP_LAYER_UPSAMPLE:

@@ -50,9 +50,10 @@ static gp_status layer_norm_infer(const gp_layer *l, const gp_shape *in, gp_shap
                                    (double)l->spec.eps);
     if (in->ndim != 2 && in->ndim != 3)
         return gp_layer_spec_error(l,
-                                   "layer_norm normalises the last dimension of (N, C) or "
-                                   "(N, T, C) inputs, but got %s; for images use batchnorm or "
+                                   "%s normalises the last dimension of (N, C) or (N, T, C) "
+                                   "inputs, but got %s; for images use batchnorm or "
                                    "instance_norm",
+                                   gp_layer_type_name(l->spec.type),
                                    gp_layers_shape_n(in, b, sizeof b));
     *out = *in;
     return GP_OK;
@@ -166,6 +167,87 @@ const gp_layer_ops gp_layer_norm_ops = {
     .bwd_ignores_y = true,
     .takes_bf16 = layer_norm_takes_bf16,
     .dx_adds = layer_norm_dx_adds,
+};
+
+/* ---- rms_norm (issue 66) ------------------------------------------------------
+ * Hugging Face's LlamaRMSNorm over the last dimension of (N, C) or (N, T,
+ * C): each row times 1 / sqrt(mean(x^2) + eps) (the mean of squares in
+ * double), then times weight (C, init 1); no bias, no mean taken out.
+ * Saves each row's 1 / sqrt(...) (a float a row); the backward reads x.
+ * The same in training and eval. */
+
+static gp_status rms_norm_init(gp_layer *l, uint64_t seed)
+{
+    (void)seed;
+    gp_shape cs = {1, {l->in_shape.dims[l->in_shape.ndim - 1], 0, 0, 0}};
+    GP_TRY(gp_layers_add_param(l, "weight", &cs, false, true));
+    return gp_layers_fill_param(l, 0, 1.0f);
+}
+
+static gp_status rms_norm_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                  gp_tensor *y, gp_saved *s)
+{
+    (void)ctx;
+    int64_t rows = ln_rows(x), c = x->dims[x->ndim - 1];
+    if (rows == 0) return GP_OK;
+    gp_shape st = gp_shape_2d(rows, 1);
+    GP_TRY(gp_layers_saved_alloc(s, 0, l->dev, &st)); /* rstd (rows) */
+    return gp_dev_rms_norm_fwd(l->dev, x->dtype, gp_tensor_mem(x), gp_f32(&l->params[0].value),
+                               gp_tensor_mem(y), gp_f32(&s->t[0]), rows, c, l->spec.eps);
+}
+
+static gp_status rms_norm_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                        const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
+                                        gp_saved *s)
+{
+    (void)ctx;
+    (void)y;
+    int64_t rows = ln_rows(x), c = x->dims[x->ndim - 1];
+    if (rows == 0) return GP_OK;
+    return gp_dev_rms_norm_bwd_data(l->dev, x->dtype, gp_tensor_mem(x),
+                                    gp_f32(&l->params[0].value), gp_f32(&s->t[0]),
+                                    gp_tensor_mem(dy), gp_tensor_mem(dx), rows, c);
+}
+
+static gp_status rms_norm_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                           const gp_tensor *y, const gp_tensor *dy, gp_saved *s)
+{
+    (void)ctx;
+    (void)y;
+    int64_t rows = ln_rows(x), c = x->dims[x->ndim - 1];
+    if (rows == 0) return GP_OK;
+    return gp_dev_rms_norm_bwd_weights(l->dev, x->dtype, gp_tensor_mem(x), gp_f32(&s->t[0]),
+                                       gp_tensor_mem(dy), gp_f32(&l->params[0].grad), rows, c);
+}
+
+/* bf16 storage as it is wherever the device has the slots (they take the
+ * element type) */
+static bool rms_norm_takes_bf16(const gp_layer *l) { return l->dev->iface->rms_norm_fwd != NULL; }
+
+static double rms_norm_flops(const gp_layer *l, int64_t n)
+{
+    /* the squares' sum (2 per element) and the scaling (2) */
+    return 4.0 * (double)n * (double)gp_shape_numel(&l->out_shape);
+}
+
+static size_t rms_norm_saved_bytes(const gp_layer *l, int64_t n)
+{
+    const gp_shape *in = &l->in_shape;
+    int64_t per = gp_shape_numel(in) / (in->dims[0] * in->dims[in->ndim - 1]);
+    return (size_t)(n * per) * sizeof(float);
+}
+
+const gp_layer_ops gp_rms_norm_ops = {
+    .type = GP_LAYER_RMS_NORM,
+    .infer = layer_norm_infer,
+    .init = rms_norm_init,
+    .forward = rms_norm_forward,
+    .backward_data = rms_norm_backward_data,
+    .backward_weights = rms_norm_backward_weights,
+    .flops = rms_norm_flops,
+    .saved_bytes = rms_norm_saved_bytes,
+    .bwd_ignores_y = true,
+    .takes_bf16 = rms_norm_takes_bf16,
 };
 
 /* ---- embedding ------------------------------------------------------------- */

@@ -195,6 +195,7 @@ static void layer_options(const gp_model *m, char *buf, size_t len)
             break;
         case GP_LAYER_INSTANCE_NORM:
         case GP_LAYER_LAYER_NORM:
+        case GP_LAYER_RMS_NORM:
             snprintf(opt, sizeof opt, "eps=%s", float_str(sp->eps, x, 24));
             break;
         default: continue;

@@ -322,6 +322,9 @@ static const gp_device_iface cpu_iface = {
     .layer_norm_bwd_data_add = gp_cpu_layer_norm_bwd_data_add,
     .linear_gelu_fwd = gp_cpu_linear_gelu_fwd,
     .linear_gelu_bwd_data = gp_cpu_linear_gelu_bwd_data,
+    .rms_norm_fwd = gp_cpu_rms_norm_fwd,
+    .rms_norm_bwd_data = gp_cpu_rms_norm_bwd_data,
+    .rms_norm_bwd_weights = gp_cpu_rms_norm_bwd_weights,
 };
 
 static cpu_conv_layout conv_layout_from_env(void)

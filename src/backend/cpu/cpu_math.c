@@ -809,6 +809,107 @@ gp_status gp_cpu_layer_norm_bwd_weights_bf16(gp_device *dev, const uint16_t *x,
     return GP_OK;
 }
 
+/* ---- RMSNorm (Llama's): a row per task, its sums in LN_LANES double lanes
+ * as the layer norm's; the weight's sums over rows in order, a block of
+ * columns per task ---------------------------------------------------------- */
+
+static inline __attribute__((always_inline)) void
+rms_fwd(int nt, const void *x, const float *w, void *y, float *rstd, int64_t rows, int64_t c,
+        float eps, const bool b16)
+{
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * c >= CPU_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t o = r * c, cw = c / LN_LANES * LN_LANES;
+        double s[LN_LANES] = {0};
+        for (int64_t j = 0; j < cw; j += LN_LANES)
+#pragma omp simd
+            for (int k = 0; k < LN_LANES; k++) {
+                double v = (double)B16_LD(x, o + j + k);
+                s[k] += v * v;
+            }
+        for (int64_t j = cw; j < c; j++) {
+            double v = (double)B16_LD(x, o + j);
+            s[0] += v * v;
+        }
+        float rs = gp_ew_ln_rstd(ln_total(s) / (double)c, eps);
+#pragma omp simd
+        for (int64_t j = 0; j < c; j++) B16_ST(y, o + j, B16_LD(x, o + j) * rs * w[j]);
+        rstd[r] = rs;
+    }
+}
+
+static inline __attribute__((always_inline)) void
+rms_bwd_data(int nt, const void *x, const float *w, const float *rstd, const void *dy, void *dx,
+             int64_t rows, int64_t c, const bool b16)
+{
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * c >= CPU_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t o = r * c, cw = c / LN_LANES * LN_LANES;
+        float rs = rstd[r];
+        double s[LN_LANES] = {0};
+        for (int64_t j = 0; j < cw; j += LN_LANES)
+#pragma omp simd
+            for (int k = 0; k < LN_LANES; k++)
+                s[k] += (double)(B16_LD(dy, o + j + k) * w[j + k]) *
+                        (double)B16_LD(x, o + j + k);
+        for (int64_t j = cw; j < c; j++)
+            s[0] += (double)(B16_LD(dy, o + j) * w[j]) * (double)B16_LD(x, o + j);
+        float k2 = (float)(ln_total(s) / (double)c) * rs * rs;
+#pragma omp simd
+        for (int64_t j = 0; j < c; j++)
+            B16_ST(dx, o + j, rs * (B16_LD(dy, o + j) * w[j] - B16_LD(x, o + j) * k2));
+    }
+}
+
+static inline __attribute__((always_inline)) void
+rms_bwd_weights(int nt, const void *x, const float *rstd, const void *dy, float *dw, int64_t rows,
+                int64_t c, const bool b16)
+{
+    const int64_t blocks = (c + LN_COLS - 1) / LN_COLS;
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * c >= CPU_PAR_MIN)
+    for (int64_t bk = 0; bk < blocks; bk++) {
+        const int64_t j0 = bk * LN_COLS, nj = c - j0 < LN_COLS ? c - j0 : LN_COLS;
+        double sw[LN_COLS] = {0};
+        for (int64_t r = 0; r < rows; r++) {
+            const float rr = rstd[r];
+            const int64_t o = r * c + j0;
+#pragma omp simd
+            for (int64_t k = 0; k < nj; k++)
+                sw[k] += (double)B16_LD(dy, o + k) * (double)(B16_LD(x, o + k) * rr);
+        }
+        for (int64_t k = 0; k < nj; k++) dw[j0 + k] += (float)sw[k];
+    }
+}
+
+GP_CPU_LOOPS
+gp_status gp_cpu_rms_norm_fwd(gp_device *dev, gp_dtype dt, const void *x, const float *w, void *y,
+                              float *rstd, int64_t rows, int64_t c, float eps)
+{
+    if (dt == GP_BF16) rms_fwd(dev->threads, x, w, y, rstd, rows, c, eps, true);
+    else rms_fwd(dev->threads, x, w, y, rstd, rows, c, eps, false);
+    return GP_OK;
+}
+
+GP_CPU_LOOPS
+gp_status gp_cpu_rms_norm_bwd_data(gp_device *dev, gp_dtype dt, const void *x, const float *w,
+                                   const float *rstd, const void *dy, void *dx, int64_t rows,
+                                   int64_t c)
+{
+    if (dt == GP_BF16) rms_bwd_data(dev->threads, x, w, rstd, dy, dx, rows, c, true);
+    else rms_bwd_data(dev->threads, x, w, rstd, dy, dx, rows, c, false);
+    return GP_OK;
+}
+
+GP_CPU_LOOPS
+gp_status gp_cpu_rms_norm_bwd_weights(gp_device *dev, gp_dtype dt, const void *x,
+                                      const float *rstd, const void *dy, float *dw, int64_t rows,
+                                      int64_t c)
+{
+    if (dt == GP_BF16) rms_bwd_weights(dev->threads, x, rstd, dy, dw, rows, c, true);
+    else rms_bwd_weights(dev->threads, x, rstd, dy, dw, rows, c, false);
+    return GP_OK;
+}
+
 GP_CPU_LOOPS
 gp_status gp_cpu_add_layer_norm_fwd(gp_device *dev, gp_dtype dt, const void *a, const void *b,
                                     void *s, const float *w, const float *bias, void *y,

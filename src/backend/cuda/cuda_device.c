@@ -1164,6 +1164,31 @@ static gp_status cuda_layer_norm_bwd_data_add(gp_device *dev, gp_dtype dt, const
                                                 c));
 }
 
+static gp_status cuda_rms_norm_fwd(gp_device *dev, gp_dtype dt, const void *x, const float *w,
+                                   void *y, float *rstd, int64_t rows, int64_t c, float eps)
+{
+    CUDA_OP(dev, gp_cuk_rms_norm_fwd(s, dt == GP_BF16, x, w, y, rstd, rows, c, eps));
+}
+
+static gp_status cuda_rms_norm_bwd_data(gp_device *dev, gp_dtype dt, const void *x,
+                                        const float *w, const float *rstd, const void *dy,
+                                        void *dx, int64_t rows, int64_t c)
+{
+    CUDA_OP(dev, gp_cuk_rms_norm_bwd_data(s, dt == GP_BF16, x, w, rstd, dy, dx, rows, c));
+}
+
+static gp_status cuda_rms_norm_bwd_weights(gp_device *dev, gp_dtype dt, const void *x,
+                                           const float *rstd, const void *dy, float *dw,
+                                           int64_t rows, int64_t c)
+{
+    void *part = NULL;
+    if (rows <= 0 || c <= 0) return GP_OK;
+    GP_TRY(gp_cuda_enter(dev));
+    GP_TRY(gp_cuda_ws_reserve(dev, (size_t)gp_cuk_sum_rows_parts(rows, c) * (size_t)c *
+                                       sizeof(double), &part));
+    CUDA_OP(dev, gp_cuk_rms_norm_bwd_weights(s, dt == GP_BF16, x, rstd, dy, dw, rows, c, part));
+}
+
 /* The layer norm's weight sums' workspace: 2 doubles a column and part. */
 static gp_status ln_weights_part(gp_device *dev, int64_t rows, int64_t c, void **part)
 {
@@ -2303,6 +2328,9 @@ static const gp_device_iface cuda_iface = {
     .layer_norm_bwd_data_add = cuda_layer_norm_bwd_data_add,
     .linear_gelu_fwd = cuda_linear_gelu_fwd,
     .linear_gelu_bwd_data = cuda_linear_gelu_bwd_data,
+    .rms_norm_fwd = cuda_rms_norm_fwd,
+    .rms_norm_bwd_data = cuda_rms_norm_bwd_data,
+    .rms_norm_bwd_weights = cuda_rms_norm_bwd_weights,
     .pool_fwd_bf16 = gp_cuda_pool_fwd_bf16,
     .pool_bwd_bf16 = gp_cuda_pool_bwd_bf16,
     .dropout_apply_bf16 = cuda_dropout_apply_bf16,

@@ -1038,6 +1038,63 @@ __global__ void k_layer_norm_bwd_weights_final(const double *part, int parts, fl
     }
 }
 
+/* ---- RMSNorm (backend.h's rms_norm_*, issue 66): a block per row as the
+ * layer norm's; the weight's sums as its two-phase ones ---------------------- */
+
+template <typename T>
+__global__ void k_rms_norm_fwd(const T *x, const float *w, T *y, float *rstd, int64_t rows,
+                               int64_t c, float eps)
+{
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T *xr = x + r * c;
+        double s = 0.0;
+        for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+            double v = (double)ld(xr[j]);
+            s += v * v;
+        }
+        float rs = gp_ew_ln_rstd(block_sum(s) / (double)c, eps);
+        for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
+            st(&y[r * c + j], ld(xr[j]) * rs * w[j]);
+        if (threadIdx.x == 0) rstd[r] = rs;
+    }
+}
+
+template <typename T>
+__global__ void k_rms_norm_bwd_data(const T *x, const float *w, const float *rstd, const T *dy,
+                                    T *dx, int64_t rows, int64_t c)
+{
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T *xr = x + r * c, *gr = dy + r * c;
+        float rs = rstd[r];
+        double s = 0.0;
+        for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
+            s += (double)(ld(gr[j]) * w[j]) * (double)ld(xr[j]);
+        float k2 = (float)(block_sum(s) / (double)c) * rs * rs;
+        for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
+            st(&dx[r * c + j], rs * (ld(gr[j]) * w[j] - ld(xr[j]) * k2));
+    }
+}
+
+template <typename T>
+__global__ void k_rms_norm_bwd_weights_part(const T *x, const float *rstd, const T *dy,
+                                            double *part, int64_t rows, int64_t cols)
+{
+    __shared__ double sw[SR_ROWS][SR_COLS];
+    int64_t j = (int64_t)blockIdx.x * SR_COLS + threadIdx.x;
+    double aw = 0.0;
+    if (j < cols)
+        for (int64_t r = (int64_t)blockIdx.y * SR_ROWS + threadIdx.y; r < rows;
+             r += (int64_t)gridDim.y * SR_ROWS)
+            aw += (double)ld(dy[r * cols + j]) * (double)(ld(x[r * cols + j]) * rstd[r]);
+    sw[threadIdx.y][threadIdx.x] = aw;
+    __syncthreads();
+    for (unsigned h = SR_ROWS / 2; h > 0; h >>= 1) {
+        if (threadIdx.y < h) sw[threadIdx.y][threadIdx.x] += sw[threadIdx.y + h][threadIdx.x];
+        __syncthreads();
+    }
+    if (threadIdx.y == 0 && j < cols) part[(int64_t)blockIdx.y * cols + j] = sw[0][threadIdx.x];
+}
+
 /* ---- token and position embeddings (backend.h's embed_*) ------------------- */
 
 __global__ void k_embed_check(const float *ids, int64_t rows, int64_t vocab, long long *first)
@@ -2142,6 +2199,54 @@ cudaError_t gp_cuk_layer_norm_bwd_data_add(cudaStream_t s, int bf16, const void 
                                        (const uint16_t *)dy, (uint16_t *)dx, rows, c);
     return layer_norm_bwd_data_add(s, (const float *)x, w, mean, rstd, (const float *)dy,
                                    (float *)dx, rows, c);
+}
+
+cudaError_t gp_cuk_rms_norm_fwd(cudaStream_t s, int bf16, const void *x, const float *w, void *y,
+                               float *rstd, int64_t rows, int64_t c, float eps)
+{
+    if (rows <= 0 || c <= 0) return cudaSuccess;
+    if (bf16)
+        k_rms_norm_fwd<uint16_t><<<channel_blocks(rows), GP_CUK_THREADS, 0, s>>>(
+            (const uint16_t *)x, w, (uint16_t *)y, rstd, rows, c, eps);
+    else
+        k_rms_norm_fwd<float><<<channel_blocks(rows), GP_CUK_THREADS, 0, s>>>(
+            (const float *)x, w, (float *)y, rstd, rows, c, eps);
+    return cudaGetLastError();
+}
+
+cudaError_t gp_cuk_rms_norm_bwd_data(cudaStream_t s, int bf16, const void *x, const float *w,
+                                    const float *rstd, const void *dy, void *dx, int64_t rows,
+                                    int64_t c)
+{
+    if (rows <= 0 || c <= 0) return cudaSuccess;
+    if (bf16)
+        k_rms_norm_bwd_data<uint16_t><<<channel_blocks(rows), GP_CUK_THREADS, 0, s>>>(
+            (const uint16_t *)x, w, rstd, (const uint16_t *)dy, (uint16_t *)dx, rows, c);
+    else
+        k_rms_norm_bwd_data<float><<<channel_blocks(rows), GP_CUK_THREADS, 0, s>>>(
+            (const float *)x, w, rstd, (const float *)dy, (float *)dx, rows, c);
+    return cudaGetLastError();
+}
+
+cudaError_t gp_cuk_rms_norm_bwd_weights(cudaStream_t s, int bf16, const void *x,
+                                       const float *rstd, const void *dy, float *dw,
+                                       int64_t rows, int64_t c, double *part)
+{
+    if (rows <= 0 || c <= 0) return cudaSuccess;
+    int parts = gp_cuk_sum_rows_parts(rows, c);
+    int64_t bx = (c + SR_COLS - 1) / SR_COLS;
+    if (bx > INT_MAX) return cudaErrorInvalidValue;
+    dim3 grid((unsigned)bx, (unsigned)parts), block(SR_COLS, SR_ROWS);
+    if (bf16)
+        k_rms_norm_bwd_weights_part<uint16_t><<<grid, block, 0, s>>>(
+            (const uint16_t *)x, rstd, (const uint16_t *)dy, part, rows, c);
+    else
+        k_rms_norm_bwd_weights_part<float><<<grid, block, 0, s>>>((const float *)x, rstd,
+                                                                 (const float *)dy, part, rows,
+                                                                 c);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    GP_CUK_LAUNCH(c, k_sum_rows_final, part, parts, dw, c);
 }
 
 cudaError_t gp_cuk_embed_check(cudaStream_t s, const float *ids, int64_t rows, int64_t vocab,

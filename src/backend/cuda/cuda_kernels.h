@@ -248,6 +248,18 @@ cudaError_t gp_cuk_layer_norm_bwd_weights_bf16(cudaStream_t s, const uint16_t *x
                                                const uint16_t *dy, float *dw, float *db,
                                                int64_t rows, int64_t c, double *part);
 
+/* backend.h's rms_norm_* on FP32 or (bf16 != 0) bf16 activations: a block
+ * per row; the weight's sums in part (gp_cuk_sum_rows_parts(rows, c) c
+ * doubles of workspace), then added in order. */
+cudaError_t gp_cuk_rms_norm_fwd(cudaStream_t s, int bf16, const void *x, const float *w, void *y,
+                               float *rstd, int64_t rows, int64_t c, float eps);
+cudaError_t gp_cuk_rms_norm_bwd_data(cudaStream_t s, int bf16, const void *x, const float *w,
+                                    const float *rstd, const void *dy, void *dx, int64_t rows,
+                                    int64_t c);
+cudaError_t gp_cuk_rms_norm_bwd_weights(cudaStream_t s, int bf16, const void *x,
+                                       const float *rstd, const void *dy, float *dw,
+                                       int64_t rows, int64_t c, double *part);
+
 /* backend.h's embed_fwd/bwd: embed_check writes into *first (device) the
  * first row whose id is not a whole number in [0, vocab), or -1; embed_fwd
  * a thread per output element; embed_bwd a block per vocabulary row for
