@@ -23,6 +23,14 @@
  * FP32's 67 on both chips, with HBM at 3.35 TB/s (H100 SXM) or 4.8 (H200).
  * A floor, not a prediction: kernels reach a share of it, and launches,
  * copies between stages and the pipeline's bubble are not in it.
+ *
+ * The pairs a GPU's stage runs as one launch (issue 64) count as one, under
+ * the first layer's type, their FLOPs summed and the tensor between them
+ * neither written nor read again: a residual add and the layer norm after
+ * it (add_layer_norm_fwd), a linear layer and the GELU after it
+ * (linear_gelu_fwd), and a GELU's backward in the data product of the
+ * linear layer after it (linear_gelu_bwd_data).  A plain add's backward
+ * hands its gradient on (no launch).
  */
 #include "train/train.h"
 
@@ -67,21 +75,70 @@ static void roof_add(const roof_gpu *g, int prec, roof_row *r, int64_t n, double
     if (mem) r->bound += t * (double)n;
 }
 
-/* Layer l's forward and backward over m micro-batches of b / m samples. */
-static void roof_layer(const roof_gpu *g, int prec, const gp_layer *l, int64_t b, int m,
-                       double elt, double welt, roof_row *r)
+/* A layer's forward and backward as the roofline counts them. */
+typedef struct {
+    double f, fb;           /* forward FLOPs; backward (data) FLOPs */
+    double in, out, np;     /* elements per micro-batch; parameters */
+} roof_costs;
+
+static roof_costs roof_costs_of(const gp_layer *l, int64_t b, int m)
 {
-    double per = (double)b / m, np = (double)gp_model_layer_params(l);
-    double in = (double)gp_shape_numel(&l->in_shape) * per;
-    double out = (double)gp_shape_numel(&l->out_shape) * per;
-    double f = l->ops->flops(l, b) / m;
-    roof_add(g, prec, r, m, f, (in + out) * elt + np * welt);
-    if (np > 0) { /* backward-data, then backward-weights into the FP32 sums */
-        roof_add(g, prec, r, m, f, (out + in) * elt + np * welt);
-        roof_add(g, prec, r, m, f, (out + in) * elt + np * 8.0);
-    } else { /* attention's backward recomputes the scores: 5 products to 2 */
-        double fb = l->spec.type == GP_LAYER_ATTENTION ? 2.5 * f : f;
-        roof_add(g, prec, r, m, fb, (2 * out + 2 * in) * elt);
+    double per = (double)b / m, f = l->ops->flops(l, b) / m;
+    /* attention's backward recomputes the scores: 5 products to 2 */
+    return (roof_costs){f, l->spec.type == GP_LAYER_ATTENTION ? 2.5 * f : f,
+                        (double)gp_shape_numel(&l->in_shape) * per,
+                        (double)gp_shape_numel(&l->out_shape) * per,
+                        (double)gp_model_layer_params(l)};
+}
+
+/* Whether layer k's forward runs in layer k - 1's launch (the same stage:
+ * `first` its first layer), or its backward in layer k + 1's. */
+static bool roof_fwd_joins(const gp_layer *ls, int first, int k)
+{
+    if (k - 1 < first) return false;
+    const gp_layer_spec *a = &ls[k - 1].spec, *b = &ls[k].spec;
+    return b->n_pop == 0 && ((a->type == GP_LAYER_ADD && a->out == 0 &&
+                              b->type == GP_LAYER_LAYER_NORM) ||
+                             (a->type == GP_LAYER_LINEAR && !a->stash[0] &&
+                              b->type == GP_LAYER_GELU));
+}
+static bool roof_bwd_joins(const gp_layer *ls, int end, int k)
+{
+    return k + 1 < end && ls[k].spec.type == GP_LAYER_GELU && !ls[k].spec.stash[0] &&
+           ls[k + 1].spec.type == GP_LAYER_LINEAR && ls[k + 1].spec.n_pop == 0;
+}
+
+/* Layer k's forward and backward over m micro-batches of b / m samples, in
+ * the stage of layers [first, end): with the pairs above, a launch of two
+ * layers under the first's type. */
+static void roof_layer(const roof_gpu *g, int prec, const gp_layer *ls, int first, int end, int k,
+                       int64_t b, int m, double elt, double welt, roof_row *rows)
+{
+    const gp_layer *l = &ls[k];
+    roof_costs c = roof_costs_of(l, b, m);
+    roof_row *r = &rows[l->spec.type];
+    if (!roof_fwd_joins(ls, first, k)) {
+        double f = c.f, bytes = (c.in + c.out) * elt + c.np * welt;
+        if (k + 1 < end && roof_fwd_joins(ls, first, k + 1)) { /* and the next's output */
+            roof_costs n = roof_costs_of(&ls[k + 1], b, m);
+            f += n.f;
+            bytes += n.out * elt + n.np * welt;
+        }
+        roof_add(g, prec, r, m, f, bytes);
+    }
+    if (c.np > 0) { /* backward-data, then backward-weights into the FP32 sums */
+        double fb = c.f, bytes = (c.out + c.in) * elt + c.np * welt;
+        if (k > first && roof_bwd_joins(ls, end, k - 1)) { /* GELU' from its input */
+            roof_costs p = roof_costs_of(&ls[k - 1], b, m);
+            fb += p.fb;
+            bytes += p.in * elt;
+        }
+        roof_add(g, prec, r, m, fb, bytes);
+        roof_add(g, prec, r, m, c.f, (c.out + c.in) * elt + c.np * 8.0);
+    } else if (!roof_bwd_joins(ls, end, k) &&
+               !(l->spec.type == GP_LAYER_ADD && l->spec.out == 0)) {
+        /* (a plain add hands its gradient on: no launch) */
+        roof_add(g, prec, r, m, c.fb, (2 * c.out + 2 * c.in) * elt);
     }
 }
 
@@ -94,9 +151,10 @@ gp_status gp_model_roofline(const gp_config *cfg, const char *gpu, FILE *f)
         return gp_error_set(GP_ERR_INVALID, "--gpu %s: not a GPU the estimate knows; give h100 "
                             "or h200", gpu);
     int S = cfg->pipeline.n_devices * gp_model_virtual(cfg), balance[GP_MAX_DEVICES];
-    if (cfg->pipeline.n_balance == S) {
+    bool given = cfg->pipeline.n_balance == S;
+    if (given) {
         GP_TRY(gp_model_balance(cfg, S, balance, true));
-    } else { /* the split does not change the sums */
+    } else { /* any split to build the shapes; the sums take the model as one stage */
         for (int j = 0; j < S; j++) balance[j] = j == 0 ? cfg->model.n_layers - (S - 1) : 1;
     }
     gp_model m = {0};
@@ -106,12 +164,16 @@ gp_status gp_model_roofline(const gp_config *cfg, const char *gpu, FILE *f)
     double elt = prec == GP_PRECISION_BF16 ? 2.0 : 4.0, welt = elt;
     roof_row rows[GP_LAYER_TYPE_COUNT + 1] = {{0}}, tot = {0};
     double params = 0;
-    for (int k = 0; k < m.n_layers; k++) {
-        const gp_layer *l = &m.layers[k];
-        roof_layer(g, prec, l, b, mb, elt, welt, &rows[l->spec.type]);
-        rows[l->spec.type].type = (int)l->spec.type;
-        params += (double)gp_model_layer_params(l);
-    }
+    /* the stages whose pairs fuse: the config's balance, else one */
+    int nst = given ? S : 1, span[GP_MAX_DEVICES];
+    for (int j = 0; j < nst; j++) span[j] = given ? balance[j] : m.n_layers;
+    for (int j = 0, first = 0; j < nst; first += span[j++])
+        for (int k = first; k < first + span[j]; k++) {
+            const gp_layer *l = &m.layers[k];
+            roof_layer(g, prec, m.layers, first, first + span[j], k, b, mb, elt, welt, rows);
+            rows[l->spec.type].type = (int)l->spec.type;
+            params += (double)gp_model_layer_params(l);
+        }
     /* the update: value, gradient and state read, value and state written */
     double ub = params * 4.0 * (prec == GP_PRECISION_BF16 ? 7.5 : 7.0);
     roof_add(g, prec, &rows[GP_LAYER_TYPE_COUNT], 1, 12.0 * params, ub);
