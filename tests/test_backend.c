@@ -3403,6 +3403,20 @@ static void test_rms_bf16(gp_device *dev)
     CHECK_MSG(!memcmp(r1, r2, sizeof(float) * (size_t)rows) &&
                   !memcmp(dw1, dw2, sizeof(float) * (size_t)c),
               "bf16 rms_norm: rstd or dw not the FP32 slots' bits on the widened values");
+    /* swiglu (issue 66) on the same rows as (rows, 2 h): bf16 is the FP32
+     * slots' arithmetic on the widened values, rounded once */
+    const int64_t h = c / 2 + 1, nh = rows * h;
+    float *sy = dalloc(dev, nh), *sdx = dalloc(dev, 2 * nh);
+    uint16_t *sy16 = (uint16_t *)dalloc(dev, nh), *sdx16 = (uint16_t *)dalloc(dev, 2 * nh);
+    const int64_t rr = n / (2 * h); /* rows of (2 h) inside x */
+    CHECK_OK(gp_dev_swiglu_fwd(dev, GP_F32, fx, sy, rr, h));
+    CHECK_OK(gp_dev_swiglu_bwd(dev, GP_F32, fx, fdy, sdx, rr, h));
+    CHECK_OK(gp_dev_swiglu_fwd(dev, GP_BF16, x, sy16, rr, h));
+    CHECK_OK(gp_dev_swiglu_bwd(dev, GP_BF16, x, dy, sdx16, rr, h));
+    check_bits("bf16 swiglu y", sy16, sy, rr * h);
+    check_bits("bf16 swiglu dx", sdx16, sdx, rr * 2 * h);
+    dfree(dev, sy, nh); dfree(dev, sdx, 2 * nh);
+    dfree(dev, (float *)sy16, nh); dfree(dev, (float *)sdx16, 2 * nh);
     dfree(dev, fx, n); dfree(dev, fdy, n);
     dfree(dev, (float *)x, (n + 1) / 2); dfree(dev, (float *)dy, (n + 1) / 2);
     dfree(dev, w, c); dfree(dev, y1, n); dfree(dev, dx1, n);

@@ -1757,6 +1757,21 @@ static void test_rms_norm(void)
         bcheck(b16 ? "bf16 rms_norm dx" : "rms_norm dx", &fdx, tol);
         bcheck(b16 ? "bf16 rms_norm rstd" : "rms_norm rstd", &r, 1e-5);
         bcheck(b16 ? "bf16 rms_norm dw" : "rms_norm dw", &dw, 1e-4);
+        /* swiglu (issue 66) on the same values as (rows, 2 h) with h = c / 2 */
+        const int64_t sh = c / 2;
+        BOTH(gp_dev_swiglu_fwd(D, dt, x.p[K], y.p[K], rows, sh));
+        BOTH(gp_dev_swiglu_bwd(D, dt, x.p[K], dy.p[K], dx.p[K], rows, sh));
+        if (b16) {
+            BOTH(gp_dev_fill(D, fy.p[K], 0.0f, n));
+            BOTH(gp_dev_bf16_unpack(D, fy.p[K], (uint16_t *)y.p[K], rows * sh));
+            BOTH(gp_dev_bf16_unpack(D, fdx.p[K], (uint16_t *)dx.p[K], n));
+        } else {
+            BOTH(gp_dev_fill(D, fy.p[K], 0.0f, n));
+            BOTH(gp_dev_copy_d2d(D, fy.p[K], y.p[K], (size_t)(rows * sh) * 4));
+            BOTH(gp_dev_copy_d2d(D, fdx.p[K], dx.p[K], (size_t)n * 4));
+        }
+        bcheck(b16 ? "bf16 swiglu y" : "swiglu y", &fy, tol);
+        bcheck(b16 ? "bf16 swiglu dx" : "swiglu dx", &fdx, tol);
         buf *all[] = {&fx, &fdy, &w, &x, &dy, &y, &dx, &r, &dw, &fy, &fdx};
         for (size_t q = 0; q < sizeof all / sizeof *all; q++) bfree(all[q]);
     }

@@ -186,6 +186,15 @@ static void ref_forward(const gp_layer *l, double **P, bool train, const gp_fwd_
         }
         break;
     }
+    case GP_LAYER_SWIGLU: { /* silu(gate) up, in double */
+        int64_t h = xs->dims[xs->ndim - 1] / 2;
+        for (int64_t r = 0; r < nx / (2 * h); r++)
+            for (int64_t j = 0; j < h; j++) {
+                double a = x[r * 2 * h + j], bb = x[r * 2 * h + h + j];
+                y[r * h + j] = a / (1.0 + exp(-a)) * bb;
+            }
+        break;
+    }
     default: CHECK(!"unknown layer type");
     }
 }
@@ -594,6 +603,10 @@ static void test_all_layers(gp_device *dev)
     cases[n] = (layer_case){spec_of(GP_LAYER_RMS_NORM), (gp_shape){3, {2, 3, 4, 0}}, X_SYM, true,
                             smooth};
     cases[n++].spec.eps = 1e-1f;
+    /* swiglu (issue 66): (N, 2 I) and (N, T, 2 I) */
+    cases[n++] = (layer_case){spec_of(GP_LAYER_SWIGLU), gp_shape_2d(3, 10), X_SYM, false, smooth};
+    cases[n++] = (layer_case){spec_of(GP_LAYER_SWIGLU), (gp_shape){3, {2, 3, 14, 0}}, X_SYM, false,
+                              smooth};
     /* linear on (N, T, C): every position through the same weights */
     cases[n] = (layer_case){spec_of(GP_LAYER_LINEAR), (gp_shape){3, {3, 5, 7, 0}}, X_SYM, false,
                             smooth};

@@ -161,7 +161,8 @@
  *      other gradient in the same pass); linear_gelu_fwd and
  *      linear_gelu_bwd_data (a product with GELU, or GELU's derivative, as
  *      its epilogue); embed_bwd takes the vocabulary's size; rms_norm_fwd,
- *      rms_norm_bwd_data, rms_norm_bwd_weights (Llama's RMSNorm) */
+ *      rms_norm_bwd_data, rms_norm_bwd_weights (Llama's RMSNorm);
+ *      swiglu_fwd, swiglu_bwd (Llama's MLP activation) */
 #define GP_DEVICE_IFACE_VERSION 45
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
@@ -1182,6 +1183,15 @@ typedef struct gp_device_iface {
     gp_status (*rms_norm_bwd_weights)(gp_device *dev, gp_dtype dt, const void *x,
                                       const float *rstd, const void *dy, float *dw, int64_t rows,
                                       int64_t c);
+    /* swiglu_fwd: y (rows, h) = silu(x[:, :h]) x[:, h:] for x (rows, 2 h),
+     * gp_ew_swiglu (Llama's MLP: the gate's and the up projection's
+     * outputs side by side); swiglu_bwd: dx (rows, 2 h) from x and dy
+     * (rows, h), gp_ew_swiglu_bwd.  Of element type dt (bf16: widened,
+     * each result rounded once).  NULL: the model refuses swiglu there. */
+    gp_status (*swiglu_fwd)(gp_device *dev, gp_dtype dt, const void *x, void *y, int64_t rows,
+                            int64_t h);
+    gp_status (*swiglu_bwd)(gp_device *dev, gp_dtype dt, const void *x, const void *dy, void *dx,
+                            int64_t rows, int64_t h);
 } gp_device_iface;
 
 /* The most tensors one nonfinite_or_many launch takes (its table travels
@@ -1890,6 +1900,11 @@ static inline bool gp_dev_add_norm_has(const gp_device *dev, gp_dtype dt)
            (dt == GP_F32 || (dt == GP_BF16 && gp_dev_layer_norm_bf16_has(dev) &&
                              dev->iface->add_bf16));
 }
+/* swiglu_* (backend.h); GP_ERR_UNSUPPORTED where the backend has none. */
+gp_status gp_dev_swiglu_fwd(gp_device *dev, gp_dtype dt, const void *x, void *y, int64_t rows,
+                            int64_t h);
+gp_status gp_dev_swiglu_bwd(gp_device *dev, gp_dtype dt, const void *x, const void *dy, void *dx,
+                            int64_t rows, int64_t h);
 /* rms_norm_* (backend.h); GP_ERR_UNSUPPORTED where the backend has none;
  * rows or c 0: nothing. */
 gp_status gp_dev_rms_norm_fwd(gp_device *dev, gp_dtype dt, const void *x, const float *w, void *y,

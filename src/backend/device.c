@@ -1194,6 +1194,24 @@ gp_status gp_dev_layer_norm_bwd_data_add(gp_device *dev, gp_dtype dt, const void
     return GP_LAUNCH(dev, layer_norm_bwd_data_add)(dev, dt, x, w, mean, rstd, dy, dx, rows, c);
 }
 
+gp_status gp_dev_swiglu_fwd(gp_device *dev, gp_dtype dt, const void *x, void *y, int64_t rows,
+                            int64_t h)
+{
+    if (!dev->iface->swiglu_fwd)
+        return gp_error_set(GP_ERR_UNSUPPORTED, "device %s: no swiglu kernels", dev->name);
+    if (rows <= 0 || h <= 0) return GP_OK;
+    return GP_LAUNCH(dev, swiglu_fwd)(dev, dt, x, y, rows, h);
+}
+
+gp_status gp_dev_swiglu_bwd(gp_device *dev, gp_dtype dt, const void *x, const void *dy, void *dx,
+                            int64_t rows, int64_t h)
+{
+    if (!dev->iface->swiglu_bwd)
+        return gp_error_set(GP_ERR_UNSUPPORTED, "device %s: no swiglu kernels", dev->name);
+    if (rows <= 0 || h <= 0) return GP_OK;
+    return GP_LAUNCH(dev, swiglu_bwd)(dev, dt, x, dy, dx, rows, h);
+}
+
 static gp_status no_rms(gp_device *dev)
 {
     return gp_error_set(GP_ERR_UNSUPPORTED, "device %s: no rms_norm kernels; run the model's "

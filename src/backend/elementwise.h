@@ -72,6 +72,18 @@ GP_EW_FN float gp_ew_gelu(float x)
     return 0.5f * x * (1.0f + t);
 }
 
+/* SwiGLU (Llama's MLP, issue 66): silu(a) b, silu(a) = a sigmoid(a) (as
+ * PyTorch's F.silu), and its gradients from the inputs: da = dy b silu'(a),
+ * silu'(a) = s (1 + a (1 - s)) with s = sigmoid(a); db = dy silu(a). */
+GP_EW_FN float gp_ew_sigmoid(float a) { return 1.0f / (1.0f + expf(-a)); }
+GP_EW_FN float gp_ew_swiglu(float a, float b) { return a * gp_ew_sigmoid(a) * b; }
+GP_EW_FN void gp_ew_swiglu_bwd(float a, float b, float dy, float *da, float *db)
+{
+    float s = gp_ew_sigmoid(a);
+    *da = dy * b * (s * (1.0f + a * (1.0f - s)));
+    *db = dy * (a * s);
+}
+
 /* dx = dy * gelu'(x), from the input x (the output does not determine it:
  * gelu is not monotonic below -0.75). */
 GP_EW_FN float gp_ew_gelu_bwd(float x, float dy)

@@ -20,7 +20,7 @@ static const char *const type_names[GP_LAYER_TYPE_COUNT] = {
     "leaky_relu", "dropout2d", "instance_norm", "upsample",
     "factorized_reduce", "amoeba_cell",
     "attention",
-    "gelu", "layer_norm", "embedding", "rms_norm",
+    "gelu", "layer_norm", "embedding", "rms_norm", "swiglu",
 };
 
 static const char *const init_names[GP_INIT_COUNT] = {"default", "kaiming_normal_fan_out",
@@ -103,6 +103,7 @@ const gp_layer_ops *gp_layer_ops_for(gp_layer_type t)
     case GP_LAYER_LAYER_NORM: return &gp_layer_norm_ops;
     case GP_LAYER_EMBEDDING: return &gp_embedding_ops;
     case GP_LAYER_RMS_NORM: return &gp_rms_norm_ops;
+    case GP_LAYER_SWIGLU: return &gp_swiglu_ops;
     default: return NULL;
     }
 }

@@ -69,6 +69,7 @@ typedef enum gp_layer_type {
     GP_LAYER_LAYER_NORM,
     GP_LAYER_EMBEDDING,
     GP_LAYER_RMS_NORM,
+    GP_LAYER_SWIGLU,
     GP_LAYER_TYPE_COUNT
 } gp_layer_type;
 

@@ -250,6 +250,75 @@ const gp_layer_ops gp_rms_norm_ops = {
     .takes_bf16 = rms_norm_takes_bf16,
 };
 
+/* ---- swiglu (issue 66) ---------------------------------------------------------
+ * Llama's MLP activation on the gate's and the up projection's outputs side
+ * by side (one linear layer of 2 I outputs, gate first, as Hugging Face's
+ * gate_proj and up_proj stacked): (N, 2 I) or (N, T, 2 I) in, silu(gate)
+ * up out, (N, I) or (N, T, I).  No parameters; saves nothing (the
+ * backward reads x). */
+
+static gp_status swiglu_infer(const gp_layer *l, const gp_shape *in, gp_shape *out)
+{
+    char b[96];
+    int64_t f = in->ndim >= 2 ? in->dims[in->ndim - 1] : 0;
+    if ((in->ndim != 2 && in->ndim != 3) || f % 2 != 0)
+        return gp_layer_spec_error(l, "swiglu takes (N, 2 I) or (N, T, 2 I): the gate's and the "
+                                      "up projection's outputs side by side, an even number of "
+                                      "features; got %s (give the linear layer before it 2 I "
+                                      "outputs)",
+                                   gp_layers_shape_n(in, b, sizeof b));
+    *out = *in;
+    out->dims[in->ndim - 1] = f / 2;
+    return GP_OK;
+}
+
+static gp_status swiglu_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                gp_tensor *y, gp_saved *s)
+{
+    (void)ctx;
+    (void)s;
+    int64_t h = y->dims[y->ndim - 1], rows = h > 0 ? gp_tensor_numel(y) / h : 0;
+    return gp_dev_swiglu_fwd(l->dev, x->dtype, gp_tensor_mem(x), gp_tensor_mem(y), rows, h);
+}
+
+static gp_status swiglu_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                      const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
+                                      gp_saved *s)
+{
+    (void)ctx;
+    (void)y;
+    (void)s;
+    int64_t h = dy->dims[dy->ndim - 1], rows = h > 0 ? gp_tensor_numel(dy) / h : 0;
+    return gp_dev_swiglu_bwd(l->dev, x->dtype, gp_tensor_mem(x), gp_tensor_mem(dy),
+                             gp_tensor_mem(dx), rows, h);
+}
+
+static gp_status swiglu_init(gp_layer *l, uint64_t seed)
+{
+    (void)l;
+    (void)seed;
+    return GP_OK; /* no parameters */
+}
+
+static bool swiglu_takes_bf16(const gp_layer *l) { return l->dev->iface->swiglu_fwd != NULL; }
+
+static double swiglu_flops(const gp_layer *l, int64_t n)
+{
+    /* the sigmoid counted as one operation: about 4 per output */
+    return 4.0 * (double)n * (double)gp_shape_numel(&l->out_shape);
+}
+
+const gp_layer_ops gp_swiglu_ops = {
+    .type = GP_LAYER_SWIGLU,
+    .infer = swiglu_infer,
+    .init = swiglu_init,
+    .forward = swiglu_forward,
+    .backward_data = swiglu_backward_data,
+    .flops = swiglu_flops,
+    .bwd_ignores_y = true,
+    .takes_bf16 = swiglu_takes_bf16,
+};
+
 /* ---- embedding ------------------------------------------------------------- */
 
 static gp_status embedding_infer(const gp_layer *l, const gp_shape *in, gp_shape *out)

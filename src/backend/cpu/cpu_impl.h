@@ -343,6 +343,10 @@ gp_status gp_cpu_linear_gelu_fwd(gp_device *dev, gp_dtype dt, int64_t n, int64_t
 gp_status gp_cpu_linear_gelu_bwd_data(gp_device *dev, gp_dtype dt, int64_t n, int64_t out,
                                       int64_t in, const void *dy, const float *w,
                                       const void *pre, void *dx);
+gp_status gp_cpu_swiglu_fwd(gp_device *dev, gp_dtype dt, const void *x, void *y, int64_t rows,
+                            int64_t h);
+gp_status gp_cpu_swiglu_bwd(gp_device *dev, gp_dtype dt, const void *x, const void *dy, void *dx,
+                            int64_t rows, int64_t h);
 gp_status gp_cpu_rms_norm_fwd(gp_device *dev, gp_dtype dt, const void *x, const float *w, void *y,
                               float *rstd, int64_t rows, int64_t c, float eps);
 gp_status gp_cpu_rms_norm_bwd_data(gp_device *dev, gp_dtype dt, const void *x, const float *w,

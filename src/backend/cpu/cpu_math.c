@@ -910,6 +910,53 @@ gp_status gp_cpu_rms_norm_bwd_weights(gp_device *dev, gp_dtype dt, const void *x
     return GP_OK;
 }
 
+/* ---- SwiGLU (Llama's MLP activation): element by element ------------------ */
+
+static inline __attribute__((always_inline)) void
+swiglu_fwd(int nt, const void *x, void *y, int64_t rows, int64_t h, const bool b16)
+{
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * h >= CPU_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++)
+#pragma omp simd
+        for (int64_t j = 0; j < h; j++)
+            B16_ST(y, r * h + j,
+                   gp_ew_swiglu(B16_LD(x, r * 2 * h + j), B16_LD(x, r * 2 * h + h + j)));
+}
+
+static inline __attribute__((always_inline)) void
+swiglu_bwd(int nt, const void *x, const void *dy, void *dx, int64_t rows, int64_t h,
+           const bool b16)
+{
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * h >= CPU_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++)
+#pragma omp simd
+        for (int64_t j = 0; j < h; j++) {
+            float da, db;
+            gp_ew_swiglu_bwd(B16_LD(x, r * 2 * h + j), B16_LD(x, r * 2 * h + h + j),
+                             B16_LD(dy, r * h + j), &da, &db);
+            B16_ST(dx, r * 2 * h + j, da);
+            B16_ST(dx, r * 2 * h + h + j, db);
+        }
+}
+
+GP_CPU_LOOPS
+gp_status gp_cpu_swiglu_fwd(gp_device *dev, gp_dtype dt, const void *x, void *y, int64_t rows,
+                            int64_t h)
+{
+    if (dt == GP_BF16) swiglu_fwd(dev->threads, x, y, rows, h, true);
+    else swiglu_fwd(dev->threads, x, y, rows, h, false);
+    return GP_OK;
+}
+
+GP_CPU_LOOPS
+gp_status gp_cpu_swiglu_bwd(gp_device *dev, gp_dtype dt, const void *x, const void *dy, void *dx,
+                            int64_t rows, int64_t h)
+{
+    if (dt == GP_BF16) swiglu_bwd(dev->threads, x, dy, dx, rows, h, true);
+    else swiglu_bwd(dev->threads, x, dy, dx, rows, h, false);
+    return GP_OK;
+}
+
 GP_CPU_LOOPS
 gp_status gp_cpu_add_layer_norm_fwd(gp_device *dev, gp_dtype dt, const void *a, const void *b,
                                     void *s, const float *w, const float *bias, void *y,

@@ -1164,6 +1164,18 @@ static gp_status cuda_layer_norm_bwd_data_add(gp_device *dev, gp_dtype dt, const
                                                 c));
 }
 
+static gp_status cuda_swiglu_fwd(gp_device *dev, gp_dtype dt, const void *x, void *y,
+                                 int64_t rows, int64_t h)
+{
+    CUDA_OP(dev, gp_cuk_swiglu(s, dt == GP_BF16, x, NULL, y, rows, h));
+}
+
+static gp_status cuda_swiglu_bwd(gp_device *dev, gp_dtype dt, const void *x, const void *dy,
+                                 void *dx, int64_t rows, int64_t h)
+{
+    CUDA_OP(dev, gp_cuk_swiglu(s, dt == GP_BF16, x, dy, dx, rows, h));
+}
+
 static gp_status cuda_rms_norm_fwd(gp_device *dev, gp_dtype dt, const void *x, const float *w,
                                    void *y, float *rstd, int64_t rows, int64_t c, float eps)
 {
@@ -2331,6 +2343,8 @@ static const gp_device_iface cuda_iface = {
     .rms_norm_fwd = cuda_rms_norm_fwd,
     .rms_norm_bwd_data = cuda_rms_norm_bwd_data,
     .rms_norm_bwd_weights = cuda_rms_norm_bwd_weights,
+    .swiglu_fwd = cuda_swiglu_fwd,
+    .swiglu_bwd = cuda_swiglu_bwd,
     .pool_fwd_bf16 = gp_cuda_pool_fwd_bf16,
     .pool_bwd_bf16 = gp_cuda_pool_bwd_bf16,
     .dropout_apply_bf16 = cuda_dropout_apply_bf16,

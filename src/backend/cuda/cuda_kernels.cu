@@ -1095,6 +1095,29 @@ __global__ void k_rms_norm_bwd_weights_part(const T *x, const float *rstd, const
     if (threadIdx.y == 0 && j < cols) part[(int64_t)blockIdx.y * cols + j] = sw[0][threadIdx.x];
 }
 
+/* ---- SwiGLU (backend.h's swiglu_*, issue 66): a thread per output ---------- */
+
+template <typename T>
+__global__ void k_swiglu_fwd(const T *x, T *y, int64_t rows, int64_t h)
+{
+    GP_CUK_LOOP(e, rows * h) {
+        int64_t r = e / h, j = e % h;
+        st(&y[e], gp_ew_swiglu(ld(x[r * 2 * h + j]), ld(x[r * 2 * h + h + j])));
+    }
+}
+
+template <typename T>
+__global__ void k_swiglu_bwd(const T *x, const T *dy, T *dx, int64_t rows, int64_t h)
+{
+    GP_CUK_LOOP(e, rows * h) {
+        int64_t r = e / h, j = e % h;
+        float da, db;
+        gp_ew_swiglu_bwd(ld(x[r * 2 * h + j]), ld(x[r * 2 * h + h + j]), ld(dy[e]), &da, &db);
+        st(&dx[r * 2 * h + j], da);
+        st(&dx[r * 2 * h + h + j], db);
+    }
+}
+
 /* ---- token and position embeddings (backend.h's embed_*) ------------------- */
 
 __global__ void k_embed_check(const float *ids, int64_t rows, int64_t vocab, long long *first)
@@ -2199,6 +2222,21 @@ cudaError_t gp_cuk_layer_norm_bwd_data_add(cudaStream_t s, int bf16, const void 
                                        (const uint16_t *)dy, (uint16_t *)dx, rows, c);
     return layer_norm_bwd_data_add(s, (const float *)x, w, mean, rstd, (const float *)dy,
                                    (float *)dx, rows, c);
+}
+
+cudaError_t gp_cuk_swiglu(cudaStream_t s, int bf16, const void *x, const void *dy, void *out,
+                          int64_t rows, int64_t h)
+{
+    if (rows * h <= 0) return cudaSuccess;
+    if (dy) {
+        if (bf16)
+            GP_CUK_LAUNCH(rows * h, k_swiglu_bwd<uint16_t>, (const uint16_t *)x,
+                          (const uint16_t *)dy, (uint16_t *)out, rows, h);
+        GP_CUK_LAUNCH(rows * h, k_swiglu_bwd<float>, (const float *)x, (const float *)dy,
+                      (float *)out, rows, h);
+    }
+    if (bf16) GP_CUK_LAUNCH(rows * h, k_swiglu_fwd<uint16_t>, (const uint16_t *)x, (uint16_t *)out, rows, h);
+    GP_CUK_LAUNCH(rows * h, k_swiglu_fwd<float>, (const float *)x, (float *)out, rows, h);
 }
 
 cudaError_t gp_cuk_rms_norm_fwd(cudaStream_t s, int bf16, const void *x, const float *w, void *y,

@@ -248,6 +248,10 @@ cudaError_t gp_cuk_layer_norm_bwd_weights_bf16(cudaStream_t s, const uint16_t *x
                                                const uint16_t *dy, float *dw, float *db,
                                                int64_t rows, int64_t c, double *part);
 
+/* backend.h's swiglu_fwd (dy NULL) and swiglu_bwd (out: dx) on FP32 or
+ * (bf16 != 0) bf16 activations: a thread per output. */
+cudaError_t gp_cuk_swiglu(cudaStream_t s, int bf16, const void *x, const void *dy, void *out,
+                          int64_t rows, int64_t h);
 /* backend.h's rms_norm_* on FP32 or (bf16 != 0) bf16 activations: a block
  * per row; the weight's sums in part (gp_cuk_sum_rows_parts(rows, c) c
  * doubles of workspace), then added in order. */
