@@ -1174,35 +1174,50 @@ bool gp_layers_add_norm(const gp_layer *layers, int count, int c, const bool *in
            gp_dev_add_norm_has(a->dev, a->out_dtype);
 }
 
+/* The outputs of a pair that runs as one call: y for `a` (its output
+ * shape and type), y2 for `b` after it; *go false (nothing allocated, no
+ * error) where these inputs take the layers' own forwards: `a` adapts them,
+ * x[0 .. n) are not its output's type, or they are empty. */
+static gp_status pair_outputs(gp_layer *a, gp_layer *b, const gp_tensor *x, int n, gp_tensor *y,
+                              gp_tensor *y2, bool *go)
+{
+    *go = false;
+    if (adapts(a, x) || gp_tensor_numel(&x[0]) == 0) return GP_OK;
+    for (int q = 0; q < n; q++)
+        if (x[q].dtype != a->out_dtype) return GP_OK;
+    GP_TRY(check_input(a, x));
+    gp_shape ys = gp_shape_with_batch(&a->out_shape, x->dims[0]);
+    GP_TRY(gp_tensor_alloc_as(y, a->dev, &ys, a->out_dtype, GP_MEM_ACTIVATIONS));
+    gp_status st = check_input(b, y);
+    if (st == GP_OK && adapts(b, y)) {
+        gp_tensor_free(y);
+        return GP_OK;
+    }
+    gp_shape ys2 = gp_shape_with_batch(&b->out_shape, x->dims[0]);
+    if (st == GP_OK) st = gp_tensor_alloc_as(y2, b->dev, &ys2, b->out_dtype, GP_MEM_ACTIVATIONS);
+    if (st != GP_OK) {
+        gp_tensor_free(y);
+        return st;
+    }
+    *go = true;
+    return GP_OK;
+}
+
 gp_status gp_layer_add_norm_forward(gp_layer *add, gp_layer *norm, const gp_fwd_ctx *ctx,
                                     const gp_tensor *x, gp_tensor *y, gp_tensor *y2,
                                     gp_saved *s2, bool *done)
 {
     (void)ctx;
-    *done = false;
-    if (adapts(add, x) || x[0].dtype != add->out_dtype || x[1].dtype != add->out_dtype ||
-        gp_tensor_numel(&x[0]) == 0)
-        return GP_OK; /* the two layers' own forwards */
-    GP_TRY(check_input(add, x));
-    gp_shape ys = gp_shape_with_batch(&add->out_shape, x->dims[0]);
-    GP_TRY(gp_tensor_alloc_as(y, add->dev, &ys, add->out_dtype, GP_MEM_ACTIVATIONS));
-    gp_status st = check_input(norm, y);
-    if (st == GP_OK && adapts(norm, y)) {
-        gp_tensor_free(y);
-        return GP_OK;
-    }
-    gp_shape ys2 = gp_shape_with_batch(&norm->out_shape, x->dims[0]);
-    if (st == GP_OK)
-        st = gp_tensor_alloc_as(y2, norm->dev, &ys2, norm->out_dtype, GP_MEM_ACTIVATIONS);
-    if (st == GP_OK) st = gp_layers_norm_forward_add(norm, &x[0], &x[1], y, y2, s2);
+    GP_TRY(pair_outputs(add, norm, x, 2, y, y2, done));
+    if (!*done) return GP_OK; /* the two layers' own forwards */
+    gp_status st = gp_layers_norm_forward_add(norm, &x[0], &x[1], y, y2, s2);
     if (st != GP_OK) {
+        *done = false;
         gp_tensor_free(y);
         gp_tensor_free(y2);
         gp_saved_free(s2);
-        return st;
     }
-    *done = true;
-    return GP_OK;
+    return st;
 }
 
 static bool logits_over_on;
@@ -1248,28 +1263,15 @@ gp_status gp_layer_linear_gelu_forward(gp_layer *lin, gp_layer *gelu, const gp_f
                                        bool *done)
 {
     (void)ctx;
-    *done = false;
-    if (adapts(lin, x) || x[0].dtype != lin->out_dtype || gp_tensor_numel(&x[0]) == 0)
-        return GP_OK; /* the two layers' own forwards */
-    GP_TRY(check_input(lin, x));
-    gp_shape ys = gp_shape_with_batch(&lin->out_shape, x->dims[0]);
-    GP_TRY(gp_tensor_alloc_as(y, lin->dev, &ys, lin->out_dtype, GP_MEM_ACTIVATIONS));
-    gp_status st = check_input(gelu, y);
-    if (st == GP_OK && adapts(gelu, y)) {
-        gp_tensor_free(y);
-        return GP_OK;
-    }
-    gp_shape ys2 = gp_shape_with_batch(&gelu->out_shape, x->dims[0]);
-    if (st == GP_OK)
-        st = gp_tensor_alloc_as(y2, gelu->dev, &ys2, gelu->out_dtype, GP_MEM_ACTIVATIONS);
-    if (st == GP_OK) st = gp_layers_linear_forward_gelu(lin, &x[0], y, y2);
+    GP_TRY(pair_outputs(lin, gelu, x, 1, y, y2, done));
+    if (!*done) return GP_OK; /* the two layers' own forwards */
+    gp_status st = gp_layers_linear_forward_gelu(lin, &x[0], y, y2);
     if (st != GP_OK) {
+        *done = false;
         gp_tensor_free(y);
         gp_tensor_free(y2);
-        return st;
     }
-    *done = true;
-    return GP_OK;
+    return st;
 }
 
 bool gp_layers_gelu_linear(const gp_layer *layers, int count, int c, const gp_tensor *x)

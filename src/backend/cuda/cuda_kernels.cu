@@ -909,6 +909,25 @@ __global__ void k_norm_leaky_bwd(const T *yz, int from_z, float slope, const flo
 
 /* Templated on the storage type of x, y, dy and dx (ld / st): the bf16
  * instances are layer_norm_*_bf16. */
+/* Row r (xr) normalised into y's row, from each thread's partial sum s of
+ * the values it reads (the j stride): the block's statistics, then y. */
+template <typename T>
+__device__ void ln_row(const T *xr, double s, const float *w, const float *b, T *y, float *mean,
+                       float *rstd, int64_t r, int64_t c, float eps)
+{
+    double m = block_sum(s) / (double)c, v = 0.0;
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
+        v += ((double)ld(xr[j]) - m) * ((double)ld(xr[j]) - m);
+    v = block_sum(v) / (double)c;
+    float mf = (float)m, rs = gp_ew_ln_rstd(v, eps);
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
+        st(&y[r * c + j], (ld(xr[j]) - mf) * rs * w[j] + b[j]);
+    if (threadIdx.x == 0) {
+        mean[r] = mf;
+        rstd[r] = rs;
+    }
+}
+
 template <typename T>
 __global__ void k_layer_norm_fwd(const T *x, const float *w, const float *b, T *y, float *mean,
                                  float *rstd, int64_t rows, int64_t c, float eps)
@@ -917,17 +936,7 @@ __global__ void k_layer_norm_fwd(const T *x, const float *w, const float *b, T *
         const T *xr = x + r * c;
         double s = 0.0;
         for (int64_t j = threadIdx.x; j < c; j += blockDim.x) s += (double)ld(xr[j]);
-        double m = block_sum(s) / (double)c, v = 0.0;
-        for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
-            v += ((double)ld(xr[j]) - m) * ((double)ld(xr[j]) - m);
-        v = block_sum(v) / (double)c;
-        float mf = (float)m, rs = gp_ew_ln_rstd(v, eps);
-        for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
-            st(&y[r * c + j], (ld(xr[j]) - mf) * rs * w[j] + b[j]);
-        if (threadIdx.x == 0) {
-            mean[r] = mf;
-            rstd[r] = rs;
-        }
+        ln_row(xr, s, w, b, y, mean, rstd, r, c, eps);
     }
 }
 
@@ -946,17 +955,7 @@ __global__ void k_add_layer_norm_fwd(const T *a, const T *bb, T *sum, const floa
             st(&xr[j], ld(a[r * c + j]) + ld(bb[r * c + j]));
             s += (double)ld(xr[j]);
         }
-        double m = block_sum(s) / (double)c, v = 0.0;
-        for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
-            v += ((double)ld(xr[j]) - m) * ((double)ld(xr[j]) - m);
-        v = block_sum(v) / (double)c;
-        float mf = (float)m, rs = gp_ew_ln_rstd(v, eps);
-        for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
-            st(&y[r * c + j], (ld(xr[j]) - mf) * rs * w[j] + b[j]);
-        if (threadIdx.x == 0) {
-            mean[r] = mf;
-            rstd[r] = rs;
-        }
+        ln_row(static_cast<const T *>(xr), s, w, b, y, mean, rstd, r, c, eps);
     }
 }
 
