@@ -1100,19 +1100,27 @@ void gp_layer_specs_unkept(const gp_layer_spec *specs, int count, const bool *in
     unkept_rule((const char *)specs, sizeof *specs, count, inplace, unkept);
 }
 
-static bool fuse_relu_on;
-static pthread_once_t fuse_relu_once = PTHREAD_ONCE_INIT;
-static void fuse_relu_read(void)
+/* The fusions' switches, each on unless its variable is "0", read once. */
+enum { FUSE_RELU, FUSE_ADD_NORM, FUSE_GELU, FUSE_LOSS, FUSE_COUNT };
+static bool fuse_on[FUSE_COUNT];
+static pthread_once_t fuse_once = PTHREAD_ONCE_INIT;
+static void fuse_read(void)
 {
-    const char *e = getenv("GPIPE_FUSE_RELU");
-    fuse_relu_on = !e || strcmp(e, "0") != 0;
+    static const char *const names[FUSE_COUNT] = {"GPIPE_FUSE_RELU", "GPIPE_FUSE_ADD_NORM",
+                                                  "GPIPE_FUSE_GELU", "GPIPE_FUSE_LOSS"};
+    for (int k = 0; k < FUSE_COUNT; k++) {
+        const char *e = getenv(names[k]);
+        fuse_on[k] = !e || strcmp(e, "0") != 0;
+    }
 }
 
-bool gp_layers_fuse_relu_on(void)
+static bool fusion_on(int k)
 {
-    pthread_once(&fuse_relu_once, fuse_relu_read);
-    return fuse_relu_on;
+    pthread_once(&fuse_once, fuse_read);
+    return fuse_on[k];
 }
+
+bool gp_layers_fuse_relu_on(void) { return fusion_on(FUSE_RELU); }
 
 /* The rule of gp_layers_relu_fused over specs `stride` bytes apart. */
 static void relu_fused_rule(const char *spec0, size_t stride, int count, const bool *inplace,
@@ -1155,18 +1163,9 @@ void gp_layers_relu_fused(gp_layer *layers, int count, const bool *inplace, bool
     }
 }
 
-static bool fuse_add_norm_on;
-static pthread_once_t fuse_add_norm_once = PTHREAD_ONCE_INIT;
-static void fuse_add_norm_read(void)
-{
-    const char *e = getenv("GPIPE_FUSE_ADD_NORM");
-    fuse_add_norm_on = !e || strcmp(e, "0") != 0;
-}
-
 bool gp_layers_add_norm(const gp_layer *layers, int count, int c, const bool *inplace)
 {
-    pthread_once(&fuse_add_norm_once, fuse_add_norm_read);
-    if (!fuse_add_norm_on || c < 0 || c + 1 >= count) return false;
+    if (!fusion_on(FUSE_ADD_NORM) || c < 0 || c + 1 >= count) return false;
     const gp_layer *a = &layers[c], *n = &layers[c + 1];
     return a->spec.type == GP_LAYER_ADD && a->n_in == 2 && a->ops->dx_all_dy &&
            a->ops->dx_all_dy(a) && n->spec.type == GP_LAYER_LAYER_NORM && n->n_in == 1 &&
@@ -1220,33 +1219,9 @@ gp_status gp_layer_add_norm_forward(gp_layer *add, gp_layer *norm, const gp_fwd_
     return st;
 }
 
-static bool logits_over_on;
-static pthread_once_t logits_over_once = PTHREAD_ONCE_INIT;
-static void logits_over_read(void)
-{
-    const char *e = getenv("GPIPE_FUSE_LOSS");
-    logits_over_on = !e || strcmp(e, "0") != 0;
-}
+bool gp_layers_logits_over_on(void) { return fusion_on(FUSE_LOSS); }
 
-bool gp_layers_logits_over_on(void)
-{
-    pthread_once(&logits_over_once, logits_over_read);
-    return logits_over_on;
-}
-
-static bool fuse_gelu_on;
-static pthread_once_t fuse_gelu_once = PTHREAD_ONCE_INIT;
-static void fuse_gelu_read(void)
-{
-    const char *e = getenv("GPIPE_FUSE_GELU");
-    fuse_gelu_on = !e || strcmp(e, "0") != 0;
-}
-
-static bool gelu_fusion_on(void)
-{
-    pthread_once(&fuse_gelu_once, fuse_gelu_read);
-    return fuse_gelu_on;
-}
+static bool gelu_fusion_on(void) { return fusion_on(FUSE_GELU); }
 
 bool gp_layers_linear_gelu(const gp_layer *layers, int count, int c, const bool *inplace)
 {
