@@ -1261,7 +1261,9 @@ bool gp_layers_gelu_linear(const gp_layer *layers, int count, int c, const gp_te
 
 bool gp_layer_dx_adds(const gp_layer *l, const gp_tensor *x, const gp_tensor *into)
 {
-    return l->ops->dx_adds && l->n_in == 1 && !adapts(l, x) && gp_tensor_mem(into) &&
+    /* (the residual's sum in the norm's backward: GPIPE_FUSE_ADD_NORM's too) */
+    return fusion_on(FUSE_ADD_NORM) && l->ops->dx_adds && l->n_in == 1 && !adapts(l, x) &&
+           gp_tensor_mem(into) &&
            into->dtype == x->dtype && gp_tensor_numel(into) == gp_tensor_numel(x) &&
            l->ops->dx_adds(l, x->dtype);
 }
