@@ -321,17 +321,23 @@ static void test_elementwise(void)
     for (int k = 0; k < 2; k++) CHECK_OK(gp_dev_sumsq(D2[k], y.p[k], n, &ss[k]));
     CHECK_NEAR(ss[1], ss[0], 0, 1e-12);
     /* sumsq_multi (clipping's one read per stage): each slice the bits
-     * sumsq gives it on its device, and the devices agree */
+     * sumsq gives it on its device, and the devices agree; 70 slices, so
+     * the GPU's second table of partials (past GP_CUK_TABLE) and an empty
+     * one (NULL, 0) are in it */
+    double multi2[2][70];
     for (int k = 0; k < 2; k++) {
-        const float *xs[3] = {y.p[k], y.p[k] + 1000, y.p[k]};
-        int64_t ns[3] = {1000, n - 1000, 0};
-        double multi[3], one[3];
-        CHECK_OK(gp_dev_sumsq_multi(D2[k], xs, ns, 3, multi));
-        for (int t = 0; t < 3; t++) CHECK_OK(gp_dev_sumsq(D2[k], xs[t], ns[t], &one[t]));
-        CHECK_MSG(!memcmp(multi, one, sizeof one), "sumsq_multi on %s differs from sumsq",
+        const float *xs[70] = {y.p[k], y.p[k] + 1000, NULL};
+        int64_t ns[70] = {1000, n - 1000, 0};
+        for (int t = 3; t < 70; t++) xs[t] = y.p[k] + 97 * t, ns[t] = 1 + (t * 211) % 5000;
+        double one[70];
+        CHECK_OK(gp_dev_sumsq_multi(D2[k], xs, ns, 70, multi2[k]));
+        for (int t = 0; t < 70; t++) CHECK_OK(gp_dev_sumsq(D2[k], xs[t], ns[t], &one[t]));
+        CHECK_MSG(!memcmp(multi2[k], one, sizeof one), "sumsq_multi on %s differs from sumsq",
                   D2[k]->name);
-        CHECK_NEAR(multi[0] + multi[1], ss[0], 0, 1e-12);
+        CHECK(multi2[k][2] == 0.0);
+        CHECK_NEAR(multi2[k][0] + multi2[k][1], ss[0], 0, 1e-12);
     }
+    for (int t = 0; t < 70; t++) CHECK_NEAR(multi2[1][t], multi2[0][t], 0, 1e-12);
     for (int k = 0; k < 2; k++) CHECK_OK(gp_dev_nonfinite(D2[k], y.p[k], n, &bad[k]));
     CHECK(bad[0] == 0 && bad[1] == 0);
     float nan = NAN;

@@ -857,16 +857,22 @@ static gp_status cuda_add_bias_rows(gp_device *dev, float *y, const float *bias,
 }
 
 /* The partial sums go in the device's workspace (dead between ops). */
-static gp_status cuda_sum_rows(gp_device *dev, const float *dy, float *db, int64_t rows,
-                               int64_t cols)
+static gp_status sum_rows(gp_device *dev, const float *dy, float *db, int64_t rows,
+                          int64_t cols, bool over)
 {
     void *part = NULL;
     if (cols <= 0) return GP_OK;
     GP_TRY(gp_cuda_enter(dev));
     GP_TRY(gp_cuda_ws_reserve(dev, (size_t)gp_cuk_sum_rows_parts(rows, cols) * (size_t)cols *
                                        sizeof(double), &part));
-    GP_CUDA(gp_cuk_sum_rows(gp_cuda_ctx_of(dev)->compute, dy, db, rows, cols, part));
+    GP_CUDA(gp_cuk_sum_rows(gp_cuda_ctx_of(dev)->compute, dy, db, rows, cols, part, over));
     return GP_OK;
+}
+
+static gp_status cuda_sum_rows(gp_device *dev, const float *dy, float *db, int64_t rows,
+                               int64_t cols)
+{
+    return sum_rows(dev, dy, db, rows, cols, false);
 }
 
 /* Copy the device-side results to pinned memory and wait for them. */
@@ -877,6 +883,19 @@ static gp_status read_results(gp_cuda_ctx *ctx, cuda_res *out)
     GP_CUDA(cudaStreamSynchronize(ctx->compute));
     memcpy(out, ctx->host_res, sizeof *out);
     return GP_OK;
+}
+
+/* count (<= one table's) tensors into a kernel's table. */
+static gp_cuk_tensor_table tensor_table(const float *const *xs, const int64_t *ns, int count)
+{
+    _Static_assert(GP_CUK_TABLE == GP_NONFINITE_BATCH, "one table a launch");
+    GP_ASSERT(count >= 0 && count <= GP_NONFINITE_BATCH);
+    gp_cuk_tensor_table t = {.count = count};
+    for (int i = 0; i < count; i++) {
+        t.x[i] = xs[i];
+        t.n[i] = ns[i];
+    }
+    return t;
 }
 
 static gp_status cuda_sumsq(gp_device *dev, const float *x, int64_t n, double *out)
@@ -892,19 +911,29 @@ static gp_status cuda_sumsq(gp_device *dev, const float *x, int64_t n, double *o
     return GP_OK;
 }
 
-/* Each tensor's sum into its own double of the workspace (the kernels of
- * cuda_sumsq, so the same bits, their partials reused in stream order),
- * then all n read back in one copy and one wait. */
+/* Each tensor's partials (cuda_sumsq's first kernel, so the same bits)
+ * in one launch per GP_CUK_TABLE tensors, all their sums in one more
+ * (its second), then the n sums read back in one copy and one wait: a
+ * GPT-2 stage's 148 gradients in 4 launches, where a pair per tensor
+ * took 296.  One host wait, as llm.c's gpt2_calculate_grad_norm has:
+ * the factor is known before any update runs, so a non-finite norm
+ * skips the update (gp_clip_nonfinite) and the model stays as it was. */
 static gp_status cuda_sumsq_multi(gp_device *dev, const float *const *xs, const int64_t *ns,
                                   int n, double *out)
 {
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     void *ws;
+    if (n <= 0) return GP_OK;
     GP_TRY(gp_cuda_enter(dev));
-    GP_TRY(gp_cuda_ws_reserve(dev, (GP_CUK_RED_BLOCKS + (size_t)n) * sizeof(double), &ws));
-    double *partials = ws, *sums = partials + GP_CUK_RED_BLOCKS;
-    for (int t = 0; t < n; t++)
-        GP_CUDA(gp_cuk_sumsq(ctx->compute, xs[t], ns[t], partials, &sums[t]));
+    GP_TRY(gp_cuda_ws_reserve(dev, (size_t)n * (GP_CUK_RED_BLOCKS + 1) * sizeof(double), &ws));
+    double *partials = ws, *sums = partials + (size_t)n * GP_CUK_RED_BLOCKS;
+    for (int t0 = 0; t0 < n; t0 += GP_CUK_TABLE) {
+        int k = n - t0 < GP_CUK_TABLE ? n - t0 : GP_CUK_TABLE;
+        gp_cuk_tensor_table t = tensor_table(xs + t0, ns + t0, k);
+        GP_CUDA(gp_cuk_sumsq_many_partial(ctx->compute, &t,
+                                          partials + (size_t)t0 * GP_CUK_RED_BLOCKS));
+    }
+    GP_CUDA(gp_cuk_sum_partials_many(ctx->compute, partials, n, sums));
     GP_CUDA(cudaMemcpyAsync(out, sums, (size_t)n * sizeof *out, cudaMemcpyDeviceToHost,
                             ctx->compute));
     GP_CUDA(cudaStreamSynchronize(ctx->compute));
@@ -927,19 +956,6 @@ static gp_status cuda_nonfinite_or(gp_device *dev, const float *x, int64_t n, fl
     GP_TRY(gp_cuda_enter(dev));
     GP_CUDA(gp_cuk_nonfinite_or(gp_cuda_ctx_of(dev)->compute, x, n, flag));
     return GP_OK;
-}
-
-/* count (<= one table's) tensors into a kernel's table. */
-static gp_cuk_tensor_table tensor_table(const float *const *xs, const int64_t *ns, int count)
-{
-    _Static_assert(GP_CUK_TABLE == GP_NONFINITE_BATCH, "one table a launch");
-    GP_ASSERT(count >= 0 && count <= GP_NONFINITE_BATCH);
-    gp_cuk_tensor_table t = {.count = count};
-    for (int i = 0; i < count; i++) {
-        t.x[i] = xs[i];
-        t.n[i] = ns[i];
-    }
-    return t;
 }
 
 static gp_status cuda_nonfinite_or_many(gp_device *dev, const float *const *xs, const int64_t *ns,
@@ -1732,9 +1748,7 @@ static gp_status cuda_linear_bwd_weights(gp_device *dev, gp_dtype dt, int64_t n,
     if (dt == GP_F32) {
         GP_TRY(cuda_gemm(dev, 1, 0, out, in, n, 1.0f, dy, out, x, in, fresh ? 0.0f : 1.0f, dw,
                          in));
-        if (!db) return GP_OK;
-        if (fresh) GP_CUDA(gp_cuk_fill(ctx->compute, db, 0.0f, out));
-        return cuda_sum_rows(dev, dy, db, n, out);
+        return db ? sum_rows(dev, dy, db, n, out, fresh) : GP_OK; /* (fresh: no fill) */
     }
     if (gp_bf16_gemm_worth(out, in, n)) {
         GP_TRY(gemm_ex16(dev, 1, 0, out, in, n, dy, out, x, in, fresh ? 0.0f : 1.0f, dw, in));
@@ -1752,11 +1766,10 @@ static gp_status cuda_linear_bwd_weights(gp_device *dev, gp_dtype dt, int64_t n,
         GP_TRY(st);
     }
     if (!db) return GP_OK;
-    if (fresh) GP_CUDA(gp_cuk_fill(ctx->compute, db, 0.0f, out));
-    void *part;
+    void *part; /* fresh: the sums written over db, with no fill before */
     GP_TRY(gp_cuda_ws_reserve(dev, (size_t)gp_cuk_sum_rows_parts(n, out) * (size_t)out *
                                        sizeof(double), &part));
-    GP_CUDA(gp_cuk_sum_rows_bf16(ctx->compute, dy, db, n, out, part));
+    GP_CUDA(gp_cuk_sum_rows_bf16(ctx->compute, dy, db, n, out, part, fresh));
     return GP_OK;
 }
 

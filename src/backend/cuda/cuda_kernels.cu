@@ -221,12 +221,15 @@ __global__ void k_sum_rows_part(const T *dy, double *part, int64_t rows, int64_t
     }
     if (threadIdx.y == 0 && j < cols) part[(int64_t)blockIdx.y * cols + j] = sh[0][threadIdx.x];
 }
-__global__ void k_sum_rows_final(const double *part, int parts, float *db, int64_t cols)
+/* db[j] += the sum (over: db[j] = it, the same bits as over a zeroed db,
+ * with no fill before it) */
+__global__ void k_sum_rows_final(const double *part, int parts, float *db, int64_t cols,
+                                 int over)
 {
     GP_CUK_LOOP(j, cols) {
         double acc = 0.0;
         for (int p = 0; p < parts; p++) acc += part[(int64_t)p * cols + j];
-        db[j] += (float)acc;
+        db[j] = over ? (float)acc : db[j] + (float)acc;
     }
 }
 
@@ -306,6 +309,30 @@ __global__ void k_sum_partials(const double *partials, int count, double *out)
     for (int i = (int)threadIdx.x; i < count; i += GP_CUK_THREADS) acc += partials[i];
     double s = block_sum(acc);
     if (threadIdx.x == 0) *out = s;
+}
+
+/* k_sumsq_partial on up to GP_CUK_TABLE tensors, one per blockIdx.y, with
+ * GP_CUK_RED_BLOCKS blocks each (so each tensor's partials are the bits
+ * k_sumsq_partial gives it): tensor y's into partials[y * RED_BLOCKS..]. */
+__global__ void k_sumsq_partial_many(gp_cuk_tensor_table t, double *partials)
+{
+    const float *x = t.x[blockIdx.y];
+    int64_t n = t.n[blockIdx.y];
+    double acc = 0.0;
+    GP_CUK_LOOP(i, n) acc += (double)x[i] * (double)x[i];
+    double s = block_sum(acc);
+    if (threadIdx.x == 0) partials[(size_t)blockIdx.y * GP_CUK_RED_BLOCKS + blockIdx.x] = s;
+}
+
+/* k_sum_partials for each of gridDim.x tensors (one block each, the same
+ * order of sums): out[b] from partials[b * RED_BLOCKS..]. */
+__global__ void k_sum_partials_many(const double *partials, double *out)
+{
+    const double *p = partials + (size_t)blockIdx.x * GP_CUK_RED_BLOCKS;
+    double acc = 0.0;
+    for (int i = (int)threadIdx.x; i < GP_CUK_RED_BLOCKS; i += GP_CUK_THREADS) acc += p[i];
+    double s = block_sum(acc);
+    if (threadIdx.x == 0) out[blockIdx.x] = s;
 }
 
 __global__ void k_nonfinite(const float *x, int64_t n, int *flag)
@@ -1569,7 +1596,7 @@ cudaError_t gp_cuk_bias_relu_rows(cudaStream_t s, float *y, const float *bias, i
 }
 
 cudaError_t gp_cuk_sum_rows(cudaStream_t s, const float *dy, float *db, int64_t rows,
-                            int64_t cols, double *part)
+                            int64_t cols, double *part, bool over)
 {
     if (cols <= 0) return cudaSuccess;
     int parts = gp_cuk_sum_rows_parts(rows, cols);
@@ -1579,11 +1606,11 @@ cudaError_t gp_cuk_sum_rows(cudaStream_t s, const float *dy, float *db, int64_t 
         dy, part, rows, cols);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
-    GP_CUK_LAUNCH(cols, k_sum_rows_final, part, parts, db, cols);
+    GP_CUK_LAUNCH(cols, k_sum_rows_final, part, parts, db, cols, (int)over);
 }
 
 cudaError_t gp_cuk_sum_rows_bf16(cudaStream_t s, const uint16_t *dy, float *db, int64_t rows,
-                                 int64_t cols, double *part)
+                                 int64_t cols, double *part, bool over)
 {
     if (cols <= 0) return cudaSuccess; /* as gp_cuk_sum_rows */
     int parts = gp_cuk_sum_rows_parts(rows, cols);
@@ -1593,7 +1620,7 @@ cudaError_t gp_cuk_sum_rows_bf16(cudaStream_t s, const uint16_t *dy, float *db, 
                                 s>>>(dy, part, rows, cols);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
-    GP_CUK_LAUNCH(cols, k_sum_rows_final, part, parts, db, cols);
+    GP_CUK_LAUNCH(cols, k_sum_rows_final, part, parts, db, cols, (int)over);
 }
 
 } /* extern "C" */
@@ -1636,6 +1663,23 @@ cudaError_t gp_cuk_sumsq(cudaStream_t s, const float *x, int64_t n, double *part
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     k_sum_partials<<<1, GP_CUK_THREADS, 0, s>>>(partials, GP_CUK_RED_BLOCKS, out);
+    return cudaGetLastError();
+}
+
+cudaError_t gp_cuk_sumsq_many_partial(cudaStream_t s, const gp_cuk_tensor_table *t,
+                                      double *partials)
+{
+    if (t->count <= 0) return cudaSuccess;
+    k_sumsq_partial_many<<<dim3(GP_CUK_RED_BLOCKS, (unsigned)t->count), GP_CUK_THREADS, 0, s>>>(
+        *t, partials);
+    return cudaGetLastError();
+}
+
+cudaError_t gp_cuk_sum_partials_many(cudaStream_t s, const double *partials, int count,
+                                     double *out)
+{
+    if (count <= 0) return cudaSuccess;
+    k_sum_partials_many<<<(unsigned)count, GP_CUK_THREADS, 0, s>>>(partials, out);
     return cudaGetLastError();
 }
 
@@ -2283,7 +2327,7 @@ cudaError_t gp_cuk_rms_norm_bwd_weights(cudaStream_t s, int bf16, const void *x,
                                                                  c);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
-    GP_CUK_LAUNCH(c, k_sum_rows_final, part, parts, dw, c);
+    GP_CUK_LAUNCH(c, k_sum_rows_final, part, parts, dw, c, 0);
 }
 
 cudaError_t gp_cuk_embed_check(cudaStream_t s, const float *ids, int64_t rows, int64_t vocab,

@@ -117,11 +117,13 @@ static inline int gp_cuk_sum_rows_parts(int64_t rows, int64_t cols)
     return (int)(p < 1 ? 1 : p > 64 ? 64 : p);
 }
 cudaError_t gp_cuk_sum_rows(cudaStream_t s, const float *dy, float *db, int64_t rows,
-                            int64_t cols, double *part);
+                            int64_t cols, double *part, bool over);
 /* The same over bf16 dy (a linear layer on bf16 storage), widened exactly:
- * the bits sum_rows gives on the widened values. */
+ * the bits sum_rows gives on the widened values.  over (both): db = the
+ * sums, where db's old values are not read (a fresh step's bias gradient,
+ * with no fill before it: the bits of db zeroed and then added to). */
 cudaError_t gp_cuk_sum_rows_bf16(cudaStream_t s, const uint16_t *dy, float *db, int64_t rows,
-                                 int64_t cols, double *part);
+                                 int64_t cols, double *part, bool over);
 /* bf16 y(rows, cols) = relu(c + bias) (relu 0: c + bias; bias NULL: none),
  * c FP32, rounded once: a linear layer's output on bf16 storage. */
 cudaError_t gp_cuk_bias_relu_pack(cudaStream_t s, const float *c, const float *bias, int relu,
@@ -153,6 +155,14 @@ typedef struct gp_cuk_tensor_table {
     int count;
 } gp_cuk_tensor_table;
 cudaError_t gp_cuk_nonfinite_or_many(cudaStream_t s, const gp_cuk_tensor_table *t, float *flag);
+/* sumsq_multi in two kinds of launch: the partials of t's tensors (each
+ * the bits gp_cuk_sumsq's first kernel gives it) into partials[y *
+ * GP_CUK_RED_BLOCKS..], y < t->count; then out[y] = their sum for count
+ * tensors' partials laid end to end (gp_cuk_sumsq's second kernel). */
+cudaError_t gp_cuk_sumsq_many_partial(cudaStream_t s, const gp_cuk_tensor_table *t,
+                                      double *partials);
+cudaError_t gp_cuk_sum_partials_many(cudaStream_t s, const double *partials, int count,
+                                     double *out);
 /* Each of t's tensors zeroed, in one launch (zero_many). */
 cudaError_t gp_cuk_zero_many(cudaStream_t s, const gp_cuk_tensor_table *t);
 
