@@ -3415,6 +3415,33 @@ static void test_rms_bf16(gp_device *dev)
     CHECK_OK(gp_dev_swiglu_bwd(dev, GP_BF16, x, dy, sdx16, rr, h));
     check_bits("bf16 swiglu y", sy16, sy, rr * h);
     check_bits("bf16 swiglu dx", sdx16, sdx, rr * 2 * h);
+    /* rope (issue 66) on the same values as 3 sequences of 3 positions of
+     * 21 = (2 + 2 * 1) heads of 4 and 5 untouched: bf16 is the FP32 slot's
+     * arithmetic on the widened values, rounded once; in place (y == x) the
+     * same as apart; the inverse turns the FP32 result back within
+     * rounding, and v's columns are copied */
+    gp_rope_desc rd = {.rows = 3, .t = 3, .pos0 = 5, .width = c, .heads = 4, .d = 4};
+    rd.inv_freq[0] = 1.0f, rd.inv_freq[1] = 0.01f;
+    float *ry = dalloc(dev, n), *rb = dalloc(dev, n), *rin = dalloc(dev, n);
+    uint16_t *ry16 = (uint16_t *)dalloc(dev, n), *rip16 = (uint16_t *)dalloc(dev, n);
+    uint64_t l1 = gp_dev_launches(dev);
+    CHECK_OK(gp_dev_rope(dev, GP_F32, &rd, false, fx, ry));
+    CHECK(gp_dev_launches(dev) - l1 == 1);
+    CHECK_OK(gp_dev_rope(dev, GP_BF16, &rd, false, x, ry16));
+    check_bits("bf16 rope y", ry16, ry, n);
+    memcpy(rip16, x, sizeof(uint16_t) * (size_t)n);
+    CHECK_OK(gp_dev_rope(dev, GP_BF16, &rd, false, rip16, rip16));
+    CHECK_MSG(!memcmp(rip16, ry16, sizeof(uint16_t) * (size_t)n), "rope in place differs");
+    memcpy(rin, ry, sizeof(float) * (size_t)n);
+    CHECK_OK(gp_dev_rope(dev, GP_F32, &rd, true, rin, rb));
+    double worst = 0;
+    for (int64_t i = 0; i < n; i++) worst = fmax(worst, fabs((double)rb[i] - fx[i]));
+    CHECK_MSG(worst < 1e-6, "rope's inverse does not turn it back: %g", worst);
+    for (int64_t r = 0; r < 9; r++)
+        for (int64_t j = 16; j < c; j++) CHECK(ry[r * c + j] == fx[r * c + j]);
+    CHECK(ry[0] != fx[0] || ry[2] != fx[2]); /* position 5 turned something */
+    dfree(dev, ry, n); dfree(dev, rb, n); dfree(dev, rin, n);
+    dfree(dev, (float *)ry16, n); dfree(dev, (float *)rip16, n);
     dfree(dev, sy, nh); dfree(dev, sdx, 2 * nh);
     dfree(dev, (float *)sy16, nh); dfree(dev, (float *)sdx16, 2 * nh);
     dfree(dev, fx, n); dfree(dev, fdy, n);

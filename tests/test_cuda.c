@@ -1778,6 +1778,22 @@ static void test_rms_norm(void)
         }
         bcheck(b16 ? "bf16 swiglu y" : "swiglu y", &fy, tol);
         bcheck(b16 ? "bf16 swiglu dx" : "swiglu dx", &fdx, tol);
+        /* rope (issue 66) on the same values as 5 sequences of 8 positions
+         * from 100, 768 = (8 + 2 * 2) heads of 64 (Llama 3.2 1B's head):
+         * forward out of place, then its inverse in place */
+        gp_rope_desc rd = {.rows = 5, .t = 8, .pos0 = 100, .width = c, .heads = 10, .d = 64};
+        for (int i = 0; i < 32; i++) rd.inv_freq[i] = (float)pow(500000.0, -i / 32.0);
+        BOTH(gp_dev_rope(D, dt, &rd, false, x.p[K], y.p[K]));
+        BOTH(gp_dev_rope(D, dt, &rd, true, dy.p[K], dy.p[K]));
+        if (b16) {
+            BOTH(gp_dev_bf16_unpack(D, fy.p[K], (uint16_t *)y.p[K], n));
+            BOTH(gp_dev_bf16_unpack(D, fdx.p[K], (uint16_t *)dy.p[K], n));
+        } else {
+            BOTH(gp_dev_copy_d2d(D, fy.p[K], y.p[K], (size_t)n * 4));
+            BOTH(gp_dev_copy_d2d(D, fdx.p[K], dy.p[K], (size_t)n * 4));
+        }
+        bcheck(b16 ? "bf16 rope y" : "rope y", &fy, tol);
+        bcheck(b16 ? "bf16 rope dx (in place)" : "rope dx (in place)", &fdx, tol);
         buf *all[] = {&fx, &fdy, &w, &x, &dy, &y, &dx, &r, &dw, &fy, &fdx};
         for (size_t q = 0; q < sizeof all / sizeof *all; q++) bfree(all[q]);
     }

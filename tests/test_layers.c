@@ -50,6 +50,22 @@
 /* ---- the layer reference: dispatch on the type ---------------------------- */
 
 /* P[p] = host copy of params[p] (double).  train: batch statistics. */
+/* rope's frequency i of head size d in double, from the formulas
+ * (Hugging Face's, Llama 3's scaling by wavelength), not gpipe's float
+ * steps. */
+static double ref_rope_freq(const gp_layer_spec *sp, int64_t i, int64_t d)
+{
+    double f = pow((double)sp->rope_theta, -2.0 * (double)i / (double)d);
+    if (!sp->rope_llama3) return f;
+    double wl = 2.0 * acos(-1.0) / f, orig = (double)sp->rope_orig_positions;
+    double lo = (double)sp->rope_low_freq, hi = (double)sp->rope_high_freq;
+    double k = (double)sp->rope_factor;
+    if (wl < orig / hi) return f;    /* short wavelengths: as they were */
+    if (wl > orig / lo) return f / k; /* long ones: slowed by the factor */
+    double sm = (orig / wl - lo) / (hi - lo);
+    return (1.0 - sm) * f / k + sm * f;
+}
+
 static void ref_forward(const gp_layer *l, double **P, bool train, const gp_fwd_ctx *ctx,
                         const gp_shape *xs, const double *x, double *y)
 {
@@ -184,6 +200,20 @@ static void ref_forward(const gp_layer *l, double **P, bool train, const gp_fwd_
             for (int64_t j = 0; j < c; j++)
                 y[r * c + j] = xr[j] / sqrt(ms + (double)sp->eps) * P[0][j];
         }
+        break;
+    }
+    case GP_LAYER_ROPE: { /* q's and k's heads turned, v's copied, in double */
+        int64_t W = xs->dims[xs->ndim - 1], T = xs->dims[xs->ndim - 2];
+        int64_t kv = sp->kv_heads ? sp->kv_heads : sp->heads, d = W / (sp->heads + 2 * kv);
+        memcpy(y, x, (size_t)nx * sizeof *y);
+        for (int64_t r = 0; r < nx / W; r++)
+            for (int64_t h = 0; h < sp->heads + kv; h++)
+                for (int64_t i = 0; i < d / 2; i++) {
+                    double ang = (double)(r % T) * ref_rope_freq(sp, i, d);
+                    int64_t ia = r * W + h * d + i, ib = ia + d / 2;
+                    y[ia] = x[ia] * cos(ang) - x[ib] * sin(ang);
+                    y[ib] = x[ib] * cos(ang) + x[ia] * sin(ang);
+                }
         break;
     }
     case GP_LAYER_SWIGLU: { /* silu(gate) up, in double */
@@ -607,6 +637,20 @@ static void test_all_layers(gp_device *dev)
     cases[n++] = (layer_case){spec_of(GP_LAYER_SWIGLU), gp_shape_2d(3, 10), X_SYM, false, smooth};
     cases[n++] = (layer_case){spec_of(GP_LAYER_SWIGLU), (gp_shape){3, {2, 3, 14, 0}}, X_SYM, false,
                               smooth};
+    /* rope (issue 66): grouped (2 q heads, 1 k and v head of 4), one head
+     * per q, k and v of 2 at base 500000, and Llama 3's scaling with its
+     * three bands of wavelength in one head of 8 (orig 64: 6.3 kept, 63
+     * blended, 628 and 6283 slowed) */
+    cases[n] = (layer_case){spec_of(GP_LAYER_ROPE), (gp_shape){3, {2, 5, 16, 0}}, X_SYM, false,
+                            smooth};
+    cases[n].spec.heads = 2; cases[n++].spec.kv_heads = 1;
+    cases[n] = (layer_case){spec_of(GP_LAYER_ROPE), (gp_shape){3, {1, 4, 6, 0}}, X_SYM, false,
+                            smooth};
+    cases[n++].spec.rope_theta = 500000.0f;
+    cases[n] = (layer_case){spec_of(GP_LAYER_ROPE), (gp_shape){3, {2, 7, 24, 0}}, X_SYM, false,
+                            smooth};
+    cases[n].spec.rope_llama3 = true; cases[n].spec.rope_orig_positions = 64;
+    cases[n++].spec.rope_factor = 8.0f;
     /* linear on (N, T, C): every position through the same weights */
     cases[n] = (layer_case){spec_of(GP_LAYER_LINEAR), (gp_shape){3, {3, 5, 7, 0}}, X_SYM, false,
                             smooth};

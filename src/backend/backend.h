@@ -162,8 +162,9 @@
  *      linear_gelu_bwd_data (a product with GELU, or GELU's derivative, as
  *      its epilogue); embed_bwd takes the vocabulary's size; rms_norm_fwd,
  *      rms_norm_bwd_data, rms_norm_bwd_weights (Llama's RMSNorm);
- *      swiglu_fwd, swiglu_bwd (Llama's MLP activation) */
-#define GP_DEVICE_IFACE_VERSION 45
+ *      swiglu_fwd, swiglu_bwd (Llama's MLP activation)
+ *  46  rope (rotary position embeddings over a fused q, k, v) */
+#define GP_DEVICE_IFACE_VERSION 46
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -1192,6 +1193,13 @@ typedef struct gp_device_iface {
                             int64_t h);
     gp_status (*swiglu_bwd)(gp_device *dev, gp_dtype dt, const void *x, const void *dy, void *dx,
                             int64_t rows, int64_t h);
+    /* rope: rotary position embeddings (gp_rope_desc) from x to y (y == x
+     * allowed), each rotated pair by gp_ew_rope_cs / gp_ew_rope (inverse:
+     * the backward, dy to dx), the columns past heads d copied.  Of
+     * element type dt (bf16: widened, each result rounded once).  NULL:
+     * the model refuses rope there. */
+    gp_status (*rope)(gp_device *dev, gp_dtype dt, const gp_rope_desc *d, bool inverse,
+                      const void *x, void *y);
 } gp_device_iface;
 
 /* The most tensors one nonfinite_or_many launch takes (its table travels
@@ -1900,6 +1908,10 @@ static inline bool gp_dev_add_norm_has(const gp_device *dev, gp_dtype dt)
            (dt == GP_F32 || (dt == GP_BF16 && gp_dev_layer_norm_bf16_has(dev) &&
                              dev->iface->add_bf16));
 }
+/* rope (backend.h); GP_ERR_UNSUPPORTED where the backend has none; no
+ * rows or positions: nothing. */
+gp_status gp_dev_rope(gp_device *dev, gp_dtype dt, const gp_rope_desc *d, bool inverse,
+                      const void *x, void *y);
 /* swiglu_* (backend.h); GP_ERR_UNSUPPORTED where the backend has none. */
 gp_status gp_dev_swiglu_fwd(gp_device *dev, gp_dtype dt, const void *x, void *y, int64_t rows,
                             int64_t h);

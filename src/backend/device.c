@@ -1194,6 +1194,17 @@ gp_status gp_dev_layer_norm_bwd_data_add(gp_device *dev, gp_dtype dt, const void
     return GP_LAUNCH(dev, layer_norm_bwd_data_add)(dev, dt, x, w, mean, rstd, dy, dx, rows, c);
 }
 
+gp_status gp_dev_rope(gp_device *dev, gp_dtype dt, const gp_rope_desc *d, bool inverse,
+                      const void *x, void *y)
+{
+    if (!dev->iface->rope)
+        return gp_error_set(GP_ERR_UNSUPPORTED, "device %s: no rope kernel", dev->name);
+    GP_ASSERT(d->d > 0 && d->d % 2 == 0 && d->d / 2 <= GP_ROPE_MAX_HALF &&
+              d->heads * d->d <= d->width);
+    if (d->rows <= 0 || d->t <= 0) return GP_OK;
+    return GP_LAUNCH(dev, rope)(dev, dt, d, inverse, x, y);
+}
+
 gp_status gp_dev_swiglu_fwd(gp_device *dev, gp_dtype dt, const void *x, void *y, int64_t rows,
                             int64_t h)
 {

@@ -17,6 +17,7 @@
 #define GP_ELEMENTWISE_H
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #ifndef GP_EW_FN
@@ -82,6 +83,36 @@ GP_EW_FN void gp_ew_swiglu_bwd(float a, float b, float dy, float *da, float *db)
     float s = gp_ew_sigmoid(a);
     *da = dy * b * (s * (1.0f + a * (1.0f - s)));
     *db = dy * (a * s);
+}
+
+/* Rotary position embeddings (backend.h's rope, issue 66) over rows sequences of t
+ * positions, each position `width` values: q's and k's heads of d values
+ * (`heads` of them in all, first) and then the values no rope touches
+ * (v's).  Position p of a sequence is pos0 + p.  In head h, value i < d/2
+ * and value i + d/2 turn together by pos * inv_freq[i] (Hugging Face's
+ * rotate_half layout). */
+#define GP_ROPE_MAX_HALF 256
+typedef struct gp_rope_desc {
+    int64_t rows, t, pos0, width, heads, d;
+    float inv_freq[GP_ROPE_MAX_HALF];
+} gp_rope_desc;
+
+/* Rotary position embeddings (issue 66), Hugging Face's rotate_half
+ * layout: a head's values a = x[i] and b = x[i + d/2] turn by the angle
+ * pos * inv_freq[i], computed in float as HF's outer product is, its
+ * cosine and sine in double rounded to float (HF's float32 cos / sin);
+ * the backward turns back (the rotation's transpose). */
+GP_EW_FN void gp_ew_rope_cs(int64_t pos, float inv_freq, float *c, float *s)
+{
+    float a = (float)pos * inv_freq;
+    *c = (float)cos((double)a);
+    *s = (float)sin((double)a);
+}
+GP_EW_FN void gp_ew_rope(float a, float b, float c, float s, bool inverse, float *ya, float *yb)
+{
+    float sn = inverse ? -s : s;
+    *ya = a * c - b * sn;
+    *yb = b * c + a * sn;
 }
 
 /* dx = dy * gelu'(x), from the input x (the output does not determine it:

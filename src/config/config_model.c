@@ -52,6 +52,11 @@ static int layer_keys(gp_layer_type t, const char **keys)
     case GP_LAYER_ATTENTION:
         keys[n++] = "heads";
         break;
+    case GP_LAYER_ROPE: /* Hugging Face's rope_theta and rope_scaling (llama3) */
+        keys[n++] = "heads"; keys[n++] = "kv_heads"; keys[n++] = "theta";
+        keys[n++] = "scaling"; keys[n++] = "factor"; keys[n++] = "low_freq_factor";
+        keys[n++] = "high_freq_factor"; keys[n++] = "original_positions";
+        break;
     case GP_LAYER_EMBEDDING:
         keys[n++] = "vocab"; keys[n++] = "dim"; keys[n++] = "positions";
         break;
@@ -295,6 +300,24 @@ static gp_status parse_layer(gp_cfg_walk *w, const gp_ynode *item, int index, gp
         GP_TRY(gp_cfg_get_int(w, opts, sect, "scale", spec->scale, 1, 1 << 16, &spec->scale));
     if (has_key(keys, nk, "heads"))
         GP_TRY(gp_cfg_get_int(w, opts, sect, "heads", spec->heads, 1, 1 << 16, &spec->heads));
+    if (t == GP_LAYER_ROPE) {
+        GP_TRY(gp_cfg_get_int(w, opts, sect, "kv_heads", spec->kv_heads, 1, 1 << 16,
+                              &spec->kv_heads));
+        GP_TRY(gp_cfg_get_float(w, opts, sect, "theta", spec->rope_theta, 1, INFINITY,
+                                GP_CFG_LO_OPEN, &spec->rope_theta));
+        static const char *const scalings[] = {"none", "llama3"};
+        int v = spec->rope_llama3;
+        GP_TRY(gp_cfg_get_enum(w, opts, sect, "scaling", scalings, 2, v, &v));
+        spec->rope_llama3 = v == 1;
+        GP_TRY(gp_cfg_get_float(w, opts, sect, "factor", spec->rope_factor, 1, INFINITY, 0,
+                                &spec->rope_factor));
+        GP_TRY(gp_cfg_get_float(w, opts, sect, "low_freq_factor", spec->rope_low_freq, 0,
+                                INFINITY, GP_CFG_LO_OPEN, &spec->rope_low_freq));
+        GP_TRY(gp_cfg_get_float(w, opts, sect, "high_freq_factor", spec->rope_high_freq, 0,
+                                INFINITY, GP_CFG_LO_OPEN, &spec->rope_high_freq));
+        GP_TRY(gp_cfg_get_int(w, opts, sect, "original_positions", spec->rope_orig_positions, 1,
+                              (int64_t)1 << 40, &spec->rope_orig_positions));
+    }
     if (t == GP_LAYER_EMBEDDING) { /* token ids are floats: exact below 2^24 */
         const int64_t ids = (int64_t)1 << 24;
         GP_TRY(gp_cfg_get_int(w, opts, sect, "vocab", spec->vocab, 1, ids, &spec->vocab));

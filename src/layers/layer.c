@@ -20,7 +20,7 @@ static const char *const type_names[GP_LAYER_TYPE_COUNT] = {
     "leaky_relu", "dropout2d", "instance_norm", "upsample",
     "factorized_reduce", "amoeba_cell",
     "attention",
-    "gelu", "layer_norm", "embedding", "rms_norm", "swiglu",
+    "gelu", "layer_norm", "embedding", "rms_norm", "swiglu", "rope",
 };
 
 static const char *const init_names[GP_INIT_COUNT] = {"default", "kaiming_normal_fan_out",
@@ -73,6 +73,11 @@ gp_layer_spec gp_layer_spec_default(gp_layer_type type)
     s.slope = 0.01f;
     s.scale = 2;
     s.heads = 1;
+    s.rope_theta = 10000.0f;
+    s.rope_factor = 8.0f;
+    s.rope_low_freq = 1.0f;
+    s.rope_high_freq = 4.0f;
+    s.rope_orig_positions = 8192;
     return s;
 }
 
@@ -104,6 +109,7 @@ const gp_layer_ops *gp_layer_ops_for(gp_layer_type t)
     case GP_LAYER_EMBEDDING: return &gp_embedding_ops;
     case GP_LAYER_RMS_NORM: return &gp_rms_norm_ops;
     case GP_LAYER_SWIGLU: return &gp_swiglu_ops;
+    case GP_LAYER_ROPE: return &gp_rope_ops;
     default: return NULL;
     }
 }
@@ -143,6 +149,11 @@ const char *gp_layer_window_str(const gp_layer_spec *s, char *buf, size_t len)
         break;
     case GP_LAYER_ATTENTION:
         snprintf(buf, len, "{heads: %lld}", (long long)s->heads);
+        break;
+    case GP_LAYER_ROPE:
+        snprintf(buf, len, "{heads: %lld, kv_heads: %lld, theta: %g%s}", (long long)s->heads,
+                 (long long)(s->kv_heads ? s->kv_heads : s->heads), (double)s->rope_theta,
+                 s->rope_llama3 ? ", scaling: llama3" : "");
         break;
     default:
         break;

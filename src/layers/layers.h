@@ -70,6 +70,7 @@ typedef enum gp_layer_type {
     GP_LAYER_EMBEDDING,
     GP_LAYER_RMS_NORM,
     GP_LAYER_SWIGLU,
+    GP_LAYER_ROPE,
     GP_LAYER_TYPE_COUNT
 } gp_layer_type;
 
@@ -164,7 +165,17 @@ typedef struct gp_layer_spec {
     int64_t scale;        /* upsample factor (>= 1); default 2 */
     bool reduction;       /* amoeba_cell: a reduction cell (stride 2 on its
                              inputs' operations); default false */
-    int64_t heads;        /* attention: heads (>= 1, dividing C); default 1 */
+    int64_t heads;        /* attention: heads (>= 1, dividing C); rope: q's
+                             heads; default 1 */
+    int64_t kv_heads;     /* rope: k's and v's heads (dividing heads; grouped-
+                             query attention below heads); 0 (default): heads */
+    float rope_theta;     /* rope: the base of its frequencies; default 10000 */
+    bool rope_llama3;     /* rope: Llama 3's frequency scaling (rope_scaling
+                             {rope_type: llama3}) with the four below */
+    float rope_factor;    /* default 8 */
+    float rope_low_freq;  /* low_freq_factor; default 1 */
+    float rope_high_freq; /* high_freq_factor; default 4 */
+    int64_t rope_orig_positions; /* original_max_position_embeddings; 8192 */
     int64_t vocab;        /* embedding: token ids in [0, vocab); 0 = not given (error) */
     int64_t dim;          /* embedding: the width of its output; 0 = not given (error) */
     int64_t positions;    /* embedding: rows of its position table (>= T);
@@ -192,6 +203,10 @@ static inline int64_t gp_layer_spec_valid_rows(const gp_layer_spec *s, int64_t r
 {
     return s->valid_rows > 0 && s->valid_rows < rows ? s->valid_rows : rows;
 }
+
+/* rope's frequencies for head size d (d / 2 of them): Hugging Face's
+ * inv_freq, with Llama 3's scaling where the spec asks for it. */
+void gp_rope_inv_freq(const gp_layer_spec *s, int64_t d, float *inv);
 
 /* A spec of `type` with every default filled in. */
 gp_layer_spec gp_layer_spec_default(gp_layer_type type);

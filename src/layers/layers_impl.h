@@ -61,7 +61,8 @@ extern const gp_layer_ops gp_attention_ops;         /* attention.c */
 extern const gp_layer_ops gp_gelu_ops;              /* simple.c */
 extern const gp_layer_ops gp_layer_norm_ops;        /* transformer.c */
 extern const gp_layer_ops gp_rms_norm_ops;          /* transformer.c */
-extern const gp_layer_ops gp_swiglu_ops;            /* transformer.c */
+extern const gp_layer_ops gp_swiglu_ops;
+extern const gp_layer_ops gp_rope_ops;            /* transformer.c */
 /* A residual add's sum and layer norm l over it in one call (layer.c's
  * gp_layer_add_norm_forward; transformer.c). */
 gp_status gp_layers_norm_forward_add(gp_layer *l, const gp_tensor *a, const gp_tensor *b,

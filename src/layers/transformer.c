@@ -319,6 +319,141 @@ const gp_layer_ops gp_swiglu_ops = {
     .takes_bf16 = swiglu_takes_bf16,
 };
 
+/* ---- rope (issue 66) -------------------------------------------------------------
+ * Rotary position embeddings on a fused q, k, v: (N, T, (H + 2 Hkv) d) in
+ * and out, H = heads, Hkv = kv_heads (the layout of Hugging Face's
+ * q_proj, k_proj and v_proj stacked, one linear layer before it), each of
+ * q's and k's heads turned in the rotate_half layout (gp_rope_desc), v
+ * copied.  Position p of a window is p (from 0).  Its backward turns dy
+ * back and reads neither x nor y, so it runs in place over the linear's
+ * output, whose backward does not read it either. */
+
+/* The rotated head's size: the last axis over H + 2 Hkv heads (0: the
+ * shape does not fit). */
+static int64_t rope_head(const gp_layer_spec *s, const gp_shape *in)
+{
+    int64_t kv = s->kv_heads ? s->kv_heads : s->heads, all = s->heads + 2 * kv;
+    int64_t w = in->ndim >= 3 ? in->dims[in->ndim - 1] : 0;
+    return all > 0 && w % all == 0 ? w / all : 0;
+}
+
+static gp_status rope_infer(const gp_layer *l, const gp_shape *in, gp_shape *out)
+{
+    char b[96];
+    const gp_layer_spec *s = &l->spec;
+    int64_t kv = s->kv_heads ? s->kv_heads : s->heads, d = rope_head(s, in);
+    if (s->heads < 1 || kv < 1 || s->heads % kv)
+        return gp_layer_spec_error(l, "heads = %lld and kv_heads = %lld: kv_heads must divide "
+                                      "heads (each k and v head serves heads / kv_heads query "
+                                      "heads); leave kv_heads out for as many as heads",
+                                   (long long)s->heads, (long long)kv);
+    if (d == 0 || d % 2 || d / 2 > GP_ROPE_MAX_HALF)
+        return gp_layer_spec_error(l, "rope takes (N, T, (heads + 2 kv_heads) d), q, k and v side "
+                                      "by side, with an even head size d up to %d; got %s for "
+                                      "heads %lld and kv_heads %lld: give the linear layer before "
+                                      "it (heads + 2 kv_heads) d outputs",
+                                   2 * GP_ROPE_MAX_HALF, gp_layers_shape_n(in, b, sizeof b),
+                                   (long long)s->heads, (long long)kv);
+    if (!(s->rope_theta > 1.0f))
+        return gp_layer_spec_error(l, "theta = %g: the base of rope's frequencies is above 1 "
+                                      "(Llama: 10000, Llama 3: 500000)", (double)s->rope_theta);
+    if (s->rope_llama3 && (!(s->rope_factor >= 1.0f) || !(s->rope_low_freq > 0.0f) ||
+                           !(s->rope_high_freq > s->rope_low_freq) || s->rope_orig_positions < 1))
+        return gp_layer_spec_error(l, "llama3 scaling takes factor >= 1, 0 < low_freq_factor < "
+                                      "high_freq_factor and original_positions >= 1 (Llama 3.2: "
+                                      "32, 1, 4, 8192); got %g, %g, %g, %lld",
+                                   (double)s->rope_factor, (double)s->rope_low_freq,
+                                   (double)s->rope_high_freq, (long long)s->rope_orig_positions);
+    *out = *in;
+    return GP_OK;
+}
+
+void gp_rope_inv_freq(const gp_layer_spec *s, int64_t d, float *inv)
+{
+    /* Hugging Face's float32 steps: 1 / theta^(2i / d), then Llama 3's
+     * scaling (_compute_llama3_parameters): long wavelengths divided by
+     * the factor, short ones kept, those between blended */
+    const double lo_wl = (double)s->rope_orig_positions / (double)s->rope_low_freq;
+    const double hi_wl = (double)s->rope_orig_positions / (double)s->rope_high_freq;
+    for (int64_t i = 0; i < d / 2; i++) {
+        float e = (float)(2 * i) / (float)d;
+        float f = 1.0f / (float)pow((double)s->rope_theta, (double)e);
+        if (s->rope_llama3) {
+            float wl = (float)(2.0 * acos(-1.0)) / f;
+            float g = (double)wl > lo_wl ? f / s->rope_factor : f;
+            float sm = ((float)s->rope_orig_positions / wl - s->rope_low_freq) /
+                       (s->rope_high_freq - s->rope_low_freq);
+            float blend = (1.0f - sm) * g / s->rope_factor + sm * g;
+            bool medium = !((double)wl < hi_wl) && !((double)wl > lo_wl);
+            f = medium ? blend : g;
+        }
+        inv[i] = f;
+    }
+}
+
+static gp_rope_desc rope_desc(const gp_layer *l, const gp_tensor *x)
+{
+    gp_rope_desc d = {0};
+    const gp_layer_spec *s = &l->spec;
+    int nd = x->ndim;
+    d.t = x->dims[nd - 2];
+    d.width = x->dims[nd - 1];
+    d.rows = 1;
+    for (int k = 0; k < nd - 2; k++) d.rows *= x->dims[k];
+    d.d = rope_head(s, &l->in_shape);
+    d.heads = s->heads + (s->kv_heads ? s->kv_heads : s->heads);
+    gp_rope_inv_freq(s, d.d, d.inv_freq);
+    return d;
+}
+
+static gp_status rope_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                              gp_tensor *y, gp_saved *s)
+{
+    (void)ctx;
+    (void)s;
+    gp_rope_desc d = rope_desc(l, x);
+    return gp_dev_rope(l->dev, x->dtype, &d, false, gp_tensor_mem(x), gp_tensor_mem(y));
+}
+
+static gp_status rope_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
+                                    const gp_tensor *y, const gp_tensor *dy, gp_tensor *dx,
+                                    gp_saved *s)
+{
+    (void)ctx;
+    (void)x;
+    (void)y;
+    (void)s;
+    gp_rope_desc d = rope_desc(l, dy);
+    return gp_dev_rope(l->dev, dy->dtype, &d, true, gp_tensor_mem(dy), gp_tensor_mem(dx));
+}
+
+static gp_status rope_init(gp_layer *l, uint64_t seed)
+{
+    (void)l;
+    (void)seed;
+    return GP_OK; /* no parameters */
+}
+
+static bool rope_takes_bf16(const gp_layer *l) { return l->dev->iface->rope != NULL; }
+
+static double rope_flops(const gp_layer *l, int64_t n)
+{
+    return 3.0 * (double)n * (double)gp_shape_numel(&l->out_shape); /* 6 per turned pair */
+}
+
+const gp_layer_ops gp_rope_ops = {
+    .type = GP_LAYER_ROPE,
+    .infer = rope_infer,
+    .init = rope_init,
+    .forward = rope_forward,
+    .backward_data = rope_backward_data,
+    .flops = rope_flops,
+    .inplace = GP_INPLACE_VALUES,
+    .bwd_ignores_y = true,
+    .bwd_ignores_x = true,
+    .takes_bf16 = rope_takes_bf16,
+};
+
 /* ---- embedding ------------------------------------------------------------- */
 
 static gp_status embedding_infer(const gp_layer *l, const gp_shape *in, gp_shape *out)

@@ -327,6 +327,7 @@ static const gp_device_iface cpu_iface = {
     .rms_norm_bwd_weights = gp_cpu_rms_norm_bwd_weights,
     .swiglu_fwd = gp_cpu_swiglu_fwd,
     .swiglu_bwd = gp_cpu_swiglu_bwd,
+    .rope = gp_cpu_rope,
 };
 
 static cpu_conv_layout conv_layout_from_env(void)

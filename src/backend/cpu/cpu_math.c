@@ -14,6 +14,7 @@
 #include "backend/elementwise.h"
 
 #include <omp.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Below this many elements a loop runs on the calling thread alone. */
@@ -907,6 +908,51 @@ gp_status gp_cpu_rms_norm_bwd_weights(gp_device *dev, gp_dtype dt, const void *x
 {
     if (dt == GP_BF16) rms_bwd_weights(dev->threads, x, rstd, dy, dw, rows, c, true);
     else rms_bwd_weights(dev->threads, x, rstd, dy, dw, rows, c, false);
+    return GP_OK;
+}
+
+/* ---- rotary position embeddings (issue 66) --------------------------------- */
+
+/* The t positions' cosines and sines (t x d/2 each) once a call, then
+ * every sequence and head turned by them. */
+static inline __attribute__((always_inline)) void
+rope_rows(int nt, const gp_rope_desc *d, bool inverse, const void *x, void *y, const float *cs,
+          const bool b16)
+{
+    const int64_t half = d->d / 2, rot = d->heads * d->d, n = d->rows * d->t;
+#pragma omp parallel for schedule(static) num_threads(nt) if (n * d->width >= CPU_PAR_MIN)
+    for (int64_t r = 0; r < n; r++) {
+        const float *c = cs + (r % d->t) * 2 * half, *s = c + half;
+        const int64_t o = r * d->width;
+        for (int64_t h = 0; h < d->heads; h++)
+#pragma omp simd
+            for (int64_t i = 0; i < half; i++) {
+                int64_t ia = o + h * d->d + i, ib = ia + half;
+                float ya, yb;
+                gp_ew_rope(B16_LD(x, ia), B16_LD(x, ib), c[i], s[i], inverse, &ya, &yb);
+                B16_ST(y, ia, ya);
+                B16_ST(y, ib, yb);
+            }
+        if (x != y)
+            memcpy((char *)y + (size_t)(o + rot) * (b16 ? 2 : 4),
+                   (const char *)x + (size_t)(o + rot) * (b16 ? 2 : 4),
+                   (size_t)(d->width - rot) * (b16 ? 2 : 4));
+    }
+}
+
+gp_status gp_cpu_rope(gp_device *dev, gp_dtype dt, const gp_rope_desc *d, bool inverse,
+                      const void *x, void *y)
+{
+    const int64_t half = d->d / 2;
+    float *cs = malloc((size_t)(d->t * 2 * half) * sizeof *cs);
+    if (!cs) return gp_error_set(GP_ERR_OOM, "out of host memory for rope's table");
+    for (int64_t p = 0; p < d->t; p++)
+        for (int64_t i = 0; i < half; i++)
+            gp_ew_rope_cs(d->pos0 + p, d->inv_freq[i], &cs[p * 2 * half + i],
+                          &cs[p * 2 * half + half + i]);
+    if (dt == GP_BF16) rope_rows(dev->threads, d, inverse, x, y, cs, true);
+    else rope_rows(dev->threads, d, inverse, x, y, cs, false);
+    free(cs);
     return GP_OK;
 }
 

@@ -1180,6 +1180,12 @@ static gp_status cuda_layer_norm_bwd_data_add(gp_device *dev, gp_dtype dt, const
                                                 c));
 }
 
+static gp_status cuda_rope(gp_device *dev, gp_dtype dt, const gp_rope_desc *d, bool inverse,
+                           const void *x, void *y)
+{
+    CUDA_OP(dev, gp_cuk_rope(s, dt == GP_BF16, d, inverse, x, y));
+}
+
 static gp_status cuda_swiglu_fwd(gp_device *dev, gp_dtype dt, const void *x, void *y,
                                  int64_t rows, int64_t h)
 {
@@ -2358,6 +2364,7 @@ static const gp_device_iface cuda_iface = {
     .rms_norm_bwd_weights = cuda_rms_norm_bwd_weights,
     .swiglu_fwd = cuda_swiglu_fwd,
     .swiglu_bwd = cuda_swiglu_bwd,
+    .rope = cuda_rope,
     .pool_fwd_bf16 = gp_cuda_pool_fwd_bf16,
     .pool_bwd_bf16 = gp_cuda_pool_bwd_bf16,
     .dropout_apply_bf16 = cuda_dropout_apply_bf16,

@@ -1144,6 +1144,28 @@ __global__ void k_swiglu_bwd(const T *x, const T *dy, T *dx, int64_t rows, int64
     }
 }
 
+/* ---- rotary position embeddings (backend.h's rope, issue 66): a thread per
+ * rotated pair or copied value, the angle's cosine and sine on the fly */
+template <typename T>
+__global__ void k_rope(gp_rope_desc d, int inverse, const T *x, T *y)
+{
+    const int64_t half = d.d / 2, rot = d.heads * d.d, per = d.heads * half + (d.width - rot);
+    GP_CUK_LOOP(e, d.rows * d.t * per) {
+        int64_t r = e / per, k = e % per, o = r * d.width;
+        if (k >= d.heads * half) { /* a value no rope touches */
+            int64_t j = o + rot + (k - d.heads * half);
+            if (x != y) y[j] = x[j];
+            continue;
+        }
+        int64_t h = k / half, i = k % half, ia = o + h * d.d + i, ib = ia + half;
+        float c, s, ya, yb;
+        gp_ew_rope_cs(d.pos0 + r % d.t, d.inv_freq[i], &c, &s);
+        gp_ew_rope(ld(x[ia]), ld(x[ib]), c, s, inverse != 0, &ya, &yb);
+        st(&y[ia], ya);
+        st(&y[ib], yb);
+    }
+}
+
 /* ---- token and position embeddings (backend.h's embed_*) ------------------- */
 
 __global__ void k_embed_check(const float *ids, int64_t rows, int64_t vocab, long long *first)
@@ -2265,6 +2287,16 @@ cudaError_t gp_cuk_layer_norm_bwd_data_add(cudaStream_t s, int bf16, const void 
                                        (const uint16_t *)dy, (uint16_t *)dx, rows, c);
     return layer_norm_bwd_data_add(s, (const float *)x, w, mean, rstd, (const float *)dy,
                                    (float *)dx, rows, c);
+}
+
+cudaError_t gp_cuk_rope(cudaStream_t s, int bf16, const gp_rope_desc *d, int inverse,
+                        const void *x, void *y)
+{
+    int64_t n = d->rows * d->t * (d->heads * (d->d / 2) + d->width - d->heads * d->d);
+    if (n <= 0) return cudaSuccess;
+    if (bf16)
+        GP_CUK_LAUNCH(n, k_rope<uint16_t>, *d, inverse, (const uint16_t *)x, (uint16_t *)y);
+    GP_CUK_LAUNCH(n, k_rope<float>, *d, inverse, (const float *)x, (float *)y);
 }
 
 cudaError_t gp_cuk_swiglu(cudaStream_t s, int bf16, const void *x, const void *dy, void *out,

@@ -258,6 +258,9 @@ cudaError_t gp_cuk_layer_norm_bwd_weights_bf16(cudaStream_t s, const uint16_t *x
                                                const uint16_t *dy, float *dw, float *db,
                                                int64_t rows, int64_t c, double *part);
 
+/* backend.h's rope on FP32 or bf16 (bf16 != 0) storage. */
+cudaError_t gp_cuk_rope(cudaStream_t s, int bf16, const gp_rope_desc *d, int inverse,
+                        const void *x, void *y);
 /* backend.h's swiglu_fwd (dy NULL) and swiglu_bwd (out: dx) on FP32 or
  * (bf16 != 0) bf16 activations: a thread per output. */
 cudaError_t gp_cuk_swiglu(cudaStream_t s, int bf16, const void *x, const void *dy, void *out,
