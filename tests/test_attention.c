@@ -42,9 +42,12 @@ static float *rand_vals(int64_t n, uint64_t stream, float amp)
 /* The reference: y (b, t, c) of x (b, t, 3c) in double, the full masked
  * softmax per (row, head, query). */
 static void ref_attention(const double *x, double *y, int64_t b, int64_t t, int64_t h,
-                          int64_t c)
+                          int64_t c, int64_t kv)
 {
-    int64_t d = c / h, R = 3 * c;
+    /* grouped (kv < h): x (b, t, c + 2 kv d), query head hh reading k and
+     * v head hh / (h / kv) */
+    if (kv == 0) kv = h;
+    int64_t d = c / h, R = c + 2 * kv * d;
     double *p = malloc((size_t)t * sizeof *p);
     for (int64_t bi = 0; bi < b; bi++)
         for (int64_t hh = 0; hh < h; hh++)
@@ -52,7 +55,7 @@ static void ref_attention(const double *x, double *y, int64_t b, int64_t t, int6
                 const double *q = x + (bi * t + i) * R + hh * d;
                 double mx = -INFINITY, sum = 0;
                 for (int64_t j = 0; j <= i; j++) {
-                    const double *k = x + (bi * t + j) * R + c + hh * d;
+                    const double *k = x + (bi * t + j) * R + c + hh / (h / kv) * d;
                     double s = 0;
                     for (int64_t e = 0; e < d; e++) s += q[e] * k[e];
                     p[j] = s / sqrt((double)d);
@@ -63,7 +66,7 @@ static void ref_attention(const double *x, double *y, int64_t b, int64_t t, int6
                 for (int64_t e = 0; e < d; e++) {
                     double acc = 0;
                     for (int64_t j = 0; j <= i; j++)
-                        acc += p[j] * x[(bi * t + j) * R + 2 * c + hh * d + e];
+                        acc += p[j] * x[(bi * t + j) * R + c + kv * d + hh / (h / kv) * d + e];
                     yi[e] = acc / sum;
                 }
             }
@@ -78,15 +81,23 @@ static gp_fwd_ctx train_ctx(void)
 
 /* An attention layer of `heads` for input (rows, t, 3c) (extra: as
  * (rows, 1, t, 3c)) on dev. */
-static bool make_layer(gp_device *dev, int64_t t, int64_t c, int64_t heads, bool extra,
-                       gp_layer *l)
+static bool make_layer_kv(gp_device *dev, int64_t t, int64_t c, int64_t heads, int64_t kv,
+                          bool extra, gp_layer *l)
 {
     gp_layer_spec sp = gp_layer_spec_default(GP_LAYER_ATTENTION);
     sp.heads = heads;
-    gp_shape in = extra ? gp_shape_4d(1, 1, t, 3 * c) : (gp_shape){3, {1, t, 3 * c, 0}};
+    sp.kv_heads = kv;
+    int64_t w = c + 2 * (kv ? kv : heads) * (c / heads);
+    gp_shape in = extra ? gp_shape_4d(1, 1, t, w) : (gp_shape){3, {1, t, w, 0}};
     gp_status s = gp_layer_create(&sp, 0, &in, dev, 7, l);
     CHECK_MSG(s == GP_OK, "create: %s", gp_last_error());
     return s == GP_OK;
+}
+
+static bool make_layer(gp_device *dev, int64_t t, int64_t c, int64_t heads, bool extra,
+                       gp_layer *l)
+{
+    return make_layer_kv(dev, t, c, heads, 0, extra, l);
 }
 
 static gp_shape in_shape(const gp_layer *l, int64_t rows)
@@ -138,15 +149,28 @@ static float *run_bwd(gp_layer *l, const float *xh, const float *dyh, int64_t ro
 typedef struct shape_case {
     int64_t b, t, c, heads;
     bool extra;
+    int64_t kv; /* grouped-query: k's and v's heads (0: heads) */
 } shape_case;
 
+/* x's last axis: q's c, then k's and v's heads. */
+static int64_t x_width(const shape_case *sc)
+{
+    return sc->c + 2 * (sc->kv ? sc->kv : sc->heads) * (sc->c / sc->heads);
+}
+
 static const shape_case cases[] = {
-    {2, 37, 15, 3, false},  /* head dim 5, one partial query tile */
-    {1, 1, 15, 3, false},   /* T = 1 */
-    {3, 5, 4, 1, false},    /* one head of 4 */
-    {2, 70, 5, 1, false},   /* head dim 5, T past one key tile */
-    {1, 100, 24, 3, true},  /* head dim 8 (the dot product's lanes), extra batch axis */
-    {2, 129, 10, 1, false}, /* head dim 10, T one past two key tiles */
+    {2, 37, 15, 3, false, 0},  /* head dim 5, one partial query tile */
+    {1, 1, 15, 3, false, 0},   /* T = 1 */
+    {3, 5, 4, 1, false, 0},    /* one head of 4 */
+    {2, 70, 5, 1, false, 0},   /* head dim 5, T past one key tile */
+    {1, 100, 24, 3, true, 0},  /* head dim 8 (the dot product's lanes), extra batch axis */
+    {2, 129, 10, 1, false, 0}, /* head dim 10, T one past two key tiles */
+    /* grouped-query attention (issue 66): 4 query heads of 3 over 2 k, v
+     * heads; 4 of 4 over one (multi-query), T past a key tile; 6 of 8 over
+     * 3, T past two */
+    {2, 37, 12, 4, false, 2},
+    {1, 70, 16, 4, false, 1},
+    {2, 129, 48, 6, true, 3},
 };
 
 static void forward_reference(void)
@@ -154,12 +178,12 @@ static void forward_reference(void)
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         const shape_case *sc = &cases[k];
         gp_layer l;
-        if (!make_layer(dev2, sc->t, sc->c, sc->heads, sc->extra, &l)) continue;
-        int64_t nx = sc->b * sc->t * 3 * sc->c, ny = sc->b * sc->t * sc->c;
+        if (!make_layer_kv(dev2, sc->t, sc->c, sc->heads, sc->kv, sc->extra, &l)) continue;
+        int64_t nx = sc->b * sc->t * x_width(sc), ny = sc->b * sc->t * sc->c;
         float *xh = rand_vals(nx, 100 + k, 2.0f), *yh;
         double *xd = malloc((size_t)nx * sizeof *xd), *yd = malloc((size_t)ny * sizeof *yd);
         for (int64_t q = 0; q < nx; q++) xd[q] = xh[q];
-        ref_attention(xd, yd, sc->b, sc->t, sc->heads, sc->c);
+        ref_attention(xd, yd, sc->b, sc->t, sc->heads, sc->c, sc->kv);
         run_fwd(&l, xh, sc->b, false, &yh, NULL, NULL);
         double worst = 0; /* the error over FP32's |y| 2^-24 (x in [-2, 2): |y| < 2) */
         for (int64_t q = 0; q < ny; q++) {
@@ -181,12 +205,13 @@ static void forward_reference(void)
  * at every element of x. */
 static void backward_fd(void)
 {
-    const shape_case fd[] = {{2, 37, 15, 3, false}, {1, 70, 5, 1, false}, {1, 1, 6, 3, false}};
+    const shape_case fd[] = {{2, 37, 15, 3, false, 0}, {1, 70, 5, 1, false, 0}, {1, 1, 6, 3, false, 0},
+                             {2, 37, 12, 4, false, 2}, {1, 70, 8, 4, false, 1}};
     for (size_t k = 0; k < sizeof fd / sizeof *fd; k++) {
         const shape_case *sc = &fd[k];
         gp_layer l;
-        if (!make_layer(dev2, sc->t, sc->c, sc->heads, false, &l)) continue;
-        int64_t nx = sc->b * sc->t * 3 * sc->c, ny = sc->b * sc->t * sc->c;
+        if (!make_layer_kv(dev2, sc->t, sc->c, sc->heads, sc->kv, false, &l)) continue;
+        int64_t nx = sc->b * sc->t * x_width(sc), ny = sc->b * sc->t * sc->c;
         float *xh = rand_vals(nx, 200 + k, 1.5f), *rh = rand_vals(ny, 300 + k, 1.0f);
         float *dx = run_bwd(&l, xh, rh, sc->b);
         double *xd = malloc((size_t)nx * sizeof *xd), *yd = malloc((size_t)ny * sizeof *yd);
@@ -197,7 +222,7 @@ static void backward_fd(void)
             double f[2];
             for (int side = 0; side < 2; side++) {
                 xd[q] = (double)xh[q] + (side ? -eps : eps);
-                ref_attention(xd, yd, sc->b, sc->t, sc->heads, sc->c);
+                ref_attention(xd, yd, sc->b, sc->t, sc->heads, sc->c, sc->kv);
                 f[side] = 0;
                 for (int64_t o = 0; o < ny; o++) f[side] += rh[o] * yd[o];
             }
@@ -423,7 +448,8 @@ static void bf16_storage(void)
             const shape_case *sc = &cases[k];
             gp_device *dev = th ? dev2 : dev1;
             int64_t b = sc->b, t = sc->t, c = sc->c, hh = sc->heads;
-            int64_t nx = b * t * 3 * c, ny = b * t * c, nl = b * hh * t;
+            int64_t kv = sc->kv ? sc->kv : hh;
+            int64_t nx = b * t * x_width(sc), ny = b * t * c, nl = b * hh * t;
             float *xf = rand_vals(nx, 500 + k, 2.0f), *dyf = rand_vals(ny, 600 + k, 1.0f);
             uint16_t *x = malloc((size_t)nx * 2), *dy = malloc((size_t)ny * 2);
             uint16_t *y = malloc((size_t)ny * 2), *dx = malloc((size_t)nx * 2);
@@ -433,8 +459,8 @@ static void bf16_storage(void)
             for (int64_t q = 0; q < nx; q++) xf[q] = gp_ew_bf16_value(x[q] = gp_ew_bf16_bits(xf[q]));
             for (int64_t q = 0; q < ny; q++)
                 dyf[q] = gp_ew_bf16_value(dy[q] = gp_ew_bf16_bits(dyf[q]));
-            CHECK_OK(gp_dev_attn_fwd_bf16(dev, x, y, lse, b, t, hh, c));
-            CHECK_OK(gp_dev_attn_fwd(dev, xf, yf, lsef, b, t, hh, c));
+            CHECK_OK(gp_dev_attn_fwd_bf16(dev, x, y, lse, b, t, hh, kv, c));
+            CHECK_OK(gp_dev_attn_fwd(dev, xf, yf, lsef, b, t, hh, kv, c));
             int bad = 0;
             for (int64_t q = 0; q < ny; q++) {
                 bad += y[q] != gp_ew_bf16_bits(yf[q]);
@@ -444,8 +470,8 @@ static void bf16_storage(void)
                       "bf16 forward, case %zu, %d thread(s): %d of %lld outputs differ from the "
                       "adapter's, lse %s", k, th + 1, bad, (long long)ny,
                       memcmp(lse, lsef, (size_t)nl * 4) ? "differs" : "same");
-            CHECK_OK(gp_dev_attn_bwd_bf16(dev, x, y, lse, dy, dx, b, t, hh, c));
-            CHECK_OK(gp_dev_attn_bwd(dev, xf, yr, lse, dyf, dxf, b, t, hh, c));
+            CHECK_OK(gp_dev_attn_bwd_bf16(dev, x, y, lse, dy, dx, b, t, hh, kv, c));
+            CHECK_OK(gp_dev_attn_bwd(dev, xf, yr, lse, dyf, dxf, b, t, hh, kv, c));
             bad = 0;
             for (int64_t q = 0; q < nx; q++) bad += dx[q] != gp_ew_bf16_bits(dxf[q]);
             CHECK_MSG(bad == 0, "bf16 backward, case %zu, %d thread(s): %d of %lld values of dx "

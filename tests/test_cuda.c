@@ -253,11 +253,21 @@ static void test_elementwise(void)
     { /* causal attention, (2, 70, 3C = 36), 3 heads of 4 */
         buf ax = brand(2 * 70 * 36, -2, 2), ady = brand(2 * 70 * 12, -1, 1);
         buf ay = bjunk(2 * 70 * 12), al = bjunk(2 * 3 * 70), adx = bjunk(2 * 70 * 36);
-        BOTH(gp_dev_attn_fwd(D, ax.p[K], ay.p[K], al.p[K], 2, 70, 3, 12));
+        BOTH(gp_dev_attn_fwd(D, ax.p[K], ay.p[K], al.p[K], 2, 70, 3, 3, 12));
         bcheck("attn_fwd y", &ay, 1e-5);
         bcheck("attn_fwd lse", &al, 1e-5);
-        BOTH(gp_dev_attn_bwd(D, ax.p[K], ay.p[K], al.p[K], ady.p[K], adx.p[K], 2, 70, 3, 12));
+        BOTH(gp_dev_attn_bwd(D, ax.p[K], ay.p[K], al.p[K], ady.p[K], adx.p[K], 2, 70, 3, 3, 12));
         bcheck("attn_bwd", &adx, 1e-4);
+        /* grouped-query (issue 66): 6 query heads of 4 over 2 k, v heads,
+         * (2, 70, 24 + 2 * 2 * 4 = 40) in the same buffers' first values */
+        buf gx = brand(2 * 70 * 40, -2, 2), gdy = brand(2 * 70 * 24, -1, 1);
+        buf gy = bjunk(2 * 70 * 24), gl = bjunk(2 * 6 * 70), gdx = bjunk(2 * 70 * 40);
+        BOTH(gp_dev_attn_fwd(D, gx.p[K], gy.p[K], gl.p[K], 2, 70, 6, 2, 24));
+        bcheck("grouped attn_fwd y", &gy, 1e-5);
+        bcheck("grouped attn_fwd lse", &gl, 1e-5);
+        BOTH(gp_dev_attn_bwd(D, gx.p[K], gy.p[K], gl.p[K], gdy.p[K], gdx.p[K], 2, 70, 6, 2, 24));
+        bcheck("grouped attn_bwd", &gdx, 1e-4);
+        bfree(&gx); bfree(&gdy); bfree(&gy); bfree(&gl); bfree(&gdx);
         bfree(&ax);
         bfree(&ady);
         bfree(&ay);
@@ -2083,8 +2093,9 @@ static void test_bf16_ops(gp_device *cpu, const char *graph)
         buf ax = brand(ab * at * 3 * ac, -2, 2), ady = brand(ab * at * ac, -1, 1);
         buf ay = bjunk(ab * at * ac), al = bjunk(ab * ah * at), adx = bjunk(ab * at * 3 * ac);
         uint64_t fused = g->attn_fused;
-        BOTH(gp_dev_attn_fwd(D, ax.p[K], ay.p[K], al.p[K], ab, at, ah, ac));
-        BOTH(gp_dev_attn_bwd(D, ax.p[K], ay.p[K], al.p[K], ady.p[K], adx.p[K], ab, at, ah, ac));
+        BOTH(gp_dev_attn_fwd(D, ax.p[K], ay.p[K], al.p[K], ab, at, ah, ah, ac));
+        BOTH(gp_dev_attn_bwd(D, ax.p[K], ay.p[K], al.p[K], ady.p[K], adx.p[K], ab, at, ah, ah,
+                             ac));
         uint64_t ran = g->attn_fused - fused;
         const buf *out[3] = {&ay, &al, &adx};
         static const char *const nm[3] = {"y", "lse", "dx"};
@@ -2101,7 +2112,7 @@ static void test_bf16_ops(gp_device *cpu, const char *graph)
         /* the backward again, into a second buffer: the same bits */
         buf adx2 = bjunk(ab * at * 3 * ac);
         CHECK_OK(gp_dev_attn_bwd(g, ax.p[1], ay.p[1], al.p[1], ady.p[1], adx2.p[1], ab, at, ah,
-                                 ac));
+                                 ah, ac));
         size_t bytes = (size_t)adx.n * sizeof(float);
         float *h1 = malloc(bytes), *h2 = malloc(bytes);
         CHECK_OK(gp_dev_download(g, h1, adx.p[1], adx.n));
@@ -2269,16 +2280,16 @@ static void test_bf16_ops(gp_device *cpu, const char *graph)
         CHECK_OK(gp_dev_bf16_unpack(g, fdy.p[1], DY, qy));
         uint64_t fused = g->attn_fused;
         CHECK(gp_dev_attn_bf16_has(g));
-        CHECK_OK(gp_dev_attn_fwd_bf16(g, X, Y, l1.p[1], ab, at, ah, ac));
+        CHECK_OK(gp_dev_attn_fwd_bf16(g, X, Y, l1.p[1], ab, at, ah, ah, ac));
         CHECK_OK(gp_dev_attn_bwd_bf16(g, X, Y, l1.p[1], DY, (uint16_t *)dxb.p[1], ab, at, ah,
-                                      ac));
+                                      ah, ac));
         uint64_t ran = g->attn_fused - fused;
         /* the adapter's way: FP32 slots on the widened values, rounded */
-        CHECK_OK(gp_dev_attn_fwd(g, fx.p[1], fy.p[1], l2.p[1], ab, at, ah, ac));
+        CHECK_OK(gp_dev_attn_fwd(g, fx.p[1], fy.p[1], l2.p[1], ab, at, ah, ah, ac));
         CHECK_OK(gp_dev_bf16_pack(g, (uint16_t *)yb2.p[1], fy.p[1], qy));
         CHECK_OK(gp_dev_bf16_unpack(g, fy.p[1], (uint16_t *)yb2.p[1], qy)); /* y as stored */
         CHECK_OK(gp_dev_attn_bwd(g, fx.p[1], fy.p[1], l2.p[1], fdy.p[1], fdx.p[1], ab, at, ah,
-                                 ac));
+                                 ah, ac));
         CHECK_OK(gp_dev_bf16_pack(g, (uint16_t *)dxb2.p[1], fdx.p[1], qx));
         CHECK_MSG(bsame(yb.p[1], yb2.p[1], qy / 2) && bsame(l1.p[1], l2.p[1], nl),
                   "bf16 attention forward (%s): not the FP32 slot's rounded",

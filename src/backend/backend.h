@@ -163,8 +163,10 @@
  *      its epilogue); embed_bwd takes the vocabulary's size; rms_norm_fwd,
  *      rms_norm_bwd_data, rms_norm_bwd_weights (Llama's RMSNorm);
  *      swiglu_fwd, swiglu_bwd (Llama's MLP activation)
- *  46  rope (rotary position embeddings over a fused q, k, v) */
-#define GP_DEVICE_IFACE_VERSION 46
+ *  46  rope (rotary position embeddings over a fused q, k, v)
+ *  47  attn_fwd, attn_bwd, attn_fwd_bf16, attn_bwd_bf16 take kv_heads
+ *      (grouped-query attention: x (b, t, c + 2 kv_heads d)) */
+#define GP_DEVICE_IFACE_VERSION 47
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -894,12 +896,17 @@ typedef struct gp_device_iface {
     /* --- causal multi-head self-attention (optional; appended last) ---
      * attn_fwd: x (b, t, 3c) holds q, k, v side by side on its last axis
      * (GPT-2's c_attn output); head h's q is x[., ., h d .. (h + 1) d), its
-     * k the same at c + h d, its v at 2c + h d, d = c / heads.  Writes
+     * k the same at c + h d, its v at 2c + h d, d = c / heads.  With
+     * kv_heads < heads (grouped-query attention; kv_heads dividing heads)
+     * x is (b, t, c + 2 kv_heads d): k's kv_heads heads at c, v's at
+     * c + kv_heads d, query head h reading k and v head h / (heads /
+     * kv_heads) in place; kv_heads == heads is the layout above.  Writes
      * y (b, t, c) = softmax(q k^T / sqrt(d), causal: key j <= query i) v
      * per head, heads side by side, and lse (b, heads, t), each row's
      * log-sum-exp of its scaled scores (NULL: not written, eval).  Never
      * holds a t x t matrix: tiles of queries and keys, online softmax.
-     * attn_bwd: dx (b, t, 3c) = (overwritten) dq, dk, dv, from x, y, lse
+     * attn_bwd: dx (x's shape) = (overwritten) dq, dk, dv (a shared k or
+     * v head's the sum over its query heads, in order), from x, y, lse
      * (attn_fwd's) and dy (b, t, c); the probabilities recomputed tile by
      * tile.  Both are deterministic: each (batch row, head) is computed by
      * one thread in a fixed order, so any split of b and any thread count
@@ -907,10 +914,10 @@ typedef struct gp_device_iface {
      * thread per row, the same rule, not the CPU's bits).  NULL: the
      * gp_dev_attn_* wrappers return GP_ERR_UNSUPPORTED naming the device. */
     gp_status (*attn_fwd)(gp_device *dev, const float *x, float *y, float *lse, int64_t b,
-                          int64_t t, int64_t heads, int64_t c);
+                          int64_t t, int64_t heads, int64_t kv_heads, int64_t c);
     gp_status (*attn_bwd)(gp_device *dev, const float *x, const float *y, const float *lse,
                           const float *dy, float *dx, int64_t b, int64_t t, int64_t heads,
-                          int64_t c);
+                          int64_t kv_heads, int64_t c);
     /* --- Transformer layers (optional; appended last) ---
      * gelu_fwd: y = gp_ew_gelu(x) (GPT-2's tanh form), element by element;
      * y may be x.  gelu_bwd: dx = gp_ew_gelu_bwd(x, dy), from the input x
@@ -987,10 +994,10 @@ typedef struct gp_device_iface {
      * rounds inside).  NULL: the attention layer goes through the adapter
      * on bf16 storage. */
     gp_status (*attn_fwd_bf16)(gp_device *dev, const uint16_t *x, uint16_t *y, float *lse,
-                               int64_t b, int64_t t, int64_t heads, int64_t c);
+                               int64_t b, int64_t t, int64_t heads, int64_t kv_heads, int64_t c);
     gp_status (*attn_bwd_bf16)(gp_device *dev, const uint16_t *x, const uint16_t *y,
                                const float *lse, const uint16_t *dy, uint16_t *dx, int64_t b,
-                               int64_t t, int64_t heads, int64_t c);
+                               int64_t t, int64_t heads, int64_t kv_heads, int64_t c);
     /* bn_fwd_train_bf16, bn_fwd_infer_bf16, bn_bwd_bf16: bn_fwd_train,
      * bn_fwd_infer and bn_bwd with x, y, dy and dx in bf16 (gamma, beta,
      * mean, var and the parameter gradients FP32), bit for bit the storage
@@ -1873,10 +1880,10 @@ gp_status gp_dev_mul_rows(gp_device *dev, const float *x, const float *s, float 
  * where the backend has none, GP_ERR_INVALID for sizes that do not fit
  * (heads must divide c); nothing is called for b t = 0. */
 gp_status gp_dev_attn_fwd(gp_device *dev, const float *x, float *y, float *lse, int64_t b,
-                          int64_t t, int64_t heads, int64_t c);
+                          int64_t t, int64_t heads, int64_t kv_heads, int64_t c);
 gp_status gp_dev_attn_bwd(gp_device *dev, const float *x, const float *y, const float *lse,
                           const float *dy, float *dx, int64_t b, int64_t t, int64_t heads,
-                          int64_t c);
+                          int64_t kv_heads, int64_t c);
 /* The Transformer slots (gelu_*, layer_norm_*, embed_*); GP_ERR_UNSUPPORTED (naming the device,
  * its backend and the op) when a slot is NULL; nothing is called for zero
  * elements (rows or c 0). */
@@ -2061,10 +2068,10 @@ gp_status gp_dev_bn_bwd_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t
                              const float *var, const uint16_t *dy, uint16_t *dx, float *dgamma,
                              float *dbeta);
 gp_status gp_dev_attn_fwd_bf16(gp_device *dev, const uint16_t *x, uint16_t *y, float *lse,
-                               int64_t b, int64_t t, int64_t heads, int64_t c);
+                               int64_t b, int64_t t, int64_t heads, int64_t kv_heads, int64_t c);
 gp_status gp_dev_attn_bwd_bf16(gp_device *dev, const uint16_t *x, const uint16_t *y,
                                const float *lse, const uint16_t *dy, uint16_t *dx, int64_t b,
-                               int64_t t, int64_t heads, int64_t c);
+                               int64_t t, int64_t heads, int64_t kv_heads, int64_t c);
 gp_status gp_dev_gelu_fwd(gp_device *dev, const float *x, float *y, int64_t n);
 gp_status gp_dev_gelu_bwd(gp_device *dev, const float *x, const float *dy, float *dx, int64_t n);
 gp_status gp_dev_layer_norm_fwd(gp_device *dev, const float *x, const float *w, const float *b,

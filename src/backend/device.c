@@ -1035,34 +1035,35 @@ gp_status gp_dev_leaky_relu_bwd(gp_device *dev, const float *y, const float *dy,
 }
 
 static gp_status attn_check(gp_device *dev, const char *op, int64_t b, int64_t t,
-                            int64_t heads, int64_t c)
+                            int64_t heads, int64_t kv_heads, int64_t c)
 {
     if (!(dev->iface->attn_fwd && dev->iface->attn_bwd))
         return gp_error_set(GP_ERR_UNSUPPORTED,
                             "device %s: the %s backend has no causal attention kernel (%s), "
                             "which the attention layer needs; place the attention layers on a "
                             "CPU device for now", dev->name, dev->iface->backend_name, op);
-    if (b < 0 || t < 0 || heads < 1 || c < 1 || c % heads)
+    if (b < 0 || t < 0 || heads < 1 || c < 1 || c % heads || kv_heads < 1 || heads % kv_heads)
         return gp_error_set(GP_ERR_INVALID,
-                            "device %s: %s takes b, t >= 0 and heads >= 1 dividing c (got b %lld, "
-                            "t %lld, heads %lld, c %lld)", dev->name, op, (long long)b,
-                            (long long)t, (long long)heads, (long long)c);
+                            "device %s: %s takes b, t >= 0, heads >= 1 dividing c and kv_heads "
+                            ">= 1 dividing heads (got b %lld, t %lld, heads %lld, kv_heads %lld, "
+                            "c %lld)", dev->name, op, (long long)b, (long long)t,
+                            (long long)heads, (long long)kv_heads, (long long)c);
     return GP_OK;
 }
 
 gp_status gp_dev_attn_fwd(gp_device *dev, const float *x, float *y, float *lse, int64_t b,
-                          int64_t t, int64_t heads, int64_t c)
+                          int64_t t, int64_t heads, int64_t kv_heads, int64_t c)
 {
-    GP_TRY(attn_check(dev, "attn_fwd", b, t, heads, c));
-    return b * t > 0 ? GP_LAUNCH(dev, attn_fwd)(dev, x, y, lse, b, t, heads, c) : GP_OK;
+    GP_TRY(attn_check(dev, "attn_fwd", b, t, heads, kv_heads, c));
+    return b * t > 0 ? GP_LAUNCH(dev, attn_fwd)(dev, x, y, lse, b, t, heads, kv_heads, c) : GP_OK;
 }
 
 gp_status gp_dev_attn_bwd(gp_device *dev, const float *x, const float *y, const float *lse,
                           const float *dy, float *dx, int64_t b, int64_t t, int64_t heads,
-                          int64_t c)
+                          int64_t kv_heads, int64_t c)
 {
-    GP_TRY(attn_check(dev, "attn_bwd", b, t, heads, c));
-    return b * t > 0 ? GP_LAUNCH(dev, attn_bwd)(dev, x, y, lse, dy, dx, b, t, heads, c) : GP_OK;
+    GP_TRY(attn_check(dev, "attn_bwd", b, t, heads, kv_heads, c));
+    return b * t > 0 ? GP_LAUNCH(dev, attn_bwd)(dev, x, y, lse, dy, dx, b, t, heads, kv_heads, c) : GP_OK;
 }
 
 /* The error of a bf16 slot the backend lacks (the layer's takes_bf16 hook keeps such calls
@@ -1074,20 +1075,20 @@ static gp_status no_bf16_slot(gp_device *dev, const char *what)
 }
 
 gp_status gp_dev_attn_fwd_bf16(gp_device *dev, const uint16_t *x, uint16_t *y, float *lse,
-                               int64_t b, int64_t t, int64_t heads, int64_t c)
+                               int64_t b, int64_t t, int64_t heads, int64_t kv_heads, int64_t c)
 {
-    GP_TRY(attn_check(dev, "attn_fwd", b, t, heads, c));
+    GP_TRY(attn_check(dev, "attn_fwd", b, t, heads, kv_heads, c));
     if (!gp_dev_attn_bf16_has(dev)) return no_bf16_slot(dev, "attention");
-    return b * t > 0 ? GP_LAUNCH(dev, attn_fwd_bf16)(dev, x, y, lse, b, t, heads, c) : GP_OK;
+    return b * t > 0 ? GP_LAUNCH(dev, attn_fwd_bf16)(dev, x, y, lse, b, t, heads, kv_heads, c) : GP_OK;
 }
 
 gp_status gp_dev_attn_bwd_bf16(gp_device *dev, const uint16_t *x, const uint16_t *y,
                                const float *lse, const uint16_t *dy, uint16_t *dx, int64_t b,
-                               int64_t t, int64_t heads, int64_t c)
+                               int64_t t, int64_t heads, int64_t kv_heads, int64_t c)
 {
-    GP_TRY(attn_check(dev, "attn_bwd", b, t, heads, c));
+    GP_TRY(attn_check(dev, "attn_bwd", b, t, heads, kv_heads, c));
     if (!gp_dev_attn_bf16_has(dev)) return no_bf16_slot(dev, "attention");
-    return b * t > 0 ? GP_LAUNCH(dev, attn_bwd_bf16)(dev, x, y, lse, dy, dx, b, t, heads, c) : GP_OK;
+    return b * t > 0 ? GP_LAUNCH(dev, attn_bwd_bf16)(dev, x, y, lse, dy, dx, b, t, heads, kv_heads, c) : GP_OK;
 }
 
 gp_status gp_dev_bn_fwd_train_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_t *x,

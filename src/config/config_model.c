@@ -50,7 +50,7 @@ static int layer_keys(gp_layer_type t, const char **keys)
         keys[n++] = "scale";
         break;
     case GP_LAYER_ATTENTION:
-        keys[n++] = "heads";
+        keys[n++] = "heads"; keys[n++] = "kv_heads";
         break;
     case GP_LAYER_ROPE: /* Hugging Face's rope_theta and rope_scaling (llama3) */
         keys[n++] = "heads"; keys[n++] = "kv_heads"; keys[n++] = "theta";
@@ -300,9 +300,10 @@ static gp_status parse_layer(gp_cfg_walk *w, const gp_ynode *item, int index, gp
         GP_TRY(gp_cfg_get_int(w, opts, sect, "scale", spec->scale, 1, 1 << 16, &spec->scale));
     if (has_key(keys, nk, "heads"))
         GP_TRY(gp_cfg_get_int(w, opts, sect, "heads", spec->heads, 1, 1 << 16, &spec->heads));
-    if (t == GP_LAYER_ROPE) {
+    if (has_key(keys, nk, "kv_heads"))
         GP_TRY(gp_cfg_get_int(w, opts, sect, "kv_heads", spec->kv_heads, 1, 1 << 16,
                               &spec->kv_heads));
+    if (t == GP_LAYER_ROPE) {
         GP_TRY(gp_cfg_get_float(w, opts, sect, "theta", spec->rope_theta, 1, INFINITY,
                                 GP_CFG_LO_OPEN, &spec->rope_theta));
         static const char *const scalings[] = {"none", "llama3"};

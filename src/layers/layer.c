@@ -148,7 +148,10 @@ const char *gp_layer_window_str(const gp_layer_spec *s, char *buf, size_t len)
         if (s->reduction) snprintf(buf, len, "{reduction: true}");
         break;
     case GP_LAYER_ATTENTION:
-        snprintf(buf, len, "{heads: %lld}", (long long)s->heads);
+        if (s->kv_heads && s->kv_heads != s->heads)
+            snprintf(buf, len, "{heads: %lld, kv_heads: %lld}", (long long)s->heads,
+                     (long long)s->kv_heads);
+        else snprintf(buf, len, "{heads: %lld}", (long long)s->heads);
         break;
     case GP_LAYER_ROPE:
         snprintf(buf, len, "{heads: %lld, kv_heads: %lld, theta: %g%s}", (long long)s->heads,

@@ -167,8 +167,9 @@ typedef struct gp_layer_spec {
                              inputs' operations); default false */
     int64_t heads;        /* attention: heads (>= 1, dividing C); rope: q's
                              heads; default 1 */
-    int64_t kv_heads;     /* rope: k's and v's heads (dividing heads; grouped-
-                             query attention below heads); 0 (default): heads */
+    int64_t kv_heads;     /* attention, rope: k's and v's heads (dividing
+                             heads; grouped-query attention below heads);
+                             0 (default): heads */
     float rope_theta;     /* rope: the base of its frequencies; default 10000 */
     bool rope_llama3;     /* rope: Llama 3's frequency scaling (rope_scaling
                              {rope_type: llama3}) with the four below */

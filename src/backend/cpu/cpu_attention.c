@@ -6,7 +6,11 @@
  * x (b, t, 3c) holds q, k and v side by side on its last axis (GPT-2's
  * c_attn output); head h reads columns [h d, (h + 1) d) of each third,
  * d = c / heads; y (b, t, c) has the heads side by side (GPT-2's input to
- * c_proj).  No t x t matrix is ever held:
+ * c_proj).  Grouped-query attention (Llama's kv_heads below heads): x is
+ * (b, t, c + 2 kv_heads d), q's heads and then k's and v's kv_heads, and
+ * query head h reads k and v head h / (heads / kv_heads) where they are;
+ * the backward's task is a k and v head with its query heads in order, so
+ * their dk and dv sums stay in one thread.  No t x t matrix is ever held:
  *
  *   forward: for each query, the keys in tiles of ATT_BK up to the query
  *     (the causal mask cuts the rest), the row keeping a running maximum
@@ -336,7 +340,9 @@ static inline __attribute__((always_inline)) void att_acc_t(float *restrict dst,
 }
 
 typedef struct att_dims {
-    int64_t t, tp, heads, c, d, row; /* tp: t padded to whole tiles; row: 3c */
+    int64_t t, tp, heads, c, d, row; /* tp: t padded to whole tiles; row: c + 2 kvh d */
+    int64_t kvh, rep;                /* k's and v's heads; query heads per k, v head */
+    int64_t vc;                      /* v's first column (k's: c) */
     float scale;                     /* 1 / sqrt(d) */
 } att_dims;
 
@@ -350,14 +356,15 @@ att_fwd_body(const att_dims *a, const void *x, void *y, float *lse, int64_t bi, 
 {
     const int64_t t = a->t, tp = a->tp, c = a->c, d = a->d, R = a->row;
     const int64_t xo = bi * t * R; /* x's first element of the row */
+    const int64_t ko = c + (h / a->rep) * d, vo = a->vc + (h / a->rep) * d; /* its k, v head */
     float *kt = buf, *s = kt + d * tp, *q = s + ATT_BK, *acc = q + d, *vp = acc + d;
-    att_pack_t(kt, b16 ? (const void *)((const uint16_t *)x + xo + c + h * d)
-                       : (const void *)((const float *)x + xo + c + h * d),
+    att_pack_t(kt, b16 ? (const void *)((const uint16_t *)x + xo + ko)
+                       : (const void *)((const float *)x + xo + ko),
                t, tp, d, R, b16);
     /* the values' rows: x's own (FP32), or widened into vp, d apart */
-    const float *vb = b16 ? vp : (const float *)x + xo + 2 * c + h * d;
+    const float *vb = b16 ? vp : (const float *)x + xo + vo;
     const int64_t vs = b16 ? d : R;
-    if (b16) att_pack_rows(vp, (const uint16_t *)x + xo + 2 * c + h * d, t, d, R);
+    if (b16) att_pack_rows(vp, (const uint16_t *)x + xo + vo, t, d, R);
     for (int64_t i = 0; i < t; i++) {
         for (int64_t u = 0; u < d; u++) q[u] = B16_LD(x, xo + i * R + h * d + u) * a->scale;
         float m = -INFINITY, l = 0.0f;
@@ -390,106 +397,118 @@ static int64_t att_fwd_floats(const att_dims *a, bool b16)
     return a->d * a->tp + ATT_BK + 2 * a->d + (b16 ? a->t * a->d : 0);
 }
 
-/* Backward of one (batch row bi, head h) into dx's q, k, v columns of the
- * head (dx =); buf holds att_bwd_floats.  bf16 (b16): x, y and dy widened
- * as they are read, dq summed in FP32 in buf and dk, dv, dq rounded once
- * as they are stored (the storage adapter's bits). */
+/* Backward of one (batch row bi, k and v head g) into dx's columns of g
+ * and of the query heads that share it, h = g rep .. g rep + rep - 1, in
+ * that order (dx =; MHA: rep 1, the head's own); buf holds att_bwd_floats.
+ * bf16 (b16): x, y and dy widened as they are read, dq summed in FP32 in
+ * buf and dk, dv, dq rounded once as they are stored (the storage
+ * adapter's bits). */
 static inline __attribute__((always_inline)) void
 att_bwd_body(const att_dims *a, const void *x, const void *y, const float *lse, const void *dy,
-             void *dx, int64_t bi, int64_t h, float *buf, const bool b16)
+             void *dx, int64_t bi, int64_t g, float *buf, const bool b16)
 {
-    const int64_t t = a->t, tp = a->tp, c = a->c, d = a->d, R = a->row;
+    const int64_t t = a->t, tp = a->tp, c = a->c, d = a->d, R = a->row, rep = a->rep;
     const int64_t xo = bi * t * R, yo = bi * t * c; /* the row's first elements */
-    const float *lb = lse + (bi * a->heads + h) * t;
-    float *kt = buf, *vt = kt + d * tp, *dd = vt + d * tp, *dkt = dd + t, *dvt = dkt + d * ATT_BK;
-    float *p = dvt + d * ATT_BK, *ds = p + ATT_BQ * ATT_BK;
+    const int64_t ko = c + g * d, vo = a->vc + g * d;
+    float *kt = buf, *vt = kt + d * tp, *dd = vt + d * tp, *dkt = dd + rep * t;
+    float *dvt = dkt + d * ATT_BK, *p = dvt + d * ATT_BK, *ds = p + ATT_BQ * ATT_BK;
     /* bf16: the chunk's q and dy rows widened (ATT_BQ d each), the keys'
-     * rows widened (t d), dq's FP32 sums (t d) */
+     * rows widened (t d), dq's FP32 sums (rep t d) */
     float *qw = ds + ATT_BQ * ATT_BK, *dyw = qw + ATT_BQ * d, *kw = dyw + ATT_BQ * d;
     float *dqs = kw + t * d;
 #define ATT_X(off) (b16 ? (const void *)((const uint16_t *)x + (off)) \
                         : (const void *)((const float *)x + (off)))
-    att_pack_t(kt, ATT_X(xo + c + h * d), t, tp, d, R, b16);
-    att_pack_t(vt, ATT_X(xo + 2 * c + h * d), t, tp, d, R, b16);
+    att_pack_t(kt, ATT_X(xo + ko), t, tp, d, R, b16);
+    att_pack_t(vt, ATT_X(xo + vo), t, tp, d, R, b16);
 #undef ATT_X
-    if (b16) att_pack_rows(kw, (const uint16_t *)x + xo + c + h * d, t, d, R);
-    /* the keys' rows (dq's sums read them) and dq's rows: x's and dx's own
-     * (FP32), or kw and dqs, d apart */
-    const float *kb = b16 ? kw : (const float *)x + xo + c + h * d;
-    float *dqb = b16 ? dqs : (float *)dx + xo + h * d;
+    if (b16) att_pack_rows(kw, (const uint16_t *)x + xo + ko, t, d, R);
+    /* the keys' rows (dq's sums read them): x's own (FP32) or kw, d apart */
+    const float *kb = b16 ? kw : (const float *)x + xo + ko;
     const int64_t ks = b16 ? d : R;
-    for (int64_t i = 0; i < t; i++) {
-        const float *dyr, *yr; /* dy_i, y_i: dy's and y's own, or widened (qw, dyw free here) */
-        if (b16) {
-            for (int64_t u = 0; u < d; u++) {
-                dyw[u] = B16_LD(dy, yo + i * c + h * d + u);
-                qw[u] = B16_LD(y, yo + i * c + h * d + u);
+    /* head h's dq rows: dx's own (FP32), or its part of dqs, d apart */
+#define ATT_DQ(h) (b16 ? dqs + ((h) - g * rep) * t * d : (float *)dx + xo + (h) * d)
+    for (int64_t h = g * rep; h < (g + 1) * rep; h++) {
+        float *dqb = ATT_DQ(h), *ddh = dd + (h - g * rep) * t;
+        for (int64_t i = 0; i < t; i++) {
+            const float *dyr, *yr; /* dy_i, y_i: dy's and y's own, or widened */
+            if (b16) {
+                for (int64_t u = 0; u < d; u++) {
+                    dyw[u] = B16_LD(dy, yo + i * c + h * d + u);
+                    qw[u] = B16_LD(y, yo + i * c + h * d + u);
+                }
+                dyr = dyw;
+                yr = qw;
+            } else {
+                dyr = (const float *)dy + yo + i * c + h * d;
+                yr = (const float *)y + yo + i * c + h * d;
             }
-            dyr = dyw;
-            yr = qw;
-        } else {
-            dyr = (const float *)dy + yo + i * c + h * d;
-            yr = (const float *)y + yo + i * c + h * d;
+            ddh[i] = att_dot(dyr, yr, d);
+            memset(dqb + i * ks, 0, (size_t)d * sizeof(float));
         }
-        float sd = att_dot(dyr, yr, d);
-        dd[i] = sd;
-        memset(dqb + i * ks, 0, (size_t)d * sizeof(float));
     }
     for (int64_t j0 = 0; j0 < t; j0 += ATT_BK) {
         int64_t j1 = j0 + ATT_BK < t ? j0 + ATT_BK : t;
         memset(dkt, 0, (size_t)(2 * ATT_BK * d) * sizeof(float)); /* dk^T and dv^T */
-        for (int64_t i0 = j0; i0 < t; i0 += ATT_BQ) {
-            int nq = (int)(i0 + ATT_BQ < t ? ATT_BQ : t - i0);
-            /* the chunk's q and dy rows: x's and dy's own, or widened */
-            const float *qc = b16 ? qw : (const float *)x + xo + i0 * R + h * d;
-            const float *dyc = b16 ? dyw : (const float *)dy + yo + i0 * c + h * d;
-            const int64_t qs = b16 ? d : R, dys = b16 ? d : c;
-            if (b16)
-                for (int r = 0; r < nq; r++)
-                    for (int64_t u = 0; u < d; u++) {
-                        qw[r * d + u] = B16_LD(x, xo + (i0 + r) * R + h * d + u);
-                        dyw[r * d + u] = B16_LD(dy, yo + (i0 + r) * c + h * d + u);
-                    }
-            for (int r = 0; r < nq; r++) {
-                int64_t i = i0 + r;
-                const float *qi = qc + r * qs, *dyi = dyc + r * dys;
-                float *pr = p + r * ATT_BK, *dsr = ds + r * ATT_BK;
-                int n = (int)(i + 1 - j0 < ATT_BK ? i + 1 - j0 : ATT_BK); /* keys <= i */
-                const float li = lb[i], di = dd[i];
-                att_tile(pr, qi, kt + j0, d, tp, n);   /* q_i . k_j, unscaled */
-                att_tile(dsr, dyi, vt + j0, d, tp, n); /* dy_i . v_j */
+        for (int64_t h = g * rep; h < (g + 1) * rep; h++) {
+            const float *lb = lse + (bi * a->heads + h) * t, *ddh = dd + (h - g * rep) * t;
+            float *dqb = ATT_DQ(h);
+            for (int64_t i0 = j0; i0 < t; i0 += ATT_BQ) {
+                int nq = (int)(i0 + ATT_BQ < t ? ATT_BQ : t - i0);
+                /* the chunk's q and dy rows: x's and dy's own, or widened */
+                const float *qc = b16 ? qw : (const float *)x + xo + i0 * R + h * d;
+                const float *dyc = b16 ? dyw : (const float *)dy + yo + i0 * c + h * d;
+                const int64_t qs = b16 ? d : R, dys = b16 ? d : c;
+                if (b16)
+                    for (int r = 0; r < nq; r++)
+                        for (int64_t u = 0; u < d; u++) {
+                            qw[r * d + u] = B16_LD(x, xo + (i0 + r) * R + h * d + u);
+                            dyw[r * d + u] = B16_LD(dy, yo + (i0 + r) * c + h * d + u);
+                        }
+                for (int r = 0; r < nq; r++) {
+                    int64_t i = i0 + r;
+                    const float *qi = qc + r * qs, *dyi = dyc + r * dys;
+                    float *pr = p + r * ATT_BK, *dsr = ds + r * ATT_BK;
+                    int n = (int)(i + 1 - j0 < ATT_BK ? i + 1 - j0 : ATT_BK); /* keys <= i */
+                    const float li = lb[i], di = ddh[i];
+                    att_tile(pr, qi, kt + j0, d, tp, n);   /* q_i . k_j, unscaled */
+                    att_tile(dsr, dyi, vt + j0, d, tp, n); /* dy_i . v_j */
 #pragma omp simd
-                for (int j = 0; j < ATT_BK; j++) {
-                    float e = att_exp(fmaf(pr[j], a->scale, -li));
-                    float pj = j < n ? e : 0.0f;
-                    pr[j] = pj;
-                    dsr[j] = pj * (dsr[j] - di);
+                    for (int j = 0; j < ATT_BK; j++) {
+                        float e = att_exp(fmaf(pr[j], a->scale, -li));
+                        float pj = j < n ? e : 0.0f;
+                        pr[j] = pj;
+                        dsr[j] = pj * (dsr[j] - di);
+                    }
+                    att_rows(dqb + i * ks, dsr, kb + j0 * ks, ks, n, d);
                 }
-                att_rows(dqb + i * ks, dsr, kb + j0 * ks, ks, n, d);
+                /* dv^T += dy^T P and dk^T += q^T dS over the chunk's queries */
+                att_acc_t(dvt, dyc, dys, p, nq, d);
+                att_acc_t(dkt, qc, qs, ds, nq, d);
             }
-            /* dv^T += dy^T P and dk^T += q^T dS over the chunk's queries */
-            att_acc_t(dvt, dyc, dys, p, nq, d);
-            att_acc_t(dkt, qc, qs, ds, nq, d);
         }
         for (int64_t j = j0; j < j1; j++)
             for (int64_t u = 0; u < d; u++) {
-                B16_ST(dx, xo + j * R + c + h * d + u, dkt[u * ATT_BK + (j - j0)] * a->scale);
-                B16_ST(dx, xo + j * R + 2 * c + h * d + u, dvt[u * ATT_BK + (j - j0)]);
+                B16_ST(dx, xo + j * R + ko + u, dkt[u * ATT_BK + (j - j0)] * a->scale);
+                B16_ST(dx, xo + j * R + vo + u, dvt[u * ATT_BK + (j - j0)]);
             }
     }
-    for (int64_t i = 0; i < t; i++)
-        for (int64_t u = 0; u < d; u++) {
-            float v = dqb[i * ks + u] * a->scale;
-            if (b16) B16_ST(dx, xo + i * R + h * d + u, v);
-            else dqb[i * ks + u] = v;
-        }
+    for (int64_t h = g * rep; h < (g + 1) * rep; h++) {
+        float *dqb = ATT_DQ(h);
+        for (int64_t i = 0; i < t; i++)
+            for (int64_t u = 0; u < d; u++) {
+                float v = dqb[i * ks + u] * a->scale;
+                if (b16) B16_ST(dx, xo + i * R + h * d + u, v);
+                else dqb[i * ks + u] = v;
+            }
+    }
+#undef ATT_DQ
 }
 
 /* The floats a thread's backward tiles take. */
 static int64_t att_bwd_floats(const att_dims *a, bool b16)
 {
-    return 2 * a->d * a->tp + a->t + 2 * ATT_BK * (a->d + ATT_BQ) +
-           (b16 ? 2 * ATT_BQ * a->d + 2 * a->t * a->d : 0);
+    return 2 * a->d * a->tp + a->rep * a->t + 2 * ATT_BK * (a->d + ATT_BQ) +
+           (b16 ? 2 * ATT_BQ * a->d + (1 + a->rep) * a->t * a->d : 0);
 }
 
 GP_CPU_LOOPS
@@ -521,9 +540,12 @@ static void att_bwd_task_bf16(const att_dims *a, const uint16_t *x, const uint16
     att_bwd_body(a, x, y, lse, dy, dx, bi, h, buf, true);
 }
 
-static att_dims att_dims_of(int64_t t, int64_t heads, int64_t c)
+static att_dims att_dims_of(int64_t t, int64_t heads, int64_t kv_heads, int64_t c)
 {
-    att_dims a = {.t = t, .heads = heads, .c = c, .d = c / heads, .row = 3 * c};
+    att_dims a = {.t = t, .heads = heads, .c = c, .d = c / heads, .kvh = kv_heads,
+                  .rep = heads / kv_heads};
+    a.row = c + 2 * kv_heads * a.d;
+    a.vc = c + kv_heads * a.d;
     a.tp = (t + ATT_BK - 1) / ATT_BK * ATT_BK;
     a.scale = 1.0f / sqrtf((float)a.d);
     return a;
@@ -557,9 +579,9 @@ static gp_status att_oom(gp_device *dev, const char *op, size_t bytes)
     } while (0)
 
 gp_status gp_cpu_attn_fwd(gp_device *dev, const float *x, float *y, float *lse, int64_t b,
-                          int64_t t, int64_t heads, int64_t c)
+                          int64_t t, int64_t heads, int64_t kv_heads, int64_t c)
 {
-    att_dims a = att_dims_of(t, heads, c);
+    att_dims a = att_dims_of(t, heads, kv_heads, c);
     const int64_t tasks = b * heads;
     ATT_RUN(dev, tasks, t, att_fwd_floats(&a, false), "attn_fwd",
             att_fwd_task(&a, x, y, lse, k / heads, k % heads, buf));
@@ -568,19 +590,19 @@ gp_status gp_cpu_attn_fwd(gp_device *dev, const float *x, float *y, float *lse, 
 
 gp_status gp_cpu_attn_bwd(gp_device *dev, const float *x, const float *y, const float *lse,
                           const float *dy, float *dx, int64_t b, int64_t t, int64_t heads,
-                          int64_t c)
+                          int64_t kv_heads, int64_t c)
 {
-    att_dims a = att_dims_of(t, heads, c);
-    const int64_t tasks = b * heads;
+    att_dims a = att_dims_of(t, heads, kv_heads, c);
+    const int64_t tasks = b * kv_heads; /* a (batch row, k and v head) each */
     ATT_RUN(dev, tasks, t, att_bwd_floats(&a, false), "attn_bwd",
-            att_bwd_task(&a, x, y, lse, dy, dx, k / heads, k % heads, buf));
+            att_bwd_task(&a, x, y, lse, dy, dx, k / kv_heads, k % kv_heads, buf));
     return GP_OK;
 }
 
 gp_status gp_cpu_attn_fwd_bf16(gp_device *dev, const uint16_t *x, uint16_t *y, float *lse,
-                               int64_t b, int64_t t, int64_t heads, int64_t c)
+                               int64_t b, int64_t t, int64_t heads, int64_t kv_heads, int64_t c)
 {
-    att_dims a = att_dims_of(t, heads, c);
+    att_dims a = att_dims_of(t, heads, kv_heads, c);
     const int64_t tasks = b * heads;
     ATT_RUN(dev, tasks, t, att_fwd_floats(&a, true), "attn_fwd_bf16",
             att_fwd_task_bf16(&a, x, y, lse, k / heads, k % heads, buf));
@@ -589,11 +611,11 @@ gp_status gp_cpu_attn_fwd_bf16(gp_device *dev, const uint16_t *x, uint16_t *y, f
 
 gp_status gp_cpu_attn_bwd_bf16(gp_device *dev, const uint16_t *x, const uint16_t *y,
                                const float *lse, const uint16_t *dy, uint16_t *dx, int64_t b,
-                               int64_t t, int64_t heads, int64_t c)
+                               int64_t t, int64_t heads, int64_t kv_heads, int64_t c)
 {
-    att_dims a = att_dims_of(t, heads, c);
-    const int64_t tasks = b * heads;
+    att_dims a = att_dims_of(t, heads, kv_heads, c);
+    const int64_t tasks = b * kv_heads; /* a (batch row, k and v head) each */
     ATT_RUN(dev, tasks, t, att_bwd_floats(&a, true), "attn_bwd_bf16",
-            att_bwd_task_bf16(&a, x, y, lse, dy, dx, k / heads, k % heads, buf));
+            att_bwd_task_bf16(&a, x, y, lse, dy, dx, k / kv_heads, k % kv_heads, buf));
     return GP_OK;
 }

@@ -522,15 +522,15 @@ gp_status gp_cpu_upsample_bwd(gp_device *dev, const float *dy, float *dx, int64_
 /* cpu_attention.c: causal multi-head self-attention (backend.h's attn_fwd
  * and attn_bwd), blocked, with an online softmax. */
 gp_status gp_cpu_attn_fwd(gp_device *dev, const float *x, float *y, float *lse, int64_t b,
-                          int64_t t, int64_t heads, int64_t c);
+                          int64_t t, int64_t heads, int64_t kv_heads, int64_t c);
 gp_status gp_cpu_attn_bwd(gp_device *dev, const float *x, const float *y, const float *lse,
                           const float *dy, float *dx, int64_t b, int64_t t, int64_t heads,
-                          int64_t c);
+                          int64_t kv_heads, int64_t c);
 gp_status gp_cpu_attn_fwd_bf16(gp_device *dev, const uint16_t *x, uint16_t *y, float *lse,
-                               int64_t b, int64_t t, int64_t heads, int64_t c);
+                               int64_t b, int64_t t, int64_t heads, int64_t kv_heads, int64_t c);
 gp_status gp_cpu_attn_bwd_bf16(gp_device *dev, const uint16_t *x, const uint16_t *y,
                                const float *lse, const uint16_t *dy, uint16_t *dx, int64_t b,
-                               int64_t t, int64_t heads, int64_t c);
+                               int64_t t, int64_t heads, int64_t kv_heads, int64_t c);
 
 /* cpu_comm.c: collectives between the devices' worker threads. */
 gp_status gp_cpu_allreduce(gp_device *dev, gp_comm *comm, float *buf, int64_t n);

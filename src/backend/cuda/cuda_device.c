@@ -1338,42 +1338,44 @@ static gp_status cuda_upsample_bwd_bf16(gp_device *dev, const uint16_t *dy, uint
 }
 
 static gp_status cuda_attn_fwd(gp_device *dev, const float *x, float *y, float *lse, int64_t b,
-                               int64_t t, int64_t heads, int64_t c)
+                               int64_t t, int64_t heads, int64_t kv_heads, int64_t c)
 {
     bool done = false;
     GP_TRY(gp_cuda_enter(dev));
-    GP_TRY(gp_cuda_sdpa_fwd(dev, x, y, lse, b, t, heads, c, &done));
+    /* cuDNN's fused path takes heads == kv_heads for now: grouped heads
+     * run gpipe's kernels, which read each k and v head in place */
+    if (kv_heads == heads) GP_TRY(gp_cuda_sdpa_fwd(dev, x, y, lse, b, t, heads, c, &done));
     if (done) return GP_OK;
-    CUDA_OP(dev, gp_cuk_attn_fwd(s, x, y, lse, b, t, heads, c));
+    CUDA_OP(dev, gp_cuk_attn_fwd(s, x, y, lse, b, t, heads, kv_heads, c));
 }
 
 static gp_status cuda_attn_bwd(gp_device *dev, const float *x, const float *y, const float *lse,
                                const float *dy, float *dx, int64_t b, int64_t t, int64_t heads,
-                               int64_t c)
+                               int64_t kv_heads, int64_t c)
 {
     bool done = false;
     GP_TRY(gp_cuda_enter(dev));
-    GP_TRY(gp_cuda_sdpa_bwd(dev, x, y, lse, dy, dx, b, t, heads, c, &done));
+    if (kv_heads == heads) GP_TRY(gp_cuda_sdpa_bwd(dev, x, y, lse, dy, dx, b, t, heads, c, &done));
     if (done) return GP_OK;
-    CUDA_OP(dev, gp_cuk_attn_bwd(s, x, y, lse, dy, dx, b, t, heads, c));
+    CUDA_OP(dev, gp_cuk_attn_bwd(s, x, y, lse, dy, dx, b, t, heads, kv_heads, c));
 }
 
 /* attn_fwd_bf16 / attn_bwd_bf16: cuDNN's fused attention on the bf16
  * operands as they are; where it does not run, the adapter's way inside
  * (widened into FP32 scratch, the FP32 slot, rounded), the same bits. */
 static gp_status cuda_attn_fwd_bf16(gp_device *dev, const uint16_t *x, uint16_t *y, float *lse,
-                                    int64_t b, int64_t t, int64_t heads, int64_t c)
+                                    int64_t b, int64_t t, int64_t heads, int64_t kv_heads, int64_t c)
 {
     bool done = false;
     GP_TRY(gp_cuda_enter(dev));
-    GP_TRY(gp_cuda_sdpa_fwd_bf16(dev, x, y, lse, b, t, heads, c, &done));
+    if (kv_heads == heads) GP_TRY(gp_cuda_sdpa_fwd_bf16(dev, x, y, lse, b, t, heads, c, &done));
     if (done) return GP_OK;
-    int64_t nx = b * t * 3 * c, ny = b * t * c;
+    int64_t nx = b * t * (c + 2 * kv_heads * (c / heads)), ny = b * t * c;
     void *xf = NULL, *yf = NULL;
     GP_TRY(gp_dev_alloc(dev, (size_t)nx * sizeof(float), GP_MEM_ACTIVATIONS, &xf));
     gp_status st = gp_dev_alloc(dev, (size_t)ny * sizeof(float), GP_MEM_ACTIVATIONS, &yf);
     if (st == GP_OK) st = cuda_bf16_unpack(dev, xf, x, nx);
-    if (st == GP_OK) st = cuda_attn_fwd(dev, xf, yf, lse, b, t, heads, c);
+    if (st == GP_OK) st = cuda_attn_fwd(dev, xf, yf, lse, b, t, heads, kv_heads, c);
     if (st == GP_OK) st = cuda_bf16_pack(dev, y, yf, ny);
     if (yf) gp_dev_free(dev, yf, (size_t)ny * sizeof(float), GP_MEM_ACTIVATIONS);
     gp_dev_free(dev, xf, (size_t)nx * sizeof(float), GP_MEM_ACTIVATIONS);
@@ -1382,13 +1384,14 @@ static gp_status cuda_attn_fwd_bf16(gp_device *dev, const uint16_t *x, uint16_t 
 
 static gp_status cuda_attn_bwd_bf16(gp_device *dev, const uint16_t *x, const uint16_t *y,
                                     const float *lse, const uint16_t *dy, uint16_t *dx,
-                                    int64_t b, int64_t t, int64_t heads, int64_t c)
+                                    int64_t b, int64_t t, int64_t heads, int64_t kv_heads, int64_t c)
 {
     bool done = false;
     GP_TRY(gp_cuda_enter(dev));
-    GP_TRY(gp_cuda_sdpa_bwd_bf16(dev, x, y, lse, dy, dx, b, t, heads, c, &done));
+    if (kv_heads == heads)
+        GP_TRY(gp_cuda_sdpa_bwd_bf16(dev, x, y, lse, dy, dx, b, t, heads, c, &done));
     if (done) return GP_OK;
-    int64_t nx = b * t * 3 * c, ny = b * t * c;
+    int64_t nx = b * t * (c + 2 * kv_heads * (c / heads)), ny = b * t * c;
     size_t bytes = (size_t)(2 * nx + 2 * ny) * sizeof(float);
     void *buf = NULL; /* x, dx (b, t, 3c), y, dy (b, t, c), widened */
     GP_TRY(gp_dev_alloc(dev, bytes, GP_MEM_ACTIVATIONS, &buf));
@@ -1396,7 +1399,7 @@ static gp_status cuda_attn_bwd_bf16(gp_device *dev, const uint16_t *x, const uin
     gp_status st = cuda_bf16_unpack(dev, xf, x, nx);
     if (st == GP_OK) st = cuda_bf16_unpack(dev, yf, y, ny);
     if (st == GP_OK) st = cuda_bf16_unpack(dev, dyf, dy, ny);
-    if (st == GP_OK) st = cuda_attn_bwd(dev, xf, yf, lse, dyf, dxf, b, t, heads, c);
+    if (st == GP_OK) st = cuda_attn_bwd(dev, xf, yf, lse, dyf, dxf, b, t, heads, kv_heads, c);
     if (st == GP_OK) st = cuda_bf16_pack(dev, dx, dxf, nx);
     gp_dev_free(dev, buf, bytes, GP_MEM_ACTIVATIONS);
     return st;

@@ -621,12 +621,15 @@ __global__ void k_upsample_bwd(const float *dy, float *dx, int64_t planes, int64
 
 /* The straightforward kernels: one thread per (batch row, head, position),
  * FP32, its sums in a fixed order and no atomics, so the results repeat bit
- * for bit (not the CPU's bits: its tiles rescale in another order).  The
- * score of query i and key j of head h (x (b, t, 3c), d = c / heads). */
-__device__ float attn_score(const float *xb, int64_t i, int64_t j, int64_t c, int64_t hd,
-                            int64_t d, float scale)
+ * for bit (not the CPU's bits: its tiles rescale in another order).  x (b,
+ * t, R) with R = c + 2 kv_heads d (d = c / heads): q's heads, then k's and
+ * v's kv_heads (grouped-query attention: query head h reads k and v head
+ * h / (heads / kv_heads), in place, never copied).  The score of query i
+ * (q at qo) and key j (k at ko). */
+__device__ float attn_score(const float *xb, int64_t i, int64_t j, int64_t R, int64_t qo,
+                            int64_t ko, int64_t d, float scale)
 {
-    const float *q = xb + i * 3 * c + hd, *k = xb + j * 3 * c + c + hd;
+    const float *q = xb + i * R + qo, *k = xb + j * R + ko;
     float s = 0.0f;
     for (int64_t e = 0; e < d; e++) s += q[e] * k[e];
     return s * scale;
@@ -635,17 +638,18 @@ __device__ float attn_score(const float *xb, int64_t i, int64_t j, int64_t c, in
 /* One thread per query row: the online softmax over keys 0..i, its output
  * accumulated in y's row (which only this thread writes). */
 __global__ void k_attn_fwd(const float *x, float *y, float *lse, int64_t b, int64_t t,
-                           int64_t heads, int64_t c)
+                           int64_t heads, int64_t kv_heads, int64_t c)
 {
-    const int64_t d = c / heads;
+    const int64_t d = c / heads, R = c + 2 * kv_heads * d, rep = heads / kv_heads;
     const float scale = rsqrtf((float)d);
     GP_CUK_LOOP(e, b * heads * t) {
-        int64_t i = e % t, h = (e / t) % heads, bi = e / (t * heads);
-        const float *xb = x + bi * t * 3 * c;
+        int64_t i = e % t, h = (e / t) % heads, bi = e / (t * heads), g = h / rep;
+        const int64_t ko = c + g * d, vo = c + kv_heads * d + g * d;
+        const float *xb = x + bi * t * R;
         float *yi = y + (bi * t + i) * c + h * d, m = -INFINITY, l = 0.0f;
         for (int64_t q = 0; q < d; q++) yi[q] = 0.0f;
         for (int64_t j = 0; j <= i; j++) {
-            float s = attn_score(xb, i, j, c, h * d, d, scale);
+            float s = attn_score(xb, i, j, R, h * d, ko, d, scale);
             if (s > m) { /* rescale what is summed so far to the new maximum */
                 float corr = expf(m - s);
                 l *= corr;
@@ -653,7 +657,7 @@ __global__ void k_attn_fwd(const float *x, float *y, float *lse, int64_t b, int6
                 m = s;
             }
             float p = expf(s - m);
-            const float *v = xb + j * 3 * c + 2 * c + h * d;
+            const float *v = xb + j * R + vo;
             l += p;
             for (int64_t q = 0; q < d; q++) yi[q] += p * v[q];
         }
@@ -674,18 +678,20 @@ __device__ float attn_dd(const float *y, const float *dy, int64_t row, int64_t c
 
 /* One thread per query row: dq_i = scale sum_{j <= i} p_ij (dy_i . v_j - D_i) k_j. */
 __global__ void k_attn_bwd_q(const float *x, const float *y, const float *lse, const float *dy,
-                             float *dx, int64_t b, int64_t t, int64_t heads, int64_t c)
+                             float *dx, int64_t b, int64_t t, int64_t heads, int64_t kv_heads,
+                             int64_t c)
 {
-    const int64_t d = c / heads;
+    const int64_t d = c / heads, R = c + 2 * kv_heads * d, rep = heads / kv_heads;
     const float scale = rsqrtf((float)d);
     GP_CUK_LOOP(e, b * heads * t) {
-        int64_t i = e % t, h = (e / t) % heads, bi = e / (t * heads), hd = h * d;
-        const float *xb = x + bi * t * 3 * c, *dyi = dy + (bi * t + i) * c + hd;
-        float *dq = dx + (bi * t + i) * 3 * c + hd, dd = attn_dd(y, dy, bi * t + i, c, hd, d);
+        int64_t i = e % t, h = (e / t) % heads, bi = e / (t * heads), hd = h * d, g = h / rep;
+        const int64_t ko = c + g * d, vo = c + kv_heads * d + g * d;
+        const float *xb = x + bi * t * R, *dyi = dy + (bi * t + i) * c + hd;
+        float *dq = dx + (bi * t + i) * R + hd, dd = attn_dd(y, dy, bi * t + i, c, hd, d);
         for (int64_t q = 0; q < d; q++) dq[q] = 0.0f;
         for (int64_t j = 0; j <= i; j++) {
-            const float *k = xb + j * 3 * c + c + hd, *v = k + c;
-            float p = expf(attn_score(xb, i, j, c, hd, d, scale) - lse[e]), dp = 0.0f;
+            const float *k = xb + j * R + ko, *v = xb + j * R + vo;
+            float p = expf(attn_score(xb, i, j, R, hd, ko, d, scale) - lse[e]), dp = 0.0f;
             for (int64_t q = 0; q < d; q++) dp += dyi[q] * v[q];
             float ds = p * (dp - dd);
             for (int64_t q = 0; q < d; q++) dq[q] += ds * k[q];
@@ -694,26 +700,33 @@ __global__ void k_attn_bwd_q(const float *x, const float *y, const float *lse, c
     }
 }
 
-/* One thread per key row j: dv_j = sum_{i >= j} p_ij dy_i and
+/* One thread per key row j of k and v head g: over the query heads that
+ * share it (in order), dv_j = sum_{i >= j} p_ij dy_i and
  * dk_j = scale sum_{i >= j} p_ij (dy_i . v_j - D_i) q_i. */
 __global__ void k_attn_bwd_kv(const float *x, const float *y, const float *lse, const float *dy,
-                              float *dx, int64_t b, int64_t t, int64_t heads, int64_t c)
+                              float *dx, int64_t b, int64_t t, int64_t heads, int64_t kv_heads,
+                              int64_t c)
 {
-    const int64_t d = c / heads;
+    const int64_t d = c / heads, R = c + 2 * kv_heads * d, rep = heads / kv_heads;
     const float scale = rsqrtf((float)d);
-    GP_CUK_LOOP(e, b * heads * t) {
-        int64_t j = e % t, h = (e / t) % heads, bi = e / (t * heads), hd = h * d;
-        const float *xb = x + bi * t * 3 * c, *v = xb + j * 3 * c + 2 * c + hd;
-        float *dk = dx + (bi * t + j) * 3 * c + c + hd, *dv = dk + c;
+    GP_CUK_LOOP(e, b * kv_heads * t) {
+        int64_t j = e % t, g = (e / t) % kv_heads, bi = e / (t * kv_heads);
+        const int64_t ko = c + g * d, vo = c + kv_heads * d + g * d;
+        const float *xb = x + bi * t * R, *v = xb + j * R + vo;
+        float *dk = dx + (bi * t + j) * R + ko, *dv = dx + (bi * t + j) * R + vo;
         for (int64_t q = 0; q < d; q++) dk[q] = dv[q] = 0.0f;
-        for (int64_t i = j; i < t; i++) {
-            const float *qi = xb + i * 3 * c + hd, *dyi = dy + (bi * t + i) * c + hd;
-            float p = expf(attn_score(xb, i, j, c, hd, d, scale) - lse[e - j + i]), dp = 0.0f;
-            for (int64_t q = 0; q < d; q++) dp += dyi[q] * v[q];
-            float ds = p * (dp - attn_dd(y, dy, bi * t + i, c, hd, d));
-            for (int64_t q = 0; q < d; q++) {
-                dv[q] += p * dyi[q];
-                dk[q] += ds * qi[q];
+        for (int64_t h = g * rep; h < (g + 1) * rep; h++) {
+            const int64_t hd = h * d;
+            const float *lh = lse + (bi * heads + h) * t;
+            for (int64_t i = j; i < t; i++) {
+                const float *qi = xb + i * R + hd, *dyi = dy + (bi * t + i) * c + hd;
+                float p = expf(attn_score(xb, i, j, R, hd, ko, d, scale) - lh[i]), dp = 0.0f;
+                for (int64_t q = 0; q < d; q++) dp += dyi[q] * v[q];
+                float ds = p * (dp - attn_dd(y, dy, bi * t + i, c, hd, d));
+                for (int64_t q = 0; q < d; q++) {
+                    dv[q] += p * dyi[q];
+                    dk[q] += ds * qi[q];
+                }
             }
         }
         for (int64_t q = 0; q < d; q++) dk[q] *= scale;
@@ -1916,21 +1929,23 @@ cudaError_t gp_cuk_upsample_bwd_bf16(cudaStream_t s, const uint16_t *dy, uint16_
 }
 
 cudaError_t gp_cuk_attn_fwd(cudaStream_t s, const float *x, float *y, float *lse, int64_t b,
-                            int64_t t, int64_t heads, int64_t c)
+                            int64_t t, int64_t heads, int64_t kv_heads, int64_t c)
 {
-    GP_CUK_LAUNCH(b * heads * t, k_attn_fwd, x, y, lse, b, t, heads, c);
+    GP_CUK_LAUNCH(b * heads * t, k_attn_fwd, x, y, lse, b, t, heads, kv_heads, c);
 }
 
 cudaError_t gp_cuk_attn_bwd(cudaStream_t s, const float *x, const float *y, const float *lse,
                             const float *dy, float *dx, int64_t b, int64_t t, int64_t heads,
-                            int64_t c)
+                            int64_t kv_heads, int64_t c)
 {
-    const int64_t n = b * heads * t;
+    const int64_t n = b * heads * t, nkv = b * kv_heads * t;
     if (n <= 0) return cudaSuccess;
-    k_attn_bwd_q<<<blocks_for(n), GP_CUK_THREADS, 0, s>>>(x, y, lse, dy, dx, b, t, heads, c);
+    k_attn_bwd_q<<<blocks_for(n), GP_CUK_THREADS, 0, s>>>(x, y, lse, dy, dx, b, t, heads,
+                                                          kv_heads, c);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
-    k_attn_bwd_kv<<<blocks_for(n), GP_CUK_THREADS, 0, s>>>(x, y, lse, dy, dx, b, t, heads, c);
+    k_attn_bwd_kv<<<blocks_for(nkv), GP_CUK_THREADS, 0, s>>>(x, y, lse, dy, dx, b, t, heads,
+                                                             kv_heads, c);
     return cudaGetLastError();
 }
 

@@ -323,10 +323,10 @@ cudaError_t gp_cuk_upsample_bwd(cudaStream_t s, const float *dy, float *dx, int6
 /* Causal self-attention (backend.h's attn_fwd / attn_bwd): one thread per
  * (batch row, head, position), sums in a fixed order, no atomics. */
 cudaError_t gp_cuk_attn_fwd(cudaStream_t s, const float *x, float *y, float *lse, int64_t b,
-                            int64_t t, int64_t heads, int64_t c);
+                            int64_t t, int64_t heads, int64_t kv_heads, int64_t c);
 cudaError_t gp_cuk_attn_bwd(cudaStream_t s, const float *x, const float *y, const float *lse,
                             const float *dy, float *dx, int64_t b, int64_t t, int64_t heads,
-                            int64_t c);
+                            int64_t kv_heads, int64_t c);
 
 /* Binary cross-entropy results, written on the device by gp_cuk_bce. */
 typedef struct gp_cuk_bce_out {
