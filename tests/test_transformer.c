@@ -64,6 +64,49 @@ static double emb_loss(gp_layer *l, const gp_tensor *x, const double *r)
     return L;
 }
 
+/* positions: 0 (issue 66: a Llama's positions are its rope layers'): one
+ * table, y = wte[id] exactly, its gradient the scatter-add of dy, and no
+ * limit on T from a position table. */
+static void test_embedding_no_positions(gp_device *dev)
+{
+    enum { N = 2, T = 9, D = 5, V = 7 };
+    gp_layer_spec sp = embedding_spec(V, D, 0);
+    gp_shape in = gp_shape_2d(N, T);
+    gp_layer l;
+    CHECK_OK(gp_layer_create(&sp, 0, &in, dev, 3, &l));
+    CHECK(l.n_params == 1 && !strcmp(l.params[0].name, "wte.weight"));
+    CHECK(gp_layer_param_count(&l) == (int64_t)V * D);
+    float ids[N * T];
+    for (int i = 0; i < N * T; i++) ids[i] = (float)((i * 5) % V);
+    gp_tensor x = gpt_upload(dev, &in, ids), y = {0};
+    gp_fwd_ctx c = ctx_train();
+    gp_saved s = {0};
+    CHECK_OK(gp_layer_forward(&l, &c, &x, &y, &s));
+    float *wte = gpt_download(&l.params[0].value), *yh = gpt_download(&y);
+    int off = 0;
+    for (int r = 0; r < N * T; r++)
+        for (int j = 0; j < D; j++) off += yh[r * D + j] != wte[(int)ids[r] * D + j];
+    CHECK_MSG(off == 0, "embedding without positions: %d values are not wte[id]", off);
+    float rf[N * T * D];
+    double ref[V * D] = {0};
+    hrng rng = {9};
+    for (int i = 0; i < N * T * D; i++) rf[i] = (float)hrng_sym(&rng);
+    for (int q = 0; q < N * T; q++)
+        for (int j = 0; j < D; j++) ref[(int)ids[q] * D + j] += rf[q * D + j];
+    gp_shape ys = gp_tensor_shape(&y);
+    gp_tensor dy = gpt_upload(dev, &ys, rf);
+    CHECK_OK(gp_layer_zero_grad(&l));
+    CHECK_OK(gp_layer_backward(&l, &c, &x, &y, &dy, NULL, &s));
+    float *g = gpt_download(&l.params[0].grad);
+    double worst = 0;
+    for (int i = 0; i < V * D; i++) worst = fmax(worst, fabs(g[i] - ref[i]));
+    CHECK_MSG(worst < 1e-5, "embedding without positions: gradient off by %.3g", worst);
+    free(wte); free(yh); free(g);
+    gp_saved_free(&s);
+    gp_tensor_free(&dy); gp_tensor_free(&y); gp_tensor_free(&x);
+    gp_layer_destroy(&l);
+}
+
 static void test_embedding(gp_device *dev)
 {
     enum { N = 3, T = 5, D = 7, V = 11, P = 6 };
@@ -382,6 +425,7 @@ int main(void)
     }
     gp_device_bind_thread(dev);
     test_embedding(dev);
+    test_embedding_no_positions(dev);
     test_xent_3d(dev);
     for (int c = 0; c < GP_MEM_COUNT; c++) {
         if (c == GP_MEM_WORKSPACE) continue;

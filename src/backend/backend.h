@@ -952,7 +952,8 @@ typedef struct gp_device_iface {
                                         float *db, int64_t rows, int64_t c);
     /* embed_fwd: y (n, t, c) = wte[ids[r]] + wpe[r % t] for each of the
      * n*t rows r, ids (n, t) token ids stored as floats, wte (vocab, c),
-     * wpe (>= t, c).  *bad (host) = the first r whose id is not a whole
+     * wpe (>= t, c), or NULL: no position table (Llama's rotary
+     * positions; embed_bwd's dwpe NULL then).  *bad (host) = the first r whose id is not a whole
      * number in [0, vocab) (NaN included), else -1; y is then not written.
      * A GPU waits for that flag (one host wait per call, as xent's).
      * embed_bwd: dwte[ids[r]] += dy[r], dwpe[r % t] += dy[r] (dW +=), each

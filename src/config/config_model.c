@@ -323,12 +323,15 @@ static gp_status parse_layer(gp_cfg_walk *w, const gp_ynode *item, int index, gp
         const int64_t ids = (int64_t)1 << 24;
         GP_TRY(gp_cfg_get_int(w, opts, sect, "vocab", spec->vocab, 1, ids, &spec->vocab));
         GP_TRY(gp_cfg_get_int(w, opts, sect, "dim", spec->dim, 1, big, &spec->dim));
-        GP_TRY(gp_cfg_get_int(w, opts, sect, "positions", spec->positions, 1, ids,
+        /* positions: 0 is no position table (a Llama's rotary positions) */
+        GP_TRY(gp_cfg_get_int(w, opts, sect, "positions", spec->positions, 0, ids,
                               &spec->positions));
-        if (spec->vocab < 1 || spec->dim < 1 || spec->positions < 1)
+        if (spec->vocab < 1 || spec->dim < 1 ||
+            gp_cfg_absent(gp_ymap_get(opts, "positions")))
             return gp_cfg_bad(w, tnode, "layer %d (embedding) needs 'vocab', 'dim' and "
                               "'positions', like `- embedding: {vocab: 256, dim: 64, positions: "
-                              "128}`", index);
+                              "128}` (positions: 0 for no position table, as a Llama with a "
+                              "rope layer)", index);
     }
     GP_TRY(gp_cfg_get_str(w, opts, sect, "name", "", spec->name, sizeof spec->name));
     GP_TRY(gp_cfg_get_str(w, opts, sect, "stash", "", spec->stash, sizeof spec->stash));

@@ -465,11 +465,12 @@ static gp_status embedding_infer(const gp_layer *l, const gp_shape *in, gp_shape
                                    "an embedding takes token ids, the model's input data, so it "
                                    "must be the model's first layer (it is layer %d)",
                                    l->index);
-    if (sp->vocab < 1 || sp->vocab > ((int64_t)1 << 24) || sp->dim < 1 || sp->positions < 1)
+    if (sp->vocab < 1 || sp->vocab > ((int64_t)1 << 24) || sp->dim < 1 || sp->positions < 0)
         return gp_layer_spec_error(l,
-                                   "vocab = %lld (in [1, 2^24]: ids are floats), dim = %lld "
-                                   "and positions = %lld must be given and >= 1, like "
-                                   "{embedding: {vocab: 256, dim: 64, positions: 128}}",
+                                   "vocab = %lld (in [1, 2^24]: ids are floats) and dim = %lld "
+                                   "must be given and >= 1, and positions = %lld >= 0 (0: no "
+                                   "position table), like {embedding: {vocab: 256, dim: 64, "
+                                   "positions: 128}}",
                                    (long long)sp->vocab, (long long)sp->dim,
                                    (long long)sp->positions);
     /* model.input [T] reaches the first layer as (N, T, 1, 1) */
@@ -479,7 +480,7 @@ static gp_status embedding_infer(const gp_layer *l, const gp_shape *in, gp_shape
                                    "expected token ids (N, T) but got %s; set model.input to "
                                    "[T], the sequence length",
                                    gp_layers_shape_n(in, b, sizeof b));
-    if (in->dims[1] > sp->positions)
+    if (sp->positions > 0 && in->dims[1] > sp->positions)
         return gp_layer_spec_error(l,
                                    "the input has %lld positions but positions = %lld; raise "
                                    "positions to at least the sequence length",
@@ -497,6 +498,7 @@ static gp_status embedding_init(gp_layer *l, uint64_t seed)
     /* the padding rows start at 0 (the real ones draw what they would
      * without padding: the draw is by element) */
     GP_TRY(gp_layers_zero_rows(l, 0, gp_layer_spec_valid_rows(&l->spec, l->spec.vocab)));
+    if (l->spec.positions == 0) return GP_OK; /* positions elsewhere (rope) */
     GP_TRY(gp_layers_add_param(l, "wpe.weight", &pe, false, false));
     return gp_layers_init_normal(l, 1, seed, 0.01f);
 }
@@ -507,7 +509,8 @@ static gp_status embedding_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_
     int64_t n = x->dims[0], t = x->dims[1], bad = -1;
     int64_t vocab = gp_layer_spec_valid_rows(&l->spec, l->spec.vocab);
     GP_TRY(gp_dev_embed_fwd(l->dev, gp_f32(x), gp_f32(&l->params[0].value),
-                            gp_f32(&l->params[1].value), y->dtype, gp_tensor_mem(y), n, t,
+                            l->n_params > 1 ? gp_f32(&l->params[1].value) : NULL, y->dtype,
+                            gp_tensor_mem(y), n, t,
                             l->spec.dim, vocab, &bad));
     if (bad < 0) return GP_OK;
     float v = 0.0f;
@@ -533,7 +536,8 @@ static gp_status embedding_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx,
 {
     return gp_dev_embed_bwd(l->dev, gp_f32(x), dy->dtype, gp_tensor_mem(dy),
                             gp_f32(&l->params[0].grad),
-                            gp_f32(&l->params[1].grad), x->dims[0], x->dims[1], l->spec.dim,
+                            l->n_params > 1 ? gp_f32(&l->params[1].grad) : NULL, x->dims[0],
+                            x->dims[1], l->spec.dim,
                             l->spec.vocab);
 }
 

@@ -1031,7 +1031,12 @@ embed_fwd(int nt, const float *ids, const float *wte, const float *wpe, void *y,
 {
 #pragma omp parallel for schedule(static) num_threads(nt) if (rows * c >= CPU_PAR_MIN)
     for (int64_t r = 0; r < rows; r++) {
-        const float *e = wte + (int64_t)ids[r] * c, *p = wpe + (r % t) * c;
+        const float *e = wte + (int64_t)ids[r] * c;
+        if (!wpe) { /* no position table (Llama's rotary positions) */
+            for (int64_t j = 0; j < c; j++) B16_ST(y, r * c + j, e[j]);
+            continue;
+        }
+        const float *p = wpe + (r % t) * c;
         for (int64_t j = 0; j < c; j++) B16_ST(y, r * c + j, e[j] + p[j]);
     }
 }
@@ -1063,7 +1068,12 @@ embed_bwd(int nt, const float *ids, const void *dy, float *dwte, float *dwpe, in
     for (int64_t b = 0; b < nb; b++) {
         int64_t j0 = b * blk, j1 = j0 + blk < c ? j0 + blk : c;
         for (int64_t r = 0; r < n * t; r++) {
-            float *e = dwte + (int64_t)ids[r] * c, *p = dwpe + (r % t) * c;
+            float *e = dwte + (int64_t)ids[r] * c;
+            if (!dwpe) {
+                for (int64_t j = j0; j < j1; j++) e[j] += B16_LD(dy, r * c + j);
+                continue;
+            }
+            float *p = dwpe + (r % t) * c;
             for (int64_t j = j0; j < j1; j++) {
                 float g = B16_LD(dy, r * c + j);
                 e[j] += g;

@@ -1198,7 +1198,8 @@ __global__ void k_embed_fwd(const float *ids, const float *wte, const float *wpe
 {
     GP_CUK_LOOP(e, rows * c) {
         int64_t r = e / c, j = e % c;
-        float v = wte[(int64_t)ids[r] * c + j] + wpe[(r % t) * c + j];
+        float v = wte[(int64_t)ids[r] * c + j];
+        if (wpe) v += wpe[(r % t) * c + j]; /* NULL: no position table */
         if (b16) ((uint16_t *)y)[e] = gp_ew_bf16_bits(v);
         else ((float *)y)[e] = v;
     }
@@ -2402,7 +2403,7 @@ cudaError_t gp_cuk_embed_bwd(cudaStream_t s, const float *ids, const void *dy, i
     k_embed_bwd_wte<<<vocab < 65535 ? (unsigned)vocab : 65535u, GP_CUK_THREADS, 0, s>>>(
         ids, dy, b16, dwte, n * t, c, vocab);
     cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
+    if (e != cudaSuccess || !dwpe) return e;
     GP_CUK_LAUNCH(t * c, k_embed_bwd_wpe, dy, b16, dwpe, n * t, t, c);
 }
 
