@@ -1,7 +1,8 @@
 #!/usr/bin/python3
-"""bench_gpt_cpu.py — a GPT's training tokens per second on CPU devices,
-gpipe against PyTorch eager on the same cores (issue 64's CPU bar:
-configs/tiny-gpt.yaml at least 1.2x PyTorch 2.x, FP32 and bf16).
+"""bench_gpt_cpu.py — a GPT's or a Llama's training tokens per second on
+CPU devices, gpipe against PyTorch eager on the same cores (issue 64's CPU
+bar: configs/tiny-gpt.yaml at least 1.2x PyTorch 2.x, FP32 and bf16; issue
+66's: configs/llama-tiny.yaml the same against transformers' Llama).
 
     <python> bench/bench_gpt_cpu.py [--config configs/tiny-gpt.yaml]
         [--steps 20] [--threads 2] [--rounds 2] [--precision fp32|bf16]
@@ -34,6 +35,12 @@ after 3 warm-up steps; tokens per second = batch x T / median; rounds
 alternate the programs, and the ratio is taken within each round.  The
 first lines name the processor, its ISA, torch's version and its BLAS.
 Prints; never fails a build.
+
+A config with model.llama (configs/llama-tiny.yaml): the peer is Hugging
+Face transformers' LlamaForCausalLM (LlamaConfig from the config's sizes,
+rope_theta, rope_scaling, rms_eps and tie; attn_implementation "sdpa", what
+a transformers user gets), HF's init, the same loop; bench/torch_venv.sh
+installs transformers beside torch.  --attention does not apply to it.
 """
 import argparse
 import glob
@@ -58,10 +65,25 @@ def load_cfg(path):
     import yaml
     with open(path) as f:
         cfg = yaml.safe_load(f)
-    g = cfg["model"]["gpt"]
     t = cfg["model"]["input"][0]
     opt = cfg["train"].get("optimizer", {})
-    return {"layers": g.get("layers", 12), "heads": g.get("heads", 12),
+    common = {"T": t, "batch": cfg["train"]["batch_size"], "lr": opt.get("lr", 0.001),
+              "betas": tuple(opt.get("betas", (0.9, 0.999))),
+              "eps": float(opt.get("eps", 1e-8)), "wd": opt.get("weight_decay", 0.01),
+              "clip": cfg["train"].get("clip_grad_norm", 0.0),
+              "devices": cfg.get("pipeline", {}).get("devices", ["cpu:0"])}
+    if "llama" in cfg["model"]:
+        g = cfg["model"]["llama"]
+        heads = g.get("heads", 32)
+        return dict(common, family="llama", layers=g.get("layers", 32), heads=heads,
+                    kv_heads=g.get("kv_heads", heads), width=g.get("width", 4096),
+                    intermediate=g.get("intermediate", 11008), vocab=g.get("vocab", 32000),
+                    positions=g.get("positions", 2048),
+                    rope_theta=float(g.get("rope_theta", 10000.0)),  # (YAML 1.1: '1e-5' is text)
+                    rope_scaling=g.get("rope_scaling"), rms_eps=float(g.get("rms_eps", 1e-6)),
+                    tie=g.get("tie", False))
+    g = cfg["model"]["gpt"]
+    return {"family": "gpt", "layers": g.get("layers", 12), "heads": g.get("heads", 12),
             "width": g.get("width", 768), "positions": g.get("positions", 1024),
             "vocab": g.get("vocab", 50257), "tie": g.get("tie", True), "T": t,
             "batch": cfg["train"]["batch_size"], "lr": opt.get("lr", 0.001),
@@ -71,22 +93,45 @@ def load_cfg(path):
             "devices": cfg.get("pipeline", {}).get("devices", ["cpu:0"])}
 
 
+def llama_model(c):
+    """transformers' LlamaForCausalLM of the config's sizes, SDPA attention."""
+    import transformers
+    rs = c["rope_scaling"]
+    scaling = None if not rs else {
+        "rope_type": "llama3", "factor": rs.get("factor", 8.0),
+        "low_freq_factor": rs.get("low_freq_factor", 1.0),
+        "high_freq_factor": rs.get("high_freq_factor", 4.0),
+        "original_max_position_embeddings": rs.get("original_positions", 8192)}
+    cfg = transformers.LlamaConfig(
+        vocab_size=c["vocab"], hidden_size=c["width"], intermediate_size=c["intermediate"],
+        num_hidden_layers=c["layers"], num_attention_heads=c["heads"],
+        num_key_value_heads=c["kv_heads"], max_position_embeddings=c["positions"],
+        rms_norm_eps=c["rms_eps"], rope_theta=c["rope_theta"], rope_scaling=scaling,
+        tie_word_embeddings=c["tie"], attn_implementation="sdpa")
+    m = transformers.LlamaForCausalLM(cfg)
+    return lambda ids: m(input_ids=ids).logits, m
+
+
 def torch_tokens_per_s(c, threads, steps, precision, attention):
     import contextlib
     import torch
     import torch.nn.functional as F
-    import gpt_twin
-    gpt_twin.FUSED_ATTENTION = attention == "fused"
     torch.set_num_threads(threads)
     torch.manual_seed(1)
-    model = gpt_twin.GPT(c["vocab"], c["width"], c["layers"], c["heads"], c["positions"],
-                         "tied" if c["tie"] else "own")
-    with torch.no_grad():  # GPT-2's init; layer norms stay 1 and 0
-        for name, p in model.named_parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.02)
-            elif not name.split(".")[-2].startswith("ln"):
-                p.zero_()
+    if c["family"] == "llama":
+        forward, model = llama_model(c)  # HF's init
+    else:
+        import gpt_twin
+        gpt_twin.FUSED_ATTENTION = attention == "fused"
+        model = gpt_twin.GPT(c["vocab"], c["width"], c["layers"], c["heads"], c["positions"],
+                             "tied" if c["tie"] else "own")
+        forward = model
+        with torch.no_grad():  # GPT-2's init; layer norms stay 1 and 0
+            for name, p in model.named_parameters():
+                if p.dim() >= 2:
+                    p.normal_(0.0, 0.02)
+                elif not name.split(".")[-2].startswith("ln"):
+                    p.zero_()
     opt = torch.optim.AdamW(model.parameters(), lr=c["lr"], betas=c["betas"], eps=c["eps"],
                             weight_decay=c["wd"])
     b, t, times = c["batch"], c["T"], []
@@ -96,7 +141,7 @@ def torch_tokens_per_s(c, threads, steps, precision, attention):
         amp = (torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16"
                else contextlib.nullcontext())
         with amp:
-            logits = model(data[:, :t])
+            logits = forward(data[:, :t])
             loss = F.cross_entropy(logits.reshape(-1, c["vocab"]).float(),
                                    data[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
@@ -162,10 +207,18 @@ def main():
     print("%s (%s); %d threads; torch %s (%s), BLAS %s; OPENBLAS_CORETYPE=%s" % (
         cpu_name(), isa, a.threads, torch.__version__, sys.executable, blas,
         os.environ.get("OPENBLAS_CORETYPE", "-")))
-    print("GPT: %d layers, %d heads, width %d, T %d, vocabulary %d, %s head; batch %d; %s, "
-          "AdamW; PyTorch attention %s" % (c["layers"], c["heads"], c["width"], c["T"],
-                                           c["vocab"], "tied" if c["tie"] else "untied",
-                                           c["batch"], a.precision.upper(), a.attention))
+    if c["family"] == "llama":
+        import transformers
+        print("Llama: %d layers, %d heads over %d k/v heads, width %d, MLP %d, T %d, vocabulary "
+              "%d, %s head; batch %d; %s, AdamW; PyTorch: transformers %s LlamaForCausalLM, "
+              "sdpa" % (c["layers"], c["heads"], c["kv_heads"], c["width"], c["intermediate"],
+                        c["T"], c["vocab"], "tied" if c["tie"] else "untied", c["batch"],
+                        a.precision.upper(), transformers.__version__))
+    else:
+        print("GPT: %d layers, %d heads, width %d, T %d, vocabulary %d, %s head; batch %d; %s, "
+              "AdamW; PyTorch attention %s" % (c["layers"], c["heads"], c["width"], c["T"],
+                                               c["vocab"], "tied" if c["tie"] else "untied",
+                                               c["batch"], a.precision.upper(), a.attention))
     with tempfile.TemporaryDirectory() as tmp:
         data = token_files(c, tmp)
         base = ["data.path=%s" % data] if data else []

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # torch_venv.sh — PyPI's current torch (the CPU peer users have: MKL and
 # oneDNN inside the wheel) in a virtual environment of Debian's Python, for
-# bench/bench_gpt_cpu.py and bench/bench_cpu_peer.py:
+# bench/bench_gpt_cpu.py and bench/bench_cpu_peer.py (and transformers, the
+# Llama peer of bench_gpt_cpu.py's model.llama configs):
 #   bash bench/torch_venv.sh [DIR]          # default /opt/gpipe-torch
 #   /opt/gpipe-torch/bin/python bench/bench_gpt_cpu.py --precision bf16
 # PyPI's Linux wheel depends on NVIDIA's CUDA wheels (about 3 GB with them);
@@ -14,7 +15,7 @@ if [ ! -x "$dir/bin/python" ]; then
   /usr/bin/python3 -m venv "$dir"
 fi
 "$dir/bin/pip" install -q --upgrade pip
-"$dir/bin/pip" install -q "${TORCH:-torch}" numpy pyyaml
+"$dir/bin/pip" install -q "${TORCH:-torch}" numpy pyyaml transformers
 "$dir/bin/python" -c 'import torch; print("torch", torch.__version__, "in", "'"$dir"'",
       "MKL" if torch.backends.mkl.is_available() else "no MKL",
       "oneDNN" if torch.backends.mkldnn.is_available() else "no oneDNN")'

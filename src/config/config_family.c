@@ -524,7 +524,7 @@ static gp_status gpt(spec_list *l, int layers, int64_t heads, int64_t width, int
 static gp_status parse_gpt(gp_cfg_walk *w, const gp_ynode *m, gp_model_config *mc, bool *found)
 {
     const gp_ynode *g = gp_ymap_get(m, "gpt"), *gkey = gp_ymap_key(m, "gpt");
-    static const char *const others[] = {"layers", "resnet", "amoebanet", "unet"};
+    static const char *const others[] = {"layers", "resnet", "amoebanet", "unet", "llama"};
     for (int q = 0; q < GP_COUNT(others); q++)
         if (q ? gp_ymap_key(m, others[q]) != NULL : !gp_cfg_absent(gp_ymap_get(m, others[q])))
             return gp_cfg_bad(w, gkey, "model has both %s and gpt; give one: gpt expands into "
@@ -578,12 +578,182 @@ static gp_status parse_gpt(gp_cfg_walk *w, const gp_ynode *m, gp_model_config *m
     return expanded(w, mc, &l, "gpt", gkey, found);
 }
 
+/* ---- Llama (issue 66) -----------------------------------------------------
+ *
+ * Llama (Touvron et al. 2023; Hugging Face's LlamaForCausalLM, the layout
+ * of Llama 2 and 3, Mistral, Qwen2, SmolLM, TinyLlama) as gpipe's layers,
+ * named as HF's modules:
+ *
+ *   model.embed_tokens             embedding (no position table: positions 0)
+ *   per block i (model.layers.i.):
+ *     input_layernorm (rms_norm), self_attn.qkv_proj (linear (H + 2 G) d:
+ *     HF's q_proj, k_proj and v_proj stacked, no bias unless qkv_bias),
+ *     self_attn.rotary (rope), self_attn (attention, G = kv_heads),
+ *     self_attn.o_proj (linear C, no bias), self_attn.residual (add),
+ *     post_attention_layernorm (rms_norm), mlp.gate_up_proj (linear 2 I:
+ *     gate_proj and up_proj stacked), mlp.act (swiglu), mlp.down_proj
+ *     (linear C), mlp.residual (add)
+ *   model.norm (rms_norm), lm_head (linear vocab, no bias; tie: the
+ *   embedding's weight, as Llama 3.2 1B and 3B)
+ *
+ * Residuals are skips as in model.gpt.  Init as HF's
+ * LlamaPreTrainedModel: every linear weight and the embedding normal(0,
+ * std), biases 0, norms 1. */
+
+typedef struct llama_opts {
+    int layers;
+    int64_t heads, kv_heads, width, intermediate, vocab, positions;
+    float rope_theta, rms_eps, std;
+    bool llama3, tie, qkv_bias;
+    float factor, low_freq, high_freq;
+    int64_t orig_positions;
+} llama_opts;
+
+static gp_status llama(spec_list *l, const llama_opts *o)
+{
+    const int64_t d = o->width / o->heads;
+    l->cap = 1 + o->layers * 11 + 2;
+    l->specs = calloc((size_t)l->cap, sizeof *l->specs);
+    if (!l->specs) return gp_error_set(GP_ERR_OOM, "out of memory expanding model.llama");
+    gp_layer_spec *emb = push(l, GP_LAYER_EMBEDDING, "model.embed_tokens");
+    emb->vocab = o->vocab;
+    emb->dim = o->width;
+    emb->positions = 0;
+    snprintf(emb->stash, sizeof emb->stash, "h0.in");
+    for (int i = 0; i < o->layers; i++) {
+        char pre[32], nm[80], s_in[GP_SKIP_NAME], s_mid[GP_SKIP_NAME], s_next[GP_SKIP_NAME];
+        snprintf(pre, sizeof pre, "model.layers.%d", i);
+        snprintf(s_in, sizeof s_in, "h%d.in", i);
+        snprintf(s_mid, sizeof s_mid, "h%d.mid", i);
+        snprintf(s_next, sizeof s_next, "%s", "");
+        if (i + 1 < o->layers) snprintf(s_next, sizeof s_next, "h%d.in", i + 1);
+#define NAME(x) (snprintf(nm, sizeof nm, "%s.%s", pre, x), nm)
+        push(l, GP_LAYER_RMS_NORM, NAME("input_layernorm"))->eps = o->rms_eps;
+        gp_layer_spec *qkv =
+            gpt_linear(l, NAME("self_attn.qkv_proj"), (o->heads + 2 * o->kv_heads) * d, o->std);
+        qkv->bias = o->qkv_bias;
+        gp_layer_spec *r = push(l, GP_LAYER_ROPE, NAME("self_attn.rotary"));
+        r->heads = o->heads;
+        r->kv_heads = o->kv_heads;
+        r->rope_theta = o->rope_theta;
+        r->rope_llama3 = o->llama3;
+        r->rope_factor = o->factor;
+        r->rope_low_freq = o->low_freq;
+        r->rope_high_freq = o->high_freq;
+        r->rope_orig_positions = o->orig_positions;
+        gp_layer_spec *a = push(l, GP_LAYER_ATTENTION, NAME("self_attn"));
+        a->heads = o->heads;
+        a->kv_heads = o->kv_heads;
+        gpt_linear(l, NAME("self_attn.o_proj"), o->width, o->std)->bias = false;
+        gpt_residual(l, NAME("self_attn.residual"), s_in, s_mid);
+        push(l, GP_LAYER_RMS_NORM, NAME("post_attention_layernorm"))->eps = o->rms_eps;
+        gpt_linear(l, NAME("mlp.gate_up_proj"), 2 * o->intermediate, o->std)->bias = false;
+        push(l, GP_LAYER_SWIGLU, NAME("mlp.act"));
+        gpt_linear(l, NAME("mlp.down_proj"), o->width, o->std)->bias = false;
+        gpt_residual(l, NAME("mlp.residual"), s_mid, s_next);
+#undef NAME
+    }
+    push(l, GP_LAYER_RMS_NORM, "model.norm")->eps = o->rms_eps;
+    gp_layer_spec *head = gpt_linear(l, "lm_head", o->vocab, o->std);
+    head->bias = false;
+    if (o->tie) snprintf(head->tie, sizeof head->tie, "%s", emb->name);
+    GP_ASSERT(l->n == l->cap);
+    return GP_OK;
+}
+
+/* model.llama: {layers, heads, kv_heads, width, intermediate, vocab,
+ * positions, rope_theta, rope_scaling, rms_eps, tie, qkv_bias, std}. */
+static gp_status parse_llama(gp_cfg_walk *w, const gp_ynode *m, gp_model_config *mc, bool *found)
+{
+    const gp_ynode *g = gp_ymap_get(m, "llama"), *gkey = gp_ymap_key(m, "llama");
+    static const char *const others[] = {"layers", "resnet", "amoebanet", "unet", "gpt"};
+    for (int q = 0; q < GP_COUNT(others); q++)
+        if (q ? gp_ymap_key(m, others[q]) != NULL : !gp_cfg_absent(gp_ymap_get(m, others[q])))
+            return gp_cfg_bad(w, gkey, "model has both %s and llama; give one: llama expands "
+                              "into the layers", others[q]);
+    if (!gp_cfg_absent(g) && g->kind != GP_YNODE_MAP)
+        return gp_cfg_bad(w, g, "model.llama must be a map, like {layers: 16, heads: 32, "
+                          "kv_heads: 8, width: 2048, intermediate: 8192}");
+    GP_TRY(gp_cfg_check_keys(w, g, "model.llama"));
+    const char *gs = "model.llama";
+    llama_opts o = {0};
+    /* the defaults: Hugging Face's LlamaConfig (Llama 2 7B's sizes) */
+    GP_TRY(gp_cfg_get_int32(w, g, gs, "layers", 32, 1, 10000, &o.layers));
+    GP_TRY(gp_cfg_get_int(w, g, gs, "heads", 32, 1, 1 << 16, &o.heads));
+    GP_TRY(gp_cfg_get_int(w, g, gs, "kv_heads", o.heads, 1, 1 << 16, &o.kv_heads));
+    GP_TRY(gp_cfg_get_int(w, g, gs, "width", 4096, 1, (int64_t)1 << 20, &o.width));
+    GP_TRY(gp_cfg_get_int(w, g, gs, "intermediate", 11008, 1, (int64_t)1 << 24,
+                          &o.intermediate));
+    GP_TRY(gp_cfg_get_int(w, g, gs, "vocab", 32000, 1, (int64_t)1 << 24, &o.vocab));
+    GP_TRY(gp_cfg_get_int(w, g, gs, "positions", 2048, 1, (int64_t)1 << 40, &o.positions));
+    GP_TRY(gp_cfg_get_float(w, g, gs, "rope_theta", 10000.0f, 1, INFINITY, GP_CFG_LO_OPEN,
+                            &o.rope_theta));
+    GP_TRY(gp_cfg_get_float(w, g, gs, "rms_eps", 1e-6f, 0, INFINITY, GP_CFG_LO_OPEN,
+                            &o.rms_eps));
+    GP_TRY(gp_cfg_get_float(w, g, gs, "std", 0.02f, 0, INFINITY, GP_CFG_LO_OPEN, &o.std));
+    GP_TRY(gp_cfg_get_bool(w, g, gs, "tie", false, &o.tie));
+    GP_TRY(gp_cfg_get_bool(w, g, gs, "qkv_bias", false, &o.qkv_bias));
+    const gp_ynode *rs = gp_ymap_get(g, "rope_scaling");
+    o.factor = 8.0f, o.low_freq = 1.0f, o.high_freq = 4.0f, o.orig_positions = 8192;
+    if (!gp_cfg_absent(rs)) { /* Llama 3's: {factor, low_freq_factor, high_freq_factor,
+                                 original_positions} */
+        if (rs->kind != GP_YNODE_MAP)
+            return gp_cfg_bad(w, rs, "model.llama.rope_scaling must be a map, Llama 3's "
+                              "{factor: 32, low_freq_factor: 1, high_freq_factor: 4, "
+                              "original_positions: 8192} (leave it out for none)");
+        const char *rss = "model.llama.rope_scaling";
+        GP_TRY(gp_cfg_check_keys(w, rs, rss));
+        o.llama3 = true;
+        GP_TRY(gp_cfg_get_float(w, rs, rss, "factor", 8.0f, 1, INFINITY, 0, &o.factor));
+        GP_TRY(gp_cfg_get_float(w, rs, rss, "low_freq_factor", 1.0f, 0, INFINITY,
+                                GP_CFG_LO_OPEN, &o.low_freq));
+        GP_TRY(gp_cfg_get_float(w, rs, rss, "high_freq_factor", 4.0f, 0, INFINITY,
+                                GP_CFG_LO_OPEN, &o.high_freq));
+        GP_TRY(gp_cfg_get_int(w, rs, rss, "original_positions", 8192, 1, (int64_t)1 << 40,
+                              &o.orig_positions));
+        if (!(o.high_freq > o.low_freq))
+            return gp_cfg_bad(w, rs, "model.llama.rope_scaling: high_freq_factor (%g) must be "
+                              "above low_freq_factor (%g) (Llama 3: 4 and 1)",
+                              (double)o.high_freq, (double)o.low_freq);
+    }
+    const gp_ynode *hn = gp_ymap_get(g, "heads"), *wn = gp_ymap_get(g, "width");
+    const gp_ynode *kn = gp_ymap_get(g, "kv_heads");
+    if (o.width % o.heads != 0 || (o.width / o.heads) % 2 != 0 ||
+        o.width / o.heads > 512)
+        return gp_cfg_bad(w, hn ? hn : wn ? wn : gkey, "model.llama.heads = %lld does not split "
+                          "model.llama.width = %lld into heads of an even size up to 512 "
+                          "(rope turns pairs): Llama 3.2 1B is 2048 / 32, 8B 4096 / 32",
+                          (long long)o.heads, (long long)o.width);
+    if (o.heads % o.kv_heads != 0)
+        return gp_cfg_bad(w, kn ? kn : gkey, "model.llama.kv_heads = %lld does not divide "
+                          "model.llama.heads = %lld: each k and v head serves heads / kv_heads "
+                          "query heads (Llama 3: 8 of 32)", (long long)o.kv_heads,
+                          (long long)o.heads);
+    int64_t T = mc->input[0];
+    const gp_ynode *inn = gp_ymap_get(m, "input");
+    if (mc->input[1] != 1 || mc->input[2] != 1)
+        return gp_cfg_bad(w, inn ? inn : gkey, "model.llama reads token ids: model.input must be "
+                          "[T], the sequence length, like input: [2048], not %lld x %lld x %lld",
+                          (long long)mc->input[0], (long long)mc->input[1],
+                          (long long)mc->input[2]);
+    if (T > o.positions)
+        return gp_cfg_bad(w, gp_ymap_get(g, "positions") ? gp_ymap_get(g, "positions") : gkey,
+                          "model.llama.positions = %lld (max_position_embeddings) is shorter "
+                          "than the sequence, model.input [%lld]; give positions >= %lld",
+                          (long long)o.positions, (long long)T, (long long)T);
+    spec_list l;
+    list_start(&l, w, gkey, g);
+    GP_TRY(llama(&l, &o));
+    return expanded(w, mc, &l, "llama", gkey, found);
+}
+
 gp_status gp_cfg_parse_family(gp_cfg_walk *w, const gp_ynode *m, gp_model_config *mc, bool *found)
 {
     *found = false;
     /* a family given with no value (`resnet:`) is an empty map, as every
      * map-valued key's null is: all its options take their defaults */
     if (gp_ymap_key(m, "gpt")) return parse_gpt(w, m, mc, found);
+    if (gp_ymap_key(m, "llama")) return parse_llama(w, m, mc, found);
     if (gp_ymap_key(m, "unet")) return parse_unet(w, m, mc, found);
     GP_TRY(parse_amoebanet(w, m, mc, found));
     if (*found) return GP_OK;
