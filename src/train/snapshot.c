@@ -1697,8 +1697,9 @@ bool gp_snapshot_model_has(const gp_model *m, const char *name, int *ndim, int64
 gp_status gp_snapshot_init_from(gp_model *m, const char *path)
 {
     gp_st_file f;
-    bool converted; /* GPT-2's weights from Hugging Face or llm.c */
-    gp_status s = gp_gpt_read(m, path, &f, &converted);
+    bool converted = true; /* GPT-2's weights from Hugging Face or llm.c, a Llama's from HF */
+    gp_status s = gp_llama_is_hf(path) ? gp_llama_read(m, path, &f)
+                                       : gp_gpt_read(m, path, &f, &converted);
     if (s == GP_OK && !converted) s = gp_st_verify(&f, false);
     if (s == GP_OK && !converted) s = attach_parts(path, &f); /* a run in processes' */
     if (s == GP_OK) s = gp_snapshot_apply(m, &f, false);

@@ -318,4 +318,17 @@ gp_status gp_gpt_export(gp_model *m, const gp_config *cfg, const char *path,
  * `trains`, which would make it differ from wte), said before any step. */
 gp_status gp_gpt_export_check(const gp_model *m, gp_weights_format fmt, bool trains);
 
+/* ---- Hugging Face Llama folders (hf_llama.c, issue 66) ------------------ */
+
+/* Whether model.init_from's path is a Hugging Face model folder (a
+ * directory) or one Llama model.safetensors (model.embed_tokens.weight and
+ * model.layers.0.self_attn.q_proj.weight in its header). */
+bool gp_llama_is_hf(const char *path);
+/* The folder's (or file's) tensors as model.llama's names and layouts for
+ * m, lazily: q, k and v stacked into qkv_proj, gate and up into
+ * gate_up_proj, each read from its shard and converted to FP32 as it is
+ * loaded.  config.json, where there is one, is checked against m first,
+ * each difference named.  Errors name the folder and the tensor. */
+gp_status gp_llama_read(const gp_model *m, const char *path, gp_st_file *out);
+
 #endif /* GP_SNAPSHOT_H */

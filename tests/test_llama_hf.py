@@ -1,0 +1,192 @@
+#!/usr/bin/python3
+"""test_llama_hf.py — issue 66's transformers parity bar: a Hugging Face
+Llama folder read by model.init_from gives transformers' own loss.
+
+Hugging Face transformers (PyPI's 4.44.2 in a venv over Debian's torch 1.13,
+made here by gpt_util.ensure_libs where it is not importable; the test
+skips, saying why, only where PyPI cannot be reached) makes a small random
+LlamaForCausalLM with grouped-query attention (4 query heads over 2 k/v
+heads) and Llama 3's rope scaling (factor 8, original 16 positions, so
+all three bands of wavelength occur), its norms' weights random too, and
+save_pretrained writes it: once whole (model.safetensors, FP32, tied head),
+once sharded (model-0000k-of-0000n.safetensors with the index, BF16,
+untied head), and once tied in FP32 as an untied model's start (no
+lm_head.weight: the head starts as the embedding).  On a token file written
+here (windows of T + 1 = 17):
+
+1. parity: gpipe-train (model.llama of the folder's sizes, model.init_from
+   = the folder, SGD at lr 0 for one step) reports the first batch's loss
+   within 1e-5 relative of transformers' mean cross-entropy over the same
+   windows (the folder read by from_pretrained in FP32), on 1 device and on
+   2 CPU stages;
+2. errors: config.json naming other sizes is refused with each difference
+   and the model.llama key that sets it; a folder without one of the
+   model's tensors, or with a tensor the model has no place for, is refused
+   naming the tensor.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from gpt_util import check, ensure_libs, finish, write_tokens
+
+SRC = os.environ.get("GPIPE_SOURCE_DIR", os.path.join(os.path.dirname(__file__), ".."))
+BIN = os.environ.get("GPIPE_BINARY_DIR", os.path.join(SRC, "build"))
+NAME = "test_llama_hf"
+
+V, C, L, H, G, I, T, B = 61, 32, 2, 4, 2, 40, 16, 4
+THETA, EPS = 500000.0, 1e-5
+
+
+def hf_model(tie, seed):
+    import torch
+    import transformers
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(
+        vocab_size=V, hidden_size=C, intermediate_size=I, num_hidden_layers=L,
+        num_attention_heads=H, num_key_value_heads=G, max_position_embeddings=64,
+        rms_norm_eps=EPS, rope_theta=THETA, tie_word_embeddings=tie,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+        attn_implementation="eager")
+    m = transformers.LlamaForCausalLM(cfg).float().eval()
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+            else:
+                p.normal_(0.0, 0.2)
+    return m
+
+
+def hf_loss(m, windows):
+    import torch
+    import torch.nn.functional as F
+    with torch.no_grad():
+        x = torch.tensor(windows, dtype=torch.long)
+        logits = m(input_ids=x[:, :T]).logits.double()
+        return F.cross_entropy(logits.reshape(-1, V), x[:, 1:].reshape(-1)).item()
+
+
+def config(d, init, tie, devices, extra=""):
+    devs = "[cpu:0]" if devices == 1 else "[cpu:0, cpu:1]"
+    return "\n".join([
+        "model:",
+        "  input: [%d]" % T,
+        "  llama: {layers: %d, heads: %d, kv_heads: %d, width: %d, intermediate: %d, vocab: %d,"
+        % (L, H, G, C, I, V),
+        "          positions: 64, rope_theta: %g, rms_eps: %g, tie: %s%s," % (
+            THETA, EPS, "true" if tie else "false", extra),
+        "          rope_scaling: {factor: 8, original_positions: 16}}",
+        "  init_from: %s" % init,
+        "pipeline: {devices: %s, chunks: 2}" % devs,
+        "data: {dataset: tokens, path: %s, shuffle: false}" % d,
+        "train: {steps: 1, batch_size: %d, seed: 1, eval_each_epoch: false," % B,
+        "        optimizer: {type: sgd, lr: 0.0},",
+        "        snapshot: {every_steps: 0, dir: %s/snaps}}" % d, ""])
+
+
+def gpipe(d, yaml_text):
+    cfgp = os.path.join(d, "run.yaml")
+    with open(cfgp, "w") as f:
+        f.write(yaml_text)
+    m = os.path.join(d, "m.jsonl")
+    if os.path.exists(m):
+        os.remove(m)
+    r = subprocess.run([os.path.join(BIN, "gpipe-train"), cfgp, "--metrics", m, "-q",
+                        "--no-progress"], capture_output=True, text=True, timeout=300)
+    loss = None
+    if r.returncode == 0:
+        for line in open(m):
+            rec = json.loads(line)
+            if "loss" in rec and not rec.get("eval"):
+                loss = rec["loss"]
+                break
+    return r.returncode, r.stdout + r.stderr, loss
+
+
+def main():
+    ensure_libs(NAME, ["transformers", "safetensors"], os.path.join(BIN, "hf-venv"),
+                ["transformers==4.44.2", "safetensors"], "GPIPE_HF_VENV")
+    import random
+    import torch
+    import transformers
+    print("%s: transformers %s, torch %s" % (NAME, transformers.__version__, torch.__version__))
+    rnd = random.Random(3)
+    toks = [rnd.randrange(V) for _ in range(8 * B * (T + 1))]
+    windows = [toks[i * (T + 1):(i + 1) * (T + 1)] for i in range(B)]
+    d = tempfile.mkdtemp(prefix="gpipe-llama-hf-")
+    try:
+        write_tokens(os.path.join(d, "t_train.bin"), toks)
+        write_tokens(os.path.join(d, "t_val.bin"), toks[:4 * (T + 1)])
+        data = os.path.join(d, "t_train.bin")
+        cases = [  # (folder, HF model tied, saved as, gpipe model tied)
+            ("whole-tied", True, dict(), True),
+            ("sharded-untied-bf16", False, dict(max_shard_size="20KB"), False),
+            ("tied-into-untied", True, dict(), False),
+        ]
+        for name, hf_tie, save, tie in cases:
+            m = hf_model(hf_tie, seed=len(name))
+            folder = os.path.join(d, name)
+            if "bf16" in name:
+                m = m.to(torch.bfloat16)
+            m.save_pretrained(folder, safe_serialization=True, **save)
+            # the reference: the folder as from_pretrained reads it, in FP32
+            # (a bf16 model's weights widened as gpipe reads them, and its
+            # rope frequencies computed again in FP32, as gpipe's are: the
+            # model cast to bf16 holds them rounded)
+            ref = transformers.LlamaForCausalLM.from_pretrained(
+                folder, torch_dtype=torch.float32, attn_implementation="eager").eval()
+            want = hf_loss(ref, windows)
+            shards = [f for f in os.listdir(folder) if f.endswith(".safetensors")]
+            if save:
+                check(len(shards) > 1 and os.path.exists(
+                    os.path.join(folder, "model.safetensors.index.json")),
+                    "%s: save_pretrained made %d shard(s)" % (name, len(shards)))
+            if name == "tied-into-untied":  # the config says tied; this model is not
+                with open(os.path.join(folder, "config.json")) as f:
+                    cj = json.load(f)
+                cj["tie_word_embeddings"] = False
+                with open(os.path.join(folder, "config.json"), "w") as f:
+                    json.dump(cj, f)
+            for devices in (1, 2):
+                rc, out, got = gpipe(d, config(data, folder, tie, devices))
+                ok = rc == 0 and got is not None and abs(got - want) <= 1e-5 * abs(want)
+                check(ok, "%s on %d device(s): gpipe's loss %s, transformers' %.8f (exit %d) %s"
+                      % (name, devices, got, want, rc, "" if rc == 0 else out[-1500:]))
+                print("%s, %d device(s): gpipe %.8f, transformers %.8f" % (name, devices,
+                                                                             got or 0.0, want))
+
+        # errors: other sizes in config.json, a missing tensor, one too many
+        folder = os.path.join(d, "whole-tied")
+        rc, out, _ = gpipe(d, config(data, folder, True, 1).replace(
+            "intermediate: %d" % I, "intermediate: %d" % (I + 8)))
+        check(rc != 0 and "config.json does not describe this model" in out and
+              "intermediate_size 40 (this model: model.llama.intermediate 48)" in out,
+              "other sizes: exit %d: %s" % (rc, out[-800:]))
+        bad = os.path.join(d, "bad")
+        shutil.copytree(folder, bad)
+        os.remove(os.path.join(bad, "config.json"))
+        from safetensors.torch import load_file, save_file
+        sd = load_file(os.path.join(bad, "model.safetensors"))
+        del sd["model.layers.1.self_attn.k_proj.weight"]
+        save_file(sd, os.path.join(bad, "model.safetensors"), metadata={"format": "pt"})
+        rc, out, _ = gpipe(d, config(data, bad, True, 1))
+        check(rc != 0 and "has no tensor 'model.layers.1.self_attn.k_proj.weight'" in out,
+              "a missing tensor: exit %d: %s" % (rc, out[-800:]))
+        sd = load_file(os.path.join(folder, "model.safetensors"))
+        sd["model.layers.0.mlp.extra.weight"] = torch.zeros(2, 2)
+        save_file(sd, os.path.join(bad, "model.safetensors"), metadata={"format": "pt"})
+        rc, out, _ = gpipe(d, config(data, bad, True, 1))
+        check(rc != 0 and "'model.layers.0.mlp.extra.weight', which this model has no place"
+              in out, "an extra tensor: exit %d: %s" % (rc, out[-800:]))
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    return finish(NAME)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
