@@ -19,7 +19,14 @@ here (windows of T + 1 = 17):
    within 1e-5 relative of transformers' mean cross-entropy over the same
    windows (the folder read by from_pretrained in FP32), on 1 device and on
    2 CPU stages;
-2. errors: config.json naming other sizes is refused with each difference
+2. the folder out: 20 AdamW steps in gpipe from the whole (tied) or the
+   sharded (untied) folder, then
+   --export-weights DIR --export-format hf (tied, one file; untied, in
+   shards with the index): LlamaForCausalLM.from_pretrained loads the
+   folder as it is, and its loss on the validation windows is gpipe's final
+   test loss within 1e-5 relative; the folder read back by model.init_from
+   gives that loss again;
+3. errors: config.json naming other sizes is refused with each difference
    and the model.llama key that sets it; a folder without one of the
    model's tensors, or with a tensor the model has no place for, is refused
    naming the tensor.
@@ -89,7 +96,9 @@ def config(d, init, tie, devices, extra=""):
         "        snapshot: {every_steps: 0, dir: %s/snaps}}" % d, ""])
 
 
-def gpipe(d, yaml_text):
+def gpipe(d, yaml_text, args=(), env=None, final=False):
+    """gpipe-train on yaml_text: (exit, output, the first step's loss, or
+    with final the final evaluation's test loss)."""
     cfgp = os.path.join(d, "run.yaml")
     with open(cfgp, "w") as f:
         f.write(yaml_text)
@@ -97,14 +106,16 @@ def gpipe(d, yaml_text):
     if os.path.exists(m):
         os.remove(m)
     r = subprocess.run([os.path.join(BIN, "gpipe-train"), cfgp, "--metrics", m, "-q",
-                        "--no-progress"], capture_output=True, text=True, timeout=300)
+                        "--no-progress"] + list(args), capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ, **(env or {})))
     loss = None
     if r.returncode == 0:
         for line in open(m):
             rec = json.loads(line)
-            if "loss" in rec and not rec.get("eval"):
-                loss = rec["loss"]
-                break
+            if final and rec.get("eval") and rec.get("final"):
+                loss = rec["test_loss"]
+            if not final and "loss" in rec and not rec.get("eval"):
+                loss = loss if loss is not None else rec["loss"]
     return r.returncode, r.stdout + r.stderr, loss
 
 
@@ -159,6 +170,43 @@ def main():
                       % (name, devices, got, want, rc, "" if rc == 0 else out[-1500:]))
                 print("%s, %d device(s): gpipe %.8f, transformers %.8f" % (name, devices,
                                                                              got or 0.0, want))
+
+        # the folder out: 20 AdamW steps, exported, loaded by from_pretrained
+        val = [toks[i * (T + 1):(i + 1) * (T + 1)] for i in range(4)]
+        for tie, shards in ((True, None), (False, "40000")):
+            out_dir = os.path.join(d, "export-%s" % ("tied" if tie else "untied"))
+            start = os.path.join(d, "whole-tied" if tie else "sharded-untied-bf16")
+            y = config(data, start, tie, 2).replace(
+                "train: {steps: 1,", "train: {steps: 20, eval_batch_size: 4,").replace(
+                "optimizer: {type: sgd, lr: 0.0}",
+                "optimizer: {type: adamw, lr: 0.01, weight_decay: 0.1}")
+            rc, out, final = gpipe(d, y, ["--export-weights", out_dir, "--export-format", "hf"],
+                                   env={"GPIPE_HF_SHARD_BYTES": shards} if shards else None,
+                                   final=True)
+            check(rc == 0 and final is not None, "20 steps and the export (%s): exit %d %s" % (
+                "tied" if tie else "untied", rc, out[-1500:]))
+            if rc != 0:
+                continue
+            files = sorted(os.listdir(out_dir))
+            check(("model.safetensors.index.json" in files) == (shards is not None) and
+                  "config.json" in files, "the export's files: %s" % files)
+            with open(os.path.join(out_dir, "config.json")) as f:
+                cj = json.load(f)
+            check(cj["tie_word_embeddings"] == tie and cj["num_key_value_heads"] == G and
+                  cj["rope_scaling"]["rope_type"] == "llama3", "config.json: %s" % cj)
+            back = transformers.LlamaForCausalLM.from_pretrained(
+                out_dir, torch_dtype=torch.float32, attn_implementation="eager").eval()
+            want = hf_loss(back, val)
+            check(abs(final - want) <= 1e-5 * abs(want),
+                  "exported (%s): from_pretrained's loss %.8f, gpipe's final test loss %.8f"
+                  % ("tied" if tie else "untied", want, final))
+            print("export %s: gpipe %.8f, transformers %.8f" % ("tied" if tie else "untied",
+                                                                final, want))
+            rc, out, again = gpipe(d, config(data, out_dir, tie, 1).replace(
+                "train: {steps: 1,", "train: {steps: 1, eval_batch_size: 4,"), final=True)
+            check(rc == 0 and again is not None and abs(again - final) <= 1e-6 * abs(final),
+                  "the export read back: test loss %s, was %s (exit %d) %s" % (
+                      again, final, rc, out[-800:]))
 
         # errors: other sizes in config.json, a missing tensor, one too many
         folder = os.path.join(d, "whole-tied")

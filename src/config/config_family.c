@@ -641,6 +641,7 @@ static gp_status llama(spec_list *l, const llama_opts *o)
         r->rope_low_freq = o->low_freq;
         r->rope_high_freq = o->high_freq;
         r->rope_orig_positions = o->orig_positions;
+        r->positions = o->positions; /* (max_position_embeddings, for an export) */
         gp_layer_spec *a = push(l, GP_LAYER_ATTENTION, NAME("self_attn"));
         a->heads = o->heads;
         a->kv_heads = o->kv_heads;

@@ -840,6 +840,8 @@ static gp_status export_llmc(const gp_model *m, const gp_st_file *g, const char 
 gp_status gp_gpt_export_check(const gp_model *m, gp_weights_format fmt, bool trains)
 {
     if (fmt == GP_WEIGHTS_GPIPE) return GP_OK;
+    if (fmt == GP_WEIGHTS_HF && gp_llama_is_model(m)) /* a Llama's folder (hf_llama.c) */
+        return gp_llama_export_check(m);
     const char *f = fmt == GP_WEIGHTS_HF ? "--export-format hf" : "--export-format llmc";
     const char *names[3] = {TX "wte.weight", TX "wpe.weight", TX "h.0.attn.c_attn.weight"};
     for (int q = 0; q < 3; q++)
@@ -870,6 +872,11 @@ gp_status gp_gpt_export(gp_model *m, const gp_config *cfg, const char *path,
                         gp_weights_format fmt)
 {
     if (fmt == GP_WEIGHTS_GPIPE) return gp_snapshot_export(m, cfg, path);
+    if (fmt == GP_WEIGHTS_HF && gp_llama_is_model(m)) {
+        gp_status ls = gp_llama_export(m, path);
+        if (ls != GP_OK) gp_error_wrap(ls, "exporting weights to %s", path);
+        return ls;
+    }
     /* processes: every other rank sends its tensors to rank 0 */
     if (m->local_device >= 0 && gp_procs_rank() != 0)
         return gp_snapshot_collect(m, cfg, NULL, NULL);

@@ -509,7 +509,7 @@ gp_status gp_llama_read(const gp_model *m, const char *path, gp_st_file *out)
             if (!gp_snapshot_model_has(m, ours, NULL, NULL)) continue;
             named = true;
             int n = hf_names(l->spec.name, l->params[p].name, names);
-            hf_src src[HF_MAX_SRC];
+            hf_src src[HF_MAX_SRC] = {{0, NULL}};
             for (int q = 0; s == GP_OK && q < n; q++) {
                 bool got = find_src(c, names[q], &src[q]);
                 /* a tied save has no lm_head.weight: the untied model's
@@ -549,5 +549,312 @@ gp_status gp_llama_read(const gp_model *m, const char *path, gp_st_file *out)
         }
     free(used);
     if (s != GP_OK) gp_st_free(out);
+    return s;
+}
+
+/* ---- export: a folder LlamaForCausalLM.from_pretrained loads ---------------- */
+
+/* One tensor of the export: rows [r0, r0 + rows) of the model's parameter
+ * (layer k, parameter p), as HF's `name`. */
+typedef struct hf_part {
+    char name[320];
+    int k, p;
+    int64_t r0, rows, cols;
+    int shard;
+    uint64_t begin, end; /* in its shard's data section */
+} hf_part;
+
+bool gp_llama_is_model(const gp_model *m)
+{
+    return gp_snapshot_model_has(m, "model.embed_tokens.wte.weight", NULL, NULL);
+}
+
+/* The export's tensors in the model's order, q, k, v and gate, up split. */
+static gp_status export_parts(const gp_model *m, hf_part **out, int *n_out)
+{
+    const gp_layer *att = first_of(m, GP_LAYER_ATTENTION);
+    int64_t H = att ? att->spec.heads : 1, G = att && att->spec.kv_heads ? att->spec.kv_heads : H;
+    int cap = 16, n = 0;
+    hf_part *v = malloc((size_t)cap * sizeof *v);
+    if (!v) return gp_error_set(GP_ERR_OOM, "out of host memory exporting");
+    for (int k = 0; k < m->n_layers; k++) {
+        const gp_layer *l = &m->layers[k];
+        for (int p = 0; p < l->n_params; p++) {
+            if (l->params[p].tied) continue;
+            const gp_tensor *t = &l->params[p].value;
+            char names[HF_MAX_SRC][320];
+            int ns = hf_names(l->spec.name, l->params[p].name, names);
+            int64_t rows = t->dims[0], cols = t->ndim > 1 ? t->dims[1] : 1, split[HF_MAX_SRC];
+            if (ns == 3) { /* q, k, v: H d, G d, G d rows */
+                int64_t d = rows / (H + 2 * G);
+                split[0] = H * d, split[1] = split[2] = G * d;
+            } else if (ns == 2) {
+                split[0] = split[1] = rows / 2;
+            } else {
+                split[0] = rows;
+            }
+            for (int q = 0, r0 = 0; q < ns; r0 += (int)split[q], q++) {
+                if (n == cap) {
+                    hf_part *nv = realloc(v, (size_t)(cap *= 2) * sizeof *v);
+                    if (!nv) {
+                        free(v);
+                        return gp_error_set(GP_ERR_OOM, "out of host memory exporting");
+                    }
+                    v = nv;
+                }
+                v[n] = (hf_part){.k = k, .p = p, .r0 = r0, .rows = split[q], .cols = cols};
+                memcpy(v[n].name, names[q], sizeof v[n].name);
+                v[n].name[sizeof v[n].name - 1] = '\0';
+                if (t->ndim == 1) v[n].cols = 0; /* a 1-D tensor: (rows) */
+                n++;
+            }
+        }
+    }
+    *out = v;
+    *n_out = n;
+    return GP_OK;
+}
+
+static void shard_name(char *buf, size_t len, int i, int n)
+{
+    if (n == 1) snprintf(buf, len, "model.safetensors");
+    else snprintf(buf, len, "model-%05d-of-%05d.safetensors", i + 1, n);
+}
+
+/* One shard: the safetensors header of its parts, then their FP32 bytes,
+ * each parameter downloaded from its device as it is written. */
+static gp_status write_shard(const gp_model *m, const char *dir, const hf_part *v, int n,
+                             int shard, int n_shards)
+{
+    char fn[64], path[1100];
+    shard_name(fn, sizeof fn, shard, n_shards);
+    snprintf(path, sizeof path, "%s/%s", dir, fn);
+    gp_json_writer w = {0};
+    gp_json_open_object(&w, NULL);
+    gp_json_open_object(&w, "__metadata__");
+    gp_json_put_str(&w, "format", "pt");
+    gp_json_close(&w);
+    for (int i = 0; i < n; i++) {
+        if (v[i].shard != shard) continue;
+        gp_json_open_object(&w, v[i].name);
+        gp_json_put_str(&w, "dtype", "F32");
+        gp_json_open_array(&w, "shape");
+        gp_json_put_int(&w, NULL, v[i].rows);
+        if (v[i].cols) gp_json_put_int(&w, NULL, v[i].cols);
+        gp_json_close(&w);
+        gp_json_open_array(&w, "data_offsets");
+        gp_json_put_uint(&w, NULL, v[i].begin);
+        gp_json_put_uint(&w, NULL, v[i].end);
+        gp_json_close(&w);
+        gp_json_close(&w);
+    }
+    gp_json_close(&w);
+    while (!w.oom && w.len % 8) gp_json_put_raw(&w, " ");
+    if (w.oom) {
+        gp_json_writer_free(&w);
+        return gp_error_set(GP_ERR_OOM, "out of host memory exporting to %s", path);
+    }
+    gp_atomic_file af;
+    gp_status s = gp_atomic_open(path, &af);
+    if (s != GP_OK) {
+        gp_json_writer_free(&w);
+        return s;
+    }
+    uint8_t lb[8];
+    for (int b = 0; b < 8; b++) lb[b] = (uint8_t)((uint64_t)w.len >> (8 * b));
+    int err = fwrite(lb, 1, 8, af.f) == 8 && fwrite(w.text, 1, w.len, af.f) == w.len ? 0 : EIO;
+    gp_json_writer_free(&w);
+    float *buf = NULL;
+    int held_k = -1, held_p = -1;
+    for (int i = 0; i < n && !err && s == GP_OK; i++) {
+        if (v[i].shard != shard) continue;
+        const gp_param *pr = &m->layers[v[i].k].params[v[i].p];
+        if (v[i].k != held_k || v[i].p != held_p) { /* the whole parameter, once */
+            int64_t all = gp_tensor_numel(&pr->value);
+            free(buf);
+            buf = malloc((size_t)(all ? all : 1) * sizeof *buf);
+            if (!buf) {
+                s = gp_error_set(GP_ERR_OOM, "out of host memory exporting to %s", path);
+                break;
+            }
+            s = gp_dev_synchronize(pr->value.dev);
+            if (s == GP_OK) s = gp_dev_download(pr->value.dev, buf, gp_f32(&pr->value), all);
+            if (s == GP_OK) s = gp_dev_synchronize(pr->value.dev);
+            held_k = v[i].k, held_p = v[i].p;
+        }
+        int64_t per = v[i].cols ? v[i].cols : 1;
+        size_t cnt = (size_t)(v[i].rows * per);
+        if (s == GP_OK && fwrite(buf + v[i].r0 * per, sizeof *buf, cnt, af.f) != cnt) err = EIO;
+    }
+    free(buf);
+    if (s != GP_OK) {
+        gp_atomic_abort(&af);
+        return s;
+    }
+    return gp_atomic_commit(&af, err);
+}
+
+/* A float as JSON that reads as one: 8.0, not 8 (transformers checks
+ * rope_scaling's factors are floats). */
+static void put_float(gp_json_writer *w, const char *key, double v)
+{
+    /* a float's value as the shortest decimal that is that float (1e-05,
+     * not 9.9999997e-06: what the config said) */
+    float f = (float)v;
+    if ((double)f == v)
+        for (int p = 1; p <= 9; p++) {
+            char b[32];
+            snprintf(b, sizeof b, "%.*g", p, v);
+            if ((float)strtod(b, NULL) == f) {
+                v = strtod(b, NULL);
+                break;
+            }
+        }
+    if (v == floor(v) && fabs(v) < 1e15) gp_json_put_fixed(w, key, v, 1);
+    else gp_json_put_num(w, key, v);
+}
+
+/* config.json: what LlamaForCausalLM.from_pretrained needs to build this
+ * model (every size, rope_theta and rope_scaling, eps, the tie). */
+static gp_status write_config(const gp_model *m, const char *dir)
+{
+    const gp_layer *emb = first_of(m, GP_LAYER_EMBEDDING), *att = first_of(m, GP_LAYER_ATTENTION);
+    const gp_layer *rope = first_of(m, GP_LAYER_ROPE), *rms = first_of(m, GP_LAYER_RMS_NORM);
+    const gp_layer *sw = first_of(m, GP_LAYER_SWIGLU);
+    if (!emb || !att || !rope || !rms || !sw)
+        return gp_error_set(GP_ERR_INVALID, "--export-format hf: this model is not a whole "
+                            "Llama (model.llama): it lacks an embedding, attention, rope, "
+                            "rms_norm or swiglu layer");
+    int blocks = 0;
+    bool tied = false;
+    for (int k = 0; k < m->n_layers; k++) {
+        blocks += m->layers[k].spec.type == GP_LAYER_ATTENTION;
+        tied |= !strcmp(m->layers[k].spec.name, "lm_head") && m->layers[k].spec.tie[0];
+    }
+    gp_json_writer w = {.pretty = 2};
+    gp_json_open_object(&w, NULL);
+    gp_json_open_array(&w, "architectures");
+    gp_json_put_str(&w, NULL, "LlamaForCausalLM");
+    gp_json_close(&w);
+    gp_json_put_str(&w, "model_type", "llama");
+    gp_json_put_int(&w, "hidden_size", emb->spec.dim);
+    gp_json_put_int(&w, "intermediate_size", sw->out_shape.dims[sw->out_shape.ndim - 1]);
+    gp_json_put_int(&w, "num_hidden_layers", blocks);
+    gp_json_put_int(&w, "num_attention_heads", att->spec.heads);
+    gp_json_put_int(&w, "num_key_value_heads",
+                    att->spec.kv_heads ? att->spec.kv_heads : att->spec.heads);
+    gp_json_put_int(&w, "head_dim", emb->spec.dim / att->spec.heads);
+    gp_json_put_int(&w, "vocab_size", emb->spec.vocab);
+    gp_json_put_int(&w, "max_position_embeddings",
+                    rope->spec.positions > 0 ? rope->spec.positions : 2048);
+    put_float(&w, "rms_norm_eps", (double)rms->spec.eps);
+    put_float(&w, "rope_theta", (double)rope->spec.rope_theta);
+    if (rope->spec.rope_llama3) {
+        gp_json_open_object(&w, "rope_scaling");
+        gp_json_put_str(&w, "rope_type", "llama3");
+        put_float(&w, "factor", (double)rope->spec.rope_factor);
+        put_float(&w, "low_freq_factor", (double)rope->spec.rope_low_freq);
+        put_float(&w, "high_freq_factor", (double)rope->spec.rope_high_freq);
+        gp_json_put_int(&w, "original_max_position_embeddings", rope->spec.rope_orig_positions);
+        gp_json_close(&w);
+    } else {
+        gp_json_put_null(&w, "rope_scaling");
+    }
+    gp_json_put_bool(&w, "tie_word_embeddings", tied);
+    gp_json_put_bool(&w, "attention_bias", false);
+    gp_json_put_bool(&w, "mlp_bias", false);
+    gp_json_put_str(&w, "hidden_act", "silu");
+    put_float(&w, "initializer_range", 0.02);
+    gp_json_put_str(&w, "torch_dtype", "float32");
+    gp_json_put_bool(&w, "use_cache", true);
+    gp_json_close(&w);
+    gp_json_put_raw(&w, "\n");
+    char path[1100];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    gp_status s = w.oom ? gp_error_set(GP_ERR_OOM, "out of host memory exporting") : GP_OK;
+    gp_atomic_file af;
+    if (s == GP_OK) s = gp_atomic_open(path, &af);
+    if (s == GP_OK)
+        s = gp_atomic_commit(&af, fwrite(w.text, 1, w.len, af.f) == w.len ? 0 : EIO);
+    gp_json_writer_free(&w);
+    return s;
+}
+
+gp_status gp_llama_export_check(const gp_model *m)
+{
+    if (!gp_llama_is_model(m))
+        return gp_error_set(GP_ERR_INVALID, "--export-format hf: this model is not a "
+                            "model.llama (no model.embed_tokens)");
+    if (m->local_device >= 0)
+        return gp_error_set(GP_ERR_UNSUPPORTED, "--export-format hf: a Llama's folder is written "
+                            "by one process; convert the run's snapshot afterwards with "
+                            "gpipe-train CONFIG --resume SNAPSHOT --convert --export-weights DIR "
+                            "--export-format hf");
+    for (int k = 0; k < m->n_layers; k++) {
+        const gp_layer *l = &m->layers[k];
+        char b[256];
+        if (ends(l->spec.name, "qkv_proj", b, sizeof b) && l->spec.bias)
+            return gp_error_set(GP_ERR_UNSUPPORTED, "--export-format hf: %s has q, k and v "
+                                "biases (qkv_bias: Qwen2's layout), which a LlamaForCausalLM "
+                                "folder cannot hold; export with --export-format gpipe",
+                                l->spec.name);
+    }
+    return GP_OK;
+}
+
+gp_status gp_llama_export(const gp_model *m, const char *dir)
+{
+    GP_TRY(gp_llama_export_check(m));
+    GP_TRY(gp_make_dirs(dir, "--export-weights (a Hugging Face folder)"));
+    hf_part *v = NULL;
+    int n = 0;
+    GP_TRY(export_parts(m, &v, &n));
+    /* shards of at most GPIPE_HF_SHARD_BYTES (default 5 GB, save_pretrained's
+     * max_shard_size), tensors in the model's order */
+    uint64_t limit = 5000000000ull, at = 0, total = 0;
+    const char *env = getenv("GPIPE_HF_SHARD_BYTES");
+    if (env && strtoull(env, NULL, 10) > 0) limit = strtoull(env, NULL, 10);
+    int shard = 0;
+    for (int i = 0; i < n; i++) {
+        uint64_t bytes = (uint64_t)(v[i].rows * (v[i].cols ? v[i].cols : 1)) * sizeof(float);
+        if (at > 0 && at + bytes > limit) shard++, at = 0;
+        v[i].shard = shard;
+        v[i].begin = at;
+        v[i].end = at + bytes;
+        at += bytes;
+        total += bytes;
+    }
+    int n_shards = shard + 1;
+    gp_status s = write_config(m, dir);
+    for (int q = 0; q < n_shards && s == GP_OK; q++) s = write_shard(m, dir, v, n, q, n_shards);
+    char idx[1100];
+    snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", dir);
+    if (s == GP_OK && n_shards > 1) {
+        gp_json_writer w = {.pretty = 1};
+        gp_json_open_object(&w, NULL);
+        gp_json_open_object(&w, "metadata");
+        gp_json_put_uint(&w, "total_size", total);
+        gp_json_close(&w);
+        gp_json_open_object(&w, "weight_map");
+        for (int i = 0; i < n; i++) {
+            char fn[64];
+            shard_name(fn, sizeof fn, v[i].shard, n_shards);
+            gp_json_put_str(&w, v[i].name, fn);
+        }
+        gp_json_close(&w);
+        gp_json_close(&w);
+        gp_json_put_raw(&w, "\n");
+        gp_atomic_file af;
+        s = w.oom ? gp_error_set(GP_ERR_OOM, "out of host memory exporting") : GP_OK;
+        if (s == GP_OK) s = gp_atomic_open(idx, &af);
+        if (s == GP_OK)
+            s = gp_atomic_commit(&af, fwrite(w.text, 1, w.len, af.f) == w.len ? 0 : EIO);
+        gp_json_writer_free(&w);
+    } else if (s == GP_OK) {
+        /* one file: no index (an older export's would point at shards gone) */
+        if (unlink(idx) != 0 && errno != ENOENT)
+            s = gp_error_set(GP_ERR_IO, "cannot remove the old %s: %s", idx, strerror(errno));
+    }
+    free(v);
     return s;
 }

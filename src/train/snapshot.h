@@ -330,5 +330,15 @@ bool gp_llama_is_hf(const char *path);
  * loaded.  config.json, where there is one, is checked against m first,
  * each difference named.  Errors name the folder and the tensor. */
 gp_status gp_llama_read(const gp_model *m, const char *path, gp_st_file *out);
+/* --export-format hf for a model.llama: the folder `dir` (made if missing)
+ * with config.json and model.safetensors, or shards of at most 5 GB
+ * (GPIPE_HF_SHARD_BYTES) with model.safetensors.index.json, FP32, HF's
+ * names (qkv_proj and gate_up_proj split), each parameter downloaded and
+ * written in turn (the model plus one tensor held).  The check: an error
+ * where the folder could not hold m.  gp_llama_is_model: whether m is a
+ * model.llama (its model.embed_tokens.wte.weight). */
+bool gp_llama_is_model(const gp_model *m);
+gp_status gp_llama_export_check(const gp_model *m);
+gp_status gp_llama_export(const gp_model *m, const char *dir);
 
 #endif /* GP_SNAPSHOT_H */

@@ -1126,6 +1126,16 @@ static void run_init(train_run *r, const gp_config *cfg, const gp_train_opts *op
     r->run_first = r->run_last = -1;
 }
 
+/* --export-weights's path checked: a file, or for a Llama in Hugging
+ * Face's format the folder it writes (hf_llama.c). */
+static gp_status check_export_path(const gp_config *cfg, const gp_train_opts *opts)
+{
+    if ((gp_weights_format)opts->export_format == GP_WEIGHTS_HF &&
+        !strcmp(cfg->model.family, "llama"))
+        return gp_check_writable_dir(opts->export_path, gp_opt_name(GP_OPT_EXPORT));
+    return gp_check_writable_file(opts->export_path, gp_opt_name(GP_OPT_EXPORT), true);
+}
+
 /* Every output is checked before any work: a bad path costs a second, not
  * the run; then the snapshot directory is taken.  Nothing is open yet, so
  * a failure here has nothing to close. */
@@ -1135,7 +1145,7 @@ static gp_status run_check_outputs(train_run *r)
     const gp_train_opts *opts = r->opts;
     gp_status chk = GP_OK;
     if (opts->export_path && gp_procs_rank() == 0) /* processes: rank 0 writes it */
-        chk = gp_check_writable_file(opts->export_path, gp_opt_name(GP_OPT_EXPORT), true);
+        chk = check_export_path(cfg, opts);
     if (chk == GP_OK) chk = check_outputs_spare_inputs(cfg, opts, r->out.tb_dir, r->out.tb_what);
     /* the files opened below, checked before either is (a metrics file
      * emptied for a trace path that then fails would be lost) */
@@ -2025,7 +2035,7 @@ gp_status gp_train_convert(const gp_config *cfg, const gp_train_opts *opts)
     }
     gp_train_opts o = *opts;
     o.resume_path = path;
-    GP_TRY(gp_check_writable_file(o.export_path, gp_opt_name(GP_OPT_EXPORT), true));
+    GP_TRY(check_export_path(cfg, &o));
     GP_TRY(check_outputs_spare_inputs(cfg, &o, NULL, NULL));
     gp_device *dev = NULL;
     gp_device_opts dopts = {.threads = 0};
