@@ -3,18 +3,21 @@
 gpipe-train's `data.dataset: tokens`, and back.
 
   scripts/tokenize_text.py encode -o DIR [--name NAME] [--val FRACTION]
-                      [--encoding bytes|gpt2] TEXT...
+                      [--encoding bytes|gpt2 | --tokenizer tokenizer.json] TEXT...
       writes DIR/NAME_train.bin and DIR/NAME_val.bin: the texts joined in
       the order given, as tokens; the last FRACTION of the tokens (default
       0.1) is the validation split, the rest the training split.
-  scripts/tokenize_text.py decode [--encoding bytes|gpt2] FILE.bin
+  scripts/tokenize_text.py decode [--encoding bytes|gpt2 | --tokenizer T] FILE.bin
       writes the file's tokens as text to stdout.
   scripts/tokenize_text.py encodings
       says which encodings this machine has.
 
 A token file is a header of 256 little-endian int32 (magic 20240520,
 version 1, the token count, the rest 0), then the tokens as little-endian
-uint16: what llm.c's dev/data scripts write and train_gpt2 reads.
+uint16: what llm.c's dev/data scripts write and train_gpt2 reads.  A
+vocabulary past 65,536 ids (Llama 3's 128,256) is written as llm.c's
+Llama 3 files: magic 20240801, version 7, uint32 tokens.  decode reads
+both.
 
 Encodings: `bytes` (the default) is byte-level, a vocabulary of 256: each
 byte of the file is a token, so any file encodes and decode(encode(f)) is
@@ -22,7 +25,11 @@ f exactly; nothing to download.  `gpt2` is GPT-2's BPE (50257 tokens)
 through tiktoken, only where tiktoken is installed and its GPT-2 files are
 already in its cache (TIKTOKEN_CACHE_DIR): this script never downloads, and
 says so when they are missing.  Like llm.c, gpt2 puts <|endoftext|> (50256)
-before each file.
+before each file.  `--tokenizer FILE` is a Hugging Face tokenizer.json (a
+Llama's, from its model folder) through the `tokenizers` library where it
+is installed (pip install tokenizers; it reads the file, never the Hub);
+each text file is encoded with the tokenizer's special tokens (Llama 3's
+<|begin_of_text|> first).
 
 A corpus every Debian machine has: the licence texts of base-files,
     scripts/tokenize_text.py encode -o data/licenses --name licenses \\
@@ -43,6 +50,7 @@ from gp_script_common import ScriptError, parser_raising, run_cli
 
 MAGIC = 20240520
 VERSION = 1
+MAGIC32, VERSION32 = 20240801, 7  # llm.c's Llama 3 files: uint32 tokens
 HEADER_WORDS = 256
 GPT2_EOT = 50256
 
@@ -70,6 +78,19 @@ def gpt2_encoding():
     return tiktoken.get_encoding("gpt2")
 
 
+def hf_tokenizer(path):
+    """A Hugging Face tokenizer.json through `tokenizers`, or a TokError."""
+    try:
+        import tokenizers
+    except ImportError:
+        raise TokError("--tokenizer", "the tokenizers library is not installed (pip install "
+                       "tokenizers); use --encoding bytes or gpt2")
+    try:
+        return tokenizers.Tokenizer.from_file(path)
+    except Exception as e:  # (its errors are its own Exception types)
+        raise TokError(path, "not a tokenizer.json that `tokenizers` reads: %s" % e)
+
+
 def read_input(path):
     try:
         with open(path, "rb") as f:
@@ -80,11 +101,19 @@ def read_input(path):
         raise TokError(path, "cannot read: %s" % (e.strerror or e))
 
 
-def encode_files(paths, encoding):
+def encode_files(paths, encoding, tokenizer=None):
     toks = []
-    enc = gpt2_encoding() if encoding == "gpt2" else None
+    enc = gpt2_encoding() if encoding == "gpt2" and not tokenizer else None
+    hf = hf_tokenizer(tokenizer) if tokenizer else None
     for p in paths:
         data = read_input(p)
+        if hf is not None:
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise TokError(p, "not UTF-8 at byte %d (a tokenizer takes text)" % e.start)
+            toks.extend(hf.encode(text, add_special_tokens=True).ids)
+            continue
         if enc is None:
             toks.extend(data)
             continue
@@ -98,12 +127,17 @@ def encode_files(paths, encoding):
     return toks
 
 
-def write_tokens(path, toks):
+def write_tokens(path, toks, wide=None):
+    """A token file; uint32 (llm.c's Llama 3 format) where wide, or where
+    wide is None and an id is past 65,535."""
+    if wide is None:
+        wide = bool(toks) and max(toks) > 65535
     header = [0] * HEADER_WORDS
-    header[0], header[1], header[2] = MAGIC, VERSION, len(toks)
+    header[0], header[1], header[2] = (MAGIC32, VERSION32, len(toks)) if wide else \
+        (MAGIC, VERSION, len(toks))
     with open(path, "wb") as f:
         f.write(struct.pack("<%di" % HEADER_WORDS, *header))
-        f.write(struct.pack("<%dH" % len(toks), *toks))
+        f.write(struct.pack("<%d%s" % (len(toks), "I" if wide else "H"), *toks))
 
 
 def read_tokens(path):
@@ -112,18 +146,24 @@ def read_tokens(path):
     if len(data) < 4 * HEADER_WORDS:
         raise TokError(path, "truncated header: %d of %d bytes" % (len(data), 4 * HEADER_WORDS))
     magic, version, n = struct.unpack_from("<3i", data)
-    if magic != MAGIC:
-        raise TokError(path, "bad magic %d, expected %d: not a token file" % (magic, MAGIC))
-    if version != VERSION:
-        raise TokError(path, "version %d, this script reads version %d" % (version, VERSION))
-    want = 4 * HEADER_WORDS + 2 * n
+    if magic not in (MAGIC, MAGIC32):
+        raise TokError(path, "bad magic %d, expected %d or %d: not a token file"
+                       % (magic, MAGIC, MAGIC32))
+    wide = magic == MAGIC32
+    if version != (VERSION32 if wide else VERSION):
+        raise TokError(path, "version %d, but magic %d files are version %d"
+                       % (version, magic, VERSION32 if wide else VERSION))
+    want = 4 * HEADER_WORDS + (4 if wide else 2) * n
     if n < 0 or len(data) != want:
         raise TokError(path, "its header counts %d tokens (%d bytes with the header) but the "
                        "file has %d bytes" % (n, want, len(data)))
-    return list(struct.unpack_from("<%dH" % n, data, 4 * HEADER_WORDS))
+    return list(struct.unpack_from("<%d%s" % (n, "I" if wide else "H"), data,
+                                   4 * HEADER_WORDS))
 
 
-def decode_tokens(toks, encoding, path):
+def decode_tokens(toks, encoding, path, tokenizer=None):
+    if tokenizer:
+        return hf_tokenizer(tokenizer).decode(toks, skip_special_tokens=True).encode("utf-8")
     if encoding == "gpt2":
         enc = gpt2_encoding()
         return enc.decode([t for t in toks if t != GPT2_EOT]).encode("utf-8")
@@ -139,7 +179,7 @@ def cmd_encode(a):
         raise TokError("--val", "%g must be between 0 and 1 (the validation fraction)" % a.val)
     if "/" in a.name:
         raise TokError("--name", "'%s' names a file in -o's folder; no '/'" % a.name)
-    toks = encode_files(a.text, a.encoding)
+    toks = encode_files(a.text, a.encoding, a.tokenizer)
     n_val = int(round(len(toks) * a.val))
     if n_val < 1 or n_val >= len(toks):
         raise TokError(None, "%d tokens in all: too few to split %g of them off for "
@@ -151,13 +191,17 @@ def cmd_encode(a):
     train = os.path.join(a.output, "%s_train.bin" % a.name)
     val = os.path.join(a.output, "%s_val.bin" % a.name)
     cut = len(toks) - n_val
+    # both splits in one format: uint32 where the vocabulary passes 65,536
+    wide = max(toks) > 65535 or (a.tokenizer is not None and
+                                 hf_tokenizer(a.tokenizer).get_vocab_size() > 65536)
     for path, part in ((train, toks[:cut]), (val, toks[cut:])):
         try:
-            write_tokens(path, part)
+            write_tokens(path, part, wide)
         except OSError as e:
             raise TokError(path, "cannot write: %s" % (e.strerror or e))
-    print("%s: %d tokens, %s: %d tokens (%s, largest id %d)"
-          % (train, cut, val, n_val, a.encoding, max(toks)))
+    print("%s: %d tokens, %s: %d tokens (%s, largest id %d%s)"
+          % (train, cut, val, n_val, a.tokenizer or a.encoding, max(toks),
+             ", uint32 files" if wide else ""))
     h, x = unigram_entropy(toks, toks[:cut], toks[cut:])
     print("unigram entropy: %.4f nats per token over the corpus; the validation split's "
           "cross-entropy under the training split's frequencies: %.4f (the losses of a model "
@@ -185,7 +229,7 @@ token."""
 
 
 def cmd_decode(a):
-    out = decode_tokens(read_tokens(a.file), a.encoding, a.file)
+    out = decode_tokens(read_tokens(a.file), a.encoding, a.file, a.tokenizer)
     sys.stdout.buffer.write(out)
     return 0
 
@@ -197,6 +241,11 @@ def cmd_encodings(a):
         print("gpt2: yes (tiktoken, cached)")
     except TokError as e:
         print("gpt2: no: %s" % e.problem)
+    try:
+        import tokenizers
+        print("--tokenizer: yes (tokenizers %s reads a tokenizer.json)" % tokenizers.__version__)
+    except ImportError:
+        print("--tokenizer: no: the tokenizers library is not installed (pip install tokenizers)")
     return 0
 
 
@@ -210,9 +259,11 @@ def main(argv=None):
     e.add_argument("--val", type=float, default=0.1,
                    help="the fraction of the tokens, from the end, for validation (0.1)")
     e.add_argument("--encoding", choices=("bytes", "gpt2"), default="bytes")
+    e.add_argument("--tokenizer", help="a Hugging Face tokenizer.json (instead of --encoding)")
     d = sub.add_parser("decode", help="a token file -> text on stdout")
     d.add_argument("file")
     d.add_argument("--encoding", choices=("bytes", "gpt2"), default="bytes")
+    d.add_argument("--tokenizer", help="the tokenizer.json the file was encoded with")
     sub.add_parser("encodings", help="which encodings this machine has")
     a = p.parse_args(argv)
     return {"encode": cmd_encode, "decode": cmd_decode, "encodings": cmd_encodings}[a.cmd](a)

@@ -15,9 +15,18 @@
       1.5, too little text, a bad magic, a truncated file, a token that is
       not a byte) exit 2 with one line on stderr, never a traceback;
   (e) gpt2: round trip where tiktoken and its cached files are here; where
-      not, encode refuses with a line naming what is missing.
+      not, encode refuses with a line naming what is missing;
+  (f) --tokenizer (issue 66): a Hugging Face tokenizer.json of 70,000 ids
+      made here with the `tokenizers` library (PyPI's, in a venv over
+      Debian's Python, made on the first run; skipped, saying why, only
+      where PyPI cannot be reached) encodes a text whose ids pass 65,535
+      into llm.c's Llama 3 files (magic 20240801, version 7, uint32: read
+      back here with struct), decode gives the text back, and gpipe-train
+      trains a model.llama of that vocabulary on them, reading the ids
+      past 65,535 exactly (a window's targets, checked through the
+      metrics' loss being finite and the run's data line).
 
-Runs with Debian's /usr/bin/python3.
+Runs with Debian's /usr/bin/python3 (under the venv for (f)).
 """
 import glob
 import math
@@ -28,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 
-from gpt_util import check, finish
+from gpt_util import check, ensure_libs, finish
 
 SRC = os.environ.get("GPIPE_SOURCE_DIR",
                      os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -37,7 +46,9 @@ SCRIPT = os.path.join(SRC, "scripts", "tokenize_text.py")
 
 
 def script(*args):
-    return subprocess.run(["/usr/bin/python3", SCRIPT] + list(args), capture_output=True)
+    # (the interpreter this test runs under: Debian's, or the venv over it
+    # that has `tokenizers`)
+    return subprocess.run([sys.executable, SCRIPT] + list(args), capture_output=True)
 
 
 def read_file(path):
@@ -162,12 +173,66 @@ def test_gpt2(tmp):
     if not have:
         one_line_error(e, "gpt2", "gpt2 where tiktoken or its files are missing")
         print("test_tokenize: gpt2 not on this machine (%s); its refusal checked"
-              % r.stdout.decode().strip().splitlines()[-1])
+              % [ln for ln in r.stdout.decode().splitlines() if ln.startswith("gpt2:")])
         return
     check(e.returncode == 0, "gpt2 encode: %r" % e.stderr)
     got = b"".join(script("decode", "--encoding", "gpt2", os.path.join(out, "g_%s.bin" % s)).stdout
                    for s in ("train", "val"))
     check(got == open(text, "rb").read(), "gpt2 round trip")
+
+
+def test_tokenizer(tmp):
+    import tokenizers
+    from tokenizers import models, pre_tokenizers, processors
+    vocab = {"[UNK]": 0, "<s>": 1}
+    for i in range(2, 70000):
+        vocab["w%d" % i] = i
+    tk = tokenizers.Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tk.add_special_tokens(["<s>"])
+    tk.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tk.decoder = tokenizers.decoders.WordPiece(prefix="##")  # (joins words with spaces)
+    tj = os.path.join(tmp, "tokenizer.json")
+    tk.save(tj)
+    ids = [(i * 7919) % 69990 + 5 for i in range(700)] + [65535, 65536, 69999]
+    text = os.path.join(tmp, "w.txt")
+    with open(text, "w") as f:
+        f.write(" ".join("w%d" % i for i in ids))
+    out = os.path.join(tmp, "u32")
+    e = script("encode", "--tokenizer", tj, "-o", out, "--name", "w", "--val", "0.1", text)
+    check(e.returncode == 0 and b"uint32 files" in e.stdout, "--tokenizer encode: %r %r"
+          % (e.stdout, e.stderr))
+    toks = []
+    for split in ("train", "val"):
+        words, body = read_file(os.path.join(out, "w_%s.bin" % split))
+        magic, version, n = words[:3]
+        check(magic == 20240801 and version == 7 and len(body) == 4 * n and
+              not any(words[3:]), "%s: magic %d version %d, %d tokens in %d bytes"
+              % (split, magic, version, n, len(body)))
+        toks += list(struct.unpack_from("<%dI" % n, body))
+    check(toks == [1] + ids, "the uint32 tokens: %s ... (want <s> then the words' ids)"
+          % toks[:5])
+    d = b"".join(script("decode", "--tokenizer", tj, os.path.join(out, "w_%s.bin" % s)).stdout
+                 for s in ("train",))
+    want = " ".join("w%d" % i for i in ids[:len(toks) - 1 - int(round(len(toks) * 0.1))])
+    check(d.decode().strip() == want[:len(d.decode().strip())] and len(d) > 1000,
+          "decode --tokenizer: %r" % d[:80])
+    exe = os.path.join(BIN, "gpipe-train")
+    cfg = os.path.join(tmp, "l.yaml")
+    with open(cfg, "w") as f:
+        f.write("model: {input: [16], llama: {layers: 1, heads: 2, width: 16, intermediate: 24,"
+                " vocab: 70000, positions: 16}}\n"
+                "data: {dataset: tokens, path: '%s', shuffle: false}\n"
+                "train: {batch_size: 4, steps: 2, eval_each_epoch: false,"
+                " snapshot: {every_steps: 0, dir: '%s/snaps'}}\n"
+                "pipeline: {devices: [cpu:0]}\n" % (out, tmp))
+    r = subprocess.run([exe, cfg, "--no-progress"], capture_output=True, text=True)
+    check(r.returncode == 0 and "final: validation loss" in r.stderr + r.stdout,
+          "a Llama of 70,000 ids trains on the uint32 files: %r" % (r.stderr[-600:]))
+    r = subprocess.run([exe, cfg, "--set", "model.llama.vocab=65536", "--no-progress"],
+                       capture_output=True, text=True)
+    check(r.returncode != 0 and "the model's vocabulary is 65536 (model.llama.vocab)"
+          in r.stderr, "ids past a smaller vocabulary are refused: %r" % r.stderr[-400:])
 
 
 def test_no_stdlib_names():
@@ -183,6 +248,8 @@ def test_no_stdlib_names():
 
 
 def main():
+    ensure_libs("test_tokenize", ["tokenizers"], os.path.join(BIN, "tok-venv"),
+                ["tokenizers==0.19.1"], "GPIPE_TOK_VENV")
     test_no_stdlib_names()
     with tempfile.TemporaryDirectory(prefix="gpipe-tokenize-") as tmp:
         out = test_bytes(tmp)
@@ -191,6 +258,7 @@ def main():
             test_gpipe(tmp, lic)
         test_bad(tmp, out)
         test_gpt2(tmp)
+        test_tokenizer(tmp)
     return finish("test_tokenize")
 
 

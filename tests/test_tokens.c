@@ -92,6 +92,52 @@ static void test_read_and_windows(void)
     gp_dataset_free(&ds);
 }
 
+/* llm.c's Llama 3 files (issue 66): magic 20240801, version 7, uint32
+ * tokens, written here byte by byte: ids past 65,535 (Llama 3's 128,256,
+ * and one just below 2^24) read exactly and reach the batch as floats;
+ * version 1 with that magic, a token past 2^24, and a cut file refused. */
+static void test_uint32(void)
+{
+    const int64_t N = 17, T = 3;
+    uint32_t tok[17];
+    for (int64_t i = 0; i < N; i++) tok[i] = (uint32_t)(i * 9973 % 128256);
+    tok[5] = 128255, tok[6] = 65536, tok[9] = (1u << 24) - 1;
+    unsigned char b[1024 + 4 * 17] = {0};
+    int32_t words[3] = {20240801, 7, (int32_t)N};
+    for (int k = 0; k < 3; k++)
+        for (int j = 0; j < 4; j++) b[4 * k + j] = (unsigned char)((uint32_t)words[k] >> (8 * j));
+    for (int64_t i = 0; i < N; i++)
+        for (int j = 0; j < 4; j++) b[1024 + 4 * i + j] = (unsigned char)(tok[i] >> (8 * j));
+    char p[512];
+    path_in(p, sizeof p, "u_train.bin");
+    gpt_write_file(p, b, sizeof b);
+    gp_dataset ds = {0};
+    CHECK_OK(gp_tokens_read(p, T, &ds));
+    CHECK(ds.n_tokens == N && ds.n == N / (T + 1) && ds.token_bytes == 4);
+    CHECK(ds.classes == (1 << 24));
+    bool same = true;
+    for (int64_t i = 0; i < N && ds.tokens; i++) same &= ds.tokens[i] == tok[i];
+    CHECK_MSG(same, "uint32 tokens read back differ");
+    float x[6], y[6];
+    gp_data_assemble(&ds, 1, 2, true, NULL, NULL, false, x, y);
+    CHECK(x[1] == 128255.0f && x[2] == 65536.0f && y[3] == 16777215.0f);
+    gp_dataset_free(&ds);
+    /* the same ids in a version 1 (uint16) header: refused, the version named */
+    b[4] = 1;
+    gpt_write_file(p, b, sizeof b);
+    CHECK_ERR(gp_tokens_read(p, T, &ds), GP_ERR_DATA, "version 1, but magic 20240801 files are "
+              "version 7");
+    b[4] = 7;
+    /* an id past 2^24: no float holds it */
+    b[1024 + 4 * 2 + 3] = 1;
+    gpt_write_file(p, b, sizeof b);
+    CHECK_ERR(gp_tokens_read(p, T, &ds), GP_ERR_DATA, "token 2 is id");
+    b[1024 + 4 * 2 + 3] = 0;
+    /* two bytes short of the count's 4 a token */
+    gpt_write_file(p, b, sizeof b - 2);
+    CHECK_ERR(gp_tokens_read(p, T, &ds), GP_ERR_DATA, "truncated: its header counts 17 tokens");
+}
+
 /* All batches of `epochs` epochs: the window each row holds. */
 static void loader_windows(const gp_dataset *ds, bool shuffle, uint64_t seed, int64_t bs,
                            int64_t start_epoch, int64_t start_batch, int64_t batches,
@@ -179,7 +225,8 @@ static void test_errors(void)
     path_in(p, sizeof p, "bad.bin");
 
     write_tokens(p, tok, 40, 20240521, 1, 40, 0);
-    CHECK_ERR(gp_tokens_read(p, 4, &ds), GP_ERR_DATA, "bad magic 20240521, expected 20240520");
+    CHECK_ERR(gp_tokens_read(p, 4, &ds), GP_ERR_DATA, "bad magic 20240521, expected 20240520 "
+              "(uint16 tokens) or 20240801");
     CHECK_ERR(gp_tokens_read(p, 4, &ds), GP_ERR_DATA, p);
     CHECK_ERR(gp_tokens_read(p, 4, &ds), GP_ERR_DATA, "scripts/tokenize_text.py");
     write_tokens(p, tok, 40, 20240520, 2, 40, 0);
@@ -275,6 +322,7 @@ int main(void)
 {
     if (!gpt_make_tmpdir(tmpdir, sizeof tmpdir, "gp_test_tokens_")) return 1;
     test_read_and_windows();
+    test_uint32();
     test_loader();
     test_errors();
     test_files_and_config();

@@ -42,7 +42,7 @@ void gp_data_assemble(const gp_dataset *ds, int64_t first, int64_t n, bool norma
     if (ds->tokens) { /* window k: input tokens k (T + 1) + t, targets the next */
         int64_t T = ds->c;
         for (int64_t i = 0; i < n; i++) {
-            const uint16_t *t = ds->tokens + (first + i) * (T + 1);
+            const uint32_t *t = ds->tokens + (first + i) * (T + 1);
             for (int64_t p = 0; p < T; p++) {
                 x[i * T + p] = (float)t[p];
                 y[i * T + p] = (float)t[p + 1];

@@ -56,8 +56,9 @@ typedef struct gp_dataset {
      * every token once (the remainder of the last window, fewer than T + 1
      * tokens, never).  images and labels are NULL; classes is the largest
      * token id + 1. */
-    uint16_t *tokens;
+    uint32_t *tokens;
     int64_t n_tokens;
+    int token_bytes;            /* the file's bytes a token: 2 (uint16), 4 (uint32) */
 } gp_dataset;
 
 /* Per-pixel targets: an in-memory mask array, or a segmentation folder. */
@@ -81,12 +82,17 @@ gp_status gp_idx_read_labels(const char *path, gp_dataset *ds);
 gp_status gp_cifar10_read(const char *const *paths, int n_paths, gp_dataset *ds);
 /* An llm.c token file: a header of 256 little-endian int32 (magic
  * GP_TOKENS_MAGIC, version GP_TOKENS_VERSION, token count, the rest 0),
- * then that many little-endian uint16 tokens; read whole into ds->tokens
- * and cut into windows of seq_len + 1.  A bad magic or version, a short
- * header, a count that disagrees with the file's size either way, or fewer
- * tokens than one window is GP_ERR_DATA naming the file and what to do. */
+ * then that many little-endian uint16 tokens; or llm.c's Llama 3 file
+ * (magic GP_TOKENS_MAGIC32, version GP_TOKENS_VERSION32) of uint32
+ * tokens, for vocabularies past 65,535 (Llama 3's 128,256); read whole
+ * into ds->tokens and cut into windows of seq_len + 1.  A bad magic or
+ * version, a short header, a count that disagrees with the file's size
+ * either way, an id of 2^24 or more (ids travel as floats), or fewer tokens
+ * than one window is GP_ERR_DATA naming the file and what to do. */
 #define GP_TOKENS_MAGIC 20240520
 #define GP_TOKENS_VERSION 1
+#define GP_TOKENS_MAGIC32 20240801
+#define GP_TOKENS_VERSION32 7
 #define GP_TOKENS_HEADER 256 /* int32 words */
 gp_status gp_tokens_read(const char *path, int64_t seq_len, gp_dataset *ds);
 /* The split files data.path names (data.dataset: tokens): a folder holding

@@ -1,8 +1,10 @@
 /*
  * tokens.c — data.dataset: tokens, llm.c's token files: a header of 256
  * little-endian int32 (magic 20240520, version 1, token count), then the
- * tokens as little-endian uint16 (GPT-2's 50257 ids, or bytes).
- * scripts/tokenize_text.py writes them from text.
+ * tokens as little-endian uint16 (GPT-2's 50257 ids, or bytes); or llm.c's
+ * Llama 3 files (magic 20240801, version 7) of little-endian uint32 tokens
+ * (Llama 3's 128,256 ids).  scripts/tokenize_text.py writes both from
+ * text.
  *
  * A split is read whole with stdio, as the other in-memory readers do: a
  * tiny corpus is a few MB and GPT-2's fineweb shards 200 MB, so the copy
@@ -29,28 +31,32 @@ static int32_t le32(const unsigned char *b)
                      (uint32_t)b[3] << 24);
 }
 
-/* The header's checks, given the file's size in bytes: *count the tokens. */
+/* The header's checks, given the file's size in bytes: *count the tokens,
+ * *width their bytes (2, or 4 for llm.c's Llama 3 files). */
 static gp_status tokens_header(const char *path, const unsigned char *hdr, int64_t got,
-                               int64_t size, int64_t seq_len, int64_t *count)
+                               int64_t size, int64_t seq_len, int64_t *count, int *width)
 {
     const int64_t hb = 4 * GP_TOKENS_HEADER;
-    if (got >= 4 && le32(hdr) != GP_TOKENS_MAGIC)
-        return gp_error_set(GP_ERR_DATA, "%s: bad magic %d, expected %d: not an llm.c token "
-                            "file (a header of 256 int32, then uint16 tokens); %s", path,
-                            le32(hdr), GP_TOKENS_MAGIC, TOKENS_WHAT);
+    if (got >= 4 && le32(hdr) != GP_TOKENS_MAGIC && le32(hdr) != GP_TOKENS_MAGIC32)
+        return gp_error_set(GP_ERR_DATA, "%s: bad magic %d, expected %d (uint16 tokens) or %d "
+                            "(uint32, llm.c's Llama 3 files): not an llm.c token file (a header "
+                            "of 256 int32, then the tokens); %s", path, le32(hdr),
+                            GP_TOKENS_MAGIC, GP_TOKENS_MAGIC32, TOKENS_WHAT);
     if (got < hb)
         return gp_error_set(GP_ERR_DATA, "%s: truncated header: %lld of %lld bytes; %s", path,
                             (long long)got, (long long)hb, TOKENS_WHAT);
+    bool wide = le32(hdr) == GP_TOKENS_MAGIC32;
     int32_t version = le32(hdr + 4), n = le32(hdr + 8);
-    if (version != GP_TOKENS_VERSION)
-        return gp_error_set(GP_ERR_DATA, "%s: version %d, this reader takes version %d (uint16 "
-                            "tokens: GPT-2's vocabulary or bytes; llm.c's version 2 holds "
-                            "uint32 LLaMA-3 tokens); %s", path, version, GP_TOKENS_VERSION,
-                            TOKENS_WHAT);
+    int32_t want_version = wide ? GP_TOKENS_VERSION32 : GP_TOKENS_VERSION;
+    if (version != want_version)
+        return gp_error_set(GP_ERR_DATA, "%s: version %d, but magic %d files are version %d "
+                            "(%s tokens); %s", path, version, le32(hdr), want_version,
+                            wide ? "uint32" : "uint16", TOKENS_WHAT);
     if (n < 0)
         return gp_error_set(GP_ERR_DATA, "%s: the header's token count is %d, negative; the "
                             "file is damaged: %s", path, n, TOKENS_WHAT);
-    int64_t want = hb + 2 * (int64_t)n;
+    *width = wide ? 4 : 2;
+    int64_t want = hb + *width * (int64_t)n;
     if (size < want)
         return gp_error_set(GP_ERR_DATA, "%s: truncated: its header counts %d tokens (%lld "
                             "bytes with the header) but the file has %lld bytes; %s", path, n,
@@ -85,37 +91,51 @@ gp_status gp_tokens_read(const char *path, int64_t seq_len, gp_dataset *ds)
     unsigned char hdr[4 * GP_TOKENS_HEADER];
     int64_t got = (int64_t)fread(hdr, 1, sizeof hdr, f);
     int64_t n = 0;
-    gp_status s = tokens_header(path, hdr, got, (int64_t)st.st_size, seq_len, &n);
-    uint16_t *tok = NULL;
+    int width = 2;
+    gp_status s = tokens_header(path, hdr, got, (int64_t)st.st_size, seq_len, &n, &width);
+    uint32_t *tok = NULL;
     if (s == GP_OK) {
-        tok = malloc(sizeof *tok * (size_t)n);
+        tok = malloc(sizeof *tok * (size_t)(n ? n : 1));
         if (!tok)
             s = gp_error_set(GP_ERR_OOM, "%s: cannot allocate %lld tokens", path, (long long)n);
     }
-    if (s == GP_OK) {
-        size_t r = fread(tok, sizeof *tok, (size_t)n, f);
+    if (s == GP_OK) { /* read into the array's top, widened downwards in place below */
+        unsigned char *raw = (unsigned char *)tok + (size_t)n * (4 - (size_t)width);
+        size_t r = fread(raw, (size_t)width, (size_t)n, f);
         if ((int64_t)r != n)
             s = gp_error_set(GP_ERR_DATA, "%s: truncated while reading: %zu of %lld tokens "
                              "(did the file change?); %s", path, r, (long long)n, TOKENS_WHAT);
     }
     fclose(f);
+    uint32_t maxid = 0;
+    int64_t big = -1;
+    const unsigned char *raw = (const unsigned char *)tok + (size_t)n * (4 - (size_t)width);
+    for (int64_t i = 0; s == GP_OK && i < n; i++) { /* little-endian on any host */
+        const unsigned char *b = raw + (size_t)i * (size_t)width;
+        uint32_t v = width == 2 ? (uint32_t)(b[0] | b[1] << 8)
+                                : (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
+                                      (uint32_t)b[3] << 24;
+        tok[i] = v; /* (i's bytes start at or after i's word: written after read) */
+        if (v > maxid) maxid = v;
+        if (v >= (1u << 24) && big < 0) big = i;
+    }
+    if (s == GP_OK && big >= 0)
+        s = gp_error_set(GP_ERR_DATA, "%s: token %lld is id %u, past 2^24 (16,777,216): gpipe "
+                         "carries ids as floats, exact below it; no tokenizer has so many ids, "
+                         "so the file is damaged", path, (long long)big, tok[big]);
     if (s != GP_OK) {
         free(tok);
         return s;
     }
-    int maxid = 0;
-    for (int64_t i = 0; i < n; i++) {
-        const unsigned char *b = (const unsigned char *)&tok[i];
-        tok[i] = (uint16_t)(b[0] | b[1] << 8); /* little-endian on any host */
-        if (tok[i] > maxid) maxid = tok[i];
-    }
+    int64_t maxid64 = maxid;
     free(ds->tokens);
     ds->tokens = tok;
     ds->n_tokens = n;
+    ds->token_bytes = width;
     ds->n = n / (seq_len + 1);
     ds->c = seq_len;
     ds->h = ds->w = 1;
-    ds->classes = maxid + 1;
+    ds->classes = (int)(maxid64 + 1);
     snprintf(ds->source, sizeof ds->source, "%s", path);
     return GP_OK;
 }

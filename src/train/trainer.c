@@ -225,11 +225,13 @@ static gp_status tokens_fit(const gp_config *cfg, const gp_dataset *ds, int64_t 
     const gp_model_config *mc = &cfg->model;
     char key[96];
     if (!strcmp(mc->family, "gpt")) snprintf(key, sizeof key, "model.gpt.vocab");
+    else if (!strcmp(mc->family, "llama")) snprintf(key, sizeof key, "model.llama.vocab");
     else snprintf(key, sizeof key, "the last linear layer's out");
     return gp_error_set(GP_ERR_DATA, "%s: token %lld (byte offset %lld) is id %d, but the "
                         "model's vocabulary is %lld (%s): ids must be below it; encode the text "
                         "with the model's tokenizer, or give %s of at least %d",
-                        ds->source, (long long)i, (long long)(4 * GP_TOKENS_HEADER + 2 * i),
+                        ds->source, (long long)i,
+                        (long long)(4 * GP_TOKENS_HEADER + (ds->token_bytes ? ds->token_bytes : 2) * i),
                         (int)ds->tokens[i], (long long)vocab, key, key, ds->classes);
 }
 
@@ -396,7 +398,13 @@ static uint64_t sample_hash(const gp_dataset *ds, int64_t i)
     }
     size_t px = (size_t)(ds->c * ds->h * ds->w), hw = (size_t)(ds->h * ds->w);
     if (ds->images) h = fnv1a(h, ds->images + (size_t)i * px, px);
-    if (ds->tokens) h = fnv1a(h, ds->tokens + (size_t)i * (px + 1), 2 * (px + 1)); /* its window */
+    if (ds->tokens) /* its window: ids below 65,536 as the uint16 they were read as
+                     * before uint32 files (the same hashes as then) */
+        for (size_t q = 0; q <= px; q++) {
+            uint32_t v = ds->tokens[(size_t)i * (px + 1) + q];
+            uint16_t v16 = (uint16_t)v;
+            h = v < 65536u ? fnv1a(h, &v16, 2) : fnv1a(h, &v, 4);
+        }
     if (ds->masks) h = fnv1a(h, ds->masks + (size_t)i * hw, hw);
     return h;
 }
