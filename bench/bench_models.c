@@ -20,7 +20,7 @@
  *           succeed.
  *
  * usage: bench_models speed  [--model amoebanet|resnet|unet] [--steps N]
- *        bench_models memory [--model amoebanet|unet|gpt] [--capacity MiB]
+ *        bench_models memory [--model amoebanet|unet|gpt|llama] [--capacity MiB]
  *                            [--schedule gpipe|1f1b|zb-h1] [--copies fp32|bf16]
  *                            [--first LIST] [--pipelines LIST] (the grid's first
  *                            sizes, e.g. 1-12; the rows, e.g. 1,4; --help)
@@ -72,9 +72,16 @@ static const family k_families[] = {
      * searches depth at GPT-2 small's width */
     {"gpt", "GPT-2", 128, 8, 128, 8, "", 12, 768, "(L, C)",
      {1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 80, 96, 128, 160, 192}, 768, 64, 768},
+    /* Llama (L, C) (issue 66): L blocks of width C, heads of 64 with a
+     * quarter as many k/v heads (Llama 3's 32 over 8), an MLP of 8/3 C
+     * rounded up to 256 (Llama's rule), the 32,000-token vocabulary of
+     * Llama 2 and TinyLlama, the head tied; T = 128 */
+    {"llama", "Llama", 128, 8, 128, 8, "", 12, 768, "(L, C)",
+     {1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 80, 96, 128, 160, 192}, 768, 64, 768},
 };
 
 static bool is_gpt(const family *f) { return !strcmp(f->name, "gpt"); }
+static bool is_llama(const family *f) { return !strcmp(f->name, "llama"); }
 
 static const family *find_family(const char *name)
 {
@@ -109,6 +116,20 @@ static gp_status family_cfg(const family *f, int a, int b, bool mem, gp_config *
                  "train: {batch_size: %lld, seed: 1, optimizer: {lr: %g, momentum: %g}}\n",
                  (long long)side, a, b, b / 64 > 0 ? b / 64 : 1, (long long)side,
                  (long long)batch, (long long)side, (long long)batch, lr, mu);
+        return gp_config_parse("bench_models.yaml", text, strlen(text), NULL, 0, c);
+    }
+    if (is_llama(f)) {
+        int heads = b / 64 > 0 ? b / 64 : 1, kv = heads % 4 == 0 ? heads / 4 : heads;
+        int inter = (8 * b / 3 + 255) / 256 * 256;
+        snprintf(text, sizeof text,
+                 "model:\n  input: [%lld]\n"
+                 "  llama: {layers: %d, width: %d, heads: %d, kv_heads: %d, intermediate: %d, "
+                 "vocab: 32000, positions: %lld, tie: true}\n"
+                 "data: {dataset: synthetic, synthetic: {train: %lld, test: 8, classes: 32000, "
+                 "shape: [%lld]}}\n"
+                 "train: {batch_size: %lld, seed: 1, optimizer: {lr: %g, momentum: %g}}\n",
+                 (long long)side, a, b, heads, kv, inter, (long long)side, (long long)batch,
+                 (long long)side, (long long)batch, lr, mu);
         return gp_config_parse("bench_models.yaml", text, strlen(text), NULL, 0, c);
     }
     snprintf(model, sizeof model, f->model, a, b);
@@ -478,9 +499,9 @@ int main(int argc, char **argv)
         }
     }
     if (strcmp(what, "speed") && strcmp(what, "memory")) {
-        puts("usage: bench_models speed  [--model amoebanet|resnet|unet|gpt] [--steps N]\n"
+        puts("usage: bench_models speed  [--model amoebanet|resnet|unet|gpt|llama] [--steps N]\n"
              "                           [--size A B] [--batch N] [--side PIXELS]\n"
-             "       bench_models memory [--model amoebanet|unet|gpt] [--capacity MiB]\n"
+             "       bench_models memory [--model amoebanet|unet|gpt|llama] [--capacity MiB]\n"
              "                           [--schedule gpipe|1f1b|zb-h1] [--side PIXELS]\n"
              "                           [--batch N] [--step N] [--as-torchgpipe]\n"
              "                           [--copies fp32|bf16] [--first LIST]\n"

@@ -176,10 +176,15 @@ def main():
         for tie, shards in ((True, None), (False, "40000")):
             out_dir = os.path.join(d, "export-%s" % ("tied" if tie else "untied"))
             start = os.path.join(d, "whole-tied" if tie else "sharded-untied-bf16")
+            # the fine-tune workflow (README, "Llama"): a schedule, snapshots
+            # kept, the folder written at the end
             y = config(data, start, tie, 2).replace(
                 "train: {steps: 1,", "train: {steps: 20, eval_batch_size: 4,").replace(
                 "optimizer: {type: sgd, lr: 0.0}",
-                "optimizer: {type: adamw, lr: 0.01, weight_decay: 0.1}")
+                "optimizer: {type: adamw, lr: 0.01, weight_decay: 0.1},\n"
+                "        schedule: {type: cosine, warmup_steps: 5, min_lr: 0.001}").replace(
+                "snapshot: {every_steps: 0, dir: %s/snaps}" % data,
+                "snapshot: {every_steps: 10, keep: 2, dir: %s/snaps-%s}" % (d, tie))
             rc, out, final = gpipe(d, y, ["--export-weights", out_dir, "--export-format", "hf"],
                                    env={"GPIPE_HF_SHARD_BYTES": shards} if shards else None,
                                    final=True)
@@ -187,6 +192,10 @@ def main():
                 "tied" if tie else "untied", rc, out[-1500:]))
             if rc != 0:
                 continue
+            snaps = sorted(os.listdir(os.path.join(d, "snaps-%s" % tie)))
+            check([f for f in snaps if f.endswith(".safetensors")] ==
+                  ["snapshot-000000010.safetensors", "snapshot-000000020.safetensors"],
+                  "the fine-tune's snapshots: %s" % snaps)
             files = sorted(os.listdir(out_dir))
             check(("model.safetensors.index.json" in files) == (shards is not None) and
                   "config.json" in files, "the export's files: %s" % files)

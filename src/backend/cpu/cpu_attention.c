@@ -60,34 +60,6 @@
 /* Below this many score evaluations (b heads t^2 / 2) one thread runs it. */
 #define ATT_PAR_MIN 65536
 
-/* exp(x) for x <= 88 (scores minus their row's maximum or log-sum-exp are
- * <= 0 here; larger x read as 88); 0 below -87.3 (e^-87.3 is about FP32's
- * smallest normal); NaN gives NaN.  n = round(x / ln 2) by the 1.5 2^23
- * trick and plain selects, no library call or branch, so a loop over it
- * vectorises.  Within 1.2e-7 relative of exp over [-87.3, 0.5]. */
-static inline __attribute__((always_inline)) float att_exp(float x)
-{
-    float xc = x < -87.3f ? -87.3f : x;
-    xc = xc > 88.0f ? 88.0f : xc;
-    xc = x != x ? 0.0f : xc; /* NaN: no undefined conversion below */
-    float n = fmaf(xc, 1.44269504088896341f, 12582912.0f) - 12582912.0f;
-    float r = fmaf(n, -0.693359375f, xc);
-    r = fmaf(n, 2.12194440e-4f, r);
-    float p = 1.9875691500e-4f;
-    p = fmaf(p, r, 1.3981999507e-3f);
-    p = fmaf(p, r, 8.3334519073e-3f);
-    p = fmaf(p, r, 4.1665795894e-2f);
-    p = fmaf(p, r, 1.6666665459e-1f);
-    p = fmaf(p, r, 5.0000001201e-1f);
-    p = fmaf(p, r * r, r + 1.0f);
-    union {
-        int32_t i;
-        float f;
-    } two_n = {.i = ((int32_t)n + 127) * 8388608}; /* 2^n: n in the exponent field */
-    float y = p * two_n.f;
-    y = x < -87.3f ? 0.0f : y;
-    return x != x ? x : y;
-}
 
 /* sum a[q] b[q], q < n: 8 partial sums, then the tail, added in a fixed
  * order. */
@@ -375,10 +347,10 @@ att_fwd_body(const att_dims *a, const void *x, void *y, float *lse, int64_t bi, 
             float mx = att_tile_max(s, n, m);
 #pragma omp simd
             for (int j = 0; j < ATT_BK; j++) {
-                float e = att_exp(s[j] - mx); /* computed for all: a select vectorises */
+                float e = gp_cpu_exp(s[j] - mx); /* computed for all: a select vectorises */
                 s[j] = j < n ? e : 0.0f;
             }
-            float corr = att_exp(m - mx); /* 0 on the first tile (m = -inf) */
+            float corr = gp_cpu_exp(m - mx); /* 0 on the first tile (m = -inf) */
             for (int64_t u = 0; u < d; u++) acc[u] *= corr;
             att_rows(acc, s, vb + j0 * vs, vs, n, d);
             l = fmaf(l, corr, att_tile_sum(s));
@@ -474,7 +446,7 @@ att_bwd_body(const att_dims *a, const void *x, const void *y, const float *lse, 
                     att_tile(dsr, dyi, vt + j0, d, tp, n); /* dy_i . v_j */
 #pragma omp simd
                     for (int j = 0; j < ATT_BK; j++) {
-                        float e = att_exp(fmaf(pr[j], a->scale, -li));
+                        float e = gp_cpu_exp(fmaf(pr[j], a->scale, -li));
                         float pj = j < n ? e : 0.0f;
                         pr[j] = pj;
                         dsr[j] = pj * (dsr[j] - di);

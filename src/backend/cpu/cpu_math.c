@@ -958,48 +958,79 @@ gp_status gp_cpu_rope(gp_device *dev, gp_dtype dt, const gp_rope_desc *d, bool i
 
 /* ---- SwiGLU (Llama's MLP activation): element by element ------------------ */
 
-static inline __attribute__((always_inline)) void
-swiglu_fwd(int nt, const void *x, void *y, int64_t rows, int64_t h, const bool b16)
+/* sigmoid(a) through gp_cpu_exp, which vectorises (gp_ew_sigmoid's expf
+ * is a library call per value): gp_ew_swiglu's arithmetic otherwise. */
+static inline __attribute__((always_inline)) float cpu_sigmoid(float a)
 {
-#pragma omp parallel for schedule(static) num_threads(nt) if (rows * h >= CPU_PAR_MIN)
-    for (int64_t r = 0; r < rows; r++)
-#pragma omp simd
-        for (int64_t j = 0; j < h; j++)
-            B16_ST(y, r * h + j,
-                   gp_ew_swiglu(B16_LD(x, r * 2 * h + j), B16_LD(x, r * 2 * h + h + j)));
+    return 1.0f / (1.0f + gp_cpu_exp(-a));
 }
 
+/* Rows [r0, r1): the forward (dy NULL) or the backward.  Its own
+ * GP_CPU_LOOPS function, called from the parallel region: an OpenMP
+ * region's outlined body does not inherit its caller's target clones, and
+ * built for the baseline ISA gp_cpu_exp's fmaf is a library call. */
 static inline __attribute__((always_inline)) void
-swiglu_bwd(int nt, const void *x, const void *dy, void *dx, int64_t rows, int64_t h,
-           const bool b16)
+swiglu_rows(const void *x, const void *dy, void *out, int64_t r0, int64_t r1, int64_t h,
+            const bool b16)
 {
-#pragma omp parallel for schedule(static) num_threads(nt) if (rows * h >= CPU_PAR_MIN)
-    for (int64_t r = 0; r < rows; r++)
+    for (int64_t r = r0; r < r1; r++) {
+        if (!dy) {
+#pragma omp simd
+            for (int64_t j = 0; j < h; j++) {
+                float a = B16_LD(x, r * 2 * h + j), b = B16_LD(x, r * 2 * h + h + j);
+                B16_ST(out, r * h + j, a * cpu_sigmoid(a) * b);
+            }
+            continue;
+        }
 #pragma omp simd
         for (int64_t j = 0; j < h; j++) {
-            float da, db;
-            gp_ew_swiglu_bwd(B16_LD(x, r * 2 * h + j), B16_LD(x, r * 2 * h + h + j),
-                             B16_LD(dy, r * h + j), &da, &db);
-            B16_ST(dx, r * 2 * h + j, da);
-            B16_ST(dx, r * 2 * h + h + j, db);
+            /* gp_ew_swiglu_bwd's arithmetic, its sigmoid cpu_sigmoid's */
+            float a = B16_LD(x, r * 2 * h + j), b = B16_LD(x, r * 2 * h + h + j);
+            float g = B16_LD(dy, r * h + j), sg = cpu_sigmoid(a);
+            B16_ST(out, r * 2 * h + j, g * b * (sg * (1.0f + a * (1.0f - sg))));
+            B16_ST(out, r * 2 * h + h + j, g * (a * sg));
         }
+    }
 }
 
 GP_CPU_LOOPS
+static void swiglu_rows_f32(const void *x, const void *dy, void *out, int64_t r0, int64_t r1,
+                            int64_t h)
+{
+    swiglu_rows(x, dy, out, r0, r1, h, false);
+}
+
+GP_CPU_LOOPS
+static void swiglu_rows_b16(const void *x, const void *dy, void *out, int64_t r0, int64_t r1,
+                            int64_t h)
+{
+    swiglu_rows(x, dy, out, r0, r1, h, true);
+}
+
+static void swiglu_run(gp_device *dev, gp_dtype dt, const void *x, const void *dy, void *out,
+                       int64_t rows, int64_t h)
+{
+    int nt = dev->threads;
+    if (rows * h < CPU_PAR_MIN) nt = 1;
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+    for (int k = 0; k < nt; k++) {
+        int64_t r0 = rows * k / nt, r1 = rows * (k + 1) / nt;
+        if (dt == GP_BF16) swiglu_rows_b16(x, dy, out, r0, r1, h);
+        else swiglu_rows_f32(x, dy, out, r0, r1, h);
+    }
+}
+
 gp_status gp_cpu_swiglu_fwd(gp_device *dev, gp_dtype dt, const void *x, void *y, int64_t rows,
                             int64_t h)
 {
-    if (dt == GP_BF16) swiglu_fwd(dev->threads, x, y, rows, h, true);
-    else swiglu_fwd(dev->threads, x, y, rows, h, false);
+    swiglu_run(dev, dt, x, NULL, y, rows, h);
     return GP_OK;
 }
 
-GP_CPU_LOOPS
 gp_status gp_cpu_swiglu_bwd(gp_device *dev, gp_dtype dt, const void *x, const void *dy, void *dx,
                             int64_t rows, int64_t h)
 {
-    if (dt == GP_BF16) swiglu_bwd(dev->threads, x, dy, dx, rows, h, true);
-    else swiglu_bwd(dev->threads, x, dy, dx, rows, h, false);
+    swiglu_run(dev, dt, x, dy, dx, rows, h);
     return GP_OK;
 }
 
