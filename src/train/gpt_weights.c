@@ -80,19 +80,10 @@ static const char *strip_tx(const char *name)
     return strncmp(name, TX, strlen(TX)) ? name : name + strlen(TX);
 }
 
-/* One value of t as a float (F32 or BF16, little-endian, maybe unaligned). */
+/* One value of t as a float (F32 or BF16: gp_st_widen). */
 static float value_at(const gp_st_tensor *t, bool bf16, int64_t i)
 {
-    float v;
-    if (bf16) {
-        uint16_t h;
-        memcpy(&h, t->data + 2 * i, 2);
-        uint32_t u = (uint32_t)h << 16;
-        memcpy(&v, &u, 4);
-    } else {
-        memcpy(&v, t->data + 4 * i, 4);
-    }
-    return v;
+    return gp_st_widen(t->data, bf16 ? GP_ST_WIDE_BF16 : GP_ST_WIDE_F32, i);
 }
 
 static int64_t numel(int ndim, const int64_t *dims)
@@ -326,17 +317,7 @@ static void lazy_free(void *arg)
 /* bytes at off of the file into buf, whole or an error naming the file */
 static gp_status read_at(const lazy_ctx *c, uint64_t off, uint8_t *buf, size_t bytes)
 {
-    size_t got = 0;
-    while (got < bytes) {
-        ssize_t r = pread(c->fd, buf + got, bytes - got, (off_t)(off + got));
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0)
-            return gp_error_set(GP_ERR_IO, "cannot read %zu bytes at %llu of '%s': %s", bytes,
-                                (unsigned long long)off, c->path,
-                                r < 0 ? strerror(errno) : "the file is shorter");
-        got += (size_t)r;
-    }
-    return GP_OK;
+    return gp_st_pread(c->fd, c->path, off, buf, bytes);
 }
 
 /* Tensor i of lt's kind into w, from its source bytes `data`. */

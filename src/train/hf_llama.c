@@ -209,37 +209,14 @@ static bool find_src(const hf_ctx *c, const char *name, hf_src *out)
 
 /* ---- conversion -------------------------------------------------------------- */
 
-static float f16_value(uint16_t h)
+/* The source's element kind (gp_st_wide_of), or an error naming it. */
+static gp_status src_kind(const hf_ctx *c, const hf_src *s, gp_st_wide *k)
 {
-    int e = (h >> 10) & 31, m = h & 1023;
-    float v = e == 0 ? ldexpf((float)m, -24) : e == 31 ? (m ? NAN : INFINITY)
-                                                       : ldexpf((float)(m | 1024), e - 25);
-    return h & 0x8000 ? -v : v;
-}
-
-static gp_status src_kind(const hf_ctx *c, const hf_src *s, int *esz)
-{
-    const gp_st_tensor *t = s->t;
-    if (t->dtype == GP_ST_F32) *esz = 4;
-    else if (!strcmp(t->dtype_name, "BF16") || !strcmp(t->dtype_name, "F16")) *esz = 2;
-    else
+    *k = gp_st_wide_of(s->t);
+    if (*k == GP_ST_WIDE_NONE)
         return gp_error_set(GP_ERR_DATA, "%s: tensor '%s' is %s; a Llama's weights are read as "
-                            "F32, BF16 or F16", c->sh[s->shard].path, t->name, t->dtype_name);
-    return GP_OK;
-}
-
-static gp_status read_at(const hf_shard *sh, uint64_t off, uint8_t *buf, size_t bytes)
-{
-    size_t got = 0;
-    while (got < bytes) {
-        ssize_t r = pread(sh->fd, buf + got, bytes - got, (off_t)(off + got));
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0)
-            return gp_error_set(GP_ERR_IO, "cannot read %zu bytes at %llu of '%s': %s", bytes,
-                                (unsigned long long)off, sh->path,
-                                r < 0 ? strerror(errno) : "the file is shorter");
-        got += (size_t)r;
-    }
+                            "F32, BF16 or F16", c->sh[s->shard].path, s->t->name,
+                            s->t->dtype_name);
     return GP_OK;
 }
 
@@ -251,27 +228,14 @@ static gp_status fetch(const gp_st_file *f, int i, uint8_t *dst)
     for (int q = 0; q < o->n; q++) {
         const hf_src *s = &o->s[q];
         const hf_shard *sh = &c->sh[s->shard];
-        int esz = 4;
-        GP_TRY(src_kind(c, s, &esz));
-        size_t bytes = (size_t)(s->t->end - s->t->begin), n = bytes / (size_t)esz;
+        gp_st_wide k;
+        GP_TRY(src_kind(c, s, &k));
+        size_t bytes = (size_t)(s->t->end - s->t->begin);
+        size_t n = bytes / (k == GP_ST_WIDE_F32 ? 4 : 2);
         uint8_t *buf = malloc(bytes ? bytes : 1);
         if (!buf) return gp_error_set(GP_ERR_OOM, "out of host memory reading '%s'", sh->path);
-        gp_status st = read_at(sh, sh->base + s->t->begin, buf, bytes);
-        bool bf16 = !strcmp(s->t->dtype_name, "BF16");
-        for (size_t k = 0; st == GP_OK && k < n; k++) {
-            if (esz == 4) {
-                memcpy(&out[k], buf + 4 * k, 4);
-            } else {
-                uint16_t h;
-                memcpy(&h, buf + 2 * k, 2);
-                if (bf16) {
-                    uint32_t u = (uint32_t)h << 16;
-                    memcpy(&out[k], &u, 4);
-                } else {
-                    out[k] = f16_value(h);
-                }
-            }
-        }
+        gp_status st = gp_st_pread(sh->fd, sh->path, sh->base + s->t->begin, buf, bytes);
+        for (size_t e = 0; st == GP_OK && e < n; e++) out[e] = gp_st_widen(buf, k, (int64_t)e);
         free(buf);
         GP_TRY(st);
         out += n;
@@ -294,8 +258,8 @@ static gp_status add_out(hf_ctx *c, gp_st_file *out, const char *name, const hf_
     const gp_st_tensor *a = src[0].t;
     int64_t rows = 0;
     for (int q = 0; q < n; q++) {
-        int esz;
-        GP_TRY(src_kind(c, &src[q], &esz));
+        gp_st_wide k;
+        GP_TRY(src_kind(c, &src[q], &k));
         const gp_st_tensor *b = src[q].t;
         bool same = b->ndim == a->ndim && b->ndim >= 1;
         for (int d = 1; same && d < a->ndim; d++) same = b->dims[d] == a->dims[d];
@@ -335,6 +299,23 @@ static const gp_layer *first_of(const gp_model *m, gp_layer_type t)
     return NULL;
 }
 
+/* The model's blocks (its attention layers), and whether its lm_head ties
+ * its weight to the embedding's: config.json's num_hidden_layers and
+ * tie_word_embeddings, read and written. */
+static int llama_blocks(const gp_model *m)
+{
+    int n = 0;
+    for (int k = 0; k < m->n_layers; k++) n += m->layers[k].spec.type == GP_LAYER_ATTENTION;
+    return n;
+}
+
+static bool llama_tied(const gp_model *m)
+{
+    for (int k = 0; k < m->n_layers; k++)
+        if (!strcmp(m->layers[k].spec.name, "lm_head")) return m->layers[k].spec.tie[0] != '\0';
+    return false;
+}
+
 /* Each difference appended to msg: "name = file (model.llama.key: model)". */
 static void differ(char *msg, size_t len, const char *key, double file, double model,
                    const char *ours)
@@ -364,11 +345,8 @@ static gp_status check_config(const gp_model *m, const char *dir)
     const gp_layer *emb = first_of(m, GP_LAYER_EMBEDDING), *att = first_of(m, GP_LAYER_ATTENTION);
     const gp_layer *rope = first_of(m, GP_LAYER_ROPE), *rms = first_of(m, GP_LAYER_RMS_NORM);
     const gp_layer *sw = first_of(m, GP_LAYER_SWIGLU);
-    int blocks = 0;
-    for (int k = 0; k < m->n_layers; k++) blocks += m->layers[k].spec.type == GP_LAYER_ATTENTION;
-    bool tied = false;
-    for (int k = 0; k < m->n_layers; k++) tied |= !strcmp(m->layers[k].spec.name, "lm_head") &&
-                                                  m->layers[k].spec.tie[0];
+    int blocks = llama_blocks(m);
+    bool tied = llama_tied(m);
     char msg[1500] = "";
     if (emb) {
         differ(msg, sizeof msg, "hidden_size", num_of(cfg, "hidden_size", -1),
@@ -725,12 +703,8 @@ static gp_status write_config(const gp_model *m, const char *dir)
         return gp_error_set(GP_ERR_INVALID, "--export-format hf: this model is not a whole "
                             "Llama (model.llama): it lacks an embedding, attention, rope, "
                             "rms_norm or swiglu layer");
-    int blocks = 0;
-    bool tied = false;
-    for (int k = 0; k < m->n_layers; k++) {
-        blocks += m->layers[k].spec.type == GP_LAYER_ATTENTION;
-        tied |= !strcmp(m->layers[k].spec.name, "lm_head") && m->layers[k].spec.tie[0];
-    }
+    int blocks = llama_blocks(m);
+    bool tied = llama_tied(m);
     gp_json_writer w = {.pretty = 2};
     gp_json_open_object(&w, NULL);
     gp_json_open_array(&w, "architectures");

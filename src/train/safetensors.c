@@ -20,6 +20,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -404,6 +405,49 @@ static gp_status open_regular(const char *path, FILE **out, size_t *len)
     *out = f;
     *len = (size_t)st.st_size;
     return GP_OK;
+}
+
+gp_status gp_st_pread(int fd, const char *path, uint64_t off, uint8_t *buf, size_t bytes)
+{
+    size_t got = 0;
+    while (got < bytes) {
+        ssize_t r = pread(fd, buf + got, bytes - got, (off_t)(off + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0)
+            return gp_error_set(GP_ERR_IO, "cannot read %zu bytes at %llu of '%s': %s", bytes,
+                                (unsigned long long)off, path,
+                                r < 0 ? strerror(errno) : "the file is shorter");
+        got += (size_t)r;
+    }
+    return GP_OK;
+}
+
+gp_st_wide gp_st_wide_of(const gp_st_tensor *t)
+{
+    if (t->dtype == GP_ST_F32) return GP_ST_WIDE_F32;
+    if (!strcmp(t->dtype_name, "BF16")) return GP_ST_WIDE_BF16;
+    if (!strcmp(t->dtype_name, "F16")) return GP_ST_WIDE_F16;
+    return GP_ST_WIDE_NONE;
+}
+
+float gp_st_widen(const uint8_t *data, gp_st_wide k, int64_t i)
+{
+    float v;
+    if (k == GP_ST_WIDE_F32) {
+        memcpy(&v, data + 4 * i, 4);
+        return v;
+    }
+    uint16_t h;
+    memcpy(&h, data + 2 * i, 2);
+    if (k == GP_ST_WIDE_BF16) {
+        uint32_t u = (uint32_t)h << 16;
+        memcpy(&v, &u, 4);
+        return v;
+    }
+    int e = (h >> 10) & 31, m = h & 1023; /* F16 */
+    v = e == 0 ? ldexpf((float)m, -24) : e == 31 ? (m ? NAN : INFINITY)
+                                               : ldexpf((float)(m | 1024), e - 25);
+    return h & 0x8000 ? -v : v;
 }
 
 gp_status gp_st_read_header(const char *path, gp_st_file *out)

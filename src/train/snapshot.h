@@ -98,6 +98,16 @@ gp_status gp_st_read_header(const char *path, gp_st_file *out);
 gp_status gp_st_verify_file(const gp_st_file *hdr, const char *path);
 void gp_st_free(gp_st_file *f);
 const gp_st_tensor *gp_st_find(const gp_st_file *f, const char *name);
+/* bytes at off of the open file fd (named path for the message) into
+ * buf, whole, or GP_ERR_IO naming path: the lazy weight readers' pread
+ * (gpt_weights.c, hf_llama.c). */
+gp_status gp_st_pread(int fd, const char *path, uint64_t off, uint8_t *buf, size_t bytes);
+/* The element kinds the weight readers widen to FP32 (gp_st_wide_of:
+ * from a tensor's dtype; NONE for any other), and element i of data of
+ * kind k (little-endian, maybe unaligned) as a float. */
+typedef enum { GP_ST_WIDE_F32, GP_ST_WIDE_BF16, GP_ST_WIDE_F16, GP_ST_WIDE_NONE } gp_st_wide;
+gp_st_wide gp_st_wide_of(const gp_st_tensor *t);
+float gp_st_widen(const uint8_t *data, gp_st_wide k, int64_t i);
 const char *gp_st_meta(const gp_st_file *f, const char *key); /* NULL if absent */
 /* If the file carries "gpipe.crc32", check it against the data section
  * (GP_ERR_DATA "checksum mismatch" otherwise); `required` makes its absence

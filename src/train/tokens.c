@@ -127,7 +127,6 @@ gp_status gp_tokens_read(const char *path, int64_t seq_len, gp_dataset *ds)
         free(tok);
         return s;
     }
-    int64_t maxid64 = maxid;
     free(ds->tokens);
     ds->tokens = tok;
     ds->n_tokens = n;
@@ -135,7 +134,7 @@ gp_status gp_tokens_read(const char *path, int64_t seq_len, gp_dataset *ds)
     ds->n = n / (seq_len + 1);
     ds->c = seq_len;
     ds->h = ds->w = 1;
-    ds->classes = (int)(maxid64 + 1);
+    ds->classes = (int)maxid + 1; /* (below 2^24: checked above) */
     snprintf(ds->source, sizeof ds->source, "%s", path);
     return GP_OK;
 }
