@@ -77,12 +77,18 @@ GP_EW_FN float gp_ew_gelu(float x)
  * PyTorch's F.silu), and its gradients from the inputs: da = dy b silu'(a),
  * silu'(a) = s (1 + a (1 - s)) with s = sigmoid(a); db = dy silu(a). */
 GP_EW_FN float gp_ew_sigmoid(float a) { return 1.0f / (1.0f + expf(-a)); }
-GP_EW_FN float gp_ew_swiglu(float a, float b) { return a * gp_ew_sigmoid(a) * b; }
-GP_EW_FN void gp_ew_swiglu_bwd(float a, float b, float dy, float *da, float *db)
+/* The same given s = sigmoid(a) (the CPU's comes from its vectorised exp,
+ * cpu_math.c): one formula for every backend. */
+GP_EW_FN float gp_ew_swiglu_s(float a, float b, float s) { return a * s * b; }
+GP_EW_FN void gp_ew_swiglu_bwd_s(float a, float b, float dy, float s, float *da, float *db)
 {
-    float s = gp_ew_sigmoid(a);
     *da = dy * b * (s * (1.0f + a * (1.0f - s)));
     *db = dy * (a * s);
+}
+GP_EW_FN float gp_ew_swiglu(float a, float b) { return gp_ew_swiglu_s(a, b, gp_ew_sigmoid(a)); }
+GP_EW_FN void gp_ew_swiglu_bwd(float a, float b, float dy, float *da, float *db)
+{
+    gp_ew_swiglu_bwd_s(a, b, dy, gp_ew_sigmoid(a), da, db);
 }
 
 /* Rotary position embeddings (backend.h's rope, issue 66) over rows sequences of t

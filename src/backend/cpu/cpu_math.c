@@ -959,7 +959,7 @@ gp_status gp_cpu_rope(gp_device *dev, gp_dtype dt, const gp_rope_desc *d, bool i
 /* ---- SwiGLU (Llama's MLP activation): element by element ------------------ */
 
 /* sigmoid(a) through gp_cpu_exp, which vectorises (gp_ew_sigmoid's expf
- * is a library call per value): gp_ew_swiglu's arithmetic otherwise. */
+ * is a library call per value); the rest is gp_ew_swiglu_s's. */
 static inline __attribute__((always_inline)) float cpu_sigmoid(float a)
 {
     return 1.0f / (1.0f + gp_cpu_exp(-a));
@@ -978,17 +978,16 @@ swiglu_rows(const void *x, const void *dy, void *out, int64_t r0, int64_t r1, in
 #pragma omp simd
             for (int64_t j = 0; j < h; j++) {
                 float a = B16_LD(x, r * 2 * h + j), b = B16_LD(x, r * 2 * h + h + j);
-                B16_ST(out, r * h + j, a * cpu_sigmoid(a) * b);
+                B16_ST(out, r * h + j, gp_ew_swiglu_s(a, b, cpu_sigmoid(a)));
             }
             continue;
         }
 #pragma omp simd
         for (int64_t j = 0; j < h; j++) {
-            /* gp_ew_swiglu_bwd's arithmetic, its sigmoid cpu_sigmoid's */
-            float a = B16_LD(x, r * 2 * h + j), b = B16_LD(x, r * 2 * h + h + j);
-            float g = B16_LD(dy, r * h + j), sg = cpu_sigmoid(a);
-            B16_ST(out, r * 2 * h + j, g * b * (sg * (1.0f + a * (1.0f - sg))));
-            B16_ST(out, r * 2 * h + h + j, g * (a * sg));
+            float a = B16_LD(x, r * 2 * h + j), b = B16_LD(x, r * 2 * h + h + j), da, db;
+            gp_ew_swiglu_bwd_s(a, b, B16_LD(dy, r * h + j), cpu_sigmoid(a), &da, &db);
+            B16_ST(out, r * 2 * h + j, da);
+            B16_ST(out, r * 2 * h + h + j, db);
         }
     }
 }
