@@ -203,23 +203,34 @@ __global__ void k_bias_relu_rows(float *y, const float *bias, int64_t rows, int6
  * thread per column adds the partials in order. */
 #define SR_COLS 32
 #define SR_ROWS 8
+/* Pass 1's meeting: v of the 8 row-threads of column threadIdx.x summed in
+ * the fixed tree, returned to every thread (called by all of the block; it
+ * may be called again, for another sum, as the layer norm's weights do). */
+__device__ double sr_tile_sum(double v)
+{
+    __shared__ double sh[SR_ROWS][SR_COLS];
+    sh[threadIdx.y][threadIdx.x] = v;
+    __syncthreads();
+    for (unsigned h = SR_ROWS / 2; h > 0; h >>= 1) {
+        if (threadIdx.y < h) sh[threadIdx.y][threadIdx.x] += sh[threadIdx.y + h][threadIdx.x];
+        __syncthreads();
+    }
+    double s = sh[0][threadIdx.x];
+    __syncthreads(); /* read before a next call writes */
+    return s;
+}
+
 template <typename T>
 __global__ void k_sum_rows_part(const T *dy, double *part, int64_t rows, int64_t cols)
 {
-    __shared__ double sh[SR_ROWS][SR_COLS];
     int64_t j = (int64_t)blockIdx.x * SR_COLS + threadIdx.x;
     double acc = 0.0;
     if (j < cols)
         for (int64_t r = (int64_t)blockIdx.y * SR_ROWS + threadIdx.y; r < rows;
              r += (int64_t)gridDim.y * SR_ROWS)
             acc += (double)ld(dy[r * cols + j]);
-    sh[threadIdx.y][threadIdx.x] = acc;
-    __syncthreads();
-    for (unsigned h = SR_ROWS / 2; h > 0; h >>= 1) {
-        if (threadIdx.y < h) sh[threadIdx.y][threadIdx.x] += sh[threadIdx.y + h][threadIdx.x];
-        __syncthreads();
-    }
-    if (threadIdx.y == 0 && j < cols) part[(int64_t)blockIdx.y * cols + j] = sh[0][threadIdx.x];
+    double s = sr_tile_sum(acc);
+    if (threadIdx.y == 0 && j < cols) part[(int64_t)blockIdx.y * cols + j] = s;
 }
 /* db[j] += the sum (over: db[j] = it, the same bits as over a zeroed db,
  * with no fill before it) */
@@ -1037,7 +1048,6 @@ __global__ void k_layer_norm_bwd_weights_part(const T *x, const float *mean, con
                                               const T *dy, double *part, int64_t rows,
                                               int64_t cols)
 {
-    __shared__ double sw[SR_ROWS][SR_COLS], sb[SR_ROWS][SR_COLS];
     int64_t j = (int64_t)blockIdx.x * SR_COLS + threadIdx.x;
     double aw = 0.0, ab = 0.0;
     if (j < cols)
@@ -1047,19 +1057,10 @@ __global__ void k_layer_norm_bwd_weights_part(const T *x, const float *mean, con
             aw += (double)g * (double)((ld(x[r * cols + j]) - mean[r]) * rstd[r]);
             ab += (double)g;
         }
-    sw[threadIdx.y][threadIdx.x] = aw;
-    sb[threadIdx.y][threadIdx.x] = ab;
-    __syncthreads();
-    for (unsigned h = SR_ROWS / 2; h > 0; h >>= 1) {
-        if (threadIdx.y < h) {
-            sw[threadIdx.y][threadIdx.x] += sw[threadIdx.y + h][threadIdx.x];
-            sb[threadIdx.y][threadIdx.x] += sb[threadIdx.y + h][threadIdx.x];
-        }
-        __syncthreads();
-    }
+    double sw = sr_tile_sum(aw), sb = sr_tile_sum(ab); /* each in the same tree */
     if (threadIdx.y == 0 && j < cols) {
-        part[((int64_t)blockIdx.y * cols + j) * 2] = sw[0][threadIdx.x];
-        part[((int64_t)blockIdx.y * cols + j) * 2 + 1] = sb[0][threadIdx.x];
+        part[((int64_t)blockIdx.y * cols + j) * 2] = sw;
+        part[((int64_t)blockIdx.y * cols + j) * 2 + 1] = sb;
     }
 }
 
@@ -1118,20 +1119,14 @@ template <typename T>
 __global__ void k_rms_norm_bwd_weights_part(const T *x, const float *rstd, const T *dy,
                                             double *part, int64_t rows, int64_t cols)
 {
-    __shared__ double sw[SR_ROWS][SR_COLS];
     int64_t j = (int64_t)blockIdx.x * SR_COLS + threadIdx.x;
     double aw = 0.0;
     if (j < cols)
         for (int64_t r = (int64_t)blockIdx.y * SR_ROWS + threadIdx.y; r < rows;
              r += (int64_t)gridDim.y * SR_ROWS)
             aw += (double)ld(dy[r * cols + j]) * (double)(ld(x[r * cols + j]) * rstd[r]);
-    sw[threadIdx.y][threadIdx.x] = aw;
-    __syncthreads();
-    for (unsigned h = SR_ROWS / 2; h > 0; h >>= 1) {
-        if (threadIdx.y < h) sw[threadIdx.y][threadIdx.x] += sw[threadIdx.y + h][threadIdx.x];
-        __syncthreads();
-    }
-    if (threadIdx.y == 0 && j < cols) part[(int64_t)blockIdx.y * cols + j] = sw[0][threadIdx.x];
+    double s = sr_tile_sum(aw);
+    if (threadIdx.y == 0 && j < cols) part[(int64_t)blockIdx.y * cols + j] = s;
 }
 
 /* ---- SwiGLU (backend.h's swiglu_*, issue 66): a thread per output ---------- */
