@@ -217,6 +217,36 @@ gp_status gp_run_evaluate(gp_run *run, const float *x, const float *y, int64_t n
  * (model.gpt.vocab_pad) past gp_run_info.classes are no tokens.  One
  * process only. */
 gp_status gp_run_predict(gp_run *run, const float *x, int64_t n, float *out);
+/* Sampling with a KV cache.  A decoder holds, for `samples` sequences, each
+ * attention layer's keys and values of the positions fed so far, up to
+ * model.input's T, on that layer's device.  gp_decoder_feed appends n
+ * positions to every sequence and computes only them: a new token costs a
+ * position per layer, not a forward over T.  Its logits are
+ * gp_run_predict's for those positions of the sequence from position 0,
+ * within rounding (the products may sum a row in another order than a
+ * window).  For language models whose layers a Transformer decoder has
+ * (embedding first; linear, layer_norm, rms_norm, gelu, relu, swiglu,
+ * rope, attention, add, dropout, identity), across stages and devices as
+ * the run places them; anything else is GP_ERR_UNSUPPORTED naming the
+ * layer.  One process.  The run's model must stay as it is while a cache
+ * is filled: a feed after a step is refused until a rewind to 0.  Free
+ * it before the run. */
+typedef struct gp_decoder gp_decoder;
+gp_status gp_decoder_open(gp_run *run, int64_t samples, gp_decoder **out);
+/* ids (samples, n): the next n token ids of each sequence (as floats).
+ * out: (samples, n, row) logits of every new position when `all` is
+ * nonzero, else (samples, row) of each sequence's last new position (the
+ * head then runs on it alone); row = gp_run_info.output_numel / T, a
+ * padded vocabulary's padding included.  Past T positions in all:
+ * GP_ERR_INVALID (rewind and feed the last ones again); a failed feed
+ * leaves the positions fed before it. */
+gp_status gp_decoder_feed(gp_decoder *dec, const float *ids, int64_t n, int all, float *out);
+/* Positions fed so far, and the most there is room for (T). */
+int64_t gp_decoder_length(const gp_decoder *dec);
+int64_t gp_decoder_capacity(const gp_decoder *dec);
+/* Forget the positions from `length` on (0: all), to feed others after. */
+gp_status gp_decoder_rewind(gp_decoder *dec, int64_t length);
+void gp_decoder_free(gp_decoder *dec);
 /* Write the weights of the run's model (as for gp_run_evaluate) to `path` as a
  * safetensors file (PyTorch's state_dict names; README "Snapshots and
  * weights"), readable by model.init_from and safetensors' loaders. */

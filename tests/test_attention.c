@@ -17,7 +17,11 @@
  *   - spec errors: heads not dividing C, an input without the T axis; the
  *     YAML form and its errors at file:line:column;
  *   - bf16 storage: the bf16 slots' y, lse and dx bit for bit the storage
- *     adapter's (the FP32 kernel on widened values, rounded once).
+ *     adapter's (the FP32 kernel on widened values, rounded once);
+ *   - the KV cache (attn_cached, sampling): the positions fed in chunks of
+ *     3, 1, 1, 2, ... against a cache give attn_fwd's outputs over the
+ *     whole sequence bit for bit, FP32 and bf16, on 1 and 2 threads, and
+ *     the cache holds each position's k and v as they were.
  * The pipeline on two devices against one is in test_pipeline.c.
  */
 #include "layers/layers_impl.h"
@@ -490,6 +494,63 @@ static void bf16_storage(void)
         }
 }
 
+static void cached(void)
+{
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++)
+        for (int v = 0; v < 4; v++) {
+            const shape_case *sc = &cases[k];
+            gp_device *dev = v & 1 ? dev2 : dev1;
+            bool b16 = v >= 2;
+            size_t es = b16 ? 2 : 4;
+            int64_t b = sc->b, t = sc->t, c = sc->c, hh = sc->heads, R = x_width(sc);
+            int64_t kv = sc->kv ? sc->kv : hh, KR = R - c, cap = t + 3;
+            int64_t nx = b * t * R, ny = b * t * c;
+            float *xf = rand_vals(nx, 700 + k, 2.0f), *yf = malloc((size_t)ny * 4);
+            uint16_t *x16 = malloc((size_t)nx * 2), *y16 = malloc((size_t)ny * 2);
+            char *chunk = malloc((size_t)(b * t * R) * es), *out = malloc((size_t)(b * t * c) * es);
+            char *cache = calloc((size_t)(b * cap * KR), es);
+            for (int64_t q = 0; q < nx; q++) xf[q] = gp_ew_bf16_value(x16[q] = gp_ew_bf16_bits(xf[q]));
+            if (b16) CHECK_OK(gp_dev_attn_fwd_bf16(dev, x16, y16, NULL, b, t, hh, kv, c));
+            else CHECK_OK(gp_dev_attn_fwd(dev, xf, yf, NULL, b, t, hh, kv, c));
+            const char *x = b16 ? (const char *)x16 : (const char *)xf;
+            const char *y = b16 ? (const char *)y16 : (const char *)yf;
+            int64_t bad = 0, bad_kv = 0;
+            static const int64_t plan[] = {3, 1, 1, 2, 1000};
+            for (int64_t p = 0, i = 0; p < t; i++) {
+                int64_t n = plan[i < 4 ? i : 4];
+                if (n > t - p) n = t - p;
+                for (int64_t bi = 0; bi < b; bi++) /* positions p .. p + n - 1 of each row */
+                    memcpy(chunk + (size_t)(bi * n * R) * es, x + (size_t)((bi * t + p) * R) * es,
+                           (size_t)(n * R) * es);
+                CHECK_OK(gp_dev_attn_cached(dev, b16 ? GP_BF16 : GP_F32, chunk, cache, out, b, n,
+                                            p, cap, hh, kv, c));
+                for (int64_t bi = 0; bi < b; bi++)
+                    bad += memcmp(out + (size_t)(bi * n * c) * es,
+                                  y + (size_t)((bi * t + p) * c) * es, (size_t)(n * c) * es) != 0;
+                p += n;
+            }
+            for (int64_t bi = 0; bi < b; bi++)
+                for (int64_t j = 0; j < t; j++)
+                    bad_kv += memcmp(cache + (size_t)((bi * cap + j) * KR) * es,
+                                     x + (size_t)((bi * t + j) * R + c) * es, (size_t)KR * es) != 0;
+            CHECK_MSG(bad == 0 && bad_kv == 0,
+                      "cached attention, case %zu, %s, %d thread(s): %lld chunks differ from "
+                      "attn_fwd's bits, %lld cache rows from x's k and v", k,
+                      b16 ? "bf16" : "FP32", (v & 1) + 1, (long long)bad, (long long)bad_kv);
+            free(xf);
+            free(yf);
+            free(x16);
+            free(y16);
+            free(chunk);
+            free(out);
+            free(cache);
+        }
+    /* past the cache: refused, naming the positions */
+    float x[12] = {0}, kvc[8] = {0}, y[4];
+    CHECK_ERR(gp_dev_attn_cached(dev1, GP_F32, x, kvc, y, 1, 1, 1, 1, 1, 1, 4), GP_ERR_INVALID,
+              "past the cache's 1");
+}
+
 int main(void)
 {
     gp_device_opts o1 = {.threads = 1}, o2 = {.threads = 2};
@@ -506,6 +567,7 @@ int main(void)
     spec_errors();
     config_yaml();
     bf16_storage();
+    cached();
     gp_device_close(dev1);
     gp_device_close(dev2);
     return gpt_finish("test_attention");

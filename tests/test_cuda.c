@@ -267,6 +267,17 @@ static void test_elementwise(void)
         bcheck("grouped attn_fwd lse", &gl, 1e-5);
         BOTH(gp_dev_attn_bwd(D, gx.p[K], gy.p[K], gl.p[K], gdy.p[K], gdx.p[K], 2, 70, 6, 2, 24));
         bcheck("grouped attn_bwd", &gdx, 1e-4);
+        /* the KV cache (attn_cached, sampling): the first sequence's 70
+         * positions fed as 50 and then 20 into a cache of 72, against the
+         * CPU's (whose bits are attn_fwd's); the cache's rows exact */
+        buf cy = bjunk(70 * 24), ckv = bjunk(72 * 16);
+        BOTH(gp_dev_attn_cached(D, GP_F32, gx.p[K], ckv.p[K], cy.p[K], 1, 50, 0, 72, 6, 2, 24));
+        BOTH(gp_dev_attn_cached(D, GP_F32, gx.p[K] + 50 * 40, ckv.p[K], cy.p[K] + 50 * 24, 1,
+                                20, 50, 72, 6, 2, 24));
+        bcheck("attn_cached y", &cy, 1e-5);
+        bcheck("attn_cached cache", &ckv, 0);
+        bfree(&cy);
+        bfree(&ckv);
         bfree(&gx); bfree(&gdy); bfree(&gy); bfree(&gl); bfree(&gdx);
         bfree(&ax);
         bfree(&ady);
@@ -1804,6 +1815,20 @@ static void test_rms_norm(void)
         }
         bcheck(b16 ? "bf16 rope y" : "rope y", &fy, tol);
         bcheck(b16 ? "bf16 rope dx (in place)" : "rope dx (in place)", &fdx, tol);
+        /* attn_cached on this storage (sampling with a KV cache): 3
+         * sequences of 16 positions of Llama 3.2 1B's heads (4 query heads
+         * of 64 over 2 k, v heads: rows of 512 in x), fed as 9 and then 7
+         * into a cache of 20 (x's first 3 x 16 x 512 values) */
+        const size_t es = b16 ? 2 : 4;
+        buf kvb = bjunk(3 * 20 * 512);
+        BOTH(gp_dev_fill(D, fy.p[K], 0.0f, n));
+        BOTH(gp_dev_attn_cached(D, dt, x.p[K], kvb.p[K], y.p[K], 3, 9, 0, 20, 4, 2, 256));
+        BOTH(gp_dev_attn_cached(D, dt, (char *)x.p[K] + 3 * 9 * 512 * es, kvb.p[K],
+                                (char *)y.p[K] + 3 * 9 * 256 * es, 3, 7, 9, 20, 4, 2, 256));
+        if (b16) BOTH(gp_dev_bf16_unpack(D, fy.p[K], (uint16_t *)y.p[K], 3 * 16 * 256));
+        else BOTH(gp_dev_copy_d2d(D, fy.p[K], y.p[K], (size_t)(3 * 16 * 256) * 4));
+        bcheck(b16 ? "bf16 attn_cached y" : "attn_cached y (Llama's heads)", &fy, tol);
+        bfree(&kvb);
         buf *all[] = {&fx, &fdy, &w, &x, &dy, &y, &dx, &r, &dw, &fy, &fdx};
         for (size_t q = 0; q < sizeof all / sizeof *all; q++) bfree(all[q]);
     }

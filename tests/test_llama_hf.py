@@ -26,7 +26,12 @@ here (windows of T + 1 = 17):
    folder as it is, and its loss on the validation windows is gpipe's final
    test loss within 1e-5 relative; the folder read back by model.init_from
    gives that loss again;
-3. errors: config.json naming other sizes is refused with each difference
+3. greedy continuations: gpipe-sample from each folder (model.input
+   raised to 64 positions) continues a 5-token prompt for 50 tokens at
+   temperature 0 with the KV cache and with the window (--no-cache), on 1
+   device and on 2 stages, with exactly the ids of transformers' greedy
+   argmax over the same folder in FP32;
+4. errors: config.json naming other sizes is refused with each difference
    and the model.llama key that sets it; a folder without one of the
    model's tensors, or with a tensor the model has no place for, is refused
    naming the tensor.
@@ -76,6 +81,32 @@ def hf_loss(m, windows):
         x = torch.tensor(windows, dtype=torch.long)
         logits = m(input_ids=x[:, :T]).logits.double()
         return F.cross_entropy(logits.reshape(-1, V), x[:, 1:].reshape(-1)).item()
+
+
+def hf_greedy(m, prompt, n):
+    """transformers' greedy continuation: the argmax of the last position's
+    logits over the whole sequence so far, n times."""
+    import torch
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            logits = m(input_ids=torch.tensor([ids], dtype=torch.long)).logits[0, -1]
+            ids.append(int(torch.argmax(logits).item()))
+    return ids[len(prompt):]
+
+
+def gpipe_greedy(d, yaml_text, prompt, n, extra=()):
+    """gpipe-sample's greedy ids for yaml_text's model (64 positions)."""
+    cfgp = os.path.join(d, "sample.yaml")
+    with open(cfgp, "w") as f:
+        f.write(yaml_text)
+    r = subprocess.run([os.path.join(BIN, "gpipe-sample"), cfgp, "--set", "model.input=[64]",
+                        "--prompt-ids", ",".join(map(str, prompt)), "--tokens", str(n),
+                        "--temperature", "0", "--ids", "-q"] + list(extra),
+                       capture_output=True, text=True, timeout=300)
+    if r.returncode != 0 or " | " not in r.stdout:
+        return None, r.stderr[-800:]
+    return [int(t) for t in r.stdout.split(" | ")[1].split()], ""
 
 
 def config(d, init, tie, devices, extra=""):
@@ -170,6 +201,20 @@ def main():
                       % (name, devices, got, want, rc, "" if rc == 0 else out[-1500:]))
                 print("%s, %d device(s): gpipe %.8f, transformers %.8f" % (name, devices,
                                                                              got or 0.0, want))
+            # greedy continuations, 50 tokens past a 5-token prompt
+            prompt = toks[:5]
+            want_ids = hf_greedy(ref, prompt, 50)
+            for devices in (1, 2):
+                for extra in ((), ("--no-cache",)):
+                    got_ids, err = gpipe_greedy(d, config(data, folder, tie, devices), prompt,
+                                                50, extra)
+                    same = got_ids == want_ids
+                    first = next((i for i in range(50) if got_ids and got_ids[i] != want_ids[i]),
+                                 None)
+                    check(same, "%s, %d device(s)%s: gpipe's 50 greedy ids are transformers' "
+                          "(first difference at %s) %s" % (name, devices, " " + extra[0] if extra
+                                                           else "", first, err))
+            print("%s: 50 greedy ids as transformers', cache and window, 1 and 2 stages" % name)
 
         # the folder out: 20 AdamW steps, exported, loaded by from_pretrained
         val = [toks[i * (T + 1):(i + 1) * (T + 1)] for i in range(4)]

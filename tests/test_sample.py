@@ -11,6 +11,9 @@ next) learns it; then gpipe-sample, from the run's snapshot:
   and on 1 device alike;
 - with --weights (the run's exported weights: model.init_from's reader)
   prints the same;
+- with the KV cache (the default) and with the window (--no-cache) the
+  same greedy ids within T and the same 40 bytes past it, on 2 stages and
+  on 1 device;
 - at temperature 1 with top-k 3 and a seed prints the same text twice,
   --samples 3 gives three continuations, and nearly all of their bytes
   follow the pattern (a sampler that ignored the logits would not);
@@ -115,6 +118,22 @@ def main():
         rc, out2, err = sample(cfg, "--weights", weights, "--prompt", "cde", "--tokens", "40",
                                "--temperature", "0")
         check(rc == 0 and out2 == out, "--weights as --resume: %r (%s)" % (out2, err))
+        # the KV cache (the default) against the window (--no-cache), issue 66:
+        # within T the same tokens, past it both the pattern
+        rc, win, err = sample(cfg, "--resume", snap, "--prompt", "cde", "--tokens", "40",
+                              "--temperature", "0", "--no-cache")
+        check(rc == 0 and win == out, "--no-cache's 40 greedy bytes as the cache's: %r %r (%s)"
+              % (win, out, err))
+        for extra in ([], ["--set", "pipeline.devices=[cpu:0]", "--set", "pipeline.balance=[13]",
+                           "--set", "pipeline.chunks=1"]):
+            rc, a, err = sample(cfg, "--resume", snap, "--prompt-ids", "99,100,101,32,97",
+                                "--tokens", "11", "--temperature", "0", "--ids", *extra)
+            rc2, b, err2 = sample(cfg, "--resume", snap, "--prompt-ids", "99,100,101,32,97",
+                                  "--tokens", "11", "--temperature", "0", "--ids", "--no-cache",
+                                  *extra)
+            check(rc == 0 and rc2 == 0 and a == b and len(a.split()) == 17,
+                  "greedy ids within T, cache and window (%s): %r %r (%s %s)"
+                  % ("1 device" if extra else "2 stages", a, b, err, err2))
 
         args = (cfg, "--resume", snap, "--prompt", "abc", "--tokens", "60", "--temperature", "1",
                 "--top-k", "3", "--seed", "7")

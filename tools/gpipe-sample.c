@@ -10,10 +10,19 @@
  * temperature, cut to the top k, through a softmax in double; temperature
  * 0 takes the most likely token (the lowest id among equals).  The draws
  * come from a splitmix64 stream seeded with --seed, so the same command
- * prints the same text.  The context is the last T tokens (model.input
- * [T]); a shorter one is padded after its end with id 0, which causal
- * attention keeps from the positions before it.  No cache: every token
- * is a forward pass over T positions, which is what a small model needs.
+ * prints the same text.
+ *
+ * With a KV cache (the default, gp_decoder): the prompt's last T tokens
+ * (model.input [T]) are fed once, then each new token is one position
+ * through every layer, attending over the keys and values kept of the
+ * positions before it.  Once the context fills T positions, the cache
+ * starts again from the last T / 2 tokens (one prefill per T / 2 new
+ * tokens).  --no-cache, and models a cache cannot run (not a Transformer
+ * decoder), take the window: each token a forward pass over the last T
+ * tokens, a shorter context padded after its end with id 0 (which causal
+ * attention keeps from the positions before it).  Within T positions the
+ * two give the same tokens (the logits agree to rounding); past T the
+ * window slides a token at a time and the cache by halves, so they part.
  * A padded vocabulary (model.gpt.vocab_pad) draws among its real tokens
  * (gp_run_info.classes), never a padding logit.
  *
@@ -21,7 +30,8 @@
  * printed as bytes) by default there; otherwise --prompt-ids and ids out,
  * and --out writes the tokens as an llm.c token file for
  * scripts/tokenize_text.py decode (GPT-2's BPE where tiktoken's encoding
- * file is on the machine).
+ * file is on the machine): uint16 ids, or llm.c's Llama 3 format (uint32)
+ * for a vocabulary past 65,536.
  */
 #include "core/core.h"
 #include "gpipe.h"
@@ -56,6 +66,9 @@ static void usage(FILE *f)
           "  --top-k K           draw among the K most likely only (default 0: all)\n"
           "  --seed S            the draws' seed (default 1): the same seed, the same text\n"
           "  --samples N         continuations, side by side in one batch (default 1)\n"
+          "  --no-cache          a forward over the whole window per token instead of the\n"
+          "                      KV cache (the default, for Transformer decoders: a new\n"
+          "                      token costs one position per layer)\n"
           "  --ids               print token ids, not bytes\n"
           "  --out FILE.bin      also write prompt + continuation as an llm.c token file\n"
           "                      (scripts/tokenize_text.py decode FILE.bin prints it);\n"
@@ -75,7 +88,7 @@ typedef struct sample_opts {
     int64_t tokens, top_k, samples;
     double temperature;
     uint64_t seed;
-    int ids, quiet;
+    int ids, quiet, no_cache;
 } sample_opts;
 
 static uint64_t splitmix64(uint64_t *s)
@@ -125,6 +138,7 @@ static int parse_args(int argc, char **argv, sample_opts *o)
             return EXIT_OK + 100;
         }
         if (!strcmp(a, "--ids")) { o->ids = 1; continue; }
+        if (!strcmp(a, "--no-cache")) { o->no_cache = 1; continue; }
         if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) { o->quiet = 1; continue; }
         if (a[0] != '-') {
             if (o->config) {
@@ -253,16 +267,19 @@ static int64_t draw(const float *logits, int64_t V, const sample_opts *o, uint64
 
 /* Written beside `path` and renamed over it: a failed write (a full disk,
  * ulimit -f) leaves whatever was at path as it was. */
-static int write_tokens(const char *path, const int64_t *ids, int64_t n)
+static int write_tokens(const char *path, const int64_t *ids, int64_t n, int64_t vocab)
 {
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     FILE *f = fopen(tmp, "wb");
-    int32_t hdr[256] = {20240520, 1, (int32_t)n};
+    /* llm.c's uint16 files, or its Llama 3 files (uint32) past 65,536 ids */
+    bool wide = vocab > 65536;
+    int32_t hdr[256] = {wide ? 20240801 : 20240520, wide ? 7 : 1, (int32_t)n};
     bool ok = f && fwrite(hdr, sizeof hdr, 1, f) == 1;
     for (int64_t i = 0; ok && i < n; i++) {
-        uint16_t t = (uint16_t)ids[i];
-        ok = fwrite(&t, 2, 1, f) == 1;
+        uint16_t t16 = (uint16_t)ids[i];
+        uint32_t t32 = (uint32_t)ids[i];
+        ok = wide ? fwrite(&t32, 4, 1, f) == 1 : fwrite(&t16, 2, 1, f) == 1;
     }
     int e = ok ? 0 : errno;
     if (f && fclose(f) != 0 && ok) {
@@ -302,11 +319,39 @@ typedef struct sampler {
     float *x, *y; /* (S, T) inputs, (S, T, Vp) logits */
     int64_t *idx;
     double *p;
+    gp_decoder *dec; /* the KV cache, or NULL: the window */
 } sampler;
+
+/* Tokens len .. cap-1 of every sample with the cache: the context's last
+ * positions fed (all of them first, the last T / 2 again whenever the
+ * cache is full), then one position per token. */
+static gp_status generate_cached(sampler *s, const sample_opts *o)
+{
+    uint64_t rng = o->seed;
+    int64_t T = gp_decoder_capacity(s->dec);
+    for (; s->len < s->cap; s->len++) {
+        int64_t fed = gp_decoder_length(s->dec), w0, n;
+        if (fed == 0 || fed == T) { /* (re)fill: the context's last positions */
+            int64_t keep = fed == 0 ? T : T / 2 > 0 ? T / 2 : 1;
+            w0 = s->len > keep ? s->len - keep : 0;
+            GP_TRY(gp_decoder_rewind(s->dec, 0));
+        } else {
+            w0 = s->len - 1; /* the token drawn last */
+        }
+        n = s->len - w0;
+        for (int64_t q = 0; q < s->S; q++)
+            for (int64_t t = 0; t < n; t++) s->x[q * n + t] = (float)s->ids[q * s->cap + w0 + t];
+        GP_TRY(gp_decoder_feed(s->dec, s->x, n, 0, s->y));
+        for (int64_t q = 0; q < s->S; q++)
+            s->ids[q * s->cap + s->len] = draw(s->y + q * s->Vp, s->V, o, &rng, s->idx, s->p);
+    }
+    return GP_OK;
+}
 
 /* Tokens len .. cap-1 of every sample, one forward pass each. */
 static gp_status generate(sampler *s, const sample_opts *o)
 {
+    if (s->dec) return generate_cached(s, o);
     uint64_t rng = o->seed;
     for (; s->len < s->cap; s->len++) {
         int64_t w0 = s->len > s->T ? s->len - s->T : 0, w = s->len - w0;
@@ -396,6 +441,20 @@ static int run_sampler(const sample_opts *o)
         fputs("gpipe-sample: out of host memory\n", stderr);
         code = EXIT_RUNTIME;
     }
+    if (code == EXIT_OK && !o->no_cache) {
+        st = gp_decoder_open(s.run, s.S, &s.dec);
+        if (st == GP_ERR_UNSUPPORTED) { /* not a Transformer decoder: the window */
+            if (!o->quiet)
+                fprintf(stderr, "gpipe-sample: no KV cache (%s); each token is a forward "
+                        "over the window\n", gp_last_error());
+            gp_error_clear();
+            st = GP_OK;
+        }
+        if (st != GP_OK) {
+            fprintf(stderr, "gpipe-sample: %s\n", gp_last_error());
+            code = gp_status_exit_code(st);
+        }
+    }
     if (code == EXIT_OK) {
         for (int64_t q = 0; q < s.S; q++)
             memcpy(s.ids + q * s.cap, prompt, (size_t)np * sizeof *s.ids);
@@ -412,12 +471,13 @@ static int run_sampler(const sample_opts *o)
                 "--out FILE.bin writes them for scripts/tokenize_text.py decode, which decodes "
                 "GPT-2's BPE where tiktoken's encoding file is on this machine\n",
                 (long long)s.V);
-    if (code == EXIT_OK && o->out) code = write_tokens(o->out, s.ids, s.cap);
+    if (code == EXIT_OK && o->out) code = write_tokens(o->out, s.ids, s.cap, s.V);
     free(s.ids);
     free(s.x);
     free(s.y);
     free(s.idx);
     free(s.p);
+    gp_decoder_free(s.dec);
     gp_run_free(s.run);
     return code;
 }

@@ -165,8 +165,10 @@
  *      swiglu_fwd, swiglu_bwd (Llama's MLP activation)
  *  46  rope (rotary position embeddings over a fused q, k, v)
  *  47  attn_fwd, attn_bwd, attn_fwd_bf16, attn_bwd_bf16 take kv_heads
- *      (grouped-query attention: x (b, t, c + 2 kv_heads d)) */
-#define GP_DEVICE_IFACE_VERSION 47
+ *      (grouped-query attention: x (b, t, c + 2 kv_heads d))
+ *  48  attn_cached (attention of new positions against a KV cache:
+ *      sampling one token at a time) */
+#define GP_DEVICE_IFACE_VERSION 48
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -1208,6 +1210,21 @@ typedef struct gp_device_iface {
      * the model refuses rope there. */
     gp_status (*rope)(gp_device *dev, gp_dtype dt, const gp_rope_desc *d, bool inverse,
                       const void *x, void *y);
+    /* attn_cached: causal attention of n new positions pos .. pos + n - 1
+     * of each of b sequences against a KV cache (sampling with a cache,
+     * gp_decoder).  x (b, n, c + 2 kv_heads d) is attn_fwd's input for the
+     * new positions; kv (b, cap, 2 kv_heads d) holds each sequence's k
+     * heads then v heads of positions 0 .. pos - 1 (pos + n <= cap).  The
+     * call writes the new positions' k and v into rows pos .. pos + n - 1
+     * as they are, then y (b, n, c) = attn_fwd's output for those
+     * positions: query pos + i over keys 0 .. pos + i.  All of element
+     * type dt (bf16: widened, the result rounded once).  The CPU's gives
+     * attn_fwd's bits for every position (its key tiles sit at fixed
+     * positions); CUDA's own rule, within rounding of them.  NULL: the
+     * model samples without a cache there. */
+    gp_status (*attn_cached)(gp_device *dev, gp_dtype dt, const void *x, void *kv, void *y,
+                             int64_t b, int64_t n, int64_t pos, int64_t cap, int64_t heads,
+                             int64_t kv_heads, int64_t c);
 } gp_device_iface;
 
 /* The most tensors one nonfinite_or_many launch takes (its table travels
@@ -1920,6 +1937,11 @@ static inline bool gp_dev_add_norm_has(const gp_device *dev, gp_dtype dt)
  * rows or positions: nothing. */
 gp_status gp_dev_rope(gp_device *dev, gp_dtype dt, const gp_rope_desc *d, bool inverse,
                       const void *x, void *y);
+/* attn_cached (backend.h); GP_ERR_UNSUPPORTED where the backend has none;
+ * b or n 0: nothing. */
+gp_status gp_dev_attn_cached(gp_device *dev, gp_dtype dt, const void *x, void *kv, void *y,
+                             int64_t b, int64_t n, int64_t pos, int64_t cap, int64_t heads,
+                             int64_t kv_heads, int64_t c);
 /* swiglu_* (backend.h); GP_ERR_UNSUPPORTED where the backend has none. */
 gp_status gp_dev_swiglu_fwd(gp_device *dev, gp_dtype dt, const void *x, void *y, int64_t rows,
                             int64_t h);

@@ -1206,6 +1206,23 @@ gp_status gp_dev_rope(gp_device *dev, gp_dtype dt, const gp_rope_desc *d, bool i
     return GP_LAUNCH(dev, rope)(dev, dt, d, inverse, x, y);
 }
 
+gp_status gp_dev_attn_cached(gp_device *dev, gp_dtype dt, const void *x, void *kv, void *y,
+                             int64_t b, int64_t n, int64_t pos, int64_t cap, int64_t heads,
+                             int64_t kv_heads, int64_t c)
+{
+    if (!dev->iface->attn_cached)
+        return gp_error_set(GP_ERR_UNSUPPORTED, "device %s: the %s backend has no cached "
+                            "attention kernel (attn_cached)", dev->name,
+                            dev->iface->backend_name);
+    GP_TRY(attn_check(dev, "attn_cached", b, n, heads, kv_heads, c));
+    if (pos < 0 || pos + n > cap)
+        return gp_error_set(GP_ERR_INVALID, "device %s: attn_cached: positions %lld .. %lld "
+                            "past the cache's %lld", dev->name, (long long)pos,
+                            (long long)(pos + n - 1), (long long)cap);
+    if (b * n == 0) return GP_OK;
+    return GP_LAUNCH(dev, attn_cached)(dev, dt, x, kv, y, b, n, pos, cap, heads, kv_heads, c);
+}
+
 gp_status gp_dev_swiglu_fwd(gp_device *dev, gp_dtype dt, const void *x, void *y, int64_t rows,
                             int64_t h)
 {

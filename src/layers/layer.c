@@ -798,6 +798,13 @@ static bool adapts(const gp_layer *l, const gp_tensor *x)
     return !(takes && same);
 }
 
+gp_dtype gp_layer_kernel_dtype(const gp_layer *l, gp_dtype dt)
+{
+    GP_ASSERT(l->n_in == 1);
+    gp_tensor x = {.dtype = dt};
+    return adapts(l, &x) ? GP_F32 : dt;
+}
+
 static void free_all(gp_tensor *t, int n)
 {
     for (int q = 0; q < n; q++) gp_tensor_free(&t[q]);

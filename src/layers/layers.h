@@ -277,6 +277,16 @@ typedef struct gp_fwd_ctx {
      * GPU), so that dx is the GELU's input's gradient and the GELU's own
      * backward is skipped. */
     const gp_tensor *gelu_in;
+    /* Decoding with a KV cache (gp_decoder: sampling a token at a time),
+     * evaluation forwards only: the input's T positions are positions
+     * pos0 .. pos0 + T - 1 of each sequence (an embedding's position rows,
+     * rope's angles), and an attention layer attends over its cache kv
+     * ((N, cap, 2 kv_heads d), of its input's element type: backend.h's
+     * attn_cached), which it extends by its input's k and v, instead of
+     * over its input alone.  decode false: positions from 0, no cache. */
+    bool decode;
+    int64_t pos0;
+    gp_tensor *kv;
 } gp_fwd_ctx;
 
 #define GP_SAVED_MAX 24
@@ -482,6 +492,11 @@ struct gp_layer {
      * the layers it leaves in FP32). */
     gp_dtype out_dtype;
 };
+
+/* The element type layer l's forward kernels see for a main input of type
+ * dt (a layer of one input): dt, or FP32 where the storage adapter widens
+ * it (gp_layer.out_dtype). */
+gp_dtype gp_layer_kernel_dtype(const gp_layer *l, gp_dtype dt);
 
 /* Make a layer of spec->type with `index`, infer shapes from `in` (batch
  * dim ignored; an array of 1 + spec->n_pop: the main input, then the

@@ -409,9 +409,9 @@ static gp_rope_desc rope_desc(const gp_layer *l, const gp_tensor *x)
 static gp_status rope_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                               gp_tensor *y, gp_saved *s)
 {
-    (void)ctx;
     (void)s;
     gp_rope_desc d = rope_desc(l, x);
+    if (ctx->decode) d.pos0 = ctx->pos0; /* sampling: the positions after the cache's */
     return gp_dev_rope(l->dev, x->dtype, &d, false, gp_tensor_mem(x), gp_tensor_mem(y));
 }
 
@@ -506,10 +506,17 @@ static gp_status embedding_init(gp_layer *l, uint64_t seed)
 static gp_status embedding_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                                    gp_tensor *y, gp_saved *s)
 {
-    int64_t n = x->dims[0], t = x->dims[1], bad = -1;
+    int64_t n = x->dims[0], t = x->dims[1], bad = -1, p0 = ctx->decode ? ctx->pos0 : 0;
     int64_t vocab = gp_layer_spec_valid_rows(&l->spec, l->spec.vocab);
+    if (l->n_params > 1 && p0 + t > l->spec.positions)
+        return gp_layer_spec_error(l, "positions %lld .. %lld are past its position table's "
+                                      "%lld rows", (long long)p0, (long long)(p0 + t - 1),
+                                   (long long)l->spec.positions);
+    /* decoding: the rows of positions p0 .. p0 + t - 1 */
     GP_TRY(gp_dev_embed_fwd(l->dev, gp_f32(x), gp_f32(&l->params[0].value),
-                            l->n_params > 1 ? gp_f32(&l->params[1].value) : NULL, y->dtype,
+                            l->n_params > 1 ? gp_f32(&l->params[1].value) + p0 * l->spec.dim
+                                            : NULL,
+                            y->dtype,
                             gp_tensor_mem(y), n, t,
                             l->spec.dim, vocab, &bad));
     if (bad < 0) return GP_OK;

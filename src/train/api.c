@@ -568,6 +568,21 @@ gp_status gp_run_predict(gp_run *r, const float *x, int64_t n, float *out)
     CALLER_THREADS(run_predict(r, x, n, out));
 }
 
+static gp_status run_decoder_open(gp_run *r, int64_t samples, gp_decoder **out)
+{
+    RUN_ARG(r);
+    if (!out) return gp_error_set(GP_ERR_INVALID, "gp_decoder_open: out is NULL");
+    *out = NULL;
+    GP_TRY(usable(r, "gp_decoder_open"));
+    GP_TRY(gp_run_prepare(r));
+    return gp_model_decoder_open(r->model, &r->cfg, samples, out);
+}
+
+gp_status gp_decoder_open(gp_run *r, int64_t samples, gp_decoder **out)
+{
+    CALLER_THREADS(run_decoder_open(r, samples, out));
+}
+
 gp_status gp_run_export_weights(gp_run *r, const char *path)
 {
     CALLER_THREADS(run_export_weights(r, path));

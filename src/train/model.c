@@ -850,7 +850,7 @@ gp_status gp_model_tie_sync(gp_model *m)
 /* t rounded to bfloat16 in place, on its device (pipeline.copy_precision:
  * evaluation moves FP32 between stages, and rounds where training's
  * copies do, so it evaluates the network that was trained). */
-static gp_status round_bf16(gp_tensor *t)
+gp_status gp_tensor_round_bf16(gp_tensor *t)
 {
     int64_t n = gp_tensor_numel(t);
     size_t bytes = (size_t)((n + 1) / 2) * sizeof(float);
@@ -1074,9 +1074,9 @@ static gp_status eval_stage(eval_run *e, int j, int first, const gp_fwd_ctx *ctx
     }
     *cur = (gp_tensor){0};
     if (e->bf16 && j > 0) { /* what crossed a stage boundary, as training sees it */
-        if (s == GP_OK) s = round_bf16(&st.in);
+        if (s == GP_OK) s = gp_tensor_round_bf16(&st.in);
         for (int t = 0; t < m->skips.n && s == GP_OK; t++)
-            if (gp_stash_skip_role(&st, t) == GP_SKIP_ARRIVES) s = round_bf16(&st.skip_in[t]);
+            if (gp_stash_skip_role(&st, t) == GP_SKIP_ARRIVES) s = gp_tensor_round_bf16(&st.skip_in[t]);
     }
     int bad;
     if (s == GP_OK) s = gp_ckpt_forward(m->layers + first, ctx, GP_FWD_NOTHING, &st, &bad);

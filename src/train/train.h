@@ -309,6 +309,14 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg,
  * x and y given (gp_run_evaluate checks them). */
 gp_status gp_model_evaluate_host(gp_model *m, const gp_config *cfg, const float *x,
                                  const float *y, int64_t n, double *loss, double *accuracy);
+typedef struct gp_decoder gp_decoder;
+/* gpipe.h's gp_decoder_open on a prepared model (decode.c). */
+gp_status gp_model_decoder_open(gp_model *m, const gp_config *cfg, int64_t samples,
+                                gp_decoder **out);
+/* t (FP32) rounded to bfloat16 in place, on its device
+ * (pipeline.copy_precision: what crosses a stage, as training's copies
+ * round it). */
+gp_status gp_tensor_round_bf16(gp_tensor *t);
 /* The model's outputs (logits) for n samples x (host, as for
  * gp_model_evaluate_host) in evaluation mode, through the stages as
  * evaluation runs them, into out (host, n x the output's elements, FP32;

@@ -318,27 +318,37 @@ typedef struct att_dims {
     float scale;                     /* 1 / sqrt(d) */
 } att_dims;
 
-/* Forward of one (batch row bi, head h); buf holds att_fwd_floats.  x, y
- * FP32, or bf16 (b16: x widened as it is packed, y rounded as it is
- * stored, the FP32 kernel's arithmetic between: the storage adapter's
- * bits). */
+/* Where one forward task reads and writes: queries i = 0 .. nq - 1 at
+ * positions pos + i, each attending keys 0 .. pos + i of the L = pos + nq
+ * keys and values (rows R apart: x's own rows in training, the KV cache's
+ * in decoding), q rows QR apart, the output's rows c apart. */
+typedef struct att_src {
+    const void *q, *k, *v;
+    void *y;
+    int64_t nq, pos, QR, KR;
+} att_src;
+
+/* Forward of one (batch row, head): the queries of src against its keys;
+ * buf holds att_fwd_floats for L keys.  x, y FP32, or bf16 (b16: x
+ * widened as it is packed, y rounded as it is stored, the FP32 kernel's
+ * arithmetic between: the storage adapter's bits).  A query's result
+ * depends on its q, its keys and values and their positions only (the
+ * tiles sit at fixed key positions), so a query decoded at position p
+ * against a cache gives the bits it gets in a forward over the window. */
 static inline __attribute__((always_inline)) void
-att_fwd_body(const att_dims *a, const void *x, void *y, float *lse, int64_t bi, int64_t h,
-             float *buf, const bool b16)
+att_fwd_body(const att_dims *a, const att_src *src, float *lse, float *buf, const bool b16)
 {
-    const int64_t t = a->t, tp = a->tp, c = a->c, d = a->d, R = a->row;
-    const int64_t xo = bi * t * R; /* x's first element of the row */
-    const int64_t ko = c + (h / a->rep) * d, vo = a->vc + (h / a->rep) * d; /* its k, v head */
+    const int64_t L = src->pos + src->nq, tp = (L + ATT_BK - 1) / ATT_BK * ATT_BK;
+    const int64_t c = a->c, d = a->d, KR = src->KR;
     float *kt = buf, *s = kt + d * tp, *q = s + ATT_BK, *acc = q + d, *vp = acc + d;
-    att_pack_t(kt, b16 ? (const void *)((const uint16_t *)x + xo + ko)
-                       : (const void *)((const float *)x + xo + ko),
-               t, tp, d, R, b16);
-    /* the values' rows: x's own (FP32), or widened into vp, d apart */
-    const float *vb = b16 ? vp : (const float *)x + xo + vo;
-    const int64_t vs = b16 ? d : R;
-    if (b16) att_pack_rows(vp, (const uint16_t *)x + xo + vo, t, d, R);
-    for (int64_t i = 0; i < t; i++) {
-        for (int64_t u = 0; u < d; u++) q[u] = B16_LD(x, xo + i * R + h * d + u) * a->scale;
+    att_pack_t(kt, src->k, L, tp, d, KR, b16);
+    /* the values' rows: the source's own (FP32), or widened into vp, d apart */
+    const float *vb = b16 ? vp : (const float *)src->v;
+    const int64_t vs = b16 ? d : KR;
+    if (b16) att_pack_rows(vp, (const uint16_t *)src->v, L, d, KR);
+    for (int64_t qi = 0; qi < src->nq; qi++) {
+        const int64_t i = src->pos + qi; /* the query's position */
+        for (int64_t u = 0; u < d; u++) q[u] = B16_LD(src->q, qi * src->QR + u) * a->scale;
         float m = -INFINITY, l = 0.0f;
         memset(acc, 0, (size_t)d * sizeof *acc);
         for (int64_t j0 = 0; j0 <= i; j0 += ATT_BK) {
@@ -357,10 +367,26 @@ att_fwd_body(const att_dims *a, const void *x, void *y, float *lse, int64_t bi, 
             m = mx;
         }
         float inv = 1.0f / l;
-        const int64_t yo = (bi * t + i) * c + h * d;
-        for (int64_t u = 0; u < d; u++) B16_ST(y, yo + u, acc[u] * inv);
-        if (lse) lse[(bi * a->heads + h) * t + i] = m + logf(l);
+        for (int64_t u = 0; u < d; u++) B16_ST(src->y, qi * c + u, acc[u] * inv);
+        if (lse) lse[qi] = m + logf(l);
     }
+}
+
+/* Training's and evaluation's forward of (batch row bi, head h): x's own
+ * rows are the keys. */
+static inline __attribute__((always_inline)) void
+att_fwd_x(const att_dims *a, const void *x, void *y, float *lse, int64_t bi, int64_t h,
+          float *buf, const bool b16)
+{
+    const int64_t t = a->t, R = a->row, xo = bi * t * R; /* x's first element of the row */
+    const int64_t ko = a->c + (h / a->rep) * a->d, vo = a->vc + (h / a->rep) * a->d;
+    const size_t es = b16 ? 2 : 4;
+    att_src src = {.q = (const char *)x + (size_t)(xo + h * a->d) * es,
+                   .k = (const char *)x + (size_t)(xo + ko) * es,
+                   .v = (const char *)x + (size_t)(xo + vo) * es,
+                   .y = (char *)y + (size_t)(bi * t * a->c + h * a->d) * es,
+                   .nq = t, .pos = 0, .QR = R, .KR = R};
+    att_fwd_body(a, &src, lse ? lse + (bi * a->heads + h) * t : NULL, buf, b16);
 }
 
 /* The floats a thread's forward tiles take (bf16: the values widened too). */
@@ -487,14 +513,14 @@ GP_CPU_LOOPS
 static void att_fwd_task(const att_dims *a, const float *x, float *y, float *lse, int64_t bi,
                          int64_t h, float *buf)
 {
-    att_fwd_body(a, x, y, lse, bi, h, buf, false);
+    att_fwd_x(a, x, y, lse, bi, h, buf, false);
 }
 
 GP_CPU_LOOPS
 static void att_fwd_task_bf16(const att_dims *a, const uint16_t *x, uint16_t *y, float *lse,
                               int64_t bi, int64_t h, float *buf)
 {
-    att_fwd_body(a, x, y, lse, bi, h, buf, true);
+    att_fwd_x(a, x, y, lse, bi, h, buf, true);
 }
 
 GP_CPU_LOOPS
@@ -532,12 +558,14 @@ static gp_status att_oom(gp_device *dev, const char *op, size_t bytes)
 }
 
 /* The tasks ((batch row, head) pairs) over the device's threads, each
- * thread with its own tiles of `floats` floats; run(k, buf) runs task k. */
-#define ATT_RUN(dev, tasks, t, floats, op, RUN)                                              \
+ * thread with its own tiles of `floats` floats; run(k, buf) runs task k;
+ * `work`, the score evaluations, decides whether threads pay. */
+#define ATT_RUN(dev, tasks, work, floats, op, RUN)                                           \
     do {                                                                                     \
         const size_t bytes_ = (size_t)(floats) * sizeof(float);                              \
         int nt_ = (dev)->threads, failed_ = 0;                                               \
-        _Pragma("omp parallel num_threads(nt_) if (tasks > 1 && tasks * t * t / 2 >= ATT_PAR_MIN)") \
+        const int64_t work_ = (work);                                                        \
+        _Pragma("omp parallel num_threads(nt_) if (tasks > 1 && work_ >= ATT_PAR_MIN)")    \
         {                                                                                    \
             float *buf = malloc(bytes_);                                                     \
             if (!buf) {                                                                      \
@@ -555,7 +583,7 @@ gp_status gp_cpu_attn_fwd(gp_device *dev, const float *x, float *y, float *lse, 
 {
     att_dims a = att_dims_of(t, heads, kv_heads, c);
     const int64_t tasks = b * heads;
-    ATT_RUN(dev, tasks, t, att_fwd_floats(&a, false), "attn_fwd",
+    ATT_RUN(dev, tasks, tasks * t * t / 2, att_fwd_floats(&a, false), "attn_fwd",
             att_fwd_task(&a, x, y, lse, k / heads, k % heads, buf));
     return GP_OK;
 }
@@ -566,7 +594,7 @@ gp_status gp_cpu_attn_bwd(gp_device *dev, const float *x, const float *y, const 
 {
     att_dims a = att_dims_of(t, heads, kv_heads, c);
     const int64_t tasks = b * kv_heads; /* a (batch row, k and v head) each */
-    ATT_RUN(dev, tasks, t, att_bwd_floats(&a, false), "attn_bwd",
+    ATT_RUN(dev, tasks, tasks * t * t / 2, att_bwd_floats(&a, false), "attn_bwd",
             att_bwd_task(&a, x, y, lse, dy, dx, k / kv_heads, k % kv_heads, buf));
     return GP_OK;
 }
@@ -576,7 +604,7 @@ gp_status gp_cpu_attn_fwd_bf16(gp_device *dev, const uint16_t *x, uint16_t *y, f
 {
     att_dims a = att_dims_of(t, heads, kv_heads, c);
     const int64_t tasks = b * heads;
-    ATT_RUN(dev, tasks, t, att_fwd_floats(&a, true), "attn_fwd_bf16",
+    ATT_RUN(dev, tasks, tasks * t * t / 2, att_fwd_floats(&a, true), "attn_fwd_bf16",
             att_fwd_task_bf16(&a, x, y, lse, k / heads, k % heads, buf));
     return GP_OK;
 }
@@ -587,7 +615,41 @@ gp_status gp_cpu_attn_bwd_bf16(gp_device *dev, const uint16_t *x, const uint16_t
 {
     att_dims a = att_dims_of(t, heads, kv_heads, c);
     const int64_t tasks = b * kv_heads; /* a (batch row, k and v head) each */
-    ATT_RUN(dev, tasks, t, att_bwd_floats(&a, true), "attn_bwd_bf16",
+    ATT_RUN(dev, tasks, tasks * t * t / 2, att_bwd_floats(&a, true), "attn_bwd_bf16",
             att_bwd_task_bf16(&a, x, y, lse, dy, dx, k / kv_heads, k % kv_heads, buf));
+    return GP_OK;
+}
+
+GP_CPU_LOOPS
+static void att_cached_task(const att_dims *a, const att_src *src, float *buf, bool b16)
+{
+    if (b16) att_fwd_body(a, src, NULL, buf, true);
+    else att_fwd_body(a, src, NULL, buf, false);
+}
+
+gp_status gp_cpu_attn_cached(gp_device *dev, gp_dtype dt, const void *x, void *kv, void *y,
+                             int64_t b, int64_t n, int64_t pos, int64_t cap, int64_t heads,
+                             int64_t kv_heads, int64_t c)
+{
+    const bool b16 = dt == GP_BF16;
+    const size_t es = b16 ? 2 : 4;
+    att_dims a = att_dims_of(pos + n, heads, kv_heads, c);
+    const int64_t R = a.row, KR = 2 * kv_heads * a.d;
+    /* the new positions' k and v into the cache, as they are */
+    for (int64_t bi = 0; bi < b; bi++)
+        for (int64_t i = 0; i < n; i++)
+            memcpy((char *)kv + (size_t)((bi * cap + pos + i) * KR) * es,
+                   (const char *)x + (size_t)((bi * n + i) * R + c) * es, (size_t)KR * es);
+    const int64_t tasks = b * heads;
+    ATT_RUN(dev, tasks, tasks * n * (pos + n), att_fwd_floats(&a, b16), "attn_cached", ({
+        const int64_t bi = k / heads, h = k % heads, g = h / a.rep;
+        const char *row = (const char *)kv + (size_t)(bi * cap * KR) * es;
+        att_src src = {.q = (const char *)x + (size_t)(bi * n * R + h * a.d) * es,
+                       .k = row + (size_t)(g * a.d) * es,
+                       .v = row + (size_t)(kv_heads * a.d + g * a.d) * es,
+                       .y = (char *)y + (size_t)(bi * n * c + h * a.d) * es,
+                       .nq = n, .pos = pos, .QR = R, .KR = KR};
+        att_cached_task(&a, &src, buf, b16);
+    }));
     return GP_OK;
 }

@@ -328,6 +328,7 @@ static const gp_device_iface cpu_iface = {
     .swiglu_fwd = gp_cpu_swiglu_fwd,
     .swiglu_bwd = gp_cpu_swiglu_bwd,
     .rope = gp_cpu_rope,
+    .attn_cached = gp_cpu_attn_cached,
 };
 
 static cpu_conv_layout conv_layout_from_env(void)

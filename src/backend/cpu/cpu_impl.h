@@ -375,6 +375,9 @@ gp_status gp_cpu_linear_gelu_fwd(gp_device *dev, gp_dtype dt, int64_t n, int64_t
 gp_status gp_cpu_linear_gelu_bwd_data(gp_device *dev, gp_dtype dt, int64_t n, int64_t out,
                                       int64_t in, const void *dy, const float *w,
                                       const void *pre, void *dx);
+gp_status gp_cpu_attn_cached(gp_device *dev, gp_dtype dt, const void *x, void *kv, void *y,
+                             int64_t b, int64_t n, int64_t pos, int64_t cap, int64_t heads,
+                             int64_t kv_heads, int64_t c);
 gp_status gp_cpu_rope(gp_device *dev, gp_dtype dt, const gp_rope_desc *d, bool inverse,
                       const void *x, void *y);
 gp_status gp_cpu_swiglu_fwd(gp_device *dev, gp_dtype dt, const void *x, void *y, int64_t rows,

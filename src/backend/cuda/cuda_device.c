@@ -1180,6 +1180,18 @@ static gp_status cuda_layer_norm_bwd_data_add(gp_device *dev, gp_dtype dt, const
                                                 c));
 }
 
+static gp_status cuda_attn_cached(gp_device *dev, gp_dtype dt, const void *x, void *kv, void *y,
+                                  int64_t b, int64_t n, int64_t pos, int64_t cap, int64_t heads,
+                                  int64_t kv_heads, int64_t c)
+{
+    if (c / heads > 256)
+        return gp_error_set(GP_ERR_UNSUPPORTED, "device %s: cached attention takes heads of up "
+                            "to 256 values (got %lld); sample without the cache (gpipe-sample "
+                            "--no-cache)", dev->name, (long long)(c / heads));
+    CUDA_OP(dev, gp_cuk_attn_cached(s, dt == GP_BF16, x, kv, y, b, n, pos, cap, heads, kv_heads,
+                                    c));
+}
+
 static gp_status cuda_rope(gp_device *dev, gp_dtype dt, const gp_rope_desc *d, bool inverse,
                            const void *x, void *y)
 {
@@ -2368,6 +2380,7 @@ static const gp_device_iface cuda_iface = {
     .swiglu_fwd = cuda_swiglu_fwd,
     .swiglu_bwd = cuda_swiglu_bwd,
     .rope = cuda_rope,
+    .attn_cached = cuda_attn_cached,
     .pool_fwd_bf16 = gp_cuda_pool_fwd_bf16,
     .pool_bwd_bf16 = gp_cuda_pool_bwd_bf16,
     .dropout_apply_bf16 = cuda_dropout_apply_bf16,

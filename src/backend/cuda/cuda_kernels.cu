@@ -677,6 +677,53 @@ __global__ void k_attn_fwd(const float *x, float *y, float *lse, int64_t b, int6
     }
 }
 
+/* backend.h's attn_cached: the new positions' k and v into the cache, a
+ * thread a value, then a thread per (sequence, head, new position): the
+ * online softmax of k_attn_fwd over the cache's keys 0 .. pos + i, summed
+ * in FP32 registers (d <= GP_CUK_ATT_MAX_D), the output rounded once. */
+#define GP_CUK_ATT_MAX_D 256
+template <typename T>
+__global__ void k_attn_cache_put(const T *x, T *kv, int64_t b, int64_t n, int64_t pos,
+                                 int64_t cap, int64_t R, int64_t c, int64_t KR)
+{
+    GP_CUK_LOOP(e, b * n * KR) {
+        int64_t u = e % KR, i = (e / KR) % n, bi = e / (KR * n);
+        kv[(bi * cap + pos + i) * KR + u] = x[(bi * n + i) * R + c + u];
+    }
+}
+
+template <typename T>
+__global__ void k_attn_cached(const T *x, const T *kv, T *y, int64_t b, int64_t n, int64_t pos,
+                              int64_t cap, int64_t heads, int64_t kv_heads, int64_t c)
+{
+    const int64_t d = c / heads, R = c + 2 * kv_heads * d, KR = 2 * kv_heads * d;
+    const int64_t rep = heads / kv_heads;
+    const float scale = rsqrtf((float)d);
+    GP_CUK_LOOP(e, b * heads * n) {
+        int64_t i = e % n, h = (e / n) % heads, bi = e / (n * heads), g = h / rep;
+        const T *q = x + (bi * n + i) * R + h * d, *kb = kv + bi * cap * KR;
+        float acc[GP_CUK_ATT_MAX_D], m = -INFINITY, l = 0.0f;
+        for (int64_t u = 0; u < d; u++) acc[u] = 0.0f;
+        for (int64_t j = 0; j <= pos + i; j++) {
+            const T *k = kb + j * KR + g * d, *v = kb + j * KR + kv_heads * d + g * d;
+            float s = 0.0f;
+            for (int64_t u = 0; u < d; u++) s += ld(q[u]) * ld(k[u]);
+            s *= scale;
+            if (s > m) {
+                float corr = expf(m - s);
+                l *= corr;
+                for (int64_t u = 0; u < d; u++) acc[u] *= corr;
+                m = s;
+            }
+            float p = expf(s - m);
+            l += p;
+            for (int64_t u = 0; u < d; u++) acc[u] += p * ld(v[u]);
+        }
+        T *yi = y + (bi * n + i) * c + h * d;
+        for (int64_t u = 0; u < d; u++) st(&yi[u], acc[u] / l);
+    }
+}
+
 /* dy_i . y_i for query i of head h. */
 __device__ float attn_dd(const float *y, const float *dy, int64_t row, int64_t c, int64_t hd,
                          int64_t d)
@@ -2298,6 +2345,25 @@ cudaError_t gp_cuk_layer_norm_bwd_data_add(cudaStream_t s, int bf16, const void 
                                        (const uint16_t *)dy, (uint16_t *)dx, rows, c);
     return layer_norm_bwd_data_add(s, (const float *)x, w, mean, rstd, (const float *)dy,
                                    (float *)dx, rows, c);
+}
+
+cudaError_t gp_cuk_attn_cached(cudaStream_t s, int bf16, const void *x, void *kv, void *y,
+                               int64_t b, int64_t n, int64_t pos, int64_t cap, int64_t heads,
+                               int64_t kv_heads, int64_t c)
+{
+    const int64_t d = c / heads, R = c + 2 * kv_heads * d, KR = 2 * kv_heads * d;
+    if (d > GP_CUK_ATT_MAX_D) return cudaErrorInvalidValue;
+    if (b * n <= 0) return cudaSuccess;
+    if (bf16) {
+        k_attn_cache_put<<<blocks_for(b * n * KR), GP_CUK_THREADS, 0, s>>>(
+            (const uint16_t *)x, (uint16_t *)kv, b, n, pos, cap, R, c, KR);
+        GP_CUK_LAUNCH(b * heads * n, k_attn_cached<uint16_t>, (const uint16_t *)x,
+                      (const uint16_t *)kv, (uint16_t *)y, b, n, pos, cap, heads, kv_heads, c);
+    }
+    k_attn_cache_put<<<blocks_for(b * n * KR), GP_CUK_THREADS, 0, s>>>(
+        (const float *)x, (float *)kv, b, n, pos, cap, R, c, KR);
+    GP_CUK_LAUNCH(b * heads * n, k_attn_cached<float>, (const float *)x, (const float *)kv,
+                  (float *)y, b, n, pos, cap, heads, kv_heads, c);
 }
 
 cudaError_t gp_cuk_rope(cudaStream_t s, int bf16, const gp_rope_desc *d, int inverse,

@@ -258,6 +258,12 @@ cudaError_t gp_cuk_layer_norm_bwd_weights_bf16(cudaStream_t s, const uint16_t *x
                                                const uint16_t *dy, float *dw, float *db,
                                                int64_t rows, int64_t c, double *part);
 
+/* backend.h's attn_cached on FP32 or bf16 (bf16 != 0) storage: two
+ * launches (the cache's new rows, then the attention); head size d up to
+ * 256 (cudaErrorInvalidValue past it). */
+cudaError_t gp_cuk_attn_cached(cudaStream_t s, int bf16, const void *x, void *kv, void *y,
+                               int64_t b, int64_t n, int64_t pos, int64_t cap, int64_t heads,
+                               int64_t kv_heads, int64_t c);
 /* backend.h's rope on FP32 or bf16 (bf16 != 0) storage. */
 cudaError_t gp_cuk_rope(cudaStream_t s, int bf16, const gp_rope_desc *d, int inverse,
                         const void *x, void *y);
