@@ -31,7 +31,12 @@ here (windows of T + 1 = 17):
    temperature 0 with the KV cache and with the window (--no-cache), on 1
    device and on 2 stages, with exactly the ids of transformers' greedy
    argmax over the same folder in FP32;
-4. errors: config.json naming other sizes is refused with each difference
+4. sizes from config.json: a YAML whose model.llama gives none of the
+   folder's sizes (`llama: {}`) takes them all from its config.json (heads,
+   k/v heads, width, intermediate, vocabulary, positions, rope_theta, Llama
+   3's rope_scaling, rms_eps, the tie) and gives the parity loss again;
+   one given in the YAML still wins, and a wrong one is refused;
+5. errors: config.json naming other sizes is refused with each difference
    and the model.llama key that sets it; a folder without one of the
    model's tensors, or with a tensor the model has no place for, is refused
    naming the tensor.
@@ -262,8 +267,32 @@ def main():
                   "the export read back: test loss %s, was %s (exit %d) %s" % (
                       again, final, rc, out[-800:]))
 
-        # errors: other sizes in config.json, a missing tensor, one too many
+        # sizes from config.json where the YAML leaves them out
         folder = os.path.join(d, "whole-tied")
+        ref = transformers.LlamaForCausalLM.from_pretrained(
+            folder, torch_dtype=torch.float32, attn_implementation="eager").eval()
+        want = hf_loss(ref, windows)
+        bare = config(data, folder, True, 1)
+        start, end = bare.index("  llama: {"), bare.index("  init_from:")
+        bare = bare[:start] + "  llama: {}\n" + bare[end:]
+        rc, out, got = gpipe(d, bare)
+        check(rc == 0 and got is not None and abs(got - want) <= 1e-5 * abs(want),
+              "llama: {} with the folder's config.json: loss %s, transformers' %.8f (exit %d) %s"
+              % (got, want, rc, out[-800:]))
+        n_params = sum(p.numel() for p in ref.parameters())
+        with open(os.path.join(d, "bare.yaml"), "w") as f:
+            f.write(bare)
+        r = subprocess.run([os.path.join(BIN, "gpipe-train"), os.path.join(d, "bare.yaml"),
+                            "--dry-run"], capture_output=True, text=True, timeout=300)
+        rc, out = r.returncode, r.stdout + r.stderr
+        check(rc == 0 and "total: %d parameters" % n_params in out,
+              "--dry-run of llama: {} counts transformers' %d parameters: exit %d %s"
+              % (n_params, rc, out[-600:]))
+        rc, out, _ = gpipe(d, bare.replace("llama: {}", "llama: {intermediate: %d}" % (I + 8)))
+        check(rc != 0 and "intermediate_size 40 (this model: model.llama.intermediate 48)" in out,
+              "a size given in the YAML wins, and is checked: exit %d: %s" % (rc, out[-800:]))
+
+        # errors: other sizes in config.json, a missing tensor, one too many
         rc, out, _ = gpipe(d, config(data, folder, True, 1).replace(
             "intermediate: %d" % I, "intermediate: %d" % (I + 8)))
         check(rc != 0 and "config.json does not describe this model" in out and

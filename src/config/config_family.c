@@ -20,6 +20,7 @@
  * are gpipe's defaults already.
  */
 #include "config/config_impl.h"
+#include "core/json.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -662,6 +663,81 @@ static gp_status llama(spec_list *l, const llama_opts *o)
     return GP_OK;
 }
 
+/* model.llama's defaults where model.init_from is a Hugging Face folder
+ * with a config.json: its sizes (issue 66: the YAML may leave them out);
+ * otherwise Hugging Face's LlamaConfig's own (Llama 2 7B's sizes).  A
+ * config.json that does not parse is the loader's to report. */
+typedef struct llama_defaults {
+    double layers, heads, kv_heads, width, intermediate, vocab, positions, theta, eps, tie;
+    bool llama3;
+    double factor, low_freq, high_freq, orig_positions;
+    char from[600]; /* the config.json read, "" if none */
+} llama_defaults;
+
+static double jnum(const gp_json_value *o, const char *key, double def)
+{
+    const gp_json_value *v = o ? gp_json_get(o, key) : NULL;
+    if (v && v->kind == GP_JSON_NUMBER) return v->num;
+    if (v && (v->kind == GP_JSON_TRUE || v->kind == GP_JSON_FALSE)) return v->kind == GP_JSON_TRUE;
+    return def;
+}
+
+static void llama_defaults_of(const gp_ynode *m, llama_defaults *d)
+{
+    *d = (llama_defaults){.layers = 32, .heads = 32, .width = 4096, .intermediate = 11008,
+                          .vocab = 32000, .positions = 2048, .theta = 10000, .eps = 1e-6,
+                          .tie = 0, .factor = 8, .low_freq = 1, .high_freq = 4,
+                          .orig_positions = 8192};
+    d->kv_heads = -1; /* heads */
+    const gp_ynode *in = gp_ymap_get(m, "init_from");
+    if (gp_cfg_absent(in) || in->kind != GP_YNODE_SCALAR || !in->text || !in->text[0]) return;
+    char path[600];
+    snprintf(path, sizeof path, "%s/config.json", in->text);
+    FILE *f = fopen(path, "rb");
+    if (!f) return;
+    char *text = malloc(1 << 20);
+    size_t len = text ? fread(text, 1, 1 << 20, f) : 0;
+    fclose(f);
+    gp_json_reader r;
+    gp_json_value *cj = text && len < (1 << 20) ? gp_json_parse(text, len, &r) : NULL;
+    free(text);
+    if (!cj || cj->kind != GP_JSON_OBJECT) {
+        gp_json_value_free(cj);
+        return;
+    }
+    snprintf(d->from, sizeof d->from, "%s", path);
+    d->layers = jnum(cj, "num_hidden_layers", d->layers);
+    d->heads = jnum(cj, "num_attention_heads", d->heads);
+    d->kv_heads = jnum(cj, "num_key_value_heads", d->heads);
+    d->width = jnum(cj, "hidden_size", d->width);
+    d->intermediate = jnum(cj, "intermediate_size", d->intermediate);
+    d->vocab = jnum(cj, "vocab_size", d->vocab);
+    d->positions = jnum(cj, "max_position_embeddings", d->positions);
+    d->eps = jnum(cj, "rms_norm_eps", d->eps);
+    d->tie = jnum(cj, "tie_word_embeddings", 1); /* PretrainedConfig's default */
+    /* rope_theta and rope_scaling; transformers 5 writes rope_parameters */
+    const gp_json_value *rs = gp_json_get(cj, "rope_scaling");
+    const gp_json_value *rp = gp_json_get(cj, "rope_parameters");
+    d->theta = jnum(cj, "rope_theta", jnum(rp, "rope_theta", d->theta));
+    const gp_json_value *sc = rs && rs->kind == GP_JSON_OBJECT   ? rs
+                              : rp && rp->kind == GP_JSON_OBJECT ? rp
+                                                                 : NULL;
+    const gp_json_value *ty = sc ? gp_json_get(sc, "rope_type") : NULL;
+    if (!ty && sc) ty = gp_json_get(sc, "type");
+    if (ty && ty->kind == GP_JSON_STRING && !strcmp(ty->str, "llama3")) {
+        d->llama3 = true;
+        d->factor = jnum(sc, "factor", d->factor);
+        d->low_freq = jnum(sc, "low_freq_factor", d->low_freq);
+        d->high_freq = jnum(sc, "high_freq_factor", d->high_freq);
+        d->orig_positions = jnum(sc, "original_max_position_embeddings", d->orig_positions);
+    }
+    gp_json_value_free(cj);
+}
+
+/* A size from config.json as an integer default (its own range checks
+ * follow in gp_cfg_get_int). */
+static int64_t dint(double v) { return v >= 0 && v < 9.0e15 ? (int64_t)v : 0; }
+
 /* model.llama: {layers, heads, kv_heads, width, intermediate, vocab,
  * positions, rope_theta, rope_scaling, rms_eps, tie, qkv_bias, std}. */
 static gp_status parse_llama(gp_cfg_walk *w, const gp_ynode *m, gp_model_config *mc, bool *found)
@@ -678,24 +754,34 @@ static gp_status parse_llama(gp_cfg_walk *w, const gp_ynode *m, gp_model_config 
     GP_TRY(gp_cfg_check_keys(w, g, "model.llama"));
     const char *gs = "model.llama";
     llama_opts o = {0};
-    /* the defaults: Hugging Face's LlamaConfig (Llama 2 7B's sizes) */
-    GP_TRY(gp_cfg_get_int32(w, g, gs, "layers", 32, 1, 10000, &o.layers));
-    GP_TRY(gp_cfg_get_int(w, g, gs, "heads", 32, 1, 1 << 16, &o.heads));
-    GP_TRY(gp_cfg_get_int(w, g, gs, "kv_heads", o.heads, 1, 1 << 16, &o.kv_heads));
-    GP_TRY(gp_cfg_get_int(w, g, gs, "width", 4096, 1, (int64_t)1 << 20, &o.width));
-    GP_TRY(gp_cfg_get_int(w, g, gs, "intermediate", 11008, 1, (int64_t)1 << 24,
+    /* the defaults: model.init_from's config.json where it is a Hugging
+     * Face folder, else Hugging Face's LlamaConfig (Llama 2 7B's sizes) */
+    llama_defaults d;
+    llama_defaults_of(m, &d);
+    if (d.from[0])
+        gp_cfg_note(w, "model.llama: what the YAML leaves out is %s's", d.from);
+    GP_TRY(gp_cfg_get_int32(w, g, gs, "layers", (int32_t)dint(d.layers), 1, 10000, &o.layers));
+    GP_TRY(gp_cfg_get_int(w, g, gs, "heads", dint(d.heads), 1, 1 << 16, &o.heads));
+    GP_TRY(gp_cfg_get_int(w, g, gs, "kv_heads", d.kv_heads < 0 || gp_ymap_get(g, "heads")
+                                                    ? o.heads : dint(d.kv_heads),
+                          1, 1 << 16, &o.kv_heads));
+    GP_TRY(gp_cfg_get_int(w, g, gs, "width", dint(d.width), 1, (int64_t)1 << 20, &o.width));
+    GP_TRY(gp_cfg_get_int(w, g, gs, "intermediate", dint(d.intermediate), 1, (int64_t)1 << 24,
                           &o.intermediate));
-    GP_TRY(gp_cfg_get_int(w, g, gs, "vocab", 32000, 1, (int64_t)1 << 24, &o.vocab));
-    GP_TRY(gp_cfg_get_int(w, g, gs, "positions", 2048, 1, (int64_t)1 << 40, &o.positions));
-    GP_TRY(gp_cfg_get_float(w, g, gs, "rope_theta", 10000.0f, 1, INFINITY, GP_CFG_LO_OPEN,
-                            &o.rope_theta));
-    GP_TRY(gp_cfg_get_float(w, g, gs, "rms_eps", 1e-6f, 0, INFINITY, GP_CFG_LO_OPEN,
+    GP_TRY(gp_cfg_get_int(w, g, gs, "vocab", dint(d.vocab), 1, (int64_t)1 << 24, &o.vocab));
+    GP_TRY(gp_cfg_get_int(w, g, gs, "positions", dint(d.positions), 1, (int64_t)1 << 40,
+                          &o.positions));
+    GP_TRY(gp_cfg_get_float(w, g, gs, "rope_theta", (float)d.theta, 1, INFINITY,
+                            GP_CFG_LO_OPEN, &o.rope_theta));
+    GP_TRY(gp_cfg_get_float(w, g, gs, "rms_eps", (float)d.eps, 0, INFINITY, GP_CFG_LO_OPEN,
                             &o.rms_eps));
     GP_TRY(gp_cfg_get_float(w, g, gs, "std", 0.02f, 0, INFINITY, GP_CFG_LO_OPEN, &o.std));
-    GP_TRY(gp_cfg_get_bool(w, g, gs, "tie", false, &o.tie));
+    GP_TRY(gp_cfg_get_bool(w, g, gs, "tie", d.tie != 0, &o.tie));
     GP_TRY(gp_cfg_get_bool(w, g, gs, "qkv_bias", false, &o.qkv_bias));
     const gp_ynode *rs = gp_ymap_get(g, "rope_scaling");
-    o.factor = 8.0f, o.low_freq = 1.0f, o.high_freq = 4.0f, o.orig_positions = 8192;
+    o.factor = (float)d.factor, o.low_freq = (float)d.low_freq, o.high_freq = (float)d.high_freq;
+    o.orig_positions = dint(d.orig_positions);
+    o.llama3 = d.llama3 && gp_cfg_absent(rs);
     if (!gp_cfg_absent(rs)) { /* Llama 3's: {factor, low_freq_factor, high_freq_factor,
                                  original_positions} */
         if (rs->kind != GP_YNODE_MAP)
@@ -705,13 +791,14 @@ static gp_status parse_llama(gp_cfg_walk *w, const gp_ynode *m, gp_model_config 
         const char *rss = "model.llama.rope_scaling";
         GP_TRY(gp_cfg_check_keys(w, rs, rss));
         o.llama3 = true;
-        GP_TRY(gp_cfg_get_float(w, rs, rss, "factor", 8.0f, 1, INFINITY, 0, &o.factor));
-        GP_TRY(gp_cfg_get_float(w, rs, rss, "low_freq_factor", 1.0f, 0, INFINITY,
+        GP_TRY(gp_cfg_get_float(w, rs, rss, "factor", (float)d.factor, 1, INFINITY, 0,
+                                &o.factor));
+        GP_TRY(gp_cfg_get_float(w, rs, rss, "low_freq_factor", (float)d.low_freq, 0, INFINITY,
                                 GP_CFG_LO_OPEN, &o.low_freq));
-        GP_TRY(gp_cfg_get_float(w, rs, rss, "high_freq_factor", 4.0f, 0, INFINITY,
-                                GP_CFG_LO_OPEN, &o.high_freq));
-        GP_TRY(gp_cfg_get_int(w, rs, rss, "original_positions", 8192, 1, (int64_t)1 << 40,
-                              &o.orig_positions));
+        GP_TRY(gp_cfg_get_float(w, rs, rss, "high_freq_factor", (float)d.high_freq, 0,
+                                INFINITY, GP_CFG_LO_OPEN, &o.high_freq));
+        GP_TRY(gp_cfg_get_int(w, rs, rss, "original_positions", dint(d.orig_positions), 1,
+                              (int64_t)1 << 40, &o.orig_positions));
         if (!(o.high_freq > o.low_freq))
             return gp_cfg_bad(w, rs, "model.llama.rope_scaling: high_freq_factor (%g) must be "
                               "above low_freq_factor (%g) (Llama 3: 4 and 1)",
