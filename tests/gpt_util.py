@@ -64,6 +64,12 @@ def ensure_libs(name, imports, venv, packages, reexec):
         print("%s: skipped: %s missing in the venv" % (name, "/".join(imports)))
         sys.exit(SKIP)
     py = os.path.join(venv, "bin", "python")
+    # one test at a time makes the venv and installs into it (ctest -j runs
+    # two tests that share one)
+    import fcntl
+    os.makedirs(os.path.dirname(os.path.abspath(venv)), exist_ok=True)
+    lock = open(venv.rstrip("/") + ".lock", "w")
+    fcntl.flock(lock, fcntl.LOCK_EX)
     if not os.path.exists(py):
         r = subprocess.run(["/usr/bin/python3", "-m", "venv", "--system-site-packages", venv],
                            capture_output=True)
@@ -77,6 +83,8 @@ def ensure_libs(name, imports, venv, packages, reexec):
             print("%s: skipped: pip install %s failed:" % (name, " ".join(packages)),
                   r.stderr.decode()[-300:])
             sys.exit(SKIP)
+    fcntl.flock(lock, fcntl.LOCK_UN)
+    lock.close()
     env = dict(os.environ, **{reexec: "1"})
     sys.exit(subprocess.run([py, os.path.abspath(sys.argv[0])] + sys.argv[1:],
                             env=env).returncode)

@@ -666,8 +666,9 @@ static void pad_round_trip(gp_device *dev, bool tie, gp_weights_format fmt, bool
                            const char *dir)
 {
     static const char *const names[] = {"gpipe", "hf", "llmc"};
-    char path[600];
-    snprintf(path, sizeof path, "%s/w.%s", dir, names[fmt]);
+    char path[600]; /* (hf: a file, not a folder) */
+    snprintf(path, sizeof path, "%s/w.%s%s", dir, names[fmt],
+             fmt == GP_WEIGHTS_HF ? ".safetensors" : "");
     gp_config cf, ct;
     if (!pad_cfg(tie, true, from_padded, &cf) || !pad_cfg(tie, true, !from_padded, &ct)) return;
     ct.train.seed = 9; /* other initial values, all overwritten */
@@ -740,7 +741,7 @@ static void pad_round_trip(gp_device *dev, bool tie, gp_weights_format fmt, bool
 static void pad_larger_vocab(gp_device *dev, const char *dir)
 {
     char path[600];
-    snprintf(path, sizeof path, "%s/v16.hf", dir);
+    snprintf(path, sizeof path, "%s/v16.hf.safetensors", dir);
     const char *text = "model:\n  input: [6]\n  gpt: {layers: 2, heads: 2, width: 16, "
                        "positions: 6, vocab: 16}\ntrain: {batch_size: 12, seed: 5}\n";
     gp_config c16, cp;

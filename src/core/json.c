@@ -706,3 +706,19 @@ void gp_json_writer_free(gp_json_writer *w)
     free(w->text);
     memset(w, 0, sizeof *w);
 }
+
+void gp_json_put_float(gp_json_writer *w, const char *key, double v)
+{
+    float f = (float)v;
+    if ((double)f == v)
+        for (int p = 1; p <= 9; p++) {
+            char b[32];
+            snprintf(b, sizeof b, "%.*g", p, v);
+            if ((float)strtod(b, NULL) == f) {
+                v = strtod(b, NULL);
+                break;
+            }
+        }
+    if (v == floor(v) && fabs(v) < 1e15) gp_json_put_fixed(w, key, v, 1);
+    else gp_json_put_num(w, key, v);
+}

@@ -146,6 +146,10 @@ void gp_json_close(gp_json_writer *w); /* the container opened last */
 void gp_json_put_str(gp_json_writer *w, const char *key, const char *s); /* NULL: null */
 /* Shortest decimal that reads back to v; NaN and infinities as null. */
 void gp_json_put_num(gp_json_writer *w, const char *key, double v);
+/* A float (FP32) value as the shortest decimal that reads back as that
+ * float (1e-05, not 9.9999997e-06: what a config said), and a whole one
+ * with its ".0" (8.0, not 8: Hugging Face checks some fields are floats). */
+void gp_json_put_float(gp_json_writer *w, const char *key, double v);
 /* v with `decimals` digits after the point (measured times); non-finite: null. */
 void gp_json_put_fixed(gp_json_writer *w, const char *key, double v, int decimals);
 void gp_json_put_int(gp_json_writer *w, const char *key, int64_t v);

@@ -38,11 +38,19 @@
  * tokens: a padded model refuses it, and for an unpadded one
  * gp_snapshot_apply names the mismatched shape.
  *
+ * A Hugging Face folder (save_pretrained's: config.json and
+ * model.safetensors) is read through its model.safetensors, and
+ * --export-format hf to a path that does not end in .safetensors writes
+ * one: config.json with GPT2LMHeadModel's sizes and the tie (an untied
+ * head said untied, which transformers' default would not) and
+ * model.safetensors.
+ *
  * Reading converts into a gp_st_file with gpipe's names, which
  * gp_snapshot_apply then checks against the model (missing, unexpected
  * and mis-shaped names, NaN) as for any weights file.  Everything is on
  * the host; the thread that drives the model calls these between steps.
  */
+#include "core/json.h"
 #include "train/snapshot.h"
 
 #include <errno.h>
@@ -751,6 +759,92 @@ static gp_status export_hf(const gp_model *m, const gp_st_file *g, const char *p
     return s;
 }
 
+/* The first layer of type t whose name ends in `tail` ("" any), or NULL. */
+static const gp_layer *layer_named(const gp_model *m, gp_layer_type t, const char *tail)
+{
+    size_t n = strlen(tail);
+    for (int k = 0; k < m->n_layers; k++) {
+        const char *ln = m->layers[k].spec.name;
+        size_t l = strlen(ln);
+        if (m->layers[k].spec.type == t && l >= n && !strcmp(ln + l - n, tail))
+            return &m->layers[k];
+    }
+    return NULL;
+}
+
+/* config.json of a GPT2LMHeadModel folder for m, whose tensors g holds. */
+static gp_status write_gpt_config(const gp_model *m, const gp_st_file *g, const char *dir)
+{
+    const char *fmt = "--export-format hf";
+    const gp_st_tensor *wte, *wpe;
+    GP_TRY(need(g, TX "wte.weight", fmt, 2, &wte));
+    GP_TRY(need(g, TX "wpe.weight", fmt, 2, &wpe));
+    const gp_layer *ln = layer_named(m, GP_LAYER_LAYER_NORM, "ln_1");
+    const gp_layer *fc = layer_named(m, GP_LAYER_LINEAR, "mlp.c_fc");
+    int64_t L = 0, heads = model_heads(m);
+    char name[300];
+    for (;; L++) {
+        snprintf(name, sizeof name, TX "h.%lld.ln_1.weight", (long long)L);
+        if (!gp_st_find(g, name)) break;
+    }
+    if (L < 1 || heads < 1 || !fc)
+        return gp_error_set(GP_ERR_INVALID, "%s: config.json holds GPT-2's sizes, and this "
+                            "model has %lld blocks (transformer.h.<i>), %s and %s", fmt,
+                            (long long)L, heads < 1 ? "no one number of heads" : "its heads",
+                            fc ? "its MLP" : "no mlp.c_fc layer");
+    bool tied = gp_st_find(g, "lm_head.weight") == NULL;
+    gp_json_writer w = {.pretty = 2};
+    gp_json_open_object(&w, NULL);
+    gp_json_open_array(&w, "architectures");
+    gp_json_put_str(&w, NULL, "GPT2LMHeadModel");
+    gp_json_close(&w);
+    gp_json_put_str(&w, "model_type", "gpt2");
+    gp_json_put_int(&w, "vocab_size", vocab_cut(m, wte).dims[0]);
+    gp_json_put_int(&w, "n_positions", wpe->dims[0]);
+    gp_json_put_int(&w, "n_ctx", wpe->dims[0]);
+    gp_json_put_int(&w, "n_embd", wte->dims[1]);
+    gp_json_put_int(&w, "n_layer", L);
+    gp_json_put_int(&w, "n_head", heads);
+    gp_json_put_int(&w, "n_inner", fc->spec.out);
+    gp_json_put_str(&w, "activation_function", "gelu_new");
+    gp_json_put_float(&w, "layer_norm_epsilon", ln ? (double)ln->spec.eps : 1e-5);
+    gp_json_put_float(&w, "initializer_range", 0.02);
+    gp_json_put_float(&w, "resid_pdrop", 0.0);
+    gp_json_put_float(&w, "embd_pdrop", 0.0);
+    gp_json_put_float(&w, "attn_pdrop", 0.0);
+    gp_json_put_bool(&w, "scale_attn_weights", true);
+    gp_json_put_bool(&w, "tie_word_embeddings", tied);
+    gp_json_put_str(&w, "torch_dtype", "float32");
+    gp_json_put_bool(&w, "use_cache", true);
+    gp_json_close(&w);
+    gp_json_put_raw(&w, "\n");
+    char path[1100];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    gp_status s = w.oom ? gp_error_set(GP_ERR_OOM, "out of host memory exporting") : GP_OK;
+    gp_atomic_file af;
+    if (s == GP_OK) s = gp_atomic_open(path, &af);
+    if (s == GP_OK)
+        s = gp_atomic_commit(&af, fwrite(w.text, 1, w.len, af.f) == w.len ? 0 : EIO);
+    gp_json_writer_free(&w);
+    return s;
+}
+
+bool gp_gpt_hf_folder_path(const char *path)
+{
+    size_t n = strlen(path), t = strlen(".safetensors");
+    return !(n >= t && !strcmp(path + n - t, ".safetensors"));
+}
+
+/* --export-format hf to a folder: config.json, then model.safetensors. */
+static gp_status export_hf_folder(const gp_model *m, const gp_st_file *g, const char *dir)
+{
+    GP_TRY(gp_make_dirs(dir, "--export-weights (a Hugging Face folder)"));
+    char file[1100];
+    snprintf(file, sizeof file, "%s/model.safetensors", dir);
+    GP_TRY(write_gpt_config(m, g, dir));
+    return export_hf(m, g, file);
+}
+
 static gp_status write_f32(FILE *fp, const float *v, int64_t n)
 {
     return fwrite(v, sizeof *v, (size_t)n, fp) == (size_t)n ? GP_OK : GP_ERR_IO;
@@ -866,7 +960,10 @@ gp_status gp_gpt_export(gp_model *m, const gp_config *cfg, const char *path,
     gp_status s = gp_snapshot_collect(m, cfg, NULL, &w);
     if (s == GP_OK) s = gp_st_writer_to_file(&w, path, &g);
     gp_st_writer_free(&w);
-    if (s == GP_OK) s = fmt == GP_WEIGHTS_HF ? export_hf(m, &g, path) : export_llmc(m, &g, path);
+    if (s == GP_OK)
+        s = fmt != GP_WEIGHTS_HF          ? export_llmc(m, &g, path)
+            : gp_gpt_hf_folder_path(path) ? export_hf_folder(m, &g, path)
+                                          : export_hf(m, &g, path);
     gp_st_free(&g);
     if (s != GP_OK) gp_error_wrap(s, "exporting weights to %s", path);
     return s;

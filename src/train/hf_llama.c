@@ -672,26 +672,6 @@ static gp_status write_shard(const gp_model *m, const char *dir, const hf_part *
     return gp_atomic_commit(&af, err);
 }
 
-/* A float as JSON that reads as one: 8.0, not 8 (transformers checks
- * rope_scaling's factors are floats). */
-static void put_float(gp_json_writer *w, const char *key, double v)
-{
-    /* a float's value as the shortest decimal that is that float (1e-05,
-     * not 9.9999997e-06: what the config said) */
-    float f = (float)v;
-    if ((double)f == v)
-        for (int p = 1; p <= 9; p++) {
-            char b[32];
-            snprintf(b, sizeof b, "%.*g", p, v);
-            if ((float)strtod(b, NULL) == f) {
-                v = strtod(b, NULL);
-                break;
-            }
-        }
-    if (v == floor(v) && fabs(v) < 1e15) gp_json_put_fixed(w, key, v, 1);
-    else gp_json_put_num(w, key, v);
-}
-
 /* config.json: what LlamaForCausalLM.from_pretrained needs to build this
  * model (every size, rope_theta and rope_scaling, eps, the tie). */
 static gp_status write_config(const gp_model *m, const char *dir)
@@ -721,14 +701,14 @@ static gp_status write_config(const gp_model *m, const char *dir)
     gp_json_put_int(&w, "vocab_size", emb->spec.vocab);
     gp_json_put_int(&w, "max_position_embeddings",
                     rope->spec.positions > 0 ? rope->spec.positions : 2048);
-    put_float(&w, "rms_norm_eps", (double)rms->spec.eps);
-    put_float(&w, "rope_theta", (double)rope->spec.rope_theta);
+    gp_json_put_float(&w, "rms_norm_eps", (double)rms->spec.eps);
+    gp_json_put_float(&w, "rope_theta", (double)rope->spec.rope_theta);
     if (rope->spec.rope_llama3) {
         gp_json_open_object(&w, "rope_scaling");
         gp_json_put_str(&w, "rope_type", "llama3");
-        put_float(&w, "factor", (double)rope->spec.rope_factor);
-        put_float(&w, "low_freq_factor", (double)rope->spec.rope_low_freq);
-        put_float(&w, "high_freq_factor", (double)rope->spec.rope_high_freq);
+        gp_json_put_float(&w, "factor", (double)rope->spec.rope_factor);
+        gp_json_put_float(&w, "low_freq_factor", (double)rope->spec.rope_low_freq);
+        gp_json_put_float(&w, "high_freq_factor", (double)rope->spec.rope_high_freq);
         gp_json_put_int(&w, "original_max_position_embeddings", rope->spec.rope_orig_positions);
         gp_json_close(&w);
     } else {
@@ -738,7 +718,7 @@ static gp_status write_config(const gp_model *m, const char *dir)
     gp_json_put_bool(&w, "attention_bias", false);
     gp_json_put_bool(&w, "mlp_bias", false);
     gp_json_put_str(&w, "hidden_act", "silu");
-    put_float(&w, "initializer_range", 0.02);
+    gp_json_put_float(&w, "initializer_range", 0.02);
     gp_json_put_str(&w, "torch_dtype", "float32");
     gp_json_put_bool(&w, "use_cache", true);
     gp_json_close(&w);

@@ -1698,6 +1698,14 @@ gp_status gp_snapshot_init_from(gp_model *m, const char *path)
 {
     gp_st_file f;
     bool converted = true; /* GPT-2's weights from Hugging Face or llm.c, a Llama's from HF */
+    /* a Hugging Face folder of another model than a Llama (GPT-2's
+     * save_pretrained): its model.safetensors */
+    char file[1100];
+    struct stat st;
+    if (!gp_llama_is_model(m) && stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        snprintf(file, sizeof file, "%s/model.safetensors", path);
+        path = file;
+    }
     gp_status s = gp_llama_is_hf(path) ? gp_llama_read(m, path, &f)
                                        : gp_gpt_read(m, path, &f, &converted);
     if (s == GP_OK && !converted) s = gp_st_verify(&f, false);

@@ -327,6 +327,10 @@ gp_status gp_gpt_export(gp_model *m, const gp_config *cfg, const char *path,
  * names; llmc: one number of heads, and no head of its own when the run
  * `trains`, which would make it differ from wte), said before any step. */
 gp_status gp_gpt_export_check(const gp_model *m, gp_weights_format fmt, bool trains);
+/* Whether --export-format hf of a GPT-2 to `path` writes a Hugging Face
+ * folder (config.json and model.safetensors): a path that does not end in
+ * .safetensors; one that does is the model.safetensors file alone. */
+bool gp_gpt_hf_folder_path(const char *path);
 
 /* ---- Hugging Face Llama folders (hf_llama.c, issue 66) ------------------ */
 

@@ -1139,7 +1139,7 @@ static void run_init(train_run *r, const gp_config *cfg, const gp_train_opts *op
 static gp_status check_export_path(const gp_config *cfg, const gp_train_opts *opts)
 {
     if ((gp_weights_format)opts->export_format == GP_WEIGHTS_HF &&
-        !strcmp(cfg->model.family, "llama"))
+        (!strcmp(cfg->model.family, "llama") || gp_gpt_hf_folder_path(opts->export_path)))
         return gp_check_writable_dir(opts->export_path, gp_opt_name(GP_OPT_EXPORT));
     return gp_check_writable_file(opts->export_path, gp_opt_name(GP_OPT_EXPORT), true);
 }
