@@ -12,7 +12,7 @@
  * not timed.
  */
 #include "bench_util.h"
-#include "train/data.h"
+#include "data/data.h"
 
 #include <stdlib.h>
 #include <string.h>

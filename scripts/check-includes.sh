@@ -7,7 +7,7 @@
 # src/backend/cuda are part of backend):
 #
 #   core < backend < layers < checkpoint < optim < pipeline < balance
-#        < trace < config < train
+#        < trace < config < data < weights < train
 #
 # Every `#include "..."` in src/**/*.{c,h,cu,cuh} is resolved the way the
 # compiler does (the including file's folder, then src/, then include/).
@@ -36,7 +36,7 @@ import sys
 import tempfile
 
 ORDER = ["core", "backend", "layers", "checkpoint", "optim", "pipeline", "balance",
-         "trace", "config", "train"]
+         "trace", "config", "data", "weights", "train"]
 RANK = {m: r for r, m in enumerate(ORDER)}
 EXTS = (".c", ".h", ".cu", ".cuh")
 INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')

@@ -6,7 +6,7 @@
  * Exits 77 when gpipe was built without image decoding, 1 on a decode
  * error (printed).
  */
-#include "train/image.h"
+#include "data/data.h"
 
 #include <stdlib.h>
 

@@ -15,7 +15,7 @@
  * Default normalisation: each real dataset's default mean and std equal
  * the moments of its installed training pixels, computed here.
  */
-#include "train/data.h"
+#include "data/data.h"
 #include "backend/backend.h"
 
 #include <sys/stat.h>

@@ -702,7 +702,8 @@ static void pad_round_trip(gp_device *dev, bool tie, gp_weights_format fmt, bool
          * data, each is read and converted as the model takes it */
         gp_st_file g;
         bool conv = false;
-        CHECK_OK(gp_gpt_read(&t, path, &g, &conv));
+        gp_wmodel tv = gp_model_weights(&t);
+        CHECK_OK(gp_gpt_read(&tv, path, &g, &conv));
         bool none = conv && g.fetch && !g.image && g.n > 0;
         for (int i = 0; i < g.n && none; i++) none = !g.tensors[i].data;
         CHECK_MSG(none, "%s: the converted file holds its tensors (%d of them, image %s)",

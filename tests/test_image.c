@@ -14,8 +14,7 @@
  */
 #include "test.h"
 #include "test_util.h"
-#include "train/data.h"
-#include "train/image.h"
+#include "data/data.h"
 #include "train/train.h"
 
 #include <fcntl.h>

@@ -1,5 +1,5 @@
 /*
- * test_tokens.c — data.dataset: tokens (src/train/tokens.c): llm.c token
+ * test_tokens.c — data.dataset: tokens (src/data/tokens.c): llm.c token
  * files written here byte by byte, their windows through the loader
  * (sequential and shuffled, resumed mid-epoch), the split files data.path
  * names, the config's checks, and every damaged file the reader refuses.
@@ -8,7 +8,7 @@
  * T + 1 tokens starts at k (T + 1), input its first T, targets the T after.
  */
 #include "config/config.h"
-#include "train/data.h"
+#include "data/data.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

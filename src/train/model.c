@@ -283,6 +283,21 @@ int gp_model_device_threads(const gp_pipeline_config *pc, int d)
     return t < 1 ? 1 : t;
 }
 
+int gp_data_workers(const gp_config *cfg)
+{
+    if (cfg->data.workers > 0) return cfg->data.workers;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    /* each CPU device computes on the threads the trainer opens it with; a
+     * GPU's worker mostly waits, so it is counted as one */
+    long used = 0;
+    const gp_pipeline_config *p = &cfg->pipeline;
+    int n = gp_pipeline_devices_total(p);
+    for (int j = 0; j < n && j < GP_MAX_DEVICES; j++)
+        used += gp_device_spec_is_cpu(&p->devices[j]) ? gp_model_device_threads(p, j) : 1;
+    long left = cores - used;
+    return left < 1 ? 1 : (int)left;
+}
+
 /* The profiler's options for cfg as gp_model_profile takes its profile. */
 static void model_profile_opts(const gp_config *cfg, const gp_model_profile_opts *o,
                                gp_profile_opts *out)

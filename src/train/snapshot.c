@@ -104,18 +104,14 @@ typedef enum { NAME_BY_INDEX = 0, NAME_BY_NAME } naming;
 
 static naming model_naming(const gp_model *m)
 {
-    for (int k = 0; k < m->n_layers; k++)
-        if (!m->layers[k].spec.name[0]) return NAME_BY_INDEX;
-    return m->n_layers > 0 ? NAME_BY_NAME : NAME_BY_INDEX;
+    return gp_weights_by_name(m->layers, m->n_layers) ? NAME_BY_NAME : NAME_BY_INDEX;
 }
 
 /* "<prefix><layer>.<what>" into buf (of GP_ST_NAME_MAX bytes). */
 static const char *tensor_name(char *buf, size_t len, const char *prefix, const gp_model *m, int k,
                                naming nm, const char *what)
 {
-    if (nm == NAME_BY_NAME) snprintf(buf, len, "%s%s.%s", prefix, m->layers[k].spec.name, what);
-    else snprintf(buf, len, "%s%d.%s", prefix, k, what);
-    return buf;
+    return gp_weights_tensor_name(buf, len, prefix, m->layers, k, nm == NAME_BY_NAME, what);
 }
 
 /* "momentum." (SGD), "exp_avg." or "exp_avg_sq." (Adam): the prefix of
@@ -1675,23 +1671,28 @@ gp_status gp_snapshot_export(gp_model *m, const gp_config *cfg, const char *path
     return s;
 }
 
-bool gp_snapshot_model_has(const gp_model *m, const char *name, int *ndim, int64_t *dims)
+gp_status gp_gpt_export(gp_model *m, const gp_config *cfg, const char *path,
+                        gp_weights_format fmt)
 {
-    char tn[256];
-    const naming nm = model_naming(m);
-    for (int k = 0; k < m->n_layers; k++) {
-        const gp_layer *l = &m->layers[k];
-        for (int p = 0; p < l->n_params; p++) {
-            if (l->params[p].tied) continue; /* its owner's tensor, named as the owner's */
-            if (strcmp(tensor_name(tn, sizeof tn, "", m, k, nm, l->params[p].name), name))
-                continue;
-            const gp_tensor *t = &l->params[p].value;
-            if (ndim) *ndim = t->ndim;
-            if (dims) memcpy(dims, t->dims, (size_t)t->ndim * sizeof *dims);
-            return true;
-        }
+    if (fmt == GP_WEIGHTS_GPIPE) return gp_snapshot_export(m, cfg, path);
+    gp_wmodel v = gp_model_weights(m);
+    if (fmt == GP_WEIGHTS_HF && gp_llama_is_model(&v)) {
+        gp_status ls = gp_llama_export(&v, path);
+        if (ls != GP_OK) gp_error_wrap(ls, "exporting weights to %s", path);
+        return ls;
     }
-    return false;
+    /* processes: every other rank sends its tensors to rank 0 */
+    if (m->local_device >= 0 && gp_procs_rank() != 0)
+        return gp_snapshot_collect(m, cfg, NULL, NULL);
+    gp_st_writer w = {0};
+    gp_st_file g = {0};
+    gp_status s = gp_snapshot_collect(m, cfg, NULL, &w);
+    if (s == GP_OK) s = gp_st_writer_to_file(&w, path, &g);
+    gp_st_writer_free(&w);
+    if (s == GP_OK) s = gp_gpt_write(&v, &g, path, fmt);
+    gp_st_free(&g);
+    if (s != GP_OK) gp_error_wrap(s, "exporting weights to %s", path);
+    return s;
 }
 
 gp_status gp_snapshot_init_from(gp_model *m, const char *path)
@@ -1702,12 +1703,13 @@ gp_status gp_snapshot_init_from(gp_model *m, const char *path)
      * save_pretrained): its model.safetensors */
     char file[1100];
     struct stat st;
-    if (!gp_llama_is_model(m) && stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+    gp_wmodel v = gp_model_weights(m);
+    if (!gp_llama_is_model(&v) && stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
         snprintf(file, sizeof file, "%s/model.safetensors", path);
         path = file;
     }
-    gp_status s = gp_llama_is_hf(path) ? gp_llama_read(m, path, &f)
-                                       : gp_gpt_read(m, path, &f, &converted);
+    gp_status s = gp_llama_is_hf(path) ? gp_llama_read(&v, path, &f)
+                                       : gp_gpt_read(&v, path, &f, &converted);
     if (s == GP_OK && !converted) s = gp_st_verify(&f, false);
     if (s == GP_OK && !converted) s = attach_parts(path, &f); /* a run in processes' */
     if (s == GP_OK) s = gp_snapshot_apply(m, &f, false);

@@ -20,7 +20,7 @@
 #define GP_TRAIN_H
 
 #include "config/config.h"
-#include "train/data.h"
+#include "data/data.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/procs.h"
 
@@ -159,6 +159,9 @@ gp_pipeline_opts gp_model_pipeline_opts(const gp_model *m, const gp_config *cfg)
  * divided among all the run's CPU devices (at least 1).  The profile of
  * `balance: auto` times with the same count. */
 int gp_model_device_threads(const gp_pipeline_config *pc, int d);
+/* data.workers resolved: the configured number, else the cores left after
+ * the pipeline's compute threads (at least 1). */
+int gp_data_workers(const gp_config *cfg);
 
 /* Per-layer forward FLOPs of the config's model at batch `batch`, from shape
  * inference alone (no parameters allocated): the costs of the fast path of

@@ -1333,8 +1333,9 @@ static gp_status run_start_loader(train_run *r)
                              (long long)r->train.n);
         if (s == GP_OK) s = gp_loader_create(&r->train, &cfg->data, &lo, &r->loader);
         if (s == GP_OK) s = resume_records(r);
+        gp_wmodel wv = gp_model_weights(mp);
         if (s == GP_OK && r->opts->export_path) /* a GPT-2 format that cannot hold it */
-            s = gp_gpt_export_check(mp, (gp_weights_format)r->opts->export_format,
+            s = gp_gpt_export_check(&wv, (gp_weights_format)r->opts->export_format,
                                     mp->step < gp_train_total_steps(
                                                    tc, gp_loader_batches_per_epoch(r->loader)));
         s = agree_phase(s, "while starting its data loader", r->res);
@@ -2051,7 +2052,8 @@ gp_status gp_train_convert(const gp_config *cfg, const gp_train_opts *opts)
     gp_model m = {0};
     gp_status s = gp_model_build(cfg, dev, &m);
     gp_snapshot_pos pos = {0};
-    if (s == GP_OK) s = gp_gpt_export_check(&m, (gp_weights_format)o.export_format, false);
+    gp_wmodel wv = gp_model_weights(&m);
+    if (s == GP_OK) s = gp_gpt_export_check(&wv, (gp_weights_format)o.export_format, false);
     if (s == GP_OK) s = gp_snapshot_restore(&m, cfg, path, o.quiet, &pos, NULL);
     if (s == GP_OK) s = gp_gpt_export(&m, cfg, o.export_path, (gp_weights_format)o.export_format);
     if (s == GP_OK && !o.quiet)

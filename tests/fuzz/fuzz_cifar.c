@@ -1,6 +1,6 @@
 /* fuzz_cifar.c — the CIFAR-10 binary batch reader. */
 #include "fuzz_util.h"
-#include "train/data.h"
+#include "data/data.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

@@ -1,7 +1,7 @@
 /* fuzz_idx.c — the IDX (MNIST) readers, raw or gzip.  The first byte picks
  * images (even) or labels (odd); the rest is the file. */
 #include "fuzz_util.h"
-#include "train/data.h"
+#include "data/data.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

@@ -3,7 +3,7 @@
  * (bit 0), the scale (bits 1-2: 1/1, 1/2, 1/4, 1/8) and a region decode
  * (bit 3) of the middle of the image; the rest is the file. */
 #include "fuzz_util.h"
-#include "train/image.h"
+#include "data/data.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

@@ -51,7 +51,7 @@
  * the host; the thread that drives the model calls these between steps.
  */
 #include "core/json.h"
-#include "train/snapshot.h"
+#include "weights/weights.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -142,7 +142,7 @@ static gp_status add_converted(gp_st_writer *w, const gp_st_file *f, const gp_st
 
 /* The real rows of m's vocabulary (its embedding's valid rows), or -1
  * without an embedding first. */
-static int64_t model_vocab(const gp_model *m)
+static int64_t model_vocab(const gp_wmodel *m)
 {
     if (m->n_layers < 1 || m->layers[0].spec.type != GP_LAYER_EMBEDDING) return -1;
     return gp_layer_spec_valid_rows(&m->layers[0].spec, m->layers[0].spec.vocab);
@@ -157,13 +157,13 @@ static bool vocab_tensor(const char *name)
  * model rows (a padded vocabulary, or none): the first V (model_vocab)
  * rows of t and zeros after them, where t has them all and nothing but
  * zeros past them; else t as it is, for gp_snapshot_apply to judge. */
-static gp_status add_vocab(gp_st_writer *w, const gp_model *m, const gp_st_file *f,
+static gp_status add_vocab(gp_st_writer *w, const gp_wmodel *m, const gp_st_file *f,
                            const gp_st_tensor *t, const char *name)
 {
     int nd = 0;
     int64_t d[GP_ST_MAX_DIMS] = {0}, V = model_vocab(m);
     bool bf16 = !strcmp(t->dtype_name, "BF16");
-    bool shaped = V > 0 && gp_snapshot_model_has(m, name, &nd, d) && nd == 2 && t->ndim == 2 &&
+    bool shaped = V > 0 && gp_weights_has(m, name, &nd, d) && nd == 2 && t->ndim == 2 &&
                   t->dims[1] == d[1] && t->dims[0] >= V && V <= d[0] &&
                   (t->dtype == GP_ST_F32 || bf16);
     bool zero = shaped; /* the file's rows past V: its own padding only */
@@ -196,12 +196,12 @@ bool gp_gpt_is_hf(const gp_st_file *f)
 /* A Conv1D weight t, (in, out), against the model's `name`, (out, in):
  * a mismatch named in the file's own layout (gp_snapshot_apply would name
  * the transposed shape). */
-static gp_status conv1d_fits(const gp_model *m, const gp_st_file *f, const gp_st_tensor *t,
+static gp_status conv1d_fits(const gp_wmodel *m, const gp_st_file *f, const gp_st_tensor *t,
                              const char *name)
 {
     int nd = 0;
     int64_t d[GP_ST_MAX_DIMS] = {0};
-    if (!gp_snapshot_model_has(m, name, &nd, d) || nd != 2 || t->ndim != 2 ||
+    if (!gp_weights_has(m, name, &nd, d) || nd != 2 || t->ndim != 2 ||
         (t->dims[0] == d[1] && t->dims[1] == d[0]))
         return GP_OK; /* (a missing or other tensor: gp_snapshot_apply lists it) */
     return gp_error_set(GP_ERR_INVALID, "%s: tensor '%s' is (%lld, %lld), a Conv1D weight (in, "
@@ -260,7 +260,7 @@ static int64_t array_numel(const llmc_array *a) { return a->rows * (a->cols ? a-
 
 /* The heads of m's attention layers: NH, or -1 where they differ or
  * there are none. */
-static int64_t model_heads(const gp_model *m)
+static int64_t model_heads(const gp_wmodel *m)
 {
     int64_t h = -1;
     for (int k = 0; k < m->n_layers; k++) {
@@ -273,7 +273,7 @@ static int64_t model_heads(const gp_model *m)
 
 /* The llm.c array at p, of shape dims, as tensor `name` (wte and
  * lm_head.weight fitted to the model's vocabulary rows: add_vocab). */
-static gp_status add_llmc(gp_st_writer *w, const gp_model *m, const char *name,
+static gp_status add_llmc(gp_st_writer *w, const gp_wmodel *m, const char *name,
                           const uint8_t *p, bool bf16, int ndim, const int64_t *dims)
 {
     gp_st_tensor t = {.dtype = bf16 ? GP_ST_OTHER : GP_ST_F32, .ndim = ndim, .data = p};
@@ -306,7 +306,7 @@ typedef struct lazy_tensor {
 
 typedef struct lazy_ctx {
     int fd;
-    const gp_model *m;
+    const gp_wmodel *m;
     char path[512];
     lazy_tensor *t;          /* [n]: the converted file's tensor i from t[i] */
     int n, cap;
@@ -374,7 +374,7 @@ static gp_status lazy_shape(const lazy_ctx *c, const lazy_tensor *lt, const char
     *ndim = t->ndim;
     int nd = 0;
     int64_t d[GP_ST_MAX_DIMS] = {0}, V = model_vocab(c->m);
-    if (!vocab_tensor(name) || V <= 0 || !gp_snapshot_model_has(c->m, name, &nd, d) || nd != 2 ||
+    if (!vocab_tensor(name) || V <= 0 || !gp_weights_has(c->m, name, &nd, d) || nd != 2 ||
         t->ndim != 2 || t->dims[1] != d[1] || t->dims[0] < V || V > d[0] ||
         t->dims[0] == d[0])
         return GP_OK; /* as it is (add_vocab's "not shaped") */
@@ -439,7 +439,7 @@ static gp_status lazy_tied_copy(const lazy_ctx *c, const gp_st_tensor *head,
 {
     *same = false;
     size_t bytes = (size_t)(head->end - head->begin);
-    if (gp_snapshot_model_has(c->m, "lm_head.weight", NULL, NULL) || !wte ||
+    if (gp_weights_has(c->m, "lm_head.weight", NULL, NULL) || !wte ||
         bytes != (size_t)(wte->end - wte->begin) || strcmp(head->dtype_name, wte->dtype_name))
         return GP_OK;
     uint8_t *a = malloc(bytes ? bytes : 1), *b = malloc(bytes ? bytes : 1);
@@ -454,7 +454,7 @@ static gp_status lazy_tied_copy(const lazy_ctx *c, const gp_st_tensor *head,
 }
 
 /* An empty lazy file for path, its context open (the file read by fd). */
-static gp_status lazy_open(const gp_model *m, const char *path, gp_st_file *out, lazy_ctx **cp)
+static gp_status lazy_open(const gp_wmodel *m, const char *path, gp_st_file *out, lazy_ctx **cp)
 {
     memset(out, 0, sizeof *out);
     lazy_ctx *c = calloc(1, sizeof *c);
@@ -478,7 +478,7 @@ static gp_status lazy_open(const gp_model *m, const char *path, gp_st_file *out,
 
 /* A Hugging Face GPT-2 file (src: its header) as gpipe's names and
  * layouts, lazily (the tensors read as they are loaded). */
-static gp_status lazy_hf(const gp_model *m, const char *path, const gp_st_file *src,
+static gp_status lazy_hf(const gp_wmodel *m, const char *path, const gp_st_file *src,
                          gp_st_file *out)
 {
     lazy_ctx *c;
@@ -513,13 +513,13 @@ static gp_status lazy_hf(const gp_model *m, const char *path, const gp_st_file *
                          base + t->begin, name, out);
     }
     /* no lm_head.weight: tied to wte (save_pretrained leaves it out) */
-    if (s == GP_OK && !head && wte && gp_snapshot_model_has(m, "lm_head.weight", NULL, NULL))
+    if (s == GP_OK && !head && wte && gp_weights_has(m, "lm_head.weight", NULL, NULL))
         s = lazy_add(c, LZ_VOCAB, false, wte, base + wte->begin, "lm_head.weight", out);
     return s;
 }
 
 /* An llm.c checkpoint as gpipe's names, lazily. */
-static gp_status lazy_llmc(const gp_model *m, const char *path, gp_st_file *out)
+static gp_status lazy_llmc(const gp_wmodel *m, const char *path, gp_st_file *out)
 {
     const char *what = "an llm.c GPT-2 checkpoint (train_gpt2.py's write_model)";
     lazy_ctx *c;
@@ -587,7 +587,7 @@ static gp_status lazy_llmc(const gp_model *m, const char *path, gp_st_file *out)
             off += (uint64_t)n * esz;
         }
     }
-    if (s == GP_OK && gp_snapshot_model_has(m, "lm_head.weight", NULL, NULL)) {
+    if (s == GP_OK && gp_weights_has(m, "lm_head.weight", NULL, NULL)) {
         t.ndim = 2; /* llm.c's head is wte */
         t.dims[0] = d.V;
         t.dims[1] = d.C;
@@ -624,7 +624,7 @@ static gp_status add_raw(gp_st_writer *w, const gp_st_tensor *t)
 /* Whether f, gpipe's own file of a GPT, holds a vocabulary tensor whose
  * rows are not m's: one of them padded (model.gpt.vocab_pad), the other
  * not, or padded otherwise. */
-static bool vocab_rows_differ(const gp_model *m, const gp_st_file *f)
+static bool vocab_rows_differ(const gp_wmodel *m, const gp_st_file *f)
 {
     if (model_vocab(m) <= 0) return false;
     for (int i = 0; i < f->n; i++) {
@@ -632,7 +632,7 @@ static bool vocab_rows_differ(const gp_model *m, const gp_st_file *f)
         int nd = 0;
         int64_t d[GP_ST_MAX_DIMS] = {0};
         if (vocab_tensor(t->name) && t->ndim == 2 &&
-            gp_snapshot_model_has(m, t->name, &nd, d) && nd == 2 && d[1] == t->dims[1] &&
+            gp_weights_has(m, t->name, &nd, d) && nd == 2 && d[1] == t->dims[1] &&
             d[0] != t->dims[0])
             return true;
     }
@@ -646,7 +646,7 @@ static bool vocab_rows_differ(const gp_model *m, const gp_st_file *f)
  * tensor and the metadata as they are, after the file's checksum is
  * checked (the copy carries none).  A snapshot of a run in processes
  * (its parts apart) is left as it is. */
-static gp_status own_vocab(const gp_model *m, gp_st_file *f, bool *converted)
+static gp_status own_vocab(const gp_wmodel *m, gp_st_file *f, bool *converted)
 {
     if (!vocab_rows_differ(m, f) || gp_st_meta(f, "gpipe.parts")) return GP_OK;
     GP_TRY(gp_st_verify(f, false));
@@ -677,7 +677,7 @@ static gp_status own_vocab(const gp_model *m, gp_st_file *f, bool *converted)
     return GP_OK;
 }
 
-gp_status gp_gpt_read(const gp_model *m, const char *path, gp_st_file *f, bool *converted)
+gp_status gp_gpt_read(const gp_wmodel *m, const char *path, gp_st_file *f, bool *converted)
 {
     *converted = false;
     memset(f, 0, sizeof *f); /* what the caller frees, whatever fails */
@@ -727,7 +727,7 @@ static gp_status need(const gp_st_file *g, const char *name, const char *fmt, in
 /* A vocabulary tensor (wte.weight, lm_head.weight) cut to the first V
  * rows of a padded model (model_vocab): what GPT-2's V-row files hold.
  * Others as they are. */
-static gp_st_tensor vocab_cut(const gp_model *m, const gp_st_tensor *t)
+static gp_st_tensor vocab_cut(const gp_wmodel *m, const gp_st_tensor *t)
 {
     gp_st_tensor c = *t;
     int64_t V = model_vocab(m);
@@ -735,7 +735,7 @@ static gp_st_tensor vocab_cut(const gp_model *m, const gp_st_tensor *t)
     return c;
 }
 
-static gp_status export_hf(const gp_model *m, const gp_st_file *g, const char *path)
+static gp_status export_hf(const gp_wmodel *m, const gp_st_file *g, const char *path)
 {
     const char *fmt = "--export-format hf";
     const gp_st_tensor *t;
@@ -760,7 +760,7 @@ static gp_status export_hf(const gp_model *m, const gp_st_file *g, const char *p
 }
 
 /* The first layer of type t whose name ends in `tail` ("" any), or NULL. */
-static const gp_layer *layer_named(const gp_model *m, gp_layer_type t, const char *tail)
+static const gp_layer *layer_named(const gp_wmodel *m, gp_layer_type t, const char *tail)
 {
     size_t n = strlen(tail);
     for (int k = 0; k < m->n_layers; k++) {
@@ -773,7 +773,7 @@ static const gp_layer *layer_named(const gp_model *m, gp_layer_type t, const cha
 }
 
 /* config.json of a GPT2LMHeadModel folder for m, whose tensors g holds. */
-static gp_status write_gpt_config(const gp_model *m, const gp_st_file *g, const char *dir)
+static gp_status write_gpt_config(const gp_wmodel *m, const gp_st_file *g, const char *dir)
 {
     const char *fmt = "--export-format hf";
     const gp_st_tensor *wte, *wpe;
@@ -836,7 +836,7 @@ bool gp_gpt_hf_folder_path(const char *path)
 }
 
 /* --export-format hf to a folder: config.json, then model.safetensors. */
-static gp_status export_hf_folder(const gp_model *m, const gp_st_file *g, const char *dir)
+static gp_status export_hf_folder(const gp_wmodel *m, const gp_st_file *g, const char *dir)
 {
     GP_TRY(gp_make_dirs(dir, "--export-weights (a Hugging Face folder)"));
     char file[1100];
@@ -850,7 +850,7 @@ static gp_status write_f32(FILE *fp, const float *v, int64_t n)
     return fwrite(v, sizeof *v, (size_t)n, fp) == (size_t)n ? GP_OK : GP_ERR_IO;
 }
 
-static gp_status export_llmc(const gp_model *m, const gp_st_file *g, const char *path)
+static gp_status export_llmc(const gp_wmodel *m, const gp_st_file *g, const char *path)
 {
     const char *fmt = "--export-format llmc";
     const gp_st_tensor *wte, *wpe, *t;
@@ -912,7 +912,7 @@ static gp_status export_llmc(const gp_model *m, const gp_st_file *g, const char 
     return gp_atomic_commit(&af, s == GP_OK ? 0 : EIO);
 }
 
-gp_status gp_gpt_export_check(const gp_model *m, gp_weights_format fmt, bool trains)
+gp_status gp_gpt_export_check(const gp_wmodel *m, gp_weights_format fmt, bool trains)
 {
     if (fmt == GP_WEIGHTS_GPIPE) return GP_OK;
     if (fmt == GP_WEIGHTS_HF && gp_llama_is_model(m)) /* a Llama's folder (hf_llama.c) */
@@ -920,7 +920,7 @@ gp_status gp_gpt_export_check(const gp_model *m, gp_weights_format fmt, bool tra
     const char *f = fmt == GP_WEIGHTS_HF ? "--export-format hf" : "--export-format llmc";
     const char *names[3] = {TX "wte.weight", TX "wpe.weight", TX "h.0.attn.c_attn.weight"};
     for (int q = 0; q < 3; q++)
-        if (!gp_snapshot_model_has(m, names[q], NULL, NULL))
+        if (!gp_weights_has(m, names[q], NULL, NULL))
             return gp_error_set(GP_ERR_INVALID, "%s needs a GPT-2 whose layers are named as "
                                 "Hugging Face's modules (docs/config.md, \"GPT-2's weights\"), "
                                 "but this model has no tensor '%s'", f, names[q]);
@@ -935,7 +935,7 @@ gp_status gp_gpt_export_check(const gp_model *m, gp_weights_format fmt, bool tra
     if (fmt == GP_WEIGHTS_LLMC && model_heads(m) < 1)
         return gp_error_set(GP_ERR_INVALID, "%s: llm.c's header holds one number of heads, and "
                             "this model's attention layers have none or several", f);
-    if (fmt == GP_WEIGHTS_LLMC && trains && gp_snapshot_model_has(m, "lm_head.weight", NULL, NULL))
+    if (fmt == GP_WEIGHTS_LLMC && trains && gp_weights_has(m, "lm_head.weight", NULL, NULL))
         return gp_error_set(GP_ERR_INVALID, "%s: llm.c's checkpoint has no head of its own "
                             "(GPT-2's is tied to wte), and this model's lm_head has a weight of "
                             "its own that training would make differ from wte's; tie it (tie: "
@@ -943,28 +943,9 @@ gp_status gp_gpt_export_check(const gp_model *m, gp_weights_format fmt, bool tra
     return GP_OK;
 }
 
-gp_status gp_gpt_export(gp_model *m, const gp_config *cfg, const char *path,
-                        gp_weights_format fmt)
+gp_status gp_gpt_write(const gp_wmodel *m, const gp_st_file *g, const char *path,
+                       gp_weights_format fmt)
 {
-    if (fmt == GP_WEIGHTS_GPIPE) return gp_snapshot_export(m, cfg, path);
-    if (fmt == GP_WEIGHTS_HF && gp_llama_is_model(m)) {
-        gp_status ls = gp_llama_export(m, path);
-        if (ls != GP_OK) gp_error_wrap(ls, "exporting weights to %s", path);
-        return ls;
-    }
-    /* processes: every other rank sends its tensors to rank 0 */
-    if (m->local_device >= 0 && gp_procs_rank() != 0)
-        return gp_snapshot_collect(m, cfg, NULL, NULL);
-    gp_st_writer w = {0};
-    gp_st_file g = {0};
-    gp_status s = gp_snapshot_collect(m, cfg, NULL, &w);
-    if (s == GP_OK) s = gp_st_writer_to_file(&w, path, &g);
-    gp_st_writer_free(&w);
-    if (s == GP_OK)
-        s = fmt != GP_WEIGHTS_HF          ? export_llmc(m, &g, path)
-            : gp_gpt_hf_folder_path(path) ? export_hf_folder(m, &g, path)
-                                          : export_hf(m, &g, path);
-    gp_st_free(&g);
-    if (s != GP_OK) gp_error_wrap(s, "exporting weights to %s", path);
-    return s;
+    if (fmt == GP_WEIGHTS_LLMC) return export_llmc(m, g, path);
+    return gp_gpt_hf_folder_path(path) ? export_hf_folder(m, g, path) : export_hf(m, g, path);
 }

@@ -2,7 +2,7 @@
  * image.c — decoding (TurboJPEG, libpng) and the crop / resize transforms
  * of the image_folder dataset.  See image.h.
  */
-#include "train/image.h"
+#include "data/data.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -22,8 +22,7 @@
  * otherwise the folder is listed again and the cache rewritten.
  */
 #define _DEFAULT_SOURCE /* DT_DIR, strcasecmp */
-#include "train/data.h"
-#include "train/image.h"
+#include "data/data.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -20,7 +20,7 @@
  * differs is named, with the model.llama key that sets it.
  */
 #include "core/json.h"
-#include "train/snapshot.h"
+#include "weights/weights.h"
 
 #include <errno.h>
 #include <math.h>
@@ -292,7 +292,7 @@ static gp_status add_out(hf_ctx *c, gp_st_file *out, const char *name, const hf_
 
 /* ---- config.json against the model ------------------------------------------ */
 
-static const gp_layer *first_of(const gp_model *m, gp_layer_type t)
+static const gp_layer *first_of(const gp_wmodel *m, gp_layer_type t)
 {
     for (int k = 0; k < m->n_layers; k++)
         if (m->layers[k].spec.type == t) return &m->layers[k];
@@ -302,14 +302,14 @@ static const gp_layer *first_of(const gp_model *m, gp_layer_type t)
 /* The model's blocks (its attention layers), and whether its lm_head ties
  * its weight to the embedding's: config.json's num_hidden_layers and
  * tie_word_embeddings, read and written. */
-static int llama_blocks(const gp_model *m)
+static int llama_blocks(const gp_wmodel *m)
 {
     int n = 0;
     for (int k = 0; k < m->n_layers; k++) n += m->layers[k].spec.type == GP_LAYER_ATTENTION;
     return n;
 }
 
-static bool llama_tied(const gp_model *m)
+static bool llama_tied(const gp_wmodel *m)
 {
     for (int k = 0; k < m->n_layers; k++)
         if (!strcmp(m->layers[k].spec.name, "lm_head")) return m->layers[k].spec.tie[0] != '\0';
@@ -335,7 +335,7 @@ static double num_of(const gp_json_value *cfg, const char *key, double def)
     return def;
 }
 
-static gp_status check_config(const gp_model *m, const char *dir)
+static gp_status check_config(const gp_wmodel *m, const char *dir)
 {
     char p[700];
     snprintf(p, sizeof p, "%s/config.json", dir);
@@ -461,7 +461,7 @@ bool gp_llama_is_hf(const char *path)
     return yes;
 }
 
-gp_status gp_llama_read(const gp_model *m, const char *path, gp_st_file *out)
+gp_status gp_llama_read(const gp_wmodel *m, const char *path, gp_st_file *out)
 {
     memset(out, 0, sizeof *out);
     hf_ctx *c = calloc(1, sizeof *c);
@@ -484,7 +484,7 @@ gp_status gp_llama_read(const gp_model *m, const char *path, gp_st_file *out)
             if (l->params[p].tied) continue; /* the owner's tensor */
             char names[HF_MAX_SRC][320], ours[300];
             snprintf(ours, sizeof ours, "%s.%s", l->spec.name, l->params[p].name);
-            if (!gp_snapshot_model_has(m, ours, NULL, NULL)) continue;
+            if (!gp_weights_has(m, ours, NULL, NULL)) continue;
             named = true;
             int n = hf_names(l->spec.name, l->params[p].name, names);
             hf_src src[HF_MAX_SRC] = {{0, NULL}};
@@ -519,7 +519,7 @@ gp_status gp_llama_read(const gp_model *m, const char *path, gp_st_file *out)
             if (used[at] || ends(nm, "rotary_emb.inv_freq", b, sizeof b)) continue;
             /* a tied model's save may hold the head as the embedding's copy */
             if (!strcmp(nm, "lm_head.weight") &&
-                !gp_snapshot_model_has(m, "lm_head.weight", NULL, NULL))
+                !gp_weights_has(m, "lm_head.weight", NULL, NULL))
                 continue;
             s = gp_error_set(GP_ERR_DATA, "%s holds '%s', which this model has no place for; "
                              "the folder is of another model (set model.llama to its "
@@ -542,13 +542,13 @@ typedef struct hf_part {
     uint64_t begin, end; /* in its shard's data section */
 } hf_part;
 
-bool gp_llama_is_model(const gp_model *m)
+bool gp_llama_is_model(const gp_wmodel *m)
 {
-    return gp_snapshot_model_has(m, "model.embed_tokens.wte.weight", NULL, NULL);
+    return gp_weights_has(m, "model.embed_tokens.wte.weight", NULL, NULL);
 }
 
 /* The export's tensors in the model's order, q, k, v and gate, up split. */
-static gp_status export_parts(const gp_model *m, hf_part **out, int *n_out)
+static gp_status export_parts(const gp_wmodel *m, hf_part **out, int *n_out)
 {
     const gp_layer *att = first_of(m, GP_LAYER_ATTENTION);
     int64_t H = att ? att->spec.heads : 1, G = att && att->spec.kv_heads ? att->spec.kv_heads : H;
@@ -601,7 +601,7 @@ static void shard_name(char *buf, size_t len, int i, int n)
 
 /* One shard: the safetensors header of its parts, then their FP32 bytes,
  * each parameter downloaded from its device as it is written. */
-static gp_status write_shard(const gp_model *m, const char *dir, const hf_part *v, int n,
+static gp_status write_shard(const gp_wmodel *m, const char *dir, const hf_part *v, int n,
                              int shard, int n_shards)
 {
     char fn[64], path[1100];
@@ -674,7 +674,7 @@ static gp_status write_shard(const gp_model *m, const char *dir, const hf_part *
 
 /* config.json: what LlamaForCausalLM.from_pretrained needs to build this
  * model (every size, rope_theta and rope_scaling, eps, the tie). */
-static gp_status write_config(const gp_model *m, const char *dir)
+static gp_status write_config(const gp_wmodel *m, const char *dir)
 {
     const gp_layer *emb = first_of(m, GP_LAYER_EMBEDDING), *att = first_of(m, GP_LAYER_ATTENTION);
     const gp_layer *rope = first_of(m, GP_LAYER_ROPE), *rms = first_of(m, GP_LAYER_RMS_NORM);
@@ -734,12 +734,12 @@ static gp_status write_config(const gp_model *m, const char *dir)
     return s;
 }
 
-gp_status gp_llama_export_check(const gp_model *m)
+gp_status gp_llama_export_check(const gp_wmodel *m)
 {
     if (!gp_llama_is_model(m))
         return gp_error_set(GP_ERR_INVALID, "--export-format hf: this model is not a "
                             "model.llama (no model.embed_tokens)");
-    if (m->local_device >= 0)
+    if (m->procs)
         return gp_error_set(GP_ERR_UNSUPPORTED, "--export-format hf: a Llama's folder is written "
                             "by one process; convert the run's snapshot afterwards with "
                             "gpipe-train CONFIG --resume SNAPSHOT --convert --export-weights DIR "
@@ -756,7 +756,7 @@ gp_status gp_llama_export_check(const gp_model *m)
     return GP_OK;
 }
 
-gp_status gp_llama_export(const gp_model *m, const char *dir)
+gp_status gp_llama_export(const gp_wmodel *m, const char *dir)
 {
     GP_TRY(gp_llama_export_check(m));
     GP_TRY(gp_make_dirs(dir, "--export-weights (a Hugging Face folder)"));

@@ -18,7 +18,7 @@
  * flip) is a pure function of (seed, epoch, position) through the counter-
  * based RNG, so the batch sequence does not depend on thread timing.
  */
-#include "train/data.h"
+#include "data/data.h"
 #include "backend/backend.h"
 
 #include <stdlib.h>

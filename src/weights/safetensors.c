@@ -15,7 +15,7 @@
  * O_DIRECT, where the file system takes it: see write_direct.
  */
 #define _GNU_SOURCE /* O_DIRECT */
-#include "train/snapshot.h"
+#include "weights/weights.h"
 #include "core/json.h"
 
 #include <errno.h>
@@ -1034,4 +1034,43 @@ gp_status gp_st_write_atomic(gp_st_writer *w, const char *path)
     }
     gp_json_writer_free(&h);
     return gp_atomic_commit(&a, err);
+}
+
+/* ---- gpipe's tensor names ----------------------------------------------- */
+
+bool gp_weights_by_name(const gp_layer *layers, int n_layers)
+{
+    for (int k = 0; k < n_layers; k++)
+        if (!layers[k].spec.name[0]) return false;
+    return n_layers > 0;
+}
+
+const char *gp_weights_tensor_name(char *buf, size_t len, const char *prefix,
+                                   const gp_layer *layers, int k, bool by_name,
+                                   const char *what)
+{
+    if (by_name) snprintf(buf, len, "%s%s.%s", prefix, layers[k].spec.name, what);
+    else snprintf(buf, len, "%s%d.%s", prefix, k, what);
+    return buf;
+}
+
+bool gp_weights_has(const gp_wmodel *m, const char *name, int *ndim, int64_t *dims)
+{
+    char tn[256];
+    const bool by_name = gp_weights_by_name(m->layers, m->n_layers);
+    for (int k = 0; k < m->n_layers; k++) {
+        const gp_layer *l = &m->layers[k];
+        for (int p = 0; p < l->n_params; p++) {
+            if (l->params[p].tied) continue; /* its owner's tensor, named as the owner's */
+            if (strcmp(gp_weights_tensor_name(tn, sizeof tn, "", m->layers, k, by_name,
+                                              l->params[p].name),
+                       name))
+                continue;
+            const gp_tensor *t = &l->params[p].value;
+            if (ndim) *ndim = t->ndim;
+            if (dims) memcpy(dims, t->dims, (size_t)t->ndim * sizeof *dims);
+            return true;
+        }
+    }
+    return false;
 }

@@ -11,9 +11,7 @@
  * Memory: a gp_dataset owns its images and labels; gp_dataset_free releases
  * them.  On failure a reader leaves its output unchanged.
  */
-#include "train/data.h"
-#include "train/image.h"
-#include "train/train.h"
+#include "data/data.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -46,21 +44,6 @@ static const char *dataset_kind_name(gp_dataset_kind k)
 bool gp_dataset_has_masks(const gp_dataset *ds)
 {
     return ds->masks || (ds->folder && gp_image_folder_segmentation(ds->folder));
-}
-
-int gp_data_workers(const gp_config *cfg)
-{
-    if (cfg->data.workers > 0) return cfg->data.workers;
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    /* each CPU device computes on the threads the trainer opens it with; a
-     * GPU's worker mostly waits, so it is counted as one */
-    long used = 0;
-    const gp_pipeline_config *p = &cfg->pipeline;
-    int n = gp_pipeline_devices_total(p);
-    for (int j = 0; j < n && j < GP_MAX_DEVICES; j++)
-        used += gp_device_spec_is_cpu(&p->devices[j]) ? gp_model_device_threads(p, j) : 1;
-    long left = cores - used;
-    return left < 1 ? 1 : (int)left;
 }
 
 void gp_dataset_free(gp_dataset *ds)

@@ -2,7 +2,7 @@
  * batch.c — turning uint8 samples into normalised float batches; used by
  * the prefetching loader and by evaluation so both normalise identically.
  */
-#include "train/data.h"
+#include "data/data.h"
 
 void gp_data_norm(const gp_data_config *cfg, int64_t channels, float *mean, float *std)
 {

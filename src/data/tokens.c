@@ -15,7 +15,7 @@
  * Memory: the dataset owns its tokens (gp_dataset_free).  On failure the
  * output is left unchanged.
  */
-#include "train/data.h"
+#include "data/data.h"
 
 #include <dirent.h>
 #include <errno.h>
