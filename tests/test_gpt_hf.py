@@ -24,7 +24,8 @@ folder.  On a token file written here (windows of T + 1 = 17):
    untied head said untied: transformers' default would tie it and load
    the wrong head silently), and GPT2LMHeadModel.from_pretrained(DIR)
    gives gpipe's final test loss within 1e-5; an OUT ending in
-   .safetensors is still the one file.
+   .safetensors is still the one file; --export-format hf-bf16 (a Llama's
+   folder in bf16) is refused for a GPT-2 before any step.
 """
 import json
 import os
@@ -195,6 +196,12 @@ def main():
                                ["--export-weights", one, "--export-format", "hf"])
             check(rc == 0 and os.path.isfile(one),
                   "an OUT ending in .safetensors is the one file: exit %d %s" % (rc, out[-800:]))
+            rc, out, _ = gpipe(d, config(data, folder, tie, 1),
+                               ["--export-weights", os.path.join(d, "b16"), "--export-format",
+                                "hf-bf16"])
+            check(rc == 2 and "hf-bf16 writes a Llama's folder" in out and "step" not in
+                  out.split("hf-bf16")[0], "hf-bf16 of a GPT-2, refused before any step: exit "
+                  "%d %s" % (rc, out[-800:]))
     finally:
         shutil.rmtree(d, ignore_errors=True)
     return finish(NAME)

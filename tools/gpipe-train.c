@@ -78,7 +78,8 @@ static void usage(FILE *f)
           "  --export-format F  what --export-weights writes: gpipe (the default), hf\n"
           "                     (a folder that from_pretrained loads: config.json and\n"
           "                     model.safetensors, for a model.llama sharded past 5 GB;\n"
-          "                     a GPT-2's OUT ending in .safetensors: that file alone)\n"
+          "                     a GPT-2's OUT ending in .safetensors: that file alone),\n"
+          "                     hf-bf16 (a Llama's folder in bf16: half the bytes)\n"
           "                     or llmc (llm.c's gpt2_124M.bin layout, FP32, the head\n"
           "                     tied to wte); hf and\n"
           "                     llmc need layers named as Hugging Face's (docs/config.md)\n"
@@ -384,10 +385,10 @@ int main(int argc, char **argv)
             else if (!strcmp(a, "--tensorboard")) tensorboard = v;
             else if (!strcmp(a, "--export-format")) {
                 export_format = !strcmp(v, "gpipe") ? 0 : !strcmp(v, "hf") ? 1
-                              : !strcmp(v, "llmc") ? 2 : -1;
+                              : !strcmp(v, "llmc") ? 2 : !strcmp(v, "hf-bf16") ? 3 : -1;
                 if (export_format < 0) {
-                    fprintf(stderr, "gpipe-train: --export-format '%s': expected gpipe, hf or "
-                            "llmc\n", v);
+                    fprintf(stderr, "gpipe-train: --export-format '%s': expected gpipe, hf, "
+                            "hf-bf16 or llmc\n", v);
                     free(sets);
                     return EXIT_USAGE;
                 }

@@ -340,8 +340,10 @@ typedef struct gp_train_opts {
     const char *resume_path;   /* snapshot to go on from; "latest" = the newest
                                   in train.snapshot.dir; NULL = a fresh run */
     const char *export_path;   /* write the final weights (safetensors); NULL = none */
-    int export_format;         /* gp_weights_format (snapshot.h): 0 = gpipe's names,
-                                  1 = Hugging Face's GPT-2, 2 = llm.c's checkpoint */
+    int export_format;         /* gp_weights_format (weights/weights.h): 0 = gpipe's
+                                  names, 1 = Hugging Face's (GPT-2, a Llama's
+                                  folder), 2 = llm.c's checkpoint, 3 = a Llama's
+                                  folder in bf16 */
     const char *tensorboard_dir; /* TensorBoard event files (train/tensorboard.h);
                                     NULL = train.tensorboard's ("" = none) */
     /* Stop between steps once *stop is non-zero: a signal handler or

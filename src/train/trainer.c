@@ -1138,8 +1138,10 @@ static void run_init(train_run *r, const gp_config *cfg, const gp_train_opts *op
  * Face's format the folder it writes (hf_llama.c). */
 static gp_status check_export_path(const gp_config *cfg, const gp_train_opts *opts)
 {
-    if ((gp_weights_format)opts->export_format == GP_WEIGHTS_HF &&
-        (!strcmp(cfg->model.family, "llama") || gp_gpt_hf_folder_path(opts->export_path)))
+    gp_weights_format f = (gp_weights_format)opts->export_format;
+    if ((f == GP_WEIGHTS_HF && (!strcmp(cfg->model.family, "llama") ||
+                                gp_gpt_hf_folder_path(opts->export_path))) ||
+        f == GP_WEIGHTS_HF_BF16)
         return gp_check_writable_dir(opts->export_path, gp_opt_name(GP_OPT_EXPORT));
     return gp_check_writable_file(opts->export_path, gp_opt_name(GP_OPT_EXPORT), true);
 }

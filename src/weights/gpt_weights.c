@@ -915,8 +915,12 @@ static gp_status export_llmc(const gp_wmodel *m, const gp_st_file *g, const char
 gp_status gp_gpt_export_check(const gp_wmodel *m, gp_weights_format fmt, bool trains)
 {
     if (fmt == GP_WEIGHTS_GPIPE) return GP_OK;
-    if (fmt == GP_WEIGHTS_HF && gp_llama_is_model(m)) /* a Llama's folder (hf_llama.c) */
-        return gp_llama_export_check(m);
+    if ((fmt == GP_WEIGHTS_HF || fmt == GP_WEIGHTS_HF_BF16) && gp_llama_is_model(m))
+        return gp_llama_export_check(m); /* a Llama's folder (hf_llama.c) */
+    if (fmt == GP_WEIGHTS_HF_BF16)
+        return gp_error_set(GP_ERR_UNSUPPORTED, "--export-format hf-bf16 writes a Llama's folder "
+                            "(model.llama) in bf16; this model is not one: export a GPT-2 with "
+                            "--export-format hf (FP32)");
     const char *f = fmt == GP_WEIGHTS_HF ? "--export-format hf" : "--export-format llmc";
     const char *names[3] = {TX "wte.weight", TX "wpe.weight", TX "h.0.attn.c_attn.weight"};
     for (int q = 0; q < 3; q++)

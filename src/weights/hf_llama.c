@@ -19,6 +19,7 @@
  * the folder has one, is checked against the model first: each size that
  * differs is named, with the model.llama key that sets it.
  */
+#include "backend/elementwise.h"
 #include "core/json.h"
 #include "weights/weights.h"
 
@@ -602,7 +603,7 @@ static void shard_name(char *buf, size_t len, int i, int n)
 /* One shard: the safetensors header of its parts, then their FP32 bytes,
  * each parameter downloaded from its device as it is written. */
 static gp_status write_shard(const gp_wmodel *m, const char *dir, const hf_part *v, int n,
-                             int shard, int n_shards)
+                             int shard, int n_shards, bool bf16)
 {
     char fn[64], path[1100];
     shard_name(fn, sizeof fn, shard, n_shards);
@@ -615,7 +616,7 @@ static gp_status write_shard(const gp_wmodel *m, const char *dir, const hf_part 
     for (int i = 0; i < n; i++) {
         if (v[i].shard != shard) continue;
         gp_json_open_object(&w, v[i].name);
-        gp_json_put_str(&w, "dtype", "F32");
+        gp_json_put_str(&w, "dtype", bf16 ? "BF16" : "F32");
         gp_json_open_array(&w, "shape");
         gp_json_put_int(&w, NULL, v[i].rows);
         if (v[i].cols) gp_json_put_int(&w, NULL, v[i].cols);
@@ -662,7 +663,14 @@ static gp_status write_shard(const gp_wmodel *m, const char *dir, const hf_part 
         }
         int64_t per = v[i].cols ? v[i].cols : 1;
         size_t cnt = (size_t)(v[i].rows * per);
-        if (s == GP_OK && fwrite(buf + v[i].r0 * per, sizeof *buf, cnt, af.f) != cnt) err = EIO;
+        if (s == GP_OK && !bf16 && fwrite(buf + v[i].r0 * per, sizeof *buf, cnt, af.f) != cnt)
+            err = EIO;
+        for (size_t e = 0; s == GP_OK && bf16 && !err && e < cnt; e += 4096) {
+            uint16_t b16[4096]; /* rounded to nearest even as written */
+            size_t c = cnt - e < 4096 ? cnt - e : 4096;
+            for (size_t q = 0; q < c; q++) b16[q] = gp_ew_bf16_bits(buf[v[i].r0 * per + e + q]);
+            if (fwrite(b16, sizeof *b16, c, af.f) != c) err = EIO;
+        }
     }
     free(buf);
     if (s != GP_OK) {
@@ -674,7 +682,7 @@ static gp_status write_shard(const gp_wmodel *m, const char *dir, const hf_part 
 
 /* config.json: what LlamaForCausalLM.from_pretrained needs to build this
  * model (every size, rope_theta and rope_scaling, eps, the tie). */
-static gp_status write_config(const gp_wmodel *m, const char *dir)
+static gp_status write_config(const gp_wmodel *m, const char *dir, bool bf16)
 {
     const gp_layer *emb = first_of(m, GP_LAYER_EMBEDDING), *att = first_of(m, GP_LAYER_ATTENTION);
     const gp_layer *rope = first_of(m, GP_LAYER_ROPE), *rms = first_of(m, GP_LAYER_RMS_NORM);
@@ -719,7 +727,7 @@ static gp_status write_config(const gp_wmodel *m, const char *dir)
     gp_json_put_bool(&w, "mlp_bias", false);
     gp_json_put_str(&w, "hidden_act", "silu");
     gp_json_put_float(&w, "initializer_range", 0.02);
-    gp_json_put_str(&w, "torch_dtype", "float32");
+    gp_json_put_str(&w, "torch_dtype", bf16 ? "bfloat16" : "float32");
     gp_json_put_bool(&w, "use_cache", true);
     gp_json_close(&w);
     gp_json_put_raw(&w, "\n");
@@ -756,7 +764,7 @@ gp_status gp_llama_export_check(const gp_wmodel *m)
     return GP_OK;
 }
 
-gp_status gp_llama_export(const gp_wmodel *m, const char *dir)
+gp_status gp_llama_export(const gp_wmodel *m, const char *dir, bool bf16)
 {
     GP_TRY(gp_llama_export_check(m));
     GP_TRY(gp_make_dirs(dir, "--export-weights (a Hugging Face folder)"));
@@ -770,7 +778,7 @@ gp_status gp_llama_export(const gp_wmodel *m, const char *dir)
     if (env && strtoull(env, NULL, 10) > 0) limit = strtoull(env, NULL, 10);
     int shard = 0;
     for (int i = 0; i < n; i++) {
-        uint64_t bytes = (uint64_t)(v[i].rows * (v[i].cols ? v[i].cols : 1)) * sizeof(float);
+        uint64_t bytes = (uint64_t)(v[i].rows * (v[i].cols ? v[i].cols : 1)) * (bf16 ? 2 : 4);
         if (at > 0 && at + bytes > limit) shard++, at = 0;
         v[i].shard = shard;
         v[i].begin = at;
@@ -779,8 +787,9 @@ gp_status gp_llama_export(const gp_wmodel *m, const char *dir)
         total += bytes;
     }
     int n_shards = shard + 1;
-    gp_status s = write_config(m, dir);
-    for (int q = 0; q < n_shards && s == GP_OK; q++) s = write_shard(m, dir, v, n, q, n_shards);
+    gp_status s = write_config(m, dir, bf16);
+    for (int q = 0; q < n_shards && s == GP_OK; q++)
+        s = write_shard(m, dir, v, n, q, n_shards, bf16);
     char idx[1100];
     snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", dir);
     if (s == GP_OK && n_shards > 1) {

@@ -180,7 +180,10 @@ void gp_st_writer_free(gp_st_writer *w);
 typedef enum {
     GP_WEIGHTS_GPIPE = 0, /* gpipe's safetensors (--export-weights) */
     GP_WEIGHTS_HF,        /* Hugging Face's GPT-2 model.safetensors */
-    GP_WEIGHTS_LLMC       /* llm.c's gpt2_124M.bin checkpoint (FP32) */
+    GP_WEIGHTS_LLMC,      /* llm.c's gpt2_124M.bin checkpoint (FP32) */
+    GP_WEIGHTS_HF_BF16    /* a Llama's Hugging Face folder with BF16 tensors
+                             (what save_pretrained writes of a bf16 model:
+                             half the bytes) */
 } gp_weights_format;
 
 /* Whether the file at path starts with llm.c's checkpoint magic. */
@@ -223,13 +226,14 @@ bool gp_llama_is_hf(const char *path);
 gp_status gp_llama_read(const gp_wmodel *m, const char *path, gp_st_file *out);
 /* --export-format hf for a model.llama: the folder `dir` (made if missing)
  * with config.json and model.safetensors, or shards of at most 5 GB
- * (GPIPE_HF_SHARD_BYTES) with model.safetensors.index.json, FP32, HF's
+ * (GPIPE_HF_SHARD_BYTES) with model.safetensors.index.json, FP32 (bf16:
+ * BF16, each value rounded to nearest even, torch_dtype bfloat16), HF's
  * names (qkv_proj and gate_up_proj split), each parameter downloaded and
  * written in turn (the model plus one tensor held).  The check: an error
  * where the folder could not hold m.  gp_llama_is_model: whether m is a
  * model.llama (its model.embed_tokens.wte.weight). */
 bool gp_llama_is_model(const gp_wmodel *m);
 gp_status gp_llama_export_check(const gp_wmodel *m);
-gp_status gp_llama_export(const gp_wmodel *m, const char *dir);
+gp_status gp_llama_export(const gp_wmodel *m, const char *dir, bool bf16);
 
 #endif /* GP_WEIGHTS_H */
