@@ -18,7 +18,7 @@ next) learns it; then gpipe-sample, from the run's snapshot:
   --samples 3 gives three continuations, and nearly all of their bytes
   follow the pattern (a sampler that ignored the logits would not);
 - --out writes an llm.c token file that scripts/tokenize_text.py decodes
-  back to the printed text;
+  back to the printed text; past 65,536 ids llm.c's uint32 file;
 - refuses what it cannot do, saying what to give instead: a prompt id
   outside the vocabulary, a model that is not a language model, --prompt
   and --prompt-ids together;
@@ -164,7 +164,34 @@ def main():
         rc, _, err = sample(mlp, "--prompt-ids", "1", "--set", "data.dataset=synthetic")
         check(rc == 2 and "not a language model" in err, "an MLP is refused: %s" % err)
         nothing_lost(d, cfg, snap, weights, out)
+        wide_vocab(d)
     return finish("test_sample")
+
+
+def wide_vocab(d):
+    """A vocabulary past 65,536 ids (Llama 3's 128,256): --out writes llm.c's
+    uint32 token file (magic 20240801, version 7) holding the printed ids."""
+    import struct
+    text = "\n".join(["model:", "  input: [8]", "  loss: cross_entropy",
+                      "  llama: {layers: 1, heads: 2, width: 8, intermediate: 8, vocab: 70000,",
+                      "          positions: 8}",
+                      "data: {dataset: synthetic}", "train: {batch_size: 2, seed: 1}", ""])
+    cfg = os.path.join(d, "wide.yaml")
+    with open(cfg, "w") as f:
+        f.write(text)
+    out = os.path.join(d, "wide.bin")
+    rc, printed, err = sample(cfg, "--prompt-ids", "69999,5", "--tokens", "3", "--temperature",
+                              "0", "--ids", "--out", out)
+    ok = rc == 0 and os.path.exists(out)
+    ids = [int(t) for t in printed.replace("|", " ").split()] if ok else []
+    if ok:
+        with open(out, "rb") as f:
+            hdr = struct.unpack("<256i", f.read(1024))
+            body = f.read()
+        ok = (hdr[0], hdr[1], hdr[2]) == (20240801, 7, 5) and \
+            list(struct.unpack("<%dI" % (len(body) // 4), body)) == ids and ids[0] == 69999
+    check(ok, "--out with 70,000 ids: a uint32 token file of the printed ids %r (rc %d %s)"
+          % (ids, rc, err))
 
 
 def read(path):
