@@ -31,7 +31,6 @@ name the processor and the versions.  Prints; never fails a build.
 """
 import argparse
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -40,28 +39,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 BIN = os.environ.get("GPIPE_BINARY_DIR", os.path.join(ROOT, "build"))
+sys.path.insert(0, HERE)
 
-
-def cpu_name():
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def cpu_flags():
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("flags"):
-                f = line.split()
-                return " ".join(x for x in ("avx2", "avx512f", "avx512_bf16", "amx_tile")
-                                if x in f)
-    except OSError:
-        pass
-    return ""
+from bench_loader import cpu_name  # noqa: E402  (the processor line of every CPU table)
 
 
 def hf_model(a):
@@ -149,8 +129,8 @@ def main():
     import torch
     import transformers
     torch.set_num_threads(a.threads)
-    print("processor: %s (%s); torch %s, transformers %s; %d threads" % (
-        cpu_name(), cpu_flags(), torch.__version__, transformers.__version__, a.threads))
+    print("%s; torch %s, transformers %s; %d threads" % (
+        cpu_name(), torch.__version__, transformers.__version__, a.threads))
     m = hf_model(a)
     params = sum(p.numel() for p in m.parameters())
     print("model: %s, %d layers, width %d, %d heads%s, vocabulary %d, T %d: %.2fM parameters "

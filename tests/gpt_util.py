@@ -88,3 +88,43 @@ def ensure_libs(name, imports, venv, packages, reexec):
     env = dict(os.environ, **{reexec: "1"})
     sys.exit(subprocess.run([py, os.path.abspath(sys.argv[0])] + sys.argv[1:],
                             env=env).returncode)
+
+
+def hf_loss(m, windows, t, v):
+    """A transformers causal LM's mean cross-entropy (double) over windows
+    of t + 1 ids: positions 0 .. t - 1 predict 1 .. t; v the vocabulary."""
+    import torch
+    import torch.nn.functional as F
+    with torch.no_grad():
+        x = torch.tensor(windows, dtype=torch.long)
+        logits = m(input_ids=x[:, :t]).logits.double()
+        return F.cross_entropy(logits.reshape(-1, v), x[:, 1:].reshape(-1)).item()
+
+
+def hf_greedy(m, prompt, n):
+    """transformers' greedy continuation: the argmax of the last position's
+    logits over the whole sequence so far, n times (no cache, no
+    generate(): the reference itself)."""
+    import torch
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            logits = m(input_ids=torch.tensor([ids], dtype=torch.long)).logits[0, -1]
+            ids.append(int(torch.argmax(logits).item()))
+    return ids[len(prompt):]
+
+
+def gpipe_greedy(binary_dir, d, yaml_text, prompt, n, positions, extra=()):
+    """gpipe-sample's greedy ids for yaml_text's model with model.input
+    [positions]: (ids, "") or (None, the end of its stderr)."""
+    cfgp = os.path.join(d, "sample.yaml")
+    with open(cfgp, "w") as f:
+        f.write(yaml_text)
+    r = subprocess.run([os.path.join(binary_dir, "gpipe-sample"), cfgp, "--set",
+                        "model.input=[%d]" % positions, "--prompt-ids",
+                        ",".join(map(str, prompt)), "--tokens", str(n), "--temperature", "0",
+                        "--ids", "-q"] + list(extra), capture_output=True, text=True,
+                       timeout=300)
+    if r.returncode != 0 or " | " not in r.stdout:
+        return None, r.stderr[-800:]
+    return [int(t) for t in r.stdout.split(" | ")[1].split()], ""

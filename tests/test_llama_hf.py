@@ -52,6 +52,9 @@ import sys
 import tempfile
 
 from gpt_util import check, ensure_libs, finish, write_tokens
+from gpt_util import gpipe_greedy as gpipe_greedy_at
+from gpt_util import hf_greedy
+from gpt_util import hf_loss as hf_loss_of
 
 SRC = os.environ.get("GPIPE_SOURCE_DIR", os.path.join(os.path.dirname(__file__), ".."))
 BIN = os.environ.get("GPIPE_BINARY_DIR", os.path.join(SRC, "build"))
@@ -83,38 +86,11 @@ def hf_model(tie, seed):
 
 
 def hf_loss(m, windows):
-    import torch
-    import torch.nn.functional as F
-    with torch.no_grad():
-        x = torch.tensor(windows, dtype=torch.long)
-        logits = m(input_ids=x[:, :T]).logits.double()
-        return F.cross_entropy(logits.reshape(-1, V), x[:, 1:].reshape(-1)).item()
-
-
-def hf_greedy(m, prompt, n):
-    """transformers' greedy continuation: the argmax of the last position's
-    logits over the whole sequence so far, n times."""
-    import torch
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(n):
-            logits = m(input_ids=torch.tensor([ids], dtype=torch.long)).logits[0, -1]
-            ids.append(int(torch.argmax(logits).item()))
-    return ids[len(prompt):]
+    return hf_loss_of(m, windows, T, V)
 
 
 def gpipe_greedy(d, yaml_text, prompt, n, extra=()):
-    """gpipe-sample's greedy ids for yaml_text's model (64 positions)."""
-    cfgp = os.path.join(d, "sample.yaml")
-    with open(cfgp, "w") as f:
-        f.write(yaml_text)
-    r = subprocess.run([os.path.join(BIN, "gpipe-sample"), cfgp, "--set", "model.input=[64]",
-                        "--prompt-ids", ",".join(map(str, prompt)), "--tokens", str(n),
-                        "--temperature", "0", "--ids", "-q"] + list(extra),
-                       capture_output=True, text=True, timeout=300)
-    if r.returncode != 0 or " | " not in r.stdout:
-        return None, r.stderr[-800:]
-    return [int(t) for t in r.stdout.split(" | ")[1].split()], ""
+    return gpipe_greedy_at(BIN, d, yaml_text, prompt, n, 64, extra)
 
 
 def config(d, init, tie, devices, extra=""):

@@ -817,16 +817,9 @@ static gp_status write_gpt_config(const gp_wmodel *m, const gp_st_file *g, const
     gp_json_put_str(&w, "torch_dtype", "float32");
     gp_json_put_bool(&w, "use_cache", true);
     gp_json_close(&w);
-    gp_json_put_raw(&w, "\n");
     char path[1100];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    gp_status s = w.oom ? gp_error_set(GP_ERR_OOM, "out of host memory exporting") : GP_OK;
-    gp_atomic_file af;
-    if (s == GP_OK) s = gp_atomic_open(path, &af);
-    if (s == GP_OK)
-        s = gp_atomic_commit(&af, fwrite(w.text, 1, w.len, af.f) == w.len ? 0 : EIO);
-    gp_json_writer_free(&w);
-    return s;
+    return gp_weights_write_json(&w, path);
 }
 
 bool gp_gpt_hf_folder_path(const char *path)

@@ -730,16 +730,9 @@ static gp_status write_config(const gp_wmodel *m, const char *dir, bool bf16)
     gp_json_put_str(&w, "torch_dtype", bf16 ? "bfloat16" : "float32");
     gp_json_put_bool(&w, "use_cache", true);
     gp_json_close(&w);
-    gp_json_put_raw(&w, "\n");
     char path[1100];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    gp_status s = w.oom ? gp_error_set(GP_ERR_OOM, "out of host memory exporting") : GP_OK;
-    gp_atomic_file af;
-    if (s == GP_OK) s = gp_atomic_open(path, &af);
-    if (s == GP_OK)
-        s = gp_atomic_commit(&af, fwrite(w.text, 1, w.len, af.f) == w.len ? 0 : EIO);
-    gp_json_writer_free(&w);
-    return s;
+    return gp_weights_write_json(&w, path);
 }
 
 gp_status gp_llama_export_check(const gp_wmodel *m)
@@ -806,13 +799,7 @@ gp_status gp_llama_export(const gp_wmodel *m, const char *dir, bool bf16)
         }
         gp_json_close(&w);
         gp_json_close(&w);
-        gp_json_put_raw(&w, "\n");
-        gp_atomic_file af;
-        s = w.oom ? gp_error_set(GP_ERR_OOM, "out of host memory exporting") : GP_OK;
-        if (s == GP_OK) s = gp_atomic_open(idx, &af);
-        if (s == GP_OK)
-            s = gp_atomic_commit(&af, fwrite(w.text, 1, w.len, af.f) == w.len ? 0 : EIO);
-        gp_json_writer_free(&w);
+        s = gp_weights_write_json(&w, idx);
     } else if (s == GP_OK) {
         /* one file: no index (an older export's would point at shards gone) */
         if (unlink(idx) != 0 && errno != ENOENT)

@@ -1074,3 +1074,15 @@ bool gp_weights_has(const gp_wmodel *m, const char *name, int *ndim, int64_t *di
     }
     return false;
 }
+
+gp_status gp_weights_write_json(gp_json_writer *w, const char *path)
+{
+    gp_json_put_raw(w, "\n");
+    gp_status s = w->oom ? gp_error_set(GP_ERR_OOM, "out of host memory writing %s", path) : GP_OK;
+    gp_atomic_file af;
+    if (s == GP_OK) s = gp_atomic_open(path, &af);
+    if (s == GP_OK)
+        s = gp_atomic_commit(&af, fwrite(w->text, 1, w->len, af.f) == w->len ? 0 : EIO);
+    gp_json_writer_free(w);
+    return s;
+}

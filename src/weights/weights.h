@@ -25,6 +25,7 @@
 #define GP_WEIGHTS_H
 
 #include "config/config.h"
+#include "core/json.h"
 #include "layers/layers.h"
 
 /* A model as the weight formats see it: its layers in order (a trainer's
@@ -47,6 +48,10 @@ const char *gp_weights_tensor_name(char *buf, size_t len, const char *prefix,
 /* Whether m has a tensor of that name (a parameter or buffer, a tied
  * replica not: its owner's), and its shape into ndim, dims (may be NULL). */
 bool gp_weights_has(const gp_wmodel *m, const char *name, int *ndim, int64_t *dims);
+/* w's document and a newline written to path atomically (beside it, then
+ * renamed: a failure leaves what was there), w freed: config.json and
+ * the shards' index of the folders written. */
+gp_status gp_weights_write_json(gp_json_writer *w, const char *path);
 
 /* ---- the format -------------------------------------------------------- */
 
