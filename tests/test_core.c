@@ -49,6 +49,24 @@ static void test_uniform(void)
     CHECK(gp_rng_uniform(7, 12, 5) != gp_rng_uniform(7, 11, 5));
     CHECK(gp_rng_uniform(8, 11, 5) != gp_rng_uniform(7, 11, 5));
     CHECK(gp_rng_stream(1, 2, 3) != gp_rng_stream(1, 3, 2));
+    /* a fill large enough to run on every core (in chunks), from an index
+     * that is not a Philox block's first: each value its own index's */
+    enum { BIG = 200003 };
+    float *big = malloc(BIG * sizeof *big);
+    CHECK(big != NULL);
+    if (!big) return;
+    gp_rng_uniform_fill(7, 11, 5, big, BIG);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < BIG; i++) bad += big[i] != gp_rng_uniform(7, 11, 5 + (uint64_t)i);
+    CHECK_MSG(bad == 0, "a parallel uniform fill: %lld values differ from their index's",
+              (long long)bad);
+    gp_rng_normal_fill(7, 11, 3, big, BIG);
+    bad = 0;
+    for (int64_t i = 0; i < BIG; i++)
+        bad += big[i] != (float)gp_rng_normal(7, 11, 3 + (uint64_t)i);
+    CHECK_MSG(bad == 0, "a parallel normal fill: %lld values differ from their index's",
+              (long long)bad);
+    free(big);
 }
 
 /* gp_rng_normal: a pure function of (seed, stream, index) like the
