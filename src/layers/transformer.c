@@ -527,7 +527,7 @@ static gp_status embedding_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_
                                "not a whole number in [0, %lld) (vocab); the data's tokens "
                                "need a larger vocab, or they are not token ids",
                                (double)v, (long long)(ctx->sample_offset + bad / t),
-                               (long long)(bad % t), (long long)vocab);
+                               (long long)(p0 + bad % t), (long long)vocab);
 }
 
 static gp_status embedding_backward_data(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
