@@ -93,8 +93,8 @@ static gp_status attention_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_
     int64_t rows, t, c, heads = l->spec.heads;
     attention_sizes(l, x, &rows, &t, &c);
     if (rows * t == 0) return GP_OK;
-    if (ctx->decode) { /* sampling: over the cache, which takes this input's k and v */
-        GP_ASSERT(!ctx->training && ctx->kv && ctx->kv->dtype == x->dtype &&
+    if (ctx->kv) { /* sampling: over the cache, which takes this input's k and v */
+        GP_ASSERT(!ctx->training && ctx->kv->dtype == x->dtype &&
                   ctx->kv->ndim == 3 && ctx->kv->dims[0] == rows);
         return gp_dev_attn_cached(l->dev, x->dtype, gp_tensor_mem(x), gp_tensor_mem(ctx->kv),
                                   gp_tensor_mem(y), rows, t, ctx->pos0, ctx->kv->dims[1], heads,

@@ -280,11 +280,10 @@ typedef struct gp_fwd_ctx {
     /* Decoding with a KV cache (gp_decoder: sampling a token at a time),
      * evaluation forwards only: the input's T positions are positions
      * pos0 .. pos0 + T - 1 of each sequence (an embedding's position rows,
-     * rope's angles), and an attention layer attends over its cache kv
-     * ((N, cap, 2 kv_heads d), of its input's element type: backend.h's
-     * attn_cached), which it extends by its input's k and v, instead of
-     * over its input alone.  decode false: positions from 0, no cache. */
-    bool decode;
+     * rope's angles; 0 everywhere else), and an attention layer given kv
+     * attends over that cache ((N, cap, 2 kv_heads d), of its input's
+     * element type: backend.h's attn_cached), which it extends by its
+     * input's k and v, instead of over its input alone (NULL: no cache). */
     int64_t pos0;
     gp_tensor *kv;
 } gp_fwd_ctx;

@@ -411,7 +411,7 @@ static gp_status rope_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tenso
 {
     (void)s;
     gp_rope_desc d = rope_desc(l, x);
-    if (ctx->decode) d.pos0 = ctx->pos0; /* sampling: the positions after the cache's */
+    d.pos0 = ctx->pos0; /* sampling: the positions after the cache's (else 0) */
     return gp_dev_rope(l->dev, x->dtype, &d, false, gp_tensor_mem(x), gp_tensor_mem(y));
 }
 
@@ -506,7 +506,7 @@ static gp_status embedding_init(gp_layer *l, uint64_t seed)
 static gp_status embedding_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor *x,
                                    gp_tensor *y, gp_saved *s)
 {
-    int64_t n = x->dims[0], t = x->dims[1], bad = -1, p0 = ctx->decode ? ctx->pos0 : 0;
+    int64_t n = x->dims[0], t = x->dims[1], bad = -1, p0 = ctx->pos0;
     int64_t vocab = gp_layer_spec_valid_rows(&l->spec, l->spec.vocab);
     if (l->n_params > 1 && p0 + t > l->spec.positions)
         return gp_layer_spec_error(l, "positions %lld .. %lld are past its position table's "

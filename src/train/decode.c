@@ -7,7 +7,7 @@
  * cache, on that layer's device), and runs each new position through the
  * model alone: the position-wise layers (linear, the norms, the
  * activations, the residual adds) on its row, the embedding and rope at
- * its position (gp_fwd_ctx.decode, pos0), and attention over the cache
+ * its position (gp_fwd_ctx.pos0), and attention over the cache
  * (backend.h's attn_cached).  A token then costs one row per layer, not T.
  *
  * The layers run stage after stage on their own devices, as evaluation
@@ -38,7 +38,6 @@ struct gp_decoder {
     int64_t S;       /* sequences */
     int64_t T;       /* the cache's positions (model.input [T]) */
     int64_t len;     /* positions fed so far */
-    int64_t row;     /* the output's values per position (a padded vocabulary) */
     int64_t step;    /* the model's step when the cache was filled */
     gp_tensor *kv;   /* [n_layers]: an attention layer's cache, else empty */
     bool bf16_copies;
@@ -66,13 +65,6 @@ static bool decodable(gp_layer_type t)
     default:
         return false;
     }
-}
-
-static int stage_of_layer(const gp_model *m, int k)
-{
-    int j = 0, first = 0;
-    while (j + 1 < m->n_stages && first + m->balance[j] <= k) first += m->balance[j++];
-    return j;
 }
 
 /* Whether shape s (one sample's) has the positions on its axis 1. */
@@ -124,8 +116,8 @@ gp_status gp_model_decoder_open(gp_model *m, const gp_config *cfg, int64_t sampl
         free(d);
         return gp_error_set(GP_ERR_OOM, "out of host memory");
     }
-    *d = (gp_decoder){.m = m, .cfg = cfg, .S = samples, .T = T, .row = o->dims[2],
-                      .step = m->step, .kv = d->kv, .bf16_copies = gp_config_bf16_copies(cfg)};
+    *d = (gp_decoder){.m = m, .cfg = cfg, .S = samples, .T = T, .step = m->step, .kv = d->kv,
+                      .bf16_copies = gp_config_bf16_copies(cfg)};
     gp_status s = GP_OK;
     for (int k = 1; k < m->n_layers && s == GP_OK; k++) {
         const gp_layer *l = &m->layers[k];
@@ -171,25 +163,11 @@ gp_status gp_decoder_rewind(gp_decoder *d, int64_t length)
     return GP_OK;
 }
 
-/* t moved onto dev (a copy where it is elsewhere; t's memory freed). */
-static gp_status move_to(gp_tensor *t, gp_device *dev)
-{
-    if (t->dev == dev) return GP_OK;
-    gp_tensor n;
-    gp_shape sh = gp_tensor_shape(t);
-    GP_TRY(gp_tensor_alloc_as(&n, dev, &sh, t->dtype, GP_MEM_COPIES));
-    gp_status s = gp_tensor_copy(&n, t);
-    gp_tensor_free(t);
-    *t = n;
-    if (s != GP_OK) gp_tensor_free(t);
-    return s;
-}
-
 /* What crosses into another stage: rounded to bf16 where the stages' copies
  * are (pipeline.copy_precision), as training and evaluation see it. */
 static gp_status cross(const gp_decoder *d, gp_tensor *t, gp_device *dev)
 {
-    GP_TRY(move_to(t, dev));
+    GP_TRY(gp_tensor_move(t, dev));
     return d->bf16_copies && t->dtype == GP_F32 ? gp_tensor_round_bf16(t) : GP_OK;
 }
 
@@ -210,24 +188,6 @@ static gp_status last_rows(const gp_tensor *t, gp_tensor *out)
     return s;
 }
 
-/* The output (S, n', row) to the host, widened where it is bf16. */
-static gp_status download(const gp_tensor *t, float *out)
-{
-    int64_t k = gp_tensor_numel(t);
-    if (t->dtype == GP_F32) {
-        GP_TRY(gp_dev_download(t->dev, out, gp_f32(t), k));
-        return gp_dev_synchronize(t->dev);
-    }
-    gp_tensor w;
-    gp_shape sh = gp_tensor_shape(t);
-    GP_TRY(gp_tensor_alloc(&w, t->dev, &sh, GP_MEM_COPIES));
-    gp_status s = gp_dev_bf16_unpack(t->dev, gp_f32(&w), gp_tensor_mem(t), k);
-    if (s == GP_OK) s = gp_dev_download(w.dev, out, gp_f32(&w), k);
-    if (s == GP_OK) s = gp_dev_synchronize(w.dev);
-    gp_tensor_free(&w);
-    return s;
-}
-
 /* The n new positions through every layer: cur the ids in, the output out. */
 static gp_status run_layers(gp_decoder *d, gp_tensor *cur, int64_t n, bool all, gp_tensor *pend)
 {
@@ -238,14 +198,14 @@ static gp_status run_layers(gp_decoder *d, gp_tensor *cur, int64_t n, bool all, 
         with_positions(&L.in_shape, n);
         with_positions(&L.out_shape, n);
         for (int q = 0; q + 1 < L.n_in; q++) with_positions(&L.pop_shape[q], n);
-        int j = stage_of_layer(m, k);
-        if (k > 0 && stage_of_layer(m, k - 1) != j) s = cross(d, cur, L.dev);
+        int j = gp_model_stage_of(m, k);
+        if (k > 0 && gp_model_stage_of(m, k - 1) != j) s = cross(d, cur, L.dev);
         gp_tensor x[1 + GP_MAX_POPS];
         x[0] = *cur;
         for (int q = 0; q + 1 < L.n_in && s == GP_OK; q++) {
             int t = m->skips.pops[k * GP_MAX_POPS + q];
             int from = m->skips.skips[t].from;
-            if (stage_of_layer(m, from) != j) s = cross(d, &pend[t], L.dev);
+            if (gp_model_stage_of(m, from) != j) s = cross(d, &pend[t], L.dev);
             x[1 + q] = pend[t];
         }
         /* the head alone on the last positions, where only they are asked for */
@@ -259,8 +219,8 @@ static gp_status run_layers(gp_decoder *d, gp_tensor *cur, int64_t n, bool all, 
             }
         }
         gp_fwd_ctx ctx = {.training = false, .seed = d->cfg->train.seed,
-                          .step = (uint64_t)m->step, .batch_total = d->S, .decode = true,
-                          .pos0 = d->len, .kv = gp_tensor_mem(&d->kv[k]) ? &d->kv[k] : NULL};
+                          .step = (uint64_t)m->step, .batch_total = d->S, .pos0 = d->len,
+                          .kv = gp_tensor_mem(&d->kv[k]) ? &d->kv[k] : NULL};
         gp_tensor y = {0};
         gp_saved sv = {0};
         if (s == GP_OK) s = gp_layer_forward(&L, &ctx, x, &y, &sv);
@@ -308,7 +268,8 @@ gp_status gp_decoder_feed(gp_decoder *d, const float *ids, int64_t n, int all, f
     gp_tensor *pend = calloc((size_t)(m->skips.n ? m->skips.n : 1), sizeof *pend);
     if (!pend) s = gp_error_set(GP_ERR_OOM, "out of host memory");
     if (s == GP_OK) s = run_layers(d, &cur, n, all != 0, pend);
-    if (s == GP_OK) s = download(&cur, out);
+    if (s == GP_OK) s = gp_tensor_download_f32(&cur, out);
+    if (s == GP_OK) s = gp_dev_synchronize(cur.dev);
     gp_tensor_free(&cur);
     for (int t = 0; pend && t < m->skips.n; t++) gp_tensor_free(&pend[t]);
     free(pend);

@@ -813,8 +813,7 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
     return GP_OK;
 }
 
-/* The stage holding layer k. */
-static int stage_of(const gp_model *m, int k)
+int gp_model_stage_of(const gp_model *m, int k)
 {
     int j = 0, first = 0;
     while (j + 1 < m->n_stages && first + m->balance[j] <= k) first += m->balance[j++];
@@ -823,7 +822,7 @@ static int stage_of(const gp_model *m, int k)
 
 int gp_model_layer_rank(const gp_model *m, int k)
 {
-    return m->local_device < 0 ? 0 : stage_of(m, k) % m->n_devices;
+    return m->local_device < 0 ? 0 : gp_model_stage_of(m, k) % m->n_devices;
 }
 
 gp_status gp_model_tie_sync(gp_model *m)
@@ -875,6 +874,32 @@ gp_status gp_tensor_round_bf16(gp_tensor *t)
     gp_status s = gp_dev_bf16_pack(t->dev, pk, gp_f32(t), n);
     if (s == GP_OK) s = gp_dev_bf16_unpack(t->dev, gp_f32(t), pk, n);
     gp_dev_free(t->dev, pk, bytes, GP_MEM_COPIES);
+    return s;
+}
+
+gp_status gp_tensor_move(gp_tensor *t, gp_device *dev)
+{
+    if (t->dev == dev) return GP_OK;
+    gp_tensor n;
+    gp_shape sh = gp_tensor_shape(t);
+    GP_TRY(gp_tensor_alloc_as(&n, dev, &sh, t->dtype, GP_MEM_COPIES));
+    gp_status s = gp_tensor_copy(&n, t);
+    gp_tensor_free(t);
+    *t = n;
+    if (s != GP_OK) gp_tensor_free(t);
+    return s;
+}
+
+gp_status gp_tensor_download_f32(const gp_tensor *t, float *dst)
+{
+    int64_t k = gp_tensor_numel(t);
+    if (t->dtype == GP_F32) return gp_dev_download(t->dev, dst, gp_f32(t), k);
+    gp_tensor w;
+    gp_shape sh = gp_tensor_shape(t);
+    GP_TRY(gp_tensor_alloc(&w, t->dev, &sh, GP_MEM_COPIES));
+    gp_status s = gp_dev_bf16_unpack(t->dev, gp_f32(&w), gp_tensor_mem(t), k);
+    if (s == GP_OK) s = gp_dev_download(w.dev, dst, gp_f32(&w), k);
+    gp_tensor_free(&w);
     return s;
 }
 
@@ -1010,7 +1035,7 @@ static gp_status eval_skips_arrive(eval_run *e, gp_stash *st, int j, int64_t n)
     gp_status s = GP_OK;
     for (int t = 0; t < m->skips.n && s == GP_OK; t++) {
         if (gp_stash_skip_role(st, t) != GP_SKIP_ARRIVES) continue;
-        int from = m->skips.skips[t].from, a = stage_of(m, from);
+        int from = m->skips.skips[t].from, a = gp_model_stage_of(m, from);
         if (e->procs && a % m->n_devices != m->local_device) {
             gp_shape ks = gp_shape_with_batch(&m->layers[from].out_shape, n);
             s = gp_tensor_alloc_as(&st->skip_in[t], m->devs[j], &ks, m->layers[from].out_dtype,
@@ -1036,7 +1061,7 @@ static gp_status eval_send_on(eval_run *e, int j, gp_tensor *cur)
     gp_model *m = e->m;
     gp_status s = GP_OK;
     for (int t = 0; t < m->skips.n && s == GP_OK; t++) {
-        int b = stage_of(m, m->skips.skips[t].to);
+        int b = gp_model_stage_of(m, m->skips.skips[t].to);
         if (!gp_tensor_mem(&e->pend[t]) || b % m->n_devices == m->local_device) continue;
         e->sent[e->n_sent] = e->pend[t];
         e->pend[t] = (gp_tensor){0};
@@ -1078,15 +1103,9 @@ static gp_status eval_stage(eval_run *e, int j, int first, const gp_fwd_ctx *ctx
     gp_stash st;
     s = gp_stash_init(&st, m->balance[j], &m->skips, first);
     if (s == GP_OK) s = eval_skips_arrive(e, &st, j, n);
-    if (s == GP_OK && cur->dev != m->devs[j]) {
-        /* a stage boundary: move the activation to the next device */
-        gp_shape cs = gp_tensor_shape(cur);
-        s = gp_tensor_alloc_as(&st.in, m->devs[j], &cs, cur->dtype, GP_MEM_COPIES);
-        if (s == GP_OK) s = gp_tensor_copy(&st.in, cur);
-        gp_tensor_free(cur);
-    } else {
-        st.in = *cur;
-    }
+    /* a stage boundary: the activation moved to the next device */
+    if (s == GP_OK) s = gp_tensor_move(cur, m->devs[j]);
+    st.in = *cur;
     *cur = (gp_tensor){0};
     if (e->bf16 && j > 0) { /* what crossed a stage boundary, as training sees it */
         if (s == GP_OK) s = gp_tensor_round_bf16(&st.in);
@@ -1135,16 +1154,9 @@ static gp_status eval_score(eval_run *e, gp_status s, gp_tensor *cur, gp_tensor 
  * sample b0 to the host, widened to FP32 where it is bf16. */
 static gp_status eval_logits(eval_run *e, gp_tensor *cur, int64_t b0, int64_t n)
 {
-    int64_t per = gp_shape_numel(&e->m->output), k = n * per;
-    float *dst = e->logits + b0 * per;
-    if (cur->dtype == GP_F32) return gp_dev_download(cur->dev, dst, gp_f32(cur), k);
-    gp_tensor w;
-    gp_shape sh = gp_tensor_shape(cur);
-    GP_TRY(gp_tensor_alloc(&w, cur->dev, &sh, GP_MEM_COPIES));
-    gp_status s = gp_dev_bf16_unpack(cur->dev, gp_f32(&w), gp_tensor_mem(cur), k);
-    if (s == GP_OK) s = gp_dev_download(w.dev, dst, gp_f32(&w), k);
-    gp_tensor_free(&w);
-    return s;
+    int64_t per = gp_shape_numel(&e->m->output);
+    GP_ASSERT(gp_tensor_numel(cur) == n * per);
+    return gp_tensor_download_f32(cur, e->logits + b0 * per);
 }
 
 /* Batch bi through every stage (this rank's, under mpirun), scored by the

@@ -320,6 +320,14 @@ gp_status gp_model_decoder_open(gp_model *m, const gp_config *cfg, int64_t sampl
  * (pipeline.copy_precision: what crosses a stage, as training's copies
  * round it). */
 gp_status gp_tensor_round_bf16(gp_tensor *t);
+/* t moved onto dev: a copy where it is elsewhere (t's memory freed; a
+ * view's is nothing to free), else nothing.  On failure t is empty. */
+gp_status gp_tensor_move(gp_tensor *t, gp_device *dev);
+/* t's values to the host as FP32 (dst: its numel), widened on its device
+ * where it is bf16. */
+gp_status gp_tensor_download_f32(const gp_tensor *t, float *dst);
+/* The stage holding layer k. */
+int gp_model_stage_of(const gp_model *m, int k);
 /* The model's outputs (logits) for n samples x (host, as for
  * gp_model_evaluate_host) in evaluation mode, through the stages as
  * evaluation runs them, into out (host, n x the output's elements, FP32;
