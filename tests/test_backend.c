@@ -2748,6 +2748,84 @@ static void test_nonfinite_or_many(gp_device *dev)
     }
 }
 
+/* A commit part's pending slots (gp_dev_bn_commit_part): 3 micro-batches
+ * of 8, 8 and 5 values kept as slots over an accumulator that holds 4
+ * already, merged and committed in one call, give bitwise the running
+ * statistics and accumulator of three bn_merge calls and a bn_commit; on
+ * the backend's bn_commit_multi, on it with bn_merge and bn_commit gone,
+ * and with none of the three (the host's fallback); held between begin
+ * and end with a second norm, still one call.  Counts that do not add up
+ * are refused. */
+static void test_bn_commit_pending(gp_device *dev)
+{
+    enum { C = 4, P = 3 };
+    gp_device_iface no_single = *dev->iface, bare = *dev->iface;
+    no_single.bn_merge = NULL;
+    no_single.bn_commit = NULL;
+    bare.bn_merge = NULL;
+    bare.bn_commit = NULL;
+    bare.bn_commit_multi = NULL;
+    gp_device fake1 = *dev, fake2 = *dev;
+    fake1.iface = &no_single;
+    fake2.iface = &bare;
+    gp_device *ds[3] = {dev, &fake1, &fake2};
+    const double nb[P] = {8, 8, 5};
+    float pend[P][2 * C], first[2 * C];
+    for (int q = 0; q < P; q++)
+        for (int c = 0; c < C; c++) {
+            pend[q][c] = (float)(c + 0.5 * q) + 0.1f * frand();
+            pend[q][C + c] = 0.5f + 0.25f * fabsf(frand()) + (float)q;
+        }
+    for (int c = 0; c < C; c++) first[c] = 2.0f * frand(), first[C + c] = 1.0f;
+    for (int k = 0; k < 3; k++) {
+        gp_device *d = ds[k];
+        /* two norms: [0] merged one call at a time, [1] as a part */
+        double acc[2][2 * C];
+        float rm[2][C], rv[2][C];
+        for (int n = 0; n < 2; n++) {
+            CHECK_OK(gp_dev_fill(d, (float *)acc[n], 0.0f, 4 * C));
+            for (int c = 0; c < C; c++) rm[n][c] = 0.25f * c, rv[n][c] = 1.5f;
+            CHECK_OK(gp_dev_bn_merge(d, C, acc[n], acc[n] + C, 0, 4, first, first + C));
+        }
+        double na = 4;
+        for (int q = 0; q < P; q++) {
+            CHECK_OK(gp_dev_bn_merge(d, C, acc[0], acc[0] + C, na, nb[q], pend[q], pend[q] + C));
+            na += nb[q];
+        }
+        CHECK_OK(gp_dev_bn_commit(d, C, rm[0], rv[0], acc[0], acc[0] + C, 0.3, na));
+        gp_bn_commit_part p = {.c = C, .rmean = rm[1], .rvar = rv[1], .mean_acc = acc[1],
+                               .m2_acc = acc[1] + C, .momentum = 0.3, .count = na,
+                               .pend = &pend[0][0], .n_pend = P, .n_hi = 2, .na = 4,
+                               .nb_hi = 8, .nb_lo = 5};
+        gp_bn_commit_part bad = p;
+        bad.count += 1;
+        CHECK_ERR(gp_dev_bn_commit_part(d, &bad), GP_ERR_INVALID, "do not add up");
+        uint64_t calls = d->bn_commit_calls;
+        CHECK_OK(gp_dev_bn_commit_part(d, &p));
+        CHECK(d->bn_commit_calls - calls == 1);
+        CHECK_MSG(!memcmp(rm[0], rm[1], sizeof rm[0]) && !memcmp(rv[0], rv[1], sizeof rv[0]) &&
+                      !memcmp(acc[0], acc[1], sizeof acc[0]),
+                  "device %d: a part's pending slots commit other bits than merges", k);
+        /* held with another norm (the accumulators zero again): one call */
+        float rm2[2][C], rv2[2][C];
+        memcpy(rm2, rm, sizeof rm2);
+        memcpy(rv2, rv, sizeof rv2);
+        gp_bn_commit_part q2 = p;
+        q2.rmean = rm2[1];
+        q2.rvar = rv2[1];
+        q2.mean_acc = acc[0];
+        q2.m2_acc = acc[0] + C;
+        CHECK_OK(gp_dev_bn_commit_begin(d));
+        CHECK_OK(gp_dev_bn_commit_part(d, &p));
+        CHECK_OK(gp_dev_bn_commit_part(d, &q2));
+        calls = d->bn_commit_calls;
+        CHECK_OK(gp_dev_bn_commit_end(d));
+        CHECK_MSG(d->bn_commit_calls - calls == (k < 2 ? 1u : 2u), "device %d: %llu calls", k,
+                  (unsigned long long)(d->bn_commit_calls - calls));
+        CHECK(!memcmp(rm[1], rm2[1], sizeof rm[1]) && !memcmp(rv[1], rv2[1], sizeof rv[1]));
+    }
+}
+
 /* The slots of a step without host waits (iface 13), each against an
  * oracle, with its host waits counted, on the backend's slot and on the
  * wrapper's fallback (the slot NULL):
@@ -3507,6 +3585,7 @@ int main(void)
     test_nonfinite_or_many(dev);
     test_box_collapse(dev);
     test_step_slots(dev);
+    test_bn_commit_pending(dev);
 
     test_memory();
     test_concurrent();

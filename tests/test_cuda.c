@@ -979,6 +979,34 @@ static void test_step_slots(void)
     bcheck("bn_commit running mean", &rm, 1e-7);
     bcheck("bn_commit running var", &rv, 1e-7);
     bcheck("bn_commit zeroes the accumulator", &acc, 0);
+    /* a commit part's pending slots (3 micro-batches of 64, 64 and 9
+     * values per channel, mean then var each) merged and committed in its
+     * one launch (bn_commit_multi, iface 49), no host wait */
+    buf pend = bnew(3 * 2 * C);
+    for (int q = 0; q < 3; q++) {
+        float hp[2 * C];
+        for (int c = 0; c < C; c++) {
+            hp[c] = (float)(c % 5) - 2.0f + 0.25f * q;
+            hp[C + c] = 0.5f + q;
+        }
+        for (int k = 0; k < 2; k++)
+            CHECK_OK(gp_dev_upload(D2[k], pend.p[k] + q * 2 * C, hp, 2 * C));
+    }
+    w0 = gp_dev_host_waits(D2[1]);
+    uint64_t l0 = gp_dev_launches(D2[1]);
+    for (int K = 0; K < 2; K++) {
+        gp_bn_commit_part part = {.c = C, .rmean = rm.p[K], .rvar = rv.p[K],
+                                  .mean_acc = (double *)acc.p[K],
+                                  .m2_acc = (double *)acc.p[K] + C, .momentum = 0.1,
+                                  .count = 137, .pend = pend.p[K], .n_pend = 3, .n_hi = 2,
+                                  .na = 0, .nb_hi = 64, .nb_lo = 9};
+        CHECK_OK(gp_dev_bn_commit_part(D2[K], &part));
+    }
+    CHECK(gp_dev_host_waits(D2[1]) == w0 && gp_dev_launches(D2[1]) - l0 == 1);
+    bcheck("bn_commit_multi's pending slots: running mean", &rm, 1e-7);
+    bcheck("bn_commit_multi's pending slots: running var", &rv, 1e-7);
+    bcheck("bn_commit_multi's pending slots: the accumulator zeroed", &acc, 0);
+    bfree(&pend);
     /* the losses into device memory: as the host-returning slots */
     const int64_t rows = 67, cols = 13;
     buf x = brand(rows * cols, -4, 4), dl = bjunk(rows * cols), lab = bnew(rows);

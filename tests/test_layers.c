@@ -1255,6 +1255,88 @@ static void test_bn_stats(gp_device *dev)
     gp_layer_destroy(&r);
 }
 
+/* A step's micro-batch statistics kept in the norm's slots (ctx->step_micro)
+ * and merged by the commit in one launch, against the same micro-batches
+ * merged one launch each (step_micro 0): the running statistics bitwise
+ * equal, with no merge launch in the slots' forwards; the saved mean and
+ * var are views of the slot (a recompute computes the slot again, the same
+ * bits, and allocates nothing), and the backward over them gives the
+ * merged run's dx.  Cases: micro-batches of 3, 2, 2 (the split's two runs
+ * of counts); 2, 3, 2 (not two runs: the commit merges slot by slot);
+ * three forwards for two slots (the third merged at once, after the two
+ * kept: forward order); and a second
+ * step with more micro-batches than the first (the slots grow). */
+static void test_bn_slots(gp_device *dev)
+{
+    hrng rng = {29};
+    gp_layer_spec sp = spec_of(GP_LAYER_BATCHNORM);
+    sp.momentum = 0.2f;
+    enum { N = 7, C = 3, S = 6 };
+    gp_shape in = gp_shape_4d(N, C, 2, 3);
+    float xh[N * C * S];
+    for (int i = 0; i < N * C * S; i++) xh[i] = 1.5f + 2.0f * hrng_sym(&rng);
+    gp_tensor x = gpt_upload(dev, &in, xh);
+    gp_layer a, b;
+    CHECK_OK(gp_layer_create(&sp, 0, &in, dev, 1, &a));
+    CHECK_OK(gp_layer_create(&sp, 0, &in, dev, 1, &b));
+    int rm = param_index(&a, "running_mean"), rv = param_index(&a, "running_var");
+    CHECK(rm >= 0 && rv >= 0);
+    if (rm < 0 || rv < 0) return;
+    const int64_t splits[4][4] = {{3, 2, 2, 0}, {2, 3, 2, 0}, {3, 2, 2, 0}, {2, 2, 2, 1}};
+    const int micro[4] = {3, 3, 2, 4}; /* step_micro of the slots' run */
+    for (int k = 0; k < 4; k++) {
+        int64_t off = 0;
+        for (int i = 0; i < 4 && splits[k][i] > 0; off += splits[k][i], i++) {
+            gp_tensor xs = gp_tensor_slice(&x, off, splits[k][i]);
+            gp_fwd_ctx ctx = train_ctx();
+            ctx.batch_total = N;
+            ctx.sample_offset = off;
+            gp_tensor ya = {0}, yb = {0}, yr = {0}, dxa = {0}, dxb = {0};
+            gp_saved sa = {0}, sb = {0}, sr = {0};
+            ctx.step_micro = micro[k];
+            uint64_t l0 = gp_dev_launches(dev);
+            CHECK_OK(gp_layer_forward(&a, &ctx, &xs, &ya, &sa));
+            uint64_t la = gp_dev_launches(dev) - l0;
+            bool slotted = i < micro[k];
+            CHECK_MSG(slotted == !sa.t[0].owned &&
+                          gp_saved_bytes(&sa) == (slotted ? 0 : 2 * C * sizeof(float)),
+                      "case %d, micro-batch %d: saved statistics %s, %zu bytes", k, i,
+                      sa.t[0].owned ? "owned" : "a view", gp_saved_bytes(&sa));
+            ctx.recompute = true;
+            CHECK_OK(gp_layer_forward(&a, &ctx, &xs, &yr, &sr));
+            CHECK(slotted == !sr.t[0].owned);
+            CHECK(gpt_same_tensor(&ya, &yr));
+            ctx.recompute = false;
+            ctx.step_micro = 0;
+            l0 = gp_dev_launches(dev);
+            CHECK_OK(gp_layer_forward(&b, &ctx, &xs, &yb, &sb));
+            uint64_t lb = gp_dev_launches(dev) - l0;
+            /* a slot: no merge; the first forward past them merges the
+             * kept slots too */
+            uint64_t want = slotted ? lb - 1 : lb + (i == micro[k] ? (uint64_t)micro[k] : 0);
+            CHECK_MSG(la == want, "case %d, micro-batch %d: %llu launches with slots, %llu "
+                      "merging", k, i, (unsigned long long)la, (unsigned long long)lb);
+            CHECK(gpt_same_tensor(&ya, &yb));
+            CHECK_OK(gp_layer_backward(&a, &ctx, &xs, &ya, &ya, &dxa, &sr)); /* dy = y */
+            CHECK_OK(gp_layer_backward(&b, &ctx, &xs, &yb, &yb, &dxb, &sb));
+            CHECK(gpt_same_tensor(&dxa, &dxb));
+            gp_tensor_free(&ya); gp_tensor_free(&yb); gp_tensor_free(&yr);
+            gp_tensor_free(&dxa); gp_tensor_free(&dxb);
+            gp_saved_free(&sa); gp_saved_free(&sb); gp_saved_free(&sr);
+        }
+        CHECK(gp_batchnorm_pending_count(&a) == N * S && gp_batchnorm_pending_count(&b) == N * S);
+        CHECK_OK(a.ops->commit(&a));
+        CHECK_OK(b.ops->commit(&b));
+        CHECK(gp_batchnorm_pending_count(&a) == 0);
+        CHECK_MSG(gpt_same_tensor(&a.params[rm].value, &b.params[rm].value) &&
+                      gpt_same_tensor(&a.params[rv].value, &b.params[rv].value),
+                  "case %d: the slots' running statistics differ from the merged ones", k);
+    }
+    gp_tensor_free(&x);
+    gp_layer_destroy(&a);
+    gp_layer_destroy(&b);
+}
+
 /* ---- cross-entropy --------------------------------------------------------- */
 
 static void test_cross_entropy(gp_device *dev)
@@ -2057,6 +2139,7 @@ int main(void)
     test_all_layers(dev);
     test_dropout(dev);
     test_bn_stats(dev);
+    test_bn_slots(dev);
     test_cross_entropy(dev);
     test_counts(dev);
     test_errors(dev);

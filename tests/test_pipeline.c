@@ -652,13 +652,34 @@ static void bf16_conversions(void)
         }
 }
 
+/* bn_merge calls, counted (the workers' threads call it). */
+static gp_status (*real_bn_merge)(gp_device *, int64_t, double *, double *, double, double,
+                                  const float *, const float *);
+static uint64_t bn_merges;
+static gp_status counted_bn_merge(gp_device *dev, int64_t c, double *mean_acc, double *m2_acc,
+                                  double na, double nb, const float *mean, const float *var)
+{
+    __atomic_fetch_add(&bn_merges, 1, __ATOMIC_RELAXED);
+    return real_bn_merge(dev, c, mean_acc, m2_acc, na, nb, mean, var);
+}
+
 /* A step's batch-norm commits are one device call per stage device
  * (gp_layers_commit, bn_commit_multi: one launch on a GPU), not one per
- * norm: the convnet's norms on 2 devices, the pipeline and the one-device
- * step, m = 1 and 4; the running statistics those calls leave are the
- * one-device run's (transparency compares every buffer). */
+ * norm, and its micro-batches' statistics are merged in that call, not
+ * one bn_merge per norm and micro-batch: the convnet's norms on 2
+ * devices, the pipeline and the one-device step, m = 1 and 4; the running
+ * statistics those calls leave are the one-device run's (transparency
+ * compares every buffer). */
 static void bn_commit_calls(void)
 {
+    const gp_device_iface *was[2] = {devs[0]->iface, devs[1]->iface};
+    gp_device_iface counting[2] = {*was[0], *was[1]};
+    real_bn_merge = was[0]->bn_merge;
+    CHECK(real_bn_merge && was[1]->bn_merge == real_bn_merge);
+    for (int d = 0; d < 2; d++) {
+        counting[d].bn_merge = counted_bn_merge;
+        devs[d]->iface = &counting[d];
+    }
     for (int m = 1; m <= 4; m += 3) {
         gp_config c = make_cfg(true);
         c.pipeline.chunks = m;
@@ -690,9 +711,13 @@ static void bn_commit_calls(void)
                       "calls for its %d norms, want %d", m, d, (unsigned long long)calls, on[d],
                       on[d] ? 1 : 0);
         }
+        CHECK_MSG(__atomic_load_n(&bn_merges, __ATOMIC_RELAXED) == 0,
+                  "m = %d: %llu bn_merge calls for %d norms; their statistics merge in the "
+                  "commit", m, (unsigned long long)bn_merges, norms);
         gp_model_free(&one);
         gp_model_free(&pip);
     }
+    for (int d = 0; d < 2; d++) devs[d]->iface = was[d];
 }
 
 /* bf16 copies hold what a checkpointed forward keeps for its recompute (the

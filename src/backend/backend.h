@@ -167,8 +167,10 @@
  *  47  attn_fwd, attn_bwd, attn_fwd_bf16, attn_bwd_bf16 take kv_heads
  *      (grouped-query attention: x (b, t, c + 2 kv_heads d))
  *  48  attn_cached (attention of new positions against a KV cache:
- *      sampling one token at a time) */
-#define GP_DEVICE_IFACE_VERSION 48
+ *      sampling one token at a time)
+ *  49  gp_bn_commit_part.pend (a step's micro-batch statistics merged by
+ *      bn_commit_multi in the commit's launch, not one bn_merge each) */
+#define GP_DEVICE_IFACE_VERSION 49
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -1124,10 +1126,13 @@ typedef struct gp_device_iface {
     gp_status (*linear_bwd_weights)(gp_device *dev, gp_dtype dt, int64_t n, int64_t out,
                                     int64_t in, const void *dy, const void *x, float *dw,
                                     float *db, bool fresh);
-    /* bn_commit_multi: bn_commit of each of n parts (n >= 1; the parts'
-     * tensors do not overlap), in one launch on a GPU: a stage's batch
-     * norms commit their step's statistics together (gp_dev_bn_commit_end).
-     * NULL: bn_commit once per part. */
+    /* bn_commit_multi: each of n parts (n >= 1; the parts' tensors do not
+     * overlap) first merges its pending micro-batch statistics into its
+     * accumulator (gp_ew_bn_fold: bn_merge of each slot in order, in
+     * double) and then commits (bn_commit), in one launch on a GPU: a
+     * stage's batch norms merge and commit their step's statistics
+     * together (gp_dev_bn_commit_end).  NULL: bn_merge once per pending
+     * slot and bn_commit once per part. */
     gp_status (*bn_commit_multi)(gp_device *dev, const struct gp_bn_commit_part *parts, int n);
     /* zero_many: xs[t][0 .. ns[t]) = 0 for t < count (count <=
      * GP_NONFINITE_BATCH, ns[t] >= 1, the tensors apart), in one launch on a
@@ -1530,13 +1535,24 @@ gp_status gp_dev_bn_merge(gp_device *dev, int64_t c, double *mean_acc, double *m
                           double na, double nb, const float *mean, const float *var);
 gp_status gp_dev_bn_commit(gp_device *dev, int64_t c, float *rmean, float *rvar,
                            double *mean_acc, double *m2_acc, double momentum, double count);
-/* One batch norm's commit: bn_commit's arguments. */
+/* One batch norm's commit: bn_commit's arguments, and the statistics of
+ * the step's micro-batches not merged yet (n_pend >= 0 slots at pend, on
+ * the device: slot i is 2c floats, the micro-batch's means and then its
+ * biased variances, of nb_hi values per channel for i < n_hi and nb_lo
+ * after), which the commit merges into the accumulator of na values
+ * first, in slot order; count = na + the slots' values. */
 typedef struct gp_bn_commit_part {
     int64_t c;
     float *rmean, *rvar;
     double *mean_acc, *m2_acc;
     double momentum, count;
+    const float *pend;
+    int n_pend, n_hi;
+    double na, nb_hi, nb_lo;
 } gp_bn_commit_part;
+/* gp_dev_bn_commit of a part with pending slots (checked: counts that add
+ * up, c > 0); gp_dev_bn_commit is this with none. */
+gp_status gp_dev_bn_commit_part(gp_device *dev, const gp_bn_commit_part *p);
 /* Between begin and end, gp_dev_bn_commit checks its arguments and holds
  * the commit; end issues the held ones together (bn_commit_multi: one
  * launch on a GPU, in the order they came; their tensors are distinct

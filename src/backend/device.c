@@ -682,32 +682,53 @@ gp_status gp_dev_bn_merge(gp_device *dev, int64_t c, double *mean_acc, double *m
     return s;
 }
 
-/* One commit as the device's slot runs it (or on the host without one). */
-static gp_status bn_commit_now(gp_device *dev, int64_t c, float *rmean, float *rvar,
-                               double *mean_acc, double *m2_acc, double momentum, double count)
+/* One commit as the device's slots run it (or on the host without them):
+ * its pending slots merged and the running statistics updated, in one
+ * bn_commit_multi call where the backend has one, else a bn_merge per
+ * slot and a bn_commit. */
+static gp_status bn_commit_now(gp_device *dev, const gp_bn_commit_part *p)
 {
+    if (p->n_pend > 0 && dev->iface->bn_commit_multi) {
+        dev->bn_commit_calls++;
+        return GP_LAUNCH(dev, bn_commit_multi)(dev, p, 1);
+    }
+    double na = p->na;
+    for (int i = 0; i < p->n_pend; i++) {
+        const float *slot = p->pend + 2 * p->c * (int64_t)i;
+        double nb = i < p->n_hi ? p->nb_hi : p->nb_lo;
+        GP_TRY(gp_dev_bn_merge(dev, p->c, p->mean_acc, p->m2_acc, na, nb, slot, slot + p->c));
+        na += nb;
+    }
     dev->bn_commit_calls++;
     if (dev->iface->bn_commit)
-        return GP_LAUNCH(dev, bn_commit)(dev, c, rmean, rvar, mean_acc, m2_acc, momentum, count);
+        return GP_LAUNCH(dev, bn_commit)(dev, p->c, p->rmean, p->rvar, p->mean_acc, p->m2_acc,
+                                         p->momentum, p->count);
     bn_host h;
-    gp_status s = bn_host_get(dev, c, mean_acc, m2_acc, rmean, rvar, &h);
+    gp_status s = bn_host_get(dev, p->c, p->mean_acc, p->m2_acc, p->rmean, p->rvar, &h);
     if (s == GP_OK) {
-        for (int64_t k = 0; k < c; k++)
-            gp_ew_bn_commit(&h.a[k], &h.b[k], &h.mean_acc[k], &h.m2_acc[k], momentum, count);
-        s = bn_host_put(dev, c, &h, mean_acc, m2_acc, rmean, rvar);
+        for (int64_t k = 0; k < p->c; k++)
+            gp_ew_bn_commit(&h.a[k], &h.b[k], &h.mean_acc[k], &h.m2_acc[k], p->momentum,
+                            p->count);
+        s = bn_host_put(dev, p->c, &h, p->mean_acc, p->m2_acc, p->rmean, p->rvar);
     }
     bn_host_free(&h);
     return s;
 }
 
-gp_status gp_dev_bn_commit(gp_device *dev, int64_t c, float *rmean, float *rvar,
-                           double *mean_acc, double *m2_acc, double momentum, double count)
+gp_status gp_dev_bn_commit_part(gp_device *dev, const gp_bn_commit_part *p)
 {
-    if (c <= 0) return GP_OK;
-    if (count < 2)
+    if (p->c <= 0) return GP_OK;
+    if (p->count < 2)
         return gp_error_set(GP_ERR_INVALID, "device %s: batch-norm statistics of %g value(s) "
-                            "per channel have no unbiased variance", dev->name, count);
-    if (!dev->bn_holding) return bn_commit_now(dev, c, rmean, rvar, mean_acc, m2_acc, momentum, count);
+                            "per channel have no unbiased variance", dev->name, p->count);
+    int n_lo = p->n_pend - p->n_hi;
+    if (p->n_pend < 0 || p->n_hi < 0 || n_lo < 0 || (p->n_pend > 0 && !p->pend) ||
+        p->na + p->n_hi * p->nb_hi + n_lo * p->nb_lo != p->count)
+        return gp_error_set(GP_ERR_INVALID, "device %s: a batch-norm commit of %g values per "
+                            "channel whose %d pending micro-batch(es) (%d of %g, %d of %g) and "
+                            "%g merged values do not add up to it", dev->name, p->count,
+                            p->n_pend, p->n_hi, p->nb_hi, n_lo, p->nb_lo, p->na);
+    if (!dev->bn_holding) return bn_commit_now(dev, p);
     if (dev->n_bn_held == dev->cap_bn_held) {
         int cap = dev->cap_bn_held ? 2 * dev->cap_bn_held : 64;
         gp_bn_commit_part *grown = realloc(dev->bn_held, (size_t)cap * sizeof *grown);
@@ -715,9 +736,16 @@ gp_status gp_dev_bn_commit(gp_device *dev, int64_t c, float *rmean, float *rvar,
         dev->bn_held = grown;
         dev->cap_bn_held = cap;
     }
-    dev->bn_held[dev->n_bn_held++] =
-        (gp_bn_commit_part){c, rmean, rvar, mean_acc, m2_acc, momentum, count};
+    dev->bn_held[dev->n_bn_held++] = *p;
     return GP_OK;
+}
+
+gp_status gp_dev_bn_commit(gp_device *dev, int64_t c, float *rmean, float *rvar,
+                           double *mean_acc, double *m2_acc, double momentum, double count)
+{
+    gp_bn_commit_part p = {.c = c, .rmean = rmean, .rvar = rvar, .mean_acc = mean_acc,
+                           .m2_acc = m2_acc, .momentum = momentum, .count = count, .na = count};
+    return gp_dev_bn_commit_part(dev, &p);
 }
 
 gp_status gp_dev_bn_commit_begin(gp_device *dev)
@@ -740,11 +768,7 @@ gp_status gp_dev_bn_commit_end(gp_device *dev)
         dev->bn_commit_calls++;
         return GP_LAUNCH(dev, bn_commit_multi)(dev, dev->bn_held, n);
     }
-    for (int i = 0; i < n; i++) {
-        const gp_bn_commit_part *p = &dev->bn_held[i];
-        GP_TRY(bn_commit_now(dev, p->c, p->rmean, p->rvar, p->mean_acc, p->m2_acc, p->momentum,
-                             p->count));
-    }
+    for (int i = 0; i < n; i++) GP_TRY(bn_commit_now(dev, &dev->bn_held[i]));
     return GP_OK;
 }
 

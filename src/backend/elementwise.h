@@ -251,6 +251,25 @@ GP_EW_FN void gp_ew_bn_merge(double *mean_acc, double *m2_acc, double na, double
     *m2_acc += (double)var * nb + delta * delta * na * nb / n;
 }
 
+/* Channel k of a step's pending micro-batch statistics merged into its
+ * accumulator of na values, in slot order, each slot as gp_ew_bn_merge
+ * would (so the bits of one merge after another): slot i at pend + 2 c i
+ * holds the micro-batch's means (c) and then its biased variances (c), of
+ * nb_hi values per channel for i < n_hi and nb_lo after (backend.h's
+ * gp_bn_commit_part.pend: the step's micro-batches in order, the larger
+ * first, as gp_microbatch_split makes them). */
+GP_EW_FN void gp_ew_bn_fold(double *mean_acc, double *m2_acc, const float *pend, int64_t c,
+                            int64_t k, int n_pend, int n_hi, double na, double nb_hi,
+                            double nb_lo)
+{
+    for (int i = 0; i < n_pend; i++) {
+        const double nb = i < n_hi ? nb_hi : nb_lo;
+        const float *slot = pend + 2 * c * (int64_t)i;
+        gp_ew_bn_merge(mean_acc, m2_acc, na, nb, slot[k], slot[c + k]);
+        na += nb;
+    }
+}
+
 /* One channel's running statistics from a step's accumulator of `count`
  * values (PyTorch: momentum m weighs the new batch; the unbiased variance),
  * in double, rounded once; the accumulator is zeroed for the next step

@@ -7,13 +7,20 @@
  *
  * Training forward normalises with the micro-batch's own statistics (the
  * pipeline cannot wait for the whole mini-batch) and saves them for
- * backward.  Unless it is a recompute, it also merges the micro-batch's
- * (count, mean, M2) into this step's accumulator (Chan's parallel merge, in
- * double, on the layer's device: gp_dev_bn_merge, so the step never waits
- * for the statistics on the host; the counts are known there without
- * reading anything).  commit() folds the accumulated mini-batch into the
- * running statistics once per step (gp_dev_bn_commit, on the device too),
- * PyTorch style:
+ * backward.  Unless it is a recompute, it keeps the micro-batch's (count,
+ * mean, M2) for the step: the statistics are computed into the next of the
+ * layer's slots (one per micro-batch of the step, ctx->step_micro, on the
+ * device; the saved mean and var are views of it) and the count on the
+ * host.  commit() merges the slots into the step's accumulator in forward
+ * order (Chan's parallel merge, in double) and folds the mini-batch into
+ * the running statistics, in one launch for all of a stage's norms
+ * (gp_dev_bn_commit_part, held by gp_layers_commit: bn_commit_multi), so
+ * the step never waits for the statistics on the host and launches
+ * nothing per norm and micro-batch for them.  A forward with no slot left
+ * (ctx->step_micro 0 or passed) merges the kept slots and its own
+ * statistics at once, one launch each (gp_dev_bn_merge), and so do the
+ * step's later forwards: the same arithmetic in the same order, so the
+ * same bits either way.  PyTorch's running statistics:
  *   running_mean = (1 - m) running_mean + m mean
  *   running_var  = (1 - m) running_var  + m M2 / (count - 1)   (unbiased)
  * so m micro-batches give the same running statistics as the whole batch.
@@ -58,6 +65,17 @@ typedef struct {
     /* On the device, 2C doubles: the running mean of this step's
      * micro-batches (C), then the sum of squared deviations from it (C). */
     double *acc;
+    /* This step's micro-batch statistics not merged yet: slots (cap_slots,
+     * 2C) on the device, n_slots filled in forward order, each a mean (C)
+     * and a biased var (C) of slot_nb[i] values per channel. */
+    gp_tensor slots;
+    int cap_slots, n_slots;
+    double *slot_nb;
+    int64_t *slot_off;      /* [cap_slots] the micro-batch's sample_offset */
+    /* A forward found no slot left this step: the kept ones were merged,
+     * and no slot is taken again until the commit (the merged slots'
+     * views may still be saved). */
+    bool slots_closed;
     double *h_acc;          /* (2C) host scratch: the data-parallel merge */
     float *h_mean, *h_var;  /* (C) host scratch for it */
     int64_t batches_tracked; /* commits so far (PyTorch num_batches_tracked) */
@@ -173,6 +191,9 @@ static void bn_destroy(gp_layer *l)
     bn_state *st = l->state;
     if (!st) return;
     if (st->acc) gp_dev_free(l->dev, st->acc, acc_bytes(st), GP_MEM_PARAMS);
+    gp_tensor_free(&st->slots);
+    free(st->slot_nb);
+    free(st->slot_off);
     free(st->h_acc);
     free(st->h_mean);
     free(st->h_var);
@@ -193,6 +214,66 @@ static gp_status merge_acc(gp_layer *l, int64_t nb, const float *mean, const flo
     GP_TRY(gp_dev_bn_merge(l->dev, st->c, st->acc, st->acc + st->c, (double)st->acc_count,
                            (double)nb, mean, var));
     st->acc_count += nb;
+    return GP_OK;
+}
+
+/* The slot for this forward's statistics (*slot; -1: none, merge at once,
+ * or for a recompute, allocate).  At the step's first forward the slots
+ * are sized to its micro-batches (they stay between steps; nothing views
+ * them then).  A recompute takes its forward's slot (the micro-batch's
+ * sample_offset), whose statistics it computes again, the same bits. */
+static gp_status slot_take(gp_layer *l, const gp_fwd_ctx *ctx, int *slot)
+{
+    bn_state *st = l->state;
+    *slot = -1;
+    if (ctx->recompute) {
+        for (int q = 0; q < st->n_slots; q++)
+            if (st->slot_off[q] == ctx->sample_offset) *slot = q;
+        return GP_OK;
+    }
+    if (st->slots_closed) return GP_OK;
+    if (st->n_slots == 0 && ctx->step_micro > st->cap_slots) {
+        gp_tensor_free(&st->slots);
+        st->cap_slots = 0;
+        double *nb = realloc(st->slot_nb, (size_t)ctx->step_micro * sizeof *nb);
+        if (nb) st->slot_nb = nb;
+        int64_t *off = realloc(st->slot_off, (size_t)ctx->step_micro * sizeof *off);
+        if (off) st->slot_off = off;
+        if (!nb || !off)
+            return gp_error_set(GP_ERR_OOM, "out of host memory for batch-norm statistics");
+        /* counted with the parameters, as the accumulator: the layer's
+         * state between steps */
+        gp_shape ss = {2, {ctx->step_micro, 2 * st->c, 0, 0}};
+        GP_TRY(gp_tensor_alloc(&st->slots, l->dev, &ss, GP_MEM_PARAMS));
+        st->cap_slots = ctx->step_micro;
+    }
+    if (st->n_slots < st->cap_slots && st->n_slots < ctx->step_micro) *slot = st->n_slots;
+    return GP_OK;
+}
+
+/* Views of slot q: its mean (C) and biased var (C). */
+static void slot_views(const bn_state *st, int q, gp_tensor *mean, gp_tensor *var)
+{
+    gp_shape cs = {1, {st->c, 0, 0, 0}}, two = {2, {2, st->c, 0, 0}};
+    gp_tensor row = gp_tensor_slice(&st->slots, q, 1);
+    gp_tensor pair = gp_tensor_reshape(&row, &two);
+    gp_tensor m = gp_tensor_slice(&pair, 0, 1), v = gp_tensor_slice(&pair, 1, 1);
+    *mean = gp_tensor_reshape(&m, &cs);
+    *var = gp_tensor_reshape(&v, &cs);
+}
+
+/* The slots' statistics merged into the accumulator now, one launch each
+ * (before the data-parallel exchange of the accumulators, or where their
+ * counts are not the two runs a commit part describes). */
+static gp_status slots_merge(gp_layer *l)
+{
+    bn_state *st = l->state;
+    for (int q = 0; q < st->n_slots; q++) {
+        gp_tensor mean, var;
+        slot_views(st, q, &mean, &var);
+        GP_TRY(merge_acc(l, (int64_t)st->slot_nb[q], gp_f32(&mean), gp_f32(&var)));
+    }
+    st->n_slots = 0;
     return GP_OK;
 }
 
@@ -447,12 +528,27 @@ static gp_status bn_forward(gp_layer *l, const gp_fwd_ctx *ctx, const gp_tensor 
                                    "but this micro-batch has %lld sample(s) of %lld value(s) per "
                                    "channel; use fewer pipeline.chunks or a larger batch",
                                    (long long)d.n, (long long)d.s);
-    gp_shape cs = {1, {d.c, 0, 0, 0}};
-    GP_TRY(gp_layers_saved_alloc(s, 0, dev, &cs));
-    GP_TRY(gp_layers_saved_alloc(s, 1, dev, &cs));
+    bn_state *st = l->state;
+    int slot;
+    GP_TRY(slot_take(l, ctx, &slot));
+    if (slot >= 0) {
+        slot_views(st, slot, &s->t[0], &s->t[1]);
+    } else {
+        gp_shape cs = {1, {d.c, 0, 0, 0}};
+        GP_TRY(gp_layers_saved_alloc(s, 0, dev, &cs));
+        GP_TRY(gp_layers_saved_alloc(s, 1, dev, &cs));
+    }
     GP_TRY(fwd_train(dev, &d, x, gamma, beta, y, gp_f32(&s->t[0]), gp_f32(&s->t[1])));
-    if (ctx->recompute) return GP_OK; /* statistics were merged the first time */
-    return merge_acc(l, d.n * d.s, gp_f32(&s->t[0]), gp_f32(&s->t[1]));
+    if (ctx->recompute) return GP_OK; /* the statistics were kept the first time */
+    if (slot < 0) { /* after the kept ones, so in forward order */
+        GP_TRY(slots_merge(l));
+        st->slots_closed = true;
+        return merge_acc(l, d.n * d.s, gp_f32(&s->t[0]), gp_f32(&s->t[1]));
+    }
+    st->slot_nb[slot] = (double)(d.n * d.s);
+    st->slot_off[slot] = ctx->sample_offset;
+    st->n_slots++;
+    return GP_OK;
 }
 
 static gp_status bn_backward_all(gp_layer *l, const gp_tensor *x, const gp_tensor *dy,
@@ -500,18 +596,50 @@ static gp_status bn_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx, const g
     return st;
 }
 
+/* The values per channel kept in the slots (the two runs of a commit
+ * part: n_hi slots of nb_hi, then nb_lo; false where they are not). */
+static bool slot_runs(const bn_state *st, int *n_hi, double *nb_hi, double *nb_lo,
+                      double *total)
+{
+    int n = st->n_slots, k = 0;
+    *total = 0;
+    for (int q = 0; q < n; q++) *total += st->slot_nb[q];
+    *nb_hi = n ? st->slot_nb[0] : 0;
+    while (k < n && st->slot_nb[k] == *nb_hi) k++;
+    *n_hi = k;
+    *nb_lo = k < n ? st->slot_nb[k] : 0;
+    for (int q = k; q < n; q++)
+        if (st->slot_nb[q] != *nb_lo) return false;
+    return true;
+}
+
 static gp_status bn_commit(gp_layer *l)
 {
     bn_state *st = l->state;
-    if (st->acc_count == 0) return GP_OK; /* no training forward this step */
-    GP_ASSERT(st->acc_count >= 2);
-    /* on the device: the running statistics, and the accumulator zeroed */
-    GP_TRY(gp_dev_bn_commit(l->dev, st->c, gp_f32(&l->params[P_RMEAN].value),
-                            gp_f32(&l->params[P_RVAR].value), st->acc, st->acc + st->c,
-                            (double)l->spec.momentum, (double)st->acc_count));
+    int n_hi;
+    double nb_hi, nb_lo, kept;
+    if (!slot_runs(st, &n_hi, &nb_hi, &nb_lo, &kept)) {
+        GP_TRY(slots_merge(l));
+        n_hi = 0;
+        kept = nb_hi = nb_lo = 0;
+    }
+    if (st->acc_count == 0 && st->n_slots == 0) return GP_OK; /* no training forward */
+    double count = (double)st->acc_count + kept;
+    GP_ASSERT(count >= 2);
+    /* on the device: the slots merged, the running statistics, and the
+     * accumulator zeroed */
+    gp_bn_commit_part p = {.c = st->c, .rmean = gp_f32(&l->params[P_RMEAN].value),
+                           .rvar = gp_f32(&l->params[P_RVAR].value), .mean_acc = st->acc,
+                           .m2_acc = st->acc + st->c, .momentum = (double)l->spec.momentum,
+                           .count = count, .pend = st->n_slots ? gp_f32(&st->slots) : NULL,
+                           .n_pend = st->n_slots, .n_hi = n_hi, .na = (double)st->acc_count,
+                           .nb_hi = nb_hi, .nb_lo = nb_lo};
+    GP_TRY(gp_dev_bn_commit_part(l->dev, &p));
     st->batches_tracked++;
     st->n_sync = 0;
     st->acc_count = 0;
+    st->n_slots = 0;
+    st->slots_closed = false;
     return GP_OK;
 }
 
@@ -522,10 +650,12 @@ static gp_status bn_commit(gp_layer *l)
 static void bn_discard(gp_layer *l)
 {
     bn_state *st = l->state;
-    if (!st || (st->acc_count == 0 && st->n_sync == 0)) return;
+    if (!st || (st->acc_count == 0 && st->n_sync == 0 && st->n_slots == 0)) return;
     if (zero_acc(l) != GP_OK) gp_error_clear();
     st->acc_count = 0;
     st->n_sync = 0;
+    st->n_slots = 0;
+    st->slots_closed = false;
 }
 
 /* Data parallelism without sync: every replica merges all replicas'
@@ -538,6 +668,7 @@ static gp_status bn_allreduce_stats(gp_layer *l, gp_comm *comm)
     int rank = gp_comm_rank(comm, l->dev);
     if (l->spec.sync || !comm || comm->n < 2) return GP_OK;
     GP_ASSERT(rank >= 0);
+    GP_TRY(slots_merge(l)); /* the exchange reads the accumulator */
     gp_device *dev = l->dev;
     int64_t C = st->c, K = 1 + 2 * C, nf = (int64_t)(acc_bytes(st) / sizeof(float));
     double *mean = st->h_acc, *m2 = st->h_acc + C;
@@ -575,7 +706,10 @@ int64_t *gp_batchnorm_counter(gp_layer *l)
 int64_t gp_batchnorm_pending_count(const gp_layer *l)
 {
     GP_ASSERT(l->spec.type == GP_LAYER_BATCHNORM && l->state);
-    return ((const bn_state *)l->state)->acc_count;
+    const bn_state *st = l->state;
+    double kept = 0;
+    for (int q = 0; q < st->n_slots; q++) kept += st->slot_nb[q];
+    return st->acc_count + (int64_t)kept;
 }
 
 static double bn_flops(const gp_layer *l, int64_t n)

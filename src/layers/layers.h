@@ -27,11 +27,12 @@
  * recomputation, draws the very same mask.
  *
  * Batch-norm running statistics are not touched in forward: training forward
- * (recompute excluded) merges the micro-batch's (count, mean, M2) into a
- * per-step accumulator, and commit() folds the whole mini-batch into the
- * running statistics once per step.  With `sync: true` and a communicator in
- * the context, the micro-batch's statistics are first merged over the
- * replicas (SyncBN, batchnorm.c).
+ * (recompute excluded) keeps the micro-batch's (count, mean, M2) for the
+ * step (ctx->step_micro of them; past that, or unknown, merged into a
+ * per-step accumulator at once), and commit() merges them and folds the
+ * whole mini-batch into the running statistics once per step.  With
+ * `sync: true` and a communicator in the context, the micro-batch's
+ * statistics are first merged over the replicas (SyncBN, batchnorm.c).
  *
  * Owns: the layer interface, every layer and its parameters, the losses.
  * May call: core and backend (through the gp_dev_* wrappers only).  Knows
@@ -252,6 +253,10 @@ typedef struct gp_fwd_ctx {
     uint64_t step;         /* optimizer step (0-based) */
     int64_t sample_offset; /* first sample of this micro-batch in the batch */
     int64_t batch_total;   /* samples in the whole mini-batch */
+    /* How many micro-batches this step runs forward (0: not known): batch
+     * norm keeps that many micro-batches' statistics to merge them at the
+     * commit, in one launch with it, instead of one merge launch each. */
+    int step_micro;
     /* Data parallelism: the communicator over the devices that run this
      * same layer in the other replicas (NULL or n == 1: none), and this
      * device's rank in it.  Synchronised batch norm reduces its statistics

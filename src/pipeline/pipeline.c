@@ -940,7 +940,8 @@ static gp_fwd_ctx mb_ctx(const gp_pipeline *p, int i, int j)
 {
     return (gp_fwd_ctx){.training = true, .seed = p->seed, .step = p->step,
                         .sample_offset = p->sample_base + p->offsets[i],
-                        .batch_total = p->batch_total, .comm = p->comms[j], .rank = p->rank};
+                        .batch_total = p->batch_total, .step_micro = p->m,
+                        .comm = p->comms[j], .rank = p->rank};
 }
 
 /* ---- uploads and the step's results: no host wait inside a step ---------- */

@@ -742,7 +742,7 @@ gp_status gp_model_train_step(gp_model *m, const gp_config *cfg, const float *x,
         s = gp_stash_init(&mbs[i], L, &m->skips, 0);
         if (s == GP_OK) s = upload_chunk(m, x, y, first, sizes[i], &mbs[i].in, &labels);
         gp_fwd_ctx ctx = {.training = true, .seed = cfg->train.seed, .step = (uint64_t)m->step,
-                          .sample_offset = first, .batch_total = n};
+                          .sample_offset = first, .batch_total = n, .step_micro = chunks};
         gp_loss_out lo = {0};
         if (s == GP_OK) s = gp_ckpt_forward(m->layers, &ctx, GP_FWD_KEEP, &mbs[i], &bad);
         if (s == GP_OK)

@@ -652,9 +652,14 @@ gp_status gp_cpu_bn_merge(gp_device *dev, int64_t c, double *mean_acc, double *m
 
 gp_status gp_cpu_bn_commit_multi(gp_device *dev, const gp_bn_commit_part *parts, int n)
 {
-    for (int i = 0; i < n; i++)
-        GP_TRY(gp_cpu_bn_commit(dev, parts[i].c, parts[i].rmean, parts[i].rvar, parts[i].mean_acc,
-                                parts[i].m2_acc, parts[i].momentum, parts[i].count));
+    for (int i = 0; i < n; i++) {
+        const gp_bn_commit_part *p = &parts[i];
+        for (int64_t k = 0; k < p->c; k++)
+            gp_ew_bn_fold(&p->mean_acc[k], &p->m2_acc[k], p->pend, p->c, k, p->n_pend, p->n_hi,
+                          p->na, p->nb_hi, p->nb_lo);
+        GP_TRY(gp_cpu_bn_commit(dev, p->c, p->rmean, p->rvar, p->mean_acc, p->m2_acc,
+                                p->momentum, p->count));
+    }
     return GP_OK;
 }
 

@@ -1086,8 +1086,10 @@ static gp_status cuda_bn_commit_multi(gp_device *dev, const gp_bn_commit_part *p
         int k = n - at < GP_CUK_BN_COMMIT_MAX ? n - at : GP_CUK_BN_COMMIT_MAX;
         for (int i = 0; i < k; i++) {
             const gp_bn_commit_part *p = &parts[at + i];
-            t[i] = (gp_cuk_bn_commit_part){p->c, p->rmean, p->rvar, p->mean_acc, p->m2_acc,
-                                           p->momentum, p->count};
+            t[i] = (gp_cuk_bn_commit_part){p->c,        p->rmean,  p->rvar,  p->mean_acc,
+                                           p->m2_acc,   p->momentum, p->count, p->pend,
+                                           p->n_pend,   p->n_hi,   p->na,    p->nb_hi,
+                                           p->nb_lo};
         }
         GP_CUDA(gp_cuk_bn_commit_multi(gp_cuda_ctx_of(dev)->compute, t, k));
     }

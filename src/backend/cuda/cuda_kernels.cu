@@ -1811,17 +1811,23 @@ cudaError_t gp_cuk_bn_commit(cudaStream_t s, float *rmean, float *rvar, double *
 
 namespace {
 /* Up to GP_CUK_BN_COMMIT_MAX commits in one launch: the table travels in
- * the kernel's parameters (48 bytes a norm); blockIdx.y picks the norm. */
+ * the kernel's parameters (96 bytes a norm); blockIdx.y picks the norm, a
+ * thread a channel: its pending micro-batches merged in order, then the
+ * commit. */
 struct bn_commit_table {
     gp_cuk_bn_commit_part p[GP_CUK_BN_COMMIT_MAX];
 };
+static_assert(sizeof(bn_commit_table) <= 4096, "a kernel's parameters hold at most 4 KiB");
 __global__ void k_bn_commit_multi(bn_commit_table t)
 {
     const gp_cuk_bn_commit_part &q = t.p[blockIdx.y];
     for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < q.c;
-         k += (int64_t)blockDim.x * gridDim.x)
+         k += (int64_t)blockDim.x * gridDim.x) {
+        gp_ew_bn_fold(&q.mean_acc[k], &q.m2_acc[k], q.pend, q.c, k, q.n_pend, q.n_hi, q.na,
+                      q.nb_hi, q.nb_lo);
         gp_ew_bn_commit(&q.rmean[k], &q.rvar[k], &q.mean_acc[k], &q.m2_acc[k], q.momentum,
                         q.count);
+    }
 }
 } /* namespace */
 

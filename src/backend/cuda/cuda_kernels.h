@@ -170,14 +170,18 @@ cudaError_t gp_cuk_zero_many(cudaStream_t s, const gp_cuk_tensor_table *t);
  * (elementwise.h's gp_ew_bn_merge, gp_ew_bn_commit). */
 cudaError_t gp_cuk_bn_merge(cudaStream_t s, double *mean_acc, double *m2_acc, double na,
                             double nb, const float *mean, const float *var, int64_t c);
-/* bn_commit_multi: each of n <= GP_CUK_BN_COMMIT_MAX parts' gp_ew_bn_commit
- * in one launch (its table in the kernel's parameters: 3 KiB of the 4). */
-#define GP_CUK_BN_COMMIT_MAX 64
+/* bn_commit_multi: each of n <= GP_CUK_BN_COMMIT_MAX parts' pending slots
+ * merged (gp_ew_bn_fold) and its gp_ew_bn_commit, in one launch (its table
+ * in the kernel's parameters: 96 bytes a part, 3.75 KiB of the 4). */
+#define GP_CUK_BN_COMMIT_MAX 40
 typedef struct gp_cuk_bn_commit_part {
     int64_t c;
     float *rmean, *rvar;
     double *mean_acc, *m2_acc;
     double momentum, count;
+    const float *pend;
+    int n_pend, n_hi;
+    double na, nb_hi, nb_lo;
 } gp_cuk_bn_commit_part;
 cudaError_t gp_cuk_bn_commit_multi(cudaStream_t s, const gp_cuk_bn_commit_part *parts, int n);
 cudaError_t gp_cuk_bn_commit(cudaStream_t s, float *rmean, float *rvar, double *mean_acc,
