@@ -4,6 +4,7 @@ batches and precisions of issue 15's table, as the peer of gpipe's
 numbers from bench/gpu_bars.sh in the same visit to the same GPU.
 
   python3 bench/bench_gpu_peer.py [--device cuda:0] [--steps 12]
+                                  [--layouts nchw,channels_last] [--compile]
                                   [--gpipe FILE] [CONFIG:BATCH ...]
 
 For each config and batch (default: bench/mlp.yaml 256 and 2048,
@@ -21,6 +22,15 @@ True, SGD momentum 0.9, the batch copied from pinned host memory each step
 (non_blocking), zero_grad(set_to_none=True), forward, cross-entropy,
 backward, step, and the loss read each step (gpipe reads its once per
 step too).  Median of --steps after 3 warm-ups, in ms.
+
+--layouts: the memory formats PyTorch is timed in, each a column:
+`nchw` (PyTorch's default) and `channels_last` (model and batch in
+torch.channels_last: cuDNN's tensor-core convolutions without their
+transposes, what a user who cares about speed sets).  The ratio takes
+the faster of them (issue 67's bars), and the peak memory is that run's.
+A 2-D input (the mlp) has one layout.  --compile: torch.compile's model
+(default mode) in the faster layout, a column beside them (not a bar);
+its compilation runs in the warm-ups.
 
 --gpipe FILE: lines "CONFIG BATCH PRECISION MS [PEAK_BYTES]" (gpu_bars.sh
 writes them) add gpipe's column and the ratio PyTorch / gpipe (above 1:
@@ -350,7 +360,7 @@ def batch_targets(cfg, model, x, classes, device="cpu"):
     return torch.randint(0, classes, (x.shape[0],)), torch.nn.CrossEntropyLoss()
 
 
-def step_ms(cfg, batch, precision, device, steps, profile=0):
+def step_ms(cfg, batch, precision, device, steps, profile=0, layout="nchw", compiled=False):
     import contextlib
     import torch
     cuda = device.startswith("cuda")
@@ -365,6 +375,11 @@ def step_ms(cfg, batch, precision, device, steps, profile=0):
     sgd = torch.optim.SGD(model.parameters(), lr=opt.get("lr", 0.01), momentum=0.9)
     hx = torch.rand([batch] + list(cfg["model"]["input"]))
     hy, loss_fn = batch_targets(cfg, model, hx, classes, device)
+    if layout == "channels_last":
+        model = model.to(memory_format=torch.channels_last)
+        hx = hx.contiguous(memory_format=torch.channels_last)
+    if compiled:
+        model = torch.compile(model)
     if cuda:
         hx, hy = hx.pin_memory(), hy.pin_memory()
     amp = (torch.autocast(device.split(":")[0], dtype=torch.bfloat16) if precision == "bf16"
@@ -418,7 +433,15 @@ def main():
     ap.add_argument("--gpipe", help="gpipe's times: lines CONFIG BATCH PRECISION MS")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="after timing, N more steps under torch.profiler: its kernel table")
+    ap.add_argument("--layouts", default="nchw,channels_last",
+                    help="PyTorch's memory formats, each timed (nchw, channels_last)")
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile's step too, in the faster layout (a column, no bar)")
     args = ap.parse_args()
+    layouts = [x for x in args.layouts.split(",") if x]
+    bad = [x for x in layouts if x not in ("nchw", "channels_last")]
+    if bad or not layouts:
+        ap.error("--layouts: nchw and/or channels_last, not %r" % args.layouts)
     import torch
     gp = {}
     if args.gpipe and os.path.exists(args.gpipe):
@@ -432,18 +455,37 @@ def main():
     print("PyTorch %s on %s (%s); cudnn.benchmark; median of %d steps"
           % (torch.__version__, args.device, name, args.steps))
     print()
-    print("| model, batch | precision | PyTorch ms | gpipe ms | PyTorch / gpipe "
-          "| peak GB PyTorch | peak GB gpipe |")
-    print("|---|---|---|---|---|---|---|")
+    print("| model, batch | precision | " + " | ".join("PyTorch %s ms" % x for x in layouts) +
+          (" | torch.compile ms" if args.compile else "") +
+          " | gpipe ms | PyTorch (faster) / gpipe | peak GB PyTorch (faster) | peak GB gpipe |")
+    print("|---|---|" + "---|" * (len(layouts) + (1 if args.compile else 0) + 4))
     for run in args.runs or DEFAULT:
         path, batch = run.rsplit(":", 1)
         batch = int(batch)
         cfg = read_config(os.path.join(ROOT, path) if not os.path.isabs(path) else path)
+        four_d = len(cfg["model"]["input"]) == 3
         for prec in args.precisions.split(","):
-            t, peak = step_ms(cfg, batch, prec, args.device, args.steps, args.profile)
+            cols, best = [], None
+            for lay in layouts:
+                if lay == "channels_last" and not four_d:
+                    cols.append("-")
+                    continue
+                t, peak = step_ms(cfg, batch, prec, args.device, args.steps, args.profile, lay)
+                cols.append("%.2f" % t)
+                if best is None or t < best[0]:
+                    best = (t, peak, lay)
+            if args.compile:
+                try:
+                    c, _ = step_ms(cfg, batch, prec, args.device, args.steps, 0, best[2], True)
+                    cols.append("%.2f" % c)
+                except Exception as e:  # a compiler missing on the machine, say
+                    print("(torch.compile failed: %s)" % str(e).splitlines()[0][:200],
+                          file=sys.stderr)
+                    cols.append("-")
+            t, peak = best[0], best[1]
             g, gpeak = gp.get((os.path.normpath(path), batch, prec), (0.0, 0.0))
-            print("| %s, %d | %s | %.2f | %s | %s | %.2f | %s |"
-                  % (path, batch, prec, t, "%.2f" % g if g else "-",
+            print("| %s, %d | %s | %s | %s | %s | %.2f | %s |"
+                  % (path, batch, prec, " | ".join(cols), "%.2f" % g if g else "-",
                      "**%.2f**" % (t / g) if g else "-", peak / 1e9,
                      "%.2f" % (gpeak / 1e9) if gpeak else "-"))
             sys.stdout.flush()

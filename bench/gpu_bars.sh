@@ -75,7 +75,9 @@ if [ "${PARTS:-all}" = bf16 ]; then
 # issue's batches, one stage, m = 1: TF32, bf16 (activations stored in
 # bf16, train.activations: bf16, what `auto` gives on GPUs) and bf16 with FP32 activations (the
 # contract before issue 50), each with its peak device memory, and
-# PyTorch's TF32 and bf16 autocast beside them with theirs.
+# PyTorch's TF32 and bf16 autocast beside them with theirs, in NCHW and in
+# channels_last (the ratio takes the faster: issue 67), and torch.compile's
+# where PEER_COMPILE=1 (a column, not a bar; its compiles take minutes).
 echo "gpu_bars bf16: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}"
 echo "| model, batch | tf32 ms | bf16 ms | bf16 fp32-activations ms | peak GB tf32 / bf16 / bf16 fp32-act | the same after step 1 |"
 echo "|---|---|---|---|---|---|"
@@ -109,7 +111,8 @@ if [ -z "$PEER_PY" ]; then
   echo "(no PyTorch peer: neither python3 nor /usr/bin/python3 imports torch)"
 else
   "$PEER_PY" bench/bench_gpu_peer.py --device "$DEV" --steps "$STEPS" --precisions tf32,bf16 \
-    --gpipe "$OUT/gpipe-times.txt" $peer_runs 2>&1 || echo "(no PyTorch peer: bench_gpu_peer.py failed)"
+    ${PEER_COMPILE:+--compile} --gpipe "$OUT/gpipe-times.txt" $peer_runs 2>&1 ||
+    echo "(no PyTorch peer: bench_gpu_peer.py failed)"
 fi
 exit 0
 fi
