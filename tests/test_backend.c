@@ -2768,6 +2768,9 @@ static void test_bn_commit_pending(gp_device *dev)
     gp_device fake1 = *dev, fake2 = *dev;
     fake1.iface = &no_single;
     fake2.iface = &bare;
+    /* the copies hold commits in arrays of their own (freed below) */
+    fake1.bn_held = fake2.bn_held = NULL;
+    fake1.n_bn_held = fake2.n_bn_held = fake1.cap_bn_held = fake2.cap_bn_held = 0;
     gp_device *ds[3] = {dev, &fake1, &fake2};
     const double nb[P] = {8, 8, 5};
     float pend[P][2 * C], first[2 * C];
@@ -2824,6 +2827,8 @@ static void test_bn_commit_pending(gp_device *dev)
                   (unsigned long long)(d->bn_commit_calls - calls));
         CHECK(!memcmp(rm[1], rm2[1], sizeof rm[1]) && !memcmp(rv[1], rv2[1], sizeof rv[1]));
     }
+    free(fake1.bn_held);
+    free(fake2.bn_held);
 }
 
 /* The slots of a step without host waits (iface 13), each against an
