@@ -24,6 +24,7 @@
  *     the cache holds each position's k and v as they were.
  * The pipeline on two devices against one is in test_pipeline.c.
  */
+#include "backend/cpu/cpu_attention.h"
 #include "layers/layers_impl.h"
 #include "test_util.h"
 
@@ -551,6 +552,68 @@ static void cached(void)
               "past the cache's 1");
 }
 
+/* The kernels' two builds, 16-float vectors (AVX-512, where the processor
+ * has it) and 8-float ones (AVX2 and the baseline), give the same bits:
+ * forward, log-sum-exp and backward, FP32 and bf16, on head dims that fill
+ * whole vectors of either (32, 64), leave a tail (24, 10) and the grouped
+ * heads' layout, T past tiles and not a multiple of the query blocks. */
+static void widths(void)
+{
+    if (!gp_cpu_att_w16_built() || !__builtin_cpu_supports("avx512f")) {
+        printf("test_attention: no AVX-512 %s; the 16-wide kernels were not compared\n",
+               gp_cpu_att_w16_built() ? "on this processor" : "clones in this build");
+        return;
+    }
+    static const int64_t shapes[][5] = {{2, 133, 64, 2, 2}, {1, 70, 128, 2, 2},
+                                        {2, 37, 48, 2, 2},  {1, 100, 40, 4, 2}};
+    for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++)
+        for (int b16 = 0; b16 < 2; b16++) {
+            const int64_t b = shapes[k][0], t = shapes[k][1], c = shapes[k][2];
+            const int64_t hh = shapes[k][3], kv = shapes[k][4];
+            att_dims a = att_dims_of(t, hh, kv, c);
+            const int64_t nx = b * t * a.row, ny = b * t * c;
+            const size_t es = b16 ? 2 : 4;
+            float *xf = rand_vals(nx, 900 + k, 2.0f), *dyf = rand_vals(ny, 950 + k, 1.0f);
+            uint16_t *x16 = malloc((size_t)nx * 2), *dy16 = malloc((size_t)ny * 2);
+            for (int64_t q = 0; q < nx; q++) x16[q] = gp_ew_bf16_bits(xf[q]);
+            for (int64_t q = 0; q < ny; q++) dy16[q] = gp_ew_bf16_bits(dyf[q]);
+            const void *x = b16 ? (const void *)x16 : (const void *)xf;
+            const void *dy = b16 ? (const void *)dy16 : (const void *)dyf;
+            char *y[2], *dx[2];
+            float *lse[2];
+            int64_t nf = att_fwd_floats(&a, b16) > att_bwd_floats(&a, b16)
+                             ? att_fwd_floats(&a, b16) : att_bwd_floats(&a, b16);
+            float *buf = malloc((size_t)nf * sizeof *buf);
+            for (int w = 0; w < 2; w++) {
+                y[w] = calloc((size_t)ny, es);
+                dx[w] = calloc((size_t)nx, es);
+                lse[w] = calloc((size_t)(b * hh * t), sizeof(float));
+                for (int64_t bi = 0; bi < b; bi++)
+                    for (int64_t h = 0; h < hh; h++)
+                        (w ? gp_cpu_att_fwd_w16 : gp_cpu_att_fwd_w8)(&a, x, y[w], lse[w], bi, h,
+                                                                     buf, b16);
+                for (int64_t bi = 0; bi < b; bi++)
+                    for (int64_t g = 0; g < kv; g++)
+                        (w ? gp_cpu_att_bwd_w16 : gp_cpu_att_bwd_w8)(&a, x, y[w], lse[w], dy,
+                                                                     dx[w], bi, g, buf, b16);
+            }
+            CHECK_MSG(!memcmp(y[0], y[1], (size_t)ny * es) &&
+                          !memcmp(lse[0], lse[1], (size_t)(b * hh * t) * sizeof(float)) &&
+                          !memcmp(dx[0], dx[1], (size_t)nx * es),
+                      "shape %zu, %s: the 8- and 16-wide kernels differ", k, b16 ? "bf16" : "FP32");
+            for (int w = 0; w < 2; w++) {
+                free(y[w]);
+                free(dx[w]);
+                free(lse[w]);
+            }
+            free(buf);
+            free(xf);
+            free(dyf);
+            free(x16);
+            free(dy16);
+        }
+}
+
 int main(void)
 {
     gp_device_opts o1 = {.threads = 1}, o2 = {.threads = 2};
@@ -568,6 +631,7 @@ int main(void)
     config_yaml();
     bf16_storage();
     cached();
+    widths();
     gp_device_close(dev1);
     gp_device_close(dev2);
     return gpt_finish("test_attention");
