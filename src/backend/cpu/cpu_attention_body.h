@@ -73,6 +73,30 @@ static inline __attribute__((always_inline)) void att_fma(att_vec *acc, const at
     *acc = r;
 }
 
+/* v[k] = the vector at p + k ATT_V, k < nv. */
+static inline __attribute__((always_inline)) void att_loads(att_vec *v, const float *p,
+                                                            const int nv)
+{
+#pragma GCC unroll 4
+    for (int k = 0; k < nv; k++) att_load(&v[k], p + k * ATT_V);
+}
+
+/* acc[r][k] += x[r xs] v[k], r < nq, k < nv: one step of a block's outer
+ * products (a rank-one update of its accumulators), each an fmaf. */
+static inline __attribute__((always_inline)) void att_outer(att_vec acc[ATT_QB][4],
+                                                            const att_vec *v, const float *x,
+                                                            int64_t xs, const int nq,
+                                                            const int nv)
+{
+    att_vec xr;
+#pragma GCC unroll 4
+    for (int r = 0; r < nq; r++) {
+        att_splat(&xr, x[r * xs]);
+#pragma GCC unroll 4
+        for (int k = 0; k < nv; k++) att_fma(&acc[r][k], &xr, &v[k]);
+    }
+}
+
 /* s[r ATT_BK + j] = sum_u a[r S + u] bt[u tp + j], j < ATT_V nv, for the
  * nq (<= ATT_QB) rows r of a block: their products with ATT_TV vectors of
  * a tile of a transposed, padded operand (tp its row stride), each of the
@@ -84,17 +108,10 @@ static inline __attribute__((always_inline)) void
 att_tile_qv(float *restrict s, const float *a, int64_t S, const float *restrict bt, int64_t d,
             int64_t tp, const int nq, const int nv)
 {
-    att_vec acc[ATT_QB][ATT_TV] = {{{0}}}, b[ATT_TV], au;
+    att_vec acc[ATT_QB][4] = {{{0}}}, b[4];
     for (int64_t u = 0; u < d; u++) {
-        const float *row = bt + u * tp;
-#pragma GCC unroll 4
-        for (int k = 0; k < nv; k++) att_load(&b[k], row + k * ATT_V);
-#pragma GCC unroll 4
-        for (int r = 0; r < nq; r++) {
-            att_splat(&au, a[r * S + u]);
-#pragma GCC unroll 4
-            for (int k = 0; k < nv; k++) att_fma(&acc[r][k], &au, &b[k]);
-        }
+        att_loads(b, bt + u * tp, nv);
+        att_outer(acc, b, a + u, S, nq, nv);
     }
 #pragma GCC unroll 4
     for (int r = 0; r < nq; r++)
@@ -129,17 +146,26 @@ att_tile_q(float *restrict s, const float *a, int64_t S, const float *restrict b
     }
 }
 
+/* CALL(k) with k = nq (1 .. ATT_QB) a constant, so that the block kernel
+ * CALL names is inlined for it. */
+#define ATT_BY_NQ(nq, CALL)          \
+    do {                             \
+        switch (nq) {                \
+        case 1: CALL(1); break;      \
+        case 2: CALL(2); break;      \
+        case 3: CALL(3); break;      \
+        default: CALL(4); break;     \
+        }                            \
+    } while (0)
+
 /* att_tile_q with nq a constant where it is inlined. */
 static inline __attribute__((always_inline)) void
 att_tile(float *restrict s, const float *a, int64_t S, const float *restrict bt, int64_t d,
          int64_t tp, int n, int nq)
 {
-    switch (nq) {
-    case 1: att_tile_q(s, a, S, bt, d, tp, n, 1); break;
-    case 2: att_tile_q(s, a, S, bt, d, tp, n, 2); break;
-    case 3: att_tile_q(s, a, S, bt, d, tp, n, 3); break;
-    default: att_tile_q(s, a, S, bt, d, tp, n, 4); break;
-    }
+#define ATT_TILE_K(k) att_tile_q(s, a, S, bt, d, tp, n, k)
+    ATT_BY_NQ(nq, ATT_TILE_K);
+#undef ATT_TILE_K
 }
 
 /* acc[r A + u] += sum_{j < n} p[r ATT_BK + j] rows[j R + u], u < d, for
@@ -156,36 +182,18 @@ static inline __attribute__((always_inline)) void
 att_rows_pass(float *restrict acc, int64_t A, const float *p, const float *restrict rows,
               int64_t R, int n, int64_t u0, const int nq, const int nv)
 {
-    att_vec e[ATT_QB][4] = {{{0}}}, o[ATT_QB][4] = {{{0}}}, v[4], pj;
+    att_vec e[ATT_QB][4] = {{{0}}}, o[ATT_QB][4] = {{{0}}}, v[4];
     const float *col = rows + u0;
     int j = 0;
     for (; j + 2 <= n; j += 2) {
-#pragma GCC unroll 4
-        for (int k = 0; k < nv; k++) att_load(&v[k], col + j * R + k * ATT_V);
-#pragma GCC unroll 4
-        for (int r = 0; r < nq; r++) {
-            att_splat(&pj, p[r * ATT_BK + j]);
-#pragma GCC unroll 4
-            for (int k = 0; k < nv; k++) att_fma(&e[r][k], &pj, &v[k]);
-        }
-#pragma GCC unroll 4
-        for (int k = 0; k < nv; k++) att_load(&v[k], col + (j + 1) * R + k * ATT_V);
-#pragma GCC unroll 4
-        for (int r = 0; r < nq; r++) {
-            att_splat(&pj, p[r * ATT_BK + j + 1]);
-#pragma GCC unroll 4
-            for (int k = 0; k < nv; k++) att_fma(&o[r][k], &pj, &v[k]);
-        }
+        att_loads(v, col + j * R, nv);
+        att_outer(e, v, p + j, ATT_BK, nq, nv);
+        att_loads(v, col + (j + 1) * R, nv);
+        att_outer(o, v, p + j + 1, ATT_BK, nq, nv);
     }
     if (j < n) {
-#pragma GCC unroll 4
-        for (int k = 0; k < nv; k++) att_load(&v[k], col + j * R + k * ATT_V);
-#pragma GCC unroll 4
-        for (int r = 0; r < nq; r++) {
-            att_splat(&pj, p[r * ATT_BK + j]);
-#pragma GCC unroll 4
-            for (int k = 0; k < nv; k++) att_fma(&e[r][k], &pj, &v[k]);
-        }
+        att_loads(v, col + j * R, nv);
+        att_outer(e, v, p + j, ATT_BK, nq, nv);
     }
 #pragma GCC unroll 4
     for (int r = 0; r < nq; r++)
@@ -231,12 +239,9 @@ static inline __attribute__((always_inline)) void
 att_rows(float *restrict acc, int64_t A, const float *p, const float *restrict rows, int64_t R,
          int n, int64_t d, int nq)
 {
-    switch (nq) {
-    case 1: att_rows_q(acc, A, p, rows, R, n, d, 1); break;
-    case 2: att_rows_q(acc, A, p, rows, R, n, d, 2); break;
-    case 3: att_rows_q(acc, A, p, rows, R, n, d, 3); break;
-    default: att_rows_q(acc, A, p, rows, R, n, d, 4); break;
-    }
+#define ATT_ROWS_K(k) att_rows_q(acc, A, p, rows, R, n, d, k)
+    ATT_BY_NQ(nq, ATT_ROWS_K);
+#undef ATT_ROWS_K
 }
 
 /* dst[u tp + j] = src[j R + u]: the head's d columns of t rows transposed,
@@ -303,22 +308,12 @@ static inline __attribute__((always_inline)) void
 att_acc_t_rows(float *restrict dst, const float *src, int64_t S, const float *restrict m, int nq,
                int64_t u, int v0, const int nu)
 {
-    att_vec a[4][ATT_AV], mv[ATT_AV], su;
+    att_vec a[ATT_QB][4], mv[4];
 #pragma GCC unroll 4
-    for (int w = 0; w < nu; w++)
-#pragma GCC unroll 4
-        for (int k = 0; k < ATT_AV; k++)
-            att_load(&a[w][k], dst + (u + w) * ATT_BK + (v0 + k) * ATT_V);
+    for (int w = 0; w < nu; w++) att_loads(a[w], dst + (u + w) * ATT_BK + v0 * ATT_V, ATT_AV);
     for (int r = 0; r < nq; r++) {
-        const float *mr = m + r * ATT_BK + v0 * ATT_V;
-#pragma GCC unroll 4
-        for (int k = 0; k < ATT_AV; k++) att_load(&mv[k], mr + k * ATT_V);
-#pragma GCC unroll 4
-        for (int w = 0; w < nu; w++) {
-            att_splat(&su, src[r * S + u + w]);
-#pragma GCC unroll 4
-            for (int k = 0; k < ATT_AV; k++) att_fma(&a[w][k], &su, &mv[k]);
-        }
+        att_loads(mv, m + r * ATT_BK + v0 * ATT_V, ATT_AV);
+        att_outer(a, mv, src + r * S + u, 1, nu, ATT_AV);
     }
 #pragma GCC unroll 4
     for (int w = 0; w < nu; w++)
