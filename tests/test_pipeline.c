@@ -763,7 +763,9 @@ static void bf16_held_inputs(void)
     }
 }
 
-static size_t act_peak(gp_checkpoint_mode ck, int m, int n)
+/* The peak bytes of activations plus copies, summed over the n devices; with
+ * copies_out, the copies' share of it. */
+static size_t act_peak_split(gp_checkpoint_mode ck, int m, int n, size_t *copies_out)
 {
     gp_config c = make_cfg(true);
     c.pipeline.chunks = m;
@@ -776,11 +778,19 @@ static size_t act_peak(gp_checkpoint_mode ck, int m, int n)
     make_batch(&c, 0, x, y);
     for (int j = 0; j < n; j++) gp_allocator_reset_peak(&devs[j]->alloc);
     gp_status s = gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, NULL);
-    size_t peak = 0;
-    for (int j = 0; j < n; j++)
+    size_t peak = 0, copies = 0;
+    for (int j = 0; j < n; j++) {
         peak += devs[j]->alloc.peak_by[GP_MEM_ACTIVATIONS] + devs[j]->alloc.peak_by[GP_MEM_COPIES];
+        copies += devs[j]->alloc.peak_by[GP_MEM_COPIES];
+    }
     gp_model_free(&pip);
+    if (copies_out) *copies_out = copies;
     return s == GP_OK ? peak : 0;
+}
+
+static size_t act_peak(gp_checkpoint_mode ck, int m, int n)
+{
+    return act_peak_split(ck, m, n, NULL);
 }
 
 static void checkpoint_memory(void)
@@ -797,14 +807,20 @@ static void checkpoint_memory(void)
     CHECK(a1 > 0 && e1 > 0);
     CHECK_MSG(a1 == e1, "always %zu and except_last %zu should have equal peaks", a1, e1);
     CHECK_MSG(2 * a1 < n1, "checkpointing saved too little on one device");
-    /* Two devices: the copies in flight depend on thread timing, so only the
-     * saving against never is asserted. */
-    size_t always = act_peak(GP_CKPT_ALWAYS, 7, 2), except = act_peak(GP_CKPT_EXCEPT_LAST, 7, 2),
-           never = act_peak(GP_CKPT_NEVER, 7, 2);
+    /* Two devices: the activations' peak depends on how the two threads
+     * interleave (it moves by whole micro-batches' tensors: always measured
+     * 15160 to 17496 bytes, never 34800), so only a saving against never with
+     * room for that is asserted; one device above holds the exact 2x. */
+    size_t ca, ce, cn;
+    size_t always = act_peak_split(GP_CKPT_ALWAYS, 7, 2, &ca),
+           except = act_peak_split(GP_CKPT_EXCEPT_LAST, 7, 2, &ce),
+           never = act_peak_split(GP_CKPT_NEVER, 7, 2, &cn);
     printf("test_pipeline: activation peak (2 devices, m=7): always %zu, except_last %zu, "
-           "never %zu bytes\n", always, except, never);
+           "never %zu bytes; copies %zu, %zu, %zu\n", always, except, never, ca, ce, cn);
     CHECK(always > 0 && except > 0);
-    CHECK_MSG(2 * always < never && 2 * except < never, "checkpointing saved too little");
+    CHECK_MSG(3 * always < 2 * never && 3 * except < 2 * never,
+              "checkpointing saved too little: always %zu, except_last %zu, never %zu", always,
+              except, never);
 }
 
 static void faults(bool bf16)
