@@ -46,6 +46,13 @@ static inline att_dims att_dims_of(int64_t t, int64_t heads, int64_t kv_heads, i
 }
 
 /* The floats a thread's forward tiles take (bf16: the values widened too). */
+/* The causal keys of query position i in the tile of keys starting at j0
+ * (j0 <= i): those at or before i, at most a tile's ATT_BK. */
+static inline int att_keys(int64_t i, int64_t j0)
+{
+    return (int)(i + 1 - j0 < ATT_BK ? i + 1 - j0 : ATT_BK);
+}
+
 static inline int64_t att_fwd_floats(const att_dims *a, bool b16)
 {
     return a->d * a->tp + ATT_QB * (ATT_BK + 2 * a->d) + (b16 ? a->t * a->d : 0);

@@ -373,11 +373,11 @@ att_fwd_body(const att_dims *a, const att_src *src, float *lse, float *buf, cons
         memset(acc, 0, (size_t)(nb * d) * sizeof *acc);
         const int64_t last = i0 + nb - 1; /* the block's last position */
         for (int64_t j0 = 0; j0 <= last; j0 += ATT_BK) {
-            const int nmax = (int)(last + 1 - j0 < ATT_BK ? last + 1 - j0 : ATT_BK);
+            const int nmax = att_keys(last, j0);
             att_tile(s, q, d, kt + j0, d, tp, nmax, nb);
             for (int r = 0; r < nb; r++) {
                 float *sr = s + r * ATT_BK;
-                int n = (int)(i0 + r + 1 - j0 < ATT_BK ? i0 + r + 1 - j0 : ATT_BK); /* keys <= i */
+                int n = att_keys(i0 + r, j0);
                 float mx = att_tile_max(sr, n, m[r]);
 #pragma omp simd
                 for (int j = 0; j < ATT_BK; j++) {
@@ -492,13 +492,13 @@ att_bwd_body(const att_dims *a, const void *x, const void *y, const float *lse, 
                 for (int r0 = 0; r0 < nq; r0 += ATT_QB) {
                     const int nb = nq - r0 < ATT_QB ? nq - r0 : ATT_QB;
                     const int64_t il = i0 + r0 + nb - 1; /* the block's last query */
-                    const int nmax = (int)(il + 1 - j0 < ATT_BK ? il + 1 - j0 : ATT_BK);
+                    const int nmax = att_keys(il, j0);
                     att_tile(p + r0 * ATT_BK, qc + r0 * qs, qs, kt + j0, d, tp, nmax, nb);
                     att_tile(ds + r0 * ATT_BK, dyc + r0 * dys, dys, vt + j0, d, tp, nmax, nb);
                     for (int r = r0; r < r0 + nb; r++) {
                         const int64_t i = i0 + r;
                         float *pr = p + r * ATT_BK, *dsr = ds + r * ATT_BK;
-                        const int n = (int)(i + 1 - j0 < ATT_BK ? i + 1 - j0 : ATT_BK);
+                        const int n = att_keys(i, j0);
                         const float li = lb[i], di = ddh[i];
 #pragma omp simd
                         for (int j = 0; j < ATT_BK; j++) {
