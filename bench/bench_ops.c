@@ -8,7 +8,8 @@
  * backend's layout policy and, for comparison, with plain and blocked layouts
  * forced.  Then the memory-bound ops of the same network (batch norm, relu,
  * max pooling) and an estimate of a whole training step's FLOP/s as the sum
- * of its ops.  Best of several repetitions; the machine may be shared, so
+ * of its ops; GELU and causal attention (bench_ops.c, time_attn) at a GPT's
+ * sizes.  Best of several repetitions; the machine may be shared, so
  * numbers are noisy.  Usage: bench_ops [threads [quick]] (default 2 threads;
  * quick skips the forced-layout rows).  Never fails.
  */
@@ -289,6 +290,41 @@ static void time_gelu(gp_device *dev)
     unbuf(dev, x, n); unbuf(dev, y, n); unbuf(dev, dy, n); unbuf(dev, dx, n);
 }
 
+/* Causal attention's forward and backward (gp_dev_attn_*), FP32, at the
+ * tiny GPT's sizes (batch 32, 128 positions, 4 heads of 32) and GPT-2's
+ * (batch 2, 1024 positions, 12 heads of 64).  The kernels' width is the
+ * processor's (16 floats with AVX-512, else 8); GPIPE_ATTN_WIDTH=8 in the
+ * environment times the 8-wide build on an AVX-512 processor. */
+static void time_attn(gp_device *dev)
+{
+    static const struct { const char *name; int64_t b, t, heads, c; } cases[] = {
+        {"tiny-gpt", 32, 128, 4, 128}, {"gpt-2", 2, 1024, 12, 768}};
+    const char *w = getenv("GPIPE_ATTN_WIDTH");
+    printf("\ncausal attention, FP32 (%s):\n", w && !strcmp(w, "8") ? "GPIPE_ATTN_WIDTH=8"
+                                                                  : "the processor's width");
+    for (int k = 0; k < 2; k++) {
+        const int64_t b = cases[k].b, t = cases[k].t, h = cases[k].heads, c = cases[k].c;
+        const int64_t nx = b * t * 3 * c, ny = b * t * c;
+        float *x = buf(dev, nx, 2), *y = buf(dev, ny, 0), *lse = buf(dev, b * h * t, 0);
+        float *dy = buf(dev, ny, 1), *dx = buf(dev, nx, 0);
+        double best[2] = {1e30, 1e30};
+        for (int r = 0; r <= REPS; r++) {
+            double t0 = gp_now();
+            report(gp_dev_attn_fwd(dev, x, y, lse, b, t, h, h, c));
+            double t1 = gp_now();
+            report(gp_dev_attn_bwd(dev, x, y, lse, dy, dx, b, t, h, h, c));
+            double t2 = gp_now();
+            if (r > 0 && t1 - t0 < best[0]) best[0] = t1 - t0;
+            if (r > 0 && t2 - t1 < best[1]) best[1] = t2 - t1;
+        }
+        printf("  %-8s b %lld, t %lld, %lld heads of %lld: forward %.2f ms, backward %.2f ms\n",
+               cases[k].name, (long long)b, (long long)t, (long long)h, (long long)(c / h),
+               best[0] * 1e3, best[1] * 1e3);
+        unbuf(dev, x, nx); unbuf(dev, y, ny); unbuf(dev, lse, b * h * t);
+        unbuf(dev, dy, ny); unbuf(dev, dx, nx);
+    }
+}
+
 int main(int argc, char **argv)
 {
     int threads = argc > 1 ? atoi(argv[1]) : 2;
@@ -357,6 +393,7 @@ int main(int argc, char **argv)
            conv_total_t * 1e3, conv_total_f / conv_total_t / 1e9, other_t * 1e3,
            (conv_total_t + other_t) * 1e3, step_gf, 100.0 * step_gf / gemm_gf);
     time_gelu(dev);
+    time_attn(dev);
     time_bn_bf16(threads);
     printf("primitives created: %lld\n", (long long)gp_cpu_primitives_created(dev));
     gp_device_close(dev);
