@@ -212,9 +212,16 @@ typedef struct gp_algo_cand {
 /* Which candidate a device runs (train.deterministic): among those that are
  * ok and need at most `limit` bytes, with `deterministic` the first
  * deterministic one in the given (heuristic) order, so that every run picks
- * the same algorithm and gets the same bits; without it the fastest measured
- * one (ties: the first), or the first where none was measured.  -1 when none
- * qualifies. */
+ * the same algorithm and gets the same bits; without it, among the measured
+ * ones within GP_ALGO_SLACK of the fastest time, the one that needs the
+ * least workspace (ties: the faster, then the first), or the first where
+ * none was measured.  The slack is below what a search's one timing of each
+ * can tell apart, and the workspace is memory the whole step may hold (the
+ * device's workspace grows to the largest of its picks: issue 67 measured
+ * 0.71 GB of it held on ResNet-101): where the fastest needs hundreds of
+ * MB for a time within the slack, one that needs none runs instead.  -1
+ * when none qualifies. */
+#define GP_ALGO_SLACK 0.02
 int gp_algo_pick(const gp_algo_cand *c, int n, size_t limit, bool deterministic);
 
 /* Layouts of activations.  Every tensor of the interface is plain (NCHW,

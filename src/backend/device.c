@@ -561,16 +561,31 @@ gp_status gp_dev_bf16_unpack(gp_device *dev, float *dst, const uint16_t *src, in
     return GP_LAUNCH(dev, bf16_unpack)(dev, dst, src, n);
 }
 
+static bool algo_fits(const gp_algo_cand *c, size_t limit, bool deterministic)
+{
+    return c->ok && c->memory <= limit && (!deterministic || c->deterministic);
+}
+
 int gp_algo_pick(const gp_algo_cand *c, int n, size_t limit, bool deterministic)
 {
     int first = -1, fastest = -1;
     for (int i = 0; i < n; i++) {
-        if (!c[i].ok || c[i].memory > limit || (deterministic && !c[i].deterministic))
-            continue;
+        if (!algo_fits(&c[i], limit, deterministic)) continue;
         if (first < 0) first = i;
         if (c[i].time_ms >= 0 && (fastest < 0 || c[i].time_ms < c[fastest].time_ms)) fastest = i;
     }
-    return deterministic || fastest < 0 ? first : fastest;
+    if (deterministic || fastest < 0) return first;
+    /* within the slack of the fastest, the least workspace (backend.h) */
+    const double within = (double)c[fastest].time_ms * (1.0 + GP_ALGO_SLACK);
+    int pick = fastest;
+    for (int i = 0; i < n; i++) {
+        if (!algo_fits(&c[i], limit, false) || c[i].time_ms < 0 || c[i].time_ms > within)
+            continue;
+        if (c[i].memory < c[pick].memory ||
+            (c[i].memory == c[pick].memory && c[i].time_ms < c[pick].time_ms))
+            pick = i;
+    }
+    return pick;
 }
 
 bool gp_dev_has_chans(const gp_device *dev)

@@ -20,8 +20,8 @@
  *  - by default measured, as convolutions are (cuda_dnn.c): each candidate
  *    runs once to warm and LT_RUNS times timed on the call's own operands
  *    (a product that adds into C runs into a zeroed scratch C instead), the
- *    fastest wins (gp_algo_pick), and the search counts in
- *    dev->algo_searches.  It blocks the host once per shape;
+ *    fastest wins (gp_algo_pick: within its slack, the leanest), and the
+ *    search counts in dev->algo_searches.  It blocks the host once per shape;
  *  - with train.deterministic, or while channels to other processes are
  *    open (a timed search synchronizes the compute stream, whose queue may
  *    hold a receive that waits for another process), the heuristics' first

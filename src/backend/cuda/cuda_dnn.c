@@ -8,7 +8,8 @@
  * eighth of a capped device, a sixteenth of an uncapped GPU):
  *  - by default measured: cudnnFind*AlgorithmEx runs every algorithm once
  *    on the call's own operands (the backward-filter search into a scratch
- *    dw, since the real one accumulates) and the fastest wins.  The search
+ *    dw, since the real one accumulates) and the fastest wins (within
+ *    GP_ALGO_SLACK of it, the one with the least workspace).  The search
  *    blocks the host once per shape and direction and borrows a workspace
  *    of the limit (less where memory refuses it) that it gives back;
  *  - with train.deterministic: the heuristics (cudnnGet*Algorithm_v7) rank
