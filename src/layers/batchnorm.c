@@ -718,6 +718,9 @@ static double bn_flops(const gp_layer *l, int64_t n)
     return 4.0 * (double)n * (double)gp_shape_numel(&l->in_shape);
 }
 
+/* 2C floats a micro-batch: a direct call's gp_saved, or in a step the
+ * micro-batch's slot (GP_MEM_PARAMS, slot_take): the same bytes, one slot
+ * per micro-batch of the step, as every micro-batch's gp_saved would be. */
 static size_t bn_saved_bytes(const gp_layer *l, int64_t n)
 {
     return 2 * (size_t)l->in_shape.dims[1] * sizeof(float);
