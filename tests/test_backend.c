@@ -2826,6 +2826,36 @@ static void test_bn_commit_pending(gp_device *dev)
         CHECK_MSG(d->bn_commit_calls - calls == (k < 2 ? 1u : 2u), "device %d: %llu calls", k,
                   (unsigned long long)(d->bn_commit_calls - calls));
         CHECK(!memcmp(rm[1], rm2[1], sizeof rm[1]) && !memcmp(rv[1], rv2[1], sizeof rv[1]));
+        /* a layer's commit (gp_dev_bn_commit_slots) from per-slot counts:
+         * two runs (8 8 5) in one part, and counts that are not (5 8 5)
+         * merged slot by slot first; the bits of the merges either way */
+        static const double counts[2][P] = {{8, 8, 5}, {5, 8, 5}};
+        for (int w = 0; w < 2; w++) {
+            double a3[2][2 * C];
+            float m3[2][C], v3[2][C];
+            for (int n = 0; n < 2; n++) {
+                CHECK_OK(gp_dev_fill(d, (float *)a3[n], 0.0f, 4 * C));
+                for (int c = 0; c < C; c++) m3[n][c] = 0.25f * c, v3[n][c] = 1.5f;
+                CHECK_OK(gp_dev_bn_merge(d, C, a3[n], a3[n] + C, 0, 4, first, first + C));
+            }
+            double n3 = 4;
+            for (int q = 0; q < P; q++) {
+                CHECK_OK(gp_dev_bn_merge(d, C, a3[0], a3[0] + C, n3, counts[w][q], pend[q],
+                                         pend[q] + C));
+                n3 += counts[w][q];
+            }
+            CHECK_OK(gp_dev_bn_commit(d, C, m3[0], v3[0], a3[0], a3[0] + C, 0.3, n3));
+            gp_bn_commit_part sp = {.c = C, .rmean = m3[1], .rvar = v3[1], .mean_acc = a3[1],
+                                    .m2_acc = a3[1] + C, .momentum = 0.3, .pend = &pend[0][0],
+                                    .n_pend = P, .na = 4};
+            calls = d->bn_commit_calls;
+            CHECK_OK(gp_dev_bn_commit_slots(d, sp, counts[w]));
+            CHECK(d->bn_commit_calls - calls == 1);
+            CHECK_MSG(!memcmp(m3[0], m3[1], sizeof m3[0]) && !memcmp(v3[0], v3[1], sizeof v3[0]) &&
+                          !memcmp(a3[0], a3[1], sizeof a3[0]),
+                      "device %d, counts %s: gp_dev_bn_commit_slots commits other bits than "
+                      "merges", k, w ? "5 8 5" : "8 8 5");
+        }
     }
     free(fake1.bn_held);
     free(fake2.bn_held);

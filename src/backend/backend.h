@@ -1560,6 +1560,13 @@ typedef struct gp_bn_commit_part {
 /* gp_dev_bn_commit of a part with pending slots (checked: counts that add
  * up, c > 0); gp_dev_bn_commit is this with none. */
 gp_status gp_dev_bn_commit_part(gp_device *dev, const gp_bn_commit_part *p);
+/* A layer's commit: p's c, rmean, rvar, mean_acc, m2_acc, momentum, na,
+ * pend and n_pend, with slot i's values per channel nb[i] (host memory);
+ * count and the runs (n_hi, nb_hi, nb_lo) are worked out here.  Counts
+ * that are not two runs (a short micro-batch in the middle: 3 + 2 + 3) are
+ * merged slot by slot (bn_merge, in slot order: the same bits) before the
+ * commit, so a caller never encodes them. */
+gp_status gp_dev_bn_commit_slots(gp_device *dev, gp_bn_commit_part p, const double *nb);
 /* Between begin and end, gp_dev_bn_commit checks its arguments and holds
  * the commit; end issues the held ones together (bn_commit_multi: one
  * launch on a GPU, in the order they came; their tensors are distinct

@@ -755,6 +755,37 @@ gp_status gp_dev_bn_commit_part(gp_device *dev, const gp_bn_commit_part *p)
     return GP_OK;
 }
 
+/* Slot counts nb[0..n) as runs: n_hi of nb_hi, then the rest of nb_lo;
+ * false where they are not two runs. */
+static bool nb_runs(const double *nb, int n, int *n_hi, double *nb_hi, double *nb_lo)
+{
+    int k = 0;
+    *nb_hi = n ? nb[0] : 0;
+    while (k < n && nb[k] == *nb_hi) k++;
+    *n_hi = k;
+    *nb_lo = k < n ? nb[k] : 0;
+    for (int q = k; q < n; q++)
+        if (nb[q] != *nb_lo) return false;
+    return true;
+}
+
+gp_status gp_dev_bn_commit_slots(gp_device *dev, gp_bn_commit_part p, const double *nb)
+{
+    double kept = 0;
+    for (int q = 0; q < p.n_pend; q++) kept += nb[q];
+    p.count = p.na + kept;
+    if (nb_runs(nb, p.n_pend, &p.n_hi, &p.nb_hi, &p.nb_lo)) return gp_dev_bn_commit_part(dev, &p);
+    for (int q = 0; q < p.n_pend; q++) {
+        const float *slot = p.pend + 2 * p.c * (int64_t)q;
+        GP_TRY(gp_dev_bn_merge(dev, p.c, p.mean_acc, p.m2_acc, p.na, nb[q], slot, slot + p.c));
+        p.na += nb[q];
+    }
+    p.pend = NULL;
+    p.n_pend = p.n_hi = 0;
+    p.nb_hi = p.nb_lo = 0;
+    return gp_dev_bn_commit_part(dev, &p);
+}
+
 gp_status gp_dev_bn_commit(gp_device *dev, int64_t c, float *rmean, float *rvar,
                            double *mean_acc, double *m2_acc, double momentum, double count)
 {

@@ -14,7 +14,7 @@
  * host.  commit() merges the slots into the step's accumulator in forward
  * order (Chan's parallel merge, in double) and folds the mini-batch into
  * the running statistics, in one launch for all of a stage's norms
- * (gp_dev_bn_commit_part, held by gp_layers_commit: bn_commit_multi), so
+ * (gp_dev_bn_commit_slots, held by gp_layers_commit: bn_commit_multi), so
  * the step never waits for the statistics on the host and launches
  * nothing per norm and micro-batch for them.  A forward with no slot left
  * (ctx->step_micro 0 or passed) merges the kept slots and its own
@@ -263,8 +263,8 @@ static void slot_views(const bn_state *st, int q, gp_tensor *mean, gp_tensor *va
 }
 
 /* The slots' statistics merged into the accumulator now, one launch each
- * (before the data-parallel exchange of the accumulators, or where their
- * counts are not the two runs a commit part describes). */
+ * (before the data-parallel exchange of the accumulators, or when a
+ * forward finds no slot left). */
 static gp_status slots_merge(gp_layer *l)
 {
     bn_state *st = l->state;
@@ -596,45 +596,18 @@ static gp_status bn_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx, const g
     return st;
 }
 
-/* The values per channel kept in the slots (the two runs of a commit
- * part: n_hi slots of nb_hi, then nb_lo; false where they are not). */
-static bool slot_runs(const bn_state *st, int *n_hi, double *nb_hi, double *nb_lo,
-                      double *total)
-{
-    int n = st->n_slots, k = 0;
-    *total = 0;
-    for (int q = 0; q < n; q++) *total += st->slot_nb[q];
-    *nb_hi = n ? st->slot_nb[0] : 0;
-    while (k < n && st->slot_nb[k] == *nb_hi) k++;
-    *n_hi = k;
-    *nb_lo = k < n ? st->slot_nb[k] : 0;
-    for (int q = k; q < n; q++)
-        if (st->slot_nb[q] != *nb_lo) return false;
-    return true;
-}
-
 static gp_status bn_commit(gp_layer *l)
 {
     bn_state *st = l->state;
-    int n_hi;
-    double nb_hi, nb_lo, kept;
-    if (!slot_runs(st, &n_hi, &nb_hi, &nb_lo, &kept)) {
-        GP_TRY(slots_merge(l));
-        n_hi = 0;
-        kept = nb_hi = nb_lo = 0;
-    }
     if (st->acc_count == 0 && st->n_slots == 0) return GP_OK; /* no training forward */
-    double count = (double)st->acc_count + kept;
-    GP_ASSERT(count >= 2);
     /* on the device: the slots merged, the running statistics, and the
      * accumulator zeroed */
     gp_bn_commit_part p = {.c = st->c, .rmean = gp_f32(&l->params[P_RMEAN].value),
                            .rvar = gp_f32(&l->params[P_RVAR].value), .mean_acc = st->acc,
                            .m2_acc = st->acc + st->c, .momentum = (double)l->spec.momentum,
-                           .count = count, .pend = st->n_slots ? gp_f32(&st->slots) : NULL,
-                           .n_pend = st->n_slots, .n_hi = n_hi, .na = (double)st->acc_count,
-                           .nb_hi = nb_hi, .nb_lo = nb_lo};
-    GP_TRY(gp_dev_bn_commit_part(l->dev, &p));
+                           .pend = st->n_slots ? gp_f32(&st->slots) : NULL,
+                           .n_pend = st->n_slots, .na = (double)st->acc_count};
+    GP_TRY(gp_dev_bn_commit_slots(l->dev, p, st->slot_nb));
     st->batches_tracked++;
     st->n_sync = 0;
     st->acc_count = 0;
