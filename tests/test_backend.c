@@ -1349,7 +1349,24 @@ static void test_blocked(gp_device *dev)
         test_blocked_conv(dev, 2, 1, 9, 16, 3, 1, 0, B); /* a first layer */
         test_blocked_conv(dev, 2, 2, 8, 32, 3, 2, 0, B);
     }
+    /* channels-last, the block the channel count (a GPU's layout, backend.h):
+     * pixels of several units of 8 or 16, the parallel paths, both pools'
+     * plain out, and convolutions from and to it */
+    test_blocked_bn(dev, 3, 40, 49, 40);
+    test_blocked_bn(dev, 2, 48, 33, 48);
+    test_blocked_bn(dev, 8, 64, 196, 64);
+    test_bn_relu(dev, 3, 24, 49, 24);
+    test_blocked_pool(dev, GP_POOL_MAX, 2, 40, 8, 8, 2, 2, 0, 40);
+    test_blocked_pool(dev, GP_POOL_AVG, 2, 24, 9, 7, 3, 2, 1, 24);
+    test_blocked_pool(dev, GP_POOL_MAX, 2, 48, 20, 20, 17, 1, 0, 48);
+    test_blocked_pool(dev, GP_POOL_MAX, 8, 32, 28, 28, 2, 2, 0, 32);
+    test_blocked_conv(dev, 2, 32, 9, 40, 3, 1, 32, 40);
+    test_blocked_conv(dev, 3, 24, 8, 16, 3, 2, 24, 0);
+    test_blocked_conv(dev, 2, 1, 9, 24, 3, 1, 0, 24);
     float v[64] = {0};
+    gp_bn_desc nbad = {2, 12, 1, 1e-5f, 12, false, NULL, NULL}; /* channels-last of 12 */
+    CHECK_ERR(gp_dev_bn_fwd_train(dev, &nbad, v, NULL, NULL, v, v, v), GP_ERR_INVALID,
+              "blocks of 12");
     gp_bn_desc bad = {2, 12, 1, 1e-5f, 8, false, NULL, NULL};
     CHECK_ERR(gp_dev_bn_fwd_train(dev, &bad, v, NULL, NULL, v, v, v), GP_ERR_INVALID,
               "blocks of 8");

@@ -527,7 +527,8 @@ static void native_bn_case(const char *what, gp_shape in, int64_t batch, int64_t
 /* Batch norm takes bf16 storage through bn_*_bf16 on a CPU device: small
  * maps and many channels (several channels a task), a map larger than a
  * task's 64 Ki values (a channel a task, the threads splitting the
- * channels), the blocked layouts, the relu after it, inference. */
+ * channels), the blocked layouts (channels-last too), the relu after it,
+ * inference. */
 static void native_norms(void)
 {
     CHECK(gp_dev_bn_bf16_has(dev));
@@ -540,6 +541,11 @@ static void native_norms(void)
     native_bn_case("batchnorm, inference", gp_shape_4d(1, 24, 9, 11), 4, 0, false, false);
     native_bn_case("batchnorm nChw8c + relu, inference", gp_shape_4d(1, 16, 6, 6), 3, 8, true,
                    false);
+    /* channels-last (a GPU's layout): pixels of 40 channels in units of 8,
+     * 48 in units of 16 */
+    native_bn_case("batchnorm nhwc 40 + relu", gp_shape_4d(1, 40, 7, 5), 3, 40, true, true);
+    native_bn_case("batchnorm nhwc 48", gp_shape_4d(1, 48, 6, 6), 2, 48, false, true);
+    native_bn_case("batchnorm nhwc 24, inference", gp_shape_4d(1, 24, 5, 5), 3, 24, false, false);
     /* the slot refuses a residual sum, whose blocks keep FP32 inside */
     gp_bn_desc d = {.n = 1, .c = 1, .s = 2, .eps = 1e-5f, .add = (const float *)&d};
     uint16_t x[2] = {0}, y[2];
@@ -599,7 +605,7 @@ static void native_pool_case(const char *what, gp_layer_spec spec, gp_shape in, 
  * pooling's 2x2 loop and its generic one (ties: bf16 values repeat), a
  * window over 256 values (the int32 workspace), the averages with and
  * without the padding counted, global average pooling, the blocked
- * layouts and a blocked chain's plain output. */
+ * layouts (channels-last too) and a blocked chain's plain output. */
 static void native_pools(void)
 {
     CHECK(gp_dev_pool_bf16_has(dev));
@@ -608,6 +614,7 @@ static void native_pools(void)
     s.kernel = gp_hw_square(2);
     native_pool_case("maxpool2d 2x2", s, map, 3, 0, false);
     native_pool_case("maxpool2d 2x2 nChw8c", s, big, 2, 8, false);
+    native_pool_case("maxpool2d 2x2 nhwc 24", s, gp_shape_4d(1, 24, 10, 12), 2, 24, false);
     s.kernel = gp_hw_square(3);
     s.stride = gp_hw_square(2);
     s.padding = gp_hw_square(1);
@@ -616,6 +623,9 @@ static void native_pools(void)
     s.type = GP_LAYER_AVGPOOL2D;
     native_pool_case("avgpool2d 3x3/2 pad 1", s, map, 3, 0, false);
     native_pool_case("avgpool2d 3x3/2 pad 1 nChw8c", s, big, 2, 8, false);
+    native_pool_case("avgpool2d 3x3/2 pad 1 nhwc 40, plain out", s, gp_shape_4d(1, 40, 9, 9), 2,
+                     40, true);
+    native_pool_case("avgpool2d 3x3/2 pad 1 nhwc 48", s, gp_shape_4d(1, 48, 8, 8), 2, 48, false);
     s.count_include_pad = false;
     native_pool_case("avgpool2d without the padding", s, map, 3, 0, false);
     s = gp_layer_spec_default(GP_LAYER_MAXPOOL2D);

@@ -1182,13 +1182,27 @@ static void device_time(void)
  * chain whole), with a stage boundary after every layer (inside each
  * chain, where the boundary's tensor goes plain) and with 3 stages on
  * every schedule: bit for bit.  The plans are checked too, so the test
- * cannot pass with no chain at all. */
-static void blocked_chains(void)
+ * cannot pass with no chain at all.  With nhwc the devices keep their
+ * chains channels-last (GPIPE_CPU_KEEP_BLOCKS=nhwc, the layout a GPU keeps:
+ * backend.h), on channel counts of 40, 32 and 24, so that a pixel holds
+ * several of the loops' units of 8 or 16 channels (batch norm's and both
+ * pools'), and each chain's block is its own channel count; the reference
+ * is then the one-device run on a device of the processor's own blocks
+ * (nChw16c or nChw8c where the channels allow, else plain). */
+static void blocked_chains(bool nhwc)
 {
+    gp_device *saved[4], *own[4] = {NULL, NULL, NULL, NULL};
+    if (nhwc) {
+        setenv("GPIPE_CPU_KEEP_BLOCKS", "nhwc", 1);
+        gpt_open_cpu_devices(own, 4, 1);
+        unsetenv("GPIPE_CPU_KEEP_BLOCKS");
+        memcpy(saved, devs, sizeof saved);
+        memcpy(devs, own, sizeof devs);
+    }
     gp_layer_spec bs[GPT_MAX_SPECS];
     gp_config c = gpt_model_cfg(bs, true, false, BATCH);
     int n = 0;
-    int64_t outs[] = {16, 16, 32, 16};
+    int64_t outs[] = {16, nhwc ? 40 : 16, 32, nhwc ? 24 : 16};
     for (int q = 0; q < 4; q++) {
         bs[n] = gp_layer_spec_default(GP_LAYER_CONV2D);
         bs[n].out = outs[q], bs[n].kernel = gp_hw_square(3), bs[n].padding = gp_hw_square(1);
@@ -1227,12 +1241,14 @@ static void blocked_chains(void)
             c.pipeline.chunks = il ? 4 : 3;
             c.pipeline.checkpoint = (gp_checkpoint_mode)((cut + kd) % 3);
             c.pipeline.lockstep = (cut % 2) == 0;
-            gp_model ref, pip;
-            if (gp_model_build(&c, devs[0], &ref) != GP_OK ||
+            gp_model ref, pip, plan; /* plan: the one-device run's chains on devs */
+            if (gp_model_build(&c, devs[0], &plan) != GP_OK ||
+                gp_model_build(&c, nhwc ? saved[0] : devs[0], &ref) != GP_OK ||
                 gp_model_build_placed(&c, devs, ndev, bal, &pip) != GP_OK) {
                 CHECK_MSG(0, "build: %s", gp_last_error());
                 return;
             }
+            gp_layers_blocked(plan.layers, n); /* as a step plans them */
             bool same[3];
             gpt_compare_steps(&c, &ref, &pip, BATCH, 3, same);
             runs++;
@@ -1249,15 +1265,18 @@ static void blocked_chains(void)
                           same[2] ? "same" : "DIFFER");
             }
             /* the one-device run: every chain blocked, from the first
-             * convolution's output to the average pool's input */
-            int64_t B = ref.layers[3].out_blk;
-            CHECK_MSG(B == 8 || B == 16, "conv 16->16 output block %lld", (long long)B);
+             * convolution's output to the average pool's input; in
+             * channels-last each side's block is its channel count */
+            int64_t B = plan.layers[3].out_blk;
+            CHECK_MSG(nhwc ? B == 40 : B == 8 || B == 16, "conv 16->%lld output block %lld",
+                      (long long)outs[1], (long long)B);
             for (int k = 0; k < n; k++) {
-                int64_t want = k < 12 ? B : 0;
-                CHECK_MSG(ref.layers[k].out_blk == want &&
-                              ref.layers[k].in_blk == (k >= 1 && k <= 12 ? B : 0),
+                const gp_layer *l = &plan.layers[k];
+                int64_t want = k < 12 ? nhwc ? l->out_shape.dims[1] : B : 0;
+                int64_t want_in = k >= 1 && k <= 12 ? nhwc ? l->in_shape.dims[1] : B : 0;
+                CHECK_MSG(l->out_blk == want && l->in_blk == want_in,
                           "one device: layer %d blocks in %lld out %lld", k,
-                          (long long)ref.layers[k].in_blk, (long long)ref.layers[k].out_blk);
+                          (long long)l->in_blk, (long long)l->out_blk);
             }
             /* a stage ends and starts plain */
             for (int j = 0, f = 0; j < nst; f += bal[j++])
@@ -1265,9 +1284,16 @@ static void blocked_chains(void)
                           "stage %d of [%d, %d]: blocked at its ends", j, bal[0], bal[1]);
             gp_model_free(&ref);
             gp_model_free(&pip);
+            gp_model_free(&plan);
         }
     }
-    printf("test_pipeline: blocked chains: %d of %d configurations differ\n", differ, runs);
+    printf("test_pipeline: blocked chains%s: %d of %d configurations differ\n",
+           nhwc ? ", channels-last" : "", differ, runs);
+    if (nhwc) {
+        memcpy(devs, saved, sizeof devs);
+        for (int j = 0; j < 4; j++) gp_device_close(own[j]);
+        return;
+    }
     /* a batch norm in a chain needs a block of channels per thread of its
      * device: on 2 threads the 16-channel norms in blocks of 16 end their
      * chains (plain), the 32-channel one keeps its own */
@@ -1515,7 +1541,8 @@ int main(void)
     smoothing_transparency();
     bf16_copies_effect();
     bf16_held_inputs();
-    blocked_chains();
+    blocked_chains(false);
+    blocked_chains(true);
     attention_transparency();
     schedules_agree();
     interleaved();

@@ -100,7 +100,8 @@
  *  17  bf16_pack, bf16_unpack (pipeline copies in bfloat16)
  *  18  act_block, and the channel-blocked layouts of gp_conv_desc.xblk /
  *      yblk, gp_pool_desc.blk / plain_out and gp_bn_desc.blk (activations
- *      kept in the convolutions' own layout between them)
+ *      kept in the convolutions' own layout between them; a block equal to
+ *      the channels, channels-last, since 2026-11-28)
  *  19  copy_to_host (a copy into another backend's host memory that touches
  *      none of this device's stream state)
  *  20  gp_bn_desc.relu (batch norm's forward with the ReLU after it)
@@ -229,16 +230,28 @@ int gp_algo_pick(const gp_algo_cand *c, int n, size_t limit, bool deterministic)
  * means the channel-blocked layout nChw<B>c, (N, C / B, H, W, B) row-major,
  * channel c of pixel (n, h, w) at ((n * C/B + c / B) * H * W + h * W + w) * B
  * + c % B; C is a multiple of B and the tensor has as many elements as its
- * plain form.  Only backends with act_block take blocks (the CPU: oneDNN's
- * direct convolutions compute in it), and a block never changes a result
- * bit: a layer given a blocked tensor computes what it computes on the plain
- * one, laid out the other way (layers.h, gp_layers_blocked). */
+ * plain form.  B = C is channels-last, NHWC: (N, H, W, C), the layout a
+ * GPU's tensor cores read (issue 67) and oneDNN's nhwc.  Only backends with
+ * act_block take blocks (the CPU: oneDNN's direct convolutions compute in
+ * nChw16c or nChw8c), and a block never changes a result bit: a layer given
+ * a blocked tensor computes what it computes on the plain one, laid out the
+ * other way (layers.h, gp_layers_blocked). */
 
 /* Whether blk is a layout a backend may be given for `channels` channels:
- * plain (0), or a block of 8 or 16 that divides them. */
+ * plain (0), a block of 8 or 16 that divides them, or channels-last (blk =
+ * channels, a multiple of 8). */
 static inline bool gp_blk_valid(int64_t blk, int64_t channels)
 {
-    return blk == 0 || ((blk == 8 || blk == 16) && channels % blk == 0);
+    return blk == 0 || ((blk == 8 || blk == 16) && channels % blk == 0) ||
+           (blk == channels && channels % 8 == 0);
+}
+
+/* The channels a blocked loop takes together in layout blk (valid): 16 or
+ * 8 of the pixel's blk consecutive values (1 plain).  A block of 8 or 16 is
+ * one unit; channels-last holds C / unit of them side by side. */
+static inline int64_t gp_blk_unit(int64_t blk)
+{
+    return blk == 0 ? 1 : blk % 16 == 0 ? 16 : 8;
 }
 
 /* Descriptor of a 2-D convolution (also used for pooling windows). */

@@ -1022,14 +1022,14 @@ static void inplace_rule(const char *spec0, size_t stride, int count, bool *inpl
 }
 
 /* A layer that may sit between two convolutions in a chain of block blk
- * (a batch norm's blocked loops give each task a block of channels: fewer
- * blocks than threads would leave threads idle). */
+ * (a batch norm's blocked loops give each task a unit of channels,
+ * gp_blk_unit: fewer units than threads would leave threads idle). */
 static bool blocks_through(const gp_layer *l, const gp_device *dev, int64_t blk)
 {
     if (l->n_in != 1 || l->dev != dev) return false;
     switch (l->spec.type) {
     case GP_LAYER_BATCHNORM:
-        return l->in_shape.ndim == 4 && l->in_shape.dims[1] / blk >= dev->threads;
+        return l->in_shape.ndim == 4 && l->in_shape.dims[1] / gp_blk_unit(blk) >= dev->threads;
     case GP_LAYER_RELU:
     case GP_LAYER_LEAKY_RELU:
     case GP_LAYER_MAXPOOL2D:

@@ -43,14 +43,16 @@ static inline __attribute__((always_inline)) double lanes_total(double *a)
 }
 
 /* Channels per task so that one task's data is about 64 Ki floats; on a
- * blocked layout a multiple of the block. */
+ * blocked layout a multiple of its unit (gp_blk_unit: the block of 8 or
+ * 16, or 16 or 8 of a channels-last pixel's C). */
 static int64_t bn_block(const gp_bn_desc *d)
 {
     int64_t per = d->n * d->s;
     int64_t cb = per > 0 ? 65536 / per : 1;
     if (cb < 1) cb = 1;
     if (cb > d->c) cb = d->c;
-    if (d->blk) cb = (cb + d->blk - 1) / d->blk * d->blk;
+    const int64_t u = gp_blk_unit(d->blk);
+    cb = (cb + u - 1) / u * u;
     return cb;
 }
 
@@ -137,10 +139,11 @@ sums_plain(const void *x, const void *g, int64_t n, int64_t cs, int64_t s, doubl
 }
 
 /* B channels of a blocked layout at once: pixel j's B values contiguous,
+ * pixels P apart (the layout's block: B itself, or a channels-last C),
  * samples cs apart; k[b] per channel. */
 static inline __attribute__((always_inline)) void
 sums_block(const void *x, const void *g, int64_t n, int64_t cs, int64_t s, const int64_t B,
-           const double *k, const float *msc, const float *msh, double *s1, double *s2,
+           const int64_t P, const double *k, const float *msc, const float *msh, double *s1, double *s2,
            const bool b16)
 {
     double a1[BN_LANES][BN_MAX_BLOCK] = {{0}}, a2[BN_LANES][BN_MAX_BLOCK] = {{0}};
@@ -149,10 +152,10 @@ sums_block(const void *x, const void *g, int64_t n, int64_t cs, int64_t s, const
     for (int64_t i = 0; i < n; i++) {
         const void *p = cadv(x, i * cs, b16), *q = cadv(g, i * cs, b16);
         for (int64_t j = 0, l = 0; j < s; j++, l = l + 1 == BN_LANES ? 0 : l + 1) {
-            const void *pj = cadv(p, j * B, b16);
+            const void *pj = cadv(p, j * P, b16);
             double *u = a1[l], *v = a2[l];
             if (q && msc) { /* dy masked by the relu after the norm */
-                const void *qj = cadv(q, j * B, b16);
+                const void *qj = cadv(q, j * P, b16);
 #pragma omp simd
                 for (int64_t b = 0; b < B; b++) {
                     const float pv = B16_LD(pj, b);
@@ -161,7 +164,7 @@ sums_block(const void *x, const void *g, int64_t n, int64_t cs, int64_t s, const
                     v[b] += gv * ((double)pv - k[b]);
                 }
             } else if (q) {
-                const void *qj = cadv(q, j * B, b16);
+                const void *qj = cadv(q, j * P, b16);
 #pragma omp simd
                 for (int64_t b = 0; b < B; b++) {
                     double gv = (double)B16_LD(qj, b);
@@ -197,16 +200,21 @@ chan_sums_body(const gp_bn_desc *d, const void *x, const void *g, int64_t c0, do
                const bool b16)
 {
     const int64_t cs = d->c * d->s, o = chan_base(d, c0);
-    const int64_t B = d->blk ? d->blk : 1;
+    const int64_t B = gp_blk_unit(d->blk), P = d->blk;
     if (set_k)
         for (int64_t b = 0; b < B; b++) k[b] = (double)B16_LD(x, o + b);
     const float msk[2] = {msc ? msc[0] : 0.0f, msh ? msh[0] : 0.0f};
     const void *xo = cadv(x, o, b16), *go = cadv(g, o, b16);
+    /* the pixel stride a constant where it is the unit (nChw16c, nChw8c) */
     if (!d->blk)
         sums_plain(xo, go, d->n, cs, d->s, k[0], msc ? msk : NULL, s1, s2, b16);
+    else if (P == 16)
+        sums_block(xo, go, d->n, cs, d->s, 16, 16, k, msc, msh, s1, s2, b16);
+    else if (P == 8)
+        sums_block(xo, go, d->n, cs, d->s, 8, 8, k, msc, msh, s1, s2, b16);
     else if (B == 16)
-        sums_block(xo, go, d->n, cs, d->s, 16, k, msc, msh, s1, s2, b16);
-    else sums_block(xo, go, d->n, cs, d->s, 8, k, msc, msh, s1, s2, b16);
+        sums_block(xo, go, d->n, cs, d->s, 16, P, k, msc, msh, s1, s2, b16);
+    else sums_block(xo, go, d->n, cs, d->s, 8, P, k, msc, msh, s1, s2, b16);
 }
 
 GP_CPU_LOOPS
@@ -240,7 +248,7 @@ static void chan_grad_sums(const gp_bn_desc *d, const void *x, const void *dy,
                            double *sdy, double *sdyx, bool b16)
 {
     double k[BN_MAX_BLOCK];
-    for (int64_t b = 0; b < (d->blk ? d->blk : 1); b++) k[b] = (double)mean[c0 + b];
+    for (int64_t b = 0; b < gp_blk_unit(d->blk); b++) k[b] = (double)mean[c0 + b];
     chan_sums(d, x, dy, c0, k, false, msc, msh, sdy, sdyx, b16);
 }
 
@@ -251,7 +259,7 @@ static void chan_stats(const gp_bn_desc *d, const void *x, int64_t c0, float *me
     double k[BN_MAX_BLOCK], s1[BN_MAX_BLOCK], s2[BN_MAX_BLOCK];
     const double cnt = (double)(d->n * d->s);
     chan_sums(d, x, NULL, c0, k, true, NULL, NULL, s1, s2, b16);
-    for (int64_t b = 0; b < (d->blk ? d->blk : 1); b++) {
+    for (int64_t b = 0; b < gp_blk_unit(d->blk); b++) {
         double off = s1[b] / cnt, v = s2[b] / cnt - off * off;
         mean[c0 + b] = (float)(k[b] + off);
         var[c0 + b] = (float)(v < 0.0 ? 0.0 : v); /* rounding's negatives; NaN stays */
@@ -260,12 +268,13 @@ static void chan_stats(const gp_bn_desc *d, const void *x, int64_t c0, float *me
 
 /* ---- the per-element passes over channels [c0, c0 + B) ----------------------- */
 
-/* B channels of a blocked layout: the coefficients of one pixel's B values
- * stay in registers (B a constant where it is inlined). */
+/* B channels of a blocked layout, pixels P apart (sums_block): the
+ * coefficients of one pixel's B values stay in registers (B a constant
+ * where it is inlined). */
 static inline __attribute__((always_inline)) void
 apply_block(const void *x, const void *g, void *y, int64_t n, int64_t cs, int64_t s,
-            const int64_t B, const float *ca, const float *cb, const float *cc, const float *cm,
-            bool relu, const float *msc, const float *msh, const void *add, const bool b16)
+            const int64_t B, const int64_t P, const float *ca, const float *cb, const float *cc,
+            const float *cm, bool relu, const float *msc, const float *msh, const void *add, const bool b16)
 {
     float a[BN_MAX_BLOCK], b2[BN_MAX_BLOCK], c[BN_MAX_BLOCK], m[BN_MAX_BLOCK];
     float ms[BN_MAX_BLOCK], mh[BN_MAX_BLOCK];
@@ -282,40 +291,40 @@ apply_block(const void *x, const void *g, void *y, int64_t n, int64_t cs, int64_
             for (int64_t j = 0; j < s; j++) {
 #pragma omp simd
                 for (int64_t b = 0; b < B; b++) {
-                    float v = gp_ew_bn_apply(B16_LD(p, j * B + b), a[b], b2[b]) +
-                              B16_LD(t, j * B + b);
-                    B16_ST(r, j * B + b, relu ? gp_ew_relu(v) : v);
+                    float v = gp_ew_bn_apply(B16_LD(p, j * P + b), a[b], b2[b]) +
+                              B16_LD(t, j * P + b);
+                    B16_ST(r, j * P + b, relu ? gp_ew_relu(v) : v);
                 }
             }
         } else if (q && msc) {
             for (int64_t j = 0; j < s; j++) {
 #pragma omp simd
                 for (int64_t b = 0; b < B; b++) {
-                    const float pv = B16_LD(p, j * B + b);
-                    float gv = gp_ew_bn_relu_dy(B16_LD(q, j * B + b), pv, ms[b], mh[b]);
-                    B16_ST(r, j * B + b, gp_ew_bn_bwd_apply(gv, pv, m[b], a[b], b2[b], c[b]));
+                    const float pv = B16_LD(p, j * P + b);
+                    float gv = gp_ew_bn_relu_dy(B16_LD(q, j * P + b), pv, ms[b], mh[b]);
+                    B16_ST(r, j * P + b, gp_ew_bn_bwd_apply(gv, pv, m[b], a[b], b2[b], c[b]));
                 }
             }
         } else if (q) {
             for (int64_t j = 0; j < s; j++) {
 #pragma omp simd
                 for (int64_t b = 0; b < B; b++)
-                    B16_ST(r, j * B + b,
-                           gp_ew_bn_bwd_apply(B16_LD(q, j * B + b), B16_LD(p, j * B + b), m[b],
+                    B16_ST(r, j * P + b,
+                           gp_ew_bn_bwd_apply(B16_LD(q, j * P + b), B16_LD(p, j * P + b), m[b],
                                               a[b], b2[b], c[b]));
             }
         } else if (relu) {
             for (int64_t j = 0; j < s; j++) {
 #pragma omp simd
                 for (int64_t b = 0; b < B; b++)
-                    B16_ST(r, j * B + b,
-                           gp_ew_relu(gp_ew_bn_apply(B16_LD(p, j * B + b), a[b], b2[b])));
+                    B16_ST(r, j * P + b,
+                           gp_ew_relu(gp_ew_bn_apply(B16_LD(p, j * P + b), a[b], b2[b])));
             }
         } else {
             for (int64_t j = 0; j < s; j++) {
 #pragma omp simd
                 for (int64_t b = 0; b < B; b++)
-                    B16_ST(r, j * B + b, gp_ew_bn_apply(B16_LD(p, j * B + b), a[b], b2[b]));
+                    B16_ST(r, j * P + b, gp_ew_bn_apply(B16_LD(p, j * P + b), a[b], b2[b]));
             }
         }
     }
@@ -337,12 +346,20 @@ chan_apply_body(const gp_bn_desc *d, const void *x, const void *g, void *y, int6
     const void *ad = cadv(add, o, b16); /* forward only */
     const void *xo = cadv(x, o, b16), *go = cadv(g, o, b16);
     void *yo = adv(y, o, b16);
+    /* the pixel stride a constant where it is the unit (nChw16c, nChw8c) */
     if (d->blk == 16) {
-        apply_block(xo, go, yo, N, cs, S, 16, ca, cb, cc, cm, relu, msc, msh, ad, b16);
+        apply_block(xo, go, yo, N, cs, S, 16, 16, ca, cb, cc, cm, relu, msc, msh, ad, b16);
         return;
     }
-    if (d->blk) {
-        apply_block(xo, go, yo, N, cs, S, 8, ca, cb, cc, cm, relu, msc, msh, ad, b16);
+    if (d->blk == 8) {
+        apply_block(xo, go, yo, N, cs, S, 8, 8, ca, cb, cc, cm, relu, msc, msh, ad, b16);
+        return;
+    }
+    if (d->blk) { /* channels-last */
+        const int64_t B = gp_blk_unit(d->blk);
+        if (B == 16)
+            apply_block(xo, go, yo, N, cs, S, 16, d->blk, ca, cb, cc, cm, relu, msc, msh, ad, b16);
+        else apply_block(xo, go, yo, N, cs, S, 8, d->blk, ca, cb, cc, cm, relu, msc, msh, ad, b16);
         return;
     }
     const float a = ca[0], b = cb[0], c = cc ? cc[0] : 0.0f, m = cm ? cm[0] : 0.0f;
@@ -412,7 +429,7 @@ static void chan_apply(const gp_bn_desc *d, const void *x, const void *g, void *
 static void fwd_coeffs(const gp_bn_desc *d, int64_t c0, const float *mean, const float *var,
                        const float *gamma, const float *beta, float *sc, float *sh)
 {
-    for (int64_t b = 0; b < (d->blk ? d->blk : 1); b++) {
+    for (int64_t b = 0; b < gp_blk_unit(d->blk); b++) {
         int64_t c = c0 + b;
         gp_ew_bn_coeffs(mean[c], var[c], d->eps, gamma ? gamma[c] : 1.0f, beta ? beta[c] : 0.0f,
                         &sc[b], &sh[b]);
@@ -437,7 +454,7 @@ static void fwd_coeffs(const gp_bn_desc *d, int64_t c0, const float *mean, const
  * a block of them), the unit starting at channel c0 and `unit_` wide. */
 #define BN_FOR_UNITS(dev, d, c0, ...)                                                         \
     BN_FOR_RUNS(dev, d, lo_, hi_, {                                                           \
-        const int64_t unit_ = (d)->blk ? (d)->blk : 1;                                        \
+        const int64_t unit_ = gp_blk_unit((d)->blk);                                          \
         for (int64_t c0 = lo_; c0 < hi_; c0 += unit_) { __VA_ARGS__ }                         \
     })
 
@@ -447,7 +464,7 @@ static void fwd_train_run(const gp_bn_desc *d, const void *x, const float *gamma
                           const float *beta, void *y, float *mean, float *var, int64_t lo,
                           int64_t hi, bool b16)
 {
-    for (int64_t c0 = lo; c0 < hi; c0 += d->blk ? d->blk : 1) {
+    for (int64_t c0 = lo; c0 < hi; c0 += gp_blk_unit(d->blk)) {
         float sc[BN_MAX_BLOCK], sh[BN_MAX_BLOCK];
         chan_stats(d, x, c0, mean, var, b16);
         fwd_coeffs(d, c0, mean, var, gamma, beta, sc, sh);
@@ -459,7 +476,7 @@ static void fwd_infer_run(const gp_bn_desc *d, const void *x, const float *gamma
                           const float *beta, const float *mean, const float *var, void *y,
                           int64_t lo, int64_t hi, bool b16)
 {
-    for (int64_t c0 = lo; c0 < hi; c0 += d->blk ? d->blk : 1) {
+    for (int64_t c0 = lo; c0 < hi; c0 += gp_blk_unit(d->blk)) {
         float sc[BN_MAX_BLOCK], sh[BN_MAX_BLOCK];
         fwd_coeffs(d, c0, mean, var, gamma, beta, sc, sh);
         chan_apply(d, x, NULL, y, c0, sc, sh, NULL, NULL, NULL, NULL, b16);
@@ -471,7 +488,7 @@ static void bwd_run(const gp_bn_desc *d, const void *x, const float *gamma, cons
                     float *dgamma, float *dbeta, int64_t lo, int64_t hi, bool b16)
 {
     const double cnt = (double)(d->n * d->s);
-    const int64_t unit = d->blk ? d->blk : 1;
+    const int64_t unit = gp_blk_unit(d->blk);
     for (int64_t c0 = lo; c0 < hi; c0 += unit) {
         double sdy[BN_MAX_BLOCK], sdyx[BN_MAX_BLOCK];
         float ka[BN_MAX_BLOCK], kb[BN_MAX_BLOCK], kc[BN_MAX_BLOCK];

@@ -400,9 +400,11 @@ gp_status gp_cpu_device_create(int index, const gp_device_opts *opts, gp_device 
     ctx->keep_weights = !(kw && !strcmp(kw, "0"));
     /* and GPIPE_CPU_KEEP_BLOCKS=0 keeps every activation plain (act_block
      * 0), for the A/B of bench/README.md's "Blocked layouts across a
-     * stage" */
+     * stage"; =nhwc keeps chains channels-last (a GPU's layout, for tests) */
     const char *kb = getenv("GPIPE_CPU_KEEP_BLOCKS");
-    ctx->act_blk = kb && !strcmp(kb, "0") ? 0 : gp_cpu_isa_block();
+    ctx->act_blk = kb && !strcmp(kb, "0")      ? 0
+                   : kb && !strcmp(kb, "nhwc") ? CPU_ACT_NHWC
+                                               : gp_cpu_isa_block();
     /* A test hook: GPIPE_CPU_FAKE_SEARCH=MiB plays a GPU's algorithm search
      * (cpu_dnnl.c conv_op), so the profile's handling of it runs here. */
     const char *fs = getenv("GPIPE_CPU_FAKE_SEARCH");

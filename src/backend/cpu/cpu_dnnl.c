@@ -553,11 +553,23 @@ static int64_t pad_right(int64_t in, int64_t k, int64_t s, int64_t pl, int64_t o
 
 /* ---- convolution --------------------------------------------------------------- */
 
+/* oneDNN's tag of an activation's interface layout blk: plain, or a channel
+ * block (backend.h, "Layouts of activations"; conv_check admits what
+ * gp_blk_valid does), where a block other than 8 or 16 is channels-last. */
+static dnnl_format_tag_t act_tag(int64_t blk)
+{
+    return blk == 16 ? dnnl_nChw16c : blk == 8 ? dnnl_nChw8c : blk ? dnnl_nhwc : dnnl_nchw;
+}
+
+/* A layout in the op cache's key: 0 plain, 8, 16, or 1 for channels-last
+ * (whose block is the channel count, in the key already). */
+static int64_t layout_key(int64_t blk) { return blk == 8 || blk == 16 || !blk ? blk : 1; }
+
 static cpu_key conv_key(cpu_op_kind kind, const gp_conv_desc *d, bool io16)
 {
     cpu_key k = {{kind, d->n, d->c, d->h, d->w, d->k, d->kh, d->kw, d->sh, d->sw,
                   d->ph, d->pw, d->oh, d->ow, d->has_bias != 0,
-                  d->xblk | d->yblk << 8 | (int64_t)io16 << 16}};
+                  layout_key(d->xblk) | layout_key(d->yblk) << 8 | (int64_t)io16 << 16}};
     return k;
 }
 
@@ -606,13 +618,6 @@ static int conv_mode(const gp_cpu_ctx *ctx, const gp_conv_desc *d)
     return conv_bf16(ctx, d) ? CONV_PLAIN : CONV_FIRST;
 }
 
-/* The interface layout of an activation: plain, or a channel block
- * (backend.h, "Layouts of activations"; conv_check admits 8 and 16). */
-static dnnl_format_tag_t act_tag(int64_t blk)
-{
-    return blk == 16 ? dnnl_nChw16c : blk == 8 ? dnnl_nChw8c : dnnl_nchw;
-}
-
 /* The block oneDNN's direct convolutions compute in on this processor (as
  * far as ONEDNN_MAX_CPU_ISA lets them): nChw16c with AVX-512, nChw8c with
  * AVX2, else none (bench/README.md, "Blocked layouts across a stage", has
@@ -628,14 +633,19 @@ int64_t gp_cpu_isa_block(void)
 
 /* ctx->act_blk (the device's block, 0 with GPIPE_CPU_KEEP_BLOCKS=0)
  * where the convolution computes that side blocked; a CONV_FIRST
- * convolution's input stays plain. */
+ * convolution's input stays plain.  GPIPE_CPU_KEEP_BLOCKS=nhwc
+ * (CPU_ACT_NHWC) says channels-last instead, where the channels are a
+ * multiple of 8: the layout a GPU keeps between its convolutions, which
+ * oneDNN reorders from and to around its own, so that the layer logic of
+ * channels-last chains runs here, bit for bit against plain (tests). */
 int64_t gp_cpu_act_block(gp_device *dev, const gp_conv_desc *d, bool output)
 {
     gp_cpu_ctx *ctx = gp_cpu_ctx_of(dev);
     int mode = conv_mode(ctx, d);
-    int64_t b = ctx->act_blk;
+    int64_t b = ctx->act_blk, ch = output ? d->k : d->c;
     if (!b || !mode || (mode == CONV_FIRST && !output)) return 0;
-    return (output ? d->k : d->c) % b == 0 ? b : 0;
+    if (b == CPU_ACT_NHWC) return ch % 8 == 0 ? ch : 0;
+    return ch % b == 0 ? b : 0;
 }
 
 enum { CONV_SLOT_X, CONV_SLOT_W, CONV_SLOT_B, CONV_SLOT_Y };
@@ -741,7 +751,8 @@ static gp_status conv_check(gp_device *dev, const gp_conv_desc *d)
         return gp_error_set(GP_ERR_INVALID,
                             "device %s: invalid convolution (n=%lld c=%lld h=%lld w=%lld k=%lld "
                             "kernel %lldx%lld stride %lldx%lld pad %lldx%lld output %lldx%lld "
-                            "blocks %lld/%lld; a block is 8 or 16 and divides the channels)",
+                            "blocks %lld/%lld; a block is 8 or 16 and divides the channels, or "
+                            "is all of them, a multiple of 8: channels-last)",
                             dev->name, (long long)d->n, (long long)d->c, (long long)d->h,
                             (long long)d->w, (long long)d->k, (long long)d->kh,
                             (long long)d->kw, (long long)d->sh, (long long)d->sw,

@@ -203,6 +203,9 @@ typedef struct cpu_op {
 
 #define CPU_CACHE_BUCKETS 128
 
+/* gp_cpu_ctx.act_blk for channels-last (the block is each side's channels). */
+#define CPU_ACT_NHWC (-1)
+
 /* Conv layout policy (see cpu_dnnl.c): auto chooses per shape. */
 typedef enum { CPU_CONV_AUTO = 0, CPU_CONV_PLAIN, CPU_CONV_BLOCKED } cpu_conv_layout;
 
@@ -241,7 +244,9 @@ typedef struct gp_cpu_ctx {
                                  gp_cpu_isa_block(), or 0 with
                                  GPIPE_CPU_KEEP_BLOCKS=0 (under bf16 too
                                  since bf16 storage: the blocked bf16
-                                 activations need no reorder at all) */
+                                 activations need no reorder at all), or
+                                 CPU_ACT_NHWC with GPIPE_CPU_KEEP_BLOCKS=nhwc
+                                 (channels-last, a GPU's layout) */
     /* Weight gradients held in the primitives' layout while frozen, one per
      * gradient tensor, in the order first held (cpu_dnnl.c, "Held
      * gradients"). */

@@ -44,8 +44,9 @@ static gp_status pool_check(gp_device *dev, const gp_pool_desc *d)
                             "kernel %lldx%lld stride %lldx%lld pad %lldx%lld output %lldx%lld, "
                             "block %lld%s); padding must be smaller than the kernel, every "
                             "window must overlap the image and end inside the padding, a "
-                            "channel block is 8 or 16 and divides the channels, and a plain "
-                            "output needs a blocked input",
+                            "channel block is 8 or 16 and divides the channels (or is all of "
+                            "them, a multiple of 8: channels-last), and a plain output needs a "
+                            "blocked input",
                             dev->name, (int)d->kind, (long long)d->n, (long long)d->c,
                             (long long)d->h, (long long)d->w, (long long)d->kh, (long long)d->kw,
                             (long long)d->sh, (long long)d->sw, (long long)d->ph,
@@ -85,32 +86,45 @@ static inline win window(const gp_pool_desc *d, int64_t oh, int64_t ow)
     return v;
 }
 
+/* Where max-pooling's workspace position a (row-major in the window) lies
+ * from the window's origin in a plane of rows w apart: the backward's
+ * divisions by kw done once for the window's at most 256 positions (the
+ * uint8 workspace; a wider window divides per element). */
+typedef struct arg_offs { int64_t o[256]; } arg_offs;
+
+static inline void arg_offsets(const gp_pool_desc *d, arg_offs *t)
+{
+    for (int64_t a = 0; a < d->kh * d->kw && a < 256; a++) t->o[a] = a / d->kw * d->w + a % d->kw;
+}
+
 /* ---- blocked layouts ------------------------------------------------------ */
 
 #define POOL_MAX_BLOCK 16
 
-/* One block plane (B channels of one sample): x (H, W, B), y (OH, OW, B),
- * or with plain_out y as B plain planes (B, OH, OW): output pixel q of lane
- * b at yp[q * ys + b * yl].  The workspace is (OH, OW, B) either way. */
+/* B channels of one block plane (P channels of one sample: the block, or
+ * a channels-last C, each pixel's P values contiguous): x (H, W, P), y
+ * (OH, OW, P), or with plain_out y as P plain planes (P, OH, OW): output
+ * pixel q of lane b at yp[q * ys + b * yl].  The workspace is (OH, OW, P)
+ * either way; xp, yp and wsp point at the unit's first channel. */
 static inline __attribute__((always_inline)) void
 fwd_block(const gp_pool_desc *d, const float *xp, float *yp, void *wsp, int wide, const int64_t B,
-          int64_t ys, int64_t yl)
+          const int64_t P, int64_t ys, int64_t yl)
 {
     const int max = d->kind == GP_POOL_MAX;
     for (int64_t oh = 0; oh < d->oh; oh++)
         for (int64_t ow = 0; ow < d->ow; ow++) {
             win v = window(d, oh, ow);
-            int64_t q = oh * d->ow + ow, o = q * B;
+            int64_t q = oh * d->ow + ow, o = q * P;
             if (max) {
                 float best[POOL_MAX_BLOCK];
                 int32_t arg[POOL_MAX_BLOCK];
-                const float *f = xp + (v.i0 * d->w + v.j0) * B;
+                const float *f = xp + (v.i0 * d->w + v.j0) * P;
                 int32_t a0 = (int32_t)((v.i0 - v.r0) * d->kw + (v.j0 - v.c0));
 #pragma omp simd
                 for (int64_t b = 0; b < B; b++) best[b] = f[b], arg[b] = a0;
                 for (int64_t i = v.i0; i < v.i1; i++)
                     for (int64_t j = v.j0; j < v.j1; j++) {
-                        const float *e = xp + (i * d->w + j) * B;
+                        const float *e = xp + (i * d->w + j) * P;
                         int32_t a = (int32_t)((i - v.r0) * d->kw + (j - v.c0));
 #pragma omp simd
                         for (int64_t b = 0; b < B; b++) {
@@ -131,7 +145,7 @@ fwd_block(const gp_pool_desc *d, const float *xp, float *yp, void *wsp, int wide
                 for (int64_t b = 0; b < B; b++) sum[b] = 0.0f;
                 for (int64_t i = v.i0; i < v.i1; i++)
                     for (int64_t j = v.j0; j < v.j1; j++) {
-                        const float *e = xp + (i * d->w + j) * B;
+                        const float *e = xp + (i * d->w + j) * P;
 #pragma omp simd
                         for (int64_t b = 0; b < B; b++) sum[b] += e[b];
                     }
@@ -141,22 +155,27 @@ fwd_block(const gp_pool_desc *d, const float *xp, float *yp, void *wsp, int wide
         }
 }
 
+/* fwd_block's backward: dp (H, W, P) zeroed by the caller. */
 static inline __attribute__((always_inline)) void
 bwd_block(const gp_pool_desc *d, const float *gp, float *dp, const void *wsp, int wide,
-          const int64_t B, int64_t ys, int64_t yl)
+          const int64_t B, const int64_t P, int64_t ys, int64_t yl)
 {
     const int max = d->kind == GP_POOL_MAX;
-    memset(dp, 0, (size_t)(d->h * d->w * B) * sizeof(float));
+    arg_offs t;
+    if (max && !wide) arg_offsets(d, &t);
     for (int64_t oh = 0; oh < d->oh; oh++)
         for (int64_t ow = 0; ow < d->ow; ow++) {
             win v = window(d, oh, ow);
-            int64_t q = oh * d->ow + ow, o = q * B;
-            if (max) {
+            int64_t q = oh * d->ow + ow, o = q * P, org = v.r0 * d->w + v.c0;
+            if (max && !wide) {
+                const uint8_t *a = (const uint8_t *)wsp + o;
+                for (int64_t b = 0; b < B; b++)
+                    dp[(org + t.o[a[b]]) * P + b] += gp[q * ys + b * yl];
+            } else if (max) {
                 for (int64_t b = 0; b < B; b++) {
-                    int64_t arg = wide ? ((const int32_t *)wsp)[o + b]
-                                       : ((const uint8_t *)wsp)[o + b];
+                    int64_t arg = ((const int32_t *)wsp)[o + b];
                     int64_t i = v.r0 + arg / d->kw, j = v.c0 + arg % d->kw;
-                    dp[(i * d->w + j) * B + b] += gp[q * ys + b * yl];
+                    dp[(i * d->w + j) * P + b] += gp[q * ys + b * yl];
                 }
             } else {
                 float g[POOL_MAX_BLOCK];
@@ -164,7 +183,7 @@ bwd_block(const gp_pool_desc *d, const float *gp, float *dp, const void *wsp, in
                 for (int64_t b = 0; b < B; b++) g[b] = gp[q * ys + b * yl] / cnt;
                 for (int64_t i = v.i0; i < v.i1; i++)
                     for (int64_t j = v.j0; j < v.j1; j++) {
-                        float *e = dp + (i * d->w + j) * B;
+                        float *e = dp + (i * d->w + j) * P;
 #pragma omp simd
                         for (int64_t b = 0; b < B; b++) e[b] += g[b];
                     }
@@ -172,20 +191,45 @@ bwd_block(const gp_pool_desc *d, const float *gp, float *dp, const void *wsp, in
         }
 }
 
+/* One block plane, a unit of 16 or 8 channels at a time (one unit for
+ * nChw16c and nChw8c, whose pixel stride is then a constant); forward and
+ * backward apart, each body inlined four times. */
+#define POOL_UNITS(body)                                                                      \
+    const int wide = ws_wide(d);                                                              \
+    const int64_t P = d->blk, B = gp_blk_unit(P), ohw = d->oh * d->ow;                        \
+    const int64_t ys = d->plain_out ? 1 : P, yl = d->plain_out ? ohw : 1;                     \
+    const size_t wsz = wide ? sizeof(int32_t) : 1;                                            \
+    for (int64_t u = 0; u < P; u += B) {                                                      \
+        void *w = ws ? (char *)ws + (size_t)u * wsz : NULL;                                   \
+        if (P == 16) body(16, 16);                                                            \
+        else if (P == 8) body(8, 8);                                                          \
+        else if (B == 16) body(16, P);                                                        \
+        else body(8, P);                                                                      \
+    }
+
 GP_CPU_LOOPS
+static void pool_block_fwd(const gp_pool_desc *d, const float *in, float *out, void *ws)
+{
+#define FWD_UNIT(b, p) fwd_block(d, in + u, out + u * yl, w, wide, b, p, ys, yl)
+    POOL_UNITS(FWD_UNIT)
+#undef FWD_UNIT
+}
+
+GP_CPU_LOOPS
+static void pool_block_bwd(const gp_pool_desc *d, const float *in, float *out, void *ws)
+{
+    memset(out, 0, (size_t)(d->h * d->w * d->blk) * sizeof(float));
+#define BWD_UNIT(b, p) bwd_block(d, in + u * yl, out + u, w, wide, b, p, ys, yl)
+    POOL_UNITS(BWD_UNIT)
+#undef BWD_UNIT
+}
+#undef POOL_UNITS
+
 static void pool_block_plane(const gp_pool_desc *d, bool fwd, const float *in, float *out,
                              void *ws)
 {
-    const int wide = ws_wide(d);
-    const int64_t B = d->blk, ohw = d->oh * d->ow;
-    const int64_t ys = d->plain_out ? 1 : B, yl = d->plain_out ? ohw : 1;
-    if (fwd) {
-        if (B == 16) fwd_block(d, in, out, ws, wide, 16, ys, yl);
-        else fwd_block(d, in, out, ws, wide, 8, ys, yl);
-    } else {
-        if (B == 16) bwd_block(d, in, out, ws, wide, 16, ys, yl);
-        else bwd_block(d, in, out, ws, wide, 8, ys, yl);
-    }
+    if (fwd) pool_block_fwd(d, in, out, ws);
+    else pool_block_bwd(d, in, out, ws);
 }
 
 /* 2x2 stride-2 max pooling without padding (the common case): branch-free
@@ -251,12 +295,16 @@ static void bwd_plane(const gp_pool_desc *d, const float *gp, float *dp, const v
 {
     const int max = d->kind == GP_POOL_MAX, wide = ws_wide(d);
     memset(dp, 0, (size_t)(d->h * d->w) * sizeof(float));
+    arg_offs t;
+    if (max && !wide) arg_offsets(d, &t);
     for (int64_t oh = 0; oh < d->oh; oh++)
         for (int64_t ow = 0; ow < d->ow; ow++) {
             win v = window(d, oh, ow);
             int64_t o = oh * d->ow + ow;
-            if (max) {
-                int64_t arg = wide ? ((const int32_t *)wsp)[o] : ((const uint8_t *)wsp)[o];
+            if (max && !wide) {
+                dp[v.r0 * d->w + v.c0 + t.o[((const uint8_t *)wsp)[o]]] += gp[o];
+            } else if (max) {
+                int64_t arg = ((const int32_t *)wsp)[o];
                 int64_t i = v.r0 + arg / d->kw, j = v.c0 + arg % d->kw;
                 dp[i * d->w + j] += gp[o];
             } else {
