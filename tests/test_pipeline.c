@@ -1317,6 +1317,129 @@ static void blocked_chains(bool nhwc)
     gp_device_close(two);
 }
 
+/* Chains through a flat ResNet's skips (gp_layers_blocked: an identity
+ * that stashes, the residual sum that pops it, with and without its
+ * projection, and the global average pool that ends the last chain):
+ *   0 conv 2->C 3x3   1 bn   2 relu   3 identity (stash s1)
+ *   4 conv C->C 1x1   5 bn   6 relu   7 conv C->C 3x3   8 bn
+ *   9 add (pop s1)   10 relu   11 identity (stash s2)
+ *  12 conv C->D 3x3 stride 2   13 bn   14 add (pop s2, projection C->D,
+ *  stride 2)   15 relu   16 global_avgpool   17 flatten   18 linear 5
+ * One device keeps every map from the first convolution's output to the
+ * pool's input in the block (C = D = 16 in nChw16c or nChw8c; with nhwc,
+ * channels-last on C = 24, D = 40, each side its channel count, the
+ * projection reading 24 and writing 40), and every cut of two stages
+ * (skips crossing the cut stay plain: stash s1 crosses after layers 4 to
+ * 9) gives the bits of a device whose maps are all plain
+ * (GPIPE_CPU_KEEP_BLOCKS=0). */
+enum { RC_N = 19 };
+
+static gp_layer_spec rc_spec(gp_layer_type t, int64_t out, int k, int stride, const char *stash,
+                             const char *pop)
+{
+    gp_layer_spec s = gp_layer_spec_default(t);
+    s.out = out;
+    if (k) s.kernel = gp_hw_square(k), s.padding = gp_hw_square(k / 2);
+    if (stride) s.stride = gp_hw_square(stride);
+    if (stash) snprintf(s.stash, sizeof s.stash, "%s", stash);
+    if (pop) snprintf(s.pop[0], sizeof s.pop[0], "%s", pop), s.n_pop = 1;
+    return s;
+}
+
+static void residual_chains(bool nhwc)
+{
+    gp_device *saved[4], *own[4] = {NULL, NULL, NULL, NULL}, *flat = NULL;
+    setenv("GPIPE_CPU_KEEP_BLOCKS", "0", 1);
+    gpt_open_cpu_devices(&flat, 1, 1);
+    if (nhwc) {
+        setenv("GPIPE_CPU_KEEP_BLOCKS", "nhwc", 1);
+        gpt_open_cpu_devices(own, 4, 1);
+        memcpy(saved, devs, sizeof saved);
+        memcpy(devs, own, sizeof devs);
+    }
+    unsetenv("GPIPE_CPU_KEEP_BLOCKS");
+    const int64_t C = nhwc ? 24 : 16, D = nhwc ? 40 : 16;
+    gp_layer_spec bs[RC_N];
+    gp_config c = gpt_model_cfg(bs, true, false, BATCH);
+    int n = 0;
+    bs[n++] = rc_spec(GP_LAYER_CONV2D, C, 3, 0, NULL, NULL);
+    bs[n++] = rc_spec(GP_LAYER_BATCHNORM, 0, 0, 0, NULL, NULL);
+    bs[n++] = rc_spec(GP_LAYER_RELU, 0, 0, 0, NULL, NULL);
+    bs[n++] = rc_spec(GP_LAYER_IDENTITY, 0, 0, 0, "s1", NULL);
+    bs[n++] = rc_spec(GP_LAYER_CONV2D, C, 1, 0, NULL, NULL);
+    bs[n++] = rc_spec(GP_LAYER_BATCHNORM, 0, 0, 0, NULL, NULL);
+    bs[n++] = rc_spec(GP_LAYER_RELU, 0, 0, 0, NULL, NULL);
+    bs[n++] = rc_spec(GP_LAYER_CONV2D, C, 3, 0, NULL, NULL);
+    bs[n++] = rc_spec(GP_LAYER_BATCHNORM, 0, 0, 0, NULL, NULL);
+    bs[n++] = rc_spec(GP_LAYER_ADD, 0, 0, 0, NULL, "s1");
+    bs[n++] = rc_spec(GP_LAYER_RELU, 0, 0, 0, NULL, NULL);
+    bs[n++] = rc_spec(GP_LAYER_IDENTITY, 0, 0, 0, "s2", NULL);
+    bs[n++] = rc_spec(GP_LAYER_CONV2D, D, 3, 2, NULL, NULL);
+    bs[n++] = rc_spec(GP_LAYER_BATCHNORM, 0, 0, 0, NULL, NULL);
+    bs[n] = rc_spec(GP_LAYER_ADD, D, 0, 2, NULL, "s2");
+    bs[n++].kernel = gp_hw_square(1);
+    bs[n++] = rc_spec(GP_LAYER_RELU, 0, 0, 0, NULL, NULL);
+    bs[n++] = rc_spec(GP_LAYER_GLOBAL_AVGPOOL, 0, 0, 0, NULL, NULL);
+    bs[n++] = rc_spec(GP_LAYER_FLATTEN, 0, 0, 0, NULL, NULL);
+    bs[n++] = rc_spec(GP_LAYER_LINEAR, 5, 0, 0, NULL, NULL);
+    CHECK(n == RC_N);
+    c.model.layers = bs;
+    c.model.n_layers = n;
+    c.model.input[0] = 2, c.model.input[1] = 8, c.model.input[2] = 8;
+    int differ = 0, runs = 0;
+    for (int cut = 1; cut < n && flat; cut++) {
+        int bal[2] = {cut, n - cut};
+        c.pipeline.chunks = 3;
+        c.pipeline.checkpoint = (gp_checkpoint_mode)(cut % 3);
+        gp_model ref, pip, plan;
+        if (gp_model_build(&c, devs[0], &plan) != GP_OK ||
+            gp_model_build(&c, flat, &ref) != GP_OK ||
+            gp_model_build_placed(&c, devs, 2, bal, &pip) != GP_OK) {
+            CHECK_MSG(0, "build: %s", gp_last_error());
+            break;
+        }
+        gp_layers_blocked(plan.layers, n); /* as a step plans them */
+        bool same[3];
+        gpt_compare_steps(&c, &ref, &pip, BATCH, 3, same);
+        runs++;
+        if (!(same[0] && same[1] && same[2])) {
+            differ++;
+            CHECK_MSG(0, "residual chains%s, balance [%d, %d] ckpt=%s: loss %s, grads %s, "
+                      "params %s", nhwc ? " (nhwc)" : "", bal[0], bal[1],
+                      gp_checkpoint_mode_name(c.pipeline.checkpoint),
+                      same[0] ? "same" : "DIFFER", same[1] ? "same" : "DIFFER",
+                      same[2] ? "same" : "DIFFER");
+        }
+        int64_t B = plan.layers[4].out_blk;
+        CHECK_MSG(nhwc ? B == C : B == 8 || B == 16, "conv %lld->%lld output block %lld",
+                  (long long)C, (long long)C, (long long)B);
+        for (int k = 0; k < n; k++) {
+            const gp_layer *l = &plan.layers[k];
+            int64_t want = k < 16 ? nhwc ? l->out_shape.dims[1] : B : 0;
+            int64_t want_in = k >= 1 && k <= 16 ? nhwc ? l->in_shape.dims[1] : B : 0;
+            int64_t want_pop = k == 9 || k == 14 ? nhwc ? C : B : 0;
+            CHECK_MSG(l->out_blk == want && l->in_blk == want_in && l->pop_blk == want_pop,
+                      "one device: layer %d blocks in %lld out %lld pop %lld", k,
+                      (long long)l->in_blk, (long long)l->out_blk, (long long)l->pop_blk);
+        }
+        /* a stage ends and starts plain, and so does a skip that crosses */
+        CHECK(pip.layers[0].in_blk == 0 && pip.layers[cut - 1].out_blk == 0 &&
+              pip.layers[cut].in_blk == 0 && pip.layers[n - 1].out_blk == 0);
+        if (cut >= 4 && cut <= 9) CHECK(pip.layers[3].out_blk == 0 && pip.layers[9].pop_blk == 0);
+        gp_model_free(&ref);
+        gp_model_free(&pip);
+        gp_model_free(&plan);
+    }
+    printf("test_pipeline: residual chains%s: %d of %d configurations differ\n",
+           nhwc ? ", channels-last" : "", differ, runs);
+    CHECK(runs == n - 1);
+    gp_device_close(flat);
+    if (nhwc) {
+        memcpy(devs, saved, sizeof devs);
+        for (int j = 0; j < 4; j++) gp_device_close(own[j]);
+    }
+}
+
 /* Gradients that are not finite under clipping: the pipeline's CLIP
  * finds them before any commit or update, on every schedule, so the failed
  * step changes nothing (parameters, batch-norm statistics, momentum: the
@@ -1543,6 +1666,8 @@ int main(void)
     bf16_held_inputs();
     blocked_chains(false);
     blocked_chains(true);
+    residual_chains(false);
+    residual_chains(true);
     attention_transparency();
     schedules_agree();
     interleaved();

@@ -1026,16 +1026,29 @@ static void inplace_rule(const char *spec0, size_t stride, int count, bool *inpl
  * gp_blk_unit: fewer units than threads would leave threads idle). */
 static bool blocks_through(const gp_layer *l, const gp_device *dev, int64_t blk)
 {
-    if (l->n_in != 1 || l->dev != dev) return false;
+    if (l->dev != dev) return false;
+    /* a residual sum: element-wise, its popped input in the same layout or
+     * through a projection that reads the popped one (gp_layers_blocked
+     * makes sure of both) */
+    if (l->spec.type == GP_LAYER_ADD) return l->n_in == 2;
+    if (l->n_in != 1) return false;
     switch (l->spec.type) {
+    case GP_LAYER_IDENTITY: return true;
     case GP_LAYER_BATCHNORM:
         return l->in_shape.ndim == 4 && l->in_shape.dims[1] / gp_blk_unit(blk) >= dev->threads;
     case GP_LAYER_RELU:
     case GP_LAYER_LEAKY_RELU:
     case GP_LAYER_MAXPOOL2D:
-    case GP_LAYER_AVGPOOL2D: return true;
+    case GP_LAYER_AVGPOOL2D:
+    case GP_LAYER_GLOBAL_AVGPOOL: return true;
     default: return false;
     }
+}
+
+static bool is_pool(const gp_layer *l)
+{
+    return l->spec.type == GP_LAYER_MAXPOOL2D || l->spec.type == GP_LAYER_AVGPOOL2D ||
+           l->spec.type == GP_LAYER_GLOBAL_AVGPOOL;
 }
 
 static int64_t conv_block(const gp_layer *l, bool output)
@@ -1046,30 +1059,123 @@ static int64_t conv_block(const gp_layer *l, bool output)
     return gp_dev_act_block(l->dev, &d, output);
 }
 
-void gp_layers_blocked(gp_layer *layers, int count)
+/* The layout a residual sum p in a chain of block blk wants its popped
+ * input in: blk without a projection; with one (skip.c: a 1x1 convolution,
+ * stride spec.stride, then a batch norm, on the popped tensor), the block
+ * its convolution reads, where that convolution writes blk and the norm
+ * may run in it (blocks_through's rule), else -1 (no layout fits). */
+static int64_t pop_wants(const gp_layer *p, int64_t blk)
 {
+    if (p->spec.out == 0 || !blk) return blk;
+    const gp_shape *ps = &p->pop_shape[0];
+    gp_conv_desc d = {.n = 1, .c = ps->dims[1], .h = ps->dims[2], .w = ps->dims[3],
+                      .k = p->spec.out, .kh = 1, .kw = 1, .sh = p->spec.stride.h,
+                      .sw = p->spec.stride.w, .oh = p->out_shape.dims[2],
+                      .ow = p->out_shape.dims[3]};
+    int64_t in = gp_dev_act_block(p->dev, &d, false);
+    bool ok = in && gp_dev_act_block(p->dev, &d, true) == blk &&
+              p->spec.out / gp_blk_unit(blk) >= p->dev->threads;
+    return ok ? in : -1;
+}
+
+/* One pass of gp_layers_blocked's chains.  bar[k] (gp_layers_blocked; NULL:
+ * all set) keeps chains away from skips: a layer that stashes its output
+ * ends its chain there, and one that pops a stashed tensor joins none. */
+static void plan_chains(gp_layer *layers, int count, const bool *bar)
+{
+#define STOPS(k) (layers[k].spec.stash[0] && (!bar || bar[k]))
+#define JOINS(k, a, blk)                                                                      \
+    (blocks_through(&layers[k], layers[a].dev, blk) &&                                        \
+     !(layers[k].spec.n_pop > 0 && (!bar || bar[k])))
     for (int c = 0; c < count; c++) layers[c].in_blk = layers[c].out_blk = 0;
     for (int a = 0; a < count; a++) {
         int64_t blk = conv_block(&layers[a], true);
         if (!blk) continue;
         int b = a + 1;
-        while (b < count && !layers[b - 1].spec.stash[0] &&
-               blocks_through(&layers[b], layers[a].dev, blk))
-            b++;
+        while (b < count && !STOPS(b - 1) && JOINS(b, a, blk)) b++;
         int end = b; /* the layer that reads the chain's last blocked output */
-        if (b >= count || layers[b - 1].spec.stash[0] || layers[b].dev != layers[a].dev ||
+        if (b >= count || STOPS(b - 1) || layers[b].dev != layers[a].dev ||
             conv_block(&layers[b], false) != blk) {
             /* no convolution to take it: the chain may end in its last pool,
-             * which writes plain (layers a .. b - 2 have no stash) */
+             * which writes plain */
             end = b - 1;
-            while (end > a && layers[end].spec.type != GP_LAYER_MAXPOOL2D &&
-                   layers[end].spec.type != GP_LAYER_AVGPOOL2D)
-                end--;
+            while (end > a && !is_pool(&layers[end])) end--;
             if (end == a) continue;
         }
         for (int c = a; c < end; c++) layers[c].out_blk = blk;
         for (int c = a + 1; c <= end; c++) layers[c].in_blk = blk;
     }
+#undef JOINS
+#undef STOPS
+}
+
+/* The skips of a run, for gp_layers_blocked: src[p * GP_MAX_POPS + q] the
+ * layer before p that stashed p's pop q last (-1: none in the run, the
+ * tensor comes from another stage, plain); popped[k] whether a layer of
+ * the run pops what k stashes; bar[] as plan_chains takes it. */
+typedef struct skip_map {
+    int *src;
+    bool *popped, *bar;
+} skip_map;
+
+static bool skip_map_make(const gp_layer *layers, int count, skip_map *m)
+{
+    m->src = malloc((size_t)count * GP_MAX_POPS * sizeof *m->src);
+    m->popped = calloc(2 * (size_t)count, sizeof *m->popped);
+    m->bar = m->popped ? m->popped + count : NULL;
+    if (!m->src || !m->popped) return false;
+    for (int p = 0; p < count; p++)
+        for (int q = 0; q < layers[p].spec.n_pop; q++) {
+            int k = p - 1;
+            while (k >= 0 && strcmp(layers[k].spec.stash, layers[p].spec.pop[q])) k--;
+            m->src[p * GP_MAX_POPS + q] = k;
+            if (k >= 0) m->popped[k] = true;
+        }
+    return true;
+}
+
+/* Skips that break the plan: bar[] set (and true returned) for a stash whose
+ * blocked output is popped by a layer reading another layout or by none in
+ * the run (it would leave the stage blocked, and stages take plain
+ * tensors), and for a popping layer in a chain whose popped tensor is in
+ * another layout. */
+static bool bar_misfits(const gp_layer *layers, int count, skip_map *m)
+{
+    bool more = false;
+    for (int p = 0; p < count; p++)
+        for (int q = 0; q < layers[p].spec.n_pop; q++) {
+            int k = m->src[p * GP_MAX_POPS + q];
+            int64_t from = k >= 0 ? layers[k].out_blk : 0;
+            if (from == (layers[p].spec.type == GP_LAYER_ADD ? pop_wants(&layers[p],
+                                                                         layers[p].in_blk)
+                                                             : layers[p].in_blk))
+                continue;
+            if (k >= 0 && from && !m->bar[k]) m->bar[k] = more = true;
+            if (layers[p].in_blk && !m->bar[p]) m->bar[p] = more = true;
+        }
+    for (int k = 0; k < count; k++)
+        if (layers[k].spec.stash[0] && layers[k].out_blk && !m->popped[k] && !m->bar[k])
+            m->bar[k] = more = true;
+    return more;
+}
+
+void gp_layers_blocked(gp_layer *layers, int count)
+{
+    /* A chain may run through a residual sum and the stash it pops (a flat
+     * ResNet's identity ... add) where both hold the same block; each
+     * round bars the skips that do not fit and plans again (one more
+     * barred a round: at most 2 count rounds).  No room to decide: every
+     * skip ends its chain, as before 2026-11-28. */
+    skip_map m = {NULL, NULL, NULL};
+    bool ok = count > 0 && skip_map_make(layers, count, &m);
+    plan_chains(layers, count, ok ? m.bar : NULL);
+    while (ok && bar_misfits(layers, count, &m)) plan_chains(layers, count, m.bar);
+    for (int p = 0; p < count; p++) { /* what each pop now reads */
+        int k = ok && layers[p].spec.n_pop > 0 ? m.src[p * GP_MAX_POPS] : -1;
+        layers[p].pop_blk = k >= 0 ? layers[k].out_blk : 0;
+    }
+    free(m.src);
+    free(m.popped);
 }
 
 void gp_layers_inplace(const gp_layer *layers, int count, bool *inplace)

@@ -452,6 +452,11 @@ struct gp_layer {
                                output (and dy): 0 plain, else the channel
                                block (backend.h); set by gp_layers_blocked,
                                0 from gp_layer_create */
+    int64_t pop_blk;        /* the popped inputs' layout (gp_layers_blocked:
+                               their stash's out_blk): in_blk's for a residual
+                               sum, the projection's input block for one
+                               with a projection (channels-last: its input
+                               channels) */
     /* batch norm followed by relu (gp_layers_relu_fused): the norm's
      * forward applies the relu and its backward masks the gradient where
      * the normalised value was not positive (relu_after, on the norm:

@@ -133,9 +133,15 @@ static gp_status add_infer(const gp_layer *l, const gp_shape *in, gp_shape *out)
     return GP_OK;
 }
 
+/* The child's parameter views, and its layouts (gp_layers_blocked): the
+ * projection's convolution reads the popped tensor's (pop_blk) and writes
+ * the sum's, in which the norm runs. */
 static void sync_child(gp_layer *l, add_state *st, int which)
 {
-    gp_layers_child_view(l, &st->child[which], st->first[which]);
+    gp_layer *c = &st->child[which];
+    gp_layers_child_view(l, c, st->first[which]);
+    c->in_blk = which == P_CONV ? l->pop_blk : l->in_blk;
+    c->out_blk = l->in_blk;
 }
 
 static gp_status add_init(gp_layer *l, uint64_t seed)
