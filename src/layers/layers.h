@@ -546,16 +546,21 @@ void gp_layers_inplace(const gp_layer *layers, int count, bool *inplace);
  * convolutions' own channel-blocked layout (backend.h, act_block): a
  * convolution's output, the layers after it and the next convolution's
  * input, when every layer between the two convolutions is a 2-d batch norm,
- * relu, leaky_relu, maxpool2d or avgpool2d (each of which computes the same
- * bits on either layout), both convolutions take the same block on their
- * device, and no skip stashes any of those outputs (its pop reads them
- * later, in whatever layout it wants); the first convolution may take a
- * plain input (a first layer's 1 or 2 channels, backend.h's act_block per
- * side), and a batch norm in a chain has at least as many blocks of
- * channels as its device has threads (its loops run a block per task).
- * Without a convolution to end it, a chain may end in its last max or
- * average pool, which reads the block and writes plain (conv -> bn -> relu
- * -> max pool -> flatten).  Sets every layer's in_blk / out_blk
+ * relu, leaky_relu, maxpool2d, avgpool2d, global_avgpool, identity or add
+ * (each of which computes the same bits on either layout) and both
+ * convolutions take the same block on their device; a skip inside a chain
+ * holds where every pop of it is in the run and reads the stashed layout (a
+ * residual sum in a chain of the same block, or one whose projection's
+ * convolution reads the popped block: pop_blk), else the stash stays plain
+ * and ends its chain, and a popping layer whose popped tensor is in
+ * another layout joins none (planned again until nothing changes).  The
+ * first convolution may take a plain input (a first layer's 1 or 2
+ * channels, backend.h's act_block per side), and a batch norm in a chain
+ * has at least as many units of channels (gp_blk_unit) as its device has
+ * threads (its loops run a unit per task).  Without a convolution to end
+ * it, a chain may end in its last pool, which reads the block and writes
+ * plain (conv -> bn -> relu -> max pool -> flatten).  Sets every layer's
+ * in_blk / out_blk / pop_blk
  * (0 elsewhere); the run's input and output stay plain, so what crosses a
  * stage boundary is plain and the stages' results equal the one-device
  * run's, whatever the partition.  What it spares: the reorders from plain
