@@ -496,7 +496,7 @@ static void workspace_seen(gp_device *dev, uint64_t searched, size_t *most)
  * (the main pass names the error). */
 static void plan_blocks(const gp_layer_spec *specs, int L, const gp_skip_map *map,
                         const gp_shape *input, gp_device *dev, int64_t *in_blk,
-                        int64_t *out_blk)
+                        int64_t *out_blk, int64_t *pop_blk)
 {
     gp_layer *m = calloc((size_t)L, sizeof *m);
     gp_shape *outs = calloc((size_t)L, sizeof *outs);
@@ -517,6 +517,7 @@ static void plan_blocks(const gp_layer_spec *specs, int L, const gp_skip_map *ma
     for (int k = 0; k < L; k++) {
         in_blk[k] = ok ? m[k].in_blk : 0;
         out_blk[k] = ok ? m[k].out_blk : 0;
+        pop_blk[k] = ok ? m[k].pop_blk : 0;
     }
     for (int k = 0; m && k < made; k++) {
         m[k].dev = NULL;
@@ -725,7 +726,8 @@ typedef struct profile_run {
     gp_skip_map map;
     gp_shape *outs;             /* (L) each layer's output shape, as built */
     bool *inplace, *unkept, *fused; /* (L) each: what its stage makes of it */
-    int64_t *blk;               /* (2L) each layer's input, then output, block (0: plain) */
+    int64_t *blk;               /* (3L) each layer's input, then output, then popped
+                                   inputs' block (0: plain) */
     double *pool;               /* the samples' one allocation */
     samples sm;                 /* the timings of one measurement */
     float *host;                /* inputs on the host, as large as the largest layer's yet */
@@ -809,7 +811,7 @@ static gp_status profile_plan(profile_run *r)
     r->inplace = calloc((size_t)L, sizeof *r->inplace);
     r->unkept = calloc((size_t)L, sizeof *r->unkept);
     r->fused = calloc((size_t)L, sizeof *r->fused);
-    r->blk = calloc(2 * (size_t)L, sizeof *r->blk);
+    r->blk = calloc(3 * (size_t)L, sizeof *r->blk);
     gp_status s = GP_OK;
     if (!pool || !r->outs || !r->inplace || !r->unkept || !r->fused || !r->blk)
         s = gp_error_set(GP_ERR_OOM, "out of host memory");
@@ -818,7 +820,8 @@ static gp_status profile_plan(profile_run *r)
     if (s == GP_OK) gp_layer_specs_unkept(specs, L, r->inplace, r->unkept);
     if (s == GP_OK) gp_layer_specs_relu_fused(specs, L, r->inplace, r->fused);
     if (s == GP_OK)
-        plan_blocks(specs, L, &r->map, &r->input_shape, r->peer, r->blk, r->blk + L);
+        plan_blocks(specs, L, &r->map, &r->input_shape, r->peer, r->blk, r->blk + L,
+                    r->blk + 2 * L);
     return s;
 }
 
@@ -956,6 +959,7 @@ static gp_status profile_one_layer(profile_run *r, int k)
     }
     l.in_blk = r->blk[k];
     l.out_blk = r->blk[r->L + k];
+    l.pop_blk = r->blk[2 * r->L + k];
     gp_layer_mem *mm = &out->mem[k];
     profile_layer_memory(r, &l, dev, k, &a0);
     bool ft = false;
@@ -1042,7 +1046,8 @@ static int same_as_earlier(const profile_run *r, int k)
         if (r->specs[j].type != r->specs[k].type || j == r->out->first_trainable ||
             r->inplace[j] != r->inplace[k] || r->unkept[j] != r->unkept[k] ||
             r->fused[j] != r->fused[k] || r->blk[j] != r->blk[k] ||
-            r->blk[r->L + j] != r->blk[r->L + k])
+            r->blk[r->L + j] != r->blk[r->L + k] ||
+            r->blk[2 * r->L + j] != r->blk[2 * r->L + k])
             continue;
         cost_spec(&r->specs[j], &b);
         if (memcmp(&a, &b, sizeof a)) continue;
