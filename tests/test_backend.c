@@ -2773,6 +2773,30 @@ static void test_nonfinite_or_many(gp_device *dev)
  * and with none of the three (the host's fallback); held between begin
  * and end with a second norm, still one call.  Counts that do not add up
  * are refused. */
+/* A norm of c channels whose accumulator holds 4 values of `first` (its
+ * means, then its variances) and whose running statistics are set. */
+static void bn_norm_init(gp_device *d, int64_t c, double *acc, float *rm, float *rv,
+                         const float *first)
+{
+    CHECK_OK(gp_dev_fill(d, (float *)acc, 0.0f, 4 * c));
+    for (int64_t k = 0; k < c; k++) rm[k] = 0.25f * (float)k, rv[k] = 1.5f;
+    CHECK_OK(gp_dev_bn_merge(d, c, acc, acc + c, 0, 4, first, first + c));
+}
+
+/* The oracle of a commit with pending slots: the p slots at pend (2c floats
+ * each, nb[i] values) merged one call at a time, then committed. */
+static void bn_merges_commit(gp_device *d, int64_t c, double *acc, float *rm, float *rv,
+                             const float *pend, const double *nb, int p)
+{
+    double na = 4;
+    for (int q = 0; q < p; q++) {
+        const float *slot = pend + 2 * c * q;
+        CHECK_OK(gp_dev_bn_merge(d, c, acc, acc + c, na, nb[q], slot, slot + c));
+        na += nb[q];
+    }
+    CHECK_OK(gp_dev_bn_commit(d, c, rm, rv, acc, acc + c, 0.3, na));
+}
+
 static void test_bn_commit_pending(gp_device *dev)
 {
     enum { C = 4, P = 3 };
@@ -2802,17 +2826,9 @@ static void test_bn_commit_pending(gp_device *dev)
         /* two norms: [0] merged one call at a time, [1] as a part */
         double acc[2][2 * C];
         float rm[2][C], rv[2][C];
-        for (int n = 0; n < 2; n++) {
-            CHECK_OK(gp_dev_fill(d, (float *)acc[n], 0.0f, 4 * C));
-            for (int c = 0; c < C; c++) rm[n][c] = 0.25f * c, rv[n][c] = 1.5f;
-            CHECK_OK(gp_dev_bn_merge(d, C, acc[n], acc[n] + C, 0, 4, first, first + C));
-        }
-        double na = 4;
-        for (int q = 0; q < P; q++) {
-            CHECK_OK(gp_dev_bn_merge(d, C, acc[0], acc[0] + C, na, nb[q], pend[q], pend[q] + C));
-            na += nb[q];
-        }
-        CHECK_OK(gp_dev_bn_commit(d, C, rm[0], rv[0], acc[0], acc[0] + C, 0.3, na));
+        for (int n = 0; n < 2; n++) bn_norm_init(d, C, acc[n], rm[n], rv[n], first);
+        bn_merges_commit(d, C, acc[0], rm[0], rv[0], &pend[0][0], nb, P);
+        double na = 4 + nb[0] + nb[1] + nb[2];
         gp_bn_commit_part p = {.c = C, .rmean = rm[1], .rvar = rv[1], .mean_acc = acc[1],
                                .m2_acc = acc[1] + C, .momentum = 0.3, .count = na,
                                .pend = &pend[0][0], .n_pend = P, .n_hi = 2, .na = 4,
@@ -2850,18 +2866,8 @@ static void test_bn_commit_pending(gp_device *dev)
         for (int w = 0; w < 2; w++) {
             double a3[2][2 * C];
             float m3[2][C], v3[2][C];
-            for (int n = 0; n < 2; n++) {
-                CHECK_OK(gp_dev_fill(d, (float *)a3[n], 0.0f, 4 * C));
-                for (int c = 0; c < C; c++) m3[n][c] = 0.25f * c, v3[n][c] = 1.5f;
-                CHECK_OK(gp_dev_bn_merge(d, C, a3[n], a3[n] + C, 0, 4, first, first + C));
-            }
-            double n3 = 4;
-            for (int q = 0; q < P; q++) {
-                CHECK_OK(gp_dev_bn_merge(d, C, a3[0], a3[0] + C, n3, counts[w][q], pend[q],
-                                         pend[q] + C));
-                n3 += counts[w][q];
-            }
-            CHECK_OK(gp_dev_bn_commit(d, C, m3[0], v3[0], a3[0], a3[0] + C, 0.3, n3));
+            for (int n = 0; n < 2; n++) bn_norm_init(d, C, a3[n], m3[n], v3[n], first);
+            bn_merges_commit(d, C, a3[0], m3[0], v3[0], &pend[0][0], counts[w], P);
             gp_bn_commit_part sp = {.c = C, .rmean = m3[1], .rvar = v3[1], .mean_acc = a3[1],
                                     .m2_acc = a3[1] + C, .momentum = 0.3, .pend = &pend[0][0],
                                     .n_pend = P, .na = 4};

@@ -1176,6 +1176,24 @@ static void device_time(void)
 }
 
 
+/* One configuration of the chain tests: `plan` the one-device model on
+ * devs[0] with its chains planned as a step plans them, `ref` the
+ * reference on ref_dev, `pip` placed on ndev devices by bal; 3 steps of ref
+ * and pip compared (same: loss, grads, params).  false (checked) where a
+ * build fails. */
+static bool chains_run(const gp_config *c, gp_device *ref_dev, int ndev, const int *bal,
+                       gp_model *plan, gp_model *ref, gp_model *pip, bool same[3])
+{
+    if (gp_model_build(c, devs[0], plan) != GP_OK || gp_model_build(c, ref_dev, ref) != GP_OK ||
+        gp_model_build_placed(c, devs, ndev, bal, pip) != GP_OK) {
+        CHECK_MSG(0, "build: %s", gp_last_error());
+        return false;
+    }
+    gp_layers_blocked(plan->layers, c->model.n_layers);
+    gpt_compare_steps(c, ref, pip, BATCH, 3, same);
+    return true;
+}
+
 /* Channel-blocked chains (gp_layers_blocked): a convnet whose convolutions
  * keep their blocked layout across batch norm, relu, leaky relu and both
  * pools inside a stage, against the one-device run (one stage, every
@@ -1242,15 +1260,9 @@ static void blocked_chains(bool nhwc)
             c.pipeline.checkpoint = (gp_checkpoint_mode)((cut + kd) % 3);
             c.pipeline.lockstep = (cut % 2) == 0;
             gp_model ref, pip, plan; /* plan: the one-device run's chains on devs */
-            if (gp_model_build(&c, devs[0], &plan) != GP_OK ||
-                gp_model_build(&c, nhwc ? saved[0] : devs[0], &ref) != GP_OK ||
-                gp_model_build_placed(&c, devs, ndev, bal, &pip) != GP_OK) {
-                CHECK_MSG(0, "build: %s", gp_last_error());
-                return;
-            }
-            gp_layers_blocked(plan.layers, n); /* as a step plans them */
             bool same[3];
-            gpt_compare_steps(&c, &ref, &pip, BATCH, 3, same);
+            if (!chains_run(&c, nhwc ? saved[0] : devs[0], ndev, bal, &plan, &ref, &pip, same))
+                return;
             runs++;
             if (!(same[0] && same[1] && same[2])) {
                 differ++;
@@ -1392,15 +1404,8 @@ static void residual_chains(bool nhwc)
         c.pipeline.chunks = 3;
         c.pipeline.checkpoint = (gp_checkpoint_mode)(cut % 3);
         gp_model ref, pip, plan;
-        if (gp_model_build(&c, devs[0], &plan) != GP_OK ||
-            gp_model_build(&c, flat, &ref) != GP_OK ||
-            gp_model_build_placed(&c, devs, 2, bal, &pip) != GP_OK) {
-            CHECK_MSG(0, "build: %s", gp_last_error());
-            break;
-        }
-        gp_layers_blocked(plan.layers, n); /* as a step plans them */
         bool same[3];
-        gpt_compare_steps(&c, &ref, &pip, BATCH, 3, same);
+        if (!chains_run(&c, flat, 2, bal, &plan, &ref, &pip, same)) break;
         runs++;
         if (!(same[0] && same[1] && same[2])) {
             differ++;
