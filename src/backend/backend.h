@@ -254,6 +254,13 @@ static inline int64_t gp_blk_unit(int64_t blk)
     return blk == 0 ? 1 : blk % 16 == 0 ? 16 : 8;
 }
 
+/* Whether layout blk (valid) is channels-last in name: a block of 8 or 16
+ * is nChw8c or nChw16c even where it is all the channels (the same bytes). */
+static inline bool gp_blk_nhwc(int64_t blk)
+{
+    return blk && blk != 8 && blk != 16;
+}
+
 /* Descriptor of a 2-D convolution (also used for pooling windows). */
 typedef struct gp_conv_desc {
     int64_t n, c, h, w;      /* input (N, C, H, W) */

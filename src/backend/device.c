@@ -701,19 +701,30 @@ gp_status gp_dev_bn_merge(gp_device *dev, int64_t c, double *mean_acc, double *m
  * its pending slots merged and the running statistics updated, in one
  * bn_commit_multi call where the backend has one, else a bn_merge per
  * slot and a bn_commit. */
+/* p's pending slots merged into its accumulator one bn_merge each, in
+ * slot order, slot q of nb[q] values (nb NULL: of p's runs); *na from p's
+ * na to the total. */
+static gp_status merge_pending(gp_device *dev, const gp_bn_commit_part *p, const double *nb,
+                               double *na)
+{
+    *na = p->na;
+    for (int q = 0; q < p->n_pend; q++) {
+        const float *slot = p->pend + 2 * p->c * (int64_t)q;
+        double b = nb ? nb[q] : q < p->n_hi ? p->nb_hi : p->nb_lo;
+        GP_TRY(gp_dev_bn_merge(dev, p->c, p->mean_acc, p->m2_acc, *na, b, slot, slot + p->c));
+        *na += b;
+    }
+    return GP_OK;
+}
+
 static gp_status bn_commit_now(gp_device *dev, const gp_bn_commit_part *p)
 {
     if (p->n_pend > 0 && dev->iface->bn_commit_multi) {
         dev->bn_commit_calls++;
         return GP_LAUNCH(dev, bn_commit_multi)(dev, p, 1);
     }
-    double na = p->na;
-    for (int i = 0; i < p->n_pend; i++) {
-        const float *slot = p->pend + 2 * p->c * (int64_t)i;
-        double nb = i < p->n_hi ? p->nb_hi : p->nb_lo;
-        GP_TRY(gp_dev_bn_merge(dev, p->c, p->mean_acc, p->m2_acc, na, nb, slot, slot + p->c));
-        na += nb;
-    }
+    double na;
+    GP_TRY(merge_pending(dev, p, NULL, &na));
     dev->bn_commit_calls++;
     if (dev->iface->bn_commit)
         return GP_LAUNCH(dev, bn_commit)(dev, p->c, p->rmean, p->rvar, p->mean_acc, p->m2_acc,
@@ -775,11 +786,7 @@ gp_status gp_dev_bn_commit_slots(gp_device *dev, gp_bn_commit_part p, const doub
     for (int q = 0; q < p.n_pend; q++) kept += nb[q];
     p.count = p.na + kept;
     if (nb_runs(nb, p.n_pend, &p.n_hi, &p.nb_hi, &p.nb_lo)) return gp_dev_bn_commit_part(dev, &p);
-    for (int q = 0; q < p.n_pend; q++) {
-        const float *slot = p.pend + 2 * p.c * (int64_t)q;
-        GP_TRY(gp_dev_bn_merge(dev, p.c, p.mean_acc, p.m2_acc, p.na, nb[q], slot, slot + p.c));
-        p.na += nb[q];
-    }
+    GP_TRY(merge_pending(dev, &p, nb, &p.na));
     p.pend = NULL;
     p.n_pend = p.n_hi = 0;
     p.nb_hi = p.nb_lo = 0;

@@ -2268,7 +2268,7 @@ static void summary_layer_notes(const gp_layer *l, bool inplace, bool unkept, bo
     else if (paired) /* gp_layers_add_norm: the add before runs it in its pass */
         snprintf(sk + strlen(sk), len - strlen(sk), "  one pass with the add");
     if (unkept) snprintf(sk + strlen(sk), len - strlen(sk), "  not kept");
-    if (l->out_blk && l->out_blk != 8 && l->out_blk != 16) /* channels-last (backend.h) */
+    if (gp_blk_nhwc(l->out_blk)) /* channels-last (backend.h) */
         snprintf(sk + strlen(sk), len - strlen(sk), "  out nhwc");
     else if (l->out_blk) /* gp_layers_blocked: the convolutions' own layout */
         snprintf(sk + strlen(sk), len - strlen(sk), "  out nChw%lldc", (long long)l->out_blk);

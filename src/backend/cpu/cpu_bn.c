@@ -143,8 +143,8 @@ sums_plain(const void *x, const void *g, int64_t n, int64_t cs, int64_t s, doubl
  * samples cs apart; k[b] per channel. */
 static inline __attribute__((always_inline)) void
 sums_block(const void *x, const void *g, int64_t n, int64_t cs, int64_t s, const int64_t B,
-           const int64_t P, const double *k, const float *msc, const float *msh, double *s1, double *s2,
-           const bool b16)
+           const int64_t P, const double *k, const float *msc, const float *msh, double *s1,
+           double *s2, const bool b16)
 {
     double a1[BN_LANES][BN_MAX_BLOCK] = {{0}}, a2[BN_LANES][BN_MAX_BLOCK] = {{0}};
     float ms[BN_MAX_BLOCK], mh[BN_MAX_BLOCK]; /* in registers, as apply_block's */
@@ -205,16 +205,10 @@ chan_sums_body(const gp_bn_desc *d, const void *x, const void *g, int64_t c0, do
         for (int64_t b = 0; b < B; b++) k[b] = (double)B16_LD(x, o + b);
     const float msk[2] = {msc ? msc[0] : 0.0f, msh ? msh[0] : 0.0f};
     const void *xo = cadv(x, o, b16), *go = cadv(g, o, b16);
-    /* the pixel stride a constant where it is the unit (nChw16c, nChw8c) */
-    if (!d->blk)
-        sums_plain(xo, go, d->n, cs, d->s, k[0], msc ? msk : NULL, s1, s2, b16);
-    else if (P == 16)
-        sums_block(xo, go, d->n, cs, d->s, 16, 16, k, msc, msh, s1, s2, b16);
-    else if (P == 8)
-        sums_block(xo, go, d->n, cs, d->s, 8, 8, k, msc, msh, s1, s2, b16);
-    else if (B == 16)
-        sums_block(xo, go, d->n, cs, d->s, 16, P, k, msc, msh, s1, s2, b16);
-    else sums_block(xo, go, d->n, cs, d->s, 8, P, k, msc, msh, s1, s2, b16);
+#define SUMS(b, p) sums_block(xo, go, d->n, cs, d->s, b, p, k, msc, msh, s1, s2, b16)
+    if (!d->blk) sums_plain(xo, go, d->n, cs, d->s, k[0], msc ? msk : NULL, s1, s2, b16);
+    else CPU_BLK_CALL(P, SUMS);
+#undef SUMS
 }
 
 GP_CPU_LOOPS
@@ -274,7 +268,8 @@ static void chan_stats(const gp_bn_desc *d, const void *x, int64_t c0, float *me
 static inline __attribute__((always_inline)) void
 apply_block(const void *x, const void *g, void *y, int64_t n, int64_t cs, int64_t s,
             const int64_t B, const int64_t P, const float *ca, const float *cb, const float *cc,
-            const float *cm, bool relu, const float *msc, const float *msh, const void *add, const bool b16)
+            const float *cm, bool relu, const float *msc, const float *msh, const void *add,
+            const bool b16)
 {
     float a[BN_MAX_BLOCK], b2[BN_MAX_BLOCK], c[BN_MAX_BLOCK], m[BN_MAX_BLOCK];
     float ms[BN_MAX_BLOCK], mh[BN_MAX_BLOCK];
@@ -346,20 +341,10 @@ chan_apply_body(const gp_bn_desc *d, const void *x, const void *g, void *y, int6
     const void *ad = cadv(add, o, b16); /* forward only */
     const void *xo = cadv(x, o, b16), *go = cadv(g, o, b16);
     void *yo = adv(y, o, b16);
-    /* the pixel stride a constant where it is the unit (nChw16c, nChw8c) */
-    if (d->blk == 16) {
-        apply_block(xo, go, yo, N, cs, S, 16, 16, ca, cb, cc, cm, relu, msc, msh, ad, b16);
-        return;
-    }
-    if (d->blk == 8) {
-        apply_block(xo, go, yo, N, cs, S, 8, 8, ca, cb, cc, cm, relu, msc, msh, ad, b16);
-        return;
-    }
-    if (d->blk) { /* channels-last */
-        const int64_t B = gp_blk_unit(d->blk);
-        if (B == 16)
-            apply_block(xo, go, yo, N, cs, S, 16, d->blk, ca, cb, cc, cm, relu, msc, msh, ad, b16);
-        else apply_block(xo, go, yo, N, cs, S, 8, d->blk, ca, cb, cc, cm, relu, msc, msh, ad, b16);
+    if (d->blk) {
+#define APPLY(b, p) apply_block(xo, go, yo, N, cs, S, b, p, ca, cb, cc, cm, relu, msc, msh, ad, b16)
+        CPU_BLK_CALL(d->blk, APPLY);
+#undef APPLY
         return;
     }
     const float a = ca[0], b = cb[0], c = cc ? cc[0] : 0.0f, m = cm ? cm[0] : 0.0f;

@@ -558,12 +558,13 @@ static int64_t pad_right(int64_t in, int64_t k, int64_t s, int64_t pl, int64_t o
  * gp_blk_valid does), where a block other than 8 or 16 is channels-last. */
 static dnnl_format_tag_t act_tag(int64_t blk)
 {
-    return blk == 16 ? dnnl_nChw16c : blk == 8 ? dnnl_nChw8c : blk ? dnnl_nhwc : dnnl_nchw;
+    if (gp_blk_nhwc(blk)) return dnnl_nhwc;
+    return blk == 16 ? dnnl_nChw16c : blk == 8 ? dnnl_nChw8c : dnnl_nchw;
 }
 
 /* A layout in the op cache's key: 0 plain, 8, 16, or 1 for channels-last
  * (whose block is the channel count, in the key already). */
-static int64_t layout_key(int64_t blk) { return blk == 8 || blk == 16 || !blk ? blk : 1; }
+static int64_t layout_key(int64_t blk) { return gp_blk_nhwc(blk) ? 1 : blk; }
 
 static cpu_key conv_key(cpu_op_kind kind, const gp_conv_desc *d, bool io16)
 {

@@ -206,6 +206,18 @@ typedef struct cpu_op {
 /* gp_cpu_ctx.act_blk for channels-last (the block is each side's channels). */
 #define CPU_ACT_NHWC (-1)
 
+/* F(B, P) for a blocked loop over layout P (gp_blk_valid, not plain): B
+ * channels at a time (gp_blk_unit) with pixels P apart, both constants
+ * for nChw16c and nChw8c, so that an always_inline body F calls is
+ * specialised for them (batch norm's and pooling's blocked loops). */
+#define CPU_BLK_CALL(P, F)                                                                    \
+    do {                                                                                      \
+        if ((P) == 16) F(16, 16);                                                             \
+        else if ((P) == 8) F(8, 8);                                                           \
+        else if (gp_blk_unit(P) == 16) F(16, (P));                                            \
+        else F(8, (P));                                                                       \
+    } while (0)
+
 /* Conv layout policy (see cpu_dnnl.c): auto chooses per shape. */
 typedef enum { CPU_CONV_AUTO = 0, CPU_CONV_PLAIN, CPU_CONV_BLOCKED } cpu_conv_layout;
 

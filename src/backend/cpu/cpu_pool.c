@@ -201,10 +201,7 @@ bwd_block(const gp_pool_desc *d, const float *gp, float *dp, const void *wsp, in
     const size_t wsz = wide ? sizeof(int32_t) : 1;                                            \
     for (int64_t u = 0; u < P; u += B) {                                                      \
         void *w = ws ? (char *)ws + (size_t)u * wsz : NULL;                                   \
-        if (P == 16) body(16, 16);                                                            \
-        else if (P == 8) body(8, 8);                                                          \
-        else if (B == 16) body(16, P);                                                        \
-        else body(8, P);                                                                      \
+        CPU_BLK_CALL(P, body);                                                                \
     }
 
 GP_CPU_LOOPS
