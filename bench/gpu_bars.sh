@@ -73,26 +73,33 @@ echo "gpu_bars: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null 
 if [ "${PARTS:-all}" = bf16 ]; then
 # Issue 50's table: the seeds' models (and three small ones) at the
 # issue's batches, one stage, m = 1: TF32, bf16 (activations stored in
-# bf16, train.activations: bf16, what `auto` gives on GPUs) and bf16 with FP32 activations (the
-# contract before issue 50), each with its peak device memory, and
+# bf16, train.activations: bf16, what `auto` gives on GPUs, its chains
+# channels-last) and the same bf16 with GPIPE_CUDA_NHWC=0 (every map plain
+# NCHW: issue 67's A/B), each with its peak device memory; BF16_VARIANTS
+# picks the columns (default "tf32 bf16 bf16nchw"; bf16a32 is bf16 with
+# FP32 activations, the contract before issue 50), and
 # PyTorch's TF32 and bf16 autocast beside them with theirs, in NCHW and in
 # channels_last (the ratio takes the faster: issue 67), and torch.compile's
 # where PEER_COMPILE=1 (a column, not a bar; its compiles take minutes).
 echo "gpu_bars bf16: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}"
-echo "| model, batch | tf32 ms | bf16 ms | bf16 fp32-activations ms | peak GB tf32 / bf16 / bf16 fp32-act | the same after step 1 |"
-echo "|---|---|---|---|---|---|"
+variants=(${BF16_VARIANTS:-tf32 bf16 bf16nchw})
+echo "| model, batch | $(printf '%s ms | ' "${variants[@]}")peak GB $(IFS=/; echo "${variants[*]}") | the same after step 1 |"
+echo "|---|$(printf -- '---|%.0s' "${variants[@]}")---|---|"
 rm -f "$OUT/gpipe-times.txt"
 peer_runs=
 for spec in ${BF16_RUNS:-configs/resnet101.yaml:128 configs/unet.yaml:32 configs/amoebanet-d.yaml:64 bench/resnet18-32.yaml:256 bench/convnet.yaml:1024 bench/mlp.yaml:2048}; do
   cfg=${spec%:*}; batch=${spec#*:}; model=$(basename "$cfg" .yaml)
   t=(); p=(); pq=()
-  for v in tf32 bf16 bf16a32; do
+  for v in "${variants[@]}"; do
+    nhwc=1
     case $v in
       tf32) sets=(--set train.precision=tf32) ;;
       bf16) sets=(--set train.precision=bf16 --set train.activations=bf16) ;;
+      bf16nchw) sets=(--set train.precision=bf16 --set train.activations=bf16); nhwc=0 ;;
       bf16a32) sets=(--set train.precision=bf16 --set train.activations=fp32) ;;
+      *) echo "gpu_bars: unknown BF16_VARIANTS entry $v"; exit 2 ;;
     esac
-    if train "$model-$batch-$v" "$cfg" "$batch" "[cuda:0]" 1 --set pipeline.balance=auto "${sets[@]}"; then
+    if GPIPE_CUDA_NHWC=$nhwc train "$model-$batch-$v" "$cfg" "$batch" "[cuda:0]" 1 --set pipeline.balance=auto "${sets[@]}"; then
       read -r ms _ pk pl <<< "$(median "$OUT/$model-$batch-$v.jsonl")"
     else
       ms=-; pk=0; pl=0
@@ -100,10 +107,12 @@ for spec in ${BF16_RUNS:-configs/resnet101.yaml:128 configs/unet.yaml:32 configs
     t+=("$ms"); p+=("$pk"); pq+=("$pl")
   done
   gb() { "$PY" -c "import sys; print(' / '.join('%.2f' % (int(x) / 1e9) for x in sys.argv[1:]))" "$@"; }
-  echo "| $model, $batch | ${t[0]} | ${t[1]} | ${t[2]} | $(gb "${p[@]}") | $(gb "${pq[@]}") |"
+  echo "| $model, $batch | $(printf '%s | ' "${t[@]}")$(gb "${p[@]}") | $(gb "${pq[@]}") |"
   b=$((batch / SCALE))
-  [ "${t[0]}" = - ] || echo "$cfg $b tf32 ${t[0]} ${p[0]}" >> "$OUT/gpipe-times.txt"
-  [ "${t[1]}" = - ] || echo "$cfg $b bf16 ${t[1]} ${p[1]}" >> "$OUT/gpipe-times.txt"
+  for i in "${!variants[@]}"; do # the PyTorch table's gpipe column: tf32 and bf16
+    case ${variants[$i]} in tf32|bf16) [ "${t[$i]}" = - ] ||
+      echo "$cfg $b ${variants[$i]} ${t[$i]} ${p[$i]}" >> "$OUT/gpipe-times.txt" ;; esac
+  done
   peer_runs="$peer_runs $cfg:$b"
 done
 echo

@@ -2005,6 +2005,385 @@ static void test_linear_gelu(gp_dtype dt)
  * check sees whether the convolutions ran in bf16;
  * a convolution of 1 channel, too few products for bf16, is FP32 (1e-4).
  * A GPU before sm_80 refuses bf16 saying what to use. */
+/* ---- channels-last on the GPU (issue 67) -------------------------------------
+ * Each op of a chain (convolution, batch norm, pooling) on the bf16 device
+ * g, called once on plain tensors and once on the same values laid out
+ * channels-last (the descriptors' blocks = the channels, as act_block
+ * says), on FP32 and on bf16 storage: the channels-last results, turned
+ * back on the host, are the plain call's bits where both run the same
+ * kernels in the same order, else within the tolerance said; and the
+ * plain call is checked against the CPU's FP32 (the layouts could agree
+ * and both be wrong).  Compiled, not run, until a GPU session runs it. */
+
+/* Each of n (rows, cols) matrices of es-byte elements transposed. */
+static void cl_turn(const void *src, void *dst, size_t es, int64_t n, int64_t rows, int64_t cols)
+{
+    const char *s = src;
+    char *d = dst;
+    for (int64_t b = 0; b < n; b++)
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < cols; c++)
+                memcpy(d + ((b * cols + c) * rows + r) * es, s + ((b * rows + r) * cols + c) * es,
+                       es);
+}
+
+/* bytes (a multiple of 4) of host h on g, or zeros (h NULL). */
+static void *cl_put(gp_device *g, const void *h, size_t bytes)
+{
+    void *p = NULL;
+    CHECK_OK(gp_dev_alloc(g, bytes, GP_MEM_ACTIVATIONS, &p));
+    if (h)
+        CHECK_OK(gp_dev_upload(g, p, h, (int64_t)(bytes / 4)));
+    else
+        CHECK_OK(gp_dev_fill(g, p, 0.0f, (int64_t)(bytes / 4)));
+    return p;
+}
+
+static void *cl_get(gp_device *g, const void *p, size_t bytes)
+{
+    void *h = malloc(bytes);
+    CHECK_OK(gp_dev_download(g, h, p, (int64_t)(bytes / 4)));
+    CHECK_OK(gp_dev_synchronize(g));
+    return h;
+}
+
+/* Element i of storage h (bf16 patterns where io16) as a double. */
+static double cl_val(const void *h, bool io16, int64_t i)
+{
+    return io16 ? gp_ew_bf16_value(((const uint16_t *)h)[i]) : ((const float *)h)[i];
+}
+
+/* Random storage of n values: bf16 patterns or floats of bf16 values. */
+static void *cl_rand(int64_t n, bool io16)
+{
+    void *h = malloc((size_t)n * 4);
+    for (int64_t i = 0; i < n; i++) {
+        float v = frand();
+        if (io16)
+            ((uint16_t *)h)[i] = gp_ew_bf16_bits(v);
+        else
+            ((float *)h)[i] = bf16_round(v);
+    }
+    return h;
+}
+
+/* Plain result a (n values) against channels-last b of (imgs, px, ch),
+ * turned back: max |a - b| / (1 + max |a|) <= tol (0: the same bits). */
+static void cl_check(const char *what, const void *a, const void *b, bool io16, int64_t imgs,
+                     int64_t ch, int64_t px, double tol)
+{
+    size_t es = io16 ? 2 : 4;
+    int64_t n = imgs * ch * px;
+    void *t = malloc((size_t)n * es);
+    cl_turn(b, t, es, imgs, px, ch);
+    double err = 0, big = 0;
+    int64_t at = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double e = fabs(cl_val(a, io16, i) - cl_val(t, io16, i));
+        if (!(e <= err)) err = e, at = i;
+        big = fmax(big, fabs(cl_val(a, io16, i)));
+    }
+    if (tol == 0)
+        CHECK_MSG(memcmp(a, t, (size_t)n * es) == 0, "%s: channels-last is not the plain "
+                  "layout's bits (max diff %.3g at %lld)", what, err, (long long)at);
+    else
+        CHECK_MSG(err <= tol * (1 + big), "%s: channels-last %.3g from plain at %lld (max %.3g, "
+                  "tol %.1g)", what, err, (long long)at, big, tol);
+    free(t);
+}
+
+/* The GPU's plain result a (storage) against the CPU's FP32 r (floats). */
+static void cl_ref(const char *what, const void *a, bool io16, const float *r, int64_t n,
+                   double tol)
+{
+    double err = 0, big = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double e = fabs(cl_val(a, io16, i) - r[i]);
+        if (!(e <= err)) err = e;
+        big = fmax(big, fabs((double)r[i]));
+    }
+    CHECK_MSG(err <= tol * (1 + big), "%s: the GPU's plain layout %.3g from the CPU's FP32 "
+              "(max %.3g, tol %.1g)", what, err, big, tol);
+}
+
+/* Storage h (n values) as floats on the CPU device. */
+static float *cl_cpu(gp_device *cpu, const void *h, bool io16, int64_t n)
+{
+    float *f = malloc((size_t)n * 4), *p = NULL;
+    for (int64_t i = 0; i < n; i++) f[i] = (float)cl_val(h, io16, i);
+    CHECK_OK(gp_dev_alloc(cpu, (size_t)n * 4, GP_MEM_ACTIVATIONS, (void **)&p));
+    CHECK_OK(gp_dev_upload(cpu, p, f, n));
+    free(f);
+    return p;
+}
+
+static float *cl_cpu_get(gp_device *cpu, const float *p, int64_t n)
+{
+    float *h = malloc((size_t)n * 4);
+    CHECK_OK(gp_dev_download(cpu, h, p, n));
+    CHECK_OK(gp_dev_synchronize(cpu));
+    return h;
+}
+
+/* A convolution c16 -> k24, 3x3, with a bias: the three directions. */
+static void cl_conv(gp_device *g, gp_device *cpu, bool io16)
+{
+    const gp_conv_desc d0 = {.n = 3, .c = 16, .h = 10, .w = 9, .k = 24, .kh = 3, .kw = 3,
+                             .sh = 1, .sw = 1, .ph = 1, .pw = 1, .oh = 10, .ow = 9,
+                             .has_bias = 1};
+    gp_conv_desc d1 = d0;
+    d1.xblk = 16;
+    d1.yblk = 24;
+    CHECK_MSG(gp_dev_act_block(g, &d0, false) == 16 && gp_dev_act_block(g, &d0, true) == 24,
+              "act_block on a bf16 GPU: %lld / %lld, want 16 / 24 (channels-last)",
+              (long long)gp_dev_act_block(g, &d0, false), (long long)gp_dev_act_block(g, &d0, true));
+    const int64_t nx = 3 * 16 * 90, ny = 3 * 24 * 90, nw = 24 * 16 * 9, px = 90;
+    size_t es = io16 ? 2 : 4, bx = (size_t)nx * es, by = (size_t)ny * es;
+    void *hx = cl_rand(nx, io16), *hdy = cl_rand(ny, io16), *hxt = malloc(bx), *hdyt = malloc(by);
+    float *hw = malloc((size_t)nw * 4), hb[24];
+    for (int64_t i = 0; i < nw; i++) hw[i] = 0.3f * frand();
+    for (int i = 0; i < 24; i++) hb[i] = 0.5f * frand();
+    cl_turn(hx, hxt, es, 3, 16, px);
+    cl_turn(hdy, hdyt, es, 3, 24, px);
+    void *x[2] = {cl_put(g, hx, bx), cl_put(g, hxt, bx)};
+    void *dy[2] = {cl_put(g, hdy, by), cl_put(g, hdyt, by)};
+    float *w = cl_put(g, hw, (size_t)nw * 4), *b = cl_put(g, hb, sizeof hb);
+    void *y[2], *dx[2];
+    float *dw[2], *db[2];
+    for (int l = 0; l < 2; l++) {
+        const gp_conv_desc *d = l ? &d1 : &d0;
+        y[l] = cl_put(g, NULL, by);
+        dx[l] = cl_put(g, NULL, bx);
+        dw[l] = cl_put(g, NULL, (size_t)nw * 4);
+        db[l] = cl_put(g, NULL, sizeof hb);
+        if (io16) {
+            CHECK_OK(gp_dev_conv_fwd_bf16(g, d, x[l], w, b, y[l]));
+            CHECK_OK(gp_dev_conv_bwd_data_bf16(g, d, w, dy[l], dx[l]));
+            CHECK_OK(gp_dev_conv_bwd_weights_bf16(g, d, x[l], dy[l], dw[l], db[l]));
+        } else {
+            CHECK_OK(gp_dev_conv_fwd(g, d, x[l], w, b, y[l]));
+            CHECK_OK(gp_dev_conv_bwd_data(g, d, w, dy[l], dx[l]));
+            CHECK_OK(gp_dev_conv_bwd_weights(g, d, x[l], dy[l], dw[l], db[l]));
+        }
+    }
+    const char *st = io16 ? "bf16 storage" : "FP32 storage";
+    char what[128];
+    void *hy[2] = {cl_get(g, y[0], by), cl_get(g, y[1], by)};
+    void *hdx[2] = {cl_get(g, dx[0], bx), cl_get(g, dx[1], bx)};
+    float *hdw[2] = {cl_get(g, dw[0], (size_t)nw * 4), cl_get(g, dw[1], (size_t)nw * 4)};
+    float *hdb[2] = {cl_get(g, db[0], sizeof hb), cl_get(g, db[1], sizeof hb)};
+    /* one cuDNN call in NHWC both ways; the plain call's transposes are
+     * exact; the bias is one FP32 add either way */
+    snprintf(what, sizeof what, "conv forward, %s", st);
+    cl_check(what, hy[0], hy[1], io16, 3, 24, px, io16 ? 0 : 1e-6);
+    snprintf(what, sizeof what, "conv backward-data, %s", st);
+    cl_check(what, hdx[0], hdx[1], io16, 3, 16, px, 0);
+    snprintf(what, sizeof what, "conv backward-filter, %s", st);
+    CHECK_MSG(memcmp(hdw[0], hdw[1], (size_t)nw * 4) == 0, "%s: channels-last dw is not the "
+              "plain layout's bits", what);
+    /* the bias gradient sums columns channels-last, planes plain */
+    double e = 0;
+    for (int i = 0; i < 24; i++) e = fmax(e, fabs(hdb[0][i] - hdb[1][i]) / (1 + fabs(hdb[0][i])));
+    CHECK_MSG(e <= 1e-5, "conv bias gradient, %s: channels-last %.3g from plain", st, e);
+    /* the CPU's FP32 on the same values (the GPU rounds the weights) */
+    float *cx = cl_cpu(cpu, hx, io16, nx), *cdy = cl_cpu(cpu, hdy, io16, ny);
+    float *cw = cl_cpu(cpu, hw, false, nw), *cb = cl_cpu(cpu, hb, false, 24);
+    float *cy = cl_put(cpu, NULL, (size_t)ny * 4), *cdx = cl_put(cpu, NULL, (size_t)nx * 4);
+    float *cdw = cl_put(cpu, NULL, (size_t)nw * 4), *cdb = cl_put(cpu, NULL, sizeof hb);
+    CHECK_OK(gp_dev_conv_fwd(cpu, &d0, cx, cw, cb, cy));
+    CHECK_OK(gp_dev_conv_bwd_data(cpu, &d0, cw, cdy, cdx));
+    CHECK_OK(gp_dev_conv_bwd_weights(cpu, &d0, cx, cdy, cdw, cdb));
+    float *ry = cl_cpu_get(cpu, cy, ny), *rdx = cl_cpu_get(cpu, cdx, nx);
+    float *rdw = cl_cpu_get(cpu, cdw, nw);
+    snprintf(what, sizeof what, "conv forward, %s", st);
+    cl_ref(what, hy[0], io16, ry, ny, 1.0 / 64);
+    snprintf(what, sizeof what, "conv backward-data, %s", st);
+    cl_ref(what, hdx[0], io16, rdx, nx, 1.0 / 64);
+    snprintf(what, sizeof what, "conv backward-filter, %s", st);
+    cl_ref(what, hdw[0], false, rdw, nw, 1.0 / 64);
+    void *hs[] = {hx, hdy, hxt, hdyt, hw, hy[0], hy[1], hdx[0], hdx[1], hdw[0], hdw[1],
+                  hdb[0], hdb[1], ry, rdx, rdw};
+    for (size_t i = 0; i < sizeof hs / sizeof *hs; i++) free(hs[i]);
+    gp_dev_free(cpu, cx, (size_t)nx * 4, GP_MEM_ACTIVATIONS);
+    gp_dev_free(cpu, cdy, (size_t)ny * 4, GP_MEM_ACTIVATIONS);
+    gp_dev_free(cpu, cw, (size_t)nw * 4, GP_MEM_ACTIVATIONS);
+    gp_dev_free(cpu, cb, sizeof hb, GP_MEM_ACTIVATIONS);
+    gp_dev_free(cpu, cy, (size_t)ny * 4, GP_MEM_ACTIVATIONS);
+    gp_dev_free(cpu, cdx, (size_t)nx * 4, GP_MEM_ACTIVATIONS);
+    gp_dev_free(cpu, cdw, (size_t)nw * 4, GP_MEM_ACTIVATIONS);
+    gp_dev_free(cpu, cdb, sizeof hb, GP_MEM_ACTIVATIONS);
+    for (int l = 0; l < 2; l++) {
+        gp_dev_free(g, x[l], bx, GP_MEM_ACTIVATIONS);
+        gp_dev_free(g, dy[l], by, GP_MEM_ACTIVATIONS);
+        gp_dev_free(g, y[l], by, GP_MEM_ACTIVATIONS);
+        gp_dev_free(g, dx[l], bx, GP_MEM_ACTIVATIONS);
+        gp_dev_free(g, dw[l], (size_t)nw * 4, GP_MEM_ACTIVATIONS);
+        gp_dev_free(g, db[l], sizeof hb, GP_MEM_ACTIVATIONS);
+    }
+    gp_dev_free(g, w, (size_t)nw * 4, GP_MEM_ACTIVATIONS);
+    gp_dev_free(g, b, sizeof hb, GP_MEM_ACTIVATIONS);
+}
+
+/* Batch norm over 40 channels (a tile of 32 and a partial one) of s
+ * values: the plane kernels (s >= 64) or the channel kernels; forward with
+ * the relu and a residual sum, backward with the relu.  Narrow maps on
+ * FP32 storage run cuDNN plain and gpipe's kernels channels-last: within
+ * FP32 rounding, not the bits. */
+static void cl_bn(gp_device *g, bool io16, int64_t s)
+{
+    const int64_t N = 3, C = 40, n = N * C * s;
+    size_t es = io16 ? 2 : 4, bytes = (size_t)n * es;
+    void *hx = cl_rand(n, io16), *ha = cl_rand(n, io16), *hdy = cl_rand(n, io16);
+    void *t[3] = {malloc(bytes), malloc(bytes), malloc(bytes)};
+    cl_turn(hx, t[0], es, N, C, s);
+    cl_turn(ha, t[1], es, N, C, s);
+    cl_turn(hdy, t[2], es, N, C, s);
+    float hg[40], hbt[40];
+    for (int i = 0; i < 40; i++) hg[i] = 1.0f + 0.5f * frand(), hbt[i] = 0.3f * frand();
+    float *gm = cl_put(g, hg, sizeof hg), *bt = cl_put(g, hbt, sizeof hbt);
+    void *x[2] = {cl_put(g, hx, bytes), cl_put(g, t[0], bytes)};
+    void *ad[2] = {cl_put(g, ha, bytes), cl_put(g, t[1], bytes)};
+    void *dy[2] = {cl_put(g, hdy, bytes), cl_put(g, t[2], bytes)};
+    void *y[2], *dx[2];
+    float *mv[2], *dgb[2];
+    for (int l = 0; l < 2; l++) {
+        gp_bn_desc d = {.n = N, .c = C, .s = s, .eps = 1e-5f, .blk = l ? C : 0, .relu = true};
+        y[l] = cl_put(g, NULL, bytes);
+        dx[l] = cl_put(g, NULL, bytes);
+        mv[l] = cl_put(g, NULL, 2 * sizeof hg);
+        dgb[l] = cl_put(g, NULL, 2 * sizeof hg);
+        gp_bn_desc f = d;
+        if (io16) {
+            f.add16 = ad[l];
+            CHECK_OK(gp_dev_bn_fwd_train_bf16(g, &f, x[l], gm, bt, y[l], mv[l], mv[l] + C));
+            CHECK_OK(gp_dev_bn_bwd_bf16(g, &d, x[l], gm, bt, mv[l], mv[l] + C, dy[l], dx[l],
+                                        dgb[l], dgb[l] + C));
+        } else {
+            f.add = ad[l];
+            CHECK_OK(gp_dev_bn_fwd_train(g, &f, x[l], gm, bt, y[l], mv[l], mv[l] + C));
+            CHECK_OK(gp_dev_bn_bwd(g, &d, x[l], gm, bt, mv[l], mv[l] + C, dy[l], dx[l], dgb[l],
+                                   dgb[l] + C));
+        }
+    }
+    bool same = io16 || s >= 64;
+    char what[128];
+    snprintf(what, sizeof what, "batch norm s%lld, %s storage", (long long)s,
+             io16 ? "bf16" : "FP32");
+    void *hy[2] = {cl_get(g, y[0], bytes), cl_get(g, y[1], bytes)};
+    void *hdx[2] = {cl_get(g, dx[0], bytes), cl_get(g, dx[1], bytes)};
+    float *hmv[2] = {cl_get(g, mv[0], 2 * sizeof hg), cl_get(g, mv[1], 2 * sizeof hg)};
+    float *hgb[2] = {cl_get(g, dgb[0], 2 * sizeof hg), cl_get(g, dgb[1], 2 * sizeof hg)};
+    double e1 = 0, e2 = 0;
+    for (int i = 0; i < 80; i++) {
+        e1 = fmax(e1, fabs(hmv[0][i] - hmv[1][i]) / (1 + fabs(hmv[0][i])));
+        e2 = fmax(e2, fabs(hgb[0][i] - hgb[1][i]) / (1 + fabs(hgb[0][i])));
+    }
+    CHECK_MSG(same ? e1 == 0 && e2 == 0 : e1 <= 1e-5 && e2 <= 1e-4,
+              "%s: channels-last mean / var %.3g, dgamma / dbeta %.3g from plain", what, e1, e2);
+    strncat(what, " y", sizeof what - strlen(what) - 1);
+    cl_check(what, hy[0], hy[1], io16, N, C, s, same ? 0 : 1e-5);
+    what[strlen(what) - 1] = '\0';
+    strncat(what, "dx", sizeof what - strlen(what) - 1);
+    cl_check(what, hdx[0], hdx[1], io16, N, C, s, same ? 0 : 1e-4);
+    void *hs[] = {hx, ha, hdy, t[0], t[1], t[2], hy[0], hy[1], hdx[0], hdx[1], hmv[0], hmv[1],
+                  hgb[0], hgb[1]};
+    for (size_t i = 0; i < sizeof hs / sizeof *hs; i++) free(hs[i]);
+    for (int l = 0; l < 2; l++) {
+        void *ps[] = {x[l], ad[l], dy[l], y[l], dx[l]};
+        for (int i = 0; i < 5; i++) gp_dev_free(g, ps[i], bytes, GP_MEM_ACTIVATIONS);
+        gp_dev_free(g, mv[l], 2 * sizeof hg, GP_MEM_ACTIVATIONS);
+        gp_dev_free(g, dgb[l], 2 * sizeof hg, GP_MEM_ACTIVATIONS);
+    }
+    gp_dev_free(g, gm, sizeof hg, GP_MEM_ACTIVATIONS);
+    gp_dev_free(g, bt, sizeof hbt, GP_MEM_ACTIVATIONS);
+}
+
+/* Pooling over 24 channels of 9x9: kind, window ker, stride, padding;
+ * glob: the global average that ends a chain (y plain, plain_out).  On bf16
+ * storage gpipe's kernels run both layouts (the bits); on FP32 plain runs
+ * cuDNN's: a max's forward is exact, sums may round apart. */
+static void cl_pool(gp_device *g, bool io16, gp_pool_kind kind, int64_t ker, int64_t stride,
+                    int64_t pad, bool glob)
+{
+    const int64_t N = 2, C = 24, H = 9, W = 9;
+    gp_pool_desc d0 = {N, C, H, W, ker, ker, stride, stride, pad, pad,
+                       (H + 2 * pad - ker) / stride + 1, (W + 2 * pad - ker) / stride + 1, kind,
+                       0, false};
+    if (glob) d0 = (gp_pool_desc){N, C, H, W, H, W, 1, 1, 0, 0, 1, 1, GP_POOL_AVG, 0, false};
+    gp_pool_desc d1 = d0;
+    d1.blk = C;
+    d1.plain_out = glob;
+    const int64_t px = H * W, po = d0.oh * d0.ow, nx = N * C * px, ny = N * C * po;
+    size_t es = io16 ? 2 : 4, bx = (size_t)nx * es, by = (size_t)ny * es;
+    void *hx = cl_rand(nx, io16), *hdy = cl_rand(ny, io16), *hxt = malloc(bx), *hdyt = malloc(by);
+    cl_turn(hx, hxt, es, N, C, px);
+    cl_turn(hdy, hdyt, es, N, C, po);
+    if (glob) memcpy(hdyt, hdy, by); /* y and dy plain both ways */
+    void *x[2] = {cl_put(g, hx, bx), cl_put(g, hxt, bx)};
+    void *dy[2] = {cl_put(g, hdy, by), cl_put(g, hdyt, by)};
+    void *y[2], *dx[2];
+    for (int l = 0; l < 2; l++) {
+        const gp_pool_desc *d = l ? &d1 : &d0;
+        y[l] = cl_put(g, NULL, by);
+        dx[l] = cl_put(g, NULL, bx);
+        if (io16) {
+            CHECK_OK(gp_dev_pool_fwd_bf16(g, d, x[l], y[l], NULL));
+            CHECK_OK(gp_dev_pool_bwd_bf16(g, d, x[l], y[l], dy[l], dx[l], NULL));
+        } else {
+            CHECK_OK(gp_dev_pool_fwd(g, d, x[l], y[l], NULL));
+            CHECK_OK(gp_dev_pool_bwd(g, d, x[l], y[l], dy[l], dx[l], NULL));
+        }
+    }
+    char what[128];
+    snprintf(what, sizeof what, "%s pool %lld/%lld/%lld, %s storage",
+             glob ? "global average" : kind == GP_POOL_MAX ? "max" : "average", (long long)ker,
+             (long long)stride, (long long)pad, io16 ? "bf16" : "FP32");
+    void *hy[2] = {cl_get(g, y[0], by), cl_get(g, y[1], by)};
+    void *hdx[2] = {cl_get(g, dx[0], bx), cl_get(g, dx[1], bx)};
+    bool exact = io16 || (kind == GP_POOL_MAX && ker <= stride);
+    if (glob) { /* y plain both ways */
+        double e = 0;
+        for (int64_t i = 0; i < ny; i++)
+            e = fmax(e, fabs(cl_val(hy[0], io16, i) - cl_val(hy[1], io16, i)));
+        CHECK_MSG(io16 ? memcmp(hy[0], hy[1], by) == 0 : e <= 1e-6,
+                  "%s: plain_out y %.3g from plain", what, e);
+    } else {
+        cl_check(what, hy[0], hy[1], io16, N, C, po, io16 || kind == GP_POOL_MAX ? 0 : 1e-6);
+    }
+    strncat(what, " backward", sizeof what - strlen(what) - 1);
+    cl_check(what, hdx[0], hdx[1], io16, N, C, px, exact ? 0 : 1e-6);
+    void *hs[] = {hx, hdy, hxt, hdyt, hy[0], hy[1], hdx[0], hdx[1]};
+    for (size_t i = 0; i < sizeof hs / sizeof *hs; i++) free(hs[i]);
+    for (int l = 0; l < 2; l++) {
+        gp_dev_free(g, x[l], bx, GP_MEM_ACTIVATIONS);
+        gp_dev_free(g, dy[l], by, GP_MEM_ACTIVATIONS);
+        gp_dev_free(g, y[l], by, GP_MEM_ACTIVATIONS);
+        gp_dev_free(g, dx[l], bx, GP_MEM_ACTIVATIONS);
+    }
+}
+
+static void test_channels_last(gp_device *g, gp_device *cpu)
+{
+    for (int io16 = 0; io16 < 2; io16++) {
+        cl_conv(g, cpu, io16);
+        cl_bn(g, io16, 81); /* 9x9: the plane kernels */
+        cl_bn(g, io16, 16); /* 4x4: the channel kernels */
+        cl_pool(g, io16, GP_POOL_MAX, 3, 2, 1, false);
+        cl_pool(g, io16, GP_POOL_MAX, 2, 2, 0, false);
+        cl_pool(g, io16, GP_POOL_AVG, 3, 1, 1, false);
+        cl_pool(g, io16, GP_POOL_AVG, 0, 0, 0, true);
+    }
+    /* a nChw16c block is the CPU's, not a GPU's layout */
+    gp_bn_desc bad = {.n = 2, .c = 32, .s = 64, .eps = 1e-5f, .blk = 16};
+    const int64_t n = 2 * 32 * 64;
+    float *p = cl_put(g, NULL, (size_t)(2 * n + 64) * 4); /* x, y, mean, var */
+    gp_status s = gp_dev_bn_fwd_train(g, &bad, p, NULL, NULL, p + n, p + 2 * n, p + 2 * n + 32);
+    CHECK_MSG(s == GP_ERR_INVALID && strstr(gp_last_error(), "channels-last"),
+              "batch norm in nChw16c on a GPU: %s (%s)", gp_status_name(s), gp_last_error());
+    gp_error_clear();
+    gp_dev_free(g, p, (size_t)(2 * n + 64) * 4, GP_MEM_ACTIVATIONS);
+}
+
 static void test_bf16_ops(gp_device *cpu, const char *graph)
 {
     if (graph) setenv("GPIPE_CUDNN_GRAPH", graph, 1);
@@ -2931,6 +3310,7 @@ static void test_bf16_ops(gp_device *cpu, const char *graph)
     if (graph)
         CHECK_MSG(plans >= 1, "bf16 with the graph API forced: %llu plans kept",
                   (unsigned long long)plans);
+    test_channels_last(g, cpu);
     D2[0] = keep[0];
     D2[1] = keep[1];
     gp_device_close(g);

@@ -13,11 +13,13 @@
  * fails here instead of on the next GPU (the last one did, unseen, until a
  * review).  Whether cuDNN has an engine for them is test_cuda's, on a GPU.
  */
+#include "backend/backend.h"
 #include "test.h"
 
 #include <dlfcn.h>
 #include <stdint.h>
 
+typedef int (*conv_check_fn)(const gp_conv_desc *d, int bf16, int nhwc, int dir);
 typedef int (*check_fn)(int64_t b, int64_t t, int64_t heads, int64_t c, int dir, int *n_ops,
                         int *n_desc, char *why, size_t len);
 
@@ -53,6 +55,31 @@ int main(void)
             CHECK_MSG(ops == want_ops[d], "fused attention %s graph: %d operations, want %d",
                       d ? "backward" : "forward", ops, want_ops[d]);
         }
+    /* Convolutions' one-operation graphs (cuda_graph.c), each direction, in
+     * FP32 and bf16, plain and channels-last (issue 67: NHWC strides, KRSC
+     * weights): ResNet's stem, a 3x3 of a bottleneck, a strided 1x1
+     * projection, and AmoebaNet's 1x7. */
+    conv_check_fn conv = (conv_check_fn)(uintptr_t)dlsym(h, "gp_cuda_conv_graph_check");
+    CHECK_MSG(conv != NULL, "the plugin has no gp_cuda_conv_graph_check");
+    static const gp_conv_desc convs[] = {
+        {.n = 32, .c = 3, .h = 224, .w = 224, .k = 64, .kh = 7, .kw = 7, .sh = 2, .sw = 2,
+         .ph = 3, .pw = 3, .oh = 112, .ow = 112},
+        {.n = 32, .c = 64, .h = 56, .w = 56, .k = 64, .kh = 3, .kw = 3, .sh = 1, .sw = 1,
+         .ph = 1, .pw = 1, .oh = 56, .ow = 56, .has_bias = 1},
+        {.n = 32, .c = 256, .h = 56, .w = 56, .k = 512, .kh = 1, .kw = 1, .sh = 2, .sw = 2,
+         .oh = 28, .ow = 28},
+        {.n = 8, .c = 40, .h = 14, .w = 14, .k = 40, .kh = 1, .kw = 7, .sh = 1, .sw = 1,
+         .ph = 0, .pw = 3, .oh = 14, .ow = 14}};
+    for (size_t i = 0; conv && i < sizeof convs / sizeof *convs; i++)
+        for (int v = 0; v < 4; v++)
+            for (int dn = 0; dn < 3; dn++) {
+                int bf16 = v & 1, nhwc = v >> 1;
+                int s = conv(&convs[i], bf16, nhwc, dn);
+                CHECK_MSG(s == 0, "convolution graph c%lld k%lld %lldx%lld direction %d %s%s: "
+                          "cuDNN status %d", (long long)convs[i].c, (long long)convs[i].k,
+                          (long long)convs[i].kh, (long long)convs[i].kw, dn,
+                          bf16 ? "bf16" : "fp32", nhwc ? " channels-last" : "", s);
+            }
     dlclose(h);
     return gpt_finish("test_cuda_graphs");
 }

@@ -233,9 +233,14 @@ int gp_algo_pick(const gp_algo_cand *c, int n, size_t limit, bool deterministic)
  * plain form.  B = C is channels-last, NHWC: (N, H, W, C), the layout a
  * GPU's tensor cores read (issue 67) and oneDNN's nhwc.  Only backends with
  * act_block take blocks (the CPU: oneDNN's direct convolutions compute in
- * nChw16c or nChw8c), and a block never changes a result bit: a layer given
- * a blocked tensor computes what it computes on the plain one, laid out the
- * other way (layers.h, gp_layers_blocked). */
+ * nChw16c or nChw8c; a GPU: channels-last, for bf16 convolutions), and a
+ * block never changes a result bit on the CPU: a layer given a blocked
+ * tensor computes what it computes on the plain one, laid out the other way
+ * (layers.h, gp_layers_blocked).  On a GPU the same holds for the
+ * convolutions, batch norm on bf16 storage or maps of 64+ values, and
+ * pooling on bf16 storage; on FP32 storage a narrow batch norm, an average
+ * pool and a bias gradient sum in another order channels-last than plain
+ * (cuda_dnn.c), within FP32 rounding. */
 
 /* Whether blk is a layout a backend may be given for `channels` channels:
  * plain (0), a block of 8 or 16 that divides them, or channels-last (blk =
@@ -2089,7 +2094,7 @@ gp_status gp_dev_xent_bf16(gp_device *dev, const uint16_t *logits, const float *
  * conv_*_bf16 slots and runs d in bf16 (precision bf16 and
  * gp_bf16_conv_worth); else the storage adapter runs it.  Its activations
  * may be channel-blocked (d->xblk, d->yblk) where the device says so
- * (gp_dev_act_block: a CPU's oneDNN block; never on a GPU). */
+ * (gp_dev_act_block: a CPU's oneDNN block, a GPU's channels-last). */
 static inline bool gp_dev_conv_bf16_takes(const gp_device *dev, const gp_conv_desc *d)
 {
     return dev->iface->conv_fwd_bf16 && dev->iface->conv_bwd_data_bf16 &&

@@ -2403,6 +2403,7 @@ static const gp_device_iface cuda_iface = {
     .add_bias_rows = cuda_add_bias_rows,
     .linear_fwd = cuda_linear_fwd,
     .sum_rows = cuda_sum_rows,
+    .act_block = gp_cuda_act_block,
     .conv_fwd = gp_cuda_conv_fwd,
     .conv_bwd_data = gp_cuda_conv_bwd_data,
     .conv_bwd_weights = gp_cuda_conv_bwd_weights,
@@ -2508,6 +2509,8 @@ gp_status gp_cuda_device_create(int index, const gp_device_opts *opts, gp_device
     ctx->graph_force = graph && strcmp(graph, "force") == 0;
     const char *sdpa = getenv("GPIPE_CUDNN_SDPA");
     ctx->sdpa_off = sdpa && strcmp(sdpa, "0") == 0;
+    const char *nhwc = getenv("GPIPE_CUDA_NHWC");
+    ctx->nhwc = !(nhwc && strcmp(nhwc, "0") == 0);
     dev->precision = opts->precision;
 
     GP_CUDA_GO(cudaSetDevice(index));

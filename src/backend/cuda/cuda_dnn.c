@@ -37,6 +37,17 @@
  * packed but the weights, nothing widened), the bias is added to y in one
  * pass and the bias gradient sums the widened dy: the adapter's bits.
  *
+ * Channels-last (issue 67; gp_cuda_conv_nhwc): a bf16 convolution whose
+ * channels are multiples of 8 has NHWC x and y and KRSC weights in its
+ * descriptors (cuDNN's tensor cores read NHWC natively and transpose NCHW
+ * inside), the weights transposed from their bf16 mirror per call and the
+ * filter gradient transposed back as it is added to dw.  act_block says so
+ * to the layers, which keep the maps between such convolutions
+ * channels-last; a side given in the other layout (a chain's end) goes
+ * through scratch, transposed (conv_turn).  Batch norm and pooling given
+ * d->blk = the channels run gpipe's kernels in that layout (cuDNN's here
+ * only ever see plain tensors); GPIPE_CUDA_NHWC=0 keeps all plain.
+ *
  * Batch norm on bf16 storage (bn_*_bf16) runs gpipe's kernels on every
  * map size, templated on the storage type (below).
  *
@@ -68,7 +79,8 @@
  * GP_POOL_AVG_INCLUDE_PAD (CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING).
  * Kernel, stride and padding are per axis in both cuDNN descriptors.
  *
- * Compiled and linked in CI; test_cuda ran on an H100 (2026-11-24).
+ * Compiled and linked in CI; test_cuda ran on an H100 (2026-11-24); the
+ * channels-last paths (2026-11-28) are compiled, not run.
  */
 #include "backend/cuda/cuda_impl.h"
 
@@ -122,16 +134,35 @@ static gp_status fits(gp_device *dev, const char *what, int64_t n, int64_t c, in
     return GP_OK;
 }
 
+static gp_status set4d_fmt(cudnnTensorDescriptor_t t, cudnnTensorFormat_t f, cudnnDataType_t dt,
+                           int64_t n, int64_t c, int64_t h, int64_t w)
+{
+    GP_CUDNN(cudnnSetTensor4dDescriptor(t, f, dt, (int)n, (int)c, (int)h, (int)w));
+    return GP_OK;
+}
+
 static gp_status set4d_as(cudnnTensorDescriptor_t t, cudnnDataType_t dt, int64_t n, int64_t c,
                           int64_t h, int64_t w)
 {
-    GP_CUDNN(cudnnSetTensor4dDescriptor(t, CUDNN_TENSOR_NCHW, dt, (int)n, (int)c, (int)h, (int)w));
-    return GP_OK;
+    return set4d_fmt(t, CUDNN_TENSOR_NCHW, dt, n, c, h, w);
 }
 
 static gp_status set4d(cudnnTensorDescriptor_t t, int64_t n, int64_t c, int64_t h, int64_t w)
 {
     return set4d_as(t, CUDNN_DATA_FLOAT, n, c, h, w);
+}
+
+/* The one blocked layout a GPU keeps: channels-last, a block of all the
+ * channels (act_block); 1 where blk says it, 0 plain. */
+static gp_status cuda_layout(gp_device *dev, const char *what, int64_t blk, int64_t c, int *cl)
+{
+    *cl = blk != 0;
+    if (blk && blk != c)
+        return gp_error_set(GP_ERR_INVALID,
+                            "device %s: %s over %lld channels in blocks of %lld: a GPU keeps "
+                            "activations plain or channels-last (a block of all the channels)",
+                            dev->name, what, (long long)c, (long long)blk);
+    return GP_OK;
 }
 
 /* ---- convolution ------------------------------------------------------------------ */
@@ -161,12 +192,17 @@ static gp_status conv_build(gp_device *dev, const gp_conv_desc *d, cuda_conv *cv
      * BFLOAT16 configuration: FP32 compute, a bf16 result) */
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     cv->bf16 = ctx->bf16 && gp_bf16_conv_worth(d); /* else FP32 (backend.h) */
+    /* channels-last where the device keeps it (gp_cuda_conv_nhwc): x, w
+     * (KRSC) and y all NHWC, the layout cuDNN's bf16 tensor-core kernels
+     * read without transposing inside */
+    cv->nhwc = gp_cuda_conv_nhwc(ctx, d);
     cudnnDataType_t dt = cv->bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
-    GP_TRY(set4d_as(cv->x, dt, d->n, d->c, d->h, d->w));
-    GP_TRY(set4d_as(cv->y, dt, d->n, d->k, d->oh, d->ow));
+    cudnnTensorFormat_t f = cv->nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+    GP_TRY(set4d_fmt(cv->x, f, dt, d->n, d->c, d->h, d->w));
+    GP_TRY(set4d_fmt(cv->y, f, dt, d->n, d->k, d->oh, d->ow));
     GP_TRY(set4d(cv->b, 1, d->k, 1, 1));
-    GP_CUDNN(cudnnSetFilter4dDescriptor(cv->w, dt, CUDNN_TENSOR_NCHW, (int)d->k, (int)d->c,
-                                        (int)d->kh, (int)d->kw));
+    GP_CUDNN(cudnnSetFilter4dDescriptor(cv->w, dt, f, (int)d->k, (int)d->c, (int)d->kh,
+                                        (int)d->kw));
     GP_CUDNN(cudnnSetConvolution2dDescriptor(cv->conv, (int)d->ph, (int)d->pw, (int)d->sh,
                                              (int)d->sw, 1, 1, CUDNN_CROSS_CORRELATION,
                                              CUDNN_DATA_FLOAT));
@@ -329,20 +365,45 @@ static gp_status no_algo(gp_device *dev, const char *dir, const gp_conv_desc *d,
                                            : "; give the device more memory");
 }
 
-/* Convolution cv's three tensors as cuDNN takes them, t[0] x or dx, t[1]
- * w or dw, t[2] y or dy (n[i] values each): the caller's p[i], or under
- * bf16 their copies in gp_cuda_bf16_reserve's buffer, the inputs (bit i
- * of `in`) packed into them and the output left for the caller to widen
- * from t[i].  With io16 (bf16 storage: conv_*_bf16) p0 and p2 are bf16
- * already and are taken as they are: only the weights are packed; one
- * that is not 16-byte aligned (a view at an odd offset: tensor-core
- * kernels want aligned operands) goes through scratch, copied in where it
- * is an input and back by the caller where it is the output (t[i] != p[i]). */
-static gp_status conv_tensors(gp_device *dev, const cuda_conv *cv, const void *p0,
-                              const float *p1, const void *p2, unsigned in, bool io16,
-                              void *t[3], int64_t n[3])
+/* Whether side i (0 x or dx, 2 y or dy) of call d is in another layout
+ * than convolution cv computes in: given channels-last (d->xblk, d->yblk)
+ * to a plain convolution, or plain to a channels-last one (the ends of a
+ * chain: backend.h, act_block). */
+static bool conv_flip(const cuda_conv *cv, const gp_conv_desc *d, int i)
+{
+    return ((i == 0 ? d->xblk : d->yblk) != 0) != cv->nhwc;
+}
+
+/* The layout change of side i into cv's layout (to: true) or out of it:
+ * (C, H W) to (H W, C) per image into channels-last, the reverse out. */
+static gp_status conv_turn(gp_device *dev, const cuda_conv *cv, int i, bool to, void *dst,
+                           bool dst16, const void *src, bool src16, bool add)
 {
     const gp_conv_desc *d = &cv->d;
+    int64_t ch = i == 0 ? d->c : d->k, px = i == 0 ? d->h * d->w : d->oh * d->ow;
+    bool to_cl = to == cv->nhwc; /* into channels-last */
+    GP_CUDA(gp_cuk_transpose(gp_cuda_ctx_of(dev)->compute, dst, dst16, src, src16, d->n,
+                             to_cl ? ch : px, to_cl ? px : ch, add));
+    return GP_OK;
+}
+
+/* Convolution cv's three tensors as cuDNN takes them for call d, t[0] x or
+ * dx, t[1] w or dw, t[2] y or dy (n[i] values each): the caller's p[i], or
+ * under bf16 their copies in gp_cuda_bf16_reserve's buffer, the inputs
+ * (bit i of `in`) packed into them and the output left for the caller to
+ * widen from t[i] (conv_out).  With io16 (bf16 storage: conv_*_bf16) p0
+ * and p2 are bf16 already and are taken as they are: only the weights are
+ * packed; one that is not 16-byte aligned (a view at an odd offset:
+ * tensor-core kernels want aligned operands) goes through scratch, copied
+ * in where it is an input and back by the caller where it is the output
+ * (t[i] != p[i]).  A channels-last convolution (cv->nhwc) takes its
+ * weights as KRSC, transposed from the kept copy or packed from w, and a
+ * side in the other layout (conv_flip) goes through scratch, transposed. */
+static gp_status conv_tensors(gp_device *dev, const cuda_conv *cv, const gp_conv_desc *d,
+                              const void *p0, const float *p1, const void *p2, unsigned in,
+                              bool io16, void *t[3], int64_t n[3])
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     const void *p[3] = {p0, p1, p2};
     n[0] = d->n * d->c * d->h * d->w;
     n[1] = d->k * d->c * d->kh * d->kw;
@@ -352,34 +413,63 @@ static gp_status conv_tensors(gp_device *dev, const cuda_conv *cv, const void *p
         return gp_error_set(GP_ERR_INVALID, "device %s: a convolution on bf16 storage that runs "
                                             "in FP32 (gp_dev_conv_bf16_takes is false for it)",
                             dev->name);
+    if (!cv->bf16 && (d->xblk || d->yblk))
+        return gp_error_set(GP_ERR_INVALID, "device %s: an FP32 convolution given channels-last "
+                                            "activations (act_block says plain for it)",
+                            dev->name);
     if (!cv->bf16) return GP_OK;
     uint16_t *bp[3];
     /* the weights as an input (forward, backward-data): their copy for the
      * step where one may be kept (gp_cuda_weights_bf16) */
     const uint16_t *kept = NULL;
     if (in >> 1 & 1) GP_TRY(gp_cuda_weights_bf16(dev, p[1], n[1], &kept));
-    /* no scratch for a kept weight, nor for aligned activations stored in
-     * bf16 */
+    bool flip[3] = {conv_flip(cv, d, 0), cv->nhwc, conv_flip(cv, d, 2)};
+    /* no scratch for a kept weight in its layout, nor for aligned
+     * activations stored in bf16 in the convolution's layout */
     bool own[3] = {false, false, false};
-    for (int i = 0; i < 3; i += 2) own[i] = io16 && (uintptr_t)p[i] % 16 == 0;
-    int64_t room[3] = {own[0] ? 0 : n[0], kept ? 0 : n[1], own[2] ? 0 : n[2]};
+    for (int i = 0; i < 3; i += 2) own[i] = io16 && !flip[i] && (uintptr_t)p[i] % 16 == 0;
+    int64_t room[3] = {own[0] ? 0 : n[0], kept && !flip[1] ? 0 : n[1], own[2] ? 0 : n[2]};
     GP_TRY(gp_cuda_bf16_reserve(dev, room, 3, bp));
     for (int i = 0; i < 3; i++) {
         if (own[i]) continue; /* the caller's bf16 tensor */
-        if (io16 && i != 1) { /* misaligned bf16: an aligned copy */
-            if (in >> i & 1)
-                GP_CUDA(cudaMemcpyAsync(bp[i], p[i], (size_t)n[i] * sizeof(uint16_t),
-                                        cudaMemcpyDeviceToDevice, gp_cuda_ctx_of(dev)->compute));
-            t[i] = bp[i];
+        t[i] = bp[i];
+        if (i == 1) {
+            if (kept && !flip[1])
+                t[1] = (void *)kept;
+            else if ((in >> 1 & 1) && flip[1]) /* KCRS to KRSC: (C, R S) per k */
+                GP_CUDA(gp_cuk_transpose(ctx->compute, bp[1], 1, kept ? (const void *)kept : p[1],
+                                         kept != NULL, d->k, d->c, d->kh * d->kw, 0));
+            else if (in >> 1 & 1)
+                GP_CUDA(gp_cuk_bf16_pack(ctx->compute, bp[1], (const float *)p[1], n[1]));
             continue;
         }
-        if (i == 1 && kept)
-            bp[i] = (uint16_t *)kept;
-        else if (in >> i & 1)
-            GP_CUDA(gp_cuk_bf16_pack(gp_cuda_ctx_of(dev)->compute, bp[i], (const float *)p[i],
-                                     n[i]));
-        t[i] = bp[i];
+        if (!(in >> i & 1)) continue; /* an output: conv_out */
+        if (flip[i])
+            GP_TRY(conv_turn(dev, cv, i, true, bp[i], true, p[i], io16, false));
+        else if (io16) /* misaligned bf16: an aligned copy */
+            GP_CUDA(cudaMemcpyAsync(bp[i], p[i], (size_t)n[i] * sizeof(uint16_t),
+                                    cudaMemcpyDeviceToDevice, ctx->compute));
+        else
+            GP_CUDA(gp_cuk_bf16_pack(ctx->compute, bp[i], (const float *)p[i], n[i]));
     }
+    return GP_OK;
+}
+
+/* Output side i (0 dx, 2 y) of a bf16 convolution from cuDNN's result
+ * t (conv_tensors) into the caller's dst: nothing where cuDNN wrote dst
+ * itself, else transposed (conv_flip), copied (misaligned bf16) or widened
+ * (FP32 storage), without the bias. */
+static gp_status conv_out(gp_device *dev, const cuda_conv *cv, const gp_conv_desc *d, int i,
+                          void *dst, const void *t, int64_t n, bool io16)
+{
+    gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    if (t == dst) return GP_OK;
+    if (conv_flip(cv, d, i)) return conv_turn(dev, cv, i, false, dst, io16, t, true, false);
+    if (io16)
+        GP_CUDA(cudaMemcpyAsync(dst, t, (size_t)n * sizeof(uint16_t), cudaMemcpyDeviceToDevice,
+                                ctx->compute));
+    else
+        GP_CUDA(gp_cuk_bf16_unpack(ctx->compute, dst, t, n));
     return GP_OK;
 }
 
@@ -395,7 +485,7 @@ static gp_status conv_fwd(gp_device *dev, const gp_conv_desc *d, const void *x, 
     GP_TRY(conv_get(dev, d, &cv));
     void *t[3]; /* x, w in; y out */
     int64_t n[3];
-    GP_TRY(conv_tensors(dev, cv, x, w, y, 3, io16, t, n));
+    GP_TRY(conv_tensors(dev, cv, d, x, w, y, 3, io16, t, n));
     const void *xo = t[0], *wo = t[1];
     void *yo = t[2];
     if (!cv->have_fwd) {
@@ -440,16 +530,22 @@ static gp_status conv_fwd(gp_device *dev, const gp_conv_desc *d, const void *x, 
     if (!graph)
         GP_CUDNN(cudnnConvolutionForward(ctx->dnn, &one, cv->x, xo, cv->w, wo, cv->conv, cv->fwd,
                                          ws, cv->ws_fwd, &zero, cv->y, yo));
+    /* y's values of one channel lie `plane` apart: 1 channels-last */
+    int64_t plane = d->yblk ? 1 : d->oh * d->ow;
     if (io16) { /* y is cuDNN's bf16 result; the bias added to it, rounded once */
-        if (yo != y)
-            GP_CUDA(cudaMemcpyAsync(y, yo, (size_t)n[2] * sizeof(uint16_t),
-                                    cudaMemcpyDeviceToDevice, ctx->compute));
+        GP_TRY(conv_out(dev, cv, d, 2, y, yo, n[2], true));
         if (d->has_bias && b)
-            GP_CUDA(gp_cuk_bf16_bias(ctx->compute, (uint16_t *)y, b, n[2], d->k,
-                                     d->oh * d->ow));
+            GP_CUDA(gp_cuk_bf16_bias(ctx->compute, (uint16_t *)y, b, n[2], d->k, plane));
+    } else if (cv->bf16 && conv_flip(cv, d, 2)) { /* widened across layouts, then the bias */
+        GP_TRY(conv_out(dev, cv, d, 2, y, yo, n[2], false));
+        if (d->has_bias && b) {
+            GP_TRY(set4d_fmt(ctx->td[0], d->yblk ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
+                             CUDNN_DATA_FLOAT, d->n, d->k, d->oh, d->ow));
+            GP_CUDNN(cudnnAddTensor(ctx->dnn, &one, cv->b, b, &one, ctx->td[0], y));
+        }
     } else if (cv->bf16) { /* widened, with the bias, in one pass */
         GP_CUDA(gp_cuk_bf16_unpack_bias(ctx->compute, y, yo, d->has_bias ? b : NULL, n[2],
-                                        d->k, d->oh * d->ow));
+                                        d->k, plane));
     } else if (d->has_bias && b) {
         GP_CUDNN(cudnnAddTensor(ctx->dnn, &one, cv->b, b, &one, cv->y, y));
     }
@@ -479,7 +575,7 @@ static gp_status conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const floa
     GP_TRY(conv_get(dev, d, &cv));
     void *t[3]; /* w, dy in; dx out */
     int64_t n[3];
-    GP_TRY(conv_tensors(dev, cv, dx, w, dy, 6, io16, t, n));
+    GP_TRY(conv_tensors(dev, cv, d, dx, w, dy, 6, io16, t, n));
     const void *wo = t[1], *dyo = t[2];
     void *dxo = t[0];
     if (!cv->have_bwd_data) {
@@ -528,11 +624,7 @@ static gp_status conv_bwd_data(gp_device *dev, const gp_conv_desc *d, const floa
                                               dxo));
         gp_cuda_nvtx_pop();
     }
-    if (io16 && dxo != dx)
-        GP_CUDA(cudaMemcpyAsync(dx, dxo, (size_t)n[0] * sizeof(uint16_t),
-                                cudaMemcpyDeviceToDevice, ctx->compute));
-    else if (cv->bf16 && !io16)
-        GP_CUDA(gp_cuk_bf16_unpack(ctx->compute, dx, dxo, n[0]));
+    if (cv->bf16) GP_TRY(conv_out(dev, cv, d, 0, dx, dxo, n[0], io16));
     return GP_OK;
 }
 
@@ -560,7 +652,7 @@ static gp_status conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const v
      * part, added to dw in FP32 after */
     void *t[3];
     int64_t n[3];
-    GP_TRY(conv_tensors(dev, cv, x, dw, dy, 5, io16, t, n));
+    GP_TRY(conv_tensors(dev, cv, d, x, dw, dy, 5, io16, t, n));
     const void *xo = t[0], *dyo = t[2];
     void *dwo = t[1];
     if (!cv->have_bwd_filter) {
@@ -619,8 +711,20 @@ static gp_status conv_bwd_weights(gp_device *dev, const gp_conv_desc *d, const v
         GP_CUDNN(cudnnConvolutionBackwardFilter(ctx->dnn, &one, cv->x, xo, cv->y, dyo, cv->conv,
                                                 cv->bwd_filter, ws, cv->ws_bwd_filter,
                                                 cv->bf16 ? &zero : &one, cv->w, dwo));
-    if (cv->bf16) GP_CUDA(gp_cuk_bf16_unpack_add(ctx->compute, dw, dwo, n[1]));
-    if (d->has_bias && db) { /* cuda_kernels.h: a quarter of cuDNN's time */
+    if (cv->nhwc) /* KRSC back to KCRS: (R S, C) per k, added */
+        GP_CUDA(gp_cuk_transpose(ctx->compute, dw, 0, dwo, 1, d->k, d->kh * d->kw, d->c, 1));
+    else if (cv->bf16)
+        GP_CUDA(gp_cuk_bf16_unpack_add(ctx->compute, dw, dwo, n[1]));
+    if (d->has_bias && db && d->yblk) { /* channels-last dy: its columns' sums */
+        void *part;
+        int64_t rows = d->n * d->oh * d->ow;
+        GP_TRY(gp_cuda_ws_reserve(dev, (size_t)gp_cuk_sum_rows_parts(rows, d->k) *
+                                           (size_t)d->k * sizeof(double), &part));
+        if (io16)
+            GP_CUDA(gp_cuk_sum_rows_bf16(ctx->compute, dy, db, rows, d->k, part, false));
+        else
+            GP_CUDA(gp_cuk_sum_rows(ctx->compute, dy, db, rows, d->k, part, false));
+    } else if (d->has_bias && db) { /* cuda_kernels.h: a quarter of cuDNN's time */
         void *part;
         GP_TRY(gp_cuda_ws_reserve(dev, (size_t)(d->n * d->k) * sizeof(double), &part));
         if (io16)
@@ -644,6 +748,13 @@ gp_status gp_cuda_conv_bwd_weights_bf16(gp_device *dev, const gp_conv_desc *d,
                                         float *db)
 {
     return conv_bwd_weights(dev, d, x, dy, dw, db, true);
+}
+
+/* act_block: all the channels (channels-last) on the sides of a
+ * convolution that computes in NHWC, else plain. */
+int64_t gp_cuda_act_block(gp_device *dev, const gp_conv_desc *d, bool output)
+{
+    return gp_cuda_conv_nhwc(gp_cuda_ctx_of(dev), d) ? (output ? d->k : d->c) : 0;
 }
 
 /* ---- pooling ------------------------------------------------------------------------ */
@@ -687,11 +798,21 @@ static gp_status pool_setup(gp_device *dev, const gp_pool_desc *d)
     return GP_OK;
 }
 
+static gp_status pool_kernel_desc(gp_device *dev, const gp_pool_desc *d, gp_cuk_pool *p);
+
+/* Channels-last (d->blk) on FP32 storage: gpipe's kernels (those of bf16
+ * storage, on floats), the layout cuDNN's descriptors here do not say. */
 gp_status gp_cuda_pool_fwd(gp_device *dev, const gp_pool_desc *d, const float *x, float *y,
                            void *ws)
 {
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     GP_TRY(gp_cuda_enter(dev));
+    if (d->blk) {
+        gp_cuk_pool p;
+        GP_TRY(pool_kernel_desc(dev, d, &p));
+        GP_CUDA(gp_cuk_pool_fwd(ctx->compute, x, y, &p));
+        return GP_OK;
+    }
     GP_TRY(pool_setup(dev, d));
     GP_CUDNN(cudnnPoolingForward(ctx->dnn, ctx->pool, &one, ctx->td[0], x, &zero, ctx->td[1], y));
     return GP_OK;
@@ -702,9 +823,13 @@ gp_status gp_cuda_pool_fwd(gp_device *dev, const gp_pool_desc *d, const float *x
  * cuDNN's path checks it. */
 static gp_status pool_kernel_desc(gp_device *dev, const gp_pool_desc *d, gp_cuk_pool *p)
 {
+    int cl;
     GP_TRY(pool_setup(dev, d));
-    *p = (gp_cuk_pool){d->n, d->c, d->h, d->w, d->oh, d->ow, d->kh, d->kw, d->sh, d->sw, d->ph,
-                       d->pw, d->kind == GP_POOL_MAX ? 0 : d->kind == GP_POOL_AVG ? 1 : 2};
+    GP_TRY(cuda_layout(dev, "pooling", d->blk, d->c, &cl));
+    *p = (gp_cuk_pool){d->n,  d->c,  d->h,  d->w,  d->oh, d->ow, d->kh,
+                       d->kw, d->sh, d->sw, d->ph, d->pw,
+                       d->kind == GP_POOL_MAX ? 0 : d->kind == GP_POOL_AVG ? 1 : 2,
+                       cl,    cl && !d->plain_out};
     return GP_OK;
 }
 
@@ -717,10 +842,13 @@ gp_status gp_cuda_pool_bwd(gp_device *dev, const gp_pool_desc *d, const float *x
 {
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     GP_TRY(gp_cuda_enter(dev));
-    if (d->kind != GP_POOL_MAX) {
+    if (d->kind != GP_POOL_MAX || d->blk) {
         gp_cuk_pool p;
         GP_TRY(pool_kernel_desc(dev, d, &p));
-        GP_CUDA(gp_cuk_pool_bwd_avg(ctx->compute, dy, dx, &p));
+        if (d->kind != GP_POOL_MAX)
+            GP_CUDA(gp_cuk_pool_bwd_avg(ctx->compute, dy, dx, &p));
+        else
+            GP_CUDA(gp_cuk_pool_bwd(ctx->compute, x, dy, dx, &p));
         return GP_OK;
     }
     GP_TRY(pool_setup(dev, d));
@@ -768,6 +896,8 @@ static gp_status bn_check(gp_device *dev, const gp_bn_desc *d)
                             "device %s: invalid batch norm (n=%lld c=%lld s=%lld eps=%g; cuDNN "
                             "needs eps >= %g)", dev->name, (long long)d->n, (long long)d->c,
                             (long long)d->s, (double)d->eps, (double)CUDNN_BN_MIN_EPSILON);
+    int cl;
+    GP_TRY(cuda_layout(dev, "batch norm", d->blk, d->c, &cl));
     return fits(dev, "batch norm input", d->n, d->c, d->s, 1);
 }
 
@@ -822,7 +952,8 @@ static bool bn_planes(gp_device *dev, const gp_bn_desc *d, double **part, float 
                       gp_status *st)
 {
     *st = GP_OK;
-    if (d->s < 64 || d->c > 65535 || d->n * d->c > INT_MAX / 32) return false;
+    if (d->s < 64 || d->c > 65535 || d->n * d->c > INT_MAX / 32 || (d->blk && d->n > 65535))
+        return false;
     size_t pb = 2 * (size_t)(d->n * d->c) * sizeof(double);
     void *ws;
     *st = gp_cuda_ws_reserve(dev, pb + 3 * (size_t)d->c * sizeof(float), &ws);
@@ -846,7 +977,16 @@ gp_status gp_cuda_bn_fwd_train(gp_device *dev, const gp_bn_desc *d, const float 
         GP_TRY(st);
         gp_cuda_nvtx_push("bn_fwd_train");
         GP_CUDA(gp_cuk_bnp_fwd(ctx->compute, x, d->n, d->c, d->s, d->eps, gamma, beta, d->relu,
-                               d->add, y, mean, var, part, vec));
+                               d->add, y, mean, var, part, vec, d->blk != 0));
+        gp_cuda_nvtx_pop();
+        return GP_OK;
+    }
+    if (d->blk) { /* channels-last, narrow maps: the channel kernels, not cuDNN's */
+        GP_TRY(bn_vec_room(dev, d, &vec));
+        gp_cuda_nvtx_push("bn_fwd_train");
+        GP_CUDA(gp_cuk_bn_stats(ctx->compute, x, d->n, d->c, d->s, mean, var, 1));
+        GP_CUDA(gp_cuk_bn_apply(ctx->compute, x, mean, var, gamma, beta, d->eps, d->n, d->c,
+                                d->s, d->relu, d->add, y, vec, 1));
         gp_cuda_nvtx_pop();
         return GP_OK;
     }
@@ -867,7 +1007,7 @@ gp_status gp_cuda_bn_fwd_train(gp_device *dev, const gp_bn_desc *d, const float 
      * normalises the same bits, with or without them, and the backward
      * (the relu's folded into the norm's) sees the same signs */
     GP_CUDA(gp_cuk_bn_apply(ctx->compute, x, mean, var, gamma, beta, d->eps, d->n, d->c, d->s,
-                            d->relu, d->add, y, vec2));
+                            d->relu, d->add, y, vec2, 0));
     gp_cuda_nvtx_pop();
     return GP_OK;
 }
@@ -884,7 +1024,7 @@ gp_status gp_cuda_bn_fwd_infer(gp_device *dev, const gp_bn_desc *d, const float 
     float *vec;
     GP_TRY(bn_vec_room(dev, d, &vec));
     GP_CUDA(gp_cuk_bn_apply(ctx->compute, x, mean, var, gamma, beta, d->eps, d->n, d->c, d->s,
-                            d->relu, d->add, y, vec));
+                            d->relu, d->add, y, vec, d->blk != 0));
     return GP_OK;
 }
 
@@ -905,7 +1045,16 @@ gp_status gp_cuda_bn_bwd(gp_device *dev, const gp_bn_desc *d, const float *x,
         GP_TRY(st);
         gp_cuda_nvtx_push("bn_bwd");
         GP_CUDA(gp_cuk_bnp_bwd(ctx->compute, x, mean, var, gamma, beta, d->relu, dy, d->n, d->c,
-                               d->s, d->eps, NULL, dx, dgamma, dbeta, part, vec));
+                               d->s, d->eps, NULL, dx, dgamma, dbeta, part, vec, d->blk != 0));
+        gp_cuda_nvtx_pop();
+        return GP_OK;
+    }
+    if (d->blk) { /* channels-last, narrow maps: the channel kernels */
+        void *sums;
+        GP_TRY(gp_cuda_ws_reserve(dev, 2 * (size_t)d->c * sizeof(float), &sums));
+        gp_cuda_nvtx_push("bn_bwd");
+        GP_CUDA(gp_cuk_bn_bwd(ctx->compute, x, mean, var, gamma, beta, d->relu, dy, d->n, d->c,
+                              d->s, d->eps, dx, dgamma, dbeta, sums, 1));
         gp_cuda_nvtx_pop();
         return GP_OK;
     }
@@ -916,7 +1065,7 @@ gp_status gp_cuda_bn_bwd(gp_device *dev, const gp_bn_desc *d, const float *x,
     GP_TRY(bn_setup(dev, d, &vecs, d->relu ? vb + nv : 0, &more));
     if (d->relu) {
         GP_CUDA(gp_cuk_bn_relu_mask(ctx->compute, x, mean, var, gamma, beta, d->eps, d->n, d->c,
-                                    d->s, dy, more + vb, more));
+                                    d->s, dy, more + vb, more, 0));
         dy = more + vb;
     }
     GP_TRY(bn_params(ctx, d, vecs, &gamma, &beta_unused));
@@ -964,15 +1113,15 @@ gp_status gp_cuda_bn_fwd_train_bf16(gp_device *dev, const gp_bn_desc *d, const u
         GP_TRY(st);
         gp_cuda_nvtx_push("bn_fwd_train");
         GP_CUDA(gp_cuk_bnp_fwd_bf16(ctx->compute, x, d->n, d->c, d->s, d->eps, gamma, beta,
-                                    d->relu, d->add16, y, mean, var, part, vec));
+                                    d->relu, d->add16, y, mean, var, part, vec, d->blk != 0));
         gp_cuda_nvtx_pop();
         return GP_OK;
     }
     GP_TRY(bn_vec_room(dev, d, &vec));
     gp_cuda_nvtx_push("bn_fwd_train");
-    GP_CUDA(gp_cuk_bn_stats_bf16(ctx->compute, x, d->n, d->c, d->s, mean, var));
+    GP_CUDA(gp_cuk_bn_stats_bf16(ctx->compute, x, d->n, d->c, d->s, mean, var, d->blk != 0));
     GP_CUDA(gp_cuk_bn_apply_bf16(ctx->compute, x, mean, var, gamma, beta, d->eps, d->n, d->c,
-                                 d->s, d->relu, d->add16, y, vec));
+                                 d->s, d->relu, d->add16, y, vec, d->blk != 0));
     gp_cuda_nvtx_pop();
     return GP_OK;
 }
@@ -987,7 +1136,7 @@ gp_status gp_cuda_bn_fwd_infer_bf16(gp_device *dev, const gp_bn_desc *d, const u
     float *vec;
     GP_TRY(bn_vec_room(dev, d, &vec));
     GP_CUDA(gp_cuk_bn_apply_bf16(ctx->compute, x, mean, var, gamma, beta, d->eps, d->n, d->c,
-                                 d->s, d->relu, d->add16, y, vec));
+                                 d->s, d->relu, d->add16, y, vec, d->blk != 0));
     return GP_OK;
 }
 
@@ -1006,7 +1155,8 @@ gp_status gp_cuda_bn_bwd_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_
         GP_TRY(st);
         gp_cuda_nvtx_push("bn_bwd");
         GP_CUDA(gp_cuk_bnp_bwd_bf16(ctx->compute, x, mean, var, gamma, beta, d->relu, dy, d->n,
-                                    d->c, d->s, d->eps, dx, dgamma, dbeta, part, vec));
+                                    d->c, d->s, d->eps, dx, dgamma, dbeta, part, vec,
+                                    d->blk != 0));
         gp_cuda_nvtx_pop();
         return GP_OK;
     }
@@ -1014,7 +1164,7 @@ gp_status gp_cuda_bn_bwd_bf16(gp_device *dev, const gp_bn_desc *d, const uint16_
     GP_TRY(gp_cuda_ws_reserve(dev, 2 * (size_t)d->c * sizeof(float), &sums));
     gp_cuda_nvtx_push("bn_bwd");
     GP_CUDA(gp_cuk_bn_bwd_bf16(ctx->compute, x, mean, var, gamma, beta, d->relu, dy, d->n, d->c,
-                               d->s, d->eps, dx, dgamma, dbeta, sums));
+                               d->s, d->eps, dx, dgamma, dbeta, sums, d->blk != 0));
     gp_cuda_nvtx_pop();
     return GP_OK;
 }
@@ -1040,18 +1190,20 @@ gp_status gp_cuda_log_softmax(gp_device *dev, const float *x, float *y, int64_t 
 gp_status gp_cuda_bn_stats(gp_device *dev, const gp_bn_desc *d, const float *x, float *mean,
                            float *var)
 {
+    int cl;
     GP_TRY(gp_cuda_enter(dev));
+    GP_TRY(cuda_layout(dev, "batch norm", d->blk, d->c, &cl));
     double *part;
     float *vec;
     gp_status st;
     if (bn_planes(dev, d, &part, &vec, &st)) {
         GP_TRY(st);
         GP_CUDA(gp_cuk_bnp_fwd(gp_cuda_ctx_of(dev)->compute, x, d->n, d->c, d->s, d->eps, NULL,
-                               NULL, 0, NULL, NULL, mean, var, part, NULL));
+                               NULL, 0, NULL, NULL, mean, var, part, NULL, cl));
         return GP_OK;
     }
     gp_cuda_nvtx_push("bn_stats");
-    GP_CUDA(gp_cuk_bn_stats(gp_cuda_ctx_of(dev)->compute, x, d->n, d->c, d->s, mean, var));
+    GP_CUDA(gp_cuk_bn_stats(gp_cuda_ctx_of(dev)->compute, x, d->n, d->c, d->s, mean, var, cl));
     gp_cuda_nvtx_pop();
     return GP_OK;
 }
@@ -1060,18 +1212,21 @@ gp_status gp_cuda_bn_bwd_sums(gp_device *dev, const gp_bn_desc *d, const float *
                               const float *gamma, const float *beta, const float *mean,
                               const float *var, const float *dy, float *sums)
 {
+    int cl;
     GP_TRY(gp_cuda_enter(dev));
+    GP_TRY(cuda_layout(dev, "batch norm", d->blk, d->c, &cl));
     double *part;
     float *vec;
     gp_status st;
     if (bn_planes(dev, d, &part, &vec, &st)) {
         GP_TRY(st);
         GP_CUDA(gp_cuk_bnp_bwd(gp_cuda_ctx_of(dev)->compute, x, mean, var, gamma, beta, d->relu,
-                               dy, d->n, d->c, d->s, d->eps, sums, NULL, NULL, NULL, part, NULL));
+                               dy, d->n, d->c, d->s, d->eps, sums, NULL, NULL, NULL, part, NULL,
+                               cl));
         return GP_OK;
     }
     GP_CUDA(gp_cuk_bn_bwd_sums(gp_cuda_ctx_of(dev)->compute, x, mean, dy, d->n, d->c, d->s,
-                               gamma, beta, var, d->eps, d->relu, sums));
+                               gamma, beta, var, d->eps, d->relu, sums, cl));
     return GP_OK;
 }
 
@@ -1081,9 +1236,11 @@ gp_status gp_cuda_bn_bwd_apply(gp_device *dev, const gp_bn_desc *d, const float 
                                double count, float *dx, const float *local, float *dgamma,
                                float *dbeta)
 {
+    int cl;
     GP_TRY(gp_cuda_enter(dev));
+    GP_TRY(cuda_layout(dev, "batch norm", d->blk, d->c, &cl));
     GP_CUDA(gp_cuk_bn_bwd_apply(gp_cuda_ctx_of(dev)->compute, x, gamma, beta, d->relu, mean,
                                 var, dy, sums, count, d->eps, d->n, d->c, d->s, dx, local,
-                                dgamma, dbeta));
+                                dgamma, dbeta, cl));
     return GP_OK;
 }

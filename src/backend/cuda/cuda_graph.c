@@ -44,13 +44,18 @@
  * first; the tail is slow fallbacks). */
 #define GRAPH_CANDIDATES 24
 
+/* Set by gp_cuda_conv_graph_check alone: its test loads the plugin with
+ * none of gpipe's functions to call, the debug log's included. */
+static bool hook_quiet;
+
 /* A descriptor call that must succeed: its failure is the shape's, and
  * sends it to the legacy path with the reason in the debug log. */
 #define BK(call)                                                                      \
     do {                                                                              \
         cudnnStatus_t s_ = (call);                                                    \
         if (s_ != CUDNN_STATUS_SUCCESS) {                                             \
-            GP_DEBUG("cuDNN graph: %s failed: %s", #call, cudnnGetErrorString(s_));   \
+            if (!hook_quiet)                                                          \
+                GP_DEBUG("cuDNN graph: %s failed: %s", #call, cudnnGetErrorString(s_)); \
             return s_;                                                                \
         }                                                                             \
     } while (0)
@@ -61,10 +66,17 @@ static void destroy(cudnnBackendDescriptor_t *d)
     *d = NULL;
 }
 
+/* (n, c, h, w) in NCHW strides, or channels-last (cl: NHWC, and KRSC for
+ * weights) as cuda_conv.nhwc says. */
 static cudnnStatus_t tensor(cudnnBackendDescriptor_t *t, int64_t uid, cudnnDataType_t dt,
-                            int64_t n, int64_t c, int64_t h, int64_t w, int64_t align)
+                            int64_t n, int64_t c, int64_t h, int64_t w, int64_t align, bool cl)
 {
     int64_t dims[4] = {n, c, h, w}, str[4] = {c * h * w, h * w, w, 1};
+    if (cl) {
+        str[1] = 1;
+        str[2] = w * c;
+        str[3] = c;
+    }
     BK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_TENSOR_DESCRIPTOR, t));
     BK(cudnnBackendSetAttribute(*t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt));
     BK(cudnnBackendSetAttribute(*t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims));
@@ -138,7 +150,7 @@ static cudnnStatus_t operation(cudnnBackendDescriptor_t *op, int dir, bool accum
 }
 
 /* The one-operation graph of direction dir at alignment align. */
-static cudnnStatus_t op_graph(gp_cuda_ctx *ctx, const cuda_conv *cv, int dir, int64_t align,
+static cudnnStatus_t op_graph(cudnnHandle_t dnn, const cuda_conv *cv, int dir, int64_t align,
                               cudnnBackendDescriptor_t *graph)
 {
     cudnnBackendDescriptor_t t1 = NULL, t2 = NULL, t3 = NULL, cd = NULL, op = NULL;
@@ -146,21 +158,23 @@ static cudnnStatus_t op_graph(gp_cuda_ctx *ctx, const cuda_conv *cv, int dir, in
      * gradient's bf16 part (beta 0) that cuda_dnn.c adds in FP32 */
     const gp_conv_desc *d = &cv->d;
     cudnnDataType_t dt = cv->bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
-    cudnnStatus_t s = tensor(&t1, 1, dt, d->n, d->c, d->h, d->w, align);
-    if (!s) s = tensor(&t2, 2, dt, d->k, d->c, d->kh, d->kw, align);
-    if (!s) s = tensor(&t3, 3, dt, d->n, d->k, d->oh, d->ow, align);
+    cudnnStatus_t s = tensor(&t1, 1, dt, d->n, d->c, d->h, d->w, align, cv->nhwc);
+    if (!s) s = tensor(&t2, 2, dt, d->k, d->c, d->kh, d->kw, align, cv->nhwc);
+    if (!s) s = tensor(&t3, 3, dt, d->n, d->k, d->oh, d->ow, align, cv->nhwc);
     if (!s) s = conv_desc(&cd, d);
     if (!s) s = operation(&op, dir, dir == GP_CUDA_BWD_FILTER && !cv->bf16, t1, t2, t3, cd);
     if (!s) s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, graph);
     if (!s)
         s = cudnnBackendSetAttribute(*graph, CUDNN_ATTR_OPERATIONGRAPH_OPS,
                                      CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &op);
-    if (!s)
+    if (!s && dnn) /* (none: gp_cuda_conv_graph_check's, without a device) */
         s = cudnnBackendSetAttribute(*graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE,
-                                     1, &ctx->dnn);
+                                     1, &dnn);
     if (!s) s = cudnnBackendFinalize(*graph);
     if (s) {
-        GP_DEBUG("cuDNN graph: the operation graph did not build: %s", cudnnGetErrorString(s));
+        if (!hook_quiet)
+            GP_DEBUG("cuDNN graph: the operation graph did not build: %s",
+                     cudnnGetErrorString(s));
         destroy(graph);
     }
     destroy(&op);
@@ -352,7 +366,7 @@ static gp_status choose(gp_device *dev, cuda_conv *cv, int dir, int ai, int64_t 
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     cudnnBackendDescriptor_t graph = NULL, cfg[2 * GRAPH_CANDIDATES];
     int n = 0;
-    if (op_graph(ctx, cv, dir, align, &graph)) return GP_OK;
+    if (op_graph(ctx->dnn, cv, dir, align, &graph)) return GP_OK;
     gp_cuda_graph_heuristics(graph, CUDNN_HEUR_MODE_A, cfg, &n, GRAPH_CANDIDATES);
     gp_cuda_graph_heuristics(graph, CUDNN_HEUR_MODE_FALLBACK, cfg, &n, 2 * GRAPH_CANDIDATES);
     size_t limit = gp_cuda_ws_limit(dev);
@@ -530,4 +544,19 @@ void gp_cuda_graph_free(cuda_conv *cv)
 {
     for (int dir = 0; dir < 3; dir++)
         for (int ai = 0; ai < 2; ai++) drop(cv, dir, ai);
+}
+
+/* Test hook (tests/test_cuda_graphs.c, which needs no GPU): convolution
+ * d's one-operation graph of direction dir (GP_CUDA_FWD ..) on bf16 or
+ * FP32 operands, channels-last (nhwc) or not, built and finalized without
+ * a handle, as far as cuDNN checks descriptors without a device.  Returns
+ * the cudnnStatus_t (0: it built). */
+int gp_cuda_conv_graph_check(const gp_conv_desc *d, int bf16, int nhwc, int dir)
+{
+    cuda_conv cv = {.d = *d, .bf16 = bf16 != 0, .nhwc = nhwc != 0};
+    cudnnBackendDescriptor_t graph = NULL;
+    hook_quiet = true;
+    cudnnStatus_t s = op_graph(NULL, &cv, dir, 16, &graph);
+    destroy(&graph);
+    return (int)s;
 }

@@ -109,6 +109,7 @@ typedef struct cuda_conv {
     cudnnFilterDescriptor_t w;
     cudnnConvolutionDescriptor_t conv;
     bool bf16; /* precision bf16 and gp_bf16_conv_worth: bf16 operands */
+    bool nhwc; /* channels-last x, KRSC w and y (gp_cuda_conv_nhwc) */
     int have_fwd, have_bwd_data, have_bwd_filter;
     cudnnConvolutionFwdAlgo_t fwd;
     cudnnConvolutionBwdDataAlgo_t bwd_data;
@@ -149,6 +150,7 @@ typedef struct gp_cuda_ctx {
     bool legacy_conv;             /* GPIPE_CUDNN_LEGACY=1: no graph API for convolutions */
     bool graph_force;             /* GPIPE_CUDNN_GRAPH=force: its plan wherever one builds */
     bool sdpa_off;                /* GPIPE_CUDNN_SDPA=0: attention on gpipe's own kernels */
+    bool nhwc;                    /* chains channels-last (act_block); GPIPE_CUDA_NHWC=0: plain */
     int sm;                       /* compute capability, major * 10 + minor */
     struct cuda_sdpa *sdpas;      /* per-shape fused attention plans (cuda_sdpa.c) */
     bool deterministic;           /* train.deterministic: cuDNN algorithms by heuristics,
@@ -348,7 +350,9 @@ gp_status gp_cuda_sdpa_bwd_bf16(gp_device *dev, const uint16_t *x, const uint16_
                                 const float *lse, const uint16_t *dy, uint16_t *dx, int64_t b,
                                 int64_t t, int64_t heads, int64_t c, bool *done);
 void gp_cuda_sdpa_destroy(gp_cuda_ctx *ctx);
-/* cuda_sdpa.c's test hook (tests/test_cuda_graphs.c, no GPU needed). */
+/* cuda_graph.c's and cuda_sdpa.c's test hooks (tests/test_cuda_graphs.c,
+ * no GPU needed). */
+int gp_cuda_conv_graph_check(const gp_conv_desc *d, int bf16, int nhwc, int dir);
 int gp_cuda_sdpa_graph_check(int64_t b, int64_t t, int64_t heads, int64_t c, int dir,
                              int *n_ops, int *n_desc, char *why, size_t len);
 
@@ -369,6 +373,19 @@ void gp_cuda_search_ws(gp_device *dev, size_t most, void **ws, size_t *bytes, bo
 gp_status gp_cuda_graph_conv(gp_device *dev, cuda_conv *cv, int dir, const void *p1,
                              const void *p2, const void *p3, bool *done);
 void gp_cuda_graph_free(cuda_conv *cv);
+
+/* Channels-last (issue 67): a convolution whose operands are bf16 and
+ * whose channels on both sides are multiples of 8 computes in NHWC, the
+ * layout cuDNN's bf16 tensor-core kernels read natively (on NCHW they
+ * transpose inside), unless GPIPE_CUDA_NHWC=0.  act_block says so to the
+ * layers, which then keep the maps between such convolutions, through
+ * batch norm, pooling, relu and the residual sums, channels-last
+ * (gp_layers_blocked); a chain's ends transpose (cuda_dnn.c, conv_turn). */
+static inline bool gp_cuda_conv_nhwc(const gp_cuda_ctx *ctx, const gp_conv_desc *d)
+{
+    return ctx->nhwc && ctx->bf16 && gp_bf16_conv_worth(d) && d->c % 8 == 0 && d->k % 8 == 0;
+}
+int64_t gp_cuda_act_block(gp_device *dev, const gp_conv_desc *d, bool output);
 
 gp_status gp_cuda_conv_fwd(gp_device *dev, const gp_conv_desc *d, const float *x,
                            const float *w, const float *b, float *y);

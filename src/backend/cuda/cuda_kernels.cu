@@ -860,26 +860,29 @@ __global__ void k_bn_invstd(const float *var, float eps, float *inv, int64_t c)
 
 /* ---- synchronised batch norm: one block per channel ------------------------
  * Channel c of x (N, C, S) is N runs of S values, n * C * S + c * S apart;
- * t in [0, N S) walks them as (t / S, t % S).  Sums are in double, in a
+ * t in [0, N S) walks them as (t / S, t % S); channels-last (cl: x is
+ * (N, S, C)) they are N S values C apart, t the same walk, so the sums
+ * meet in the same order and the bits are the plain layout's.  Sums are in double, in a
  * fixed order (block_sum), as the CPU's are in double. */
 
-__device__ inline int64_t bn_at(int64_t t, int64_t c, int64_t C, int64_t S)
+__device__ inline int64_t bn_at(int64_t t, int64_t c, int64_t C, int64_t S, int cl)
 {
-    return (t / S) * C * S + c * S + t % S;
+    return cl ? t * C + c : (t / S) * C * S + c * S + t % S;
 }
 
 template <typename T>
-__global__ void k_bn_stats(const T *x, int64_t N, int64_t C, int64_t S, float *mean, float *var)
+__global__ void k_bn_stats(const T *x, int64_t N, int64_t C, int64_t S, float *mean, float *var,
+                           int cl)
 {
     const int64_t cnt = N * S;
     for (int64_t c = blockIdx.x; c < C; c += gridDim.x) {
         double acc = 0.0;
         for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x)
-            acc += (double)ld(x[bn_at(t, c, C, S)]);
+            acc += (double)ld(x[bn_at(t, c, C, S, cl)]);
         double m = block_sum(acc) / (double)cnt;
         double sq = 0.0;
         for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x) {
-            double d = (double)ld(x[bn_at(t, c, C, S)]) - m;
+            double d = (double)ld(x[bn_at(t, c, C, S, cl)]) - m;
             sq += d * d;
         }
         double v = block_sum(sq) / (double)cnt;
@@ -911,7 +914,7 @@ __device__ __forceinline__ void bn_scale_shift(const float *gamma, const float *
 template <typename T>
 __global__ void k_bn_bwd_sums(const T *x, const float *mean, const T *dy, int64_t N, int64_t C,
                               int64_t S, const float *gamma, const float *beta,
-                              const float *var, float eps, int relu, float *sums)
+                              const float *var, float eps, int relu, float *sums, int cl)
 {
     const int64_t cnt = N * S;
     for (int64_t c = blockIdx.x; c < C; c += gridDim.x) {
@@ -920,7 +923,7 @@ __global__ void k_bn_bwd_sums(const T *x, const float *mean, const T *dy, int64_
         if (relu) bn_scale_shift(gamma, beta, var, eps, c, &sc, &sh);
         double sdy = 0.0, sdyx = 0.0;
         for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x) {
-            int64_t at = bn_at(t, c, C, S);
+            int64_t at = bn_at(t, c, C, S, cl);
             const float xv = ld(x[at]);
             double g = relu && !(bn_pre(xv, mean[c], sc, sh) > 0.0f) ? 0.0 : (double)ld(dy[at]);
             sdy += g;
@@ -939,7 +942,7 @@ __global__ void k_bn_bwd_apply(const T *x, const float *gamma, const float *beta
                                const float *mean, const float *var, const T *dy,
                                const float *sums, double count, float eps, int64_t N, int64_t C,
                                int64_t S, T *dx, const float *local, float *dgamma,
-                               float *dbeta)
+                               float *dbeta, int cl)
 {
     const int64_t cnt = N * S;
     for (int64_t c = blockIdx.x; c < C; c += gridDim.x) {
@@ -959,7 +962,7 @@ __global__ void k_bn_bwd_apply(const T *x, const float *gamma, const float *beta
         float sc = 0.0f, sh = 0.0f;
         if (relu) bn_scale_shift(gamma, beta, var, eps, c, &sc, &sh);
         for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x) {
-            int64_t at = bn_at(t, c, C, S);
+            int64_t at = bn_at(t, c, C, S, cl);
             const float xv = ld(x[at]);
             float g = relu && !(bn_pre(xv, m, sc, sh) > 0.0f) ? 0.0f : ld(dy[at]);
             st(&dx[at], gp_ew_bn_bwd_apply(g, xv, m, ka, kb, kc));
@@ -988,7 +991,7 @@ __global__ void k_norm_leaky_bwd(const T *yz, int from_z, float slope, const flo
     for (int64_t c = blockIdx.x; c < C; c += gridDim.x) {
         double sdy = 0.0, sdyy = 0.0;
         for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x) {
-            int64_t at = bn_at(t, c, C, S);
+            int64_t at = bn_at(t, c, C, S, 0);
             double g = (double)ld(dy[at]);
             sdy += g;
             sdyy += g * (double)nl_y(yz[at], from_z, slope);
@@ -997,7 +1000,7 @@ __global__ void k_norm_leaky_bwd(const T *yz, int from_z, float slope, const flo
         float ka, kb, kc;
         gp_ew_norm_leaky_coeffs(var[c], eps, a, b, (double)cnt, &ka, &kb, &kc);
         for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x) {
-            int64_t at = bn_at(t, c, C, S);
+            int64_t at = bn_at(t, c, C, S, 0);
             st(&dx[at], ka * ld(dy[at]) + kb * nl_y(yz[at], from_z, slope) + kc);
         }
     }
@@ -1337,17 +1340,18 @@ __global__ void k_bnp_stats_part(const T *x, int64_t planes, int64_t C, int64_t 
 /* Block c: the channel's sums over n (thread t takes n = t, t + 256, ..
  * in order, then the fixed tree), mean and biased var; with vec (2 C
  * floats) also the scale gamma inv and the shift beta of y = (x - mean)
- * scale + shift. */
+ * scale + shift.  The pivot x[c ps]: the channel's first value, ps = S
+ * plain, 1 channels-last. */
 template <typename T>
 __global__ void k_bnp_stats_final(const double *part, const T *x, int64_t N, int64_t C,
-                                  int64_t S, float eps, const float *gamma, const float *beta,
-                                  float *mean, float *var, float *vec)
+                                  int64_t S, int64_t ps, float eps, const float *gamma,
+                                  const float *beta, float *mean, float *var, float *vec)
 {
     int64_t c = blockIdx.x;
     double a, b;
     channel_pair_sum(part, N, C, c, &a, &b);
     if (threadIdx.x == 0) {
-        double cnt = (double)(N * S), piv = (double)ld(x[c * S]), ma = a / cnt;
+        double cnt = (double)(N * S), piv = (double)ld(x[c * ps]), ma = a / cnt;
         double v = b / cnt - ma * ma;
         float m = (float)(piv + ma), vv = (float)(v > 0.0 ? v : 0.0);
         if (v != v) vv = (float)v; /* NaN stays NaN */
@@ -1495,11 +1499,115 @@ __global__ void k_bnp_bwd_apply(const T *x, const float *mean, const T *dy, cons
     }
 }
 
+/* ---- the same on channels-last maps (x as (N, S, C): issue 67).  A block
+ * is CL_CH channels of one n by the 32 lanes of the plain kernels' warp:
+ * lane l of channel c sums the pixels l, l + 32, .. of plane (n, c) in
+ * order, as the plain warp does, and the lanes meet in warp_sum's tree
+ * (shfl_down by 16, 8, 4, 2, 1) in shared memory, so the partials are the
+ * plain kernels' bits; a warp reads 32 consecutive channels of a pixel.
+ * Blocks of 1024 threads: __launch_bounds__ keeps their registers within
+ * what a launch of that size may have. */
+#define CL_CH 32
+
+/* The 32 lanes' a and b of column threadIdx.x summed in warp_sum's tree,
+ * into lane (threadIdx.y) 0's *a and *b. */
+__device__ void cl_lane_sum(double *a, double *b)
+{
+    __shared__ double sa[32][CL_CH + 1], sb[32][CL_CH + 1];
+    sa[threadIdx.y][threadIdx.x] = *a;
+    sb[threadIdx.y][threadIdx.x] = *b;
+    __syncthreads();
+    for (unsigned o = 16; o > 0; o >>= 1) {
+        if (threadIdx.y < o) {
+            sa[threadIdx.y][threadIdx.x] += sa[threadIdx.y + o][threadIdx.x];
+            sb[threadIdx.y][threadIdx.x] += sb[threadIdx.y + o][threadIdx.x];
+        }
+        __syncthreads();
+    }
+    *a = sa[0][threadIdx.x];
+    *b = sb[0][threadIdx.x];
+}
+
+/* k_bnp_stats_part on channels-last x: grid (C / CL_CH rounded up, N). */
+template <typename T>
+__global__ void __launch_bounds__(CL_CH * 32) k_bnp_stats_part_cl(const T *x, int64_t C, int64_t S, double *part)
+{
+    int64_t c = (int64_t)blockIdx.x * CL_CH + threadIdx.x, n = blockIdx.y;
+    double a = 0.0, b = 0.0;
+    if (c < C) {
+        const T *q = x + n * S * C + c;
+        double piv = (double)ld(x[c]);
+        for (int64_t i = threadIdx.y; i < S; i += 32) {
+            double d = (double)ld(q[i * C]) - piv;
+            a += d;
+            b += d * d;
+        }
+    }
+    cl_lane_sum(&a, &b); /* every thread: it synchronises */
+    if (threadIdx.y == 0 && c < C) {
+        part[2 * (n * C + c)] = a;
+        part[2 * (n * C + c) + 1] = b;
+    }
+}
+
+/* k_bnp_bwd_part on channels-last x and dy. */
+template <typename T>
+__global__ void __launch_bounds__(CL_CH * 32) k_bnp_bwd_part_cl(const T *x, const float *mean, const T *dy, int64_t C,
+                                  int64_t S, const float *gamma, const float *beta,
+                                  const float *var, float eps, int relu, double *part)
+{
+    int64_t c = (int64_t)blockIdx.x * CL_CH + threadIdx.x, n = blockIdx.y;
+    double a = 0.0, b = 0.0;
+    if (c < C) {
+        const T *q = x + n * S * C + c, *g = dy + n * S * C + c;
+        const float mf = mean[c];
+        float sc = 0.0f, sh = 0.0f;
+        if (relu) bn_scale_shift(gamma, beta, var, eps, c, &sc, &sh);
+        double m = (double)mf;
+        for (int64_t i = threadIdx.y; i < S; i += 32) {
+            const float xv = ld(q[i * C]);
+            double d = relu && !(bn_pre(xv, mf, sc, sh) > 0.0f) ? 0.0 : (double)ld(g[i * C]);
+            a += d;
+            b += d * ((double)xv - m);
+        }
+    }
+    cl_lane_sum(&a, &b);
+    if (threadIdx.y == 0 && c < C) {
+        part[2 * (n * C + c)] = a;
+        part[2 * (n * C + c) + 1] = b;
+    }
+}
+
+/* k_bnp_bwd_apply's expression over all n values of channels-last maps. */
+template <typename T>
+__global__ void k_bnp_bwd_apply_cl(const T *x, const float *mean, const T *dy, const float *vec,
+                                   int64_t C, int64_t n, const float *gamma, const float *beta,
+                                   const float *var, float eps, int relu, T *dx)
+{
+    GP_CUK_LOOP(i, n)
+    {
+        int64_t c = i % C;
+        const float m = mean[c], xv = ld(x[i]);
+        float gv = ld(dy[i]);
+        if (relu) {
+            float sc, sh;
+            bn_scale_shift(gamma, beta, var, eps, c, &sc, &sh);
+            if (!(bn_pre(xv, m, sc, sh) > 0.0f)) gv = 0.0f;
+        }
+        st(&dx[i], gp_ew_bn_bwd_apply(gv, xv, m, vec[c], vec[C + c], vec[2 * C + c]));
+    }
+}
+
 /* Launch shapes: warps for the partials, and a block of S rounded up to
  * a warp (at most 256) per plane for the elementwise passes. */
 inline unsigned warp_blocks(int64_t planes)
 {
     return (unsigned)((planes * 32 + GP_CUK_THREADS - 1) / GP_CUK_THREADS);
+}
+/* The channels-last partials' grid: CL_CH channels by one n a block. */
+inline dim3 cl_grid(int64_t n, int64_t c)
+{
+    return dim3((unsigned)((c + CL_CH - 1) / CL_CH), (unsigned)n);
 }
 inline unsigned plane_threads(int64_t S)
 {
@@ -1507,6 +1615,47 @@ inline unsigned plane_threads(int64_t S)
     return (unsigned)(t < GP_CUK_THREADS ? t : GP_CUK_THREADS);
 }
 
+
+/* ---- layout changes (issue 67): each of `batches` row-major (rows, cols)
+ * matrices of src transposed into dst, through a 32x32 tile in shared
+ * memory so that both sides are read and written a row of 32 at a time;
+ * the values widened (ld) and rounded once (st) where the storage types
+ * differ, as the pack and unpack kernels do, and added to dst with add.
+ * NCHW to NHWC is (C, H W) to (H W, C) per image, and back; KCRS weights
+ * to KRSC likewise per output channel. */
+template <typename S, typename D>
+__global__ void k_transpose(const S *src, D *dst, int64_t rows, int64_t cols, int add)
+{
+    __shared__ float tile[32][33];
+    const S *sp = src + (int64_t)blockIdx.z * rows * cols;
+    D *dp = dst + (int64_t)blockIdx.z * rows * cols;
+    int64_t r0 = (int64_t)blockIdx.y * 32, c0 = (int64_t)blockIdx.x * 32;
+    for (unsigned k = threadIdx.y; k < 32; k += blockDim.y) {
+        int64_t r = r0 + k, c = c0 + threadIdx.x;
+        if (r < rows && c < cols) tile[k][threadIdx.x] = ld(sp[r * cols + c]);
+    }
+    __syncthreads();
+    for (unsigned k = threadIdx.y; k < 32; k += blockDim.y) {
+        int64_t c = c0 + k, r = r0 + threadIdx.x; /* dst is (cols, rows) */
+        if (r < rows && c < cols) {
+            float v = tile[threadIdx.x][k];
+            D *o = &dp[c * rows + r];
+            st(o, add ? ld(*o) + v : v);
+        }
+    }
+}
+
+template <typename S, typename D>
+cudaError_t transpose(cudaStream_t s, D *dst, const S *src, int64_t batches, int64_t rows,
+                      int64_t cols, int add)
+{
+    int64_t gx = (cols + 31) / 32, gy = (rows + 31) / 32;
+    if (batches <= 0 || rows <= 0 || cols <= 0) return cudaSuccess;
+    if (gx > INT_MAX || gy > 65535 || batches > 65535) return cudaErrorInvalidValue;
+    k_transpose<S, D><<<dim3((unsigned)gx, (unsigned)gy, (unsigned)batches), dim3(32, 8), 0, s>>>(
+        src, dst, rows, cols, add);
+    return cudaGetLastError();
+}
 } /* namespace */
 
 /* ---- launchers -------------------------------------------------------------- */
@@ -1518,6 +1667,18 @@ inline unsigned plane_threads(int64_t S)
     } while (0)
 
 extern "C" {
+
+cudaError_t gp_cuk_transpose(cudaStream_t s, void *dst, int dst16, const void *src, int src16,
+                             int64_t batches, int64_t rows, int64_t cols, int add)
+{
+    if (src16 && dst16)
+        return transpose(s, (uint16_t *)dst, (const uint16_t *)src, batches, rows, cols, add);
+    if (src16)
+        return transpose(s, (float *)dst, (const uint16_t *)src, batches, rows, cols, add);
+    if (dst16)
+        return transpose(s, (uint16_t *)dst, (const float *)src, batches, rows, cols, add);
+    return transpose(s, (float *)dst, (const float *)src, batches, rows, cols, add);
+}
 
 cudaError_t gp_cuk_fill(cudaStream_t s, float *x, float v, int64_t n)
 {
@@ -2035,15 +2196,22 @@ namespace {
 template <typename T>
 cudaError_t bnp_fwd(cudaStream_t s, const T *x, int64_t n, int64_t c, int64_t sp, float eps,
                     const float *gamma, const float *beta, int relu, const T *add, T *y,
-                    float *mean, float *var, double *part, float *vec)
+                    float *mean, float *var, double *part, float *vec, int cl)
 {
     int64_t planes = n * c;
     if (planes <= 0) return cudaSuccess;
-    if (planes > INT_MAX / 32 || c > 65535) return cudaErrorInvalidValue;
-    k_bnp_stats_part<T><<<warp_blocks(planes), GP_CUK_THREADS, 0, s>>>(x, planes, c, sp, part);
-    k_bnp_stats_final<T><<<(unsigned)c, GP_CUK_THREADS, 0, s>>>(part, x, n, c, sp, eps, gamma,
-                                                               beta, mean, var, y ? vec : NULL);
-    if (y)
+    if (planes > INT_MAX / 32 || c > 65535 || (cl && n > 65535)) return cudaErrorInvalidValue;
+    if (cl)
+        k_bnp_stats_part_cl<T><<<cl_grid(n, c), dim3(CL_CH, 32), 0, s>>>(x, c, sp, part);
+    else
+        k_bnp_stats_part<T><<<warp_blocks(planes), GP_CUK_THREADS, 0, s>>>(x, planes, c, sp,
+                                                                           part);
+    k_bnp_stats_final<T><<<(unsigned)c, GP_CUK_THREADS, 0, s>>>(
+        part, x, n, c, sp, cl ? 1 : sp, eps, gamma, beta, mean, var, y ? vec : NULL);
+    if (y && cl) /* k_bn_apply with a plane of 1: channel i % c */
+        k_bn_apply<T><<<blocks_for(planes * sp), GP_CUK_THREADS, 0, s>>>(
+            x, mean, vec, c, 1, planes * sp, relu, add, y);
+    else if (y)
         k_bnp_apply<T><<<(unsigned)planes, plane_threads(sp), 0, s>>>(x, mean, vec, c, sp, relu,
                                                                       add, y);
     return cudaGetLastError();
@@ -2053,17 +2221,23 @@ template <typename T>
 cudaError_t bnp_bwd(cudaStream_t s, const T *x, const float *mean, const float *var,
                     const float *gamma, const float *beta, int relu, const T *dy, int64_t n,
                     int64_t c, int64_t sp, float eps, float *sums, T *dx, float *dgamma,
-                    float *dbeta, double *part, float *vec)
+                    float *dbeta, double *part, float *vec, int cl)
 {
     int64_t planes = n * c;
     if (planes <= 0) return cudaSuccess;
-    if (planes > INT_MAX / 32 || c > 65535) return cudaErrorInvalidValue;
-    k_bnp_bwd_part<T><<<warp_blocks(planes), GP_CUK_THREADS, 0, s>>>(x, mean, dy, planes, c, sp,
-                                                                     gamma, beta, var, eps, relu,
-                                                                     part);
+    if (planes > INT_MAX / 32 || c > 65535 || (cl && n > 65535)) return cudaErrorInvalidValue;
+    if (cl)
+        k_bnp_bwd_part_cl<T><<<cl_grid(n, c), dim3(CL_CH, 32), 0, s>>>(
+            x, mean, dy, c, sp, gamma, beta, var, eps, relu, part);
+    else
+        k_bnp_bwd_part<T><<<warp_blocks(planes), GP_CUK_THREADS, 0, s>>>(
+            x, mean, dy, planes, c, sp, gamma, beta, var, eps, relu, part);
     k_bnp_bwd_final<<<(unsigned)c, GP_CUK_THREADS, 0, s>>>(part, n, c, sp, var, eps, gamma, sums,
                                                           dx ? vec : NULL, dgamma, dbeta);
-    if (dx)
+    if (dx && cl)
+        k_bnp_bwd_apply_cl<T><<<blocks_for(planes * sp), GP_CUK_THREADS, 0, s>>>(
+            x, mean, dy, vec, c, planes * sp, gamma, beta, var, eps, relu, dx);
+    else if (dx)
         k_bnp_bwd_apply<T><<<(unsigned)planes, plane_threads(sp), 0, s>>>(
             x, mean, dy, vec, c, sp, gamma, beta, var, eps, relu, dx);
     return cudaGetLastError();
@@ -2072,32 +2246,32 @@ cudaError_t bnp_bwd(cudaStream_t s, const T *x, const float *mean, const float *
 template <typename T>
 cudaError_t bn_apply(cudaStream_t s, const T *x, const float *mean, const float *var,
                      const float *gamma, const float *beta, float eps, int64_t n, int64_t c,
-                     int64_t sp, int relu, const T *add, T *y, float *vec)
+                     int64_t sp, int relu, const T *add, T *y, float *vec, int cl)
 {
     if (n * c * sp <= 0) return cudaSuccess;
     k_bn_vec<<<blocks_for(c), GP_CUK_THREADS, 0, s>>>(gamma, beta, var, eps, c, vec);
-    k_bn_apply<T><<<blocks_for(n * c * sp), GP_CUK_THREADS, 0, s>>>(x, mean, vec, c, sp,
+    k_bn_apply<T><<<blocks_for(n * c * sp), GP_CUK_THREADS, 0, s>>>(x, mean, vec, c, cl ? 1 : sp,
                                                                     n * c * sp, relu, add, y);
     return cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t bn_stats(cudaStream_t s, const T *x, int64_t n, int64_t c, int64_t sp, float *mean,
-                     float *var)
+                     float *var, int cl)
 {
     if (c <= 0) return cudaSuccess;
-    k_bn_stats<T><<<channel_blocks(c), GP_CUK_THREADS, 0, s>>>(x, n, c, sp, mean, var);
+    k_bn_stats<T><<<channel_blocks(c), GP_CUK_THREADS, 0, s>>>(x, n, c, sp, mean, var, cl);
     return cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t bn_bwd_sums(cudaStream_t s, const T *x, const float *mean, const T *dy, int64_t n,
                         int64_t c, int64_t sp, const float *gamma, const float *beta,
-                        const float *var, float eps, int relu, float *sums)
+                        const float *var, float eps, int relu, float *sums, int cl)
 {
     if (c <= 0) return cudaSuccess;
     k_bn_bwd_sums<T><<<channel_blocks(c), GP_CUK_THREADS, 0, s>>>(x, mean, dy, n, c, sp, gamma,
-                                                                  beta, var, eps, relu, sums);
+                                                                  beta, var, eps, relu, sums, cl);
     return cudaGetLastError();
 }
 
@@ -2105,12 +2279,13 @@ template <typename T>
 cudaError_t bn_bwd_apply(cudaStream_t s, const T *x, const float *gamma, const float *beta,
                          int relu, const float *mean, const float *var, const T *dy,
                          const float *sums, double count, float eps, int64_t n, int64_t c,
-                         int64_t sp, T *dx, const float *local, float *dgamma, float *dbeta)
+                         int64_t sp, T *dx, const float *local, float *dgamma, float *dbeta,
+                         int cl)
 {
     if (c <= 0) return cudaSuccess;
     k_bn_bwd_apply<T><<<channel_blocks(c), GP_CUK_THREADS, 0, s>>>(
         x, gamma, beta, relu, mean, var, dy, sums, count, eps, n, c, sp, dx, local, dgamma,
-        dbeta);
+        dbeta, cl);
     return cudaGetLastError();
 }
 
@@ -2121,105 +2296,117 @@ extern "C" {
 cudaError_t gp_cuk_bnp_fwd(cudaStream_t s, const float *x, int64_t n, int64_t c, int64_t sp,
                            float eps, const float *gamma, const float *beta, int relu,
                            const float *add, float *y, float *mean, float *var, double *part,
-                           float *vec)
+                           float *vec, int cl)
 {
-    return bnp_fwd(s, x, n, c, sp, eps, gamma, beta, relu, add, y, mean, var, part, vec);
+    return bnp_fwd(s, x, n, c, sp, eps, gamma, beta, relu, add, y, mean, var, part, vec, cl);
 }
 
 cudaError_t gp_cuk_bnp_bwd(cudaStream_t s, const float *x, const float *mean, const float *var,
                            const float *gamma, const float *beta, int relu, const float *dy,
                            int64_t n, int64_t c, int64_t sp, float eps, float *sums, float *dx,
-                           float *dgamma, float *dbeta, double *part, float *vec)
+                           float *dgamma, float *dbeta, double *part, float *vec, int cl)
 {
     return bnp_bwd(s, x, mean, var, gamma, beta, relu, dy, n, c, sp, eps, sums, dx, dgamma,
-                   dbeta, part, vec);
+                   dbeta, part, vec, cl);
 }
 
 cudaError_t gp_cuk_bn_apply(cudaStream_t s, const float *x, const float *mean, const float *var,
                             const float *gamma, const float *beta, float eps, int64_t n,
                             int64_t c, int64_t sp, int relu, const float *add, float *y,
-                            float *vec)
+                            float *vec, int cl)
 {
-    return bn_apply(s, x, mean, var, gamma, beta, eps, n, c, sp, relu, add, y, vec);
+    return bn_apply(s, x, mean, var, gamma, beta, eps, n, c, sp, relu, add, y, vec, cl);
 }
 
 cudaError_t gp_cuk_bnp_fwd_bf16(cudaStream_t s, const uint16_t *x, int64_t n, int64_t c,
                                 int64_t sp, float eps, const float *gamma, const float *beta,
                                 int relu, const uint16_t *add, uint16_t *y, float *mean,
-                                float *var, double *part, float *vec)
+                                float *var, double *part, float *vec, int cl)
 {
-    return bnp_fwd(s, x, n, c, sp, eps, gamma, beta, relu, add, y, mean, var, part, vec);
+    return bnp_fwd(s, x, n, c, sp, eps, gamma, beta, relu, add, y, mean, var, part, vec, cl);
 }
 
 cudaError_t gp_cuk_bnp_bwd_bf16(cudaStream_t s, const uint16_t *x, const float *mean,
                                 const float *var, const float *gamma, const float *beta,
                                 int relu, const uint16_t *dy, int64_t n, int64_t c, int64_t sp,
                                 float eps, uint16_t *dx, float *dgamma, float *dbeta,
-                                double *part, float *vec)
+                                double *part, float *vec, int cl)
 {
     return bnp_bwd(s, x, mean, var, gamma, beta, relu, dy, n, c, sp, eps, (float *)NULL, dx,
-                   dgamma, dbeta, part, vec);
+                   dgamma, dbeta, part, vec, cl);
 }
 
 cudaError_t gp_cuk_bn_apply_bf16(cudaStream_t s, const uint16_t *x, const float *mean,
                                  const float *var, const float *gamma, const float *beta,
                                  float eps, int64_t n, int64_t c, int64_t sp, int relu,
-                                 const uint16_t *add, uint16_t *y, float *vec)
+                                 const uint16_t *add, uint16_t *y, float *vec, int cl)
 {
-    return bn_apply(s, x, mean, var, gamma, beta, eps, n, c, sp, relu, add, y, vec);
+    return bn_apply(s, x, mean, var, gamma, beta, eps, n, c, sp, relu, add, y, vec, cl);
 }
 
 cudaError_t gp_cuk_bn_stats_bf16(cudaStream_t s, const uint16_t *x, int64_t n, int64_t c,
-                                 int64_t sp, float *mean, float *var)
+                                 int64_t sp, float *mean, float *var, int cl)
 {
-    return bn_stats(s, x, n, c, sp, mean, var);
+    return bn_stats(s, x, n, c, sp, mean, var, cl);
 }
 
 cudaError_t gp_cuk_bn_bwd_bf16(cudaStream_t s, const uint16_t *x, const float *mean,
                                const float *var, const float *gamma, const float *beta, int relu,
                                const uint16_t *dy, int64_t n, int64_t c, int64_t sp, float eps,
-                               uint16_t *dx, float *dgamma, float *dbeta, float *sums)
+                               uint16_t *dx, float *dgamma, float *dbeta, float *sums, int cl)
 {
-    cudaError_t e = bn_bwd_sums(s, x, mean, dy, n, c, sp, gamma, beta, var, eps, relu, sums);
+    cudaError_t e = bn_bwd_sums(s, x, mean, dy, n, c, sp, gamma, beta, var, eps, relu, sums, cl);
     if (e != cudaSuccess) return e;
     return bn_bwd_apply(s, x, gamma, beta, relu, mean, var, dy, sums, (double)(n * sp), eps, n,
-                        c, sp, dx, sums, dgamma, dbeta);
+                        c, sp, dx, sums, dgamma, dbeta, cl);
+}
+
+cudaError_t gp_cuk_bn_bwd(cudaStream_t s, const float *x, const float *mean, const float *var,
+                          const float *gamma, const float *beta, int relu, const float *dy,
+                          int64_t n, int64_t c, int64_t sp, float eps, float *dx, float *dgamma,
+                          float *dbeta, float *sums, int cl)
+{
+    cudaError_t e = bn_bwd_sums(s, x, mean, dy, n, c, sp, gamma, beta, var, eps, relu, sums, cl);
+    if (e != cudaSuccess) return e;
+    return bn_bwd_apply(s, x, gamma, beta, relu, mean, var, dy, sums, (double)(n * sp), eps, n,
+                        c, sp, dx, sums, dgamma, dbeta, cl);
 }
 
 cudaError_t gp_cuk_bn_relu_mask(cudaStream_t s, const float *x, const float *mean,
                                 const float *var, const float *gamma, const float *beta,
                                 float eps, int64_t n, int64_t c, int64_t sp, const float *dy,
-                                float *dym, float *vec)
+                                float *dym, float *vec, int cl)
 {
     if (n * c * sp <= 0) return cudaSuccess;
     k_bn_vec<<<blocks_for(c), GP_CUK_THREADS, 0, s>>>(gamma, beta, var, eps, c, vec);
-    k_bn_relu_mask<<<blocks_for(n * c * sp), GP_CUK_THREADS, 0, s>>>(x, mean, vec, c, sp,
-                                                                     n * c * sp, dy, dym);
+    k_bn_relu_mask<<<blocks_for(n * c * sp), GP_CUK_THREADS, 0, s>>>(
+        x, mean, vec, c, cl ? 1 : sp, n * c * sp, dy, dym);
     return cudaGetLastError();
 }
 
 cudaError_t gp_cuk_bn_stats(cudaStream_t s, const float *x, int64_t n, int64_t c, int64_t sp,
-                            float *mean, float *var)
+                            float *mean, float *var, int cl)
 {
-    return bn_stats(s, x, n, c, sp, mean, var);
+    return bn_stats(s, x, n, c, sp, mean, var, cl);
 }
 
 cudaError_t gp_cuk_bn_bwd_sums(cudaStream_t s, const float *x, const float *mean,
                                const float *dy, int64_t n, int64_t c, int64_t sp,
                                const float *gamma, const float *beta, const float *var,
-                               float eps, int relu, float *sums)
+                               float eps, int relu, float *sums, int cl)
 {
-    return bn_bwd_sums(s, x, mean, dy, n, c, sp, gamma, beta, var, eps, relu, sums);
+    return bn_bwd_sums(s, x, mean, dy, n, c, sp, gamma, beta, var, eps, relu, sums, cl);
 }
 
 cudaError_t gp_cuk_bn_bwd_apply(cudaStream_t s, const float *x, const float *gamma,
                                 const float *beta, int relu, const float *mean,
                                 const float *var, const float *dy, const float *sums,
                                 double count, float eps, int64_t n, int64_t c, int64_t sp,
-                                float *dx, const float *local, float *dgamma, float *dbeta)
+                                float *dx, const float *local, float *dgamma, float *dbeta,
+                                int cl)
 {
     return bn_bwd_apply(s, x, gamma, beta, relu, mean, var, dy, sums, count, eps, n, c, sp, dx,
-                        local, dgamma, dbeta);
+                        local, dgamma, dbeta, cl);
 }
 
 } /* extern "C" */
@@ -2524,16 +2711,46 @@ __device__ __forceinline__ pool_win pool_window(const gp_cuk_pool &p, int64_t oh
     return v;
 }
 
-/* The first maximum of window v in plane xp, as its flat index in the plane. */
+/* Where element (n, c, i, j) of an (N, C, H, W) map lies: the plain
+ * layout, or channels-last (cl: (N, H, W, C)). */
+__device__ __forceinline__ int64_t pool_at(int cl, int64_t n, int64_t c, int64_t C, int64_t H,
+                                           int64_t W, int64_t i, int64_t j)
+{
+    return cl ? ((n * H + i) * W + j) * C + c : ((n * C + c) * H + i) * W + j;
+}
+
+/* The coordinates of the e-th element of such a map in layout cl. */
+__device__ __forceinline__ void pool_coords(int cl, int64_t e, int64_t C, int64_t H, int64_t W,
+                                            int64_t *n, int64_t *c, int64_t *i, int64_t *j)
+{
+    if (cl) {
+        *c = e % C;
+        e /= C;
+        *j = e % W;
+        e /= W;
+        *i = e % H;
+        *n = e / H;
+    } else {
+        *j = e % W;
+        e /= W;
+        *i = e % H;
+        e /= H;
+        *c = e % C;
+        *n = e / C;
+    }
+}
+
+/* The first maximum of window v in plane (n, c) of x, as its flat index
+ * i w + j in the plane. */
 template <typename T>
-__device__ __forceinline__ int64_t pool_argmax(const T *xp, const gp_cuk_pool &p, pool_win v,
-                                               float *best)
+__device__ __forceinline__ int64_t pool_argmax(const T *x, const gp_cuk_pool &p, int64_t n,
+                                               int64_t c, pool_win v, float *best)
 {
     int64_t arg = v.i0 * p.w + v.j0;
-    float b = ld(xp[arg]);
+    float b = ld(x[pool_at(p.cl_x, n, c, p.c, p.h, p.w, v.i0, v.j0)]);
     for (int64_t i = v.i0; i < v.i1; i++)
         for (int64_t j = v.j0; j < v.j1; j++) {
-            float e = ld(xp[i * p.w + j]);
+            float e = ld(x[pool_at(p.cl_x, n, c, p.c, p.h, p.w, i, j)]);
             if (e > b) {
                 b = e;
                 arg = i * p.w + j;
@@ -2548,36 +2765,39 @@ __device__ __forceinline__ float pool_count(const gp_cuk_pool &p, pool_win v)
     return p.kind == 2 ? (float)(p.kh * p.kw) : (float)((v.i1 - v.i0) * (v.j1 - v.j0));
 }
 
+/* y in its layout's order (cl_y), x read in its own (cl_x). */
 template <typename T> __global__ void k_pool_fwd(const T *x, T *y, gp_cuk_pool p, int64_t n)
 {
     GP_CUK_LOOP(o, n)
     {
-        int64_t ow = o % p.ow, t = o / p.ow, oh = t % p.oh, pl = t / p.oh;
-        const T *xp = x + pl * p.h * p.w;
+        int64_t b, c, oh, ow;
+        pool_coords(p.cl_y, o, p.c, p.oh, p.ow, &b, &c, &oh, &ow);
         pool_win v = pool_window(p, oh, ow);
         float r;
         if (p.kind == 0) {
-            (void)pool_argmax(xp, p, v, &r);
+            (void)pool_argmax(x, p, b, c, v, &r);
         } else {
             float sum = 0.0f;
             for (int64_t i = v.i0; i < v.i1; i++)
-                for (int64_t j = v.j0; j < v.j1; j++) sum += ld(xp[i * p.w + j]);
+                for (int64_t j = v.j0; j < v.j1; j++)
+                    sum += ld(x[pool_at(p.cl_x, b, c, p.c, p.h, p.w, i, j)]);
             r = sum / pool_count(p, v);
         }
         st(&y[o], r);
     }
 }
 
+/* dx in its layout's order (cl_x), dy read in its own (cl_y). */
 template <typename T>
 __global__ void k_pool_bwd(const T *x, const T *dy, T *dx, gp_cuk_pool p, int64_t n)
 {
     GP_CUK_LOOP(e, n)
     {
-        int64_t j = e % p.w, t = e / p.w, i = t % p.h, pl = t / p.h;
-        const T *gp = dy + pl * p.oh * p.ow; /* (x: max pooling's only) */
+        int64_t b, c, i, j;
+        pool_coords(p.cl_x, e, p.c, p.h, p.w, &b, &c, &i, &j);
         /* the outputs whose windows hold (i, j): oh sh - ph <= i < oh sh - ph + kh */
-        int64_t a = i + p.ph - p.kh + 1, b = j + p.pw - p.kw + 1;
-        int64_t oh0 = a > 0 ? (a + p.sh - 1) / p.sh : 0, ow0 = b > 0 ? (b + p.sw - 1) / p.sw : 0;
+        int64_t a0 = i + p.ph - p.kh + 1, b0 = j + p.pw - p.kw + 1;
+        int64_t oh0 = a0 > 0 ? (a0 + p.sh - 1) / p.sh : 0, ow0 = b0 > 0 ? (b0 + p.sw - 1) / p.sw : 0;
         int64_t oh1 = (i + p.ph) / p.sh, ow1 = (j + p.pw) / p.sw;
         oh1 = oh1 < p.oh - 1 ? oh1 : p.oh - 1;
         ow1 = ow1 < p.ow - 1 ? ow1 : p.ow - 1;
@@ -2585,12 +2805,12 @@ __global__ void k_pool_bwd(const T *x, const T *dy, T *dx, gp_cuk_pool p, int64_
         for (int64_t oh = oh0; oh <= oh1; oh++)
             for (int64_t ow = ow0; ow <= ow1; ow++) {
                 pool_win v = pool_window(p, oh, ow);
+                float gy = ld(dy[pool_at(p.cl_y, b, c, p.c, p.oh, p.ow, oh, ow)]);
                 if (p.kind == 0) {
-                    float best;
-                    if (pool_argmax(x + pl * p.h * p.w, p, v, &best) == i * p.w + j)
-                        g += ld(gp[oh * p.ow + ow]);
+                    float best; /* (x: max pooling's only) */
+                    if (pool_argmax(x, p, b, c, v, &best) == i * p.w + j) g += gy;
                 } else {
-                    g += ld(gp[oh * p.ow + ow]) / pool_count(p, v);
+                    g += gy / pool_count(p, v);
                 }
             }
         st(&dx[e], g);
@@ -2613,6 +2833,19 @@ cudaError_t gp_cuk_pool_bwd_bf16(cudaStream_t s, const uint16_t *x, const uint16
 {
     int64_t n = p->n * p->c * p->h * p->w;
     GP_CUK_LAUNCH(n, k_pool_bwd<uint16_t>, x, dy, dx, *p, n);
+}
+
+cudaError_t gp_cuk_pool_fwd(cudaStream_t s, const float *x, float *y, const gp_cuk_pool *p)
+{
+    int64_t n = p->n * p->c * p->oh * p->ow;
+    GP_CUK_LAUNCH(n, k_pool_fwd<float>, x, y, *p, n);
+}
+
+cudaError_t gp_cuk_pool_bwd(cudaStream_t s, const float *x, const float *dy, float *dx,
+                            const gp_cuk_pool *p)
+{
+    int64_t n = p->n * p->c * p->h * p->w;
+    GP_CUK_LAUNCH(n, k_pool_bwd<float>, x, dy, dx, *p, n);
 }
 
 cudaError_t gp_cuk_pool_bwd_avg(cudaStream_t s, const float *dy, float *dx, const gp_cuk_pool *p)

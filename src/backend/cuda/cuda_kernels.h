@@ -32,6 +32,13 @@ extern "C" {
 #define GP_CUK_THREADS 256
 #define GP_CUK_RED_BLOCKS 256
 
+/* Each of `batches` row-major (rows, cols) matrices of src transposed into
+ * dst (cols, rows), src and dst FP32 or (src16, dst16) bf16 patterns,
+ * converted as gp_cuk_bf16_pack / unpack convert, and added to dst's
+ * values where add: NCHW to channels-last is (C, H W) to (H W, C) per
+ * image, and KCRS weights to KRSC per output channel (cuda_dnn.c). */
+cudaError_t gp_cuk_transpose(cudaStream_t s, void *dst, int dst16, const void *src, int src16,
+                             int64_t batches, int64_t rows, int64_t cols, int add);
 cudaError_t gp_cuk_fill(cudaStream_t s, float *x, float v, int64_t n);
 cudaError_t gp_cuk_scale(cudaStream_t s, float *x, float a, int64_t n);
 cudaError_t gp_cuk_axpy(cudaStream_t s, float a, const float *x, float *y, int64_t n);
@@ -357,7 +364,11 @@ cudaError_t gp_cuk_bce(cudaStream_t s, const float *z, const float *t, int64_t n
 cudaError_t gp_cuk_bn_biased_var(cudaStream_t s, float *var, int64_t c, double cnt);
 cudaError_t gp_cuk_bn_invstd(cudaStream_t s, const float *var, float eps, float *inv,
                              int64_t c);
-/* Batch norm over planes of sp >= 32 values (cuda_kernels.cu; cuda_dnn.c
+/* Every batch-norm launcher takes cl: 0 for x, y, dy, dx (and add) in the
+ * plain layout (n, c, sp), 1 for channels-last (n, sp, c), the layout a
+ * chain of convolutions keeps on a GPU (backend.h, act_block); the sums
+ * meet in the same order either way, so the bits are the same.
+ * Batch norm over planes of sp >= 32 values (cuda_kernels.cu; cuda_dnn.c
  * takes them from 64): a warp per
  * (n, c) plane sums into part (2 n c doubles), a block per channel adds
  * the planes in a fixed order, a block per plane applies (deterministic).
@@ -372,11 +383,11 @@ cudaError_t gp_cuk_bn_invstd(cudaStream_t s, const float *var, float eps, float 
 cudaError_t gp_cuk_bnp_fwd(cudaStream_t s, const float *x, int64_t n, int64_t c, int64_t sp,
                            float eps, const float *gamma, const float *beta, int relu,
                            const float *add, float *y, float *mean, float *var, double *part,
-                           float *vec);
+                           float *vec, int cl);
 cudaError_t gp_cuk_bnp_bwd(cudaStream_t s, const float *x, const float *mean, const float *var,
                            const float *gamma, const float *beta, int relu, const float *dy,
                            int64_t n, int64_t c, int64_t sp, float eps, float *sums, float *dx,
-                           float *dgamma, float *dbeta, double *part, float *vec);
+                           float *dgamma, float *dbeta, double *part, float *vec, int cl);
 /* Batch norm followed by a relu (gp_bn_desc.relu) on any plane size: y =
  * relu((x - mean) gamma inv + beta (+ add)), the expression gp_cuk_bnp_fwd
  * uses (relu 0: without it); and dym = dy where that value was positive, else
@@ -385,11 +396,11 @@ cudaError_t gp_cuk_bnp_bwd(cudaStream_t s, const float *x, const float *mean, co
 cudaError_t gp_cuk_bn_apply(cudaStream_t s, const float *x, const float *mean, const float *var,
                             const float *gamma, const float *beta, float eps, int64_t n,
                             int64_t c, int64_t sp, int relu, const float *add, float *y,
-                            float *vec);
+                            float *vec, int cl);
 cudaError_t gp_cuk_bn_relu_mask(cudaStream_t s, const float *x, const float *mean,
                                 const float *var, const float *gamma, const float *beta,
                                 float eps, int64_t n, int64_t c, int64_t sp, const float *dy,
-                                float *dym, float *vec);
+                                float *dym, float *vec, int cl);
 /* Batch norm on bf16 storage (backend.h's bn_*_bf16): the kernels above
  * instantiated for bf16 x, y, dy and dx, widened on load and rounded once
  * on store, the statistics, coefficients and sums as in FP32.  bnp_*: the
@@ -400,38 +411,45 @@ cudaError_t gp_cuk_bn_relu_mask(cudaStream_t s, const float *x, const float *mea
 cudaError_t gp_cuk_bnp_fwd_bf16(cudaStream_t s, const uint16_t *x, int64_t n, int64_t c,
                                 int64_t sp, float eps, const float *gamma, const float *beta,
                                 int relu, const uint16_t *add, uint16_t *y, float *mean,
-                                float *var, double *part, float *vec);
+                                float *var, double *part, float *vec, int cl);
 cudaError_t gp_cuk_bnp_bwd_bf16(cudaStream_t s, const uint16_t *x, const float *mean,
                                 const float *var, const float *gamma, const float *beta,
                                 int relu, const uint16_t *dy, int64_t n, int64_t c, int64_t sp,
                                 float eps, uint16_t *dx, float *dgamma, float *dbeta,
-                                double *part, float *vec);
+                                double *part, float *vec, int cl);
 cudaError_t gp_cuk_bn_apply_bf16(cudaStream_t s, const uint16_t *x, const float *mean,
                                  const float *var, const float *gamma, const float *beta,
                                  float eps, int64_t n, int64_t c, int64_t sp, int relu,
-                                 const uint16_t *add, uint16_t *y, float *vec);
+                                 const uint16_t *add, uint16_t *y, float *vec, int cl);
 cudaError_t gp_cuk_bn_stats_bf16(cudaStream_t s, const uint16_t *x, int64_t n, int64_t c,
-                                 int64_t sp, float *mean, float *var);
+                                 int64_t sp, float *mean, float *var, int cl);
 cudaError_t gp_cuk_bn_bwd_bf16(cudaStream_t s, const uint16_t *x, const float *mean,
                                const float *var, const float *gamma, const float *beta, int relu,
                                const uint16_t *dy, int64_t n, int64_t c, int64_t sp, float eps,
-                               uint16_t *dx, float *dgamma, float *dbeta, float *sums);
+                               uint16_t *dx, float *dgamma, float *dbeta, float *sums, int cl);
+/* The same backward on FP32 storage (channels-last maps narrower than the
+ * plane kernels', where the plain layout runs cuDNN's). */
+cudaError_t gp_cuk_bn_bwd(cudaStream_t s, const float *x, const float *mean, const float *var,
+                          const float *gamma, const float *beta, int relu, const float *dy,
+                          int64_t n, int64_t c, int64_t sp, float eps, float *dx, float *dgamma,
+                          float *dbeta, float *sums, int cl);
 /* Synchronised batch norm (backend.h's bn_stats, bn_bwd_sums, bn_bwd_apply)
  * on x (n, c, sp): one block per channel, sums in double.  gamma may be
  * NULL (1); dx, local / dgamma / dbeta may be NULL as in backend.h; with
  * relu dy is masked where the forward's value (before its relu) was not
  * positive (gamma, beta, var: the forward's). */
 cudaError_t gp_cuk_bn_stats(cudaStream_t s, const float *x, int64_t n, int64_t c, int64_t sp,
-                            float *mean, float *var);
+                            float *mean, float *var, int cl);
 cudaError_t gp_cuk_bn_bwd_sums(cudaStream_t s, const float *x, const float *mean,
                                const float *dy, int64_t n, int64_t c, int64_t sp,
                                const float *gamma, const float *beta, const float *var,
-                               float eps, int relu, float *sums);
+                               float eps, int relu, float *sums, int cl);
 cudaError_t gp_cuk_bn_bwd_apply(cudaStream_t s, const float *x, const float *gamma,
                                 const float *beta, int relu, const float *mean,
                                 const float *var, const float *dy, const float *sums,
                                 double count, float eps, int64_t n, int64_t c, int64_t sp,
-                                float *dx, const float *local, float *dgamma, float *dbeta);
+                                float *dx, const float *local, float *dgamma, float *dbeta,
+                                int cl);
 
 /* pool_fwd_bf16, pool_bwd_bf16 (backend.h) on plain layouts: the CPU's
  * loops, bit for bit (cuda_kernels.cu).  kind 0 max, 1 average over the
@@ -439,11 +457,17 @@ cudaError_t gp_cuk_bn_bwd_apply(cudaStream_t s, const float *x, const float *gam
 typedef struct gp_cuk_pool {
     int64_t n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw;
     int kind;
+    int cl_x, cl_y; /* x and dx, y and dy channels-last (n, h, w, c): 1 */
 } gp_cuk_pool;
 cudaError_t gp_cuk_pool_fwd_bf16(cudaStream_t s, const uint16_t *x, uint16_t *y,
                                  const gp_cuk_pool *p);
 cudaError_t gp_cuk_pool_bwd_bf16(cudaStream_t s, const uint16_t *x, const uint16_t *dy,
                                  uint16_t *dx, const gp_cuk_pool *p);
+/* The same on FP32 storage: channels-last pooling (cuDNN's pools a
+ * plain layout here). */
+cudaError_t gp_cuk_pool_fwd(cudaStream_t s, const float *x, float *y, const gp_cuk_pool *p);
+cudaError_t gp_cuk_pool_bwd(cudaStream_t s, const float *x, const float *dy, float *dx,
+                            const gp_cuk_pool *p);
 /* The same backward on FP32 tensors, for the averages (kind 1, 2), which
  * read neither x (NULL allowed) nor y: cuDNN's pooling backward takes
  * both, so an average pool's output would have to be kept for it. */
