@@ -862,8 +862,8 @@ __global__ void k_bn_invstd(const float *var, float eps, float *inv, int64_t c)
  * Channel c of x (N, C, S) is N runs of S values, n * C * S + c * S apart;
  * t in [0, N S) walks them as (t / S, t % S); channels-last (cl: x is
  * (N, S, C)) they are N S values C apart, t the same walk, so the sums
- * meet in the same order and the bits are the plain layout's.  Sums are in double, in a
- * fixed order (block_sum), as the CPU's are in double. */
+ * meet in the same order and the bits are the plain layout's.  Sums are
+ * in double, in a fixed order (block_sum), as the CPU's are in double. */
 
 __device__ inline int64_t bn_at(int64_t t, int64_t c, int64_t C, int64_t S, int cl)
 {
@@ -1530,7 +1530,8 @@ __device__ void cl_lane_sum(double *a, double *b)
 
 /* k_bnp_stats_part on channels-last x: grid (C / CL_CH rounded up, N). */
 template <typename T>
-__global__ void __launch_bounds__(CL_CH * 32) k_bnp_stats_part_cl(const T *x, int64_t C, int64_t S, double *part)
+__global__ void __launch_bounds__(CL_CH * 32)
+    k_bnp_stats_part_cl(const T *x, int64_t C, int64_t S, double *part)
 {
     int64_t c = (int64_t)blockIdx.x * CL_CH + threadIdx.x, n = blockIdx.y;
     double a = 0.0, b = 0.0;
@@ -1552,9 +1553,10 @@ __global__ void __launch_bounds__(CL_CH * 32) k_bnp_stats_part_cl(const T *x, in
 
 /* k_bnp_bwd_part on channels-last x and dy. */
 template <typename T>
-__global__ void __launch_bounds__(CL_CH * 32) k_bnp_bwd_part_cl(const T *x, const float *mean, const T *dy, int64_t C,
-                                  int64_t S, const float *gamma, const float *beta,
-                                  const float *var, float eps, int relu, double *part)
+__global__ void __launch_bounds__(CL_CH * 32)
+    k_bnp_bwd_part_cl(const T *x, const float *mean, const T *dy, int64_t C, int64_t S,
+                      const float *gamma, const float *beta, const float *var, float eps,
+                      int relu, double *part)
 {
     int64_t c = (int64_t)blockIdx.x * CL_CH + threadIdx.x, n = blockIdx.y;
     double a = 0.0, b = 0.0;
@@ -1614,7 +1616,6 @@ inline unsigned plane_threads(int64_t S)
     int64_t t = (S + 31) / 32 * 32;
     return (unsigned)(t < GP_CUK_THREADS ? t : GP_CUK_THREADS);
 }
-
 
 /* ---- layout changes (issue 67): each of `batches` row-major (rows, cols)
  * matrices of src transposed into dst, through a 32x32 tile in shared
